@@ -1,0 +1,1353 @@
+//! The engine: pools, allocation, release, exclusions, leases, restore and introspection.
+//!
+//! Every operation validates its whole request before it changes anything, so a refused
+//! request leaves the engine exactly as it was. Operations that depend on time take `now`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use hashbrown::HashMap;
+use ipnet::IpNet;
+
+use crate::addr::{AddrKey, Family, addr_value};
+use crate::error::{AllocError, Holder};
+use crate::pool::{PoolConfig, PoolFamily, Range, ReusePolicy};
+use crate::spec::{AttachmentKey, Exclusion, PoolName, RangeSpec, Reserved, validate_owner};
+use crate::table::{AllocationTable, NewRecord, PoolId};
+use crate::time::{Lease, LeaseIds, Timestamp};
+
+/// Engine-wide settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub ipv4_enabled: bool,
+    pub ipv6_enabled: bool,
+    /// Seed for lease ids; binaries pass OS randomness, tests a constant.
+    pub lease_id_seed: u64,
+    /// Settings of the default pool created with the engine.
+    pub default_pool: PoolConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            ipv4_enabled: true,
+            ipv6_enabled: true,
+            lease_id_seed: 0,
+            default_pool: PoolConfig::default(),
+        }
+    }
+}
+
+/// What to allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The next free address of a family.
+    Next(Family),
+    /// Exactly this address.
+    Specific(IpAddr),
+}
+
+/// One allocation request.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub pool: &'a PoolName,
+    pub owner: &'a str,
+    /// The CNI attachment; allocating again with the same key returns the same address.
+    pub key: Option<&'a AttachmentKey>,
+    /// Start an expiration timer of this length with the allocation.
+    pub lease: Option<Duration>,
+}
+
+/// An address handed out (or handed out again, for a repeated key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub addr: IpAddr,
+    pub generation: u64,
+    /// The range the address came from (its subnet and gateway), if it still has one.
+    pub range: Option<RangeSpec>,
+    pub lease: Option<Lease>,
+    /// True when the key already held this address and nothing was changed.
+    pub existing: bool,
+}
+
+/// An allocation that was released.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Released {
+    pub addr: IpAddr,
+    pub pool: PoolName,
+    pub generation: u64,
+    pub owner: String,
+    pub key: Option<AttachmentKey>,
+    pub lease: Option<Lease>,
+}
+
+/// What removing a range did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RangeRemoval {
+    /// The range held nothing and is gone.
+    Removed,
+    /// The range still holds allocations: it hands out nothing more and disappears with the
+    /// release of its last allocation.
+    Draining { n_allocated: u64 },
+}
+
+/// An allocation read back from durable state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoredAllocation {
+    pub pool: PoolName,
+    pub addr: IpAddr,
+    pub owner: String,
+    pub key: Option<AttachmentKey>,
+    pub generation: u64,
+    pub lease: Option<Lease>,
+}
+
+/// One line of a dump.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DumpEntry {
+    pub addr: IpAddr,
+    pub owner: String,
+    pub key: Option<AttachmentKey>,
+    pub generation: u64,
+    pub lease: Option<Lease>,
+}
+
+/// Every allocation of one pool, ordered by family then address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolDump {
+    pub pool: PoolName,
+    pub allocations: Vec<DumpEntry>,
+}
+
+/// Counts for one pool and family. Over the active ranges,
+/// `capacity == free + used_active + excluded + cooling` holds, where `used_active` is `used`
+/// less the allocations in draining ranges or outside every range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FamilyStats {
+    /// Addresses the active ranges can hand out (gateways not counted).
+    pub capacity: u128,
+    /// Allocations of this pool and family, wherever they are.
+    pub used: u64,
+    /// Allocations in draining ranges or outside every range.
+    pub used_outside_active: u64,
+    pub free: u128,
+    /// Excluded, unallocated addresses of the active ranges.
+    pub excluded: u128,
+    /// Released addresses still in cooldown.
+    pub cooling: u64,
+    pub ranges: usize,
+    pub draining_ranges: usize,
+}
+
+/// One range as listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeInfo {
+    pub spec: RangeSpec,
+    pub n_allocated: u64,
+    pub draining: bool,
+}
+
+/// What is known about one allocated address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocationInfo {
+    pub pool: PoolName,
+    pub entry: DumpEntry,
+}
+
+#[derive(Clone, Debug)]
+struct Pool {
+    name: PoolName,
+    config: PoolConfig,
+    families: [PoolFamily; 2],
+    exclusions: Vec<Exclusion>,
+}
+
+impl Pool {
+    fn new(name: PoolName, config: PoolConfig) -> Pool {
+        Pool {
+            name,
+            config,
+            families: [PoolFamily::new(Family::V4), PoolFamily::new(Family::V6)],
+            exclusions: Vec::new(),
+        }
+    }
+
+    fn family(&self, family: Family) -> &PoolFamily {
+        &self.families[family.index()]
+    }
+
+    fn family_mut(&mut self, family: Family) -> &mut PoolFamily {
+        &mut self.families[family.index()]
+    }
+}
+
+/// A decided, not yet applied, allocation.
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    /// The key already holds this allocation (a table index).
+    Existing(u32),
+    /// Hand out this address.
+    Fresh { addr: AddrKey },
+}
+
+/// The allocation engine. See the crate documentation.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    pools: Vec<Option<Pool>>,
+    pool_ids: HashMap<PoolName, PoolId>,
+    /// Every range of every pool, by family and first address: (last address, pool).
+    range_index: [BTreeMap<u128, (u128, PoolId)>; 2],
+    table: AllocationTable,
+    leases: HashMap<AddrKey, Lease>,
+    lease_queue: std::collections::BTreeSet<(Timestamp, AddrKey)>,
+    lease_ids: LeaseIds,
+    next_generation: u64,
+    restoring: bool,
+}
+
+impl Engine {
+    /// An engine ready to allocate, with an empty default pool.
+    pub fn new(config: EngineConfig) -> Engine {
+        let mut engine = Engine {
+            config,
+            pools: Vec::new(),
+            pool_ids: HashMap::new(),
+            range_index: [BTreeMap::new(), BTreeMap::new()],
+            table: AllocationTable::default(),
+            leases: HashMap::new(),
+            lease_queue: std::collections::BTreeSet::new(),
+            lease_ids: LeaseIds::new(config.lease_id_seed),
+            next_generation: 1,
+            restoring: false,
+        };
+        engine.insert_pool(PoolName::default_pool(), config.default_pool);
+        engine
+    }
+
+    /// An engine in the restore phase: recorded allocations are accepted as they are with
+    /// [`Engine::restore_allocation`], and nothing is allocated, expired or released for being
+    /// unknown until [`Engine::finish_restore`].
+    pub fn restoring(config: EngineConfig) -> Engine {
+        let mut engine = Engine::new(config);
+        engine.restoring = true;
+        engine
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn is_restoring(&self) -> bool {
+        self.restoring
+    }
+
+    /// The generation the next allocation gets; persisted so generations never repeat.
+    pub fn next_generation(&self) -> u64 {
+        self.next_generation
+    }
+
+    fn family_enabled(&self, family: Family) -> Result<(), AllocError> {
+        let enabled = match family {
+            Family::V4 => self.config.ipv4_enabled,
+            Family::V6 => self.config.ipv6_enabled,
+        };
+        if enabled {
+            Ok(())
+        } else {
+            Err(AllocError::FamilyDisabled { family })
+        }
+    }
+
+    fn pool_id(&self, name: &PoolName) -> Result<PoolId, AllocError> {
+        self.pool_ids
+            .get(name)
+            .copied()
+            .ok_or_else(|| AllocError::UnknownPool { pool: name.clone() })
+    }
+
+    fn pool(&self, id: PoolId) -> &Pool {
+        self.pools[id as usize]
+            .as_ref()
+            .expect("pool ids in use always name a live pool")
+    }
+
+    fn pool_mut(&mut self, id: PoolId) -> &mut Pool {
+        self.pools[id as usize]
+            .as_mut()
+            .expect("pool ids in use always name a live pool")
+    }
+
+    fn require_ready(&self, operation: &'static str) -> Result<(), AllocError> {
+        if self.restoring {
+            Err(AllocError::RestoreInProgress { operation })
+        } else {
+            Ok(())
+        }
+    }
+
+    // ---- pools ---------------------------------------------------------------------------
+
+    fn insert_pool(&mut self, name: PoolName, config: PoolConfig) -> PoolId {
+        let id = self.pools.len() as PoolId;
+        self.pools.push(Some(Pool::new(name.clone(), config)));
+        self.pool_ids.insert(name, id);
+        id
+    }
+
+    /// Creates an empty pool.
+    pub fn add_pool(&mut self, name: &PoolName, config: PoolConfig) -> Result<(), AllocError> {
+        if self.pool_ids.contains_key(name) {
+            return Err(AllocError::PoolExists { pool: name.clone() });
+        }
+        self.insert_pool(name.clone(), config);
+        Ok(())
+    }
+
+    /// Removes a pool that holds no allocation, with its ranges and exclusions.
+    pub fn remove_pool(&mut self, name: &PoolName) -> Result<(), AllocError> {
+        let id = self.pool_id(name)?;
+        let pool = self.pool(id);
+        let n_allocations: u64 = pool.families.iter().map(|f| f.n_allocated).sum();
+        if n_allocations > 0 {
+            return Err(AllocError::PoolInUse {
+                pool: name.clone(),
+                n_allocations,
+            });
+        }
+        for family in Family::ALL {
+            let starts: Vec<u128> = self
+                .pool(id)
+                .family(family)
+                .ranges
+                .keys()
+                .copied()
+                .collect();
+            for start in starts {
+                self.range_index[family.index()].remove(&start);
+            }
+        }
+        self.pools[id as usize] = None;
+        self.pool_ids.remove(name);
+        Ok(())
+    }
+
+    /// Changes a pool's settings; they apply from the next operation on.
+    pub fn set_pool_config(
+        &mut self,
+        name: &PoolName,
+        config: PoolConfig,
+    ) -> Result<(), AllocError> {
+        let id = self.pool_id(name)?;
+        self.pool_mut(id).config = config;
+        Ok(())
+    }
+
+    pub fn pool_config(&self, name: &PoolName) -> Result<PoolConfig, AllocError> {
+        Ok(self.pool(self.pool_id(name)?).config)
+    }
+
+    /// Pool names in creation order.
+    pub fn pool_names(&self) -> Vec<PoolName> {
+        self.pools
+            .iter()
+            .flatten()
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    // ---- capacity ------------------------------------------------------------------------
+
+    /// Adds a range of capacity to a pool. Refused if it overlaps any range of any pool.
+    pub fn add_range(&mut self, pool: &PoolName, spec: RangeSpec) -> Result<(), AllocError> {
+        let family = spec.family();
+        self.family_enabled(family)?;
+        let id = self.pool_id(pool)?;
+        let (start, end) = spec.bounds();
+        let index = &self.range_index[family.index()];
+        let before = index.range(..=end).next_back();
+        if let Some((&other_start, &(other_end, other_pool))) = before
+            && other_end >= start
+        {
+            let other = self.pool(other_pool);
+            let existing = other
+                .family(family)
+                .ranges
+                .get(&other_start)
+                .map(|r| r.spec.to_string())
+                .unwrap_or_default();
+            return Err(AllocError::RangeOverlap {
+                range: spec.to_string(),
+                existing,
+                existing_pool: other.name.clone(),
+            });
+        }
+        self.range_index[family.index()].insert(start, (end, id));
+        let allocated = self.allocated_in(id, family, start, end);
+        let pool_family = self.pool_mut(id).family_mut(family);
+        pool_family.ranges.insert(
+            start,
+            Range {
+                spec,
+                end,
+                n_allocated: allocated.len() as u64,
+                draining: false,
+            },
+        );
+        if let Some(gateway) = spec.gateway() {
+            *pool_family.reserved.entry(addr_value(gateway)).or_insert(0) += 1;
+            pool_family.blocked.insert(addr_value(gateway));
+        }
+        pool_family.rebuild(start, end, &allocated);
+        Ok(())
+    }
+
+    /// Allocated addresses of a pool and family inside `low..=high`, by scanning every
+    /// allocation; only administrative operations call this.
+    fn allocated_in(&self, pool: PoolId, family: Family, low: u128, high: u128) -> Vec<u128> {
+        self.table
+            .iter()
+            .map(|(_, record)| (record.pool(), record.addr()))
+            .filter(|&(p, addr)| p == pool && addr.family == family)
+            .map(|(_, addr)| addr.value)
+            .filter(|v| (low..=high).contains(v))
+            .collect()
+    }
+
+    /// Removes a range (named by its exact bounds). A range that still holds allocations is
+    /// drained instead: see [`RangeRemoval::Draining`].
+    pub fn remove_range(
+        &mut self,
+        pool: &PoolName,
+        spec: &RangeSpec,
+    ) -> Result<RangeRemoval, AllocError> {
+        let family = spec.family();
+        let id = self.pool_id(pool)?;
+        let (start, end) = spec.bounds();
+        let pool_family = self.pool_mut(id).family_mut(family);
+        let n_allocated = match pool_family.ranges.get_mut(&start) {
+            Some(range) if range.end == end => {
+                range.draining = true;
+                range.n_allocated
+            }
+            _ => {
+                return Err(AllocError::UnknownRange {
+                    range: spec.to_string(),
+                    pool: pool.clone(),
+                });
+            }
+        };
+        pool_family.blocked.insert_range(start, end);
+        for value in pool_family.cooling.values_in(start, end) {
+            pool_family.cooling.remove(value);
+        }
+        if n_allocated > 0 {
+            return Ok(RangeRemoval::Draining { n_allocated });
+        }
+        self.drop_range(id, family, start);
+        Ok(RangeRemoval::Removed)
+    }
+
+    /// Forgets a drained range entirely.
+    fn drop_range(&mut self, id: PoolId, family: Family, start: u128) {
+        self.range_index[family.index()].remove(&start);
+        let pool_family = self.pool_mut(id).family_mut(family);
+        let Some(range) = pool_family.ranges.remove(&start) else {
+            return;
+        };
+        if let Some(gateway) = range.spec.gateway() {
+            let value = addr_value(gateway);
+            if let Some(count) = pool_family.reserved.get_mut(&value) {
+                *count -= 1;
+                if *count == 0 {
+                    pool_family.reserved.remove(&value);
+                    if pool_family.is_active_capacity(value)
+                        && !pool_family.excluded.contains(value)
+                    {
+                        let allocated = self.allocated_in(id, family, value, value);
+                        self.pool_mut(id)
+                            .family_mut(family)
+                            .rebuild(value, value, &allocated);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The ranges of a pool, IPv4 first, in address order.
+    pub fn ranges(&self, pool: &PoolName) -> Result<Vec<RangeInfo>, AllocError> {
+        let pool = self.pool(self.pool_id(pool)?);
+        Ok(pool
+            .families
+            .iter()
+            .flat_map(|f| f.ranges.values())
+            .map(|r| RangeInfo {
+                spec: r.spec,
+                n_allocated: r.n_allocated,
+                draining: r.draining,
+            })
+            .collect())
+    }
+
+    // ---- exclusions ----------------------------------------------------------------------
+
+    /// Excludes a network (or one address) from a pool: it is never handed out. An allocated
+    /// address inside keeps its allocation and is not handed out again after release. The
+    /// network need not lie in the pool's current capacity. Excluding the same network again
+    /// replaces its reason.
+    pub fn exclude(&mut self, pool: &PoolName, exclusion: Exclusion) -> Result<(), AllocError> {
+        self.family_enabled(exclusion.family())?;
+        let id = self.pool_id(pool)?;
+        let pool = self.pool_mut(id);
+        if let Some(existing) = pool
+            .exclusions
+            .iter_mut()
+            .find(|e| e.network() == exclusion.network())
+        {
+            *existing = exclusion;
+            return Ok(());
+        }
+        pool.family_mut(exclusion.family())
+            .add_exclusion(&exclusion);
+        pool.exclusions.push(exclusion);
+        Ok(())
+    }
+
+    /// Removes an exclusion; its addresses become free unless something else holds them.
+    pub fn remove_exclusion(&mut self, pool: &PoolName, network: IpNet) -> Result<(), AllocError> {
+        let id = self.pool_id(pool)?;
+        let family = Family::of(network.addr());
+        let pool_ref = self.pool_mut(id);
+        let Some(position) = pool_ref
+            .exclusions
+            .iter()
+            .position(|e| e.network() == network)
+        else {
+            return Err(AllocError::UnknownExclusion {
+                network: network.to_string(),
+                pool: pool.clone(),
+            });
+        };
+        let removed = pool_ref.exclusions.remove(position);
+        let mut excluded = crate::runs::RunSet::new();
+        for exclusion in pool_ref.exclusions.iter().filter(|e| e.family() == family) {
+            let (low, high) = exclusion.bounds();
+            excluded.insert_range(low, high);
+        }
+        pool_ref.family_mut(family).excluded = excluded;
+        let (low, high) = removed.bounds();
+        let allocated = self.allocated_in(id, family, low, high);
+        self.pool_mut(id)
+            .family_mut(family)
+            .rebuild(low, high, &allocated);
+        Ok(())
+    }
+
+    /// The exclusions of a pool, in the order they were made.
+    pub fn exclusions(&self, pool: &PoolName) -> Result<Vec<Exclusion>, AllocError> {
+        Ok(self.pool(self.pool_id(pool)?).exclusions.clone())
+    }
+
+    // ---- allocation ----------------------------------------------------------------------
+
+    /// Allocates one address: the next free one of a family, or a specific one.
+    ///
+    /// With a key that already holds an address in this pool and family, returns that address
+    /// (`existing == true`) and changes nothing.
+    pub fn allocate(
+        &mut self,
+        request: &Request<'_>,
+        target: Target,
+        now: Timestamp,
+    ) -> Result<Allocation, AllocError> {
+        self.require_ready("allocate")?;
+        validate_owner(request.owner)?;
+        let id = self.pool_id(request.pool)?;
+        let plan = match target {
+            Target::Next(family) => self.plan_next(id, family, request.key, now)?,
+            Target::Specific(addr) => self.plan_specific(id, addr, request.key, now)?,
+        };
+        Ok(self.apply(id, plan, request, now))
+    }
+
+    /// Allocates one IPv4 and one IPv6 address, or neither.
+    pub fn allocate_dual(
+        &mut self,
+        request: &Request<'_>,
+        now: Timestamp,
+    ) -> Result<[Allocation; 2], AllocError> {
+        self.require_ready("allocate")?;
+        validate_owner(request.owner)?;
+        let id = self.pool_id(request.pool)?;
+        let v4 = self.plan_next(id, Family::V4, request.key, now)?;
+        let v6 = self.plan_next(id, Family::V6, request.key, now)?;
+        Ok([
+            self.apply(id, v4, request, now),
+            self.apply(id, v6, request, now),
+        ])
+    }
+
+    /// The allocation a key already holds in a pool and family.
+    fn existing_for_key(&self, id: PoolId, family: Family, key: &AttachmentKey) -> Option<u32> {
+        self.table.find_key(key).find(|&index| {
+            let record = self.table.get(index);
+            record.pool() == id && record.addr().family == family
+        })
+    }
+
+    fn plan_next(
+        &mut self,
+        id: PoolId,
+        family: Family,
+        key: Option<&AttachmentKey>,
+        now: Timestamp,
+    ) -> Result<Plan, AllocError> {
+        self.family_enabled(family)?;
+        if let Some(index) = key.and_then(|key| self.existing_for_key(id, family, key)) {
+            return Ok(Plan::Existing(index));
+        }
+        let pool = self.pool_mut(id);
+        let config = pool.config;
+        let pool_family = pool.family_mut(family);
+        if pool_family.ranges.values().all(|r| r.draining) {
+            return Err(AllocError::NoCapacity {
+                pool: pool.name.clone(),
+                family,
+            });
+        }
+        pool_family.expire_cooling(now, config.cooldown);
+        let value = pool_family
+            .find_free(config.reuse)
+            .or_else(|| pool_family.cooling.oldest().map(|(_, value)| value));
+        match value {
+            Some(value) => Ok(Plan::Fresh {
+                addr: AddrKey { family, value },
+            }),
+            None => Err(AllocError::PoolExhausted {
+                pool: pool.name.clone(),
+                family,
+            }),
+        }
+    }
+
+    fn plan_specific(
+        &mut self,
+        id: PoolId,
+        addr: IpAddr,
+        key: Option<&AttachmentKey>,
+        now: Timestamp,
+    ) -> Result<Plan, AllocError> {
+        let family = Family::of(addr);
+        self.family_enabled(family)?;
+        let addr_key = AddrKey::new(addr);
+        if let Some(key) = key
+            && let Some(index) = self.existing_for_key(id, family, key)
+        {
+            let record = self.table.get(index);
+            if record.addr() == addr_key {
+                return Ok(Plan::Existing(index));
+            }
+            return Err(AllocError::AttachmentConflict {
+                key: key.clone(),
+                existing: record.addr().ip(),
+                pool: self.pool(id).name.clone(),
+            });
+        }
+        if let Some(index) = self.table.find_addr(addr_key) {
+            return Err(self.in_use_error(index));
+        }
+        let pool = self.pool(id);
+        let pool_family = pool.family(family);
+        let value = addr_key.value;
+        let Some((_, range)) = pool_family.range_of(value) else {
+            // Say why when the address is special in one of the pool's subnets.
+            for range in pool_family.ranges.values() {
+                if let Some(reserved) = range.spec.reserved_kind(addr) {
+                    return Err(AllocError::Reserved {
+                        addr,
+                        reserved,
+                        range: range.spec.to_string(),
+                    });
+                }
+            }
+            return Err(AllocError::OutsidePool {
+                addr,
+                pool: pool.name.clone(),
+            });
+        };
+        if range.draining {
+            return Err(AllocError::Draining {
+                addr,
+                range: range.spec.to_string(),
+                pool: pool.name.clone(),
+            });
+        }
+        if pool_family.excluded.contains(value) {
+            let exclusion = pool.exclusions.iter().find(|e| e.network().contains(&addr));
+            return Err(AllocError::Excluded {
+                addr,
+                network: exclusion
+                    .map(|e| e.network().to_string())
+                    .unwrap_or_default(),
+                reason: exclusion.map(|e| e.reason().to_owned()).unwrap_or_default(),
+            });
+        }
+        if pool_family.reserved.contains_key(&value) {
+            let gateway_range = pool_family
+                .ranges
+                .values()
+                .find(|r| r.spec.gateway() == Some(addr))
+                .unwrap_or(range);
+            return Err(AllocError::Reserved {
+                addr,
+                reserved: Reserved::Gateway,
+                range: gateway_range.spec.to_string(),
+            });
+        }
+        // A cooling address may be asked for by name: cooldown only steers "next".
+        let config = pool.config;
+        self.pool_mut(id)
+            .family_mut(family)
+            .expire_cooling(now, config.cooldown);
+        Ok(Plan::Fresh { addr: addr_key })
+    }
+
+    fn in_use_error(&self, index: u32) -> AllocError {
+        let record = self.table.get(index);
+        AllocError::AddressInUse {
+            addr: record.addr().ip(),
+            holder: Box::new(Holder {
+                owner: record.owner().to_owned(),
+                key: record.key(),
+                generation: record.generation(),
+            }),
+        }
+    }
+
+    fn apply(
+        &mut self,
+        id: PoolId,
+        plan: Plan,
+        request: &Request<'_>,
+        now: Timestamp,
+    ) -> Allocation {
+        match plan {
+            Plan::Existing(index) => {
+                let record = self.table.get(index);
+                let addr = record.addr();
+                Allocation {
+                    addr: addr.ip(),
+                    generation: record.generation(),
+                    range: self.range_spec_of(id, addr),
+                    lease: self.leases.get(&addr).copied(),
+                    existing: true,
+                }
+            }
+            Plan::Fresh { addr } => {
+                let generation = self.next_generation;
+                self.next_generation += 1;
+                let lease = request.lease.map(|duration| Lease {
+                    id: self.lease_ids.next_id(),
+                    expires_at: now.saturating_add(duration),
+                });
+                self.record(id, addr, request.owner, request.key, generation, lease);
+                let pool = self.pool_mut(id);
+                if pool.config.reuse == ReusePolicy::NextFit {
+                    let pool_family = pool.family_mut(addr.family);
+                    pool_family.cursor = if addr.value == addr.family.max_value() {
+                        0
+                    } else {
+                        addr.value + 1
+                    };
+                }
+                Allocation {
+                    addr: addr.ip(),
+                    generation,
+                    range: self.range_spec_of(id, addr),
+                    lease,
+                    existing: false,
+                }
+            }
+        }
+    }
+
+    /// Enters an allocation into every structure; shared by allocation and restore.
+    fn record(
+        &mut self,
+        id: PoolId,
+        addr: AddrKey,
+        owner: &str,
+        key: Option<&AttachmentKey>,
+        generation: u64,
+        lease: Option<Lease>,
+    ) {
+        let pool_family = self.pool_mut(id).family_mut(addr.family);
+        pool_family.blocked.insert(addr.value);
+        pool_family.cooling.remove(addr.value);
+        pool_family.n_allocated += 1;
+        if let Some(range) = pool_family.range_of_mut(addr.value) {
+            range.n_allocated += 1;
+        }
+        self.table.insert(NewRecord {
+            addr,
+            pool: id,
+            generation,
+            owner,
+            key,
+        });
+        if let Some(lease) = lease {
+            self.leases.insert(addr, lease);
+            self.lease_queue.insert((lease.expires_at, addr));
+        }
+    }
+
+    fn range_spec_of(&self, id: PoolId, addr: AddrKey) -> Option<RangeSpec> {
+        self.pool(id)
+            .family(addr.family)
+            .range_of(addr.value)
+            .map(|(_, range)| range.spec)
+    }
+
+    // ---- release -------------------------------------------------------------------------
+
+    /// Releases one address. With a generation, releases it only if it is still that
+    /// allocation, so a stale release cannot free an address handed out again since.
+    pub fn release(
+        &mut self,
+        addr: IpAddr,
+        generation: Option<u64>,
+        now: Timestamp,
+    ) -> Result<Released, AllocError> {
+        let index = self
+            .table
+            .find_addr(AddrKey::new(addr))
+            .ok_or(AllocError::NotAllocated { addr })?;
+        let actual = self.table.get(index).generation();
+        if let Some(requested) = generation
+            && requested != actual
+        {
+            return Err(AllocError::GenerationMismatch {
+                addr,
+                requested,
+                actual,
+            });
+        }
+        Ok(self.release_index(index, now))
+    }
+
+    /// Releases every allocation of an attachment (none is not an error: DEL is idempotent).
+    pub fn release_key(&mut self, key: &AttachmentKey, now: Timestamp) -> Vec<Released> {
+        let addrs: Vec<AddrKey> = self
+            .table
+            .find_key(key)
+            .map(|i| self.table.get(i).addr())
+            .collect();
+        self.release_addrs(&addrs, now)
+    }
+
+    /// Releases every allocation of an owner.
+    pub fn release_owner(&mut self, owner: &str, now: Timestamp) -> Vec<Released> {
+        let addrs: Vec<AddrKey> = self
+            .table
+            .iter()
+            .filter(|(_, record)| record.owner() == owner)
+            .map(|(_, record)| record.addr())
+            .collect();
+        self.release_addrs(&addrs, now)
+    }
+
+    /// Releases every allocation of `network` whose attachment is not in `live` (the CNI GC
+    /// verb); allocations without a key are left alone. Refused while restoring, because an
+    /// allocation not restored yet would look unknown.
+    pub fn release_unlisted(
+        &mut self,
+        network: &str,
+        live: &[AttachmentKey],
+        now: Timestamp,
+    ) -> Result<Vec<Released>, AllocError> {
+        self.require_ready("release of unlisted attachments")?;
+        let live: hashbrown::HashSet<&AttachmentKey> = live.iter().collect();
+        let addrs: Vec<AddrKey> = self
+            .table
+            .iter()
+            .filter_map(|(_, record)| {
+                let key = record.key()?;
+                (key.network() == network && !live.contains(&key)).then(|| record.addr())
+            })
+            .collect();
+        Ok(self.release_addrs(&addrs, now))
+    }
+
+    fn release_addrs(&mut self, addrs: &[AddrKey], now: Timestamp) -> Vec<Released> {
+        let mut released = Vec::with_capacity(addrs.len());
+        for &addr in addrs {
+            // Indices move as records are removed, so each address is looked up afresh.
+            if let Some(index) = self.table.find_addr(addr) {
+                released.push(self.release_index(index, now));
+            }
+        }
+        released
+    }
+
+    fn release_index(&mut self, index: u32, now: Timestamp) -> Released {
+        let removed = self.table.remove(index);
+        let addr = removed.addr;
+        let lease = self.leases.remove(&addr);
+        if let Some(lease) = lease {
+            self.lease_queue.remove(&(lease.expires_at, addr));
+        }
+        let id = removed.pool;
+        let pool = self.pool_mut(id);
+        let cooldown = pool.config.cooldown;
+        let pool_family = pool.family_mut(addr.family);
+        pool_family.n_allocated -= 1;
+        let mut drained = None;
+        let mut keep_blocked = true;
+        if let Some(range) = pool_family.range_of_mut(addr.value) {
+            range.n_allocated -= 1;
+            if range.draining {
+                if range.n_allocated == 0 {
+                    drained = Some(range.spec.bounds().0);
+                }
+            } else {
+                keep_blocked = false;
+            }
+        }
+        if !keep_blocked && !pool_family.is_held_back(addr.value) {
+            if cooldown.is_zero() {
+                pool_family.blocked.remove(addr.value);
+            } else {
+                pool_family.cooling.insert(addr.value, now);
+            }
+        }
+        let pool_name = pool.name.clone();
+        if let Some(start) = drained {
+            self.drop_range(id, addr.family, start);
+        }
+        Released {
+            addr: addr.ip(),
+            pool: pool_name,
+            generation: removed.generation,
+            owner: removed.owner,
+            key: removed.key,
+            lease,
+        }
+    }
+
+    // ---- leases --------------------------------------------------------------------------
+
+    /// Starts an expiration timer on an allocated address.
+    pub fn start_lease(
+        &mut self,
+        addr: IpAddr,
+        duration: Duration,
+        now: Timestamp,
+    ) -> Result<Lease, AllocError> {
+        let addr_key = AddrKey::new(addr);
+        if self.table.find_addr(addr_key).is_none() {
+            return Err(AllocError::NotAllocated { addr });
+        }
+        if let Some(lease) = self.leases.get(&addr_key) {
+            return Err(AllocError::LeaseExists {
+                addr,
+                lease: lease.id,
+            });
+        }
+        let lease = Lease {
+            id: self.lease_ids.next_id(),
+            expires_at: now.saturating_add(duration),
+        };
+        self.leases.insert(addr_key, lease);
+        self.lease_queue.insert((lease.expires_at, addr_key));
+        Ok(lease)
+    }
+
+    /// Stops an expiration timer; the id must be the one the lease was started with.
+    pub fn stop_lease(&mut self, addr: IpAddr, id: uuid::Uuid) -> Result<(), AllocError> {
+        let addr_key = AddrKey::new(addr);
+        let Some(lease) = self.leases.get(&addr_key).copied() else {
+            return Err(if self.table.find_addr(addr_key).is_none() {
+                AllocError::NotAllocated { addr }
+            } else {
+                AllocError::NoLease { addr }
+            });
+        };
+        if lease.id != id {
+            return Err(AllocError::LeaseMismatch {
+                addr,
+                requested: id,
+                actual: lease.id,
+            });
+        }
+        self.leases.remove(&addr_key);
+        self.lease_queue.remove(&(lease.expires_at, addr_key));
+        Ok(())
+    }
+
+    /// Releases every allocation whose lease has expired by `now` and reports them. Does
+    /// nothing while restoring.
+    pub fn expire(&mut self, now: Timestamp) -> Vec<Released> {
+        if self.restoring {
+            return Vec::new();
+        }
+        let mut released = Vec::new();
+        while let Some(&(expires_at, addr)) = self.lease_queue.first() {
+            if expires_at > now {
+                break;
+            }
+            match self.table.find_addr(addr) {
+                Some(index) => released.push(self.release_index(index, now)),
+                None => {
+                    self.lease_queue.pop_first();
+                }
+            }
+        }
+        released
+    }
+
+    /// When the earliest lease expires, for a caller that schedules [`Engine::expire`].
+    pub fn next_expiry(&self) -> Option<Timestamp> {
+        self.lease_queue.first().map(|&(at, _)| at)
+    }
+
+    /// Moves every address whose cooldown has passed back to free, in every pool. Allocation
+    /// does this for its own pool; call it before reading statistics.
+    pub fn advance(&mut self, now: Timestamp) {
+        for pool in self.pools.iter_mut().flatten() {
+            let cooldown = pool.config.cooldown;
+            for pool_family in &mut pool.families {
+                pool_family.expire_cooling(now, cooldown);
+            }
+        }
+    }
+
+    // ---- restore -------------------------------------------------------------------------
+
+    /// Accepts a recorded allocation as it is, even outside the pool's current capacity or in
+    /// an excluded network. Refused only if it contradicts what was already restored.
+    pub fn restore_allocation(&mut self, restored: &RestoredAllocation) -> Result<(), AllocError> {
+        if !self.restoring {
+            return Err(AllocError::RestoreFinished {
+                operation: "restore_allocation",
+            });
+        }
+        validate_owner(&restored.owner)?;
+        let id = self.pool_id(&restored.pool)?;
+        let addr = AddrKey::new(restored.addr);
+        if let Some(index) = self.table.find_addr(addr) {
+            return Err(self.in_use_error(index));
+        }
+        if let Some(key) = &restored.key
+            && let Some(index) = self.existing_for_key(id, addr.family, key)
+        {
+            return Err(AllocError::AttachmentConflict {
+                key: key.clone(),
+                existing: self.table.get(index).addr().ip(),
+                pool: restored.pool.clone(),
+            });
+        }
+        self.record(
+            id,
+            addr,
+            &restored.owner,
+            restored.key.as_ref(),
+            restored.generation,
+            restored.lease,
+        );
+        self.next_generation = self.next_generation.max(restored.generation + 1);
+        Ok(())
+    }
+
+    /// Restores a cooldown: `addr` was released at `released_at`. Ignored when the address is
+    /// no longer free capacity of the pool.
+    pub fn restore_cooling(
+        &mut self,
+        pool: &PoolName,
+        addr: IpAddr,
+        released_at: Timestamp,
+    ) -> Result<(), AllocError> {
+        if !self.restoring {
+            return Err(AllocError::RestoreFinished {
+                operation: "restore_cooling",
+            });
+        }
+        let id = self.pool_id(pool)?;
+        let addr_key = AddrKey::new(addr);
+        if self.table.find_addr(addr_key).is_some() {
+            return Ok(());
+        }
+        let pool_family = self.pool_mut(id).family_mut(addr_key.family);
+        if pool_family.is_active_capacity(addr_key.value)
+            && !pool_family.is_held_back(addr_key.value)
+        {
+            pool_family.cooling.insert(addr_key.value, released_at);
+            pool_family.blocked.insert(addr_key.value);
+        }
+        Ok(())
+    }
+
+    /// Raises the next generation to at least `floor` (persisted counters come back this way).
+    pub fn restore_generation(&mut self, floor: u64) {
+        self.next_generation = self.next_generation.max(floor);
+    }
+
+    /// Ends the restore phase: allocation, expiry and release of unknown attachments resume.
+    pub fn finish_restore(&mut self) {
+        self.restoring = false;
+    }
+
+    // ---- introspection -------------------------------------------------------------------
+
+    fn entry(&self, index: u32) -> DumpEntry {
+        let record = self.table.get(index);
+        DumpEntry {
+            addr: record.addr().ip(),
+            owner: record.owner().to_owned(),
+            key: record.key(),
+            generation: record.generation(),
+            lease: self.leases.get(&record.addr()).copied(),
+        }
+    }
+
+    /// What is known about one address, if it is allocated.
+    pub fn lookup(&self, addr: IpAddr) -> Option<AllocationInfo> {
+        let index = self.table.find_addr(AddrKey::new(addr))?;
+        Some(AllocationInfo {
+            pool: self.pool(self.table.get(index).pool()).name.clone(),
+            entry: self.entry(index),
+        })
+    }
+
+    /// Every allocation of an attachment.
+    pub fn lookup_key(&self, key: &AttachmentKey) -> Vec<AllocationInfo> {
+        let mut found: Vec<AllocationInfo> = self
+            .table
+            .find_key(key)
+            .map(|index| AllocationInfo {
+                pool: self.pool(self.table.get(index).pool()).name.clone(),
+                entry: self.entry(index),
+            })
+            .collect();
+        found.sort_by_key(|info| (Family::of(info.entry.addr), info.entry.addr));
+        found
+    }
+
+    /// Every allocation, per pool (in creation order), ordered by family and address.
+    pub fn dump(&self) -> Vec<PoolDump> {
+        let mut per_pool: BTreeMap<PoolId, Vec<(AddrKey, u32)>> = BTreeMap::new();
+        for (index, record) in self.table.iter() {
+            per_pool
+                .entry(record.pool())
+                .or_default()
+                .push((record.addr(), index));
+        }
+        self.pools
+            .iter()
+            .enumerate()
+            .filter_map(|(id, pool)| pool.as_ref().map(|p| (id as PoolId, p)))
+            .map(|(id, pool)| {
+                let mut entries = per_pool.remove(&id).unwrap_or_default();
+                entries.sort_unstable();
+                PoolDump {
+                    pool: pool.name.clone(),
+                    allocations: entries.into_iter().map(|(_, i)| self.entry(i)).collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Cooling addresses of a pool with their release times, for persistence.
+    pub fn cooling(&self, pool: &PoolName) -> Result<Vec<(IpAddr, Timestamp)>, AllocError> {
+        let pool = self.pool(self.pool_id(pool)?);
+        Ok(pool
+            .families
+            .iter()
+            .flat_map(|f| {
+                f.cooling
+                    .iter()
+                    .map(move |(value, at)| (f.family.addr(value), at))
+            })
+            .collect())
+    }
+
+    /// When an address was released, if it is still cooling.
+    pub fn cooling_since(&self, pool: &PoolName, addr: IpAddr) -> Option<Timestamp> {
+        let pool = self.pool(self.pool_id(pool).ok()?);
+        pool.family(Family::of(addr))
+            .cooling
+            .released_at(addr_value(addr))
+    }
+
+    /// Counts for one pool and family, as of the last operation (see [`Engine::advance`]).
+    pub fn stats(&self, pool: &PoolName, family: Family) -> Result<FamilyStats, AllocError> {
+        let pool = self.pool(self.pool_id(pool)?);
+        let pool_family = pool.family(family);
+        let mut stats = FamilyStats {
+            used: pool_family.n_allocated,
+            cooling: pool_family.cooling.len() as u64,
+            ranges: pool_family.ranges.len(),
+            ..FamilyStats::default()
+        };
+        let mut used_active = 0u64;
+        let mut raw = 0u128;
+        let mut blocked = 0u128;
+        let mut reserved = 0u128;
+        for (&start, range) in &pool_family.ranges {
+            if range.draining {
+                stats.draining_ranges += 1;
+                continue;
+            }
+            used_active += range.n_allocated;
+            raw = raw.saturating_add(range.end - start).saturating_add(1);
+            blocked = blocked.saturating_add(pool_family.blocked.count_in(start, range.end));
+            reserved += pool_family
+                .reserved
+                .keys()
+                .filter(|&&v| v >= start && v <= range.end)
+                .filter(|&&v| self.table.find_addr(AddrKey { family, value: v }).is_none())
+                .count() as u128;
+        }
+        stats.capacity = raw - reserved;
+        stats.free = raw - blocked;
+        stats.used_outside_active = stats.used - used_active;
+        stats.excluded = blocked
+            .saturating_sub(u128::from(used_active))
+            .saturating_sub(u128::from(stats.cooling))
+            .saturating_sub(reserved);
+        Ok(stats)
+    }
+
+    /// Total addresses the active ranges of all pools can hand out, per family.
+    pub fn capacity(&self, family: Family) -> u128 {
+        self.pool_names()
+            .iter()
+            .filter_map(|name| self.stats(name, family).ok())
+            .fold(0u128, |acc, s| acc.saturating_add(s.capacity))
+    }
+
+    /// Number of allocations in all pools.
+    pub fn n_allocations(&self) -> usize {
+        self.table.len()
+    }
+
+    /// One line for logs and `corral status`, e.g.
+    /// `ipv4 12/254 used in 1 pool, ipv6 12/18446744073709551614 used in 1 pool`.
+    pub fn status_line(&self) -> String {
+        let mut parts = Vec::new();
+        for family in Family::ALL {
+            let enabled = match family {
+                Family::V4 => self.config.ipv4_enabled,
+                Family::V6 => self.config.ipv6_enabled,
+            };
+            if !enabled {
+                parts.push(format!("{family} disabled"));
+                continue;
+            }
+            let mut used = 0u64;
+            let mut capacity = 0u128;
+            let mut n_pools = 0;
+            for name in self.pool_names() {
+                if let Ok(stats) = self.stats(&name, family)
+                    && (stats.ranges > 0 || stats.used > 0)
+                {
+                    used += stats.used;
+                    capacity = capacity.saturating_add(stats.capacity);
+                    n_pools += 1;
+                }
+            }
+            let plural = if n_pools == 1 { "" } else { "s" };
+            parts.push(format!(
+                "{family} {used}/{capacity} used in {n_pools} pool{plural}"
+            ));
+        }
+        if self.restoring {
+            parts.push("restoring".to_owned());
+        }
+        parts.join(", ")
+    }
+
+    /// Recomputes every derived structure from its sources and compares: the blocked sets,
+    /// per-range and per-pool allocation counts, the range index and the lease queue. For
+    /// tests; returns a description of the first difference.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut per_family: HashMap<(PoolId, Family), Vec<u128>> = HashMap::new();
+        for (_, record) in self.table.iter() {
+            per_family
+                .entry((record.pool(), record.addr().family))
+                .or_default()
+                .push(record.addr().value);
+        }
+        let mut n_ranges = [0usize; 2];
+        for (id, pool) in self.pools.iter().enumerate() {
+            let Some(pool) = pool else { continue };
+            for pool_family in &pool.families {
+                let family = pool_family.family;
+                let allocated = per_family
+                    .remove(&(id as PoolId, family))
+                    .unwrap_or_default();
+                let mut expected = pool_family.clone();
+                expected.rebuild(0, family.max_value(), &allocated);
+                if expected.blocked != pool_family.blocked {
+                    return Err(format!(
+                        "pool {} {family}: blocked set differs from its sources",
+                        pool.name
+                    ));
+                }
+                if pool_family.n_allocated != allocated.len() as u64 {
+                    return Err(format!("pool {} {family}: allocation count", pool.name));
+                }
+                for (&start, range) in &pool_family.ranges {
+                    n_ranges[family.index()] += 1;
+                    let inside = allocated
+                        .iter()
+                        .filter(|&&v| v >= start && v <= range.end)
+                        .count() as u64;
+                    if inside != range.n_allocated {
+                        return Err(format!("range {}: allocation count", range.spec));
+                    }
+                    if range.draining && range.n_allocated == 0 {
+                        return Err(format!("range {}: drained but kept", range.spec));
+                    }
+                    if self.range_index[family.index()].get(&start)
+                        != Some(&(range.end, id as PoolId))
+                    {
+                        return Err(format!(
+                            "range {}: missing from the range index",
+                            range.spec
+                        ));
+                    }
+                }
+                for (value, _) in pool_family.cooling.iter() {
+                    if !pool_family.is_active_capacity(value) || pool_family.is_held_back(value) {
+                        return Err(format!("pool {} {family}: stale cooling entry", pool.name));
+                    }
+                }
+            }
+        }
+        if !per_family.is_empty() {
+            return Err("allocation in a pool that does not exist".to_owned());
+        }
+        for family in Family::ALL {
+            if self.range_index[family.index()].len() != n_ranges[family.index()] {
+                return Err(format!("{family}: range index has extra entries"));
+            }
+        }
+        if self.lease_queue.len() != self.leases.len()
+            || self
+                .lease_queue
+                .iter()
+                .any(|(at, addr)| self.leases.get(addr).map(|l| l.expires_at) != Some(*at))
+        {
+            return Err("lease queue and leases disagree".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Heap bytes of the allocation table's own structures, for the memory benchmark.
+    #[doc(hidden)]
+    pub fn table_bytes(&self) -> usize {
+        self.table.index_bytes()
+    }
+}

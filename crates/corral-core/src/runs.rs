@@ -1,0 +1,222 @@
+//! A set of integers stored as maximal runs, the structure that makes allocation O(log n).
+//!
+//! Invariant: runs are disjoint, non-adjacent (`a.end + 1 < b.start`) and non-empty. Because they
+//! are maximal, the first integer after a run is never in the set, so "next member-free integer
+//! at or after x" is one ordered-map lookup whatever the fill level. Memory is one map entry per
+//! run, so a sequentially filled /64 costs one entry, not a bitmap of 2^64 bits.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+/// A set of `u128` values kept as maximal inclusive runs `start..=end`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RunSet {
+    runs: BTreeMap<u128, u128>,
+}
+
+impl RunSet {
+    pub fn new() -> RunSet {
+        RunSet::default()
+    }
+
+    /// The run holding `value`, if any.
+    fn run_containing(&self, value: u128) -> Option<(u128, u128)> {
+        let (&start, &end) = self.runs.range(..=value).next_back()?;
+        (end >= value).then_some((start, end))
+    }
+
+    pub fn contains(&self, value: u128) -> bool {
+        self.run_containing(value).is_some()
+    }
+
+    /// The smallest value in `low..=high` that is not in the set.
+    pub fn first_absent(&self, low: u128, high: u128) -> Option<u128> {
+        if low > high {
+            return None;
+        }
+        match self.run_containing(low) {
+            None => Some(low),
+            // Runs are maximal, so `end + 1` is absent (when it exists).
+            Some((_, end)) => (end < high).then(|| end + 1),
+        }
+    }
+
+    /// Adds one value; returns false if it was already present.
+    pub fn insert(&mut self, value: u128) -> bool {
+        self.insert_range(value, value)
+    }
+
+    /// Adds `start..=end`; returns true if any value was new.
+    pub fn insert_range(&mut self, start: u128, end: u128) -> bool {
+        debug_assert!(start <= end);
+        let mut new_start = start;
+        let mut new_end = end;
+        // A run that starts before `start` and reaches it (or is adjacent) merges in.
+        if let Some((&prev_start, &prev_end)) = self.runs.range(..=start).next_back()
+            && prev_end.saturating_add(1) >= start
+        {
+            if prev_end >= end {
+                return false;
+            }
+            new_start = prev_start;
+        }
+        // Every run that starts inside (or right after) the new one merges in.
+        let upper = end.saturating_add(1);
+        let absorbed: Vec<u128> = self
+            .runs
+            .range((Bound::Included(new_start), Bound::Included(upper)))
+            .map(|(&s, _)| s)
+            .collect();
+        for run_start in absorbed {
+            if let Some(run_end) = self.runs.remove(&run_start) {
+                new_end = new_end.max(run_end);
+            }
+        }
+        self.runs.insert(new_start, new_end);
+        true
+    }
+
+    /// Removes one value; returns false if it was not present.
+    pub fn remove(&mut self, value: u128) -> bool {
+        let Some((start, end)) = self.run_containing(value) else {
+            return false;
+        };
+        if start == value {
+            self.runs.remove(&start);
+        } else if let Some(run_end) = self.runs.get_mut(&start) {
+            *run_end = value - 1;
+        }
+        if end > value {
+            self.runs.insert(value + 1, end);
+        }
+        true
+    }
+
+    /// Removes every value in `start..=end`.
+    pub fn remove_range(&mut self, start: u128, end: u128) {
+        debug_assert!(start <= end);
+        let mut tail = None;
+        if let Some((&run_start, &run_end)) = self.runs.range(..start).next_back()
+            && run_end >= start
+        {
+            self.runs.insert(run_start, start - 1);
+            if run_end > end {
+                tail = Some((end + 1, run_end));
+            }
+        }
+        let inside: Vec<(u128, u128)> = self
+            .runs
+            .range(start..=end)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (run_start, run_end) in inside {
+            self.runs.remove(&run_start);
+            if run_end > end {
+                tail = Some((end + 1, run_end));
+            }
+        }
+        if let Some((tail_start, tail_end)) = tail {
+            self.runs.insert(tail_start, tail_end);
+        }
+    }
+
+    /// How many values of `low..=high` are in the set (saturating at `u128::MAX`).
+    pub fn count_in(&self, low: u128, high: u128) -> u128 {
+        self.runs_in(low, high)
+            .map(|(s, e)| e - s)
+            .fold(0u128, |acc, span| {
+                acc.saturating_add(span).saturating_add(1)
+            })
+    }
+
+    /// The runs clipped to `low..=high`, in order.
+    pub fn runs_in(&self, low: u128, high: u128) -> impl Iterator<Item = (u128, u128)> + '_ {
+        let first = self.run_containing(low).map(|(s, _)| s).unwrap_or(low);
+        self.runs
+            .range(first..=high)
+            .map(move |(&s, &e)| (s.max(low), e.min(high)))
+    }
+
+    /// All runs in order.
+    #[cfg(test)]
+    pub fn iter(&self) -> impl Iterator<Item = (u128, u128)> + '_ {
+        self.runs.iter().map(|(&s, &e)| (s, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(set: &RunSet) -> Vec<(u128, u128)> {
+        set.iter().collect()
+    }
+
+    #[test]
+    fn inserts_merge_into_maximal_runs() {
+        let mut set = RunSet::new();
+        assert!(set.insert(5));
+        assert!(set.insert(7));
+        assert_eq!(runs(&set), vec![(5, 5), (7, 7)]);
+        assert!(set.insert(6));
+        assert_eq!(runs(&set), vec![(5, 7)]);
+        assert!(!set.insert(6));
+        assert!(set.insert_range(0, 4));
+        assert_eq!(runs(&set), vec![(0, 7)]);
+        assert!(set.insert_range(10, 20));
+        assert!(set.insert_range(8, 9));
+        assert_eq!(runs(&set), vec![(0, 20)]);
+    }
+
+    #[test]
+    fn removal_splits_runs() {
+        let mut set = RunSet::new();
+        set.insert_range(0, 10);
+        assert!(set.remove(5));
+        assert_eq!(runs(&set), vec![(0, 4), (6, 10)]);
+        assert!(set.remove(0));
+        assert!(set.remove(10));
+        assert!(!set.remove(10));
+        assert_eq!(runs(&set), vec![(1, 4), (6, 9)]);
+        set.remove_range(3, 7);
+        assert_eq!(runs(&set), vec![(1, 2), (8, 9)]);
+        set.remove_range(0, 100);
+        assert_eq!(runs(&set), vec![]);
+    }
+
+    #[test]
+    fn first_absent_skips_a_whole_run_in_one_step() {
+        let mut set = RunSet::new();
+        set.insert_range(100, 199);
+        assert_eq!(set.first_absent(0, 1000), Some(0));
+        assert_eq!(set.first_absent(100, 1000), Some(200));
+        assert_eq!(set.first_absent(150, 199), None);
+        assert_eq!(set.first_absent(150, 200), Some(200));
+        assert_eq!(set.first_absent(5, 4), None);
+    }
+
+    #[test]
+    fn extremes_of_the_u128_space_do_not_overflow() {
+        let mut set = RunSet::new();
+        set.insert_range(u128::MAX - 1, u128::MAX);
+        set.insert(0);
+        assert_eq!(set.first_absent(u128::MAX - 1, u128::MAX), None);
+        assert_eq!(set.count_in(0, u128::MAX), 3);
+        set.insert_range(0, u128::MAX);
+        assert_eq!(set.count_in(0, u128::MAX), u128::MAX);
+        assert!(set.remove(u128::MAX));
+        assert_eq!(runs(&set), vec![(0, u128::MAX - 1)]);
+    }
+
+    #[test]
+    fn count_and_clipped_runs() {
+        let mut set = RunSet::new();
+        set.insert_range(0, 9);
+        set.insert_range(20, 29);
+        assert_eq!(set.count_in(5, 24), 10);
+        assert_eq!(
+            set.runs_in(5, 24).collect::<Vec<_>>(),
+            vec![(5, 9), (20, 24)]
+        );
+    }
+}
