@@ -187,8 +187,8 @@ impl Pool {
 enum Plan {
     /// The key already holds this allocation (a table index).
     Existing(u32),
-    /// Hand out this address.
-    Fresh { addr: AddrKey },
+    /// Hand out this address; `next` says it was chosen by next-fit, which moves the cursor.
+    Fresh { addr: AddrKey, next: bool },
 }
 
 /// The allocation engine. See the crate documentation.
@@ -623,6 +623,7 @@ impl Engine {
         match value {
             Some(value) => Ok(Plan::Fresh {
                 addr: AddrKey { family, value },
+                next: true,
             }),
             None => Err(AllocError::PoolExhausted {
                 pool: pool.name.clone(),
@@ -710,7 +711,10 @@ impl Engine {
         self.pool_mut(id)
             .family_mut(family)
             .expire_cooling(now, config.cooldown);
-        Ok(Plan::Fresh { addr: addr_key })
+        Ok(Plan::Fresh {
+            addr: addr_key,
+            next: false,
+        })
     }
 
     fn in_use_error(&self, index: u32) -> AllocError {
@@ -744,7 +748,7 @@ impl Engine {
                     existing: true,
                 }
             }
-            Plan::Fresh { addr } => {
+            Plan::Fresh { addr, next } => {
                 let generation = self.next_generation;
                 self.next_generation += 1;
                 let lease = request.lease.map(|duration| Lease {
@@ -753,7 +757,9 @@ impl Engine {
                 });
                 self.record(id, addr, request.owner, request.key, generation, lease);
                 let pool = self.pool_mut(id);
-                if pool.config.reuse == ReusePolicy::NextFit {
+                // Only next-fit choices move the cursor: asking for a specific address says
+                // nothing about where the next free one should come from.
+                if next && pool.config.reuse == ReusePolicy::NextFit {
                     let pool_family = pool.family_mut(addr.family);
                     pool_family.cursor = if addr.value == addr.family.max_value() {
                         0
@@ -1245,21 +1251,25 @@ impl Engine {
                 continue;
             }
             let mut used = 0u64;
+            let mut outside = 0u64;
             let mut capacity = 0u128;
             let mut n_pools = 0;
             for name in self.pool_names() {
                 if let Ok(stats) = self.stats(&name, family)
                     && (stats.ranges > 0 || stats.used > 0)
                 {
-                    used += stats.used;
+                    used += stats.used - stats.used_outside_active;
+                    outside += stats.used_outside_active;
                     capacity = capacity.saturating_add(stats.capacity);
                     n_pools += 1;
                 }
             }
             let plural = if n_pools == 1 { "" } else { "s" };
-            parts.push(format!(
-                "{family} {used}/{capacity} used in {n_pools} pool{plural}"
-            ));
+            let mut part = format!("{family} {used}/{capacity} used in {n_pools} pool{plural}");
+            if outside > 0 {
+                part.push_str(&format!(" (+{outside} outside active ranges)"));
+            }
+            parts.push(part);
         }
         if self.restoring {
             parts.push("restoring".to_owned());
