@@ -991,12 +991,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Releases every allocation whose lease has expired by `now` and reports them. Does
-    /// nothing while restoring.
+    /// Releases every allocation whose lease has expired by `now` and reports them, and ends
+    /// cooldowns that have run out (see [`Engine::advance`]). Does nothing while restoring.
     pub fn expire(&mut self, now: Timestamp) -> Vec<Released> {
         if self.restoring {
             return Vec::new();
         }
+        // This is the periodic tick, so cooldowns that have run out end here too.
+        self.advance(now);
         let mut released = Vec::new();
         while let Some(&(expires_at, addr)) = self.lease_queue.first() {
             if expires_at > now {

@@ -1,0 +1,39 @@
+# corral's front door: `make run`, `make test`, `make bench`, `make lint`.
+# `make test` installs what the tests need on a fresh Debian machine, then runs everything.
+
+CARGO ?= cargo
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test deps lint fmt bench bench-core clean
+
+## run: the main job on the embedded default (until the agent lands: an engine walk-through)
+run:
+	$(CARGO) run --quiet -p corral-core --example demo
+
+## deps: system packages the tests need (none yet beyond the Rust toolchain)
+deps:
+	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
+	@command -v cc >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y build-essential; }
+
+## test: set-up, lints, and every test of the workspace
+test: deps lint
+	$(CARGO) test --workspace --lib --bins --tests --examples
+	$(CARGO) test --workspace --doc
+
+## lint: formatting and clippy, warnings are errors
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## bench: every benchmark (figures go to BENCHMARKS.md by hand, with the command)
+bench: bench-core
+
+bench-core:
+	$(CARGO) bench -p corral-core --bench engine
+	$(CARGO) bench -p corral-core --bench memory
+
+clean:
+	$(CARGO) clean
