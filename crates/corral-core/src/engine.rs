@@ -17,6 +17,9 @@ use crate::spec::{AttachmentKey, Exclusion, PoolName, RangeSpec, Reserved, valid
 use crate::table::{AllocationTable, NewRecord, PoolId};
 use crate::time::{Lease, LeaseIds, Timestamp};
 
+/// The largest generation accepted from durable state.
+const MAX_GENERATION: u64 = 1 << 63;
+
 /// Engine-wide settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -610,12 +613,6 @@ impl Engine {
         let pool = self.pool_mut(id);
         let config = pool.config;
         let pool_family = pool.family_mut(family);
-        if pool_family.ranges.values().all(|r| r.draining) {
-            return Err(AllocError::NoCapacity {
-                pool: pool.name.clone(),
-                family,
-            });
-        }
         pool_family.expire_cooling(now, config.cooldown);
         let value = pool_family
             .find_free(config.reuse)
@@ -625,6 +622,13 @@ impl Engine {
                 addr: AddrKey { family, value },
                 next: true,
             }),
+            // Only on failure is it worth telling "no capacity at all" from "all of it used".
+            None if pool_family.ranges.values().all(|r| r.draining) => {
+                Err(AllocError::NoCapacity {
+                    pool: pool.name.clone(),
+                    family,
+                })
+            }
             None => Err(AllocError::PoolExhausted {
                 pool: pool.name.clone(),
                 family,
@@ -1041,6 +1045,12 @@ impl Engine {
             });
         }
         validate_owner(&restored.owner)?;
+        // Far from any real count, and it keeps `next_generation + 1` from overflowing.
+        if restored.generation > MAX_GENERATION {
+            return Err(AllocError::GenerationOutOfRange {
+                generation: restored.generation,
+            });
+        }
         let id = self.pool_id(&restored.pool)?;
         let addr = AddrKey::new(restored.addr);
         if let Some(index) = self.table.find_addr(addr) {
@@ -1063,7 +1073,9 @@ impl Engine {
             restored.generation,
             restored.lease,
         );
-        self.next_generation = self.next_generation.max(restored.generation + 1);
+        self.next_generation = self
+            .next_generation
+            .max(restored.generation.saturating_add(1));
         Ok(())
     }
 
@@ -1097,7 +1109,7 @@ impl Engine {
 
     /// Raises the next generation to at least `floor` (persisted counters come back this way).
     pub fn restore_generation(&mut self, floor: u64) {
-        self.next_generation = self.next_generation.max(floor);
+        self.next_generation = self.next_generation.max(floor.min(MAX_GENERATION + 1));
     }
 
     /// Ends the restore phase: allocation, expiry and release of unknown attachments resume.
