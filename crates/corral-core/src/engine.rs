@@ -401,6 +401,8 @@ impl Engine {
         if let Some(gateway) = spec.gateway() {
             *pool_family.reserved.entry(addr_value(gateway)).or_insert(0) += 1;
             pool_family.blocked.insert(addr_value(gateway));
+            // A gateway may name a cooling address of another range: it must not come back.
+            pool_family.cooling.remove(addr_value(gateway));
         }
         pool_family.rebuild(start, end, &allocated);
         Ok(())

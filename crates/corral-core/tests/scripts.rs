@@ -973,3 +973,40 @@ fn disabled_families_have_their_own_error() {
         "#]],
     );
 }
+
+#[test]
+fn a_new_gateway_ends_the_cooldown_of_its_address() {
+    run(
+        "
+        pool default cooldown=60
+        range default 10.0.0.0/24,range=10.0.0.1-10.0.0.2
+        alloc default v4 a
+        alloc default v4 b
+        release 10.0.0.1
+        range default 10.0.0.0/24,range=10.0.0.3-10.0.0.3,gateway=10.0.0.1
+        alloc default v4 c
+        alloc default v4 d
+        stats default v4
+        ",
+        expect![[r#"
+            > pool default cooldown=60
+            = ok
+            > range default 10.0.0.0/24,range=10.0.0.1-10.0.0.2
+            = 2 usable
+            > alloc default v4 a
+            = 10.0.0.1 gen=1 subnet=10.0.0.0/24
+            > alloc default v4 b
+            = 10.0.0.2 gen=2 subnet=10.0.0.0/24
+            > release 10.0.0.1
+            = 10.0.0.1 gen=1 owner=a
+            > range default 10.0.0.0/24,range=10.0.0.3-10.0.0.3,gateway=10.0.0.1
+            = 1 usable
+            > alloc default v4 c
+            = 10.0.0.3 gen=3 subnet=10.0.0.0/24 gw=10.0.0.1
+            > alloc default v4 d
+            ! pool default has no free ipv4 address
+            > stats default v4
+            = capacity=2 used=2 free=0 excluded=0 cooling=0 ranges=2 draining=0
+        "#]],
+    );
+}
