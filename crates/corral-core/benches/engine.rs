@@ -65,7 +65,7 @@ fn container_id(i: u64) -> String {
     (0..4).map(|k| format!("{:016x}", mix(i * 4 + k))).collect()
 }
 
-/// An owner of the `namespace/pod-name` shape, about 27 bytes.
+/// An owner of the `namespace/pod-name` shape, 26 bytes.
 fn owner(i: u64) -> String {
     format!(
         "ns-{:02}/web-{:010x}-{:05x}",

@@ -18,8 +18,9 @@ use crate::time::Timestamp;
 /// How the next free address is chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ReusePolicy {
-    /// Continue after the last address handed out, wrapping around (host-local's behaviour):
-    /// a just-released address is the last one to be handed out again.
+    /// Continue after the last address handed out, wrapping around at the end (host-local's
+    /// behaviour): a just-released address comes back only once the cursor has come round to
+    /// it. With a cooldown, it also waits until nothing else is free.
     #[default]
     NextFit,
     /// Always the lowest free address, for users who want compact allocations.
