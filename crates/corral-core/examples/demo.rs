@@ -112,7 +112,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     now = now.saturating_add(Duration::from_secs(61));
     for r in engine.expire(now) {
-        println!("expire         {} (lease of {} ran out)", r.addr, r.owner);
+        println!("expire         {} (its 60 s lease ran out)", r.addr);
     }
 
     if let Err(error) = engine.allocate(

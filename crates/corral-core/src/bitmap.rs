@@ -51,10 +51,7 @@ impl Bitmap {
         bitmap
     }
 
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
+    #[cfg(test)]
     pub fn get(&self, position: u64) -> bool {
         position < self.size && self.levels[0][(position / W) as usize] & (1 << (position % W)) != 0
     }
@@ -179,11 +176,6 @@ impl Bitmap {
             })
             .sum()
     }
-
-    /// Heap bytes held.
-    pub fn heap_bytes(&self) -> usize {
-        self.levels.iter().map(|l| l.capacity() * 8).sum::<usize>() + self.levels.capacity() * 24
-    }
 }
 
 #[cfg(test)]
@@ -220,7 +212,9 @@ mod tests {
         let mut bits = vec![false; size as usize];
         let mut state = 12345u64;
         for step in 0..20_000u64 {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let position = (state >> 33) % size;
             match step % 5 {
                 0 | 1 => assert_eq!(bitmap.set(position), !bits[position as usize]),
@@ -228,7 +222,9 @@ mod tests {
                 3 => {
                     let high = (position + (state >> 50) % 300).min(size - 1);
                     let value = state & 1 == 0;
-                    let expected = (position..=high).filter(|&i| bits[i as usize] != value).count();
+                    let expected = (position..=high)
+                        .filter(|&i| bits[i as usize] != value)
+                        .count();
                     assert_eq!(bitmap.fill(position, high, value), expected as u64);
                     for i in position..=high {
                         bits[i as usize] = value;

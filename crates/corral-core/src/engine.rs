@@ -80,8 +80,6 @@ pub struct Released {
     pub addr: IpAddr,
     pub pool: PoolName,
     pub generation: u64,
-    pub owner: String,
-    pub key: Option<AttachmentKey>,
     pub lease: Option<Lease>,
 }
 
@@ -389,22 +387,17 @@ impl Engine {
         self.range_index[family.index()].insert(start, (end, id));
         let allocated = self.allocated_in(id, family, start, end);
         let pool_family = self.pool_mut(id).family_mut(family);
-        pool_family.ranges.insert(
-            start,
-            Range {
-                spec,
-                end,
-                n_allocated: allocated.len() as u64,
-                draining: false,
-            },
-        );
+        let mut range = Range::new(spec);
+        range.n_allocated = allocated.len() as u64;
+        pool_family.ranges.insert(start, range);
         if let Some(gateway) = spec.gateway() {
-            *pool_family.reserved.entry(addr_value(gateway)).or_insert(0) += 1;
-            pool_family.blocked.insert(addr_value(gateway));
+            let value = addr_value(gateway);
+            *pool_family.reserved.entry(value).or_insert(0) += 1;
             // A gateway may name a cooling address of another range: it must not come back.
-            pool_family.cooling.remove(addr_value(gateway));
+            pool_family.cooling.remove(value);
+            pool_family.block(value);
         }
-        pool_family.rebuild(start, end, &allocated);
+        pool_family.rebuild(start, &allocated);
         Ok(())
     }
 
@@ -443,11 +436,15 @@ impl Engine {
                 });
             }
         };
-        pool_family.blocked.insert_range(start, end);
+        pool_family.with_free.remove(&start);
         for value in pool_family.cooling.values_in(start, end) {
             pool_family.cooling.remove(value);
         }
         if n_allocated > 0 {
+            let allocated = self.allocated_in(id, family, start, end);
+            self.pool_mut(id)
+                .family_mut(family)
+                .rebuild(start, &allocated);
             return Ok(RangeRemoval::Draining { n_allocated });
         }
         self.drop_range(id, family, start);
@@ -458,25 +455,29 @@ impl Engine {
     fn drop_range(&mut self, id: PoolId, family: Family, start: u128) {
         self.range_index[family.index()].remove(&start);
         let pool_family = self.pool_mut(id).family_mut(family);
+        pool_family.with_free.remove(&start);
         let Some(range) = pool_family.ranges.remove(&start) else {
             return;
         };
-        if let Some(gateway) = range.spec.gateway() {
-            let value = addr_value(gateway);
-            if let Some(count) = pool_family.reserved.get_mut(&value) {
-                *count -= 1;
-                if *count == 0 {
-                    pool_family.reserved.remove(&value);
-                    if pool_family.is_active_capacity(value)
-                        && !pool_family.excluded.contains(value)
-                    {
-                        let allocated = self.allocated_in(id, family, value, value);
-                        self.pool_mut(id)
-                            .family_mut(family)
-                            .rebuild(value, value, &allocated);
-                    }
-                }
-            }
+        let Some(gateway) = range.spec.gateway().map(addr_value) else {
+            return;
+        };
+        let Some(count) = pool_family.reserved.get_mut(&gateway) else {
+            return;
+        };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        pool_family.reserved.remove(&gateway);
+        // The gateway may sit in another range of the pool, where it is now an ordinary
+        // address again unless something else holds it.
+        if let Some(other) = pool_family.range_of(gateway) {
+            let (other_start, other_end) = (other.start, other.end);
+            let allocated = self.allocated_in(id, family, other_start, other_end);
+            self.pool_mut(id)
+                .family_mut(family)
+                .rebuild(other_start, &allocated);
         }
     }
 
@@ -542,10 +543,20 @@ impl Engine {
         }
         pool_ref.family_mut(family).excluded = excluded;
         let (low, high) = removed.bounds();
-        let allocated = self.allocated_in(id, family, low, high);
-        self.pool_mut(id)
-            .family_mut(family)
-            .rebuild(low, high, &allocated);
+        let touched: Vec<(u128, u128)> = pool_ref
+            .family(family)
+            .ranges
+            .range(..=high)
+            .filter(|(_, range)| range.end >= low)
+            .map(|(&start, range)| (start, range.end))
+            .collect();
+        if let (Some(first), Some(last)) = (touched.first(), touched.last()) {
+            let allocated = self.allocated_in(id, family, first.0, last.1);
+            let pool_family = self.pool_mut(id).family_mut(family);
+            for (start, _) in touched {
+                pool_family.rebuild(start, &allocated);
+            }
+        }
         Ok(())
     }
 
@@ -555,6 +566,28 @@ impl Engine {
     }
 
     // ---- allocation ----------------------------------------------------------------------
+
+    /// Lets time pass for one pool: cooldowns that have run out by `now` end. Every operation
+    /// that takes `now` does this first, so a refused request changes nothing else.
+    fn advance_pool(&mut self, id: PoolId, now: Timestamp) {
+        let pool = self.pool_mut(id);
+        let cooldown = pool.config.cooldown;
+        for pool_family in &mut pool.families {
+            pool_family.expire_cooling(now, cooldown);
+        }
+    }
+
+    fn check_room(&self, request: &Request<'_>, n_records: usize) -> Result<(), AllocError> {
+        let strings = request.owner.len()
+            + request.key.map_or(0, |key| {
+                key.network().len() + key.container_id().len() + key.ifname().len()
+            });
+        if self.table.has_room(n_records, strings) {
+            Ok(())
+        } else {
+            Err(AllocError::TableFull)
+        }
+    }
 
     /// Allocates one address: the next free one of a family, or a specific one.
     ///
@@ -569,11 +602,14 @@ impl Engine {
         self.require_ready("allocate")?;
         validate_owner(request.owner)?;
         let id = self.pool_id(request.pool)?;
+        self.advance_pool(id, now);
+        let key_hash = request.key.map(|key| self.table.key_hash(key));
         let plan = match target {
-            Target::Next(family) => self.plan_next(id, family, request.key, now)?,
-            Target::Specific(addr) => self.plan_specific(id, addr, request.key, now)?,
+            Target::Next(family) => self.plan_next(id, family, request.key, key_hash)?,
+            Target::Specific(addr) => self.plan_specific(id, addr, request.key, key_hash)?,
         };
-        Ok(self.apply(id, plan, request, now))
+        self.check_room(request, 1)?;
+        Ok(self.apply(id, plan, request, key_hash, now))
     }
 
     /// Allocates one IPv4 and one IPv6 address, or neither.
@@ -585,39 +621,48 @@ impl Engine {
         self.require_ready("allocate")?;
         validate_owner(request.owner)?;
         let id = self.pool_id(request.pool)?;
-        let v4 = self.plan_next(id, Family::V4, request.key, now)?;
-        let v6 = self.plan_next(id, Family::V6, request.key, now)?;
+        self.advance_pool(id, now);
+        let key_hash = request.key.map(|key| self.table.key_hash(key));
+        let v4 = self.plan_next(id, Family::V4, request.key, key_hash)?;
+        let v6 = self.plan_next(id, Family::V6, request.key, key_hash)?;
+        self.check_room(request, 2)?;
         Ok([
-            self.apply(id, v4, request, now),
-            self.apply(id, v6, request, now),
+            self.apply(id, v4, request, key_hash, now),
+            self.apply(id, v6, request, key_hash, now),
         ])
     }
 
     /// The allocation a key already holds in a pool and family.
-    fn existing_for_key(&self, id: PoolId, family: Family, key: &AttachmentKey) -> Option<u32> {
-        self.table.find_key(key).find(|&index| {
+    fn existing_for_key(
+        &self,
+        id: PoolId,
+        family: Family,
+        key: &AttachmentKey,
+        key_hash: u64,
+    ) -> Option<u32> {
+        self.table.find_key(key, key_hash).find(|&index| {
             let record = self.table.get(index);
             record.pool() == id && record.addr().family == family
         })
     }
 
     fn plan_next(
-        &mut self,
+        &self,
         id: PoolId,
         family: Family,
         key: Option<&AttachmentKey>,
-        now: Timestamp,
+        key_hash: Option<u64>,
     ) -> Result<Plan, AllocError> {
         self.family_enabled(family)?;
-        if let Some(index) = key.and_then(|key| self.existing_for_key(id, family, key)) {
+        if let (Some(key), Some(hash)) = (key, key_hash)
+            && let Some(index) = self.existing_for_key(id, family, key, hash)
+        {
             return Ok(Plan::Existing(index));
         }
-        let pool = self.pool_mut(id);
-        let config = pool.config;
-        let pool_family = pool.family_mut(family);
-        pool_family.expire_cooling(now, config.cooldown);
+        let pool = self.pool(id);
+        let pool_family = pool.family(family);
         let value = pool_family
-            .find_free(config.reuse)
+            .find_free(pool.config.reuse)
             .or_else(|| pool_family.cooling.oldest().map(|(_, value)| value));
         match value {
             Some(value) => Ok(Plan::Fresh {
@@ -639,17 +684,17 @@ impl Engine {
     }
 
     fn plan_specific(
-        &mut self,
+        &self,
         id: PoolId,
         addr: IpAddr,
         key: Option<&AttachmentKey>,
-        now: Timestamp,
+        key_hash: Option<u64>,
     ) -> Result<Plan, AllocError> {
         let family = Family::of(addr);
         self.family_enabled(family)?;
         let addr_key = AddrKey::new(addr);
-        if let Some(key) = key
-            && let Some(index) = self.existing_for_key(id, family, key)
+        if let (Some(key), Some(hash)) = (key, key_hash)
+            && let Some(index) = self.existing_for_key(id, family, key, hash)
         {
             let record = self.table.get(index);
             if record.addr() == addr_key {
@@ -667,7 +712,7 @@ impl Engine {
         let pool = self.pool(id);
         let pool_family = pool.family(family);
         let value = addr_key.value;
-        let Some((_, range)) = pool_family.range_of(value) else {
+        let Some(range) = pool_family.range_of(value) else {
             // Say why when the address is special in one of the pool's subnets.
             for range in pool_family.ranges.values() {
                 if let Some(reserved) = range.spec.reserved_kind(addr) {
@@ -713,10 +758,6 @@ impl Engine {
             });
         }
         // A cooling address may be asked for by name: cooldown only steers "next".
-        let config = pool.config;
-        self.pool_mut(id)
-            .family_mut(family)
-            .expire_cooling(now, config.cooldown);
         Ok(Plan::Fresh {
             addr: addr_key,
             next: false,
@@ -740,6 +781,7 @@ impl Engine {
         id: PoolId,
         plan: Plan,
         request: &Request<'_>,
+        key_hash: Option<u64>,
         now: Timestamp,
     ) -> Allocation {
         match plan {
@@ -761,17 +803,20 @@ impl Engine {
                     id: self.lease_ids.next_id(),
                     expires_at: now.saturating_add(duration),
                 });
-                self.record(id, addr, request.owner, request.key, generation, lease);
+                self.record(
+                    id,
+                    addr,
+                    request.owner,
+                    request.key,
+                    key_hash,
+                    generation,
+                    lease,
+                );
                 let pool = self.pool_mut(id);
                 // Only next-fit choices move the cursor: asking for a specific address says
                 // nothing about where the next free one should come from.
                 if next && pool.config.reuse == ReusePolicy::NextFit {
-                    let pool_family = pool.family_mut(addr.family);
-                    pool_family.cursor = if addr.value == addr.family.max_value() {
-                        0
-                    } else {
-                        addr.value + 1
-                    };
+                    pool.family_mut(addr.family).advance_cursor(addr.value);
                 }
                 Allocation {
                     addr: addr.ip(),
@@ -784,30 +829,36 @@ impl Engine {
         }
     }
 
-    /// Enters an allocation into every structure; shared by allocation and restore.
+    /// Enters an allocation into every structure; shared by allocation and restore. The
+    /// caller has checked the table has room.
+    #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
         id: PoolId,
         addr: AddrKey,
         owner: &str,
         key: Option<&AttachmentKey>,
+        key_hash: Option<u64>,
         generation: u64,
         lease: Option<Lease>,
     ) {
         let pool_family = self.pool_mut(id).family_mut(addr.family);
-        pool_family.blocked.insert(addr.value);
+        pool_family.block(addr.value);
         pool_family.cooling.remove(addr.value);
         pool_family.n_allocated += 1;
         if let Some(range) = pool_family.range_of_mut(addr.value) {
             range.n_allocated += 1;
         }
-        self.table.insert(NewRecord {
-            addr,
-            pool: id,
-            generation,
-            owner,
-            key,
-        });
+        self.table.insert(
+            NewRecord {
+                addr,
+                pool: id,
+                generation,
+                owner,
+                key,
+            },
+            key_hash,
+        );
         if let Some(lease) = lease {
             self.leases.insert(addr, lease);
             self.lease_queue.insert((lease.expires_at, addr));
@@ -818,7 +869,7 @@ impl Engine {
         self.pool(id)
             .family(addr.family)
             .range_of(addr.value)
-            .map(|(_, range)| range.spec)
+            .map(|range| range.spec)
     }
 
     // ---- release -------------------------------------------------------------------------
@@ -850,9 +901,10 @@ impl Engine {
 
     /// Releases every allocation of an attachment (none is not an error: DEL is idempotent).
     pub fn release_key(&mut self, key: &AttachmentKey, now: Timestamp) -> Vec<Released> {
+        let hash = self.table.key_hash(key);
         let addrs: Vec<AddrKey> = self
             .table
-            .find_key(key)
+            .find_key(key, hash)
             .map(|i| self.table.get(i).addr())
             .collect();
         self.release_addrs(&addrs, now)
@@ -863,7 +915,7 @@ impl Engine {
         let addrs: Vec<AddrKey> = self
             .table
             .iter()
-            .filter(|(_, record)| record.owner() == owner)
+            .filter(|(_, record)| record.owner_is(owner))
             .map(|(_, record)| record.addr())
             .collect();
         self.release_addrs(&addrs, now)
@@ -883,9 +935,10 @@ impl Engine {
         let addrs: Vec<AddrKey> = self
             .table
             .iter()
+            .filter(|(_, record)| record.key_network_is(network))
             .filter_map(|(_, record)| {
                 let key = record.key()?;
-                (key.network() == network && !live.contains(&key)).then(|| record.addr())
+                (!live.contains(&key)).then(|| record.addr())
             })
             .collect();
         Ok(self.release_addrs(&addrs, now))
@@ -903,34 +956,33 @@ impl Engine {
     }
 
     fn release_index(&mut self, index: u32, now: Timestamp) -> Released {
-        let removed = self.table.remove(index);
-        let addr = removed.addr;
-        let lease = self.leases.remove(&addr);
+        let (addr, id, generation) = self.table.remove(index);
+        let lease = if self.leases.is_empty() {
+            None
+        } else {
+            self.leases.remove(&addr)
+        };
         if let Some(lease) = lease {
             self.lease_queue.remove(&(lease.expires_at, addr));
         }
-        let id = removed.pool;
         let pool = self.pool_mut(id);
         let cooldown = pool.config.cooldown;
         let pool_family = pool.family_mut(addr.family);
         pool_family.n_allocated -= 1;
         let mut drained = None;
-        let mut keep_blocked = true;
         if let Some(range) = pool_family.range_of_mut(addr.value) {
             range.n_allocated -= 1;
-            if range.draining {
-                if range.n_allocated == 0 {
-                    drained = Some(range.spec.bounds().0);
-                }
-            } else {
-                keep_blocked = false;
+            let draining = range.draining;
+            if draining && range.n_allocated == 0 {
+                drained = Some(range.start);
             }
-        }
-        if !keep_blocked && !pool_family.is_held_back(addr.value) {
-            if cooldown.is_zero() {
-                pool_family.blocked.remove(addr.value);
-            } else {
-                pool_family.cooling.insert(addr.value, now);
+            if !pool_family.is_held_back(addr.value) {
+                if draining || cooldown.is_zero() {
+                    pool_family.unblock(addr.value);
+                } else {
+                    // Stays blocked until the cooldown has run out.
+                    pool_family.cooling.insert(addr.value, now);
+                }
             }
         }
         let pool_name = pool.name.clone();
@@ -940,9 +992,7 @@ impl Engine {
         Released {
             addr: addr.ip(),
             pool: pool_name,
-            generation: removed.generation,
-            owner: removed.owner,
-            key: removed.key,
+            generation,
             lease,
         }
     }
@@ -1058,8 +1108,9 @@ impl Engine {
         if let Some(index) = self.table.find_addr(addr) {
             return Err(self.in_use_error(index));
         }
-        if let Some(key) = &restored.key
-            && let Some(index) = self.existing_for_key(id, addr.family, key)
+        let key_hash = restored.key.as_ref().map(|key| self.table.key_hash(key));
+        if let (Some(key), Some(hash)) = (&restored.key, key_hash)
+            && let Some(index) = self.existing_for_key(id, addr.family, key, hash)
         {
             return Err(AllocError::AttachmentConflict {
                 key: key.clone(),
@@ -1067,17 +1118,23 @@ impl Engine {
                 pool: restored.pool.clone(),
             });
         }
+        let strings = restored.owner.len()
+            + restored.key.as_ref().map_or(0, |key| {
+                key.network().len() + key.container_id().len() + key.ifname().len()
+            });
+        if !self.table.has_room(1, strings) {
+            return Err(AllocError::TableFull);
+        }
         self.record(
             id,
             addr,
             &restored.owner,
             restored.key.as_ref(),
+            key_hash,
             restored.generation,
             restored.lease,
         );
-        self.next_generation = self
-            .next_generation
-            .max(restored.generation.saturating_add(1));
+        self.next_generation = self.next_generation.max(restored.generation + 1);
         Ok(())
     }
 
@@ -1104,7 +1161,7 @@ impl Engine {
             && !pool_family.is_held_back(addr_key.value)
         {
             pool_family.cooling.insert(addr_key.value, released_at);
-            pool_family.blocked.insert(addr_key.value);
+            pool_family.block(addr_key.value);
         }
         Ok(())
     }
@@ -1145,7 +1202,7 @@ impl Engine {
     pub fn lookup_key(&self, key: &AttachmentKey) -> Vec<AllocationInfo> {
         let mut found: Vec<AllocationInfo> = self
             .table
-            .find_key(key)
+            .find_key(key, self.table.key_hash(key))
             .map(|index| AllocationInfo {
                 pool: self.pool(self.table.get(index).pool()).name.clone(),
                 entry: self.entry(index),
@@ -1221,8 +1278,8 @@ impl Engine {
                 continue;
             }
             used_active += range.n_allocated;
-            raw = raw.saturating_add(range.end - start).saturating_add(1);
-            blocked = blocked.saturating_add(pool_family.blocked.count_in(start, range.end));
+            raw = raw.saturating_add(range.size());
+            blocked = blocked.saturating_add(range.n_blocked);
             reserved += pool_family
                 .reserved
                 .keys()
@@ -1313,19 +1370,23 @@ impl Engine {
                 let allocated = per_family
                     .remove(&(id as PoolId, family))
                     .unwrap_or_default();
-                let mut expected = pool_family.clone();
-                expected.rebuild(0, family.max_value(), &allocated);
-                if expected.blocked != pool_family.blocked {
-                    return Err(format!(
-                        "pool {} {family}: blocked set differs from its sources",
-                        pool.name
-                    ));
-                }
                 if pool_family.n_allocated != allocated.len() as u64 {
                     return Err(format!("pool {} {family}: allocation count", pool.name));
                 }
                 for (&start, range) in &pool_family.ranges {
                     n_ranges[family.index()] += 1;
+                    if pool_family.rebuilt(range, &allocated) != range.occupancy {
+                        return Err(format!(
+                            "range {}: occupancy differs from its sources",
+                            range.spec
+                        ));
+                    }
+                    if PoolFamily::blocked_in(range) != range.n_blocked {
+                        return Err(format!("range {}: blocked count", range.spec));
+                    }
+                    if pool_family.with_free.contains(&start) != range.has_free() {
+                        return Err(format!("range {}: with_free is stale", range.spec));
+                    }
                     let inside = allocated
                         .iter()
                         .filter(|&&v| v >= start && v <= range.end)
@@ -1344,6 +1405,16 @@ impl Engine {
                             range.spec
                         ));
                     }
+                }
+                if pool_family
+                    .with_free
+                    .iter()
+                    .any(|start| !pool_family.ranges.contains_key(start))
+                {
+                    return Err(format!(
+                        "pool {} {family}: with_free names no range",
+                        pool.name
+                    ));
                 }
                 for (value, _) in pool_family.cooling.iter() {
                     if !pool_family.is_active_capacity(value) || pool_family.is_held_back(value) {

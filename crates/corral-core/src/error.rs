@@ -129,6 +129,8 @@ pub enum AllocError {
         requested: u64,
         actual: u64,
     },
+    #[error("the allocation table is full (2^32 allocations or 16 GiB of owner and key strings)")]
+    TableFull,
     #[error("generation {generation} is out of range (at most 2^63)")]
     GenerationOutOfRange { generation: u64 },
     #[error("attachment {key} already holds {existing} in pool {pool}")]

@@ -20,6 +20,7 @@
 //! ```
 
 mod addr;
+mod bitmap;
 mod engine;
 mod error;
 mod pool;

@@ -1,9 +1,11 @@
-//! A pool's per-family state: its ranges, exclusions, reservations, cooldowns and the blocked set.
+//! A pool's per-family state: its ranges with their occupancy, exclusions, reservations and
+//! cooldowns.
 //!
-//! Invariant (checked by the property tests): `blocked` is exactly the complement of
-//! "free to hand out next", that is every address outside the active (non-draining) ranges,
-//! plus every allocated, excluded, reserved and cooling address inside them. Allocation is
-//! then one lookup in `blocked` from the cursor, and a wrap-around lookup from zero.
+//! Invariant (checked by `Engine::check_invariants`): a range's occupancy has a position set
+//! exactly when that address is allocated, excluded, reserved (a gateway of the pool) or, in
+//! an active range, cooling. `n_blocked` counts the set positions, and `with_free` lists the
+//! active ranges that still have a clear one. Allocation therefore picks a range from
+//! `with_free` and asks its occupancy for the first clear position from the range's cursor.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use hashbrown::HashMap;
 
 use crate::addr::Family;
+use crate::bitmap::Bitmap;
 use crate::runs::RunSet;
 use crate::spec::{Exclusion, RangeSpec};
 use crate::time::Timestamp;
@@ -18,9 +21,9 @@ use crate::time::Timestamp;
 /// How the next free address is chosen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum ReusePolicy {
-    /// Continue after the last address handed out, wrapping around at the end (host-local's
-    /// behaviour): a just-released address comes back only once the cursor has come round to
-    /// it. With a cooldown, it also waits until nothing else is free.
+    /// Continue after the last address handed out in the range, wrapping around at the end
+    /// (host-local's behaviour): a just-released address comes back only once the cursor has
+    /// come round to it. With a cooldown, it also waits until nothing else is free.
     #[default]
     NextFit,
     /// Always the lowest free address, for users who want compact allocations.
@@ -50,14 +53,127 @@ impl Default for PoolConfig {
     }
 }
 
+/// Ranges up to this many addresses get a dense hierarchical bitmap (128 KiB at most);
+/// larger ones a run set, whose memory follows what is blocked, not the size of the range.
+const DENSE_MAX: u128 = 1 << 20;
+
+/// Which positions of a range (offsets from its first address) are blocked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Occupancy {
+    Dense(Bitmap),
+    Sparse(RunSet),
+}
+
+impl Occupancy {
+    fn new(size: u128) -> Occupancy {
+        if size <= DENSE_MAX {
+            Occupancy::Dense(Bitmap::new(size as u64))
+        } else {
+            Occupancy::Sparse(RunSet::new())
+        }
+    }
+
+    fn set(&mut self, offset: u128) -> bool {
+        match self {
+            Occupancy::Dense(bitmap) => bitmap.set(offset as u64),
+            Occupancy::Sparse(runs) => runs.insert(offset),
+        }
+    }
+
+    fn clear(&mut self, offset: u128) -> bool {
+        match self {
+            Occupancy::Dense(bitmap) => bitmap.clear(offset as u64),
+            Occupancy::Sparse(runs) => runs.remove(offset),
+        }
+    }
+
+    /// Sets `low..=high`; returns how many positions were newly set.
+    fn set_range(&mut self, low: u128, high: u128) -> u128 {
+        match self {
+            Occupancy::Dense(bitmap) => u128::from(bitmap.fill(low as u64, high as u64, true)),
+            Occupancy::Sparse(runs) => {
+                let before = runs.count_in(low, high);
+                runs.insert_range(low, high);
+                (high - low).saturating_add(1) - before
+            }
+        }
+    }
+
+    fn first_clear(&self, from: u128, to: u128) -> Option<u128> {
+        match self {
+            Occupancy::Dense(bitmap) => bitmap.first_clear(from as u64, to as u64).map(u128::from),
+            Occupancy::Sparse(runs) => runs.first_absent(from, to),
+        }
+    }
+
+    fn count(&self, low: u128, high: u128) -> u128 {
+        match self {
+            Occupancy::Dense(bitmap) => u128::from(bitmap.count(low as u64, high as u64)),
+            Occupancy::Sparse(runs) => runs.count_in(low, high),
+        }
+    }
+}
+
 /// One range of a pool.
 #[derive(Clone, Debug)]
 pub(crate) struct Range {
     pub spec: RangeSpec,
+    pub start: u128,
     pub end: u128,
+    pub occupancy: Occupancy,
+    /// Set positions of `occupancy`.
+    pub n_blocked: u128,
+    /// Offset where next-fit continues.
+    pub cursor: u128,
     pub n_allocated: u64,
     /// Removed while holding allocations: no new allocations, dropped with its last release.
     pub draining: bool,
+}
+
+impl Range {
+    pub fn new(spec: RangeSpec) -> Range {
+        let (start, end) = spec.bounds();
+        Range {
+            spec,
+            start,
+            end,
+            occupancy: Occupancy::new(end - start + 1),
+            n_blocked: 0,
+            cursor: 0,
+            n_allocated: 0,
+            draining: false,
+        }
+    }
+
+    /// Number of addresses (a range never spans the whole IPv6 space: the network address
+    /// of a /0 is not in it, so this cannot overflow).
+    pub fn size(&self) -> u128 {
+        self.end - self.start + 1
+    }
+
+    pub fn contains(&self, value: u128) -> bool {
+        value >= self.start && value <= self.end
+    }
+
+    pub fn has_free(&self) -> bool {
+        !self.draining && self.n_blocked < self.size()
+    }
+
+    /// The first clear address from the cursor (or from the bottom), wrapping once.
+    fn find_free(&self, policy: ReusePolicy) -> Option<u128> {
+        let last = self.end - self.start;
+        let from = match policy {
+            ReusePolicy::NextFit => self.cursor.min(last),
+            ReusePolicy::LowestFree => 0,
+        };
+        self.occupancy
+            .first_clear(from, last)
+            .or_else(|| {
+                from.checked_sub(1)
+                    .and_then(|below| self.occupancy.first_clear(0, below))
+            })
+            .map(|offset| self.start + offset)
+    }
 }
 
 /// Addresses in cooldown, oldest release first.
@@ -76,6 +192,9 @@ impl Cooling {
     }
 
     pub fn remove(&mut self, value: u128) -> bool {
+        if self.by_addr.is_empty() {
+            return false;
+        }
         match self.by_addr.remove(&value) {
             Some(at) => {
                 self.by_time.remove(&(at, value));
@@ -118,10 +237,10 @@ pub(crate) struct PoolFamily {
     pub family: Family,
     /// Ranges by their first address.
     pub ranges: BTreeMap<u128, Range>,
-    /// Where next-fit continues.
-    pub cursor: u128,
-    /// See the module comment.
-    pub blocked: RunSet,
+    /// First addresses of the active ranges with a clear position.
+    pub with_free: BTreeSet<u128>,
+    /// The range next-fit continues in.
+    pub current: u128,
     /// The union of the pool's exclusions of this family.
     pub excluded: RunSet,
     /// Gateways of the pool's ranges, counted by how many ranges name them.
@@ -133,13 +252,11 @@ pub(crate) struct PoolFamily {
 
 impl PoolFamily {
     pub fn new(family: Family) -> PoolFamily {
-        let mut blocked = RunSet::new();
-        blocked.insert_range(0, family.max_value());
         PoolFamily {
             family,
             ranges: BTreeMap::new(),
-            cursor: 0,
-            blocked,
+            with_free: BTreeSet::new(),
+            current: 0,
             excluded: RunSet::new(),
             reserved: HashMap::new(),
             cooling: Cooling::default(),
@@ -148,11 +265,12 @@ impl PoolFamily {
     }
 
     /// The range holding `value`, draining or not.
-    pub fn range_of(&self, value: u128) -> Option<(&u128, &Range)> {
+    pub fn range_of(&self, value: u128) -> Option<&Range> {
         self.ranges
             .range(..=value)
             .next_back()
-            .filter(|(_, range)| range.end >= value)
+            .map(|(_, range)| range)
+            .filter(|range| range.end >= value)
     }
 
     pub fn range_of_mut(&mut self, value: u128) -> Option<&mut Range> {
@@ -164,8 +282,7 @@ impl PoolFamily {
     }
 
     pub fn is_active_capacity(&self, value: u128) -> bool {
-        self.range_of(value)
-            .is_some_and(|(_, range)| !range.draining)
+        self.range_of(value).is_some_and(|range| !range.draining)
     }
 
     /// Whether an address must stay blocked for a reason other than being allocated or cooling.
@@ -173,17 +290,73 @@ impl PoolFamily {
         self.excluded.contains(value) || self.reserved.contains_key(&value)
     }
 
-    /// The next free address from the cursor (or from the bottom), wrapping around once.
+    /// Keeps `with_free` in step with one range after its occupancy changed.
+    fn sync_free(with_free: &mut BTreeSet<u128>, range: &Range, had_free: bool) {
+        let has_free = range.has_free();
+        if has_free && !had_free {
+            with_free.insert(range.start);
+        } else if had_free && !has_free {
+            with_free.remove(&range.start);
+        }
+    }
+
+    /// Marks an address blocked in whichever range holds it.
+    pub fn block(&mut self, value: u128) {
+        let Self {
+            ranges, with_free, ..
+        } = self;
+        if let Some((_, range)) = ranges.range_mut(..=value).next_back()
+            && range.end >= value
+        {
+            let had_free = range.has_free();
+            if range.occupancy.set(value - range.start) {
+                range.n_blocked += 1;
+                Self::sync_free(with_free, range, had_free);
+            }
+        }
+    }
+
+    /// Marks an address clear in whichever range holds it.
+    pub fn unblock(&mut self, value: u128) {
+        let Self {
+            ranges, with_free, ..
+        } = self;
+        if let Some((_, range)) = ranges.range_mut(..=value).next_back()
+            && range.end >= value
+        {
+            let had_free = range.has_free();
+            if range.occupancy.clear(value - range.start) {
+                range.n_blocked -= 1;
+                Self::sync_free(with_free, range, had_free);
+            }
+        }
+    }
+
+    /// The next free address by the pool's policy: the current range first (from its
+    /// cursor), then the following ranges with room, wrapping around.
     pub fn find_free(&self, policy: ReusePolicy) -> Option<u128> {
-        let max = self.family.max_value();
-        let from = match policy {
-            ReusePolicy::NextFit => self.cursor.min(max),
-            ReusePolicy::LowestFree => 0,
-        };
-        self.blocked.first_absent(from, max).or_else(|| {
-            from.checked_sub(1)
-                .and_then(|below| self.blocked.first_absent(0, below))
-        })
+        let start = match policy {
+            ReusePolicy::NextFit => self
+                .with_free
+                .range(self.current..)
+                .next()
+                .or_else(|| self.with_free.first()),
+            ReusePolicy::LowestFree => self.with_free.first(),
+        }?;
+        self.ranges.get(start)?.find_free(policy)
+    }
+
+    /// Records that next-fit handed out `value`: the range's cursor moves past it.
+    pub fn advance_cursor(&mut self, value: u128) {
+        if let Some(range) = self.range_of_mut(value) {
+            let offset = value - range.start;
+            range.cursor = if offset == range.end - range.start {
+                0
+            } else {
+                offset + 1
+            };
+            self.current = range.start;
+        }
     }
 
     /// Moves cooled-down addresses back to free.
@@ -194,50 +367,77 @@ impl PoolFamily {
             }
             self.cooling.remove(value);
             if self.is_active_capacity(value) && !self.is_held_back(value) {
-                self.blocked.remove(value);
+                self.unblock(value);
             }
         }
     }
 
-    /// Adds an exclusion's addresses to the merged set and the blocked set.
+    /// Adds an exclusion's addresses to the merged set and blocks them.
     pub fn add_exclusion(&mut self, exclusion: &Exclusion) {
         let (low, high) = exclusion.bounds();
         self.excluded.insert_range(low, high);
-        self.blocked.insert_range(low, high);
         // An exclusion outranks a cooldown: the address is not coming back when it cools.
         for value in self.cooling.values_in(low, high) {
             self.cooling.remove(value);
         }
+        let Self {
+            ranges, with_free, ..
+        } = self;
+        for (_, range) in ranges.range_mut(..=high) {
+            if range.end < low {
+                continue;
+            }
+            let had_free = range.has_free();
+            let (from, to) = (low.max(range.start), high.min(range.end));
+            range.n_blocked += range
+                .occupancy
+                .set_range(from - range.start, to - range.start);
+            Self::sync_free(with_free, range, had_free);
+        }
     }
 
-    /// Recomputes `blocked` on `low..=high` from its sources; `allocated` lists this pool and
-    /// family's allocated addresses inside the interval.
-    pub fn rebuild(&mut self, low: u128, high: u128, allocated: &[u128]) {
-        self.blocked.insert_range(low, high);
-        let active: Vec<(u128, u128)> = self
-            .ranges
-            .iter()
-            .filter(|(_, range)| !range.draining)
-            .map(|(&start, range)| (start, range.end))
-            .filter(|&(start, end)| start <= high && end >= low)
-            .collect();
-        for (start, end) in active {
-            self.blocked.remove_range(start.max(low), end.min(high));
+    /// Recomputes one range's occupancy from its sources; `allocated` lists this pool and
+    /// family's allocated addresses (any outside the range are ignored).
+    pub fn rebuild(&mut self, start: u128, allocated: &[u128]) {
+        let Some(range) = self.ranges.get(&start) else {
+            return;
+        };
+        let rebuilt = self.rebuilt(range, allocated);
+        // Membership, not the range's old counts: a new range is not listed yet.
+        let had_free = self.with_free.contains(&start);
+        if let Some(range) = self.ranges.get_mut(&start) {
+            range.n_blocked = rebuilt.count(0, range.end - range.start);
+            range.occupancy = rebuilt;
+            Self::sync_free(&mut self.with_free, range, had_free);
         }
-        let excluded: Vec<(u128, u128)> = self.excluded.runs_in(low, high).collect();
-        for (start, end) in excluded {
-            self.blocked.insert_range(start, end);
+    }
+
+    /// What a range's occupancy should be, from its sources.
+    pub fn rebuilt(&self, range: &Range, allocated: &[u128]) -> Occupancy {
+        let mut occupancy = Occupancy::new(range.size());
+        for (low, high) in self.excluded.runs_in(range.start, range.end) {
+            occupancy.set_range(low - range.start, high - range.start);
         }
-        let points = self
+        let cooling = if range.draining {
+            Vec::new()
+        } else {
+            self.cooling.values_in(range.start, range.end)
+        };
+        for value in self
             .reserved
             .keys()
+            .chain(cooling.iter())
+            .chain(allocated.iter())
             .copied()
-            .chain(self.cooling.values_in(low, high))
-            .chain(allocated.iter().copied())
-            .filter(|v| (low..=high).contains(v))
-            .collect::<Vec<_>>();
-        for value in points {
-            self.blocked.insert(value);
+            .filter(|&v| range.contains(v))
+        {
+            occupancy.set(value - range.start);
         }
+        occupancy
+    }
+
+    /// Counts positions of the range that are blocked, for statistics.
+    pub fn blocked_in(range: &Range) -> u128 {
+        range.occupancy.count(0, range.end - range.start)
     }
 }

@@ -1,15 +1,18 @@
 //! The allocation table: every allocation once, found by address or by attachment key.
 //!
-//! Memory matters here (the target is at most 64 bytes per allocation beyond its strings), so
-//! records live densely in one `Vec` (40 bytes each) and two hash tables of `u32` indices point
-//! into it (about 5 bytes per slot each). The owner and the key's three strings share one heap
-//! buffer behind an 8-byte handle. Removal swaps the last record into the hole and repoints its
-//! two index entries, so the vector never has gaps.
+//! Memory and speed both matter here (targets: at most 64 bytes per allocation beyond its
+//! strings, and allocation in well under 100 ns), so:
+//! - records are 32 bytes, dense in one `Vec`;
+//! - the owner and key strings of all records live in one byte arena, each record holding a
+//!   4-byte offset; appending is a `memcpy`, and the arena is compacted once more than half of
+//!   it belongs to released records (amortised O(1) per release);
+//! - two `hashbrown::HashTable<u32>` index the records by address and by key (about 5 bytes
+//!   per slot each), hashing and comparing raw bytes;
+//! - removal swaps the last record into the hole and repoints its two index entries.
 
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
-use thin_vec::ThinVec;
 
 use crate::addr::{AddrKey, Family};
 use crate::spec::AttachmentKey;
@@ -18,21 +21,24 @@ use crate::spec::AttachmentKey;
 pub(crate) type PoolId = u32;
 
 const FAMILY_V6_BIT: u32 = 1 << 31;
+/// Arena offsets count 4-byte units, so a `u32` reaches 16 GiB of strings.
+const ARENA_UNIT: usize = 4;
+/// owner length (u16 LE), network length (u8), container ID length (u16 LE), ifname length (u8).
+const TEXT_HEADER: usize = 6;
+/// Below this size the arena is never compacted: the copy would cost more than it frees.
+const COMPACT_MIN_BYTES: usize = 64 * 1024;
 
-/// One allocation. 40 bytes: see the module comment before adding a field.
-#[derive(Debug)]
+/// One allocation. 32 bytes: see the module comment before adding a field.
+#[derive(Clone, Copy, Debug)]
 struct Record {
     value_high: u64,
     value_low: u64,
     generation: u64,
-    /// owner length (u16 LE), network length (u8), container ID length (u16 LE), ifname length
-    /// (u8), then the four strings. A zero network length means the allocation has no key.
-    text: ThinVec<u8>,
+    /// Offset of the record's strings in the arena, in `ARENA_UNIT`s.
+    text: u32,
     /// Pool id in the low 31 bits; the top bit is set for IPv6.
     pool_and_family: u32,
 }
-
-const TEXT_HEADER: usize = 6;
 
 impl Record {
     fn addr(&self) -> AddrKey {
@@ -50,40 +56,78 @@ impl Record {
     fn pool(&self) -> PoolId {
         self.pool_and_family & !FAMILY_V6_BIT
     }
+}
 
-    fn lengths(&self) -> [usize; 4] {
-        let t = &self.text;
-        [
-            usize::from(u16::from_le_bytes([t[0], t[1]])),
-            usize::from(t[2]),
-            usize::from(u16::from_le_bytes([t[3], t[4]])),
-            usize::from(t[5]),
-        ]
-    }
+/// The four strings of a record, as raw bytes of the arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Text<'a> {
+    owner: &'a [u8],
+    network: &'a [u8],
+    container_id: &'a [u8],
+    ifname: &'a [u8],
+}
 
-    fn strings(&self) -> [&str; 4] {
-        let lengths = self.lengths();
-        let mut offset = TEXT_HEADER;
-        let mut out = [""; 4];
-        for (slot, length) in out.iter_mut().zip(lengths) {
-            // The buffer was built from `&str`s at these offsets, so this never fails; an
-            // empty string is the harmless fallback rather than a panic.
-            *slot = std::str::from_utf8(&self.text[offset..offset + length]).unwrap_or_default();
+impl<'a> Text<'a> {
+    fn read(arena: &'a [u8], unit_offset: u32) -> Text<'a> {
+        let at = unit_offset as usize * ARENA_UNIT;
+        let header = &arena[at..at + TEXT_HEADER];
+        let lengths = [
+            usize::from(u16::from_le_bytes([header[0], header[1]])),
+            usize::from(header[2]),
+            usize::from(u16::from_le_bytes([header[3], header[4]])),
+            usize::from(header[5]),
+        ];
+        let mut offset = at + TEXT_HEADER;
+        let mut parts: [&[u8]; 4] = [&[]; 4];
+        for (part, length) in parts.iter_mut().zip(lengths) {
+            *part = &arena[offset..offset + length];
             offset += length;
         }
-        out
+        Text {
+            owner: parts[0],
+            network: parts[1],
+            container_id: parts[2],
+            ifname: parts[3],
+        }
     }
 
-    fn key_parts(&self) -> Option<[&str; 3]> {
-        let [_, network, container_id, ifname] = self.strings();
-        (!network.is_empty()).then_some([network, container_id, ifname])
+    /// Bytes the entry occupies in the arena, padding included.
+    fn stored_len(&self) -> usize {
+        entry_len(
+            self.owner.len() + self.network.len() + self.container_id.len() + self.ifname.len(),
+        )
     }
+
+    fn key_parts(&self) -> Option<KeyBytes<'a>> {
+        (!self.network.is_empty()).then_some((self.network, self.container_id, self.ifname))
+    }
+}
+
+fn entry_len(strings: usize) -> usize {
+    (TEXT_HEADER + strings).div_ceil(ARENA_UNIT) * ARENA_UNIT
+}
+
+type KeyBytes<'a> = (&'a [u8], &'a [u8], &'a [u8]);
+
+fn key_bytes(key: &AttachmentKey) -> KeyBytes<'_> {
+    (
+        key.network().as_bytes(),
+        key.container_id().as_bytes(),
+        key.ifname().as_bytes(),
+    )
+}
+
+fn text_str(bytes: &[u8]) -> &str {
+    // The arena only ever receives whole `&str`s, so this never fails; an empty string is the
+    // harmless fallback rather than a panic.
+    std::str::from_utf8(bytes).unwrap_or_default()
 }
 
 /// A read-only view of one allocation.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RecordView<'a> {
     record: &'a Record,
+    arena: &'a [u8],
 }
 
 impl<'a> RecordView<'a> {
@@ -96,13 +140,23 @@ impl<'a> RecordView<'a> {
     pub fn generation(&self) -> u64 {
         self.record.generation
     }
+    fn text(&self) -> Text<'a> {
+        Text::read(self.arena, self.record.text)
+    }
     pub fn owner(&self) -> &'a str {
-        self.record.strings()[0]
+        text_str(self.text().owner)
+    }
+    pub fn owner_is(&self, owner: &str) -> bool {
+        self.text().owner == owner.as_bytes()
     }
     pub fn key(&self) -> Option<AttachmentKey> {
-        self.record
+        self.text()
             .key_parts()
-            .map(|[n, c, i]| AttachmentKey::from_validated(n, c, i))
+            .map(|(n, c, i)| AttachmentKey::from_validated(text_str(n), text_str(c), text_str(i)))
+    }
+    pub fn key_network_is(&self, network: &str) -> bool {
+        let text = self.text();
+        !text.network.is_empty() && text.network == network.as_bytes()
     }
 }
 
@@ -119,17 +173,12 @@ pub(crate) struct NewRecord<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct AllocationTable {
     records: Vec<Record>,
+    arena: Vec<u8>,
+    /// Arena bytes that belong to released records.
+    dead_bytes: usize,
     by_addr: HashTable<u32>,
     by_key: HashTable<u32>,
     hasher: foldhash::fast::RandomState,
-}
-
-fn key_hash(hasher: &foldhash::fast::RandomState, parts: [&str; 3]) -> u64 {
-    hasher.hash_one(parts)
-}
-
-fn addr_hash(hasher: &foldhash::fast::RandomState, addr: AddrKey) -> u64 {
-    hasher.hash_one(addr)
 }
 
 impl AllocationTable {
@@ -137,55 +186,89 @@ impl AllocationTable {
         self.records.len()
     }
 
-    pub fn get(&self, index: u32) -> RecordView<'_> {
+    fn view(&self, index: u32) -> RecordView<'_> {
         RecordView {
             record: &self.records[index as usize],
+            arena: &self.arena,
         }
     }
 
+    pub fn get(&self, index: u32) -> RecordView<'_> {
+        self.view(index)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (u32, RecordView<'_>)> {
-        self.records
-            .iter()
-            .enumerate()
-            .map(|(i, record)| (i as u32, RecordView { record }))
+        self.records.iter().enumerate().map(|(i, record)| {
+            (
+                i as u32,
+                RecordView {
+                    record,
+                    arena: &self.arena,
+                },
+            )
+        })
+    }
+
+    fn addr_hash(&self, addr: AddrKey) -> u64 {
+        self.hasher.hash_one(addr)
+    }
+
+    /// The hash of an attachment key, to pass to [`AllocationTable::find_key`] and
+    /// [`AllocationTable::insert`] so a key is hashed once per request.
+    pub fn key_hash(&self, key: &AttachmentKey) -> u64 {
+        self.hasher.hash_one(key_bytes(key))
     }
 
     pub fn find_addr(&self, addr: AddrKey) -> Option<u32> {
-        let hash = addr_hash(&self.hasher, addr);
+        let hash = self.addr_hash(addr);
         self.by_addr
             .find(hash, |&i| self.records[i as usize].addr() == addr)
             .copied()
     }
 
     /// Every allocation of an attachment (one per pool and family at most).
-    pub fn find_key<'a>(&'a self, key: &'a AttachmentKey) -> impl Iterator<Item = u32> + 'a {
-        let parts = [key.network(), key.container_id(), key.ifname()];
-        let hash = key_hash(&self.hasher, parts);
-        self.by_key
-            .iter_hash(hash)
-            .copied()
-            .filter(move |&i| self.records[i as usize].key_parts() == Some(parts))
+    pub fn find_key<'a>(
+        &'a self,
+        key: &'a AttachmentKey,
+        hash: u64,
+    ) -> impl Iterator<Item = u32> + 'a {
+        let wanted = key_bytes(key);
+        self.by_key.iter_hash(hash).copied().filter(move |&i| {
+            Text::read(&self.arena, self.records[i as usize].text).key_parts() == Some(wanted)
+        })
     }
 
-    /// Adds an allocation; the caller has checked that the address is free.
-    pub fn insert(&mut self, new: NewRecord<'_>) -> u32 {
-        let index = u32::try_from(self.records.len()).expect("fewer than 2^32 allocations");
+    /// Whether `n_records` more records with `strings` bytes of strings each fit.
+    pub fn has_room(&self, n_records: usize, strings: usize) -> bool {
+        let arena_units = (self.arena.len() + n_records * entry_len(strings)) / ARENA_UNIT;
+        self.records.len() + n_records <= u32::MAX as usize && arena_units <= u32::MAX as usize
+    }
+
+    /// Adds an allocation; the caller has checked that the address is free and, with
+    /// [`AllocationTable::has_room`], that it fits. `key_hash` is
+    /// [`AllocationTable::key_hash`] of `new.key`.
+    pub fn insert(&mut self, new: NewRecord<'_>, key_hash: Option<u64>) -> u32 {
+        let index = self.records.len() as u32;
         let (network, container_id, ifname) = match new.key {
-            Some(key) => (key.network(), key.container_id(), key.ifname()),
-            None => ("", "", ""),
+            Some(key) => key_bytes(key),
+            None => (&[][..], &[][..], &[][..]),
         };
-        let mut text = ThinVec::with_capacity(
-            TEXT_HEADER + new.owner.len() + network.len() + container_id.len() + ifname.len(),
-        );
+        let owner = new.owner.as_bytes();
+        let strings = owner.len() + network.len() + container_id.len() + ifname.len();
+        let unit_offset = (self.arena.len() / ARENA_UNIT) as u32;
         // Lengths were bounded by validation (owner and container ID ≤ 1024, network ≤ 253,
         // ifname ≤ 15), so these conversions cannot truncate.
-        text.extend_from_slice(&(new.owner.len() as u16).to_le_bytes());
-        text.push(network.len() as u8);
-        text.extend_from_slice(&(container_id.len() as u16).to_le_bytes());
-        text.push(ifname.len() as u8);
-        for part in [new.owner, network, container_id, ifname] {
-            text.extend_from_slice(part.as_bytes());
+        let start = self.arena.len();
+        self.arena
+            .extend_from_slice(&(owner.len() as u16).to_le_bytes());
+        self.arena.push(network.len() as u8);
+        self.arena
+            .extend_from_slice(&(container_id.len() as u16).to_le_bytes());
+        self.arena.push(ifname.len() as u8);
+        for part in [owner, network, container_id, ifname] {
+            self.arena.extend_from_slice(part);
         }
+        self.arena.resize(start + entry_len(strings), 0);
         let family_bit = match new.addr.family {
             Family::V4 => 0,
             Family::V6 => FAMILY_V6_BIT,
@@ -194,57 +277,53 @@ impl AllocationTable {
             value_high: (new.addr.value >> 64) as u64,
             value_low: new.addr.value as u64,
             generation: new.generation,
-            text,
+            text: unit_offset,
             pool_and_family: new.pool | family_bit,
         });
         let Self {
             records,
+            arena,
             by_addr,
             by_key,
             hasher,
+            ..
         } = self;
-        by_addr.insert_unique(addr_hash(hasher, new.addr), index, |&i| {
-            addr_hash(hasher, records[i as usize].addr())
+        by_addr.insert_unique(hasher.hash_one(new.addr), index, |&i| {
+            hasher.hash_one(records[i as usize].addr())
         });
         if let Some(key) = new.key {
-            let parts = [key.network(), key.container_id(), key.ifname()];
-            by_key.insert_unique(key_hash(hasher, parts), index, |&i| {
-                records[i as usize]
-                    .key_parts()
-                    .map_or(0, |p| key_hash(hasher, p))
+            let hash = key_hash.unwrap_or_else(|| hasher.hash_one(key_bytes(key)));
+            by_key.insert_unique(hash, index, |&i| {
+                let text = Text::read(arena, records[i as usize].text);
+                text.key_parts().map_or(0, |parts| hasher.hash_one(parts))
             });
         }
         index
     }
 
-    /// Removes an allocation and returns what it held.
-    pub fn remove(&mut self, index: u32) -> RemovedRecord {
+    /// Removes an allocation and returns its address, pool and generation.
+    pub fn remove(&mut self, index: u32) -> (AddrKey, PoolId, u64) {
         let last = self.records.len() as u32 - 1;
         self.unindex(index);
         if index != last {
             self.repoint(last, index);
         }
         let record = self.records.swap_remove(index as usize);
-        let [owner, ..] = record.strings();
-        RemovedRecord {
-            addr: record.addr(),
-            pool: record.pool(),
-            generation: record.generation,
-            owner: owner.to_owned(),
-            key: record
-                .key_parts()
-                .map(|[n, c, i]| AttachmentKey::from_validated(n, c, i)),
+        self.dead_bytes += Text::read(&self.arena, record.text).stored_len();
+        if self.dead_bytes * 2 > self.arena.len() && self.arena.len() > COMPACT_MIN_BYTES {
+            self.compact();
         }
+        (record.addr(), record.pool(), record.generation)
     }
 
     fn unindex(&mut self, index: u32) {
-        let record = &self.records[index as usize];
-        let hash = addr_hash(&self.hasher, record.addr());
+        let record = self.records[index as usize];
+        let hash = self.addr_hash(record.addr());
         if let Ok(entry) = self.by_addr.find_entry(hash, |&i| i == index) {
             entry.remove();
         }
-        if let Some(parts) = record.key_parts() {
-            let hash = key_hash(&self.hasher, parts);
+        if let Some(parts) = Text::read(&self.arena, record.text).key_parts() {
+            let hash = self.hasher.hash_one(parts);
             if let Ok(entry) = self.by_key.find_entry(hash, |&i| i == index) {
                 entry.remove();
             }
@@ -253,34 +332,38 @@ impl AllocationTable {
 
     /// Makes the index entries that point at `from` point at `to`.
     fn repoint(&mut self, from: u32, to: u32) {
-        let record = &self.records[from as usize];
-        let hash = addr_hash(&self.hasher, record.addr());
+        let record = self.records[from as usize];
+        let hash = self.addr_hash(record.addr());
         if let Some(slot) = self.by_addr.find_mut(hash, |&i| i == from) {
             *slot = to;
         }
-        if let Some(parts) = record.key_parts() {
-            let hash = key_hash(&self.hasher, parts);
+        if let Some(parts) = Text::read(&self.arena, record.text).key_parts() {
+            let hash = self.hasher.hash_one(parts);
             if let Some(slot) = self.by_key.find_mut(hash, |&i| i == from) {
                 *slot = to;
             }
         }
     }
 
-    /// Heap bytes held by the table's own structures (not counting the string buffers).
+    /// Copies the live entries into a fresh arena, dropping released ones.
+    fn compact(&mut self) {
+        let mut arena = Vec::with_capacity(self.arena.len() - self.dead_bytes);
+        for record in &mut self.records {
+            let at = record.text as usize * ARENA_UNIT;
+            let length = Text::read(&self.arena, record.text).stored_len();
+            // The new arena is smaller than the old one, so the offset still fits.
+            record.text = (arena.len() / ARENA_UNIT) as u32;
+            arena.extend_from_slice(&self.arena[at..at + length]);
+        }
+        self.arena = arena;
+        self.dead_bytes = 0;
+    }
+
+    /// Heap bytes held by the table's own structures (records, index slots, arena slack).
     pub fn index_bytes(&self) -> usize {
         self.records.capacity() * size_of::<Record>()
             + (self.by_addr.capacity() + self.by_key.capacity()) * (size_of::<u32>() + 1)
     }
-}
-
-/// An allocation taken out of the table.
-#[derive(Debug)]
-pub(crate) struct RemovedRecord {
-    pub addr: AddrKey,
-    pub pool: PoolId,
-    pub generation: u64,
-    pub owner: String,
-    pub key: Option<AttachmentKey>,
 }
 
 #[cfg(test)]
@@ -288,57 +371,68 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_record_is_forty_bytes() {
-        assert_eq!(size_of::<Record>(), 40);
+    fn a_record_is_thirty_two_bytes() {
+        assert_eq!(size_of::<Record>(), 32);
+    }
+
+    fn addr(i: usize) -> AddrKey {
+        AddrKey {
+            family: if i % 2 == 0 { Family::V4 } else { Family::V6 },
+            value: i as u128 * 7,
+        }
     }
 
     #[test]
-    fn swap_removal_keeps_both_indexes_pointing_right() {
+    fn swap_removal_and_compaction_keep_both_indexes_pointing_right() {
         let mut table = AllocationTable::default();
-        let keys: Vec<AttachmentKey> = (0..50)
-            .map(|i| AttachmentKey::new("net", &format!("c{i}"), "eth0").unwrap())
+        let n = 3000;
+        let keys: Vec<AttachmentKey> = (0..n)
+            .map(|i| AttachmentKey::new("net", &format!("container-{i:060}"), "eth0").unwrap())
             .collect();
         for (i, key) in keys.iter().enumerate() {
-            table.insert(NewRecord {
-                addr: AddrKey {
-                    family: if i % 2 == 0 { Family::V4 } else { Family::V6 },
-                    value: i as u128 * 7,
+            let hash = table.key_hash(key);
+            table.insert(
+                NewRecord {
+                    addr: addr(i),
+                    pool: 3,
+                    generation: i as u64,
+                    owner: &format!("owner-{i}"),
+                    key: (i % 5 != 0).then_some(key),
                 },
-                pool: 3,
-                generation: i as u64,
-                owner: &format!("owner-{i}"),
-                key: Some(key),
-            });
+                Some(hash),
+            );
         }
-        for i in (0..50).step_by(3) {
-            let addr = AddrKey {
-                family: if i % 2 == 0 { Family::V4 } else { Family::V6 },
-                value: i as u128 * 7,
-            };
-            let index = table.find_addr(addr).unwrap();
-            let removed = table.remove(index);
-            assert_eq!(removed.generation, i as u64);
-            assert_eq!(removed.owner, format!("owner-{i}"));
-            assert_eq!(removed.key.as_ref(), Some(&keys[i]));
+        let arena_before = table.arena.len();
+        // Remove two thirds, which forces at least one compaction.
+        for i in (0..n).filter(|i| i % 3 != 0) {
+            let index = table.find_addr(addr(i)).unwrap();
+            let (removed, pool, generation) = table.remove(index);
+            assert_eq!((removed, pool, generation), (addr(i), 3, i as u64));
         }
+        assert!(
+            table.arena.len() < arena_before / 2,
+            "arena was not compacted"
+        );
         for (i, key) in keys.iter().enumerate() {
-            let addr = AddrKey {
-                family: if i % 2 == 0 { Family::V4 } else { Family::V6 },
-                value: i as u128 * 7,
-            };
-            let by_key: Vec<u32> = table.find_key(key).collect();
-            if i % 3 == 0 {
-                assert!(table.find_addr(addr).is_none());
+            let by_key: Vec<u32> = table.find_key(key, table.key_hash(key)).collect();
+            if i % 3 != 0 {
+                assert!(table.find_addr(addr(i)).is_none());
                 assert!(by_key.is_empty());
+                continue;
+            }
+            let index = table.find_addr(addr(i)).unwrap();
+            let view = table.get(index);
+            assert_eq!(view.generation(), i as u64);
+            assert_eq!(view.owner(), format!("owner-{i}"));
+            assert!(view.owner_is(&format!("owner-{i}")));
+            assert_eq!(view.pool(), 3);
+            assert_eq!(view.addr(), addr(i));
+            if i % 5 == 0 {
+                assert!(by_key.is_empty());
+                assert_eq!(view.key(), None);
             } else {
-                let index = table.find_addr(addr).unwrap();
                 assert_eq!(by_key, vec![index]);
-                let view = table.get(index);
-                assert_eq!(view.generation(), i as u64);
-                assert_eq!(view.owner(), format!("owner-{i}"));
                 assert_eq!(view.key().as_ref(), Some(key));
-                assert_eq!(view.pool(), 3);
-                assert_eq!(view.addr(), addr);
             }
         }
     }

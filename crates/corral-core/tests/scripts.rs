@@ -178,7 +178,7 @@ fn run_with(config: EngineConfig, script: &str, expected: Expect) {
             }
             "release" => engine
                 .release(parse_addr(&args[0]).unwrap(), generation, now)
-                .map(|r| format!("{} gen={} owner={}", r.addr, r.generation, r.owner))
+                .map(|r| format!("{} gen={}", r.addr, r.generation))
                 .map_err(|e| e.to_string()),
             "release-key" => {
                 let released = engine.release_key(&key(&args[0]), now);
@@ -439,7 +439,7 @@ fn specific_requests_say_why_they_are_refused() {
             > release 10.0.0.11 gen=7
             ! 10.0.0.11 is held at generation 1, not 7
             > release 10.0.0.11 gen=1
-            = 10.0.0.11 gen=1 owner=a
+            = 10.0.0.11 gen=1
             > stats default v4
             = capacity=10 used=0 free=8 excluded=1 cooling=1 ranges=1 draining=0
         "#]],
@@ -483,7 +483,7 @@ fn cooldown_holds_released_addresses_back_until_nothing_else_is_free() {
             > alloc lowest v4 x
             = 10.0.1.1 gen=1 subnet=10.0.1.0/29
             > release 10.0.1.1
-            = 10.0.1.1 gen=1 owner=x
+            = 10.0.1.1 gen=1
             > alloc lowest v4 y
             = 10.0.1.2 gen=2 subnet=10.0.1.0/29
             > pool default cooldown=30
@@ -495,11 +495,11 @@ fn cooldown_holds_released_addresses_back_until_nothing_else_is_free() {
             > alloc default v4 b
             = 10.0.0.2 gen=4 subnet=10.0.0.0/30
             > release 10.0.0.1
-            = 10.0.0.1 gen=3 owner=a
+            = 10.0.0.1 gen=3
             > time 10
             = now 10.000
             > release 10.0.0.2
-            = 10.0.0.2 gen=4 owner=b
+            = 10.0.0.2 gen=4
             > alloc default v4 c
             = 10.0.0.1 gen=5 subnet=10.0.0.0/30
             > stats default v4
@@ -511,9 +511,9 @@ fn cooldown_holds_released_addresses_back_until_nothing_else_is_free() {
             > stats default v4
             = capacity=2 used=2 free=0 excluded=0 cooling=0 ranges=1 draining=0
             > release 10.0.0.1
-            = 10.0.0.1 gen=5 owner=c
+            = 10.0.0.1 gen=5
             > release 10.0.0.2
-            = 10.0.0.2 gen=6 owner=d
+            = 10.0.0.2 gen=6
             > pool default cooldown=30 reuse=lowest
             = ok
             > time 46
@@ -638,7 +638,7 @@ fn removing_capacity_with_allocations_drains_it() {
             > unrange default 10.0.0.0/29
             ! pool default has no range 10.0.0.0/29
             > release 10.0.0.1
-            = 10.0.0.1 gen=1 owner=a
+            = 10.0.0.1 gen=1
             > stats default v4
             = capacity=2 used=1 free=1 excluded=0 cooling=0 ranges=1 draining=0
             > range default 10.0.0.0/29
@@ -686,7 +686,7 @@ fn exclusions_keep_allocations_but_stop_reuse() {
             > stats default v4
             = capacity=14 used=1 free=10 excluded=3 cooling=0 ranges=1 draining=0
             > release 10.0.0.5
-            = 10.0.0.5 gen=1 owner=a
+            = 10.0.0.5 gen=1
             > alloc-ip default 10.0.0.5 b
             ! 10.0.0.5 is excluded by 10.0.0.4/30 (rack-4)
             > alloc default v4 c
@@ -998,7 +998,7 @@ fn a_new_gateway_ends_the_cooldown_of_its_address() {
             > alloc default v4 b
             = 10.0.0.2 gen=2 subnet=10.0.0.0/24
             > release 10.0.0.1
-            = 10.0.0.1 gen=1 owner=a
+            = 10.0.0.1 gen=1
             > range default 10.0.0.0/24,range=10.0.0.3-10.0.0.3,gateway=10.0.0.1
             = 1 usable
             > alloc default v4 c
