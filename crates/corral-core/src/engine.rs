@@ -183,13 +183,28 @@ impl Pool {
     }
 }
 
+/// Who holds an allocation being recorded.
+#[derive(Clone, Copy, Debug)]
+struct Holding<'a> {
+    owner: &'a str,
+    key: Option<&'a AttachmentKey>,
+    key_hash: Option<u64>,
+    generation: u64,
+    lease: Option<Lease>,
+}
+
 /// A decided, not yet applied, allocation.
 #[derive(Clone, Copy, Debug)]
 enum Plan {
     /// The key already holds this allocation (a table index).
     Existing(u32),
-    /// Hand out this address; `next` says it was chosen by next-fit, which moves the cursor.
-    Fresh { addr: AddrKey, next: bool },
+    /// Hand out this address; `next` says the engine chose it (which moves a next-fit
+    /// cursor), `range` names its range's first address when known.
+    Fresh {
+        addr: AddrKey,
+        next: bool,
+        range: Option<u128>,
+    },
 }
 
 /// The allocation engine. See the crate documentation.
@@ -262,6 +277,16 @@ impl Engine {
     }
 
     fn pool_id(&self, name: &PoolName) -> Result<PoolId, AllocError> {
+        // Nodes have a handful of pools: comparing a short name (often the same `Arc`) beats
+        // hashing it on every request.
+        if let Some(id) = self
+            .pools
+            .iter()
+            .take(4)
+            .position(|pool| pool.as_ref().is_some_and(|pool| pool.name == *name))
+        {
+            return Ok(id as PoolId);
+        }
         self.pool_ids
             .get(name)
             .copied()
@@ -661,13 +686,15 @@ impl Engine {
         }
         let pool = self.pool(id);
         let pool_family = pool.family(family);
-        let value = pool_family
+        let chosen = pool_family
             .find_free(pool.config.reuse)
-            .or_else(|| pool_family.cooling.oldest().map(|(_, value)| value));
-        match value {
-            Some(value) => Ok(Plan::Fresh {
+            .map(|(start, value)| (Some(start), value))
+            .or_else(|| pool_family.cooling.oldest().map(|(_, value)| (None, value)));
+        match chosen {
+            Some((range, value)) => Ok(Plan::Fresh {
                 addr: AddrKey { family, value },
                 next: true,
+                range,
             }),
             // Only on failure is it worth telling "no capacity at all" from "all of it used".
             None if pool_family.ranges.values().all(|r| r.draining) => {
@@ -761,6 +788,7 @@ impl Engine {
         Ok(Plan::Fresh {
             addr: addr_key,
             next: false,
+            range: Some(range.start),
         })
     }
 
@@ -796,32 +824,33 @@ impl Engine {
                     existing: true,
                 }
             }
-            Plan::Fresh { addr, next } => {
+            Plan::Fresh { addr, next, range } => {
                 let generation = self.next_generation;
                 self.next_generation += 1;
                 let lease = request.lease.map(|duration| Lease {
                     id: self.lease_ids.next_id(),
                     expires_at: now.saturating_add(duration),
                 });
-                self.record(
-                    id,
-                    addr,
-                    request.owner,
-                    request.key,
-                    key_hash,
-                    generation,
-                    lease,
-                );
-                let pool = self.pool_mut(id);
                 // Only next-fit choices move the cursor: asking for a specific address says
                 // nothing about where the next free one should come from.
-                if next && pool.config.reuse == ReusePolicy::NextFit {
-                    pool.family_mut(addr.family).advance_cursor(addr.value);
-                }
+                let move_cursor = next && self.pool(id).config.reuse == ReusePolicy::NextFit;
+                let spec = self.record(
+                    id,
+                    addr,
+                    Holding {
+                        owner: request.owner,
+                        key: request.key,
+                        key_hash,
+                        generation,
+                        lease,
+                    },
+                    range,
+                    move_cursor,
+                );
                 Allocation {
                     addr: addr.ip(),
                     generation,
-                    range: self.range_spec_of(id, addr),
+                    range: spec,
                     lease,
                     existing: false,
                 }
@@ -830,39 +859,34 @@ impl Engine {
     }
 
     /// Enters an allocation into every structure; shared by allocation and restore. The
-    /// caller has checked the table has room.
-    #[allow(clippy::too_many_arguments)]
+    /// caller has checked the table has room. Returns the spec of the address's range.
     fn record(
         &mut self,
         id: PoolId,
         addr: AddrKey,
-        owner: &str,
-        key: Option<&AttachmentKey>,
-        key_hash: Option<u64>,
-        generation: u64,
-        lease: Option<Lease>,
-    ) {
-        let pool_family = self.pool_mut(id).family_mut(addr.family);
-        pool_family.block(addr.value);
-        pool_family.cooling.remove(addr.value);
-        pool_family.n_allocated += 1;
-        if let Some(range) = pool_family.range_of_mut(addr.value) {
-            range.n_allocated += 1;
-        }
+        holding: Holding<'_>,
+        range: Option<u128>,
+        move_cursor: bool,
+    ) -> Option<RangeSpec> {
+        let spec = self
+            .pool_mut(id)
+            .family_mut(addr.family)
+            .take(addr.value, range, move_cursor);
         self.table.insert(
             NewRecord {
                 addr,
                 pool: id,
-                generation,
-                owner,
-                key,
+                generation: holding.generation,
+                owner: holding.owner,
+                key: holding.key,
             },
-            key_hash,
+            holding.key_hash,
         );
-        if let Some(lease) = lease {
+        if let Some(lease) = holding.lease {
             self.leases.insert(addr, lease);
             self.lease_queue.insert((lease.expires_at, addr));
         }
+        spec
     }
 
     fn range_spec_of(&self, id: PoolId, addr: AddrKey) -> Option<RangeSpec> {
@@ -944,10 +968,13 @@ impl Engine {
         Ok(self.release_addrs(&addrs, now))
     }
 
+    /// Releases the given addresses in address order (IPv4 first), so reports read the same
+    /// whatever order the table holds them in.
     fn release_addrs(&mut self, addrs: &[AddrKey], now: Timestamp) -> Vec<Released> {
+        let mut addrs = addrs.to_vec();
+        addrs.sort_unstable();
         let mut released = Vec::with_capacity(addrs.len());
-        for &addr in addrs {
-            // Indices move as records are removed, so each address is looked up afresh.
+        for addr in addrs {
             if let Some(index) = self.table.find_addr(addr) {
                 released.push(self.release_index(index, now));
             }
@@ -967,24 +994,9 @@ impl Engine {
         }
         let pool = self.pool_mut(id);
         let cooldown = pool.config.cooldown;
-        let pool_family = pool.family_mut(addr.family);
-        pool_family.n_allocated -= 1;
-        let mut drained = None;
-        if let Some(range) = pool_family.range_of_mut(addr.value) {
-            range.n_allocated -= 1;
-            let draining = range.draining;
-            if draining && range.n_allocated == 0 {
-                drained = Some(range.start);
-            }
-            if !pool_family.is_held_back(addr.value) {
-                if draining || cooldown.is_zero() {
-                    pool_family.unblock(addr.value);
-                } else {
-                    // Stays blocked until the cooldown has run out.
-                    pool_family.cooling.insert(addr.value, now);
-                }
-            }
-        }
+        let drained = pool
+            .family_mut(addr.family)
+            .give_back(addr.value, now, cooldown);
         let pool_name = pool.name.clone();
         if let Some(start) = drained {
             self.drop_range(id, addr.family, start);
@@ -1128,11 +1140,15 @@ impl Engine {
         self.record(
             id,
             addr,
-            &restored.owner,
-            restored.key.as_ref(),
-            key_hash,
-            restored.generation,
-            restored.lease,
+            Holding {
+                owner: &restored.owner,
+                key: restored.key.as_ref(),
+                key_hash,
+                generation: restored.generation,
+                lease: restored.lease,
+            },
+            None,
+            false,
         );
         self.next_generation = self.next_generation.max(restored.generation + 1);
         Ok(())

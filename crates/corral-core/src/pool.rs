@@ -273,14 +273,6 @@ impl PoolFamily {
             .filter(|range| range.end >= value)
     }
 
-    pub fn range_of_mut(&mut self, value: u128) -> Option<&mut Range> {
-        self.ranges
-            .range_mut(..=value)
-            .next_back()
-            .map(|(_, range)| range)
-            .filter(|range| range.end >= value)
-    }
-
     pub fn is_active_capacity(&self, value: u128) -> bool {
         self.range_of(value).is_some_and(|range| !range.draining)
     }
@@ -332,10 +324,10 @@ impl PoolFamily {
         }
     }
 
-    /// The next free address by the pool's policy: the current range first (from its
-    /// cursor), then the following ranges with room, wrapping around.
-    pub fn find_free(&self, policy: ReusePolicy) -> Option<u128> {
-        let start = match policy {
+    /// The next free address by the pool's policy, with the first address of its range: the
+    /// current range first (from its cursor), then the following ranges with room, wrapping.
+    pub fn find_free(&self, policy: ReusePolicy) -> Option<(u128, u128)> {
+        let start = *match policy {
             ReusePolicy::NextFit => self
                 .with_free
                 .range(self.current..)
@@ -343,20 +335,84 @@ impl PoolFamily {
                 .or_else(|| self.with_free.first()),
             ReusePolicy::LowestFree => self.with_free.first(),
         }?;
-        self.ranges.get(start)?.find_free(policy)
+        let value = self.ranges.get(&start)?.find_free(policy)?;
+        Some((start, value))
     }
 
-    /// Records that next-fit handed out `value`: the range's cursor moves past it.
-    pub fn advance_cursor(&mut self, value: u128) {
-        if let Some(range) = self.range_of_mut(value) {
-            let offset = value - range.start;
+    /// Enters an allocation of `value`: blocks it, counts it in its range and, if next-fit
+    /// chose it, moves the range's cursor past it. `range_start` names the range when the
+    /// caller already knows it. Returns the range's spec, if the address is in one.
+    pub fn take(
+        &mut self,
+        value: u128,
+        range_start: Option<u128>,
+        move_cursor: bool,
+    ) -> Option<RangeSpec> {
+        self.cooling.remove(value);
+        self.n_allocated += 1;
+        let Self {
+            ranges,
+            with_free,
+            current,
+            ..
+        } = self;
+        let range = match range_start {
+            Some(start) => ranges.get_mut(&start),
+            None => ranges
+                .range_mut(..=value)
+                .next_back()
+                .map(|(_, range)| range)
+                .filter(|range| range.end >= value),
+        }?;
+        range.n_allocated += 1;
+        let had_free = range.has_free();
+        let offset = value - range.start;
+        if range.occupancy.set(offset) {
+            range.n_blocked += 1;
+            Self::sync_free(with_free, range, had_free);
+        }
+        if move_cursor {
             range.cursor = if offset == range.end - range.start {
                 0
             } else {
                 offset + 1
             };
-            self.current = range.start;
+            *current = range.start;
         }
+        Some(range.spec)
+    }
+
+    /// Takes a released allocation out of its range: the address becomes free, starts its
+    /// cooldown, or stays blocked when excluded or reserved. Returns the first address of a
+    /// draining range that this release emptied, which the caller must drop.
+    pub fn give_back(&mut self, value: u128, now: Timestamp, cooldown: Duration) -> Option<u128> {
+        self.n_allocated -= 1;
+        let held_back = self.is_held_back(value);
+        let Self {
+            ranges,
+            with_free,
+            cooling,
+            ..
+        } = self;
+        let range = ranges
+            .range_mut(..=value)
+            .next_back()
+            .map(|(_, range)| range)
+            .filter(|range| range.end >= value)?;
+        range.n_allocated -= 1;
+        if !held_back {
+            if range.draining || cooldown.is_zero() {
+                let had_free = range.has_free();
+                if range.occupancy.clear(value - range.start) {
+                    range.n_blocked -= 1;
+                    Self::sync_free(with_free, range, had_free);
+                }
+            } else {
+                // Stays blocked until the cooldown has run out.
+                cooling.insert(value, now);
+            }
+        }
+        (range.draining && range.n_allocated == 0).then_some(range.start)
     }
 
     /// Moves cooled-down addresses back to free.

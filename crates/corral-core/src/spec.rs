@@ -158,7 +158,13 @@ impl fmt::Display for AttachmentKey {
 
 /// Checks an owner string: at most [`MAX_OWNER_LEN`] bytes, no control characters.
 pub fn validate_owner(owner: &str) -> Result<(), SpecError> {
-    if owner.len() > MAX_OWNER_LEN || owner.chars().any(char::is_control) {
+    // Bytes first: an ASCII owner (the usual case) needs no char decoding.
+    let control = if owner.is_ascii() {
+        owner.bytes().any(|b| b.is_ascii_control())
+    } else {
+        owner.chars().any(char::is_control)
+    };
+    if owner.len() > MAX_OWNER_LEN || control {
         return Err(SpecError::InvalidOwner {
             owner: owner.chars().take(64).collect(),
         });

@@ -8,7 +8,8 @@
 //!   it belongs to released records (amortised O(1) per release);
 //! - two `hashbrown::HashTable<u32>` index the records by address and by key (about 5 bytes
 //!   per slot each), hashing and comparing raw bytes;
-//! - removal swaps the last record into the hole and repoints its two index entries.
+//! - removal leaves a hole that the next insertion fills (a free list), so no other record
+//!   moves and no index entry has to be repointed.
 
 use std::hash::BuildHasher;
 
@@ -27,6 +28,8 @@ const ARENA_UNIT: usize = 4;
 const TEXT_HEADER: usize = 6;
 /// Below this size the arena is never compacted: the copy would cost more than it frees.
 const COMPACT_MIN_BYTES: usize = 64 * 1024;
+/// `pool_and_family` of a free slot; pool ids stay below 2^31.
+const FREE_SLOT: u32 = u32::MAX;
 
 /// One allocation. 32 bytes: see the module comment before adding a field.
 #[derive(Clone, Copy, Debug)]
@@ -55,6 +58,10 @@ impl Record {
 
     fn pool(&self) -> PoolId {
         self.pool_and_family & !FAMILY_V6_BIT
+    }
+
+    fn is_live(&self) -> bool {
+        self.pool_and_family != FREE_SLOT
     }
 }
 
@@ -100,6 +107,24 @@ impl<'a> Text<'a> {
 
     fn key_parts(&self) -> Option<KeyBytes<'a>> {
         (!self.network.is_empty()).then_some((self.network, self.container_id, self.ifname))
+    }
+}
+
+/// Addresses are hashed keeping their low 4 bits: 16 consecutive addresses (what next-fit
+/// hands out) land in one 16-slot group, one cache line of control bytes and one of slots, so
+/// a filling range touches a new line only every 16 allocations, and an allocation followed
+/// by its release touches one. The rest of the address goes through the seeded hasher, so
+/// the groups are scattered unpredictably (no clustering an input could provoke) and the tag
+/// bits hashbrown compares first stay random.
+fn addr_hash(hasher: &foldhash::fast::RandomState, addr: AddrKey) -> u64 {
+    let group = hasher.hash_one((addr.family, addr.value >> 4));
+    (group & !0xf) | (addr.value & 0xf) as u64
+}
+
+fn family_bit(family: Family) -> u32 {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => FAMILY_V6_BIT,
     }
 }
 
@@ -172,10 +197,14 @@ pub(crate) struct NewRecord<'a> {
 
 #[derive(Debug, Default)]
 pub(crate) struct AllocationTable {
+    /// Records and free slots (see `FREE_SLOT`).
     records: Vec<Record>,
+    free_slots: Vec<u32>,
     arena: Vec<u8>,
     /// Arena bytes that belong to released records.
     dead_bytes: usize,
+    /// Holes left by released records (length and offset in units), latest last.
+    text_holes: Vec<(u32, u32)>,
     by_addr: HashTable<u32>,
     by_key: HashTable<u32>,
     hasher: foldhash::fast::RandomState,
@@ -183,7 +212,7 @@ pub(crate) struct AllocationTable {
 
 impl AllocationTable {
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.records.len() - self.free_slots.len()
     }
 
     fn view(&self, index: u32) -> RecordView<'_> {
@@ -198,19 +227,23 @@ impl AllocationTable {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u32, RecordView<'_>)> {
-        self.records.iter().enumerate().map(|(i, record)| {
-            (
-                i as u32,
-                RecordView {
-                    record,
-                    arena: &self.arena,
-                },
-            )
-        })
+        self.records
+            .iter()
+            .enumerate()
+            .filter(|(_, record)| record.is_live())
+            .map(|(i, record)| {
+                (
+                    i as u32,
+                    RecordView {
+                        record,
+                        arena: &self.arena,
+                    },
+                )
+            })
     }
 
     fn addr_hash(&self, addr: AddrKey) -> u64 {
-        self.hasher.hash_one(addr)
+        addr_hash(&self.hasher, addr)
     }
 
     /// The hash of an attachment key, to pass to [`AllocationTable::find_key`] and
@@ -241,45 +274,52 @@ impl AllocationTable {
     /// Whether `n_records` more records with `strings` bytes of strings each fit.
     pub fn has_room(&self, n_records: usize, strings: usize) -> bool {
         let arena_units = (self.arena.len() + n_records * entry_len(strings)) / ARENA_UNIT;
-        self.records.len() + n_records <= u32::MAX as usize && arena_units <= u32::MAX as usize
+        self.len() + n_records < u32::MAX as usize && arena_units <= u32::MAX as usize
     }
 
     /// Adds an allocation; the caller has checked that the address is free and, with
     /// [`AllocationTable::has_room`], that it fits. `key_hash` is
     /// [`AllocationTable::key_hash`] of `new.key`.
     pub fn insert(&mut self, new: NewRecord<'_>, key_hash: Option<u64>) -> u32 {
-        let index = self.records.len() as u32;
         let (network, container_id, ifname) = match new.key {
             Some(key) => key_bytes(key),
             None => (&[][..], &[][..], &[][..]),
         };
         let owner = new.owner.as_bytes();
         let strings = owner.len() + network.len() + container_id.len() + ifname.len();
-        let unit_offset = (self.arena.len() / ARENA_UNIT) as u32;
+        let length = entry_len(strings);
+        let unit_offset = self.place_text(length);
+        let at = unit_offset as usize * ARENA_UNIT;
         // Lengths were bounded by validation (owner and container ID ≤ 1024, network ≤ 253,
         // ifname ≤ 15), so these conversions cannot truncate.
-        let start = self.arena.len();
-        self.arena
-            .extend_from_slice(&(owner.len() as u16).to_le_bytes());
-        self.arena.push(network.len() as u8);
-        self.arena
-            .extend_from_slice(&(container_id.len() as u16).to_le_bytes());
-        self.arena.push(ifname.len() as u8);
-        for part in [owner, network, container_id, ifname] {
-            self.arena.extend_from_slice(part);
+        let mut header = [0u8; TEXT_HEADER];
+        header[..2].copy_from_slice(&(owner.len() as u16).to_le_bytes());
+        header[2] = network.len() as u8;
+        header[3..5].copy_from_slice(&(container_id.len() as u16).to_le_bytes());
+        header[5] = ifname.len() as u8;
+        let entry = &mut self.arena[at..at + length];
+        let mut offset = 0;
+        for part in [&header[..], owner, network, container_id, ifname] {
+            entry[offset..offset + part.len()].copy_from_slice(part);
+            offset += part.len();
         }
-        self.arena.resize(start + entry_len(strings), 0);
-        let family_bit = match new.addr.family {
-            Family::V4 => 0,
-            Family::V6 => FAMILY_V6_BIT,
-        };
-        self.records.push(Record {
+        let record = Record {
             value_high: (new.addr.value >> 64) as u64,
             value_low: new.addr.value as u64,
             generation: new.generation,
             text: unit_offset,
-            pool_and_family: new.pool | family_bit,
-        });
+            pool_and_family: new.pool | family_bit(new.addr.family),
+        };
+        let index = match self.free_slots.pop() {
+            Some(slot) => {
+                self.records[slot as usize] = record;
+                slot
+            }
+            None => {
+                self.records.push(record);
+                (self.records.len() - 1) as u32
+            }
+        };
         let Self {
             records,
             arena,
@@ -288,8 +328,8 @@ impl AllocationTable {
             hasher,
             ..
         } = self;
-        by_addr.insert_unique(hasher.hash_one(new.addr), index, |&i| {
-            hasher.hash_one(records[i as usize].addr())
+        by_addr.insert_unique(addr_hash(hasher, new.addr), index, |&i| {
+            addr_hash(hasher, records[i as usize].addr())
         });
         if let Some(key) = new.key {
             let hash = key_hash.unwrap_or_else(|| hasher.hash_one(key_bytes(key)));
@@ -303,52 +343,51 @@ impl AllocationTable {
 
     /// Removes an allocation and returns its address, pool and generation.
     pub fn remove(&mut self, index: u32) -> (AddrKey, PoolId, u64) {
-        let last = self.records.len() as u32 - 1;
-        self.unindex(index);
-        if index != last {
-            self.repoint(last, index);
+        let record = self.records[index as usize];
+        let text = Text::read(&self.arena, record.text);
+        let hash = self.addr_hash(record.addr());
+        if let Ok(entry) = self.by_addr.find_entry(hash, |&i| i == index) {
+            entry.remove();
         }
-        let record = self.records.swap_remove(index as usize);
-        self.dead_bytes += Text::read(&self.arena, record.text).stored_len();
+        if let Some(parts) = text.key_parts() {
+            let hash = self.hasher.hash_one(parts);
+            if let Ok(entry) = self.by_key.find_entry(hash, |&i| i == index) {
+                entry.remove();
+            }
+        }
+        let stored = text.stored_len();
+        self.dead_bytes += stored;
+        self.text_holes
+            .push(((stored / ARENA_UNIT) as u32, record.text));
+        self.records[index as usize].pool_and_family = FREE_SLOT;
+        self.free_slots.push(index);
         if self.dead_bytes * 2 > self.arena.len() && self.arena.len() > COMPACT_MIN_BYTES {
             self.compact();
         }
         (record.addr(), record.pool(), record.generation)
     }
 
-    fn unindex(&mut self, index: u32) {
-        let record = self.records[index as usize];
-        let hash = self.addr_hash(record.addr());
-        if let Ok(entry) = self.by_addr.find_entry(hash, |&i| i == index) {
-            entry.remove();
+    /// Finds room for an entry of `length` bytes: the hole the last release left if it has
+    /// exactly that size (the usual case, since keys and owners have regular shapes), else
+    /// the end of the arena. Returns the offset in units.
+    fn place_text(&mut self, length: usize) -> u32 {
+        let units = (length / ARENA_UNIT) as u32;
+        if let Some(&(hole_units, hole)) = self.text_holes.last()
+            && hole_units == units
+        {
+            self.text_holes.pop();
+            self.dead_bytes -= length;
+            return hole;
         }
-        if let Some(parts) = Text::read(&self.arena, record.text).key_parts() {
-            let hash = self.hasher.hash_one(parts);
-            if let Ok(entry) = self.by_key.find_entry(hash, |&i| i == index) {
-                entry.remove();
-            }
-        }
-    }
-
-    /// Makes the index entries that point at `from` point at `to`.
-    fn repoint(&mut self, from: u32, to: u32) {
-        let record = self.records[from as usize];
-        let hash = self.addr_hash(record.addr());
-        if let Some(slot) = self.by_addr.find_mut(hash, |&i| i == from) {
-            *slot = to;
-        }
-        if let Some(parts) = Text::read(&self.arena, record.text).key_parts() {
-            let hash = self.hasher.hash_one(parts);
-            if let Some(slot) = self.by_key.find_mut(hash, |&i| i == from) {
-                *slot = to;
-            }
-        }
+        let at = self.arena.len();
+        self.arena.resize(at + length, 0);
+        (at / ARENA_UNIT) as u32
     }
 
     /// Copies the live entries into a fresh arena, dropping released ones.
     fn compact(&mut self) {
         let mut arena = Vec::with_capacity(self.arena.len() - self.dead_bytes);
-        for record in &mut self.records {
+        for record in self.records.iter_mut().filter(|r| r.is_live()) {
             let at = record.text as usize * ARENA_UNIT;
             let length = Text::read(&self.arena, record.text).stored_len();
             // The new arena is smaller than the old one, so the offset still fits.
@@ -357,11 +396,14 @@ impl AllocationTable {
         }
         self.arena = arena;
         self.dead_bytes = 0;
+        self.text_holes.clear();
     }
 
     /// Heap bytes held by the table's own structures (records, index slots, arena slack).
     pub fn index_bytes(&self) -> usize {
         self.records.capacity() * size_of::<Record>()
+            + self.free_slots.capacity() * size_of::<u32>()
+            + self.text_holes.capacity() * size_of::<(u32, u32)>()
             + (self.by_addr.capacity() + self.by_key.capacity()) * (size_of::<u32>() + 1)
     }
 }

@@ -826,11 +826,11 @@ fn release_by_owner_and_attachment_gc() {
             > alloc default v4 host-service
             = 10.0.0.5 gen=7 subnet=10.0.0.0/28
             > release-owner pod-a
-            = released [10.0.0.1, fd00::1, 10.0.0.2]
+            = released [10.0.0.1, 10.0.0.2, fd00::1]
             > release-owner pod-a
             = released []
             > gc net
-            = released [fd00::2, 10.0.0.3]
+            = released [10.0.0.3, fd00::2]
             > release-key net/b/eth0
             = 0 released
             > table
