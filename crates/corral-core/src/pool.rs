@@ -327,6 +327,13 @@ impl PoolFamily {
     /// The next free address by the pool's policy, with the first address of its range: the
     /// current range first (from its cursor), then the following ranges with room, wrapping.
     pub fn find_free(&self, policy: ReusePolicy) -> Option<(u128, u128)> {
+        if policy == ReusePolicy::NextFit
+            && let Some(range) = self.ranges.get(&self.current)
+            && range.has_free()
+        {
+            // The usual case: the current range still has room.
+            return Some((self.current, range.find_free(policy)?));
+        }
         let start = *match policy {
             ReusePolicy::NextFit => self
                 .with_free

@@ -158,12 +158,9 @@ impl fmt::Display for AttachmentKey {
 
 /// Checks an owner string: at most [`MAX_OWNER_LEN`] bytes, no control characters.
 pub fn validate_owner(owner: &str) -> Result<(), SpecError> {
-    // Bytes first: an ASCII owner (the usual case) needs no char decoding.
-    let control = if owner.is_ascii() {
-        owner.bytes().any(|b| b.is_ascii_control())
-    } else {
-        owner.chars().any(char::is_control)
-    };
+    // One pass over the bytes; only an owner with non-ASCII text needs char decoding.
+    let suspicious = owner.bytes().any(|b| b < 0x20 || b >= 0x7f);
+    let control = suspicious && owner.chars().any(char::is_control);
     if owner.len() > MAX_OWNER_LEN || control {
         return Err(SpecError::InvalidOwner {
             owner: owner.chars().take(64).collect(),

@@ -121,6 +121,16 @@ fn addr_hash(hasher: &foldhash::fast::RandomState, addr: AddrKey) -> u64 {
     (group & !0xf) | (addr.value & 0xf) as u64
 }
 
+/// Makes room for `additional` more elements, growing by a quarter instead of doubling: the
+/// table's memory per allocation then never carries more than ~25% of slack, and large
+/// reallocations are cheap anyway (glibc moves mmapped blocks with `mremap`, without copying).
+fn grow_gently<T>(vec: &mut Vec<T>, additional: usize) {
+    if vec.len() + additional > vec.capacity() {
+        let step = (vec.capacity() / 4).max(1024).max(additional);
+        vec.reserve_exact(step);
+    }
+}
+
 fn family_bit(family: Family) -> u32 {
     match family {
         Family::V4 => 0,
@@ -316,6 +326,7 @@ impl AllocationTable {
                 slot
             }
             None => {
+                grow_gently(&mut self.records, 1);
                 self.records.push(record);
                 (self.records.len() - 1) as u32
             }
@@ -380,6 +391,7 @@ impl AllocationTable {
             return hole;
         }
         let at = self.arena.len();
+        grow_gently(&mut self.arena, length);
         self.arena.resize(at + length, 0);
         (at / ARENA_UNIT) as u32
     }
