@@ -159,7 +159,7 @@ impl fmt::Display for AttachmentKey {
 /// Checks an owner string: at most [`MAX_OWNER_LEN`] bytes, no control characters.
 pub fn validate_owner(owner: &str) -> Result<(), SpecError> {
     // One pass over the bytes; only an owner with non-ASCII text needs char decoding.
-    let suspicious = owner.bytes().any(|b| b < 0x20 || b >= 0x7f);
+    let suspicious = owner.bytes().any(|b| !(0x20..0x7f).contains(&b));
     let control = suspicious && owner.chars().any(char::is_control);
     if owner.len() > MAX_OWNER_LEN || control {
         return Err(SpecError::InvalidOwner {
