@@ -2,8 +2,9 @@
 //!
 //! A pool's capacity is a set of address intervals per family (CIDRs, start–end ranges,
 //! single addresses, delegated prefixes), added and removed at run time. Allocation finds the
-//! next free address in O(log n) at any fill level, and memory grows with what is allocated,
-//! never with the size of a range, so an IPv6 /64 per node costs nothing until it is used.
+//! next free address in the same few steps at any fill level, and memory grows with what is
+//! allocated, never with the size of a large range, so an IPv6 /64 per node costs nothing until
+//! it is used.
 //!
 //! The crate does no I/O, starts no threads and reads no clock: operations that depend on
 //! time take `now`, and results carry everything a store must persist.
