@@ -42,6 +42,8 @@ use corral_core::{
     AttachmentKey, Engine, EngineConfig, Family, PoolConfig, PoolName, Request, ReusePolicy,
     Target, Timestamp, addr_value,
 };
+mod common;
+use common::{key, mix, owner};
 use criterion::{BenchmarkGroup, Criterion, criterion_group, measurement::WallTime};
 
 /// Usable addresses of a /16 (network and broadcast are never handed out).
@@ -51,33 +53,6 @@ const V4_BASE: u32 = 0x0a00_0000;
 const V6_NET: &str = "fd00:1::/64";
 const V6_ALLOCATIONS: usize = 1_000_000;
 const V6_ALLOCATIONS_SMOKE: usize = 10_000;
-
-/// SplitMix64: a deterministic stream for container IDs and the random release order.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// A 64-hex-character container ID, like the ones a container runtime passes to CNI.
-fn container_id(i: u64) -> String {
-    (0..4).map(|k| format!("{:016x}", mix(i * 4 + k))).collect()
-}
-
-/// An owner of the `namespace/pod-name` shape, 26 bytes.
-fn owner(i: u64) -> String {
-    format!(
-        "ns-{:02}/web-{:010x}-{:05x}",
-        i % 40,
-        mix(i) >> 24,
-        mix(!i) >> 44
-    )
-}
-
-fn key(i: u64) -> AttachmentKey {
-    AttachmentKey::new("net", &container_id(i), "eth0").expect("valid attachment key")
-}
 
 fn config(cooldown: Duration) -> EngineConfig {
     EngineConfig {

@@ -26,9 +26,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use cap::Cap;
+
+mod common;
+use common::{key, owner};
 use corral_core::{
-    AttachmentKey, Engine, EngineConfig, Family, PoolConfig, PoolName, Request, ReusePolicy,
-    Target, Timestamp,
+    Engine, EngineConfig, Family, PoolConfig, PoolName, Request, ReusePolicy, Target, Timestamp,
 };
 
 #[global_allocator]
@@ -49,28 +51,6 @@ fn rss() -> usize {
         .and_then(|p| p.parse().ok())
         .unwrap_or(0);
     pages * 4096
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// The same owners and keys as the engine benchmark.
-fn owner(i: u64) -> String {
-    format!(
-        "ns-{:02}/web-{:010x}-{:05x}",
-        i % 40,
-        mix(i) >> 24,
-        mix(!i) >> 44
-    )
-}
-
-fn key(i: u64) -> AttachmentKey {
-    let container_id: String = (0..4).map(|k| format!("{:016x}", mix(i * 4 + k))).collect();
-    AttachmentKey::new("net", &container_id, "eth0").expect("valid attachment key")
 }
 
 fn engine() -> Engine {

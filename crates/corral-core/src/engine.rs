@@ -420,7 +420,7 @@ impl Engine {
             *pool_family.reserved.entry(value).or_insert(0) += 1;
             // A gateway may name a cooling address of another range: it must not come back.
             pool_family.cooling.remove(value);
-            pool_family.block(value);
+            pool_family.mark(value, true);
         }
         pool_family.rebuild(start, &allocated);
         Ok(())
@@ -1177,7 +1177,7 @@ impl Engine {
             && !pool_family.is_held_back(addr_key.value)
         {
             pool_family.cooling.insert(addr_key.value, released_at);
-            pool_family.block(addr_key.value);
+            pool_family.mark(addr_key.value, true);
         }
         Ok(())
     }

@@ -292,8 +292,8 @@ impl PoolFamily {
         }
     }
 
-    /// Marks an address blocked in whichever range holds it.
-    pub fn block(&mut self, value: u128) {
+    /// Marks an address blocked (or clear) in whichever range holds it.
+    pub fn mark(&mut self, value: u128, blocked: bool) {
         let Self {
             ranges, with_free, ..
         } = self;
@@ -301,26 +301,15 @@ impl PoolFamily {
             && range.end >= value
         {
             let had_free = range.has_free();
-            if range.occupancy.set(value - range.start) {
+            let offset = value - range.start;
+            if blocked && range.occupancy.set(offset) {
                 range.n_blocked += 1;
-                Self::sync_free(with_free, range, had_free);
-            }
-        }
-    }
-
-    /// Marks an address clear in whichever range holds it.
-    pub fn unblock(&mut self, value: u128) {
-        let Self {
-            ranges, with_free, ..
-        } = self;
-        if let Some((_, range)) = ranges.range_mut(..=value).next_back()
-            && range.end >= value
-        {
-            let had_free = range.has_free();
-            if range.occupancy.clear(value - range.start) {
+            } else if !blocked && range.occupancy.clear(offset) {
                 range.n_blocked -= 1;
-                Self::sync_free(with_free, range, had_free);
+            } else {
+                return;
             }
+            Self::sync_free(with_free, range, had_free);
         }
     }
 
@@ -430,7 +419,7 @@ impl PoolFamily {
             }
             self.cooling.remove(value);
             if self.is_active_capacity(value) && !self.is_held_back(value) {
-                self.unblock(value);
+                self.mark(value, false);
             }
         }
     }
