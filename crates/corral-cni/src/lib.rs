@@ -1,0 +1,1 @@
+//! corral-cni: the CNI protocol (environment, configuration, results, errors) for corral-ipam.

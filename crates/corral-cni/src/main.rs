@@ -1,0 +1,3 @@
+//! corral-ipam: the CNI IPAM plugin binary.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! corral-store: durable state behind one trait, with SQLite as the embedded default.
