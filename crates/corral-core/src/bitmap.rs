@@ -51,6 +51,29 @@ impl Bitmap {
         bitmap
     }
 
+    /// The position bits (level 0), padding included.
+    pub fn words(&self) -> &[u64] {
+        &self.levels[0]
+    }
+
+    /// A bitmap of `size` positions with these level-0 words (padding is forced set); `None`
+    /// when the number of words does not fit `size`.
+    pub fn from_words(size: u64, words: &[u64]) -> Option<Bitmap> {
+        let mut bitmap = Bitmap::new(size);
+        if words.len() != bitmap.levels[0].len() {
+            return None;
+        }
+        let padding = *bitmap.levels[0].last()?;
+        bitmap.levels[0].copy_from_slice(words);
+        if let Some(last) = bitmap.levels[0].last_mut() {
+            *last |= padding;
+        }
+        for index in 0..bitmap.levels[0].len() {
+            bitmap.sync_summary(0, index as u64);
+        }
+        Some(bitmap)
+    }
+
     #[cfg(test)]
     pub fn get(&self, position: u64) -> bool {
         position < self.size && self.levels[0][(position / W) as usize] & (1 << (position % W)) != 0
@@ -203,6 +226,24 @@ mod tests {
                 assert_eq!(bitmap.first_clear(0, size - 1), None);
             }
         }
+    }
+
+    #[test]
+    fn rebuilding_from_words_restores_the_summaries() {
+        let size = 70_000u64;
+        let mut bitmap = Bitmap::new(size);
+        bitmap.fill(0, size - 1, true);
+        bitmap.clear(12_345);
+        let rebuilt = Bitmap::from_words(size, bitmap.words()).unwrap();
+        assert_eq!(rebuilt, bitmap);
+        assert_eq!(rebuilt.first_clear(0, size - 1), Some(12_345));
+        assert!(Bitmap::from_words(size, &bitmap.words()[1..]).is_none());
+        // Padding cannot be cleared through a snapshot.
+        let mut words = Bitmap::new(65).words().to_vec();
+        words[1] = 0;
+        let padded = Bitmap::from_words(65, &words).unwrap();
+        assert_eq!(padded.first_clear(0, 200), Some(0));
+        assert_eq!(padded.count(0, 64), 0);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use ipnet::IpNet;
 
 use crate::addr::{AddrKey, Family, addr_value};
 use crate::error::{AllocError, Holder};
-use crate::pool::{PoolConfig, PoolFamily, Range, ReusePolicy};
+use crate::pool::{Occupancy, OccupancySnapshot, PoolConfig, PoolFamily, Range, ReusePolicy};
 use crate::spec::{AttachmentKey, Exclusion, PoolName, RangeSpec, Reserved, validate_owner};
 use crate::table::{AllocationTable, NewRecord, PoolId};
 use crate::time::{Lease, LeaseIds, Timestamp};
@@ -147,6 +147,28 @@ pub struct RangeInfo {
     pub spec: RangeSpec,
     pub n_allocated: u64,
     pub draining: bool,
+}
+
+/// The persisted form of one range's derived state (see [`Engine::pool_snapshot`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeSnapshot {
+    pub spec: RangeSpec,
+    pub draining: bool,
+    /// Offset from the range's first address where next-fit continues.
+    pub cursor: u128,
+    pub n_allocated: u64,
+    pub occupancy: OccupancySnapshot,
+}
+
+/// The derived state of one pool: what lets a short-lived process allocate without reading
+/// every allocation. Per-family fields are indexed IPv4 first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    /// First address of the range next-fit continues in, per family.
+    pub current: [u128; 2],
+    /// Allocations of the pool per family, wherever they are.
+    pub n_allocated: [u64; 2],
+    pub ranges: Vec<RangeSnapshot>,
 }
 
 /// What is known about one allocated address.
@@ -1103,40 +1125,7 @@ impl Engine {
     /// Accepts a recorded allocation as it is, even outside the pool's current capacity or in
     /// an excluded network. Refused only if it contradicts what was already restored.
     pub fn restore_allocation(&mut self, restored: &RestoredAllocation) -> Result<(), AllocError> {
-        if !self.restoring {
-            return Err(AllocError::RestoreFinished {
-                operation: "restore_allocation",
-            });
-        }
-        validate_owner(&restored.owner)?;
-        // Far from any real count, and it keeps `next_generation + 1` from overflowing.
-        if restored.generation > MAX_GENERATION {
-            return Err(AllocError::GenerationOutOfRange {
-                generation: restored.generation,
-            });
-        }
-        let id = self.pool_id(&restored.pool)?;
-        let addr = AddrKey::new(restored.addr);
-        if let Some(index) = self.table.find_addr(addr) {
-            return Err(self.in_use_error(index));
-        }
-        let key_hash = restored.key.as_ref().map(|key| self.table.key_hash(key));
-        if let (Some(key), Some(hash)) = (&restored.key, key_hash)
-            && let Some(index) = self.existing_for_key(id, addr.family, key, hash)
-        {
-            return Err(AllocError::AttachmentConflict {
-                key: key.clone(),
-                existing: self.table.get(index).addr().ip(),
-                pool: restored.pool.clone(),
-            });
-        }
-        let strings = restored.owner.len()
-            + restored.key.as_ref().map_or(0, |key| {
-                key.network().len() + key.container_id().len() + key.ifname().len()
-            });
-        if !self.table.has_room(1, strings) {
-            return Err(AllocError::TableFull);
-        }
+        let (id, addr, key_hash) = self.check_restored(restored)?;
         self.record(
             id,
             addr,
@@ -1178,6 +1167,154 @@ impl Engine {
         {
             pool_family.cooling.insert(addr_key.value, released_at);
             pool_family.mark(addr_key.value, true);
+        }
+        Ok(())
+    }
+
+    /// Validates a recorded allocation against what was restored so far.
+    fn check_restored(
+        &self,
+        restored: &RestoredAllocation,
+    ) -> Result<(PoolId, AddrKey, Option<u64>), AllocError> {
+        if !self.restoring {
+            return Err(AllocError::RestoreFinished {
+                operation: "restore_allocation",
+            });
+        }
+        validate_owner(&restored.owner)?;
+        // Far from any real count, and it keeps `next_generation + 1` from overflowing.
+        if restored.generation > MAX_GENERATION {
+            return Err(AllocError::GenerationOutOfRange {
+                generation: restored.generation,
+            });
+        }
+        let id = self.pool_id(&restored.pool)?;
+        let addr = AddrKey::new(restored.addr);
+        if let Some(index) = self.table.find_addr(addr) {
+            return Err(self.in_use_error(index));
+        }
+        let key_hash = restored.key.as_ref().map(|key| self.table.key_hash(key));
+        if let (Some(key), Some(hash)) = (&restored.key, key_hash)
+            && let Some(index) = self.existing_for_key(id, addr.family, key, hash)
+        {
+            return Err(AllocError::AttachmentConflict {
+                key: key.clone(),
+                existing: self.table.get(index).addr().ip(),
+                pool: restored.pool.clone(),
+            });
+        }
+        let strings = restored.owner.len()
+            + restored.key.as_ref().map_or(0, |key| {
+                key.network().len() + key.container_id().len() + key.ifname().len()
+            });
+        if !self.table.has_room(1, strings) {
+            return Err(AllocError::TableFull);
+        }
+        Ok((id, addr, key_hash))
+    }
+
+    /// Accepts a recorded allocation whose address is already accounted for by a restored
+    /// [`PoolSnapshot`]: only the record (and its lease) is entered. This is how a short-lived
+    /// process loads just the allocations it needs (those of one attachment) next to the
+    /// pool's snapshot; such a partial engine must not be asked about other allocations.
+    pub fn restore_allocation_accounted(
+        &mut self,
+        restored: &RestoredAllocation,
+    ) -> Result<(), AllocError> {
+        let (id, addr, key_hash) = self.check_restored(restored)?;
+        self.table.insert(
+            NewRecord {
+                addr,
+                pool: id,
+                generation: restored.generation,
+                owner: &restored.owner,
+                key: restored.key.as_ref(),
+            },
+            key_hash,
+        );
+        if let Some(lease) = restored.lease {
+            self.leases.insert(addr, lease);
+            self.lease_queue.insert((lease.expires_at, addr));
+        }
+        self.next_generation = self.next_generation.max(restored.generation + 1);
+        Ok(())
+    }
+
+    /// The derived state of a pool, for a store to keep beside the allocations.
+    pub fn pool_snapshot(&self, pool: &PoolName) -> Result<PoolSnapshot, AllocError> {
+        let pool = self.pool(self.pool_id(pool)?);
+        Ok(PoolSnapshot {
+            current: [pool.families[0].current, pool.families[1].current],
+            n_allocated: [pool.families[0].n_allocated, pool.families[1].n_allocated],
+            ranges: pool
+                .families
+                .iter()
+                .flat_map(|f| f.ranges.values())
+                .map(|range| RangeSnapshot {
+                    spec: range.spec,
+                    draining: range.draining,
+                    cursor: range.cursor,
+                    n_allocated: range.n_allocated,
+                    occupancy: range.occupancy.snapshot(),
+                })
+                .collect(),
+        })
+    }
+
+    /// Replaces a pool's derived state with a snapshot, while restoring. The pool must have
+    /// exactly the snapshot's ranges already (added with [`Engine::add_range`]); nothing is
+    /// changed when it does not fit.
+    pub fn restore_pool_snapshot(
+        &mut self,
+        pool: &PoolName,
+        snapshot: &PoolSnapshot,
+    ) -> Result<(), AllocError> {
+        if !self.restoring {
+            return Err(AllocError::RestoreFinished {
+                operation: "restore_pool_snapshot",
+            });
+        }
+        let id = self.pool_id(pool)?;
+        let mismatch = |reason: String| AllocError::SnapshotMismatch {
+            pool: pool.clone(),
+            reason,
+        };
+        let existing = self.pool(id);
+        let n_ranges: usize = existing.families.iter().map(|f| f.ranges.len()).sum();
+        if n_ranges != snapshot.ranges.len() {
+            return Err(mismatch(format!(
+                "the pool has {n_ranges} ranges, the snapshot {}",
+                snapshot.ranges.len()
+            )));
+        }
+        let mut occupancies = Vec::with_capacity(snapshot.ranges.len());
+        for range in &snapshot.ranges {
+            let (start, end) = range.spec.bounds();
+            let family = existing.family(range.spec.family());
+            match family.ranges.get(&start) {
+                Some(current) if current.spec == range.spec => {}
+                _ => return Err(mismatch(format!("the pool has no range {}", range.spec))),
+            }
+            let occupancy = Occupancy::from_snapshot(end - start + 1, &range.occupancy)
+                .ok_or_else(|| mismatch(format!("occupancy of {} does not fit", range.spec)))?;
+            occupancies.push(occupancy);
+        }
+        let pool_ref = self.pool_mut(id);
+        for (range, occupancy) in snapshot.ranges.iter().zip(occupancies) {
+            let pool_family = pool_ref.family_mut(range.spec.family());
+            if let Some(target) = pool_family.ranges.get_mut(&range.spec.bounds().0) {
+                target.n_blocked = occupancy.count(0, target.end - target.start);
+                target.occupancy = occupancy;
+                target.cursor = range.cursor.min(target.end - target.start);
+                target.n_allocated = range.n_allocated;
+                target.draining = range.draining;
+            }
+        }
+        for family in Family::ALL {
+            let pool_family = pool_ref.family_mut(family);
+            pool_family.current = snapshot.current[family.index()];
+            pool_family.n_allocated = snapshot.n_allocated[family.index()];
+            pool_family.resync_free();
         }
         Ok(())
     }

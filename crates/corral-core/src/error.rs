@@ -129,6 +129,8 @@ pub enum AllocError {
         requested: u64,
         actual: u64,
     },
+    #[error("snapshot of pool {pool} does not fit: {reason}")]
+    SnapshotMismatch { pool: PoolName, reason: String },
     #[error("the allocation table is full (2^32 allocations or 16 GiB of owner and key strings)")]
     TableFull,
     #[error("generation {generation} is out of range (at most 2^63)")]

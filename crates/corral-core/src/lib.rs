@@ -36,7 +36,7 @@ pub use engine::{
     RangeRemoval, Released, Request, RestoredAllocation, Target,
 };
 pub use error::{AllocError, Holder, SpecError};
-pub use pool::{PoolConfig, ReusePolicy};
+pub use pool::{OccupancySnapshot, PoolConfig, ReusePolicy};
 pub use spec::{
     AttachmentKey, Exclusion, MAX_CONTAINER_ID_LEN, MAX_IFNAME_LEN, MAX_NETWORK_LEN, MAX_OWNER_LEN,
     MAX_POOL_NAME_LEN, PoolName, RangeSpec, Reserved, parse_addr, parse_net, validate_owner,

@@ -106,10 +106,48 @@ impl Occupancy {
         }
     }
 
-    fn count(&self, low: u128, high: u128) -> u128 {
+    pub(crate) fn count(&self, low: u128, high: u128) -> u128 {
         match self {
             Occupancy::Dense(bitmap) => u128::from(bitmap.count(low as u64, high as u64)),
             Occupancy::Sparse(runs) => runs.count_in(low, high),
+        }
+    }
+}
+
+/// Which positions of a range (offsets from its first address) are blocked, as a store keeps
+/// it between processes: the bitmap's words for ranges of up to 2^20 addresses, the blocked
+/// runs beyond.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OccupancySnapshot {
+    Bits(Vec<u64>),
+    Runs(Vec<(u128, u128)>),
+}
+
+impl Occupancy {
+    pub(crate) fn snapshot(&self) -> OccupancySnapshot {
+        match self {
+            Occupancy::Dense(bitmap) => OccupancySnapshot::Bits(bitmap.words().to_vec()),
+            Occupancy::Sparse(runs) => OccupancySnapshot::Runs(runs.iter().collect()),
+        }
+    }
+
+    /// The occupancy of a range of `size` addresses from a snapshot; `None` if the snapshot
+    /// does not fit a range of that size.
+    pub(crate) fn from_snapshot(size: u128, snapshot: &OccupancySnapshot) -> Option<Occupancy> {
+        match (Occupancy::new(size), snapshot) {
+            (Occupancy::Dense(_), OccupancySnapshot::Bits(words)) => {
+                Bitmap::from_words(size as u64, words).map(Occupancy::Dense)
+            }
+            (Occupancy::Sparse(mut set), OccupancySnapshot::Runs(runs)) => {
+                for &(low, high) in runs {
+                    if low > high || high >= size {
+                        return None;
+                    }
+                    set.insert_range(low, high);
+                }
+                Some(Occupancy::Sparse(set))
+            }
+            _ => None,
         }
     }
 }
@@ -486,6 +524,16 @@ impl PoolFamily {
             occupancy.set(value - range.start);
         }
         occupancy
+    }
+
+    /// Recomputes `with_free` from the ranges (after a snapshot replaced their occupancy).
+    pub fn resync_free(&mut self) {
+        self.with_free = self
+            .ranges
+            .iter()
+            .filter(|(_, range)| range.has_free())
+            .map(|(&start, _)| start)
+            .collect();
     }
 
     /// Counts positions of the range that are blocked, for statistics.

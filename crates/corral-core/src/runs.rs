@@ -144,7 +144,6 @@ impl RunSet {
     }
 
     /// All runs in order.
-    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = (u128, u128)> + '_ {
         self.runs.iter().map(|(&s, &e)| (s, e))
     }
