@@ -1319,6 +1319,45 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes over the next-fit positions of a snapshot (the current range per family and each
+    /// range's cursor, by address), while restoring. A rebuild
+    /// from the allocations uses this so next-fit continues where it was instead of starting
+    /// over at the bottom of each range.
+    pub fn restore_cursors(
+        &mut self,
+        pool: &PoolName,
+        snapshot: &PoolSnapshot,
+    ) -> Result<(), AllocError> {
+        if !self.restoring {
+            return Err(AllocError::RestoreFinished {
+                operation: "restore_cursors",
+            });
+        }
+        let id = self.pool_id(pool)?;
+        let pool_ref = self.pool_mut(id);
+        // Positions are carried over by address, so they survive a range being widened or
+        // split: a cursor lands in whichever range now holds the address it pointed at.
+        for range in &snapshot.ranges {
+            let position = range.spec.bounds().0.saturating_add(range.cursor);
+            let pool_family = pool_ref.family_mut(range.spec.family());
+            if let Some((_, target)) = pool_family.ranges.range_mut(..=position).next_back()
+                && target.end >= position
+            {
+                target.cursor = position - target.start;
+            }
+        }
+        for family in Family::ALL {
+            let pool_family = pool_ref.family_mut(family);
+            let current = snapshot.current[family.index()];
+            if let Some((&start, range)) = pool_family.ranges.range(..=current).next_back()
+                && range.end >= current
+            {
+                pool_family.current = start;
+            }
+        }
+        Ok(())
+    }
+
     /// Raises the next generation to at least `floor` (persisted counters come back this way).
     pub fn restore_generation(&mut self, floor: u64) {
         self.next_generation = self.next_generation.max(floor.min(MAX_GENERATION + 1));

@@ -1,0 +1,431 @@
+//! The embedded default store: one SQLite database per state directory.
+//!
+//! Tuned for many short-lived processes (each CNI call is one):
+//! - WAL journal with `synchronous=FULL`: a commit is one append to the log and one fsync;
+//! - no checkpoint when a connection closes (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`), so a process
+//!   that opens, commits once and exits does not also rewrite the database; the log is folded
+//!   into the database by SQLite's automatic checkpoint every 1000 pages;
+//! - writers queue on an exclusive `flock` of `corral.lock` before `BEGIN IMMEDIATE`, so they
+//!   wait in the kernel and wake the moment the holder is done, instead of SQLite's busy loop
+//!   of sleeps; the lock dies with its process, so SIGKILL never leaves it held;
+//! - a transaction reads one state row (8 KiB of bitmap for a /16) and the rows of one
+//!   attachment, never every allocation.
+//!
+//! The allocation table's primary key is (scope, family, address): whatever happens above,
+//! the database refuses to record one address twice.
+
+use std::fs::{File, OpenOptions};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use corral_core::{AttachmentKey, Family, Lease, PoolName, Timestamp, Uuid, addr_value};
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+
+use crate::codec::{decode_cooling, decode_snapshots, encode_cooling, encode_snapshots};
+use crate::{SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, Txn};
+
+/// The database file inside the state directory.
+pub const DB_FILE: &str = "corral.db";
+/// The lock file inside the state directory.
+pub const LOCK_FILE: &str = "corral.lock";
+
+/// Each entry takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 0 → 1
+    "CREATE TABLE scopes (
+        scope TEXT PRIMARY KEY,
+        config TEXT NOT NULL,
+        next_generation INTEGER NOT NULL,
+        snapshots BLOB NOT NULL,
+        cooling BLOB NOT NULL
+    ) STRICT;
+    CREATE TABLE allocations (
+        scope TEXT NOT NULL,
+        family INTEGER NOT NULL,
+        addr BLOB NOT NULL,
+        pool TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        network TEXT,
+        container_id TEXT,
+        ifname TEXT,
+        generation INTEGER NOT NULL,
+        lease_id TEXT,
+        lease_expires INTEGER,
+        PRIMARY KEY (scope, family, addr)
+    ) STRICT, WITHOUT ROWID;
+    CREATE INDEX allocations_by_key ON allocations (scope, network, container_id, ifname);",
+];
+
+/// A SQLite-backed [`Store`] over one state directory.
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Connection,
+    lock: File,
+    dir: PathBuf,
+}
+
+fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Directory {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store in `dir`, migrating an older schema.
+    pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
+        std::fs::create_dir_all(dir).map_err(dir_error(dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(dir_error(&lock_path))?;
+        let conn = Connection::open(dir.join(DB_FILE))?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+        let mut store = SqliteStore {
+            conn,
+            lock,
+            dir: dir.to_path_buf(),
+        };
+        store.with_lock(|conn| {
+            let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+            if !mode.eq_ignore_ascii_case("wal") {
+                return Err(StoreError::Corrupt {
+                    what: "journal mode".into(),
+                    reason: format!("SQLite kept {mode} instead of wal"),
+                });
+            }
+            migrate(conn)
+        })?;
+        store.conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok(store)
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn with_lock<T>(
+        &mut self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let lock_path = self.dir.join(LOCK_FILE);
+        self.lock.lock().map_err(|source| StoreError::Lock {
+            path: lock_path.display().to_string(),
+            source,
+        })?;
+        let result = f(&mut self.conn);
+        // Unlocking cannot fail in a way we could act on; the lock also dies with the file.
+        let _ = self.lock.unlock();
+        result
+    }
+
+    /// The schema version of the open database.
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        Ok(self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))?)
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let found: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for (version, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", version as u32 + 1)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// One exclusive transaction on a [`SqliteStore`]; it holds the directory lock until it ends.
+#[derive(Debug)]
+pub struct SqliteTxn<'a> {
+    tx: Option<rusqlite::Transaction<'a>>,
+    lock: &'a File,
+}
+
+impl Drop for SqliteTxn<'_> {
+    fn drop(&mut self) {
+        // Roll back (if not committed) before letting the next writer in.
+        drop(self.tx.take());
+        let _ = self.lock.unlock();
+    }
+}
+
+impl Store for SqliteStore {
+    type Txn<'a> = SqliteTxn<'a>;
+
+    fn begin(&mut self) -> Result<SqliteTxn<'_>, StoreError> {
+        let lock_path = self.dir.join(LOCK_FILE);
+        self.lock.lock().map_err(|source| StoreError::Lock {
+            path: lock_path.display().to_string(),
+            source,
+        })?;
+        match self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+        {
+            Ok(tx) => Ok(SqliteTxn {
+                tx: Some(tx),
+                lock: &self.lock,
+            }),
+            Err(error) => {
+                let _ = self.lock.unlock();
+                Err(error.into())
+            }
+        }
+    }
+}
+
+fn family_code(family: Family) -> i64 {
+    match family {
+        Family::V4 => 4,
+        Family::V6 => 6,
+    }
+}
+
+fn addr_blob(addr: IpAddr) -> [u8; 16] {
+    addr_value(addr).to_be_bytes()
+}
+
+fn corrupt(what: &str, reason: impl ToString) -> StoreError {
+    StoreError::Corrupt {
+        what: what.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+const ALLOCATION_COLUMNS: &str =
+    "family, addr, pool, owner, network, container_id, ifname, generation, lease_id, lease_expires";
+
+fn read_allocation(row: &Row<'_>) -> Result<Result<StoredAllocation, StoreError>, rusqlite::Error> {
+    let family: i64 = row.get(0)?;
+    let addr: Vec<u8> = row.get(1)?;
+    let pool: String = row.get(2)?;
+    let owner: String = row.get(3)?;
+    let network: Option<String> = row.get(4)?;
+    let container_id: Option<String> = row.get(5)?;
+    let ifname: Option<String> = row.get(6)?;
+    let generation: i64 = row.get(7)?;
+    let lease_id: Option<String> = row.get(8)?;
+    let lease_expires: Option<i64> = row.get(9)?;
+    Ok((|| {
+        let family = match family {
+            4 => Family::V4,
+            6 => Family::V6,
+            other => return Err(corrupt("allocation", format!("family {other}"))),
+        };
+        let bytes: [u8; 16] = addr
+            .try_into()
+            .map_err(|_| corrupt("allocation", "address is not 16 bytes"))?;
+        let value = u128::from_be_bytes(bytes);
+        if value > family.max_value() {
+            return Err(corrupt("allocation", "address out of range"));
+        }
+        let key = match (network, container_id, ifname) {
+            (Some(n), Some(c), Some(i)) => {
+                Some(AttachmentKey::new(&n, &c, &i).map_err(|e| corrupt("allocation", e))?)
+            }
+            _ => None,
+        };
+        let lease = match (lease_id, lease_expires) {
+            (Some(id), Some(at)) => Some(Lease {
+                id: Uuid::parse_str(&id).map_err(|e| corrupt("allocation lease", e))?,
+                expires_at: Timestamp::from_unix_millis(at as u64),
+            }),
+            _ => None,
+        };
+        Ok(StoredAllocation {
+            pool: PoolName::new(&pool).map_err(|e| corrupt("allocation", e))?,
+            addr: family.addr(value),
+            owner,
+            key,
+            generation: generation as u64,
+            lease,
+        })
+    })())
+}
+
+impl SqliteTxn<'_> {
+    fn tx(&self) -> &rusqlite::Transaction<'_> {
+        self.tx
+            .as_ref()
+            .expect("a transaction is present until commit or drop")
+    }
+
+    fn query_allocations(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Vec<StoredAllocation>, StoreError> {
+        let mut statement = self.tx().prepare_cached(sql)?;
+        let rows = statement.query_map(params, read_allocation)?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row??);
+        }
+        Ok(out)
+    }
+}
+
+impl Txn for SqliteTxn<'_> {
+    fn scope_state(
+        &mut self,
+        scope: &str,
+    ) -> Result<(Option<ScopeState>, Option<String>), StoreError> {
+        let row = self
+            .tx()
+            .prepare_cached(
+                "SELECT config, next_generation, snapshots, cooling FROM scopes WHERE scope = ?1",
+            )?
+            .query_row([scope], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, Vec<u8>>(2)?,
+                    r.get::<_, Vec<u8>>(3)?,
+                ))
+            })
+            .optional()?;
+        let Some((config, next_generation, snapshots, cooling)) = row else {
+            return Ok((None, None));
+        };
+        let decoded = (|| -> Result<ScopeState, StoreError> {
+            let config: ScopeConfig =
+                serde_json::from_str(&config).map_err(|e| corrupt("scope configuration", e))?;
+            Ok(ScopeState {
+                config,
+                next_generation: next_generation as u64,
+                snapshots: decode_snapshots(&snapshots)?,
+                cooling: decode_cooling(&cooling)?,
+            })
+        })();
+        match decoded {
+            Ok(state) => Ok((Some(state), None)),
+            Err(error) => Ok((None, Some(error.to_string()))),
+        }
+    }
+
+    fn put_scope_state(&mut self, scope: &str, state: &ScopeState) -> Result<(), StoreError> {
+        let config =
+            serde_json::to_string(&state.config).map_err(|e| corrupt("scope configuration", e))?;
+        self.tx()
+            .prepare_cached(
+                "INSERT INTO scopes (scope, config, next_generation, snapshots, cooling)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (scope) DO UPDATE SET config = ?2, next_generation = ?3,
+                   snapshots = ?4, cooling = ?5",
+            )?
+            .execute(params![
+                scope,
+                config,
+                state.next_generation as i64,
+                encode_snapshots(&state.snapshots),
+                encode_cooling(&state.cooling),
+            ])?;
+        Ok(())
+    }
+
+    fn allocations_by_key(
+        &mut self,
+        scope: &str,
+        key: &AttachmentKey,
+    ) -> Result<Vec<StoredAllocation>, StoreError> {
+        self.query_allocations(
+            &format!(
+                "SELECT {ALLOCATION_COLUMNS} FROM allocations
+                 WHERE scope = ?1 AND network = ?2 AND container_id = ?3 AND ifname = ?4"
+            ),
+            params![scope, key.network(), key.container_id(), key.ifname()],
+        )
+    }
+
+    fn allocation_by_addr(
+        &mut self,
+        scope: &str,
+        addr: IpAddr,
+    ) -> Result<Option<StoredAllocation>, StoreError> {
+        Ok(self
+            .query_allocations(
+                &format!(
+                    "SELECT {ALLOCATION_COLUMNS} FROM allocations
+                     WHERE scope = ?1 AND family = ?2 AND addr = ?3"
+                ),
+                params![scope, family_code(Family::of(addr)), addr_blob(addr)],
+            )?
+            .pop())
+    }
+
+    fn all_allocations(&mut self, scope: &str) -> Result<Vec<StoredAllocation>, StoreError> {
+        self.query_allocations(
+            &format!("SELECT {ALLOCATION_COLUMNS} FROM allocations WHERE scope = ?1"),
+            [scope],
+        )
+    }
+
+    fn put_allocation(
+        &mut self,
+        scope: &str,
+        allocation: &StoredAllocation,
+    ) -> Result<(), StoreError> {
+        let key = allocation.key.as_ref();
+        self.tx()
+            .prepare_cached(&format!(
+                "INSERT INTO allocations (scope, {ALLOCATION_COLUMNS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ))?
+            .execute(params![
+                scope,
+                family_code(Family::of(allocation.addr)),
+                addr_blob(allocation.addr),
+                allocation.pool.as_str(),
+                allocation.owner,
+                key.map(AttachmentKey::network),
+                key.map(AttachmentKey::container_id),
+                key.map(AttachmentKey::ifname),
+                allocation.generation as i64,
+                allocation.lease.map(|l| l.id.to_string()),
+                allocation
+                    .lease
+                    .map(|l| l.expires_at.as_unix_millis() as i64),
+            ])?;
+        Ok(())
+    }
+
+    fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
+        self.tx()
+            .prepare_cached(
+                "DELETE FROM allocations WHERE scope = ?1 AND family = ?2 AND addr = ?3",
+            )?
+            .execute(params![
+                scope,
+                family_code(Family::of(addr)),
+                addr_blob(addr)
+            ])?;
+        Ok(())
+    }
+
+    fn commit(mut self) -> Result<(), StoreError> {
+        if let Some(tx) = self.tx.take() {
+            tx.commit()?;
+        }
+        Ok(())
+    }
+}

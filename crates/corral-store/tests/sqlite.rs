@@ -1,0 +1,312 @@
+//! The SQLite store on real files in temporary directories: schema, durability, exclusivity,
+//! and engines built from what it holds.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use corral_core::{
+    AttachmentKey, Engine, EngineConfig, Family, PoolName, RangeSpec, Request, ReusePolicy, Target,
+    Timestamp,
+};
+use corral_store::{
+    Need, PoolSpec, SCHEMA_VERSION, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation,
+    Txn, build_engine, save_engine,
+};
+
+const SCOPE: &str = "net";
+
+fn config(ranges: &[&str]) -> ScopeConfig {
+    let specs: Vec<RangeSpec> = ranges.iter().map(|r| r.parse().unwrap()).collect();
+    ScopeConfig {
+        pools: vec![PoolSpec::new(
+            &PoolName::default_pool(),
+            Duration::ZERO,
+            ReusePolicy::NextFit,
+            &specs,
+            &[],
+        )],
+    }
+}
+
+fn key(i: usize) -> AttachmentKey {
+    AttachmentKey::new("net", &format!("container{i}"), "eth0").unwrap()
+}
+
+/// One CNI-style ADD: partial engine, allocate, write the row and the state, commit.
+fn add(store: &mut SqliteStore, desired: &ScopeConfig, i: usize) -> Result<IpAddr, StoreError> {
+    let attachment = key(i);
+    let mut txn = store.begin()?;
+    let keys = [attachment.clone()];
+    let (mut engine, _) = build_engine(
+        &mut txn,
+        SCOPE,
+        desired,
+        EngineConfig::default(),
+        Need::Partial {
+            keys: &keys,
+            addrs: &[],
+        },
+    )?;
+    let pool = PoolName::default_pool();
+    let owner = format!("pod-{i}");
+    let request = Request {
+        pool: &pool,
+        owner: &owner,
+        key: Some(&attachment),
+        lease: None,
+    };
+    let allocation = engine.allocate(&request, Target::Next(Family::V4), Timestamp::ZERO)?;
+    if !allocation.existing {
+        txn.put_allocation(
+            SCOPE,
+            &StoredAllocation {
+                pool: pool.clone(),
+                addr: allocation.addr,
+                owner,
+                key: Some(attachment),
+                generation: allocation.generation,
+                lease: None,
+            },
+        )?;
+        save_engine(&mut txn, SCOPE, desired, &engine)?;
+    }
+    txn.commit()?;
+    Ok(allocation.addr)
+}
+
+fn del(store: &mut SqliteStore, desired: &ScopeConfig, i: usize) -> Result<usize, StoreError> {
+    let attachment = key(i);
+    let keys = [attachment.clone()];
+    let mut txn = store.begin()?;
+    let (mut engine, _) = build_engine(
+        &mut txn,
+        SCOPE,
+        desired,
+        EngineConfig::default(),
+        Need::Partial {
+            keys: &keys,
+            addrs: &[],
+        },
+    )?;
+    let released = engine.release_key(&attachment, Timestamp::ZERO);
+    for r in &released {
+        txn.delete_allocation(SCOPE, r.addr)?;
+    }
+    save_engine(&mut txn, SCOPE, desired, &engine)?;
+    txn.commit()?;
+    Ok(released.len())
+}
+
+#[test]
+fn a_new_directory_gets_the_current_schema_and_reopening_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    drop(store);
+    let store = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+}
+
+#[test]
+fn a_database_from_a_newer_build_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SqliteStore::open(dir.path()).unwrap());
+    let conn = rusqlite_open(dir.path());
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    drop(conn);
+    match SqliteStore::open(dir.path()) {
+        Err(StoreError::SchemaTooNew { found, .. }) => assert_eq!(found, SCHEMA_VERSION + 1),
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+}
+
+fn rusqlite_open(dir: &std::path::Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(dir.join(corral_store::DB_FILE)).unwrap()
+}
+
+#[test]
+fn allocations_survive_reopening_and_continue_where_they_left_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let desired = config(&["10.0.0.0/29"]);
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let first: Vec<IpAddr> = (0..3)
+        .map(|i| add(&mut store, &desired, i).unwrap())
+        .collect();
+    assert_eq!(
+        first,
+        ["10.0.0.1", "10.0.0.2", "10.0.0.3"].map(|a| a.parse::<IpAddr>().unwrap())
+    );
+    drop(store);
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    // The same key again: the same address, nothing written.
+    assert_eq!(add(&mut store, &desired, 1).unwrap(), first[1]);
+    assert_eq!(del(&mut store, &desired, 0).unwrap(), 1);
+    assert_eq!(del(&mut store, &desired, 0).unwrap(), 0);
+    // Next-fit continues after .3 although .1 is free again.
+    assert_eq!(
+        add(&mut store, &desired, 9).unwrap().to_string(),
+        "10.0.0.4"
+    );
+    let mut txn = store.begin().unwrap();
+    let rows = txn.all_allocations(SCOPE).unwrap();
+    assert_eq!(rows.len(), 3);
+}
+
+#[test]
+fn an_uncommitted_transaction_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    {
+        let mut txn = store.begin().unwrap();
+        txn.put_allocation(
+            SCOPE,
+            &StoredAllocation {
+                pool: PoolName::default_pool(),
+                addr: "10.0.0.9".parse().unwrap(),
+                owner: "x".into(),
+                key: None,
+                generation: 1,
+                lease: None,
+            },
+        )
+        .unwrap();
+    }
+    let mut txn = store.begin().unwrap();
+    assert!(txn.all_allocations(SCOPE).unwrap().is_empty());
+}
+
+#[test]
+fn the_database_refuses_one_address_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let mut txn = store.begin().unwrap();
+    let row = StoredAllocation {
+        pool: PoolName::default_pool(),
+        addr: "10.0.0.9".parse().unwrap(),
+        owner: "x".into(),
+        key: None,
+        generation: 1,
+        lease: None,
+    };
+    txn.put_allocation(SCOPE, &row).unwrap();
+    assert!(matches!(
+        txn.put_allocation(SCOPE, &row),
+        Err(StoreError::Sqlite(_))
+    ));
+}
+
+#[test]
+fn partial_and_full_engines_agree_and_a_changed_configuration_rebuilds() {
+    let dir = tempfile::tempdir().unwrap();
+    let desired = config(&["10.0.0.0/28"]);
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    for i in 0..6 {
+        add(&mut store, &desired, i).unwrap();
+    }
+    del(&mut store, &desired, 2).unwrap();
+    let mut txn = store.begin().unwrap();
+    let (partial, was_full) = build_engine(
+        &mut txn,
+        SCOPE,
+        &desired,
+        EngineConfig::default(),
+        Need::Partial {
+            keys: &[],
+            addrs: &[],
+        },
+    )
+    .unwrap();
+    assert!(!was_full);
+    let (full, was_full) = build_engine(
+        &mut txn,
+        SCOPE,
+        &desired,
+        EngineConfig::default(),
+        Need::Full,
+    )
+    .unwrap();
+    assert!(was_full);
+    let pool = PoolName::default_pool();
+    assert_eq!(
+        partial.pool_snapshot(&pool).unwrap(),
+        full.pool_snapshot(&pool).unwrap()
+    );
+    assert_eq!(full.n_allocations(), 5);
+    full.check_invariants().unwrap();
+    drop(txn);
+
+    // A wider range: the next call rebuilds from the rows and keeps every allocation.
+    let wider = config(&["10.0.0.0/27"]);
+    let addr = add(&mut store, &wider, 20).unwrap();
+    assert_eq!(addr.to_string(), "10.0.0.7");
+    let mut txn = store.begin().unwrap();
+    let (full, _) =
+        build_engine(&mut txn, SCOPE, &wider, EngineConfig::default(), Need::Full).unwrap();
+    assert_eq!(full.n_allocations(), 6);
+    full.check_invariants().unwrap();
+}
+
+#[test]
+fn a_corrupt_state_row_is_rebuilt_from_the_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let desired = config(&["10.0.0.0/28"]);
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    for i in 0..4 {
+        add(&mut store, &desired, i).unwrap();
+    }
+    let conn = rusqlite_open(dir.path());
+    conn.execute("UPDATE scopes SET snapshots = x'01ff'", [])
+        .unwrap();
+    drop(conn);
+    // The snapshot is unreadable: the store reports it, and the next ADD rebuilds from rows
+    // instead of handing out a held address.
+    let mut txn = store.begin().unwrap();
+    let (state, reason) = txn.scope_state(SCOPE).unwrap();
+    assert!(state.is_none());
+    assert!(reason.unwrap().contains("corrupt"));
+    drop(txn);
+    assert_eq!(
+        add(&mut store, &desired, 10).unwrap().to_string(),
+        "10.0.0.5"
+    );
+}
+
+#[test]
+fn writers_in_many_threads_never_lose_an_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let desired = config(&["10.0.0.0/24"]);
+    drop(SqliteStore::open(dir.path()).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let path = dir.path().to_path_buf();
+            let desired = desired.clone();
+            std::thread::spawn(move || {
+                let mut store = SqliteStore::open(&path).unwrap();
+                (0..10)
+                    .map(|i| add(&mut store, &desired, t * 100 + i).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut all: Vec<IpAddr> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 80, "an address was handed out twice");
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let mut txn = store.begin().unwrap();
+    assert_eq!(txn.all_allocations(SCOPE).unwrap().len(), 80);
+    let (full, _) = build_engine(
+        &mut txn,
+        SCOPE,
+        &desired,
+        EngineConfig::default(),
+        Need::Full,
+    )
+    .unwrap();
+    full.check_invariants().unwrap();
+    let _: &Engine = &full;
+}
