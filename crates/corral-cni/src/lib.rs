@@ -1,8 +1,8 @@
 //! corral-cni: the CNI protocol (environment, configuration, results, errors) for corral-ipam.
 //!
-//! A pure library: functions take the environment as (name, value) pairs and stdin as
-//! bytes, and return values; the `corral-ipam` binary does the reading, printing and store
-//! access. It speaks CNI spec 0.3.0 to 1.1.0 (ADD, DEL, CHECK, GC, STATUS, VERSION) and
+//! The protocol modules are pure: functions take the environment as (name, value) pairs and
+//! stdin as bytes, and return values. [`plugin`] runs the verbs on the embedded store, and
+//! the `corral-ipam` binary does the reading and printing. It speaks CNI spec 0.3.0 to 1.1.0 (ADD, DEL, CHECK, GC, STATUS, VERSION) and
 //! reads the reference `host-local` plugin's `ipam` configuration, so corral-ipam can
 //! replace host-local in an existing network configuration.
 //!
@@ -39,6 +39,7 @@ pub mod env;
 pub mod error;
 mod invocation;
 mod json;
+pub mod plugin;
 pub mod result;
 pub mod version;
 

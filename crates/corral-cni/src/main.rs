@@ -1,3 +1,60 @@
-//! corral-ipam: the CNI IPAM plugin binary.
+//! corral-ipam: the CNI IPAM plugin binary, a drop-in for host-local.
+//!
+//! Reads the CNI environment and the network configuration on stdin, runs one verb in one
+//! durable transaction, and prints the result (or the spec's error object) on stdout. No
+//! async runtime: the process lives for one call.
 
-fn main() {}
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use corral_cni::{
+    CniError, Invocation, MAX_STDIN_BYTES, parse_invocation, plugin, reply_version, version_json,
+};
+use corral_core::Timestamp;
+
+fn now() -> Timestamp {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    Timestamp::from_unix_millis(millis)
+}
+
+fn run(stdin: &[u8]) -> Result<Option<String>, CniError> {
+    let invocation = parse_invocation(std::env::vars_os(), stdin)?;
+    let now = now();
+    match &invocation {
+        Invocation::Version => Ok(Some(version_json())),
+        Invocation::Add(attachment) => plugin::add(attachment, now).map(Some),
+        Invocation::Del(attachment) => plugin::del(attachment, now).map(|()| None),
+        Invocation::Check(attachment) => plugin::check(attachment).map(|()| None),
+        Invocation::Gc(config) => plugin::gc(config, now).map(|()| None),
+        Invocation::Status(config) => plugin::status(config, now).map(|()| None),
+    }
+}
+
+fn main() -> ExitCode {
+    let mut stdin = Vec::new();
+    // One byte more than allowed, so an oversized config is seen and refused, not truncated.
+    let read = std::io::stdin()
+        .take(MAX_STDIN_BYTES as u64 + 1)
+        .read_to_end(&mut stdin);
+    let outcome = match read {
+        Ok(_) => run(&stdin),
+        Err(error) => Err(CniError::io(format!("cannot read stdin: {error}"))),
+    };
+    let mut stdout = std::io::stdout().lock();
+    match outcome {
+        Ok(output) => {
+            if let Some(text) = output {
+                let _ = writeln!(stdout, "{text}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            let _ = writeln!(stdout, "{}", error.to_json(reply_version(&stdin)));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! The verbs of corral-ipam on the embedded store: one exclusive, durable transaction each.
+//!
+//! ADD, DEL, CHECK and STATUS build a partial engine (the network's snapshot plus the rows of
+//! one attachment), so their cost does not grow with the allocations held; GC reads all.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use corral_core::{
+    AllocError, Engine, EngineConfig, Family, PoolConfig, PoolName, Request, ReusePolicy, Target,
+    Timestamp,
+};
+use corral_store::{
+    Need, PoolSpec, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation, Txn,
+    build_engine, save_engine,
+};
+
+use crate::{Attachment, CniError, IpamResult, NetConfig, parse_resolv_conf};
+
+fn store_error(error: StoreError) -> CniError {
+    match error {
+        StoreError::Engine(error) => CniError::from(error),
+        other => CniError::store(other),
+    }
+}
+
+fn engine_error(error: AllocError) -> CniError {
+    CniError::from(error)
+}
+
+/// The network's pools as the store keeps them: one per pool name, with every range of the
+/// range sets that name it.
+fn scope_config(config: &NetConfig) -> ScopeConfig {
+    let cooldown = config
+        .ipam
+        .cooldown_seconds
+        .map(Duration::from_secs)
+        .unwrap_or(PoolConfig::DEFAULT_COOLDOWN);
+    let mut pools: Vec<(PoolName, Vec<corral_core::RangeSpec>)> = Vec::new();
+    for set in &config.ipam.range_sets {
+        match pools.iter_mut().find(|(name, _)| *name == set.pool) {
+            Some((_, ranges)) => ranges.extend(set.ranges.iter().copied()),
+            None => pools.push((set.pool.clone(), set.ranges.clone())),
+        }
+    }
+    ScopeConfig {
+        pools: pools
+            .iter()
+            .map(|(name, ranges)| {
+                PoolSpec::new(
+                    name,
+                    cooldown,
+                    ReusePolicy::NextFit,
+                    ranges,
+                    &config.ipam.exclude,
+                )
+            })
+            .collect(),
+    }
+}
+
+fn engine_config(now: Timestamp) -> EngineConfig {
+    EngineConfig {
+        lease_id_seed: now.as_unix_millis() ^ u64::from(std::process::id()).rotate_left(32),
+        ..EngineConfig::default()
+    }
+}
+
+fn open(config: &NetConfig) -> Result<SqliteStore, CniError> {
+    SqliteStore::open(&config.ipam.data_dir).map_err(|error| {
+        CniError::store(error).context(&format!(
+            "state directory {}",
+            config.ipam.data_dir.display()
+        ))
+    })
+}
+
+/// ADD: one address from each range set (the requested one where asked), all or nothing.
+pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> {
+    let config = &attachment.config;
+    let scope = config.name.as_str();
+    let desired = scope_config(config);
+    let mut store = open(config)?;
+    let mut txn = store.begin().map_err(store_error)?;
+    let keys = [attachment.key.clone()];
+    let requested: Vec<IpAddr> = config
+        .ipam
+        .range_sets
+        .iter()
+        .filter_map(|s| s.requested)
+        .collect();
+    let (mut engine, _) = build_engine(
+        &mut txn,
+        scope,
+        &desired,
+        engine_config(now),
+        Need::Partial {
+            keys: &keys,
+            addrs: &requested,
+        },
+    )
+    .map_err(store_error)?;
+    let owner = attachment.owner();
+    let mut result = IpamResult::default();
+    let mut fresh = Vec::new();
+    for set in &config.ipam.range_sets {
+        let request = Request {
+            pool: &set.pool,
+            owner: &owner,
+            key: Some(&attachment.key),
+            lease: None,
+        };
+        let target = match set.requested {
+            Some(addr) => Target::Specific(addr),
+            None => Target::Next(set.family),
+        };
+        // Nothing is committed unless every set succeeds, so an error here leaves the store
+        // as it was.
+        let allocation = engine
+            .allocate(&request, target, now)
+            .map_err(|error| engine_error(error).context(&set.field))?;
+        let ip = set.ip_config(allocation.addr).ok_or_else(|| {
+            CniError::internal(format!(
+                "{} was handed out from {} but lies in none of its ranges",
+                allocation.addr, set.field
+            ))
+        })?;
+        result.ips.push(ip);
+        if !allocation.existing {
+            fresh.push(StoredAllocation {
+                pool: set.pool.clone(),
+                addr: allocation.addr,
+                owner: owner.clone(),
+                key: Some(attachment.key.clone()),
+                generation: allocation.generation,
+                lease: None,
+            });
+        }
+    }
+    if !fresh.is_empty() {
+        for row in &fresh {
+            txn.put_allocation(scope, row).map_err(store_error)?;
+        }
+        save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+        txn.commit().map_err(store_error)?;
+    }
+    result.routes = config.ipam.routes.clone();
+    if let Some(path) = &config.ipam.resolv_conf {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CniError::io(format!("cannot read resolvConf {}: {e}", path.display())))?;
+        result.dns = parse_resolv_conf(&text);
+    }
+    Ok(result.to_json(config.cni_version))
+}
+
+/// DEL: releases every address of the attachment; releasing nothing is success.
+pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
+    let config = &attachment.config;
+    let scope = config.name.as_str();
+    let desired = scope_config(config);
+    let mut store = open(config)?;
+    let mut txn = store.begin().map_err(store_error)?;
+    let keys = [attachment.key.clone()];
+    let (mut engine, _) = build_engine(
+        &mut txn,
+        scope,
+        &desired,
+        engine_config(now),
+        Need::Partial {
+            keys: &keys,
+            addrs: &[],
+        },
+    )
+    .map_err(store_error)?;
+    let released = engine.release_key(&attachment.key, now);
+    if released.is_empty() {
+        return Ok(());
+    }
+    for r in &released {
+        txn.delete_allocation(scope, r.addr).map_err(store_error)?;
+    }
+    save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+    txn.commit().map_err(store_error)
+}
+
+/// CHECK: the attachment holds an address in every range set, and every address of the
+/// previous result that lies in our ranges is one of them.
+pub fn check(attachment: &Attachment) -> Result<(), CniError> {
+    let config = &attachment.config;
+    let scope = config.name.as_str();
+    let mut store = open(config)?;
+    let mut txn = store.begin().map_err(store_error)?;
+    let held = txn
+        .allocations_by_key(scope, &attachment.key)
+        .map_err(store_error)?;
+    drop(txn);
+    let mut problems = Vec::new();
+    for set in &config.ipam.range_sets {
+        if !held.iter().any(|row| {
+            row.pool == set.pool && Family::of(row.addr) == set.family && set.contains(row.addr)
+        }) {
+            problems.push(format!(
+                "attachment {} holds no address from {}",
+                attachment.key, set.field
+            ));
+        }
+    }
+    if let Some(prev) = &config.prev_result {
+        for addr in prev.addresses() {
+            let ours = config.ipam.range_sets.iter().any(|set| set.contains(addr));
+            if ours && !held.iter().any(|row| row.addr == addr) {
+                problems.push(format!(
+                    "prevResult lists {addr}, which attachment {} does not hold",
+                    attachment.key
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CniError::check_failed(problems.join("; ")))
+    }
+}
+
+/// GC: releases every allocation of the network whose attachment is not listed.
+pub fn gc(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
+    let scope = config.name.as_str();
+    let desired = scope_config(config);
+    let mut store = open(config)?;
+    let mut txn = store.begin().map_err(store_error)?;
+    let (mut engine, _) = build_engine(&mut txn, scope, &desired, engine_config(now), Need::Full)
+        .map_err(store_error)?;
+    let released = engine
+        .release_unlisted(scope, &config.valid_attachments, now)
+        .map_err(engine_error)?;
+    for r in &released {
+        txn.delete_allocation(scope, r.addr).map_err(store_error)?;
+    }
+    save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+    txn.commit().map_err(store_error)
+}
+
+/// STATUS: code 50 when some range set could not serve an ADD (no free or cooling address).
+pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
+    let scope = config.name.as_str();
+    let desired = scope_config(config);
+    let mut store = open(config)?;
+    let mut txn = store.begin().map_err(store_error)?;
+    let (mut engine, _) = build_engine(
+        &mut txn,
+        scope,
+        &desired,
+        engine_config(now),
+        Need::Partial {
+            keys: &[],
+            addrs: &[],
+        },
+    )
+    .map_err(store_error)?;
+    drop(txn);
+    engine.advance(now);
+    let full: Vec<String> = config
+        .ipam
+        .range_sets
+        .iter()
+        .filter(|set| {
+            engine
+                .stats(&set.pool, set.family)
+                .map(|s| s.free == 0 && s.cooling == 0)
+                .unwrap_or(true)
+        })
+        .map(|set| format!("{} has no free address", set.field))
+        .collect();
+    if full.is_empty() {
+        Ok(())
+    } else {
+        Err(CniError::not_available(full.join("; ")))
+    }
+}
+
+/// Used by tests to read what the plugin stored.
+#[doc(hidden)]
+pub fn full_engine(config: &NetConfig, now: Timestamp) -> Result<Engine, CniError> {
+    let mut store = open(config)?;
+    let mut txn = store.begin().map_err(store_error)?;
+    let (engine, _) = build_engine(
+        &mut txn,
+        &config.name,
+        &scope_config(config),
+        engine_config(now),
+        Need::Full,
+    )
+    .map_err(store_error)?;
+    Ok(engine)
+}
