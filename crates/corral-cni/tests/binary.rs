@@ -1,0 +1,295 @@
+//! The real corral-ipam binary, executed as a container runtime does: CNI environment
+//! variables, the network configuration on stdin, the result or error object on stdout.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
+
+struct Outcome {
+    code: i32,
+    stdout: String,
+}
+
+impl Outcome {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", self.stdout))
+    }
+
+    /// The spec's error object: exit status non-zero, `code` as given.
+    fn error_code(&self) -> u64 {
+        assert_ne!(self.code, 0, "expected a failure, got {:?}", self.stdout);
+        let value = self.json();
+        assert!(
+            value["msg"].as_str().is_some_and(|m| !m.is_empty()),
+            "{value}"
+        );
+        value["code"].as_u64().expect("error code")
+    }
+
+    fn addresses(&self) -> Vec<String> {
+        assert_eq!(self.code, 0, "plugin failed: {}", self.stdout);
+        self.json()["ips"]
+            .as_array()
+            .expect("ips")
+            .iter()
+            .map(|ip| ip["address"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+fn run(
+    command: &str,
+    container: &str,
+    ifname: &str,
+    extra: &[(&str, &str)],
+    stdin: &[u8],
+) -> Outcome {
+    let mut child = Command::new(BINARY)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", format!("/var/run/netns/{container}"))
+        .env("CNI_IFNAME", ifname)
+        .env("CNI_PATH", "/usr/lib/cni")
+        .envs(extra.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("corral-ipam starts");
+    let mut input = child.stdin.take().unwrap();
+    // The plugin may refuse before reading everything; a broken pipe is then expected.
+    let _ = input.write_all(stdin);
+    drop(input);
+    let output = child.wait_with_output().unwrap();
+    Outcome {
+        code: output.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+    }
+}
+
+fn conf(dir: &Path, version: &str, ranges: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "cniVersion": version,
+        "name": "testnet",
+        "type": "bridge",
+        "ipam": {"type": "corral-ipam", "dataDir": dir, "ranges": ranges}
+    }))
+    .unwrap()
+}
+
+fn add(stdin: &[u8], container: &str) -> Outcome {
+    run("ADD", container, "eth0", &[], stdin)
+}
+
+#[test]
+fn version_lists_every_supported_version() {
+    let out = run("VERSION", "", "", &[], b"");
+    assert_eq!(out.code, 0);
+    let versions = out.json()["supportedVersions"].clone();
+    assert_eq!(
+        versions,
+        json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+    );
+}
+
+#[test]
+fn add_is_idempotent_del_is_idempotent_and_next_fit_moves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(
+        dir.path(),
+        "1.0.0",
+        json!([[{"subnet": "10.9.0.0/29"}], [{"subnet": "fd09::/120"}]]),
+    );
+    let first = add(&stdin, "c1");
+    assert_eq!(first.addresses(), ["10.9.0.2/29", "fd09::2/120"]);
+    assert_eq!(first.json()["ips"][0]["gateway"], "10.9.0.1");
+    assert_eq!(add(&stdin, "c1").addresses(), first.addresses());
+    assert_eq!(
+        add(&stdin, "c2").addresses(),
+        ["10.9.0.3/29", "fd09::3/120"]
+    );
+    for _ in 0..2 {
+        let out = run("DEL", "c1", "eth0", &[], &stdin);
+        assert_eq!((out.code, out.stdout.as_str()), (0, ""));
+    }
+    // The released .2 is neither next (next-fit) nor soon (cooldown).
+    assert_eq!(
+        add(&stdin, "c3").addresses(),
+        ["10.9.0.4/29", "fd09::4/120"]
+    );
+}
+
+#[test]
+fn old_result_formats_carry_the_ip_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(dir.path(), "0.3.1", json!([[{"subnet": "10.9.0.0/24"}]]));
+    let out = add(&stdin, "c1");
+    let value = out.json();
+    assert_eq!(value["cniVersion"], "0.3.1");
+    assert_eq!(value["ips"][0]["version"], "4");
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(dir.path(), "1.1.0", json!([[{"subnet": "10.9.0.0/24"}]]));
+    assert!(add(&stdin, "c1").json()["ips"][0].get("version").is_none());
+}
+
+#[test]
+fn two_hundred_parallel_adds_fill_two_hundred_addresses_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(
+        dir.path(),
+        "1.0.0",
+        json!([[{"subnet": "10.50.0.0/24", "rangeStart": "10.50.0.10", "rangeEnd": "10.50.0.209"}]]),
+    );
+    let threads: Vec<_> = (0..200)
+        .map(|i| {
+            let stdin = stdin.clone();
+            std::thread::spawn(move || add(&stdin, &format!("ctr{i}")).addresses())
+        })
+        .collect();
+    let addresses: Vec<String> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let distinct: BTreeSet<&String> = addresses.iter().collect();
+    assert_eq!(addresses.len(), 200);
+    assert_eq!(distinct.len(), 200, "an address was handed out twice");
+    let out = add(&stdin, "one-too-many");
+    assert_eq!(out.error_code(), 100, "{}", out.stdout);
+    assert!(
+        out.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("no free ipv4 address")
+    );
+    // STATUS now reports that ADD cannot be served.
+    let status = run(
+        "STATUS",
+        "",
+        "",
+        &[],
+        &conf(
+            dir.path(),
+            "1.1.0",
+            json!([[{"subnet": "10.50.0.0/24", "rangeStart": "10.50.0.10", "rangeEnd": "10.50.0.209"}]]),
+        ),
+    );
+    assert_eq!(status.error_code(), 50);
+}
+
+#[test]
+fn requested_addresses_come_from_cni_args_runtime_config_and_args() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/24"}]]));
+    let out = run(
+        "ADD",
+        "c1",
+        "eth0",
+        &[("CNI_ARGS", "IgnoreUnknown=1;IP=10.9.0.77")],
+        &stdin,
+    );
+    assert_eq!(out.addresses(), ["10.9.0.77/24"]);
+    let taken = run("ADD", "c2", "eth0", &[("CNI_ARGS", "IP=10.9.0.77")], &stdin);
+    assert_eq!(taken.error_code(), 101, "{}", taken.stdout);
+    let mut with_runtime: Value = serde_json::from_slice(&stdin).unwrap();
+    with_runtime["runtimeConfig"] = json!({"ips": ["10.9.0.80/24"]});
+    let out = add(&serde_json::to_vec(&with_runtime).unwrap(), "c3");
+    assert_eq!(out.addresses(), ["10.9.0.80/24"]);
+    let outside = run(
+        "ADD",
+        "c4",
+        "eth0",
+        &[("CNI_ARGS", "IP=192.168.1.1")],
+        &stdin,
+    );
+    assert_eq!(outside.error_code(), 102, "{}", outside.stdout);
+}
+
+#[test]
+fn check_confirms_held_addresses_and_fails_for_unknown_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/24"}]]));
+    let added = add(&stdin, "c1");
+    let mut check: Value = serde_json::from_slice(&stdin).unwrap();
+    check["prevResult"] = added.json();
+    let check = serde_json::to_vec(&check).unwrap();
+    let out = run("CHECK", "c1", "eth0", &[], &check);
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""));
+    let out = run("CHECK", "c2", "eth0", &[], &check);
+    assert_eq!(out.error_code(), 105, "{}", out.stdout);
+}
+
+#[test]
+fn gc_releases_every_attachment_not_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(dir.path(), "1.1.0", json!([[{"subnet": "10.9.0.0/24"}]]));
+    for c in ["keep", "drop1", "drop2"] {
+        add(&stdin, c).addresses();
+    }
+    let mut gc: Value = serde_json::from_slice(&stdin).unwrap();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
+    let out = run("GC", "", "", &[], &serde_json::to_vec(&gc).unwrap());
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    // The kept one is still held; the dropped ones are free (CHECK fails for them).
+    let mut check: Value = serde_json::from_slice(&stdin).unwrap();
+    check.as_object_mut().unwrap().remove("prevResult");
+    let check = serde_json::to_vec(&check).unwrap();
+    assert_eq!(run("CHECK", "keep", "eth0", &[], &check).code, 0);
+    assert_eq!(run("CHECK", "drop1", "eth0", &[], &check).error_code(), 105);
+}
+
+/// Hostile and malformed input: the right code, and nothing changed (the next ADD still gets
+/// the address it would have got).
+#[test]
+fn bad_input_gets_the_right_code_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/24"}]]));
+    assert_eq!(add(&good, "first").addresses(), ["10.9.0.2/24"]);
+    let bad_version = conf(dir.path(), "9.9.9", json!([[{"subnet": "10.9.0.0/24"}]]));
+    let huge = vec![b' '; 2 << 20];
+    let cases: Vec<(&str, &str, &str, Vec<u8>, u64)> = vec![
+        ("ADD", "c1", "eth0", b"{not json".to_vec(), 6),
+        ("ADD", "c1", "eth0", b"".to_vec(), 6),
+        ("ADD", "c1", "eth0", huge, 6),
+        ("ADD", "c1", "eth0", br#"{"cniVersion":"1.0.0","name":"testnet","ipam":{"type":"corral-ipam","ranges":"nope"}}"#.to_vec(), 6),
+        ("ADD", "c1", "eth0", bad_version, 1),
+        ("ADD", "../../etc", "eth0", good.clone(), 4),
+        ("ADD", "c1", "../eth0", good.clone(), 4),
+        ("ADD", "c1", "eth0/x", good.clone(), 4),
+        ("FROB", "c1", "eth0", good.clone(), 4),
+        ("ADD", "", "eth0", good.clone(), 4),
+        ("ADD", "c1", "eth0", conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.1/24"}]])), 7),
+        ("ADD", "c1", "eth0", conf(dir.path(), "1.0.0", json!([[{"subnet": "0.0.0.0/0"}]])), 7),
+        ("ADD", "c1", "eth0", conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/24", "rangeStart": "10.9.0.50", "rangeEnd": "10.9.0.40"}]])), 7),
+        ("ADD", "c1", "eth0", conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/24"}, {"subnet": "10.9.0.0/25"}]])), 7),
+    ];
+    for (command, container, ifname, stdin, want) in cases {
+        let out = run(command, container, ifname, &[], &stdin);
+        assert_eq!(
+            out.error_code(),
+            want,
+            "{command} {container:?} {ifname:?}: {}",
+            out.stdout
+        );
+    }
+    let mut network_escape: Value = serde_json::from_slice(&good).unwrap();
+    network_escape["name"] = json!("../../etc");
+    let out = add(&serde_json::to_vec(&network_escape).unwrap(), "c1");
+    assert_eq!(out.error_code(), 7, "{}", out.stdout);
+    // Nothing above took an address, and nothing wrote outside the state directory.
+    assert_eq!(add(&good, "second").addresses(), ["10.9.0.3/24"]);
+    let entries: BTreeSet<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        entries.iter().all(|e| e.starts_with("corral.")),
+        "unexpected files: {entries:?}"
+    );
+}
