@@ -431,7 +431,11 @@ mod tests {
 
     fn addr(i: usize) -> AddrKey {
         AddrKey {
-            family: if i.is_multiple_of(2) { Family::V4 } else { Family::V6 },
+            family: if i.is_multiple_of(2) {
+                Family::V4
+            } else {
+                Family::V6
+            },
             value: i as u128 * 7,
         }
     }
