@@ -10,10 +10,16 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 run:
 	$(CARGO) run --quiet -p corral-core --example demo
 
-## deps: system packages the tests need (none yet beyond the Rust toolchain)
+## deps: system packages the tests need: a C compiler (bundled SQLite), and for the
+## end-to-end test Debian's CNI plugins (bridge, host-local) and iproute2
+DEBIAN_PACKAGES := build-essential containernetworking-plugins iproute2
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
-	@command -v cc >/dev/null || { $(SUDO) apt-get update && $(SUDO) apt-get install -y build-essential; }
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y $$missing; \
+	fi
 
 ## test: set-up, lints, and every test of the workspace
 test: deps lint
