@@ -12,7 +12,7 @@ use corral_core::{
 };
 use corral_store::{
     Need, PoolSpec, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation, Txn,
-    build_engine, save_engine,
+    build_engine, host_local_allocations, read_host_local_dir, save_engine,
 };
 
 use crate::{Attachment, CniError, IpamResult, NetConfig, parse_resolv_conf};
@@ -67,12 +67,70 @@ fn engine_config(now: Timestamp) -> EngineConfig {
 }
 
 fn open(config: &NetConfig) -> Result<SqliteStore, CniError> {
-    SqliteStore::open(&config.ipam.data_dir).map_err(|error| {
+    let mut store = SqliteStore::open(&config.ipam.data_dir).map_err(|error| {
         CniError::store(error).context(&format!(
             "state directory {}",
             config.ipam.data_dir.display()
         ))
-    })
+    })?;
+    import_host_local(&mut store, config)?;
+    Ok(store)
+}
+
+/// The first time corral-ipam serves a network whose host-local directory exists
+/// (`dataDir/<network>/`, host-local's own layout), it takes over every address recorded
+/// there, so replacing `host-local` by `corral-ipam` in a configuration loses nothing.
+/// host-local's files are left as they are.
+fn import_host_local(store: &mut SqliteStore, config: &NetConfig) -> Result<(), CniError> {
+    let dir = config.ipam.data_dir.join(&config.name);
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let scope = config.name.as_str();
+    let mut txn = store.begin().map_err(store_error)?;
+    let (state, corrupt) = txn.scope_state(scope).map_err(store_error)?;
+    if state.is_some() || corrupt.is_some() {
+        return Ok(());
+    }
+    let Some(entries) = read_host_local_dir(&dir).map_err(store_error)? else {
+        return Ok(());
+    };
+    let fallback = config
+        .ipam
+        .range_sets
+        .first()
+        .map(|set| set.pool.clone())
+        .unwrap_or_else(PoolName::default_pool);
+    let rows = host_local_allocations(scope, &entries, |addr| {
+        config
+            .ipam
+            .range_sets
+            .iter()
+            .find(|set| set.contains(addr))
+            .or_else(|| {
+                config
+                    .ipam
+                    .range_sets
+                    .iter()
+                    .find(|set| set.family == Family::of(addr))
+            })
+            .map(|set| set.pool.clone())
+            .unwrap_or_else(|| fallback.clone())
+    });
+    for row in &rows {
+        txn.put_allocation(scope, row).map_err(store_error)?;
+    }
+    let desired = scope_config(config);
+    let (engine, _) = build_engine(
+        &mut txn,
+        scope,
+        &desired,
+        engine_config(Timestamp::ZERO),
+        Need::Full,
+    )
+    .map_err(store_error)?;
+    save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+    txn.commit().map_err(store_error)
 }
 
 /// ADD: one address from each range set (the requested one where asked), all or nothing.

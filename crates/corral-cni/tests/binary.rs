@@ -293,3 +293,76 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
         "unexpected files: {entries:?}"
     );
 }
+
+/// Switching a network from Debian's host-local to corral-ipam, same configuration and data
+/// directory: every address host-local handed out stays with its container.
+#[test]
+fn switching_from_host_local_keeps_its_allocations() {
+    let host_local = Path::new("/usr/lib/cni/host-local");
+    assert!(
+        host_local.exists(),
+        "this test needs Debian's containernetworking-plugins (/usr/lib/cni/host-local); run `make test`"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = |plugin: &str| {
+        serde_json::to_vec(&json!({
+            "cniVersion": "1.0.0",
+            "name": "switch",
+            "ipam": {"type": plugin, "dataDir": dir.path(), "ranges": [[{"subnet": "10.66.0.0/24"}]]}
+        }))
+        .unwrap()
+    };
+    let mut by_host_local = Vec::new();
+    for c in ["old1", "old2", "old3"] {
+        let output = Command::new(host_local)
+            .env_clear()
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", c)
+            .env("CNI_NETNS", "/var/run/netns/x")
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/usr/lib/cni")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(&config("host-local"))?;
+                child.wait_with_output()
+            })
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "host-local ADD: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let value: Value = serde_json::from_slice(&output.stdout).unwrap();
+        by_host_local.push(value["ips"][0]["address"].as_str().unwrap().to_owned());
+    }
+    let corral = config("corral-ipam");
+    assert_eq!(
+        add(&corral, "old2").addresses(),
+        vec![by_host_local[1].clone()]
+    );
+    let new = add(&corral, "new1").addresses();
+    assert!(
+        !by_host_local.contains(&new[0]),
+        "{new:?} was still held by host-local's containers"
+    );
+    assert_eq!(run("DEL", "old1", "eth0", &[], &corral).code, 0);
+    let mut check: Value = serde_json::from_slice(&corral).unwrap();
+    check["prevResult"] = json!({"cniVersion": "1.0.0", "ips": [{"address": by_host_local[2]}]});
+    assert_eq!(
+        run(
+            "CHECK",
+            "old3",
+            "eth0",
+            &[],
+            &serde_json::to_vec(&check).unwrap()
+        )
+        .code,
+        0
+    );
+}

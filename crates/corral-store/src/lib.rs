@@ -10,6 +10,7 @@
 //! been synced to disk.
 
 mod codec;
+mod hostlocal;
 mod load;
 mod sqlite;
 
@@ -20,6 +21,7 @@ use corral_core::{
     AttachmentKey, Exclusion, Lease, PoolName, PoolSnapshot, RangeSpec, ReusePolicy, Timestamp,
 };
 
+pub use hostlocal::{HostLocalEntry, host_local_allocations, read_host_local_dir};
 pub use load::{Need, build_engine, save_engine};
 pub use sqlite::{DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn};
 
