@@ -9,6 +9,7 @@
 //! Every transaction is exclusive and durable: when [`Txn::commit`] returns, its writes have
 //! been synced to disk.
 
+mod checkpoint;
 mod codec;
 mod hostlocal;
 mod load;
@@ -21,6 +22,10 @@ use corral_core::{
     AttachmentKey, Exclusion, Lease, PoolName, PoolSnapshot, RangeSpec, ReusePolicy, Timestamp,
 };
 
+pub use checkpoint::{
+    CHECKPOINT_FORMAT, Checkpoint, CheckpointAllocation, CheckpointCooling, ScopeCheckpoint,
+    export_checkpoint, import_checkpoint,
+};
 pub use hostlocal::{HostLocalEntry, host_local_allocations, read_host_local_dir};
 pub use load::{Need, build_engine, save_engine};
 pub use sqlite::{DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn};
@@ -126,6 +131,8 @@ pub trait Store {
 
 /// One exclusive transaction. Dropping it without [`Txn::commit`] changes nothing.
 pub trait Txn {
+    /// Every scope with state or allocations.
+    fn scopes(&mut self) -> Result<Vec<String>, StoreError>;
     /// The scope's derived state, if it has any. A corrupt state reads as `Ok(None)` with the
     /// reason in the second value, so callers rebuild it from the allocations.
     fn scope_state(

@@ -286,6 +286,16 @@ impl SqliteTxn<'_> {
 }
 
 impl Txn for SqliteTxn<'_> {
+    fn scopes(&mut self) -> Result<Vec<String>, StoreError> {
+        let mut statement = self.tx().prepare_cached(
+            "SELECT scope FROM scopes UNION SELECT DISTINCT scope FROM allocations ORDER BY 1",
+        )?;
+        let scopes = statement
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(scopes)
+    }
+
     fn scope_state(
         &mut self,
         scope: &str,

@@ -310,3 +310,66 @@ fn writers_in_many_threads_never_lose_an_update() {
     full.check_invariants().unwrap();
     let _: &Engine = &full;
 }
+
+#[test]
+fn a_checkpoint_moves_a_store_to_another_and_bad_ones_change_nothing() {
+    use corral_store::{CHECKPOINT_FORMAT, Checkpoint, export_checkpoint, import_checkpoint};
+    let source_dir = tempfile::tempdir().unwrap();
+    let desired = config(&["10.0.0.0/28"]);
+    let mut source = SqliteStore::open(source_dir.path()).unwrap();
+    for i in 0..5 {
+        add(&mut source, &desired, i).unwrap();
+    }
+    del(&mut source, &desired, 1).unwrap();
+    let mut txn = source.begin().unwrap();
+    let checkpoint = export_checkpoint(&mut txn).unwrap();
+    drop(txn);
+    assert_eq!(checkpoint.format, CHECKPOINT_FORMAT);
+    let text = serde_json::to_string_pretty(&checkpoint).unwrap();
+    assert!(text.contains("\"containerId\": \"container0\""), "{text}");
+
+    let target_dir = tempfile::tempdir().unwrap();
+    let mut target = SqliteStore::open(target_dir.path()).unwrap();
+    let parsed: Checkpoint = serde_json::from_str(&text).unwrap();
+    let mut txn = target.begin().unwrap();
+    import_checkpoint(&mut txn, &parsed).unwrap();
+    txn.commit().unwrap();
+    // Both stores now make the same next decision.
+    assert_eq!(
+        add(&mut source, &desired, 7).unwrap(),
+        add(&mut target, &desired, 7).unwrap()
+    );
+
+    // Importing again (the scope now holds allocations), a wrong format, or a broken row:
+    // refused, and the target is as it was.
+    let before = {
+        let mut txn = target.begin().unwrap();
+        txn.all_allocations(SCOPE).unwrap()
+    };
+    let mut wrong_format = parsed.clone();
+    wrong_format.format = "corral-checkpoint/99".into();
+    let mut broken = parsed.clone();
+    broken.scopes[0].allocations[0].address = "10.0.0.999".into();
+    for bad in [&parsed, &wrong_format, &broken] {
+        let mut txn = target.begin().unwrap();
+        assert!(import_checkpoint(&mut txn, bad).is_err());
+    }
+    for bad in [&wrong_format, &broken] {
+        let empty_dir = tempfile::tempdir().unwrap();
+        let mut empty = SqliteStore::open(empty_dir.path()).unwrap();
+        let mut txn = empty.begin().unwrap();
+        assert!(import_checkpoint(&mut txn, bad).is_err());
+    }
+    let mut txn = target.begin().unwrap();
+    assert_eq!(txn.all_allocations(SCOPE).unwrap(), before);
+    // A checkpoint holding one address twice is refused too.
+    let mut twice = parsed.clone();
+    let first = twice.scopes[0].allocations[0].clone();
+    let mut copy = first.clone();
+    copy.container_id = Some("someone-else".into());
+    twice.scopes[0].allocations.push(copy);
+    let empty_dir = tempfile::tempdir().unwrap();
+    let mut empty = SqliteStore::open(empty_dir.path()).unwrap();
+    let mut txn = empty.begin().unwrap();
+    assert!(import_checkpoint(&mut txn, &twice).is_err());
+}
