@@ -30,7 +30,7 @@ fn engine_error(error: AllocError) -> CniError {
 
 /// The network's pools as the store keeps them: one per pool name, with every range of the
 /// range sets that name it.
-fn scope_config(config: &NetConfig) -> ScopeConfig {
+pub fn scope_config(config: &NetConfig) -> ScopeConfig {
     let cooldown = config
         .ipam
         .cooldown_seconds
@@ -57,6 +57,19 @@ fn scope_config(config: &NetConfig) -> ScopeConfig {
             })
             .collect(),
     }
+}
+
+/// The network's engine inside `txn` (see [`build_engine`]); store errors become CNI errors.
+fn load_engine(
+    txn: &mut impl Txn,
+    config: &NetConfig,
+    desired: &ScopeConfig,
+    now: Timestamp,
+    need: Need<'_>,
+) -> Result<Engine, CniError> {
+    build_engine(txn, &config.name, desired, engine_config(now), need)
+        .map(|(engine, _)| engine)
+        .map_err(store_error)
 }
 
 fn engine_config(now: Timestamp) -> EngineConfig {
@@ -147,17 +160,16 @@ pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> 
         .iter()
         .filter_map(|s| s.requested)
         .collect();
-    let (mut engine, _) = build_engine(
+    let mut engine = load_engine(
         &mut txn,
-        scope,
+        config,
         &desired,
-        engine_config(now),
+        now,
         Need::Partial {
             keys: &keys,
             addrs: &requested,
         },
-    )
-    .map_err(store_error)?;
+    )?;
     let owner = attachment.owner();
     let mut result = IpamResult::default();
     let mut fresh = Vec::new();
@@ -219,17 +231,16 @@ pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
     let mut store = open(config)?;
     let mut txn = store.begin().map_err(store_error)?;
     let keys = [attachment.key.clone()];
-    let (mut engine, _) = build_engine(
+    let mut engine = load_engine(
         &mut txn,
-        scope,
+        config,
         &desired,
-        engine_config(now),
+        now,
         Need::Partial {
             keys: &keys,
             addrs: &[],
         },
-    )
-    .map_err(store_error)?;
+    )?;
     let released = engine.release_key(&attachment.key, now);
     if released.is_empty() {
         return Ok(());
@@ -287,8 +298,7 @@ pub fn gc(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
     let desired = scope_config(config);
     let mut store = open(config)?;
     let mut txn = store.begin().map_err(store_error)?;
-    let (mut engine, _) = build_engine(&mut txn, scope, &desired, engine_config(now), Need::Full)
-        .map_err(store_error)?;
+    let mut engine = load_engine(&mut txn, config, &desired, now, Need::Full)?;
     let released = engine
         .release_unlisted(scope, &config.valid_attachments, now)
         .map_err(engine_error)?;
@@ -301,21 +311,19 @@ pub fn gc(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
 
 /// STATUS: code 50 when some range set could not serve an ADD (no free or cooling address).
 pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
-    let scope = config.name.as_str();
     let desired = scope_config(config);
     let mut store = open(config)?;
     let mut txn = store.begin().map_err(store_error)?;
-    let (mut engine, _) = build_engine(
+    let mut engine = load_engine(
         &mut txn,
-        scope,
+        config,
         &desired,
-        engine_config(now),
+        now,
         Need::Partial {
             keys: &[],
             addrs: &[],
         },
-    )
-    .map_err(store_error)?;
+    )?;
     drop(txn);
     engine.advance(now);
     let full: Vec<String> = config
