@@ -4,15 +4,16 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps lint fmt bench bench-core clean
+.PHONY: run test deps lint fmt bench bench-core bench-cni clean
 
 ## run: the main job on the embedded default (until the agent lands: an engine walk-through)
 run:
 	$(CARGO) run --quiet -p corral-core --example demo
 
 ## deps: system packages the tests need: a C compiler (bundled SQLite), and for the
-## end-to-end test Debian's CNI plugins (bridge, host-local) and iproute2
-DEBIAN_PACKAGES := build-essential containernetworking-plugins iproute2
+## end-to-end test Debian's CNI plugins (bridge, host-local) and iproute2; `make bench-cni`
+## also runs host-local and reads peak RSS with GNU time
+DEBIAN_PACKAGES := build-essential containernetworking-plugins iproute2 time
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -35,11 +36,15 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: every benchmark (figures go to BENCHMARKS.md by hand, with the command)
-bench: bench-core
+bench: bench-core bench-cni
 
 bench-core:
 	$(CARGO) bench -p corral-core --bench engine
 	$(CARGO) bench -p corral-core --bench memory
+
+## bench-cni: the corral-ipam binary against Debian's host-local, side by side (about 1.5 min)
+bench-cni: deps
+	$(CARGO) bench -p corral-cni --bench cni
 
 clean:
 	$(CARGO) clean
