@@ -12,8 +12,8 @@ run:
 
 ## deps: system packages the tests need: a C compiler (bundled SQLite), and for the
 ## end-to-end test Debian's CNI plugins (bridge, host-local) and iproute2; `make bench-cni`
-## also runs host-local and reads peak RSS with GNU time
-DEBIAN_PACKAGES := build-essential containernetworking-plugins iproute2 time
+## also runs host-local, reads peak RSS with GNU time and counts fsyncs with strace
+DEBIAN_PACKAGES := build-essential containernetworking-plugins iproute2 time strace
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

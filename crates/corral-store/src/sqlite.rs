@@ -92,8 +92,7 @@ impl SqliteStore {
             dir: dir.to_path_buf(),
         };
         store.with_lock(|conn| {
-            let mode: String =
-                conn.query_row("PRAGMA journal_mode=PERSIST", [], |r| r.get(0))?;
+            let mode: String = conn.query_row("PRAGMA journal_mode=PERSIST", [], |r| r.get(0))?;
             if !mode.eq_ignore_ascii_case("persist") {
                 return Err(StoreError::Corrupt {
                     what: "journal mode".into(),
