@@ -117,7 +117,11 @@ fn main() {
     let plugins = [
         Plugin {
             label: "corral-ipam",
-            path: PathBuf::from(env!("CARGO_BIN_EXE_corral-ipam")),
+            // `make bench-cni` passes the statically linked build users install (see
+            // `make plugin`); a plain `cargo bench` measures the default build.
+            path: std::env::var_os("CORRAL_IPAM_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_corral-ipam"))),
             ipam_type: "corral-ipam",
         },
         Plugin {

@@ -1,11 +1,14 @@
 //! The embedded default store: one SQLite database per state directory.
 //!
 //! Tuned for many short-lived processes (each CNI call is one):
-//! - a rollback journal kept in place (`journal_mode=PERSIST`) with `synchronous=FULL`: a
-//!   commit is durable when it returns, and the journal file is reused instead of created and
-//!   deleted each time. WAL would save an fsync per commit, but every process that opens a WAL
-//!   database as its only connection must first re-read and checksum the whole log (SQLite's
-//!   WAL recovery); measured here, that made a CNI ADD 2-3 times slower than the journal;
+//! - WAL with `synchronous=FULL`: a commit is one append to the log and one fsync, durable
+//!   when it returns;
+//! - the log is kept short: SQLite's own checkpoints are off (no automatic checkpoint, none
+//!   when a connection closes), and a writer folds the log into the database and truncates
+//!   it once it passes 256 KiB. Every process that opens a WAL database as its only
+//!   connection must re-read and checksum the whole log, so a long log would make every CNI
+//!   call slower (measured: 3 ms to 6.6 ms within 400 calls); a rollback journal instead
+//!   costs five fsyncs per commit (measured ~0.4 ms slower per ADD than this);
 //! - writers queue on an exclusive `flock` of `corral.lock` before `BEGIN IMMEDIATE`, so they
 //!   wait in the kernel and wake the moment the holder is done, instead of SQLite's busy loop
 //!   of sleeps; the lock dies with its process, so SIGKILL never leaves it held;
@@ -21,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use corral_core::{AttachmentKey, Family, Lease, PoolName, Timestamp, Uuid, addr_value};
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 
 use crate::codec::{decode_cooling, decode_snapshots, encode_cooling, encode_snapshots};
@@ -30,6 +34,9 @@ use crate::{SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAl
 pub const DB_FILE: &str = "corral.db";
 /// The lock file inside the state directory.
 pub const LOCK_FILE: &str = "corral.lock";
+
+/// The write-ahead log is folded into the database past this size (see `fold_log`).
+const WAL_LIMIT: u64 = 256 * 1024;
 
 /// Each entry takes the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -92,16 +99,30 @@ impl SqliteStore {
             dir: dir.to_path_buf(),
         };
         // Both settings belong to the connection; neither needs the directory lock.
+        store
+            .conn
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+        // WAL is a property of the database file: set once, under the lock, because
+        // switching needs the database to itself (two processes creating it at once would
+        // otherwise see "database is locked").
         let mode: String = store
             .conn
-            .query_row("PRAGMA journal_mode=PERSIST", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("persist") {
-            return Err(StoreError::Corrupt {
-                what: "journal mode".into(),
-                reason: format!("SQLite kept {mode} instead of persist"),
-            });
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            store.with_lock(|conn| {
+                let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+                if mode.eq_ignore_ascii_case("wal") {
+                    Ok(())
+                } else {
+                    Err(StoreError::Corrupt {
+                        what: "journal mode".into(),
+                        reason: format!("SQLite kept {mode} instead of wal"),
+                    })
+                }
+            })?;
         }
         store.conn.pragma_update(None, "synchronous", "FULL")?;
+        store.conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         // Migrations take the lock, and check the version again under it; the usual open
         // finds the current version and takes no lock at all.
         if store.schema_version()? != SCHEMA_VERSION {
@@ -128,6 +149,19 @@ impl SqliteStore {
         // Unlocking cannot fail in a way we could act on; the lock also dies with the file.
         let _ = self.lock.unlock();
         result
+    }
+
+    /// Folds the write-ahead log into the database and empties it once it passes
+    /// `WAL_LIMIT`. Every process that opens the database alone re-reads the whole log, so
+    /// it is kept short; the caller holds the directory lock.
+    fn fold_log(&mut self) -> Result<(), StoreError> {
+        let wal = self.dir.join(format!("{DB_FILE}-wal"));
+        let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+        if size > WAL_LIMIT {
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        }
+        Ok(())
     }
 
     /// The schema version of the open database.
@@ -182,6 +216,10 @@ impl Store for SqliteStore {
             path: lock_path.display().to_string(),
             source,
         })?;
+        if let Err(error) = self.fold_log() {
+            let _ = self.lock.unlock();
+            return Err(error);
+        }
         match self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
