@@ -344,19 +344,3 @@ pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
         Err(CniError::not_available(full.join("; ")))
     }
 }
-
-/// Used by tests to read what the plugin stored.
-#[doc(hidden)]
-pub fn full_engine(config: &NetConfig, now: Timestamp) -> Result<Engine, CniError> {
-    let mut store = open(config)?;
-    let mut txn = store.begin().map_err(store_error)?;
-    let (engine, _) = build_engine(
-        &mut txn,
-        &config.name,
-        &scope_config(config),
-        engine_config(now),
-        Need::Full,
-    )
-    .map_err(store_error)?;
-    Ok(engine)
-}

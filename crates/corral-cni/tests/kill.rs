@@ -144,12 +144,7 @@ fn sigkill_during_an_add_del_storm_loses_no_acknowledged_allocation() {
                 acknowledged.remove(&container);
             }
             let kill_after = (rng.below(3) == 0).then(|| Duration::from_micros(rng.below(4000)));
-            children.push((
-                container,
-                verb,
-                spawn(verb, &pick_name(pick), &stdin),
-                kill_after,
-            ));
+            children.push((container, verb, spawn(verb, &container, &stdin), kill_after));
         }
         let spawned = Instant::now();
         let mut pending: Vec<_> = children.into_iter().collect();
@@ -193,8 +188,4 @@ fn sigkill_during_an_add_del_storm_loses_no_acknowledged_allocation() {
     }
     assert!(kills > 100, "only {kills} processes were killed");
     eprintln!("{kills} processes killed over {ROUNDS} rounds");
-}
-
-fn pick_name(pick: usize) -> String {
-    format!("ctr{pick}")
 }
