@@ -144,7 +144,8 @@ fn sigkill_during_an_add_del_storm_loses_no_acknowledged_allocation() {
                 acknowledged.remove(&container);
             }
             let kill_after = (rng.below(3) == 0).then(|| Duration::from_micros(rng.below(4000)));
-            children.push((container, verb, spawn(verb, &container, &stdin), kill_after));
+            let child = spawn(verb, &container, &stdin);
+            children.push((container, verb, child, kill_after));
         }
         let spawned = Instant::now();
         let mut pending: Vec<_> = children.into_iter().collect();
