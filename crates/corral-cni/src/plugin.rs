@@ -149,9 +149,54 @@ fn import_host_local(store: &mut SqliteStore, config: &NetConfig) -> Result<(), 
 /// ADD: one address from each range set (the requested one where asked), all or nothing.
 pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> {
     let config = &attachment.config;
+    // Everything that can fail without touching the store comes first.
+    let mut result = IpamResult {
+        routes: config.ipam.routes.clone(),
+        ..IpamResult::default()
+    };
+    if let Some(path) = &config.ipam.resolv_conf {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CniError::io(format!("cannot read resolvConf {}: {e}", path.display())))?;
+        result.dns = parse_resolv_conf(&text);
+    }
+    let mut store = open(config)?;
+    // The snapshot and the rows are written together, so they agree; should they ever not
+    // (the database refuses an address the snapshot thought free), the allocation is decided
+    // again from every row, which also rewrites the snapshot.
+    match add_in(&mut store, attachment, now, false, &mut result) {
+        Err(AddError::Taken(_)) => {
+            add_in(&mut store, attachment, now, true, &mut result).map_err(|error| match error {
+                AddError::Taken(error) | AddError::Other(error) => error,
+            })?
+        }
+        Err(AddError::Other(error)) => return Err(error),
+        Ok(()) => {}
+    }
+    Ok(result.to_json(config.cni_version))
+}
+
+enum AddError {
+    /// The database refused an address as already held.
+    Taken(CniError),
+    Other(CniError),
+}
+
+impl From<CniError> for AddError {
+    fn from(error: CniError) -> AddError {
+        AddError::Other(error)
+    }
+}
+
+fn add_in(
+    store: &mut SqliteStore,
+    attachment: &Attachment,
+    now: Timestamp,
+    full: bool,
+    result: &mut IpamResult,
+) -> Result<(), AddError> {
+    let config = &attachment.config;
     let scope = config.name.as_str();
     let desired = scope_config(config);
-    let mut store = open(config)?;
     let mut txn = store.begin().map_err(store_error)?;
     let keys = [attachment.key.clone()];
     let requested: Vec<IpAddr> = config
@@ -160,18 +205,17 @@ pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> 
         .iter()
         .filter_map(|s| s.requested)
         .collect();
-    let mut engine = load_engine(
-        &mut txn,
-        config,
-        &desired,
-        now,
+    let need = if full {
+        Need::Full
+    } else {
         Need::Partial {
             keys: &keys,
             addrs: &requested,
-        },
-    )?;
+        }
+    };
+    let mut engine = load_engine(&mut txn, config, &desired, now, need)?;
     let owner = attachment.owner();
-    let mut result = IpamResult::default();
+    let mut ips = Vec::new();
     let mut fresh = Vec::new();
     for set in &config.ipam.range_sets {
         let request = Request {
@@ -195,7 +239,7 @@ pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> 
                 allocation.addr, set.field
             ))
         })?;
-        result.ips.push(ip);
+        ips.push(ip);
         if !allocation.existing {
             fresh.push(StoredAllocation {
                 pool: set.pool.clone(),
@@ -209,18 +253,17 @@ pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> 
     }
     if !fresh.is_empty() {
         for row in &fresh {
-            txn.put_allocation(scope, row).map_err(store_error)?;
+            txn.put_allocation(scope, row)
+                .map_err(|error| match error {
+                    StoreError::Taken { .. } => AddError::Taken(store_error(error)),
+                    other => AddError::Other(store_error(other)),
+                })?;
         }
         save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
         txn.commit().map_err(store_error)?;
     }
-    result.routes = config.ipam.routes.clone();
-    if let Some(path) = &config.ipam.resolv_conf {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CniError::io(format!("cannot read resolvConf {}: {e}", path.display())))?;
-        result.dns = parse_resolv_conf(&text);
-    }
-    Ok(result.to_json(config.cni_version))
+    result.ips = ips;
+    Ok(())
 }
 
 /// DEL: releases every address of the attachment; releasing nothing is success.

@@ -366,3 +366,44 @@ fn switching_from_host_local_keeps_its_allocations() {
         0
     );
 }
+
+/// Should the stored snapshot ever call a held address free, the database refuses the
+/// duplicate and the plugin decides again from every row: no failure, no duplicate.
+#[test]
+fn a_snapshot_out_of_step_with_the_rows_heals_instead_of_duplicating() {
+    use corral_core::OccupancySnapshot;
+    use corral_store::{SqliteStore, Store, Txn};
+    let dir = tempfile::tempdir().unwrap();
+    let stdin = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/29"}]]));
+    let held: Vec<String> = (0..3)
+        .flat_map(|i| add(&stdin, &format!("c{i}")).addresses())
+        .collect();
+    assert_eq!(held, ["10.9.0.2/29", "10.9.0.3/29", "10.9.0.4/29"]);
+    {
+        // Forget every allocation in the snapshot (and rewind next-fit), keeping the rows.
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let mut txn = store.begin().unwrap();
+        let (state, _) = txn.scope_state("testnet").unwrap();
+        let mut state = state.unwrap();
+        for (_, snapshot) in &mut state.snapshots {
+            snapshot.current = [0, 0];
+            for range in &mut snapshot.ranges {
+                range.cursor = 0;
+                if let OccupancySnapshot::Bits(words) = &mut range.occupancy {
+                    // Keep only the padding bits past the range's end.
+                    let size = corral_core::addr_value(range.spec.end())
+                        - corral_core::addr_value(range.spec.start())
+                        + 1;
+                    words[0] &= !0u64 << size;
+                }
+            }
+        }
+        txn.put_scope_state("testnet", &state).unwrap();
+        txn.commit().unwrap();
+    }
+    let next = add(&stdin, "c9").addresses();
+    assert!(!held.contains(&next[0]), "{next:?} was handed out twice");
+    // And the healed snapshot serves the next call directly.
+    let after = add(&stdin, "c10").addresses();
+    assert!(!held.contains(&after[0]) && after != next, "{after:?}");
+}

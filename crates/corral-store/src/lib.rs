@@ -50,6 +50,8 @@ pub enum StoreError {
     },
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("{addr} is already recorded as held in scope {scope}")]
+    Taken { scope: String, addr: IpAddr },
     #[error("database schema version {found} is newer than this build understands ({supported})")]
     SchemaTooNew { found: u32, supported: u32 },
     #[error("stored {what} is corrupt: {reason}")]

@@ -464,7 +464,14 @@ impl Txn for SqliteTxn<'_> {
                 allocation
                     .lease
                     .map(|l| l.expires_at.as_unix_millis() as i64),
-            ])?;
+            ])
+            .map_err(|error| match error.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::ConstraintViolation) => StoreError::Taken {
+                    scope: scope.to_owned(),
+                    addr: allocation.addr,
+                },
+                _ => StoreError::Sqlite(error),
+            })?;
         Ok(())
     }
 

@@ -190,10 +190,10 @@ fn the_database_refuses_one_address_twice() {
         lease: None,
     };
     txn.put_allocation(SCOPE, &row).unwrap();
-    assert!(matches!(
-        txn.put_allocation(SCOPE, &row),
-        Err(StoreError::Sqlite(_))
-    ));
+    match txn.put_allocation(SCOPE, &row) {
+        Err(StoreError::Taken { addr, .. }) => assert_eq!(addr, row.addr),
+        other => panic!("expected Taken, got {other:?}"),
+    }
 }
 
 #[test]
