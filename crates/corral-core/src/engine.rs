@@ -327,6 +327,14 @@ impl Engine {
             .expect("pool ids in use always name a live pool")
     }
 
+    fn require_restoring(&self, operation: &'static str) -> Result<(), AllocError> {
+        if self.restoring {
+            Ok(())
+        } else {
+            Err(AllocError::RestoreFinished { operation })
+        }
+    }
+
     fn require_ready(&self, operation: &'static str) -> Result<(), AllocError> {
         if self.restoring {
             Err(AllocError::RestoreInProgress { operation })
@@ -1151,11 +1159,7 @@ impl Engine {
         addr: IpAddr,
         released_at: Timestamp,
     ) -> Result<(), AllocError> {
-        if !self.restoring {
-            return Err(AllocError::RestoreFinished {
-                operation: "restore_cooling",
-            });
-        }
+        self.require_restoring("restore_cooling")?;
         let id = self.pool_id(pool)?;
         let addr_key = AddrKey::new(addr);
         if self.table.find_addr(addr_key).is_some() {
@@ -1176,11 +1180,7 @@ impl Engine {
         &self,
         restored: &RestoredAllocation,
     ) -> Result<(PoolId, AddrKey, Option<u64>), AllocError> {
-        if !self.restoring {
-            return Err(AllocError::RestoreFinished {
-                operation: "restore_allocation",
-            });
-        }
+        self.require_restoring("restore_allocation")?;
         validate_owner(&restored.owner)?;
         // Far from any real count, and it keeps `next_generation + 1` from overflowing.
         if restored.generation > MAX_GENERATION {
@@ -1269,11 +1269,7 @@ impl Engine {
         pool: &PoolName,
         snapshot: &PoolSnapshot,
     ) -> Result<(), AllocError> {
-        if !self.restoring {
-            return Err(AllocError::RestoreFinished {
-                operation: "restore_pool_snapshot",
-            });
-        }
+        self.require_restoring("restore_pool_snapshot")?;
         let id = self.pool_id(pool)?;
         let mismatch = |reason: String| AllocError::SnapshotMismatch {
             pool: pool.clone(),
@@ -1320,19 +1316,14 @@ impl Engine {
     }
 
     /// Takes over the next-fit positions of a snapshot (the current range per family and each
-    /// range's cursor, by address), while restoring. A rebuild
-    /// from the allocations uses this so next-fit continues where it was instead of starting
-    /// over at the bottom of each range.
+    /// range's cursor, by address), while restoring. A rebuild from the allocations uses this
+    /// so next-fit continues where it was instead of starting over at the bottom of each range.
     pub fn restore_cursors(
         &mut self,
         pool: &PoolName,
         snapshot: &PoolSnapshot,
     ) -> Result<(), AllocError> {
-        if !self.restoring {
-            return Err(AllocError::RestoreFinished {
-                operation: "restore_cursors",
-            });
-        }
+        self.require_restoring("restore_cursors")?;
         let id = self.pool_id(pool)?;
         let pool_ref = self.pool_mut(id);
         // Positions are carried over by address, so they survive a range being widened or
