@@ -9,6 +9,9 @@
 //!   connection must re-read and checksum the whole log, so a long log would make every CNI
 //!   call slower (measured: 3 ms to 6.6 ms within 400 calls); a rollback journal instead
 //!   costs five fsyncs per commit (measured ~0.4 ms slower per ADD than this);
+//! - SQLite is built without its directory fsync (`.cargo/config.toml`), which it would repeat
+//!   in every process; the store syncs the directory itself when it creates the database or
+//!   the log, the only times a directory entry changes;
 //! - writers queue on an exclusive `flock` of `corral.lock` before `BEGIN IMMEDIATE`, so they
 //!   wait in the kernel and wake the moment the holder is done, instead of SQLite's busy loop
 //!   of sleeps; the lock dies with its process, so SIGKILL never leaves it held;
@@ -127,6 +130,8 @@ impl SqliteStore {
         // finds the current version and takes no lock at all.
         if store.schema_version()? != SCHEMA_VERSION {
             store.with_lock(migrate)?;
+            // A new database (and its log) just got directory entries: make them durable.
+            sync_dir(&store.dir)?;
         }
         Ok(store)
     }
@@ -172,6 +177,13 @@ impl SqliteStore {
     }
 }
 
+/// Makes the directory's entries (a new database or log file) durable.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(dir_error(dir))
+}
+
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let found: u32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if found > SCHEMA_VERSION {
@@ -197,6 +209,9 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
 pub struct SqliteTxn<'a> {
     tx: Option<rusqlite::Transaction<'a>>,
     lock: &'a File,
+    /// Set when the log did not exist at the start: the commit creates it, so the commit
+    /// also syncs the directory (SQLite is built without doing so itself).
+    sync_dir_after: Option<&'a Path>,
 }
 
 impl Drop for SqliteTxn<'_> {
@@ -220,6 +235,7 @@ impl Store for SqliteStore {
             let _ = self.lock.unlock();
             return Err(error);
         }
+        let log_exists = self.dir.join(format!("{DB_FILE}-wal")).exists();
         match self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -227,6 +243,7 @@ impl Store for SqliteStore {
             Ok(tx) => Ok(SqliteTxn {
                 tx: Some(tx),
                 lock: &self.lock,
+                sync_dir_after: (!log_exists).then_some(self.dir.as_path()),
             }),
             Err(error) => {
                 let _ = self.lock.unlock();
@@ -491,6 +508,9 @@ impl Txn for SqliteTxn<'_> {
     fn commit(mut self) -> Result<(), StoreError> {
         if let Some(tx) = self.tx.take() {
             tx.commit()?;
+        }
+        if let Some(dir) = self.sync_dir_after {
+            sync_dir(dir)?;
         }
         Ok(())
     }
