@@ -1,7 +1,17 @@
 //! `make run` until the agent exists: a short walk through the engine on the embedded default
 //! (a dual-stack default pool), printing what each step does.
 
+use std::io::Write as _;
 use std::time::Duration;
+
+/// Prints a line; stops the walk quietly when stdout is gone (e.g. piped into `head`).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        if writeln!(std::io::stdout(), $($arg)*).is_err() {
+            return Ok(());
+        }
+    };
+}
 
 use corral_core::{
     AttachmentKey, Engine, EngineConfig, Exclusion, Family, PoolName, Request, Target, Timestamp,
@@ -9,7 +19,7 @@ use corral_core::{
 
 fn main() {
     if let Err(error) = run() {
-        eprintln!("demo failed: {error}");
+        eout!("demo failed: {error}");
         std::process::exit(1);
     }
 }
@@ -26,17 +36,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let pool = PoolName::default_pool();
     let mut now = Timestamp::from_unix_millis(1_700_000_000_000);
 
-    println!("corral-core demo: the allocation engine on its embedded default\n");
+    out!("corral-core demo: the allocation engine on its embedded default\n");
     for spec in [
         "10.88.0.0/16,gateway=10.88.0.1",
         "fd00:88::/64,gateway=fd00:88::1",
     ] {
         engine.add_range(&pool, spec.parse()?)?;
-        println!("add capacity   {spec}");
+        out!("add capacity   {spec}");
     }
     engine.exclude(&pool, Exclusion::parse("10.88.0.2", "node address")?)?;
-    println!("exclude        10.88.0.2 (node address)");
-    println!("status         {}\n", engine.status_line());
+    out!("exclude        10.88.0.2 (node address)");
+    out!("status         {}\n", engine.status_line());
 
     for i in 1..=3 {
         let key = AttachmentKey::new("demo-net", &format!("container{i}"), "eth0")?;
@@ -48,7 +58,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             lease: None,
         };
         let [v4, v6] = engine.allocate_dual(&request, now)?;
-        println!(
+        out!(
             "ADD {:<28} -> {} + {} (generation {}, {})",
             key.to_string(),
             v4.addr,
@@ -67,7 +77,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         },
         now,
     )?;
-    println!(
+    out!(
         "ADD {:<28} -> {} + {} again (same key, existing = {})",
         key.to_string(),
         again[0].addr,
@@ -85,7 +95,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Target::Next(Family::V4),
         now,
     )?;
-    println!(
+    out!(
         "lease          {} for 60 s (lease id {})",
         leased.addr,
         leased.lease.map(|l| l.id.to_string()).unwrap_or_default()
@@ -93,7 +103,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let released = engine.release_key(&AttachmentKey::new("demo-net", "container1", "eth0")?, now);
     for r in &released {
-        println!("DEL            {} released (cools down for 30 s)", r.addr);
+        out!("DEL            {} released (cools down for 30 s)", r.addr);
     }
     let next = engine.allocate(
         &Request {
@@ -105,14 +115,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Target::Next(Family::V4),
         now,
     )?;
-    println!(
+    out!(
         "ADD            -> {} (next-fit: the released address waits)",
         next.addr
     );
 
     now = now.saturating_add(Duration::from_secs(61));
     for r in engine.expire(now) {
-        println!("expire         {} (its 60 s lease ran out)", r.addr);
+        out!("expire         {} (its 60 s lease ran out)", r.addr);
     }
 
     if let Err(error) = engine.allocate(
@@ -125,29 +135,37 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         Target::Specific("10.88.0.2".parse()?),
         now,
     ) {
-        println!("refused        {error}");
+        out!("refused        {error}");
     }
 
-    println!("\ndump:");
+    out!("\ndump:");
     for pool_dump in engine.dump() {
         for entry in pool_dump.allocations {
             let key = entry
                 .key
                 .map(|k| k.to_string())
                 .unwrap_or_else(|| "-".into());
-            println!(
+            out!(
                 "  {:<8} {:<16} {:<20} {:<28} gen {}",
-                pool_dump.pool, entry.addr, entry.owner, key, entry.generation
+                pool_dump.pool,
+                entry.addr,
+                entry.owner,
+                key,
+                entry.generation
             );
         }
     }
     for family in Family::ALL {
         let stats = engine.stats(&pool, family)?;
-        println!(
+        out!(
             "{family}: capacity {} used {} free {} excluded {} cooling {}",
-            stats.capacity, stats.used, stats.free, stats.excluded, stats.cooling
+            stats.capacity,
+            stats.used,
+            stats.free,
+            stats.excluded,
+            stats.cooling
         );
     }
-    println!("status         {}", engine.status_line());
+    out!("status         {}", engine.status_line());
     Ok(())
 }
