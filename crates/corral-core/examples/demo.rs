@@ -19,7 +19,7 @@ use corral_core::{
 
 fn main() {
     if let Err(error) = run() {
-        eout!("demo failed: {error}");
+        eprintln!("demo failed: {error}");
         std::process::exit(1);
     }
 }
