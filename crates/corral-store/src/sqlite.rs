@@ -132,6 +132,7 @@ impl SqliteStore {
             store.with_lock(migrate)?;
             // A new database (and its log) just got directory entries: make them durable.
             sync_dir(&store.dir)?;
+            remember_synced_log(&store.dir);
         }
         Ok(store)
     }
@@ -177,6 +178,42 @@ impl SqliteStore {
     }
 }
 
+/// The file recording which log file the directory was last synced with.
+const SYNCED_FILE: &str = "corral.synced";
+
+/// The identity of the current log file: inode and creation time (inode numbers alone are
+/// reused when a file is deleted and another created). `None` when there is no log, or the
+/// filesystem does not report creation times, in which case every commit syncs.
+fn log_inode(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(dir.join(format!("{DB_FILE}-wal"))).ok()?;
+    let created = metadata
+        .created()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some(format!("{} {}", metadata.ino(), created.as_nanos()))
+}
+
+/// Whether the log file that exists now is the one whose directory entry was made durable.
+/// A log created since (by us, or recreated by someone closing the database with the
+/// `sqlite3` shell, which deletes it) has a new identity, so the next commit syncs again.
+fn log_is_synced(dir: &Path) -> bool {
+    let recorded = std::fs::read_to_string(dir.join(SYNCED_FILE)).ok();
+    match (log_inode(dir), recorded) {
+        (Some(identity), Some(text)) => text.trim() == identity,
+        _ => false,
+    }
+}
+
+/// Records the current log's identity after a directory sync. Losing this record only costs
+/// one more sync later, so it is written without one.
+fn remember_synced_log(dir: &Path) {
+    if let Some(identity) = log_inode(dir) {
+        let _ = std::fs::write(dir.join(SYNCED_FILE), identity);
+    }
+}
+
 /// Makes the directory's entries (a new database or log file) durable.
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
@@ -209,8 +246,8 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
 pub struct SqliteTxn<'a> {
     tx: Option<rusqlite::Transaction<'a>>,
     lock: &'a File,
-    /// Set when the log did not exist at the start: the commit creates it, so the commit
-    /// also syncs the directory (SQLite is built without doing so itself).
+    /// Set when the log's directory entry may not be durable yet (see `log_is_synced`): the
+    /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
 }
 
@@ -235,7 +272,7 @@ impl Store for SqliteStore {
             let _ = self.lock.unlock();
             return Err(error);
         }
-        let log_exists = self.dir.join(format!("{DB_FILE}-wal")).exists();
+        let log_synced = log_is_synced(&self.dir);
         match self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -243,7 +280,7 @@ impl Store for SqliteStore {
             Ok(tx) => Ok(SqliteTxn {
                 tx: Some(tx),
                 lock: &self.lock,
-                sync_dir_after: (!log_exists).then_some(self.dir.as_path()),
+                sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
             }),
             Err(error) => {
                 let _ = self.lock.unlock();
@@ -511,6 +548,7 @@ impl Txn for SqliteTxn<'_> {
         }
         if let Some(dir) = self.sync_dir_after {
             sync_dir(dir)?;
+            remember_synced_log(dir);
         }
         Ok(())
     }
@@ -519,6 +557,45 @@ impl Txn for SqliteTxn<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The directory is synced again whenever the log file is a new one.
+    #[test]
+    fn a_recreated_log_gets_its_directory_entry_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).unwrap();
+        assert!(log_is_synced(dir.path()), "a new store syncs its directory");
+        // What the sqlite3 shell does when it closes the database last: it folds the log into
+        // the database and removes it.
+        store
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        drop(store);
+        std::fs::remove_file(dir.path().join(format!("{DB_FILE}-wal"))).unwrap();
+        assert!(!log_is_synced(dir.path()));
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let mut txn = store.begin().unwrap();
+        assert!(txn.sync_dir_after.is_some());
+        txn.put_allocation(
+            "s",
+            &StoredAllocation {
+                pool: PoolName::default_pool(),
+                addr: "10.0.0.1".parse().unwrap(),
+                owner: "o".into(),
+                key: None,
+                generation: 1,
+                lease: None,
+            },
+        )
+        .unwrap();
+        txn.commit().unwrap();
+        assert!(log_is_synced(dir.path()));
+        let txn = store.begin().unwrap();
+        assert!(
+            txn.sync_dir_after.is_none(),
+            "no sync while the log is the same file"
+        );
+    }
 
     /// Regression: the attachment lookup must use its index, not a scan of the network.
     #[test]
