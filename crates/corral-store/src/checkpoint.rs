@@ -265,7 +265,14 @@ pub fn import_checkpoint(txn: &mut impl Txn, checkpoint: &Checkpoint) -> Result<
         ));
     }
     let mut parsed = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for scope in &checkpoint.scopes {
+        if !seen.insert(scope.scope.as_str()) {
+            return Err(invalid(
+                "scope",
+                format!("scope {} appears twice", scope.scope),
+            ));
+        }
         if !txn.all_allocations(&scope.scope)?.is_empty() {
             return Err(invalid(
                 "scope",
@@ -293,7 +300,14 @@ pub fn import_checkpoint(txn: &mut impl Txn, checkpoint: &Checkpoint) -> Result<
         )?;
         let state = crate::ScopeState {
             config: scope.config.clone(),
-            next_generation: scope.next_generation,
+            // Generations only ever grow: a scope that held allocations before keeps its
+            // counter if that is higher.
+            next_generation: txn
+                .scope_state(&scope.scope)?
+                .0
+                .map_or(scope.next_generation, |state| {
+                    state.next_generation.max(scope.next_generation)
+                }),
             snapshots: position_snapshots(&scope.positions)?,
             cooling: scope
                 .cooling

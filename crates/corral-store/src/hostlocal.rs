@@ -69,11 +69,24 @@ pub fn host_local_allocations(
     entries: &[HostLocalEntry],
     pool_for: impl Fn(IpAddr) -> PoolName,
 ) -> Vec<StoredAllocation> {
+    // An attachment holds one address per pool and family; a second one (old files without
+    // an interface name, or an address that falls back to another set's pool) keeps its
+    // address without the key, so nothing recorded is lost and the import cannot conflict.
+    let mut keyed = std::collections::HashSet::new();
     entries
         .iter()
         .map(|entry| {
             let ifname = entry.ifname.as_deref().unwrap_or("eth0");
-            let key = AttachmentKey::new(network, &entry.container_id, ifname).ok();
+            let pool = pool_for(entry.addr);
+            let key = AttachmentKey::new(network, &entry.container_id, ifname)
+                .ok()
+                .filter(|key| {
+                    keyed.insert((
+                        pool.clone(),
+                        corral_core::Family::of(entry.addr),
+                        key.clone(),
+                    ))
+                });
             let owner =
                 if validate_owner(&entry.container_id).is_ok() && !entry.container_id.is_empty() {
                     entry.container_id.clone()
@@ -81,7 +94,7 @@ pub fn host_local_allocations(
                     "imported-from-host-local".to_owned()
                 };
             StoredAllocation {
-                pool: pool_for(entry.addr),
+                pool,
                 addr: entry.addr,
                 owner,
                 key,
@@ -105,10 +118,11 @@ mod tests {
         std::fs::write(net.join("10.22.0.3"), "old-format-id").unwrap();
         std::fs::write(net.join("fd22::5"), "v6ctr\r\nnet1").unwrap();
         std::fs::write(net.join("10.22.0.9"), "../evil\r\neth0").unwrap();
+        std::fs::write(net.join("10.22.0.4"), "old-format-id").unwrap();
         std::fs::write(net.join("last_reserved_ip.0"), "10.22.0.3").unwrap();
         std::fs::write(net.join("lock"), "").unwrap();
         let entries = read_host_local_dir(&net).unwrap().unwrap();
-        assert_eq!(entries.len(), 4);
+        assert_eq!(entries.len(), 5);
         let rows = host_local_allocations("mynet", &entries, |_| PoolName::new("mynet").unwrap());
         assert_eq!(rows[0].addr.to_string(), "10.22.0.2");
         assert_eq!(
@@ -116,11 +130,14 @@ mod tests {
             "mynet/abc123/eth0"
         );
         assert_eq!(rows[1].key.as_ref().unwrap().ifname(), "eth0");
-        // An entry that cannot be a key still holds its address.
-        assert_eq!(rows[2].addr.to_string(), "10.22.0.9");
+        // The same attachment twice in one pool and family: the second keeps only its address.
+        assert_eq!(rows[2].addr.to_string(), "10.22.0.4");
         assert!(rows[2].key.is_none());
+        // An entry that cannot be a key still holds its address.
+        assert_eq!(rows[3].addr.to_string(), "10.22.0.9");
+        assert!(rows[3].key.is_none());
         assert_eq!(
-            rows[3].key.as_ref().unwrap().to_string(),
+            rows[4].key.as_ref().unwrap().to_string(),
             "mynet/v6ctr/net1"
         );
         assert!(

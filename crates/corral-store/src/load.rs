@@ -150,7 +150,10 @@ pub fn build_engine(
     let mut engine = configured(desired, engine_config)?;
     for row in txn.all_allocations(scope)? {
         ensure_pool(&mut engine, &row.pool)?;
-        engine.restore_allocation(&restored(row))?;
+        // Stored rows that do not fit together are damaged state, not the caller's request.
+        engine
+            .restore_allocation(&restored(row))
+            .map_err(|e| corrupt("allocations", e))?;
     }
     if let Some(state) = &state {
         for (pool, snapshot) in &state.snapshots {

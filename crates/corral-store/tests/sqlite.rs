@@ -362,6 +362,14 @@ fn a_checkpoint_moves_a_store_to_another_and_bad_ones_change_nothing() {
     }
     let mut txn = target.begin().unwrap();
     assert_eq!(txn.all_allocations(SCOPE).unwrap(), before);
+    // A scope listed twice is refused, not merged.
+    let mut doubled = parsed.clone();
+    doubled.scopes.push(parsed.scopes[0].clone());
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let mut fresh = SqliteStore::open(fresh_dir.path()).unwrap();
+    let mut txn = fresh.begin().unwrap();
+    assert!(import_checkpoint(&mut txn, &doubled).is_err());
+    drop(txn);
     // A checkpoint holding one address twice is refused too.
     let mut twice = parsed.clone();
     let first = twice.scopes[0].allocations[0].clone();
