@@ -86,7 +86,7 @@ fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
 impl SqliteStore {
     /// Opens (creating if needed) the store in `dir`, migrating an older schema.
     pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
-        std::fs::create_dir_all(dir).map_err(dir_error(dir))?;
+        create_dir_durably(dir)?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = OpenOptions::new()
             .create(true)
@@ -214,6 +214,30 @@ fn remember_synced_log(dir: &Path) {
     }
 }
 
+/// Creates the state directory (and missing ancestors), syncing each new directory's parent
+/// so the directory itself survives a power loss.
+fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut current = Some(dir);
+    while let Some(path) = current {
+        if path.as_os_str().is_empty() || path.exists() {
+            break;
+        }
+        missing.push(path);
+        current = path.parent();
+    }
+    std::fs::create_dir_all(dir).map_err(dir_error(dir))?;
+    for path in missing.iter().rev() {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
 /// Makes the directory's entries (a new database or log file) durable.
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
@@ -272,7 +296,20 @@ impl Store for SqliteStore {
             let _ = self.lock.unlock();
             return Err(error);
         }
-        let log_synced = log_is_synced(&self.dir);
+        // A log that exists but whose directory entry was never synced (its creator was
+        // killed between commit and sync, or the sqlite3 shell recreated it) is synced now,
+        // before anything is acknowledged on top of it; one that does not exist yet is
+        // synced after the commit that creates it.
+        let log_exists = log_inode(&self.dir).is_some();
+        let mut log_synced = log_is_synced(&self.dir);
+        if log_exists && !log_synced {
+            if let Err(error) = sync_dir(&self.dir) {
+                let _ = self.lock.unlock();
+                return Err(error);
+            }
+            remember_synced_log(&self.dir);
+            log_synced = true;
+        }
         match self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -560,6 +597,15 @@ mod tests {
 
     /// The directory is synced again whenever the log file is a new one.
     #[test]
+    fn a_new_state_directory_and_its_parents_are_created() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a/b/state");
+        SqliteStore::open(&dir).unwrap();
+        assert!(dir.join(DB_FILE).exists());
+        assert!(log_is_synced(&dir));
+    }
+
+    #[test]
     fn a_recreated_log_gets_its_directory_entry_synced() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path()).unwrap();
@@ -574,8 +620,10 @@ mod tests {
         std::fs::remove_file(dir.path().join(format!("{DB_FILE}-wal"))).unwrap();
         assert!(!log_is_synced(dir.path()));
         let mut store = SqliteStore::open(dir.path()).unwrap();
+        // Reopening recreated the log; the next transaction syncs its entry before anything
+        // is acknowledged on top of it.
         let mut txn = store.begin().unwrap();
-        assert!(txn.sync_dir_after.is_some());
+        assert!(log_is_synced(dir.path()));
         txn.put_allocation(
             "s",
             &StoredAllocation {
