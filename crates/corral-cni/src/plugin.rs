@@ -234,10 +234,22 @@ fn add_in(
             .allocate(&request, target, now)
             .map_err(|error| engine_error(error).context(&set.field))?;
         let ip = set.ip_config(allocation.addr).ok_or_else(|| {
-            CniError::internal(format!(
-                "{} was handed out from {} but lies in none of its ranges",
-                allocation.addr, set.field
-            ))
+            if allocation.existing {
+                // The configuration changed under a live attachment.
+                CniError::new(
+                    CniError::ATTACHMENT_CONFLICT,
+                    format!(
+                        "attachment {} holds {}, which no range of {} contains any more",
+                        attachment.key, allocation.addr, set.field
+                    ),
+                    "DEL the attachment and ADD it again to get an address from the new ranges",
+                )
+            } else {
+                CniError::internal(format!(
+                    "{} was handed out from {} but lies in none of its ranges",
+                    allocation.addr, set.field
+                ))
+            }
         })?;
         ips.push(ip);
         if !allocation.existing {

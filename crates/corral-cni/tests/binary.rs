@@ -407,3 +407,40 @@ fn a_snapshot_out_of_step_with_the_rows_heals_instead_of_duplicating() {
     let after = add(&stdin, "c10").addresses();
     assert!(!held.contains(&after[0]) && after != next, "{after:?}");
 }
+
+/// Regression (review): reordering, renaming or dropping range sets moves ranges between
+/// pools; addresses held under the old layout must stay held, and a live attachment whose
+/// address left the configuration gets a clear conflict, not an internal error.
+#[test]
+fn reordered_range_sets_keep_held_addresses_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = conf(
+        dir.path(),
+        "1.0.0",
+        json!([[{"subnet": "10.0.0.0/24"}], [{"subnet": "10.1.0.0/24"}]]),
+    );
+    let first = add(&before, "k1").addresses();
+    assert_eq!(first, ["10.0.0.2/24", "10.1.0.2/24"]);
+    let swapped = conf(
+        dir.path(),
+        "1.0.0",
+        json!([[{"subnet": "10.1.0.0/24"}], [{"subnet": "10.0.0.0/24"}]]),
+    );
+    let second = add(&swapped, "k2").addresses();
+    assert!(
+        !second.iter().any(|a| first.contains(a)),
+        "{second:?} reuses {first:?}"
+    );
+    assert_eq!(add(&swapped, "k3").code, 0);
+    let dropped = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.1.0.0/24"}]]));
+    let fourth = add(&dropped, "k4").addresses();
+    assert!(
+        !first.contains(&fourth[0]) && !second.contains(&fourth[0]),
+        "{fourth:?}"
+    );
+    // k1's 10.0.0.2 is in no configured range any more.
+    let again = add(&dropped, "k1");
+    assert_eq!(again.error_code(), 106, "{}", again.stdout);
+    assert_eq!(run("DEL", "k1", "eth0", &[], &dropped).code, 0);
+    assert_eq!(add(&dropped, "k1").code, 0);
+}

@@ -441,9 +441,15 @@ impl Engine {
         }
         self.range_index[family.index()].insert(start, (end, id));
         let allocated = self.allocated_in(id, family, start, end);
+        let own = self
+            .table
+            .iter()
+            .filter(|(_, r)| r.pool() == id && r.addr().family == family)
+            .filter(|(_, r)| (start..=end).contains(&r.addr().value))
+            .count();
         let pool_family = self.pool_mut(id).family_mut(family);
         let mut range = Range::new(spec);
-        range.n_allocated = allocated.len() as u64;
+        range.n_allocated = own as u64;
         pool_family.ranges.insert(start, range);
         if let Some(gateway) = spec.gateway() {
             let value = addr_value(gateway);
@@ -456,16 +462,26 @@ impl Engine {
         Ok(())
     }
 
-    /// Allocated addresses of a pool and family inside `low..=high`, by scanning every
-    /// allocation; only administrative operations call this.
-    fn allocated_in(&self, pool: PoolId, family: Family, low: u128, high: u128) -> Vec<u128> {
+    /// Allocated addresses of a family inside `low..=high`, by scanning every allocation;
+    /// only administrative operations call this. Every pool's allocations count: an address
+    /// recorded in one pool (say, restored from an older configuration) may lie in a range
+    /// that now belongs to another, and must not be handed out there either.
+    fn allocated_in(&self, _pool: PoolId, family: Family, low: u128, high: u128) -> Vec<u128> {
         self.table
             .iter()
-            .map(|(_, record)| (record.pool(), record.addr()))
-            .filter(|&(p, addr)| p == pool && addr.family == family)
-            .map(|(_, addr)| addr.value)
-            .filter(|v| (low..=high).contains(v))
+            .map(|(_, record)| record.addr())
+            .filter(|addr| addr.family == family && (low..=high).contains(&addr.value))
+            .map(|addr| addr.value)
             .collect()
+    }
+
+    /// The pool whose range holds `addr`, if any.
+    fn range_owner(&self, addr: AddrKey) -> Option<PoolId> {
+        self.range_index[addr.family.index()]
+            .range(..=addr.value)
+            .next_back()
+            .filter(|(_, (end, _))| *end >= addr.value)
+            .map(|(_, (_, pool))| *pool)
     }
 
     /// Removes a range (named by its exact bounds). A range that still holds allocations is
@@ -902,6 +918,14 @@ impl Engine {
             .pool_mut(id)
             .family_mut(addr.family)
             .take(addr.value, range, move_cursor);
+        // Outside its own pool's ranges, the address may lie in another pool's: block it there.
+        if spec.is_none()
+            && let Some(other) = self.range_owner(addr).filter(|&other| other != id)
+        {
+            self.pool_mut(other)
+                .family_mut(addr.family)
+                .mark(addr.value, true);
+        }
         self.table.insert(
             NewRecord {
                 addr,
@@ -1024,10 +1048,21 @@ impl Engine {
         }
         let pool = self.pool_mut(id);
         let cooldown = pool.config.cooldown;
-        let drained = pool
+        let given_back = pool
             .family_mut(addr.family)
             .give_back(addr.value, now, cooldown);
         let pool_name = pool.name.clone();
+        let drained = given_back.flatten();
+        if given_back.is_none()
+            && let Some(other) = self.range_owner(addr).filter(|&other| other != id)
+        {
+            // Held in one pool, lying in another's range: that pool gets the address back.
+            let other_pool = self.pool_mut(other);
+            let cooldown = other_pool.config.cooldown;
+            other_pool
+                .family_mut(addr.family)
+                .give_back_foreign(addr.value, now, cooldown);
+        }
         if let Some(start) = drained {
             self.drop_range(id, addr.family, start);
         }
@@ -1539,11 +1574,14 @@ impl Engine {
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut per_family: HashMap<(PoolId, Family), Vec<u128>> = HashMap::new();
+        // Occupancy counts every pool's allocations (see `allocated_in`).
+        let mut held: [Vec<u128>; 2] = [Vec::new(), Vec::new()];
         for (_, record) in self.table.iter() {
             per_family
                 .entry((record.pool(), record.addr().family))
                 .or_default()
                 .push(record.addr().value);
+            held[record.addr().family.index()].push(record.addr().value);
         }
         let mut n_ranges = [0usize; 2];
         for (id, pool) in self.pools.iter().enumerate() {
@@ -1558,7 +1596,7 @@ impl Engine {
                 }
                 for (&start, range) in &pool_family.ranges {
                     n_ranges[family.index()] += 1;
-                    if pool_family.rebuilt(range, &allocated) != range.occupancy {
+                    if pool_family.rebuilt(range, &held[family.index()]) != range.occupancy {
                         return Err(format!(
                             "range {}: occupancy differs from its sources",
                             range.spec

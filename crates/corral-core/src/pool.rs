@@ -417,9 +417,15 @@ impl PoolFamily {
     }
 
     /// Takes a released allocation out of its range: the address becomes free, starts its
-    /// cooldown, or stays blocked when excluded or reserved. Returns the first address of a
-    /// draining range that this release emptied, which the caller must drop.
-    pub fn give_back(&mut self, value: u128, now: Timestamp, cooldown: Duration) -> Option<u128> {
+    /// cooldown, or stays blocked when excluded or reserved. Returns `None` when no range of
+    /// this pool holds the address, else the first address of a draining range that this
+    /// release emptied (which the caller must drop), if any.
+    pub fn give_back(
+        &mut self,
+        value: u128,
+        now: Timestamp,
+        cooldown: Duration,
+    ) -> Option<Option<u128>> {
         self.n_allocated -= 1;
         let held_back = self.is_held_back(value);
         let Self {
@@ -435,18 +441,49 @@ impl PoolFamily {
             .filter(|range| range.end >= value)?;
         range.n_allocated -= 1;
         if !held_back {
-            if range.draining || cooldown.is_zero() {
-                let had_free = range.has_free();
-                if range.occupancy.clear(value - range.start) {
-                    range.n_blocked -= 1;
-                    Self::sync_free(with_free, range, had_free);
-                }
-            } else {
-                // Stays blocked until the cooldown has run out.
-                cooling.insert(value, now);
-            }
+            Self::free_or_cool(with_free, cooling, range, value, now, cooldown);
         }
-        (range.draining && range.n_allocated == 0).then_some(range.start)
+        Some((range.draining && range.n_allocated == 0).then_some(range.start))
+    }
+
+    /// The address becomes free, or (in an active range, with a cooldown) starts cooling.
+    fn free_or_cool(
+        with_free: &mut BTreeSet<u128>,
+        cooling: &mut Cooling,
+        range: &mut Range,
+        value: u128,
+        now: Timestamp,
+        cooldown: Duration,
+    ) {
+        if range.draining || cooldown.is_zero() {
+            let had_free = range.has_free();
+            if range.occupancy.clear(value - range.start) {
+                range.n_blocked -= 1;
+                Self::sync_free(with_free, range, had_free);
+            }
+        } else {
+            // Stays blocked until the cooldown has run out.
+            cooling.insert(value, now);
+        }
+    }
+
+    /// An allocation recorded in another pool, at an address in one of this pool's ranges,
+    /// was released: the address comes back here as if released from this pool.
+    pub fn give_back_foreign(&mut self, value: u128, now: Timestamp, cooldown: Duration) {
+        if self.is_held_back(value) {
+            return;
+        }
+        let Self {
+            ranges,
+            with_free,
+            cooling,
+            ..
+        } = self;
+        if let Some((_, range)) = ranges.range_mut(..=value).next_back()
+            && range.end >= value
+        {
+            Self::free_or_cool(with_free, cooling, range, value, now, cooldown);
+        }
     }
 
     /// Moves cooled-down addresses back to free.

@@ -1010,3 +1010,51 @@ fn a_new_gateway_ends_the_cooldown_of_its_address() {
         "#]],
     );
 }
+
+/// Regression (review of the store): an allocation recorded in one pool at an address that
+/// now lies in another pool's range (a range moved between pools by a configuration change)
+/// must not be handed out there, and comes back there when released.
+#[test]
+fn an_address_held_by_another_pool_is_never_handed_out() {
+    run(
+        "
+        pool default cooldown=0
+        pool blue cooldown=0
+        range blue 10.0.1.0/29
+        restore default 10.0.1.1 moved 5 key=net/old/eth0
+        finish-restore
+        alloc blue v4 a
+        stats blue v4
+        release 10.0.1.1
+        pool blue cooldown=0 reuse=lowest
+        alloc blue v4 b
+        table
+        ",
+        expect![[r#"
+            > pool default cooldown=0
+            = ok
+            > pool blue cooldown=0
+            = ok
+            > range blue 10.0.1.0/29
+            = 6 usable
+            > restore default 10.0.1.1 moved 5 key=net/old/eth0
+            = ok
+            > finish-restore
+            = next generation 6
+            > alloc blue v4 a
+            = 10.0.1.2 gen=6 subnet=10.0.1.0/29
+            > stats blue v4
+            = capacity=6 used=1 free=4 excluded=1 cooling=0 ranges=1 draining=0
+            > release 10.0.1.1
+            = 10.0.1.1 gen=5
+            > pool blue cooldown=0 reuse=lowest
+            = ok
+            > alloc blue v4 b
+            = 10.0.1.1 gen=7 subnet=10.0.1.0/29
+            > table
+            = 2 allocations
+              blue 10.0.1.1 b gen=7
+              blue 10.0.1.2 a gen=6
+        "#]],
+    );
+}
