@@ -100,7 +100,13 @@ fn import_host_local(store: &mut SqliteStore, config: &NetConfig) -> Result<(), 
         return Ok(());
     }
     let scope = config.name.as_str();
+    // Once the network has state, host-local's files (left in place) need no second look,
+    // and no transaction: this runs on every call.
+    if store.has_scope(scope).map_err(store_error)? {
+        return Ok(());
+    }
     let mut txn = store.begin().map_err(store_error)?;
+    // Checked again under the lock: another process may have imported meanwhile.
     let (state, corrupt) = txn.scope_state(scope).map_err(store_error)?;
     if state.is_some() || corrupt.is_some() {
         return Ok(());

@@ -440,7 +440,7 @@ impl Engine {
             });
         }
         self.range_index[family.index()].insert(start, (end, id));
-        let allocated = self.allocated_in(id, family, start, end);
+        let allocated = self.allocated_in(family, start, end);
         let own = self
             .table
             .iter()
@@ -466,7 +466,7 @@ impl Engine {
     /// only administrative operations call this. Every pool's allocations count: an address
     /// recorded in one pool (say, restored from an older configuration) may lie in a range
     /// that now belongs to another, and must not be handed out there either.
-    fn allocated_in(&self, _pool: PoolId, family: Family, low: u128, high: u128) -> Vec<u128> {
+    fn allocated_in(&self, family: Family, low: u128, high: u128) -> Vec<u128> {
         self.table
             .iter()
             .map(|(_, record)| record.addr())
@@ -512,7 +512,7 @@ impl Engine {
             pool_family.cooling.remove(value);
         }
         if n_allocated > 0 {
-            let allocated = self.allocated_in(id, family, start, end);
+            let allocated = self.allocated_in(family, start, end);
             self.pool_mut(id)
                 .family_mut(family)
                 .rebuild(start, &allocated);
@@ -545,7 +545,7 @@ impl Engine {
         // address again unless something else holds it.
         if let Some(other) = pool_family.range_of(gateway) {
             let (other_start, other_end) = (other.start, other.end);
-            let allocated = self.allocated_in(id, family, other_start, other_end);
+            let allocated = self.allocated_in(family, other_start, other_end);
             self.pool_mut(id)
                 .family_mut(family)
                 .rebuild(other_start, &allocated);
@@ -622,7 +622,7 @@ impl Engine {
             .map(|(&start, range)| (start, range.end))
             .collect();
         if let (Some(first), Some(last)) = (touched.first(), touched.last()) {
-            let allocated = self.allocated_in(id, family, first.0, last.1);
+            let allocated = self.allocated_in(family, first.0, last.1);
             let pool_family = self.pool_mut(id).family_mut(family);
             for (start, _) in touched {
                 pool_family.rebuild(start, &allocated);

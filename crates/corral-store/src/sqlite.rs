@@ -170,6 +170,15 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// Whether the scope has stored state, read without the directory lock (a snapshot read
+    /// of committed data): enough to skip work that only a new scope needs.
+    pub fn has_scope(&self, scope: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT 1 FROM scopes WHERE scope = ?1")?
+            .exists([scope])?)
+    }
+
     /// The schema version of the open database.
     pub fn schema_version(&self) -> Result<u32, StoreError> {
         Ok(self

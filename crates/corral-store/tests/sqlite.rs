@@ -32,21 +32,25 @@ fn key(i: usize) -> AttachmentKey {
     AttachmentKey::new("net", &format!("container{i}"), "eth0").unwrap()
 }
 
+/// The engine a CNI call builds: the snapshot plus one attachment's rows.
+fn partial_for(
+    txn: &mut impl Txn,
+    desired: &ScopeConfig,
+    attachment: &AttachmentKey,
+) -> Result<Engine, StoreError> {
+    let keys = [attachment.clone()];
+    let need = Need::Partial {
+        keys: &keys,
+        addrs: &[],
+    };
+    Ok(build_engine(txn, SCOPE, desired, EngineConfig::default(), need)?.0)
+}
+
 /// One CNI-style ADD: partial engine, allocate, write the row and the state, commit.
 fn add(store: &mut SqliteStore, desired: &ScopeConfig, i: usize) -> Result<IpAddr, StoreError> {
     let attachment = key(i);
     let mut txn = store.begin()?;
-    let keys = [attachment.clone()];
-    let (mut engine, _) = build_engine(
-        &mut txn,
-        SCOPE,
-        desired,
-        EngineConfig::default(),
-        Need::Partial {
-            keys: &keys,
-            addrs: &[],
-        },
-    )?;
+    let mut engine = partial_for(&mut txn, desired, &attachment)?;
     let pool = PoolName::default_pool();
     let owner = format!("pod-{i}");
     let request = Request {
@@ -76,18 +80,8 @@ fn add(store: &mut SqliteStore, desired: &ScopeConfig, i: usize) -> Result<IpAdd
 
 fn del(store: &mut SqliteStore, desired: &ScopeConfig, i: usize) -> Result<usize, StoreError> {
     let attachment = key(i);
-    let keys = [attachment.clone()];
     let mut txn = store.begin()?;
-    let (mut engine, _) = build_engine(
-        &mut txn,
-        SCOPE,
-        desired,
-        EngineConfig::default(),
-        Need::Partial {
-            keys: &keys,
-            addrs: &[],
-        },
-    )?;
+    let mut engine = partial_for(&mut txn, desired, &attachment)?;
     let released = engine.release_key(&attachment, Timestamp::ZERO);
     for r in &released {
         txn.delete_allocation(SCOPE, r.addr)?;
@@ -308,7 +302,6 @@ fn writers_in_many_threads_never_lose_an_update() {
     )
     .unwrap();
     full.check_invariants().unwrap();
-    let _: &Engine = &full;
 }
 
 #[test]
