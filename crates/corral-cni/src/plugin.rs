@@ -279,6 +279,9 @@ fn add_in(
         }
         save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
         txn.commit().map_err(store_error)?;
+    } else {
+        // Every address was already the attachment's: answered from what was read.
+        txn.finish().map_err(store_error)?;
     }
     result.ips = ips;
     Ok(())
@@ -304,7 +307,7 @@ pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
     )?;
     let released = engine.release_key(&attachment.key, now);
     if released.is_empty() {
-        return Ok(());
+        return txn.finish().map_err(store_error);
     }
     for r in &released {
         txn.delete_allocation(scope, r.addr).map_err(store_error)?;
@@ -323,7 +326,7 @@ pub fn check(attachment: &Attachment) -> Result<(), CniError> {
     let held = txn
         .allocations_by_key(scope, &attachment.key)
         .map_err(store_error)?;
-    drop(txn);
+    txn.finish().map_err(store_error)?;
     let mut problems = Vec::new();
     for set in &config.ipam.range_sets {
         if !held.iter().any(|row| {

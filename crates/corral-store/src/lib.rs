@@ -161,4 +161,9 @@ pub trait Txn {
     fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError>;
     /// Makes every write of the transaction durable, then ends it.
     fn commit(self) -> Result<(), StoreError>;
+    /// Ends a transaction that wrote nothing, once everything it read is durable: an answer
+    /// given from what it read (an ADD that finds its attachment already recorded, a DEL
+    /// that finds nothing to release) may rest on another writer's commit that has not
+    /// been synced yet, because its writer was killed between commit and sync.
+    fn finish(self) -> Result<(), StoreError>;
 }

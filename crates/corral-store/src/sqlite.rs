@@ -1,8 +1,15 @@
 //! The embedded default store: one SQLite database per state directory.
 //!
 //! Tuned for many short-lived processes (each CNI call is one):
-//! - WAL with `synchronous=FULL`: a commit is one append to the log and one fsync, durable
-//!   when it returns;
+//! - WAL, and a commit is one append to the log and one fsync, durable when it returns. The
+//!   fsync is the store's own, made after the directory lock is released (SQLite runs with
+//!   `synchronous=OFF` for commits): the next writer appends while this one waits for the
+//!   disk, so concurrent processes share the device's flushes instead of queueing behind
+//!   each other's. This is safe because nothing is acknowledged before its own fsync returns,
+//!   and the log's frames are checksummed in a chain, so after a crash SQLite recovers a
+//!   prefix of the commits: a commit that survives has every commit before it. Folding the
+//!   log into the database (a checkpoint) runs with `synchronous=FULL`: the log is synced
+//!   before pages are copied and the database after, before the log is emptied;
 //! - the log is kept short: SQLite's own checkpoints are off (no automatic checkpoint, none
 //!   when a connection closes), and a writer folds the log into the database and truncates
 //!   it once it passes 256 KiB. Every process that opens a WAL database as its only
@@ -124,7 +131,7 @@ impl SqliteStore {
                 }
             })?;
         }
-        store.conn.pragma_update(None, "synchronous", "FULL")?;
+        store.conn.pragma_update(None, "synchronous", "OFF")?;
         store.conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         // Migrations take the lock, and check the version again under it; the usual open
         // finds the current version and takes no lock at all.
@@ -164,8 +171,14 @@ impl SqliteStore {
         let wal = self.dir.join(format!("{DB_FILE}-wal"));
         let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
         if size > WAL_LIMIT {
-            self.conn
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+            // Commits sync the log themselves; a checkpoint must have SQLite sync the log
+            // before copying and the database before truncating the log.
+            self.conn.pragma_update(None, "synchronous", "FULL")?;
+            let folded = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+            self.conn.pragma_update(None, "synchronous", "OFF")?;
+            folded?;
         }
         Ok(())
     }
@@ -247,6 +260,18 @@ fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Makes the write-ahead log's contents durable (every commit appended so far, this
+/// process's and any other's). A missing log has nothing to sync: it was folded into the
+/// database by a checkpoint, which synced the database first.
+fn sync_log(dir: &Path) -> Result<(), StoreError> {
+    let path = dir.join(format!("{DB_FILE}-wal"));
+    match File::open(&path) {
+        Ok(log) => log.sync_data().map_err(dir_error(&path)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(dir_error(&path)(error)),
+    }
+}
+
 /// Makes the directory's entries (a new database or log file) durable.
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     File::open(dir)
@@ -279,6 +304,8 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
 pub struct SqliteTxn<'a> {
     tx: Option<rusqlite::Transaction<'a>>,
     lock: &'a File,
+    /// The state directory, whose log the commit syncs.
+    dir: &'a Path,
     /// Set when the log's directory entry may not be durable yet (see `log_is_synced`): the
     /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
@@ -326,6 +353,7 @@ impl Store for SqliteStore {
             Ok(tx) => Ok(SqliteTxn {
                 tx: Some(tx),
                 lock: &self.lock,
+                dir: &self.dir,
                 sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
             }),
             Err(error) => {
@@ -596,7 +624,16 @@ impl Txn for SqliteTxn<'_> {
             sync_dir(dir)?;
             remember_synced_log(dir);
         }
-        Ok(())
+        // The next writer may go on while this commit waits for the disk (see the module
+        // documentation); the commit is acknowledged only once the log is synced.
+        let _ = self.lock.unlock();
+        sync_log(self.dir)
+    }
+
+    fn finish(mut self) -> Result<(), StoreError> {
+        drop(self.tx.take());
+        let _ = self.lock.unlock();
+        sync_log(self.dir)
     }
 }
 
