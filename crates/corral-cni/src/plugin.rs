@@ -79,8 +79,10 @@ fn engine_config(now: Timestamp) -> EngineConfig {
     }
 }
 
+/// The network's store for this one call: the state directory stays locked until
+/// [`close`], which syncs what was committed; no answer may be given before it returns.
 fn open(config: &NetConfig) -> Result<SqliteStore, CniError> {
-    let mut store = SqliteStore::open(&config.ipam.data_dir).map_err(|error| {
+    let mut store = SqliteStore::open_one_shot(&config.ipam.data_dir).map_err(|error| {
         CniError::store(error).context(&format!(
             "state directory {}",
             config.ipam.data_dir.display()
@@ -88,6 +90,11 @@ fn open(config: &NetConfig) -> Result<SqliteStore, CniError> {
     })?;
     import_host_local(&mut store, config)?;
     Ok(store)
+}
+
+/// Releases the state directory, then makes this call's commits durable.
+fn close(store: SqliteStore) -> Result<(), CniError> {
+    store.close().map_err(store_error)
 }
 
 /// The first time corral-ipam serves a network whose host-local directory exists
@@ -178,6 +185,7 @@ pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> 
         Err(AddError::Other(error)) => return Err(error),
         Ok(()) => {}
     }
+    close(store)?;
     Ok(result.to_json(config.cni_version))
 }
 
@@ -307,13 +315,16 @@ pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
     )?;
     let released = engine.release_key(&attachment.key, now);
     if released.is_empty() {
-        return txn.finish().map_err(store_error);
+        // Nothing to release, as read: answered only once what was read is durable.
+        txn.finish().map_err(store_error)?;
+    } else {
+        for r in &released {
+            txn.delete_allocation(scope, r.addr).map_err(store_error)?;
+        }
+        save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+        txn.commit().map_err(store_error)?;
     }
-    for r in &released {
-        txn.delete_allocation(scope, r.addr).map_err(store_error)?;
-    }
-    save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
-    txn.commit().map_err(store_error)
+    close(store)
 }
 
 /// CHECK: the attachment holds an address in every range set, and every address of the
@@ -327,6 +338,7 @@ pub fn check(attachment: &Attachment) -> Result<(), CniError> {
         .allocations_by_key(scope, &attachment.key)
         .map_err(store_error)?;
     txn.finish().map_err(store_error)?;
+    close(store)?;
     let mut problems = Vec::new();
     for set in &config.ipam.range_sets {
         if !held.iter().any(|row| {
@@ -370,7 +382,8 @@ pub fn gc(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
         txn.delete_allocation(scope, r.addr).map_err(store_error)?;
     }
     save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
-    txn.commit().map_err(store_error)
+    txn.commit().map_err(store_error)?;
+    close(store)
 }
 
 /// STATUS: code 50 when some range set could not serve an ADD (no free or cooling address).
@@ -389,6 +402,7 @@ pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
         },
     )?;
     drop(txn);
+    close(store)?;
     engine.advance(now);
     let full: Vec<String> = config
         .ipam

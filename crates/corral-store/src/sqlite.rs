@@ -1,41 +1,51 @@
 //! The embedded default store: one SQLite database per state directory.
 //!
-//! Tuned for many short-lived processes (each CNI call is one):
-//! - WAL, and a commit is one append to the log and one fsync, durable when it returns. The
-//!   fsync is the store's own, made after the directory lock is released (SQLite runs with
-//!   `synchronous=OFF` for commits): the next writer appends while this one waits for the
-//!   disk, so concurrent processes share the device's flushes instead of queueing behind
-//!   each other's. This is safe because nothing is acknowledged before its own fsync returns,
-//!   and the log's frames are checksummed in a chain, so after a crash SQLite recovers a
-//!   prefix of the commits: a commit that survives has every commit before it. Folding the
-//!   log into the database (a checkpoint) runs with `synchronous=FULL`: the log is synced
-//!   before pages are copied and the database after, before the log is emptied;
-//! - the log is kept short: SQLite's own checkpoints are off (no automatic checkpoint, none
-//!   when a connection closes), and a writer folds the log into the database and truncates
-//!   it once it passes 256 KiB. Every process that opens a WAL database as its only
-//!   connection must re-read and checksum the whole log, so a long log would make every CNI
-//!   call slower (measured: 3 ms to 6.6 ms within 400 calls); a rollback journal instead
-//!   costs five fsyncs per commit (measured ~0.4 ms slower per ADD than this);
+//! Tuned for many short-lived processes (each CNI call is one); figures are from this
+//! repository's `make bench-cni` machine:
+//! - WAL, and a commit is one append to the log and one fsync, durable before it is
+//!   acknowledged. The fsync is the store's own, made after the directory lock is released
+//!   (SQLite runs with `synchronous=OFF` for commits): the next writer appends while this one
+//!   waits for the disk, so concurrent processes share the device's flushes instead of
+//!   queueing behind each other's (+35% ADDs/s with 8 callers). This is safe because nothing
+//!   is acknowledged before its own fsync returns, and the log's frames are checksummed in a
+//!   chain, so after a crash SQLite recovers a prefix of the commits: a commit that survives
+//!   has every commit before it. An answer read rather than written (an ADD that finds its
+//!   address recorded) also syncs first: what it read may be a killed writer's unsynced commit.
+//! - the log is kept short and rewritten in place: SQLite's own checkpoints are off (none
+//!   automatic, none when a connection closes); a writer folds the log into the database
+//!   once it passes 64 frames (256 KiB) with `synchronous=FULL` (the log synced before pages
+//!   are copied, the database after) and starts it again from the beginning. Every process
+//!   re-reads the whole log when it opens the database (a long log made every CNI call
+//!   slower: 3 ms to 6.6 ms within 400 calls), and an fdatasync of a file that did not grow
+//!   need not write its inode (0.15 ms instead of 0.35 ms), so the log is never truncated; a
+//!   rollback journal instead costs five fsyncs per commit;
 //! - SQLite is built without its directory fsync (`.cargo/config.toml`), which it would repeat
 //!   in every process; the store syncs the directory itself when it creates the database or
 //!   the log, the only times a directory entry changes;
-//! - writers queue on an exclusive `flock` of `corral.lock` before `BEGIN IMMEDIATE`, so they
-//!   wait in the kernel and wake the moment the holder is done, instead of SQLite's busy loop
-//!   of sleeps; the lock dies with its process, so SIGKILL never leaves it held;
+//! - writers queue on an exclusive `flock` of `corral.lock`, so they wait in the kernel and
+//!   wake the moment the holder is done, instead of SQLite's busy loop of sleeps; the lock
+//!   dies with its process, so SIGKILL never leaves it held. A one-shot store (a CNI call)
+//!   holds it from open to close and locks the database exclusively, which lets SQLite keep
+//!   the log's index in memory instead of setting up its shared-memory file (0.25 ms less
+//!   per call); a shared store takes it per transaction;
 //! - a transaction reads one state row (8 KiB of bitmap for a /16) and the rows of one
 //!   attachment, never every allocation.
 //!
 //! The allocation table's primary key is (scope, family, address): whatever happens above,
 //! the database refuses to record one address twice.
 
+use std::cell::Cell;
+use std::ffi::c_int;
 use std::fs::{File, OpenOptions};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use corral_core::{AttachmentKey, Family, Lease, PoolName, Timestamp, Uuid, addr_value};
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::codec::{decode_cooling, decode_snapshots, encode_cooling, encode_snapshots};
 use crate::{SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, Txn};
@@ -45,8 +55,9 @@ pub const DB_FILE: &str = "corral.db";
 /// The lock file inside the state directory.
 pub const LOCK_FILE: &str = "corral.lock";
 
-/// The write-ahead log is folded into the database past this size (see `fold_log`).
-const WAL_LIMIT: u64 = 256 * 1024;
+/// The write-ahead log is folded into the database once it holds more frames (pages) than
+/// this: 256 KiB of 4 KiB pages (see `fold_log`).
+const WAL_LIMIT_FRAMES: u32 = 64;
 
 /// Each entry takes the schema from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -78,9 +89,29 @@ const MIGRATIONS: &[&str] = &[
 /// A SQLite-backed [`Store`] over one state directory.
 #[derive(Debug)]
 pub struct SqliteStore {
-    conn: Connection,
+    /// `None` only once [`SqliteStore::close`] has closed it.
+    conn: Option<Connection>,
     lock: File,
     dir: PathBuf,
+    mode: Mode,
+    /// One-shot mode: a commit (or an answer read) is waiting for [`SqliteStore::close`] to
+    /// sync the log.
+    unsynced: Cell<bool>,
+    /// Frames in the log after this connection's last commit, as SQLite reports them.
+    log_frames: Arc<AtomicU32>,
+}
+
+/// How a store shares its directory, and when a commit is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Any number of stores (threads, processes) at once: each transaction takes the
+    /// directory lock, and a commit is durable when it returns.
+    Shared,
+    /// One short-lived process (a CNI call): the directory is locked from open to close, the
+    /// connection locks the database exclusively (so SQLite keeps its log index in memory
+    /// instead of setting up the shared-memory file: ~0.25 ms per process), and commits
+    /// become durable when [`SqliteStore::close`] returns, after the locks are released.
+    OneShot,
 }
 
 fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -91,8 +122,23 @@ fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the store in `dir`, migrating an older schema.
+    /// Opens (creating if needed) the store in `dir`, migrating an older schema. Many stores
+    /// may be open on one directory at once; each transaction takes the directory lock, and
+    /// [`Txn::commit`] is durable when it returns.
     pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_in(dir, Mode::Shared)
+    }
+
+    /// Opens the store for one short-lived process: the directory stays locked (other
+    /// processes wait) until [`SqliteStore::close`], which must return before anything
+    /// committed is acknowledged — commits are synced there, after the locks are released,
+    /// so the next process can start while this one waits for the disk. Dropping the store
+    /// without closing it syncs too, but cannot report a failure.
+    pub fn open_one_shot(dir: &Path) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_in(dir, Mode::OneShot)
+    }
+
+    fn open_in(dir: &Path, mode: Mode) -> Result<SqliteStore, StoreError> {
         create_dir_durably(dir)?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = OpenOptions::new()
@@ -101,43 +147,61 @@ impl SqliteStore {
             .write(true)
             .open(&lock_path)
             .map_err(dir_error(&lock_path))?;
-        let conn = Connection::open(dir.join(DB_FILE))?;
-        conn.busy_timeout(Duration::from_secs(30))?;
+        if mode == Mode::OneShot {
+            lock_dir(&lock, &lock_path)?;
+        }
         let mut store = SqliteStore {
-            conn,
+            conn: None,
             lock,
             dir: dir.to_path_buf(),
+            mode,
+            unsynced: Cell::new(false),
+            log_frames: Arc::new(AtomicU32::new(0)),
         };
-        // Both settings belong to the connection; neither needs the directory lock.
-        store
-            .conn
-            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+        let mut conn = Connection::open(dir.join(DB_FILE))?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        // Connection settings; none needs the directory lock. Exclusive locking must be set
+        // before the first read to keep the log index in memory.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+        if mode == Mode::OneShot {
+            conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+        }
+        // Counting the log's frames after each commit (for `fold_log`) also replaces SQLite's
+        // own automatic checkpoints.
+        let frames = Arc::clone(&store.log_frames);
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages: c_int| {
+            frames.store(u32::try_from(pages).unwrap_or(0), Ordering::Relaxed);
+            Ok(())
+        }))?;
+        store.conn = Some(conn);
         // WAL is a property of the database file: set once, under the lock, because
         // switching needs the database to itself (two processes creating it at once would
         // otherwise see "database is locked").
-        let mode: String = store
-            .conn
+        let journal: String = store
+            .conn()
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
+        if !journal.eq_ignore_ascii_case("wal") {
             store.with_lock(|conn| {
-                let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-                if mode.eq_ignore_ascii_case("wal") {
+                let journal: String =
+                    conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+                if journal.eq_ignore_ascii_case("wal") {
                     Ok(())
                 } else {
                     Err(StoreError::Corrupt {
                         what: "journal mode".into(),
-                        reason: format!("SQLite kept {mode} instead of wal"),
+                        reason: format!("SQLite kept {journal} instead of wal"),
                     })
                 }
             })?;
         }
-        store.conn.pragma_update(None, "synchronous", "OFF")?;
-        store.conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        store.conn().pragma_update(None, "synchronous", "OFF")?;
         // Migrations take the lock, and check the version again under it; the usual open
         // finds the current version and takes no lock at all.
         if store.schema_version()? != SCHEMA_VERSION {
             store.with_lock(migrate)?;
-            // A new database (and its log) just got directory entries: make them durable.
+            // A new database (and its log) just got directory entries: make them durable,
+            // with what the migration wrote.
+            sync_log(&store.dir)?;
             sync_dir(&store.dir)?;
             remember_synced_log(&store.dir);
         }
@@ -149,45 +213,60 @@ impl SqliteStore {
         &self.dir
     }
 
-    fn with_lock<T>(
-        &mut self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let lock_path = self.dir.join(LOCK_FILE);
-        self.lock.lock().map_err(|source| StoreError::Lock {
-            path: lock_path.display().to_string(),
-            source,
-        })?;
-        let result = f(&mut self.conn);
-        // Unlocking cannot fail in a way we could act on; the lock also dies with the file.
+    /// Closes the store: the connection, then the directory lock, then (one-shot mode)
+    /// syncs the log if anything was committed or answered from what was read. Nothing
+    /// committed through a one-shot store may be acknowledged before this returns `Ok`.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        if let Some(conn) = self.conn.take() {
+            conn.close().map_err(|(_, error)| error)?;
+        }
         let _ = self.lock.unlock();
-        result
-    }
-
-    /// Folds the write-ahead log into the database and empties it once it passes
-    /// `WAL_LIMIT`. Every process that opens the database alone re-reads the whole log, so
-    /// it is kept short; the caller holds the directory lock.
-    fn fold_log(&mut self) -> Result<(), StoreError> {
-        let wal = self.dir.join(format!("{DB_FILE}-wal"));
-        let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-        if size > WAL_LIMIT {
-            // Commits sync the log themselves; a checkpoint must have SQLite sync the log
-            // before copying and the database before truncating the log.
-            self.conn.pragma_update(None, "synchronous", "FULL")?;
-            let folded = self
-                .conn
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
-            self.conn.pragma_update(None, "synchronous", "OFF")?;
-            folded?;
+        if self.unsynced.replace(false) {
+            sync_log(&self.dir)?;
         }
         Ok(())
     }
 
-    /// Whether the scope has stored state, read without the directory lock (a snapshot read
-    /// of committed data): enough to skip work that only a new scope needs.
+    fn conn(&self) -> &Connection {
+        self.conn
+            .as_ref()
+            .expect("the connection is open until close")
+    }
+
+    /// Takes the directory lock for one transaction (a one-shot store holds it already).
+    fn acquire(&self) -> Result<(), StoreError> {
+        match self.mode {
+            Mode::Shared => lock_dir(&self.lock, &self.dir.join(LOCK_FILE)),
+            Mode::OneShot => Ok(()),
+        }
+    }
+
+    fn release(&self) {
+        if self.mode == Mode::Shared {
+            // Unlocking cannot fail in a way we could act on; the lock dies with the file.
+            let _ = self.lock.unlock();
+        }
+    }
+
+    fn with_lock<T>(
+        &mut self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.acquire()?;
+        let result = f(self
+            .conn
+            .as_mut()
+            .expect("the connection is open until close"));
+        self.release();
+        result
+    }
+
+    /// Whether the scope has stored state, read outside any transaction (without the
+    /// directory lock in shared mode: a snapshot read of committed data): enough to skip
+    /// work that only a new scope needs.
     pub fn has_scope(&self, scope: &str) -> Result<bool, StoreError> {
         Ok(self
-            .conn
+            .conn()
             .prepare_cached("SELECT 1 FROM scopes WHERE scope = ?1")?
             .exists([scope])?)
     }
@@ -195,9 +274,28 @@ impl SqliteStore {
     /// The schema version of the open database.
     pub fn schema_version(&self) -> Result<u32, StoreError> {
         Ok(self
-            .conn
+            .conn()
             .pragma_query_value(None, "user_version", |r| r.get(0))?)
     }
+}
+
+impl Drop for SqliteStore {
+    /// A one-shot store dropped without [`SqliteStore::close`] still syncs what it committed
+    /// (a failure then goes unreported).
+    fn drop(&mut self) {
+        drop(self.conn.take());
+        let _ = self.lock.unlock();
+        if self.unsynced.replace(false) {
+            let _ = sync_log(&self.dir);
+        }
+    }
+}
+
+fn lock_dir(lock: &File, path: &Path) -> Result<(), StoreError> {
+    lock.lock().map_err(|source| StoreError::Lock {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// The file recording which log file the directory was last synced with.
@@ -290,7 +388,7 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     if found == SCHEMA_VERSION {
         return Ok(());
     }
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for (version, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", version as u32 + 1)?;
@@ -302,10 +400,16 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
 /// One exclusive transaction on a [`SqliteStore`]; it holds the directory lock until it ends.
 #[derive(Debug)]
 pub struct SqliteTxn<'a> {
-    tx: Option<rusqlite::Transaction<'a>>,
-    lock: &'a File,
+    conn: &'a Connection,
+    /// Whether the transaction is still open (not yet committed or finished).
+    open: bool,
+    log_frames: &'a AtomicU32,
+    /// Shared mode: the directory lock, taken for this transaction and released by it.
+    lock: Option<&'a File>,
     /// The state directory, whose log the commit syncs.
     dir: &'a Path,
+    /// One-shot mode: the store's flag for a sync owed at close.
+    unsynced: Option<&'a Cell<bool>>,
     /// Set when the log's directory entry may not be durable yet (see `log_is_synced`): the
     /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
@@ -314,8 +418,58 @@ pub struct SqliteTxn<'a> {
 impl Drop for SqliteTxn<'_> {
     fn drop(&mut self) {
         // Roll back (if not committed) before letting the next writer in.
-        drop(self.tx.take());
-        let _ = self.lock.unlock();
+        self.end();
+        if let Some(lock) = self.lock {
+            let _ = lock.unlock();
+        }
+    }
+}
+
+impl SqliteTxn<'_> {
+    /// Rolls back what is still open. A failed rollback leaves SQLite to roll back when the
+    /// connection closes; nothing of it was committed either way.
+    fn end(&mut self) {
+        if std::mem::take(&mut self.open) {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+    }
+
+    /// Folds the write-ahead log into the database once it holds more than
+    /// `WAL_LIMIT_FRAMES`, and has the next commit start it again from the beginning. Every
+    /// process that opens the database re-reads the whole log, so it is kept short; and it
+    /// is rewritten in place, not truncated, because an fdatasync of a file that did not
+    /// grow need not write its inode: measured here, 0.15 ms instead of 0.35 ms per commit.
+    /// Commits sync the log themselves (`synchronous=OFF`), but a checkpoint must have SQLite
+    /// sync the log before copying pages and the database before the log starts again.
+    fn fold_log(&mut self) -> Result<(), StoreError> {
+        if self.log_frames.load(Ordering::Relaxed) <= WAL_LIMIT_FRAMES {
+            return Ok(());
+        }
+        self.conn.pragma_update(None, "synchronous", "FULL")?;
+        let folded = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()));
+        self.conn.pragma_update(None, "synchronous", "OFF")?;
+        folded?;
+        // Only a write starts the log again (SQLite remembers what was folded in memory, and a
+        // one-shot process exits next): rewriting the schema version writes one page.
+        self.conn
+            .pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        Ok(())
+    }
+
+    /// The transaction's work is done: the log is synced now (shared mode, after releasing
+    /// the directory lock, so the next writer can go on meanwhile) or at the store's close
+    /// (one-shot mode).
+    fn sync_before_answer(&mut self) -> Result<(), StoreError> {
+        if let Some(unsynced) = self.unsynced {
+            unsynced.set(true);
+            return Ok(());
+        }
+        if let Some(lock) = self.lock.take() {
+            let _ = lock.unlock();
+        }
+        sync_log(self.dir)
     }
 }
 
@@ -323,44 +477,45 @@ impl Store for SqliteStore {
     type Txn<'a> = SqliteTxn<'a>;
 
     fn begin(&mut self) -> Result<SqliteTxn<'_>, StoreError> {
-        let lock_path = self.dir.join(LOCK_FILE);
-        self.lock.lock().map_err(|source| StoreError::Lock {
-            path: lock_path.display().to_string(),
-            source,
-        })?;
-        if let Err(error) = self.fold_log() {
-            let _ = self.lock.unlock();
-            return Err(error);
-        }
-        // A log that exists but whose directory entry was never synced (its creator was
-        // killed between commit and sync, or the sqlite3 shell recreated it) is synced now,
-        // before anything is acknowledged on top of it; one that does not exist yet is
-        // synced after the commit that creates it.
-        let log_exists = log_inode(&self.dir).is_some();
-        let mut log_synced = log_is_synced(&self.dir);
-        if log_exists && !log_synced {
-            if let Err(error) = sync_dir(&self.dir) {
-                let _ = self.lock.unlock();
+        self.acquire()?;
+        let started = self.prepare_log().and_then(|synced| {
+            self.conn().execute_batch("BEGIN IMMEDIATE")?;
+            Ok(synced)
+        });
+        let log_synced = match started {
+            Ok(synced) => synced,
+            Err(error) => {
+                self.release();
                 return Err(error);
             }
+        };
+        let shared = self.mode == Mode::Shared;
+        Ok(SqliteTxn {
+            conn: self.conn(),
+            open: true,
+            log_frames: &self.log_frames,
+            lock: shared.then_some(&self.lock),
+            dir: &self.dir,
+            unsynced: (!shared).then_some(&self.unsynced),
+            sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
+        })
+    }
+}
+
+impl SqliteStore {
+    /// Under the directory lock, before a transaction: syncs the directory entry of a log that exists but was never synced (its creator was killed
+    /// between commit and sync, or the sqlite3 shell recreated it), before anything is
+    /// acknowledged on top of it. Returns whether the log's entry is known durable (a log
+    /// that does not exist yet is synced after the commit that creates it).
+    fn prepare_log(&self) -> Result<bool, StoreError> {
+        let log_exists = log_inode(&self.dir).is_some();
+        let log_synced = log_is_synced(&self.dir);
+        if log_exists && !log_synced {
+            sync_dir(&self.dir)?;
             remember_synced_log(&self.dir);
-            log_synced = true;
+            return Ok(true);
         }
-        match self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-        {
-            Ok(tx) => Ok(SqliteTxn {
-                tx: Some(tx),
-                lock: &self.lock,
-                dir: &self.dir,
-                sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
-            }),
-            Err(error) => {
-                let _ = self.lock.unlock();
-                Err(error.into())
-            }
-        }
+        Ok(log_synced)
     }
 }
 
@@ -444,10 +599,9 @@ fn read_allocation(row: &Row<'_>) -> Result<Result<StoredAllocation, StoreError>
 }
 
 impl SqliteTxn<'_> {
-    fn tx(&self) -> &rusqlite::Transaction<'_> {
-        self.tx
-            .as_ref()
-            .expect("a transaction is present until commit or drop")
+    fn tx(&self) -> &Connection {
+        debug_assert!(self.open, "the transaction is open until commit or finish");
+        self.conn
     }
 
     fn query_allocations(
@@ -617,23 +771,22 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn commit(mut self) -> Result<(), StoreError> {
-        if let Some(tx) = self.tx.take() {
-            tx.commit()?;
+        if self.open {
+            // A failed COMMIT is rolled back by the drop.
+            self.conn.execute_batch("COMMIT")?;
+            self.open = false;
         }
+        self.fold_log()?;
         if let Some(dir) = self.sync_dir_after {
             sync_dir(dir)?;
             remember_synced_log(dir);
         }
-        // The next writer may go on while this commit waits for the disk (see the module
-        // documentation); the commit is acknowledged only once the log is synced.
-        let _ = self.lock.unlock();
-        sync_log(self.dir)
+        self.sync_before_answer()
     }
 
     fn finish(mut self) -> Result<(), StoreError> {
-        drop(self.tx.take());
-        let _ = self.lock.unlock();
-        sync_log(self.dir)
+        self.end();
+        self.sync_before_answer()
     }
 }
 
@@ -659,7 +812,7 @@ mod tests {
         // What the sqlite3 shell does when it closes the database last: it folds the log into
         // the database and removes it.
         store
-            .conn
+            .conn()
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
             .unwrap();
         drop(store);
@@ -697,7 +850,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path()).unwrap();
         let plan: Vec<String> = store
-            .conn
+            .conn()
             .prepare(&format!("EXPLAIN QUERY PLAN {}", by_key_sql()))
             .unwrap()
             .query_map(params!["s", "n", "c", "i"], |r| r.get::<_, String>(3))
@@ -709,5 +862,46 @@ mod tests {
                 .any(|step| step.contains("USING INDEX allocations_by_key")),
             "{plan:?}"
         );
+    }
+
+    /// The log is folded into the database once it passes its limit and then rewritten in
+    /// place by the next process: it neither grows without end (every process re-reads it)
+    /// nor shrinks (a sync of a file that grew also writes its inode), and nothing is lost.
+    #[test]
+    fn the_log_is_folded_and_reused_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = dir.path().join(format!("{DB_FILE}-wal"));
+        let frame = 4096 + 24;
+        let mut largest = 0;
+        let mut restarted = false;
+        for i in 0..120u32 {
+            let mut store = SqliteStore::open_one_shot(dir.path()).unwrap();
+            let mut txn = store.begin().unwrap();
+            txn.put_allocation(
+                "s",
+                &StoredAllocation {
+                    pool: PoolName::default_pool(),
+                    addr: IpAddr::from([10, 0, (i / 250) as u8, (i % 250) as u8]),
+                    owner: "o".repeat(2000),
+                    key: None,
+                    generation: u64::from(i) + 1,
+                    lease: None,
+                },
+            )
+            .unwrap();
+            txn.commit().unwrap();
+            let frames = store.log_frames.load(Ordering::Relaxed);
+            restarted |= i > 0 && frames <= 2;
+            store.close().unwrap();
+            largest = largest.max(std::fs::metadata(&wal).unwrap().len());
+        }
+        assert!(restarted, "the log never started again");
+        assert!(
+            largest <= (u64::from(WAL_LIMIT_FRAMES) + 16) * frame,
+            "the log grew to {largest} bytes"
+        );
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let mut txn = store.begin().unwrap();
+        assert_eq!(txn.all_allocations("s").unwrap().len(), 120);
     }
 }
