@@ -1,0 +1,494 @@
+//! corral-api: the agent's REST API as data. Paths, request and response bodies, and the
+//! error body, shared by the agent (`corral-agent`), the lean blocking client
+//! (`corral-client`, used by the CLI and by corral-ipam in agent mode) and the OpenAPI
+//! document (`openapi.json` at the repository root, served at `/openapi.json`).
+//!
+//! Every body is JSON. Unknown fields are refused (`deny_unknown_fields`), so a typo in a
+//! request is a 400 that names the field, not a silently ignored option. Addresses are JSON
+//! strings in their usual text form; counts that can exceed 2^53 (capacities of IPv6 ranges)
+//! are decimal strings.
+//!
+//! Everything an operation acts on lives in a *scope*: the agent's own pools are in scope
+//! [`NODE_SCOPE`]; corral-ipam in agent mode uses one scope per CNI network, as it does on its
+//! own database.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// The scope of the agent's configured pools; the default of every `scope` field.
+pub const NODE_SCOPE: &str = "node";
+/// The pool used when a request names none.
+pub const DEFAULT_POOL: &str = "default";
+/// The largest request body the agent reads, in bytes.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Paths of the API.
+pub mod paths {
+    pub const HEALTHZ: &str = "/healthz";
+    pub const READYZ: &str = "/readyz";
+    pub const METRICS: &str = "/metrics";
+    pub const OPENAPI: &str = "/openapi.json";
+    pub const ALLOCATE: &str = "/v1/allocate";
+    pub const RELEASE: &str = "/v1/release";
+    pub const LEASE_START: &str = "/v1/leases/start";
+    pub const LEASE_STOP: &str = "/v1/leases/stop";
+    pub const DUMP: &str = "/v1/dump";
+    pub const STATUS: &str = "/v1/status";
+    pub const POOLS: &str = "/v1/pools";
+    pub const POOL_RANGES_ADD: &str = "/v1/pools/ranges/add";
+    pub const POOL_RANGES_REMOVE: &str = "/v1/pools/ranges/remove";
+    pub const POOL_EXCLUSIONS_ADD: &str = "/v1/pools/exclusions/add";
+    pub const POOL_EXCLUSIONS_REMOVE: &str = "/v1/pools/exclusions/remove";
+    pub const CHECKPOINT: &str = "/v1/checkpoint";
+    pub const CNI_ADD: &str = "/v1/cni/add";
+    pub const CNI_DEL: &str = "/v1/cni/del";
+    pub const CNI_CHECK: &str = "/v1/cni/check";
+    pub const CNI_GC: &str = "/v1/cni/gc";
+    pub const CNI_STATUS: &str = "/v1/cni/status";
+}
+
+fn node_scope() -> String {
+    NODE_SCOPE.to_owned()
+}
+
+fn default_pool() -> String {
+    DEFAULT_POOL.to_owned()
+}
+
+/// An address family, or both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FamilyChoice {
+    Ipv4,
+    Ipv6,
+    /// One address of each family, all or nothing.
+    Dual,
+}
+
+/// One address family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FamilyName {
+    Ipv4,
+    Ipv6,
+}
+
+/// The CNI attachment an allocation belongs to: (network, container ID, interface).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachmentKey {
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// An expiration timer on an allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Lease {
+    /// The lease's UUID, needed to stop it.
+    pub id: String,
+    /// When it expires, in milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+// ---- allocate / release -----------------------------------------------------------------
+
+/// `POST /v1/allocate`: the next free address (or `address`), of one family or both.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocateRequest {
+    #[serde(default = "node_scope")]
+    pub scope: String,
+    #[serde(default = "default_pool")]
+    pub pool: String,
+    /// Which family; defaults to the family of `address`, else `ipv4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<FamilyChoice>,
+    /// A specific address instead of the next free one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<IpAddr>,
+    /// Who holds the address (free text, used by release-by-owner).
+    pub owner: String,
+    /// Allocating again with the same key returns the same addresses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<AttachmentKey>,
+    /// Start an expiration timer of this length with the allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
+}
+
+/// One address handed out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocated {
+    pub address: IpAddr,
+    pub family: FamilyName,
+    pub pool: String,
+    /// Changes every time the address is handed out; release by address can require it.
+    pub generation: u64,
+    /// True when the key already held this address (nothing changed).
+    pub existing: bool,
+    /// The subnet of the range the address came from, when it still has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<IpAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocateResponse {
+    pub allocations: Vec<Allocated>,
+}
+
+/// `POST /v1/release`: exactly one of `key`, `address` (optionally with `generation`), or
+/// `owner`. Releasing what is not held is not an error: `released` is then empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    #[serde(default = "node_scope")]
+    pub scope: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<AttachmentKey>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<IpAddr>,
+    /// With `address`: release only if this is still the address's generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleasedAddress {
+    pub address: IpAddr,
+    pub pool: String,
+    pub generation: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseResponse {
+    pub released: Vec<ReleasedAddress>,
+}
+
+// ---- leases -----------------------------------------------------------------------------
+
+/// `POST /v1/leases/start`: an expiration timer on an allocated address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseStartRequest {
+    #[serde(default = "node_scope")]
+    pub scope: String,
+    pub address: IpAddr,
+    pub duration_ms: u64,
+}
+
+/// `POST /v1/leases/stop`: the address stays allocated, without a timer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseStopRequest {
+    #[serde(default = "node_scope")]
+    pub scope: String,
+    pub address: IpAddr,
+    pub id: String,
+}
+
+// ---- dump / status ----------------------------------------------------------------------
+
+/// `GET /v1/dump[?scope=]`: every allocation, per scope and pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DumpResponse {
+    pub scopes: Vec<ScopeDump>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeDump {
+    pub scope: String,
+    pub pools: Vec<PoolDump>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolDump {
+    pub pool: String,
+    pub allocations: Vec<DumpEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DumpEntry {
+    pub address: IpAddr,
+    pub owner: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<AttachmentKey>,
+    pub generation: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+}
+
+/// `GET /v1/status[?scope=]`: capacity and use per scope, pool and family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusResponse {
+    /// False until the state on disk has been restored.
+    pub ready: bool,
+    /// One human-readable line per scope.
+    pub summary: Vec<String>,
+    pub scopes: Vec<ScopeStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeStatus {
+    pub scope: String,
+    pub pools: Vec<PoolStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolStatus {
+    pub pool: String,
+    pub families: Vec<FamilyStatus>,
+}
+
+/// Counts as decimal strings: an IPv6 range holds more than JSON numbers carry exactly.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilyStatus {
+    pub family: FamilyName,
+    pub capacity: String,
+    pub used: String,
+    pub free: String,
+    pub excluded: String,
+    pub cooling: String,
+}
+
+// ---- pools ------------------------------------------------------------------------------
+
+/// `GET /v1/pools[?scope=]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolsResponse {
+    pub pools: Vec<PoolInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolInfo {
+    pub scope: String,
+    pub name: String,
+    pub cooldown_ms: u64,
+    pub lowest_free: bool,
+    pub ranges: Vec<RangeInfo>,
+    pub exclusions: Vec<ExclusionInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeInfo {
+    /// The range in its canonical text form (`10.0.0.0/24`, `10.0.0.10-10.0.0.20/24`, ...).
+    pub range: String,
+    /// True while a removed range still holds allocations.
+    pub draining: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExclusionInfo {
+    pub network: String,
+    pub reason: String,
+}
+
+/// `POST /v1/pools/ranges/add`: adds capacity, creating the pool if it does not exist.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeRequest {
+    #[serde(default = "node_scope")]
+    pub scope: String,
+    pub pool: String,
+    pub range: String,
+}
+
+/// What removing a range did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RangeRemoval {
+    /// The range is gone.
+    Removed,
+    /// The range still holds allocations: it hands out nothing more and disappears with the
+    /// last of them.
+    Draining,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeRemoved {
+    pub outcome: RangeRemoval,
+}
+
+/// `POST /v1/pools/exclusions/add` and `.../remove` (where `reason` is ignored).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExclusionRequest {
+    #[serde(default = "node_scope")]
+    pub scope: String,
+    pub pool: String,
+    /// An address or a network in CIDR form.
+    pub network: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// The body of a successful request that returns nothing else.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Done {
+    pub ok: bool,
+}
+
+// ---- CNI (corral-ipam in agent mode) ----------------------------------------------------
+
+/// One pool of a CNI network, as corral-ipam derives it from the network configuration (one
+/// pool per range set).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniPool {
+    pub name: String,
+    pub cooldown_ms: u64,
+    pub lowest_free: bool,
+    pub ranges: Vec<String>,
+    pub exclusions: Vec<ExclusionInfo>,
+}
+
+/// The network a CNI request is about: its name is the scope, its pools replace the scope's
+/// configuration when they differ (allocations outside the new ranges are kept until
+/// released, never handed out again).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniNetwork {
+    pub name: String,
+    pub pools: Vec<CniPool>,
+}
+
+/// One address wanted by an ADD: from `pool`, of `family`, `requested` if given.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniSet {
+    pub pool: String,
+    pub family: FamilyName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested: Option<IpAddr>,
+}
+
+/// `POST /v1/cni/add`: one address per set, all or nothing; idempotent per key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniAddRequest {
+    pub network: CniNetwork,
+    pub key: AttachmentKey,
+    pub owner: String,
+    pub sets: Vec<CniSet>,
+}
+
+/// `POST /v1/cni/del` and `/v1/cni/check`: the attachment's addresses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniKeyRequest {
+    pub network: CniNetwork,
+    pub key: AttachmentKey,
+}
+
+/// `POST /v1/cni/gc`: releases every allocation of the network whose attachment is not listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniGcRequest {
+    pub network: CniNetwork,
+    pub valid_attachments: Vec<AttachmentKey>,
+}
+
+/// `POST /v1/cni/status`: the network's pools with their use (answered with a
+/// [`ScopeStatus`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniStatusRequest {
+    pub network: CniNetwork,
+}
+
+// ---- errors -----------------------------------------------------------------------------
+
+/// Every non-2xx response carries this body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorResponse {
+    pub error: ErrorBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// Machine-readable; one of [`ErrorCode`]'s names.
+    pub code: ErrorCode,
+    /// What was wrong, for people.
+    pub message: String,
+    /// The pool concerned, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+}
+
+/// Why a request failed, with its HTTP status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the body is not JSON, a field is missing, unknown or of the wrong type, or a value
+    /// is malformed.
+    BadRequest,
+    /// 401: the TCP listener needs the bearer token.
+    Unauthorized,
+    /// 404: no such scope, pool, allocation or lease, or no such path.
+    NotFound,
+    /// 405: the path exists with another method.
+    MethodNotAllowed,
+    /// 409: the address is held, or the attachment holds a different one.
+    InUse,
+    /// 409: the pool has no free address of the family.
+    Exhausted,
+    /// 409: the address is outside the pool, excluded, reserved, or its range is draining.
+    Unavailable,
+    /// 409: the request conflicts with state (a lease already running, a stale generation, a
+    /// checkpoint into a scope that holds allocations).
+    Conflict,
+    /// 413: the body is larger than [`MAX_BODY_BYTES`].
+    TooLarge,
+    /// 415: the body is not declared as JSON.
+    UnsupportedMediaType,
+    /// 409: the CNI attachment holds an address that none of its network's ranges contain any
+    /// more (the configuration changed under it).
+    AttachmentConflict,
+    /// 503: the agent is still restoring its state, or its store failed; retry later.
+    RetryLater,
+}
+
+impl ErrorCode {
+    /// The HTTP status of a response with this code.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::InUse | ErrorCode::Exhausted | ErrorCode::Unavailable => 409,
+            ErrorCode::Conflict | ErrorCode::AttachmentConflict => 409,
+            ErrorCode::TooLarge => 413,
+            ErrorCode::UnsupportedMediaType => 415,
+            ErrorCode::RetryLater => 503,
+        }
+    }
+}

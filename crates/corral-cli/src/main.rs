@@ -1,0 +1,3 @@
+//! corral: the command line (being written).
+
+fn main() {}
