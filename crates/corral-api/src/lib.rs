@@ -84,7 +84,7 @@ pub struct AttachmentKey {
 }
 
 /// An expiration timer on an allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Lease {
     /// The lease's UUID, needed to stop it.
