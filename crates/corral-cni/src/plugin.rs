@@ -20,6 +20,12 @@ use crate::{Attachment, CniError, IpamResult, NetConfig, parse_resolv_conf};
 fn store_error(error: StoreError) -> CniError {
     match error {
         StoreError::Engine(error) => CniError::from(error),
+        // A running agent owns the directory (and keeps it locked until it stops).
+        StoreError::Held { .. } => CniError::new(
+            CniError::TRY_AGAIN_LATER,
+            error.to_string(),
+            "set \"agent\" in the ipam configuration to the agent's socket, or stop the agent",
+        ),
         other => CniError::store(other),
     }
 }
@@ -83,10 +89,16 @@ fn engine_config(now: Timestamp) -> EngineConfig {
 /// [`close`], which syncs what was committed; no answer may be given before it returns.
 fn open(config: &NetConfig) -> Result<SqliteStore, CniError> {
     let mut store = SqliteStore::open_one_shot(&config.ipam.data_dir).map_err(|error| {
-        CniError::store(error).context(&format!(
-            "state directory {}",
-            config.ipam.data_dir.display()
-        ))
+        let held = matches!(error, StoreError::Held { .. });
+        let error = store_error(error);
+        if held {
+            error
+        } else {
+            error.context(&format!(
+                "state directory {}",
+                config.ipam.data_dir.display()
+            ))
+        }
     })?;
     import_host_local(&mut store, config)?;
     Ok(store)

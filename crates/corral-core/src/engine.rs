@@ -703,6 +703,51 @@ impl Engine {
         ])
     }
 
+    /// Allocates one address per request, each from its own pool and family, or none: every
+    /// address is chosen before any is taken, so a failure leaves the engine as it was. (Two
+    /// requests for the same pool and family are refused: their choices would collide.)
+    pub fn allocate_all(
+        &mut self,
+        requests: &[(Request<'_>, Target)],
+        now: Timestamp,
+    ) -> Result<Vec<Allocation>, AllocError> {
+        self.require_ready("allocate")?;
+        let mut targets = Vec::with_capacity(requests.len());
+        for (request, target) in requests {
+            validate_owner(request.owner)?;
+            let id = self.pool_id(request.pool)?;
+            let family = match *target {
+                Target::Next(family) => family,
+                Target::Specific(addr) => Family::of(addr),
+            };
+            if targets.contains(&(id, family)) {
+                return Err(AllocError::DuplicateTarget {
+                    pool: request.pool.clone(),
+                    family,
+                });
+            }
+            targets.push((id, family));
+            self.advance_pool(id, now);
+        }
+        let mut plans = Vec::with_capacity(requests.len());
+        for ((request, target), &(id, _)) in requests.iter().zip(&targets) {
+            let key_hash = request.key.map(|key| self.table.key_hash(key));
+            let plan = match *target {
+                Target::Next(family) => self.plan_next(id, family, request.key, key_hash)?,
+                Target::Specific(addr) => self.plan_specific(id, addr, request.key, key_hash)?,
+            };
+            self.check_room(request, requests.len())?;
+            plans.push((id, plan, key_hash));
+        }
+        Ok(plans
+            .into_iter()
+            .zip(requests)
+            .map(|((id, plan, key_hash), (request, _))| {
+                self.apply(id, plan, request, key_hash, now)
+            })
+            .collect())
+    }
+
     /// The allocation a key already holds in a pool and family.
     fn existing_for_key(
         &self,

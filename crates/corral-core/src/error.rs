@@ -133,6 +133,8 @@ pub enum AllocError {
     SnapshotMismatch { pool: PoolName, reason: String },
     #[error("the allocation table is full (2^32 allocations or 16 GiB of owner and key strings)")]
     TableFull,
+    #[error("two requests of one all-or-nothing allocation target pool {pool}, {family}")]
+    DuplicateTarget { pool: PoolName, family: Family },
     #[error("generation {generation} is out of range (at most 2^63)")]
     GenerationOutOfRange { generation: u64 },
     #[error("attachment {key} already holds {existing} in pool {pool}")]

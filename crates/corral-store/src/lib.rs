@@ -28,7 +28,7 @@ pub use checkpoint::{
 };
 pub use hostlocal::{HostLocalEntry, host_local_allocations, read_host_local_dir};
 pub use load::{Need, build_engine, save_engine};
-pub use sqlite::{DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn};
+pub use sqlite::{AGENT_FILE, DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn};
 
 /// The schema version this build writes; older databases are migrated when opened.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -48,6 +48,8 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the state directory {path} is held by {holder}")]
+    Held { path: String, holder: String },
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("{addr} is already recorded as held in scope {scope}")]

@@ -112,7 +112,15 @@ enum Mode {
     /// instead of setting up the shared-memory file: ~0.25 ms per process), and commits
     /// become durable when [`SqliteStore::close`] returns, after the locks are released.
     OneShot,
+    /// A long-lived owner (the agent): the directory is locked from open to close, refused if
+    /// another process holds it, and a commit is durable when it returns.
+    Owned,
 }
+
+/// The file a running agent keeps in its state directory: its socket's path. A CNI call that
+/// finds the directory locked and this file present is told to ask the agent instead of
+/// waiting for a lock that is not released until the agent stops.
+pub const AGENT_FILE: &str = "corral.agent";
 
 fn dir_error(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     move |source| StoreError::Directory {
@@ -138,6 +146,18 @@ impl SqliteStore {
         SqliteStore::open_in(dir, Mode::OneShot)
     }
 
+    /// Opens the store for a long-lived owner (the agent): the directory stays locked until
+    /// the store is closed or dropped, and opening fails at once with [`StoreError::Held`]
+    /// when another process holds it. Commits are durable when they return. `agent_socket`
+    /// is recorded in [`AGENT_FILE`] for CNI calls that find the directory locked.
+    pub fn open_owned(dir: &Path, agent_socket: &Path) -> Result<SqliteStore, StoreError> {
+        let store = SqliteStore::open_in(dir, Mode::Owned)?;
+        let marker = dir.join(AGENT_FILE);
+        std::fs::write(&marker, agent_socket.as_os_str().as_encoded_bytes())
+            .map_err(dir_error(&marker))?;
+        Ok(store)
+    }
+
     fn open_in(dir: &Path, mode: Mode) -> Result<SqliteStore, StoreError> {
         create_dir_durably(dir)?;
         let lock_path = dir.join(LOCK_FILE);
@@ -147,8 +167,45 @@ impl SqliteStore {
             .write(true)
             .open(&lock_path)
             .map_err(dir_error(&lock_path))?;
-        if mode == Mode::OneShot {
-            lock_dir(&lock, &lock_path)?;
+        match mode {
+            Mode::Shared => {}
+            Mode::OneShot => match lock.try_lock() {
+                // An agent file left by an agent that was killed is stale once we hold the
+                // lock; it must not make later calls believe an agent holds the directory.
+                Ok(()) => {
+                    let _ = std::fs::remove_file(dir.join(AGENT_FILE));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    if let Ok(socket) = std::fs::read_to_string(dir.join(AGENT_FILE)) {
+                        return Err(StoreError::Held {
+                            path: dir.display().to_string(),
+                            holder: format!("the corral agent listening on {socket}"),
+                        });
+                    }
+                    lock_dir(&lock, &lock_path)?;
+                }
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(StoreError::Lock {
+                        path: lock_path.display().to_string(),
+                        source,
+                    });
+                }
+            },
+            Mode::Owned => match lock.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(StoreError::Held {
+                        path: dir.display().to_string(),
+                        holder: "another process (an agent, or a corral-ipam call)".into(),
+                    });
+                }
+                Err(std::fs::TryLockError::Error(source)) => {
+                    return Err(StoreError::Lock {
+                        path: lock_path.display().to_string(),
+                        source,
+                    });
+                }
+            },
         }
         let mut store = SqliteStore {
             conn: None,
@@ -163,7 +220,7 @@ impl SqliteStore {
         // Connection settings; none needs the directory lock. Exclusive locking must be set
         // before the first read to keep the log index in memory.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
-        if mode == Mode::OneShot {
+        if mode != Mode::Shared {
             conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
         }
         // Counting the log's frames after each commit (for `fold_log`) also replaces SQLite's
@@ -220,11 +277,19 @@ impl SqliteStore {
         if let Some(conn) = self.conn.take() {
             conn.close().map_err(|(_, error)| error)?;
         }
+        self.give_up_ownership();
         let _ = self.lock.unlock();
         if self.unsynced.replace(false) {
             sync_log(&self.dir)?;
         }
         Ok(())
+    }
+
+    /// An owner removes its [`AGENT_FILE`] before it lets go of the directory.
+    fn give_up_ownership(&self) {
+        if self.mode == Mode::Owned {
+            let _ = std::fs::remove_file(self.dir.join(AGENT_FILE));
+        }
     }
 
     fn conn(&self) -> &Connection {
@@ -237,7 +302,7 @@ impl SqliteStore {
     fn acquire(&self) -> Result<(), StoreError> {
         match self.mode {
             Mode::Shared => lock_dir(&self.lock, &self.dir.join(LOCK_FILE)),
-            Mode::OneShot => Ok(()),
+            Mode::OneShot | Mode::Owned => Ok(()),
         }
     }
 
@@ -284,6 +349,7 @@ impl Drop for SqliteStore {
     /// (a failure then goes unreported).
     fn drop(&mut self) {
         drop(self.conn.take());
+        self.give_up_ownership();
         let _ = self.lock.unlock();
         if self.unsynced.replace(false) {
             let _ = sync_log(&self.dir);
@@ -489,14 +555,14 @@ impl Store for SqliteStore {
                 return Err(error);
             }
         };
-        let shared = self.mode == Mode::Shared;
+        let mode = self.mode;
         Ok(SqliteTxn {
             conn: self.conn(),
             open: true,
             log_frames: &self.log_frames,
-            lock: shared.then_some(&self.lock),
+            lock: (mode == Mode::Shared).then_some(&self.lock),
             dir: &self.dir,
-            unsynced: (!shared).then_some(&self.unsynced),
+            unsynced: (mode == Mode::OneShot).then_some(&self.unsynced),
             sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
         })
     }

@@ -374,3 +374,40 @@ fn a_checkpoint_moves_a_store_to_another_and_bad_ones_change_nothing() {
     let mut txn = empty.begin().unwrap();
     assert!(import_checkpoint(&mut txn, &twice).is_err());
 }
+
+/// An owner (the agent) holds the directory for as long as it runs: a second owner is refused
+/// at once, a one-shot store (a CNI call) is told which agent holds it instead of waiting for
+/// ever, and both work again once the owner is gone — also when it was killed and left its
+/// agent file behind.
+#[test]
+fn an_owned_directory_refuses_other_owners_and_names_the_agent_to_cni_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let mut owner = SqliteStore::open_owned(dir.path(), &socket).unwrap();
+    let desired = config(&["10.0.0.0/29"]);
+    assert_eq!(
+        add(&mut owner, &desired, 1).unwrap().to_string(),
+        "10.0.0.1"
+    );
+    match SqliteStore::open_owned(dir.path(), &socket) {
+        Err(StoreError::Held { .. }) => {}
+        other => panic!("a second owner: {other:?}"),
+    }
+    match SqliteStore::open_one_shot(dir.path()) {
+        Err(StoreError::Held { holder, .. }) => {
+            assert!(holder.contains("agent.sock"), "{holder}")
+        }
+        other => panic!("a CNI call while the agent runs: {other:?}"),
+    }
+    owner.close().unwrap();
+    assert!(!dir.path().join(corral_store::AGENT_FILE).exists());
+    // A killed agent leaves its file; the lock died with it, so calls go on and clear it.
+    std::fs::write(dir.path().join(corral_store::AGENT_FILE), "/gone.sock").unwrap();
+    let mut call = SqliteStore::open_one_shot(dir.path()).unwrap();
+    assert!(!dir.path().join(corral_store::AGENT_FILE).exists());
+    assert_eq!(add(&mut call, &desired, 2).unwrap().to_string(), "10.0.0.2");
+    call.close().unwrap();
+    let mut owner = SqliteStore::open_owned(dir.path(), &socket).unwrap();
+    let mut txn = owner.begin().unwrap();
+    assert_eq!(txn.all_allocations(SCOPE).unwrap().len(), 2);
+}
