@@ -1,1 +1,19 @@
-//! corral-agent (being written).
+//! corral-agent: the node daemon. It owns a state directory (SQLite, locked for as long as
+//! it runs), keeps one engine per scope in memory, and answers the REST API of `corral-api`
+//! on a unix socket (and optionally on TCP at the loopback address, with a bearer token).
+//!
+//! Start-up: the socket is bound first, so `/healthz` answers and `/readyz` says "not ready"
+//! while the state is restored; every allocation, lease and cooldown comes back, and only
+//! then are overdue leases released (the first tick). Requests before that get 503.
+//! Every change is durable before it is answered; concurrent requests share one commit
+//! (`committer.rs`).
+
+pub mod api;
+pub mod committer;
+pub mod config;
+pub mod host;
+pub mod metrics;
+mod server;
+
+pub use config::{AgentConfig, ConfigError, Overrides};
+pub use server::{AgentError, run, serve};

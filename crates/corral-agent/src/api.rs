@@ -1,0 +1,412 @@
+//! The REST API (axum): JSON in and out, every failure an [`api::ErrorResponse`] with the
+//! status its code carries. Bodies are limited to [`api::MAX_BODY_BYTES`]; malformed JSON,
+//! unknown fields and wrong types are 400s that name the problem; nothing a client sends can
+//! make a handler panic or answer 5xx (503 only while restoring or when the store fails).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use corral_api::{self as api, ErrorCode, paths};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::committer::Committer;
+use crate::host::{Op, OpError, Reply};
+use crate::metrics::{Metrics, Operation, Outcome};
+
+/// The OpenAPI document, as committed at the repository root.
+pub const OPENAPI: &str = include_str!("../../../openapi.json");
+
+/// What every handler shares.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// Set once the state on disk is restored; until then requests get 503.
+    pub committer: Arc<OnceLock<Committer>>,
+    pub ready: Arc<AtomicBool>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// An error answer.
+#[derive(Debug)]
+pub struct ApiError(pub OpError);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.0.code.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        let body = api::ErrorResponse {
+            error: api::ErrorBody {
+                code: self.0.code,
+                message: self.0.message,
+                pool: self.0.pool,
+            },
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> ApiError {
+    ApiError(OpError::new(code, message))
+}
+
+/// A JSON body, whose rejections are API errors.
+#[derive(Debug)]
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(Body(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    let code = match rejection.status() {
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::TooLarge,
+        _ => ErrorCode::BadRequest,
+    };
+    let message = match code {
+        ErrorCode::UnsupportedMediaType => {
+            "the body must be JSON, sent with Content-Type: application/json".to_owned()
+        }
+        ErrorCode::TooLarge => format!("the body is larger than {} bytes", api::MAX_BODY_BYTES),
+        _ => rejection.body_text(),
+    };
+    error(code, message)
+}
+
+/// The `?scope=` of a GET.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeQuery {
+    scope: Option<String>,
+}
+
+/// A query string, whose rejections are API errors.
+#[derive(Debug)]
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Query(value)),
+            Err(rejection) => Err(query_rejection(rejection)),
+        }
+    }
+}
+
+fn query_rejection(rejection: QueryRejection) -> ApiError {
+    error(ErrorCode::BadRequest, rejection.body_text())
+}
+
+impl AppState {
+    /// Runs one operation through the committer: durable when this returns `Ok`.
+    async fn run(&self, operation: &'static str, op: Op) -> Result<Reply, ApiError> {
+        let started = Instant::now();
+        let counter = match operation {
+            "allocate" | "cni_add" => Some(&self.metrics.allocations),
+            "release" | "cni_del" | "cni_gc" => Some(&self.metrics.releases),
+            _ => None,
+        };
+        let result = match self.committer.get() {
+            Some(committer) if self.ready.load(Ordering::Acquire) => committer.submit(op).await,
+            _ => Err(OpError::new(
+                ErrorCode::RetryLater,
+                "the agent is restoring its state; retry shortly",
+            )),
+        };
+        self.metrics
+            .latency
+            .get_or_create(&Operation {
+                operation: operation.to_owned(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        if let Some(counter) = counter {
+            let outcome = match &result {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => serde_json::to_value(e.code)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "error".into()),
+            };
+            counter.get_or_create(&Outcome { outcome }).inc();
+        }
+        result.map_err(ApiError)
+    }
+}
+
+fn unexpected(reply: Reply) -> ApiError {
+    error(
+        ErrorCode::RetryLater,
+        format!("internal: unexpected answer {reply:?}"),
+    )
+}
+
+macro_rules! answer {
+    ($state:expr, $name:literal, $op:expr, $variant:ident) => {
+        match $state.run($name, $op).await? {
+            Reply::$variant(body) => Ok(Json(body)),
+            other => Err(unexpected(other)),
+        }
+    };
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        error(ErrorCode::RetryLater, "restoring state").into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let gauges = match state.run("metrics", Op::Gauges).await {
+        Ok(Reply::Gauges(gauges)) => gauges,
+        _ => Vec::new(),
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(&gauges),
+    )
+        .into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn allocate(
+    State(state): State<AppState>,
+    Body(request): Body<api::AllocateRequest>,
+) -> Result<Json<api::AllocateResponse>, ApiError> {
+    answer!(state, "allocate", Op::Allocate(request), Allocated)
+}
+
+async fn release(
+    State(state): State<AppState>,
+    Body(request): Body<api::ReleaseRequest>,
+) -> Result<Json<api::ReleaseResponse>, ApiError> {
+    answer!(state, "release", Op::Release(request), Released)
+}
+
+async fn lease_start(
+    State(state): State<AppState>,
+    Body(request): Body<api::LeaseStartRequest>,
+) -> Result<Json<api::Lease>, ApiError> {
+    answer!(state, "lease_start", Op::LeaseStart(request), Lease)
+}
+
+async fn lease_stop(
+    State(state): State<AppState>,
+    Body(request): Body<api::LeaseStopRequest>,
+) -> Result<Json<api::Done>, ApiError> {
+    done(state.run("lease_stop", Op::LeaseStop(request)).await?)
+}
+
+fn done(reply: Reply) -> Result<Json<api::Done>, ApiError> {
+    match reply {
+        Reply::Done => Ok(Json(api::Done { ok: true })),
+        other => Err(unexpected(other)),
+    }
+}
+
+async fn dump(
+    State(state): State<AppState>,
+    Query(query): Query<ScopeQuery>,
+) -> Result<Json<api::DumpResponse>, ApiError> {
+    answer!(state, "dump", Op::Dump(query.scope), Dump)
+}
+
+async fn status(
+    State(state): State<AppState>,
+    Query(query): Query<ScopeQuery>,
+) -> Result<Json<api::StatusResponse>, ApiError> {
+    answer!(state, "status", Op::Status(query.scope), Status)
+}
+
+async fn pools(
+    State(state): State<AppState>,
+    Query(query): Query<ScopeQuery>,
+) -> Result<Json<api::PoolsResponse>, ApiError> {
+    answer!(state, "pools", Op::Pools(query.scope), Pools)
+}
+
+async fn add_range(
+    State(state): State<AppState>,
+    Body(request): Body<api::RangeRequest>,
+) -> Result<Json<api::Done>, ApiError> {
+    done(state.run("add_range", Op::AddRange(request)).await?)
+}
+
+async fn remove_range(
+    State(state): State<AppState>,
+    Body(request): Body<api::RangeRequest>,
+) -> Result<Json<api::RangeRemoved>, ApiError> {
+    answer!(
+        state,
+        "remove_range",
+        Op::RemoveRange(request),
+        RangeRemoved
+    )
+}
+
+async fn add_exclusion(
+    State(state): State<AppState>,
+    Body(request): Body<api::ExclusionRequest>,
+) -> Result<Json<api::Done>, ApiError> {
+    done(
+        state
+            .run("add_exclusion", Op::AddExclusion(request))
+            .await?,
+    )
+}
+
+async fn remove_exclusion(
+    State(state): State<AppState>,
+    Body(request): Body<api::ExclusionRequest>,
+) -> Result<Json<api::Done>, ApiError> {
+    done(
+        state
+            .run("remove_exclusion", Op::RemoveExclusion(request))
+            .await?,
+    )
+}
+
+async fn export(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    answer!(state, "export", Op::Export, Checkpoint)
+}
+
+async fn import(
+    State(state): State<AppState>,
+    Body(document): Body<serde_json::Value>,
+) -> Result<Json<api::Done>, ApiError> {
+    done(state.run("import", Op::Import(document)).await?)
+}
+
+async fn cni_add(
+    State(state): State<AppState>,
+    Body(request): Body<api::CniAddRequest>,
+) -> Result<Json<api::AllocateResponse>, ApiError> {
+    answer!(state, "cni_add", Op::CniAdd(request), Allocated)
+}
+
+async fn cni_del(
+    State(state): State<AppState>,
+    Body(request): Body<api::CniKeyRequest>,
+) -> Result<Json<api::ReleaseResponse>, ApiError> {
+    answer!(state, "cni_del", Op::CniDel(request), Released)
+}
+
+async fn cni_check(
+    State(state): State<AppState>,
+    Body(request): Body<api::CniKeyRequest>,
+) -> Result<Json<api::AllocateResponse>, ApiError> {
+    answer!(state, "cni_check", Op::CniCheck(request), Allocated)
+}
+
+async fn cni_gc(
+    State(state): State<AppState>,
+    Body(request): Body<api::CniGcRequest>,
+) -> Result<Json<api::ReleaseResponse>, ApiError> {
+    answer!(state, "cni_gc", Op::CniGc(request), Released)
+}
+
+async fn cni_status(
+    State(state): State<AppState>,
+    Body(request): Body<api::CniStatusRequest>,
+) -> Result<Json<api::ScopeStatus>, ApiError> {
+    answer!(state, "cni_status", Op::CniStatus(request), ScopeStatus)
+}
+
+async fn not_found() -> ApiError {
+    error(ErrorCode::NotFound, "no such path; see /openapi.json")
+}
+
+async fn method_not_allowed() -> ApiError {
+    error(
+        ErrorCode::MethodNotAllowed,
+        "this path exists with another method; see /openapi.json",
+    )
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route(paths::HEALTHZ, get(healthz))
+        .route(paths::READYZ, get(readyz))
+        .route(paths::METRICS, get(metrics))
+        .route(paths::OPENAPI, get(openapi))
+        .route(paths::ALLOCATE, post(allocate))
+        .route(paths::RELEASE, post(release))
+        .route(paths::LEASE_START, post(lease_start))
+        .route(paths::LEASE_STOP, post(lease_stop))
+        .route(paths::DUMP, get(dump))
+        .route(paths::STATUS, get(status))
+        .route(paths::POOLS, get(pools))
+        .route(paths::POOL_RANGES_ADD, post(add_range))
+        .route(paths::POOL_RANGES_REMOVE, post(remove_range))
+        .route(paths::POOL_EXCLUSIONS_ADD, post(add_exclusion))
+        .route(paths::POOL_EXCLUSIONS_REMOVE, post(remove_exclusion))
+        .route(paths::CHECKPOINT, get(export).post(import))
+        .route(paths::CNI_ADD, post(cni_add))
+        .route(paths::CNI_DEL, post(cni_del))
+        .route(paths::CNI_CHECK, post(cni_check))
+        .route(paths::CNI_GC, post(cni_gc))
+        .route(paths::CNI_STATUS, post(cni_status))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// The routes behind a bearer token (the TCP listener).
+pub fn with_token(router: Router, token: Arc<str>) -> Router {
+    router.layer(middleware::from_fn(move |req: Request, next: Next| {
+        let token = Arc::clone(&token);
+        async move {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+                next.run(req).await
+            } else {
+                error(
+                    ErrorCode::Unauthorized,
+                    "this listener needs Authorization: Bearer <token>",
+                )
+                .into_response()
+            }
+        }
+    }))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

@@ -1,0 +1,285 @@
+//! The agent's configuration: a TOML file, overridden by command-line flags.
+//!
+//! ```toml
+//! data_dir = "/var/lib/corral"          # the SQLite state
+//! socket = "/run/corral/agent.sock"     # the REST API (mode 0660)
+//! tcp = "127.0.0.1:9876"                # optional; needs a token
+//! token_file = "/etc/corral/token"      # the bearer token for TCP
+//!
+//! [[pools]]
+//! name = "default"
+//! ranges = ["10.88.0.0/16", "fd88::/64"]
+//! cooldown_ms = 30000
+//! lowest_free = false
+//! exclusions = [{ network = "10.88.0.0/28", reason = "infrastructure" }]
+//! ```
+//!
+//! Without a file, the embedded default is one dual-stack pool `default` (10.88.0.0/16 and
+//! fd88::/64, 30 s cooldown) with production paths.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use corral_core::{Exclusion, PoolName, RangeSpec, ReusePolicy};
+use corral_store::{PoolSpec, ScopeConfig};
+use serde::Deserialize;
+
+/// The production state directory.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/corral";
+/// The production socket.
+pub const DEFAULT_SOCKET: &str = "/run/corral/agent.sock";
+
+/// Everything the agent runs with, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    pub data_dir: PathBuf,
+    pub socket: PathBuf,
+    /// A TCP address on the loopback interface, served only with a token.
+    pub tcp: Option<SocketAddr>,
+    pub token: Option<String>,
+    /// The agent's own pools (scope `node`).
+    pub pools: ScopeConfig,
+}
+
+/// The file's shape; every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    pub data_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub tcp: Option<SocketAddr>,
+    pub token_file: Option<PathBuf>,
+    pub pools: Option<Vec<PoolFile>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolFile {
+    pub name: String,
+    #[serde(default)]
+    pub ranges: Vec<String>,
+    #[serde(default = "default_cooldown_ms")]
+    pub cooldown_ms: u64,
+    #[serde(default)]
+    pub lowest_free: bool,
+    #[serde(default)]
+    pub exclusions: Vec<ExclusionFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExclusionFile {
+    pub network: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+fn default_cooldown_ms() -> u64 {
+    30_000
+}
+
+/// A configuration problem, naming the file or flag and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Command-line overrides.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub tcp: Option<SocketAddr>,
+    pub token_file: Option<PathBuf>,
+}
+
+/// The embedded default pools.
+pub fn default_pools() -> Vec<PoolFile> {
+    vec![PoolFile {
+        name: "default".into(),
+        ranges: vec!["10.88.0.0/16".into(), "fd88::/64".into()],
+        cooldown_ms: default_cooldown_ms(),
+        lowest_free: false,
+        exclusions: Vec::new(),
+    }]
+}
+
+impl AgentConfig {
+    /// Reads the file named by `--config` (if any), applies the flags, and validates.
+    pub fn load(overrides: &Overrides) -> Result<AgentConfig, ConfigError> {
+        let file = match &overrides.config {
+            Some(path) => read_file(path)?,
+            None => ConfigFile::default(),
+        };
+        let token_file = overrides.token_file.clone().or(file.token_file);
+        let token = match &token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    ConfigError(format!("cannot read token file {}: {e}", path.display()))
+                })?;
+                let token = text.trim().to_owned();
+                if token.len() < 16 {
+                    return Err(ConfigError(format!(
+                        "token in {} is shorter than 16 characters",
+                        path.display()
+                    )));
+                }
+                Some(token)
+            }
+            None => std::env::var("CORRAL_TOKEN").ok().filter(|t| !t.is_empty()),
+        };
+        let tcp = overrides.tcp.or(file.tcp);
+        if let Some(addr) = tcp {
+            if !addr.ip().is_loopback() {
+                return Err(ConfigError(format!(
+                    "tcp {addr}: the agent listens on the loopback interface only"
+                )));
+            }
+            if token.is_none() {
+                return Err(ConfigError(format!(
+                    "tcp {addr} needs a bearer token (token_file, --token-file or CORRAL_TOKEN)"
+                )));
+            }
+        }
+        Ok(AgentConfig {
+            data_dir: overrides
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            socket: overrides
+                .socket
+                .clone()
+                .or(file.socket)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            tcp,
+            token,
+            pools: pools(&file.pools.unwrap_or_else(default_pools))?,
+        })
+    }
+}
+
+fn read_file(path: &Path) -> Result<ConfigFile, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+}
+
+/// Validates the declared pools into the node scope's configuration.
+pub fn pools(declared: &[PoolFile]) -> Result<ScopeConfig, ConfigError> {
+    let mut out = Vec::new();
+    for pool in declared {
+        let name = PoolName::new(&pool.name)
+            .map_err(|e| ConfigError(format!("pool {:?}: {e}", pool.name)))?;
+        if out.iter().any(|p: &PoolSpec| p.name == pool.name) {
+            return Err(ConfigError(format!(
+                "pool {:?} is declared twice",
+                pool.name
+            )));
+        }
+        let ranges = pool
+            .ranges
+            .iter()
+            .map(|r| {
+                r.parse::<RangeSpec>()
+                    .map_err(|e| ConfigError(format!("pool {}: range {r:?}: {e}", pool.name)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let exclusions = pool
+            .exclusions
+            .iter()
+            .map(|e| {
+                Exclusion::parse(&e.network, &e.reason).map_err(|err| {
+                    ConfigError(format!(
+                        "pool {}: exclusion {:?}: {err}",
+                        pool.name, e.network
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push(PoolSpec::new(
+            &name,
+            Duration::from_millis(pool.cooldown_ms),
+            if pool.lowest_free {
+                ReusePolicy::LowestFree
+            } else {
+                ReusePolicy::NextFit
+            },
+            &ranges,
+            &exclusions,
+        ));
+    }
+    Ok(ScopeConfig { pools: out })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
+        file
+    }
+
+    #[test]
+    fn the_embedded_default_is_a_dual_stack_pool_on_production_paths() {
+        let config = AgentConfig::load(&Overrides::default()).unwrap();
+        assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(config.socket, PathBuf::from(DEFAULT_SOCKET));
+        assert_eq!(config.pools.pools.len(), 1);
+        assert_eq!(config.pools.pools[0].ranges, ["10.88.0.0/16", "fd88::/64"]);
+    }
+
+    #[test]
+    fn a_file_is_read_and_flags_win() {
+        let file = write(
+            "data_dir = \"/tmp/x\"\nsocket = \"/tmp/x.sock\"\n\
+             [[pools]]\nname = \"blue\"\nranges = [\"10.1.0.0/24\"]\n\
+             exclusions = [{ network = \"10.1.0.0/28\", reason = \"infra\" }]\n",
+        );
+        let config = AgentConfig::load(&Overrides {
+            config: Some(file.path().into()),
+            socket: Some("/tmp/flag.sock".into()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(config.socket, PathBuf::from("/tmp/flag.sock"));
+        assert_eq!(config.pools.pools[0].name, "blue");
+        assert_eq!(config.pools.pools[0].exclusions.len(), 1);
+    }
+
+    #[test]
+    fn bad_files_name_the_problem() {
+        for (text, needle) in [
+            ("nonsense = 1", "unknown field"),
+            ("[[pools]]\nname = \"a b\"", "pool \"a b\""),
+            (
+                "[[pools]]\nname = \"p\"\nranges = [\"10.0.0.0/33\"]",
+                "range",
+            ),
+            (
+                "[[pools]]\nname = \"p\"\n[[pools]]\nname = \"p\"",
+                "declared twice",
+            ),
+            ("tcp = \"10.1.2.3:80\"", "loopback"),
+            ("tcp = \"127.0.0.1:80\"", "token"),
+        ] {
+            let file = write(text);
+            // The TCP checks must not see a token from the environment.
+            let error = AgentConfig::load(&Overrides {
+                config: Some(file.path().into()),
+                token_file: None,
+                ..Overrides::default()
+            })
+            .map(|_| ())
+            .unwrap_err();
+            if needle == "token" && std::env::var_os("CORRAL_TOKEN").is_some() {
+                continue;
+            }
+            assert!(error.0.contains(needle), "{text}: {}", error.0);
+        }
+    }
+}

@@ -1,0 +1,1154 @@
+//! The agent's state: one engine per scope, kept in memory, and the store they are durable in.
+//!
+//! [`Host`] is plain synchronous code, driven by one thread (see `committer.rs`). It applies
+//! a *batch* of operations to the engines, collecting the rows they change, then makes the
+//! whole batch durable in one transaction (one fsync) before any of its answers is sent: the
+//! group commit. A batch whose commit fails is answered with errors, and the scopes it
+//! touched are rebuilt from the store, so memory never runs ahead of the disk.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use corral_api as api;
+use corral_api::ErrorCode;
+use corral_core::{
+    AllocError, Allocation, AttachmentKey, Engine, EngineConfig, Exclusion, Family, PoolName,
+    RangeRemoval, RangeSpec, Released, Request, Target, Timestamp,
+};
+use corral_store::{
+    Need, PoolSpec, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation, Txn,
+    build_engine, export_checkpoint, import_checkpoint, save_engine,
+};
+
+/// A failed operation: the API's error code, a message for people, and the pool concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub pool: Option<String>,
+}
+
+impl OpError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> OpError {
+        OpError {
+            code,
+            message: message.into(),
+            pool: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> OpError {
+        OpError::new(ErrorCode::BadRequest, message)
+    }
+
+    fn store(error: StoreError) -> OpError {
+        match error {
+            StoreError::Engine(error) => OpError::from(error),
+            other => OpError::new(
+                ErrorCode::RetryLater,
+                format!("the agent's store failed: {other}"),
+            ),
+        }
+    }
+}
+
+impl From<AllocError> for OpError {
+    fn from(error: AllocError) -> OpError {
+        let pool = match &error {
+            AllocError::UnknownPool { pool }
+            | AllocError::PoolExhausted { pool, .. }
+            | AllocError::NoCapacity { pool, .. }
+            | AllocError::OutsidePool { pool, .. }
+            | AllocError::Draining { pool, .. }
+            | AllocError::PoolExists { pool }
+            | AllocError::PoolInUse { pool, .. }
+            | AllocError::UnknownRange { pool, .. }
+            | AllocError::UnknownExclusion { pool, .. }
+            | AllocError::AttachmentConflict { pool, .. }
+            | AllocError::DuplicateTarget { pool, .. } => Some(pool.to_string()),
+            _ => None,
+        };
+        let code = match &error {
+            AllocError::Invalid(_) | AllocError::DuplicateTarget { .. } => ErrorCode::BadRequest,
+            AllocError::UnknownPool { .. }
+            | AllocError::UnknownRange { .. }
+            | AllocError::UnknownExclusion { .. }
+            | AllocError::NotAllocated { .. }
+            | AllocError::NoLease { .. } => ErrorCode::NotFound,
+            AllocError::PoolExhausted { .. }
+            | AllocError::NoCapacity { .. }
+            | AllocError::TableFull => ErrorCode::Exhausted,
+            AllocError::AddressInUse { .. } => ErrorCode::InUse,
+            AllocError::AttachmentConflict { .. } => ErrorCode::AttachmentConflict,
+            AllocError::OutsidePool { .. }
+            | AllocError::Excluded { .. }
+            | AllocError::Reserved { .. }
+            | AllocError::Draining { .. }
+            | AllocError::FamilyDisabled { .. } => ErrorCode::Unavailable,
+            AllocError::RestoreInProgress { .. } => ErrorCode::RetryLater,
+            _ => ErrorCode::Conflict,
+        };
+        OpError {
+            code,
+            message: error.to_string(),
+            pool,
+        }
+    }
+}
+
+/// One operation of the API, as the committer thread receives it.
+#[derive(Debug)]
+pub enum Op {
+    Allocate(api::AllocateRequest),
+    Release(api::ReleaseRequest),
+    LeaseStart(api::LeaseStartRequest),
+    LeaseStop(api::LeaseStopRequest),
+    Dump(Option<String>),
+    Status(Option<String>),
+    Pools(Option<String>),
+    AddRange(api::RangeRequest),
+    RemoveRange(api::RangeRequest),
+    AddExclusion(api::ExclusionRequest),
+    RemoveExclusion(api::ExclusionRequest),
+    Export,
+    Import(serde_json::Value),
+    CniAdd(api::CniAddRequest),
+    CniDel(api::CniKeyRequest),
+    CniCheck(api::CniKeyRequest),
+    CniGc(api::CniGcRequest),
+    CniStatus(api::CniStatusRequest),
+    /// Expires leases and ends cooldowns that have run out.
+    Tick,
+    /// Counts for the metrics endpoint.
+    Gauges,
+}
+
+impl Op {
+    /// Whether the operation may change state (and so belongs to a commit).
+    fn writes(&self) -> bool {
+        !matches!(
+            self,
+            Op::Dump(_) | Op::Status(_) | Op::Pools(_) | Op::Export | Op::Gauges | Op::CniCheck(_)
+        )
+    }
+}
+
+/// What an operation answers.
+#[derive(Debug)]
+pub enum Reply {
+    Allocated(api::AllocateResponse),
+    Released(api::ReleaseResponse),
+    Lease(api::Lease),
+    Done,
+    Dump(api::DumpResponse),
+    Status(api::StatusResponse),
+    Pools(api::PoolsResponse),
+    RangeRemoved(api::RangeRemoved),
+    Checkpoint(serde_json::Value),
+    ScopeStatus(api::ScopeStatus),
+    Gauges(Vec<Gauge>),
+    /// A tick: how many leases expired.
+    Expired(usize),
+}
+
+/// One line of per-pool counts for the metrics endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gauge {
+    pub scope: String,
+    pub pool: String,
+    pub family: &'static str,
+    pub used: f64,
+    pub free: f64,
+    pub excluded: f64,
+    pub cooling: f64,
+}
+
+/// A change to a row, in the order the batch made it.
+#[derive(Debug)]
+enum Write {
+    Put(String, StoredAllocation),
+    Delete(String, IpAddr),
+}
+
+struct Scope {
+    config: ScopeConfig,
+    engine: Engine,
+}
+
+/// The agent's scopes and its store.
+pub struct Host {
+    store: SqliteStore,
+    scopes: BTreeMap<String, Scope>,
+    lease_seed: u64,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("scopes", &self.scopes.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The current time as the engine counts it.
+pub fn now() -> Timestamp {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    Timestamp::from_unix_millis(millis)
+}
+
+fn family_name(family: Family) -> api::FamilyName {
+    match family {
+        Family::V4 => api::FamilyName::Ipv4,
+        Family::V6 => api::FamilyName::Ipv6,
+    }
+}
+
+fn family_of(name: api::FamilyName) -> Family {
+    match name {
+        api::FamilyName::Ipv4 => Family::V4,
+        api::FamilyName::Ipv6 => Family::V6,
+    }
+}
+
+fn pool_name(text: &str) -> Result<PoolName, OpError> {
+    PoolName::new(text).map_err(|e| OpError::bad_request(format!("pool {text:?}: {e}")))
+}
+
+fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
+    AttachmentKey::new(&key.network, &key.container_id, &key.ifname)
+        .map_err(|e| OpError::bad_request(format!("key: {e}")))
+}
+
+fn api_key(key: &AttachmentKey) -> api::AttachmentKey {
+    api::AttachmentKey {
+        network: key.network().to_owned(),
+        container_id: key.container_id().to_owned(),
+        ifname: key.ifname().to_owned(),
+    }
+}
+
+fn api_lease(lease: &corral_core::Lease) -> api::Lease {
+    api::Lease {
+        id: lease.id.to_string(),
+        expires_at_ms: lease.expires_at.as_unix_millis(),
+    }
+}
+
+fn released(r: &Released) -> api::ReleasedAddress {
+    api::ReleasedAddress {
+        address: r.addr,
+        pool: r.pool.to_string(),
+        generation: r.generation,
+    }
+}
+
+fn allocated(pool: &PoolName, a: &Allocation) -> api::Allocated {
+    api::Allocated {
+        address: a.addr,
+        family: family_name(Family::of(a.addr)),
+        pool: pool.to_string(),
+        generation: a.generation,
+        existing: a.existing,
+        subnet: a.range.map(|r| r.subnet_net().to_string()),
+        gateway: a.range.and_then(|r| r.gateway()),
+        lease: a.lease.as_ref().map(api_lease),
+    }
+}
+
+fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
+    ScopeConfig {
+        pools: pools
+            .iter()
+            .map(|p| PoolSpec {
+                name: p.name.clone(),
+                cooldown_ms: p.cooldown_ms,
+                lowest_free: p.lowest_free,
+                ranges: p.ranges.clone(),
+                exclusions: p
+                    .exclusions
+                    .iter()
+                    .map(|e| (e.network.clone(), e.reason.clone()))
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// The union of two configurations: every pool of either, every range and exclusion of
+/// either (the stored one first). The agent's configuration file declares pools; what was
+/// added at run time through the API is kept across restarts.
+pub fn union(stored: &ScopeConfig, declared: &ScopeConfig) -> ScopeConfig {
+    let mut out = stored.clone();
+    for pool in &declared.pools {
+        match out.pools.iter_mut().find(|p| p.name == pool.name) {
+            Some(existing) => {
+                for range in &pool.ranges {
+                    if !existing.ranges.contains(range) {
+                        existing.ranges.push(range.clone());
+                    }
+                }
+                for exclusion in &pool.exclusions {
+                    if !existing.exclusions.iter().any(|e| e.0 == exclusion.0) {
+                        existing.exclusions.push(exclusion.clone());
+                    }
+                }
+            }
+            None => out.pools.push(pool.clone()),
+        }
+    }
+    out
+}
+
+impl Host {
+    /// Restores every scope of the store, with `node` (the agent's own pools) configured as
+    /// the union of what is stored and what `declared` lists. Nothing is released or
+    /// expired here: the engines finish their restore phase with every stored allocation,
+    /// lease and cooldown, and [`Op::Tick`] expires what is overdue afterwards.
+    pub fn restore(mut store: SqliteStore, declared: &ScopeConfig) -> Result<Host, StoreError> {
+        let lease_seed = now().as_unix_millis() ^ u64::from(std::process::id()).rotate_left(32);
+        let mut scopes = BTreeMap::new();
+        let mut txn = store.begin()?;
+        let mut names = txn.scopes()?;
+        if !names.iter().any(|s| s == api::NODE_SCOPE) {
+            names.push(api::NODE_SCOPE.to_owned());
+        }
+        for name in names {
+            let (state, _) = txn.scope_state(&name)?;
+            let stored = state.map(|s| s.config).unwrap_or_default();
+            let config = if name == api::NODE_SCOPE {
+                union(&stored, declared)
+            } else {
+                stored
+            };
+            let engine_config = EngineConfig {
+                lease_id_seed: lease_seed ^ scopes.len() as u64,
+                ..EngineConfig::default()
+            };
+            let (engine, _) = build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
+            save_engine(&mut txn, &name, &config, &engine)?;
+            scopes.insert(name, Scope { config, engine });
+        }
+        txn.commit()?;
+        Ok(Host {
+            store,
+            scopes,
+            lease_seed,
+        })
+    }
+
+    /// Applies a batch of operations and makes their changes durable in one commit; the
+    /// answers, in order, are valid only once this returns.
+    pub fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>> {
+        let now = now();
+        let mut writes = Vec::new();
+        let mut touched = BTreeSet::new();
+        let mut answers = Vec::with_capacity(ops.len());
+        for op in ops {
+            if let Op::Import(document) = op {
+                // An import replaces state underneath the engines: it commits on its own.
+                answers.push(
+                    self.flush(&mut writes, &mut touched)
+                        .and_then(|()| self.import(document)),
+                );
+                continue;
+            }
+            let writes_before = writes.len();
+            let may_write = op.writes();
+            let answer = self.apply(op, now, &mut writes, &mut touched);
+            debug_assert!(may_write || writes.len() == writes_before);
+            answers.push(answer);
+        }
+        if let Err(error) = self.flush(&mut writes, &mut touched) {
+            // Memory must not run ahead of the disk: nothing of this batch is acknowledged.
+            return answers.into_iter().map(|_| Err(error.clone())).collect();
+        }
+        answers
+    }
+
+    /// Commits collected writes and the derived state of touched scopes; on failure rebuilds
+    /// those scopes from the store.
+    fn flush(
+        &mut self,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<(), OpError> {
+        if writes.is_empty() && touched.is_empty() {
+            return Ok(());
+        }
+        let result = persist(&mut self.store, &self.scopes, writes, touched);
+        let scopes: Vec<String> = std::mem::take(touched).into_iter().collect();
+        writes.clear();
+        match result {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                for scope in scopes {
+                    self.reload(&scope);
+                }
+                Err(OpError::store(error))
+            }
+        }
+    }
+
+    /// Rebuilds a scope's engine from the store (after a failed commit).
+    fn reload(&mut self, scope: &str) {
+        let Some(config) = self.scopes.get(scope).map(|s| s.config.clone()) else {
+            return;
+        };
+        let engine_config = self.engine_config();
+        let rebuilt = self.store.begin().and_then(|mut txn| {
+            let (engine, _) = build_engine(&mut txn, scope, &config, engine_config, Need::Full)?;
+            Ok(engine)
+        });
+        match rebuilt {
+            Ok(engine) => {
+                self.scopes
+                    .insert(scope.to_owned(), Scope { config, engine });
+            }
+            // The store is failing: drop the scope from memory rather than serve state the
+            // disk does not have; the next request for it rebuilds it.
+            Err(_) => {
+                self.scopes.remove(scope);
+            }
+        }
+    }
+
+    fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            lease_id_seed: self.lease_seed ^ now().as_unix_millis().rotate_left(17),
+            ..EngineConfig::default()
+        }
+    }
+
+    fn scope_mut(&mut self, scope: &str) -> Result<&mut Scope, OpError> {
+        self.scopes
+            .get_mut(scope)
+            .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
+    }
+
+    fn scope(&self, scope: &str) -> Result<&Scope, OpError> {
+        self.scopes
+            .get(scope)
+            .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
+    }
+
+    fn selected(&self, scope: Option<&str>) -> Result<Vec<(&String, &Scope)>, OpError> {
+        match scope {
+            Some(name) => {
+                let found = self.scope(name)?;
+                Ok(self
+                    .scopes
+                    .iter()
+                    .filter(|(n, _)| *n == name)
+                    .map(|(n, _)| (n, found))
+                    .collect())
+            }
+            None => Ok(self.scopes.iter().collect()),
+        }
+    }
+
+    fn apply(
+        &mut self,
+        op: Op,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        match op {
+            Op::Allocate(request) => self.allocate(request, now, writes, touched),
+            Op::Release(request) => self.release(request, now, writes, touched),
+            Op::LeaseStart(request) => {
+                let scope = self.scope_mut(&request.scope)?;
+                let lease = scope.engine.start_lease(
+                    request.address,
+                    Duration::from_millis(request.duration_ms),
+                    now,
+                )?;
+                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                Ok(Reply::Lease(api_lease(&lease)))
+            }
+            Op::LeaseStop(request) => {
+                let id = corral_core::Uuid::parse_str(&request.id)
+                    .map_err(|e| OpError::bad_request(format!("lease id {:?}: {e}", request.id)))?;
+                let scope = self.scope_mut(&request.scope)?;
+                scope.engine.stop_lease(request.address, id)?;
+                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                Ok(Reply::Done)
+            }
+            Op::Dump(scope) => Ok(Reply::Dump(self.dump(scope.as_deref())?)),
+            Op::Status(scope) => Ok(Reply::Status(self.status(scope.as_deref(), now)?)),
+            Op::Pools(scope) => Ok(Reply::Pools(self.pools(scope.as_deref())?)),
+            Op::AddRange(request) => {
+                let pool = pool_name(&request.pool)?;
+                let spec: RangeSpec = request
+                    .range
+                    .parse()
+                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let scope = self.scope_mut(&request.scope)?;
+                if !scope.engine.pool_names().contains(&pool) {
+                    scope.engine.add_pool(&pool, Default::default())?;
+                    scope.config.pools.push(PoolSpec::new(
+                        &pool,
+                        Duration::ZERO,
+                        Default::default(),
+                        &[],
+                        &[],
+                    ));
+                }
+                scope.engine.add_range(&pool, spec)?;
+                let spec_text = spec.to_string();
+                if let Some(p) = scope
+                    .config
+                    .pools
+                    .iter_mut()
+                    .find(|p| p.name == request.pool)
+                {
+                    p.ranges.retain(|r| *r != spec_text);
+                    p.ranges.push(spec_text);
+                }
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::RemoveRange(request) => {
+                let pool = pool_name(&request.pool)?;
+                let spec: RangeSpec = request
+                    .range
+                    .parse()
+                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let scope = self.scope_mut(&request.scope)?;
+                let outcome = scope.engine.remove_range(&pool, &spec)?;
+                let spec_text = spec.to_string();
+                if let Some(p) = scope
+                    .config
+                    .pools
+                    .iter_mut()
+                    .find(|p| p.name == request.pool)
+                {
+                    p.ranges.retain(|r| *r != spec_text);
+                }
+                touched.insert(request.scope);
+                Ok(Reply::RangeRemoved(api::RangeRemoved {
+                    outcome: match outcome {
+                        RangeRemoval::Removed => api::RangeRemoval::Removed,
+                        RangeRemoval::Draining { .. } => api::RangeRemoval::Draining,
+                    },
+                }))
+            }
+            Op::AddExclusion(request) => {
+                let pool = pool_name(&request.pool)?;
+                let exclusion = Exclusion::parse(&request.network, &request.reason)
+                    .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
+                let scope = self.scope_mut(&request.scope)?;
+                scope.engine.exclude(&pool, exclusion.clone())?;
+                let network = exclusion.network().to_string();
+                if let Some(p) = scope
+                    .config
+                    .pools
+                    .iter_mut()
+                    .find(|p| p.name == request.pool)
+                {
+                    p.exclusions.retain(|e| e.0 != network);
+                    p.exclusions.push((network, exclusion.reason().to_owned()));
+                }
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::RemoveExclusion(request) => {
+                let pool = pool_name(&request.pool)?;
+                let network = corral_core::parse_net(&request.network)
+                    .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
+                let scope = self.scope_mut(&request.scope)?;
+                scope.engine.remove_exclusion(&pool, network)?;
+                let text = network.to_string();
+                if let Some(p) = scope
+                    .config
+                    .pools
+                    .iter_mut()
+                    .find(|p| p.name == request.pool)
+                {
+                    p.exclusions.retain(|e| e.0 != text);
+                }
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::Export => {
+                let mut txn = self.store.begin().map_err(OpError::store)?;
+                let checkpoint = export_checkpoint(&mut txn).map_err(OpError::store)?;
+                txn.finish().map_err(OpError::store)?;
+                serde_json::to_value(&checkpoint)
+                    .map(Reply::Checkpoint)
+                    .map_err(|e| OpError::new(ErrorCode::RetryLater, e.to_string()))
+            }
+            Op::Import(_) => unreachable!("imports are run by run_batch"),
+            Op::CniAdd(request) => self.cni_add(request, now, writes, touched),
+            Op::CniDel(request) => {
+                let key = key_of(&request.key)?;
+                let name = self.cni_scope(&request.network)?;
+                let scope = self.scope_mut(&name)?;
+                let released_now = scope.engine.release_key(&key, now);
+                record_released(&name, &released_now, writes, touched);
+                Ok(Reply::Released(api::ReleaseResponse {
+                    released: released_now.iter().map(released).collect(),
+                }))
+            }
+            Op::CniCheck(request) => {
+                let key = key_of(&request.key)?;
+                let scope = self.scope(&request.network.name);
+                let held = match scope {
+                    Ok(scope) => scope
+                        .engine
+                        .lookup_key(&key)
+                        .into_iter()
+                        .map(|info| api::Allocated {
+                            address: info.entry.addr,
+                            family: family_name(Family::of(info.entry.addr)),
+                            pool: info.pool.to_string(),
+                            generation: info.entry.generation,
+                            existing: true,
+                            subnet: None,
+                            gateway: None,
+                            lease: info.entry.lease.as_ref().map(api_lease),
+                        })
+                        .collect(),
+                    Err(_) => Vec::new(),
+                };
+                Ok(Reply::Allocated(api::AllocateResponse {
+                    allocations: held,
+                }))
+            }
+            Op::CniGc(request) => {
+                let valid = request
+                    .valid_attachments
+                    .iter()
+                    .map(key_of)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let name = self.cni_scope(&request.network)?;
+                let scope = self.scope_mut(&name)?;
+                let released_now = scope.engine.release_unlisted(&name, &valid, now)?;
+                record_released(&name, &released_now, writes, touched);
+                Ok(Reply::Released(api::ReleaseResponse {
+                    released: released_now.iter().map(released).collect(),
+                }))
+            }
+            Op::CniStatus(request) => {
+                let name = self.cni_scope(&request.network)?;
+                let scope = self.scope_mut(&name)?;
+                scope.engine.advance(now);
+                Ok(Reply::ScopeStatus(scope_status(&name, &scope.engine)))
+            }
+            Op::Tick => {
+                let mut expired = 0;
+                for (name, scope) in &mut self.scopes {
+                    let gone = scope.engine.expire(now);
+                    expired += gone.len();
+                    record_released(name, &gone, writes, touched);
+                }
+                Ok(Reply::Expired(expired))
+            }
+            Op::Gauges => Ok(Reply::Gauges(self.gauges(now))),
+        }
+    }
+
+    fn allocate(
+        &mut self,
+        request: api::AllocateRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let key = request.key.as_ref().map(key_of).transpose()?;
+        let family = match (request.family, request.address) {
+            (Some(api::FamilyChoice::Dual), Some(_)) => {
+                return Err(OpError::bad_request(
+                    "family dual allocates the next address of each family; it takes no address",
+                ));
+            }
+            (Some(choice), Some(addr)) => {
+                let wanted = match choice {
+                    api::FamilyChoice::Ipv4 => Family::V4,
+                    _ => Family::V6,
+                };
+                if Family::of(addr) != wanted {
+                    return Err(OpError::bad_request(format!(
+                        "address {addr} is not of family {choice:?}"
+                    )));
+                }
+                choice
+            }
+            (Some(choice), None) => choice,
+            (None, Some(addr)) => match Family::of(addr) {
+                Family::V4 => api::FamilyChoice::Ipv4,
+                Family::V6 => api::FamilyChoice::Ipv6,
+            },
+            (None, None) => api::FamilyChoice::Ipv4,
+        };
+        let lease = request.lease_ms.map(Duration::from_millis);
+        let scope_name = request.scope;
+        let scope = self.scope_mut(&scope_name)?;
+        let core_request = Request {
+            pool: &pool,
+            owner: &request.owner,
+            key: key.as_ref(),
+            lease,
+        };
+        let allocations: Vec<Allocation> = match (family, request.address) {
+            (_, Some(addr)) => {
+                vec![
+                    scope
+                        .engine
+                        .allocate(&core_request, Target::Specific(addr), now)?,
+                ]
+            }
+            (api::FamilyChoice::Dual, None) => {
+                scope.engine.allocate_dual(&core_request, now)?.to_vec()
+            }
+            (api::FamilyChoice::Ipv4, None) => {
+                vec![
+                    scope
+                        .engine
+                        .allocate(&core_request, Target::Next(Family::V4), now)?,
+                ]
+            }
+            (api::FamilyChoice::Ipv6, None) => {
+                vec![
+                    scope
+                        .engine
+                        .allocate(&core_request, Target::Next(Family::V6), now)?,
+                ]
+            }
+        };
+        for a in allocations.iter().filter(|a| !a.existing) {
+            writes.push(Write::Put(
+                scope_name.clone(),
+                StoredAllocation {
+                    pool: pool.clone(),
+                    addr: a.addr,
+                    owner: request.owner.clone(),
+                    key: key.clone(),
+                    generation: a.generation,
+                    lease: a.lease,
+                },
+            ));
+            touched.insert(scope_name.clone());
+        }
+        Ok(Reply::Allocated(api::AllocateResponse {
+            allocations: allocations.iter().map(|a| allocated(&pool, a)).collect(),
+        }))
+    }
+
+    fn release(
+        &mut self,
+        request: api::ReleaseRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let given = usize::from(request.key.is_some())
+            + usize::from(request.address.is_some())
+            + usize::from(request.owner.is_some());
+        if given != 1 {
+            return Err(OpError::bad_request(
+                "give exactly one of key, address (with an optional generation) or owner",
+            ));
+        }
+        if request.generation.is_some() && request.address.is_none() {
+            return Err(OpError::bad_request("generation goes with address"));
+        }
+        let key = request.key.as_ref().map(key_of).transpose()?;
+        let scope_name = request.scope;
+        let scope = self.scope_mut(&scope_name)?;
+        let gone = if let Some(key) = key {
+            scope.engine.release_key(&key, now)
+        } else if let Some(addr) = request.address {
+            match scope.engine.release(addr, request.generation, now) {
+                Ok(r) => vec![r],
+                // Releasing what is not held is success with nothing released.
+                Err(AllocError::NotAllocated { .. }) => Vec::new(),
+                Err(error) => return Err(error.into()),
+            }
+        } else {
+            scope
+                .engine
+                .release_owner(request.owner.as_deref().unwrap_or_default(), now)
+        };
+        record_released(&scope_name, &gone, writes, touched);
+        Ok(Reply::Released(api::ReleaseResponse {
+            released: gone.iter().map(released).collect(),
+        }))
+    }
+
+    /// The scope of a CNI network under the configuration the plugin sent; creates it, or
+    /// rebuilds it from the store when the configuration changed (as corral-ipam does on its
+    /// own database). Pending writes of the batch are committed first by the caller's flush
+    /// order: a rebuild reads the store, so it only happens for a changed configuration,
+    /// and `cni_scope` commits what the batch holds before it.
+    fn cni_scope(&mut self, network: &api::CniNetwork) -> Result<String, OpError> {
+        let name = network.name.clone();
+        if name == api::NODE_SCOPE {
+            return Err(OpError::bad_request(format!(
+                "network name {name:?} is the agent's own scope"
+            )));
+        }
+        let desired = scope_config_of(&network.pools);
+        if self.scopes.get(&name).is_some_and(|s| s.config == desired) {
+            return Ok(name);
+        }
+        validate_config(&desired)?;
+        let engine_config = self.engine_config();
+        let built = (|| {
+            let mut txn = self.store.begin()?;
+            let (engine, _) = build_engine(&mut txn, &name, &desired, engine_config, Need::Full)?;
+            save_engine(&mut txn, &name, &desired, &engine)?;
+            txn.commit()?;
+            Ok::<_, StoreError>(engine)
+        })()
+        .map_err(|error| match error {
+            StoreError::Engine(e) => OpError::from(e),
+            StoreError::Corrupt { what, reason } => {
+                OpError::bad_request(format!("network configuration: {what}: {reason}"))
+            }
+            other => OpError::store(other),
+        })?;
+        self.scopes.insert(
+            name.clone(),
+            Scope {
+                config: desired,
+                engine: built,
+            },
+        );
+        Ok(name)
+    }
+
+    fn cni_add(
+        &mut self,
+        request: api::CniAddRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let key = key_of(&request.key)?;
+        let pools = request
+            .sets
+            .iter()
+            .map(|s| pool_name(&s.pool))
+            .collect::<Result<Vec<_>, _>>()?;
+        // A new or changed configuration reads the store: commit what the batch holds first.
+        let needs_build = self
+            .scopes
+            .get(&request.network.name)
+            .is_none_or(|s| s.config != scope_config_of(&request.network.pools));
+        if needs_build {
+            self.flush(writes, touched)?;
+        }
+        let name = self.cni_scope(&request.network)?;
+        let scope = self.scope_mut(&name)?;
+        let wanted: Vec<(Request<'_>, Target)> = request
+            .sets
+            .iter()
+            .zip(&pools)
+            .map(|(set, pool)| {
+                (
+                    Request {
+                        pool,
+                        owner: &request.owner,
+                        key: Some(&key),
+                        lease: None,
+                    },
+                    match set.requested {
+                        Some(addr) => Target::Specific(addr),
+                        None => Target::Next(family_of(set.family)),
+                    },
+                )
+            })
+            .collect();
+        let got = scope.engine.allocate_all(&wanted, now)?;
+        for (a, pool) in got.iter().zip(&pools).filter(|(a, _)| !a.existing) {
+            writes.push(Write::Put(
+                name.clone(),
+                StoredAllocation {
+                    pool: pool.clone(),
+                    addr: a.addr,
+                    owner: request.owner.clone(),
+                    key: Some(key.clone()),
+                    generation: a.generation,
+                    lease: None,
+                },
+            ));
+            touched.insert(name.clone());
+        }
+        Ok(Reply::Allocated(api::AllocateResponse {
+            allocations: got
+                .iter()
+                .zip(&pools)
+                .map(|(a, pool)| allocated(pool, a))
+                .collect(),
+        }))
+    }
+
+    fn import(&mut self, document: serde_json::Value) -> Result<Reply, OpError> {
+        let checkpoint: corral_store::Checkpoint = serde_json::from_value(document)
+            .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")))?;
+        let names: Vec<String> = checkpoint.scopes.iter().map(|s| s.scope.clone()).collect();
+        // The agent's node scope exists from the start; it may be imported into while empty.
+        for name in &names {
+            if let Some(scope) = self.scopes.get(name)
+                && scope.engine.n_allocations() > 0
+            {
+                return Err(OpError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "scope {name:?} already holds allocations; import only into empty scopes"
+                    ),
+                ));
+            }
+        }
+        let mut txn = self.store.begin().map_err(OpError::store)?;
+        import_checkpoint(&mut txn, &checkpoint).map_err(|error| match error {
+            StoreError::Corrupt { what, reason } => {
+                OpError::bad_request(format!("checkpoint: {what}: {reason}"))
+            }
+            other => OpError::store(other),
+        })?;
+        txn.commit().map_err(OpError::store)?;
+        for name in names {
+            let config = {
+                let mut txn = self.store.begin().map_err(OpError::store)?;
+                let (state, _) = txn.scope_state(&name).map_err(OpError::store)?;
+                let stored = state.map(|s| s.config).unwrap_or_default();
+                txn.finish().map_err(OpError::store)?;
+                match self.scopes.get(&name) {
+                    Some(existing) if name == api::NODE_SCOPE => union(&stored, &existing.config),
+                    _ => stored,
+                }
+            };
+            self.scopes.insert(
+                name.clone(),
+                Scope {
+                    config,
+                    engine: Engine::new(EngineConfig::default()),
+                },
+            );
+            self.reload(&name);
+        }
+        Ok(Reply::Done)
+    }
+
+    fn dump(&self, scope: Option<&str>) -> Result<api::DumpResponse, OpError> {
+        Ok(api::DumpResponse {
+            scopes: self
+                .selected(scope)?
+                .into_iter()
+                .map(|(name, scope)| api::ScopeDump {
+                    scope: name.clone(),
+                    pools: scope
+                        .engine
+                        .dump()
+                        .into_iter()
+                        .map(|pool| api::PoolDump {
+                            pool: pool.pool.to_string(),
+                            allocations: pool
+                                .allocations
+                                .iter()
+                                .map(|e| api::DumpEntry {
+                                    address: e.addr,
+                                    owner: e.owner.clone(),
+                                    key: e.key.as_ref().map(api_key),
+                                    generation: e.generation,
+                                    lease: e.lease.as_ref().map(api_lease),
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+
+    fn status(
+        &mut self,
+        scope: Option<&str>,
+        now: Timestamp,
+    ) -> Result<api::StatusResponse, OpError> {
+        for s in self.scopes.values_mut() {
+            s.engine.advance(now);
+        }
+        let selected = self.selected(scope)?;
+        Ok(api::StatusResponse {
+            ready: true,
+            summary: selected
+                .iter()
+                .map(|(name, s)| format!("{name}: {}", s.engine.status_line()))
+                .collect(),
+            scopes: selected
+                .iter()
+                .map(|(name, s)| scope_status(name, &s.engine))
+                .collect(),
+        })
+    }
+
+    fn pools(&self, scope: Option<&str>) -> Result<api::PoolsResponse, OpError> {
+        let mut pools = Vec::new();
+        for (name, s) in self.selected(scope)? {
+            for pool in s.engine.pool_names() {
+                let config = s.engine.pool_config(&pool)?;
+                pools.push(api::PoolInfo {
+                    scope: name.clone(),
+                    name: pool.to_string(),
+                    cooldown_ms: u64::try_from(config.cooldown.as_millis()).unwrap_or(u64::MAX),
+                    lowest_free: config.reuse == corral_core::ReusePolicy::LowestFree,
+                    ranges: s
+                        .engine
+                        .ranges(&pool)?
+                        .into_iter()
+                        .map(|r| api::RangeInfo {
+                            range: r.spec.to_string(),
+                            draining: r.draining,
+                        })
+                        .collect(),
+                    exclusions: s
+                        .engine
+                        .exclusions(&pool)?
+                        .into_iter()
+                        .map(|e| api::ExclusionInfo {
+                            network: e.network().to_string(),
+                            reason: e.reason().to_owned(),
+                        })
+                        .collect(),
+                });
+            }
+        }
+        Ok(api::PoolsResponse { pools })
+    }
+
+    fn gauges(&mut self, now: Timestamp) -> Vec<Gauge> {
+        let mut out = Vec::new();
+        for (name, s) in &mut self.scopes {
+            s.engine.advance(now);
+            for pool in s.engine.pool_names() {
+                for family in [Family::V4, Family::V6] {
+                    if let Ok(stats) = s.engine.stats(&pool, family) {
+                        out.push(Gauge {
+                            scope: name.clone(),
+                            pool: pool.to_string(),
+                            family: if family == Family::V4 { "ipv4" } else { "ipv6" },
+                            used: stats.used as f64,
+                            free: stats.free as f64,
+                            excluded: stats.excluded as f64,
+                            cooling: stats.cooling as f64,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn scope_status(name: &str, engine: &Engine) -> api::ScopeStatus {
+    api::ScopeStatus {
+        scope: name.to_owned(),
+        pools: engine
+            .pool_names()
+            .into_iter()
+            .map(|pool| api::PoolStatus {
+                pool: pool.to_string(),
+                families: [Family::V4, Family::V6]
+                    .into_iter()
+                    .filter_map(|family| {
+                        let stats = engine.stats(&pool, family).ok()?;
+                        Some(api::FamilyStatus {
+                            family: family_name(family),
+                            capacity: stats.capacity.to_string(),
+                            used: stats.used.to_string(),
+                            free: stats.free.to_string(),
+                            excluded: stats.excluded.to_string(),
+                            cooling: stats.cooling.to_string(),
+                        })
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// A configuration the plugin sent must at least parse; the engine refuses the rest.
+fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
+    for pool in &config.pools {
+        pool_name(&pool.name)?;
+        for range in &pool.ranges {
+            range
+                .parse::<RangeSpec>()
+                .map_err(|e| OpError::bad_request(format!("range {range:?}: {e}")))?;
+        }
+        for (network, reason) in &pool.exclusions {
+            Exclusion::parse(network, reason)
+                .map_err(|e| OpError::bad_request(format!("exclusion {network:?}: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+fn record_released(
+    scope: &str,
+    gone: &[Released],
+    writes: &mut Vec<Write>,
+    touched: &mut BTreeSet<String>,
+) {
+    for r in gone {
+        writes.push(Write::Delete(scope.to_owned(), r.addr));
+    }
+    if !gone.is_empty() {
+        touched.insert(scope.to_owned());
+    }
+}
+
+/// A lease changed on an allocation: its row is written again.
+fn rewrite_row(
+    scope_name: &str,
+    scope: &Scope,
+    addr: IpAddr,
+    writes: &mut Vec<Write>,
+    touched: &mut BTreeSet<String>,
+) {
+    if let Some(info) = scope.engine.lookup(addr) {
+        writes.push(Write::Delete(scope_name.to_owned(), addr));
+        writes.push(Write::Put(
+            scope_name.to_owned(),
+            StoredAllocation {
+                pool: info.pool,
+                addr,
+                owner: info.entry.owner,
+                key: info.entry.key,
+                generation: info.entry.generation,
+                lease: info.entry.lease,
+            },
+        ));
+        touched.insert(scope_name.to_owned());
+    }
+}
+
+/// One transaction: the rows in order, then the derived state of every touched scope.
+fn persist(
+    store: &mut SqliteStore,
+    scopes: &BTreeMap<String, Scope>,
+    writes: &[Write],
+    touched: &BTreeSet<String>,
+) -> Result<(), StoreError> {
+    let mut txn = store.begin()?;
+    for write in writes {
+        match write {
+            Write::Put(scope, row) => txn.put_allocation(scope, row)?,
+            Write::Delete(scope, addr) => txn.delete_allocation(scope, *addr)?,
+        }
+    }
+    for name in touched {
+        if let Some(scope) = scopes.get(name) {
+            save_engine(&mut txn, name, &scope.config, &scope.engine)?;
+        }
+    }
+    txn.commit()
+}

@@ -1,0 +1,124 @@
+//! Prometheus metrics (text exposition format at `/metrics`), with `prometheus-client`.
+//!
+//! - `corral_allocation_attempts_total{outcome}` and `corral_release_attempts_total{outcome}`:
+//!   every allocate / release request (API and CNI), by outcome (`ok` or the error code);
+//! - `corral_request_duration_seconds{operation}`: request latency, durable answer included;
+//! - `corral_addresses{scope,pool,family,state}`: `used`, `free`, `excluded`, `cooling`, read
+//!   from the engines when scraped;
+//! - `corral_leases_expired_total`.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::host;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Operation {
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolState {
+    pub scope: String,
+    pub pool: String,
+    pub family: String,
+    pub state: String,
+}
+
+/// Every metric of the agent.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub allocations: Family<Outcome, Counter>,
+    pub releases: Family<Outcome, Counter>,
+    pub latency: Family<Operation, Histogram>,
+    pub addresses: Family<PoolState, Gauge<f64, AtomicU64>>,
+    pub leases_expired: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let allocations = Family::<Outcome, Counter>::default();
+        let releases = Family::<Outcome, Counter>::default();
+        let latency = Family::<Operation, Histogram>::new_with_constructor(|| {
+            // 50 µs to ~1.6 s.
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+        });
+        let addresses = Family::<PoolState, Gauge<f64, AtomicU64>>::default();
+        let leases_expired = Counter::default();
+        registry.register(
+            "corral_allocation_attempts",
+            "Allocation requests by outcome",
+            allocations.clone(),
+        );
+        registry.register(
+            "corral_release_attempts",
+            "Release requests by outcome",
+            releases.clone(),
+        );
+        registry.register(
+            "corral_request_duration_seconds",
+            "Time from request to durable answer",
+            latency.clone(),
+        );
+        registry.register(
+            "corral_addresses",
+            "Addresses per scope, pool, family and state",
+            addresses.clone(),
+        );
+        registry.register(
+            "corral_leases_expired",
+            "Allocations released because their lease expired",
+            leases_expired.clone(),
+        );
+        Metrics {
+            registry,
+            allocations,
+            releases,
+            latency,
+            addresses,
+            leases_expired,
+        }
+    }
+}
+
+impl Metrics {
+    /// The exposition text, with the address gauges set from `gauges`.
+    pub fn render(&self, gauges: &[host::Gauge]) -> String {
+        self.addresses.clear();
+        for g in gauges {
+            for (state, value) in [
+                ("used", g.used),
+                ("free", g.free),
+                ("excluded", g.excluded),
+                ("cooling", g.cooling),
+            ] {
+                self.addresses
+                    .get_or_create(&PoolState {
+                        scope: g.scope.clone(),
+                        pool: g.pool.clone(),
+                        family: g.family.to_owned(),
+                        state: state.to_owned(),
+                    })
+                    .set(value);
+            }
+        }
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+}

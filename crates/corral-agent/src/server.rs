@@ -1,0 +1,190 @@
+//! Listening and running: the unix socket (mode 0660), the optional TCP listener, restore,
+//! the lease ticker, and shutdown on SIGINT / SIGTERM.
+
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use corral_store::SqliteStore;
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::api::{self, AppState};
+use crate::committer::Committer;
+use crate::config::AgentConfig;
+use crate::host::{Host, Op, Reply};
+use crate::metrics::Metrics;
+
+/// How often leases are expired and cooldowns ended.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Why the agent could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("socket {path}: {message}")]
+    Socket { path: String, message: String },
+    #[error("tcp listener {addr}: {source}")]
+    Tcp {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state directory: {0}")]
+    Store(#[from] corral_store::StoreError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Binds the unix socket: refuses to take over one that another agent answers on, removes a
+/// stale one, and sets mode 0660 (owner and group may call the API).
+fn bind_socket(path: &Path) -> Result<UnixListener, AgentError> {
+    let fail = |message: String| AgentError::Socket {
+        path: path.display().to_string(),
+        message,
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| fail(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(fail("another agent is listening on it".into()));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+    }
+    let listener = UnixListener::bind(path).map_err(|e| fail(e.to_string()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| fail(format!("cannot set its mode: {e}")))?;
+    Ok(listener)
+}
+
+/// Runs the agent until `shutdown` completes. `on_ready` is called once the state is
+/// restored and the API serves requests.
+pub async fn serve(
+    config: AgentConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<(), AgentError> {
+    // The directory first: a second agent on the same state must fail before it touches
+    // the socket of the first.
+    let store = SqliteStore::open_owned(&config.data_dir, &config.socket)?;
+    let state = AppState {
+        committer: Arc::new(OnceLock::new()),
+        ready: Arc::new(AtomicBool::new(false)),
+        metrics: Arc::new(Metrics::default()),
+    };
+    let unix = bind_socket(&config.socket)?;
+    let router = api::router(state.clone());
+    let tcp = match config.tcp {
+        Some(addr) => Some((
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::Tcp {
+                    addr: addr.to_string(),
+                    source,
+                })?,
+            api::with_token(
+                router.clone(),
+                Arc::from(config.token.clone().unwrap_or_default().as_str()),
+            ),
+        )),
+        None => None,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let unix_task = {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(
+            axum::serve(unix, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                })
+                .into_future(),
+        )
+    };
+    let tcp_task = tcp.map(|(listener, router)| {
+        let mut stop = stop_rx.clone();
+        tokio::spawn(
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                })
+                .into_future(),
+        )
+    });
+    // Restore off the async threads; requests meanwhile get 503.
+    let declared = config.pools.clone();
+    let host = tokio::task::spawn_blocking(move || Host::restore(store, &declared))
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    let (committer, committer_thread) = Committer::start(host)?;
+    let _ = state.committer.set(committer.clone());
+    // The first tick releases what expired while the agent was down, now that the restore
+    // has finished; then the agent is ready.
+    if let Ok(Reply::Expired(n)) = committer.submit(Op::Tick).await {
+        state.metrics.leases_expired.inc_by(n as u64);
+    }
+    state.ready.store(true, Ordering::Release);
+    on_ready();
+    let ticker = {
+        let committer = committer.clone();
+        let metrics = Arc::clone(&state.metrics);
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(TICK);
+            loop {
+                tokio::select! {
+                    _ = interval.tick() => {
+                        if let Ok(Reply::Expired(n)) = committer.submit(Op::Tick).await {
+                            metrics.leases_expired.inc_by(n as u64);
+                        }
+                    }
+                    _ = stop.changed() => break,
+                }
+            }
+        })
+    };
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    let _ = unix_task.await;
+    if let Some(task) = tcp_task {
+        let _ = task.await;
+    }
+    let _ = ticker.await;
+    // Every handle gone: the committer finishes its last batch and closes the store.
+    let _ = state.committer;
+    drop(committer);
+    drop(state);
+    let _ = tokio::task::spawn_blocking(move || committer_thread.join()).await;
+    let _ = std::fs::remove_file(&config.socket);
+    Ok(())
+}
+
+/// Runs the agent on its own runtime until SIGINT or SIGTERM.
+pub fn run(
+    config: AgentConfig,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<(), AgentError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("corral-agent")
+        .build()?;
+    runtime.block_on(serve(config, shutdown_signal(), on_ready))
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}
