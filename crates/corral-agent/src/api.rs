@@ -47,6 +47,8 @@ impl IntoResponse for ApiError {
                 code: self.0.code,
                 message: self.0.message,
                 pool: self.0.pool,
+                set: self.0.set,
+                retryable: self.0.retryable,
             },
         };
         (status, Json(body)).into_response()

@@ -27,6 +27,9 @@ pub struct OpError {
     pub code: ErrorCode,
     pub message: String,
     pub pool: Option<String>,
+    /// A CNI ADD: the set that could not be served.
+    pub set: Option<usize>,
+    pub retryable: bool,
 }
 
 impl OpError {
@@ -35,6 +38,8 @@ impl OpError {
             code,
             message: message.into(),
             pool: None,
+            set: None,
+            retryable: code == ErrorCode::RetryLater,
         }
     }
 
@@ -93,6 +98,8 @@ impl From<AllocError> for OpError {
             code,
             message: error.to_string(),
             pool,
+            set: None,
+            retryable: error.is_retryable(),
         }
     }
 }
@@ -865,7 +872,13 @@ impl Host {
                 )
             })
             .collect();
-        let got = scope.engine.allocate_all(&wanted, now)?;
+        let got = scope.engine.allocate_all(&wanted, now).map_err(|error| {
+            let set = failed_set(&error, &request.sets, &pools);
+            OpError {
+                set,
+                ..OpError::from(error)
+            }
+        })?;
         for (a, pool) in got.iter().zip(&pools).filter(|(a, _)| !a.existing) {
             writes.push(Write::Put(
                 name.clone(),
@@ -1072,6 +1085,34 @@ fn scope_status(name: &str, engine: &Engine) -> api::ScopeStatus {
                     .collect(),
             })
             .collect(),
+    }
+}
+
+/// Which set of a CNI ADD an allocation error is about, so the plugin can name it.
+fn failed_set(error: &AllocError, sets: &[api::CniSet], pools: &[PoolName]) -> Option<usize> {
+    let by_pool = |pool: &PoolName, family: Option<Family>| {
+        sets.iter()
+            .zip(pools)
+            .position(|(set, p)| p == pool && family.is_none_or(|f| family_of(set.family) == f))
+    };
+    let by_addr = |addr: &IpAddr| sets.iter().position(|set| set.requested == Some(*addr));
+    match error {
+        AllocError::PoolExhausted { pool, family } | AllocError::NoCapacity { pool, family } => {
+            by_pool(pool, Some(*family))
+        }
+        AllocError::FamilyDisabled { family } => {
+            sets.iter().position(|set| family_of(set.family) == *family)
+        }
+        AllocError::AddressInUse { addr, .. }
+        | AllocError::OutsidePool { addr, .. }
+        | AllocError::Excluded { addr, .. }
+        | AllocError::Reserved { addr, .. }
+        | AllocError::Draining { addr, .. } => by_addr(addr),
+        AllocError::AttachmentConflict { pool, existing, .. } => {
+            by_pool(pool, Some(Family::of(*existing)))
+        }
+        AllocError::UnknownPool { pool } => by_pool(pool, None),
+        _ => None,
     }
 }
 

@@ -16,4 +16,4 @@ pub mod metrics;
 mod server;
 
 pub use config::{AgentConfig, ConfigError, Overrides};
-pub use server::{AgentError, run, serve};
+pub use server::{AgentError, Running, run, serve};

@@ -188,3 +188,75 @@ async fn shutdown_signal() {
         _ = terminate => {}
     }
 }
+
+/// An agent running on a thread of its own (with its own runtime), for embedding and tests.
+#[derive(Debug)]
+pub struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), AgentError>>>,
+}
+
+impl Running {
+    /// Starts the agent and waits until it is ready (its state restored), or failed.
+    pub fn start(config: AgentConfig) -> Result<Running, AgentError> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("corral-agent".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(serve(
+                    config,
+                    async move {
+                        let _ = stopped.await;
+                    },
+                    move || {
+                        let _ = ready_tx.send(());
+                    },
+                ))
+            })?;
+        let mut running = Running {
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        if ready_rx.recv().is_err() {
+            // The thread ended before it was ready: its error says why.
+            return Err(running.join().unwrap_or_else(|| {
+                AgentError::Io(std::io::Error::other(
+                    "the agent stopped before it was ready",
+                ))
+            }));
+        }
+        Ok(running)
+    }
+
+    /// Stops the agent (as SIGTERM would) and waits for it to close its state.
+    pub fn stop(mut self) -> Result<(), AgentError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.join().map_or(Ok(()), Err)
+    }
+
+    fn join(&mut self) -> Option<AgentError> {
+        match self.thread.take()?.join() {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error),
+            Err(_) => Some(AgentError::Io(std::io::Error::other(
+                "the agent thread panicked",
+            ))),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = self.join();
+    }
+}

@@ -5,7 +5,6 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use corral_agent::{AgentConfig, config};
@@ -13,8 +12,7 @@ use serde_json::{Value, json};
 
 struct Agent {
     socket: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<Result<(), corral_agent::AgentError>>>,
+    running: corral_agent::Running,
 }
 
 impl Agent {
@@ -31,37 +29,14 @@ impl Agent {
             token: None,
             pools: config::pools(&pools).unwrap(),
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(corral_agent::serve(
-                config,
-                async move {
-                    let _ = stopped.await;
-                },
-                move || {
-                    let _ = ready_tx.send(());
-                },
-            ))
-        });
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the agent becomes ready");
         Agent {
             socket,
-            stop: Some(stop),
-            thread: Some(thread),
+            running: corral_agent::Running::start(config).expect("the agent starts"),
         }
     }
 
-    fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.thread.take().unwrap().join().unwrap().unwrap();
+    fn stop(self) {
+        self.running.stop().unwrap();
     }
 
     fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
@@ -83,17 +58,6 @@ impl Agent {
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

@@ -441,6 +441,13 @@ pub struct ErrorBody {
     /// The pool concerned, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// `/v1/cni/add`: the index of the set that could not be served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<usize>,
+    /// True when the same request may succeed later as it is (the pool may gain capacity or
+    /// release addresses; the agent may finish restoring).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retryable: bool,
 }
 
 /// Why a request failed, with its HTTP status.

@@ -34,6 +34,7 @@
 //! # let _ = CniVersion::LATEST;
 //! ```
 
+mod agent;
 pub mod config;
 pub mod env;
 pub mod error;

@@ -184,6 +184,10 @@ pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> 
             .map_err(|e| CniError::io(format!("cannot read resolvConf {}: {e}", path.display())))?;
         result.dns = parse_resolv_conf(&text);
     }
+    if let Some(socket) = &config.ipam.agent {
+        crate::agent::add(socket, attachment, &mut result)?;
+        return Ok(result.to_json(config.cni_version));
+    }
     let mut store = open(config)?;
     // The snapshot and the rows are written together, so they agree; should they ever not
     // (the database refuses an address the snapshot thought free), the allocation is decided
@@ -310,6 +314,9 @@ fn add_in(
 /// DEL: releases every address of the attachment; releasing nothing is success.
 pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
     let config = &attachment.config;
+    if let Some(socket) = &config.ipam.agent {
+        return crate::agent::del(socket, attachment);
+    }
     let scope = config.name.as_str();
     let desired = scope_config(config);
     let mut store = open(config)?;
@@ -343,6 +350,9 @@ pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
 /// previous result that lies in our ranges is one of them.
 pub fn check(attachment: &Attachment) -> Result<(), CniError> {
     let config = &attachment.config;
+    if let Some(socket) = &config.ipam.agent {
+        return crate::agent::check(socket, attachment);
+    }
     let scope = config.name.as_str();
     let mut store = open(config)?;
     let mut txn = store.begin().map_err(store_error)?;
@@ -351,10 +361,20 @@ pub fn check(attachment: &Attachment) -> Result<(), CniError> {
         .map_err(store_error)?;
     txn.finish().map_err(store_error)?;
     close(store)?;
+    let held: Vec<(PoolName, IpAddr)> = held.into_iter().map(|row| (row.pool, row.addr)).collect();
+    check_held(attachment, &held)
+}
+
+/// CHECK's verdict on what the attachment holds (pool and address of each allocation).
+pub(crate) fn check_held(
+    attachment: &Attachment,
+    held: &[(PoolName, IpAddr)],
+) -> Result<(), CniError> {
+    let config = &attachment.config;
     let mut problems = Vec::new();
     for set in &config.ipam.range_sets {
-        if !held.iter().any(|row| {
-            row.pool == set.pool && Family::of(row.addr) == set.family && set.contains(row.addr)
+        if !held.iter().any(|(pool, addr)| {
+            *pool == set.pool && Family::of(*addr) == set.family && set.contains(*addr)
         }) {
             problems.push(format!(
                 "attachment {} holds no address from {}",
@@ -365,7 +385,7 @@ pub fn check(attachment: &Attachment) -> Result<(), CniError> {
     if let Some(prev) = &config.prev_result {
         for addr in prev.addresses() {
             let ours = config.ipam.range_sets.iter().any(|set| set.contains(addr));
-            if ours && !held.iter().any(|row| row.addr == addr) {
+            if ours && !held.iter().any(|(_, held)| *held == addr) {
                 problems.push(format!(
                     "prevResult lists {addr}, which attachment {} does not hold",
                     attachment.key
@@ -382,6 +402,9 @@ pub fn check(attachment: &Attachment) -> Result<(), CniError> {
 
 /// GC: releases every allocation of the network whose attachment is not listed.
 pub fn gc(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
+    if let Some(socket) = &config.ipam.agent {
+        return crate::agent::gc(socket, config);
+    }
     let scope = config.name.as_str();
     let desired = scope_config(config);
     let mut store = open(config)?;
@@ -400,6 +423,9 @@ pub fn gc(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
 
 /// STATUS: code 50 when some range set could not serve an ADD (no free or cooling address).
 pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
+    if let Some(socket) = &config.ipam.agent {
+        return crate::agent::status(socket, config);
+    }
     let desired = scope_config(config);
     let mut store = open(config)?;
     let mut txn = store.begin().map_err(store_error)?;
@@ -416,16 +442,23 @@ pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
     drop(txn);
     close(store)?;
     engine.advance(now);
+    status_verdict(config, |set| {
+        engine
+            .stats(&set.pool, set.family)
+            .is_ok_and(|s| s.free > 0 || s.cooling > 0)
+    })
+}
+
+/// STATUS's verdict: code 50 naming every range set that could not serve an ADD.
+pub(crate) fn status_verdict(
+    config: &NetConfig,
+    can_serve: impl Fn(&crate::config::RangeSet) -> bool,
+) -> Result<(), CniError> {
     let full: Vec<String> = config
         .ipam
         .range_sets
         .iter()
-        .filter(|set| {
-            engine
-                .stats(&set.pool, set.family)
-                .map(|s| s.free == 0 && s.cooling == 0)
-                .unwrap_or(true)
-        })
+        .filter(|set| !can_serve(set))
         .map(|set| format!("{} has no free address", set.field))
         .collect();
     if full.is_empty() {

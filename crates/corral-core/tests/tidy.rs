@@ -11,17 +11,15 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// corral-core does no I/O: it must never depend (even indirectly) on a runtime, a database,
-/// an HTTP stack or an etcd client.
-#[test]
-fn core_pulls_in_no_io_crates() {
+/// The crates `package` depends on (normal dependencies, transitively).
+fn dependencies(package: &str) -> Vec<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
         .current_dir(workspace_root())
         .args([
             "tree",
             "-p",
-            "corral-core",
+            package,
             "-e",
             "normal",
             "--prefix",
@@ -37,13 +35,20 @@ fn core_pulls_in_no_io_crates() {
     );
     let tree = String::from_utf8_lossy(&output.stdout);
     assert!(
-        tree.contains("corral-core"),
+        tree.contains(package),
         "unexpected cargo tree output: {tree}"
     );
-    let crates: Vec<&str> = tree
-        .lines()
+    tree.lines()
         .filter_map(|line| line.split(' ').next())
-        .collect();
+        .map(str::to_owned)
+        .collect()
+}
+
+/// corral-core does no I/O: it must never depend (even indirectly) on a runtime, a database,
+/// an HTTP stack or an etcd client.
+#[test]
+fn core_pulls_in_no_io_crates() {
+    let crates = dependencies("corral-core");
     for forbidden in [
         "tokio",
         "rusqlite",
@@ -55,8 +60,30 @@ fn core_pulls_in_no_io_crates() {
         "libc",
     ] {
         assert!(
-            !crates.contains(&forbidden),
-            "corral-core depends on {forbidden}:\n{tree}"
+            !crates.iter().any(|c| c == forbidden),
+            "corral-core depends on {forbidden}: {crates:?}"
+        );
+    }
+}
+
+/// corral-ipam is exec'd once per CNI call and must start fast: no async runtime, no HTTP
+/// framework, also not through its agent client (which parses HTTP with httparse).
+#[test]
+fn the_cni_plugin_pulls_in_no_async_runtime() {
+    let crates = dependencies("corral-cni");
+    assert!(crates.iter().any(|c| c == "httparse"), "{crates:?}");
+    for forbidden in [
+        "tokio",
+        "hyper",
+        "axum",
+        "mio",
+        "async-std",
+        "futures-util",
+        "reqwest",
+    ] {
+        assert!(
+            !crates.iter().any(|c| c == forbidden),
+            "corral-cni depends on {forbidden}: {crates:?}"
         );
     }
 }

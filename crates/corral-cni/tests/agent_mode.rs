@@ -1,0 +1,178 @@
+//! corral-ipam in agent mode: the real binary, executed as a runtime does, with
+//! `"agent": "<socket>"` in its ipam configuration, against the real agent (in this test's
+//! process, on a temporary directory). It must answer exactly as the standalone plugin does —
+//! same addresses in the same order, same result format, same error codes — and give code 11
+//! when no agent listens.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use corral_agent::{AgentConfig, Running, config};
+use serde_json::{Value, json};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
+
+struct Outcome {
+    code: i32,
+    stdout: String,
+}
+
+impl Outcome {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", self.stdout))
+    }
+    fn error_code(&self) -> u64 {
+        assert_ne!(self.code, 0, "expected a failure, got {:?}", self.stdout);
+        self.json()["code"].as_u64().expect("error code")
+    }
+}
+
+fn run(command: &str, container: &str, stdin: &[u8]) -> Outcome {
+    let mut child = Command::new(BINARY)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", format!("/var/run/netns/{container}"))
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("corral-ipam starts");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let output = child.wait_with_output().unwrap();
+    Outcome {
+        code: output.status.code().expect("exited, not killed"),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+    }
+}
+
+/// The same network configuration, standalone (state under `data`) or through `agent`.
+fn conf(data: &Path, agent: Option<&Path>, extra: Value) -> Vec<u8> {
+    let mut ipam = json!({
+        "type": "corral-ipam",
+        "dataDir": data,
+        "ranges": [[{"subnet": "10.7.0.0/29", "gateway": "10.7.0.1"}], [{"subnet": "fd07::/125"}]],
+        "routes": [{"dst": "0.0.0.0/0"}],
+    });
+    if let Some(agent) = agent {
+        ipam["agent"] = json!(agent);
+    }
+    for (k, v) in extra.as_object().unwrap() {
+        ipam[k] = v.clone();
+    }
+    serde_json::to_vec(&json!({
+        "cniVersion": "1.0.0",
+        "name": "agentnet",
+        "type": "bridge",
+        "ipam": ipam
+    }))
+    .unwrap()
+}
+
+fn start_agent(dir: &Path) -> Running {
+    Running::start(AgentConfig {
+        data_dir: dir.join("agent-state"),
+        socket: dir.join("agent.sock"),
+        tcp: None,
+        token: None,
+        pools: config::pools(&config::default_pools()).unwrap(),
+    })
+    .expect("the agent starts")
+}
+
+#[test]
+fn every_verb_answers_as_the_standalone_plugin_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(dir.path());
+    let socket = dir.path().join("agent.sock");
+    let via_agent = |extra: Value| conf(&dir.path().join("unused"), Some(&socket), extra);
+    let standalone = |extra: Value| conf(&dir.path().join("standalone"), None, extra);
+
+    // The same sequence through both: identical stdout and exit codes, call by call.
+    let steps: Vec<(&str, &str, Value)> = vec![
+        ("ADD", "c1", json!({})),
+        ("ADD", "c2", json!({})),
+        ("ADD", "c1", json!({})), // idempotent
+        ("CHECK", "c1", json!({})),
+        ("ADD", "c3", json!({"ips": ["10.7.0.3"]})), // held by c2: 101
+        ("DEL", "c1", json!({})),
+        ("DEL", "c1", json!({})),   // nothing to release
+        ("ADD", "c4", json!({})),   // next-fit, past c1's cooling address
+        ("CHECK", "c1", json!({})), // 105: c1 holds nothing now
+        ("ADD", "c5", json!({})),
+        ("ADD", "c6", json!({})),
+        ("ADD", "c7", json!({})),
+        ("ADD", "c8", json!({})), // the /29 is out: 100
+        ("STATUS", "", json!({})),
+    ];
+    for (verb, container, extra) in steps {
+        let mine = run(verb, container, &via_agent(extra.clone()));
+        let theirs = run(verb, container, &standalone(extra.clone()));
+        assert_eq!(
+            (mine.code, &mine.stdout),
+            (theirs.code, &theirs.stdout),
+            "{verb} {container} {extra}: agent mode differs from standalone"
+        );
+    }
+    let exhausted = run("ADD", "c9", &via_agent(json!({})));
+    assert_eq!(exhausted.error_code(), 100, "{}", exhausted.stdout);
+
+    // GC through the agent releases what is not listed.
+    let gc = |valid: Value| {
+        let mut config: Value = serde_json::from_slice(&via_agent(json!({}))).unwrap();
+        config["cniVersion"] = json!("1.1.0");
+        config["cni.dev/valid-attachments"] = valid;
+        serde_json::to_vec(&config).unwrap()
+    };
+    let out = run(
+        "GC",
+        "",
+        &gc(json!([{"containerID": "c2", "ifname": "eth0"}])),
+    );
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let check_c4 = run("CHECK", "c4", &via_agent(json!({})));
+    assert_eq!(
+        check_c4.error_code(),
+        105,
+        "c4 was not listed, so GC released it"
+    );
+    let check_c2 = run("CHECK", "c2", &via_agent(json!({})));
+    assert_eq!(check_c2.code, 0, "{}", check_c2.stdout);
+    agent.stop().unwrap();
+}
+
+#[test]
+fn no_agent_is_try_again_later_and_an_agents_directory_is_not_used_standalone() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let out = run(
+        "ADD",
+        "c1",
+        &conf(&dir.path().join("x"), Some(&socket), json!({})),
+    );
+    assert_eq!(out.error_code(), 11, "{}", out.stdout);
+    assert!(
+        out.json()["msg"].as_str().unwrap().contains("agent.sock"),
+        "{}",
+        out.stdout
+    );
+
+    // A standalone call on the directory a running agent owns is told to use the agent.
+    let agent = start_agent(dir.path());
+    let out = run(
+        "ADD",
+        "c1",
+        &conf(&dir.path().join("agent-state"), None, json!({})),
+    );
+    assert_eq!(out.error_code(), 11, "{}", out.stdout);
+    assert!(
+        out.json()["msg"].as_str().unwrap().contains("agent"),
+        "{}",
+        out.stdout
+    );
+    agent.stop().unwrap();
+}
