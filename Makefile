@@ -4,16 +4,31 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps lint fmt bench bench-core bench-cni plugin clean
+.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent plugin clean
 
-## run: the main job on the embedded default (until the agent lands: an engine walk-through)
+## run: the agent in the foreground on the embedded default (a dual-stack pool `default`),
+## with its state and socket in ./.corral (production paths are /var/lib/corral and
+## /run/corral/agent.sock); it prints where it listens and how to talk to it. Ctrl-C stops it.
+RUN_DIR := $(CURDIR)/.corral
 run:
+	$(CARGO) build --quiet --release -p corral-cli --bin corral
+	@echo "corral agent: state in $(RUN_DIR)/state, socket $(RUN_DIR)/agent.sock"
+	@echo "  in another terminal: target/release/corral --socket $(RUN_DIR)/agent.sock alloc --owner me"
+	@echo "                       target/release/corral --socket $(RUN_DIR)/agent.sock status"
+	target/release/corral agent --data-dir $(RUN_DIR)/state --socket $(RUN_DIR)/agent.sock
+
+## demo: a walk through the allocation engine (no agent, no state)
+demo:
 	$(CARGO) run --quiet -p corral-core --example demo
 
 ## deps: system packages the tests need: a C compiler (bundled SQLite), and for the
 ## end-to-end test Debian's CNI plugins (bridge, host-local) and iproute2; `make bench-cni`
-## also runs host-local, reads peak RSS with GNU time and counts fsyncs with strace
-DEBIAN_PACKAGES := build-essential containernetworking-plugins iproute2 time strace
+## also runs host-local, reads peak RSS with GNU time and counts fsyncs with strace; and
+## schemathesis (PyPI, pinned) in a venv under target/ for the agent's API test
+## (crates/corral-agent/tests/schemathesis.rs looks for it there)
+DEBIAN_PACKAGES := build-essential containernetworking-plugins iproute2 time strace python3 python3-venv
+SCHEMATHESIS_VERSION := 4.32.5
+SCHEMATHESIS_VENV := target/schemathesis-venv
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -21,6 +36,12 @@ deps:
 		echo "installing:$$missing"; \
 		$(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y $$missing; \
 	fi
+	@$(SCHEMATHESIS_VENV)/bin/st --version 2>/dev/null | grep -qx "st, version $(SCHEMATHESIS_VERSION)" || { \
+		echo "installing schemathesis $(SCHEMATHESIS_VERSION) into $(SCHEMATHESIS_VENV)"; \
+		python3 -m venv $(SCHEMATHESIS_VENV) && \
+		$(SCHEMATHESIS_VENV)/bin/pip install --quiet --disable-pip-version-check \
+			"schemathesis==$(SCHEMATHESIS_VERSION)"; \
+	}
 
 ## test: set-up, lints, and every test of the workspace
 test: deps lint
@@ -36,7 +57,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: every benchmark (figures go to BENCHMARKS.md by hand, with the command)
-bench: bench-core bench-cni
+bench: bench-core bench-cni bench-agent
 
 bench-core:
 	$(CARGO) bench -p corral-core --bench engine
@@ -54,6 +75,11 @@ plugin:
 ## bench-cni: the corral-ipam binary against Debian's host-local, side by side (about 1.5 min)
 bench-cni: deps plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) bench -p corral-cni --bench cni
+
+## bench-agent: durable allocate + release over the agent's socket with 1, 8 and 64 clients,
+## and corral-ipam ADD in agent mode (about 40 s)
+bench-agent: plugin
+	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) bench -p corral-cli --bench agent
 
 clean:
 	$(CARGO) clean

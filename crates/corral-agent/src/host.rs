@@ -495,17 +495,27 @@ impl Host {
                     .parse()
                     .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
                 let scope = self.scope_mut(&request.scope)?;
-                if !scope.engine.pool_names().contains(&pool) {
+                let new_pool = !scope.engine.pool_names().contains(&pool);
+                if new_pool {
                     scope.engine.add_pool(&pool, Default::default())?;
+                }
+                if let Err(error) = scope.engine.add_range(&pool, spec) {
+                    // A refused range leaves no empty pool behind.
+                    if new_pool {
+                        let _ = scope.engine.remove_pool(&pool);
+                    }
+                    return Err(error.into());
+                }
+                if new_pool {
+                    let config = scope.engine.pool_config(&pool)?;
                     scope.config.pools.push(PoolSpec::new(
                         &pool,
-                        Duration::ZERO,
-                        Default::default(),
+                        config.cooldown,
+                        config.reuse,
                         &[],
                         &[],
                     ));
                 }
-                scope.engine.add_range(&pool, spec)?;
                 let spec_text = spec.to_string();
                 if let Some(p) = scope
                     .config
@@ -644,7 +654,12 @@ impl Host {
                 let name = self.cni_scope(&request.network)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
-                Ok(Reply::ScopeStatus(scope_status(&name, &scope.engine)))
+                let mut status = scope_status(&name, &scope.engine);
+                // Only the network's own pools (not the engine's implicit default).
+                status
+                    .pools
+                    .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
+                Ok(Reply::ScopeStatus(status))
             }
             Op::Tick => {
                 let mut expired = 0;
@@ -921,10 +936,12 @@ impl Host {
         }
         let mut txn = self.store.begin().map_err(OpError::store)?;
         import_checkpoint(&mut txn, &checkpoint).map_err(|error| match error {
-            StoreError::Corrupt { what, reason } => {
-                OpError::bad_request(format!("checkpoint: {what}: {reason}"))
-            }
-            other => OpError::store(other),
+            // The store itself failing is worth a retry; anything else is the document.
+            StoreError::Sqlite(_)
+            | StoreError::Directory { .. }
+            | StoreError::Lock { .. }
+            | StoreError::Held { .. } => OpError::store(error),
+            other => OpError::bad_request(format!("checkpoint: {other}")),
         })?;
         txn.commit().map_err(OpError::store)?;
         for name in names {

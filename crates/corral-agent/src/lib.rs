@@ -13,6 +13,7 @@ pub mod committer;
 pub mod config;
 pub mod host;
 pub mod metrics;
+pub mod openapi;
 mod server;
 
 pub use config::{AgentConfig, ConfigError, Overrides};

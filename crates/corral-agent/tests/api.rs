@@ -336,3 +336,68 @@ fn concurrent_requests_share_commits_and_every_answer_is_distinct() {
     assert_eq!(held, 400);
     agent.stop();
 }
+
+/// Regressions found by review: a refused range leaves no empty pool behind; a pool created
+/// through the API keeps its cooldown across a restart; a checkpoint that lists an address
+/// twice is the caller's 400, not the store's 503.
+#[test]
+fn refused_changes_leave_nothing_and_api_pools_survive_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(dir.path());
+    let (status, body) = agent.post(
+        "/v1/pools/ranges/add",
+        json!({"pool": "zz", "range": "10.88.0.0/24"}),
+    );
+    assert_eq!(status, 409, "{body}");
+    let (_, pools) = agent.get("/v1/pools");
+    assert!(
+        !pools["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "zz"),
+        "{pools}"
+    );
+    let (status, _) = agent.post(
+        "/v1/pools/ranges/add",
+        json!({"pool": "blue", "range": "10.50.0.0/24"}),
+    );
+    assert_eq!(status, 200);
+    let cooldown = |pools: &Value| {
+        pools["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "blue")
+            .map(|p| p["cooldown_ms"].clone())
+    };
+    let (_, before) = agent.get("/v1/pools");
+    agent.stop();
+    let agent = Agent::start(dir.path());
+    let (_, after) = agent.get("/v1/pools");
+    assert_eq!(cooldown(&after), cooldown(&before), "{after}");
+    assert_ne!(cooldown(&after), Some(json!(0)));
+
+    let row = json!({"address": "10.77.0.5", "generation": 1, "owner": "a", "pool": "p"});
+    let document = json!({
+        "format": "corral-checkpoint/1",
+        "scopes": [{
+            "scope": "imp",
+            "config": {"pools": [{"name": "p", "cooldown_ms": 0, "lowest_free": false,
+                                   "ranges": ["10.77.0.0/24"], "exclusions": []}]},
+            "nextGeneration": 5,
+            "allocations": [row.clone(), row],
+            "cooling": []
+        }]
+    });
+    let (status, body) = agent.post("/v1/checkpoint", document);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("10.77.0.5"),
+        "{body}"
+    );
+    agent.stop();
+}

@@ -58,6 +58,7 @@ fn default_pool() -> String {
 
 /// An address family, or both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum FamilyChoice {
     Ipv4,
@@ -68,6 +69,7 @@ pub enum FamilyChoice {
 
 /// One address family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum FamilyName {
     Ipv4,
@@ -76,6 +78,13 @@ pub enum FamilyName {
 
 /// The CNI attachment an allocation belongs to: (network, container ID, interface).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({"network": "podnet", "container_id": "9b1d0c2e", "ifname": "eth0"}),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct AttachmentKey {
     pub network: String,
@@ -85,6 +94,7 @@ pub struct AttachmentKey {
 
 /// An expiration timer on an allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Lease {
     /// The lease's UUID, needed to stop it.
@@ -97,17 +107,37 @@ pub struct Lease {
 
 /// `POST /v1/allocate`: the next free address (or `address`), of one family or both.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({"owner": "pod-a"}),
+        json!({
+            "owner": "pod-b",
+            "family": "dual",
+            "key": {
+                "network": "podnet",
+                "container_id": "9b1d0c2e",
+                "ifname": "eth0"
+            }
+        }),
+        json!({"owner": "pod-c", "address": "10.88.0.10", "lease_ms": 60000}),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct AllocateRequest {
     #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
     #[serde(default = "default_pool")]
+    #[cfg_attr(feature = "openapi", schema(default = default_pool))]
     pub pool: String,
     /// Which family; defaults to the family of `address`, else `ipv4`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub family: Option<FamilyChoice>,
     /// A specific address instead of the next free one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub address: Option<IpAddr>,
     /// Who holds the address (free text, used by release-by-owner).
     pub owner: String,
@@ -121,8 +151,10 @@ pub struct AllocateRequest {
 
 /// One address handed out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Allocated {
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
     pub address: IpAddr,
     pub family: FamilyName,
     pub pool: String,
@@ -134,12 +166,14 @@ pub struct Allocated {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub gateway: Option<IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Lease>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct AllocateResponse {
     pub allocations: Vec<Allocated>,
@@ -148,13 +182,24 @@ pub struct AllocateResponse {
 /// `POST /v1/release`: exactly one of `key`, `address` (optionally with `generation`), or
 /// `owner`. Releasing what is not held is not an error: `released` is then empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({"owner": "pod-a"}),
+        json!({"address": "10.88.0.10"}),
+        json!({"key": {"network": "podnet", "container_id": "9b1d0c2e", "ifname": "eth0"}}),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<AttachmentKey>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub address: Option<IpAddr>,
     /// With `address`: release only if this is still the address's generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,14 +209,17 @@ pub struct ReleaseRequest {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReleasedAddress {
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
     pub address: IpAddr,
     pub pool: String,
     pub generation: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseResponse {
     pub released: Vec<ReleasedAddress>,
@@ -181,20 +229,38 @@ pub struct ReleaseResponse {
 
 /// `POST /v1/leases/start`: an expiration timer on an allocated address.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({"address": "10.88.0.10", "duration_ms": 60000}),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseStartRequest {
     #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
     pub address: IpAddr,
     pub duration_ms: u64,
 }
 
 /// `POST /v1/leases/stop`: the address stays allocated, without a timer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({"address": "10.88.0.10", "id": "0e9b6f3c-2d7a-4c1e-9f4b-5a8d7c6e1f20"}),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseStopRequest {
     #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
     pub address: IpAddr,
     pub id: String,
 }
@@ -203,12 +269,14 @@ pub struct LeaseStopRequest {
 
 /// `GET /v1/dump[?scope=]`: every allocation, per scope and pool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DumpResponse {
     pub scopes: Vec<ScopeDump>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ScopeDump {
     pub scope: String,
@@ -216,6 +284,7 @@ pub struct ScopeDump {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PoolDump {
     pub pool: String,
@@ -223,8 +292,10 @@ pub struct PoolDump {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct DumpEntry {
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
     pub address: IpAddr,
     pub owner: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -236,6 +307,7 @@ pub struct DumpEntry {
 
 /// `GET /v1/status[?scope=]`: capacity and use per scope, pool and family.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct StatusResponse {
     /// False until the state on disk has been restored.
@@ -246,6 +318,7 @@ pub struct StatusResponse {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ScopeStatus {
     pub scope: String,
@@ -253,6 +326,7 @@ pub struct ScopeStatus {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PoolStatus {
     pub pool: String,
@@ -261,6 +335,7 @@ pub struct PoolStatus {
 
 /// Counts as decimal strings: an IPv6 range holds more than JSON numbers carry exactly.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct FamilyStatus {
     pub family: FamilyName,
@@ -275,12 +350,14 @@ pub struct FamilyStatus {
 
 /// `GET /v1/pools[?scope=]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PoolsResponse {
     pub pools: Vec<PoolInfo>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PoolInfo {
     pub scope: String,
@@ -292,6 +369,7 @@ pub struct PoolInfo {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RangeInfo {
     /// The range in its canonical text form (`10.0.0.0/24`, `10.0.0.10-10.0.0.20/24`, ...).
@@ -301,6 +379,7 @@ pub struct RangeInfo {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ExclusionInfo {
     pub network: String,
@@ -309,9 +388,17 @@ pub struct ExclusionInfo {
 
 /// `POST /v1/pools/ranges/add`: adds capacity, creating the pool if it does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({"pool": "extra", "range": "10.89.0.0/24"}),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct RangeRequest {
     #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
     pub pool: String,
     pub range: String,
@@ -319,6 +406,7 @@ pub struct RangeRequest {
 
 /// What removing a range did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum RangeRemoval {
     /// The range is gone.
@@ -329,6 +417,7 @@ pub enum RangeRemoval {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct RangeRemoved {
     pub outcome: RangeRemoval,
@@ -336,19 +425,29 @@ pub struct RangeRemoved {
 
 /// `POST /v1/pools/exclusions/add` and `.../remove` (where `reason` is ignored).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({"pool": "default", "network": "10.88.0.0/28", "reason": "infrastructure"}),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct ExclusionRequest {
     #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
     pub pool: String,
     /// An address or a network in CIDR form.
     pub network: String,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(default = ""))]
     pub reason: String,
 }
 
 /// The body of a successful request that returns nothing else.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Done {
     pub ok: bool,
@@ -359,6 +458,7 @@ pub struct Done {
 /// One pool of a CNI network, as corral-ipam derives it from the network configuration (one
 /// pool per range set).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CniPool {
     pub name: String,
@@ -372,6 +472,27 @@ pub struct CniPool {
 /// configuration when they differ (allocations outside the new ranges are kept until
 /// released, never handed out again).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({
+            "name": "podnet",
+            "pools": [
+                {
+                    "name": "podnet-0",
+                    "cooldown_ms": 0,
+                    "lowest_free": false,
+                    "ranges": [
+                        "10.90.0.0/24",
+                        "fd90::/64"
+                    ],
+                    "exclusions": []
+                }
+            ]
+        }),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct CniNetwork {
     pub name: String,
@@ -380,16 +501,57 @@ pub struct CniNetwork {
 
 /// One address wanted by an ADD: from `pool`, of `family`, `requested` if given.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CniSet {
     pub pool: String,
     pub family: FamilyName,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub requested: Option<IpAddr>,
 }
 
 /// `POST /v1/cni/add`: one address per set, all or nothing; idempotent per key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({
+            "network": {
+                "name": "podnet",
+                "pools": [
+                    {
+                        "name": "podnet-0",
+                        "cooldown_ms": 0,
+                        "lowest_free": false,
+                        "ranges": [
+                            "10.90.0.0/24",
+                            "fd90::/64"
+                        ],
+                        "exclusions": []
+                    }
+                ]
+            },
+            "key": {
+                "network": "podnet",
+                "container_id": "9b1d0c2e",
+                "ifname": "eth0"
+            },
+            "owner": "pod-a",
+            "sets": [
+                {
+                    "pool": "podnet-0",
+                    "family": "ipv4"
+                },
+                {
+                    "pool": "podnet-0",
+                    "family": "ipv6"
+                }
+            ]
+        }),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct CniAddRequest {
     pub network: CniNetwork,
@@ -400,6 +562,34 @@ pub struct CniAddRequest {
 
 /// `POST /v1/cni/del` and `/v1/cni/check`: the attachment's addresses.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({
+            "network": {
+                "name": "podnet",
+                "pools": [
+                    {
+                        "name": "podnet-0",
+                        "cooldown_ms": 0,
+                        "lowest_free": false,
+                        "ranges": [
+                            "10.90.0.0/24",
+                            "fd90::/64"
+                        ],
+                        "exclusions": []
+                    }
+                ]
+            },
+            "key": {
+                "network": "podnet",
+                "container_id": "9b1d0c2e",
+                "ifname": "eth0"
+            }
+        }),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct CniKeyRequest {
     pub network: CniNetwork,
@@ -408,6 +598,36 @@ pub struct CniKeyRequest {
 
 /// `POST /v1/cni/gc`: releases every allocation of the network whose attachment is not listed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({
+            "network": {
+                "name": "podnet",
+                "pools": [
+                    {
+                        "name": "podnet-0",
+                        "cooldown_ms": 0,
+                        "lowest_free": false,
+                        "ranges": [
+                            "10.90.0.0/24",
+                            "fd90::/64"
+                        ],
+                        "exclusions": []
+                    }
+                ]
+            },
+            "valid_attachments": [
+                {
+                    "network": "podnet",
+                    "container_id": "9b1d0c2e",
+                    "ifname": "eth0"
+                }
+            ]
+        }),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct CniGcRequest {
     pub network: CniNetwork,
@@ -417,6 +637,29 @@ pub struct CniGcRequest {
 /// `POST /v1/cni/status`: the network's pools with their use (answered with a
 /// [`ScopeStatus`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({
+            "network": {
+                "name": "podnet",
+                "pools": [
+                    {
+                        "name": "podnet-0",
+                        "cooldown_ms": 0,
+                        "lowest_free": false,
+                        "ranges": [
+                            "10.90.0.0/24",
+                            "fd90::/64"
+                        ],
+                        "exclusions": []
+                    }
+                ]
+            }
+        }),
+    ))
+)]
 #[serde(deny_unknown_fields)]
 pub struct CniStatusRequest {
     pub network: CniNetwork,
@@ -426,12 +669,14 @@ pub struct CniStatusRequest {
 
 /// Every non-2xx response carries this body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ErrorBody {
     /// Machine-readable; one of [`ErrorCode`]'s names.
@@ -452,6 +697,7 @@ pub struct ErrorBody {
 
 /// Why a request failed, with its HTTP status.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// 400: the body is not JSON, a field is missing, unknown or of the wrong type, or a value

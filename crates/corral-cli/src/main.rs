@@ -1,3 +1,226 @@
-//! corral: the command line (being written).
+//! corral: the command line people use to talk to the corral agent, over its unix socket.
+//!
+//! `main` parses the arguments (clap), runs one subcommand from [`commands`], prints what it
+//! rendered (aligned tables by default, the API's JSON with `-o json`) and exits with a code
+//! scripts can act on:
+//!
+//! | code | meaning                                                                   |
+//! |------|---------------------------------------------------------------------------|
+//! | 0    | done                                                                      |
+//! | 1    | the agent refused the request (a 4xx answer: in use, exhausted, ...)      |
+//! | 2    | usage error: bad arguments, or an input or output file that cannot be used |
+//! | 3    | the agent is unreachable, timed out, or the connection to it broke        |
+//! | 4    | the agent failed (a 5xx answer, or an answer that is not the API's)       |
+//! | 5    | `check` found problems                                                    |
+//!
+//! The codes are a contract, asserted by `tests/cli.rs`.
 
-fn main() {}
+mod check;
+mod commands;
+mod exit;
+mod output;
+mod parse;
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use commands::Session;
+use exit::{Exit, Failure, Outcome};
+
+/// Where the agent listens unless told otherwise.
+const DEFAULT_SOCKET: &str = "/run/corral/agent.sock";
+
+/// The exit codes, for `corral --help` (kept in step with the module documentation).
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  done
+  1  the agent refused the request (a 4xx answer: in use, exhausted, not found, ...)
+  2  usage error: bad arguments, or an input or output file that cannot be used
+  3  the agent is unreachable, timed out, or the connection to it broke
+  4  the agent failed (a 5xx answer, or an answer that is not the API's)
+  5  `corral check` found problems";
+
+/// IP address management for container clusters: talk to the node's corral agent.
+#[derive(Debug, Parser)]
+#[command(name = "corral", version, after_long_help = EXIT_CODES_HELP)]
+struct Cli {
+    #[command(flatten)]
+    globals: Globals,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every subcommand takes.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+struct Globals {
+    /// The agent's unix socket [default: /run/corral/agent.sock]
+    // An Option, not a clap default, so a subcommand can tell whether it was given.
+    #[arg(long, global = true, env = "CORRAL_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// How to print results: aligned tables for people, or the API's JSON for scripts
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+
+    /// The scope to act on: "node" (the agent's own pools) or a CNI network's name
+    #[arg(long, global = true, value_name = "SCOPE", default_value = corral_api::NODE_SCOPE)]
+    scope: String,
+
+    /// Show every scope instead of one (status, dump, pool list and check only)
+    #[arg(long, global = true, conflicts_with = "scope")]
+    all_scopes: bool,
+}
+
+impl Globals {
+    /// The agent's socket: `--socket`, else `CORRAL_SOCKET`, else the default.
+    fn socket(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+    }
+}
+
+/// `corral agent`'s own options (its socket is the global --socket).
+#[derive(Debug, Args)]
+struct AgentArgs {
+    /// The agent's TOML configuration file
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The state directory (SQLite), locked for as long as the agent runs
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Also serve the API on this loopback TCP address (needs a token)
+    #[arg(long, value_name = "ADDR")]
+    tcp: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token for --tcp (or set CORRAL_TOKEN)
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
+    let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
+        config: args.config,
+        data_dir: args.data_dir,
+        socket: globals.socket.clone(),
+        tcp: args.tcp,
+        token_file: args.token_file,
+    })
+    .map_err(|e| Failure::Usage(e.to_string()))?;
+    let banner = format!(
+        "corral agent: ready, state in {data}, API on {socket}{tcp}
+           try: corral --socket {socket} status   (or: curl --unix-socket {socket} http://corral/v1/status)
+",
+        data = config.data_dir.display(),
+        socket = config.socket.display(),
+        tcp = config
+            .tcp
+            .map(|a| format!(" and http://{a} (bearer token)"))
+            .unwrap_or_default(),
+    );
+    corral_agent::run(config, move || {
+        let _ = io::stderr().write_all(banner.as_bytes());
+    })
+    .map_err(|e| Failure::Daemon(e.to_string()))?;
+    Ok(Outcome::ok(String::new()))
+}
+
+/// How results are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node agent in the foreground: the pools, and the REST API on --socket
+    ///
+    /// Configuration: a TOML file (--config), overridden by the flags; without either, the
+    /// embedded default (a dual-stack pool `default`, state in /var/lib/corral, the socket
+    /// /run/corral/agent.sock). Stops on SIGINT or SIGTERM.
+    Agent(AgentArgs),
+    /// Capacity and use of each pool, per address family
+    Status,
+    /// Every allocation, with its owner, attachment and lease
+    Dump,
+    /// Allocate the next free address (or a given one), of one family or both
+    Alloc(commands::AllocArgs),
+    /// Release addresses: of an attachment, one address, or everything an owner holds
+    Release(commands::ReleaseArgs),
+    /// List pools, or add and remove their address ranges
+    #[command(subcommand)]
+    Pool(commands::PoolCommand),
+    /// Exclude an address or network from a pool (or, with --remove, allow it again)
+    Exclude(commands::ExcludeArgs),
+    /// Start or stop an expiration timer on an allocated address
+    #[command(subcommand)]
+    Lease(commands::LeaseCommand),
+    /// Write the agent's state (every scope) as a checkpoint document
+    Export(commands::ExportArgs),
+    /// Restore a checkpoint document into scopes that hold no allocations
+    Import(commands::ImportArgs),
+    /// Report stale allocations, overdue leases and full pools (exit code 5 if any)
+    ///
+    /// Computed here from the agent's dump and status. An allocation is stale when its
+    /// attachment is not in the --live list (allocations made without a key are not judged);
+    /// a lease is overdue when its expiry has passed; a pool family is exhausted when it has
+    /// capacity but no free address (addresses in cooldown count as free), and nearly full
+    /// when more than 90% of its usable (not excluded) addresses are in use.
+    Check(commands::CheckArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (stdout, exit) = match run(cli) {
+        Ok(Outcome { stdout, exit }) => (stdout, exit),
+        Err(failure) => {
+            // Nothing to do if stderr itself is gone; the exit code still says it.
+            let _ = writeln!(io::stderr(), "corral: {failure}");
+            (String::new(), failure.exit())
+        }
+    };
+    let mut out = io::stdout().lock();
+    if let Err(error) = out.write_all(stdout.as_bytes()).and_then(|()| out.flush()) {
+        // A closed pipe (`corral dump | head`) is the reader's choice, not a failure.
+        if error.kind() != io::ErrorKind::BrokenPipe {
+            let _ = writeln!(io::stderr(), "corral: cannot write the output: {error}");
+            return Exit::Usage.into();
+        }
+    }
+    exit.into()
+}
+
+/// Runs one subcommand; what it prints is returned, not printed, so main alone writes.
+fn run(cli: Cli) -> Result<Outcome, Failure> {
+    let globals = &cli.globals;
+    match cli.command {
+        Command::Agent(args) => agent(globals, args),
+        Command::Status => commands::status(&mut Session::new(globals)),
+        Command::Dump => commands::dump(&mut Session::new(globals)),
+        Command::Alloc(args) => commands::alloc(&mut Session::new(globals), args),
+        Command::Release(args) => commands::release(&mut Session::new(globals), args),
+        Command::Pool(command) => commands::pool(&mut Session::new(globals), command),
+        Command::Exclude(args) => commands::exclude(&mut Session::new(globals), args),
+        Command::Lease(command) => commands::lease(&mut Session::new(globals), command),
+        Command::Export(args) => commands::export(&mut Session::new(globals), args),
+        Command::Import(args) => commands::import(&mut Session::new(globals), args),
+        Command::Check(args) => commands::check(&mut Session::new(globals), args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,664 @@
+//! The OpenAPI 3.1 document of the REST API, built from the code so it cannot drift.
+//!
+//! The schemas of the bodies are derived from `corral-api`'s types (utoipa's `ToSchema`,
+//! behind corral-api's `openapi` feature); the operations are listed here once per route of
+//! [`api::router`](crate::api::router), with the error statuses each can answer. The error
+//! responses' `code` values are derived from [`ErrorCode::status`], so a response schema
+//! promises exactly the codes a status can carry. `tests/openapi.rs` keeps the committed
+//! `openapi.json` (the file the agent serves at `/openapi.json`) equal to [`render`]`(`
+//! [`document`]`())`, and checks every path of `corral_api::paths` is described.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use corral_api::{self as api, ErrorCode, paths};
+use serde_json::{Map, Value, json};
+use utoipa::ToSchema;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::Schema;
+
+/// What a successful response carries.
+#[derive(Clone, Copy, Debug)]
+pub enum Success {
+    /// JSON, of the named component schema.
+    Json(&'static str),
+    /// A JSON object whose shape this document does not describe (a checkpoint, the
+    /// document itself).
+    AnyObject(&'static str),
+    /// Text of this media type.
+    Text(&'static str, &'static str),
+}
+
+/// One operation: a method on a path, as `api::router` routes it.
+#[derive(Clone, Copy, Debug)]
+pub struct Operation {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub operation_id: &'static str,
+    pub summary: &'static str,
+    /// The component schema of the JSON body (always required), or `Some("")` for any JSON
+    /// object.
+    pub request: Option<&'static str>,
+    /// Whether the operation takes the optional `?scope=` query parameter.
+    pub scope_query: bool,
+    pub success: Success,
+    /// The error statuses the handler can answer besides 401 (every operation, on the TCP
+    /// listener without the token).
+    pub errors: &'static [u16],
+}
+
+/// The component name of a type's schema: naming schemas through their types makes a
+/// renamed or removed type a compile error here.
+fn name<T: ToSchema>() -> &'static str {
+    match T::name() {
+        Cow::Borrowed(name) => name,
+        Cow::Owned(name) => name.leak(),
+    }
+}
+
+/// An operation on the engines with a JSON body: 400, 413 and 415 for the body, 404 and
+/// 409 from the engine, 503 while restoring or when the store fails.
+const CHANGE: &[u16] = &[400, 404, 409, 413, 415, 503];
+/// A read of one scope or all (`?scope=`).
+const READ: &[u16] = &[400, 404, 503];
+
+/// Every operation of the API, in the order `api::router` declares them.
+pub fn operations() -> Vec<Operation> {
+    let op = |method, path, operation_id, summary, request, success, errors| Operation {
+        method,
+        path,
+        operation_id,
+        summary,
+        request,
+        scope_query: false,
+        success,
+        errors,
+    };
+    let read = |path, operation_id, summary, schema| Operation {
+        scope_query: true,
+        ..op(
+            "get",
+            path,
+            operation_id,
+            summary,
+            None,
+            Success::Json(schema),
+            READ,
+        )
+    };
+    vec![
+        op(
+            "get",
+            paths::HEALTHZ,
+            "healthz",
+            "Liveness: answers `ok` as soon as the socket is bound",
+            None,
+            Success::Text("text/plain", "`ok`"),
+            &[],
+        ),
+        op(
+            "get",
+            paths::READYZ,
+            "readyz",
+            "Readiness: `ready` once the state on disk is restored, else 503",
+            None,
+            Success::Text("text/plain", "`ready`"),
+            &[503],
+        ),
+        op(
+            "get",
+            paths::METRICS,
+            "metrics",
+            "Prometheus metrics in the OpenMetrics text format",
+            None,
+            Success::Text("application/openmetrics-text", "OpenMetrics text"),
+            &[],
+        ),
+        op(
+            "get",
+            paths::OPENAPI,
+            "openapi",
+            "This document",
+            None,
+            Success::AnyObject("the OpenAPI document"),
+            &[],
+        ),
+        op(
+            "post",
+            paths::ALLOCATE,
+            "allocate",
+            "Allocates the next free address (or a given one) of one family or both",
+            Some(name::<api::AllocateRequest>()),
+            Success::Json(name::<api::AllocateResponse>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::RELEASE,
+            "release",
+            "Releases by key, by address (optionally at a generation) or by owner",
+            Some(name::<api::ReleaseRequest>()),
+            Success::Json(name::<api::ReleaseResponse>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::LEASE_START,
+            "lease_start",
+            "Starts an expiration timer on an allocated address",
+            Some(name::<api::LeaseStartRequest>()),
+            Success::Json(name::<api::Lease>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::LEASE_STOP,
+            "lease_stop",
+            "Stops an address's expiration timer; the address stays allocated",
+            Some(name::<api::LeaseStopRequest>()),
+            Success::Json(name::<api::Done>()),
+            CHANGE,
+        ),
+        read(
+            paths::DUMP,
+            "dump",
+            "Every allocation, per scope and pool",
+            name::<api::DumpResponse>(),
+        ),
+        read(
+            paths::STATUS,
+            "status",
+            "Capacity and use per scope, pool and family",
+            name::<api::StatusResponse>(),
+        ),
+        read(
+            paths::POOLS,
+            "pools",
+            "The pools with their ranges and exclusions",
+            name::<api::PoolsResponse>(),
+        ),
+        op(
+            "post",
+            paths::POOL_RANGES_ADD,
+            "add_range",
+            "Adds a range to a pool, creating the pool if it does not exist",
+            Some(name::<api::RangeRequest>()),
+            Success::Json(name::<api::Done>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::POOL_RANGES_REMOVE,
+            "remove_range",
+            "Removes a range; one that still holds allocations drains",
+            Some(name::<api::RangeRequest>()),
+            Success::Json(name::<api::RangeRemoved>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::POOL_EXCLUSIONS_ADD,
+            "add_exclusion",
+            "Excludes an address or a network from a pool",
+            Some(name::<api::ExclusionRequest>()),
+            Success::Json(name::<api::Done>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::POOL_EXCLUSIONS_REMOVE,
+            "remove_exclusion",
+            "Removes an exclusion (its `reason` is ignored)",
+            Some(name::<api::ExclusionRequest>()),
+            Success::Json(name::<api::Done>()),
+            CHANGE,
+        ),
+        op(
+            "get",
+            paths::CHECKPOINT,
+            "export_checkpoint",
+            "Exports every scope as a checkpoint document (`corral-checkpoint/1`)",
+            None,
+            Success::AnyObject("the checkpoint document"),
+            &[503],
+        ),
+        op(
+            "post",
+            paths::CHECKPOINT,
+            "import_checkpoint",
+            "Imports a checkpoint document into scopes that hold no allocations",
+            Some(""),
+            Success::Json(name::<api::Done>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::CNI_ADD,
+            "cni_add",
+            "CNI ADD: one address per set, all or nothing; idempotent per attachment",
+            Some(name::<api::CniAddRequest>()),
+            Success::Json(name::<api::AllocateResponse>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::CNI_DEL,
+            "cni_del",
+            "CNI DEL: releases the attachment's addresses",
+            Some(name::<api::CniKeyRequest>()),
+            Success::Json(name::<api::ReleaseResponse>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::CNI_CHECK,
+            "cni_check",
+            "CNI CHECK: the attachment's addresses (none if the network is unknown)",
+            Some(name::<api::CniKeyRequest>()),
+            Success::Json(name::<api::AllocateResponse>()),
+            &[400, 413, 415, 503],
+        ),
+        op(
+            "post",
+            paths::CNI_GC,
+            "cni_gc",
+            "CNI GC: releases every allocation of the network whose attachment is not listed",
+            Some(name::<api::CniGcRequest>()),
+            Success::Json(name::<api::ReleaseResponse>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::CNI_STATUS,
+            "cni_status",
+            "CNI STATUS: the network's pools with their use",
+            Some(name::<api::CniStatusRequest>()),
+            Success::Json(name::<api::ScopeStatus>()),
+            CHANGE,
+        ),
+    ]
+}
+
+/// What a success hands to later operations (OpenAPI links): the address `allocate` returns
+/// is what `release` and `lease_start` take, the lease id is what `lease_stop` takes, a
+/// CNI network and key go on from ADD to CHECK, DEL, GC and STATUS. Each link gives the
+/// whole body of the next request; `x-schemathesis` tells schemathesis' stateful phase to
+/// send it as it is rather than merged into a generated one.
+fn links(operation_id: &str) -> Vec<(&'static str, &'static str, Value)> {
+    let network = "$request.body#/network";
+    let key = "$request.body#/key";
+    match operation_id {
+        "allocate" => vec![
+            (
+                "StartLease",
+                "lease_start",
+                json!({"address": "$response.body#/allocations/0/address", "duration_ms": 60000}),
+            ),
+            (
+                "ReleaseAddress",
+                "release",
+                json!({
+                    "address": "$response.body#/allocations/0/address",
+                    "generation": "$response.body#/allocations/0/generation"
+                }),
+            ),
+            (
+                "ReleaseOwner",
+                "release",
+                json!({"owner": "$request.body#/owner"}),
+            ),
+        ],
+        "lease_start" => vec![(
+            "StopLease",
+            "lease_stop",
+            json!({"address": "$request.body#/address", "id": "$response.body#/id"}),
+        )],
+        "add_range" => vec![
+            (
+                "RemoveRange",
+                "remove_range",
+                json!({"pool": "$request.body#/pool", "range": "$request.body#/range"}),
+            ),
+            (
+                "AllocateFromPool",
+                "allocate",
+                json!({"owner": "linked", "pool": "$request.body#/pool"}),
+            ),
+        ],
+        "add_exclusion" => vec![(
+            "RemoveExclusion",
+            "remove_exclusion",
+            json!({"pool": "$request.body#/pool", "network": "$request.body#/network"}),
+        )],
+        "export_checkpoint" => vec![("Import", "import_checkpoint", json!("$response.body"))],
+        "cni_add" => vec![
+            (
+                "Check",
+                "cni_check",
+                json!({"network": network, "key": key}),
+            ),
+            ("Del", "cni_del", json!({"network": network, "key": key})),
+            (
+                "Gc",
+                "cni_gc",
+                json!({"network": network, "valid_attachments": []}),
+            ),
+            ("Status", "cni_status", json!({"network": network})),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// The error statuses, each with the component response that describes it.
+fn error_response_name(status: u16) -> String {
+    format!("Error{status}")
+}
+
+fn error_description(status: u16) -> &'static str {
+    match status {
+        400 => {
+            "The body or query is malformed (not JSON, a field missing, unknown or of the wrong \
+             type) or a value is invalid"
+        }
+        401 => "The TCP listener needs `Authorization: Bearer <token>`",
+        404 => "No such scope, pool, range, exclusion, allocation or lease",
+        405 => "The path exists with another method (any method not listed for a path)",
+        409 => {
+            "Refused: the address is held, unavailable or excluded, the pool is exhausted, or \
+             the request conflicts with state"
+        }
+        413 => "The body is larger than the agent reads",
+        415 => "The body is not declared as JSON (`Content-Type: application/json`)",
+        503 => "The agent is restoring its state, or its store failed; retry later",
+        _ => "An error",
+    }
+}
+
+/// The JSON Schemas of every body type, by name, with the types they refer to.
+fn component_schemas() -> BTreeMap<String, Value> {
+    fn add<T: ToSchema>(all: &mut Vec<(String, RefOr<Schema>)>) {
+        all.push((T::name().into_owned(), T::schema()));
+        T::schemas(all);
+    }
+    let mut all = Vec::new();
+    add::<api::AllocateRequest>(&mut all);
+    add::<api::AllocateResponse>(&mut all);
+    add::<api::ReleaseRequest>(&mut all);
+    add::<api::ReleaseResponse>(&mut all);
+    add::<api::LeaseStartRequest>(&mut all);
+    add::<api::LeaseStopRequest>(&mut all);
+    add::<api::Lease>(&mut all);
+    add::<api::DumpResponse>(&mut all);
+    add::<api::StatusResponse>(&mut all);
+    add::<api::PoolsResponse>(&mut all);
+    add::<api::RangeRequest>(&mut all);
+    add::<api::RangeRemoved>(&mut all);
+    add::<api::ExclusionRequest>(&mut all);
+    add::<api::Done>(&mut all);
+    add::<api::CniAddRequest>(&mut all);
+    add::<api::CniKeyRequest>(&mut all);
+    add::<api::CniGcRequest>(&mut all);
+    add::<api::CniStatusRequest>(&mut all);
+    add::<api::ScopeStatus>(&mut all);
+    add::<api::ErrorResponse>(&mut all);
+    all.into_iter()
+        .map(|(name, schema)| {
+            let mut value = serde_json::to_value(schema).expect("a schema is JSON");
+            ip_addresses(&mut value);
+            unsigned_64(&mut value);
+            (name, value)
+        })
+        .collect()
+}
+
+/// corral-api marks its `IpAddr` fields with the format `ip` (utoipa knows no type for
+/// them); here each becomes "an IPv4 or an IPv6 address" in standard formats, keeping a
+/// `null` the field's type allows.
+fn ip_addresses(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            if object.get("format").and_then(Value::as_str) == Some("ip") {
+                object.remove("format");
+                let nullable = match object.remove("type") {
+                    Some(Value::Array(types)) => types.iter().any(|t| t == "null"),
+                    _ => false,
+                };
+                let mut any_of = vec![
+                    json!({"type": "string", "format": "ipv4"}),
+                    json!({"type": "string", "format": "ipv6"}),
+                ];
+                if nullable {
+                    any_of.push(json!({"type": "null"}));
+                }
+                object.insert("anyOf".into(), Value::Array(any_of));
+            }
+            object.values_mut().for_each(ip_addresses);
+        }
+        Value::Array(items) => items.iter_mut().for_each(ip_addresses),
+        _ => {}
+    }
+}
+
+/// utoipa describes a `u64` as `format: int64` with `minimum: 0`, but `int64` means a signed
+/// integer (at most 2^63 - 1) and the agent reads any `u64`: here the bound is the real one.
+fn unsigned_64(value: &mut Value) {
+    match value {
+        Value::Object(object) => {
+            if object.get("format").and_then(Value::as_str) == Some("int64")
+                && object.get("minimum") == Some(&json!(0))
+            {
+                object.remove("format");
+                object.insert("maximum".into(), json!(u64::MAX));
+            }
+            object.values_mut().for_each(unsigned_64);
+        }
+        Value::Array(items) => items.iter_mut().for_each(unsigned_64),
+        _ => {}
+    }
+}
+
+/// Every error code's serde name, with its status.
+fn error_codes(schemas: &BTreeMap<String, Value>) -> Vec<(String, u16)> {
+    let names = schemas[name::<ErrorCode>()]["enum"]
+        .as_array()
+        .expect("ErrorCode is an enum of strings");
+    names
+        .iter()
+        .map(|name| {
+            let code: ErrorCode =
+                serde_json::from_value(name.clone()).expect("an ErrorCode schema name parses");
+            (name.as_str().unwrap_or_default().to_owned(), code.status())
+        })
+        .collect()
+}
+
+/// The error response of a status: an [`api::ErrorResponse`] whose code is one of those
+/// [`ErrorCode::status`] maps to it.
+fn error_response(status: u16, codes: &[(String, u16)]) -> Value {
+    let codes: Vec<&str> = codes
+        .iter()
+        .filter(|(_, s)| *s == status)
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert!(!codes.is_empty(), "no error code has status {status}");
+    json!({
+        "description": error_description(status),
+        "content": {
+            "application/json": {
+                "schema": {
+                    "allOf": [
+                        schema_ref(name::<api::ErrorResponse>()),
+                        {
+                            "type": "object",
+                            "properties": {
+                                "error": {
+                                    "type": "object",
+                                    "properties": {"code": {"enum": codes}}
+                                }
+                            }
+                        }
+                    ]
+                }
+            }
+        }
+    })
+}
+
+fn schema_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
+}
+
+fn operation(operation: &Operation) -> Value {
+    let mut out = Map::new();
+    out.insert("operationId".into(), operation.operation_id.into());
+    out.insert("summary".into(), operation.summary.into());
+    if operation.scope_query {
+        out.insert(
+            "parameters".into(),
+            json!([{
+                "name": "scope",
+                "in": "query",
+                "required": false,
+                "description": "Only this scope (the agent's own pools are in scope `node`); \
+                                all scopes when absent",
+                "schema": {"type": "string"}
+            }]),
+        );
+    }
+    match operation.request {
+        Some("") => {
+            out.insert(
+                "requestBody".into(),
+                json!({
+                    "required": true,
+                    "content": {"application/json": {"schema": {"type": "object"}}}
+                }),
+            );
+        }
+        Some(name) => {
+            out.insert(
+                "requestBody".into(),
+                json!({
+                    "required": true,
+                    "content": {"application/json": {"schema": schema_ref(name)}}
+                }),
+            );
+        }
+        None => {}
+    }
+    let mut responses = Map::new();
+    let mut success = match operation.success {
+        Success::Json(name) => json!({
+            "description": "Success",
+            "content": {"application/json": {"schema": schema_ref(name)}}
+        }),
+        Success::AnyObject(what) => json!({
+            "description": what,
+            "content": {"application/json": {"schema": {"type": "object"}}}
+        }),
+        Success::Text(media_type, what) => json!({
+            "description": what,
+            "content": {media_type: {"schema": {"type": "string"}}}
+        }),
+    };
+    let links: Map<String, Value> = links(operation.operation_id)
+        .into_iter()
+        .map(|(name, target, body)| {
+            let link = json!({
+                "operationId": target,
+                "requestBody": body,
+                "x-schemathesis": {"merge_body": false}
+            });
+            (name.to_owned(), link)
+        })
+        .collect();
+    if !links.is_empty() {
+        success["links"] = Value::Object(links);
+    }
+    responses.insert("200".into(), success);
+    let mut errors = operation.errors.to_vec();
+    errors.push(401);
+    errors.sort_unstable();
+    errors.dedup();
+    for status in errors {
+        responses.insert(
+            status.to_string(),
+            json!({"$ref": format!("#/components/responses/{}", error_response_name(status))}),
+        );
+    }
+    out.insert("responses".into(), Value::Object(responses));
+    Value::Object(out)
+}
+
+/// The OpenAPI document of the agent's API.
+pub fn document() -> Value {
+    let schemas = component_schemas();
+    let codes = error_codes(&schemas);
+    let mut responses = Map::new();
+    let mut statuses: Vec<u16> = codes.iter().map(|(_, status)| *status).collect();
+    statuses.sort_unstable();
+    statuses.dedup();
+    for status in statuses {
+        responses.insert(error_response_name(status), error_response(status, &codes));
+    }
+    let mut path_items: BTreeMap<&str, Map<String, Value>> = BTreeMap::new();
+    for op in operations() {
+        let item = path_items.entry(op.path).or_default();
+        let previous = item.insert(op.method.into(), operation(&op));
+        assert!(previous.is_none(), "{} {} listed twice", op.method, op.path);
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "corral agent API",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": format!(
+                "The REST API of corral-agent, on its unix socket (no authentication) and \
+                 optionally on a loopback TCP address (with a bearer token). Every body is \
+                 JSON of at most {} bytes; unknown fields are refused. Every error answers \
+                 an ErrorResponse with the status of its code; a path that does not exist \
+                 answers 404 and a path with a method it does not take answers 405 (see \
+                 the components Error404 and Error405).",
+                api::MAX_BODY_BYTES
+            ),
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}
+        },
+        "security": [{}, {"bearer": []}],
+        "paths": path_items,
+        "components": {
+            "schemas": schemas,
+            "responses": responses,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Needed on the TCP listener only"
+                }
+            }
+        }
+    })
+}
+
+/// The document as committed in `openapi.json`: keys sorted, two-space indentation, a final
+/// newline. Sorting here keeps the text the same whether or not serde_json's
+/// `preserve_order` feature is on in a build.
+pub fn render(document: &Value) -> String {
+    fn sorted(value: &Value) -> Value {
+        match value {
+            Value::Object(object) => {
+                let mut keys: Vec<&String> = object.keys().collect();
+                keys.sort();
+                Value::Object(
+                    keys.into_iter()
+                        .map(|k| (k.clone(), sorted(&object[k])))
+                        .collect(),
+                )
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    let mut text = serde_json::to_string_pretty(&sorted(document)).expect("JSON renders");
+    text.push('\n');
+    text
+}

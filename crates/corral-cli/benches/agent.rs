@@ -1,0 +1,336 @@
+//! The agent's durable throughput and latency over its unix socket, and corral-ipam's ADD in
+//! agent mode (`make bench-agent`).
+//!
+//! * The agent is the real `corral agent` process, on a fresh state directory in `/tmp`
+//!   (the same ext4 as the CNI bench), with one pool of a /12 so nothing runs out.
+//! * Allocate + release: N client threads, each with one keep-alive connection (the lean
+//!   `corral-client`), each looping allocate-next then release-by-address for a fixed time.
+//!   Every answer arrives only after its change is durable (group commit). Reported: durable
+//!   allocations per second (allocate answers over the run), and p50 / p99 of each call.
+//!   N = 1, 8 and 64.
+//! * fsync floor: `fdatasync` after rewriting 4 KiB in place in a file on the same
+//!   filesystem, as the agent's log is rewritten in place, p50 of 400.
+//! * corral-ipam ADD in agent mode: the plugin build from `make plugin` (or this profile's
+//!   `corral-ipam` if `CORRAL_IPAM_BIN` is unset) exec'd as a runtime does, with
+//!   `"agent": "<socket>"`, timed from spawn to exit; and `/bin/true` spawned the same way.
+//!
+//! `cargo bench` passes `--bench` for the full run (about 40 s); without it (as under
+//! `cargo test --benches`) every phase is short, as a smoke run.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral_api::{AllocateRequest, NODE_SCOPE, ReleaseRequest};
+use corral_client::Client;
+
+const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+
+struct Params {
+    run_for: Duration,
+    clients: &'static [usize],
+    add_samples: usize,
+}
+
+const BENCH: Params = Params {
+    run_for: Duration::from_secs(5),
+    clients: &[1, 8, 64],
+    add_samples: 400,
+};
+
+const SMOKE: Params = Params {
+    run_for: Duration::from_millis(300),
+    clients: &[1, 8],
+    add_samples: 10,
+};
+
+/// Targets from the issue.
+const TARGET_ALLOCS_64: f64 = 50_000.0;
+const TARGET_SINGLE_OVER_FSYNC: Duration = Duration::from_micros(150);
+const TARGET_ADD: Duration = Duration::from_millis(1);
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn start_agent(dir: &Path) -> (Child, PathBuf) {
+    let socket = dir.join("agent.sock");
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nsocket = {:?}\n\n[[pools]]\nname = \"default\"\n\
+             ranges = [\"10.64.0.0/12\"]\ncooldown_ms = 0\n",
+            dir.join("state"),
+            socket
+        ),
+    )
+    .unwrap();
+    let child = Command::new(CORRAL)
+        .args(["agent", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("corral agent starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Client::unix(&socket).readyz().is_err() {
+        assert!(Instant::now() < deadline, "the agent did not become ready");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    (child, socket)
+}
+
+/// (allocations per second, allocate latencies, release latencies)
+fn allocate_release(
+    socket: &Path,
+    clients: usize,
+    run_for: Duration,
+) -> (f64, Vec<Duration>, Vec<Duration>) {
+    let start = Instant::now();
+    let stop = start + run_for;
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let socket = socket.to_path_buf();
+            std::thread::spawn(move || {
+                let mut client = Client::unix(&socket);
+                let mut allocs = Vec::new();
+                let mut releases = Vec::new();
+                let mut i = 0u64;
+                while Instant::now() < stop {
+                    i += 1;
+                    let t = Instant::now();
+                    let answer = client
+                        .allocate(&AllocateRequest {
+                            scope: NODE_SCOPE.into(),
+                            pool: "default".into(),
+                            family: None,
+                            address: None,
+                            owner: format!("bench-{c}-{i}"),
+                            key: None,
+                            lease_ms: None,
+                        })
+                        .expect("allocate");
+                    allocs.push(t.elapsed());
+                    let addr: IpAddr = answer.allocations[0].address;
+                    let t = Instant::now();
+                    client
+                        .release(&ReleaseRequest {
+                            scope: NODE_SCOPE.into(),
+                            address: Some(addr),
+                            generation: Some(answer.allocations[0].generation),
+                            ..ReleaseRequest::default()
+                        })
+                        .expect("release");
+                    releases.push(t.elapsed());
+                }
+                (allocs, releases)
+            })
+        })
+        .collect();
+    let mut allocs = Vec::new();
+    let mut releases = Vec::new();
+    for t in threads {
+        let (a, r) = t.join().expect("client thread");
+        allocs.extend(a);
+        releases.extend(r);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    allocs.sort();
+    releases.sort();
+    (allocs.len() as f64 / elapsed, allocs, releases)
+}
+
+/// p50 of rewriting 4 KiB in place and fdatasync, in `dir`.
+fn fsync_floor(dir: &Path, samples: usize) -> Duration {
+    let path = dir.join("fsync-probe");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .read(true)
+        .open(&path)
+        .unwrap();
+    let page = vec![7u8; 4096];
+    file.write_all(&page).unwrap();
+    file.sync_all().unwrap();
+    let mut times: Vec<Duration> = (0..samples)
+        .map(|_| {
+            use std::os::unix::fs::FileExt;
+            let t = Instant::now();
+            file.write_all_at(&page, 0).unwrap();
+            file.sync_data().unwrap();
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    pct(&times, 50.0)
+}
+
+fn spawn_timed(program: &Path, env: &[(&str, String)], stdin: &[u8]) -> (Duration, String) {
+    let t = Instant::now();
+    let mut child = Command::new(program)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let elapsed = t.elapsed();
+    assert!(
+        output.status.success(),
+        "{} failed: {}",
+        program.display(),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    (
+        elapsed,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+fn plugin_adds(socket: &Path, samples: usize) -> (Vec<Duration>, Vec<Duration>) {
+    let plugin = std::env::var_os("CORRAL_IPAM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            // The corral-ipam of this profile, next to the corral binary.
+            Path::new(CORRAL).with_file_name("corral-ipam")
+        });
+    assert!(
+        plugin.exists(),
+        "{} is missing: run `make plugin` (or build corral-ipam)",
+        plugin.display()
+    );
+    let stdin = serde_json::to_vec(&serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "benchnet",
+        "type": "bridge",
+        "ipam": {
+            "type": "corral-ipam",
+            "agent": socket,
+            "ranges": [[{"subnet": "10.200.0.0/16"}]]
+        }
+    }))
+    .unwrap();
+    let mut adds = Vec::new();
+    let mut floor = Vec::new();
+    for i in 0..samples + 5 {
+        let env = [
+            ("CNI_COMMAND", "ADD".to_owned()),
+            ("CNI_CONTAINERID", format!("bench{i:060}")),
+            ("CNI_NETNS", "/var/run/netns/bench".to_owned()),
+            ("CNI_IFNAME", "eth0".to_owned()),
+            ("CNI_PATH", "/usr/lib/cni".to_owned()),
+        ];
+        let (t_true, _) = spawn_timed(Path::new("/bin/true"), &env, &stdin);
+        let (t_add, out) = spawn_timed(&plugin, &env, &stdin);
+        assert!(out.contains("10.200."), "{out}");
+        if i >= 5 {
+            adds.push(t_add);
+            floor.push(t_true);
+        }
+    }
+    adds.sort();
+    floor.sort();
+    (adds, floor)
+}
+
+fn main() {
+    let params = if std::env::args().any(|a| a == "--bench") {
+        BENCH
+    } else {
+        SMOKE
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("corral-bench-agent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let fsync = fsync_floor(dir.path(), if params.add_samples > 100 { 400 } else { 20 });
+    let (mut agent, socket) = start_agent(dir.path());
+    let mut rows = Vec::new();
+    let mut single_p50 = Duration::ZERO;
+    let mut at_64 = None;
+    for &clients in params.clients {
+        let (rate, allocs, releases) = allocate_release(&socket, clients, params.run_for);
+        eprintln!("agent bench: {clients} clients: {rate:.0} durable allocations/s");
+        if clients == 1 {
+            single_p50 = pct(&allocs, 50.0);
+        }
+        if clients == 64 {
+            at_64 = Some(rate);
+        }
+        rows.push(format!(
+            "| {clients} | {rate:.0} | {} / {} | {} / {} | {} |",
+            ms(pct(&allocs, 50.0)),
+            ms(pct(&allocs, 99.0)),
+            ms(pct(&releases, 50.0)),
+            ms(pct(&releases, 99.0)),
+            allocs.len(),
+        ));
+    }
+    let (adds, floor) = plugin_adds(&socket, params.add_samples);
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+
+    println!(
+        "| clients | durable allocations/s | allocate p50 / p99 (ms) | release p50 / p99 (ms) | allocations |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    for row in rows {
+        println!("{row}");
+    }
+    println!();
+    println!("| | p50 (ms) | p99 (ms) | samples |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| corral-ipam ADD in agent mode (exec to exit) | {} | {} | {} |",
+        ms(pct(&adds, 50.0)),
+        ms(pct(&adds, 99.0)),
+        adds.len()
+    );
+    println!(
+        "| spawn `/bin/true` the same way | {} | {} | {} |",
+        ms(pct(&floor, 50.0)),
+        ms(pct(&floor, 99.0)),
+        floor.len()
+    );
+    println!(
+        "| fdatasync of 4 KiB rewritten in place | {} | | |",
+        ms(fsync)
+    );
+    println!();
+    let verdict = |met: bool| if met { "**met**" } else { "**missed**" };
+    println!("| target | result |");
+    println!("| --- | --- |");
+    if let Some(rate) = at_64 {
+        println!(
+            "| ≥ 50,000 durable allocations/s at 64 clients | {}: {rate:.0}/s |",
+            verdict(rate >= TARGET_ALLOCS_64)
+        );
+    }
+    println!(
+        "| single-client allocate p50 ≤ one fsync + 0.15 ms | {}: {} ms (fsync {} ms) |",
+        verdict(single_p50 <= fsync + TARGET_SINGLE_OVER_FSYNC),
+        ms(single_p50),
+        ms(fsync)
+    );
+    println!(
+        "| corral-ipam ADD via the agent p50 ≤ 1.0 ms | {}: {} ms |",
+        verdict(pct(&adds, 50.0) <= TARGET_ADD),
+        ms(pct(&adds, 50.0))
+    );
+}

@@ -1,0 +1,625 @@
+//! The subcommands that talk to the agent: their arguments, the request each sends through
+//! corral-client, and how each renders the answer (a table, or the API's JSON).
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Read};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{ArgGroup, Args, Subcommand, ValueEnum};
+use corral_api::{
+    AllocateRequest, AttachmentKey, DEFAULT_POOL, ExclusionRequest, FamilyChoice,
+    LeaseStartRequest, LeaseStopRequest, RangeRemoval, RangeRequest, ReleaseRequest,
+};
+use corral_client::Client;
+use serde::Serialize;
+
+use crate::check::{self, KeyText};
+use crate::exit::{Exit, Failure, Outcome};
+use crate::output::{self, Table};
+use crate::{Globals, Output, parse};
+
+// ---- arguments --------------------------------------------------------------------------
+
+#[derive(Debug, Args)]
+pub struct AllocArgs {
+    /// The pool to allocate from
+    #[arg(long, default_value = DEFAULT_POOL)]
+    pool: String,
+    /// Which family; defaults to the family of --address, else ipv4 (dual: one of each, all
+    /// or nothing)
+    #[arg(long, value_enum)]
+    family: Option<FamilyArg>,
+    /// A specific address instead of the next free one
+    #[arg(long)]
+    address: Option<IpAddr>,
+    /// Who holds the address (free text; `release --owner` releases all it holds)
+    #[arg(long)]
+    owner: String,
+    /// The CNI attachment the address is for; allocating again with it returns the same
+    /// address
+    #[arg(long, value_name = "NETWORK/CONTAINER/IFNAME", value_parser = parse::attachment_key)]
+    key: Option<AttachmentKey>,
+    /// Start an expiration timer with the allocation (e.g. 30s, 5m, 1h)
+    #[arg(long, value_name = "DURATION", value_parser = parse::duration_ms)]
+    lease: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FamilyArg {
+    Ipv4,
+    Ipv6,
+    Dual,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("what").required(true).args(["key", "address", "owner"])))]
+pub struct ReleaseArgs {
+    /// Every address of this CNI attachment
+    #[arg(long, value_name = "NETWORK/CONTAINER/IFNAME", value_parser = parse::attachment_key)]
+    key: Option<AttachmentKey>,
+    /// This address
+    #[arg(long)]
+    address: Option<IpAddr>,
+    /// With --address: only if the address is still of this generation
+    // (clap waives `requires` when the required argument conflicts with one given, as the
+    // group makes --address conflict with --key and --owner: hence the explicit conflicts.)
+    #[arg(long, requires = "address", conflicts_with_all = ["key", "owner"])]
+    generation: Option<u64>,
+    /// Every address this owner holds
+    #[arg(long)]
+    owner: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PoolCommand {
+    /// The pools with their ranges and exclusions
+    List,
+    /// Add a range to a pool, creating the pool if it does not exist
+    Add {
+        pool: String,
+        /// SUBNET[,range=START-END][,start=IP][,end=IP][,gateway=IP], or a bare address
+        range: String,
+    },
+    /// Remove a range; one that holds allocations drains (hands out nothing more and goes
+    /// with its last allocation)
+    Remove { pool: String, range: String },
+}
+
+#[derive(Debug, Args)]
+pub struct ExcludeArgs {
+    pool: String,
+    /// An address, or a network in CIDR form
+    network: String,
+    /// Why (shown by `corral pool list`)
+    #[arg(long, conflicts_with = "remove")]
+    reason: Option<String>,
+    /// Remove the exclusion instead of adding it
+    #[arg(long)]
+    remove: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeaseCommand {
+    /// Start an expiration timer: the address is released when it runs out
+    Start {
+        address: IpAddr,
+        /// e.g. 30s, 5m, 1h30m
+        #[arg(value_parser = parse::duration_ms)]
+        duration: u64,
+    },
+    /// Stop a timer; the address stays allocated
+    Stop {
+        address: IpAddr,
+        /// The lease's id, as `lease start` or `dump` show it
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Where to write the checkpoint (default, or "-": standard output)
+    file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The checkpoint document ("-": standard input)
+    file: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The live attachments, one NETWORK/CONTAINER/IFNAME per line ("-": standard input;
+    /// blank lines and lines starting with # are skipped)
+    #[arg(long, value_name = "FILE")]
+    live: PathBuf,
+}
+
+// ---- the session ------------------------------------------------------------------------
+
+/// What every subcommand works with: the client and the global options.
+#[derive(Debug)]
+pub struct Session {
+    client: Client,
+    output: Output,
+    scope: String,
+    all_scopes: bool,
+    /// The scope reads show: `None` for every scope.
+    read_scope: Option<String>,
+}
+
+impl Session {
+    pub fn new(globals: &Globals) -> Session {
+        Session {
+            client: Client::unix(globals.socket()),
+            output: globals.output,
+            scope: globals.scope.clone(),
+            all_scopes: globals.all_scopes,
+            read_scope: (!globals.all_scopes).then(|| globals.scope.clone()),
+        }
+    }
+
+    /// The scope a change applies to.
+    fn write_scope(&self) -> Result<String, Failure> {
+        if self.all_scopes {
+            return Err(Failure::Usage(
+                "--all-scopes applies to status, dump, pool list and check only".to_owned(),
+            ));
+        }
+        Ok(self.scope.clone())
+    }
+
+    /// The answer as JSON, or as `table` renders it.
+    fn render<T: Serialize>(
+        &self,
+        value: &T,
+        table: impl FnOnce(&T) -> String,
+    ) -> Result<Outcome, Failure> {
+        Ok(Outcome::ok(match self.output {
+            Output::Json => output::json(value)?,
+            Output::Table => table(value),
+        }))
+    }
+}
+
+// ---- subcommands ------------------------------------------------------------------------
+
+pub fn status(session: &mut Session) -> Result<Outcome, Failure> {
+    let response = session.client.status(session.read_scope.as_deref())?;
+    session.render(&response, |response| {
+        let mut table = Table::new(&[
+            "SCOPE", "POOL", "FAMILY", "CAPACITY", "USED", "FREE", "EXCLUDED", "COOLING",
+        ])
+        .right(&["CAPACITY", "USED", "FREE", "EXCLUDED", "COOLING"]);
+        for scope in &response.scopes {
+            for pool in &scope.pools {
+                for family in &pool.families {
+                    table.push(vec![
+                        scope.scope.clone(),
+                        pool.pool.clone(),
+                        output::family(family.family).to_owned(),
+                        family.capacity.clone(),
+                        family.used.clone(),
+                        family.free.clone(),
+                        family.excluded.clone(),
+                        family.cooling.clone(),
+                    ]);
+                }
+            }
+        }
+        let mut text = String::new();
+        if !response.ready {
+            text.push_str("the agent is still restoring its state (not ready)\n");
+        }
+        if table.is_empty() {
+            text.push_str("no pools\n");
+        } else {
+            text.push_str(&table.render());
+        }
+        text
+    })
+}
+
+pub fn dump(session: &mut Session) -> Result<Outcome, Failure> {
+    let response = session.client.dump(session.read_scope.as_deref())?;
+    session.render(&response, |response| {
+        let mut table = Table::new(&[
+            "SCOPE",
+            "POOL",
+            "ADDRESS",
+            "OWNER",
+            "ATTACHMENT",
+            "GENERATION",
+            "LEASE",
+            "EXPIRES",
+        ])
+        .right(&["GENERATION"]);
+        for scope in &response.scopes {
+            for pool in &scope.pools {
+                for entry in &pool.allocations {
+                    table.push(vec![
+                        scope.scope.clone(),
+                        pool.pool.clone(),
+                        entry.address.to_string(),
+                        entry.owner.clone(),
+                        entry
+                            .key
+                            .as_ref()
+                            .map_or_else(output::none, |key| KeyText::of(key).0),
+                        entry.generation.to_string(),
+                        entry
+                            .lease
+                            .as_ref()
+                            .map_or_else(output::none, |lease| lease.id.clone()),
+                        entry
+                            .lease
+                            .as_ref()
+                            .map_or_else(output::none, |lease| output::utc(lease.expires_at_ms)),
+                    ]);
+                }
+            }
+        }
+        if table.is_empty() {
+            "no allocations\n".to_owned()
+        } else {
+            table.render()
+        }
+    })
+}
+
+pub fn alloc(session: &mut Session, args: AllocArgs) -> Result<Outcome, Failure> {
+    let request = AllocateRequest {
+        scope: session.write_scope()?,
+        pool: args.pool,
+        family: args.family.map(|family| match family {
+            FamilyArg::Ipv4 => FamilyChoice::Ipv4,
+            FamilyArg::Ipv6 => FamilyChoice::Ipv6,
+            FamilyArg::Dual => FamilyChoice::Dual,
+        }),
+        address: args.address,
+        owner: args.owner,
+        key: args.key,
+        lease_ms: args.lease,
+    };
+    let response = session.client.allocate(&request)?;
+    session.render(&response, |response| {
+        let mut table = Table::new(&[
+            "ADDRESS",
+            "FAMILY",
+            "POOL",
+            "GENERATION",
+            "SUBNET",
+            "GATEWAY",
+            "LEASE",
+            "EXPIRES",
+            "STATE",
+        ])
+        .right(&["GENERATION"]);
+        for allocated in &response.allocations {
+            table.push(vec![
+                allocated.address.to_string(),
+                output::family(allocated.family).to_owned(),
+                allocated.pool.clone(),
+                allocated.generation.to_string(),
+                allocated.subnet.clone().unwrap_or_else(output::none),
+                allocated
+                    .gateway
+                    .map_or_else(output::none, |gateway| gateway.to_string()),
+                allocated
+                    .lease
+                    .as_ref()
+                    .map_or_else(output::none, |lease| lease.id.clone()),
+                allocated
+                    .lease
+                    .as_ref()
+                    .map_or_else(output::none, |lease| output::utc(lease.expires_at_ms)),
+                if allocated.existing {
+                    "existing"
+                } else {
+                    "new"
+                }
+                .to_owned(),
+            ]);
+        }
+        table.render()
+    })
+}
+
+pub fn release(session: &mut Session, args: ReleaseArgs) -> Result<Outcome, Failure> {
+    let request = ReleaseRequest {
+        scope: session.write_scope()?,
+        key: args.key,
+        address: args.address,
+        generation: args.generation,
+        owner: args.owner,
+    };
+    let response = session.client.release(&request)?;
+    session.render(&response, |response| {
+        let mut table = Table::new(&["ADDRESS", "POOL", "GENERATION"]).right(&["GENERATION"]);
+        for released in &response.released {
+            table.push(vec![
+                released.address.to_string(),
+                released.pool.clone(),
+                released.generation.to_string(),
+            ]);
+        }
+        if table.is_empty() {
+            "nothing released: nothing matched\n".to_owned()
+        } else {
+            table.render()
+        }
+    })
+}
+
+pub fn pool(session: &mut Session, command: PoolCommand) -> Result<Outcome, Failure> {
+    match command {
+        PoolCommand::List => {
+            let response = session.client.pools(session.read_scope.as_deref())?;
+            session.render(&response, |response| {
+                let mut table =
+                    Table::new(&["SCOPE", "POOL", "COOLDOWN", "REUSE", "RANGE", "EXCLUSION"]);
+                for pool in &response.pools {
+                    let ranges: Vec<String> = pool
+                        .ranges
+                        .iter()
+                        .map(|range| {
+                            if range.draining {
+                                format!("{} (draining)", range.range)
+                            } else {
+                                range.range.clone()
+                            }
+                        })
+                        .collect();
+                    let exclusions: Vec<String> = pool
+                        .exclusions
+                        .iter()
+                        .map(|exclusion| {
+                            if exclusion.reason.is_empty() {
+                                exclusion.network.clone()
+                            } else {
+                                format!("{} ({})", exclusion.network, exclusion.reason)
+                            }
+                        })
+                        .collect();
+                    // The pool's own cells on its first line; its ranges and exclusions side
+                    // by side, one per line.
+                    let lines = ranges.len().max(exclusions.len()).max(1);
+                    for line in 0..lines {
+                        let first = line == 0;
+                        table.push(vec![
+                            if first {
+                                pool.scope.clone()
+                            } else {
+                                String::new()
+                            },
+                            if first {
+                                pool.name.clone()
+                            } else {
+                                String::new()
+                            },
+                            if first {
+                                output::duration(pool.cooldown_ms)
+                            } else {
+                                String::new()
+                            },
+                            match (first, pool.lowest_free) {
+                                (false, _) => String::new(),
+                                (true, true) => "lowest-free".to_owned(),
+                                (true, false) => "next-fit".to_owned(),
+                            },
+                            ranges.get(line).cloned().unwrap_or_default(),
+                            exclusions.get(line).cloned().unwrap_or_default(),
+                        ]);
+                    }
+                }
+                if table.is_empty() {
+                    "no pools\n".to_owned()
+                } else {
+                    table.render()
+                }
+            })
+        }
+        PoolCommand::Add { pool, range } => {
+            let request = RangeRequest {
+                scope: session.write_scope()?,
+                pool,
+                range,
+            };
+            let done = session.client.add_range(&request)?;
+            session.render(&done, |_| {
+                format!(
+                    "added range {} to pool {} (scope {})\n",
+                    request.range, request.pool, request.scope
+                )
+            })
+        }
+        PoolCommand::Remove { pool, range } => {
+            let request = RangeRequest {
+                scope: session.write_scope()?,
+                pool,
+                range,
+            };
+            let removed = session.client.remove_range(&request)?;
+            session.render(&removed, |removed| match removed.outcome {
+                RangeRemoval::Removed => format!(
+                    "removed range {} from pool {} (scope {})\n",
+                    request.range, request.pool, request.scope
+                ),
+                RangeRemoval::Draining => format!(
+                    "range {} of pool {} (scope {}) is draining: it holds allocations, hands out \
+                     nothing more, and goes with the last of them\n",
+                    request.range, request.pool, request.scope
+                ),
+            })
+        }
+    }
+}
+
+pub fn exclude(session: &mut Session, args: ExcludeArgs) -> Result<Outcome, Failure> {
+    let request = ExclusionRequest {
+        scope: session.write_scope()?,
+        pool: args.pool,
+        network: args.network,
+        reason: args.reason.unwrap_or_default(),
+    };
+    if args.remove {
+        let done = session.client.remove_exclusion(&request)?;
+        session.render(&done, |_| {
+            format!(
+                "removed the exclusion of {} from pool {}\n",
+                request.network, request.pool
+            )
+        })
+    } else {
+        let done = session.client.add_exclusion(&request)?;
+        session.render(&done, |_| {
+            format!("excluded {} from pool {}\n", request.network, request.pool)
+        })
+    }
+}
+
+pub fn lease(session: &mut Session, command: LeaseCommand) -> Result<Outcome, Failure> {
+    match command {
+        LeaseCommand::Start { address, duration } => {
+            let request = LeaseStartRequest {
+                scope: session.write_scope()?,
+                address,
+                duration_ms: duration,
+            };
+            let lease = session.client.lease_start(&request)?;
+            session.render(&lease, |lease| {
+                format!(
+                    "lease {} on {address} expires at {}\n",
+                    lease.id,
+                    output::utc(lease.expires_at_ms)
+                )
+            })
+        }
+        LeaseCommand::Stop { address, id } => {
+            let request = LeaseStopRequest {
+                scope: session.write_scope()?,
+                address,
+                id,
+            };
+            let done = session.client.lease_stop(&request)?;
+            session.render(&done, |_| {
+                format!("stopped lease {} on {address}\n", request.id)
+            })
+        }
+    }
+}
+
+pub fn export(session: &mut Session, args: ExportArgs) -> Result<Outcome, Failure> {
+    let checkpoint = session.client.export_checkpoint()?;
+    let text = output::json(&checkpoint)?;
+    match args.file.filter(|file| !is_stdio(file)) {
+        None => Ok(Outcome::ok(text)),
+        Some(file) => {
+            fs::write(&file, text).map_err(|source| Failure::File {
+                action: "write",
+                path: file.clone(),
+                source,
+            })?;
+            Ok(Outcome::ok(match session.output {
+                Output::Table => format!("exported the checkpoint to {}\n", file.display()),
+                Output::Json => String::new(),
+            }))
+        }
+    }
+}
+
+pub fn import(session: &mut Session, args: ImportArgs) -> Result<Outcome, Failure> {
+    let text = read_input(&args.file)?;
+    let checkpoint: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|error| Failure::Usage(format!("{} is not JSON: {error}", args.file.display())))?;
+    let done = session.client.import_checkpoint(&checkpoint)?;
+    session.render(&done, |_| {
+        format!("imported the checkpoint from {}\n", args.file.display())
+    })
+}
+
+pub fn check(session: &mut Session, args: CheckArgs) -> Result<Outcome, Failure> {
+    let text = read_input(&args.live)?;
+    let mut live = HashSet::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let key = parse::attachment_key(line).map_err(|error| {
+            Failure::Usage(format!(
+                "{} line {}: {error}",
+                args.live.display(),
+                index + 1
+            ))
+        })?;
+        live.insert(KeyText::of(&key));
+    }
+
+    let dump = session.client.dump(session.read_scope.as_deref())?;
+    let status = session.client.status(session.read_scope.as_deref())?;
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        });
+    let report = check::report(&dump, &status, &live, now_ms)
+        .map_err(|message| Failure::Agent(corral_client::Error::Protocol(message)))?;
+
+    let mut outcome = session.render(&report, |report| {
+        let mut text = String::new();
+        if !report.problems.is_empty() {
+            let mut table = Table::new(&["PROBLEM", "SCOPE", "POOL", "SUBJECT", "DETAIL"]);
+            for problem in &report.problems {
+                table.push(vec![
+                    problem.problem.label().to_owned(),
+                    problem.scope.clone(),
+                    problem.pool.clone(),
+                    problem.subject.clone(),
+                    problem.detail.clone(),
+                ]);
+            }
+            text.push_str(&table.render());
+        }
+        text.push_str(&format!(
+            "{} in {} allocations and {} pools\n",
+            match report.problems.len() {
+                0 => "no problems".to_owned(),
+                1 => "1 problem".to_owned(),
+                n => format!("{n} problems"),
+            },
+            report.allocations_checked,
+            report.pools_checked
+        ));
+        text
+    })?;
+    if !report.ok {
+        outcome.exit = Exit::ProblemsFound;
+    }
+    Ok(outcome)
+}
+
+// ---- helpers ----------------------------------------------------------------------------
+
+fn is_stdio(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+/// The text of `path`, or of standard input for `-`.
+fn read_input(path: &Path) -> Result<String, Failure> {
+    let failure = |source| Failure::File {
+        action: "read",
+        path: path.to_owned(),
+        source,
+    };
+    if is_stdio(path) {
+        let mut text = String::new();
+        io::stdin().read_to_string(&mut text).map_err(failure)?;
+        Ok(text)
+    } else {
+        fs::read_to_string(path).map_err(failure)
+    }
+}
