@@ -99,6 +99,8 @@ pub struct SqliteStore {
     unsynced: Cell<bool>,
     /// Frames in the log after this connection's last commit, as SQLite reports them.
     log_frames: Arc<AtomicU32>,
+    /// Owned mode: the log's directory entry is durable and cannot change under us.
+    log_known_synced: Cell<bool>,
 }
 
 /// How a store shares its directory, and when a commit is durable.
@@ -214,6 +216,7 @@ impl SqliteStore {
             mode,
             unsynced: Cell::new(false),
             log_frames: Arc::new(AtomicU32::new(0)),
+            log_known_synced: Cell::new(false),
         };
         let mut conn = Connection::open(dir.join(DB_FILE))?;
         conn.busy_timeout(Duration::from_secs(30))?;
@@ -569,17 +572,25 @@ impl Store for SqliteStore {
 }
 
 impl SqliteStore {
-    /// Under the directory lock, before a transaction: syncs the directory entry of a log that exists but was never synced (its creator was killed
-    /// between commit and sync, or the sqlite3 shell recreated it), before anything is
-    /// acknowledged on top of it. Returns whether the log's entry is known durable (a log
-    /// that does not exist yet is synced after the commit that creates it).
+    /// Under the directory lock, before a transaction: syncs the directory entry of a log
+    /// that exists but was never synced (its creator was killed between commit and sync, or
+    /// the sqlite3 shell recreated it), before anything is acknowledged on top of it.
+    /// Returns whether the log's entry is known durable (a log that does not exist yet is
+    /// synced after the commit that creates it). An owner checks once: while it holds the
+    /// directory nobody else can replace the log.
     fn prepare_log(&self) -> Result<bool, StoreError> {
+        if self.log_known_synced.get() {
+            return Ok(true);
+        }
         let log_exists = log_inode(&self.dir).is_some();
-        let log_synced = log_is_synced(&self.dir);
+        let mut log_synced = log_is_synced(&self.dir);
         if log_exists && !log_synced {
             sync_dir(&self.dir)?;
             remember_synced_log(&self.dir);
-            return Ok(true);
+            log_synced = true;
+        }
+        if log_synced && self.mode == Mode::Owned {
+            self.log_known_synced.set(true);
         }
         Ok(log_synced)
     }
