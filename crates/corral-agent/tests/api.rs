@@ -401,3 +401,40 @@ fn refused_changes_leave_nothing_and_api_pools_survive_restarts() {
     );
     agent.stop();
 }
+
+/// `/metrics` in Prometheus text: attempts by outcome, the latency histogram, per-pool gauges
+/// and expired leases.
+#[test]
+fn metrics_count_attempts_by_outcome_and_show_the_pools() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(dir.path());
+    agent.post("/v1/allocate", json!({"owner": "a"}));
+    agent.post(
+        "/v1/allocate",
+        json!({"owner": "b", "address": "10.88.0.1"}),
+    );
+    agent.post("/v1/allocate", json!({"owner": "c", "lease_ms": 1}));
+    agent.post("/v1/release", json!({"owner": "a"}));
+    // The lease of "c" runs out; the ticker (every 500 ms) releases it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (status, text) = agent.request("GET", "/metrics", None);
+        assert_eq!(status, 200);
+        if text.contains("corral_leases_expired_total 1") {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for needle in [
+        "corral_allocation_attempts_total{outcome=\"ok\"} 2",
+        "corral_allocation_attempts_total{outcome=\"in_use\"} 1",
+        "corral_release_attempts_total{outcome=\"ok\"} 1",
+        "corral_request_duration_seconds_bucket{",
+        "corral_addresses{scope=\"node\",pool=\"default\",family=\"ipv4\",state=\"used\"} 0",
+        "corral_addresses{scope=\"node\",pool=\"default\",family=\"ipv4\",state=\"cooling\"} 2",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+    agent.stop();
+}
