@@ -8,6 +8,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+#[cfg(test)]
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use corral_api as api;
@@ -188,6 +190,9 @@ pub struct Host {
     store: SqliteStore,
     scopes: BTreeMap<String, Scope>,
     lease_seed: u64,
+    /// Set when a commit failed during the current batch: none of its answers may say
+    /// success, since some of what they rest on is not on disk.
+    batch_failed: Option<OpError>,
 }
 
 impl std::fmt::Debug for Host {
@@ -344,6 +349,7 @@ impl Host {
             store,
             scopes,
             lease_seed,
+            batch_failed: None,
         })
     }
 
@@ -369,7 +375,8 @@ impl Host {
             debug_assert!(may_write || writes.len() == writes_before);
             answers.push(answer);
         }
-        if let Err(error) = self.flush(&mut writes, &mut touched) {
+        let _ = self.flush(&mut writes, &mut touched);
+        if let Some(error) = self.batch_failed.take() {
             // Memory must not run ahead of the disk: nothing of this batch is acknowledged.
             return answers.into_iter().map(|_| Err(error.clone())).collect();
         }
@@ -395,7 +402,9 @@ impl Host {
                 for scope in scopes {
                     self.reload(&scope);
                 }
-                Err(OpError::store(error))
+                let error = OpError::store(error);
+                self.batch_failed.get_or_insert_with(|| error.clone());
+                Err(error)
             }
         }
     }
@@ -603,7 +612,7 @@ impl Host {
             Op::CniAdd(request) => self.cni_add(request, now, writes, touched),
             Op::CniDel(request) => {
                 let key = key_of(&request.key)?;
-                let name = self.cni_scope(&request.network)?;
+                let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 let released_now = scope.engine.release_key(&key, now);
                 record_released(&name, &released_now, writes, touched);
@@ -642,7 +651,7 @@ impl Host {
                     .iter()
                     .map(key_of)
                     .collect::<Result<Vec<_>, _>>()?;
-                let name = self.cni_scope(&request.network)?;
+                let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 let released_now = scope.engine.release_unlisted(&name, &valid, now)?;
                 record_released(&name, &released_now, writes, touched);
@@ -651,7 +660,7 @@ impl Host {
                 }))
             }
             Op::CniStatus(request) => {
-                let name = self.cni_scope(&request.network)?;
+                let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
                 let mut status = scope_status(&name, &scope.engine);
@@ -805,10 +814,14 @@ impl Host {
 
     /// The scope of a CNI network under the configuration the plugin sent; creates it, or
     /// rebuilds it from the store when the configuration changed (as corral-ipam does on its
-    /// own database). Pending writes of the batch are committed first by the caller's flush
-    /// order: a rebuild reads the store, so it only happens for a changed configuration,
-    /// and `cni_scope` commits what the batch holds before it.
-    fn cni_scope(&mut self, network: &api::CniNetwork) -> Result<String, OpError> {
+    /// own database). A build reads the store, so what the batch holds so far is committed
+    /// first: the store must know everything the engines do.
+    fn cni_scope(
+        &mut self,
+        network: &api::CniNetwork,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<String, OpError> {
         let name = network.name.clone();
         if name == api::NODE_SCOPE {
             return Err(OpError::bad_request(format!(
@@ -820,6 +833,7 @@ impl Host {
             return Ok(name);
         }
         validate_config(&desired)?;
+        self.flush(writes, touched)?;
         let engine_config = self.engine_config();
         let built = (|| {
             let mut txn = self.store.begin()?;
@@ -858,15 +872,7 @@ impl Host {
             .iter()
             .map(|s| pool_name(&s.pool))
             .collect::<Result<Vec<_>, _>>()?;
-        // A new or changed configuration reads the store: commit what the batch holds first.
-        let needs_build = self
-            .scopes
-            .get(&request.network.name)
-            .is_none_or(|s| s.config != scope_config_of(&request.network.pools));
-        if needs_build {
-            self.flush(writes, touched)?;
-        }
-        let name = self.cni_scope(&request.network)?;
+        let name = self.cni_scope(&request.network, writes, touched)?;
         let scope = self.scope_mut(&name)?;
         let wanted: Vec<(Request<'_>, Target)> = request
             .sets
@@ -1209,4 +1215,65 @@ fn persist(
         }
     }
     txn.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn network(cooldown_ms: u64) -> api::CniNetwork {
+        api::CniNetwork {
+            name: "net".into(),
+            pools: vec![api::CniPool {
+                name: "net".into(),
+                cooldown_ms,
+                lowest_free: false,
+                ranges: vec!["10.5.0.0/29".into()],
+                exclusions: vec![],
+            }],
+        }
+    }
+
+    fn add(container: &str, cooldown_ms: u64) -> Op {
+        Op::CniAdd(api::CniAddRequest {
+            network: network(cooldown_ms),
+            key: api::AttachmentKey {
+                network: "net".into(),
+                container_id: container.into(),
+                ifname: "eth0".into(),
+            },
+            owner: container.into(),
+            sets: vec![api::CniSet {
+                pool: "net".into(),
+                family: api::FamilyName::Ipv4,
+                requested: None,
+            }],
+        })
+    }
+
+    fn address(answer: &Result<Reply, OpError>) -> IpAddr {
+        match answer {
+            Ok(Reply::Allocated(a)) => a.allocations[0].address,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Regression: a changed network configuration rebuilds the scope from the store, so
+    /// what the batch changed before must be committed first; otherwise the rebuilt engine
+    /// does not know it and hands the same address out again.
+    #[test]
+    fn a_configuration_change_inside_a_batch_sees_the_batch_so_far() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        let answers = host.run_batch(vec![add("c1", 0), add("c2", 1000)]);
+        let (a, b) = (address(&answers[0]), address(&answers[1]));
+        assert_ne!(a, b);
+        // What memory says is what the disk says.
+        let dump = host.dump(Some("net")).unwrap();
+        drop(host);
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        assert_eq!(host.dump(Some("net")).unwrap(), dump);
+    }
 }
