@@ -21,13 +21,16 @@
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use corral_api::{AllocateRequest, NODE_SCOPE, ReleaseRequest};
 use corral_client::Client;
 
-const CORRAL: &str = env!("CARGO_BIN_EXE_corral");
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{Agent, BINARY as CORRAL};
 
 struct Params {
     run_for: Duration,
@@ -64,16 +67,6 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
-/// The agent process, killed when dropped (also when the bench panics).
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start_agent(dir: &Path) -> (Agent, PathBuf) {
     let socket = dir.join("agent.sock");
     let config = dir.join("agent.toml");
@@ -87,20 +80,7 @@ fn start_agent(dir: &Path) -> (Agent, PathBuf) {
         ),
     )
     .unwrap();
-    let child = Command::new(CORRAL)
-        .args(["agent", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("corral agent starts");
-    let agent = Agent(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Client::unix(&socket).readyz().is_err() {
-        assert!(Instant::now() < deadline, "the agent did not become ready");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let agent = Agent::start(&["--config".as_ref(), config.as_os_str()], &socket);
     (agent, socket)
 }
 

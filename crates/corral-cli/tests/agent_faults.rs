@@ -13,14 +13,15 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_api::{AllocateRequest, ReleaseRequest};
 use corral_client::Client;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_corral");
+mod common;
+
+use common::Agent;
 const ROUNDS: usize = 50;
 const CLIENTS: usize = 64;
 
@@ -51,41 +52,11 @@ fn config_file(dir: &Path) -> PathBuf {
 }
 
 fn start(config: &Path, socket: &Path) -> Agent {
-    let mut child = Command::new(BINARY)
-        .args(["agent", "--config"])
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("corral agent starts");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if Client::unix(socket).readyz().is_ok() {
-            return Agent(child);
-        }
-        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the agent did not become ready");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// The agent process; killed (SIGKILL: no shutdown path runs) when dropped, so a failing
-/// assertion does not leave it running.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    Agent::start(&["--config".as_ref(), config.as_os_str()], socket)
 }
 
 fn kill(agent: Agent) {
-    drop(agent);
+    agent.kill();
 }
 
 /// 64 clients, each allocating and releasing in a loop until the agent dies or `stop` passes.

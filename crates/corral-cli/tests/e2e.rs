@@ -1,46 +1,27 @@
 //! The `corral` command line against the real agent process (`corral agent`), end to end:
 //! allocate, refuse, report, check, export from one agent and import into another.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_corral");
+mod common;
 
-/// A running `corral agent`; killed when dropped.
-struct Agent {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::{Agent, BINARY};
 
 fn start(dir: &Path) -> Agent {
     let socket = dir.join("agent.sock");
-    let child = Command::new(BINARY)
-        .args(["agent", "--data-dir"])
-        .arg(dir.join("state"))
-        .arg("--socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("corral agent starts");
-    let agent = Agent { child, socket };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while corral_client::Client::unix(&agent.socket).readyz().is_err() {
-        assert!(Instant::now() < deadline, "the agent did not become ready");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    agent
+    let state = dir.join("state");
+    Agent::start(
+        &[
+            "--data-dir".as_ref(),
+            state.as_os_str(),
+            "--socket".as_ref(),
+            socket.as_os_str(),
+        ],
+        &socket,
+    )
 }
 
 fn corral(agent: &Agent, args: &[&str], stdin: &str) -> Output {

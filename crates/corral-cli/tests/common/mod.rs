@@ -1,0 +1,58 @@
+//! The real `corral agent` process for tests and benches: started with arguments, waited on
+//! until `/readyz` answers, and killed with SIGKILL when dropped (also when a test fails).
+
+// Each test binary and the bench use part of this module.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BINARY: &str = env!("CARGO_BIN_EXE_corral");
+
+/// A running `corral agent`.
+pub struct Agent {
+    child: Child,
+    pub socket: PathBuf,
+}
+
+impl Agent {
+    /// `corral agent <args>`, serving on `socket` (which `args` must name, directly or in a
+    /// configuration file); returns once it is ready.
+    pub fn start(args: &[&std::ffi::OsStr], socket: &Path) -> Agent {
+        let child = Command::new(BINARY)
+            .arg("agent")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("corral agent starts");
+        let mut agent = Agent {
+            child,
+            socket: socket.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while corral_client::Client::unix(socket).readyz().is_err() {
+            let exited = agent.child.try_wait().ok().flatten();
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "the agent did not become ready (exit: {exited:?})"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        agent
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
