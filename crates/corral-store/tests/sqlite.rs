@@ -411,3 +411,43 @@ fn an_owned_directory_refuses_other_owners_and_names_the_agent_to_cni_calls() {
     let mut txn = owner.begin().unwrap();
     assert_eq!(txn.all_allocations(SCOPE).unwrap().len(), 2);
 }
+
+/// Regression: something else keeping the database open (the sqlite3 shell a user inspects
+/// it with, a shared store) must not stall CNI calls. A one-shot store then cannot lock the
+/// database exclusively and falls back to SQLite's shared-memory index at once; a fold that
+/// meets a reader waits a moment, not the connection's 30 s.
+#[test]
+fn another_open_connection_does_not_stall_one_shot_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let desired = config(&["10.0.0.0/16"]);
+    let mut first = SqliteStore::open_one_shot(dir.path()).unwrap();
+    add(&mut first, &desired, 0).unwrap();
+    first.close().unwrap();
+    // An idle reader, as the sqlite3 shell after a query, and one in a read transaction.
+    let idle = rusqlite_open(dir.path());
+    let _: i64 = idle
+        .query_row("SELECT count(*) FROM allocations", [], |r| r.get(0))
+        .unwrap();
+    let reading = rusqlite_open(dir.path());
+    reading.execute_batch("BEGIN").unwrap();
+    let _: i64 = reading
+        .query_row("SELECT count(*) FROM allocations", [], |r| r.get(0))
+        .unwrap();
+    let started = std::time::Instant::now();
+    // Enough commits to pass the fold threshold at least once.
+    for i in 1..40 {
+        let mut store = SqliteStore::open_one_shot(dir.path()).unwrap();
+        add(&mut store, &desired, i).unwrap();
+        store.close().unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    reading.execute_batch("COMMIT").unwrap();
+    let n: i64 = idle
+        .query_row("SELECT count(*) FROM allocations", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 40);
+}
