@@ -190,9 +190,16 @@ pub struct Host {
     store: SqliteStore,
     scopes: BTreeMap<String, Scope>,
     lease_seed: u64,
-    /// Set when a commit failed during the current batch: none of its answers may say
-    /// success, since some of what they rest on is not on disk.
+    /// Set when a commit failed during the current batch: the rest of the batch is refused
+    /// unapplied, and answers not covered by an earlier successful commit become errors.
     batch_failed: Option<OpError>,
+    /// The operations of the current batch before this index are committed.
+    committed_upto: usize,
+    /// The index of the operation being applied.
+    current: usize,
+    /// Scopes whose engine could not be rebuilt after a failed commit, with their
+    /// configuration: tried again on use, answered 503 meanwhile.
+    broken: BTreeMap<String, ScopeConfig>,
 }
 
 impl std::fmt::Debug for Host {
@@ -350,6 +357,9 @@ impl Host {
             scopes,
             lease_seed,
             batch_failed: None,
+            committed_upto: 0,
+            current: 0,
+            broken: BTreeMap::new(),
         })
     }
 
@@ -360,13 +370,23 @@ impl Host {
         let mut writes = Vec::new();
         let mut touched = BTreeSet::new();
         let mut answers = Vec::with_capacity(ops.len());
-        for op in ops {
+        self.committed_upto = 0;
+        for (i, op) in ops.into_iter().enumerate() {
+            self.current = i;
+            if let Some(error) = &self.batch_failed {
+                // A commit of this batch failed: what follows is refused, not applied.
+                answers.push(Err(error.clone()));
+                continue;
+            }
             if let Op::Import(document) = op {
                 // An import replaces state underneath the engines: it commits on its own.
-                answers.push(
-                    self.flush(&mut writes, &mut touched)
-                        .and_then(|()| self.import(document)),
-                );
+                let answer = self
+                    .flush(&mut writes, &mut touched)
+                    .and_then(|()| self.import(document));
+                if answer.is_ok() {
+                    self.committed_upto = i + 1;
+                }
+                answers.push(answer);
                 continue;
             }
             let writes_before = writes.len();
@@ -375,10 +395,14 @@ impl Host {
             debug_assert!(may_write || writes.len() == writes_before);
             answers.push(answer);
         }
+        self.current = answers.len();
         let _ = self.flush(&mut writes, &mut touched);
         if let Some(error) = self.batch_failed.take() {
-            // Memory must not run ahead of the disk: nothing of this batch is acknowledged.
-            return answers.into_iter().map(|_| Err(error.clone())).collect();
+            // Memory must not run ahead of the disk: what no commit covered is not
+            // acknowledged (it was rolled back, or never applied).
+            for answer in &mut answers[self.committed_upto..] {
+                *answer = Err(error.clone());
+            }
         }
         answers
     }
@@ -391,13 +415,18 @@ impl Host {
         touched: &mut BTreeSet<String>,
     ) -> Result<(), OpError> {
         if writes.is_empty() && touched.is_empty() {
+            self.committed_upto = self.current;
             return Ok(());
         }
         let result = persist(&mut self.store, &self.scopes, writes, touched);
         let scopes: Vec<String> = std::mem::take(touched).into_iter().collect();
         writes.clear();
         match result {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // Everything applied before the operation now running is on disk.
+                self.committed_upto = self.current;
+                Ok(())
+            }
             Err(error) => {
                 for scope in scopes {
                     self.reload(&scope);
@@ -409,10 +438,15 @@ impl Host {
         }
     }
 
-    /// Rebuilds a scope's engine from the store (after a failed commit).
+    /// Rebuilds a scope's engine from the store (after a failed commit). If the store fails
+    /// again the scope is set aside as broken: requests for it get 503 and try again.
     fn reload(&mut self, scope: &str) {
-        let Some(config) = self.scopes.get(scope).map(|s| s.config.clone()) else {
-            return;
+        let config = match self.scopes.get(scope) {
+            Some(s) => s.config.clone(),
+            None => match self.broken.get(scope) {
+                Some(config) => config.clone(),
+                None => return,
+            },
         };
         let engine_config = self.engine_config();
         let rebuilt = self.store.begin().and_then(|mut txn| {
@@ -421,13 +455,13 @@ impl Host {
         });
         match rebuilt {
             Ok(engine) => {
+                self.broken.remove(scope);
                 self.scopes
                     .insert(scope.to_owned(), Scope { config, engine });
             }
-            // The store is failing: drop the scope from memory rather than serve state the
-            // disk does not have; the next request for it rebuilds it.
             Err(_) => {
                 self.scopes.remove(scope);
+                self.broken.insert(scope.to_owned(), config);
             }
         }
     }
@@ -440,12 +474,21 @@ impl Host {
     }
 
     fn scope_mut(&mut self, scope: &str) -> Result<&mut Scope, OpError> {
+        if self.broken.contains_key(scope) {
+            self.reload(scope);
+        }
+        if self.broken.contains_key(scope) {
+            return Err(broken(scope));
+        }
         self.scopes
             .get_mut(scope)
             .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
     }
 
     fn scope(&self, scope: &str) -> Result<&Scope, OpError> {
+        if self.broken.contains_key(scope) {
+            return Err(broken(scope));
+        }
         self.scopes
             .get(scope)
             .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
@@ -515,16 +558,7 @@ impl Host {
                     }
                     return Err(error.into());
                 }
-                if new_pool {
-                    let config = scope.engine.pool_config(&pool)?;
-                    scope.config.pools.push(PoolSpec::new(
-                        &pool,
-                        config.cooldown,
-                        config.reuse,
-                        &[],
-                        &[],
-                    ));
-                }
+                ensure_spec(scope, &pool)?;
                 let spec_text = spec.to_string();
                 if let Some(p) = scope
                     .config
@@ -569,6 +603,7 @@ impl Host {
                     .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
                 let scope = self.scope_mut(&request.scope)?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
+                ensure_spec(scope, &pool)?;
                 let network = exclusion.network().to_string();
                 if let Some(p) = scope
                     .config
@@ -1109,6 +1144,26 @@ fn scope_status(name: &str, engine: &Engine) -> api::ScopeStatus {
             })
             .collect(),
     }
+}
+
+/// The scope's stored configuration gets an entry for `pool` if it has none (a pool created
+/// through the API, or the engine's implicit `default`), so what is added to it is kept.
+fn ensure_spec(scope: &mut Scope, pool: &PoolName) -> Result<(), OpError> {
+    if !scope.config.pools.iter().any(|p| p.name == pool.as_str()) {
+        let config = scope.engine.pool_config(pool)?;
+        scope
+            .config
+            .pools
+            .push(PoolSpec::new(pool, config.cooldown, config.reuse, &[], &[]));
+    }
+    Ok(())
+}
+
+fn broken(scope: &str) -> OpError {
+    OpError::new(
+        ErrorCode::RetryLater,
+        format!("scope {scope:?} could not be read back from the store after a failed commit"),
+    )
 }
 
 /// Which set of a CNI ADD an allocation error is about, so the plugin can name it.

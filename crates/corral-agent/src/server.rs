@@ -153,12 +153,13 @@ pub async fn serve(
         let _ = task.await;
     }
     let _ = ticker.await;
+    // The socket goes while the directory is still ours: a successor agent binds its own
+    // socket only after it got the directory, so this cannot remove the successor's.
+    let _ = std::fs::remove_file(&config.socket);
     // Every handle gone: the committer finishes its last batch and closes the store.
-    let _ = state.committer;
     drop(committer);
     drop(state);
     let _ = tokio::task::spawn_blocking(move || committer_thread.join()).await;
-    let _ = std::fs::remove_file(&config.socket);
     Ok(())
 }
 

@@ -438,3 +438,35 @@ fn metrics_count_attempts_by_outcome_and_show_the_pools() {
     }
     agent.stop();
 }
+
+/// Regression: a range or exclusion added to the engine's implicit `default` pool (not
+/// declared in the configuration) is stored, so it is still there after a restart.
+#[test]
+fn ranges_added_to_the_implicit_default_pool_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = || {
+        vec![config::PoolFile {
+            name: "pods".into(),
+            ranges: vec!["10.1.0.0/24".into()],
+            cooldown_ms: 0,
+            lowest_free: false,
+            exclusions: vec![],
+        }]
+    };
+    let agent = Agent::start_with(dir.path(), pods());
+    let (status, body) = agent.post(
+        "/v1/pools/ranges/add",
+        json!({"pool": "default", "range": "10.9.0.0/24"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = agent.post(
+        "/v1/pools/exclusions/add",
+        json!({"pool": "default", "network": "10.9.0.1", "reason": "router"}),
+    );
+    assert_eq!(status, 200, "{body}");
+    agent.stop();
+    let agent = Agent::start_with(dir.path(), pods());
+    let (_, body) = agent.post("/v1/allocate", json!({"owner": "o"}));
+    assert_eq!(addresses(&body), ["10.9.0.2"], "{body}");
+    agent.stop();
+}

@@ -125,6 +125,14 @@ enum Mode {
     Owned,
 }
 
+/// How a store is being opened (the owner's socket goes into [`AGENT_FILE`]).
+#[derive(Clone, Copy, Debug)]
+enum Opening<'a> {
+    Shared,
+    OneShot,
+    Owned(&'a Path),
+}
+
 /// The file a running agent keeps in its state directory: its socket's path. A CNI call that
 /// finds the directory locked and this file present is told to ask the agent instead of
 /// waiting for a lock that is not released until the agent stops.
@@ -142,7 +150,7 @@ impl SqliteStore {
     /// may be open on one directory at once; each transaction takes the directory lock, and
     /// [`Txn::commit`] is durable when it returns.
     pub fn open(dir: &Path) -> Result<SqliteStore, StoreError> {
-        SqliteStore::open_in(dir, Mode::Shared)
+        SqliteStore::open_in(dir, Opening::Shared)
     }
 
     /// Opens the store for one short-lived process: the directory stays locked (other
@@ -151,7 +159,7 @@ impl SqliteStore {
     /// so the next process can start while this one waits for the disk. Dropping the store
     /// without closing it syncs too, but cannot report a failure.
     pub fn open_one_shot(dir: &Path) -> Result<SqliteStore, StoreError> {
-        SqliteStore::open_in(dir, Mode::OneShot)
+        SqliteStore::open_in(dir, Opening::OneShot)
     }
 
     /// Opens the store for a long-lived owner (the agent): the directory stays locked until
@@ -159,14 +167,15 @@ impl SqliteStore {
     /// when another process holds it. Commits are durable when they return. `agent_socket`
     /// is recorded in [`AGENT_FILE`] for CNI calls that find the directory locked.
     pub fn open_owned(dir: &Path, agent_socket: &Path) -> Result<SqliteStore, StoreError> {
-        let store = SqliteStore::open_in(dir, Mode::Owned)?;
-        let marker = dir.join(AGENT_FILE);
-        std::fs::write(&marker, agent_socket.as_os_str().as_encoded_bytes())
-            .map_err(dir_error(&marker))?;
-        Ok(store)
+        SqliteStore::open_in(dir, Opening::Owned(agent_socket))
     }
 
-    fn open_in(dir: &Path, mode: Mode) -> Result<SqliteStore, StoreError> {
+    fn open_in(dir: &Path, opening: Opening<'_>) -> Result<SqliteStore, StoreError> {
+        let mode = match opening {
+            Opening::Shared => Mode::Shared,
+            Opening::OneShot => Mode::OneShot,
+            Opening::Owned(_) => Mode::Owned,
+        };
         create_dir_durably(dir)?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = OpenOptions::new()
@@ -184,7 +193,11 @@ impl SqliteStore {
                     let _ = std::fs::remove_file(dir.join(AGENT_FILE));
                 }
                 Err(std::fs::TryLockError::WouldBlock) => {
-                    if let Ok(socket) = std::fs::read_to_string(dir.join(AGENT_FILE)) {
+                    // An agent holds the directory for as long as it runs: say so rather
+                    // than wait. A file left by a killed agent names a dead socket.
+                    if let Ok(socket) = std::fs::read_to_string(dir.join(AGENT_FILE))
+                        && std::os::unix::net::UnixStream::connect(&socket).is_ok()
+                    {
                         return Err(StoreError::Held {
                             path: dir.display().to_string(),
                             holder: format!("the corral agent listening on {socket}"),
@@ -200,7 +213,15 @@ impl SqliteStore {
                 }
             },
             Mode::Owned => match lock.try_lock() {
-                Ok(()) => {}
+                // The agent file first, so a CNI call that finds the directory locked while
+                // the agent restores or migrates is told to ask the agent.
+                Ok(()) => {
+                    if let Opening::Owned(socket) = opening {
+                        let marker = dir.join(AGENT_FILE);
+                        std::fs::write(&marker, socket.as_os_str().as_encoded_bytes())
+                            .map_err(dir_error(&marker))?;
+                    }
+                }
                 Err(std::fs::TryLockError::WouldBlock) => {
                     return Err(StoreError::Held {
                         path: dir.display().to_string(),

@@ -383,6 +383,8 @@ fn a_checkpoint_moves_a_store_to_another_and_bad_ones_change_nothing() {
 fn an_owned_directory_refuses_other_owners_and_names_the_agent_to_cni_calls() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
+    // The agent's socket answers (a CNI call checks that the agent file is not stale).
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let mut owner = SqliteStore::open_owned(dir.path(), &socket).unwrap();
     let desired = config(&["10.0.0.0/29"]);
     assert_eq!(
@@ -400,9 +402,19 @@ fn an_owned_directory_refuses_other_owners_and_names_the_agent_to_cni_calls() {
         other => panic!("a CNI call while the agent runs: {other:?}"),
     }
     owner.close().unwrap();
+    drop(listener);
     assert!(!dir.path().join(corral_store::AGENT_FILE).exists());
     // A killed agent leaves its file; the lock died with it, so calls go on and clear it.
     std::fs::write(dir.path().join(corral_store::AGENT_FILE), "/gone.sock").unwrap();
+    let held = SqliteStore::open_one_shot(dir.path()).unwrap();
+    // Another call meanwhile: the file names a dead socket, so it waits for the lock
+    // instead of being told an agent holds the directory.
+    std::fs::write(dir.path().join(corral_store::AGENT_FILE), "/gone.sock").unwrap();
+    let path = dir.path().to_path_buf();
+    let waiter = std::thread::spawn(move || SqliteStore::open_one_shot(&path).map(drop));
+    std::thread::sleep(Duration::from_millis(200));
+    held.close().unwrap();
+    waiter.join().unwrap().unwrap();
     let mut call = SqliteStore::open_one_shot(dir.path()).unwrap();
     assert!(!dir.path().join(corral_store::AGENT_FILE).exists());
     assert_eq!(add(&mut call, &desired, 2).unwrap().to_string(), "10.0.0.2");
