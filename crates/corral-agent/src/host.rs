@@ -878,7 +878,12 @@ impl Host {
             Ok::<_, StoreError>(engine)
         })()
         .map_err(|error| match error {
-            StoreError::Engine(e) => OpError::from(e),
+            // The network's configuration does not fit together (overlapping ranges): the
+            // plugin's configuration error, as standalone corral-ipam reports it.
+            StoreError::Engine(e) => OpError {
+                pool: OpError::from(e.clone()).pool,
+                ..OpError::bad_request(format!("network configuration: {e}"))
+            },
             StoreError::Corrupt { what, reason } => {
                 OpError::bad_request(format!("network configuration: {what}: {reason}"))
             }
@@ -930,10 +935,13 @@ impl Host {
             .collect();
         let got = scope.engine.allocate_all(&wanted, now).map_err(|error| {
             let set = failed_set(&error, &request.sets, &pools);
-            OpError {
-                set,
-                ..OpError::from(error)
-            }
+            // A family the engine refuses is the network configuration's problem for a CNI
+            // caller (standalone corral-ipam says 7), not an unavailable address.
+            let base = match &error {
+                AllocError::FamilyDisabled { .. } => OpError::bad_request(error.to_string()),
+                _ => OpError::from(error),
+            };
+            OpError { set, ..base }
         })?;
         for (a, pool) in got.iter().zip(&pools).filter(|(a, _)| !a.existing) {
             writes.push(Write::Put(

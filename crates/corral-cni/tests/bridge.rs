@@ -92,8 +92,10 @@ fn addresses_in(netns: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn bridge_delegates_to_corral_ipam_in_real_network_namespaces() {
+/// The bridge plugin delegating to corral-ipam in two fresh namespaces: ADD, CHECK, DEL.
+/// `ipam` adds keys to the ipam section; `tag` keeps names apart between tests; `held`
+/// reads what the network holds afterwards.
+fn bridge_end_to_end(tag: u32, ipam: Value, held: impl Fn() -> Vec<String>) {
     require(is_root(), "root (to create network namespaces)");
     require(sh(&["ip", "-V"]).status.success(), "iproute2 (`ip`)");
     require(
@@ -101,8 +103,10 @@ fn bridge_delegates_to_corral_ipam_in_real_network_namespaces() {
         "Debian's containernetworking-plugins (/usr/lib/cni/bridge)",
     );
     let id = std::process::id();
-    let bridge = format!("crl{}", id % 100_000);
-    let namespaces: Vec<String> = (0..2).map(|i| format!("corral-test-{id}-{i}")).collect();
+    let bridge = format!("crl{tag}{}", id % 100_000);
+    let namespaces: Vec<String> = (0..2)
+        .map(|i| format!("corral-test-{id}-{tag}-{i}"))
+        .collect();
     let _cleanup = Cleanup {
         netns: namespaces.clone(),
         bridge: bridge.clone(),
@@ -120,19 +124,22 @@ fn bridge_delegates_to_corral_ipam_in_real_network_namespaces() {
     let plugins = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(BINARY, plugins.path().join("corral-ipam")).unwrap();
     let cni_path = format!("{}:{PLUGIN_DIR}", plugins.path().display());
-    let data = tempfile::tempdir().unwrap();
+    let subnet = format!("10.123.{tag}.0/24");
+    let mut ipam_section = json!({
+        "type": "corral-ipam",
+        "ranges": [[{"subnet": subnet}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+    });
+    for (key, value) in ipam.as_object().unwrap() {
+        ipam_section[key] = value.clone();
+    }
     let config = serde_json::to_vec(&json!({
         "cniVersion": "1.0.0",
         "name": "e2e",
         "type": "bridge",
         "bridge": bridge,
         "isGateway": true,
-        "ipam": {
-            "type": "corral-ipam",
-            "dataDir": data.path(),
-            "ranges": [[{"subnet": "10.123.0.0/24"}]],
-            "routes": [{"dst": "0.0.0.0/0"}]
-        }
+        "ipam": ipam_section
     }))
     .unwrap();
 
@@ -150,8 +157,10 @@ fn bridge_delegates_to_corral_ipam_in_real_network_namespaces() {
         );
         results.push((container, output));
     }
-    assert!(results[0].1.contains("10.123.0.2/24"), "{}", results[0].1);
-    assert!(results[1].1.contains("10.123.0.3/24"), "{}", results[1].1);
+    let first = format!("10.123.{tag}.2/24");
+    let second = format!("10.123.{tag}.3/24");
+    assert!(results[0].1.contains(&first), "{}", results[0].1);
+    assert!(results[1].1.contains(&second), "{}", results[1].1);
 
     // CHECK with the previous result passes (bridge checks the interface, corral the store).
     let mut check: Value = serde_json::from_slice(&config).unwrap();
@@ -172,9 +181,43 @@ fn bridge_delegates_to_corral_ipam_in_real_network_namespaces() {
         assert_eq!(code, 0, "bridge DEL failed: {output}");
     }
     assert!(addresses_in(&namespaces[0]).is_empty(), "eth0 survived DEL");
-    let mut store = corral_store::SqliteStore::open(data.path()).unwrap();
-    let mut txn = store.begin().unwrap();
-    let rows = txn.all_allocations("e2e").unwrap();
-    let held: Vec<String> = rows.iter().map(|r| r.addr.to_string()).collect();
-    assert_eq!(held, vec!["10.123.0.3".to_owned()]);
+    assert_eq!(held(), vec![format!("10.123.{tag}.3")]);
+}
+
+#[test]
+fn bridge_delegates_to_corral_ipam_in_real_network_namespaces() {
+    let data = tempfile::tempdir().unwrap();
+    bridge_end_to_end(0, json!({"dataDir": data.path()}), || {
+        let mut store = corral_store::SqliteStore::open(data.path()).unwrap();
+        let mut txn = store.begin().unwrap();
+        let rows = txn.all_allocations("e2e").unwrap();
+        rows.iter().map(|r| r.addr.to_string()).collect()
+    });
+}
+
+/// The same through the agent: corral-ipam in agent mode, the agent in this process.
+#[test]
+fn bridge_delegates_to_corral_ipam_in_agent_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let agent = corral_agent::Running::start(corral_agent::AgentConfig {
+        data_dir: dir.path().join("state"),
+        socket: socket.clone(),
+        tcp: None,
+        token: None,
+        pools: corral_agent::config::pools(&corral_agent::config::default_pools()).unwrap(),
+    })
+    .expect("the agent starts");
+    bridge_end_to_end(1, json!({"agent": socket}), || {
+        let dump = corral_client::Client::unix(&socket)
+            .dump(Some("e2e"))
+            .expect("dump");
+        dump.scopes[0]
+            .pools
+            .iter()
+            .flat_map(|p| &p.allocations)
+            .map(|a| a.address.to_string())
+            .collect()
+    });
+    agent.stop().unwrap();
 }
