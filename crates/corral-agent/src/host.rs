@@ -497,13 +497,8 @@ impl Host {
     fn selected(&self, scope: Option<&str>) -> Result<Vec<(&String, &Scope)>, OpError> {
         match scope {
             Some(name) => {
-                let found = self.scope(name)?;
-                Ok(self
-                    .scopes
-                    .iter()
-                    .filter(|(n, _)| *n == name)
-                    .map(|(n, _)| (n, found))
-                    .collect())
+                self.scope(name)?;
+                Ok(self.scopes.get_key_value(name).into_iter().collect())
             }
             None => Ok(self.scopes.iter().collect()),
         }
@@ -558,17 +553,10 @@ impl Host {
                     }
                     return Err(error.into());
                 }
-                ensure_spec(scope, &pool)?;
                 let spec_text = spec.to_string();
-                if let Some(p) = scope
-                    .config
-                    .pools
-                    .iter_mut()
-                    .find(|p| p.name == request.pool)
-                {
-                    p.ranges.retain(|r| *r != spec_text);
-                    p.ranges.push(spec_text);
-                }
+                let stored = ensure_spec(scope, &pool)?;
+                stored.ranges.retain(|r| *r != spec_text);
+                stored.ranges.push(spec_text);
                 touched.insert(request.scope);
                 Ok(Reply::Done)
             }
@@ -581,13 +569,8 @@ impl Host {
                 let scope = self.scope_mut(&request.scope)?;
                 let outcome = scope.engine.remove_range(&pool, &spec)?;
                 let spec_text = spec.to_string();
-                if let Some(p) = scope
-                    .config
-                    .pools
-                    .iter_mut()
-                    .find(|p| p.name == request.pool)
-                {
-                    p.ranges.retain(|r| *r != spec_text);
+                if let Some(stored) = spec_mut(scope, &pool) {
+                    stored.ranges.retain(|r| *r != spec_text);
                 }
                 touched.insert(request.scope);
                 Ok(Reply::RangeRemoved(api::RangeRemoved {
@@ -603,17 +586,12 @@ impl Host {
                     .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
                 let scope = self.scope_mut(&request.scope)?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
-                ensure_spec(scope, &pool)?;
                 let network = exclusion.network().to_string();
-                if let Some(p) = scope
-                    .config
-                    .pools
-                    .iter_mut()
-                    .find(|p| p.name == request.pool)
-                {
-                    p.exclusions.retain(|e| e.0 != network);
-                    p.exclusions.push((network, exclusion.reason().to_owned()));
-                }
+                let stored = ensure_spec(scope, &pool)?;
+                stored.exclusions.retain(|e| e.0 != network);
+                stored
+                    .exclusions
+                    .push((network, exclusion.reason().to_owned()));
                 touched.insert(request.scope);
                 Ok(Reply::Done)
             }
@@ -624,13 +602,8 @@ impl Host {
                 let scope = self.scope_mut(&request.scope)?;
                 scope.engine.remove_exclusion(&pool, network)?;
                 let text = network.to_string();
-                if let Some(p) = scope
-                    .config
-                    .pools
-                    .iter_mut()
-                    .find(|p| p.name == request.pool)
-                {
-                    p.exclusions.retain(|e| e.0 != text);
+                if let Some(stored) = spec_mut(scope, &pool) {
+                    stored.exclusions.retain(|e| e.0 != text);
                 }
                 touched.insert(request.scope);
                 Ok(Reply::Done)
@@ -1156,15 +1129,33 @@ fn scope_status(name: &str, engine: &Engine) -> api::ScopeStatus {
 
 /// The scope's stored configuration gets an entry for `pool` if it has none (a pool created
 /// through the API, or the engine's implicit `default`), so what is added to it is kept.
-fn ensure_spec(scope: &mut Scope, pool: &PoolName) -> Result<(), OpError> {
-    if !scope.config.pools.iter().any(|p| p.name == pool.as_str()) {
-        let config = scope.engine.pool_config(pool)?;
-        scope
-            .config
-            .pools
-            .push(PoolSpec::new(pool, config.cooldown, config.reuse, &[], &[]));
-    }
-    Ok(())
+fn ensure_spec<'a>(scope: &'a mut Scope, pool: &PoolName) -> Result<&'a mut PoolSpec, OpError> {
+    let index = match scope
+        .config
+        .pools
+        .iter()
+        .position(|p| p.name == pool.as_str())
+    {
+        Some(index) => index,
+        None => {
+            let config = scope.engine.pool_config(pool)?;
+            scope
+                .config
+                .pools
+                .push(PoolSpec::new(pool, config.cooldown, config.reuse, &[], &[]));
+            scope.config.pools.len() - 1
+        }
+    };
+    Ok(&mut scope.config.pools[index])
+}
+
+/// The scope's stored configuration of `pool`, if it has one.
+fn spec_mut<'a>(scope: &'a mut Scope, pool: &PoolName) -> Option<&'a mut PoolSpec> {
+    scope
+        .config
+        .pools
+        .iter_mut()
+        .find(|p| p.name == pool.as_str())
 }
 
 fn broken(scope: &str) -> OpError {
