@@ -160,6 +160,22 @@ impl AgentConfig {
     }
 }
 
+impl AgentConfig {
+    /// Everything in one local directory: the state in `dir/state`, the socket
+    /// `dir/agent.sock`, no TCP, the embedded default pools (for tests and embedding; change
+    /// the fields as needed).
+    pub fn in_dir(dir: &Path) -> AgentConfig {
+        AgentConfig {
+            data_dir: dir.join("state"),
+            socket: dir.join("agent.sock"),
+            tcp: None,
+            token: None,
+            // The embedded default is valid by construction (a unit test loads it).
+            pools: pools(&default_pools()).unwrap_or_default(),
+        }
+    }
+}
+
 fn read_file(path: &Path) -> Result<ConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;

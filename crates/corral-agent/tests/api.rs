@@ -21,14 +21,11 @@ impl Agent {
     }
 
     fn start_with(dir: &Path, pools: Vec<config::PoolFile>) -> Agent {
-        let socket = dir.join("agent.sock");
         let config = AgentConfig {
-            data_dir: dir.join("state"),
-            socket: socket.clone(),
-            tcp: None,
-            token: None,
             pools: config::pools(&pools).unwrap(),
+            ..AgentConfig::in_dir(dir)
         };
+        let socket = config.socket.clone();
         Agent {
             socket,
             running: corral_agent::Running::start(config).expect("the agent starts"),

@@ -201,14 +201,8 @@ fn every_documented_operation_is_routed() {
 
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
-    let agent = corral_agent::Running::start(corral_agent::AgentConfig {
-        data_dir: dir.path().join("state"),
-        socket: socket.clone(),
-        tcp: None,
-        token: None,
-        pools: corral_agent::config::pools(&corral_agent::config::default_pools()).unwrap(),
-    })
-    .expect("the agent starts");
+    let agent = corral_agent::Running::start(corral_agent::AgentConfig::in_dir(dir.path()))
+        .expect("the agent starts");
     let request = |method: &str, path: &str| -> (u16, String) {
         let mut stream = UnixStream::connect(&socket).unwrap();
         // An empty object: a 400 for most bodies, but routed.

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_agent::{AgentConfig, AgentError, Running, config};
+use corral_agent::{AgentConfig, AgentError, Running};
 
 /// What `make deps` installs, and the test's advice when it is missing.
 const INSTALL: &str = "make deps  (or: python3 -m venv target/schemathesis-venv && \
@@ -84,11 +84,9 @@ fn start_agent(dir: &Path) -> (Running, SocketAddr) {
             .and_then(|listener| listener.local_addr())
             .unwrap();
         let config = AgentConfig {
-            data_dir: dir.join("state"),
-            socket: dir.join("agent.sock"),
             tcp: Some(addr),
             token: Some(TOKEN.to_owned()),
-            pools: config::pools(&config::default_pools()).unwrap(),
+            ..AgentConfig::in_dir(dir)
         };
         match Running::start(config) {
             Ok(running) => return (running, addr),

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use corral_agent::{AgentConfig, Running, config};
+use corral_agent::{AgentConfig, Running};
 use serde_json::{Value, json};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
@@ -74,14 +74,7 @@ fn conf(data: &Path, agent: Option<&Path>, extra: Value) -> Vec<u8> {
 }
 
 fn start_agent(dir: &Path) -> Running {
-    Running::start(AgentConfig {
-        data_dir: dir.join("agent-state"),
-        socket: dir.join("agent.sock"),
-        tcp: None,
-        token: None,
-        pools: config::pools(&config::default_pools()).unwrap(),
-    })
-    .expect("the agent starts")
+    Running::start(AgentConfig::in_dir(dir)).expect("the agent starts")
 }
 
 #[test]
@@ -166,7 +159,7 @@ fn no_agent_is_try_again_later_and_an_agents_directory_is_not_used_standalone() 
     let out = run(
         "ADD",
         "c1",
-        &conf(&dir.path().join("agent-state"), None, json!({})),
+        &conf(&dir.path().join("state"), None, json!({})),
     );
     assert_eq!(out.error_code(), 11, "{}", out.stdout);
     assert!(

@@ -200,14 +200,8 @@ fn bridge_delegates_to_corral_ipam_in_real_network_namespaces() {
 fn bridge_delegates_to_corral_ipam_in_agent_mode() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
-    let agent = corral_agent::Running::start(corral_agent::AgentConfig {
-        data_dir: dir.path().join("state"),
-        socket: socket.clone(),
-        tcp: None,
-        token: None,
-        pools: corral_agent::config::pools(&corral_agent::config::default_pools()).unwrap(),
-    })
-    .expect("the agent starts");
+    let agent = corral_agent::Running::start(corral_agent::AgentConfig::in_dir(dir.path()))
+        .expect("the agent starts");
     bridge_end_to_end(1, json!({"agent": socket}), || {
         let dump = corral_client::Client::unix(&socket)
             .dump(Some("e2e"))
