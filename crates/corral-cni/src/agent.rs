@@ -14,7 +14,7 @@ use std::time::Duration;
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_client::{Client, Error};
-use corral_core::{Family, PoolName};
+use corral_core::{AttachmentKey, Family, PoolName};
 
 use crate::plugin::{check_held, scope_config, status_verdict};
 use crate::{Attachment, CniError, IpamResult, NetConfig};
@@ -100,12 +100,16 @@ fn network(config: &NetConfig) -> api::CniNetwork {
     }
 }
 
-fn key(attachment: &Attachment) -> api::AttachmentKey {
+fn api_key(key: &AttachmentKey) -> api::AttachmentKey {
     api::AttachmentKey {
-        network: attachment.key.network().to_owned(),
-        container_id: attachment.key.container_id().to_owned(),
-        ifname: attachment.key.ifname().to_owned(),
+        network: key.network().to_owned(),
+        container_id: key.container_id().to_owned(),
+        ifname: key.ifname().to_owned(),
     }
+}
+
+fn key(attachment: &Attachment) -> api::AttachmentKey {
+    api_key(&attachment.key)
 }
 
 /// ADD through the agent; fills `result.ips` in range-set order.
@@ -196,15 +200,7 @@ pub fn check(socket: &Path, attachment: &Attachment) -> Result<(), CniError> {
 pub fn gc(socket: &Path, config: &NetConfig) -> Result<(), CniError> {
     let request = api::CniGcRequest {
         network: network(config),
-        valid_attachments: config
-            .valid_attachments
-            .iter()
-            .map(|k| api::AttachmentKey {
-                network: k.network().to_owned(),
-                container_id: k.container_id().to_owned(),
-                ifname: k.ifname().to_owned(),
-            })
-            .collect(),
+        valid_attachments: config.valid_attachments.iter().map(api_key).collect(),
     };
     client(socket).cni_gc(&request).map_err(agent_error)?;
     Ok(())
