@@ -27,9 +27,10 @@
 //!   dies with its process, so SIGKILL never leaves it held. A one-shot store (a CNI call)
 //!   holds it from open to close and locks the database exclusively, which lets SQLite keep
 //!   the log's index in memory instead of setting up its shared-memory file (0.25 ms less
-//!   per call); a shared store takes it per transaction;
-//! - a transaction reads one state row (8 KiB of bitmap for a /16) and the rows of one
-//!   attachment, never every allocation.
+//!   per call) — unless something else (the `sqlite3` shell) has the database open, when it
+//!   falls back to the shared-memory index at once; a shared store takes it per transaction;
+//! - a transaction reads one state row (a few bytes to 8 KiB of bitmap for a /16, see
+//!   `codec.rs`) and the rows of one attachment, never every allocation.
 //!
 //! The allocation table's primary key is (scope, family, address): whatever happens above,
 //! the database refuses to record one address twice.
