@@ -1,6 +1,6 @@
 //! The agent's state: one engine per scope, kept in memory, and the store they are durable in.
 //!
-//! [`Host`] is plain synchronous code, driven by one thread (see `committer.rs`). It applies
+//! [`Host`] is plain synchronous code, driven by one thread at a time (see `committer.rs`). It applies
 //! a *batch* of operations to the engines, collecting the rows they change, then makes the
 //! whole batch durable in one transaction (one fsync) before any of its answers is sent: the
 //! group commit. A batch whose commit fails is answered with errors, and the scopes it
@@ -106,7 +106,7 @@ impl From<AllocError> for OpError {
     }
 }
 
-/// One operation of the API, as the committer thread receives it.
+/// One operation of the API, as the committer receives it.
 #[derive(Debug)]
 pub enum Op {
     Allocate(api::AllocateRequest),
@@ -134,6 +134,22 @@ pub enum Op {
 }
 
 impl Op {
+    /// Whether the operation is one of the short, frequent ones a caller may commit on its
+    /// own runtime thread when the committer is idle (see `committer.rs`); the rest (dumps,
+    /// imports, pool changes) always run on the committer's thread.
+    pub(crate) fn is_quick(&self) -> bool {
+        matches!(
+            self,
+            Op::Allocate(_)
+                | Op::Release(_)
+                | Op::LeaseStart(_)
+                | Op::LeaseStop(_)
+                | Op::CniAdd(_)
+                | Op::CniDel(_)
+                | Op::CniCheck(_)
+        )
+    }
+
     /// Whether the operation may change state (and so belongs to a commit).
     fn writes(&self) -> bool {
         !matches!(

@@ -119,7 +119,7 @@ pub async fn serve(
     let host = tokio::task::spawn_blocking(move || Host::restore(store, &declared))
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))??;
-    let (committer, committer_thread) = Committer::start(host)?;
+    let committer = Committer::start(host)?;
     let _ = state.committer.set(committer.clone());
     // The first tick releases what expired while the agent was down, now that the restore
     // has finished; then the agent is ready.
@@ -156,10 +156,9 @@ pub async fn serve(
     // The socket goes while the directory is still ours: a successor agent binds its own
     // socket only after it got the directory, so this cannot remove the successor's.
     let _ = std::fs::remove_file(&config.socket);
-    // Every handle gone: the committer finishes its last batch and closes the store.
-    drop(committer);
+    // The committer finishes its batch in progress and closes the store.
+    let _ = tokio::task::spawn_blocking(move || committer.close()).await;
     drop(state);
-    let _ = tokio::task::spawn_blocking(move || committer_thread.join()).await;
     Ok(())
 }
 

@@ -35,7 +35,7 @@
 //! The allocation table's primary key is (scope, family, address): whatever happens above,
 //! the database refuses to record one address twice.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 use std::fs::{File, OpenOptions};
 use std::net::IpAddr;
@@ -108,6 +108,9 @@ pub struct SqliteStore {
     log_frames: Arc<AtomicU32>,
     /// Owned mode: the log's directory entry is durable and cannot change under us.
     log_known_synced: Cell<bool>,
+    /// Owned mode: the log, kept open to sync it (SQLite never removes the log of a database
+    /// it has open, and nobody else can replace it while the owner holds the directory).
+    log_file: RefCell<Option<File>>,
 }
 
 /// How a store shares its directory, and when a commit is durable.
@@ -245,6 +248,7 @@ impl SqliteStore {
             unsynced: Cell::new(false),
             log_frames: Arc::new(AtomicU32::new(0)),
             log_known_synced: Cell::new(false),
+            log_file: RefCell::new(None),
         };
         let (conn, journal) = match connect(dir, mode != Mode::Shared, &store.log_frames) {
             Ok(opened) => opened,
@@ -422,7 +426,7 @@ const SYNCED_FILE: &str = "corral.synced";
 /// filesystem does not report creation times, in which case every commit syncs.
 fn log_inode(dir: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let metadata = std::fs::metadata(dir.join(format!("{DB_FILE}-wal"))).ok()?;
+    let metadata = std::fs::metadata(log_path(dir)).ok()?;
     let created = metadata
         .created()
         .ok()?
@@ -478,10 +482,22 @@ fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
 /// process's and any other's). A missing log has nothing to sync: it was folded into the
 /// database by a checkpoint, which synced the database first.
 fn sync_log(dir: &Path) -> Result<(), StoreError> {
-    let path = dir.join(format!("{DB_FILE}-wal"));
+    match open_log(dir)? {
+        Some(log) => log.sync_data().map_err(dir_error(&log_path(dir))),
+        None => Ok(()),
+    }
+}
+
+fn log_path(dir: &Path) -> PathBuf {
+    dir.join(format!("{DB_FILE}-wal"))
+}
+
+/// The write-ahead log, opened to sync it; `None` if there is none.
+fn open_log(dir: &Path) -> Result<Option<File>, StoreError> {
+    let path = log_path(dir);
     match File::open(&path) {
-        Ok(log) => log.sync_data().map_err(dir_error(&path)),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(log) => Ok(Some(log)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(error) => Err(dir_error(&path)(error)),
     }
 }
@@ -526,6 +542,8 @@ pub struct SqliteTxn<'a> {
     dir: &'a Path,
     /// One-shot mode: the store's flag for a sync owed at close.
     unsynced: Option<&'a Cell<bool>>,
+    /// Owned mode: the store's open log file.
+    log_file: Option<&'a RefCell<Option<File>>>,
     /// Set when the log's directory entry may not be durable yet (see `log_is_synced`): the
     /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
@@ -596,7 +614,17 @@ impl SqliteTxn<'_> {
         if let Some(lock) = self.lock.take() {
             let _ = lock.unlock();
         }
-        sync_log(self.dir)
+        let Some(log_file) = self.log_file else {
+            return sync_log(self.dir);
+        };
+        let mut log_file = log_file.borrow_mut();
+        if log_file.is_none() {
+            *log_file = open_log(self.dir)?;
+        }
+        match &*log_file {
+            Some(log) => log.sync_data().map_err(dir_error(&log_path(self.dir))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -624,6 +652,7 @@ impl Store for SqliteStore {
             lock: (mode == Mode::Shared).then_some(&self.lock),
             dir: &self.dir,
             unsynced: (mode == Mode::OneShot).then_some(&self.unsynced),
+            log_file: (mode == Mode::Owned).then_some(&self.log_file),
             sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
         })
     }

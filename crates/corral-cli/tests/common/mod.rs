@@ -20,7 +20,12 @@ impl Agent {
     /// `corral agent <args>`, serving on `socket` (which `args` must name, directly or in a
     /// configuration file); returns once it is ready.
     pub fn start(args: &[&std::ffi::OsStr], socket: &Path) -> Agent {
-        let child = Command::new(BINARY)
+        Agent::start_binary(Path::new(BINARY), args, socket)
+    }
+
+    /// As [`Agent::start`], with another build of `corral`.
+    pub fn start_binary(binary: &Path, args: &[&std::ffi::OsStr], socket: &Path) -> Agent {
+        let child = Command::new(binary)
             .arg("agent")
             .args(args)
             .stdin(Stdio::null())
