@@ -4,12 +4,13 @@
 //! previous batch ran.
 //!
 //! Who leads: the committer's own thread, except that a quick request (an allocation, a
-//! release, a CNI verb) that finds nobody leading commits its batch right on the runtime
-//! thread that parsed it. A lone request so pays no hand-off to another thread and back (two
-//! wake-ups, ~80 µs of its ~0.35 ms on the 2-vCPU machine of BENCHMARKS.md). If requests
-//! queued meanwhile, that caller hands the lead to the committer's thread before answering,
-//! and the thread runs batches back to back until the queue is empty: a runtime thread is
-//! blocked for at most one batch, and only when the agent was idle.
+//! release, a CNI verb) that finds nobody leading commits a batch of quick requests (its own
+//! first) right on the runtime thread that parsed it. A lone request so pays no hand-off to
+//! another thread and back (two wake-ups, ~70 µs of its ~0.3 ms on the 2-vCPU machine of
+//! BENCHMARKS.md). If requests queued meanwhile, that caller hands the lead to the
+//! committer's thread before answering, and the thread runs batches back to back until the
+//! queue is empty: a runtime thread is blocked for at most one batch of quick requests, and
+//! only when the agent was idle.
 //!
 //! Invariants: at most one leader at a time, and only the leader touches the [`Host`];
 //! while the queue holds a job there is a leader, so every job is answered.
@@ -26,10 +27,24 @@ use crate::host::{Host, Op, OpError, Reply};
 /// The most operations in one batch (one transaction).
 const MAX_BATCH: usize = 1024;
 
-/// A handle to the group commit; cheap to clone.
+/// A handle to the group commit; cheap to clone. When the last clone is dropped the
+/// committer closes (as [`Committer::close`]), so its store is never left open.
 #[derive(Clone, Debug)]
 pub struct Committer {
+    owner: Arc<Owner>,
+}
+
+/// What the clones of a [`Committer`] share; the committer's thread holds only [`Shared`],
+/// so dropping the last clone reaches [`Owner`]'s `Drop`.
+#[derive(Debug)]
+struct Owner {
     shared: Arc<Shared>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
 }
 
 #[derive(Debug)]
@@ -98,7 +113,9 @@ impl Committer {
                 .spawn(move || shared.run_thread())?
         };
         *lock(&shared.thread) = Some(thread);
-        Ok(Committer { shared })
+        Ok(Committer {
+            owner: Arc::new(Owner { shared }),
+        })
     }
 
     /// Runs one operation and waits until it is durable.
@@ -106,7 +123,8 @@ impl Committer {
         let quick = op.is_quick();
         let (reply, answer) = oneshot::channel();
         {
-            let mut queue = lock(&self.shared.queue);
+            let shared = &self.owner.shared;
+            let mut queue = lock(&shared.queue);
             if queue.closed {
                 return Err(stopped());
             }
@@ -115,27 +133,21 @@ impl Committer {
                 if quick {
                     queue.leader = Leader::Caller;
                     drop(queue);
-                    self.shared.lead_once();
+                    shared.lead_once();
                 } else {
                     queue.leader = Leader::Thread;
-                    self.shared.lead_given.notify_one();
+                    shared.lead_given.notify_one();
                 }
             }
         }
         answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
-    /// Stops accepting operations, waits for the batches in progress, stops the committer's
-    /// thread and closes the store. Operations still queued are answered with an error.
+    /// Stops accepting operations, lets the committer's thread finish what is queued (a
+    /// caller leading its one batch finishes it too; jobs it would hand on are answered with
+    /// an error), stops the thread and closes the store. Blocks for at most those batches.
     pub fn close(&self) {
-        lock(&self.shared.queue).closed = true;
-        self.shared.lead_given.notify_one();
-        if let Some(thread) = lock(&self.shared.thread).take() {
-            let _ = thread.join();
-        }
-        // A caller may be leading its one batch: this waits for it.
-        let host = lock(&self.shared.host).take();
-        drop(host);
+        self.owner.shared.close();
     }
 }
 
@@ -159,11 +171,32 @@ impl Drop for Leading<'_> {
 }
 
 impl Shared {
-    /// Takes up to [`MAX_BATCH`] queued jobs, commits them, and answers them.
-    fn run_batch(&self) {
+    fn close(&self) {
+        lock(&self.queue).closed = true;
+        self.lead_given.notify_one();
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
+        // A caller may be leading its one batch: this waits for it.
+        let host = lock(&self.host).take();
+        drop(host);
+    }
+
+    /// Takes up to [`MAX_BATCH`] queued jobs (with `quick_only`, only the quick ones at the
+    /// front of the queue), commits them, and answers them.
+    fn run_batch(&self, quick_only: bool) {
         let batch: Vec<Job> = {
             let mut queue = lock(&self.queue);
-            let n = queue.jobs.len().min(MAX_BATCH);
+            let n = if quick_only {
+                queue
+                    .jobs
+                    .iter()
+                    .take(MAX_BATCH)
+                    .take_while(|job| job.op.is_quick())
+                    .count()
+            } else {
+                queue.jobs.len().min(MAX_BATCH)
+            };
             queue.jobs.drain(..n).collect()
         };
         let (ops, replies): (Vec<Op>, Vec<_>) =
@@ -178,11 +211,13 @@ impl Shared {
         }
     }
 
-    /// A caller's turn as leader: one batch (which holds its own job), then the lead goes to
-    /// the committer's thread if more is queued.
+    /// A caller's turn as leader: one batch of quick jobs (its own is the first: the queue
+    /// was empty when it took the lead), then the lead goes to the committer's thread if
+    /// more is queued. A slow job that queued meanwhile is thus never run on the caller's
+    /// runtime thread.
     fn lead_once(&self) {
         let _leading = Leading { shared: self };
-        self.run_batch();
+        self.run_batch(true);
         let mut queue = lock(&self.queue);
         if queue.jobs.is_empty() {
             queue.leader = Leader::Nobody;
@@ -223,7 +258,7 @@ impl Shared {
                     continue;
                 }
             }
-            self.run_batch();
+            self.run_batch(false);
         }
     }
 }
@@ -368,6 +403,52 @@ mod tests {
             );
             reopened.close();
         }
+    }
+
+    /// A caller leading on its runtime thread takes only the quick jobs at the front of the
+    /// queue: a slow one that queued behind it is left for the committer's thread.
+    #[test]
+    fn a_caller_leads_only_quick_jobs() {
+        bounded(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let committer = start(dir.path());
+            let shared = &committer.owner.shared;
+            let mut answers = Vec::new();
+            {
+                let mut queue = lock(&shared.queue);
+                // Held as if a caller led, so the committer's thread stays out of it.
+                queue.leader = Leader::Caller;
+                for op in [add("a"), add("b"), Op::Status(None), add("c")] {
+                    let (reply, answer) = oneshot::channel();
+                    queue.jobs.push_back(Job { op, reply });
+                    answers.push(answer);
+                }
+            }
+            shared.run_batch(true);
+            assert_eq!(lock(&shared.queue).jobs.len(), 2, "status and what follows");
+            for (i, answer) in answers.iter_mut().enumerate() {
+                assert_eq!(answer.try_recv().is_ok(), i < 2, "job {i}");
+            }
+            shared.run_batch(false);
+            assert!(lock(&shared.queue).jobs.is_empty());
+            lock(&shared.queue).leader = Leader::Nobody;
+            committer.close();
+        });
+    }
+
+    /// Dropping every handle closes the store too, so another owner can take the directory.
+    #[test]
+    fn dropping_the_last_handle_closes_the_store() {
+        bounded(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let committer = start(dir.path());
+            let other = committer.clone();
+            drop(committer);
+            // One handle is left: the directory is still held.
+            assert!(SqliteStore::open_owned(dir.path(), Path::new("/y.sock")).is_err());
+            drop(other);
+            SqliteStore::open_owned(dir.path(), Path::new("/y.sock")).unwrap();
+        });
     }
 
     /// After close nothing is accepted, and the store is closed (another owner may open it).

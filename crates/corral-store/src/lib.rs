@@ -60,6 +60,11 @@ pub enum StoreError {
     Corrupt { what: String, reason: String },
     #[error(transparent)]
     Engine(#[from] corral_core::AllocError),
+    #[error(
+        "an earlier sync of {path} failed, so what the disk holds is uncertain: nothing more \
+         is written until the state is reopened (restart the agent) and recovered from the disk"
+    )]
+    SyncFailed { path: String },
 }
 
 /// One pool of a scope's configuration.

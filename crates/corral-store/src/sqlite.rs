@@ -11,6 +11,8 @@
 //!   chain, so after a crash SQLite recovers a prefix of the commits: a commit that survives
 //!   has every commit before it. An answer read rather than written (an ADD that finds its
 //!   address recorded) also syncs first: what it read may be a killed writer's unsynced commit.
+//!   The agent (an owned store) syncs after each commit too, through the log file it keeps
+//!   open. A sync that fails leaves the store refusing every later transaction.
 //! - the log is kept short and rewritten in place: SQLite's own checkpoints are off (none
 //!   automatic, none when a connection closes); a writer folds the log into the database
 //!   once it passes 64 frames (256 KiB) with `synchronous=FULL` (the log synced before pages
@@ -108,9 +110,15 @@ pub struct SqliteStore {
     log_frames: Arc<AtomicU32>,
     /// Owned mode: the log's directory entry is durable and cannot change under us.
     log_known_synced: Cell<bool>,
-    /// Owned mode: the log, kept open to sync it (SQLite never removes the log of a database
-    /// it has open, and nobody else can replace it while the owner holds the directory).
+    /// Owned mode: the log, kept open to sync it. It is the same file for as long as the
+    /// connection is open: SQLite removes a log only when a closing connection can lock the
+    /// database exclusively, which this connection's own lock prevents, and the store never
+    /// truncates the log or changes the journal mode.
     log_file: RefCell<Option<File>>,
+    /// A sync of the log failed: what reached the disk is unknown (the kernel may have
+    /// dropped the unwritten pages, and a later sync would then succeed without them), so
+    /// nothing more is written through this store; reopening recovers from the disk.
+    sync_failed: Cell<bool>,
 }
 
 /// How a store shares its directory, and when a commit is durable.
@@ -249,6 +257,7 @@ impl SqliteStore {
             log_frames: Arc::new(AtomicU32::new(0)),
             log_known_synced: Cell::new(false),
             log_file: RefCell::new(None),
+            sync_failed: Cell::new(false),
         };
         let (conn, journal) = match connect(dir, mode != Mode::Shared, &store.log_frames) {
             Ok(opened) => opened,
@@ -544,6 +553,8 @@ pub struct SqliteTxn<'a> {
     unsynced: Option<&'a Cell<bool>>,
     /// Owned mode: the store's open log file.
     log_file: Option<&'a RefCell<Option<File>>>,
+    /// Set when a sync of the log fails (see `SqliteStore::sync_failed`).
+    sync_failed: &'a Cell<bool>,
     /// Set when the log's directory entry may not be durable yet (see `log_is_synced`): the
     /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
@@ -614,17 +625,23 @@ impl SqliteTxn<'_> {
         if let Some(lock) = self.lock.take() {
             let _ = lock.unlock();
         }
-        let Some(log_file) = self.log_file else {
-            return sync_log(self.dir);
+        let synced = match self.log_file {
+            None => sync_log(self.dir),
+            Some(log_file) => {
+                let mut log_file = log_file.borrow_mut();
+                if log_file.is_none() {
+                    *log_file = open_log(self.dir)?;
+                }
+                match &*log_file {
+                    Some(log) => log.sync_data().map_err(dir_error(&log_path(self.dir))),
+                    None => Ok(()),
+                }
+            }
         };
-        let mut log_file = log_file.borrow_mut();
-        if log_file.is_none() {
-            *log_file = open_log(self.dir)?;
+        if synced.is_err() {
+            self.sync_failed.set(true);
         }
-        match &*log_file {
-            Some(log) => log.sync_data().map_err(dir_error(&log_path(self.dir))),
-            None => Ok(()),
-        }
+        synced
     }
 }
 
@@ -632,6 +649,11 @@ impl Store for SqliteStore {
     type Txn<'a> = SqliteTxn<'a>;
 
     fn begin(&mut self) -> Result<SqliteTxn<'_>, StoreError> {
+        if self.sync_failed.get() {
+            return Err(StoreError::SyncFailed {
+                path: log_path(&self.dir).display().to_string(),
+            });
+        }
         self.acquire()?;
         let started = self.prepare_log().and_then(|synced| {
             self.conn().execute_batch("BEGIN IMMEDIATE")?;
@@ -653,6 +675,7 @@ impl Store for SqliteStore {
             dir: &self.dir,
             unsynced: (mode == Mode::OneShot).then_some(&self.unsynced),
             log_file: (mode == Mode::Owned).then_some(&self.log_file),
+            sync_failed: &self.sync_failed,
             sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
         })
     }
@@ -1026,6 +1049,27 @@ mod tests {
                 .any(|step| step.contains("USING INDEX allocations_by_key")),
             "{plan:?}"
         );
+    }
+
+    /// A failed sync of the log leaves the store refusing to write: the disk may lack what
+    /// the page cache showed, and a later sync would not say so.
+    #[test]
+    fn a_store_whose_sync_failed_writes_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        store.begin().unwrap().commit().unwrap();
+        // As `sync_before_answer` records a failed fdatasync (a failing disk is not at hand).
+        store.sync_failed.set(true);
+        let refused = store.begin().unwrap_err();
+        assert!(
+            matches!(refused, StoreError::SyncFailed { .. }),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("corral.db-wal"), "{refused}");
+        drop(store);
+        // Reopening starts from what the disk holds.
+        let mut store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        store.begin().unwrap().commit().unwrap();
     }
 
     /// The log is folded into the database once it passes its limit and then rewritten in
