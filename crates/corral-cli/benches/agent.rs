@@ -415,10 +415,10 @@ fn main() {
         } else {
             allocate_release(&socket, clients, params.run_for)
         };
-        let how = if evented {
-            "connections, one event loop"
-        } else {
-            "blocking clients"
+        let how = match (evented, clients) {
+            (true, _) => "connections, one event loop",
+            (false, 1) => "blocking client",
+            (false, _) => "blocking clients",
         };
         eprintln!("agent bench: {clients} {how}: {rate:.0} durable allocations/s");
         if clients == 1 {
