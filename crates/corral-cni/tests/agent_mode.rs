@@ -4,50 +4,18 @@
 //! same addresses in the same order, same result format, same error codes — and give code 11
 //! when no agent listens.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use corral_agent::{AgentConfig, Running};
 use serde_json::{Value, json};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
+mod common;
 
-struct Outcome {
-    code: i32,
-    stdout: String,
-}
+use common::Outcome;
 
-impl Outcome {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}", self.stdout))
-    }
-    fn error_code(&self) -> u64 {
-        assert_ne!(self.code, 0, "expected a failure, got {:?}", self.stdout);
-        self.json()["code"].as_u64().expect("error code")
-    }
-}
-
+/// corral-ipam with `command` for `container` on eth0.
 fn run(command: &str, container: &str, stdin: &[u8]) -> Outcome {
-    let mut child = Command::new(BINARY)
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", format!("/var/run/netns/{container}"))
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("corral-ipam starts");
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let output = child.wait_with_output().unwrap();
-    Outcome {
-        code: output.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(output.stdout).unwrap(),
-    }
+    common::run(command, container, "eth0", &[], stdin)
 }
 
 /// The same network configuration, standalone (state under `data`) or through `agent`.
