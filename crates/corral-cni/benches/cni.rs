@@ -113,7 +113,65 @@ fn progress(text: &str) {
     eprintln!("cni bench: {text}");
 }
 
+/// `CORRAL_AB=<corral-ipam A>,<corral-ipam B>`: the two builds' ADDs on an empty /16 (one
+/// fresh directory each), alternating call by call for 400 rounds, each ADD right after
+/// host-local's `VERSION` (a Go program, as the bridge plugin that runs an IPAM plugin is), and
+/// the same again with nothing in between. Machine noise here is larger than most single
+/// changes, so one `make bench-cni` of each build is not a comparison.
+fn ab(builds: &str) {
+    let paths: Vec<PathBuf> = builds.split(',').map(PathBuf::from).collect();
+    assert_eq!(
+        paths.len(),
+        2,
+        "CORRAL_AB wants two paths separated by a comma"
+    );
+    let host_local = Path::new("/usr/lib/cni/host-local");
+    let root = tempfile::tempdir().expect("temporary directory");
+    for after_go in [true, false] {
+        let plugins: Vec<Plugin> = paths
+            .iter()
+            .map(|path| Plugin {
+                label: "corral-ipam",
+                path: path.clone(),
+                ipam_type: "corral-ipam",
+            })
+            .collect();
+        let stdins: Vec<Vec<u8>> = (0..2)
+            .map(|b| plugins[b].config(&root.path().join(format!("ab-{after_go}-{b}"))))
+            .collect();
+        let mut adds = [Vec::new(), Vec::new()];
+        for i in 0..400u64 {
+            for (b, plugin) in plugins.iter().enumerate() {
+                if after_go {
+                    invoke(host_local, &[], "VERSION", "", b"");
+                }
+                let container = container_id(EMPTY_STREAM, i);
+                adds[b].push(call(plugin, "ADD", &container, &stdins[b]).0);
+            }
+        }
+        for (b, path) in paths.iter().enumerate() {
+            let l = Latency::of(&adds[b]);
+            let quarter = Latency::of(&adds[b][300..]);
+            println!(
+                "{} ADD {}: p50 {} ms, p99 {} ms, p50 of calls 301-400 {} ms",
+                if after_go {
+                    "after host-local VERSION"
+                } else {
+                    "back to back"
+                },
+                path.display(),
+                ms(l.p50),
+                ms(l.p99),
+                ms(quarter.p50)
+            );
+        }
+    }
+}
+
 fn main() {
+    if let Ok(builds) = std::env::var("CORRAL_AB") {
+        return ab(&builds);
+    }
     let params = if std::env::args().any(|a| a == "--bench") {
         BENCH
     } else {

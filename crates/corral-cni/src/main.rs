@@ -13,6 +13,12 @@ use corral_cni::{
 };
 use corral_core::Timestamp;
 
+/// The installed build is on musl (see `make plugin`); mimalloc serves every allocation there
+/// (see corral-cni's Cargo.toml).
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn now() -> Timestamp {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)

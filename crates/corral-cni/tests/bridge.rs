@@ -4,6 +4,8 @@
 //! Needs root, iproute2 and containernetworking-plugins (`make test` installs them); without
 //! them the test fails and says what is missing, it never passes quietly.
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -11,7 +13,6 @@ use std::process::{Command, Stdio};
 use corral_store::{Store, Txn};
 use serde_json::{Value, json};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
 const PLUGIN_DIR: &str = "/usr/lib/cni";
 
 fn require(ok: bool, what: &str) {
@@ -122,7 +123,7 @@ fn bridge_end_to_end(tag: u32, ipam: Value, held: impl Fn() -> Vec<String>) {
 
     // The bridge plugin finds its IPAM plugin by type name in CNI_PATH.
     let plugins = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(BINARY, plugins.path().join("corral-ipam")).unwrap();
+    std::os::unix::fs::symlink(common::binary(), plugins.path().join("corral-ipam")).unwrap();
     let cni_path = format!("{}:{PLUGIN_DIR}", plugins.path().display());
     let subnet = format!("10.123.{tag}.0/24");
     let mut ipam_section = json!({

@@ -5,13 +5,14 @@
 //!
 //! Needs `/usr/bin/strace` (`make deps` installs it) and fails loudly without it.
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
 const STRACE: &str = "/usr/bin/strace";
 
 /// What one traced call did, in order: `Write` to the log, `Sync` of the log, `Print` on
@@ -74,7 +75,7 @@ fn traced(dir: &Path, command: &str, container: &str) -> (Value, Vec<Event>) {
             "-e",
             "trace=write,pwrite64,writev,pwritev,fsync,fdatasync,sync_file_range,syncfs",
         ])
-        .arg(BINARY)
+        .arg(common::binary())
         .env_clear()
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", container)

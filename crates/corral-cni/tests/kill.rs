@@ -3,6 +3,8 @@
 //! recorded (unless a DEL of it was attempted since), and the stored snapshot still agrees
 //! with the rows.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::net::IpAddr;
@@ -14,7 +16,6 @@ use corral_core::{EngineConfig, OccupancySnapshot, PoolName};
 use corral_store::{Need, ScopeConfig, SqliteStore, Store, Txn, build_engine};
 use serde_json::{Value, json};
 
-const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
 const NETWORK: &str = "storm";
 const CONTAINERS: usize = 48;
 const ROUNDS: usize = 60;
@@ -34,7 +35,7 @@ fn conf(dir: &Path) -> Vec<u8> {
 }
 
 fn spawn(verb: &str, container: &str, stdin: &[u8]) -> Child {
-    let mut child = Command::new(BINARY)
+    let mut child = Command::new(common::binary())
         .env_clear()
         .env("CNI_COMMAND", verb)
         .env("CNI_CONTAINERID", container)
@@ -133,6 +134,7 @@ fn sigkill_during_an_add_del_storm_loses_no_acknowledged_allocation() {
     let mut acknowledged: BTreeMap<String, IpAddr> = BTreeMap::new();
     let started = Instant::now();
     let mut kills = 0;
+    let mut adds_answered = 0;
     for round in 0..ROUNDS {
         let mut containers: Vec<usize> = (0..CONTAINERS).collect();
         let mut children = Vec::new();
@@ -171,6 +173,7 @@ fn sigkill_during_an_add_del_storm_loses_no_acknowledged_allocation() {
                 let address = value["ips"][0]["address"].as_str().unwrap();
                 let addr: IpAddr = address.split('/').next().unwrap().parse().unwrap();
                 acknowledged.insert(container, addr);
+                adds_answered += 1;
             }
         }
         let now_held = held(dir.path());
@@ -188,5 +191,11 @@ fn sigkill_during_an_add_del_storm_loses_no_acknowledged_allocation() {
         );
     }
     assert!(kills > 100, "only {kills} processes were killed");
-    eprintln!("{kills} processes killed over {ROUNDS} rounds");
+    // The storm must have exercised the plugin: a binary that never answers would leave
+    // nothing to check above.
+    assert!(
+        adds_answered > ROUNDS * PER_ROUND / 4,
+        "only {adds_answered} ADDs printed a result"
+    );
+    eprintln!("{kills} processes killed, {adds_answered} ADDs answered over {ROUNDS} rounds");
 }

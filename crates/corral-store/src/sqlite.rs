@@ -433,15 +433,25 @@ const SYNCED_FILE: &str = "corral.synced";
 /// The identity of the current log file: inode and creation time (inode numbers alone are
 /// reused when a file is deleted and another created). `None` when there is no log, or the
 /// filesystem does not report creation times, in which case every commit syncs.
+///
+/// Read with `statx` directly: std's `Metadata::created` asks `statx` only when built on
+/// glibc, so a musl build (`make plugin`) would find no creation time and sync the directory
+/// on every commit.
 fn log_inode(dir: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let metadata = std::fs::metadata(log_path(dir)).ok()?;
-    let created = metadata
-        .created()
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?;
-    Some(format!("{} {}", metadata.ino(), created.as_nanos()))
+    use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
+    let stat = statx(
+        CWD,
+        log_path(dir),
+        AtFlags::empty(),
+        StatxFlags::INO | StatxFlags::BTIME,
+    )
+    .ok()?;
+    if !StatxFlags::from_bits_retain(stat.stx_mask).contains(StatxFlags::BTIME) {
+        return None;
+    }
+    let created =
+        i128::from(stat.stx_btime.tv_sec) * 1_000_000_000 + i128::from(stat.stx_btime.tv_nsec);
+    Some(format!("{} {created}", stat.stx_ino))
 }
 
 /// Whether the log file that exists now is the one whose directory entry was made durable.
@@ -1028,6 +1038,32 @@ mod tests {
         assert!(
             txn.sync_dir_after.is_none(),
             "no sync while the log is the same file"
+        );
+    }
+
+    /// The identity read with `statx` is the one std reports on glibc, so a record written by
+    /// an earlier build still matches (no extra directory sync after an upgrade).
+    #[test]
+    fn the_log_identity_is_its_inode_and_creation_time() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        drop(SqliteStore::open(dir.path()).unwrap());
+        let metadata = std::fs::metadata(log_path(dir.path())).unwrap();
+        let Ok(created) = metadata.created() else {
+            // std reads creation times only on glibc; the musl build relies on this function.
+            assert!(
+                log_inode(dir.path()).is_some(),
+                "statx reports no birth time here"
+            );
+            return;
+        };
+        let nanos = created
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        assert_eq!(
+            log_inode(dir.path()),
+            Some(format!("{} {nanos}", metadata.ino()))
         );
     }
 

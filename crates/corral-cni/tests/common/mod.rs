@@ -9,7 +9,11 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-pub const BINARY: &str = env!("CARGO_BIN_EXE_corral-ipam");
+/// The corral-ipam under test: this build's, or the one `CORRAL_IPAM_BIN` names (`make test`
+/// also runs these tests against the installed build from `make plugin`).
+pub fn binary() -> String {
+    std::env::var("CORRAL_IPAM_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_corral-ipam").into())
+}
 
 pub struct Outcome {
     pub code: i32,
@@ -51,7 +55,7 @@ pub fn run(
     extra: &[(&str, &str)],
     stdin: &[u8],
 ) -> Outcome {
-    let mut child = Command::new(BINARY)
+    let mut child = Command::new(binary())
         .env_clear()
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", container)
