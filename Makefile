@@ -22,12 +22,13 @@ demo:
 	$(CARGO) run --quiet -p corral-core --example demo
 
 ## deps: system packages the tests need: a C compiler (bundled SQLite; musl-gcc for the
-## plugin build, `make plugin`), and for the
-## end-to-end test Debian's CNI plugins (bridge, host-local) and iproute2; `make bench-cni`
-## also runs host-local, reads peak RSS with GNU time and counts fsyncs with strace; and
-## schemathesis (PyPI, pinned) in a venv under target/ for the agent's API test
-## (crates/corral-agent/tests/schemathesis.rs looks for it there)
-DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 time strace python3 python3-venv
+## plugin build, `make plugin`); for the end-to-end test Debian's CNI plugins (bridge,
+## host-local) and iproute2; mkfs.ext4, losetup and mount for the failing-disk test
+## (crates/corral-cli/tests/sync_failure.rs); `make bench-cni` also runs host-local, reads
+## peak RSS with GNU time and counts fsyncs with strace; and schemathesis (PyPI, pinned) in a
+## venv under target/ for the agent's API test (crates/corral-agent/tests/schemathesis.rs
+## looks for it there)
+DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv
 deps:
@@ -48,7 +49,7 @@ deps:
 ## (and corral-cni's integration tests a second time, against the installed build of
 ## corral-ipam from `make plugin`: another libc, allocator and optimisation level)
 test: deps lint
-	$(CARGO) test --workspace --lib --bins --tests --examples
+	env -u CORRAL_IPAM_BIN $(CARGO) test --workspace --lib --bins --tests --examples
 	$(CARGO) test --workspace --doc
 	$(MAKE) --no-print-directory plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cni --tests
@@ -75,21 +76,22 @@ bench-core:
 ## relocations), on musl with mimalloc: glibc's start-up asks the CPU for its cache sizes
 ## (~70 `cpuid`, each a trap to the hypervisor in a VM: 0.45 ms per process here), musl's
 ## does not; mimalloc is built not to free its memory at exit (MI_SKIP_COLLECT_ON_EXIT: the
-## kernel does that, and the walk cost a one-call process 0.15 ms). Without the musl target
-## (rustup) it falls back to a static glibc build.
+## kernel does that, and the walk cost a one-call process 0.15 ms) nor to use huge pages.
+## The C code (SQLite, mimalloc) is compiled by Debian's musl-gcc (musl-tools). Without the
+## musl target (rustup) or musl-gcc it falls back to a static glibc build.
 HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 MUSL_TRIPLE := $(subst -gnu,-musl,$(HOST_TRIPLE))
 PLUGIN := target/install/corral-ipam
 plugin:
-	@if test -d "$$(rustc --print target-libdir --target $(MUSL_TRIPLE) 2>/dev/null)" \
-		|| rustup target add $(MUSL_TRIPLE); then \
-		command -v musl-gcc >/dev/null || { echo "musl-gcc is missing: run make deps (Debian package musl-tools)"; exit 1; }; \
+	@if { test -d "$$(rustc --print target-libdir --target $(MUSL_TRIPLE) 2>/dev/null)" \
+		|| rustup target add $(MUSL_TRIPLE); } && command -v musl-gcc >/dev/null; then \
 		echo "building corral-ipam for $(MUSL_TRIPLE)"; \
-		CFLAGS_$(subst -,_,$(MUSL_TRIPLE))="-DMI_SKIP_COLLECT_ON_EXIT" \
+		CC_$(subst -,_,$(MUSL_TRIPLE))=musl-gcc \
+		CFLAGS_$(subst -,_,$(MUSL_TRIPLE))="$(CFLAGS) -DMI_SKIP_COLLECT_ON_EXIT -DMI_DEFAULT_ALLOW_THP=0" \
 		RUSTFLAGS="-C relocation-model=static" $(CARGO) build --profile plugin -p corral-cni --bin corral-ipam --target $(MUSL_TRIPLE) \
 		&& mkdir -p target/install && cp target/$(MUSL_TRIPLE)/plugin/corral-ipam $(PLUGIN); \
 	else \
-		echo "the $(MUSL_TRIPLE) target is not available: building on glibc (each call starts ~0.45 ms slower in a VM)"; \
+		echo "the $(MUSL_TRIPLE) target (rustup) or musl-gcc (Debian: musl-tools) is missing: building on glibc (each call starts ~0.45 ms slower in a VM)"; \
 		RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static" $(CARGO) build --profile plugin -p corral-cni --bin corral-ipam --target $(HOST_TRIPLE) \
 		&& mkdir -p target/install && cp target/$(HOST_TRIPLE)/plugin/corral-ipam $(PLUGIN); \
 	fi

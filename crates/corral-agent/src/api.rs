@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::{self as api, ErrorCode, paths};
+use corral_store::StoreHealth;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -31,6 +32,9 @@ pub struct AppState {
     /// Set once the state on disk is restored; until then requests get 503.
     pub committer: Arc<OnceLock<Committer>>,
     pub ready: Arc<AtomicBool>,
+    /// Whether the store can still write: once a sync of its log failed, `/healthz` and
+    /// `/readyz` answer 503 (a restart recovers from what the disk holds).
+    pub store_health: StoreHealth,
     pub metrics: Arc<Metrics>,
 }
 
@@ -171,12 +175,27 @@ macro_rules! answer {
     };
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// The answer of both probes once the store cannot write: the agent is alive but useless
+/// until restarted, so liveness fails too and a supervisor restarts it.
+fn store_failed() -> ApiError {
+    error(
+        ErrorCode::RetryLater,
+        "a sync of the state's write-ahead log failed (see the agent's log and the disk): \
+         every change is refused until the agent is restarted, which recovers what is durable",
+    )
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    if state.store_health.sync_failed() {
+        return store_failed().into_response();
+    }
+    (StatusCode::OK, "ok\n").into_response()
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.ready.load(Ordering::Acquire) {
+    if state.store_health.sync_failed() {
+        store_failed().into_response()
+    } else if state.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         error(ErrorCode::RetryLater, "restoring state").into_response()
@@ -184,6 +203,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    state
+        .metrics
+        .sync_failed
+        .set(i64::from(state.store_health.sync_failed()));
     let gauges = match state.run("metrics", Op::Gauges).await {
         Ok(Reply::Gauges(gauges)) => gauges,
         _ => Vec::new(),

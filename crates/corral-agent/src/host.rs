@@ -215,7 +215,7 @@ pub struct Host {
     current: usize,
     /// Scopes whose engine could not be rebuilt after a failed commit, with their
     /// configuration: tried again on use, answered 503 meanwhile.
-    broken: BTreeMap<String, ScopeConfig>,
+    broken: BTreeMap<String, Broken>,
 }
 
 impl std::fmt::Debug for Host {
@@ -460,7 +460,7 @@ impl Host {
         let config = match self.scopes.get(scope) {
             Some(s) => s.config.clone(),
             None => match self.broken.get(scope) {
-                Some(config) => config.clone(),
+                Some(broken) => broken.config.clone(),
                 None => return,
             },
         };
@@ -475,9 +475,15 @@ impl Host {
                 self.scopes
                     .insert(scope.to_owned(), Scope { config, engine });
             }
-            Err(_) => {
+            Err(error) => {
                 self.scopes.remove(scope);
-                self.broken.insert(scope.to_owned(), config);
+                self.broken.insert(
+                    scope.to_owned(),
+                    Broken {
+                        config,
+                        reason: error.to_string(),
+                    },
+                );
             }
         }
     }
@@ -493,8 +499,8 @@ impl Host {
         if self.broken.contains_key(scope) {
             self.reload(scope);
         }
-        if self.broken.contains_key(scope) {
-            return Err(broken(scope));
+        if let Some(broken) = self.broken.get(scope) {
+            return Err(broken.error(scope));
         }
         self.scopes
             .get_mut(scope)
@@ -502,8 +508,8 @@ impl Host {
     }
 
     fn scope(&self, scope: &str) -> Result<&Scope, OpError> {
-        if self.broken.contains_key(scope) {
-            return Err(broken(scope));
+        if let Some(broken) = self.broken.get(scope) {
+            return Err(broken.error(scope));
         }
         self.scopes
             .get(scope)
@@ -1174,11 +1180,25 @@ fn spec_mut<'a>(scope: &'a mut Scope, pool: &PoolName) -> Option<&'a mut PoolSpe
         .find(|p| p.name == pool.as_str())
 }
 
-fn broken(scope: &str) -> OpError {
-    OpError::new(
-        ErrorCode::RetryLater,
-        format!("scope {scope:?} could not be read back from the store after a failed commit"),
-    )
+/// A scope whose engine could not be rebuilt from the store after a failed commit: set
+/// aside, its requests answered 503, and rebuilt on its next use.
+#[derive(Debug)]
+struct Broken {
+    config: ScopeConfig,
+    /// What the store said when the rebuild failed.
+    reason: String,
+}
+
+impl Broken {
+    fn error(&self, scope: &str) -> OpError {
+        OpError::new(
+            ErrorCode::RetryLater,
+            format!(
+                "scope {scope:?} could not be read back from the store after a failed commit: {}",
+                self.reason
+            ),
+        )
+    }
 }
 
 /// Which set of a CNI ADD an allocation error is about, so the plugin can name it.

@@ -5,7 +5,9 @@
 //! - `corral_request_duration_seconds{operation}`: request latency, durable answer included;
 //! - `corral_addresses{scope,pool,family,state}`: `used`, `free`, `excluded`, `cooling`, read
 //!   from the engines when scraped;
-//! - `corral_leases_expired_total`.
+//! - `corral_leases_expired_total`;
+//! - `corral_store_sync_failed`: 1 once a sync of the state's log has failed (the agent then
+//!   refuses every change until it is restarted; `/healthz` answers 503), else 0.
 
 use std::sync::atomic::AtomicU64;
 
@@ -46,6 +48,7 @@ pub struct Metrics {
     pub latency: Family<Operation, Histogram>,
     pub addresses: Family<PoolState, Gauge<f64, AtomicU64>>,
     pub leases_expired: Counter,
+    pub sync_failed: Gauge,
 }
 
 impl Default for Metrics {
@@ -84,6 +87,12 @@ impl Default for Metrics {
             "Allocations released because their lease expired",
             leases_expired.clone(),
         );
+        let sync_failed = Gauge::default();
+        registry.register(
+            "corral_store_sync_failed",
+            "1 once a sync of the state's log failed: changes are refused until a restart",
+            sync_failed.clone(),
+        );
         Metrics {
             registry,
             allocations,
@@ -91,6 +100,7 @@ impl Default for Metrics {
             latency,
             addresses,
             leases_expired,
+            sync_failed,
         }
     }
 }

@@ -91,16 +91,18 @@ pub fn operations() -> Vec<Operation> {
             "get",
             paths::HEALTHZ,
             "healthz",
-            "Liveness: answers `ok` as soon as the socket is bound",
+            "Liveness: answers `ok` as soon as the socket is bound; 503 once a sync of the \
+             state's log has failed (the agent refuses every change until restarted)",
             None,
             Success::Text("text/plain", "`ok`"),
-            &[],
+            &[503],
         ),
         op(
             "get",
             paths::READYZ,
             "readyz",
-            "Readiness: `ready` once the state on disk is restored, else 503",
+            "Readiness: `ready` once the state on disk is restored, else 503 (also once a \
+             sync of the state's log has failed)",
             None,
             Success::Text("text/plain", "`ready`"),
             &[503],

@@ -74,6 +74,7 @@ pub async fn serve(
     let state = AppState {
         committer: Arc::new(OnceLock::new()),
         ready: Arc::new(AtomicBool::new(false)),
+        store_health: store.health(),
         metrics: Arc::new(Metrics::default()),
     };
     let unix = bind_socket(&config.socket)?;

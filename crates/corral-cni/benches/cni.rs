@@ -23,11 +23,12 @@
 //!
 //! `cargo bench` passes `--bench`, which runs the full sample counts (about 1.5 minutes);
 //! without it (as under `cargo test --benches`) every count is small, as a smoke run.
-//! The binary measured is the `corral-ipam` of the same profile as this bench (`cargo bench`:
-//! the optimised one in `target/release`). With `CORRAL_BENCH_KEEP=1` in the environment the
-//! state directories are kept (their path is printed) for profiling. With
-//! `CORRAL_AB=<corral-ipam A>,<corral-ipam B>` it only compares two builds of corral-ipam, their
-//! ADDs alternating (see `ab`).
+//! The binary measured is the one `CORRAL_IPAM_BIN` names (`make bench-cni` passes the
+//! installed build, `target/install/corral-ipam` from `make plugin`), else the `corral-ipam` of
+//! the same profile as this bench (`cargo bench`: the optimised one in `target/release`).
+//! With `CORRAL_BENCH_KEEP=1` in the environment the state directories are kept (their path is
+//! printed) for profiling. With `CORRAL_AB=<corral-ipam A>,<corral-ipam B>` it only compares
+//! two builds of corral-ipam, their ADDs alternating (see `ab`).
 
 mod support;
 

@@ -28,7 +28,7 @@ pub use checkpoint::{
 };
 pub use hostlocal::{HostLocalEntry, host_local_allocations, read_host_local_dir};
 pub use load::{Need, build_engine, save_engine};
-pub use sqlite::{AGENT_FILE, DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn};
+pub use sqlite::{AGENT_FILE, DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn, StoreHealth};
 
 /// The schema version this build writes; older databases are migrated when opened.
 pub const SCHEMA_VERSION: u32 = 1;
