@@ -483,19 +483,24 @@ fn log_inode(dir: &Path) -> Option<String> {
 /// A log created since (by us, or recreated by someone closing the database with the
 /// `sqlite3` shell, which deletes it) has a new identity, so the next commit syncs again.
 fn log_is_synced(dir: &Path) -> bool {
-    let recorded = std::fs::read_to_string(dir.join(SYNCED_FILE)).ok();
-    match (log_inode(dir), recorded) {
-        (Some(identity), Some(text)) => text.trim() == identity,
-        _ => false,
-    }
+    log_inode(dir).is_some_and(|identity| is_recorded_synced(dir, &identity))
+}
+
+/// Whether `identity` is the log identity recorded after the last directory sync.
+fn is_recorded_synced(dir: &Path, identity: &str) -> bool {
+    std::fs::read_to_string(dir.join(SYNCED_FILE)).is_ok_and(|text| text.trim() == identity)
 }
 
 /// Records the current log's identity after a directory sync. Losing this record only costs
 /// one more sync later, so it is written without one.
 fn remember_synced_log(dir: &Path) {
     if let Some(identity) = log_inode(dir) {
-        let _ = std::fs::write(dir.join(SYNCED_FILE), identity);
+        record_synced_log(dir, &identity);
     }
+}
+
+fn record_synced_log(dir: &Path, identity: &str) {
+    let _ = std::fs::write(dir.join(SYNCED_FILE), identity);
 }
 
 /// Creates the state directory (and missing ancestors), syncing each new directory's parent
@@ -727,17 +732,19 @@ impl SqliteStore {
         if self.log_known_synced.get() {
             return Ok(true);
         }
-        let log_exists = log_inode(&self.dir).is_some();
-        let mut log_synced = log_is_synced(&self.dir);
-        if log_exists && !log_synced {
+        // One look at the log (a `statx`) per transaction: this runs on every CNI call.
+        let Some(identity) = log_inode(&self.dir) else {
+            // No log yet: the commit that creates it syncs its entry.
+            return Ok(false);
+        };
+        if !is_recorded_synced(&self.dir, &identity) {
             sync_dir(&self.dir)?;
-            remember_synced_log(&self.dir);
-            log_synced = true;
+            record_synced_log(&self.dir, &identity);
         }
-        if log_synced && self.mode == Mode::Owned {
+        if self.mode == Mode::Owned {
             self.log_known_synced.set(true);
         }
-        Ok(log_synced)
+        Ok(true)
     }
 }
 
