@@ -479,14 +479,9 @@ fn log_inode(dir: &Path) -> Option<String> {
     Some(format!("{} {created}", stat.stx_ino))
 }
 
-/// Whether the log file that exists now is the one whose directory entry was made durable.
-/// A log created since (by us, or recreated by someone closing the database with the
-/// `sqlite3` shell, which deletes it) has a new identity, so the next commit syncs again.
-fn log_is_synced(dir: &Path) -> bool {
-    log_inode(dir).is_some_and(|identity| is_recorded_synced(dir, &identity))
-}
-
-/// Whether `identity` is the log identity recorded after the last directory sync.
+/// Whether `identity` (see `log_inode`) is the one recorded after the last directory sync. A
+/// log created since (by us, or recreated by someone closing the database with the `sqlite3`
+/// shell, which deletes it) has a new identity, so the next commit syncs again.
 fn is_recorded_synced(dir: &Path, identity: &str) -> bool {
     std::fs::read_to_string(dir.join(SYNCED_FILE)).is_ok_and(|text| text.trim() == identity)
 }
@@ -595,7 +590,7 @@ pub struct SqliteTxn<'a> {
     log_file: Option<&'a RefCell<Option<File>>>,
     /// Told when a sync of the log fails.
     health: &'a StoreHealth,
-    /// Set when the log's directory entry may not be durable yet (see `log_is_synced`): the
+    /// Set when the log's directory entry may not be durable yet (see `is_recorded_synced`): the
     /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
 }
@@ -1022,6 +1017,11 @@ impl Txn for SqliteTxn<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the log file that exists now is the one whose directory entry was made durable.
+    fn log_is_synced(dir: &Path) -> bool {
+        log_inode(dir).is_some_and(|identity| is_recorded_synced(dir, &identity))
+    }
 
     /// The directory is synced again whenever the log file is a new one.
     #[test]
