@@ -45,14 +45,17 @@ deps:
 			"schemathesis==$(SCHEMATHESIS_VERSION)"; \
 	}
 
-## test: set-up, lints, and every test of the workspace
+## test: set-up, lints, and every test of the workspace, every tier
 ## (and corral-cni's integration tests a second time, against the installed build of
-## corral-ipam from `make plugin`: another libc, allocator and optimisation level)
+## corral-ipam from `make plugin`: another libc, allocator and optimisation level).
+## Tiers: a plain `cargo test` runs what a laptop can (no root, etcd, network namespaces,
+## loop devices or installed tools); tests that need more are `#[ignore = "needs ..."]`,
+## and run here with `--include-ignored`, failing loudly when what they need is missing.
 test: deps lint
-	env -u CORRAL_IPAM_BIN $(CARGO) test --workspace --lib --bins --tests --examples
+	env -u CORRAL_IPAM_BIN $(CARGO) test --workspace --lib --bins --tests --examples -- --include-ignored
 	$(CARGO) test --workspace --doc
 	$(MAKE) --no-print-directory plugin
-	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cni --tests
+	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cni --tests -- --include-ignored
 
 ## lint: formatting and clippy, warnings are errors
 lint:

@@ -235,6 +235,7 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
 /// Switching a network from Debian's host-local to corral-ipam, same configuration and data
 /// directory: every address host-local handed out stays with its container.
 #[test]
+#[ignore = "needs Debian's containernetworking-plugins (host-local); `make test` runs it"]
 fn switching_from_host_local_keeps_its_allocations() {
     let host_local = Path::new("/usr/lib/cni/host-local");
     assert!(
