@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use corral_core::{Exclusion, PoolName, RangeSpec, ReusePolicy};
-use corral_store::{PoolSpec, ScopeConfig};
+use corral_store::{PoolSpec, RangeSource, ScopeConfig};
 use serde::Deserialize;
 
 /// The production state directory.
@@ -214,19 +214,26 @@ pub fn pools(declared: &[PoolFile]) -> Result<ScopeConfig, ConfigError> {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        out.push(PoolSpec::new(
-            &name,
-            Duration::from_millis(pool.cooldown_ms),
-            if pool.lowest_free {
-                ReusePolicy::LowestFree
-            } else {
-                ReusePolicy::NextFit
-            },
-            &ranges,
-            &exclusions,
-        ));
+        out.push(
+            PoolSpec::new(
+                &name,
+                Duration::from_millis(pool.cooldown_ms),
+                if pool.lowest_free {
+                    ReusePolicy::LowestFree
+                } else {
+                    ReusePolicy::NextFit
+                },
+                &ranges,
+                &exclusions,
+            )
+            .with_source(RangeSource::File),
+        );
     }
-    Ok(ScopeConfig { pools: out })
+    let config = ScopeConfig { pools: out };
+    // The file must fit together on its own; how it combines with what was changed at run
+    // time is `capacity.rs`'s job.
+    crate::capacity::check_disjoint(&config).map_err(ConfigError)?;
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -245,7 +252,18 @@ mod tests {
         assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
         assert_eq!(config.socket, PathBuf::from(DEFAULT_SOCKET));
         assert_eq!(config.pools.pools.len(), 1);
-        assert_eq!(config.pools.pools[0].ranges, ["10.88.0.0/16", "fd88::/64"]);
+        let ranges: Vec<&str> = config.pools.pools[0]
+            .ranges
+            .iter()
+            .map(|r| r.range.as_str())
+            .collect();
+        assert_eq!(ranges, ["10.88.0.0/16", "fd88::/64"]);
+        assert!(
+            config.pools.pools[0]
+                .ranges
+                .iter()
+                .all(|r| r.source == RangeSource::File)
+        );
     }
 
     #[test]

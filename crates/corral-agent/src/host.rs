@@ -19,9 +19,12 @@ use corral_core::{
     RangeRemoval, RangeSpec, Released, Request, Target, Timestamp,
 };
 use corral_store::{
-    Need, PoolSpec, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation, Txn,
-    build_engine, export_checkpoint, import_checkpoint, save_engine,
+    Need, PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, SqliteStore, Store,
+    StoreError, StoredAllocation, Txn, build_engine, export_checkpoint, import_checkpoint,
+    save_engine,
 };
+
+use crate::capacity;
 
 /// A failed operation: the API's error code, a message for people, and the pool concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,6 +204,34 @@ struct Scope {
     engine: Engine,
 }
 
+impl Scope {
+    /// The pools worth showing: those the configuration names, and any other that holds
+    /// allocations (the engine's implicit `default` pool of a CNI network is neither).
+    fn visible_pools(&self) -> Vec<PoolName> {
+        self.engine
+            .pool_names()
+            .into_iter()
+            .filter(|pool| {
+                self.config.pools.iter().any(|p| p.name == pool.as_str())
+                    || [Family::V4, Family::V6].into_iter().any(|family| {
+                        self.engine
+                            .stats(pool, family)
+                            .is_ok_and(|stats| stats.used > 0)
+                    })
+            })
+            .collect()
+    }
+}
+
+fn api_source(source: RangeSource) -> api::RangeSource {
+    match source {
+        RangeSource::File => api::RangeSource::File,
+        RangeSource::Api => api::RangeSource::Api,
+        RangeSource::Cni => api::RangeSource::Cni,
+        RangeSource::Cluster => api::RangeSource::Cluster,
+    }
+}
+
 /// The agent's scopes and its store.
 pub struct Host {
     store: SqliteStore,
@@ -216,6 +247,10 @@ pub struct Host {
     /// Scopes whose engine could not be rebuilt after a failed commit, with their
     /// configuration: tried again on use, answered 503 meanwhile.
     broken: BTreeMap<String, Broken>,
+    /// The node scope's pools as the configuration file declares them.
+    declared: ScopeConfig,
+    /// What the configuration file asked for that could not be applied (see `capacity.rs`).
+    warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for Host {
@@ -302,7 +337,15 @@ fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
                 name: p.name.clone(),
                 cooldown_ms: p.cooldown_ms,
                 lowest_free: p.lowest_free,
-                ranges: p.ranges.clone(),
+                ranges: p
+                    .ranges
+                    .iter()
+                    .map(|range| RangeEntry {
+                        range: range.clone(),
+                        source: RangeSource::Cni,
+                        state: RangeState::Active,
+                    })
+                    .collect(),
                 exclusions: p
                     .exclusions
                     .iter()
@@ -313,39 +356,16 @@ fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
     }
 }
 
-/// The union of two configurations: every pool of either, every range and exclusion of
-/// either (the stored one first). The agent's configuration file declares pools; what was
-/// added at run time through the API is kept across restarts.
-pub fn union(stored: &ScopeConfig, declared: &ScopeConfig) -> ScopeConfig {
-    let mut out = stored.clone();
-    for pool in &declared.pools {
-        match out.pools.iter_mut().find(|p| p.name == pool.name) {
-            Some(existing) => {
-                for range in &pool.ranges {
-                    if !existing.ranges.contains(range) {
-                        existing.ranges.push(range.clone());
-                    }
-                }
-                for exclusion in &pool.exclusions {
-                    if !existing.exclusions.iter().any(|e| e.0 == exclusion.0) {
-                        existing.exclusions.push(exclusion.clone());
-                    }
-                }
-            }
-            None => out.pools.push(pool.clone()),
-        }
-    }
-    out
-}
-
 impl Host {
-    /// Restores every scope of the store, with `node` (the agent's own pools) configured as
-    /// the union of what is stored and what `declared` lists. Nothing is released or
-    /// expired here: the engines finish their restore phase with every stored allocation,
-    /// lease and cooldown, and [`Op::Tick`] expires what is overdue afterwards.
+    /// Restores every scope of the store, with `node` (the agent's own pools) configured from
+    /// what is stored and what the configuration file `declared` lists, combined as
+    /// `capacity.rs` says (what could not be applied is in [`Host::warnings`]). Nothing is
+    /// released or expired here: the engines finish their restore phase with every stored
+    /// allocation, lease and cooldown, and [`Op::Tick`] expires what is overdue afterwards.
     pub fn restore(mut store: SqliteStore, declared: &ScopeConfig) -> Result<Host, StoreError> {
         let lease_seed = now().as_unix_millis() ^ u64::from(std::process::id()).rotate_left(32);
         let mut scopes = BTreeMap::new();
+        let mut warnings = Vec::new();
         let mut txn = store.begin()?;
         let mut names = txn.scopes()?;
         if !names.iter().any(|s| s == api::NODE_SCOPE) {
@@ -354,16 +374,20 @@ impl Host {
         for name in names {
             let (state, _) = txn.scope_state(&name)?;
             let stored = state.map(|s| s.config).unwrap_or_default();
-            let config = if name == api::NODE_SCOPE {
-                union(&stored, declared)
+            let (mut config, node_declared) = if name == api::NODE_SCOPE {
+                let (merged, merge_warnings) = capacity::merge_declared(&stored, declared);
+                warnings.extend(merge_warnings);
+                (merged, Some(declared))
             } else {
-                stored
+                (stored, None)
             };
             let engine_config = EngineConfig {
                 lease_id_seed: lease_seed ^ scopes.len() as u64,
                 ..EngineConfig::default()
             };
-            let (engine, _) = build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
+            let (mut engine, _) =
+                build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
+            capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
             save_engine(&mut txn, &name, &config, &engine)?;
             scopes.insert(name, Scope { config, engine });
         }
@@ -376,7 +400,14 @@ impl Host {
             committed_upto: 0,
             current: 0,
             broken: BTreeMap::new(),
+            declared: declared.clone(),
+            warnings,
         })
+    }
+
+    /// What the configuration file asked for that could not be applied at start.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Applies a batch of operations and makes their changes durable in one commit; the
@@ -409,6 +440,9 @@ impl Host {
             let may_write = op.writes();
             let answer = self.apply(op, now, &mut writes, &mut touched);
             debug_assert!(may_write || writes.len() == writes_before);
+            if may_write {
+                self.forget_drained(&mut touched);
+            }
             answers.push(answer);
         }
         self.current = answers.len();
@@ -454,10 +488,28 @@ impl Host {
         }
     }
 
-    /// Rebuilds a scope's engine from the store (after a failed commit). If the store fails
-    /// again the scope is set aside as broken: requests for it get 503 and try again.
+    /// Ranges that left an engine (drained, or removed while holding nothing) leave the
+    /// scope's stored configuration too, in the same commit.
+    fn forget_drained(&mut self, touched: &mut BTreeSet<String>) {
+        for (name, scope) in &mut self.scopes {
+            let drained = scope.engine.take_drained();
+            if drained.is_empty() {
+                continue;
+            }
+            let declared = (name == api::NODE_SCOPE).then_some(&self.declared);
+            if capacity::forget_drained(&mut scope.config, &drained, declared) {
+                touched.insert(name.clone());
+            }
+        }
+    }
+
+    /// Rebuilds a scope's engine from the store (after a failed commit), under the
+    /// configuration the store holds: what the failed batch changed in memory, configuration
+    /// included, is forgotten. A scope the store does not know (created by the failed batch)
+    /// is dropped. If the store fails again the scope is set aside as broken: requests for it
+    /// get 503 and try again.
     fn reload(&mut self, scope: &str) {
-        let config = match self.scopes.get(scope) {
+        let fallback = match self.scopes.get(scope) {
             Some(s) => s.config.clone(),
             None => match self.broken.get(scope) {
                 Some(broken) => broken.config.clone(),
@@ -465,17 +517,34 @@ impl Host {
             },
         };
         let engine_config = self.engine_config();
+        let declared = (scope == api::NODE_SCOPE).then_some(&self.declared);
         let rebuilt = self.store.begin().and_then(|mut txn| {
-            let (engine, _) = build_engine(&mut txn, scope, &config, engine_config, Need::Full)?;
-            Ok(engine)
+            let (state, _) = txn.scope_state(scope)?;
+            let Some(mut config) = state
+                .map(|s| s.config)
+                .or_else(|| (scope == api::NODE_SCOPE).then(ScopeConfig::default))
+            else {
+                txn.finish()?;
+                return Ok(None);
+            };
+            let (mut engine, _) =
+                build_engine(&mut txn, scope, &config, engine_config, Need::Full)?;
+            txn.finish()?;
+            capacity::forget_drained(&mut config, &engine.take_drained(), declared);
+            Ok(Some((config, engine)))
         });
         match rebuilt {
-            Ok(engine) => {
+            Ok(Some((config, engine))) => {
                 self.broken.remove(scope);
                 self.scopes
                     .insert(scope.to_owned(), Scope { config, engine });
             }
+            Ok(None) => {
+                self.broken.remove(scope);
+                self.scopes.remove(scope);
+            }
             Err(error) => {
+                let config = fallback;
                 self.scopes.remove(scope);
                 self.broken.insert(
                     scope.to_owned(),
@@ -505,6 +574,19 @@ impl Host {
         self.scopes
             .get_mut(scope)
             .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
+    }
+
+    /// A scope whose capacity the API may change: the agent's own. A CNI network's pools
+    /// come from its configuration, which the plugin sends with every call; a change made
+    /// here would be undone by the next call, so it is refused.
+    fn node_scope_mut(&mut self, scope: &str, what: &str) -> Result<&mut Scope, OpError> {
+        if scope != api::NODE_SCOPE && self.scopes.contains_key(scope) {
+            return Err(OpError::bad_request(format!(
+                "scope {scope:?} is a CNI network's: its {what} come from the network's \
+                 configuration (change that instead)"
+            )));
+        }
+        self.scope_mut(scope)
     }
 
     fn scope(&self, scope: &str) -> Result<&Scope, OpError> {
@@ -563,7 +645,7 @@ impl Host {
                     .range
                     .parse()
                     .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
-                let scope = self.scope_mut(&request.scope)?;
+                let scope = self.node_scope_mut(&request.scope, "ranges")?;
                 let new_pool = !scope.engine.pool_names().contains(&pool);
                 if new_pool {
                     scope.engine.add_pool(&pool, Default::default())?;
@@ -575,10 +657,7 @@ impl Host {
                     }
                     return Err(error.into());
                 }
-                let spec_text = spec.to_string();
-                let stored = ensure_spec(scope, &pool)?;
-                stored.ranges.retain(|r| *r != spec_text);
-                stored.ranges.push(spec_text);
+                capacity::note_added(ensure_spec(scope, &pool)?, &spec);
                 touched.insert(request.scope);
                 Ok(Reply::Done)
             }
@@ -588,11 +667,14 @@ impl Host {
                     .range
                     .parse()
                     .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
-                let scope = self.scope_mut(&request.scope)?;
+                let scope = self.node_scope_mut(&request.scope, "ranges")?;
                 let outcome = scope.engine.remove_range(&pool, &spec)?;
-                let spec_text = spec.to_string();
-                if let Some(stored) = spec_mut(scope, &pool) {
-                    stored.ranges.retain(|r| *r != spec_text);
+                // A range removed at once is reported by the engine as drained and leaves
+                // the stored configuration after this operation (`forget_drained`).
+                if let (RangeRemoval::Draining { .. }, Some(stored)) =
+                    (outcome, spec_mut(scope, &pool))
+                {
+                    capacity::note_draining(stored, &spec);
                 }
                 touched.insert(request.scope);
                 Ok(Reply::RangeRemoved(api::RangeRemoved {
@@ -606,7 +688,7 @@ impl Host {
                 let pool = pool_name(&request.pool)?;
                 let exclusion = Exclusion::parse(&request.network, &request.reason)
                     .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
-                let scope = self.scope_mut(&request.scope)?;
+                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
                 let network = exclusion.network().to_string();
                 let stored = ensure_spec(scope, &pool)?;
@@ -621,7 +703,7 @@ impl Host {
                 let pool = pool_name(&request.pool)?;
                 let network = corral_core::parse_net(&request.network)
                     .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
-                let scope = self.scope_mut(&request.scope)?;
+                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
                 scope.engine.remove_exclusion(&pool, network)?;
                 let text = network.to_string();
                 if let Some(stored) = spec_mut(scope, &pool) {
@@ -693,7 +775,7 @@ impl Host {
                 let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
-                let mut status = scope_status(&name, &scope.engine);
+                let mut status = scope_status(&name, scope);
                 // Only the network's own pools (not the engine's implicit default).
                 status
                     .pools
@@ -978,6 +1060,12 @@ impl Host {
                 ));
             }
         }
+        // Everything is checked inside one transaction, before it commits: the document, and
+        // that every imported scope builds into an engine under the configuration it will
+        // have (for `node`, the imported pools beside the ones it has). A refusal changes
+        // nothing.
+        let engine_config = self.engine_config();
+        let existing_node = self.scopes.get(api::NODE_SCOPE).map(|s| s.config.clone());
         let mut txn = self.store.begin().map_err(OpError::store)?;
         import_checkpoint(&mut txn, &checkpoint).map_err(|error| match error {
             // The store itself failing is worth a retry; anything else is the document.
@@ -987,26 +1075,37 @@ impl Host {
             | StoreError::Held { .. } => OpError::store(error),
             other => OpError::bad_request(format!("checkpoint: {other}")),
         })?;
-        txn.commit().map_err(OpError::store)?;
+        let mut built = Vec::with_capacity(names.len());
         for name in names {
-            let config = {
-                let mut txn = self.store.begin().map_err(OpError::store)?;
-                let (state, _) = txn.scope_state(&name).map_err(OpError::store)?;
-                let stored = state.map(|s| s.config).unwrap_or_default();
-                txn.finish().map_err(OpError::store)?;
-                match self.scopes.get(&name) {
-                    Some(existing) if name == api::NODE_SCOPE => union(&stored, &existing.config),
-                    _ => stored,
-                }
+            let (state, _) = txn.scope_state(&name).map_err(OpError::store)?;
+            let imported = state.map(|s| s.config).unwrap_or_default();
+            let mut config = match (&existing_node, name == api::NODE_SCOPE) {
+                (Some(existing), true) => combine_node(existing, &imported, &self.declared),
+                _ => imported,
             };
-            self.scopes.insert(
-                name.clone(),
-                Scope {
-                    config,
-                    engine: Engine::new(EngineConfig::default()),
-                },
-            );
-            self.reload(&name);
+            capacity::check_disjoint(&config).map_err(|problem| {
+                OpError::new(
+                    ErrorCode::Conflict,
+                    format!("checkpoint scope {name:?} does not fit: {problem}"),
+                )
+            })?;
+            let (mut engine, _) = build_engine(&mut txn, &name, &config, engine_config, Need::Full)
+                .map_err(|error| match error {
+                    StoreError::Engine(e) => OpError::new(
+                        ErrorCode::Conflict,
+                        format!("checkpoint scope {name:?} does not fit: {e}"),
+                    ),
+                    other => OpError::bad_request(format!("checkpoint scope {name:?}: {other}")),
+                })?;
+            let declared = (name == api::NODE_SCOPE).then_some(&self.declared);
+            capacity::forget_drained(&mut config, &engine.take_drained(), declared);
+            save_engine(&mut txn, &name, &config, &engine).map_err(OpError::store)?;
+            built.push((name, Scope { config, engine }));
+        }
+        txn.commit().map_err(OpError::store)?;
+        for (name, scope) in built {
+            self.broken.remove(&name);
+            self.scopes.insert(name, scope);
         }
         Ok(Reply::Done)
     }
@@ -1059,16 +1158,24 @@ impl Host {
                 .collect(),
             scopes: selected
                 .iter()
-                .map(|(name, s)| scope_status(name, &s.engine))
+                .map(|(name, s)| scope_status(name, s))
                 .collect(),
+            warnings: self.warnings.clone(),
         })
     }
 
     fn pools(&self, scope: Option<&str>) -> Result<api::PoolsResponse, OpError> {
         let mut pools = Vec::new();
         for (name, s) in self.selected(scope)? {
-            for pool in s.engine.pool_names() {
+            for pool in s.visible_pools() {
                 let config = s.engine.pool_config(&pool)?;
+                let spec = s.config.pools.iter().find(|p| p.name == pool.as_str());
+                let source_of = |range: &RangeSpec| {
+                    let source = spec
+                        .and_then(|p| p.entry_at(range).map(|i| p.ranges[i].source))
+                        .unwrap_or(RangeSource::Api);
+                    api_source(source)
+                };
                 pools.push(api::PoolInfo {
                     scope: name.clone(),
                     name: pool.to_string(),
@@ -1081,8 +1188,19 @@ impl Host {
                         .map(|r| api::RangeInfo {
                             range: r.spec.to_string(),
                             draining: r.draining,
+                            source: source_of(&r.spec),
+                            allocated: r.n_allocated,
                         })
                         .collect(),
+                    removed: spec
+                        .map(|p| {
+                            p.ranges
+                                .iter()
+                                .filter(|r| r.state == RangeState::Removed)
+                                .map(|r| r.range.clone())
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                     exclusions: s
                         .engine
                         .exclusions(&pool)?
@@ -1102,7 +1220,7 @@ impl Host {
         let mut out = Vec::new();
         for (name, s) in &mut self.scopes {
             s.engine.advance(now);
-            for pool in s.engine.pool_names() {
+            for pool in s.visible_pools() {
                 for family in [Family::V4, Family::V6] {
                     if let Ok(stats) = s.engine.stats(&pool, family) {
                         out.push(Gauge {
@@ -1122,11 +1240,12 @@ impl Host {
     }
 }
 
-fn scope_status(name: &str, engine: &Engine) -> api::ScopeStatus {
+fn scope_status(name: &str, scope: &Scope) -> api::ScopeStatus {
+    let engine = &scope.engine;
     api::ScopeStatus {
         scope: name.to_owned(),
-        pools: engine
-            .pool_names()
+        pools: scope
+            .visible_pools()
             .into_iter()
             .map(|pool| api::PoolStatus {
                 pool: pool.to_string(),
@@ -1147,6 +1266,38 @@ fn scope_status(name: &str, engine: &Engine) -> api::ScopeStatus {
             })
             .collect(),
     }
+}
+
+/// The node scope's configuration after importing `imported` into it (while it holds no
+/// allocation): its pools as they are, with the imported pools' ranges and exclusions added.
+/// Imported ranges keep their source, except that bare ones (written by builds before ranges
+/// had a source) are classified by the configuration file, as at start.
+fn combine_node(
+    existing: &ScopeConfig,
+    imported: &ScopeConfig,
+    declared: &ScopeConfig,
+) -> ScopeConfig {
+    let mut imported = imported.clone();
+    capacity::classify_bare(&mut imported, declared);
+    let mut out = existing.clone();
+    for pool in imported.pools {
+        match out.pools.iter_mut().find(|p| p.name == pool.name) {
+            Some(target) => {
+                for entry in pool.ranges {
+                    match entry.spec().and_then(|spec| target.entry_at(&spec)) {
+                        Some(index) => target.ranges[index] = entry,
+                        None => target.ranges.push(entry),
+                    }
+                }
+                for exclusion in pool.exclusions {
+                    target.exclusions.retain(|e| e.0 != exclusion.0);
+                    target.exclusions.push(exclusion);
+                }
+            }
+            None => out.pools.push(pool),
+        }
+    }
+    out
 }
 
 /// The scope's stored configuration gets an entry for `pool` if it has none (a pool created
@@ -1235,8 +1386,9 @@ fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
         pool_name(&pool.name)?;
         for range in &pool.ranges {
             range
+                .range
                 .parse::<RangeSpec>()
-                .map_err(|e| OpError::bad_request(format!("range {range:?}: {e}")))?;
+                .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", range.range)))?;
         }
         for (network, reason) in &pool.exclusions {
             Exclusion::parse(network, reason)

@@ -9,6 +9,7 @@
 //! (`committer.rs`).
 
 pub mod api;
+mod capacity;
 pub mod committer;
 pub mod config;
 pub mod host;

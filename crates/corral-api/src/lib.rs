@@ -315,6 +315,10 @@ pub struct StatusResponse {
     /// One human-readable line per scope.
     pub summary: Vec<String>,
     pub scopes: Vec<ScopeStatus>,
+    /// What the agent could not apply as configured (a range of the configuration file that
+    /// overlaps one added at run time, say), one sentence each; empty when all is well.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -366,6 +370,25 @@ pub struct PoolInfo {
     pub lowest_free: bool,
     pub ranges: Vec<RangeInfo>,
     pub exclusions: Vec<ExclusionInfo>,
+    /// Ranges the configuration file declares that were removed at run time: they stay out
+    /// (a restart does not bring them back) until added again or dropped from the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
+}
+
+/// Where a range came from, which says what may change or remove it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum RangeSource {
+    /// The agent's configuration file.
+    File,
+    /// Added through this API at run time.
+    Api,
+    /// A CNI network's configuration.
+    Cni,
+    /// Granted to the node by the cluster authority.
+    Cluster,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -376,6 +399,9 @@ pub struct RangeInfo {
     pub range: String,
     /// True while a removed range still holds allocations.
     pub draining: bool,
+    pub source: RangeSource,
+    /// Addresses of the pool allocated in the range (a draining range leaves at zero).
+    pub allocated: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

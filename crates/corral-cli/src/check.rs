@@ -278,6 +278,7 @@ mod tests {
         let status = StatusResponse {
             ready: true,
             summary: vec![],
+            warnings: vec![],
             scopes: vec![ScopeStatus {
                 scope: "net1".into(),
                 pools: vec![PoolStatus {

@@ -219,6 +219,9 @@ pub fn status(session: &mut Session) -> Result<Outcome, Failure> {
         } else {
             text.push_str(&table.render());
         }
+        for warning in &response.warnings {
+            text.push_str(&format!("warning: {warning}\n"));
+        }
         text
     })
 }
@@ -362,16 +365,27 @@ pub fn pool(session: &mut Session, command: PoolCommand) -> Result<Outcome, Fail
                 let mut table =
                     Table::new(&["SCOPE", "POOL", "COOLDOWN", "REUSE", "RANGE", "EXCLUSION"]);
                 for pool in &response.pools {
+                    // Each range with where it came from; a draining one with how many
+                    // allocations it still holds; file ranges removed at run time last.
                     let ranges: Vec<String> = pool
                         .ranges
                         .iter()
                         .map(|range| {
+                            let source = output::range_source(range.source);
                             if range.draining {
-                                format!("{} (draining)", range.range)
+                                format!(
+                                    "{} [{source}] (draining, {} left)",
+                                    range.range, range.allocated
+                                )
                             } else {
-                                range.range.clone()
+                                format!("{} [{source}]", range.range)
                             }
                         })
+                        .chain(
+                            pool.removed
+                                .iter()
+                                .map(|range| format!("{range} [file] (removed)")),
+                        )
                         .collect();
                     let exclusions: Vec<String> = pool
                         .exclusions

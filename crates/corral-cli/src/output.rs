@@ -152,6 +152,16 @@ pub fn family(family: FamilyName) -> &'static str {
     }
 }
 
+/// Where a range came from, as `pool list` shows it.
+pub fn range_source(source: corral_api::RangeSource) -> &'static str {
+    match source {
+        corral_api::RangeSource::File => "file",
+        corral_api::RangeSource::Api => "api",
+        corral_api::RangeSource::Cni => "cni",
+        corral_api::RangeSource::Cluster => "cluster",
+    }
+}
+
 /// A cell for something absent.
 pub fn none() -> String {
     "-".to_owned()

@@ -262,8 +262,10 @@ fn pool_list_shows_ranges_and_exclusions() {
         200,
         &json!({"pools": [
             {"scope": "node", "name": "default", "cooldown_ms": 30000, "lowest_free": false,
-             "ranges": [{"range": "10.0.0.0/24", "draining": false}, {"range": "10.0.1.0/24", "draining": true}],
-             "exclusions": [{"network": "10.0.0.5/32", "reason": "router"}]},
+             "ranges": [{"range": "10.0.0.0/24", "draining": false, "source": "file", "allocated": 3},
+                        {"range": "10.0.1.0/24", "draining": true, "source": "api", "allocated": 2}],
+             "exclusions": [{"network": "10.0.0.5/32", "reason": "router"}],
+             "removed": ["10.0.2.0/24"]},
             {"scope": "node", "name": "empty", "cooldown_ms": 0, "lowest_free": true, "ranges": [], "exclusions": []}
         ]})
         .to_string(),
@@ -273,9 +275,10 @@ fn pool_list_shows_ranges_and_exclusions() {
     assert_eq!(
         run.stdout,
         "\
-SCOPE  POOL     COOLDOWN  REUSE        RANGE                   EXCLUSION
-node   default  30s       next-fit     10.0.0.0/24             10.0.0.5/32 (router)
-                                       10.0.1.0/24 (draining)
+SCOPE  POOL     COOLDOWN  REUSE        RANGE                                 EXCLUSION
+node   default  30s       next-fit     10.0.0.0/24 [file]                    10.0.0.5/32 (router)
+                                       10.0.1.0/24 [api] (draining, 2 left)
+                                       10.0.2.0/24 [file] (removed)
 node   empty    0s        lowest-free
 "
     );

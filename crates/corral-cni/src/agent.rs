@@ -89,7 +89,7 @@ fn network(config: &NetConfig) -> api::CniNetwork {
                 name: pool.name,
                 cooldown_ms: pool.cooldown_ms,
                 lowest_free: pool.lowest_free,
-                ranges: pool.ranges,
+                ranges: pool.ranges.into_iter().map(|entry| entry.range).collect(),
                 exclusions: pool
                     .exclusions
                     .into_iter()

@@ -93,6 +93,14 @@ pub enum RangeRemoval {
     Draining { n_allocated: u64 },
 }
 
+/// A range that was removed from its pool, at once (it held nothing) or with the release of
+/// its last allocation after draining.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainedRange {
+    pub pool: PoolName,
+    pub spec: RangeSpec,
+}
+
 /// An allocation read back from durable state.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RestoredAllocation {
@@ -243,6 +251,9 @@ pub struct Engine {
     lease_ids: LeaseIds,
     next_generation: u64,
     restoring: bool,
+    /// Draining ranges that emptied and left their pool, oldest first, until
+    /// [`Engine::take_drained`] hands them to the caller.
+    drained: Vec<DrainedRange>,
 }
 
 impl Engine {
@@ -259,6 +270,7 @@ impl Engine {
             lease_ids: LeaseIds::new(config.lease_id_seed),
             next_generation: 1,
             restoring: false,
+            drained: Vec::new(),
         };
         engine.insert_pool(PoolName::default_pool(), config.default_pool);
         engine
@@ -415,12 +427,24 @@ impl Engine {
 
     // ---- capacity ------------------------------------------------------------------------
 
-    /// Adds a range of capacity to a pool. Refused if it overlaps any range of any pool.
+    /// Adds a range of capacity to a pool. Refused if it overlaps any range of any pool,
+    /// except that adding a draining range of the same pool again, exactly as it was
+    /// specified, cancels the drain: it hands out addresses again and stays.
     pub fn add_range(&mut self, pool: &PoolName, spec: RangeSpec) -> Result<(), AllocError> {
         let family = spec.family();
         self.family_enabled(family)?;
         let id = self.pool_id(pool)?;
         let (start, end) = spec.bounds();
+        if self
+            .pool(id)
+            .family(family)
+            .ranges
+            .get(&start)
+            .is_some_and(|range| range.draining && range.spec == spec)
+        {
+            self.undrain(id, family, start);
+            return Ok(());
+        }
         let index = &self.range_index[family.index()];
         let before = index.range(..=end).next_back();
         if let Some((&other_start, &(other_end, other_pool))) = before
@@ -522,14 +546,50 @@ impl Engine {
         Ok(RangeRemoval::Removed)
     }
 
+    /// A draining range becomes active again: its free addresses are handed out from now on.
+    /// Cooldowns it had ended when it started draining, so its occupancy is rebuilt from the
+    /// allocations, exclusions and reservations alone.
+    fn undrain(&mut self, id: PoolId, family: Family, start: u128) {
+        let Some(end) = self
+            .pool(id)
+            .family(family)
+            .ranges
+            .get(&start)
+            .map(|r| r.end)
+        else {
+            return;
+        };
+        let allocated = self.allocated_in(family, start, end);
+        let pool_family = self.pool_mut(id).family_mut(family);
+        if let Some(range) = pool_family.ranges.get_mut(&start) {
+            range.draining = false;
+        }
+        pool_family.with_free.remove(&start);
+        pool_family.rebuild(start, &allocated);
+    }
+
+    /// Draining ranges that have emptied and left their pools since the last call (a range
+    /// removed while it held nothing counts too), oldest first. A caller that keeps a
+    /// configuration beside the engine forgets them there; a cluster authority waiting for a
+    /// range to be given back learns here that it may take it.
+    pub fn take_drained(&mut self) -> Vec<DrainedRange> {
+        std::mem::take(&mut self.drained)
+    }
+
     /// Forgets a drained range entirely.
     fn drop_range(&mut self, id: PoolId, family: Family, start: u128) {
         self.range_index[family.index()].remove(&start);
+        let pool_name = self.pool(id).name.clone();
         let pool_family = self.pool_mut(id).family_mut(family);
         pool_family.with_free.remove(&start);
         let Some(range) = pool_family.ranges.remove(&start) else {
             return;
         };
+        self.drained.push(DrainedRange {
+            pool: pool_name,
+            spec: range.spec,
+        });
+        let pool_family = self.pool_mut(id).family_mut(family);
         let Some(gateway) = range.spec.gateway().map(addr_value) else {
             return;
         };

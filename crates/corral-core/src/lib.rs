@@ -32,9 +32,9 @@ mod time;
 
 pub use addr::{Family, addr_value};
 pub use engine::{
-    Allocation, AllocationInfo, DumpEntry, Engine, EngineConfig, FamilyStats, PoolDump,
-    PoolSnapshot, RangeInfo, RangeRemoval, RangeSnapshot, Released, Request, RestoredAllocation,
-    Target,
+    Allocation, AllocationInfo, DrainedRange, DumpEntry, Engine, EngineConfig, FamilyStats,
+    PoolDump, PoolSnapshot, RangeInfo, RangeRemoval, RangeSnapshot, Released, Request,
+    RestoredAllocation, Target,
 };
 pub use error::{AllocError, Holder, SpecError};
 pub use pool::{OccupancySnapshot, PoolConfig, ReusePolicy};

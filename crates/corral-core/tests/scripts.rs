@@ -13,7 +13,7 @@
 //! release IP [gen=N] / release-key N/C/I / release-owner OWNER / gc NETWORK [N/C/I ...]
 //! lease IP SECS / unlease IP UUID / expire / time SECS
 //! restore POOL IP OWNER GEN [key=N/C/I] / cool POOL IP SECS / finish-restore
-//! table / stats POOL v4|v6 / status
+//! table / stats POOL v4|v6 / status / drained (ranges that drained since the last call)
 //! ```
 //!
 //! Run with `UPDATE_EXPECT=1` to rewrite the expected transcripts after a deliberate change.
@@ -281,6 +281,12 @@ fn run_with(config: EngineConfig, script: &str, expected: Expect) {
                 })
                 .map_err(|e| e.to_string()),
             "status" => Ok(engine.status_line()),
+            "drained" => Ok(engine
+                .take_drained()
+                .iter()
+                .map(|d| format!("{} {}", d.pool, d.spec))
+                .collect::<Vec<_>>()
+                .join(", ")),
             other => panic!("script error: unknown command {other:?}"),
         };
         match result {
@@ -649,6 +655,79 @@ fn removing_capacity_with_allocations_drains_it() {
             = Draining { n_allocated: 1 }
             > unrange default 10.0.1.0/30
             = Draining { n_allocated: 1 }
+        "#]],
+    );
+}
+
+#[test]
+fn adding_a_draining_range_again_cancels_the_drain_and_emptied_ranges_are_reported() {
+    run(
+        "
+        pool default cooldown=0
+        range default 10.0.0.0/29,gateway=10.0.0.1
+        alloc default v4 a
+        alloc default v4 b
+        unrange default 10.0.0.0/29
+        alloc default v4 c
+        range default 10.0.0.0/29
+        range default 10.0.0.0/29,gateway=10.0.0.1
+        stats default v4
+        alloc default v4 c
+        drained
+        unrange default 10.0.0.0/29
+        release 10.0.0.2
+        release 10.0.0.3
+        drained
+        release 10.0.0.4
+        drained
+        drained
+        range default 10.0.1.0/30
+        unrange default 10.0.1.0/30
+        drained
+        ",
+        expect![[r#"
+            > pool default cooldown=0
+            = ok
+            > range default 10.0.0.0/29,gateway=10.0.0.1
+            = 5 usable
+            > alloc default v4 a
+            = 10.0.0.2 gen=1 subnet=10.0.0.0/29 gw=10.0.0.1
+            > alloc default v4 b
+            = 10.0.0.3 gen=2 subnet=10.0.0.0/29 gw=10.0.0.1
+            > unrange default 10.0.0.0/29
+            = Draining { n_allocated: 2 }
+            > alloc default v4 c
+            ! pool default has no ipv4 capacity
+            > range default 10.0.0.0/29
+            ! range 10.0.0.0/29 overlaps range 10.0.0.0/29,gateway=10.0.0.1 of pool default
+            > range default 10.0.0.0/29,gateway=10.0.0.1
+            = 5 usable
+            > stats default v4
+            = capacity=5 used=2 free=3 excluded=0 cooling=0 ranges=1 draining=0
+            > alloc default v4 c
+            = 10.0.0.4 gen=3 subnet=10.0.0.0/29 gw=10.0.0.1
+            > drained
+            = 
+            > unrange default 10.0.0.0/29
+            = Draining { n_allocated: 3 }
+            > release 10.0.0.2
+            = 10.0.0.2 gen=1
+            > release 10.0.0.3
+            = 10.0.0.3 gen=2
+            > drained
+            = 
+            > release 10.0.0.4
+            = 10.0.0.4 gen=3
+            > drained
+            = default 10.0.0.0/29,gateway=10.0.0.1
+            > drained
+            = 
+            > range default 10.0.1.0/30
+            = 2 usable
+            > unrange default 10.0.1.0/30
+            = Removed
+            > drained
+            = default 10.0.1.0/30
         "#]],
     );
 }

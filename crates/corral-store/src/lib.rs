@@ -67,20 +67,158 @@ pub enum StoreError {
     SyncFailed { path: String },
 }
 
+/// Where a range of a scope's configuration came from: what may change or remove it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RangeSource {
+    /// The agent's configuration file: it stays while the file declares it, a run-time
+    /// removal is remembered (see [`RangeState::Removed`]), and it goes when the file stops
+    /// declaring it.
+    File,
+    /// Added through the agent's API at run time; only the API removes it.
+    Api,
+    /// A CNI network's configuration, which the plugin sends with every call.
+    Cni,
+    /// Granted to the node by the cluster authority; only the release handshake removes it.
+    Cluster,
+}
+
+impl RangeSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RangeSource::File => "file",
+            RangeSource::Api => "api",
+            RangeSource::Cni => "cni",
+            RangeSource::Cluster => "cluster",
+        }
+    }
+}
+
+/// Whether a range of a scope's configuration hands out addresses.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum RangeState {
+    #[default]
+    Active,
+    /// Removed while it held allocations: it hands out nothing more, its allocations stay, and
+    /// it leaves the configuration with its last release (adding it again cancels the drain).
+    Draining,
+    /// A range the configuration file declares that was removed at run time: it stays out
+    /// until added again through the API or dropped from the file (never resurrected by a
+    /// restart). It is not part of the engine.
+    Removed,
+}
+
+impl RangeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RangeState::Active => "active",
+            RangeState::Draining => "draining",
+            RangeState::Removed => "removed",
+        }
+    }
+}
+
+/// One range of a pool's configuration: its canonical text, where it came from and its state.
+///
+/// Stored as JSON; a range from a CNI network configuration that is active is written as its
+/// bare text, the form every earlier build wrote for every range, so a network's stored
+/// configuration reads the same as before. The agent reclassifies bare ranges of its own
+/// scope when it restores it (see `corral-agent`'s `capacity.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(from = "RangeEntryRepr", into = "RangeEntryRepr")]
+pub struct RangeEntry {
+    /// The range in its canonical text form ([`RangeSpec`]'s `Display`).
+    pub range: String,
+    pub source: RangeSource,
+    pub state: RangeState,
+}
+
+impl RangeEntry {
+    /// An active range.
+    pub fn new(spec: &RangeSpec, source: RangeSource) -> RangeEntry {
+        RangeEntry {
+            range: spec.to_string(),
+            source,
+            state: RangeState::Active,
+        }
+    }
+
+    /// The range, parsed; `None` if the stored text is not a range.
+    pub fn spec(&self) -> Option<RangeSpec> {
+        self.range.parse().ok()
+    }
+
+    /// Whether the engine holds this range (active or draining).
+    pub fn in_engine(&self) -> bool {
+        self.state != RangeState::Removed
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum RangeEntryRepr {
+    Bare(String),
+    Full {
+        range: String,
+        source: RangeSource,
+        #[serde(default)]
+        state: RangeState,
+    },
+}
+
+impl From<RangeEntryRepr> for RangeEntry {
+    fn from(repr: RangeEntryRepr) -> RangeEntry {
+        match repr {
+            RangeEntryRepr::Bare(range) => RangeEntry {
+                range,
+                source: RangeSource::Cni,
+                state: RangeState::Active,
+            },
+            RangeEntryRepr::Full {
+                range,
+                source,
+                state,
+            } => RangeEntry {
+                range,
+                source,
+                state,
+            },
+        }
+    }
+}
+
+impl From<RangeEntry> for RangeEntryRepr {
+    fn from(entry: RangeEntry) -> RangeEntryRepr {
+        if entry.source == RangeSource::Cni && entry.state == RangeState::Active {
+            RangeEntryRepr::Bare(entry.range)
+        } else {
+            RangeEntryRepr::Full {
+                range: entry.range,
+                source: entry.source,
+                state: entry.state,
+            }
+        }
+    }
+}
+
 /// One pool of a scope's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolSpec {
     pub name: String,
     pub cooldown_ms: u64,
     pub lowest_free: bool,
-    /// Ranges in their canonical text form.
-    pub ranges: Vec<String>,
+    /// The pool's ranges, in the order they were added.
+    pub ranges: Vec<RangeEntry>,
     /// Exclusions as (network, reason).
     pub exclusions: Vec<(String, String)>,
 }
 
 impl PoolSpec {
-    /// A pool specification from validated values.
+    /// A pool specification from validated values, its ranges active and from a CNI network
+    /// configuration (see [`PoolSpec::with_source`] for others).
     pub fn new(
         name: &PoolName,
         cooldown: Duration,
@@ -92,12 +230,32 @@ impl PoolSpec {
             name: name.to_string(),
             cooldown_ms: u64::try_from(cooldown.as_millis()).unwrap_or(u64::MAX),
             lowest_free: reuse == ReusePolicy::LowestFree,
-            ranges: ranges.iter().map(ToString::to_string).collect(),
+            ranges: ranges
+                .iter()
+                .map(|spec| RangeEntry::new(spec, RangeSource::Cni))
+                .collect(),
             exclusions: exclusions
                 .iter()
                 .map(|e| (e.network().to_string(), e.reason().to_owned()))
                 .collect(),
         }
+    }
+
+    /// The same pool with every range marked as coming from `source`.
+    pub fn with_source(mut self, source: RangeSource) -> PoolSpec {
+        for range in &mut self.ranges {
+            range.source = source;
+        }
+        self
+    }
+
+    /// The entry of the range with the same addresses as `spec` (whatever its gateway).
+    pub fn entry_at(&self, spec: &RangeSpec) -> Option<usize> {
+        self.ranges.iter().position(|entry| {
+            entry
+                .spec()
+                .is_some_and(|s| s.start() == spec.start() && s.end() == spec.end())
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use corral_core::{
     RestoredAllocation, ReusePolicy,
 };
 
-use crate::{ScopeConfig, ScopeState, StoreError, StoredAllocation, Txn};
+use crate::{RangeState, ScopeConfig, ScopeState, StoreError, StoredAllocation, Txn};
 
 /// What an engine must know.
 #[derive(Clone, Copy, Debug)]
@@ -64,8 +64,8 @@ fn configured(config: &ScopeConfig, engine_config: EngineConfig) -> Result<Engin
         } else {
             engine.add_pool(&name, pool_config)?;
         }
-        for range in &pool.ranges {
-            let spec: RangeSpec = range.parse().map_err(|e| corrupt("range", e))?;
+        for range in pool.ranges.iter().filter(|r| r.in_engine()) {
+            let spec: RangeSpec = range.range.parse().map_err(|e| corrupt("range", e))?;
             engine.add_range(&name, spec)?;
         }
         for (network, reason) in &pool.exclusions {
@@ -166,8 +166,25 @@ pub fn build_engine(
         }
         engine.restore_generation(state.next_generation);
     }
+    drain_configured(&mut engine, desired)?;
     engine.finish_restore();
     Ok((engine, true))
+}
+
+/// Drains the ranges the configuration says are draining, once every allocation is in: one
+/// that holds nothing any more leaves the engine at once, and [`Engine::take_drained`]
+/// reports it, so the caller forgets it in its configuration too.
+fn drain_configured(engine: &mut Engine, config: &ScopeConfig) -> Result<(), StoreError> {
+    for pool in &config.pools {
+        let name = PoolName::new(&pool.name).map_err(|e| corrupt("pool name", e))?;
+        for range in &pool.ranges {
+            if range.state == RangeState::Draining {
+                let spec: RangeSpec = range.range.parse().map_err(|e| corrupt("range", e))?;
+                engine.remove_range(&name, &spec)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Stores the engine's derived state for `scope`, taken under `config`.
