@@ -124,9 +124,7 @@ pub fn merge_declared(stored: &ScopeConfig, declared: &ScopeConfig) -> (ScopeCon
             if let Some(i) = out.pools[index].entry_at(&spec) {
                 let entry = &mut out.pools[index].ranges[i];
                 entry.source = RangeSource::File;
-                if entry.state == RangeState::Removed {
-                    entry.range = spec.to_string();
-                } else if entry.range != spec.to_string() {
+                if entry.state != RangeState::Removed && entry.range != spec.to_string() {
                     warnings.push(format!(
                         "range {spec} of pool {} in the configuration file is kept as {} (its \
                          state at run time); remove it and add it again to change it",

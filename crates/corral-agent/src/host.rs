@@ -692,10 +692,12 @@ impl Host {
                 scope.engine.exclude(&pool, exclusion.clone())?;
                 let network = exclusion.network().to_string();
                 let stored = ensure_spec(scope, &pool)?;
-                stored.exclusions.retain(|e| e.0 != network);
-                stored
-                    .exclusions
-                    .push((network, exclusion.reason().to_owned()));
+                // In place, as the engine replaces it: the order is what a restart rebuilds.
+                let reason = exclusion.reason().to_owned();
+                match stored.exclusions.iter_mut().find(|e| e.0 == network) {
+                    Some(existing) => existing.1 = reason,
+                    None => stored.exclusions.push((network, reason)),
+                }
                 touched.insert(request.scope);
                 Ok(Reply::Done)
             }
