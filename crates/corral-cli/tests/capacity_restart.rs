@@ -60,8 +60,12 @@ fn ok(agent: &Agent, args: &[&str]) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
 }
 
-/// (pool, range, draining) of every node range, and the file ranges removed at run time.
-fn ranges(agent: &Agent) -> (Vec<(String, String, bool)>, Vec<(String, String)>) {
+/// (pool, range, draining) of every node range.
+type Listed = Vec<(String, String, bool)>;
+/// (pool, range) of the file ranges removed at run time.
+type Removed = Vec<(String, String)>;
+
+fn ranges(agent: &Agent) -> (Listed, Removed) {
     let pools = ok(agent, &["pool", "list"]);
     let mut ranges = Vec::new();
     let mut removed = Vec::new();
