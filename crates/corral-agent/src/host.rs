@@ -1502,6 +1502,26 @@ mod tests {
         }
     }
 
+    /// Regression (podman): `corral status --scope <network>` showed an empty `default` pool,
+    /// the engine's implicit one, beside the network's real pools.
+    #[test]
+    fn a_networks_status_shows_only_its_own_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        address(&host.run_batch(vec![add("c1", 0)])[0]);
+        let status = host.status(Some("net"), now()).unwrap();
+        let pools: Vec<&str> = status.scopes[0]
+            .pools
+            .iter()
+            .map(|p| p.pool.as_str())
+            .collect();
+        assert_eq!(pools, ["net"]);
+        let listed = host.pools(Some("net")).unwrap();
+        assert_eq!(listed.pools.len(), 1);
+        assert_eq!(listed.pools[0].ranges[0].source, api::RangeSource::Cni);
+    }
+
     /// Regression: a changed network configuration rebuilds the scope from the store, so
     /// what the batch changed before must be committed first; otherwise the rebuilt engine
     /// does not know it and hands the same address out again.
