@@ -22,7 +22,7 @@ use std::thread;
 use corral_api::ErrorCode;
 use tokio::sync::oneshot;
 
-use crate::host::{Host, Op, OpError, Reply};
+use crate::host::{Op, OpError, Reply, RunBatch};
 
 /// The most operations in one batch (one transaction).
 const MAX_BATCH: usize = 1024;
@@ -53,7 +53,7 @@ struct Shared {
     /// Signalled when the committer's thread is given the lead, and on close.
     lead_given: Condvar,
     /// `None` once [`Committer::close`] has closed the store.
-    host: Mutex<Option<Host>>,
+    host: Mutex<Option<Box<dyn RunBatch>>>,
     thread: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
@@ -99,11 +99,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Committer {
     /// Takes charge of `host` and starts the committer's thread; [`Committer::close`]
     /// stops it and closes the store.
-    pub fn start(host: Host) -> std::io::Result<Committer> {
+    pub fn start(host: impl RunBatch + 'static) -> std::io::Result<Committer> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             lead_given: Condvar::new(),
-            host: Mutex::new(Some(host)),
+            host: Mutex::new(Some(Box::new(host))),
             thread: Mutex::new(None),
         });
         let thread = {
@@ -329,7 +329,8 @@ mod tests {
 
     fn start(dir: &Path) -> Committer {
         let store = SqliteStore::open_owned(dir, Path::new("/x.sock")).unwrap();
-        Committer::start(Host::restore(store, &ScopeConfig::default()).unwrap()).unwrap()
+        Committer::start(crate::host::Host::restore(store, &ScopeConfig::default()).unwrap())
+            .unwrap()
     }
 
     /// Runs `test` on a thread of its own and fails if it takes more than 60 s: a caller

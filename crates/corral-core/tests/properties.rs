@@ -1921,6 +1921,21 @@ impl Harness {
                 s <= end && e >= start
             })
             .max_by_key(|(_, r)| r.bounds().0);
+        if let Some((p, r)) = overlap
+            && p == pool
+            && r.draining
+            && r.spec == spec
+        {
+            // The same range again, while draining: the drain is cancelled.
+            assert_eq!(got, Ok(()), "re-add draining range {spec}");
+            let model_range = self.model.pools[pool]
+                .ranges
+                .iter_mut()
+                .find(|r| r.spec == spec)
+                .expect("the model has the range");
+            model_range.draining = false;
+            return Effect::Changed;
+        }
         if let Some((p, r)) = overlap {
             assert_eq!(
                 got,

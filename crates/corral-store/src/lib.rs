@@ -13,6 +13,7 @@ mod checkpoint;
 mod codec;
 mod hostlocal;
 mod load;
+mod memory;
 mod sqlite;
 
 use std::net::IpAddr;
@@ -28,6 +29,7 @@ pub use checkpoint::{
 };
 pub use hostlocal::{HostLocalEntry, host_local_allocations, read_host_local_dir};
 pub use load::{Need, build_engine, save_engine};
+pub use memory::{MemoryStore, MemoryTxn};
 pub use sqlite::{AGENT_FILE, DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn, StoreHealth};
 
 /// The schema version this build writes; older databases are migrated when opened.

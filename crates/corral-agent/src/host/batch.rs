@@ -1,0 +1,176 @@
+//! The group commit: a batch of operations applied to the engines, then made durable in one
+//! transaction before any answer is given.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use corral_core::Released;
+use corral_store::{Store, StoreError, StoredAllocation, Txn, save_engine};
+
+use super::scopes::Scope;
+use super::{Clock, Host, Op, OpError, Reply};
+use crate::capacity;
+use corral_api as api;
+
+/// A change to a row, in the order the batch made it.
+#[derive(Debug)]
+pub(super) enum Write {
+    Put(String, StoredAllocation),
+    Delete(String, IpAddr),
+}
+
+pub(super) fn record_released(
+    scope: &str,
+    gone: &[Released],
+    writes: &mut Vec<Write>,
+    touched: &mut BTreeSet<String>,
+) {
+    for r in gone {
+        writes.push(Write::Delete(scope.to_owned(), r.addr));
+    }
+    if !gone.is_empty() {
+        touched.insert(scope.to_owned());
+    }
+}
+
+/// A lease changed on an allocation: its row is written again.
+pub(super) fn rewrite_row(
+    scope_name: &str,
+    scope: &Scope,
+    addr: IpAddr,
+    writes: &mut Vec<Write>,
+    touched: &mut BTreeSet<String>,
+) {
+    if let Some(info) = scope.engine.lookup(addr) {
+        writes.push(Write::Delete(scope_name.to_owned(), addr));
+        writes.push(Write::Put(
+            scope_name.to_owned(),
+            StoredAllocation {
+                pool: info.pool,
+                addr,
+                owner: info.entry.owner,
+                key: info.entry.key,
+                generation: info.entry.generation,
+                lease: info.entry.lease,
+            },
+        ));
+        touched.insert(scope_name.to_owned());
+    }
+}
+
+/// One transaction: the rows in order, then the derived state of every touched scope.
+pub(super) fn persist<S: Store>(
+    store: &mut S,
+    scopes: &BTreeMap<String, Scope>,
+    writes: &[Write],
+    touched: &BTreeSet<String>,
+) -> Result<(), StoreError> {
+    let mut txn = store.begin()?;
+    for write in writes {
+        match write {
+            Write::Put(scope, row) => txn.put_allocation(scope, row)?,
+            Write::Delete(scope, addr) => txn.delete_allocation(scope, *addr)?,
+        }
+    }
+    for name in touched {
+        if let Some(scope) = scopes.get(name) {
+            save_engine(&mut txn, name, &scope.config, &scope.engine)?;
+        }
+    }
+    txn.commit()
+}
+
+impl<S: Store, C: Clock> Host<S, C> {
+    /// Applies a batch of operations and makes their changes durable in one commit; the
+    /// answers, in order, are valid only once this returns.
+    pub fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>> {
+        let now = self.clock.now();
+        let mut writes = Vec::new();
+        let mut touched = BTreeSet::new();
+        let mut answers = Vec::with_capacity(ops.len());
+        self.committed_upto = 0;
+        for (i, op) in ops.into_iter().enumerate() {
+            self.current = i;
+            if let Some(error) = &self.batch_failed {
+                // A commit of this batch failed: what follows is refused, not applied.
+                answers.push(Err(error.clone()));
+                continue;
+            }
+            if let Op::Import(document) = op {
+                // An import replaces state underneath the engines: it commits on its own.
+                let answer = self
+                    .flush(&mut writes, &mut touched)
+                    .and_then(|()| self.import(document));
+                if answer.is_ok() {
+                    self.committed_upto = i + 1;
+                }
+                answers.push(answer);
+                continue;
+            }
+            let writes_before = writes.len();
+            let may_write = op.writes();
+            let answer = self.apply(op, now, &mut writes, &mut touched);
+            debug_assert!(may_write || writes.len() == writes_before);
+            if may_write {
+                self.forget_drained(&mut touched);
+            }
+            answers.push(answer);
+        }
+        self.current = answers.len();
+        let _ = self.flush(&mut writes, &mut touched);
+        if let Some(error) = self.batch_failed.take() {
+            // Memory must not run ahead of the disk: what no commit covered is not
+            // acknowledged (it was rolled back, or never applied).
+            for answer in &mut answers[self.committed_upto..] {
+                *answer = Err(error.clone());
+            }
+        }
+        answers
+    }
+
+    /// Commits collected writes and the derived state of touched scopes; on failure rebuilds
+    /// those scopes from the store.
+    pub(super) fn flush(
+        &mut self,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<(), OpError> {
+        if writes.is_empty() && touched.is_empty() {
+            self.committed_upto = self.current;
+            return Ok(());
+        }
+        let result = persist(&mut self.store, &self.scopes, writes, touched);
+        let scopes: Vec<String> = std::mem::take(touched).into_iter().collect();
+        writes.clear();
+        match result {
+            Ok(()) => {
+                // Everything applied before the operation now running is on disk.
+                self.committed_upto = self.current;
+                Ok(())
+            }
+            Err(error) => {
+                for scope in scopes {
+                    self.reload(&scope);
+                }
+                let error = OpError::store(error);
+                self.batch_failed.get_or_insert_with(|| error.clone());
+                Err(error)
+            }
+        }
+    }
+
+    /// Ranges that left an engine (drained, or removed while holding nothing) leave the
+    /// scope's stored configuration too, in the same commit.
+    pub(super) fn forget_drained(&mut self, touched: &mut BTreeSet<String>) {
+        for (name, scope) in &mut self.scopes {
+            let drained = scope.engine.take_drained();
+            if drained.is_empty() {
+                continue;
+            }
+            let declared = (name == api::NODE_SCOPE).then_some(&self.declared);
+            if capacity::forget_drained(&mut scope.config, &drained, declared) {
+                touched.insert(name.clone());
+            }
+        }
+    }
+}

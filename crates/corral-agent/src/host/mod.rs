@@ -1,0 +1,652 @@
+//! The agent's state: one engine per scope, kept in memory, and the store they are durable in.
+//!
+//! [`Host`] is plain synchronous code, driven by one thread at a time (see `committer.rs`). It applies
+//! a *batch* of operations to the engines, collecting the rows they change, then makes the
+//! whole batch durable in one transaction (one fsync) before any of its answers is sent: the
+//! group commit. A batch whose commit fails is answered with errors, and the scopes it
+//! touched are rebuilt from the store, so memory never runs ahead of the disk.
+//!
+//! It is generic over the store (`corral_store::Store`: SQLite in the agent, `MemoryStore` in
+//! tests that need faults) and over the clock ([`Clock`]: the system's, or one a test moves).
+//! The parts:
+//!
+//! - `mod.rs` — [`Host`], the operations ([`Op`]) and answers ([`Reply`]), restore, dispatch;
+//! - `batch.rs` — the group commit: a batch applied, then committed in one transaction;
+//! - `scopes.rs` — scopes: lookup, a CNI network's scope under its configuration, rebuilds;
+//! - `ops.rs` — the operations that need more than a line (allocate, release, CNI ADD, import,
+//!   introspection);
+//! - `wire.rs` — conversions between the API's types and the engine's, and errors.
+
+mod batch;
+mod ops;
+mod scopes;
+mod wire;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use corral_api as api;
+use corral_api::ErrorCode;
+use corral_core::{EngineConfig, Exclusion, Family, RangeRemoval, RangeSpec, Timestamp};
+use corral_store::{
+    Need, ScopeConfig, SqliteStore, Store, StoreError, Txn, build_engine, export_checkpoint,
+    save_engine,
+};
+
+use crate::capacity;
+use batch::{Write, record_released, rewrite_row};
+use scopes::{Broken, Scope, ensure_spec, spec_mut};
+pub use wire::OpError;
+use wire::{api_lease, family_name, key_of, pool_name, released, scope_status};
+
+/// Where the host reads the time: every batch reads it once, and the engines are handed it.
+pub trait Clock {
+    fn now(&self) -> Timestamp;
+}
+
+/// The system's clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        now()
+    }
+}
+
+/// What the committer drives: a host of any store and clock.
+pub trait RunBatch: Send + std::fmt::Debug {
+    /// See [`Host::run_batch`].
+    fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>>;
+}
+
+impl<S: Store + Send, C: Clock + Send> RunBatch for Host<S, C> {
+    fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>> {
+        Host::run_batch(self, ops)
+    }
+}
+
+/// One operation of the API, as the committer receives it.
+#[derive(Debug)]
+pub enum Op {
+    Allocate(api::AllocateRequest),
+    Release(api::ReleaseRequest),
+    LeaseStart(api::LeaseStartRequest),
+    LeaseStop(api::LeaseStopRequest),
+    Dump(Option<String>),
+    Status(Option<String>),
+    Pools(Option<String>),
+    AddRange(api::RangeRequest),
+    RemoveRange(api::RangeRequest),
+    AddExclusion(api::ExclusionRequest),
+    RemoveExclusion(api::ExclusionRequest),
+    Export,
+    Import(serde_json::Value),
+    CniAdd(api::CniAddRequest),
+    CniDel(api::CniKeyRequest),
+    CniCheck(api::CniKeyRequest),
+    CniGc(api::CniGcRequest),
+    CniStatus(api::CniStatusRequest),
+    /// Expires leases and ends cooldowns that have run out.
+    Tick,
+    /// Counts for the metrics endpoint.
+    Gauges,
+}
+
+impl Op {
+    /// Whether the operation is one of the short, frequent ones a caller may commit on its
+    /// own runtime thread when the committer is idle (see `committer.rs`); the rest (dumps,
+    /// imports, pool changes) always run on the committer's thread.
+    pub(crate) fn is_quick(&self) -> bool {
+        matches!(
+            self,
+            Op::Allocate(_)
+                | Op::Release(_)
+                | Op::LeaseStart(_)
+                | Op::LeaseStop(_)
+                | Op::CniAdd(_)
+                | Op::CniDel(_)
+                | Op::CniCheck(_)
+        )
+    }
+
+    /// Whether the operation may change state (and so belongs to a commit).
+    fn writes(&self) -> bool {
+        !matches!(
+            self,
+            Op::Dump(_) | Op::Status(_) | Op::Pools(_) | Op::Export | Op::Gauges | Op::CniCheck(_)
+        )
+    }
+}
+
+/// What an operation answers.
+#[derive(Debug)]
+pub enum Reply {
+    Allocated(api::AllocateResponse),
+    Released(api::ReleaseResponse),
+    Lease(api::Lease),
+    Done,
+    Dump(api::DumpResponse),
+    Status(api::StatusResponse),
+    Pools(api::PoolsResponse),
+    RangeRemoved(api::RangeRemoved),
+    Checkpoint(serde_json::Value),
+    ScopeStatus(api::ScopeStatus),
+    Gauges(Vec<Gauge>),
+    /// A tick: how many leases expired.
+    Expired(usize),
+}
+
+/// One line of per-pool counts for the metrics endpoint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gauge {
+    pub scope: String,
+    pub pool: String,
+    pub family: &'static str,
+    pub used: f64,
+    pub free: f64,
+    pub excluded: f64,
+    pub cooling: f64,
+}
+
+/// The agent's scopes and its store.
+pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
+    store: S,
+    clock: C,
+    scopes: BTreeMap<String, Scope>,
+    lease_seed: u64,
+    /// Set when a commit failed during the current batch: the rest of the batch is refused
+    /// unapplied, and answers not covered by an earlier successful commit become errors.
+    batch_failed: Option<OpError>,
+    /// The operations of the current batch before this index are committed.
+    committed_upto: usize,
+    /// The index of the operation being applied.
+    current: usize,
+    /// Scopes whose engine could not be rebuilt after a failed commit, with their
+    /// configuration: tried again on use, answered 503 meanwhile.
+    broken: BTreeMap<String, Broken>,
+    /// The node scope's pools as the configuration file declares them.
+    declared: ScopeConfig,
+    /// What the configuration file asked for that could not be applied (see `capacity.rs`).
+    warnings: Vec<String>,
+}
+
+impl<S: Store, C: Clock> std::fmt::Debug for Host<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("scopes", &self.scopes.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The current time as the engine counts it.
+pub fn now() -> Timestamp {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    Timestamp::from_unix_millis(millis)
+}
+
+impl<S: Store> Host<S, SystemClock> {
+    /// [`Host::restore_with`] on the system's clock.
+    pub fn restore(store: S, declared: &ScopeConfig) -> Result<Self, StoreError> {
+        Host::restore_with(store, declared, SystemClock)
+    }
+}
+
+impl<S: Store, C: Clock> Host<S, C> {
+    /// Restores every scope of the store, with `node` (the agent's own pools) configured from
+    /// what is stored and what the configuration file `declared` lists, combined as
+    /// `capacity.rs` says (what could not be applied is in [`Host::warnings`]). Nothing is
+    /// released or expired here: the engines finish their restore phase with every stored
+    /// allocation, lease and cooldown, and [`Op::Tick`] expires what is overdue afterwards.
+    pub fn restore_with(
+        mut store: S,
+        declared: &ScopeConfig,
+        clock: C,
+    ) -> Result<Self, StoreError> {
+        let lease_seed =
+            clock.now().as_unix_millis() ^ u64::from(std::process::id()).rotate_left(32);
+        let mut scopes = BTreeMap::new();
+        let mut warnings = Vec::new();
+        let mut txn = store.begin()?;
+        let mut names = txn.scopes()?;
+        if !names.iter().any(|s| s == api::NODE_SCOPE) {
+            names.push(api::NODE_SCOPE.to_owned());
+        }
+        for name in names {
+            let (state, _) = txn.scope_state(&name)?;
+            let stored = state.map(|s| s.config).unwrap_or_default();
+            let (mut config, node_declared) = if name == api::NODE_SCOPE {
+                let (merged, merge_warnings) = capacity::merge_declared(&stored, declared);
+                warnings.extend(merge_warnings);
+                (merged, Some(declared))
+            } else {
+                (stored, None)
+            };
+            let engine_config = EngineConfig {
+                lease_id_seed: lease_seed ^ scopes.len() as u64,
+                ..EngineConfig::default()
+            };
+            let (mut engine, _) =
+                build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
+            capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
+            save_engine(&mut txn, &name, &config, &engine)?;
+            scopes.insert(name, Scope { config, engine });
+        }
+        txn.commit()?;
+        Ok(Host {
+            store,
+            clock,
+            scopes,
+            lease_seed,
+            batch_failed: None,
+            committed_upto: 0,
+            current: 0,
+            broken: BTreeMap::new(),
+            declared: declared.clone(),
+            warnings,
+        })
+    }
+
+    /// What the configuration file asked for that could not be applied at start.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    fn engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            lease_id_seed: self.lease_seed ^ self.clock.now().as_unix_millis().rotate_left(17),
+            ..EngineConfig::default()
+        }
+    }
+
+    fn apply(
+        &mut self,
+        op: Op,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        match op {
+            Op::Allocate(request) => self.allocate(request, now, writes, touched),
+            Op::Release(request) => self.release(request, now, writes, touched),
+            Op::LeaseStart(request) => {
+                let scope = self.scope_mut(&request.scope)?;
+                let lease = scope.engine.start_lease(
+                    request.address,
+                    Duration::from_millis(request.duration_ms),
+                    now,
+                )?;
+                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                Ok(Reply::Lease(api_lease(&lease)))
+            }
+            Op::LeaseStop(request) => {
+                let id = corral_core::Uuid::parse_str(&request.id)
+                    .map_err(|e| OpError::bad_request(format!("lease id {:?}: {e}", request.id)))?;
+                let scope = self.scope_mut(&request.scope)?;
+                scope.engine.stop_lease(request.address, id)?;
+                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                Ok(Reply::Done)
+            }
+            Op::Dump(scope) => Ok(Reply::Dump(self.dump(scope.as_deref())?)),
+            Op::Status(scope) => Ok(Reply::Status(self.status(scope.as_deref(), now)?)),
+            Op::Pools(scope) => Ok(Reply::Pools(self.pools(scope.as_deref())?)),
+            Op::AddRange(request) => {
+                let pool = pool_name(&request.pool)?;
+                let spec: RangeSpec = request
+                    .range
+                    .parse()
+                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+                let new_pool = !scope.engine.pool_names().contains(&pool);
+                if new_pool {
+                    scope.engine.add_pool(&pool, Default::default())?;
+                }
+                if let Err(error) = scope.engine.add_range(&pool, spec) {
+                    // A refused range leaves no empty pool behind.
+                    if new_pool {
+                        let _ = scope.engine.remove_pool(&pool);
+                    }
+                    return Err(error.into());
+                }
+                capacity::note_added(ensure_spec(scope, &pool)?, &spec);
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::RemoveRange(request) => {
+                let pool = pool_name(&request.pool)?;
+                let spec: RangeSpec = request
+                    .range
+                    .parse()
+                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+                let outcome = scope.engine.remove_range(&pool, &spec)?;
+                // A range removed at once is reported by the engine as drained and leaves
+                // the stored configuration after this operation (`forget_drained`).
+                if let (RangeRemoval::Draining { .. }, Some(stored)) =
+                    (outcome, spec_mut(scope, &pool))
+                {
+                    capacity::note_draining(stored, &spec);
+                }
+                touched.insert(request.scope);
+                Ok(Reply::RangeRemoved(api::RangeRemoved {
+                    outcome: match outcome {
+                        RangeRemoval::Removed => api::RangeRemoval::Removed,
+                        RangeRemoval::Draining { .. } => api::RangeRemoval::Draining,
+                    },
+                }))
+            }
+            Op::AddExclusion(request) => {
+                let pool = pool_name(&request.pool)?;
+                let exclusion = Exclusion::parse(&request.network, &request.reason)
+                    .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
+                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+                scope.engine.exclude(&pool, exclusion.clone())?;
+                let network = exclusion.network().to_string();
+                let stored = ensure_spec(scope, &pool)?;
+                // In place, as the engine replaces it: the order is what a restart rebuilds.
+                let reason = exclusion.reason().to_owned();
+                match stored.exclusions.iter_mut().find(|e| e.0 == network) {
+                    Some(existing) => existing.1 = reason,
+                    None => stored.exclusions.push((network, reason)),
+                }
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::RemoveExclusion(request) => {
+                let pool = pool_name(&request.pool)?;
+                let network = corral_core::parse_net(&request.network)
+                    .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
+                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+                scope.engine.remove_exclusion(&pool, network)?;
+                let text = network.to_string();
+                if let Some(stored) = spec_mut(scope, &pool) {
+                    stored.exclusions.retain(|e| e.0 != text);
+                }
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::Export => {
+                let mut txn = self.store.begin().map_err(OpError::store)?;
+                let checkpoint = export_checkpoint(&mut txn).map_err(OpError::store)?;
+                txn.finish().map_err(OpError::store)?;
+                serde_json::to_value(&checkpoint)
+                    .map(Reply::Checkpoint)
+                    .map_err(|e| OpError::new(ErrorCode::RetryLater, e.to_string()))
+            }
+            Op::Import(_) => unreachable!("imports are run by run_batch"),
+            Op::CniAdd(request) => self.cni_add(request, now, writes, touched),
+            Op::CniDel(request) => {
+                let key = key_of(&request.key)?;
+                let name = self.cni_scope(&request.network, writes, touched)?;
+                let scope = self.scope_mut(&name)?;
+                let released_now = scope.engine.release_key(&key, now);
+                record_released(&name, &released_now, writes, touched);
+                Ok(Reply::Released(api::ReleaseResponse {
+                    released: released_now.iter().map(released).collect(),
+                }))
+            }
+            Op::CniCheck(request) => {
+                let key = key_of(&request.key)?;
+                let scope = self.scope(&request.network.name);
+                let held = match scope {
+                    Ok(scope) => scope
+                        .engine
+                        .lookup_key(&key)
+                        .into_iter()
+                        .map(|info| api::Allocated {
+                            address: info.entry.addr,
+                            family: family_name(Family::of(info.entry.addr)),
+                            pool: info.pool.to_string(),
+                            generation: info.entry.generation,
+                            existing: true,
+                            subnet: None,
+                            gateway: None,
+                            lease: info.entry.lease.as_ref().map(api_lease),
+                        })
+                        .collect(),
+                    Err(_) => Vec::new(),
+                };
+                Ok(Reply::Allocated(api::AllocateResponse {
+                    allocations: held,
+                }))
+            }
+            Op::CniGc(request) => {
+                let valid = request
+                    .valid_attachments
+                    .iter()
+                    .map(key_of)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let name = self.cni_scope(&request.network, writes, touched)?;
+                let scope = self.scope_mut(&name)?;
+                let released_now = scope.engine.release_unlisted(&name, &valid, now)?;
+                record_released(&name, &released_now, writes, touched);
+                Ok(Reply::Released(api::ReleaseResponse {
+                    released: released_now.iter().map(released).collect(),
+                }))
+            }
+            Op::CniStatus(request) => {
+                let name = self.cni_scope(&request.network, writes, touched)?;
+                let scope = self.scope_mut(&name)?;
+                scope.engine.advance(now);
+                let mut status = scope_status(&name, scope);
+                // Only the network's own pools (not the engine's implicit default).
+                status
+                    .pools
+                    .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
+                Ok(Reply::ScopeStatus(status))
+            }
+            Op::Tick => {
+                let mut expired = 0;
+                for (name, scope) in &mut self.scopes {
+                    let gone = scope.engine.expire(now);
+                    expired += gone.len();
+                    record_released(name, &gone, writes, touched);
+                }
+                Ok(Reply::Expired(expired))
+            }
+            Op::Gauges => Ok(Reply::Gauges(self.gauges(now))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::path::Path;
+
+    use super::*;
+
+    fn network(cooldown_ms: u64) -> api::CniNetwork {
+        api::CniNetwork {
+            name: "net".into(),
+            pools: vec![api::CniPool {
+                name: "net".into(),
+                cooldown_ms,
+                lowest_free: false,
+                ranges: vec!["10.5.0.0/29".into()],
+                exclusions: vec![],
+            }],
+        }
+    }
+
+    fn add(container: &str, cooldown_ms: u64) -> Op {
+        Op::CniAdd(api::CniAddRequest {
+            network: network(cooldown_ms),
+            key: api::AttachmentKey {
+                network: "net".into(),
+                container_id: container.into(),
+                ifname: "eth0".into(),
+            },
+            owner: container.into(),
+            sets: vec![api::CniSet {
+                pool: "net".into(),
+                family: api::FamilyName::Ipv4,
+                requested: None,
+            }],
+        })
+    }
+
+    fn address(answer: &Result<Reply, OpError>) -> IpAddr {
+        match answer {
+            Ok(Reply::Allocated(a)) => a.allocations[0].address,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A clock the test moves.
+    #[derive(Clone, Debug, Default)]
+    struct ManualClock(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+    impl ManualClock {
+        fn advance(&self, millis: u64) {
+            self.0
+                .fetch_add(millis, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Clock for ManualClock {
+        fn now(&self) -> Timestamp {
+            Timestamp::from_unix_millis(
+                1_000_000 + self.0.load(std::sync::atomic::Ordering::SeqCst),
+            )
+        }
+    }
+
+    fn node_allocate(owner: &str, lease_ms: Option<u64>) -> Op {
+        Op::Allocate(api::AllocateRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "default".into(),
+            owner: owner.into(),
+            key: None,
+            family: None,
+            address: None,
+            lease_ms,
+        })
+    }
+
+    fn declared() -> ScopeConfig {
+        ScopeConfig {
+            pools: vec![
+                corral_store::PoolSpec::new(
+                    &corral_core::PoolName::default_pool(),
+                    Duration::from_secs(30),
+                    corral_core::ReusePolicy::NextFit,
+                    &["10.9.0.0/29".parse().unwrap()],
+                    &[],
+                )
+                .with_source(corral_store::RangeSource::File),
+            ],
+        }
+    }
+
+    /// Leases run out when the clock says so: no sleeping, and a restore in between keeps them.
+    #[test]
+    fn a_lease_expires_when_its_time_has_come_and_not_before() {
+        let store = corral_store::MemoryStore::new();
+        let clock = ManualClock::default();
+        let mut host = Host::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
+        let leased = address(&host.run_batch(vec![node_allocate("short", Some(1_000))])[0]);
+        address(&host.run_batch(vec![node_allocate("keeper", None)])[0]);
+        clock.advance(999);
+        assert!(matches!(
+            host.run_batch(vec![Op::Tick])[0],
+            Ok(Reply::Expired(0))
+        ));
+        drop(host);
+        let mut host = Host::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
+        clock.advance(1);
+        assert!(matches!(
+            host.run_batch(vec![Op::Tick])[0],
+            Ok(Reply::Expired(1))
+        ));
+        let dump = host.dump(None).unwrap();
+        let held: Vec<IpAddr> = dump
+            .scopes
+            .iter()
+            .flat_map(|s| &s.pools)
+            .flat_map(|p| &p.allocations)
+            .map(|a| a.address)
+            .collect();
+        assert_eq!(held.len(), 1);
+        assert!(!held.contains(&leased));
+    }
+
+    /// A failed commit answers 503, and the scope is rebuilt from the store under the
+    /// configuration the store holds: the failed batch's range is not in memory either.
+    #[test]
+    fn a_failed_commit_forgets_the_batchs_changes_configuration_included() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let add = |range: &str| {
+            Op::AddRange(api::RangeRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "default".into(),
+                range: range.into(),
+            })
+        };
+        store.fail_next_commits(1);
+        let answers = host.run_batch(vec![add("10.10.0.0/24"), node_allocate("x", None)]);
+        for answer in &answers {
+            let error = answer.as_ref().unwrap_err();
+            assert_eq!(error.code, ErrorCode::RetryLater, "{error:?}");
+        }
+        let ranges = |host: &Host<corral_store::MemoryStore>| -> Vec<String> {
+            host.pools(None).unwrap().pools[0]
+                .ranges
+                .iter()
+                .map(|r| r.range.clone())
+                .collect()
+        };
+        assert_eq!(ranges(&host), ["10.9.0.0/29"]);
+        assert_eq!(
+            host.dump(None).unwrap().scopes[0].pools[0]
+                .allocations
+                .len(),
+            0
+        );
+        assert!(host.run_batch(vec![add("10.10.0.0/24")])[0].is_ok());
+        assert_eq!(ranges(&host), ["10.9.0.0/29", "10.10.0.0/24"]);
+    }
+
+    /// Regression (podman): `corral status --scope <network>` showed an empty `default` pool,
+    /// the engine's implicit one, beside the network's real pools.
+    #[test]
+    fn a_networks_status_shows_only_its_own_pools() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        address(&host.run_batch(vec![add("c1", 0)])[0]);
+        let status = host.status(Some("net"), now()).unwrap();
+        let pools: Vec<&str> = status.scopes[0]
+            .pools
+            .iter()
+            .map(|p| p.pool.as_str())
+            .collect();
+        assert_eq!(pools, ["net"]);
+        let listed = host.pools(Some("net")).unwrap();
+        assert_eq!(listed.pools.len(), 1);
+        assert_eq!(listed.pools[0].ranges[0].source, api::RangeSource::Cni);
+    }
+
+    /// Regression: a changed network configuration rebuilds the scope from the store, so
+    /// what the batch changed before must be committed first; otherwise the rebuilt engine
+    /// does not know it and hands the same address out again.
+    #[test]
+    fn a_configuration_change_inside_a_batch_sees_the_batch_so_far() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        let answers = host.run_batch(vec![add("c1", 0), add("c2", 1000)]);
+        let (a, b) = (address(&answers[0]), address(&answers[1]));
+        assert_ne!(a, b);
+        // What memory says is what the disk says.
+        let dump = host.dump(Some("net")).unwrap();
+        drop(host);
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        assert_eq!(host.dump(Some("net")).unwrap(), dump);
+    }
+}

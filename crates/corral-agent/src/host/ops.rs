@@ -1,0 +1,417 @@
+//! The operations that need more than a line: allocation and release, a CNI ADD, importing a
+//! checkpoint, and what the agent reports about its pools.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use corral_api as api;
+use corral_api::ErrorCode;
+use corral_core::{AllocError, Allocation, Family, RangeSpec, Request, Target, Timestamp};
+use corral_store::{
+    Need, RangeSource, RangeState, Store, StoreError, StoredAllocation, Txn, build_engine,
+    import_checkpoint, save_engine,
+};
+
+use super::batch::{Write, record_released};
+use super::scopes::Scope;
+use super::scopes::combine_node;
+use super::wire::{
+    allocated, api_key, api_lease, api_source, failed_set, family_of, key_of, pool_name, released,
+    scope_status,
+};
+use super::{Clock, Gauge, Host, OpError, Reply};
+use crate::capacity;
+
+impl<S: Store, C: Clock> Host<S, C> {
+    pub(super) fn allocate(
+        &mut self,
+        request: api::AllocateRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let key = request.key.as_ref().map(key_of).transpose()?;
+        let family = match (request.family, request.address) {
+            (Some(api::FamilyChoice::Dual), Some(_)) => {
+                return Err(OpError::bad_request(
+                    "family dual allocates the next address of each family; it takes no address",
+                ));
+            }
+            (Some(choice), Some(addr)) => {
+                let wanted = match choice {
+                    api::FamilyChoice::Ipv4 => Family::V4,
+                    _ => Family::V6,
+                };
+                if Family::of(addr) != wanted {
+                    return Err(OpError::bad_request(format!(
+                        "address {addr} is not of family {choice:?}"
+                    )));
+                }
+                choice
+            }
+            (Some(choice), None) => choice,
+            (None, Some(addr)) => match Family::of(addr) {
+                Family::V4 => api::FamilyChoice::Ipv4,
+                Family::V6 => api::FamilyChoice::Ipv6,
+            },
+            (None, None) => api::FamilyChoice::Ipv4,
+        };
+        let lease = request.lease_ms.map(Duration::from_millis);
+        let scope_name = request.scope;
+        let scope = self.scope_mut(&scope_name)?;
+        let core_request = Request {
+            pool: &pool,
+            owner: &request.owner,
+            key: key.as_ref(),
+            lease,
+        };
+        let allocations: Vec<Allocation> = match (family, request.address) {
+            (_, Some(addr)) => {
+                vec![
+                    scope
+                        .engine
+                        .allocate(&core_request, Target::Specific(addr), now)?,
+                ]
+            }
+            (api::FamilyChoice::Dual, None) => {
+                scope.engine.allocate_dual(&core_request, now)?.to_vec()
+            }
+            (api::FamilyChoice::Ipv4, None) => {
+                vec![
+                    scope
+                        .engine
+                        .allocate(&core_request, Target::Next(Family::V4), now)?,
+                ]
+            }
+            (api::FamilyChoice::Ipv6, None) => {
+                vec![
+                    scope
+                        .engine
+                        .allocate(&core_request, Target::Next(Family::V6), now)?,
+                ]
+            }
+        };
+        for a in allocations.iter().filter(|a| !a.existing) {
+            writes.push(Write::Put(
+                scope_name.clone(),
+                StoredAllocation {
+                    pool: pool.clone(),
+                    addr: a.addr,
+                    owner: request.owner.clone(),
+                    key: key.clone(),
+                    generation: a.generation,
+                    lease: a.lease,
+                },
+            ));
+            touched.insert(scope_name.clone());
+        }
+        Ok(Reply::Allocated(api::AllocateResponse {
+            allocations: allocations.iter().map(|a| allocated(&pool, a)).collect(),
+        }))
+    }
+
+    pub(super) fn release(
+        &mut self,
+        request: api::ReleaseRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let given = usize::from(request.key.is_some())
+            + usize::from(request.address.is_some())
+            + usize::from(request.owner.is_some());
+        if given != 1 {
+            return Err(OpError::bad_request(
+                "give exactly one of key, address (with an optional generation) or owner",
+            ));
+        }
+        if request.generation.is_some() && request.address.is_none() {
+            return Err(OpError::bad_request("generation goes with address"));
+        }
+        let key = request.key.as_ref().map(key_of).transpose()?;
+        let scope_name = request.scope;
+        let scope = self.scope_mut(&scope_name)?;
+        let gone = if let Some(key) = key {
+            scope.engine.release_key(&key, now)
+        } else if let Some(addr) = request.address {
+            match scope.engine.release(addr, request.generation, now) {
+                Ok(r) => vec![r],
+                // Releasing what is not held is success with nothing released.
+                Err(AllocError::NotAllocated { .. }) => Vec::new(),
+                Err(error) => return Err(error.into()),
+            }
+        } else {
+            scope
+                .engine
+                .release_owner(request.owner.as_deref().unwrap_or_default(), now)
+        };
+        record_released(&scope_name, &gone, writes, touched);
+        Ok(Reply::Released(api::ReleaseResponse {
+            released: gone.iter().map(released).collect(),
+        }))
+    }
+
+    pub(super) fn cni_add(
+        &mut self,
+        request: api::CniAddRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let key = key_of(&request.key)?;
+        let pools = request
+            .sets
+            .iter()
+            .map(|s| pool_name(&s.pool))
+            .collect::<Result<Vec<_>, _>>()?;
+        let name = self.cni_scope(&request.network, writes, touched)?;
+        let scope = self.scope_mut(&name)?;
+        let wanted: Vec<(Request<'_>, Target)> = request
+            .sets
+            .iter()
+            .zip(&pools)
+            .map(|(set, pool)| {
+                (
+                    Request {
+                        pool,
+                        owner: &request.owner,
+                        key: Some(&key),
+                        lease: None,
+                    },
+                    match set.requested {
+                        Some(addr) => Target::Specific(addr),
+                        None => Target::Next(family_of(set.family)),
+                    },
+                )
+            })
+            .collect();
+        let got = scope.engine.allocate_all(&wanted, now).map_err(|error| {
+            let set = failed_set(&error, &request.sets, &pools);
+            // A family the engine refuses is the network configuration's problem for a CNI
+            // caller (standalone corral-ipam says 7), not an unavailable address.
+            let base = match &error {
+                AllocError::FamilyDisabled { .. } => OpError::bad_request(error.to_string()),
+                _ => OpError::from(error),
+            };
+            OpError { set, ..base }
+        })?;
+        for (a, pool) in got.iter().zip(&pools).filter(|(a, _)| !a.existing) {
+            writes.push(Write::Put(
+                name.clone(),
+                StoredAllocation {
+                    pool: pool.clone(),
+                    addr: a.addr,
+                    owner: request.owner.clone(),
+                    key: Some(key.clone()),
+                    generation: a.generation,
+                    lease: None,
+                },
+            ));
+            touched.insert(name.clone());
+        }
+        Ok(Reply::Allocated(api::AllocateResponse {
+            allocations: got
+                .iter()
+                .zip(&pools)
+                .map(|(a, pool)| allocated(pool, a))
+                .collect(),
+        }))
+    }
+
+    pub(super) fn import(&mut self, document: serde_json::Value) -> Result<Reply, OpError> {
+        let checkpoint: corral_store::Checkpoint = serde_json::from_value(document)
+            .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")))?;
+        let names: Vec<String> = checkpoint.scopes.iter().map(|s| s.scope.clone()).collect();
+        // The agent's node scope exists from the start; it may be imported into while empty.
+        for name in &names {
+            if let Some(scope) = self.scopes.get(name)
+                && scope.engine.n_allocations() > 0
+            {
+                return Err(OpError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "scope {name:?} already holds allocations; import only into empty scopes"
+                    ),
+                ));
+            }
+        }
+        // Everything is checked inside one transaction, before it commits: the document, and
+        // that every imported scope builds into an engine under the configuration it will
+        // have (for `node`, the imported pools beside the ones it has). A refusal changes
+        // nothing.
+        let engine_config = self.engine_config();
+        let existing_node = self.scopes.get(api::NODE_SCOPE).map(|s| s.config.clone());
+        let mut txn = self.store.begin().map_err(OpError::store)?;
+        import_checkpoint(&mut txn, &checkpoint).map_err(|error| match error {
+            // The store itself failing is worth a retry; anything else is the document.
+            StoreError::Sqlite(_)
+            | StoreError::Directory { .. }
+            | StoreError::Lock { .. }
+            | StoreError::Held { .. } => OpError::store(error),
+            other => OpError::bad_request(format!("checkpoint: {other}")),
+        })?;
+        let mut built = Vec::with_capacity(names.len());
+        for name in names {
+            let (state, _) = txn.scope_state(&name).map_err(OpError::store)?;
+            let imported = state.map(|s| s.config).unwrap_or_default();
+            let mut config = match (&existing_node, name == api::NODE_SCOPE) {
+                (Some(existing), true) => combine_node(existing, &imported, &self.declared),
+                _ => imported,
+            };
+            capacity::check_disjoint(&config).map_err(|problem| {
+                OpError::new(
+                    ErrorCode::Conflict,
+                    format!("checkpoint scope {name:?} does not fit: {problem}"),
+                )
+            })?;
+            let (mut engine, _) = build_engine(&mut txn, &name, &config, engine_config, Need::Full)
+                .map_err(|error| match error {
+                    StoreError::Engine(e) => OpError::new(
+                        ErrorCode::Conflict,
+                        format!("checkpoint scope {name:?} does not fit: {e}"),
+                    ),
+                    other => OpError::bad_request(format!("checkpoint scope {name:?}: {other}")),
+                })?;
+            let declared = (name == api::NODE_SCOPE).then_some(&self.declared);
+            capacity::forget_drained(&mut config, &engine.take_drained(), declared);
+            save_engine(&mut txn, &name, &config, &engine).map_err(OpError::store)?;
+            built.push((name, Scope { config, engine }));
+        }
+        txn.commit().map_err(OpError::store)?;
+        for (name, scope) in built {
+            self.broken.remove(&name);
+            self.scopes.insert(name, scope);
+        }
+        Ok(Reply::Done)
+    }
+
+    pub(super) fn dump(&self, scope: Option<&str>) -> Result<api::DumpResponse, OpError> {
+        Ok(api::DumpResponse {
+            scopes: self
+                .selected(scope)?
+                .into_iter()
+                .map(|(name, scope)| api::ScopeDump {
+                    scope: name.clone(),
+                    pools: scope
+                        .engine
+                        .dump()
+                        .into_iter()
+                        .map(|pool| api::PoolDump {
+                            pool: pool.pool.to_string(),
+                            allocations: pool
+                                .allocations
+                                .iter()
+                                .map(|e| api::DumpEntry {
+                                    address: e.addr,
+                                    owner: e.owner.clone(),
+                                    key: e.key.as_ref().map(api_key),
+                                    generation: e.generation,
+                                    lease: e.lease.as_ref().map(api_lease),
+                                })
+                                .collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+    }
+
+    pub(super) fn status(
+        &mut self,
+        scope: Option<&str>,
+        now: Timestamp,
+    ) -> Result<api::StatusResponse, OpError> {
+        for s in self.scopes.values_mut() {
+            s.engine.advance(now);
+        }
+        let selected = self.selected(scope)?;
+        Ok(api::StatusResponse {
+            ready: true,
+            summary: selected
+                .iter()
+                .map(|(name, s)| format!("{name}: {}", s.engine.status_line()))
+                .collect(),
+            scopes: selected
+                .iter()
+                .map(|(name, s)| scope_status(name, s))
+                .collect(),
+            warnings: self.warnings.clone(),
+        })
+    }
+
+    pub(super) fn pools(&self, scope: Option<&str>) -> Result<api::PoolsResponse, OpError> {
+        let mut pools = Vec::new();
+        for (name, s) in self.selected(scope)? {
+            for pool in s.visible_pools() {
+                let config = s.engine.pool_config(&pool)?;
+                let spec = s.config.pools.iter().find(|p| p.name == pool.as_str());
+                let source_of = |range: &RangeSpec| {
+                    let source = spec
+                        .and_then(|p| p.entry_at(range).map(|i| p.ranges[i].source))
+                        .unwrap_or(RangeSource::Api);
+                    api_source(source)
+                };
+                pools.push(api::PoolInfo {
+                    scope: name.clone(),
+                    name: pool.to_string(),
+                    cooldown_ms: u64::try_from(config.cooldown.as_millis()).unwrap_or(u64::MAX),
+                    lowest_free: config.reuse == corral_core::ReusePolicy::LowestFree,
+                    ranges: s
+                        .engine
+                        .ranges(&pool)?
+                        .into_iter()
+                        .map(|r| api::RangeInfo {
+                            range: r.spec.to_string(),
+                            draining: r.draining,
+                            source: source_of(&r.spec),
+                            allocated: r.n_allocated,
+                        })
+                        .collect(),
+                    removed: spec
+                        .map(|p| {
+                            p.ranges
+                                .iter()
+                                .filter(|r| r.state == RangeState::Removed)
+                                .map(|r| r.range.clone())
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    exclusions: s
+                        .engine
+                        .exclusions(&pool)?
+                        .into_iter()
+                        .map(|e| api::ExclusionInfo {
+                            network: e.network().to_string(),
+                            reason: e.reason().to_owned(),
+                        })
+                        .collect(),
+                });
+            }
+        }
+        Ok(api::PoolsResponse { pools })
+    }
+
+    pub(super) fn gauges(&mut self, now: Timestamp) -> Vec<Gauge> {
+        let mut out = Vec::new();
+        for (name, s) in &mut self.scopes {
+            s.engine.advance(now);
+            for pool in s.visible_pools() {
+                for family in [Family::V4, Family::V6] {
+                    if let Ok(stats) = s.engine.stats(&pool, family) {
+                        out.push(Gauge {
+                            scope: name.clone(),
+                            pool: pool.to_string(),
+                            family: if family == Family::V4 { "ipv4" } else { "ipv6" },
+                            used: stats.used as f64,
+                            free: stats.free as f64,
+                            excluded: stats.excluded as f64,
+                            cooling: stats.cooling as f64,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}

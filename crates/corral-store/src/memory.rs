@@ -1,0 +1,224 @@
+//! `MemoryStore`: the [`Store`] traits over memory, for tests of the layers above (the agent's
+//! host and committer) that need a store without a disk, and faults on demand.
+//!
+//! A transaction works on a copy of everything and replaces the shared state when it commits,
+//! so a dropped or failed transaction changes nothing, as with SQLite. Handles are cheap
+//! clones of one shared state: a test keeps one to inject faults and to "restart" (restore a
+//! new host from the same state) while the code under test owns another. Nothing is durable
+//! beyond the process, and nothing here is meant for production.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use corral_core::AttachmentKey;
+
+use crate::{ScopeState, Store, StoreError, StoredAllocation, Txn};
+
+#[derive(Clone, Debug, Default)]
+struct Data {
+    states: BTreeMap<String, ScopeState>,
+    allocations: BTreeMap<(String, IpAddr), StoredAllocation>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    data: Data,
+    /// How many of the next commits fail (and change nothing).
+    failing_commits: usize,
+    commits: usize,
+}
+
+/// An in-memory store; clones share one state.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        // A test that panicked while holding the lock leaves consistent data: every change
+        // is a whole replacement.
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next `n` commits fail with a store error and change nothing.
+    pub fn fail_next_commits(&self, n: usize) {
+        self.lock().failing_commits = n;
+    }
+
+    /// How many commits succeeded so far.
+    pub fn commits(&self) -> usize {
+        self.lock().commits
+    }
+}
+
+/// One transaction of a [`MemoryStore`]: a copy of the data, swapped in by `commit`.
+#[derive(Debug)]
+pub struct MemoryTxn {
+    store: MemoryStore,
+    data: Data,
+}
+
+impl Store for MemoryStore {
+    type Txn<'a> = MemoryTxn;
+
+    fn begin(&mut self) -> Result<MemoryTxn, StoreError> {
+        Ok(MemoryTxn {
+            store: self.clone(),
+            data: self.lock().data.clone(),
+        })
+    }
+}
+
+impl Txn for MemoryTxn {
+    fn scopes(&mut self) -> Result<Vec<String>, StoreError> {
+        let mut names: Vec<String> = self.data.states.keys().cloned().collect();
+        names.extend(self.data.allocations.keys().map(|(scope, _)| scope.clone()));
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    fn scope_state(
+        &mut self,
+        scope: &str,
+    ) -> Result<(Option<ScopeState>, Option<String>), StoreError> {
+        Ok((self.data.states.get(scope).cloned(), None))
+    }
+
+    fn put_scope_state(&mut self, scope: &str, state: &ScopeState) -> Result<(), StoreError> {
+        self.data.states.insert(scope.to_owned(), state.clone());
+        Ok(())
+    }
+
+    fn allocations_by_key(
+        &mut self,
+        scope: &str,
+        key: &AttachmentKey,
+    ) -> Result<Vec<StoredAllocation>, StoreError> {
+        Ok(self
+            .data
+            .allocations
+            .iter()
+            .filter(|((s, _), row)| s == scope && row.key.as_ref() == Some(key))
+            .map(|(_, row)| row.clone())
+            .collect())
+    }
+
+    fn allocation_by_addr(
+        &mut self,
+        scope: &str,
+        addr: IpAddr,
+    ) -> Result<Option<StoredAllocation>, StoreError> {
+        Ok(self
+            .data
+            .allocations
+            .get(&(scope.to_owned(), addr))
+            .cloned())
+    }
+
+    fn all_allocations(&mut self, scope: &str) -> Result<Vec<StoredAllocation>, StoreError> {
+        Ok(self
+            .data
+            .allocations
+            .iter()
+            .filter(|((s, _), _)| s == scope)
+            .map(|(_, row)| row.clone())
+            .collect())
+    }
+
+    fn put_allocation(
+        &mut self,
+        scope: &str,
+        allocation: &StoredAllocation,
+    ) -> Result<(), StoreError> {
+        let key = (scope.to_owned(), allocation.addr);
+        if self.data.allocations.contains_key(&key) {
+            // As the database's primary key (scope, family, address) refuses it.
+            return Err(StoreError::Taken {
+                scope: scope.to_owned(),
+                addr: allocation.addr,
+            });
+        }
+        self.data.allocations.insert(key, allocation.clone());
+        Ok(())
+    }
+
+    fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
+        self.data.allocations.remove(&(scope.to_owned(), addr));
+        Ok(())
+    }
+
+    fn commit(self) -> Result<(), StoreError> {
+        let mut shared = self.store.lock();
+        if shared.failing_commits > 0 {
+            shared.failing_commits -= 1;
+            return Err(StoreError::Directory {
+                path: "memory".into(),
+                source: std::io::Error::other("a commit failed on purpose (MemoryStore)"),
+            });
+        }
+        shared.data = self.data;
+        shared.commits += 1;
+        Ok(())
+    }
+
+    fn finish(self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(addr: &str) -> StoredAllocation {
+        StoredAllocation {
+            pool: corral_core::PoolName::new("p").unwrap(),
+            addr: addr.parse().unwrap(),
+            owner: "o".into(),
+            key: None,
+            generation: 1,
+            lease: None,
+        }
+    }
+
+    #[test]
+    fn a_commit_publishes_and_a_failed_or_dropped_one_changes_nothing() {
+        let mut store = MemoryStore::new();
+        let mut txn = store.begin().unwrap();
+        txn.put_allocation("s", &row("10.0.0.1")).unwrap();
+        assert!(matches!(
+            txn.put_allocation("s", &row("10.0.0.1")),
+            Err(StoreError::Taken { .. })
+        ));
+        drop(txn);
+        assert!(
+            store
+                .begin()
+                .unwrap()
+                .all_allocations("s")
+                .unwrap()
+                .is_empty()
+        );
+        store.fail_next_commits(1);
+        let mut txn = store.begin().unwrap();
+        txn.put_allocation("s", &row("10.0.0.1")).unwrap();
+        assert!(txn.commit().is_err());
+        assert!(store.begin().unwrap().scopes().unwrap().is_empty());
+        let mut txn = store.begin().unwrap();
+        txn.put_allocation("s", &row("10.0.0.1")).unwrap();
+        txn.commit().unwrap();
+        let other_handle = store.clone();
+        assert_eq!(
+            other_handle.clone().begin().unwrap().scopes().unwrap(),
+            ["s"]
+        );
+        assert_eq!(other_handle.commits(), 1);
+    }
+}
