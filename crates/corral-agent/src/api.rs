@@ -36,6 +36,9 @@ pub struct AppState {
     /// `/readyz` answer 503 (a restart recovers from what the disk holds).
     pub store_health: StoreHealth,
     pub metrics: Arc<Metrics>,
+    /// Scopes that could not be read back from the store after a failed commit (retried on
+    /// use); `/readyz` answers 503 while there are any.
+    pub broken_scopes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// An error answer.
@@ -193,8 +196,18 @@ async fn healthz(State(state): State<AppState>) -> Response {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
+    let broken = state.broken_scopes.load(Ordering::Acquire);
     if state.store_health.sync_failed() {
         store_failed().into_response()
+    } else if broken > 0 {
+        error(
+            ErrorCode::RetryLater,
+            format!(
+                "{broken} scope(s) could not be read back from the store after a failed \
+                 commit; they are retried on use"
+            ),
+        )
+        .into_response()
     } else if state.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n").into_response()
     } else {

@@ -76,6 +76,7 @@ pub async fn serve(
         ready: Arc::new(AtomicBool::new(false)),
         store_health: store.health(),
         metrics: Arc::new(Metrics::default()),
+        broken_scopes: Arc::default(),
     };
     let unix = bind_socket(&config.socket)?;
     let router = api::router(state.clone());
@@ -117,9 +118,17 @@ pub async fn serve(
     });
     // Restore off the async threads; requests meanwhile get 503.
     let declared = config.pools.clone();
-    let host = tokio::task::spawn_blocking(move || Host::restore(store, &declared))
-        .await
-        .map_err(|e| std::io::Error::other(e.to_string()))??;
+    let broken_scopes = Arc::clone(&state.broken_scopes);
+    let host = tokio::task::spawn_blocking(move || {
+        Host::restore(store, &declared).map(|host| host.with_broken_gauge(broken_scopes))
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))??;
+    // What the configuration file asked for that could not be applied: said at start, and
+    // in `corral status` for as long as the agent runs.
+    for warning in host.warnings() {
+        eprintln!("corral agent: warning: {warning}");
+    }
     let committer = Committer::start(host)?;
     let _ = state.committer.set(committer.clone());
     // The first tick releases what expired while the agent was down, now that the restore

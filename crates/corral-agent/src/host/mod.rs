@@ -169,6 +169,8 @@ pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
     declared: ScopeConfig,
     /// What the configuration file asked for that could not be applied (see `capacity.rs`).
     warnings: Vec<String>,
+    /// How many scopes are broken, for `/readyz`, which cannot wait for a batch.
+    n_broken: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl<S: Store, C: Clock> std::fmt::Debug for Host<S, C> {
@@ -247,7 +249,19 @@ impl<S: Store, C: Clock> Host<S, C> {
             broken: BTreeMap::new(),
             declared: declared.clone(),
             warnings,
+            n_broken: Default::default(),
         })
+    }
+
+    /// Counts its broken scopes (see `scopes.rs`) in `gauge` from now on: `/readyz` says
+    /// "not ready" while any scope cannot be read back from the store.
+    pub fn with_broken_gauge(
+        mut self,
+        gauge: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Self {
+        gauge.store(self.broken.len(), std::sync::atomic::Ordering::Release);
+        self.n_broken = gauge;
+        self
     }
 
     /// What the configuration file asked for that could not be applied at start.

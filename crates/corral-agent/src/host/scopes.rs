@@ -179,6 +179,8 @@ impl<S: Store, C: Clock> Host<S, C> {
                 );
             }
         }
+        self.n_broken
+            .store(self.broken.len(), std::sync::atomic::Ordering::Release);
     }
 
     pub(super) fn scope_mut(&mut self, scope: &str) -> Result<&mut Scope, OpError> {
