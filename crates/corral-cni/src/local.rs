@@ -1,22 +1,37 @@
-//! The verbs of corral-ipam on the embedded store: one exclusive, durable transaction each.
+//! The local backend: the verbs on the embedded store under `dataDir`, one exclusive, durable
+//! transaction each.
 //!
 //! ADD, DEL, CHECK and STATUS build a partial engine (the network's snapshot plus the rows of
 //! one attachment), so their cost does not grow with the allocations held; GC reads all.
+//!
+//! The first call on a network whose host-local directory (`dataDir/<network>/`) exists takes
+//! over every address recorded there, and host-local's next-fit positions; afterwards, while
+//! taken-over allocations remain, a call whose host-local directory changed releases those
+//! whose host-local file is gone (see [`watch_host_local`]).
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, UNIX_EPOCH};
 
 use corral_core::{
-    AllocError, Engine, EngineConfig, Family, PoolConfig, PoolName, Request, ReusePolicy, Target,
-    Timestamp,
+    AllocError, Engine, EngineConfig, Family, PoolName, Request, Target, Timestamp, addr_value,
 };
 use corral_store::{
-    Need, PoolSpec, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation, Txn,
-    build_engine, host_local_allocations, read_host_local_dir, save_engine,
+    HostLocalTakeover, Need, ScopeConfig, SqliteStore, SqliteTxn, Store, StoreError,
+    StoredAllocation, Txn, build_engine, host_local_allocations, host_local_file_exists,
+    read_host_local_dir, save_engine,
 };
 
-use crate::{Attachment, CniError, IpamResult, NetConfig, parse_resolv_conf};
+use crate::backend::{Backend, scope_config};
+use crate::verdict::{check_held, result_ip, status_verdict};
+use crate::{Attachment, CniError, IpamResult, NetConfig};
 
+/// The verbs on the SQLite store under the configuration's `dataDir`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Local;
+
+/// The store's error as a CNI error: each kind mapped once, with no catch-all, so a new kind
+/// does not compile until it is given a code.
 fn store_error(error: StoreError) -> CniError {
     match error {
         StoreError::Engine(error) => CniError::from(error),
@@ -26,43 +41,22 @@ fn store_error(error: StoreError) -> CniError {
             error.to_string(),
             "set \"agent\" in the ipam configuration to the agent's socket, or stop the agent",
         ),
-        other => CniError::store(other),
+        // The configuration names a file (or a path through one) as its state directory.
+        StoreError::NotADirectory { .. } => {
+            CniError::invalid_config(error.to_string()).context("ipam.dataDir")
+        }
+        StoreError::Directory { .. }
+        | StoreError::Lock { .. }
+        | StoreError::Sqlite(_)
+        | StoreError::Taken { .. }
+        | StoreError::SchemaTooNew { .. }
+        | StoreError::Corrupt { .. }
+        | StoreError::SyncFailed { .. } => CniError::store(error),
     }
 }
 
 fn engine_error(error: AllocError) -> CniError {
     CniError::from(error)
-}
-
-/// The network's pools as the store keeps them: one per pool name, with every range of the
-/// range sets that name it.
-pub fn scope_config(config: &NetConfig) -> ScopeConfig {
-    let cooldown = config
-        .ipam
-        .cooldown_seconds
-        .map(Duration::from_secs)
-        .unwrap_or(PoolConfig::DEFAULT_COOLDOWN);
-    let mut pools: Vec<(PoolName, Vec<corral_core::RangeSpec>)> = Vec::new();
-    for set in &config.ipam.range_sets {
-        match pools.iter_mut().find(|(name, _)| *name == set.pool) {
-            Some((_, ranges)) => ranges.extend(set.ranges.iter().copied()),
-            None => pools.push((set.pool.clone(), set.ranges.clone())),
-        }
-    }
-    ScopeConfig {
-        pools: pools
-            .iter()
-            .map(|(name, ranges)| {
-                PoolSpec::new(
-                    name,
-                    cooldown,
-                    ReusePolicy::NextFit,
-                    ranges,
-                    &config.ipam.exclude,
-                )
-            })
-            .collect(),
-    }
 }
 
 /// The network's engine inside `txn` (see [`build_engine`]); store errors become CNI errors.
@@ -87,11 +81,14 @@ fn engine_config(now: Timestamp) -> EngineConfig {
 
 /// The network's store for this one call: the state directory stays locked until
 /// [`close`], which syncs what was committed; no answer may be given before it returns.
-fn open(config: &NetConfig) -> Result<SqliteStore, CniError> {
+fn open(config: &NetConfig, now: Timestamp) -> Result<SqliteStore, CniError> {
     let mut store = SqliteStore::open_one_shot(&config.ipam.data_dir).map_err(|error| {
-        let held = matches!(error, StoreError::Held { .. });
+        let plain = matches!(
+            error,
+            StoreError::Held { .. } | StoreError::NotADirectory { .. }
+        );
         let error = store_error(error);
-        if held {
+        if plain {
             error
         } else {
             error.context(&format!(
@@ -100,7 +97,7 @@ fn open(config: &NetConfig) -> Result<SqliteStore, CniError> {
             ))
         }
     })?;
-    import_host_local(&mut store, config)?;
+    watch_host_local(&mut store, config, now)?;
     Ok(store)
 }
 
@@ -109,37 +106,95 @@ fn close(store: SqliteStore) -> Result<(), CniError> {
     store.close().map_err(store_error)
 }
 
-/// The first time corral-ipam serves a network whose host-local directory exists
-/// (`dataDir/<network>/`, host-local's own layout), it takes over every address recorded
-/// there, so replacing `host-local` by `corral-ipam` in a configuration loses nothing.
-/// host-local's files are left as they are.
-fn import_host_local(store: &mut SqliteStore, config: &NetConfig) -> Result<(), CniError> {
+/// A directory's modification time in nanoseconds since the epoch (0 if unknown).
+fn mtime_ns(metadata: &std::fs::Metadata) -> i64 {
+    metadata
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .and_then(|d| i64::try_from(d.as_nanos()).ok())
+        .unwrap_or(0)
+}
+
+/// A directory time this close to now may be shared by a change still to come (file systems
+/// keep time in ticks): it is not trusted, so the next call looks again.
+const MTIME_SETTLE: Duration = Duration::from_secs(2);
+
+fn settled_mtime_ns(mtime_ns: i64, now: Timestamp) -> i64 {
+    let now_ns = i128::from(now.as_unix_millis()) * 1_000_000;
+    if i128::from(mtime_ns) + MTIME_SETTLE.as_nanos() as i128 > now_ns {
+        0
+    } else {
+        mtime_ns
+    }
+}
+
+/// Switching a network from host-local to corral-ipam, and living with it afterwards.
+///
+/// The first call on a network whose host-local directory exists takes over every address
+/// recorded there (host-local's files are left as they are), so replacing `host-local` by
+/// `corral-ipam` in a configuration loses nothing, and next-fit continues after host-local's
+/// `last_reserved_ip.N`.
+///
+/// A runtime deletes a container with the configuration it started it with, so the DEL of a
+/// container started before the switch goes to host-local, which removes its file. While
+/// taken-over allocations remain, a call whose host-local directory changed since the last
+/// look releases each one whose file is gone. The cost of a call is one `stat` of the
+/// directory and one row read when it exists, nothing when it does not.
+fn watch_host_local(
+    store: &mut SqliteStore,
+    config: &NetConfig,
+    now: Timestamp,
+) -> Result<(), CniError> {
     let dir = config.ipam.data_dir.join(&config.name);
-    if !dir.is_dir() {
-        return Ok(());
-    }
+    let metadata = match std::fs::metadata(&dir) {
+        Ok(metadata) if metadata.is_dir() => metadata,
+        _ => return Ok(()),
+    };
     let scope = config.name.as_str();
-    // Once the network has state, host-local's files (left in place) need no second look,
-    // and no transaction: this runs on every call.
-    if store.has_scope(scope).map_err(store_error)? {
-        return Ok(());
+    match store.host_local_takeover(scope).map_err(store_error)? {
+        Some(takeover) if takeover.addrs.is_empty() => Ok(()),
+        Some(takeover) if takeover.dir_mtime_ns == mtime_ns(&metadata) => Ok(()),
+        Some(_) => release_gone(store, config, &dir, now),
+        // Once the network has state, a takeover was done (by an older corral-ipam that kept
+        // no watch list) or not needed: host-local's files need no second look.
+        None if store.has_scope(scope).map_err(store_error)? => Ok(()),
+        None => import_host_local(store, config, &dir, now),
     }
+}
+
+/// Takes over host-local's addresses and next-fit positions; see [`watch_host_local`].
+fn import_host_local(
+    store: &mut SqliteStore,
+    config: &NetConfig,
+    dir: &Path,
+    now: Timestamp,
+) -> Result<(), CniError> {
+    let scope = config.name.as_str();
     let mut txn = store.begin().map_err(store_error)?;
     // Checked again under the lock: another process may have imported meanwhile.
     let (state, corrupt) = txn.scope_state(scope).map_err(store_error)?;
     if state.is_some() || corrupt.is_some() {
         return Ok(());
     }
-    let Some(entries) = read_host_local_dir(&dir).map_err(store_error)? else {
+    let mtime = std::fs::metadata(dir).map(|m| mtime_ns(&m)).unwrap_or(0);
+    let Some(host_local) = read_host_local_dir(dir).map_err(store_error)? else {
         return Ok(());
     };
+    for warning in &host_local.warnings {
+        // The runtime keeps a plugin's stderr in its log; the call itself goes on.
+        eprintln!(
+            "corral-ipam: taking over host-local's {}: {warning}",
+            dir.display()
+        );
+    }
     let fallback = config
         .ipam
         .range_sets
         .first()
         .map(|set| set.pool.clone())
         .unwrap_or_else(PoolName::default_pool);
-    let rows = host_local_allocations(scope, &entries, |addr| {
+    let rows = host_local_allocations(scope, &host_local.entries, |addr| {
         config
             .ipam
             .range_sets
@@ -168,41 +223,234 @@ fn import_host_local(store: &mut SqliteStore, config: &NetConfig) -> Result<(), 
     )
     .map_err(store_error)?;
     save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+    continue_after_host_local(&mut txn, config, &host_local.last_reserved)?;
+    txn.put_host_local_takeover(
+        scope,
+        &HostLocalTakeover {
+            dir_mtime_ns: settled_mtime_ns(mtime, now),
+            addrs: rows.iter().map(|row| row.addr).collect(),
+        },
+    )
+    .map_err(store_error)?;
     txn.commit().map_err(store_error)
 }
 
-/// ADD: one address from each range set (the requested one where asked), all or nothing.
-pub fn add(attachment: &Attachment, now: Timestamp) -> Result<String, CniError> {
-    let config = &attachment.config;
-    // Everything that can fail without touching the store comes first.
-    let mut result = IpamResult {
-        routes: config.ipam.routes.clone(),
-        ..IpamResult::default()
+/// Sets each range set's next-fit position just after host-local's `last_reserved_ip.N`
+/// (N is the range set's index, in the order both plugins read them), in the stored
+/// snapshots the next partial build starts from.
+fn continue_after_host_local(
+    txn: &mut SqliteTxn<'_>,
+    config: &NetConfig,
+    last_reserved: &[(usize, IpAddr)],
+) -> Result<(), CniError> {
+    if last_reserved.is_empty() {
+        return Ok(());
+    }
+    let scope = config.name.as_str();
+    let (Some(mut state), _) = txn.scope_state(scope).map_err(store_error)? else {
+        return Ok(());
     };
-    if let Some(path) = &config.ipam.resolv_conf {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| CniError::io(format!("cannot read resolvConf {}: {e}", path.display())))?;
-        result.dns = parse_resolv_conf(&text);
-    }
-    if let Some(socket) = &config.ipam.agent {
-        crate::agent::add(socket, attachment, &mut result)?;
-        return Ok(result.to_json(config.cni_version));
-    }
-    let mut store = open(config)?;
-    // The snapshot and the rows are written together, so they agree; should they ever not
-    // (the database refuses an address the snapshot thought free), the allocation is decided
-    // again from every row, which also rewrites the snapshot.
-    match add_in(&mut store, attachment, now, false, &mut result) {
-        Err(AddError::Taken(_)) => {
-            add_in(&mut store, attachment, now, true, &mut result).map_err(|error| match error {
-                AddError::Taken(error) | AddError::Other(error) => error,
-            })?
+    for &(index, addr) in last_reserved {
+        let Some(set) = config.ipam.range_sets.get(index) else {
+            continue;
+        };
+        if !set.contains(addr) {
+            continue;
         }
-        Err(AddError::Other(error)) => return Err(error),
-        Ok(()) => {}
+        let Some((_, snapshot)) = state.snapshots.iter_mut().find(|(p, _)| *p == set.pool) else {
+            continue;
+        };
+        let value = addr_value(addr);
+        let Some(range) = snapshot.ranges.iter_mut().find(|r| {
+            r.spec.family() == set.family
+                && addr_value(r.spec.start()) <= value
+                && value <= addr_value(r.spec.end())
+        }) else {
+            continue;
+        };
+        let start = addr_value(range.spec.start());
+        let end = addr_value(range.spec.end());
+        // As the engine moves a cursor after handing out `addr`: the next address, or the
+        // range's beginning after its last.
+        range.cursor = if value == end { 0 } else { value - start + 1 };
+        let family_index = match set.family {
+            Family::V4 => 0,
+            Family::V6 => 1,
+        };
+        snapshot.current[family_index] = start;
     }
-    close(store)?;
-    Ok(result.to_json(config.cni_version))
+    txn.put_scope_state(scope, &state).map_err(store_error)
+}
+
+/// Releases the taken-over allocations whose host-local file is gone, and forgets those
+/// that were released otherwise; see [`watch_host_local`]. A release names generation 0,
+/// which only a taken-over allocation has, so it never frees a later allocation.
+fn release_gone(
+    store: &mut SqliteStore,
+    config: &NetConfig,
+    dir: &Path,
+    now: Timestamp,
+) -> Result<(), CniError> {
+    let scope = config.name.as_str();
+    let mut txn = store.begin().map_err(store_error)?;
+    let Some(takeover) = txn.host_local_takeover(scope).map_err(store_error)? else {
+        return Ok(());
+    };
+    // The time before the look: a removal during it changes the time again.
+    let mtime = std::fs::metadata(dir).map(|m| mtime_ns(&m)).unwrap_or(0);
+    let mut watched = Vec::new();
+    let mut gone = Vec::new();
+    for &addr in &takeover.addrs {
+        let row = txn.allocation_by_addr(scope, addr).map_err(store_error)?;
+        if row.is_none_or(|row| row.generation != 0) {
+            // Released through corral since (and perhaps handed out again): not ours to watch.
+            continue;
+        }
+        if host_local_file_exists(dir, addr) {
+            watched.push(addr);
+        } else {
+            gone.push(addr);
+        }
+    }
+    if !gone.is_empty() {
+        let desired = scope_config(config);
+        let mut engine = load_engine(
+            &mut txn,
+            config,
+            &desired,
+            now,
+            Need::Partial {
+                keys: &[],
+                addrs: &gone,
+            },
+        )?;
+        for &addr in &gone {
+            if engine.release(addr, Some(0), now).is_ok() {
+                txn.delete_allocation(scope, addr).map_err(store_error)?;
+            }
+        }
+        save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+    }
+    txn.put_host_local_takeover(
+        scope,
+        &HostLocalTakeover {
+            dir_mtime_ns: settled_mtime_ns(mtime, now),
+            addrs: watched,
+        },
+    )
+    .map_err(store_error)?;
+    txn.commit().map_err(store_error)
+}
+
+impl Backend for Local {
+    fn add(
+        &self,
+        attachment: &Attachment,
+        now: Timestamp,
+        result: &mut IpamResult,
+    ) -> Result<(), CniError> {
+        let mut store = open(&attachment.config, now)?;
+        // The snapshot and the rows are written together, so they agree; should they ever
+        // not (the database refuses an address the snapshot thought free), the allocation is
+        // decided again from every row, which also rewrites the snapshot.
+        match add_in(&mut store, attachment, now, false, result) {
+            Err(AddError::Taken(_)) => {
+                add_in(&mut store, attachment, now, true, result).map_err(|error| match error {
+                    AddError::Taken(error) | AddError::Other(error) => error,
+                })?
+            }
+            Err(AddError::Other(error)) => return Err(error),
+            Ok(()) => {}
+        }
+        close(store)
+    }
+
+    fn del(&self, attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
+        let config = &attachment.config;
+        let scope = config.name.as_str();
+        let desired = scope_config(config);
+        let mut store = open(config, now)?;
+        let mut txn = store.begin().map_err(store_error)?;
+        let keys = [attachment.key.clone()];
+        let mut engine = load_engine(
+            &mut txn,
+            config,
+            &desired,
+            now,
+            Need::Partial {
+                keys: &keys,
+                addrs: &[],
+            },
+        )?;
+        let released = engine.release_key(&attachment.key, now);
+        if released.is_empty() {
+            // Nothing to release, as read: answered only once what was read is durable.
+            txn.finish().map_err(store_error)?;
+        } else {
+            for r in &released {
+                txn.delete_allocation(scope, r.addr).map_err(store_error)?;
+            }
+            save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+            txn.commit().map_err(store_error)?;
+        }
+        close(store)
+    }
+
+    fn check(&self, attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
+        let config = &attachment.config;
+        let scope = config.name.as_str();
+        let mut store = open(config, now)?;
+        let mut txn = store.begin().map_err(store_error)?;
+        let held = txn
+            .allocations_by_key(scope, &attachment.key)
+            .map_err(store_error)?;
+        txn.finish().map_err(store_error)?;
+        close(store)?;
+        let held: Vec<(PoolName, IpAddr)> =
+            held.into_iter().map(|row| (row.pool, row.addr)).collect();
+        check_held(attachment, &held)
+    }
+
+    fn gc(&self, config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
+        let scope = config.name.as_str();
+        let desired = scope_config(config);
+        let mut store = open(config, now)?;
+        let mut txn = store.begin().map_err(store_error)?;
+        let mut engine = load_engine(&mut txn, config, &desired, now, Need::Full)?;
+        let released = engine
+            .release_unlisted(scope, &config.valid_attachments, now)
+            .map_err(engine_error)?;
+        for r in &released {
+            txn.delete_allocation(scope, r.addr).map_err(store_error)?;
+        }
+        save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+        txn.commit().map_err(store_error)?;
+        close(store)
+    }
+
+    fn status(&self, config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
+        let desired = scope_config(config);
+        let mut store = open(config, now)?;
+        let mut txn = store.begin().map_err(store_error)?;
+        let mut engine = load_engine(
+            &mut txn,
+            config,
+            &desired,
+            now,
+            Need::Partial {
+                keys: &[],
+                addrs: &[],
+            },
+        )?;
+        drop(txn);
+        close(store)?;
+        engine.advance(now);
+        status_verdict(config, |set| {
+            engine
+                .stats(&set.pool, set.family)
+                .is_ok_and(|s| s.free > 0 || s.cooling > 0)
+        })
+    }
 }
 
 enum AddError {
@@ -263,24 +511,7 @@ fn add_in(
         let allocation = engine
             .allocate(&request, target, now)
             .map_err(|error| engine_error(error).context(&set.field))?;
-        let ip = set.ip_config(allocation.addr).ok_or_else(|| {
-            if allocation.existing {
-                // The configuration changed under a live attachment.
-                CniError::new(
-                    CniError::ATTACHMENT_CONFLICT,
-                    format!(
-                        "attachment {} holds {}, which no range of {} contains any more",
-                        attachment.key, allocation.addr, set.field
-                    ),
-                    "DEL the attachment and ADD it again to get an address from the new ranges",
-                )
-            } else {
-                CniError::internal(format!(
-                    "{} was handed out from {} but lies in none of its ranges",
-                    allocation.addr, set.field
-                ))
-            }
-        })?;
+        let ip = result_ip(attachment, set, allocation.addr, allocation.existing)?;
         ips.push(ip);
         if !allocation.existing {
             fresh.push(StoredAllocation {
@@ -309,161 +540,4 @@ fn add_in(
     }
     result.ips = ips;
     Ok(())
-}
-
-/// DEL: releases every address of the attachment; releasing nothing is success.
-pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
-    let config = &attachment.config;
-    if let Some(socket) = &config.ipam.agent {
-        return crate::agent::del(socket, attachment);
-    }
-    let scope = config.name.as_str();
-    let desired = scope_config(config);
-    let mut store = open(config)?;
-    let mut txn = store.begin().map_err(store_error)?;
-    let keys = [attachment.key.clone()];
-    let mut engine = load_engine(
-        &mut txn,
-        config,
-        &desired,
-        now,
-        Need::Partial {
-            keys: &keys,
-            addrs: &[],
-        },
-    )?;
-    let released = engine.release_key(&attachment.key, now);
-    if released.is_empty() {
-        // Nothing to release, as read: answered only once what was read is durable.
-        txn.finish().map_err(store_error)?;
-    } else {
-        for r in &released {
-            txn.delete_allocation(scope, r.addr).map_err(store_error)?;
-        }
-        save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
-        txn.commit().map_err(store_error)?;
-    }
-    close(store)
-}
-
-/// CHECK: the attachment holds an address in every range set, and every address of the
-/// previous result that lies in our ranges is one of them.
-pub fn check(attachment: &Attachment) -> Result<(), CniError> {
-    let config = &attachment.config;
-    if let Some(socket) = &config.ipam.agent {
-        return crate::agent::check(socket, attachment);
-    }
-    let scope = config.name.as_str();
-    let mut store = open(config)?;
-    let mut txn = store.begin().map_err(store_error)?;
-    let held = txn
-        .allocations_by_key(scope, &attachment.key)
-        .map_err(store_error)?;
-    txn.finish().map_err(store_error)?;
-    close(store)?;
-    let held: Vec<(PoolName, IpAddr)> = held.into_iter().map(|row| (row.pool, row.addr)).collect();
-    check_held(attachment, &held)
-}
-
-/// CHECK's verdict on what the attachment holds (pool and address of each allocation).
-pub(crate) fn check_held(
-    attachment: &Attachment,
-    held: &[(PoolName, IpAddr)],
-) -> Result<(), CniError> {
-    let config = &attachment.config;
-    let mut problems = Vec::new();
-    for set in &config.ipam.range_sets {
-        if !held.iter().any(|(pool, addr)| {
-            *pool == set.pool && Family::of(*addr) == set.family && set.contains(*addr)
-        }) {
-            problems.push(format!(
-                "attachment {} holds no address from {}",
-                attachment.key, set.field
-            ));
-        }
-    }
-    if let Some(prev) = &config.prev_result {
-        for addr in prev.addresses() {
-            let ours = config.ipam.range_sets.iter().any(|set| set.contains(addr));
-            if ours && !held.iter().any(|(_, held)| *held == addr) {
-                problems.push(format!(
-                    "prevResult lists {addr}, which attachment {} does not hold",
-                    attachment.key
-                ));
-            }
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(CniError::check_failed(problems.join("; ")))
-    }
-}
-
-/// GC: releases every allocation of the network whose attachment is not listed.
-pub fn gc(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
-    if let Some(socket) = &config.ipam.agent {
-        return crate::agent::gc(socket, config);
-    }
-    let scope = config.name.as_str();
-    let desired = scope_config(config);
-    let mut store = open(config)?;
-    let mut txn = store.begin().map_err(store_error)?;
-    let mut engine = load_engine(&mut txn, config, &desired, now, Need::Full)?;
-    let released = engine
-        .release_unlisted(scope, &config.valid_attachments, now)
-        .map_err(engine_error)?;
-    for r in &released {
-        txn.delete_allocation(scope, r.addr).map_err(store_error)?;
-    }
-    save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
-    txn.commit().map_err(store_error)?;
-    close(store)
-}
-
-/// STATUS: code 50 when some range set could not serve an ADD (no free or cooling address).
-pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
-    if let Some(socket) = &config.ipam.agent {
-        return crate::agent::status(socket, config);
-    }
-    let desired = scope_config(config);
-    let mut store = open(config)?;
-    let mut txn = store.begin().map_err(store_error)?;
-    let mut engine = load_engine(
-        &mut txn,
-        config,
-        &desired,
-        now,
-        Need::Partial {
-            keys: &[],
-            addrs: &[],
-        },
-    )?;
-    drop(txn);
-    close(store)?;
-    engine.advance(now);
-    status_verdict(config, |set| {
-        engine
-            .stats(&set.pool, set.family)
-            .is_ok_and(|s| s.free > 0 || s.cooling > 0)
-    })
-}
-
-/// STATUS's verdict: code 50 naming every range set that could not serve an ADD.
-pub(crate) fn status_verdict(
-    config: &NetConfig,
-    can_serve: impl Fn(&crate::config::RangeSet) -> bool,
-) -> Result<(), CniError> {
-    let full: Vec<String> = config
-        .ipam
-        .range_sets
-        .iter()
-        .filter(|set| !can_serve(set))
-        .map(|set| format!("{} has no free address", set.field))
-        .collect();
-    if full.is_empty() {
-        Ok(())
-    } else {
-        Err(CniError::not_available(full.join("; ")))
-    }
 }

@@ -37,6 +37,37 @@ fn version_lists_every_supported_version() {
     );
 }
 
+/// Regression: VERSION answered 1.1.0 to a 1.0.0 input. Spec 1.0+: "the value of cniVersion
+/// specified on input"; a version corral-ipam does not speak gets the newest it does.
+#[test]
+fn version_answers_in_the_version_it_was_given() {
+    let cases: [(&[u8], &str); 8] = [
+        (br#"{"cniVersion":"1.0.0"}"#, "1.0.0"),
+        (br#"{"cniVersion":"1.1.0"}"#, "1.1.0"),
+        (br#"{"cniVersion":"0.4.0"}"#, "0.4.0"),
+        (br#"{"cniVersion":"0.3.0"}"#, "0.3.0"),
+        (br#"{"cniVersion":"0.2.0"}"#, "1.1.0"),
+        (br#"{"cniVersion":"9.9.9"}"#, "1.1.0"),
+        (b"", "1.1.0"),
+        (b"{not json", "1.1.0"),
+    ];
+    for (stdin, want) in cases {
+        let out = run("VERSION", "", "", &[], stdin);
+        assert_eq!(out.code, 0, "{}", out.stdout);
+        let value = out.json();
+        assert_eq!(
+            value["cniVersion"],
+            want,
+            "{}",
+            String::from_utf8_lossy(stdin)
+        );
+        assert_eq!(
+            value["supportedVersions"],
+            json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+        );
+    }
+}
+
 #[test]
 fn add_is_idempotent_del_is_idempotent_and_next_fit_moves_on() {
     let dir = tempfile::tempdir().unwrap();
