@@ -14,6 +14,7 @@ pub mod config;
 pub mod host;
 pub mod metrics;
 pub mod openapi;
+pub mod pending;
 mod server;
 
 pub use config::{AgentConfig, ConfigError, Overrides};
