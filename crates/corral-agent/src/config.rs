@@ -290,7 +290,10 @@ mod tests {
             ..Overrides::default()
         })
         .unwrap();
-        assert_eq!(flagged.cni_data_dirs, [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(
+            flagged.cni_data_dirs,
+            [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
     }
 
     #[test]

@@ -80,8 +80,7 @@ pub async fn apply_pending(
     let mut report = PendingReport::default();
     for data_dir in data_dirs {
         // Small files, once, before anything is served: read on this thread.
-        let files = match claim_all_for_agent(data_dir, |recorded| same_socket(recorded, socket))
-        {
+        let files = match claim_all_for_agent(data_dir, |recorded| same_socket(recorded, socket)) {
             Ok(files) => files,
             Err(error) => {
                 let note = format!("pending DELs in {}: {error}", data_dir.display());
@@ -127,9 +126,7 @@ async fn apply(
     claimed: Claimed,
     report: &mut PendingReport,
 ) -> Result<(), std::io::Error> {
-    let outcome = committer
-        .submit(Op::CniDel(request(&claimed.record)))
-        .await;
+    let outcome = committer.submit(Op::CniDel(request(&claimed.record))).await;
     let path = claimed.path().display().to_string();
     match outcome {
         Ok(_) => {

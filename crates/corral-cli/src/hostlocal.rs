@@ -72,8 +72,7 @@ fn export(args: &ExportArgs) -> Result<Outcome, Failure> {
             data_dir.display()
         )));
     }
-    let mut store =
-        SqliteStore::open_one_shot(data_dir).map_err(|e| store_failure(data_dir, e))?;
+    let mut store = SqliteStore::open_one_shot(data_dir).map_err(|e| store_failure(data_dir, e))?;
     let (rows, state) = {
         let mut txn = store.begin().map_err(|e| store_failure(data_dir, e))?;
         let rows = txn
@@ -96,9 +95,8 @@ fn export(args: &ExportArgs) -> Result<Outcome, Failure> {
     let entries: Vec<HostLocalEntry> = rows.iter().map(entry).collect();
     let last_reserved = state.as_ref().map(last_reserved).unwrap_or_default();
     let to = args.to.as_deref().unwrap_or(data_dir).join(&args.network);
-    let written = write_host_local_dir(&to, &entries, &last_reserved).map_err(|e| {
-        Failure::Usage(format!("cannot write host-local's files: {e}"))
-    })?;
+    let written = write_host_local_dir(&to, &entries, &last_reserved)
+        .map_err(|e| Failure::Usage(format!("cannot write host-local's files: {e}")))?;
     Ok(Outcome::ok(format!(
         "wrote {} address files to {} (removed {} of addresses corral does not hold)\n",
         written.written,
@@ -150,8 +148,7 @@ fn last_reserved(state: &ScopeState) -> Vec<(usize, IpAddr)> {
             let position = snapshot.and_then(|snapshot| {
                 let current = snapshot.current[usize::from(family == Family::V6)];
                 let range = snapshot.ranges.iter().find(|r| {
-                    r.spec.family() == family
-                        && corral_core::addr_value(r.spec.start()) == current
+                    r.spec.family() == family && corral_core::addr_value(r.spec.start()) == current
                 })?;
                 // Cursor 0: nothing handed out yet, or the range wrapped; host-local then
                 // starts from the beginning, as corral would.

@@ -103,8 +103,14 @@ fn export_writes_host_locals_files_and_refuses_while_the_agent_owns_the_state() 
     assert_eq!(
         held,
         [
-            ("c1".to_owned(), vec!["10.77.0.2".to_owned(), "fd77::2".to_owned()]),
-            ("c3".to_owned(), vec!["10.77.0.4".to_owned(), "fd77::4".to_owned()]),
+            (
+                "c1".to_owned(),
+                vec!["10.77.0.2".to_owned(), "fd77::2".to_owned()]
+            ),
+            (
+                "c3".to_owned(),
+                vec!["10.77.0.4".to_owned(), "fd77::4".to_owned()]
+            ),
         ]
     );
     let state = dir.path().join("state");
@@ -122,7 +128,11 @@ fn export_writes_host_locals_files_and_refuses_while_the_agent_owns_the_state() 
         "--to",
         to.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("wrote 4 address files"),
         "{}",
@@ -246,7 +256,11 @@ fn after_the_export_host_local_sees_corrals_addresses_as_taken() {
         "--to",
         to.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // host-local continues after corral's last address, and never hands out a held one.
     let mut given = Vec::new();
     for container in ["h1", "h2", "h3"] {
@@ -259,7 +273,10 @@ fn after_the_export_host_local_sees_corrals_addresses_as_taken() {
     assert_eq!(&given[..2], ["10.77.0.5", "fd77::5"], "{given:?}");
     for (_, addrs) in &held {
         for addr in addrs {
-            assert!(!given.contains(addr), "host-local handed out {addr}: {given:?}");
+            assert!(
+                !given.contains(addr),
+                "host-local handed out {addr}: {given:?}"
+            );
         }
     }
     // host-local's DEL of a container corral served frees its addresses.
