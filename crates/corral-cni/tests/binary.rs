@@ -415,6 +415,27 @@ fn a_taken_over_address_is_freed_once_host_local_deletes_its_container() {
     assert_eq!(run("CHECK", "n5", "eth0", &[], &check).code, 0);
 }
 
+/// The takeover and its watch on files written as host-local 1.x writes them (the tier
+/// without Debian's host-local; the test above runs the real one).
+#[test]
+fn a_taken_over_address_is_freed_when_its_host_local_file_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("testnet");
+    std::fs::create_dir(&files).unwrap();
+    std::fs::write(files.join("10.9.0.2"), "old1\r\neth0").unwrap();
+    std::fs::write(files.join("10.9.0.3"), "old2\r\neth0").unwrap();
+    std::fs::write(files.join("last_reserved_ip.0"), "10.9.0.5").unwrap();
+    // .2 to .6: after host-local's last .5 comes .6, then the wrap finds .4.
+    let stdin = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/29"}]]));
+    assert_eq!(add(&stdin, "n1").addresses(), ["10.9.0.6/29"]);
+    assert_eq!(add(&stdin, "n2").addresses(), ["10.9.0.4/29"]);
+    assert_eq!(add(&stdin, "n3").addresses(), ["10.9.0.5/29"]);
+    assert_eq!(add(&stdin, "n4").error_code(), 100);
+    std::fs::remove_file(files.join("10.9.0.3")).unwrap();
+    assert_eq!(add(&stdin, "n4").addresses(), ["10.9.0.3/29"]);
+    assert_eq!(add(&stdin, "n5").error_code(), 100);
+}
+
 /// Should the stored snapshot ever call a held address free, the database refuses the
 /// duplicate and the plugin decides again from every row: no failure, no duplicate.
 #[test]
