@@ -5,6 +5,7 @@
 //! socket = "/run/corral/agent.sock"     # the REST API (mode 0660)
 //! tcp = "127.0.0.1:9876"                # optional; needs a token
 //! token_file = "/etc/corral/token"      # the bearer token for TCP
+//! cni_data_dirs = ["/var/lib/cni/networks"]  # where corral-ipam records DELs for the agent
 //!
 //! [[pools]]
 //! name = "default"
@@ -29,6 +30,9 @@ use serde::Deserialize;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/corral";
 /// The production socket.
 pub const DEFAULT_SOCKET: &str = "/run/corral/agent.sock";
+/// corral-ipam's default `dataDir` (host-local's), where it records the DELs it could not
+/// deliver while the agent was away.
+pub const DEFAULT_CNI_DATA_DIR: &str = "/var/lib/cni/networks";
 
 /// Everything the agent runs with, validated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +44,9 @@ pub struct AgentConfig {
     pub token: Option<String>,
     /// The agent's own pools (scope `node`).
     pub pools: ScopeConfig,
+    /// The CNI `dataDir`s whose pending DELs (recorded by corral-ipam while the agent was
+    /// away) the agent applies when it starts, before it serves anything.
+    pub cni_data_dirs: Vec<PathBuf>,
 }
 
 /// The file's shape; every field optional.
@@ -50,6 +57,7 @@ pub struct ConfigFile {
     pub socket: Option<PathBuf>,
     pub tcp: Option<SocketAddr>,
     pub token_file: Option<PathBuf>,
+    pub cni_data_dirs: Option<Vec<PathBuf>>,
     pub pools: Option<Vec<PoolFile>>,
 }
 
@@ -92,6 +100,8 @@ pub struct Overrides {
     pub socket: Option<PathBuf>,
     pub tcp: Option<SocketAddr>,
     pub token_file: Option<PathBuf>,
+    /// When given, replaces the file's `cni_data_dirs`.
+    pub cni_data_dirs: Option<Vec<PathBuf>>,
 }
 
 /// The embedded default pools.
@@ -156,14 +166,19 @@ impl AgentConfig {
             tcp,
             token,
             pools: pools(&file.pools.unwrap_or_else(default_pools))?,
+            cni_data_dirs: overrides
+                .cni_data_dirs
+                .clone()
+                .or(file.cni_data_dirs)
+                .unwrap_or_else(|| vec![PathBuf::from(DEFAULT_CNI_DATA_DIR)]),
         })
     }
 }
 
 impl AgentConfig {
     /// Everything in one local directory: the state in `dir/state`, the socket
-    /// `dir/agent.sock`, no TCP, the embedded default pools (for tests and embedding; change
-    /// the fields as needed).
+    /// `dir/agent.sock`, no TCP, the embedded default pools, no CNI data directory to scan
+    /// (for tests and embedding; change the fields as needed).
     pub fn in_dir(dir: &Path) -> AgentConfig {
         AgentConfig {
             data_dir: dir.join("state"),
@@ -172,6 +187,7 @@ impl AgentConfig {
             token: None,
             // The embedded default is valid by construction (a unit test loads it).
             pools: pools(&default_pools()).unwrap_or_default(),
+            cni_data_dirs: Vec::new(),
         }
     }
 }
@@ -264,12 +280,14 @@ mod tests {
                 .iter()
                 .all(|r| r.source == RangeSource::File)
         );
+        assert_eq!(config.cni_data_dirs, [PathBuf::from(DEFAULT_CNI_DATA_DIR)]);
     }
 
     #[test]
     fn a_file_is_read_and_flags_win() {
         let file = write(
             "data_dir = \"/tmp/x\"\nsocket = \"/tmp/x.sock\"\n\
+             cni_data_dirs = [\"/tmp/cni\"]\n\
              [[pools]]\nname = \"blue\"\nranges = [\"10.1.0.0/24\"]\n\
              exclusions = [{ network = \"10.1.0.0/28\", reason = \"infra\" }]\n",
         );
@@ -283,6 +301,17 @@ mod tests {
         assert_eq!(config.socket, PathBuf::from("/tmp/flag.sock"));
         assert_eq!(config.pools.pools[0].name, "blue");
         assert_eq!(config.pools.pools[0].exclusions.len(), 1);
+        assert_eq!(config.cni_data_dirs, [PathBuf::from("/tmp/cni")]);
+        let flagged = AgentConfig::load(&Overrides {
+            config: Some(file.path().into()),
+            cni_data_dirs: Some(vec!["/a".into(), "/b".into()]),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(
+            flagged.cni_data_dirs,
+            [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Start-up: the socket is bound first, so `/healthz` answers and `/readyz` says "not ready"
 //! while the state is restored; every allocation, lease and cooldown comes back, and only
-//! then are overdue leases released (the first tick). Requests before that get 503.
+//! then are overdue leases released (the first tick) and the DELs corral-ipam recorded while
+//! the agent was away applied (`pending.rs`). Requests before that get 503.
 //! Every change is durable before it is answered; concurrent requests share one commit
 //! (`committer.rs`).
 
@@ -15,6 +16,7 @@ pub mod config;
 pub mod host;
 pub mod metrics;
 pub mod openapi;
+pub mod pending;
 mod server;
 
 pub use config::{AgentConfig, ConfigError, Overrides};

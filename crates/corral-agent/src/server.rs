@@ -130,6 +130,9 @@ pub async fn serve(
         eprintln!("corral agent: warning: {warning}");
     }
     let committer = Committer::start(host)?;
+    // DELs corral-ipam recorded while the agent was away are applied before anything is
+    // served (requests meanwhile get 503), so none can follow an ADD of its attachment.
+    crate::pending::apply_pending(&committer, &config.socket, &config.cni_data_dirs).await?;
     let _ = state.committer.set(committer.clone());
     // The first tick releases what expired while the agent was down, now that the restore
     // has finished; then the agent is ready.

@@ -18,6 +18,7 @@
 mod check;
 mod commands;
 mod exit;
+mod hostlocal;
 mod output;
 mod parse;
 
@@ -99,6 +100,10 @@ struct AgentArgs {
     /// A file holding the bearer token for --tcp (or set CORRAL_TOKEN)
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// A CNI dataDir whose DELs, recorded by corral-ipam while the agent was away, are
+    /// applied at start (repeatable) [default: /var/lib/cni/networks]
+    #[arg(long, value_name = "DIR")]
+    cni_data_dir: Vec<PathBuf>,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -109,6 +114,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
         socket: globals.socket.clone(),
         tcp: args.tcp,
         token_file: args.token_file,
+        cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
     })
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let banner = format!(
@@ -172,6 +178,9 @@ enum Command {
     /// capacity but no free address (addresses in cooldown count as free), and nearly full
     /// when more than 90% of its usable (not excluded) addresses are in use.
     Check(commands::CheckArgs),
+    /// Go back from corral-ipam to host-local: write a network's allocations as its files
+    #[command(subcommand, name = "host-local")]
+    HostLocal(hostlocal::HostLocalCommand),
 }
 
 fn main() -> ExitCode {
@@ -210,6 +219,7 @@ fn run(cli: Cli) -> Result<Outcome, Failure> {
         Command::Export(args) => commands::export(&mut Session::new(globals), args),
         Command::Import(args) => commands::import(&mut Session::new(globals), args),
         Command::Check(args) => commands::check(&mut Session::new(globals), args),
+        Command::HostLocal(command) => hostlocal::run(command),
     }
 }
 

@@ -1,39 +1,128 @@
-//! Agent mode: with `"agent": "<socket>"` in the ipam configuration, corral-ipam sends each
+//! The agent backend (`"agent": "<socket>"` in the ipam configuration): corral-ipam sends each
 //! verb to the node agent over its unix socket instead of opening the database under
 //! `dataDir`. The agent keeps the network as a scope of its own, under the same pools the
 //! plugin would use, and answers once the change is durable; the results and error codes are
-//! the standalone plugin's. An agent that cannot be reached (no socket, refused, timed out)
-//! is code 11, "try again later".
+//! the local backend's. An agent that cannot be reached (no socket, refused, timed out) is
+//! code 11, "try again later" — except for DEL.
+//!
+//! A DEL never fails because the agent is away (unreachable, timed out, restoring): it is
+//! recorded durably under `dataDir` (see `corral_store::PendingDel`) and answered with
+//! success, and the agent applies it when it starts, before it serves anything. So that a
+//! late release never frees what a later ADD of the same attachment obtained (a restarted
+//! container keeps its ID and interface), an ADD or CHECK first settles its own attachment's
+//! record: it claims it, delivers the DEL, and removes it durably before it goes on. It never
+//! touches another attachment's record: runtimes serialise calls per container only.
 //!
 //! The client is `corral-client`: blocking, no async runtime, HTTP parsed by httparse.
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_client::{Client, Error};
-use corral_core::{AttachmentKey, Family, PoolName};
+use corral_core::{AttachmentKey, Family, PoolName, Timestamp};
+use corral_store::{PendingDel, PendingError, claim_pending_del, record_pending_del};
 
-use crate::plugin::{check_held, scope_config, status_verdict};
+use crate::backend::{Backend, scope_config};
+use crate::verdict::{check_held, result_ip, status_verdict};
 use crate::{Attachment, CniError, IpamResult, NetConfig};
 
 /// How long one call waits for the agent (connecting, and for the durable answer).
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-fn client(socket: &Path) -> Client {
-    Client::unix(socket)
-        .with_connect_timeout(Some(TIMEOUT))
-        .with_read_timeout(Some(TIMEOUT))
+/// The verbs sent to the agent listening on `socket`.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub socket: PathBuf,
 }
 
-/// The agent's refusal as the CNI error the standalone plugin gives for the same cause, with
-/// the range set it concerns named as the standalone plugin names it.
+impl Agent {
+    pub fn new(socket: &Path) -> Agent {
+        Agent {
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::unix(&self.socket)
+            .with_connect_timeout(Some(TIMEOUT))
+            .with_read_timeout(Some(TIMEOUT))
+    }
+
+    /// Delivers the attachment's own pending DEL, if it has one, before anything else is
+    /// asked for it; see the module documentation.
+    fn settle_pending(&self, client: &mut Client, attachment: &Attachment) -> Result<(), CniError> {
+        let data_dir = &attachment.config.ipam.data_dir;
+        let Some(claimed) = claim_pending_del(data_dir, &attachment.key).map_err(pending_error)?
+        else {
+            return Ok(());
+        };
+        match client.cni_del(&key_request(attachment)) {
+            // Removed durably before the ADD is sent: a record that came back after a crash
+            // would release the address this ADD obtains.
+            Ok(_) => claimed.remove().map_err(pending_error),
+            Err(error) => {
+                let put_back = claimed.put_back();
+                let error = agent_error(error);
+                Err(match put_back {
+                    Ok(()) => error,
+                    Err(problem) => error.with_details(format!(
+                        "and the pending DEL of {} could not be put back: {problem}",
+                        attachment.key
+                    )),
+                })
+            }
+        }
+    }
+}
+
+/// A pending record that could not be written, claimed or removed: the state under `dataDir`.
+fn pending_error(error: PendingError) -> CniError {
+    CniError::store(error).context("ipam.dataDir")
+}
+
+/// Whether the agent is away rather than refusing: nothing listens, it did not answer in
+/// time, the connection broke, or it is still restoring (or its store failed).
+fn agent_is_away(error: &Error) -> bool {
+    match error {
+        Error::Unreachable { .. } | Error::Timeout { .. } | Error::Io { .. } => true,
+        Error::Api { error: body, .. } => body.code == ErrorCode::RetryLater,
+        Error::Protocol(_) | Error::Status { .. } => false,
+    }
+}
+
+/// The CNI code for each of the agent's error codes, once, with no catch-all: a new code does
+/// not compile until it is mapped here.
+fn cni_code(code: ErrorCode) -> u32 {
+    match code {
+        ErrorCode::Exhausted => CniError::POOL_EXHAUSTED,
+        ErrorCode::InUse | ErrorCode::Conflict => CniError::ADDRESS_IN_USE,
+        ErrorCode::Unavailable => CniError::ADDRESS_UNAVAILABLE,
+        ErrorCode::AttachmentConflict => CniError::ATTACHMENT_CONFLICT,
+        ErrorCode::BadRequest | ErrorCode::NotFound => CniError::INVALID_NETWORK_CONFIG,
+        ErrorCode::RetryLater => CniError::TRY_AGAIN_LATER,
+        // The unix socket needs no token, and the plugin sends JSON bodies of bounded size to
+        // the paths and methods of its own build: an agent of another version, or something
+        // else listening on the socket.
+        ErrorCode::Unauthorized
+        | ErrorCode::MethodNotAllowed
+        | ErrorCode::TooLarge
+        | ErrorCode::UnsupportedMediaType => CniError::AGENT_FAILURE,
+    }
+}
+
+/// The agent's refusal as the CNI error the local backend gives for the same cause, with the
+/// range set it concerns named as the local backend names it.
 fn add_error(error: Error, config: &NetConfig) -> CniError {
     let set = match &error {
         Error::Api { error: body, .. } => body.set,
-        _ => None,
+        Error::Unreachable { .. }
+        | Error::Timeout { .. }
+        | Error::Io { .. }
+        | Error::Protocol(_)
+        | Error::Status { .. } => None,
     };
     let error = agent_error(error);
     match set.and_then(|i| config.ipam.range_sets.get(i)) {
@@ -42,28 +131,19 @@ fn add_error(error: Error, config: &NetConfig) -> CniError {
     }
 }
 
-/// The agent's refusal as the CNI error the standalone plugin gives for the same cause.
+/// The agent's refusal as the CNI error the local backend gives for the same cause.
 fn agent_error(error: Error) -> CniError {
     match error {
         Error::Unreachable { .. } | Error::Timeout { .. } | Error::Io { .. } => {
             CniError::try_again_later(format!("{error}; is the corral agent running?"))
         }
         Error::Api { error: body, .. } => {
-            let code = match body.code {
-                ErrorCode::Exhausted => CniError::POOL_EXHAUSTED,
-                ErrorCode::InUse | ErrorCode::Conflict => CniError::ADDRESS_IN_USE,
-                ErrorCode::Unavailable => CniError::ADDRESS_UNAVAILABLE,
-                ErrorCode::AttachmentConflict => CniError::ATTACHMENT_CONFLICT,
-                ErrorCode::BadRequest | ErrorCode::NotFound => CniError::INVALID_NETWORK_CONFIG,
-                ErrorCode::RetryLater => CniError::TRY_AGAIN_LATER,
-                _ => CniError::AGENT_FAILURE,
-            };
             let details = if body.retryable {
                 "the request may succeed later"
             } else {
                 ""
             };
-            CniError::new(code, body.message, details)
+            CniError::new(cni_code(body.code), body.message, details)
         }
         Error::Protocol(_) | Error::Status { .. } => {
             CniError::new(CniError::AGENT_FAILURE, error.to_string(), "")
@@ -108,117 +188,143 @@ fn api_key(key: &AttachmentKey) -> api::AttachmentKey {
     }
 }
 
-fn key(attachment: &Attachment) -> api::AttachmentKey {
-    api_key(&attachment.key)
+fn key_request(attachment: &Attachment) -> api::CniKeyRequest {
+    api::CniKeyRequest {
+        network: network(&attachment.config),
+        key: api_key(&attachment.key),
+    }
 }
 
-/// ADD through the agent; fills `result.ips` in range-set order.
-pub fn add(
-    socket: &Path,
-    attachment: &Attachment,
-    result: &mut IpamResult,
-) -> Result<(), CniError> {
-    let config = &attachment.config;
-    let request = api::CniAddRequest {
-        network: network(config),
-        key: key(attachment),
-        owner: attachment.owner(),
-        sets: config
-            .ipam
-            .range_sets
-            .iter()
-            .map(|set| api::CniSet {
-                pool: set.pool.to_string(),
-                family: family_name(set.family),
-                requested: set.requested,
-            })
-            .collect(),
-    };
-    let answer = client(socket)
-        .cni_add(&request)
-        .map_err(|e| add_error(e, config))?;
-    if answer.allocations.len() != config.ipam.range_sets.len() {
-        return Err(CniError::new(
-            CniError::AGENT_FAILURE,
-            format!(
-                "the agent answered {} addresses for {} range sets",
-                answer.allocations.len(),
-                config.ipam.range_sets.len()
-            ),
-            "",
-        ));
-    }
-    let mut ips = Vec::new();
-    for (set, allocated) in config.ipam.range_sets.iter().zip(&answer.allocations) {
-        let ip = set.ip_config(allocated.address).ok_or_else(|| {
-            CniError::new(
-                CniError::ATTACHMENT_CONFLICT,
+impl Backend for Agent {
+    fn add(
+        &self,
+        attachment: &Attachment,
+        _now: Timestamp,
+        result: &mut IpamResult,
+    ) -> Result<(), CniError> {
+        let config = &attachment.config;
+        let mut client = self.client();
+        self.settle_pending(&mut client, attachment)?;
+        let request = api::CniAddRequest {
+            network: network(config),
+            key: api_key(&attachment.key),
+            owner: attachment.owner(),
+            sets: config
+                .ipam
+                .range_sets
+                .iter()
+                .map(|set| api::CniSet {
+                    pool: set.pool.to_string(),
+                    family: family_name(set.family),
+                    requested: set.requested,
+                })
+                .collect(),
+        };
+        let answer = client.cni_add(&request).map_err(|e| add_error(e, config))?;
+        if answer.allocations.len() != config.ipam.range_sets.len() {
+            return Err(CniError::new(
+                CniError::AGENT_FAILURE,
                 format!(
-                    "attachment {} holds {}, which no range of {} contains any more",
-                    attachment.key, allocated.address, set.field
+                    "the agent answered {} addresses for {} range sets",
+                    answer.allocations.len(),
+                    config.ipam.range_sets.len()
                 ),
-                "DEL the attachment and ADD it again to get an address from the new ranges",
-            )
-        })?;
-        ips.push(ip);
+                "",
+            ));
+        }
+        let mut ips = Vec::new();
+        for (set, allocated) in config.ipam.range_sets.iter().zip(&answer.allocations) {
+            // Whatever the agent says, an address outside the set's ranges is one the
+            // configuration no longer covers.
+            ips.push(result_ip(attachment, set, allocated.address, true)?);
+        }
+        result.ips = ips;
+        Ok(())
     }
-    result.ips = ips;
-    Ok(())
-}
 
-/// DEL through the agent: releasing nothing is success.
-pub fn del(socket: &Path, attachment: &Attachment) -> Result<(), CniError> {
-    let request = api::CniKeyRequest {
-        network: network(&attachment.config),
-        key: key(attachment),
-    };
-    client(socket).cni_del(&request).map_err(agent_error)?;
-    Ok(())
-}
+    /// Delivered, or recorded for the agent's next start when it is away.
+    fn del(&self, attachment: &Attachment, _now: Timestamp) -> Result<(), CniError> {
+        let data_dir = &attachment.config.ipam.data_dir;
+        match self.client().cni_del(&key_request(attachment)) {
+            Ok(_) => {
+                // A record left by an earlier DEL is superseded; left in place, it would
+                // only be delivered again (harmlessly) by the next ADD or the agent's start.
+                match claim_pending_del(data_dir, &attachment.key)
+                    .and_then(|claimed| claimed.map_or(Ok(()), corral_store::Claimed::remove))
+                {
+                    Ok(()) => {}
+                    Err(problem) => eprintln!("corral-ipam: {problem}"),
+                }
+                Ok(())
+            }
+            Err(error) if agent_is_away(&error) => {
+                let record = PendingDel::new(
+                    &self.socket,
+                    &attachment.key,
+                    &scope_config(&attachment.config),
+                );
+                match record_pending_del(data_dir, &record) {
+                    Ok(path) => {
+                        // The runtime keeps a plugin's stderr in its log.
+                        eprintln!(
+                            "corral-ipam: {error}: DEL of {} recorded in {}; the agent applies it when it starts",
+                            attachment.key,
+                            path.display()
+                        );
+                        Ok(())
+                    }
+                    Err(problem) => Err(agent_error(error)
+                        .with_details(format!("and the DEL could not be recorded: {problem}"))),
+                }
+            }
+            Err(error) => Err(agent_error(error)),
+        }
+    }
 
-/// CHECK through the agent: what it holds for the attachment, judged as the plugin does.
-pub fn check(socket: &Path, attachment: &Attachment) -> Result<(), CniError> {
-    let request = api::CniKeyRequest {
-        network: network(&attachment.config),
-        key: key(attachment),
-    };
-    let answer = client(socket).cni_check(&request).map_err(agent_error)?;
-    let held = answer
-        .allocations
-        .iter()
-        .map(|a| {
-            let pool = PoolName::new(&a.pool).map_err(|e| {
-                CniError::new(CniError::AGENT_FAILURE, format!("agent pool: {e}"), "")
-            })?;
-            Ok((pool, a.address))
-        })
-        .collect::<Result<Vec<(PoolName, IpAddr)>, CniError>>()?;
-    check_held(attachment, &held)
-}
-
-/// GC through the agent.
-pub fn gc(socket: &Path, config: &NetConfig) -> Result<(), CniError> {
-    let request = api::CniGcRequest {
-        network: network(config),
-        valid_attachments: config.valid_attachments.iter().map(api_key).collect(),
-    };
-    client(socket).cni_gc(&request).map_err(agent_error)?;
-    Ok(())
-}
-
-/// STATUS through the agent: code 50 when a range set's pool has no free or cooling address.
-pub fn status(socket: &Path, config: &NetConfig) -> Result<(), CniError> {
-    let request = api::CniStatusRequest {
-        network: network(config),
-    };
-    let answer = client(socket).cni_status(&request).map_err(agent_error)?;
-    status_verdict(config, |set| {
-        answer
-            .pools
+    /// What the agent holds for the attachment (after its pending DEL, if any), judged as the
+    /// local backend judges it.
+    fn check(&self, attachment: &Attachment, _now: Timestamp) -> Result<(), CniError> {
+        let mut client = self.client();
+        self.settle_pending(&mut client, attachment)?;
+        let answer = client
+            .cni_check(&key_request(attachment))
+            .map_err(agent_error)?;
+        let held = answer
+            .allocations
             .iter()
-            .filter(|p| p.pool == set.pool.as_str())
-            .flat_map(|p| &p.families)
-            .filter(|f| f.family == family_name(set.family))
-            .any(|f| f.free != "0" || f.cooling != "0")
-    })
+            .map(|a| {
+                let pool = PoolName::new(&a.pool).map_err(|e| {
+                    CniError::new(CniError::AGENT_FAILURE, format!("agent pool: {e}"), "")
+                })?;
+                Ok((pool, a.address))
+            })
+            .collect::<Result<Vec<(PoolName, IpAddr)>, CniError>>()?;
+        check_held(attachment, &held)
+    }
+
+    fn gc(&self, config: &NetConfig, _now: Timestamp) -> Result<(), CniError> {
+        let request = api::CniGcRequest {
+            network: network(config),
+            valid_attachments: config.valid_attachments.iter().map(api_key).collect(),
+        };
+        self.client().cni_gc(&request).map_err(agent_error)?;
+        Ok(())
+    }
+
+    /// Code 50 when a range set's pool has no free or cooling address.
+    fn status(&self, config: &NetConfig, _now: Timestamp) -> Result<(), CniError> {
+        let request = api::CniStatusRequest {
+            network: network(config),
+        };
+        let answer = self.client().cni_status(&request).map_err(agent_error)?;
+        status_verdict(config, |set| {
+            answer
+                .pools
+                .iter()
+                .filter(|p| p.pool == set.pool.as_str())
+                .flat_map(|p| &p.families)
+                .filter(|f| f.family == family_name(set.family))
+                .any(|f| f.free != "0" || f.cooling != "0")
+        })
+    }
 }

@@ -7,10 +7,10 @@
 //! | 2 | unsupported field in the network configuration (the message names key and value) |
 //! | 3 | container unknown or does not exist |
 //! | 4 | invalid or missing environment variable (the message names the variable) |
-//! | 5 | I/O failure (reading stdin, a `resolvConf` file) |
+//! | 5 | I/O failure (reading stdin, a `resolvConf` file that cannot be read) |
 //! | 6 | cannot decode the input: bad JSON, a field of the wrong type, input too large |
-//! | 7 | invalid network configuration: a bad CIDR, overlapping ranges, a bad network name |
-//! | 11 | try again later: the state is being restored |
+//! | 7 | invalid network configuration: a bad CIDR, overlapping ranges, a bad network name, a `resolvConf` that is not a regular file or is over 64 KiB, a `dataDir` that is not a directory |
+//! | 11 | try again later: the state is being restored, or the agent is away (never for DEL, which is then recorded for the agent) |
 //! | 50 | STATUS: the plugin cannot serve ADD |
 //! | 51 | STATUS: the plugin cannot serve ADD, and existing containers may lose connectivity |
 //! | 100 | the pool has no free address of the family (or no capacity of it at all) |
@@ -253,48 +253,80 @@ impl From<SpecError> for CniError {
     /// A bad container ID or interface name came from the environment (code 4); everything
     /// else a `SpecError` reports came from the network configuration (code 7).
     fn from(err: SpecError) -> CniError {
-        let code = match err {
-            SpecError::InvalidContainerId { .. } | SpecError::InvalidIfname { .. } => {
-                CniError::INVALID_ENVIRONMENT
-            }
-            _ => CniError::INVALID_NETWORK_CONFIG,
-        };
-        CniError::new(code, err.to_string(), "")
+        CniError::new(spec_error_code(&err), err.to_string(), "")
+    }
+}
+
+/// The CNI code of each kind of bad input, once, with no catch-all: a new kind does not
+/// compile until it is mapped here.
+fn spec_error_code(err: &SpecError) -> u32 {
+    match err {
+        SpecError::InvalidContainerId { .. } | SpecError::InvalidIfname { .. } => {
+            CniError::INVALID_ENVIRONMENT
+        }
+        SpecError::InvalidAddress { .. }
+        | SpecError::InvalidCidr { .. }
+        | SpecError::HostBitsSet { .. }
+        | SpecError::OutsideSubnet { .. }
+        | SpecError::FamilyMismatch { .. }
+        | SpecError::ReservedBound { .. }
+        | SpecError::StartAfterEnd { .. }
+        | SpecError::EmptyRange { .. }
+        | SpecError::Syntax { .. }
+        | SpecError::InvalidPoolName { .. }
+        | SpecError::InvalidNetworkName { .. }
+        | SpecError::InvalidOwner { .. } => CniError::INVALID_NETWORK_CONFIG,
+    }
+}
+
+/// The CNI code of each way the engine refuses an operation, once, with no catch-all: a new
+/// kind does not compile until it is mapped here.
+fn alloc_error_code(err: &AllocError) -> u32 {
+    match err {
+        AllocError::Invalid(spec) => spec_error_code(spec),
+        // The pool may gain capacity (an operator delegates a CIDR, a range is added):
+        // having none is the same to the caller as having no free address.
+        AllocError::PoolExhausted { .. }
+        | AllocError::NoCapacity { .. }
+        | AllocError::TableFull => CniError::POOL_EXHAUSTED,
+        AllocError::AddressInUse { .. } | AllocError::GenerationMismatch { .. } => {
+            CniError::ADDRESS_IN_USE
+        }
+        AllocError::OutsidePool { .. }
+        | AllocError::Excluded { .. }
+        | AllocError::Reserved { .. }
+        | AllocError::Draining { .. } => CniError::ADDRESS_UNAVAILABLE,
+        // The configuration asks for something the engine was set up to refuse, names a
+        // pool that does not exist, or has ranges that overlap another network's.
+        AllocError::FamilyDisabled { .. }
+        | AllocError::UnknownPool { .. }
+        | AllocError::RangeOverlap { .. } => CniError::INVALID_NETWORK_CONFIG,
+        AllocError::AttachmentConflict { .. } => CniError::ATTACHMENT_CONFLICT,
+        AllocError::RestoreInProgress { .. } => CniError::TRY_AGAIN_LATER,
+        // Pool management, leases and restore bookkeeping are not reachable from a CNI
+        // request; if one surfaces, it is a bug in corral.
+        AllocError::PoolExists { .. }
+        | AllocError::PoolInUse { .. }
+        | AllocError::UnknownRange { .. }
+        | AllocError::UnknownExclusion { .. }
+        | AllocError::NotAllocated { .. }
+        | AllocError::SnapshotMismatch { .. }
+        | AllocError::DuplicateTarget { .. }
+        | AllocError::GenerationOutOfRange { .. }
+        | AllocError::NoLease { .. }
+        | AllocError::LeaseExists { .. }
+        | AllocError::LeaseMismatch { .. }
+        | AllocError::RestoreFinished { .. } => CniError::INTERNAL,
     }
 }
 
 impl From<AllocError> for CniError {
     fn from(err: AllocError) -> CniError {
-        let code = match &err {
-            AllocError::Invalid(spec) => return CniError::from(spec.clone()),
-            // The pool may gain capacity (an operator delegates a CIDR, a range is added):
-            // having none is the same to the caller as having no free address.
-            AllocError::PoolExhausted { .. }
-            | AllocError::NoCapacity { .. }
-            | AllocError::TableFull => CniError::POOL_EXHAUSTED,
-            AllocError::AddressInUse { .. } | AllocError::GenerationMismatch { .. } => {
-                CniError::ADDRESS_IN_USE
-            }
-            AllocError::OutsidePool { .. }
-            | AllocError::Excluded { .. }
-            | AllocError::Reserved { .. }
-            | AllocError::Draining { .. } => CniError::ADDRESS_UNAVAILABLE,
-            // The configuration asks for something the engine was set up to refuse, names a
-            // pool that does not exist, or has ranges that overlap another network's.
-            AllocError::FamilyDisabled { .. }
-            | AllocError::UnknownPool { .. }
-            | AllocError::RangeOverlap { .. } => CniError::INVALID_NETWORK_CONFIG,
-            AllocError::AttachmentConflict { .. } => CniError::ATTACHMENT_CONFLICT,
-            AllocError::RestoreInProgress { .. } => CniError::TRY_AGAIN_LATER,
-            // Pool management, leases and restore bookkeeping are not reachable from a CNI
-            // request; if one surfaces, it is a bug in corral.
-            _ => CniError::INTERNAL,
-        };
         let details = if err.is_retryable() {
             "the request may succeed later"
         } else {
             ""
         };
-        CniError::new(code, err.to_string(), details)
+        CniError::new(alloc_error_code(&err), err.to_string(), details)
     }
 }

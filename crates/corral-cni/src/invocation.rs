@@ -12,7 +12,7 @@ use crate::version::CniVersion;
 /// What the runtime asked for, validated in full before anything is acted on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Invocation {
-    /// Print [`crate::version_json`]; stdin is not read.
+    /// Print [`crate::version_json`] in the version stdin names (see [`crate::reply_version`]).
     Version,
     /// Allocate one address from each range set and print the result.
     Add(Attachment),

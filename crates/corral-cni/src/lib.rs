@@ -1,8 +1,9 @@
 //! corral-cni: the CNI protocol (environment, configuration, results, errors) for corral-ipam.
 //!
 //! The protocol modules are pure: functions take the environment as (name, value) pairs and
-//! stdin as bytes, and return values. [`plugin`] runs the verbs on the embedded store, and
-//! the `corral-ipam` binary does the reading and printing. It speaks CNI spec 0.3.0 to 1.1.0 (ADD, DEL, CHECK, GC, STATUS, VERSION) and
+//! stdin as bytes, and return values. A [`Backend`] carries the verbs out: [`Local`] on the
+//! embedded store, [`Agent`] through the node agent; the `corral-ipam` binary chooses one,
+//! and does the reading and printing. It speaks CNI spec 0.3.0 to 1.1.0 (ADD, DEL, CHECK, GC, STATUS, VERSION) and
 //! reads the reference `host-local` plugin's `ipam` configuration, so corral-ipam can
 //! replace host-local in an existing network configuration.
 //!
@@ -35,14 +36,20 @@
 //! ```
 
 mod agent;
+pub mod backend;
 pub mod config;
 pub mod env;
 pub mod error;
 mod invocation;
 mod json;
-pub mod plugin;
+mod local;
 pub mod result;
+pub mod verdict;
 pub mod version;
+
+pub use agent::Agent;
+pub use backend::{Backend, scope_config};
+pub use local::Local;
 
 pub use config::{
     DEFAULT_DATA_DIR, IpamConfig, MAX_STDIN_BYTES, NetConfig, RangeSet, parse_config, pool_name,

@@ -1,15 +1,16 @@
 //! corral-ipam: the CNI IPAM plugin binary, a drop-in for host-local.
 //!
-//! Reads the CNI environment and the network configuration on stdin, runs one verb in one
-//! durable transaction, and prints the result (or the spec's error object) on stdout. No
-//! async runtime: the process lives for one call.
+//! Reads the CNI environment and the network configuration on stdin, chooses the backend the
+//! configuration names (the node agent with `"agent"`, else the embedded store), runs one verb
+//! durably, and prints the result (or the spec's error object) on stdout. No async runtime:
+//! the process lives for one call.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use corral_cni::{
-    CniError, Invocation, MAX_STDIN_BYTES, parse_invocation, plugin, reply_version, version_json,
+    Agent, CniError, Local, MAX_STDIN_BYTES, backend, parse_invocation, reply_version, version_json,
 };
 use corral_core::Timestamp;
 
@@ -29,14 +30,13 @@ fn now() -> Timestamp {
 
 fn run(stdin: &[u8]) -> Result<Option<String>, CniError> {
     let invocation = parse_invocation(std::env::vars_os(), stdin)?;
-    let now = now();
-    match &invocation {
-        Invocation::Version => Ok(Some(version_json())),
-        Invocation::Add(attachment) => plugin::add(attachment, now).map(Some),
-        Invocation::Del(attachment) => plugin::del(attachment, now).map(|()| None),
-        Invocation::Check(attachment) => plugin::check(attachment).map(|()| None),
-        Invocation::Gc(config) => plugin::gc(config, now).map(|()| None),
-        Invocation::Status(config) => plugin::status(config, now).map(|()| None),
+    let Some(config) = invocation.config() else {
+        // VERSION answers in the version it was given, when it speaks it (spec 1.0+).
+        return Ok(Some(version_json(reply_version(stdin))));
+    };
+    match &config.ipam.agent {
+        Some(socket) => backend::run(&Agent::new(socket), &invocation, now()),
+        None => backend::run(&Local, &invocation, now()),
     }
 }
 

@@ -184,8 +184,16 @@ struct DnsOut<'a> {
     options: &'a [String],
 }
 
-/// The VERSION result: `{"cniVersion":"1.1.0","supportedVersions":[...]}`.
-pub fn version_json() -> String {
+/// The VERSION result: `{"cniVersion":"1.0.0","supportedVersions":[...]}`, answered in
+/// `version`.
+///
+/// Spec 1.0 and 1.1 ask for "the value of cniVersion specified on input"; 0.3.x and 0.4.0
+/// call it "the version of the CNI spec in use for this output", which is the input's too. A
+/// version corral-ipam does not speak (older than 0.3.0, newer than it knows, missing, or
+/// stdin that is not JSON) is answered in the newest it speaks rather than refused: VERSION
+/// is how a runtime finds out what a plugin speaks, and the list answers that.
+/// `main` passes [`crate::reply_version`] of stdin, which is exactly that choice.
+pub fn version_json(version: CniVersion) -> String {
     #[derive(Serialize)]
     struct VersionOut {
         #[serde(rename = "cniVersion")]
@@ -194,7 +202,7 @@ pub fn version_json() -> String {
         supported_versions: Vec<&'static str>,
     }
     let out = VersionOut {
-        cni_version: CniVersion::LATEST.as_str(),
+        cni_version: version.as_str(),
         supported_versions: CniVersion::ALL.iter().map(|v| v.as_str()).collect(),
     };
     serde_json::to_string(&out).unwrap_or_default()

@@ -37,6 +37,37 @@ fn version_lists_every_supported_version() {
     );
 }
 
+/// Regression: VERSION answered 1.1.0 to a 1.0.0 input. Spec 1.0+: "the value of cniVersion
+/// specified on input"; a version corral-ipam does not speak gets the newest it does.
+#[test]
+fn version_answers_in_the_version_it_was_given() {
+    let cases: [(&[u8], &str); 8] = [
+        (br#"{"cniVersion":"1.0.0"}"#, "1.0.0"),
+        (br#"{"cniVersion":"1.1.0"}"#, "1.1.0"),
+        (br#"{"cniVersion":"0.4.0"}"#, "0.4.0"),
+        (br#"{"cniVersion":"0.3.0"}"#, "0.3.0"),
+        (br#"{"cniVersion":"0.2.0"}"#, "1.1.0"),
+        (br#"{"cniVersion":"9.9.9"}"#, "1.1.0"),
+        (b"", "1.1.0"),
+        (b"{not json", "1.1.0"),
+    ];
+    for (stdin, want) in cases {
+        let out = run("VERSION", "", "", &[], stdin);
+        assert_eq!(out.code, 0, "{}", out.stdout);
+        let value = out.json();
+        assert_eq!(
+            value["cniVersion"],
+            want,
+            "{}",
+            String::from_utf8_lossy(stdin)
+        );
+        assert_eq!(
+            value["supportedVersions"],
+            json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+        );
+    }
+}
+
 #[test]
 fn add_is_idempotent_del_is_idempotent_and_next_fit_moves_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -304,6 +335,105 @@ fn switching_from_host_local_keeps_its_allocations() {
         .code,
         0
     );
+}
+
+/// Debian's host-local, run as a runtime does; its result (or null for DEL).
+fn host_local(command: &str, container: &str, stdin: &[u8]) -> Value {
+    let host_local = Path::new("/usr/lib/cni/host-local");
+    assert!(
+        host_local.exists(),
+        "this test needs Debian's containernetworking-plugins (/usr/lib/cni/host-local); run `make test`"
+    );
+    let output = Command::new(host_local)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", "/var/run/netns/x")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(stdin)?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "host-local {command} {container}: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+}
+
+/// Regression (podman): a container started before the switch is deleted with the
+/// configuration it was started with, so its DEL goes to host-local, and corral kept the
+/// taken-over address forever. Also: next-fit continues after host-local's
+/// `last_reserved_ip.0`, not at the bottom of the range.
+#[test]
+#[ignore = "needs Debian's containernetworking-plugins (host-local); `make test` runs it"]
+fn a_taken_over_address_is_freed_once_host_local_deletes_its_container() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |plugin: &str| {
+        serde_json::to_vec(&json!({
+            "cniVersion": "1.0.0",
+            "name": "podman",
+            // .2 to .6: five addresses.
+            "ipam": {"type": plugin, "dataDir": dir.path(), "ranges": [[{"subnet": "10.67.0.0/29"}]]}
+        }))
+        .unwrap()
+    };
+    let (old, new) = (config("host-local"), config("corral-ipam"));
+    for c in ["old1", "old2", "old3"] {
+        host_local("ADD", c, &old);
+    }
+    host_local("DEL", "old1", &old);
+    // host-local's last_reserved_ip.0 is .4: corral goes on after it (.2 is free but behind).
+    assert_eq!(add(&new, "n1").addresses(), ["10.67.0.5/29"]);
+    assert_eq!(add(&new, "n2").addresses(), ["10.67.0.6/29"]);
+    assert_eq!(add(&new, "n3").addresses(), ["10.67.0.2/29"]);
+    assert_eq!(add(&new, "n4").error_code(), 100);
+    // podman deletes old2 through host-local: its file goes, and so does corral's hold.
+    host_local("DEL", "old2", &old);
+    assert_eq!(add(&new, "n4").addresses(), ["10.67.0.3/29"]);
+    // old3 is still host-local's, and still held.
+    assert_eq!(add(&new, "n5").error_code(), 100);
+    let mut check: Value = serde_json::from_slice(&new).unwrap();
+    check["prevResult"] = json!({"cniVersion": "1.0.0", "ips": [{"address": "10.67.0.4/29"}]});
+    let check = serde_json::to_vec(&check).unwrap();
+    assert_eq!(run("CHECK", "old3", "eth0", &[], &check).code, 0);
+    // A DEL through corral of a taken-over container frees it too, and the watch then
+    // never touches the address's next holder.
+    assert_eq!(run("DEL", "old3", "eth0", &[], &new).code, 0);
+    assert_eq!(add(&new, "n5").addresses(), ["10.67.0.4/29"]);
+    host_local("DEL", "old3", &old);
+    assert_eq!(add(&new, "n6").error_code(), 100);
+    let mut check: Value = serde_json::from_slice(&new).unwrap();
+    check["prevResult"] = json!({"cniVersion": "1.0.0", "ips": [{"address": "10.67.0.4/29"}]});
+    let check = serde_json::to_vec(&check).unwrap();
+    assert_eq!(run("CHECK", "n5", "eth0", &[], &check).code, 0);
+}
+
+/// The takeover and its watch on files written as host-local 1.x writes them (the tier
+/// without Debian's host-local; the test above runs the real one).
+#[test]
+fn a_taken_over_address_is_freed_when_its_host_local_file_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("testnet");
+    std::fs::create_dir(&files).unwrap();
+    std::fs::write(files.join("10.9.0.2"), "old1\r\neth0").unwrap();
+    std::fs::write(files.join("10.9.0.3"), "old2\r\neth0").unwrap();
+    std::fs::write(files.join("last_reserved_ip.0"), "10.9.0.5").unwrap();
+    // .2 to .6: after host-local's last .5 comes .6, then the wrap finds .4.
+    let stdin = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/29"}]]));
+    assert_eq!(add(&stdin, "n1").addresses(), ["10.9.0.6/29"]);
+    assert_eq!(add(&stdin, "n2").addresses(), ["10.9.0.4/29"]);
+    assert_eq!(add(&stdin, "n3").addresses(), ["10.9.0.5/29"]);
+    assert_eq!(add(&stdin, "n4").error_code(), 100);
+    std::fs::remove_file(files.join("10.9.0.3")).unwrap();
+    assert_eq!(add(&stdin, "n4").addresses(), ["10.9.0.3/29"]);
+    assert_eq!(add(&stdin, "n5").error_code(), 100);
 }
 
 /// Should the stored snapshot ever call a held address free, the database refuses the

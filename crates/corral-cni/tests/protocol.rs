@@ -1309,8 +1309,12 @@ fn ip_config_uses_the_subnet_of_the_address() {
 #[test]
 fn version_result_lists_every_supported_version() {
     assert_eq!(
-        version_json(),
+        version_json(CniVersion::LATEST),
         r#"{"cniVersion":"1.1.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]}"#
+    );
+    assert_eq!(
+        version_json(CniVersion::V1_0_0),
+        r#"{"cniVersion":"1.0.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]}"#
     );
 }
 

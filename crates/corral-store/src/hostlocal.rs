@@ -1,16 +1,35 @@
-//! Reading the reference host-local plugin's data directory, so a network can switch to
-//! corral-ipam without losing its allocations.
+//! The reference host-local plugin's data directory: read, so a network can switch to
+//! corral-ipam without losing its allocations; and written, so it can switch back.
 //!
-//! host-local keeps one file per address in `dataDir/<network>/`: the file is named by the
-//! address and holds the container ID, then `\r\n` and the interface name (older versions
-//! wrote only the container ID). `last_reserved_ip.N` and `lock` are bookkeeping.
+//! host-local (1.x) keeps one file per address in `dataDir/<network>/`: the file is named by
+//! the address and holds the container ID, then `\r\n` and the interface name (older versions
+//! wrote only the container ID). `last_reserved_ip.N` holds the last address handed out from
+//! the N-th range set (host-local's next-fit position), and `lock` is the file it flocks.
+//!
+//! Only regular files are read, each at most [`MAX_HOST_LOCAL_FILE_BYTES`] (see
+//! [`crate::read_small_file`]): a FIFO, a device or an oversized file named like an address
+//! never blocks or floods the call. Its address is still taken over, held by an unknown owner,
+//! because host-local may consider it held; the reader reports it as a warning.
 
+use std::fs::File;
+use std::io::Write;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use corral_core::{AttachmentKey, PoolName, validate_owner};
+use corral_core::{AttachmentKey, Family, PoolName, validate_owner};
 
+use crate::files::read_small_file;
 use crate::{StoreError, StoredAllocation};
+
+/// The largest host-local file read: a container ID (corral accepts up to 1,024 bytes), a line
+/// break and an interface name fit many times over.
+pub const MAX_HOST_LOCAL_FILE_BYTES: u64 = 4096;
+
+/// The prefix of host-local's next-fit files, followed by the range set's index.
+pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+
+/// The owner recorded for an address whose host-local file names no usable container ID.
+pub const UNKNOWN_HOST_LOCAL_OWNER: &str = "imported-from-host-local";
 
 /// One address host-local recorded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,45 +39,96 @@ pub struct HostLocalEntry {
     pub ifname: Option<String>,
 }
 
-/// The entries of `dir` (host-local's `dataDir/<network>`); `Ok(None)` if it does not exist.
-/// Files that are not addresses are skipped; an unreadable directory is an error.
-pub fn read_host_local_dir(dir: &Path) -> Result<Option<Vec<HostLocalEntry>>, StoreError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
+/// What a host-local network directory holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostLocalDir {
+    /// Every address file, ordered by family and address.
+    pub entries: Vec<HostLocalEntry>,
+    /// `last_reserved_ip.N` as (N, address), for each one that could be read.
+    pub last_reserved: Vec<(usize, IpAddr)>,
+    /// Files that could not be read as host-local writes them, each saying why and what was
+    /// done instead; for the caller to report.
+    pub warnings: Vec<String>,
+}
+
+fn directory_error(dir: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Directory {
+        path: dir.display().to_string(),
+        source,
+    }
+}
+
+/// The contents of `dir` (host-local's `dataDir/<network>`); `Ok(None)` if it does not exist.
+/// Files that are not addresses or bookkeeping are skipped; an unreadable directory is an
+/// error.
+pub fn read_host_local_dir(dir: &Path) -> Result<Option<HostLocalDir>, StoreError> {
+    let listing = match std::fs::read_dir(dir) {
+        Ok(listing) => listing,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(StoreError::Directory {
-                path: dir.display().to_string(),
-                source,
-            });
-        }
+        Err(source) => return Err(directory_error(dir)(source)),
     };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| StoreError::Directory {
-            path: dir.display().to_string(),
-            source,
-        })?;
+    let mut out = HostLocalDir::default();
+    for entry in listing {
+        let entry = entry.map_err(directory_error(dir))?;
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
             continue;
         };
+        if let Some(index) = name.strip_prefix(LAST_RESERVED_PREFIX) {
+            let Ok(index) = index.parse::<usize>() else {
+                continue;
+            };
+            let position = read_small_file(&entry.path(), MAX_HOST_LOCAL_FILE_BYTES)
+                .map_err(|error| error.to_string())
+                .and_then(|bytes| {
+                    String::from_utf8_lossy(&bytes)
+                        .trim()
+                        .parse::<IpAddr>()
+                        .map_err(|_| format!("{} holds no address", entry.path().display()))
+                });
+            match position {
+                Ok(addr) => out.last_reserved.push((index, addr)),
+                Err(why) => out
+                    .warnings
+                    .push(format!("{why}; next-fit starts from the range's beginning")),
+            }
+            continue;
+        }
         let Ok(addr) = name.parse::<IpAddr>() else {
             continue;
         };
-        // A file we cannot read is skipped rather than failing the switch; the address is
-        // still imported, held by an unknown owner, so it is never handed out twice.
-        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        // A file that cannot be read as host-local writes it keeps its address, held by an
+        // unknown owner: host-local may hold it, so it must never be handed out twice.
+        let text = match read_small_file(&entry.path(), MAX_HOST_LOCAL_FILE_BYTES) {
+            Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            Err(error) => {
+                out.warnings.push(format!(
+                    "{error}; {addr} is taken over as held by an unknown owner"
+                ));
+                String::new()
+            }
+        };
         let mut lines = text.lines().map(str::trim);
         let container_id = lines.next().unwrap_or_default().to_owned();
         let ifname = lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
-        out.push(HostLocalEntry {
+        out.entries.push(HostLocalEntry {
             addr,
             container_id,
             ifname,
         });
     }
-    out.sort_by_key(|e| (corral_core::Family::of(e.addr), e.addr));
+    out.entries.sort_by_key(|e| (Family::of(e.addr), e.addr));
+    out.last_reserved.sort();
     Ok(Some(out))
+}
+
+/// Whether host-local's file for `addr` is still in `dir`, whatever it holds: only its
+/// removal (host-local's DEL) says the address was given up. An error other than "not
+/// found" counts as present.
+pub fn host_local_file_exists(dir: &Path, addr: IpAddr) -> bool {
+    match std::fs::symlink_metadata(dir.join(addr.to_string())) {
+        Ok(_) => true,
+        Err(error) => error.kind() != std::io::ErrorKind::NotFound,
+    }
 }
 
 /// Turns host-local's entries into allocations of `network`, each in the pool `pool_for`
@@ -80,29 +150,99 @@ pub fn host_local_allocations(
             let pool = pool_for(entry.addr);
             let key = AttachmentKey::new(network, &entry.container_id, ifname)
                 .ok()
-                .filter(|key| {
-                    keyed.insert((
-                        pool.clone(),
-                        corral_core::Family::of(entry.addr),
-                        key.clone(),
-                    ))
-                });
+                .filter(|key| keyed.insert((pool.clone(), Family::of(entry.addr), key.clone())));
             let owner =
                 if validate_owner(&entry.container_id).is_ok() && !entry.container_id.is_empty() {
                     entry.container_id.clone()
                 } else {
-                    "imported-from-host-local".to_owned()
+                    UNKNOWN_HOST_LOCAL_OWNER.to_owned()
                 };
             StoredAllocation {
                 pool,
                 addr: entry.addr,
                 owner,
                 key,
+                // Generation 0 is never handed out by an engine (they start at 1): a release
+                // naming it frees only the allocation taken over, never a later one.
                 generation: 0,
                 lease: None,
             }
         })
         .collect()
+}
+
+/// What [`write_host_local_dir`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostLocalWritten {
+    pub dir: PathBuf,
+    /// Address files written.
+    pub written: usize,
+    /// Address files removed because the address is not among the entries.
+    pub removed: usize,
+}
+
+/// Writes `entries` as host-local's files in `dir` (host-local's `dataDir/<network>`), so
+/// host-local treats exactly these addresses as taken: one file per address holding
+/// `<container ID>\r\n<ifname>` (the container ID alone without an interface name), the
+/// `last_reserved_ip.N` files, and `lock`. Address files for other addresses are removed.
+/// host-local's lock is held meanwhile, and everything is synced before this returns.
+pub fn write_host_local_dir(
+    dir: &Path,
+    entries: &[HostLocalEntry],
+    last_reserved: &[(usize, IpAddr)],
+) -> Result<HostLocalWritten, StoreError> {
+    let fail = directory_error(dir);
+    std::fs::create_dir_all(dir).map_err(&fail)?;
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("lock"))
+        .map_err(&fail)?;
+    // host-local flocks this file for each call: a call running now finishes first, and
+    // the next one sees every file.
+    lock.lock().map_err(&fail)?;
+    let mut out = HostLocalWritten {
+        dir: dir.to_path_buf(),
+        ..HostLocalWritten::default()
+    };
+    let wanted: std::collections::HashSet<IpAddr> = entries.iter().map(|e| e.addr).collect();
+    for listed in std::fs::read_dir(dir).map_err(&fail)? {
+        let listed = listed.map_err(&fail)?;
+        let stale = listed
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<IpAddr>().ok())
+            .is_some_and(|addr| !wanted.contains(&addr));
+        if stale && listed.file_type().map_err(&fail)?.is_file() {
+            std::fs::remove_file(listed.path()).map_err(&fail)?;
+            out.removed += 1;
+        }
+    }
+    let write = |name: String, contents: &str| -> Result<(), StoreError> {
+        let mut file = File::create(dir.join(name)).map_err(&fail)?;
+        file.write_all(contents.as_bytes()).map_err(&fail)?;
+        file.sync_all().map_err(&fail)
+    };
+    for entry in entries {
+        let contents = match &entry.ifname {
+            Some(ifname) => format!("{}\r\n{ifname}", entry.container_id),
+            None => entry.container_id.clone(),
+        };
+        write(entry.addr.to_string(), &contents)?;
+        out.written += 1;
+    }
+    for (index, addr) in last_reserved {
+        write(format!("{LAST_RESERVED_PREFIX}{index}"), &addr.to_string())?;
+    }
+    File::open(dir).and_then(|d| d.sync_all()).map_err(&fail)?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        File::open(parent)
+            .and_then(|d| d.sync_all())
+            .map_err(directory_error(parent))?;
+    }
+    drop(lock);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -121,7 +261,10 @@ mod tests {
         std::fs::write(net.join("10.22.0.4"), "old-format-id").unwrap();
         std::fs::write(net.join("last_reserved_ip.0"), "10.22.0.3").unwrap();
         std::fs::write(net.join("lock"), "").unwrap();
-        let entries = read_host_local_dir(&net).unwrap().unwrap();
+        let read = read_host_local_dir(&net).unwrap().unwrap();
+        assert_eq!(read.last_reserved, [(0, "10.22.0.3".parse().unwrap())]);
+        assert!(read.warnings.is_empty(), "{:?}", read.warnings);
+        let entries = read.entries;
         assert_eq!(entries.len(), 5);
         let rows = host_local_allocations("mynet", &entries, |_| PoolName::new("mynet").unwrap());
         assert_eq!(rows[0].addr.to_string(), "10.22.0.2");
@@ -145,5 +288,67 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    /// Regression: a FIFO among host-local's files made the takeover wait forever for a
+    /// writer, holding the state directory's lock.
+    #[test]
+    fn a_fifo_a_directory_or_an_oversized_file_keeps_its_address_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.path().join("10.22.0.7"))
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        std::fs::create_dir(dir.path().join("10.22.0.8")).unwrap();
+        std::fs::write(dir.path().join("10.22.0.9"), vec![b'x'; 5000]).unwrap();
+        std::fs::write(dir.path().join("10.22.0.10"), "ok\r\neth0").unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.path().join("last_reserved_ip.0"))
+            .status()
+            .expect("mkfifo runs");
+        assert!(made.success());
+        let read = read_host_local_dir(dir.path()).unwrap().unwrap();
+        let addrs: Vec<String> = read.entries.iter().map(|e| e.addr.to_string()).collect();
+        assert_eq!(addrs, ["10.22.0.7", "10.22.0.8", "10.22.0.9", "10.22.0.10"]);
+        assert_eq!(read.entries[3].container_id, "ok");
+        assert!(read.last_reserved.is_empty());
+        assert_eq!(read.warnings.len(), 4, "{:?}", read.warnings);
+        let all = read.warnings.join("\n");
+        for needle in ["fifo", "directory", "larger than 4096 bytes", "next-fit"] {
+            assert!(all.contains(needle), "{all}");
+        }
+    }
+
+    #[test]
+    fn what_is_written_reads_back_and_replaces_other_addresses() {
+        let dir = tempfile::tempdir().unwrap();
+        let net = dir.path().join("n");
+        std::fs::create_dir(&net).unwrap();
+        std::fs::write(net.join("10.1.0.9"), "gone\r\neth0").unwrap();
+        std::fs::write(net.join("notes"), "kept").unwrap();
+        let entries = vec![
+            HostLocalEntry {
+                addr: "10.1.0.2".parse().unwrap(),
+                container_id: "c1".into(),
+                ifname: Some("eth0".into()),
+            },
+            HostLocalEntry {
+                addr: "fd01::2".parse().unwrap(),
+                container_id: "c1".into(),
+                ifname: Some("eth0".into()),
+            },
+        ];
+        let last = [(0, "10.1.0.2".parse().unwrap())];
+        let written = write_host_local_dir(&net, &entries, &last).unwrap();
+        assert_eq!((written.written, written.removed), (2, 1));
+        assert_eq!(
+            std::fs::read(net.join("10.1.0.2")).unwrap(),
+            b"c1\r\neth0".to_vec()
+        );
+        assert!(net.join("lock").exists() && net.join("notes").exists());
+        let read = read_host_local_dir(&net).unwrap().unwrap();
+        assert_eq!(read.entries, entries);
+        assert_eq!(read.last_reserved, last);
     }
 }

@@ -11,9 +11,11 @@
 
 mod checkpoint;
 mod codec;
+mod files;
 mod hostlocal;
 mod load;
 mod memory;
+mod pending;
 mod sqlite;
 
 use std::net::IpAddr;
@@ -27,13 +29,25 @@ pub use checkpoint::{
     CHECKPOINT_FORMAT, Checkpoint, CheckpointAllocation, CheckpointCooling, ScopeCheckpoint,
     export_checkpoint, import_checkpoint,
 };
-pub use hostlocal::{HostLocalEntry, host_local_allocations, read_host_local_dir};
+pub use files::{SmallFileError, read_small_file};
+pub use hostlocal::{
+    HostLocalDir, HostLocalEntry, HostLocalWritten, LAST_RESERVED_PREFIX,
+    MAX_HOST_LOCAL_FILE_BYTES, UNKNOWN_HOST_LOCAL_OWNER, host_local_allocations,
+    host_local_file_exists, read_host_local_dir, write_host_local_dir,
+};
 pub use load::{Need, build_engine, save_engine};
 pub use memory::{MemoryStore, MemoryTxn};
-pub use sqlite::{AGENT_FILE, DB_FILE, LOCK_FILE, SqliteStore, SqliteTxn, StoreHealth};
+pub use pending::{
+    AGENT_CLAIM_SUFFIX, Claimed, MAX_PENDING_RECORD_BYTES, PENDING_DIR, PENDING_FORMAT, PendingDel,
+    PendingError, PendingFile, claim_all_for_agent, claim_pending_del, pending_dir,
+    pending_file_name, record_pending_del,
+};
+pub use sqlite::{
+    AGENT_FILE, DB_FILE, HostLocalTakeover, LOCK_FILE, SqliteStore, SqliteTxn, StoreHealth,
+};
 
 /// The schema version this build writes; older databases are migrated when opened.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Something went wrong underneath; the transaction changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +57,14 @@ pub enum StoreError {
         path: String,
         #[source]
         source: std::io::Error,
+    },
+    /// The state directory's path names something that is not a directory (a regular file
+    /// given by mistake), or passes through one.
+    #[error("the state directory {path} cannot be used: {blocker} is a {kind}, not a directory")]
+    NotADirectory {
+        path: String,
+        blocker: String,
+        kind: &'static str,
     },
     #[error("cannot lock {path}: {source}")]
     Lock {

@@ -93,7 +93,51 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (scope, family, addr)
     ) STRICT, WITHOUT ROWID;
     CREATE INDEX allocations_by_key ON allocations (scope, network, container_id, ifname);",
+    // 1 → 2: the addresses corral-ipam took over from host-local and still watches (see
+    // `HostLocalTakeover`).
+    "CREATE TABLE host_local_takeover (
+        scope TEXT PRIMARY KEY,
+        dir_mtime_ns INTEGER NOT NULL,
+        addrs TEXT NOT NULL
+    ) STRICT;",
 ];
+
+/// What corral-ipam took over from host-local for one network (scope): the addresses whose
+/// allocations it still watches, and the host-local directory's modification time when it
+/// last looked. While the time is unchanged, no file was removed, so there is nothing to
+/// look at; once an address's file is gone (host-local's DEL, sent by a runtime that kept
+/// the old configuration), its allocation is released.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostLocalTakeover {
+    /// Nanoseconds since the epoch; 0 when the next call must look again.
+    pub dir_mtime_ns: i64,
+    pub addrs: Vec<IpAddr>,
+}
+
+fn read_takeover(conn: &Connection, scope: &str) -> Result<Option<HostLocalTakeover>, StoreError> {
+    let row = conn
+        .prepare_cached("SELECT dir_mtime_ns, addrs FROM host_local_takeover WHERE scope = ?1")?
+        .query_row([scope], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+        })
+        .optional()?;
+    let Some((dir_mtime_ns, addrs)) = row else {
+        return Ok(None);
+    };
+    let addrs = addrs
+        .split_whitespace()
+        .map(|a| {
+            a.parse::<IpAddr>().map_err(|_| StoreError::Corrupt {
+                what: "host-local takeover".into(),
+                reason: format!("{a:?} is not an address"),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(HostLocalTakeover {
+        dir_mtime_ns,
+        addrs,
+    }))
+}
 
 /// A SQLite-backed [`Store`] over one state directory.
 #[derive(Debug)]
@@ -395,6 +439,14 @@ impl SqliteStore {
             .exists([scope])?)
     }
 
+    /// The scope's host-local takeover, read outside any transaction (as [`Self::has_scope`]).
+    pub fn host_local_takeover(
+        &self,
+        scope: &str,
+    ) -> Result<Option<HostLocalTakeover>, StoreError> {
+        read_takeover(self.conn(), scope)
+    }
+
     /// The schema version of the open database.
     pub fn schema_version(&self) -> Result<u32, StoreError> {
         Ok(self
@@ -504,6 +556,7 @@ fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     if dir.is_dir() {
         return Ok(());
     }
+    not_a_directory(dir)?;
     let mut missing = Vec::new();
     let mut current = Some(dir);
     while let Some(path) = current {
@@ -517,6 +570,37 @@ fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
     for path in missing.iter().rev() {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a state directory path that names, or passes through, something other than a
+/// directory (`mkdir` would only say "File exists" or "Not a directory").
+fn not_a_directory(dir: &Path) -> Result<(), StoreError> {
+    for path in dir.ancestors().filter(|p| !p.as_os_str().is_empty()) {
+        if let Ok(metadata) = std::fs::metadata(path) {
+            let file_type = metadata.file_type();
+            if file_type.is_dir() {
+                return Ok(());
+            }
+            use std::os::unix::fs::FileTypeExt;
+            let kind = if file_type.is_file() {
+                "regular file"
+            } else if file_type.is_fifo() {
+                "fifo (named pipe)"
+            } else if file_type.is_socket() {
+                "socket"
+            } else if file_type.is_char_device() || file_type.is_block_device() {
+                "device"
+            } else {
+                "special file"
+            };
+            return Err(StoreError::NotADirectory {
+                path: dir.display().to_string(),
+                blocker: path.display().to_string(),
+                kind,
+            });
         }
     }
     Ok(())
@@ -826,6 +910,31 @@ impl SqliteTxn<'_> {
     fn tx(&self) -> &Connection {
         debug_assert!(self.open, "the transaction is open until commit or finish");
         self.conn
+    }
+
+    /// The scope's host-local takeover, if it has one.
+    pub fn host_local_takeover(
+        &mut self,
+        scope: &str,
+    ) -> Result<Option<HostLocalTakeover>, StoreError> {
+        read_takeover(self.tx(), scope)
+    }
+
+    /// Records the scope's host-local takeover (kept when it lists no address any more, so
+    /// the next call knows at once that the network was taken over).
+    pub fn put_host_local_takeover(
+        &mut self,
+        scope: &str,
+        takeover: &HostLocalTakeover,
+    ) -> Result<(), StoreError> {
+        let addrs: Vec<String> = takeover.addrs.iter().map(ToString::to_string).collect();
+        self.tx()
+            .prepare_cached(
+                "INSERT OR REPLACE INTO host_local_takeover (scope, dir_mtime_ns, addrs) \
+                 VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![scope, takeover.dir_mtime_ns, addrs.join(" ")])?;
+        Ok(())
     }
 
     fn query_allocations(

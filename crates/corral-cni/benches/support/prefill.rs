@@ -6,7 +6,7 @@
 //! IDs, so the next ADD of either starts from the same place.
 //!
 //! * corral: in-process through the library, exactly as the plugin would have stored it: the
-//!   scope configuration the plugin derives (`plugin::scope_config`), a full engine from
+//!   scope configuration the plugin derives (`corral_cni::scope_config`), a full engine from
 //!   `build_engine`, one row per held address keyed by
 //!   (network, container ID, `eth0`) with the container ID as owner, then `save_engine` and
 //!   one commit. Should the store run SQLite in WAL mode, that one large transaction would
@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use corral_cni::plugin::scope_config;
+use corral_cni::scope_config;
 use corral_cni::{CniArgs, Command, NetConfig, parse_config};
 use corral_core::{AttachmentKey, EngineConfig, Family, Request, Target, Timestamp};
 use corral_store::{

@@ -4,8 +4,9 @@
 // Each test file uses part of this module.
 #![allow(dead_code)]
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -18,6 +19,8 @@ pub fn binary() -> String {
 pub struct Outcome {
     pub code: i32,
     pub stdout: String,
+    /// Warnings the plugin printed for the runtime's log.
+    pub stderr: String,
 }
 
 impl Outcome {
@@ -48,7 +51,25 @@ impl Outcome {
     }
 }
 
+/// How long one call may take before the test calls it hung (a call takes milliseconds; the
+/// margin is for a loaded machine).
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs corral-ipam as a runtime does; a call still running after [`DEADLINE`] is killed and
+/// fails the test (a plugin that hangs holds its data directory's lock for every other call).
 pub fn run(
+    command: &str,
+    container: &str,
+    ifname: &str,
+    extra: &[(&str, &str)],
+    stdin: &[u8],
+) -> Outcome {
+    run_within(DEADLINE, command, container, ifname, extra, stdin)
+}
+
+/// [`run`] with a deadline of its own.
+pub fn run_within(
+    deadline: Duration,
     command: &str,
     container: &str,
     ifname: &str,
@@ -72,9 +93,30 @@ pub fn run(
     // The plugin may refuse before reading everything; a broken pipe is then expected.
     let _ = input.write_all(stdin);
     drop(input);
-    let output = child.wait_with_output().unwrap();
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("corral-ipam {command} {container} hung: killed after {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
     Outcome {
-        code: output.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8(output.stdout).unwrap(),
+        code: status.code().expect("exited, not killed"),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
 }
