@@ -12,7 +12,9 @@ pub mod api;
 pub mod committer;
 pub mod config;
 pub mod host;
+pub mod local_routes;
 pub mod metrics;
+mod netlink;
 pub mod openapi;
 mod server;
 

@@ -40,6 +40,7 @@ pub mod paths {
     pub const POOL_RANGES_REMOVE: &str = "/v1/pools/ranges/remove";
     pub const POOL_EXCLUSIONS_ADD: &str = "/v1/pools/exclusions/add";
     pub const POOL_EXCLUSIONS_REMOVE: &str = "/v1/pools/exclusions/remove";
+    pub const POOL_RESERVE_LOCAL_ROUTES: &str = "/v1/pools/reserve-local-routes";
     pub const CHECKPOINT: &str = "/v1/checkpoint";
     pub const CNI_ADD: &str = "/v1/cni/add";
     pub const CNI_DEL: &str = "/v1/cni/del";
@@ -443,6 +444,66 @@ pub struct ExclusionRequest {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(default = ""))]
     pub reason: String,
+}
+
+/// `POST /v1/pools/reserve-local-routes`: the agent reads the node's routes and interface
+/// addresses (netlink) and excludes from the scope's pools every address they cover that is
+/// not the pool's own, replacing what an earlier reservation excluded. The agent also does
+/// this when it starts. Only the agent's own scope [`NODE_SCOPE`] takes local-route
+/// exclusions: a CNI network's pools follow its configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(examples(json!({}), json!({"scope": "node"}))))]
+#[serde(deny_unknown_fields)]
+pub struct ReserveLocalRoutesRequest {
+    #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
+    pub scope: String,
+}
+
+/// One exclusion a local route or interface address made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LocalRouteExclusion {
+    pub pool: String,
+    /// An address or a network in CIDR form.
+    pub network: String,
+    /// What covers it: `local route 10.0.0.0/24 dev eth0`, `local address 10.88.0.5 of
+    /// eth0`, `local subnet 10.88.0.0/24 of eth0`.
+    pub reason: String,
+}
+
+/// An allocated address that a local route or interface address covers: it stays allocated
+/// and is not excluded (nothing is ever released by a reservation), so whoever holds it
+/// shares it with the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LocalRouteConflict {
+    pub pool: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
+    pub address: IpAddr,
+    /// Who holds the address.
+    pub owner: String,
+    /// What covers it, as in [`LocalRouteExclusion::reason`].
+    pub reason: String,
+}
+
+/// What a reservation of local routes found and changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReserveLocalRoutesResponse {
+    pub scope: String,
+    /// Every local-route exclusion of the scope's pools, after this request.
+    pub excluded: Vec<LocalRouteExclusion>,
+    /// The exclusions this request made (new, or with a new reason).
+    pub added: Vec<LocalRouteExclusion>,
+    /// The exclusions this request removed: their route or address is gone.
+    pub removed: Vec<LocalRouteExclusion>,
+    /// Allocated addresses a local route or address covers (left allocated, not excluded).
+    pub conflicts: Vec<LocalRouteConflict>,
 }
 
 /// The body of a successful request that returns nothing else.
