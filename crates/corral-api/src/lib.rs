@@ -451,7 +451,7 @@ pub struct ExclusionRequest {
 /// not the pool's own, replacing what an earlier reservation excluded. The agent also does
 /// this when it starts. Only the agent's own scope [`NODE_SCOPE`] takes local-route
 /// exclusions: a CNI network's pools follow its configuration.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(examples(json!({}), json!({"scope": "node"}))))]
 #[serde(deny_unknown_fields)]
@@ -459,6 +459,33 @@ pub struct ReserveLocalRoutesRequest {
     #[serde(default = "node_scope")]
     #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
+}
+
+/// Only a JSON object: serde's derived struct would also take an array, positionally, and
+/// an empty one (`[]`) would then pass for `{}`, since every field has a default.
+impl<'de> Deserialize<'de> for ReserveLocalRoutesRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            #[serde(default = "node_scope")]
+            scope: String,
+        }
+        struct ObjectOnly;
+        impl<'de> serde::de::Visitor<'de> for ObjectOnly {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Fields, A::Error> {
+                Fields::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        let fields = deserializer.deserialize_map(ObjectOnly)?;
+        Ok(ReserveLocalRoutesRequest {
+            scope: fields.scope,
+        })
+    }
 }
 
 /// One exclusion a local route or interface address made.
@@ -804,5 +831,29 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::RetryLater => 503,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (schemathesis): `[]` was taken for `{}`, as serde's derived structs take
+    /// arrays positionally and every field of this request has a default.
+    #[test]
+    fn an_empty_array_is_not_a_reservation_request() {
+        let parse = |text: &str| serde_json::from_str::<ReserveLocalRoutesRequest>(text);
+        assert_eq!(parse("{}").unwrap().scope, NODE_SCOPE);
+        assert_eq!(parse(r#"{"scope": "other"}"#).unwrap().scope, "other");
+        let error = parse("[]").unwrap_err().to_string();
+        assert!(error.contains("expected a JSON object"), "{error}");
+        assert!(parse(r#"["node"]"#).is_err());
+        let error = parse(r#"{"scop": "node"}"#).unwrap_err().to_string();
+        assert!(error.contains("unknown field `scop`"), "{error}");
+        let request = ReserveLocalRoutesRequest {
+            scope: "node".into(),
+        };
+        let text = serde_json::to_string(&request).unwrap();
+        assert_eq!(parse(&text).unwrap(), request);
     }
 }
