@@ -776,7 +776,7 @@ mod tests {
                 conflicts: NO,
             },
             Case {
-                name: "a gateway address on another interface: only that address is the pool's",
+                name: "whatever its name, the interface holding the gateway is the pool's bridge",
                 pools: &["default 10.88.0.0/16,gateway=10.88.0.1"],
                 addresses: &["eth1 10.88.0.1/32"],
                 routes: &["10.88.0.0/30 dev eth1"],
