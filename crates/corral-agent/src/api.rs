@@ -335,6 +335,31 @@ async fn remove_exclusion(
     )
 }
 
+/// Reads the node's routes and addresses first (off the async threads), then reserves them
+/// through the committer like any change.
+async fn reserve_local_routes(
+    State(state): State<AppState>,
+    Body(request): Body<api::ReserveLocalRoutesRequest>,
+) -> Result<Json<api::ReserveLocalRoutesResponse>, ApiError> {
+    crate::local_routes::check_scope(&request.scope).map_err(ApiError)?;
+    let host = crate::local_routes::read_host_networks()
+        .await
+        .map_err(ApiError)?;
+    let op = Op::ReserveLocalRoutes(crate::local_routes::LocalRoutesRequest {
+        scope: request.scope,
+        host,
+    });
+    match state.run("reserve_local_routes", op).await? {
+        Reply::LocalRoutes(response) => {
+            for line in crate::local_routes::log_lines(&response) {
+                eprintln!("corral agent: {line}");
+            }
+            Ok(Json(response))
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
 async fn export(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     answer!(state, "export", Op::Export, Checkpoint)
 }
@@ -410,6 +435,7 @@ pub fn router(state: AppState) -> Router {
         .route(paths::POOL_RANGES_REMOVE, post(remove_range))
         .route(paths::POOL_EXCLUSIONS_ADD, post(add_exclusion))
         .route(paths::POOL_EXCLUSIONS_REMOVE, post(remove_exclusion))
+        .route(paths::POOL_RESERVE_LOCAL_ROUTES, post(reserve_local_routes))
         .route(paths::CHECKPOINT, get(export).post(import))
         .route(paths::CNI_ADD, post(cni_add))
         .route(paths::CNI_DEL, post(cni_del))

@@ -216,6 +216,17 @@ pub fn operations() -> Vec<Operation> {
             CHANGE,
         ),
         op(
+            "post",
+            paths::POOL_RESERVE_LOCAL_ROUTES,
+            "reserve_local_routes",
+            "Excludes from the pools every address the node's routes and interface addresses \
+             cover that is not the pool's own, replacing the previous reservation's exclusions; \
+             allocated addresses are reported as conflicts, never excluded or released",
+            Some(name::<api::ReserveLocalRoutesRequest>()),
+            Success::Json(name::<api::ReserveLocalRoutesResponse>()),
+            &[400, 413, 415, 503],
+        ),
+        op(
             "get",
             paths::CHECKPOINT,
             "export_checkpoint",
@@ -396,6 +407,8 @@ fn component_schemas() -> BTreeMap<String, Value> {
     add::<api::RangeRequest>(&mut all);
     add::<api::RangeRemoved>(&mut all);
     add::<api::ExclusionRequest>(&mut all);
+    add::<api::ReserveLocalRoutesRequest>(&mut all);
+    add::<api::ReserveLocalRoutesResponse>(&mut all);
     add::<api::Done>(&mut all);
     add::<api::CniAddRequest>(&mut all);
     add::<api::CniKeyRequest>(&mut all);

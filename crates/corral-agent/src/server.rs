@@ -139,6 +139,8 @@ pub async fn serve(
     if let Ok(Reply::Expired(n)) = committer.submit(Op::Tick).await {
         state.metrics.leases_expired.inc_by(n as u64);
     }
+    // What the node's routes and addresses cover is excluded before anything is handed out.
+    crate::local_routes::reserve_at_start(&committer).await;
     state.ready.store(true, Ordering::Release);
     on_ready();
     let ticker = {

@@ -176,6 +176,7 @@ fn every_schema_example_parses_as_its_type() {
                 LeaseStopRequest,
                 RangeRequest,
                 ExclusionRequest,
+                ReserveLocalRoutesRequest,
                 CniNetwork,
                 CniAddRequest,
                 CniKeyRequest,

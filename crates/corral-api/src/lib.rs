@@ -40,6 +40,7 @@ pub mod paths {
     pub const POOL_RANGES_REMOVE: &str = "/v1/pools/ranges/remove";
     pub const POOL_EXCLUSIONS_ADD: &str = "/v1/pools/exclusions/add";
     pub const POOL_EXCLUSIONS_REMOVE: &str = "/v1/pools/exclusions/remove";
+    pub const POOL_RESERVE_LOCAL_ROUTES: &str = "/v1/pools/reserve-local-routes";
     pub const CHECKPOINT: &str = "/v1/checkpoint";
     pub const CNI_ADD: &str = "/v1/cni/add";
     pub const CNI_DEL: &str = "/v1/cni/del";
@@ -471,6 +472,93 @@ pub struct ExclusionRequest {
     pub reason: String,
 }
 
+/// `POST /v1/pools/reserve-local-routes`: the agent reads the node's routes and interface
+/// addresses (netlink) and excludes from the scope's pools every address they cover that is
+/// not the pool's own, replacing what an earlier reservation excluded. The agent also does
+/// this when it starts. Only the agent's own scope [`NODE_SCOPE`] takes local-route
+/// exclusions: a CNI network's pools follow its configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(examples(json!({}), json!({"scope": "node"}))))]
+#[serde(deny_unknown_fields)]
+pub struct ReserveLocalRoutesRequest {
+    #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
+    pub scope: String,
+}
+
+/// Only a JSON object: serde's derived struct would also take an array, positionally, and
+/// an empty one (`[]`) would then pass for `{}`, since every field has a default.
+impl<'de> Deserialize<'de> for ReserveLocalRoutesRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            #[serde(default = "node_scope")]
+            scope: String,
+        }
+        struct ObjectOnly;
+        impl<'de> serde::de::Visitor<'de> for ObjectOnly {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Fields, A::Error> {
+                Fields::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        let fields = deserializer.deserialize_map(ObjectOnly)?;
+        Ok(ReserveLocalRoutesRequest {
+            scope: fields.scope,
+        })
+    }
+}
+
+/// One exclusion a local route or interface address made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LocalRouteExclusion {
+    pub pool: String,
+    /// An address or a network in CIDR form.
+    pub network: String,
+    /// What covers it: `local route 10.0.0.0/24 dev eth0`, `local address 10.88.0.5 of
+    /// eth0`, `local subnet 10.88.0.0/24 of eth0`.
+    pub reason: String,
+}
+
+/// An allocated address that a local route or interface address covers: it stays allocated
+/// and is not excluded (nothing is ever released by a reservation), so whoever holds it
+/// shares it with the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LocalRouteConflict {
+    pub pool: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
+    pub address: IpAddr,
+    /// Who holds the address.
+    pub owner: String,
+    /// What covers it, as in [`LocalRouteExclusion::reason`].
+    pub reason: String,
+}
+
+/// What a reservation of local routes found and changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ReserveLocalRoutesResponse {
+    pub scope: String,
+    /// Every local-route exclusion of the scope's pools, after this request.
+    pub excluded: Vec<LocalRouteExclusion>,
+    /// The exclusions this request made (new, or with a new reason).
+    pub added: Vec<LocalRouteExclusion>,
+    /// The exclusions this request removed: their route or address is gone.
+    pub removed: Vec<LocalRouteExclusion>,
+    /// Allocated addresses a local route or address covers (left allocated, not excluded).
+    pub conflicts: Vec<LocalRouteConflict>,
+}
+
 /// The body of a successful request that returns nothing else.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -769,5 +857,29 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::RetryLater => 503,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (schemathesis): `[]` was taken for `{}`, as serde's derived structs take
+    /// arrays positionally and every field of this request has a default.
+    #[test]
+    fn an_empty_array_is_not_a_reservation_request() {
+        let parse = |text: &str| serde_json::from_str::<ReserveLocalRoutesRequest>(text);
+        assert_eq!(parse("{}").unwrap().scope, NODE_SCOPE);
+        assert_eq!(parse(r#"{"scope": "other"}"#).unwrap().scope, "other");
+        let error = parse("[]").unwrap_err().to_string();
+        assert!(error.contains("expected a JSON object"), "{error}");
+        assert!(parse(r#"["node"]"#).is_err());
+        let error = parse(r#"{"scop": "node"}"#).unwrap_err().to_string();
+        assert!(error.contains("unknown field `scop`"), "{error}");
+        let request = ReserveLocalRoutesRequest {
+            scope: "node".into(),
+        };
+        let text = serde_json::to_string(&request).unwrap();
+        assert_eq!(parse(&text).unwrap(), request);
     }
 }

@@ -86,6 +86,16 @@ pub enum PoolCommand {
     /// Remove a range; one that holds allocations drains (hands out nothing more and goes
     /// with its last allocation)
     Remove { pool: String, range: String },
+    /// Exclude from the pools every address the node's routes and interface addresses cover
+    /// (the agent reads them; it also does this when it starts)
+    ///
+    /// Replaces what the last reservation excluded: an exclusion whose route or address is
+    /// gone is removed. A route or address is the pool's own, and excludes nothing, when it
+    /// holds a whole range's subnet (the bridge's subnet route, the default route), is a
+    /// range's gateway, goes through the interface holding a gateway (the bridge), or is a
+    /// pod's host route. An allocated address is never excluded nor released: it is shown
+    /// as a conflict.
+    ReserveLocalRoutes,
 }
 
 #[derive(Debug, Args)]
@@ -468,6 +478,13 @@ pub fn pool(session: &mut Session, command: PoolCommand) -> Result<Outcome, Fail
                     request.range, request.pool, request.scope
                 ),
             })
+        }
+        PoolCommand::ReserveLocalRoutes => {
+            let request = corral_api::ReserveLocalRoutesRequest {
+                scope: session.write_scope()?,
+            };
+            let response = session.client.reserve_local_routes(&request)?;
+            session.render(&response, crate::local_routes::table)
         }
     }
 }

@@ -19,6 +19,7 @@ mod check;
 mod commands;
 mod exit;
 mod hostlocal;
+mod local_routes;
 mod output;
 mod parse;
 
@@ -158,7 +159,7 @@ enum Command {
     Alloc(commands::AllocArgs),
     /// Release addresses: of an attachment, one address, or everything an owner holds
     Release(commands::ReleaseArgs),
-    /// List pools, or add and remove their address ranges
+    /// List pools, add and remove their address ranges, or reserve the node's local routes
     #[command(subcommand)]
     Pool(commands::PoolCommand),
     /// Exclude an address or network from a pool (or, with --remove, allow it again)

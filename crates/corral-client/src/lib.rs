@@ -199,6 +199,15 @@ impl Client {
         self.post(paths::POOL_EXCLUSIONS_REMOVE, request)
     }
 
+    /// `POST /v1/pools/reserve-local-routes`: excludes what the node's routes and addresses
+    /// cover, and says what that changed.
+    pub fn reserve_local_routes(
+        &mut self,
+        request: &corral_api::ReserveLocalRoutesRequest,
+    ) -> Result<corral_api::ReserveLocalRoutesResponse, Error> {
+        self.post(paths::POOL_RESERVE_LOCAL_ROUTES, request)
+    }
+
     // ---- checkpoints -------------------------------------------------------------------
 
     /// `GET /v1/checkpoint`: every scope as a checkpoint document.

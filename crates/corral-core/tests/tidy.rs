@@ -58,6 +58,7 @@ fn core_pulls_in_no_io_crates() {
         "axum",
         "mio",
         "libc",
+        "netlink-sys",
     ] {
         assert!(
             !crates.iter().any(|c| c == forbidden),
@@ -67,7 +68,8 @@ fn core_pulls_in_no_io_crates() {
 }
 
 /// corral-ipam is exec'd once per CNI call and must start fast: no async runtime, no HTTP
-/// framework, also not through its agent client (which parses HTTP with httparse).
+/// framework, also not through its agent client (which parses HTTP with httparse); and no
+/// netlink, which only the agent reads the node's routes with.
 #[test]
 fn the_cni_plugin_pulls_in_no_async_runtime() {
     let crates = dependencies("corral-cni");
@@ -80,6 +82,8 @@ fn the_cni_plugin_pulls_in_no_async_runtime() {
         "async-std",
         "futures-util",
         "reqwest",
+        "netlink-sys",
+        "netlink-packet-route",
     ] {
         assert!(
             !crates.iter().any(|c| c == forbidden),

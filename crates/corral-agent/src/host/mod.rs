@@ -87,6 +87,8 @@ pub enum Op {
     CniCheck(api::CniKeyRequest),
     CniGc(api::CniGcRequest),
     CniStatus(api::CniStatusRequest),
+    /// Excludes what the node's routes and addresses cover (`local_routes.rs`).
+    ReserveLocalRoutes(crate::local_routes::LocalRoutesRequest),
     /// Expires leases and ends cooldowns that have run out.
     Tick,
     /// Counts for the metrics endpoint.
@@ -135,6 +137,7 @@ pub enum Reply {
     Gauges(Vec<Gauge>),
     /// A tick: how many leases expired.
     Expired(usize),
+    LocalRoutes(api::ReserveLocalRoutesResponse),
 }
 
 /// One line of per-pool counts for the metrics endpoint.
@@ -451,6 +454,17 @@ impl<S: Store, C: Clock> Host<S, C> {
                     .pools
                     .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
                 Ok(Reply::ScopeStatus(status))
+            }
+            Op::ReserveLocalRoutes(request) => {
+                let scope = self.scope_mut(&request.scope)?;
+                let response = crate::local_routes::reserve(
+                    &request.scope,
+                    &mut scope.engine,
+                    &mut scope.config,
+                    &request.host,
+                )?;
+                touched.insert(request.scope);
+                Ok(Reply::LocalRoutes(response))
             }
             Op::Tick => {
                 let mut expired = 0;
