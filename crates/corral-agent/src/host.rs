@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{
-    AllocError, Allocation, AttachmentKey, Engine, EngineConfig, Exclusion, Family, PoolName,
+    AllocError, Allocation, AttachmentKey, Echo, Engine, EngineConfig, Exclusion, Family, PoolName,
     RangeRemoval, RangeSpec, Released, Request, Target, Timestamp,
 };
 use corral_store::{
@@ -250,7 +250,7 @@ fn family_of(name: api::FamilyName) -> Family {
 }
 
 fn pool_name(text: &str) -> Result<PoolName, OpError> {
-    PoolName::new(text).map_err(|e| OpError::bad_request(format!("pool {text:?}: {e}")))
+    PoolName::new(text).map_err(|e| OpError::bad_request(format!("pool {}: {e}", Echo(text))))
 }
 
 fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
@@ -502,18 +502,24 @@ impl Host {
         if let Some(broken) = self.broken.get(scope) {
             return Err(broken.error(scope));
         }
-        self.scopes
-            .get_mut(scope)
-            .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
+        self.scopes.get_mut(scope).ok_or_else(|| {
+            OpError::new(
+                ErrorCode::NotFound,
+                format!("unknown scope {}", Echo(scope)),
+            )
+        })
     }
 
     fn scope(&self, scope: &str) -> Result<&Scope, OpError> {
         if let Some(broken) = self.broken.get(scope) {
             return Err(broken.error(scope));
         }
-        self.scopes
-            .get(scope)
-            .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
+        self.scopes.get(scope).ok_or_else(|| {
+            OpError::new(
+                ErrorCode::NotFound,
+                format!("unknown scope {}", Echo(scope)),
+            )
+        })
     }
 
     fn selected(&self, scope: Option<&str>) -> Result<Vec<(&String, &Scope)>, OpError> {
@@ -547,8 +553,9 @@ impl Host {
                 Ok(Reply::Lease(api_lease(&lease)))
             }
             Op::LeaseStop(request) => {
-                let id = corral_core::Uuid::parse_str(&request.id)
-                    .map_err(|e| OpError::bad_request(format!("lease id {:?}: {e}", request.id)))?;
+                let id = corral_core::Uuid::parse_str(&request.id).map_err(|e| {
+                    OpError::bad_request(format!("lease id {}: {e}", Echo(&request.id)))
+                })?;
                 let scope = self.scope_mut(&request.scope)?;
                 scope.engine.stop_lease(request.address, id)?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
@@ -559,10 +566,9 @@ impl Host {
             Op::Pools(scope) => Ok(Reply::Pools(self.pools(scope.as_deref())?)),
             Op::AddRange(request) => {
                 let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request
-                    .range
-                    .parse()
-                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let spec: RangeSpec = request.range.parse().map_err(|e| {
+                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
+                })?;
                 let scope = self.scope_mut(&request.scope)?;
                 let new_pool = !scope.engine.pool_names().contains(&pool);
                 if new_pool {
@@ -584,10 +590,9 @@ impl Host {
             }
             Op::RemoveRange(request) => {
                 let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request
-                    .range
-                    .parse()
-                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let spec: RangeSpec = request.range.parse().map_err(|e| {
+                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
+                })?;
                 let scope = self.scope_mut(&request.scope)?;
                 let outcome = scope.engine.remove_range(&pool, &spec)?;
                 let spec_text = spec.to_string();
@@ -1236,11 +1241,11 @@ fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
         for range in &pool.ranges {
             range
                 .parse::<RangeSpec>()
-                .map_err(|e| OpError::bad_request(format!("range {range:?}: {e}")))?;
+                .map_err(|e| OpError::bad_request(format!("range {}: {e}", Echo(range))))?;
         }
         for (network, reason) in &pool.exclusions {
             Exclusion::parse(network, reason)
-                .map_err(|e| OpError::bad_request(format!("exclusion {network:?}: {e}")))?;
+                .map_err(|e| OpError::bad_request(format!("exclusion {}: {e}", Echo(network))))?;
         }
     }
     Ok(())
