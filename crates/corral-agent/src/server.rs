@@ -2,7 +2,7 @@
 //! the lease ticker, and shutdown on SIGINT / SIGTERM.
 
 use std::future::Future;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -37,9 +37,12 @@ pub enum AgentError {
     Io(#[from] std::io::Error),
 }
 
-/// Binds the unix socket: refuses to take over one that another agent answers on, removes a
-/// stale one, and sets mode 0660 (owner and group may call the API).
-fn bind_socket(path: &Path) -> Result<UnixListener, AgentError> {
+/// Binds the unix socket. Only a stale socket (one nobody answers on: a killed agent's) is
+/// removed; a socket another agent answers on, and anything that is not a socket (a
+/// configuration file given to `--socket` by mistake), are refused and left as they are.
+/// Sets mode 0660 (owner and group may call the API). Returns the listener and the socket
+/// file's identity, so shutdown removes this socket and nothing that replaced it.
+fn bind_socket(path: &Path) -> Result<(UnixListener, FileIdentity), AgentError> {
     let fail = |message: String| AgentError::Socket {
         path: path.display().to_string(),
         message,
@@ -48,17 +51,79 @@ fn bind_socket(path: &Path) -> Result<UnixListener, AgentError> {
         std::fs::create_dir_all(parent)
             .map_err(|e| fail(format!("cannot create {}: {e}", parent.display())))?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(fail("another agent is listening on it".into()));
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => return Err(fail("another agent is listening on it".into())),
+                // Refused: nobody listens; the socket is a dead agent's and can go.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path)
+                        .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+                }
+                Err(e) => {
+                    return Err(fail(format!(
+                        "cannot tell whether another agent listens on it: {e}"
+                    )));
+                }
+            }
         }
-        std::fs::remove_file(path)
-            .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+        Ok(metadata) => {
+            return Err(fail(format!(
+                "it is {}, not a socket; refusing to replace it (name a socket path that \
+                 does not exist yet)",
+                file_kind(&metadata.file_type())
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e.to_string())),
     }
     let listener = UnixListener::bind(path).map_err(|e| fail(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| fail(format!("cannot set its mode: {e}")))?;
-    Ok(listener)
+    let identity = std::fs::symlink_metadata(path)
+        .map(|metadata| FileIdentity::of(&metadata))
+        .map_err(|e| fail(e.to_string()))?;
+    Ok((listener, identity))
+}
+
+/// A file's device and inode: which file a path named at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileIdentity {
+    device: u64,
+    inode: u64,
+}
+
+impl FileIdentity {
+    fn of(metadata: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+        }
+    }
+}
+
+/// Removes the socket the agent bound, unless the path names another file by now.
+fn remove_socket(path: &Path, bound: FileIdentity) {
+    if std::fs::symlink_metadata(path).is_ok_and(|metadata| FileIdentity::of(&metadata) == bound) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// What a file that is not a socket is, for the message that refuses it.
+fn file_kind(file_type: &std::fs::FileType) -> &'static str {
+    if file_type.is_file() {
+        "a regular file"
+    } else if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_symlink() {
+        "a symbolic link"
+    } else if file_type.is_fifo() {
+        "a fifo"
+    } else if file_type.is_char_device() || file_type.is_block_device() {
+        "a device"
+    } else {
+        "a file of another kind"
+    }
 }
 
 /// Runs the agent until `shutdown` completes. `on_ready` is called once the state is
@@ -77,7 +142,7 @@ pub async fn serve(
         store_health: store.health(),
         metrics: Arc::new(Metrics::default()),
     };
-    let unix = bind_socket(&config.socket)?;
+    let (unix, socket_identity) = bind_socket(&config.socket)?;
     let router = api::router(state.clone());
     let tcp = match config.tcp {
         Some(addr) => Some((
@@ -156,7 +221,7 @@ pub async fn serve(
     let _ = ticker.await;
     // The socket goes while the directory is still ours: a successor agent binds its own
     // socket only after it got the directory, so this cannot remove the successor's.
-    let _ = std::fs::remove_file(&config.socket);
+    remove_socket(&config.socket, socket_identity);
     // The committer finishes its batch in progress and closes the store.
     let _ = tokio::task::spawn_blocking(move || committer.close()).await;
     drop(state);
