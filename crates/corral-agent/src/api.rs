@@ -8,7 +8,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
@@ -40,6 +40,8 @@ pub struct AppState {
     /// `/readyz` answer 503 (a restart recovers from what the disk holds).
     pub store_health: StoreHealth,
     pub metrics: Arc<Metrics>,
+    /// How long a request's body may take to arrive after its head.
+    pub body_timeout: Duration,
 }
 
 /// An error answer.
@@ -71,13 +73,23 @@ fn error(code: ErrorCode, message: impl Into<String>) -> ApiError {
 #[derive(Debug)]
 pub struct Body<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<JsonObject<T>>::from_request(req, state).await {
-            Ok(Json(JsonObject(value))) => Ok(Body(value)),
-            Err(rejection) => Err(json_rejection(rejection)),
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        // A client that sends a head and then the body slowly, or never, holds a connection
+        // of its listener; the header timeout does not cover the body.
+        let body = Json::<JsonObject<T>>::from_request(req, state);
+        match tokio::time::timeout(state.body_timeout, body).await {
+            Ok(Ok(Json(JsonObject(value)))) => Ok(Body(value)),
+            Ok(Err(rejection)) => Err(json_rejection(rejection)),
+            Err(_) => Err(error(
+                ErrorCode::BadRequest,
+                format!(
+                    "the body did not arrive within {} ms of the request's head",
+                    state.body_timeout.as_millis()
+                ),
+            )),
         }
     }
 }

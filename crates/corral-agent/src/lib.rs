@@ -12,9 +12,10 @@ pub mod api;
 pub mod committer;
 pub mod config;
 pub mod host;
+mod listen;
 pub mod metrics;
 pub mod openapi;
 mod server;
 
-pub use config::{AgentConfig, ConfigError, Overrides};
+pub use config::{AgentConfig, ConfigError, ConnectionLimits, Overrides};
 pub use server::{AgentError, Running, run, serve};

@@ -15,6 +15,7 @@ use crate::api::{self, AppState};
 use crate::committer::Committer;
 use crate::config::AgentConfig;
 use crate::host::{Host, Op, Reply};
+use crate::listen;
 use crate::metrics::Metrics;
 
 /// How often leases are expired and cooldowns ended.
@@ -141,6 +142,7 @@ pub async fn serve(
         ready: Arc::new(AtomicBool::new(false)),
         store_health: store.health(),
         metrics: Arc::new(Metrics::default()),
+        body_timeout: config.connections.body_timeout,
     };
     let (unix, socket_identity) = bind_socket(&config.socket)?;
     let router = api::router(state.clone());
@@ -160,25 +162,35 @@ pub async fn serve(
         None => None,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let unix_task = {
-        let mut stop = stop_rx.clone();
-        tokio::spawn(
-            axum::serve(unix, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.changed().await;
-                })
-                .into_future(),
-        )
-    };
+    let limits = config.connections;
+    let caps = listen::fit_caps(&limits, listen::open_files_limit(), tcp.is_some());
+    if caps.unix < limits.max_unix || (tcp.is_some() && caps.tcp < limits.max_tcp) {
+        eprintln!(
+            "corral agent: serving at most {} connections at once on the socket and {} on tcp, \
+             to fit the open files limit",
+            caps.unix, caps.tcp
+        );
+    }
+    let unix_task = tokio::spawn(listen::serve(
+        unix,
+        format!("socket {}", config.socket.display()),
+        router,
+        caps.unix,
+        limits.header_timeout,
+        stop_rx.clone(),
+    ));
     let tcp_task = tcp.map(|(listener, router)| {
-        let mut stop = stop_rx.clone();
-        tokio::spawn(
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.changed().await;
-                })
-                .into_future(),
-        )
+        let name = listener
+            .local_addr()
+            .map_or_else(|_| "tcp".to_owned(), |addr| format!("tcp {addr}"));
+        tokio::spawn(listen::serve(
+            listener,
+            name,
+            router,
+            caps.tcp,
+            limits.header_timeout,
+            stop_rx.clone(),
+        ))
     });
     // Restore off the async threads; requests meanwhile get 503.
     let declared = config.pools.clone();
@@ -228,11 +240,13 @@ pub async fn serve(
     Ok(())
 }
 
-/// Runs the agent on its own runtime until SIGINT or SIGTERM.
+/// Runs the agent on its own runtime until SIGINT or SIGTERM. The process's soft open-files
+/// limit is raised to its hard limit first (see `listen.rs`).
 pub fn run(
     config: AgentConfig,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<(), AgentError> {
+    listen::raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("corral-agent")

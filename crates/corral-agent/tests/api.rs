@@ -647,3 +647,63 @@ fn the_bearer_scheme_is_case_insensitive_and_the_token_is_not() {
     }
     running.stop().unwrap();
 }
+
+/// A request whose body never arrives is answered 400 once the body timeout has passed, and
+/// a connection that sends nothing is closed after the header timeout: neither holds a place
+/// on the socket for ever.
+#[test]
+fn slow_bodies_and_idle_connections_are_timed_out_on_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig {
+        connections: corral_agent::ConnectionLimits {
+            header_timeout: Duration::from_millis(500),
+            body_timeout: Duration::from_millis(500),
+            ..corral_agent::ConnectionLimits::default()
+        },
+        ..AgentConfig::in_dir(dir.path())
+    };
+    let socket = config.socket.clone();
+    let running = corral_agent::Running::start(config).unwrap();
+
+    let mut slow = UnixStream::connect(&socket).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(
+        b"POST /v1/allocate HTTP/1.1\r\nHost: corral\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"owner\":",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("the body did not arrive within 500 ms of the request's head"),
+        "{answer}"
+    );
+
+    let mut idle = UnixStream::connect(&socket).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut nothing = Vec::new();
+    idle.read_to_end(&mut nothing).unwrap();
+    let lived = started.elapsed();
+    assert!(
+        lived >= Duration::from_millis(450) && lived < Duration::from_secs(5),
+        "closed after {lived:?}"
+    );
+    assert!(
+        nothing.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&nothing)
+    );
+    // Nothing was allocated.
+    let (_, dump) = {
+        let (status, text) = request(&socket, "GET", "/v1/dump", None);
+        (status, serde_json::from_str::<Value>(&text).unwrap())
+    };
+    assert_eq!(dump["scopes"][0]["pools"][0]["allocations"], json!([]));
+    running.stop().unwrap();
+}
