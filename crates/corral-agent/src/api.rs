@@ -1,11 +1,14 @@
 //! The REST API (axum): JSON in and out, every failure an [`api::ErrorResponse`] with the
 //! status its code carries. Bodies are limited to [`api::MAX_BODY_BYTES`]; malformed JSON,
-//! unknown fields and wrong types are 400s that name the problem; nothing a client sends can
-//! make a handler panic or answer 5xx (503 only while restoring or when the store fails).
+//! a body that is not a JSON object, unknown fields and wrong types are 400s that name the
+//! problem (quoting at most a prefix of the input); nothing a client sends can make a handler
+//! panic or answer 5xx (503 only while restoring or when the store fails).
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
@@ -16,8 +19,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::{self as api, ErrorCode, paths};
 use corral_store::StoreHealth;
-use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use crate::committer::Committer;
 use crate::host::{Op, OpError, Reply};
@@ -39,6 +43,8 @@ pub struct AppState {
     /// Scopes that could not be read back from the store after a failed commit (retried on
     /// use); `/readyz` answers 503 while there are any.
     pub broken_scopes: Arc<std::sync::atomic::AtomicUsize>,
+    /// How long a request's body may take to arrive after its head.
+    pub body_timeout: Duration,
 }
 
 /// An error answer.
@@ -66,18 +72,68 @@ fn error(code: ErrorCode, message: impl Into<String>) -> ApiError {
     ApiError(OpError::new(code, message))
 }
 
-/// A JSON body, whose rejections are API errors.
+/// A JSON body, which must be an object; its rejections are API errors.
 #[derive(Debug)]
 pub struct Body<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+impl<T: DeserializeOwned> FromRequest<AppState> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(Body(value)),
-            Err(rejection) => Err(json_rejection(rejection)),
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        // A client that sends a head and then the body slowly, or never, holds a connection
+        // of its listener; the header timeout does not cover the body.
+        let body = Json::<JsonObject<T>>::from_request(req, state);
+        match tokio::time::timeout(state.body_timeout, body).await {
+            Ok(Ok(Json(JsonObject(value)))) => Ok(Body(value)),
+            Ok(Err(rejection)) => Err(json_rejection(rejection)),
+            Err(_) => Err(error(
+                ErrorCode::BadRequest,
+                format!(
+                    "the body did not arrive within {} ms of the request's head",
+                    state.body_timeout.as_millis()
+                ),
+            )),
         }
+    }
+}
+
+/// A value that must be sent as a JSON object. serde fills a struct from a JSON array too,
+/// field by field in order, so `["pod-a"]` would pass for `{"owner": "pod-a"}`; every body
+/// of the API is an object, and anything else is refused.
+struct JsonObject<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(ObjectVisitor(PhantomData))
+            .map(JsonObject)
+    }
+}
+
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
+        formatter.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<T, A::Error> {
+        Err(de::Error::custom(
+            "the body must be a JSON object, not an array",
+        ))
+    }
+
+    // serde's own message for a string quotes it whole.
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<T, E> {
+        Err(de::Error::custom(
+            "the body must be a JSON object, not a string",
+        ))
     }
 }
 
@@ -92,9 +148,21 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
             "the body must be JSON, sent with Content-Type: application/json".to_owned()
         }
         ErrorCode::TooLarge => format!("the body is larger than {} bytes", api::MAX_BODY_BYTES),
-        _ => rejection.body_text(),
+        _ => shortened(rejection.body_text()),
     };
     error(code, message)
+}
+
+/// Longest rejection message, in characters: serde quotes an unknown variant or a value of a
+/// wrong type whole, and a body may be a megabyte.
+const MAX_REJECTION_CHARS: usize = 512;
+
+fn shortened(mut message: String) -> String {
+    if let Some((cut, _)) = message.char_indices().nth(MAX_REJECTION_CHARS) {
+        message.truncate(cut);
+        message.push_str("...");
+    }
+    message
 }
 
 /// The `?scope=` of a GET.
@@ -123,7 +191,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
 }
 
 fn query_rejection(rejection: QueryRejection) -> ApiError {
-    error(ErrorCode::BadRequest, rejection.body_text())
+    error(ErrorCode::BadRequest, shortened(rejection.body_text()))
 }
 
 impl AppState {
@@ -456,9 +524,8 @@ pub fn with_token(router: Router, token: Arc<str>) -> Router {
             let given = req
                 .headers()
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+                .and_then(|v| bearer_credentials(v.as_bytes()));
+            if given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
                 next.run(req).await
             } else {
                 error(
@@ -469,6 +536,18 @@ pub fn with_token(router: Router, token: Arc<str>) -> Router {
             }
         }
     }))
+}
+
+/// The credentials of an `Authorization: Bearer <token>` header. The scheme's name is
+/// case-insensitive (RFC 7235 section 2.1, RFC 6750 section 2.1), so `bearer` and `BEARER`
+/// are the same scheme; one or more spaces separate it from the token.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(b"bearer".len())?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let token = rest.trim_ascii_start();
+    (!token.is_empty()).then_some(token)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -7,6 +7,12 @@
 //! token_file = "/etc/corral/token"      # the bearer token for TCP
 //! cni_data_dirs = ["/var/lib/cni/networks"]  # where corral-ipam records DELs for the agent
 //!
+//! [connections]                         # optional; these are the defaults
+//! max_unix = 512                        # served at once on the socket
+//! max_tcp = 128                         # served at once on tcp
+//! header_timeout_ms = 10000             # idle, or sending a request's head
+//! body_timeout_ms = 10000               # sending a request's body
+//!
 //! [[pools]]
 //! name = "default"
 //! ranges = ["10.88.0.0/16", "fd88::/64"]
@@ -47,6 +53,38 @@ pub struct AgentConfig {
     /// The CNI `dataDir`s whose pending DELs (recorded by corral-ipam while the agent was
     /// away) the agent applies when it starts, before it serves anything.
     pub cni_data_dirs: Vec<PathBuf>,
+    /// How many connections each listener serves at once, and how long a client may take.
+    pub connections: ConnectionLimits,
+}
+
+/// What one client may hold of the agent: the connections served at once per listener, and
+/// how long a connection may sit idle or send a request. Past the cap a listener accepts
+/// nothing more until a connection closes (new ones wait in the kernel's queue), so clients of
+/// one listener can never take the connections or file descriptors of the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Connections served at once on the unix socket.
+    pub max_unix: usize,
+    /// Connections served at once on the TCP listener, which anyone can open without the
+    /// token: fewer than on the socket.
+    pub max_tcp: usize,
+    /// How long a connection may take to send a request's head, counted from when it opened
+    /// or its previous answer was sent: both the header-read and the idle (keep-alive)
+    /// timeout. The agent then closes it.
+    pub header_timeout: Duration,
+    /// How long a request's body may take to arrive after its head (answered 400).
+    pub body_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> ConnectionLimits {
+        ConnectionLimits {
+            max_unix: 512,
+            max_tcp: 128,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// The file's shape; every field optional.
@@ -58,7 +96,18 @@ pub struct ConfigFile {
     pub tcp: Option<SocketAddr>,
     pub token_file: Option<PathBuf>,
     pub cni_data_dirs: Option<Vec<PathBuf>>,
+    pub connections: Option<ConnectionsFile>,
     pub pools: Option<Vec<PoolFile>>,
+}
+
+/// The `[connections]` table; every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionsFile {
+    pub max_unix: Option<usize>,
+    pub max_tcp: Option<usize>,
+    pub header_timeout_ms: Option<u64>,
+    pub body_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -171,6 +220,7 @@ impl AgentConfig {
                 .clone()
                 .or(file.cni_data_dirs)
                 .unwrap_or_else(|| vec![PathBuf::from(DEFAULT_CNI_DATA_DIR)]),
+            connections: connection_limits(&file.connections.unwrap_or_default())?,
         })
     }
 }
@@ -188,6 +238,7 @@ impl AgentConfig {
             // The embedded default is valid by construction (a unit test loads it).
             pools: pools(&default_pools()).unwrap_or_default(),
             cni_data_dirs: Vec::new(),
+            connections: ConnectionLimits::default(),
         }
     }
 }
@@ -196,6 +247,37 @@ fn read_file(path: &Path) -> Result<ConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
     toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+}
+
+/// The `[connections]` table over the defaults; zero is refused (it would serve nothing).
+fn connection_limits(file: &ConnectionsFile) -> Result<ConnectionLimits, ConfigError> {
+    let defaults = ConnectionLimits::default();
+    let positive = |name: &str, value: Option<u64>| match value {
+        Some(0) => Err(ConfigError(format!(
+            "connections.{name} must be greater than 0"
+        ))),
+        other => Ok(other),
+    };
+    let count = |name: &str, value: Option<usize>, default: usize| {
+        positive(name, value.map(|v| v as u64)).map(|v| v.map_or(default, |v| v as usize))
+    };
+    let millis = |name: &str, value: Option<u64>, default: Duration| {
+        positive(name, value).map(|v| v.map_or(default, Duration::from_millis))
+    };
+    Ok(ConnectionLimits {
+        max_unix: count("max_unix", file.max_unix, defaults.max_unix)?,
+        max_tcp: count("max_tcp", file.max_tcp, defaults.max_tcp)?,
+        header_timeout: millis(
+            "header_timeout_ms",
+            file.header_timeout_ms,
+            defaults.header_timeout,
+        )?,
+        body_timeout: millis(
+            "body_timeout_ms",
+            file.body_timeout_ms,
+            defaults.body_timeout,
+        )?,
+    })
 }
 
 /// Validates the declared pools into the node scope's configuration.
@@ -302,6 +384,7 @@ mod tests {
         assert_eq!(config.pools.pools[0].name, "blue");
         assert_eq!(config.pools.pools[0].exclusions.len(), 1);
         assert_eq!(config.cni_data_dirs, [PathBuf::from("/tmp/cni")]);
+        assert_eq!(config.connections, ConnectionLimits::default());
         let flagged = AgentConfig::load(&Overrides {
             config: Some(file.path().into()),
             cni_data_dirs: Some(vec!["/a".into(), "/b".into()]),
@@ -311,6 +394,24 @@ mod tests {
         assert_eq!(
             flagged.cni_data_dirs,
             [PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+    }
+
+    #[test]
+    fn connection_limits_come_from_the_connections_table() {
+        let file = write("[connections]\nmax_tcp = 16\nheader_timeout_ms = 1500\n");
+        let config = AgentConfig::load(&Overrides {
+            config: Some(file.path().into()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(
+            config.connections,
+            ConnectionLimits {
+                max_tcp: 16,
+                header_timeout: Duration::from_millis(1500),
+                ..ConnectionLimits::default()
+            }
         );
     }
 
@@ -327,6 +428,12 @@ mod tests {
                 "[[pools]]\nname = \"p\"\n[[pools]]\nname = \"p\"",
                 "declared twice",
             ),
+            (
+                "[connections]\nmax_tcp = 0",
+                "connections.max_tcp must be greater than 0",
+            ),
+            ("[connections]\nheader_timeout_ms = 0", "header_timeout_ms"),
+            ("[connections]\nmax_files = 1", "unknown field"),
             ("tcp = \"10.1.2.3:80\"", "loopback"),
             ("tcp = \"127.0.0.1:80\"", "token"),
         ] {

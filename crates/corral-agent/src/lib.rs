@@ -14,6 +14,7 @@ mod capacity;
 pub mod committer;
 pub mod config;
 pub mod host;
+mod listen;
 pub mod local_routes;
 pub mod metrics;
 mod netlink;
@@ -21,5 +22,5 @@ pub mod openapi;
 pub mod pending;
 mod server;
 
-pub use config::{AgentConfig, ConfigError, Overrides};
+pub use config::{AgentConfig, ConfigError, ConnectionLimits, Overrides};
 pub use server::{AgentError, Running, run, serve};

@@ -630,7 +630,7 @@ pub fn document() -> Value {
             "description": format!(
                 "The REST API of corral-agent, on its unix socket (no authentication) and \
                  optionally on a loopback TCP address (with a bearer token). Every body is \
-                 JSON of at most {} bytes; unknown fields are refused. Every error answers \
+                 a JSON object of at most {} bytes; unknown fields are refused. Every error answers \
                  an ErrorResponse with the status of its code; a path that does not exist \
                  answers 404 and a path with a method it does not take answers 405 (see \
                  the components Error404 and Error405).",

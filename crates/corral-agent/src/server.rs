@@ -2,7 +2,7 @@
 //! the lease ticker, and shutdown on SIGINT / SIGTERM.
 
 use std::future::Future;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -15,6 +15,7 @@ use crate::api::{self, AppState};
 use crate::committer::Committer;
 use crate::config::AgentConfig;
 use crate::host::{Host, Op, Reply};
+use crate::listen;
 use crate::metrics::Metrics;
 
 /// How often leases are expired and cooldowns ended.
@@ -37,9 +38,12 @@ pub enum AgentError {
     Io(#[from] std::io::Error),
 }
 
-/// Binds the unix socket: refuses to take over one that another agent answers on, removes a
-/// stale one, and sets mode 0660 (owner and group may call the API).
-fn bind_socket(path: &Path) -> Result<UnixListener, AgentError> {
+/// Binds the unix socket. Only a stale socket (one nobody answers on: a killed agent's) is
+/// removed; a socket another agent answers on, and anything that is not a socket (a
+/// configuration file given to `--socket` by mistake), are refused and left as they are.
+/// Sets mode 0660 (owner and group may call the API). Returns the listener and the socket
+/// file's identity, so shutdown removes this socket and nothing that replaced it.
+fn bind_socket(path: &Path) -> Result<(UnixListener, FileIdentity), AgentError> {
     let fail = |message: String| AgentError::Socket {
         path: path.display().to_string(),
         message,
@@ -48,17 +52,79 @@ fn bind_socket(path: &Path) -> Result<UnixListener, AgentError> {
         std::fs::create_dir_all(parent)
             .map_err(|e| fail(format!("cannot create {}: {e}", parent.display())))?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(fail("another agent is listening on it".into()));
+    match std::fs::symlink_metadata(path) {
+        Ok(metadata) if metadata.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => return Err(fail("another agent is listening on it".into())),
+                // Refused: nobody listens; the socket is a dead agent's and can go.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path)
+                        .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+                }
+                Err(e) => {
+                    return Err(fail(format!(
+                        "cannot tell whether another agent listens on it: {e}"
+                    )));
+                }
+            }
         }
-        std::fs::remove_file(path)
-            .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+        Ok(metadata) => {
+            return Err(fail(format!(
+                "it is {}, not a socket; refusing to replace it (name a socket path that \
+                 does not exist yet)",
+                file_kind(&metadata.file_type())
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e.to_string())),
     }
     let listener = UnixListener::bind(path).map_err(|e| fail(e.to_string()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| fail(format!("cannot set its mode: {e}")))?;
-    Ok(listener)
+    let identity = std::fs::symlink_metadata(path)
+        .map(|metadata| FileIdentity::of(&metadata))
+        .map_err(|e| fail(e.to_string()))?;
+    Ok((listener, identity))
+}
+
+/// A file's device and inode: which file a path named at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileIdentity {
+    device: u64,
+    inode: u64,
+}
+
+impl FileIdentity {
+    fn of(metadata: &std::fs::Metadata) -> FileIdentity {
+        FileIdentity {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+        }
+    }
+}
+
+/// Removes the socket the agent bound, unless the path names another file by now.
+fn remove_socket(path: &Path, bound: FileIdentity) {
+    if std::fs::symlink_metadata(path).is_ok_and(|metadata| FileIdentity::of(&metadata) == bound) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// What a file that is not a socket is, for the message that refuses it.
+fn file_kind(file_type: &std::fs::FileType) -> &'static str {
+    if file_type.is_file() {
+        "a regular file"
+    } else if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_symlink() {
+        "a symbolic link"
+    } else if file_type.is_fifo() {
+        "a fifo"
+    } else if file_type.is_char_device() || file_type.is_block_device() {
+        "a device"
+    } else {
+        "a file of another kind"
+    }
 }
 
 /// Runs the agent until `shutdown` completes. `on_ready` is called once the state is
@@ -77,8 +143,9 @@ pub async fn serve(
         store_health: store.health(),
         metrics: Arc::new(Metrics::default()),
         broken_scopes: Arc::default(),
+        body_timeout: config.connections.body_timeout,
     };
-    let unix = bind_socket(&config.socket)?;
+    let (unix, socket_identity) = bind_socket(&config.socket)?;
     let router = api::router(state.clone());
     let tcp = match config.tcp {
         Some(addr) => Some((
@@ -96,25 +163,35 @@ pub async fn serve(
         None => None,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let unix_task = {
-        let mut stop = stop_rx.clone();
-        tokio::spawn(
-            axum::serve(unix, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.changed().await;
-                })
-                .into_future(),
-        )
-    };
+    let limits = config.connections;
+    let caps = listen::fit_caps(&limits, listen::open_files_limit(), tcp.is_some());
+    if caps.unix < limits.max_unix || (tcp.is_some() && caps.tcp < limits.max_tcp) {
+        eprintln!(
+            "corral agent: serving at most {} connections at once on the socket and {} on tcp, \
+             to fit the open files limit",
+            caps.unix, caps.tcp
+        );
+    }
+    let unix_task = tokio::spawn(listen::serve(
+        unix,
+        format!("socket {}", config.socket.display()),
+        router,
+        caps.unix,
+        limits.header_timeout,
+        stop_rx.clone(),
+    ));
     let tcp_task = tcp.map(|(listener, router)| {
-        let mut stop = stop_rx.clone();
-        tokio::spawn(
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.changed().await;
-                })
-                .into_future(),
-        )
+        let name = listener
+            .local_addr()
+            .map_or_else(|_| "tcp".to_owned(), |addr| format!("tcp {addr}"));
+        tokio::spawn(listen::serve(
+            listener,
+            name,
+            router,
+            caps.tcp,
+            limits.header_timeout,
+            stop_rx.clone(),
+        ))
     });
     // Restore off the async threads; requests meanwhile get 503.
     let declared = config.pools.clone();
@@ -170,18 +247,20 @@ pub async fn serve(
     let _ = ticker.await;
     // The socket goes while the directory is still ours: a successor agent binds its own
     // socket only after it got the directory, so this cannot remove the successor's.
-    let _ = std::fs::remove_file(&config.socket);
+    remove_socket(&config.socket, socket_identity);
     // The committer finishes its batch in progress and closes the store.
     let _ = tokio::task::spawn_blocking(move || committer.close()).await;
     drop(state);
     Ok(())
 }
 
-/// Runs the agent on its own runtime until SIGINT or SIGTERM.
+/// Runs the agent on its own runtime until SIGINT or SIGTERM. The process's soft open-files
+/// limit is raised to its hard limit first (see `listen.rs`).
 pub fn run(
     config: AgentConfig,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<(), AgentError> {
+    listen::raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("corral-agent")

@@ -467,3 +467,243 @@ fn ranges_added_to_the_implicit_default_pool_survive_a_restart() {
     assert_eq!(addresses(&body), ["10.9.0.2"], "{body}");
     agent.stop();
 }
+
+/// Regression: serde fills a struct from a JSON array, field by field in order, so
+/// `["node", "default", null, null, "pod-array", null, null]` allocated for owner
+/// "pod-array". Every body must be a JSON object; anything else is a 400 that says so.
+#[test]
+fn a_body_that_is_not_a_json_object_is_refused_on_every_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(dir.path());
+    let positional = json!(["node", "default", null, null, "pod-array", null, null]).to_string();
+    let bodies = [
+        (
+            positional.as_str(),
+            "the body must be a JSON object, not an array",
+        ),
+        ("[]", "the body must be a JSON object, not an array"),
+        ("\"pod-a\"", "the body must be a JSON object, not a string"),
+        ("7", "expected a JSON object"),
+        ("true", "expected a JSON object"),
+        ("null", "expected a JSON object"),
+    ];
+    use corral_api::paths;
+    for path in [
+        paths::ALLOCATE,
+        paths::RELEASE,
+        paths::LEASE_START,
+        paths::LEASE_STOP,
+        paths::POOL_RANGES_ADD,
+        paths::POOL_RANGES_REMOVE,
+        paths::POOL_EXCLUSIONS_ADD,
+        paths::POOL_EXCLUSIONS_REMOVE,
+        paths::CHECKPOINT,
+        paths::CNI_ADD,
+        paths::CNI_DEL,
+        paths::CNI_CHECK,
+        paths::CNI_GC,
+        paths::CNI_STATUS,
+    ] {
+        for (body, needle) in bodies {
+            let (status, text) = agent.request("POST", path, Some(body.as_bytes()));
+            assert_eq!(status, 400, "POST {path} {body}: {text}");
+            let answer: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(answer["error"]["code"], "bad_request", "{answer}");
+            let message = answer["error"]["message"].as_str().unwrap();
+            assert!(message.contains(needle), "POST {path} {body}: {message}");
+        }
+    }
+    // Nothing was allocated.
+    let (_, dump) = agent.get("/v1/dump");
+    assert_eq!(
+        dump["scopes"][0]["pools"][0]["allocations"],
+        json!([]),
+        "{dump}"
+    );
+    agent.stop();
+}
+
+/// Regression: a container ID over 1,024 bytes was told to "use [A-Za-z0-9_.-]" and echoed
+/// whole; an exclusion reason with a control character was an "invalid owner"; an unknown
+/// variant of a megabyte came back whole in serde's message.
+#[test]
+fn over_long_inputs_are_called_too_long_and_never_echoed_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(dir.path());
+    let id = "c".repeat(1100);
+    let (status, body) = agent.post(
+        "/v1/allocate",
+        json!({"owner": "o", "key": {"network": "n", "container_id": id, "ifname": "eth0"}}),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        format!(
+            "key: container id {:?}... is too long: 1100 bytes, at most 1024",
+            "c".repeat(64)
+        )
+    );
+    let (status, body) = agent.post(
+        "/v1/pools/exclusions/add",
+        json!({"pool": "default", "network": "10.88.0.5", "reason": "bad\nreason"}),
+    );
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("invalid exclusion reason") && !message.contains("owner"),
+        "{message}"
+    );
+    let long = "x".repeat(512 * 1024);
+    for request in [
+        json!({"owner": "o", "family": long}),
+        json!({"owner": "o", "pool": long}),
+        json!({"owner": "o", "scope": long}),
+        json!({"owner": long}),
+        json!({"pool": "default", "range": long}),
+        json!({"pool": "default", "network": long, "reason": "r"}),
+    ] {
+        for path in [
+            "/v1/allocate",
+            "/v1/pools/ranges/add",
+            "/v1/pools/exclusions/add",
+        ] {
+            let (status, text) = agent.request("POST", path, Some(request.to_string().as_bytes()));
+            assert!((400..500).contains(&status), "{status}: {text:.300}");
+            assert!(
+                text.len() < 1024,
+                "{path}: {} bytes: {text:.300}",
+                text.len()
+            );
+        }
+    }
+    agent.stop();
+}
+
+/// The agent on its unix socket and on a loopback TCP port with a bearer token.
+fn start_with_tcp(dir: &Path, token: &str) -> (corral_agent::Running, std::net::SocketAddr) {
+    // The port is free when asked, and the agent binds it a moment later; should another
+    // process take it in between, try another.
+    for _ in 0..3 {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .unwrap();
+        let config = AgentConfig {
+            tcp: Some(addr),
+            token: Some(token.to_owned()),
+            ..AgentConfig::in_dir(dir)
+        };
+        match corral_agent::Running::start(config) {
+            Ok(running) => return (running, addr),
+            Err(corral_agent::AgentError::Tcp { .. }) => continue,
+            Err(error) => panic!("the agent does not start: {error}"),
+        }
+    }
+    panic!("no free loopback port for the agent");
+}
+
+/// `GET /v1/status` on TCP with these extra header lines; the status.
+fn tcp_status(addr: std::net::SocketAddr, headers: &str) -> u16 {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /v1/status HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response[9..12].parse().unwrap()
+}
+
+/// Regression: `Authorization: bearer <token>` was refused, although an authentication
+/// scheme's name is case-insensitive (RFC 7235 section 2.1).
+#[test]
+fn the_bearer_scheme_is_case_insensitive_and_the_token_is_not() {
+    const TOKEN: &str = "api-test-token-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let (running, addr) = start_with_tcp(dir.path(), TOKEN);
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let header = format!("Authorization: {scheme} {TOKEN}\r\n");
+        assert_eq!(tcp_status(addr, &header), 200, "{header}");
+    }
+    // Several spaces may separate the scheme from the token (RFC 7235: 1*SP).
+    assert_eq!(
+        tcp_status(addr, &format!("Authorization: Bearer   {TOKEN}\r\n")),
+        200
+    );
+    for header in [
+        String::new(),
+        format!("Authorization: Bearer {}\r\n", TOKEN.to_uppercase()),
+        format!("Authorization: Bearer {TOKEN}x\r\n"),
+        format!("Authorization: Basic {TOKEN}\r\n"),
+        format!("Authorization: Bearer{TOKEN}\r\n"),
+        format!("Authorization: Bearers {TOKEN}\r\n"),
+        "Authorization: Bearer \r\n".to_owned(),
+        "Authorization: bearer\r\n".to_owned(),
+    ] {
+        assert_eq!(tcp_status(addr, &header), 401, "{header:?}");
+    }
+    running.stop().unwrap();
+}
+
+/// A request whose body never arrives is answered 400 once the body timeout has passed, and
+/// a connection that sends nothing is closed after the header timeout: neither holds a place
+/// on the socket for ever.
+#[test]
+fn slow_bodies_and_idle_connections_are_timed_out_on_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig {
+        connections: corral_agent::ConnectionLimits {
+            header_timeout: Duration::from_millis(500),
+            body_timeout: Duration::from_millis(500),
+            ..corral_agent::ConnectionLimits::default()
+        },
+        ..AgentConfig::in_dir(dir.path())
+    };
+    let socket = config.socket.clone();
+    let running = corral_agent::Running::start(config).unwrap();
+
+    let mut slow = UnixStream::connect(&socket).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(
+        b"POST /v1/allocate HTTP/1.1\r\nHost: corral\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"owner\":",
+    )
+    .unwrap();
+    let mut answer = String::new();
+    slow.read_to_string(&mut answer).unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("the body did not arrive within 500 ms of the request's head"),
+        "{answer}"
+    );
+
+    let mut idle = UnixStream::connect(&socket).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut nothing = Vec::new();
+    idle.read_to_end(&mut nothing).unwrap();
+    let lived = started.elapsed();
+    assert!(
+        lived >= Duration::from_millis(450) && lived < Duration::from_secs(5),
+        "closed after {lived:?}"
+    );
+    assert!(
+        nothing.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&nothing)
+    );
+    // Nothing was allocated.
+    let (_, dump) = {
+        let (status, text) = request(&socket, "GET", "/v1/dump", None);
+        (status, serde_json::from_str::<Value>(&text).unwrap())
+    };
+    assert_eq!(dump["scopes"][0]["pools"][0]["allocations"], json!([]));
+    running.stop().unwrap();
+}

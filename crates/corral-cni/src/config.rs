@@ -571,7 +571,7 @@ fn parse_exclusions(ipam: &Obj<'_>) -> Result<Vec<Exclusion>, CniError> {
         let network = corral_core::parse_net(network)
             .map_err(|err| CniError::from(err).context(&network_path))?;
         let exclusion = Exclusion::new(network, reason).map_err(|err| match err {
-            SpecError::InvalidOwner { .. } => CniError::invalid_config(format!(
+            SpecError::InvalidExclusionReason { .. } => CniError::invalid_config(format!(
                 "{}: at most 1024 bytes without control characters",
                 join(&item_path, "reason")
             )),

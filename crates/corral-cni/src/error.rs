@@ -275,7 +275,8 @@ fn spec_error_code(err: &SpecError) -> u32 {
         | SpecError::Syntax { .. }
         | SpecError::InvalidPoolName { .. }
         | SpecError::InvalidNetworkName { .. }
-        | SpecError::InvalidOwner { .. } => CniError::INVALID_NETWORK_CONFIG,
+        | SpecError::InvalidOwner { .. }
+        | SpecError::InvalidExclusionReason { .. } => CniError::INVALID_NETWORK_CONFIG,
     }
 }
 

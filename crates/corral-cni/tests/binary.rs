@@ -263,6 +263,37 @@ fn bad_input_gets_the_right_code_and_changes_nothing() {
     );
 }
 
+/// A container ID over 1,024 bytes or a network name over 253 is said to be too long, with
+/// the limit and the length, and only a prefix of it comes back (it used to be told to "use
+/// [A-Za-z0-9_.-]" and echoed whole).
+#[test]
+fn over_long_container_ids_and_network_names_are_called_too_long_not_echoed_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = conf(dir.path(), "1.0.0", json!([[{"subnet": "10.9.0.0/24"}]]));
+    let out = add(&good, &"c".repeat(1100));
+    assert_eq!(out.error_code(), 4, "{}", out.stdout);
+    assert_eq!(
+        out.json()["msg"],
+        format!(
+            "CNI_CONTAINERID: container id {:?}... is too long: 1100 bytes, at most 1024",
+            "c".repeat(64)
+        )
+    );
+    let mut long_name: Value = serde_json::from_slice(&good).unwrap();
+    long_name["name"] = json!("n".repeat(300));
+    let out = add(&serde_json::to_vec(&long_name).unwrap(), "c1");
+    assert_eq!(out.error_code(), 7, "{}", out.stdout);
+    assert_eq!(
+        out.json()["msg"],
+        format!(
+            "name: network name {:?}... is too long: 300 bytes, at most 253",
+            "n".repeat(64)
+        )
+    );
+    // Nothing was taken.
+    assert_eq!(add(&good, "first").addresses(), ["10.9.0.2/24"]);
+}
+
 /// Switching a network from Debian's host-local to corral-ipam, same configuration and data
 /// directory: every address host-local handed out stays with its container.
 #[test]

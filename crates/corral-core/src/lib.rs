@@ -36,7 +36,7 @@ pub use engine::{
     PoolDump, PoolSnapshot, RangeInfo, RangeRemoval, RangeSnapshot, Released, Request,
     RestoredAllocation, Target,
 };
-pub use error::{AllocError, Holder, SpecError};
+pub use error::{AllocError, ECHO_CHARS, Echo, Holder, SpecError};
 pub use pool::{OccupancySnapshot, PoolConfig, ReusePolicy};
 pub use spec::{
     AttachmentKey, Exclusion, MAX_CONTAINER_ID_LEN, MAX_IFNAME_LEN, MAX_NETWORK_LEN, MAX_OWNER_LEN,

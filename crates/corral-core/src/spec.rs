@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use crate::addr::{Family, addr_value};
-use crate::error::SpecError;
+use crate::error::{Echo, SpecError};
 
 /// Longest owner string accepted, in bytes.
 pub const MAX_OWNER_LEN: usize = 1024;
@@ -158,15 +158,21 @@ impl fmt::Display for AttachmentKey {
 
 /// Checks an owner string: at most [`MAX_OWNER_LEN`] bytes, no control characters.
 pub fn validate_owner(owner: &str) -> Result<(), SpecError> {
-    // One pass over the bytes; only an owner with non-ASCII text needs char decoding.
-    let suspicious = owner.bytes().any(|b| !(0x20..0x7f).contains(&b));
-    let control = suspicious && owner.chars().any(char::is_control);
-    if owner.len() > MAX_OWNER_LEN || control {
-        return Err(SpecError::InvalidOwner {
-            owner: owner.chars().take(64).collect(),
-        });
+    if is_free_text(owner) {
+        Ok(())
+    } else {
+        Err(SpecError::InvalidOwner {
+            owner: owner.to_owned(),
+        })
     }
-    Ok(())
+}
+
+/// Whether `text` may be an owner or an exclusion reason: at most [`MAX_OWNER_LEN`] bytes,
+/// without control characters.
+fn is_free_text(text: &str) -> bool {
+    // One pass over the bytes; only a text with non-ASCII characters needs char decoding.
+    let suspicious = text.bytes().any(|b| !(0x20..0x7f).contains(&b));
+    text.len() <= MAX_OWNER_LEN && !(suspicious && text.chars().any(char::is_control))
 }
 
 /// What an address that is never handed out is reserved as.
@@ -410,14 +416,14 @@ impl FromStr for RangeSpec {
         for part in parts {
             let (key, value) = part.split_once('=').ok_or_else(|| SpecError::Syntax {
                 input: text.to_owned(),
-                reason: format!("expected key=value, found {part:?}"),
+                reason: format!("expected key=value, found {}", Echo(part)),
             })?;
             let value = value.trim();
             match key.trim() {
                 "range" => {
                     let (low, high) = value.split_once('-').ok_or_else(|| SpecError::Syntax {
                         input: text.to_owned(),
-                        reason: format!("range must be START-END, found {value:?}"),
+                        reason: format!("range must be START-END, found {}", Echo(value)),
                     })?;
                     start = Some(parse_addr(low)?);
                     end = Some(parse_addr(high)?);
@@ -429,7 +435,8 @@ impl FromStr for RangeSpec {
                     return Err(SpecError::Syntax {
                         input: text.to_owned(),
                         reason: format!(
-                            "unknown key {other:?} (expected range, start, end or gateway)"
+                            "unknown key {} (expected range, start, end or gateway)",
+                            Echo(other)
                         ),
                     });
                 }
@@ -479,7 +486,11 @@ impl Exclusion {
                     .unwrap_or_default(),
             });
         }
-        validate_owner(reason)?;
+        if !is_free_text(reason) {
+            return Err(SpecError::InvalidExclusionReason {
+                reason: reason.to_owned(),
+            });
+        }
         Ok(Exclusion {
             network,
             reason: reason.to_owned(),
@@ -514,6 +525,7 @@ impl Exclusion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ECHO_CHARS;
 
     fn range(text: &str) -> Result<RangeSpec, SpecError> {
         text.parse()
@@ -657,5 +669,97 @@ mod tests {
         let net = Exclusion::parse("10.0.1.0/28", "metal").unwrap();
         assert_eq!(net.bounds().1 - net.bounds().0, 15);
         assert!(Exclusion::parse("10.0.1.1/28", "x").is_err());
+    }
+
+    #[test]
+    fn over_long_names_are_called_too_long_with_the_limit_and_the_length() {
+        let id = "c".repeat(MAX_CONTAINER_ID_LEN + 76);
+        let message = AttachmentKey::new("net", &id, "eth0")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            format!(
+                "container id {:?}... is too long: 1100 bytes, at most 1024",
+                "c".repeat(ECHO_CHARS)
+            )
+        );
+        let network = "n".repeat(MAX_NETWORK_LEN + 1);
+        let message = AttachmentKey::new(&network, "c", "eth0")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            format!(
+                "network name {:?}... is too long: 254 bytes, at most 253",
+                "n".repeat(ECHO_CHARS)
+            )
+        );
+        let message = PoolName::new(&"p".repeat(64)).unwrap_err().to_string();
+        assert!(
+            message.ends_with("is too long: 64 bytes, at most 63"),
+            "{message}"
+        );
+        // At the limit the rule applies, and a short input is echoed whole.
+        assert!(AttachmentKey::new(&"n".repeat(MAX_NETWORK_LEN), "c", "eth0").is_ok());
+        assert_eq!(
+            AttachmentKey::new("net", "c/d", "eth0")
+                .unwrap_err()
+                .to_string(),
+            "invalid container id \"c/d\": use [A-Za-z0-9_.-], starting with a letter or digit"
+        );
+    }
+
+    #[test]
+    fn an_exclusion_reason_is_named_as_one_not_as_an_owner() {
+        let net: IpNet = "10.0.0.0/28".parse().unwrap();
+        let error = Exclusion::new(net, "bad\nreason").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid exclusion reason \"bad\\nreason\": control characters are not allowed"
+        );
+        let error = Exclusion::new(net, &"r".repeat(MAX_OWNER_LEN + 1)).unwrap_err();
+        assert!(
+            error.to_string().starts_with("exclusion reason \"rrrr")
+                && error
+                    .to_string()
+                    .ends_with("... is too long: 1025 bytes, at most 1024"),
+            "{error}"
+        );
+        let error = validate_owner(&"o".repeat(MAX_OWNER_LEN + 1)).unwrap_err();
+        assert!(error.to_string().starts_with("owner \"oooo"), "{error}");
+        let error = validate_owner("pod\u{7}").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "invalid owner \"pod\\u{7}\": control characters are not allowed"
+        );
+    }
+
+    #[test]
+    fn no_message_echoes_an_over_long_input_whole() {
+        // A megabyte of each kind of bad input, with multi-byte characters so a cut that
+        // ignores character boundaries would panic.
+        let long = "é/".repeat(512 * 1024);
+        let messages = [
+            parse_addr(&long).unwrap_err(),
+            parse_net(&format!("{long}/24")).unwrap_err(),
+            range(&format!("10.0.0.0/24,{long}")).unwrap_err(),
+            range(&format!("10.0.0.0/24,{long}=1")).unwrap_err(),
+            range(&format!("10.0.0.0/24,range={long}")).unwrap_err(),
+            PoolName::new(&long).unwrap_err(),
+            AttachmentKey::new(&long, "c", "eth0").unwrap_err(),
+            AttachmentKey::new("n", &long, "eth0").unwrap_err(),
+            AttachmentKey::new("n", "c", &long).unwrap_err(),
+            validate_owner(&long).unwrap_err(),
+            Exclusion::parse("10.0.0.0/28", &long).unwrap_err(),
+        ]
+        .map(|error| error.to_string());
+        for message in messages {
+            assert!(
+                message.len() < 300,
+                "{} bytes: {message:.300}",
+                message.len()
+            );
+        }
     }
 }

@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{EngineConfig, Exclusion, Family, RangeRemoval, RangeSpec, Timestamp};
+use corral_core::{Echo, EngineConfig, Exclusion, Family, RangeRemoval, RangeSpec, Timestamp};
 use corral_store::{
     Need, ScopeConfig, SqliteStore, Store, StoreError, Txn, build_engine, export_checkpoint,
     save_engine,
@@ -300,8 +300,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 Ok(Reply::Lease(api_lease(&lease)))
             }
             Op::LeaseStop(request) => {
-                let id = corral_core::Uuid::parse_str(&request.id)
-                    .map_err(|e| OpError::bad_request(format!("lease id {:?}: {e}", request.id)))?;
+                let id = corral_core::Uuid::parse_str(&request.id).map_err(|e| {
+                    OpError::bad_request(format!("lease id {}: {e}", Echo(&request.id)))
+                })?;
                 let scope = self.scope_mut(&request.scope)?;
                 scope.engine.stop_lease(request.address, id)?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
@@ -312,10 +313,9 @@ impl<S: Store, C: Clock> Host<S, C> {
             Op::Pools(scope) => Ok(Reply::Pools(self.pools(scope.as_deref())?)),
             Op::AddRange(request) => {
                 let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request
-                    .range
-                    .parse()
-                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let spec: RangeSpec = request.range.parse().map_err(|e| {
+                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
+                })?;
                 let scope = self.node_scope_mut(&request.scope, "ranges")?;
                 let new_pool = !scope.engine.pool_names().contains(&pool);
                 if new_pool {
@@ -334,10 +334,9 @@ impl<S: Store, C: Clock> Host<S, C> {
             }
             Op::RemoveRange(request) => {
                 let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request
-                    .range
-                    .parse()
-                    .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", request.range)))?;
+                let spec: RangeSpec = request.range.parse().map_err(|e| {
+                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
+                })?;
                 let scope = self.node_scope_mut(&request.scope, "ranges")?;
                 let outcome = scope.engine.remove_range(&pool, &spec)?;
                 // A range removed at once is reported by the engine as drained and leaves

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{Engine, Family, PoolName};
+use corral_core::{Echo, Engine, Family, PoolName};
 use corral_store::{
     Need, PoolSpec, ScopeConfig, Store, StoreError, Txn, build_engine, save_engine,
 };
@@ -190,9 +190,12 @@ impl<S: Store, C: Clock> Host<S, C> {
         if let Some(broken) = self.broken.get(scope) {
             return Err(broken.error(scope));
         }
-        self.scopes
-            .get_mut(scope)
-            .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
+        self.scopes.get_mut(scope).ok_or_else(|| {
+            OpError::new(
+                ErrorCode::NotFound,
+                format!("unknown scope {}", Echo(scope)),
+            )
+        })
     }
 
     /// A scope whose capacity the API may change: the agent's own. A CNI network's pools
@@ -216,9 +219,12 @@ impl<S: Store, C: Clock> Host<S, C> {
         if let Some(broken) = self.broken.get(scope) {
             return Err(broken.error(scope));
         }
-        self.scopes
-            .get(scope)
-            .ok_or_else(|| OpError::new(ErrorCode::NotFound, format!("unknown scope {scope:?}")))
+        self.scopes.get(scope).ok_or_else(|| {
+            OpError::new(
+                ErrorCode::NotFound,
+                format!("unknown scope {}", Echo(scope)),
+            )
+        })
     }
 
     pub(super) fn selected(&self, scope: Option<&str>) -> Result<Vec<(&String, &Scope)>, OpError> {

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{
-    AllocError, Allocation, AttachmentKey, Exclusion, Family, PoolName, RangeSpec, Released,
+    AllocError, Allocation, AttachmentKey, Echo, Exclusion, Family, PoolName, RangeSpec, Released,
 };
 use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, StoreError};
 
@@ -119,7 +119,7 @@ pub(super) fn family_of(name: api::FamilyName) -> Family {
 }
 
 pub(super) fn pool_name(text: &str) -> Result<PoolName, OpError> {
-    PoolName::new(text).map_err(|e| OpError::bad_request(format!("pool {text:?}: {e}")))
+    PoolName::new(text).map_err(|e| OpError::bad_request(format!("pool {}: {e}", Echo(text))))
 }
 
 pub(super) fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
@@ -258,11 +258,11 @@ pub(super) fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
             range
                 .range
                 .parse::<RangeSpec>()
-                .map_err(|e| OpError::bad_request(format!("range {:?}: {e}", range.range)))?;
+                .map_err(|e| OpError::bad_request(format!("range {}: {e}", Echo(&range.range))))?;
         }
         for (network, reason) in &pool.exclusions {
             Exclusion::parse(network, reason)
-                .map_err(|e| OpError::bad_request(format!("exclusion {network:?}: {e}")))?;
+                .map_err(|e| OpError::bad_request(format!("exclusion {}: {e}", Echo(network))))?;
         }
     }
     Ok(())

@@ -25,9 +25,15 @@ impl Agent {
 
     /// As [`Agent::start`], with another build of `corral`.
     pub fn start_binary(binary: &Path, args: &[&std::ffi::OsStr], socket: &Path) -> Agent {
-        let child = Command::new(binary)
-            .arg("agent")
-            .args(args)
+        let mut command = Command::new(binary);
+        command.arg("agent").args(args);
+        Agent::start_command(command, socket)
+    }
+
+    /// Runs `command`, which must start `corral agent` on `socket` (through a shell, say);
+    /// returns once it is ready.
+    pub fn start_command(mut command: Command, socket: &Path) -> Agent {
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -47,6 +53,11 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(5));
         }
         agent
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// SIGKILL: no shutdown path runs.
