@@ -10,8 +10,9 @@
 //!   [`RangeState::Removed`], so a restart never resurrects it), draining, or taken by a range
 //!   added at run time that overlaps it (then the file's range is not applied, and the agent
 //!   says so in its status warnings instead of refusing to start);
-//! - a file range the file no longer declares drains and leaves, as if removed through the
-//!   API, and its tombstone (if any) is forgotten;
+//! - a file range the file no longer declares drains and leaves (state `withdrawn`: declaring
+//!   it again cancels the drain, and it leaves no tombstone), and its tombstone (if any) is
+//!   forgotten;
 //! - a removed range that still holds allocations is draining, across restarts, until its last
 //!   allocation is released; adding it again exactly as it was cancels the drain;
 //! - pool settings (cooldown, reuse) come from the file for the pools it declares;
@@ -70,6 +71,30 @@ pub fn classify_bare(config: &mut ScopeConfig, declared: &ScopeConfig) {
     }
 }
 
+/// Ranges imported into the agent's own scope come from the file only if this agent's file
+/// declares them; any other is the API's (a checkpoint's `file` names another agent's file).
+pub fn classify_imported(config: &mut ScopeConfig, declared: &ScopeConfig) {
+    classify_bare(config, declared);
+    for pool in &mut config.pools {
+        for entry in &mut pool.ranges {
+            let in_file = entry
+                .spec()
+                .is_some_and(|spec| declared_at(declared, &pool.name, &spec));
+            if in_file {
+                entry.source = RangeSource::File;
+            } else if entry.source == RangeSource::File {
+                entry.source = RangeSource::Api;
+                if entry.state == RangeState::Withdrawn {
+                    entry.state = RangeState::Draining;
+                }
+            }
+        }
+        // A tombstone means nothing to an agent whose file does not declare the range.
+        pool.ranges
+            .retain(|e| e.state != RangeState::Removed || e.source == RangeSource::File);
+    }
+}
+
 /// The configuration of the agent's own scope at start: what is stored, combined with what
 /// the configuration file declares, by the rules of the module documentation. Also returns
 /// what could not be applied, one sentence each.
@@ -90,8 +115,8 @@ pub fn merge_declared(stored: &ScopeConfig, declared: &ScopeConfig) -> (ScopeCon
             }
             match entry.state {
                 RangeState::Removed => false,
-                RangeState::Active | RangeState::Draining => {
-                    entry.state = RangeState::Draining;
+                RangeState::Active | RangeState::Draining | RangeState::Withdrawn => {
+                    entry.state = RangeState::Withdrawn;
                     true
                 }
             }
@@ -124,6 +149,10 @@ pub fn merge_declared(stored: &ScopeConfig, declared: &ScopeConfig) -> (ScopeCon
             if let Some(i) = out.pools[index].entry_at(&spec) {
                 let entry = &mut out.pools[index].ranges[i];
                 entry.source = RangeSource::File;
+                if entry.state == RangeState::Withdrawn {
+                    // Declared again: the drain the file caused is cancelled.
+                    entry.state = RangeState::Active;
+                }
                 if entry.state != RangeState::Removed && entry.range != spec.to_string() {
                     warnings.push(format!(
                         "range {spec} of pool {} in the configuration file is kept as {} (its \
@@ -156,6 +185,29 @@ pub fn merge_declared(stored: &ScopeConfig, declared: &ScopeConfig) -> (ScopeCon
     (out, warnings)
 }
 
+/// Ranges of the file that could not be applied at start because a range of another pool was
+/// in the way (the file moved a range between pools while it held allocations) and that fit
+/// now: `(pool, range)`, to be added to the engine and the configuration as the file's.
+pub fn now_applicable(config: &ScopeConfig, declared: &ScopeConfig) -> Vec<(String, RangeSpec)> {
+    let mut out = Vec::new();
+    for declared_pool in &declared.pools {
+        for declared_range in &declared_pool.ranges {
+            let Some(spec) = declared_range.spec() else {
+                continue;
+            };
+            let present = config
+                .pools
+                .iter()
+                .find(|p| p.name == declared_pool.name)
+                .is_some_and(|p| p.entry_at(&spec).is_some());
+            if !present && overlapping(config, &spec).is_none() {
+                out.push((declared_pool.name.clone(), spec));
+            }
+        }
+    }
+    out
+}
+
 /// The stored configuration after ranges left the engine (drained, or removed while they held
 /// nothing): a file range the file still declares becomes a tombstone, any other is forgotten.
 /// Returns whether anything changed.
@@ -181,6 +233,7 @@ pub fn forget_drained(
             continue;
         }
         let keep_tombstone = entry.source == RangeSource::File
+            && entry.state != RangeState::Withdrawn
             && declared.is_some_and(|d| declared_at(d, &pool.name, &range.spec));
         if keep_tombstone {
             entry.state = RangeState::Removed;
@@ -198,6 +251,10 @@ pub fn note_added(pool: &mut PoolSpec, spec: &RangeSpec) {
     match pool.entry_at(spec) {
         Some(index) => {
             let entry = &mut pool.ranges[index];
+            if entry.state == RangeState::Withdrawn {
+                // The file let go of it; whoever adds it back now keeps it.
+                entry.source = RangeSource::Api;
+            }
             entry.state = RangeState::Active;
             entry.range = spec.to_string();
         }
@@ -211,7 +268,11 @@ pub fn note_added(pool: &mut PoolSpec, spec: &RangeSpec) {
 /// [`Engine::take_drained`]: corral_core::Engine::take_drained
 pub fn note_draining(pool: &mut PoolSpec, spec: &RangeSpec) {
     if let Some(index) = pool.entry_at(spec) {
-        pool.ranges[index].state = RangeState::Draining;
+        let entry = &mut pool.ranges[index];
+        // A range the file withdrew is draining already, for the file's reason.
+        if entry.state != RangeState::Withdrawn {
+            entry.state = RangeState::Draining;
+        }
     }
 }
 
@@ -220,6 +281,18 @@ pub fn note_draining(pool: &mut PoolSpec, spec: &RangeSpec) {
 pub fn check_disjoint(config: &ScopeConfig) -> Result<(), String> {
     let mut seen: Vec<(&str, &str, RangeSpec)> = Vec::new();
     for pool in &config.pools {
+        // One entry per set of addresses in a pool, whatever its state: a tombstone beside an
+        // active range of the same addresses would make removal and restarts disagree.
+        for (i, entry) in pool.ranges.iter().enumerate() {
+            if let Some(spec) = entry.spec()
+                && pool.entry_at(&spec) != Some(i)
+            {
+                return Err(format!(
+                    "pool {} lists the addresses of range {} twice",
+                    pool.name, entry.range
+                ));
+            }
+        }
         for entry in pool.ranges.iter().filter(|e| e.in_engine()) {
             let Some(spec) = entry.spec() else {
                 return Err(format!(

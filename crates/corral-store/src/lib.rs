@@ -129,6 +129,9 @@ pub enum RangeState {
     /// Removed while it held allocations: it hands out nothing more, its allocations stay, and
     /// it leaves the configuration with its last release (adding it again cancels the drain).
     Draining,
+    /// Draining because the configuration file stopped declaring it (not removed at run time):
+    /// the file declaring it again cancels the drain, and it leaves no tombstone.
+    Withdrawn,
     /// A range the configuration file declares that was removed at run time: it stays out
     /// until added again through the API or dropped from the file (never resurrected by a
     /// restart). It is not part of the engine.
@@ -140,6 +143,7 @@ impl RangeState {
         match self {
             RangeState::Active => "active",
             RangeState::Draining => "draining",
+            RangeState::Withdrawn => "withdrawn",
             RangeState::Removed => "removed",
         }
     }

@@ -178,7 +178,7 @@ fn drain_configured(engine: &mut Engine, config: &ScopeConfig) -> Result<(), Sto
     for pool in &config.pools {
         let name = PoolName::new(&pool.name).map_err(|e| corrupt("pool name", e))?;
         for range in &pool.ranges {
-            if range.state == RangeState::Draining {
+            if matches!(range.state, RangeState::Draining | RangeState::Withdrawn) {
                 let spec: RangeSpec = range.range.parse().map_err(|e| corrupt("range", e))?;
                 engine.remove_range(&name, &spec)?;
             }

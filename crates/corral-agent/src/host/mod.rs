@@ -236,7 +236,19 @@ impl<S: Store, C: Clock> Host<S, C> {
             };
             let (mut engine, _) =
                 build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
-            capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
+            if capacity::forget_drained(&mut config, &engine.take_drained(), node_declared)
+                && let Some(declared) = node_declared
+            {
+                // Ranges left at start (a range the file moved to another pool, empty in
+                // the old one): the file's ranges they were in the way of apply now.
+                let (merged, merge_warnings) = capacity::merge_declared(&config, declared);
+                warnings = merge_warnings;
+                config = merged;
+                let (rebuilt, _) =
+                    build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
+                engine = rebuilt;
+                capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
+            }
             save_engine(&mut txn, &name, &config, &engine)?;
             scopes.insert(name, Scope { config, engine });
         }

@@ -49,7 +49,7 @@ pub(super) fn combine_node(
     declared: &ScopeConfig,
 ) -> ScopeConfig {
     let mut imported = imported.clone();
-    capacity::classify_bare(&mut imported, declared);
+    capacity::classify_imported(&mut imported, declared);
     let mut out = existing.clone();
     for pool in imported.pools {
         match out.pools.iter_mut().find(|p| p.name == pool.name) {
