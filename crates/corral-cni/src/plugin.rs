@@ -241,6 +241,7 @@ fn add_in(
         Need::Partial {
             keys: &keys,
             addrs: &requested,
+            now,
         }
     };
     let mut engine = load_engine(&mut txn, config, &desired, now, need)?;
@@ -330,6 +331,7 @@ pub fn del(attachment: &Attachment, now: Timestamp) -> Result<(), CniError> {
         Need::Partial {
             keys: &keys,
             addrs: &[],
+            now,
         },
     )?;
     let released = engine.release_key(&attachment.key, now);
@@ -437,6 +439,7 @@ pub fn status(config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
         Need::Partial {
             keys: &[],
             addrs: &[],
+            now,
         },
     )?;
     drop(txn);
