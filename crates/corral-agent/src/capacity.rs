@@ -343,7 +343,7 @@ mod tests {
     }
 
     use RangeSource::{Api, Cni, File};
-    use RangeState::{Active, Draining, Removed};
+    use RangeState::{Active, Draining, Removed, Withdrawn};
 
     #[test]
     fn a_first_start_takes_the_file_as_it_is() {
@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(
             merged.pools[0].ranges,
             vec![
-                entry("10.88.0.0/16", File, Draining),
+                entry("10.88.0.0/16", File, Withdrawn),
                 entry("10.90.0.0/16", Api, Active),
             ]
         );

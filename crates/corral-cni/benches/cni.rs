@@ -15,6 +15,14 @@
 //!   `support/prefill.rs`). host-local takes ~0.6 s per call there, so it gets fewer samples.
 //!   The targets are judged on the interleaved calls; ADDs on another empty /16 with each
 //!   plugin's calls back to back show what the other programs' cache footprint costs.
+//! * Cooldown queue: a /16 with every address held (filled in-process as for 95%), then the
+//!   same seeded 5% (3,277 addresses) released through corral-ipam itself (DEL, back to back),
+//!   so each released address cools for the default 30 s. While they cool, ADDs on it (each
+//!   gets the oldest cooling address: nothing else is free) alternate call by call with ADDs
+//!   on an empty /16; the CPU time of each (user + system, from the bench's reaped children
+//!   in `/proc/self/stat`) is summed per series. host-local, which has no cooldown, gets the
+//!   same 95% written in its format. At the end of the run, once every cooldown has ended,
+//!   the same alternating ADDs again.
 //! * Throughput: N callers (threads), each spawning ADDs back to back with distinct container
 //!   IDs for a fixed time, on a fresh /16; ADDs completed over the time until the last returns.
 //!   The same callers spawning `/bin/true` give the machine's ceiling.
@@ -27,7 +35,7 @@
 //! installed build, `target/install/corral-ipam` from `make plugin`), else the `corral-ipam` of
 //! the same profile as this bench (`cargo bench`: the optimised one in `target/release`).
 //! With `CORRAL_BENCH_KEEP=1` in the environment the state directories are kept (their path is
-//! printed) for profiling. With `CORRAL_AB=<corral-ipam A>,<corral-ipam B>` it only compares
+//! printed) for profiling; with `CORRAL_BENCH_ONLY=cooling` only the cooldown case runs. With `CORRAL_AB=<corral-ipam A>,<corral-ipam B>` it only compares
 //! two builds of corral-ipam, their ADDs alternating (see `ab`).
 
 mod support;
@@ -40,8 +48,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use support::{
-    FILLED, HOSTS, Latency, NETWORK, Plugin, SUBNET, added_address, call, container_id, invoke, ms,
-    peak_rss_kib, prefill, syncs,
+    ALLOCATABLE, FILLED, HOSTS, Latency, NETWORK, Plugin, SUBNET, added_address, call,
+    container_id, invoke, ms, peak_rss_kib, prefill, syncs,
 };
 
 /// The two plugins, in column order.
@@ -55,6 +63,7 @@ const FULL_STREAM: u64 = 4;
 const THROUGHPUT_STREAM: u64 = 5;
 const RSS_STREAM: u64 = 6;
 const BLOCKS_STREAM: u64 = 7;
+const COOLING_STREAM: u64 = 8;
 
 struct Params {
     /// Sequential samples per verb on the empty /16 (each plugin, and `/bin/true`).
@@ -66,6 +75,10 @@ struct Params {
     callers: &'static [usize],
     /// Runs under GNU time per plugin and scenario (the largest peak is reported).
     rss_runs: [usize; 2],
+    /// Addresses released through corral-ipam in the cooldown case (of the seeded 5%).
+    cooling_releases: usize,
+    /// ADDs in each half of the cooldown case (while cooling, and after), per series.
+    cooling_adds: usize,
 }
 
 const BENCH: Params = Params {
@@ -74,6 +87,8 @@ const BENCH: Params = Params {
     throughput_for: Duration::from_secs(3),
     callers: &[2, 8, 32],
     rss_runs: [5, 3],
+    cooling_releases: ALLOCATABLE - FILLED,
+    cooling_adds: 400,
 };
 
 const SMOKE: Params = Params {
@@ -82,6 +97,8 @@ const SMOKE: Params = Params {
     throughput_for: Duration::from_millis(300),
     callers: &[2],
     rss_runs: [1, 1],
+    cooling_releases: 20,
+    cooling_adds: 10,
 };
 
 /// Targets for corral-ipam, from the issue.
@@ -110,6 +127,30 @@ struct Figures {
     rss_full: [u64; 2],
     /// Calls that force data to disk during one ADD on the empty /16.
     syncs: [Option<usize>; 2],
+    cooling: Cooling,
+}
+
+/// The cooldown case (see the module documentation).
+#[derive(Default)]
+struct Cooling {
+    /// Addresses released through corral-ipam, and how long their DELs took in all.
+    released: usize,
+    releasing_took: Duration,
+    /// corral-ipam's DELs that released them: all, then the first and the last quarter.
+    dels: Option<Latency>,
+    dels_quarters: (Option<Latency>, Option<Latency>),
+    /// While cooling: ADDs on the cooling /16 (corral-ipam), on an empty /16 (corral-ipam,
+    /// alternating with the former), and host-local on its 95% /16.
+    during: [Option<Latency>; 3],
+    /// Mean CPU time (user + system) per ADD of the first two series.
+    during_cpu: [Option<Duration>; 2],
+    /// Whether the last ADD while cooling came within 30 s of the first release.
+    during_in_window: bool,
+    /// Once every cooldown has ended: the same two corral-ipam series, and the first and last
+    /// quarter of the first.
+    after: [Option<Latency>; 2],
+    after_cpu: [Option<Duration>; 2],
+    after_quarters: (Option<Latency>, Option<Latency>),
 }
 
 fn progress(text: &str) {
@@ -216,9 +257,27 @@ fn main() {
 
     let mut figures = Figures::default();
     warm_up(&plugins, root.path());
+    if std::env::var("CORRAL_BENCH_ONLY").is_ok_and(|only| only == "cooling") {
+        let cooled_at = cooling_during(&plugins, &params, root.path(), &mut figures.cooling);
+        if std::env::args().any(|a| a == "--bench") {
+            cooling_after(
+                &plugins,
+                &params,
+                root.path(),
+                cooled_at,
+                &mut figures.cooling,
+            );
+        }
+        print_cooling(&params, &figures.cooling);
+        if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
+            let _ = root.keep();
+        }
+        return;
+    }
     sequential_empty(&plugins, &params, root.path(), &mut figures);
     sequential_blocks(&plugins, &params, root.path(), &mut figures);
     sequential_full(&plugins, &params, root.path(), &mut figures);
+    let cooled_at = cooling_during(&plugins, &params, root.path(), &mut figures.cooling);
     for &callers in params.callers {
         let mut rates = [0.0; 2];
         let mut done = [0; 2];
@@ -254,7 +313,18 @@ fn main() {
             root.path(),
         );
     }
+    if std::env::args().any(|a| a == "--bench") {
+        // The smoke run does not wait the 30 s.
+        cooling_after(
+            &plugins,
+            &params,
+            root.path(),
+            cooled_at,
+            &mut figures.cooling,
+        );
+    }
     print_table(&plugins, &params, &figures);
+    print_cooling(&params, &figures.cooling);
     if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
         let _ = root.keep();
     }
@@ -495,6 +565,240 @@ fn sequential_full(plugins: &[Plugin; 2], params: &Params, root: &Path, figures:
     if params.full[CORRAL] > 0 {
         // The fill, the verification ADD; everything the bench added it deleted.
         prefill::check_corral(&stdins[CORRAL], &dirs[CORRAL], FILLED + 1);
+    }
+}
+
+/// CPU time (user + system) of the bench's children that have been waited for, from
+/// `/proc/self/stat` (clock ticks of 10 ms: Linux reports these fields in USER_HZ, always 100).
+/// Summed over hundreds of calls, the rounding of each reading averages out.
+fn children_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    // The fields after the command name (which may hold spaces) start with field 3.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .expect("a stat line")
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks = |field: usize| -> u64 { fields[field - 3].parse().expect("a tick count") };
+    Duration::from_millis((ticks(16) + ticks(17)) * 10)
+}
+
+/// The ADDs of one cooldown phase: corral-ipam on the cooling /16 and on an empty /16,
+/// alternating call by call; returns the latencies and the CPU time of each series, and the
+/// addresses the first handed out.
+fn alternating_adds(
+    plugin: &Plugin,
+    stdins: [&[u8]; 2],
+    n: usize,
+    first_container: u64,
+) -> ([Vec<Duration>; 2], [Duration; 2], Vec<IpAddr>) {
+    let mut latencies = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    let mut cpu = [Duration::ZERO; 2];
+    let mut handed_out = Vec::with_capacity(n);
+    for i in 0..n {
+        let container = container_id(COOLING_STREAM, first_container + i as u64);
+        for (series, stdin) in stdins.iter().enumerate() {
+            let before = children_cpu();
+            let (elapsed, stdout) = call(plugin, "ADD", &container, stdin);
+            cpu[series] += children_cpu().saturating_sub(before);
+            latencies[series].push(elapsed);
+            if series == 0 {
+                handed_out.push(added_address(&stdout));
+            }
+        }
+    }
+    (latencies, cpu, handed_out)
+}
+
+/// The cooldown case while the addresses cool (see the module documentation). Returns when
+/// the last cooldown ends (30 s after the last release).
+fn cooling_during(
+    plugins: &[Plugin; 2],
+    params: &Params,
+    root: &Path,
+    figures: &mut Cooling,
+) -> Instant {
+    let dir = root.join("cooling-corral-ipam");
+    let stdin = plugins[CORRAL].config(&dir);
+    let started = Instant::now();
+    let (fill, to_release) = prefill::corral_all(&stdin, &dir);
+    progress(&format!(
+        "cooldown queue: corral-ipam store filled in-process to {} addresses in {:.1?}",
+        fill.held.len(),
+        started.elapsed()
+    ));
+    let to_release = &to_release[..params.cooling_releases.min(to_release.len())];
+    progress(&format!(
+        "cooldown queue: releasing {} addresses through corral-ipam (DEL)",
+        to_release.len()
+    ));
+    let first_release = Instant::now();
+    let dels: Vec<Duration> = to_release
+        .iter()
+        .map(|container| call(&plugins[CORRAL], "DEL", container, &stdin).0)
+        .collect();
+    let last_release = Instant::now();
+    figures.released = to_release.len();
+    figures.releasing_took = last_release - first_release;
+    let quarter = (dels.len() / 4).max(1);
+    figures.dels = Some(Latency::of(&dels));
+    figures.dels_quarters = (
+        Some(Latency::of(&dels[..quarter])),
+        Some(Latency::of(&dels[dels.len() - quarter..])),
+    );
+    progress(&format!(
+        "cooldown queue: {} DELs in {:.1?}",
+        dels.len(),
+        figures.releasing_took
+    ));
+
+    let reference = plugins[CORRAL].config(&root.join("cooling-empty-corral-ipam"));
+    // Creating the reference's state directory is not part of the steady state.
+    call(&plugins[CORRAL], "ADD", "cooling-init", &reference);
+    let released: HashSet<IpAddr> = {
+        let released: HashSet<&String> = to_release.iter().collect();
+        fill.held
+            .iter()
+            .filter(|(_, owner)| released.contains(owner))
+            .map(|(addr, _)| *addr)
+            .collect()
+    };
+    let n = params.cooling_adds;
+    let (latencies, cpu, handed_out) =
+        alternating_adds(&plugins[CORRAL], [&stdin, &reference], n, 0);
+    figures.during_in_window = first_release.elapsed() < Duration::from_secs(30);
+    let mut seen = HashSet::new();
+    for addr in &handed_out {
+        // Nothing else is free: every ADD takes a cooling address, each once.
+        assert!(
+            released.contains(addr) && seen.insert(*addr),
+            "corral-ipam handed out {addr}, which is not a released address or was handed out twice"
+        );
+    }
+    for series in 0..2 {
+        figures.during[series] = Some(Latency::of(&latencies[series]));
+        figures.during_cpu[series] = Some(cpu[series] / n as u32);
+    }
+
+    // host-local keeps no cooldown: its directory holds the 95% that remain.
+    let host_local_dir = root.join("cooling-host-local");
+    let remaining = prefill::Fill {
+        held: fill
+            .held
+            .iter()
+            .filter(|(addr, _)| !released.contains(addr))
+            .cloned()
+            .collect(),
+        last: fill.last,
+    };
+    prefill::host_local(&host_local_dir, &remaining);
+    let host_local_stdin = plugins[HOST_LOCAL].config(&host_local_dir);
+    let adds: Vec<Duration> = (0..params.full[HOST_LOCAL])
+        .map(|i| {
+            let container = container_id(COOLING_STREAM, (1 << 30) + i as u64);
+            let (elapsed, stdout) =
+                call(&plugins[HOST_LOCAL], "ADD", &container, &host_local_stdin);
+            assert!(
+                released.contains(&added_address(&stdout)),
+                "host-local handed out a held address"
+            );
+            elapsed
+        })
+        .collect();
+    figures.during[2] = Some(Latency::of(&adds));
+    progress("cooldown queue: ADDs while cooling done");
+    last_release + Duration::from_secs(30)
+}
+
+/// The cooldown case once every cooldown has ended: the same alternating ADDs again.
+fn cooling_after(
+    plugins: &[Plugin; 2],
+    params: &Params,
+    root: &Path,
+    cooled_at: Instant,
+    figures: &mut Cooling,
+) {
+    let wait = cooled_at.saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+    progress(&format!(
+        "cooldown queue: waiting {wait:.1?} for the last cooldown to end"
+    ));
+    std::thread::sleep(wait);
+    let stdin = plugins[CORRAL].config(&root.join("cooling-corral-ipam"));
+    let reference = plugins[CORRAL].config(&root.join("cooling-empty-corral-ipam"));
+    let n = params.cooling_adds;
+    let (latencies, cpu, _) = alternating_adds(&plugins[CORRAL], [&stdin, &reference], n, 1 << 20);
+    for series in 0..2 {
+        figures.after[series] = Some(Latency::of(&latencies[series]));
+        figures.after_cpu[series] = Some(cpu[series] / n as u32);
+    }
+    let quarter = (n / 4).max(1);
+    figures.after_quarters = (
+        Some(Latency::of(&latencies[0][..quarter])),
+        Some(Latency::of(&latencies[0][n - quarter..])),
+    );
+}
+
+fn print_cooling(params: &Params, c: &Cooling) {
+    let cpu = |d: Option<Duration>| d.map_or("—".into(), ms);
+    println!();
+    println!(
+        "Cooldown queue: every address of the /16 held, then {} released through corral-ipam (DEL, {:.1?} in all), each cooling for 30 s.",
+        c.released, c.releasing_took
+    );
+    println!();
+    println!("| | corral-ipam | host-local | samples (corral / host-local) |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| DEL of those {} addresses, one after the other: p50 / p99 (ms); first → last quarter p50 | {}; {} → {} | | {} |",
+        c.released,
+        pair(c.dels),
+        c.dels_quarters.0.map_or("—".into(), |l| ms(l.p50)),
+        c.dels_quarters.1.map_or("—".into(), |l| ms(l.p50)),
+        samples(c.dels)
+    );
+    println!(
+        "| ADD while they cool (corral-ipam: the oldest cooling address; host-local: 95% full, no cooldown): p50 / p99 (ms){} | {} | {} | {} / {} |",
+        if c.during_in_window {
+            ""
+        } else {
+            " (**some cooldowns had ended**)"
+        },
+        pair(c.during[0]),
+        pair(c.during[2]),
+        samples(c.during[0]),
+        samples(c.during[2])
+    );
+    println!(
+        "| ADD on an empty /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
+        pair(c.during[1]),
+        samples(c.during[1])
+    );
+    println!(
+        "| CPU per ADD, user + system (ms): cooling / empty | {} / {} | | {} each |",
+        cpu(c.during_cpu[0]),
+        cpu(c.during_cpu[1]),
+        params.cooling_adds
+    );
+    if c.after[0].is_some() {
+        println!(
+            "| ADD once every cooldown ended: p50 / p99 (ms); first → last quarter p50 | {}; {} → {} | | {} |",
+            pair(c.after[0]),
+            c.after_quarters.0.map_or("—".into(), |l| ms(l.p50)),
+            c.after_quarters.1.map_or("—".into(), |l| ms(l.p50)),
+            samples(c.after[0])
+        );
+        println!(
+            "| ADD on the empty /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
+            pair(c.after[1]),
+            samples(c.after[1])
+        );
+        println!(
+            "| CPU per ADD once ended, user + system (ms): cooling / empty | {} / {} | | {} each |",
+            cpu(c.after_cpu[0]),
+            cpu(c.after_cpu[1]),
+            params.cooling_adds
+        );
     }
 }
 

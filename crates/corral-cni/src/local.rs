@@ -322,6 +322,7 @@ fn release_gone(
             Need::Partial {
                 keys: &[],
                 addrs: &gone,
+                now,
             },
         )?;
         for &addr in &gone {
@@ -380,6 +381,7 @@ impl Backend for Local {
             Need::Partial {
                 keys: &keys,
                 addrs: &[],
+                now,
             },
         )?;
         let released = engine.release_key(&attachment.key, now);
@@ -440,6 +442,7 @@ impl Backend for Local {
             Need::Partial {
                 keys: &[],
                 addrs: &[],
+                now,
             },
         )?;
         drop(txn);
@@ -489,6 +492,7 @@ fn add_in(
         Need::Partial {
             keys: &keys,
             addrs: &requested,
+            now,
         }
     };
     let mut engine = load_engine(&mut txn, config, &desired, now, need)?;

@@ -254,6 +254,8 @@ pub struct Engine {
     /// Draining ranges that emptied and left their pool, oldest first, until
     /// [`Engine::take_drained`] hands them to the caller.
     drained: Vec<DrainedRange>,
+    /// Restored from pool snapshots (see [`Engine::is_partial`]).
+    partial: bool,
 }
 
 impl Engine {
@@ -271,6 +273,7 @@ impl Engine {
             next_generation: 1,
             restoring: false,
             drained: Vec::new(),
+            partial: false,
         };
         engine.insert_pool(PoolName::default_pool(), config.default_pool);
         engine
@@ -1452,7 +1455,17 @@ impl Engine {
             pool_family.n_allocated = snapshot.n_allocated[family.index()];
             pool_family.resync_free();
         }
+        self.partial = true;
         Ok(())
+    }
+
+    /// Whether a pool's occupancy came from a snapshot ([`Engine::restore_pool_snapshot`]):
+    /// it then blocks addresses the engine was not told about (allocations and cooldowns that
+    /// were not restored), and such a partial engine knows only the allocations and cooldowns
+    /// restored into it, or made since. It still never hands out a blocked address; a
+    /// cooldown it does not know ends only in another engine that is told about it.
+    pub fn is_partial(&self) -> bool {
+        self.partial
     }
 
     /// Takes over the next-fit positions of a snapshot (the current range per family and each
@@ -1571,6 +1584,33 @@ impl Engine {
                     .map(move |(value, at)| (f.family.addr(value), at))
             })
             .collect())
+    }
+
+    /// The cooling address of a pool and family released longest ago, which is handed out
+    /// when nothing else is free.
+    pub fn oldest_cooling(
+        &self,
+        pool: &PoolName,
+        family: Family,
+    ) -> Result<Option<(IpAddr, Timestamp)>, AllocError> {
+        let pool = self.pool(self.pool_id(pool)?);
+        Ok(pool
+            .family(family)
+            .cooling
+            .oldest()
+            .map(|(at, value)| (family.addr(value), at)))
+    }
+
+    /// The pool an address is cooling in (the one whose range holds it) and when it was
+    /// released, if it is cooling.
+    pub fn cooldown(&self, addr: IpAddr) -> Option<(PoolName, Timestamp)> {
+        let addr_key = AddrKey::new(addr);
+        let pool = self.pool(self.range_owner(addr_key)?);
+        let released_at = pool
+            .family(addr_key.family)
+            .cooling
+            .released_at(addr_key.value)?;
+        Some((pool.name.clone(), released_at))
     }
 
     /// When an address was released, if it is still cooling.

@@ -1,8 +1,9 @@
-//! A partial engine (pool snapshot + one attachment's records + cooldowns) decides exactly as
-//! the full engine does, and leaves the same snapshot behind.
+//! A partial engine (pool snapshot + one attachment's records + the few cooldowns a store
+//! reads: those that ran out, and the oldest still running) decides exactly as the full engine
+//! does, and leaves the same snapshot behind.
 //!
 //! This is what lets the CNI plugin, a process per call, allocate without reading every
-//! allocation: the store keeps the snapshot beside the records.
+//! allocation or every cooldown: the store keeps the snapshot beside the records.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use corral_core::{
     ReusePolicy, Target, Timestamp,
 };
 use proptest::prelude::*;
+use std::net::IpAddr;
 
 const RANGES: [&str; 3] = [
     "10.0.0.0/28,gateway=10.0.0.1",
@@ -52,9 +54,42 @@ fn config(cooldown: u64, lowest: bool) -> EngineConfig {
     }
 }
 
-/// The engine a short-lived process would build: configuration, the pool snapshot, the
-/// records of one attachment, and the cooldowns.
-fn partial(full: &Engine, config: EngineConfig, attachment: &AttachmentKey) -> Engine {
+/// The cooldowns a store reads for a partial engine at `now` (see corral-store's `load.rs`):
+/// per family, those that ran out (at most `limit`, oldest first), then the next one.
+fn cooldowns_read(full: &Engine, now: Timestamp, limit: usize) -> Vec<(IpAddr, Timestamp)> {
+    let pool = PoolName::default_pool();
+    let cooldown = full.pool_config(&pool).unwrap().cooldown;
+    let mut read = Vec::new();
+    for family in Family::ALL {
+        let mut ran_out = 0;
+        for (addr, at) in full.cooling(&pool).unwrap() {
+            if Family::of(addr) != family {
+                continue;
+            }
+            if at.saturating_add(cooldown) <= now {
+                if ran_out == limit {
+                    break;
+                }
+                ran_out += 1;
+                read.push((addr, at));
+            } else {
+                read.push((addr, at));
+                break;
+            }
+        }
+    }
+    read
+}
+
+/// The engine a short-lived process would build at `now`: configuration, the pool snapshot,
+/// the records of one attachment, and the cooldowns a store reads, after which time passes.
+fn partial(
+    full: &Engine,
+    config: EngineConfig,
+    attachment: &AttachmentKey,
+    now: Timestamp,
+    limit: usize,
+) -> Engine {
     let pool = PoolName::default_pool();
     let mut engine = Engine::restoring(config);
     for range in RANGES {
@@ -75,11 +110,13 @@ fn partial(full: &Engine, config: EngineConfig, attachment: &AttachmentKey) -> E
             })
             .unwrap();
     }
-    for (addr, at) in full.cooling(&pool).unwrap() {
+    for (addr, at) in cooldowns_read(full, now, limit) {
         engine.restore_cooling(&pool, addr, at).unwrap();
     }
     engine.restore_generation(full.next_generation());
     engine.finish_restore();
+    assert!(engine.is_partial());
+    engine.advance(now);
     engine
 }
 
@@ -104,7 +141,7 @@ proptest! {
                 Op::Tick { secs } => now = now.saturating_add(Duration::from_secs(secs)),
                 Op::Add { key: k, family } => {
                     let attachment = key(k);
-                    let mut part = partial(&full, config, &attachment);
+                    let mut part = partial(&full, config, &attachment, now, usize::MAX);
                     let request = Request { pool: &pool, owner: "pod", key: Some(&attachment), lease: None };
                     let target = Target::Next(if family { Family::V4 } else { Family::V6 });
                     let want = full.allocate(&request, target, now);
@@ -115,14 +152,82 @@ proptest! {
                 }
                 Op::Del { key: k } => {
                     let attachment = key(k);
-                    let mut part = partial(&full, config, &attachment);
+                    let mut part = partial(&full, config, &attachment, now, usize::MAX);
                     let want = full.release_key(&attachment, now);
                     let got = part.release_key(&attachment, now);
                     prop_assert_eq!(&got, &want);
-                    part.advance(now);
                     full.advance(now);
                     prop_assert_eq!(part.pool_snapshot(&pool).unwrap(), full.pool_snapshot(&pool).unwrap());
-                    prop_assert_eq!(part.cooling(&pool).unwrap(), full.cooling(&pool).unwrap());
+                    // The partial engine knows the cooldowns it read and those it started,
+                    // each as the full engine does.
+                    let known = part.cooling(&pool).unwrap();
+                    let all = full.cooling(&pool).unwrap();
+                    prop_assert!(known.iter().all(|c| all.contains(c)), "{:?} not in {:?}", known, all);
+                    for released in &got {
+                        prop_assert_eq!(part.cooldown(released.addr), full.cooldown(released.addr));
+                    }
+                    for family in Family::ALL {
+                        prop_assert_eq!(
+                            part.oldest_cooling(&pool, family).unwrap(),
+                            full.oldest_cooling(&pool, family).unwrap()
+                        );
+                    }
+                }
+            }
+            full.check_invariants().map_err(TestCaseError::fail)?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// With fewer cooldowns read than ran out, the addresses left unread stay blocked: the
+    /// partial engine may choose another free address than the full one, but never an
+    /// allocated one, and a cooling one only when the full engine has nothing free either
+    /// (then the oldest).
+    #[test]
+    fn a_partial_engine_reading_few_cooldowns_hands_out_only_what_the_full_one_may(
+        ops in prop::collection::vec(op(), 1..60),
+        lowest in any::<bool>(),
+        limit in 1..3usize,
+    ) {
+        let pool = PoolName::default_pool();
+        let config = config(30, lowest);
+        let mut full = Engine::new(config);
+        for range in RANGES {
+            full.add_range(&pool, range.parse().unwrap()).unwrap();
+        }
+        let mut now = Timestamp::ZERO;
+        for op in ops {
+            match op {
+                Op::Tick { secs } => now = now.saturating_add(Duration::from_secs(secs)),
+                Op::Add { key: k, family } => {
+                    let attachment = key(k);
+                    let mut part = partial(&full, config, &attachment, now, limit);
+                    let request = Request { pool: &pool, owner: "pod", key: Some(&attachment), lease: None };
+                    let family = if family { Family::V4 } else { Family::V6 };
+                    full.advance(now);
+                    let free = full.stats(&pool, family).unwrap().free;
+                    let oldest = full.oldest_cooling(&pool, family).unwrap();
+                    let Ok(got) = part.allocate(&request, Target::Next(family), now) else {
+                        prop_assert!(free == 0 && oldest.is_none(), "refused with {} free", free);
+                        continue;
+                    };
+                    if got.existing {
+                        continue;
+                    }
+                    prop_assert!(full.lookup(got.addr).is_none(), "{} is allocated", got.addr);
+                    if let Some((pool_name, _)) = full.cooldown(got.addr) {
+                        prop_assert_eq!(pool_name, pool.clone());
+                        prop_assert_eq!(free, 0, "{} is cooling while another is free", got.addr);
+                        prop_assert_eq!(Some(got.addr), oldest.map(|(addr, _)| addr));
+                    }
+                    // The full engine takes the same address and stays the reference.
+                    full.allocate(&request, Target::Specific(got.addr), now).unwrap();
+                }
+                Op::Del { key: k } => {
+                    full.release_key(&key(k), now);
                 }
             }
             full.check_invariants().map_err(TestCaseError::fail)?;

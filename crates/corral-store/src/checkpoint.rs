@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use corral_core::{AttachmentKey, EngineConfig, Lease, PoolName, Timestamp, Uuid};
 use serde::{Deserialize, Serialize};
 
-use crate::load::{Need, build_engine, save_engine};
-use crate::{ScopeConfig, StoreError, StoredAllocation, Txn};
+use crate::load::{Need, build_engine, rewrite_cooldowns, save_engine};
+use crate::{ScopeConfig, StoreError, StoredAllocation, StoredCooldown, Txn};
 
 /// The format this build writes and reads.
 pub const CHECKPOINT_FORMAT: &str = "corral-checkpoint/1";
@@ -215,25 +215,22 @@ pub fn export_checkpoint(txn: &mut impl Txn) -> Result<Checkpoint, StoreError> {
         let (state, corrupt) = txn.scope_state(&scope)?;
         let rows = txn.all_allocations(&scope)?;
         let positions = state.as_ref().map(positions_of).unwrap_or_default();
-        let (config, next_generation, cooling) = match state {
-            Some(state) => (
-                state.config,
-                state.next_generation,
-                state
-                    .cooling
-                    .iter()
-                    .map(|(pool, addr, at)| CheckpointCooling {
-                        pool: pool.to_string(),
-                        address: addr.to_string(),
-                        released_ms: at.as_unix_millis(),
-                    })
-                    .collect(),
-            ),
+        let cooling = txn
+            .cooldowns(&scope)?
+            .into_iter()
+            .map(|cooling| CheckpointCooling {
+                pool: cooling.pool.to_string(),
+                address: cooling.addr.to_string(),
+                released_ms: cooling.released_at.as_unix_millis(),
+            })
+            .collect();
+        let (config, next_generation) = match state {
+            Some(state) => (state.config, state.next_generation),
             // Without readable derived state, the rows still say everything that matters.
             None => {
                 let _ = corrupt;
                 let next = rows.iter().map(|r| r.generation + 1).max().unwrap_or(1);
-                (ScopeConfig::default(), next, Vec::new())
+                (ScopeConfig::default(), next)
             }
         };
         scopes.push(ScopeCheckpoint {
@@ -309,22 +306,28 @@ pub fn import_checkpoint(txn: &mut impl Txn, checkpoint: &Checkpoint) -> Result<
                     state.next_generation.max(scope.next_generation)
                 }),
             snapshots: position_snapshots(&scope.positions)?,
-            cooling: scope
-                .cooling
-                .iter()
-                .map(|c| {
-                    Ok((
-                        PoolName::new(&c.pool).map_err(|e| invalid("cooling pool", e))?,
-                        c.address
-                            .parse()
-                            .map_err(|_| invalid("cooling", format!("{:?}", c.address)))?,
-                        Timestamp::from_unix_millis(c.released_ms),
-                    ))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?,
         };
+        let cooling = scope
+            .cooling
+            .iter()
+            .map(|c| {
+                Ok(StoredCooldown {
+                    pool: PoolName::new(&c.pool).map_err(|e| invalid("cooling pool", e))?,
+                    addr: c
+                        .address
+                        .parse()
+                        .map_err(|_| invalid("cooling", format!("{:?}", c.address)))?,
+                    released_at: Timestamp::from_unix_millis(c.released_ms),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
         // Store the cooldowns and generation first, then rebuild with them and store the
-        // snapshots that go with the rows.
+        // snapshots and the cooldowns that go with the rows (the engine drops those that are
+        // not free capacity of their pool).
+        txn.delete_cooldowns(&scope.scope)?;
+        for cooldown in &cooling {
+            txn.put_cooldown(&scope.scope, cooldown)?;
+        }
         txn.put_scope_state(&scope.scope, &state)?;
         let (engine, _) = build_engine(
             txn,
@@ -334,6 +337,7 @@ pub fn import_checkpoint(txn: &mut impl Txn, checkpoint: &Checkpoint) -> Result<
             Need::Full,
         )?;
         save_engine(txn, &scope.scope, &scope.config, &engine)?;
+        rewrite_cooldowns(txn, &scope.scope, &engine)?;
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! Binary encoding of a scope's derived state (pool snapshots and cooldowns).
+//! Binary encoding of a scope's derived state (pool snapshots), and of the cooldown list
+//! schema 1 kept beside it (now rows of their own: decoded only to migrate).
 //!
 //! A versioned little-endian layout rather than JSON: a /16's occupancy is up to 8 KiB of
 //! words, read and written on every CNI call. Bitmap words are written as runs of empty
@@ -12,7 +13,6 @@ use std::net::IpAddr;
 
 use corral_core::{
     Family, OccupancySnapshot, PoolName, PoolSnapshot, RangeSnapshot, RangeSpec, Timestamp,
-    addr_value,
 };
 
 use crate::StoreError;
@@ -279,7 +279,9 @@ pub fn decode_snapshots(bytes: &[u8]) -> Result<Vec<(PoolName, PoolSnapshot)>, S
     Ok(out)
 }
 
-/// Encodes cooldowns: (pool, address, release time).
+/// Encodes cooldowns: (pool, address, release time), as schema 1 stored them in the state
+/// row; kept to test the decoding.
+#[cfg(test)]
 pub fn encode_cooling(cooling: &[(PoolName, IpAddr, Timestamp)]) -> Vec<u8> {
     let mut w = Writer(Vec::new());
     w.u8(FORMAT);
@@ -290,13 +292,13 @@ pub fn encode_cooling(cooling: &[(PoolName, IpAddr, Timestamp)]) -> Vec<u8> {
             Family::V4 => 4,
             Family::V6 => 6,
         });
-        w.u128(addr_value(*addr));
+        w.u128(corral_core::addr_value(*addr));
         w.u64(at.as_unix_millis());
     }
     w.0
 }
 
-/// Decodes what [`encode_cooling`] wrote.
+/// Decodes schema 1's cooldown list (see [`encode_cooling`]); read only when migrating.
 pub fn decode_cooling(bytes: &[u8]) -> Result<Vec<(PoolName, IpAddr, Timestamp)>, StoreError> {
     let mut r = Reader {
         bytes,

@@ -1,10 +1,11 @@
 //! corral-store: durable state behind one trait, with SQLite as the embedded default.
 //!
 //! State is kept per *scope* (a CNI network, or an agent's node): its configuration (pools,
-//! ranges, exclusions), its allocations, and its derived state (pool snapshots, cooldowns,
-//! the next generation). The allocations are rows; the derived state lets a short-lived
-//! process build a partial [`Engine`] from the snapshot and the few rows it needs, so a CNI
-//! call costs the same whether the scope holds ten allocations or sixty thousand.
+//! ranges, exclusions), its allocations and cooldowns, and its derived state (pool
+//! snapshots, the next generation). The allocations and cooldowns are rows; the derived state
+//! lets a short-lived process build a partial [`Engine`] from the snapshot and the few rows it
+//! needs, so a CNI call costs the same whether the scope holds ten allocations or sixty
+//! thousand, and however many addresses are cooling down.
 //!
 //! Every transaction is exclusive and durable: when [`Txn::commit`] returns, its writes have
 //! been synced to disk.
@@ -22,7 +23,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_core::{
-    AttachmentKey, Exclusion, Lease, PoolName, PoolSnapshot, RangeSpec, ReusePolicy, Timestamp,
+    AttachmentKey, Exclusion, Family, Lease, PoolName, PoolSnapshot, RangeSpec, ReusePolicy,
+    Timestamp,
 };
 
 pub use checkpoint::{
@@ -35,7 +37,7 @@ pub use hostlocal::{
     MAX_HOST_LOCAL_FILE_BYTES, UNKNOWN_HOST_LOCAL_OWNER, host_local_allocations,
     host_local_file_exists, read_host_local_dir, write_host_local_dir,
 };
-pub use load::{Need, build_engine, save_engine};
+pub use load::{EXPIRED_PER_BUILD, Need, build_engine, save_engine};
 pub use memory::{MemoryStore, MemoryTxn};
 pub use pending::{
     AGENT_CLAIM_SUFFIX, Claimed, MAX_PENDING_RECORD_BYTES, PENDING_DIR, PENDING_FORMAT, PendingDel,
@@ -47,7 +49,7 @@ pub use sqlite::{
 };
 
 /// The schema version this build writes; older databases are migrated when opened.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Something went wrong underneath; the transaction changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -293,14 +295,23 @@ pub struct ScopeConfig {
     pub pools: Vec<PoolSpec>,
 }
 
-/// The derived state of a scope, written after every change.
+/// The derived state of a scope, written after every change. A snapshot's occupancy blocks
+/// every allocated and every cooling address; the cooldowns themselves are rows
+/// ([`StoredCooldown`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScopeState {
     /// The configuration the snapshots were taken under.
     pub config: ScopeConfig,
     pub next_generation: u64,
     pub snapshots: Vec<(PoolName, PoolSnapshot)>,
-    pub cooling: Vec<(PoolName, IpAddr, Timestamp)>,
+}
+
+/// One cooling address as stored: released from (or given back to) `pool` at `released_at`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCooldown {
+    pub pool: PoolName,
+    pub addr: IpAddr,
+    pub released_at: Timestamp,
 }
 
 /// One allocation as stored.
@@ -335,6 +346,38 @@ pub trait Txn {
         scope: &str,
     ) -> Result<(Option<ScopeState>, Option<String>), StoreError>;
     fn put_scope_state(&mut self, scope: &str, state: &ScopeState) -> Result<(), StoreError>;
+    /// The configuration the scope's derived state was stored under; `None` without state or
+    /// when it does not parse.
+    fn stored_config(&mut self, scope: &str) -> Result<Option<ScopeConfig>, StoreError>;
+    /// Every cooldown of the scope, oldest release first.
+    fn cooldowns(&mut self, scope: &str) -> Result<Vec<StoredCooldown>, StoreError>;
+    /// The cooldowns of one pool and family, oldest release first: those released at or
+    /// before `ran_out_by` (at most `limit`), then the next one, if any. A row at an
+    /// allocated address is skipped: it is no cooldown.
+    fn oldest_cooldowns(
+        &mut self,
+        scope: &str,
+        pool: &PoolName,
+        family: Family,
+        ran_out_by: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<StoredCooldown>, StoreError>;
+    /// Records a cooldown, replacing any at the same address.
+    fn put_cooldown(&mut self, scope: &str, cooldown: &StoredCooldown) -> Result<(), StoreError>;
+    fn delete_cooldown(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError>;
+    /// Deletes one pool and family's cooldowns released before `before` (all with `None`).
+    fn delete_cooldowns_before(
+        &mut self,
+        scope: &str,
+        pool: &PoolName,
+        family: Family,
+        before: Option<Timestamp>,
+    ) -> Result<(), StoreError>;
+    /// Deletes every cooldown of the scope.
+    fn delete_cooldowns(&mut self, scope: &str) -> Result<(), StoreError>;
+    /// The addresses whose allocations this transaction deleted in `scope`, in order: where
+    /// its cooldowns started (see [`save_engine`]).
+    fn released_addresses(&self, scope: &str) -> Vec<IpAddr>;
     fn allocations_by_key(
         &mut self,
         scope: &str,
@@ -346,6 +389,7 @@ pub trait Txn {
         addr: IpAddr,
     ) -> Result<Option<StoredAllocation>, StoreError>;
     fn all_allocations(&mut self, scope: &str) -> Result<Vec<StoredAllocation>, StoreError>;
+    /// Records an allocation, and deletes any cooldown at its address.
     fn put_allocation(
         &mut self,
         scope: &str,

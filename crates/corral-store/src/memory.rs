@@ -11,14 +11,15 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use corral_core::AttachmentKey;
+use corral_core::{AttachmentKey, Family, PoolName, Timestamp};
 
-use crate::{ScopeState, Store, StoreError, StoredAllocation, Txn};
+use crate::{ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown, Txn};
 
 #[derive(Clone, Debug, Default)]
 struct Data {
     states: BTreeMap<String, ScopeState>,
     allocations: BTreeMap<(String, IpAddr), StoredAllocation>,
+    cooldowns: BTreeMap<(String, IpAddr), StoredCooldown>,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +63,8 @@ impl MemoryStore {
 pub struct MemoryTxn {
     store: MemoryStore,
     data: Data,
+    /// The allocations this transaction deleted, for [`Txn::released_addresses`].
+    released: Vec<(String, IpAddr)>,
 }
 
 impl Store for MemoryStore {
@@ -71,6 +74,7 @@ impl Store for MemoryStore {
         Ok(MemoryTxn {
             store: self.clone(),
             data: self.lock().data.clone(),
+            released: Vec::new(),
         })
     }
 }
@@ -94,6 +98,98 @@ impl Txn for MemoryTxn {
     fn put_scope_state(&mut self, scope: &str, state: &ScopeState) -> Result<(), StoreError> {
         self.data.states.insert(scope.to_owned(), state.clone());
         Ok(())
+    }
+
+    fn stored_config(&mut self, scope: &str) -> Result<Option<ScopeConfig>, StoreError> {
+        Ok(self
+            .data
+            .states
+            .get(scope)
+            .map(|state| state.config.clone()))
+    }
+
+    fn cooldowns(&mut self, scope: &str) -> Result<Vec<StoredCooldown>, StoreError> {
+        let mut out: Vec<StoredCooldown> = self
+            .data
+            .cooldowns
+            .iter()
+            .filter(|((s, _), _)| s == scope)
+            .map(|(_, c)| c.clone())
+            .collect();
+        out.sort_by_key(|c| (c.released_at, c.addr));
+        Ok(out)
+    }
+
+    fn oldest_cooldowns(
+        &mut self,
+        scope: &str,
+        pool: &PoolName,
+        family: Family,
+        ran_out_by: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<StoredCooldown>, StoreError> {
+        let mut rows: Vec<StoredCooldown> = self
+            .cooldowns(scope)?
+            .into_iter()
+            .filter(|c| &c.pool == pool && Family::of(c.addr) == family)
+            .filter(|c| {
+                !self
+                    .data
+                    .allocations
+                    .contains_key(&(scope.to_owned(), c.addr))
+            })
+            .collect();
+        let ran_out = rows
+            .iter()
+            .take_while(|c| c.released_at <= ran_out_by)
+            .count();
+        let taken = ran_out.min(limit);
+        let mut out: Vec<StoredCooldown> = rows.drain(..taken).collect();
+        if let Some(next) = rows.into_iter().next() {
+            out.push(next);
+        }
+        Ok(out)
+    }
+
+    fn put_cooldown(&mut self, scope: &str, cooldown: &StoredCooldown) -> Result<(), StoreError> {
+        self.data
+            .cooldowns
+            .insert((scope.to_owned(), cooldown.addr), cooldown.clone());
+        Ok(())
+    }
+
+    fn delete_cooldown(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
+        self.data.cooldowns.remove(&(scope.to_owned(), addr));
+        Ok(())
+    }
+
+    fn delete_cooldowns_before(
+        &mut self,
+        scope: &str,
+        pool: &PoolName,
+        family: Family,
+        before: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        self.data.cooldowns.retain(|(s, addr), c| {
+            !(s == scope
+                && &c.pool == pool
+                && Family::of(*addr) == family
+                && before.is_none_or(|before| c.released_at < before))
+        });
+        Ok(())
+    }
+
+    fn delete_cooldowns(&mut self, scope: &str) -> Result<(), StoreError> {
+        self.data.cooldowns.retain(|(s, _), _| s != scope);
+        Ok(())
+    }
+
+    fn released_addresses(&self, scope: &str) -> Vec<IpAddr> {
+        self.released
+            .iter()
+            .filter(|(s, _)| s == scope)
+            .map(|(_, addr)| *addr)
+            .collect()
     }
 
     fn allocations_by_key(
@@ -145,12 +241,20 @@ impl Txn for MemoryTxn {
                 addr: allocation.addr,
             });
         }
+        self.data.cooldowns.remove(&key);
         self.data.allocations.insert(key, allocation.clone());
         Ok(())
     }
 
     fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
-        self.data.allocations.remove(&(scope.to_owned(), addr));
+        if self
+            .data
+            .allocations
+            .remove(&(scope.to_owned(), addr))
+            .is_some()
+        {
+            self.released.push((scope.to_owned(), addr));
+        }
         Ok(())
     }
 
@@ -179,7 +283,7 @@ mod tests {
 
     fn row(addr: &str) -> StoredAllocation {
         StoredAllocation {
-            pool: corral_core::PoolName::new("p").unwrap(),
+            pool: PoolName::new("p").unwrap(),
             addr: addr.parse().unwrap(),
             owner: "o".into(),
             key: None,

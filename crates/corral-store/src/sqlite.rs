@@ -32,10 +32,13 @@
 //!   per call) — unless something else (the `sqlite3` shell) has the database open, when it
 //!   falls back to the shared-memory index at once; a shared store takes it per transaction;
 //! - a transaction reads one state row (a few bytes to 8 KiB of bitmap for a /16, see
-//!   `codec.rs`) and the rows of one attachment, never every allocation.
+//!   `codec.rs`), the rows of one attachment and a few cooldowns (those that ran out, at most
+//!   a batch, and the oldest: see `load.rs`), never every allocation or cooldown.
 //!
 //! The allocation table's primary key is (scope, family, address): whatever happens above,
-//! the database refuses to record one address twice.
+//! the database refuses to record one address twice. Cooldowns have their own table, keyed
+//! the same way (an address cools in at most one pool: the one whose range holds it) and
+//! indexed by pool, family and release time.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
@@ -50,8 +53,11 @@ use corral_core::{AttachmentKey, Family, Lease, PoolName, Timestamp, Uuid, addr_
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::codec::{decode_cooling, decode_snapshots, encode_cooling, encode_snapshots};
-use crate::{SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, Txn};
+use crate::codec::{decode_cooling, decode_snapshots, encode_snapshots};
+use crate::{
+    SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown,
+    Txn,
+};
 
 /// The database file inside the state directory.
 pub const DB_FILE: &str = "corral.db";
@@ -68,10 +74,18 @@ const FOLD_WAIT: Duration = Duration::from_millis(100);
 /// this: 256 KiB of 4 KiB pages (see `fold_log`).
 const WAL_LIMIT_FRAMES: u32 = 64;
 
+/// One step of the schema, run inside the migrating transaction.
+type Migration = fn(&rusqlite::Transaction<'_>) -> Result<(), StoreError>;
+
 /// Each entry takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[
-    // 0 → 1
-    "CREATE TABLE scopes (
+const MIGRATIONS: &[Migration] = &[
+    |tx| Ok(tx.execute_batch(SCHEMA_1)?),
+    migrate_cooldowns_to_rows,
+    |tx| Ok(tx.execute_batch(SCHEMA_3_TAKEOVER)?),
+];
+
+/// Version 1: the scopes' derived state (with every cooldown in one blob) and the allocations.
+const SCHEMA_1: &str = "CREATE TABLE scopes (
         scope TEXT PRIMARY KEY,
         config TEXT NOT NULL,
         next_generation INTEGER NOT NULL,
@@ -92,15 +106,116 @@ const MIGRATIONS: &[&str] = &[
         lease_expires INTEGER,
         PRIMARY KEY (scope, family, addr)
     ) STRICT, WITHOUT ROWID;
-    CREATE INDEX allocations_by_key ON allocations (scope, network, container_id, ifname);",
-    // 1 → 2: the addresses corral-ipam took over from host-local and still watches (see
-    // `HostLocalTakeover`).
-    "CREATE TABLE host_local_takeover (
+    CREATE INDEX allocations_by_key ON allocations (scope, network, container_id, ifname);";
+
+/// Version 2: cooldowns as rows of their own, so a CNI call reads and writes only the few it
+/// acts on instead of decoding and re-encoding every cooling address of the scope.
+const SCHEMA_2_COOLDOWNS: &str = "CREATE TABLE cooldowns (
+        scope TEXT NOT NULL,
+        family INTEGER NOT NULL,
+        addr BLOB NOT NULL,
+        pool TEXT NOT NULL,
+        released_at INTEGER NOT NULL,
+        PRIMARY KEY (scope, family, addr)
+    ) STRICT, WITHOUT ROWID;
+    CREATE INDEX cooldowns_by_time ON cooldowns (scope, pool, family, released_at);";
+
+/// 1 → 2: the cooldowns of each state row become rows; the blob column goes. A state row
+/// whose cooldowns do not decode is left for a rebuild from the allocations (its snapshot
+/// emptied, so it no longer decodes either), as such a row always was: a snapshot must not
+/// block addresses whose cooldowns are gone.
+fn migrate_cooldowns_to_rows(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch(SCHEMA_2_COOLDOWNS)?;
+    let blobs: Vec<(String, Vec<u8>)> = tx
+        .prepare("SELECT scope, cooling FROM scopes")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    for (scope, blob) in blobs {
+        match decode_cooling(&blob) {
+            Ok(cooling) => {
+                for (pool, addr, released_at) in cooling {
+                    insert_cooldown(
+                        tx,
+                        &scope,
+                        &StoredCooldown {
+                            pool,
+                            addr,
+                            released_at,
+                        },
+                    )?;
+                }
+            }
+            Err(_) => {
+                tx.execute(
+                    "UPDATE scopes SET snapshots = x'' WHERE scope = ?1",
+                    [&scope],
+                )?;
+            }
+        }
+    }
+    tx.execute_batch("ALTER TABLE scopes DROP COLUMN cooling")?;
+    Ok(())
+}
+
+/// Records a cooldown, replacing any at the same address.
+fn insert_cooldown(
+    conn: &Connection,
+    scope: &str,
+    cooldown: &StoredCooldown,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO cooldowns (scope, family, addr, pool, released_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (scope, family, addr) DO UPDATE SET pool = ?4, released_at = ?5",
+    )?
+    .execute(params![
+        scope,
+        family_code(Family::of(cooldown.addr)),
+        addr_blob(cooldown.addr),
+        cooldown.pool.as_str(),
+        millis(cooldown.released_at),
+    ])?;
+    Ok(())
+}
+
+/// A time as SQLite stores it (an i64), saturating: real times are far from the limit.
+fn millis(at: Timestamp) -> i64 {
+    i64::try_from(at.as_unix_millis()).unwrap_or(i64::MAX)
+}
+
+/// One cooldown row as read: (family, address, release time) of `pool`.
+fn read_cooldown(
+    pool: PoolName,
+    family: i64,
+    addr: Vec<u8>,
+    released_at: i64,
+) -> Result<StoredCooldown, StoreError> {
+    let family = match family {
+        4 => Family::V4,
+        6 => Family::V6,
+        other => return Err(corrupt("cooldown", format!("family {other}"))),
+    };
+    let bytes: [u8; 16] = addr
+        .try_into()
+        .map_err(|_| corrupt("cooldown", "address is not 16 bytes"))?;
+    let value = u128::from_be_bytes(bytes);
+    if value > family.max_value() {
+        return Err(corrupt("cooldown", "address out of range"));
+    }
+    Ok(StoredCooldown {
+        pool,
+        addr: family.addr(value),
+        released_at: Timestamp::from_unix_millis(u64::try_from(released_at).unwrap_or(0)),
+    })
+}
+
+/// Version 3: the addresses corral-ipam took over from host-local and still watches (see
+/// `HostLocalTakeover`).
+const SCHEMA_3_TAKEOVER: &str = "CREATE TABLE host_local_takeover (
         scope TEXT PRIMARY KEY,
         dir_mtime_ns INTEGER NOT NULL,
         addrs TEXT NOT NULL
-    ) STRICT;",
-];
+    ) STRICT;";
 
 /// What corral-ipam took over from host-local for one network (scope): the addresses whose
 /// allocations it still watches, and the host-local directory's modification time when it
@@ -649,8 +764,8 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         return Ok(());
     }
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    for (version, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-        tx.execute_batch(sql)?;
+    for (version, step) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        step(&tx)?;
         tx.pragma_update(None, "user_version", version as u32 + 1)?;
     }
     tx.commit()?;
@@ -677,6 +792,9 @@ pub struct SqliteTxn<'a> {
     /// Set when the log's directory entry may not be durable yet (see `is_recorded_synced`): the
     /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
+    /// The allocations this transaction deleted (scope, address), for
+    /// [`Txn::released_addresses`].
+    released: Vec<(String, IpAddr)>,
 }
 
 impl Drop for SqliteTxn<'_> {
@@ -796,6 +914,7 @@ impl Store for SqliteStore {
             log_file: (mode == Mode::Owned).then_some(&self.log_file),
             health: &self.health,
             sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
+            released: Vec::new(),
         })
     }
 }
@@ -970,18 +1089,17 @@ impl Txn for SqliteTxn<'_> {
         let row = self
             .tx()
             .prepare_cached(
-                "SELECT config, next_generation, snapshots, cooling FROM scopes WHERE scope = ?1",
+                "SELECT config, next_generation, snapshots FROM scopes WHERE scope = ?1",
             )?
             .query_row([scope], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, i64>(1)?,
                     r.get::<_, Vec<u8>>(2)?,
-                    r.get::<_, Vec<u8>>(3)?,
                 ))
             })
             .optional()?;
-        let Some((config, next_generation, snapshots, cooling)) = row else {
+        let Some((config, next_generation, snapshots)) = row else {
             return Ok((None, None));
         };
         let decoded = (|| -> Result<ScopeState, StoreError> {
@@ -991,7 +1109,6 @@ impl Txn for SqliteTxn<'_> {
                 config,
                 next_generation: next_generation as u64,
                 snapshots: decode_snapshots(&snapshots)?,
-                cooling: decode_cooling(&cooling)?,
             })
         })();
         match decoded {
@@ -1005,19 +1122,140 @@ impl Txn for SqliteTxn<'_> {
             serde_json::to_string(&state.config).map_err(|e| corrupt("scope configuration", e))?;
         self.tx()
             .prepare_cached(
-                "INSERT INTO scopes (scope, config, next_generation, snapshots, cooling)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO scopes (scope, config, next_generation, snapshots)
+                 VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (scope) DO UPDATE SET config = ?2, next_generation = ?3,
-                   snapshots = ?4, cooling = ?5",
+                   snapshots = ?4",
             )?
             .execute(params![
                 scope,
                 config,
                 state.next_generation as i64,
                 encode_snapshots(&state.snapshots),
-                encode_cooling(&state.cooling),
             ])?;
         Ok(())
+    }
+
+    fn stored_config(&mut self, scope: &str) -> Result<Option<ScopeConfig>, StoreError> {
+        let text: Option<String> = self
+            .tx()
+            .prepare_cached("SELECT config FROM scopes WHERE scope = ?1")?
+            .query_row([scope], |r| r.get(0))
+            .optional()?;
+        Ok(text.and_then(|text| serde_json::from_str(&text).ok()))
+    }
+
+    fn cooldowns(&mut self, scope: &str) -> Result<Vec<StoredCooldown>, StoreError> {
+        let mut statement = self.tx().prepare_cached(
+            "SELECT pool, family, addr, released_at FROM cooldowns WHERE scope = ?1
+             ORDER BY released_at, family, addr",
+        )?;
+        let rows = statement.query_map([scope], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Vec<u8>>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (pool, family, addr, released_at) = row?;
+            let pool = PoolName::new(&pool).map_err(|e| corrupt("cooldown", e))?;
+            out.push(read_cooldown(pool, family, addr, released_at)?);
+        }
+        Ok(out)
+    }
+
+    fn oldest_cooldowns(
+        &mut self,
+        scope: &str,
+        pool: &PoolName,
+        family: Family,
+        ran_out_by: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<StoredCooldown>, StoreError> {
+        // The index walks one pool and family in release order; a row at an allocated address
+        // (which recording the allocation deletes, so only damage leaves one) is not a
+        // cooldown, and must never free that address.
+        let mut statement = self.tx().prepare_cached(
+            "SELECT addr, released_at FROM cooldowns AS c INDEXED BY cooldowns_by_time
+             WHERE scope = ?1 AND pool = ?2 AND family = ?3
+               AND NOT EXISTS (SELECT 1 FROM allocations AS a
+                               WHERE a.scope = ?1 AND a.family = ?3 AND a.addr = c.addr)
+             ORDER BY released_at LIMIT ?4",
+        )?;
+        let mut rows = statement.query(params![
+            scope,
+            pool.as_str(),
+            family_code(family),
+            i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX),
+        ])?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            let cooling =
+                read_cooldown(pool.clone(), family_code(family), row.get(0)?, row.get(1)?)?;
+            let ran_out = cooling.released_at <= ran_out_by;
+            if ran_out && out.len() == limit {
+                break;
+            }
+            out.push(cooling);
+            if !ran_out {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn put_cooldown(&mut self, scope: &str, cooldown: &StoredCooldown) -> Result<(), StoreError> {
+        insert_cooldown(self.tx(), scope, cooldown)
+    }
+
+    fn delete_cooldown(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
+        self.tx()
+            .prepare_cached("DELETE FROM cooldowns WHERE scope = ?1 AND family = ?2 AND addr = ?3")?
+            .execute(params![
+                scope,
+                family_code(Family::of(addr)),
+                addr_blob(addr)
+            ])?;
+        Ok(())
+    }
+
+    fn delete_cooldowns_before(
+        &mut self,
+        scope: &str,
+        pool: &PoolName,
+        family: Family,
+        before: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        self.tx()
+            .prepare_cached(
+                "DELETE FROM cooldowns
+                 WHERE scope = ?1 AND pool = ?2 AND family = ?3 AND released_at < ?4",
+            )?
+            .execute(params![
+                scope,
+                pool.as_str(),
+                family_code(family),
+                before.map_or(i64::MAX, millis),
+            ])?;
+        Ok(())
+    }
+
+    fn delete_cooldowns(&mut self, scope: &str) -> Result<(), StoreError> {
+        self.tx()
+            .prepare_cached("DELETE FROM cooldowns WHERE scope = ?1")?
+            .execute([scope])?;
+        Ok(())
+    }
+
+    fn released_addresses(&self, scope: &str) -> Vec<IpAddr> {
+        self.released
+            .iter()
+            .filter(|(released_scope, _)| released_scope == scope)
+            .map(|&(_, addr)| addr)
+            .collect()
     }
 
     fn allocations_by_key(
@@ -1087,7 +1325,9 @@ impl Txn for SqliteTxn<'_> {
                 },
                 _ => StoreError::Sqlite(error),
             })?;
-        Ok(())
+        // An allocated address is not cooling (a cooling address may be asked for by name,
+        // or handed out when nothing else is free).
+        self.delete_cooldown(scope, allocation.addr)
     }
 
     fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
@@ -1100,6 +1340,7 @@ impl Txn for SqliteTxn<'_> {
                 family_code(Family::of(addr)),
                 addr_blob(addr)
             ])?;
+        self.released.push((scope.to_owned(), addr));
         Ok(())
     }
 

@@ -42,6 +42,7 @@ fn partial_for(
     let need = Need::Partial {
         keys: &keys,
         addrs: &[],
+        now: Timestamp::ZERO,
     };
     Ok(build_engine(txn, SCOPE, desired, EngineConfig::default(), need)?.0)
 }
@@ -208,6 +209,7 @@ fn partial_and_full_engines_agree_and_a_changed_configuration_rebuilds() {
         Need::Partial {
             keys: &[],
             addrs: &[],
+            now: Timestamp::ZERO,
         },
     )
     .unwrap();

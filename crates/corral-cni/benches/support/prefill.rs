@@ -3,7 +3,9 @@
 //! The fill is made the way churn makes it: every allocatable address is handed out in order
 //! (allocate-next, one container each), then a seeded random 5% is released long enough ago
 //! that no cooldown is left. Both plugins get the same held addresses with the same container
-//! IDs, so the next ADD of either starts from the same place.
+//! IDs, so the next ADD of either starts from the same place. [`corral_all`] stops before the
+//! release: every address held, and the bench releases the same 5% through the plugin itself
+//! (DEL), so their cooldowns are real and recent.
 //!
 //! * corral: in-process through the library, exactly as the plugin would have stored it: the
 //!   scope configuration the plugin derives (`corral_cni::scope_config`), a full engine from
@@ -63,6 +65,32 @@ fn net_config(stdin: &[u8]) -> NetConfig {
 
 /// Fills corral's store in `data_dir` (configuration `stdin`) to [`FILLED`] addresses.
 pub fn corral(stdin: &[u8], data_dir: &Path) -> Fill {
+    fill_corral(stdin, data_dir, true).0
+}
+
+/// Fills corral's store in `data_dir` (configuration `stdin`) with every allocatable address;
+/// also returns the container IDs of the seeded 5% that [`corral`] releases, for the bench to
+/// release through the plugin.
+pub fn corral_all(stdin: &[u8], data_dir: &Path) -> (Fill, Vec<String>) {
+    fill_corral(stdin, data_dir, false)
+}
+
+/// Which of the [`ALLOCATABLE`] addresses (by the order they were handed out) the 95% fill
+/// releases: a seeded Fisher-Yates shuffle picks 5%.
+fn released_share() -> Vec<bool> {
+    let mut order: Vec<usize> = (0..ALLOCATABLE).collect();
+    for i in (1..order.len()).rev() {
+        let j = (mix(SEED ^ i as u64) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    let mut released = vec![false; ALLOCATABLE];
+    for &i in &order[..ALLOCATABLE - FILLED] {
+        released[i] = true;
+    }
+    released
+}
+
+fn fill_corral(stdin: &[u8], data_dir: &Path, release: bool) -> (Fill, Vec<String>) {
     let config = net_config(stdin);
     assert_eq!(config.ipam.range_sets.len(), 1, "one range set");
     let set = &config.ipam.range_sets[0];
@@ -113,26 +141,30 @@ pub fn corral(stdin: &[u8], data_dir: &Path) -> Fill {
         "every address handed out"
     );
 
-    // A seeded Fisher-Yates shuffle picks the addresses released (5%).
-    let mut order: Vec<usize> = (0..ALLOCATABLE).collect();
-    for i in (1..order.len()).rev() {
-        let j = (mix(SEED ^ i as u64) % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    let mut released = vec![false; ALLOCATABLE];
-    for &i in &order[..ALLOCATABLE - FILLED] {
-        released[i] = true;
-        engine
-            .release(rows[i].addr, Some(rows[i].generation), released_at)
-            .expect("release");
-    }
-    engine.advance(settled);
-    let stats = engine.stats(&set.pool, Family::V4).expect("stats");
-    assert_eq!(
-        (stats.used, stats.cooling, stats.free),
-        (FILLED as u64, 0, (ALLOCATABLE - FILLED) as u128),
-        "95% held, no cooldown left"
-    );
+    let share = released_share();
+    let to_release: Vec<String> = rows
+        .iter()
+        .zip(&share)
+        .filter(|(_, released)| **released)
+        .map(|(row, _)| row.owner.clone())
+        .collect();
+    let released = if release {
+        for (row, _) in rows.iter().zip(&share).filter(|(_, released)| **released) {
+            engine
+                .release(row.addr, Some(row.generation), released_at)
+                .expect("release");
+        }
+        engine.advance(settled);
+        let stats = engine.stats(&set.pool, Family::V4).expect("stats");
+        assert_eq!(
+            (stats.used, stats.cooling, stats.free),
+            (FILLED as u64, 0, (ALLOCATABLE - FILLED) as u128),
+            "95% held, no cooldown left"
+        );
+        share
+    } else {
+        vec![false; ALLOCATABLE]
+    };
 
     let held: Vec<StoredAllocation> = rows
         .into_iter()
@@ -146,10 +178,11 @@ pub fn corral(stdin: &[u8], data_dir: &Path) -> Fill {
     txn.commit().expect("commit");
     drop(store);
     truncate_wal(data_dir);
-    Fill {
+    let fill = Fill {
         held: held.into_iter().map(|row| (row.addr, row.owner)).collect(),
         last,
-    }
+    };
+    (fill, to_release)
 }
 
 /// Folds SQLite's write-ahead log, if any, into the database and empties it.
