@@ -304,6 +304,15 @@ pub fn pools(declared: &[PoolFile]) -> Result<ScopeConfig, ConfigError> {
             .exclusions
             .iter()
             .map(|e| {
+                if crate::local_routes::is_local_reason(&e.reason) {
+                    return Err(ConfigError(format!(
+                        "pool {}: exclusion {:?}: a reason starting with {:?} is kept for \
+                         the exclusions that reserving local routes makes",
+                        pool.name,
+                        e.network,
+                        e.reason.split(' ').take(2).collect::<Vec<_>>().join(" ")
+                    )));
+                }
                 Exclusion::parse(&e.network, &e.reason).map_err(|err| {
                     ConfigError(format!(
                         "pool {}: exclusion {:?}: {err}",
@@ -419,6 +428,10 @@ mod tests {
     fn bad_files_name_the_problem() {
         for (text, needle) in [
             ("nonsense = 1", "unknown field"),
+            (
+                "[[pools]]\nname = \"a\"\nexclusions = [{ network = \"10.1.0.5\", reason = \"local address of the VIP\" }]",
+                "kept for the exclusions that reserving local routes makes",
+            ),
             ("[[pools]]\nname = \"a b\"", "pool \"a b\""),
             (
                 "[[pools]]\nname = \"p\"\nranges = [\"10.0.0.0/33\"]",

@@ -140,6 +140,9 @@ struct Source<'a> {
     devices: Vec<&'a str>,
     /// A unicast route to exactly one address.
     host_route: bool,
+    /// A unicast route (or one of its gateways): only those may be a bridge's own (rule 3);
+    /// an interface address or a local route on the bridge is a host address all the same.
+    unicast: bool,
 }
 
 /// The address alone, as a /32 or /128.
@@ -200,6 +203,7 @@ fn sources(host: &HostNetworks) -> Vec<Source<'_>> {
             )),
             devices: vec![address.device.as_str()],
             host_route: false,
+            unicast: false,
         });
     }
     for address in &host.addresses {
@@ -219,6 +223,8 @@ fn sources(host: &HostNetworks) -> Vec<Source<'_>> {
             )),
             devices: vec![address.device.as_str()],
             host_route: false,
+            // The kernel's connected route: a route on the bridge like any other.
+            unicast: true,
         });
     }
     for route in &host.routes {
@@ -233,6 +239,7 @@ fn sources(host: &HostNetworks) -> Vec<Source<'_>> {
             devices,
             host_route: route.kind == RouteKind::Unicast
                 && route.destination.prefix_len() == route.destination.max_prefix_len(),
+            unicast: route.kind == RouteKind::Unicast,
         });
         if route.kind == RouteKind::Unicast {
             for hop in &route.next_hops {
@@ -242,6 +249,7 @@ fn sources(host: &HostNetworks) -> Vec<Source<'_>> {
                         reason: reason.clone(),
                         devices: vec![hop.device.as_str()],
                         host_route: false,
+                        unicast: true,
                     });
                 }
             }
@@ -325,7 +333,9 @@ pub fn plan(host: &HostNetworks, pools: &[PoolRanges], allocated: &BTreeSet<IpAd
         let wanted = plan.exclusions.entry(pool.pool.clone()).or_default();
         let mut reported: BTreeSet<IpAddr> = BTreeSet::new();
         for source in &sources {
-            if !source.devices.is_empty() && source.devices.iter().all(|d| own_devices.contains(d))
+            if source.unicast
+                && !source.devices.is_empty()
+                && source.devices.iter().all(|d| own_devices.contains(d))
             {
                 continue;
             }
@@ -496,10 +506,12 @@ pub fn reserve(
         engine.exclude(pool, exclusion.clone())?;
         let text = exclusion.network().to_string();
         let stored = stored_pool(config, engine, pool)?;
-        stored.exclusions.retain(|e| e.0 != text);
-        stored
-            .exclusions
-            .push((text, exclusion.reason().to_owned()));
+        // In place, as the engine replaces it: the order is what a restart rebuilds.
+        let reason = exclusion.reason().to_owned();
+        match stored.exclusions.iter_mut().find(|e| e.0 == text) {
+            Some(existing) => existing.1 = reason,
+            None => stored.exclusions.push((text, reason)),
+        }
     }
 
     let mut excluded = Vec::new();
@@ -773,6 +785,15 @@ mod tests {
                 routes: &["10.88.0.0/24 dev cni0"],
                 allocated: NO,
                 excluded: NO,
+                conflicts: NO,
+            },
+            Case {
+                name: "a second address of the node on the pool's bridge is excluded",
+                pools: &["default 10.88.0.0/16,gateway=10.88.0.1"],
+                addresses: &["cni0 10.88.0.1/16", "cni0 10.88.0.254/16"],
+                routes: &["10.88.0.0/16 dev cni0", "local 10.88.0.254 dev cni0"],
+                allocated: NO,
+                excluded: &["default 10.88.0.254/32 local address 10.88.0.254 of cni0"],
                 conflicts: NO,
             },
             Case {

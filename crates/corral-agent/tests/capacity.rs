@@ -486,6 +486,28 @@ fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
     assert_eq!(fingerprint(&mut host), before);
 }
 
+/// An operator's exclusion whose reason looked like a local-route reservation's was removed
+/// by the next reservation (and, from the file, came back at every start to be removed again).
+#[test]
+fn an_exclusion_reason_kept_for_local_routes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = open(dir.path(), &declared());
+    let before = fingerprint(&mut host);
+    let refused = run(
+        &mut host,
+        Op::AddExclusion(api::ExclusionRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "default".into(),
+            network: "10.88.0.5".into(),
+            reason: "local address of the VIP".into(),
+        }),
+    )
+    .unwrap_err();
+    assert_eq!(refused.code, api::ErrorCode::BadRequest, "{refused:?}");
+    assert!(refused.message.contains("local address"), "{refused:?}");
+    assert_eq!(fingerprint(&mut host), before);
+}
+
 // ---- the property -------------------------------------------------------------------------
 
 const POOLS: [&str; 3] = ["default", "a", "b"];

@@ -227,7 +227,11 @@ pub struct Claimed {
 impl Claimed {
     /// The record was applied: removes it, durably, so it can never be applied again.
     pub fn remove(self) -> Result<(), PendingError> {
-        std::fs::remove_file(&self.claimed).map_err(io_error("remove", &self.claimed))?;
+        match std::fs::remove_file(&self.claimed) {
+            // Gone already: what was to be done is done.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            other => other.map_err(io_error("remove", &self.claimed))?,
+        }
         sync_dir(parent_of(&self.claimed))
     }
 
@@ -313,6 +317,10 @@ pub fn claim_all_for_agent(
     }
     names.sort();
     let mut out = Vec::new();
+    // A slot may be listed twice: `X.del`, recorded again by a DEL while the agent was down,
+    // beside `X.del.agent`, a claim a killed agent left. Both are the same key's DEL; the
+    // first claims the slot (renaming over the old claim), the second is the same claim.
+    let mut slots_seen = std::collections::BTreeSet::new();
     for name in names {
         let (slot_name, already_claimed) = if name.ends_with(RECORD_SUFFIX) {
             (name.clone(), false)
@@ -323,6 +331,9 @@ pub fn claim_all_for_agent(
         } else {
             continue;
         };
+        if !slots_seen.insert(slot_name.clone()) {
+            continue;
+        }
         let slot = dir.join(&slot_name);
         let claimed = dir.join(format!("{slot_name}{AGENT_CLAIM_SUFFIX}"));
         let record = match read_record(if already_claimed { &claimed } else { &slot })? {
@@ -398,6 +409,36 @@ mod tests {
             panic!("{again:?}")
         };
         std::fs::remove_file(claimed.path()).unwrap();
+        assert!(
+            claim_all_for_agent(dir.path(), |_| true)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    /// Regression (review): an agent killed between claiming and removing a record, then the
+    /// same key's DEL recorded again while it was down: the slot was claimed twice, the second
+    /// removal failed and the agent would not start.
+    #[test]
+    fn a_slot_recorded_again_beside_a_killed_agents_claim_is_claimed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = Path::new("/run/a.sock");
+        let record = PendingDel::new(socket, &key("c1"), &ScopeConfig::default());
+        record_pending_del(dir.path(), &record).unwrap();
+        // The agent claims it and is killed before removing the claim.
+        let first = claim_all_for_agent(dir.path(), |_| true).unwrap();
+        assert_eq!(first.len(), 1);
+        drop(first);
+        // The runtime retries the DEL while the agent is down: recorded again.
+        record_pending_del(dir.path(), &record).unwrap();
+        let all = claim_all_for_agent(dir.path(), |agent| agent == socket).unwrap();
+        assert_eq!(all.len(), 1, "{all:?}");
+        for file in all {
+            let PendingFile::Claimed(claimed) = file else {
+                panic!("{file:?}")
+            };
+            claimed.remove().unwrap();
+        }
         assert!(
             claim_all_for_agent(dir.path(), |_| true)
                 .unwrap()

@@ -54,6 +54,21 @@ impl Clock for SystemClock {
     }
 }
 
+/// An exclusion an operator makes may not carry a reason the reservation of local routes
+/// marks its own with: the next reservation would remove it.
+fn reject_local_reason(reason: &str) -> Result<(), OpError> {
+    if crate::local_routes::is_local_reason(reason) {
+        return Err(OpError::bad_request(format!(
+            "exclusion reason: reasons starting with {} are kept for the exclusions that \
+             reserving local routes makes; choose another",
+            crate::local_routes::LOCAL_REASON_PREFIXES
+                .map(|p| format!("{:?}", p.trim_end()))
+                .join(", ")
+        )));
+    }
+    Ok(())
+}
+
 /// What the committer drives: a host of any store and clock.
 pub trait RunBatch: Send + std::fmt::Debug {
     /// See [`Host::run_batch`].
@@ -370,6 +385,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                 let pool = pool_name(&request.pool)?;
                 let exclusion = Exclusion::parse(&request.network, &request.reason)
                     .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
+                reject_local_reason(&request.reason)?;
                 let scope = self.node_scope_mut(&request.scope, "exclusions")?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
                 let network = exclusion.network().to_string();
