@@ -155,7 +155,13 @@ pub(crate) async fn serve<A: Acceptor>(
         };
         match accepted {
             Ok(stream) => {
-                let connection = http.serve_connection(TokioIo::new(stream), service.clone());
+                // A client that sends requests but never reads the answers would hold its
+                // slot for ever (and stall a graceful shutdown): an answer that cannot be
+                // written for as long as a request head may take ends the connection.
+                let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+                stream.set_write_timeout(Some(header_timeout));
+                let io = TokioIo::new(Box::pin(stream));
+                let connection = http.serve_connection(io, service.clone());
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
                     // A client that goes away or times out is no error of the agent's.
@@ -182,8 +188,13 @@ pub(crate) async fn serve<A: Acceptor>(
         }
     }
     drop(acceptor);
-    graceful.shutdown().await;
+    // Connections finish the answer they are writing; one that cannot within the grace is
+    // left to the runtime's end rather than holding the agent half-stopped.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
 }
+
+/// How long a stopping listener waits for its connections to finish their answers.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 fn is_connection_error(error: &io::Error) -> bool {
     matches!(

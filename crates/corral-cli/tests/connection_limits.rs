@@ -269,3 +269,58 @@ fn a_flood_of_idle_and_half_sent_tcp_connections_does_not_starve_the_unix_socket
     );
     agent.kill();
 }
+
+/// Regression (review): a client that pipelines requests and never reads the answers held
+/// its TCP slot for good (the answers could not be written, and no timeout counted), so the
+/// token holders queued behind 128 of them, and a graceful shutdown never finished.
+#[test]
+fn a_client_that_never_reads_its_answers_loses_its_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .unwrap();
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nsocket = {:?}\ntcp = \"{addr}\"\ntoken_file = {:?}\n\n\
+             [connections]\nmax_tcp = 1\nheader_timeout_ms = 1000\n",
+            dir.path().join("state"),
+            socket,
+            token_file,
+        ),
+    )
+    .unwrap();
+    let mut command = Command::new(BINARY);
+    command.arg("agent").arg("--config").arg(&config);
+    let _agent = Agent::start_command(command, &socket);
+    // Requests without end, never a byte read: the answers fill both socket buffers.
+    let mut greedy = TcpStream::connect(addr).unwrap();
+    greedy
+        .set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: corral\r\n\r\n".repeat(64);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        if greedy.write_all(&request).is_err() {
+            break;
+        }
+    }
+    // The slot comes free: a token holder is answered on TCP within a few timeouts.
+    let mut client = Client::tcp(addr, TOKEN)
+        .unwrap()
+        .with_connect_timeout(Some(Duration::from_secs(8)))
+        .with_read_timeout(Some(Duration::from_secs(8)));
+    let answered = Instant::now();
+    client
+        .healthz()
+        .expect("a token holder is answered once the greedy client is cut off");
+    assert!(
+        answered.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        answered.elapsed()
+    );
+}
