@@ -981,7 +981,7 @@ impl Host {
         let mut txn = self.store.begin().map_err(OpError::store)?;
         import_checkpoint(&mut txn, &checkpoint).map_err(|error| match error {
             // The store itself failing is worth a retry; anything else is the document.
-            StoreError::Sqlite(_)
+            StoreError::Backend { .. }
             | StoreError::Directory { .. }
             | StoreError::Lock { .. }
             | StoreError::Held { .. } => OpError::store(error),
