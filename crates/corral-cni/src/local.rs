@@ -47,7 +47,8 @@ fn store_error(error: StoreError) -> CniError {
         }
         StoreError::Directory { .. }
         | StoreError::Lock { .. }
-        | StoreError::Sqlite(_)
+        | StoreError::Backend { .. }
+        | StoreError::StateLost { .. }
         | StoreError::Taken { .. }
         | StoreError::SchemaTooNew { .. }
         | StoreError::Corrupt { .. }

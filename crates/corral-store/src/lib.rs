@@ -45,7 +45,8 @@ pub use pending::{
     pending_file_name, record_pending_del,
 };
 pub use sqlite::{
-    AGENT_FILE, DB_FILE, HostLocalTakeover, LOCK_FILE, SqliteStore, SqliteTxn, StoreHealth,
+    AGENT_FILE, DB_FILE, HostLocalTakeover, LOCK_FILE, SYNCED_FILE, SqliteStore, SqliteTxn,
+    StoreHealth,
 };
 
 /// The schema version this build writes; older databases are migrated when opened.
@@ -76,8 +77,29 @@ pub enum StoreError {
     },
     #[error("the state directory {path} is held by {holder}")]
     Held { path: String, holder: String },
-    #[error("database error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    /// The database engine underneath failed. Its error is part of the message (and can be
+    /// downcast from `error`), so callers need not know which backend a store uses.
+    #[error("{backend}: {error}")]
+    Backend {
+        /// The backend that failed: `"sqlite"`.
+        backend: &'static str,
+        /// Whether the same transaction may succeed later: the database was busy or locked by
+        /// a program outside corral (the `sqlite3` shell).
+        retryable: bool,
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// State the directory is known to have held is gone, or older than it was (deleted,
+    /// truncated or replaced from outside). Starting afresh would forget allocations still
+    /// in use and hand their addresses out again, so the store refuses to open until someone
+    /// decides; nothing was changed on disk.
+    #[error("{path} {problem}; {remedy}")]
+    StateLost {
+        kind: LostState,
+        /// The file that is gone or older.
+        path: String,
+        problem: String,
+        remedy: String,
+    },
     #[error("{addr} is already recorded as held in scope {scope}")]
     Taken { scope: String, addr: IpAddr },
     #[error("database schema version {found} is newer than this build understands ({supported})")]
@@ -116,6 +138,26 @@ impl RangeSource {
             RangeSource::Api => "api",
             RangeSource::Cni => "cni",
             RangeSource::Cluster => "cluster",
+        }
+    }
+}
+
+impl StoreError {
+    /// Whether trying the same operation again later may succeed without anyone fixing
+    /// anything: another program had the database busy, or an agent holds the directory.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Backend { retryable, .. } => *retryable,
+            StoreError::Held { .. } => true,
+            StoreError::Engine(error) => error.is_retryable(),
+            StoreError::Directory { .. }
+            | StoreError::Lock { .. }
+            | StoreError::StateLost { .. }
+            | StoreError::NotADirectory { .. }
+            | StoreError::Taken { .. }
+            | StoreError::SchemaTooNew { .. }
+            | StoreError::Corrupt { .. }
+            | StoreError::SyncFailed { .. } => false,
         }
     }
 }
@@ -232,6 +274,23 @@ impl From<RangeEntry> for RangeEntryRepr {
             }
         }
     }
+}
+
+/// Which part of a state directory's known state is gone or older ([`StoreError::StateLost`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostState {
+    /// The database file is gone.
+    DatabaseMissing,
+    /// The database file is empty (truncated to zero bytes).
+    DatabaseEmpty,
+    /// The database file does not begin with a database header (truncated, overwritten).
+    DatabaseUnreadable,
+    /// The database is older than the last state recorded (replaced with an older copy).
+    DatabaseOlder,
+    /// The log is gone while it held commits the database does not.
+    LogMissing,
+    /// The log holds no commit while it should hold commits the database does not.
+    LogEmpty,
 }
 
 /// One pool of a scope's configuration.

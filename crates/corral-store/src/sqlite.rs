@@ -39,6 +39,15 @@
 //! the database refuses to record one address twice. Cooldowns have their own table, keyed
 //! the same way (an address cools in at most one pool: the one whose range holds it) and
 //! indexed by pool, family and release time.
+//!
+//! State that vanished from outside is refused, never started afresh over (see
+//! `check_state_kept`): `corral.synced` says a database was created here, and the database
+//! header's application ID counts corral's *marks*. Whenever corral starts the log again (a
+//! fold), it writes the next mark into the log and records the database's own mark in
+//! `corral.synced`; until someone folds the log into the database, the database holds that
+//! recorded mark, and a log that vanishes then held commits the database lacks. SQLite itself
+//! removes a log only after folding all of it (the `sqlite3` shell closing the database),
+//! which moves the database past the recorded mark.
 
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
@@ -55,8 +64,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::codec::{decode_cooling, decode_snapshots, encode_snapshots};
 use crate::{
-    SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown,
-    Txn,
+    LostState, SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation,
+    StoredCooldown, Txn,
 };
 
 /// The database file inside the state directory.
@@ -276,6 +285,22 @@ pub struct SqliteStore {
     log_file: RefCell<Option<File>>,
     /// Whether a sync of the log failed (see [`StoreHealth`]).
     health: StoreHealth,
+    /// What `corral.synced` holds, and the database's mark.
+    kept: Kept,
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> StoreError {
+        let retryable = matches!(
+            error.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        );
+        StoreError::Backend {
+            backend: "sqlite",
+            retryable,
+            error: Box::new(error),
+        }
+    }
 }
 
 /// Whether a store can still write, readable without the store (the agent's `/healthz`
@@ -437,45 +462,61 @@ impl SqliteStore {
             log_known_synced: Cell::new(false),
             log_file: RefCell::new(None),
             health: StoreHealth::default(),
+            kept: Kept::default(),
         };
-        let (conn, journal) = match connect(dir, mode != Mode::Shared, &store.log_frames) {
+        // A shared store takes the directory lock for opening too: what the checks read and a
+        // new database's creation must not interleave with another process's.
+        store.acquire()?;
+        let opened = store.open_database();
+        store.release();
+        opened?;
+        Ok(store)
+    }
+
+    /// Under the directory lock: refuses state that vanished, then opens (creating or
+    /// migrating) the database.
+    fn open_database(&mut self) -> Result<(), StoreError> {
+        let record = read_record(&self.dir);
+        // Before SQLite reads anything: it deletes the log of an empty database.
+        let db_mark = check_state_kept(&self.dir, record.as_ref())?;
+        *self.kept.record.borrow_mut() = record.unwrap_or_default();
+        self.kept.db_mark.set(db_mark);
+        let exclusive = self.mode != Mode::Shared;
+        let (conn, journal) = match connect(&self.dir, exclusive, &self.log_frames) {
             Ok(opened) => opened,
             // Another connection (the sqlite3 shell, a shared store) has the database open,
             // so it cannot be locked exclusively: use SQLite's shared-memory index instead.
-            Err(StoreError::Sqlite(error))
-                if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) =>
-            {
-                connect(dir, false, &store.log_frames)?
+            Err(error) if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+                connect(&self.dir, false, &self.log_frames)?
             }
-            Err(error) => return Err(error),
+            Err(error) => return Err(error.into()),
         };
-        store.conn = Some(conn);
+        let conn = self.conn.insert(conn);
         if !journal.eq_ignore_ascii_case("wal") {
-            store.with_lock(|conn| {
-                let journal: String =
-                    conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-                if journal.eq_ignore_ascii_case("wal") {
-                    Ok(())
-                } else {
-                    Err(StoreError::Corrupt {
-                        what: "journal mode".into(),
-                        reason: format!("SQLite kept {journal} instead of wal"),
-                    })
-                }
-            })?;
+            let journal: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+            if !journal.eq_ignore_ascii_case("wal") {
+                return Err(StoreError::Corrupt {
+                    what: "journal mode".into(),
+                    reason: format!("SQLite kept {journal} instead of wal"),
+                });
+            }
         }
-        store.conn().pragma_update(None, "synchronous", "OFF")?;
-        // Migrations take the lock, and check the version again under it; the usual open
-        // finds the current version and takes no lock at all.
-        if store.schema_version()? != SCHEMA_VERSION {
-            store.with_lock(migrate)?;
+        conn.pragma_update(None, "synchronous", "OFF")?;
+        // The usual open finds the current version and writes nothing.
+        if self.schema_version()? != SCHEMA_VERSION {
+            migrate(self.conn.as_mut().expect("opened above"))?;
             // A new database (and its log) just got directory entries: make them durable,
-            // with what the migration wrote.
-            sync_log(&store.dir)?;
-            sync_dir(&store.dir)?;
-            remember_synced_log(&store.dir);
+            // with what the migration wrote (the log's first mark among it), and only then
+            // record that the directory holds a database.
+            sync_log(&self.dir)?;
+            sync_dir(&self.dir)?;
+            let identity = log_inode(&self.dir);
+            self.kept.update(&self.dir, |record| {
+                record.log = identity;
+                record.folded = Some(db_mark);
+            });
         }
-        Ok(store)
+        Ok(())
     }
 
     /// The state directory.
@@ -531,19 +572,6 @@ impl SqliteStore {
         }
     }
 
-    fn with_lock<T>(
-        &mut self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        self.acquire()?;
-        let result = f(self
-            .conn
-            .as_mut()
-            .expect("the connection is open until close"));
-        self.release();
-        result
-    }
-
     /// Whether the scope has stored state, read outside any transaction (without the
     /// directory lock in shared mode: a snapshot read of committed data): enough to skip
     /// work that only a new scope needs.
@@ -591,7 +619,7 @@ fn connect(
     dir: &Path,
     exclusive: bool,
     log_frames: &Arc<AtomicU32>,
-) -> Result<(Connection, String), StoreError> {
+) -> rusqlite::Result<(Connection, String)> {
     let mut conn = Connection::open(dir.join(DB_FILE))?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     if exclusive {
@@ -619,50 +647,331 @@ fn lock_dir(lock: &File, path: &Path) -> Result<(), StoreError> {
     })
 }
 
-/// The file recording which log file the directory was last synced with.
-const SYNCED_FILE: &str = "corral.synced";
+/// The file recording what the state directory is known to hold (see `SyncRecord`).
+pub const SYNCED_FILE: &str = "corral.synced";
 
-/// The identity of the current log file: inode and creation time (inode numbers alone are
-/// reused when a file is deleted and another created). `None` when there is no log, or the
-/// filesystem does not report creation times, in which case every commit syncs.
+/// What `corral.synced` records. That the file exists says a database was created in the
+/// directory: it is first written once a new database is durable, so a database found
+/// missing or empty after that is refused instead of started afresh.
+///
+/// Written without a sync, and only after what it states is durable: after a power loss it
+/// may be older than the state, or torn, which only costs a directory sync or a check.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct SyncRecord {
+    /// The identity (see `log_inode`) of the log whose directory entry was last synced.
+    log: Option<String>,
+    /// The database file's mark when corral last wrote the next one into the log (see the
+    /// module documentation). Until the log is folded the database keeps this mark, and a
+    /// log lost then held commits the database lacks; the database's mark never drops below
+    /// it unless the database is replaced with an older copy.
+    folded: Option<u32>,
+}
+
+impl SyncRecord {
+    /// Parses what the file holds: lines `log <inode> <creation time>` and `folded <mark>`,
+    /// or an earlier build's single `<inode> <creation time>`.
+    fn parse(bytes: &[u8]) -> SyncRecord {
+        let mut record = SyncRecord::default();
+        let Ok(text) = std::str::from_utf8(bytes) else {
+            return record;
+        };
+        if !text.contains('\n') {
+            let is_number =
+                |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+            if let Some((inode, created)) = text.split_once(' ')
+                && is_number(inode)
+                && is_number(created)
+            {
+                record.log = Some(text.to_owned());
+            }
+            return record;
+        }
+        for line in text.split_inclusive('\n') {
+            // A line without its newline is the torn end of an interrupted write.
+            let Some(line) = line.strip_suffix('\n') else {
+                break;
+            };
+            match line.split_once(' ') {
+                Some(("log", identity)) => record.log = Some(identity.to_owned()),
+                Some(("folded", mark)) => record.folded = mark.parse().ok(),
+                _ => {}
+            }
+        }
+        record
+    }
+
+    fn to_text(&self) -> String {
+        let mut text = String::new();
+        if let Some(identity) = &self.log {
+            text.push_str(&format!("log {identity}\n"));
+        }
+        if let Some(mark) = self.folded {
+            text.push_str(&format!("folded {mark}\n"));
+        }
+        text
+    }
+}
+
+/// What a store knows of the state it keeps: the record, and the database file's mark.
+#[derive(Debug, Default)]
+struct Kept {
+    /// What `corral.synced` holds (re-read by shared stores for each transaction).
+    record: RefCell<SyncRecord>,
+    /// The mark in the database file, as read when the store was opened and set by its folds.
+    db_mark: Cell<u32>,
+}
+
+impl Kept {
+    /// Changes the record and writes it, under the directory lock. A write that fails leaves
+    /// the old record, which costs a directory sync or a check later, never a refusal.
+    fn update(&self, dir: &Path, change: impl FnOnce(&mut SyncRecord)) {
+        let mut record = self.record.borrow_mut();
+        change(&mut record);
+        let _ = std::fs::write(dir.join(SYNCED_FILE), record.to_text());
+    }
+}
+
+/// Reads `corral.synced`: `None` if there is none. A file that cannot be read counts as an
+/// empty record: the database existed, nothing more is known.
+fn read_record(dir: &Path) -> Option<SyncRecord> {
+    use std::io::Read;
+    let mut file = match File::open(dir.join(SYNCED_FILE)) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(_) => return Some(SyncRecord::default()),
+    };
+    // One read (this runs on every CNI call): the record is a fraction of the buffer, and a
+    // regular file returns all it holds up to the buffer's size.
+    let mut buffer = [0; 256];
+    match file.read(&mut buffer) {
+        Ok(len) => Some(SyncRecord::parse(&buffer[..len])),
+        Err(_) => Some(SyncRecord::default()),
+    }
+}
+
+/// What `statx` tells of the log file.
+#[derive(Debug, PartialEq, Eq)]
+enum LogFile {
+    Missing,
+    Present {
+        size: u64,
+        /// Inode and creation time; `None` when the filesystem does not report creation times.
+        identity: Option<String>,
+    },
+    /// It could not be looked at (permissions): neither checked nor trusted.
+    Unknown,
+}
+
+/// Looks at the log file (one `statx`). Its identity is its inode and creation time (inode
+/// numbers alone are reused when a file is deleted and another created).
 ///
 /// Read with `statx` directly: std's `Metadata::created` asks `statx` only when built on
 /// glibc, so a musl build (`make plugin`) would find no creation time and sync the directory
 /// on every commit.
-fn log_inode(dir: &Path) -> Option<String> {
+fn log_file(dir: &Path) -> LogFile {
     use rustix::fs::{AtFlags, CWD, StatxFlags, statx};
-    let stat = statx(
+    let stat = match statx(
         CWD,
         log_path(dir),
         AtFlags::empty(),
-        StatxFlags::INO | StatxFlags::BTIME,
-    )
-    .ok()?;
-    if !StatxFlags::from_bits_retain(stat.stx_mask).contains(StatxFlags::BTIME) {
-        return None;
-    }
-    let created =
-        i128::from(stat.stx_btime.tv_sec) * 1_000_000_000 + i128::from(stat.stx_btime.tv_nsec);
-    Some(format!("{} {created}", stat.stx_ino))
-}
-
-/// Whether `identity` (see `log_inode`) is the one recorded after the last directory sync. A
-/// log created since (by us, or recreated by someone closing the database with the `sqlite3`
-/// shell, which deletes it) has a new identity, so the next commit syncs again.
-fn is_recorded_synced(dir: &Path, identity: &str) -> bool {
-    std::fs::read_to_string(dir.join(SYNCED_FILE)).is_ok_and(|text| text.trim() == identity)
-}
-
-/// Records the current log's identity after a directory sync. Losing this record only costs
-/// one more sync later, so it is written without one.
-fn remember_synced_log(dir: &Path) {
-    if let Some(identity) = log_inode(dir) {
-        record_synced_log(dir, &identity);
+        StatxFlags::INO | StatxFlags::BTIME | StatxFlags::SIZE,
+    ) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return LogFile::Missing,
+        Err(_) => return LogFile::Unknown,
+    };
+    let identity = StatxFlags::from_bits_retain(stat.stx_mask)
+        .contains(StatxFlags::BTIME)
+        .then(|| {
+            let created = i128::from(stat.stx_btime.tv_sec) * 1_000_000_000
+                + i128::from(stat.stx_btime.tv_nsec);
+            format!("{} {created}", stat.stx_ino)
+        });
+    LogFile::Present {
+        size: stat.stx_size,
+        identity,
     }
 }
 
-fn record_synced_log(dir: &Path, identity: &str) {
-    let _ = std::fs::write(dir.join(SYNCED_FILE), identity);
+/// The identity of the current log file (see `log_file`). `None` when there is no log, or
+/// the filesystem does not report creation times, in which case every commit syncs.
+fn log_inode(dir: &Path) -> Option<String> {
+    match log_file(dir) {
+        LogFile::Present { identity, .. } => identity,
+        LogFile::Missing | LogFile::Unknown => None,
+    }
+}
+
+/// What the first 100 bytes of the database file say.
+#[derive(Debug)]
+enum DatabaseFile {
+    Missing,
+    Empty,
+    /// Too short for a header, or not SQLite's.
+    Unreadable {
+        len: usize,
+    },
+    Header {
+        page_size: u64,
+        schema_version: u32,
+        /// The application ID: corral's mark.
+        mark: u32,
+    },
+}
+
+/// Reads the database file's header with plain file reads (open, one `pread`, close):
+/// SQLite must not see a database before `check_state_kept` has.
+fn read_database_header(path: &Path) -> Result<DatabaseFile, StoreError> {
+    use std::os::unix::fs::FileExt;
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(DatabaseFile::Missing);
+        }
+        Err(error) => return Err(dir_error(path)(error)),
+    };
+    let mut header = [0u8; 100];
+    let mut len = 0;
+    while len < header.len() {
+        match file.read_at(&mut header[len..], len as u64) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(dir_error(path)(error)),
+        }
+    }
+    let field = |at: usize| u32::from_be_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    Ok(match len {
+        0 => DatabaseFile::Empty,
+        100 if header.starts_with(b"SQLite format 3\0") => DatabaseFile::Header {
+            // Two bytes at offset 16; 1 stands for 65536.
+            page_size: match u16::from_be_bytes([header[16], header[17]]) {
+                1 => 65536,
+                size => u64::from(size),
+            },
+            schema_version: field(60),
+            mark: field(68),
+        },
+        len => DatabaseFile::Unreadable { len },
+    })
+}
+
+/// Refuses a state directory whose database or log was removed, emptied or replaced with an
+/// older copy from outside, before SQLite touches either (at its first read SQLite deletes
+/// the log of an empty database, and creates a missing log). Runs under the directory lock,
+/// so no corral process is creating or folding meanwhile. Returns the database file's mark.
+///
+/// What may legitimately be found, and is let through:
+/// - no record: a new directory, or a creation that was cut short before the database was
+///   durable (nothing was acknowledged from it), or a directory of an earlier build;
+/// - no log, or an empty one, with the database past the recorded mark: SQLite removed (or
+///   truncated) the log after folding all of it, the `sqlite3` shell closing the database;
+/// - a log of another identity: the directory was copied or moved whole, or the log was
+///   created again after such a removal (the identity only decides directory syncs).
+fn check_state_kept(dir: &Path, record: Option<&SyncRecord>) -> Result<u32, StoreError> {
+    let db_path = dir.join(DB_FILE);
+    let header = read_database_header(&db_path)?;
+    let Some(record) = record else {
+        return Ok(match header {
+            DatabaseFile::Header { mark, .. } => mark,
+            _ => 0,
+        });
+    };
+    let synced = dir.join(SYNCED_FILE).display().to_string();
+    let start_afresh = format!(
+        "restore it, or remove the whole state directory {} to start afresh deliberately \
+         (addresses still in use would then be handed out again)",
+        dir.display()
+    );
+    let go_on = format!(
+        "restore it, or remove {synced} to go on from {} as it is, or remove the whole state \
+         directory {} to start afresh; either way allocations still in use may be handed out \
+         again",
+        db_path.display(),
+        dir.display()
+    );
+    let lost = |kind, path: &Path, problem: String, remedy: &str| StoreError::StateLost {
+        kind,
+        path: path.display().to_string(),
+        problem,
+        remedy: remedy.to_owned(),
+    };
+    let held = format!("but {synced} shows the directory held corral's state");
+    let (page_size, schema_version, mark) = match header {
+        DatabaseFile::Missing => {
+            return Err(lost(
+                LostState::DatabaseMissing,
+                &db_path,
+                format!("is missing, {held}"),
+                &start_afresh,
+            ));
+        }
+        DatabaseFile::Empty => {
+            return Err(lost(
+                LostState::DatabaseEmpty,
+                &db_path,
+                format!("is empty (0 bytes), {held}"),
+                &start_afresh,
+            ));
+        }
+        DatabaseFile::Unreadable { len } => {
+            return Err(lost(
+                LostState::DatabaseUnreadable,
+                &db_path,
+                format!("does not begin with a SQLite database header ({len} bytes read), {held}"),
+                &start_afresh,
+            ));
+        }
+        DatabaseFile::Header {
+            page_size,
+            schema_version,
+            mark,
+        } => (page_size, schema_version, mark),
+    };
+    if let Some(folded) = record.folded
+        && mark < folded
+    {
+        return Err(lost(
+            LostState::DatabaseOlder,
+            &db_path,
+            format!(
+                "is older than the state recorded in {synced} (its mark is {mark}, the \
+                 recorded one {folded}): it was replaced with an older copy"
+            ),
+            &go_on.replace("restore it", "restore the current one"),
+        ));
+    }
+    let log_path = log_path(dir);
+    let log_lost = match log_file(dir) {
+        LogFile::Missing => Some((LostState::LogMissing, "is missing".to_owned())),
+        // A log header (32 bytes) and one frame (24 bytes and a page) hold the least commit.
+        LogFile::Present { size, .. } if size < 32 + 24 + page_size => Some((
+            LostState::LogEmpty,
+            format!("holds no commit ({size} bytes)"),
+        )),
+        LogFile::Present { .. } | LogFile::Unknown => None,
+    };
+    if let Some((kind, found)) = log_lost {
+        let unfolded = match record.folded {
+            Some(folded) => mark == folded,
+            // A record of an earlier build knows no marks; a database without a schema was
+            // never folded since its creation.
+            None => schema_version == 0,
+        };
+        if unfolded {
+            return Err(lost(
+                kind,
+                &log_path,
+                format!(
+                    "{found}, but it held commits not yet folded into {} ({synced} records \
+                     the database's mark before them)",
+                    db_path.display()
+                ),
+                &go_on,
+            ));
+        }
+    }
+    Ok(mark)
 }
 
 /// Creates the state directory (and missing ancestors), syncing each new directory's parent
@@ -768,8 +1077,19 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         step(&tx)?;
         tx.pragma_update(None, "user_version", version as u32 + 1)?;
     }
+    write_next_mark(&tx)?;
     tx.commit()?;
     Ok(())
+}
+
+/// Writes the next mark (see the module documentation) into the database header, in the
+/// open transaction; returns the mark it follows.
+fn write_next_mark(conn: &Connection) -> Result<u32, StoreError> {
+    // SQLite keeps the application ID as a signed 32-bit integer; it counts here as unsigned.
+    let mark: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    let mark = mark as u32;
+    conn.pragma_update(None, "application_id", mark.wrapping_add(1) as i32)?;
+    Ok(mark)
 }
 
 /// One exclusive transaction on a [`SqliteStore`]; it holds the directory lock until it ends.
@@ -789,12 +1109,17 @@ pub struct SqliteTxn<'a> {
     log_file: Option<&'a RefCell<Option<File>>>,
     /// Told when a sync of the log fails.
     health: &'a StoreHealth,
-    /// Set when the log's directory entry may not be durable yet (see `is_recorded_synced`): the
+    /// Set when the log's directory entry may not be durable yet (see `prepare_log`): the
     /// commit then also syncs the directory (SQLite is built without doing so itself).
     sync_dir_after: Option<&'a Path>,
     /// The allocations this transaction deleted (scope, address), for
     /// [`Txn::released_addresses`].
     released: Vec<(String, IpAddr)>,
+    /// The store's record and the database's mark.
+    kept: &'a Kept,
+    /// The log holds no mark past the database's (see `prepare_txn`): the commit writes one
+    /// (`synchronous=FULL` is on until it is recorded).
+    mark_due: bool,
 }
 
 impl Drop for SqliteTxn<'_> {
@@ -814,6 +1139,22 @@ impl SqliteTxn<'_> {
         if std::mem::take(&mut self.open) {
             let _ = self.conn.execute_batch("ROLLBACK");
         }
+        if std::mem::take(&mut self.mark_due) {
+            let _ = self.conn.pragma_update(None, "synchronous", "OFF");
+        }
+    }
+
+    /// Commits with the next mark in the log, and records the database's mark once the
+    /// commit is durable (`synchronous=FULL`, set when the transaction began).
+    fn commit_marked(&mut self) -> Result<(), StoreError> {
+        write_next_mark(self.conn)?;
+        self.conn.execute_batch("COMMIT")?;
+        self.open = false;
+        let db_mark = self.kept.db_mark.get();
+        self.kept
+            .update(self.dir, |record| record.folded = Some(db_mark));
+        self.end();
+        Ok(())
     }
 
     /// Folds the write-ahead log into the database once it holds more than
@@ -837,12 +1178,15 @@ impl SqliteTxn<'_> {
                 .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0))?;
             if busy == 0 {
                 // Only a write starts the log again (SQLite remembers what was folded in
-                // memory, and a one-shot process exits next): rewriting the schema version
-                // writes one page. Still with synchronous=FULL: SQLite then syncs the log's
-                // new header before anything is written after it, so a power loss cannot
-                // leave later frames behind an old header.
-                self.conn
-                    .pragma_update(None, "user_version", SCHEMA_VERSION)?;
+                // memory, and a one-shot process exits next): the next mark, one page. Still
+                // with synchronous=FULL: SQLite then syncs the log's new header before
+                // anything is written after it, so a power loss cannot leave later frames
+                // behind an old header; and the mark is durable before it is recorded.
+                let mark = write_next_mark(self.conn)?;
+                // Everything is folded: the database file holds the mark the log had.
+                self.kept.db_mark.set(mark);
+                self.kept
+                    .update(self.dir, |record| record.folded = Some(mark));
             }
             Ok::<(), StoreError>(())
         })();
@@ -892,12 +1236,8 @@ impl Store for SqliteStore {
             });
         }
         self.acquire()?;
-        let started = self.prepare_log().and_then(|synced| {
-            self.conn().execute_batch("BEGIN IMMEDIATE")?;
-            Ok(synced)
-        });
-        let log_synced = match started {
-            Ok(synced) => synced,
+        let (log_synced, mark_due) = match self.prepare_txn() {
+            Ok(prepared) => prepared,
             Err(error) => {
                 self.release();
                 return Err(error);
@@ -915,11 +1255,43 @@ impl Store for SqliteStore {
             health: &self.health,
             sync_dir_after: (!log_synced).then_some(self.dir.as_path()),
             released: Vec::new(),
+            kept: &self.kept,
+            mark_due,
         })
     }
 }
 
 impl SqliteStore {
+    /// Under the directory lock: prepares the log (`prepare_log`), decides whether the
+    /// commit marks the log, and begins the transaction. Returns whether the log's entry is
+    /// known durable and whether a mark is due.
+    ///
+    /// A mark is due when the database's mark is not the recorded one: the log was folded
+    /// by a program outside corral (the `sqlite3` shell, which may then have removed it), or
+    /// the record was written by an earlier build, or lost. The log may then hold commits
+    /// but no mark past the database's, and would be lost unnoticed; the next commit marks
+    /// it (one more page, and its log synced by SQLite, only then). A shared store does not
+    /// know the database's mark (other stores fold it) and leaves this to the others.
+    fn prepare_txn(&self) -> Result<(bool, bool), StoreError> {
+        if self.mode == Mode::Shared {
+            // Other stores write the record too.
+            *self.kept.record.borrow_mut() = read_record(&self.dir).unwrap_or_default();
+        }
+        let log_synced = self.prepare_log()?;
+        let mark_due = self.mode != Mode::Shared
+            && self.kept.record.borrow().folded != Some(self.kept.db_mark.get());
+        if mark_due {
+            self.conn().pragma_update(None, "synchronous", "FULL")?;
+        }
+        if let Err(error) = self.conn().execute_batch("BEGIN IMMEDIATE") {
+            if mark_due {
+                let _ = self.conn().pragma_update(None, "synchronous", "OFF");
+            }
+            return Err(error.into());
+        }
+        Ok((log_synced, mark_due))
+    }
+
     /// Under the directory lock, before a transaction: syncs the directory entry of a log
     /// that exists but was never synced (its creator was killed between commit and sync, or
     /// the sqlite3 shell recreated it), before anything is acknowledged on top of it.
@@ -935,9 +1307,10 @@ impl SqliteStore {
             // No log yet: the commit that creates it syncs its entry.
             return Ok(false);
         };
-        if !is_recorded_synced(&self.dir, &identity) {
+        if self.kept.record.borrow().log.as_deref() != Some(identity.as_str()) {
             sync_dir(&self.dir)?;
-            record_synced_log(&self.dir, &identity);
+            self.kept
+                .update(&self.dir, |record| record.log = Some(identity));
         }
         if self.mode == Mode::Owned {
             self.log_known_synced.set(true);
@@ -1323,7 +1696,7 @@ impl Txn for SqliteTxn<'_> {
                     scope: scope.to_owned(),
                     addr: allocation.addr,
                 },
-                _ => StoreError::Sqlite(error),
+                _ => StoreError::from(error),
             })?;
         // An allocated address is not cooling (a cooling address may be asked for by name,
         // or handed out when nothing else is free).
@@ -1345,15 +1718,18 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn commit(mut self) -> Result<(), StoreError> {
-        if self.open {
-            // A failed COMMIT is rolled back by the drop.
+        // A failed COMMIT is rolled back by the drop.
+        if self.mark_due {
+            self.commit_marked()?;
+        } else if self.open {
             self.conn.execute_batch("COMMIT")?;
             self.open = false;
         }
         self.fold_log()?;
         if let Some(dir) = self.sync_dir_after {
             sync_dir(dir)?;
-            remember_synced_log(dir);
+            let identity = log_inode(dir);
+            self.kept.update(dir, |record| record.log = identity);
         }
         self.sync_before_answer()
     }
@@ -1370,7 +1746,9 @@ mod tests {
 
     /// Whether the log file that exists now is the one whose directory entry was made durable.
     fn log_is_synced(dir: &Path) -> bool {
-        log_inode(dir).is_some_and(|identity| is_recorded_synced(dir, &identity))
+        log_inode(dir).is_some_and(|identity| {
+            read_record(dir).and_then(|record| record.log) == Some(identity)
+        })
     }
 
     /// The directory is synced again whenever the log file is a new one.

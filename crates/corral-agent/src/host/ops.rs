@@ -245,7 +245,7 @@ impl<S: Store, C: Clock> Host<S, C> {
         let mut txn = self.store.begin().map_err(OpError::store)?;
         import_checkpoint(&mut txn, &checkpoint).map_err(|error| match error {
             // The store itself failing is worth a retry; anything else is the document.
-            StoreError::Sqlite(_)
+            StoreError::Backend { .. }
             | StoreError::Directory { .. }
             | StoreError::Lock { .. }
             | StoreError::Held { .. } => OpError::store(error),
