@@ -28,8 +28,13 @@ pub enum HostLocalCommand {
     /// next-fit position of each range set (N counts the range sets in the order of the
     /// network's pools and, within a pool, IPv4 before IPv6, which is the configuration's
     /// order for the usual `[[IPv4 range], [IPv6 range]]`). Address files of addresses corral
-    /// does not hold are removed. Reads corral's state offline: refused while an agent owns
-    /// the directory.
+    /// does not hold are left as they are (host-local may have handed them out). Reads
+    /// corral's state offline, holding its lock until the files are written (corral-ipam calls
+    /// wait meanwhile): refused while an agent owns the directory.
+    ///
+    /// corral keeps its state: switching the network back to corral-ipam later does not take
+    /// over host-local's files again, so remove corral's state of the network first if
+    /// host-local has handed out addresses meanwhile.
     Export(ExportArgs),
 }
 
@@ -72,6 +77,8 @@ fn export(args: &ExportArgs) -> Result<Outcome, Failure> {
             data_dir.display()
         )));
     }
+    // The one-shot store holds corral's lock from open to close: no corral-ipam call can
+    // allocate between the read and the files being written.
     let mut store = SqliteStore::open_one_shot(data_dir).map_err(|e| store_failure(data_dir, e))?;
     let (rows, state) = {
         let mut txn = store.begin().map_err(|e| store_failure(data_dir, e))?;
@@ -84,7 +91,6 @@ fn export(args: &ExportArgs) -> Result<Outcome, Failure> {
         txn.finish().map_err(|e| store_failure(data_dir, e))?;
         (rows, state)
     };
-    store.close().map_err(|e| store_failure(data_dir, e))?;
     if rows.is_empty() && state.is_none() {
         return Err(Failure::Usage(format!(
             "{} holds no network {:?}",
@@ -97,11 +103,12 @@ fn export(args: &ExportArgs) -> Result<Outcome, Failure> {
     let to = args.to.as_deref().unwrap_or(data_dir).join(&args.network);
     let written = write_host_local_dir(&to, &entries, &last_reserved)
         .map_err(|e| Failure::Usage(format!("cannot write host-local's files: {e}")))?;
+    store.close().map_err(|e| store_failure(data_dir, e))?;
     Ok(Outcome::ok(format!(
-        "wrote {} address files to {} (removed {} of addresses corral does not hold)\n",
+        "wrote {} address files to {} (kept {} of addresses corral does not hold)\n",
         written.written,
         written.dir.display(),
-        written.removed
+        written.kept
     )))
 }
 

@@ -177,8 +177,9 @@ pub struct HostLocalWritten {
     pub dir: PathBuf,
     /// Address files written.
     pub written: usize,
-    /// Address files removed because the address is not among the entries.
-    pub removed: usize,
+    /// Address files of addresses not among the entries, left as they are: host-local may
+    /// have handed them out since, and removing one could hand it out twice.
+    pub kept: usize,
 }
 
 /// Writes `entries` as host-local's files in `dir` (host-local's `dataDir/<network>`), so
@@ -215,8 +216,7 @@ pub fn write_host_local_dir(
             .and_then(|name| name.parse::<IpAddr>().ok())
             .is_some_and(|addr| !wanted.contains(&addr));
         if stale && listed.file_type().map_err(&fail)?.is_file() {
-            std::fs::remove_file(listed.path()).map_err(&fail)?;
-            out.removed += 1;
+            out.kept += 1;
         }
     }
     let write = |name: String, contents: &str| -> Result<(), StoreError> {
@@ -321,7 +321,7 @@ mod tests {
     }
 
     #[test]
-    fn what_is_written_reads_back_and_replaces_other_addresses() {
+    fn what_is_written_reads_back_and_other_addresses_are_kept() {
         let dir = tempfile::tempdir().unwrap();
         let net = dir.path().join("n");
         std::fs::create_dir(&net).unwrap();
@@ -341,14 +341,21 @@ mod tests {
         ];
         let last = [(0, "10.1.0.2".parse().unwrap())];
         let written = write_host_local_dir(&net, &entries, &last).unwrap();
-        assert_eq!((written.written, written.removed), (2, 1));
+        assert_eq!((written.written, written.kept), (2, 1));
+        assert!(
+            net.join("10.1.0.9").exists(),
+            "a file corral does not hold is kept"
+        );
         assert_eq!(
             std::fs::read(net.join("10.1.0.2")).unwrap(),
             b"c1\r\neth0".to_vec()
         );
         assert!(net.join("lock").exists() && net.join("notes").exists());
         let read = read_host_local_dir(&net).unwrap().unwrap();
-        assert_eq!(read.entries, entries);
+        for entry in &entries {
+            assert!(read.entries.contains(entry), "{entry:?}");
+        }
+        assert_eq!(read.entries.len(), entries.len() + 1, "and the kept file");
         assert_eq!(read.last_reserved, last);
     }
 }
