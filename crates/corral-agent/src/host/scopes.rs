@@ -206,7 +206,9 @@ impl<S: Store, C: Clock> Host<S, C> {
         scope: &str,
         what: &str,
     ) -> Result<&mut Scope, OpError> {
-        if scope != api::NODE_SCOPE && self.scopes.contains_key(scope) {
+        if scope != api::NODE_SCOPE
+            && (self.scopes.contains_key(scope) || self.broken.contains_key(scope))
+        {
             return Err(OpError::bad_request(format!(
                 "scope {scope:?} is a CNI network's: its {what} come from the network's \
                  configuration (change that instead)"
