@@ -157,6 +157,22 @@ fn fingerprint(host: &mut Host) -> Fingerprint {
     }
 }
 
+/// A checkpoint of the node scope with one pool `x` (no cooldown) holding `ranges` and
+/// `allocations`.
+fn node_checkpoint(ranges: serde_json::Value, allocations: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "format": "corral-checkpoint/1",
+        "scopes": [{
+            "scope": "node",
+            "config": {"pools": [{"name": "x", "cooldown_ms": 0, "lowest_free": false,
+                                  "ranges": ranges, "exclusions": []}]},
+            "nextGeneration": 7,
+            "allocations": allocations,
+            "cooling": []
+        }]
+    })
+}
+
 // ---- regressions (issue 10, as a user met them) ----------------------------------------------
 
 /// Removal named the range with its gateway; the store matched spec text, the engine
@@ -286,17 +302,10 @@ fn host_address(host: &mut Host, owner: &str) -> std::net::IpAddr {
 fn an_import_that_does_not_fit_the_node_scope_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut host = open(dir.path(), &declared());
-    let document = serde_json::json!({
-        "format": "corral-checkpoint/1",
-        "scopes": [{
-            "scope": "node",
-            "config": {"pools": [{"name": "x", "cooldown_ms": 0, "lowest_free": false,
-                                  "ranges": ["10.88.0.0/24"], "exclusions": []}]},
-            "nextGeneration": 7,
-            "allocations": [{"pool": "x", "address": "10.88.0.200", "owner": "imported", "generation": 3}],
-            "cooling": []
-        }]
-    });
+    let document = node_checkpoint(
+        serde_json::json!(["10.88.0.0/24"]),
+        serde_json::json!([{"pool": "x", "address": "10.88.0.200", "owner": "imported", "generation": 3}]),
+    );
     let before = fingerprint(&mut host);
     let refused = run(&mut host, Op::Import(document)).unwrap_err();
     assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
@@ -317,17 +326,10 @@ fn an_import_that_does_not_fit_the_node_scope_is_refused_and_changes_nothing() {
 fn an_import_that_fits_the_node_scope_is_kept_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut host = open(dir.path(), &declared());
-    let document = serde_json::json!({
-        "format": "corral-checkpoint/1",
-        "scopes": [{
-            "scope": "node",
-            "config": {"pools": [{"name": "x", "cooldown_ms": 0, "lowest_free": false,
-                                  "ranges": ["10.77.0.0/24"], "exclusions": []}]},
-            "nextGeneration": 7,
-            "allocations": [{"pool": "x", "address": "10.77.0.200", "owner": "imported", "generation": 3}],
-            "cooling": []
-        }]
-    });
+    let document = node_checkpoint(
+        serde_json::json!(["10.77.0.0/24"]),
+        serde_json::json!([{"pool": "x", "address": "10.77.0.200", "owner": "imported", "generation": 3}]),
+    );
     run(&mut host, Op::Import(document)).unwrap();
     let before = fingerprint(&mut host);
     let x = pool(&before.pools, "x").unwrap();
@@ -400,17 +402,10 @@ fn a_range_the_file_moves_to_another_pool_is_there_after_one_restart() {
 fn an_import_with_a_range_twice_is_refused_and_foreign_file_ranges_become_api_ranges() {
     let dir = tempfile::tempdir().unwrap();
     let mut host = open(dir.path(), &declared());
-    let twice = serde_json::json!({
-        "format": "corral-checkpoint/1",
-        "scopes": [{
-            "scope": "node",
-            "config": {"pools": [{"name": "x", "cooldown_ms": 0, "lowest_free": false,
-                "ranges": [{"range": "10.77.0.0/24", "source": "api", "state": "removed"},
-                           {"range": "10.77.0.0/24", "source": "api", "state": "active"}],
-                "exclusions": []}]},
-            "nextGeneration": 1, "allocations": [], "cooling": []
-        }]
-    });
+    let twice = node_checkpoint(
+        serde_json::json!([{"range": "10.77.0.0/24", "source": "api", "state": "removed"}, {"range": "10.77.0.0/24", "source": "api", "state": "active"}]),
+        serde_json::json!([]),
+    );
     let before = fingerprint(&mut host);
     match run(&mut host, Op::Import(twice)) {
         Err(refused) => {
@@ -436,16 +431,10 @@ fn an_import_with_a_range_twice_is_refused_and_foreign_file_ranges_become_api_ra
 
 fn foreign_file_ranges_become_api_ranges(dir: &Path) {
     let mut host = open(dir, &declared());
-    let foreign = serde_json::json!({
-        "format": "corral-checkpoint/1",
-        "scopes": [{
-            "scope": "node",
-            "config": {"pools": [{"name": "x", "cooldown_ms": 0, "lowest_free": false,
-                "ranges": [{"range": "10.77.0.0/24", "source": "file", "state": "active"}],
-                "exclusions": []}]},
-            "nextGeneration": 1, "allocations": [], "cooling": []
-        }]
-    });
+    let foreign = node_checkpoint(
+        serde_json::json!([{"range": "10.77.0.0/24", "source": "file", "state": "active"}]),
+        serde_json::json!([]),
+    );
     run(&mut host, Op::Import(foreign)).unwrap();
     let before = fingerprint(&mut host);
     assert_eq!(
@@ -462,17 +451,10 @@ fn foreign_file_ranges_become_api_ranges(dir: &Path) {
 fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut host = open(dir.path(), &declared());
-    let twice = serde_json::json!({
-        "format": "corral-checkpoint/1",
-        "scopes": [{
-            "scope": "node",
-            "config": {"pools": [{"name": "x", "cooldown_ms": 0, "lowest_free": false,
-                "ranges": [{"range": "10.77.0.0/24", "source": "api", "state": "draining"},
-                           {"range": "10.77.0.0/24,gateway=10.77.0.1", "source": "api", "state": "active"}],
-                "exclusions": []}]},
-            "nextGeneration": 1, "allocations": [], "cooling": []
-        }]
-    });
+    let twice = node_checkpoint(
+        serde_json::json!([{"range": "10.77.0.0/24", "source": "api", "state": "draining"}, {"range": "10.77.0.0/24,gateway=10.77.0.1", "source": "api", "state": "active"}]),
+        serde_json::json!([]),
+    );
     let before = fingerprint(&mut host);
     let refused = run(&mut host, Op::Import(twice)).unwrap_err();
     assert!(
