@@ -34,19 +34,18 @@ fn declared_at(declared: &ScopeConfig, pool: &str, spec: &RangeSpec) -> bool {
         .is_some_and(|p| p.entry_at(spec).is_some())
 }
 
+/// Whether two ranges share an address (the engine's rule for refusing a range).
+fn overlaps(a: &RangeSpec, b: &RangeSpec) -> bool {
+    a.family() == b.family() && a.start() <= b.end() && b.start() <= a.end()
+}
+
 /// A range in the engine (active or draining) of any pool that shares an address with `spec`.
 fn overlapping<'a>(config: &'a ScopeConfig, spec: &RangeSpec) -> Option<(&'a str, &'a str)> {
     config.pools.iter().find_map(|pool| {
         pool.ranges
             .iter()
             .filter(|entry| entry.in_engine())
-            .find(|entry| {
-                entry.spec().is_some_and(|other| {
-                    other.family() == spec.family()
-                        && other.start() <= spec.end()
-                        && spec.start() <= other.end()
-                })
-            })
+            .find(|entry| entry.spec().is_some_and(|other| overlaps(&other, spec)))
             .map(|entry| (pool.name.as_str(), entry.range.as_str()))
     })
 }
@@ -300,11 +299,9 @@ pub fn check_disjoint(config: &ScopeConfig) -> Result<(), String> {
                     entry.range, pool.name
                 ));
             };
-            if let Some((other_pool, other_range, _)) = seen.iter().find(|(_, _, other)| {
-                other.family() == spec.family()
-                    && other.start() <= spec.end()
-                    && spec.start() <= other.end()
-            }) {
+            if let Some((other_pool, other_range, _)) =
+                seen.iter().find(|(_, _, other)| overlaps(other, &spec))
+            {
                 return Err(format!(
                     "range {} of pool {} overlaps range {other_range} of pool {other_pool}",
                     entry.range, pool.name

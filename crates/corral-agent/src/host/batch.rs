@@ -4,10 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use corral_core::{PoolName, Released};
-use corral_store::{
-    RangeEntry, RangeSource, Store, StoreError, StoredAllocation, Txn, save_engine,
-};
+use corral_core::Released;
+use corral_store::{Store, StoreError, StoredAllocation, Txn, save_engine};
 
 use super::scopes::Scope;
 use super::{Clock, Host, Op, OpError, Reply};
@@ -170,37 +168,10 @@ impl<S: Store, C: Clock> Host<S, C> {
                 continue;
             }
             let declared = (name == api::NODE_SCOPE).then_some(&self.declared);
-            if capacity::forget_drained(&mut scope.config, &drained, declared) {
+            let forgotten = capacity::forget_drained(&mut scope.config, &drained, declared);
+            let adopted = declared.is_some_and(|declared| scope.adopt_file_ranges(declared));
+            if forgotten || adopted {
                 touched.insert(name.clone());
-            }
-            if let Some(declared) = declared
-                && !self.warnings.is_empty()
-            {
-                // A range of the file that another pool's range was in the way of at start
-                // applies as soon as that range has left.
-                for (pool, spec) in capacity::now_applicable(&scope.config, declared) {
-                    let Ok(pool_name) = PoolName::new(&pool) else {
-                        continue;
-                    };
-                    if !scope.engine.pool_names().contains(&pool_name)
-                        && scope
-                            .engine
-                            .add_pool(&pool_name, Default::default())
-                            .is_err()
-                    {
-                        continue;
-                    }
-                    if scope.engine.add_range(&pool_name, spec).is_ok()
-                        && let Some(stored) = scope.config.pools.iter_mut().find(|p| p.name == pool)
-                    {
-                        stored
-                            .ranges
-                            .push(RangeEntry::new(&spec, RangeSource::File));
-                        touched.insert(name.clone());
-                    }
-                }
-                let (_, warnings) = capacity::merge_declared(&scope.config, declared);
-                self.warnings = warnings;
             }
         }
     }

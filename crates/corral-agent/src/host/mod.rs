@@ -185,8 +185,6 @@ pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
     broken: BTreeMap<String, Broken>,
     /// The node scope's pools as the configuration file declares them.
     declared: ScopeConfig,
-    /// What the configuration file asked for that could not be applied (see `capacity.rs`).
-    warnings: Vec<String>,
     /// How many scopes are broken, for `/readyz`, which cannot wait for a batch.
     n_broken: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -229,7 +227,6 @@ impl<S: Store, C: Clock> Host<S, C> {
         let lease_seed =
             clock.now().as_unix_millis() ^ u64::from(std::process::id()).rotate_left(32);
         let mut scopes = BTreeMap::new();
-        let mut warnings = Vec::new();
         let mut txn = store.begin()?;
         let mut names = txn.scopes()?;
         if !names.iter().any(|s| s == api::NODE_SCOPE) {
@@ -239,9 +236,10 @@ impl<S: Store, C: Clock> Host<S, C> {
             let (state, _) = txn.scope_state(&name)?;
             let stored = state.map(|s| s.config).unwrap_or_default();
             let (mut config, node_declared) = if name == api::NODE_SCOPE {
-                let (merged, merge_warnings) = capacity::merge_declared(&stored, declared);
-                warnings.extend(merge_warnings);
-                (merged, Some(declared))
+                (
+                    capacity::merge_declared(&stored, declared).0,
+                    Some(declared),
+                )
             } else {
                 (stored, None)
             };
@@ -251,21 +249,15 @@ impl<S: Store, C: Clock> Host<S, C> {
             };
             let (mut engine, _) =
                 build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
-            if capacity::forget_drained(&mut config, &engine.take_drained(), node_declared)
-                && let Some(declared) = node_declared
-            {
-                // Ranges left at start (a range the file moved to another pool, empty in
-                // the old one): the file's ranges they were in the way of apply now.
-                let (merged, merge_warnings) = capacity::merge_declared(&config, declared);
-                warnings = merge_warnings;
-                config = merged;
-                let (rebuilt, _) =
-                    build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
-                engine = rebuilt;
-                capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
+            capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
+            let mut scope = Scope { config, engine };
+            if let Some(declared) = node_declared {
+                // Ranges that left at start (a range the file moved to another pool, empty
+                // in the old one) no longer keep the file's ranges out.
+                scope.adopt_file_ranges(declared);
             }
-            save_engine(&mut txn, &name, &config, &engine)?;
-            scopes.insert(name, Scope { config, engine });
+            save_engine(&mut txn, &name, &scope.config, &scope.engine)?;
+            scopes.insert(name, scope);
         }
         txn.commit()?;
         Ok(Host {
@@ -278,7 +270,6 @@ impl<S: Store, C: Clock> Host<S, C> {
             current: 0,
             broken: BTreeMap::new(),
             declared: declared.clone(),
-            warnings,
             n_broken: Default::default(),
         })
     }
@@ -294,9 +285,13 @@ impl<S: Store, C: Clock> Host<S, C> {
         self
     }
 
-    /// What the configuration file asked for that could not be applied at start.
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
+    /// What the configuration file asks for that is not applied (see `capacity.rs`), from the
+    /// node scope's configuration as it is now.
+    pub fn warnings(&self) -> Vec<String> {
+        self.scopes
+            .get(api::NODE_SCOPE)
+            .map(|node| capacity::merge_declared(&node.config, &self.declared).1)
+            .unwrap_or_default()
     }
 
     fn engine_config(&self) -> EngineConfig {

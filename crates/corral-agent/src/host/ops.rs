@@ -336,7 +336,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                 .iter()
                 .map(|(name, s)| scope_status(name, s))
                 .collect(),
-            warnings: self.warnings.clone(),
+            warnings: self.warnings(),
         })
     }
 

@@ -7,7 +7,8 @@ use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{Echo, Engine, Family, PoolName};
 use corral_store::{
-    Need, PoolSpec, ScopeConfig, Store, StoreError, Txn, build_engine, save_engine,
+    Need, PoolSpec, RangeEntry, RangeSource, ScopeConfig, Store, StoreError, Txn, build_engine,
+    save_engine,
 };
 
 use super::batch::Write;
@@ -21,6 +22,34 @@ pub(super) struct Scope {
 }
 
 impl Scope {
+    /// Adds the configuration file's ranges that were kept out by a range of another pool
+    /// which has since left (see [`capacity::now_applicable`]); returns whether any was.
+    pub(super) fn adopt_file_ranges(&mut self, declared: &ScopeConfig) -> bool {
+        let mut adopted = false;
+        for (pool, spec) in capacity::now_applicable(&self.config, declared) {
+            let Ok(pool_name) = PoolName::new(&pool) else {
+                continue;
+            };
+            if !self.engine.pool_names().contains(&pool_name)
+                && self
+                    .engine
+                    .add_pool(&pool_name, Default::default())
+                    .is_err()
+            {
+                continue;
+            }
+            if self.engine.add_range(&pool_name, spec).is_ok()
+                && let Some(stored) = self.config.pools.iter_mut().find(|p| p.name == pool)
+            {
+                stored
+                    .ranges
+                    .push(RangeEntry::new(&spec, RangeSource::File));
+                adopted = true;
+            }
+        }
+        adopted
+    }
+
     /// The pools worth showing: those the configuration names, and any other that holds
     /// allocations (the engine's implicit `default` pool of a CNI network is neither).
     pub(super) fn visible_pools(&self) -> Vec<PoolName> {
