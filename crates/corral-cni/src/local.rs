@@ -14,7 +14,8 @@ use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use corral_core::{
-    AllocError, Engine, EngineConfig, Family, PoolName, Request, Target, Timestamp, addr_value,
+    AllocError, Engine, EngineConfig, Family, PoolName, Released, Request, Target, Timestamp,
+    addr_value,
 };
 use corral_store::{
     HostLocalTakeover, Need, ScopeConfig, SqliteStore, SqliteTxn, Store, StoreError,
@@ -54,6 +55,22 @@ fn store_error(error: StoreError) -> CniError {
         | StoreError::Corrupt { .. }
         | StoreError::SyncFailed { .. } => CniError::store(error),
     }
+}
+
+/// Deletes the rows of what `engine` released, stores its derived state (which starts the
+/// cooldowns of those addresses) and commits.
+fn commit_released(
+    mut txn: impl Txn,
+    scope: &str,
+    desired: &ScopeConfig,
+    engine: &Engine,
+    released: &[Released],
+) -> Result<(), CniError> {
+    for r in released {
+        txn.delete_allocation(scope, r.addr).map_err(store_error)?;
+    }
+    save_engine(&mut txn, scope, desired, engine).map_err(store_error)?;
+    txn.commit().map_err(store_error)
 }
 
 fn engine_error(error: AllocError) -> CniError {
@@ -390,11 +407,7 @@ impl Backend for Local {
             // Nothing to release, as read: answered only once what was read is durable.
             txn.finish().map_err(store_error)?;
         } else {
-            for r in &released {
-                txn.delete_allocation(scope, r.addr).map_err(store_error)?;
-            }
-            save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
-            txn.commit().map_err(store_error)?;
+            commit_released(txn, scope, &desired, &engine, &released)?;
         }
         close(store)
     }
@@ -423,11 +436,7 @@ impl Backend for Local {
         let released = engine
             .release_unlisted(scope, &config.valid_attachments, now)
             .map_err(engine_error)?;
-        for r in &released {
-            txn.delete_allocation(scope, r.addr).map_err(store_error)?;
-        }
-        save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
-        txn.commit().map_err(store_error)?;
+        commit_released(txn, scope, &desired, &engine, &released)?;
         close(store)
     }
 
