@@ -283,6 +283,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             self.broken.remove(&name);
             self.scopes.insert(name, scope);
         }
+        self.count_broken();
         Ok(Reply::Done)
     }
 

@@ -208,6 +208,12 @@ impl<S: Store, C: Clock> Host<S, C> {
                 );
             }
         }
+        self.count_broken();
+    }
+
+    /// Publishes how many scopes are broken, for `/readyz`; called after every change to
+    /// `broken`.
+    pub(super) fn count_broken(&self) {
         self.n_broken
             .store(self.broken.len(), std::sync::atomic::Ordering::Release);
     }
