@@ -96,6 +96,26 @@ fn corral(args: &[&str]) -> Output {
     Command::new(common::BINARY).args(args).output().unwrap()
 }
 
+/// `corral host-local export` of network `back` from `state` to `to`, which must succeed.
+fn export(state: &Path, to: &Path) -> Output {
+    let out = corral(&[
+        "host-local",
+        "export",
+        "--data-dir",
+        state.to_str().unwrap(),
+        "--network",
+        "back",
+        "--to",
+        to.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 #[test]
 fn export_writes_host_locals_files_and_refuses_while_the_agent_owns_the_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -118,21 +138,7 @@ fn export_writes_host_locals_files_and_refuses_while_the_agent_owns_the_state() 
     // A stale file of host-local's own, for an address corral released.
     std::fs::create_dir_all(to.join("back")).unwrap();
     std::fs::write(to.join("back").join("10.77.0.3"), "c2\r\neth0").unwrap();
-    let out = corral(&[
-        "host-local",
-        "export",
-        "--data-dir",
-        state.to_str().unwrap(),
-        "--network",
-        "back",
-        "--to",
-        to.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = export(&state, &to);
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("wrote 4 address files"),
         "{}",
@@ -255,21 +261,7 @@ fn after_the_export_host_local_sees_corrals_addresses_as_taken() {
     let held = state_with_allocations(dir.path());
     let state = dir.path().join("state");
     let to = dir.path().join("cni");
-    let out = corral(&[
-        "host-local",
-        "export",
-        "--data-dir",
-        state.to_str().unwrap(),
-        "--network",
-        "back",
-        "--to",
-        to.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    export(&state, &to);
     // host-local continues after corral's last address, and never hands out a held one.
     let mut given = Vec::new();
     for container in ["h1", "h2", "h3"] {
