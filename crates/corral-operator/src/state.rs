@@ -1,0 +1,200 @@
+//! What the operator shows of itself: the leading loop publishes a snapshot of its view and
+//! counts what it does; the API and the metrics read them.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use corral_cluster::ClusterView;
+use corral_core::Family;
+use corral_kv::Revision;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family as MetricFamily;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// How a grant transaction ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum TxnOutcome {
+    /// Committed.
+    Granted,
+    /// A compare failed (a stale view, or the fence): nothing written, retried.
+    Conflict,
+    /// The store failed; the view is rebuilt before anything else.
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: TxnOutcome,
+}
+
+/// Shared between the leading loop, the API and the metrics.
+#[derive(Debug)]
+pub struct Shared {
+    pub replica: String,
+    inner: Mutex<Inner>,
+    pub metrics: Metrics,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    leading: bool,
+    view: Option<(ClusterView, Revision)>,
+    problems: Vec<String>,
+    full: BTreeMap<String, String>,
+    last_rebuild: Option<(usize, Duration)>,
+    took_lead_in: Option<Duration>,
+}
+
+/// The operator's Prometheus metrics (the per-pool gauges are read from the view at scrape
+/// time).
+#[derive(Debug)]
+pub struct Metrics {
+    pub grants: MetricFamily<OutcomeLabels, Counter>,
+    pub txn_seconds: Histogram,
+    pub rebuilds: Counter,
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            grants: MetricFamily::default(),
+            txn_seconds: Histogram::new(
+                [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0].into_iter(),
+            ),
+            rebuilds: Counter::default(),
+            leader: Gauge::default(),
+        }
+    }
+}
+
+/// Problems kept for status, newest last.
+const MAX_PROBLEMS: usize = 64;
+
+impl Shared {
+    pub fn new(replica: String) -> Shared {
+        Shared {
+            replica,
+            inner: Mutex::new(Inner::default()),
+            metrics: Metrics::default(),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock left plain data behind; it is still readable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn set_leading(&self, leading: bool, took: Duration) {
+        let mut inner = self.inner();
+        inner.leading = leading;
+        if leading {
+            inner.took_lead_in = Some(took);
+        } else {
+            inner.view = None;
+        }
+        self.metrics.leader.set(i64::from(leading));
+    }
+
+    pub fn leading(&self) -> bool {
+        self.inner().leading
+    }
+
+    pub fn publish(&self, view: &ClusterView, revision: Revision) {
+        let mut inner = self.inner();
+        for problem in view.problems() {
+            if !inner.problems.contains(problem) {
+                inner.problems.push(problem.clone());
+            }
+        }
+        let excess = inner.problems.len().saturating_sub(MAX_PROBLEMS);
+        inner.problems.drain(..excess);
+        inner.view = Some((view.clone(), revision));
+    }
+
+    /// Runs `f` on the latest published view, if this replica leads.
+    pub fn with_view<T>(&self, f: impl FnOnce(&ClusterView, Revision) -> T) -> Option<T> {
+        let inner = self.inner();
+        inner.view.as_ref().map(|(view, revision)| f(view, *revision))
+    }
+
+    pub fn note_rebuild(&self, keys: usize, took: Duration) {
+        self.inner().last_rebuild = Some((keys, took));
+        self.metrics.rebuilds.inc();
+    }
+
+    pub fn last_rebuild(&self) -> Option<(usize, Duration)> {
+        self.inner().last_rebuild
+    }
+
+    pub fn note_full(&self, node: &str, pool: &str, family: Family) {
+        self.inner()
+            .full
+            .insert(format!("{pool}/{family}"), format!("no free CIDR for node {node}"));
+    }
+
+    pub fn full_pools(&self) -> BTreeMap<String, String> {
+        self.inner().full.clone()
+    }
+
+    pub fn clear_full(&self) {
+        self.inner().full.clear();
+    }
+
+    pub fn note_problem(&self, problem: String) {
+        eprintln!("corral operator: {problem}");
+        let mut inner = self.inner();
+        inner.problems.push(problem);
+        let excess = inner.problems.len().saturating_sub(MAX_PROBLEMS);
+        inner.problems.drain(..excess);
+    }
+
+    pub fn problems(&self) -> Vec<String> {
+        self.inner().problems.clone()
+    }
+
+    pub fn note_txn(&self, took: Duration) {
+        self.metrics.txn_seconds.observe(took.as_secs_f64());
+    }
+
+    pub fn note_grant(&self, outcome: TxnOutcome) {
+        self.metrics
+            .grants
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+        if outcome == TxnOutcome::Granted {
+            self.inner().full.clear();
+        }
+    }
+
+    pub fn took_lead_in(&self) -> Option<Duration> {
+        self.inner().took_lead_in
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "corral_operator_grants",
+            "Grant transactions by outcome",
+            self.metrics.grants.clone(),
+        );
+        registry.register(
+            "corral_operator_etcd_txn_seconds",
+            "Latency of grant transactions",
+            self.metrics.txn_seconds.clone(),
+        );
+        registry.register(
+            "corral_operator_rebuilds",
+            "Rebuilds of the view from a full read of the prefix",
+            self.metrics.rebuilds.clone(),
+        );
+        registry.register(
+            "corral_operator_leader",
+            "1 while this replica leads",
+            self.metrics.leader.clone(),
+        );
+    }
+}
