@@ -45,6 +45,8 @@ pub struct AppState {
     pub broken_scopes: Arc<std::sync::atomic::AtomicUsize>,
     /// How long a request's body may take to arrive after its head.
     pub body_timeout: Duration,
+    /// The agent's link to a cluster, when it runs with one (`corral agent --etcd`).
+    pub cluster: Option<crate::cluster::SharedClusterState>,
 }
 
 /// An error answer.
@@ -352,7 +354,12 @@ async fn status(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
 ) -> Result<Json<api::StatusResponse>, ApiError> {
-    answer!(state, "status", Op::Status(query.scope), Status)
+    let Json(mut status) = answer!(state, "status", Op::Status(query.scope), Status)?;
+    status.cluster = state.cluster.as_ref().map(|shared| {
+        let cluster = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        crate::cluster::api_status(&cluster)
+    });
+    Ok(Json(status))
 }
 
 async fn pools(

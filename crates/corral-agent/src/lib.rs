@@ -10,6 +10,7 @@
 //! (`committer.rs`).
 
 pub mod api;
+pub mod cluster;
 mod capacity;
 pub mod committer;
 pub mod config;
@@ -23,4 +24,4 @@ pub mod pending;
 mod server;
 
 pub use config::{AgentConfig, ConfigError, ConnectionLimits, Overrides};
-pub use server::{AgentError, Running, run, serve};
+pub use server::{AgentError, ClusterTask, Running, run, serve, serve_with};

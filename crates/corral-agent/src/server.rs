@@ -134,6 +134,28 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<(), AgentError> {
+    serve_with(config, None, shutdown, on_ready).await
+}
+
+/// The agent's link to a cluster, started once the agent is ready: given the committer, the
+/// state the API shows and a stop signal. The binary builds it on the cluster store it links
+/// (`corral agent --etcd`), so this crate links no store client.
+pub type ClusterTask = Box<
+    dyn FnOnce(
+            Committer,
+            crate::cluster::SharedClusterState,
+            tokio::sync::watch::Receiver<bool>,
+        ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send,
+>;
+
+/// [`serve`], with the agent's link to a cluster, if any.
+pub async fn serve_with(
+    config: AgentConfig,
+    cluster: Option<ClusterTask>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<(), AgentError> {
     // The directory first: a second agent on the same state must fail before it touches
     // the socket of the first.
     let store = SqliteStore::open_owned(&config.data_dir, &config.socket)?;
@@ -144,6 +166,7 @@ pub async fn serve(
         metrics: Arc::new(Metrics::default()),
         broken_scopes: Arc::default(),
         body_timeout: config.connections.body_timeout,
+        cluster: cluster.as_ref().map(|_| crate::cluster::SharedClusterState::default()),
     };
     let (unix, socket_identity) = bind_socket(&config.socket)?;
     let router = api::router(state.clone());
@@ -220,6 +243,16 @@ pub async fn serve(
     crate::local_routes::reserve_at_start(&committer).await;
     state.ready.store(true, Ordering::Release);
     on_ready();
+    // The cluster link starts once the agent serves: what it holds is served meanwhile, and
+    // grants arrive as they come (each recorded durably before it is used).
+    let cluster_task = match (cluster, &state.cluster) {
+        (Some(task), Some(shared)) => Some(tokio::spawn(task(
+            committer.clone(),
+            Arc::clone(shared),
+            stop_rx.clone(),
+        ))),
+        _ => None,
+    };
     let ticker = {
         let committer = committer.clone();
         let metrics = Arc::clone(&state.metrics);
@@ -245,6 +278,9 @@ pub async fn serve(
         let _ = task.await;
     }
     let _ = ticker.await;
+    if let Some(task) = cluster_task {
+        let _ = task.await;
+    }
     // The socket goes while the directory is still ours: a successor agent binds its own
     // socket only after it got the directory, so this cannot remove the successor's.
     remove_socket(&config.socket, socket_identity);
@@ -258,6 +294,7 @@ pub async fn serve(
 /// limit is raised to its hard limit first (see `listen.rs`).
 pub fn run(
     config: AgentConfig,
+    cluster: Option<ClusterTask>,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> Result<(), AgentError> {
     listen::raise_open_files_limit();
@@ -265,7 +302,7 @@ pub fn run(
         .enable_all()
         .thread_name("corral-agent")
         .build()?;
-    runtime.block_on(serve(config, shutdown_signal(), on_ready))
+    runtime.block_on(serve_with(config, cluster, shutdown_signal(), on_ready))
 }
 
 async fn shutdown_signal() {

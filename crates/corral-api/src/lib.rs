@@ -320,6 +320,33 @@ pub struct StatusResponse {
     /// overlaps one added at run time, say), one sentence each; empty when all is well.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The agent's link to its cluster, when it runs in one (`corral agent --etcd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// The agent's link to its cluster. Pod allocations never wait for it: while etcd cannot be
+/// reached the agent serves from the grants it holds and says `degraded`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClusterStatus {
+    pub node: String,
+    /// Whether the node is registered (false before the first contact, and after a removal).
+    pub registered: bool,
+    /// Whether etcd cannot be reached now.
+    pub degraded: bool,
+    /// Since when (milliseconds since the epoch), while degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_since_ms: Option<u64>,
+    /// The last problem of the link, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The ranges granted to the node, as `pool range`.
+    pub grants: Vec<String>,
+    /// The node's ID, in a node-ID cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -279,6 +279,7 @@ mod tests {
             ready: true,
             summary: vec![],
             warnings: vec![],
+            cluster: None,
             scopes: vec![ScopeStatus {
                 scope: "net1".into(),
                 pools: vec![PoolStatus {

@@ -57,6 +57,11 @@ pub enum Failure {
     /// `corral agent` could not start (its configuration, state directory or socket), or
     /// stopped with an error.
     Daemon(String),
+    /// etcd (the cluster store) could not be reached or failed.
+    Cluster(String),
+    /// The cluster refused the change (a configuration already there, a node not
+    /// registered, a change that grants may rest on).
+    Refused(String),
     /// A file named on the command line cannot be read or written.
     File {
         action: &'static str,
@@ -87,6 +92,8 @@ impl Failure {
             },
             Failure::Usage(_) | Failure::File { .. } => Exit::Usage,
             Failure::Daemon(_) => Exit::AgentFailed,
+            Failure::Cluster(_) => Exit::Unreachable,
+            Failure::Refused(_) => Exit::Refused,
         }
     }
 }
@@ -112,6 +119,11 @@ impl fmt::Display for Failure {
             }
             Failure::Usage(message) => write!(f, "{message}"),
             Failure::Daemon(message) => write!(f, "agent: {message}"),
+            Failure::Cluster(message) => write!(
+                f,
+                "cluster store: {message}\nis etcd running? (`--etcd` or CORRAL_ETCD names it)"
+            ),
+            Failure::Refused(message) => write!(f, "{message}"),
             Failure::File {
                 action,
                 path,

@@ -16,6 +16,7 @@
 //! The codes are a contract, asserted by `tests/cli.rs`.
 
 mod check;
+mod cluster;
 mod commands;
 mod exit;
 mod hostlocal;
@@ -105,6 +106,19 @@ struct AgentArgs {
     /// applied at start (repeatable) [default: /var/lib/cni/networks]
     #[arg(long, value_name = "DIR")]
     cni_data_dir: Vec<PathBuf>,
+    /// Join a cluster: etcd's client URLs, comma-separated. The agent registers --node,
+    /// keeps its liveness key, and adds the node's grants to its pools
+    #[arg(long, env = "CORRAL_ETCD", value_name = "URL[,URL…]", value_delimiter = ',', requires = "node")]
+    etcd: Vec<String>,
+    /// This node's name in the cluster (with --etcd)
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// The cluster's name (with --etcd)
+    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
+    cluster: String,
+    /// The liveness lease's TTL in seconds (with --etcd)
+    #[arg(long, default_value_t = 20)]
+    lease_ttl: u64,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -118,6 +132,39 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
     })
     .map_err(|e| Failure::Usage(e.to_string()))?;
+    let cluster_task = match (args.etcd.is_empty(), args.node) {
+        (true, _) => None,
+        (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
+        (false, Some(node)) => {
+            let uid = corral_agent::cluster::machine_uid(&config.data_dir).map_err(|e| Failure::File {
+                action: "read or create the machine uid in",
+                path: config.data_dir.clone(),
+                source: e,
+            })?;
+            let options = corral_agent::cluster::ClusterOptions {
+                endpoints: args.etcd.clone(),
+                cluster: args.cluster.clone(),
+                node,
+                uid,
+                lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
+            };
+            let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
+                Box::pin(async move {
+                    let kv = loop {
+                        match corral_etcd::EtcdKv::connect(&options.endpoints, Default::default()).await {
+                            Ok(kv) => break kv,
+                            Err(error) => {
+                                eprintln!("corral agent: cluster: connecting to etcd: {error}");
+                                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                            }
+                        }
+                    };
+                    corral_agent::cluster::run(kv, options, committer, state, stop).await;
+                })
+            });
+            Some(task)
+        }
+    };
     let banner = format!(
         "corral agent: ready, state in {data}, API on {socket}{tcp}
            try: corral --socket {socket} status   (or: curl --unix-socket {socket} http://corral/v1/status)
@@ -129,7 +176,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
             .map(|a| format!(" and http://{a} (bearer token)"))
             .unwrap_or_default(),
     );
-    corral_agent::run(config, move || {
+    corral_agent::run(config, cluster_task, move || {
         let _ = io::stderr().write_all(banner.as_bytes());
     })
     .map_err(|e| Failure::Daemon(e.to_string()))?;
@@ -182,6 +229,14 @@ enum Command {
     /// Go back from corral-ipam to host-local: write a network's allocations as its files
     #[command(subcommand, name = "host-local")]
     HostLocal(hostlocal::HostLocalCommand),
+    /// Run a replica of the cluster operator in the foreground (leader elected through etcd)
+    Operator(cluster::OperatorArgs),
+    /// The cluster's configuration, status and consistency check (in etcd)
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// The cluster's nodes: list, show, remove, and a node's address plan
+    #[command(subcommand)]
+    Node(cluster::NodeCommand),
 }
 
 fn main() -> ExitCode {
@@ -221,6 +276,9 @@ fn run(cli: Cli) -> Result<Outcome, Failure> {
         Command::Import(args) => commands::import(&mut Session::new(globals), args),
         Command::Check(args) => commands::check(&mut Session::new(globals), args),
         Command::HostLocal(command) => hostlocal::run(command),
+        Command::Operator(args) => cluster::operator(args),
+        Command::Cluster(command) => cluster::cluster(command, globals.output),
+        Command::Node(command) => cluster::node(command, globals.output),
     }
 }
 

@@ -338,6 +338,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                 .map(|(name, s)| scope_status(name, s))
                 .collect(),
             warnings: self.warnings(),
+            cluster: None,
         })
     }
 

@@ -1,0 +1,428 @@
+//! The cluster's commands: `corral operator` (the daemon), `corral cluster init|apply|status|
+//! check` and `corral node list|show|remove|plan`. They talk to etcd directly (`--etcd`), so
+//! they work whether or not an operator runs; only the operator grants, and removal is a
+//! request the leading operator carries out.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use corral_cluster::{ClusterConfig, Keys, NodePlan};
+use corral_etcd::EtcdKv;
+use corral_kv::{Compare, Kv, Txn, TxnOp};
+
+use crate::Output;
+use crate::exit::{Exit, Failure, Outcome};
+
+/// Options of every command that talks to etcd.
+#[derive(Debug, Args)]
+pub struct EtcdArgs {
+    /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379)
+    #[arg(long, env = "CORRAL_ETCD", value_name = "URL[,URL…]", value_delimiter = ',', required = true)]
+    pub etcd: Vec<String>,
+    /// The cluster's name: its keys live under /corral/<cluster>/v1/
+    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
+    pub cluster: String,
+}
+
+/// `corral operator`'s options.
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// This replica's name, shown as the leader [default: the host name and process id]
+    #[arg(long)]
+    pub replica: Option<String>,
+    /// The election lease's TTL in seconds: a standby takes over about this long after the
+    /// leader dies
+    #[arg(long, default_value_t = 10)]
+    pub lease_ttl: u64,
+    /// Grant transactions in flight at once
+    #[arg(long, default_value_t = 16)]
+    pub workers: usize,
+    /// The operator's API socket (status, nodes, plans, metrics)
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Write the cluster configuration (TOML) to etcd, once: refused if one is there
+    Init(ConfigArgs),
+    /// Change the cluster configuration: refused where grants may rest on it (a pool's node
+    /// prefix length, a removed pool or CIDR)
+    Apply(ConfigArgs),
+    /// Pools (capacity, granted, quarantined, free per family), nodes, the leader
+    Status(EtcdArgs),
+    /// Verify from etcd alone (and, given agent sockets, each agent's ranges) that no CIDR or
+    /// node ID is held twice; exit code 5 if anything is wrong
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The cluster configuration file (TOML)
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// An agent's socket whose ranges must equal its node's grants (repeatable)
+    #[arg(long = "agent", value_name = "SOCKET")]
+    pub agents: Vec<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Every registered node with its grants, node ID and liveness
+    List(EtcdArgs),
+    /// One node
+    Show(NodeArgs),
+    /// Remove a node: its CIDRs and node ID go to quarantine, then back to the free space
+    Remove(NodeArgs),
+    /// The node's address plan derived from its node ID (node-ID clusters)
+    Plan(NodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The node's name
+    pub name: String,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Daemon(e.to_string()))
+}
+
+async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
+    let keys = Keys::new(&args.cluster).map_err(|e| Failure::Usage(format!("--cluster: {e}")))?;
+    let kv = EtcdKv::connect(&args.etcd, Default::default())
+        .await
+        .map_err(|e| Failure::Cluster(e.to_string()))?;
+    Ok((kv, keys))
+}
+
+fn kv_failure(error: corral_kv::KvError) -> Failure {
+    Failure::Cluster(error.to_string())
+}
+
+/// Runs a replica of the operator until SIGINT or SIGTERM.
+pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("corral-operator")
+        .build()
+        .map_err(|e| Failure::Daemon(e.to_string()))?;
+    runtime.block_on(async move {
+        let (kv, _) = connect(&args.etcd).await?;
+        let replica = args.replica.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        });
+        let shared = Arc::new(corral_operator::Shared::new(replica.clone()));
+        let config = corral_operator::OperatorConfig {
+            cluster: args.etcd.cluster.clone(),
+            replica,
+            lease_ttl: Duration::from_secs(args.lease_ttl.max(1)),
+            workers: args.workers,
+        };
+        let api = match &args.api_socket {
+            Some(path) => Some(
+                corral_operator::api::bind(path, Arc::clone(&shared), kv.clone(), args.etcd.cluster.clone())
+                    .await
+                    .map_err(|e| Failure::Daemon(e.to_string()))?,
+            ),
+            None => None,
+        };
+        eprintln!("corral operator: {} campaigning on {}", config.replica, args.etcd.etcd.join(","));
+        corral_operator::run(kv, config, shared, shutdown_signal())
+            .await
+            .map_err(|e| Failure::Daemon(e.to_string()))?;
+        if let Some(api) = api {
+            api.stop().await;
+        }
+        Ok(Outcome::ok(String::new()))
+    })
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}
+
+pub fn cluster(command: ClusterCommand, output: Output) -> Result<Outcome, Failure> {
+    runtime()?.block_on(async move {
+        match command {
+            ClusterCommand::Init(args) => write_config(args, true).await,
+            ClusterCommand::Apply(args) => write_config(args, false).await,
+            ClusterCommand::Status(args) => status(args, output).await,
+            ClusterCommand::Check(args) => check(args, output).await,
+        }
+    })
+}
+
+async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> {
+    let text = std::fs::read_to_string(&args.config).map_err(|source| Failure::File {
+        action: "read",
+        path: args.config.clone(),
+        source,
+    })?;
+    let config = ClusterConfig::from_toml(&text)
+        .map_err(|e| Failure::Usage(format!("{}: {e}", args.config.display())))?;
+    let (kv, keys) = connect(&args.etcd).await?;
+    let value = serde_json::to_vec(&config).map_err(|e| Failure::Usage(e.to_string()))?;
+    let config_key = keys.config();
+    let existing = kv.get(config_key.as_bytes()).await.map_err(kv_failure)?;
+    let compare = match (&existing, init) {
+        (Some(_), true) => {
+            return Err(Failure::Refused(format!(
+                "cluster {} already has a configuration (use `corral cluster apply`)",
+                args.etcd.cluster
+            )));
+        }
+        (None, false) => {
+            return Err(Failure::Refused(format!(
+                "cluster {} has no configuration yet (use `corral cluster init`)",
+                args.etcd.cluster
+            )));
+        }
+        (None, true) => Compare::absent(config_key.clone()),
+        (Some(old), false) => {
+            let old_config: ClusterConfig = serde_json::from_slice(&old.value).map_err(|e| {
+                Failure::Refused(format!("the stored configuration cannot be read: {e}"))
+            })?;
+            ClusterConfig::check_change(&old_config, &config)
+                .map_err(|e| Failure::Refused(e.to_string()))?;
+            Compare::modified_at(config_key.clone(), old.mod_revision)
+        }
+    };
+    let schema = keys.schema();
+    let response = kv
+        .txn(Txn {
+            compares: vec![compare],
+            success: vec![
+                TxnOp::put(config_key, value),
+                TxnOp::put(schema, br#"{"version":1}"#.to_vec()),
+            ],
+            failure: vec![],
+        })
+        .await
+        .map_err(kv_failure)?;
+    if !response.succeeded {
+        return Err(Failure::Refused(
+            "the configuration changed meanwhile; run the command again".into(),
+        ));
+    }
+    Ok(Outcome::ok(format!(
+        "cluster {}: configuration {} at revision {}\n",
+        args.etcd.cluster,
+        if init { "written" } else { "applied" },
+        response.revision
+    )))
+}
+
+async fn read_view(kv: &EtcdKv, keys: &Keys) -> Result<(corral_cluster::ClusterView, i64), Failure> {
+    let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
+        .await
+        .map_err(kv_failure)?;
+    let mut view = corral_cluster::ClusterView::new(keys.clone());
+    for entry in &all {
+        view.apply_put(&entry.key_str(), &entry.value, entry.create_revision, entry.mod_revision);
+    }
+    Ok((view, revision))
+}
+
+async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
+    let (kv, keys) = connect(&args).await?;
+    let (view, revision) = read_view(&kv, &keys).await?;
+    let leader = corral_kv::read_all(&kv, keys.election_prefix().as_bytes(), 100)
+        .await
+        .map_err(kv_failure)?
+        .0
+        .into_iter()
+        .min_by_key(|e| e.create_revision)
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned());
+    let report = view.status_report(revision, leader);
+    Ok(Outcome::ok(match output {
+        Output::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
+        Output::Table => report.to_table(),
+    }))
+}
+
+async fn check(args: CheckArgs, output: Output) -> Result<Outcome, Failure> {
+    let (kv, keys) = connect(&args.etcd).await?;
+    let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
+        .await
+        .map_err(kv_failure)?;
+    let entries: Vec<(String, Vec<u8>)> = all
+        .iter()
+        .map(|e| (e.key_str().into_owned(), e.value.clone()))
+        .collect();
+    let mut problems = corral_cluster::check(&keys, &entries);
+    for socket in &args.agents {
+        problems.extend(check_agent(&keys, &entries, socket));
+    }
+    let text = match output {
+        Output::Json => serde_json::to_string_pretty(&serde_json::json!({
+            "revision": revision,
+            "problems": problems,
+        }))
+        .unwrap_or_default()
+            + "\n",
+        Output::Table => {
+            let mut text = String::new();
+            for problem in &problems {
+                let _ = writeln!(text, "problem: {problem}");
+            }
+            let _ = writeln!(
+                text,
+                "cluster {} at revision {revision}: {}",
+                args.etcd.cluster,
+                if problems.is_empty() { "ok".to_owned() } else { format!("{} problems", problems.len()) }
+            );
+            text
+        }
+    };
+    Ok(Outcome {
+        stdout: text,
+        exit: if problems.is_empty() { Exit::Ok } else { Exit::ProblemsFound },
+    })
+}
+
+/// An agent's cluster ranges against its node's grants.
+fn check_agent(keys: &Keys, entries: &[(String, Vec<u8>)], socket: &std::path::Path) -> Vec<String> {
+    let mut client = corral_client::Client::unix(socket);
+    let status = match client.status(None) {
+        Ok(status) => status,
+        Err(error) => return vec![format!("agent {}: {error}", socket.display())],
+    };
+    let Some(cluster) = status.cluster else {
+        return vec![format!("agent {}: not in a cluster", socket.display())];
+    };
+    let pools = match client.pools(Some(corral_api::NODE_SCOPE)) {
+        Ok(pools) => pools,
+        Err(error) => return vec![format!("agent {}: {error}", socket.display())],
+    };
+    let mut held: Vec<(String, String)> = pools
+        .pools
+        .iter()
+        .flat_map(|pool| {
+            pool.ranges
+                .iter()
+                .filter(|r| r.source == corral_api::RangeSource::Cluster && !r.draining)
+                .map(|r| (pool.name.clone(), r.range.clone()))
+        })
+        .collect();
+    held.sort();
+    let mut granted = corral_cluster::expected_ranges(keys, entries, &cluster.node);
+    granted.sort();
+    if held == granted {
+        Vec::new()
+    } else {
+        vec![format!(
+            "agent {} (node {}): holds {:?} but is granted {:?}",
+            socket.display(),
+            cluster.node,
+            held,
+            granted
+        )]
+    }
+}
+
+pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
+    runtime()?.block_on(async move {
+        match command {
+            NodeCommand::List(args) => {
+                let (kv, keys) = connect(&args).await?;
+                let (view, _) = read_view(&kv, &keys).await?;
+                let live = live_nodes(&kv, &keys).await?;
+                let nodes = view.node_reports(&live);
+                Ok(Outcome::ok(match output {
+                    Output::Json => serde_json::to_string_pretty(&nodes).unwrap_or_default() + "\n",
+                    Output::Table => corral_cluster::NodeReport::table(&nodes),
+                }))
+            }
+            NodeCommand::Show(args) => {
+                let (kv, keys) = connect(&args.etcd).await?;
+                let (view, _) = read_view(&kv, &keys).await?;
+                let live = live_nodes(&kv, &keys).await?;
+                let Some(node) = view.node_reports(&live).into_iter().find(|n| n.name == args.name) else {
+                    return Err(Failure::Refused(format!("node {} is not registered", args.name)));
+                };
+                Ok(Outcome::ok(match output {
+                    Output::Json => serde_json::to_string_pretty(&node).unwrap_or_default() + "\n",
+                    Output::Table => corral_cluster::NodeReport::table(std::slice::from_ref(&node)),
+                }))
+            }
+            NodeCommand::Plan(args) => {
+                let (kv, keys) = connect(&args.etcd).await?;
+                let (view, _) = read_view(&kv, &keys).await?;
+                let Some(plan_config) = view.config().and_then(|c| c.node_ids.clone()) else {
+                    return Err(Failure::Refused("the cluster has no node-ID plan ([node_ids])".into()));
+                };
+                let Some(id) = view.node_id(&args.name) else {
+                    return Err(Failure::Refused(format!("node {} has no node ID", args.name)));
+                };
+                let plan = NodePlan::derive(&plan_config, id).map_err(|e| Failure::Refused(e.to_string()))?;
+                Ok(Outcome::ok(match output {
+                    Output::Json => serde_json::to_string_pretty(&plan).unwrap_or_default() + "\n",
+                    Output::Table => plan.to_table(),
+                }))
+            }
+            NodeCommand::Remove(args) => {
+                let (kv, keys) = connect(&args.etcd).await?;
+                let node_key = keys.node(&args.name);
+                let Some(node) = kv.get(node_key.as_bytes()).await.map_err(kv_failure)? else {
+                    return Err(Failure::Refused(format!("node {} is not registered", args.name)));
+                };
+                let request = serde_json::json!({ "node_revision": node.create_revision });
+                kv.txn(Txn {
+                    compares: vec![Compare::created_at(node_key, node.create_revision)],
+                    success: vec![TxnOp::put(keys.removal(&args.name), request.to_string())],
+                    failure: vec![],
+                })
+                .await
+                .map_err(kv_failure)?;
+                Ok(Outcome::ok(format!(
+                    "node {}: removal requested; the leading operator quarantines its grants\n",
+                    args.name
+                )))
+            }
+        }
+    })
+}
+
+async fn live_nodes(kv: &EtcdKv, keys: &Keys) -> Result<Vec<String>, Failure> {
+    let (live, _) = corral_kv::read_all(kv, keys.live_prefix().as_bytes(), 2000)
+        .await
+        .map_err(kv_failure)?;
+    Ok(live
+        .iter()
+        .filter_map(|e| match keys.parse(&e.key_str()) {
+            Ok(corral_cluster::Key::Live { node }) => Some(node),
+            _ => None,
+        })
+        .collect())
+}
