@@ -1,0 +1,244 @@
+//! `corral cluster check`: the cluster invariant verified from the keys alone, by code that
+//! shares nothing with the operator's view (a checker built on the code it checks proves
+//! little): every key parses and every value decodes; granted CIDRs are pairwise disjoint,
+//! inside their pool at its node prefix length, clear of reserved and quarantined ranges;
+//! `grants/` and `owned/` match both ways; every grant names a registered node under its
+//! current registration; a node holds at most one CIDR per pool and family; node IDs are
+//! one-to-one, inside the plan and not quarantined.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use corral_core::{Family, PoolName, RangeSpec};
+use ipnet::IpNet;
+
+use crate::config::ClusterConfig;
+use crate::keys::{
+    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
+    QuarantineRecord, decode_value,
+};
+use crate::net::net_range;
+use crate::plan::NodePlan;
+
+/// Everything the check reads, parsed: what it could not parse is a problem already.
+#[derive(Default)]
+struct Parsed {
+    config: Option<ClusterConfig>,
+    /// Node → create revision is not known from bytes alone; registration presence only.
+    nodes: BTreeSet<NodeName>,
+    grants: Vec<(PoolName, Family, IpNet, GrantRecord)>,
+    owned: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
+    quarantined: Vec<(PoolName, Family, IpNet)>,
+    ids: BTreeMap<u32, NodeName>,
+    id_of_node: BTreeMap<NodeName, u32>,
+    quarantined_ids: BTreeSet<u32>,
+}
+
+fn parse(keys: &Keys, entries: &[(String, Vec<u8>)], problems: &mut Vec<String>) -> Parsed {
+    let mut parsed = Parsed::default();
+    for (key, value) in entries {
+        let parsed_key = match keys.parse(key) {
+            Ok(k) => k,
+            Err(error) => {
+                problems.push(format!("garbage key {key}: {error}"));
+                continue;
+            }
+        };
+        let mut bad = |error: String| problems.push(format!("garbage value at {key}: {error}"));
+        match parsed_key {
+            Key::Config => match ClusterConfig::from_json(value) {
+                Ok(config) => parsed.config = Some(config),
+                Err(error) => bad(error.to_string()),
+            },
+            Key::Node { node } => match decode_value::<NodeRecord>(value) {
+                Ok(_) => {
+                    parsed.nodes.insert(node);
+                }
+                Err(error) => bad(error.to_string()),
+            },
+            Key::Grant { pool, family, cidr } => match decode_value::<GrantRecord>(value) {
+                Ok(record) => parsed.grants.push((pool, family, cidr, record)),
+                Err(error) => bad(error.to_string()),
+            },
+            Key::Owned {
+                node,
+                pool,
+                family,
+                cidr,
+            } => {
+                parsed.owned.insert((node, pool, family, cidr));
+            }
+            Key::Quarantine { pool, family, cidr } => {
+                match decode_value::<QuarantineRecord>(value) {
+                    Ok(_) => parsed.quarantined.push((pool, family, cidr)),
+                    Err(error) => bad(error.to_string()),
+                }
+            }
+            Key::NodeId { id } => match decode_value::<NodeIdRecord>(value) {
+                Ok(record) => {
+                    parsed.ids.insert(id, record.node);
+                }
+                Err(error) => bad(error.to_string()),
+            },
+            Key::NodeIdOfNode { node } => match decode_value::<NodeIdOfNodeRecord>(value) {
+                Ok(record) => {
+                    parsed.id_of_node.insert(node, record.id);
+                }
+                Err(error) => bad(error.to_string()),
+            },
+            Key::QuarantineId { id } => {
+                parsed.quarantined_ids.insert(id);
+            }
+            _ => {}
+        }
+    }
+    parsed
+}
+
+fn span(net: &IpNet) -> (u128, u128) {
+    net_range(net)
+}
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    let (a0, a1) = span(a);
+    let (b0, b1) = span(b);
+    a.addr().is_ipv4() == b.addr().is_ipv4() && a0 <= b1 && b0 <= a1
+}
+
+/// Checks the cluster's keys (as read at one revision); answers one sentence per problem.
+pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let parsed = parse(keys, entries, &mut problems);
+    // Pairwise disjoint per family, whatever the pool: sorted by start, each must end before
+    // the next begins.
+    for family in [Family::V4, Family::V6] {
+        let mut spans: Vec<(u128, u128, &IpNet, &NodeName)> = parsed
+            .grants
+            .iter()
+            .filter(|g| g.1 == family)
+            .map(|g| {
+                let (first, last) = span(&g.2);
+                (first, last, &g.2, &g.3.node)
+            })
+            .collect();
+        spans.sort();
+        for pair in spans.windows(2) {
+            if pair[1].0 <= pair[0].1 {
+                problems.push(format!(
+                    "{} (node {}) and {} (node {}) overlap",
+                    pair[0].2, pair[0].3, pair[1].2, pair[1].3
+                ));
+            }
+        }
+    }
+    let mut per_node: BTreeMap<(&NodeName, &PoolName, Family), usize> = BTreeMap::new();
+    for (pool, family, cidr, record) in &parsed.grants {
+        *per_node.entry((&record.node, pool, *family)).or_default() += 1;
+        match parsed.config.as_ref().and_then(|c| c.pool(pool)).and_then(|p| p.family(*family)) {
+            None => problems.push(format!("grant {cidr} is in pool {pool} {family}, which the configuration does not have")),
+            Some(config) => {
+                if cidr.prefix_len() != config.node_prefix_len {
+                    problems.push(format!(
+                        "grant {cidr} is not a /{} of pool {pool}",
+                        config.node_prefix_len
+                    ));
+                }
+                let (first, last) = span(cidr);
+                if !config.cidrs.iter().any(|c| {
+                    let (c0, c1) = span(c);
+                    c0 <= first && last <= c1
+                }) {
+                    problems.push(format!("grant {cidr} is outside pool {pool}'s cluster CIDRs"));
+                }
+                for reserved in &config.reserved {
+                    if overlaps(cidr, reserved) {
+                        problems.push(format!("grant {cidr} overlaps reserved {reserved}"));
+                    }
+                }
+            }
+        }
+        for (q_pool, q_family, q_cidr) in &parsed.quarantined {
+            if q_family == family && overlaps(cidr, q_cidr) {
+                problems.push(format!(
+                    "grant {cidr} (node {}) overlaps {q_cidr}, quarantined in pool {q_pool}",
+                    record.node
+                ));
+            }
+        }
+        if !parsed.nodes.contains(&record.node) {
+            problems.push(format!("grant {cidr} names node {}, which is not registered", record.node));
+        }
+        if !parsed
+            .owned
+            .contains(&(record.node.clone(), pool.clone(), *family, *cidr))
+        {
+            problems.push(format!("grant {cidr} of node {} has no owned key", record.node));
+        }
+    }
+    for ((node, pool, family), count) in per_node {
+        if count > 1 {
+            problems.push(format!("node {node} holds {count} CIDRs of pool {pool} {family}"));
+        }
+    }
+    let granted: BTreeSet<(&NodeName, &PoolName, Family, &IpNet)> = parsed
+        .grants
+        .iter()
+        .map(|(pool, family, cidr, record)| (&record.node, pool, *family, cidr))
+        .collect();
+    for (node, pool, family, cidr) in &parsed.owned {
+        if !granted.contains(&(node, pool, *family, cidr)) {
+            problems.push(format!("owned key {cidr} of node {node} has no grant"));
+        }
+    }
+    let max_id = parsed.config.as_ref().map(ClusterConfig::max_node_id);
+    for (id, node) in &parsed.ids {
+        if parsed.id_of_node.get(node) != Some(id) {
+            problems.push(format!("node ID {id} names node {node}, whose own key says otherwise"));
+        }
+        if !parsed.nodes.contains(node) {
+            problems.push(format!("node ID {id} names node {node}, which is not registered"));
+        }
+        if parsed.quarantined_ids.contains(id) {
+            problems.push(format!("node ID {id} is granted and quarantined at once"));
+        }
+        if *id == 0 || max_id.is_some_and(|max| *id > max) {
+            problems.push(format!("node ID {id} is outside the plan"));
+        }
+    }
+    for (node, id) in &parsed.id_of_node {
+        if parsed.ids.get(id) != Some(node) {
+            problems.push(format!("node {node} says it has ID {id}, which is not granted to it"));
+        }
+    }
+    problems
+}
+
+/// The ranges an agent of `node` must hold as its cluster ranges: its grants, and its plan's
+/// pod range (in pool `plan_pool`) in a node-ID cluster.
+pub fn expected_ranges(
+    keys: &Keys,
+    entries: &[(String, Vec<u8>)],
+    node: &str,
+    plan_pool: &PoolName,
+) -> Vec<(PoolName, RangeSpec)> {
+    let mut ignored = Vec::new();
+    let parsed = parse(keys, entries, &mut ignored);
+    let mut ranges: Vec<(PoolName, RangeSpec)> = parsed
+        .grants
+        .iter()
+        .filter(|g| g.3.node.as_str() == node)
+        .filter_map(|(pool, _, cidr, _)| Some((pool.clone(), RangeSpec::subnet(*cidr).ok()?)))
+        .collect();
+    let plan = parsed.config.as_ref().and_then(|c| c.node_ids.as_ref());
+    let id = parsed
+        .id_of_node
+        .iter()
+        .find(|(n, _)| n.as_str() == node)
+        .map(|(_, id)| *id);
+    if let (Some(plan), Some(id)) = (plan, id)
+        && let Ok(derived) = NodePlan::derive(plan, id)
+        && let Ok(range) = derived.pod_range()
+    {
+        ranges.push((plan_pool.clone(), range));
+    }
+    ranges
+}
