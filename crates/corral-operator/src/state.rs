@@ -47,7 +47,12 @@ struct Inner {
     full: BTreeMap<String, String>,
     last_rebuild: Option<(usize, Duration)>,
     took_lead_in: Option<Duration>,
+    /// The latency of recent grant transactions, for the benchmark's percentiles.
+    samples: Vec<Duration>,
 }
+
+/// Grant latencies kept (the newest).
+const MAX_SAMPLES: usize = 100_000;
 
 /// The operator's Prometheus metrics (the per-pool gauges are read from the view at scrape
 /// time).
@@ -159,6 +164,16 @@ impl Shared {
 
     pub fn note_txn(&self, took: Duration) {
         self.metrics.txn_seconds.observe(took.as_secs_f64());
+        let mut inner = self.inner();
+        if inner.samples.len() >= MAX_SAMPLES {
+            inner.samples.clear();
+        }
+        inner.samples.push(took);
+    }
+
+    /// Recent grant transaction latencies.
+    pub fn txn_samples(&self) -> Vec<Duration> {
+        self.inner().samples.clone()
     }
 
     pub fn note_grant(&self, outcome: TxnOutcome) {

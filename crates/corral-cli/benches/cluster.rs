@@ -1,0 +1,244 @@
+//! `make bench-cluster`: the operator on a local three-member etcd (real processes, real
+//! fsync), beside the raw etcd transaction rate measured in the same run:
+//! - dual-stack CIDR grants for 10,000 registered nodes: wall time, grants/s, p50/p99 per
+//!   grant transaction, etcd requests per grant (the operator runs in this process, on the
+//!   counting etcd client);
+//! - leader failover with those 10,000 nodes: two `corral operator` processes, the leader
+//!   SIGKILLed, then a node registered: time until the new leader granted it;
+//! - rebuilding the operator's state from their 20,000 grants: time (the standby's own
+//!   report) and its peak RSS.
+//!
+//! Figures go to BENCHMARKS.md by hand, with the command.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corral_cluster::{Keys, NodeRecord, encode_value};
+use corral_etcd::EtcdKv;
+use corral_etcd::testing::{EtcdCluster, raw_txn_rate};
+use corral_kv::{Compare, Kv, Txn, TxnOp};
+
+const NODES: usize = 10_000;
+const CONFIG: &str = r#"
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.0.0.0/8"]
+node_prefix_len = 24
+[pools.ipv6]
+cidrs = ["fd00::/32"]
+node_prefix_len = 64
+"#;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let etcd = EtcdCluster::start(3).expect("etcd starts (make deps)");
+    runtime.block_on(bench(&etcd));
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn bench(etcd: &EtcdCluster) {
+    let endpoints = etcd.endpoints();
+    let kv = EtcdKv::connect(&endpoints, Default::default()).await.unwrap();
+    println!("rig: etcd {} (3 members, 127.0.0.1), {} cores", etcd.version(), std::thread::available_parallelism().map_or(0, |n| n.get()));
+
+    // The raw rate first, in the same run.
+    for concurrency in [1, 32] {
+        let report = raw_txn_rate(&kv, concurrency, Duration::from_secs(3)).await;
+        println!("raw etcd txn, {concurrency:>2} concurrent, distinct keys: {report}");
+    }
+    if let Some(fsync) = etcd.wal_fsync_mean().await {
+        println!("etcd WAL fsync mean: {:.3} ms", fsync.as_secs_f64() * 1e3);
+    }
+
+    // The cluster and 10,000 registrations (100 per transaction, 16 at once).
+    let keys = Keys::new(corral_cluster::ClusterName::new("bench").unwrap());
+    let config = corral_cluster::ClusterConfig::from_toml(CONFIG).unwrap();
+    kv.txn(Txn {
+        compares: vec![Compare::absent(keys.config())],
+        success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    register(&kv, &keys, 0..NODES).await;
+
+    // The operator, in this process, on a client whose requests are counted.
+    let counted = EtcdKv::connect(&endpoints, Default::default()).await.unwrap();
+    let shared = Arc::new(corral_operator::Shared::new("bench".into()));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(corral_operator::run(
+        counted.clone(),
+        corral_operator::OperatorConfig {
+            cluster: "bench".into(),
+            replica: "bench".into(),
+            lease_ttl: Duration::from_secs(10),
+            workers: 32,
+        },
+        Arc::clone(&shared),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let started = Instant::now();
+    let requests_before = counted.requests();
+    let mut led_at = None;
+    loop {
+        let granted = shared.with_view(|view, _| view.granted_nodes()).unwrap_or(0);
+        if led_at.is_none() && shared.leading() {
+            led_at = Some(started.elapsed());
+        }
+        if granted >= NODES {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(300), "grants stalled at {granted}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let wall = started.elapsed();
+    let requests = counted.requests() - requests_before;
+    let mut samples = shared.txn_samples();
+    samples.sort();
+    let from_lead = wall - led_at.unwrap_or_default();
+    println!(
+        "grants: {NODES} dual-stack nodes in {:.2} s ({:.2} s after taking the lead: rebuild + grants), {:.0} nodes/s",
+        wall.as_secs_f64(),
+        from_lead.as_secs_f64(),
+        NODES as f64 / from_lead.as_secs_f64()
+    );
+    println!(
+        "grant txn latency: p50 {:.2} ms, p99 {:.2} ms ({} samples); etcd requests per grant: {:.2}",
+        percentile(&samples, 0.5).as_secs_f64() * 1e3,
+        percentile(&samples, 0.99).as_secs_f64() * 1e3,
+        samples.len(),
+        requests as f64 / NODES as f64
+    );
+    let _ = stop_tx.send(());
+    let _ = operator.await;
+
+    // Failover: two operator processes; the leader killed; one node registered at once.
+    let binary = env!("CARGO_BIN_EXE_corral");
+    let ttl = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = |name: &str| {
+        Command::new(binary)
+            .args(["operator", "--etcd", &endpoints.join(","), "--cluster", "bench", "--replica", name])
+            .args(["--lease-ttl", &ttl.to_string()])
+            .args(["--api-socket", dir.path().join(format!("{name}.sock")).to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = spawn("op-a");
+    wait_leader(&kv, &keys, "op-a").await;
+    let mut second = spawn("op-b");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.kill().unwrap();
+    let killed = Instant::now();
+    first.wait().unwrap();
+    register(&kv, &keys, NODES..NODES + 1).await;
+    let probe = keys.owned_prefix(&corral_cluster::NodeName::new(&node_name(NODES)).unwrap());
+    loop {
+        let page = kv.range(probe.as_bytes(), None, 10, None).await.unwrap();
+        if page.kvs.len() == 2 {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(60), "failover stalled");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "failover: SIGKILL of the leader to the new leader's first grant: {:.2} s (lease TTL {ttl} s)",
+        killed.elapsed().as_secs_f64()
+    );
+
+    // The standby's rebuild from every grant (its own report) and its peak RSS.
+    let status = corral_client_status(&dir.path().join("op-b.sock"));
+    let rss = std::fs::read_to_string(format!("/proc/{}/status", second.id()))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0))
+        .unwrap_or(0);
+    println!(
+        "rebuild: {} keys ({} grants) in {} ms; the operator's peak RSS {:.1} MiB",
+        status["last_rebuild"]["keys"],
+        2 * (NODES + 1),
+        status["last_rebuild"]["ms"],
+        rss as f64 / 1024.0
+    );
+    let _ = second.kill();
+    let _ = second.wait();
+}
+
+fn node_name(i: usize) -> String {
+    format!("node-{i:05}")
+}
+
+async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {
+    let batches: Vec<Vec<usize>> = nodes.collect::<Vec<_>>().chunks(100).map(<[usize]>::to_vec).collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for batch in batches {
+        let kv = kv.clone();
+        let keys = keys.clone();
+        tasks.spawn(async move {
+            let mut txn = Txn::default();
+            for i in batch {
+                let node = corral_cluster::NodeName::new(&node_name(i)).unwrap();
+                let record = NodeRecord {
+                    uid: format!("uid-{i}"),
+                    addresses: Vec::new(),
+                    registered_ms: 0,
+                };
+                txn.success.push(TxnOp::put(keys.node(&node), encode_value(&record).unwrap()));
+            }
+            kv.txn(txn).await.unwrap();
+        });
+        while tasks.len() >= 16 {
+            tasks.join_next().await;
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn wait_leader(kv: &EtcdKv, keys: &Keys, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (all, _) = corral_kv::read_all(kv, keys.election_prefix().as_bytes(), 100).await.unwrap();
+        if all.iter().min_by_key(|k| k.create_revision).is_some_and(|k| k.value == name.as_bytes()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `GET /v1/status` of an operator's API socket, with a tiny HTTP/1.0 exchange.
+fn corral_client_status(socket: &std::path::Path) -> serde_json::Value {
+    use std::io::{Read, Write};
+    for _ in 0..200 {
+        if let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) {
+            let _ = stream.write_all(b"GET /v1/status HTTP/1.0\r\nHost: corral\r\n\r\n");
+            let mut text = String::new();
+            let _ = stream.read_to_string(&mut text);
+            if let Some((_, body)) = text.split_once("\r\n\r\n")
+                && let Ok(value) = serde_json::from_str::<serde_json::Value>(body)
+                && !value["last_rebuild"].is_null()
+            {
+                return value;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    serde_json::Value::Null
+}
