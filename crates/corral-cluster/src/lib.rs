@@ -10,6 +10,7 @@ pub mod config;
 pub mod intervals;
 pub mod keys;
 pub mod net;
+pub mod space;
 mod text;
 
 pub use config::{
@@ -21,6 +22,7 @@ pub use keys::{
     NodeName, NodeRecord, OwnedRecord, QuarantineRecord, SchemaRecord, ValueError, decode_value,
     encode_value,
 };
+pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
 /// Re-exported so callers name the same family, pool and CIDR types.
 pub use corral_core::{Family, PoolName};
