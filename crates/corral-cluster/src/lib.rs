@@ -6,13 +6,16 @@
 //! (`plan`), nodeipam's resync backoff (`backoff`) and the operator's cache of the cluster
 //! (`view`), which proposes grants the operator commits in one fenced etcd transaction.
 
+pub mod backoff;
 pub mod config;
 pub mod intervals;
 pub mod keys;
 pub mod net;
+pub mod plan;
 pub mod space;
 mod text;
 
+pub use backoff::{Resync, RetryState};
 pub use config::{
     ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, ResyncConfig,
 };
@@ -22,6 +25,7 @@ pub use keys::{
     NodeName, NodeRecord, OwnedRecord, QuarantineRecord, SchemaRecord, ValueError, decode_value,
     encode_value,
 };
+pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
 /// Re-exported so callers name the same family, pool and CIDR types.
