@@ -14,6 +14,7 @@ pub mod net;
 pub mod plan;
 pub mod space;
 mod text;
+pub mod view;
 
 pub use backoff::{Resync, RetryState};
 pub use config::{
@@ -31,3 +32,7 @@ pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 /// Re-exported so callers name the same family, pool and CIDR types.
 pub use corral_core::{Family, PoolName};
 pub use ipnet::IpNet;
+pub use view::{
+    ClusterView, Needs, NodeCidr, NodeEntry, NodeInfo, PoolFamily, Problem, Proposal, ProposeError,
+    Removal, RemovedGrant, RemovedNodeId,
+};
