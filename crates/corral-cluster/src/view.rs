@@ -118,6 +118,24 @@ impl Proposal {
         absent
     }
 
+    /// Key prefixes the transaction must prove empty (an etcd compare `version == 0` with a
+    /// range end): the node's `owned/<node>/<pool>/<family>/` of each CIDR, so a replica whose
+    /// view missed a committed grant cannot give the node a second CIDR of the same pool and
+    /// family.
+    pub fn absent_prefixes(&self, keys: &Keys) -> Vec<String> {
+        self.cidrs
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}{}/{}/",
+                    keys.owned_prefix(&self.node),
+                    c.pool,
+                    crate::keys::family_segment(c.family)
+                )
+            })
+            .collect()
+    }
+
     /// The key whose create revision the transaction compares with `node_revision`.
     pub fn registration_key(&self, keys: &Keys) -> String {
         keys.node(&self.node)
@@ -273,7 +291,8 @@ impl Needs {
 
 #[derive(Debug, Clone)]
 struct GrantEntry {
-    record: GrantRecord,
+    /// None when the value does not decode: the CIDR is still occupied.
+    record: Option<GrantRecord>,
     counted: bool,
 }
 
@@ -284,7 +303,8 @@ struct QuarantineEntry {
 
 #[derive(Debug, Clone)]
 struct NodeIdEntry {
-    record: NodeIdRecord,
+    /// None when the value does not decode: the ID is still occupied.
+    record: Option<NodeIdRecord>,
     counted: bool,
 }
 
@@ -552,15 +572,17 @@ impl ClusterView {
                 }
             }
             Key::Grant { pool, family, cidr } => {
-                let Some(record) = self.decode::<GrantRecord>(key, mod_revision, value) else {
-                    return;
-                };
+                // A grant key blocks its CIDR whatever its value: a garbage value is reported
+                // and the CIDR occupied anyway (the txn's absence compare would fail on it).
+                let record = self.decode::<GrantRecord>(key, mod_revision, value);
                 let id = (pool, family, cidr);
                 let counted = self.occupy_grant(&id, mod_revision);
-                self.grants_by_node
-                    .entry(record.node.clone())
-                    .or_default()
-                    .insert(id.clone());
+                if let Some(record) = &record {
+                    self.grants_by_node
+                        .entry(record.node.clone())
+                        .or_default()
+                        .insert(id.clone());
+                }
                 self.grants.insert(id, GrantEntry { record, counted });
             }
             Key::Owned {
@@ -585,9 +607,8 @@ impl ClusterView {
                 self.quarantines.insert(id, QuarantineEntry { counted });
             }
             Key::NodeId { id } => {
-                let Some(record) = self.decode::<NodeIdRecord>(key, mod_revision, value) else {
-                    return;
-                };
+                // Occupied whatever its value, as grants.
+                let record = self.decode::<NodeIdRecord>(key, mod_revision, value);
                 let counted = self.occupy_node_id(id, mod_revision);
                 self.node_ids.insert(id, NodeIdEntry { record, counted });
             }
@@ -628,10 +649,12 @@ impl ClusterView {
                     {
                         let _ = space.release_granted(cidr);
                     }
-                    if let Some(set) = self.grants_by_node.get_mut(&entry.record.node) {
+                    if let Some(record) = &entry.record
+                        && let Some(set) = self.grants_by_node.get_mut(&record.node)
+                    {
                         set.remove(&id);
                         if set.is_empty() {
-                            self.grants_by_node.remove(&entry.record.node);
+                            self.grants_by_node.remove(&record.node);
                         }
                     }
                 }
@@ -699,7 +722,7 @@ impl ClusterView {
         self.node_id_of_node.get(node).copied().or_else(|| {
             self.node_ids
                 .iter()
-                .find(|(_, e)| &e.record.node == node)
+                .find(|(_, e)| e.record.as_ref().is_some_and(|r| &r.node == node))
                 .map(|(id, _)| *id)
         })
     }
@@ -839,7 +862,7 @@ impl ClusterView {
         let mut ids: BTreeSet<u32> = self
             .node_ids
             .iter()
-            .filter(|(_, e)| &e.record.node == node)
+            .filter(|(_, e)| e.record.as_ref().is_some_and(|r| &r.node == node))
             .map(|(id, _)| *id)
             .collect();
         ids.extend(self.node_id_of_node.get(node));
@@ -850,7 +873,7 @@ impl ClusterView {
                 id_key: self
                     .node_ids
                     .get(&id)
-                    .filter(|e| &e.record.node == node)
+                    .filter(|e| e.record.as_ref().is_some_and(|r| &r.node == node))
                     .map(|_| keys.node_id(id)),
                 quarantine_key: keys.quarantine_id(id),
             })
@@ -911,23 +934,27 @@ impl ClusterView {
         };
         for ((pool, family, cidr), entry) in &self.grants {
             let key = self.keys.grant(pool, *family, cidr);
-            match self.nodes.get(&entry.record.node) {
+            let Some(record) = &entry.record else {
+                push(key, "grant value does not decode".to_owned());
+                continue;
+            };
+            match self.nodes.get(&record.node) {
                 None => push(
                     key.clone(),
-                    format!("grant names unregistered node {}", entry.record.node),
+                    format!("grant names unregistered node {}", record.node),
                 ),
-                Some(node) if node.create_revision != entry.record.node_revision => push(
+                Some(node) if node.create_revision != record.node_revision => push(
                     key.clone(),
                     format!(
                         "grant names node {} registration {}, current is {}",
-                        entry.record.node, entry.record.node_revision, node.create_revision
+                        record.node, record.node_revision, node.create_revision
                     ),
                 ),
                 Some(_) => {}
             }
             if !self
                 .owned
-                .contains(&(entry.record.node.clone(), pool.clone(), *family, *cidr))
+                .contains(&(record.node.clone(), pool.clone(), *family, *cidr))
             {
                 push(key, "grant without its owned key".to_owned());
             }
@@ -936,7 +963,8 @@ impl ClusterView {
             let matches = self
                 .grants
                 .get(&(pool.clone(), *family, *cidr))
-                .is_some_and(|g| &g.record.node == node);
+                .and_then(|g| g.record.as_ref())
+                .is_some_and(|r| &r.node == node);
             if !matches {
                 push(
                     self.keys.owned(node, pool, *family, cidr),
@@ -945,19 +973,21 @@ impl ClusterView {
             }
         }
         for (id, entry) in &self.node_ids {
-            if !self.nodes.contains_key(&entry.record.node) {
+            let key = self.keys.node_id(*id);
+            let Some(record) = &entry.record else {
+                push(key, "node ID value does not decode".to_owned());
+                continue;
+            };
+            if !self.nodes.contains_key(&record.node) {
                 push(
-                    self.keys.node_id(*id),
-                    format!("node ID names unregistered node {}", entry.record.node),
+                    key.clone(),
+                    format!("node ID names unregistered node {}", record.node),
                 );
             }
-            if self.node_id_of_node.get(&entry.record.node) != Some(id) {
+            if self.node_id_of_node.get(&record.node) != Some(id) {
                 push(
-                    self.keys.node_id(*id),
-                    format!(
-                        "node ID index of node {} does not name {id}",
-                        entry.record.node
-                    ),
+                    key,
+                    format!("node ID index of node {} does not name {id}", record.node),
                 );
             }
         }
