@@ -702,7 +702,7 @@ mod tests {
         let garbage = [
             "".to_owned(),
             "/corral/other/v1/config".to_owned(),
-            format!("{p}"),
+            p.clone(),
             format!("{p}config/x"),
             format!("{p}meta/other"),
             format!("{p}election/0ab"),

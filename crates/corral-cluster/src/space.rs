@@ -726,7 +726,7 @@ mod tests {
         for i in 0..1000u128 {
             let cidr = net_of(
                 Family::V6,
-                net_range(&net("fd00::/32")).0 + (i * 2 << 64),
+                net_range(&net("fd00::/32")).0 + ((i * 2) << 64),
                 64,
             )
             .unwrap();

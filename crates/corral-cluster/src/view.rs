@@ -2,8 +2,8 @@
 //!
 //! The view decides nothing about etcd. It answers which nodes still need grants and proposes
 //! them as values (`Proposal`); the operator commits a proposal in one transaction whose
-//! compares prove every grant, owned and quarantine key absent, the node's registration
-//! current and the leader still leading. A stale view therefore costs a retry, never a
+//! compares prove every grant, owned and quarantine key absent, the node's owned prefix of
+//! each pool and family empty, the node's registration current and the leader still leading. A stale view therefore costs a retry, never a
 //! duplicate. Garbage keys and values, overlapping grants and the like are reported as
 //! problems and skipped; nothing fed to the view panics it.
 
@@ -992,5 +992,274 @@ impl ClusterView {
             }
         }
         problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::ClusterName;
+
+    const CONFIG: &str = r#"
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.0.0.0/29"]
+node_prefix_len = 30
+[pools.ipv6]
+cidrs = ["fd00::/64"]
+node_prefix_len = 80
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#;
+
+    struct Fixture {
+        view: ClusterView,
+        revision: i64,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let keys = Keys::new(ClusterName::new("test").unwrap());
+            let config = ClusterConfig::from_toml(CONFIG).unwrap();
+            Fixture {
+                view: ClusterView::new(keys, config),
+                revision: 1,
+            }
+        }
+
+        fn put(&mut self, key: &str, value: &[u8]) {
+            self.revision += 1;
+            self.view
+                .apply_put(key, value, self.revision, self.revision);
+        }
+
+        fn register(&mut self, node: &str) -> NodeName {
+            let node = NodeName::new(node).unwrap();
+            let key = self.view.keys().node(&node);
+            let record = NodeRecord {
+                uid: format!("uid-{node}"),
+                addresses: vec![],
+                registered_ms: 0,
+            };
+            self.put(&key, &encode_value(&record).unwrap());
+            node
+        }
+
+        /// Commits a proposal as the operator would (its puts, seen back by watch).
+        fn commit(&mut self, proposal: &Proposal) {
+            let puts = proposal.puts(self.view.keys()).unwrap();
+            for (key, value) in puts {
+                self.put(&key, &value);
+            }
+            self.view.abandon(proposal);
+        }
+    }
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn proposals_are_dual_stack_all_or_nothing_and_never_shared() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let b = f.register("b");
+        let c = f.register("c");
+        assert_eq!(
+            f.view.nodes_needing_grants(),
+            [a.clone(), b.clone(), c.clone()]
+        );
+        let pa = f.view.propose(&a).unwrap();
+        let cidrs: Vec<IpNet> = pa.cidrs.iter().map(|c| c.cidr).collect();
+        assert_eq!(cidrs, [net("10.0.0.0/30"), net("fd00::/80")]);
+        assert_eq!(pa.node_id, Some(1));
+        assert_eq!(
+            f.view.propose(&a),
+            Err(ProposeError::InFlight { node: a.clone() })
+        );
+        // In flight: b gets the next ones.
+        let pb = f.view.propose(&b).unwrap();
+        assert_eq!(pb.cidrs[0].cidr, net("10.0.0.4/30"));
+        assert_eq!(pb.cidrs[1].cidr, net("fd00:0:0:0:1::/80"));
+        assert_eq!(pb.node_id, Some(2));
+        // IPv4 is full for c: nothing at all is proposed or marked.
+        let before = f.view.space_stats();
+        assert_eq!(
+            f.view.propose(&c),
+            Err(ProposeError::Full {
+                pool: PoolName::new("default").unwrap(),
+                family: Family::V4
+            })
+        );
+        assert_eq!(f.view.space_stats(), before);
+        // b's proposal fails and is abandoned: c gets its CIDRs.
+        f.view.abandon(&pb);
+        let pc = f.view.propose(&c).unwrap();
+        assert_eq!(pc.cidrs[0].cidr, net("10.0.0.4/30"));
+        f.commit(&pa);
+        f.commit(&pc);
+        assert_eq!(f.view.nodes_needing_grants(), [b.clone()]);
+        assert!(f.view.needs(&a).is_empty());
+        assert_eq!(f.view.node_info(&c).node_id, Some(2));
+        let stats = f.view.space_stats();
+        assert_eq!(stats[0].2.granted, 2);
+        assert_eq!(f.view.node_id_stats().unwrap().granted, 2);
+        assert!(
+            f.view.consistency_problems().is_empty(),
+            "{:?}",
+            f.view.consistency_problems()
+        );
+        assert!(f.view.problems().is_empty(), "{:?}", f.view.problems());
+        let absent = pa.absent_keys(f.view.keys());
+        assert_eq!(absent.len(), 3 * 2 + 3);
+        assert_eq!(
+            pa.absent_prefixes(f.view.keys()),
+            [
+                "/corral/test/v1/owned/a/default/ipv4/",
+                "/corral/test/v1/owned/a/default/ipv6/",
+            ]
+        );
+    }
+
+    #[test]
+    fn removal_lists_grants_owned_keys_and_node_ids() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let p = f.view.propose(&a).unwrap();
+        f.commit(&p);
+        let removal = f.view.removal(&a);
+        let deletes = removal.deletes();
+        assert_eq!(deletes.len(), 1 + 2 + 2 + 1 + 1, "{deletes:?}");
+        assert!(deletes.contains(&"/corral/test/v1/grants/default/ipv4/10.0.0.0-30".to_owned()));
+        assert!(deletes.contains(&"/corral/test/v1/owned/a/default/ipv6/fd00::-80".to_owned()));
+        assert!(deletes.contains(&"/corral/test/v1/nodeids/id/1".to_owned()));
+        assert!(deletes.contains(&"/corral/test/v1/nodeids/node/a".to_owned()));
+        assert_eq!(
+            removal.quarantines(),
+            [
+                "/corral/test/v1/quarantine/default/ipv4/10.0.0.0-30",
+                "/corral/test/v1/quarantine/default/ipv6/fd00::-80",
+                "/corral/test/v1/quarantine-ids/1",
+            ]
+        );
+        // Applying it: the CIDRs are quarantined, not free.
+        let record = encode_value(&removal.quarantine_record("node removed", 5)).unwrap();
+        for key in removal.deletes() {
+            f.view.apply_delete(&key, 99);
+        }
+        for key in removal.quarantines() {
+            f.put(&key, &record);
+        }
+        let b = f.register("b");
+        let p = f.view.propose(&b).unwrap();
+        assert_eq!(p.cidrs[0].cidr, net("10.0.0.4/30"));
+        assert_eq!(p.node_id, Some(2));
+        // Expiry frees them.
+        f.view.abandon(&p);
+        for key in removal.quarantines() {
+            f.view.apply_delete(&key, 100);
+        }
+        let p = f.view.propose(&b).unwrap();
+        assert_eq!(p.cidrs[0].cidr, net("10.0.0.0/30"));
+        assert_eq!(p.node_id, Some(1));
+    }
+
+    #[test]
+    fn garbage_is_reported_and_skipped() {
+        let mut f = Fixture::new();
+        let prefix = f.view.keys().prefix().to_owned();
+        let a = f.register("a");
+        let garbage: [(String, &[u8]); 8] = [
+            (format!("{prefix}nope"), b"{}"),
+            ("/elsewhere".to_owned(), b"{}"),
+            (format!("{prefix}nodes/b"), b"\xff"),
+            (format!("{prefix}grants/other/ipv4/10.0.0.0-30"), b"{}"),
+            (format!("{prefix}grants/default/ipv4/10.9.0.0-30"), b"{}"),
+            (format!("{prefix}grants/default/ipv4/10.0.0.0-29"), b"{}"),
+            (format!("{prefix}nodeids/id/999"), b"{}"),
+            (format!("{prefix}config"), b"{\"pools\":[]}"),
+        ];
+        for (key, value) in &garbage {
+            f.put(key, value);
+        }
+        f.view.apply_delete("garbage", 1);
+        for (key, _) in &garbage {
+            assert!(
+                f.view.problems().iter().any(|p| &p.key == key),
+                "{key}: {:?}",
+                f.view.problems()
+            );
+        }
+        for problem in f.view.problems() {
+            assert!(!problem.message.is_empty());
+            assert!(
+                !problem.message.chars().next().unwrap().is_uppercase(),
+                "{problem:?}"
+            );
+        }
+        // A grant with a garbage value still occupies its CIDR.
+        f.put(
+            &format!("{prefix}grants/default/ipv4/10.0.0.0-30"),
+            b"garbage",
+        );
+        let p = f.view.propose(&a).unwrap();
+        assert_eq!(p.cidrs[0].cidr, net("10.0.0.4/30"));
+        assert!(!f.view.consistency_problems().is_empty());
+        // A grant for a node the view has not seen yet (etcd lists grants/ before nodes/).
+        let z = NodeName::new("z").unwrap();
+        let record = GrantRecord {
+            node: z.clone(),
+            uid: "u".into(),
+            node_revision: 1,
+        };
+        f.view.abandon(&p);
+        f.put(
+            &f.view.keys().grant(
+                &PoolName::new("default").unwrap(),
+                Family::V6,
+                &net("fd00::/80"),
+            ),
+            &encode_value(&record).unwrap(),
+        );
+        assert_eq!(f.view.grants_of(&z).len(), 1);
+        assert!(
+            f.view
+                .consistency_problems()
+                .iter()
+                .any(|p| p.message.contains("unregistered node z"))
+        );
+    }
+
+    #[test]
+    fn config_changes_apply_or_are_reported() {
+        let mut f = Fixture::new();
+        let key = f.view.keys().config();
+        let mut wider = f.view.config().clone();
+        if let Some(v4) = wider.pools[0].ipv4.as_mut() {
+            v4.cidrs.push(net("10.0.1.0/30"));
+        }
+        f.put(&key, wider.to_json().unwrap().as_bytes());
+        assert!(f.view.problems().is_empty(), "{:?}", f.view.problems());
+        assert_eq!(f.view.space_stats()[0].2.capacity, 3);
+        let mut changed = wider.clone();
+        if let Some(v4) = changed.pools[0].ipv4.as_mut() {
+            v4.node_prefix_len = 31;
+        }
+        f.put(&key, changed.to_json().unwrap().as_bytes());
+        assert_eq!(f.view.config(), &wider);
+        assert!(
+            f.view.problems()[0]
+                .message
+                .contains("cannot change once set"),
+            "{:?}",
+            f.view.problems()
+        );
     }
 }

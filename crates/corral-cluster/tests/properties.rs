@@ -52,6 +52,9 @@ node_prefix_len = 64
 reserved = ["fd00:1::/62"]
 "#;
 
+/// The grants of one pool and family: CIDR and record (None when the value is garbage).
+type GrantList = Vec<(IpNet, Option<GrantRecord>)>;
+
 #[derive(Debug, Clone)]
 enum Event {
     Put {
@@ -352,8 +355,7 @@ impl Sim {
 
     /// The invariants, from the store alone.
     fn check(&self) -> Result<(), TestCaseError> {
-        let mut grants: BTreeMap<(PoolName, Family), Vec<(IpNet, Option<GrantRecord>)>> =
-            BTreeMap::new();
+        let mut grants: BTreeMap<(PoolName, Family), GrantList> = BTreeMap::new();
         let mut quarantined: BTreeMap<(PoolName, Family), Vec<IpNet>> = BTreeMap::new();
         let mut owned = BTreeSet::new();
         let mut nodes = BTreeMap::new();
