@@ -1105,7 +1105,7 @@ service = "10.96.0.0/12"
         assert_eq!(pc.cidrs[0].cidr, net("10.0.0.4/30"));
         f.commit(&pa);
         f.commit(&pc);
-        assert_eq!(f.view.nodes_needing_grants(), [b.clone()]);
+        assert_eq!(f.view.nodes_needing_grants(), [b]);
         assert!(f.view.needs(&a).is_empty());
         assert_eq!(f.view.node_info(&c).node_id, Some(2));
         let stats = f.view.space_stats();
