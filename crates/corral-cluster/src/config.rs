@@ -1,0 +1,783 @@
+//! The cluster configuration: parsed from TOML, stored in etcd as JSON, validated, and checked on change.
+//!
+//! Validation names the field path that is wrong (`pools[0].ipv6.node_prefix_len`), so an
+//! operator can fix the file without guessing. What existing grants depend on (node prefix
+//! lengths, cluster CIDRs, pools, families, the node-ID plan) can never change once set.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use corral_core::{Family, PoolName};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::net::{family_of, overlaps};
+
+/// Default quarantine of a released node CIDR or node ID, in seconds.
+pub const DEFAULT_QUARANTINE_SECS: u64 = 300;
+
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The text is not valid TOML or JSON of the configuration's shape.
+    #[error("cluster configuration does not parse: {message}")]
+    Parse {
+        /// The parser's message (with its location).
+        message: String,
+    },
+    /// A field holds a value the configuration does not accept.
+    #[error("cluster configuration field {field}: {problem}")]
+    Invalid {
+        /// The field path, e.g. `pools[0].ipv6.node_prefix_len`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// nodeipam's resync timing (`Timeout`), in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResyncConfig {
+    /// Time to the next resync of a node after a success.
+    #[serde(default = "default_resync_ms")]
+    pub resync_ms: u64,
+    /// Time to the next try after the first error.
+    #[serde(default = "default_initial_retry_ms")]
+    pub initial_retry_ms: u64,
+    /// The longest wait between tries after repeated errors.
+    #[serde(default = "default_max_backoff_ms")]
+    pub max_backoff_ms: u64,
+}
+
+fn default_resync_ms() -> u64 {
+    30_000
+}
+fn default_initial_retry_ms() -> u64 {
+    250
+}
+fn default_max_backoff_ms() -> u64 {
+    10_000
+}
+fn default_quarantine_secs() -> u64 {
+    DEFAULT_QUARANTINE_SECS
+}
+
+impl Default for ResyncConfig {
+    fn default() -> Self {
+        ResyncConfig {
+            resync_ms: default_resync_ms(),
+            initial_retry_ms: default_initial_retry_ms(),
+            max_backoff_ms: default_max_backoff_ms(),
+        }
+    }
+}
+
+/// One family of a pool: the cluster CIDRs node CIDRs are carved from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FamilyConfig {
+    /// The cluster CIDRs, in the order given (allocation goes in address order).
+    #[serde(with = "crate::text::list")]
+    pub cidrs: Vec<IpNet>,
+    /// The prefix length of every node CIDR of this family.
+    pub node_prefix_len: u8,
+    /// Ranges never granted (e.g. service CIDRs); a node CIDR overlapping one is occupied.
+    #[serde(default, with = "crate::text::list")]
+    pub reserved: Vec<IpNet>,
+}
+
+/// A pool of node CIDRs, with at most one configuration per family.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// The pool's name (corral-core's `PoolName` rules).
+    #[serde(with = "crate::text")]
+    pub name: PoolName,
+    /// The IPv4 node CIDRs, if the pool has that family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<FamilyConfig>,
+    /// The IPv6 node CIDRs, if the pool has that family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<FamilyConfig>,
+}
+
+impl PoolConfig {
+    /// The pool's configured families, IPv4 first.
+    pub fn families(&self) -> impl Iterator<Item = (Family, &FamilyConfig)> {
+        [(Family::V4, &self.ipv4), (Family::V6, &self.ipv6)]
+            .into_iter()
+            .filter_map(|(family, config)| config.as_ref().map(|c| (family, c)))
+    }
+
+    /// The configuration of one family, if the pool has it.
+    pub fn family(&self, family: Family) -> Option<&FamilyConfig> {
+        match family {
+            Family::V4 => self.ipv4.as_ref(),
+            Family::V6 => self.ipv6.as_ref(),
+        }
+    }
+}
+
+/// Contiv's node-ID address plan (CLUSTER-DESIGN section 4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeIdPlanConfig {
+    /// The pod subnet of all nodes.
+    #[serde(with = "crate::text")]
+    pub pod_subnet: IpNet,
+    /// The prefix length of one node's pod subnet.
+    pub pod_subnet_node_prefix_len: u8,
+    /// The host interconnect subnet of all nodes (VPP to Linux).
+    #[serde(with = "crate::text")]
+    pub host_interconnect_subnet: IpNet,
+    /// The prefix length of one node's host interconnect subnet.
+    pub host_interconnect_node_prefix_len: u8,
+    /// The node interconnect network nodes' IPs come from.
+    #[serde(with = "crate::text")]
+    pub node_interconnect: IpNet,
+    /// Addresses of the node interconnect never given to a node.
+    #[serde(default)]
+    pub node_interconnect_excluded: Vec<IpAddr>,
+    /// The VXLAN network nodes' VXLAN IPs come from.
+    #[serde(with = "crate::text")]
+    pub vxlan: IpNet,
+    /// The service network (reported in the plan as is).
+    #[serde(with = "crate::text")]
+    pub service: IpNet,
+}
+
+impl NodeIdPlanConfig {
+    /// The largest node ID: 2^(P−s) for the pod subnet, bounded by the host interconnect split
+    /// (and by `u32::MAX`); node IDs run `1..=max_node_id()`.
+    pub fn max_node_id(&self) -> u32 {
+        let pods = split_count(&self.pod_subnet, self.pod_subnet_node_prefix_len);
+        let host = split_count(
+            &self.host_interconnect_subnet,
+            self.host_interconnect_node_prefix_len,
+        );
+        u32::try_from(pods.min(host)).unwrap_or(u32::MAX)
+    }
+
+    fn validate(&self, config_has: &[(Family, Vec<IpNet>)]) -> Result<(), ConfigError> {
+        let family = family_of(&self.pod_subnet);
+        let bits = family.bits();
+        for (field, net) in [
+            ("node_ids.pod_subnet", &self.pod_subnet),
+            (
+                "node_ids.host_interconnect_subnet",
+                &self.host_interconnect_subnet,
+            ),
+            ("node_ids.node_interconnect", &self.node_interconnect),
+            ("node_ids.vxlan", &self.vxlan),
+            ("node_ids.service", &self.service),
+        ] {
+            if family_of(net) != family {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{net} is not of the pod subnet's family ({})",
+                        family.name()
+                    ),
+                ));
+            }
+            check_host_bits_zero(field, net)?;
+        }
+        // The pods of a node are hosts 2..broadcast-2: at least 3 host bits.
+        let pod = self.pod_subnet_node_prefix_len;
+        if pod < self.pod_subnet.prefix_len() || pod > bits - 3 {
+            return Err(invalid(
+                "node_ids.pod_subnet_node_prefix_len",
+                format!(
+                    "{pod} must be between the pod subnet's prefix length {} and {} (room for a gateway, a NAT loopback and pods)",
+                    self.pod_subnet.prefix_len(),
+                    bits - 3
+                ),
+            ));
+        }
+        let host = self.host_interconnect_node_prefix_len;
+        if host < self.host_interconnect_subnet.prefix_len() || host > bits - 2 {
+            return Err(invalid(
+                "node_ids.host_interconnect_node_prefix_len",
+                format!(
+                    "{host} must be between the host interconnect subnet's prefix length {} and {} (room for the VPP and Linux ends)",
+                    self.host_interconnect_subnet.prefix_len(),
+                    bits - 2
+                ),
+            ));
+        }
+        for (field, net) in [
+            ("node_ids.node_interconnect", &self.node_interconnect),
+            ("node_ids.vxlan", &self.vxlan),
+        ] {
+            if net.prefix_len() >= bits {
+                return Err(invalid(field, format!("{net} has no host addresses")));
+            }
+        }
+        for (i, addr) in self.node_interconnect_excluded.iter().enumerate() {
+            if !self.node_interconnect.contains(addr) {
+                return Err(invalid(
+                    format!("node_ids.node_interconnect_excluded[{i}]"),
+                    format!(
+                        "{addr} is not inside node_interconnect {}",
+                        self.node_interconnect
+                    ),
+                ));
+            }
+        }
+        let named = [
+            ("node_ids.pod_subnet", &self.pod_subnet),
+            (
+                "node_ids.host_interconnect_subnet",
+                &self.host_interconnect_subnet,
+            ),
+            ("node_ids.node_interconnect", &self.node_interconnect),
+            ("node_ids.vxlan", &self.vxlan),
+        ];
+        for (i, (field, net)) in named.iter().enumerate() {
+            for (other_field, other) in &named[..i] {
+                if overlaps(net, other) {
+                    return Err(invalid(
+                        *field,
+                        format!("{net} overlaps {other_field} {other}"),
+                    ));
+                }
+            }
+            for (pool_family, cidrs) in config_has {
+                if *pool_family != family {
+                    continue;
+                }
+                if let Some(cidr) = cidrs.iter().find(|c| overlaps(c, net)) {
+                    return Err(invalid(
+                        *field,
+                        format!("{net} overlaps the pools' cluster CIDR {cidr}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many subnets of `prefix_len` a network splits into (saturating).
+fn split_count(net: &IpNet, prefix_len: u8) -> u128 {
+    let bits = u32::from(prefix_len.saturating_sub(net.prefix_len()));
+    crate::net::pow2_saturating(bits)
+}
+
+/// The whole cluster configuration (the `config` key's value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// How long a released node CIDR or node ID waits before reuse, in seconds (>= 1).
+    #[serde(default = "default_quarantine_secs")]
+    pub quarantine_secs: u64,
+    /// Resync timing per node.
+    #[serde(default)]
+    pub resync: ResyncConfig,
+    /// The pools of node CIDRs.
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+    /// Contiv's node-ID plan, if node IDs are granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ids: Option<NodeIdPlanConfig>,
+}
+
+impl ClusterConfig {
+    /// Parses and validates the TOML configuration file's text.
+    pub fn from_toml(text: &str) -> Result<ClusterConfig, ConfigError> {
+        let config: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses and validates the JSON stored under the `config` key.
+    pub fn from_json(bytes: &[u8]) -> Result<ClusterConfig, ConfigError> {
+        let config: ClusterConfig =
+            serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse {
+                message: e.to_string(),
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The JSON stored under the `config` key.
+    pub fn to_json(&self) -> Result<String, ConfigError> {
+        serde_json::to_string(self).map_err(|e| ConfigError::Parse {
+            message: e.to_string(),
+        })
+    }
+
+    /// The pool named `name`, if configured.
+    pub fn pool(&self, name: &PoolName) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| &p.name == name)
+    }
+
+    /// The largest node ID of the node-ID plan (0 when there is none).
+    pub fn max_node_id(&self) -> u32 {
+        self.node_ids
+            .as_ref()
+            .map_or(0, NodeIdPlanConfig::max_node_id)
+    }
+
+    /// Checks every rule; the error names the first field that breaks one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.quarantine_secs < 1 {
+            return Err(invalid("quarantine_secs", "must be at least 1"));
+        }
+        let r = &self.resync;
+        for (field, value) in [
+            ("resync.resync_ms", r.resync_ms),
+            ("resync.initial_retry_ms", r.initial_retry_ms),
+            ("resync.max_backoff_ms", r.max_backoff_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(field, "must be at least 1"));
+            }
+        }
+        if r.initial_retry_ms > r.max_backoff_ms {
+            return Err(invalid(
+                "resync.initial_retry_ms",
+                format!(
+                    "{} is more than resync.max_backoff_ms {}",
+                    r.initial_retry_ms, r.max_backoff_ms
+                ),
+            ));
+        }
+        if self.pools.is_empty() && self.node_ids.is_none() {
+            return Err(invalid(
+                "pools",
+                "at least one pool or node_ids must be configured",
+            ));
+        }
+        let mut names = BTreeSet::new();
+        // Every cluster CIDR seen so far, with its field path, to refuse overlaps.
+        let mut seen: Vec<(String, IpNet)> = Vec::new();
+        for (i, pool) in self.pools.iter().enumerate() {
+            if !names.insert(pool.name.clone()) {
+                return Err(invalid(
+                    format!("pools[{i}].name"),
+                    format!("pool {} is configured twice", pool.name),
+                ));
+            }
+            if pool.ipv4.is_none() && pool.ipv6.is_none() {
+                return Err(invalid(
+                    format!("pools[{i}]"),
+                    "a pool needs ipv4 or ipv6 (or both)",
+                ));
+            }
+            for (family, config) in pool.families() {
+                let path = format!("pools[{i}].{}", family.name());
+                validate_family(&path, family, config, &mut seen)?;
+            }
+        }
+        if let Some(plan) = &self.node_ids {
+            let cidrs: Vec<(Family, Vec<IpNet>)> = self
+                .pools
+                .iter()
+                .flat_map(|p| p.families().map(|(f, c)| (f, c.cidrs.clone())))
+                .collect();
+            plan.validate(&cidrs)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a change existing grants could depend on: a pool, a family or a cluster CIDR
+    /// removed, a node prefix length changed, or the node-ID plan's subnets or prefix lengths
+    /// changed (or the plan removed). Adding pools, CIDRs and reserved ranges, and changing
+    /// quarantine or resync timing, are allowed. `new` must be valid on its own.
+    pub fn check_change(old: &ClusterConfig, new: &ClusterConfig) -> Result<(), ConfigError> {
+        new.validate()?;
+        for old_pool in &old.pools {
+            let Some((j, new_pool)) = new
+                .pools
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.name == old_pool.name)
+            else {
+                return Err(invalid(
+                    "pools",
+                    format!(
+                        "pool {} cannot be removed once set (nodes may hold grants from it)",
+                        old_pool.name
+                    ),
+                ));
+            };
+            for (family, old_family) in old_pool.families() {
+                let path = format!("pools[{j}].{}", family.name());
+                let Some(new_family) = new_pool.family(family) else {
+                    return Err(invalid(
+                        path,
+                        format!(
+                            "family {} of pool {} cannot be removed once set",
+                            family.name(),
+                            old_pool.name
+                        ),
+                    ));
+                };
+                if new_family.node_prefix_len != old_family.node_prefix_len {
+                    return Err(invalid(
+                        format!("{path}.node_prefix_len"),
+                        format!(
+                            "cannot change once set (was {}, now {})",
+                            old_family.node_prefix_len, new_family.node_prefix_len
+                        ),
+                    ));
+                }
+                for cidr in &old_family.cidrs {
+                    if !new_family.cidrs.contains(cidr) {
+                        return Err(invalid(
+                            format!("{path}.cidrs"),
+                            format!("cluster CIDR {cidr} cannot be removed once set"),
+                        ));
+                    }
+                }
+            }
+        }
+        match (&old.node_ids, &new.node_ids) {
+            (None, _) => {}
+            (Some(_), None) => {
+                return Err(invalid("node_ids", "cannot be removed once set"));
+            }
+            (Some(a), Some(b)) => {
+                let changed = [
+                    ("node_ids.pod_subnet", a.pod_subnet != b.pod_subnet),
+                    (
+                        "node_ids.pod_subnet_node_prefix_len",
+                        a.pod_subnet_node_prefix_len != b.pod_subnet_node_prefix_len,
+                    ),
+                    (
+                        "node_ids.host_interconnect_subnet",
+                        a.host_interconnect_subnet != b.host_interconnect_subnet,
+                    ),
+                    (
+                        "node_ids.host_interconnect_node_prefix_len",
+                        a.host_interconnect_node_prefix_len != b.host_interconnect_node_prefix_len,
+                    ),
+                    (
+                        "node_ids.node_interconnect",
+                        a.node_interconnect != b.node_interconnect,
+                    ),
+                    (
+                        "node_ids.node_interconnect_excluded",
+                        a.node_interconnect_excluded != b.node_interconnect_excluded,
+                    ),
+                    ("node_ids.vxlan", a.vxlan != b.vxlan),
+                    ("node_ids.service", a.service != b.service),
+                ];
+                if let Some((field, _)) = changed.iter().find(|(_, c)| *c) {
+                    return Err(invalid(*field, "cannot change once set"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_host_bits_zero(field: &str, net: &IpNet) -> Result<(), ConfigError> {
+    if net.trunc() != *net {
+        return Err(invalid(
+            field,
+            format!("{net} has host bits set (did you mean {}?)", net.trunc()),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_family(
+    path: &str,
+    family: Family,
+    config: &FamilyConfig,
+    seen: &mut Vec<(String, IpNet)>,
+) -> Result<(), ConfigError> {
+    if config.cidrs.is_empty() {
+        return Err(invalid(
+            format!("{path}.cidrs"),
+            "needs at least one cluster CIDR",
+        ));
+    }
+    let bits = family.bits();
+    if config.node_prefix_len > bits {
+        return Err(invalid(
+            format!("{path}.node_prefix_len"),
+            format!("{} is longer than {bits}", config.node_prefix_len),
+        ));
+    }
+    for (k, cidr) in config.cidrs.iter().enumerate() {
+        let field = format!("{path}.cidrs[{k}]");
+        if family_of(cidr) != family {
+            return Err(invalid(
+                field,
+                format!("{cidr} is not an {} CIDR", family.name()),
+            ));
+        }
+        check_host_bits_zero(&field, cidr)?;
+        if config.node_prefix_len < cidr.prefix_len() {
+            return Err(invalid(
+                format!("{path}.node_prefix_len"),
+                format!(
+                    "{} is shorter than cluster CIDR {cidr}'s prefix length",
+                    config.node_prefix_len
+                ),
+            ));
+        }
+        if let Some((other_field, other)) = seen.iter().find(|(_, other)| overlaps(other, cidr)) {
+            return Err(invalid(
+                field,
+                format!("{cidr} overlaps {other_field} {other}"),
+            ));
+        }
+        seen.push((field, *cidr));
+    }
+    for (k, reserved) in config.reserved.iter().enumerate() {
+        let field = format!("{path}.reserved[{k}]");
+        if family_of(reserved) != family {
+            return Err(invalid(
+                field,
+                format!("{reserved} is not an {} CIDR", family.name()),
+            ));
+        }
+        check_host_bits_zero(&field, reserved)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const EXAMPLE: &str = r#"
+quarantine_secs = 300
+[resync]
+resync_ms = 30000
+initial_retry_ms = 250
+max_backoff_ms = 10000
+
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.244.0.0/16", "10.245.0.0/16"]
+node_prefix_len = 24
+reserved = ["10.244.0.0/20"]
+[pools.ipv6]
+cidrs = ["fd00:10:244::/48"]
+node_prefix_len = 64
+
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+node_interconnect_excluded = ["192.168.16.1"]
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#;
+
+    fn field_of(result: Result<ClusterConfig, ConfigError>) -> String {
+        match result {
+            Err(ConfigError::Invalid { field, problem }) => format!("{field}: {problem}"),
+            other => panic!("expected a refused field, got {other:?}"),
+        }
+    }
+
+    fn edited(from: &str, to: &str) -> String {
+        assert!(EXAMPLE.contains(from), "{from}");
+        EXAMPLE.replacen(from, to, 1)
+    }
+
+    #[test]
+    fn the_example_parses_and_round_trips_through_json() {
+        let config = ClusterConfig::from_toml(EXAMPLE).unwrap();
+        assert_eq!(config.pools[0].ipv4.as_ref().unwrap().cidrs.len(), 2);
+        assert_eq!(config.max_node_id(), 256);
+        let json = config.to_json().unwrap();
+        assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
+    }
+
+    #[test]
+    fn defaults_fill_quarantine_and_resync() {
+        let config = ClusterConfig::from_toml(
+            "[[pools]]\nname = \"a\"\n[pools.ipv4]\ncidrs = [\"10.0.0.0/8\"]\nnode_prefix_len = 24\n",
+        )
+        .unwrap();
+        assert_eq!(config.quarantine_secs, 300);
+        assert_eq!(config.resync, ResyncConfig::default());
+    }
+
+    #[test]
+    fn each_refused_field_is_named() {
+        let cases = [
+            (
+                edited("quarantine_secs = 300", "quarantine_secs = 0"),
+                "quarantine_secs",
+            ),
+            (
+                edited("node_prefix_len = 64", "node_prefix_len = 129"),
+                "pools[0].ipv6.node_prefix_len",
+            ),
+            (
+                edited("node_prefix_len = 64", "node_prefix_len = 40"),
+                "pools[0].ipv6.node_prefix_len",
+            ),
+            (
+                edited("\"10.245.0.0/16\"", "\"10.244.128.0/17\""),
+                "pools[0].ipv4.cidrs[1]",
+            ),
+            (
+                edited("\"10.245.0.0/16\"", "\"10.245.0.1/16\""),
+                "pools[0].ipv4.cidrs[1]",
+            ),
+            (
+                edited("\"fd00:10:244::/48\"", "\"10.9.0.0/16\""),
+                "pools[0].ipv6.cidrs[0]",
+            ),
+            (
+                edited(
+                    "reserved = [\"10.244.0.0/20\"]",
+                    "reserved = [\"fd00::/64\"]",
+                ),
+                "pools[0].ipv4.reserved[0]",
+            ),
+            (
+                edited(
+                    "pod_subnet_node_prefix_len = 24",
+                    "pod_subnet_node_prefix_len = 30",
+                ),
+                "node_ids.pod_subnet_node_prefix_len",
+            ),
+            (
+                edited("vxlan = \"192.168.30.0/24\"", "vxlan = \"192.168.16.0/24\""),
+                "node_ids.vxlan",
+            ),
+            (
+                edited("[\"192.168.16.1\"]", "[\"192.168.17.1\"]"),
+                "node_ids.node_interconnect_excluded[0]",
+            ),
+            (
+                edited(
+                    "pod_subnet = \"10.1.0.0/16\"",
+                    "pod_subnet = \"10.244.0.0/16\"",
+                ),
+                "node_ids.pod_subnet",
+            ),
+            (
+                edited("initial_retry_ms = 250", "initial_retry_ms = 20000"),
+                "resync.initial_retry_ms",
+            ),
+        ];
+        for (text, field) in cases {
+            let message = field_of(ClusterConfig::from_toml(&text));
+            assert!(
+                message.starts_with(&format!("{field}: ")),
+                "{field}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn pools_must_not_overlap_each_other_and_need_a_family() {
+        let two = format!(
+            "{EXAMPLE}\n[[pools]]\nname = \"b\"\n[pools.ipv4]\ncidrs = [\"10.245.128.0/17\"]\nnode_prefix_len = 26\n"
+        );
+        let message = field_of(ClusterConfig::from_toml(&two));
+        assert!(message.starts_with("pools[1].ipv4.cidrs[0]: "), "{message}");
+        assert!(message.contains("pools[0].ipv4.cidrs[1]"), "{message}");
+        let bare = "[[pools]]\nname = \"b\"\n";
+        assert_eq!(
+            field_of(ClusterConfig::from_toml(bare)),
+            "pools[0]: a pool needs ipv4 or ipv6 (or both)"
+        );
+        let nothing = field_of(ClusterConfig::from_toml(""));
+        assert!(nothing.starts_with("pools: "), "{nothing}");
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_names_do_not_parse() {
+        for text in [
+            edited("quarantine_secs", "quarantine_seconds"),
+            edited("name = \"default\"", "name = \"bad name\""),
+            edited("\"10.245.0.0/16\"", "\"nonsense\""),
+        ] {
+            assert!(
+                matches!(
+                    ClusterConfig::from_toml(&text),
+                    Err(ConfigError::Parse { .. })
+                ),
+                "{text}"
+            );
+        }
+        assert!(ClusterConfig::from_json(b"{\"pools\": 5}").is_err());
+        assert!(ClusterConfig::from_json(b"\xff").is_err());
+    }
+
+    #[test]
+    fn changes_under_grants_are_refused_and_others_allowed() {
+        let old = ClusterConfig::from_toml(EXAMPLE).unwrap();
+        let refused = [
+            (
+                edited("node_prefix_len = 24", "node_prefix_len = 25"),
+                "pools[0].ipv4.node_prefix_len",
+            ),
+            (
+                edited("\"10.244.0.0/16\", \"10.245.0.0/16\"", "\"10.244.0.0/16\""),
+                "pools[0].ipv4.cidrs",
+            ),
+            (
+                edited(
+                    "[pools.ipv6]\ncidrs = [\"fd00:10:244::/48\"]\nnode_prefix_len = 64\n",
+                    "",
+                ),
+                "pools[0].ipv6",
+            ),
+            (
+                edited(
+                    "host_interconnect_node_prefix_len = 24",
+                    "host_interconnect_node_prefix_len = 25",
+                ),
+                "node_ids.host_interconnect_node_prefix_len",
+            ),
+            (
+                edited("vxlan = \"192.168.30.0/24\"", "vxlan = \"192.168.31.0/24\""),
+                "node_ids.vxlan",
+            ),
+        ];
+        for (text, field) in refused {
+            let new = ClusterConfig::from_toml(&text).unwrap();
+            let message = field_of(ClusterConfig::check_change(&old, &new).map(|()| new));
+            assert!(
+                message.starts_with(&format!("{field}: ")),
+                "{field}: {message}"
+            );
+            assert!(message.contains("once set"), "{message}");
+        }
+        let renamed =
+            ClusterConfig::from_toml(&edited("name = \"default\"", "name = \"other\"")).unwrap();
+        let message = field_of(ClusterConfig::check_change(&old, &renamed).map(|()| renamed));
+        assert!(
+            message.starts_with("pools: pool default cannot be removed once set"),
+            "{message}"
+        );
+        let allowed = edited("quarantine_secs = 300", "quarantine_secs = 60")
+            .replace(
+                "\"10.245.0.0/16\"]",
+                "\"10.245.0.0/16\", \"10.246.0.0/16\"]",
+            )
+            .replace(
+                "reserved = [\"10.244.0.0/20\"]",
+                "reserved = [\"10.244.0.0/20\", \"10.245.0.0/24\"]",
+            );
+        let new = ClusterConfig::from_toml(&allowed).unwrap();
+        ClusterConfig::check_change(&old, &new).unwrap();
+    }
+}

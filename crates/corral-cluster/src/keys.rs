@@ -1,0 +1,774 @@
+//! The etcd key layout under `/corral/<cluster>/v1/`, its typed parse, and the JSON value records.
+//!
+//! Every key has one canonical text: CIDRs are written with `-` for `/` in ipnet's canonical
+//! form (`10.244.3.0-24`, `fd00:10:244:1::-64`), families as `ipv4`/`ipv6`, numbers in decimal
+//! (lease IDs in lower-case hex) without leading zeros. `Keys::parse` accepts exactly what the
+//! builders write, so a key round-trips, and anything else is a `KeyError`, never a panic.
+
+use std::fmt;
+use std::str::FromStr;
+
+use corral_core::{Family, PoolName};
+use ipnet::IpNet;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The schema version of the layout (`meta/schema`'s value and every record's `schema`).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Longest cluster name, in bytes.
+pub const MAX_CLUSTER_NAME_LEN: usize = 63;
+/// Longest node name (a DNS-1123 subdomain), in bytes.
+pub const MAX_NODE_NAME_LEN: usize = 253;
+
+/// Why a name, key or value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum KeyError {
+    /// The cluster name breaks its rules.
+    #[error("invalid cluster name {name:?}: 1 to 63 lower-case letters, digits and '-'")]
+    ClusterName {
+        /// The refused name (at most 64 characters of it).
+        name: String,
+    },
+    /// The node name is not a DNS-1123 subdomain.
+    #[error(
+        "invalid node name {name:?}: 1 to 253 lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+    )]
+    NodeName {
+        /// The refused name (at most 64 characters of it).
+        name: String,
+    },
+    /// The key is not under this cluster's prefix.
+    #[error("key {key:?} is not under {prefix}")]
+    Foreign {
+        /// The key (at most 64 characters of it).
+        key: String,
+        /// The cluster's prefix.
+        prefix: String,
+    },
+    /// The key is under the prefix but is no kind of key the layout has.
+    #[error("key {key:?} is not a corral key: {problem}")]
+    Malformed {
+        /// The key (at most 64 characters of it).
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// Why a value did not decode.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ValueError {
+    /// The bytes are not the JSON of the record.
+    #[error("value of {record} does not decode: {message}")]
+    Decode {
+        /// The record type expected.
+        record: &'static str,
+        /// The JSON parser's message.
+        message: String,
+    },
+    /// The record was written by a newer layout.
+    #[error("value of {record} has schema {schema}, this build reads schema {SCHEMA_VERSION}")]
+    Schema {
+        /// The record type expected.
+        record: &'static str,
+        /// The schema it declares.
+        schema: u32,
+    },
+    /// The record does not serialize (never for the records of this module).
+    #[error("value of {record} does not encode: {message}")]
+    Encode {
+        /// The record type.
+        record: &'static str,
+        /// The serializer's message.
+        message: String,
+    },
+}
+
+/// At most 64 characters of an input, for messages.
+fn echo(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+/// A cluster's name: 1..=63 bytes of lower-case letters, digits and `-`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClusterName(String);
+
+impl ClusterName {
+    /// Validates a cluster name.
+    pub fn new(name: &str) -> Result<ClusterName, KeyError> {
+        let valid = !name.is_empty()
+            && name.len() <= MAX_CLUSTER_NAME_LEN
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if valid {
+            Ok(ClusterName(name.to_owned()))
+        } else {
+            Err(KeyError::ClusterName { name: echo(name) })
+        }
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ClusterName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A node's name: a DNS-1123 subdomain (as Kubernetes node names).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct NodeName(String);
+
+impl NodeName {
+    /// Validates a node name.
+    pub fn new(name: &str) -> Result<NodeName, KeyError> {
+        let bytes = name.as_bytes();
+        let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        let valid = !name.is_empty()
+            && name.len() <= MAX_NODE_NAME_LEN
+            && bytes.first().copied().is_some_and(alnum)
+            && bytes.last().copied().is_some_and(alnum)
+            && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'.');
+        if valid {
+            Ok(NodeName(name.to_owned()))
+        } else {
+            Err(KeyError::NodeName { name: echo(name) })
+        }
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for NodeName {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        NodeName::new(s)
+    }
+}
+
+impl TryFrom<String> for NodeName {
+    type Error = KeyError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        NodeName::new(&value)
+    }
+}
+
+impl From<NodeName> for String {
+    fn from(value: NodeName) -> Self {
+        value.0
+    }
+}
+
+/// A CIDR as written in a key: `10.244.3.0-24`.
+pub fn cidr_segment(cidr: &IpNet) -> String {
+    format!("{}-{}", cidr.network(), cidr.prefix_len())
+}
+
+/// Parses a key's CIDR segment, accepting only the canonical form with host bits zero.
+pub fn parse_cidr_segment(segment: &str) -> Option<IpNet> {
+    let (addr, len) = segment.rsplit_once('-')?;
+    let cidr: IpNet = format!("{addr}/{len}").parse().ok()?;
+    (cidr_segment(&cidr) == segment && cidr.trunc() == cidr).then_some(cidr)
+}
+
+/// A family as written in a key.
+pub fn family_segment(family: Family) -> &'static str {
+    family.name()
+}
+
+fn parse_family_segment(segment: &str) -> Option<Family> {
+    match segment {
+        "ipv4" => Some(Family::V4),
+        "ipv6" => Some(Family::V6),
+        _ => None,
+    }
+}
+
+/// Parses a canonical decimal number (no sign, no leading zeros).
+fn parse_decimal(segment: &str) -> Option<u32> {
+    let canonical = !segment.is_empty()
+        && segment.bytes().all(|b| b.is_ascii_digit())
+        && (segment == "0" || !segment.starts_with('0'));
+    if canonical {
+        segment.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// Parses a canonical lower-case hex lease ID.
+fn parse_lease_hex(segment: &str) -> Option<u64> {
+    let canonical = !segment.is_empty()
+        && segment.len() <= 16
+        && segment
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && (segment == "0" || !segment.starts_with('0'));
+    if canonical {
+        u64::from_str_radix(segment, 16).ok()
+    } else {
+        None
+    }
+}
+
+/// A parsed corral key, one variant per kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Key {
+    /// `meta/schema`: the layout version.
+    Schema,
+    /// `config`: the `ClusterConfig` JSON.
+    Config,
+    /// `election/<lease-hex>`: an operator replica campaigning.
+    Election {
+        /// The replica's lease ID.
+        lease: u64,
+    },
+    /// `nodes/<node>`: a node's registration.
+    Node {
+        /// The node.
+        node: NodeName,
+    },
+    /// `live/<node>`: a node's liveness, on its agent's lease.
+    Live {
+        /// The node.
+        node: NodeName,
+    },
+    /// `grants/<pool>/<family>/<cidr>`: a node CIDR grant.
+    Grant {
+        /// The pool.
+        pool: PoolName,
+        /// The family.
+        family: Family,
+        /// The node CIDR.
+        cidr: IpNet,
+    },
+    /// `owned/<node>/<pool>/<family>/<cidr>`: the same grant indexed by node.
+    Owned {
+        /// The node holding the grant.
+        node: NodeName,
+        /// The pool.
+        pool: PoolName,
+        /// The family.
+        family: Family,
+        /// The node CIDR.
+        cidr: IpNet,
+    },
+    /// `quarantine/<pool>/<family>/<cidr>`: a released node CIDR waiting before reuse.
+    Quarantine {
+        /// The pool.
+        pool: PoolName,
+        /// The family.
+        family: Family,
+        /// The node CIDR.
+        cidr: IpNet,
+    },
+    /// `nodeids/id/<n>`: a granted node ID.
+    NodeId {
+        /// The node ID.
+        id: u32,
+    },
+    /// `nodeids/node/<node>`: the node ID of a node.
+    NodeIdOfNode {
+        /// The node.
+        node: NodeName,
+    },
+    /// `quarantine-ids/<n>`: a released node ID waiting before reuse.
+    QuarantineId {
+        /// The node ID.
+        id: u32,
+    },
+}
+
+/// The key builder and parser of one cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    cluster: ClusterName,
+    prefix: String,
+}
+
+impl Keys {
+    /// The layout of cluster `cluster`.
+    pub fn new(cluster: ClusterName) -> Keys {
+        let prefix = format!("/corral/{cluster}/v1/");
+        Keys { cluster, prefix }
+    }
+
+    /// The cluster's name.
+    pub fn cluster(&self) -> &ClusterName {
+        &self.cluster
+    }
+
+    /// `/corral/<cluster>/v1/`: the prefix of every key of the cluster.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn key(&self, rest: fmt::Arguments<'_>) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    /// `meta/schema`.
+    pub fn schema(&self) -> String {
+        self.key(format_args!("meta/schema"))
+    }
+    /// `config`.
+    pub fn config(&self) -> String {
+        self.key(format_args!("config"))
+    }
+    /// `election/<lease-hex>`.
+    pub fn election(&self, lease: u64) -> String {
+        self.key(format_args!("election/{lease:x}"))
+    }
+    /// `election/`: the prefix of every campaigning replica.
+    pub fn election_prefix(&self) -> String {
+        self.key(format_args!("election/"))
+    }
+    /// `nodes/<node>`.
+    pub fn node(&self, node: &NodeName) -> String {
+        self.key(format_args!("nodes/{node}"))
+    }
+    /// `nodes/`.
+    pub fn nodes_prefix(&self) -> String {
+        self.key(format_args!("nodes/"))
+    }
+    /// `live/<node>`.
+    pub fn live(&self, node: &NodeName) -> String {
+        self.key(format_args!("live/{node}"))
+    }
+    /// `live/`.
+    pub fn live_prefix(&self) -> String {
+        self.key(format_args!("live/"))
+    }
+    /// `grants/<pool>/<family>/<cidr>`.
+    pub fn grant(&self, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
+        self.key(format_args!(
+            "grants/{pool}/{}/{}",
+            family_segment(family),
+            cidr_segment(cidr)
+        ))
+    }
+    /// `grants/`.
+    pub fn grants_prefix(&self) -> String {
+        self.key(format_args!("grants/"))
+    }
+    /// `owned/<node>/<pool>/<family>/<cidr>`.
+    pub fn owned(&self, node: &NodeName, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
+        self.key(format_args!(
+            "owned/{node}/{pool}/{}/{}",
+            family_segment(family),
+            cidr_segment(cidr)
+        ))
+    }
+    /// `owned/<node>/`: what an agent watches.
+    pub fn owned_prefix(&self, node: &NodeName) -> String {
+        self.key(format_args!("owned/{node}/"))
+    }
+    /// `owned/`.
+    pub fn all_owned_prefix(&self) -> String {
+        self.key(format_args!("owned/"))
+    }
+    /// `quarantine/<pool>/<family>/<cidr>`.
+    pub fn quarantine(&self, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
+        self.key(format_args!(
+            "quarantine/{pool}/{}/{}",
+            family_segment(family),
+            cidr_segment(cidr)
+        ))
+    }
+    /// `quarantine/`.
+    pub fn quarantine_prefix(&self) -> String {
+        self.key(format_args!("quarantine/"))
+    }
+    /// `nodeids/id/<n>`.
+    pub fn node_id(&self, id: u32) -> String {
+        self.key(format_args!("nodeids/id/{id}"))
+    }
+    /// `nodeids/node/<node>`.
+    pub fn node_id_of_node(&self, node: &NodeName) -> String {
+        self.key(format_args!("nodeids/node/{node}"))
+    }
+    /// `nodeids/`: both node-ID indexes.
+    pub fn node_ids_prefix(&self) -> String {
+        self.key(format_args!("nodeids/"))
+    }
+    /// `quarantine-ids/<n>`.
+    pub fn quarantine_id(&self, id: u32) -> String {
+        self.key(format_args!("quarantine-ids/{id}"))
+    }
+    /// `quarantine-ids/`.
+    pub fn quarantine_ids_prefix(&self) -> String {
+        self.key(format_args!("quarantine-ids/"))
+    }
+
+    /// The key text of a parsed key (the inverse of `parse`).
+    pub fn format(&self, key: &Key) -> String {
+        match key {
+            Key::Schema => self.schema(),
+            Key::Config => self.config(),
+            Key::Election { lease } => self.election(*lease),
+            Key::Node { node } => self.node(node),
+            Key::Live { node } => self.live(node),
+            Key::Grant { pool, family, cidr } => self.grant(pool, *family, cidr),
+            Key::Owned {
+                node,
+                pool,
+                family,
+                cidr,
+            } => self.owned(node, pool, *family, cidr),
+            Key::Quarantine { pool, family, cidr } => self.quarantine(pool, *family, cidr),
+            Key::NodeId { id } => self.node_id(*id),
+            Key::NodeIdOfNode { node } => self.node_id_of_node(node),
+            Key::QuarantineId { id } => self.quarantine_id(*id),
+        }
+    }
+
+    /// Parses a key of this cluster into its kind.
+    pub fn parse(&self, key: &str) -> Result<Key, KeyError> {
+        let Some(rest) = key.strip_prefix(self.prefix.as_str()) else {
+            return Err(KeyError::Foreign {
+                key: echo(key),
+                prefix: self.prefix.clone(),
+            });
+        };
+        let malformed = |problem: &str| KeyError::Malformed {
+            key: echo(key),
+            problem: problem.to_owned(),
+        };
+        let parts: Vec<&str> = rest.split('/').collect();
+        let node = |text: &str| NodeName::new(text).map_err(|_| malformed("invalid node name"));
+        let pool = |text: &str| PoolName::new(text).map_err(|_| malformed("invalid pool name"));
+        let family =
+            |text: &str| parse_family_segment(text).ok_or_else(|| malformed("invalid family"));
+        let cidr = |text: &str, family: Family| match parse_cidr_segment(text) {
+            Some(cidr) if crate::net::family_of(&cidr) == family => Ok(cidr),
+            Some(_) => Err(malformed("CIDR of the wrong family")),
+            None => Err(malformed("invalid CIDR")),
+        };
+        let id = |text: &str| match parse_decimal(text) {
+            Some(id) if id > 0 => Ok(id),
+            _ => Err(malformed("invalid node ID")),
+        };
+        match parts.as_slice() {
+            ["meta", "schema"] => Ok(Key::Schema),
+            ["config"] => Ok(Key::Config),
+            ["election", lease] => parse_lease_hex(lease)
+                .map(|lease| Key::Election { lease })
+                .ok_or_else(|| malformed("invalid lease ID")),
+            ["nodes", name] => Ok(Key::Node { node: node(name)? }),
+            ["live", name] => Ok(Key::Live { node: node(name)? }),
+            ["grants", p, f, c] => {
+                let family = family(f)?;
+                Ok(Key::Grant {
+                    pool: pool(p)?,
+                    family,
+                    cidr: cidr(c, family)?,
+                })
+            }
+            ["owned", n, p, f, c] => {
+                let family = family(f)?;
+                Ok(Key::Owned {
+                    node: node(n)?,
+                    pool: pool(p)?,
+                    family,
+                    cidr: cidr(c, family)?,
+                })
+            }
+            ["quarantine", p, f, c] => {
+                let family = family(f)?;
+                Ok(Key::Quarantine {
+                    pool: pool(p)?,
+                    family,
+                    cidr: cidr(c, family)?,
+                })
+            }
+            ["nodeids", "id", n] => Ok(Key::NodeId { id: id(n)? }),
+            ["nodeids", "node", name] => Ok(Key::NodeIdOfNode { node: node(name)? }),
+            ["quarantine-ids", n] => Ok(Key::QuarantineId { id: id(n)? }),
+            _ => Err(malformed("unknown kind of key")),
+        }
+    }
+}
+
+/// `meta/schema`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaRecord {
+    /// The layout version (`SCHEMA_VERSION`).
+    pub version: u32,
+}
+
+/// `nodes/<node>`'s value, written by the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// The machine's identity (instance or boot ID): a new uid needs the node removed first.
+    pub uid: String,
+    /// The node's addresses.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    /// When the agent registered, in milliseconds since the epoch.
+    #[serde(default)]
+    pub registered_ms: u64,
+}
+
+/// `live/<node>`'s value, on the agent's lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveRecord {
+    /// The agent's process ID.
+    pub pid: u32,
+    /// The agent's version.
+    pub version: String,
+    /// When the agent started, in milliseconds since the epoch.
+    pub started_ms: u64,
+}
+
+/// `grants/...`'s value: who holds the node CIDR.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantRecord {
+    /// The node holding it.
+    pub node: NodeName,
+    /// The node's uid when granted.
+    pub uid: String,
+    /// The create revision of `nodes/<node>` when granted.
+    pub node_revision: i64,
+}
+
+/// `owned/...`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OwnedRecord {
+    /// The create revision of `nodes/<node>` when granted.
+    #[serde(default)]
+    pub node_revision: i64,
+}
+
+/// `quarantine/...`'s and `quarantine-ids/...`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantineRecord {
+    /// The node that held it.
+    pub from_node: NodeName,
+    /// Why it was released (e.g. `node removed`).
+    pub reason: String,
+    /// When the quarantine began, in milliseconds since the epoch.
+    pub since_ms: u64,
+}
+
+/// `nodeids/id/<n>`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeIdRecord {
+    /// The node holding the ID.
+    pub node: NodeName,
+    /// The node's uid when granted.
+    pub uid: String,
+    /// The create revision of `nodes/<node>` when granted.
+    pub node_revision: i64,
+}
+
+/// `nodeids/node/<node>`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeIdOfNodeRecord {
+    /// The node's ID.
+    pub id: u32,
+}
+
+/// The envelope every value is written in: `{"schema":1, ...fields}`.
+#[derive(Serialize, Deserialize)]
+struct Envelope<T> {
+    #[serde(default = "schema_v1")]
+    schema: u32,
+    #[serde(flatten)]
+    record: T,
+}
+
+fn schema_v1() -> u32 {
+    SCHEMA_VERSION
+}
+
+/// Encodes a record as its stored JSON, with the `schema` field.
+pub fn encode_value<T: Serialize>(record: &T) -> Result<Vec<u8>, ValueError> {
+    serde_json::to_vec(&Envelope {
+        schema: SCHEMA_VERSION,
+        record,
+    })
+    .map_err(|e| ValueError::Encode {
+        record: short_type_name::<T>(),
+        message: e.to_string(),
+    })
+}
+
+/// Decodes a stored value; unknown fields are ignored (a newer writer may add some), a missing
+/// `schema` reads as 1, and anything that is not the record's JSON is an error.
+pub fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ValueError> {
+    let record = short_type_name::<T>();
+    let envelope: Envelope<T> = serde_json::from_slice(bytes).map_err(|e| ValueError::Decode {
+        record,
+        message: e.to_string(),
+    })?;
+    if envelope.schema != SCHEMA_VERSION {
+        return Err(ValueError::Schema {
+            record,
+            schema: envelope.schema,
+        });
+    }
+    Ok(envelope.record)
+}
+
+fn short_type_name<T>() -> &'static str {
+    let name = std::any::type_name::<T>();
+    name.rsplit("::").next().unwrap_or(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys::new(ClusterName::new("prod-1").unwrap())
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        let keys = keys();
+        let node = NodeName::new("node-1.example").unwrap();
+        let pool = PoolName::new("default").unwrap();
+        let v4: IpNet = "10.244.3.0/24".parse().unwrap();
+        let v6: IpNet = "fd00:10:244:1::/64".parse().unwrap();
+        let all = [
+            Key::Schema,
+            Key::Config,
+            Key::Election {
+                lease: 0x694d_77aa_9e38_260f,
+            },
+            Key::Node { node: node.clone() },
+            Key::Live { node: node.clone() },
+            Key::Grant {
+                pool: pool.clone(),
+                family: Family::V4,
+                cidr: v4,
+            },
+            Key::Owned {
+                node: node.clone(),
+                pool: pool.clone(),
+                family: Family::V6,
+                cidr: v6,
+            },
+            Key::Quarantine {
+                pool: pool.clone(),
+                family: Family::V6,
+                cidr: v6,
+            },
+            Key::NodeId { id: 5 },
+            Key::NodeIdOfNode { node: node.clone() },
+            Key::QuarantineId { id: 4_000_000_000 },
+        ];
+        for key in all {
+            let text = keys.format(&key);
+            assert!(text.starts_with("/corral/prod-1/v1/"), "{text}");
+            assert_eq!(keys.parse(&text).unwrap(), key, "{text}");
+        }
+        assert_eq!(
+            keys.grant(&pool, Family::V4, &v4),
+            "/corral/prod-1/v1/grants/default/ipv4/10.244.3.0-24"
+        );
+        assert_eq!(
+            keys.owned(&node, &pool, Family::V6, &v6),
+            "/corral/prod-1/v1/owned/node-1.example/default/ipv6/fd00:10:244:1::-64"
+        );
+        assert_eq!(keys.election(0xab), "/corral/prod-1/v1/election/ab");
+        assert!(
+            keys.owned(&node, &pool, Family::V6, &v6)
+                .starts_with(&keys.owned_prefix(&node))
+        );
+    }
+
+    #[test]
+    fn garbage_keys_are_errors() {
+        let keys = keys();
+        let p = keys.prefix().to_owned();
+        let garbage = [
+            "".to_owned(),
+            "/corral/other/v1/config".to_owned(),
+            p.clone(),
+            format!("{p}config/x"),
+            format!("{p}meta/other"),
+            format!("{p}election/0ab"),
+            format!("{p}election/AB"),
+            format!("{p}election/12345678901234567"),
+            format!("{p}nodes/"),
+            format!("{p}nodes/Node"),
+            format!("{p}nodes/-a"),
+            format!("{p}nodes/a/b"),
+            format!("{p}grants/default/ipv4/10.244.3.1-24"),
+            format!("{p}grants/default/ipv4/10.244.3.0-33"),
+            format!("{p}grants/default/ipv4/10.244.3.0/24"),
+            format!("{p}grants/default/ipv6/10.244.3.0-24"),
+            format!("{p}grants/default/ipv5/10.244.3.0-24"),
+            format!("{p}grants/default/ipv6/fd00:0010:244:1::-64"),
+            format!("{p}grants/bad pool/ipv4/10.244.3.0-24"),
+            format!("{p}grants/default/ipv4"),
+            format!("{p}owned/n/default/ipv4/10.0.0.0-+8"),
+            format!("{p}nodeids/id/0"),
+            format!("{p}nodeids/id/05"),
+            format!("{p}nodeids/id/-5"),
+            format!("{p}nodeids/id/99999999999"),
+            format!("{p}quarantine-ids/x"),
+            format!("{p}\u{0}\u{ffff}/\u{7f}"),
+        ];
+        for key in garbage {
+            assert!(keys.parse(&key).is_err(), "{key:?}");
+        }
+        assert!(ClusterName::new("Prod").is_err());
+        assert!(ClusterName::new(&"a".repeat(64)).is_err());
+        assert!(NodeName::new(&"a".repeat(254)).is_err());
+        assert!(NodeName::new(&"a".repeat(253)).is_ok());
+    }
+
+    #[test]
+    fn values_round_trip_and_garbage_is_an_error() {
+        let record = GrantRecord {
+            node: NodeName::new("n1").unwrap(),
+            uid: "u".into(),
+            node_revision: 7,
+        };
+        let bytes = encode_value(&record).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            r#"{"schema":1,"node":"n1","uid":"u","node_revision":7}"#
+        );
+        assert_eq!(decode_value::<GrantRecord>(&bytes).unwrap(), record);
+        // Tolerant: no schema field, an extra field.
+        let tolerant = br#"{"node":"n1","uid":"u","node_revision":7,"later":true}"#;
+        assert_eq!(decode_value::<GrantRecord>(tolerant).unwrap(), record);
+        for garbage in [
+            &b""[..],
+            b"\xff\xfe",
+            b"null",
+            b"[]",
+            br#"{"schema":2,"node":"n1","uid":"u","node_revision":7}"#,
+            br#"{"node":"N1","uid":"u","node_revision":7}"#,
+            br#"{"node":"n1","uid":"u","node_revision":"7"}"#,
+        ] {
+            assert!(decode_value::<GrantRecord>(garbage).is_err(), "{garbage:?}");
+        }
+        assert_eq!(
+            decode_value::<OwnedRecord>(b"{}").unwrap(),
+            OwnedRecord::default()
+        );
+        let schema = encode_value(&SchemaRecord { version: 1 }).unwrap();
+        assert_eq!(decode_value::<SchemaRecord>(&schema).unwrap().version, 1);
+    }
+}

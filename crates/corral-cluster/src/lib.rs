@@ -1,0 +1,38 @@
+//! corral-cluster: the pure decisions of corral's cluster side, as values.
+//!
+//! The crate does no I/O, starts no threads, has no async and never reads a clock: time comes
+//! in as values. It holds the cluster configuration (`config`), the etcd key layout and value
+//! records (`keys`), the node CIDR and node-ID spaces (`space`), Contiv's node-ID address plan
+//! (`plan`), nodeipam's resync backoff (`backoff`) and the operator's cache of the cluster
+//! (`view`), which proposes grants the operator commits in one fenced etcd transaction.
+
+pub mod backoff;
+pub mod config;
+pub mod intervals;
+pub mod keys;
+pub mod net;
+pub mod plan;
+pub mod space;
+mod text;
+pub mod view;
+
+pub use backoff::{Resync, RetryState};
+pub use config::{
+    ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, ResyncConfig,
+};
+pub use intervals::IntervalSet;
+pub use keys::{
+    ClusterName, GrantRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord,
+    NodeName, NodeRecord, OwnedRecord, QuarantineRecord, SchemaRecord, ValueError, decode_value,
+    encode_value,
+};
+pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
+pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
+
+/// Re-exported so callers name the same family, pool and CIDR types.
+pub use corral_core::{Family, PoolName};
+pub use ipnet::IpNet;
+pub use view::{
+    ClusterView, Needs, NodeCidr, NodeEntry, NodeInfo, PoolFamily, Problem, Proposal, ProposeError,
+    Removal, RemovedGrant, RemovedNodeId,
+};

@@ -1,0 +1,795 @@
+//! `CidrSpace` (the node CIDRs of one pool and family) and `NodeIdSpace` (node IDs 1..=max): what is occupied, and the lowest free.
+//!
+//! Occupancy is kept as four interval sets: granted, quarantined, reserved and in flight
+//! (proposed, not yet committed). Memory follows the number of occupied runs, never the size of
+//! the space, so a /32 IPv6 cluster CIDR with /64 nodes (2^32 node CIDRs) costs nothing until
+//! used. `lowest_free` jumps from each blocking run to the next aligned start, so its cost is
+//! the number of runs it meets times a map lookup, whatever the fill level.
+
+use corral_core::Family;
+use ipnet::IpNet;
+use thiserror::Error;
+
+use crate::config::FamilyConfig;
+use crate::intervals::IntervalSet;
+use crate::net::{family_of, host_mask, net_of, net_range, pow2_saturating};
+
+/// Why an occupancy change was refused; it changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SpaceError {
+    /// The CIDR is not an aligned node CIDR inside one of the space's cluster CIDRs.
+    #[error(
+        "{cidr} is not a node CIDR of this space (an aligned /{node_prefix_len} inside a cluster CIDR)"
+    )]
+    NotNodeCidr {
+        /// The refused CIDR.
+        cidr: IpNet,
+        /// The space's node prefix length.
+        node_prefix_len: u8,
+    },
+    /// A grant overlaps one already granted.
+    #[error("grant of {cidr} overlaps an existing grant")]
+    GrantOverlap {
+        /// The refused CIDR.
+        cidr: IpNet,
+    },
+    /// The CIDR is already quarantined.
+    #[error("{cidr} is already quarantined")]
+    AlreadyQuarantined {
+        /// The refused CIDR.
+        cidr: IpNet,
+    },
+    /// Releasing a CIDR that is not granted.
+    #[error("{cidr} is not granted")]
+    NotGranted {
+        /// The CIDR.
+        cidr: IpNet,
+    },
+    /// Releasing a CIDR that is not quarantined.
+    #[error("{cidr} is not quarantined")]
+    NotQuarantined {
+        /// The CIDR.
+        cidr: IpNet,
+    },
+    /// Proposing a CIDR that is occupied.
+    #[error("{cidr} is not free")]
+    NotFree {
+        /// The CIDR.
+        cidr: IpNet,
+    },
+    /// Abandoning a CIDR that is not in flight.
+    #[error("{cidr} is not in flight")]
+    NotInFlight {
+        /// The CIDR.
+        cidr: IpNet,
+    },
+    /// A node ID outside 1..=max.
+    #[error("node ID {id} is outside 1..={max}")]
+    NodeIdOutOfRange {
+        /// The refused ID.
+        id: u32,
+        /// The largest node ID.
+        max: u32,
+    },
+    /// A node ID granted twice.
+    #[error("node ID {id} is already granted")]
+    NodeIdTaken {
+        /// The refused ID.
+        id: u32,
+    },
+    /// A node ID quarantined twice.
+    #[error("node ID {id} is already quarantined")]
+    NodeIdAlreadyQuarantined {
+        /// The refused ID.
+        id: u32,
+    },
+    /// Releasing a node ID that is not granted.
+    #[error("node ID {id} is not granted")]
+    NodeIdNotGranted {
+        /// The ID.
+        id: u32,
+    },
+    /// Releasing a node ID that is not quarantined.
+    #[error("node ID {id} is not quarantined")]
+    NodeIdNotQuarantined {
+        /// The ID.
+        id: u32,
+    },
+    /// Proposing a node ID that is occupied.
+    #[error("node ID {id} is not free")]
+    NodeIdNotFree {
+        /// The ID.
+        id: u32,
+    },
+    /// Abandoning a node ID that is not in flight.
+    #[error("node ID {id} is not in flight")]
+    NodeIdNotInFlight {
+        /// The ID.
+        id: u32,
+    },
+}
+
+/// Counts of one space, in node CIDRs (or node IDs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SpaceStats {
+    /// Every node CIDR (node ID) of the space, saturating at `u128::MAX`.
+    pub capacity: u128,
+    /// Granted.
+    pub granted: u128,
+    /// Quarantined.
+    pub quarantined: u128,
+    /// Overlapping a reserved range (never granted).
+    pub reserved: u128,
+    /// Proposed and not yet committed or abandoned.
+    pub in_flight: u128,
+    /// An estimate of what is free: capacity less the rest (a grant left over a reserved
+    /// range counts twice).
+    pub free: u128,
+}
+
+/// The node CIDRs of one pool and family.
+#[derive(Debug, Clone)]
+pub struct CidrSpace {
+    family: Family,
+    node_prefix_len: u8,
+    /// The cluster CIDRs in address order, with their integer ranges.
+    clusters: Vec<(u128, u128, IpNet)>,
+    granted: IntervalSet,
+    n_granted: u128,
+    quarantined: IntervalSet,
+    n_quarantined: u128,
+    reserved: IntervalSet,
+    n_reserved: u128,
+    in_flight: IntervalSet,
+    n_in_flight: u128,
+}
+
+impl CidrSpace {
+    /// A space of node CIDRs of `node_prefix_len` inside `cluster_cidrs`, with `reserved` ranges.
+    ///
+    /// CIDRs of another family are ignored and cluster CIDRs longer than the node prefix hold
+    /// no node CIDR (a validated configuration has neither).
+    pub fn new(
+        family: Family,
+        cluster_cidrs: &[IpNet],
+        node_prefix_len: u8,
+        reserved: &[IpNet],
+    ) -> CidrSpace {
+        let mut clusters: Vec<(u128, u128, IpNet)> = cluster_cidrs
+            .iter()
+            .filter(|c| family_of(c) == family && c.prefix_len() <= node_prefix_len)
+            .map(|c| {
+                let (s, e) = net_range(&c.trunc());
+                (s, e, c.trunc())
+            })
+            .collect();
+        clusters.sort_by_key(|&(s, _, _)| s);
+        clusters.dedup_by_key(|&mut (s, _, _)| s);
+        let mut space = CidrSpace {
+            family,
+            node_prefix_len: node_prefix_len.min(family.bits()),
+            clusters,
+            granted: IntervalSet::new(),
+            n_granted: 0,
+            quarantined: IntervalSet::new(),
+            n_quarantined: 0,
+            reserved: IntervalSet::new(),
+            n_reserved: 0,
+            in_flight: IntervalSet::new(),
+            n_in_flight: 0,
+        };
+        for net in reserved.iter().filter(|r| family_of(r) == family) {
+            let (s, e) = net_range(net);
+            space.reserved.insert(s, e);
+        }
+        space.n_reserved = space.count_reserved();
+        space
+    }
+
+    /// The space of one configured family.
+    pub fn from_config(family: Family, config: &FamilyConfig) -> CidrSpace {
+        CidrSpace::new(
+            family,
+            &config.cidrs,
+            config.node_prefix_len,
+            &config.reserved,
+        )
+    }
+
+    /// The space's family.
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    /// The node prefix length.
+    pub fn node_prefix_len(&self) -> u8 {
+        self.node_prefix_len
+    }
+
+    /// `2^host_bits - 1` of a node CIDR.
+    fn node_span(&self) -> u128 {
+        host_mask(self.family, self.node_prefix_len)
+    }
+
+    fn host_bits(&self) -> u32 {
+        u32::from(self.family.bits() - self.node_prefix_len)
+    }
+
+    /// Node CIDRs (per cluster CIDR, by index) that reserved ranges overlap.
+    fn count_reserved(&self) -> u128 {
+        let host_bits = self.host_bits();
+        let index = |value: u128, base: u128| {
+            if host_bits >= 128 {
+                0
+            } else {
+                (value - base) >> host_bits
+            }
+        };
+        let mut total = 0u128;
+        for &(cs, ce, _) in &self.clusters {
+            let mut last_counted: Option<u128> = None;
+            for (s, e) in self.reserved.runs_in(cs, ce) {
+                let mut first = index(s, cs);
+                let last = index(e, cs);
+                if last_counted == Some(first) {
+                    first += 1;
+                }
+                if first <= last {
+                    total = total.saturating_add(last - first).saturating_add(1);
+                }
+                last_counted = Some(last);
+            }
+        }
+        total
+    }
+
+    /// Whether `cidr` is a node CIDR of the space: of its family, inside a cluster CIDR and
+    /// aligned at the node prefix length.
+    pub fn contains(&self, cidr: &IpNet) -> bool {
+        if family_of(cidr) != self.family
+            || cidr.prefix_len() != self.node_prefix_len
+            || cidr.trunc() != *cidr
+        {
+            return false;
+        }
+        let (s, e) = net_range(cidr);
+        self.clusters.iter().any(|&(cs, ce, _)| cs <= s && e <= ce)
+    }
+
+    fn node_range(&self, cidr: &IpNet) -> Result<(u128, u128), SpaceError> {
+        if self.contains(cidr) {
+            Ok(net_range(cidr))
+        } else {
+            Err(SpaceError::NotNodeCidr {
+                cidr: *cidr,
+                node_prefix_len: self.node_prefix_len,
+            })
+        }
+    }
+
+    /// The end of the furthest-reaching occupied run that shares an address with `start..=end`.
+    fn blocking_end(&self, start: u128, end: u128) -> Option<u128> {
+        [
+            &self.granted,
+            &self.quarantined,
+            &self.reserved,
+            &self.in_flight,
+        ]
+        .iter()
+        .filter_map(|set| set.first_overlap(start, end).map(|(_, e)| e))
+        .max()
+    }
+
+    /// Whether `cidr` is a node CIDR of the space that nothing occupies.
+    pub fn is_free(&self, cidr: &IpNet) -> bool {
+        self.node_range(cidr)
+            .is_ok_and(|(s, e)| self.blocking_end(s, e).is_none())
+    }
+
+    /// The lowest free node CIDR (cluster CIDRs in address order), if any.
+    pub fn lowest_free(&self) -> Option<IpNet> {
+        let span = self.node_span();
+        let host_bits = self.host_bits();
+        for &(cs, ce, _) in &self.clusters {
+            let mut candidate = cs;
+            loop {
+                let candidate_end = candidate.saturating_add(span);
+                let Some(blocked_to) = self.blocking_end(candidate, candidate_end) else {
+                    return net_of(self.family, candidate, self.node_prefix_len);
+                };
+                if blocked_to >= ce || host_bits >= 128 {
+                    break;
+                }
+                let index = (blocked_to - cs) >> host_bits;
+                if index == (ce - cs) >> host_bits {
+                    break;
+                }
+                // Jump past the blocking run to the next aligned start.
+                candidate = cs + ((index + 1) << host_bits);
+            }
+        }
+        None
+    }
+
+    /// Records a committed grant; refused if it is not a node CIDR of the space or overlaps a
+    /// grant already recorded.
+    pub fn occupy_granted(&mut self, cidr: &IpNet) -> Result<(), SpaceError> {
+        let (s, e) = self.node_range(cidr)?;
+        if self.granted.intersects(s, e) {
+            return Err(SpaceError::GrantOverlap { cidr: *cidr });
+        }
+        self.granted.insert(s, e);
+        self.n_granted += 1;
+        Ok(())
+    }
+
+    /// Forgets a grant (deleted in etcd).
+    pub fn release_granted(&mut self, cidr: &IpNet) -> Result<(), SpaceError> {
+        let (s, e) = self.node_range(cidr)?;
+        if !self.granted.covers(s, e) {
+            return Err(SpaceError::NotGranted { cidr: *cidr });
+        }
+        self.granted.remove(s, e);
+        self.n_granted -= 1;
+        Ok(())
+    }
+
+    /// Records a quarantined node CIDR.
+    pub fn occupy_quarantined(&mut self, cidr: &IpNet) -> Result<(), SpaceError> {
+        let (s, e) = self.node_range(cidr)?;
+        if self.quarantined.intersects(s, e) {
+            return Err(SpaceError::AlreadyQuarantined { cidr: *cidr });
+        }
+        self.quarantined.insert(s, e);
+        self.n_quarantined += 1;
+        Ok(())
+    }
+
+    /// Forgets a quarantine (expired or deleted).
+    pub fn release_quarantined(&mut self, cidr: &IpNet) -> Result<(), SpaceError> {
+        let (s, e) = self.node_range(cidr)?;
+        if !self.quarantined.covers(s, e) {
+            return Err(SpaceError::NotQuarantined { cidr: *cidr });
+        }
+        self.quarantined.remove(s, e);
+        self.n_quarantined -= 1;
+        Ok(())
+    }
+
+    /// Marks a free node CIDR in flight (proposed), so nothing else proposes it.
+    pub fn propose(&mut self, cidr: &IpNet) -> Result<(), SpaceError> {
+        let (s, e) = self.node_range(cidr)?;
+        if self.blocking_end(s, e).is_some() {
+            return Err(SpaceError::NotFree { cidr: *cidr });
+        }
+        self.in_flight.insert(s, e);
+        self.n_in_flight += 1;
+        Ok(())
+    }
+
+    /// Un-marks a node CIDR in flight (committed or given up).
+    pub fn abandon(&mut self, cidr: &IpNet) -> Result<(), SpaceError> {
+        let (s, e) = self.node_range(cidr)?;
+        if !self.in_flight.covers(s, e) {
+            return Err(SpaceError::NotInFlight { cidr: *cidr });
+        }
+        self.in_flight.remove(s, e);
+        self.n_in_flight -= 1;
+        Ok(())
+    }
+
+    /// Un-marks everything in flight.
+    pub fn abandon_all(&mut self) {
+        self.in_flight = IntervalSet::new();
+        self.n_in_flight = 0;
+    }
+
+    /// The number of node CIDRs of the space (saturating).
+    pub fn capacity(&self) -> u128 {
+        self.clusters.iter().fold(0u128, |acc, (_, _, net)| {
+            let bits = u32::from(self.node_prefix_len - net.prefix_len());
+            acc.saturating_add(pow2_saturating(bits))
+        })
+    }
+
+    /// The counts of the space.
+    pub fn stats(&self) -> SpaceStats {
+        let capacity = self.capacity();
+        let occupied = self
+            .n_granted
+            .saturating_add(self.n_quarantined)
+            .saturating_add(self.n_reserved)
+            .saturating_add(self.n_in_flight);
+        SpaceStats {
+            capacity,
+            granted: self.n_granted,
+            quarantined: self.n_quarantined,
+            reserved: self.n_reserved,
+            in_flight: self.n_in_flight,
+            free: capacity.saturating_sub(occupied),
+        }
+    }
+
+    /// The number of granted node CIDRs.
+    pub fn granted(&self) -> u128 {
+        self.n_granted
+    }
+
+    /// The number of quarantined node CIDRs.
+    pub fn quarantined(&self) -> u128 {
+        self.n_quarantined
+    }
+
+    /// An estimate of the free node CIDRs (see `SpaceStats::free`).
+    pub fn free(&self) -> u128 {
+        self.stats().free
+    }
+
+    /// The interval-set runs held (the space's memory, in map entries).
+    pub fn n_runs(&self) -> usize {
+        self.granted.n_runs()
+            + self.quarantined.n_runs()
+            + self.reserved.n_runs()
+            + self.in_flight.n_runs()
+    }
+}
+
+/// Node IDs `1..=max`: granted, quarantined and in flight.
+#[derive(Debug, Clone)]
+pub struct NodeIdSpace {
+    max: u32,
+    granted: IntervalSet,
+    quarantined: IntervalSet,
+    in_flight: IntervalSet,
+}
+
+impl NodeIdSpace {
+    /// The node IDs `1..=max`.
+    pub fn new(max: u32) -> NodeIdSpace {
+        NodeIdSpace {
+            max,
+            granted: IntervalSet::new(),
+            quarantined: IntervalSet::new(),
+            in_flight: IntervalSet::new(),
+        }
+    }
+
+    /// The largest node ID.
+    pub fn max(&self) -> u32 {
+        self.max
+    }
+
+    /// Whether `id` is in `1..=max`.
+    pub fn contains(&self, id: u32) -> bool {
+        (1..=self.max).contains(&id)
+    }
+
+    fn check(&self, id: u32) -> Result<u128, SpaceError> {
+        if self.contains(id) {
+            Ok(u128::from(id))
+        } else {
+            Err(SpaceError::NodeIdOutOfRange { id, max: self.max })
+        }
+    }
+
+    fn blocking_end(&self, id: u128) -> Option<u128> {
+        [&self.granted, &self.quarantined, &self.in_flight]
+            .iter()
+            .filter_map(|set| set.first_overlap(id, id).map(|(_, e)| e))
+            .max()
+    }
+
+    /// Whether `id` is in range and nothing occupies it.
+    pub fn is_free(&self, id: u32) -> bool {
+        self.check(id).is_ok_and(|v| self.blocking_end(v).is_none())
+    }
+
+    /// The smallest free node ID, if any.
+    pub fn lowest_free(&self) -> Option<u32> {
+        let mut candidate: u128 = 1;
+        while candidate <= u128::from(self.max) {
+            match self.blocking_end(candidate) {
+                None => return u32::try_from(candidate).ok(),
+                Some(end) => candidate = end + 1,
+            }
+        }
+        None
+    }
+
+    /// Records a granted node ID.
+    pub fn occupy_granted(&mut self, id: u32) -> Result<(), SpaceError> {
+        let v = self.check(id)?;
+        if !self.granted.insert(v, v) {
+            return Err(SpaceError::NodeIdTaken { id });
+        }
+        Ok(())
+    }
+
+    /// Forgets a granted node ID.
+    pub fn release_granted(&mut self, id: u32) -> Result<(), SpaceError> {
+        let v = self.check(id)?;
+        if !self.granted.remove(v, v) {
+            return Err(SpaceError::NodeIdNotGranted { id });
+        }
+        Ok(())
+    }
+
+    /// Records a quarantined node ID.
+    pub fn occupy_quarantined(&mut self, id: u32) -> Result<(), SpaceError> {
+        let v = self.check(id)?;
+        if !self.quarantined.insert(v, v) {
+            return Err(SpaceError::NodeIdAlreadyQuarantined { id });
+        }
+        Ok(())
+    }
+
+    /// Forgets a quarantined node ID.
+    pub fn release_quarantined(&mut self, id: u32) -> Result<(), SpaceError> {
+        let v = self.check(id)?;
+        if !self.quarantined.remove(v, v) {
+            return Err(SpaceError::NodeIdNotQuarantined { id });
+        }
+        Ok(())
+    }
+
+    /// Marks a free node ID in flight.
+    pub fn propose(&mut self, id: u32) -> Result<(), SpaceError> {
+        let v = self.check(id)?;
+        if self.blocking_end(v).is_some() {
+            return Err(SpaceError::NodeIdNotFree { id });
+        }
+        self.in_flight.insert(v, v);
+        Ok(())
+    }
+
+    /// Un-marks a node ID in flight.
+    pub fn abandon(&mut self, id: u32) -> Result<(), SpaceError> {
+        let v = self.check(id)?;
+        if !self.in_flight.remove(v, v) {
+            return Err(SpaceError::NodeIdNotInFlight { id });
+        }
+        Ok(())
+    }
+
+    /// Un-marks everything in flight.
+    pub fn abandon_all(&mut self) {
+        self.in_flight = IntervalSet::new();
+    }
+
+    /// The counts of the space.
+    pub fn stats(&self) -> SpaceStats {
+        let all = (1u128, u128::from(self.max));
+        let granted = self.granted.count_in(all.0, all.1);
+        let quarantined = self.quarantined.count_in(all.0, all.1);
+        let in_flight = self.in_flight.count_in(all.0, all.1);
+        let capacity = u128::from(self.max);
+        SpaceStats {
+            capacity,
+            granted,
+            quarantined,
+            reserved: 0,
+            in_flight,
+            free: capacity
+                .saturating_sub(granted)
+                .saturating_sub(quarantined)
+                .saturating_sub(in_flight),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    fn space(cidrs: &[&str], node_prefix_len: u8, reserved: &[&str]) -> CidrSpace {
+        let cidrs: Vec<IpNet> = cidrs.iter().map(|c| net(c)).collect();
+        let reserved: Vec<IpNet> = reserved.iter().map(|c| net(c)).collect();
+        CidrSpace::new(family_of(&cidrs[0]), &cidrs, node_prefix_len, &reserved)
+    }
+
+    #[test]
+    fn lowest_free_jumps_over_runs_and_into_the_next_cluster_cidr() {
+        // Given out of address order: allocation still goes in address order.
+        let mut s = space(&["10.1.0.0/30", "10.0.0.0/29"], 30, &[]);
+        assert_eq!(s.capacity(), 3);
+        assert_eq!(s.lowest_free(), Some(net("10.0.0.0/30")));
+        s.occupy_granted(&net("10.0.0.0/30")).unwrap();
+        assert_eq!(s.lowest_free(), Some(net("10.0.0.4/30")));
+        s.propose(&net("10.0.0.4/30")).unwrap();
+        assert_eq!(s.lowest_free(), Some(net("10.1.0.0/30")));
+        s.occupy_quarantined(&net("10.1.0.0/30")).unwrap();
+        assert_eq!(s.lowest_free(), None);
+        s.abandon(&net("10.0.0.4/30")).unwrap();
+        assert_eq!(s.lowest_free(), Some(net("10.0.0.4/30")));
+        let stats = s.stats();
+        assert_eq!(
+            (
+                stats.granted,
+                stats.quarantined,
+                stats.in_flight,
+                stats.free
+            ),
+            (1, 1, 0, 1)
+        );
+    }
+
+    #[test]
+    fn a_run_of_many_grants_is_one_jump() {
+        let mut s = space(&["10.0.0.0/8"], 24, &[]);
+        for i in 0..1000u32 {
+            let cidr = net_of(Family::V4, u128::from(0x0a00_0000u32 + (i << 8)), 24).unwrap();
+            s.occupy_granted(&cidr).unwrap();
+        }
+        assert_eq!(s.n_runs(), 1);
+        assert_eq!(s.lowest_free(), Some(net("10.3.232.0/24")));
+        s.release_granted(&net("10.1.0.0/24")).unwrap();
+        assert_eq!(s.lowest_free(), Some(net("10.1.0.0/24")));
+        assert_eq!(s.granted(), 999);
+    }
+
+    #[test]
+    fn reserved_ranges_occupy_every_node_cidr_they_overlap() {
+        // A /20 at the start, a single address in the middle of 10.244.17.0/24, and a range
+        // bigger than the cluster CIDR's tail.
+        let mut s = space(
+            &["10.244.0.0/16"],
+            24,
+            &[
+                "10.244.0.0/20",
+                "10.244.16.0/24",
+                "10.244.17.77/32",
+                "10.244.255.0/24",
+            ],
+        );
+        assert_eq!(s.stats().reserved, 16 + 1 + 1 + 1);
+        assert_eq!(s.lowest_free(), Some(net("10.244.18.0/24")));
+        assert!(!s.is_free(&net("10.244.17.0/24")));
+        assert_eq!(
+            s.propose(&net("10.244.17.0/24")),
+            Err(SpaceError::NotFree {
+                cidr: net("10.244.17.0/24")
+            })
+        );
+        // A grant committed over a reserved range (e.g. before the range was reserved) is
+        // still recorded: etcd holds it.
+        s.occupy_granted(&net("10.244.1.0/24")).unwrap();
+        // Two reserved addresses in one node CIDR count it once.
+        let t = space(
+            &["10.0.0.0/24"],
+            30,
+            &["10.0.0.1/32", "10.0.0.3/32", "10.0.0.9/32"],
+        );
+        assert_eq!(t.stats().reserved, 2);
+        assert_eq!(t.lowest_free(), Some(net("10.0.0.4/30")));
+    }
+
+    #[test]
+    fn wrong_shapes_and_overlaps_are_refused() {
+        let mut s = space(&["10.0.0.0/16"], 24, &[]);
+        for bad in ["10.1.0.0/24", "10.0.0.0/23", "10.0.0.0/25", "fd00::/24"] {
+            assert!(
+                matches!(
+                    s.occupy_granted(&net(bad)),
+                    Err(SpaceError::NotNodeCidr { .. })
+                ),
+                "{bad}"
+            );
+        }
+        assert!(!s.contains(&"10.0.0.1/24".parse::<IpNet>().unwrap()));
+        s.occupy_granted(&net("10.0.5.0/24")).unwrap();
+        assert_eq!(
+            s.occupy_granted(&net("10.0.5.0/24")),
+            Err(SpaceError::GrantOverlap {
+                cidr: net("10.0.5.0/24")
+            })
+        );
+        assert_eq!(
+            s.release_granted(&net("10.0.6.0/24")),
+            Err(SpaceError::NotGranted {
+                cidr: net("10.0.6.0/24")
+            })
+        );
+        assert_eq!(
+            s.release_quarantined(&net("10.0.6.0/24")),
+            Err(SpaceError::NotQuarantined {
+                cidr: net("10.0.6.0/24")
+            })
+        );
+        assert_eq!(
+            s.abandon(&net("10.0.6.0/24")),
+            Err(SpaceError::NotInFlight {
+                cidr: net("10.0.6.0/24")
+            })
+        );
+        assert_eq!(s.granted(), 1);
+    }
+
+    #[test]
+    fn a_huge_ipv6_space_costs_what_is_occupied() {
+        let mut s = space(&["fd00::/32"], 64, &["fd00:0:0:10::/60"]);
+        assert_eq!(s.capacity(), 1u128 << 32);
+        for _ in 0..10_000 {
+            let cidr = s.lowest_free().unwrap();
+            s.occupy_granted(&cidr).unwrap();
+        }
+        // Grants 0..16 (before the reserved /60) and 32..10,016: two runs plus the reserved one.
+        assert_eq!(s.n_runs(), 3);
+        assert_eq!(s.granted(), 10_000);
+        assert_eq!(s.lowest_free(), Some(net("fd00:0:0:2720::/64")));
+        assert_eq!(s.stats().free, (1u128 << 32) - 10_000 - 16);
+        // A checkerboard costs one run per grant, still nothing per free CIDR.
+        let mut t = space(&["fd00::/32"], 64, &[]);
+        for i in 0..1000u128 {
+            let cidr = net_of(
+                Family::V6,
+                net_range(&net("fd00::/32")).0 + ((i * 2) << 64),
+                64,
+            )
+            .unwrap();
+            t.occupy_granted(&cidr).unwrap();
+        }
+        assert_eq!(t.n_runs(), 1000);
+        assert_eq!(t.lowest_free(), Some(net("fd00:0:0:1::/64")));
+    }
+
+    #[test]
+    fn extreme_prefixes_do_not_overflow() {
+        let mut whole = space(&["::/0"], 0, &[]);
+        assert_eq!(whole.capacity(), 1);
+        assert_eq!(whole.lowest_free(), Some(net("::/0")));
+        whole.occupy_granted(&net("::/0")).unwrap();
+        assert_eq!(whole.lowest_free(), None);
+        let mut top = space(&["ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffc/126"], 128, &[]);
+        for _ in 0..4 {
+            let cidr = top.lowest_free().unwrap();
+            top.occupy_granted(&cidr).unwrap();
+        }
+        assert_eq!(top.lowest_free(), None);
+        let all = space(&["::/0"], 128, &[]);
+        assert_eq!(all.capacity(), u128::MAX);
+        let mut v4 = space(&["0.0.0.0/0"], 32, &["0.0.0.0/1"]);
+        assert_eq!(v4.lowest_free(), Some(net("128.0.0.0/32")));
+        v4.occupy_granted(&net("255.255.255.255/32")).unwrap();
+    }
+
+    #[test]
+    fn node_ids_fill_the_lowest_gap() {
+        let mut ids = NodeIdSpace::new(5);
+        assert_eq!(ids.lowest_free(), Some(1));
+        for id in [1, 2, 4] {
+            ids.occupy_granted(id).unwrap();
+        }
+        assert_eq!(ids.lowest_free(), Some(3));
+        ids.occupy_quarantined(3).unwrap();
+        assert_eq!(ids.lowest_free(), Some(5));
+        ids.propose(5).unwrap();
+        assert_eq!(ids.lowest_free(), None);
+        assert_eq!(ids.propose(5), Err(SpaceError::NodeIdNotFree { id: 5 }));
+        ids.release_granted(2).unwrap();
+        assert_eq!(ids.lowest_free(), Some(2));
+        ids.release_quarantined(3).unwrap();
+        ids.abandon(5).unwrap();
+        assert_eq!(
+            ids.occupy_granted(4),
+            Err(SpaceError::NodeIdTaken { id: 4 })
+        );
+        assert_eq!(
+            ids.occupy_granted(0),
+            Err(SpaceError::NodeIdOutOfRange { id: 0, max: 5 })
+        );
+        assert_eq!(
+            ids.occupy_granted(6),
+            Err(SpaceError::NodeIdOutOfRange { id: 6, max: 5 })
+        );
+        let stats = ids.stats();
+        assert_eq!((stats.capacity, stats.granted, stats.free), (5, 2, 3));
+        assert_eq!(NodeIdSpace::new(0).lowest_free(), None);
+        let mut big = NodeIdSpace::new(u32::MAX);
+        big.occupy_granted(u32::MAX).unwrap();
+        assert_eq!(big.lowest_free(), Some(1));
+    }
+}

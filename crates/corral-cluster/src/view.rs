@@ -1,0 +1,1265 @@
+//! `ClusterView`: the operator's in-memory cache of the cluster, fed by etcd's puts and deletes, and the grants it proposes.
+//!
+//! The view decides nothing about etcd. It answers which nodes still need grants and proposes
+//! them as values (`Proposal`); the operator commits a proposal in one transaction whose
+//! compares prove every grant, owned and quarantine key absent, the node's owned prefix of
+//! each pool and family empty, the node's registration current and the leader still leading. A stale view therefore costs a retry, never a
+//! duplicate. Garbage keys and values, overlapping grants and the like are reported as
+//! problems and skipped; nothing fed to the view panics it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use corral_core::{Family, PoolName};
+use ipnet::IpNet;
+use thiserror::Error;
+
+use crate::config::ClusterConfig;
+use crate::keys::{
+    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
+    QuarantineRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value, encode_value,
+};
+use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
+
+/// The most apply-time problems kept; older ones are dropped (and counted).
+pub const MAX_PROBLEMS: usize = 1024;
+
+/// A pool and family: the unit of node CIDR grants.
+pub type PoolFamily = (PoolName, Family);
+
+/// Something wrong found in what etcd holds, reported and skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The key concerned.
+    pub key: String,
+    /// The revision of the event (0 for problems found by `consistency_problems`).
+    pub revision: i64,
+    /// What is wrong, lower-case.
+    pub message: String,
+}
+
+/// Why no proposal was made; nothing was marked.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProposeError {
+    /// The node is not registered (no `nodes/<node>` seen).
+    #[error("node {node} is not registered")]
+    UnknownNode {
+        /// The node.
+        node: NodeName,
+    },
+    /// A proposal for the node is already in flight.
+    #[error("a proposal for node {node} is already in flight")]
+    InFlight {
+        /// The node.
+        node: NodeName,
+    },
+    /// The node already holds everything the configuration grants.
+    #[error("node {node} needs no grant")]
+    NothingNeeded {
+        /// The node.
+        node: NodeName,
+    },
+    /// A pool and family has no free node CIDR.
+    #[error("pool {pool} has no free {} node CIDR", family.name())]
+    Full {
+        /// The pool.
+        pool: PoolName,
+        /// The family.
+        family: Family,
+    },
+    /// Every node ID is granted, quarantined or in flight.
+    #[error("no free node ID (the plan has {max})")]
+    NodeIdsFull {
+        /// The plan's largest node ID.
+        max: u32,
+    },
+}
+
+/// A node CIDR of a proposal or of a node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NodeCidr {
+    /// The pool.
+    pub pool: PoolName,
+    /// The family.
+    pub family: Family,
+    /// The node CIDR.
+    pub cidr: IpNet,
+}
+
+/// What one node is to be granted, to commit in one transaction (all or nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proposal {
+    /// The node.
+    pub node: NodeName,
+    /// Its uid as registered.
+    pub uid: String,
+    /// The create revision of `nodes/<node>` (the txn compares it).
+    pub node_revision: i64,
+    /// One node CIDR per configured pool and family the node lacks.
+    pub cidrs: Vec<NodeCidr>,
+    /// A node ID, if the plan is configured and the node lacks one.
+    pub node_id: Option<u32>,
+}
+
+impl Proposal {
+    /// Keys the transaction must prove absent: every grant, owned and quarantine key of the
+    /// CIDRs, and the node-ID keys and the ID's quarantine key.
+    pub fn absent_keys(&self, keys: &Keys) -> Vec<String> {
+        let mut absent = Vec::new();
+        for c in &self.cidrs {
+            absent.push(keys.grant(&c.pool, c.family, &c.cidr));
+            absent.push(keys.owned(&self.node, &c.pool, c.family, &c.cidr));
+            absent.push(keys.quarantine(&c.pool, c.family, &c.cidr));
+        }
+        if let Some(id) = self.node_id {
+            absent.push(keys.node_id(id));
+            absent.push(keys.node_id_of_node(&self.node));
+            absent.push(keys.quarantine_id(id));
+        }
+        absent
+    }
+
+    /// Key prefixes the transaction must prove empty (an etcd compare `version == 0` with a
+    /// range end): the node's `owned/<node>/<pool>/<family>/` of each CIDR, so a replica whose
+    /// view missed a committed grant cannot give the node a second CIDR of the same pool and
+    /// family.
+    pub fn absent_prefixes(&self, keys: &Keys) -> Vec<String> {
+        self.cidrs
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}{}/{}/",
+                    keys.owned_prefix(&self.node),
+                    c.pool,
+                    crate::keys::family_segment(c.family)
+                )
+            })
+            .collect()
+    }
+
+    /// The key whose create revision the transaction compares with `node_revision`.
+    pub fn registration_key(&self, keys: &Keys) -> String {
+        keys.node(&self.node)
+    }
+
+    /// The puts of the transaction: grant and owned records, node-ID records.
+    pub fn puts(&self, keys: &Keys) -> Result<Vec<(String, Vec<u8>)>, ValueError> {
+        let mut puts = Vec::new();
+        let grant = GrantRecord {
+            node: self.node.clone(),
+            uid: self.uid.clone(),
+            node_revision: self.node_revision,
+        };
+        let owned = OwnedRecord {
+            node_revision: self.node_revision,
+        };
+        for c in &self.cidrs {
+            puts.push((
+                keys.grant(&c.pool, c.family, &c.cidr),
+                encode_value(&grant)?,
+            ));
+            puts.push((
+                keys.owned(&self.node, &c.pool, c.family, &c.cidr),
+                encode_value(&owned)?,
+            ));
+        }
+        if let Some(id) = self.node_id {
+            let record = NodeIdRecord {
+                node: self.node.clone(),
+                uid: self.uid.clone(),
+                node_revision: self.node_revision,
+            };
+            puts.push((keys.node_id(id), encode_value(&record)?));
+            puts.push((
+                keys.node_id_of_node(&self.node),
+                encode_value(&NodeIdOfNodeRecord { id })?,
+            ));
+        }
+        Ok(puts)
+    }
+}
+
+/// A grant a node removal deletes and quarantines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemovedGrant {
+    /// The node CIDR.
+    pub cidr: NodeCidr,
+    /// Its `grants/...` key (deleted).
+    pub grant_key: String,
+    /// Its `quarantine/...` key (put, on the quarantine lease).
+    pub quarantine_key: String,
+}
+
+/// A node ID a node removal deletes and quarantines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemovedNodeId {
+    /// The node ID.
+    pub id: u32,
+    /// `nodeids/id/<n>` (deleted, when it names the node).
+    pub id_key: Option<String>,
+    /// `quarantine-ids/<n>` (put, on the quarantine lease).
+    pub quarantine_key: String,
+}
+
+/// What removing a node must delete and quarantine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    /// The node.
+    pub node: NodeName,
+    /// `nodes/<node>` (deleted).
+    pub node_key: String,
+    /// The node's grants.
+    pub grants: Vec<RemovedGrant>,
+    /// Every `owned/<node>/...` key seen (deleted).
+    pub owned_keys: Vec<String>,
+    /// `nodeids/node/<node>` (deleted), if seen.
+    pub node_id_of_node_key: Option<String>,
+    /// The node's node IDs (normally at most one).
+    pub node_ids: Vec<RemovedNodeId>,
+}
+
+impl Removal {
+    /// Every key to delete.
+    pub fn deletes(&self) -> Vec<String> {
+        let mut keys = vec![self.node_key.clone()];
+        keys.extend(self.grants.iter().map(|g| g.grant_key.clone()));
+        keys.extend(self.owned_keys.iter().cloned());
+        keys.extend(self.node_id_of_node_key.iter().cloned());
+        keys.extend(self.node_ids.iter().filter_map(|n| n.id_key.clone()));
+        keys
+    }
+
+    /// Every quarantine key to put.
+    pub fn quarantines(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .grants
+            .iter()
+            .map(|g| g.quarantine_key.clone())
+            .collect();
+        keys.extend(self.node_ids.iter().map(|n| n.quarantine_key.clone()));
+        keys
+    }
+
+    /// The value of each quarantine key.
+    pub fn quarantine_record(&self, reason: &str, now_ms: u64) -> QuarantineRecord {
+        QuarantineRecord {
+            from_node: self.node.clone(),
+            reason: reason.to_owned(),
+            since_ms: now_ms,
+        }
+    }
+}
+
+/// A registered node as the view knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// Its registration record.
+    pub record: NodeRecord,
+    /// The create revision of `nodes/<node>` (the registration fence).
+    pub create_revision: i64,
+    /// The mod revision of `nodes/<node>`.
+    pub mod_revision: i64,
+}
+
+/// One node's holdings, for status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The node.
+    pub node: NodeName,
+    /// Its registration, if seen.
+    pub registration: Option<NodeEntry>,
+    /// Its node CIDRs.
+    pub grants: Vec<NodeCidr>,
+    /// Its node ID.
+    pub node_id: Option<u32>,
+}
+
+/// What a node still lacks.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Needs {
+    /// Pool and family pairs with no node CIDR for the node.
+    pub cidrs: Vec<PoolFamily>,
+    /// Whether it lacks a node ID (only when the plan is configured).
+    pub node_id: bool,
+}
+
+impl Needs {
+    /// Whether nothing is lacking.
+    pub fn is_empty(&self) -> bool {
+        self.cidrs.is_empty() && !self.node_id
+    }
+}
+
+#[derive(Debug, Clone)]
+struct GrantEntry {
+    /// None when the value does not decode: the CIDR is still occupied.
+    record: Option<GrantRecord>,
+    counted: bool,
+}
+
+#[derive(Debug, Clone)]
+struct QuarantineEntry {
+    counted: bool,
+}
+
+#[derive(Debug, Clone)]
+struct NodeIdEntry {
+    /// None when the value does not decode: the ID is still occupied.
+    record: Option<NodeIdRecord>,
+    counted: bool,
+}
+
+type CidrKey = (PoolName, Family, IpNet);
+
+/// The operator's cache of one cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    keys: Keys,
+    config: ClusterConfig,
+    nodes: BTreeMap<NodeName, NodeEntry>,
+    grants: BTreeMap<CidrKey, GrantEntry>,
+    grants_by_node: BTreeMap<NodeName, BTreeSet<CidrKey>>,
+    owned: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
+    quarantines: BTreeMap<CidrKey, QuarantineEntry>,
+    node_ids: BTreeMap<u32, NodeIdEntry>,
+    node_id_of_node: BTreeMap<NodeName, u32>,
+    quarantined_ids: BTreeMap<u32, QuarantineEntry>,
+    spaces: BTreeMap<PoolFamily, CidrSpace>,
+    id_space: Option<NodeIdSpace>,
+    in_flight: BTreeMap<NodeName, Proposal>,
+    problems: Vec<Problem>,
+    problems_dropped: u64,
+}
+
+impl ClusterView {
+    /// An empty view of the cluster of `keys` under `config`.
+    pub fn new(keys: Keys, config: ClusterConfig) -> ClusterView {
+        let mut view = ClusterView {
+            keys,
+            config,
+            nodes: BTreeMap::new(),
+            grants: BTreeMap::new(),
+            grants_by_node: BTreeMap::new(),
+            owned: BTreeSet::new(),
+            quarantines: BTreeMap::new(),
+            node_ids: BTreeMap::new(),
+            node_id_of_node: BTreeMap::new(),
+            quarantined_ids: BTreeMap::new(),
+            spaces: BTreeMap::new(),
+            id_space: None,
+            in_flight: BTreeMap::new(),
+            problems: Vec::new(),
+            problems_dropped: 0,
+        };
+        view.rebuild_spaces();
+        view
+    }
+
+    /// The key layout.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// Forgets everything seen (before a re-list), keeping the configuration; proposals in
+    /// flight are forgotten too (abandoning them later is harmless).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.grants.clear();
+        self.grants_by_node.clear();
+        self.owned.clear();
+        self.quarantines.clear();
+        self.node_ids.clear();
+        self.node_id_of_node.clear();
+        self.quarantined_ids.clear();
+        self.in_flight.clear();
+        self.rebuild_spaces();
+    }
+
+    fn problem(&mut self, key: &str, revision: i64, message: String) {
+        if self.problems.len() >= MAX_PROBLEMS {
+            self.problems.remove(0);
+            self.problems_dropped += 1;
+        }
+        self.problems.push(Problem {
+            key: key.chars().take(300).collect(),
+            revision,
+            message,
+        });
+    }
+
+    /// Problems met while applying events (the newest `MAX_PROBLEMS`).
+    pub fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+
+    /// How many older problems were dropped.
+    pub fn problems_dropped(&self) -> u64 {
+        self.problems_dropped
+    }
+
+    /// Empties the problem list.
+    pub fn take_problems(&mut self) -> Vec<Problem> {
+        std::mem::take(&mut self.problems)
+    }
+
+    /// Fresh spaces from the configuration, with every recorded grant, quarantine and node ID
+    /// occupied again (a record refused now is reported).
+    fn rebuild_spaces(&mut self) {
+        self.spaces.clear();
+        for pool in &self.config.pools {
+            for (family, config) in pool.families() {
+                self.spaces.insert(
+                    (pool.name.clone(), family),
+                    CidrSpace::from_config(family, config),
+                );
+            }
+        }
+        self.id_space = self
+            .config
+            .node_ids
+            .as_ref()
+            .map(|plan| NodeIdSpace::new(plan.max_node_id()));
+        self.in_flight.clear();
+        let grants: Vec<CidrKey> = self.grants.keys().cloned().collect();
+        for key in grants {
+            let counted = self.occupy_grant(&key, 0);
+            if let Some(entry) = self.grants.get_mut(&key) {
+                entry.counted = counted;
+            }
+        }
+        let quarantines: Vec<CidrKey> = self.quarantines.keys().cloned().collect();
+        for key in quarantines {
+            let counted = self.occupy_quarantine(&key, 0);
+            if let Some(entry) = self.quarantines.get_mut(&key) {
+                entry.counted = counted;
+            }
+        }
+        let ids: Vec<u32> = self.node_ids.keys().copied().collect();
+        for id in ids {
+            let counted = self.occupy_node_id(id, 0);
+            if let Some(entry) = self.node_ids.get_mut(&id) {
+                entry.counted = counted;
+            }
+        }
+        let ids: Vec<u32> = self.quarantined_ids.keys().copied().collect();
+        for id in ids {
+            let counted = self.occupy_quarantined_id(id, 0);
+            if let Some(entry) = self.quarantined_ids.get_mut(&id) {
+                entry.counted = counted;
+            }
+        }
+    }
+
+    fn occupy_grant(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
+        let key = self.keys.grant(pool, *family, cidr);
+        let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
+            None => Err(format!(
+                "grant in pool {pool} {}, which is not configured",
+                family.name()
+            )),
+            Some(space) => space.occupy_granted(cidr).map_err(|e| e.to_string()),
+        };
+        self.report(&key, revision, result)
+    }
+
+    fn occupy_quarantine(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
+        let key = self.keys.quarantine(pool, *family, cidr);
+        let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
+            None => Err(format!(
+                "quarantine in pool {pool} {}, which is not configured",
+                family.name()
+            )),
+            Some(space) => space.occupy_quarantined(cidr).map_err(|e| e.to_string()),
+        };
+        self.report(&key, revision, result)
+    }
+
+    fn occupy_node_id(&mut self, id: u32, revision: i64) -> bool {
+        let key = self.keys.node_id(id);
+        let result = match self.id_space.as_mut() {
+            None => Err("node ID granted but no node_ids plan is configured".to_owned()),
+            Some(space) => space.occupy_granted(id).map_err(|e| e.to_string()),
+        };
+        self.report(&key, revision, result)
+    }
+
+    fn occupy_quarantined_id(&mut self, id: u32, revision: i64) -> bool {
+        let key = self.keys.quarantine_id(id);
+        let result = match self.id_space.as_mut() {
+            None => Err("node ID quarantined but no node_ids plan is configured".to_owned()),
+            Some(space) => space.occupy_quarantined(id).map_err(|e| e.to_string()),
+        };
+        self.report(&key, revision, result)
+    }
+
+    fn report(&mut self, key: &str, revision: i64, result: Result<(), String>) -> bool {
+        match result {
+            Ok(()) => true,
+            Err(message) => {
+                self.problem(key, revision, message);
+                false
+            }
+        }
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(
+        &mut self,
+        key: &str,
+        revision: i64,
+        value: &[u8],
+    ) -> Option<T> {
+        match decode_value(value) {
+            Ok(record) => Some(record),
+            Err(e) => {
+                self.problem(key, revision, e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Applies a put seen in etcd (from a range read or a watch).
+    pub fn apply_put(&mut self, key: &str, value: &[u8], create_revision: i64, mod_revision: i64) {
+        let parsed = match self.keys.parse(key) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                self.problem(key, mod_revision, e.to_string());
+                return;
+            }
+        };
+        // A put replaces what the key held: forget the old value first.
+        self.forget(&parsed);
+        match parsed {
+            Key::Schema => {
+                if let Some(record) = self.decode::<SchemaRecord>(key, mod_revision, value)
+                    && record.version != SCHEMA_VERSION
+                {
+                    self.problem(
+                        key,
+                        mod_revision,
+                        format!(
+                            "cluster schema is {}, this build knows {SCHEMA_VERSION}",
+                            record.version
+                        ),
+                    );
+                }
+            }
+            Key::Config => match ClusterConfig::from_json(value)
+                .and_then(|new| ClusterConfig::check_change(&self.config, &new).map(|()| new))
+            {
+                Ok(new) => {
+                    if new != self.config {
+                        self.config = new;
+                        self.rebuild_spaces();
+                    }
+                }
+                Err(e) => self.problem(key, mod_revision, format!("not applied: {e}")),
+            },
+            Key::Election { .. } | Key::Live { .. } => {}
+            Key::Node { node } => {
+                if let Some(record) = self.decode::<NodeRecord>(key, mod_revision, value) {
+                    self.nodes.insert(
+                        node,
+                        NodeEntry {
+                            record,
+                            create_revision,
+                            mod_revision,
+                        },
+                    );
+                }
+            }
+            Key::Grant { pool, family, cidr } => {
+                // A grant key blocks its CIDR whatever its value: a garbage value is reported
+                // and the CIDR occupied anyway (the txn's absence compare would fail on it).
+                let record = self.decode::<GrantRecord>(key, mod_revision, value);
+                let id = (pool, family, cidr);
+                let counted = self.occupy_grant(&id, mod_revision);
+                if let Some(record) = &record {
+                    self.grants_by_node
+                        .entry(record.node.clone())
+                        .or_default()
+                        .insert(id.clone());
+                }
+                self.grants.insert(id, GrantEntry { record, counted });
+            }
+            Key::Owned {
+                node,
+                pool,
+                family,
+                cidr,
+            } => {
+                if self
+                    .decode::<OwnedRecord>(key, mod_revision, value)
+                    .is_some()
+                {
+                    self.owned.insert((node, pool, family, cidr));
+                }
+            }
+            Key::Quarantine { pool, family, cidr } => {
+                // A quarantine key blocks reuse whatever its value: a garbage value is
+                // reported and the CIDR occupied anyway.
+                let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
+                let id = (pool, family, cidr);
+                let counted = self.occupy_quarantine(&id, mod_revision);
+                self.quarantines.insert(id, QuarantineEntry { counted });
+            }
+            Key::NodeId { id } => {
+                // Occupied whatever its value, as grants.
+                let record = self.decode::<NodeIdRecord>(key, mod_revision, value);
+                let counted = self.occupy_node_id(id, mod_revision);
+                self.node_ids.insert(id, NodeIdEntry { record, counted });
+            }
+            Key::NodeIdOfNode { node } => {
+                if let Some(record) = self.decode::<NodeIdOfNodeRecord>(key, mod_revision, value) {
+                    self.node_id_of_node.insert(node, record.id);
+                }
+            }
+            Key::QuarantineId { id } => {
+                // As for node CIDRs: occupied whatever its value.
+                let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
+                let counted = self.occupy_quarantined_id(id, mod_revision);
+                self.quarantined_ids.insert(id, QuarantineEntry { counted });
+            }
+        }
+    }
+
+    /// Applies a delete seen in etcd (a deleted or expired key).
+    pub fn apply_delete(&mut self, key: &str, mod_revision: i64) {
+        match self.keys.parse(key) {
+            Ok(parsed) => self.forget(&parsed),
+            Err(e) => self.problem(key, mod_revision, e.to_string()),
+        }
+    }
+
+    /// Forgets what a key held (nothing if it held nothing).
+    fn forget(&mut self, key: &Key) {
+        match key {
+            Key::Schema | Key::Config | Key::Election { .. } | Key::Live { .. } => {}
+            Key::Node { node } => {
+                self.nodes.remove(node);
+            }
+            Key::Grant { pool, family, cidr } => {
+                let id = (pool.clone(), *family, *cidr);
+                if let Some(entry) = self.grants.remove(&id) {
+                    if entry.counted
+                        && let Some(space) = self.spaces.get_mut(&(pool.clone(), *family))
+                    {
+                        let _ = space.release_granted(cidr);
+                    }
+                    if let Some(record) = &entry.record
+                        && let Some(set) = self.grants_by_node.get_mut(&record.node)
+                    {
+                        set.remove(&id);
+                        if set.is_empty() {
+                            self.grants_by_node.remove(&record.node);
+                        }
+                    }
+                }
+            }
+            Key::Owned {
+                node,
+                pool,
+                family,
+                cidr,
+            } => {
+                self.owned
+                    .remove(&(node.clone(), pool.clone(), *family, *cidr));
+            }
+            Key::Quarantine { pool, family, cidr } => {
+                if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr))
+                    && entry.counted
+                    && let Some(space) = self.spaces.get_mut(&(pool.clone(), *family))
+                {
+                    let _ = space.release_quarantined(cidr);
+                }
+            }
+            Key::NodeId { id } => {
+                if let Some(entry) = self.node_ids.remove(id)
+                    && entry.counted
+                    && let Some(space) = self.id_space.as_mut()
+                {
+                    let _ = space.release_granted(*id);
+                }
+            }
+            Key::NodeIdOfNode { node } => {
+                self.node_id_of_node.remove(node);
+            }
+            Key::QuarantineId { id } => {
+                if let Some(entry) = self.quarantined_ids.remove(id)
+                    && entry.counted
+                    && let Some(space) = self.id_space.as_mut()
+                {
+                    let _ = space.release_quarantined(*id);
+                }
+            }
+        }
+    }
+
+    /// The registered nodes.
+    pub fn nodes(&self) -> impl Iterator<Item = (&NodeName, &NodeEntry)> {
+        self.nodes.iter()
+    }
+
+    /// The node's node CIDRs (grants naming it).
+    pub fn grants_of(&self, node: &NodeName) -> Vec<NodeCidr> {
+        self.grants_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .map(|(pool, family, cidr)| NodeCidr {
+                pool: pool.clone(),
+                family: *family,
+                cidr: *cidr,
+            })
+            .collect()
+    }
+
+    /// The node's node ID (from `nodeids/node/<node>`, else a `nodeids/id/<n>` naming it).
+    pub fn node_id_of(&self, node: &NodeName) -> Option<u32> {
+        self.node_id_of_node.get(node).copied().or_else(|| {
+            self.node_ids
+                .iter()
+                .find(|(_, e)| e.record.as_ref().is_some_and(|r| &r.node == node))
+                .map(|(id, _)| *id)
+        })
+    }
+
+    /// What a registered node still lacks under the configuration.
+    pub fn needs(&self, node: &NodeName) -> Needs {
+        let held: BTreeSet<PoolFamily> = self
+            .grants_by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .map(|(pool, family, _)| (pool.clone(), *family))
+            .collect();
+        let cidrs = self
+            .spaces
+            .keys()
+            .filter(|pf| !held.contains(*pf))
+            .cloned()
+            .collect();
+        let node_id = self.id_space.is_some() && self.node_id_of(node).is_none();
+        Needs { cidrs, node_id }
+    }
+
+    /// Registered nodes that lack a node CIDR of some configured pool and family, or a node ID
+    /// when the plan is configured, and have no proposal in flight.
+    pub fn nodes_needing_grants(&self) -> Vec<NodeName> {
+        self.nodes
+            .keys()
+            .filter(|node| !self.in_flight.contains_key(*node) && !self.needs(node).is_empty())
+            .cloned()
+            .collect()
+    }
+
+    /// Proposes what `node` lacks, lowest free first, all or nothing, and marks it in flight so
+    /// no other proposal picks the same.
+    pub fn propose(&mut self, node: &NodeName) -> Result<Proposal, ProposeError> {
+        let Some(entry) = self.nodes.get(node) else {
+            return Err(ProposeError::UnknownNode { node: node.clone() });
+        };
+        if self.in_flight.contains_key(node) {
+            return Err(ProposeError::InFlight { node: node.clone() });
+        }
+        let needs = self.needs(node);
+        if needs.is_empty() {
+            return Err(ProposeError::NothingNeeded { node: node.clone() });
+        }
+        // Choose everything before marking anything.
+        let mut cidrs = Vec::new();
+        for (pool, family) in &needs.cidrs {
+            let free = self
+                .spaces
+                .get(&(pool.clone(), *family))
+                .and_then(CidrSpace::lowest_free);
+            let Some(cidr) = free else {
+                return Err(ProposeError::Full {
+                    pool: pool.clone(),
+                    family: *family,
+                });
+            };
+            cidrs.push(NodeCidr {
+                pool: pool.clone(),
+                family: *family,
+                cidr,
+            });
+        }
+        let mut node_id = None;
+        if needs.node_id {
+            let space = self.id_space.as_ref();
+            match space.and_then(NodeIdSpace::lowest_free) {
+                Some(id) => node_id = Some(id),
+                None => {
+                    return Err(ProposeError::NodeIdsFull {
+                        max: space.map_or(0, NodeIdSpace::max),
+                    });
+                }
+            }
+        }
+        let proposal = Proposal {
+            node: node.clone(),
+            uid: entry.record.uid.clone(),
+            node_revision: entry.create_revision,
+            cidrs,
+            node_id,
+        };
+        for c in &proposal.cidrs {
+            if let Some(space) = self.spaces.get_mut(&(c.pool.clone(), c.family)) {
+                // Chosen free above, in distinct spaces: marking cannot fail.
+                let _ = space.propose(&c.cidr);
+            }
+        }
+        if let (Some(id), Some(space)) = (proposal.node_id, self.id_space.as_mut()) {
+            let _ = space.propose(id);
+        }
+        self.in_flight.insert(node.clone(), proposal.clone());
+        Ok(proposal)
+    }
+
+    /// Un-marks a proposal (after its commit or its failure); harmless if already forgotten.
+    pub fn abandon(&mut self, proposal: &Proposal) {
+        if self.in_flight.get(&proposal.node) != Some(proposal) {
+            return;
+        }
+        self.in_flight.remove(&proposal.node);
+        for c in &proposal.cidrs {
+            if let Some(space) = self.spaces.get_mut(&(c.pool.clone(), c.family)) {
+                let _ = space.abandon(&c.cidr);
+            }
+        }
+        if let (Some(id), Some(space)) = (proposal.node_id, self.id_space.as_mut()) {
+            let _ = space.abandon(id);
+        }
+    }
+
+    /// The proposals in flight.
+    pub fn in_flight(&self) -> impl Iterator<Item = &Proposal> {
+        self.in_flight.values()
+    }
+
+    /// What removing `node` must delete and quarantine, from what the view has seen.
+    pub fn removal(&self, node: &NodeName) -> Removal {
+        let keys = &self.keys;
+        let grants = self
+            .grants_of(node)
+            .into_iter()
+            .map(|c| RemovedGrant {
+                grant_key: keys.grant(&c.pool, c.family, &c.cidr),
+                quarantine_key: keys.quarantine(&c.pool, c.family, &c.cidr),
+                cidr: c,
+            })
+            .collect();
+        let owned_keys = self
+            .owned
+            .iter()
+            .filter(|(n, ..)| n == node)
+            .map(|(n, pool, family, cidr)| keys.owned(n, pool, *family, cidr))
+            .collect();
+        let mut ids: BTreeSet<u32> = self
+            .node_ids
+            .iter()
+            .filter(|(_, e)| e.record.as_ref().is_some_and(|r| &r.node == node))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.extend(self.node_id_of_node.get(node));
+        let node_ids = ids
+            .into_iter()
+            .map(|id| RemovedNodeId {
+                id,
+                id_key: self
+                    .node_ids
+                    .get(&id)
+                    .filter(|e| e.record.as_ref().is_some_and(|r| &r.node == node))
+                    .map(|_| keys.node_id(id)),
+                quarantine_key: keys.quarantine_id(id),
+            })
+            .collect();
+        Removal {
+            node: node.clone(),
+            node_key: keys.node(node),
+            grants,
+            owned_keys,
+            node_id_of_node_key: self
+                .node_id_of_node
+                .contains_key(node)
+                .then(|| keys.node_id_of_node(node)),
+            node_ids,
+        }
+    }
+
+    /// Counts per configured pool and family.
+    pub fn space_stats(&self) -> Vec<(PoolName, Family, SpaceStats)> {
+        self.spaces
+            .iter()
+            .map(|((pool, family), space)| (pool.clone(), *family, space.stats()))
+            .collect()
+    }
+
+    /// The space of one pool and family.
+    pub fn space(&self, pool: &PoolName, family: Family) -> Option<&CidrSpace> {
+        self.spaces.get(&(pool.clone(), family))
+    }
+
+    /// Counts of node IDs, when the plan is configured.
+    pub fn node_id_stats(&self) -> Option<SpaceStats> {
+        self.id_space.as_ref().map(NodeIdSpace::stats)
+    }
+
+    /// One node's registration and holdings.
+    pub fn node_info(&self, node: &NodeName) -> NodeInfo {
+        NodeInfo {
+            node: node.clone(),
+            registration: self.nodes.get(node).cloned(),
+            grants: self.grants_of(node),
+            node_id: self.node_id_of(node),
+        }
+    }
+
+    /// Inconsistencies between what the view holds, found now (events arrive in any order, so
+    /// these are not judged while applying): grants and node IDs naming unregistered nodes or
+    /// an older registration, grant and owned keys without each other, node-ID indexes that
+    /// disagree.
+    pub fn consistency_problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut push = |key: String, message: String| {
+            problems.push(Problem {
+                key,
+                revision: 0,
+                message,
+            });
+        };
+        for ((pool, family, cidr), entry) in &self.grants {
+            let key = self.keys.grant(pool, *family, cidr);
+            let Some(record) = &entry.record else {
+                push(key, "grant value does not decode".to_owned());
+                continue;
+            };
+            match self.nodes.get(&record.node) {
+                None => push(
+                    key.clone(),
+                    format!("grant names unregistered node {}", record.node),
+                ),
+                Some(node) if node.create_revision != record.node_revision => push(
+                    key.clone(),
+                    format!(
+                        "grant names node {} registration {}, current is {}",
+                        record.node, record.node_revision, node.create_revision
+                    ),
+                ),
+                Some(_) => {}
+            }
+            if !self
+                .owned
+                .contains(&(record.node.clone(), pool.clone(), *family, *cidr))
+            {
+                push(key, "grant without its owned key".to_owned());
+            }
+        }
+        for (node, pool, family, cidr) in &self.owned {
+            let matches = self
+                .grants
+                .get(&(pool.clone(), *family, *cidr))
+                .and_then(|g| g.record.as_ref())
+                .is_some_and(|r| &r.node == node);
+            if !matches {
+                push(
+                    self.keys.owned(node, pool, *family, cidr),
+                    "owned key without a grant to its node".to_owned(),
+                );
+            }
+        }
+        for (id, entry) in &self.node_ids {
+            let key = self.keys.node_id(*id);
+            let Some(record) = &entry.record else {
+                push(key, "node ID value does not decode".to_owned());
+                continue;
+            };
+            if !self.nodes.contains_key(&record.node) {
+                push(
+                    key.clone(),
+                    format!("node ID names unregistered node {}", record.node),
+                );
+            }
+            if self.node_id_of_node.get(&record.node) != Some(id) {
+                push(
+                    key,
+                    format!("node ID index of node {} does not name {id}", record.node),
+                );
+            }
+        }
+        problems
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::ClusterName;
+
+    const CONFIG: &str = r#"
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.0.0.0/29"]
+node_prefix_len = 30
+[pools.ipv6]
+cidrs = ["fd00::/64"]
+node_prefix_len = 80
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#;
+
+    struct Fixture {
+        view: ClusterView,
+        revision: i64,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let keys = Keys::new(ClusterName::new("test").unwrap());
+            let config = ClusterConfig::from_toml(CONFIG).unwrap();
+            Fixture {
+                view: ClusterView::new(keys, config),
+                revision: 1,
+            }
+        }
+
+        fn put(&mut self, key: &str, value: &[u8]) {
+            self.revision += 1;
+            self.view
+                .apply_put(key, value, self.revision, self.revision);
+        }
+
+        fn register(&mut self, node: &str) -> NodeName {
+            let node = NodeName::new(node).unwrap();
+            let key = self.view.keys().node(&node);
+            let record = NodeRecord {
+                uid: format!("uid-{node}"),
+                addresses: vec![],
+                registered_ms: 0,
+            };
+            self.put(&key, &encode_value(&record).unwrap());
+            node
+        }
+
+        /// Commits a proposal as the operator would (its puts, seen back by watch).
+        fn commit(&mut self, proposal: &Proposal) {
+            let puts = proposal.puts(self.view.keys()).unwrap();
+            for (key, value) in puts {
+                self.put(&key, &value);
+            }
+            self.view.abandon(proposal);
+        }
+    }
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn proposals_are_dual_stack_all_or_nothing_and_never_shared() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let b = f.register("b");
+        let c = f.register("c");
+        assert_eq!(
+            f.view.nodes_needing_grants(),
+            [a.clone(), b.clone(), c.clone()]
+        );
+        let pa = f.view.propose(&a).unwrap();
+        let cidrs: Vec<IpNet> = pa.cidrs.iter().map(|c| c.cidr).collect();
+        assert_eq!(cidrs, [net("10.0.0.0/30"), net("fd00::/80")]);
+        assert_eq!(pa.node_id, Some(1));
+        assert_eq!(
+            f.view.propose(&a),
+            Err(ProposeError::InFlight { node: a.clone() })
+        );
+        // In flight: b gets the next ones.
+        let pb = f.view.propose(&b).unwrap();
+        assert_eq!(pb.cidrs[0].cidr, net("10.0.0.4/30"));
+        assert_eq!(pb.cidrs[1].cidr, net("fd00:0:0:0:1::/80"));
+        assert_eq!(pb.node_id, Some(2));
+        // IPv4 is full for c: nothing at all is proposed or marked.
+        let before = f.view.space_stats();
+        assert_eq!(
+            f.view.propose(&c),
+            Err(ProposeError::Full {
+                pool: PoolName::new("default").unwrap(),
+                family: Family::V4
+            })
+        );
+        assert_eq!(f.view.space_stats(), before);
+        // b's proposal fails and is abandoned: c gets its CIDRs.
+        f.view.abandon(&pb);
+        let pc = f.view.propose(&c).unwrap();
+        assert_eq!(pc.cidrs[0].cidr, net("10.0.0.4/30"));
+        f.commit(&pa);
+        f.commit(&pc);
+        assert_eq!(f.view.nodes_needing_grants(), [b]);
+        assert!(f.view.needs(&a).is_empty());
+        assert_eq!(f.view.node_info(&c).node_id, Some(2));
+        let stats = f.view.space_stats();
+        assert_eq!(stats[0].2.granted, 2);
+        assert_eq!(f.view.node_id_stats().unwrap().granted, 2);
+        assert!(
+            f.view.consistency_problems().is_empty(),
+            "{:?}",
+            f.view.consistency_problems()
+        );
+        assert!(f.view.problems().is_empty(), "{:?}", f.view.problems());
+        let absent = pa.absent_keys(f.view.keys());
+        assert_eq!(absent.len(), 3 * 2 + 3);
+        assert_eq!(
+            pa.absent_prefixes(f.view.keys()),
+            [
+                "/corral/test/v1/owned/a/default/ipv4/",
+                "/corral/test/v1/owned/a/default/ipv6/",
+            ]
+        );
+    }
+
+    #[test]
+    fn removal_lists_grants_owned_keys_and_node_ids() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let p = f.view.propose(&a).unwrap();
+        f.commit(&p);
+        let removal = f.view.removal(&a);
+        let deletes = removal.deletes();
+        assert_eq!(deletes.len(), 1 + 2 + 2 + 1 + 1, "{deletes:?}");
+        assert!(deletes.contains(&"/corral/test/v1/grants/default/ipv4/10.0.0.0-30".to_owned()));
+        assert!(deletes.contains(&"/corral/test/v1/owned/a/default/ipv6/fd00::-80".to_owned()));
+        assert!(deletes.contains(&"/corral/test/v1/nodeids/id/1".to_owned()));
+        assert!(deletes.contains(&"/corral/test/v1/nodeids/node/a".to_owned()));
+        assert_eq!(
+            removal.quarantines(),
+            [
+                "/corral/test/v1/quarantine/default/ipv4/10.0.0.0-30",
+                "/corral/test/v1/quarantine/default/ipv6/fd00::-80",
+                "/corral/test/v1/quarantine-ids/1",
+            ]
+        );
+        // Applying it: the CIDRs are quarantined, not free.
+        let record = encode_value(&removal.quarantine_record("node removed", 5)).unwrap();
+        for key in removal.deletes() {
+            f.view.apply_delete(&key, 99);
+        }
+        for key in removal.quarantines() {
+            f.put(&key, &record);
+        }
+        let b = f.register("b");
+        let p = f.view.propose(&b).unwrap();
+        assert_eq!(p.cidrs[0].cidr, net("10.0.0.4/30"));
+        assert_eq!(p.node_id, Some(2));
+        // Expiry frees them.
+        f.view.abandon(&p);
+        for key in removal.quarantines() {
+            f.view.apply_delete(&key, 100);
+        }
+        let p = f.view.propose(&b).unwrap();
+        assert_eq!(p.cidrs[0].cidr, net("10.0.0.0/30"));
+        assert_eq!(p.node_id, Some(1));
+    }
+
+    #[test]
+    fn garbage_is_reported_and_skipped() {
+        let mut f = Fixture::new();
+        let prefix = f.view.keys().prefix().to_owned();
+        let a = f.register("a");
+        let garbage: [(String, &[u8]); 8] = [
+            (format!("{prefix}nope"), b"{}"),
+            ("/elsewhere".to_owned(), b"{}"),
+            (format!("{prefix}nodes/b"), b"\xff"),
+            (format!("{prefix}grants/other/ipv4/10.0.0.0-30"), b"{}"),
+            (format!("{prefix}grants/default/ipv4/10.9.0.0-30"), b"{}"),
+            (format!("{prefix}grants/default/ipv4/10.0.0.0-29"), b"{}"),
+            (format!("{prefix}nodeids/id/999"), b"{}"),
+            (format!("{prefix}config"), b"{\"pools\":[]}"),
+        ];
+        for (key, value) in &garbage {
+            f.put(key, value);
+        }
+        f.view.apply_delete("garbage", 1);
+        for (key, _) in &garbage {
+            assert!(
+                f.view.problems().iter().any(|p| &p.key == key),
+                "{key}: {:?}",
+                f.view.problems()
+            );
+        }
+        for problem in f.view.problems() {
+            assert!(!problem.message.is_empty());
+            assert!(
+                !problem.message.chars().next().unwrap().is_uppercase(),
+                "{problem:?}"
+            );
+        }
+        // A grant with a garbage value still occupies its CIDR.
+        f.put(
+            &format!("{prefix}grants/default/ipv4/10.0.0.0-30"),
+            b"garbage",
+        );
+        let p = f.view.propose(&a).unwrap();
+        assert_eq!(p.cidrs[0].cidr, net("10.0.0.4/30"));
+        assert!(!f.view.consistency_problems().is_empty());
+        // A grant for a node the view has not seen yet (etcd lists grants/ before nodes/).
+        let z = NodeName::new("z").unwrap();
+        let record = GrantRecord {
+            node: z.clone(),
+            uid: "u".into(),
+            node_revision: 1,
+        };
+        f.view.abandon(&p);
+        f.put(
+            &f.view.keys().grant(
+                &PoolName::new("default").unwrap(),
+                Family::V6,
+                &net("fd00::/80"),
+            ),
+            &encode_value(&record).unwrap(),
+        );
+        assert_eq!(f.view.grants_of(&z).len(), 1);
+        assert!(
+            f.view
+                .consistency_problems()
+                .iter()
+                .any(|p| p.message.contains("unregistered node z"))
+        );
+    }
+
+    #[test]
+    fn config_changes_apply_or_are_reported() {
+        let mut f = Fixture::new();
+        let key = f.view.keys().config();
+        let mut wider = f.view.config().clone();
+        if let Some(v4) = wider.pools[0].ipv4.as_mut() {
+            v4.cidrs.push(net("10.0.1.0/30"));
+        }
+        f.put(&key, wider.to_json().unwrap().as_bytes());
+        assert!(f.view.problems().is_empty(), "{:?}", f.view.problems());
+        assert_eq!(f.view.space_stats()[0].2.capacity, 3);
+        let mut changed = wider.clone();
+        if let Some(v4) = changed.pools[0].ipv4.as_mut() {
+            v4.node_prefix_len = 31;
+        }
+        f.put(&key, changed.to_json().unwrap().as_bytes());
+        assert_eq!(f.view.config(), &wider);
+        assert!(
+            f.view.problems()[0]
+                .message
+                .contains("cannot change once set"),
+            "{:?}",
+            f.view.problems()
+        );
+    }
+}
