@@ -11,8 +11,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use corral_cluster::{ClusterConfig, Key, Keys, LiveRecord, NodeIdPlanConfig, NodeRecord, NodePlan};
+use corral_cluster::{
+    ClusterConfig, ClusterName, Key, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdPlanConfig,
+    NodeName, NodePlan, NodeRecord, decode_value, encode_value,
+};
 use corral_core::{PoolName, RangeSpec};
+
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 
 use crate::committer::Committer;
@@ -77,6 +81,8 @@ enum LinkError {
     UidMismatch { node: String, found: String },
     #[error("node {0} was removed from the cluster; restart the agent to register it again")]
     Removed(String),
+    #[error("recording the grants in the local store: {0}")]
+    Record(String),
     #[error("the agent stopped")]
     Stopped,
 }
@@ -90,17 +96,17 @@ pub async fn run<K: Kv>(
     state: SharedClusterState,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let keys = match Keys::new(&options.cluster) {
-        Ok(keys) => keys,
-        Err(error) => {
-            update(&state, |s| s.last_error = Some(format!("cluster name: {error}")));
+    let (keys, node) = match (ClusterName::new(&options.cluster), NodeName::new(&options.node)) {
+        (Ok(cluster), Ok(node)) => (Keys::new(cluster), node),
+        (Err(error), _) | (_, Err(error)) => {
+            update(&state, |s| s.last_error = Some(error.to_string()));
             return;
         }
     };
     update(&state, |s| s.node = options.node.clone());
     let mut failures: u32 = 0;
     loop {
-        let outcome = link(&kv, &keys, &options, &committer, &state, &mut stop).await;
+        let outcome = link(&kv, &keys, &node, &options, &committer, &state, &mut stop).await;
         match outcome {
             Err(LinkError::Stopped) | Ok(()) => return,
             Err(error) => {
@@ -128,12 +134,13 @@ pub async fn run<K: Kv>(
 async fn link<K: Kv>(
     kv: &K,
     keys: &Keys,
+    node: &NodeName,
     options: &ClusterOptions,
     committer: &Committer,
     state: &SharedClusterState,
     stop: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), LinkError> {
-    let node_key = keys.node(&options.node);
+    let node_key = keys.node(node);
     let registration = register(kv, &node_key, options).await?;
     let lease = kv.lease_grant(options.lease_ttl).await?;
     let live = LiveRecord {
@@ -144,14 +151,14 @@ async fn link<K: Kv>(
     kv.txn(Txn {
         compares: vec![],
         success: vec![TxnOp::put_on_lease(
-            keys.live(&options.node),
-            serde_json::to_vec(&live).unwrap_or_default(),
+            keys.live(node),
+            encode_value(&live).unwrap_or_default(),
             lease,
         )],
         failure: vec![],
     })
     .await?;
-    let result = follow(kv, keys, options, committer, state, stop, registration, lease).await;
+    let result = follow(kv, keys, node, options, committer, state, stop, registration, lease).await;
     if matches!(result, Err(LinkError::Stopped)) {
         // A clean stop says so at once; a crash leaves the key to its lease.
         let _ = kv.lease_revoke(lease).await;
@@ -164,7 +171,7 @@ async fn link<K: Kv>(
 async fn register<K: Kv>(kv: &K, node_key: &str, options: &ClusterOptions) -> Result<Revision, LinkError> {
     loop {
         if let Some(existing) = kv.get(node_key.as_bytes()).await? {
-            let record: Option<NodeRecord> = serde_json::from_slice(&existing.value).ok();
+            let record: Option<NodeRecord> = decode_value(&existing.value).ok();
             return match record {
                 Some(record) if record.uid == options.uid => Ok(existing.create_revision),
                 Some(record) => Err(LinkError::UidMismatch {
@@ -185,7 +192,7 @@ async fn register<K: Kv>(kv: &K, node_key: &str, options: &ClusterOptions) -> Re
         let response = kv
             .txn(Txn {
                 compares: vec![Compare::absent(node_key)],
-                success: vec![TxnOp::put(node_key, serde_json::to_vec(&record).unwrap_or_default())],
+                success: vec![TxnOp::put(node_key, encode_value(&record).unwrap_or_default())],
                 failure: vec![],
             })
             .await?;
@@ -208,32 +215,29 @@ struct Held {
 }
 
 impl Held {
-    fn apply(&mut self, keys: &Keys, node: &str, key: &str, value: Option<&[u8]>) {
+    fn apply(&mut self, keys: &Keys, node: &NodeName, key: &str, value: Option<&[u8]>) {
         match keys.parse(key) {
-            Ok(Key::Owned { node: owner, pool, cidr, .. }) if owner == node => match value {
-                Some(_) => match (PoolName::new(&pool), RangeSpec::subnet(cidr)) {
-                    (Ok(pool), Ok(range)) => {
+            Ok(Key::Owned { node: owner, pool, cidr, .. }) if &owner == node => match value {
+                Some(_) => match RangeSpec::subnet(cidr) {
+                    Ok(range) => {
                         self.grants.insert(key.to_owned(), (pool, range));
                     }
-                    _ => eprintln!("corral agent: cluster: ignoring grant {key}: not a usable range"),
+                    Err(error) => eprintln!("corral agent: cluster: ignoring grant {key}: {error}"),
                 },
                 None => {
                     self.grants.remove(key);
                 }
             },
-            Ok(Key::NodeIdByNode { node: owner }) if owner == node => {
-                self.node_id = value.and_then(|v| {
-                    serde_json::from_slice::<serde_json::Value>(v)
-                        .ok()?
-                        .get("id")?
-                        .as_u64()
-                        .and_then(|id| u32::try_from(id).ok())
-                });
+            Ok(Key::NodeIdOfNode { node: owner }) if &owner == node => {
+                self.node_id = value
+                    .and_then(|v| decode_value::<NodeIdOfNodeRecord>(v).ok())
+                    .map(|record| record.id);
             }
             Ok(Key::Config) => {
-                self.plan = value
-                    .and_then(|v| serde_json::from_slice::<ClusterConfig>(v).ok())
-                    .and_then(|c| c.node_ids.clone());
+                // A configuration this build cannot read changes nothing held.
+                if let Some(config) = value.and_then(|v| ClusterConfig::from_json(v).ok()) {
+                    self.plan = config.node_ids.clone();
+                }
             }
             _ => {}
         }
@@ -244,7 +248,7 @@ impl Held {
         let mut ranges: Vec<(PoolName, RangeSpec)> = self.grants.values().cloned().collect();
         if let (Some(id), Some(plan)) = (self.node_id, &self.plan)
             && let Ok(derived) = NodePlan::derive(plan, id)
-            && let Ok(range) = derived.pod_range_spec()
+            && let Ok(range) = derived.pod_range()
             && let Ok(pool) = PoolName::new(ClusterOptions::PLAN_POOL)
         {
             ranges.push((pool, range));
@@ -257,6 +261,7 @@ impl Held {
 async fn follow<K: Kv>(
     kv: &K,
     keys: &Keys,
+    node: &NodeName,
     options: &ClusterOptions,
     committer: &Committer,
     state: &SharedClusterState,
@@ -264,9 +269,8 @@ async fn follow<K: Kv>(
     registration: Revision,
     lease: LeaseId,
 ) -> Result<(), LinkError> {
-    let node = options.node.as_str();
     let owned_prefix = keys.owned_prefix(node);
-    let id_key = keys.nodeid_by_node(node);
+    let id_key = keys.node_id_of_node(node);
     let config_key = keys.config();
     let node_key = keys.node(node);
     let mut held = Held::default();
@@ -281,7 +285,7 @@ async fn follow<K: Kv>(
             held.apply(keys, node, key, Some(&entry.value));
         }
     }
-    apply(committer, state, &held).await;
+    apply(committer, state, &held).await?;
     update(state, |s| {
         s.registered = true;
         s.degraded_since_ms = None;
@@ -308,7 +312,7 @@ async fn follow<K: Kv>(
                     };
                     if gone {
                         update(state, |s| s.registered = false);
-                        return Err(LinkError::Removed(node.to_owned()));
+                        return Err(LinkError::Removed(node.to_string()));
                     }
                 }
                 continue;
@@ -326,25 +330,27 @@ async fn follow<K: Kv>(
                 Event::Delete { .. } => held.apply(keys, node, &key, None),
             }
         }
-        apply(committer, state, &held).await;
+        apply(committer, state, &held).await?;
     }
 }
 
-/// Hands the held grants to the host (durable before it answers) and publishes them.
-async fn apply(committer: &Committer, state: &SharedClusterState, held: &Held) {
+/// Hands the held grants to the host (durable before it answers) and publishes them. A
+/// failure ends the round: the next one reads the grants again and retries.
+async fn apply(committer: &Committer, state: &SharedClusterState, held: &Held) -> Result<(), LinkError> {
     let ranges = held.ranges();
     let mut shown: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (pool, range) in &ranges {
         shown.entry(pool.to_string()).or_default().push(range.to_string());
     }
     match committer.submit(Op::SetClusterRanges(ClusterRanges { ranges })).await {
-        Ok(_) => update(state, |s| {
-            s.grants = shown;
-            s.node_id = held.node_id;
-        }),
-        Err(error) => update(state, |s| {
-            s.last_error = Some(format!("recording the grants: {error:?}"));
-        }),
+        Ok(_) => {
+            update(state, |s| {
+                s.grants = shown;
+                s.node_id = held.node_id;
+            });
+            Ok(())
+        }
+        Err(error) => Err(LinkError::Record(format!("{error:?}"))),
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use corral_cluster::{ClusterConfig, Keys, NodePlan};
+use corral_cluster::{ClusterConfig, ClusterName, Keys, NodeName, NodePlan, RemovalRecord, encode_value};
 use corral_etcd::EtcdKv;
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
@@ -107,7 +107,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 }
 
 async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
-    let keys = Keys::new(&args.cluster).map_err(|e| Failure::Usage(format!("--cluster: {e}")))?;
+    let keys = Keys::new(
+        ClusterName::new(&args.cluster).map_err(|e| Failure::Usage(format!("--cluster: {e}")))?,
+    );
     let kv = EtcdKv::connect(&args.etcd, Default::default())
         .await
         .map_err(|e| Failure::Cluster(e.to_string()))?;
@@ -192,7 +194,7 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
     let config = ClusterConfig::from_toml(&text)
         .map_err(|e| Failure::Usage(format!("{}: {e}", args.config.display())))?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let value = serde_json::to_vec(&config).map_err(|e| Failure::Usage(e.to_string()))?;
+    let value = config.to_json().map_err(|e| Failure::Usage(e.to_string()))?;
     let config_key = keys.config();
     let existing = kv.get(config_key.as_bytes()).await.map_err(kv_failure)?;
     let compare = match (&existing, init) {
@@ -210,7 +212,7 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
         }
         (None, true) => Compare::absent(config_key.clone()),
         (Some(old), false) => {
-            let old_config: ClusterConfig = serde_json::from_slice(&old.value).map_err(|e| {
+            let old_config = ClusterConfig::from_json(&old.value).map_err(|e| {
                 Failure::Refused(format!("the stored configuration cannot be read: {e}"))
             })?;
             ClusterConfig::check_change(&old_config, &config)
@@ -224,7 +226,13 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
             compares: vec![compare],
             success: vec![
                 TxnOp::put(config_key, value),
-                TxnOp::put(schema, br#"{"version":1}"#.to_vec()),
+                TxnOp::put(
+                    schema,
+                    encode_value(&corral_cluster::SchemaRecord {
+                        version: corral_cluster::keys::SCHEMA_VERSION,
+                    })
+                    .map_err(|e| Failure::Usage(e.to_string()))?,
+                ),
             ],
             failure: vec![],
         })
@@ -247,7 +255,15 @@ async fn read_view(kv: &EtcdKv, keys: &Keys) -> Result<(corral_cluster::ClusterV
     let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
         .await
         .map_err(kv_failure)?;
-    let mut view = corral_cluster::ClusterView::new(keys.clone());
+    let config_key = keys.config();
+    let Some(config) = all.iter().find(|e| e.key == config_key.as_bytes()) else {
+        return Err(Failure::Refused(
+            "the cluster has no configuration yet (corral cluster init)".into(),
+        ));
+    };
+    let config = ClusterConfig::from_json(&config.value)
+        .map_err(|e| Failure::Refused(format!("the stored configuration cannot be read: {e}")))?;
+    let mut view = corral_cluster::ClusterView::new(keys.clone(), config);
     for entry in &all {
         view.apply_put(&entry.key_str(), &entry.value, entry.create_revision, entry.mod_revision);
     }
@@ -336,7 +352,13 @@ fn check_agent(keys: &Keys, entries: &[(String, Vec<u8>)], socket: &std::path::P
         })
         .collect();
     held.sort();
-    let mut granted = corral_cluster::expected_ranges(keys, entries, &cluster.node);
+    let plan_pool = corral_core::PoolName::new(corral_agent::cluster::ClusterOptions::PLAN_POOL)
+        .expect("a valid pool name");
+    let mut granted: Vec<(String, String)> =
+        corral_cluster::expected_ranges(keys, entries, &cluster.node, &plan_pool)
+            .into_iter()
+            .map(|(pool, range)| (pool.to_string(), range.to_string()))
+            .collect();
     granted.sort();
     if held == granted {
         Vec::new()
@@ -358,7 +380,7 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                 let (kv, keys) = connect(&args).await?;
                 let (view, _) = read_view(&kv, &keys).await?;
                 let live = live_nodes(&kv, &keys).await?;
-                let nodes = view.node_reports(&live);
+                let nodes = view.node_reports(Some(&live));
                 Ok(Outcome::ok(match output {
                     Output::Json => serde_json::to_string_pretty(&nodes).unwrap_or_default() + "\n",
                     Output::Table => corral_cluster::NodeReport::table(&nodes),
@@ -368,7 +390,7 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                 let (kv, keys) = connect(&args.etcd).await?;
                 let (view, _) = read_view(&kv, &keys).await?;
                 let live = live_nodes(&kv, &keys).await?;
-                let Some(node) = view.node_reports(&live).into_iter().find(|n| n.name == args.name) else {
+                let Some(node) = view.node_reports(Some(&live)).into_iter().find(|n| n.name == args.name) else {
                     return Err(Failure::Refused(format!("node {} is not registered", args.name)));
                 };
                 Ok(Outcome::ok(match output {
@@ -379,10 +401,11 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
             NodeCommand::Plan(args) => {
                 let (kv, keys) = connect(&args.etcd).await?;
                 let (view, _) = read_view(&kv, &keys).await?;
-                let Some(plan_config) = view.config().and_then(|c| c.node_ids.clone()) else {
+                let Some(plan_config) = view.config().node_ids.clone() else {
                     return Err(Failure::Refused("the cluster has no node-ID plan ([node_ids])".into()));
                 };
-                let Some(id) = view.node_id(&args.name) else {
+                let name = NodeName::new(&args.name).map_err(|e| Failure::Usage(e.to_string()))?;
+                let Some(id) = view.node_id_of(&name) else {
                     return Err(Failure::Refused(format!("node {} has no node ID", args.name)));
                 };
                 let plan = NodePlan::derive(&plan_config, id).map_err(|e| Failure::Refused(e.to_string()))?;
@@ -393,18 +416,34 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
             }
             NodeCommand::Remove(args) => {
                 let (kv, keys) = connect(&args.etcd).await?;
-                let node_key = keys.node(&args.name);
+                let name = NodeName::new(&args.name).map_err(|e| Failure::Usage(e.to_string()))?;
+                let node_key = keys.node(&name);
                 let Some(node) = kv.get(node_key.as_bytes()).await.map_err(kv_failure)? else {
                     return Err(Failure::Refused(format!("node {} is not registered", args.name)));
                 };
-                let request = serde_json::json!({ "node_revision": node.create_revision });
-                kv.txn(Txn {
-                    compares: vec![Compare::created_at(node_key, node.create_revision)],
-                    success: vec![TxnOp::put(keys.removal(&args.name), request.to_string())],
-                    failure: vec![],
-                })
-                .await
-                .map_err(kv_failure)?;
+                let request = RemovalRecord {
+                    node_revision: node.create_revision,
+                    requested_ms: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64),
+                };
+                let response = kv
+                    .txn(Txn {
+                        compares: vec![Compare::created_at(node_key, node.create_revision)],
+                        success: vec![TxnOp::put(
+                            keys.removal(&name),
+                            encode_value(&request).map_err(|e| Failure::Usage(e.to_string()))?,
+                        )],
+                        failure: vec![],
+                    })
+                    .await
+                    .map_err(kv_failure)?;
+                if !response.succeeded {
+                    return Err(Failure::Refused(format!(
+                        "node {} registered again meanwhile; look again (corral node show)",
+                        args.name
+                    )));
+                }
                 Ok(Outcome::ok(format!(
                     "node {}: removal requested; the leading operator quarantines its grants\n",
                     args.name
@@ -421,7 +460,7 @@ async fn live_nodes(kv: &EtcdKv, keys: &Keys) -> Result<Vec<String>, Failure> {
     Ok(live
         .iter()
         .filter_map(|e| match keys.parse(&e.key_str()) {
-            Ok(corral_cluster::Key::Live { node }) => Some(node),
+            Ok(corral_cluster::Key::Live { node }) => Some(node.to_string()),
             _ => None,
         })
         .collect())

@@ -294,6 +294,12 @@ pub enum Key {
         /// The node ID.
         id: u32,
     },
+    /// `removals/<node>`: an administrator's request to remove the node (`corral node
+    /// remove`), carried out by the leading operator, which deletes it in the same txn.
+    Removal {
+        /// The node.
+        node: NodeName,
+    },
 }
 
 /// The key builder and parser of one cluster.
@@ -417,6 +423,15 @@ impl Keys {
         self.key(format_args!("quarantine-ids/"))
     }
 
+    /// `removals/<node>`.
+    pub fn removal(&self, node: &NodeName) -> String {
+        self.key(format_args!("removals/{node}"))
+    }
+    /// `removals/`.
+    pub fn removals_prefix(&self) -> String {
+        self.key(format_args!("removals/"))
+    }
+
     /// The key text of a parsed key (the inverse of `parse`).
     pub fn format(&self, key: &Key) -> String {
         match key {
@@ -436,6 +451,7 @@ impl Keys {
             Key::NodeId { id } => self.node_id(*id),
             Key::NodeIdOfNode { node } => self.node_id_of_node(node),
             Key::QuarantineId { id } => self.quarantine_id(*id),
+            Key::Removal { node } => self.removal(node),
         }
     }
 
@@ -501,6 +517,7 @@ impl Keys {
             ["nodeids", "id", n] => Ok(Key::NodeId { id: id(n)? }),
             ["nodeids", "node", name] => Ok(Key::NodeIdOfNode { node: node(name)? }),
             ["quarantine-ids", n] => Ok(Key::QuarantineId { id: id(n)? }),
+            ["removals", name] => Ok(Key::Removal { node: node(name)? }),
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -565,6 +582,17 @@ pub struct QuarantineRecord {
     pub reason: String,
     /// When the quarantine began, in milliseconds since the epoch.
     pub since_ms: u64,
+}
+
+/// `removals/<node>`'s value, written by `corral node remove`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovalRecord {
+    /// The create revision of `nodes/<node>` the request is about: a node registered again
+    /// since is not removed by an old request.
+    pub node_revision: i64,
+    /// When it was asked, in milliseconds since the epoch.
+    #[serde(default)]
+    pub requested_ms: u64,
 }
 
 /// `nodeids/id/<n>`'s value.
@@ -674,6 +702,7 @@ mod tests {
             Key::NodeId { id: 5 },
             Key::NodeIdOfNode { node: node.clone() },
             Key::QuarantineId { id: 4_000_000_000 },
+            Key::Removal { node: node.clone() },
         ];
         for key in all {
             let text = keys.format(&key);

@@ -7,6 +7,8 @@
 //! (`view`), which proposes grants the operator commits in one fenced etcd transaction.
 
 pub mod backoff;
+pub mod check;
+pub mod report;
 pub mod config;
 pub mod intervals;
 pub mod keys;
@@ -17,13 +19,15 @@ mod text;
 pub mod view;
 
 pub use backoff::{Resync, RetryState};
+pub use check::{check, expected_ranges};
+pub use report::{NodeReport, StatusReport};
 pub use config::{
     ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, ResyncConfig,
 };
 pub use intervals::IntervalSet;
 pub use keys::{
     ClusterName, GrantRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord,
-    NodeName, NodeRecord, OwnedRecord, QuarantineRecord, SchemaRecord, ValueError, decode_value,
+    NodeName, NodeRecord, OwnedRecord, QuarantineRecord, RemovalRecord, SchemaRecord, ValueError, decode_value,
     encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};

@@ -15,6 +15,7 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
+    RemovalRecord,
     GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
     QuarantineRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value, encode_value,
 };
@@ -326,6 +327,10 @@ pub struct ClusterView {
     spaces: BTreeMap<PoolFamily, CidrSpace>,
     id_space: Option<NodeIdSpace>,
     in_flight: BTreeMap<NodeName, Proposal>,
+    /// Removals asked for: node → (the request key's mod revision, its record).
+    removals: BTreeMap<NodeName, (i64, RemovalRecord)>,
+    /// The mod revision of the `config` key (0 before it was seen).
+    config_revision: i64,
     problems: Vec<Problem>,
     problems_dropped: u64,
 }
@@ -347,6 +352,8 @@ impl ClusterView {
             spaces: BTreeMap::new(),
             id_space: None,
             in_flight: BTreeMap::new(),
+            removals: BTreeMap::new(),
+            config_revision: 0,
             problems: Vec::new(),
             problems_dropped: 0,
         };
@@ -376,6 +383,7 @@ impl ClusterView {
         self.node_id_of_node.clear();
         self.quarantined_ids.clear();
         self.in_flight.clear();
+        self.removals.clear();
         self.rebuild_spaces();
     }
 
@@ -551,6 +559,7 @@ impl ClusterView {
                 .and_then(|new| ClusterConfig::check_change(&self.config, &new).map(|()| new))
             {
                 Ok(new) => {
+                    self.config_revision = mod_revision;
                     if new != self.config {
                         self.config = new;
                         self.rebuild_spaces();
@@ -617,6 +626,11 @@ impl ClusterView {
                     self.node_id_of_node.insert(node, record.id);
                 }
             }
+            Key::Removal { node } => {
+                if let Some(record) = self.decode::<RemovalRecord>(key, mod_revision, value) {
+                    self.removals.insert(node, (mod_revision, record));
+                }
+            }
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
                 let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
@@ -638,6 +652,9 @@ impl ClusterView {
     fn forget(&mut self, key: &Key) {
         match key {
             Key::Schema | Key::Config | Key::Election { .. } | Key::Live { .. } => {}
+            Key::Removal { node } => {
+                self.removals.remove(node);
+            }
             Key::Node { node } => {
                 self.nodes.remove(node);
             }
@@ -834,6 +851,47 @@ impl ClusterView {
         if let (Some(id), Some(space)) = (proposal.node_id, self.id_space.as_mut()) {
             let _ = space.abandon(id);
         }
+    }
+
+    /// Marks a proposal committed at `revision`: what its transaction wrote is applied at once
+    /// (the watch delivers the same puts later, which changes nothing), so the next proposal
+    /// builds on it even before the watch catches up.
+    pub fn commit(&mut self, proposal: &Proposal, revision: i64) {
+        self.abandon(proposal);
+        match proposal.puts(&self.keys) {
+            Ok(puts) => {
+                for (key, value) in puts {
+                    self.apply_put(&key, &value, revision, revision);
+                }
+            }
+            Err(e) => self.problem(&self.keys.node(&proposal.node), revision, e.to_string()),
+        }
+    }
+
+    /// The mod revision of the configuration key as last applied (0 before one was seen);
+    /// a grant transaction compares it, so no grant lands under a configuration it did not
+    /// see (a reserved range added meanwhile, say).
+    pub fn config_revision(&self) -> i64 {
+        self.config_revision
+    }
+
+    /// Nodes whose removal was asked for and is not done, with the request's mod revision and
+    /// record.
+    pub fn removals_requested(&self) -> Vec<(NodeName, i64, RemovalRecord)> {
+        self.removals
+            .iter()
+            .map(|(node, (revision, record))| (node.clone(), *revision, record.clone()))
+            .collect()
+    }
+
+    /// The registration of a node, if seen.
+    pub fn registration(&self, node: &NodeName) -> Option<&NodeEntry> {
+        self.nodes.get(node)
+    }
+
+    /// How many registered nodes hold everything the configuration grants.
+    pub fn served_nodes(&self) -> usize {
+        self.nodes.keys().filter(|n| self.needs(n).is_empty()).count()
     }
 
     /// The proposals in flight.

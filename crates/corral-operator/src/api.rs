@@ -142,7 +142,7 @@ async fn status(State(state): State<ApiState>) -> Response {
 async fn nodes(State(state): State<ApiState>) -> Response {
     match state
         .shared
-        .with_view(|view, _| serde_json::to_value(view.node_reports(&[])).unwrap_or_default())
+        .with_view(|view, _| serde_json::to_value(view.node_reports(None)).unwrap_or_default())
     {
         Some(nodes) => Json(nodes).into_response(),
         None => not_leading(&state.shared),
@@ -151,7 +151,7 @@ async fn nodes(State(state): State<ApiState>) -> Response {
 
 async fn node(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> Response {
     let found = state.shared.with_view(|view, _| {
-        view.node_reports(&[])
+        view.node_reports(None)
             .into_iter()
             .find(|n| n.name == name)
             .map(|n| serde_json::to_value(n).unwrap_or_default())
@@ -165,13 +165,16 @@ async fn node(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> 
 
 async fn plan(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> Response {
     let found = state.shared.with_view(|view, _| {
-        let Some(config) = view.config().and_then(|c| c.node_ids.clone()) else {
+        let Some(config) = view.config().node_ids.clone() else {
             return Err(error(
                 StatusCode::NOT_FOUND,
                 "the cluster has no node-ID plan ([node_ids])".into(),
             ));
         };
-        let Some(id) = view.node_id(&name) else {
+        let Some(id) = corral_cluster::NodeName::new(&name)
+            .ok()
+            .and_then(|node| view.node_id_of(&node))
+        else {
             return Err(error(StatusCode::NOT_FOUND, format!("node {name} has no node ID")));
         };
         NodePlan::derive(&config, id)

@@ -12,7 +12,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_cluster::{ClusterView, Keys, Proposal, ProposeError, Resync};
+use corral_cluster::{
+    ClusterConfig, ClusterView, Key, Keys, NodeName, Proposal, ProposeError, RemovalRecord,
+    Removal, Resync, RetryState, encode_value,
+};
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -40,7 +43,7 @@ enum Done {
         took: Duration,
     },
     Removal {
-        node: String,
+        node: NodeName,
         outcome: Result<Revision, TxnFailure>,
     },
 }
@@ -63,7 +66,10 @@ pub async fn lead<K: Kv>(
     workers: usize,
 ) -> Result<(), LeadError> {
     let started = Instant::now();
-    let (mut view, mut revision) = rebuild(kv, keys, shared).await?;
+    let (mut view, mut revision) = tokio::select! {
+        rebuilt = rebuild(kv, keys, shared) => rebuilt?,
+        _ = lost.changed() => return Err(LeadError::Lost),
+    };
     shared.set_leading(true, started.elapsed());
     let result = serve(kv, keys, fence, lost, stop, shared, workers, &mut view, &mut revision).await;
     shared.set_leading(false, Duration::ZERO);
@@ -76,21 +82,80 @@ async fn rebuild<K: Kv>(
     keys: &Keys,
     shared: &Arc<Shared>,
 ) -> Result<(ClusterView, Revision), LeadError> {
-    let started = Instant::now();
-    let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), PAGE).await?;
-    let mut view = ClusterView::new(keys.clone());
-    for entry in &all {
-        view.apply_put(
-            &entry.key_str(),
-            &entry.value,
-            entry.create_revision,
-            entry.mod_revision,
-        );
+    loop {
+        let started = Instant::now();
+        let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), PAGE).await?;
+        let config_key = keys.config();
+        let config = all
+            .iter()
+            .find(|e| e.key == config_key.as_bytes())
+            .map(|e| ClusterConfig::from_json(&e.value));
+        let config = match config {
+            Some(Ok(config)) => config,
+            Some(Err(error)) => {
+                // A configuration this build cannot read grants nothing; a fixed one
+                // (`corral cluster apply`) is picked up by the watch below.
+                shared.note_problem(format!("{config_key}: {error}"));
+                wait_for_change(kv, config_key.as_bytes(), revision).await?;
+                continue;
+            }
+            None => {
+                shared.note_problem(format!(
+                    "no cluster configuration yet ({config_key}): waiting for `corral cluster init`"
+                ));
+                wait_for_change(kv, config_key.as_bytes(), revision).await?;
+                continue;
+            }
+        };
+        let mut view = ClusterView::new(keys.clone(), config);
+        // The configuration first (its revision is what grants compare), then the rest.
+        for entry in all.iter().filter(|e| e.key == config_key.as_bytes()).chain(
+            all.iter().filter(|e| e.key != config_key.as_bytes()),
+        ) {
+            view.apply_put(
+                &entry.key_str(),
+                &entry.value,
+                entry.create_revision,
+                entry.mod_revision,
+            );
+        }
+        for problem in view.take_problems() {
+            shared.note_problem(format!("{}: {}", problem.key, problem.message));
+        }
+        shared.publish(&view, revision);
+        shared.note_rebuild(all.len(), started.elapsed());
+        return Ok((view, revision));
     }
-    shared.publish(&view, revision);
-    shared.note_rebuild(all.len(), started.elapsed());
-    Ok((view, revision))
 }
+
+/// Waits until `key` changes after `revision`.
+async fn wait_for_change<K: Kv>(kv: &K, key: &[u8], revision: Revision) -> Result<(), LeadError> {
+    let mut watch = kv.watch(key, revision + 1).await?;
+    loop {
+        if watch.next().await?.iter().any(|e| e.key() == key) {
+            return Ok(());
+        }
+    }
+}
+
+/// A node's place in line: when it may be tried again, and its backoff.
+struct Retry {
+    at: Instant,
+    state: RetryState,
+}
+
+/// The leading loop's own state beside the view.
+struct Work {
+    running: JoinSet<Done>,
+    /// Nodes with a transaction in flight (a grant or a removal): one at a time per node.
+    busy: std::collections::HashSet<NodeName>,
+    retry: HashMap<NodeName, Retry>,
+    /// When the view was last published for the API (a copy: not after every event).
+    published: Instant,
+}
+
+/// How often the view is copied out for the API and metrics while it changes.
+const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
 #[allow(clippy::too_many_arguments)]
 async fn serve<K: Kv>(
@@ -105,11 +170,12 @@ async fn serve<K: Kv>(
     revision: &mut Revision,
 ) -> Result<(), LeadError> {
     let mut watch = kv.watch(keys.prefix().as_bytes(), *revision + 1).await?;
-    let mut running: JoinSet<Done> = JoinSet::new();
-    // Nodes being served (a grant or a removal in flight): never two at once for one node.
-    let mut busy: std::collections::HashSet<String> = Default::default();
-    // Per node: when to try again, and the backoff behind it.
-    let mut retry: HashMap<String, (Instant, Resync)> = HashMap::new();
+    let mut work = Work {
+        running: JoinSet::new(),
+        busy: Default::default(),
+        retry: HashMap::new(),
+        published: Instant::now(),
+    };
     let mut dirty = true;
     loop {
         if *lost.borrow() {
@@ -117,16 +183,22 @@ async fn serve<K: Kv>(
         }
         if dirty {
             dirty = false;
-            start_work(
-                kv, keys, fence, shared, workers, view, &mut running, &mut busy, &mut retry,
-            );
-            shared.publish(view, *revision);
+            start_work(kv, keys, fence, shared, workers, view, &mut work);
+            for problem in view.take_problems() {
+                shared.note_problem(format!("{}: {}", problem.key, problem.message));
+            }
+            if work.published.elapsed() >= PUBLISH_EVERY || work.running.is_empty() {
+                shared.publish(view, *revision);
+                work.published = Instant::now();
+            }
         }
-        let next_retry = retry
+        let next_retry = work
+            .retry
             .values()
-            .map(|(at, _)| *at)
+            .map(|r| r.at)
             .min()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let publish_at = work.published + PUBLISH_EVERY;
         tokio::select! {
             batch = watch.next() => {
                 match batch {
@@ -139,40 +211,47 @@ async fn serve<K: Kv>(
                     }
                     Err(KvError::Compacted { .. }) => {
                         // The watch fell behind the store's history: read everything again.
-                        drain(&mut running, view, &mut busy).await;
-                        let (fresh, at) = rebuild(kv, keys, shared).await?;
-                        *view = fresh;
-                        *revision = at;
-                        watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
+                        (*view, *revision) = restart(kv, keys, shared, view, &mut work).await?;
+                        watch = kv.watch(keys.prefix().as_bytes(), *revision + 1).await?;
                         dirty = true;
                     }
                     Err(error) => return Err(error.into()),
                 }
             }
-            Some(done) = running.join_next(), if !running.is_empty() => {
+            Some(done) = work.running.join_next(), if !work.running.is_empty() => {
                 let Ok(done) = done else { continue };
-                let uncertain = finish(view, shared, &mut busy, &mut retry, done);
-                if uncertain {
+                if finish(view, shared, &mut work, done) {
                     // The store may or may not have applied it: the view is rebuilt from what
                     // the store holds before anything else is proposed.
-                    drain(&mut running, view, &mut busy).await;
-                    let (fresh, at) = rebuild(kv, keys, shared).await?;
-                    *view = fresh;
-                    *revision = at;
-                    watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
+                    (*view, *revision) = restart(kv, keys, shared, view, &mut work).await?;
+                    watch = kv.watch(keys.prefix().as_bytes(), *revision + 1).await?;
                 }
                 dirty = true;
             }
-            _ = tokio::time::sleep_until(next_retry) => {
-                dirty = true;
+            _ = tokio::time::sleep_until(next_retry) => dirty = true,
+            _ = tokio::time::sleep_until(publish_at), if work.published.elapsed() < PUBLISH_EVERY * 2 => {
+                shared.publish(view, *revision);
+                work.published = Instant::now() + PUBLISH_EVERY * 2;
             }
             _ = lost.changed() => return Err(LeadError::Lost),
             _ = stop.changed() => {
-                drain(&mut running, view, &mut busy).await;
+                drain(&mut work, view).await;
                 return Ok(());
             }
         }
     }
+}
+
+/// Waits for the transactions in flight, then reads everything again.
+async fn restart<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    shared: &Arc<Shared>,
+    view: &mut ClusterView,
+    work: &mut Work,
+) -> Result<(ClusterView, Revision), LeadError> {
+    drain(work, view).await;
+    rebuild(kv, keys, shared).await
 }
 
 fn apply_event(view: &mut ClusterView, event: &Event) {
@@ -180,24 +259,29 @@ fn apply_event(view: &mut ClusterView, event: &Event) {
         Event::Put(kv) => {
             view.apply_put(&kv.key_str(), &kv.value, kv.create_revision, kv.mod_revision)
         }
-        Event::Delete { key, .. } => view.apply_delete(&String::from_utf8_lossy(key)),
+        Event::Delete { key, mod_revision } => {
+            view.apply_delete(&String::from_utf8_lossy(key), *mod_revision)
+        }
     }
 }
 
 /// Waits for every transaction in flight, forgetting their proposals (the caller rebuilds or
 /// stops).
-async fn drain(running: &mut JoinSet<Done>, view: &mut ClusterView, busy: &mut std::collections::HashSet<String>) {
-    while let Some(done) = running.join_next().await {
+async fn drain(work: &mut Work, view: &mut ClusterView) {
+    while let Some(done) = work.running.join_next().await {
         if let Ok(Done::Grant { proposal, .. }) = done {
             view.abandon(&proposal);
         }
     }
-    busy.clear();
+    work.busy.clear();
 }
 
-/// Starts transactions for the nodes that need one, the most urgent first, up to `workers`
-/// in flight.
-#[allow(clippy::too_many_arguments)]
+fn due(work: &Work, node: &NodeName, now: Instant) -> bool {
+    !work.busy.contains(node) && work.retry.get(node).is_none_or(|r| r.at <= now)
+}
+
+/// Starts transactions for the nodes that need one, up to `workers` in flight: removals
+/// first (they free space others may wait for), then grants.
 fn start_work<K: Kv>(
     kv: &K,
     keys: &Keys,
@@ -205,54 +289,72 @@ fn start_work<K: Kv>(
     shared: &Arc<Shared>,
     workers: usize,
     view: &mut ClusterView,
-    running: &mut JoinSet<Done>,
-    busy: &mut std::collections::HashSet<String>,
-    retry: &mut HashMap<String, (Instant, Resync)>,
+    work: &mut Work,
 ) {
     let now = Instant::now();
-    // Removals first: they free space others may be waiting for.
-    for node in view.removals_requested() {
-        if running.len() >= workers {
+    let quarantine = Duration::from_secs(view.config().quarantine_secs.max(1));
+    for (node, request_revision, request) in view.removals_requested() {
+        if work.running.len() >= workers {
             return;
         }
-        if busy.contains(&node) || retry.get(&node).is_some_and(|(at, _)| *at > now) {
+        if !due(work, &node, now) {
             continue;
         }
         let removal = view.removal(&node);
-        busy.insert(node.clone());
-        let kv = kv.clone();
-        let fence = fence.clone();
-        let keys = keys.clone();
-        let quarantine = view.config().map(|c| c.quarantine()).unwrap_or(Duration::from_secs(300));
-        running.spawn(async move {
-            let outcome = remove(&kv, &keys, &fence, &removal, quarantine).await;
+        let registration = view.registration(&node).map(|e| e.create_revision);
+        work.busy.insert(node.clone());
+        let (kv, keys, fence) = (kv.clone(), keys.clone(), fence.clone());
+        work.running.spawn(async move {
+            let outcome = remove(
+                &kv, &keys, &fence, &removal, registration, request_revision, &request,
+                quarantine,
+            )
+            .await;
             Done::Removal { node: removal.node.clone(), outcome }
         });
     }
+    let removing: std::collections::HashSet<NodeName> = view
+        .removals_requested()
+        .into_iter()
+        .map(|(node, ..)| node)
+        .collect();
     for node in view.nodes_needing_grants() {
-        if running.len() >= workers {
+        if work.running.len() >= workers {
             return;
         }
-        if busy.contains(&node) || retry.get(&node).is_some_and(|(at, _)| *at > now) {
+        if !due(work, &node, now) || removing.contains(&node) {
             continue;
         }
         let proposal = match view.propose(&node) {
             Ok(proposal) => proposal,
             Err(ProposeError::Full { pool, family }) => {
-                shared.note_full(&node, &pool, family);
-                backoff(view, retry, &node, false);
+                shared.note_full(node.as_str(), pool.as_str(), family);
+                backoff(view, work, &node, false);
                 continue;
             }
-            Err(other) => {
-                shared.note_problem(format!("node {node}: {other}"));
-                backoff(view, retry, &node, false);
+            Err(ProposeError::NodeIdsFull { max }) => {
+                shared.note_full(node.as_str(), &format!("node-ids (max {max})"), corral_core::Family::V4);
+                backoff(view, work, &node, false);
+                continue;
+            }
+            Err(ProposeError::NothingNeeded { .. } | ProposeError::InFlight { .. }) => continue,
+            Err(other @ ProposeError::UnknownNode { .. }) => {
+                shared.note_problem(other.to_string());
                 continue;
             }
         };
-        busy.insert(node.clone());
-        let txn = fence.guard(grant_txn(keys, view, &proposal));
+        let txn = match grant_txn(keys, view, &proposal) {
+            Ok(txn) => fence.guard(txn),
+            Err(error) => {
+                view.abandon(&proposal);
+                shared.note_problem(format!("grant to {node}: {error}"));
+                backoff(view, work, &node, false);
+                continue;
+            }
+        };
+        work.busy.insert(node.clone());
         let kv = kv.clone();
-        running.spawn(async move {
+        work.running.spawn(async move {
             let started = Instant::now();
             let outcome = run(&kv, txn).await;
             Done::Grant { proposal, outcome, took: started.elapsed() }
@@ -261,16 +363,10 @@ fn start_work<K: Kv>(
 }
 
 /// Applies a finished transaction to the view; true if its outcome is unknown.
-fn finish(
-    view: &mut ClusterView,
-    shared: &Arc<Shared>,
-    busy: &mut std::collections::HashSet<String>,
-    retry: &mut HashMap<String, (Instant, Resync)>,
-    done: Done,
-) -> bool {
+fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: Done) -> bool {
     match done {
         Done::Grant { proposal, outcome, took } => {
-            busy.remove(&proposal.node);
+            work.busy.remove(&proposal.node);
             shared.note_txn(took);
             match outcome {
                 Ok(revision) => {
@@ -278,38 +374,39 @@ fn finish(
                     // it later, which changes nothing), so the next proposal builds on it.
                     view.commit(&proposal, revision);
                     shared.note_grant(TxnOutcome::Granted);
-                    backoff(view, retry, &proposal.node, true);
+                    backoff(view, work, &proposal.node, true);
                     false
                 }
                 Err(TxnFailure::Refused) => {
                     view.abandon(&proposal);
                     shared.note_grant(TxnOutcome::Conflict);
-                    backoff(view, retry, &proposal.node, false);
+                    backoff(view, work, &proposal.node, false);
                     false
                 }
                 Err(TxnFailure::Uncertain(error)) => {
                     view.abandon(&proposal);
                     shared.note_grant(TxnOutcome::Failed);
                     shared.note_problem(format!("grant to {}: {error}", proposal.node));
-                    backoff(view, retry, &proposal.node, false);
+                    backoff(view, work, &proposal.node, false);
                     true
                 }
             }
         }
         Done::Removal { node, outcome } => {
-            busy.remove(&node);
+            work.busy.remove(&node);
             match outcome {
                 Ok(_) => {
-                    retry.remove(&node);
+                    eprintln!("corral operator: removed node {node}; its grants are quarantined");
+                    work.retry.remove(&node);
                     false
                 }
                 Err(TxnFailure::Refused) => {
-                    backoff(view, retry, &node, false);
+                    backoff(view, work, &node, false);
                     false
                 }
                 Err(TxnFailure::Uncertain(error)) => {
                     shared.note_problem(format!("removal of {node}: {error}"));
-                    backoff(view, retry, &node, false);
+                    backoff(view, work, &node, false);
                     true
                 }
             }
@@ -317,50 +414,45 @@ fn finish(
     }
 }
 
-/// Records a node's attempt: after a success the node is looked at again a resync period
-/// later (nothing happens unless it needs something); after failures, nodeipam's backoff.
-fn backoff(
-    view: &ClusterView,
-    retry: &mut HashMap<String, (Instant, Resync)>,
-    node: &str,
-    success: bool,
-) {
-    let timing = view.config().map(|c| c.resync()).unwrap_or_default();
-    let entry = retry
-        .entry(node.to_owned())
-        .or_insert_with(|| (Instant::now(), Resync::new(timing)));
-    let wait = if success {
-        entry.1.success()
-    } else {
-        entry.1.failure()
-    };
+/// nodeipam's timing per node: a node that failed waits `InitialRetry`, then doubling up to
+/// `MaxBackoff`; one that succeeded is not held back (it needs nothing until something
+/// changes, and the watch says when).
+fn backoff(view: &ClusterView, work: &mut Work, node: &NodeName, success: bool) {
     if success {
-        // A granted node needs nothing until something changes; it is not held back.
-        retry.remove(node);
-    } else {
-        entry.0 = Instant::now() + wait;
+        work.retry.remove(node);
+        return;
     }
+    let timing = Resync::from(&view.config().resync);
+    let entry = work.retry.entry(node.clone()).or_insert_with(|| Retry {
+        at: Instant::now(),
+        state: RetryState::default(),
+    });
+    let wait = entry.state.error(&timing);
+    entry.at = Instant::now() + wait;
 }
 
 /// The grant as one transaction: every key it creates compared absent (so a stale view never
 /// grants twice), every quarantine key of what it grants absent, the node's registration
-/// unchanged, the configuration unchanged.
-fn grant_txn(keys: &Keys, view: &ClusterView, proposal: &Proposal) -> Txn {
+/// unchanged (a node removed and registered again meanwhile gets nothing meant for the old
+/// one), the configuration unchanged.
+fn grant_txn(keys: &Keys, view: &ClusterView, proposal: &Proposal) -> Result<Txn, corral_cluster::ValueError> {
     let mut txn = Txn::default();
+    txn.compares.push(Compare::created_at(
+        proposal.registration_key(keys),
+        proposal.node_revision,
+    ));
     txn.compares
-        .push(Compare::created_at(keys.node(&proposal.node), proposal.node_revision));
-    if let Some(config_revision) = view.config_revision() {
-        txn.compares
-            .push(Compare::modified_at(keys.config(), config_revision));
-    }
-    for (key, value) in proposal.puts(keys) {
-        txn.compares.push(Compare::absent(key.clone()));
-        txn.success.push(TxnOp::put(key, value));
-    }
-    for key in proposal.must_be_absent(keys) {
+        .push(Compare::modified_at(keys.config(), view.config_revision()));
+    for key in proposal.absent_keys(keys) {
         txn.compares.push(Compare::absent(key));
     }
-    txn
+    for prefix in proposal.absent_prefixes(keys) {
+        txn.compares.push(Compare::prefix_empty(prefix));
+    }
+    for (key, value) in proposal.puts(keys)? {
+        txn.success.push(TxnOp::put(key, value));
+    }
+    Ok(txn)
 }
 
 async fn run<K: Kv>(kv: &K, txn: Txn) -> Result<Revision, TxnFailure> {
@@ -372,43 +464,60 @@ async fn run<K: Kv>(kv: &K, txn: Txn) -> Result<Revision, TxnFailure> {
 }
 
 /// Removes a node: its registration, grants and node ID go, and what it held is quarantined
-/// (keys on a lease of the quarantine time: etcd deletes them when it runs out).
+/// (keys on a lease of the quarantine time: etcd deletes them when it runs out). The request
+/// names the registration it is about: a node registered again since is not removed by it
+/// (the request is dropped).
+#[allow(clippy::too_many_arguments)]
 async fn remove<K: Kv>(
     kv: &K,
     keys: &Keys,
     fence: &Fence,
-    removal: &corral_cluster::Removal,
+    removal: &Removal,
+    registration: Option<Revision>,
+    request_revision: Revision,
+    request: &RemovalRecord,
     quarantine: Duration,
 ) -> Result<Revision, TxnFailure> {
-    let lease: Option<LeaseId> = if removal.quarantine.is_empty() {
+    let request_key = keys.removal(&removal.node);
+    let mut txn = Txn::default();
+    txn.compares
+        .push(Compare::modified_at(request_key.clone(), request_revision));
+    if registration != Some(request.node_revision) {
+        // Not the registration the request was about (gone already, or a new one): only the
+        // request goes.
+        txn.success.push(TxnOp::delete(request_key));
+        return run(kv, fence.guard(txn)).await;
+    }
+    txn.compares.push(Compare::created_at(
+        removal.node_key.clone(),
+        request.node_revision,
+    ));
+    let quarantines = removal.quarantines();
+    let lease: Option<LeaseId> = if quarantines.is_empty() {
         None
     } else {
-        Some(
-            kv.lease_grant(quarantine)
-                .await
-                .map_err(TxnFailure::Uncertain)?,
-        )
+        Some(kv.lease_grant(quarantine).await.map_err(TxnFailure::Uncertain)?)
     };
-    let mut txn = Txn::default();
-    txn.compares.push(Compare::modified_at(
-        keys.removal(&removal.node),
-        removal.request_revision,
-    ));
-    for (key, revision) in &removal.delete {
-        txn.compares.push(Compare::modified_at(key.clone(), *revision));
-        txn.success.push(TxnOp::delete(key.clone()));
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let value = encode_value(&removal.quarantine_record("node removed", now_ms))
+        .map_err(|e| TxnFailure::Uncertain(KvError::Refused(e.to_string())))?;
+    for key in removal.deletes() {
+        txn.success.push(TxnOp::delete(key));
     }
-    for (key, value) in &removal.quarantine {
-        txn.compares.push(Compare::absent(key.clone()));
-        txn.success
-            .push(TxnOp::put_on_lease(key.clone(), value.clone(), lease.expect("lease granted above")));
-    }
-    txn.success.push(TxnOp::delete(keys.removal(&removal.node)));
-    let outcome = run(kv, fence.guard(txn)).await;
-    if outcome.is_err() {
-        if let Some(lease) = lease {
-            let _ = kv.lease_revoke(lease).await;
+    if let Some(lease) = lease {
+        for key in quarantines {
+            txn.compares.push(Compare::absent(key.clone()));
+            txn.success.push(TxnOp::put_on_lease(key, value.clone(), lease));
         }
+    }
+    txn.success.push(TxnOp::delete(request_key));
+    let outcome = run(kv, fence.guard(txn)).await;
+    if outcome.is_err()
+        && let Some(lease) = lease
+    {
+        let _ = kv.lease_revoke(lease).await;
     }
     outcome
 }

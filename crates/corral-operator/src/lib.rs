@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_cluster::Keys;
+use corral_cluster::{ClusterName, Keys};
 use corral_kv::{Kv, KvError};
 
 pub mod api;
@@ -53,7 +53,9 @@ pub async fn run<K: Kv>(
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), OperatorError> {
-    let keys = Keys::new(&config.cluster).map_err(|e| OperatorError::Cluster(e.to_string()))?;
+    let keys = Keys::new(
+        ClusterName::new(&config.cluster).map_err(|e| OperatorError::Cluster(e.to_string()))?,
+    );
     let election = keys.election_prefix();
     let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
     let work = async {

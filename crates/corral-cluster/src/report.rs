@@ -1,0 +1,299 @@
+//! What people and scrapers see of a cluster view: the status report (pools, nodes, the
+//! leader), node reports, tables for the CLI and Prometheus text for the operator's
+//! `/metrics`. Counts that can pass 2^53 (an IPv6 space) are decimal strings.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::NodePlan;
+use crate::view::ClusterView;
+
+/// One pool and family of the status report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolReport {
+    pub pool: String,
+    pub family: String,
+    pub node_prefix_len: u8,
+    /// Node CIDRs in all, granted, quarantined, free (decimal strings).
+    pub capacity: String,
+    pub granted: String,
+    pub quarantined: String,
+    pub free: String,
+}
+
+/// The cluster as one view sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The etcd revision the view is at.
+    pub revision: i64,
+    /// The replica that leads, if known.
+    pub leader: Option<String>,
+    pub nodes: usize,
+    /// Registered nodes that hold everything the configuration grants.
+    pub nodes_served: usize,
+    pub pools: Vec<PoolReport>,
+    /// Node IDs granted and quarantined, and the plan's largest, in a node-ID cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ids: Option<PoolReport>,
+    /// Removals asked for and not done yet.
+    pub removals_pending: usize,
+    /// What the view found wrong in etcd (garbage keys, conflicting grants), newest last.
+    pub problems: Vec<String>,
+}
+
+/// One node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub name: String,
+    pub uid: String,
+    /// The create revision of its registration.
+    pub registered_revision: i64,
+    /// Whether its agent's liveness key exists (absence means unreachable, never free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<bool>,
+    /// `pool family cidr`, one per grant.
+    pub grants: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u32>,
+    /// What it still lacks, as `pool family` (and `node-id`).
+    pub waiting_for: Vec<String>,
+    pub removal_requested: bool,
+}
+
+impl ClusterView {
+    /// The status report at `revision`.
+    pub fn status_report(&self, revision: i64, leader: Option<String>) -> StatusReport {
+        let pools = self
+            .space_stats()
+            .into_iter()
+            .map(|(pool, family, stats)| PoolReport {
+                pool: pool.to_string(),
+                family: family.name().to_owned(),
+                node_prefix_len: self
+                    .space(&pool, family)
+                    .map_or(0, |space| space.node_prefix_len()),
+                capacity: stats.capacity.to_string(),
+                granted: stats.granted.to_string(),
+                quarantined: stats.quarantined.to_string(),
+                free: stats.free.to_string(),
+            })
+            .collect();
+        let node_ids = self.node_id_stats().map(|stats| PoolReport {
+            pool: "node-ids".to_owned(),
+            family: "-".to_owned(),
+            node_prefix_len: 0,
+            capacity: stats.capacity.to_string(),
+            granted: stats.granted.to_string(),
+            quarantined: stats.quarantined.to_string(),
+            free: stats.free.to_string(),
+        });
+        let mut problems: Vec<String> = self
+            .problems()
+            .iter()
+            .map(|p| format!("{}: {}", p.key, p.message))
+            .collect();
+        problems.extend(
+            self.consistency_problems()
+                .iter()
+                .map(|p| format!("{}: {}", p.key, p.message)),
+        );
+        StatusReport {
+            revision,
+            leader,
+            nodes: self.nodes().count(),
+            nodes_served: self.served_nodes(),
+            pools,
+            node_ids,
+            removals_pending: self.removals_requested().len(),
+            problems,
+        }
+    }
+
+    /// Every registered node; `live` names the nodes whose liveness key exists (pass `None`
+    /// when it was not read).
+    pub fn node_reports(&self, live: Option<&[String]>) -> Vec<NodeReport> {
+        let removals: Vec<String> = self
+            .removals_requested()
+            .into_iter()
+            .map(|(node, ..)| node.to_string())
+            .collect();
+        self.nodes()
+            .map(|(name, entry)| {
+                let needs = self.needs(name);
+                let mut waiting_for: Vec<String> = needs
+                    .cidrs
+                    .iter()
+                    .map(|(pool, family)| format!("{pool} {}", family.name()))
+                    .collect();
+                if needs.node_id {
+                    waiting_for.push("node-id".to_owned());
+                }
+                NodeReport {
+                    name: name.to_string(),
+                    uid: entry.record.uid.clone(),
+                    registered_revision: entry.create_revision,
+                    live: live.map(|live| live.iter().any(|n| n == name.as_str())),
+                    grants: self
+                        .grants_of(name)
+                        .iter()
+                        .map(|g| format!("{} {} {}", g.pool, g.family.name(), g.cidr))
+                        .collect(),
+                    node_id: self.node_id_of(name),
+                    waiting_for,
+                    removal_requested: removals.iter().any(|n| n == name.as_str()),
+                }
+            })
+            .collect()
+    }
+
+    /// Prometheus text (without `# EOF`) for the operator's `/metrics`: nodes by state, node
+    /// CIDRs per pool and family by state.
+    pub fn metrics_text(&self) -> String {
+        let mut text = String::new();
+        let nodes = self.nodes().count();
+        let served = self.served_nodes();
+        let _ = writeln!(text, "# HELP corral_operator_nodes Registered nodes by state");
+        let _ = writeln!(text, "# TYPE corral_operator_nodes gauge");
+        let _ = writeln!(text, "corral_operator_nodes{{state=\"served\"}} {served}");
+        let _ = writeln!(text, "corral_operator_nodes{{state=\"waiting\"}} {}", nodes - served);
+        let _ = writeln!(
+            text,
+            "corral_operator_nodes{{state=\"removing\"}} {}",
+            self.removals_requested().len()
+        );
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_cidrs Node CIDRs per pool and family by state"
+        );
+        let _ = writeln!(text, "# TYPE corral_operator_cidrs gauge");
+        for (pool, family, stats) in self.space_stats() {
+            for (state, value) in [
+                ("granted", stats.granted),
+                ("quarantined", stats.quarantined),
+                ("free", stats.free),
+            ] {
+                // A gauge is a float: an IPv6 space's count is approximate past 2^53.
+                let _ = writeln!(
+                    text,
+                    "corral_operator_cidrs{{pool=\"{pool}\",family=\"{}\",state=\"{state}\"}} {}",
+                    family.name(),
+                    value as f64
+                );
+            }
+        }
+        let _ = writeln!(text, "# HELP corral_operator_problems What the view found wrong in etcd");
+        let _ = writeln!(text, "# TYPE corral_operator_problems gauge");
+        let _ = writeln!(text, "corral_operator_problems {}", self.problems().len());
+        text
+    }
+}
+
+impl StatusReport {
+    /// Aligned text for people.
+    pub fn to_table(&self) -> String {
+        let mut text = String::new();
+        let _ = writeln!(
+            text,
+            "revision {}, leader {}, {} nodes ({} served), {} removals pending",
+            self.revision,
+            self.leader.as_deref().unwrap_or("none"),
+            self.nodes,
+            self.nodes_served,
+            self.removals_pending
+        );
+        let _ = writeln!(
+            text,
+            "{:<16} {:<6} {:>5} {:>22} {:>12} {:>12} {:>22}",
+            "POOL", "FAMILY", "NODE", "CAPACITY", "GRANTED", "QUARANTINED", "FREE"
+        );
+        for p in self.pools.iter().chain(&self.node_ids) {
+            let _ = writeln!(
+                text,
+                "{:<16} {:<6} {:>5} {:>22} {:>12} {:>12} {:>22}",
+                p.pool,
+                p.family,
+                if p.node_prefix_len > 0 {
+                    format!("/{}", p.node_prefix_len)
+                } else {
+                    "-".to_owned()
+                },
+                p.capacity,
+                p.granted,
+                p.quarantined,
+                p.free
+            );
+        }
+        for problem in &self.problems {
+            let _ = writeln!(text, "problem: {problem}");
+        }
+        text
+    }
+}
+
+impl NodeReport {
+    /// Aligned text for people.
+    pub fn table(nodes: &[NodeReport]) -> String {
+        let mut text = String::new();
+        let _ = writeln!(
+            text,
+            "{:<24} {:<5} {:>7} {:<44} {}",
+            "NODE", "LIVE", "NODE-ID", "GRANTS", "WAITING FOR"
+        );
+        for node in nodes {
+            let live = match node.live {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "?",
+            };
+            let id = node.node_id.map_or("-".to_owned(), |id| id.to_string());
+            let grants = if node.grants.is_empty() {
+                "-".to_owned()
+            } else {
+                node.grants.join(", ")
+            };
+            let mut waiting = node.waiting_for.join(", ");
+            if node.removal_requested {
+                waiting = "removal requested".to_owned();
+            }
+            let _ = writeln!(text, "{:<24} {live:<5} {id:>7} {grants:<44} {waiting}", node.name);
+        }
+        text
+    }
+}
+
+impl NodePlan {
+    /// Aligned text for people.
+    pub fn to_table(&self) -> String {
+        let mut text = String::new();
+        let rows: [(&str, String); 12] = [
+            ("node id", self.node_id.to_string()),
+            ("pod subnet", self.pod_subnet.to_string()),
+            ("pod gateway", self.pod_gateway.to_string()),
+            ("nat loopback", self.nat_loopback.to_string()),
+            ("pod range", format!("{}-{}", self.pod_range_start, self.pod_range_end)),
+            ("host interconnect", self.host_interconnect.to_string()),
+            ("  vpp end", self.host_interconnect_vpp.to_string()),
+            ("  linux end", self.host_interconnect_linux.to_string()),
+            ("node ip", format!("{} in {}", self.node_ip, self.node_interconnect)),
+            ("vxlan ip", format!("{} in {}", self.vxlan_ip, self.vxlan)),
+            ("service network", self.service.to_string()),
+            ("", String::new()),
+        ];
+        for (name, value) in rows.iter().filter(|(name, _)| !name.is_empty()) {
+            let _ = writeln!(text, "{name:<18} {value}");
+        }
+        text
+    }
+
+    /// The pod range as a range of the agent's pool: the pod subnet, hosts from
+    /// `pod_range_start` to `pod_range_end`, the pod gateway as its gateway.
+    pub fn pod_range(&self) -> Result<corral_core::RangeSpec, corral_core::SpecError> {
+        corral_core::RangeSpec::new(
+            self.pod_subnet,
+            Some(self.pod_range_start),
+            Some(self.pod_range_end),
+            Some(self.pod_gateway),
+        )
+    }
+}
