@@ -38,10 +38,19 @@ fn same_socket(recorded: &Path, socket: &Path) -> bool {
 }
 
 /// The DEL a record stands for, as corral-ipam would have sent it.
+///
+/// A network that allocates from a pool of the node's own scope (`"pool"` without ranges in
+/// agent mode) is recorded as that one pool without ranges, a form no network with ranges
+/// takes; its DEL goes to that node pool.
 fn request(record: &PendingDel) -> api::CniKeyRequest {
+    let node_pool = match record.pools.as_slice() {
+        [pool] if pool.ranges.is_empty() => Some(pool.name.clone()),
+        _ => None,
+    };
     api::CniKeyRequest {
         network: api::CniNetwork {
             name: record.network.clone(),
+            node_pool: node_pool.clone(),
             pools: record
                 .pools
                 .iter()
@@ -59,6 +68,7 @@ fn request(record: &PendingDel) -> api::CniKeyRequest {
                         })
                         .collect(),
                 })
+                .filter(|_| node_pool.is_none())
                 .collect(),
         },
         key: api::AttachmentKey {

@@ -15,9 +15,11 @@
 //! - `scopes.rs` — scopes: lookup, a CNI network's scope under its configuration, rebuilds;
 //! - `ops.rs` — the operations that need more than a line (allocate, release, CNI ADD, import,
 //!   introspection);
+//! - `node_pool.rs` — the CNI verbs of a network on a pool of the node's own scope;
 //! - `wire.rs` — conversions between the API's types and the engine's, and errors.
 
 mod batch;
+mod node_pool;
 mod ops;
 mod scopes;
 mod wire;
@@ -461,6 +463,9 @@ impl<S: Store, C: Clock> Host<S, C> {
             Op::Import(_) => unreachable!("imports are run by run_batch"),
             Op::CniAdd(request) => self.cni_add(request, now, writes, touched),
             Op::CniDel(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_del(pool, &request, now, writes, touched);
+                }
                 let key = key_of(&request.key)?;
                 let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
@@ -471,6 +476,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 }))
             }
             Op::CniCheck(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_check(&pool, &request);
+                }
                 let key = key_of(&request.key)?;
                 let scope = self.scope(&request.network.name);
                 let held = match scope {
@@ -496,6 +504,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 }))
             }
             Op::CniGc(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_gc(pool, &request, now, writes, touched);
+                }
                 let valid = request
                     .valid_attachments
                     .iter()
@@ -510,6 +521,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 }))
             }
             Op::CniStatus(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_status(&pool, now);
+                }
                 let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
@@ -563,6 +577,7 @@ mod tests {
                 ranges: vec!["10.5.0.0/29".into()],
                 exclusions: vec![],
             }],
+            node_pool: None,
         }
     }
 

@@ -160,6 +160,9 @@ impl<S: Store, C: Clock> Host<S, C> {
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<Reply, OpError> {
+        if let Some(pool) = super::node_pool::node_pool_of(&request.network)? {
+            return self.node_pool_add(pool, request, now, writes, touched);
+        }
         let key = key_of(&request.key)?;
         let pools = request
             .sets
