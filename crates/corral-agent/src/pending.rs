@@ -152,3 +152,40 @@ async fn apply(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use corral_core::{AttachmentKey, PoolName, ReusePolicy};
+    use corral_store::{PoolSpec, ScopeConfig};
+
+    use super::*;
+
+    fn record(ranges: &[&str]) -> PendingDel {
+        let ranges: Vec<corral_core::RangeSpec> =
+            ranges.iter().map(|r| r.parse().unwrap()).collect();
+        let config = ScopeConfig {
+            pools: vec![PoolSpec::new(
+                &PoolName::new("pods").unwrap(),
+                Duration::ZERO,
+                ReusePolicy::NextFit,
+                &ranges,
+                &[],
+            )],
+        };
+        let key = AttachmentKey::new("podnet", "c1", "eth0").unwrap();
+        PendingDel::new(Path::new("/run/corral/agent.sock"), &key, &config)
+    }
+
+    /// A network on a node pool is recorded as that pool without ranges; its DEL goes there.
+    #[test]
+    fn a_record_of_one_pool_without_ranges_is_a_del_on_that_node_pool() {
+        let network = request(&record(&[])).network;
+        assert_eq!(network.node_pool.as_deref(), Some("pods"));
+        assert!(network.pools.is_empty());
+        let network = request(&record(&["10.5.0.0/24"])).network;
+        assert_eq!(network.node_pool, None);
+        assert_eq!(network.pools[0].ranges, ["10.5.0.0/24"]);
+    }
+}
