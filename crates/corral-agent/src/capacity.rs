@@ -18,7 +18,12 @@
 //! - pool settings (cooldown, reuse) come from the file for the pools it declares;
 //! - exclusions of the file are applied at every start (an exclusion only ever holds addresses
 //!   back, so applying one again is safe); one removed at run time comes back at the next start
-//!   while the file declares it.
+//!   while the file declares it;
+//! - a range the cluster granted (source `cluster`) is treated like one added through the API:
+//!   the file never drops, reclassifies or overrides it (a file range over it is not applied
+//!   and is reported), and only the next set of grants removes it ([`cluster_removals`],
+//!   [`check_grant`]); a granted range over a range of another source is not applied and is
+//!   reported, never the reverse.
 //!
 //! Everything here is pure: configurations in, configuration (and warnings) out.
 
@@ -147,6 +152,15 @@ pub fn merge_declared(stored: &ScopeConfig, declared: &ScopeConfig) -> (ScopeCon
             };
             if let Some(i) = out.pools[index].entry_at(&spec) {
                 let entry = &mut out.pools[index].ranges[i];
+                if entry.source == RangeSource::Cluster {
+                    // The cluster's grant: the file neither takes it over nor changes it.
+                    warnings.push(format!(
+                        "range {spec} of pool {} in the configuration file is granted by the \
+                         cluster as {}; the file's range is not applied",
+                        declared_pool.name, entry.range
+                    ));
+                    continue;
+                }
                 entry.source = RangeSource::File;
                 if entry.state == RangeState::Withdrawn {
                     // Declared again: the drain the file caused is cancelled.
@@ -272,6 +286,105 @@ pub fn note_draining(pool: &mut PoolSpec, spec: &RangeSpec) {
         if entry.state != RangeState::Withdrawn {
             entry.state = RangeState::Draining;
         }
+    }
+}
+
+/// Ranges of the cluster in the stored configuration that `granted` (the complete set the
+/// cluster grants the node now) no longer names, as `(pool, range)`: each is to be removed (it
+/// drains if it holds allocations). A range already draining stays as it is, and ranges of
+/// other sources are never listed.
+pub fn cluster_removals(
+    config: &ScopeConfig,
+    granted: &[(String, RangeSpec)],
+) -> Vec<(String, RangeSpec)> {
+    let is_granted = |pool: &str, spec: &RangeSpec| {
+        granted
+            .iter()
+            .any(|(p, g)| p == pool && g.start() == spec.start() && g.end() == spec.end())
+    };
+    let mut out = Vec::new();
+    for pool in &config.pools {
+        for entry in &pool.ranges {
+            if entry.source != RangeSource::Cluster || entry.state != RangeState::Active {
+                continue;
+            }
+            if let Some(spec) = entry.spec()
+                && !is_granted(&pool.name, &spec)
+            {
+                out.push((pool.name.clone(), spec));
+            }
+        }
+    }
+    out
+}
+
+/// What a range the cluster grants asks of the engine (see [`check_grant`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// Held already, exactly as granted: nothing to do.
+    Held,
+    /// Not in the pool: to be added.
+    Add,
+    /// Draining in the pool: adding it again cancels the drain.
+    CancelDrain,
+}
+
+/// Whether the cluster's grant of `spec` to `pool` can be applied to the stored configuration
+/// as it is, and how; a refusal is one sentence saying why (a range of another source over
+/// the same addresses, or one that overlaps it: those are never touched).
+pub fn check_grant(config: &ScopeConfig, pool: &str, spec: &RangeSpec) -> Result<Grant, String> {
+    if let Some(held) = config.pools.iter().find(|p| p.name == pool)
+        && let Some(index) = held.entry_at(spec)
+    {
+        let entry = &held.ranges[index];
+        if entry.source != RangeSource::Cluster {
+            return Err(format!(
+                "range {spec} granted to pool {pool} by the cluster is range {} of source {} \
+                 (state {}) in that pool already; it is not applied",
+                entry.range,
+                entry.source.as_str(),
+                entry.state.as_str()
+            ));
+        }
+        return match entry.state {
+            RangeState::Active if entry.range == spec.to_string() => Ok(Grant::Held),
+            RangeState::Active => Err(format!(
+                "range {spec} granted to pool {pool} by the cluster is held as {}; the change \
+                 is not applied (a range changes only by being released and granted again)",
+                entry.range
+            )),
+            RangeState::Draining | RangeState::Withdrawn => Ok(Grant::CancelDrain),
+            RangeState::Removed => Ok(Grant::Add),
+        };
+    }
+    if let Some((other_pool, other_range)) = overlapping(config, spec) {
+        let source = config
+            .pools
+            .iter()
+            .find(|p| p.name == other_pool)
+            .and_then(|p| p.ranges.iter().find(|e| e.range == other_range))
+            .map_or("unknown", |e| e.source.as_str());
+        return Err(format!(
+            "range {spec} granted to pool {pool} by the cluster overlaps {source} range \
+             {other_range} of pool {other_pool}; it is not applied"
+        ));
+    }
+    Ok(Grant::Add)
+}
+
+/// The stored configuration after the engine accepted the cluster's grant of `spec` into
+/// `pool`: a new range of source `cluster`, or a drain cancelled.
+pub fn note_granted(pool: &mut PoolSpec, spec: &RangeSpec) {
+    match pool.entry_at(spec) {
+        Some(index) => {
+            let entry = &mut pool.ranges[index];
+            entry.source = RangeSource::Cluster;
+            entry.state = RangeState::Active;
+            entry.range = spec.to_string();
+        }
+        None => pool
+            .ranges
+            .push(RangeEntry::new(spec, RangeSource::Cluster)),
     }
 }
 
@@ -488,6 +601,127 @@ mod tests {
         assert_eq!(
             check_disjoint(&config),
             Err("range 10.1.0.128/25 of pool b overlaps range 10.1.0.0/24 of pool a".into())
+        );
+    }
+
+    use RangeSource::Cluster;
+
+    fn grants(list: &[(&str, &str)]) -> Vec<(String, RangeSpec)> {
+        list.iter()
+            .map(|(pool, range)| ((*pool).to_owned(), range.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_cluster_range_the_file_declares_too_stays_the_clusters() {
+        let declared = file(vec![pool(
+            "default",
+            vec![entry("10.77.0.0/24", File, Active)],
+        )]);
+        let stored = file(vec![pool(
+            "default",
+            vec![entry("10.77.0.0/24", Cluster, Active)],
+        )]);
+        let (merged, warnings) = merge_declared(&stored, &declared);
+        assert_eq!(merged, stored);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("granted by the cluster"),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn a_file_without_the_cluster_ranges_keeps_them_and_a_file_range_over_one_is_not_applied() {
+        let declared = file(vec![pool(
+            "default",
+            vec![entry("10.77.0.0/16", File, Active)],
+        )]);
+        let stored = file(vec![pool(
+            "pods",
+            vec![
+                entry("10.77.1.0/24", Cluster, Active),
+                entry("fd77::/120", Cluster, Draining),
+            ],
+        )]);
+        let (merged, warnings) = merge_declared(&stored, &declared);
+        assert_eq!(merged.pools[0], stored.pools[0]);
+        assert!(merged.pools[1].ranges.is_empty());
+        assert!(
+            warnings[0].contains("overlaps range 10.77.1.0/24 of pool pods"),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn only_active_cluster_ranges_no_longer_granted_are_removed() {
+        let config = file(vec![pool(
+            "default",
+            vec![
+                entry("10.77.0.0/24", Cluster, Active),
+                entry("10.78.0.0/24", Cluster, Active),
+                entry("10.79.0.0/24", Cluster, Draining),
+                entry("10.80.0.0/24", Api, Active),
+                entry("10.81.0.0/24", File, Active),
+            ],
+        )]);
+        let removals = cluster_removals(&config, &grants(&[("default", "10.77.0.0/24")]));
+        assert_eq!(removals, grants(&[("default", "10.78.0.0/24")]));
+        // The same addresses in another pool are another grant.
+        let removals = cluster_removals(&config, &grants(&[("other", "10.77.0.0/24")]));
+        assert_eq!(
+            removals,
+            grants(&[("default", "10.77.0.0/24"), ("default", "10.78.0.0/24")])
+        );
+    }
+
+    #[test]
+    fn grants_are_held_added_undrained_or_refused() {
+        let config = file(vec![
+            pool(
+                "default",
+                vec![
+                    entry("10.77.0.0/24", Cluster, Active),
+                    entry("10.78.0.0/24", Cluster, Draining),
+                    entry("10.80.0.0/24", Api, Active),
+                    entry("10.81.0.0/24", File, Removed),
+                ],
+            ),
+            pool("b", vec![entry("10.82.0.0/24", File, Active)]),
+        ]);
+        let check = |pool: &str, range: &str| check_grant(&config, pool, &range.parse().unwrap());
+        assert_eq!(check("default", "10.77.0.0/24"), Ok(Grant::Held));
+        assert_eq!(check("default", "10.78.0.0/24"), Ok(Grant::CancelDrain));
+        assert_eq!(check("default", "10.79.0.0/24"), Ok(Grant::Add));
+        assert_eq!(check("new", "fd77::/120"), Ok(Grant::Add));
+        let refused = check("default", "10.80.0.0/24").unwrap_err();
+        assert!(refused.contains("of source api"), "{refused}");
+        let refused = check("default", "10.81.0.0/24").unwrap_err();
+        assert!(
+            refused.contains("of source file (state removed)"),
+            "{refused}"
+        );
+        let refused = check("default", "10.82.0.0/23").unwrap_err();
+        assert_eq!(
+            refused,
+            "range 10.82.0.0/23 granted to pool default by the cluster overlaps file range \
+             10.82.0.0/24 of pool b; it is not applied"
+        );
+        let refused = check("default", "10.77.0.0/24,gateway=10.77.0.1").unwrap_err();
+        assert!(refused.contains("is held as 10.77.0.0/24"), "{refused}");
+    }
+
+    #[test]
+    fn a_grant_is_noted_as_the_clusters() {
+        let mut spec = pool("default", vec![entry("10.78.0.0/24", Cluster, Draining)]);
+        note_granted(&mut spec, &"10.78.0.0/24".parse().unwrap());
+        note_granted(&mut spec, &"fd77::/120".parse().unwrap());
+        assert_eq!(
+            spec.ranges,
+            vec![
+                entry("10.78.0.0/24", Cluster, Active),
+                entry("fd77::/120", Cluster, Active)
+            ]
         );
     }
 }

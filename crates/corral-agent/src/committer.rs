@@ -284,6 +284,7 @@ mod tests {
                 ranges: vec!["10.5.0.0/24".into()],
                 exclusions: vec![],
             }],
+            node_pool: None,
         }
     }
 

@@ -38,10 +38,19 @@ fn same_socket(recorded: &Path, socket: &Path) -> bool {
 }
 
 /// The DEL a record stands for, as corral-ipam would have sent it.
+///
+/// A network that allocates from a pool of the node's own scope (`"pool"` without ranges in
+/// agent mode) is recorded as that one pool without ranges, a form no network with ranges
+/// takes; its DEL goes to that node pool.
 fn request(record: &PendingDel) -> api::CniKeyRequest {
+    let node_pool = match record.pools.as_slice() {
+        [pool] if pool.ranges.is_empty() => Some(pool.name.clone()),
+        _ => None,
+    };
     api::CniKeyRequest {
         network: api::CniNetwork {
             name: record.network.clone(),
+            node_pool: node_pool.clone(),
             pools: record
                 .pools
                 .iter()
@@ -59,6 +68,7 @@ fn request(record: &PendingDel) -> api::CniKeyRequest {
                         })
                         .collect(),
                 })
+                .filter(|_| node_pool.is_none())
                 .collect(),
         },
         key: api::AttachmentKey {
@@ -141,4 +151,41 @@ async fn apply(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use corral_core::{AttachmentKey, PoolName, ReusePolicy};
+    use corral_store::{PoolSpec, ScopeConfig};
+
+    use super::*;
+
+    fn record(ranges: &[&str]) -> PendingDel {
+        let ranges: Vec<corral_core::RangeSpec> =
+            ranges.iter().map(|r| r.parse().unwrap()).collect();
+        let config = ScopeConfig {
+            pools: vec![PoolSpec::new(
+                &PoolName::new("pods").unwrap(),
+                Duration::ZERO,
+                ReusePolicy::NextFit,
+                &ranges,
+                &[],
+            )],
+        };
+        let key = AttachmentKey::new("podnet", "c1", "eth0").unwrap();
+        PendingDel::new(Path::new("/run/corral/agent.sock"), &key, &config)
+    }
+
+    /// A network on a node pool is recorded as that pool without ranges; its DEL goes there.
+    #[test]
+    fn a_record_of_one_pool_without_ranges_is_a_del_on_that_node_pool() {
+        let network = request(&record(&[])).network;
+        assert_eq!(network.node_pool.as_deref(), Some("pods"));
+        assert!(network.pools.is_empty());
+        let network = request(&record(&["10.5.0.0/24"])).network;
+        assert_eq!(network.node_pool, None);
+        assert_eq!(network.pools[0].ranges, ["10.5.0.0/24"]);
+    }
 }

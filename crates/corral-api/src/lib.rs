@@ -638,6 +638,14 @@ pub struct CniPool {
 pub struct CniNetwork {
     pub name: String,
     pub pools: Vec<CniPool>,
+    /// A pool of the agent's own scope ([`NODE_SCOPE`]) to allocate from instead of `pools`
+    /// (which must then be empty): the node's pool that the cluster grants ranges to, or that
+    /// the agent's configuration declares. An ADD takes one address per family the pool has
+    /// active ranges in (its `sets` may only carry requested addresses, one per family); DEL,
+    /// CHECK, GC and STATUS act on the network's attachments in that pool only. A pool that
+    /// does not exist or has no active range yet is refused with `retry_later`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_pool: Option<String>,
 }
 
 /// One address wanted by an ADD: from `pool`, of `family`, `requested` if given.

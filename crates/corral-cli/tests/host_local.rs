@@ -26,6 +26,7 @@ fn network() -> api::CniNetwork {
             ],
             exclusions: Vec::new(),
         }],
+        node_pool: None,
     }
 }
 

@@ -22,12 +22,12 @@ use std::time::Duration;
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_client::{Client, Error};
-use corral_core::{AttachmentKey, Family, PoolName, Timestamp};
+use corral_core::{AttachmentKey, Family, IpNet, PoolName, Timestamp};
 use corral_store::{PendingDel, PendingError, claim_pending_del, record_pending_del};
 
 use crate::backend::{Backend, scope_config};
 use crate::verdict::{check_held, result_ip, status_verdict};
-use crate::{Attachment, CniError, IpamResult, NetConfig};
+use crate::{Attachment, CniError, IpConfig, IpamResult, NetConfig};
 
 /// How long one call waits for the agent (connecting, and for the durable answer).
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -160,8 +160,16 @@ fn family_name(family: Family) -> api::FamilyName {
 
 /// The network as the agent gets it: its name and the pools the plugin derives.
 fn network(config: &NetConfig) -> api::CniNetwork {
+    if let Some(pool) = &config.ipam.node_pool {
+        return api::CniNetwork {
+            name: config.name.clone(),
+            pools: Vec::new(),
+            node_pool: Some(pool.to_string()),
+        };
+    }
     api::CniNetwork {
         name: config.name.clone(),
+        node_pool: None,
         pools: scope_config(config)
             .pools
             .into_iter()
@@ -205,6 +213,9 @@ impl Backend for Agent {
         let config = &attachment.config;
         let mut client = self.client();
         self.settle_pending(&mut client, attachment)?;
+        if let Some(pool) = &config.ipam.node_pool {
+            return node_pool_add(&mut client, attachment, pool, result);
+        }
         let request = api::CniAddRequest {
             network: network(config),
             key: api_key(&attachment.key),
@@ -299,7 +310,10 @@ impl Backend for Agent {
                 Ok((pool, a.address))
             })
             .collect::<Result<Vec<(PoolName, IpAddr)>, CniError>>()?;
-        check_held(attachment, &held)
+        match &attachment.config.ipam.node_pool {
+            Some(pool) => check_node_pool(attachment, pool, &held),
+            None => check_held(attachment, &held),
+        }
     }
 
     fn gc(&self, config: &NetConfig, _now: Timestamp) -> Result<(), CniError> {
@@ -317,6 +331,22 @@ impl Backend for Agent {
             network: network(config),
         };
         let answer = self.client().cni_status(&request).map_err(agent_error)?;
+        if let Some(pool) = &config.ipam.node_pool {
+            let serves = answer
+                .pools
+                .iter()
+                .filter(|p| p.pool == pool.as_str())
+                .flat_map(|p| &p.families)
+                .any(|f| f.free != "0" || f.cooling != "0");
+            return if serves {
+                Ok(())
+            } else {
+                Err(CniError::not_available(format!(
+                    "pool {pool} of the agent's node scope has no free address (no active range \
+                     yet, or every address is taken)"
+                )))
+            };
+        }
         status_verdict(config, |set| {
             answer
                 .pools
@@ -326,5 +356,102 @@ impl Backend for Agent {
                 .filter(|f| f.family == family_name(set.family))
                 .any(|f| f.free != "0" || f.cooling != "0")
         })
+    }
+}
+
+/// ADD on a pool of the agent's node scope: the agent chooses the families (those the pool has
+/// active ranges in); each address comes back with its range's subnet and gateway.
+fn node_pool_add(
+    client: &mut Client,
+    attachment: &Attachment,
+    pool: &PoolName,
+    result: &mut IpamResult,
+) -> Result<(), CniError> {
+    let config = &attachment.config;
+    let request = api::CniAddRequest {
+        network: network(config),
+        key: api_key(&attachment.key),
+        owner: attachment.owner(),
+        sets: config
+            .requested
+            .iter()
+            .map(|&addr| api::CniSet {
+                pool: pool.to_string(),
+                family: family_name(Family::of(addr)),
+                requested: Some(addr),
+            })
+            .collect(),
+    };
+    let answer = client.cni_add(&request).map_err(agent_error)?;
+    if answer.allocations.is_empty() {
+        return Err(CniError::new(
+            CniError::AGENT_FAILURE,
+            format!("the agent answered no address from pool {pool}"),
+            "",
+        ));
+    }
+    let mut ips = Vec::with_capacity(answer.allocations.len());
+    for allocated in &answer.allocations {
+        let Some(subnet) = &allocated.subnet else {
+            return Err(CniError::new(
+                CniError::ATTACHMENT_CONFLICT,
+                format!(
+                    "attachment {} holds {}, which no range of pool {pool} contains any more",
+                    attachment.key, allocated.address
+                ),
+                "DEL the attachment and ADD it again to get an address from the pool's ranges",
+            ));
+        };
+        let prefix = subnet
+            .parse::<IpNet>()
+            .map_err(|e| {
+                CniError::new(
+                    CniError::AGENT_FAILURE,
+                    format!("the agent's subnet {subnet:?}: {e}"),
+                    "",
+                )
+            })?
+            .prefix_len();
+        let address = IpNet::new(allocated.address, prefix).map_err(|e| {
+            CniError::new(
+                CniError::AGENT_FAILURE,
+                format!("the agent's address {} in {subnet}: {e}", allocated.address),
+                "",
+            )
+        })?;
+        ips.push(IpConfig::new(address, allocated.gateway));
+    }
+    result.ips = ips;
+    Ok(())
+}
+
+/// CHECK on a pool of the agent's node scope: the attachment holds an address there, and
+/// every address of the previous result is among those it holds.
+fn check_node_pool(
+    attachment: &Attachment,
+    pool: &PoolName,
+    held: &[(PoolName, IpAddr)],
+) -> Result<(), CniError> {
+    let mut problems = Vec::new();
+    if !held.iter().any(|(p, _)| p == pool) {
+        problems.push(format!(
+            "attachment {} holds no address from pool {pool} of the agent",
+            attachment.key
+        ));
+    }
+    if let Some(prev) = &attachment.config.prev_result {
+        for addr in prev.addresses() {
+            if !held.iter().any(|(p, held)| p == pool && *held == addr) {
+                problems.push(format!(
+                    "prevResult lists {addr}, which attachment {} does not hold",
+                    attachment.key
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CniError::check_failed(problems.join("; ")))
     }
 }

@@ -82,8 +82,21 @@ fn read_resolv_conf(path: &std::path::Path) -> Result<String, CniError> {
 }
 
 /// The network's pools as the store and the agent keep them: one per pool name, with every
-/// range of the range sets that name it, in range-set order.
+/// range of the range sets that name it, in range-set order. A network on a pool of the
+/// agent's node scope is that one pool without ranges (the form its pending DEL is recorded
+/// in, which no network with ranges takes).
 pub fn scope_config(config: &NetConfig) -> ScopeConfig {
+    if let Some(pool) = &config.ipam.node_pool {
+        return ScopeConfig {
+            pools: vec![PoolSpec::new(
+                pool,
+                PoolConfig::DEFAULT_COOLDOWN,
+                ReusePolicy::NextFit,
+                &[],
+                &[],
+            )],
+        };
+    }
     let cooldown = config
         .ipam
         .cooldown_seconds

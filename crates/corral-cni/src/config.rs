@@ -22,6 +22,13 @@
 //! "reason": "routers"}`), `cooldownSeconds` (how long a released address rests), and
 //! `agent` (the node agent's socket, to delegate to it instead of using `dataDir`).
 //!
+//! With `agent` and no ranges at all (no `ipam.ranges`, `ipam.subnet` or
+//! `runtimeConfig.ipRanges`), `pool` names a pool of the agent's own node scope (default
+//! `default`; a call may name another in `runtimeConfig.pool` or `args.cni.pool`), such as the
+//! one the cluster grants the node's pod CIDRs to: ADD takes one address per family the pool
+//! has active ranges in. With `agent`, `pool` and ranges together are refused (code 7).
+//! Without `agent`, a configuration without ranges is refused as host-local refuses it.
+//!
 //! Errors: a wrong JSON type is code 6; a value that is well-typed but wrong is code 7; both
 //! name the field, such as `ipam.ranges[0][1].rangeStart`.
 
@@ -57,6 +64,9 @@ pub const MAX_SOCKET_PATH_LEN: usize = 107;
 /// The reason recorded for an exclusion that gives none.
 pub const DEFAULT_EXCLUSION_REASON: &str = "excluded in network config";
 
+/// The node pool an agent-mode configuration without ranges allocates from when it names none.
+pub const DEFAULT_NODE_POOL: &str = "default";
+
 /// The GC key naming the attachments still in use.
 pub const VALID_ATTACHMENTS: &str = "cni.dev/valid-attachments";
 /// The name an earlier draft of spec 1.1.0 used; libcni sends both.
@@ -84,7 +94,8 @@ pub struct NetConfig {
 pub struct IpamConfig {
     /// `ipam.type`, when given (corral does not insist on its own binary name).
     pub plugin_type: Option<String>,
-    /// At least one set; no two ranges of all sets overlap.
+    /// At least one set, unless `node_pool` is set (then none); no two ranges of all sets
+    /// overlap.
     pub range_sets: Vec<RangeSet>,
     pub routes: Vec<Route>,
     pub data_dir: PathBuf,
@@ -95,6 +106,10 @@ pub struct IpamConfig {
     pub cooldown_seconds: Option<u64>,
     /// The node agent's unix socket, when corral-ipam should delegate to it.
     pub agent: Option<PathBuf>,
+    /// Agent mode without ranges: the pool of the agent's node scope to allocate from (one
+    /// address per family it has active ranges in), from `runtimeConfig.pool`, else
+    /// `args.cni.pool`, else `ipam.pool`, else [`DEFAULT_NODE_POOL`].
+    pub node_pool: Option<PoolName>,
 }
 
 /// One range set: the ranges ADD takes one address from.
@@ -207,12 +222,39 @@ pub fn parse_config(
         .non_empty_str("pool")?
         .map(|text| PoolName::new(text).map_err(|err| CniError::from(err).context("ipam.pool")))
         .transpose()?;
-    let mut range_sets = parse_all_range_sets(&ipam, runtime_config.as_ref())?;
-    check_overlaps(&range_sets)?;
-    let pools = pool_names(&name, pool.as_ref(), &range_sets)?;
-    for (set, pool) in range_sets.iter_mut().zip(pools) {
-        set.pool = pool;
-    }
+    let agent = ipam
+        .non_empty_str("agent")?
+        .map(parse_agent_socket)
+        .transpose()?;
+    let has_ranges = ipam.get("ranges").is_some()
+        || ipam.get("subnet").is_some()
+        || runtime_config
+            .as_ref()
+            .is_some_and(|rc| rc.get("ipRanges").is_some());
+    let (range_sets, node_pool) = if agent.is_some() && !has_ranges {
+        let per_call = per_call_pool(&root, runtime_config.as_ref())?;
+        let node_pool = match per_call.or_else(|| pool.clone()) {
+            Some(pool) => pool,
+            None => PoolName::new(DEFAULT_NODE_POOL)
+                .map_err(|err| CniError::internal(err.to_string()))?,
+        };
+        (Vec::new(), Some(node_pool))
+    } else {
+        if agent.is_some() && pool.is_some() {
+            return Err(CniError::invalid_config(
+                "ipam.pool: with ipam.agent, names a pool of the agent's node scope, which takes \
+                 no ranges; give ipam.pool or the ranges (ipam.ranges, ipam.subnet, \
+                 runtimeConfig.ipRanges), not both",
+            ));
+        }
+        let mut range_sets = parse_all_range_sets(&ipam, runtime_config.as_ref())?;
+        check_overlaps(&range_sets)?;
+        let pools = pool_names(&name, pool.as_ref(), &range_sets)?;
+        for (set, pool) in range_sets.iter_mut().zip(pools) {
+            set.pool = pool;
+        }
+        (range_sets, None)
+    };
 
     let routes = match ipam.get("routes") {
         Some(value) => parse_routes("ipam.routes", value)?,
@@ -226,10 +268,6 @@ pub fn parse_config(
         .non_empty_str("resolvConf")?
         .map(|text| checked_path("ipam.resolvConf", text))
         .transpose()?;
-    let agent = ipam
-        .non_empty_str("agent")?
-        .map(parse_agent_socket)
-        .transpose()?;
     let ipam_config = IpamConfig {
         plugin_type: ipam.str("type")?.map(str::to_owned),
         range_sets,
@@ -240,6 +278,7 @@ pub fn parse_config(
         exclude: parse_exclusions(&ipam)?,
         cooldown_seconds: ipam.uint("cooldownSeconds", MAX_COOLDOWN_SECONDS)?,
         agent,
+        node_pool,
     };
 
     let mut config = NetConfig {
@@ -253,7 +292,10 @@ pub fn parse_config(
     match command {
         Command::Add => {
             config.requested = parse_requested(&root, runtime_config.as_ref(), cni_args)?;
-            assign_requested(&config.requested, &mut config.ipam.range_sets)?;
+            match &config.ipam.node_pool {
+                Some(pool) => check_requested_per_family(&config.requested, pool)?,
+                None => assign_requested(&config.requested, &mut config.ipam.range_sets)?,
+            }
         }
         Command::Check => {
             config.prev_result = root
@@ -608,6 +650,49 @@ fn parse_agent_socket(text: &str) -> Result<PathBuf, CniError> {
     Ok(path)
 }
 
+/// The pool a call names for itself: `runtimeConfig.pool`, else `args.cni.pool`.
+fn per_call_pool(
+    root: &Obj<'_>,
+    runtime_config: Option<&Obj<'_>>,
+) -> Result<Option<PoolName>, CniError> {
+    let args = root.get("args").map(|v| Obj::of("args", v)).transpose()?;
+    let args_cni = args
+        .as_ref()
+        .and_then(|args| args.get("cni"))
+        .map(|v| Obj::of("args.cni", v))
+        .transpose()?;
+    for source in [runtime_config, args_cni.as_ref()].into_iter().flatten() {
+        if let Some(text) = source.non_empty_str("pool")? {
+            let pool = PoolName::new(text)
+                .map_err(|err| CniError::from(err).context(&source.path_of("pool")))?;
+            return Ok(Some(pool));
+        }
+    }
+    Ok(None)
+}
+
+/// A node pool hands out one address per family, so at most one may be requested of each
+/// (code 102 otherwise).
+fn check_requested_per_family(requested: &[IpAddr], pool: &PoolName) -> Result<(), CniError> {
+    for (i, addr) in requested.iter().enumerate() {
+        if let Some(other) = requested[..i]
+            .iter()
+            .find(|other| Family::of(**other) == Family::of(*addr))
+        {
+            return Err(CniError::new(
+                CniError::ADDRESS_UNAVAILABLE,
+                format!(
+                    "requested addresses {other} and {addr} are both {}, and pool {pool} of the \
+                     agent hands out one address per family",
+                    Family::of(*addr)
+                ),
+                "",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Every requested address once: `CNI_ARGS` first, then `args.cni.ips`, then
 /// `runtimeConfig.ips`.
 fn parse_requested(
@@ -702,4 +787,96 @@ fn parse_valid_attachments(root: &Obj<'_>, network: &str) -> Result<Vec<Attachme
         )));
     }
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(command: Command, ipam: &str, extra: &str) -> Result<NetConfig, CniError> {
+        let stdin = format!(
+            r#"{{"cniVersion":"1.1.0","name":"podnet","type":"bridge","ipam":{ipam}{extra}}}"#
+        );
+        parse_config(command, stdin.as_bytes(), &CniArgs::default())
+    }
+
+    fn node_pool(ipam: &str, extra: &str) -> Option<String> {
+        parse(Command::Add, ipam, extra)
+            .unwrap()
+            .ipam
+            .node_pool
+            .map(|p| p.to_string())
+    }
+
+    const AGENT: &str = r#""type":"corral-ipam","agent":"/run/corral/agent.sock""#;
+
+    #[test]
+    fn agent_mode_without_ranges_allocates_from_the_node_pool_default_by_default() {
+        let config = parse(Command::Add, &format!("{{{AGENT}}}"), "").unwrap();
+        assert_eq!(config.ipam.node_pool.unwrap().as_str(), DEFAULT_NODE_POOL);
+        assert!(config.ipam.range_sets.is_empty());
+        for command in [Command::Del, Command::Check, Command::Status] {
+            let config = parse(command, &format!("{{{AGENT}}}"), "").unwrap();
+            assert_eq!(config.ipam.node_pool.unwrap().as_str(), "default");
+        }
+    }
+
+    #[test]
+    fn the_node_pool_comes_from_the_call_then_the_configuration() {
+        let ipam = format!(r#"{{{AGENT},"pool":"pods"}}"#);
+        assert_eq!(node_pool(&ipam, "").as_deref(), Some("pods"));
+        let args = r#","args":{"cni":{"pool":"blue"}}"#;
+        assert_eq!(node_pool(&ipam, args).as_deref(), Some("blue"));
+        let runtime = r#","args":{"cni":{"pool":"blue"}},"runtimeConfig":{"pool":"green"}"#;
+        assert_eq!(node_pool(&ipam, runtime).as_deref(), Some("green"));
+        let error = parse(Command::Add, &ipam, r#","runtimeConfig":{"pool":"../x"}"#).unwrap_err();
+        assert_eq!(error.code, CniError::INVALID_NETWORK_CONFIG);
+        assert!(error.msg.contains("runtimeConfig.pool"), "{error:?}");
+    }
+
+    #[test]
+    fn agent_mode_with_pool_and_ranges_is_refused() {
+        for ranges in [
+            r#""ranges":[[{"subnet":"10.0.0.0/24"}]]"#,
+            r#""subnet":"10.0.0.0/24""#,
+        ] {
+            let ipam = format!(r#"{{{AGENT},"pool":"pods",{ranges}}}"#);
+            let error = parse(Command::Add, &ipam, "").unwrap_err();
+            assert_eq!(error.code, CniError::INVALID_NETWORK_CONFIG, "{error:?}");
+            assert!(error.msg.contains("ipam.pool"), "{error:?}");
+            assert!(error.msg.contains("not both"), "{error:?}");
+        }
+        // Ranges from the runtime count too.
+        let ipam = format!(r#"{{{AGENT},"pool":"pods"}}"#);
+        let runtime = r#","runtimeConfig":{"ipRanges":[[{"subnet":"10.0.0.0/24"}]]}"#;
+        assert!(parse(Command::Add, &ipam, runtime).is_err());
+        // Agent mode with ranges and no pool is as before.
+        let ipam = format!(r#"{{{AGENT},"ranges":[[{{"subnet":"10.0.0.0/24"}}]]}}"#);
+        let config = parse(Command::Add, &ipam, "").unwrap();
+        assert_eq!(config.ipam.node_pool, None);
+        assert_eq!(config.ipam.range_sets[0].pool.as_str(), "podnet");
+    }
+
+    #[test]
+    fn without_the_agent_a_configuration_without_ranges_is_refused_as_before() {
+        for ipam in [
+            r#"{"type":"corral-ipam"}"#,
+            r#"{"type":"corral-ipam","pool":"x"}"#,
+        ] {
+            let error = parse(Command::Add, ipam, "").unwrap_err();
+            assert_eq!(error.code, CniError::INVALID_NETWORK_CONFIG);
+            assert!(error.msg.contains("ipam.ranges"), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_pool_takes_one_requested_address_per_family() {
+        let ipam = format!("{{{AGENT}}}");
+        let one_each = r#","runtimeConfig":{"ips":["10.77.0.9","fd77::9"]}"#;
+        let config = parse(Command::Add, &ipam, one_each).unwrap();
+        assert_eq!(config.requested.len(), 2);
+        let two_v4 = r#","runtimeConfig":{"ips":["10.77.0.9","10.77.0.10"]}"#;
+        let error = parse(Command::Add, &ipam, two_v4).unwrap_err();
+        assert_eq!(error.code, CniError::ADDRESS_UNAVAILABLE, "{error:?}");
+    }
 }

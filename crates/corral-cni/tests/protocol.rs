@@ -347,7 +347,7 @@ fn corral_keys_are_read() {
             "pool": "pods",
             "exclude": ["10.0.0.5", {"network": "10.0.0.16/28", "reason": "routers"}, {"network": "fd00::/120"}],
             "cooldownSeconds": 30,
-            "agent": "/run/corral/agent.sock"
+            "dataDir": "/run/corral/agent.sock"
         }"#,
     );
     let config = add(&stdin).config;
@@ -368,10 +368,8 @@ fn corral_keys_are_read() {
         ]
     );
     assert_eq!(config.ipam.cooldown_seconds, Some(30));
-    assert_eq!(
-        config.ipam.agent.as_deref().and_then(|p| p.to_str()),
-        Some("/run/corral/agent.sock")
-    );
+    assert_eq!(config.ipam.agent, None);
+    assert_eq!(config.ipam.node_pool, None);
 }
 
 #[test]

@@ -15,9 +15,11 @@
 //! - `scopes.rs` — scopes: lookup, a CNI network's scope under its configuration, rebuilds;
 //! - `ops.rs` — the operations that need more than a line (allocate, release, CNI ADD, import,
 //!   introspection);
+//! - `node_pool.rs` — the CNI verbs of a network on a pool of the node's own scope;
 //! - `wire.rs` — conversions between the API's types and the engine's, and errors.
 
 mod batch;
+mod node_pool;
 mod ops;
 mod scopes;
 mod wire;
@@ -27,7 +29,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{Echo, EngineConfig, Exclusion, Family, RangeRemoval, RangeSpec, Timestamp};
+use corral_core::{
+    Echo, EngineConfig, Exclusion, Family, PoolName, RangeRemoval, RangeSpec, Timestamp,
+};
 use corral_store::{
     Need, ScopeConfig, SqliteStore, Store, StoreError, Txn, build_engine, export_checkpoint,
     save_engine,
@@ -102,6 +106,9 @@ pub enum Op {
     CniCheck(api::CniKeyRequest),
     CniGc(api::CniGcRequest),
     CniStatus(api::CniStatusRequest),
+    /// Reconciles the `node` scope's cluster ranges with the complete set the cluster grants
+    /// the node now (see [`ClusterRanges`]); answered with [`Reply::ClusterRanges`].
+    SetClusterRanges(ClusterRanges),
     /// Excludes what the node's routes and addresses cover (`local_routes.rs`).
     ReserveLocalRoutes(crate::local_routes::LocalRoutesRequest),
     /// Expires leases and ends cooldowns that have run out.
@@ -153,6 +160,37 @@ pub enum Reply {
     /// A tick: how many leases expired.
     Expired(usize),
     LocalRoutes(api::ReserveLocalRoutesResponse),
+    ClusterRanges(ClusterRangesOutcome),
+}
+
+/// Every range the cluster grants this node now, of all pools: the argument of
+/// [`Op::SetClusterRanges`], which makes the `node` scope's ranges of source `cluster` exactly
+/// these, in one commit:
+///
+/// - a granted range not present is added to its pool (created with default settings if
+///   missing); a granted range that is draining is active again;
+/// - a cluster range no longer granted is removed: at once if it holds nothing, else it drains
+///   (nothing new from it, its allocations stay, it leaves with the last release);
+/// - ranges of other sources (file, api) are never touched: a granted range over one of them
+///   is not applied, and is reported in [`ClusterRangesOutcome::refused`] and as a warning in
+///   `status` until the next set of grants;
+/// - the same set again changes nothing and writes nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterRanges {
+    pub ranges: Vec<(PoolName, RangeSpec)>,
+}
+
+/// What [`Op::SetClusterRanges`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterRangesOutcome {
+    /// Granted ranges added (or whose drain was cancelled).
+    pub added: Vec<(PoolName, RangeSpec)>,
+    /// Ranges no longer granted that held nothing: gone.
+    pub removed: Vec<(PoolName, RangeSpec)>,
+    /// Ranges no longer granted that hold allocations: draining until the last is released.
+    pub draining: Vec<(PoolName, RangeSpec)>,
+    /// Granted ranges not applied, one sentence each (also in `status` warnings).
+    pub refused: Vec<String>,
 }
 
 /// One line of per-pool counts for the metrics endpoint.
@@ -187,6 +225,8 @@ pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
     declared: ScopeConfig,
     /// How many scopes are broken, for `/readyz`, which cannot wait for a batch.
     n_broken: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The cluster's grants the last [`Op::SetClusterRanges`] could not apply, for `status`.
+    cluster_refused: Vec<String>,
 }
 
 impl<S: Store, C: Clock> std::fmt::Debug for Host<S, C> {
@@ -271,6 +311,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             broken: BTreeMap::new(),
             declared: declared.clone(),
             n_broken: Default::default(),
+            cluster_refused: Vec::new(),
         })
     }
 
@@ -287,11 +328,15 @@ impl<S: Store, C: Clock> Host<S, C> {
 
     /// What the configuration file asks for that is not applied (see `capacity.rs`), from the
     /// node scope's configuration as it is now.
+    /// The cluster's grants that could not be applied are listed after them.
     pub fn warnings(&self) -> Vec<String> {
-        self.scopes
+        let mut warnings = self
+            .scopes
             .get(api::NODE_SCOPE)
             .map(|node| capacity::merge_declared(&node.config, &self.declared).1)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        warnings.extend(self.cluster_refused.iter().cloned());
+        warnings
     }
 
     fn engine_config(&self) -> EngineConfig {
@@ -418,6 +463,9 @@ impl<S: Store, C: Clock> Host<S, C> {
             Op::Import(_) => unreachable!("imports are run by run_batch"),
             Op::CniAdd(request) => self.cni_add(request, now, writes, touched),
             Op::CniDel(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_del(pool, &request, now, writes, touched);
+                }
                 let key = key_of(&request.key)?;
                 let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
@@ -428,6 +476,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 }))
             }
             Op::CniCheck(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_check(&pool, &request);
+                }
                 let key = key_of(&request.key)?;
                 let scope = self.scope(&request.network.name);
                 let held = match scope {
@@ -453,6 +504,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 }))
             }
             Op::CniGc(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_gc(pool, &request, now, writes, touched);
+                }
                 let valid = request
                     .valid_attachments
                     .iter()
@@ -467,6 +521,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 }))
             }
             Op::CniStatus(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_status(&pool, now);
+                }
                 let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
@@ -477,6 +534,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                     .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
                 Ok(Reply::ScopeStatus(status))
             }
+            Op::SetClusterRanges(grants) => self.set_cluster_ranges(grants, touched),
             Op::ReserveLocalRoutes(request) => {
                 let scope = self.scope_mut(&request.scope)?;
                 let response = crate::local_routes::reserve(
@@ -519,6 +577,7 @@ mod tests {
                 ranges: vec!["10.5.0.0/29".into()],
                 exclusions: vec![],
             }],
+            node_pool: None,
         }
     }
 
@@ -581,7 +640,7 @@ mod tests {
         ScopeConfig {
             pools: vec![
                 corral_store::PoolSpec::new(
-                    &corral_core::PoolName::default_pool(),
+                    &PoolName::default_pool(),
                     Duration::from_secs(30),
                     corral_core::ReusePolicy::NextFit,
                     &["10.9.0.0/29".parse().unwrap()],
@@ -698,5 +757,283 @@ mod tests {
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
         let host = Host::restore(store, &ScopeConfig::default()).unwrap();
         assert_eq!(host.dump(Some("net")).unwrap(), dump);
+    }
+
+    // ---- the cluster's grants (Op::SetClusterRanges) -------------------------------------
+
+    fn grant(list: &[(&str, &str)]) -> Op {
+        Op::SetClusterRanges(ClusterRanges {
+            ranges: list
+                .iter()
+                .map(|(pool, range)| (PoolName::new(pool).unwrap(), range.parse().unwrap()))
+                .collect(),
+        })
+    }
+
+    fn outcome(answer: Result<Reply, OpError>) -> ClusterRangesOutcome {
+        match answer {
+            Ok(Reply::ClusterRanges(outcome)) => outcome,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn granted(list: &[(&str, &str)]) -> Vec<(PoolName, RangeSpec)> {
+        list.iter()
+            .map(|(pool, range)| (PoolName::new(pool).unwrap(), range.parse().unwrap()))
+            .collect()
+    }
+
+    /// `(pool, range, source, draining)` of every range of the node scope.
+    fn node_ranges<S: Store, C: Clock>(
+        host: &Host<S, C>,
+    ) -> Vec<(String, String, api::RangeSource, bool)> {
+        host.pools(Some(api::NODE_SCOPE))
+            .unwrap()
+            .pools
+            .into_iter()
+            .flat_map(|p| {
+                p.ranges
+                    .into_iter()
+                    .map(move |r| (p.name.clone(), r.range, r.source, r.draining))
+            })
+            .collect()
+    }
+
+    fn pods_allocate(owner: &str) -> Op {
+        Op::Allocate(api::AllocateRequest {
+            pool: "pods".into(),
+            ..match node_allocate(owner, None) {
+                Op::Allocate(request) => request,
+                _ => unreachable!(),
+            }
+        })
+    }
+
+    fn run_one<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> Result<Reply, OpError> {
+        host.run_batch(vec![op]).remove(0)
+    }
+
+    const NODE_CIDRS: [(&str, &str); 2] = [("pods", "10.77.0.0/24"), ("pods", "fd77::/120")];
+
+    #[test]
+    fn granted_ranges_are_added_to_a_new_pool_as_the_clusters_and_serve_allocations() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let done = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        assert_eq!(done.added, granted(&NODE_CIDRS));
+        assert!(done.removed.is_empty() && done.draining.is_empty() && done.refused.is_empty());
+        let ranges = node_ranges(&host);
+        assert!(ranges.contains(&(
+            "pods".into(),
+            "10.77.0.0/24".into(),
+            api::RangeSource::Cluster,
+            false
+        )));
+        assert!(ranges.contains(&(
+            "pods".into(),
+            "fd77::/120".into(),
+            api::RangeSource::Cluster,
+            false
+        )));
+        let dual = Op::Allocate(api::AllocateRequest {
+            family: Some(api::FamilyChoice::Dual),
+            ..match pods_allocate("pod") {
+                Op::Allocate(request) => request,
+                _ => unreachable!(),
+            }
+        });
+        match run_one(&mut host, dual) {
+            Ok(Reply::Allocated(a)) => assert_eq!(a.allocations.len(), 2),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_same_grants_again_change_nothing_and_write_nothing() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        let before = node_ranges(&host);
+        let commits = store.commits();
+        let again = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        assert_eq!(again, ClusterRangesOutcome::default());
+        assert_eq!(store.commits(), commits);
+        assert_eq!(node_ranges(&host), before);
+    }
+
+    #[test]
+    fn a_range_no_longer_granted_goes_at_once_when_empty_and_drains_when_used() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        let held = address(&run_one(&mut host, pods_allocate("pod")));
+        assert!(held.is_ipv4());
+        // Only the file's range is left granted... to nobody: the cluster grants nothing now.
+        let done = outcome(run_one(&mut host, grant(&[])));
+        assert_eq!(done.removed, granted(&[("pods", "fd77::/120")]));
+        assert_eq!(done.draining, granted(&[("pods", "10.77.0.0/24")]));
+        let pods: Vec<_> = node_ranges(&host)
+            .into_iter()
+            .filter(|r| r.0 == "pods")
+            .collect();
+        assert_eq!(
+            pods,
+            [(
+                "pods".to_owned(),
+                "10.77.0.0/24".to_owned(),
+                api::RangeSource::Cluster,
+                true
+            )]
+        );
+        // Nothing new from a draining range; the allocation stays until released.
+        let error = run_one(&mut host, pods_allocate("other")).unwrap_err();
+        assert_eq!(error.code, ErrorCode::Exhausted, "{error:?}");
+        assert_eq!(
+            host.dump(Some(api::NODE_SCOPE)).unwrap().scopes[0]
+                .pools
+                .len(),
+            2
+        );
+        let release = Op::Release(api::ReleaseRequest {
+            scope: api::NODE_SCOPE.into(),
+            key: None,
+            address: Some(held),
+            generation: None,
+            owner: None,
+        });
+        run_one(&mut host, release).unwrap();
+        assert!(node_ranges(&host).iter().all(|r| r.0 != "pods"));
+        // The stored configuration agrees after a restart.
+        drop(host);
+        let host = Host::restore(store, &declared()).unwrap();
+        assert!(node_ranges(&host).iter().all(|r| r.0 != "pods"));
+    }
+
+    #[test]
+    fn granting_a_draining_range_again_cancels_its_drain() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        address(&run_one(&mut host, pods_allocate("pod")));
+        let done = outcome(run_one(&mut host, grant(&[("pods", "fd77::/120")])));
+        assert_eq!(done.draining, granted(&[("pods", "10.77.0.0/24")]));
+        let done = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        assert_eq!(done.added, granted(&[("pods", "10.77.0.0/24")]));
+        assert!(
+            node_ranges(&host)
+                .iter()
+                .filter(|r| r.0 == "pods")
+                .all(|r| !r.3)
+        );
+        address(&run_one(&mut host, pods_allocate("another")));
+    }
+
+    #[test]
+    fn a_grant_over_a_file_or_api_range_is_reported_and_the_rest_applied() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let add_api = Op::AddRange(api::RangeRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "manual".into(),
+            range: "10.50.0.0/24".into(),
+        });
+        run_one(&mut host, add_api).unwrap();
+        let before = node_ranges(&host);
+        let done = outcome(run_one(
+            &mut host,
+            grant(&[
+                ("pods", "10.9.0.0/28"),
+                ("default", "10.50.0.0/25"),
+                ("pods", "10.77.0.0/24"),
+            ]),
+        ));
+        assert_eq!(done.added, granted(&[("pods", "10.77.0.0/24")]));
+        assert_eq!(done.refused.len(), 2, "{:?}", done.refused);
+        assert!(
+            done.refused[0].contains("overlaps file range 10.9.0.0/29 of pool default"),
+            "{:?}",
+            done.refused
+        );
+        assert!(
+            done.refused[1].contains("overlaps api range 10.50.0.0/24 of pool manual"),
+            "{:?}",
+            done.refused
+        );
+        // The file's and the API's ranges are as they were.
+        let after = node_ranges(&host);
+        for range in &before {
+            assert!(after.contains(range), "{range:?} in {after:?}");
+        }
+        let status = host.status(None, now()).unwrap();
+        assert!(
+            done.refused.iter().all(|r| status.warnings.contains(r)),
+            "{:?}",
+            status.warnings
+        );
+        // A set of grants that fits clears the warnings.
+        outcome(run_one(&mut host, grant(&[("pods", "10.77.0.0/24")])));
+        assert!(host.status(None, now()).unwrap().warnings.is_empty());
+    }
+
+    #[test]
+    fn cluster_ranges_survive_a_restart_as_they_were_whatever_the_file_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(open(), &declared()).unwrap();
+        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        address(&run_one(&mut host, pods_allocate("pod")));
+        // The IPv4 range drains, the IPv6 one stays active.
+        outcome(run_one(&mut host, grant(&[("pods", "fd77::/120")])));
+        let pods = |host: &Host| -> Vec<_> {
+            node_ranges(host)
+                .into_iter()
+                .filter(|r| r.0 == "pods")
+                .collect()
+        };
+        let before = pods(&host);
+        assert_eq!(before.len(), 2);
+        drop(host);
+        // A file that declares a pool `pods` with one of the cluster's ranges and another.
+        let file = ScopeConfig {
+            pools: vec![
+                corral_store::PoolSpec::new(
+                    &PoolName::new("pods").unwrap(),
+                    Duration::from_secs(30),
+                    corral_core::ReusePolicy::NextFit,
+                    &["fd77::/120".parse().unwrap()],
+                    &[],
+                )
+                .with_source(corral_store::RangeSource::File),
+            ],
+        };
+        let host = Host::restore(open(), &file).unwrap();
+        assert_eq!(pods(&host), before);
+        assert!(
+            host.warnings()
+                .iter()
+                .any(|w| w.contains("granted by the cluster")),
+            "{:?}",
+            host.warnings()
+        );
+        drop(host);
+        // And without any file at all.
+        let host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        assert_eq!(pods(&host), before);
+    }
+
+    #[test]
+    fn a_failed_commit_of_the_grants_changes_nothing() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let before = node_ranges(&host);
+        store.fail_next_commits(1);
+        let error = run_one(&mut host, grant(&NODE_CIDRS)).unwrap_err();
+        assert_eq!(error.code, ErrorCode::RetryLater, "{error:?}");
+        assert_eq!(node_ranges(&host), before);
+        drop(host);
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        assert_eq!(node_ranges(&host), before);
+        let done = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        assert_eq!(done.added, granted(&NODE_CIDRS));
     }
 }

@@ -6,20 +6,21 @@ use std::time::Duration;
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{AllocError, Allocation, Family, RangeSpec, Request, Target, Timestamp};
+use corral_core::{
+    AllocError, Allocation, Family, PoolName, RangeRemoval, RangeSpec, Request, Target, Timestamp,
+};
 use corral_store::{
     Need, RangeSource, RangeState, Store, StoreError, StoredAllocation, Txn, build_engine,
     import_checkpoint, save_engine,
 };
 
 use super::batch::{Write, record_released};
-use super::scopes::Scope;
-use super::scopes::combine_node;
+use super::scopes::{Scope, combine_node, ensure_spec, spec_mut};
 use super::wire::{
     allocated, api_key, api_lease, api_source, failed_set, family_of, key_of, pool_name, released,
     scope_status,
 };
-use super::{Clock, Gauge, Host, OpError, Reply};
+use super::{Clock, ClusterRanges, ClusterRangesOutcome, Gauge, Host, OpError, Reply};
 use crate::capacity;
 
 impl<S: Store, C: Clock> Host<S, C> {
@@ -159,6 +160,9 @@ impl<S: Store, C: Clock> Host<S, C> {
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<Reply, OpError> {
+        if let Some(pool) = super::node_pool::node_pool_of(&request.network)? {
+            return self.node_pool_add(pool, request, now, writes, touched);
+        }
         let key = key_of(&request.key)?;
         let pools = request
             .sets
@@ -217,6 +221,106 @@ impl<S: Store, C: Clock> Host<S, C> {
                 .map(|(a, pool)| allocated(pool, a))
                 .collect(),
         }))
+    }
+
+    /// [`super::Op::SetClusterRanges`]: removals first (so a range moved between pools or
+    /// resized fits when the old one held nothing), then the grants in their order, each
+    /// checked against the configuration as it is by then (`capacity.rs`).
+    pub(super) fn set_cluster_ranges(
+        &mut self,
+        grants: ClusterRanges,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let declared = self.declared.clone();
+        let granted: Vec<(String, RangeSpec)> = grants
+            .ranges
+            .iter()
+            .map(|(pool, spec)| (pool.to_string(), *spec))
+            .collect();
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        let mut outcome = ClusterRangesOutcome::default();
+        let mut changed = false;
+        for (pool, spec) in capacity::cluster_removals(&scope.config, &granted) {
+            let Ok(name) = PoolName::new(&pool) else {
+                continue;
+            };
+            match scope.engine.remove_range(&name, &spec) {
+                Ok(RangeRemoval::Removed) => outcome.removed.push((name, spec)),
+                Ok(RangeRemoval::Draining { .. }) => {
+                    if let Some(stored) = spec_mut(scope, &name) {
+                        capacity::note_draining(stored, &spec);
+                    }
+                    outcome.draining.push((name, spec));
+                }
+                Err(error) => {
+                    outcome.refused.push(format!(
+                        "range {spec} of pool {pool} is no longer granted by the cluster but \
+                         could not be removed: {error}"
+                    ));
+                    continue;
+                }
+            }
+            changed = true;
+        }
+        if changed {
+            // What left at once leaves the configuration now, so the grants below see it gone.
+            capacity::forget_drained(
+                &mut scope.config,
+                &scope.engine.take_drained(),
+                Some(&declared),
+            );
+        }
+        for (pool, spec) in &grants.ranges {
+            match capacity::check_grant(&scope.config, pool.as_str(), spec) {
+                Ok(capacity::Grant::Held) => {}
+                Ok(capacity::Grant::Add | capacity::Grant::CancelDrain) => {
+                    let new_pool = !scope.engine.pool_names().contains(pool);
+                    if new_pool && let Err(error) = scope.engine.add_pool(pool, Default::default())
+                    {
+                        outcome.refused.push(format!(
+                            "range {spec} granted to pool {pool} by the cluster: {error}; it is \
+                             not applied"
+                        ));
+                        continue;
+                    }
+                    if let Err(error) = scope.engine.add_range(pool, *spec) {
+                        // A refused range leaves no empty pool behind.
+                        if new_pool {
+                            let _ = scope.engine.remove_pool(pool);
+                        }
+                        outcome.refused.push(format!(
+                            "range {spec} granted to pool {pool} by the cluster: {error}; it is \
+                             not applied"
+                        ));
+                        continue;
+                    }
+                    match ensure_spec(scope, pool) {
+                        Ok(stored) => capacity::note_granted(stored, spec),
+                        Err(error) => {
+                            // Not reachable (the pool exists); the engine keeps nothing the
+                            // configuration does not.
+                            let _ = scope.engine.remove_range(pool, spec);
+                            let _ = scope.engine.take_drained();
+                            outcome.refused.push(format!(
+                                "range {spec} granted to pool {pool} by the cluster: {}",
+                                error.message
+                            ));
+                            continue;
+                        }
+                    }
+                    outcome.added.push((pool.clone(), *spec));
+                    changed = true;
+                }
+                Err(reason) => outcome.refused.push(reason),
+            }
+        }
+        if changed {
+            // A cluster range that left may make room for a file range kept out by it.
+            scope.adopt_file_ranges(&declared);
+            touched.insert(api::NODE_SCOPE.to_owned());
+        }
+        self.cluster_refused.clone_from(&outcome.refused);
+        Ok(Reply::ClusterRanges(outcome))
     }
 
     pub(super) fn import(&mut self, document: serde_json::Value) -> Result<Reply, OpError> {

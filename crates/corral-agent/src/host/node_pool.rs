@@ -1,0 +1,264 @@
+//! CNI verbs of a network that allocates from a pool of the agent's own scope
+//! (`CniNetwork::node_pool`: corral-ipam's `"pool"` without ranges in agent mode), such as the
+//! pool the cluster grants the node's pod CIDRs to.
+//!
+//! The allocations live in the `node` scope, keyed by the attachment as any CNI allocation;
+//! an ADD takes one address per family the pool has active ranges in (all or nothing), and the
+//! other verbs act on the network's attachments in that pool only.
+
+use std::collections::BTreeSet;
+
+use corral_api as api;
+use corral_api::ErrorCode;
+use corral_core::{AllocError, Family, PoolName, Request, Target, Timestamp};
+use corral_store::{Store, StoredAllocation};
+
+use super::batch::{Write, record_released};
+use super::wire::{allocated, family_name, family_of, key_of, pool_name, released, scope_status};
+use super::{Clock, Host, OpError, Reply};
+
+/// The node pool a CNI network names, if it names one; with `pools` beside it, refused.
+pub(super) fn node_pool_of(network: &api::CniNetwork) -> Result<Option<PoolName>, OpError> {
+    let Some(pool) = &network.node_pool else {
+        return Ok(None);
+    };
+    if !network.pools.is_empty() {
+        return Err(OpError::bad_request(format!(
+            "network {:?}: node_pool and pools both given; a network allocates from a pool of \
+             the agent's node scope or from its own pools, not both",
+            network.name
+        )));
+    }
+    pool_name(pool).map(Some)
+}
+
+/// The pool is not there yet, or has no active range: the cluster may not have granted the
+/// node its range yet, so the caller may try again later.
+fn not_granted(pool: &PoolName, what: &str) -> OpError {
+    OpError {
+        pool: Some(pool.to_string()),
+        ..OpError::new(
+            ErrorCode::RetryLater,
+            format!(
+                "pool {pool} of the agent's {} scope {what}; the cluster may not have granted \
+                 this node its range yet",
+                api::NODE_SCOPE
+            ),
+        )
+    }
+}
+
+impl<S: Store, C: Clock> Host<S, C> {
+    pub(super) fn node_pool_add(
+        &mut self,
+        pool: PoolName,
+        request: api::CniAddRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let key = key_of(&request.key)?;
+        let mut requested: Vec<(Family, std::net::IpAddr)> = Vec::new();
+        for set in &request.sets {
+            let Some(addr) = set.requested else {
+                return Err(OpError::bad_request(
+                    "a network on a node pool takes sets only to request addresses; the pool's \
+                     families decide the rest",
+                ));
+            };
+            let family = Family::of(addr);
+            if family != family_of(set.family) {
+                return Err(OpError::bad_request(format!(
+                    "requested address {addr} is not of family {:?}",
+                    set.family
+                )));
+            }
+            if requested.iter().any(|(f, _)| *f == family) {
+                return Err(OpError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "two {family} addresses requested from pool {pool}, which hands out one \
+                         per family"
+                    ),
+                ));
+            }
+            requested.push((family, addr));
+        }
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        let ranges = match scope.engine.ranges(&pool) {
+            Ok(ranges) => ranges,
+            Err(AllocError::UnknownPool { .. }) => {
+                return Err(not_granted(&pool, "does not exist"));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        // The families with an active range, and those the attachment holds already (so a
+        // repeated ADD answers what it holds even from a range that is draining now).
+        let held = scope.engine.lookup_key(&key);
+        let families: Vec<Family> = [Family::V4, Family::V6]
+            .into_iter()
+            .filter(|&family| {
+                ranges
+                    .iter()
+                    .any(|r| !r.draining && r.spec.family() == family)
+                    || held
+                        .iter()
+                        .any(|h| h.pool == pool && Family::of(h.entry.addr) == family)
+                    || requested.iter().any(|(f, _)| *f == family)
+            })
+            .collect();
+        if families.is_empty() {
+            return Err(not_granted(&pool, "has no active range"));
+        }
+        let wanted: Vec<(Request<'_>, Target)> = families
+            .iter()
+            .map(|&family| {
+                let target = requested
+                    .iter()
+                    .find(|(f, _)| *f == family)
+                    .map_or(Target::Next(family), |(_, addr)| Target::Specific(*addr));
+                (
+                    Request {
+                        pool: &pool,
+                        owner: &request.owner,
+                        key: Some(&key),
+                        lease: None,
+                    },
+                    target,
+                )
+            })
+            .collect();
+        let got = scope.engine.allocate_all(&wanted, now)?;
+        for a in got.iter().filter(|a| !a.existing) {
+            writes.push(Write::Put(
+                api::NODE_SCOPE.to_owned(),
+                StoredAllocation {
+                    pool: pool.clone(),
+                    addr: a.addr,
+                    owner: request.owner.clone(),
+                    key: Some(key.clone()),
+                    generation: a.generation,
+                    lease: None,
+                },
+            ));
+            touched.insert(api::NODE_SCOPE.to_owned());
+        }
+        Ok(Reply::Allocated(api::AllocateResponse {
+            allocations: got.iter().map(|a| allocated(&pool, a)).collect(),
+        }))
+    }
+
+    pub(super) fn node_pool_del(
+        &mut self,
+        pool: PoolName,
+        request: &api::CniKeyRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let key = key_of(&request.key)?;
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        let mut gone = Vec::new();
+        for info in scope.engine.lookup_key(&key) {
+            if info.pool == pool {
+                gone.push(scope.engine.release(
+                    info.entry.addr,
+                    Some(info.entry.generation),
+                    now,
+                )?);
+            }
+        }
+        record_released(api::NODE_SCOPE, &gone, writes, touched);
+        Ok(Reply::Released(api::ReleaseResponse {
+            released: gone.iter().map(released).collect(),
+        }))
+    }
+
+    pub(super) fn node_pool_check(
+        &self,
+        pool: &PoolName,
+        request: &api::CniKeyRequest,
+    ) -> Result<Reply, OpError> {
+        let key = key_of(&request.key)?;
+        let scope = self.scope(api::NODE_SCOPE)?;
+        let held = scope
+            .engine
+            .lookup_key(&key)
+            .into_iter()
+            .filter(|info| info.pool == *pool)
+            .map(|info| api::Allocated {
+                address: info.entry.addr,
+                family: family_name(Family::of(info.entry.addr)),
+                pool: info.pool.to_string(),
+                generation: info.entry.generation,
+                existing: true,
+                subnet: None,
+                gateway: None,
+                lease: None,
+            })
+            .collect();
+        Ok(Reply::Allocated(api::AllocateResponse {
+            allocations: held,
+        }))
+    }
+
+    /// Releases the network's allocations in the pool whose attachment is not listed; other
+    /// networks' attachments and allocations without a key are left alone.
+    pub(super) fn node_pool_gc(
+        &mut self,
+        pool: PoolName,
+        request: &api::CniGcRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let valid = request
+            .valid_attachments
+            .iter()
+            .map(key_of)
+            .collect::<Result<std::collections::HashSet<_>, _>>()?;
+        let network = &request.network.name;
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        if scope.engine.is_restoring() {
+            return Err(AllocError::RestoreInProgress {
+                operation: "release of unlisted attachments",
+            }
+            .into());
+        }
+        let unlisted: Vec<(std::net::IpAddr, u64)> = scope
+            .engine
+            .dump()
+            .into_iter()
+            .filter(|dump| dump.pool == pool)
+            .flat_map(|dump| dump.allocations)
+            .filter(|entry| {
+                entry
+                    .key
+                    .as_ref()
+                    .is_some_and(|key| key.network() == network && !valid.contains(key))
+            })
+            .map(|entry| (entry.addr, entry.generation))
+            .collect();
+        let mut gone = Vec::with_capacity(unlisted.len());
+        for (addr, generation) in unlisted {
+            gone.push(scope.engine.release(addr, Some(generation), now)?);
+        }
+        record_released(api::NODE_SCOPE, &gone, writes, touched);
+        Ok(Reply::Released(api::ReleaseResponse {
+            released: gone.iter().map(released).collect(),
+        }))
+    }
+
+    /// The pool's use; no pools at all when it does not exist (yet).
+    pub(super) fn node_pool_status(
+        &mut self,
+        pool: &PoolName,
+        now: Timestamp,
+    ) -> Result<Reply, OpError> {
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        scope.engine.advance(now);
+        let mut status = scope_status(api::NODE_SCOPE, scope);
+        status.pools.retain(|p| p.pool == pool.as_str());
+        Ok(Reply::ScopeStatus(status))
+    }
+}
