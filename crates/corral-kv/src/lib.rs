@@ -1,0 +1,342 @@
+//! The cluster store as corral's cluster side sees it: etcd's data model (revisions, leases,
+//! transactions with compares, watches from a revision) behind one trait, so the operator and
+//! the agent's cluster client run on real etcd (`corral-etcd`) or on `MemKv` in tests.
+//!
+//! Only what corral needs is here. Keys and values are bytes; corral writes UTF-8 keys and JSON
+//! values. Every method is async and cancel-safe to drop (a dropped call may or may not have
+//! been applied, as with any network request).
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+pub mod conformance;
+mod mem;
+
+pub use mem::MemKv;
+
+/// The most compares, or operations in one branch, a transaction may have (etcd's default
+/// `--max-txn-ops`); more is `KvError::Refused`.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// An etcd revision: a cluster-wide counter that every successful write advances.
+pub type Revision = i64;
+
+/// An etcd lease id (0 means no lease).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(pub i64);
+
+/// One key as stored, with its revisions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    /// The revision of the write that created the key (since its last deletion).
+    pub create_revision: Revision,
+    /// The revision of the last write to the key.
+    pub mod_revision: Revision,
+    /// Writes since creation (1 after the create).
+    pub version: i64,
+    /// The lease the key is attached to, if any.
+    pub lease: Option<LeaseId>,
+}
+
+impl KeyValue {
+    /// The key as text (lossy for non-UTF-8 keys, which corral never writes).
+    pub fn key_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.key)
+    }
+}
+
+/// What a compare looks at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The key's create revision (0 when absent).
+    CreateRevision(Revision),
+    /// The key's last modification revision (0 when absent).
+    ModRevision(Revision),
+    /// The key's version (0 when absent).
+    Version(i64),
+    /// The key's value (an absent key compares unequal to every value, as in etcd: the
+    /// compare fails).
+    Value(Vec<u8>),
+}
+
+/// How a compare compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareOp {
+    Equal,
+    NotEqual,
+    Less,
+    Greater,
+}
+
+/// One condition of a transaction on one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compare {
+    pub key: Vec<u8>,
+    pub op: CompareOp,
+    pub target: Target,
+}
+
+impl Compare {
+    /// The key does not exist (version 0).
+    pub fn absent(key: impl Into<Vec<u8>>) -> Compare {
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::Version(0),
+        }
+    }
+    /// The key exists and was created at `revision` (the fence of a leader or a registration).
+    pub fn created_at(key: impl Into<Vec<u8>>, revision: Revision) -> Compare {
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::CreateRevision(revision),
+        }
+    }
+    /// The key was last written at `revision` (compare-and-swap).
+    pub fn modified_at(key: impl Into<Vec<u8>>, revision: Revision) -> Compare {
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::ModRevision(revision),
+        }
+    }
+    /// The key holds exactly `value`.
+    pub fn value_is(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Compare {
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::Value(value.into()),
+        }
+    }
+}
+
+/// One operation of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOp {
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+    /// Reads one key (its result comes back in `TxnResponse::gets`, in order).
+    Get {
+        key: Vec<u8>,
+    },
+}
+
+impl TxnOp {
+    pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> TxnOp {
+        TxnOp::Put {
+            key: key.into(),
+            value: value.into(),
+            lease: None,
+        }
+    }
+    pub fn put_on_lease(
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: LeaseId,
+    ) -> TxnOp {
+        TxnOp::Put {
+            key: key.into(),
+            value: value.into(),
+            lease: Some(lease),
+        }
+    }
+    pub fn delete(key: impl Into<Vec<u8>>) -> TxnOp {
+        TxnOp::Delete { key: key.into() }
+    }
+    pub fn get(key: impl Into<Vec<u8>>) -> TxnOp {
+        TxnOp::Get { key: key.into() }
+    }
+}
+
+/// A transaction: if every compare holds, the success operations run, else the failure ones;
+/// atomically, at one revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Txn {
+    pub compares: Vec<Compare>,
+    pub success: Vec<TxnOp>,
+    pub failure: Vec<TxnOp>,
+}
+
+/// What a transaction did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TxnResponse {
+    /// Whether every compare held (the success branch ran).
+    pub succeeded: bool,
+    /// The store's revision after the transaction.
+    pub revision: Revision,
+    /// The results of the branch's `Get`s, in order (`None` for an absent key).
+    pub gets: Vec<Option<KeyValue>>,
+}
+
+/// One page of a range read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangePage {
+    /// Keys in byte order.
+    pub kvs: Vec<KeyValue>,
+    /// Whether keys past this page remain under the prefix.
+    pub more: bool,
+    /// The revision the page was read at (pass it back to read the next page at the same
+    /// revision).
+    pub revision: Revision,
+}
+
+/// One change a watch reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Put(KeyValue),
+    /// A deletion (by request or by lease expiry); `mod_revision` is the deletion's revision.
+    Delete {
+        key: Vec<u8>,
+        mod_revision: Revision,
+    },
+}
+
+impl Event {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Event::Put(kv) => &kv.key,
+            Event::Delete { key, .. } => key,
+        }
+    }
+    pub fn revision(&self) -> Revision {
+        match self {
+            Event::Put(kv) => kv.mod_revision,
+            Event::Delete { mod_revision, .. } => *mod_revision,
+        }
+    }
+}
+
+/// A watch on a prefix: batches of events in revision order, every event at most once.
+pub struct Watch {
+    receiver: tokio::sync::mpsc::Receiver<Result<Vec<Event>, KvError>>,
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch").finish_non_exhaustive()
+    }
+}
+
+impl Watch {
+    /// A watch fed by an implementation through the sender.
+    pub fn new(receiver: tokio::sync::mpsc::Receiver<Result<Vec<Event>, KvError>>) -> Watch {
+        Watch { receiver }
+    }
+
+    /// The next batch of events. `Err(KvError::Compacted { .. })` means the start revision was
+    /// compacted away: re-read the prefix and watch again from the read's revision + 1. Any
+    /// error ends the watch (later calls return `KvError::Closed`).
+    pub async fn next(&mut self) -> Result<Vec<Event>, KvError> {
+        match self.receiver.recv().await {
+            Some(batch) => batch,
+            None => Err(KvError::Closed),
+        }
+    }
+}
+
+/// Why a store call failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KvError {
+    /// The store could not be reached or did not answer in time (no quorum, partition,
+    /// timeout). The request may or may not have been applied.
+    #[error("cluster store unavailable: {0}")]
+    Unavailable(String),
+    /// The revision asked for was compacted; `compact_revision` is the oldest still kept.
+    #[error("revision compacted (oldest kept {compact_revision})")]
+    Compacted { compact_revision: Revision },
+    /// The lease is unknown (expired or revoked).
+    #[error("lease {:x} not found", .0.0)]
+    LeaseNotFound(LeaseId),
+    /// The store refused the request as malformed or too large (a bug, or a limit: etcd allows
+    /// 128 operations per transaction by default).
+    #[error("cluster store refused the request: {0}")]
+    Refused(String),
+    /// The watch or client was closed.
+    #[error("cluster store connection closed")]
+    Closed,
+}
+
+impl KvError {
+    /// Whether trying again later can succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, KvError::Unavailable(_) | KvError::Closed)
+    }
+}
+
+/// The cluster store. Cheap to clone (a handle); safe to use from many tasks at once.
+pub trait Kv: Clone + Send + Sync + 'static {
+    /// Reads one key at the current revision (linearizable).
+    fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<KeyValue>, KvError>> + Send;
+
+    /// Reads keys under `prefix` strictly after `after` (or from the first, for `None`), at
+    /// most `limit`, at `revision` (or the current one, for `None`; the page says which).
+    fn range(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        revision: Option<Revision>,
+    ) -> impl Future<Output = Result<RangePage, KvError>> + Send;
+
+    /// Runs a transaction atomically.
+    fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResponse, KvError>> + Send;
+
+    /// Grants a lease of `ttl` (whole seconds, at least 1).
+    fn lease_grant(&self, ttl: Duration) -> impl Future<Output = Result<LeaseId, KvError>> + Send;
+
+    /// Renews a lease once; answers the TTL it now has (`LeaseNotFound` once it expired).
+    fn lease_keep_alive(
+        &self,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<Duration, KvError>> + Send;
+
+    /// Revokes a lease, deleting its keys (an unknown lease is not an error).
+    fn lease_revoke(&self, lease: LeaseId) -> impl Future<Output = Result<(), KvError>> + Send;
+
+    /// Watches every key under `prefix` from revision `from` (inclusive; 0 for the next write).
+    /// A `from` older than the last compaction gives a watch whose first `next` is
+    /// `KvError::Compacted`, as etcd cancels such a watch right after creating it.
+    fn watch(
+        &self,
+        prefix: &[u8],
+        from: Revision,
+    ) -> impl Future<Output = Result<Watch, KvError>> + Send;
+
+    /// Discards history before `revision`: reads at and watches from earlier revisions then fail
+    /// with `KvError::Compacted`. A revision not after the last compaction is `Compacted`, one
+    /// past the current revision `Refused`.
+    fn compact(&self, revision: Revision) -> impl Future<Output = Result<(), KvError>> + Send;
+}
+
+/// Reads every key under `prefix` at one revision, `page` keys per request; answers the keys
+/// and that revision (watch from it + 1).
+pub async fn read_all<K: Kv>(
+    kv: &K,
+    prefix: &[u8],
+    page: usize,
+) -> Result<(Vec<KeyValue>, Revision), KvError> {
+    let mut all = Vec::new();
+    let mut revision = None;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = kv
+            .range(prefix, after.as_deref(), page.max(1), revision)
+            .await?;
+        revision = Some(page.revision);
+        after = page.kvs.last().map(|kv| kv.key.clone());
+        all.extend(page.kvs);
+        if !page.more || after.is_none() {
+            return Ok((all, revision.unwrap_or(0)));
+        }
+    }
+}
