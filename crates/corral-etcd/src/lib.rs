@@ -7,13 +7,23 @@
 //! point, which etcd's read error does not carry: a watch from revision 1 asks for it), an
 //! unknown lease `LeaseNotFound`, a malformed or oversized request `Refused`.
 //!
+//! Failover is done here, not by etcd-client: its balanced channel over several endpoints
+//! keeps sending a share of the requests to a killed member (connection refused) or a frozen
+//! one (timeouts), measured in `tests/etcd.rs`. So `EtcdKv` keeps one connection per member
+//! and sends each request to the member that last answered; on a connection failure it moves
+//! to the next member. A request that was certainly not sent (connection refused) is sent
+//! again to the next member at once; one that may have been applied (a timeout, a broken
+//! connection) is retried on the next member only if repeating it is harmless (reads,
+//! watches, lease calls), else answered `Unavailable` (a txn), and the next call goes to the
+//! next member.
+//!
 //! With the `testing` feature, `testing` runs real etcd members as child processes for tests
 //! and benchmarks.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,11 +52,13 @@ impl Default for EtcdOptions {
     }
 }
 
-/// The cluster store on etcd. Clones share one connection (a balanced channel over every
-/// endpoint) and one request count.
+/// The cluster store on etcd. Clones share the connections (one per member), the member in
+/// use and the request count.
 #[derive(Clone)]
 pub struct EtcdKv {
-    client: Client,
+    members: Arc<[Client]>,
+    /// The member requests go to (the last that answered).
+    current: Arc<AtomicUsize>,
     options: EtcdOptions,
     requests: Arc<AtomicU64>,
     /// The TTL etcd granted each lease this client created (keep-alive answers it).
@@ -75,11 +87,22 @@ impl EtcdKv {
             .with_keep_alive_while_idle(true)
             // Watches on a member cut off from the leader are cancelled instead of going quiet.
             .with_require_leader(true);
-        let client = tokio::time::timeout(options.request_timeout, Client::connect(endpoints, Some(connect)))
-            .await
-            .map_err(|_| KvError::Unavailable(format!("connecting to {endpoints:?} timed out")))?
-            .map_err(|error| map_error(error, None))?;
-        Ok(EtcdKv { client, options, requests: Arc::new(AtomicU64::new(0)), granted: Arc::default() })
+        let mut members = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            let client =
+                tokio::time::timeout(options.request_timeout, Client::connect([endpoint], Some(connect.clone())))
+                    .await
+                    .map_err(|_| KvError::Unavailable(format!("connecting to {endpoint} timed out")))?
+                    .map_err(|error| map_error(error, None))?;
+            members.push(client);
+        }
+        Ok(EtcdKv {
+            members: members.into(),
+            current: Arc::new(AtomicUsize::new(0)),
+            options,
+            requests: Arc::new(AtomicU64::new(0)),
+            granted: Arc::default(),
+        })
     }
 
     /// How many requests this client (and its clones) sent to etcd: one per unary call, one
@@ -93,20 +116,51 @@ impl EtcdKv {
         &self.options
     }
 
-    /// Counts one request and runs it within the request timeout.
-    async fn call<T>(
-        &self,
-        what: &str,
-        request: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, etcd_client::Error> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        match tokio::time::timeout(self.options.request_timeout, request).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(etcd_client::Error::Internal(format!(
-                "{what} timed out after {:?}",
-                self.options.request_timeout
-            ))),
+    /// Sends a request to the current member, and on a connection failure to the next ones
+    /// (see the crate's documentation for when), all within the request timeout; counts every
+    /// request sent.
+    async fn call<T, F, Fut>(&self, what: &str, retry_if_sent: bool, request: F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.options.request_timeout;
+        let n_members = self.members.len();
+        let first = self.current.load(Ordering::Relaxed) % n_members;
+        let mut last_error = None;
+        for attempt in 0..n_members {
+            let member = (first + attempt) % n_members;
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            // Leave a retryable request time for another member if this one hangs (frozen).
+            let budget = if retry_if_sent && attempt + 1 < n_members { remaining / 2 } else { remaining };
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let outcome = match tokio::time::timeout(budget, request(self.members[member].clone())).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(etcd_client::Error::Internal(format!("{what} timed out after {budget:?}"))),
+            };
+            match outcome {
+                Ok(answer) => {
+                    self.current.store(member, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                Err(error) if is_connection_failure(&error) => {
+                    // Later calls start at the next member.
+                    let _ = self.current.compare_exchange(member, (member + 1) % n_members, Ordering::Relaxed, Ordering::Relaxed);
+                    let not_sent = is_not_sent(&error);
+                    last_error = Some(error);
+                    if !(not_sent || retry_if_sent) {
+                        break;
+                    }
+                }
+                Err(error) => return Err(error),
+            }
         }
+        Err(last_error.unwrap_or_else(|| {
+            etcd_client::Error::Internal(format!("{what} timed out after {:?}", self.options.request_timeout))
+        }))
     }
 
     /// Maps an error, asking etcd for the compaction point when the error is "compacted".
@@ -122,9 +176,9 @@ impl EtcdKv {
 
     /// The oldest revision etcd keeps: a watch from revision 1 is cancelled with it.
     async fn compact_revision(&self) -> Result<Revision, KvError> {
-        let probe = async {
+        let probe = |client: Client| async move {
             let options = WatchOptions::new().with_start_revision(1);
-            let mut stream = self.client.watch_client().watch(&b"\0corral/compaction-probe"[..], Some(options)).await?;
+            let mut stream = client.watch_client().watch(&b"\0corral/compaction-probe"[..], Some(options)).await?;
             loop {
                 match stream.message().await? {
                     Some(response) if response.compact_revision() > 0 => return Ok(response.compact_revision()),
@@ -139,7 +193,36 @@ impl EtcdKv {
                 }
             }
         };
-        self.call("compaction probe", probe).await.map_err(|error| map_error(error, None))
+        self.call("compaction probe", true, probe).await.map_err(|error| map_error(error, None))
+    }
+}
+
+/// Whether an error says the member could not be reached or did not answer (as opposed to
+/// an answer from etcd).
+fn is_connection_failure(error: &etcd_client::Error) -> bool {
+    matches!(map_error_ref(error), KvError::Unavailable(_))
+}
+
+/// Whether an error says the request never left this process (the connection was refused):
+/// sending it elsewhere cannot apply it twice.
+fn is_not_sent(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable && status.message().starts_with("tcp connect error")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+fn map_error_ref(error: &etcd_client::Error) -> KvError {
+    use etcd_client::Error as E;
+    match error {
+        E::GRpcStatus(status) => map_error(E::GRpcStatus(status.clone()), None),
+        E::LeaseKeepAliveError(message) => map_error(E::LeaseKeepAliveError(message.clone()), None),
+        E::InvalidArgs(message) => KvError::Refused(message.clone()),
+        E::InvalidUri(error) => KvError::Refused(format!("invalid etcd endpoint: {error}")),
+        other => KvError::Unavailable(other.to_string()),
     }
 }
 
@@ -279,8 +362,7 @@ async fn forward_watch(mut stream: etcd_client::WatchStream, sender: mpsc::Sende
 
 impl Kv for EtcdKv {
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
-        let mut client = self.client.kv_client();
-        match self.call("get", client.get(key, None)).await {
+        match self.call("get", true, |client| async move { client.kv_client().get(key, None).await }).await {
             Ok(response) => Ok(response.kvs().first().map(key_value)),
             Err(error) => Err(self.error(error, None).await),
         }
@@ -305,8 +387,11 @@ impl Kv for EtcdKv {
         if let Some(revision) = revision.filter(|revision| *revision > 0) {
             options = options.with_revision(revision);
         }
-        let mut client = self.client.kv_client();
-        match self.call("range", client.get(start, Some(options))).await {
+        let request = |client: Client| {
+            let (start, options) = (start.clone(), options.clone());
+            async move { client.kv_client().get(start, Some(options)).await }
+        };
+        match self.call("range", true, request).await {
             Ok(response) => {
                 let current = response.header().map_or(0, |header| header.revision());
                 Ok(RangePage {
@@ -324,8 +409,11 @@ impl Kv for EtcdKv {
             .when(txn.compares.iter().map(compare).collect::<Vec<_>>())
             .and_then(txn.success.iter().map(txn_op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(txn_op).collect::<Vec<_>>());
-        let mut client = self.client.kv_client();
-        match self.call("txn", client.txn(request)).await {
+        let send = |client: Client| {
+            let request = request.clone();
+            async move { client.kv_client().txn(request).await }
+        };
+        match self.call("txn", false, send).await {
             Ok(response) => Ok(TxnResponse {
                 succeeded: response.succeeded(),
                 revision: response.header().map_or(0, |header| header.revision()),
@@ -344,8 +432,8 @@ impl Kv for EtcdKv {
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
         let seconds = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).unwrap_or(i64::MAX).max(1);
-        let mut client = self.client.lease_client();
-        match self.call("lease grant", client.grant(seconds, None)).await {
+        // A grant sent twice leaves a lease nobody keeps alive, which expires: harmless.
+        match self.call("lease grant", true, |client| async move { client.lease_client().grant(seconds, None).await }).await {
             Ok(response) => {
                 let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(0));
                 self.granted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(response.id(), granted);
@@ -359,8 +447,8 @@ impl Kv for EtcdKv {
         // etcd-client's keep_alive sends one keep-alive on a new stream and reads its answer
         // (a TTL of 0, an unknown lease, is its "lease not found" error); dropping the keeper
         // and stream ends the stream.
-        let mut client = self.client.lease_client();
-        if let Err(error) = self.call("lease keep-alive", client.keep_alive(lease.0)).await {
+        let keep_alive = |client: Client| async move { client.lease_client().keep_alive(lease.0).await.map(drop) };
+        if let Err(error) = self.call("lease keep-alive", true, keep_alive).await {
             let error = self.error(error, Some(lease)).await;
             if matches!(error, KvError::LeaseNotFound(_)) {
                 self.granted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&lease.0);
@@ -372,7 +460,8 @@ impl Kv for EtcdKv {
             return Ok(ttl);
         }
         // A lease another client granted: ask for its TTL.
-        match self.call("lease time-to-live", client.time_to_live(lease.0, None)).await {
+        let time_to_live = |client: Client| async move { client.lease_client().time_to_live(lease.0, None).await };
+        match self.call("lease time-to-live", true, time_to_live).await {
             Ok(response) if response.ttl() < 0 => Err(KvError::LeaseNotFound(lease)),
             Ok(response) => Ok(Duration::from_secs(u64::try_from(response.granted_ttl()).unwrap_or(0))),
             Err(error) => Err(self.error(error, Some(lease)).await),
@@ -380,9 +469,8 @@ impl Kv for EtcdKv {
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-        let mut client = self.client.lease_client();
         self.granted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&lease.0);
-        match self.call("lease revoke", client.revoke(lease.0)).await {
+        match self.call("lease revoke", true, |client| async move { client.lease_client().revoke(lease.0).await }).await {
             Ok(_) => Ok(()),
             Err(error) => match self.error(error, Some(lease)).await {
                 KvError::LeaseNotFound(_) => Ok(()),
@@ -393,11 +481,12 @@ impl Kv for EtcdKv {
 
     async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
         let options = WatchOptions::new().with_range(prefix_end(prefix)).with_start_revision(from.max(0));
-        let mut client = self.client.watch_client();
         // Wait for etcd to confirm the watch, so that a write made after `watch` returns is
         // seen by a watch from revision 0.
-        let created = async {
-            let mut stream = client.watch(prefix, Some(options)).await?;
+        let created = |client: Client| {
+            let options = options.clone();
+            async move {
+            let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
             match stream.message().await? {
                 Some(response) if response.created() && !response.canceled() => Ok(stream),
                 Some(response) => Err(etcd_client::Error::WatchError(format!(
@@ -406,8 +495,9 @@ impl Kv for EtcdKv {
                 ))),
                 None => Err(etcd_client::Error::WatchError("watch stream ended before creation".into())),
             }
+            }
         };
-        let stream = match self.call("watch", created).await {
+        let stream = match self.call("watch", true, created).await {
             Ok(stream) => stream,
             Err(error) => return Err(self.error(error, None).await),
         };
@@ -417,8 +507,7 @@ impl Kv for EtcdKv {
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), KvError> {
-        let mut client = self.client.kv_client();
-        match self.call("compact", client.compact(revision, None)).await {
+        match self.call("compact", true, |client| async move { client.kv_client().compact(revision, None).await }).await {
             Ok(_) => Ok(()),
             Err(error) => Err(self.error(error, None).await),
         }

@@ -21,10 +21,11 @@ fn options(request_timeout: Duration) -> EtcdOptions {
     EtcdOptions { request_timeout, connect_timeout: Duration::from_millis(500) }
 }
 
-/// Creates `key` if absent, retrying `Unavailable` for up to `patience`; answers whether the
-/// key now holds `value` (a retry of a txn that was applied finds it there).
-async fn create(kv: &EtcdKv, key: &str, value: &str, patience: Duration) -> Result<(), KvError> {
+/// Creates `key` if absent, retrying `Unavailable` for up to `patience`; answers how many
+/// attempts failed before it held `value` (a retry of a txn that was applied finds it there).
+async fn create(kv: &EtcdKv, key: &str, value: &str, patience: Duration) -> Result<usize, KvError> {
     let started = Instant::now();
+    let mut failures = 0;
     loop {
         let txn = Txn {
             compares: vec![Compare::absent(key)],
@@ -32,13 +33,15 @@ async fn create(kv: &EtcdKv, key: &str, value: &str, patience: Duration) -> Resu
             failure: vec![TxnOp::get(key)],
         };
         match kv.txn(txn).await {
-            Ok(response) if response.succeeded => return Ok(()),
+            Ok(response) if response.succeeded => return Ok(failures),
             Ok(response) => {
                 let found = response.gets.first().cloned().flatten().map(|kv| kv.value);
                 assert_eq!(found.as_deref(), Some(value.as_bytes()), "{key} holds another value");
-                return Ok(());
+                return Ok(failures);
             }
             Err(error) if error.is_retryable() && started.elapsed() < patience => {
+                eprintln!("{key}: {error} (retrying)");
+                failures += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(error) => return Err(error),
@@ -76,7 +79,7 @@ async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
     let mut cluster = cluster(3).await;
     let kv = cluster.client(options(Duration::from_secs(2))).await.expect("client");
     let mut acknowledged = BTreeSet::new();
-    let mut failed = 0;
+    let (mut failed, mut retried) = (0, 0);
     for i in 0..300 {
         if i == 100 {
             cluster.kill(0).expect("kill member 0");
@@ -88,7 +91,8 @@ async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
         }
         let key = format!("/failover/{i:04}");
         match create(&kv, &key, "x", Duration::from_secs(10)).await {
-            Ok(()) => {
+            Ok(failures) => {
+                retried += failures;
                 acknowledged.insert(key);
             }
             Err(error) => {
@@ -97,7 +101,10 @@ async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
             }
         }
     }
+    eprintln!("300 txns, one member killed twice: {retried} attempts failed and were retried");
     assert_eq!(failed, 0, "txns failed for 10 s after one member of three was killed");
+    // A refused connection is never applied, so the txn goes to the next member at once.
+    assert!(retried <= 1, "{retried} txns failed over a killed member");
     assert_eq!(keys(&kv, "/failover/").await, acknowledged);
     let survivor = EtcdKv::connect(&[cluster.endpoint(2)], EtcdOptions::default()).await.expect("client of member 2");
     assert_eq!(keys(&survivor, "/failover/").await, acknowledged, "member 2 lacks acknowledged writes");
@@ -141,11 +148,18 @@ async fn a_frozen_member_is_routed_around_and_catches_up_when_resumed() {
     let kv = cluster.client(options(Duration::from_secs(1))).await.expect("client");
     create(&kv, "/frozen/0000", "x", Duration::ZERO).await.expect("first write");
     cluster.stop_signal(0).expect("SIGSTOP member 0");
+    // A read may be repeated, so it moves on to another member within the call.
     let started = Instant::now();
+    let read = kv.get(b"/frozen/0000").await;
+    assert!(matches!(read, Ok(Some(_))), "a read with the current member frozen answered {read:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "the read took {:?}", started.elapsed());
+    let started = Instant::now();
+    let mut retried = 0;
     for i in 1..50 {
-        create(&kv, &format!("/frozen/{i:04}"), "x", Duration::from_secs(10)).await.expect("write while a member is frozen");
+        retried += create(&kv, &format!("/frozen/{i:04}"), "x", Duration::from_secs(10)).await.expect("write while a member is frozen");
     }
-    eprintln!("49 writes with member 0 frozen took {:?}", started.elapsed());
+    eprintln!("49 writes with member 0 frozen took {:?}, {retried} attempts timed out and were retried", started.elapsed());
+    assert_eq!(retried, 0, "writes went to the frozen member after a read had moved off it");
     cluster.cont(0).expect("SIGCONT member 0");
     cluster.wait_ready(0, Duration::from_secs(30)).await.expect("member 0 ready after SIGCONT");
     let resumed = EtcdKv::connect(&[cluster.endpoint(0)], EtcdOptions::default()).await.expect("client of member 0");
