@@ -9,11 +9,17 @@ use corral_etcd::testing::{EtcdCluster, Workload, raw_txn_rate};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let seconds: u64 = std::env::args().nth(1).and_then(|arg| arg.parse().ok()).unwrap_or(10);
+    let seconds: u64 = std::env::args()
+        .nth(1)
+        .and_then(|arg| arg.parse().ok())
+        .unwrap_or(10);
     let duration = Duration::from_secs(seconds);
     let cluster = EtcdCluster::start(3).await?;
     let kv = cluster.client(EtcdOptions::default()).await?;
-    println!("etcd: {} members on 127.0.0.1, {seconds} s per run", cluster.len());
+    println!(
+        "etcd: {} members on 127.0.0.1, {seconds} s per run",
+        cluster.len()
+    );
     for (name, workload, concurrency) in [
         ("sequential, distinct keys", Workload::DistinctKeys, 1),
         ("concurrent, distinct keys", Workload::DistinctKeys, 32),
@@ -21,7 +27,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         let before = cluster.wal_fsyncs(0)?;
         let requests = kv.requests();
-        let report = raw_txn_rate(&kv, &format!("/rate/{concurrency}/{name}"), workload, concurrency, duration).await;
+        let report = raw_txn_rate(
+            &kv,
+            &format!("/rate/{concurrency}/{name}"),
+            workload,
+            concurrency,
+            duration,
+        )
+        .await;
         let after = cluster.wal_fsyncs(0)?;
         let fsyncs = after.count - before.count;
         println!(

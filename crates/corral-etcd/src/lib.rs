@@ -27,8 +27,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_kv::{Event, KeyValue, Kv, KvError, LeaseId, RangePage, Revision, Target, Txn, TxnOp, TxnResponse, Watch};
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, TxnOpResponse, WatchOptions};
+use corral_kv::{
+    Event, KeyValue, Kv, KvError, LeaseId, RangePage, Revision, Target, Txn, TxnOp, TxnResponse,
+    Watch,
+};
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, PutOptions, TxnOpResponse, WatchOptions,
+};
 use tokio::sync::mpsc;
 
 #[cfg(feature = "testing")]
@@ -48,7 +53,10 @@ pub struct EtcdOptions {
 
 impl Default for EtcdOptions {
     fn default() -> Self {
-        EtcdOptions { request_timeout: Duration::from_secs(5), connect_timeout: Duration::from_secs(2) }
+        EtcdOptions {
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
     }
 }
 
@@ -67,7 +75,10 @@ pub struct EtcdKv {
 
 impl fmt::Debug for EtcdKv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdKv").field("options", &self.options).field("requests", &self.requests()).finish_non_exhaustive()
+        f.debug_struct("EtcdKv")
+            .field("options", &self.options)
+            .field("requests", &self.requests())
+            .finish_non_exhaustive()
     }
 }
 
@@ -89,11 +100,13 @@ impl EtcdKv {
             .with_require_leader(true);
         let mut members = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
-            let client =
-                tokio::time::timeout(options.request_timeout, Client::connect([endpoint], Some(connect.clone())))
-                    .await
-                    .map_err(|_| KvError::Unavailable(format!("connecting to {endpoint} timed out")))?
-                    .map_err(|error| map_error(error, None))?;
+            let client = tokio::time::timeout(
+                options.request_timeout,
+                Client::connect([endpoint], Some(connect.clone())),
+            )
+            .await
+            .map_err(|_| KvError::Unavailable(format!("connecting to {endpoint} timed out")))?
+            .map_err(|error| map_error(error, None))?;
             members.push(client);
         }
         Ok(EtcdKv {
@@ -119,7 +132,12 @@ impl EtcdKv {
     /// Sends a request to the current member, and on a connection failure to the next ones
     /// (see the crate's documentation for when), all within the request timeout; counts every
     /// request sent.
-    async fn call<T, F, Fut>(&self, what: &str, retry_if_sent: bool, request: F) -> Result<T, etcd_client::Error>
+    async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        retry_if_sent: bool,
+        request: F,
+    ) -> Result<T, etcd_client::Error>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -135,12 +153,19 @@ impl EtcdKv {
                 break;
             }
             // Leave a retryable request time for another member if this one hangs (frozen).
-            let budget = if retry_if_sent && attempt + 1 < n_members { remaining / 2 } else { remaining };
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            let outcome = match tokio::time::timeout(budget, request(self.members[member].clone())).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(etcd_client::Error::Internal(format!("{what} timed out after {budget:?}"))),
+            let budget = if retry_if_sent && attempt + 1 < n_members {
+                remaining / 2
+            } else {
+                remaining
             };
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let outcome =
+                match tokio::time::timeout(budget, request(self.members[member].clone())).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(etcd_client::Error::Internal(format!(
+                        "{what} timed out after {budget:?}"
+                    ))),
+                };
             match outcome {
                 Ok(answer) => {
                     self.current.store(member, Ordering::Relaxed);
@@ -148,7 +173,12 @@ impl EtcdKv {
                 }
                 Err(error) if is_connection_failure(&error) => {
                     // Later calls start at the next member.
-                    let _ = self.current.compare_exchange(member, (member + 1) % n_members, Ordering::Relaxed, Ordering::Relaxed);
+                    let _ = self.current.compare_exchange(
+                        member,
+                        (member + 1) % n_members,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
                     let not_sent = is_not_sent(&error);
                     last_error = Some(error);
                     if !(not_sent || retry_if_sent) {
@@ -159,7 +189,10 @@ impl EtcdKv {
             }
         }
         Err(last_error.unwrap_or_else(|| {
-            etcd_client::Error::Internal(format!("{what} timed out after {:?}", self.options.request_timeout))
+            etcd_client::Error::Internal(format!(
+                "{what} timed out after {:?}",
+                self.options.request_timeout
+            ))
         }))
     }
 
@@ -178,10 +211,15 @@ impl EtcdKv {
     async fn compact_revision(&self) -> Result<Revision, KvError> {
         let probe = |client: Client| async move {
             let options = WatchOptions::new().with_start_revision(1);
-            let mut stream = client.watch_client().watch(&b"\0corral/compaction-probe"[..], Some(options)).await?;
+            let mut stream = client
+                .watch_client()
+                .watch(&b"\0corral/compaction-probe"[..], Some(options))
+                .await?;
             loop {
                 match stream.message().await? {
-                    Some(response) if response.compact_revision() > 0 => return Ok(response.compact_revision()),
+                    Some(response) if response.compact_revision() > 0 => {
+                        return Ok(response.compact_revision());
+                    }
                     Some(response) if response.canceled() => {
                         return Err(etcd_client::Error::WatchError(format!(
                             "compaction probe cancelled: {}",
@@ -189,11 +227,17 @@ impl EtcdKv {
                         )));
                     }
                     Some(_) => continue,
-                    None => return Err(etcd_client::Error::WatchError("compaction probe stream ended".into())),
+                    None => {
+                        return Err(etcd_client::Error::WatchError(
+                            "compaction probe stream ended".into(),
+                        ));
+                    }
                 }
             }
         };
-        self.call("compaction probe", true, probe).await.map_err(|error| map_error(error, None))
+        self.call("compaction probe", true, probe)
+            .await
+            .map_err(|error| map_error(error, None))
     }
 }
 
@@ -208,7 +252,8 @@ fn is_connection_failure(error: &etcd_client::Error) -> bool {
 fn is_not_sent(error: &etcd_client::Error) -> bool {
     match error {
         etcd_client::Error::GRpcStatus(status) => {
-            status.code() == tonic::Code::Unavailable && status.message().starts_with("tcp connect error")
+            status.code() == tonic::Code::Unavailable
+                && status.message().starts_with("tcp connect error")
         }
         etcd_client::Error::TransportError(_) => true,
         _ => false,
@@ -234,7 +279,9 @@ fn map_error(error: etcd_client::Error, lease: Option<LeaseId>) -> KvError {
         E::GRpcStatus(status) => {
             let message = status.message().to_string();
             match status.code() {
-                Code::OutOfRange if message.contains("compacted") => KvError::Compacted { compact_revision: 0 },
+                Code::OutOfRange if message.contains("compacted") => KvError::Compacted {
+                    compact_revision: 0,
+                },
                 Code::NotFound if message.contains("lease not found") => {
                     KvError::LeaseNotFound(lease.unwrap_or(LeaseId(0)))
                 }
@@ -292,7 +339,9 @@ fn compare(compare: &corral_kv::Compare) -> etcd_client::Compare {
     };
     let key = compare.key.clone();
     match &compare.target {
-        Target::CreateRevision(revision) => etcd_client::Compare::create_revision(key, op, *revision),
+        Target::CreateRevision(revision) => {
+            etcd_client::Compare::create_revision(key, op, *revision)
+        }
         Target::ModRevision(revision) => etcd_client::Compare::mod_revision(key, op, *revision),
         Target::Version(version) => etcd_client::Compare::version(key, op, *version),
         Target::Value(value) => etcd_client::Compare::value(key, op, value.clone()),
@@ -311,26 +360,33 @@ fn txn_op(op: &TxnOp) -> etcd_client::TxnOp {
 }
 
 fn the_lease_of(txn: &Txn) -> Option<LeaseId> {
-    txn.success.iter().chain(&txn.failure).find_map(|op| match op {
-        TxnOp::Put { lease, .. } => *lease,
-        _ => None,
-    })
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .find_map(|op| match op {
+            TxnOp::Put { lease, .. } => *lease,
+            _ => None,
+        })
 }
 
 /// Forwards one etcd watch stream into a `Watch` until either end goes away.
-async fn forward_watch(mut stream: etcd_client::WatchStream, sender: mpsc::Sender<Result<Vec<Event>, KvError>>) {
+async fn forward_watch(
+    mut stream: etcd_client::WatchStream,
+    sender: mpsc::Sender<Result<Vec<Event>, KvError>>,
+) {
     loop {
         let message = tokio::select! {
             message = stream.message() => message,
             () = sender.closed() => return,
         };
         let batch = match message {
-            Ok(Some(response)) if response.compact_revision() > 0 => {
-                Err(KvError::Compacted { compact_revision: response.compact_revision() })
-            }
-            Ok(Some(response)) if response.canceled() => {
-                Err(KvError::Unavailable(format!("etcd cancelled the watch: {}", response.cancel_reason())))
-            }
+            Ok(Some(response)) if response.compact_revision() > 0 => Err(KvError::Compacted {
+                compact_revision: response.compact_revision(),
+            }),
+            Ok(Some(response)) if response.canceled() => Err(KvError::Unavailable(format!(
+                "etcd cancelled the watch: {}",
+                response.cancel_reason()
+            ))),
             Ok(Some(response)) => Ok(response
                 .events()
                 .iter()
@@ -338,7 +394,10 @@ async fn forward_watch(mut stream: etcd_client::WatchStream, sender: mpsc::Sende
                     let kv = event.kv()?;
                     Some(match event.event_type() {
                         EventType::Put => Event::Put(key_value(kv)),
-                        EventType::Delete => Event::Delete { key: kv.key().to_vec(), mod_revision: kv.mod_revision() },
+                        EventType::Delete => Event::Delete {
+                            key: kv.key().to_vec(),
+                            mod_revision: kv.mod_revision(),
+                        },
                     })
                 })
                 .collect::<Vec<_>>()),
@@ -362,7 +421,12 @@ async fn forward_watch(mut stream: etcd_client::WatchStream, sender: mpsc::Sende
 
 impl Kv for EtcdKv {
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
-        match self.call("get", true, |client| async move { client.kv_client().get(key, None).await }).await {
+        match self
+            .call("get", true, |client| async move {
+                client.kv_client().get(key, None).await
+            })
+            .await
+        {
             Ok(response) => Ok(response.kvs().first().map(key_value)),
             Err(error) => Err(self.error(error, None).await),
         }
@@ -383,7 +447,9 @@ impl Kv for EtcdKv {
             }
             _ => prefix.to_vec(),
         };
-        let mut options = GetOptions::new().with_range(prefix_end(prefix)).with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut options = GetOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
         if let Some(revision) = revision.filter(|revision| *revision > 0) {
             options = options.with_revision(revision);
         }
@@ -431,12 +497,22 @@ impl Kv for EtcdKv {
     }
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
-        let seconds = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).unwrap_or(i64::MAX).max(1);
+        let seconds = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+            .unwrap_or(i64::MAX)
+            .max(1);
         // A grant sent twice leaves a lease nobody keeps alive, which expires: harmless.
-        match self.call("lease grant", true, |client| async move { client.lease_client().grant(seconds, None).await }).await {
+        match self
+            .call("lease grant", true, |client| async move {
+                client.lease_client().grant(seconds, None).await
+            })
+            .await
+        {
             Ok(response) => {
                 let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(0));
-                self.granted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(response.id(), granted);
+                self.granted
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .insert(response.id(), granted);
                 Ok(LeaseId(response.id()))
             }
             Err(error) => Err(self.error(error, None).await),
@@ -447,30 +523,51 @@ impl Kv for EtcdKv {
         // etcd-client's keep_alive sends one keep-alive on a new stream and reads its answer
         // (a TTL of 0, an unknown lease, is its "lease not found" error); dropping the keeper
         // and stream ends the stream.
-        let keep_alive = |client: Client| async move { client.lease_client().keep_alive(lease.0).await.map(drop) };
+        let keep_alive = |client: Client| async move {
+            client.lease_client().keep_alive(lease.0).await.map(drop)
+        };
         if let Err(error) = self.call("lease keep-alive", true, keep_alive).await {
             let error = self.error(error, Some(lease)).await;
             if matches!(error, KvError::LeaseNotFound(_)) {
-                self.granted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&lease.0);
+                self.granted
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .remove(&lease.0);
             }
             return Err(error);
         }
-        let known = self.granted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(&lease.0).copied();
+        let known = self
+            .granted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&lease.0)
+            .copied();
         if let Some(ttl) = known {
             return Ok(ttl);
         }
         // A lease another client granted: ask for its TTL.
-        let time_to_live = |client: Client| async move { client.lease_client().time_to_live(lease.0, None).await };
+        let time_to_live =
+            |client: Client| async move { client.lease_client().time_to_live(lease.0, None).await };
         match self.call("lease time-to-live", true, time_to_live).await {
             Ok(response) if response.ttl() < 0 => Err(KvError::LeaseNotFound(lease)),
-            Ok(response) => Ok(Duration::from_secs(u64::try_from(response.granted_ttl()).unwrap_or(0))),
+            Ok(response) => Ok(Duration::from_secs(
+                u64::try_from(response.granted_ttl()).unwrap_or(0),
+            )),
             Err(error) => Err(self.error(error, Some(lease)).await),
         }
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-        self.granted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&lease.0);
-        match self.call("lease revoke", true, |client| async move { client.lease_client().revoke(lease.0).await }).await {
+        self.granted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&lease.0);
+        match self
+            .call("lease revoke", true, |client| async move {
+                client.lease_client().revoke(lease.0).await
+            })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(error) => match self.error(error, Some(lease)).await {
                 KvError::LeaseNotFound(_) => Ok(()),
@@ -480,21 +577,25 @@ impl Kv for EtcdKv {
     }
 
     async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
-        let options = WatchOptions::new().with_range(prefix_end(prefix)).with_start_revision(from.max(0));
+        let options = WatchOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_start_revision(from.max(0));
         // Wait for etcd to confirm the watch, so that a write made after `watch` returns is
         // seen by a watch from revision 0.
         let created = |client: Client| {
             let options = options.clone();
             async move {
-            let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
-            match stream.message().await? {
-                Some(response) if response.created() && !response.canceled() => Ok(stream),
-                Some(response) => Err(etcd_client::Error::WatchError(format!(
-                    "watch not created: {}",
-                    response.cancel_reason()
-                ))),
-                None => Err(etcd_client::Error::WatchError("watch stream ended before creation".into())),
-            }
+                let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
+                match stream.message().await? {
+                    Some(response) if response.created() && !response.canceled() => Ok(stream),
+                    Some(response) => Err(etcd_client::Error::WatchError(format!(
+                        "watch not created: {}",
+                        response.cancel_reason()
+                    ))),
+                    None => Err(etcd_client::Error::WatchError(
+                        "watch stream ended before creation".into(),
+                    )),
+                }
             }
         };
         let stream = match self.call("watch", true, created).await {
@@ -507,7 +608,12 @@ impl Kv for EtcdKv {
     }
 
     async fn compact(&self, revision: Revision) -> Result<(), KvError> {
-        match self.call("compact", true, |client| async move { client.kv_client().compact(revision, None).await }).await {
+        match self
+            .call("compact", true, |client| async move {
+                client.kv_client().compact(revision, None).await
+            })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(error) => Err(self.error(error, None).await),
         }

