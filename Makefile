@@ -27,8 +27,9 @@ demo:
 ## (crates/corral-cli/tests/sync_failure.rs); `make bench-cni` also runs host-local, reads
 ## peak RSS with GNU time and counts fsyncs with strace; and schemathesis (PyPI, pinned) in a
 ## venv under target/ for the agent's API test (crates/corral-agent/tests/schemathesis.rs
-## looks for it there)
-DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv
+## looks for it there); etcd-server for the cluster store's tests against real etcd members
+## (crates/corral-etcd/tests/etcd.rs) and protobuf-compiler (protoc) to build etcd-client
+DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server protobuf-compiler
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv
 deps:

@@ -10,7 +10,14 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+pub mod conformance;
+mod mem;
 
+pub use mem::MemKv;
+
+/// The most compares, or operations in one branch, a transaction may have (etcd's default
+/// `--max-txn-ops`); more is `KvError::Refused`.
+pub const MAX_TXN_OPS: usize = 128;
 
 /// An etcd revision: a cluster-wide counter that every successful write advances.
 pub type Revision = i64;
@@ -75,37 +82,73 @@ pub struct Compare {
 impl Compare {
     /// The key does not exist (version 0).
     pub fn absent(key: impl Into<Vec<u8>>) -> Compare {
-        Compare { key: key.into(), op: CompareOp::Equal, target: Target::Version(0) }
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::Version(0),
+        }
     }
     /// The key exists and was created at `revision` (the fence of a leader or a registration).
     pub fn created_at(key: impl Into<Vec<u8>>, revision: Revision) -> Compare {
-        Compare { key: key.into(), op: CompareOp::Equal, target: Target::CreateRevision(revision) }
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::CreateRevision(revision),
+        }
     }
     /// The key was last written at `revision` (compare-and-swap).
     pub fn modified_at(key: impl Into<Vec<u8>>, revision: Revision) -> Compare {
-        Compare { key: key.into(), op: CompareOp::Equal, target: Target::ModRevision(revision) }
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::ModRevision(revision),
+        }
     }
     /// The key holds exactly `value`.
     pub fn value_is(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Compare {
-        Compare { key: key.into(), op: CompareOp::Equal, target: Target::Value(value.into()) }
+        Compare {
+            key: key.into(),
+            op: CompareOp::Equal,
+            target: Target::Value(value.into()),
+        }
     }
 }
 
 /// One operation of a transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TxnOp {
-    Put { key: Vec<u8>, value: Vec<u8>, lease: Option<LeaseId> },
-    Delete { key: Vec<u8> },
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
     /// Reads one key (its result comes back in `TxnResponse::gets`, in order).
-    Get { key: Vec<u8> },
+    Get {
+        key: Vec<u8>,
+    },
 }
 
 impl TxnOp {
     pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> TxnOp {
-        TxnOp::Put { key: key.into(), value: value.into(), lease: None }
+        TxnOp::Put {
+            key: key.into(),
+            value: value.into(),
+            lease: None,
+        }
     }
-    pub fn put_on_lease(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: LeaseId) -> TxnOp {
-        TxnOp::Put { key: key.into(), value: value.into(), lease: Some(lease) }
+    pub fn put_on_lease(
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: LeaseId,
+    ) -> TxnOp {
+        TxnOp::Put {
+            key: key.into(),
+            value: value.into(),
+            lease: Some(lease),
+        }
     }
     pub fn delete(key: impl Into<Vec<u8>>) -> TxnOp {
         TxnOp::Delete { key: key.into() }
@@ -152,7 +195,10 @@ pub struct RangePage {
 pub enum Event {
     Put(KeyValue),
     /// A deletion (by request or by lease expiry); `mod_revision` is the deletion's revision.
-    Delete { key: Vec<u8>, mod_revision: Revision },
+    Delete {
+        key: Vec<u8>,
+        mod_revision: Revision,
+    },
 }
 
 impl Event {
@@ -209,7 +255,7 @@ pub enum KvError {
     #[error("revision compacted (oldest kept {compact_revision})")]
     Compacted { compact_revision: Revision },
     /// The lease is unknown (expired or revoked).
-    #[error("lease {0:?} not found")]
+    #[error("lease {:x} not found", .0.0)]
     LeaseNotFound(LeaseId),
     /// The store refused the request as malformed or too large (a bug, or a limit: etcd allows
     /// 128 operations per transaction by default).
@@ -249,23 +295,43 @@ pub trait Kv: Clone + Send + Sync + 'static {
     fn lease_grant(&self, ttl: Duration) -> impl Future<Output = Result<LeaseId, KvError>> + Send;
 
     /// Renews a lease once; answers the TTL it now has (`LeaseNotFound` once it expired).
-    fn lease_keep_alive(&self, lease: LeaseId) -> impl Future<Output = Result<Duration, KvError>> + Send;
+    fn lease_keep_alive(
+        &self,
+        lease: LeaseId,
+    ) -> impl Future<Output = Result<Duration, KvError>> + Send;
 
     /// Revokes a lease, deleting its keys (an unknown lease is not an error).
     fn lease_revoke(&self, lease: LeaseId) -> impl Future<Output = Result<(), KvError>> + Send;
 
-    /// Watches every key under `prefix` from revision `from` (inclusive).
-    fn watch(&self, prefix: &[u8], from: Revision) -> impl Future<Output = Result<Watch, KvError>> + Send;
+    /// Watches every key under `prefix` from revision `from` (inclusive; 0 for the next write).
+    /// A `from` older than the last compaction gives a watch whose first `next` is
+    /// `KvError::Compacted`, as etcd cancels such a watch right after creating it.
+    fn watch(
+        &self,
+        prefix: &[u8],
+        from: Revision,
+    ) -> impl Future<Output = Result<Watch, KvError>> + Send;
+
+    /// Discards history before `revision`: reads at and watches from earlier revisions then fail
+    /// with `KvError::Compacted`. A revision not after the last compaction is `Compacted`, one
+    /// past the current revision `Refused`.
+    fn compact(&self, revision: Revision) -> impl Future<Output = Result<(), KvError>> + Send;
 }
 
 /// Reads every key under `prefix` at one revision, `page` keys per request; answers the keys
 /// and that revision (watch from it + 1).
-pub async fn read_all<K: Kv>(kv: &K, prefix: &[u8], page: usize) -> Result<(Vec<KeyValue>, Revision), KvError> {
+pub async fn read_all<K: Kv>(
+    kv: &K,
+    prefix: &[u8],
+    page: usize,
+) -> Result<(Vec<KeyValue>, Revision), KvError> {
     let mut all = Vec::new();
     let mut revision = None;
     let mut after: Option<Vec<u8>> = None;
     loop {
-        let page = kv.range(prefix, after.as_deref(), page.max(1), revision).await?;
+        let page = kv
+            .range(prefix, after.as_deref(), page.max(1), revision)
+            .await?;
         revision = Some(page.revision);
         after = page.kvs.last().map(|kv| kv.key.clone());
         all.extend(page.kvs);

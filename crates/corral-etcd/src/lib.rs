@@ -1,0 +1,634 @@
+//! corral's cluster store on etcd: `EtcdKv`, the `corral_kv::Kv` trait over etcd-client. This
+//! is the only crate that links etcd-client.
+//!
+//! Every call is bounded by a request timeout (a timeout is `KvError::Unavailable`: the request
+//! may or may not have been applied). etcd's errors become `KvError`s: no quorum, a lost
+//! connection or a timeout `Unavailable`, a compacted revision `Compacted` (with the compaction
+//! point, which etcd's read error does not carry: a watch from revision 1 asks for it), an
+//! unknown lease `LeaseNotFound`, a malformed or oversized request `Refused`.
+//!
+//! Failover is done here, not by etcd-client: its balanced channel over several endpoints
+//! keeps sending a share of the requests to a killed member (connection refused) or a frozen
+//! one (timeouts), measured in `tests/etcd.rs`. So `EtcdKv` keeps one connection per member
+//! and sends each request to the member that last answered; on a connection failure it moves
+//! to the next member. A request that was certainly not sent (connection refused) is sent
+//! again to the next member at once; one that may have been applied (a timeout, a broken
+//! connection) is retried on the next member only if repeating it is harmless (reads,
+//! watches, lease calls), else answered `Unavailable` (a txn), and the next call goes to the
+//! next member.
+//!
+//! With the `testing` feature, `testing` runs real etcd members as child processes for tests
+//! and benchmarks.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_kv::{
+    Event, KeyValue, Kv, KvError, LeaseId, RangePage, Revision, Target, Txn, TxnOp, TxnResponse,
+    Watch,
+};
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, PutOptions, TxnOpResponse, WatchOptions,
+};
+use tokio::sync::mpsc;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+/// How many batches a watch buffers before its forwarding task waits for the reader.
+const WATCH_BUFFER: usize = 64;
+
+/// How `EtcdKv` talks to etcd.
+#[derive(Clone, Debug)]
+pub struct EtcdOptions {
+    /// The longest any call may take; past it the call fails with `Unavailable`.
+    pub request_timeout: Duration,
+    /// The longest a connection attempt to one member may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The cluster store on etcd. Clones share the connections (one per member), the member in
+/// use and the request count.
+#[derive(Clone)]
+pub struct EtcdKv {
+    members: Arc<[Client]>,
+    /// The member requests go to (the last that answered).
+    current: Arc<AtomicUsize>,
+    options: EtcdOptions,
+    requests: Arc<AtomicU64>,
+    /// The TTL etcd granted each lease this client created (keep-alive answers it).
+    granted: Arc<Mutex<HashMap<i64, Duration>>>,
+}
+
+impl fmt::Debug for EtcdKv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdKv")
+            .field("options", &self.options)
+            .field("requests", &self.requests())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdKv {
+    /// A client of the etcd members at `endpoints` (`http://host:port`). Connections are made
+    /// lazily, so this succeeds while etcd is down (calls then fail with `Unavailable`); only
+    /// malformed endpoints are refused.
+    pub async fn connect(endpoints: &[String], options: EtcdOptions) -> Result<EtcdKv, KvError> {
+        if endpoints.is_empty() {
+            return Err(KvError::Refused("no etcd endpoints given".into()));
+        }
+        let connect = ConnectOptions::new()
+            .with_timeout(options.request_timeout)
+            .with_connect_timeout(options.connect_timeout)
+            // Finds a member that stopped answering on a long-lived stream (a watch).
+            .with_keep_alive(options.request_timeout, options.request_timeout)
+            .with_keep_alive_while_idle(true)
+            // Watches on a member cut off from the leader are cancelled instead of going quiet.
+            .with_require_leader(true);
+        let mut members = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            let client = tokio::time::timeout(
+                options.request_timeout,
+                Client::connect([endpoint], Some(connect.clone())),
+            )
+            .await
+            .map_err(|_| KvError::Unavailable(format!("connecting to {endpoint} timed out")))?
+            .map_err(|error| map_error(error, None))?;
+            members.push(client);
+        }
+        Ok(EtcdKv {
+            members: members.into(),
+            current: Arc::new(AtomicUsize::new(0)),
+            options,
+            requests: Arc::new(AtomicU64::new(0)),
+            granted: Arc::default(),
+        })
+    }
+
+    /// How many requests this client (and its clones) sent to etcd: one per unary call, one
+    /// per watch or keep-alive stream opened.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// The options the client was made with.
+    pub fn options(&self) -> &EtcdOptions {
+        &self.options
+    }
+
+    /// Sends a request to the current member, and on a connection failure to the next ones
+    /// (see the crate's documentation for when), all within the request timeout; counts every
+    /// request sent.
+    async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        retry_if_sent: bool,
+        request: F,
+    ) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.options.request_timeout;
+        let n_members = self.members.len();
+        let first = self.current.load(Ordering::Relaxed) % n_members;
+        let mut last_error = None;
+        for attempt in 0..n_members {
+            let member = (first + attempt) % n_members;
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            // Leave a retryable request time for another member if this one hangs (frozen).
+            let budget = if retry_if_sent && attempt + 1 < n_members {
+                remaining / 2
+            } else {
+                remaining
+            };
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let outcome =
+                match tokio::time::timeout(budget, request(self.members[member].clone())).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(etcd_client::Error::Internal(format!(
+                        "{what} timed out after {budget:?}"
+                    ))),
+                };
+            match outcome {
+                Ok(answer) => {
+                    self.current.store(member, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                Err(error) if is_connection_failure(&error) => {
+                    // Later calls start at the next member.
+                    let _ = self.current.compare_exchange(
+                        member,
+                        (member + 1) % n_members,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    let not_sent = is_not_sent(&error);
+                    last_error = Some(error);
+                    if !(not_sent || retry_if_sent) {
+                        break;
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| {
+            etcd_client::Error::Internal(format!(
+                "{what} timed out after {:?}",
+                self.options.request_timeout
+            ))
+        }))
+    }
+
+    /// Maps an error, asking etcd for the compaction point when the error is "compacted".
+    async fn error(&self, error: etcd_client::Error, lease: Option<LeaseId>) -> KvError {
+        match map_error(error, lease) {
+            KvError::Compacted { .. } => match self.compact_revision().await {
+                Ok(compact_revision) => KvError::Compacted { compact_revision },
+                Err(error) => error,
+            },
+            other => other,
+        }
+    }
+
+    /// The oldest revision etcd keeps: a watch from revision 1 is cancelled with it.
+    async fn compact_revision(&self) -> Result<Revision, KvError> {
+        let probe = |client: Client| async move {
+            let options = WatchOptions::new().with_start_revision(1);
+            let mut stream = client
+                .watch_client()
+                .watch(&b"\0corral/compaction-probe"[..], Some(options))
+                .await?;
+            loop {
+                match stream.message().await? {
+                    Some(response) if response.compact_revision() > 0 => {
+                        return Ok(response.compact_revision());
+                    }
+                    Some(response) if response.canceled() => {
+                        return Err(etcd_client::Error::WatchError(format!(
+                            "compaction probe cancelled: {}",
+                            response.cancel_reason()
+                        )));
+                    }
+                    Some(_) => continue,
+                    None => {
+                        return Err(etcd_client::Error::WatchError(
+                            "compaction probe stream ended".into(),
+                        ));
+                    }
+                }
+            }
+        };
+        self.call("compaction probe", true, probe)
+            .await
+            .map_err(|error| map_error(error, None))
+    }
+}
+
+/// Whether an error says the member could not be reached or did not answer (as opposed to
+/// an answer from etcd).
+fn is_connection_failure(error: &etcd_client::Error) -> bool {
+    matches!(map_error_ref(error), KvError::Unavailable(_))
+}
+
+/// Whether an error says the request never left this process (the connection was refused):
+/// sending it elsewhere cannot apply it twice.
+fn is_not_sent(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable
+                && status.message().starts_with("tcp connect error")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+fn map_error_ref(error: &etcd_client::Error) -> KvError {
+    use etcd_client::Error as E;
+    match error {
+        E::GRpcStatus(status) => map_error(E::GRpcStatus(status.clone()), None),
+        E::LeaseKeepAliveError(message) => map_error(E::LeaseKeepAliveError(message.clone()), None),
+        E::InvalidArgs(message) => KvError::Refused(message.clone()),
+        E::InvalidUri(error) => KvError::Refused(format!("invalid etcd endpoint: {error}")),
+        other => KvError::Unavailable(other.to_string()),
+    }
+}
+
+/// etcd's errors as `KvError`s (a compacted revision with an unknown compaction point, 0).
+fn map_error(error: etcd_client::Error, lease: Option<LeaseId>) -> KvError {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match error {
+        E::GRpcStatus(status) => {
+            let message = status.message().to_string();
+            match status.code() {
+                Code::OutOfRange if message.contains("compacted") => KvError::Compacted {
+                    compact_revision: 0,
+                },
+                Code::NotFound if message.contains("lease not found") => {
+                    KvError::LeaseNotFound(lease.unwrap_or(LeaseId(0)))
+                }
+                Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::ResourceExhausted
+                | Code::Internal
+                | Code::Unknown => KvError::Unavailable(message),
+                _ => KvError::Refused(message),
+            }
+        }
+        E::LeaseKeepAliveError(message) if message.contains("not found") => {
+            KvError::LeaseNotFound(lease.unwrap_or(LeaseId(0)))
+        }
+        E::InvalidArgs(message) => KvError::Refused(message),
+        E::InvalidUri(error) => KvError::Refused(format!("invalid etcd endpoint: {error}")),
+        other => KvError::Unavailable(other.to_string()),
+    }
+}
+
+fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: kv.key().to_vec(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        version: kv.version(),
+        lease: (kv.lease() != 0).then_some(LeaseId(kv.lease())),
+    }
+}
+
+/// The first key after every key that starts with `prefix` (etcd's range end for a prefix).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every key: etcd reads "\0" as "to the end".
+    vec![0]
+}
+
+fn compare(compare: &corral_kv::Compare) -> etcd_client::Compare {
+    use corral_kv::CompareOp as Op;
+    use etcd_client::CompareOp as EtcdOp;
+    let op = match compare.op {
+        Op::Equal => EtcdOp::Equal,
+        Op::NotEqual => EtcdOp::NotEqual,
+        Op::Less => EtcdOp::Less,
+        Op::Greater => EtcdOp::Greater,
+    };
+    let key = compare.key.clone();
+    match &compare.target {
+        Target::CreateRevision(revision) => {
+            etcd_client::Compare::create_revision(key, op, *revision)
+        }
+        Target::ModRevision(revision) => etcd_client::Compare::mod_revision(key, op, *revision),
+        Target::Version(version) => etcd_client::Compare::version(key, op, *version),
+        Target::Value(value) => etcd_client::Compare::value(key, op, value.clone()),
+    }
+}
+
+fn txn_op(op: &TxnOp) -> etcd_client::TxnOp {
+    match op {
+        TxnOp::Put { key, value, lease } => {
+            let options = lease.map(|lease| PutOptions::new().with_lease(lease.0));
+            etcd_client::TxnOp::put(key.clone(), value.clone(), options)
+        }
+        TxnOp::Delete { key } => etcd_client::TxnOp::delete(key.clone(), None),
+        TxnOp::Get { key } => etcd_client::TxnOp::get(key.clone(), None),
+    }
+}
+
+fn the_lease_of(txn: &Txn) -> Option<LeaseId> {
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .find_map(|op| match op {
+            TxnOp::Put { lease, .. } => *lease,
+            _ => None,
+        })
+}
+
+/// Forwards one etcd watch stream into a `Watch` until either end goes away.
+async fn forward_watch(
+    mut stream: etcd_client::WatchStream,
+    sender: mpsc::Sender<Result<Vec<Event>, KvError>>,
+) {
+    loop {
+        let message = tokio::select! {
+            message = stream.message() => message,
+            () = sender.closed() => return,
+        };
+        let batch = match message {
+            Ok(Some(response)) if response.compact_revision() > 0 => Err(KvError::Compacted {
+                compact_revision: response.compact_revision(),
+            }),
+            Ok(Some(response)) if response.canceled() => Err(KvError::Unavailable(format!(
+                "etcd cancelled the watch: {}",
+                response.cancel_reason()
+            ))),
+            Ok(Some(response)) => Ok(response
+                .events()
+                .iter()
+                .filter_map(|event| {
+                    let kv = event.kv()?;
+                    Some(match event.event_type() {
+                        EventType::Put => Event::Put(key_value(kv)),
+                        EventType::Delete => Event::Delete {
+                            key: kv.key().to_vec(),
+                            mod_revision: kv.mod_revision(),
+                        },
+                    })
+                })
+                .collect::<Vec<_>>()),
+            Ok(None) => Err(KvError::Unavailable("etcd ended the watch stream".into())),
+            Err(error) => Err(map_error(error, None)),
+        };
+        match batch {
+            Ok(events) if events.is_empty() => {}
+            Ok(events) => {
+                if sender.send(Ok(events)).await.is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                let _ = sender.send(Err(error)).await;
+                return;
+            }
+        }
+    }
+}
+
+impl Kv for EtcdKv {
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
+        match self
+            .call("get", true, |client| async move {
+                client.kv_client().get(key, None).await
+            })
+            .await
+        {
+            Ok(response) => Ok(response.kvs().first().map(key_value)),
+            Err(error) => Err(self.error(error, None).await),
+        }
+    }
+
+    async fn range(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        revision: Option<Revision>,
+    ) -> Result<RangePage, KvError> {
+        let start = match after {
+            Some(after) if after >= prefix => {
+                let mut start = after.to_vec();
+                start.push(0);
+                start
+            }
+            _ => prefix.to_vec(),
+        };
+        let mut options = GetOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        if let Some(revision) = revision.filter(|revision| *revision > 0) {
+            options = options.with_revision(revision);
+        }
+        let request = |client: Client| {
+            let (start, options) = (start.clone(), options.clone());
+            async move { client.kv_client().get(start, Some(options)).await }
+        };
+        match self.call("range", true, request).await {
+            Ok(response) => {
+                let current = response.header().map_or(0, |header| header.revision());
+                Ok(RangePage {
+                    kvs: response.kvs().iter().map(key_value).collect(),
+                    more: response.more(),
+                    revision: revision.filter(|revision| *revision > 0).unwrap_or(current),
+                })
+            }
+            Err(error) => Err(self.error(error, None).await),
+        }
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
+        let request = etcd_client::Txn::new()
+            .when(txn.compares.iter().map(compare).collect::<Vec<_>>())
+            .and_then(txn.success.iter().map(txn_op).collect::<Vec<_>>())
+            .or_else(txn.failure.iter().map(txn_op).collect::<Vec<_>>());
+        let send = |client: Client| {
+            let request = request.clone();
+            async move { client.kv_client().txn(request).await }
+        };
+        match self.call("txn", false, send).await {
+            Ok(response) => Ok(TxnResponse {
+                succeeded: response.succeeded(),
+                revision: response.header().map_or(0, |header| header.revision()),
+                gets: response
+                    .op_responses()
+                    .into_iter()
+                    .filter_map(|op| match op {
+                        TxnOpResponse::Get(get) => Some(get.kvs().first().map(key_value)),
+                        _ => None,
+                    })
+                    .collect(),
+            }),
+            Err(error) => Err(self.error(error, the_lease_of(&txn)).await),
+        }
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
+        let seconds = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        // A grant sent twice leaves a lease nobody keeps alive, which expires: harmless.
+        match self
+            .call("lease grant", true, |client| async move {
+                client.lease_client().grant(seconds, None).await
+            })
+            .await
+        {
+            Ok(response) => {
+                let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(0));
+                self.granted
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .insert(response.id(), granted);
+                Ok(LeaseId(response.id()))
+            }
+            Err(error) => Err(self.error(error, None).await),
+        }
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, KvError> {
+        // etcd-client's keep_alive sends one keep-alive on a new stream and reads its answer
+        // (a TTL of 0, an unknown lease, is its "lease not found" error); dropping the keeper
+        // and stream ends the stream.
+        let keep_alive = |client: Client| async move {
+            client.lease_client().keep_alive(lease.0).await.map(drop)
+        };
+        if let Err(error) = self.call("lease keep-alive", true, keep_alive).await {
+            let error = self.error(error, Some(lease)).await;
+            if matches!(error, KvError::LeaseNotFound(_)) {
+                self.granted
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .remove(&lease.0);
+            }
+            return Err(error);
+        }
+        let known = self
+            .granted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&lease.0)
+            .copied();
+        if let Some(ttl) = known {
+            return Ok(ttl);
+        }
+        // A lease another client granted: ask for its TTL.
+        let time_to_live =
+            |client: Client| async move { client.lease_client().time_to_live(lease.0, None).await };
+        match self.call("lease time-to-live", true, time_to_live).await {
+            Ok(response) if response.ttl() < 0 => Err(KvError::LeaseNotFound(lease)),
+            Ok(response) => Ok(Duration::from_secs(
+                u64::try_from(response.granted_ttl()).unwrap_or(0),
+            )),
+            Err(error) => Err(self.error(error, Some(lease)).await),
+        }
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), KvError> {
+        self.granted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&lease.0);
+        match self
+            .call("lease revoke", true, |client| async move {
+                client.lease_client().revoke(lease.0).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) => match self.error(error, Some(lease)).await {
+                KvError::LeaseNotFound(_) => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+
+    async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
+        let options = WatchOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_start_revision(from.max(0));
+        // Wait for etcd to confirm the watch, so that a write made after `watch` returns is
+        // seen by a watch from revision 0.
+        let created = |client: Client| {
+            let options = options.clone();
+            async move {
+                let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
+                match stream.message().await? {
+                    Some(response) if response.created() && !response.canceled() => Ok(stream),
+                    Some(response) => Err(etcd_client::Error::WatchError(format!(
+                        "watch not created: {}",
+                        response.cancel_reason()
+                    ))),
+                    None => Err(etcd_client::Error::WatchError(
+                        "watch stream ended before creation".into(),
+                    )),
+                }
+            }
+        };
+        let stream = match self.call("watch", true, created).await {
+            Ok(stream) => stream,
+            Err(error) => return Err(self.error(error, None).await),
+        };
+        let (sender, receiver) = mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(forward_watch(stream, sender));
+        Ok(Watch::new(receiver))
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), KvError> {
+        match self
+            .call("compact", true, |client| async move {
+                client.kv_client().compact(revision, None).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error) => Err(self.error(error, None).await),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_the_first_key_after_the_prefix() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
+    }
+}

