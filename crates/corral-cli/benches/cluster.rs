@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use corral_cluster::{Keys, NodeRecord, encode_value};
 use corral_etcd::EtcdKv;
-use corral_etcd::testing::{EtcdCluster, raw_txn_rate};
+use corral_etcd::testing::{EtcdCluster, Workload, etcd_binary, raw_txn_rate};
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
 const NODES: usize = 10_000;
@@ -36,7 +36,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let etcd = EtcdCluster::start(3).expect("etcd starts (make deps)");
+    let etcd = runtime
+        .block_on(EtcdCluster::start(3))
+        .expect("etcd starts (make deps)");
     runtime.block_on(bench(&etcd));
 }
 
@@ -50,15 +52,30 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn bench(etcd: &EtcdCluster) {
     let endpoints = etcd.endpoints();
     let kv = EtcdKv::connect(&endpoints, Default::default()).await.unwrap();
-    println!("rig: etcd {} (3 members, 127.0.0.1), {} cores", etcd.version(), std::thread::available_parallelism().map_or(0, |n| n.get()));
+    let version = etcd_binary()
+        .ok()
+        .and_then(|binary| Command::new(binary).arg("--version").output().ok())
+        .map(|out| String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_owned())
+        .unwrap_or_default();
+    println!(
+        "rig: {version} (3 members on 127.0.0.1, fsync on), {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
 
     // The raw rate first, in the same run.
-    for concurrency in [1, 32] {
-        let report = raw_txn_rate(&kv, concurrency, Duration::from_secs(3)).await;
-        println!("raw etcd txn, {concurrency:>2} concurrent, distinct keys: {report}");
+    let fsyncs_before = etcd.wal_fsyncs(0).ok();
+    for (workload, concurrency) in [
+        (Workload::DistinctKeys, 1),
+        (Workload::DistinctKeys, 32),
+        (Workload::OneKeyCas, 32),
+    ] {
+        let report = raw_txn_rate(&kv, "/bench-raw", workload, concurrency, Duration::from_secs(3)).await;
+        println!("raw etcd txn, {workload:?}: {report}");
     }
-    if let Some(fsync) = etcd.wal_fsync_mean().await {
-        println!("etcd WAL fsync mean: {:.3} ms", fsync.as_secs_f64() * 1e3);
+    if let (Some(before), Ok(after)) = (fsyncs_before, etcd.wal_fsyncs(0)) {
+        if let Some(mean) = after.mean_since(&before) {
+            println!("etcd WAL fsync mean during the raw runs: {:.3} ms", mean.as_secs_f64() * 1e3);
+        }
     }
 
     // The cluster and 10,000 registrations (100 per transaction, 16 at once).
@@ -94,7 +111,7 @@ async fn bench(etcd: &EtcdCluster) {
     let requests_before = counted.requests();
     let mut led_at = None;
     loop {
-        let granted = shared.with_view(|view, _| view.granted_nodes()).unwrap_or(0);
+        let granted = shared.granted() as usize;
         if led_at.is_none() && shared.leading() {
             led_at = Some(started.elapsed());
         }

@@ -23,12 +23,16 @@ use common::{Agent, BINARY};
 const NEEDS: &str = "needs etcd (make deps)";
 
 /// A runtime for the test's own etcd calls.
-fn block_on<F: std::future::Future>(future: F) -> F::Output {
+fn block_on<F: Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
         .block_on(future)
+}
+
+fn start_etcd(members: usize) -> EtcdCluster {
+    block_on(EtcdCluster::start(members)).expect("etcd starts (make deps installs it)")
 }
 
 fn kv(etcd: &EtcdCluster) -> corral_etcd::EtcdKv {
@@ -152,13 +156,23 @@ fn grants(etcd: &EtcdCluster) -> BTreeMap<String, Vec<String>> {
     by_node
 }
 
+/// A node's registration record, as an agent writes it.
+fn node_record(name: &str) -> Vec<u8> {
+    corral_cluster::encode_value(&corral_cluster::NodeRecord {
+        uid: format!("uid-{name}"),
+        addresses: Vec::new(),
+        registered_ms: 0,
+    })
+    .unwrap()
+}
+
 /// Registers nodes directly in etcd, as agents do (create if absent, with a uid).
 fn register(etcd: &EtcdCluster, names: impl IntoIterator<Item = String>) {
     let kv = kv(etcd);
     block_on(async {
         for name in names {
             let key = format!("/corral/t/v1/nodes/{name}");
-            let value = serde_json::json!({"uid": format!("uid-{name}"), "addresses": [], "registered_ms": 0});
+            let value = String::from_utf8(node_record(&name)).unwrap();
             let txn = Txn {
                 compares: vec![Compare::absent(key.clone())],
                 success: vec![TxnOp::put(key, value.to_string())],
@@ -248,6 +262,15 @@ fn alloc_dual(socket: &Path, owner: &str) -> Vec<IpAddr> {
     response.allocations.iter().map(|a| a.address).collect()
 }
 
+fn addresses(dump: &corral_api::DumpResponse) -> BTreeSet<IpAddr> {
+    dump.scopes
+        .iter()
+        .flat_map(|s| &s.pools)
+        .flat_map(|p| &p.allocations)
+        .map(|a| a.address)
+        .collect()
+}
+
 fn contains(cidr: &str, address: IpAddr) -> bool {
     cidr.parse::<ipnet::IpNet>().unwrap().contains(&address)
 }
@@ -270,7 +293,7 @@ node_prefix_len = 64
 fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     let _ = NEEDS;
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(1).unwrap();
+    let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
@@ -297,9 +320,6 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     let cluster = status.cluster.expect("the agent reports its cluster link");
     assert!(cluster.registered && !cluster.degraded, "{cluster:?}");
     assert_eq!(cluster.grants.len(), 2);
-    // Registration compares the machine uid: another machine under the same name is refused.
-    let mut kv_entry = block_on(kv(&etcd).get(b"/corral/t/v1/nodes/node-a")).unwrap().unwrap();
-    kv_entry.value.clear();
     assert_check(&etcd, &[&a.socket, &b.socket]);
     let (code, out, _) = corral(&["node", "list", "--etcd", &endpoints(&etcd), "--cluster", "t"]);
     assert_eq!(code, 0);
@@ -310,7 +330,7 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
 #[ignore = "needs etcd (make deps)"]
 fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(1).unwrap();
+    let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
@@ -328,7 +348,7 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     // The agent drains: the pod keeps its addresses, nothing new comes from there.
     wait_until("node-a's ranges drain", Duration::from_secs(20), || agent_ranges(&a.socket).is_empty());
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
-    let still: BTreeSet<IpAddr> = dump.allocations.iter().map(|a| a.address).collect();
+    let still = addresses(&dump);
     assert!(pod.iter().all(|p| still.contains(p)));
     register(&etcd, ["node-c".to_owned()]);
     wait_until("node-c is granted", Duration::from_secs(20), || grants(&etcd).contains_key("node-c"));
@@ -349,7 +369,7 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
 #[ignore = "needs etcd (make deps)"]
 fn sigkill_of_the_leader_during_500_registrations() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(1).unwrap();
+    let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let first = Operator::start(&etcd, dir.path(), "op-a");
     wait_until("op-a leads", Duration::from_secs(20), || leader(&etcd).as_deref() == Some("op-a"));
@@ -363,7 +383,7 @@ fn sigkill_of_the_leader_during_500_registrations() {
             block_on(async {
                 for name in names {
                     let key = format!("/corral/t/v1/nodes/{name}");
-                    let value = serde_json::json!({"uid": format!("uid-{name}"), "addresses": [], "registered_ms": 0});
+                    let value = String::from_utf8(node_record(&name)).unwrap();
                     kv.txn(Txn {
                         compares: vec![Compare::absent(key.clone())],
                         success: vec![TxnOp::put(key, value.to_string())],
@@ -390,14 +410,14 @@ fn sigkill_of_the_leader_during_500_registrations() {
 #[ignore = "needs etcd (make deps)"]
 fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(1).unwrap();
+    let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let first = Operator::start(&etcd, dir.path(), "op-a");
     wait_until("op-a leads", Duration::from_secs(20), || leader(&etcd).as_deref() == Some("op-a"));
     let _second = Operator::start(&etcd, dir.path(), "op-b");
     register(&etcd, (0..20).map(|i| format!("early{i}")));
     wait_until("early nodes granted", Duration::from_secs(20), || grants(&etcd).len() == 20);
-    first.signal(rustix::process::Signal::Stop);
+    first.signal(rustix::process::Signal::STOP);
     let paused = Instant::now();
     // Nodes registered while op-a sleeps: op-a's view (from before the pause) will propose
     // them too when it wakes, with CIDRs op-b may have granted meanwhile.
@@ -406,7 +426,7 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
     let took_over = paused.elapsed();
     assert!(took_over < Duration::from_secs(2 + 5), "standby took {took_over:?}");
     wait_until("late nodes granted", Duration::from_secs(20), || grants(&etcd).len() == 70);
-    first.signal(rustix::process::Signal::Cont);
+    first.signal(rustix::process::Signal::CONT);
     register(&etcd, (0..20).map(|i| format!("after{i}")));
     wait_until("after nodes granted", Duration::from_secs(20), || grants(&etcd).len() == 90);
     std::thread::sleep(Duration::from_secs(1));
@@ -422,7 +442,7 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
 #[ignore = "needs etcd (make deps)"]
 fn one_etcd_member_of_three_killed_mid_burst() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = EtcdCluster::start(3).unwrap();
+    let mut etcd = start_etcd(3);
     init(&etcd, dir.path(), DUAL);
     let _a = Operator::start(&etcd, dir.path(), "op-a");
     let _b = Operator::start(&etcd, dir.path(), "op-b");
@@ -437,7 +457,7 @@ fn one_etcd_member_of_three_killed_mid_burst() {
 #[ignore = "needs etcd (make deps)"]
 fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = EtcdCluster::start(3).unwrap();
+    let mut etcd = start_etcd(3);
     init(&etcd, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
@@ -457,6 +477,7 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     assert_eq!(agent_ranges(&a.socket).len(), 2, "nothing is dropped while etcd is away");
     etcd.restart(1).unwrap();
     etcd.restart(2).unwrap();
+    block_on(etcd.wait_ready_all(Duration::from_secs(30))).unwrap();
     wait_until("the agent is connected again", Duration::from_secs(60), || {
         Client::unix(&a.socket).status(None).unwrap().cluster.is_some_and(|c| !c.degraded && c.registered)
     });
@@ -470,7 +491,7 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(1).unwrap();
+    let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let agent_dir = dir.path().join("a");
@@ -482,7 +503,7 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
     let a = start_agent(&etcd, &agent_dir, "node-a");
     assert_eq!(agent_ranges(&a.socket), ranges, "the ranges are back before etcd is asked");
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
-    let held: BTreeSet<IpAddr> = dump.allocations.iter().map(|a| a.address).collect();
+    let held = addresses(&dump);
     assert!(pods.is_subset(&held));
     wait_until("registered again", Duration::from_secs(20), || {
         Client::unix(&a.socket).status(None).unwrap().cluster.is_some_and(|c| c.registered)
@@ -496,7 +517,7 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
 #[ignore = "needs etcd (make deps)"]
 fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(1).unwrap();
+    let etcd = start_etcd(1);
     init(
         &etcd,
         dir.path(),
@@ -536,7 +557,7 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
 #[ignore = "needs etcd (make deps)"]
 fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = EtcdCluster::start(1).unwrap();
+    let etcd = start_etcd(1);
     init(
         &etcd,
         dir.path(),

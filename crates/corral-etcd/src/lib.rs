@@ -338,13 +338,18 @@ fn compare(compare: &corral_kv::Compare) -> etcd_client::Compare {
         Op::Greater => EtcdOp::Greater,
     };
     let key = compare.key.clone();
-    match &compare.target {
+    let single = match &compare.target {
         Target::CreateRevision(revision) => {
             etcd_client::Compare::create_revision(key, op, *revision)
         }
         Target::ModRevision(revision) => etcd_client::Compare::mod_revision(key, op, *revision),
         Target::Version(version) => etcd_client::Compare::version(key, op, *version),
         Target::Value(value) => etcd_client::Compare::value(key, op, value.clone()),
+    };
+    if compare.prefix {
+        single.with_range(prefix_end(&compare.key))
+    } else {
+        single
     }
 }
 

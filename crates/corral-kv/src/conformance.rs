@@ -21,6 +21,7 @@ const PATIENCE: Duration = Duration::from_secs(15);
 /// discards the history the other cases read).
 pub async fn run_all<K: Kv>(kv: &K, prefix: &str) {
     txn_compares(kv, &format!("{prefix}/compares")).await;
+    prefix_compares(kv, &format!("{prefix}/prefix")).await;
     revision_accounting(kv, &format!("{prefix}/revisions")).await;
     txn_limits(kv, &format!("{prefix}/limits")).await;
     range_pagination(kv, &format!("{prefix}/range")).await;
@@ -73,6 +74,7 @@ fn compare(key: &[u8], op: CompareOp, target: Target) -> Compare {
         key: key.to_vec(),
         op,
         target,
+        prefix: false,
     }
 }
 
@@ -133,6 +135,20 @@ async fn wait_absent<K: Kv>(kv: &K, key: &[u8]) {
 }
 
 /// Compares on absent and present keys, each target, both branches.
+/// A prefix compare: `prefix_empty` holds until a key exists under the prefix, fails while one
+/// does (whatever sits beside the prefix), and holds again once it is deleted.
+pub async fn prefix_compares<K: Kv>(kv: &K, prefix: &str) {
+    let under = format!("{prefix}/p/");
+    let inside = key(&format!("{prefix}/p"), "x");
+    let beside = key(prefix, "q");
+    txn(kv, vec![], vec![TxnOp::put(beside.clone(), "b")], vec![]).await;
+    assert!(holds(kv, vec![Compare::prefix_empty(under.clone())]).await);
+    txn(kv, vec![], vec![TxnOp::put(inside.clone(), "x")], vec![]).await;
+    assert!(!holds(kv, vec![Compare::prefix_empty(under.clone())]).await);
+    txn(kv, vec![], vec![TxnOp::delete(inside)], vec![]).await;
+    assert!(holds(kv, vec![Compare::prefix_empty(under)]).await);
+}
+
 pub async fn txn_compares<K: Kv>(kv: &K, prefix: &str) {
     let a = key(prefix, "a");
     let absent = key(prefix, "absent");

@@ -77,6 +77,9 @@ pub struct Compare {
     pub key: Vec<u8>,
     pub op: CompareOp,
     pub target: Target,
+    /// Whether the compare covers every key under `key` as a prefix (etcd's range compare):
+    /// it holds when it holds for each of them, and an empty prefix compares as an absent key.
+    pub prefix: bool,
 }
 
 impl Compare {
@@ -86,6 +89,16 @@ impl Compare {
             key: key.into(),
             op: CompareOp::Equal,
             target: Target::Version(0),
+            prefix: false,
+        }
+    }
+    /// No key exists under `prefix`.
+    pub fn prefix_empty(prefix: impl Into<Vec<u8>>) -> Compare {
+        Compare {
+            key: prefix.into(),
+            op: CompareOp::Equal,
+            target: Target::Version(0),
+            prefix: true,
         }
     }
     /// The key exists and was created at `revision` (the fence of a leader or a registration).
@@ -94,6 +107,7 @@ impl Compare {
             key: key.into(),
             op: CompareOp::Equal,
             target: Target::CreateRevision(revision),
+            prefix: false,
         }
     }
     /// The key was last written at `revision` (compare-and-swap).
@@ -102,6 +116,7 @@ impl Compare {
             key: key.into(),
             op: CompareOp::Equal,
             target: Target::ModRevision(revision),
+            prefix: false,
         }
     }
     /// The key holds exactly `value`.
@@ -110,6 +125,7 @@ impl Compare {
             key: key.into(),
             op: CompareOp::Equal,
             target: Target::Value(value.into()),
+            prefix: false,
         }
     }
 }

@@ -141,6 +141,15 @@ impl Inner {
 }
 
 impl State {
+    /// Keys ever written under `prefix` (some may be deleted now).
+    fn keys_with_prefix(&self, prefix: &[u8]) -> Vec<Vec<u8>> {
+        self.keys
+            .range(prefix.to_vec()..)
+            .take_while(|(key, _)| key.starts_with(prefix))
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     fn latest(&self, key: &[u8]) -> Option<&KeyValue> {
         self.keys
             .get(key)
@@ -172,7 +181,23 @@ impl State {
     }
 
     fn compare(&self, compare: &Compare) -> bool {
-        let current = self.latest(&compare.key);
+        if compare.prefix {
+            let keys: Vec<Vec<u8>> = self
+                .keys_with_prefix(&compare.key)
+                .into_iter()
+                .filter(|key| self.latest(key).is_some())
+                .collect();
+            if keys.is_empty() {
+                return self.compare_one(compare, None);
+            }
+            return keys
+                .iter()
+                .all(|key| self.compare_one(compare, self.latest(key)));
+        }
+        self.compare_one(compare, self.latest(&compare.key))
+    }
+
+    fn compare_one(&self, compare: &Compare, current: Option<&KeyValue>) -> bool {
         let ordering = match (&compare.target, current) {
             // etcd: a value compare on an absent key fails, whatever the operator.
             (Target::Value(_), None) => return false,

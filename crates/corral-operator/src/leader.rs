@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterConfig, ClusterView, Key, Keys, NodeName, Proposal, ProposeError, RemovalRecord,
+    ClusterConfig, ClusterView, Keys, NodeName, Proposal, ProposeError, RemovalRecord,
     Removal, Resync, RetryState, encode_value,
 };
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};

@@ -110,15 +110,8 @@ impl Shared {
     }
 
     pub fn publish(&self, view: &ClusterView, revision: Revision) {
-        let mut inner = self.inner();
-        for problem in view.problems() {
-            if !inner.problems.contains(problem) {
-                inner.problems.push(problem.clone());
-            }
-        }
-        let excess = inner.problems.len().saturating_sub(MAX_PROBLEMS);
-        inner.problems.drain(..excess);
-        inner.view = Some((view.clone(), revision));
+        // The leader takes the view's problems out as they come (`note_problem`).
+        self.inner().view = Some((view.clone(), revision));
     }
 
     /// Runs `f` on the latest published view, if this replica leads.
@@ -184,6 +177,16 @@ impl Shared {
         if outcome == TxnOutcome::Granted {
             self.inner().full.clear();
         }
+    }
+
+    /// Grant transactions committed since start.
+    pub fn granted(&self) -> u64 {
+        self.metrics
+            .grants
+            .get_or_create(&OutcomeLabels {
+                outcome: TxnOutcome::Granted,
+            })
+            .get()
     }
 
     pub fn took_lead_in(&self) -> Option<Duration> {
