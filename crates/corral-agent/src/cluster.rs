@@ -109,6 +109,33 @@ pub async fn run<K: Kv>(
         let outcome = link(&kv, &keys, &node, &options, &committer, &state, &mut stop).await;
         match outcome {
             Err(LinkError::Stopped) | Ok(()) => return,
+            Err(LinkError::Removed(_)) => {
+                // An administrator removed the node while it runs: what it was granted is
+                // quarantined and will go to others, so it drains here (pods keep their
+                // addresses, nothing new is handed out), and the node does not register
+                // again behind the administrator's back: a restart of the agent does.
+                let removed = committer
+                    .submit(Op::SetClusterRanges(ClusterRanges { ranges: Vec::new() }))
+                    .await;
+                eprintln!(
+                    "corral agent: cluster: node {} was removed from the cluster; its ranges drain; \
+                     restart the agent to register it again",
+                    options.node
+                );
+                update(&state, |s| {
+                    s.registered = false;
+                    s.grants.clear();
+                    s.node_id = None;
+                    s.last_error = Some(match removed {
+                        Ok(_) => format!(
+                            "node {} was removed from the cluster; restart the agent to register it again",
+                            options.node
+                        ),
+                        Err(error) => format!("draining after the node's removal: {error:?}"),
+                    });
+                });
+                return;
+            }
             Err(error) => {
                 eprintln!("corral agent: cluster: {error}");
                 let unreachable = matches!(&error, LinkError::Kv(e) if e.is_retryable());

@@ -60,7 +60,8 @@ impl Candidate {
     ) -> Result<Candidate, KvError> {
         let lease = kv.lease_grant(ttl).await?;
         let mut key = prefix.to_vec();
-        key.extend_from_slice(format!("{:016x}", lease.0).as_bytes());
+        // The key layout's form: lowercase hex without leading zeros.
+        key.extend_from_slice(format!("{:x}", lease.0).as_bytes());
         let response = kv
             .txn(Txn {
                 compares: vec![Compare::absent(key.clone())],
