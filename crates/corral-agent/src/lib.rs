@@ -10,8 +10,8 @@
 //! (`committer.rs`).
 
 pub mod api;
-pub mod cluster;
 mod capacity;
+pub mod cluster;
 pub mod committer;
 pub mod config;
 pub mod host;
@@ -24,4 +24,4 @@ pub mod pending;
 mod server;
 
 pub use config::{AgentConfig, ConfigError, ConnectionLimits, Overrides};
-pub use server::{AgentError, ClusterTask, Running, run, serve, serve_with};
+pub use server::{AgentError, ClusterTask, Running, run, run_with, serve, serve_with};

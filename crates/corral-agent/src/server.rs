@@ -166,7 +166,9 @@ pub async fn serve_with(
         metrics: Arc::new(Metrics::default()),
         broken_scopes: Arc::default(),
         body_timeout: config.connections.body_timeout,
-        cluster: cluster.as_ref().map(|_| crate::cluster::SharedClusterState::default()),
+        cluster: cluster
+            .as_ref()
+            .map(|_| crate::cluster::SharedClusterState::default()),
     };
     let (unix, socket_identity) = bind_socket(&config.socket)?;
     let router = api::router(state.clone());
@@ -293,6 +295,14 @@ pub async fn serve_with(
 /// Runs the agent on its own runtime until SIGINT or SIGTERM. The process's soft open-files
 /// limit is raised to its hard limit first (see `listen.rs`).
 pub fn run(
+    config: AgentConfig,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<(), AgentError> {
+    run_with(config, None, on_ready)
+}
+
+/// [`run`], with the agent's link to a cluster, if any.
+pub fn run_with(
     config: AgentConfig,
     cluster: Option<ClusterTask>,
     on_ready: impl FnOnce() + Send + 'static,

@@ -158,11 +158,15 @@ async fn node(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> 
     });
     match found {
         None => not_leading(&state.shared),
-        Some(None) => error(StatusCode::NOT_FOUND, format!("node {name} is not registered")),
+        Some(None) => error(
+            StatusCode::NOT_FOUND,
+            format!("node {name} is not registered"),
+        ),
         Some(Some(node)) => Json(node).into_response(),
     }
 }
 
+#[allow(clippy::result_large_err)]
 async fn plan(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> Response {
     let found = state.shared.with_view(|view, _| {
         let Some(config) = view.config().node_ids.clone() else {
@@ -175,7 +179,10 @@ async fn plan(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> 
             .ok()
             .and_then(|node| view.node_id_of(&node))
         else {
-            return Err(error(StatusCode::NOT_FOUND, format!("node {name} has no node ID")));
+            return Err(error(
+                StatusCode::NOT_FOUND,
+                format!("node {name} has no node ID"),
+            ));
         };
         NodePlan::derive(&config, id)
             .map(|plan| serde_json::to_value(plan).unwrap_or_default())
