@@ -190,6 +190,11 @@ async fn serve<K: Kv>(
         published: Instant::now(),
     };
     let mut dirty = true;
+    // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
+    // doubling to `MaxBackoff` after failures. The watch keeps the view current; the resync
+    // re-reads everything at one revision and reports any drift, as a backstop.
+    let mut sync_state = RetryState::default();
+    let mut resync_at = Instant::now() + Resync::from(&view.config().resync).resync;
     loop {
         if *lost.borrow() {
             return Err(LeadError::Lost);
@@ -242,9 +247,34 @@ async fn serve<K: Kv>(
                 dirty = true;
             }
             _ = tokio::time::sleep_until(next_retry) => dirty = true,
-            _ = tokio::time::sleep_until(publish_at), if work.published.elapsed() < PUBLISH_EVERY * 2 => {
+            _ = tokio::time::sleep_until(publish_at), if !work.running.is_empty() => {
+                // Grants in flight for long: the API still sees progress.
                 shared.publish(view, *revision);
-                work.published = Instant::now() + PUBLISH_EVERY * 2;
+                work.published = Instant::now();
+            }
+            _ = tokio::time::sleep_until(resync_at) => {
+                let timing = Resync::from(&view.config().resync);
+                drain(&mut work, view).await;
+                match rebuild(kv, keys, shared).await {
+                    Ok((fresh, at)) => {
+                        let drift = drift(view, &fresh);
+                        if !drift.is_empty() {
+                            shared.note_problem(format!("resync at revision {at} found the view behind: {}", drift.join("; ")));
+                        }
+                        *view = fresh;
+                        *revision = at;
+                        watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
+                        shared.note_resync(true);
+                        resync_at = Instant::now() + sync_state.success(&timing);
+                    }
+                    Err(LeadError::Kv(error)) if error.is_retryable() => {
+                        shared.note_problem(format!("resync: {error}"));
+                        shared.note_resync(false);
+                        resync_at = Instant::now() + sync_state.error(&timing);
+                    }
+                    Err(error) => return Err(error),
+                }
+                dirty = true;
             }
             _ = lost.changed() => return Err(LeadError::Lost),
             _ = stop.changed() => {
@@ -253,6 +283,34 @@ async fn serve<K: Kv>(
             }
         }
     }
+}
+
+/// What a fresh read holds that the view did not (or the other way round), per node: empty
+/// when the watch kept the view current, as it should.
+fn drift(view: &ClusterView, fresh: &ClusterView) -> Vec<String> {
+    let held: std::collections::BTreeMap<String, (Vec<String>, Option<u32>)> = view
+        .node_reports(None)
+        .into_iter()
+        .map(|n| (n.name, (n.grants, n.node_id)))
+        .collect();
+    let read: std::collections::BTreeMap<String, (Vec<String>, Option<u32>)> = fresh
+        .node_reports(None)
+        .into_iter()
+        .map(|n| (n.name, (n.grants, n.node_id)))
+        .collect();
+    let mut drift = Vec::new();
+    for (node, holdings) in &read {
+        if held.get(node) != Some(holdings) {
+            drift.push(format!(
+                "node {node}: view {:?}, store {holdings:?}",
+                held.get(node)
+            ));
+        }
+    }
+    for node in held.keys().filter(|n| !read.contains_key(*n)) {
+        drift.push(format!("node {node}: in the view, not in the store"));
+    }
+    drift
 }
 
 /// Waits for the transactions in flight, then reads everything again.

@@ -61,6 +61,8 @@ pub struct Metrics {
     pub grants: MetricFamily<OutcomeLabels, Counter>,
     pub txn_seconds: Histogram,
     pub rebuilds: Counter,
+    pub resyncs_ok: Counter,
+    pub resyncs_failed: Counter,
     pub leader: Gauge,
 }
 
@@ -72,6 +74,8 @@ impl Default for Metrics {
                 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0,
             ]),
             rebuilds: Counter::default(),
+            resyncs_ok: Counter::default(),
+            resyncs_failed: Counter::default(),
             leader: Gauge::default(),
         }
     }
@@ -159,6 +163,16 @@ impl Shared {
         self.inner().problems.clone()
     }
 
+    /// A periodic resync of the leader's view ended (ok or not). (The counter's metric is
+    /// registered with the others.)
+    pub fn note_resync(&self, ok: bool) {
+        if ok {
+            self.metrics.resyncs_ok.inc();
+        } else {
+            self.metrics.resyncs_failed.inc();
+        }
+    }
+
     pub fn note_txn(&self, took: Duration) {
         self.metrics.txn_seconds.observe(took.as_secs_f64());
         let mut inner = self.inner();
@@ -212,6 +226,16 @@ impl Shared {
             "corral_operator_rebuilds",
             "Rebuilds of the view from a full read of the prefix",
             self.metrics.rebuilds.clone(),
+        );
+        registry.register(
+            "corral_operator_resyncs_ok",
+            "Periodic resyncs of the leader's view that succeeded",
+            self.metrics.resyncs_ok.clone(),
+        );
+        registry.register(
+            "corral_operator_resyncs_failed",
+            "Periodic resyncs of the leader's view that failed (retried with backoff)",
+            self.metrics.resyncs_failed.clone(),
         );
         registry.register(
             "corral_operator_leader",
