@@ -290,6 +290,17 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .metrics
         .sync_failed
         .set(i64::from(state.store_health.sync_failed()));
+    if let Some(cluster) = &state.cluster {
+        let cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .metrics
+            .cluster_degraded
+            .set(i64::from(cluster.degraded_since_ms.is_some()));
+        state
+            .metrics
+            .cluster_registered
+            .set(i64::from(cluster.registered));
+    }
     let gauges = match state.run("metrics", Op::Gauges).await {
         Ok(Reply::Gauges(gauges)) => gauges,
         _ => Vec::new(),

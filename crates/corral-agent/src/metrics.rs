@@ -49,6 +49,10 @@ pub struct Metrics {
     pub addresses: Family<PoolState, Gauge<f64, AtomicU64>>,
     pub leases_expired: Counter,
     pub sync_failed: Gauge,
+    /// 1 while the cluster link cannot reach etcd (the agent serves from what it holds).
+    pub cluster_degraded: Gauge,
+    /// 1 while the node is registered in its cluster.
+    pub cluster_registered: Gauge,
 }
 
 impl Default for Metrics {
@@ -93,6 +97,18 @@ impl Default for Metrics {
             "1 once a sync of the state's log failed: changes are refused until a restart",
             sync_failed.clone(),
         );
+        let cluster_degraded = Gauge::default();
+        registry.register(
+            "corral_cluster_degraded",
+            "1 while the agent cannot reach etcd and serves from the grants it holds",
+            cluster_degraded.clone(),
+        );
+        let cluster_registered = Gauge::default();
+        registry.register(
+            "corral_cluster_registered",
+            "1 while the node is registered in its cluster (agents run with --etcd)",
+            cluster_registered.clone(),
+        );
         Metrics {
             registry,
             allocations,
@@ -101,6 +117,8 @@ impl Default for Metrics {
             addresses,
             leases_expired,
             sync_failed,
+            cluster_degraded,
+            cluster_registered,
         }
     }
 }

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterConfig, ClusterView, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord,
-    Resync, RetryState, encode_value,
+    ClusterConfig, ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal,
+    RemovalRecord, Resync, RetryState, encode_value,
 };
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
@@ -163,8 +163,46 @@ struct Work {
     /// Nodes with a transaction in flight (a grant or a removal): one at a time per node.
     busy: std::collections::HashSet<NodeName>,
     retry: HashMap<NodeName, Retry>,
+    /// Nodes that may lack something and may be tried now. Kept from the events (a node
+    /// registered, a grant of it deleted) instead of scanning every node after each event:
+    /// a scan costs O(nodes), and a burst of 10,000 grants would pay it 10,000 times.
+    pending: std::collections::BTreeSet<NodeName>,
+    /// Every node must be looked at (after a rebuild or a configuration change).
+    rescan: bool,
+    /// Nodes that found a pool or the node IDs full: tried again as soon as something is
+    /// freed (a grant or quarantine deleted), besides their backoff.
+    waiting_for_space: std::collections::BTreeSet<NodeName>,
     /// When the view was last published for the API (a copy: not after every event).
     published: Instant,
+}
+
+impl Work {
+    /// Notes what an event may change for whom.
+    fn note(&mut self, keys: &Keys, event: &Event) {
+        let key = String::from_utf8_lossy(event.key());
+        let deleted = matches!(event, Event::Delete { .. });
+        match keys.parse(&key) {
+            Ok(Key::Config) => self.rescan = true,
+            Ok(Key::Node { node }) if !deleted => {
+                self.pending.insert(node);
+            }
+            Ok(Key::Owned { node, .. } | Key::NodeIdOfNode { node }) if deleted => {
+                self.pending.insert(node);
+            }
+            Ok(
+                Key::Grant { .. }
+                | Key::Quarantine { .. }
+                | Key::NodeId { .. }
+                | Key::QuarantineId { .. },
+            ) if deleted => {
+                for node in std::mem::take(&mut self.waiting_for_space) {
+                    self.retry.remove(&node);
+                    self.pending.insert(node);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// How often the view is copied out for the API and metrics while it changes.
@@ -187,6 +225,9 @@ async fn serve<K: Kv>(
         running: JoinSet::new(),
         busy: Default::default(),
         retry: HashMap::new(),
+        pending: Default::default(),
+        rescan: true,
+        waiting_for_space: Default::default(),
         published: Instant::now(),
     };
     let mut dirty = true;
@@ -224,6 +265,7 @@ async fn serve<K: Kv>(
                         for event in events {
                             *revision = (*revision).max(event.revision());
                             apply_event(view, &event);
+                            work.note(keys, &event);
                         }
                         dirty = true;
                     }
@@ -246,7 +288,24 @@ async fn serve<K: Kv>(
                 }
                 dirty = true;
             }
-            _ = tokio::time::sleep_until(next_retry) => dirty = true,
+            _ = tokio::time::sleep_until(next_retry) => {
+                let now = Instant::now();
+                let due: Vec<NodeName> = work
+                    .retry
+                    .iter()
+                    .filter(|(_, r)| r.at <= now)
+                    .map(|(node, _)| node.clone())
+                    .collect();
+                for node in due {
+                    // Its backoff state stays (a failure again waits longer); only the
+                    // deadline goes.
+                    if let Some(retry) = work.retry.get_mut(&node) {
+                        retry.at = now + Duration::from_secs(3600 * 24 * 365);
+                    }
+                    work.pending.insert(node);
+                }
+                dirty = true;
+            }
             _ = tokio::time::sleep_until(publish_at), if !work.running.is_empty() => {
                 // Grants in flight for long: the API still sees progress.
                 shared.publish(view, *revision);
@@ -348,6 +407,7 @@ async fn drain(work: &mut Work, view: &mut ClusterView) {
         }
     }
     work.busy.clear();
+    work.rescan = true;
 }
 
 fn due(work: &Work, node: &NodeName, now: Instant) -> bool {
@@ -401,11 +461,20 @@ fn start_work<K: Kv>(
         .into_iter()
         .map(|(node, ..)| node)
         .collect();
-    for node in view.nodes_needing_grants() {
-        if work.running.len() >= workers {
-            return;
+    if work.rescan {
+        work.rescan = false;
+        work.pending = view.nodes_needing_grants().into_iter().collect();
+    }
+    while work.running.len() < workers {
+        let Some(node) = work.pending.pop_first() else {
+            break;
+        };
+        if work.busy.contains(&node) || removing.contains(&node) {
+            // Looked at again when its transaction ends or its removal is done.
+            continue;
         }
-        if !due(work, &node, now) || removing.contains(&node) {
+        if work.retry.get(&node).is_some_and(|r| r.at > now) {
+            // Its backoff timer puts it back.
             continue;
         }
         let proposal = match view.propose(&node) {
@@ -413,6 +482,7 @@ fn start_work<K: Kv>(
             Err(ProposeError::Full { pool, family }) => {
                 shared.note_full(node.as_str(), pool.as_str(), family);
                 backoff(view, work, &node, false);
+                work.waiting_for_space.insert(node);
                 continue;
             }
             Err(ProposeError::NodeIdsFull { max }) => {
@@ -422,6 +492,7 @@ fn start_work<K: Kv>(
                     corral_core::Family::V4,
                 );
                 backoff(view, work, &node, false);
+                work.waiting_for_space.insert(node);
                 continue;
             }
             Err(ProposeError::NothingNeeded { .. } | ProposeError::InFlight { .. }) => continue,
