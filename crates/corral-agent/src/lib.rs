@@ -24,4 +24,6 @@ pub mod pending;
 mod server;
 
 pub use config::{AgentConfig, ConfigError, ConnectionLimits, Overrides};
-pub use server::{AgentError, ClusterTask, Running, run, run_with, serve, serve_with};
+pub use server::{
+    AgentError, ClusterTask, Running, run, run_with, serve, serve_with, shutdown_signal,
+};

@@ -315,7 +315,8 @@ pub fn run_with(
     runtime.block_on(serve_with(config, cluster, shutdown_signal(), on_ready))
 }
 
-async fn shutdown_signal() {
+/// Completes on SIGINT or SIGTERM (the daemons' shutdown; `corral operator` uses it too).
+pub async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {

@@ -166,7 +166,7 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
             config.replica,
             args.etcd.etcd.join(",")
         );
-        corral_operator::run(kv, config, shared, shutdown_signal())
+        corral_operator::run(kv, config, shared, corral_agent::shutdown_signal())
             .await
             .map_err(|e| Failure::Daemon(e.to_string()))?;
         if let Some(api) = api {
@@ -174,21 +174,6 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
         }
         Ok(Outcome::ok(String::new()))
     })
-}
-
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
 }
 
 pub fn cluster(command: ClusterCommand, output: Output) -> Result<Outcome, Failure> {

@@ -818,3 +818,61 @@ service = "10.96.0.0/12"
     );
     assert_check(&etcd, &[&a.socket]);
 }
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn the_configuration_is_written_once_and_changes_grants_rest_on_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let endpoints = endpoints(&etcd);
+    let path = dir.path().join("changed.toml");
+    let write = |text: &str| std::fs::write(&path, text).unwrap();
+    let run = |verb: &str| {
+        corral(&[
+            "cluster",
+            verb,
+            "--etcd",
+            &endpoints,
+            "--cluster",
+            "t",
+            "--config",
+            path.to_str().unwrap(),
+        ])
+    };
+    // A second init is refused; apply is the way to change it.
+    write(DUAL);
+    let (code, _, err) = run("init");
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("already has a configuration"), "{err}");
+    // A node prefix length grants rest on cannot change.
+    write(&DUAL.replace("node_prefix_len = 24", "node_prefix_len = 25"));
+    let (code, _, err) = run("apply");
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("node_prefix_len"),
+        "the message names the field: {err}"
+    );
+    // A bad configuration is refused before etcd is asked, naming the field.
+    write(&DUAL.replace("node_prefix_len = 64", "node_prefix_len = 129"));
+    let (code, _, err) = run("apply");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("pools[0].ipv6.node_prefix_len"), "{err}");
+    // What may change does: another reserved range.
+    write(&DUAL.replace(
+        r#"reserved = ["10.192.0.0/24"]"#,
+        r#"reserved = ["10.192.0.0/24", "10.192.2.0/24"]"#,
+    ));
+    let (code, out, err) = run("apply");
+    assert_eq!(code, 0, "{out}{err}");
+    // etcd unreachable: exit code 3.
+    let (code, _, err) = corral(&[
+        "cluster",
+        "status",
+        "--etcd",
+        "http://127.0.0.1:9",
+        "--cluster",
+        "t",
+    ]);
+    assert_eq!(code, 3, "{err}");
+}

@@ -1,4 +1,5 @@
-//! Repository rules that keep the architecture honest: the core's dependency list and file docs.
+//! Repository rules that keep the architecture honest: the dependency lists of the crates
+//! that must stay light (the core, the plugin, the cluster's decisions and users) and file docs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -90,6 +91,44 @@ fn the_cni_plugin_pulls_in_no_async_runtime() {
             "corral-cni depends on {forbidden}: {crates:?}"
         );
     }
+}
+
+/// The cluster decisions are pure: no runtime, no etcd client, no database, no HTTP, no libc.
+#[test]
+fn cluster_decisions_pull_in_no_io_crates() {
+    let crates = dependencies("corral-cluster");
+    assert!(crates.iter().any(|c| c == "corral-core"), "{crates:?}");
+    for forbidden in ["tokio", "etcd-client", "rusqlite", "hyper", "libc", "mio"] {
+        assert!(
+            !crates.iter().any(|c| c == forbidden),
+            "corral-cluster depends on {forbidden}: {crates:?}"
+        );
+    }
+}
+
+/// Only corral-etcd links an etcd client: the operator library and the agent are generic over
+/// `corral_kv::Kv`, and the binary chooses etcd.
+#[test]
+fn only_corral_etcd_links_an_etcd_client() {
+    for package in [
+        "corral-operator",
+        "corral-agent",
+        "corral-kv",
+        "corral-cluster",
+    ] {
+        let crates = dependencies(package);
+        for forbidden in ["etcd-client", "tonic", "prost"] {
+            assert!(
+                !crates.iter().any(|c| c == forbidden),
+                "{package} depends on {forbidden}: only corral-etcd may"
+            );
+        }
+    }
+    assert!(
+        dependencies("corral-etcd")
+            .iter()
+            .any(|c| c == "etcd-client")
+    );
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
