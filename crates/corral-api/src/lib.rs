@@ -16,6 +16,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod operator;
+
 /// The scope of the agent's configured pools; the default of every `scope` field.
 pub const NODE_SCOPE: &str = "node";
 /// The pool used when a request names none.

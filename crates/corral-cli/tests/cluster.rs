@@ -97,11 +97,14 @@ struct Operator {
 impl Operator {
     fn start(etcd: &EtcdCluster, dir: &Path, name: &str) -> Operator {
         let log = dir.join(format!("{name}.log"));
+        let socket = dir.join(format!("{name}.sock"));
         let child = Command::new(BINARY)
             .args([
                 "operator", "--etcd", &endpoints(etcd), "--cluster", "t", "--replica", name,
                 "--lease-ttl", "2",
             ])
+            .arg("--api-socket")
+            .arg(&socket)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

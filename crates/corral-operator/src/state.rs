@@ -31,6 +31,18 @@ pub struct OutcomeLabels {
     pub outcome: TxnOutcome,
 }
 
+/// How a resync (the leader's periodic re-read of the prefix against its view) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum ResyncOutcome {
+    Ok,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResyncLabels {
+    pub outcome: ResyncOutcome,
+}
+
 /// Shared between the leading loop, the API and the metrics.
 #[derive(Debug)]
 pub struct Shared {
@@ -59,6 +71,7 @@ const MAX_SAMPLES: usize = 100_000;
 #[derive(Debug)]
 pub struct Metrics {
     pub grants: MetricFamily<OutcomeLabels, Counter>,
+    pub resyncs: MetricFamily<ResyncLabels, Counter>,
     pub txn_seconds: Histogram,
     pub rebuilds: Counter,
     pub leader: Gauge,
@@ -68,6 +81,7 @@ impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
             grants: MetricFamily::default(),
+            resyncs: MetricFamily::default(),
             txn_seconds: Histogram::new(
                 [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0].into_iter(),
             ),
@@ -179,6 +193,19 @@ impl Shared {
         }
     }
 
+    /// Counts a resync of the view by its outcome (called by the leading loop).
+    pub fn note_resync(&self, ok: bool) {
+        let outcome = if ok {
+            ResyncOutcome::Ok
+        } else {
+            ResyncOutcome::Failed
+        };
+        self.metrics
+            .resyncs
+            .get_or_create(&ResyncLabels { outcome })
+            .inc();
+    }
+
     /// Grant transactions committed since start.
     pub fn granted(&self) -> u64 {
         self.metrics
@@ -198,6 +225,11 @@ impl Shared {
             "corral_operator_grants",
             "Grant transactions by outcome",
             self.metrics.grants.clone(),
+        );
+        registry.register(
+            "corral_operator_resyncs",
+            "Resyncs of the view by outcome",
+            self.metrics.resyncs.clone(),
         );
         registry.register(
             "corral_operator_etcd_txn_seconds",
