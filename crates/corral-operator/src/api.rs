@@ -98,12 +98,11 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
         }
         (_, token) => token.map(Arc::<str>::from),
     };
-    let (unix, identity) = listen::bind_socket(&config.socket).map_err(|message| {
-        BindError::Socket {
+    let (unix, identity) =
+        listen::bind_socket(&config.socket).map_err(|message| BindError::Socket {
             path: config.socket.display().to_string(),
             message,
-        }
-    })?;
+        })?;
     let tcp = match config.tcp {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -245,13 +244,21 @@ async fn method_not_allowed() -> Response {
 }
 
 async fn healthz() -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "ok\n").into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "ok\n",
+    )
+        .into_response()
 }
 
 async fn readyz(State(state): State<ApiState>) -> Response {
     let shared = &state.shared;
     if shared.leading() && shared.with_view(|_, _| ()).is_some() {
-        ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "ready\n").into_response()
+        (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "ready\n",
+        )
+            .into_response()
     } else {
         not_leading(shared)
     }
@@ -265,12 +272,8 @@ async fn openapi() -> Response {
 /// end.
 async fn metrics(State(state): State<ApiState>) -> Response {
     let mut text = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode_registry(&mut text, &state.registry)
-    {
-        return error(
-            ErrorCode::RetryLater,
-            format!("metrics do not encode: {e}"),
-        );
+    if let Err(e) = prometheus_client::encoding::text::encode_registry(&mut text, &state.registry) {
+        return error(ErrorCode::RetryLater, format!("metrics do not encode: {e}"));
     }
     if let Some(extra) = state.shared.with_view(|view, _| view.metrics_text()) {
         text.push_str(&extra);

@@ -58,7 +58,12 @@ fn view(toml: &str, nodes: &[&str], waiting: &[&str]) -> ClusterView {
             registered_ms: 0,
         })
         .unwrap();
-        view.apply_put(&format!("/corral/t/v1/nodes/{name}"), &record, revision, revision);
+        view.apply_put(
+            &format!("/corral/t/v1/nodes/{name}"),
+            &record,
+            revision,
+            revision,
+        );
         revision += 1;
     }
     for name in nodes {
@@ -170,13 +175,17 @@ fn exchange(mut stream: impl Read + Write, method: &str, path: &str, headers: &s
 
 fn request_unix(socket: &Path, method: &str, path: &str, headers: &str) -> Answer {
     let stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     exchange(stream, method, path, headers)
 }
 
 fn request_tcp(addr: SocketAddr, path: &str, headers: &str) -> Answer {
     let stream = std::net::TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     exchange(stream, "GET", path, headers)
 }
 
@@ -224,7 +233,10 @@ fn a_leader_answers_nodes_pools_grants_and_status_from_its_view() {
     assert!(status.leading);
     assert_eq!(status.took_lead_ms, Some(7));
     let cluster = status.cluster.unwrap();
-    assert_eq!((cluster.revision, cluster.nodes, cluster.nodes_served), (42, 2, 2));
+    assert_eq!(
+        (cluster.revision, cluster.nodes, cluster.nodes_served),
+        (42, 2, 2)
+    );
     assert_eq!(cluster.leader.as_deref(), Some("op-a"));
     let v4 = cluster.pools.iter().find(|p| p.family == "ipv4").unwrap();
     // A /16 cut at /24 is 256 node CIDRs; one is reserved, two are granted.
@@ -250,7 +262,10 @@ fn a_leader_answers_nodes_pools_grants_and_status_from_its_view() {
     assert_eq!(families[0].family, "ipv4");
     assert_eq!(families[0].cidrs, ["10.192.0.0/16"]);
     assert_eq!(families[0].reserved, ["10.192.0.0/24"]);
-    assert_eq!((families[0].node_prefix_len, families[0].granted.as_str()), (24, "2"));
+    assert_eq!(
+        (families[0].node_prefix_len, families[0].granted.as_str()),
+        (24, "2")
+    );
     assert_eq!(families[1].family, "ipv6");
 
     let grants: body::GrantsResponse = running.get("/v1/grants").json();
@@ -267,8 +282,18 @@ fn a_leader_answers_nodes_pools_grants_and_status_from_its_view() {
 
     let metrics = running.get("/metrics");
     check_openmetrics(&metrics.body);
-    assert!(metrics.body.contains("corral_operator_nodes{state=\"served\"} 2"), "{}", metrics.body);
-    assert!(metrics.body.contains("corral_operator_leader 1"), "{}", metrics.body);
+    assert!(
+        metrics
+            .body
+            .contains("corral_operator_nodes{state=\"served\"} 2"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics.body.contains("corral_operator_leader 1"),
+        "{}",
+        metrics.body
+    );
 }
 
 #[test]
@@ -277,20 +302,37 @@ fn errors_are_json_bodies_naming_what_failed() {
     let running = Running::start(leader(&view));
     let missing = running.get("/v1/nodes/node-x").error(404);
     assert!(missing.error.message.contains("node-x"), "{missing:?}");
-    for garbage in ["/v1/nodes/Node_A", "/v1/nodes/%FF%FE", "/v1/nodes/a%2Fb/plan", "/v1/nodes/-x"] {
+    for garbage in [
+        "/v1/nodes/Node_A",
+        "/v1/nodes/%FF%FE",
+        "/v1/nodes/a%2Fb/plan",
+        "/v1/nodes/-x",
+    ] {
         let error = running.get(garbage).error(400);
-        assert!(error.error.message.contains("node name"), "{garbage}: {error:?}");
+        assert!(
+            error.error.message.contains("node name"),
+            "{garbage}: {error:?}"
+        );
     }
     let long = format!("/v1/nodes/{}", "a".repeat(5000));
     let error = running.get(&long).error(400);
-    assert!(error.error.message.len() < 400, "the message quotes a prefix: {error:?}");
+    assert!(
+        error.error.message.len() < 400,
+        "the message quotes a prefix: {error:?}"
+    );
     // No node-ID plan in this cluster.
     let error = running.get("/v1/nodes/node-a/plan").error(404);
     assert!(error.error.message.contains("node-ID plan"), "{error:?}");
     running.get("/v1/nope").error(404);
     running.get("/v1/nodes/node-a/extra/x").error(404);
     for method in ["POST", "DELETE", "PUT"] {
-        request_unix(&running.socket, method, "/v1/nodes", "Content-Length: 0\r\n").error(405);
+        request_unix(
+            &running.socket,
+            method,
+            "/v1/nodes",
+            "Content-Length: 0\r\n",
+        )
+        .error(405);
     }
     let waiting: body::NodeStatus = running.get("/v1/nodes/node-w").json();
     assert!(waiting.grants.is_empty());
@@ -309,9 +351,15 @@ fn plans_in_a_node_id_cluster() {
     assert_eq!(plan.pod_subnet, "10.1.1.0/24");
     let grants: body::GrantsResponse = running.get("/v1/grants").json();
     assert_eq!(grants.node_ids.len(), 1);
-    assert_eq!((grants.node_ids[0].node.as_str(), grants.node_ids[0].id), ("node-a", 1));
+    assert_eq!(
+        (grants.node_ids[0].node.as_str(), grants.node_ids[0].id),
+        ("node-a", 1)
+    );
     let error = running.get("/v1/nodes/node-z/plan").error(404);
-    assert!(error.error.message.contains("node-z is not registered"), "{error:?}");
+    assert!(
+        error.error.message.contains("node-z is not registered"),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -321,10 +369,24 @@ fn tcp_needs_the_token_in_any_case_of_the_scheme() {
     let addr = running.tcp();
     assert!(addr.ip().is_loopback());
     request_tcp(addr, "/v1/nodes", "").error(401);
-    request_tcp(addr, "/healthz", "Authorization: Bearer wrong-token-0123456789\r\n").error(401);
-    request_tcp(addr, "/healthz", &format!("Authorization: Basic {TOKEN}\r\n")).error(401);
+    request_tcp(
+        addr,
+        "/healthz",
+        "Authorization: Bearer wrong-token-0123456789\r\n",
+    )
+    .error(401);
+    request_tcp(
+        addr,
+        "/healthz",
+        &format!("Authorization: Basic {TOKEN}\r\n"),
+    )
+    .error(401);
     for scheme in ["Bearer", "bearer", "BEARER"] {
-        let answer = request_tcp(addr, "/v1/nodes", &format!("Authorization: {scheme} {TOKEN}\r\n"));
+        let answer = request_tcp(
+            addr,
+            "/v1/nodes",
+            &format!("Authorization: {scheme} {TOKEN}\r\n"),
+        );
         let nodes: body::NodesResponse = answer.json();
         assert_eq!(nodes.nodes.len(), 1);
     }
@@ -338,7 +400,9 @@ fn a_tcp_listener_must_be_loopback_with_a_token_and_a_live_socket_is_refused() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let shared = Arc::new(Shared::new("op".into()));
-    let bind = |config: ApiConfig| runtime.block_on(corral_operator::api::bind(config, Arc::clone(&shared)));
+    let bind = |config: ApiConfig| {
+        runtime.block_on(corral_operator::api::bind(config, Arc::clone(&shared)))
+    };
     let socket = dir.path().join("op.sock");
     let config = |tcp: &str, token: Option<&str>| ApiConfig {
         socket: socket.clone(),
@@ -346,15 +410,34 @@ fn a_tcp_listener_must_be_loopback_with_a_token_and_a_live_socket_is_refused() {
         token: token.map(str::to_owned),
     };
     let error = bind(config("0.0.0.0:0", Some(TOKEN))).unwrap_err();
-    assert!(matches!(error, BindError::Tcp { .. }) && error.to_string().contains("loopback"), "{error}");
+    assert!(
+        matches!(error, BindError::Tcp { .. }) && error.to_string().contains("loopback"),
+        "{error}"
+    );
     let error = bind(config("127.0.0.1:0", None)).unwrap_err();
     assert!(error.to_string().contains("token"), "{error}");
     let error = bind(config("127.0.0.1:0", Some("  "))).unwrap_err();
     assert!(error.to_string().contains("token"), "{error}");
-    assert!(!socket.exists(), "nothing bound before the settings were checked");
-    let api = bind(ApiConfig { socket: socket.clone(), tcp: None, token: None }).unwrap();
-    let error = bind(ApiConfig { socket: socket.clone(), tcp: None, token: None }).unwrap_err();
-    assert!(error.to_string().contains("another process is listening"), "{error}");
+    assert!(
+        !socket.exists(),
+        "nothing bound before the settings were checked"
+    );
+    let api = bind(ApiConfig {
+        socket: socket.clone(),
+        tcp: None,
+        token: None,
+    })
+    .unwrap();
+    let error = bind(ApiConfig {
+        socket: socket.clone(),
+        tcp: None,
+        token: None,
+    })
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("another process is listening"),
+        "{error}"
+    );
     runtime.block_on(api.stop());
     assert!(!socket.exists(), "stop removes the socket");
 }
@@ -368,8 +451,14 @@ fn resyncs_are_counted_by_outcome() {
     let running = Running::start(shared);
     let metrics = running.get("/metrics").body;
     check_openmetrics(&metrics);
-    assert!(metrics.contains("corral_operator_resyncs_total{outcome=\"Ok\"} 2"), "{metrics}");
-    assert!(metrics.contains("corral_operator_resyncs_total{outcome=\"Failed\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("corral_operator_resyncs_total{outcome=\"Ok\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("corral_operator_resyncs_total{outcome=\"Failed\"} 1"),
+        "{metrics}"
+    );
 }
 
 /// OpenMetrics text: `# EOF` once, at the end; every sample belongs to a family declared
@@ -384,7 +473,10 @@ fn check_openmetrics(text: &str) {
     for line in text.lines().filter(|l| *l != "# EOF") {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let family = rest.split(' ').next().unwrap().to_owned();
-            assert!(helped.insert(family.clone()), "{family} described twice:\n{text}");
+            assert!(
+                helped.insert(family.clone()),
+                "{family} described twice:\n{text}"
+            );
             if let Some(previous) = current.replace(family) {
                 finished.insert(previous);
             }
@@ -402,7 +494,11 @@ fn check_openmetrics(text: &str) {
                 .iter()
                 .rfind(|(family, _)| name.starts_with(family.as_str()))
                 .unwrap_or_else(|| panic!("sample {line:?} of no declared family:\n{text}"));
-            assert_eq!(Some(family), current.as_ref(), "{line:?} outside its family:\n{text}");
+            assert_eq!(
+                Some(family),
+                current.as_ref(),
+                "{line:?} outside its family:\n{text}"
+            );
             assert!(!finished.contains(family));
             let suffix = &name[family.len()..];
             let allowed: &[&str] = match kind.as_str() {
@@ -410,7 +506,10 @@ fn check_openmetrics(text: &str) {
                 "histogram" => &["_bucket", "_count", "_sum", "_created"],
                 _ => &[""],
             };
-            assert!(allowed.contains(&suffix), "{line:?}: suffix {suffix:?} of a {kind}");
+            assert!(
+                allowed.contains(&suffix),
+                "{line:?}: suffix {suffix:?} of a {kind}"
+            );
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "{line:?}: value {value:?}");
         }

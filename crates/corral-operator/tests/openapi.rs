@@ -53,14 +53,22 @@ fn registered_paths() -> Vec<String> {
             Some(rest.strip_suffix("\";")?.to_owned())
         })
         .collect();
-    assert_eq!(paths.len(), source[start..end].matches("pub const ").count());
+    assert_eq!(
+        paths.len(),
+        source[start..end].matches("pub const ").count()
+    );
     paths
 }
 
 #[test]
 fn every_registered_path_is_documented_and_nothing_else() {
     let document = document();
-    let mut documented: Vec<String> = document["paths"].as_object().unwrap().keys().cloned().collect();
+    let mut documented: Vec<String> = document["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
     let mut registered = registered_paths();
     assert!(registered.contains(&corral_api::operator::paths::GRANTS.to_owned()));
     documented.sort();

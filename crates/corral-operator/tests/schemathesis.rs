@@ -59,7 +59,11 @@ fn schemathesis() -> PathBuf {
     };
     if let Some(path) = std::env::var_os("SCHEMATHESIS") {
         let path = PathBuf::from(path);
-        assert!(works(&path), "SCHEMATHESIS={} does not run `st --version`", path.display());
+        assert!(
+            works(&path),
+            "SCHEMATHESIS={} does not run `st --version`",
+            path.display()
+        );
         return path;
     }
     let mut candidates = vec![workspace_root().join("target/schemathesis-venv/bin/st")];
@@ -134,7 +138,10 @@ fn schemathesis_finds_nothing_in_the_operator_api() {
         .block_on(EtcdCluster::start(1))
         .expect("etcd starts (make deps installs it)");
     let kv = runtime
-        .block_on(corral_etcd::EtcdKv::connect(&etcd.endpoints(), Default::default()))
+        .block_on(corral_etcd::EtcdKv::connect(
+            &etcd.endpoints(),
+            Default::default(),
+        ))
         .unwrap();
     let keys = Keys::new(ClusterName::new("t").unwrap());
     runtime.block_on(seed_cluster(&kv, &keys));
@@ -204,7 +211,12 @@ fn schemathesis_finds_nothing_in_the_operator_api() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}; install it with:\n    {INSTALL}", st.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {}: {e}; install it with:\n    {INSTALL}",
+                st.display()
+            )
+        });
     let mut stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let out_reader = std::thread::spawn(move || {
@@ -228,7 +240,11 @@ fn schemathesis_finds_nothing_in_the_operator_api() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    let output = format!("{}\n{}", out_reader.join().unwrap(), err_reader.join().unwrap());
+    let output = format!(
+        "{}\n{}",
+        out_reader.join().unwrap(),
+        err_reader.join().unwrap()
+    );
     let elapsed = started.elapsed();
 
     // The replica led throughout and still serves every node.
