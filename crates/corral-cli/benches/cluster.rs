@@ -87,13 +87,13 @@ async fn bench(etcd: &EtcdCluster) {
         .await;
         println!("raw etcd txn, {workload:?}: {report}");
     }
-    if let (Some(before), Ok(after)) = (fsyncs_before, etcd.wal_fsyncs(0)) {
-        if let Some(mean) = after.mean_since(&before) {
-            println!(
-                "etcd WAL fsync mean during the raw runs: {:.3} ms",
-                mean.as_secs_f64() * 1e3
-            );
-        }
+    if let (Some(before), Ok(after)) = (fsyncs_before, etcd.wal_fsyncs(0))
+        && let Some(mean) = after.mean_since(&before)
+    {
+        println!(
+            "etcd WAL fsync mean during the raw runs: {:.3} ms",
+            mean.as_secs_f64() * 1e3
+        );
     }
 
     // The cluster and 10,000 registrations (100 per transaction, 16 at once).

@@ -222,6 +222,16 @@ fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// A refused request: its code and what was wrong (a `Response` is too large to pass around
+/// in a `Result`).
+struct Refusal(ErrorCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
 fn not_leading(shared: &Shared) -> Response {
     error(
         ErrorCode::RetryLater,
@@ -337,12 +347,12 @@ fn pool_status(report: corral_cluster::report::PoolReport) -> body::PoolStatus {
 /// Runs `f` on the view, or answers 503 on a standby.
 fn on_view<T: serde::Serialize>(
     shared: &Shared,
-    f: impl FnOnce(&ClusterView) -> Result<T, Response>,
+    f: impl FnOnce(&ClusterView) -> Result<T, Refusal>,
 ) -> Response {
     match shared.with_view(|view, _| f(view)) {
         None => not_leading(shared),
         Some(Ok(value)) => Json(value).into_response(),
-        Some(Err(response)) => response,
+        Some(Err(refusal)) => refusal.into_response(),
     }
 }
 
@@ -382,14 +392,14 @@ async fn nodes(State(state): State<ApiState>) -> Response {
 }
 
 /// The node name of the path, validated: 400 naming the problem otherwise.
-fn node_name(name: Result<UrlPath<String>, PathRejection>) -> Result<NodeName, Response> {
+fn node_name(name: Result<UrlPath<String>, PathRejection>) -> Result<NodeName, Refusal> {
     let UrlPath(name) = name.map_err(|rejection| {
-        error(
+        Refusal(
             ErrorCode::BadRequest,
             format!("node name in the path: {}", rejection.body_text()),
         )
     })?;
-    NodeName::new(&name).map_err(|e| error(ErrorCode::BadRequest, e.to_string()))
+    NodeName::new(&name).map_err(|e| Refusal(ErrorCode::BadRequest, e.to_string()))
 }
 
 async fn node(
@@ -398,7 +408,7 @@ async fn node(
 ) -> Response {
     let name = match node_name(name) {
         Ok(name) => name,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     on_view(&state.shared, |view| {
         view.node_reports(None)
@@ -409,8 +419,8 @@ async fn node(
     })
 }
 
-fn not_registered(name: &NodeName) -> Response {
-    error(
+fn not_registered(name: &NodeName) -> Refusal {
+    Refusal(
         ErrorCode::NotFound,
         format!("node {name} is not registered"),
     )
@@ -422,26 +432,26 @@ async fn plan(
 ) -> Response {
     let name = match node_name(name) {
         Ok(name) => name,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     on_view(&state.shared, |view| {
         let Some(config) = view.config().node_ids.clone() else {
-            return Err(error(
+            return Err(Refusal(
                 ErrorCode::NotFound,
-                "the cluster has no node-ID plan ([node_ids]), so no node has a plan",
+                "the cluster has no node-ID plan ([node_ids]), so no node has a plan".into(),
             ));
         };
         if view.registration(&name).is_none() {
             return Err(not_registered(&name));
         }
         let Some(id) = view.node_id_of(&name) else {
-            return Err(error(
+            return Err(Refusal(
                 ErrorCode::NotFound,
                 format!("node {name} has no node ID yet"),
             ));
         };
         let plan = corral_cluster::NodePlan::derive(&config, id).map_err(|e| {
-            error(
+            Refusal(
                 ErrorCode::Conflict,
                 format!("plan of node {name} (node ID {id}): {e}"),
             )
