@@ -1,7 +1,8 @@
 //! corral-api: the agent's REST API as data. Paths, request and response bodies, and the
 //! error body, shared by the agent (`corral-agent`), the lean blocking client
 //! (`corral-client`, used by the CLI and by corral-ipam in agent mode) and the OpenAPI
-//! document (`openapi.json` at the repository root, served at `/openapi.json`).
+//! document (`openapi.json` at the repository root, served at `/openapi.json`). The
+//! operator's API (`corral operator`) is in [`operator`].
 //!
 //! Every body is JSON. Unknown fields are refused (`deny_unknown_fields`), so a typo in a
 //! request is a 400 that names the field, not a silently ignored option. Addresses are JSON
@@ -15,6 +16,8 @@
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
+
+pub mod operator;
 
 /// The scope of the agent's configured pools; the default of every `scope` field.
 pub const NODE_SCOPE: &str = "node";

@@ -50,9 +50,56 @@ pub struct OperatorArgs {
     /// Grant transactions in flight at once
     #[arg(long, default_value_t = 16)]
     pub workers: usize,
-    /// The operator's API socket (status, nodes, plans, metrics)
-    #[arg(long, value_name = "PATH")]
-    pub api_socket: Option<PathBuf>,
+    /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_API_SOCKET)]
+    pub api_socket: PathBuf,
+    /// Also serve the API on this loopback TCP address (needs --token-file)
+    #[arg(long, value_name = "ADDR", requires = "token_file")]
+    pub api_tcp: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token (at least 16 characters) for --api-tcp
+    #[arg(long, value_name = "FILE", requires = "api_tcp")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// Where `corral operator` serves its API by default.
+pub const DEFAULT_API_SOCKET: &str = "/run/corral/operator.sock";
+
+/// The operator API's listeners from the options: a loopback TCP address only, with a token
+/// of at least 16 characters read from its file.
+fn api_config(args: &OperatorArgs) -> Result<corral_operator::api::ApiConfig, Failure> {
+    let token = match &args.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Failure::Usage(format!("cannot read token file {}: {e}", path.display()))
+            })?;
+            let token = text.trim().to_owned();
+            if token.len() < 16 {
+                return Err(Failure::Usage(format!(
+                    "token in {} is shorter than 16 characters",
+                    path.display()
+                )));
+            }
+            Some(token)
+        }
+        None => None,
+    };
+    if let Some(addr) = args.api_tcp {
+        if !addr.ip().is_loopback() {
+            return Err(Failure::Usage(format!(
+                "--api-tcp {addr}: the operator listens on the loopback interface only"
+            )));
+        }
+        if token.is_none() {
+            return Err(Failure::Usage(format!(
+                "--api-tcp {addr} needs a bearer token (--token-file)"
+            )));
+        }
+    }
+    Ok(corral_operator::api::ApiConfig {
+        socket: args.api_socket.clone(),
+        tcp: args.api_tcp,
+        token,
+    })
 }
 
 #[derive(Debug, Subcommand)]
@@ -130,6 +177,7 @@ fn kv_failure(error: corral_kv::KvError) -> Failure {
 
 /// Runs a replica of the operator until SIGINT or SIGTERM.
 pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
+    let api = api_config(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("corral-operator")
@@ -148,19 +196,16 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
             lease_ttl: Duration::from_secs(args.lease_ttl.max(1)),
             workers: args.workers,
         };
-        let api = match &args.api_socket {
-            Some(path) => Some(
-                corral_operator::api::bind(
-                    path,
-                    Arc::clone(&shared),
-                    kv.clone(),
-                    args.etcd.cluster.clone(),
-                )
-                .await
-                .map_err(|e| Failure::Daemon(e.to_string()))?,
+        let api = corral_operator::api::bind(api, Arc::clone(&shared))
+            .await
+            .map_err(|e| Failure::Daemon(e.to_string()))?;
+        match api.tcp_addr() {
+            Some(addr) => eprintln!(
+                "corral operator: api on {} and http://{addr} (bearer token)",
+                args.api_socket.display()
             ),
-            None => None,
-        };
+            None => eprintln!("corral operator: api on {}", args.api_socket.display()),
+        }
         eprintln!(
             "corral operator: {} campaigning on {}",
             config.replica,
@@ -169,9 +214,7 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
         corral_operator::run(kv, config, shared, corral_agent::shutdown_signal())
             .await
             .map_err(|e| Failure::Daemon(e.to_string()))?;
-        if let Some(api) = api {
-            api.stop().await;
-        }
+        api.stop().await;
         Ok(Outcome::ok(String::new()))
     })
 }

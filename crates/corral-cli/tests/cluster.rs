@@ -107,6 +107,7 @@ struct Operator {
 impl Operator {
     fn start(etcd: &EtcdCluster, dir: &Path, name: &str) -> Operator {
         let log = dir.join(format!("{name}.log"));
+        let socket = dir.join(format!("{name}.sock"));
         let child = Command::new(BINARY)
             .args([
                 "operator",
@@ -119,6 +120,8 @@ impl Operator {
                 "--lease-ttl",
                 "2",
             ])
+            .arg("--api-socket")
+            .arg(&socket)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

@@ -1,22 +1,145 @@
-//! The operator's REST API on a unix socket (mode 0660): status, nodes, a node's plan, pools,
-//! and Prometheus metrics. Read-only: every change goes through etcd (`corral cluster`,
-//! `corral node remove`). Answers come from the leader's view; a standby answers 503 naming
-//! itself, except `/v1/status`, `/healthz` and `/metrics`.
+//! The operator's REST API (axum), with the agent's conventions: a unix socket (mode 0660)
+//! and optionally a loopback TCP listener behind a bearer token; JSON bodies of
+//! `corral_api::operator`, every failure a `corral_api::ErrorResponse`; the OpenAPI document
+//! (`openapi-operator.json` at the repository root) served verbatim at `/openapi.json`.
+//!
+//! Read-only: every change goes through etcd (`corral cluster`, `corral node remove`).
+//! Answers come from the leader's view; a standby answers the view's routes with 503 naming
+//! itself, and `/v1/status`, `/healthz` and `/metrics` with what it knows. Unknown paths are
+//! 404, other methods 405, a node name that is not a DNS-1123 subdomain 400; nothing a client
+//! sends makes a handler panic.
 
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::Json;
-use axum::extract::{Path as UrlPath, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path as UrlPath, Request, State};
 use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use corral_cluster::NodePlan;
-use corral_kv::Kv;
+use axum::{Json, Router};
+use corral_api::operator::{self as body, paths};
+use corral_api::{ErrorBody, ErrorCode, ErrorResponse};
+use corral_cluster::{ClusterView, NodeName};
 use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
 
+use crate::listen;
 use crate::state::Shared;
+
+/// The OpenAPI document, as committed at the repository root.
+pub const OPENAPI: &str = include_str!("../../../openapi-operator.json");
+
+/// Where the API listens.
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    /// The unix socket (no authentication; mode 0660).
+    pub socket: PathBuf,
+    /// A loopback TCP address, served only with `token`.
+    pub tcp: Option<SocketAddr>,
+    /// The bearer token the TCP listener requires.
+    pub token: Option<String>,
+}
+
+/// Why the API could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("api socket {path}: {message}")]
+    Socket { path: String, message: String },
+    #[error("api tcp listener {addr}: {message}")]
+    Tcp { addr: String, message: String },
+}
+
+/// The API serving; `stop` ends it and removes the socket.
+#[derive(Debug)]
+pub struct Api {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    socket: PathBuf,
+    identity: listen::FileIdentity,
+    tcp: Option<SocketAddr>,
+}
+
+impl Api {
+    /// The TCP listener's address (its port, when bound to port 0).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// Stops the listeners (connections finish their answers) and removes the socket, if
+    /// the path still names the one bound.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        listen::remove_socket(&self.socket, self.identity);
+    }
+}
+
+/// Checks the TCP settings (a loopback address, with a non-empty token), binds the socket (a
+/// stale one is replaced; a live one refused) and the TCP listener, and serves.
+pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindError> {
+    let tcp_fail = |addr: &SocketAddr, message: String| BindError::Tcp {
+        addr: addr.to_string(),
+        message,
+    };
+    let token = match (&config.tcp, config.token.as_deref().map(str::trim)) {
+        (Some(addr), _) if !addr.ip().is_loopback() => {
+            return Err(tcp_fail(
+                addr,
+                "not a loopback address; the API listens on 127.0.0.1 or ::1 only".into(),
+            ));
+        }
+        (Some(addr), None | Some("")) => {
+            return Err(tcp_fail(addr, "needs a bearer token (--token-file)".into()));
+        }
+        (_, token) => token.map(Arc::<str>::from),
+    };
+    let (unix, identity) =
+        listen::bind_socket(&config.socket).map_err(|message| BindError::Socket {
+            path: config.socket.display().to_string(),
+            message,
+        })?;
+    let tcp = match config.tcp {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| tcp_fail(&addr, e.to_string()))?,
+        ),
+        None => None,
+    };
+    let router = router(shared);
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = vec![tokio::spawn(listen::serve(
+        unix,
+        format!("api socket {}", config.socket.display()),
+        router.clone(),
+        listen::MAX_UNIX_CONNECTIONS,
+        stop_rx.clone(),
+    ))];
+    let mut tcp_addr = None;
+    if let (Some(listener), Some(token)) = (tcp, token) {
+        let addr = listener.local_addr().ok();
+        tcp_addr = addr;
+        tasks.push(tokio::spawn(listen::serve(
+            listener,
+            addr.map_or_else(|| "api tcp".to_owned(), |addr| format!("api tcp {addr}")),
+            with_token(router, token),
+            listen::MAX_TCP_CONNECTIONS,
+            stop_rx,
+        )));
+    }
+    Ok(Api {
+        stop,
+        tasks,
+        socket: config.socket,
+        identity,
+        tcp: tcp_addr,
+    })
+}
 
 #[derive(Clone)]
 struct ApiState {
@@ -24,91 +147,148 @@ struct ApiState {
     registry: Arc<Registry>,
 }
 
-/// The API serving on its socket; `stop` ends it and removes the socket.
-#[derive(Debug)]
-pub struct Api {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-    path: PathBuf,
-}
-
-impl Api {
-    pub async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.task.await;
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Binds the socket (a stale one is replaced; a live one refused) and serves.
-pub async fn bind<K: Kv>(
-    path: &Path,
-    shared: Arc<Shared>,
-    _kv: K,
-    _cluster: String,
-) -> std::io::Result<Api> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(std::io::Error::other(format!(
-            "{}: another process is listening on it",
-            path.display()
-        )));
-    }
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+/// The API's routes over `shared`.
+pub fn router(shared: Arc<Shared>) -> Router {
     let mut registry = Registry::default();
     shared.register(&mut registry);
     let state = ApiState {
         shared,
         registry: Arc::new(registry),
     };
-    let router = axum::Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/metrics", get(metrics))
-        .route("/v1/status", get(status))
-        .route("/v1/nodes", get(nodes))
-        .route("/v1/nodes/{name}", get(node))
-        .route("/v1/nodes/{name}/plan", get(plan))
-        .with_state(state);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    Ok(Api {
-        stop,
-        task,
-        path: path.to_owned(),
-    })
+    Router::new()
+        .route(paths::HEALTHZ, get(healthz))
+        .route(paths::READYZ, get(readyz))
+        .route(paths::METRICS, get(metrics))
+        .route(paths::OPENAPI, get(openapi))
+        .route(paths::STATUS, get(status))
+        .route(paths::NODES, get(nodes))
+        .route(paths::NODE, get(node))
+        .route(paths::NODE_PLAN, get(plan))
+        .route(paths::POOLS, get(pools))
+        .route(paths::GRANTS, get(grants))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
 }
 
-fn error(status: StatusCode, message: String) -> Response {
-    (status, Json(serde_json::json!({ "error": message }))).into_response()
+/// The routes behind a bearer token (the TCP listener).
+pub fn with_token(router: Router, token: Arc<str>) -> Router {
+    router.layer(middleware::from_fn(move |req: Request, next: Next| {
+        let token = Arc::clone(&token);
+        async move {
+            let given = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| bearer_credentials(v.as_bytes()));
+            if given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
+                next.run(req).await
+            } else {
+                error(
+                    ErrorCode::Unauthorized,
+                    "this listener needs Authorization: Bearer <token>",
+                )
+            }
+        }
+    }))
+}
+
+/// The credentials of an `Authorization: Bearer <token>` header; the scheme's name in any
+/// case (RFC 7235 section 2.1), one or more spaces before the token.
+fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(b"bearer".len())?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    let token = rest.trim_ascii_start();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Equality whose time does not depend on where the inputs differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let body = ErrorResponse {
+        error: ErrorBody {
+            code,
+            message: message.into(),
+            pool: None,
+            set: None,
+            retryable: code == ErrorCode::RetryLater,
+        },
+    };
+    (status, Json(body)).into_response()
+}
+
+/// A refused request: its code and what was wrong (a `Response` is too large to pass around
+/// in a `Result`).
+struct Refusal(ErrorCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
 }
 
 fn not_leading(shared: &Shared) -> Response {
     error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("replica {} does not lead; ask the leader", shared.replica),
+        ErrorCode::RetryLater,
+        format!(
+            "replica {} does not lead (or has not built its view yet); ask the leader",
+            shared.replica
+        ),
     )
 }
 
+async fn not_found() -> Response {
+    error(ErrorCode::NotFound, "no such path; see /openapi.json")
+}
+
+async fn method_not_allowed() -> Response {
+    error(
+        ErrorCode::MethodNotAllowed,
+        "this path exists with another method; see /openapi.json",
+    )
+}
+
+async fn healthz() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "ok\n",
+    )
+        .into_response()
+}
+
+async fn readyz(State(state): State<ApiState>) -> Response {
+    let shared = &state.shared;
+    if shared.leading() && shared.with_view(|_, _| ()).is_some() {
+        (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "ready\n",
+        )
+            .into_response()
+    } else {
+        not_leading(shared)
+    }
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+/// The registry's metrics, then the view's (nodes and CIDRs by state), one `# EOF` at the
+/// end.
 async fn metrics(State(state): State<ApiState>) -> Response {
     let mut text = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
+    if let Err(e) = prometheus_client::encoding::text::encode_registry(&mut text, &state.registry) {
+        return error(ErrorCode::RetryLater, format!("metrics do not encode: {e}"));
     }
     if let Some(extra) = state.shared.with_view(|view, _| view.metrics_text()) {
-        text = text.trim_end_matches("# EOF\n").to_owned();
         text.push_str(&extra);
-        text.push_str("# EOF\n");
     }
+    text.push_str("# EOF\n");
     (
         [(
             header::CONTENT_TYPE,
@@ -119,78 +299,251 @@ async fn metrics(State(state): State<ApiState>) -> Response {
         .into_response()
 }
 
-async fn status(State(state): State<ApiState>) -> Response {
+async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
     let shared = &state.shared;
-    let view = shared.with_view(|view, revision| {
-        serde_json::to_value(view.status_report(revision, Some(shared.replica.clone())))
-            .unwrap_or_default()
+    let cluster = shared.with_view(|view, revision| {
+        let report = view.status_report(revision, Some(shared.replica.clone()));
+        body::ClusterStatus {
+            revision: report.revision,
+            leader: report.leader,
+            nodes: report.nodes as u64,
+            nodes_served: report.nodes_served as u64,
+            pools: report.pools.into_iter().map(pool_status).collect(),
+            node_ids: report.node_ids.map(pool_status),
+            removals_pending: report.removals_pending as u64,
+            problems: report.problems,
+        }
     });
-    Json(serde_json::json!({
-        "replica": shared.replica,
-        "leading": shared.leading(),
-        "took_lead_ms": shared.took_lead_in().map(|d| d.as_millis() as u64),
-        "last_rebuild": shared.last_rebuild().map(|(keys, took)| serde_json::json!({
-            "keys": keys, "ms": took.as_millis() as u64,
-        })),
-        "full": shared.full_pools(),
-        "problems": shared.problems(),
-        "cluster": view,
-    }))
-    .into_response()
+    Json(body::OperatorStatus {
+        replica: shared.replica.clone(),
+        leading: shared.leading() && cluster.is_some(),
+        took_lead_ms: shared.took_lead_in().map(|d| millis(d.as_millis())),
+        last_rebuild: shared.last_rebuild().map(|(keys, took)| body::Rebuild {
+            keys: keys as u64,
+            ms: millis(took.as_millis()),
+        }),
+        full: shared.full_pools(),
+        problems: shared.problems(),
+        cluster,
+    })
+}
+
+fn millis(ms: u128) -> u64 {
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+fn pool_status(report: corral_cluster::report::PoolReport) -> body::PoolStatus {
+    body::PoolStatus {
+        pool: report.pool,
+        family: report.family,
+        node_prefix_len: report.node_prefix_len,
+        capacity: report.capacity,
+        granted: report.granted,
+        quarantined: report.quarantined,
+        free: report.free,
+    }
+}
+
+/// Runs `f` on the view, or answers 503 on a standby.
+fn on_view<T: serde::Serialize>(
+    shared: &Shared,
+    f: impl FnOnce(&ClusterView) -> Result<T, Refusal>,
+) -> Response {
+    match shared.with_view(|view, _| f(view)) {
+        None => not_leading(shared),
+        Some(Ok(value)) => Json(value).into_response(),
+        Some(Err(refusal)) => refusal.into_response(),
+    }
+}
+
+fn node_status(view: &ClusterView, report: corral_cluster::NodeReport) -> body::NodeStatus {
+    let grants = NodeName::new(&report.name)
+        .map(|name| {
+            view.grants_of(&name)
+                .into_iter()
+                .map(|grant| body::NodeGrant {
+                    pool: grant.pool.to_string(),
+                    family: grant.family.name().to_owned(),
+                    cidr: grant.cidr.to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    body::NodeStatus {
+        name: report.name,
+        uid: report.uid,
+        registered_revision: report.registered_revision,
+        grants,
+        node_id: report.node_id,
+        waiting_for: report.waiting_for,
+        removal_requested: report.removal_requested,
+    }
 }
 
 async fn nodes(State(state): State<ApiState>) -> Response {
-    match state
-        .shared
-        .with_view(|view, _| serde_json::to_value(view.node_reports(None)).unwrap_or_default())
-    {
-        Some(nodes) => Json(nodes).into_response(),
-        None => not_leading(&state.shared),
-    }
+    on_view(&state.shared, |view| {
+        let nodes = view
+            .node_reports(None)
+            .into_iter()
+            .map(|report| node_status(view, report))
+            .collect();
+        Ok(body::NodesResponse { nodes })
+    })
 }
 
-async fn node(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> Response {
-    let found = state.shared.with_view(|view, _| {
+/// The node name of the path, validated: 400 naming the problem otherwise.
+fn node_name(name: Result<UrlPath<String>, PathRejection>) -> Result<NodeName, Refusal> {
+    let UrlPath(name) = name.map_err(|rejection| {
+        Refusal(
+            ErrorCode::BadRequest,
+            format!("node name in the path: {}", rejection.body_text()),
+        )
+    })?;
+    NodeName::new(&name).map_err(|e| Refusal(ErrorCode::BadRequest, e.to_string()))
+}
+
+async fn node(
+    State(state): State<ApiState>,
+    name: Result<UrlPath<String>, PathRejection>,
+) -> Response {
+    let name = match node_name(name) {
+        Ok(name) => name,
+        Err(refusal) => return refusal.into_response(),
+    };
+    on_view(&state.shared, |view| {
         view.node_reports(None)
             .into_iter()
-            .find(|n| n.name == name)
-            .map(|n| serde_json::to_value(n).unwrap_or_default())
-    });
-    match found {
-        None => not_leading(&state.shared),
-        Some(None) => error(
-            StatusCode::NOT_FOUND,
-            format!("node {name} is not registered"),
-        ),
-        Some(Some(node)) => Json(node).into_response(),
-    }
+            .find(|report| report.name == name.as_str())
+            .map(|report| node_status(view, report))
+            .ok_or_else(|| not_registered(&name))
+    })
 }
 
-#[allow(clippy::result_large_err)]
-async fn plan(State(state): State<ApiState>, UrlPath(name): UrlPath<String>) -> Response {
-    let found = state.shared.with_view(|view, _| {
+fn not_registered(name: &NodeName) -> Refusal {
+    Refusal(
+        ErrorCode::NotFound,
+        format!("node {name} is not registered"),
+    )
+}
+
+async fn plan(
+    State(state): State<ApiState>,
+    name: Result<UrlPath<String>, PathRejection>,
+) -> Response {
+    let name = match node_name(name) {
+        Ok(name) => name,
+        Err(refusal) => return refusal.into_response(),
+    };
+    on_view(&state.shared, |view| {
         let Some(config) = view.config().node_ids.clone() else {
-            return Err(error(
-                StatusCode::NOT_FOUND,
-                "the cluster has no node-ID plan ([node_ids])".into(),
+            return Err(Refusal(
+                ErrorCode::NotFound,
+                "the cluster has no node-ID plan ([node_ids]), so no node has a plan".into(),
             ));
         };
-        let Some(id) = corral_cluster::NodeName::new(&name)
-            .ok()
-            .and_then(|node| view.node_id_of(&node))
-        else {
-            return Err(error(
-                StatusCode::NOT_FOUND,
-                format!("node {name} has no node ID"),
+        if view.registration(&name).is_none() {
+            return Err(not_registered(&name));
+        }
+        let Some(id) = view.node_id_of(&name) else {
+            return Err(Refusal(
+                ErrorCode::NotFound,
+                format!("node {name} has no node ID yet"),
             ));
         };
-        NodePlan::derive(&config, id)
-            .map(|plan| serde_json::to_value(plan).unwrap_or_default())
-            .map_err(|e| error(StatusCode::CONFLICT, e.to_string()))
-    });
-    match found {
-        None => not_leading(&state.shared),
-        Some(Err(response)) => response,
-        Some(Ok(plan)) => Json(plan).into_response(),
+        let plan = corral_cluster::NodePlan::derive(&config, id).map_err(|e| {
+            Refusal(
+                ErrorCode::Conflict,
+                format!("plan of node {name} (node ID {id}): {e}"),
+            )
+        })?;
+        Ok(body::NodePlan {
+            node_id: plan.node_id,
+            pod_subnet: plan.pod_subnet.to_string(),
+            pod_gateway: plan.pod_gateway.to_string(),
+            nat_loopback: plan.nat_loopback.to_string(),
+            pod_range_start: plan.pod_range_start.to_string(),
+            pod_range_end: plan.pod_range_end.to_string(),
+            host_interconnect: plan.host_interconnect.to_string(),
+            host_interconnect_vpp: plan.host_interconnect_vpp.to_string(),
+            host_interconnect_linux: plan.host_interconnect_linux.to_string(),
+            node_ip: plan.node_ip.to_string(),
+            node_interconnect: plan.node_interconnect.to_string(),
+            vxlan_ip: plan.vxlan_ip.to_string(),
+            vxlan: plan.vxlan.to_string(),
+            service: plan.service.to_string(),
+        })
+    })
+}
+
+async fn pools(State(state): State<ApiState>) -> Response {
+    on_view(&state.shared, |view| {
+        let pools = view
+            .config()
+            .pools
+            .iter()
+            .map(|pool| body::ClusterPool {
+                name: pool.name.to_string(),
+                families: pool
+                    .families()
+                    .map(|(family, config)| {
+                        let stats = view.space(&pool.name, family).map(|space| space.stats());
+                        let count = |f: fn(&corral_cluster::SpaceStats) -> u128| {
+                            stats.as_ref().map_or(0, f).to_string()
+                        };
+                        body::ClusterPoolFamily {
+                            family: family.name().to_owned(),
+                            cidrs: config.cidrs.iter().map(ToString::to_string).collect(),
+                            node_prefix_len: config.node_prefix_len,
+                            reserved: config.reserved.iter().map(ToString::to_string).collect(),
+                            capacity: count(|s| s.capacity),
+                            granted: count(|s| s.granted),
+                            quarantined: count(|s| s.quarantined),
+                            free: count(|s| s.free),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(body::ClusterPools { pools })
+    })
+}
+
+async fn grants(State(state): State<ApiState>) -> Response {
+    on_view(&state.shared, |view| {
+        let mut grants = Vec::new();
+        let mut node_ids = Vec::new();
+        for (name, _) in view.nodes() {
+            grants.extend(view.grants_of(name).into_iter().map(|grant| body::Grant {
+                pool: grant.pool.to_string(),
+                family: grant.family.name().to_owned(),
+                cidr: grant.cidr.to_string(),
+                node: name.to_string(),
+            }));
+            if let Some(id) = view.node_id_of(name) {
+                node_ids.push(body::NodeIdGrant {
+                    node: name.to_string(),
+                    id,
+                });
+            }
+        }
+        Ok(body::GrantsResponse { grants, node_ids })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_any_case_and_the_token_must_match() {
+        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"bEARER   abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_credentials(b"Bearer"), None);
+        assert_eq!(bearer_credentials(b"Bearer "), None);
+        assert_eq!(bearer_credentials(b"Bearerabc"), None);
+        assert_eq!(bearer_credentials(b"Basic abc"), None);
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }

@@ -13,6 +13,8 @@ use corral_kv::{Kv, KvError};
 pub mod api;
 pub mod election;
 mod leader;
+mod listen;
+pub mod openapi;
 pub mod state;
 
 pub use state::Shared;

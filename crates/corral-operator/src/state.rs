@@ -31,6 +31,18 @@ pub struct OutcomeLabels {
     pub outcome: TxnOutcome,
 }
 
+/// How a resync (the leader's periodic re-read of the prefix against its view) ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum ResyncOutcome {
+    Ok,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ResyncLabels {
+    pub outcome: ResyncOutcome,
+}
+
 /// Shared between the leading loop, the API and the metrics.
 #[derive(Debug)]
 pub struct Shared {
@@ -59,10 +71,9 @@ const MAX_SAMPLES: usize = 100_000;
 #[derive(Debug)]
 pub struct Metrics {
     pub grants: MetricFamily<OutcomeLabels, Counter>,
+    pub resyncs: MetricFamily<ResyncLabels, Counter>,
     pub txn_seconds: Histogram,
     pub rebuilds: Counter,
-    pub resyncs_ok: Counter,
-    pub resyncs_failed: Counter,
     pub leader: Gauge,
 }
 
@@ -70,12 +81,11 @@ impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
             grants: MetricFamily::default(),
+            resyncs: MetricFamily::default(),
             txn_seconds: Histogram::new([
                 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0,
             ]),
             rebuilds: Counter::default(),
-            resyncs_ok: Counter::default(),
-            resyncs_failed: Counter::default(),
             leader: Gauge::default(),
         }
     }
@@ -163,16 +173,6 @@ impl Shared {
         self.inner().problems.clone()
     }
 
-    /// A periodic resync of the leader's view ended (ok or not). (The counter's metric is
-    /// registered with the others.)
-    pub fn note_resync(&self, ok: bool) {
-        if ok {
-            self.metrics.resyncs_ok.inc();
-        } else {
-            self.metrics.resyncs_failed.inc();
-        }
-    }
-
     pub fn note_txn(&self, took: Duration) {
         self.metrics.txn_seconds.observe(took.as_secs_f64());
         let mut inner = self.inner();
@@ -197,6 +197,19 @@ impl Shared {
         }
     }
 
+    /// Counts a resync of the view by its outcome (called by the leading loop).
+    pub fn note_resync(&self, ok: bool) {
+        let outcome = if ok {
+            ResyncOutcome::Ok
+        } else {
+            ResyncOutcome::Failed
+        };
+        self.metrics
+            .resyncs
+            .get_or_create(&ResyncLabels { outcome })
+            .inc();
+    }
+
     /// Grant transactions committed since start.
     pub fn granted(&self) -> u64 {
         self.metrics
@@ -218,6 +231,11 @@ impl Shared {
             self.metrics.grants.clone(),
         );
         registry.register(
+            "corral_operator_resyncs",
+            "Resyncs of the view by outcome",
+            self.metrics.resyncs.clone(),
+        );
+        registry.register(
             "corral_operator_etcd_txn_seconds",
             "Latency of grant transactions",
             self.metrics.txn_seconds.clone(),
@@ -226,16 +244,6 @@ impl Shared {
             "corral_operator_rebuilds",
             "Rebuilds of the view from a full read of the prefix",
             self.metrics.rebuilds.clone(),
-        );
-        registry.register(
-            "corral_operator_resyncs_ok",
-            "Periodic resyncs of the leader's view that succeeded",
-            self.metrics.resyncs_ok.clone(),
-        );
-        registry.register(
-            "corral_operator_resyncs_failed",
-            "Periodic resyncs of the leader's view that failed (retried with backoff)",
-            self.metrics.resyncs_failed.clone(),
         );
         registry.register(
             "corral_operator_leader",

@@ -1,0 +1,241 @@
+//! The operator's REST API as data: paths and response bodies of `corral operator`'s API
+//! (`openapi-operator.json` at the repository root, served at `/openapi.json`). Every route is
+//! a read: changes go through etcd (`corral cluster`, `corral node remove`).
+//!
+//! Errors are the agent's [`ErrorResponse`](crate::ErrorResponse). Addresses and CIDRs are
+//! strings in their usual text form; counts that can exceed 2^53 (node CIDRs of an IPv6
+//! space) are decimal strings.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Paths of the operator's API.
+pub mod paths {
+    pub const HEALTHZ: &str = "/healthz";
+    pub const READYZ: &str = "/readyz";
+    pub const METRICS: &str = "/metrics";
+    pub const OPENAPI: &str = "/openapi.json";
+    pub const STATUS: &str = "/v1/status";
+    pub const NODES: &str = "/v1/nodes";
+    pub const NODE: &str = "/v1/nodes/{name}";
+    pub const NODE_PLAN: &str = "/v1/nodes/{name}/plan";
+    pub const POOLS: &str = "/v1/pools";
+    pub const GRANTS: &str = "/v1/grants";
+}
+
+/// `GET /v1/status`: this replica, and the cluster as its view sees it (only while it leads).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct OperatorStatus {
+    /// This replica's name.
+    pub replica: String,
+    /// Whether this replica leads and has built its view.
+    pub leading: bool,
+    /// How long taking the lead took (the first read of the prefix), in milliseconds.
+    pub took_lead_ms: Option<u64>,
+    /// The last rebuild of the view from a full read of the prefix.
+    pub last_rebuild: Option<Rebuild>,
+    /// Pools and families with no free node CIDR for a node waiting for one (`pool/family` to
+    /// what waits), until the next grant.
+    pub full: BTreeMap<String, String>,
+    /// What this replica ran into (etcd failures, garbage keys), newest last.
+    pub problems: Vec<String>,
+    /// The cluster; `null` on a standby.
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// A rebuild of the view.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Rebuild {
+    /// Keys read.
+    pub keys: u64,
+    /// How long it took, in milliseconds.
+    pub ms: u64,
+}
+
+/// The cluster as the leader's view sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClusterStatus {
+    /// The etcd revision the view is at.
+    pub revision: i64,
+    /// The replica that leads.
+    pub leader: Option<String>,
+    /// Registered nodes.
+    pub nodes: u64,
+    /// Registered nodes that hold everything the configuration grants.
+    pub nodes_served: u64,
+    /// Node CIDRs per pool and family.
+    pub pools: Vec<PoolStatus>,
+    /// Node IDs, in a node-ID cluster (`pool` is `node-ids`, `family` is `-`).
+    pub node_ids: Option<PoolStatus>,
+    /// Removals asked for and not done yet.
+    pub removals_pending: u64,
+    /// What the view found wrong in etcd (garbage keys, conflicting grants).
+    pub problems: Vec<String>,
+}
+
+/// Node CIDRs (or node IDs) of one pool and family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PoolStatus {
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// The prefix length of a node CIDR (0 for node IDs).
+    pub node_prefix_len: u8,
+    /// Every node CIDR of the pool's CIDRs (a decimal string).
+    pub capacity: String,
+    /// Granted to nodes (a decimal string).
+    pub granted: String,
+    /// Taken from removed nodes, not handed out again until the quarantine ends (a decimal
+    /// string).
+    pub quarantined: String,
+    /// Free (a decimal string).
+    pub free: String,
+}
+
+/// `GET /v1/nodes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodesResponse {
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// `GET /v1/nodes/{name}`: one registered node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeStatus {
+    pub name: String,
+    /// The machine uid its agent registered with.
+    pub uid: String,
+    /// The etcd create revision of its registration.
+    pub registered_revision: i64,
+    /// Its node CIDRs.
+    pub grants: Vec<NodeGrant>,
+    /// Its node ID, in a node-ID cluster.
+    pub node_id: Option<u32>,
+    /// What it still lacks, as `pool family` (and `node-id`).
+    pub waiting_for: Vec<String>,
+    /// Whether `corral node remove` asked for its removal.
+    pub removal_requested: bool,
+}
+
+/// A node CIDR held by a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeGrant {
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    pub cidr: String,
+}
+
+/// `GET /v1/pools`: the configured pools, each family with its CIDRs and use.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClusterPools {
+    pub pools: Vec<ClusterPool>,
+}
+
+/// One configured pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClusterPool {
+    pub name: String,
+    pub families: Vec<ClusterPoolFamily>,
+}
+
+/// One family of a configured pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClusterPoolFamily {
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// The cluster CIDRs node CIDRs are cut from.
+    pub cidrs: Vec<String>,
+    pub node_prefix_len: u8,
+    /// Ranges never granted.
+    pub reserved: Vec<String>,
+    /// Decimal strings, as in [`PoolStatus`].
+    pub capacity: String,
+    pub granted: String,
+    pub quarantined: String,
+    pub free: String,
+}
+
+/// `GET /v1/grants`: every node CIDR and node ID granted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GrantsResponse {
+    pub grants: Vec<Grant>,
+    pub node_ids: Vec<NodeIdGrant>,
+}
+
+/// A node CIDR granted to a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Grant {
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    pub cidr: String,
+    pub node: String,
+}
+
+/// A node ID granted to a node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeIdGrant {
+    pub node: String,
+    pub id: u32,
+}
+
+/// `GET /v1/nodes/{name}/plan`: the node's addresses under the node-ID plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodePlan {
+    pub node_id: u32,
+    /// The node's pod subnet.
+    pub pod_subnet: String,
+    /// The pods' gateway: host 1 of the pod subnet.
+    pub pod_gateway: String,
+    /// The NAT loopback: the pod subnet's broadcast − 1.
+    pub nat_loopback: String,
+    /// The first pod address.
+    pub pod_range_start: String,
+    /// The last pod address.
+    pub pod_range_end: String,
+    /// The node's host interconnect subnet.
+    pub host_interconnect: String,
+    /// Its VPP end.
+    pub host_interconnect_vpp: String,
+    /// Its Linux end.
+    pub host_interconnect_linux: String,
+    /// The node's IP on the node interconnect network.
+    pub node_ip: String,
+    /// The node interconnect network.
+    pub node_interconnect: String,
+    /// The node's VXLAN IP.
+    pub vxlan_ip: String,
+    /// The VXLAN network.
+    pub vxlan: String,
+    /// The service network.
+    pub service: String,
+}

@@ -1,0 +1,517 @@
+//! The operator's API over its real listeners (a unix socket in a temporary directory and a
+//! loopback TCP port), on a view built here without etcd: a standby's answers, a leader's
+//! nodes, pools, grants and plans, errors as JSON bodies, the token on TCP, and `/metrics`
+//! as valid OpenMetrics text.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_api::ErrorResponse;
+use corral_api::operator as body;
+use corral_cluster::{ClusterConfig, ClusterName, ClusterView, Keys, NodeName, NodeRecord};
+use corral_operator::Shared;
+use corral_operator::api::{Api, ApiConfig, BindError};
+
+const TOKEN: &str = "operator-test-token-0123456789";
+
+const DUAL: &str = r#"
+quarantine_secs = 3
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.192.0.0/16"]
+node_prefix_len = 24
+reserved = ["10.192.0.0/24"]
+[pools.ipv6]
+cidrs = ["fd00:200::/48"]
+node_prefix_len = 64
+"#;
+
+const NODE_IDS: &str = r#"
+quarantine_secs = 2
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#;
+
+/// A view of cluster `t` under `toml`, with `nodes` registered and granted what they need,
+/// and `waiting` registered only.
+fn view(toml: &str, nodes: &[&str], waiting: &[&str]) -> ClusterView {
+    let keys = Keys::new(ClusterName::new("t").unwrap());
+    let config = ClusterConfig::from_toml(toml).unwrap();
+    let mut view = ClusterView::new(keys.clone(), config.clone());
+    view.apply_put(&keys.config(), config.to_json().unwrap().as_bytes(), 1, 1);
+    let mut revision = 2;
+    for name in nodes.iter().chain(waiting) {
+        let record = corral_cluster::encode_value(&NodeRecord {
+            uid: format!("uid-{name}"),
+            addresses: Vec::new(),
+            registered_ms: 0,
+        })
+        .unwrap();
+        view.apply_put(
+            &format!("/corral/t/v1/nodes/{name}"),
+            &record,
+            revision,
+            revision,
+        );
+        revision += 1;
+    }
+    for name in nodes {
+        let proposal = view.propose(&NodeName::new(name).unwrap()).unwrap();
+        view.commit(&proposal, revision);
+        revision += 1;
+    }
+    view
+}
+
+struct Running {
+    runtime: tokio::runtime::Runtime,
+    api: Option<Api>,
+    _dir: tempfile::TempDir,
+    socket: std::path::PathBuf,
+}
+
+impl Running {
+    fn start(shared: Arc<Shared>) -> Running {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("run/operator.sock");
+        let config = ApiConfig {
+            socket: socket.clone(),
+            tcp: Some("127.0.0.1:0".parse().unwrap()),
+            token: Some(TOKEN.to_owned()),
+        };
+        let api = runtime
+            .block_on(corral_operator::api::bind(config, shared))
+            .unwrap();
+        Running {
+            runtime,
+            api: Some(api),
+            _dir: dir,
+            socket,
+        }
+    }
+
+    fn tcp(&self) -> SocketAddr {
+        self.api.as_ref().unwrap().tcp_addr().unwrap()
+    }
+
+    fn get(&self, path: &str) -> Answer {
+        request_unix(&self.socket, "GET", path, "")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(api) = self.api.take() {
+            self.runtime.block_on(api.stop());
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    content_type: String,
+    body: String,
+}
+
+impl Answer {
+    fn json<T: serde::de::DeserializeOwned>(&self) -> T {
+        assert_eq!(self.status, 200, "{}", self.body);
+        assert_eq!(self.content_type, "application/json", "{self:?}");
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The error body, which must be an `ErrorResponse` with the status's code.
+    fn error(&self, status: u16) -> ErrorResponse {
+        assert_eq!(self.status, status, "{}", self.body);
+        let error: ErrorResponse = serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not an error body ({e}): {}", self.body));
+        assert_eq!(error.error.code.status(), status);
+        error
+    }
+}
+
+fn exchange(mut stream: impl Read + Write, method: &str, path: &str, headers: &str) -> Answer {
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let response = String::from_utf8(response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head[9..12].parse().unwrap();
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    Answer {
+        status,
+        content_type,
+        body: body.to_owned(),
+    }
+}
+
+fn request_unix(socket: &Path, method: &str, path: &str, headers: &str) -> Answer {
+    let stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    exchange(stream, method, path, headers)
+}
+
+fn request_tcp(addr: SocketAddr, path: &str, headers: &str) -> Answer {
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    exchange(stream, "GET", path, headers)
+}
+
+fn leader(view: &ClusterView) -> Arc<Shared> {
+    let shared = Arc::new(Shared::new("op-a".into()));
+    shared.publish(view, 42);
+    shared.set_leading(true, Duration::from_millis(7));
+    shared
+}
+
+#[test]
+fn a_standby_answers_503_naming_itself_and_says_what_it_knows() {
+    let running = Running::start(Arc::new(Shared::new("op-b".into())));
+    for path in [
+        "/v1/nodes",
+        "/v1/nodes/node-a",
+        "/v1/nodes/node-a/plan",
+        "/v1/pools",
+        "/v1/grants",
+        "/readyz",
+    ] {
+        let error = running.get(path).error(503);
+        assert!(error.error.message.contains("op-b"), "{path}: {error:?}");
+        assert!(error.error.retryable, "{path}");
+    }
+    let status: body::OperatorStatus = running.get("/v1/status").json();
+    assert_eq!(status.replica, "op-b");
+    assert!(!status.leading);
+    assert!(status.cluster.is_none());
+    let health = running.get("/healthz");
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let metrics = running.get("/metrics");
+    assert_eq!(metrics.status, 200);
+    check_openmetrics(&metrics.body);
+}
+
+#[test]
+fn a_leader_answers_nodes_pools_grants_and_status_from_its_view() {
+    let view = view(DUAL, &["node-a", "node-b"], &[]);
+    let running = Running::start(leader(&view));
+    let ready = running.get("/readyz");
+    assert_eq!((ready.status, ready.body.as_str()), (200, "ready\n"));
+
+    let status: body::OperatorStatus = running.get("/v1/status").json();
+    assert!(status.leading);
+    assert_eq!(status.took_lead_ms, Some(7));
+    let cluster = status.cluster.unwrap();
+    assert_eq!(
+        (cluster.revision, cluster.nodes, cluster.nodes_served),
+        (42, 2, 2)
+    );
+    assert_eq!(cluster.leader.as_deref(), Some("op-a"));
+    let v4 = cluster.pools.iter().find(|p| p.family == "ipv4").unwrap();
+    // A /16 cut at /24 is 256 node CIDRs; one is reserved, two are granted.
+    assert_eq!((v4.capacity.as_str(), v4.granted.as_str()), ("256", "2"));
+    assert_eq!((v4.free.as_str(), v4.quarantined.as_str()), ("253", "0"));
+    let v6 = cluster.pools.iter().find(|p| p.family == "ipv6").unwrap();
+    assert_eq!(v6.capacity, "65536");
+
+    let nodes: body::NodesResponse = running.get("/v1/nodes").json();
+    let names: Vec<&str> = nodes.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["node-a", "node-b"]);
+    for node in &nodes.nodes {
+        assert_eq!(node.grants.len(), 2, "{node:?}");
+        assert!(node.waiting_for.is_empty(), "{node:?}");
+    }
+    let a: body::NodeStatus = running.get("/v1/nodes/node-a").json();
+    assert_eq!(a, nodes.nodes[0]);
+    assert_eq!(a.uid, "uid-node-a");
+
+    let pools: body::ClusterPools = running.get("/v1/pools").json();
+    assert_eq!(pools.pools.len(), 1);
+    let families = &pools.pools[0].families;
+    assert_eq!(families[0].family, "ipv4");
+    assert_eq!(families[0].cidrs, ["10.192.0.0/16"]);
+    assert_eq!(families[0].reserved, ["10.192.0.0/24"]);
+    assert_eq!(
+        (families[0].node_prefix_len, families[0].granted.as_str()),
+        (24, "2")
+    );
+    assert_eq!(families[1].family, "ipv6");
+
+    let grants: body::GrantsResponse = running.get("/v1/grants").json();
+    assert_eq!(grants.grants.len(), 4);
+    assert!(grants.node_ids.is_empty());
+    let cidrs: BTreeSet<&str> = grants.grants.iter().map(|g| g.cidr.as_str()).collect();
+    assert_eq!(cidrs.len(), 4, "no CIDR twice: {grants:?}");
+    for grant in &grants.grants {
+        assert!(
+            a.grants.iter().any(|g| g.cidr == grant.cidr) == (grant.node == "node-a"),
+            "{grant:?}"
+        );
+    }
+
+    let metrics = running.get("/metrics");
+    check_openmetrics(&metrics.body);
+    assert!(
+        metrics
+            .body
+            .contains("corral_operator_nodes{state=\"served\"} 2"),
+        "{}",
+        metrics.body
+    );
+    assert!(
+        metrics.body.contains("corral_operator_leader 1"),
+        "{}",
+        metrics.body
+    );
+}
+
+#[test]
+fn errors_are_json_bodies_naming_what_failed() {
+    let view = view(DUAL, &["node-a"], &["node-w"]);
+    let running = Running::start(leader(&view));
+    let missing = running.get("/v1/nodes/node-x").error(404);
+    assert!(missing.error.message.contains("node-x"), "{missing:?}");
+    for garbage in [
+        "/v1/nodes/Node_A",
+        "/v1/nodes/%FF%FE",
+        "/v1/nodes/a%2Fb/plan",
+        "/v1/nodes/-x",
+    ] {
+        let error = running.get(garbage).error(400);
+        assert!(
+            error.error.message.contains("node name"),
+            "{garbage}: {error:?}"
+        );
+    }
+    let long = format!("/v1/nodes/{}", "a".repeat(5000));
+    let error = running.get(&long).error(400);
+    assert!(
+        error.error.message.len() < 400,
+        "the message quotes a prefix: {error:?}"
+    );
+    // No node-ID plan in this cluster.
+    let error = running.get("/v1/nodes/node-a/plan").error(404);
+    assert!(error.error.message.contains("node-ID plan"), "{error:?}");
+    running.get("/v1/nope").error(404);
+    running.get("/v1/nodes/node-a/extra/x").error(404);
+    for method in ["POST", "DELETE", "PUT"] {
+        request_unix(
+            &running.socket,
+            method,
+            "/v1/nodes",
+            "Content-Length: 0\r\n",
+        )
+        .error(405);
+    }
+    let waiting: body::NodeStatus = running.get("/v1/nodes/node-w").json();
+    assert!(waiting.grants.is_empty());
+    assert_eq!(waiting.waiting_for, ["default ipv4", "default ipv6"]);
+    let openapi = running.get("/openapi.json");
+    assert_eq!(openapi.status, 200);
+    assert_eq!(openapi.body, corral_operator::api::OPENAPI);
+}
+
+#[test]
+fn plans_in_a_node_id_cluster() {
+    let view = view(NODE_IDS, &["node-a"], &[]);
+    let running = Running::start(leader(&view));
+    let plan: body::NodePlan = running.get("/v1/nodes/node-a/plan").json();
+    assert_eq!(plan.node_id, 1);
+    assert_eq!(plan.pod_subnet, "10.1.1.0/24");
+    let grants: body::GrantsResponse = running.get("/v1/grants").json();
+    assert_eq!(grants.node_ids.len(), 1);
+    assert_eq!(
+        (grants.node_ids[0].node.as_str(), grants.node_ids[0].id),
+        ("node-a", 1)
+    );
+    let error = running.get("/v1/nodes/node-z/plan").error(404);
+    assert!(
+        error.error.message.contains("node-z is not registered"),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn tcp_needs_the_token_in_any_case_of_the_scheme() {
+    let view = view(DUAL, &["node-a"], &[]);
+    let running = Running::start(leader(&view));
+    let addr = running.tcp();
+    assert!(addr.ip().is_loopback());
+    request_tcp(addr, "/v1/nodes", "").error(401);
+    request_tcp(
+        addr,
+        "/healthz",
+        "Authorization: Bearer wrong-token-0123456789\r\n",
+    )
+    .error(401);
+    request_tcp(
+        addr,
+        "/healthz",
+        &format!("Authorization: Basic {TOKEN}\r\n"),
+    )
+    .error(401);
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let answer = request_tcp(
+            addr,
+            "/v1/nodes",
+            &format!("Authorization: {scheme} {TOKEN}\r\n"),
+        );
+        let nodes: body::NodesResponse = answer.json();
+        assert_eq!(nodes.nodes.len(), 1);
+    }
+}
+
+#[test]
+fn a_tcp_listener_must_be_loopback_with_a_token_and_a_live_socket_is_refused() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let shared = Arc::new(Shared::new("op".into()));
+    let bind = |config: ApiConfig| {
+        runtime.block_on(corral_operator::api::bind(config, Arc::clone(&shared)))
+    };
+    let socket = dir.path().join("op.sock");
+    let config = |tcp: &str, token: Option<&str>| ApiConfig {
+        socket: socket.clone(),
+        tcp: Some(tcp.parse().unwrap()),
+        token: token.map(str::to_owned),
+    };
+    let error = bind(config("0.0.0.0:0", Some(TOKEN))).unwrap_err();
+    assert!(
+        matches!(error, BindError::Tcp { .. }) && error.to_string().contains("loopback"),
+        "{error}"
+    );
+    let error = bind(config("127.0.0.1:0", None)).unwrap_err();
+    assert!(error.to_string().contains("token"), "{error}");
+    let error = bind(config("127.0.0.1:0", Some("  "))).unwrap_err();
+    assert!(error.to_string().contains("token"), "{error}");
+    assert!(
+        !socket.exists(),
+        "nothing bound before the settings were checked"
+    );
+    let api = bind(ApiConfig {
+        socket: socket.clone(),
+        tcp: None,
+        token: None,
+    })
+    .unwrap();
+    let error = bind(ApiConfig {
+        socket: socket.clone(),
+        tcp: None,
+        token: None,
+    })
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("another process is listening"),
+        "{error}"
+    );
+    runtime.block_on(api.stop());
+    assert!(!socket.exists(), "stop removes the socket");
+}
+
+#[test]
+fn resyncs_are_counted_by_outcome() {
+    let shared = Arc::new(Shared::new("op".into()));
+    shared.note_resync(true);
+    shared.note_resync(true);
+    shared.note_resync(false);
+    let running = Running::start(shared);
+    let metrics = running.get("/metrics").body;
+    check_openmetrics(&metrics);
+    assert!(
+        metrics.contains("corral_operator_resyncs_total{outcome=\"Ok\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("corral_operator_resyncs_total{outcome=\"Failed\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// OpenMetrics text: `# EOF` once, at the end; every sample belongs to a family declared
+/// before it with `# HELP` and `# TYPE`, each family declared once and its samples together.
+fn check_openmetrics(text: &str) {
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+    let mut helped = BTreeSet::new();
+    let mut typed: Vec<(String, String)> = Vec::new();
+    let mut finished = BTreeSet::new();
+    let mut current: Option<String> = None;
+    for line in text.lines().filter(|l| *l != "# EOF") {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let family = rest.split(' ').next().unwrap().to_owned();
+            assert!(
+                helped.insert(family.clone()),
+                "{family} described twice:\n{text}"
+            );
+            if let Some(previous) = current.replace(family) {
+                finished.insert(previous);
+            }
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            let family = parts.next().unwrap().to_owned();
+            let kind = parts.next().unwrap().to_owned();
+            assert_eq!(current.as_ref(), Some(&family), "TYPE after HELP:\n{text}");
+            assert!(["counter", "gauge", "histogram", "info", "unknown"].contains(&kind.as_str()));
+            typed.push((family, kind));
+        } else {
+            assert!(!line.starts_with('#'), "unexpected comment {line:?}");
+            let name = line.split(['{', ' ']).next().unwrap();
+            let (family, kind) = typed
+                .iter()
+                .rfind(|(family, _)| name.starts_with(family.as_str()))
+                .unwrap_or_else(|| panic!("sample {line:?} of no declared family:\n{text}"));
+            assert_eq!(
+                Some(family),
+                current.as_ref(),
+                "{line:?} outside its family:\n{text}"
+            );
+            assert!(!finished.contains(family));
+            let suffix = &name[family.len()..];
+            let allowed: &[&str] = match kind.as_str() {
+                "counter" => &["_total", "_created"],
+                "histogram" => &["_bucket", "_count", "_sum", "_created"],
+                _ => &[""],
+            };
+            assert!(
+                allowed.contains(&suffix),
+                "{line:?}: suffix {suffix:?} of a {kind}"
+            );
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "{line:?}: value {value:?}");
+        }
+    }
+}
