@@ -152,6 +152,8 @@ struct Work {
     retry: HashMap<NodeName, Retry>,
     /// When the view was last published for the API (a copy: not after every event).
     published: Instant,
+    /// When `start_work` last looked at the nodes: retries due by then were considered.
+    considered: Instant,
 }
 
 /// How often the view is copied out for the API and metrics while it changes.
@@ -175,6 +177,7 @@ async fn serve<K: Kv>(
         busy: Default::default(),
         retry: HashMap::new(),
         published: Instant::now(),
+        considered: Instant::now(),
     };
     let mut dirty = true;
     loop {
@@ -192,10 +195,14 @@ async fn serve<K: Kv>(
                 work.published = Instant::now();
             }
         }
+        // Only what was not yet due when the work was last started: an entry that was due
+        // then was seen (started, or skipped as needing nothing); waking for it again would
+        // spin the loop without ever letting time pass.
         let next_retry = work
             .retry
             .values()
             .map(|r| r.at)
+            .filter(|at| *at > work.considered)
             .min()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         let publish_at = work.published + PUBLISH_EVERY;
@@ -292,6 +299,9 @@ fn start_work<K: Kv>(
     work: &mut Work,
 ) {
     let now = Instant::now();
+    work.considered = now;
+    // A node gone (removed, its registration deleted) needs no retry any more.
+    work.retry.retain(|node, _| view.registration(node).is_some());
     let quarantine = Duration::from_secs(view.config().quarantine_secs.max(1));
     for (node, request_revision, request) in view.removals_requested() {
         if work.running.len() >= workers {

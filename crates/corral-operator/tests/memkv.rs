@@ -356,3 +356,50 @@ async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
     assert_consistent(&kv).await;
     auditor.assert_clean();
 }
+
+/// Regression: a node that waited for space (a retry entry) and then stopped needing anything
+/// (its registration deleted) left its past-due retry time in the leader's timer, which then
+/// fired at once on every turn of the loop: 100% CPU on real time, and on a paused clock time
+/// never moved again. Run on a thread of its own, so a spinning leader fails the test instead
+/// of hanging it.
+#[test]
+fn a_retry_for_a_node_that_needs_nothing_does_not_spin_the_leader() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let kv = MemKv::new();
+            init(&kv, TINY).await;
+            let a = Replica::start(&kv, "op-a");
+            let first = register(&kv, "node-1").await;
+            register(&kv, "node-2").await;
+            wait_until("two nodes served", Duration::from_secs(10), || async { grants(&kv).await.len() == 2 }).await;
+            register(&kv, "node-3").await;
+            wait_until("the full pool is reported", Duration::from_secs(10), || async {
+                a.shared.full_pools().contains_key("default/ipv4")
+            })
+            .await;
+            // node-3's registration goes (an administrator deleted it): it needs nothing now.
+            kv.txn(Txn {
+                compares: vec![],
+                success: vec![TxnOp::delete(keys().node(&node("node-3")))],
+                failure: vec![],
+            })
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            register(&kv, "node-4").await;
+            request_removal(&kv, "node-1", first).await;
+            wait_until("node-4 served", Duration::from_secs(10), || async { grants(&kv).await.contains_key("node-4") }).await;
+            assert_consistent(&kv).await;
+        });
+        let _ = done_tx.send(());
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("virtual time moves on: the leader does not spin on a past-due retry");
+}

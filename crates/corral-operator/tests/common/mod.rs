@@ -293,7 +293,7 @@ impl Auditor {
 /// What `FaultyKv` does to the next calls.
 #[derive(Default, Debug)]
 pub struct Faults {
-    /// Transactions that succeed are applied, but the caller hears `Unavailable` (the answer
+    /// Grant and removal transactions that succeed are applied, but the caller hears `Unavailable` (the answer
     /// lost on the way back), for this many of them.
     pub lose_answers: usize,
     /// Before the next watch of the whole cluster prefix: run these writes (registrations, as
@@ -337,9 +337,16 @@ impl Kv for FaultyKv {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
+        // Only the operator's grants and removals lose their answers (they touch `grants/`).
+        let operator = txn.success.iter().any(|op| match op {
+            TxnOp::Put { key, .. } | TxnOp::Delete { key } => {
+                String::from_utf8_lossy(key).contains("/v1/grants/")
+            }
+            TxnOp::Get { .. } => false,
+        });
         let response = self.inner.txn(txn).await?;
         let mut faults = self.faults.lock().unwrap();
-        if response.succeeded && faults.lose_answers > 0 {
+        if response.succeeded && operator && faults.lose_answers > 0 {
             faults.lose_answers -= 1;
             return Err(KvError::Unavailable("the answer was lost (test)".into()));
         }
