@@ -77,7 +77,9 @@ fn update(state: &SharedClusterState, f: impl FnOnce(&mut ClusterState)) {
 enum LinkError {
     #[error("{0}")]
     Kv(#[from] KvError),
-    #[error("node {node} is registered with another machine uid ({found}); remove it first (corral node remove {node})")]
+    #[error(
+        "node {node} is registered with another machine uid ({found}); remove it first (corral node remove {node})"
+    )]
     UidMismatch { node: String, found: String },
     #[error("node {0} was removed from the cluster; restart the agent to register it again")]
     Removed(String),
@@ -96,7 +98,10 @@ pub async fn run<K: Kv>(
     state: SharedClusterState,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let (keys, node) = match (ClusterName::new(&options.cluster), NodeName::new(&options.node)) {
+    let (keys, node) = match (
+        ClusterName::new(&options.cluster),
+        NodeName::new(&options.node),
+    ) {
         (Ok(cluster), Ok(node)) => (Keys::new(cluster), node),
         (Err(error), _) | (_, Err(error)) => {
             update(&state, |s| s.last_error = Some(error.to_string()));
@@ -146,8 +151,11 @@ pub async fn run<K: Kv>(
                     }
                 });
                 failures = failures.saturating_add(1);
-                let base = Duration::from_secs(1 << failures.min(5).saturating_sub(1)).min(Duration::from_secs(30));
-                let jitter = Duration::from_millis(u64::from(std::process::id() ^ failures.wrapping_mul(7919)) % 1000);
+                let base = Duration::from_secs(1 << failures.min(5).saturating_sub(1))
+                    .min(Duration::from_secs(30));
+                let jitter = Duration::from_millis(
+                    u64::from(std::process::id() ^ failures.wrapping_mul(7919)) % 1000,
+                );
                 tokio::select! {
                     _ = tokio::time::sleep(base + jitter) => {}
                     _ = stop.changed() => return,
@@ -185,7 +193,18 @@ async fn link<K: Kv>(
         failure: vec![],
     })
     .await?;
-    let result = follow(kv, keys, node, options, committer, state, stop, registration, lease).await;
+    let result = follow(
+        kv,
+        keys,
+        node,
+        options,
+        committer,
+        state,
+        stop,
+        registration,
+        lease,
+    )
+    .await;
     if matches!(result, Err(LinkError::Stopped)) {
         // A clean stop says so at once; a crash leaves the key to its lease.
         let _ = kv.lease_revoke(lease).await;
@@ -195,7 +214,11 @@ async fn link<K: Kv>(
 
 /// Creates the node's registration if absent, else checks it is this machine's. Answers the
 /// registration's create revision.
-async fn register<K: Kv>(kv: &K, node_key: &str, options: &ClusterOptions) -> Result<Revision, LinkError> {
+async fn register<K: Kv>(
+    kv: &K,
+    node_key: &str,
+    options: &ClusterOptions,
+) -> Result<Revision, LinkError> {
     loop {
         if let Some(existing) = kv.get(node_key.as_bytes()).await? {
             let record: Option<NodeRecord> = decode_value(&existing.value).ok();
@@ -219,7 +242,10 @@ async fn register<K: Kv>(kv: &K, node_key: &str, options: &ClusterOptions) -> Re
         let response = kv
             .txn(Txn {
                 compares: vec![Compare::absent(node_key)],
-                success: vec![TxnOp::put(node_key, encode_value(&record).unwrap_or_default())],
+                success: vec![TxnOp::put(
+                    node_key,
+                    encode_value(&record).unwrap_or_default(),
+                )],
                 failure: vec![],
             })
             .await?;
@@ -244,7 +270,12 @@ struct Held {
 impl Held {
     fn apply(&mut self, keys: &Keys, node: &NodeName, key: &str, value: Option<&[u8]>) {
         match keys.parse(key) {
-            Ok(Key::Owned { node: owner, pool, cidr, .. }) if &owner == node => match value {
+            Ok(Key::Owned {
+                node: owner,
+                pool,
+                cidr,
+                ..
+            }) if &owner == node => match value {
                 Some(_) => match RangeSpec::subnet(cidr) {
                     Ok(range) => {
                         self.grants.insert(key.to_owned(), (pool, range));
@@ -363,13 +394,23 @@ async fn follow<K: Kv>(
 
 /// Hands the held grants to the host (durable before it answers) and publishes them. A
 /// failure ends the round: the next one reads the grants again and retries.
-async fn apply(committer: &Committer, state: &SharedClusterState, held: &Held) -> Result<(), LinkError> {
+async fn apply(
+    committer: &Committer,
+    state: &SharedClusterState,
+    held: &Held,
+) -> Result<(), LinkError> {
     let ranges = held.ranges();
     let mut shown: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (pool, range) in &ranges {
-        shown.entry(pool.to_string()).or_default().push(range.to_string());
+        shown
+            .entry(pool.to_string())
+            .or_default()
+            .push(range.to_string());
     }
-    match committer.submit(Op::SetClusterRanges(ClusterRanges { ranges })).await {
+    match committer
+        .submit(Op::SetClusterRanges(ClusterRanges { ranges }))
+        .await
+    {
         Ok(_) => {
             update(state, |s| {
                 s.grants = shown;
@@ -393,7 +434,9 @@ pub fn machine_uid(data_dir: &std::path::Path) -> std::io::Result<String> {
     }
     std::fs::create_dir_all(data_dir)?;
     // The kernel's random UUID source: a fresh v4 UUID per read.
-    let uid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")?.trim().to_owned();
+    let uid = std::fs::read_to_string("/proc/sys/kernel/random/uuid")?
+        .trim()
+        .to_owned();
     let temporary = data_dir.join("cluster-uid.tmp");
     {
         use std::io::Write;

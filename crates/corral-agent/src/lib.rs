@@ -10,8 +10,8 @@
 //! (`committer.rs`).
 
 pub mod api;
-pub mod cluster;
 mod capacity;
+pub mod cluster;
 pub mod committer;
 pub mod config;
 pub mod host;

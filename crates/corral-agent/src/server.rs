@@ -166,7 +166,9 @@ pub async fn serve_with(
         metrics: Arc::new(Metrics::default()),
         broken_scopes: Arc::default(),
         body_timeout: config.connections.body_timeout,
-        cluster: cluster.as_ref().map(|_| crate::cluster::SharedClusterState::default()),
+        cluster: cluster
+            .as_ref()
+            .map(|_| crate::cluster::SharedClusterState::default()),
     };
     let (unix, socket_identity) = bind_socket(&config.socket)?;
     let router = api::router(state.clone());

@@ -51,11 +51,19 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 async fn bench(etcd: &EtcdCluster) {
     let endpoints = etcd.endpoints();
-    let kv = EtcdKv::connect(&endpoints, Default::default()).await.unwrap();
+    let kv = EtcdKv::connect(&endpoints, Default::default())
+        .await
+        .unwrap();
     let version = etcd_binary()
         .ok()
         .and_then(|binary| Command::new(binary).arg("--version").output().ok())
-        .map(|out| String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_owned())
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        })
         .unwrap_or_default();
     println!(
         "rig: {version} (3 members on 127.0.0.1, fsync on), {} cores",
@@ -69,12 +77,22 @@ async fn bench(etcd: &EtcdCluster) {
         (Workload::DistinctKeys, 32),
         (Workload::OneKeyCas, 32),
     ] {
-        let report = raw_txn_rate(&kv, "/bench-raw", workload, concurrency, Duration::from_secs(3)).await;
+        let report = raw_txn_rate(
+            &kv,
+            "/bench-raw",
+            workload,
+            concurrency,
+            Duration::from_secs(3),
+        )
+        .await;
         println!("raw etcd txn, {workload:?}: {report}");
     }
     if let (Some(before), Ok(after)) = (fsyncs_before, etcd.wal_fsyncs(0)) {
         if let Some(mean) = after.mean_since(&before) {
-            println!("etcd WAL fsync mean during the raw runs: {:.3} ms", mean.as_secs_f64() * 1e3);
+            println!(
+                "etcd WAL fsync mean during the raw runs: {:.3} ms",
+                mean.as_secs_f64() * 1e3
+            );
         }
     }
 
@@ -91,7 +109,9 @@ async fn bench(etcd: &EtcdCluster) {
     register(&kv, &keys, 0..NODES).await;
 
     // The operator, in this process, on a client whose requests are counted.
-    let counted = EtcdKv::connect(&endpoints, Default::default()).await.unwrap();
+    let counted = EtcdKv::connect(&endpoints, Default::default())
+        .await
+        .unwrap();
     let shared = Arc::new(corral_operator::Shared::new("bench".into()));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let operator = tokio::spawn(corral_operator::run(
@@ -118,7 +138,10 @@ async fn bench(etcd: &EtcdCluster) {
         if granted >= NODES {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(300), "grants stalled at {granted}");
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "grants stalled at {granted}"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let wall = started.elapsed();
@@ -148,9 +171,20 @@ async fn bench(etcd: &EtcdCluster) {
     let dir = tempfile::tempdir().unwrap();
     let spawn = |name: &str| {
         Command::new(binary)
-            .args(["operator", "--etcd", &endpoints.join(","), "--cluster", "bench", "--replica", name])
+            .args([
+                "operator",
+                "--etcd",
+                &endpoints.join(","),
+                "--cluster",
+                "bench",
+                "--replica",
+                name,
+            ])
             .args(["--lease-ttl", &ttl.to_string()])
-            .args(["--api-socket", dir.path().join(format!("{name}.sock")).to_str().unwrap()])
+            .args([
+                "--api-socket",
+                dir.path().join(format!("{name}.sock")).to_str().unwrap(),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -171,7 +205,10 @@ async fn bench(etcd: &EtcdCluster) {
         if page.kvs.len() == 2 {
             break;
         }
-        assert!(killed.elapsed() < Duration::from_secs(60), "failover stalled");
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "failover stalled"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     println!(
@@ -185,7 +222,13 @@ async fn bench(etcd: &EtcdCluster) {
         .unwrap_or_default()
         .lines()
         .find(|l| l.starts_with("VmHWM:"))
-        .map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0))
+        .map(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .unwrap_or("0")
+                .parse::<u64>()
+                .unwrap_or(0)
+        })
         .unwrap_or(0);
     println!(
         "rebuild: {} keys ({} grants) in {} ms; the operator's peak RSS {:.1} MiB",
@@ -203,7 +246,11 @@ fn node_name(i: usize) -> String {
 }
 
 async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {
-    let batches: Vec<Vec<usize>> = nodes.collect::<Vec<_>>().chunks(100).map(<[usize]>::to_vec).collect();
+    let batches: Vec<Vec<usize>> = nodes
+        .collect::<Vec<_>>()
+        .chunks(100)
+        .map(<[usize]>::to_vec)
+        .collect();
     let mut tasks = tokio::task::JoinSet::new();
     for batch in batches {
         let kv = kv.clone();
@@ -217,7 +264,8 @@ async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {
                     addresses: Vec::new(),
                     registered_ms: 0,
                 };
-                txn.success.push(TxnOp::put(keys.node(&node), encode_value(&record).unwrap()));
+                txn.success
+                    .push(TxnOp::put(keys.node(&node), encode_value(&record).unwrap()));
             }
             kv.txn(txn).await.unwrap();
         });
@@ -231,8 +279,14 @@ async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {
 async fn wait_leader(kv: &EtcdKv, keys: &Keys, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (all, _) = corral_kv::read_all(kv, keys.election_prefix().as_bytes(), 100).await.unwrap();
-        if all.iter().min_by_key(|k| k.create_revision).is_some_and(|k| k.value == name.as_bytes()) {
+        let (all, _) = corral_kv::read_all(kv, keys.election_prefix().as_bytes(), 100)
+            .await
+            .unwrap();
+        if all
+            .iter()
+            .min_by_key(|k| k.create_revision)
+            .is_some_and(|k| k.value == name.as_bytes())
+        {
             return;
         }
         assert!(Instant::now() < deadline, "{name} never led");

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use corral_cluster::{ClusterConfig, ClusterName, Keys, NodeName, NodePlan, RemovalRecord, encode_value};
+use corral_cluster::{
+    ClusterConfig, ClusterName, Keys, NodeName, NodePlan, RemovalRecord, encode_value,
+};
 use corral_etcd::EtcdKv;
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
@@ -20,7 +22,13 @@ use crate::exit::{Exit, Failure, Outcome};
 #[derive(Debug, Args)]
 pub struct EtcdArgs {
     /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379)
-    #[arg(long, env = "CORRAL_ETCD", value_name = "URL[,URL…]", value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ',',
+        required = true
+    )]
     pub etcd: Vec<String>,
     /// The cluster's name: its keys live under /corral/<cluster>/v1/
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
@@ -142,13 +150,22 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
         };
         let api = match &args.api_socket {
             Some(path) => Some(
-                corral_operator::api::bind(path, Arc::clone(&shared), kv.clone(), args.etcd.cluster.clone())
-                    .await
-                    .map_err(|e| Failure::Daemon(e.to_string()))?,
+                corral_operator::api::bind(
+                    path,
+                    Arc::clone(&shared),
+                    kv.clone(),
+                    args.etcd.cluster.clone(),
+                )
+                .await
+                .map_err(|e| Failure::Daemon(e.to_string()))?,
             ),
             None => None,
         };
-        eprintln!("corral operator: {} campaigning on {}", config.replica, args.etcd.etcd.join(","));
+        eprintln!(
+            "corral operator: {} campaigning on {}",
+            config.replica,
+            args.etcd.etcd.join(",")
+        );
         corral_operator::run(kv, config, shared, shutdown_signal())
             .await
             .map_err(|e| Failure::Daemon(e.to_string()))?;
@@ -194,7 +211,9 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
     let config = ClusterConfig::from_toml(&text)
         .map_err(|e| Failure::Usage(format!("{}: {e}", args.config.display())))?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let value = config.to_json().map_err(|e| Failure::Usage(e.to_string()))?;
+    let value = config
+        .to_json()
+        .map_err(|e| Failure::Usage(e.to_string()))?;
     let config_key = keys.config();
     let existing = kv.get(config_key.as_bytes()).await.map_err(kv_failure)?;
     let compare = match (&existing, init) {
@@ -251,7 +270,10 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
     )))
 }
 
-async fn read_view(kv: &EtcdKv, keys: &Keys) -> Result<(corral_cluster::ClusterView, i64), Failure> {
+async fn read_view(
+    kv: &EtcdKv,
+    keys: &Keys,
+) -> Result<(corral_cluster::ClusterView, i64), Failure> {
     let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
         .await
         .map_err(kv_failure)?;
@@ -265,7 +287,12 @@ async fn read_view(kv: &EtcdKv, keys: &Keys) -> Result<(corral_cluster::ClusterV
         .map_err(|e| Failure::Refused(format!("the stored configuration cannot be read: {e}")))?;
     let mut view = corral_cluster::ClusterView::new(keys.clone(), config);
     for entry in &all {
-        view.apply_put(&entry.key_str(), &entry.value, entry.create_revision, entry.mod_revision);
+        view.apply_put(
+            &entry.key_str(),
+            &entry.value,
+            entry.create_revision,
+            entry.mod_revision,
+        );
     }
     Ok((view, revision))
 }
@@ -301,12 +328,14 @@ async fn check(args: CheckArgs, output: Output) -> Result<Outcome, Failure> {
         problems.extend(check_agent(&keys, &entries, socket));
     }
     let text = match output {
-        Output::Json => serde_json::to_string_pretty(&serde_json::json!({
-            "revision": revision,
-            "problems": problems,
-        }))
-        .unwrap_or_default()
-            + "\n",
+        Output::Json => {
+            serde_json::to_string_pretty(&serde_json::json!({
+                "revision": revision,
+                "problems": problems,
+            }))
+            .unwrap_or_default()
+                + "\n"
+        }
         Output::Table => {
             let mut text = String::new();
             for problem in &problems {
@@ -316,19 +345,31 @@ async fn check(args: CheckArgs, output: Output) -> Result<Outcome, Failure> {
                 text,
                 "cluster {} at revision {revision}: {}",
                 args.etcd.cluster,
-                if problems.is_empty() { "ok".to_owned() } else { format!("{} problems", problems.len()) }
+                if problems.is_empty() {
+                    "ok".to_owned()
+                } else {
+                    format!("{} problems", problems.len())
+                }
             );
             text
         }
     };
     Ok(Outcome {
         stdout: text,
-        exit: if problems.is_empty() { Exit::Ok } else { Exit::ProblemsFound },
+        exit: if problems.is_empty() {
+            Exit::Ok
+        } else {
+            Exit::ProblemsFound
+        },
     })
 }
 
 /// An agent's cluster ranges against its node's grants.
-fn check_agent(keys: &Keys, entries: &[(String, Vec<u8>)], socket: &std::path::Path) -> Vec<String> {
+fn check_agent(
+    keys: &Keys,
+    entries: &[(String, Vec<u8>)],
+    socket: &std::path::Path,
+) -> Vec<String> {
     let mut client = corral_client::Client::unix(socket);
     let status = match client.status(None) {
         Ok(status) => status,
@@ -390,8 +431,15 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                 let (kv, keys) = connect(&args.etcd).await?;
                 let (view, _) = read_view(&kv, &keys).await?;
                 let live = live_nodes(&kv, &keys).await?;
-                let Some(node) = view.node_reports(Some(&live)).into_iter().find(|n| n.name == args.name) else {
-                    return Err(Failure::Refused(format!("node {} is not registered", args.name)));
+                let Some(node) = view
+                    .node_reports(Some(&live))
+                    .into_iter()
+                    .find(|n| n.name == args.name)
+                else {
+                    return Err(Failure::Refused(format!(
+                        "node {} is not registered",
+                        args.name
+                    )));
                 };
                 Ok(Outcome::ok(match output {
                     Output::Json => serde_json::to_string_pretty(&node).unwrap_or_default() + "\n",
@@ -402,13 +450,19 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                 let (kv, keys) = connect(&args.etcd).await?;
                 let (view, _) = read_view(&kv, &keys).await?;
                 let Some(plan_config) = view.config().node_ids.clone() else {
-                    return Err(Failure::Refused("the cluster has no node-ID plan ([node_ids])".into()));
+                    return Err(Failure::Refused(
+                        "the cluster has no node-ID plan ([node_ids])".into(),
+                    ));
                 };
                 let name = NodeName::new(&args.name).map_err(|e| Failure::Usage(e.to_string()))?;
                 let Some(id) = view.node_id_of(&name) else {
-                    return Err(Failure::Refused(format!("node {} has no node ID", args.name)));
+                    return Err(Failure::Refused(format!(
+                        "node {} has no node ID",
+                        args.name
+                    )));
                 };
-                let plan = NodePlan::derive(&plan_config, id).map_err(|e| Failure::Refused(e.to_string()))?;
+                let plan = NodePlan::derive(&plan_config, id)
+                    .map_err(|e| Failure::Refused(e.to_string()))?;
                 Ok(Outcome::ok(match output {
                     Output::Json => serde_json::to_string_pretty(&plan).unwrap_or_default() + "\n",
                     Output::Table => plan.to_table(),
@@ -419,7 +473,10 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                 let name = NodeName::new(&args.name).map_err(|e| Failure::Usage(e.to_string()))?;
                 let node_key = keys.node(&name);
                 let Some(node) = kv.get(node_key.as_bytes()).await.map_err(kv_failure)? else {
-                    return Err(Failure::Refused(format!("node {} is not registered", args.name)));
+                    return Err(Failure::Refused(format!(
+                        "node {} is not registered",
+                        args.name
+                    )));
                 };
                 let request = RemovalRecord {
                     node_revision: node.create_revision,

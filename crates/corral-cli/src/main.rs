@@ -108,7 +108,13 @@ struct AgentArgs {
     cni_data_dir: Vec<PathBuf>,
     /// Join a cluster: etcd's client URLs, comma-separated. The agent registers --node,
     /// keeps its liveness key, and adds the node's grants to its pools
-    #[arg(long, env = "CORRAL_ETCD", value_name = "URL[,URL…]", value_delimiter = ',', requires = "node")]
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ',',
+        requires = "node"
+    )]
     etcd: Vec<String>,
     /// This node's name in the cluster (with --etcd)
     #[arg(long, value_name = "NAME")]
@@ -136,10 +142,12 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
         (true, _) => None,
         (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
         (false, Some(node)) => {
-            let uid = corral_agent::cluster::machine_uid(&config.data_dir).map_err(|e| Failure::File {
-                action: "read or create the machine uid in",
-                path: config.data_dir.clone(),
-                source: e,
+            let uid = corral_agent::cluster::machine_uid(&config.data_dir).map_err(|e| {
+                Failure::File {
+                    action: "read or create the machine uid in",
+                    path: config.data_dir.clone(),
+                    source: e,
+                }
             })?;
             let options = corral_agent::cluster::ClusterOptions {
                 endpoints: args.etcd.clone(),
@@ -151,7 +159,9 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
             let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
                 Box::pin(async move {
                     let kv = loop {
-                        match corral_etcd::EtcdKv::connect(&options.endpoints, Default::default()).await {
+                        match corral_etcd::EtcdKv::connect(&options.endpoints, Default::default())
+                            .await
+                        {
                             Ok(kv) => break kv,
                             Err(error) => {
                                 eprintln!("corral agent: cluster: connecting to etcd: {error}");

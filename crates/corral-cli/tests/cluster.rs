@@ -42,7 +42,11 @@ fn start_etcd(members: usize) -> EtcdCluster {
 }
 
 fn kv(etcd: &EtcdCluster) -> corral_etcd::EtcdKv {
-    block_on(corral_etcd::EtcdKv::connect(&etcd.endpoints(), Default::default())).unwrap()
+    block_on(corral_etcd::EtcdKv::connect(
+        &etcd.endpoints(),
+        Default::default(),
+    ))
+    .unwrap()
 }
 
 fn endpoints(etcd: &EtcdCluster) -> String {
@@ -64,7 +68,13 @@ fn init(etcd: &EtcdCluster, dir: &Path, toml: &str) {
     let path = dir.join("cluster.toml");
     std::fs::write(&path, toml).unwrap();
     let (code, out, err) = corral(&[
-        "cluster", "init", "--etcd", &endpoints(etcd), "--cluster", "t", "--config",
+        "cluster",
+        "init",
+        "--etcd",
+        &endpoints(etcd),
+        "--cluster",
+        "t",
+        "--config",
         path.to_str().unwrap(),
     ]);
     assert_eq!(code, 0, "cluster init: {out}{err}");
@@ -99,8 +109,15 @@ impl Operator {
         let log = dir.join(format!("{name}.log"));
         let child = Command::new(BINARY)
             .args([
-                "operator", "--etcd", &endpoints(etcd), "--cluster", "t", "--replica", name,
-                "--lease-ttl", "2",
+                "operator",
+                "--etcd",
+                &endpoints(etcd),
+                "--cluster",
+                "t",
+                "--replica",
+                name,
+                "--lease-ttl",
+                "2",
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -160,7 +177,10 @@ fn grants(etcd: &EtcdCluster) -> BTreeMap<String, Vec<String>> {
             continue;
         };
         let node = value["node"].as_str().unwrap().to_owned();
-        by_node.entry(node).or_default().push(entry.key_str().into_owned());
+        by_node
+            .entry(node)
+            .or_default()
+            .push(entry.key_str().into_owned());
     }
     by_node
 }
@@ -307,21 +327,36 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
-    wait_until("both agents hold two cluster ranges", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 2 && agent_ranges(&b.socket).len() == 2
-    });
+    wait_until(
+        "both agents hold two cluster ranges",
+        Duration::from_secs(20),
+        || agent_ranges(&a.socket).len() == 2 && agent_ranges(&b.socket).len() == 2,
+    );
     let ranges_a = agent_ranges(&a.socket);
     let ranges_b = agent_ranges(&b.socket);
     // The lowest free CIDRs, the reserved /24 skipped.
-    assert!(ranges_a.iter().chain(&ranges_b).any(|r| r.ends_with("10.192.1.0/24")), "{ranges_a:?} {ranges_b:?}");
+    assert!(
+        ranges_a
+            .iter()
+            .chain(&ranges_b)
+            .any(|r| r.ends_with("10.192.1.0/24")),
+        "{ranges_a:?} {ranges_b:?}"
+    );
     assert!(ranges_a.iter().all(|r| !ranges_b.contains(r)));
-    assert!(!ranges_a.iter().chain(&ranges_b).any(|r| r.contains("10.192.0.0/24")));
+    assert!(
+        !ranges_a
+            .iter()
+            .chain(&ranges_b)
+            .any(|r| r.contains("10.192.0.0/24"))
+    );
     // Pods come from the node's CIDRs.
     let pod = alloc_dual(&a.socket, "pod-1");
     assert_eq!(pod.len(), 2);
     for address in &pod {
         assert!(
-            ranges_a.iter().any(|r| contains(r.split(' ').nth(1).unwrap(), *address)),
+            ranges_a
+                .iter()
+                .any(|r| contains(r.split(' ').nth(1).unwrap(), *address)),
             "{address} outside {ranges_a:?}"
         );
     }
@@ -330,7 +365,14 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     assert!(cluster.registered && !cluster.degraded, "{cluster:?}");
     assert_eq!(cluster.grants.len(), 2);
     assert_check(&etcd, &[&a.socket, &b.socket]);
-    let (code, out, _) = corral(&["node", "list", "--etcd", &endpoints(&etcd), "--cluster", "t"]);
+    let (code, out, _) = corral(&[
+        "node",
+        "list",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "t",
+    ]);
     assert_eq!(code, 0);
     assert!(out.contains("node-a") && out.contains("node-b"), "{out}");
 }
@@ -343,38 +385,70 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     init(&etcd, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || agent_ranges(&a.socket).len() == 2);
+    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 2
+    });
     let held = grants(&etcd).remove("node-a").unwrap();
     let pod = alloc_dual(&a.socket, "pod-1");
-    let (code, out, err) = corral(&["node", "remove", "node-a", "--etcd", &endpoints(&etcd), "--cluster", "t"]);
+    let (code, out, err) = corral(&[
+        "node",
+        "remove",
+        "node-a",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "t",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
-    wait_until("the grants are gone", Duration::from_secs(20), || grants(&etcd).is_empty());
+    wait_until("the grants are gone", Duration::from_secs(20), || {
+        grants(&etcd).is_empty()
+    });
     // Quarantined: a new node does not get them while the quarantine lasts.
     let kv = kv(&etcd);
-    let (quarantined, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/quarantine/", 100)).unwrap();
+    let (quarantined, _) =
+        block_on(corral_kv::read_all(&kv, b"/corral/t/v1/quarantine/", 100)).unwrap();
     assert_eq!(quarantined.len(), 2, "{quarantined:?}");
     assert!(quarantined.iter().all(|q| q.lease.is_some()));
     // The agent drains: the pod keeps its addresses, nothing new comes from there.
-    wait_until("node-a's ranges drain", Duration::from_secs(20), || agent_ranges(&a.socket).is_empty());
+    wait_until("node-a's ranges drain", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).is_empty()
+    });
     // The agent does not register the node again behind the administrator's back.
-    let cluster = Client::unix(&a.socket).status(None).unwrap().cluster.unwrap();
+    let cluster = Client::unix(&a.socket)
+        .status(None)
+        .unwrap()
+        .cluster
+        .unwrap();
     assert!(!cluster.registered, "{cluster:?}");
     assert!(cluster.last_error.unwrap_or_default().contains("removed"));
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
     let still = addresses(&dump);
     assert!(pod.iter().all(|p| still.contains(p)));
     register(&etcd, ["node-c".to_owned()]);
-    wait_until("node-c is granted", Duration::from_secs(20), || grants(&etcd).contains_key("node-c"));
+    wait_until("node-c is granted", Duration::from_secs(20), || {
+        grants(&etcd).contains_key("node-c")
+    });
     let c_grants = grants(&etcd).remove("node-c").unwrap();
-    assert!(c_grants.iter().all(|g| !held.contains(g)), "granted from quarantine: {c_grants:?}");
+    assert!(
+        c_grants.iter().all(|g| !held.contains(g)),
+        "granted from quarantine: {c_grants:?}"
+    );
     // After the quarantine (3 s) the keys expire and the space is free again.
     wait_until("the quarantine expires", Duration::from_secs(20), || {
-        block_on(corral_kv::read_all(&kv, b"/corral/t/v1/quarantine/", 100)).unwrap().0.is_empty()
+        block_on(corral_kv::read_all(&kv, b"/corral/t/v1/quarantine/", 100))
+            .unwrap()
+            .0
+            .is_empty()
     });
     register(&etcd, ["node-d".to_owned()]);
-    wait_until("node-d is granted", Duration::from_secs(20), || grants(&etcd).contains_key("node-d"));
+    wait_until("node-d is granted", Duration::from_secs(20), || {
+        grants(&etcd).contains_key("node-d")
+    });
     let d_grants = grants(&etcd).remove("node-d").unwrap();
-    assert_eq!(d_grants, held, "the lowest free CIDRs are node-a's old ones");
+    assert_eq!(
+        d_grants, held,
+        "the lowest free CIDRs are node-a's old ones"
+    );
     assert_check(&etcd, &[]);
 }
 
@@ -385,14 +459,17 @@ fn sigkill_of_the_leader_during_500_registrations() {
     let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let first = Operator::start(&etcd, dir.path(), "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || leader(&etcd).as_deref() == Some("op-a"));
+    wait_until("op-a leads", Duration::from_secs(20), || {
+        leader(&etcd).as_deref() == Some("op-a")
+    });
     let second = Operator::start(&etcd, dir.path(), "op-b");
     let names: Vec<String> = (0..500).map(|i| format!("n{i:03}")).collect();
     let registering = {
         let endpoints = etcd.endpoints();
         let names = names.clone();
         std::thread::spawn(move || {
-            let kv = block_on(corral_etcd::EtcdKv::connect(&endpoints, Default::default())).unwrap();
+            let kv =
+                block_on(corral_etcd::EtcdKv::connect(&endpoints, Default::default())).unwrap();
             block_on(async {
                 for name in names {
                     let key = format!("/corral/t/v1/nodes/{name}");
@@ -408,7 +485,9 @@ fn sigkill_of_the_leader_during_500_registrations() {
             });
         })
     };
-    wait_until("some grants landed", Duration::from_secs(30), || grants(&etcd).len() >= 50);
+    wait_until("some grants landed", Duration::from_secs(30), || {
+        grants(&etcd).len() >= 50
+    });
     drop(first); // SIGKILL mid-burst
     registering.join().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -435,29 +514,46 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
     let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let first = Operator::start(&etcd, dir.path(), "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || leader(&etcd).as_deref() == Some("op-a"));
+    wait_until("op-a leads", Duration::from_secs(20), || {
+        leader(&etcd).as_deref() == Some("op-a")
+    });
     let _second = Operator::start(&etcd, dir.path(), "op-b");
     register(&etcd, (0..20).map(|i| format!("early{i}")));
-    wait_until("early nodes granted", Duration::from_secs(20), || grants(&etcd).len() == 20);
+    wait_until("early nodes granted", Duration::from_secs(20), || {
+        grants(&etcd).len() == 20
+    });
     first.signal(rustix::process::Signal::STOP);
     let paused = Instant::now();
     // Nodes registered while op-a sleeps: op-a's view (from before the pause) will propose
     // them too when it wakes, with CIDRs op-b may have granted meanwhile.
     register(&etcd, (0..50).map(|i| format!("late{i}")));
-    wait_until("op-b leads", Duration::from_secs(20), || leader(&etcd).as_deref() == Some("op-b"));
+    wait_until("op-b leads", Duration::from_secs(20), || {
+        leader(&etcd).as_deref() == Some("op-b")
+    });
     let took_over = paused.elapsed();
-    assert!(took_over < Duration::from_secs(2 + 5), "standby took {took_over:?}");
-    wait_until("late nodes granted", Duration::from_secs(20), || grants(&etcd).len() == 70);
+    assert!(
+        took_over < Duration::from_secs(2 + 5),
+        "standby took {took_over:?}"
+    );
+    wait_until("late nodes granted", Duration::from_secs(20), || {
+        grants(&etcd).len() == 70
+    });
     first.signal(rustix::process::Signal::CONT);
     register(&etcd, (0..20).map(|i| format!("after{i}")));
-    wait_until("after nodes granted", Duration::from_secs(20), || grants(&etcd).len() == 90);
+    wait_until("after nodes granted", Duration::from_secs(20), || {
+        grants(&etcd).len() == 90
+    });
     std::thread::sleep(Duration::from_secs(1));
     for (node, held) in grants(&etcd) {
         assert_eq!(held.len(), 2, "{node} holds {held:?}");
     }
     assert_check(&etcd, &[]);
     // The resumed replica noticed it lost the lead instead of writing.
-    wait_until("op-a says it stopped leading", Duration::from_secs(10), || first.log().contains("stopped leading"));
+    wait_until(
+        "op-a says it stopped leading",
+        Duration::from_secs(10),
+        || first.log().contains("stopped leading"),
+    );
 }
 
 #[test]
@@ -471,7 +567,9 @@ fn one_etcd_member_of_three_killed_mid_burst() {
     register(&etcd, (0..100).map(|i| format!("n{i}")));
     etcd.kill(0).unwrap();
     register(&etcd, (100..200).map(|i| format!("n{i}")));
-    wait_until("every node granted", Duration::from_secs(60), || grants(&etcd).len() == 200);
+    wait_until("every node granted", Duration::from_secs(60), || {
+        grants(&etcd).len() == 200
+    });
     assert_check(&etcd, &[]);
 }
 
@@ -483,7 +581,9 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     init(&etcd, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || agent_ranges(&a.socket).len() == 2);
+    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 2
+    });
     let before = grants(&etcd);
     etcd.kill(1).unwrap();
     etcd.kill(2).unwrap();
@@ -494,18 +594,36 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     }
     assert_eq!(pods.len(), 40);
     wait_until("the agent says degraded", Duration::from_secs(30), || {
-        Client::unix(&a.socket).status(None).unwrap().cluster.is_some_and(|c| c.degraded)
+        Client::unix(&a.socket)
+            .status(None)
+            .unwrap()
+            .cluster
+            .is_some_and(|c| c.degraded)
     });
-    assert_eq!(agent_ranges(&a.socket).len(), 2, "nothing is dropped while etcd is away");
+    assert_eq!(
+        agent_ranges(&a.socket).len(),
+        2,
+        "nothing is dropped while etcd is away"
+    );
     etcd.restart(1).unwrap();
     etcd.restart(2).unwrap();
     block_on(etcd.wait_ready_all(Duration::from_secs(30))).unwrap();
-    wait_until("the agent is connected again", Duration::from_secs(60), || {
-        Client::unix(&a.socket).status(None).unwrap().cluster.is_some_and(|c| !c.degraded && c.registered)
-    });
+    wait_until(
+        "the agent is connected again",
+        Duration::from_secs(60),
+        || {
+            Client::unix(&a.socket)
+                .status(None)
+                .unwrap()
+                .cluster
+                .is_some_and(|c| !c.degraded && c.registered)
+        },
+    );
     assert_eq!(grants(&etcd), before, "nothing was granted or reclaimed");
     register(&etcd, ["node-b".to_owned()]);
-    wait_until("grants resume", Duration::from_secs(60), || grants(&etcd).contains_key("node-b"));
+    wait_until("grants resume", Duration::from_secs(60), || {
+        grants(&etcd).contains_key("node-b")
+    });
     assert_check(&etcd, &[&a.socket]);
 }
 
@@ -518,17 +636,29 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let agent_dir = dir.path().join("a");
     let a = start_agent(&etcd, &agent_dir, "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || agent_ranges(&a.socket).len() == 2);
+    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 2
+    });
     let ranges = agent_ranges(&a.socket);
-    let pods: BTreeSet<IpAddr> = (0..10).flat_map(|i| alloc_dual(&a.socket, &format!("pod-{i}"))).collect();
+    let pods: BTreeSet<IpAddr> = (0..10)
+        .flat_map(|i| alloc_dual(&a.socket, &format!("pod-{i}")))
+        .collect();
     a.kill();
     let a = start_agent(&etcd, &agent_dir, "node-a");
-    assert_eq!(agent_ranges(&a.socket), ranges, "the ranges are back before etcd is asked");
+    assert_eq!(
+        agent_ranges(&a.socket),
+        ranges,
+        "the ranges are back before etcd is asked"
+    );
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
     let held = addresses(&dump);
     assert!(pods.is_subset(&held));
     wait_until("registered again", Duration::from_secs(20), || {
-        Client::unix(&a.socket).status(None).unwrap().cluster.is_some_and(|c| c.registered)
+        Client::unix(&a.socket)
+            .status(None)
+            .unwrap()
+            .cluster
+            .is_some_and(|c| c.registered)
     });
     assert_eq!(agent_ranges(&a.socket), ranges);
     assert_eq!(grants(&etcd).len(), 1);
@@ -548,13 +678,18 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
     // Garbage where grants live: reported, skipped, never a crash loop.
     block_on(kv(&etcd).txn(Txn {
         compares: vec![],
-        success: vec![TxnOp::put("/corral/t/v1/grants/default/ipv4/not-a-cidr", "{{{")],
+        success: vec![TxnOp::put(
+            "/corral/t/v1/grants/default/ipv4/not-a-cidr",
+            "{{{",
+        )],
         failure: vec![],
     }))
     .unwrap();
     let operator = Operator::start(&etcd, dir.path(), "op-a");
     register(&etcd, ["n1", "n2", "n3"].map(str::to_owned));
-    wait_until("two nodes granted", Duration::from_secs(20), || grants(&etcd).len() == 2);
+    wait_until("two nodes granted", Duration::from_secs(20), || {
+        grants(&etcd).len() == 2
+    });
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(grants(&etcd).len(), 2, "a /29 holds two /30s");
     let (code, output) = check(&etcd, &[]);
@@ -566,12 +701,25 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
         failure: vec![],
     }))
     .unwrap();
-    let (code, out, err) = corral(&["node", "remove", "n1", "--etcd", &endpoints(&etcd), "--cluster", "t"]);
+    let (code, out, err) = corral(&[
+        "node",
+        "remove",
+        "n1",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "t",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
-    wait_until("n3 gets n1's CIDR after the quarantine", Duration::from_secs(30), || {
-        grants(&etcd).contains_key("n3")
-    });
-    assert!(operator.log().contains("not-a-cidr"), "the operator reported the garbage key");
+    wait_until(
+        "n3 gets n1's CIDR after the quarantine",
+        Duration::from_secs(30),
+        || grants(&etcd).contains_key("n3"),
+    );
+    assert!(
+        operator.log().contains("not-a-cidr"),
+        "the operator reported the garbage key"
+    );
     assert_check(&etcd, &[]);
 }
 
@@ -598,10 +746,24 @@ service = "10.96.0.0/12"
     );
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its pod subnet", Duration::from_secs(20), || agent_ranges(&a.socket).len() == 1);
+    wait_until(
+        "node-a holds its pod subnet",
+        Duration::from_secs(20),
+        || agent_ranges(&a.socket).len() == 1,
+    );
     let ranges = agent_ranges(&a.socket);
     assert!(ranges[0].starts_with("default 10.1.1.0/24"), "{ranges:?}");
-    let (code, out, err) = corral(&["node", "plan", "node-a", "--etcd", &endpoints(&etcd), "--cluster", "t", "-o", "json"]);
+    let (code, out, err) = corral(&[
+        "node",
+        "plan",
+        "node-a",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "t",
+        "-o",
+        "json",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(plan["node_id"], 1, "{plan}");
@@ -617,20 +779,42 @@ service = "10.96.0.0/12"
         })
         .unwrap();
     let address = pod.allocations[0].address.to_string();
-    assert!(address.starts_with("10.1.1.") && address != "10.1.1.1", "{address}");
+    assert!(
+        address.starts_with("10.1.1.") && address != "10.1.1.1",
+        "{address}"
+    );
     register(&etcd, ["node-b".to_owned(), "node-c".to_owned()]);
     wait_until("ids for b and c", Duration::from_secs(20), || {
         let kv = kv(&etcd);
-        block_on(corral_kv::read_all(&kv, b"/corral/t/v1/nodeids/id/", 100)).unwrap().0.len() == 3
+        block_on(corral_kv::read_all(&kv, b"/corral/t/v1/nodeids/id/", 100))
+            .unwrap()
+            .0
+            .len()
+            == 3
     });
-    let (code, out, err) = corral(&["node", "remove", "node-b", "--etcd", &endpoints(&etcd), "--cluster", "t"]);
+    let (code, out, err) = corral(&[
+        "node",
+        "remove",
+        "node-b",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "t",
+    ]);
     assert_eq!(code, 0, "{out}{err}");
     register(&etcd, ["node-d".to_owned()]);
     wait_until("node-d gets an id", Duration::from_secs(20), || {
-        block_on(kv(&etcd).get(b"/corral/t/v1/nodeids/node/node-d")).unwrap().is_some()
+        block_on(kv(&etcd).get(b"/corral/t/v1/nodeids/node/node-d"))
+            .unwrap()
+            .is_some()
     });
-    let d = block_on(kv(&etcd).get(b"/corral/t/v1/nodeids/node/node-d")).unwrap().unwrap();
+    let d = block_on(kv(&etcd).get(b"/corral/t/v1/nodeids/node/node-d"))
+        .unwrap()
+        .unwrap();
     let d: serde_json::Value = serde_json::from_slice(&d.value).unwrap();
-    assert_eq!(d["id"], 4, "node-b's id 2 is quarantined, not reused at once");
+    assert_eq!(
+        d["id"], 4,
+        "node-b's id 2 is quarantined, not reused at once"
+    );
     assert_check(&etcd, &[&a.socket]);
 }

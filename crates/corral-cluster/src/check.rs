@@ -133,8 +133,15 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
     let mut per_node: BTreeMap<(&NodeName, &PoolName, Family), usize> = BTreeMap::new();
     for (pool, family, cidr, record) in &parsed.grants {
         *per_node.entry((&record.node, pool, *family)).or_default() += 1;
-        match parsed.config.as_ref().and_then(|c| c.pool(pool)).and_then(|p| p.family(*family)) {
-            None => problems.push(format!("grant {cidr} is in pool {pool} {family}, which the configuration does not have")),
+        match parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .and_then(|p| p.family(*family))
+        {
+            None => problems.push(format!(
+                "grant {cidr} is in pool {pool} {family}, which the configuration does not have"
+            )),
             Some(config) => {
                 if cidr.prefix_len() != config.node_prefix_len {
                     problems.push(format!(
@@ -147,7 +154,9 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
                     let (c0, c1) = span(c);
                     c0 <= first && last <= c1
                 }) {
-                    problems.push(format!("grant {cidr} is outside pool {pool}'s cluster CIDRs"));
+                    problems.push(format!(
+                        "grant {cidr} is outside pool {pool}'s cluster CIDRs"
+                    ));
                 }
                 for reserved in &config.reserved {
                     if overlaps(cidr, reserved) {
@@ -165,18 +174,26 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
             }
         }
         if !parsed.nodes.contains(&record.node) {
-            problems.push(format!("grant {cidr} names node {}, which is not registered", record.node));
+            problems.push(format!(
+                "grant {cidr} names node {}, which is not registered",
+                record.node
+            ));
         }
         if !parsed
             .owned
             .contains(&(record.node.clone(), pool.clone(), *family, *cidr))
         {
-            problems.push(format!("grant {cidr} of node {} has no owned key", record.node));
+            problems.push(format!(
+                "grant {cidr} of node {} has no owned key",
+                record.node
+            ));
         }
     }
     for ((node, pool, family), count) in per_node {
         if count > 1 {
-            problems.push(format!("node {node} holds {count} CIDRs of pool {pool} {family}"));
+            problems.push(format!(
+                "node {node} holds {count} CIDRs of pool {pool} {family}"
+            ));
         }
     }
     let granted: BTreeSet<(&NodeName, &PoolName, Family, &IpNet)> = parsed
@@ -192,10 +209,14 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
     let max_id = parsed.config.as_ref().map(ClusterConfig::max_node_id);
     for (id, node) in &parsed.ids {
         if parsed.id_of_node.get(node) != Some(id) {
-            problems.push(format!("node ID {id} names node {node}, whose own key says otherwise"));
+            problems.push(format!(
+                "node ID {id} names node {node}, whose own key says otherwise"
+            ));
         }
         if !parsed.nodes.contains(node) {
-            problems.push(format!("node ID {id} names node {node}, which is not registered"));
+            problems.push(format!(
+                "node ID {id} names node {node}, which is not registered"
+            ));
         }
         if parsed.quarantined_ids.contains(id) {
             problems.push(format!("node ID {id} is granted and quarantined at once"));
@@ -206,7 +227,9 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
     }
     for (node, id) in &parsed.id_of_node {
         if parsed.ids.get(id) != Some(node) {
-            problems.push(format!("node {node} says it has ID {id}, which is not granted to it"));
+            problems.push(format!(
+                "node {node} says it has ID {id}, which is not granted to it"
+            ));
         }
     }
     problems

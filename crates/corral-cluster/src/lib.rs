@@ -8,29 +8,29 @@
 
 pub mod backoff;
 pub mod check;
-pub mod report;
 pub mod config;
 pub mod intervals;
 pub mod keys;
 pub mod net;
 pub mod plan;
+pub mod report;
 pub mod space;
 mod text;
 pub mod view;
 
 pub use backoff::{Resync, RetryState};
 pub use check::{check, expected_ranges};
-pub use report::{NodeReport, StatusReport};
 pub use config::{
     ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, ResyncConfig,
 };
 pub use intervals::IntervalSet;
 pub use keys::{
     ClusterName, GrantRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord,
-    NodeName, NodeRecord, OwnedRecord, QuarantineRecord, RemovalRecord, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    NodeName, NodeRecord, OwnedRecord, QuarantineRecord, RemovalRecord, SchemaRecord, ValueError,
+    decode_value, encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
+pub use report::{NodeReport, StatusReport};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
 /// Re-exported so callers name the same family, pool and CIDR types.

@@ -153,10 +153,17 @@ impl ClusterView {
         let mut text = String::new();
         let nodes = self.nodes().count();
         let served = self.served_nodes();
-        let _ = writeln!(text, "# HELP corral_operator_nodes Registered nodes by state");
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_nodes Registered nodes by state"
+        );
         let _ = writeln!(text, "# TYPE corral_operator_nodes gauge");
         let _ = writeln!(text, "corral_operator_nodes{{state=\"served\"}} {served}");
-        let _ = writeln!(text, "corral_operator_nodes{{state=\"waiting\"}} {}", nodes - served);
+        let _ = writeln!(
+            text,
+            "corral_operator_nodes{{state=\"waiting\"}} {}",
+            nodes - served
+        );
         let _ = writeln!(
             text,
             "corral_operator_nodes{{state=\"removing\"}} {}",
@@ -182,7 +189,10 @@ impl ClusterView {
                 );
             }
         }
-        let _ = writeln!(text, "# HELP corral_operator_problems What the view found wrong in etcd");
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_problems What the view found wrong in etcd"
+        );
         let _ = writeln!(text, "# TYPE corral_operator_problems gauge");
         let _ = writeln!(text, "corral_operator_problems {}", self.problems().len());
         text
@@ -256,7 +266,11 @@ impl NodeReport {
             if node.removal_requested {
                 waiting = "removal requested".to_owned();
             }
-            let _ = writeln!(text, "{:<24} {live:<5} {id:>7} {grants:<44} {waiting}", node.name);
+            let _ = writeln!(
+                text,
+                "{:<24} {live:<5} {id:>7} {grants:<44} {waiting}",
+                node.name
+            );
         }
         text
     }
@@ -271,11 +285,17 @@ impl NodePlan {
             ("pod subnet", self.pod_subnet.to_string()),
             ("pod gateway", self.pod_gateway.to_string()),
             ("nat loopback", self.nat_loopback.to_string()),
-            ("pod range", format!("{}-{}", self.pod_range_start, self.pod_range_end)),
+            (
+                "pod range",
+                format!("{}-{}", self.pod_range_start, self.pod_range_end),
+            ),
             ("host interconnect", self.host_interconnect.to_string()),
             ("  vpp end", self.host_interconnect_vpp.to_string()),
             ("  linux end", self.host_interconnect_linux.to_string()),
-            ("node ip", format!("{} in {}", self.node_ip, self.node_interconnect)),
+            (
+                "node ip",
+                format!("{} in {}", self.node_ip, self.node_interconnect),
+            ),
             ("vxlan ip", format!("{} in {}", self.vxlan_ip, self.vxlan)),
             ("service network", self.service.to_string()),
             ("", String::new()),

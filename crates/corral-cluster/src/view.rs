@@ -15,9 +15,9 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    RemovalRecord,
     GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
-    QuarantineRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value, encode_value,
+    QuarantineRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value,
+    encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
@@ -891,7 +891,10 @@ impl ClusterView {
 
     /// How many registered nodes hold everything the configuration grants.
     pub fn served_nodes(&self) -> usize {
-        self.nodes.keys().filter(|n| self.needs(n).is_empty()).count()
+        self.nodes
+            .keys()
+            .filter(|n| self.needs(n).is_empty())
+            .count()
     }
 
     /// The proposals in flight.

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterConfig, ClusterView, Keys, NodeName, Proposal, ProposeError, RemovalRecord,
-    Removal, Resync, RetryState, encode_value,
+    ClusterConfig, ClusterView, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord,
+    Resync, RetryState, encode_value,
 };
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
@@ -71,7 +71,18 @@ pub async fn lead<K: Kv>(
         _ = lost.changed() => return Err(LeadError::Lost),
     };
     shared.set_leading(true, started.elapsed());
-    let result = serve(kv, keys, fence, lost, stop, shared, workers, &mut view, &mut revision).await;
+    let result = serve(
+        kv,
+        keys,
+        fence,
+        lost,
+        stop,
+        shared,
+        workers,
+        &mut view,
+        &mut revision,
+    )
+    .await;
     shared.set_leading(false, Duration::ZERO);
     result
 }
@@ -109,9 +120,11 @@ async fn rebuild<K: Kv>(
         };
         let mut view = ClusterView::new(keys.clone(), config);
         // The configuration first (its revision is what grants compare), then the rest.
-        for entry in all.iter().filter(|e| e.key == config_key.as_bytes()).chain(
-            all.iter().filter(|e| e.key != config_key.as_bytes()),
-        ) {
+        for entry in all
+            .iter()
+            .filter(|e| e.key == config_key.as_bytes())
+            .chain(all.iter().filter(|e| e.key != config_key.as_bytes()))
+        {
             view.apply_put(
                 &entry.key_str(),
                 &entry.value,
@@ -263,9 +276,12 @@ async fn restart<K: Kv>(
 
 fn apply_event(view: &mut ClusterView, event: &Event) {
     match event {
-        Event::Put(kv) => {
-            view.apply_put(&kv.key_str(), &kv.value, kv.create_revision, kv.mod_revision)
-        }
+        Event::Put(kv) => view.apply_put(
+            &kv.key_str(),
+            &kv.value,
+            kv.create_revision,
+            kv.mod_revision,
+        ),
         Event::Delete { key, mod_revision } => {
             view.apply_delete(&String::from_utf8_lossy(key), *mod_revision)
         }
@@ -301,7 +317,8 @@ fn start_work<K: Kv>(
     let now = Instant::now();
     work.considered = now;
     // A node gone (removed, its registration deleted) needs no retry any more.
-    work.retry.retain(|node, _| view.registration(node).is_some());
+    work.retry
+        .retain(|node, _| view.registration(node).is_some());
     let quarantine = Duration::from_secs(view.config().quarantine_secs.max(1));
     for (node, request_revision, request) in view.removals_requested() {
         if work.running.len() >= workers {
@@ -316,11 +333,20 @@ fn start_work<K: Kv>(
         let (kv, keys, fence) = (kv.clone(), keys.clone(), fence.clone());
         work.running.spawn(async move {
             let outcome = remove(
-                &kv, &keys, &fence, &removal, registration, request_revision, &request,
+                &kv,
+                &keys,
+                &fence,
+                &removal,
+                registration,
+                request_revision,
+                &request,
                 quarantine,
             )
             .await;
-            Done::Removal { node: removal.node.clone(), outcome }
+            Done::Removal {
+                node: removal.node.clone(),
+                outcome,
+            }
         });
     }
     let removing: std::collections::HashSet<NodeName> = view
@@ -343,7 +369,11 @@ fn start_work<K: Kv>(
                 continue;
             }
             Err(ProposeError::NodeIdsFull { max }) => {
-                shared.note_full(node.as_str(), &format!("node-ids (max {max})"), corral_core::Family::V4);
+                shared.note_full(
+                    node.as_str(),
+                    &format!("node-ids (max {max})"),
+                    corral_core::Family::V4,
+                );
                 backoff(view, work, &node, false);
                 continue;
             }
@@ -367,7 +397,11 @@ fn start_work<K: Kv>(
         work.running.spawn(async move {
             let started = Instant::now();
             let outcome = run(&kv, txn).await;
-            Done::Grant { proposal, outcome, took: started.elapsed() }
+            Done::Grant {
+                proposal,
+                outcome,
+                took: started.elapsed(),
+            }
         });
     }
 }
@@ -375,7 +409,11 @@ fn start_work<K: Kv>(
 /// Applies a finished transaction to the view; true if its outcome is unknown.
 fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: Done) -> bool {
     match done {
-        Done::Grant { proposal, outcome, took } => {
+        Done::Grant {
+            proposal,
+            outcome,
+            took,
+        } => {
             work.busy.remove(&proposal.node);
             shared.note_txn(took);
             match outcome {
@@ -445,7 +483,11 @@ fn backoff(view: &ClusterView, work: &mut Work, node: &NodeName, success: bool) 
 /// grants twice), every quarantine key of what it grants absent, the node's registration
 /// unchanged (a node removed and registered again meanwhile gets nothing meant for the old
 /// one), the configuration unchanged.
-fn grant_txn(keys: &Keys, view: &ClusterView, proposal: &Proposal) -> Result<Txn, corral_cluster::ValueError> {
+fn grant_txn(
+    keys: &Keys,
+    view: &ClusterView,
+    proposal: &Proposal,
+) -> Result<Txn, corral_cluster::ValueError> {
     let mut txn = Txn::default();
     txn.compares.push(Compare::created_at(
         proposal.registration_key(keys),
@@ -506,7 +548,11 @@ async fn remove<K: Kv>(
     let lease: Option<LeaseId> = if quarantines.is_empty() {
         None
     } else {
-        Some(kv.lease_grant(quarantine).await.map_err(TxnFailure::Uncertain)?)
+        Some(
+            kv.lease_grant(quarantine)
+                .await
+                .map_err(TxnFailure::Uncertain)?,
+        )
     };
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -519,7 +565,8 @@ async fn remove<K: Kv>(
     if let Some(lease) = lease {
         for key in quarantines {
             txn.compares.push(Compare::absent(key.clone()));
-            txn.success.push(TxnOp::put_on_lease(key, value.clone(), lease));
+            txn.success
+                .push(TxnOp::put_on_lease(key, value.clone(), lease));
         }
     }
     txn.success.push(TxnOp::delete(request_key));

@@ -64,18 +64,22 @@ pub async fn run<K: Kv>(
             if *stop.borrow() {
                 return;
             }
-            let mut candidate =
-                match election::Candidate::join(&kv, election.as_bytes(), &config.replica, config.lease_ttl)
-                    .await
-                {
-                    Ok(candidate) => candidate,
-                    Err(error) => {
-                        failures += 1;
-                        shared.note_problem(format!("joining the election: {error}"));
-                        pause(failures, &mut stop).await;
-                        continue;
-                    }
-                };
+            let mut candidate = match election::Candidate::join(
+                &kv,
+                election.as_bytes(),
+                &config.replica,
+                config.lease_ttl,
+            )
+            .await
+            {
+                Ok(candidate) => candidate,
+                Err(error) => {
+                    failures += 1;
+                    shared.note_problem(format!("joining the election: {error}"));
+                    pause(failures, &mut stop).await;
+                    continue;
+                }
+            };
             let fence = tokio::select! {
                 fence = candidate.wait_to_lead(&kv, election.as_bytes()) => fence,
                 _ = stop.changed() => {
@@ -94,7 +98,10 @@ pub async fn run<K: Kv>(
                 }
             };
             failures = 0;
-            eprintln!("corral operator: {} leads (fence revision {})", config.replica, fence.revision);
+            eprintln!(
+                "corral operator: {} leads (fence revision {})",
+                config.replica, fence.revision
+            );
             let mut lost = candidate.lost.clone();
             let outcome = leader::lead(
                 &kv,

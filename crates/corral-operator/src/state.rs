@@ -69,7 +69,10 @@ impl Default for Metrics {
         Metrics {
             grants: MetricFamily::default(),
             txn_seconds: Histogram::new(
-                [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0].into_iter(),
+                [
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0,
+                ]
+                .into_iter(),
             ),
             rebuilds: Counter::default(),
             leader: Gauge::default(),
@@ -117,7 +120,10 @@ impl Shared {
     /// Runs `f` on the latest published view, if this replica leads.
     pub fn with_view<T>(&self, f: impl FnOnce(&ClusterView, Revision) -> T) -> Option<T> {
         let inner = self.inner();
-        inner.view.as_ref().map(|(view, revision)| f(view, *revision))
+        inner
+            .view
+            .as_ref()
+            .map(|(view, revision)| f(view, *revision))
     }
 
     pub fn note_rebuild(&self, keys: usize, took: Duration) {
@@ -130,9 +136,10 @@ impl Shared {
     }
 
     pub fn note_full(&self, node: &str, pool: &str, family: Family) {
-        self.inner()
-            .full
-            .insert(format!("{pool}/{family}"), format!("no free CIDR for node {node}"));
+        self.inner().full.insert(
+            format!("{pool}/{family}"),
+            format!("no free CIDR for node {node}"),
+        );
     }
 
     pub fn full_pools(&self) -> BTreeMap<String, String> {

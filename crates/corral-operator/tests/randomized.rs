@@ -58,7 +58,11 @@ async fn scenario(seed: u64) {
             }
             4 if !nodes.is_empty() => {
                 let index = rng.below(nodes.len() as u64) as usize;
-                let (name, revision) = nodes.iter().nth(index).map(|(n, r)| (n.clone(), *r)).unwrap();
+                let (name, revision) = nodes
+                    .iter()
+                    .nth(index)
+                    .map(|(n, r)| (n.clone(), *r))
+                    .unwrap();
                 request_removal(&kv, &name, revision).await;
                 log.push(format!("remove {name}"));
                 nodes.remove(&name);
@@ -67,7 +71,11 @@ async fn scenario(seed: u64) {
             5 if !removed.is_empty() => {
                 // A removed name comes back (once its removal went through).
                 let name = removed.remove(rng.below(removed.len() as u64) as usize);
-                if kv.get(keys().node(&node(&name)).as_bytes()).await.unwrap().is_none()
+                if kv
+                    .get(keys().node(&node(&name)).as_bytes())
+                    .await
+                    .unwrap()
+                    .is_none()
                     && under(&kv, &format!("removals/{name}")).await.is_empty()
                 {
                     let revision = register(&kv, &name).await;
@@ -114,31 +122,47 @@ async fn scenario(seed: u64) {
         }
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
         let problems = check(&kv).await;
-        assert!(problems.is_empty(), "seed {seed} step {step}: {problems:#?}\nafter {log:#?}");
+        assert!(
+            problems.is_empty(),
+            "seed {seed} step {step}: {problems:#?}\nafter {log:#?}"
+        );
         assert!(
             auditor.doubles.lock().unwrap().is_empty(),
             "seed {seed} step {step}: {:#?}\nafter {log:#?}",
             auditor.doubles.lock().unwrap()
         );
         for replica in &replicas {
-            assert!(!replica.finished(), "seed {seed}: replica {} ended", replica.name);
+            assert!(
+                !replica.finished(),
+                "seed {seed}: replica {} ended",
+                replica.name
+            );
         }
     }
     // Settle: every registered node that fits (they all do) is served, removals done.
     kv.faults.lock().unwrap().lose_answers = 0;
     let names: Vec<String> = nodes.keys().cloned().collect();
-    wait_until(&format!("seed {seed}: every node served after {log:#?}"), Duration::from_secs(120), || async {
-        let grants = grants(&kv).await;
-        let mut served = under(&kv, "removals/").await.is_empty();
-        for name in &names {
-            served &= grants.get(name).is_some_and(|g| g.len() == 2) && node_id(&kv, name).await.is_some();
-        }
-        served
-    })
+    wait_until(
+        &format!("seed {seed}: every node served after {log:#?}"),
+        Duration::from_secs(120),
+        || async {
+            let grants = grants(&kv).await;
+            let mut served = under(&kv, "removals/").await.is_empty();
+            for name in &names {
+                served &= grants.get(name).is_some_and(|g| g.len() == 2)
+                    && node_id(&kv, name).await.is_some();
+            }
+            served
+        },
+    )
     .await;
     let grants = grants(&kv).await;
     for name in &removed {
-        assert!(!grants.contains_key(name), "seed {seed}: removed {name} still holds {:?}", grants[name]);
+        assert!(
+            !grants.contains_key(name),
+            "seed {seed}: removed {name} still holds {:?}",
+            grants[name]
+        );
     }
     assert_consistent(&kv).await;
     auditor.assert_clean();

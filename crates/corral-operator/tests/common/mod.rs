@@ -10,8 +10,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_cluster::{ClusterConfig, ClusterName, Keys, NodeName, NodeRecord, RemovalRecord, encode_value};
-use corral_kv::{Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, RangePage, Revision, Txn, TxnOp, TxnResponse, Watch};
+use corral_cluster::{
+    ClusterConfig, ClusterName, Keys, NodeName, NodeRecord, RemovalRecord, encode_value,
+};
+use corral_kv::{
+    Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, RangePage, Revision, Txn, TxnOp,
+    TxnResponse, Watch,
+};
 use corral_operator::{OperatorConfig, Shared};
 use tokio::task::JoinHandle;
 
@@ -104,8 +109,12 @@ pub async fn request_removal<K: Kv>(kv: &K, name: &str, node_revision: Revision)
 
 /// Every key of the cluster, as `corral cluster check` reads it.
 pub async fn entries<K: Kv>(kv: &K) -> Vec<(String, Vec<u8>)> {
-    let (all, _) = corral_kv::read_all(kv, keys().prefix().as_bytes(), 1000).await.unwrap();
-    all.into_iter().map(|e| (e.key_str().into_owned(), e.value)).collect()
+    let (all, _) = corral_kv::read_all(kv, keys().prefix().as_bytes(), 1000)
+        .await
+        .unwrap();
+    all.into_iter()
+        .map(|e| (e.key_str().into_owned(), e.value))
+        .collect()
 }
 
 /// The consistency problems `corral cluster check` would report.
@@ -121,7 +130,10 @@ pub async fn assert_consistent<K: Kv>(kv: &K) {
 /// Keys under `rest` (relative to the cluster prefix), with their entries.
 pub async fn under<K: Kv>(kv: &K, rest: &str) -> Vec<KeyValue> {
     let prefix = format!("{}{rest}", keys().prefix());
-    corral_kv::read_all(kv, prefix.as_bytes(), 1000).await.unwrap().0
+    corral_kv::read_all(kv, prefix.as_bytes(), 1000)
+        .await
+        .unwrap()
+        .0
 }
 
 /// Grants in the store: node → its grant keys (relative, e.g. `default/ipv4/10.192.1.0-24`).
@@ -129,19 +141,30 @@ pub async fn grants<K: Kv>(kv: &K) -> BTreeMap<String, Vec<String>> {
     let prefix = format!("{}grants/", keys().prefix());
     let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for entry in under(kv, "grants/").await {
-        let Ok(record) = corral_cluster::decode_value::<corral_cluster::GrantRecord>(&entry.value) else {
+        let Ok(record) = corral_cluster::decode_value::<corral_cluster::GrantRecord>(&entry.value)
+        else {
             continue;
         };
         let key = entry.key_str().strip_prefix(&prefix).unwrap().to_owned();
-        by_node.entry(record.node.to_string()).or_default().push(key);
+        by_node
+            .entry(record.node.to_string())
+            .or_default()
+            .push(key);
     }
     by_node
 }
 
 /// The node ID granted to `name`, if any.
 pub async fn node_id<K: Kv>(kv: &K, name: &str) -> Option<u32> {
-    let entry = kv.get(keys().node_id_of_node(&node(name)).as_bytes()).await.unwrap()?;
-    Some(corral_cluster::decode_value::<corral_cluster::NodeIdOfNodeRecord>(&entry.value).ok()?.id)
+    let entry = kv
+        .get(keys().node_id_of_node(&node(name)).as_bytes())
+        .await
+        .unwrap()?;
+    Some(
+        corral_cluster::decode_value::<corral_cluster::NodeIdOfNodeRecord>(&entry.value)
+            .ok()?
+            .id,
+    )
 }
 
 /// Waits (in virtual time, polling every 50 ms) until `done` holds; panics after `limit`.
@@ -155,7 +178,10 @@ where
         if done().await {
             return started.elapsed();
         }
-        assert!(started.elapsed() < limit, "not within {limit:?} of virtual time: {what}");
+        assert!(
+            started.elapsed() < limit,
+            "not within {limit:?} of virtual time: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -237,7 +263,14 @@ pub async fn leader_key<K: Kv>(kv: &K) -> Option<(String, LeaseId, Vec<u8>, Revi
         .await
         .into_iter()
         .min_by_key(|e| e.create_revision)
-        .map(|e| (String::from_utf8_lossy(&e.value).into_owned(), e.lease.unwrap(), e.key, e.create_revision))
+        .map(|e| {
+            (
+                String::from_utf8_lossy(&e.value).into_owned(),
+                e.lease.unwrap(),
+                e.key,
+                e.create_revision,
+            )
+        })
 }
 
 /// Watches `grants/` from revision 1 for as long as the test runs and records every moment a
@@ -263,7 +296,8 @@ impl Auditor {
                         match event {
                             Event::Put(kv) => {
                                 *auditor.grants_written.lock().unwrap() += 1;
-                                if let Some(before) = held.insert(kv.key.clone(), kv.value.clone()) {
+                                if let Some(before) = held.insert(kv.key.clone(), kv.value.clone())
+                                {
                                     auditor.doubles.lock().unwrap().push(format!(
                                         "{} written at revision {} while held ({} -> {})",
                                         kv.key_str(),
@@ -286,7 +320,10 @@ impl Auditor {
 
     pub fn assert_clean(&self) {
         let doubles = self.doubles.lock().unwrap();
-        assert!(doubles.is_empty(), "a CIDR or node ID granted while held: {doubles:#?}");
+        assert!(
+            doubles.is_empty(),
+            "a CIDR or node ID granted while held: {doubles:#?}"
+        );
     }
 }
 
@@ -367,7 +404,11 @@ impl Kv for FaultyKv {
 
     async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
         let writes = if prefix == keys().prefix().as_bytes() {
-            self.faults.lock().unwrap().compact_before_prefix_watch.take()
+            self.faults
+                .lock()
+                .unwrap()
+                .compact_before_prefix_watch
+                .take()
         } else {
             None
         };
