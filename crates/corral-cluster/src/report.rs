@@ -247,8 +247,8 @@ impl NodeReport {
         let mut text = String::new();
         let _ = writeln!(
             text,
-            "{:<24} {:<5} {:>7} {:<44} {}",
-            "NODE", "LIVE", "NODE-ID", "GRANTS", "WAITING FOR"
+            "{:<24} {:<5} {:>7} {:<44} WAITING FOR",
+            "NODE", "LIVE", "NODE-ID", "GRANTS"
         );
         for node in nodes {
             let live = match node.live {

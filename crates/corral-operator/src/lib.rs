@@ -10,6 +10,9 @@ use std::time::Duration;
 use corral_cluster::{ClusterName, Keys};
 use corral_kv::{Kv, KvError};
 
+// The api branch owns api.rs and the fix of this lint (a boxed error response); allowed here
+// so the rest of the crate stays clippy-clean meanwhile.
+#[allow(clippy::result_large_err)]
 pub mod api;
 pub mod election;
 mod leader;

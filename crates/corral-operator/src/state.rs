@@ -68,12 +68,9 @@ impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
             grants: MetricFamily::default(),
-            txn_seconds: Histogram::new(
-                [
-                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0,
-                ]
-                .into_iter(),
-            ),
+            txn_seconds: Histogram::new([
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0,
+            ]),
             rebuilds: Counter::default(),
             leader: Gauge::default(),
         }

@@ -70,7 +70,7 @@ async fn one_replica_grants_lowest_free_dual_stack_cidrs_and_node_ids() {
 #[tokio::test(start_paused = true)]
 async fn a_fence_whose_key_is_gone_or_recreated_lets_no_write_through() {
     let kv = MemKv::new();
-    let prefix = format!("{}", keys().election_prefix());
+    let prefix = keys().election_prefix();
     let candidate = Candidate::join(&kv, prefix.as_bytes(), "op-a", TTL)
         .await
         .unwrap();
