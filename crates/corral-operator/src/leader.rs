@@ -426,6 +426,9 @@ fn start_work<K: Kv>(
     work: &mut Work,
 ) {
     let now = Instant::now();
+    // A node gone (removed, its registration deleted) needs no retry any more.
+    work.retry
+        .retain(|node, _| view.registration(node).is_some());
     let quarantine = Duration::from_secs(view.config().quarantine_secs.max(1));
     for (node, request_revision, request) in view.removals_requested() {
         if work.running.len() >= workers {

@@ -1,0 +1,512 @@
+//! The agent's cluster link on `MemKv`: a real agent started in-process (`serve_with` on a
+//! temporary directory and socket) whose `ClusterTask` runs `corral_agent::cluster::run` on a
+//! shared in-memory store, driven over the socket with corral-client. Registration, grants
+//! becoming `cluster` ranges and draining, zero store requests per CNI ADD/DEL, degraded mode
+//! during an outage, and the liveness key on the agent's lease.
+//!
+//! The agent's runtime runs SQLite commits on threads of its own, so its clock cannot be
+//! paused: these tests run on real time with 1–3 s lease TTLs.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use corral_agent::AgentConfig;
+use corral_agent::cluster::ClusterOptions;
+use corral_api::{
+    AllocateRequest, AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, RangeSource,
+};
+use corral_client::Client;
+use corral_cluster::{
+    ClusterName, GrantRecord, Keys, NodeName, NodeRecord, OwnedRecord, encode_value,
+};
+use corral_kv::{Kv, MemKv, Txn, TxnOp};
+
+fn keys() -> Keys {
+    Keys::new(ClusterName::new("t").unwrap())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An agent with its cluster link on `kv`.
+struct LinkedAgent {
+    socket: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    link: Arc<Mutex<Option<tokio::task::AbortHandle>>>,
+    served: Option<tokio::task::JoinHandle<Result<(), corral_agent::AgentError>>>,
+}
+
+impl LinkedAgent {
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        kv: &MemKv,
+        dir: &Path,
+        node: &str,
+        uid: &str,
+        ttl: Duration,
+    ) -> LinkedAgent {
+        let config = AgentConfig {
+            // No pools of its own: whatever the node scope holds, the cluster granted.
+            pools: corral_agent::config::pools(&[]).unwrap(),
+            ..AgentConfig::in_dir(dir)
+        };
+        let socket = config.socket.clone();
+        let options = ClusterOptions {
+            endpoints: vec![],
+            cluster: "t".into(),
+            node: node.into(),
+            uid: uid.into(),
+            lease_ttl: ttl,
+        };
+        let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
+        let task: corral_agent::ClusterTask = {
+            let (kv, link) = (kv.clone(), Arc::clone(&link));
+            Box::new(move |committer, state, stop| {
+                Box::pin(async move {
+                    // A task of its own, so a test can kill the link (no lease revoked) while
+                    // the agent serves on.
+                    let task = tokio::spawn(corral_agent::cluster::run(
+                        kv, options, committer, state, stop,
+                    ));
+                    *link.lock().unwrap() = Some(task.abort_handle());
+                    let _ = task.await;
+                })
+            })
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let served = runtime.spawn(corral_agent::serve_with(
+            config,
+            Some(task),
+            async move {
+                let _ = stopped.await;
+            },
+            move || {
+                let _ = ready_tx.send(());
+            },
+        ));
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the agent gets ready");
+        LinkedAgent {
+            socket,
+            stop: Some(stop),
+            link,
+            served: Some(served),
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::unix(&self.socket)
+    }
+
+    fn cluster_status(&self) -> corral_api::ClusterStatus {
+        self.client()
+            .status(None)
+            .unwrap()
+            .cluster
+            .expect("the agent reports its cluster link")
+    }
+
+    /// The node scope's cluster ranges: (range, draining).
+    fn cluster_ranges(&self) -> Vec<(String, bool)> {
+        let pools = self.client().pools(Some("node")).unwrap();
+        let mut ranges: Vec<(String, bool)> = pools
+            .pools
+            .iter()
+            .flat_map(|p| p.ranges.iter())
+            .filter(|r| r.source == RangeSource::Cluster)
+            .map(|r| (r.range.clone(), r.draining))
+            .collect();
+        ranges.sort();
+        ranges
+    }
+
+    /// The link dies where it stands: no lease revoked, the agent serves on.
+    fn kill_link(&self) {
+        self.link
+            .lock()
+            .unwrap()
+            .as_ref()
+            .expect("the link started")
+            .abort();
+    }
+
+    fn stop(mut self, runtime: &tokio::runtime::Runtime) {
+        let _ = self.stop.take().unwrap().send(());
+        runtime
+            .block_on(self.served.take().unwrap())
+            .unwrap()
+            .unwrap();
+    }
+}
+
+impl Drop for LinkedAgent {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Grants `cidr` (`10.192.1.0/24`) of pool `default` to `node`, as the operator writes it.
+async fn grant(kv: &MemKv, node: &str, cidr: &str) {
+    let keys = keys();
+    let name = NodeName::new(node).unwrap();
+    let cidr: corral_cluster::IpNet = cidr.parse().unwrap();
+    let family = if cidr.addr().is_ipv4() {
+        corral_cluster::Family::V4
+    } else {
+        corral_cluster::Family::V6
+    };
+    let pool = corral_cluster::PoolName::new("default").unwrap();
+    let registration = kv.get(keys.node(&name).as_bytes()).await.unwrap().unwrap();
+    let record = GrantRecord {
+        node: name.clone(),
+        uid: String::new(),
+        node_revision: registration.create_revision,
+    };
+    let owned = OwnedRecord {
+        node_revision: registration.create_revision,
+    };
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::put(
+                keys.grant(&pool, family, &cidr),
+                encode_value(&record).unwrap(),
+            ),
+            TxnOp::put(
+                keys.owned(&name, &pool, family, &cidr),
+                encode_value(&owned).unwrap(),
+            ),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+}
+
+async fn revoke_grant(kv: &MemKv, node: &str, cidr: &str) {
+    let keys = keys();
+    let name = NodeName::new(node).unwrap();
+    let cidr: corral_cluster::IpNet = cidr.parse().unwrap();
+    let family = if cidr.addr().is_ipv4() {
+        corral_cluster::Family::V4
+    } else {
+        corral_cluster::Family::V6
+    };
+    let pool = corral_cluster::PoolName::new("default").unwrap();
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::delete(keys.grant(&pool, family, &cidr)),
+            TxnOp::delete(keys.owned(&name, &pool, family, &cidr)),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+}
+
+fn allocate(agent: &LinkedAgent, owner: &str) -> Result<std::net::IpAddr, corral_client::Error> {
+    let response = agent.client().allocate(&AllocateRequest {
+        scope: "node".into(),
+        pool: "default".into(),
+        family: None,
+        address: None,
+        owner: owner.into(),
+        key: None,
+        lease_ms: None,
+    })?;
+    Ok(response.allocations[0].address)
+}
+
+#[test]
+fn registration_records_the_uid_and_a_second_machine_is_refused() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let a = LinkedAgent::start(
+        &runtime,
+        &kv,
+        &dir.path().join("a"),
+        "node-1",
+        "uid-a",
+        Duration::from_secs(3),
+    );
+    wait_until("node-1 registered", Duration::from_secs(10), || {
+        a.cluster_status().registered
+    });
+    let entry = runtime
+        .block_on(kv.get(keys().node(&NodeName::new("node-1").unwrap()).as_bytes()))
+        .unwrap()
+        .expect("nodes/node-1 exists");
+    let record: NodeRecord = corral_cluster::decode_value(&entry.value).unwrap();
+    assert_eq!(record.uid, "uid-a");
+    // Another machine under the same name: refused, and it says why.
+    let b = LinkedAgent::start(
+        &runtime,
+        &kv,
+        &dir.path().join("b"),
+        "node-1",
+        "uid-b",
+        Duration::from_secs(3),
+    );
+    wait_until("node-1 on b refused", Duration::from_secs(10), || {
+        b.cluster_status()
+            .last_error
+            .is_some_and(|e| e.contains("another machine uid"))
+    });
+    let status = b.cluster_status();
+    assert!(!status.registered, "{status:?}");
+    assert!(
+        status.last_error.as_deref().unwrap().contains("uid-a"),
+        "{status:?}"
+    );
+    // The first keeps its registration.
+    let after = runtime
+        .block_on(kv.get(keys().node(&NodeName::new("node-1").unwrap()).as_bytes()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.create_revision, entry.create_revision);
+    assert!(a.cluster_status().registered);
+    b.stop(&runtime);
+    a.stop(&runtime);
+}
+
+#[test]
+fn a_grant_becomes_a_cluster_range_and_drains_when_it_goes() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(3),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+    });
+    let address = allocate(&agent, "pod-1").unwrap();
+    assert!(
+        "10.192.1.0/24"
+            .parse::<corral_cluster::IpNet>()
+            .unwrap()
+            .contains(&address),
+        "{address}"
+    );
+    assert_eq!(agent.cluster_status().grants, ["default 10.192.1.0/24"]);
+    // The grant goes: the range drains (it holds pod-1), nothing new comes from it.
+    runtime.block_on(revoke_grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the range drains", Duration::from_secs(10), || {
+        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), true)]
+    });
+    assert!(
+        allocate(&agent, "pod-2").is_err(),
+        "nothing is allocated from a draining range"
+    );
+    agent.stop(&runtime);
+}
+
+#[test]
+fn cni_add_and_del_make_no_store_requests() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    // A long lease: no keep-alive falls in the measured window.
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(600),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    runtime.block_on(grant(&kv, "node-1", "fd00:200::/64"));
+    wait_until("both grants arrive", Duration::from_secs(10), || {
+        agent.cluster_ranges().len() == 2
+    });
+    let network = CniNetwork {
+        name: "podnet".into(),
+        pools: vec![],
+        node_pool: Some("default".into()),
+    };
+    let before = kv.requests();
+    let mut client = agent.client();
+    for i in 0..100 {
+        let key = AttachmentKey {
+            network: "podnet".into(),
+            container_id: format!("c{i}"),
+            ifname: "eth0".into(),
+        };
+        let added = client
+            .cni_add(&CniAddRequest {
+                network: network.clone(),
+                key: key.clone(),
+                owner: format!("pod-{i}"),
+                // A node pool's families decide: one address per family it has ranges in.
+                sets: vec![],
+            })
+            .unwrap();
+        assert_eq!(added.allocations.len(), 2);
+        if i % 2 == 0 {
+            client
+                .cni_del(&CniKeyRequest {
+                    network: network.clone(),
+                    key,
+                })
+                .unwrap();
+        }
+    }
+    assert_eq!(kv.requests(), before, "CNI ADD/DEL made store requests");
+    agent.stop(&runtime);
+}
+
+#[test]
+fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(1),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges().len() == 1
+    });
+    allocate(&agent, "before").unwrap();
+    kv.set_unavailable(true);
+    wait_until("degraded", Duration::from_secs(5), || {
+        agent.cluster_status().degraded
+    });
+    let status = agent.cluster_status();
+    assert!(status.degraded_since_ms.is_some(), "{status:?}");
+    // Nothing held is dropped; pods keep getting addresses from it.
+    assert_eq!(
+        agent.cluster_ranges(),
+        [("10.192.1.0/24".to_owned(), false)]
+    );
+    for i in 0..10 {
+        let address = allocate(&agent, &format!("during-{i}")).unwrap();
+        assert!(
+            "10.192.1.0/24"
+                .parse::<corral_cluster::IpNet>()
+                .unwrap()
+                .contains(&address)
+        );
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        agent.cluster_ranges(),
+        [("10.192.1.0/24".to_owned(), false)]
+    );
+    kv.set_unavailable(false);
+    wait_until("no longer degraded", Duration::from_secs(15), || {
+        let status = agent.cluster_status();
+        !status.degraded && status.degraded_since_ms.is_none() && status.registered
+    });
+    // New grants arrive again.
+    runtime.block_on(grant(&kv, "node-1", "fd00:200::/64"));
+    wait_until("the new grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges().len() == 2
+    });
+    agent.stop(&runtime);
+}
+
+#[test]
+fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(1),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges().len() == 1
+    });
+    let live_key = keys().live(&NodeName::new("node-1").unwrap());
+    let live = runtime
+        .block_on(kv.get(live_key.as_bytes()))
+        .unwrap()
+        .expect("live/node-1 while running");
+    assert!(live.lease.is_some(), "on a lease");
+    // Kept alive past several TTLs.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        runtime
+            .block_on(kv.get(live_key.as_bytes()))
+            .unwrap()
+            .is_some()
+    );
+    // The link dies without revoking: the key goes with the lease, the grant stays.
+    agent.kill_link();
+    wait_until("live/node-1 expires", Duration::from_secs(4), || {
+        runtime
+            .block_on(kv.get(live_key.as_bytes()))
+            .unwrap()
+            .is_none()
+    });
+    let grants = runtime
+        .block_on(corral_kv::read_all(
+            &kv,
+            keys().grants_prefix().as_bytes(),
+            100,
+        ))
+        .unwrap()
+        .0;
+    assert_eq!(grants.len(), 1, "a lease expiry frees nothing");
+    assert!(
+        runtime
+            .block_on(kv.get(keys().node(&NodeName::new("node-1").unwrap()).as_bytes()))
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        agent.cluster_ranges(),
+        [("10.192.1.0/24".to_owned(), false)]
+    );
+    agent.stop(&runtime);
+}

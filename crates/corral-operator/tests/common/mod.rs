@@ -1,0 +1,432 @@
+//! The operator's laptop-tier harness: replicas of `corral_operator::run` in one process on one
+//! `MemKv` (or on `FaultyKv`, which wraps it to lose answers and compact at the worst moment),
+//! a consistency `check` by `corral_cluster::check`, and an auditor that watches every grant
+//! ever written, so "no CIDR held by two nodes" is checked at every revision, not only at the end.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_cluster::{
+    ClusterConfig, ClusterName, Keys, NodeName, NodeRecord, RemovalRecord, encode_value,
+};
+use corral_kv::{
+    Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, RangePage, Revision, Txn, TxnOp,
+    TxnResponse, Watch,
+};
+use corral_operator::{OperatorConfig, Shared};
+use tokio::task::JoinHandle;
+
+/// The election lease TTL of test replicas.
+pub const TTL: Duration = Duration::from_secs(2);
+
+pub fn keys() -> Keys {
+    Keys::new(ClusterName::new("t").unwrap())
+}
+
+pub fn node(name: &str) -> NodeName {
+    NodeName::new(name).unwrap()
+}
+
+/// Dual-stack, a reserved first /24, a node-ID plan, quarantine 5 s.
+pub const DUAL: &str = r#"
+quarantine_secs = 5
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.192.0.0/16"]
+node_prefix_len = 24
+reserved = ["10.192.0.0/24"]
+[pools.ipv6]
+cidrs = ["fd00:200::/48"]
+node_prefix_len = 64
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+node_interconnect_excluded = ["192.168.16.1"]
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#;
+
+/// Writes the configuration as `corral cluster init` does.
+pub async fn init<K: Kv>(kv: &K, toml: &str) {
+    let config = ClusterConfig::from_toml(toml).unwrap();
+    put(kv, &keys().config(), config.to_json().unwrap().as_bytes()).await;
+}
+
+pub async fn put<K: Kv>(kv: &K, key: &str, value: &[u8]) -> Revision {
+    let response = kv
+        .txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(key, value)],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    response.revision
+}
+
+/// Registers a node as its agent does (create if absent); answers the registration's create
+/// revision.
+pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
+    let key = keys().node(&node(name));
+    let record = encode_value(&NodeRecord {
+        uid: format!("uid-{name}"),
+        addresses: vec![],
+        registered_ms: 0,
+    })
+    .unwrap();
+    let response = kv
+        .txn(Txn {
+            compares: vec![Compare::absent(key.clone())],
+            success: vec![TxnOp::put(key.clone(), record)],
+            failure: vec![TxnOp::get(key)],
+        })
+        .await
+        .unwrap();
+    if response.succeeded {
+        response.revision
+    } else {
+        response.gets[0].as_ref().unwrap().create_revision
+    }
+}
+
+/// Asks for a node's removal as `corral node remove` does.
+pub async fn request_removal<K: Kv>(kv: &K, name: &str, node_revision: Revision) {
+    let value = encode_value(&RemovalRecord {
+        node_revision,
+        requested_ms: 0,
+    })
+    .unwrap();
+    put(kv, &keys().removal(&node(name)), &value).await;
+}
+
+/// Every key of the cluster, as `corral cluster check` reads it.
+pub async fn entries<K: Kv>(kv: &K) -> Vec<(String, Vec<u8>)> {
+    let (all, _) = corral_kv::read_all(kv, keys().prefix().as_bytes(), 1000)
+        .await
+        .unwrap();
+    all.into_iter()
+        .map(|e| (e.key_str().into_owned(), e.value))
+        .collect()
+}
+
+/// The consistency problems `corral cluster check` would report.
+pub async fn check<K: Kv>(kv: &K) -> Vec<String> {
+    corral_cluster::check(&keys(), &entries(kv).await)
+}
+
+pub async fn assert_consistent<K: Kv>(kv: &K) {
+    let problems = check(kv).await;
+    assert!(problems.is_empty(), "consistency problems: {problems:#?}");
+}
+
+/// Keys under `rest` (relative to the cluster prefix), with their entries.
+pub async fn under<K: Kv>(kv: &K, rest: &str) -> Vec<KeyValue> {
+    let prefix = format!("{}{rest}", keys().prefix());
+    corral_kv::read_all(kv, prefix.as_bytes(), 1000)
+        .await
+        .unwrap()
+        .0
+}
+
+/// Grants in the store: node → its grant keys (relative, e.g. `default/ipv4/10.192.1.0-24`).
+pub async fn grants<K: Kv>(kv: &K) -> BTreeMap<String, Vec<String>> {
+    let prefix = format!("{}grants/", keys().prefix());
+    let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for entry in under(kv, "grants/").await {
+        let Ok(record) = corral_cluster::decode_value::<corral_cluster::GrantRecord>(&entry.value)
+        else {
+            continue;
+        };
+        let key = entry.key_str().strip_prefix(&prefix).unwrap().to_owned();
+        by_node
+            .entry(record.node.to_string())
+            .or_default()
+            .push(key);
+    }
+    by_node
+}
+
+/// The node ID granted to `name`, if any.
+pub async fn node_id<K: Kv>(kv: &K, name: &str) -> Option<u32> {
+    let entry = kv
+        .get(keys().node_id_of_node(&node(name)).as_bytes())
+        .await
+        .unwrap()?;
+    Some(
+        corral_cluster::decode_value::<corral_cluster::NodeIdOfNodeRecord>(&entry.value)
+            .ok()?
+            .id,
+    )
+}
+
+/// Waits (in virtual time, polling every 50 ms) until `done` holds; panics after `limit`.
+pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut done: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        if done().await {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "not within {limit:?} of virtual time: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One operator replica running in this process.
+pub struct Replica {
+    pub name: String,
+    pub shared: Arc<Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Replica {
+    pub fn start<K: Kv>(kv: &K, name: &str) -> Replica {
+        let shared = Arc::new(Shared::new(name.to_owned()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let config = OperatorConfig {
+            cluster: "t".into(),
+            replica: name.into(),
+            lease_ttl: TTL,
+            workers: 4,
+        };
+        let task = tokio::spawn({
+            let (kv, shared) = (kv.clone(), Arc::clone(&shared));
+            async move {
+                corral_operator::run(kv, config, shared, async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("the operator runs until stopped");
+            }
+        });
+        Replica {
+            name: name.to_owned(),
+            shared,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub fn leading(&self) -> bool {
+        self.shared.leading()
+    }
+
+    /// Whether the replica's task ended (it never should, short of a stop or a kill).
+    pub fn finished(&self) -> bool {
+        self.task.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// The process dies: the task is dropped where it stands, nothing resigns.
+    pub fn kill(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
+    /// A clean stop (a leader resigns).
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.expect("the replica stops cleanly");
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The replica named in the lowest election key, and that key's lease.
+pub async fn leader_key<K: Kv>(kv: &K) -> Option<(String, LeaseId, Vec<u8>, Revision)> {
+    under(kv, "election/")
+        .await
+        .into_iter()
+        .min_by_key(|e| e.create_revision)
+        .map(|e| {
+            (
+                String::from_utf8_lossy(&e.value).into_owned(),
+                e.lease.unwrap(),
+                e.key,
+                e.create_revision,
+            )
+        })
+}
+
+/// Watches `grants/` from revision 1 for as long as the test runs and records every moment a
+/// CIDR's grant key was written while it already named a node: a grant written twice.
+#[derive(Clone, Default)]
+pub struct Auditor {
+    pub doubles: Arc<Mutex<Vec<String>>>,
+    pub grants_written: Arc<Mutex<u64>>,
+}
+
+impl Auditor {
+    pub async fn start<K: Kv>(kv: &K) -> Auditor {
+        let auditor = Auditor::default();
+        let prefix = format!("{}grants/", keys().prefix());
+        let id_prefix = format!("{}nodeids/id/", keys().prefix());
+        for prefix in [prefix, id_prefix] {
+            let mut watch = kv.watch(prefix.as_bytes(), 1).await.unwrap();
+            let auditor = auditor.clone();
+            tokio::spawn(async move {
+                let mut held: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+                while let Ok(batch) = watch.next().await {
+                    for event in batch {
+                        match event {
+                            Event::Put(kv) => {
+                                *auditor.grants_written.lock().unwrap() += 1;
+                                if let Some(before) = held.insert(kv.key.clone(), kv.value.clone())
+                                {
+                                    auditor.doubles.lock().unwrap().push(format!(
+                                        "{} written at revision {} while held ({} -> {})",
+                                        kv.key_str(),
+                                        kv.mod_revision,
+                                        String::from_utf8_lossy(&before),
+                                        String::from_utf8_lossy(&kv.value)
+                                    ));
+                                }
+                            }
+                            Event::Delete { key, .. } => {
+                                held.remove(&key);
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        auditor
+    }
+
+    pub fn assert_clean(&self) {
+        let doubles = self.doubles.lock().unwrap();
+        assert!(
+            doubles.is_empty(),
+            "a CIDR or node ID granted while held: {doubles:#?}"
+        );
+    }
+}
+
+/// What `FaultyKv` does to the next calls.
+#[derive(Default, Debug)]
+pub struct Faults {
+    /// Grant and removal transactions that succeed are applied, but the caller hears `Unavailable` (the answer
+    /// lost on the way back), for this many of them.
+    pub lose_answers: usize,
+    /// Before the next watch of the whole cluster prefix: run these writes (registrations, as
+    /// an agent would make them meanwhile), then compact the store past the watch's start.
+    pub compact_before_prefix_watch: Option<Vec<String>>,
+    /// How many prefix watches were compacted.
+    pub compacted_watches: usize,
+}
+
+/// `MemKv` with faults a real network and etcd produce and a single in-memory store cannot:
+/// a transaction applied whose answer is lost, and a compaction that lands between the
+/// leader's read of the prefix and its watch.
+#[derive(Clone)]
+pub struct FaultyKv {
+    pub inner: MemKv,
+    pub faults: Arc<Mutex<Faults>>,
+}
+
+impl FaultyKv {
+    pub fn new(inner: MemKv) -> FaultyKv {
+        FaultyKv {
+            inner,
+            faults: Arc::default(),
+        }
+    }
+}
+
+impl Kv for FaultyKv {
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
+        self.inner.get(key).await
+    }
+
+    async fn range(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+        revision: Option<Revision>,
+    ) -> Result<RangePage, KvError> {
+        self.inner.range(prefix, after, limit, revision).await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
+        // Only the operator's grants and removals lose their answers (they touch `grants/`).
+        let operator = txn.success.iter().any(|op| match op {
+            TxnOp::Put { key, .. } | TxnOp::Delete { key } => {
+                String::from_utf8_lossy(key).contains("/v1/grants/")
+            }
+            TxnOp::Get { .. } => false,
+        });
+        let response = self.inner.txn(txn).await?;
+        let mut faults = self.faults.lock().unwrap();
+        if response.succeeded && operator && faults.lose_answers > 0 {
+            faults.lose_answers -= 1;
+            return Err(KvError::Unavailable("the answer was lost (test)".into()));
+        }
+        Ok(response)
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
+        self.inner.lease_grant(ttl).await
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, KvError> {
+        self.inner.lease_keep_alive(lease).await
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), KvError> {
+        self.inner.lease_revoke(lease).await
+    }
+
+    async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
+        let writes = if prefix == keys().prefix().as_bytes() {
+            self.faults
+                .lock()
+                .unwrap()
+                .compact_before_prefix_watch
+                .take()
+        } else {
+            None
+        };
+        if let Some(writes) = writes {
+            for name in writes {
+                register(&self.inner, &name).await;
+            }
+            // Two writes at least past `from`, so `from` itself is compacted away.
+            put(&self.inner, "/scratch/a", b"1").await;
+            let revision = put(&self.inner, "/scratch/b", b"2").await;
+            assert!(revision > from);
+            self.inner.compact(revision).await.unwrap();
+            self.faults.lock().unwrap().compacted_watches += 1;
+        }
+        self.inner.watch(prefix, from).await
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), KvError> {
+        self.inner.compact(revision).await
+    }
+}
