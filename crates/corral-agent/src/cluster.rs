@@ -110,8 +110,26 @@ pub async fn run<K: Kv>(
     };
     update(&state, |s| s.node = options.node.clone());
     let mut failures: u32 = 0;
+    // What outlives a round: the registration this process made or found (a later round
+    // that finds it gone or replaced means the node was removed meanwhile), and the last
+    // node ID and plan that could be read (one that cannot be read later keeps them).
+    let mut across = AcrossRounds::default();
     loop {
-        let outcome = link(&kv, &keys, &node, &options, &committer, &state, &mut stop).await;
+        let outcome = link(
+            &kv,
+            &keys,
+            &node,
+            &options,
+            &committer,
+            &state,
+            &mut stop,
+            &mut across,
+        )
+        .await;
+        if across.served {
+            failures = 0;
+            across.served = false;
+        }
         match outcome {
             Err(LinkError::Stopped) | Ok(()) => return,
             Err(LinkError::Removed(_)) => {
@@ -165,7 +183,20 @@ pub async fn run<K: Kv>(
     }
 }
 
+/// What the link keeps from one round to the next.
+#[derive(Default)]
+struct AcrossRounds {
+    /// The create revision of the registration this process made or found.
+    registration: Option<Revision>,
+    /// The node ID and plan last read.
+    node_id: Option<u32>,
+    plan: Option<NodeIdPlanConfig>,
+    /// Whether the round got as far as serving (its backoff then starts again).
+    served: bool,
+}
+
 /// One connected round: register, go live, read and watch the grants.
+#[allow(clippy::too_many_arguments)]
 async fn link<K: Kv>(
     kv: &K,
     keys: &Keys,
@@ -174,9 +205,11 @@ async fn link<K: Kv>(
     committer: &Committer,
     state: &SharedClusterState,
     stop: &mut tokio::sync::watch::Receiver<bool>,
+    across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
     let node_key = keys.node(node);
-    let registration = register(kv, &node_key, options).await?;
+    let registration = register(kv, &node_key, options, across.registration).await?;
+    across.registration = Some(registration);
     let lease = kv.lease_grant(options.lease_ttl).await?;
     let live = LiveRecord {
         pid: std::process::id(),
@@ -203,6 +236,7 @@ async fn link<K: Kv>(
         stop,
         registration,
         lease,
+        across,
     )
     .await;
     if matches!(result, Err(LinkError::Stopped)) {
@@ -213,14 +247,23 @@ async fn link<K: Kv>(
 }
 
 /// Creates the node's registration if absent, else checks it is this machine's. Answers the
-/// registration's create revision.
+/// registration's create revision. Once this process registered (`known`), only that
+/// registration will do: gone or replaced means the node was removed while the link was
+/// down, and only a restart of the agent registers it again.
 async fn register<K: Kv>(
     kv: &K,
     node_key: &str,
     options: &ClusterOptions,
+    known: Option<Revision>,
 ) -> Result<Revision, LinkError> {
     loop {
-        if let Some(existing) = kv.get(node_key.as_bytes()).await? {
+        let existing = kv.get(node_key.as_bytes()).await?;
+        if let Some(known) = known
+            && existing.as_ref().is_none_or(|e| e.create_revision != known)
+        {
+            return Err(LinkError::Removed(options.node.clone()));
+        }
+        if let Some(existing) = existing {
             let record: Option<NodeRecord> = decode_value(&existing.value).ok();
             return match record {
                 Some(record) if record.uid == options.uid => Ok(existing.create_revision),
@@ -286,17 +329,20 @@ impl Held {
                     self.grants.remove(key);
                 }
             },
-            Ok(Key::NodeIdOfNode { node: owner }) if &owner == node => {
-                self.node_id = value
-                    .and_then(|v| decode_value::<NodeIdOfNodeRecord>(v).ok())
-                    .map(|record| record.id);
-            }
-            Ok(Key::Config) => {
+            Ok(Key::NodeIdOfNode { node: owner }) if &owner == node => match value {
+                None => self.node_id = None,
+                Some(v) => match decode_value::<NodeIdOfNodeRecord>(v) {
+                    Ok(record) => self.node_id = Some(record.id),
+                    // Unreadable: what was held stays (its pod range is not dropped for it).
+                    Err(error) => eprintln!("corral agent: cluster: {key}: {error}"),
+                },
+            },
+            Ok(Key::Config) => match value.map(ClusterConfig::from_json) {
+                Some(Ok(config)) => self.plan = config.node_ids.clone(),
                 // A configuration this build cannot read changes nothing held.
-                if let Some(config) = value.and_then(|v| ClusterConfig::from_json(v).ok()) {
-                    self.plan = config.node_ids.clone();
-                }
-            }
+                Some(Err(error)) => eprintln!("corral agent: cluster: {key}: {error}"),
+                None => {}
+            },
             _ => {}
         }
     }
@@ -326,24 +372,43 @@ async fn follow<K: Kv>(
     stop: &mut tokio::sync::watch::Receiver<bool>,
     registration: Revision,
     lease: LeaseId,
+    across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
     let owned_prefix = keys.owned_prefix(node);
     let id_key = keys.node_id_of_node(node);
     let config_key = keys.config();
     let node_key = keys.node(node);
-    let mut held = Held::default();
+    let mut held = Held {
+        grants: BTreeMap::new(),
+        node_id: across.node_id,
+        plan: across.plan.clone(),
+    };
     let (owned, revision) = corral_kv::read_all(kv, owned_prefix.as_bytes(), 1000).await?;
     for entry in &owned {
         held.apply(keys, node, &entry.key_str(), Some(&entry.value));
     }
-    for key in [&id_key, &config_key] {
-        // Read at the same revision as the grants, so the watches below miss nothing.
+    // The registration, the node ID and the configuration at the same revision as the
+    // grants, so the watches below miss nothing: a removal that landed since `register`
+    // read the registration is seen here.
+    for key in [&node_key, &id_key, &config_key] {
         let page = kv.range(key.as_bytes(), None, 1, Some(revision)).await?;
-        if let Some(entry) = page.kvs.into_iter().find(|e| e.key == key.as_bytes()) {
-            held.apply(keys, node, key, Some(&entry.value));
+        let entry = page.kvs.into_iter().find(|e| e.key == key.as_bytes());
+        if key == &node_key {
+            if entry.is_none_or(|e| e.create_revision != registration) {
+                return Err(LinkError::Removed(node.to_string()));
+            }
+            continue;
+        }
+        match entry {
+            Some(entry) => held.apply(keys, node, key, Some(&entry.value)),
+            None if key == &id_key => held.node_id = None,
+            None => {}
         }
     }
     apply(committer, state, &held).await?;
+    across.node_id = held.node_id;
+    across.plan = held.plan.clone();
+    across.served = true;
     update(state, |s| {
         s.registered = true;
         s.degraded_since_ms = None;
@@ -389,6 +454,8 @@ async fn follow<K: Kv>(
             }
         }
         apply(committer, state, &held).await?;
+        across.node_id = held.node_id;
+        across.plan = held.plan.clone();
     }
 }
 

@@ -66,23 +66,13 @@ pub async fn lead<K: Kv>(
     workers: usize,
 ) -> Result<(), LeadError> {
     let started = Instant::now();
-    let (mut view, mut revision) = tokio::select! {
+    let (view, revision) = tokio::select! {
         rebuilt = rebuild(kv, keys, shared) => rebuilt?,
         _ = lost.changed() => return Err(LeadError::Lost),
     };
+    shared.install(view, revision);
     shared.set_leading(true, started.elapsed());
-    let result = serve(
-        kv,
-        keys,
-        fence,
-        lost,
-        stop,
-        shared,
-        workers,
-        &mut view,
-        &mut revision,
-    )
-    .await;
+    let result = serve(kv, keys, fence, lost, stop, shared, workers).await;
     shared.set_leading(false, Duration::ZERO);
     result
 }
@@ -95,15 +85,21 @@ async fn rebuild<K: Kv>(
 ) -> Result<(ClusterView, Revision), LeadError> {
     loop {
         let started = Instant::now();
-        let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), PAGE).await?;
         let config_key = keys.config();
-        let config = all
-            .iter()
-            .find(|e| e.key == config_key.as_bytes())
-            .map(|e| ClusterConfig::from_json(&e.value));
+        let prefix = keys.prefix().as_bytes();
+        // Page by page at one revision, each page applied as it comes: the keys are never all
+        // in memory beside the view. `config` sorts first under the prefix, so it is on the
+        // first page if it exists.
+        let first = kv.range(prefix, None, PAGE, None).await?;
+        let revision = first.revision;
+        let config = first
+            .kvs
+            .first()
+            .filter(|e| e.key == config_key.as_bytes())
+            .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
         let config = match config {
-            Some(Ok(config)) => config,
-            Some(Err(error)) => {
+            Some((Ok(config), _)) => config,
+            Some((Err(error), _)) => {
                 // A configuration this build cannot read grants nothing; a fixed one
                 // (`corral cluster apply`) is picked up by the watch below.
                 shared.note_problem(format!("{config_key}: {error}"));
@@ -119,24 +115,30 @@ async fn rebuild<K: Kv>(
             }
         };
         let mut view = ClusterView::new(keys.clone(), config);
-        // The configuration first (its revision is what grants compare), then the rest.
-        for entry in all
-            .iter()
-            .filter(|e| e.key == config_key.as_bytes())
-            .chain(all.iter().filter(|e| e.key != config_key.as_bytes()))
-        {
-            view.apply_put(
-                &entry.key_str(),
-                &entry.value,
-                entry.create_revision,
-                entry.mod_revision,
-            );
+        let mut page = first;
+        let mut n_keys = 0;
+        loop {
+            for entry in &page.kvs {
+                view.apply_put(
+                    &entry.key_str(),
+                    &entry.value,
+                    entry.create_revision,
+                    entry.mod_revision,
+                );
+            }
+            n_keys += page.kvs.len();
+            let Some(last) = page.kvs.last().map(|e| e.key.clone()) else {
+                break;
+            };
+            if !page.more {
+                break;
+            }
+            page = kv.range(prefix, Some(&last), PAGE, Some(revision)).await?;
         }
         for problem in view.take_problems() {
             shared.note_problem(format!("{}: {}", problem.key, problem.message));
         }
-        shared.publish(&view, revision);
-        shared.note_rebuild(all.len(), started.elapsed());
+        shared.note_rebuild(n_keys, started.elapsed());
         return Ok((view, revision));
     }
 }
@@ -153,7 +155,9 @@ async fn wait_for_change<K: Kv>(kv: &K, key: &[u8], revision: Revision) -> Resul
 
 /// A node's place in line: when it may be tried again, and its backoff.
 struct Retry {
-    at: Instant,
+    /// When it may be tried again; `None` once that time came (the node went back to
+    /// `pending`), while `state` keeps counting failures for the next wait.
+    at: Option<Instant>,
     state: RetryState,
 }
 
@@ -172,8 +176,6 @@ struct Work {
     /// Nodes that found a pool or the node IDs full: tried again as soon as something is
     /// freed (a grant or quarantine deleted), besides their backoff.
     waiting_for_space: std::collections::BTreeSet<NodeName>,
-    /// When the view was last published for the API (a copy: not after every event).
-    published: Instant,
 }
 
 impl Work {
@@ -182,7 +184,18 @@ impl Work {
         let key = String::from_utf8_lossy(event.key());
         let deleted = matches!(event, Event::Delete { .. });
         match keys.parse(&key) {
-            Ok(Key::Config) => self.rescan = true,
+            Ok(Key::Config) => {
+                // Another configuration: whatever failed may succeed now (a pool grown,
+                // a grant refused for the configuration's revision).
+                self.rescan = true;
+                for retry in self.retry.values_mut() {
+                    retry.at = None;
+                }
+            }
+            Ok(Key::Removal { node }) if deleted => {
+                // A removal done (or dropped): the node may be registered again and waiting.
+                self.pending.insert(node);
+            }
             Ok(Key::Node { node }) if !deleted => {
                 self.pending.insert(node);
             }
@@ -205,10 +218,16 @@ impl Work {
     }
 }
 
-/// How often the view is copied out for the API and metrics while it changes.
-const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+/// The loop's view: the one in `shared` (the API reads it), changed in short sections.
+fn with_view<T>(
+    shared: &Shared,
+    f: impl FnOnce(&mut ClusterView, &mut Revision) -> T,
+) -> Result<T, LeadError> {
+    // `lead` installs the view before serving and removes it after: absent means the lead
+    // is being given up.
+    shared.with_view_mut(f).ok_or(LeadError::Lost)
+}
 
-#[allow(clippy::too_many_arguments)]
 async fn serve<K: Kv>(
     kv: &K,
     keys: &Keys,
@@ -217,10 +236,11 @@ async fn serve<K: Kv>(
     stop: &mut tokio::sync::watch::Receiver<bool>,
     shared: &Arc<Shared>,
     workers: usize,
-    view: &mut ClusterView,
-    revision: &mut Revision,
 ) -> Result<(), LeadError> {
-    let mut watch = kv.watch(keys.prefix().as_bytes(), *revision + 1).await?;
+    let (from, timing) = with_view(shared, |view, revision| {
+        (*revision + 1, Resync::from(&view.config().resync))
+    })?;
+    let mut watch = kv.watch(keys.prefix().as_bytes(), from).await?;
     let mut work = Work {
         running: JoinSet::new(),
         busy: Default::default(),
@@ -228,51 +248,49 @@ async fn serve<K: Kv>(
         pending: Default::default(),
         rescan: true,
         waiting_for_space: Default::default(),
-        published: Instant::now(),
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
     // doubling to `MaxBackoff` after failures. The watch keeps the view current; the resync
     // re-reads everything at one revision and reports any drift, as a backstop.
     let mut sync_state = RetryState::default();
-    let mut resync_at = Instant::now() + Resync::from(&view.config().resync).resync;
+    let mut resync_at = Instant::now() + timing.resync;
     loop {
         if *lost.borrow() {
             return Err(LeadError::Lost);
         }
         if dirty {
             dirty = false;
-            start_work(kv, keys, fence, shared, workers, view, &mut work);
-            for problem in view.take_problems() {
-                shared.note_problem(format!("{}: {}", problem.key, problem.message));
-            }
-            if work.published.elapsed() >= PUBLISH_EVERY || work.running.is_empty() {
-                shared.publish(view, *revision);
-                work.published = Instant::now();
-            }
+            with_view(shared, |view, _| {
+                start_work(kv, keys, fence, shared, workers, view, &mut work);
+                for problem in view.take_problems() {
+                    shared.note_problem(format!("{}: {}", problem.key, problem.message));
+                }
+            })?;
         }
         let next_retry = work
             .retry
             .values()
-            .map(|r| r.at)
+            .filter_map(|r| r.at)
             .min()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-        let publish_at = work.published + PUBLISH_EVERY;
         tokio::select! {
             batch = watch.next() => {
                 match batch {
                     Ok(events) => {
-                        for event in events {
-                            *revision = (*revision).max(event.revision());
-                            apply_event(view, &event);
-                            work.note(keys, &event);
-                        }
+                        with_view(shared, |view, revision| {
+                            for event in events {
+                                *revision = (*revision).max(event.revision());
+                                apply_event(view, &event);
+                                work.note(keys, &event);
+                            }
+                        })?;
                         dirty = true;
                     }
                     Err(KvError::Compacted { .. }) => {
                         // The watch fell behind the store's history: read everything again.
-                        (*view, *revision) = restart(kv, keys, shared, view, &mut work).await?;
-                        watch = kv.watch(keys.prefix().as_bytes(), *revision + 1).await?;
+                        let at = restart(kv, keys, shared, &mut work).await?;
+                        watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
                         dirty = true;
                     }
                     Err(error) => return Err(error.into()),
@@ -280,11 +298,11 @@ async fn serve<K: Kv>(
             }
             Some(done) = work.running.join_next(), if !work.running.is_empty() => {
                 let Ok(done) = done else { continue };
-                if finish(view, shared, &mut work, done) {
+                if with_view(shared, |view, _| finish(view, shared, &mut work, done))? {
                     // The store may or may not have applied it: the view is rebuilt from what
                     // the store holds before anything else is proposed.
-                    (*view, *revision) = restart(kv, keys, shared, view, &mut work).await?;
-                    watch = kv.watch(keys.prefix().as_bytes(), *revision + 1).await?;
+                    let at = restart(kv, keys, shared, &mut work).await?;
+                    watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
                 }
                 dirty = true;
             }
@@ -293,35 +311,32 @@ async fn serve<K: Kv>(
                 let due: Vec<NodeName> = work
                     .retry
                     .iter()
-                    .filter(|(_, r)| r.at <= now)
+                    .filter(|(_, r)| r.at.is_some_and(|at| at <= now))
                     .map(|(node, _)| node.clone())
                     .collect();
                 for node in due {
                     // Its backoff state stays (a failure again waits longer); only the
                     // deadline goes.
                     if let Some(retry) = work.retry.get_mut(&node) {
-                        retry.at = now + Duration::from_secs(3600 * 24 * 365);
+                        retry.at = None;
                     }
                     work.pending.insert(node);
                 }
                 dirty = true;
             }
-            _ = tokio::time::sleep_until(publish_at), if !work.running.is_empty() => {
-                // Grants in flight for long: the API still sees progress.
-                shared.publish(view, *revision);
-                work.published = Instant::now();
-            }
             _ = tokio::time::sleep_until(resync_at) => {
-                let timing = Resync::from(&view.config().resync);
-                drain(&mut work, view).await;
+                let timing = with_view(shared, |view, _| Resync::from(&view.config().resync))?;
+                drain(&mut work, shared).await;
                 match rebuild(kv, keys, shared).await {
                     Ok((fresh, at)) => {
-                        let drift = drift(view, &fresh);
+                        let drift = with_view(shared, |view, _| drift(view, &fresh))?;
                         if !drift.is_empty() {
-                            shared.note_problem(format!("resync at revision {at} found the view behind: {}", drift.join("; ")));
+                            shared.note_problem(format!(
+                                "resync at revision {at} found the view behind: {}",
+                                drift.join("; ")
+                            ));
                         }
-                        *view = fresh;
-                        *revision = at;
+                        shared.install(fresh, at);
                         watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
                         shared.note_resync(true);
                         resync_at = Instant::now() + sync_state.success(&timing);
@@ -337,7 +352,7 @@ async fn serve<K: Kv>(
             }
             _ = lost.changed() => return Err(LeadError::Lost),
             _ = stop.changed() => {
-                drain(&mut work, view).await;
+                drain(&mut work, shared).await;
                 return Ok(());
             }
         }
@@ -372,16 +387,18 @@ fn drift(view: &ClusterView, fresh: &ClusterView) -> Vec<String> {
     drift
 }
 
-/// Waits for the transactions in flight, then reads everything again.
+/// Waits for the transactions in flight, then reads everything again and installs the new
+/// view; answers its revision.
 async fn restart<K: Kv>(
     kv: &K,
     keys: &Keys,
     shared: &Arc<Shared>,
-    view: &mut ClusterView,
     work: &mut Work,
-) -> Result<(ClusterView, Revision), LeadError> {
-    drain(work, view).await;
-    rebuild(kv, keys, shared).await
+) -> Result<Revision, LeadError> {
+    drain(work, shared).await;
+    let (view, revision) = rebuild(kv, keys, shared).await?;
+    shared.install(view, revision);
+    Ok(revision)
 }
 
 fn apply_event(view: &mut ClusterView, event: &Event) {
@@ -400,10 +417,10 @@ fn apply_event(view: &mut ClusterView, event: &Event) {
 
 /// Waits for every transaction in flight, forgetting their proposals (the caller rebuilds or
 /// stops).
-async fn drain(work: &mut Work, view: &mut ClusterView) {
+async fn drain(work: &mut Work, shared: &Shared) {
     while let Some(done) = work.running.join_next().await {
         if let Ok(Done::Grant { proposal, .. }) = done {
-            view.abandon(&proposal);
+            shared.with_view_mut(|view, _| view.abandon(&proposal));
         }
     }
     work.busy.clear();
@@ -411,7 +428,11 @@ async fn drain(work: &mut Work, view: &mut ClusterView) {
 }
 
 fn due(work: &Work, node: &NodeName, now: Instant) -> bool {
-    !work.busy.contains(node) && work.retry.get(node).is_none_or(|r| r.at <= now)
+    !work.busy.contains(node)
+        && work
+            .retry
+            .get(node)
+            .is_none_or(|r| r.at.is_none_or(|at| at <= now))
 }
 
 /// Starts transactions for the nodes that need one, up to `workers` in flight: removals
@@ -476,7 +497,11 @@ fn start_work<K: Kv>(
             // Looked at again when its transaction ends or its removal is done.
             continue;
         }
-        if work.retry.get(&node).is_some_and(|r| r.at > now) {
+        if work
+            .retry
+            .get(&node)
+            .is_some_and(|r| r.at.is_some_and(|at| at > now))
+        {
             // Its backoff timer puts it back.
             continue;
         }
@@ -567,6 +592,7 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                 Ok(_) => {
                     eprintln!("corral operator: removed node {node}; its grants are quarantined");
                     work.retry.remove(&node);
+                    work.pending.insert(node);
                     false
                 }
                 Err(TxnFailure::Refused) => {
@@ -593,11 +619,11 @@ fn backoff(view: &ClusterView, work: &mut Work, node: &NodeName, success: bool) 
     }
     let timing = Resync::from(&view.config().resync);
     let entry = work.retry.entry(node.clone()).or_insert_with(|| Retry {
-        at: Instant::now(),
+        at: None,
         state: RetryState::default(),
     });
     let wait = entry.state.error(&timing);
-    entry.at = Instant::now() + wait;
+    entry.at = Some(Instant::now() + wait);
 }
 
 /// The grant as one transaction: every key it creates compared absent (so a stale view never
@@ -692,9 +718,10 @@ async fn remove<K: Kv>(
     }
     txn.success.push(TxnOp::delete(request_key));
     let outcome = run(kv, fence.guard(txn)).await;
-    if outcome.is_err()
-        && let Some(lease) = lease
-    {
+    // Only a refused txn surely wrote nothing; one whose answer was lost may have put the
+    // quarantine keys on this lease, and revoking it would end their quarantine at once. An
+    // unused lease runs out by itself.
+    if let (Err(TxnFailure::Refused), Some(lease)) = (&outcome, lease) {
         let _ = kv.lease_revoke(lease).await;
     }
     outcome

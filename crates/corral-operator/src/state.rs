@@ -1,4 +1,4 @@
-//! What the operator shows of itself: the leading loop publishes a snapshot of its view and
+//! What the operator shows of itself: the leading loop keeps its view here (the API reads it) and
 //! counts what it does; the API and the metrics read them.
 
 use std::collections::BTreeMap;
@@ -48,13 +48,16 @@ pub struct ResyncLabels {
 pub struct Shared {
     pub replica: String,
     inner: Mutex<Inner>,
+    /// The leader's view itself (not a copy): the leading loop changes it in short sections
+    /// between its awaits, the API reads it. Its own lock, taken before `inner` when both are
+    /// (the loop reports problems while it holds the view), never the other way round.
+    view: Mutex<Option<(ClusterView, Revision)>>,
     pub metrics: Metrics,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     leading: bool,
-    view: Option<(ClusterView, Revision)>,
     problems: Vec<String>,
     full: BTreeMap<String, String>,
     last_rebuild: Option<(usize, Duration)>,
@@ -99,6 +102,7 @@ impl Shared {
         Shared {
             replica,
             inner: Mutex::new(Inner::default()),
+            view: Mutex::new(None),
             metrics: Metrics::default(),
         }
     }
@@ -108,13 +112,18 @@ impl Shared {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn view(&self) -> std::sync::MutexGuard<'_, Option<(ClusterView, Revision)>> {
+        self.view.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn set_leading(&self, leading: bool, took: Duration) {
+        if !leading {
+            *self.view() = None;
+        }
         let mut inner = self.inner();
         inner.leading = leading;
         if leading {
             inner.took_lead_in = Some(took);
-        } else {
-            inner.view = None;
         }
         self.metrics.leader.set(i64::from(leading));
     }
@@ -123,18 +132,26 @@ impl Shared {
         self.inner().leading
     }
 
-    pub fn publish(&self, view: &ClusterView, revision: Revision) {
-        // The leader takes the view's problems out as they come (`note_problem`).
-        self.inner().view = Some((view.clone(), revision));
+    /// Installs the leader's view (after a read of the whole prefix), replacing any other.
+    pub fn install(&self, view: ClusterView, revision: Revision) {
+        *self.view() = Some((view, revision));
     }
 
-    /// Runs `f` on the latest published view, if this replica leads.
+    /// Runs `f` on the leader's view, if this replica leads; `f` must not block.
     pub fn with_view<T>(&self, f: impl FnOnce(&ClusterView, Revision) -> T) -> Option<T> {
-        let inner = self.inner();
-        inner
-            .view
+        self.view()
             .as_ref()
             .map(|(view, revision)| f(view, *revision))
+    }
+
+    /// Runs `f` on the leader's view to change it (the leading loop only).
+    pub fn with_view_mut<T>(
+        &self,
+        f: impl FnOnce(&mut ClusterView, &mut Revision) -> T,
+    ) -> Option<T> {
+        self.view()
+            .as_mut()
+            .map(|(view, revision)| f(view, revision))
     }
 
     pub fn note_rebuild(&self, keys: usize, took: Duration) {

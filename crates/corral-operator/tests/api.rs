@@ -191,7 +191,7 @@ fn request_tcp(addr: SocketAddr, path: &str, headers: &str) -> Answer {
 
 fn leader(view: &ClusterView) -> Arc<Shared> {
     let shared = Arc::new(Shared::new("op-a".into()));
-    shared.publish(view, 42);
+    shared.install(view.clone(), 42);
     shared.set_leading(true, Duration::from_millis(7));
     shared
 }

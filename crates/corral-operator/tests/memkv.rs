@@ -397,6 +397,40 @@ async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees
     assert_consistent(&kv).await;
 }
 
+/// Regression: a node whose retry came due went back to the queue with a deadline a year
+/// away, so a pool grown by `corral cluster apply` never served the nodes waiting for it
+/// (nor a node whose grant was refused once).
+#[tokio::test(start_paused = true)]
+async fn a_node_waiting_on_a_full_pool_is_served_when_the_pool_grows() {
+    let kv = MemKv::new();
+    init(&kv, TINY).await;
+    let _a = Replica::start(&kv, "op-a");
+    for node in ["node-1", "node-2", "node-3"] {
+        register(&kv, node).await;
+    }
+    wait_until("two nodes served", Duration::from_secs(10), || async {
+        grants(&kv).await.len() == 2
+    })
+    .await;
+    // Several backoff rounds pass: the node is retried, and stays unserved.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!grants(&kv).await.contains_key("node-3"));
+    // Another cluster CIDR: nothing is deleted, so only the retry (or the configuration's
+    // event) can serve the waiting node.
+    init(
+        &kv,
+        &TINY.replace(r#"["10.9.0.0/29"]"#, r#"["10.9.0.0/29", "10.9.1.0/30"]"#),
+    )
+    .await;
+    wait_until(
+        "node-3 served from the new CIDR",
+        Duration::from_secs(5),
+        || async { grants(&kv).await.contains_key("node-3") },
+    )
+    .await;
+    assert_consistent(&kv).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn compaction_past_the_leaders_watch_makes_it_read_again() {
     let kv = FaultyKv::new(MemKv::new());
