@@ -158,7 +158,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Failure::Daemon(e.to_string()))
+        .map_err(|e| Failure::Operator(e.to_string()))
 }
 
 async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
@@ -182,7 +182,7 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
         .enable_all()
         .thread_name("corral-operator")
         .build()
-        .map_err(|e| Failure::Daemon(e.to_string()))?;
+        .map_err(|e| Failure::Operator(e.to_string()))?;
     runtime.block_on(async move {
         let (kv, _) = connect(&args.etcd).await?;
         let replica = args.replica.clone().unwrap_or_else(|| {
@@ -198,7 +198,7 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
         };
         let api = corral_operator::api::bind(api, Arc::clone(&shared))
             .await
-            .map_err(|e| Failure::Daemon(e.to_string()))?;
+            .map_err(|e| Failure::Operator(e.to_string()))?;
         match api.tcp_addr() {
             Some(addr) => eprintln!(
                 "corral operator: api on {} and http://{addr} (bearer token)",
@@ -213,7 +213,7 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
         );
         corral_operator::run(kv, config, shared, corral_agent::shutdown_signal())
             .await
-            .map_err(|e| Failure::Daemon(e.to_string()))?;
+            .map_err(|e| Failure::Operator(e.to_string()))?;
         api.stop().await;
         Ok(Outcome::ok(String::new()))
     })
@@ -347,13 +347,15 @@ async fn check(args: CheckArgs, output: Output) -> Result<Outcome, Failure> {
     let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
         .await
         .map_err(kv_failure)?;
-    let entries: Vec<(String, Vec<u8>)> = all
+    let entries: Vec<corral_cluster::Entry> = all
         .iter()
-        .map(|e| (e.key_str().into_owned(), e.value.clone()))
+        .map(|e| (e.key_str().into_owned(), e.value.clone(), e.create_revision))
         .collect();
     let mut problems = corral_cluster::check(&keys, &entries);
     for socket in &args.agents {
-        problems.extend(check_agent(&keys, &entries, socket));
+        // An agent that cannot be asked is not a finding about the cluster: exit code 3,
+        // as for any unreachable agent.
+        problems.extend(check_agent(&keys, &entries, socket)?);
     }
     let text = match output {
         Output::Json => {
@@ -393,32 +395,64 @@ async fn check(args: CheckArgs, output: Output) -> Result<Outcome, Failure> {
 }
 
 /// An agent's cluster ranges against its node's grants.
+/// Besides equality of the active ranges with the grants, every cluster range the agent still
+/// has, draining ones included (their pods keep their addresses), must not overlap a CIDR
+/// granted to another node: that is where a removed node's pods would meet a new node's.
 fn check_agent(
     keys: &Keys,
-    entries: &[(String, Vec<u8>)],
+    entries: &[corral_cluster::Entry],
     socket: &std::path::Path,
-) -> Vec<String> {
+) -> Result<Vec<String>, Failure> {
     let mut client = corral_client::Client::unix(socket);
-    let status = match client.status(None) {
-        Ok(status) => status,
-        Err(error) => return vec![format!("agent {}: {error}", socket.display())],
-    };
+    let status = client.status(None)?;
     let Some(cluster) = status.cluster else {
-        return vec![format!("agent {}: not in a cluster", socket.display())];
+        return Ok(vec![format!(
+            "agent {}: not in a cluster",
+            socket.display()
+        )]);
     };
-    let pools = match client.pools(Some(corral_api::NODE_SCOPE)) {
-        Ok(pools) => pools,
-        Err(error) => return vec![format!("agent {}: {error}", socket.display())],
-    };
-    let mut held: Vec<(String, String)> = pools
+    let pools = client.pools(Some(corral_api::NODE_SCOPE))?;
+    let cluster_ranges: Vec<(&str, &corral_api::RangeInfo)> = pools
         .pools
         .iter()
         .flat_map(|pool| {
             pool.ranges
                 .iter()
-                .filter(|r| r.source == corral_api::RangeSource::Cluster && !r.draining)
-                .map(|r| (pool.name.clone(), r.range.clone()))
+                .filter(|r| r.source == corral_api::RangeSource::Cluster)
+                .map(move |r| (pool.name.as_str(), r))
         })
+        .collect();
+    let mut problems = Vec::new();
+    let others: Vec<(corral_cluster::IpNet, String)> = corral_cluster::granted_cidrs(keys, entries)
+        .into_iter()
+        .filter(|(_, node)| *node != cluster.node)
+        .collect();
+    for (pool, range) in &cluster_ranges {
+        let Ok(spec) = range.range.parse::<corral_core::RangeSpec>() else {
+            continue;
+        };
+        let (first, last) = (
+            corral_core::addr_value(spec.start()),
+            corral_core::addr_value(spec.end()),
+        );
+        for (cidr, node) in &others {
+            let (low, high) = corral_cluster::net::net_range(cidr);
+            let same_family = cidr.addr().is_ipv4() == spec.start().is_ipv4();
+            if same_family && first <= high && low <= last {
+                problems.push(format!(
+                    "agent {} (node {}) still holds {} in pool {pool}{}, which overlaps {cidr} granted to node {node}",
+                    socket.display(),
+                    cluster.node,
+                    range.range,
+                    if range.draining { " (draining)" } else { "" },
+                ));
+            }
+        }
+    }
+    let mut held: Vec<(String, String)> = cluster_ranges
+        .iter()
+        .filter(|(_, r)| !r.draining)
+        .map(|(pool, r)| ((*pool).to_owned(), r.range.clone()))
         .collect();
     held.sort();
     let plan_pool = corral_core::PoolName::new(corral_agent::cluster::ClusterOptions::PLAN_POOL)
@@ -429,17 +463,16 @@ fn check_agent(
             .map(|(pool, range)| (pool.to_string(), range.to_string()))
             .collect();
     granted.sort();
-    if held == granted {
-        Vec::new()
-    } else {
-        vec![format!(
+    if held != granted {
+        problems.push(format!(
             "agent {} (node {}): holds {:?} but is granted {:?}",
             socket.display(),
             cluster.node,
             held,
             granted
-        )]
+        ));
     }
+    Ok(problems)
 }
 
 pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {

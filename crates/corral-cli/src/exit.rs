@@ -57,6 +57,8 @@ pub enum Failure {
     /// `corral agent` could not start (its configuration, state directory or socket), or
     /// stopped with an error.
     Daemon(String),
+    /// `corral operator` could not start, or stopped with an error.
+    Operator(String),
     /// etcd (the cluster store) could not be reached or failed.
     Cluster(String),
     /// The cluster refused the change (a configuration already there, a node not
@@ -92,6 +94,7 @@ impl Failure {
             },
             Failure::Usage(_) | Failure::File { .. } => Exit::Usage,
             Failure::Daemon(_) => Exit::AgentFailed,
+            Failure::Operator(_) => Exit::AgentFailed,
             Failure::Cluster(_) => Exit::Unreachable,
             Failure::Refused(_) => Exit::Refused,
         }
@@ -124,6 +127,7 @@ impl fmt::Display for Failure {
                 "cluster store: {message}\nis etcd running? (`--etcd` or CORRAL_ETCD names it)"
             ),
             Failure::Refused(message) => write!(f, "{message}"),
+            Failure::Operator(message) => write!(f, "operator: {message}"),
             Failure::File {
                 action,
                 path,

@@ -43,7 +43,8 @@ Exit codes:
   1  the agent refused the request (a 4xx answer: in use, exhausted, not found, ...)
   2  usage error: bad arguments, or an input or output file that cannot be used
   3  the agent is unreachable, timed out, or the connection to it broke
-  4  the agent failed (a 5xx answer, or an answer that is not the API's)
+  4  the agent or operator failed (a 5xx answer, an answer that is not the API's, or the
+     daemon could not start)
   5  `corral check` found problems";
 
 /// IP address management for container clusters: talk to the node's corral agent.

@@ -23,8 +23,8 @@ use crate::plan::NodePlan;
 #[derive(Default)]
 struct Parsed {
     config: Option<ClusterConfig>,
-    /// Node → create revision is not known from bytes alone; registration presence only.
-    nodes: BTreeSet<NodeName>,
+    /// Registered nodes: create revision and uid.
+    nodes: BTreeMap<NodeName, (i64, String)>,
     grants: Vec<(PoolName, Family, IpNet, GrantRecord)>,
     owned: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
     quarantined: Vec<(PoolName, Family, IpNet)>,
@@ -33,9 +33,12 @@ struct Parsed {
     quarantined_ids: BTreeSet<u32>,
 }
 
-fn parse(keys: &Keys, entries: &[(String, Vec<u8>)], problems: &mut Vec<String>) -> Parsed {
+/// One key as read: its name, value and create revision.
+pub type Entry = (String, Vec<u8>, i64);
+
+fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
     let mut parsed = Parsed::default();
-    for (key, value) in entries {
+    for (key, value, create_revision) in entries {
         let parsed_key = match keys.parse(key) {
             Ok(k) => k,
             Err(error) => {
@@ -50,8 +53,8 @@ fn parse(keys: &Keys, entries: &[(String, Vec<u8>)], problems: &mut Vec<String>)
                 Err(error) => bad(error.to_string()),
             },
             Key::Node { node } => match decode_value::<NodeRecord>(value) {
-                Ok(_) => {
-                    parsed.nodes.insert(node);
+                Ok(record) => {
+                    parsed.nodes.insert(node, (*create_revision, record.uid));
                 }
                 Err(error) => bad(error.to_string()),
             },
@@ -105,11 +108,12 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
 }
 
 /// Checks the cluster's keys (as read at one revision); answers one sentence per problem.
-pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
+pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     let mut problems = Vec::new();
     let parsed = parse(keys, entries, &mut problems);
-    // Pairwise disjoint per family, whatever the pool: sorted by start, each must end before
-    // the next begins.
+    // Pairwise disjoint per family, whatever the pool: sorted by start, each must begin after
+    // the furthest end seen so far (so a CIDR inside a bigger one is caught, not only
+    // neighbours).
     for family in [Family::V4, Family::V6] {
         let mut spans: Vec<(u128, u128, &IpNet, &NodeName)> = parsed
             .grants
@@ -121,12 +125,17 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
             })
             .collect();
         spans.sort();
-        for pair in spans.windows(2) {
-            if pair[1].0 <= pair[0].1 {
+        let mut furthest: Option<(u128, &IpNet, &NodeName)> = None;
+        for (first, last, cidr, node) in spans {
+            if let Some((end, other, other_node)) = furthest
+                && first <= end
+            {
                 problems.push(format!(
-                    "{} (node {}) and {} (node {}) overlap",
-                    pair[0].2, pair[0].3, pair[1].2, pair[1].3
+                    "{other} (node {other_node}) and {cidr} (node {node}) overlap"
                 ));
+            }
+            if furthest.is_none_or(|(end, ..)| last > end) {
+                furthest = Some((last, cidr, node));
             }
         }
     }
@@ -173,11 +182,19 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
                 ));
             }
         }
-        if !parsed.nodes.contains(&record.node) {
-            problems.push(format!(
+        match parsed.nodes.get(&record.node) {
+            None => problems.push(format!(
                 "grant {cidr} names node {}, which is not registered",
                 record.node
-            ));
+            )),
+            Some((revision, uid)) if *revision != record.node_revision || *uid != record.uid => {
+                problems.push(format!(
+                    "grant {cidr} was made for an earlier registration of node {} \
+                     (revision {}, uid {}; now revision {revision}, uid {uid})",
+                    record.node, record.node_revision, record.uid
+                ))
+            }
+            Some(_) => {}
         }
         if !parsed
             .owned
@@ -213,7 +230,7 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
                 "node ID {id} names node {node}, whose own key says otherwise"
             ));
         }
-        if !parsed.nodes.contains(node) {
+        if !parsed.nodes.contains_key(node) {
             problems.push(format!(
                 "node ID {id} names node {node}, which is not registered"
             ));
@@ -239,7 +256,7 @@ pub fn check(keys: &Keys, entries: &[(String, Vec<u8>)]) -> Vec<String> {
 /// pod range (in pool `plan_pool`) in a node-ID cluster.
 pub fn expected_ranges(
     keys: &Keys,
-    entries: &[(String, Vec<u8>)],
+    entries: &[Entry],
     node: &str,
     plan_pool: &PoolName,
 ) -> Vec<(PoolName, RangeSpec)> {
@@ -264,4 +281,14 @@ pub fn expected_ranges(
         ranges.push((plan_pool.clone(), range));
     }
     ranges
+}
+
+/// Every granted CIDR with the node holding it (for checking what agents hold against it).
+pub fn granted_cidrs(keys: &Keys, entries: &[Entry]) -> Vec<(IpNet, String)> {
+    let mut ignored = Vec::new();
+    parse(keys, entries, &mut ignored)
+        .grants
+        .into_iter()
+        .map(|(_, _, cidr, record)| (cidr, record.node.to_string()))
+        .collect()
 }

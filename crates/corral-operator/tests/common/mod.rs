@@ -108,12 +108,12 @@ pub async fn request_removal<K: Kv>(kv: &K, name: &str, node_revision: Revision)
 }
 
 /// Every key of the cluster, as `corral cluster check` reads it.
-pub async fn entries<K: Kv>(kv: &K) -> Vec<(String, Vec<u8>)> {
+pub async fn entries<K: Kv>(kv: &K) -> Vec<(String, Vec<u8>, i64)> {
     let (all, _) = corral_kv::read_all(kv, keys().prefix().as_bytes(), 1000)
         .await
         .unwrap();
     all.into_iter()
-        .map(|e| (e.key_str().into_owned(), e.value))
+        .map(|e| (e.key_str().into_owned(), e.value, e.create_revision))
         .collect()
 }
 
