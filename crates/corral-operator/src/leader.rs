@@ -37,8 +37,9 @@ pub enum LeadError {
 
 /// What a finished transaction tells the loop.
 enum Done {
+    /// One transaction granting to one or more nodes, all or nothing.
     Grant {
-        proposal: Proposal,
+        proposals: Vec<Proposal>,
         outcome: Result<Revision, TxnFailure>,
         took: Duration,
     },
@@ -176,6 +177,8 @@ struct Work {
     /// Nodes that found a pool or the node IDs full: tried again as soon as something is
     /// freed (a grant or quarantine deleted), besides their backoff.
     waiting_for_space: std::collections::BTreeSet<NodeName>,
+    /// Nodes whose last batch was refused: tried alone until they succeed.
+    solo: std::collections::BTreeSet<NodeName>,
 }
 
 impl Work {
@@ -248,6 +251,7 @@ async fn serve<K: Kv>(
         pending: Default::default(),
         rescan: true,
         waiting_for_space: Default::default(),
+        solo: Default::default(),
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
@@ -419,8 +423,12 @@ fn apply_event(view: &mut ClusterView, event: &Event) {
 /// stops).
 async fn drain(work: &mut Work, shared: &Shared) {
     while let Some(done) = work.running.join_next().await {
-        if let Ok(Done::Grant { proposal, .. }) = done {
-            shared.with_view_mut(|view, _| view.abandon(&proposal));
+        if let Ok(Done::Grant { proposals, .. }) = done {
+            shared.with_view_mut(|view, _| {
+                for proposal in &proposals {
+                    view.abandon(proposal);
+                }
+            });
         }
     }
     work.busy.clear();
@@ -490,9 +498,62 @@ fn start_work<K: Kv>(
         work.pending = view.nodes_needing_grants().into_iter().collect();
     }
     while work.running.len() < workers {
-        let Some(node) = work.pending.pop_first() else {
+        let Some(batch) = next_batch(shared, view, work, &removing, now) else {
             break;
         };
+        let txn = match grant_txn(keys, view, &batch) {
+            Ok(txn) => fence.guard(txn),
+            Err(error) => {
+                for proposal in &batch {
+                    view.abandon(proposal);
+                    shared.note_problem(format!("grant to {}: {error}", proposal.node));
+                    backoff(view, work, &proposal.node, false);
+                }
+                continue;
+            }
+        };
+        for proposal in &batch {
+            work.busy.insert(proposal.node.clone());
+        }
+        let kv = kv.clone();
+        work.running.spawn(async move {
+            let started = Instant::now();
+            let outcome = run(&kv, txn).await;
+            Done::Grant {
+                proposals: batch,
+                outcome,
+                took: started.elapsed(),
+            }
+        });
+    }
+}
+
+/// Nodes granted in one transaction at most. A transaction's compares and puts are bounded
+/// by etcd (128 each by default); batching cuts the transactions a burst of registrations
+/// costs (each a raft entry and a WAL fsync shared with whatever else is in flight).
+const BATCH_NODES: usize = 16;
+
+/// The next proposals to commit together: nodes of `pending` that may be tried now, up to
+/// `BATCH_NODES` and the transaction limits. A node whose last batch was refused goes alone
+/// (`solo`), so one stale proposal cannot keep refusing the others.
+fn next_batch(
+    shared: &Arc<Shared>,
+    view: &mut ClusterView,
+    work: &mut Work,
+    removing: &std::collections::HashSet<NodeName>,
+    now: Instant,
+) -> Option<Vec<Proposal>> {
+    let mut batch: Vec<Proposal> = Vec::new();
+    let (mut compares, mut puts) = (2, 0);
+    while batch.len() < BATCH_NODES {
+        let Some(node) = work.pending.first().cloned() else {
+            break;
+        };
+        let solo = work.solo.contains(&node);
+        if solo && !batch.is_empty() {
+            break;
+        }
+        work.pending.pop_first();
         if work.busy.contains(&node) || removing.contains(&node) {
             // Looked at again when its transaction ends or its removal is done.
             continue;
@@ -529,59 +590,84 @@ fn start_work<K: Kv>(
                 continue;
             }
         };
-        let txn = match grant_txn(keys, view, &proposal) {
-            Ok(txn) => fence.guard(txn),
-            Err(error) => {
-                view.abandon(&proposal);
-                shared.note_problem(format!("grant to {node}: {error}"));
-                backoff(view, work, &node, false);
-                continue;
-            }
-        };
-        work.busy.insert(node.clone());
-        let kv = kv.clone();
-        work.running.spawn(async move {
-            let started = Instant::now();
-            let outcome = run(&kv, txn).await;
-            Done::Grant {
-                proposal,
-                outcome,
-                took: started.elapsed(),
-            }
-        });
+        let (node_compares, node_puts) = node_txn_size(&proposal);
+        if !batch.is_empty()
+            && (compares + node_compares > corral_kv::MAX_TXN_OPS
+                || puts + node_puts > corral_kv::MAX_TXN_OPS)
+        {
+            // Next time, first in its own batch.
+            view.abandon(&proposal);
+            work.pending.insert(node);
+            break;
+        }
+        compares += node_compares;
+        puts += node_puts;
+        batch.push(proposal);
+        if solo {
+            break;
+        }
     }
+    (!batch.is_empty()).then_some(batch)
+}
+
+/// The compares and puts one node's part of a grant transaction takes.
+fn node_txn_size(proposal: &Proposal) -> (usize, usize) {
+    let cidrs = proposal.cidrs.len();
+    let ids = usize::from(proposal.node_id.is_some());
+    (1 + 3 * cidrs + 3 * ids, 2 * cidrs + 2 * ids)
 }
 
 /// Applies a finished transaction to the view; true if its outcome is unknown.
 fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: Done) -> bool {
     match done {
         Done::Grant {
-            proposal,
+            proposals,
             outcome,
             took,
         } => {
-            work.busy.remove(&proposal.node);
+            for proposal in &proposals {
+                work.busy.remove(&proposal.node);
+            }
             shared.note_txn(took);
             match outcome {
                 Ok(revision) => {
                     // What the transaction wrote is in the view at once (the watch repeats
                     // it later, which changes nothing), so the next proposal builds on it.
-                    view.commit(&proposal, revision);
-                    shared.note_grant(TxnOutcome::Granted);
-                    backoff(view, work, &proposal.node, true);
+                    for proposal in &proposals {
+                        view.commit(proposal, revision);
+                        shared.note_grant(TxnOutcome::Granted);
+                        work.solo.remove(&proposal.node);
+                        backoff(view, work, &proposal.node, true);
+                    }
+                    false
+                }
+                Err(TxnFailure::Refused) if proposals.len() > 1 => {
+                    // Some proposal of the batch was stale: each goes again on its own, at
+                    // once, and only the stale one backs off.
+                    for proposal in &proposals {
+                        view.abandon(proposal);
+                        work.solo.insert(proposal.node.clone());
+                        work.pending.insert(proposal.node.clone());
+                    }
+                    shared.note_grant(TxnOutcome::Conflict);
                     false
                 }
                 Err(TxnFailure::Refused) => {
-                    view.abandon(&proposal);
-                    shared.note_grant(TxnOutcome::Conflict);
-                    backoff(view, work, &proposal.node, false);
+                    for proposal in &proposals {
+                        view.abandon(proposal);
+                        work.solo.remove(&proposal.node);
+                        shared.note_grant(TxnOutcome::Conflict);
+                        backoff(view, work, &proposal.node, false);
+                    }
                     false
                 }
                 Err(TxnFailure::Uncertain(error)) => {
-                    view.abandon(&proposal);
-                    shared.note_grant(TxnOutcome::Failed);
-                    shared.note_problem(format!("grant to {}: {error}", proposal.node));
-                    backoff(view, work, &proposal.node, false);
+                    for proposal in &proposals {
+                        view.abandon(proposal);
+                        shared.note_grant(TxnOutcome::Failed);
+                        shared.note_problem(format!("grant to {}: {error}", proposal.node));
+                        backoff(view, work, &proposal.node, false);
+                    }
                     true
                 }
             }
@@ -626,30 +712,40 @@ fn backoff(view: &ClusterView, work: &mut Work, node: &NodeName, success: bool) 
     entry.at = Some(Instant::now() + wait);
 }
 
-/// The grant as one transaction: every key it creates compared absent (so a stale view never
-/// grants twice), every quarantine key of what it grants absent, the node's registration
-/// unchanged (a node removed and registered again meanwhile gets nothing meant for the old
-/// one), the configuration unchanged.
+/// The grants of a batch as one transaction: for each node every key it creates compared
+/// absent (its `grants/` and `quarantine/` keys, and its `owned/<node>/<pool>/<family>/`
+/// prefix empty, which covers the `owned/` key and any second CIDR of a pool and family),
+/// its registration unchanged (a node removed and registered again gets nothing meant for
+/// the old one); for the batch, the configuration unchanged. So a stale view never grants
+/// twice, and a batch is all or nothing.
 fn grant_txn(
     keys: &Keys,
     view: &ClusterView,
-    proposal: &Proposal,
+    batch: &[Proposal],
 ) -> Result<Txn, corral_cluster::ValueError> {
     let mut txn = Txn::default();
-    txn.compares.push(Compare::created_at(
-        proposal.registration_key(keys),
-        proposal.node_revision,
-    ));
     txn.compares
         .push(Compare::modified_at(keys.config(), view.config_revision()));
-    for key in proposal.absent_keys(keys) {
-        txn.compares.push(Compare::absent(key));
-    }
-    for prefix in proposal.absent_prefixes(keys) {
-        txn.compares.push(Compare::prefix_empty(prefix));
-    }
-    for (key, value) in proposal.puts(keys)? {
-        txn.success.push(TxnOp::put(key, value));
+    for proposal in batch {
+        txn.compares.push(Compare::created_at(
+            proposal.registration_key(keys),
+            proposal.node_revision,
+        ));
+        let prefixes = proposal.absent_prefixes(keys);
+        for key in proposal.absent_keys(keys) {
+            if !prefixes
+                .iter()
+                .any(|prefix| key.starts_with(prefix.as_str()))
+            {
+                txn.compares.push(Compare::absent(key));
+            }
+        }
+        for prefix in prefixes {
+            txn.compares.push(Compare::prefix_empty(prefix));
+        }
+        for (key, value) in proposal.puts(keys)? {
+            txn.success.push(TxnOp::put(key, value));
+        }
     }
     Ok(txn)
 }
