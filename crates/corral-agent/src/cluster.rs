@@ -319,7 +319,7 @@ impl Held {
                 cidr,
                 ..
             }) if &owner == node => match value {
-                Some(_) => match RangeSpec::subnet(cidr) {
+                Some(_) => match corral_cluster::node_range(cidr) {
                     Ok(range) => {
                         self.grants.insert(key.to_owned(), (pool, range));
                     }

@@ -21,8 +21,9 @@
 //! exclusions = [{ network = "10.88.0.0/28", reason = "infrastructure" }]
 //! ```
 //!
-//! Without a file, the embedded default is one dual-stack pool `default` (10.88.0.0/16 and
-//! fd88::/64, 30 s cooldown) with production paths.
+//! Without pools in a file, the embedded default is one dual-stack pool `default` (10.88.0.0/16 and
+//! fd88::/64, 30 s cooldown) with production paths; an agent that joins a cluster (`--etcd`)
+//! starts with no pools instead, and the cluster's grants make them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -151,6 +152,9 @@ pub struct Overrides {
     pub token_file: Option<PathBuf>,
     /// When given, replaces the file's `cni_data_dirs`.
     pub cni_data_dirs: Option<Vec<PathBuf>>,
+    /// The agent joins a cluster (`--etcd`): without pools in the file it starts with none,
+    /// not the embedded default, since the cluster grants its ranges.
+    pub in_cluster: bool,
 }
 
 /// The embedded default pools.
@@ -214,7 +218,13 @@ impl AgentConfig {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
             tcp,
             token,
-            pools: pools(&file.pools.unwrap_or_else(default_pools))?,
+            pools: pools(&file.pools.unwrap_or_else(|| {
+                if overrides.in_cluster {
+                    Vec::new()
+                } else {
+                    default_pools()
+                }
+            }))?,
             cni_data_dirs: overrides
                 .cni_data_dirs
                 .clone()
@@ -351,6 +361,16 @@ mod tests {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
         file
+    }
+
+    #[test]
+    fn an_agent_in_a_cluster_has_no_pools_but_those_its_file_declares() {
+        let config = AgentConfig::load(&Overrides {
+            in_cluster: true,
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert!(config.pools.pools.is_empty(), "{:?}", config.pools);
     }
 
     #[test]

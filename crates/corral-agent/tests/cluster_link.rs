@@ -122,7 +122,13 @@ impl LinkedAgent {
             .iter()
             .flat_map(|p| p.ranges.iter())
             .filter(|r| r.source == RangeSource::Cluster)
-            .map(|r| (r.range.clone(), r.draining))
+            // The subnet alone; the gateway (the first host) is checked where it matters.
+            .map(|r| {
+                (
+                    r.range.split(',').next().unwrap_or_default().to_owned(),
+                    r.draining,
+                )
+            })
             .collect();
         ranges.sort();
         ranges
@@ -317,7 +323,16 @@ fn a_grant_becomes_a_cluster_range_and_drains_when_it_goes() {
             .contains(&address),
         "{address}"
     );
-    assert_eq!(agent.cluster_status().grants, ["default 10.192.1.0/24"]);
+    assert_eq!(
+        agent.cluster_status().grants,
+        ["default 10.192.1.0/24,gateway=10.192.1.1"],
+        "a node CIDR is served with its first host as the gateway"
+    );
+    assert_ne!(
+        address.to_string(),
+        "10.192.1.1",
+        "the gateway is not handed out"
+    );
     // The grant goes: the range drains (it holds pod-1), nothing new comes from it.
     runtime.block_on(revoke_grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the range drains", Duration::from_secs(10), || {

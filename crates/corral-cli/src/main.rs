@@ -137,6 +137,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
         tcp: args.tcp,
         token_file: args.token_file,
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
+        in_cluster: !args.etcd.is_empty(),
     })
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let cluster_task = match (args.etcd.is_empty(), args.node) {

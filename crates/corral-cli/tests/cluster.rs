@@ -303,7 +303,9 @@ fn addresses(dump: &corral_api::DumpResponse) -> BTreeSet<IpAddr> {
         .collect()
 }
 
-fn contains(cidr: &str, address: IpAddr) -> bool {
+fn contains(range: &str, address: IpAddr) -> bool {
+    // A range as the agent lists it: `SUBNET[,gateway=IP]`.
+    let cidr = range.split(',').next().unwrap();
     cidr.parse::<ipnet::IpNet>().unwrap().contains(&address)
 }
 
@@ -342,7 +344,7 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
         ranges_a
             .iter()
             .chain(&ranges_b)
-            .any(|r| r.ends_with("10.192.1.0/24")),
+            .any(|r| r.contains(" 10.192.1.0/24,gateway=10.192.1.1")),
         "{ranges_a:?} {ranges_b:?}"
     );
     assert!(ranges_a.iter().all(|r| !ranges_b.contains(r)));
@@ -352,9 +354,16 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
             .chain(&ranges_b)
             .any(|r| r.contains("10.192.0.0/24"))
     );
-    // Pods come from the node's CIDRs.
+    // Pods come from the node's CIDRs, never the first host (the gateway, as host-local's).
     let pod = alloc_dual(&a.socket, "pod-1");
     assert_eq!(pod.len(), 2);
+    assert!(
+        pod.iter().all(|a| match a {
+            IpAddr::V4(v4) => v4.octets()[3] != 1,
+            IpAddr::V6(v6) => v6.segments()[7] != 1,
+        }),
+        "{pod:?}"
+    );
     for address in &pod {
         assert!(
             ranges_a

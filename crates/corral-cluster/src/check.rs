@@ -266,7 +266,7 @@ pub fn expected_ranges(
         .grants
         .iter()
         .filter(|g| g.3.node.as_str() == node)
-        .filter_map(|(pool, _, cidr, _)| Some((pool.clone(), RangeSpec::subnet(*cidr).ok()?)))
+        .filter_map(|(pool, _, cidr, _)| Some((pool.clone(), node_range(*cidr).ok()?)))
         .collect();
     let plan = parsed.config.as_ref().and_then(|c| c.node_ids.as_ref());
     let id = parsed
@@ -291,4 +291,21 @@ pub fn granted_cidrs(keys: &Keys, entries: &[Entry]) -> Vec<(IpNet, String)> {
         .into_iter()
         .map(|(_, _, cidr, record)| (cidr, record.node.to_string()))
         .collect()
+}
+
+/// The range an agent serves from a granted node CIDR: the whole CIDR with its first host as
+/// the gateway (host-local's default, and what a bridge on the node takes), handed out from
+/// the host after it. A CIDR too small for a gateway (/31, /32; /127, /128) has none.
+pub fn node_range(cidr: IpNet) -> Result<RangeSpec, corral_core::SpecError> {
+    let (first, last) = net_range(&cidr);
+    let family = crate::net::family_of(&cidr);
+    if last.saturating_sub(first) < 3 {
+        return RangeSpec::subnet(cidr);
+    }
+    RangeSpec::new(
+        cidr,
+        None,
+        None,
+        Some(crate::net::addr_of(family, first + 1)),
+    )
 }

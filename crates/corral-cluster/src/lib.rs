@@ -19,7 +19,7 @@ mod text;
 pub mod view;
 
 pub use backoff::{Resync, RetryState};
-pub use check::{Entry, check, expected_ranges, granted_cidrs};
+pub use check::{Entry, check, expected_ranges, granted_cidrs, node_range};
 pub use config::{
     ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, ResyncConfig,
 };
