@@ -142,6 +142,10 @@ pub struct CidrSpace {
     n_reserved: u128,
     in_flight: IntervalSet,
     n_in_flight: u128,
+    /// Addresses of keys that are not node CIDRs of the space (a grant or quarantine key of
+    /// another prefix length, or outside the cluster CIDRs: garbage an operator never
+    /// writes): blocked, uncounted, one entry per key (they may overlap).
+    foreign: Vec<(u128, u128)>,
 }
 
 impl CidrSpace {
@@ -177,6 +181,7 @@ impl CidrSpace {
             n_reserved: 0,
             in_flight: IntervalSet::new(),
             n_in_flight: 0,
+            foreign: Vec::new(),
         };
         for net in reserved.iter().filter(|r| family_of(r) == family) {
             let (s, e) = net_range(net);
@@ -277,7 +282,30 @@ impl CidrSpace {
         ]
         .iter()
         .filter_map(|set| set.first_overlap(start, end).map(|(_, e)| e))
+        .chain(
+            self.foreign
+                .iter()
+                .filter(|&&(s, e)| s <= end && start <= e)
+                .map(|&(_, e)| e),
+        )
         .max()
+    }
+
+    /// Blocks the addresses of a key of the space's family that is not one of its node CIDRs
+    /// (reported by the caller): nothing overlapping it is proposed while the key exists, as
+    /// the grant transaction's absence compare covers only keys of the exact node CIDR.
+    pub fn block_foreign(&mut self, cidr: &IpNet) {
+        if family_of(cidr) == self.family {
+            self.foreign.push(net_range(cidr));
+        }
+    }
+
+    /// Unblocks one `block_foreign` of `cidr` (its key deleted); nothing if there is none.
+    pub fn unblock_foreign(&mut self, cidr: &IpNet) {
+        let range = net_range(cidr);
+        if let Some(i) = self.foreign.iter().position(|r| *r == range) {
+            self.foreign.swap_remove(i);
+        }
     }
 
     /// Whether `cidr` is a node CIDR of the space that nothing occupies.

@@ -469,7 +469,11 @@ impl ClusterView {
                 "grant in pool {pool} {}, which is not configured",
                 family.name()
             )),
-            Some(space) => space.occupy_granted(cidr).map_err(|e| e.to_string()),
+            Some(space) => space.occupy_granted(cidr).map_err(|e| {
+                // Not counted, but its addresses stay blocked while the key exists.
+                space.block_foreign(cidr);
+                e.to_string()
+            }),
         };
         self.report(&key, revision, result)
     }
@@ -481,7 +485,10 @@ impl ClusterView {
                 "quarantine in pool {pool} {}, which is not configured",
                 family.name()
             )),
-            Some(space) => space.occupy_quarantined(cidr).map_err(|e| e.to_string()),
+            Some(space) => space.occupy_quarantined(cidr).map_err(|e| {
+                space.block_foreign(cidr);
+                e.to_string()
+            }),
         };
         self.report(&key, revision, result)
     }
@@ -661,10 +668,12 @@ impl ClusterView {
             Key::Grant { pool, family, cidr } => {
                 let id = (pool.clone(), *family, *cidr);
                 if let Some(entry) = self.grants.remove(&id) {
-                    if entry.counted
-                        && let Some(space) = self.spaces.get_mut(&(pool.clone(), *family))
-                    {
-                        let _ = space.release_granted(cidr);
+                    if let Some(space) = self.spaces.get_mut(&(pool.clone(), *family)) {
+                        if entry.counted {
+                            let _ = space.release_granted(cidr);
+                        } else {
+                            space.unblock_foreign(cidr);
+                        }
                     }
                     if let Some(record) = &entry.record
                         && let Some(set) = self.grants_by_node.get_mut(&record.node)
@@ -687,10 +696,13 @@ impl ClusterView {
             }
             Key::Quarantine { pool, family, cidr } => {
                 if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr))
-                    && entry.counted
                     && let Some(space) = self.spaces.get_mut(&(pool.clone(), *family))
                 {
-                    let _ = space.release_quarantined(cidr);
+                    if entry.counted {
+                        let _ = space.release_quarantined(cidr);
+                    } else {
+                        space.unblock_foreign(cidr);
+                    }
                 }
             }
             Key::NodeId { id } => {
@@ -1059,6 +1071,37 @@ impl ClusterView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (review): a grant key of another prefix length was reported and left its
+    /// addresses free, and the grant transaction's absence compare covers only the exact key,
+    /// so the leader could grant a node CIDR inside it.
+    #[test]
+    fn a_grant_key_of_another_shape_blocks_its_addresses_until_deleted() {
+        let config = ClusterConfig::from_toml(
+            "[[pools]]\nname = \"default\"\n[pools.ipv4]\ncidrs = [\"10.0.0.0/16\"]\nnode_prefix_len = 24\n",
+        )
+        .unwrap();
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        let mut view = ClusterView::new(keys.clone(), config);
+        let key = format!("{}grants/default/ipv4/10.0.0.0-23", keys.prefix());
+        let record = encode_value(&GrantRecord {
+            node: NodeName::new("x").unwrap(),
+            uid: "u".into(),
+            node_revision: 1,
+        })
+        .unwrap();
+        view.apply_put(&key, &record, 5, 5);
+        assert!(!view.problems().is_empty(), "reported");
+        let space = view
+            .space(&PoolName::new("default").unwrap(), Family::V4)
+            .unwrap();
+        assert_eq!(space.lowest_free().unwrap().to_string(), "10.0.2.0/24");
+        view.apply_delete(&key, 6);
+        let space = view
+            .space(&PoolName::new("default").unwrap(), Family::V4)
+            .unwrap();
+        assert_eq!(space.lowest_free().unwrap().to_string(), "10.0.0.0/24");
+    }
     use crate::keys::ClusterName;
 
     const CONFIG: &str = r#"
@@ -1265,6 +1308,11 @@ service = "10.96.0.0/12"
                 "{problem:?}"
             );
         }
+        // The wrong-shape key above (10.0.0.0/29) blocks its addresses while it exists (here
+        // all of them), though it is not counted as a grant.
+        assert!(matches!(f.view.propose(&a), Err(ProposeError::Full { .. })));
+        f.view
+            .apply_delete(&format!("{prefix}grants/default/ipv4/10.0.0.0-29"), 2);
         // A grant with a garbage value still occupies its CIDR.
         f.put(
             &format!("{prefix}grants/default/ipv4/10.0.0.0-30"),
