@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -534,40 +533,13 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The routes behind a bearer token (the TCP listener).
+/// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {
-    router.layer(middleware::from_fn(move |req: Request, next: Next| {
-        let token = Arc::clone(&token);
-        async move {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| bearer_credentials(v.as_bytes()));
-            if given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
-                next.run(req).await
-            } else {
-                error(
-                    ErrorCode::Unauthorized,
-                    "this listener needs Authorization: Bearer <token>",
-                )
-                .into_response()
-            }
-        }
-    }))
-}
-
-/// The credentials of an `Authorization: Bearer <token>` header. The scheme's name is
-/// case-insensitive (RFC 7235 section 2.1, RFC 6750 section 2.1), so `bearer` and `BEARER`
-/// are the same scheme; one or more spaces separate it from the token.
-fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = value.split_at_checked(b"bearer".len())?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
-        return None;
-    }
-    let token = rest.trim_ascii_start();
-    (!token.is_empty()).then_some(token)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    corral_http::with_token(router, token, || {
+        error(
+            ErrorCode::Unauthorized,
+            "this listener needs Authorization: Bearer <token>",
+        )
+        .into_response()
+    })
 }

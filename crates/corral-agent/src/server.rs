@@ -2,14 +2,12 @@
 //! the lease ticker, and shutdown on SIGINT / SIGTERM.
 
 use std::future::Future;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use corral_store::SqliteStore;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::TcpListener;
 
 use crate::api::{self, AppState};
 use crate::committer::Committer;
@@ -36,95 +34,6 @@ pub enum AgentError {
     Store(#[from] corral_store::StoreError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
-}
-
-/// Binds the unix socket. Only a stale socket (one nobody answers on: a killed agent's) is
-/// removed; a socket another agent answers on, and anything that is not a socket (a
-/// configuration file given to `--socket` by mistake), are refused and left as they are.
-/// Sets mode 0660 (owner and group may call the API). Returns the listener and the socket
-/// file's identity, so shutdown removes this socket and nothing that replaced it.
-fn bind_socket(path: &Path) -> Result<(UnixListener, FileIdentity), AgentError> {
-    let fail = |message: String| AgentError::Socket {
-        path: path.display().to_string(),
-        message,
-    };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| fail(format!("cannot create {}: {e}", parent.display())))?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(metadata) if metadata.file_type().is_socket() => {
-            match std::os::unix::net::UnixStream::connect(path) {
-                Ok(_) => return Err(fail("another agent is listening on it".into())),
-                // Refused: nobody listens; the socket is a dead agent's and can go.
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    std::fs::remove_file(path)
-                        .map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
-                }
-                Err(e) => {
-                    return Err(fail(format!(
-                        "cannot tell whether another agent listens on it: {e}"
-                    )));
-                }
-            }
-        }
-        Ok(metadata) => {
-            return Err(fail(format!(
-                "it is {}, not a socket; refusing to replace it (name a socket path that \
-                 does not exist yet)",
-                file_kind(&metadata.file_type())
-            )));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(fail(e.to_string())),
-    }
-    let listener = UnixListener::bind(path).map_err(|e| fail(e.to_string()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .map_err(|e| fail(format!("cannot set its mode: {e}")))?;
-    let identity = std::fs::symlink_metadata(path)
-        .map(|metadata| FileIdentity::of(&metadata))
-        .map_err(|e| fail(e.to_string()))?;
-    Ok((listener, identity))
-}
-
-/// A file's device and inode: which file a path named at one moment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileIdentity {
-    device: u64,
-    inode: u64,
-}
-
-impl FileIdentity {
-    fn of(metadata: &std::fs::Metadata) -> FileIdentity {
-        FileIdentity {
-            device: metadata.dev(),
-            inode: metadata.ino(),
-        }
-    }
-}
-
-/// Removes the socket the agent bound, unless the path names another file by now.
-fn remove_socket(path: &Path, bound: FileIdentity) {
-    if std::fs::symlink_metadata(path).is_ok_and(|metadata| FileIdentity::of(&metadata) == bound) {
-        let _ = std::fs::remove_file(path);
-    }
-}
-
-/// What a file that is not a socket is, for the message that refuses it.
-fn file_kind(file_type: &std::fs::FileType) -> &'static str {
-    if file_type.is_file() {
-        "a regular file"
-    } else if file_type.is_dir() {
-        "a directory"
-    } else if file_type.is_symlink() {
-        "a symbolic link"
-    } else if file_type.is_fifo() {
-        "a fifo"
-    } else if file_type.is_char_device() || file_type.is_block_device() {
-        "a device"
-    } else {
-        "a file of another kind"
-    }
 }
 
 /// Runs the agent until `shutdown` completes. `on_ready` is called once the state is
@@ -170,7 +79,16 @@ pub async fn serve_with(
             .as_ref()
             .map(|_| crate::cluster::SharedClusterState::default()),
     };
-    let (unix, socket_identity) = bind_socket(&config.socket)?;
+    // Only a stale socket (a killed agent's) is replaced; a socket another agent answers on,
+    // and anything that is not a socket (a configuration file given to `--socket` by
+    // mistake), are refused and left as they are.
+    let (unix, socket_identity) =
+        corral_http::bind_socket(&config.socket, "agent").map_err(|message| {
+            AgentError::Socket {
+                path: config.socket.display().to_string(),
+                message,
+            }
+        })?;
     let router = api::router(state.clone());
     let tcp = match config.tcp {
         Some(addr) => Some((
@@ -197,19 +115,20 @@ pub async fn serve_with(
             caps.unix, caps.tcp
         );
     }
-    let unix_task = tokio::spawn(listen::serve(
+    let unix_task = tokio::spawn(corral_http::serve(
         unix,
-        format!("socket {}", config.socket.display()),
+        format!("corral agent: socket {}", config.socket.display()),
         router,
         caps.unix,
         limits.header_timeout,
         stop_rx.clone(),
     ));
     let tcp_task = tcp.map(|(listener, router)| {
-        let name = listener
-            .local_addr()
-            .map_or_else(|_| "tcp".to_owned(), |addr| format!("tcp {addr}"));
-        tokio::spawn(listen::serve(
+        let name = listener.local_addr().map_or_else(
+            |_| "corral agent: tcp".to_owned(),
+            |addr| format!("corral agent: tcp {addr}"),
+        );
+        tokio::spawn(corral_http::serve(
             listener,
             name,
             router,
@@ -285,7 +204,7 @@ pub async fn serve_with(
     }
     // The socket goes while the directory is still ours: a successor agent binds its own
     // socket only after it got the directory, so this cannot remove the successor's.
-    remove_socket(&config.socket, socket_identity);
+    corral_http::remove_socket(&config.socket, socket_identity);
     // The committer finishes its batch in progress and closes the store.
     let _ = tokio::task::spawn_blocking(move || committer.close()).await;
     drop(state);

@@ -14,9 +14,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path as UrlPath, Request, State};
+use axum::extract::{Path as UrlPath, State};
 use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -58,7 +57,7 @@ pub struct Api {
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     socket: PathBuf,
-    identity: listen::FileIdentity,
+    identity: corral_http::FileIdentity,
     tcp: Option<SocketAddr>,
 }
 
@@ -75,7 +74,7 @@ impl Api {
         for task in self.tasks {
             let _ = task.await;
         }
-        listen::remove_socket(&self.socket, self.identity);
+        corral_http::remove_socket(&self.socket, self.identity);
     }
 }
 
@@ -99,9 +98,11 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
         (_, token) => token.map(Arc::<str>::from),
     };
     let (unix, identity) =
-        listen::bind_socket(&config.socket).map_err(|message| BindError::Socket {
-            path: config.socket.display().to_string(),
-            message,
+        corral_http::bind_socket(&config.socket, "process").map_err(|message| {
+            BindError::Socket {
+                path: config.socket.display().to_string(),
+                message,
+            }
         })?;
     let tcp = match config.tcp {
         Some(addr) => Some(
@@ -113,22 +114,27 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
     };
     let router = router(shared);
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    let mut tasks = vec![tokio::spawn(listen::serve(
+    let mut tasks = vec![tokio::spawn(corral_http::serve(
         unix,
-        format!("api socket {}", config.socket.display()),
+        format!("corral operator: api socket {}", config.socket.display()),
         router.clone(),
         listen::MAX_UNIX_CONNECTIONS,
+        listen::HEADER_TIMEOUT,
         stop_rx.clone(),
     ))];
     let mut tcp_addr = None;
     if let (Some(listener), Some(token)) = (tcp, token) {
         let addr = listener.local_addr().ok();
         tcp_addr = addr;
-        tasks.push(tokio::spawn(listen::serve(
+        tasks.push(tokio::spawn(corral_http::serve(
             listener,
-            addr.map_or_else(|| "api tcp".to_owned(), |addr| format!("api tcp {addr}")),
+            addr.map_or_else(
+                || "corral operator: api tcp".to_owned(),
+                |addr| format!("corral operator: api tcp {addr}"),
+            ),
             with_token(router, token),
             listen::MAX_TCP_CONNECTIONS,
+            listen::HEADER_TIMEOUT,
             stop_rx,
         )));
     }
@@ -171,41 +177,14 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(state)
 }
 
-/// The routes behind a bearer token (the TCP listener).
+/// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {
-    router.layer(middleware::from_fn(move |req: Request, next: Next| {
-        let token = Arc::clone(&token);
-        async move {
-            let given = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| bearer_credentials(v.as_bytes()));
-            if given.is_some_and(|g| constant_time_eq(g, token.as_bytes())) {
-                next.run(req).await
-            } else {
-                error(
-                    ErrorCode::Unauthorized,
-                    "this listener needs Authorization: Bearer <token>",
-                )
-            }
-        }
-    }))
-}
-
-/// The credentials of an `Authorization: Bearer <token>` header; the scheme's name in any
-/// case (RFC 7235 section 2.1), one or more spaces before the token.
-fn bearer_credentials(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = value.split_at_checked(b"bearer".len())?;
-    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
-        return None;
-    }
-    let token = rest.trim_ascii_start();
-    (!token.is_empty()).then_some(token)
-}
-
-/// Equality whose time does not depend on where the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    corral_http::with_token(router, token, || {
+        error(
+            ErrorCode::Unauthorized,
+            "this listener needs Authorization: Bearer <token>",
+        )
+    })
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
@@ -528,22 +507,4 @@ async fn grants(State(state): State<ApiState>) -> Response {
         }
         Ok(body::GrantsResponse { grants, node_ids })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_bearer_scheme_is_any_case_and_the_token_must_match() {
-        assert_eq!(bearer_credentials(b"Bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"bEARER   abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_credentials(b"Bearer"), None);
-        assert_eq!(bearer_credentials(b"Bearer "), None);
-        assert_eq!(bearer_credentials(b"Bearerabc"), None);
-        assert_eq!(bearer_credentials(b"Basic abc"), None);
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
-    }
 }

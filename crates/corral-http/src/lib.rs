@@ -1,0 +1,16 @@
+//! What corral's daemons (the agent and the operator) serve their REST APIs with: one
+//! listener served with hyper under a connection cap and timeouts (`listen.rs`), the unix
+//! socket bound and removed safely (`socket.rs`), and the bearer token of the TCP listener
+//! (`token.rs`).
+//!
+//! A crate of its own so the operator shares the agent's listener without linking the agent
+//! (and SQLite with it). Each daemon keeps its own defaults (caps, timeouts, messages) and
+//! passes them in.
+
+mod listen;
+mod socket;
+mod token;
+
+pub use listen::{Acceptor, serve};
+pub use socket::{FileIdentity, bind_socket, remove_socket};
+pub use token::with_token;
