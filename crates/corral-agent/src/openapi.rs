@@ -8,14 +8,12 @@
 //! `openapi.json` (the file the agent serves at `/openapi.json`) equal to [`render`]`(`
 //! [`document`]`())`, and checks every path of `corral_api::paths` is described.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+pub use corral_api::openapi::render;
+use corral_api::openapi::{self, Schemas, name, schema_ref, unsigned_64};
 use corral_api::{self as api, ErrorCode, paths};
 use serde_json::{Map, Value, json};
-use utoipa::ToSchema;
-use utoipa::openapi::RefOr;
-use utoipa::openapi::schema::Schema;
 
 /// What a successful response carries.
 #[derive(Clone, Copy, Debug)]
@@ -45,15 +43,6 @@ pub struct Operation {
     /// The error statuses the handler can answer besides 401 (every operation, on the TCP
     /// listener without the token).
     pub errors: &'static [u16],
-}
-
-/// The component name of a type's schema: naming schemas through their types makes a
-/// renamed or removed type a compile error here.
-fn name<T: ToSchema>() -> &'static str {
-    match T::name() {
-        Cow::Borrowed(name) => name,
-        Cow::Owned(name) => name.leak(),
-    }
 }
 
 /// An operation on the engines with a JSON body: 400, 413 and 415 for the body, 404 and
@@ -389,41 +378,33 @@ fn error_description(status: u16) -> &'static str {
 
 /// The JSON Schemas of every body type, by name, with the types they refer to.
 fn component_schemas() -> BTreeMap<String, Value> {
-    fn add<T: ToSchema>(all: &mut Vec<(String, RefOr<Schema>)>) {
-        all.push((T::name().into_owned(), T::schema()));
-        T::schemas(all);
-    }
-    let mut all = Vec::new();
-    add::<api::AllocateRequest>(&mut all);
-    add::<api::AllocateResponse>(&mut all);
-    add::<api::ReleaseRequest>(&mut all);
-    add::<api::ReleaseResponse>(&mut all);
-    add::<api::LeaseStartRequest>(&mut all);
-    add::<api::LeaseStopRequest>(&mut all);
-    add::<api::Lease>(&mut all);
-    add::<api::DumpResponse>(&mut all);
-    add::<api::StatusResponse>(&mut all);
-    add::<api::PoolsResponse>(&mut all);
-    add::<api::RangeRequest>(&mut all);
-    add::<api::RangeRemoved>(&mut all);
-    add::<api::ExclusionRequest>(&mut all);
-    add::<api::ReserveLocalRoutesRequest>(&mut all);
-    add::<api::ReserveLocalRoutesResponse>(&mut all);
-    add::<api::Done>(&mut all);
-    add::<api::CniAddRequest>(&mut all);
-    add::<api::CniKeyRequest>(&mut all);
-    add::<api::CniGcRequest>(&mut all);
-    add::<api::CniStatusRequest>(&mut all);
-    add::<api::ScopeStatus>(&mut all);
-    add::<api::ErrorResponse>(&mut all);
-    all.into_iter()
-        .map(|(name, schema)| {
-            let mut value = serde_json::to_value(schema).expect("a schema is JSON");
-            ip_addresses(&mut value);
-            unsigned_64(&mut value);
-            (name, value)
+    Schemas::default()
+        .add::<api::AllocateRequest>()
+        .add::<api::AllocateResponse>()
+        .add::<api::ReleaseRequest>()
+        .add::<api::ReleaseResponse>()
+        .add::<api::LeaseStartRequest>()
+        .add::<api::LeaseStopRequest>()
+        .add::<api::Lease>()
+        .add::<api::DumpResponse>()
+        .add::<api::StatusResponse>()
+        .add::<api::PoolsResponse>()
+        .add::<api::RangeRequest>()
+        .add::<api::RangeRemoved>()
+        .add::<api::ExclusionRequest>()
+        .add::<api::ReserveLocalRoutesRequest>()
+        .add::<api::ReserveLocalRoutesResponse>()
+        .add::<api::Done>()
+        .add::<api::CniAddRequest>()
+        .add::<api::CniKeyRequest>()
+        .add::<api::CniGcRequest>()
+        .add::<api::CniStatusRequest>()
+        .add::<api::ScopeStatus>()
+        .add::<api::ErrorResponse>()
+        .into_json(|value| {
+            ip_addresses(value);
+            unsigned_64(value);
         })
-        .collect()
 }
 
 /// corral-api marks its `IpAddr` fields with the format `ip` (utoipa knows no type for
@@ -454,24 +435,6 @@ fn ip_addresses(value: &mut Value) {
     }
 }
 
-/// utoipa describes a `u64` as `format: int64` with `minimum: 0`, but `int64` means a signed
-/// integer (at most 2^63 - 1) and the agent reads any `u64`: here the bound is the real one.
-fn unsigned_64(value: &mut Value) {
-    match value {
-        Value::Object(object) => {
-            if object.get("format").and_then(Value::as_str) == Some("int64")
-                && object.get("minimum") == Some(&json!(0))
-            {
-                object.remove("format");
-                object.insert("maximum".into(), json!(u64::MAX));
-            }
-            object.values_mut().for_each(unsigned_64);
-        }
-        Value::Array(items) => items.iter_mut().for_each(unsigned_64),
-        _ => {}
-    }
-}
-
 /// Every error code's serde name, with its status.
 fn error_codes(schemas: &BTreeMap<String, Value>) -> Vec<(String, u16)> {
     let names = schemas[name::<ErrorCode>()]["enum"]
@@ -496,31 +459,7 @@ fn error_response(status: u16, codes: &[(String, u16)]) -> Value {
         .map(|(name, _)| name.as_str())
         .collect();
     assert!(!codes.is_empty(), "no error code has status {status}");
-    json!({
-        "description": error_description(status),
-        "content": {
-            "application/json": {
-                "schema": {
-                    "allOf": [
-                        schema_ref(name::<api::ErrorResponse>()),
-                        {
-                            "type": "object",
-                            "properties": {
-                                "error": {
-                                    "type": "object",
-                                    "properties": {"code": {"enum": codes}}
-                                }
-                            }
-                        }
-                    ]
-                }
-            }
-        }
-    })
-}
-
-fn schema_ref(name: &str) -> Value {
-    json!({"$ref": format!("#/components/schemas/{name}")})
+    openapi::error_response(error_description(status), &codes)
 }
 
 fn operation(operation: &Operation) -> Value {
@@ -652,28 +591,4 @@ pub fn document() -> Value {
             }
         }
     })
-}
-
-/// The document as committed in `openapi.json`: keys sorted, two-space indentation, a final
-/// newline. Sorting here keeps the text the same whether or not serde_json's
-/// `preserve_order` feature is on in a build.
-pub fn render(document: &Value) -> String {
-    fn sorted(value: &Value) -> Value {
-        match value {
-            Value::Object(object) => {
-                let mut keys: Vec<&String> = object.keys().collect();
-                keys.sort();
-                Value::Object(
-                    keys.into_iter()
-                        .map(|k| (k.clone(), sorted(&object[k])))
-                        .collect(),
-                )
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    let mut text = serde_json::to_string_pretty(&sorted(document)).expect("JSON renders");
-    text.push('\n');
-    text
 }

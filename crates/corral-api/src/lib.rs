@@ -17,6 +17,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod operator;
 
 /// The scope of the agent's configured pools; the default of every `scope` field.

@@ -7,15 +7,13 @@
 //! `tests/openapi.rs` keeps the committed `openapi-operator.json` (the file served at
 //! `/openapi.json`) equal to [`render`]`(`[`document`]`())`.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+pub use corral_api::openapi::render;
+use corral_api::openapi::{self, Schemas, name, schema_ref, unsigned_64};
 use corral_api::operator::{self as body, paths};
 use corral_api::{ErrorCode, ErrorResponse};
 use serde_json::{Map, Value, json};
-use utoipa::ToSchema;
-use utoipa::openapi::RefOr;
-use utoipa::openapi::schema::Schema;
 
 /// What a successful response carries.
 #[derive(Clone, Copy, Debug)]
@@ -40,14 +38,6 @@ pub struct Operation {
     /// The error statuses the handler can answer besides 401 (every operation, on the TCP
     /// listener without the token).
     pub errors: &'static [u16],
-}
-
-/// The component name of a type's schema (a renamed type is a compile error here).
-fn name<T: ToSchema>() -> &'static str {
-    match T::name() {
-        Cow::Borrowed(name) => name,
-        Cow::Owned(name) => name.leak(),
-    }
 }
 
 /// Every operation of the API, in the order `api::router` declares them.
@@ -177,51 +167,23 @@ fn error_response_name(status: u16) -> String {
 
 /// The JSON Schemas of every body type, by name, with the types they refer to.
 fn component_schemas() -> BTreeMap<String, Value> {
-    fn add<T: ToSchema>(all: &mut Vec<(String, RefOr<Schema>)>) {
-        all.push((T::name().into_owned(), T::schema()));
-        T::schemas(all);
-    }
-    let mut all = Vec::new();
-    add::<body::OperatorStatus>(&mut all);
-    add::<body::Rebuild>(&mut all);
-    add::<body::ClusterStatus>(&mut all);
-    add::<body::PoolStatus>(&mut all);
-    add::<body::NodesResponse>(&mut all);
-    add::<body::NodeStatus>(&mut all);
-    add::<body::NodeGrant>(&mut all);
-    add::<body::ClusterPools>(&mut all);
-    add::<body::ClusterPool>(&mut all);
-    add::<body::ClusterPoolFamily>(&mut all);
-    add::<body::GrantsResponse>(&mut all);
-    add::<body::Grant>(&mut all);
-    add::<body::NodeIdGrant>(&mut all);
-    add::<body::NodePlan>(&mut all);
-    add::<ErrorResponse>(&mut all);
-    all.into_iter()
-        .map(|(name, schema)| {
-            let mut value = serde_json::to_value(schema).expect("a schema is JSON");
-            unsigned_64(&mut value);
-            (name, value)
-        })
-        .collect()
-}
-
-/// utoipa describes a `u64` as `format: int64` with `minimum: 0`, but `int64` means a signed
-/// integer: here the bound is the real one.
-fn unsigned_64(value: &mut Value) {
-    match value {
-        Value::Object(object) => {
-            if object.get("format").and_then(Value::as_str) == Some("int64")
-                && object.get("minimum") == Some(&json!(0))
-            {
-                object.remove("format");
-                object.insert("maximum".into(), json!(u64::MAX));
-            }
-            object.values_mut().for_each(unsigned_64);
-        }
-        Value::Array(items) => items.iter_mut().for_each(unsigned_64),
-        _ => {}
-    }
+    Schemas::default()
+        .add::<body::OperatorStatus>()
+        .add::<body::Rebuild>()
+        .add::<body::ClusterStatus>()
+        .add::<body::PoolStatus>()
+        .add::<body::NodesResponse>()
+        .add::<body::NodeStatus>()
+        .add::<body::NodeGrant>()
+        .add::<body::ClusterPools>()
+        .add::<body::ClusterPool>()
+        .add::<body::ClusterPoolFamily>()
+        .add::<body::GrantsResponse>()
+        .add::<body::Grant>()
+        .add::<body::NodeIdGrant>()
+        .add::<body::NodePlan>()
+        .add::<ErrorResponse>()
+        .into_json(unsigned_64)
 }
 
 fn code_name(code: ErrorCode) -> String {
@@ -239,31 +201,8 @@ fn error_response(status: u16) -> Value {
     for code in codes(status) {
         assert_eq!(code.status(), status, "{code:?} is not a {status}");
     }
-    json!({
-        "description": error_description(status),
-        "content": {
-            "application/json": {
-                "schema": {
-                    "allOf": [
-                        schema_ref(name::<ErrorResponse>()),
-                        {
-                            "type": "object",
-                            "properties": {
-                                "error": {
-                                    "type": "object",
-                                    "properties": {"code": {"enum": names}}
-                                }
-                            }
-                        }
-                    ]
-                }
-            }
-        }
-    })
-}
-
-fn schema_ref(name: &str) -> Value {
-    json!({"$ref": format!("#/components/schemas/{name}")})
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    openapi::error_response(error_description(status), &names)
 }
 
 fn operation(operation: &Operation) -> Value {
@@ -352,27 +291,4 @@ pub fn document() -> Value {
             }
         }
     })
-}
-
-/// The document as committed in `openapi-operator.json`: keys sorted, two-space indentation,
-/// a final newline.
-pub fn render(document: &Value) -> String {
-    fn sorted(value: &Value) -> Value {
-        match value {
-            Value::Object(object) => {
-                let mut keys: Vec<&String> = object.keys().collect();
-                keys.sort();
-                Value::Object(
-                    keys.into_iter()
-                        .map(|k| (k.clone(), sorted(&object[k])))
-                        .collect(),
-                )
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
-            other => other.clone(),
-        }
-    }
-    let mut text = serde_json::to_string_pretty(&sorted(document)).expect("JSON renders");
-    text.push('\n');
-    text
 }

@@ -13,29 +13,7 @@ fn committed_path() -> PathBuf {
 
 #[test]
 fn committed_openapi_operator_json_is_the_generated_document() {
-    let expected = render(&document());
-    let path = committed_path();
-    if std::env::var_os("UPDATE_EXPECT").is_some() {
-        std::fs::write(&path, &expected).unwrap();
-        return;
-    }
-    let committed = std::fs::read_to_string(&path).unwrap();
-    if committed != expected {
-        let line = committed
-            .lines()
-            .zip(expected.lines())
-            .position(|(a, b)| a != b)
-            .unwrap_or_else(|| committed.lines().count().min(expected.lines().count()));
-        panic!(
-            "{} differs from the generated document from line {}:\n  committed: {:?}\n  \
-             generated: {:?}\nrerun with UPDATE_EXPECT=1 to rewrite it after a deliberate change",
-            path.display(),
-            line + 1,
-            committed.lines().nth(line).unwrap_or("<end of file>"),
-            expected.lines().nth(line).unwrap_or("<end of file>"),
-        );
-    }
-    // The operator serves the committed file, and it is the document.
+    let committed = corral_api::openapi::check_committed(&committed_path(), &render(&document()));
     assert_eq!(corral_operator::api::OPENAPI, committed);
 }
 
