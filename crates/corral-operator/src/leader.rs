@@ -202,6 +202,12 @@ impl Work {
             Ok(Key::Node { node }) if !deleted => {
                 self.pending.insert(node);
             }
+            Ok(Key::Node { node }) => {
+                // Gone: nothing of it is retried or waits any more.
+                self.retry.remove(&node);
+                self.solo.remove(&node);
+                self.waiting_for_space.remove(&node);
+            }
             Ok(Key::Owned { node, .. } | Key::NodeIdOfNode { node }) if deleted => {
                 self.pending.insert(node);
             }
@@ -455,11 +461,11 @@ fn start_work<K: Kv>(
     work: &mut Work,
 ) {
     let now = Instant::now();
-    // A node gone (removed, its registration deleted) needs no retry any more.
-    work.retry
-        .retain(|node, _| view.registration(node).is_some());
     let quarantine = Duration::from_secs(view.config().quarantine_secs.max(1));
-    for (node, request_revision, request) in view.removals_requested() {
+    let removals = view.removals_requested();
+    let removing: std::collections::HashSet<NodeName> =
+        removals.iter().map(|(node, ..)| node.clone()).collect();
+    for (node, request_revision, request) in removals {
         if work.running.len() >= workers {
             return;
         }
@@ -488,11 +494,6 @@ fn start_work<K: Kv>(
             }
         });
     }
-    let removing: std::collections::HashSet<NodeName> = view
-        .removals_requested()
-        .into_iter()
-        .map(|(node, ..)| node)
-        .collect();
     if work.rescan {
         work.rescan = false;
         work.pending = view.nodes_needing_grants().into_iter().collect();
@@ -554,16 +555,9 @@ fn next_batch(
             break;
         }
         work.pending.pop_first();
-        if work.busy.contains(&node) || removing.contains(&node) {
-            // Looked at again when its transaction ends or its removal is done.
-            continue;
-        }
-        if work
-            .retry
-            .get(&node)
-            .is_some_and(|r| r.at.is_some_and(|at| at > now))
-        {
-            // Its backoff timer puts it back.
+        if !due(work, &node, now) || removing.contains(&node) {
+            // Looked at again when its transaction ends, its backoff timer fires or its
+            // removal is done.
             continue;
         }
         let proposal = match view.propose(&node) {
@@ -585,8 +579,9 @@ fn next_batch(
                 continue;
             }
             Err(ProposeError::NothingNeeded { .. } | ProposeError::InFlight { .. }) => continue,
-            Err(other @ ProposeError::UnknownNode { .. }) => {
-                shared.note_problem(other.to_string());
+            Err(ProposeError::UnknownNode { .. }) => {
+                // Gone since it was queued (removed): nothing to retry.
+                work.retry.remove(&node);
                 continue;
             }
         };
