@@ -309,3 +309,15 @@ pub fn node_range(cidr: IpNet) -> Result<RangeSpec, corral_core::SpecError> {
         Some(crate::net::addr_of(family, first + 1)),
     )
 }
+
+/// The range an agent serves from a granted block of a block-mode pool: the whole block, no
+/// gateway (pods of block pools are routed per address, as Calico's), every address but an
+/// IPv4 block's network and broadcast address handed out.
+pub fn block_range(cidr: IpNet) -> Result<RangeSpec, corral_core::SpecError> {
+    RangeSpec::subnet(cidr)
+}
+
+/// How many addresses an agent hands out from a block ([`block_range`]'s size).
+pub fn block_capacity(cidr: IpNet) -> u64 {
+    block_range(cidr).map_or(0, |spec| u64::try_from(spec.size()).unwrap_or(u64::MAX))
+}

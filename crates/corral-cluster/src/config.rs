@@ -4,7 +4,7 @@
 //! operator can fix the file without guessing. What existing grants depend on (node prefix
 //! lengths, cluster CIDRs, pools, families, the node-ID plan) can never change once set.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use corral_core::{Family, PoolName};
@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::keys::NodeName;
 use crate::net::{family_of, overlaps};
 
 /// Default quarantine of a released node CIDR or node ID, in seconds.
@@ -88,20 +89,146 @@ pub struct FamilyConfig {
     /// The cluster CIDRs, in the order given (allocation goes in address order).
     #[serde(with = "crate::text::list")]
     pub cidrs: Vec<IpNet>,
-    /// The prefix length of every node CIDR of this family.
+    /// The prefix length of every node CIDR of this family; in a block-mode pool, of every
+    /// block (the block size, also spelled `block_prefix_len`).
+    #[serde(alias = "block_prefix_len")]
     pub node_prefix_len: u8,
     /// Ranges never granted (e.g. service CIDRs); a node CIDR overlapping one is occupied.
     #[serde(default, with = "crate::text::list")]
     pub reserved: Vec<IpNet>,
 }
 
-/// A pool of node CIDRs, with at most one configuration per family.
+/// How a pool hands its address space to nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolMode {
+    /// One node CIDR per node and family, at the family's `node_prefix_len` (nodeipam).
+    #[default]
+    NodeCidr,
+    /// Blocks of `node_prefix_len` (also spelled `block_prefix_len`) granted on demand and
+    /// released through the handshake, keeping each node between its watermarks (Cilium's
+    /// operator arithmetic, Calico's blocks).
+    Blocks,
+}
+
+impl PoolMode {
+    /// The mode's name as configured.
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolMode::NodeCidr => "node-cidr",
+            PoolMode::Blocks => "blocks",
+        }
+    }
+}
+
+/// Default pre-allocate (Cilium's: 0 means 8).
+pub const DEFAULT_PRE_ALLOCATE: u64 = 8;
+/// Default release delay of an excess block, in seconds (Cilium's `excess-ip-release-delay`).
+pub const DEFAULT_RELEASE_DELAY_SECS: u64 = 180;
+
+/// A block pool's watermarks, counted in addresses per node and family (Cilium's
+/// `IPAMSpec`): keep at least `pre_allocate` free, hold at least `min_allocate`, take
+/// `max_above_watermark` more whenever growing, and never hold more than `max_allocate`
+/// (0: no cap; in block mode rounded up to whole blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Watermarks {
+    /// Free addresses kept ahead of use.
+    #[serde(default = "default_pre_allocate")]
+    pub pre_allocate: u64,
+    /// Addresses a node holds at least, however few it uses.
+    #[serde(default)]
+    pub min_allocate: u64,
+    /// Extra addresses taken whenever the node grows, and kept above the watermark.
+    #[serde(default)]
+    pub max_above_watermark: u64,
+    /// The most addresses a node holds (0: no cap).
+    #[serde(default)]
+    pub max_allocate: u64,
+}
+
+fn default_pre_allocate() -> u64 {
+    DEFAULT_PRE_ALLOCATE
+}
+
+impl Default for Watermarks {
+    fn default() -> Self {
+        Watermarks {
+            pre_allocate: DEFAULT_PRE_ALLOCATE,
+            min_allocate: 0,
+            max_above_watermark: 0,
+            max_allocate: 0,
+        }
+    }
+}
+
+/// One node's overrides of a pool's watermarks; a field left out keeps the pool's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatermarkOverride {
+    /// Overrides `pre_allocate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_allocate: Option<u64>,
+    /// Overrides `min_allocate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_allocate: Option<u64>,
+    /// Overrides `max_above_watermark`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_above_watermark: Option<u64>,
+    /// Overrides `max_allocate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_allocate: Option<u64>,
+}
+
+impl Watermarks {
+    /// These watermarks with `over`'s fields put in.
+    pub fn with(self, over: &WatermarkOverride) -> Watermarks {
+        Watermarks {
+            pre_allocate: over.pre_allocate.unwrap_or(self.pre_allocate),
+            min_allocate: over.min_allocate.unwrap_or(self.min_allocate),
+            max_above_watermark: over.max_above_watermark.unwrap_or(self.max_above_watermark),
+            max_allocate: over.max_allocate.unwrap_or(self.max_allocate),
+        }
+    }
+
+    fn validate(&self, path: &str) -> Result<(), ConfigError> {
+        if self.max_allocate > 0 {
+            for (field, value) in [
+                ("min_allocate", self.min_allocate),
+                ("pre_allocate", self.pre_allocate),
+            ] {
+                if value > self.max_allocate {
+                    return Err(invalid(
+                        format!("{path}.{field}"),
+                        format!("{value} is more than max_allocate {}", self.max_allocate),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A pool of node CIDRs or blocks, with at most one configuration per family.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     /// The pool's name (corral-core's `PoolName` rules).
     #[serde(with = "crate::text")]
     pub name: PoolName,
+    /// How the pool's space reaches nodes; fixed once set.
+    #[serde(default, skip_serializing_if = "is_default_mode")]
+    pub mode: PoolMode,
+    /// Block mode: the watermarks of every node (defaults: pre-allocate 8, the rest 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermarks: Option<Watermarks>,
+    /// Block mode: per-node overrides of the watermarks, by node name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_watermarks: BTreeMap<String, WatermarkOverride>,
+    /// Block mode: how long a block stays excess before the operator marks it for release, in
+    /// seconds (default 180).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_delay_secs: Option<u64>,
     /// The IPv4 node CIDRs, if the pool has that family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<FamilyConfig>,
@@ -125,6 +252,31 @@ impl PoolConfig {
             Family::V6 => self.ipv6.as_ref(),
         }
     }
+
+    /// Whether the pool hands out blocks on demand.
+    pub fn is_blocks(&self) -> bool {
+        self.mode == PoolMode::Blocks
+    }
+
+    /// The watermarks of `node` in this pool: the pool's, with the node's overrides.
+    pub fn watermarks_for(&self, node: &str) -> Watermarks {
+        let base = self.watermarks.unwrap_or_default();
+        match self.node_watermarks.get(node) {
+            Some(over) => base.with(over),
+            None => base,
+        }
+    }
+
+    /// How long a block stays excess before it is marked for release, in milliseconds.
+    pub fn release_delay_ms(&self) -> u64 {
+        self.release_delay_secs
+            .unwrap_or(DEFAULT_RELEASE_DELAY_SECS)
+            .saturating_mul(1000)
+    }
+}
+
+fn is_default_mode(mode: &PoolMode) -> bool {
+    *mode == PoolMode::NodeCidr
 }
 
 /// Contiv's node-ID address plan (CLUSTER-DESIGN section 4).
@@ -289,6 +441,14 @@ pub struct ClusterConfig {
     /// Contiv's node-ID plan, if node IDs are granted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ids: Option<NodeIdPlanConfig>,
+    /// The pool a CNI call uses when it names none and its namespace maps to none (default:
+    /// `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_pool: Option<String>,
+    /// Pools per workload: a Kubernetes namespace (`K8S_POD_NAMESPACE` in `CNI_ARGS`) to the
+    /// pool its pods take addresses from.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, String>,
 }
 
 impl ClusterConfig {
@@ -321,6 +481,20 @@ impl ClusterConfig {
     /// The pool named `name`, if configured.
     pub fn pool(&self, name: &PoolName) -> Option<&PoolConfig> {
         self.pools.iter().find(|p| &p.name == name)
+    }
+
+    /// The pool a CNI call takes its address from: the pool it names, else its namespace's
+    /// pool, else `default_pool`, else `default`.
+    pub fn pool_for(&self, named: Option<&str>, namespace: Option<&str>) -> String {
+        if let Some(pool) = named.filter(|p| !p.is_empty()) {
+            return pool.to_owned();
+        }
+        if let Some(pool) = namespace.and_then(|ns| self.namespaces.get(ns)) {
+            return pool.clone();
+        }
+        self.default_pool
+            .clone()
+            .unwrap_or_else(|| "default".to_owned())
     }
 
     /// The largest node ID of the node-ID plan (0 when there is none).
@@ -380,6 +554,25 @@ impl ClusterConfig {
                 let path = format!("pools[{i}].{}", family.name());
                 validate_family(&path, family, config, &mut seen)?;
             }
+            validate_block_fields(i, pool)?;
+        }
+        if let Some(pool) = &self.default_pool
+            && !PoolName::new(pool).is_ok_and(|p| names.contains(&p))
+        {
+            return Err(invalid(
+                "default_pool",
+                format!("pool {pool} is not configured"),
+            ));
+        }
+        for (namespace, pool) in &self.namespaces {
+            let field = format!("namespaces.{namespace}");
+            if NodeName::new(namespace).is_err() {
+                return Err(invalid(field, "not a valid namespace name"));
+            }
+            match PoolName::new(pool) {
+                Ok(name) if names.contains(&name) => {}
+                _ => return Err(invalid(field, format!("pool {pool} is not configured"))),
+            }
         }
         if let Some(plan) = &self.node_ids {
             let cidrs: Vec<(Family, Vec<IpNet>)> = self
@@ -413,6 +606,16 @@ impl ClusterConfig {
                     ),
                 ));
             };
+            if new_pool.mode != old_pool.mode {
+                return Err(invalid(
+                    format!("pools[{j}].mode"),
+                    format!(
+                        "cannot change once set (was {}, now {})",
+                        old_pool.mode.name(),
+                        new_pool.mode.name()
+                    ),
+                ));
+            }
             for (family, old_family) in old_pool.families() {
                 let path = format!("pools[{j}].{}", family.name());
                 let Some(new_family) = new_pool.family(family) else {
@@ -482,6 +685,54 @@ impl ClusterConfig {
         }
         Ok(())
     }
+}
+
+/// Watermarks, per-node overrides and the release delay belong to block-mode pools only.
+fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError> {
+    let path = format!("pools[{i}]");
+    if !pool.is_blocks() {
+        let stray = [
+            ("watermarks", pool.watermarks.is_some()),
+            ("node_watermarks", !pool.node_watermarks.is_empty()),
+            ("release_delay_secs", pool.release_delay_secs.is_some()),
+        ];
+        if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(invalid(
+                format!("{path}.{field}"),
+                "applies only to a pool with mode = \"blocks\"",
+            ));
+        }
+        return Ok(());
+    }
+    let base = pool.watermarks.unwrap_or_default();
+    base.validate(&format!("{path}.watermarks"))?;
+    for (node, over) in &pool.node_watermarks {
+        let field = format!("{path}.node_watermarks.{node}");
+        if NodeName::new(node).is_err() {
+            return Err(invalid(field, "not a valid node name"));
+        }
+        base.with(over).validate(&field)?;
+    }
+    if pool.release_delay_secs == Some(0) {
+        return Err(invalid(
+            format!("{path}.release_delay_secs"),
+            "must be at least 1",
+        ));
+    }
+    for (family, config) in pool.families() {
+        // A block of fewer than 4 addresses would be mostly network and broadcast.
+        if family.bits().saturating_sub(config.node_prefix_len) < 2 {
+            return Err(invalid(
+                format!("{path}.{}.block_prefix_len", family.name()),
+                format!(
+                    "/{} blocks are too small (at most /{})",
+                    config.node_prefix_len,
+                    family.bits() - 2
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_host_bits_zero(field: &str, net: &IpNet) -> Result<(), ConfigError> {
@@ -583,6 +834,107 @@ node_interconnect_excluded = ["192.168.16.1"]
 vxlan = "192.168.30.0/24"
 service = "10.96.0.0/12"
 "#;
+
+    const BLOCKS: &str = r#"
+default_pool = "pods"
+[namespaces]
+batch = "batch"
+
+[[pools]]
+name = "pods"
+mode = "blocks"
+release_delay_secs = 60
+[pools.watermarks]
+pre_allocate = 4
+min_allocate = 15
+max_above_watermark = 4
+[pools.node_watermarks.big-node]
+pre_allocate = 32
+[pools.ipv4]
+cidrs = ["10.64.0.0/16"]
+block_prefix_len = 26
+[pools.ipv6]
+cidrs = ["fd00:64::/64"]
+block_prefix_len = 122
+
+[[pools]]
+name = "batch"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.65.0.0/16"]
+block_prefix_len = 28
+"#;
+
+    #[test]
+    fn block_pools_parse_with_watermarks_overrides_and_namespaces() {
+        let config = ClusterConfig::from_toml(BLOCKS).unwrap();
+        let pods = &config.pools[0];
+        assert!(pods.is_blocks());
+        assert_eq!(pods.ipv4.as_ref().unwrap().node_prefix_len, 26);
+        assert_eq!(pods.release_delay_ms(), 60_000);
+        assert_eq!(pods.watermarks_for("small").pre_allocate, 4);
+        let big = pods.watermarks_for("big-node");
+        assert_eq!((big.pre_allocate, big.min_allocate), (32, 15));
+        let batch = &config.pools[1];
+        assert_eq!(batch.watermarks_for("x"), Watermarks::default());
+        assert_eq!(batch.release_delay_ms(), 180_000);
+        assert_eq!(config.pool_for(Some("batch"), Some("other")), "batch");
+        assert_eq!(config.pool_for(None, Some("batch")), "batch");
+        assert_eq!(config.pool_for(None, Some("other")), "pods");
+        // Round trip through the stored JSON.
+        let json = config.to_json().unwrap();
+        assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
+    }
+
+    #[test]
+    fn block_fields_are_refused_where_they_do_not_apply() {
+        let cases = [
+            (
+                BLOCKS.replace("default_pool = \"pods\"", "default_pool = \"nope\""),
+                "default_pool",
+            ),
+            (
+                BLOCKS.replace("batch = \"batch\"", "batch = \"nope\""),
+                "namespaces.batch",
+            ),
+            (
+                BLOCKS.replace("max_above_watermark = 4", "max_allocate = 10"),
+                "pools[0].watermarks.min_allocate",
+            ),
+            (
+                BLOCKS.replace("block_prefix_len = 28", "block_prefix_len = 31"),
+                "pools[1].ipv4.block_prefix_len",
+            ),
+            (
+                BLOCKS.replace("release_delay_secs = 60", "release_delay_secs = 0"),
+                "pools[0].release_delay_secs",
+            ),
+            (
+                EXAMPLE.replace(
+                    "name = \"default\"",
+                    "name = \"default\"\nrelease_delay_secs = 5",
+                ),
+                "pools[0].release_delay_secs",
+            ),
+        ];
+        for (text, field) in cases {
+            match ClusterConfig::from_toml(&text) {
+                Err(ConfigError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_pool_mode_cannot_change() {
+        let old = ClusterConfig::from_toml(BLOCKS).unwrap();
+        let mut new = old.clone();
+        new.pools[1].mode = PoolMode::NodeCidr;
+        match ClusterConfig::check_change(&old, &new) {
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "pools[1].mode"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     fn field_of(result: Result<ClusterConfig, ConfigError>) -> String {
         match result {

@@ -300,6 +300,27 @@ pub enum Key {
         /// The node.
         node: NodeName,
     },
+    /// `demand/<node>/<pool>`: what a node's agent uses, has free and waits for in a
+    /// block-mode pool (written by the agent, debounced).
+    Demand {
+        /// The node.
+        node: NodeName,
+        /// The pool.
+        pool: PoolName,
+    },
+    /// `release/<node>/<pool>/<family>/<cidr>`: the release handshake of one block (the
+    /// leader writes `marked`, the agent `ready` or `refused`; the leader deletes it when it
+    /// releases the block, un-marks it, or forgets a refusal).
+    Release {
+        /// The node holding the block.
+        node: NodeName,
+        /// The pool.
+        pool: PoolName,
+        /// The family.
+        family: Family,
+        /// The block.
+        cidr: IpNet,
+    },
 }
 
 /// The key builder and parser of one cluster.
@@ -452,7 +473,55 @@ impl Keys {
             Key::NodeIdOfNode { node } => self.node_id_of_node(node),
             Key::QuarantineId { id } => self.quarantine_id(*id),
             Key::Removal { node } => self.removal(node),
+            Key::Demand { node, pool } => self.demand(node, pool),
+            Key::Release {
+                node,
+                pool,
+                family,
+                cidr,
+            } => self.release(node, pool, *family, cidr),
         }
+    }
+
+    /// `demand/<node>/<pool>`.
+    pub fn demand(&self, node: &NodeName, pool: &PoolName) -> String {
+        format!("{}demand/{node}/{pool}", self.prefix)
+    }
+
+    /// `demand/<node>/`: every demand key of one node.
+    pub fn demand_of_node_prefix(&self, node: &NodeName) -> String {
+        format!("{}demand/{node}/", self.prefix)
+    }
+
+    /// `demand/`.
+    pub fn demands_prefix(&self) -> String {
+        format!("{}demand/", self.prefix)
+    }
+
+    /// `release/<node>/<pool>/<family>/<cidr>`.
+    pub fn release(
+        &self,
+        node: &NodeName,
+        pool: &PoolName,
+        family: Family,
+        cidr: &IpNet,
+    ) -> String {
+        format!(
+            "{}release/{node}/{pool}/{}/{}",
+            self.prefix,
+            family_segment(family),
+            cidr_segment(cidr)
+        )
+    }
+
+    /// `release/<node>/`: every release key of one node.
+    pub fn release_of_node_prefix(&self, node: &NodeName) -> String {
+        format!("{}release/{node}/", self.prefix)
+    }
+
+    /// `release/`.
+    pub fn releases_prefix(&self) -> String {
+        format!("{}release/", self.prefix)
     }
 
     /// Parses a key of this cluster into its kind.
@@ -518,6 +587,19 @@ impl Keys {
             ["nodeids", "node", name] => Ok(Key::NodeIdOfNode { node: node(name)? }),
             ["quarantine-ids", n] => Ok(Key::QuarantineId { id: id(n)? }),
             ["removals", name] => Ok(Key::Removal { node: node(name)? }),
+            ["demand", n, p] => Ok(Key::Demand {
+                node: node(n)?,
+                pool: pool(p)?,
+            }),
+            ["release", n, p, f, c] => {
+                let family = family(f)?;
+                Ok(Key::Release {
+                    node: node(n)?,
+                    pool: pool(p)?,
+                    family,
+                    cidr: cidr(c, family)?,
+                })
+            }
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -593,6 +675,106 @@ pub struct RemovalRecord {
     /// When it was asked, in milliseconds since the epoch.
     #[serde(default)]
     pub requested_ms: u64,
+}
+
+/// One family of a node's demand in a block-mode pool, counted in addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FamilyDemand {
+    /// Addresses allocated.
+    pub used: u64,
+    /// Addresses free to allocate now (in blocks not surrendered).
+    pub free: u64,
+    /// Allocations waiting for a grant (CNI ADDs held while the pool has nothing free).
+    #[serde(default)]
+    pub pending: u64,
+    /// Blocks the agent holds in use or free (not surrendered in a release handshake).
+    #[serde(default)]
+    pub blocks: u64,
+    /// Some of the blocks holding no allocation, highest address first (at most
+    /// [`FamilyDemand::MAX_EMPTY`]): the candidates the operator may mark for release.
+    #[serde(default, with = "crate::text::list")]
+    pub empty: Vec<IpNet>,
+}
+
+impl FamilyDemand {
+    /// The most empty blocks a demand record lists (keeps the value small).
+    pub const MAX_EMPTY: usize = 16;
+}
+
+/// `demand/<node>/<pool>`'s value, written by the node's agent: at most one write a second,
+/// only when something changed (at once when free falls below pre-allocate).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DemandRecord {
+    /// IPv4, if the pool has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<FamilyDemand>,
+    /// IPv6, if the pool has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<FamilyDemand>,
+    /// When it was measured, in milliseconds since the epoch.
+    #[serde(default)]
+    pub at_ms: u64,
+}
+
+impl DemandRecord {
+    /// The demand of one family.
+    pub fn family(&self, family: Family) -> Option<&FamilyDemand> {
+        match family {
+            Family::V4 => self.ipv4.as_ref(),
+            Family::V6 => self.ipv6.as_ref(),
+        }
+    }
+
+    /// The demand of one family, to fill in.
+    pub fn family_mut(&mut self, family: Family) -> &mut Option<FamilyDemand> {
+        match family {
+            Family::V4 => &mut self.ipv4,
+            Family::V6 => &mut self.ipv6,
+        }
+    }
+}
+
+/// Where a block's release handshake stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleaseState {
+    /// The leader asks for the block back (it stayed excess for the release delay).
+    Marked,
+    /// The agent found it empty and surrendered it in one local transaction: nothing is
+    /// allocated from it any more. The leader may now delete the grant.
+    Ready,
+    /// The agent found it in use (or does not hold it); the leader forgets the request.
+    Refused,
+}
+
+impl ReleaseState {
+    /// The state's name as stored.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReleaseState::Marked => "marked",
+            ReleaseState::Ready => "ready",
+            ReleaseState::Refused => "refused",
+        }
+    }
+}
+
+/// `release/<node>/<pool>/<family>/<cidr>`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRecord {
+    /// Where the handshake stands.
+    pub state: ReleaseState,
+    /// The create revision of the block's `grants/` key the request is about: a block
+    /// released and granted again is not touched by an old request.
+    pub grant_revision: i64,
+    /// When the leader marked it, in milliseconds since the epoch.
+    #[serde(default)]
+    pub marked_ms: u64,
+    /// When the agent answered, in milliseconds since the epoch (0 before).
+    #[serde(default)]
+    pub answered_ms: u64,
+    /// Why the agent refused, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// `nodeids/id/<n>`'s value.

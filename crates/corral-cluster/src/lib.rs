@@ -7,6 +7,7 @@
 //! (`view`), which proposes grants the operator commits in one fenced etcd transaction.
 
 pub mod backoff;
+pub mod blocks;
 pub mod check;
 pub mod config;
 pub mod intervals;
@@ -19,15 +20,19 @@ mod text;
 pub mod view;
 
 pub use backoff::{Resync, RetryState};
-pub use check::{Entry, check, expected_ranges, granted_cidrs, node_range};
+pub use check::{
+    Entry, block_capacity, block_range, check, expected_ranges, granted_cidrs, node_range,
+};
 pub use config::{
-    ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, ResyncConfig,
+    ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig,
+    WatermarkOverride, Watermarks,
 };
 pub use intervals::IntervalSet;
 pub use keys::{
-    ClusterName, GrantRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord,
-    NodeName, NodeRecord, OwnedRecord, QuarantineRecord, RemovalRecord, SchemaRecord, ValueError,
-    decode_value, encode_value,
+    ClusterName, DemandRecord, FamilyDemand, GrantRecord, Key, KeyError, Keys, LiveRecord,
+    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
+    ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
+    encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use report::{NodeReport, StatusReport};

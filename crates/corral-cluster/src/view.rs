@@ -15,9 +15,9 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
-    QuarantineRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    DemandRecord, GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
+    OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
+    ValueError, decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
@@ -329,6 +329,10 @@ pub struct ClusterView {
     in_flight: BTreeMap<NodeName, Proposal>,
     /// Removals asked for: node → (the request key's mod revision, its record).
     removals: BTreeMap<NodeName, (i64, RemovalRecord)>,
+    /// Block pools: each node's last demand report per pool.
+    demands: BTreeMap<(NodeName, PoolName), DemandRecord>,
+    /// Block pools: open release handshakes → (the key's mod revision, its record).
+    releases: BTreeMap<(NodeName, PoolName, Family, IpNet), (i64, ReleaseRecord)>,
     /// The mod revision of the `config` key (0 before it was seen).
     config_revision: i64,
     problems: Vec<Problem>,
@@ -353,6 +357,8 @@ impl ClusterView {
             id_space: None,
             in_flight: BTreeMap::new(),
             removals: BTreeMap::new(),
+            demands: BTreeMap::new(),
+            releases: BTreeMap::new(),
             config_revision: 0,
             problems: Vec::new(),
             problems_dropped: 0,
@@ -384,6 +390,8 @@ impl ClusterView {
         self.quarantined_ids.clear();
         self.in_flight.clear();
         self.removals.clear();
+        self.demands.clear();
+        self.releases.clear();
         self.rebuild_spaces();
     }
 
@@ -638,6 +646,22 @@ impl ClusterView {
                     self.removals.insert(node, (mod_revision, record));
                 }
             }
+            Key::Demand { node, pool } => {
+                if let Some(record) = self.decode::<DemandRecord>(key, mod_revision, value) {
+                    self.demands.insert((node, pool), record);
+                }
+            }
+            Key::Release {
+                node,
+                pool,
+                family,
+                cidr,
+            } => {
+                if let Some(record) = self.decode::<ReleaseRecord>(key, mod_revision, value) {
+                    self.releases
+                        .insert((node, pool, family, cidr), (mod_revision, record));
+                }
+            }
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
                 let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
@@ -661,6 +685,18 @@ impl ClusterView {
             Key::Schema | Key::Config | Key::Election { .. } | Key::Live { .. } => {}
             Key::Removal { node } => {
                 self.removals.remove(node);
+            }
+            Key::Demand { node, pool } => {
+                self.demands.remove(&(node.clone(), pool.clone()));
+            }
+            Key::Release {
+                node,
+                pool,
+                family,
+                cidr,
+            } => {
+                self.releases
+                    .remove(&(node.clone(), pool.clone(), *family, *cidr));
             }
             Key::Node { node } => {
                 self.nodes.remove(node);
@@ -756,6 +792,39 @@ impl ClusterView {
         })
     }
 
+    /// Whether `pool` is a block-mode pool (its grants follow demand, not [`Self::needs`]).
+    pub fn is_block_pool(&self, pool: &PoolName) -> bool {
+        self.config.pool(pool).is_some_and(|p| p.is_blocks())
+    }
+
+    /// A node's last demand report in a block pool.
+    pub fn demand(&self, node: &NodeName, pool: &PoolName) -> Option<&DemandRecord> {
+        self.demands.get(&(node.clone(), pool.clone()))
+    }
+
+    /// Every demand report, by node and pool.
+    pub fn demands(&self) -> impl Iterator<Item = (&(NodeName, PoolName), &DemandRecord)> {
+        self.demands.iter()
+    }
+
+    /// The open release handshakes of one node: (pool, family, block) → (mod revision,
+    /// record).
+    pub fn releases_of(
+        &self,
+        node: &NodeName,
+    ) -> impl Iterator<Item = (&(NodeName, PoolName, Family, IpNet), &(i64, ReleaseRecord))> {
+        let node = node.clone();
+        // Open handshakes are few (excess blocks waiting for an answer): a filter is enough.
+        self.releases.iter().filter(move |((n, ..), _)| *n == node)
+    }
+
+    /// Every open release handshake.
+    pub fn releases(
+        &self,
+    ) -> impl Iterator<Item = (&(NodeName, PoolName, Family, IpNet), &(i64, ReleaseRecord))> {
+        self.releases.iter()
+    }
+
     /// What a registered node still lacks under the configuration.
     pub fn needs(&self, node: &NodeName) -> Needs {
         let held: BTreeSet<PoolFamily> = self
@@ -768,7 +837,7 @@ impl ClusterView {
         let cidrs = self
             .spaces
             .keys()
-            .filter(|pf| !held.contains(*pf))
+            .filter(|pf| !held.contains(*pf) && !self.is_block_pool(&pf.0))
             .cloned()
             .collect();
         let node_id = self.id_space.is_some() && self.node_id_of(node).is_none();
