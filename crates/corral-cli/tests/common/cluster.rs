@@ -1,0 +1,306 @@
+//! Helpers of the cluster tests (`tests/cluster.rs`, `tests/blocks.rs`): etcd started here on
+//! 127.0.0.1, `corral operator` replicas and `corral agent`s as child processes, and reads of
+//! what etcd and the agents hold.
+
+// Each cluster test binary uses part of this module.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral_api::{AllocateRequest, FamilyChoice};
+use corral_client::Client;
+use corral_etcd::testing::EtcdCluster;
+use corral_kv::{Compare, Kv, Txn, TxnOp};
+
+use crate::common::{Agent, BINARY};
+
+/// One runtime for the test's own etcd calls: an etcd client's connections live on the
+/// runtime it was made on, so every call goes through the same one.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        })
+        .block_on(future)
+}
+
+pub fn start_etcd(members: usize) -> EtcdCluster {
+    block_on(EtcdCluster::start(members)).expect("etcd starts (make deps installs it)")
+}
+
+pub fn kv(etcd: &EtcdCluster) -> corral_etcd::EtcdKv {
+    block_on(corral_etcd::EtcdKv::connect(
+        &etcd.endpoints(),
+        Default::default(),
+    ))
+    .unwrap()
+}
+
+pub fn endpoints(etcd: &EtcdCluster) -> String {
+    etcd.endpoints().join(",")
+}
+
+/// Runs `corral <args>`; answers (exit code, stdout, stderr).
+pub fn corral(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(BINARY).args(args).output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Writes the cluster configuration and `corral cluster init`s it.
+pub fn init(etcd: &EtcdCluster, dir: &Path, toml: &str) {
+    let path = dir.join("cluster.toml");
+    std::fs::write(&path, toml).unwrap();
+    let (code, out, err) = corral(&[
+        "cluster",
+        "init",
+        "--etcd",
+        &endpoints(etcd),
+        "--cluster",
+        "t",
+        "--config",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "cluster init: {out}{err}");
+}
+
+/// `corral cluster check`, given agents' sockets; answers (exit code, output).
+pub fn check(etcd: &EtcdCluster, agents: &[&Path]) -> (i32, String) {
+    let endpoints = endpoints(etcd);
+    let mut args = vec!["cluster", "check", "--etcd", &endpoints, "--cluster", "t"];
+    let sockets: Vec<String> = agents.iter().map(|p| p.display().to_string()).collect();
+    for socket in &sockets {
+        args.push("--agent");
+        args.push(socket);
+    }
+    let (code, out, err) = corral(&args);
+    (code, format!("{out}{err}"))
+}
+
+pub fn assert_check(etcd: &EtcdCluster, agents: &[&Path]) {
+    let (code, output) = check(etcd, agents);
+    assert_eq!(code, 0, "corral cluster check found problems:\n{output}");
+}
+
+/// A `corral operator` replica.
+pub struct Operator {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    pub fn start(etcd: &EtcdCluster, dir: &Path, name: &str) -> Operator {
+        let log = dir.join(format!("{name}.log"));
+        let socket = dir.join(format!("{name}.sock"));
+        let child = Command::new(BINARY)
+            .args([
+                "operator",
+                "--etcd",
+                &endpoints(etcd),
+                "--cluster",
+                "t",
+                "--replica",
+                name,
+                "--lease-ttl",
+                "2",
+            ])
+            .arg("--api-socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("corral operator starts");
+        Operator { child, log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid()).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        // A paused process dies of SIGKILL as well.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The replica named in the lowest election key: who leads.
+pub fn leader(etcd: &EtcdCluster) -> Option<String> {
+    let kv = kv(etcd);
+    let (keys, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/election/", 100)).ok()?;
+    keys.into_iter()
+        .min_by_key(|k| k.create_revision)
+        .map(|k| String::from_utf8_lossy(&k.value).into_owned())
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Grants in etcd: node → its CIDRs (from the `grants/` keys).
+pub fn grants(etcd: &EtcdCluster) -> BTreeMap<String, Vec<String>> {
+    let kv = kv(etcd);
+    let (keys, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/grants/", 5000)).unwrap();
+    let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for entry in keys {
+        // Garbage a test put there is not a grant.
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(&entry.value) else {
+            continue;
+        };
+        let node = value["node"].as_str().unwrap().to_owned();
+        by_node
+            .entry(node)
+            .or_default()
+            .push(entry.key_str().into_owned());
+    }
+    by_node
+}
+
+/// A node's registration record, as an agent writes it.
+pub fn node_record(name: &str) -> Vec<u8> {
+    corral_cluster::encode_value(&corral_cluster::NodeRecord {
+        uid: format!("uid-{name}"),
+        addresses: Vec::new(),
+        registered_ms: 0,
+    })
+    .unwrap()
+}
+
+/// Registers nodes directly in etcd, as agents do (create if absent, with a uid).
+pub fn register(etcd: &EtcdCluster, names: impl IntoIterator<Item = String>) {
+    let kv = kv(etcd);
+    block_on(async {
+        for name in names {
+            let key = format!("/corral/t/v1/nodes/{name}");
+            let value = String::from_utf8(node_record(&name)).unwrap();
+            let txn = Txn {
+                compares: vec![Compare::absent(key.clone())],
+                success: vec![TxnOp::put(key, value.to_string())],
+                failure: vec![],
+            };
+            // Member failures mid-burst are retried, as an agent would.
+            for attempt in 0.. {
+                match kv.txn(txn.clone()).await {
+                    Ok(_) => break,
+                    Err(error) if attempt < 50 => {
+                        let _ = error;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(error) => panic!("registering {name}: {error}"),
+                }
+            }
+        }
+    });
+}
+
+pub fn agent_config(dir: &Path) -> PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "data_dir = {:?}\nsocket = {:?}\ncni_data_dirs = []\n\n[[pools]]\nname = \"local\"\n\
+             ranges = [\"192.168.250.0/24\"]\n",
+            dir.join("state"),
+            dir.join("agent.sock"),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+pub fn start_agent(etcd: &EtcdCluster, dir: &Path, node: &str) -> Agent {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = agent_config(dir);
+    let endpoints = endpoints(etcd);
+    Agent::start(
+        &[
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--etcd".as_ref(),
+            endpoints.as_ref(),
+            "--cluster".as_ref(),
+            "t".as_ref(),
+            "--node".as_ref(),
+            node.as_ref(),
+            "--lease-ttl".as_ref(),
+            "3".as_ref(),
+        ],
+        &dir.join("agent.sock"),
+    )
+}
+
+/// The cluster ranges an agent holds (active ones), as `pool range`.
+pub fn agent_ranges(socket: &Path) -> Vec<String> {
+    let pools = Client::unix(socket).pools(Some("node")).unwrap();
+    let mut ranges: Vec<String> = pools
+        .pools
+        .iter()
+        .flat_map(|p| {
+            p.ranges
+                .iter()
+                .filter(|r| r.source == corral_api::RangeSource::Cluster && !r.draining)
+                .map(move |r| format!("{} {}", p.name, r.range))
+        })
+        .collect();
+    ranges.sort();
+    ranges
+}
+
+pub fn alloc_dual(socket: &Path, owner: &str) -> Vec<IpAddr> {
+    let mut client = Client::unix(socket);
+    let response = client
+        .allocate(&AllocateRequest {
+            scope: "node".into(),
+            pool: "default".into(),
+            family: Some(FamilyChoice::Dual),
+            address: None,
+            owner: owner.into(),
+            key: None,
+            lease_ms: None,
+        })
+        .unwrap();
+    response.allocations.iter().map(|a| a.address).collect()
+}
+
+pub fn addresses(dump: &corral_api::DumpResponse) -> BTreeSet<IpAddr> {
+    dump.scopes
+        .iter()
+        .flat_map(|s| &s.pools)
+        .flat_map(|p| &p.allocations)
+        .map(|a| a.address)
+        .collect()
+}
+
+pub fn contains(range: &str, address: IpAddr) -> bool {
+    // A range as the agent lists it: `SUBNET[,gateway=IP]`.
+    let cidr = range.split(',').next().unwrap();
+    cidr.parse::<ipnet::IpNet>().unwrap().contains(&address)
+}
