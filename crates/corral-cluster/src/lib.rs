@@ -42,6 +42,7 @@ pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 pub use corral_core::{Family, PoolName};
 pub use ipnet::IpNet;
 pub use view::{
-    ClusterView, Needs, NodeCidr, NodeEntry, NodeInfo, PoolFamily, Problem, Proposal, ProposeError,
-    Removal, RemovedGrant, RemovedNodeId,
+    BlockProposal, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry, NodeInfo,
+    PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal, RemovedGrant,
+    RemovedNodeId,
 };
