@@ -21,7 +21,8 @@ pub mod view;
 
 pub use backoff::{Resync, RetryState};
 pub use check::{
-    Entry, block_capacity, block_range, check, expected_ranges, granted_cidrs, node_range,
+    Entry, agent_block_problems, block_capacity, block_range, check, expected_ranges,
+    granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
     ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig,

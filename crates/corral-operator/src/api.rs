@@ -264,7 +264,11 @@ async fn metrics(State(state): State<ApiState>) -> Response {
     if let Err(e) = prometheus_client::encoding::text::encode_registry(&mut text, &state.registry) {
         return error(ErrorCode::RetryLater, format!("metrics do not encode: {e}"));
     }
-    if let Some(extra) = state.shared.with_view(|view, _| view.metrics_text()) {
+    if let Some(extra) = state.shared.with_view(|view, _| {
+        let mut extra = view.metrics_text();
+        extra.push_str(&view.block_metrics_text());
+        extra
+    }) {
         text.push_str(&extra);
     }
     text.push_str("# EOF\n");

@@ -5,7 +5,8 @@
 //! As for node CIDRs, the view decides nothing about etcd: every value here says what a
 //! transaction compares, puts and deletes, and the leader adds the fence.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
@@ -536,5 +537,73 @@ impl ClusterView {
             return BTreeSet::new();
         }
         self.nodes.keys().cloned().collect()
+    }
+
+    /// Prometheus text (without `# EOF`) of block pools for the operator's `/metrics`: free
+    /// addresses per pool and family (the sum of the nodes' last demand reports), and
+    /// registered nodes by category: `degraded` (no liveness key: its agent is down or cannot
+    /// reach etcd, so its demand may be stale), `at_capacity` (at max-allocate and still
+    /// needing addresses), `ok`. Empty without block pools.
+    pub fn block_metrics_text(&self) -> String {
+        let mut text = String::new();
+        if !self.has_block_pools() {
+            return text;
+        }
+        let mut available: BTreeMap<(PoolName, Family), u64> = self
+            .block_pool_families()
+            .into_iter()
+            .map(|pf| (pf, 0))
+            .collect();
+        for ((_, pool), record) in &self.demands {
+            for family in [Family::V4, Family::V6] {
+                if let (Some(sum), Some(demand)) = (
+                    available.get_mut(&(pool.clone(), family)),
+                    record.family(family),
+                ) {
+                    *sum = sum.saturating_add(demand.free);
+                }
+            }
+        }
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_block_addresses_available Free addresses per block pool and family, as the nodes last reported"
+        );
+        let _ = writeln!(
+            text,
+            "# TYPE corral_operator_block_addresses_available gauge"
+        );
+        for ((pool, family), free) in &available {
+            let _ = writeln!(
+                text,
+                "corral_operator_block_addresses_available{{pool=\"{pool}\",family=\"{}\"}} {free}",
+                family.name()
+            );
+        }
+        let (mut ok, mut at_capacity, mut degraded) = (0u64, 0u64, 0u64);
+        for node in self.nodes.keys() {
+            if !self.is_live(node) {
+                degraded += 1;
+            } else if self.node_block_stats(node).iter().any(|s| s.at_capacity) {
+                at_capacity += 1;
+            } else {
+                ok += 1;
+            }
+        }
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_block_nodes Registered nodes by category (degraded: no liveness key; at_capacity: at max-allocate and still needing addresses)"
+        );
+        let _ = writeln!(text, "# TYPE corral_operator_block_nodes gauge");
+        for (category, n) in [
+            ("ok", ok),
+            ("at_capacity", at_capacity),
+            ("degraded", degraded),
+        ] {
+            let _ = writeln!(
+                text,
+                "corral_operator_block_nodes{{category=\"{category}\"}} {n}"
+            );
+        }
+        text
     }
 }
