@@ -844,6 +844,7 @@ async fn remove<K: Kv>(
         removal.node_key.clone(),
         request.node_revision,
     ));
+    let mut removal = removal.clone();
     let quarantines = removal.quarantines();
     let lease: Option<LeaseId> = if quarantines.is_empty() {
         None
@@ -859,6 +860,53 @@ async fn remove<K: Kv>(
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let value = encode_value(&removal.quarantine_record("node removed", now_ms))
         .map_err(|e| TxnFailure::Uncertain(KvError::Refused(e.to_string())))?;
+    // A node of block pools may hold more blocks than one transaction can delete and
+    // quarantine (etcd's 128 operations): its blocks go first, in chunks, each under the same
+    // compares (the request and the registration unchanged), then the rest in the last one.
+    let mut committed_any = false;
+    while let Some(lease) = lease
+        && !removal.grants.is_empty()
+        && removal.deletes().len() + removal.quarantines().len() + 1 > corral_kv::MAX_TXN_OPS
+    {
+        let n = removal.grants.len().min(REMOVAL_CHUNK);
+        let chunk: Vec<_> = removal.grants.drain(..n).collect();
+        let mut part = Txn {
+            compares: txn.compares.clone(),
+            ..Txn::default()
+        };
+        for grant in &chunk {
+            let c = &grant.cidr;
+            let owned = keys.owned(&removal.node, &c.pool, c.family, &c.cidr);
+            let release = keys.release(&removal.node, &c.pool, c.family, &c.cidr);
+            removal.owned_keys.retain(|k| *k != owned);
+            let had_release = removal.block_keys.contains(&release);
+            removal.block_keys.retain(|k| *k != release);
+            part.compares
+                .push(Compare::absent(grant.quarantine_key.clone()));
+            part.success.push(TxnOp::delete(grant.grant_key.clone()));
+            part.success.push(TxnOp::delete(owned));
+            if had_release {
+                part.success.push(TxnOp::delete(release));
+            }
+            part.success.push(TxnOp::put_on_lease(
+                grant.quarantine_key.clone(),
+                value.clone(),
+                lease,
+            ));
+        }
+        match run(kv, fence.guard(part)).await {
+            Ok(_) => committed_any = true,
+            Err(failure) => {
+                // Keys of an earlier chunk may be on this lease: it is revoked only if none
+                // was written.
+                if matches!(failure, TxnFailure::Refused) && !committed_any {
+                    let _ = kv.lease_revoke(lease).await;
+                }
+                return Err(failure);
+            }
+        }
+    }
+    let quarantines = removal.quarantines();
     for key in removal.deletes() {
         txn.success.push(TxnOp::delete(key));
     }
@@ -874,8 +922,14 @@ async fn remove<K: Kv>(
     // Only a refused txn surely wrote nothing; one whose answer was lost may have put the
     // quarantine keys on this lease, and revoking it would end their quarantine at once. An
     // unused lease runs out by itself.
-    if let (Err(TxnFailure::Refused), Some(lease)) = (&outcome, lease) {
+    if let (Err(TxnFailure::Refused), Some(lease)) = (&outcome, lease)
+        && !committed_any
+    {
         let _ = kv.lease_revoke(lease).await;
     }
     outcome
 }
+
+/// Grants a removal quarantines per transaction when one transaction cannot hold them all
+/// (block pools): 30 grants take at most 120 operations and 32 compares, inside etcd's 128.
+const REMOVAL_CHUNK: usize = 30;

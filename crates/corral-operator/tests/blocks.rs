@@ -439,3 +439,32 @@ async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
     );
     assert_consistent(&kv).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_removed_in_parts() {
+    let kv = MemKv::new();
+    init(&kv, BLOCKS).await;
+    let auditor = Auditor::start(&kv).await;
+    let a = Replica::start(&kv, "op-a");
+    leader_of(&[&a]).await;
+    let revision = register(&kv, "n1").await;
+    // 1,000 ADDs waiting: 1,000 addresses, 72 blocks, in transactions of at most 25.
+    demand(&kv, "n1", 0, 0, 1000, &[]).await;
+    wait_blocks(&kv, "n1", 72).await;
+    assert!(a.shared.grant_txns(TxnOutcome::Granted) >= 3);
+    assert_consistent(&kv).await;
+    request_removal(&kv, "n1", revision).await;
+    wait_until("n1 removed", Duration::from_secs(5), || async {
+        kv.get(keys().node(&node("n1")).as_bytes())
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+    assert!(grants(&kv).await.is_empty());
+    assert!(under(&kv, "owned/").await.is_empty());
+    assert!(under(&kv, "demand/").await.is_empty());
+    assert_eq!(under(&kv, "quarantine/").await.len(), 72);
+    assert_consistent(&kv).await;
+    auditor.assert_clean();
+}
