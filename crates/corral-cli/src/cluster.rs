@@ -519,7 +519,16 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                 };
                 Ok(Outcome::ok(match output {
                     Output::Json => serde_json::to_string_pretty(&node).unwrap_or_default() + "\n",
-                    Output::Table => corral_cluster::NodeReport::table(std::slice::from_ref(&node)),
+                    Output::Table => {
+                        let mut text =
+                            corral_cluster::NodeReport::table(std::slice::from_ref(&node));
+                        // Block pools: Cilium's statistics per pool and family.
+                        for blocks in &node.blocks {
+                            text.push_str(&blocks.summary());
+                            text.push('\n');
+                        }
+                        text
+                    }
                 }))
             }
             NodeCommand::Plan(args) => {

@@ -36,7 +36,7 @@ pub use keys::{
     encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
-pub use report::{NodeReport, StatusReport};
+pub use report::{BlockReport, NodeReport, StatusReport};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
 /// Re-exported so callers name the same family, pool and CIDR types.
