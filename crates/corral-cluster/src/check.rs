@@ -461,3 +461,168 @@ pub fn agent_block_problems(
     }
     problems
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{ClusterName, OwnedRecord, encode_value};
+
+    const BLOCKS: &str = r#"
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.0.0.0/24"]
+block_prefix_len = 28
+[[pools]]
+name = "nodes"
+[pools.ipv4]
+cidrs = ["10.1.0.0/16"]
+node_prefix_len = 24
+"#;
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    struct Cluster {
+        keys: Keys,
+        entries: Vec<Entry>,
+        revision: i64,
+    }
+
+    impl Cluster {
+        fn new() -> Cluster {
+            let keys = Keys::new(ClusterName::new("t").unwrap());
+            let config = ClusterConfig::from_toml(BLOCKS).unwrap();
+            let entries = vec![(keys.config(), config.to_json().unwrap().into_bytes(), 1)];
+            let mut cluster = Cluster {
+                keys,
+                entries,
+                revision: 1,
+            };
+            let node = NodeName::new("a").unwrap();
+            let record = NodeRecord {
+                uid: "u".into(),
+                addresses: vec![],
+                registered_ms: 0,
+            };
+            cluster.add(cluster.keys.node(&node), encode_value(&record).unwrap());
+            cluster
+        }
+
+        fn add(&mut self, key: String, value: Vec<u8>) -> i64 {
+            self.revision += 1;
+            self.entries.push((key, value, self.revision));
+            self.revision
+        }
+
+        fn grant(&mut self, pool: &str, cidr: &str) -> i64 {
+            let node = NodeName::new("a").unwrap();
+            let pool = PoolName::new(pool).unwrap();
+            let record = GrantRecord {
+                node: node.clone(),
+                uid: "u".into(),
+                node_revision: 2,
+            };
+            let revision = self.add(
+                self.keys.grant(&pool, Family::V4, &net(cidr)),
+                encode_value(&record).unwrap(),
+            );
+            self.add(
+                self.keys.owned(&node, &pool, Family::V4, &net(cidr)),
+                encode_value(&OwnedRecord { node_revision: 2 }).unwrap(),
+            );
+            revision
+        }
+
+        fn release(&mut self, pool: &str, cidr: &str, state: ReleaseState, grant_revision: i64) {
+            let record = ReleaseRecord {
+                state,
+                grant_revision,
+                marked_ms: 0,
+                answered_ms: 0,
+                reason: None,
+            };
+            self.add(
+                self.keys.release(
+                    &NodeName::new("a").unwrap(),
+                    &PoolName::new(pool).unwrap(),
+                    Family::V4,
+                    &net(cidr),
+                ),
+                encode_value(&record).unwrap(),
+            );
+        }
+
+        fn check(&self) -> Vec<String> {
+            check(&self.keys, &self.entries)
+        }
+    }
+
+    #[test]
+    fn many_blocks_per_node_are_fine_and_release_keys_must_name_a_current_grant() {
+        let mut c = Cluster::new();
+        let first = c.grant("pods", "10.0.0.0/28");
+        c.grant("pods", "10.0.0.16/28");
+        c.grant("nodes", "10.1.0.0/24");
+        c.release("pods", "10.0.0.0/28", ReleaseState::Marked, first);
+        assert_eq!(c.check(), Vec::<String>::new());
+        // A second node CIDR of a node-CIDR pool is still a problem.
+        c.grant("nodes", "10.1.1.0/24");
+        assert_eq!(c.check().len(), 1, "{:?}", c.check());
+        let mut c = Cluster::new();
+        let first = c.grant("pods", "10.0.0.0/28");
+        c.release("pods", "10.0.0.0/28", ReleaseState::Ready, first + 100);
+        c.release("pods", "10.0.0.32/28", ReleaseState::Marked, first);
+        c.release("nodes", "10.1.0.0/24", ReleaseState::Marked, first);
+        let problems = c.check();
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("names grant revision")));
+        assert!(problems.iter().any(|p| p.contains("names no grant")));
+        assert!(problems.iter().any(|p| p.contains("not a block pool")));
+    }
+
+    #[test]
+    fn an_agent_holds_its_blocks_or_has_surrendered_them() {
+        let mut c = Cluster::new();
+        let first = c.grant("pods", "10.0.0.0/28");
+        let second = c.grant("pods", "10.0.0.16/28");
+        c.grant("pods", "10.0.0.32/28");
+        c.grant("nodes", "10.1.0.0/24");
+        let range = |cidr: &str| block_range(net(cidr)).unwrap().to_string();
+        let held = |cidrs: &[&str]| -> Vec<(String, String)> {
+            cidrs
+                .iter()
+                .map(|c| ("pods".to_owned(), range(c)))
+                .chain([("nodes".to_owned(), "ignored here".to_owned())])
+                .collect()
+        };
+        let all = held(&["10.0.0.0/28", "10.0.0.16/28", "10.0.0.32/28"]);
+        assert!(agent_block_problems(&c.keys, &c.entries, "a", &all).is_empty());
+        assert!(is_block_pool(&c.keys, &c.entries, "pods"));
+        assert!(!is_block_pool(&c.keys, &c.entries, "nodes"));
+        // Not granted; and two blocks not held, one surrendered (ready), one not.
+        let mut odd = held(&["10.0.0.32/28"]);
+        odd.push(("pods".to_owned(), range("10.0.0.64/28")));
+        c.release("pods", "10.0.0.0/28", ReleaseState::Ready, first);
+        c.release("pods", "10.0.0.16/28", ReleaseState::Refused, second);
+        let problems = agent_block_problems(&c.keys, &c.entries, "a", &odd);
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("10.0.0.64/28")));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("10.0.0.16/28") && p.contains("refused"))
+        );
+        // Node-CIDR pools are left to `expected_ranges`, which leaves block pools out.
+        let expected = expected_ranges(
+            &c.keys,
+            &c.entries,
+            "a",
+            &PoolName::new("plan").unwrap(),
+        );
+        assert_eq!(expected.len(), 1);
+        assert_eq!(expected[0].0.as_str(), "nodes");
+    }
+}

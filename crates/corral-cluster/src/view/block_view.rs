@@ -607,3 +607,215 @@ impl ClusterView {
         text
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClusterConfig;
+    use crate::keys::{ClusterName, DemandRecord, FamilyDemand, NodeRecord};
+
+    const CONFIG: &str = r#"
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.0.0.0/26"]
+block_prefix_len = 28
+reserved = ["10.0.0.16/28"]
+"#;
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    fn pods() -> PoolName {
+        PoolName::new("pods").unwrap()
+    }
+
+    struct Fixture {
+        view: ClusterView,
+        revision: i64,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let keys = Keys::new(ClusterName::new("t").unwrap());
+            Fixture {
+                view: ClusterView::new(keys, ClusterConfig::from_toml(CONFIG).unwrap()),
+                revision: 1,
+            }
+        }
+
+        fn put(&mut self, key: &str, value: &[u8]) -> i64 {
+            self.revision += 1;
+            self.view
+                .apply_put(key, value, self.revision, self.revision);
+            self.revision
+        }
+
+        fn register(&mut self, name: &str) -> NodeName {
+            let node = NodeName::new(name).unwrap();
+            let record = NodeRecord {
+                uid: format!("uid-{name}"),
+                addresses: vec![],
+                registered_ms: 0,
+            };
+            let key = self.view.keys().node(&node);
+            self.put(&key, &encode_value(&record).unwrap());
+            node
+        }
+
+        fn apply(&mut self, change: &ReleaseChange) {
+            self.revision += 1;
+            self.view.apply_release_change(change, self.revision);
+        }
+    }
+
+    #[test]
+    fn block_proposals_take_the_lowest_free_aligned_blocks_and_never_share() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let b = f.register("b");
+        // Four /28s, the second reserved: three free.
+        let pa = f.view.propose_blocks(&a, &pods(), Family::V4, 2).unwrap();
+        assert_eq!(pa.blocks, [net("10.0.0.0/28"), net("10.0.0.32/28")]);
+        assert_eq!(
+            f.view.propose_blocks(&a, &pods(), Family::V4, 1),
+            Err(ProposeError::InFlight { node: a.clone() })
+        );
+        // In flight: b gets the one left, fewer than it asked for.
+        let pb = f.view.propose_blocks(&b, &pods(), Family::V4, 5).unwrap();
+        assert_eq!(pb.blocks, [net("10.0.0.48/28")]);
+        // b's fails: its block is free again; a's commits.
+        f.view.abandon_blocks(&pb);
+        f.view.commit_blocks(&pa, 10);
+        assert_eq!(f.view.blocks_of(&a, &pods(), Family::V4).len(), 2);
+        let pb = f.view.propose_blocks(&b, &pods(), Family::V4, 5).unwrap();
+        assert_eq!(pb.blocks, [net("10.0.0.48/28")]);
+        f.view.commit_blocks(&pb, 11);
+        assert_eq!(
+            f.view.propose_blocks(&a, &pods(), Family::V4, 1),
+            Err(ProposeError::Full {
+                pool: pods(),
+                family: Family::V4
+            })
+        );
+        // The txn: config, registration, and per block grant and quarantine absent; no owned
+        // prefix compare; two puts a block.
+        let keys = f.view.keys().clone();
+        let conditions = pa.conditions(&keys);
+        assert_eq!(conditions.len(), 2 + 2 * 2);
+        assert!(conditions.contains(&Condition::Absent(
+            "/corral/t/v1/quarantine/pods/ipv4/10.0.0.32-28".into()
+        )));
+        assert!(conditions.contains(&Condition::CreatedAt("/corral/t/v1/nodes/a".into(), 2)));
+        assert_eq!(pa.puts(&keys).unwrap().len(), 4);
+        assert!(f.view.consistency_problems().is_empty());
+        // At most 25 a proposal, whatever is asked for.
+        let c = f.register("c");
+        let mut wide = f.view.config().clone();
+        wide.pools[0].ipv4.as_mut().unwrap().cidrs.push(net("10.1.0.0/16"));
+        let config_key = keys.config();
+        f.put(&config_key, wide.to_json().unwrap().as_bytes());
+        let pc = f.view.propose_blocks(&c, &pods(), Family::V4, 100).unwrap();
+        assert_eq!(pc.blocks.len(), MAX_BLOCKS_PER_TXN);
+    }
+
+    #[test]
+    fn release_steps_compare_what_the_protocol_says_and_removal_takes_block_keys() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let p = f.view.propose_blocks(&a, &pods(), Family::V4, 2).unwrap();
+        f.view.commit_blocks(&p, 7);
+        let keys = f.view.keys().clone();
+        let block = net("10.0.0.32/28");
+        let release_key = keys.release(&a, &pods(), Family::V4, &block);
+        let grant_key = keys.grant(&pods(), Family::V4, &block);
+        // Nothing to un-mark or complete before a mark.
+        for kind in [ReleaseKind::Unmark, ReleaseKind::Complete] {
+            assert!(
+                f.view
+                    .release_change(kind, &a, &pods(), Family::V4, &block, 1)
+                    .is_none()
+            );
+        }
+        let mark = f
+            .view
+            .release_change(ReleaseKind::Mark, &a, &pods(), Family::V4, &block, 1)
+            .unwrap();
+        assert_eq!(
+            mark.conditions,
+            [
+                Condition::Absent(release_key.clone()),
+                Condition::CreatedAt(grant_key.clone(), 7)
+            ]
+        );
+        f.apply(&mark);
+        let held = f.view.held_blocks(&a, &pods(), Family::V4, |_| 0);
+        assert_eq!(
+            held.iter().filter(|b| b.release.is_some()).count(),
+            1,
+            "{held:?}"
+        );
+        // Marked twice is nothing; the agent answers ready by CAS.
+        assert!(
+            f.view
+                .release_change(ReleaseKind::Mark, &a, &pods(), Family::V4, &block, 1)
+                .is_none()
+        );
+        let record = ReleaseRecord {
+            state: ReleaseState::Ready,
+            grant_revision: 7,
+            marked_ms: 1,
+            answered_ms: 2,
+            reason: None,
+        };
+        let ready_revision = f.put(&release_key, &encode_value(&record).unwrap());
+        let unmark = f
+            .view
+            .release_change(ReleaseKind::Unmark, &a, &pods(), Family::V4, &block, 1)
+            .unwrap();
+        assert_eq!(
+            unmark.conditions,
+            [Condition::ModifiedAt(release_key.clone(), ready_revision)]
+        );
+        assert_eq!(unmark.deletes, [release_key.clone()]);
+        let complete = f
+            .view
+            .release_change(ReleaseKind::Complete, &a, &pods(), Family::V4, &block, 1)
+            .unwrap();
+        assert_eq!(
+            complete.conditions,
+            [
+                Condition::ModifiedAt(release_key.clone(), ready_revision),
+                Condition::CreatedAt(grant_key.clone(), 7)
+            ]
+        );
+        assert_eq!(complete.deletes.len(), 3);
+        assert_eq!(complete.quarantine_puts.len(), 1);
+        // Demand and release keys (a garbage one too) go with a removal.
+        let demand = encode_value(&DemandRecord {
+            ipv4: Some(FamilyDemand::default()),
+            ipv6: None,
+            at_ms: 0,
+        })
+        .unwrap();
+        f.put(&keys.demand(&a, &pods()), &demand);
+        let garbage = keys.release(&a, &pods(), Family::V4, &net("10.0.0.48/28"));
+        f.put(&garbage, b"garbage");
+        assert_eq!(
+            f.view.stale_releases(&a),
+            [(pods(), Family::V4, net("10.0.0.48/28"))]
+        );
+        let deletes = f.view.removal(&a).deletes();
+        for key in [keys.demand(&a, &pods()), release_key.clone(), garbage] {
+            assert!(deletes.contains(&key), "{key} in {deletes:?}");
+        }
+        // Completed: the grant is gone and the block quarantined, not free.
+        f.apply(&complete);
+        assert_eq!(f.view.blocks_of(&a, &pods(), Family::V4).len(), 1);
+        let b = f.register("b");
+        let p = f.view.propose_blocks(&b, &pods(), Family::V4, 1).unwrap();
+        assert_eq!(p.blocks, [net("10.0.0.48/28")]);
+    }
+}
