@@ -616,12 +616,7 @@ node_prefix_len = 24
                 .any(|p| p.contains("10.0.0.16/28") && p.contains("refused"))
         );
         // Node-CIDR pools are left to `expected_ranges`, which leaves block pools out.
-        let expected = expected_ranges(
-            &c.keys,
-            &c.entries,
-            "a",
-            &PoolName::new("plan").unwrap(),
-        );
+        let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
         assert_eq!(expected.len(), 1);
         assert_eq!(expected[0].0.as_str(), "nodes");
     }

@@ -696,10 +696,8 @@ impl ClusterView {
                 family,
                 cidr,
             } => {
-                self.release_keys.insert(
-                    (node.clone(), pool.clone(), family, cidr),
-                    mod_revision,
-                );
+                self.release_keys
+                    .insert((node.clone(), pool.clone(), family, cidr), mod_revision);
                 if let Some(record) = self.decode::<ReleaseRecord>(key, mod_revision, value) {
                     self.releases
                         .insert((node, pool, family, cidr), (mod_revision, record));

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use corral_cluster::{
-    DemandRecord, Family, FamilyDemand, IpNet, PoolName, ReleaseRecord, ReleaseState,
-    decode_value, encode_value,
+    DemandRecord, Family, FamilyDemand, IpNet, PoolName, ReleaseRecord, ReleaseState, decode_value,
+    encode_value,
 };
 use corral_kv::{Compare, Kv, MemKv, Txn, TxnOp};
 use corral_operator::state::TxnOutcome;
@@ -148,9 +148,11 @@ async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grow
     // 40 ADDs waiting beyond what is free: ceil((8 - 15 + 40 - 15 + ...)/14) more blocks, the
     // lowest free, at once.
     demand(&kv, "n1", 28, 0, 40, &[]).await;
-    wait_until("n1 grows for its waiting ADDs", Duration::from_secs(10), || async {
-        blocks_of(&kv, "n1").await.len() >= 5
-    })
+    wait_until(
+        "n1 grows for its waiting ADDs",
+        Duration::from_secs(10),
+        || async { blocks_of(&kv, "n1").await.len() >= 5 },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let blocks = blocks_of(&kv, "n1").await;
@@ -193,12 +195,16 @@ async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_trans
         // 20 free wanted: two blocks each.
         demand(&kv, name, 0, 0, 20, &[]).await;
     }
-    wait_until("every node holds two blocks", Duration::from_secs(30), || async {
-        let grants = grants(&kv).await;
-        names
-            .iter()
-            .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
-    })
+    wait_until(
+        "every node holds two blocks",
+        Duration::from_secs(30),
+        || async {
+            let grants = grants(&kv).await;
+            names
+                .iter()
+                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
+        },
+    )
     .await;
     let mut all: Vec<IpNet> = grants(&kv)
         .await
@@ -215,7 +221,10 @@ async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_trans
     let granted = a.shared.grant_txns(TxnOutcome::Granted);
     let conflicts = a.shared.grant_txns(TxnOutcome::Conflict);
     assert!(granted >= 100, "{granted} grant transactions");
-    assert_eq!(conflicts, 0, "conflicts per successful grant: {conflicts}/{granted}");
+    assert_eq!(
+        conflicts, 0,
+        "conflicts per successful grant: {conflicts}/{granted}"
+    );
     assert_consistent(&kv).await;
     auditor.assert_clean();
 }
@@ -255,25 +264,39 @@ async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgo
     assert!(marked.iter().all(|(_, r)| r.state == ReleaseState::Marked));
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Ready).await);
     assert!(answer(&kv, "n1", "10.64.0.32/28", ReleaseState::Refused).await);
-    wait_until("the ready block is released", Duration::from_secs(3), || async {
-        blocks_of(&kv, "n1").await.len() == 2
-    })
+    wait_until(
+        "the ready block is released",
+        Duration::from_secs(3),
+        || async { blocks_of(&kv, "n1").await.len() == 2 },
+    )
     .await;
-    wait_until("the refusal is forgotten", Duration::from_secs(3), || async {
-        releases_of(&kv, "n1").await.is_empty()
-    })
+    wait_until(
+        "the refusal is forgotten",
+        Duration::from_secs(3),
+        || async { releases_of(&kv, "n1").await.is_empty() },
+    )
     .await;
-    assert_eq!(blocks_of(&kv, "n1").await, ["10.64.0.16/28", "10.64.0.32/28"]);
+    assert_eq!(
+        blocks_of(&kv, "n1").await,
+        ["10.64.0.16/28", "10.64.0.32/28"]
+    );
     let quarantine = under(&kv, "quarantine/pods/ipv4/10.64.0.48-28").await;
     assert_eq!(quarantine.len(), 1);
     assert!(quarantine[0].lease.is_some(), "on the quarantine lease");
-    assert!(under(&kv, "owned/n1/pods/ipv4/10.64.0.48-28").await.is_empty());
+    assert!(
+        under(&kv, "owned/n1/pods/ipv4/10.64.0.48-28")
+            .await
+            .is_empty()
+    );
     assert_consistent(&kv).await;
     // The agent's demand after surrendering: one block less. The refused block stays excess
     // and is marked again only after another release delay.
     demand(&kv, "n1", 0, 28, 0, &["10.64.0.32/28", "10.64.0.16/28"]).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert!(releases_of(&kv, "n1").await.is_empty(), "the excess clock restarted");
+    assert!(
+        releases_of(&kv, "n1").await.is_empty(),
+        "the excess clock restarted"
+    );
     wait_until("marked again", Duration::from_secs(5), || async {
         releases_of(&kv, "n1").await.len() == 1
     })
@@ -331,16 +354,20 @@ async fn a_new_leader_finishes_handshakes_the_old_one_started() {
         b.leading()
     })
     .await;
-    wait_until("the ready block is released", Duration::from_secs(3), || async {
-        blocks_of(&kv, "n1").await.len() == 2
-    })
+    wait_until(
+        "the ready block is released",
+        Duration::from_secs(3),
+        || async { blocks_of(&kv, "n1").await.len() == 2 },
+    )
     .await;
     // Still marked, answered to the new leader.
     assert_eq!(releases_of(&kv, "n1").await.len(), 1);
     assert!(answer(&kv, "n1", "10.64.0.32/28", ReleaseState::Ready).await);
-    wait_until("the second block is released", Duration::from_secs(3), || async {
-        blocks_of(&kv, "n1").await.len() == 1
-    })
+    wait_until(
+        "the second block is released",
+        Duration::from_secs(3),
+        || async { blocks_of(&kv, "n1").await.len() == 1 },
+    )
     .await;
     assert_eq!(blocks_of(&kv, "n1").await, ["10.64.0.16/28"]);
     assert!(releases_of(&kv, "n1").await.is_empty());
@@ -418,11 +445,20 @@ async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     register(&kv, "big").await;
-    put(&kv, &keys().live(&node("big")), b"{\"schema\":1,\"pid\":1,\"version\":\"t\",\"started_ms\":0}").await;
+    put(
+        &kv,
+        &keys().live(&node("big")),
+        b"{\"schema\":1,\"pid\":1,\"version\":\"t\",\"started_ms\":0}",
+    )
+    .await;
     demand(&kv, "big", 0, 0, 100, &[]).await;
     wait_blocks(&kv, "big", 2).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(blocks_of(&kv, "big").await.len(), 2, "max-allocate 28: two blocks");
+    assert_eq!(
+        blocks_of(&kv, "big").await.len(),
+        2,
+        "max-allocate 28: two blocks"
+    );
     let stats = a
         .shared
         .with_view(|view, _| view.node_block_stats(&node("big")))

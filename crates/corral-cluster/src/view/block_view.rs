@@ -448,16 +448,16 @@ impl ClusterView {
             }
             ReleaseKind::Complete => {
                 let (revision, record) = self.releases.get(&id)?;
-                if record.state != ReleaseState::Ready || grant_revision? != record.grant_revision
-                {
+                if record.state != ReleaseState::Ready || grant_revision? != record.grant_revision {
                     return None;
                 }
                 change
                     .conditions
                     .push(Condition::ModifiedAt(release_key.clone(), *revision));
-                change
-                    .conditions
-                    .push(Condition::CreatedAt(grant_key.clone(), record.grant_revision));
+                change.conditions.push(Condition::CreatedAt(
+                    grant_key.clone(),
+                    record.grant_revision,
+                ));
                 change.deletes.push(grant_key);
                 change.deletes.push(keys.owned(node, pool, family, cidr));
                 change.deletes.push(release_key);
@@ -714,7 +714,12 @@ reserved = ["10.0.0.16/28"]
         // At most 25 a proposal, whatever is asked for.
         let c = f.register("c");
         let mut wide = f.view.config().clone();
-        wide.pools[0].ipv4.as_mut().unwrap().cidrs.push(net("10.1.0.0/16"));
+        wide.pools[0]
+            .ipv4
+            .as_mut()
+            .unwrap()
+            .cidrs
+            .push(net("10.1.0.0/16"));
         let config_key = keys.config();
         f.put(&config_key, wide.to_json().unwrap().as_bytes());
         let pc = f.view.propose_blocks(&c, &pods(), Family::V4, 100).unwrap();
@@ -779,7 +784,7 @@ reserved = ["10.0.0.16/28"]
             unmark.conditions,
             [Condition::ModifiedAt(release_key.clone(), ready_revision)]
         );
-        assert_eq!(unmark.deletes, [release_key.clone()]);
+        assert_eq!(unmark.deletes, std::slice::from_ref(&release_key));
         let complete = f
             .view
             .release_change(ReleaseKind::Complete, &a, &pods(), Family::V4, &block, 1)

@@ -116,11 +116,10 @@ impl NodePlans {
         if deficit > 0 {
             return (0, std::cmp::Reverse(deficit));
         }
-        let releasing_only = self
-            .plans
-            .iter()
-            .all(|(_, _, p)| p.unmark.is_empty() && p.forget.is_empty() && p.complete.is_empty())
-            && self.stale.is_empty();
+        let releasing_only =
+            self.plans.iter().all(|(_, _, p)| {
+                p.unmark.is_empty() && p.forget.is_empty() && p.complete.is_empty()
+            }) && self.stale.is_empty();
         (if releasing_only { 2 } else { 1 }, std::cmp::Reverse(0))
     }
 }
@@ -249,6 +248,7 @@ fn steps(
 /// Plans the nodes of `work.block_pending` and starts a task for each that has something to
 /// do, in order of need, while fewer than `workers` transactions run. Nodes not started stay
 /// pending.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn start_block_work<K: Kv>(
     kv: &K,
     keys: &Keys,
