@@ -504,3 +504,61 @@ async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_remov
     assert_consistent(&kv).await;
     auditor.assert_clean();
 }
+
+#[tokio::test(start_paused = true)]
+async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
+    let kv = FaultyKv::new(MemKv::new());
+    init(&kv, BLOCKS).await;
+    let auditor = Auditor::start(&kv).await;
+    let a = Replica::start(&kv, "op-a");
+    leader_of(&[&a]).await;
+    // Applied, but the leader hears the store failed: it reads everything again.
+    kv.faults.lock().unwrap().lose_answers = 3;
+    let names: Vec<String> = (0..10).map(|i| format!("node-{i}")).collect();
+    for name in &names {
+        register(&kv, name).await;
+        demand(&kv, name, 0, 0, 20, &[]).await;
+    }
+    wait_until(
+        "every node holds two blocks",
+        Duration::from_secs(30),
+        || async {
+            let grants = grants(&kv).await;
+            names
+                .iter()
+                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
+        },
+    )
+    .await;
+    assert_eq!(kv.faults.lock().unwrap().lose_answers, 0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        grants(&kv).await.values().flatten().count(),
+        20,
+        "nothing more"
+    );
+    // A completion whose answer is lost: the grant went, the quarantine stays on its lease.
+    let n0 = &names[0];
+    let blocks = blocks_of(&kv, n0).await;
+    let empty: Vec<&str> = blocks.iter().rev().map(String::as_str).collect();
+    demand(&kv, n0, 0, 28, 0, &empty).await;
+    wait_until("one block marked", Duration::from_secs(15), || async {
+        releases_of(&kv, n0).await.len() == 1
+    })
+    .await;
+    kv.faults.lock().unwrap().lose_answers = 1;
+    let (block, _) = releases_of(&kv, n0).await.remove(0);
+    assert!(answer(&kv, n0, &block, ReleaseState::Ready).await);
+    wait_until("released", Duration::from_secs(5), || async {
+        blocks_of(&kv, n0).await.len() == 1
+    })
+    .await;
+    assert_eq!(kv.faults.lock().unwrap().lose_answers, 0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let quarantined = under(&kv, "quarantine/").await;
+    assert_eq!(quarantined.len(), 1);
+    assert!(quarantined[0].lease.is_some());
+    assert!(releases_of(&kv, n0).await.is_empty());
+    assert_consistent(&kv).await;
+    auditor.assert_clean();
+}
