@@ -127,6 +127,39 @@ pub struct NodeStatus {
     pub waiting_for: Vec<String>,
     /// Whether `corral node remove` asked for its removal.
     pub removal_requested: bool,
+    /// Block pools: the node's statistics per pool and family.
+    #[serde(default)]
+    pub blocks: Vec<NodeBlocks>,
+}
+
+/// One node's blocks of one block pool and family: Cilium's `Statistics`, in addresses
+/// (decimal strings: an IPv6 block's count can pass 2^53), and the blocks it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeBlocks {
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// Allocated on the node (its agent's last demand report).
+    pub used: String,
+    /// Held: the addresses of its blocks, less those it surrendered in a handshake.
+    pub available: String,
+    /// The most it may hold (max-allocate in whole blocks; 0: no cap).
+    pub capacity: String,
+    /// Still to grant to reach its watermarks.
+    pub needed: String,
+    /// Held beyond what it keeps (`max(min-allocate, used + pre-allocate) +
+    /// max-above-watermark`).
+    pub excess: String,
+    /// Blocks held.
+    pub blocks: u64,
+    /// Blocks in a release handshake (marked, ready or refused).
+    pub in_handshake: u64,
+    /// At max-allocate and still needing addresses.
+    pub at_capacity: bool,
+    /// Whether its agent reported demand (without, nothing is released).
+    pub has_demand: bool,
 }
 
 /// A node CIDR held by a node.

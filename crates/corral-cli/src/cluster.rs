@@ -449,10 +449,25 @@ fn check_agent(
             }
         }
     }
-    let mut held: Vec<(String, String)> = cluster_ranges
+    let active: Vec<(String, String)> = cluster_ranges
         .iter()
         .filter(|(_, r)| !r.draining)
         .map(|(pool, r)| ((*pool).to_owned(), r.range.clone()))
+        .collect();
+    // Block pools: each range one of the node's blocks, each block held or surrendered.
+    problems.extend(
+        corral_cluster::agent_block_problems(keys, entries, &cluster.node, &active)
+            .into_iter()
+            .map(|p| format!("agent {}: {p}", socket.display())),
+    );
+    let block_pools: std::collections::BTreeSet<String> = active
+        .iter()
+        .map(|(pool, _)| pool.clone())
+        .filter(|pool| corral_cluster::is_block_pool(keys, entries, pool))
+        .collect();
+    let mut held: Vec<(String, String)> = active
+        .into_iter()
+        .filter(|(pool, _)| !block_pools.contains(pool))
         .collect();
     held.sort();
     let plan_pool = corral_core::PoolName::new(corral_agent::cluster::ClusterOptions::PLAN_POOL)
@@ -504,7 +519,16 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                 };
                 Ok(Outcome::ok(match output {
                     Output::Json => serde_json::to_string_pretty(&node).unwrap_or_default() + "\n",
-                    Output::Table => corral_cluster::NodeReport::table(std::slice::from_ref(&node)),
+                    Output::Table => {
+                        let mut text =
+                            corral_cluster::NodeReport::table(std::slice::from_ref(&node));
+                        // Block pools: Cilium's statistics per pool and family.
+                        for blocks in &node.blocks {
+                            text.push_str(&blocks.summary());
+                            text.push('\n');
+                        }
+                        text
+                    }
                 }))
             }
             NodeCommand::Plan(args) => {

@@ -3,8 +3,10 @@
 //! little): every key parses and every value decodes; granted CIDRs are pairwise disjoint,
 //! inside their pool at its node prefix length, clear of reserved and quarantined ranges;
 //! `grants/` and `owned/` match both ways; every grant names a registered node under its
-//! current registration; a node holds at most one CIDR per pool and family; node IDs are
-//! one-to-one, inside the plan and not quarantined.
+//! current registration; a node holds at most one CIDR per pool and family of a node-CIDR pool
+//! (any number of blocks in a block pool); every release key names a current grant of its node
+//! (the grant's create revision is its `grant_revision`); node IDs are one-to-one, inside the
+//! plan and not quarantined.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,7 +16,7 @@ use ipnet::IpNet;
 use crate::config::ClusterConfig;
 use crate::keys::{
     GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
-    QuarantineRecord, decode_value,
+    QuarantineRecord, ReleaseRecord, ReleaseState, decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;
@@ -26,6 +28,10 @@ struct Parsed {
     /// Registered nodes: create revision and uid.
     nodes: BTreeMap<NodeName, (i64, String)>,
     grants: Vec<(PoolName, Family, IpNet, GrantRecord)>,
+    /// Each grant's create revision, by its pool, family and CIDR.
+    grant_revisions: BTreeMap<(PoolName, Family, IpNet), i64>,
+    /// Release handshakes: (node, pool, family, block) → record.
+    releases: BTreeMap<(NodeName, PoolName, Family, IpNet), ReleaseRecord>,
     owned: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
     quarantined: Vec<(PoolName, Family, IpNet)>,
     ids: BTreeMap<u32, NodeName>,
@@ -59,7 +65,23 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
                 Err(error) => bad(error.to_string()),
             },
             Key::Grant { pool, family, cidr } => match decode_value::<GrantRecord>(value) {
-                Ok(record) => parsed.grants.push((pool, family, cidr, record)),
+                Ok(record) => {
+                    parsed
+                        .grant_revisions
+                        .insert((pool.clone(), family, cidr), *create_revision);
+                    parsed.grants.push((pool, family, cidr, record));
+                }
+                Err(error) => bad(error.to_string()),
+            },
+            Key::Release {
+                node,
+                pool,
+                family,
+                cidr,
+            } => match decode_value::<ReleaseRecord>(value) {
+                Ok(record) => {
+                    parsed.releases.insert((node, pool, family, cidr), record);
+                }
                 Err(error) => bad(error.to_string()),
             },
             Key::Owned {
@@ -206,8 +228,15 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             ));
         }
     }
+    let is_blocks = |pool: &PoolName| {
+        parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.is_blocks())
+    };
     for ((node, pool, family), count) in per_node {
-        if count > 1 {
+        if count > 1 && !is_blocks(pool) {
             problems.push(format!(
                 "node {node} holds {count} CIDRs of pool {pool} {family}"
             ));
@@ -221,6 +250,32 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     for (node, pool, family, cidr) in &parsed.owned {
         if !granted.contains(&(node, pool, *family, cidr)) {
             problems.push(format!("owned key {cidr} of node {node} has no grant"));
+        }
+    }
+    for ((node, pool, family, cidr), record) in &parsed.releases {
+        let grant = parsed
+            .grants
+            .iter()
+            .find(|(p, f, c, r)| p == pool && f == family && c == cidr && &r.node == node);
+        let revision = parsed
+            .grant_revisions
+            .get(&(pool.clone(), *family, *cidr))
+            .copied();
+        if !is_blocks(pool) {
+            problems.push(format!(
+                "release key of {cidr} (node {node}) is in pool {pool}, which is not a block pool"
+            ));
+        } else if grant.is_none() {
+            problems.push(format!(
+                "release key of {cidr} (node {node}, {}) names no grant of that node",
+                record.state.name()
+            ));
+        } else if revision != Some(record.grant_revision) {
+            problems.push(format!(
+                "release key of {cidr} (node {node}) names grant revision {}, the grant's is {}",
+                record.grant_revision,
+                revision.unwrap_or(0)
+            ));
         }
     }
     let max_id = parsed.config.as_ref().map(ClusterConfig::max_node_id);
@@ -252,8 +307,9 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     problems
 }
 
-/// The ranges an agent of `node` must hold as its cluster ranges: its grants, and its plan's
-/// pod range (in pool `plan_pool`) in a node-ID cluster.
+/// The ranges an agent of `node` must hold as its cluster ranges: its grants in node-CIDR
+/// pools, and its plan's pod range (in pool `plan_pool`) in a node-ID cluster (block pools:
+/// [`agent_block_problems`]).
 pub fn expected_ranges(
     keys: &Keys,
     entries: &[Entry],
@@ -262,10 +318,17 @@ pub fn expected_ranges(
 ) -> Vec<(PoolName, RangeSpec)> {
     let mut ignored = Vec::new();
     let parsed = parse(keys, entries, &mut ignored);
+    let is_blocks = |pool: &PoolName| {
+        parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.is_blocks())
+    };
     let mut ranges: Vec<(PoolName, RangeSpec)> = parsed
         .grants
         .iter()
-        .filter(|g| g.3.node.as_str() == node)
+        .filter(|g| g.3.node.as_str() == node && !is_blocks(&g.0))
         .filter_map(|(pool, _, cidr, _)| Some((pool.clone(), node_range(*cidr).ok()?)))
         .collect();
     let plan = parsed.config.as_ref().and_then(|c| c.node_ids.as_ref());
@@ -320,4 +383,241 @@ pub fn block_range(cidr: IpNet) -> Result<RangeSpec, corral_core::SpecError> {
 /// How many addresses an agent hands out from a block ([`block_range`]'s size).
 pub fn block_capacity(cidr: IpNet) -> u64 {
     block_range(cidr).map_or(0, |spec| u64::try_from(spec.size()).unwrap_or(u64::MAX))
+}
+
+/// Whether `pool` is a block pool in the configuration the keys hold.
+pub fn is_block_pool(keys: &Keys, entries: &[Entry], pool: &str) -> bool {
+    let mut ignored = Vec::new();
+    let parsed = parse(keys, entries, &mut ignored);
+    parsed
+        .config
+        .as_ref()
+        .and_then(|c| c.pools.iter().find(|p| p.name.as_str() == pool))
+        .is_some_and(|p| p.is_blocks())
+}
+
+/// An agent's active cluster ranges in block pools (`held`: pool and range text) against the
+/// node's blocks: each must be the [`block_range`] of a block granted to the node in that
+/// pool, and each block granted to it that it does not hold must be surrendered (its release
+/// key `marked` or `ready`: the agent gives a block up before it answers). Anything else is a
+/// problem, one sentence each.
+pub fn agent_block_problems(
+    keys: &Keys,
+    entries: &[Entry],
+    node: &str,
+    held: &[(String, String)],
+) -> Vec<String> {
+    let mut ignored = Vec::new();
+    let parsed = parse(keys, entries, &mut ignored);
+    let Some(config) = parsed.config.as_ref() else {
+        return Vec::new();
+    };
+    let blocks: Vec<(&PoolName, Family, &IpNet, String)> = parsed
+        .grants
+        .iter()
+        .filter(|(pool, _, _, record)| {
+            record.node.as_str() == node && config.pool(pool).is_some_and(|p| p.is_blocks())
+        })
+        .filter_map(|(pool, family, cidr, _)| {
+            Some((pool, *family, cidr, block_range(*cidr).ok()?.to_string()))
+        })
+        .collect();
+    let mut problems = Vec::new();
+    for (pool, range) in held {
+        if !config
+            .pools
+            .iter()
+            .any(|p| p.name.as_str() == pool && p.is_blocks())
+        {
+            continue;
+        }
+        if !blocks
+            .iter()
+            .any(|(p, _, _, r)| p.as_str() == pool && r == range)
+        {
+            problems.push(format!(
+                "node {node} holds {range} in block pool {pool}, which is not granted to it"
+            ));
+        }
+    }
+    for (pool, family, cidr, range) in &blocks {
+        let held_it = held
+            .iter()
+            .any(|(p, r)| p.as_str() == pool.as_str() && r == range);
+        if held_it {
+            continue;
+        }
+        let release = parsed
+            .releases
+            .iter()
+            .find(|((n, p, f, c), _)| n.as_str() == node && p == *pool && f == family && c == *cidr)
+            .map(|(_, record)| record.state);
+        if !matches!(release, Some(ReleaseState::Marked | ReleaseState::Ready)) {
+            problems.push(format!(
+                "node {node} does not hold block {cidr} of pool {pool}, granted to it and not surrendered ({})",
+                release.map_or("no release key", ReleaseState::name)
+            ));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{ClusterName, OwnedRecord, encode_value};
+
+    const BLOCKS: &str = r#"
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.0.0.0/24"]
+block_prefix_len = 28
+[[pools]]
+name = "nodes"
+[pools.ipv4]
+cidrs = ["10.1.0.0/16"]
+node_prefix_len = 24
+"#;
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    struct Cluster {
+        keys: Keys,
+        entries: Vec<Entry>,
+        revision: i64,
+    }
+
+    impl Cluster {
+        fn new() -> Cluster {
+            let keys = Keys::new(ClusterName::new("t").unwrap());
+            let config = ClusterConfig::from_toml(BLOCKS).unwrap();
+            let entries = vec![(keys.config(), config.to_json().unwrap().into_bytes(), 1)];
+            let mut cluster = Cluster {
+                keys,
+                entries,
+                revision: 1,
+            };
+            let node = NodeName::new("a").unwrap();
+            let record = NodeRecord {
+                uid: "u".into(),
+                addresses: vec![],
+                registered_ms: 0,
+            };
+            cluster.add(cluster.keys.node(&node), encode_value(&record).unwrap());
+            cluster
+        }
+
+        fn add(&mut self, key: String, value: Vec<u8>) -> i64 {
+            self.revision += 1;
+            self.entries.push((key, value, self.revision));
+            self.revision
+        }
+
+        fn grant(&mut self, pool: &str, cidr: &str) -> i64 {
+            let node = NodeName::new("a").unwrap();
+            let pool = PoolName::new(pool).unwrap();
+            let record = GrantRecord {
+                node: node.clone(),
+                uid: "u".into(),
+                node_revision: 2,
+            };
+            let revision = self.add(
+                self.keys.grant(&pool, Family::V4, &net(cidr)),
+                encode_value(&record).unwrap(),
+            );
+            self.add(
+                self.keys.owned(&node, &pool, Family::V4, &net(cidr)),
+                encode_value(&OwnedRecord { node_revision: 2 }).unwrap(),
+            );
+            revision
+        }
+
+        fn release(&mut self, pool: &str, cidr: &str, state: ReleaseState, grant_revision: i64) {
+            let record = ReleaseRecord {
+                state,
+                grant_revision,
+                marked_ms: 0,
+                answered_ms: 0,
+                reason: None,
+            };
+            self.add(
+                self.keys.release(
+                    &NodeName::new("a").unwrap(),
+                    &PoolName::new(pool).unwrap(),
+                    Family::V4,
+                    &net(cidr),
+                ),
+                encode_value(&record).unwrap(),
+            );
+        }
+
+        fn check(&self) -> Vec<String> {
+            check(&self.keys, &self.entries)
+        }
+    }
+
+    #[test]
+    fn many_blocks_per_node_are_fine_and_release_keys_must_name_a_current_grant() {
+        let mut c = Cluster::new();
+        let first = c.grant("pods", "10.0.0.0/28");
+        c.grant("pods", "10.0.0.16/28");
+        c.grant("nodes", "10.1.0.0/24");
+        c.release("pods", "10.0.0.0/28", ReleaseState::Marked, first);
+        assert_eq!(c.check(), Vec::<String>::new());
+        // A second node CIDR of a node-CIDR pool is still a problem.
+        c.grant("nodes", "10.1.1.0/24");
+        assert_eq!(c.check().len(), 1, "{:?}", c.check());
+        let mut c = Cluster::new();
+        let first = c.grant("pods", "10.0.0.0/28");
+        c.release("pods", "10.0.0.0/28", ReleaseState::Ready, first + 100);
+        c.release("pods", "10.0.0.32/28", ReleaseState::Marked, first);
+        c.release("nodes", "10.1.0.0/24", ReleaseState::Marked, first);
+        let problems = c.check();
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("names grant revision")));
+        assert!(problems.iter().any(|p| p.contains("names no grant")));
+        assert!(problems.iter().any(|p| p.contains("not a block pool")));
+    }
+
+    #[test]
+    fn an_agent_holds_its_blocks_or_has_surrendered_them() {
+        let mut c = Cluster::new();
+        let first = c.grant("pods", "10.0.0.0/28");
+        let second = c.grant("pods", "10.0.0.16/28");
+        c.grant("pods", "10.0.0.32/28");
+        c.grant("nodes", "10.1.0.0/24");
+        let range = |cidr: &str| block_range(net(cidr)).unwrap().to_string();
+        let held = |cidrs: &[&str]| -> Vec<(String, String)> {
+            cidrs
+                .iter()
+                .map(|c| ("pods".to_owned(), range(c)))
+                .chain([("nodes".to_owned(), "ignored here".to_owned())])
+                .collect()
+        };
+        let all = held(&["10.0.0.0/28", "10.0.0.16/28", "10.0.0.32/28"]);
+        assert!(agent_block_problems(&c.keys, &c.entries, "a", &all).is_empty());
+        assert!(is_block_pool(&c.keys, &c.entries, "pods"));
+        assert!(!is_block_pool(&c.keys, &c.entries, "nodes"));
+        // Not granted; and two blocks not held, one surrendered (ready), one not.
+        let mut odd = held(&["10.0.0.32/28"]);
+        odd.push(("pods".to_owned(), range("10.0.0.64/28")));
+        c.release("pods", "10.0.0.0/28", ReleaseState::Ready, first);
+        c.release("pods", "10.0.0.16/28", ReleaseState::Refused, second);
+        let problems = agent_block_problems(&c.keys, &c.entries, "a", &odd);
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("10.0.0.64/28")));
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("10.0.0.16/28") && p.contains("refused"))
+        );
+        // Node-CIDR pools are left to `expected_ranges`, which leaves block pools out.
+        let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
+        assert_eq!(expected.len(), 1);
+        assert_eq!(expected[0].0.as_str(), "nodes");
+    }
 }

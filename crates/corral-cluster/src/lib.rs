@@ -21,7 +21,8 @@ pub mod view;
 
 pub use backoff::{Resync, RetryState};
 pub use check::{
-    Entry, block_capacity, block_range, check, expected_ranges, granted_cidrs, node_range,
+    Entry, agent_block_problems, block_capacity, block_range, check, expected_ranges,
+    granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
     ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig,
@@ -35,13 +36,14 @@ pub use keys::{
     encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
-pub use report::{NodeReport, StatusReport};
+pub use report::{BlockReport, NodeReport, StatusReport};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
 /// Re-exported so callers name the same family, pool and CIDR types.
 pub use corral_core::{Family, PoolName};
 pub use ipnet::IpNet;
 pub use view::{
-    ClusterView, Needs, NodeCidr, NodeEntry, NodeInfo, PoolFamily, Problem, Proposal, ProposeError,
-    Removal, RemovedGrant, RemovedNodeId,
+    BlockProposal, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry, NodeInfo,
+    PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal, RemovedGrant,
+    RemovedNodeId,
 };

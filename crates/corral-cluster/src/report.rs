@@ -59,6 +59,61 @@ pub struct NodeReport {
     /// What it still lacks, as `pool family` (and `node-id`).
     pub waiting_for: Vec<String>,
     pub removal_requested: bool,
+    /// Block pools: the node's statistics per pool and family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<BlockReport>,
+}
+
+/// One node's blocks of one pool and family: Cilium's `Statistics` (in addresses) and the
+/// blocks it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockReport {
+    pub pool: String,
+    pub family: String,
+    /// Allocated on the node (its agent's last demand report).
+    pub used: u64,
+    /// Held: the addresses of its blocks, less those it surrendered.
+    pub available: u64,
+    /// The most it may hold (max-allocate in whole blocks; 0: no cap).
+    pub capacity: u64,
+    /// Still to grant to reach the watermarks.
+    pub needed: u64,
+    /// Held beyond what it keeps.
+    pub excess: u64,
+    /// Blocks held.
+    pub blocks: u64,
+    /// Blocks in a release handshake.
+    pub in_handshake: u64,
+    /// At max-allocate and still needing addresses.
+    pub at_capacity: bool,
+    /// Whether its agent reported demand.
+    pub has_demand: bool,
+}
+
+impl BlockReport {
+    /// `pool family: N blocks (H in handshake), used U of A, needed N, excess E`.
+    pub fn summary(&self) -> String {
+        let mut text = format!(
+            "{} {}: {} blocks, used {} of {}",
+            self.pool, self.family, self.blocks, self.used, self.available
+        );
+        if self.in_handshake > 0 {
+            let _ = write!(text, ", {} in handshake", self.in_handshake);
+        }
+        if self.needed > 0 {
+            let _ = write!(text, ", needs {}", self.needed);
+        }
+        if self.excess > 0 {
+            let _ = write!(text, ", excess {}", self.excess);
+        }
+        if self.at_capacity {
+            let _ = write!(text, ", at capacity {}", self.capacity);
+        }
+        if !self.has_demand {
+            text.push_str(", no demand reported");
+        }
+        text
+    }
 }
 
 impl ClusterView {
@@ -142,6 +197,23 @@ impl ClusterView {
                     node_id: self.node_id_of(name),
                     waiting_for,
                     removal_requested: removals.iter().any(|n| n == name.as_str()),
+                    blocks: self
+                        .node_block_stats(name)
+                        .into_iter()
+                        .map(|b| BlockReport {
+                            pool: b.pool.to_string(),
+                            family: b.family.name().to_owned(),
+                            used: b.stats.used,
+                            available: b.stats.available,
+                            capacity: b.stats.capacity,
+                            needed: b.stats.needed,
+                            excess: b.stats.excess,
+                            blocks: b.blocks,
+                            in_handshake: b.in_handshake,
+                            at_capacity: b.at_capacity,
+                            has_demand: b.has_demand,
+                        })
+                        .collect(),
                 }
             })
             .collect()
@@ -257,10 +329,31 @@ impl NodeReport {
                 None => "?",
             };
             let id = node.node_id.map_or("-".to_owned(), |id| id.to_string());
-            let grants = if node.grants.is_empty() {
+            // A block pool's grants are summed up (a node may hold many blocks).
+            let mut grants: Vec<String> = node
+                .grants
+                .iter()
+                .filter(|g| {
+                    !node
+                        .blocks
+                        .iter()
+                        .any(|b| g.starts_with(&format!("{} {} ", b.pool, b.family)))
+                })
+                .cloned()
+                .collect();
+            grants.extend(node.blocks.iter().map(|b| {
+                format!(
+                    "{} {} {} blocks{}",
+                    b.pool,
+                    b.family,
+                    b.blocks,
+                    if b.at_capacity { " (at capacity)" } else { "" }
+                )
+            }));
+            let grants = if grants.is_empty() {
                 "-".to_owned()
             } else {
-                node.grants.join(", ")
+                grants.join(", ")
             };
             let mut waiting = node.waiting_for.join(", ");
             if node.removal_requested {

@@ -21,6 +21,11 @@ use crate::keys::{
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
+mod block_view;
+pub use block_view::{
+    BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
+};
+
 /// The most apply-time problems kept; older ones are dropped (and counted).
 pub const MAX_PROBLEMS: usize = 1024;
 
@@ -216,6 +221,9 @@ pub struct Removal {
     pub node_id_of_node_key: Option<String>,
     /// The node's node IDs (normally at most one).
     pub node_ids: Vec<RemovedNodeId>,
+    /// Block pools: the node's `demand/` and `release/` keys seen (deleted), whatever their
+    /// values.
+    pub block_keys: Vec<String>,
 }
 
 impl Removal {
@@ -226,6 +234,7 @@ impl Removal {
         keys.extend(self.owned_keys.iter().cloned());
         keys.extend(self.node_id_of_node_key.iter().cloned());
         keys.extend(self.node_ids.iter().filter_map(|n| n.id_key.clone()));
+        keys.extend(self.block_keys.iter().cloned());
         keys
     }
 
@@ -295,6 +304,8 @@ struct GrantEntry {
     /// None when the value does not decode: the CIDR is still occupied.
     record: Option<GrantRecord>,
     counted: bool,
+    /// The key's create revision (a release handshake names it).
+    create_revision: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -333,6 +344,14 @@ pub struct ClusterView {
     demands: BTreeMap<(NodeName, PoolName), DemandRecord>,
     /// Block pools: open release handshakes → (the key's mod revision, its record).
     releases: BTreeMap<(NodeName, PoolName, Family, IpNet), (i64, ReleaseRecord)>,
+    /// Block pools: every `demand/` key seen, whatever its value (a removal deletes them).
+    demand_keys: BTreeSet<(NodeName, PoolName)>,
+    /// Block pools: every `release/` key seen with its mod revision, whatever its value.
+    release_keys: BTreeMap<(NodeName, PoolName, Family, IpNet), i64>,
+    /// Block proposals in flight, one per node at most.
+    block_in_flight: BTreeMap<NodeName, BlockProposal>,
+    /// Nodes whose liveness key exists.
+    live: BTreeSet<NodeName>,
     /// The mod revision of the `config` key (0 before it was seen).
     config_revision: i64,
     problems: Vec<Problem>,
@@ -359,6 +378,10 @@ impl ClusterView {
             removals: BTreeMap::new(),
             demands: BTreeMap::new(),
             releases: BTreeMap::new(),
+            demand_keys: BTreeSet::new(),
+            release_keys: BTreeMap::new(),
+            block_in_flight: BTreeMap::new(),
+            live: BTreeSet::new(),
             config_revision: 0,
             problems: Vec::new(),
             problems_dropped: 0,
@@ -392,6 +415,10 @@ impl ClusterView {
         self.removals.clear();
         self.demands.clear();
         self.releases.clear();
+        self.demand_keys.clear();
+        self.release_keys.clear();
+        self.block_in_flight.clear();
+        self.live.clear();
         self.rebuild_spaces();
     }
 
@@ -440,6 +467,7 @@ impl ClusterView {
             .as_ref()
             .map(|plan| NodeIdSpace::new(plan.max_node_id()));
         self.in_flight.clear();
+        self.block_in_flight.clear();
         let grants: Vec<CidrKey> = self.grants.keys().cloned().collect();
         for key in grants {
             let counted = self.occupy_grant(&key, 0);
@@ -582,7 +610,10 @@ impl ClusterView {
                 }
                 Err(e) => self.problem(key, mod_revision, format!("not applied: {e}")),
             },
-            Key::Election { .. } | Key::Live { .. } => {}
+            Key::Election { .. } => {}
+            Key::Live { node } => {
+                self.live.insert(node);
+            }
             Key::Node { node } => {
                 if let Some(record) = self.decode::<NodeRecord>(key, mod_revision, value) {
                     self.nodes.insert(
@@ -607,7 +638,14 @@ impl ClusterView {
                         .or_default()
                         .insert(id.clone());
                 }
-                self.grants.insert(id, GrantEntry { record, counted });
+                self.grants.insert(
+                    id,
+                    GrantEntry {
+                        record,
+                        counted,
+                        create_revision,
+                    },
+                );
             }
             Key::Owned {
                 node,
@@ -647,6 +685,7 @@ impl ClusterView {
                 }
             }
             Key::Demand { node, pool } => {
+                self.demand_keys.insert((node.clone(), pool.clone()));
                 if let Some(record) = self.decode::<DemandRecord>(key, mod_revision, value) {
                     self.demands.insert((node, pool), record);
                 }
@@ -657,6 +696,8 @@ impl ClusterView {
                 family,
                 cidr,
             } => {
+                self.release_keys
+                    .insert((node.clone(), pool.clone(), family, cidr), mod_revision);
                 if let Some(record) = self.decode::<ReleaseRecord>(key, mod_revision, value) {
                     self.releases
                         .insert((node, pool, family, cidr), (mod_revision, record));
@@ -682,12 +723,16 @@ impl ClusterView {
     /// Forgets what a key held (nothing if it held nothing).
     fn forget(&mut self, key: &Key) {
         match key {
-            Key::Schema | Key::Config | Key::Election { .. } | Key::Live { .. } => {}
+            Key::Schema | Key::Config | Key::Election { .. } => {}
+            Key::Live { node } => {
+                self.live.remove(node);
+            }
             Key::Removal { node } => {
                 self.removals.remove(node);
             }
             Key::Demand { node, pool } => {
                 self.demands.remove(&(node.clone(), pool.clone()));
+                self.demand_keys.remove(&(node.clone(), pool.clone()));
             }
             Key::Release {
                 node,
@@ -695,8 +740,9 @@ impl ClusterView {
                 family,
                 cidr,
             } => {
-                self.releases
-                    .remove(&(node.clone(), pool.clone(), *family, *cidr));
+                let id = (node.clone(), pool.clone(), *family, *cidr);
+                self.releases.remove(&id);
+                self.release_keys.remove(&id);
             }
             Key::Node { node } => {
                 self.nodes.remove(node);
@@ -1030,6 +1076,7 @@ impl ClusterView {
                 .contains_key(node)
                 .then(|| keys.node_id_of_node(node)),
             node_ids,
+            block_keys: self.block_keys_of(node),
         }
     }
 

@@ -264,7 +264,11 @@ async fn metrics(State(state): State<ApiState>) -> Response {
     if let Err(e) = prometheus_client::encoding::text::encode_registry(&mut text, &state.registry) {
         return error(ErrorCode::RetryLater, format!("metrics do not encode: {e}"));
     }
-    if let Some(extra) = state.shared.with_view(|view, _| view.metrics_text()) {
+    if let Some(extra) = state.shared.with_view(|view, _| {
+        let mut extra = view.metrics_text();
+        extra.push_str(&view.block_metrics_text());
+        extra
+    }) {
         text.push_str(&extra);
     }
     text.push_str("# EOF\n");
@@ -356,6 +360,23 @@ fn node_status(view: &ClusterView, report: corral_cluster::NodeReport) -> body::
         node_id: report.node_id,
         waiting_for: report.waiting_for,
         removal_requested: report.removal_requested,
+        blocks: report
+            .blocks
+            .into_iter()
+            .map(|b| body::NodeBlocks {
+                pool: b.pool,
+                family: b.family,
+                used: b.used.to_string(),
+                available: b.available.to_string(),
+                capacity: b.capacity.to_string(),
+                needed: b.needed.to_string(),
+                excess: b.excess.to_string(),
+                blocks: b.blocks,
+                in_handshake: b.in_handshake,
+                at_capacity: b.at_capacity,
+                has_demand: b.has_demand,
+            })
+            .collect(),
     }
 }
 

@@ -23,6 +23,8 @@ use tokio::time::Instant;
 use crate::election::Fence;
 use crate::state::{Shared, TxnOutcome};
 
+mod blocks;
+
 /// Keys per page when the prefix is read.
 const PAGE: usize = 2000;
 
@@ -46,6 +48,11 @@ enum Done {
     Removal {
         node: NodeName,
         outcome: Result<Revision, TxnFailure>,
+    },
+    /// A node's block-pool steps (grants and release handshakes), one transaction each.
+    Blocks {
+        node: NodeName,
+        done: blocks::StepsDone,
     },
 }
 
@@ -179,6 +186,13 @@ struct Work {
     waiting_for_space: std::collections::BTreeSet<NodeName>,
     /// Nodes whose last batch was refused: tried alone until they succeed.
     solo: std::collections::BTreeSet<NodeName>,
+    /// Block pools: nodes whose plan may have changed (their demand, release keys, grants,
+    /// registration), planned on the next turn.
+    block_pending: std::collections::BTreeSet<NodeName>,
+    /// Block pools: every node must be planned (after a rebuild or a configuration change).
+    block_rescan: bool,
+    /// Block pools: the leader's clocks (first sights, excess, wake-ups).
+    clock: blocks::BlockClock,
 }
 
 impl Work {
@@ -191,15 +205,18 @@ impl Work {
                 // Another configuration: whatever failed may succeed now (a pool grown,
                 // a grant refused for the configuration's revision).
                 self.rescan = true;
+                self.block_rescan = true;
                 for retry in self.retry.values_mut() {
                     retry.at = None;
                 }
             }
             Ok(Key::Removal { node }) if deleted => {
                 // A removal done (or dropped): the node may be registered again and waiting.
+                self.block_pending.insert(node.clone());
                 self.pending.insert(node);
             }
             Ok(Key::Node { node }) if !deleted => {
+                self.block_pending.insert(node.clone());
                 self.pending.insert(node);
             }
             Ok(Key::Node { node }) => {
@@ -207,9 +224,21 @@ impl Work {
                 self.retry.remove(&node);
                 self.solo.remove(&node);
                 self.waiting_for_space.remove(&node);
+                self.block_pending.remove(&node);
+                self.clock.forget_node(&node);
             }
-            Ok(Key::Owned { node, .. } | Key::NodeIdOfNode { node }) if deleted => {
+            Ok(Key::Owned { node, .. }) => {
+                // A block granted or released (or a node CIDR deleted).
+                self.block_pending.insert(node.clone());
+                if deleted {
+                    self.pending.insert(node);
+                }
+            }
+            Ok(Key::NodeIdOfNode { node }) if deleted => {
                 self.pending.insert(node);
+            }
+            Ok(Key::Demand { node, .. } | Key::Release { node, .. }) => {
+                self.block_pending.insert(node);
             }
             Ok(
                 Key::Grant { .. }
@@ -219,6 +248,7 @@ impl Work {
             ) if deleted => {
                 for node in std::mem::take(&mut self.waiting_for_space) {
                     self.retry.remove(&node);
+                    self.block_pending.insert(node.clone());
                     self.pending.insert(node);
                 }
             }
@@ -258,6 +288,9 @@ async fn serve<K: Kv>(
         rescan: true,
         waiting_for_space: Default::default(),
         solo: Default::default(),
+        block_pending: Default::default(),
+        block_rescan: true,
+        clock: blocks::BlockClock::new(),
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
@@ -283,6 +316,10 @@ async fn serve<K: Kv>(
             .values()
             .filter_map(|r| r.at)
             .min()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let next_wake = work
+            .clock
+            .next_wake()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             batch = watch.next() => {
@@ -330,7 +367,15 @@ async fn serve<K: Kv>(
                     if let Some(retry) = work.retry.get_mut(&node) {
                         retry.at = None;
                     }
+                    work.block_pending.insert(node.clone());
                     work.pending.insert(node);
+                }
+                dirty = true;
+            }
+            _ = tokio::time::sleep_until(next_wake) => {
+                // A release delay ran out: those nodes may mark blocks now.
+                for node in work.clock.take_due() {
+                    work.block_pending.insert(node);
                 }
                 dirty = true;
             }
@@ -429,16 +474,30 @@ fn apply_event(view: &mut ClusterView, event: &Event) {
 /// stops).
 async fn drain(work: &mut Work, shared: &Shared) {
     while let Some(done) = work.running.join_next().await {
-        if let Ok(Done::Grant { proposals, .. }) = done {
-            shared.with_view_mut(|view, _| {
-                for proposal in &proposals {
-                    view.abandon(proposal);
-                }
-            });
+        match done {
+            Ok(Done::Grant { proposals, .. }) => {
+                shared.with_view_mut(|view, _| {
+                    for proposal in &proposals {
+                        view.abandon(proposal);
+                    }
+                });
+            }
+            Ok(Done::Blocks { done, .. }) => {
+                shared.with_view_mut(|view, _| {
+                    let steps = done.ran.iter().map(|(step, ..)| step).chain(&done.not_run);
+                    for step in steps {
+                        if let blocks::BlockStep::Grant(proposal) = step {
+                            view.abandon_blocks(proposal);
+                        }
+                    }
+                });
+            }
+            _ => {}
         }
     }
     work.busy.clear();
     work.rescan = true;
+    work.block_rescan = true;
 }
 
 fn due(work: &Work, node: &NodeName, now: Instant) -> bool {
@@ -527,6 +586,7 @@ fn start_work<K: Kv>(
             }
         });
     }
+    blocks::start_block_work(kv, keys, fence, shared, workers, view, work, &removing);
 }
 
 /// Nodes granted in one transaction at most. A transaction's compares and puts are bounded
@@ -673,6 +733,7 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                 Ok(_) => {
                     eprintln!("corral operator: removed node {node}; its grants are quarantined");
                     work.retry.remove(&node);
+                    work.block_pending.insert(node.clone());
                     work.pending.insert(node);
                     false
                 }
@@ -687,6 +748,7 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                 }
             }
         }
+        Done::Blocks { node, done } => blocks::finish_blocks(view, shared, work, node, done),
     }
 }
 
@@ -782,6 +844,7 @@ async fn remove<K: Kv>(
         removal.node_key.clone(),
         request.node_revision,
     ));
+    let mut removal = removal.clone();
     let quarantines = removal.quarantines();
     let lease: Option<LeaseId> = if quarantines.is_empty() {
         None
@@ -797,6 +860,53 @@ async fn remove<K: Kv>(
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let value = encode_value(&removal.quarantine_record("node removed", now_ms))
         .map_err(|e| TxnFailure::Uncertain(KvError::Refused(e.to_string())))?;
+    // A node of block pools may hold more blocks than one transaction can delete and
+    // quarantine (etcd's 128 operations): its blocks go first, in chunks, each under the same
+    // compares (the request and the registration unchanged), then the rest in the last one.
+    let mut committed_any = false;
+    while let Some(lease) = lease
+        && !removal.grants.is_empty()
+        && removal.deletes().len() + removal.quarantines().len() + 1 > corral_kv::MAX_TXN_OPS
+    {
+        let n = removal.grants.len().min(REMOVAL_CHUNK);
+        let chunk: Vec<_> = removal.grants.drain(..n).collect();
+        let mut part = Txn {
+            compares: txn.compares.clone(),
+            ..Txn::default()
+        };
+        for grant in &chunk {
+            let c = &grant.cidr;
+            let owned = keys.owned(&removal.node, &c.pool, c.family, &c.cidr);
+            let release = keys.release(&removal.node, &c.pool, c.family, &c.cidr);
+            removal.owned_keys.retain(|k| *k != owned);
+            let had_release = removal.block_keys.contains(&release);
+            removal.block_keys.retain(|k| *k != release);
+            part.compares
+                .push(Compare::absent(grant.quarantine_key.clone()));
+            part.success.push(TxnOp::delete(grant.grant_key.clone()));
+            part.success.push(TxnOp::delete(owned));
+            if had_release {
+                part.success.push(TxnOp::delete(release));
+            }
+            part.success.push(TxnOp::put_on_lease(
+                grant.quarantine_key.clone(),
+                value.clone(),
+                lease,
+            ));
+        }
+        match run(kv, fence.guard(part)).await {
+            Ok(_) => committed_any = true,
+            Err(failure) => {
+                // Keys of an earlier chunk may be on this lease: it is revoked only if none
+                // was written.
+                if matches!(failure, TxnFailure::Refused) && !committed_any {
+                    let _ = kv.lease_revoke(lease).await;
+                }
+                return Err(failure);
+            }
+        }
+    }
+    let quarantines = removal.quarantines();
     for key in removal.deletes() {
         txn.success.push(TxnOp::delete(key));
     }
@@ -812,8 +922,14 @@ async fn remove<K: Kv>(
     // Only a refused txn surely wrote nothing; one whose answer was lost may have put the
     // quarantine keys on this lease, and revoking it would end their quarantine at once. An
     // unused lease runs out by itself.
-    if let (Err(TxnFailure::Refused), Some(lease)) = (&outcome, lease) {
+    if let (Err(TxnFailure::Refused), Some(lease)) = (&outcome, lease)
+        && !committed_any
+    {
         let _ = kv.lease_revoke(lease).await;
     }
     outcome
 }
+
+/// Grants a removal quarantines per transaction when one transaction cannot hold them all
+/// (block pools): 30 grants take at most 120 operations and 32 compares, inside etcd's 128.
+const REMOVAL_CHUNK: usize = 30;

@@ -175,6 +175,7 @@ fn component_schemas() -> BTreeMap<String, Value> {
         .add::<body::NodesResponse>()
         .add::<body::NodeStatus>()
         .add::<body::NodeGrant>()
+        .add::<body::NodeBlocks>()
         .add::<body::ClusterPools>()
         .add::<body::ClusterPool>()
         .add::<body::ClusterPoolFamily>()

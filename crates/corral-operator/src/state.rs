@@ -43,6 +43,20 @@ pub struct ResyncLabels {
     pub outcome: ResyncOutcome,
 }
 
+/// A block pool.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool: String,
+}
+
+/// How a step of a release handshake ended: `marked`, `released` (the agent answered ready
+/// and the grant went), `refused` (the agent's refusal forgotten), `unmarked`, `conflict` (a
+/// compare failed: planned again).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    pub outcome: String,
+}
+
 /// Shared between the leading loop, the API and the metrics.
 #[derive(Debug)]
 pub struct Shared {
@@ -78,6 +92,9 @@ pub struct Metrics {
     pub txn_seconds: Histogram,
     pub rebuilds: Counter,
     pub leader: Gauge,
+    pub blocks_granted: MetricFamily<PoolLabels, Counter>,
+    pub blocks_released: MetricFamily<PoolLabels, Counter>,
+    pub handshakes: MetricFamily<HandshakeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -90,6 +107,9 @@ impl Default for Metrics {
             ]),
             rebuilds: Counter::default(),
             leader: Gauge::default(),
+            blocks_granted: MetricFamily::default(),
+            blocks_released: MetricFamily::default(),
+            handshakes: MetricFamily::default(),
         }
     }
 }
@@ -227,6 +247,54 @@ impl Shared {
             .inc();
     }
 
+    /// Counts blocks granted in a block pool.
+    pub fn note_blocks_granted(&self, pool: &str, n: u64) {
+        self.metrics
+            .blocks_granted
+            .get_or_create(&PoolLabels {
+                pool: pool.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts blocks released (their grant deleted after the agent surrendered them).
+    pub fn note_blocks_released(&self, pool: &str, n: u64) {
+        self.metrics
+            .blocks_released
+            .get_or_create(&PoolLabels {
+                pool: pool.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts a step of a release handshake by its outcome.
+    pub fn note_handshake(&self, outcome: &str) {
+        self.metrics
+            .handshakes
+            .get_or_create(&HandshakeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Handshake steps of one outcome since start.
+    pub fn handshakes(&self, outcome: &str) -> u64 {
+        self.metrics
+            .handshakes
+            .get_or_create(&HandshakeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .get()
+    }
+
+    /// Grant transactions of one outcome since start.
+    pub fn grant_txns(&self, outcome: TxnOutcome) -> u64 {
+        self.metrics
+            .grants
+            .get_or_create(&OutcomeLabels { outcome })
+            .get()
+    }
+
     /// Grant transactions committed since start.
     pub fn granted(&self) -> u64 {
         self.metrics
@@ -261,6 +329,21 @@ impl Shared {
             "corral_operator_rebuilds",
             "Rebuilds of the view from a full read of the prefix",
             self.metrics.rebuilds.clone(),
+        );
+        registry.register(
+            "corral_operator_blocks_granted",
+            "Blocks granted in block pools, by pool",
+            self.metrics.blocks_granted.clone(),
+        );
+        registry.register(
+            "corral_operator_blocks_released",
+            "Blocks released in block pools (surrendered by the agent, grant deleted), by pool",
+            self.metrics.blocks_released.clone(),
+        );
+        registry.register(
+            "corral_operator_handshakes",
+            "Steps of block release handshakes by outcome",
+            self.metrics.handshakes.clone(),
         );
         registry.register(
             "corral_operator_leader",

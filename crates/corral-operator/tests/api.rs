@@ -515,3 +515,73 @@ fn check_openmetrics(text: &str) {
         }
     }
 }
+
+#[test]
+fn a_block_pool_nodes_statistics_and_metrics_are_served() {
+    const BLOCKS: &str = r#"
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.watermarks]
+pre_allocate = 8
+max_allocate = 28
+[pools.ipv4]
+cidrs = ["10.64.0.0/16"]
+block_prefix_len = 28
+"#;
+    let mut view = view(BLOCKS, &[], &["node-a"]);
+    let node = NodeName::new("node-a").unwrap();
+    let pool = corral_cluster::PoolName::new("pods").unwrap();
+    let proposal = view
+        .propose_blocks(&node, &pool, corral_cluster::Family::V4, 2)
+        .unwrap();
+    view.commit_blocks(&proposal, 10);
+    let demand = corral_cluster::DemandRecord {
+        ipv4: Some(corral_cluster::FamilyDemand {
+            used: 25,
+            free: 3,
+            ..Default::default()
+        }),
+        ipv6: None,
+        at_ms: 0,
+    };
+    view.apply_put(
+        "/corral/t/v1/demand/node-a/pods",
+        &corral_cluster::encode_value(&demand).unwrap(),
+        11,
+        11,
+    );
+    let running = Running::start(leader(&view));
+    let a: body::NodeStatus = running.get("/v1/nodes/node-a").json();
+    assert_eq!(a.grants.len(), 2);
+    assert_eq!(a.blocks.len(), 1, "{a:?}");
+    let blocks = &a.blocks[0];
+    assert_eq!(
+        (blocks.pool.as_str(), blocks.family.as_str()),
+        ("pods", "ipv4")
+    );
+    assert_eq!(
+        (
+            blocks.used.as_str(),
+            blocks.available.as_str(),
+            blocks.capacity.as_str(),
+            blocks.needed.as_str(),
+            blocks.excess.as_str()
+        ),
+        ("25", "28", "28", "0", "0")
+    );
+    assert_eq!((blocks.blocks, blocks.in_handshake), (2, 0));
+    assert!(blocks.at_capacity && blocks.has_demand);
+    let nodes: body::NodesResponse = running.get("/v1/nodes").json();
+    assert_eq!(nodes.nodes[0], a);
+    let metrics = running.get("/metrics");
+    check_openmetrics(&metrics.body);
+    for line in [
+        "corral_operator_block_addresses_available{pool=\"pods\",family=\"ipv4\"} 3",
+        // No liveness key: degraded.
+        "corral_operator_block_nodes{category=\"degraded\"} 1",
+        "corral_operator_block_nodes{category=\"at_capacity\"} 0",
+    ] {
+        assert!(metrics.body.contains(line), "{line} in\n{}", metrics.body);
+    }
+}
