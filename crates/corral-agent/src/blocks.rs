@@ -349,10 +349,34 @@ node_prefix_len = 24
             at_ms: 0,
         };
         assert!(is_urgent(&c, "n", &main, &record(20, 0), None));
-        assert!(!is_urgent(&c, "n", &main, &record(20, 0), Some(&record(30, 0))));
-        assert!(is_urgent(&c, "n", &main, &record(7, 0), Some(&record(30, 0))));
-        assert!(is_urgent(&c, "n", &main, &record(0, 1), Some(&record(0, 0))));
-        assert!(!is_urgent(&c, "n", &main, &record(7, 0), Some(&record(7, 0))));
+        assert!(!is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(20, 0),
+            Some(&record(30, 0))
+        ));
+        assert!(is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(7, 0),
+            Some(&record(30, 0))
+        ));
+        assert!(is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(0, 1),
+            Some(&record(0, 0))
+        ));
+        assert!(!is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(7, 0),
+            Some(&record(7, 0))
+        ));
         assert!(same_demand(
             &record(7, 0),
             &DemandRecord {

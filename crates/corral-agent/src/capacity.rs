@@ -427,9 +427,9 @@ pub fn forget_surrendered(
             let Some(spec) = entry.spec() else {
                 return true;
             };
-            let held = granted.iter().any(|(p, g)| {
-                *p == name && g.start() == spec.start() && g.end() == spec.end()
-            });
+            let held = granted
+                .iter()
+                .any(|(p, g)| *p == name && g.start() == spec.start() && g.end() == spec.end());
             if !held {
                 out.push((name.clone(), spec));
             }

@@ -214,18 +214,33 @@ pub async fn run<K: Kv>(
                     }
                 });
                 failures = failures.saturating_add(1);
-                let base = Duration::from_secs(1 << failures.min(5).saturating_sub(1))
-                    .min(Duration::from_secs(30));
-                let jitter = Duration::from_millis(
-                    u64::from(std::process::id() ^ failures.wrapping_mul(7919)) % 1000,
-                );
+                let seed = u64::from(std::process::id())
+                    ^ u64::from(
+                        SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map_or(0, |d| d.subsec_nanos()),
+                    );
                 tokio::select! {
-                    _ = tokio::time::sleep(base + jitter) => {}
+                    _ = tokio::time::sleep(backoff(failures, seed)) => {}
                     _ = stop.changed() => return,
                 }
             }
         }
     }
+}
+
+/// The wait before the next round after `failures` failed rounds in a row: 1 s doubling to
+/// 30 s, with up to a quarter of jitter (`seed`, any number) so that agents cut off together
+/// do not come back together: added below the cap, taken off at it.
+pub fn backoff(failures: u32, seed: u64) -> Duration {
+    const CAP_MS: u64 = 30_000;
+    let base = (1_000u64 << failures.saturating_sub(1).min(5)).min(CAP_MS);
+    let jitter = seed % (base / 4).max(1);
+    Duration::from_millis(if base < CAP_MS {
+        base + jitter
+    } else {
+        base - jitter
+    })
 }
 
 /// What the link keeps from one round to the next.
@@ -381,7 +396,13 @@ struct Held {
 }
 
 impl Held {
-    fn apply(&mut self, keys: &Keys, node: &NodeName, key: &str, value: Option<&corral_kv::KeyValue>) {
+    fn apply(
+        &mut self,
+        keys: &Keys,
+        node: &NodeName,
+        key: &str,
+        value: Option<&corral_kv::KeyValue>,
+    ) {
         match keys.parse(key) {
             Ok(Key::Owned {
                 node: owner,
@@ -614,7 +635,7 @@ async fn follow<K: Kv>(
         for event in &events {
             let key = String::from_utf8_lossy(event.key()).into_owned();
             match event {
-                Event::Put(entry) => held.apply(keys, node, &key, Some(&entry)),
+                Event::Put(entry) => held.apply(keys, node, &key, Some(entry)),
                 Event::Delete { .. } => held.apply(keys, node, &key, None),
             }
         }
@@ -767,7 +788,11 @@ async fn handshake<K: Kv>(
         let marked: Vec<(String, Release)> = held
             .releases
             .iter()
-            .filter(|(_, r)| r.record.as_ref().is_none_or(|r| r.state == ReleaseState::Marked))
+            .filter(|(_, r)| {
+                r.record
+                    .as_ref()
+                    .is_none_or(|r| r.state == ReleaseState::Marked)
+            })
             .map(|(k, r)| (k.clone(), r.clone()))
             .collect();
         if marked.is_empty() {
@@ -852,10 +877,7 @@ async fn answer_for(
         )));
     }
     if !held.is_block_pool(&release.pool) {
-        return Ok(Err(format!(
-            "pool {} is not a block pool",
-            release.pool
-        )));
+        return Ok(Err(format!("pool {} is not a block pool", release.pool)));
     }
     let range = match held.range_of(grant) {
         Ok(range) => range,
@@ -905,13 +927,20 @@ async fn reconcile_surrendered<K: Kv>(
         let open = |r: Option<&ReleaseRecord>| {
             r.is_some_and(|r| matches!(r.state, ReleaseState::Marked | ReleaseState::Ready))
         };
-        if open(held.releases.get(&release_key).and_then(|r| r.record.as_ref())) {
+        if open(
+            held.releases
+                .get(&release_key)
+                .and_then(|r| r.record.as_ref()),
+        ) {
             continue;
         }
         let response = kv
             .txn(Txn {
                 compares: vec![],
-                success: vec![TxnOp::get(owned_key.as_str()), TxnOp::get(release_key.as_str())],
+                success: vec![
+                    TxnOp::get(owned_key.as_str()),
+                    TxnOp::get(release_key.as_str()),
+                ],
                 failure: vec![],
             })
             .await?;
@@ -1018,5 +1047,29 @@ pub fn api_status(state: &ClusterState) -> corral_api::ClusterStatus {
             .flat_map(|(pool, ranges)| ranges.iter().map(move |r| format!("{pool} {r}")))
             .collect(),
         node_id: state.node_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_one_second_to_thirty_with_jitter() {
+        let seconds = |failures, seed| backoff(failures, seed).as_secs_f64();
+        for seed in [0, 1, 77, 999, 123_456_789, u64::MAX] {
+            let waits: Vec<f64> = (1..=10).map(|f| seconds(f, seed)).collect();
+            assert!((1.0..1.25).contains(&waits[0]), "{waits:?}");
+            assert!((2.0..2.5).contains(&waits[1]), "{waits:?}");
+            assert!((16.0..20.0).contains(&waits[4]), "{waits:?}");
+            for wait in &waits[5..] {
+                assert!((22.5..=30.0).contains(wait), "{waits:?}");
+            }
+            assert!(waits.iter().all(|w| *w <= 30.0));
+        }
+        // Jittered: different seeds, different waits.
+        assert_ne!(backoff(3, 1), backoff(3, 2));
+        assert_ne!(backoff(9, 1), backoff(9, 2));
+        assert_eq!(backoff(u32::MAX, 0), Duration::from_secs(30));
     }
 }

@@ -39,8 +39,8 @@ use corral_store::{
 };
 
 use crate::capacity;
-pub use blocks::{BlockReport, HeldRange, Surrender};
 use batch::{Write, record_released, rewrite_row};
+pub use blocks::{BlockReport, HeldRange, Surrender};
 use scopes::{Broken, Scope, ensure_spec, spec_mut};
 pub use wire::OpError;
 use wire::{api_lease, family_name, key_of, pool_name, released, scope_status};
@@ -113,9 +113,15 @@ pub enum Op {
     SetClusterRanges(ClusterRanges),
     /// The release handshake of a block: surrenders the cluster range if it holds no
     /// allocation, in one commit (`blocks.rs`); answered with [`Reply::Surrender`].
-    SurrenderBlock { pool: PoolName, range: RangeSpec },
+    SurrenderBlock {
+        pool: PoolName,
+        range: RangeSpec,
+    },
     /// Takes a surrendered block back while its grant lasts (its handshake was withdrawn).
-    ReclaimBlock { pool: PoolName, range: RangeSpec },
+    ReclaimBlock {
+        pool: PoolName,
+        range: RangeSpec,
+    },
     /// The node scope's counts and cluster ranges, for the demand of block pools; answered
     /// with [`Reply::Blocks`].
     BlockReport,

@@ -167,11 +167,11 @@ impl<S: Store, C: Clock> Host<S, C> {
         // plugin's own choice).
         let _ = pool;
         for info in scope.engine.lookup_key(&key) {
-            gone.push(scope.engine.release(
-                info.entry.addr,
-                Some(info.entry.generation),
-                now,
-            )?);
+            gone.push(
+                scope
+                    .engine
+                    .release(info.entry.addr, Some(info.entry.generation), now)?,
+            );
         }
         record_released(api::NODE_SCOPE, &gone, writes, touched);
         Ok(Reply::Released(api::ReleaseResponse {
