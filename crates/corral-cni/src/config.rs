@@ -25,8 +25,11 @@
 //! With `agent` and no ranges at all (no `ipam.ranges`, `ipam.subnet` or
 //! `runtimeConfig.ipRanges`), `pool` names a pool of the agent's own node scope (default
 //! `default`; a call may name another in `runtimeConfig.pool` or `args.cni.pool`), such as the
-//! one the cluster grants the node's pod CIDRs to: ADD takes one address per family the pool
-//! has active ranges in. With `agent`, `pool` and ranges together are refused (code 7).
+//! one the cluster grants the node's pod CIDRs or blocks to: ADD takes one address per family
+//! the pool has active ranges in. The plugin sends the call's pool, `ipam.pool` and the pod's
+//! namespace (`K8S_POD_NAMESPACE` in `CNI_ARGS`) separately, and an agent in a cluster chooses:
+//! the call's pool, else the namespace's pool in the cluster configuration, else `ipam.pool`,
+//! else the cluster's `default_pool`, else `default`. With `agent`, `pool` and ranges together are refused (code 7).
 //! Without `agent`, a configuration without ranges is refused as host-local refuses it.
 //!
 //! Errors: a wrong JSON type is code 6; a value that is well-typed but wrong is code 7; both

@@ -191,3 +191,160 @@ impl<S: Store, C: Clock> Host<S, C> {
         Ok(Reply::Blocks(report))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use corral_store::{ScopeConfig, SqliteStore};
+
+    use super::super::{ClusterRanges, Op};
+    use super::*;
+
+    const A: &str = "10.61.0.0/28";
+    const B: &str = "10.61.0.16/28";
+
+    fn pool() -> PoolName {
+        PoolName::new("small").unwrap()
+    }
+
+    fn grants(list: &[&str]) -> Op {
+        Op::SetClusterRanges(ClusterRanges {
+            ranges: list
+                .iter()
+                .map(|r| (pool(), r.parse().unwrap()))
+                .collect(),
+        })
+    }
+
+    fn surrender(range: &str) -> Op {
+        Op::SurrenderBlock {
+            pool: pool(),
+            range: range.parse().unwrap(),
+        }
+    }
+
+    fn run<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> Reply {
+        host.run_batch(vec![op]).remove(0).unwrap()
+    }
+
+    fn report<S: Store, C: Clock>(host: &mut Host<S, C>) -> BlockReport {
+        match run(host, Op::BlockReport) {
+            Reply::Blocks(report) => report,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn active<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
+        report(host)
+            .ranges
+            .iter()
+            .filter(|r| !r.draining)
+            .map(|r| r.spec.to_string())
+            .collect()
+    }
+
+    fn surrendered<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
+        report(host)
+            .surrendered
+            .iter()
+            .map(|(_, r)| r.to_string())
+            .collect()
+    }
+
+    fn cni_add(container: &str) -> Op {
+        Op::CniAdd(api::CniAddRequest {
+            network: api::CniNetwork {
+                name: "net".into(),
+                pools: vec![],
+                node_pool: Some("small".into()),
+                requested_pool: None,
+                configured_pool: None,
+                namespace: None,
+            },
+            key: api::AttachmentKey {
+                network: "net".into(),
+                container_id: container.into(),
+                ifname: "eth0".into(),
+            },
+            owner: container.into(),
+            sets: vec![],
+        })
+    }
+
+    #[test]
+    fn an_empty_block_is_surrendered_durably_and_stays_out_while_granted() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        run(&mut host, grants(&[A, B]));
+        assert!(matches!(
+            run(&mut host, surrender(B)),
+            Reply::Surrender(Surrender::Surrendered)
+        ));
+        assert_eq!(active(&mut host), [A]);
+        assert_eq!(surrendered(&mut host), [B]);
+        // The same grants again: B stays out; nothing comes from it.
+        run(&mut host, grants(&[A, B]));
+        assert_eq!(active(&mut host), [A]);
+        let a: corral_core::IpNet = A.parse().unwrap();
+        for i in 0..20 {
+            match host.run_batch(vec![cni_add(&format!("c{i}"))]).remove(0) {
+                Ok(Reply::Allocated(got)) => assert!(a.contains(&got.allocations[0].address)),
+                Ok(other) => panic!("{other:?}"),
+                Err(error) => assert_eq!(error.code, api::ErrorCode::Exhausted, "{error:?}"),
+            }
+        }
+        // A crash and restart: still surrendered, and saying so again answers "already".
+        drop(host);
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        assert_eq!(surrendered(&mut host), [B]);
+        assert_eq!(active(&mut host), [A]);
+        assert!(matches!(
+            run(&mut host, surrender(B)),
+            Reply::Surrender(Surrender::AlreadySurrendered)
+        ));
+        // Taken back while granted: active again.
+        run(
+            &mut host,
+            Op::ReclaimBlock {
+                pool: pool(),
+                range: B.parse().unwrap(),
+            },
+        );
+        assert_eq!(active(&mut host), [A, B]);
+        assert!(surrendered(&mut host).is_empty());
+        // Surrendered again, then the grant goes: forgotten.
+        run(&mut host, surrender(B));
+        run(&mut host, grants(&[A]));
+        assert!(surrendered(&mut host).is_empty());
+        assert_eq!(active(&mut host), [A]);
+        drop(host);
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        assert!(surrendered(&mut host).is_empty());
+    }
+
+    #[test]
+    fn a_block_in_use_or_not_held_is_refused_and_nothing_changes() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &ScopeConfig::default()).unwrap();
+        run(&mut host, grants(&[A]));
+        run(&mut host, cni_add("c1"));
+        let commits = store.commits();
+        match run(&mut host, surrender(A)) {
+            Reply::Surrender(Surrender::Refused(reason)) => {
+                assert!(reason.contains("1 allocation"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match run(&mut host, surrender(B)) {
+            Reply::Surrender(Surrender::Refused(reason)) => {
+                assert!(reason.contains("does not hold"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.commits(), commits, "a refusal writes nothing");
+        assert_eq!(active(&mut host), [A]);
+        assert!(surrendered(&mut host).is_empty());
+    }
+}
