@@ -46,6 +46,8 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// The agent's link to a cluster, when it runs with one (`corral agent --etcd`).
     pub cluster: Option<crate::cluster::SharedClusterState>,
+    /// In a cluster, how long a CNI ADD to a node pool with nothing free waits for a grant.
+    pub pool_wait: Duration,
 }
 
 /// An error answer.
@@ -196,20 +198,31 @@ fn query_rejection(rejection: QueryRejection) -> ApiError {
 }
 
 impl AppState {
-    /// Runs one operation through the committer: durable when this returns `Ok`.
-    async fn run(&self, operation: &'static str, op: Op) -> Result<Reply, ApiError> {
-        let started = Instant::now();
-        let counter = match operation {
-            "allocate" | "cni_add" => Some(&self.metrics.allocations),
-            "release" | "cni_del" | "cni_gc" => Some(&self.metrics.releases),
-            _ => None,
-        };
-        let result = match self.committer.get() {
+    /// Submits one operation to the committer, uncounted.
+    async fn submit(&self, op: Op) -> Result<Reply, OpError> {
+        match self.committer.get() {
             Some(committer) if self.ready.load(Ordering::Acquire) => committer.submit(op).await,
             _ => Err(OpError::new(
                 ErrorCode::RetryLater,
                 "the agent is restoring its state; retry shortly",
             )),
+        }
+    }
+
+    /// Runs one operation through the committer: durable when this returns `Ok`.
+    async fn run(&self, operation: &'static str, op: Op) -> Result<Reply, ApiError> {
+        let started = Instant::now();
+        let result = self.submit(op).await;
+        self.count(operation, started, &result);
+        result.map_err(ApiError)
+    }
+
+    /// Counts a request's outcome and latency.
+    fn count(&self, operation: &'static str, started: Instant, result: &Result<Reply, OpError>) {
+        let counter = match operation {
+            "allocate" | "cni_add" => Some(&self.metrics.allocations),
+            "release" | "cni_del" | "cni_gc" => Some(&self.metrics.releases),
+            _ => None,
         };
         self.metrics
             .latency
@@ -227,7 +240,125 @@ impl AppState {
             };
             counter.get_or_create(&Outcome { outcome }).inc();
         }
-        result.map_err(ApiError)
+    }
+
+    /// A CNI network on a node pool: the pool the agent chooses (see
+    /// [`crate::blocks::resolve_pool`]), with the cluster's configuration when it has one.
+    fn resolve_network(&self, network: &mut api::CniNetwork) {
+        let Some(sent) = network.node_pool.clone() else {
+            return;
+        };
+        let config = self.cluster.as_ref().and_then(|c| c.blocks.config());
+        // An older plugin sends only `node_pool` (its own choice): that is the configured
+        // pool, unless it is the plugin's fallback.
+        let configured = network
+            .configured_pool
+            .clone()
+            .or_else(|| (sent != DEFAULT_NODE_POOL).then_some(sent));
+        network.node_pool = Some(crate::blocks::resolve_pool(
+            config.as_deref(),
+            network.requested_pool.as_deref(),
+            network.namespace.as_deref(),
+            configured.as_deref(),
+        ));
+    }
+
+    /// Something local changed that the demand of block pools follows.
+    fn touch(&self) {
+        if let Some(cluster) = &self.cluster {
+            cluster.blocks.touch();
+        }
+    }
+}
+
+/// The pool corral-ipam names when neither the call nor the network names one.
+const DEFAULT_NODE_POOL: &str = "default";
+
+/// Whether an ADD's refusal says the node pool has nothing free now (no range yet, or every
+/// range full): in a cluster, a grant may come.
+fn waits_for_grant(error: &OpError) -> bool {
+    match error.code {
+        ErrorCode::Exhausted => true,
+        ErrorCode::RetryLater => error.pool.is_some(),
+        _ => false,
+    }
+}
+
+/// A CNI ADD on a node pool of an agent in a cluster: when the pool has nothing free, it
+/// waits up to `pool_wait` for a grant (counted as pending in the pool's demand, which goes
+/// out at once), trying again whenever the ranges change and every half second, outside the
+/// committer, so other requests go on meanwhile; then it fails with `retry_later` naming the
+/// pool (CNI code 11).
+async fn cni_add_waiting(
+    state: &AppState,
+    cluster: &crate::cluster::SharedClusterState,
+    pool: String,
+    request: api::CniAddRequest,
+) -> Result<Reply, OpError> {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + state.pool_wait;
+    let mut ranges = cluster.blocks.subscribe_ranges();
+    ranges.borrow_and_update();
+    let mut waiting = None;
+    let outcome = |name: &str| {
+        state
+            .metrics
+            .pool_allocations
+            .get_or_create(&crate::metrics::PoolOutcome {
+                pool: pool.clone(),
+                outcome: name.to_owned(),
+            })
+            .inc();
+    };
+    loop {
+        let result = state.submit(Op::CniAdd(request.clone())).await;
+        match result {
+            Ok(reply) => {
+                outcome(if waiting.is_some() { "waited_ok" } else { "ok" });
+                drop(waiting);
+                state.touch();
+                state.count("cni_add", started, &Ok(Reply::Done));
+                return Ok(reply);
+            }
+            Err(error) if waits_for_grant(&error) => {
+                if tokio::time::Instant::now() >= deadline {
+                    outcome("timeout");
+                    drop(waiting);
+                    let error = OpError {
+                        pool: Some(pool.clone()),
+                        ..OpError::new(
+                            ErrorCode::RetryLater,
+                            format!(
+                                "pool {pool} has no free address, and the cluster granted it                                  none within {} ms ({}); try again later",
+                                state.pool_wait.as_millis(),
+                                error.message
+                            ),
+                        )
+                    };
+                    let result = Err(error);
+                    state.count("cni_add", started, &result);
+                    return result;
+                }
+                if waiting.is_none() {
+                    waiting = Some(cluster.blocks.wait_in(&pool));
+                }
+                tokio::select! {
+                    _ = ranges.changed() => {}
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            Err(error) => {
+                outcome(if error.code == ErrorCode::Exhausted {
+                    "exhausted"
+                } else {
+                    "error"
+                });
+                let result = Err(error);
+                state.count("cni_add", started, &result);
+                return result;
+            }
+        }
     }
 }
 
@@ -458,36 +589,62 @@ async fn import(
 
 async fn cni_add(
     State(state): State<AppState>,
-    Body(request): Body<api::CniAddRequest>,
+    Body(mut request): Body<api::CniAddRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
-    answer!(state, "cni_add", Op::CniAdd(request), Allocated)
+    state.resolve_network(&mut request.network);
+    let reply = match (&state.cluster, &request.network.node_pool) {
+        (Some(cluster), Some(pool)) if request.network.pools.is_empty() => {
+            let pool = pool.clone();
+            let cluster = Arc::clone(cluster);
+            cni_add_waiting(&state, &cluster, pool, request)
+                .await
+                .map_err(ApiError)?
+        }
+        _ => {
+            let reply = state.run("cni_add", Op::CniAdd(request)).await?;
+            state.touch();
+            reply
+        }
+    };
+    match reply {
+        Reply::Allocated(body) => Ok(Json(body)),
+        other => Err(unexpected(other)),
+    }
 }
 
 async fn cni_del(
     State(state): State<AppState>,
-    Body(request): Body<api::CniKeyRequest>,
+    Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
-    answer!(state, "cni_del", Op::CniDel(request), Released)
+    state.resolve_network(&mut request.network);
+    let answer = answer!(state, "cni_del", Op::CniDel(request), Released);
+    state.touch();
+    answer
 }
 
 async fn cni_check(
     State(state): State<AppState>,
-    Body(request): Body<api::CniKeyRequest>,
+    Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
+    state.resolve_network(&mut request.network);
     answer!(state, "cni_check", Op::CniCheck(request), Allocated)
 }
 
 async fn cni_gc(
     State(state): State<AppState>,
-    Body(request): Body<api::CniGcRequest>,
+    Body(mut request): Body<api::CniGcRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
-    answer!(state, "cni_gc", Op::CniGc(request), Released)
+    state.resolve_network(&mut request.network);
+    let answer = answer!(state, "cni_gc", Op::CniGc(request), Released);
+    state.touch();
+    answer
 }
 
 async fn cni_status(
     State(state): State<AppState>,
-    Body(request): Body<api::CniStatusRequest>,
+    Body(mut request): Body<api::CniStatusRequest>,
 ) -> Result<Json<api::ScopeStatus>, ApiError> {
+    state.resolve_network(&mut request.network);
     answer!(state, "cni_status", Op::CniStatus(request), ScopeStatus)
 }
 

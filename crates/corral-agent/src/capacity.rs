@@ -347,6 +347,8 @@ pub fn check_grant(config: &ScopeConfig, pool: &str, spec: &RangeSpec) -> Result
             ));
         }
         return match entry.state {
+            // Surrendered in a release handshake: it stays out while the grant lasts.
+            RangeState::Removed => Ok(Grant::Held),
             RangeState::Active if entry.range == spec.to_string() => Ok(Grant::Held),
             RangeState::Active => Err(format!(
                 "range {spec} granted to pool {pool} by the cluster is held as {}; the change \
@@ -354,7 +356,6 @@ pub fn check_grant(config: &ScopeConfig, pool: &str, spec: &RangeSpec) -> Result
                 entry.range
             )),
             RangeState::Draining | RangeState::Withdrawn => Ok(Grant::CancelDrain),
-            RangeState::Removed => Ok(Grant::Add),
         };
     }
     if let Some((other_pool, other_range)) = overlapping(config, spec) {
@@ -386,6 +387,56 @@ pub fn note_granted(pool: &mut PoolSpec, spec: &RangeSpec) {
             .ranges
             .push(RangeEntry::new(spec, RangeSource::Cluster)),
     }
+}
+
+/// Whether a stored range is a block surrendered in a release handshake: a cluster range in
+/// state `removed` (out of the engine; nothing is allocated from it while its grant lasts).
+pub fn is_surrendered(entry: &RangeEntry) -> bool {
+    entry.source == RangeSource::Cluster && entry.state == RangeState::Removed
+}
+
+/// The stored configuration after the engine let go of the block at `spec` in a release
+/// handshake: kept as surrendered until its grant goes (or the handshake is withdrawn).
+pub fn note_surrendered(pool: &mut PoolSpec, spec: &RangeSpec) {
+    match pool.entry_at(spec) {
+        Some(index) => {
+            let entry = &mut pool.ranges[index];
+            entry.source = RangeSource::Cluster;
+            entry.state = RangeState::Removed;
+        }
+        None => pool.ranges.push(RangeEntry {
+            state: RangeState::Removed,
+            ..RangeEntry::new(spec, RangeSource::Cluster)
+        }),
+    }
+}
+
+/// Forgets the surrendered blocks whose grant is gone (`granted`: the complete set the cluster
+/// grants now); answers them as `(pool, range)`.
+pub fn forget_surrendered(
+    config: &mut ScopeConfig,
+    granted: &[(String, RangeSpec)],
+) -> Vec<(String, RangeSpec)> {
+    let mut out = Vec::new();
+    for pool in &mut config.pools {
+        let name = pool.name.clone();
+        pool.ranges.retain(|entry| {
+            if !is_surrendered(entry) {
+                return true;
+            }
+            let Some(spec) = entry.spec() else {
+                return true;
+            };
+            let held = granted
+                .iter()
+                .any(|(p, g)| *p == name && g.start() == spec.start() && g.end() == spec.end());
+            if !held {
+                out.push((name.clone(), spec));
+            }
+            held
+        });
+    }
+    out
 }
 
 /// Checks that a configuration's ranges in the engine do not overlap, naming the first two

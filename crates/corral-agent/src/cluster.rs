@@ -8,19 +8,22 @@
 //! etcd says is gone (a node removal) drains.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LockResult, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use corral_cluster::{
-    ClusterConfig, ClusterName, Key, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdPlanConfig,
-    NodeName, NodePlan, NodeRecord, decode_value, encode_value,
+    ClusterConfig, ClusterName, DemandRecord, Family, IpNet, Key, Keys, LiveRecord,
+    NodeIdOfNodeRecord, NodeIdPlanConfig, NodeName, NodePlan, NodeRecord, ReleaseRecord,
+    ReleaseState, decode_value, encode_value,
 };
 use corral_core::{PoolName, RangeSpec};
 
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
+use tokio::time::Instant;
 
+use crate::blocks::{BlockSignals, demand_records, is_urgent, same_demand};
 use crate::committer::Committer;
-use crate::host::{ClusterRanges, Op};
+use crate::host::{ClusterRanges, Op, Reply, Surrender};
 
 /// How the agent joins a cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,10 +39,16 @@ pub struct ClusterOptions {
     pub uid: String,
     /// The liveness lease's TTL.
     pub lease_ttl: Duration,
+    /// How long a change of a block pool's demand that is not urgent (free above the
+    /// pre-allocate watermark, no ADD waiting) may wait before it is written.
+    pub demand_refresh: Duration,
 }
 
 impl ClusterOptions {
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(20);
+    pub const DEFAULT_DEMAND_REFRESH: Duration = Duration::from_secs(30);
+    /// At most one demand write per node in this time.
+    pub const DEMAND_MIN_INTERVAL: Duration = Duration::from_secs(1);
     /// The local pool a node-ID plan's pod subnet goes to.
     pub const PLAN_POOL: &'static str = "default";
 }
@@ -58,8 +67,44 @@ pub struct ClusterState {
     pub node_id: Option<u32>,
 }
 
+/// The cluster link's counters (registered with the agent's metrics).
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMetrics {
+    /// `demand/` writes.
+    pub demand_writes: prometheus_client::metrics::counter::Counter,
+    /// Release handshakes answered, by outcome (`ready`, `refused`).
+    pub handshakes: prometheus_client::metrics::family::Family<
+        crate::metrics::Outcome,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    /// Blocks surrendered and not yet released by the cluster.
+    pub surrendered: prometheus_client::metrics::gauge::Gauge,
+}
+
+/// What the cluster task shares with the API: the state it shows, and the block signals.
+#[derive(Debug, Default)]
+pub struct ClusterShared {
+    state: Mutex<ClusterState>,
+    pub blocks: Arc<BlockSignals>,
+    pub metrics: ClusterMetrics,
+}
+
+impl ClusterShared {
+    pub fn new(metrics: ClusterMetrics) -> ClusterShared {
+        ClusterShared {
+            metrics,
+            ..ClusterShared::default()
+        }
+    }
+
+    /// The state the API shows.
+    pub fn lock(&self) -> LockResult<MutexGuard<'_, ClusterState>> {
+        self.state.lock()
+    }
+}
+
 /// Shared between the cluster task and the API.
-pub type SharedClusterState = Arc<Mutex<ClusterState>>;
+pub type SharedClusterState = Arc<ClusterShared>;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -169,18 +214,33 @@ pub async fn run<K: Kv>(
                     }
                 });
                 failures = failures.saturating_add(1);
-                let base = Duration::from_secs(1 << failures.min(5).saturating_sub(1))
-                    .min(Duration::from_secs(30));
-                let jitter = Duration::from_millis(
-                    u64::from(std::process::id() ^ failures.wrapping_mul(7919)) % 1000,
-                );
+                let seed = u64::from(std::process::id())
+                    ^ u64::from(
+                        SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .map_or(0, |d| d.subsec_nanos()),
+                    );
                 tokio::select! {
-                    _ = tokio::time::sleep(base + jitter) => {}
+                    _ = tokio::time::sleep(backoff(failures, seed)) => {}
                     _ = stop.changed() => return,
                 }
             }
         }
     }
+}
+
+/// The wait before the next round after `failures` failed rounds in a row: 1 s doubling to
+/// 30 s, with up to a quarter of jitter (`seed`, any number) so that agents cut off together
+/// do not come back together: added below the cap, taken off at it.
+pub fn backoff(failures: u32, seed: u64) -> Duration {
+    const CAP_MS: u64 = 30_000;
+    let base = (1_000u64 << failures.saturating_sub(1).min(5)).min(CAP_MS);
+    let jitter = seed % (base / 4).max(1);
+    Duration::from_millis(if base < CAP_MS {
+        base + jitter
+    } else {
+        base - jitter
+    })
 }
 
 /// What the link keeps from one round to the next.
@@ -191,6 +251,7 @@ struct AcrossRounds {
     /// The node ID and plan last read.
     node_id: Option<u32>,
     plan: Option<NodeIdPlanConfig>,
+    config: Option<Arc<ClusterConfig>>,
     /// Whether the round got as far as serving (its backoff then starts again).
     served: bool,
 }
@@ -301,44 +362,111 @@ async fn register<K: Kv>(
     }
 }
 
+/// One grant of the node, as read from `owned/<node>/...`.
+#[derive(Clone, Debug)]
+struct Grant {
+    pool: PoolName,
+    family: Family,
+    cidr: IpNet,
+    /// The create revision of the `owned/` key, which the grant txn created with `grants/`.
+    revision: Revision,
+}
+
+/// One release handshake of the node, as read from `release/<node>/...`.
+#[derive(Clone, Debug)]
+struct Release {
+    pool: PoolName,
+    family: Family,
+    cidr: IpNet,
+    /// `None`: a value that cannot be read (answered as refused).
+    record: Option<ReleaseRecord>,
+    mod_revision: Revision,
+}
+
 /// What the node holds in the cluster, as read from etcd.
 #[derive(Default)]
 struct Held {
-    /// Grant key → (pool, range).
-    grants: BTreeMap<String, (PoolName, RangeSpec)>,
+    /// `owned/` key → grant.
+    grants: BTreeMap<String, Grant>,
+    /// `release/` key → handshake.
+    releases: BTreeMap<String, Release>,
     node_id: Option<u32>,
     plan: Option<NodeIdPlanConfig>,
+    config: Option<Arc<ClusterConfig>>,
 }
 
 impl Held {
-    fn apply(&mut self, keys: &Keys, node: &NodeName, key: &str, value: Option<&[u8]>) {
+    fn apply(
+        &mut self,
+        keys: &Keys,
+        node: &NodeName,
+        key: &str,
+        value: Option<&corral_kv::KeyValue>,
+    ) {
         match keys.parse(key) {
             Ok(Key::Owned {
                 node: owner,
                 pool,
+                family,
                 cidr,
-                ..
             }) if &owner == node => match value {
-                Some(_) => match corral_cluster::node_range(cidr) {
-                    Ok(range) => {
-                        self.grants.insert(key.to_owned(), (pool, range));
-                    }
-                    Err(error) => eprintln!("corral agent: cluster: ignoring grant {key}: {error}"),
-                },
+                Some(entry) => {
+                    self.grants.insert(
+                        key.to_owned(),
+                        Grant {
+                            pool,
+                            family,
+                            cidr,
+                            revision: entry.create_revision,
+                        },
+                    );
+                }
                 None => {
                     self.grants.remove(key);
                 }
             },
+            Ok(Key::Release {
+                node: owner,
+                pool,
+                family,
+                cidr,
+            }) if &owner == node => match value {
+                Some(entry) => {
+                    let record = match decode_value::<ReleaseRecord>(&entry.value) {
+                        Ok(record) => Some(record),
+                        Err(error) => {
+                            eprintln!("corral agent: cluster: {key}: {error}");
+                            None
+                        }
+                    };
+                    self.releases.insert(
+                        key.to_owned(),
+                        Release {
+                            pool,
+                            family,
+                            cidr,
+                            record,
+                            mod_revision: entry.mod_revision,
+                        },
+                    );
+                }
+                None => {
+                    self.releases.remove(key);
+                }
+            },
             Ok(Key::NodeIdOfNode { node: owner }) if &owner == node => match value {
                 None => self.node_id = None,
-                Some(v) => match decode_value::<NodeIdOfNodeRecord>(v) {
+                Some(v) => match decode_value::<NodeIdOfNodeRecord>(&v.value) {
                     Ok(record) => self.node_id = Some(record.id),
                     // Unreadable: what was held stays (its pod range is not dropped for it).
                     Err(error) => eprintln!("corral agent: cluster: {key}: {error}"),
                 },
             },
-            Ok(Key::Config) => match value.map(ClusterConfig::from_json) {
-                Some(Ok(config)) => self.plan = config.node_ids.clone(),
+            Ok(Key::Config) => match value.map(|v| ClusterConfig::from_json(&v.value)) {
+                Some(Ok(config)) => {
+                    self.plan = config.node_ids.clone();
+                    self.config = Some(Arc::new(config));
+                }
                 // A configuration this build cannot read changes nothing held.
                 Some(Err(error)) => eprintln!("corral agent: cluster: {key}: {error}"),
                 None => {}
@@ -347,9 +475,32 @@ impl Held {
         }
     }
 
+    fn is_block_pool(&self, pool: &PoolName) -> bool {
+        self.config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.is_blocks())
+    }
+
+    /// The range the agent serves from a grant: a block pool's whole block, else the node
+    /// CIDR with its gateway.
+    fn range_of(&self, grant: &Grant) -> Result<RangeSpec, corral_core::SpecError> {
+        if self.is_block_pool(&grant.pool) {
+            corral_cluster::block_range(grant.cidr)
+        } else {
+            corral_cluster::node_range(grant.cidr)
+        }
+    }
+
     /// The ranges the node's pools must hold.
     fn ranges(&self) -> Vec<(PoolName, RangeSpec)> {
-        let mut ranges: Vec<(PoolName, RangeSpec)> = self.grants.values().cloned().collect();
+        let mut ranges: Vec<(PoolName, RangeSpec)> = Vec::new();
+        for (key, grant) in &self.grants {
+            match self.range_of(grant) {
+                Ok(range) => ranges.push((grant.pool.clone(), range)),
+                Err(error) => eprintln!("corral agent: cluster: ignoring grant {key}: {error}"),
+            }
+        }
         if let (Some(id), Some(plan)) = (self.node_id, &self.plan)
             && let Ok(derived) = NodePlan::derive(plan, id)
             && let Ok(range) = derived.pod_range()
@@ -358,6 +509,16 @@ impl Held {
             ranges.push((pool, range));
         }
         ranges
+    }
+
+    /// The grant of `pool` whose served range is `range`.
+    fn grant_of(&self, pool: &PoolName, range: &RangeSpec) -> Option<(&String, &Grant)> {
+        self.grants.iter().find(|(_, g)| {
+            &g.pool == pool
+                && self
+                    .range_of(g)
+                    .is_ok_and(|r| r.start() == range.start() && r.end() == range.end())
+        })
     }
 }
 
@@ -375,17 +536,19 @@ async fn follow<K: Kv>(
     across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
     let owned_prefix = keys.owned_prefix(node);
+    let release_prefix = keys.release_of_node_prefix(node);
     let id_key = keys.node_id_of_node(node);
     let config_key = keys.config();
     let node_key = keys.node(node);
     let mut held = Held {
-        grants: BTreeMap::new(),
         node_id: across.node_id,
         plan: across.plan.clone(),
+        config: across.config.clone(),
+        ..Held::default()
     };
     let (owned, revision) = corral_kv::read_all(kv, owned_prefix.as_bytes(), 1000).await?;
     for entry in &owned {
-        held.apply(keys, node, &entry.key_str(), Some(&entry.value));
+        held.apply(keys, node, &entry.key_str(), Some(entry));
     }
     // The registration, the node ID and the configuration at the same revision as the
     // grants, so the watches below miss nothing: a removal that landed since `register`
@@ -400,32 +563,47 @@ async fn follow<K: Kv>(
             continue;
         }
         match entry {
-            Some(entry) => held.apply(keys, node, key, Some(&entry.value)),
+            Some(entry) => held.apply(keys, node, key, Some(&entry)),
             None if key == &id_key => held.node_id = None,
             None => {}
         }
     }
+    let (releases, release_revision) =
+        corral_kv::read_all(kv, release_prefix.as_bytes(), 1000).await?;
+    for entry in &releases {
+        held.apply(keys, node, &entry.key_str(), Some(entry));
+    }
     apply(committer, state, &held).await?;
     across.node_id = held.node_id;
     across.plan = held.plan.clone();
+    across.config = held.config.clone();
     across.served = true;
     update(state, |s| {
         s.registered = true;
         s.degraded_since_ms = None;
         s.last_error = None;
     });
+    // The local store is reconciled with the grants: the handshakes, then the first demand.
+    handshake(kv, keys, node, committer, state, &mut held).await?;
+    let mut demand = DemandWriter::new(options);
     let mut grants = kv.watch(owned_prefix.as_bytes(), revision + 1).await?;
     let mut ids = kv.watch(id_key.as_bytes(), revision + 1).await?;
     let mut config = kv.watch(config_key.as_bytes(), revision + 1).await?;
     let mut registrations = kv.watch(node_key.as_bytes(), revision + 1).await?;
+    let mut release_watch = kv
+        .watch(release_prefix.as_bytes(), release_revision + 1)
+        .await?;
     let keep_alive_every = (options.lease_ttl / 3).max(Duration::from_millis(200));
     let mut keep_alive = tokio::time::interval(keep_alive_every);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let signals = Arc::clone(&state.blocks);
     loop {
+        let due = demand.due;
         let events = tokio::select! {
             batch = grants.next() => batch?,
             batch = ids.next() => batch?,
             batch = config.next() => batch?,
+            batch = release_watch.next() => batch?,
             batch = registrations.next() => {
                 let batch = batch?;
                 for event in &batch {
@@ -444,19 +622,356 @@ async fn follow<K: Kv>(
                 kv.lease_keep_alive(lease).await?;
                 continue;
             }
+            () = signals.touched() => {
+                demand.touched(Instant::now());
+                continue;
+            }
+            () = sleep_until_due(due) => {
+                demand.publish(kv, keys, node, committer, state, &held).await?;
+                continue;
+            }
             _ = stop.changed() => return Err(LinkError::Stopped),
         };
         for event in &events {
             let key = String::from_utf8_lossy(event.key()).into_owned();
             match event {
-                Event::Put(entry) => held.apply(keys, node, &key, Some(&entry.value)),
+                Event::Put(entry) => held.apply(keys, node, &key, Some(entry)),
                 Event::Delete { .. } => held.apply(keys, node, &key, None),
             }
         }
         apply(committer, state, &held).await?;
+        handshake(kv, keys, node, committer, state, &mut held).await?;
         across.node_id = held.node_id;
         across.plan = held.plan.clone();
+        across.config = held.config.clone();
+        demand.touched(Instant::now());
     }
+}
+
+async fn sleep_until_due(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// When and what the demand of the node's block pools is written (`demand/<node>/<pool>`):
+/// at most once per [`ClusterOptions::DEMAND_MIN_INTERVAL`], only what changed (`at_ms`
+/// aside), as soon as allowed when urgent ([`is_urgent`]), else within `demand_refresh`.
+struct DemandWriter {
+    refresh: Duration,
+    /// What this round wrote (each round writes its first demand once reconciled).
+    written: BTreeMap<PoolName, DemandRecord>,
+    last_write: Option<Instant>,
+    last_look: Option<Instant>,
+    /// When to look next; `None`: when something changes.
+    due: Option<Instant>,
+}
+
+impl DemandWriter {
+    fn new(options: &ClusterOptions) -> DemandWriter {
+        DemandWriter {
+            refresh: options.demand_refresh,
+            written: BTreeMap::new(),
+            last_write: None,
+            last_look: None,
+            // The first look at once: the local store is reconciled.
+            due: Some(Instant::now()),
+        }
+    }
+
+    /// Something changed: look again as soon as allowed.
+    fn touched(&mut self, now: Instant) {
+        let allowed = self
+            .last_look
+            .map_or(now, |t| t + ClusterOptions::DEMAND_MIN_INTERVAL)
+            .max(now);
+        self.due = Some(self.due.map_or(allowed, |due| due.min(allowed)));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn publish<K: Kv>(
+        &mut self,
+        kv: &K,
+        keys: &Keys,
+        node: &NodeName,
+        committer: &Committer,
+        state: &SharedClusterState,
+        held: &Held,
+    ) -> Result<(), LinkError> {
+        let now = Instant::now();
+        self.due = None;
+        self.last_look = Some(now);
+        let Some(config) = held.config.as_ref() else {
+            return Ok(());
+        };
+        if !config.pools.iter().any(|p| p.is_blocks()) {
+            return Ok(());
+        }
+        let report = match committer.submit(Op::BlockReport).await {
+            Ok(Reply::Blocks(report)) => report,
+            other => {
+                eprintln!("corral agent: cluster: reading the pools for the demand: {other:?}");
+                self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
+                return Ok(());
+            }
+        };
+        state
+            .metrics
+            .surrendered
+            .set(i64::try_from(report.surrendered.len()).unwrap_or(i64::MAX));
+        let urgent_add = state.blocks.take_urgent();
+        let records = demand_records(config, &report, &state.blocks.pending());
+        let mut changed = Vec::new();
+        let mut urgent = urgent_add;
+        for (pool, record) in &records {
+            let written = self.written.get(pool);
+            if written.is_some_and(|w| same_demand(w, record)) {
+                continue;
+            }
+            urgent |= is_urgent(config, node.as_str(), pool, record, written);
+            changed.push(pool.clone());
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let refresh_at = self.last_write.map_or(now, |t| t + self.refresh);
+        if !urgent && now < refresh_at {
+            // Not urgent: it goes with the periodic refresh (or sooner, if something urgent
+            // comes up meanwhile).
+            self.due = Some(refresh_at);
+            return Ok(());
+        }
+        let at_ms = now_ms();
+        let mut puts = Vec::new();
+        for pool in &changed {
+            let record = DemandRecord {
+                at_ms,
+                ..records[pool].clone()
+            };
+            puts.push(TxnOp::put(
+                keys.demand(node, pool),
+                encode_value(&record).unwrap_or_default(),
+            ));
+        }
+        for chunk in puts.chunks(corral_kv::MAX_TXN_OPS) {
+            kv.txn(Txn {
+                compares: vec![],
+                success: chunk.to_vec(),
+                failure: vec![],
+            })
+            .await?;
+        }
+        state.metrics.demand_writes.inc();
+        self.last_write = Some(now);
+        for pool in changed {
+            let record = records[&pool].clone();
+            self.written.insert(pool, record);
+        }
+        Ok(())
+    }
+}
+
+/// The release handshakes of the node (ARCHITECTURE.md, "Block mode"): answers each
+/// `marked` key, and reconciles the surrendered blocks with the keys and grants. Runs only
+/// while etcd answers (a degraded link answers nothing).
+async fn handshake<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    committer: &Committer,
+    state: &SharedClusterState,
+    held: &mut Held,
+) -> Result<(), LinkError> {
+    // A few passes: a lost compare-and-swap reads the key again and answers what it says now.
+    for _ in 0..4 {
+        let marked: Vec<(String, Release)> = held
+            .releases
+            .iter()
+            .filter(|(_, r)| {
+                r.record
+                    .as_ref()
+                    .is_none_or(|r| r.state == ReleaseState::Marked)
+            })
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        if marked.is_empty() {
+            break;
+        }
+        let mut lost = false;
+        for (key, release) in marked {
+            let answer = answer_for(committer, held, &release).await?;
+            let Some(record) = release.record.clone() else {
+                // Unreadable: nothing to answer in (the leader wrote it; it will fix it).
+                continue;
+            };
+            let (state_now, reason) = match &answer {
+                Ok(()) => (ReleaseState::Ready, None),
+                Err(reason) => (ReleaseState::Refused, Some(reason.clone())),
+            };
+            let value = ReleaseRecord {
+                state: state_now,
+                answered_ms: now_ms(),
+                reason,
+                ..record
+            };
+            let response = kv
+                .txn(Txn {
+                    compares: vec![Compare::modified_at(key.as_str(), release.mod_revision)],
+                    success: vec![TxnOp::put(
+                        key.as_str(),
+                        encode_value(&value).unwrap_or_default(),
+                    )],
+                    failure: vec![TxnOp::get(key.as_str())],
+                })
+                .await?;
+            if response.succeeded {
+                state
+                    .metrics
+                    .handshakes
+                    .get_or_create(&crate::metrics::Outcome {
+                        outcome: state_now.name().to_owned(),
+                    })
+                    .inc();
+                if let Some(entry) = held.releases.get_mut(&key) {
+                    entry.record = Some(value);
+                    entry.mod_revision = response.revision;
+                }
+            } else {
+                lost = true;
+                let current = response.gets.into_iter().next().flatten();
+                held.apply(keys, node, &key, current.as_ref());
+            }
+        }
+        if !lost {
+            break;
+        }
+    }
+    reconcile_surrendered(kv, keys, node, committer, state, held).await
+}
+
+/// The answer to a `marked` key: `Ok` once the block is surrendered (now or before), else
+/// why not (nothing changed locally).
+async fn answer_for(
+    committer: &Committer,
+    held: &Held,
+    release: &Release,
+) -> Result<Result<(), String>, LinkError> {
+    let Some(record) = &release.record else {
+        return Ok(Err("the release record cannot be read".into()));
+    };
+    let grant = held
+        .grants
+        .values()
+        .find(|g| g.pool == release.pool && g.family == release.family && g.cidr == release.cidr);
+    let Some(grant) = grant else {
+        return Ok(Err(format!(
+            "the node holds no grant of {} in pool {}",
+            release.cidr, release.pool
+        )));
+    };
+    if grant.revision != record.grant_revision {
+        return Ok(Err(format!(
+            "the node holds {} under grant revision {}, not {}",
+            release.cidr, grant.revision, record.grant_revision
+        )));
+    }
+    if !held.is_block_pool(&release.pool) {
+        return Ok(Err(format!("pool {} is not a block pool", release.pool)));
+    }
+    let range = match held.range_of(grant) {
+        Ok(range) => range,
+        Err(error) => return Ok(Err(error.to_string())),
+    };
+    match committer
+        .submit(Op::SurrenderBlock {
+            pool: release.pool.clone(),
+            range,
+        })
+        .await
+    {
+        Ok(Reply::Surrender(Surrender::Surrendered | Surrender::AlreadySurrendered)) => Ok(Ok(())),
+        Ok(Reply::Surrender(Surrender::Refused(reason))) => Ok(Err(reason)),
+        // Not recorded locally: no answer now (the next round asks again).
+        Ok(other) => Err(LinkError::Record(format!("unexpected answer {other:?}"))),
+        Err(error) => Err(LinkError::Record(format!("{error:?}"))),
+    }
+}
+
+/// Surrendered blocks whose handshake was withdrawn (the release key gone or not `marked`
+/// or `ready`) while the grant lasts are taken back; the grant and the key are read at one
+/// revision first, since the leader deletes both in one txn when it releases the block.
+async fn reconcile_surrendered<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    committer: &Committer,
+    state: &SharedClusterState,
+    held: &Held,
+) -> Result<(), LinkError> {
+    let report = match committer.submit(Op::BlockReport).await {
+        Ok(Reply::Blocks(report)) => report,
+        other => return Err(LinkError::Record(format!("reading the blocks: {other:?}"))),
+    };
+    state
+        .metrics
+        .surrendered
+        .set(i64::try_from(report.surrendered.len()).unwrap_or(i64::MAX));
+    let mut reclaimed = false;
+    for (pool, range) in &report.surrendered {
+        let Some((owned_key, grant)) = held.grant_of(pool, range) else {
+            // The grant is gone: the next set of grants forgets it.
+            continue;
+        };
+        let release_key = keys.release(node, pool, grant.family, &grant.cidr);
+        let open = |r: Option<&ReleaseRecord>| {
+            r.is_some_and(|r| matches!(r.state, ReleaseState::Marked | ReleaseState::Ready))
+        };
+        if open(
+            held.releases
+                .get(&release_key)
+                .and_then(|r| r.record.as_ref()),
+        ) {
+            continue;
+        }
+        let response = kv
+            .txn(Txn {
+                compares: vec![],
+                success: vec![
+                    TxnOp::get(owned_key.as_str()),
+                    TxnOp::get(release_key.as_str()),
+                ],
+                failure: vec![],
+            })
+            .await?;
+        let owned_now = response.gets.first().cloned().flatten();
+        let release_now = response.gets.get(1).cloned().flatten();
+        let release_open = release_now
+            .as_ref()
+            .is_some_and(|e| open(decode_value::<ReleaseRecord>(&e.value).ok().as_ref()));
+        if owned_now.is_none_or(|e| e.create_revision != grant.revision) || release_open {
+            continue;
+        }
+        match committer
+            .submit(Op::ReclaimBlock {
+                pool: pool.clone(),
+                range: *range,
+            })
+            .await
+        {
+            Ok(_) => {
+                eprintln!(
+                    "corral agent: cluster: block {range} of pool {pool} taken back (its release was withdrawn)"
+                );
+                reclaimed = true;
+            }
+            Err(error) => return Err(LinkError::Record(format!("{error:?}"))),
+        }
+    }
+    if reclaimed {
+        state.blocks.ranges_changed();
+    }
+    Ok(())
 }
 
 /// Hands the held grants to the host (durable before it answers) and publishes them. A
@@ -466,6 +981,7 @@ async fn apply(
     state: &SharedClusterState,
     held: &Held,
 ) -> Result<(), LinkError> {
+    state.blocks.set_config(held.config.clone());
     let ranges = held.ranges();
     let mut shown: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (pool, range) in &ranges {
@@ -483,6 +999,7 @@ async fn apply(
                 s.grants = shown;
                 s.node_id = held.node_id;
             });
+            state.blocks.ranges_changed();
             Ok(())
         }
         Err(error) => Err(LinkError::Record(format!("{error:?}"))),
@@ -530,5 +1047,29 @@ pub fn api_status(state: &ClusterState) -> corral_api::ClusterStatus {
             .flat_map(|(pool, ranges)| ranges.iter().map(move |r| format!("{pool} {r}")))
             .collect(),
         node_id: state.node_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_one_second_to_thirty_with_jitter() {
+        let seconds = |failures, seed| backoff(failures, seed).as_secs_f64();
+        for seed in [0, 1, 77, 999, 123_456_789, u64::MAX] {
+            let waits: Vec<f64> = (1..=10).map(|f| seconds(f, seed)).collect();
+            assert!((1.0..1.25).contains(&waits[0]), "{waits:?}");
+            assert!((2.0..2.5).contains(&waits[1]), "{waits:?}");
+            assert!((16.0..20.0).contains(&waits[4]), "{waits:?}");
+            for wait in &waits[5..] {
+                assert!((22.5..=30.0).contains(wait), "{waits:?}");
+            }
+            assert!(waits.iter().all(|w| *w <= 30.0));
+        }
+        // Jittered: different seeds, different waits.
+        assert_ne!(backoff(3, 1), backoff(3, 2));
+        assert_ne!(backoff(9, 1), backoff(9, 2));
+        assert_eq!(backoff(u32::MAX, 0), Duration::from_secs(30));
     }
 }

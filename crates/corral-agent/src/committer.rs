@@ -285,6 +285,9 @@ mod tests {
                 exclusions: vec![],
             }],
             node_pool: None,
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
         }
     }
 

@@ -56,7 +56,13 @@ pub struct AgentConfig {
     pub cni_data_dirs: Vec<PathBuf>,
     /// How many connections each listener serves at once, and how long a client may take.
     pub connections: ConnectionLimits,
+    /// In a cluster: how long a CNI ADD to a node pool with nothing free waits for a grant
+    /// before it fails with code 11 (`pool_wait_ms`, `--pool-wait`).
+    pub pool_wait: Duration,
 }
+
+/// The default of [`AgentConfig::pool_wait`].
+pub const DEFAULT_POOL_WAIT: Duration = Duration::from_secs(5);
 
 /// What one client may hold of the agent: the connections served at once per listener, and
 /// how long a connection may sit idle or send a request. Past the cap a listener accepts
@@ -99,6 +105,8 @@ pub struct ConfigFile {
     pub cni_data_dirs: Option<Vec<PathBuf>>,
     pub connections: Option<ConnectionsFile>,
     pub pools: Option<Vec<PoolFile>>,
+    /// See [`AgentConfig::pool_wait`].
+    pub pool_wait_ms: Option<u64>,
 }
 
 /// The `[connections]` table; every field optional.
@@ -155,6 +163,8 @@ pub struct Overrides {
     /// The agent joins a cluster (`--etcd`): without pools in the file it starts with none,
     /// not the embedded default, since the cluster grants its ranges.
     pub in_cluster: bool,
+    /// When given, replaces the file's `pool_wait_ms`.
+    pub pool_wait: Option<Duration>,
 }
 
 /// The embedded default pools.
@@ -231,6 +241,10 @@ impl AgentConfig {
                 .or(file.cni_data_dirs)
                 .unwrap_or_else(|| vec![PathBuf::from(DEFAULT_CNI_DATA_DIR)]),
             connections: connection_limits(&file.connections.unwrap_or_default())?,
+            pool_wait: overrides
+                .pool_wait
+                .or(file.pool_wait_ms.map(Duration::from_millis))
+                .unwrap_or(DEFAULT_POOL_WAIT),
         })
     }
 }
@@ -249,6 +263,7 @@ impl AgentConfig {
             pools: pools(&default_pools()).unwrap_or_default(),
             cni_data_dirs: Vec::new(),
             connections: ConnectionLimits::default(),
+            pool_wait: DEFAULT_POOL_WAIT,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! (`committer.rs`).
 
 pub mod api;
+pub mod blocks;
 mod capacity;
 pub mod cluster;
 pub mod committer;

@@ -6,6 +6,12 @@
 //! - `corral_addresses{scope,pool,family,state}`: `used`, `free`, `excluded`, `cooling`, read
 //!   from the engines when scraped;
 //! - `corral_leases_expired_total`;
+//! - `corral_pool_allocations_total{pool,outcome}`: CNI ADDs on a node pool, by outcome
+//!   (`ok`, `waited_ok`: after waiting for a grant, `timeout`: the wait ran out, `exhausted`,
+//!   `error`);
+//! - `corral_pool_available_addresses{pool,family}`: free addresses of the node scope's pools;
+//! - `corral_demand_writes_total`, `corral_release_handshakes_total{outcome}` (`ready`,
+//!   `refused`), `corral_surrendered_blocks`: the cluster link's block mode;
 //! - `corral_store_sync_failed`: 1 once a sync of the state's log has failed (the agent then
 //!   refuses every change until it is restarted; `/healthz` answers 503), else 0.
 
@@ -32,6 +38,18 @@ pub struct Operation {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolOutcome {
+    pub pool: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolFamily {
+    pub pool: String,
+    pub family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolState {
     pub scope: String,
     pub pool: String,
@@ -53,6 +71,12 @@ pub struct Metrics {
     pub cluster_degraded: Gauge,
     /// 1 while the node is registered in its cluster.
     pub cluster_registered: Gauge,
+    /// CNI ADDs on a node pool by pool and outcome.
+    pub pool_allocations: Family<PoolOutcome, Counter>,
+    /// Free addresses of the node scope's pools.
+    pub pool_available: Family<PoolFamily, Gauge<f64, AtomicU64>>,
+    /// The cluster link's block-mode counters.
+    pub cluster: crate::cluster::ClusterMetrics,
 }
 
 impl Default for Metrics {
@@ -109,8 +133,40 @@ impl Default for Metrics {
             "1 while the node is registered in its cluster (agents run with --etcd)",
             cluster_registered.clone(),
         );
+        let pool_allocations = Family::<PoolOutcome, Counter>::default();
+        registry.register(
+            "corral_pool_allocations",
+            "CNI ADDs on a pool of the node scope by pool and outcome (ok, waited_ok, timeout, \
+             exhausted, error)",
+            pool_allocations.clone(),
+        );
+        let pool_available = Family::<PoolFamily, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "corral_pool_available_addresses",
+            "Free addresses of the node scope's pools by pool and family",
+            pool_available.clone(),
+        );
+        let cluster = crate::cluster::ClusterMetrics::default();
+        registry.register(
+            "corral_demand_writes",
+            "Writes of the node's demand of block pools to the cluster store",
+            cluster.demand_writes.clone(),
+        );
+        registry.register(
+            "corral_release_handshakes",
+            "Release handshakes of blocks answered, by outcome (ready, refused)",
+            cluster.handshakes.clone(),
+        );
+        registry.register(
+            "corral_surrendered_blocks",
+            "Blocks surrendered in a release handshake whose grant the cluster has not yet deleted",
+            cluster.surrendered.clone(),
+        );
         Metrics {
             registry,
+            pool_allocations,
+            pool_available,
+            cluster,
             allocations,
             releases,
             latency,
@@ -127,6 +183,15 @@ impl Metrics {
     /// The exposition text, with the address gauges set from `gauges`.
     pub fn render(&self, gauges: &[host::Gauge]) -> String {
         self.addresses.clear();
+        self.pool_available.clear();
+        for g in gauges.iter().filter(|g| g.scope == corral_api::NODE_SCOPE) {
+            self.pool_available
+                .get_or_create(&PoolFamily {
+                    pool: g.pool.clone(),
+                    family: g.family.to_owned(),
+                })
+                .set(g.free);
+        }
         for g in gauges {
             for (state, value) in [
                 ("used", g.used),

@@ -51,6 +51,9 @@ fn request(record: &PendingDel) -> api::CniKeyRequest {
         network: api::CniNetwork {
             name: record.network.clone(),
             node_pool: node_pool.clone(),
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
             pools: record
                 .pools
                 .iter()

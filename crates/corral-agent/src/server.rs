@@ -75,9 +75,16 @@ pub async fn serve_with(
         metrics: Arc::new(Metrics::default()),
         broken_scopes: Arc::default(),
         body_timeout: config.connections.body_timeout,
-        cluster: cluster
-            .as_ref()
-            .map(|_| crate::cluster::SharedClusterState::default()),
+        cluster: None,
+        pool_wait: config.pool_wait,
+    };
+    let state = AppState {
+        cluster: cluster.as_ref().map(|_| {
+            Arc::new(crate::cluster::ClusterShared::new(
+                state.metrics.cluster.clone(),
+            ))
+        }),
+        ..state
     };
     // Only a stale socket (a killed agent's) is replaced; a socket another agent answers on,
     // and anything that is not a socket (a configuration file given to `--socket` by

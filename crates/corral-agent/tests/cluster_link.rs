@@ -63,6 +63,7 @@ impl LinkedAgent {
             node: node.into(),
             uid: uid.into(),
             lease_ttl: ttl,
+            demand_refresh: ClusterOptions::DEFAULT_DEMAND_REFRESH,
         };
         let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
         let task: corral_agent::ClusterTask = {
@@ -371,6 +372,9 @@ fn cni_add_and_del_make_no_store_requests() {
         name: "podnet".into(),
         pools: vec![],
         node_pool: Some("default".into()),
+        requested_pool: None,
+        configured_pool: None,
+        namespace: None,
     };
     let before = kv.requests();
     let mut client = agent.client();

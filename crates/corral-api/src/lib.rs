@@ -651,6 +651,20 @@ pub struct CniNetwork {
     /// does not exist or has no active range yet is refused with `retry_later`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_pool: Option<String>,
+    /// With `node_pool`: the pool the CNI call itself named (`runtimeConfig.pool`,
+    /// `args.cni.pool`), which wins over every other choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_pool: Option<String>,
+    /// With `node_pool`: the network configuration's `ipam.pool`, used when the call names
+    /// no pool and its namespace maps to none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_pool: Option<String>,
+    /// With `node_pool`: the Kubernetes namespace of the pod (`K8S_POD_NAMESPACE` in
+    /// `CNI_ARGS`), which the cluster configuration's `namespaces` may map to a pool. An
+    /// agent in a cluster chooses the pool: the requested pool, else the namespace's, else
+    /// the configured one, else the cluster's `default_pool`, else `node_pool`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// One address wanted by an ADD: from `pool`, of `family`, `requested` if given.

@@ -126,6 +126,11 @@ struct AgentArgs {
     /// The liveness lease's TTL in seconds (with --etcd)
     #[arg(long, default_value_t = 20)]
     lease_ttl: u64,
+    /// How long a CNI ADD to a node pool with nothing free waits for the cluster to grant a
+    /// block, in milliseconds, before it fails with code 11 (with --etcd; default 5000, or the
+    /// file's pool_wait_ms)
+    #[arg(long, value_name = "MS")]
+    pool_wait: Option<u64>,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -138,6 +143,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
         token_file: args.token_file,
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
         in_cluster: !args.etcd.is_empty(),
+        pool_wait: args.pool_wait.map(std::time::Duration::from_millis),
     })
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let cluster_task = match (args.etcd.is_empty(), args.node) {
@@ -157,6 +163,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
                 node,
                 uid,
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
+                demand_refresh: corral_agent::cluster::ClusterOptions::DEFAULT_DEMAND_REFRESH,
             };
             let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
                 Box::pin(async move {

@@ -27,6 +27,9 @@ fn network() -> api::CniNetwork {
             exclusions: Vec::new(),
         }],
         node_pool: None,
+        requested_pool: None,
+        configured_pool: None,
+        namespace: None,
     }
 }
 

@@ -158,18 +158,26 @@ fn family_name(family: Family) -> api::FamilyName {
     }
 }
 
-/// The network as the agent gets it: its name and the pools the plugin derives.
-fn network(config: &NetConfig) -> api::CniNetwork {
+/// The network as the agent gets it: its name and the pools the plugin derives; on a node
+/// pool, what the agent chooses the pool from (the call's pool, the pod's namespace, the
+/// network's `ipam.pool`), beside the plugin's own choice for agents that do not choose.
+fn network(config: &NetConfig, namespace: Option<&str>) -> api::CniNetwork {
     if let Some(pool) = &config.ipam.node_pool {
         return api::CniNetwork {
             name: config.name.clone(),
             pools: Vec::new(),
             node_pool: Some(pool.to_string()),
+            requested_pool: config.ipam.requested_pool.as_ref().map(ToString::to_string),
+            configured_pool: config.ipam.pool.as_ref().map(ToString::to_string),
+            namespace: namespace.filter(|n| !n.is_empty()).map(str::to_owned),
         };
     }
     api::CniNetwork {
         name: config.name.clone(),
         node_pool: None,
+        requested_pool: None,
+        configured_pool: None,
+        namespace: None,
         pools: scope_config(config)
             .pools
             .into_iter()
@@ -196,9 +204,14 @@ fn api_key(key: &AttachmentKey) -> api::AttachmentKey {
     }
 }
 
+/// The pod's Kubernetes namespace, when the runtime passed it (`K8S_POD_NAMESPACE`).
+fn namespace(attachment: &Attachment) -> Option<&str> {
+    attachment.env.args.get("K8S_POD_NAMESPACE")
+}
+
 fn key_request(attachment: &Attachment) -> api::CniKeyRequest {
     api::CniKeyRequest {
-        network: network(&attachment.config),
+        network: network(&attachment.config, namespace(attachment)),
         key: api_key(&attachment.key),
     }
 }
@@ -217,7 +230,7 @@ impl Backend for Agent {
             return node_pool_add(&mut client, attachment, pool, result);
         }
         let request = api::CniAddRequest {
-            network: network(config),
+            network: network(config, namespace(attachment)),
             key: api_key(&attachment.key),
             owner: attachment.owner(),
             sets: config
@@ -318,7 +331,7 @@ impl Backend for Agent {
 
     fn gc(&self, config: &NetConfig, _now: Timestamp) -> Result<(), CniError> {
         let request = api::CniGcRequest {
-            network: network(config),
+            network: network(config, None),
             valid_attachments: config.valid_attachments.iter().map(api_key).collect(),
         };
         self.client().cni_gc(&request).map_err(agent_error)?;
@@ -328,7 +341,7 @@ impl Backend for Agent {
     /// Code 50 when a range set's pool has no free or cooling address.
     fn status(&self, config: &NetConfig, _now: Timestamp) -> Result<(), CniError> {
         let request = api::CniStatusRequest {
-            network: network(config),
+            network: network(config, None),
         };
         let answer = self.client().cni_status(&request).map_err(agent_error)?;
         if let Some(pool) = &config.ipam.node_pool {
@@ -369,7 +382,7 @@ fn node_pool_add(
 ) -> Result<(), CniError> {
     let config = &attachment.config;
     let request = api::CniAddRequest {
-        network: network(config),
+        network: network(config, namespace(attachment)),
         key: api_key(&attachment.key),
         owner: attachment.owner(),
         sets: config
@@ -426,14 +439,15 @@ fn node_pool_add(
 }
 
 /// CHECK on a pool of the agent's node scope: the attachment holds an address there, and
-/// every address of the previous result is among those it holds.
+/// every address of the previous result is among those it holds. The agent answers only the
+/// addresses of the pool it chose (which may be the namespace's, not `pool`).
 fn check_node_pool(
     attachment: &Attachment,
     pool: &PoolName,
     held: &[(PoolName, IpAddr)],
 ) -> Result<(), CniError> {
     let mut problems = Vec::new();
-    if !held.iter().any(|(p, _)| p == pool) {
+    if held.is_empty() {
         problems.push(format!(
             "attachment {} holds no address from pool {pool} of the agent",
             attachment.key
@@ -441,7 +455,7 @@ fn check_node_pool(
     }
     if let Some(prev) = &attachment.config.prev_result {
         for addr in prev.addresses() {
-            if !held.iter().any(|(p, held)| p == pool && *held == addr) {
+            if !held.iter().any(|(_, held)| *held == addr) {
                 problems.push(format!(
                     "prevResult lists {addr}, which attachment {} does not hold",
                     attachment.key

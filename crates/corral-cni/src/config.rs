@@ -25,8 +25,11 @@
 //! With `agent` and no ranges at all (no `ipam.ranges`, `ipam.subnet` or
 //! `runtimeConfig.ipRanges`), `pool` names a pool of the agent's own node scope (default
 //! `default`; a call may name another in `runtimeConfig.pool` or `args.cni.pool`), such as the
-//! one the cluster grants the node's pod CIDRs to: ADD takes one address per family the pool
-//! has active ranges in. With `agent`, `pool` and ranges together are refused (code 7).
+//! one the cluster grants the node's pod CIDRs or blocks to: ADD takes one address per family
+//! the pool has active ranges in. The plugin sends the call's pool, `ipam.pool` and the pod's
+//! namespace (`K8S_POD_NAMESPACE` in `CNI_ARGS`) separately, and an agent in a cluster chooses:
+//! the call's pool, else the namespace's pool in the cluster configuration, else `ipam.pool`,
+//! else the cluster's `default_pool`, else `default`. With `agent`, `pool` and ranges together are refused (code 7).
 //! Without `agent`, a configuration without ranges is refused as host-local refuses it.
 //!
 //! Errors: a wrong JSON type is code 6; a value that is well-typed but wrong is code 7; both
@@ -108,8 +111,14 @@ pub struct IpamConfig {
     pub agent: Option<PathBuf>,
     /// Agent mode without ranges: the pool of the agent's node scope to allocate from (one
     /// address per family it has active ranges in), from `runtimeConfig.pool`, else
-    /// `args.cni.pool`, else `ipam.pool`, else [`DEFAULT_NODE_POOL`].
+    /// `args.cni.pool`, else `ipam.pool`, else [`DEFAULT_NODE_POOL`]. An agent in a cluster
+    /// chooses again from what the plugin sends: the call's pool (`requested_pool`), else the
+    /// pod's namespace's pool (`K8S_POD_NAMESPACE`, mapped by the cluster configuration),
+    /// else `ipam.pool`, else the cluster's default pool.
     pub node_pool: Option<PoolName>,
+    /// With `node_pool`: the pool the call itself named (`runtimeConfig.pool`, else
+    /// `args.cni.pool`), if it named one.
+    pub requested_pool: Option<PoolName>,
 }
 
 /// One range set: the ranges ADD takes one address from.
@@ -231,14 +240,14 @@ pub fn parse_config(
         || runtime_config
             .as_ref()
             .is_some_and(|rc| rc.get("ipRanges").is_some());
-    let (range_sets, node_pool) = if agent.is_some() && !has_ranges {
+    let (range_sets, node_pool, requested_pool) = if agent.is_some() && !has_ranges {
         let per_call = per_call_pool(&root, runtime_config.as_ref())?;
-        let node_pool = match per_call.or_else(|| pool.clone()) {
+        let node_pool = match per_call.clone().or_else(|| pool.clone()) {
             Some(pool) => pool,
             None => PoolName::new(DEFAULT_NODE_POOL)
                 .map_err(|err| CniError::internal(err.to_string()))?,
         };
-        (Vec::new(), Some(node_pool))
+        (Vec::new(), Some(node_pool), per_call)
     } else {
         if agent.is_some() && pool.is_some() {
             return Err(CniError::invalid_config(
@@ -253,7 +262,7 @@ pub fn parse_config(
         for (set, pool) in range_sets.iter_mut().zip(pools) {
             set.pool = pool;
         }
-        (range_sets, None)
+        (range_sets, None, None)
     };
 
     let routes = match ipam.get("routes") {
@@ -279,6 +288,7 @@ pub fn parse_config(
         cooldown_seconds: ipam.uint("cooldownSeconds", MAX_COOLDOWN_SECONDS)?,
         agent,
         node_pool,
+        requested_pool,
     };
 
     let mut config = NetConfig {

@@ -19,6 +19,7 @@
 //! - `wire.rs` — conversions between the API's types and the engine's, and errors.
 
 mod batch;
+mod blocks;
 mod node_pool;
 mod ops;
 mod scopes;
@@ -39,6 +40,7 @@ use corral_store::{
 
 use crate::capacity;
 use batch::{Write, record_released, rewrite_row};
+pub use blocks::{BlockReport, HeldRange, Surrender};
 use scopes::{Broken, Scope, ensure_spec, spec_mut};
 pub use wire::OpError;
 use wire::{api_lease, family_name, key_of, pool_name, released, scope_status};
@@ -109,6 +111,20 @@ pub enum Op {
     /// Reconciles the `node` scope's cluster ranges with the complete set the cluster grants
     /// the node now (see [`ClusterRanges`]); answered with [`Reply::ClusterRanges`].
     SetClusterRanges(ClusterRanges),
+    /// The release handshake of a block: surrenders the cluster range if it holds no
+    /// allocation, in one commit (`blocks.rs`); answered with [`Reply::Surrender`].
+    SurrenderBlock {
+        pool: PoolName,
+        range: RangeSpec,
+    },
+    /// Takes a surrendered block back while its grant lasts (its handshake was withdrawn).
+    ReclaimBlock {
+        pool: PoolName,
+        range: RangeSpec,
+    },
+    /// The node scope's counts and cluster ranges, for the demand of block pools; answered
+    /// with [`Reply::Blocks`].
+    BlockReport,
     /// Excludes what the node's routes and addresses cover (`local_routes.rs`).
     ReserveLocalRoutes(crate::local_routes::LocalRoutesRequest),
     /// Expires leases and ends cooldowns that have run out.
@@ -138,7 +154,13 @@ impl Op {
     fn writes(&self) -> bool {
         !matches!(
             self,
-            Op::Dump(_) | Op::Status(_) | Op::Pools(_) | Op::Export | Op::Gauges | Op::CniCheck(_)
+            Op::Dump(_)
+                | Op::Status(_)
+                | Op::Pools(_)
+                | Op::Export
+                | Op::Gauges
+                | Op::CniCheck(_)
+                | Op::BlockReport
         )
     }
 }
@@ -161,6 +183,8 @@ pub enum Reply {
     Expired(usize),
     LocalRoutes(api::ReserveLocalRoutesResponse),
     ClusterRanges(ClusterRangesOutcome),
+    Surrender(Surrender),
+    Blocks(BlockReport),
 }
 
 /// Every range the cluster grants this node now, of all pools: the argument of
@@ -535,6 +559,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 Ok(Reply::ScopeStatus(status))
             }
             Op::SetClusterRanges(grants) => self.set_cluster_ranges(grants, touched),
+            Op::SurrenderBlock { pool, range } => self.surrender_block(&pool, &range, touched),
+            Op::ReclaimBlock { pool, range } => self.reclaim_block(&pool, &range, touched),
+            Op::BlockReport => self.block_report(),
             Op::ReserveLocalRoutes(request) => {
                 let scope = self.scope_mut(&request.scope)?;
                 let response = crate::local_routes::reserve(
@@ -578,6 +605,9 @@ mod tests {
                 exclusions: vec![],
             }],
             node_pool: None,
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
         }
     }
 

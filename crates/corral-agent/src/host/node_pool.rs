@@ -4,7 +4,9 @@
 //!
 //! The allocations live in the `node` scope, keyed by the attachment as any CNI allocation;
 //! an ADD takes one address per family the pool has active ranges in (all or nothing), and the
-//! other verbs act on the network's attachments in that pool only.
+//! other verbs act on the network's attachments in that pool only, except DEL, which releases
+//! the attachment's addresses in any pool of the node scope (the pool a call resolves to may
+//! differ between ADD and DEL).
 
 use std::collections::BTreeSet;
 
@@ -159,14 +161,17 @@ impl<S: Store, C: Clock> Host<S, C> {
         let key = key_of(&request.key)?;
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         let mut gone = Vec::new();
+        // Every pool of the node scope: the key names the network, whose attachments live
+        // only here, and the pool a call resolves to may differ between ADD and DEL (the
+        // namespace's pool changed, or a DEL recorded while the agent was away names the
+        // plugin's own choice).
+        let _ = pool;
         for info in scope.engine.lookup_key(&key) {
-            if info.pool == pool {
-                gone.push(scope.engine.release(
-                    info.entry.addr,
-                    Some(info.entry.generation),
-                    now,
-                )?);
-            }
+            gone.push(
+                scope
+                    .engine
+                    .release(info.entry.addr, Some(info.entry.generation), now)?,
+            );
         }
         record_released(api::NODE_SCOPE, &gone, writes, touched);
         Ok(Reply::Released(api::ReleaseResponse {

@@ -262,6 +262,10 @@ impl<S: Store, C: Clock> Host<S, C> {
             }
             changed = true;
         }
+        // Surrendered blocks whose grant is gone: the handshake is over.
+        if !capacity::forget_surrendered(&mut scope.config, &granted).is_empty() {
+            changed = true;
+        }
         if changed {
             // What left at once leaves the configuration now, so the grants below see it gone.
             capacity::forget_drained(

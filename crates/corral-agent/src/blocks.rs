@@ -1,0 +1,388 @@
+//! Block-mode pools on the agent's side (issue 12): what the CNI path and the cluster link
+//! share ([`BlockSignals`]: ADDs waiting per pool, a cheap in-process "something changed", the
+//! node pools' ranges changing, the cluster's choice of pool per namespace), the pool a CNI
+//! call allocates from ([`resolve_pool`]), and the demand records, computed purely from the
+//! host's [`BlockReport`] ([`demand_records`], [`is_urgent`]).
+//!
+//! A CNI ADD or DEL never touches etcd: it only wakes the cluster link, which reads the host's
+//! state and writes `demand/<node>/<pool>` at most once a second.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use corral_cluster::{ClusterConfig, DemandRecord, Family, FamilyDemand, PoolName};
+
+use crate::host::BlockReport;
+
+/// What the CNI path and the cluster link share.
+#[derive(Debug)]
+pub struct BlockSignals {
+    /// ADDs waiting for a grant, per pool.
+    pending: Mutex<BTreeMap<String, u64>>,
+    /// Woken after each local change the demand may follow (an ADD, a DEL, an ADD waiting).
+    changed: tokio::sync::Notify,
+    /// Set when an ADD starts waiting: the demand goes out as soon as allowed.
+    urgent: AtomicBool,
+    /// Bumped when the node pools' ranges change (grants applied, a block taken back): a
+    /// waiting ADD tries again.
+    ranges: tokio::sync::watch::Sender<u64>,
+    /// The cluster configuration last read (pools per namespace, the default pool, which
+    /// pools are block pools).
+    config: Mutex<Option<Arc<ClusterConfig>>>,
+}
+
+impl Default for BlockSignals {
+    fn default() -> Self {
+        BlockSignals {
+            pending: Mutex::default(),
+            changed: tokio::sync::Notify::new(),
+            urgent: AtomicBool::new(false),
+            ranges: tokio::sync::watch::Sender::new(0),
+            config: Mutex::default(),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl BlockSignals {
+    /// Something local changed (no I/O: a flag for the cluster link to look at).
+    pub fn touch(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Waits for [`BlockSignals::touch`] (a touch while nobody waits is kept for the next).
+    pub async fn touched(&self) {
+        self.changed.notified().await;
+    }
+
+    /// An ADD starts waiting in `pool`; the guard counts it until dropped.
+    pub fn wait_in(self: &Arc<Self>, pool: &str) -> PendingGuard {
+        *lock(&self.pending).entry(pool.to_owned()).or_default() += 1;
+        self.urgent.store(true, Ordering::Release);
+        self.touch();
+        PendingGuard {
+            signals: Arc::clone(self),
+            pool: pool.to_owned(),
+        }
+    }
+
+    /// ADDs waiting per pool.
+    pub fn pending(&self) -> BTreeMap<String, u64> {
+        lock(&self.pending).clone()
+    }
+
+    /// Whether an ADD started waiting since the last call.
+    pub fn take_urgent(&self) -> bool {
+        self.urgent.swap(false, Ordering::AcqRel)
+    }
+
+    /// The node pools' ranges changed.
+    pub fn ranges_changed(&self) {
+        self.ranges.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver woken by [`BlockSignals::ranges_changed`].
+    pub fn subscribe_ranges(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.ranges.subscribe()
+    }
+
+    pub fn set_config(&self, config: Option<Arc<ClusterConfig>>) {
+        *lock(&self.config) = config;
+    }
+
+    pub fn config(&self) -> Option<Arc<ClusterConfig>> {
+        lock(&self.config).clone()
+    }
+}
+
+/// Counts one waiting ADD while it lives.
+#[derive(Debug)]
+pub struct PendingGuard {
+    signals: Arc<BlockSignals>,
+    pool: String,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        let mut pending = lock(&self.signals.pending);
+        if let Some(n) = pending.get_mut(&self.pool) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                pending.remove(&self.pool);
+            }
+        }
+        drop(pending);
+        self.signals.touch();
+    }
+}
+
+/// The pool a CNI call on a node pool allocates from: the pool the call names
+/// (`runtimeConfig.pool`, `args.cni.pool`), else its Kubernetes namespace's pool in the
+/// cluster configuration, else the network's `ipam.pool`, else the cluster's default pool,
+/// else `default`. Without a cluster configuration namespaces map to nothing.
+pub fn resolve_pool(
+    config: Option<&ClusterConfig>,
+    requested: Option<&str>,
+    namespace: Option<&str>,
+    configured: Option<&str>,
+) -> String {
+    let non_empty = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
+    if let Some(pool) = non_empty(requested) {
+        return pool;
+    }
+    if let (Some(config), Some(namespace)) = (config, non_empty(namespace))
+        && let Some(pool) = config.namespaces.get(&namespace)
+    {
+        return pool.clone();
+    }
+    if let Some(pool) = non_empty(configured) {
+        return pool;
+    }
+    match config {
+        Some(config) => config.pool_for(None, None),
+        None => "default".to_owned(),
+    }
+}
+
+/// The demand of each block pool of `config`, from the host's report and the ADDs waiting
+/// (`at_ms` left 0: the caller stamps what it writes).
+pub fn demand_records(
+    config: &ClusterConfig,
+    report: &BlockReport,
+    pending: &BTreeMap<String, u64>,
+) -> BTreeMap<PoolName, DemandRecord> {
+    let mut out = BTreeMap::new();
+    for pool in config.pools.iter().filter(|p| p.is_blocks()) {
+        let mut record = DemandRecord::default();
+        let waiting = pending.get(pool.name.as_str()).copied().unwrap_or(0);
+        for (family, _) in pool.families() {
+            let (used, free) = report
+                .stats
+                .iter()
+                .find(|(p, f, _, _)| *p == pool.name && *f == family)
+                .map_or((0, 0), |(_, _, used, free)| (*used, *free));
+            let mut held: Vec<_> = report
+                .ranges
+                .iter()
+                .filter(|r| r.pool == pool.name && r.spec.family() == family && !r.draining)
+                .collect();
+            held.sort_by_key(|r| std::cmp::Reverse(r.spec.start()));
+            let empty = held
+                .iter()
+                .filter(|r| r.n_allocated == 0)
+                .take(FamilyDemand::MAX_EMPTY)
+                .map(|r| r.spec.subnet_net())
+                .collect();
+            *record.family_mut(family) = Some(FamilyDemand {
+                used,
+                free,
+                pending: 0,
+                blocks: held.len() as u64,
+                empty,
+            });
+        }
+        if waiting > 0 {
+            // The ADDs wait for the families with nothing free (all, if none is empty).
+            let families: Vec<Family> = [Family::V4, Family::V6]
+                .into_iter()
+                .filter(|&f| record.family(f).is_some_and(|d| d.free == 0))
+                .collect();
+            let families = if families.is_empty() {
+                vec![Family::V4, Family::V6]
+            } else {
+                families
+            };
+            for family in families {
+                if let Some(demand) = record.family_mut(family) {
+                    demand.pending = waiting;
+                }
+            }
+        }
+        out.insert(pool.name.clone(), record);
+    }
+    out
+}
+
+/// Whether two records say the same, `at_ms` aside.
+pub fn same_demand(a: &DemandRecord, b: &DemandRecord) -> bool {
+    a.ipv4 == b.ipv4 && a.ipv6 == b.ipv6
+}
+
+/// Whether the demand must go out as soon as allowed: a family's free addresses fell below
+/// its pre-allocate watermark (and were not below it in what was written), or the ADDs
+/// waiting changed.
+pub fn is_urgent(
+    config: &ClusterConfig,
+    node: &str,
+    pool: &PoolName,
+    record: &DemandRecord,
+    written: Option<&DemandRecord>,
+) -> bool {
+    let Some(written) = written else {
+        return true;
+    };
+    let pre = config
+        .pool(pool)
+        .map_or(0, |p| p.watermarks_for(node).pre_allocate);
+    [Family::V4, Family::V6].into_iter().any(|family| {
+        let now = record.family(family);
+        let before = written.family(family);
+        let low = |d: Option<&FamilyDemand>| d.is_some_and(|d| d.free < pre);
+        let pending = |d: Option<&FamilyDemand>| d.map_or(0, |d| d.pending);
+        (low(now) && (!low(before) || now.map(|d| d.free) != before.map(|d| d.free)))
+            || pending(now) != pending(before)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HeldRange;
+
+    fn config() -> ClusterConfig {
+        ClusterConfig::from_toml(
+            r#"
+default_pool = "main"
+[namespaces]
+blue = "bluepool"
+[[pools]]
+name = "main"
+mode = "blocks"
+[pools.watermarks]
+pre_allocate = 8
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+node_prefix_len = 28
+[[pools]]
+name = "bluepool"
+[pools.ipv4]
+cidrs = ["10.1.0.0/16"]
+node_prefix_len = 24
+"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_pool_is_the_calls_then_the_namespaces_then_the_networks_then_the_clusters() {
+        let c = config();
+        assert_eq!(
+            resolve_pool(Some(&c), Some("x"), Some("blue"), Some("y")),
+            "x"
+        );
+        assert_eq!(
+            resolve_pool(Some(&c), None, Some("blue"), Some("y")),
+            "bluepool"
+        );
+        assert_eq!(resolve_pool(Some(&c), None, Some("red"), Some("y")), "y");
+        assert_eq!(resolve_pool(Some(&c), None, Some("red"), None), "main");
+        assert_eq!(resolve_pool(None, None, Some("blue"), None), "default");
+        assert_eq!(resolve_pool(None, Some(""), None, Some("z")), "z");
+    }
+
+    fn held(range: &str, n_allocated: u64) -> HeldRange {
+        HeldRange {
+            pool: PoolName::new("main").unwrap(),
+            spec: range.parse().unwrap(),
+            n_allocated,
+            draining: false,
+        }
+    }
+
+    #[test]
+    fn demand_counts_blocks_and_lists_empty_ones_highest_first() {
+        let c = config();
+        let main = PoolName::new("main").unwrap();
+        let report = BlockReport {
+            stats: vec![(main.clone(), Family::V4, 3, 25)],
+            ranges: vec![
+                held("10.0.0.0/28", 3),
+                held("10.0.0.16/28", 0),
+                held("10.0.0.32/28", 0),
+                HeldRange {
+                    draining: true,
+                    ..held("10.0.0.48/28", 0)
+                },
+            ],
+            surrendered: vec![],
+        };
+        let records = demand_records(&c, &report, &BTreeMap::new());
+        assert_eq!(records.len(), 1, "only block pools");
+        let v4 = records[&main].ipv4.clone().unwrap();
+        assert_eq!((v4.used, v4.free, v4.pending, v4.blocks), (3, 25, 0, 3));
+        assert_eq!(
+            v4.empty,
+            vec![
+                "10.0.0.32/28".parse().unwrap(),
+                "10.0.0.16/28".parse().unwrap()
+            ]
+        );
+        assert!(records[&main].ipv6.is_none());
+        // Waiting ADDs count in the family with nothing free.
+        let full = BlockReport {
+            stats: vec![(main.clone(), Family::V4, 14, 0)],
+            ranges: vec![held("10.0.0.0/28", 14)],
+            surrendered: vec![],
+        };
+        let pending = BTreeMap::from([("main".to_owned(), 2)]);
+        let records = demand_records(&c, &full, &pending);
+        assert_eq!(records[&main].ipv4.as_ref().unwrap().pending, 2);
+    }
+
+    #[test]
+    fn urgency_is_free_below_pre_allocate_or_waiting_adds_changing() {
+        let c = config();
+        let main = PoolName::new("main").unwrap();
+        let record = |free, pending| DemandRecord {
+            ipv4: Some(FamilyDemand {
+                used: 1,
+                free,
+                pending,
+                blocks: 1,
+                empty: vec![],
+            }),
+            ipv6: None,
+            at_ms: 0,
+        };
+        assert!(is_urgent(&c, "n", &main, &record(20, 0), None));
+        assert!(!is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(20, 0),
+            Some(&record(30, 0))
+        ));
+        assert!(is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(7, 0),
+            Some(&record(30, 0))
+        ));
+        assert!(is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(0, 1),
+            Some(&record(0, 0))
+        ));
+        assert!(!is_urgent(
+            &c,
+            "n",
+            &main,
+            &record(7, 0),
+            Some(&record(7, 0))
+        ));
+        assert!(same_demand(
+            &record(7, 0),
+            &DemandRecord {
+                at_ms: 5,
+                ..record(7, 0)
+            }
+        ));
+    }
+}

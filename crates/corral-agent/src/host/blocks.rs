@@ -1,0 +1,350 @@
+//! Blocks of block-mode pools (issue 12): the agent's side of the release handshake, and what
+//! its demand is computed from.
+//!
+//! - [`Op::SurrenderBlock`](super::Op::SurrenderBlock): in one commit, a cluster range that
+//!   holds no allocation leaves the engine and stays in the stored configuration as
+//!   *surrendered* (source `cluster`, state `removed`), so nothing is allocated from it again
+//!   and [`Op::SetClusterRanges`](super::Op::SetClusterRanges) does not add it back while its
+//!   grant lasts; a range in use (or not held) is refused and nothing changes.
+//! - [`Op::ReclaimBlock`](super::Op::ReclaimBlock): a surrendered range whose handshake was
+//!   withdrawn while the grant lasts is active again.
+//! - [`Op::BlockReport`](super::Op::BlockReport): the node scope's counts and ranges, read
+//!   only, for the demand the cluster link publishes.
+
+use std::collections::BTreeSet;
+
+use corral_api as api;
+use corral_core::{Family, PoolName, RangeRemoval, RangeSpec};
+use corral_store::Store;
+
+use super::scopes::{ensure_spec, spec_mut};
+use super::{Clock, Host, OpError, Reply};
+use crate::capacity;
+
+/// What [`Op::SurrenderBlock`](super::Op::SurrenderBlock) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Surrender {
+    /// Surrendered now, durably with this batch.
+    Surrendered,
+    /// Surrendered before (a `ready` to send again, e.g. after a restart).
+    AlreadySurrendered,
+    /// Not surrendered, nothing changed: why.
+    Refused(String),
+}
+
+/// One cluster range of the node scope, as [`BlockReport`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldRange {
+    pub pool: PoolName,
+    pub spec: RangeSpec,
+    pub n_allocated: u64,
+    pub draining: bool,
+}
+
+/// The node scope's counts per pool and family, its cluster ranges, and its surrendered ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockReport {
+    /// `(pool, family, used, free)` of every pool of the node scope.
+    pub stats: Vec<(PoolName, Family, u64, u64)>,
+    /// The cluster ranges in the engine (active or draining).
+    pub ranges: Vec<HeldRange>,
+    /// The surrendered ranges: out of the engine while their grant lasts.
+    pub surrendered: Vec<(PoolName, RangeSpec)>,
+}
+
+fn same(a: &RangeSpec, b: &RangeSpec) -> bool {
+    a.start() == b.start() && a.end() == b.end()
+}
+
+impl<S: Store, C: Clock> Host<S, C> {
+    pub(super) fn surrender_block(
+        &mut self,
+        pool: &PoolName,
+        spec: &RangeSpec,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let declared = self.declared.clone();
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        let refuse = |reason: String| Ok(Reply::Surrender(Surrender::Refused(reason)));
+        let entry = spec_mut(scope, pool)
+            .and_then(|stored| stored.entry_at(spec).map(|i| stored.ranges[i].clone()));
+        match entry {
+            Some(entry) if capacity::is_surrendered(&entry) => {
+                return Ok(Reply::Surrender(Surrender::AlreadySurrendered));
+            }
+            Some(entry)
+                if entry.source == corral_store::RangeSource::Cluster
+                    && entry.state == corral_store::RangeState::Active => {}
+            Some(entry) => {
+                return refuse(format!(
+                    "range {} of pool {pool} is {} (source {}), not an active block granted by \
+                     the cluster",
+                    entry.range,
+                    entry.state.as_str(),
+                    entry.source.as_str()
+                ));
+            }
+            None => return refuse(format!("the agent does not hold {spec} in pool {pool}")),
+        }
+        let info = scope
+            .engine
+            .ranges(pool)
+            .ok()
+            .and_then(|ranges| ranges.into_iter().find(|r| same(&r.spec, spec)));
+        match info {
+            None => return refuse(format!("the agent does not hold {spec} in pool {pool}")),
+            Some(info) if info.draining => {
+                return refuse(format!("block {spec} of pool {pool} is draining"));
+            }
+            Some(info) if info.n_allocated > 0 => {
+                return refuse(format!(
+                    "block {spec} of pool {pool} holds {} allocation(s)",
+                    info.n_allocated
+                ));
+            }
+            Some(_) => {}
+        }
+        match scope.engine.remove_range(pool, spec)? {
+            RangeRemoval::Removed => {}
+            RangeRemoval::Draining { .. } => {
+                // Not reachable (it held nothing); undo, and say no.
+                let _ = scope.engine.add_range(pool, *spec);
+                return refuse(format!("block {spec} of pool {pool} is in use"));
+            }
+        }
+        // Our range is reported as drained: it stays, surrendered; others that drained
+        // meanwhile leave as usual.
+        let others: Vec<_> = scope
+            .engine
+            .take_drained()
+            .into_iter()
+            .filter(|d| !(d.pool == *pool && same(&d.spec, spec)))
+            .collect();
+        capacity::forget_drained(&mut scope.config, &others, Some(&declared));
+        if let Some(stored) = spec_mut(scope, pool) {
+            capacity::note_surrendered(stored, spec);
+        }
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::Surrender(Surrender::Surrendered))
+    }
+
+    pub(super) fn reclaim_block(
+        &mut self,
+        pool: &PoolName,
+        spec: &RangeSpec,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        let surrendered = spec_mut(scope, pool)
+            .and_then(|stored| stored.entry_at(spec).map(|i| stored.ranges[i].clone()))
+            .is_some_and(|entry| capacity::is_surrendered(&entry));
+        if !surrendered {
+            return Ok(Reply::Done);
+        }
+        let new_pool = !scope.engine.pool_names().contains(pool);
+        if new_pool {
+            scope.engine.add_pool(pool, Default::default())?;
+        }
+        scope.engine.add_range(pool, *spec)?;
+        capacity::note_granted(ensure_spec(scope, pool)?, spec);
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::Done)
+    }
+
+    pub(super) fn block_report(&self) -> Result<Reply, OpError> {
+        let scope = self.scope(api::NODE_SCOPE)?;
+        let mut report = BlockReport::default();
+        for pool in scope.engine.pool_names() {
+            for family in [Family::V4, Family::V6] {
+                if let Ok(stats) = scope.engine.stats(&pool, family) {
+                    report.stats.push((
+                        pool.clone(),
+                        family,
+                        stats.used,
+                        u64::try_from(stats.free).unwrap_or(u64::MAX),
+                    ));
+                }
+            }
+        }
+        for stored in &scope.config.pools {
+            let Ok(name) = PoolName::new(&stored.name) else {
+                continue;
+            };
+            let engine_ranges = scope.engine.ranges(&name).unwrap_or_default();
+            for entry in &stored.ranges {
+                if entry.source != corral_store::RangeSource::Cluster {
+                    continue;
+                }
+                let Some(spec) = entry.spec() else { continue };
+                if capacity::is_surrendered(entry) {
+                    report.surrendered.push((name.clone(), spec));
+                } else if let Some(info) = engine_ranges.iter().find(|r| same(&r.spec, &spec)) {
+                    report.ranges.push(HeldRange {
+                        pool: name.clone(),
+                        spec,
+                        n_allocated: info.n_allocated,
+                        draining: info.draining,
+                    });
+                }
+            }
+        }
+        Ok(Reply::Blocks(report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use corral_store::{ScopeConfig, SqliteStore};
+
+    use super::super::{ClusterRanges, Op};
+    use super::*;
+
+    const A: &str = "10.61.0.0/28";
+    const B: &str = "10.61.0.16/28";
+
+    fn pool() -> PoolName {
+        PoolName::new("small").unwrap()
+    }
+
+    fn grants(list: &[&str]) -> Op {
+        Op::SetClusterRanges(ClusterRanges {
+            ranges: list
+                .iter()
+                .map(|r| (pool(), r.parse().unwrap()))
+                .collect(),
+        })
+    }
+
+    fn surrender(range: &str) -> Op {
+        Op::SurrenderBlock {
+            pool: pool(),
+            range: range.parse().unwrap(),
+        }
+    }
+
+    fn run<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> Reply {
+        host.run_batch(vec![op]).remove(0).unwrap()
+    }
+
+    fn report<S: Store, C: Clock>(host: &mut Host<S, C>) -> BlockReport {
+        match run(host, Op::BlockReport) {
+            Reply::Blocks(report) => report,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn active<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
+        report(host)
+            .ranges
+            .iter()
+            .filter(|r| !r.draining)
+            .map(|r| r.spec.to_string())
+            .collect()
+    }
+
+    fn surrendered<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
+        report(host)
+            .surrendered
+            .iter()
+            .map(|(_, r)| r.to_string())
+            .collect()
+    }
+
+    fn cni_add(container: &str) -> Op {
+        Op::CniAdd(api::CniAddRequest {
+            network: api::CniNetwork {
+                name: "net".into(),
+                pools: vec![],
+                node_pool: Some("small".into()),
+                requested_pool: None,
+                configured_pool: None,
+                namespace: None,
+            },
+            key: api::AttachmentKey {
+                network: "net".into(),
+                container_id: container.into(),
+                ifname: "eth0".into(),
+            },
+            owner: container.into(),
+            sets: vec![],
+        })
+    }
+
+    #[test]
+    fn an_empty_block_is_surrendered_durably_and_stays_out_while_granted() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        run(&mut host, grants(&[A, B]));
+        assert!(matches!(
+            run(&mut host, surrender(B)),
+            Reply::Surrender(Surrender::Surrendered)
+        ));
+        assert_eq!(active(&mut host), [A]);
+        assert_eq!(surrendered(&mut host), [B]);
+        // The same grants again: B stays out; nothing comes from it.
+        run(&mut host, grants(&[A, B]));
+        assert_eq!(active(&mut host), [A]);
+        let a: corral_core::IpNet = A.parse().unwrap();
+        for i in 0..20 {
+            match host.run_batch(vec![cni_add(&format!("c{i}"))]).remove(0) {
+                Ok(Reply::Allocated(got)) => assert!(a.contains(&got.allocations[0].address)),
+                Ok(other) => panic!("{other:?}"),
+                Err(error) => assert_eq!(error.code, api::ErrorCode::Exhausted, "{error:?}"),
+            }
+        }
+        // A crash and restart: still surrendered, and saying so again answers "already".
+        drop(host);
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        assert_eq!(surrendered(&mut host), [B]);
+        assert_eq!(active(&mut host), [A]);
+        assert!(matches!(
+            run(&mut host, surrender(B)),
+            Reply::Surrender(Surrender::AlreadySurrendered)
+        ));
+        // Taken back while granted: active again.
+        run(
+            &mut host,
+            Op::ReclaimBlock {
+                pool: pool(),
+                range: B.parse().unwrap(),
+            },
+        );
+        assert_eq!(active(&mut host), [A, B]);
+        assert!(surrendered(&mut host).is_empty());
+        // Surrendered again, then the grant goes: forgotten.
+        run(&mut host, surrender(B));
+        run(&mut host, grants(&[A]));
+        assert!(surrendered(&mut host).is_empty());
+        assert_eq!(active(&mut host), [A]);
+        drop(host);
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        assert!(surrendered(&mut host).is_empty());
+    }
+
+    #[test]
+    fn a_block_in_use_or_not_held_is_refused_and_nothing_changes() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &ScopeConfig::default()).unwrap();
+        run(&mut host, grants(&[A]));
+        run(&mut host, cni_add("c1"));
+        let commits = store.commits();
+        match run(&mut host, surrender(A)) {
+            Reply::Surrender(Surrender::Refused(reason)) => {
+                assert!(reason.contains("1 allocation"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match run(&mut host, surrender(B)) {
+            Reply::Surrender(Surrender::Refused(reason)) => {
+                assert!(reason.contains("does not hold"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.commits(), commits, "a refusal writes nothing");
+        assert_eq!(active(&mut host), [A]);
+        assert!(surrendered(&mut host).is_empty());
+    }
+}
