@@ -206,8 +206,16 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             ));
         }
     }
+    // A node holds any number of blocks of a block-mode pool.
+    let is_blocks = |pool: &PoolName| {
+        parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.is_blocks())
+    };
     for ((node, pool, family), count) in per_node {
-        if count > 1 {
+        if count > 1 && !is_blocks(pool) {
             problems.push(format!(
                 "node {node} holds {count} CIDRs of pool {pool} {family}"
             ));
