@@ -16,7 +16,8 @@
 //!   their own `owned/` and `release/` keys, ADDs waiting, the demand debounce); crashes and
 //!   restarts;
 //! - pods created at 30/s cluster-wide on nodes chosen by weights that change every two
-//!   minutes, each living about a minute, for a simulated 10 minutes;
+//!   minutes, each living about a minute, for a simulated 10 minutes; every 8 s or so a
+//!   burst of 10–25 pods on one node, and a scale-down deleting most pods of one node;
 //! - faults: watch events delivered late (each observer in order, at its own lag, with
 //!   spikes), leader failovers, agent crashes (also between the local surrender and the
 //!   `ready` answer), transaction answers lost (applied, the caller does not know) and
@@ -328,6 +329,8 @@ struct Pod {
 #[derive(Debug, Default)]
 struct Figures {
     pods_created: u64,
+    bursts: u64,
+    scale_downs: u64,
     adds_failed_waiting: u64,
     adds_failed_waiting_excluded: u64,
     adds_on_down_agents: u64,
@@ -545,8 +548,9 @@ struct Leader {
     excess_since: Vec<Option<u64>>,
     dirty: BTreeSet<usize>,
     last_full: Option<u64>,
-    /// Nodes whose last txn failed or was lost: planned again next tick.
-    retry: BTreeSet<usize>,
+    /// Nodes whose last txn was refused or lost: planned again once the watch passed the
+    /// revision then current (a stale cache refused again would only conflict again).
+    retry: BTreeMap<usize, i64>,
     /// Blocks of grants whose answer was lost, not chosen again before the watch passes the
     /// revision then current.
     doubtful: Vec<(IpNet, i64)>,
@@ -611,7 +615,7 @@ impl Leader {
             excess_since: vec![None; NODES],
             dirty: BTreeSet::new(),
             last_full: None,
-            retry: BTreeSet::new(),
+            retry: BTreeMap::new(),
             doubtful: Vec::new(),
             acts_until: None,
             last_release: vec![None; NODES],
@@ -921,21 +925,49 @@ impl Sim {
             self.agents[node].changed_since.get_or_insert(now);
         }
         self.w.ends.extend(later);
-        let total: u64 = self.weights.iter().sum();
-        for _ in 0..PODS_PER_TICK {
-            let mut pick = self.w.rng.below(total);
-            let node = self
-                .weights
+        // Now and then a deployment scales up on one node, or down.
+        let mut burst = None;
+        if self.w.rng.chance(TICK_MS as f64 / 8_000.0) {
+            let node = self.w.rng.below(NODES as u64) as usize;
+            burst = Some((node, self.w.rng.between(10, 25)));
+            self.w.figures.bursts += 1;
+        }
+        if self.w.rng.chance(TICK_MS as f64 / 8_000.0) {
+            let node = self.w.rng.below(NODES as u64) as usize;
+            let ids: Vec<u64> = self
+                .w
+                .pods
                 .iter()
-                .position(|wt| {
-                    if pick < *wt {
-                        true
-                    } else {
-                        pick -= wt;
-                        false
-                    }
-                })
-                .expect("a node");
+                .filter(|(_, p)| p.node == node)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in ids {
+                if self.w.rng.chance(0.7) {
+                    self.w.ends.push(Reverse((now, id)));
+                }
+            }
+            self.w.figures.scale_downs += 1;
+        }
+        let total: u64 = self.weights.iter().sum();
+        let picks = (0..PODS_PER_TICK)
+            .map(|_| None)
+            .chain((0..burst.map_or(0, |(_, k)| k)).map(|_| burst.map(|(n, _)| n)))
+            .collect::<Vec<_>>();
+        for fixed in picks {
+            let mut pick = self.w.rng.below(total);
+            let node = fixed.unwrap_or_else(|| {
+                self.weights
+                    .iter()
+                    .position(|wt| {
+                        if pick < *wt {
+                            true
+                        } else {
+                            pick -= wt;
+                            false
+                        }
+                    })
+                    .expect("a node")
+            });
             self.w.figures.pods_created += 1;
             if !self.agents[node].up {
                 self.w.figures.adds_on_down_agents += 1;
@@ -1235,7 +1267,7 @@ impl Sim {
                 excess_since: Vec::new(),
                 dirty: BTreeSet::new(),
                 last_full: None,
-                retry: BTreeSet::new(),
+                retry: BTreeMap::new(),
                 doubtful: Vec::new(),
                 acts_until: None,
                 last_release: Vec::new(),
@@ -1249,10 +1281,20 @@ impl Sim {
             leader.last_full = Some(now);
             (0..NODES).collect()
         } else {
-            leader.dirty.union(&leader.retry).copied().collect()
+            let due: Vec<usize> = leader
+                .retry
+                .iter()
+                .filter(|(_, rev)| **rev <= applied)
+                .map(|(n, _)| *n)
+                .collect();
+            leader.dirty.iter().chain(&due).copied().collect()
         };
         leader.dirty.clear();
-        leader.retry.clear();
+        leader.retry.retain(|_, rev| *rev > applied);
+        let nodes: Vec<usize> = nodes
+            .into_iter()
+            .filter(|n| !leader.retry.contains_key(n))
+            .collect();
         for n in nodes {
             self.leader_node(&mut leader, n);
             self.audit();
@@ -1261,7 +1303,7 @@ impl Sim {
     }
 
     /// One fenced txn of the leader for node `n`; what it wrote is applied to its cache at
-    /// once; a node whose txn failed or was lost is planned again next tick.
+    /// once; a node whose txn was refused or lost waits for the watch to pass the revision.
     fn leader_txn(
         &mut self,
         leader: &mut Leader,
@@ -1281,12 +1323,17 @@ impl Sim {
             }
             Outcome::Refused if fenced => self.w.figures.fenced_txns += 1,
             Outcome::Refused => {
+                if std::env::var("CHURN_DEBUG").is_ok() {
+                    let failed: Vec<&Cmp> =
+                        cmps.iter().filter(|c| !self.w.store.holds(c)).collect();
+                    eprintln!("DEBUG {} {kind} node-{n} refused: {failed:?}", self.w.now);
+                }
                 *self.w.figures.refused_txns.entry(kind).or_default() += 1;
-                leader.retry.insert(n);
+                leader.retry.insert(n, self.w.store.revision);
             }
             Outcome::Unknown => {
                 self.w.figures.unknown_txns += 1;
-                leader.retry.insert(n);
+                leader.retry.insert(n, self.w.store.revision);
             }
         }
         outcome
@@ -1711,7 +1758,7 @@ impl Sim {
             })
             .sum::<usize>();
         eprintln!(
-            "seed {seed}: pods {} (ADDs failed waiting {} + {} in fault windows, on down agents \
+            "seed {seed}: pods {} ({} bursts, {} scale-downs; ADDs failed waiting {} + {} in fault windows, on down agents \
              {}, lost in crashes {}); blocks granted {} in {} txns, released {}; handshakes: \
              marked {}, refused {}, un-marked {}, taken back {}, refusals forgotten {}; \
              regrants within the delay {} (least demand growth {:?}), release→grant cycles \
@@ -1721,6 +1768,8 @@ impl Sim {
              at the end per node: held {}..{} (mean {:.1}), used {}..{} (mean {:.1}); blocks \
              granted {}",
             f.pods_created,
+            f.bursts,
+            f.scale_downs,
             f.adds_failed_waiting,
             f.adds_failed_waiting_excluded,
             f.adds_on_down_agents,
