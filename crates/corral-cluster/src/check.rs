@@ -329,3 +329,72 @@ pub fn block_range(cidr: IpNet) -> Result<RangeSpec, corral_core::SpecError> {
 pub fn block_capacity(cidr: IpNet) -> u64 {
     block_range(cidr).map_or(0, |spec| u64::try_from(spec.size()).unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{ClusterName, OwnedRecord, encode_value};
+
+    const CONFIG: &str = r#"
+[[pools]]
+name = "cidrs"
+[pools.ipv4]
+cidrs = ["10.1.0.0/16"]
+node_prefix_len = 24
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.64.0.0/16"]
+block_prefix_len = 28
+"#;
+
+    /// Two grants of one node in `pool` (found by the churn simulation: `check` counted a
+    /// block pool's grants as node CIDRs).
+    fn two_grants(pool: &str, first: &str, second: &str) -> Vec<String> {
+        let keys = Keys::new(ClusterName::new("c").unwrap());
+        let config = ClusterConfig::from_toml(CONFIG).unwrap();
+        let node = NodeName::new("n1").unwrap();
+        let pool = PoolName::new(pool).unwrap();
+        let record = NodeRecord {
+            uid: "u".into(),
+            addresses: vec![],
+            registered_ms: 0,
+        };
+        let grant = GrantRecord {
+            node: node.clone(),
+            uid: "u".into(),
+            node_revision: 2,
+        };
+        let mut entries: Vec<Entry> = vec![
+            (keys.config(), config.to_json().unwrap().into_bytes(), 1),
+            (keys.node(&node), encode_value(&record).unwrap(), 2),
+        ];
+        for cidr in [first, second] {
+            let cidr: IpNet = cidr.parse().unwrap();
+            entries.push((
+                keys.grant(&pool, Family::V4, &cidr),
+                encode_value(&grant).unwrap(),
+                3,
+            ));
+            entries.push((
+                keys.owned(&node, &pool, Family::V4, &cidr),
+                encode_value(&OwnedRecord { node_revision: 2 }).unwrap(),
+                3,
+            ));
+        }
+        check(&keys, &entries)
+    }
+
+    #[test]
+    fn a_node_holds_any_number_of_blocks_but_one_node_cidr_per_pool() {
+        assert_eq!(
+            two_grants("pods", "10.64.0.0/28", "10.64.0.16/28"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            two_grants("cidrs", "10.1.0.0/24", "10.1.1.0/24"),
+            vec!["node n1 holds 2 CIDRs of pool cidrs ipv4".to_owned()]
+        );
+    }
+}
