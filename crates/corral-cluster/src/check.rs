@@ -3,8 +3,8 @@
 //! little): every key parses and every value decodes; granted CIDRs are pairwise disjoint,
 //! inside their pool at its node prefix length, clear of reserved and quarantined ranges;
 //! `grants/` and `owned/` match both ways; every grant names a registered node under its
-//! current registration; a node holds at most one CIDR per pool and family; node IDs are
-//! one-to-one, inside the plan and not quarantined.
+//! current registration; a node holds at most one CIDR per pool and family (any number of
+//! blocks of a block-mode pool); node IDs are one-to-one, inside the plan and not quarantined.
 
 use std::collections::{BTreeMap, BTreeSet};
 
