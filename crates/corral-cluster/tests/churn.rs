@@ -382,6 +382,9 @@ struct World {
     full_at: Option<u64>,
     /// Failover windows: from the old leader's loss to the new one's catch-up.
     windows: Vec<(u64, u64)>,
+    /// Per node, the last release any leader completed: (when, used in the demand it rested
+    /// on), for the no-flap check of the next grant.
+    last_release: Vec<Option<(u64, u64)>>,
 }
 
 impl World {
@@ -596,8 +599,6 @@ struct Leader {
     doubtful: Vec<(IpNet, i64)>,
     /// Deposed: acts until then, not knowing.
     acts_until: Option<u64>,
-    /// Per node, the last release it completed: (when, used in the demand it rested on).
-    last_release: Vec<Option<(u64, u64)>>,
 }
 
 impl Leader {
@@ -658,7 +659,6 @@ impl Leader {
             retry: BTreeMap::new(),
             doubtful: Vec::new(),
             acts_until: None,
-            last_release: vec![None; NODES],
         };
         let entries: Vec<(String, Entry)> = w
             .store
@@ -772,6 +772,7 @@ impl Sim {
             figures: Figures::default(),
             full_at: None,
             windows: Vec::new(),
+            last_release: vec![None; NODES],
         };
         let config_json = w.config.to_json().unwrap().into_bytes();
         let config_key = w.keys.config();
@@ -1307,7 +1308,6 @@ impl Sim {
                 retry: BTreeMap::new(),
                 doubtful: Vec::new(),
                 acts_until: None,
-                last_release: Vec::new(),
             },
         );
         leader.catch_up(&self.w);
@@ -1486,7 +1486,7 @@ impl Sim {
             ];
             if let Outcome::Committed(_) = self.leader_txn(leader, n, "complete", &cmps, &ops) {
                 let used = demand.as_ref().map_or(0, |d| d.used);
-                leader.last_release[n] = Some((now, used));
+                self.w.last_release[n] = Some((now, used));
             }
         }
         for cidr in &plan.mark {
@@ -1568,12 +1568,15 @@ impl Sim {
                 self.w.figures.grant_txns += 1;
                 self.w.figures.blocks_granted += chosen.len() as u64;
                 let delay = self.w.release_delay_ms();
-                if let (Some((at, used_r)), Some(d)) = (leader.last_release[n], &demand)
+                if let (Some((at, used_r)), Some(d)) = (self.w.last_release[n], &demand)
                     && now < at + delay
                 {
                     // No flap: growing again soon after a release needs demand grown by
                     // more than max-above-watermark.
                     self.w.figures.regrants += 1;
+                    if std::env::var("CHURN_DEBUG").is_ok() {
+                        eprintln!("DEBUG regrant {name} released {at} granted {now}");
+                    }
                     let growth = (d.used + d.pending) as i64 - used_r as i64;
                     let f = &mut self.w.figures;
                     f.min_regrant_growth =
@@ -1610,6 +1613,15 @@ impl Sim {
                             assert_eq!(*create, rev.revision, "a grant is never overwritten");
                             let record: GrantRecord = decode_value(value).unwrap();
                             let node = self.w.index[&record.node];
+                            if std::env::var("CHURN_DEBUG").is_ok()
+                                && let Some((t, false)) = a.history[node].last()
+                                && rev.at_ms < t + 60_000
+                            {
+                                eprintln!(
+                                    "DEBUG cycle node-{node} released {t} granted {}",
+                                    rev.at_ms
+                                );
+                            }
                             a.grants.insert(cidr, (node, *create, rev.at_ms));
                             a.history[node].push((rev.at_ms, true));
                         }
