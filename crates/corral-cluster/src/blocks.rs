@@ -245,7 +245,6 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
         return out;
     }
     // Releasing: whole blocks, down to the keep level, among blocks free of allocations.
-    let to_release = out.stats.excess / block_size;
     let in_handshake: Vec<&HeldBlock> = input
         .blocks
         .iter()
@@ -256,13 +255,27 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
             )
         })
         .collect();
-    // Ready blocks are not counted in `available`, so the excess above already leaves them
-    // out: every one of them is still excess, and completes.
-    out.complete = in_handshake
+    // Ready blocks are not counted in `available` (nothing is allocated from them any more),
+    // but they are still held: how many blocks may go is judged with them counted, so a
+    // release never leaves the node below its keep level. (Completing every ready block
+    // because nothing is *needed* would release down to `used + pre`, demand having grown
+    // since the mark, and the next few pods would take a block again: a flap.) The oldest
+    // marks complete first; ready blocks beyond the excess are un-marked (the agent takes
+    // them back).
+    let mut ready: Vec<&HeldBlock> = in_handshake
         .iter()
         .filter(|b| surrendered(b))
-        .map(|b| b.cidr)
+        .copied()
         .collect();
+    ready.sort_by_key(|b| b.release.map_or(0, |(_, at)| at));
+    let ready_size: u64 = ready.iter().map(|b| b.size).sum();
+    let budget = excess(w, available.saturating_add(ready_size), used) / block_size;
+    let completing = ready
+        .len()
+        .min(usize::try_from(budget).unwrap_or(usize::MAX));
+    out.complete = ready[..completing].iter().map(|b| b.cidr).collect();
+    out.unmark = ready[completing..].iter().map(|b| b.cidr).collect();
+    let to_release = budget.saturating_sub(completing as u64);
     let mut marked: Vec<&HeldBlock> = in_handshake
         .iter()
         .filter(|b| !surrendered(b))
@@ -273,7 +286,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
     marked.sort_by_key(|b| b.release.map_or(0, |(_, at)| at));
     let keep = usize::try_from(to_release).unwrap_or(usize::MAX);
     if marked.len() > keep {
-        out.unmark = marked[keep..].iter().map(|b| b.cidr).collect();
+        out.unmark.extend(marked[keep..].iter().map(|b| b.cidr));
         marked.truncate(keep);
     }
     if to_release == 0 {
@@ -502,6 +515,53 @@ mod tests {
         let p = plan(&input(w(8, 0, 0, 0), &blocks, Some(&d), Some(0), DELAY * 2));
         assert_eq!(p.unmark, vec![net("10.0.0.16/28")]);
         assert_eq!(p.grant, 0);
+    }
+
+    /// Found by the churn simulation's reasoning: a block surrendered while demand grew is not
+    /// released below the keep level (it used to complete whenever nothing was needed).
+    #[test]
+    fn a_ready_block_completes_only_within_the_excess_and_is_otherwise_taken_back() {
+        let blocks = [
+            block("10.0.0.0/28", 0, None),
+            block("10.0.0.16/28", 0, None),
+            block("10.0.0.32/28", 0, Some((ReleaseState::Ready, 10))),
+        ];
+        // 32 counted, 22 used: 10 free >= pre 8, nothing needed; but the keep level is
+        // 22 + 8 + 4 = 34, so the surrendered block (48 held) is not excess: taken back.
+        let d = demand(22, 10, &[]);
+        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        assert_eq!(p.grant, 0);
+        assert!(p.complete.is_empty(), "{p:?}");
+        assert_eq!(p.unmark, vec![net("10.0.0.32/28")]);
+        // With 10 used the keep level is 22: 48 - 22 = 26 covers one block, which goes.
+        let d = demand(10, 22, &[]);
+        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        assert_eq!(p.complete, vec![net("10.0.0.32/28")]);
+        assert!(p.unmark.is_empty());
+        // Two ready, room for one: the older mark completes, the other comes back.
+        let blocks = [
+            block("10.0.0.0/28", 0, None),
+            block("10.0.0.16/28", 0, Some((ReleaseState::Ready, 20))),
+            block("10.0.0.32/28", 0, Some((ReleaseState::Ready, 10))),
+        ];
+        let d = demand(2, 14, &[]);
+        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        // 48 held, keep 14: excess 34, two blocks: both go.
+        assert_eq!(p.complete.len(), 2);
+        let d = demand(10, 6, &[]);
+        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        // Only 16 counted, 10 used: 6 free < pre 8: growing, both come back, nothing new.
+        assert_eq!(p.grant, 0);
+        assert_eq!(p.unmark.len(), 2);
+        let d = demand(4, 12, &[]);
+        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        // 48 held, keep 16: excess 32, two blocks... exactly two.
+        assert_eq!(p.complete.len(), 2);
+        let d = demand(6, 10, &[]);
+        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        // keep 18: excess 30, one block: the older mark (10.0.0.32) goes.
+        assert_eq!(p.complete, vec![net("10.0.0.32/28")]);
+        assert_eq!(p.unmark, vec![net("10.0.0.16/28")]);
     }
 
     #[test]
