@@ -201,7 +201,7 @@ impl AppState {
         let started = Instant::now();
         let counter = match operation {
             "allocate" | "cni_add" => Some(&self.metrics.allocations),
-            "release" | "cni_del" | "cni_gc" => Some(&self.metrics.releases),
+            "release" | "cni_del" | "cni_gc" | "gc" => Some(&self.metrics.releases),
             _ => None,
         };
         let result = match self.committer.get() {
@@ -480,8 +480,15 @@ async fn cni_check(
 async fn cni_gc(
     State(state): State<AppState>,
     Body(request): Body<api::CniGcRequest>,
-) -> Result<Json<api::ReleaseResponse>, ApiError> {
-    answer!(state, "cni_gc", Op::CniGc(request), Released)
+) -> Result<Json<api::GcResponse>, ApiError> {
+    answer!(state, "cni_gc", Op::CniGc(request), Gc)
+}
+
+async fn gc(
+    State(state): State<AppState>,
+    Body(request): Body<api::GcRequest>,
+) -> Result<Json<api::GcResponse>, ApiError> {
+    answer!(state, "gc", Op::Gc(request), Gc)
 }
 
 async fn cni_status(
@@ -527,6 +534,7 @@ pub fn router(state: AppState) -> Router {
         .route(paths::CNI_CHECK, post(cni_check))
         .route(paths::CNI_GC, post(cni_gc))
         .route(paths::CNI_STATUS, post(cni_status))
+        .route(paths::GC, post(gc))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
