@@ -172,3 +172,115 @@ fn response(outcome: GcOutcome, dry_run: bool) -> api::GcResponse {
         cleared: outcome.cleared.iter().map(api_key).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use corral_store::{MemoryStore, ScopeConfig};
+
+    use super::*;
+
+    #[derive(Clone, Debug, Default)]
+    struct TestClock(Arc<AtomicU64>);
+
+    impl Clock for TestClock {
+        fn now(&self) -> Timestamp {
+            Timestamp::from_unix_millis(1_000_000 + self.0.load(Ordering::SeqCst))
+        }
+    }
+
+    fn declared() -> ScopeConfig {
+        ScopeConfig {
+            pools: vec![
+                corral_store::PoolSpec::new(
+                    &corral_core::PoolName::default_pool(),
+                    Duration::ZERO,
+                    corral_core::ReusePolicy::NextFit,
+                    &["10.9.0.0/29".parse().unwrap()],
+                    &[],
+                )
+                .with_source(corral_store::RangeSource::File),
+            ],
+        }
+    }
+
+    fn allocate(container: &str) -> Op {
+        Op::Allocate(api::AllocateRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "default".into(),
+            owner: container.into(),
+            key: Some(api::AttachmentKey {
+                network: "net".into(),
+                container_id: container.into(),
+                ifname: "eth0".into(),
+            }),
+            family: None,
+            address: None,
+            lease_ms: None,
+        })
+    }
+
+    fn gc() -> Op {
+        Op::Gc(api::GcRequest {
+            scope: api::NODE_SCOPE.into(),
+            live: vec![],
+            grace_ms: Some(0),
+            max_released: None,
+            dry_run: false,
+        })
+    }
+
+    fn report(answer: &Result<Reply, OpError>) -> &api::GcResponse {
+        match answer {
+            Ok(Reply::Gc(response)) => response,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn n_held<S: Store, C: Clock>(host: &Host<S, C>) -> usize {
+        host.dump(None)
+            .unwrap()
+            .scopes
+            .iter()
+            .flat_map(|s| &s.pools)
+            .map(|p| p.allocations.len())
+            .sum()
+    }
+
+    /// A run in a batch sees what the batch did before it (committed first), and the batch
+    /// goes on after it.
+    #[test]
+    fn a_run_in_a_batch_sees_the_batch_so_far() {
+        let clock = TestClock::default();
+        let mut host = Host::restore_with(MemoryStore::new(), &declared(), clock).unwrap();
+        let answers = host.run_batch(vec![allocate("a"), gc(), allocate("b")]);
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(report(&answers[1]).recorded.len(), 1);
+        assert_eq!(n_held(&host), 2);
+    }
+
+    /// A run whose commit fails answers 503 and leaves memory as the store is: the addresses
+    /// it released in memory are held again, and the next run releases them.
+    #[test]
+    fn a_failed_commit_of_a_run_releases_nothing() {
+        let store = MemoryStore::new();
+        let clock = TestClock::default();
+        let mut host = Host::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
+        host.run_batch(vec![allocate("a")]);
+        assert_eq!(report(&host.run_batch(vec![gc()])[0]).recorded.len(), 1);
+        clock.0.fetch_add(1, Ordering::SeqCst);
+        store.fail_next_commits(1);
+        let failed = host.run_batch(vec![gc()]);
+        assert!(
+            matches!(&failed[0], Err(e) if e.code == api::ErrorCode::RetryLater),
+            "{failed:?}"
+        );
+        assert_eq!(n_held(&host), 1, "memory is rebuilt from the store");
+        assert_eq!(report(&host.run_batch(vec![gc()])[0]).released.len(), 1);
+        assert_eq!(n_held(&host), 0);
+        let host = Host::restore_with(store, &declared(), clock).unwrap();
+        assert_eq!(n_held(&host), 0);
+    }
+}
