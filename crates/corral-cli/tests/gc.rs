@@ -96,6 +96,14 @@ fn gc_releases_a_leak_at_a_later_run_past_the_grace_period() {
     assert_eq!(out.status.code(), Some(2));
     let out = corral(&dir.path().join("nowhere.sock"), &["gc", "--live", live]);
     assert_eq!(out.status.code(), Some(3));
+    // A scope the agent does not have: refused (1).
+    let out = corral(&socket, &["--scope", "nope", "gc", "--live", live]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The first run records (so nothing was recorded by the refused ones) and releases nothing.
     let first = json(&corral(
