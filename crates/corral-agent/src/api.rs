@@ -221,7 +221,7 @@ impl AppState {
     fn count(&self, operation: &'static str, started: Instant, result: &Result<Reply, OpError>) {
         let counter = match operation {
             "allocate" | "cni_add" => Some(&self.metrics.allocations),
-            "release" | "cni_del" | "cni_gc" => Some(&self.metrics.releases),
+            "release" | "cni_del" | "cni_gc" | "gc" => Some(&self.metrics.releases),
             _ => None,
         };
         self.metrics
@@ -633,9 +633,18 @@ async fn cni_check(
 async fn cni_gc(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniGcRequest>,
-) -> Result<Json<api::ReleaseResponse>, ApiError> {
+) -> Result<Json<api::GcResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    let answer = answer!(state, "cni_gc", Op::CniGc(request), Released);
+    let answer = answer!(state, "cni_gc", Op::CniGc(request), Gc);
+    state.touch();
+    answer
+}
+
+async fn gc(
+    State(state): State<AppState>,
+    Body(request): Body<api::GcRequest>,
+) -> Result<Json<api::GcResponse>, ApiError> {
+    let answer = answer!(state, "gc", Op::Gc(request), Gc);
     state.touch();
     answer
 }
@@ -684,6 +693,7 @@ pub fn router(state: AppState) -> Router {
         .route(paths::CNI_CHECK, post(cni_check))
         .route(paths::CNI_GC, post(cni_gc))
         .route(paths::CNI_STATUS, post(cni_status))
+        .route(paths::GC, post(gc))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))

@@ -264,9 +264,9 @@ pub fn operations() -> Vec<Operation> {
             "post",
             paths::CNI_GC,
             "cni_gc",
-            "CNI GC: releases every allocation of the network whose attachment is not listed",
+            "CNI GC: the leak collector over the network's attachments (see gc)",
             Some(name::<api::CniGcRequest>()),
-            Success::Json(name::<api::ReleaseResponse>()),
+            Success::Json(name::<api::GcResponse>()),
             CHANGE,
         ),
         op(
@@ -276,6 +276,17 @@ pub fn operations() -> Vec<Operation> {
             "CNI STATUS: the network's pools with their use",
             Some(name::<api::CniStatusRequest>()),
             Success::Json(name::<api::ScopeStatus>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::GC,
+            "gc",
+            "The leak collector over a scope's attachments: an allocation whose attachment is \
+             not live is recorded as a suspect, and released by a later run past the grace \
+             period that finds it still missing and unchanged, whole, within the cap",
+            Some(name::<api::GcRequest>()),
+            Success::Json(name::<api::GcResponse>()),
             CHANGE,
         ),
     ]
@@ -399,6 +410,8 @@ fn component_schemas() -> BTreeMap<String, Value> {
         .add::<api::CniKeyRequest>()
         .add::<api::CniGcRequest>()
         .add::<api::CniStatusRequest>()
+        .add::<api::GcRequest>()
+        .add::<api::GcResponse>()
         .add::<api::ScopeStatus>()
         .add::<api::ErrorResponse>()
         .into_json(|value| {

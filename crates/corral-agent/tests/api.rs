@@ -503,6 +503,7 @@ fn a_body_that_is_not_a_json_object_is_refused_on_every_endpoint() {
         paths::CNI_CHECK,
         paths::CNI_GC,
         paths::CNI_STATUS,
+        paths::GC,
     ] {
         for (body, needle) in bodies {
             let (status, text) = agent.request("POST", path, Some(body.as_bytes()));
@@ -706,4 +707,83 @@ fn slow_bodies_and_idle_connections_are_timed_out_on_the_socket() {
     };
     assert_eq!(dump["scopes"][0]["pools"][0]["allocations"], json!([]));
     running.stop().unwrap();
+}
+
+/// `/v1/gc` over the node scope: the first run only records suspects, durably (a restart in
+/// between keeps them), a later run past the grace period releases them, whole; a live
+/// attachment, an allocation without a key and anything on a dry run stay; bad input is 400
+/// and changes nothing.
+#[test]
+fn gc_releases_a_leak_only_at_a_later_run_past_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(dir.path());
+    let key = |c: &str| json!({"network": "podnet", "container_id": c, "ifname": "eth0"});
+    let (status, leaked) = agent.post(
+        "/v1/allocate",
+        json!({"owner": "leak", "key": key("leak"), "family": "dual"}),
+    );
+    assert_eq!(status, 200, "{leaked}");
+    agent.post("/v1/allocate", json!({"owner": "kept", "key": key("kept")}));
+    agent.post("/v1/allocate", json!({"owner": "no-key"}));
+    let held = |agent: &Agent| -> Vec<String> {
+        let (_, dump) = agent.get("/v1/dump?scope=node");
+        dump["scopes"][0]["pools"][0]["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["owner"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    // Refused input changes nothing: a malformed key, a cap of 0, an unknown scope.
+    let bad_key = json!({"live": [{"network": "podnet", "container_id": "../x", "ifname": "eth0"}], "grace_ms": 0});
+    assert_eq!(agent.post("/v1/gc", bad_key).0, 400);
+    assert_eq!(
+        agent
+            .post("/v1/gc", json!({"live": [], "max_released": 0}))
+            .0,
+        400
+    );
+    assert_eq!(
+        agent.post("/v1/gc", json!({"scope": "nope", "live": []})).0,
+        404
+    );
+
+    let live = json!([key("kept")]);
+    let (status, first) = agent.post("/v1/gc", json!({"live": live, "grace_ms": 0}));
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["live"], 1, "{first}");
+    assert_eq!(first["recorded"][0]["key"], key("leak"), "{first}");
+    assert_eq!(
+        first["recorded"][0]["addresses"].as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(first["released"], json!([]), "{first}");
+    assert_eq!(
+        held(&agent).len(),
+        4,
+        "the first observation releases nothing"
+    );
+
+    // The suspect survives a restart of the agent.
+    agent.stop();
+    std::thread::sleep(Duration::from_millis(5));
+    let agent = Agent::start(dir.path());
+    let (_, dry) = agent.post(
+        "/v1/gc",
+        json!({"live": live, "grace_ms": 0, "dry_run": true}),
+    );
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["released"][0]["key"], key("leak"), "{dry}");
+    assert_eq!(held(&agent).len(), 4, "a dry run changes nothing");
+    // A long grace period keeps it waiting.
+    let (_, waiting) = agent.post("/v1/gc", json!({"live": live, "grace_ms": 600000}));
+    assert_eq!(waiting["waiting"][0]["key"], key("leak"), "{waiting}");
+    assert!(waiting["waiting"][0]["due_ms"].as_u64().is_some());
+    let (_, second) = agent.post("/v1/gc", json!({"live": live, "grace_ms": 0}));
+    assert_eq!(second["released"][0]["key"], key("leak"), "{second}");
+    let mut owners = held(&agent);
+    owners.sort();
+    assert_eq!(owners, ["kept", "no-key"], "both families of the leak went");
+    agent.stop();
 }

@@ -160,6 +160,7 @@ fn every_schema_example_parses_as_its_type() {
                 CniKeyRequest,
                 CniGcRequest,
                 CniStatusRequest,
+                GcRequest,
             );
             if let Err(error) = result {
                 failures.push(format!("{name}: {example}: {error}"));

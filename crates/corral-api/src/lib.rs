@@ -52,6 +52,7 @@ pub mod paths {
     pub const CNI_CHECK: &str = "/v1/cni/check";
     pub const CNI_GC: &str = "/v1/cni/gc";
     pub const CNI_STATUS: &str = "/v1/cni/status";
+    pub const GC: &str = "/v1/gc";
 }
 
 fn node_scope() -> String {
@@ -764,7 +765,8 @@ pub struct CniKeyRequest {
     pub key: AttachmentKey,
 }
 
-/// `POST /v1/cni/gc`: releases every allocation of the network whose attachment is not listed.
+/// `POST /v1/cni/gc`: the leak collector over the network's attachments, `valid_attachments`
+/// being the live ones (see [`GcRequest`] for the rule); answered with a [`GcResponse`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(
@@ -800,6 +802,95 @@ pub struct CniKeyRequest {
 pub struct CniGcRequest {
     pub network: CniNetwork,
     pub valid_attachments: Vec<AttachmentKey>,
+    /// The grace period in milliseconds; 15 minutes when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ms: Option<u64>,
+    /// Attachments released at most by this run (at least 1); 64 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_released: Option<u64>,
+}
+
+/// `POST /v1/gc`: the leak collector over the attachments of a scope (by default the node's
+/// own), `live` being the ones in use. Calico's rule: an allocation whose attachment is not
+/// live is a suspect, recorded with when it was first seen missing; a later run releases it
+/// only if the grace period has passed since then, the attachment is still not live, and it
+/// still holds exactly the addresses (and generations) recorded. A suspect live again, or
+/// whose allocations changed or went, is cleared. An attachment's allocations go together
+/// (every pool and family) or not at all; at most `max_released` attachments go per run.
+/// Allocations without an attachment key are never touched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "openapi",
+    schema(examples(
+        json!({
+            "live": [
+                {"network": "podnet", "container_id": "9b1d0c2e", "ifname": "eth0"}
+            ],
+            "grace_ms": 900000
+        }),
+    ))
+)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    #[serde(default = "node_scope")]
+    #[cfg_attr(feature = "openapi", schema(default = node_scope))]
+    pub scope: String,
+    /// The attachments in use.
+    pub live: Vec<AttachmentKey>,
+    /// The grace period in milliseconds; 15 minutes when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ms: Option<u64>,
+    /// Attachments released at most by this run (at least 1); 64 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_released: Option<u64>,
+    /// Decide and report, change nothing (no suspect recorded, nothing released).
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// One address a suspect holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GcAddress {
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
+    pub address: IpAddr,
+    pub generation: u64,
+}
+
+/// An attachment seen missing from the live set, and what it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GcSuspect {
+    pub key: AttachmentKey,
+    /// When it was first seen missing, in milliseconds since the Unix epoch.
+    pub first_seen_ms: u64,
+    /// Waiting suspects only: when the grace period ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub due_ms: Option<u64>,
+    pub addresses: Vec<GcAddress>,
+}
+
+/// What one run of the leak collector did (with `dry_run`, would do).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GcResponse {
+    pub dry_run: bool,
+    /// Attachments holding allocations that are live.
+    pub live: u64,
+    /// Suspects first seen missing by this run.
+    pub recorded: Vec<GcSuspect>,
+    /// Suspects released (seen missing again past the grace period, unchanged).
+    pub released: Vec<GcSuspect>,
+    /// Suspects seen missing again before the grace period ended.
+    pub waiting: Vec<GcSuspect>,
+    /// Suspects due but over the run's cap: the next run releases them.
+    pub capped: Vec<GcSuspect>,
+    /// Suspects forgotten: live again, or their allocations changed or went.
+    pub cleared: Vec<AttachmentKey>,
 }
 
 /// `POST /v1/cni/status`: the network's pools with their use (answered with a

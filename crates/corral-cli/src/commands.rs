@@ -10,8 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
 use corral_api::{
-    AllocateRequest, AttachmentKey, DEFAULT_POOL, ExclusionRequest, FamilyChoice,
-    LeaseStartRequest, LeaseStopRequest, RangeRemoval, RangeRequest, ReleaseRequest,
+    AllocateRequest, AttachmentKey, DEFAULT_POOL, ExclusionRequest, FamilyChoice, GcRequest,
+    GcSuspect, LeaseStartRequest, LeaseStopRequest, RangeRemoval, RangeRequest, ReleaseRequest,
 };
 use corral_client::Client;
 use serde::Serialize;
@@ -146,6 +146,26 @@ pub struct CheckArgs {
     /// blank lines and lines starting with # are skipped)
     #[arg(long, value_name = "FILE")]
     live: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// The live attachments, one NETWORK/CONTAINER/IFNAME per line ("-": standard input;
+    /// blank lines and lines starting with # are skipped); a malformed line is refused, naming
+    /// it, before anything is sent
+    #[arg(long, value_name = "FILE")]
+    live: PathBuf,
+    /// How long after an attachment was first seen missing its addresses may go (e.g. 30s,
+    /// 15m) [default: 15m]
+    #[arg(long, value_name = "DURATION", value_parser = parse::duration_ms)]
+    grace: Option<u64>,
+    /// Release at most this many attachments in this run; the rest wait for the next [default:
+    /// 64]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max: Option<u64>,
+    /// Report what this run would do, and change nothing (no suspect is recorded either)
+    #[arg(long)]
+    dry_run: bool,
 }
 
 // ---- the session ------------------------------------------------------------------------
@@ -573,22 +593,7 @@ pub fn import(session: &mut Session, args: ImportArgs) -> Result<Outcome, Failur
 }
 
 pub fn check(session: &mut Session, args: CheckArgs) -> Result<Outcome, Failure> {
-    let text = read_input(&args.live)?;
-    let mut live = HashSet::new();
-    for (index, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let key = parse::attachment_key(line).map_err(|error| {
-            Failure::Usage(format!(
-                "{} line {}: {error}",
-                args.live.display(),
-                index + 1
-            ))
-        })?;
-        live.insert(KeyText::of(&key));
-    }
+    let live: HashSet<KeyText> = read_live(&args.live)?.iter().map(KeyText::of).collect();
 
     let dump = session.client.dump(session.read_scope.as_deref())?;
     let status = session.client.status(session.read_scope.as_deref())?;
@@ -633,7 +638,114 @@ pub fn check(session: &mut Session, args: CheckArgs) -> Result<Outcome, Failure>
     Ok(outcome)
 }
 
+pub fn gc(session: &mut Session, args: GcArgs) -> Result<Outcome, Failure> {
+    let live = read_live(&args.live)?;
+    let request = GcRequest {
+        scope: session.write_scope()?,
+        live,
+        grace_ms: args.grace,
+        max_released: args.max,
+        dry_run: args.dry_run,
+    };
+    let response = session.client.gc(&request)?;
+    session.render(&response, |response| {
+        let mut table = Table::new(&["ATTACHMENT", "STATE", "ADDRESSES", "FIRST SEEN", "DUE"]);
+        let groups: [(&str, &[GcSuspect]); 4] = [
+            (
+                if response.dry_run {
+                    "would release"
+                } else {
+                    "released"
+                },
+                &response.released,
+            ),
+            ("capped", &response.capped),
+            ("waiting", &response.waiting),
+            ("recorded", &response.recorded),
+        ];
+        for (state, suspects) in groups {
+            for suspect in suspects {
+                table.push(vec![
+                    key_text(&suspect.key),
+                    state.to_owned(),
+                    suspect
+                        .addresses
+                        .iter()
+                        .map(|a| a.address.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    output::utc(suspect.first_seen_ms),
+                    suspect.due_ms.map_or_else(output::none, output::utc),
+                ]);
+            }
+        }
+        for key in &response.cleared {
+            table.push(vec![
+                key_text(key),
+                "cleared".to_owned(),
+                output::none(),
+                output::none(),
+                output::none(),
+            ]);
+        }
+        let mut text = if table.is_empty() {
+            String::new()
+        } else {
+            table.render()
+        };
+        text.push_str(&format!(
+            "{} live, {} recorded, {} {}, {} waiting, {} capped, {} cleared{}\n",
+            response.live,
+            response.recorded.len(),
+            response.released.len(),
+            if response.dry_run {
+                "would be released"
+            } else {
+                "released"
+            },
+            response.waiting.len(),
+            response.capped.len(),
+            response.cleared.len(),
+            if response.dry_run {
+                " (dry run: nothing changed)"
+            } else {
+                ""
+            },
+        ));
+        text
+    })
+}
+
 // ---- helpers ----------------------------------------------------------------------------
+
+fn key_text(key: &AttachmentKey) -> String {
+    format!("{}/{}/{}", key.network, key.container_id, key.ifname)
+}
+
+/// The live attachments a file lists: one `NETWORK/CONTAINER/IFNAME` per line, each checked
+/// against the CNI naming rules; blank lines and `#` comments are skipped. A bad line is a
+/// usage error naming the file and the line.
+fn read_live(path: &Path) -> Result<Vec<AttachmentKey>, Failure> {
+    let text = read_input(path)?;
+    let mut live = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let key = parse::attachment_key(line)
+            .and_then(|key| {
+                corral_core::AttachmentKey::new(&key.network, &key.container_id, &key.ifname)
+                    .map(|_| key)
+                    .map_err(|error| error.to_string())
+            })
+            .map_err(|error| {
+                Failure::Usage(format!("{} line {}: {error}", path.display(), index + 1))
+            })?;
+        live.push(key);
+    }
+    Ok(live)
+}
 
 fn is_stdio(path: &Path) -> bool {
     path.as_os_str() == "-"

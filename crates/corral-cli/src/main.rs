@@ -245,6 +245,17 @@ enum Command {
     /// capacity but no free address (addresses in cooldown count as free), and nearly full
     /// when more than 90% of its usable (not excluded) addresses are in use.
     Check(commands::CheckArgs),
+    /// Release leaked addresses: those of attachments missing from --live at two runs, the
+    /// grace period apart
+    ///
+    /// Calico's rule: an allocation whose attachment is not in the --live list is recorded
+    /// (in the agent's store) as a suspect, with when it was first seen missing; a later run
+    /// releases it only if --grace has passed since then, the attachment is still missing,
+    /// and it still holds exactly the addresses recorded. A suspect that is live again, or
+    /// whose addresses changed or went, is cleared. An attachment's addresses (every pool and
+    /// family) go together or not at all; at most --max attachments go per run. Allocations
+    /// made without a key are never touched. Applies to --scope (default: the node's pools).
+    Gc(commands::GcArgs),
     /// Go back from corral-ipam to host-local: write a network's allocations as its files
     #[command(subcommand, name = "host-local")]
     HostLocal(hostlocal::HostLocalCommand),
@@ -294,6 +305,7 @@ fn run(cli: Cli) -> Result<Outcome, Failure> {
         Command::Export(args) => commands::export(&mut Session::new(globals), args),
         Command::Import(args) => commands::import(&mut Session::new(globals), args),
         Command::Check(args) => commands::check(&mut Session::new(globals), args),
+        Command::Gc(args) => commands::gc(&mut Session::new(globals), args),
         Command::HostLocal(command) => hostlocal::run(command),
         Command::Operator(args) => cluster::operator(args),
         Command::Cluster(command) => cluster::cluster(command, globals.output),

@@ -35,9 +35,9 @@ use std::time::Duration;
 
 use corral_api::{
     AllocateRequest, AllocateResponse, CniAddRequest, CniGcRequest, CniKeyRequest,
-    CniStatusRequest, Done, DumpResponse, ErrorResponse, ExclusionRequest, Lease,
-    LeaseStartRequest, LeaseStopRequest, PoolsResponse, RangeRemoved, RangeRequest, ReleaseRequest,
-    ReleaseResponse, ScopeStatus, StatusResponse, paths,
+    CniStatusRequest, Done, DumpResponse, ErrorResponse, ExclusionRequest, GcRequest, GcResponse,
+    Lease, LeaseStartRequest, LeaseStopRequest, PoolsResponse, RangeRemoved, RangeRequest,
+    ReleaseRequest, ReleaseResponse, ScopeStatus, StatusResponse, paths,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -237,9 +237,14 @@ impl Client {
         self.post(paths::CNI_CHECK, request)
     }
 
-    /// `POST /v1/cni/gc`.
-    pub fn cni_gc(&mut self, request: &CniGcRequest) -> Result<ReleaseResponse, Error> {
+    /// `POST /v1/cni/gc`: the leak collector over a CNI network's attachments.
+    pub fn cni_gc(&mut self, request: &CniGcRequest) -> Result<GcResponse, Error> {
         self.post(paths::CNI_GC, request)
+    }
+
+    /// `POST /v1/gc`: the leak collector over a scope's attachments (the node's by default).
+    pub fn gc(&mut self, request: &GcRequest) -> Result<GcResponse, Error> {
+        self.post(paths::GC, request)
     }
 
     /// `POST /v1/cni/status`.

@@ -329,12 +329,25 @@ impl Backend for Agent {
         }
     }
 
+    /// The agent runs the same leak collector as the local backend, with the grace period
+    /// and cap of this configuration.
     fn gc(&self, config: &NetConfig, _now: Timestamp) -> Result<(), CniError> {
+        let policy = config.ipam.gc_policy();
         let request = api::CniGcRequest {
             network: network(config, None),
             valid_attachments: config.valid_attachments.iter().map(api_key).collect(),
+            grace_ms: Some(u64::try_from(policy.grace.as_millis()).unwrap_or(u64::MAX)),
+            max_released: Some(policy.max_released as u64),
         };
-        self.client().cni_gc(&request).map_err(agent_error)?;
+        let outcome = self.client().cni_gc(&request).map_err(agent_error)?;
+        if !outcome.capped.is_empty() {
+            eprintln!(
+                "corral-ipam: GC released {} attachments, its cap (ipam.gcMaxReleased); {} more \
+                 wait for the next GC",
+                outcome.released.len(),
+                outcome.capped.len()
+            );
+        }
         Ok(())
     }
 

@@ -19,8 +19,15 @@
 //!
 //! corral's own `ipam` keys: `pool` (the pool name, instead of the network name), `exclude`
 //! (addresses or CIDRs never handed out: `"10.0.0.5"` or `{"network": "10.0.0.16/28",
-//! "reason": "routers"}`), `cooldownSeconds` (how long a released address rests), and
-//! `agent` (the node agent's socket, to delegate to it instead of using `dataDir`).
+//! "reason": "routers"}`), `cooldownSeconds` (how long a released address rests),
+//! `gcGracePeriodSeconds` and `gcMaxReleased` (GC, below), and `agent` (the node agent's
+//! socket, to delegate to it instead of using `dataDir`).
+//!
+//! GC (spec 1.1) releases nothing at once: an allocation whose attachment is not in
+//! `cni.dev/valid-attachments` is recorded as a suspect, and a later GC releases it only if
+//! it is still missing, still holds the same addresses, and `gcGracePeriodSeconds` (default
+//! 900, Calico's 15 minutes; at most a week) have passed since it was first seen missing; at
+//! most `gcMaxReleased` attachments (default 64) go per GC, the rest at the next.
 //!
 //! With `agent` and no ranges at all (no `ipam.ranges`, `ipam.subnet` or
 //! `runtimeConfig.ipRanges`), `pool` names a pool of the agent's own node scope (default
@@ -40,7 +47,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use corral_core::{
-    AttachmentKey, Exclusion, Family, IpNet, PoolName, RangeSpec, SpecError, addr_value,
+    AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Exclusion, Family, GcPolicy, IpNet,
+    PoolName, RangeSpec, SpecError, addr_value,
 };
 use serde_json::Value;
 
@@ -58,6 +66,10 @@ pub const MAX_STDIN_BYTES: usize = 1 << 20;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 /// The longest cooldown accepted: a week.
 pub const MAX_COOLDOWN_SECONDS: u64 = 7 * 24 * 60 * 60;
+/// The longest GC grace period accepted: a week.
+pub const MAX_GC_GRACE_SECONDS: u64 = 7 * 24 * 60 * 60;
+/// The most attachments one GC may be allowed to release.
+pub const MAX_GC_MAX_RELEASED: u64 = 1 << 20;
 /// The shortest IPv4 prefix accepted for a subnet; a larger subnet is a typo, not a plan.
 pub const MIN_IPV4_PREFIX: u8 = 8;
 /// The shortest IPv6 prefix accepted for a subnet.
@@ -88,7 +100,7 @@ pub struct NetConfig {
     pub requested: Vec<IpAddr>,
     /// CHECK only: the addresses the previous ADD returned, when the runtime passed them.
     pub prev_result: Option<PrevResult>,
-    /// GC only: the attachments of this network still in use; everything else may go.
+    /// GC only: the attachments of this network still in use; the rest are suspects.
     pub valid_attachments: Vec<AttachmentKey>,
 }
 
@@ -107,6 +119,12 @@ pub struct IpamConfig {
     pub pool: Option<PoolName>,
     pub exclude: Vec<Exclusion>,
     pub cooldown_seconds: Option<u64>,
+    /// `gcGracePeriodSeconds`: how long after its attachment was first seen missing an
+    /// allocation may be released by GC (default [`corral_core::DEFAULT_GC_GRACE`]).
+    pub gc_grace_seconds: Option<u64>,
+    /// `gcMaxReleased`: attachments one GC releases at most (at least 1; default
+    /// [`corral_core::DEFAULT_GC_MAX_RELEASED`]).
+    pub gc_max_released: Option<u64>,
     /// The node agent's unix socket, when corral-ipam should delegate to it.
     pub agent: Option<PathBuf>,
     /// Agent mode without ranges: the pool of the agent's node scope to allocate from (one
@@ -119,6 +137,22 @@ pub struct IpamConfig {
     /// With `node_pool`: the pool the call itself named (`runtimeConfig.pool`, else
     /// `args.cni.pool`), if it named one.
     pub requested_pool: Option<PoolName>,
+}
+
+impl IpamConfig {
+    /// How GC decides: the configured grace period and cap, or Calico's defaults.
+    pub fn gc_policy(&self) -> GcPolicy {
+        GcPolicy {
+            grace: self
+                .gc_grace_seconds
+                .map(std::time::Duration::from_secs)
+                .unwrap_or(DEFAULT_GC_GRACE),
+            max_released: self
+                .gc_max_released
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(DEFAULT_GC_MAX_RELEASED),
+        }
+    }
 }
 
 /// One range set: the ranges ADD takes one address from.
@@ -286,6 +320,15 @@ pub fn parse_config(
         pool,
         exclude: parse_exclusions(&ipam)?,
         cooldown_seconds: ipam.uint("cooldownSeconds", MAX_COOLDOWN_SECONDS)?,
+        gc_grace_seconds: ipam.uint("gcGracePeriodSeconds", MAX_GC_GRACE_SECONDS)?,
+        gc_max_released: match ipam.uint("gcMaxReleased", MAX_GC_MAX_RELEASED)? {
+            Some(0) => {
+                return Err(CniError::invalid_config(
+                    "ipam.gcMaxReleased: 0 would release nothing; give at least 1",
+                ));
+            }
+            other => other,
+        },
         agent,
         node_pool,
         requested_pool,

@@ -2,25 +2,27 @@
 //! transaction each.
 //!
 //! ADD, DEL, CHECK and STATUS build a partial engine (the network's snapshot plus the rows of
-//! one attachment), so their cost does not grow with the allocations held; GC reads all.
+//! one attachment), so their cost does not grow with the allocations held; GC reads all, and
+//! releases only what `corral_store::collect_garbage` proves leaked (see `config.rs`).
 //!
 //! The first call on a network whose host-local directory (`dataDir/<network>/`) exists takes
 //! over every address recorded there, and host-local's next-fit positions; afterwards, while
 //! taken-over allocations remain, a call whose host-local directory changed releases those
 //! whose host-local file is gone (see [`watch_host_local`]).
 
+use std::collections::HashSet;
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, UNIX_EPOCH};
 
 use corral_core::{
-    AllocError, Engine, EngineConfig, Family, PoolName, Released, Request, Target, Timestamp,
-    addr_value,
+    AllocError, AttachmentKey, Engine, EngineConfig, Family, PoolName, Released, Request, Target,
+    Timestamp, addr_value,
 };
 use corral_store::{
     HostLocalTakeover, Need, ScopeConfig, SqliteStore, SqliteTxn, Store, StoreError,
-    StoredAllocation, Txn, build_engine, host_local_allocations, host_local_file_exists,
-    read_host_local_dir, save_engine,
+    StoredAllocation, Txn, build_engine, collect_garbage, host_local_allocations,
+    host_local_file_exists, read_host_local_dir, save_engine,
 };
 
 use crate::backend::{Backend, scope_config};
@@ -430,14 +432,33 @@ impl Backend for Local {
     fn gc(&self, config: &NetConfig, now: Timestamp) -> Result<(), CniError> {
         let scope = config.name.as_str();
         let desired = scope_config(config);
+        let live: HashSet<AttachmentKey> = config.valid_attachments.iter().cloned().collect();
         let mut store = open(config, now)?;
         let mut txn = store.begin().map_err(store_error)?;
         let mut engine = load_engine(&mut txn, config, &desired, now, Need::Full)?;
-        let released = engine
-            .release_unlisted(scope, &config.valid_attachments, now)
-            .map_err(engine_error)?;
-        commit_released(txn, scope, &desired, &engine, &released)?;
-        close(store)
+        let outcome = collect_garbage(
+            &mut txn,
+            scope,
+            &mut engine,
+            |key| key.network() == scope,
+            &live,
+            now,
+            &config.ipam.gc_policy(),
+            false,
+        )
+        .map_err(store_error)?;
+        save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
+        txn.commit().map_err(store_error)?;
+        close(store)?;
+        if !outcome.capped.is_empty() {
+            eprintln!(
+                "corral-ipam: GC released {} attachments, its cap (ipam.gcMaxReleased); {} more \
+                 wait for the next GC",
+                outcome.released.len(),
+                outcome.capped.len()
+            );
+        }
+        Ok(())
     }
 
     fn status(&self, config: &NetConfig, now: Timestamp) -> Result<(), CniError> {

@@ -82,24 +82,32 @@ fn every_verb_answers_as_the_standalone_plugin_does() {
     let exhausted = run("ADD", "c9", &via_agent(json!({})));
     assert_eq!(exhausted.error_code(), 100, "{}", exhausted.stdout);
 
-    // GC through the agent releases what is not listed.
+    // GC through the agent records what is not listed, and releases it at the next GC
+    // (no grace period here), the agent keeping the suspect between the two calls.
     let gc = |valid: Value| {
-        let mut config: Value = serde_json::from_slice(&via_agent(json!({}))).unwrap();
+        let mut config: Value =
+            serde_json::from_slice(&via_agent(json!({"gcGracePeriodSeconds": 0}))).unwrap();
         config["cniVersion"] = json!("1.1.0");
         config["cni.dev/valid-attachments"] = valid;
         serde_json::to_vec(&config).unwrap()
     };
-    let out = run(
-        "GC",
-        "",
-        &gc(json!([{"containerID": "c2", "ifname": "eth0"}])),
+    let valid = || gc(json!([{"containerID": "c2", "ifname": "eth0"}]));
+    let out = run("GC", "", &valid());
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    let check_c4 = run("CHECK", "c4", &via_agent(json!({})));
+    assert_eq!(
+        check_c4.code, 0,
+        "the first GC only records: {}",
+        check_c4.stdout
     );
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let out = run("GC", "", &valid());
     assert_eq!(out.code, 0, "{}", out.stdout);
     let check_c4 = run("CHECK", "c4", &via_agent(json!({})));
     assert_eq!(
         check_c4.error_code(),
         105,
-        "c4 was not listed, so GC released it"
+        "c4 was not listed at two GCs, so the second released it"
     );
     let check_c2 = run("CHECK", "c2", &via_agent(json!({})));
     assert_eq!(check_c2.code, 0, "{}", check_c2.stdout);

@@ -194,23 +194,73 @@ fn check_confirms_held_addresses_and_fails_for_unknown_ones() {
     assert_eq!(out.error_code(), 105, "{}", out.stdout);
 }
 
+/// GC (Calico's way): an unlisted attachment is only recorded by the first GC (durably: each
+/// call is its own process), kept by a GC within `gcGracePeriodSeconds` of that, and released
+/// by the first GC past it; a listed attachment is never touched.
 #[test]
-fn gc_releases_every_attachment_not_listed() {
+fn gc_releases_an_unlisted_attachment_only_at_a_later_gc_past_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
-    let stdin = conf(dir.path(), "1.1.0", json!([[{"subnet": "10.9.0.0/24"}]]));
+    let mut config: Value = serde_json::from_slice(&conf(
+        dir.path(),
+        "1.1.0",
+        json!([[{"subnet": "10.9.0.0/24"}], [{"subnet": "fd09::/64"}]]),
+    ))
+    .unwrap();
+    config["ipam"]["gcGracePeriodSeconds"] = json!(1);
+    let stdin = serde_json::to_vec(&config).unwrap();
     for c in ["keep", "drop1", "drop2"] {
-        add(&stdin, c).addresses();
+        assert_eq!(add(&stdin, c).addresses().len(), 2);
     }
-    let mut gc: Value = serde_json::from_slice(&stdin).unwrap();
+    let mut gc = config.clone();
     gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    let out = run("GC", "", "", &[], &serde_json::to_vec(&gc).unwrap());
-    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
-    // The kept one is still held; the dropped ones are free (CHECK fails for them).
-    let mut check: Value = serde_json::from_slice(&stdin).unwrap();
+    let gc = serde_json::to_vec(&gc).unwrap();
+    let mut check = config.clone();
     check.as_object_mut().unwrap().remove("prevResult");
     let check = serde_json::to_vec(&check).unwrap();
-    assert_eq!(run("CHECK", "keep", "eth0", &[], &check).code, 0);
+    let held = |c: &str| run("CHECK", c, "eth0", &[], &check).code == 0;
+
+    let started = std::time::Instant::now();
+    let out = run("GC", "", "", &[], &gc);
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    assert!(held("drop1") && held("drop2"), "the first GC only records");
+    let out = run("GC", "", "", &[], &gc);
+    assert_eq!(out.code, 0, "{}", out.stdout);
+    if started.elapsed() < std::time::Duration::from_millis(900) {
+        assert!(held("drop1"), "a GC within the grace period keeps it");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let out = run("GC", "", "", &[], &gc);
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    assert!(held("keep"));
     assert_eq!(run("CHECK", "drop1", "eth0", &[], &check).error_code(), 105);
+    assert_eq!(run("CHECK", "drop2", "eth0", &[], &check).error_code(), 105);
+    // Both families went: the next two containers get the freed addresses' successors, and
+    // the pool's use shows two attachments fewer (ADD of new containers still works).
+    assert_eq!(add(&stdin, "new").addresses().len(), 2);
+}
+
+/// With no grace period, the second GC releases; the first never does.
+#[test]
+fn gc_with_no_grace_period_releases_at_the_second_gc() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: Value = serde_json::from_slice(&conf(
+        dir.path(),
+        "1.1.0",
+        json!([[{"subnet": "10.9.0.0/24"}]]),
+    ))
+    .unwrap();
+    config["ipam"]["gcGracePeriodSeconds"] = json!(0);
+    let stdin = serde_json::to_vec(&config).unwrap();
+    add(&stdin, "gone").addresses();
+    let mut gc = config.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    let gc = serde_json::to_vec(&gc).unwrap();
+    let check = serde_json::to_vec(&config).unwrap();
+    assert_eq!(run("GC", "", "", &[], &gc).code, 0);
+    assert_eq!(run("CHECK", "gone", "eth0", &[], &check).code, 0);
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(run("GC", "", "", &[], &gc).code, 0);
+    assert_eq!(run("CHECK", "gone", "eth0", &[], &check).error_code(), 105);
 }
 
 /// Hostile and malformed input: the right code, and nothing changed (the next ADD still gets

@@ -982,6 +982,24 @@ fn error_cases() -> Vec<ErrorCase> {
             r#"{"cniVersion":"1.1.0","name":"net","ipam":{"subnet":"10.0.0.0/24"},"cni.dev/valid-attachments":[{"containerID":"a"}]}"#.to_owned(),
             r#"{"cniVersion":"1.1.0","code":7,"msg":"cni.dev/valid-attachments[0].ifname: missing"}"#,
         ),
+        (
+            "gc grace period of the wrong type",
+            gc.clone(),
+            r#"{"cniVersion":"1.1.0","name":"net","ipam":{"subnet":"10.0.0.0/24","gcGracePeriodSeconds":"15m"},"cni.dev/valid-attachments":[]}"#.to_owned(),
+            r#"{"cniVersion":"1.1.0","code":6,"msg":"ipam.gcGracePeriodSeconds: expected a non-negative integer, found a string"}"#,
+        ),
+        (
+            "gc grace period over a week",
+            gc.clone(),
+            r#"{"cniVersion":"1.1.0","name":"net","ipam":{"subnet":"10.0.0.0/24","gcGracePeriodSeconds":604801},"cni.dev/valid-attachments":[]}"#.to_owned(),
+            r#"{"cniVersion":"1.1.0","code":7,"msg":"ipam.gcGracePeriodSeconds: 604801 is more than the maximum 604800"}"#,
+        ),
+        (
+            "gc releasing at most nothing",
+            gc.clone(),
+            r#"{"cniVersion":"1.1.0","name":"net","ipam":{"subnet":"10.0.0.0/24","gcMaxReleased":0},"cni.dev/valid-attachments":[]}"#.to_owned(),
+            r#"{"cniVersion":"1.1.0","code":7,"msg":"ipam.gcMaxReleased: 0 would release nothing; give at least 1"}"#,
+        ),
         // Unsupported field (2).
         (
             "range from a file",

@@ -24,6 +24,7 @@ mod addr;
 mod bitmap;
 mod engine;
 mod error;
+mod gc;
 mod pool;
 mod runs;
 mod spec;
@@ -37,6 +38,10 @@ pub use engine::{
     RestoredAllocation, Target,
 };
 pub use error::{AllocError, ECHO_CHARS, Echo, Holder, SpecError};
+pub use gc::{
+    DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, GcHeld, GcPlan, GcPolicy, GcRefusal, GcSuspect,
+    held_by_attachment, plan_gc, release_suspect,
+};
 pub use pool::{OccupancySnapshot, PoolConfig, ReusePolicy};
 pub use spec::{
     AttachmentKey, Exclusion, MAX_CONTAINER_ID_LEN, MAX_IFNAME_LEN, MAX_NETWORK_LEN, MAX_OWNER_LEN,

@@ -13,6 +13,7 @@
 mod checkpoint;
 mod codec;
 mod files;
+mod gc;
 mod hostlocal;
 mod load;
 mod memory;
@@ -23,8 +24,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_core::{
-    AttachmentKey, Exclusion, Family, Lease, PoolName, PoolSnapshot, RangeSpec, ReusePolicy,
-    Timestamp,
+    AttachmentKey, Exclusion, Family, GcSuspect, Lease, PoolName, PoolSnapshot, RangeSpec,
+    ReusePolicy, Timestamp,
 };
 
 pub use checkpoint::{
@@ -32,6 +33,7 @@ pub use checkpoint::{
     export_checkpoint, import_checkpoint,
 };
 pub use files::{SmallFileError, read_small_file};
+pub use gc::{GcOutcome, collect_garbage};
 pub use hostlocal::{
     HostLocalDir, HostLocalEntry, HostLocalWritten, LAST_RESERVED_PREFIX,
     MAX_HOST_LOCAL_FILE_BYTES, UNKNOWN_HOST_LOCAL_OWNER, host_local_allocations,
@@ -50,7 +52,7 @@ pub use sqlite::{
 };
 
 /// The schema version this build writes; older databases are migrated when opened.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Something went wrong underneath; the transaction changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -455,6 +457,11 @@ pub trait Txn {
         allocation: &StoredAllocation,
     ) -> Result<(), StoreError>;
     fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError>;
+    /// The leak collector's suspects in `scope` (see [`collect_garbage`]), by attachment.
+    fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError>;
+    /// Records a suspect, replacing any of the same attachment.
+    fn put_gc_suspect(&mut self, scope: &str, suspect: &GcSuspect) -> Result<(), StoreError>;
+    fn delete_gc_suspect(&mut self, scope: &str, key: &AttachmentKey) -> Result<(), StoreError>;
     /// Makes every write of the transaction durable, then ends it.
     fn commit(self) -> Result<(), StoreError>;
     /// Ends a transaction that wrote nothing, once everything it read is durable: an answer

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use corral_core::{AttachmentKey, Family, PoolName, Timestamp};
+use corral_core::{AttachmentKey, Family, GcSuspect, PoolName, Timestamp};
 
 use crate::{ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown, Txn};
 
@@ -20,6 +20,7 @@ struct Data {
     states: BTreeMap<String, ScopeState>,
     allocations: BTreeMap<(String, IpAddr), StoredAllocation>,
     cooldowns: BTreeMap<(String, IpAddr), StoredCooldown>,
+    gc_suspects: BTreeMap<(String, AttachmentKey), GcSuspect>,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +81,30 @@ impl Store for MemoryStore {
 }
 
 impl Txn for MemoryTxn {
+    fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError> {
+        Ok(self
+            .data
+            .gc_suspects
+            .iter()
+            .filter(|((s, _), _)| s == scope)
+            .map(|(_, suspect)| suspect.clone())
+            .collect())
+    }
+
+    fn put_gc_suspect(&mut self, scope: &str, suspect: &GcSuspect) -> Result<(), StoreError> {
+        self.data
+            .gc_suspects
+            .insert((scope.to_owned(), suspect.key.clone()), suspect.clone());
+        Ok(())
+    }
+
+    fn delete_gc_suspect(&mut self, scope: &str, key: &AttachmentKey) -> Result<(), StoreError> {
+        self.data
+            .gc_suspects
+            .remove(&(scope.to_owned(), key.clone()));
+        Ok(())
+    }
+
     fn scopes(&mut self) -> Result<Vec<String>, StoreError> {
         let mut names: Vec<String> = self.data.states.keys().cloned().collect();
         names.extend(self.data.allocations.keys().map(|(scope, _)| scope.clone()));

@@ -58,7 +58,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use corral_core::{AttachmentKey, Family, Lease, PoolName, Timestamp, Uuid, addr_value};
+use corral_core::{AttachmentKey, Family, GcSuspect, Lease, PoolName, Timestamp, Uuid, addr_value};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -91,6 +91,7 @@ const MIGRATIONS: &[Migration] = &[
     |tx| Ok(tx.execute_batch(SCHEMA_1)?),
     migrate_cooldowns_to_rows,
     |tx| Ok(tx.execute_batch(SCHEMA_3_TAKEOVER)?),
+    |tx| Ok(tx.execute_batch(SCHEMA_4_GC_SUSPECTS)?),
 ];
 
 /// Version 1: the scopes' derived state (with every cooldown in one blob) and the allocations.
@@ -225,6 +226,18 @@ const SCHEMA_3_TAKEOVER: &str = "CREATE TABLE host_local_takeover (
         dir_mtime_ns INTEGER NOT NULL,
         addrs TEXT NOT NULL
     ) STRICT;";
+
+/// Version 4: the leak collector's suspects (`corral_core::plan_gc`): attachments seen
+/// missing from the live set, when first, and what they held then (`addr@generation ...`).
+const SCHEMA_4_GC_SUSPECTS: &str = "CREATE TABLE gc_suspects (
+        scope TEXT NOT NULL,
+        network TEXT NOT NULL,
+        container_id TEXT NOT NULL,
+        ifname TEXT NOT NULL,
+        first_seen INTEGER NOT NULL,
+        held TEXT NOT NULL,
+        PRIMARY KEY (scope, network, container_id, ifname)
+    ) STRICT, WITHOUT ROWID;";
 
 /// What corral-ipam took over from host-local for one network (scope): the addresses whose
 /// allocations it still watches, and the host-local directory's modification time when it
@@ -1445,6 +1458,67 @@ impl SqliteTxn<'_> {
 }
 
 impl Txn for SqliteTxn<'_> {
+    fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError> {
+        let mut statement = self.tx().prepare_cached(
+            "SELECT network, container_id, ifname, first_seen, held FROM gc_suspects \
+             WHERE scope = ?1 ORDER BY network, container_id, ifname",
+        )?;
+        let rows = statement.query_map([scope], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, String>(4)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (network, container_id, ifname, first_seen, held) = row?;
+            let key = AttachmentKey::new(&network, &container_id, &ifname)
+                .map_err(|e| corrupt("gc suspect", e))?;
+            out.push(GcSuspect {
+                key,
+                first_seen: Timestamp::from_unix_millis(u64::try_from(first_seen).unwrap_or(0)),
+                held: crate::gc::decode_held(&held)?,
+            });
+        }
+        Ok(out)
+    }
+
+    fn put_gc_suspect(&mut self, scope: &str, suspect: &GcSuspect) -> Result<(), StoreError> {
+        self.tx()
+            .prepare_cached(
+                "INSERT OR REPLACE INTO gc_suspects \
+                 (scope, network, container_id, ifname, first_seen, held) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                scope,
+                suspect.key.network(),
+                suspect.key.container_id(),
+                suspect.key.ifname(),
+                i64::try_from(suspect.first_seen.as_unix_millis()).unwrap_or(i64::MAX),
+                crate::gc::encode_held(&suspect.held),
+            ])?;
+        Ok(())
+    }
+
+    fn delete_gc_suspect(&mut self, scope: &str, key: &AttachmentKey) -> Result<(), StoreError> {
+        self.tx()
+            .prepare_cached(
+                "DELETE FROM gc_suspects \
+                 WHERE scope = ?1 AND network = ?2 AND container_id = ?3 AND ifname = ?4",
+            )?
+            .execute(params![
+                scope,
+                key.network(),
+                key.container_id(),
+                key.ifname()
+            ])?;
+        Ok(())
+    }
+
     fn scopes(&mut self) -> Result<Vec<String>, StoreError> {
         let mut statement = self.tx().prepare_cached(
             "SELECT scope FROM scopes UNION SELECT DISTINCT scope FROM allocations ORDER BY 1",

@@ -107,6 +107,18 @@ impl<S: Store, C: Clock> Host<S, C> {
                 answers.push(answer);
                 continue;
             }
+            if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
+                // A garbage collection reads and writes its suspects in a transaction of its
+                // own, after what the batch did so far is committed.
+                let answer = self
+                    .flush(&mut writes, &mut touched)
+                    .and_then(|()| self.run_gc(op, now, &mut writes, &mut touched));
+                if answer.is_ok() {
+                    self.committed_upto = i + 1;
+                }
+                answers.push(answer);
+                continue;
+            }
             let writes_before = writes.len();
             let may_write = op.writes();
             let answer = self.apply(op, now, &mut writes, &mut touched);

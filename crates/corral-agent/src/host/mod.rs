@@ -20,6 +20,7 @@
 
 mod batch;
 mod blocks;
+mod gc;
 mod node_pool;
 mod ops;
 mod scopes;
@@ -106,8 +107,11 @@ pub enum Op {
     CniAdd(api::CniAddRequest),
     CniDel(api::CniKeyRequest),
     CniCheck(api::CniKeyRequest),
+    /// CNI GC: the leak collector over a network's attachments (`gc.rs`); commits on its own.
     CniGc(api::CniGcRequest),
     CniStatus(api::CniStatusRequest),
+    /// The leak collector over a scope's attachments (`gc.rs`); commits on its own.
+    Gc(api::GcRequest),
     /// Reconciles the `node` scope's cluster ranges with the complete set the cluster grants
     /// the node now (see [`ClusterRanges`]); answered with [`Reply::ClusterRanges`].
     SetClusterRanges(ClusterRanges),
@@ -185,6 +189,7 @@ pub enum Reply {
     ClusterRanges(ClusterRangesOutcome),
     Surrender(Surrender),
     Blocks(BlockReport),
+    Gc(api::GcResponse),
 }
 
 /// Every range the cluster grants this node now, of all pools: the argument of
@@ -377,6 +382,9 @@ impl<S: Store, C: Clock> Host<S, C> {
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<Reply, OpError> {
+        if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
+            return self.run_gc(op, now, writes, touched);
+        }
         match op {
             Op::Allocate(request) => self.allocate(request, now, writes, touched),
             Op::Release(request) => self.release(request, now, writes, touched),
@@ -527,23 +535,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                     allocations: held,
                 }))
             }
-            Op::CniGc(request) => {
-                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self.node_pool_gc(pool, &request, now, writes, touched);
-                }
-                let valid = request
-                    .valid_attachments
-                    .iter()
-                    .map(key_of)
-                    .collect::<Result<Vec<_>, _>>()?;
-                let name = self.cni_scope(&request.network, writes, touched)?;
-                let scope = self.scope_mut(&name)?;
-                let released_now = scope.engine.release_unlisted(&name, &valid, now)?;
-                record_released(&name, &released_now, writes, touched);
-                Ok(Reply::Released(api::ReleaseResponse {
-                    released: released_now.iter().map(released).collect(),
-                }))
-            }
+            Op::CniGc(_) | Op::Gc(_) => unreachable!("garbage collections are run by run_gc"),
             Op::CniStatus(request) => {
                 if let Some(pool) = node_pool::node_pool_of(&request.network)? {
                     return self.node_pool_status(&pool, now);

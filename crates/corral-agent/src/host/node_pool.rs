@@ -207,53 +207,6 @@ impl<S: Store, C: Clock> Host<S, C> {
         }))
     }
 
-    /// Releases the network's allocations in the pool whose attachment is not listed; other
-    /// networks' attachments and allocations without a key are left alone.
-    pub(super) fn node_pool_gc(
-        &mut self,
-        pool: PoolName,
-        request: &api::CniGcRequest,
-        now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
-        let valid = request
-            .valid_attachments
-            .iter()
-            .map(key_of)
-            .collect::<Result<std::collections::HashSet<_>, _>>()?;
-        let network = &request.network.name;
-        let scope = self.scope_mut(api::NODE_SCOPE)?;
-        if scope.engine.is_restoring() {
-            return Err(AllocError::RestoreInProgress {
-                operation: "release of unlisted attachments",
-            }
-            .into());
-        }
-        let unlisted: Vec<(std::net::IpAddr, u64)> = scope
-            .engine
-            .dump()
-            .into_iter()
-            .filter(|dump| dump.pool == pool)
-            .flat_map(|dump| dump.allocations)
-            .filter(|entry| {
-                entry
-                    .key
-                    .as_ref()
-                    .is_some_and(|key| key.network() == network && !valid.contains(key))
-            })
-            .map(|entry| (entry.addr, entry.generation))
-            .collect();
-        let mut gone = Vec::with_capacity(unlisted.len());
-        for (addr, generation) in unlisted {
-            gone.push(scope.engine.release(addr, Some(generation), now)?);
-        }
-        record_released(api::NODE_SCOPE, &gone, writes, touched);
-        Ok(Reply::Released(api::ReleaseResponse {
-            released: gone.iter().map(released).collect(),
-        }))
-    }
-
     /// The pool's use; no pools at all when it does not exist (yet).
     pub(super) fn node_pool_status(
         &mut self,
