@@ -40,13 +40,15 @@ pub struct ClusterOptions {
     /// The liveness lease's TTL.
     pub lease_ttl: Duration,
     /// How long a change of a block pool's demand that is not urgent (free above the
-    /// pre-allocate watermark, no ADD waiting) may wait before it is written.
+    /// pre-allocate watermark, no ADD waiting) may wait before it is written (default 1 s:
+    /// every change is written within a second, so the leader sees excess as it arises; a
+    /// longer time trades write rate for a later release).
     pub demand_refresh: Duration,
 }
 
 impl ClusterOptions {
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(20);
-    pub const DEFAULT_DEMAND_REFRESH: Duration = Duration::from_secs(30);
+    pub const DEFAULT_DEMAND_REFRESH: Duration = Duration::from_secs(1);
     /// At most one demand write per node in this time.
     pub const DEMAND_MIN_INTERVAL: Duration = Duration::from_secs(1);
     /// The local pool a node-ID plan's pod subnet goes to.

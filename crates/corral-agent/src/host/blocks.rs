@@ -210,10 +210,7 @@ mod tests {
 
     fn grants(list: &[&str]) -> Op {
         Op::SetClusterRanges(ClusterRanges {
-            ranges: list
-                .iter()
-                .map(|r| (pool(), r.parse().unwrap()))
-                .collect(),
+            ranges: list.iter().map(|r| (pool(), r.parse().unwrap())).collect(),
         })
     }
 
