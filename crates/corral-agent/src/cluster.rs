@@ -185,7 +185,7 @@ pub async fn run<K: Kv>(
                 // addresses, nothing new is handed out), and the node does not register
                 // again behind the administrator's back: a restart of the agent does.
                 let removed = committer
-                    .submit(Op::SetClusterRanges(ClusterRanges { ranges: Vec::new() }))
+                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
                     .await;
                 eprintln!(
                     "corral agent: cluster: node {} was removed from the cluster; its ranges drain; \
@@ -511,6 +511,16 @@ impl Held {
             ranges.push((pool, range));
         }
         ranges
+    }
+
+    /// The families of each block pool of the configuration.
+    fn block_families(&self) -> BTreeMap<PoolName, Vec<Family>> {
+        self.config
+            .iter()
+            .flat_map(|c| &c.pools)
+            .filter(|p| p.is_blocks())
+            .map(|p| (p.name.clone(), p.families().map(|(f, _)| f).collect()))
+            .collect()
     }
 
     /// The grant of `pool` whose served range is `range`.
@@ -985,6 +995,7 @@ async fn apply(
 ) -> Result<(), LinkError> {
     state.blocks.set_config(held.config.clone());
     let ranges = held.ranges();
+    let block_families = held.block_families();
     let mut shown: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (pool, range) in &ranges {
         shown
@@ -993,7 +1004,10 @@ async fn apply(
             .push(range.to_string());
     }
     match committer
-        .submit(Op::SetClusterRanges(ClusterRanges { ranges }))
+        .submit(Op::SetClusterRanges(ClusterRanges {
+            ranges,
+            block_families,
+        }))
         .await
     {
         Ok(_) => {

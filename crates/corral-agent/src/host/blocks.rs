@@ -211,6 +211,7 @@ mod tests {
     fn grants(list: &[&str]) -> Op {
         Op::SetClusterRanges(ClusterRanges {
             ranges: list.iter().map(|r| (pool(), r.parse().unwrap())).collect(),
+            ..ClusterRanges::default()
         })
     }
 
@@ -267,6 +268,32 @@ mod tests {
             owner: container.into(),
             sets: vec![],
         })
+    }
+
+    #[test]
+    fn a_dual_stack_block_pool_waits_for_both_families() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        let dual = |list: &[&str]| {
+            Op::SetClusterRanges(ClusterRanges {
+                ranges: list.iter().map(|r| (pool(), r.parse().unwrap())).collect(),
+                block_families: [(pool(), vec![Family::V4, Family::V6])].into(),
+            })
+        };
+        // Only the IPv4 block so far: the ADD is told to retry, naming the pool, and holds
+        // nothing.
+        run(&mut host, dual(&[A]));
+        let error = host.run_batch(vec![cni_add("c1")]).remove(0).unwrap_err();
+        assert_eq!(error.code, api::ErrorCode::RetryLater, "{error:?}");
+        assert_eq!(error.pool.as_deref(), Some("small"));
+        assert!(error.message.contains("ipv6"), "{}", error.message);
+        // Both families: one address of each.
+        run(&mut host, dual(&[A, "fd61::/124"]));
+        match run(&mut host, cni_add("c1")) {
+            Reply::Allocated(got) => assert_eq!(got.allocations.len(), 2),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -207,6 +207,11 @@ pub enum Reply {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterRanges {
     pub ranges: Vec<(PoolName, RangeSpec)>,
+    /// The families each block pool of the cluster configuration has: a CNI ADD on such a
+    /// pool takes an address of every one of them, or waits (retry later) until each has a
+    /// free address, so a dual-stack pod never starts with one family because the other
+    /// family's block was granted a moment later.
+    pub block_families: BTreeMap<PoolName, Vec<Family>>,
 }
 
 /// What [`Op::SetClusterRanges`] did.
@@ -256,6 +261,8 @@ pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
     n_broken: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The cluster's grants the last [`Op::SetClusterRanges`] could not apply, for `status`.
     cluster_refused: Vec<String>,
+    /// The last [`ClusterRanges::block_families`].
+    block_families: BTreeMap<PoolName, Vec<Family>>,
 }
 
 impl<S: Store, C: Clock> std::fmt::Debug for Host<S, C> {
@@ -341,6 +348,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             declared: declared.clone(),
             n_broken: Default::default(),
             cluster_refused: Vec::new(),
+            block_families: BTreeMap::new(),
         })
     }
 
@@ -789,6 +797,7 @@ mod tests {
                 .iter()
                 .map(|(pool, range)| (PoolName::new(pool).unwrap(), range.parse().unwrap()))
                 .collect(),
+            ..ClusterRanges::default()
         })
     }
 

@@ -86,6 +86,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             }
             requested.push((family, addr));
         }
+        let block_families = self.block_families.get(&pool).cloned();
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         let ranges = match scope.engine.ranges(&pool) {
             Ok(ranges) => ranges,
@@ -111,6 +112,18 @@ impl<S: Store, C: Clock> Host<S, C> {
             .collect();
         if families.is_empty() {
             return Err(not_granted(&pool, "has no active range"));
+        }
+        // A block pool serves every family it is configured with, or the ADD waits: a
+        // dual-stack pod does not start with one family because the other family's block
+        // came a moment later.
+        if let Some(wanted) = &block_families
+            && held.is_empty()
+            && let Some(missing) = wanted.iter().find(|f| !families.contains(f))
+        {
+            return Err(not_granted(
+                &pool,
+                &format!("has no active {missing} block yet"),
+            ));
         }
         let wanted: Vec<(Request<'_>, Target)> = families
             .iter()

@@ -237,6 +237,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             .iter()
             .map(|(pool, spec)| (pool.to_string(), *spec))
             .collect();
+        self.block_families.clone_from(&grants.block_families);
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         let mut outcome = ClusterRangesOutcome::default();
         let mut changed = false;
