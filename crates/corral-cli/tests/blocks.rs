@@ -120,7 +120,7 @@ fn assert_invariant(etcd: &EtcdCluster, agents: &[(String, PathBuf)]) {
     let blocks = blocks_by_node(etcd);
     let mut seen: BTreeMap<IpAddr, String> = BTreeMap::new();
     for (node, dir) in agents {
-        let dump = Client::unix(&dir.join("agent.sock"))
+        let dump = Client::unix(dir.join("agent.sock"))
             .dump(Some("node"))
             .unwrap();
         let held = blocks.get(node).cloned().unwrap_or_default();
@@ -264,7 +264,7 @@ fn churn(members: usize, agent_count: usize) {
                 Err(error) => panic!("ADD on {}: {error}", nodes[i].0),
             }
             let j = random(nodes.len() as u64) as usize;
-            if live[j].len() > 3 || (live[j].len() > 0 && random(3) == 0) {
+            if live[j].len() > 3 || (!live[j].is_empty() && random(3) == 0) {
                 let victim = live[j].keys().next().unwrap().clone();
                 let socket = nodes[j].1.join("agent.sock");
                 match del(&socket, &victim) {
@@ -291,7 +291,7 @@ fn churn(members: usize, agent_count: usize) {
 
     // Each pod the test holds is still held by its agent at the address it got.
     for (i, (node, path)) in nodes.iter().enumerate() {
-        let dump = Client::unix(&path.join("agent.sock"))
+        let dump = Client::unix(path.join("agent.sock"))
             .dump(Some("node"))
             .unwrap();
         let held: BTreeSet<IpAddr> = dump
