@@ -329,7 +329,8 @@ async fn cni_add_waiting(
                         ..OpError::new(
                             ErrorCode::RetryLater,
                             format!(
-                                "pool {pool} has no free address, and the cluster granted it                                  none within {} ms ({}); try again later",
+                                "pool {pool} has no free address, and the cluster granted it \
+                                 none within {} ms ({}); try again later",
                                 state.pool_wait.as_millis(),
                                 error.message
                             ),

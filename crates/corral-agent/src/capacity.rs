@@ -395,6 +395,21 @@ pub fn is_surrendered(entry: &RangeEntry) -> bool {
     entry.source == RangeSource::Cluster && entry.state == RangeState::Removed
 }
 
+/// A block surrendered in a release handshake (of any pool) that shares an address with
+/// `spec`: nothing may put its addresses in use while the leader may release it.
+pub fn surrendered_overlapping<'a>(
+    config: &'a ScopeConfig,
+    spec: &RangeSpec,
+) -> Option<(&'a str, &'a str)> {
+    config.pools.iter().find_map(|pool| {
+        pool.ranges
+            .iter()
+            .filter(|entry| is_surrendered(entry))
+            .find(|entry| entry.spec().is_some_and(|other| overlaps(&other, spec)))
+            .map(|entry| (pool.name.as_str(), entry.range.as_str()))
+    })
+}
+
 /// The stored configuration after the engine let go of the block at `spec` in a release
 /// handshake: kept as surrendered until its grant goes (or the handshake is withdrawn).
 pub fn note_surrendered(pool: &mut PoolSpec, spec: &RangeSpec) {
@@ -456,7 +471,13 @@ pub fn check_disjoint(config: &ScopeConfig) -> Result<(), String> {
                 ));
             }
         }
-        for entry in pool.ranges.iter().filter(|e| e.in_engine()) {
+        // A block surrendered in a release handshake counts as held: the leader may release
+        // it at any moment, so nothing else may put its addresses in use meanwhile.
+        for entry in pool
+            .ranges
+            .iter()
+            .filter(|e| e.in_engine() || is_surrendered(e))
+        {
             let Some(spec) = entry.spec() else {
                 return Err(format!(
                     "range {:?} of pool {} is not a range",

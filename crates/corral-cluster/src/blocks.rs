@@ -173,8 +173,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
         .blocks
         .iter()
         .filter(|b| !surrendered(b))
-        .map(|b| b.size)
-        .sum();
+        .fold(0u64, |sum, b| sum.saturating_add(b.size));
     let (used, pending) = input.demand.map_or((0, 0), |d| (d.used, d.pending));
     let block_size = input.block_size.max(1);
     let cap_blocks = max_blocks(w, block_size);
@@ -217,8 +216,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
             .blocks
             .iter()
             .filter(|b| surrendered(b))
-            .map(|b| b.size)
-            .sum();
+            .fold(0u64, |sum, b| sum.saturating_add(b.size));
         let still = want.saturating_sub(back);
         let mut blocks = still.div_ceil(block_size);
         // Every block counts once its handshake ends.
@@ -268,7 +266,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
         .copied()
         .collect();
     ready.sort_by_key(|b| b.release.map_or(0, |(_, at)| at));
-    let ready_size: u64 = ready.iter().map(|b| b.size).sum();
+    let ready_size: u64 = ready.iter().fold(0u64, |sum, b| sum.saturating_add(b.size));
     let budget = excess(w, available.saturating_add(ready_size), used) / block_size;
     let completing = ready
         .len()
@@ -575,6 +573,24 @@ mod tests {
         assert_eq!(p.forget, vec![net("10.0.0.16/28")]);
         assert!(p.mark.is_empty());
         assert_eq!(p.excess_since_ms, Some(DELAY * 2));
+    }
+
+    #[test]
+    fn huge_blocks_saturate_instead_of_overflowing() {
+        let blocks = [
+            HeldBlock {
+                size: u64::MAX,
+                ..block("fd00::/64", 0, None)
+            },
+            HeldBlock {
+                size: u64::MAX,
+                ..block("fd00:0:0:1::/64", 0, Some((ReleaseState::Ready, 0)))
+            },
+        ];
+        let d = demand(3, 10, &[]);
+        let p = plan(&input(w(8, 0, 0, 0), &blocks, Some(&d), None, 0));
+        assert_eq!(p.stats.available, u64::MAX);
+        assert_eq!(p.grant, 0);
     }
 
     #[test]

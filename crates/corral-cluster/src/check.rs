@@ -431,12 +431,27 @@ pub fn agent_block_problems(
         {
             continue;
         }
-        if !blocks
+        let Some((_, family, cidr, _)) = blocks
             .iter()
-            .any(|(p, _, _, r)| p.as_str() == pool && r == range)
-        {
+            .find(|(p, _, _, r)| p.as_str() == pool && r == range)
+        else {
             problems.push(format!(
                 "node {node} holds {range} in block pool {pool}, which is not granted to it"
+            ));
+            continue;
+        };
+        // `ready` says the agent surrendered the block: it must not serve it any more (the
+        // leader may release it at any moment).
+        let ready = parsed.releases.iter().any(|((n, p, f, c), record)| {
+            n.as_str() == node
+                && p.as_str() == pool
+                && f == family
+                && c == *cidr
+                && record.state == ReleaseState::Ready
+        });
+        if ready {
+            problems.push(format!(
+                "node {node} serves block {cidr} of pool {pool}, which it answered ready to release"
             ));
         }
     }
@@ -615,6 +630,12 @@ node_prefix_len = 24
                 .iter()
                 .any(|p| p.contains("10.0.0.16/28") && p.contains("refused"))
         );
+        // Serving a block it answered ready for is a problem (the leader may release it).
+        let mut serving = held(&["10.0.0.0/28", "10.0.0.32/28"]);
+        serving.push(("pods".to_owned(), range("10.0.0.16/28")));
+        let problems = agent_block_problems(&c.keys, &c.entries, "a", &serving);
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(problems[0].contains("10.0.0.0/28") && problems[0].contains("ready"));
         // Node-CIDR pools are left to `expected_ranges`, which leaves block pools out.
         let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
         assert_eq!(expected.len(), 1);

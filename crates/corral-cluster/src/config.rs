@@ -720,7 +720,18 @@ fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError>
         ));
     }
     for (family, config) in pool.families() {
-        // A block of fewer than 4 addresses would be mostly network and broadcast.
+        // At most 2^32 addresses a block (counts stay far from overflow), and no block of
+        // fewer than 4 (it would be mostly network and broadcast).
+        if family.bits().saturating_sub(config.node_prefix_len) > 32 {
+            return Err(invalid(
+                format!("{path}.{}.block_prefix_len", family.name()),
+                format!(
+                    "/{} blocks are too large (at least /{})",
+                    config.node_prefix_len,
+                    family.bits() - 32
+                ),
+            ));
+        }
         if family.bits().saturating_sub(config.node_prefix_len) < 2 {
             return Err(invalid(
                 format!("{path}.{}.block_prefix_len", family.name()),
@@ -904,6 +915,10 @@ block_prefix_len = 28
             (
                 BLOCKS.replace("block_prefix_len = 28", "block_prefix_len = 31"),
                 "pools[1].ipv4.block_prefix_len",
+            ),
+            (
+                BLOCKS.replace("block_prefix_len = 122", "block_prefix_len = 64"),
+                "pools[0].ipv6.block_prefix_len",
             ),
             (
                 BLOCKS.replace("release_delay_secs = 60", "release_delay_secs = 0"),

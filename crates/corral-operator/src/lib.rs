@@ -17,7 +17,7 @@ mod listen;
 pub mod openapi;
 pub mod state;
 
-pub use state::Shared;
+pub use state::{Shared, TxnOutcome};
 
 /// How an operator replica runs.
 #[derive(Clone, Debug)]

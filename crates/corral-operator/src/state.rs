@@ -257,6 +257,16 @@ impl Shared {
             .inc_by(n);
     }
 
+    /// Blocks granted in `pool` since start.
+    pub fn blocks_granted(&self, pool: &str) -> u64 {
+        self.metrics
+            .blocks_granted
+            .get_or_create(&PoolLabels {
+                pool: pool.to_owned(),
+            })
+            .get()
+    }
+
     /// Counts blocks released (their grant deleted after the agent surrendered them).
     pub fn note_blocks_released(&self, pool: &str, n: u64) {
         self.metrics

@@ -271,6 +271,31 @@ mod tests {
     }
 
     #[test]
+    fn no_range_is_added_over_a_surrendered_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        run(&mut host, grants(&[A, B]));
+        run(&mut host, surrender(B));
+        // The API adding the same addresses (in this pool or another) is refused: the leader
+        // may release the block any moment.
+        for (pool, range) in [("small", B), ("other", "10.61.0.16/29")] {
+            let error = host
+                .run_batch(vec![Op::AddRange(api::RangeRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: pool.into(),
+                    range: range.into(),
+                })])
+                .remove(0)
+                .unwrap_err();
+            assert_eq!(error.code, api::ErrorCode::Conflict, "{error:?}");
+            assert!(error.message.contains("surrendered"), "{}", error.message);
+        }
+        assert_eq!(active(&mut host), [A]);
+        assert_eq!(surrendered(&mut host), [B]);
+    }
+
+    #[test]
     fn a_dual_stack_block_pool_waits_for_both_families() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();

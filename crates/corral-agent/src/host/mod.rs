@@ -424,6 +424,17 @@ impl<S: Store, C: Clock> Host<S, C> {
                     OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
                 })?;
                 let scope = self.node_scope_mut(&request.scope, "ranges")?;
+                if let Some((other_pool, block)) =
+                    capacity::surrendered_overlapping(&scope.config, &spec)
+                {
+                    return Err(OpError::new(
+                        ErrorCode::Conflict,
+                        format!(
+                            "range {spec} overlaps block {block} of pool {other_pool}, which this \
+                             node surrendered to the cluster in a release handshake"
+                        ),
+                    ));
+                }
                 let new_pool = !scope.engine.pool_names().contains(&pool);
                 if new_pool {
                     scope.engine.add_pool(&pool, Default::default())?;

@@ -111,8 +111,7 @@ impl NodePlans {
             .plans
             .iter()
             .filter(|(_, _, p)| p.grant > 0)
-            .map(|(_, _, p)| p.stats.needed.max(1))
-            .sum();
+            .fold(0u64, |sum, (_, _, p)| sum.saturating_add(p.stats.needed.max(1)));
         if deficit > 0 {
             return (0, std::cmp::Reverse(deficit));
         }
