@@ -113,9 +113,12 @@ bench-agent: deps plugin
 ## bench-cluster: the operator on a local three-member etcd (real processes, fsync on), beside
 ## etcd's raw transaction rate measured in the same run: dual-stack CIDR grants for 10,000
 ## nodes, leader failover with them (SIGKILL to the new leader's first grant), the rebuild of
-## the operator's state from their 20,000 grants (time, peak RSS) (about 1.5 min)
+## the operator's state from their 20,000 grants (time, peak RSS); then block mode: 100 nodes
+## claiming blocks at once (conflicts per grant, beside one contended key), a cold node to its
+## first pod address, etcd requests per CNI ADD during churn, excess to quarantine (about 3 min)
 bench-cluster: deps
 	$(CARGO) bench -p corral-cli --bench cluster
+	$(CARGO) bench -p corral-cli --bench blocks
 
 clean:
 	$(CARGO) clean

@@ -130,21 +130,14 @@ pub fn resolve_pool(
     namespace: Option<&str>,
     configured: Option<&str>,
 ) -> String {
-    let non_empty = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
-    if let Some(pool) = non_empty(requested) {
-        return pool;
-    }
-    if let (Some(config), Some(namespace)) = (config, non_empty(namespace))
-        && let Some(pool) = config.namespaces.get(&namespace)
-    {
-        return pool.clone();
-    }
-    if let Some(pool) = non_empty(configured) {
-        return pool;
-    }
     match config {
-        Some(config) => config.pool_for(None, None),
-        None => "default".to_owned(),
+        Some(config) => config.pool_for(requested, namespace, configured),
+        None => [requested, configured]
+            .into_iter()
+            .flatten()
+            .find(|p| !p.is_empty())
+            .unwrap_or("default")
+            .to_owned(),
     }
 }
 

@@ -483,17 +483,21 @@ impl ClusterConfig {
         self.pools.iter().find(|p| &p.name == name)
     }
 
-    /// The pool a CNI call takes its address from: the pool it names, else its namespace's
-    /// pool, else `default_pool`, else `default`.
-    pub fn pool_for(&self, named: Option<&str>, namespace: Option<&str>) -> String {
-        if let Some(pool) = named.filter(|p| !p.is_empty()) {
-            return pool.to_owned();
-        }
-        if let Some(pool) = namespace.and_then(|ns| self.namespaces.get(ns)) {
-            return pool.clone();
-        }
-        self.default_pool
-            .clone()
+    /// The pool a CNI call takes its address from: the pool the call names
+    /// (`runtimeConfig.pool`, `args.cni.pool`), else its Kubernetes namespace's pool
+    /// (`namespaces`), else the network's own pool (`ipam.pool`), else `default_pool`, else
+    /// `default`. Empty names count as none.
+    pub fn pool_for(
+        &self,
+        named: Option<&str>,
+        namespace: Option<&str>,
+        configured: Option<&str>,
+    ) -> String {
+        let given = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
+        given(named)
+            .or_else(|| given(namespace).and_then(|ns| self.namespaces.get(&ns).cloned()))
+            .or_else(|| given(configured))
+            .or_else(|| self.default_pool.clone())
             .unwrap_or_else(|| "default".to_owned())
     }
 
@@ -889,9 +893,10 @@ block_prefix_len = 28
         let batch = &config.pools[1];
         assert_eq!(batch.watermarks_for("x"), Watermarks::default());
         assert_eq!(batch.release_delay_ms(), 180_000);
-        assert_eq!(config.pool_for(Some("batch"), Some("other")), "batch");
-        assert_eq!(config.pool_for(None, Some("batch")), "batch");
-        assert_eq!(config.pool_for(None, Some("other")), "pods");
+        assert_eq!(config.pool_for(Some("batch"), Some("other"), None), "batch");
+        assert_eq!(config.pool_for(None, Some("batch"), Some("net")), "batch");
+        assert_eq!(config.pool_for(Some(""), Some("other"), Some("net")), "net");
+        assert_eq!(config.pool_for(None, Some("other"), None), "pods");
         // Round trip through the stored JSON.
         let json = config.to_json().unwrap();
         assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
