@@ -112,9 +112,10 @@ async fn claims(etcd: &EtcdCluster) {
             addresses: Vec::new(),
             registered_ms: 0,
         };
-        register
-            .success
-            .push(TxnOp::put(keys.node(&node(i)), encode_value(&record).unwrap()));
+        register.success.push(TxnOp::put(
+            keys.node(&node(i)),
+            encode_value(&record).unwrap(),
+        ));
     }
     kv.txn(register).await.unwrap();
 
@@ -290,13 +291,10 @@ fn spawn_operator(endpoints: &str, dir: &Path) -> Child {
             "--replica",
             "op",
         ])
-        .args([
-            "--api-socket",
-            dir.join("op.sock").to_str().unwrap(),
-        ])
+        .args(["--api-socket", dir.join("op.sock").to_str().unwrap()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("operator.log")).unwrap())
         .spawn()
         .unwrap()
 }
@@ -389,10 +387,45 @@ fn processes(runtime: &tokio::runtime::Runtime, etcd: &EtcdCluster) {
     }
     del(&mut client, "first");
     let released_at = Instant::now();
-    // Back to the watermarks: one /26 and one /122 cover pre-allocate 8.
+    // Back to the watermarks: one /26 and one /122 cover pre-allocate 8. The handshake's
+    // timeline: its first `marked` and `ready` keys seen.
+    let (mut marked, mut ready) = (None, None);
+    let mut last_line: Option<String> = None;
+    let release_prefix = keys.release_of_node_prefix(&NodeName::new("cold").unwrap());
     loop {
         if node_blocks(runtime, &kv, &keys, "cold") <= 2 {
             break;
+        }
+        let (open, _) = runtime
+            .block_on(corral_kv::read_all(&kv, release_prefix.as_bytes(), 100))
+            .unwrap();
+        if std::env::var_os("BENCH_TIMELINE").is_some() {
+            let states: Vec<String> = open
+                .iter()
+                .map(|e| {
+                    let text = String::from_utf8_lossy(&e.value).into_owned();
+                    let key = e.key_str().into_owned();
+                    format!("{} {}", key.rsplit('/').next().unwrap_or(""), text)
+                })
+                .collect();
+            let line = format!(
+                "{} blocks; {states:?}",
+                node_blocks(runtime, &kv, &keys, "cold")
+            );
+            if last_line.as_deref() != Some(line.as_str()) {
+                println!("  {:.2} s: {line}", released_at.elapsed().as_secs_f64());
+                last_line = Some(line);
+            }
+        }
+        for entry in &open {
+            let text = String::from_utf8_lossy(&entry.value);
+            if marked.is_none() && text.contains("\"marked\"") {
+                marked = Some(released_at.elapsed());
+            }
+            if ready.is_none() && text.contains("\"ready\"") {
+                marked.get_or_insert(released_at.elapsed());
+                ready = Some(released_at.elapsed());
+            }
         }
         assert!(
             released_at.elapsed() < Duration::from_secs(120),
@@ -401,11 +434,21 @@ fn processes(runtime: &tokio::runtime::Runtime, etcd: &EtcdCluster) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let took = released_at.elapsed();
+    let secs = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
+    println!(
+        "release timeline after the last DEL: first block marked {:.2} s, first ready {:.2} s, excess quarantined {:.2} s",
+        secs(marked),
+        secs(ready),
+        took.as_secs_f64()
+    );
     println!(
         "excess to quarantine: {grown} blocks held, all pods released: the excess blocks quarantined {:.2} s after the last DEL (release delay {RELEASE_DELAY_SECS} s, so {:.2} s beyond it; Cilium: about 4-6 min at its 180 s delay)",
         took.as_secs_f64(),
         took.as_secs_f64() - RELEASE_DELAY_SECS as f64
     );
+    if let Ok(path) = std::env::var("BENCH_OPERATOR_LOG") {
+        let _ = std::fs::copy(dir.path().join("operator.log"), path);
+    }
     drop(agent);
     let _ = operator.kill();
     let _ = operator.wait();

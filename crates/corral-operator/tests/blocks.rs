@@ -562,3 +562,41 @@ async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
     assert_consistent(&kv).await;
     auditor.assert_clean();
 }
+
+/// Three blocks marked at once and answered one after the other all complete at once (found
+/// by the block bench: the later answers waited for another release delay).
+#[tokio::test(start_paused = true)]
+async fn several_ready_blocks_of_one_family_all_complete() {
+    let kv = MemKv::new();
+    init(&kv, BLOCKS).await;
+    let a = Replica::start(&kv, "op-a");
+    leader_of(&[&a]).await;
+    register(&kv, "n1").await;
+    demand(&kv, "n1", 0, 0, 54, &[]).await;
+    wait_blocks(&kv, "n1", 4).await;
+    let blocks = blocks_of(&kv, "n1").await;
+    let mut empty: Vec<&str> = blocks.iter().map(String::as_str).collect();
+    empty.reverse();
+    demand(&kv, "n1", 0, 56, 0, &empty).await;
+    wait_until("three blocks marked", Duration::from_secs(12), || async {
+        releases_of(&kv, "n1").await.len() == 3
+    })
+    .await;
+    // As the agent does: each answer, and its demand without the surrendered block.
+    let mut free = 56;
+    for (block, _) in releases_of(&kv, "n1").await {
+        assert!(answer(&kv, "n1", &block, ReleaseState::Ready).await);
+        free -= 14;
+        empty.retain(|b| *b != block);
+        demand(&kv, "n1", 0, free, 0, &empty).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wait_until(
+        "every ready block is released",
+        Duration::from_secs(2),
+        || async { blocks_of(&kv, "n1").await.len() == 1 },
+    )
+    .await;
+    assert_eq!(a.shared.handshakes("released"), 3);
+    assert_consistent(&kv).await;
+}

@@ -479,10 +479,41 @@ impl ClusterView {
     /// it later, which changes nothing).
     pub fn apply_release_change(&mut self, change: &ReleaseChange, revision: i64) {
         for key in &change.deletes {
-            self.apply_delete(key, revision);
+            if !self.seen_after(key, revision) {
+                self.apply_delete(key, revision);
+            }
         }
         for (key, value) in change.puts.iter().chain(&change.quarantine_puts) {
-            self.apply_put(key, value, revision, revision);
+            if !self.seen_after(key, revision) {
+                self.apply_put(key, value, revision, revision);
+            }
+        }
+    }
+
+    /// Whether the watch already showed `key` written after `revision`: a step's outcome
+    /// applied late (its task ended after the watch delivered newer events, such as the
+    /// agent's `ready` over the leader's own `marked`) must not put the older state back.
+    fn seen_after(&self, key: &str, revision: i64) -> bool {
+        match self.keys.parse(key) {
+            Ok(crate::keys::Key::Release {
+                node,
+                pool,
+                family,
+                cidr,
+            }) => self
+                .releases
+                .get(&(node, pool, family, cidr))
+                .is_some_and(|(mod_revision, _)| *mod_revision > revision),
+            Ok(
+                crate::keys::Key::Grant { pool, family, cidr }
+                | crate::keys::Key::Owned {
+                    pool, family, cidr, ..
+                },
+            ) => self
+                .grants
+                .get(&(pool, family, cidr))
+                .is_some_and(|grant| grant.create_revision > revision),
+            _ => false,
         }
     }
 
@@ -724,6 +755,39 @@ reserved = ["10.0.0.16/28"]
         f.put(&config_key, wide.to_json().unwrap().as_bytes());
         let pc = f.view.propose_blocks(&c, &pods(), Family::V4, 100).unwrap();
         assert_eq!(pc.blocks.len(), MAX_BLOCKS_PER_TXN);
+    }
+
+    /// A mark's outcome applied after the watch delivered the agent's `ready` (the leader's
+    /// task ended late) keeps `ready`: found by the block bench, where two ready blocks then
+    /// waited for the next resync.
+    #[test]
+    fn a_late_step_outcome_does_not_undo_what_the_watch_showed_since() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let p = f.view.propose_blocks(&a, &pods(), Family::V4, 1).unwrap();
+        f.view.commit_blocks(&p, 7);
+        let block = p.blocks[0];
+        let release_key = f.view.keys().release(&a, &pods(), Family::V4, &block);
+        let mark = f
+            .view
+            .release_change(ReleaseKind::Mark, &a, &pods(), Family::V4, &block, 1)
+            .unwrap();
+        // The mark committed at revision 8; the watch shows the agent's ready at 9 first.
+        f.revision = 8;
+        let record = ReleaseRecord {
+            state: ReleaseState::Ready,
+            grant_revision: 7,
+            marked_ms: 1,
+            answered_ms: 2,
+            reason: None,
+        };
+        f.put(&release_key, &encode_value(&record).unwrap());
+        f.view.apply_release_change(&mark, 8);
+        let held = f.view.held_blocks(&a, &pods(), Family::V4, |_| 0);
+        assert!(
+            matches!(held[0].release, Some((ReleaseState::Ready, _))),
+            "{held:?}"
+        );
     }
 
     #[test]

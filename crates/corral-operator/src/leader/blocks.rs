@@ -111,7 +111,9 @@ impl NodePlans {
             .plans
             .iter()
             .filter(|(_, _, p)| p.grant > 0)
-            .fold(0u64, |sum, (_, _, p)| sum.saturating_add(p.stats.needed.max(1)));
+            .fold(0u64, |sum, (_, _, p)| {
+                sum.saturating_add(p.stats.needed.max(1))
+            });
         if deficit > 0 {
             return (0, std::cmp::Reverse(deficit));
         }
