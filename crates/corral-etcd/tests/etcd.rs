@@ -133,8 +133,9 @@ async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
         failed, 0,
         "txns failed for 10 s after one member of three was killed"
     );
-    // A refused connection is never applied, so the txn goes to the next member at once.
-    assert!(retried <= 1, "{retried} txns failed over a killed member");
+    // A refused connection is never applied, so the txn goes to the next member at once; a
+    // txn in flight on the member as it dies may time out once: at most one retry per kill.
+    assert!(retried <= 2, "{retried} txns failed over a killed member");
     assert_eq!(keys(&kv, "/failover/").await, acknowledged);
     let survivor = EtcdKv::connect(&[cluster.endpoint(2)], EtcdOptions::default())
         .await
