@@ -11,21 +11,6 @@ use std::time::Duration;
 use common::*;
 use corral_kv::{Kv, MemKv};
 
-/// xorshift64*: a few lines, reproducible from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 const STEPS: usize = 60;
 
 async fn scenario(seed: u64) {

@@ -430,3 +430,18 @@ impl Kv for FaultyKv {
         self.inner.compact(revision).await
     }
 }
+
+/// xorshift64*: a few lines, reproducible from the seed (the randomized tests).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
