@@ -631,3 +631,4 @@ proptest! {
         prop_assert_eq!(fingerprint(&mut host), state);
     }
 }
+

@@ -478,6 +478,10 @@ impl Engine {
         let mut range = Range::new(spec);
         range.n_allocated = own as u64;
         pool_family.ranges.insert(start, range);
+        // Next-fit positions are kept by address: a range added over the position of one
+        // removed earlier continues from there (a restore reads it the same way).
+        let position = pool_family.current;
+        pool_family.set_current(position);
         if let Some(gateway) = spec.gateway() {
             let value = addr_value(gateway);
             *pool_family.reserved.entry(value).or_insert(0) += 1;
@@ -1451,7 +1455,7 @@ impl Engine {
         }
         for family in Family::ALL {
             let pool_family = pool_ref.family_mut(family);
-            pool_family.current = snapshot.current[family.index()];
+            pool_family.set_current(snapshot.current[family.index()]);
             pool_family.n_allocated = snapshot.n_allocated[family.index()];
             pool_family.resync_free();
         }
@@ -1491,13 +1495,9 @@ impl Engine {
             }
         }
         for family in Family::ALL {
-            let pool_family = pool_ref.family_mut(family);
-            let current = snapshot.current[family.index()];
-            if let Some((&start, range)) = pool_family.ranges.range(..=current).next_back()
-                && range.end >= current
-            {
-                pool_family.current = start;
-            }
+            pool_ref
+                .family_mut(family)
+                .set_current(snapshot.current[family.index()]);
         }
         Ok(())
     }

@@ -302,6 +302,15 @@ impl PoolFamily {
         }
     }
 
+    /// Makes the range holding `position` the one next-fit continues in. A position in no
+    /// range (its range was removed since) changes nothing, so a restored position means the
+    /// same as the one the running engine had: always the first address of a range.
+    pub fn set_current(&mut self, position: u128) {
+        if let Some(range) = self.range_of(position) {
+            self.current = range.start;
+        }
+    }
+
     /// The range holding `value`, draining or not.
     pub fn range_of(&self, value: u128) -> Option<&Range> {
         self.ranges
