@@ -64,10 +64,7 @@ async fn describe_bucket_is_100_then_20_per_second() {
     for n in 0..100 {
         assert!(fake.describe_subnets(&filter).await.is_ok(), "call {n}");
     }
-    assert_code(
-        fake.describe_subnets(&filter).await,
-        "RequestLimitExceeded",
-    );
+    assert_code(fake.describe_subnets(&filter).await, "RequestLimitExceeded");
     // A throttled call consumes nothing: ten more refusals leave the refill intact.
     for _ in 0..10 {
         assert!(fake.describe_subnets(&filter).await.is_err());
@@ -81,13 +78,21 @@ async fn describe_bucket_is_100_then_20_per_second() {
     assert_eq!(counters.calls(Action::DescribeSubnets), 132);
     assert_eq!(counters.throttled(Action::DescribeSubnets), 12);
     // Each describe action has its own bucket.
-    assert!(fake.describe_instance_types(&["m5.large".to_owned()]).await.is_ok());
+    assert!(
+        fake.describe_instance_types(&["m5.large".to_owned()])
+            .await
+            .is_ok()
+    );
     assert_eq!(fake.counters().throttled(Action::DescribeInstanceTypes), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn assign_bucket_refills_5_per_second_and_counts_failed_calls() {
-    let fake = FakeEc2::builder().no_latency().subnet(subnet_a()).build().unwrap();
+    let fake = FakeEc2::builder()
+        .no_latency()
+        .subnet(subnet_a())
+        .build()
+        .unwrap();
     let request = Ipv4Assign::Addresses(Amount::Count(1));
     // Calls that EC2 admits and then refuses (here: no such interface) still take a token.
     for _ in 0..100 {
@@ -111,16 +116,27 @@ async fn assign_bucket_refills_5_per_second_and_counts_failed_calls() {
     );
     tokio::time::advance(Duration::from_secs(1)).await;
     let mut admitted = 0;
-    while fake.assign_ipv4("eni-missing", &request).await.is_err_and(|e| e.is_not_found()) {
+    while fake
+        .assign_ipv4("eni-missing", &request)
+        .await
+        .is_err_and(|e| e.is_not_found())
+    {
         admitted += 1;
     }
     assert_eq!(admitted, 5);
-    assert_eq!(fake.counters().throttled(Action::AssignPrivateIpAddresses), 3);
+    assert_eq!(
+        fake.counters().throttled(Action::AssignPrivateIpAddresses),
+        3
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn attach_bucket_is_50_then_5_per_second() {
-    let fake = FakeEc2::builder().no_latency().subnet(subnet_a()).build().unwrap();
+    let fake = FakeEc2::builder()
+        .no_latency()
+        .subnet(subnet_a())
+        .build()
+        .unwrap();
     for _ in 0..50 {
         assert_code(
             fake.attach_interface("eni-missing", "i-missing", 1).await,
@@ -135,10 +151,19 @@ async fn attach_bucket_is_50_then_5_per_second() {
         fake.attach_interface("eni-missing", "i-missing", 1).await,
         "RequestLimitExceeded",
     );
-    assert_eq!(fake.bucket_tokens(Action::AttachNetworkInterface), Some(0.0));
-    assert_eq!(fake.bucket_tokens(Action::DetachNetworkInterface), Some(49.0));
+    assert_eq!(
+        fake.bucket_tokens(Action::AttachNetworkInterface),
+        Some(0.0)
+    );
+    assert_eq!(
+        fake.bucket_tokens(Action::DetachNetworkInterface),
+        Some(49.0)
+    );
     tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(fake.bucket_tokens(Action::AttachNetworkInterface), Some(10.0));
+    assert_eq!(
+        fake.bucket_tokens(Action::AttachNetworkInterface),
+        Some(10.0)
+    );
     assert_eq!(
         fake.bucket_tokens(Action::CreateNetworkInterface),
         Some(100.0),
@@ -148,13 +173,21 @@ async fn attach_bucket_is_50_then_5_per_second() {
 
 #[tokio::test(start_paused = true)]
 async fn buckets_are_shared_by_every_handle_of_the_account() {
-    let fake = FakeEc2::builder().no_latency().subnet(subnet_a()).build().unwrap();
+    let fake = FakeEc2::builder()
+        .no_latency()
+        .subnet(subnet_a())
+        .build()
+        .unwrap();
     let other_tenant = fake.clone();
     for _ in 0..100 {
-        other_tenant.create_tags(&["subnet-a".to_owned()], &Tags::new()).await.unwrap();
+        other_tenant
+            .create_tags(&["subnet-a".to_owned()], &Tags::new())
+            .await
+            .unwrap();
     }
     assert_code(
-        fake.create_tags(&["subnet-a".to_owned()], &Tags::new()).await,
+        fake.create_tags(&["subnet-a".to_owned()], &Tags::new())
+            .await,
         "RequestLimitExceeded",
     );
     assert_eq!(fake.counters().calls(Action::CreateTags), 101);
@@ -191,7 +224,10 @@ async fn throttle_storm_refuses_a_fraction_and_ends() {
             refused += 1;
         }
     }
-    assert!((150..=250).contains(&refused), "{refused} of 400 refused at p = 0.5");
+    assert!(
+        (150..=250).contains(&refused),
+        "{refused} of 400 refused at p = 0.5"
+    );
     assert_eq!(fake.counters().throttled(Action::DescribeSubnets), refused);
     tokio::time::advance(Duration::from_secs(10)).await;
     for _ in 0..100 {
@@ -211,8 +247,12 @@ async fn m5_large_refuses_a_fourth_interface_and_an_eleventh_address() {
     for _ in 0..3 {
         interfaces.push(new_interface(&fake).await.id);
     }
-    fake.attach_interface(&interfaces[0], "i-1", 1).await.unwrap();
-    fake.attach_interface(&interfaces[1], "i-1", 2).await.unwrap();
+    fake.attach_interface(&interfaces[0], "i-1", 1)
+        .await
+        .unwrap();
+    fake.attach_interface(&interfaces[1], "i-1", 2)
+        .await
+        .unwrap();
     assert_code(
         fake.attach_interface(&interfaces[2], "i-1", 3).await,
         "AttachmentLimitExceeded",
@@ -279,21 +319,29 @@ async fn every_listed_type_enforces_its_interface_limit() {
         ))
         .build()
         .unwrap();
-    let names: Vec<String> = table.iter().map(|(name, _, _)| (*name).to_owned()).collect();
+    let names: Vec<String> = table
+        .iter()
+        .map(|(name, _, _)| (*name).to_owned())
+        .collect();
     let described = fake.describe_instance_types(&names).await.unwrap();
     for ((name, interfaces, addresses), info) in table.iter().zip(&described) {
         assert_eq!(info.instance_type, *name);
         assert_eq!(info.max_interfaces, *interfaces, "{name}");
         assert_eq!(info.ipv4_per_interface, *addresses, "{name}");
         assert_eq!(info.ipv6_per_interface, *addresses, "{name}");
-        assert_eq!(info.prefix_delegation, !name.starts_with("t2") && !name.starts_with("m4"));
+        assert_eq!(
+            info.prefix_delegation,
+            !name.starts_with("t2") && !name.starts_with("m4")
+        );
 
         let instance = fake
             .launch_instance(InstanceSpec::new(name, "subnet-a"))
             .unwrap();
         for index in 1..*interfaces {
             let eni = new_interface(&fake).await;
-            fake.attach_interface(&eni.id, &instance, index).await.unwrap();
+            fake.attach_interface(&eni.id, &instance, index)
+                .await
+                .unwrap();
             fake.assign_ipv4(
                 &eni.id,
                 &Ipv4Assign::Addresses(Amount::Count(addresses - 1)),
@@ -308,7 +356,8 @@ async fn every_listed_type_enforces_its_interface_limit() {
         }
         let extra = new_interface(&fake).await;
         assert_code(
-            fake.attach_interface(&extra.id, &instance, *interfaces).await,
+            fake.attach_interface(&extra.id, &instance, *interfaces)
+                .await,
             "AttachmentLimitExceeded",
         );
         fake.delete_interface(&extra.id).await.unwrap();
@@ -417,7 +466,10 @@ async fn a_fragmented_subnet_refuses_a_prefix_but_grants_an_address() {
         .unwrap();
     let eni = new_interface(&fake).await;
     let free = fake.subnet_free_ipv4("subnet-a").unwrap();
-    assert!(free > 200, "fragmentation takes one address per /28: {free} free");
+    assert!(
+        free > 200,
+        "fragmentation takes one address per /28: {free} free"
+    );
     let error = assert_code(
         fake.assign_ipv4(&eni.id, &Ipv4Assign::Prefixes(Amount::Count(1)))
             .await,
@@ -452,7 +504,11 @@ async fn a_full_subnet_refuses_with_insufficient_free_addresses() {
         fake.create_interface(&request).await,
         "InsufficientFreeAddressesInSubnet",
     );
-    assert_eq!(fake.interfaces().len(), 0, "a refused create leaves nothing");
+    assert_eq!(
+        fake.interfaces().len(),
+        0,
+        "a refused create leaves nothing"
+    );
     assert_eq!(fake.subnet_free_ipv4("subnet-tiny"), Some(11));
     request.secondary_ipv4 = Some(Amount::Count(10));
     let eni = fake.create_interface(&request).await.unwrap();
@@ -498,7 +554,10 @@ async fn ipv6_addresses_and_prefixes() {
             .unwrap()
             .contains(&prefixes[0])
     );
-    let v4_only = fake.create_interface(&create_in("subnet-v4")).await.unwrap();
+    let v4_only = fake
+        .create_interface(&create_in("subnet-v4"))
+        .await
+        .unwrap();
     assert_code(
         fake.assign_ipv6(&v4_only.id, &Ipv6Assign::Addresses(Amount::Count(1)))
             .await,
@@ -562,7 +621,10 @@ async fn attachments_complete_between_one_and_eight_seconds_later() {
         let eni = fake.create_interface(&create_in("subnet-a")).await.unwrap();
         fake.attach_interface(&eni.id, "i-1", index).await.unwrap();
         let attached_at = Instant::now();
-        let seen = fake.describe_interfaces(&InterfaceFilter::id(&eni.id)).await.unwrap();
+        let seen = fake
+            .describe_interfaces(&InterfaceFilter::id(&eni.id))
+            .await
+            .unwrap();
         assert_eq!(seen[0].status, InterfaceStatus::Attaching);
         assert_eq!(
             seen[0].attachment.as_ref().unwrap().status,
@@ -579,8 +641,15 @@ async fn attachments_complete_between_one_and_eight_seconds_later() {
             "{completions:?}"
         );
     }
-    let spread = completions.iter().max().unwrap().saturating_sub(*completions.iter().min().unwrap());
-    assert!(spread > Duration::from_secs(2), "uniform over 1–8 s: {completions:?}");
+    let spread = completions
+        .iter()
+        .max()
+        .unwrap()
+        .saturating_sub(*completions.iter().min().unwrap());
+    assert!(
+        spread > Duration::from_secs(2),
+        "uniform over 1–8 s: {completions:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -596,10 +665,19 @@ async fn detach_goes_through_detaching_and_delete_waits_for_it() {
         .unwrap();
     let eni = fake.create_interface(&create_in("subnet-a")).await.unwrap();
     let attachment = fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
-    assert_code(fake.delete_interface(&eni.id).await, "InvalidNetworkInterface.InUse");
+    assert_code(
+        fake.delete_interface(&eni.id).await,
+        "InvalidNetworkInterface.InUse",
+    );
     fake.detach_interface(&attachment, false).await.unwrap();
-    assert_eq!(fake.interface(&eni.id).unwrap().status, InterfaceStatus::Detaching);
-    assert_code(fake.delete_interface(&eni.id).await, "InvalidNetworkInterface.InUse");
+    assert_eq!(
+        fake.interface(&eni.id).unwrap().status,
+        InterfaceStatus::Detaching
+    );
+    assert_code(
+        fake.delete_interface(&eni.id).await,
+        "InvalidNetworkInterface.InUse",
+    );
     // The device index stays taken until the detachment completes.
     let other = fake.create_interface(&create_in("subnet-a")).await.unwrap();
     assert_code(
@@ -607,7 +685,10 @@ async fn detach_goes_through_detaching_and_delete_waits_for_it() {
         "InvalidParameterValue",
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(fake.interface(&eni.id).unwrap().status, InterfaceStatus::Available);
+    assert_eq!(
+        fake.interface(&eni.id).unwrap().status,
+        InterfaceStatus::Available
+    );
     fake.delete_interface(&eni.id).await.unwrap();
     assert!(fake.interface(&eni.id).is_none());
     fake.attach_interface(&other.id, "i-1", 1).await.unwrap();
@@ -629,18 +710,23 @@ async fn occupied_device_index_and_instances_not_running() {
         fake.attach_interface(&eni.id, "i-1", 0).await,
         "InvalidParameterValue",
     );
-    assert!(matches!(error, CloudError::DeviceIndexInUse { .. }), "{error:?}");
+    assert!(
+        matches!(error, CloudError::DeviceIndexInUse { .. }),
+        "{error:?}"
+    );
     let error = assert_code(
         fake.attach_interface(&eni.id, "i-pending", 1).await,
         "IncorrectInstanceState",
     );
     assert!(error.is_retryable());
-    fake.set_instance_state("i-1", InstanceState::Stopped).unwrap();
+    fake.set_instance_state("i-1", InstanceState::Stopped)
+        .unwrap();
     assert_code(
         fake.attach_interface(&eni.id, "i-1", 1).await,
         "IncorrectInstanceState",
     );
-    fake.set_instance_state("i-1", InstanceState::Running).unwrap();
+    fake.set_instance_state("i-1", InstanceState::Running)
+        .unwrap();
     fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
     let primary = fake.describe_instance("i-1").await.unwrap().interfaces[0].clone();
     assert_code(
@@ -658,7 +744,9 @@ async fn termination_deletes_delete_on_termination_interfaces_and_frees_the_rest
     let instance = fake.describe_instance("i-1").await.unwrap();
     let primary = instance.interfaces[0].interface_id.clone();
     let secondary = new_interface(&fake).await;
-    fake.attach_interface(&secondary.id, "i-1", 1).await.unwrap();
+    fake.attach_interface(&secondary.id, "i-1", 1)
+        .await
+        .unwrap();
     fake.assign_ipv4(&primary, &Ipv4Assign::Addresses(Amount::Count(5)))
         .await
         .unwrap();
@@ -692,7 +780,9 @@ async fn a_client_token_makes_create_idempotent() {
     assert_eq!(fake.interfaces().len(), 1);
     request.description = Some("changed".to_owned());
     let error = assert_code(fake.create_interface(&request).await, "Other");
-    assert!(matches!(&error, CloudError::Other { code, .. } if code == "IdempotentParameterMismatch"));
+    assert!(
+        matches!(&error, CloudError::Other { code, .. } if code == "IdempotentParameterMismatch")
+    );
     request.client_token = Some("token-2".to_owned());
     fake.create_interface(&request).await.unwrap();
     assert_eq!(fake.interfaces().len(), 2);
@@ -712,7 +802,11 @@ async fn applied_but_timed_out_is_really_applied() {
         "Timeout",
     );
     assert!(error.is_retryable());
-    assert_eq!(started.elapsed(), Duration::from_secs(5), "answered after the timeout");
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(5),
+        "answered after the timeout"
+    );
     assert_eq!(fake.interface(&eni.id).unwrap().secondary_ipv4.len(), 2);
 
     // A create that timed out, repeated with its client token, yields the one interface.
@@ -769,12 +863,23 @@ async fn random_timeouts_apply_about_their_rate() {
     let mut timeouts = 0;
     for n in 0..500 {
         let tags = Tags::from([(format!("k{n}"), "v".to_owned())]);
-        if fake.create_tags(std::slice::from_ref(&eni.id), &tags).await.is_err() {
+        if fake
+            .create_tags(std::slice::from_ref(&eni.id), &tags)
+            .await
+            .is_err()
+        {
             timeouts += 1;
         }
     }
-    assert!((70..=130).contains(&timeouts), "{timeouts} of 500 at p = 0.2");
-    assert_eq!(fake.interface(&eni.id).unwrap().tags.len(), 500, "all were applied");
+    assert!(
+        (70..=130).contains(&timeouts),
+        "{timeouts} of 500 at p = 0.2"
+    );
+    assert_eq!(
+        fake.interface(&eni.id).unwrap().tags.len(),
+        500,
+        "all were applied"
+    );
 }
 
 // ---- latencies ----
@@ -806,7 +911,9 @@ async fn latencies_are_lognormal_around_their_medians() {
         assert!(fake.create_interface(&missing).await.is_err());
         create.push(started.elapsed());
         let started = Instant::now();
-        fake.describe_subnets(&SubnetFilter::default()).await.unwrap();
+        fake.describe_subnets(&SubnetFilter::default())
+            .await
+            .unwrap();
         describe.push(started.elapsed());
     }
     let within = |value: Duration, target: Duration, tolerance: f64| {
@@ -818,10 +925,19 @@ async fn latencies_are_lognormal_around_their_medians() {
     assert_eq!(create_latency.median, Duration::from_millis(350));
     let create_median = median(&mut create);
     let describe_median = median(&mut describe);
-    assert!(within(create_median, create_latency.median, 0.1), "{create_median:?}");
-    assert!(within(describe_median, describe_latency.median, 0.1), "{describe_median:?}");
+    assert!(
+        within(create_median, create_latency.median, 0.1),
+        "{create_median:?}"
+    );
+    assert!(
+        within(describe_median, describe_latency.median, 0.1),
+        "{describe_median:?}"
+    );
     let create_p99 = percentile(&mut create, 0.99);
-    assert!(within(create_p99, create_latency.p99, 0.3), "{create_p99:?}");
+    assert!(
+        within(create_p99, create_latency.p99, 0.3),
+        "{create_p99:?}"
+    );
     assert!(create.iter().all(|d| !d.is_zero()));
 }
 
@@ -837,10 +953,14 @@ async fn describe_lags_changes_then_catches_up() {
         .unwrap();
     let eni = new_interface(&fake).await;
     assert_code(
-        fake.describe_interfaces(&InterfaceFilter::id(&eni.id)).await,
+        fake.describe_interfaces(&InterfaceFilter::id(&eni.id))
+            .await,
         "InvalidNetworkInterfaceID.NotFound",
     );
-    assert!(fake.interface(&eni.id).is_some(), "the truth has it at once");
+    assert!(
+        fake.interface(&eni.id).is_some(),
+        "the truth has it at once"
+    );
     // Mutations act on the truth: the caller may assign before describe sees the interface.
     fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(1)))
         .await
@@ -855,9 +975,16 @@ async fn describe_lags_changes_then_catches_up() {
     let versions_seen = seen[0].secondary_ipv4.len();
     fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
     let described = fake.describe_instance("i-1").await.unwrap();
-    assert_eq!(described.interfaces.len(), 1, "the attachment is not visible yet");
     assert_eq!(
-        fake.describe_interfaces(&InterfaceFilter::id(&eni.id)).await.unwrap()[0].attachment,
+        described.interfaces.len(),
+        1,
+        "the attachment is not visible yet"
+    );
+    assert_eq!(
+        fake.describe_interfaces(&InterfaceFilter::id(&eni.id))
+            .await
+            .unwrap()[0]
+            .attachment,
         None
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -868,16 +995,28 @@ async fn describe_lags_changes_then_catches_up() {
     assert_eq!(caught_up[0].secondary_ipv4.len(), 1);
     assert!(versions_seen <= 1);
     assert_eq!(caught_up[0].status, InterfaceStatus::InUse);
-    assert_eq!(fake.describe_instance("i-1").await.unwrap().interfaces.len(), 2);
+    assert_eq!(
+        fake.describe_instance("i-1")
+            .await
+            .unwrap()
+            .interfaces
+            .len(),
+        2
+    );
     // A deletion also lags: the interface is still described for a while.
     fake.detach_interface(&caught_up[0].attachment.as_ref().unwrap().id, false)
         .await
         .unwrap();
     fake.delete_interface(&eni.id).await.unwrap();
-    assert!(fake.describe_interfaces(&InterfaceFilter::id(&eni.id)).await.is_ok());
+    assert!(
+        fake.describe_interfaces(&InterfaceFilter::id(&eni.id))
+            .await
+            .is_ok()
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_code(
-        fake.describe_interfaces(&InterfaceFilter::id(&eni.id)).await,
+        fake.describe_interfaces(&InterfaceFilter::id(&eni.id))
+            .await,
         "InvalidNetworkInterfaceID.NotFound",
     );
 }
@@ -906,7 +1045,9 @@ async fn traced_run(seed: u64) -> Vec<String> {
             .assign_ipv4(&eni.id, &Ipv4Assign::Prefixes(Amount::Count(1)))
             .await;
         trace.push(format!("{:?} assign {assigned:?}", start.elapsed()));
-        let seen = fake.describe_interfaces(&InterfaceFilter::id(&eni.id)).await;
+        let seen = fake
+            .describe_interfaces(&InterfaceFilter::id(&eni.id))
+            .await;
         trace.push(format!("{:?} describe {seen:?}", start.elapsed()));
     }
     trace.push(format!("{:?}", fake.counters()));
@@ -989,7 +1130,11 @@ async fn a_thousand_nodes_scale_out_within_the_buckets() {
     assert_eq!(addresses.len(), 2000 * 10);
     addresses.sort();
     addresses.dedup();
-    assert_eq!(addresses.len(), 2000 * 10, "an address was handed out twice");
+    assert_eq!(
+        addresses.len(),
+        2000 * 10,
+        "an address was handed out twice"
+    );
     assert!(virtual_time >= Duration::from_secs(180), "{virtual_time:?}");
     let counters = fake.counters();
     assert_eq!(
