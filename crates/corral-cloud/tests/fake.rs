@@ -1021,6 +1021,29 @@ async fn describe_lags_changes_then_catches_up() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn deleted_interfaces_are_forgotten_once_every_describe_sees_it() {
+    let fake = quiet()
+        .consistency_lag(Duration::from_millis(500), Duration::from_secs(5))
+        .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
+        .build()
+        .unwrap();
+    for _ in 0..50 {
+        let eni = new_interface(&fake).await;
+        let attachment = fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
+        fake.detach_interface(&attachment, false).await.unwrap();
+        fake.delete_interface(&eni.id).await.unwrap();
+    }
+    assert_eq!(fake.interfaces().len(), 1, "the primary");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    fake.describe_subnets(&SubnetFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(fake.interface_records(), 1);
+    let instance = fake.describe_instance("i-1").await.unwrap();
+    assert_eq!(instance.interfaces.len(), 1);
+}
+
 // ---- reproducibility and scale ----
 
 /// A run with latencies, lag, attach delays and random faults, traced call by call.
