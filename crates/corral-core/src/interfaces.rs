@@ -257,6 +257,7 @@ pub struct Assignment {
     pub gateway: Option<IpAddr>,
     /// The interface's subnet of the address's family.
     pub subnet: IpNet,
+    /// The interface's routes of the address's family.
     pub routes: Vec<IpNet>,
     /// True when the key already held this address and nothing was changed.
     pub existing: bool,
@@ -837,7 +838,13 @@ impl Interfaces {
             mac: slot.spec.mac,
             gateway: slot.spec.gateway(family),
             subnet: slot.spec.subnet(family)?,
-            routes: slot.spec.routes.clone(),
+            routes: slot
+                .spec
+                .routes
+                .iter()
+                .filter(|route| Family::of(route.addr()) == family)
+                .copied()
+                .collect(),
             existing,
         })
     }
@@ -957,7 +964,7 @@ impl Interfaces {
     }
 
     /// An interface that can be removed (ipamd's `RemoveUnusedENIFromStore`, as a decision):
-    /// neither primary nor trunk, at least `min_age` old, without allocation or cooling
+    /// neither primary, trunk nor excluded (someone else manages it), at least `min_age` old, without allocation or cooling
     /// address, and whose removal keeps the warm and minimum targets of each family it has
     /// addresses in. The highest device number wins. The table is not changed: the caller
     /// removes it with [`Interfaces::remove_interface`] and then detaches it in the cloud.
@@ -986,7 +993,7 @@ impl Interfaces {
             .collect::<Vec<_>>()
             .into_iter()
             .rev()
-            .filter(|(spec, _)| !spec.primary && !spec.trunk)
+            .filter(|(spec, _)| !(spec.primary || spec.trunk || spec.excluded))
             .filter(|(spec, _)| spec.created_at.saturating_add(policy.min_age) <= now)
             .find(|(_, addresses)| {
                 let mut own = [0u128; 2];
