@@ -902,10 +902,9 @@ impl Interfaces {
         key: &AttachmentKey,
         now: Timestamp,
     ) -> Result<Vec<Unassigned>, InterfaceError> {
-        let held = engine.lookup_key(key);
-        let mut unassigned = Vec::with_capacity(held.len());
-        for info in held.into_iter().filter(|info| info.pool == self.pool) {
-            let released = engine.release(info.entry.addr, Some(info.entry.generation), now)?;
+        let released = engine.release_key_in_pool(&self.pool, key, now)?;
+        let mut unassigned = Vec::with_capacity(released.len());
+        for released in released {
             let slot = self.slot_of(released.addr).map(|index| self.slot(index));
             unassigned.push(Unassigned {
                 addr: released.addr,
@@ -1300,6 +1299,31 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(engine.cooling(&pool()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn unassign_leaves_the_key_s_addresses_in_other_pools() {
+        let (mut engine, table) = setup();
+        let other = PoolName::default_pool();
+        engine
+            .add_range(&other, "192.168.0.0/24".parse().unwrap())
+            .unwrap();
+        let request = Request {
+            pool: &other,
+            owner: "pod-1",
+            key: Some(&key("c1")),
+            lease: None,
+        };
+        let kept = engine
+            .allocate(&request, Target::Next(Family::V4), Timestamp::ZERO)
+            .unwrap();
+        let out = table
+            .unassign(&mut engine, &key("c1"), Timestamp::ZERO)
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].addr.to_string(), "10.0.0.10");
+        assert_eq!(engine.lookup(kept.addr).unwrap().pool, other);
+        engine.check_invariants().unwrap();
     }
 
     #[test]
