@@ -6,6 +6,8 @@
 //! ([`Interfaces`]) is rebuilt beside it from the entries with [`restore_interfaces`], which
 //! checks that both say the same.
 
+use std::collections::HashSet;
+
 use corral_core::{
     Engine, InterfaceId, InterfaceSpec, Interfaces, IpNet, MacAddr, PoolName, Timestamp,
     parse_addr, parse_net,
@@ -111,10 +113,13 @@ impl PoolSpec {
                 wanted.push(RangeEntry::new(&range, RangeSource::Interface));
             }
         }
+        // Sets, not scans: a node has hundreds of interface ranges.
+        let wanted_set: HashSet<&RangeEntry> = wanted.iter().collect();
         self.ranges
-            .retain(|entry| entry.source != RangeSource::Interface || wanted.contains(entry));
+            .retain(|entry| entry.source != RangeSource::Interface || wanted_set.contains(entry));
+        let present: HashSet<RangeEntry> = self.ranges.iter().cloned().collect();
         for entry in wanted {
-            if !self.ranges.contains(&entry) {
+            if !present.contains(&entry) {
                 self.ranges.push(entry);
             }
         }
