@@ -1,0 +1,1 @@
+//! corral's cloud provider on the official AWS SDK for EC2.
