@@ -1,0 +1,1 @@
+//! The shared contract suite (filled in below).
