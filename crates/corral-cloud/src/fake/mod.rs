@@ -1,0 +1,942 @@
+//! [`FakeEc2`]: a realistic in-process EC2 for tests and simulations, on tokio's clock (run
+//! under `#[tokio::test(start_paused = true)]`, its latencies cost no wall time) and a seed
+//! (latencies, delays and faults are reproducible).
+//!
+//! What it models, with EC2's numbers as defaults:
+//! - instance types with their real interface and address limits ([`instance_types`]);
+//!   `AttachmentLimitExceeded` and `PrivateIpAddressLimitExceeded` enforced, a /28 prefix taking
+//!   one address slot, no prefixes on Xen;
+//! - subnets handing out free /32s and free aligned /28s (AWS reserves the first four addresses
+//!   and the last), optionally fragmented so that a /28 fails with `InsufficientCidrBlocks`
+//!   while /32s remain; `InsufficientFreeAddressesInSubnet` when full;
+//! - EC2's per-action token buckets, shared by every handle of the account (clones of one
+//!   `FakeEc2`): describes 100 burst / 20 per s; create, delete, assign, unassign and tags
+//!   100 / 5; attach and detach 50 / 5; an empty bucket answers `RequestLimitExceeded` and
+//!   consumes nothing;
+//! - lognormal latencies per action (create ~350 ms median, others tens of ms); attachments
+//!   that complete 1–8 s after the call returns (`attaching` until then), detachments 1–5 s;
+//! - eventual consistency: each change to an interface shows in describe calls after
+//!   Exp(mean 500 ms), capped at 5 s, never before an earlier change;
+//! - faults: a probability of `InternalError` and of "applied but timed out" per action, and
+//!   scripted faults ([`FakeEc2::fail_next`], [`FakeEc2::time_out_next`],
+//!   [`FakeEc2::throttle_storm`]);
+//! - counters of calls, throttled calls and injected faults per action ([`Counters`]).
+//!
+//! One `FakeEc2` is one account in one region; clones share it.
+
+mod catalog;
+mod model;
+mod pool;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, LogNormal};
+use tokio::time::Instant;
+
+pub use catalog::instance_types;
+
+use self::model::{FakeInstance, FakeSubnet, Lag, Model, Span};
+use self::pool::{Ipv4Pool, Ipv6Pool};
+use crate::{
+    Action, CloudError, CloudProvider, CreateInterface, Instance, InstanceState, InstanceTypeInfo,
+    InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
+    SubnetFilter, Tags,
+};
+
+const ACTIONS: usize = Action::ALL.len();
+
+/// A lognormal latency given by its median and its 99th percentile.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Latency {
+    /// Half the calls take less.
+    pub median: Duration,
+    /// 99 % of the calls take less.
+    pub p99: Duration,
+}
+
+impl Latency {
+    /// A latency of `median_ms` median and `p99_ms` 99th percentile, in milliseconds.
+    pub const fn millis(median_ms: u64, p99_ms: u64) -> Latency {
+        Latency {
+            median: Duration::from_millis(median_ms),
+            p99: Duration::from_millis(p99_ms),
+        }
+    }
+
+    /// No latency at all.
+    pub const ZERO: Latency = Latency::millis(0, 0);
+
+    fn distribution(&self) -> Option<LogNormal<f64>> {
+        if self.median.is_zero() {
+            return None;
+        }
+        // The 99th percentile of a standard normal is 2.326 standard deviations.
+        let sigma = (self.p99.as_secs_f64() / self.median.as_secs_f64())
+            .ln()
+            .max(0.0)
+            / 2.326_348;
+        LogNormal::new(self.median.as_secs_f64().ln(), sigma).ok()
+    }
+
+    /// EC2's latency for an action as the fake assumes it.
+    pub fn default_for(action: Action) -> Latency {
+        match action {
+            Action::DescribeInstances
+            | Action::DescribeInstanceTypes
+            | Action::DescribeSubnets
+            | Action::DescribeNetworkInterfaces => Latency::millis(50, 300),
+            Action::CreateNetworkInterface => Latency::millis(350, 2000),
+            Action::AttachNetworkInterface
+            | Action::DetachNetworkInterface
+            | Action::DeleteNetworkInterface => Latency::millis(60, 400),
+            Action::AssignPrivateIpAddresses
+            | Action::UnassignPrivateIpAddresses
+            | Action::AssignIpv6Addresses
+            | Action::UnassignIpv6Addresses => Latency::millis(80, 500),
+            Action::CreateTags | Action::DeleteTags => Latency::millis(40, 250),
+        }
+    }
+}
+
+/// A token bucket's size: `burst` calls at once, refilled by `per_second`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketLimit {
+    /// Tokens when full.
+    pub burst: u32,
+    /// Tokens added per second.
+    pub per_second: u32,
+}
+
+impl BucketLimit {
+    /// EC2's bucket for an action (account and region wide).
+    pub fn default_for(action: Action) -> BucketLimit {
+        let (burst, per_second) = match action {
+            Action::DescribeInstances
+            | Action::DescribeInstanceTypes
+            | Action::DescribeSubnets
+            | Action::DescribeNetworkInterfaces => (100, 20),
+            Action::AttachNetworkInterface | Action::DetachNetworkInterface => (50, 5),
+            Action::CreateNetworkInterface
+            | Action::DeleteNetworkInterface
+            | Action::AssignPrivateIpAddresses
+            | Action::UnassignPrivateIpAddresses
+            | Action::AssignIpv6Addresses
+            | Action::UnassignIpv6Addresses
+            | Action::CreateTags
+            | Action::DeleteTags => (100, 5),
+        };
+        BucketLimit { burst, per_second }
+    }
+}
+
+/// One token is this many units, so that refilling `per_second` tokens per second adds exactly
+/// `per_second` units per nanosecond: integer arithmetic, no drift.
+const UNITS_PER_TOKEN: u128 = 1_000_000_000;
+
+#[derive(Clone, Debug)]
+struct TokenBucket {
+    limit: BucketLimit,
+    units: u128,
+    last: Instant,
+}
+
+impl TokenBucket {
+    fn new(limit: BucketLimit, now: Instant) -> TokenBucket {
+        TokenBucket {
+            limit,
+            units: u128::from(limit.burst) * UNITS_PER_TOKEN,
+            last: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.last).as_nanos();
+        let full = u128::from(self.limit.burst) * UNITS_PER_TOKEN;
+        self.units = (self.units + elapsed * u128::from(self.limit.per_second)).min(full);
+        self.last = now;
+    }
+
+    fn try_take(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        if self.units >= UNITS_PER_TOKEN {
+            self.units -= UNITS_PER_TOKEN;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn tokens(&mut self, now: Instant) -> f64 {
+        self.refill(now);
+        self.units as f64 / UNITS_PER_TOKEN as f64
+    }
+}
+
+/// A fault scripted for the next call of an action.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The call fails with this error and changes nothing.
+    Fail(CloudError),
+    /// The call is applied, and the caller gets [`CloudError::Timeout`].
+    AppliedButTimedOut,
+}
+
+/// Calls seen by the fake, per action.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    calls: [u64; ACTIONS],
+    throttled: [u64; ACTIONS],
+    faults: [u64; ACTIONS],
+}
+
+impl Counters {
+    /// Calls of the action (throttled and failed ones included).
+    pub fn calls(&self, action: Action) -> u64 {
+        self.calls[action.index()]
+    }
+
+    /// Calls of the action answered `RequestLimitExceeded` (bucket or storm).
+    pub fn throttled(&self, action: Action) -> u64 {
+        self.throttled[action.index()]
+    }
+
+    /// Calls of the action given an injected fault (scripted or random).
+    pub fn faults(&self, action: Action) -> u64 {
+        self.faults[action.index()]
+    }
+
+    /// Calls of every action.
+    pub fn total_calls(&self) -> u64 {
+        self.calls.iter().sum()
+    }
+
+    /// Throttled calls of every action.
+    pub fn total_throttled(&self) -> u64 {
+        self.throttled.iter().sum()
+    }
+}
+
+/// A subnet for [`FakeEc2Builder::subnet`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct SubnetSpec {
+    id: String,
+    vpc_id: String,
+    zone: String,
+    ipv4: Ipv4Net,
+    ipv6: Option<Ipv6Net>,
+    tags: Tags,
+    fragment: f64,
+}
+
+impl SubnetSpec {
+    /// A subnet `id` of `vpc_id` in `zone` with this IPv4 CIDR (/16 to /28, as AWS allows).
+    pub fn new(id: &str, vpc_id: &str, zone: &str, ipv4: Ipv4Net) -> SubnetSpec {
+        SubnetSpec {
+            id: id.to_owned(),
+            vpc_id: vpc_id.to_owned(),
+            zone: zone.to_owned(),
+            ipv4,
+            ipv6: None,
+            tags: Tags::new(),
+            fragment: 0.0,
+        }
+    }
+
+    /// With an IPv6 CIDR (a /64).
+    pub fn ipv6(mut self, cidr: Ipv6Net) -> SubnetSpec {
+        self.ipv6 = Some(cidr);
+        self
+    }
+
+    /// With a tag.
+    pub fn tag(mut self, key: &str, value: &str) -> SubnetSpec {
+        self.tags.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Fragmented: in this fraction of its /28 blocks, one address (chosen by the seed) is used
+    /// by someone else. With 1.0, no /28 prefix can be delegated while most /32s remain.
+    pub fn fragmented(mut self, fraction: f64) -> SubnetSpec {
+        self.fragment = fraction;
+        self
+    }
+}
+
+/// An instance for [`FakeEc2Builder::instance`] and [`FakeEc2::launch_instance`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceSpec {
+    id: Option<String>,
+    instance_type: String,
+    subnet_id: String,
+    state: InstanceState,
+}
+
+impl InstanceSpec {
+    /// A running instance of this type whose primary interface is in this subnet (the
+    /// instance's zone and VPC are the subnet's).
+    pub fn new(instance_type: &str, subnet_id: &str) -> InstanceSpec {
+        InstanceSpec {
+            id: None,
+            instance_type: instance_type.to_owned(),
+            subnet_id: subnet_id.to_owned(),
+            state: InstanceState::Running,
+        }
+    }
+
+    /// With this id (default: generated, `i-` and 17 hex digits).
+    pub fn id(mut self, id: &str) -> InstanceSpec {
+        self.id = Some(id.to_owned());
+        self
+    }
+
+    /// In this state (default running).
+    pub fn state(mut self, state: InstanceState) -> InstanceSpec {
+        self.state = state;
+        self
+    }
+}
+
+/// Builds a [`FakeEc2`]; every knob defaults to EC2's behaviour.
+#[derive(Clone, Debug)]
+pub struct FakeEc2Builder {
+    seed: u64,
+    types: Vec<InstanceTypeInfo>,
+    subnets: Vec<SubnetSpec>,
+    instances: Vec<InstanceSpec>,
+    buckets: [Option<BucketLimit>; ACTIONS],
+    latencies: [Latency; ACTIONS],
+    internal_error_rate: [f64; ACTIONS],
+    timeout_rate: [f64; ACTIONS],
+    attach_delay: Span,
+    detach_delay: Span,
+    lag: Lag,
+    timeout_after: Duration,
+    throttle_latency: Duration,
+}
+
+impl Default for FakeEc2Builder {
+    fn default() -> FakeEc2Builder {
+        FakeEc2Builder {
+            seed: 0,
+            types: instance_types(),
+            subnets: Vec::new(),
+            instances: Vec::new(),
+            buckets: Action::ALL.map(|a| Some(BucketLimit::default_for(a))),
+            latencies: Action::ALL.map(Latency::default_for),
+            internal_error_rate: [0.0; ACTIONS],
+            timeout_rate: [0.0; ACTIONS],
+            attach_delay: Span {
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(8),
+            },
+            detach_delay: Span {
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(5),
+            },
+            lag: Lag {
+                mean: Duration::from_millis(500),
+                max: Duration::from_secs(5),
+            },
+            timeout_after: Duration::from_secs(5),
+            throttle_latency: Duration::from_millis(10),
+        }
+    }
+}
+
+impl FakeEc2Builder {
+    /// The seed of every random choice (latencies, delays, lags, faults, fragmentation).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Adds (or replaces) an instance type.
+    pub fn instance_type(mut self, info: InstanceTypeInfo) -> Self {
+        self.types.retain(|t| t.instance_type != info.instance_type);
+        self.types.push(info);
+        self
+    }
+
+    /// Adds a subnet.
+    pub fn subnet(mut self, subnet: SubnetSpec) -> Self {
+        self.subnets.push(subnet);
+        self
+    }
+
+    /// Adds an instance (its primary interface is created at device index 0, delete on
+    /// termination, attached and visible at once).
+    pub fn instance(mut self, instance: InstanceSpec) -> Self {
+        self.instances.push(instance);
+        self
+    }
+
+    /// Sets an action's token bucket (`None`: never throttled).
+    pub fn bucket(mut self, action: Action, limit: Option<BucketLimit>) -> Self {
+        self.buckets[action.index()] = limit;
+        self
+    }
+
+    /// No throttling at all.
+    pub fn unthrottled(mut self) -> Self {
+        self.buckets = [None; ACTIONS];
+        self
+    }
+
+    /// Sets an action's latency.
+    pub fn latency(mut self, action: Action, latency: Latency) -> Self {
+        self.latencies[action.index()] = latency;
+        self
+    }
+
+    /// Every call answers at once, attachments and detachments complete at once.
+    pub fn no_latency(mut self) -> Self {
+        self.latencies = [Latency::ZERO; ACTIONS];
+        self.attach_delay = Span {
+            min: Duration::ZERO,
+            max: Duration::ZERO,
+        };
+        self.detach_delay = self.attach_delay;
+        self.throttle_latency = Duration::ZERO;
+        self
+    }
+
+    /// An attachment completes uniformly between these delays after the call (default 1–8 s).
+    pub fn attach_delay(mut self, min: Duration, max: Duration) -> Self {
+        self.attach_delay = Span { min, max };
+        self
+    }
+
+    /// A detachment completes uniformly between these delays after the call (default 1–5 s).
+    pub fn detach_delay(mut self, min: Duration, max: Duration) -> Self {
+        self.detach_delay = Span { min, max };
+        self
+    }
+
+    /// Changes show in describe calls after Exp(`mean`), capped at `max` (default 500 ms, 5 s).
+    pub fn consistency_lag(mut self, mean: Duration, max: Duration) -> Self {
+        self.lag = Lag { mean, max };
+        self
+    }
+
+    /// Describe calls see every change at once.
+    pub fn strongly_consistent(self) -> Self {
+        self.consistency_lag(Duration::ZERO, Duration::ZERO)
+    }
+
+    /// The probability that a call of the action fails with `InternalError` (not applied).
+    pub fn internal_error_rate(mut self, action: Action, probability: f64) -> Self {
+        self.internal_error_rate[action.index()] = probability;
+        self
+    }
+
+    /// The probability that a call of the action is applied but answers `Timeout`.
+    pub fn timeout_rate(mut self, action: Action, probability: f64) -> Self {
+        self.timeout_rate[action.index()] = probability;
+        self
+    }
+
+    /// How long a timed-out call waits before answering `Timeout` (default 5 s, virtual).
+    pub fn timeout_after(mut self, delay: Duration) -> Self {
+        self.timeout_after = delay;
+        self
+    }
+
+    /// Builds the fake; an unknown subnet or type, or a duplicate id, is refused.
+    pub fn build(self) -> Result<FakeEc2, CloudError> {
+        let now = Instant::now();
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let mut model = Model::new(self.types);
+        model.lag = self.lag;
+        model.attach_delay = self.attach_delay;
+        model.detach_delay = self.detach_delay;
+        for spec in self.subnets {
+            if model.subnets.contains_key(&spec.id) {
+                return Err(CloudError::InvalidParameterValue {
+                    message: format!("subnet {} defined twice", spec.id),
+                });
+            }
+            let len = spec.ipv4.prefix_len();
+            if !(16..=28).contains(&len) {
+                return Err(CloudError::InvalidParameterValue {
+                    message: format!("subnet {}: an IPv4 subnet is /16 to /28", spec.id),
+                });
+            }
+            if spec.ipv6.is_some_and(|net| net.prefix_len() != 64) {
+                return Err(CloudError::InvalidParameterValue {
+                    message: format!("subnet {}: an IPv6 subnet is a /64", spec.id),
+                });
+            }
+            let mut ipv4 = Ipv4Pool::new(spec.ipv4);
+            if spec.fragment > 0.0 {
+                ipv4.fragment(spec.fragment, &mut rng);
+            }
+            model.subnets.insert(
+                spec.id.clone(),
+                FakeSubnet {
+                    id: spec.id,
+                    vpc_id: spec.vpc_id,
+                    zone: spec.zone,
+                    ipv4,
+                    ipv4_cidr: spec.ipv4.trunc(),
+                    ipv6: spec.ipv6.map(Ipv6Pool::new),
+                    tags: spec.tags,
+                },
+            );
+        }
+        for spec in self.instances {
+            let id = model.launch(spec.id, &spec.instance_type, &spec.subnet_id, now)?;
+            model.set_state(&id, spec.state)?;
+        }
+        let inner = Inner {
+            model,
+            rng,
+            buckets: self
+                .buckets
+                .map(|limit| limit.map(|l| TokenBucket::new(l, now))),
+            latencies: self.latencies.map(|l| l.distribution()),
+            internal_error_rate: self.internal_error_rate,
+            timeout_rate: self.timeout_rate,
+            scripted: Default::default(),
+            storm: None,
+            counters: Counters::default(),
+            timeout_after: self.timeout_after,
+            throttle_latency: self.throttle_latency,
+        };
+        Ok(FakeEc2 {
+            inner: Arc::new(Mutex::new(inner)),
+        })
+    }
+}
+
+struct Inner {
+    model: Model,
+    rng: ChaCha8Rng,
+    buckets: [Option<TokenBucket>; ACTIONS],
+    latencies: [Option<LogNormal<f64>>; ACTIONS],
+    internal_error_rate: [f64; ACTIONS],
+    timeout_rate: [f64; ACTIONS],
+    scripted: [VecDeque<Fault>; ACTIONS],
+    storm: Option<(Instant, f64)>,
+    counters: Counters,
+    timeout_after: Duration,
+    throttle_latency: Duration,
+}
+
+/// What the fake decided when a call arrived.
+enum Admission {
+    /// Answer this error after this delay; nothing is applied.
+    Refuse(Duration, CloudError),
+    /// Apply after this latency; then answer, or time out.
+    Proceed {
+        latency: Duration,
+        fail: Option<CloudError>,
+        time_out: bool,
+    },
+}
+
+impl Inner {
+    fn admit(&mut self, action: Action, now: Instant) -> Admission {
+        let index = action.index();
+        self.counters.calls[index] += 1;
+        let throttled = |inner: &mut Inner| {
+            inner.counters.throttled[index] += 1;
+            Admission::Refuse(
+                inner.throttle_latency,
+                CloudError::RequestLimitExceeded { action },
+            )
+        };
+        if let Some((until, fraction)) = self.storm {
+            if now >= until {
+                self.storm = None;
+            } else if self.rng.random_bool(fraction) {
+                return throttled(self);
+            }
+        }
+        let latency = self.latencies[index]
+            .map(|d| Duration::from_secs_f64(d.sample(&mut self.rng).min(600.0)))
+            .unwrap_or_default();
+        if let Some(Fault::Fail(_)) = self.scripted[index].front() {
+            let Some(Fault::Fail(error)) = self.scripted[index].pop_front() else {
+                unreachable!("just peeked")
+            };
+            self.counters.faults[index] += 1;
+            return Admission::Refuse(latency, error);
+        }
+        if let Some(bucket) = self.buckets[index].as_mut()
+            && !bucket.try_take(now)
+        {
+            return throttled(self);
+        }
+        let mut fail = None;
+        let mut time_out = false;
+        if let Some(Fault::AppliedButTimedOut) = self.scripted[index].front() {
+            self.scripted[index].pop_front();
+            time_out = true;
+        } else {
+            let internal = self.internal_error_rate[index];
+            let timeout = self.timeout_rate[index];
+            if internal > 0.0 && self.rng.random_bool(internal.min(1.0)) {
+                fail = Some(CloudError::InternalError {
+                    message: "An internal error has occurred".to_owned(),
+                });
+            } else if timeout > 0.0 && self.rng.random_bool(timeout.min(1.0)) {
+                time_out = true;
+            }
+        }
+        if fail.is_some() || time_out {
+            self.counters.faults[index] += 1;
+        }
+        Admission::Proceed {
+            latency,
+            fail,
+            time_out,
+        }
+    }
+}
+
+/// The realistic in-process fake EC2 (see the module documentation). Cheap to clone; clones
+/// share the account, its resources, buckets and counters.
+#[derive(Clone)]
+pub struct FakeEc2 {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl fmt::Debug for FakeEc2 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("FakeEc2")
+            .field("subnets", &inner.model.subnets.len())
+            .field("instances", &inner.model.instances.len())
+            .field("counters", &inner.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn sleep(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+impl FakeEc2 {
+    /// A builder with EC2's defaults and no resources.
+    pub fn builder() -> FakeEc2Builder {
+        FakeEc2Builder::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent state (every operation plans before
+        // it changes anything), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One call: admission (counters, faults, bucket) on arrival, the latency, then the change
+    /// at the time it lands.
+    async fn call<T>(
+        &self,
+        action: Action,
+        apply: impl FnOnce(&mut Model, &mut ChaCha8Rng, Instant) -> Result<T, CloudError>,
+    ) -> Result<T, CloudError> {
+        let admission = self.lock().admit(action, Instant::now());
+        match admission {
+            Admission::Refuse(delay, error) => {
+                sleep(delay).await;
+                Err(error)
+            }
+            Admission::Proceed {
+                latency,
+                fail,
+                time_out,
+            } => {
+                sleep(latency).await;
+                if let Some(error) = fail {
+                    return Err(error);
+                }
+                let (result, timeout_after) = {
+                    let mut inner = self.lock();
+                    let inner = &mut *inner;
+                    let result = apply(&mut inner.model, &mut inner.rng, Instant::now());
+                    (result, inner.timeout_after)
+                };
+                if time_out {
+                    sleep(timeout_after).await;
+                    return Err(CloudError::Timeout { action });
+                }
+                result
+            }
+        }
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> Counters {
+        self.lock().counters.clone()
+    }
+
+    /// Resets the counters to zero.
+    pub fn reset_counters(&self) {
+        self.lock().counters = Counters::default();
+    }
+
+    /// The tokens left in an action's bucket now (`None`: unthrottled).
+    pub fn bucket_tokens(&self, action: Action) -> Option<f64> {
+        self.lock().buckets[action.index()]
+            .as_mut()
+            .map(|b| b.tokens(Instant::now()))
+    }
+
+    /// The next `n` calls of `action` fail with `error` and change nothing.
+    pub fn fail_next(&self, action: Action, n: usize, error: CloudError) {
+        let mut inner = self.lock();
+        for _ in 0..n {
+            inner.scripted[action.index()].push_back(Fault::Fail(error.clone()));
+        }
+    }
+
+    /// The next `n` admitted calls of `action` are applied and answer `Timeout`.
+    pub fn time_out_next(&self, action: Action, n: usize) {
+        let mut inner = self.lock();
+        for _ in 0..n {
+            inner.scripted[action.index()].push_back(Fault::AppliedButTimedOut);
+        }
+    }
+
+    /// For `duration` from now, each call of any action is throttled with probability
+    /// `fraction` (consuming no token), as when other tenants of the account drain the buckets.
+    pub fn throttle_storm(&self, fraction: f64, duration: Duration) {
+        self.lock().storm = Some((Instant::now() + duration, fraction.clamp(0.0, 1.0)));
+    }
+
+    /// Changes the random fault rates of an action.
+    pub fn set_fault_rates(&self, action: Action, internal_error: f64, timeout: f64) {
+        let mut inner = self.lock();
+        inner.internal_error_rate[action.index()] = internal_error;
+        inner.timeout_rate[action.index()] = timeout;
+    }
+
+    /// Changes the consistency lag of describe calls from now on.
+    pub fn set_consistency_lag(&self, mean: Duration, max: Duration) {
+        self.lock().model.lag = Lag { mean, max };
+    }
+
+    /// Launches an instance (a test helper: no call is counted); returns its id.
+    pub fn launch_instance(&self, spec: InstanceSpec) -> Result<String, CloudError> {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        let id = inner
+            .model
+            .launch(spec.id, &spec.instance_type, &spec.subnet_id, now)?;
+        inner.model.set_state(&id, spec.state)?;
+        Ok(id)
+    }
+
+    /// Sets an instance's state (pending, stopped, ...) with no other effect.
+    pub fn set_instance_state(
+        &self,
+        instance_id: &str,
+        state: InstanceState,
+    ) -> Result<(), CloudError> {
+        self.lock().model.set_state(instance_id, state)
+    }
+
+    /// Terminates an instance (a test helper): its delete-on-termination interfaces are
+    /// deleted and their addresses freed; its other interfaces are detached, `available`.
+    pub fn terminate_instance(&self, instance_id: &str) -> Result<(), CloudError> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        inner
+            .model
+            .terminate(instance_id, Instant::now(), &mut inner.rng)
+    }
+
+    /// An interface's true state now (no lag, not counted), or `None` if it does not exist.
+    pub fn interface(&self, interface_id: &str) -> Option<NetworkInterface> {
+        self.lock().model.inspect(interface_id, Instant::now())
+    }
+
+    /// Every existing interface's true state now.
+    pub fn interfaces(&self) -> Vec<NetworkInterface> {
+        self.lock().model.inspect_all(Instant::now())
+    }
+
+    /// Free IPv4 addresses of a subnet now.
+    pub fn subnet_free_ipv4(&self, subnet_id: &str) -> Option<u32> {
+        self.lock()
+            .model
+            .subnets
+            .get(subnet_id)
+            .map(|s| s.ipv4.free())
+    }
+
+    /// The ids of every instance.
+    pub fn instance_ids(&self) -> Vec<String> {
+        self.lock().model.instances.keys().cloned().collect()
+    }
+
+    /// An instance's state now.
+    pub fn instance_state(&self, instance_id: &str) -> Option<InstanceState> {
+        self.lock()
+            .model
+            .instances
+            .get(instance_id)
+            .map(|i: &FakeInstance| i.state)
+    }
+
+    /// Whether an address of a subnet is free now (not handed out, reserved or taken by
+    /// fragmentation); `None` for an unknown subnet.
+    pub fn subnet_address_is_free(&self, subnet_id: &str, addr: Ipv4Addr) -> Option<bool> {
+        let inner = self.lock();
+        let subnet = inner.model.subnets.get(subnet_id)?;
+        let mut probe = subnet.ipv4.clone();
+        Some(probe.take(addr).is_ok())
+    }
+}
+
+impl CloudProvider for FakeEc2 {
+    async fn describe_instance(&self, instance_id: &str) -> Result<Instance, CloudError> {
+        self.call(Action::DescribeInstances, |model, _, now| {
+            model.describe_instance(instance_id, now)
+        })
+        .await
+    }
+
+    async fn describe_instance_types(
+        &self,
+        instance_types: &[String],
+    ) -> Result<Vec<InstanceTypeInfo>, CloudError> {
+        self.call(Action::DescribeInstanceTypes, |model, _, _| {
+            model.describe_instance_types(instance_types)
+        })
+        .await
+    }
+
+    async fn describe_subnets(&self, filter: &SubnetFilter) -> Result<Vec<Subnet>, CloudError> {
+        self.call(Action::DescribeSubnets, |model, _, _| {
+            model.describe_subnets(filter)
+        })
+        .await
+    }
+
+    async fn describe_interfaces(
+        &self,
+        filter: &InterfaceFilter,
+    ) -> Result<Vec<NetworkInterface>, CloudError> {
+        self.call(Action::DescribeNetworkInterfaces, |model, _, now| {
+            model.describe_interfaces(filter, now)
+        })
+        .await
+    }
+
+    async fn create_interface(
+        &self,
+        request: &CreateInterface,
+    ) -> Result<NetworkInterface, CloudError> {
+        self.call(Action::CreateNetworkInterface, |model, rng, now| {
+            model.create_interface(request, now, rng)
+        })
+        .await
+    }
+
+    async fn attach_interface(
+        &self,
+        interface_id: &str,
+        instance_id: &str,
+        device_index: u32,
+    ) -> Result<String, CloudError> {
+        self.call(Action::AttachNetworkInterface, |model, rng, now| {
+            model.attach(interface_id, instance_id, device_index, now, rng)
+        })
+        .await
+    }
+
+    async fn detach_interface(&self, attachment_id: &str, force: bool) -> Result<(), CloudError> {
+        self.call(Action::DetachNetworkInterface, |model, rng, now| {
+            model.detach(attachment_id, force, now, rng)
+        })
+        .await
+    }
+
+    async fn delete_interface(&self, interface_id: &str) -> Result<(), CloudError> {
+        self.call(Action::DeleteNetworkInterface, |model, rng, now| {
+            model.delete(interface_id, now, rng)
+        })
+        .await
+    }
+
+    async fn assign_ipv4(
+        &self,
+        interface_id: &str,
+        request: &Ipv4Assign,
+    ) -> Result<Ipv4Set, CloudError> {
+        self.call(Action::AssignPrivateIpAddresses, |model, rng, now| {
+            model.assign_ipv4(interface_id, request, now, rng)
+        })
+        .await
+    }
+
+    async fn unassign_ipv4(&self, interface_id: &str, release: &Ipv4Set) -> Result<(), CloudError> {
+        self.call(Action::UnassignPrivateIpAddresses, |model, rng, now| {
+            model.unassign_ipv4(interface_id, release, now, rng)
+        })
+        .await
+    }
+
+    async fn assign_ipv6(
+        &self,
+        interface_id: &str,
+        request: &Ipv6Assign,
+    ) -> Result<Ipv6Set, CloudError> {
+        self.call(Action::AssignIpv6Addresses, |model, rng, now| {
+            model.assign_ipv6(interface_id, request, now, rng)
+        })
+        .await
+    }
+
+    async fn unassign_ipv6(&self, interface_id: &str, release: &Ipv6Set) -> Result<(), CloudError> {
+        self.call(Action::UnassignIpv6Addresses, |model, rng, now| {
+            model.unassign_ipv6(interface_id, release, now, rng)
+        })
+        .await
+    }
+
+    async fn create_tags(&self, resource_ids: &[String], tags: &Tags) -> Result<(), CloudError> {
+        self.call(Action::CreateTags, |model, rng, now| {
+            model.change_tags(
+                resource_ids,
+                &|have: &mut Tags| have.extend(tags.iter().map(|(k, v)| (k.clone(), v.clone()))),
+                now,
+                rng,
+            )
+        })
+        .await
+    }
+
+    async fn delete_tags(
+        &self,
+        resource_ids: &[String],
+        keys: &[String],
+    ) -> Result<(), CloudError> {
+        self.call(Action::DeleteTags, |model, rng, now| {
+            model.change_tags(
+                resource_ids,
+                &|have: &mut Tags| have.retain(|k, _| !keys.contains(k)),
+                now,
+                rng,
+            )
+        })
+        .await
+    }
+}
+
+/// Keeps the trait's futures `Send` for the fake (a compile-time check).
+#[allow(dead_code)]
+fn assert_send(fake: &FakeEc2) -> impl Future<Output = Result<Instance, CloudError>> + Send + '_ {
+    fake.describe_instance("i-0")
+}
