@@ -439,7 +439,7 @@ fn parse_all<T: FromStr>(
 ) -> Result<Vec<T>, CloudError> {
     values
         .iter()
-        .map(|value| parse(action, Some(value), what))
+        .map(|value| parse(action, Some(value.as_str()), what))
         .collect()
 }
 
@@ -494,7 +494,9 @@ impl CloudProvider for Ec2 {
                     .find(|info| &info.instance_type == name)
                     .cloned()
                     .ok_or_else(|| CloudError::InvalidParameterValue {
-                        message: format!("The following supplied instance types do not exist: [{name}]"),
+                        message: format!(
+                            "The following supplied instance types do not exist: [{name}]"
+                        ),
                     })
             })
             .collect()
@@ -809,7 +811,11 @@ impl CloudProvider for Ec2 {
         Ok(())
     }
 
-    async fn delete_tags(&self, resource_ids: &[String], keys: &[String]) -> Result<(), CloudError> {
+    async fn delete_tags(
+        &self,
+        resource_ids: &[String],
+        keys: &[String],
+    ) -> Result<(), CloudError> {
         let action = Action::DeleteTags;
         // DeleteTags without keys deletes every tag: never send that.
         if resource_ids.is_empty() || keys.is_empty() {
@@ -962,8 +968,16 @@ mod tests {
             ),
         ];
         for (code, expected) in cases {
-            let status = if code == "RequestLimitExceeded" { 503 } else { 400 };
-            assert_eq!(mapped(service(Some(code), &message, status)), expected, "{code}");
+            let status = if code == "RequestLimitExceeded" {
+                503
+            } else {
+                400
+            };
+            assert_eq!(
+                mapped(service(Some(code), &message, status)),
+                expected,
+                "{code}"
+            );
         }
     }
 
@@ -985,7 +999,14 @@ mod tests {
         assert!(mapped(service(Some("RequestLimitExceeded"), "slow down", 503)).is_retryable());
         assert!(mapped(service(Some("InternalError"), "oops", 500)).is_retryable());
         assert!(mapped(service(Some("ServiceUnavailable"), "busy", 503)).is_retryable());
-        assert!(!mapped(service(Some("InsufficientFreeAddressesInSubnet"), "full", 400)).is_retryable());
+        assert!(
+            !mapped(service(
+                Some("InsufficientFreeAddressesInSubnet"),
+                "full",
+                400
+            ))
+            .is_retryable()
+        );
         assert!(mapped(service(Some("InvalidSubnetID.NotFound"), "no", 400)).is_not_found());
     }
 
@@ -1026,7 +1047,9 @@ mod tests {
         );
         let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
         assert_eq!(
-            mapped(SdkError::dispatch_failure(ConnectorError::io(refused.into()))),
+            mapped(SdkError::dispatch_failure(ConnectorError::io(
+                refused.into()
+            ))),
             timeout
         );
         assert!(timeout.is_retryable());
@@ -1086,16 +1109,24 @@ mod tests {
 
     #[test]
     fn an_interface_converts_with_its_secondaries_without_the_primary() {
-        let interface = interface_from(Action::DescribeNetworkInterfaces, &sdk_interface()).unwrap();
+        let interface =
+            interface_from(Action::DescribeNetworkInterfaces, &sdk_interface()).unwrap();
         assert_eq!(interface.id, "eni-1");
         assert_eq!(interface.mac.to_string(), "02:00:00:ab:cd:01");
         assert_eq!(interface.status, InterfaceStatus::InUse);
         assert_eq!(interface.primary_ipv4, Ipv4Addr::new(10, 0, 0, 10));
         assert_eq!(interface.secondary_ipv4, vec![Ipv4Addr::new(10, 0, 0, 11)]);
-        assert_eq!(interface.ipv4_prefixes, vec!["10.0.0.32/28".parse::<Ipv4Net>().unwrap()]);
+        assert_eq!(
+            interface.ipv4_prefixes,
+            vec!["10.0.0.32/28".parse::<Ipv4Net>().unwrap()]
+        );
         let attachment = interface.attachment.unwrap();
         assert_eq!(
-            (attachment.id.as_str(), attachment.instance_id.as_str(), attachment.device_index),
+            (
+                attachment.id.as_str(),
+                attachment.instance_id.as_str(),
+                attachment.device_index
+            ),
             ("eni-attach-1", "i-1", 2)
         );
         assert_eq!(attachment.status, AttachmentStatus::Attached);
@@ -1139,13 +1170,20 @@ mod tests {
             .build();
         let m5 = instance_type_from(Action::DescribeInstanceTypes, &m5).unwrap();
         assert_eq!(
-            (m5.max_interfaces, m5.ipv4_per_interface, m5.ipv6_per_interface),
+            (
+                m5.max_interfaces,
+                m5.ipv4_per_interface,
+                m5.ipv6_per_interface
+            ),
             (3, 10, 10)
         );
         assert!(m5.prefix_delegation);
         assert_eq!(m5.max_pods(), 29);
         let t2 = instance_type_from(Action::DescribeInstanceTypes, &t2).unwrap();
-        assert_eq!((t2.hypervisor, t2.prefix_delegation), (Hypervisor::Xen, false));
+        assert_eq!(
+            (t2.hypervisor, t2.prefix_delegation),
+            (Hypervisor::Xen, false)
+        );
         assert_eq!(t2.ipv6_per_interface, 0);
     }
 }

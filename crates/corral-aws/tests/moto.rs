@@ -12,6 +12,26 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use corral_aws::{Ec2, Timeouts};
+use corral_cloud::contract::{self, Capabilities};
+use corral_cloud::{
+    CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo, InterfaceFilter,
+    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter, Tags,
+};
+
+/// What moto 5.2 does of EC2 (found by poking its server): it enforces no interface or address
+/// limits, delegates no prefixes (it ignores `Ipv4PrefixCount`), ignores `ClientToken`,
+/// attaches at an occupied device index (even 0, the primary's) and deletes an attached
+/// interface. The contract checks that need those run on `FakeEc2` only; here each runs and is
+/// expected to fail in the way that shows the gap, so a moto that closes one is noticed.
+/// Moto also loops forever assigning more addresses than a subnet has left, so no check here
+/// exhausts a subnet.
+const MOTO: Capabilities = Capabilities {
+    limits: false,
+    prefix_delegation: false,
+    client_tokens: false,
+    occupied_device_index: false,
+    delete_attached_refused: false,
+};
 
 /// A `moto_server` child process on a free port of 127.0.0.1, killed (by its PID) on drop.
 struct Moto {
@@ -91,14 +111,123 @@ impl Drop for Moto {
     }
 }
 
-/// The resources every contract function starts from, created through the SDK.
-struct Fixture {
-    vpc_id: String,
-    subnet_id: String,
-    instance_id: String,
+/// [`Ec2`] with one correction of moto's answers: moto 5.2 answers AssignPrivateIpAddresses
+/// with every private address of the interface, the primary included (its
+/// `responses/elastic_network_interfaces.py`), where EC2 answers the new ones only. This
+/// describes the interface before and drops what it already had. Every other call goes to the
+/// adapter as is.
+struct MotoEc2(Ec2);
+
+impl CloudProvider for MotoEc2 {
+    async fn describe_instance(&self, instance_id: &str) -> Result<Instance, CloudError> {
+        self.0.describe_instance(instance_id).await
+    }
+    async fn describe_instance_types(
+        &self,
+        instance_types: &[String],
+    ) -> Result<Vec<InstanceTypeInfo>, CloudError> {
+        self.0.describe_instance_types(instance_types).await
+    }
+    async fn describe_subnets(&self, filter: &SubnetFilter) -> Result<Vec<Subnet>, CloudError> {
+        self.0.describe_subnets(filter).await
+    }
+    async fn describe_interfaces(
+        &self,
+        filter: &InterfaceFilter,
+    ) -> Result<Vec<NetworkInterface>, CloudError> {
+        self.0.describe_interfaces(filter).await
+    }
+    async fn create_interface(
+        &self,
+        request: &CreateInterface,
+    ) -> Result<NetworkInterface, CloudError> {
+        self.0.create_interface(request).await
+    }
+    async fn attach_interface(
+        &self,
+        interface_id: &str,
+        instance_id: &str,
+        device_index: u32,
+    ) -> Result<String, CloudError> {
+        self.0
+            .attach_interface(interface_id, instance_id, device_index)
+            .await
+    }
+    async fn detach_interface(&self, attachment_id: &str, force: bool) -> Result<(), CloudError> {
+        self.0.detach_interface(attachment_id, force).await
+    }
+    async fn delete_interface(&self, interface_id: &str) -> Result<(), CloudError> {
+        self.0.delete_interface(interface_id).await
+    }
+    async fn assign_ipv4(
+        &self,
+        interface_id: &str,
+        request: &Ipv4Assign,
+    ) -> Result<Ipv4Set, CloudError> {
+        let before = match self
+            .0
+            .describe_interfaces(&InterfaceFilter::id(interface_id))
+            .await
+        {
+            Ok(found) => found,
+            // Let the assign itself answer (not found, throttled, ...).
+            Err(_) => Vec::new(),
+        };
+        let mut assigned = self.0.assign_ipv4(interface_id, request).await?;
+        assigned.addresses.retain(|address| {
+            !before.iter().any(|interface| {
+                interface.primary_ipv4 == *address || interface.secondary_ipv4.contains(address)
+            })
+        });
+        Ok(assigned)
+    }
+    async fn unassign_ipv4(&self, interface_id: &str, release: &Ipv4Set) -> Result<(), CloudError> {
+        self.0.unassign_ipv4(interface_id, release).await
+    }
+    async fn assign_ipv6(
+        &self,
+        interface_id: &str,
+        request: &Ipv6Assign,
+    ) -> Result<Ipv6Set, CloudError> {
+        self.0.assign_ipv6(interface_id, request).await
+    }
+    async fn unassign_ipv6(&self, interface_id: &str, release: &Ipv6Set) -> Result<(), CloudError> {
+        self.0.unassign_ipv6(interface_id, release).await
+    }
+    async fn create_tags(&self, resource_ids: &[String], tags: &Tags) -> Result<(), CloudError> {
+        self.0.create_tags(resource_ids, tags).await
+    }
+    async fn delete_tags(
+        &self,
+        resource_ids: &[String],
+        keys: &[String],
+    ) -> Result<(), CloudError> {
+        self.0.delete_tags(resource_ids, keys).await
+    }
 }
 
-async fn fixture(ec2: &Ec2, instance_type: &str) -> Fixture {
+/// A moto server with a VPC (10.0.0.0/16), a subnet (10.0.0.0/24) and a running m5.large in
+/// it, created through the SDK; the provider and the contract's fixture for them.
+struct Setup {
+    provider: MotoEc2,
+    fixture: contract::Fixture,
+    // Last: the server outlives the client's calls.
+    _moto: Moto,
+}
+
+async fn setup() -> Setup {
+    let moto = Moto::start();
+    let ec2 = moto.provider();
+    let (subnet_id, instance_id) = create_fixture(&ec2, "m5.large").await;
+    Setup {
+        fixture: contract::Fixture::new(&instance_id, &subnet_id),
+        provider: MotoEc2(ec2),
+        _moto: moto,
+    }
+}
+
+/// Creates the VPC, subnet and instance; returns the subnet and instance ids.
+async fn create_fixture(ec2: &Ec2, instance_type: &str) -> (String, String) {
     let client = ec2.client();
     let vpc_id = client
         .create_vpc()
@@ -135,7 +264,14 @@ async fn fixture(ec2: &Ec2, instance_type: &str) -> Fixture {
         .run_instances()
         .image_id(image_id)
         .instance_type(instance_type.into())
-        .subnet_id(&subnet_id)
+        // The primary interface spelled out with EC2's default (moto's default is the opposite).
+        .network_interfaces(
+            aws_sdk_ec2::types::InstanceNetworkInterfaceSpecification::builder()
+                .device_index(0)
+                .subnet_id(&subnet_id)
+                .delete_on_termination(true)
+                .build(),
+        )
         .min_count(1)
         .max_count(1)
         .send()
@@ -146,9 +282,122 @@ async fn fixture(ec2: &Ec2, instance_type: &str) -> Fixture {
         .and_then(|instance| instance.instance_id())
         .expect("an instance id")
         .to_owned();
-    Fixture {
-        vpc_id,
-        subnet_id,
-        instance_id,
-    }
+    (subnet_id, instance_id)
+}
+
+#[test]
+fn moto_lacks_limits_prefixes_client_tokens_and_two_refusals() {
+    assert_eq!(
+        MOTO.checks_not_run(),
+        [
+            "limits_attachment",
+            "limits_addresses",
+            "prefix_delegation_ipv4",
+            "client_token_idempotent_create",
+            "occupied_device_index_refused",
+            "delete_attached_refused",
+        ]
+    );
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn describe_instance_and_type() {
+    let setup = setup().await;
+    contract::describe_instance_and_type(&setup.provider, &setup.fixture).await;
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn describe_subnets() {
+    let setup = setup().await;
+    contract::describe_subnets(&setup.provider, &setup.fixture).await;
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn interface_lifecycle() {
+    let setup = setup().await;
+    contract::interface_lifecycle(&setup.provider, &setup.fixture).await;
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn secondary_addresses() {
+    let setup = setup().await;
+    contract::secondary_addresses(&setup.provider, &setup.fixture).await;
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn tags() {
+    let setup = setup().await;
+    contract::tags(&setup.provider, &setup.fixture).await;
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn not_found_errors() {
+    let setup = setup().await;
+    contract::not_found_errors(&setup.provider, &setup.fixture).await;
+}
+
+/// Moto enforces no interface limit: the attach past m5.large's 3 interfaces succeeds.
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+#[should_panic(expected = "expected AttachmentLimitExceeded")]
+async fn limits_attachment_not_enforced_by_moto() {
+    assert!(!MOTO.limits);
+    let setup = setup().await;
+    contract::limits_attachment(&setup.provider, &setup.fixture).await;
+}
+
+/// Moto enforces no address limit: the 11th address of an m5.large interface is assigned.
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+#[should_panic(expected = "expected PrivateIpAddressLimitExceeded")]
+async fn limits_addresses_not_enforced_by_moto() {
+    assert!(!MOTO.limits);
+    let setup = setup().await;
+    contract::limits_addresses(&setup.provider, &setup.fixture).await;
+}
+
+/// Moto delegates no prefix: AssignPrivateIpAddresses with a prefix count assigns nothing.
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+#[should_panic(expected = "right: 1")]
+async fn prefix_delegation_ipv4_not_supported_by_moto() {
+    assert!(!MOTO.prefix_delegation);
+    let setup = setup().await;
+    contract::prefix_delegation_ipv4(&setup.provider, &setup.fixture).await;
+}
+
+/// Moto ignores client tokens: the repeated create makes a second interface.
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+#[should_panic(expected = "same client token, same interface")]
+async fn client_token_idempotent_create_ignored_by_moto() {
+    assert!(!MOTO.client_tokens);
+    let setup = setup().await;
+    contract::client_token_idempotent_create(&setup.provider, &setup.fixture).await;
+}
+
+/// Moto attaches at an occupied device index (even 0).
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+#[should_panic(expected = "expected DeviceIndexInUse")]
+async fn occupied_device_index_accepted_by_moto() {
+    assert!(!MOTO.occupied_device_index);
+    let setup = setup().await;
+    contract::occupied_device_index_refused(&setup.provider, &setup.fixture).await;
+}
+
+/// Moto deletes an attached interface.
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+#[should_panic(expected = "expected InterfaceInUse")]
+async fn delete_attached_accepted_by_moto() {
+    assert!(!MOTO.delete_attached_refused);
+    let setup = setup().await;
+    contract::delete_attached_refused(&setup.provider, &setup.fixture).await;
 }
