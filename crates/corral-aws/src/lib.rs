@@ -24,9 +24,9 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types as sdk;
 use corral_cloud::{
     Action, Amount, Attachment, AttachmentStatus, CloudError, CloudProvider, CreateInterface,
-    Hypervisor, Instance, InstanceInterface, InstanceState, InstanceTypeInfo, InterfaceFilter,
-    InterfaceStatus, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, MacAddress, NetworkInterface,
-    Subnet, SubnetFilter, Tags,
+    Hypervisor, Instance, InstanceInterface, InstanceTypeInfo, InterfaceFilter, InterfaceStatus,
+    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, MacAddress, NetworkInterface, Subnet, SubnetFilter,
+    Tags,
 };
 use ipnet::{Ipv4Net, Ipv6Net};
 

@@ -164,15 +164,12 @@ impl CloudProvider for MotoEc2 {
         interface_id: &str,
         request: &Ipv4Assign,
     ) -> Result<Ipv4Set, CloudError> {
-        let before = match self
+        // On error, let the assign itself answer (not found, throttled, ...).
+        let before = self
             .0
             .describe_interfaces(&InterfaceFilter::id(interface_id))
             .await
-        {
-            Ok(found) => found,
-            // Let the assign itself answer (not found, throttled, ...).
-            Err(_) => Vec::new(),
-        };
+            .unwrap_or_default();
         let mut assigned = self.0.assign_ipv4(interface_id, request).await?;
         assigned.addresses.retain(|address| {
             !before.iter().any(|interface| {
@@ -347,7 +344,7 @@ async fn not_found_errors() {
 #[ignore = "needs moto_server (make deps)"]
 #[should_panic(expected = "expected AttachmentLimitExceeded")]
 async fn limits_attachment_not_enforced_by_moto() {
-    assert!(!MOTO.limits);
+    const { assert!(!MOTO.limits) };
     let setup = setup().await;
     contract::limits_attachment(&setup.provider, &setup.fixture).await;
 }
@@ -357,7 +354,7 @@ async fn limits_attachment_not_enforced_by_moto() {
 #[ignore = "needs moto_server (make deps)"]
 #[should_panic(expected = "expected PrivateIpAddressLimitExceeded")]
 async fn limits_addresses_not_enforced_by_moto() {
-    assert!(!MOTO.limits);
+    const { assert!(!MOTO.limits) };
     let setup = setup().await;
     contract::limits_addresses(&setup.provider, &setup.fixture).await;
 }
@@ -365,9 +362,9 @@ async fn limits_addresses_not_enforced_by_moto() {
 /// Moto delegates no prefix: AssignPrivateIpAddresses with a prefix count assigns nothing.
 #[tokio::test]
 #[ignore = "needs moto_server (make deps)"]
-#[should_panic(expected = "right: 1")]
+#[should_panic(expected = "prefixes: [] }\n  left: 0\n right: 1")]
 async fn prefix_delegation_ipv4_not_supported_by_moto() {
-    assert!(!MOTO.prefix_delegation);
+    const { assert!(!MOTO.prefix_delegation) };
     let setup = setup().await;
     contract::prefix_delegation_ipv4(&setup.provider, &setup.fixture).await;
 }
@@ -377,7 +374,7 @@ async fn prefix_delegation_ipv4_not_supported_by_moto() {
 #[ignore = "needs moto_server (make deps)"]
 #[should_panic(expected = "same client token, same interface")]
 async fn client_token_idempotent_create_ignored_by_moto() {
-    assert!(!MOTO.client_tokens);
+    const { assert!(!MOTO.client_tokens) };
     let setup = setup().await;
     contract::client_token_idempotent_create(&setup.provider, &setup.fixture).await;
 }
@@ -387,7 +384,7 @@ async fn client_token_idempotent_create_ignored_by_moto() {
 #[ignore = "needs moto_server (make deps)"]
 #[should_panic(expected = "expected DeviceIndexInUse")]
 async fn occupied_device_index_accepted_by_moto() {
-    assert!(!MOTO.occupied_device_index);
+    const { assert!(!MOTO.occupied_device_index) };
     let setup = setup().await;
     contract::occupied_device_index_refused(&setup.provider, &setup.fixture).await;
 }
@@ -397,7 +394,54 @@ async fn occupied_device_index_accepted_by_moto() {
 #[ignore = "needs moto_server (make deps)"]
 #[should_panic(expected = "expected InterfaceInUse")]
 async fn delete_attached_accepted_by_moto() {
-    assert!(!MOTO.delete_attached_refused);
+    const { assert!(!MOTO.delete_attached_refused) };
     let setup = setup().await;
     contract::delete_attached_refused(&setup.provider, &setup.fixture).await;
+}
+
+/// `Ec2::from_env` finds the endpoint, region and credentials where every AWS tool does. The
+/// variables are set on a child process (this test binary again, running only this test), as
+/// setting them here would reach every test of the process; the child describes the instance the
+/// parent created.
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn from_env_finds_endpoint_region_and_credentials() {
+    const CHILD: &str = "CORRAL_AWS_TEST_FROM_ENV_INSTANCE";
+    if let Ok(instance_id) = std::env::var(CHILD) {
+        let ec2 = Ec2::from_env(Timeouts::default()).await;
+        let instance = ec2
+            .describe_instance(&instance_id)
+            .await
+            .expect("DescribeInstances through the environment's endpoint");
+        assert_eq!(instance.id, instance_id);
+        return;
+    }
+    let moto = Moto::start();
+    let (_, instance_id) = create_fixture(&moto.provider(), "t3.small").await;
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "from_env_finds_endpoint_region_and_credentials",
+            "--exact",
+            "--include-ignored",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, &instance_id)
+        .env("AWS_ENDPOINT_URL", &moto.endpoint)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_PROFILE")
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("the test binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the child failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
