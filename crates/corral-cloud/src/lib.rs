@@ -9,6 +9,42 @@
 //!
 //! Every method is async and may be dropped: a dropped call, or one that answered
 //! [`CloudError::Timeout`], may or may not have been applied, as with any network request.
+//!
+//! ```
+//! use corral_cloud::fake::{InstanceSpec, SubnetSpec};
+//! use corral_cloud::{Amount, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let ec2 = FakeEc2::builder()
+//!     .seed(7)
+//!     .subnet(SubnetSpec::new("subnet-a", "vpc-1", "us-east-1a", "10.0.0.0/24".parse().unwrap()))
+//!     .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
+//!     .build()
+//!     .unwrap();
+//! let eni = ec2
+//!     .create_interface(&CreateInterface {
+//!         subnet_id: "subnet-a".to_owned(),
+//!         ..CreateInterface::default()
+//!     })
+//!     .await
+//!     .unwrap();
+//! ec2.attach_interface(&eni.id, "i-1", 1).await.unwrap();
+//! let added = ec2
+//!     .assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(9)))
+//!     .await
+//!     .unwrap();
+//! assert_eq!(added.addresses.len(), 9);
+//! // m5.large: 10 addresses per interface, the primary included.
+//! let refused = ec2
+//!     .assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(1)))
+//!     .await
+//!     .unwrap_err();
+//! assert_eq!(refused.code(), "PrivateIpAddressLimitExceeded");
+//! # }
+//! ```
+
+#![warn(missing_docs)]
 
 use std::future::Future;
 

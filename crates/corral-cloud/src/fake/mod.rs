@@ -663,7 +663,9 @@ impl FakeEc2 {
                 let (result, timeout_after) = {
                     let mut inner = self.lock();
                     let inner = &mut *inner;
-                    let result = apply(&mut inner.model, &mut inner.rng, Instant::now());
+                    let now = Instant::now();
+                    inner.model.prune(now);
+                    let result = apply(&mut inner.model, &mut inner.rng, now);
                     (result, inner.timeout_after)
                 };
                 if time_out {
@@ -764,6 +766,12 @@ impl FakeEc2 {
     /// Every existing interface's true state now.
     pub fn interfaces(&self) -> Vec<NetworkInterface> {
         self.lock().model.inspect_all(Instant::now())
+    }
+
+    /// How many interfaces the fake keeps records of: the existing ones, and deleted ones until
+    /// every describe call sees the deletion (then they are forgotten at the next call).
+    pub fn interface_records(&self) -> usize {
+        self.lock().model.records()
     }
 
     /// Free IPv4 addresses of a subnet now.

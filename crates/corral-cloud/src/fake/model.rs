@@ -3,7 +3,8 @@
 //! describe calls see (eventual consistency). Pure: every operation takes `now` and the random
 //! source, and changes nothing when it refuses.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
@@ -151,6 +152,10 @@ impl FakeInterface {
 struct InterfaceEntry {
     truth: Option<FakeInterface>,
     versions: VecDeque<(Instant, Option<FakeInterface>)>,
+    /// Every instance it was attached to and every attachment id it had, to clean the indexes
+    /// when the entry goes.
+    instances: Vec<String>,
+    attachment_ids: Vec<String>,
 }
 
 impl InterfaceEntry {
@@ -162,7 +167,8 @@ impl InterfaceEntry {
             .and_then(|(_, version)| version.as_ref())
     }
 
-    fn publish(&mut self, now: Instant, lag: Duration) {
+    /// Records the true state as a new version, visible after `lag`; returns when.
+    fn publish(&mut self, now: Instant, lag: Duration) -> Instant {
         let at = self
             .versions
             .back()
@@ -171,6 +177,7 @@ impl InterfaceEntry {
             self.versions.pop_front();
         }
         self.versions.push_back((at, self.truth.clone()));
+        at
     }
 }
 
@@ -215,6 +222,13 @@ pub(crate) struct Model {
     pub(crate) subnets: BTreeMap<String, FakeSubnet>,
     pub(crate) instances: BTreeMap<String, FakeInstance>,
     interfaces: BTreeMap<String, InterfaceEntry>,
+    /// Interfaces that have been attached to each instance (a superset of those attached in
+    /// any version), so instance-scoped calls do not scan every interface of the account.
+    by_instance: HashMap<String, BTreeSet<String>>,
+    /// Attachment id to interface id.
+    attachment_index: HashMap<String, String>,
+    /// Deleted interfaces, by when their deletion becomes visible: then they are forgotten.
+    deletions: BinaryHeap<Reverse<(Instant, String)>>,
     client_tokens: HashMap<String, (CreateInterface, NetworkInterface)>,
     next_id: u64,
     pub(crate) lag: Lag,
@@ -392,6 +406,9 @@ impl Model {
             subnets: BTreeMap::new(),
             instances: BTreeMap::new(),
             interfaces: BTreeMap::new(),
+            by_instance: HashMap::new(),
+            attachment_index: HashMap::new(),
+            deletions: BinaryHeap::new(),
             client_tokens: HashMap::new(),
             next_id: 1,
             lag: Lag {
@@ -418,8 +435,67 @@ impl Model {
     fn publish(&mut self, id: &str, now: Instant, rng: &mut ChaCha8Rng) {
         let lag = self.lag.sample(rng);
         if let Some(entry) = self.interfaces.get_mut(id) {
-            entry.publish(now, lag);
+            let at = entry.publish(now, lag);
+            if entry.truth.is_none() {
+                self.deletions.push(Reverse((at, id.to_owned())));
+            }
         }
+    }
+
+    /// Interfaces with a record (existing, or deleted but still visible to some describe).
+    pub(crate) fn records(&self) -> usize {
+        self.interfaces.len()
+    }
+
+    /// Forgets the interfaces whose deletion every describe sees by now.
+    pub(crate) fn prune(&mut self, now: Instant) {
+        while let Some(Reverse((at, _))) = self.deletions.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((_, id))) = self.deletions.pop() else {
+                break;
+            };
+            let gone = self
+                .interfaces
+                .get(&id)
+                .is_some_and(|e| e.truth.is_none() && e.visible(now).is_none());
+            if !gone {
+                continue;
+            }
+            let entry = self.interfaces.remove(&id).expect("checked above");
+            for instance in &entry.instances {
+                if let Some(set) = self.by_instance.get_mut(instance) {
+                    set.remove(&id);
+                }
+            }
+            for attachment in &entry.attachment_ids {
+                self.attachment_index.remove(attachment);
+            }
+        }
+    }
+
+    /// Records an attachment in the indexes.
+    fn index_attachment(&mut self, interface_id: &str, instance_id: &str, attachment_id: &str) {
+        self.by_instance
+            .entry(instance_id.to_owned())
+            .or_default()
+            .insert(interface_id.to_owned());
+        self.attachment_index
+            .insert(attachment_id.to_owned(), interface_id.to_owned());
+        if let Some(entry) = self.interfaces.get_mut(interface_id) {
+            entry.instances.push(instance_id.to_owned());
+            entry.attachment_ids.push(attachment_id.to_owned());
+        }
+    }
+
+    /// The entries of the interfaces ever attached to an instance.
+    fn entries_of<'a>(&'a self, instance_id: &str) -> impl Iterator<Item = &'a InterfaceEntry> {
+        self.by_instance
+            .get(instance_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.interfaces.get(id))
     }
 
     fn truth(&self, id: &str) -> Result<&FakeInterface, CloudError> {
@@ -505,7 +581,7 @@ impl Model {
             .expect("just created");
         let interface = entry.truth.as_mut().expect("just created");
         interface.attachment = Some(FakeAttachment {
-            id: attachment_id,
+            id: attachment_id.clone(),
             instance_id: id.clone(),
             device_index: 0,
             delete_on_termination: true,
@@ -513,6 +589,7 @@ impl Model {
             detached_at: None,
         });
         entry.publish(now, Duration::ZERO);
+        self.index_attachment(&interface_id, &id, &attachment_id);
         self.instances.insert(
             id.clone(),
             FakeInstance {
@@ -548,12 +625,12 @@ impl Model {
     ) -> Result<(), CloudError> {
         self.set_state(id, InstanceState::Terminated)?;
         let attached: Vec<(String, bool)> = self
-            .interfaces
-            .iter()
-            .filter_map(|(eni, entry)| {
-                let attachment = entry.truth.as_ref()?.active_attachment(now)?;
+            .entries_of(id)
+            .filter_map(|entry| {
+                let interface = entry.truth.as_ref()?;
+                let attachment = interface.active_attachment(now)?;
                 (attachment.instance_id == id)
-                    .then(|| (eni.clone(), attachment.delete_on_termination))
+                    .then(|| (interface.id.clone(), attachment.delete_on_termination))
             })
             .collect();
         for (eni, delete) in attached {
@@ -597,8 +674,7 @@ impl Model {
             .get(id)
             .ok_or_else(|| not_found_instance(id))?;
         let mut interfaces: Vec<InstanceInterface> = self
-            .interfaces
-            .values()
+            .entries_of(id)
             .filter_map(|entry| entry.visible(now))
             .filter_map(|interface| {
                 let attachment = interface.active_attachment(now)?;
@@ -692,9 +768,12 @@ impl Model {
                     .is_none_or(|want| *want == interface.subnet_id)
                 && tags_match(&interface.tags, &filter.tags)
         };
-        Ok(self
-            .interfaces
-            .values()
+        let candidates: Box<dyn Iterator<Item = &InterfaceEntry>> = match &filter.attached_instance
+        {
+            Some(instance) => Box::new(self.entries_of(instance)),
+            None => Box::new(self.interfaces.values()),
+        };
+        Ok(candidates
             .filter_map(|entry| entry.visible(now))
             .filter(matches)
             .map(|interface| interface.render(now))
@@ -796,6 +875,8 @@ impl Model {
             InterfaceEntry {
                 truth: Some(interface),
                 versions: VecDeque::new(),
+                instances: Vec::new(),
+                attachment_ids: Vec::new(),
             },
         );
         Ok(id)
@@ -869,8 +950,7 @@ impl Model {
                 ))
             })?;
         let attached: Vec<u32> = self
-            .interfaces
-            .values()
+            .entries_of(instance_id)
             .filter_map(|e| e.truth.as_ref()?.active_attachment(now))
             .filter(|a| a.instance_id == instance_id)
             .map(|a| a.device_index)
@@ -915,6 +995,7 @@ impl Model {
             attached_at,
             detached_at: None,
         });
+        self.index_attachment(interface_id, instance_id, &attachment_id);
         self.publish(interface_id, now, rng);
         Ok(attachment_id)
     }
@@ -927,12 +1008,15 @@ impl Model {
         rng: &mut ChaCha8Rng,
     ) -> Result<(), CloudError> {
         let interface_id = self
-            .interfaces
-            .iter()
-            .find_map(|(id, e)| {
-                let a = e.truth.as_ref()?.active_attachment(now)?;
-                (a.id == attachment_id).then(|| id.clone())
+            .attachment_index
+            .get(attachment_id)
+            .filter(|id| {
+                self.truth(id)
+                    .ok()
+                    .and_then(|i| i.active_attachment(now))
+                    .is_some_and(|a| a.id == attachment_id)
             })
+            .cloned()
             .ok_or_else(|| CloudError::AttachmentNotFound {
                 message: format!("The attachment ID '{attachment_id}' does not exist"),
             })?;
