@@ -445,3 +445,70 @@ async fn from_env_finds_endpoint_region_and_credentials() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Beyond the contract, what the adapter converts from moto's answers: instance types in the
+/// order asked with their limits (Xen's t2.micro without prefix delegation), an unknown type as
+/// a bad parameter, and the status filter of DescribeNetworkInterfaces.
+#[tokio::test]
+#[ignore = "needs moto_server (make deps)"]
+async fn instance_types_in_the_order_asked_and_the_status_filter() {
+    use corral_cloud::{Hypervisor, InterfaceStatus};
+    let setup = setup().await;
+    let ec2 = &setup.provider.0;
+    let names = ["t3.small", "m5.24xlarge", "t2.micro"].map(str::to_owned);
+    let types = ec2.describe_instance_types(&names).await.unwrap();
+    let summary: Vec<_> = types
+        .iter()
+        .map(|t| {
+            (
+                t.instance_type.as_str(),
+                t.max_interfaces,
+                t.ipv4_per_interface,
+                t.hypervisor,
+                t.prefix_delegation,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("t3.small", 3, 4, Hypervisor::Nitro, true),
+            ("m5.24xlarge", 15, 50, Hypervisor::Nitro, true),
+            ("t2.micro", 2, 2, Hypervisor::Xen, false),
+        ]
+    );
+    let unknown = ec2
+        .describe_instance_types(&["zz.huge".to_owned()])
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), "InvalidParameterValue", "{unknown:?}");
+
+    let create = CreateInterface {
+        subnet_id: setup.fixture.subnet_id.clone(),
+        ..CreateInterface::default()
+    };
+    let attached = ec2.create_interface(&create).await.unwrap();
+    let free = ec2.create_interface(&create).await.unwrap();
+    ec2.attach_interface(&attached.id, &setup.fixture.instance_id, 1)
+        .await
+        .unwrap();
+    let with_status = |status| InterfaceFilter {
+        subnet_id: Some(setup.fixture.subnet_id.clone()),
+        status: Some(status),
+        ..InterfaceFilter::default()
+    };
+    let available: Vec<String> = ec2
+        .describe_interfaces(&with_status(InterfaceStatus::Available))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(available, [free.id.clone()]);
+    let in_use = ec2
+        .describe_interfaces(&with_status(InterfaceStatus::InUse))
+        .await
+        .unwrap();
+    assert!(in_use.iter().any(|i| i.id == attached.id), "{in_use:?}");
+    assert!(in_use.iter().all(|i| i.id != free.id));
+}
