@@ -504,7 +504,7 @@ async fn instance_types_in_the_order_asked_and_the_status_filter() {
         .into_iter()
         .map(|i| i.id)
         .collect();
-    assert_eq!(available, [free.id.clone()]);
+    assert_eq!(available, std::slice::from_ref(&free.id));
     let in_use = ec2
         .describe_interfaces(&with_status(InterfaceStatus::InUse))
         .await
