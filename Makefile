@@ -28,10 +28,14 @@ demo:
 ## peak RSS with GNU time and counts fsyncs with strace; and schemathesis (PyPI, pinned) in a
 ## venv under target/ for the agent's API test (crates/corral-agent/tests/schemathesis.rs
 ## looks for it there); etcd-server for the cluster store's tests against real etcd members
-## (crates/corral-etcd/tests/etcd.rs) and protobuf-compiler (protoc) to build etcd-client
+## (crates/corral-etcd/tests/etcd.rs) and protobuf-compiler (protoc) to build etcd-client;
+## moto's EC2 server (PyPI `moto[server]`, pinned) in a venv under target/ for the AWS adapter's
+## contract tests (crates/corral-aws/tests/moto.rs looks for target/moto-venv/bin/moto_server)
 DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server protobuf-compiler
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv
+MOTO_VERSION := 5.2.5
+MOTO_VENV := target/moto-venv
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -44,6 +48,13 @@ deps:
 		python3 -m venv $(SCHEMATHESIS_VENV) && \
 		$(SCHEMATHESIS_VENV)/bin/pip install --quiet --disable-pip-version-check \
 			"schemathesis==$(SCHEMATHESIS_VERSION)"; \
+	}
+	@$(MOTO_VENV)/bin/python -c 'import moto; print(moto.__version__)' 2>/dev/null | grep -qx "$(MOTO_VERSION)" \
+		&& test -x $(MOTO_VENV)/bin/moto_server || { \
+		echo "installing moto[server] $(MOTO_VERSION) into $(MOTO_VENV)"; \
+		python3 -m venv $(MOTO_VENV) && \
+		$(MOTO_VENV)/bin/pip install --quiet --disable-pip-version-check \
+			"moto[server]==$(MOTO_VERSION)"; \
 	}
 
 ## test: set-up, lints, and every test of the workspace, every tier

@@ -131,6 +131,44 @@ fn only_corral_etcd_links_an_etcd_client() {
     );
 }
 
+/// Nothing in the workspace depends on corral-aws (the AWS SDK takes minutes to build), and
+/// nothing but corral-aws links the SDK: everything else codes against `corral_cloud`.
+#[test]
+fn nothing_depends_on_corral_aws_and_only_it_links_the_aws_sdk() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    for sdk in ["corral-aws", "aws-sdk-ec2", "aws-config"] {
+        let output = Command::new(&cargo)
+            .current_dir(workspace_root())
+            .args([
+                "tree",
+                "--invert",
+                sdk,
+                "-e",
+                "all",
+                "--prefix",
+                "none",
+                "--offline",
+            ])
+            .output()
+            .expect("cargo tree runs");
+        assert!(
+            output.status.success(),
+            "cargo tree failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let tree = String::from_utf8_lossy(&output.stdout);
+        let dependents: Vec<&str> = tree
+            .lines()
+            .filter_map(|line| line.split(' ').next())
+            .filter(|name| name.starts_with("corral-") && *name != "corral-aws")
+            .collect();
+        assert!(
+            dependents.is_empty(),
+            "{dependents:?} depend on {sdk}: only corral-aws may, and nothing on it"
+        );
+    }
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
