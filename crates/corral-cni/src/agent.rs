@@ -103,6 +103,15 @@ fn cni_code(code: ErrorCode) -> u32 {
         ErrorCode::AttachmentConflict => CniError::ATTACHMENT_CONFLICT,
         ErrorCode::BadRequest | ErrorCode::NotFound => CniError::INVALID_NETWORK_CONFIG,
         ErrorCode::RetryLater => CniError::TRY_AGAIN_LATER,
+        // The interface API's own refusals; a CNI verb never causes them, but an agent
+        // whose interfaces changed under a call is a configuration matter.
+        ErrorCode::DuplicateInterface
+        | ErrorCode::UnknownInterface
+        | ErrorCode::InterfaceInUse
+        | ErrorCode::AddressAlreadyPresent
+        | ErrorCode::UnknownAddress
+        | ErrorCode::AddressInUse
+        | ErrorCode::PoolKindMismatch => CniError::INVALID_NETWORK_CONFIG,
         // The unix socket needs no token, and the plugin sends JSON bodies of bounded size to
         // the paths and methods of its own build: an agent of another version, or something
         // else listening on the socket.

@@ -546,6 +546,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                             subnet: None,
                             gateway: None,
                             lease: info.entry.lease.as_ref().map(api_lease),
+                            interface: None,
                         })
                         .collect(),
                     Err(_) => Vec::new(),

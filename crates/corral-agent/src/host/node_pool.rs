@@ -213,6 +213,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                 subnet: None,
                 gateway: None,
                 lease: None,
+                interface: None,
             })
             .collect();
         Ok(Reply::Allocated(api::AllocateResponse {

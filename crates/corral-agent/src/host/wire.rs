@@ -160,6 +160,7 @@ pub(super) fn allocated(pool: &PoolName, a: &Allocation) -> api::Allocated {
         subnet: a.range.map(|r| r.subnet_net().to_string()),
         gateway: a.range.and_then(|r| r.gateway()),
         lease: a.lease.as_ref().map(api_lease),
+        interface: None,
     }
 }
 
