@@ -631,4 +631,3 @@ proptest! {
         prop_assert_eq!(fingerprint(&mut host), state);
     }
 }
-

@@ -276,7 +276,9 @@ fn spec_error_code(err: &SpecError) -> u32 {
         | SpecError::InvalidPoolName { .. }
         | SpecError::InvalidNetworkName { .. }
         | SpecError::InvalidOwner { .. }
-        | SpecError::InvalidExclusionReason { .. } => CniError::INVALID_NETWORK_CONFIG,
+        | SpecError::InvalidExclusionReason { .. }
+        | SpecError::InvalidInterfaceId { .. }
+        | SpecError::InvalidMac { .. } => CniError::INVALID_NETWORK_CONFIG,
     }
 }
 

@@ -81,6 +81,16 @@ pub enum SpecError {
         Echo(.ifname)
     )]
     InvalidIfname { ifname: String },
+    #[error(
+        "invalid interface id {}: use 1-64 of [A-Za-z0-9._:-], starting with a letter or digit",
+        Echo(.id)
+    )]
+    InvalidInterfaceId { id: String },
+    #[error(
+        "invalid mac address {}: use six hexadecimal pairs separated by ':'",
+        Echo(.input)
+    )]
+    InvalidMac { input: String },
     #[error("{}", text_problem("owner", .owner))]
     InvalidOwner { owner: String },
     #[error("{}", text_problem("exclusion reason", .reason))]

@@ -25,6 +25,7 @@ mod bitmap;
 mod engine;
 mod error;
 mod gc;
+mod interfaces;
 mod pool;
 mod runs;
 mod spec;
@@ -41,6 +42,10 @@ pub use error::{AllocError, ECHO_CHARS, Echo, Holder, SpecError};
 pub use gc::{
     DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, GcHeld, GcPlan, GcPolicy, GcRefusal, GcSuspect,
     held_by_attachment, plan_gc, release_suspect,
+};
+pub use interfaces::{
+    Assignment, InterfaceError, InterfaceId, InterfaceSpec, InterfaceStat, InterfaceStats,
+    Interfaces, MAX_INTERFACE_ID_LEN, MacAddr, Removal, RemovalPolicy, Unassigned,
 };
 pub use pool::{OccupancySnapshot, PoolConfig, ReusePolicy};
 pub use spec::{
