@@ -517,6 +517,7 @@ mod tests {
             lowest_free: false,
             ranges,
             exclusions: Vec::new(),
+            interfaces: Vec::new(),
         }
     }
 

@@ -209,8 +209,7 @@ mod tests {
             "ipv6": "2600:1f14::5",
             "someFutureField": true
         });
-        let parsed =
-            parse_checkpoint(&document(vec![entry("c1", "10.0.0.5"), nested])).unwrap();
+        let parsed = parse_checkpoint(&document(vec![entry("c1", "10.0.0.5"), nested])).unwrap();
         assert_eq!(parsed.len(), 2);
         assert_eq!(parsed[0].key.to_string(), "aws-cni/c1/eth0");
         assert_eq!(parsed[0].addresses, ["10.0.0.5".parse::<IpAddr>().unwrap()]);
@@ -238,17 +237,24 @@ mod tests {
             ),
             (json!({"version": 1}), "unknown checkpoint version 1"),
             (json!({"version": "vpc-cni-ipam/1"}), "no \"allocations\""),
-            (document(vec![json!(3)]), "allocations[0]: not a JSON object"),
+            (
+                document(vec![json!(3)]),
+                "allocations[0]: not a JSON object",
+            ),
             (
                 document(vec![entry("c1", "10.0.0.5"), entry("c2", "10.0.0.300")]),
                 "allocations[1]: ipv4 \"10.0.0.300\" is not an address",
             ),
             (
-                document(vec![json!({"networkName": "n", "ifName": "eth0", "ipv4": "10.0.0.1"})]),
+                document(vec![
+                    json!({"networkName": "n", "ifName": "eth0", "ipv4": "10.0.0.1"}),
+                ]),
                 "allocations[0]: containerID is missing",
             ),
             (
-                document(vec![json!({"networkName": "n", "containerID": "c", "ifName": "eth0"})]),
+                document(vec![
+                    json!({"networkName": "n", "containerID": "c", "ifName": "eth0"}),
+                ]),
                 "neither ipv4 nor ipv6",
             ),
             (
@@ -264,7 +270,9 @@ mod tests {
                 "key aws-cni/c1/eth0 is in allocations[0] and allocations[1]",
             ),
             (
-                document(vec![json!({"networkName": "a/b", "containerID": "c", "ifName": "eth0", "ipv4": "10.0.0.1"})]),
+                document(vec![
+                    json!({"networkName": "a/b", "containerID": "c", "ifName": "eth0", "ipv4": "10.0.0.1"}),
+                ]),
                 "allocations[0]: ",
             ),
         ];

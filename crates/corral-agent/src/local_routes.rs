@@ -1009,6 +1009,7 @@ mod tests {
                     corral_store::RangeSource::File,
                 )],
                 exclusions: vec![],
+                interfaces: vec![],
             }],
         };
         Scope { engine, config }

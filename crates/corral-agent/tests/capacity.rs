@@ -26,6 +26,7 @@ fn file_pool(name: &str, ranges: &[&str]) -> PoolSpec {
             })
             .collect(),
         exclusions: vec![],
+        interfaces: vec![],
     }
 }
 

@@ -188,7 +188,7 @@ pub struct AllocatedInterface {
     pub routes: Vec<String>,
 }
 
-/// `POST /v1/interfaces/import-ipamd`: AWS VPC CNI's ipamd checkpoint
+/// `POST /v1/import-ipamd`: AWS VPC CNI's ipamd checkpoint
 /// (`{"version": "vpc-cni-ipam/1", "allocations": [...]}`), imported into an
 /// interface-backed pool whose interfaces hold every address of it. Each allocation is
 /// recorded under its CNI key, so the runtime's later DEL or CHECK finds it. All or nothing.

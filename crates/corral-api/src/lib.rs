@@ -17,9 +17,9 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod interfaces;
 #[cfg(feature = "openapi")]
 pub mod openapi;
-pub mod interfaces;
 pub mod operator;
 
 pub use interfaces::*;
@@ -62,7 +62,8 @@ pub mod paths {
     pub const INTERFACE: &str = "/v1/interfaces/{id}";
     /// `POST` adds an address or prefix, `DELETE` (`?address=&force=`) removes one.
     pub const INTERFACE_ADDRESSES: &str = "/v1/interfaces/{id}/addresses";
-    pub const INTERFACES_IMPORT_IPAMD: &str = "/v1/interfaces/import-ipamd";
+    /// `POST`: AWS VPC CNI's ipamd checkpoint into an interface-backed pool.
+    pub const IMPORT_IPAMD: &str = "/v1/import-ipamd";
 
     /// [`INTERFACE`] with its `{id}`, percent-encoded.
     pub fn interface(id: &str) -> String {
@@ -460,6 +461,8 @@ pub enum RangeSource {
     Cni,
     /// Granted to the node by the cluster authority.
     Cluster,
+    /// A secondary address or delegated prefix of an interface of an interface-backed pool.
+    Interface,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -328,12 +328,12 @@ impl Client {
         decode(&path, &body)
     }
 
-    /// `POST /v1/interfaces/import-ipamd`: AWS VPC CNI's ipamd checkpoint into a pool.
+    /// `POST /v1/import-ipamd`: AWS VPC CNI's ipamd checkpoint into a pool.
     pub fn import_ipamd(
         &mut self,
         request: &corral_api::IpamdImportRequest,
     ) -> Result<corral_api::IpamdImportResponse, Error> {
-        self.post(paths::INTERFACES_IMPORT_IPAMD, request)
+        self.post(paths::IMPORT_IPAMD, request)
     }
 
     // ---- plumbing ----------------------------------------------------------------------

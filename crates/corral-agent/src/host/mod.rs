@@ -21,6 +21,7 @@
 mod batch;
 mod blocks;
 mod gc;
+mod interfaces;
 mod node_pool;
 mod ops;
 mod scopes;
@@ -42,6 +43,7 @@ use corral_store::{
 use crate::capacity;
 use batch::{Write, record_released, rewrite_row};
 pub use blocks::{BlockReport, HeldRange, Surrender};
+pub use interfaces::{InterfaceCounters, InterfaceGauge};
 use scopes::{Broken, Scope, ensure_spec, spec_mut};
 pub use wire::OpError;
 use wire::{api_lease, family_name, key_of, pool_name, released, scope_status};
@@ -135,6 +137,30 @@ pub enum Op {
     Tick,
     /// Counts for the metrics endpoint.
     Gauges,
+    /// The node's interface-backed pools, or one (`interfaces.rs`).
+    Interfaces(Option<String>),
+    /// One interface with its use.
+    Interface(String),
+    /// Adds an interface (and its addresses, all or nothing); commits what came before first.
+    AddInterface(api::InterfaceRequest),
+    RemoveInterface {
+        id: String,
+        force: bool,
+    },
+    AddInterfaceAddress {
+        id: String,
+        address: String,
+    },
+    RemoveInterfaceAddress {
+        id: String,
+        address: String,
+        force: bool,
+    },
+    /// AWS VPC CNI's ipamd checkpoint into an interface-backed pool, all or nothing; commits
+    /// what came before first.
+    ImportIpamd(api::IpamdImportRequest),
+    /// Interface counts for the metrics endpoint.
+    InterfaceGauges,
 }
 
 impl Op {
@@ -165,7 +191,16 @@ impl Op {
                 | Op::Gauges
                 | Op::CniCheck(_)
                 | Op::BlockReport
+                | Op::Interfaces(_)
+                | Op::Interface(_)
+                | Op::InterfaceGauges
         )
+    }
+
+    /// Operations that change several things, undone on a refusal part way by rebuilding the
+    /// node scope from the store; the batch commits what came before them first.
+    fn undone_by_reload(&self) -> bool {
+        matches!(self, Op::AddInterface(_) | Op::ImportIpamd(_))
     }
 }
 
@@ -190,6 +225,11 @@ pub enum Reply {
     Surrender(Surrender),
     Blocks(BlockReport),
     Gc(api::GcResponse),
+    Interfaces(api::InterfacesResponse),
+    Interface(api::InterfaceInfo),
+    InterfaceRemoved(api::InterfaceRemoved),
+    IpamdImported(api::IpamdImportResponse),
+    InterfaceGauges(Vec<InterfaceGauge>),
 }
 
 /// Every range the cluster grants this node now, of all pools: the argument of
@@ -263,6 +303,8 @@ pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
     cluster_refused: Vec<String>,
     /// The last [`ClusterRanges::block_families`].
     block_families: BTreeMap<PoolName, Vec<Family>>,
+    /// Assign and unassign outcomes on interface-backed pools, for `/metrics`.
+    interface_counters: InterfaceCounters,
 }
 
 impl<S: Store, C: Clock> std::fmt::Debug for Host<S, C> {
@@ -326,7 +368,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             let (mut engine, _) =
                 build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
             capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
-            let mut scope = Scope { config, engine };
+            let mut scope = Scope::new(config, engine)?;
             if let Some(declared) = node_declared {
                 // Ranges that left at start (a range the file moved to another pool, empty
                 // in the old one) no longer keep the file's ranges out.
@@ -349,7 +391,14 @@ impl<S: Store, C: Clock> Host<S, C> {
             n_broken: Default::default(),
             cluster_refused: Vec::new(),
             block_families: BTreeMap::new(),
+            interface_counters: Default::default(),
         })
+    }
+
+    /// Counts assign and unassign outcomes in `counters` from now on.
+    pub fn with_interface_counters(mut self, counters: InterfaceCounters) -> Self {
+        self.interface_counters = counters;
+        self
     }
 
     /// Counts its broken scopes (see `scopes.rs`) in `gauge` from now on: `/readyz` says
@@ -424,6 +473,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                     OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
                 })?;
                 let scope = self.node_scope_mut(&request.scope, "ranges")?;
+                interfaces::refuse_range_in_interface_pool(scope, &pool)?;
                 if let Some((other_pool, block)) =
                     capacity::surrendered_overlapping(&scope.config, &spec)
                 {
@@ -595,6 +645,20 @@ impl<S: Store, C: Clock> Host<S, C> {
                 Ok(Reply::Expired(expired))
             }
             Op::Gauges => Ok(Reply::Gauges(self.gauges(now))),
+            Op::Interfaces(pool) => self.list_interfaces(pool, now),
+            Op::Interface(id) => self.show_interface(&id, now),
+            Op::AddInterface(request) => self.add_interface(request, now, touched),
+            Op::RemoveInterface { id, force } => {
+                self.remove_interface(&id, force, now, writes, touched)
+            }
+            Op::AddInterfaceAddress { id, address } => {
+                self.add_interface_address(&id, &address, now, touched)
+            }
+            Op::RemoveInterfaceAddress { id, address, force } => {
+                self.remove_interface_address(&id, &address, force, now, writes, touched)
+            }
+            Op::ImportIpamd(request) => self.import_ipamd(request, now, writes, touched),
+            Op::InterfaceGauges => Ok(Reply::InterfaceGauges(self.interface_gauges(now))),
         }
     }
 }

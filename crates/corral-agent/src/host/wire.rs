@@ -101,6 +101,9 @@ pub(super) fn api_source(source: RangeSource) -> api::RangeSource {
         RangeSource::Api => api::RangeSource::Api,
         RangeSource::Cni => api::RangeSource::Cni,
         RangeSource::Cluster => api::RangeSource::Cluster,
+        // Until the API names interface ranges (the ifagent branch adds the variant), they are
+        // listed as run-time ranges, which is what they are.
+        RangeSource::Interface => api::RangeSource::Interface,
     }
 }
 
@@ -181,6 +184,7 @@ pub(super) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
                         state: RangeState::Active,
                     })
                     .collect(),
+                interfaces: Vec::new(),
                 exclusions: p
                     .exclusions
                     .iter()
