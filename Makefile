@@ -72,6 +72,7 @@ bench: bench-core bench-cni bench-agent bench-cluster
 bench-core:
 	$(CARGO) bench -p corral-core --bench engine
 	$(CARGO) bench -p corral-core --bench memory
+	$(CARGO) bench -p corral-core --bench interfaces
 
 ## plugin: the corral-ipam binary as installed, copied to target/install/corral-ipam: the
 ## `plugin` profile (fat LTO, one codegen unit, optimised for size, abort on panic: less code

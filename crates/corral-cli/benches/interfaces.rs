@@ -189,7 +189,12 @@ fn main() {
     for &n in clients {
         assign_unassign(&socket, n, run_for);
     }
-    let agent = restore(dir.path(), agent, rounds, "none assigned (released ones cooling)");
+    let agent = restore(
+        dir.path(),
+        agent,
+        rounds,
+        "none assigned (released ones cooling)",
+    );
     // Every address assigned (those cooling are handed out last, so all 750 go).
     let mut client = Client::unix(&socket);
     for i in 0..INTERFACES * ADDRESSES {

@@ -1100,6 +1100,26 @@ impl Engine {
         self.release_addrs(&addrs, now)
     }
 
+    /// Releases the allocations an attachment holds in one pool (its others stay), in address
+    /// order; none is not an error.
+    pub fn release_key_in_pool(
+        &mut self,
+        pool: &PoolName,
+        key: &AttachmentKey,
+        now: Timestamp,
+    ) -> Result<Vec<Released>, AllocError> {
+        let id = self.pool_id(pool)?;
+        let hash = self.table.key_hash(key);
+        let addrs: Vec<AddrKey> = self
+            .table
+            .find_key(key, hash)
+            .map(|i| self.table.get(i))
+            .filter(|record| record.pool() == id)
+            .map(|record| record.addr())
+            .collect();
+        Ok(self.release_addrs(&addrs, now))
+    }
+
     /// Releases every allocation of an owner.
     pub fn release_owner(&mut self, owner: &str, now: Timestamp) -> Vec<Released> {
         let addrs: Vec<AddrKey> = self

@@ -257,6 +257,7 @@ pub struct Assignment {
     pub gateway: Option<IpAddr>,
     /// The interface's subnet of the address's family.
     pub subnet: IpNet,
+    /// The interface's routes of the address's family.
     pub routes: Vec<IpNet>,
     /// True when the key already held this address and nothing was changed.
     pub existing: bool,
@@ -837,7 +838,13 @@ impl Interfaces {
             mac: slot.spec.mac,
             gateway: slot.spec.gateway(family),
             subnet: slot.spec.subnet(family)?,
-            routes: slot.spec.routes.clone(),
+            routes: slot
+                .spec
+                .routes
+                .iter()
+                .filter(|route| Family::of(route.addr()) == family)
+                .copied()
+                .collect(),
             existing,
         })
     }
@@ -895,10 +902,9 @@ impl Interfaces {
         key: &AttachmentKey,
         now: Timestamp,
     ) -> Result<Vec<Unassigned>, InterfaceError> {
-        let held = engine.lookup_key(key);
-        let mut unassigned = Vec::with_capacity(held.len());
-        for info in held.into_iter().filter(|info| info.pool == self.pool) {
-            let released = engine.release(info.entry.addr, Some(info.entry.generation), now)?;
+        let released = engine.release_key_in_pool(&self.pool, key, now)?;
+        let mut unassigned = Vec::with_capacity(released.len());
+        for released in released {
             let slot = self.slot_of(released.addr).map(|index| self.slot(index));
             unassigned.push(Unassigned {
                 addr: released.addr,
@@ -957,7 +963,7 @@ impl Interfaces {
     }
 
     /// An interface that can be removed (ipamd's `RemoveUnusedENIFromStore`, as a decision):
-    /// neither primary nor trunk, at least `min_age` old, without allocation or cooling
+    /// neither primary, trunk nor excluded (someone else manages it), at least `min_age` old, without allocation or cooling
     /// address, and whose removal keeps the warm and minimum targets of each family it has
     /// addresses in. The highest device number wins. The table is not changed: the caller
     /// removes it with [`Interfaces::remove_interface`] and then detaches it in the cloud.
@@ -986,7 +992,7 @@ impl Interfaces {
             .collect::<Vec<_>>()
             .into_iter()
             .rev()
-            .filter(|(spec, _)| !spec.primary && !spec.trunk)
+            .filter(|(spec, _)| !(spec.primary || spec.trunk || spec.excluded))
             .filter(|(spec, _)| spec.created_at.saturating_add(policy.min_age) <= now)
             .find(|(_, addresses)| {
                 let mut own = [0u128; 2];
@@ -1293,6 +1299,31 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(engine.cooling(&pool()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn unassign_leaves_the_key_s_addresses_in_other_pools() {
+        let (mut engine, table) = setup();
+        let other = PoolName::default_pool();
+        engine
+            .add_range(&other, "192.168.0.0/24".parse().unwrap())
+            .unwrap();
+        let request = Request {
+            pool: &other,
+            owner: "pod-1",
+            key: Some(&key("c1")),
+            lease: None,
+        };
+        let kept = engine
+            .allocate(&request, Target::Next(Family::V4), Timestamp::ZERO)
+            .unwrap();
+        let out = table
+            .unassign(&mut engine, &key("c1"), Timestamp::ZERO)
+            .unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].addr.to_string(), "10.0.0.10");
+        assert_eq!(engine.lookup(kept.addr).unwrap().pool, other);
+        engine.check_invariants().unwrap();
     }
 
     #[test]

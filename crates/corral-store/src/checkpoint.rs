@@ -1,8 +1,10 @@
 //! Checkpoints: a store's scopes as one versioned JSON document, to move state between
 //! machines or backends, or to keep a copy a person can read.
 //!
-//! Import validates the whole document (every address, key and range, and that the
-//! allocations fit together in an engine) before it writes anything.
+//! Import validates the whole document (every address, key and range, that the allocations fit
+//! together in an engine, and that each interface-backed pool's interfaces match its ranges)
+//! before it writes anything. Interfaces travel in each pool's configuration (`interfaces`,
+//! absent for other pools, so documents without interfaces read and write as before).
 
 use std::net::IpAddr;
 
@@ -287,14 +289,16 @@ pub fn import_checkpoint(txn: &mut impl Txn, checkpoint: &Checkpoint) -> Result<
         for row in rows {
             txn.put_allocation(&scope.scope, row)?;
         }
-        // Building an engine checks every row against the others and the configuration.
-        build_engine(
+        // Building an engine checks every row against the others and the configuration,
+        // and the interfaces of interface-backed pools against their ranges.
+        let (engine, _) = build_engine(
             txn,
             &scope.scope,
             &scope.config,
             EngineConfig::default(),
             Need::Full,
         )?;
+        crate::restore_interfaces(&scope.config, &engine)?;
         let state = crate::ScopeState {
             config: scope.config.clone(),
             // Generations only ever grow: a scope that held allocations before keeps its

@@ -15,6 +15,7 @@ mod codec;
 mod files;
 mod gc;
 mod hostlocal;
+mod interfaces;
 mod load;
 mod memory;
 mod pending;
@@ -39,6 +40,7 @@ pub use hostlocal::{
     MAX_HOST_LOCAL_FILE_BYTES, UNKNOWN_HOST_LOCAL_OWNER, host_local_allocations,
     host_local_file_exists, read_host_local_dir, write_host_local_dir,
 };
+pub use interfaces::{InterfaceEntry, restore_interfaces};
 pub use load::{EXPIRED_PER_BUILD, Need, build_engine, save_engine};
 pub use memory::{MemoryStore, MemoryTxn};
 pub use pending::{
@@ -131,6 +133,9 @@ pub enum RangeSource {
     Cni,
     /// Granted to the node by the cluster authority; only the release handshake removes it.
     Cluster,
+    /// A secondary address or delegated prefix of a cloud interface of an interface-backed
+    /// pool ([`PoolSpec::interfaces`]); it comes and goes with the interface's address.
+    Interface,
 }
 
 impl RangeSource {
@@ -140,6 +145,7 @@ impl RangeSource {
             RangeSource::Api => "api",
             RangeSource::Cni => "cni",
             RangeSource::Cluster => "cluster",
+            RangeSource::Interface => "interface",
         }
     }
 }
@@ -305,6 +311,11 @@ pub struct PoolSpec {
     pub ranges: Vec<RangeEntry>,
     /// Exclusions as (network, reason).
     pub exclusions: Vec<(String, String)>,
+    /// The cloud interfaces of an interface-backed pool; their addresses are the pool's
+    /// ranges of source [`RangeSource::Interface`]. Absent (and not written) for other pools,
+    /// so their stored configuration reads and writes as before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<InterfaceEntry>,
 }
 
 impl PoolSpec {
@@ -329,6 +340,7 @@ impl PoolSpec {
                 .iter()
                 .map(|e| (e.network().to_string(), e.reason().to_owned()))
                 .collect(),
+            interfaces: Vec::new(),
         }
     }
 

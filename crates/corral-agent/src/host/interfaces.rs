@@ -15,7 +15,7 @@ use corral_core::{
     Assignment, AttachmentKey, Echo, Family, InterfaceError, InterfaceId, InterfaceSpec,
     Interfaces, IpNet, MacAddr, PoolName, Released, Request, Target, Timestamp,
 };
-use corral_store::{InterfaceEntry, RangeEntry, RangeSource, ScopeConfig, Store, StoredAllocation};
+use corral_store::{RangeSource, ScopeConfig, Store, StoredAllocation};
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::batch::{Write, record_released};
@@ -56,46 +56,29 @@ impl From<InterfaceError> for OpError {
     }
 }
 
-/// The interface tables of a scope, rebuilt from its stored configuration (after the engine
-/// was built from the same configuration, whose ranges hold the interfaces' addresses).
-pub(super) fn tables_of(config: &ScopeConfig) -> Result<BTreeMap<PoolName, Interfaces>, String> {
-    let mut tables = BTreeMap::new();
-    for pool in config.pools.iter().filter(|p| !p.interfaces.is_empty()) {
-        let name = PoolName::new(&pool.name).map_err(|e| e.to_string())?;
-        let entries = pool
-            .interfaces
-            .iter()
-            .map(InterfaceEntry::to_spec)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("pool {name}: {e}"))?;
-        let table =
-            Interfaces::restore(name.clone(), entries).map_err(|e| format!("pool {name}: {e}"))?;
-        tables.insert(name, table);
-    }
-    Ok(tables)
+/// The interface tables of a scope, rebuilt from its stored configuration after the engine
+/// was built from the same configuration, and checked against it (`restore_interfaces`).
+pub(super) fn tables_of(
+    config: &ScopeConfig,
+    engine: &corral_core::Engine,
+) -> Result<BTreeMap<PoolName, Interfaces>, corral_store::StoreError> {
+    Ok(corral_store::restore_interfaces(config, engine)?
+        .into_iter()
+        .map(|table| (table.pool().clone(), table))
+        .collect())
 }
 
 /// Writes a pool's table into the scope's stored configuration: its interfaces, and its
 /// ranges of source `interface` exactly the table's addresses.
 fn store_table(scope: &mut Scope, pool: &PoolName) -> Result<(), OpError> {
-    let table = scope.interfaces.get(pool).cloned();
-    let stored = ensure_spec(scope, pool)?;
-    stored.ranges.retain(|r| r.source != RangeSource::Interface);
-    stored.interfaces.clear();
-    if let Some(table) = table {
-        for (spec, addresses) in table.interfaces() {
-            stored
-                .interfaces
-                .push(InterfaceEntry::from_spec(spec, addresses));
-            for address in addresses {
-                let range = spec.range_of(*address)?;
-                stored
-                    .ranges
-                    .push(RangeEntry::new(&range, RangeSource::Interface));
-            }
-        }
-    }
-    Ok(())
+    let table = scope
+        .interfaces
+        .get(pool)
+        .cloned()
+        .unwrap_or_else(|| Interfaces::new(pool.clone()));
+    ensure_spec(scope, pool)?
+        .set_interfaces(&table)
+        .map_err(OpError::store)
 }
 
 fn parse_net_or_addr(text: &str) -> Result<IpNet, OpError> {

@@ -26,11 +26,7 @@ pub(super) struct Scope {
 impl Scope {
     /// A scope of an engine built from `config`, with the interface tables `config` holds.
     pub(super) fn new(config: ScopeConfig, engine: Engine) -> Result<Scope, StoreError> {
-        let interfaces =
-            super::interfaces::tables_of(&config).map_err(|reason| StoreError::Corrupt {
-                what: "the stored interfaces".into(),
-                reason,
-            })?;
+        let interfaces = super::interfaces::tables_of(&config, &engine)?;
         Ok(Scope {
             config,
             engine,

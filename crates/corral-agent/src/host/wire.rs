@@ -101,8 +101,6 @@ pub(super) fn api_source(source: RangeSource) -> api::RangeSource {
         RangeSource::Api => api::RangeSource::Api,
         RangeSource::Cni => api::RangeSource::Cni,
         RangeSource::Cluster => api::RangeSource::Cluster,
-        // Until the API names interface ranges (the ifagent branch adds the variant), they are
-        // listed as run-time ranges, which is what they are.
         RangeSource::Interface => api::RangeSource::Interface,
     }
 }

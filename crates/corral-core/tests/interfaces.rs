@@ -1,0 +1,571 @@
+//! Interface-backed pools: data-driven scripts (`tests/interfaces/*.txt`) with their expected
+//! transcripts (`*.out`), and random operation sequences against a reference model.
+//!
+//! `run` is the only caller of the `Interfaces` API in the scripts. Each command is echoed as
+//! `> command`, followed by `= result` or `! error`; after every command the engine's and the
+//! table's invariants are checked, and a refused command must leave both exactly as they were.
+//! Commands:
+//!
+//! ```text
+//! pool [cooldown=SECS]                       the engine pool "eni" (created by the first command)
+//! time SECS                                  the clock
+//! iface ID dev=N subnet=CIDR[,CIDR] mac=MAC [gw=IP[,IP]] [routes=CIDR[,CIDR]] [primary] [trunk] [excluded]
+//! unface ID [force]                          remove an interface
+//! addr ID NET / unaddr ID NET [force]        add / remove a secondary address or a prefix
+//! assign v4|v6 NET/CONTAINER/IF              assign by key (owner "pod")
+//! unassign NET/CONTAINER/IF
+//! of IP                                      the interface data of an allocated address
+//! freeable ID
+//! needing LIMIT [skip-primary]               interfaces below LIMIT addresses and prefixes
+//! removable [warm=N] [min=N] [warm-prefix=N] [min-age=SECS]
+//! stats / table
+//! ```
+//!
+//! Run with `UPDATE_EXPECT=1` to rewrite the transcripts after a deliberate change.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use corral_core::{
+    Assignment, AttachmentKey, Engine, EngineConfig, Family, InterfaceError, InterfaceId,
+    InterfaceSpec, Interfaces, IpNet, PoolConfig, PoolName, RemovalPolicy, Timestamp,
+};
+use expect_test::expect_file;
+use proptest::prelude::*;
+use proptest::test_runner::Config as ProptestConfig;
+
+fn pool_name() -> PoolName {
+    PoolName::new("eni").unwrap()
+}
+
+fn key(text: &str) -> AttachmentKey {
+    let parts: Vec<&str> = text.split('/').collect();
+    AttachmentKey::new(parts[0], parts[1], parts[2]).expect("script error: key")
+}
+
+fn id(text: &str) -> InterfaceId {
+    InterfaceId::new(text).expect("script error: interface id")
+}
+
+fn nets(text: &str) -> Vec<IpNet> {
+    text.split(',')
+        .map(|n| n.parse().expect("script error: cidr"))
+        .collect()
+}
+
+fn describe(assignment: &Assignment) -> String {
+    let mut out = format!(
+        "{} gen={} on {} dev={} mac={} subnet={}",
+        assignment.addr,
+        assignment.generation,
+        assignment.interface,
+        assignment.device_number,
+        assignment.mac,
+        assignment.subnet
+    );
+    if let Some(gateway) = assignment.gateway {
+        write!(out, " gw={gateway}").unwrap();
+    }
+    let routes: Vec<String> = assignment.routes.iter().map(ToString::to_string).collect();
+    write!(out, " routes=[{}]", routes.join(",")).unwrap();
+    if assignment.existing {
+        out.push_str(" (existing)");
+    }
+    out
+}
+
+fn list(nets: &[IpNet]) -> String {
+    let texts: Vec<String> = nets.iter().map(ToString::to_string).collect();
+    format!("[{}]", texts.join(" "))
+}
+
+/// Everything a refused command must leave as it was.
+fn state(engine: &Engine, table: &Interfaces) -> String {
+    format!(
+        "{:?}\n{:?}\n{:?}\n{:?}\n{}",
+        engine.dump(),
+        engine.ranges(&pool_name()).ok(),
+        engine.cooling(&pool_name()).ok(),
+        table.interfaces().collect::<Vec<_>>(),
+        engine.next_generation(),
+    )
+}
+
+struct Script {
+    engine: Engine,
+    table: Interfaces,
+    now: Timestamp,
+}
+
+impl Script {
+    fn new() -> Script {
+        let mut engine = Engine::new(EngineConfig::default());
+        engine
+            .add_pool(&pool_name(), PoolConfig::default())
+            .unwrap();
+        Script {
+            engine,
+            table: Interfaces::new(pool_name()),
+            now: Timestamp::ZERO,
+        }
+    }
+
+    fn command(&mut self, words: &[&str]) -> Result<String, InterfaceError> {
+        let (engine, table, now) = (&mut self.engine, &mut self.table, self.now);
+        let flag = |name: &str| words.contains(&name);
+        let option = |name: &str| {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix(name).and_then(|w| w.strip_prefix('=')))
+        };
+        match words[0] {
+            "pool" => {
+                let mut config = PoolConfig::default();
+                if let Some(secs) = option("cooldown") {
+                    config.cooldown = Duration::from_secs(secs.parse().unwrap());
+                }
+                engine.set_pool_config(&pool_name(), config)?;
+                Ok("ok".into())
+            }
+            "time" => {
+                self.now = Timestamp::from_unix_millis(words[1].parse::<u64>().unwrap() * 1000);
+                Ok(format!("now {}", self.now))
+            }
+            "iface" => {
+                let spec = InterfaceSpec {
+                    id: InterfaceId::new(words[1])?,
+                    device_number: option("dev").unwrap().parse().unwrap(),
+                    primary: flag("primary"),
+                    trunk: flag("trunk"),
+                    excluded: flag("excluded"),
+                    subnets: nets(option("subnet").unwrap()),
+                    mac: option("mac").unwrap_or("0a:00:00:00:00:01").parse()?,
+                    gateways: option("gw")
+                        .map(|text| text.split(',').map(|g| g.parse().unwrap()).collect())
+                        .unwrap_or_default(),
+                    routes: option("routes").map(nets).unwrap_or_default(),
+                    created_at: now,
+                };
+                table.add_interface(spec)?;
+                Ok("ok".into())
+            }
+            "unface" => {
+                let removal = table.remove_interface(engine, &id(words[1]), flag("force"), now)?;
+                let released: Vec<String> = removal
+                    .released
+                    .iter()
+                    .map(|r| r.addr.to_string())
+                    .collect();
+                Ok(format!(
+                    "removed {} released [{}]",
+                    list(&removal.addresses),
+                    released.join(" ")
+                ))
+            }
+            "addr" => {
+                table.add_address(engine, &id(words[1]), words[2].parse().unwrap(), now)?;
+                Ok("ok".into())
+            }
+            "unaddr" => {
+                let removal = table.remove_address(
+                    engine,
+                    &id(words[1]),
+                    words[2].parse().unwrap(),
+                    flag("force"),
+                    now,
+                )?;
+                let released: Vec<String> = removal
+                    .released
+                    .iter()
+                    .map(|r| r.addr.to_string())
+                    .collect();
+                Ok(format!(
+                    "removed {} released [{}]",
+                    list(&removal.addresses),
+                    released.join(" ")
+                ))
+            }
+            "assign" => {
+                let family = match words[1] {
+                    "v4" => Family::V4,
+                    "v6" => Family::V6,
+                    other => panic!("script error: family {other}"),
+                };
+                let assignment = table.assign(engine, &key(words[2]), "pod", family, now)?;
+                Ok(describe(&assignment))
+            }
+            "unassign" => {
+                let out = table.unassign(engine, &key(words[1]), now)?;
+                let texts: Vec<String> = out
+                    .iter()
+                    .map(|u| match (&u.interface, u.device_number) {
+                        (Some(interface), Some(device)) => format!(
+                            "{} gen={} from {interface} dev={device}",
+                            u.addr, u.released.generation
+                        ),
+                        _ => format!("{} gen={} from no interface", u.addr, u.released.generation),
+                    })
+                    .collect();
+                Ok(format!("[{}]", texts.join(", ")))
+            }
+            "of" => Ok(
+                match table.assignment_of(engine, words[1].parse::<IpAddr>().unwrap()) {
+                    Some(assignment) => describe(&assignment),
+                    None => "none".into(),
+                },
+            ),
+            "freeable" => Ok(list(&table.freeable(engine, &id(words[1]), now)?)),
+            "needing" => {
+                let limit: usize = words[1].parse().unwrap();
+                let found: Vec<String> = table
+                    .needing_addresses(&|_| limit, flag("skip-primary"))
+                    .iter()
+                    .map(|spec| spec.id.to_string())
+                    .collect();
+                Ok(format!("[{}]", found.join(" ")))
+            }
+            "removable" => {
+                let number = |name: &str| option(name).map_or(0, |n| n.parse().unwrap());
+                let policy = RemovalPolicy {
+                    warm_ip_target: number("warm"),
+                    minimum_ip_target: number("min"),
+                    warm_prefix_target: number("warm-prefix"),
+                    min_age: option("min-age").map_or(RemovalPolicy::DEFAULT_MIN_AGE, |s| {
+                        Duration::from_secs(s.parse().unwrap())
+                    }),
+                };
+                Ok(match table.removable(engine, &policy, now) {
+                    Some(interface) => interface.to_string(),
+                    None => "none".into(),
+                })
+            }
+            "stats" => {
+                let stats = table.stats(engine, now)?;
+                let mut out = format!(
+                    "total={} assigned={} cooling={}",
+                    stats.total, stats.assigned, stats.cooling
+                );
+                for s in &stats.interfaces {
+                    write!(
+                        out,
+                        "\n    {} dev={}{}{} total={} assigned={} cooling={} addresses={} prefixes={}",
+                        s.id,
+                        s.device_number,
+                        if s.primary { " primary" } else { "" },
+                        if s.trunk { " trunk" } else { "" },
+                        s.total,
+                        s.assigned,
+                        s.cooling,
+                        s.addresses,
+                        s.prefixes
+                    )
+                    .unwrap();
+                }
+                Ok(out)
+            }
+            "table" => {
+                let mut out = String::new();
+                for (spec, addresses) in table.interfaces() {
+                    write!(
+                        out,
+                        "\n    {} dev={} mac={} {}",
+                        spec.id,
+                        spec.device_number,
+                        spec.mac,
+                        list(addresses)
+                    )
+                    .unwrap();
+                }
+                Ok(format!("{} interfaces{out}", table.len()))
+            }
+            other => panic!("script error: unknown command {other}"),
+        }
+    }
+}
+
+/// Runs a script file and compares its transcript with the `.out` file beside it.
+fn run(script: &str) -> String {
+    let mut harness = Script::new();
+    let mut out = String::new();
+    for line in script.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            if line.starts_with('#') {
+                writeln!(out, "{line}").unwrap();
+            }
+            continue;
+        }
+        writeln!(out, "> {line}").unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let before = state(&harness.engine, &harness.table);
+        match harness.command(&words) {
+            Ok(text) => writeln!(out, "= {text}").unwrap(),
+            Err(err) => {
+                let retry = if err.is_retryable() {
+                    " (retryable)"
+                } else {
+                    ""
+                };
+                writeln!(out, "! {err}{retry}").unwrap();
+                assert_eq!(
+                    state(&harness.engine, &harness.table),
+                    before,
+                    "`{line}` was refused but changed the state"
+                );
+            }
+        }
+        if let Err(problem) = harness.engine.check_invariants() {
+            panic!("after `{line}`: engine invariants broken: {problem}");
+        }
+        if let Err(problem) = harness.table.check(&harness.engine) {
+            panic!("after `{line}`: table invariants broken: {problem}");
+        }
+    }
+    out
+}
+
+macro_rules! script_test {
+    ($name:ident) => {
+        #[test]
+        fn $name() {
+            let script = include_str!(concat!("interfaces/", stringify!($name), ".txt"));
+            expect_file![concat!("interfaces/", stringify!($name), ".out")].assert_eq(&run(script));
+        }
+    };
+}
+
+script_test!(secondaries);
+script_test!(prefixes);
+script_test!(ipv6_prefix);
+script_test!(errors);
+script_test!(lifecycle);
+script_test!(cooldown);
+
+// ---- random sequences against a reference model ---------------------------------------------
+
+/// What the model knows: interfaces with their addresses, and who holds which address.
+#[derive(Default)]
+struct Model {
+    interfaces: BTreeMap<u32, Vec<IpNet>>,
+    held: BTreeMap<String, IpAddr>,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    AddInterface(u32),
+    RemoveInterface(u32, bool),
+    AddAddress(u32, u8, bool),
+    RemoveAddress(u32, u8, bool),
+    Assign(u8),
+    Unassign(u8),
+    Advance(u8),
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        1 => (0..4u32).prop_map(Op::AddInterface),
+        1 => (0..4u32, any::<bool>()).prop_map(|(d, f)| Op::RemoveInterface(d, f)),
+        3 => (0..4u32, 0..12u8, any::<bool>()).prop_map(|(d, s, p)| Op::AddAddress(d, s, p)),
+        1 => (0..4u32, 0..12u8, any::<bool>()).prop_map(|(d, s, f)| Op::RemoveAddress(d, s, f)),
+        5 => (0..24u8).prop_map(Op::Assign),
+        3 => (0..24u8).prop_map(Op::Unassign),
+        1 => (0..40u8).prop_map(Op::Advance),
+    ]
+}
+
+fn interface_id(device: u32) -> InterfaceId {
+    id(&format!("eni-{device}"))
+}
+
+/// Slot `s` of the subnet: a /32 at 10.0.0.(16 + s) or a /28 at 10.0.(1 + s).0; slots of
+/// different kinds never overlap, and the same slot on two interfaces collides.
+fn slot_address(slot: u8, prefix: bool) -> IpNet {
+    if prefix {
+        format!("10.0.{}.16/28", 1 + slot).parse().unwrap()
+    } else {
+        format!("10.0.0.{}/32", 16 + slot).parse().unwrap()
+    }
+}
+
+fn run_ops(ops: &[Op]) {
+    let mut harness = Script::new();
+    let mut model = Model::default();
+    for op in ops {
+        let before = state(&harness.engine, &harness.table);
+        let now = harness.now;
+        let (engine, table) = (&mut harness.engine, &mut harness.table);
+        let result: Result<(), InterfaceError> = match op {
+            Op::AddInterface(device) => table
+                .add_interface(InterfaceSpec {
+                    id: interface_id(*device),
+                    device_number: *device,
+                    primary: *device == 0,
+                    trunk: false,
+                    excluded: false,
+                    subnets: vec!["10.0.0.0/16".parse().unwrap()],
+                    mac: format!("0a:00:00:00:00:{device:02x}").parse().unwrap(),
+                    gateways: Vec::new(),
+                    routes: Vec::new(),
+                    created_at: now,
+                })
+                .map(|()| {
+                    model.interfaces.insert(*device, Vec::new());
+                }),
+            Op::RemoveInterface(device, force) => table
+                .remove_interface(engine, &interface_id(*device), *force, now)
+                .map(|removal| {
+                    let gone = model.interfaces.remove(device).unwrap();
+                    assert_eq!(removal.addresses, gone);
+                    for released in &removal.released {
+                        assert!(*force, "an unforced removal released {}", released.addr);
+                        model.held.retain(|_, addr| *addr != released.addr);
+                    }
+                }),
+            Op::AddAddress(device, slot, prefix) => {
+                let address = slot_address(*slot, *prefix);
+                table
+                    .add_address(engine, &interface_id(*device), address, now)
+                    .map(|()| {
+                        let addresses = model.interfaces.get_mut(device).unwrap();
+                        addresses.push(address);
+                        addresses.sort();
+                    })
+            }
+            Op::RemoveAddress(device, slot, force) => {
+                let address = slot_address(*slot, slot % 2 == 1);
+                table
+                    .remove_address(engine, &interface_id(*device), address, *force, now)
+                    .map(|removal| {
+                        model
+                            .interfaces
+                            .get_mut(device)
+                            .unwrap()
+                            .retain(|a| *a != address);
+                        for released in &removal.released {
+                            assert!(*force);
+                            assert!(address.contains(&released.addr));
+                            model.held.retain(|_, addr| *addr != released.addr);
+                        }
+                    })
+            }
+            Op::Assign(n) => {
+                let name = format!("c{n}");
+                table
+                    .assign(
+                        engine,
+                        &key(&format!("net/{name}/eth0")),
+                        "pod",
+                        Family::V4,
+                        now,
+                    )
+                    .map(|assignment| {
+                        if let Some(previous) = model.held.get(&name) {
+                            assert!(assignment.existing);
+                            assert_eq!(*previous, assignment.addr);
+                        } else {
+                            assert!(!assignment.existing);
+                            assert!(
+                                !model.held.values().any(|a| *a == assignment.addr),
+                                "{} assigned twice",
+                                assignment.addr
+                            );
+                        }
+                        let addresses = &model.interfaces[&assignment.device_number];
+                        assert!(
+                            addresses.iter().any(|a| a.contains(&assignment.addr)),
+                            "{} is not on interface {}",
+                            assignment.addr,
+                            assignment.interface
+                        );
+                        model.held.insert(name, assignment.addr);
+                    })
+            }
+            Op::Unassign(n) => {
+                let name = format!("c{n}");
+                table
+                    .unassign(engine, &key(&format!("net/{name}/eth0")), now)
+                    .map(|out| {
+                        let expected: Vec<IpAddr> = model.held.remove(&name).into_iter().collect();
+                        let got: Vec<IpAddr> = out.iter().map(|u| u.addr).collect();
+                        assert_eq!(got, expected);
+                    })
+            }
+            Op::Advance(secs) => {
+                harness.now = now.saturating_add(Duration::from_secs(u64::from(*secs)));
+                Ok(())
+            }
+        };
+        match result {
+            Err(InterfaceError::Exhausted { .. }) => {
+                let capacity: usize = model
+                    .interfaces
+                    .values()
+                    .flatten()
+                    .map(|a| if a.prefix_len() == 28 { 16 } else { 1 })
+                    .sum();
+                assert_eq!(model.held.len(), capacity, "exhausted with free addresses");
+                assert_eq!(state(&harness.engine, &harness.table), before);
+            }
+            Err(_) => assert_eq!(
+                state(&harness.engine, &harness.table),
+                before,
+                "{op:?} was refused but changed the state"
+            ),
+            Ok(()) => {}
+        }
+        harness.engine.check_invariants().unwrap();
+        harness.table.check(&harness.engine).unwrap();
+        // Every held address lies on an interface of the pool, and no address is held twice.
+        let distinct: BTreeSet<IpAddr> = model.held.values().copied().collect();
+        assert_eq!(distinct.len(), model.held.len());
+        for addr in model.held.values() {
+            let assignment = harness
+                .table
+                .assignment_of(&harness.engine, *addr)
+                .expect("a held address is on an interface");
+            assert!(
+                model.interfaces[&assignment.device_number]
+                    .iter()
+                    .any(|a| a.contains(addr))
+            );
+        }
+        assert_eq!(harness.engine.n_allocations(), model.held.len());
+        let model_interfaces: Vec<(u32, Vec<IpNet>)> = model
+            .interfaces
+            .iter()
+            .map(|(d, a)| (*d, a.clone()))
+            .collect();
+        let table_interfaces: Vec<(u32, Vec<IpNet>)> = harness
+            .table
+            .interfaces()
+            .map(|(spec, addresses)| (spec.device_number, addresses.to_vec()))
+            .collect();
+        assert_eq!(table_interfaces, model_interfaces);
+    }
+}
+
+fn proptest_config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(proptest_config(512))]
+
+    /// Random interface operations agree with the model after every step: an address is never
+    /// assigned twice, an assigned address is always on an interface of the pool, a refusal
+    /// changes nothing, and the engine's and the table's invariants hold.
+    #[test]
+    fn random_interface_operations_agree_with_the_model(
+        ops in prop::collection::vec(op_strategy(), 1..120),
+    ) {
+        run_ops(&ops);
+    }
+}
