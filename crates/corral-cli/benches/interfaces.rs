@@ -9,6 +9,8 @@
 //!   Reported: cycles (ADD + DEL) per second and p50 / p99 of each call; N = 1, 8, 64. The
 //!   pool's 30 s cooldown stays on: a released address cools, and the next comes from the
 //!   others (the oldest cooling one once every address cooled).
+//! * The same on a plain pool (one /22 range, 1,024 addresses, the same cooldown) in the same
+//!   run, for comparison.
 //! * Restore: every one of the 750 addresses assigned (and, for comparison, none), the agent
 //!   SIGKILLed and started again; the time from spawn to `/readyz` answering, median of 5.
 //!
@@ -76,14 +78,14 @@ fn add_interfaces(socket: &Path) {
     }
 }
 
-fn key(name: &str) -> api::CniKeyRequest {
+fn key(pool: &str, name: &str) -> api::CniKeyRequest {
     api::CniKeyRequest {
         network: api::CniNetwork {
             name: "aws-cni".into(),
             pools: vec![],
-            node_pool: Some("eni".into()),
+            node_pool: Some(pool.into()),
             requested_pool: None,
-            configured_pool: Some("eni".into()),
+            configured_pool: Some(pool.into()),
             namespace: None,
         },
         key: api::AttachmentKey {
@@ -94,8 +96,8 @@ fn key(name: &str) -> api::CniKeyRequest {
     }
 }
 
-fn add(client: &mut Client, name: &str) -> api::AllocateResponse {
-    let request = key(name);
+fn add(client: &mut Client, pool: &str, name: &str) -> api::AllocateResponse {
+    let request = key(pool, name);
     client
         .cni_add(&api::CniAddRequest {
             network: request.network,
@@ -106,8 +108,8 @@ fn add(client: &mut Client, name: &str) -> api::AllocateResponse {
         .expect("ADD")
 }
 
-/// N clients, ADD then DEL of their own key, for `run_for`.
-fn assign_unassign(socket: &Path, clients: usize, run_for: Duration) {
+/// N clients, ADD then DEL of their own key on `pool`, for `run_for`.
+fn assign_unassign(socket: &Path, pool: &'static str, clients: usize, run_for: Duration) {
     let threads: Vec<_> = (0..clients)
         .map(|c| {
             let socket = socket.to_path_buf();
@@ -118,11 +120,11 @@ fn assign_unassign(socket: &Path, clients: usize, run_for: Duration) {
                 let end = Instant::now() + run_for;
                 while Instant::now() < end {
                     let t = Instant::now();
-                    let answer = add(&mut client, &name);
+                    let answer = add(&mut client, pool, &name);
                     adds.push(t.elapsed());
-                    assert!(answer.allocations[0].interface.is_some());
+                    assert_eq!(answer.allocations[0].interface.is_some(), pool == "eni");
                     let t = Instant::now();
-                    client.cni_del(&key(&name)).expect("DEL");
+                    client.cni_del(&key(pool, &name)).expect("DEL");
                     dels.push(t.elapsed());
                 }
                 (adds, dels)
@@ -140,7 +142,7 @@ fn assign_unassign(socket: &Path, clients: usize, run_for: Duration) {
     adds.sort();
     dels.sort();
     println!(
-        "assign+unassign, {clients:>2} clients: {:>7.0} cycles/s  ADD p50 {} p99 {} ms  DEL p50 {} p99 {} ms",
+        "{pool:>5}: ADD+DEL, {clients:>2} clients: {:>7.0} cycles/s  ADD p50 {} p99 {} ms  DEL p50 {} p99 {} ms",
         adds.len() as f64 / elapsed.as_secs_f64(),
         ms(pct(&adds, 50.0)),
         ms(pct(&adds, 99.0)),
@@ -186,8 +188,18 @@ fn main() {
         "node: {INTERFACES} interfaces × {ADDRESSES} secondary addresses, cooldown 30 s, state in {}",
         dir.path().display()
     );
+    // The same loop on a plain pool of 1,024 addresses (one /22 range, the same cooldown),
+    // in the same run: what the interface pool's 750 ranges cost on the durable path.
+    Client::unix(&socket)
+        .add_range(&api::RangeRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "plain".into(),
+            range: "10.1.0.0/22".into(),
+        })
+        .unwrap();
     for &n in clients {
-        assign_unassign(&socket, n, run_for);
+        assign_unassign(&socket, "eni", n, run_for);
+        assign_unassign(&socket, "plain", n, run_for);
     }
     let agent = restore(
         dir.path(),
@@ -198,7 +210,7 @@ fn main() {
     // Every address assigned (those cooling are handed out last, so all 750 go).
     let mut client = Client::unix(&socket);
     for i in 0..INTERFACES * ADDRESSES {
-        add(&mut client, &format!("pod-{i}"));
+        add(&mut client, "eni", &format!("pod-{i}"));
     }
     let status = client.interfaces(Some("eni")).unwrap();
     assert_eq!(status.pools[0].assigned, u64::from(INTERFACES * ADDRESSES));

@@ -464,8 +464,7 @@ impl<S: Store, C: Clock> Host<S, C> {
     pub(super) fn assign_on_interface(
         &mut self,
         pool: &PoolName,
-        key: &AttachmentKey,
-        owner: &str,
+        (key, owner): (&AttachmentKey, &str),
         family: Family,
         now: Timestamp,
         writes: &mut Vec<Write>,
@@ -594,7 +593,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                             ..base
                         }
                     })?;
-                let assignment = table.assignment_of(&engine, got.addr).ok_or_else(|| {
+                let assignment = table.assignment_of(engine, got.addr).ok_or_else(|| {
                     OpError::from(InterfaceError::NotOnInterface {
                         addr: got.addr,
                         pool: pool.clone(),

@@ -129,8 +129,7 @@ impl<S: Store, C: Clock> Host<S, C> {
         if interface_backed && requested.is_empty() && families.len() == 1 {
             let allocated = self.assign_on_interface(
                 &pool,
-                &key,
-                &request.owner,
+                (&key, &request.owner),
                 families[0],
                 now,
                 writes,

@@ -70,8 +70,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             if let Some(family) = family {
                 let allocated = self.assign_on_interface(
                     &pool,
-                    key,
-                    &request.owner,
+                    (key, &request.owner),
                     family,
                     now,
                     writes,
@@ -315,6 +314,13 @@ impl<S: Store, C: Clock> Host<S, C> {
             );
         }
         for (pool, spec) in &grants.ranges {
+            if scope.interfaces.contains_key(pool) {
+                outcome.refused.push(format!(
+                    "range {spec} granted to pool {pool} by the cluster: the pool is \
+                     interface-backed (its addresses come from its interfaces); it is not applied"
+                ));
+                continue;
+            }
             match capacity::check_grant(&scope.config, pool.as_str(), spec) {
                 Ok(capacity::Grant::Held) => {}
                 Ok(capacity::Grant::Add | capacity::Grant::CancelDrain) => {
