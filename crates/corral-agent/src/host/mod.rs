@@ -1128,6 +1128,68 @@ mod tests {
         assert_eq!(pods(&host), before);
     }
 
+    /// An interface-backed pool takes no plain range, from the API or the cluster, and an
+    /// interface goes into no pool of plain ranges; each refusal changes nothing.
+    #[test]
+    fn interface_pools_and_plain_ranges_do_not_mix() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let eni = |pool: &str, id: &str, device: u32| {
+            Op::AddInterface(api::InterfaceRequest {
+                pool: pool.into(),
+                id: id.into(),
+                device_number: device,
+                mac: "0a:00:00:00:00:01".into(),
+                subnets: vec!["10.60.0.0/24".into()],
+                gateways: vec![],
+                routes: vec![],
+                primary: false,
+                trunk: false,
+                excluded: false,
+                addresses: vec!["10.60.0.10".into(), "10.60.0.16/28".into()],
+            })
+        };
+        run_one(&mut host, eni("eni", "eni-1", 1)).unwrap();
+        let before = node_ranges(&host);
+        let error = run_one(&mut host, eni("default", "eni-2", 2)).unwrap_err();
+        assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
+        let add = Op::AddRange(api::RangeRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "eni".into(),
+            range: "10.61.0.0/24".into(),
+        });
+        let error = run_one(&mut host, add).unwrap_err();
+        assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
+        let done = outcome(run_one(&mut host, grant(&[("eni", "10.62.0.0/24")])));
+        assert!(done.added.is_empty(), "{done:?}");
+        assert!(done.refused[0].contains("interface-backed"), "{done:?}");
+        // An interface whose second address is refused leaves nothing behind.
+        let mut bad = match eni("eni", "eni-3", 3) {
+            Op::AddInterface(request) => request,
+            _ => unreachable!(),
+        };
+        bad.addresses = vec!["10.60.0.11".into(), "10.60.0.10".into()];
+        let error = run_one(&mut host, Op::AddInterface(bad)).unwrap_err();
+        assert_eq!(error.code, ErrorCode::AddressAlreadyPresent, "{error:?}");
+        assert_eq!(node_ranges(&host), before);
+        // And the table and the store agree after a restart.
+        drop(host);
+        let mut host = Host::restore(store, &declared()).unwrap();
+        assert_eq!(node_ranges(&host), before);
+        match run_one(&mut host, Op::Interfaces(Some("eni".into()))) {
+            Ok(Reply::Interfaces(list)) => {
+                let ids: Vec<&str> = list.pools[0]
+                    .interfaces
+                    .iter()
+                    .map(|i| i.id.as_str())
+                    .collect();
+                assert_eq!(ids, ["eni-1"]);
+                assert_eq!(list.pools[0].total, 17);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_failed_commit_of_the_grants_changes_nothing() {
         let store = corral_store::MemoryStore::new();
