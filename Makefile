@@ -118,9 +118,12 @@ bench-cni: deps plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) bench -p corral-cni --bench cni
 
 ## bench-agent: durable allocate + release over the agent's socket with 1, 8 and 64 clients,
-## and corral-ipam ADD in agent mode (about 40 s)
+## and corral-ipam ADD in agent mode (about 40 s); then interface-backed pools: durable
+## assign + unassign by key on 15 interfaces x 50 addresses, and the node's restore time
+## with them all assigned (about 30 s)
 bench-agent: deps plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) bench -p corral-cli --bench agent
+	$(CARGO) bench -p corral-cli --bench interfaces
 
 ## bench-cluster: the operator on a local three-member etcd (real processes, fsync on), beside
 ## etcd's raw transaction rate measured in the same run: dual-stack CIDR grants for 10,000

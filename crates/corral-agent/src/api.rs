@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use axum::extract::Path;
+use axum::extract::rejection::PathRejection;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::{StatusCode, header};
@@ -436,12 +438,16 @@ async fn metrics(State(state): State<AppState>) -> Response {
         Ok(Reply::Gauges(gauges)) => gauges,
         _ => Vec::new(),
     };
+    let interfaces = match state.run("metrics", Op::InterfaceGauges).await {
+        Ok(Reply::InterfaceGauges(gauges)) => gauges,
+        _ => Vec::new(),
+    };
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.metrics.render(&gauges),
+        state.metrics.render_with(&gauges, &interfaces),
     )
         .into_response()
 }
@@ -658,6 +664,86 @@ async fn cni_status(
     answer!(state, "cni_status", Op::CniStatus(request), ScopeStatus)
 }
 
+async fn interfaces(
+    State(state): State<AppState>,
+    Query(query): Query<api::PoolQuery>,
+) -> Result<Json<api::InterfacesResponse>, ApiError> {
+    answer!(state, "interfaces", Op::Interfaces(query.pool), Interfaces)
+}
+
+/// The `{id}` of an interface path; what it must look like is the host's to say (400).
+fn interface_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    id.map(|Path(id)| id)
+        .map_err(|rejection| error(ErrorCode::BadRequest, shortened(rejection.body_text())))
+}
+
+async fn interface(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<api::InterfaceInfo>, ApiError> {
+    let id = interface_id(id)?;
+    answer!(state, "interface", Op::Interface(id), Interface)
+}
+
+async fn add_interface(
+    State(state): State<AppState>,
+    Body(request): Body<api::InterfaceRequest>,
+) -> Result<Json<api::InterfaceInfo>, ApiError> {
+    answer!(state, "add_interface", Op::AddInterface(request), Interface)
+}
+
+async fn remove_interface(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    Query(query): Query<api::ForceQuery>,
+) -> Result<Json<api::InterfaceRemoved>, ApiError> {
+    let id = interface_id(id)?;
+    let op = Op::RemoveInterface {
+        id,
+        force: query.force,
+    };
+    answer!(state, "remove_interface", op, InterfaceRemoved)
+}
+
+async fn add_interface_address(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    Body(request): Body<api::InterfaceAddressRequest>,
+) -> Result<Json<api::InterfaceInfo>, ApiError> {
+    let id = interface_id(id)?;
+    let op = Op::AddInterfaceAddress {
+        id,
+        address: request.address,
+    };
+    answer!(state, "add_interface_address", op, Interface)
+}
+
+async fn remove_interface_address(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+    Query(query): Query<api::InterfaceAddressQuery>,
+) -> Result<Json<api::InterfaceInfo>, ApiError> {
+    let id = interface_id(id)?;
+    let op = Op::RemoveInterfaceAddress {
+        id,
+        address: query.address,
+        force: query.force,
+    };
+    answer!(state, "remove_interface_address", op, Interface)
+}
+
+async fn import_ipamd(
+    State(state): State<AppState>,
+    Body(request): Body<api::IpamdImportRequest>,
+) -> Result<Json<api::IpamdImportResponse>, ApiError> {
+    answer!(
+        state,
+        "import_ipamd",
+        Op::ImportIpamd(request),
+        IpamdImported
+    )
+}
+
 async fn not_found() -> ApiError {
     error(ErrorCode::NotFound, "no such path; see /openapi.json")
 }
@@ -695,6 +781,13 @@ pub fn router(state: AppState) -> Router {
         .route(paths::CNI_GC, post(cni_gc))
         .route(paths::CNI_STATUS, post(cni_status))
         .route(paths::GC, post(gc))
+        .route(paths::INTERFACES, get(interfaces).post(add_interface))
+        .route(paths::IMPORT_IPAMD, post(import_ipamd))
+        .route(paths::INTERFACE, get(interface).delete(remove_interface))
+        .route(
+            paths::INTERFACE_ADDRESSES,
+            post(add_interface_address).delete(remove_interface_address),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))

@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod committer;
 pub mod config;
 pub mod host;
+pub mod ipamd;
 mod listen;
 pub mod local_routes;
 pub mod metrics;

@@ -12,6 +12,11 @@
 //! - `corral_pool_available_addresses{pool,family}`: free addresses of the node scope's pools;
 //! - `corral_demand_writes_total`, `corral_release_handshakes_total{outcome}` (`ready`,
 //!   `refused`), `corral_surrendered_blocks`: the cluster link's block mode;
+//! - `corral_interfaces{pool}`: interfaces of each interface-backed pool;
+//!   `corral_interface_addresses{pool,interface,device,state}`: an interface's addresses by
+//!   state (`assigned`, `free`, `cooling`), read from the tables when scraped;
+//!   `corral_interface_operations_total{pool,operation,outcome}`: `assign` (`ok`,
+//!   `existing`, `exhausted`, `error`) and `unassign` (`ok`, `error`), counted by the host;
 //! - `corral_store_sync_failed`: 1 once a sync of the state's log has failed (the agent then
 //!   refuses every change until it is restarted; `/healthz` answers 503), else 0.
 
@@ -50,6 +55,26 @@ pub struct PoolFamily {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceOutcome {
+    pub pool: String,
+    pub operation: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceState {
+    pub pool: String,
+    pub interface: String,
+    pub device: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolState {
     pub scope: String,
     pub pool: String,
@@ -77,6 +102,12 @@ pub struct Metrics {
     pub pool_available: Family<PoolFamily, Gauge<f64, AtomicU64>>,
     /// The cluster link's block-mode counters.
     pub cluster: crate::cluster::ClusterMetrics,
+    /// Interfaces per interface-backed pool.
+    pub interfaces: Family<PoolLabel, Gauge>,
+    /// Addresses per interface by state.
+    pub interface_addresses: Family<InterfaceState, Gauge<f64, AtomicU64>>,
+    /// Assign and unassign outcomes, counted by the host.
+    pub interface_counters: host::InterfaceCounters,
 }
 
 impl Default for Metrics {
@@ -162,8 +193,29 @@ impl Default for Metrics {
             "Blocks surrendered in a release handshake whose grant the cluster has not yet deleted",
             cluster.surrendered.clone(),
         );
+        let interfaces = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "corral_interfaces",
+            "Interfaces of each interface-backed pool of the node",
+            interfaces.clone(),
+        );
+        let interface_addresses = Family::<InterfaceState, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "corral_interface_addresses",
+            "Addresses of each interface by state (assigned, free, cooling)",
+            interface_addresses.clone(),
+        );
+        let interface_counters = host::InterfaceCounters::default();
+        registry.register(
+            "corral_interface_operations",
+            "Assigns and unassigns on interface-backed pools by pool, operation and outcome",
+            interface_counters.outcomes.clone(),
+        );
         Metrics {
             registry,
+            interfaces,
+            interface_addresses,
+            interface_counters,
             pool_allocations,
             pool_available,
             cluster,
@@ -182,6 +234,45 @@ impl Default for Metrics {
 impl Metrics {
     /// The exposition text, with the address gauges set from `gauges`.
     pub fn render(&self, gauges: &[host::Gauge]) -> String {
+        self.render_with(gauges, &[])
+    }
+
+    /// The exposition text, with the address gauges set from `gauges` and the interface
+    /// gauges from `interfaces`.
+    pub fn render_with(
+        &self,
+        gauges: &[host::Gauge],
+        interfaces: &[host::InterfaceGauge],
+    ) -> String {
+        self.interfaces.clear();
+        self.interface_addresses.clear();
+        for g in interfaces {
+            match &g.interface {
+                None => {
+                    self.interfaces
+                        .get_or_create(&PoolLabel {
+                            pool: g.pool.clone(),
+                        })
+                        .set(g.interfaces as i64);
+                }
+                Some((id, device)) => {
+                    for (state, value) in [
+                        ("assigned", g.assigned),
+                        ("free", g.free),
+                        ("cooling", g.cooling),
+                    ] {
+                        self.interface_addresses
+                            .get_or_create(&InterfaceState {
+                                pool: g.pool.clone(),
+                                interface: id.clone(),
+                                device: device.to_string(),
+                                state: state.to_owned(),
+                            })
+                            .set(value);
+                    }
+                }
+            }
+        }
         self.addresses.clear();
         self.pool_available.clear();
         for g in gauges.iter().filter(|g| g.scope == corral_api::NODE_SCOPE) {

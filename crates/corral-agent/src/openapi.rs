@@ -39,11 +39,33 @@ pub struct Operation {
     pub request: Option<&'static str>,
     /// Whether the operation takes the optional `?scope=` query parameter.
     pub scope_query: bool,
+    /// Its other parameters (path and query).
+    pub params: &'static [Param],
     pub success: Success,
     /// The error statuses the handler can answer besides 401 (every operation, on the TCP
     /// listener without the token).
     pub errors: &'static [u16],
 }
+
+/// A path or query parameter: name, where (`path`, `query`), its JSON type (`string`,
+/// `boolean`), whether required, and what it is.
+#[derive(Clone, Copy, Debug)]
+pub struct Param(
+    pub &'static str,
+    pub &'static str,
+    pub &'static str,
+    pub bool,
+    pub &'static str,
+);
+
+const ID: Param = Param("id", "path", "string", true, "The interface's ID");
+const FORCE: Param = Param(
+    "force",
+    "query",
+    "boolean",
+    false,
+    "Also when it holds allocations (released) or is the primary or a trunk interface",
+);
 
 /// An operation on the engines with a JSON body: 400, 413 and 415 for the body, 404 and
 /// 409 from the engine, 503 while restoring or when the store fails.
@@ -60,6 +82,7 @@ pub fn operations() -> Vec<Operation> {
         summary,
         request,
         scope_query: false,
+        params: &[],
         success,
         errors,
     };
@@ -289,6 +312,106 @@ pub fn operations() -> Vec<Operation> {
             Success::Json(name::<api::GcResponse>()),
             CHANGE,
         ),
+        Operation {
+            params: &[Param(
+                "pool",
+                "query",
+                "string",
+                false,
+                "Only this pool; every interface-backed pool of the node when absent",
+            )],
+            ..op(
+                "get",
+                paths::INTERFACES,
+                "interfaces",
+                "The node's interface-backed pools: each interface with its addresses and \
+                 prefixes, how many are assigned and cooling, and which are freeable",
+                None,
+                Success::Json(name::<api::InterfacesResponse>()),
+                READ,
+            )
+        },
+        op(
+            "post",
+            paths::INTERFACES,
+            "add_interface",
+            "Adds an interface (and its addresses, all or nothing) to a pool of the node, which \
+             becomes interface-backed; a pool with plain ranges is refused",
+            Some(name::<api::InterfaceRequest>()),
+            Success::Json(name::<api::InterfaceInfo>()),
+            CHANGE,
+        ),
+        op(
+            "post",
+            paths::IMPORT_IPAMD,
+            "import_ipamd",
+            "Imports AWS VPC CNI's ipamd checkpoint (vpc-cni-ipam/1) into an interface-backed \
+             pool: each allocation under its CNI key, all or nothing",
+            Some(name::<api::IpamdImportRequest>()),
+            Success::Json(name::<api::IpamdImportResponse>()),
+            CHANGE,
+        ),
+        Operation {
+            params: &[ID],
+            ..op(
+                "get",
+                paths::INTERFACE,
+                "interface",
+                "One interface with its addresses, their use, and the freeable ones",
+                None,
+                Success::Json(name::<api::InterfaceInfo>()),
+                READ,
+            )
+        },
+        Operation {
+            params: &[ID, FORCE],
+            ..op(
+                "delete",
+                paths::INTERFACE,
+                "remove_interface",
+                "Removes an interface and its addresses from its pool; refused while it holds \
+                 allocations, or is the primary or a trunk interface, unless forced",
+                None,
+                Success::Json(name::<api::InterfaceRemoved>()),
+                &[400, 404, 409, 503],
+            )
+        },
+        Operation {
+            params: &[ID],
+            ..op(
+                "post",
+                paths::INTERFACE_ADDRESSES,
+                "add_interface_address",
+                "Adds a secondary address (/32, /128) or delegated prefix (/28, /80) to an \
+                 interface",
+                Some(name::<api::InterfaceAddressRequest>()),
+                Success::Json(name::<api::InterfaceInfo>()),
+                CHANGE,
+            )
+        },
+        Operation {
+            params: &[
+                ID,
+                Param(
+                    "address",
+                    "query",
+                    "string",
+                    true,
+                    "The secondary address or delegated prefix",
+                ),
+                FORCE,
+            ],
+            ..op(
+                "delete",
+                paths::INTERFACE_ADDRESSES,
+                "remove_interface_address",
+                "Removes an address or prefix from an interface; refused while it holds \
+                 allocations unless forced",
+                None,
+                Success::Json(name::<api::InterfaceInfo>()),
+                &[400, 404, 409, 503],
+            )
+        },
     ]
 }
 
@@ -338,6 +461,11 @@ fn links(operation_id: &str) -> Vec<(&'static str, &'static str, Value)> {
                 json!({"owner": "linked", "pool": "$request.body#/pool"}),
             ),
         ],
+        "add_interface" => vec![(
+            "AllocateFromInterfaces",
+            "allocate",
+            json!({"owner": "linked", "pool": "$request.body#/pool"}),
+        )],
         "add_exclusion" => vec![(
             "RemoveExclusion",
             "remove_exclusion",
@@ -374,7 +502,10 @@ fn error_description(status: u16) -> &'static str {
              type) or a value is invalid"
         }
         401 => "The TCP listener needs `Authorization: Bearer <token>`",
-        404 => "No such scope, pool, range, exclusion, allocation or lease",
+        404 => {
+            "No such scope, pool, range, exclusion, allocation, lease, interface or interface \
+             address"
+        }
         405 => "The path exists with another method (any method not listed for a path)",
         409 => {
             "Refused: the address is held, unavailable or excluded, the pool is exhausted, or \
@@ -413,6 +544,13 @@ fn component_schemas() -> BTreeMap<String, Value> {
         .add::<api::GcRequest>()
         .add::<api::GcResponse>()
         .add::<api::ScopeStatus>()
+        .add::<api::InterfacesResponse>()
+        .add::<api::InterfaceRequest>()
+        .add::<api::InterfaceInfo>()
+        .add::<api::InterfaceAddressRequest>()
+        .add::<api::InterfaceRemoved>()
+        .add::<api::IpamdImportRequest>()
+        .add::<api::IpamdImportResponse>()
         .add::<api::ErrorResponse>()
         .into_json(|value| {
             ip_addresses(value);
@@ -479,18 +617,28 @@ fn operation(operation: &Operation) -> Value {
     let mut out = Map::new();
     out.insert("operationId".into(), operation.operation_id.into());
     out.insert("summary".into(), operation.summary.into());
+    let mut parameters = Vec::new();
     if operation.scope_query {
-        out.insert(
-            "parameters".into(),
-            json!([{
-                "name": "scope",
-                "in": "query",
-                "required": false,
-                "description": "Only this scope (the agent's own pools are in scope `node`); \
-                                all scopes when absent",
-                "schema": {"type": "string"}
-            }]),
-        );
+        parameters.push(json!({
+            "name": "scope",
+            "in": "query",
+            "required": false,
+            "description": "Only this scope (the agent's own pools are in scope `node`); \
+                            all scopes when absent",
+            "schema": {"type": "string"}
+        }));
+    }
+    for Param(name, location, kind, required, description) in operation.params {
+        parameters.push(json!({
+            "name": name,
+            "in": location,
+            "required": required,
+            "description": description,
+            "schema": {"type": kind}
+        }));
+    }
+    if !parameters.is_empty() {
+        out.insert("parameters".into(), Value::Array(parameters));
     }
     match operation.request {
         Some("") => {

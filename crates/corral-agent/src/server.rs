@@ -147,8 +147,12 @@ pub async fn serve_with(
     // Restore off the async threads; requests meanwhile get 503.
     let declared = config.pools.clone();
     let broken_scopes = Arc::clone(&state.broken_scopes);
+    let interface_counters = state.metrics.interface_counters.clone();
     let host = tokio::task::spawn_blocking(move || {
-        Host::restore(store, &declared).map(|host| host.with_broken_gauge(broken_scopes))
+        Host::restore(store, &declared).map(|host| {
+            host.with_broken_gauge(broken_scopes)
+                .with_interface_counters(interface_counters)
+        })
     })
     .await
     .map_err(|e| std::io::Error::other(e.to_string()))??;

@@ -161,6 +161,9 @@ fn every_schema_example_parses_as_its_type() {
                 CniGcRequest,
                 CniStatusRequest,
                 GcRequest,
+                InterfaceRequest,
+                InterfaceAddressRequest,
+                IpamdImportRequest,
             );
             if let Err(error) = result {
                 failures.push(format!("{name}: {example}: {error}"));

@@ -17,9 +17,12 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod interfaces;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod operator;
+
+pub use interfaces::*;
 
 /// The scope of the agent's configured pools; the default of every `scope` field.
 pub const NODE_SCOPE: &str = "node";
@@ -53,6 +56,38 @@ pub mod paths {
     pub const CNI_GC: &str = "/v1/cni/gc";
     pub const CNI_STATUS: &str = "/v1/cni/status";
     pub const GC: &str = "/v1/gc";
+    /// `GET` (`?pool=`) lists, `POST` adds.
+    pub const INTERFACES: &str = "/v1/interfaces";
+    /// `GET` one interface with its use, `DELETE` (`?force=`) removes it.
+    pub const INTERFACE: &str = "/v1/interfaces/{id}";
+    /// `POST` adds an address or prefix, `DELETE` (`?address=&force=`) removes one.
+    pub const INTERFACE_ADDRESSES: &str = "/v1/interfaces/{id}/addresses";
+    /// `POST`: AWS VPC CNI's ipamd checkpoint into an interface-backed pool.
+    pub const IMPORT_IPAMD: &str = "/v1/import-ipamd";
+
+    /// [`INTERFACE`] with its `{id}`, percent-encoded.
+    pub fn interface(id: &str) -> String {
+        format!("{INTERFACES}/{}", super::percent_encode(id))
+    }
+
+    /// [`INTERFACE_ADDRESSES`] with its `{id}`, percent-encoded.
+    pub fn interface_addresses(id: &str) -> String {
+        format!("{INTERFACES}/{}/addresses", super::percent_encode(id))
+    }
+}
+
+/// `text` percent-encoded for a path segment or a query value (RFC 3986: every byte but the
+/// unreserved characters).
+pub fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 fn node_scope() -> String {
@@ -177,6 +212,9 @@ pub struct Allocated {
     pub gateway: Option<IpAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Lease>,
+    /// In an interface-backed pool: the interface the address lies on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<AllocatedInterface>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -423,6 +461,8 @@ pub enum RangeSource {
     Cni,
     /// Granted to the node by the cluster authority.
     Cluster,
+    /// A secondary address or delegated prefix of an interface of an interface-backed pool.
+    Interface,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -986,6 +1026,22 @@ pub enum ErrorCode {
     AttachmentConflict,
     /// 503: the agent is still restoring its state, or its store failed; retry later.
     RetryLater,
+    /// 409: an interface of that ID (or device number) is already on the node.
+    DuplicateInterface,
+    /// 404: no interface of that ID on the node.
+    UnknownInterface,
+    /// 409: the interface holds allocated or cooling addresses (remove it with `force` to
+    /// drain them), or it is the primary or a trunk interface.
+    InterfaceInUse,
+    /// 409: the address or prefix is already on an interface, or overlaps a range.
+    AddressAlreadyPresent,
+    /// 404: the interface has no such address or prefix.
+    UnknownAddress,
+    /// 409: the address or prefix holds allocated or cooling addresses (`force` drains it).
+    AddressInUse,
+    /// 409: the pool mixes interfaces with plain ranges: an interface-backed pool takes no
+    /// range, and a pool of ranges no interface.
+    PoolKindMismatch,
 }
 
 impl ErrorCode {
@@ -1001,6 +1057,12 @@ impl ErrorCode {
             ErrorCode::TooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
             ErrorCode::RetryLater => 503,
+            ErrorCode::UnknownInterface | ErrorCode::UnknownAddress => 404,
+            ErrorCode::DuplicateInterface
+            | ErrorCode::InterfaceInUse
+            | ErrorCode::AddressAlreadyPresent
+            | ErrorCode::AddressInUse
+            | ErrorCode::PoolKindMismatch => 409,
         }
     }
 }

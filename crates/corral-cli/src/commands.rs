@@ -173,7 +173,7 @@ pub struct GcArgs {
 /// What every subcommand works with: the client and the global options.
 #[derive(Debug)]
 pub struct Session {
-    client: Client,
+    pub(crate) client: Client,
     output: Output,
     scope: String,
     all_scopes: bool,
@@ -203,7 +203,7 @@ impl Session {
     }
 
     /// The answer as JSON, or as `table` renders it.
-    fn render<T: Serialize>(
+    pub(crate) fn render<T: Serialize>(
         &self,
         value: &T,
         table: impl FnOnce(&T) -> String,
@@ -752,7 +752,7 @@ fn is_stdio(path: &Path) -> bool {
 }
 
 /// The text of `path`, or of standard input for `-`.
-fn read_input(path: &Path) -> Result<String, Failure> {
+pub(crate) fn read_input(path: &Path) -> Result<String, Failure> {
     let failure = |source| Failure::File {
         action: "read",
         path: path.to_owned(),

@@ -20,6 +20,7 @@ mod cluster;
 mod commands;
 mod exit;
 mod hostlocal;
+mod interfaces;
 mod local_routes;
 mod output;
 mod parse;
@@ -233,6 +234,10 @@ enum Command {
     /// Start or stop an expiration timer on an allocated address
     #[command(subcommand)]
     Lease(commands::LeaseCommand),
+    /// The node's cloud interfaces (interface-backed pools): list, add, remove, their
+    /// addresses and prefixes, and the import of AWS VPC CNI's ipamd checkpoint
+    #[command(subcommand)]
+    Interface(interfaces::InterfaceCommand),
     /// Write the agent's state (every scope) as a checkpoint document
     Export(commands::ExportArgs),
     /// Restore a checkpoint document into scopes that hold no allocations
@@ -302,6 +307,7 @@ fn run(cli: Cli) -> Result<Outcome, Failure> {
         Command::Pool(command) => commands::pool(&mut Session::new(globals), command),
         Command::Exclude(args) => commands::exclude(&mut Session::new(globals), args),
         Command::Lease(command) => commands::lease(&mut Session::new(globals), command),
+        Command::Interface(command) => interfaces::run(&mut Session::new(globals), command),
         Command::Export(args) => commands::export(&mut Session::new(globals), args),
         Command::Import(args) => commands::import(&mut Session::new(globals), args),
         Command::Check(args) => commands::check(&mut Session::new(globals), args),

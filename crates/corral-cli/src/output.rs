@@ -159,6 +159,7 @@ pub fn range_source(source: corral_api::RangeSource) -> &'static str {
         corral_api::RangeSource::Api => "api",
         corral_api::RangeSource::Cni => "cni",
         corral_api::RangeSource::Cluster => "cluster",
+        corral_api::RangeSource::Interface => "interface",
     }
 }
 

@@ -20,6 +20,7 @@ const READ_CHUNK: usize = 16 * 1024;
 pub(crate) enum Method {
     Get,
     Post,
+    Delete,
 }
 
 /// One request's bytes, ready to be written in one go.
@@ -33,6 +34,7 @@ pub(crate) fn encode_request(
     let method = match method {
         Method::Get => "GET",
         Method::Post => "POST",
+        Method::Delete => "DELETE",
     };
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: corral-client/{}\r\n",

@@ -252,6 +252,90 @@ impl Client {
         self.post(paths::CNI_STATUS, request)
     }
 
+    // ---- interfaces --------------------------------------------------------------------
+
+    /// `GET /v1/interfaces[?pool=]`: the node's interface-backed pools.
+    pub fn interfaces(
+        &mut self,
+        pool: Option<&str>,
+    ) -> Result<corral_api::InterfacesResponse, Error> {
+        let path = match pool {
+            Some(pool) => format!(
+                "{}?pool={}",
+                paths::INTERFACES,
+                corral_api::percent_encode(pool)
+            ),
+            None => paths::INTERFACES.to_owned(),
+        };
+        self.get(&path)
+    }
+
+    /// `GET /v1/interfaces/{id}`: one interface with its use and freeable addresses.
+    pub fn interface(&mut self, id: &str) -> Result<corral_api::InterfaceInfo, Error> {
+        self.get(&paths::interface(id))
+    }
+
+    /// `POST /v1/interfaces`.
+    pub fn add_interface(
+        &mut self,
+        request: &corral_api::InterfaceRequest,
+    ) -> Result<corral_api::InterfaceInfo, Error> {
+        self.post(paths::INTERFACES, request)
+    }
+
+    /// `DELETE /v1/interfaces/{id}[?force=true]`.
+    pub fn remove_interface(
+        &mut self,
+        id: &str,
+        force: bool,
+    ) -> Result<corral_api::InterfaceRemoved, Error> {
+        let mut path = paths::interface(id);
+        if force {
+            path.push_str("?force=true");
+        }
+        let body = self.call(Method::Delete, &path, None)?;
+        decode(&path, &body)
+    }
+
+    /// `POST /v1/interfaces/{id}/addresses`.
+    pub fn add_interface_address(
+        &mut self,
+        id: &str,
+        address: &str,
+    ) -> Result<corral_api::InterfaceInfo, Error> {
+        let request = corral_api::InterfaceAddressRequest {
+            address: address.to_owned(),
+        };
+        self.post(&paths::interface_addresses(id), &request)
+    }
+
+    /// `DELETE /v1/interfaces/{id}/addresses?address=...[&force=true]`.
+    pub fn remove_interface_address(
+        &mut self,
+        id: &str,
+        address: &str,
+        force: bool,
+    ) -> Result<corral_api::InterfaceInfo, Error> {
+        let mut path = format!(
+            "{}?address={}",
+            paths::interface_addresses(id),
+            corral_api::percent_encode(address)
+        );
+        if force {
+            path.push_str("&force=true");
+        }
+        let body = self.call(Method::Delete, &path, None)?;
+        decode(&path, &body)
+    }
+
+    /// `POST /v1/import-ipamd`: AWS VPC CNI's ipamd checkpoint into a pool.
+    pub fn import_ipamd(
+        &mut self,
+        request: &corral_api::IpamdImportRequest,
+    ) -> Result<corral_api::IpamdImportResponse, Error> {
+        self.post(paths::IMPORT_IPAMD, request)
+    }
+
     // ---- plumbing ----------------------------------------------------------------------
 
     fn get<T: DeserializeOwned>(&mut self, path: &str) -> Result<T, Error> {

@@ -27,7 +27,7 @@ use corral_store::{PendingDel, PendingError, claim_pending_del, record_pending_d
 
 use crate::backend::{Backend, scope_config};
 use crate::verdict::{check_held, result_ip, status_verdict};
-use crate::{Attachment, CniError, IpConfig, IpamResult, NetConfig};
+use crate::{Attachment, CloudInterface, CniError, IpConfig, IpamResult, NetConfig, Route};
 
 /// How long one call waits for the agent (connecting, and for the durable answer).
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -103,6 +103,15 @@ fn cni_code(code: ErrorCode) -> u32 {
         ErrorCode::AttachmentConflict => CniError::ATTACHMENT_CONFLICT,
         ErrorCode::BadRequest | ErrorCode::NotFound => CniError::INVALID_NETWORK_CONFIG,
         ErrorCode::RetryLater => CniError::TRY_AGAIN_LATER,
+        // The interface API's own refusals; a CNI verb never causes them, but an agent
+        // whose interfaces changed under a call is a configuration matter.
+        ErrorCode::DuplicateInterface
+        | ErrorCode::UnknownInterface
+        | ErrorCode::InterfaceInUse
+        | ErrorCode::AddressAlreadyPresent
+        | ErrorCode::UnknownAddress
+        | ErrorCode::AddressInUse
+        | ErrorCode::PoolKindMismatch => CniError::INVALID_NETWORK_CONFIG,
         // The unix socket needs no token, and the plugin sends JSON bodies of bounded size to
         // the paths and methods of its own build: an agent of another version, or something
         // else listening on the socket.
@@ -446,8 +455,56 @@ fn node_pool_add(
             )
         })?;
         ips.push(IpConfig::new(address, allocated.gateway));
+        if let Some(interface) = &allocated.interface {
+            add_interface(result, interface, address)?;
+        }
     }
     result.ips = ips;
+    Ok(())
+}
+
+/// An address of an interface-backed pool: its interface's routable CIDRs become routes via
+/// the interface's gateway (after the configuration's own, a destination given twice
+/// once), and the interface itself goes under the result's `corral` key (see
+/// [`crate::CloudInterface`] for why not under `interfaces`).
+fn add_interface(
+    result: &mut IpamResult,
+    interface: &api::AllocatedInterface,
+    address: IpNet,
+) -> Result<(), CniError> {
+    let family = Family::of(address.addr());
+    for route in &interface.routes {
+        let dst = route.parse::<IpNet>().map_err(|e| {
+            CniError::new(
+                CniError::AGENT_FAILURE,
+                format!(
+                    "the agent's route {route:?} of interface {}: {e}",
+                    interface.id
+                ),
+                "",
+            )
+        })?;
+        if Family::of(dst.addr()) != family || result.routes.iter().any(|r| r.dst == dst) {
+            continue;
+        }
+        let gateway = interface
+            .gateway
+            .filter(|gateway| Family::of(*gateway) == family);
+        result.routes.push(Route::new(dst, gateway));
+    }
+    match result
+        .cloud_interfaces
+        .iter_mut()
+        .find(|known| known.id == interface.id)
+    {
+        Some(known) => known.addresses.push(address),
+        None => result.cloud_interfaces.push(CloudInterface {
+            id: interface.id.clone(),
+            device_number: interface.device_number,
+            mac: interface.mac.clone(),
+            addresses: vec![address],
+        }),
+    }
     Ok(())
 }
 

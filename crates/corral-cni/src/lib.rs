@@ -59,7 +59,7 @@ pub use env::{CniArgs, Command, Env, parse_env};
 pub use error::CniError;
 pub use invocation::{Attachment, Invocation, parse_invocation};
 pub use result::{
-    Dns, IpConfig, IpamResult, PrevResult, Route, parse_prev_result, parse_resolv_conf,
-    version_json,
+    CloudInterface, Dns, IpConfig, IpamResult, PrevResult, Route, parse_prev_result,
+    parse_resolv_conf, version_json,
 };
 pub use version::CniVersion;

@@ -79,13 +79,34 @@ pub struct Dns {
     pub options: Vec<String>,
 }
 
+/// The cloud interface (an AWS ENI, say) addresses of the result lie on: what the agent
+/// answers for an interface-backed pool.
+///
+/// The CNI spec has IPAM plugins return an abbreviated result, "that does not include the
+/// `interfaces` key, since IPAM plugins should be unaware of interfaces configured by their
+/// parent plugin", and leaves `ips[].interface` (an index into `interfaces`) to the main
+/// plugin. So corral-ipam puts neither there: the interface's gateway goes into
+/// `ips[].gateway`, its routable CIDRs into `routes` (via that gateway), and its identity
+/// (ID, device number, MAC) under the result's own `corral` key, `{"interfaces": [{"id",
+/// "deviceNumber", "mac", "addresses"}]}`, which a main plugin that routes through the
+/// node's interfaces reads; libcni and every other consumer ignore a key they do not know.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CloudInterface {
+    pub id: String,
+    pub device_number: u32,
+    pub mac: String,
+    /// The result's addresses on it, as in `ips[].address`.
+    pub addresses: Vec<IpNet>,
+}
+
 /// The result of an IPAM ADD: addresses, routes and DNS, without interfaces (an IPAM plugin
-/// knows nothing of them).
+/// knows nothing of them), and the cloud interfaces of an interface-backed pool.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IpamResult {
     pub ips: Vec<IpConfig>,
     pub routes: Vec<Route>,
     pub dns: Dns,
+    pub cloud_interfaces: Vec<CloudInterface>,
 }
 
 impl IpamResult {
@@ -127,6 +148,18 @@ impl IpamResult {
                 search: &self.dns.search,
                 options: &self.dns.options,
             },
+            corral: (!self.cloud_interfaces.is_empty()).then(|| CorralOut {
+                interfaces: self
+                    .cloud_interfaces
+                    .iter()
+                    .map(|i| CloudInterfaceOut {
+                        id: &i.id,
+                        device_number: i.device_number,
+                        mac: &i.mac,
+                        addresses: i.addresses.iter().map(ToString::to_string).collect(),
+                    })
+                    .collect(),
+            }),
         };
         // Serialising strings, integers and vectors of them cannot fail.
         serde_json::to_string(&out).unwrap_or_default()
@@ -142,6 +175,22 @@ struct ResultOut<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     routes: Vec<RouteOut>,
     dns: DnsOut<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    corral: Option<CorralOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct CorralOut<'a> {
+    interfaces: Vec<CloudInterfaceOut<'a>>,
+}
+
+#[derive(Serialize)]
+struct CloudInterfaceOut<'a> {
+    id: &'a str,
+    #[serde(rename = "deviceNumber")]
+    device_number: u32,
+    mac: &'a str,
+    addresses: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -366,6 +415,7 @@ mod tests {
                 Route::new(net("192.168.0.0/16"), Some("10.1.5.1".parse().unwrap())),
             ],
             dns: Dns::default(),
+            cloud_interfaces: Vec::new(),
         }
     }
 

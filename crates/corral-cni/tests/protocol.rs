@@ -193,6 +193,7 @@ fn host_local_readme_command_line_example_renders_its_output() {
         ],
         routes: add.config.ipam.routes.clone(),
         dns: Dns::default(),
+        cloud_interfaces: Vec::new(),
     };
     assert_eq!(
         result.to_json(add.config.cni_version),
@@ -1236,6 +1237,7 @@ fn results_render_per_version() {
             search: vec!["svc.cluster.local".to_owned()],
             options: vec!["ndots:5".to_owned()],
         },
+        cloud_interfaces: Vec::new(),
     };
     let old_ips = r#""ips":[{"version":"4","address":"10.0.0.2/24","gateway":"10.0.0.1"},{"version":"6","address":"fd00::2/64","gateway":"fd00::1"}]"#;
     let new_ips = r#""ips":[{"address":"10.0.0.2/24","gateway":"10.0.0.1"},{"address":"fd00::2/64","gateway":"fd00::1"}]"#;

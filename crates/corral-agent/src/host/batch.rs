@@ -119,6 +119,21 @@ impl<S: Store, C: Clock> Host<S, C> {
                 answers.push(answer);
                 continue;
             }
+            if op.undone_by_reload() {
+                let answer = self.flush(&mut writes, &mut touched).and_then(|()| {
+                    let answer = self.apply(op, now, &mut writes, &mut touched);
+                    if answer.is_err() {
+                        // Part of it may have been applied: back to what the store holds.
+                        writes.clear();
+                        touched.clear();
+                        self.reload(api::NODE_SCOPE);
+                    }
+                    answer
+                });
+                self.forget_drained(&mut touched);
+                answers.push(answer);
+                continue;
+            }
             let writes_before = writes.len();
             let may_write = op.writes();
             let answer = self.apply(op, now, &mut writes, &mut touched);

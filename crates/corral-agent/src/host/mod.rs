@@ -21,6 +21,7 @@
 mod batch;
 mod blocks;
 mod gc;
+mod interfaces;
 mod node_pool;
 mod ops;
 mod scopes;
@@ -42,6 +43,7 @@ use corral_store::{
 use crate::capacity;
 use batch::{Write, record_released, rewrite_row};
 pub use blocks::{BlockReport, HeldRange, Surrender};
+pub use interfaces::{InterfaceCounters, InterfaceGauge};
 use scopes::{Broken, Scope, ensure_spec, spec_mut};
 pub use wire::OpError;
 use wire::{api_lease, family_name, key_of, pool_name, released, scope_status};
@@ -135,6 +137,30 @@ pub enum Op {
     Tick,
     /// Counts for the metrics endpoint.
     Gauges,
+    /// The node's interface-backed pools, or one (`interfaces.rs`).
+    Interfaces(Option<String>),
+    /// One interface with its use.
+    Interface(String),
+    /// Adds an interface (and its addresses, all or nothing); commits what came before first.
+    AddInterface(api::InterfaceRequest),
+    RemoveInterface {
+        id: String,
+        force: bool,
+    },
+    AddInterfaceAddress {
+        id: String,
+        address: String,
+    },
+    RemoveInterfaceAddress {
+        id: String,
+        address: String,
+        force: bool,
+    },
+    /// AWS VPC CNI's ipamd checkpoint into an interface-backed pool, all or nothing; commits
+    /// what came before first.
+    ImportIpamd(api::IpamdImportRequest),
+    /// Interface counts for the metrics endpoint.
+    InterfaceGauges,
 }
 
 impl Op {
@@ -165,7 +191,16 @@ impl Op {
                 | Op::Gauges
                 | Op::CniCheck(_)
                 | Op::BlockReport
+                | Op::Interfaces(_)
+                | Op::Interface(_)
+                | Op::InterfaceGauges
         )
+    }
+
+    /// Operations that change several things, undone on a refusal part way by rebuilding the
+    /// node scope from the store; the batch commits what came before them first.
+    fn undone_by_reload(&self) -> bool {
+        matches!(self, Op::AddInterface(_) | Op::ImportIpamd(_))
     }
 }
 
@@ -190,6 +225,11 @@ pub enum Reply {
     Surrender(Surrender),
     Blocks(BlockReport),
     Gc(api::GcResponse),
+    Interfaces(api::InterfacesResponse),
+    Interface(api::InterfaceInfo),
+    InterfaceRemoved(api::InterfaceRemoved),
+    IpamdImported(api::IpamdImportResponse),
+    InterfaceGauges(Vec<InterfaceGauge>),
 }
 
 /// Every range the cluster grants this node now, of all pools: the argument of
@@ -263,6 +303,8 @@ pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
     cluster_refused: Vec<String>,
     /// The last [`ClusterRanges::block_families`].
     block_families: BTreeMap<PoolName, Vec<Family>>,
+    /// Assign and unassign outcomes on interface-backed pools, for `/metrics`.
+    interface_counters: InterfaceCounters,
 }
 
 impl<S: Store, C: Clock> std::fmt::Debug for Host<S, C> {
@@ -326,7 +368,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             let (mut engine, _) =
                 build_engine(&mut txn, &name, &config, engine_config, Need::Full)?;
             capacity::forget_drained(&mut config, &engine.take_drained(), node_declared);
-            let mut scope = Scope { config, engine };
+            let mut scope = Scope::new(config, engine)?;
             if let Some(declared) = node_declared {
                 // Ranges that left at start (a range the file moved to another pool, empty
                 // in the old one) no longer keep the file's ranges out.
@@ -349,7 +391,14 @@ impl<S: Store, C: Clock> Host<S, C> {
             n_broken: Default::default(),
             cluster_refused: Vec::new(),
             block_families: BTreeMap::new(),
+            interface_counters: Default::default(),
         })
+    }
+
+    /// Counts assign and unassign outcomes in `counters` from now on.
+    pub fn with_interface_counters(mut self, counters: InterfaceCounters) -> Self {
+        self.interface_counters = counters;
+        self
     }
 
     /// Counts its broken scopes (see `scopes.rs`) in `gauge` from now on: `/readyz` says
@@ -424,6 +473,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                     OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
                 })?;
                 let scope = self.node_scope_mut(&request.scope, "ranges")?;
+                interfaces::refuse_range_in_interface_pool(scope, &pool)?;
                 if let Some((other_pool, block)) =
                     capacity::surrendered_overlapping(&scope.config, &spec)
                 {
@@ -546,6 +596,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                             subnet: None,
                             gateway: None,
                             lease: info.entry.lease.as_ref().map(api_lease),
+                            interface: None,
                         })
                         .collect(),
                     Err(_) => Vec::new(),
@@ -594,6 +645,20 @@ impl<S: Store, C: Clock> Host<S, C> {
                 Ok(Reply::Expired(expired))
             }
             Op::Gauges => Ok(Reply::Gauges(self.gauges(now))),
+            Op::Interfaces(pool) => self.list_interfaces(pool, now),
+            Op::Interface(id) => self.show_interface(&id, now),
+            Op::AddInterface(request) => self.add_interface(request, now, touched),
+            Op::RemoveInterface { id, force } => {
+                self.remove_interface(&id, force, now, writes, touched)
+            }
+            Op::AddInterfaceAddress { id, address } => {
+                self.add_interface_address(&id, &address, now, touched)
+            }
+            Op::RemoveInterfaceAddress { id, address, force } => {
+                self.remove_interface_address(&id, &address, force, now, writes, touched)
+            }
+            Op::ImportIpamd(request) => self.import_ipamd(request, now, writes, touched),
+            Op::InterfaceGauges => Ok(Reply::InterfaceGauges(self.interface_gauges(now))),
         }
     }
 }
@@ -1061,6 +1126,68 @@ mod tests {
         // And without any file at all.
         let host = Host::restore(open(), &ScopeConfig::default()).unwrap();
         assert_eq!(pods(&host), before);
+    }
+
+    /// An interface-backed pool takes no plain range, from the API or the cluster, and an
+    /// interface goes into no pool of plain ranges; each refusal changes nothing.
+    #[test]
+    fn interface_pools_and_plain_ranges_do_not_mix() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let eni = |pool: &str, id: &str, device: u32| {
+            Op::AddInterface(api::InterfaceRequest {
+                pool: pool.into(),
+                id: id.into(),
+                device_number: device,
+                mac: "0a:00:00:00:00:01".into(),
+                subnets: vec!["10.60.0.0/24".into()],
+                gateways: vec![],
+                routes: vec![],
+                primary: false,
+                trunk: false,
+                excluded: false,
+                addresses: vec!["10.60.0.10".into(), "10.60.0.16/28".into()],
+            })
+        };
+        run_one(&mut host, eni("eni", "eni-1", 1)).unwrap();
+        let before = node_ranges(&host);
+        let error = run_one(&mut host, eni("default", "eni-2", 2)).unwrap_err();
+        assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
+        let add = Op::AddRange(api::RangeRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "eni".into(),
+            range: "10.61.0.0/24".into(),
+        });
+        let error = run_one(&mut host, add).unwrap_err();
+        assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
+        let done = outcome(run_one(&mut host, grant(&[("eni", "10.62.0.0/24")])));
+        assert!(done.added.is_empty(), "{done:?}");
+        assert!(done.refused[0].contains("interface-backed"), "{done:?}");
+        // An interface whose second address is refused leaves nothing behind.
+        let mut bad = match eni("eni", "eni-3", 3) {
+            Op::AddInterface(request) => request,
+            _ => unreachable!(),
+        };
+        bad.addresses = vec!["10.60.0.11".into(), "10.60.0.10".into()];
+        let error = run_one(&mut host, Op::AddInterface(bad)).unwrap_err();
+        assert_eq!(error.code, ErrorCode::AddressAlreadyPresent, "{error:?}");
+        assert_eq!(node_ranges(&host), before);
+        // And the table and the store agree after a restart.
+        drop(host);
+        let mut host = Host::restore(store, &declared()).unwrap();
+        assert_eq!(node_ranges(&host), before);
+        match run_one(&mut host, Op::Interfaces(Some("eni".into()))) {
+            Ok(Reply::Interfaces(list)) => {
+                let ids: Vec<&str> = list.pools[0]
+                    .interfaces
+                    .iter()
+                    .map(|i| i.id.as_str())
+                    .collect();
+                assert_eq!(ids, ["eni-1"]);
+                assert_eq!(list.pools[0].total, 17);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -88,6 +88,7 @@ impl<S: Store, C: Clock> Host<S, C> {
         }
         let block_families = self.block_families.get(&pool).cloned();
         let scope = self.scope_mut(api::NODE_SCOPE)?;
+        let interface_backed = scope.interfaces.contains_key(&pool);
         let ranges = match scope.engine.ranges(&pool) {
             Ok(ranges) => ranges,
             Err(AllocError::UnknownPool { .. }) => {
@@ -125,6 +126,20 @@ impl<S: Store, C: Clock> Host<S, C> {
                 &format!("has no active {missing} block yet"),
             ));
         }
+        if interface_backed && requested.is_empty() && families.len() == 1 {
+            let allocated = self.assign_on_interface(
+                &pool,
+                (&key, &request.owner),
+                families[0],
+                now,
+                writes,
+                touched,
+            )?;
+            return Ok(Reply::Allocated(api::AllocateResponse {
+                allocations: vec![allocated],
+            }));
+        }
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
         let wanted: Vec<(Request<'_>, Target)> = families
             .iter()
             .map(|&family| {
@@ -158,8 +173,12 @@ impl<S: Store, C: Clock> Host<S, C> {
             ));
             touched.insert(api::NODE_SCOPE.to_owned());
         }
+        let mut answer: Vec<api::Allocated> = got.iter().map(|a| allocated(&pool, a)).collect();
+        if interface_backed {
+            super::interfaces::decorate(scope, &mut answer);
+        }
         Ok(Reply::Allocated(api::AllocateResponse {
-            allocations: got.iter().map(|a| allocated(&pool, a)).collect(),
+            allocations: answer,
         }))
     }
 
@@ -172,8 +191,8 @@ impl<S: Store, C: Clock> Host<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<Reply, OpError> {
         let key = key_of(&request.key)?;
+        let mut gone = self.unassign_on_interfaces(&key, now, writes, touched)?;
         let scope = self.scope_mut(api::NODE_SCOPE)?;
-        let mut gone = Vec::new();
         // Every pool of the node scope: the key names the network, whose attachments live
         // only here, and the pool a call resolves to may differ between ADD and DEL (the
         // namespace's pool changed, or a DEL recorded while the agent was away names the
@@ -213,6 +232,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                 subnet: None,
                 gateway: None,
                 lease: None,
+                interface: None,
             })
             .collect();
         Ok(Reply::Allocated(api::AllocateResponse {

@@ -60,6 +60,27 @@ impl<S: Store, C: Clock> Host<S, C> {
         };
         let lease = request.lease_ms.map(Duration::from_millis);
         let scope_name = request.scope;
+        let interface_backed = self.scope_mut(&scope_name)?.interfaces.contains_key(&pool);
+        if interface_backed && let (Some(key), None, None) = (&key, request.address, lease) {
+            let family = match family {
+                api::FamilyChoice::Ipv4 => Some(Family::V4),
+                api::FamilyChoice::Ipv6 => Some(Family::V6),
+                api::FamilyChoice::Dual => None,
+            };
+            if let Some(family) = family {
+                let allocated = self.assign_on_interface(
+                    &pool,
+                    (key, &request.owner),
+                    family,
+                    now,
+                    writes,
+                    touched,
+                )?;
+                return Ok(Reply::Allocated(api::AllocateResponse {
+                    allocations: vec![allocated],
+                }));
+            }
+        }
         let scope = self.scope_mut(&scope_name)?;
         let core_request = Request {
             pool: &pool,
@@ -107,8 +128,13 @@ impl<S: Store, C: Clock> Host<S, C> {
             ));
             touched.insert(scope_name.clone());
         }
+        let mut answer: Vec<api::Allocated> =
+            allocations.iter().map(|a| allocated(&pool, a)).collect();
+        if interface_backed {
+            super::interfaces::decorate(scope, &mut answer);
+        }
         Ok(Reply::Allocated(api::AllocateResponse {
-            allocations: allocations.iter().map(|a| allocated(&pool, a)).collect(),
+            allocations: answer,
         }))
     }
 
@@ -132,9 +158,21 @@ impl<S: Store, C: Clock> Host<S, C> {
         }
         let key = request.key.as_ref().map(key_of).transpose()?;
         let scope_name = request.scope;
+        let mut unassigned = Vec::new();
+        if let Some(key) = &key
+            && scope_name == api::NODE_SCOPE
+        {
+            unassigned = self.unassign_on_interfaces(key, now, writes, touched)?;
+        }
         let scope = self.scope_mut(&scope_name)?;
         let gone = if let Some(key) = key {
-            scope.engine.release_key(&key, now)
+            let mut gone = unassigned;
+            let rest = scope.engine.release_key(&key, now);
+            record_released(&scope_name, &rest, writes, touched);
+            gone.extend(rest);
+            return Ok(Reply::Released(api::ReleaseResponse {
+                released: gone.iter().map(released).collect(),
+            }));
         } else if let Some(addr) = request.address {
             match scope.engine.release(addr, request.generation, now) {
                 Ok(r) => vec![r],
@@ -276,6 +314,13 @@ impl<S: Store, C: Clock> Host<S, C> {
             );
         }
         for (pool, spec) in &grants.ranges {
+            if scope.interfaces.contains_key(pool) {
+                outcome.refused.push(format!(
+                    "range {spec} granted to pool {pool} by the cluster: the pool is \
+                     interface-backed (its addresses come from its interfaces); it is not applied"
+                ));
+                continue;
+            }
             match capacity::check_grant(&scope.config, pool.as_str(), spec) {
                 Ok(capacity::Grant::Held) => {}
                 Ok(capacity::Grant::Add | capacity::Grant::CancelDrain) => {
@@ -385,7 +430,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             let declared = (name == api::NODE_SCOPE).then_some(&self.declared);
             capacity::forget_drained(&mut config, &engine.take_drained(), declared);
             save_engine(&mut txn, &name, &config, &engine).map_err(OpError::store)?;
-            built.push((name, Scope { config, engine }));
+            built.push((name, Scope::new(config, engine).map_err(OpError::store)?));
         }
         txn.commit().map_err(OpError::store)?;
         for (name, scope) in built {

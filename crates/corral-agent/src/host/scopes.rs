@@ -19,9 +19,21 @@ use crate::capacity;
 pub(super) struct Scope {
     pub(super) config: ScopeConfig,
     pub(super) engine: Engine,
+    /// The interface-backed pools' tables (`interfaces.rs`), from `config`.
+    pub(super) interfaces: std::collections::BTreeMap<PoolName, corral_core::Interfaces>,
 }
 
 impl Scope {
+    /// A scope of an engine built from `config`, with the interface tables `config` holds.
+    pub(super) fn new(config: ScopeConfig, engine: Engine) -> Result<Scope, StoreError> {
+        let interfaces = super::interfaces::tables_of(&config, &engine)?;
+        Ok(Scope {
+            config,
+            engine,
+            interfaces,
+        })
+    }
+
     /// Adds the configuration file's ranges that were kept out by a range of another pool
     /// which has since left (see [`capacity::now_applicable`]); returns whether any was.
     pub(super) fn adopt_file_ranges(&mut self, declared: &ScopeConfig) -> bool {
@@ -184,13 +196,12 @@ impl<S: Store, C: Clock> Host<S, C> {
                 build_engine(&mut txn, scope, &config, engine_config, Need::Full)?;
             txn.finish()?;
             capacity::forget_drained(&mut config, &engine.take_drained(), declared);
-            Ok(Some((config, engine)))
+            Ok(Some(Scope::new(config, engine)?))
         });
         match rebuilt {
-            Ok(Some((config, engine))) => {
+            Ok(Some(rebuilt)) => {
                 self.broken.remove(scope);
-                self.scopes
-                    .insert(scope.to_owned(), Scope { config, engine });
+                self.scopes.insert(scope.to_owned(), rebuilt);
             }
             Ok(None) => {
                 self.broken.remove(scope);
@@ -321,6 +332,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             Scope {
                 config: desired,
                 engine: built,
+                interfaces: Default::default(),
             },
         );
         Ok(name)

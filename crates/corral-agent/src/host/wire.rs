@@ -101,9 +101,7 @@ pub(super) fn api_source(source: RangeSource) -> api::RangeSource {
         RangeSource::Api => api::RangeSource::Api,
         RangeSource::Cni => api::RangeSource::Cni,
         RangeSource::Cluster => api::RangeSource::Cluster,
-        // Until the API names interface ranges (the ifagent branch adds the variant), they are
-        // listed as run-time ranges, which is what they are.
-        RangeSource::Interface => api::RangeSource::Api,
+        RangeSource::Interface => api::RangeSource::Interface,
     }
 }
 
@@ -163,6 +161,7 @@ pub(super) fn allocated(pool: &PoolName, a: &Allocation) -> api::Allocated {
         subnet: a.range.map(|r| r.subnet_net().to_string()),
         gateway: a.range.and_then(|r| r.gateway()),
         lease: a.lease.as_ref().map(api_lease),
+        interface: None,
     }
 }
 

@@ -1,0 +1,716 @@
+//! Interface-backed pools of the node scope (`/v1/interfaces`): the cloud interfaces of the
+//! node with their secondary addresses and delegated prefixes, kept by corral-core's
+//! [`Interfaces`] beside the scope's engine (one table per pool), and durable in the scope's
+//! stored configuration (`PoolSpec::interfaces`, each address also a range of source
+//! `interface`), written in the same commit as the rows, like every other change.
+//!
+//! A pool becomes interface-backed with its first interface. Its capacity is then exactly its
+//! interfaces' addresses: a plain range is refused in it, and an interface in a pool that has
+//! plain ranges, both with `pool_kind_mismatch` (an address handed out from a plain range
+//! would have no interface to route the pod through).
+
+use corral_api as api;
+use corral_api::ErrorCode;
+use corral_core::{
+    Assignment, AttachmentKey, Echo, Family, InterfaceError, InterfaceId, InterfaceSpec,
+    Interfaces, IpNet, MacAddr, PoolName, Released, Request, Target, Timestamp,
+};
+use corral_store::{RangeSource, ScopeConfig, Store, StoredAllocation};
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::batch::{Write, record_released};
+use super::scopes::{Scope, ensure_spec};
+use super::wire::{family_name, pool_name};
+use super::{Clock, Host, OpError, Reply};
+
+/// Every interface error as the API reports it; exhaustive, no catch-all.
+impl From<InterfaceError> for OpError {
+    fn from(error: InterfaceError) -> OpError {
+        use InterfaceError as E;
+        let code = match &error {
+            E::Engine(inner) => return OpError::from(inner.clone()),
+            E::Invalid(_) | E::InvalidSpec { .. } | E::NotInSubnet { .. } => ErrorCode::BadRequest,
+            E::BadPrefixLength { .. } => ErrorCode::BadRequest,
+            E::DuplicateInterface { .. } | E::DuplicateDeviceNumber { .. } => {
+                ErrorCode::DuplicateInterface
+            }
+            E::AddressAlreadyPresent { .. } => ErrorCode::AddressAlreadyPresent,
+            E::UnknownAddress { .. } => ErrorCode::UnknownAddress,
+            E::AddressInUse { .. } => ErrorCode::AddressInUse,
+            E::InterfaceInUse { .. } | E::PrimaryOrTrunk { .. } => ErrorCode::InterfaceInUse,
+            E::UnknownInterface { .. } => ErrorCode::UnknownInterface,
+            E::Exhausted { .. } => ErrorCode::Exhausted,
+            E::NotOnInterface { .. } => ErrorCode::Conflict,
+        };
+        let pool = match &error {
+            E::Exhausted { pool, .. } | E::NotOnInterface { pool, .. } => Some(pool.to_string()),
+            _ => None,
+        };
+        OpError {
+            code,
+            message: error.to_string(),
+            pool,
+            set: None,
+            retryable: error.is_retryable(),
+        }
+    }
+}
+
+/// The interface tables of a scope, rebuilt from its stored configuration after the engine
+/// was built from the same configuration, and checked against it (`restore_interfaces`).
+pub(super) fn tables_of(
+    config: &ScopeConfig,
+    engine: &corral_core::Engine,
+) -> Result<BTreeMap<PoolName, Interfaces>, corral_store::StoreError> {
+    Ok(corral_store::restore_interfaces(config, engine)?
+        .into_iter()
+        .map(|table| (table.pool().clone(), table))
+        .collect())
+}
+
+/// Writes a pool's table into the scope's stored configuration: its interfaces, and its
+/// ranges of source `interface` exactly the table's addresses.
+fn store_table(scope: &mut Scope, pool: &PoolName) -> Result<(), OpError> {
+    let table = scope
+        .interfaces
+        .get(pool)
+        .cloned()
+        .unwrap_or_else(|| Interfaces::new(pool.clone()));
+    ensure_spec(scope, pool)?
+        .set_interfaces(&table)
+        .map_err(OpError::store)
+}
+
+fn parse_net_or_addr(text: &str) -> Result<IpNet, OpError> {
+    let net = if text.contains('/') {
+        corral_core::parse_net(text)
+    } else {
+        corral_core::parse_addr(text).map(IpNet::from)
+    };
+    net.map_err(|e| OpError::bad_request(format!("address {}: {e}", Echo(text))))
+}
+
+fn interface_id(text: &str) -> Result<InterfaceId, OpError> {
+    InterfaceId::new(text).map_err(|e| OpError::bad_request(format!("interface id: {e}")))
+}
+
+fn allocated_interface(assignment: &Assignment) -> api::AllocatedInterface {
+    api::AllocatedInterface {
+        id: assignment.interface.to_string(),
+        device_number: assignment.device_number,
+        mac: assignment.mac.to_string(),
+        subnet: assignment.subnet.to_string(),
+        gateway: assignment.gateway,
+        routes: assignment.routes.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// An assignment as the API answers an allocation.
+pub(super) fn allocated_of(pool: &PoolName, assignment: &Assignment) -> api::Allocated {
+    api::Allocated {
+        address: assignment.addr,
+        family: family_name(Family::of(assignment.addr)),
+        pool: pool.to_string(),
+        generation: assignment.generation,
+        existing: assignment.existing,
+        subnet: Some(assignment.subnet.to_string()),
+        gateway: assignment.gateway,
+        lease: None,
+        interface: Some(allocated_interface(assignment)),
+    }
+}
+
+/// Adds the interface data to answers of an interface-backed pool (an allocation made by the
+/// engine directly: a requested address, several families at once, no key).
+pub(super) fn decorate(scope: &Scope, allocations: &mut [api::Allocated]) {
+    for allocated in allocations {
+        let Ok(pool) = PoolName::new(&allocated.pool) else {
+            continue;
+        };
+        let Some(table) = scope.interfaces.get(&pool) else {
+            continue;
+        };
+        if let Some(assignment) = table.assignment_of(&scope.engine, allocated.address) {
+            allocated.subnet = Some(assignment.subnet.to_string());
+            allocated.gateway = assignment.gateway;
+            allocated.interface = Some(allocated_interface(&assignment));
+        }
+    }
+}
+
+/// Whether a pool has ranges that are not its interfaces' addresses.
+fn has_plain_ranges(scope: &Scope, pool: &PoolName) -> bool {
+    scope.config.pools.iter().any(|p| {
+        p.name == pool.as_str()
+            && p.ranges.iter().any(|r| {
+                r.source != RangeSource::Interface && r.state != corral_store::RangeState::Removed
+            })
+    })
+}
+
+/// Refuses a plain range in an interface-backed pool.
+pub(super) fn refuse_range_in_interface_pool(
+    scope: &Scope,
+    pool: &PoolName,
+) -> Result<(), OpError> {
+    if scope.interfaces.contains_key(pool) {
+        return Err(OpError {
+            pool: Some(pool.to_string()),
+            ..OpError::new(
+                ErrorCode::PoolKindMismatch,
+                format!(
+                    "pool {pool} is interface-backed: its addresses come from its interfaces \
+                     (corral interface address add), not from ranges"
+                ),
+            )
+        });
+    }
+    Ok(())
+}
+
+/// Which table holds interface `id` (interface IDs are unique on the node).
+fn pool_of(scope: &Scope, id: &InterfaceId) -> Result<PoolName, OpError> {
+    scope
+        .interfaces
+        .iter()
+        .find(|(_, table)| table.get(id).is_some())
+        .map(|(pool, _)| pool.clone())
+        .ok_or_else(|| {
+            InterfaceError::UnknownInterface {
+                interface: id.clone(),
+            }
+            .into()
+        })
+}
+
+fn info_of(
+    scope: &Scope,
+    pool: &PoolName,
+    id: &InterfaceId,
+    now: Timestamp,
+) -> Result<api::InterfaceInfo, OpError> {
+    let table = &scope.interfaces[pool];
+    let stats = table.stats(&scope.engine, now)?;
+    let stat = stats
+        .interfaces
+        .iter()
+        .find(|s| s.id == *id)
+        .ok_or_else(|| {
+            OpError::from(InterfaceError::UnknownInterface {
+                interface: id.clone(),
+            })
+        })?;
+    let spec = table.get(id).expect("the stats name it");
+    let addresses = table.addresses(id).unwrap_or_default();
+    let freeable = table.freeable(&scope.engine, id, now)?;
+    Ok(api::InterfaceInfo {
+        id: id.to_string(),
+        pool: pool.to_string(),
+        device_number: spec.device_number,
+        primary: spec.primary,
+        trunk: spec.trunk,
+        excluded: spec.excluded,
+        mac: spec.mac.to_string(),
+        subnets: spec.subnets.iter().map(ToString::to_string).collect(),
+        gateways: Family::ALL
+            .iter()
+            .filter_map(|family| spec.gateway(*family))
+            .collect(),
+        routes: spec.routes.iter().map(ToString::to_string).collect(),
+        created_at_ms: spec.created_at.as_unix_millis(),
+        addresses: addresses.iter().map(ToString::to_string).collect(),
+        n_addresses: stat.addresses as u64,
+        n_prefixes: stat.prefixes as u64,
+        total: stat.total,
+        assigned: stat.assigned,
+        cooling: stat.cooling,
+        freeable: freeable.iter().map(ToString::to_string).collect(),
+    })
+}
+
+impl<S: Store, C: Clock> Host<S, C> {
+    fn node(&mut self) -> Result<&mut Scope, OpError> {
+        self.scope_mut(api::NODE_SCOPE)
+    }
+
+    /// `GET /v1/interfaces[?pool=]`.
+    pub(super) fn list_interfaces(
+        &mut self,
+        pool: Option<String>,
+        now: Timestamp,
+    ) -> Result<Reply, OpError> {
+        let wanted = pool.as_deref().map(pool_name).transpose()?;
+        let scope = self.node()?;
+        scope.engine.advance(now);
+        if let Some(wanted) = &wanted
+            && !scope.interfaces.contains_key(wanted)
+        {
+            return Err(OpError {
+                pool: Some(wanted.to_string()),
+                ..OpError::new(
+                    ErrorCode::NotFound,
+                    format!("pool {wanted} has no interfaces"),
+                )
+            });
+        }
+        let scope = &*scope;
+        let mut pools = Vec::new();
+        for (name, table) in &scope.interfaces {
+            if wanted.as_ref().is_some_and(|w| w != name) {
+                continue;
+            }
+            let stats = table.stats(&scope.engine, now)?;
+            let interfaces = table
+                .interfaces()
+                .map(|(spec, _)| info_of(scope, name, &spec.id, now))
+                .collect::<Result<Vec<_>, _>>()?;
+            pools.push(api::InterfacePool {
+                pool: name.to_string(),
+                total: stats.total,
+                assigned: stats.assigned,
+                cooling: stats.cooling,
+                interfaces,
+            });
+        }
+        Ok(Reply::Interfaces(api::InterfacesResponse { pools }))
+    }
+
+    /// `GET /v1/interfaces/{id}`.
+    pub(super) fn show_interface(&mut self, id: &str, now: Timestamp) -> Result<Reply, OpError> {
+        let id = interface_id(id)?;
+        let scope = self.node()?;
+        scope.engine.advance(now);
+        let pool = pool_of(scope, &id)?;
+        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+    }
+
+    /// `POST /v1/interfaces`: the interface, then its addresses, all or nothing.
+    pub(super) fn add_interface(
+        &mut self,
+        request: api::InterfaceRequest,
+        now: Timestamp,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let id = interface_id(&request.id)?;
+        let mac: MacAddr = request
+            .mac
+            .parse()
+            .map_err(|e| OpError::bad_request(format!("mac: {e}")))?;
+        let parse_nets = |what: &str, texts: &[String]| -> Result<Vec<IpNet>, OpError> {
+            texts
+                .iter()
+                .map(|text| {
+                    corral_core::parse_net(text)
+                        .map_err(|e| OpError::bad_request(format!("{what} {}: {e}", Echo(text))))
+                })
+                .collect()
+        };
+        let subnets = parse_nets("subnet", &request.subnets)?;
+        if subnets.is_empty() {
+            return Err(OpError::bad_request(
+                "an interface needs its subnet (one per family)",
+            ));
+        }
+        let routes = parse_nets("route", &request.routes)?;
+        let addresses = request
+            .addresses
+            .iter()
+            .map(|a| parse_net_or_addr(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let spec = InterfaceSpec {
+            id: id.clone(),
+            device_number: request.device_number,
+            primary: request.primary,
+            trunk: request.trunk,
+            excluded: request.excluded,
+            subnets,
+            mac,
+            gateways: request.gateways.clone(),
+            routes,
+            created_at: now,
+        };
+        let scope = self.node()?;
+        if let Ok(other) = pool_of(scope, &id) {
+            return Err(OpError::new(
+                ErrorCode::DuplicateInterface,
+                format!("interface {id} already exists (in pool {other})"),
+            ));
+        }
+        if let Some((other, table)) = scope.interfaces.iter().find(|(name, table)| {
+            **name != pool
+                && table
+                    .interfaces()
+                    .any(|(s, _)| s.device_number == spec.device_number)
+        }) {
+            let holder = table
+                .interfaces()
+                .find(|(s, _)| s.device_number == spec.device_number)
+                .map(|(s, _)| s.id.to_string())
+                .unwrap_or_default();
+            return Err(OpError::new(
+                ErrorCode::DuplicateInterface,
+                format!(
+                    "device number {} is already interface {holder} (in pool {other})",
+                    spec.device_number
+                ),
+            ));
+        }
+        if has_plain_ranges(scope, &pool) {
+            return Err(OpError {
+                pool: Some(pool.to_string()),
+                ..OpError::new(
+                    ErrorCode::PoolKindMismatch,
+                    format!(
+                        "pool {pool} has plain ranges: interfaces go into a pool of their own \
+                         (an address from a plain range would have no interface)"
+                    ),
+                )
+            });
+        }
+        // The table is planned on a copy; the engine changes address by address, and a
+        // refusal part way is undone by the caller, which rebuilds the scope from the store
+        // (`run_batch` commits what came before this operation first).
+        let mut table = scope
+            .interfaces
+            .get(&pool)
+            .cloned()
+            .unwrap_or_else(|| Interfaces::new(pool.clone()));
+        table.add_interface(spec)?;
+        if !scope.engine.pool_names().contains(&pool) {
+            scope.engine.add_pool(&pool, Default::default())?;
+        }
+        for address in &addresses {
+            table.add_address(&mut scope.engine, &id, *address, now)?;
+        }
+        scope.interfaces.insert(pool.clone(), table);
+        store_table(scope, &pool)?;
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+    }
+
+    /// `DELETE /v1/interfaces/{id}`: with `force`, its allocations are released (the pods
+    /// lose the address with the cloud's) and a primary or trunk interface goes too.
+    pub(super) fn remove_interface(
+        &mut self,
+        id: &str,
+        force: bool,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let id = interface_id(id)?;
+        let scope = self.node()?;
+        let pool = pool_of(scope, &id)?;
+        let table = scope.interfaces.get_mut(&pool).expect("pool_of found it");
+        let removal = table.remove_interface(&mut scope.engine, &id, force, now)?;
+        if table.is_empty() {
+            // The pool stays (empty); it may get interfaces again.
+            scope.interfaces.remove(&pool);
+        }
+        record_released(api::NODE_SCOPE, &removal.released, writes, touched);
+        store_table(scope, &pool)?;
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::InterfaceRemoved(api::InterfaceRemoved {
+            id: id.to_string(),
+            pool: pool.to_string(),
+            addresses: removal.addresses.iter().map(ToString::to_string).collect(),
+        }))
+    }
+
+    /// `POST /v1/interfaces/{id}/addresses`.
+    pub(super) fn add_interface_address(
+        &mut self,
+        id: &str,
+        address: &str,
+        now: Timestamp,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let id = interface_id(id)?;
+        let address = parse_net_or_addr(address)?;
+        let scope = self.node()?;
+        let pool = pool_of(scope, &id)?;
+        let table = scope.interfaces.get_mut(&pool).expect("pool_of found it");
+        table.add_address(&mut scope.engine, &id, address, now)?;
+        store_table(scope, &pool)?;
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+    }
+
+    /// `DELETE /v1/interfaces/{id}/addresses`.
+    pub(super) fn remove_interface_address(
+        &mut self,
+        id: &str,
+        address: &str,
+        force: bool,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let id = interface_id(id)?;
+        let address = parse_net_or_addr(address)?;
+        let scope = self.node()?;
+        let pool = pool_of(scope, &id)?;
+        let table = scope.interfaces.get_mut(&pool).expect("pool_of found it");
+        let removal = table.remove_address(&mut scope.engine, &id, address, force, now)?;
+        record_released(api::NODE_SCOPE, &removal.released, writes, touched);
+        store_table(scope, &pool)?;
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+    }
+
+    /// A CNI ADD (or a keyed API allocation) of one family on an interface-backed pool:
+    /// `Interfaces::assign`, idempotent per key.
+    pub(super) fn assign_on_interface(
+        &mut self,
+        pool: &PoolName,
+        (key, owner): (&AttachmentKey, &str),
+        family: Family,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<api::Allocated, OpError> {
+        let counters = self.interface_counters.clone();
+        let scope = self.node()?;
+        let table = scope
+            .interfaces
+            .get(pool)
+            .expect("an interface-backed pool");
+        let result = table.assign(&mut scope.engine, key, owner, family, now);
+        counters.count_assign(pool, &result);
+        let assignment = result?;
+        if !assignment.existing {
+            writes.push(Write::Put(
+                api::NODE_SCOPE.to_owned(),
+                StoredAllocation {
+                    pool: pool.clone(),
+                    addr: assignment.addr,
+                    owner: owner.to_owned(),
+                    key: Some(key.clone()),
+                    generation: assignment.generation,
+                    lease: None,
+                },
+            ));
+            touched.insert(api::NODE_SCOPE.to_owned());
+        }
+        Ok(allocated_of(pool, &assignment))
+    }
+
+    /// Releases a key's allocations in every interface-backed pool (`Interfaces::unassign`).
+    pub(super) fn unassign_on_interfaces(
+        &mut self,
+        key: &AttachmentKey,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Vec<Released>, OpError> {
+        let counters = self.interface_counters.clone();
+        let scope = self.node()?;
+        let mut gone = Vec::new();
+        for (pool, table) in &scope.interfaces {
+            let result = table.unassign(&mut scope.engine, key, now);
+            counters.count_unassign(pool, &result);
+            gone.extend(result?.into_iter().map(|u| u.released));
+        }
+        record_released(api::NODE_SCOPE, &gone, writes, touched);
+        Ok(gone)
+    }
+
+    /// `POST /v1/import-ipamd`: every allocation of the checkpoint, recorded under
+    /// its CNI key, all or nothing. What the batch did before is committed first, so a refusal
+    /// (or a failed step) can put the scope back as the store holds it.
+    pub(super) fn import_ipamd(
+        &mut self,
+        request: api::IpamdImportRequest,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let allocations = crate::ipamd::parse_checkpoint(&request.checkpoint)
+            .map_err(|e| OpError::bad_request(format!("ipamd checkpoint: {e}")))?;
+        let scope = self.node()?;
+        let Some(table) = scope.interfaces.get(&pool) else {
+            return Err(OpError {
+                pool: Some(pool.to_string()),
+                ..OpError::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "pool {pool} has no interfaces: add the node's interfaces and their \
+                         addresses first (corral interface add)"
+                    ),
+                )
+            });
+        };
+        // A refusal part way is undone by the caller, which rebuilds the scope from the
+        // store (`run_batch` commits what came before this operation first).
+        let engine = &mut scope.engine;
+        let mut imported = Vec::with_capacity(allocations.len());
+        let mut puts = Vec::new();
+        for allocation in &allocations {
+            if !engine.lookup_key(&allocation.key).is_empty() {
+                return Err(OpError::new(
+                    ErrorCode::InUse,
+                    format!(
+                        "ipamd checkpoint: key {} already holds an address here",
+                        allocation.key
+                    ),
+                ));
+            }
+            for &address in &allocation.addresses {
+                if table.interface_of(IpNet::from(address)).is_none()
+                    && !table
+                        .interfaces()
+                        .any(|(_, nets)| nets.iter().any(|n| n.contains(&address)))
+                {
+                    return Err(OpError {
+                        pool: Some(pool.to_string()),
+                        ..OpError::new(
+                            ErrorCode::Unavailable,
+                            format!(
+                                "ipamd checkpoint: {address} of {} is on no interface of pool \
+                                 {pool}; add the interface and its addresses first",
+                                allocation.key
+                            ),
+                        )
+                    });
+                }
+                let request = Request {
+                    pool: &pool,
+                    owner: &allocation.owner,
+                    key: Some(&allocation.key),
+                    lease: None,
+                };
+                let got = engine
+                    .allocate(&request, Target::Specific(address), now)
+                    .map_err(|e| {
+                        let base = OpError::from(e.clone());
+                        OpError {
+                            message: format!(
+                                "ipamd checkpoint: {address} of {}: {e}",
+                                allocation.key
+                            ),
+                            ..base
+                        }
+                    })?;
+                let assignment = table.assignment_of(engine, got.addr).ok_or_else(|| {
+                    OpError::from(InterfaceError::NotOnInterface {
+                        addr: got.addr,
+                        pool: pool.clone(),
+                    })
+                })?;
+                puts.push(StoredAllocation {
+                    pool: pool.clone(),
+                    addr: got.addr,
+                    owner: allocation.owner.clone(),
+                    key: Some(allocation.key.clone()),
+                    generation: got.generation,
+                    lease: None,
+                });
+                imported.push(api::ImportedAllocation {
+                    key: super::wire::api_key(&allocation.key),
+                    address: got.addr,
+                    owner: allocation.owner.clone(),
+                    interface: assignment.interface.to_string(),
+                    device_number: assignment.device_number,
+                    generation: got.generation,
+                });
+            }
+        }
+        for row in puts {
+            writes.push(Write::Put(api::NODE_SCOPE.to_owned(), row));
+        }
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::IpamdImported(api::IpamdImportResponse {
+            pool: pool.to_string(),
+            imported,
+        }))
+    }
+
+    /// Per pool: interfaces, and per interface its addresses by state, for `/metrics`.
+    pub(super) fn interface_gauges(&mut self, now: Timestamp) -> Vec<InterfaceGauge> {
+        let Ok(scope) = self.node() else {
+            return Vec::new();
+        };
+        scope.engine.advance(now);
+        let mut out = Vec::new();
+        for (pool, table) in &scope.interfaces {
+            let Ok(stats) = table.stats(&scope.engine, now) else {
+                continue;
+            };
+            out.push(InterfaceGauge {
+                pool: pool.to_string(),
+                interface: None,
+                interfaces: stats.interfaces.len() as f64,
+                assigned: stats.assigned as f64,
+                cooling: stats.cooling as f64,
+                free: stats.total.saturating_sub(stats.assigned + stats.cooling) as f64,
+            });
+            for stat in &stats.interfaces {
+                out.push(InterfaceGauge {
+                    pool: pool.to_string(),
+                    interface: Some((stat.id.to_string(), stat.device_number)),
+                    interfaces: 1.0,
+                    assigned: stat.assigned as f64,
+                    cooling: stat.cooling as f64,
+                    free: stat.total.saturating_sub(stat.assigned + stat.cooling) as f64,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// One line of interface counts for `/metrics`: a pool's totals (`interface` none) or one
+/// interface's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InterfaceGauge {
+    pub pool: String,
+    /// The interface's id and device number.
+    pub interface: Option<(String, u32)>,
+    pub interfaces: f64,
+    pub assigned: f64,
+    pub free: f64,
+    pub cooling: f64,
+}
+
+/// Outcomes of assign and unassign, counted where they happen (a family the metrics
+/// endpoint registers; a host without one counts into a family nobody reads).
+#[derive(Clone, Debug, Default)]
+pub struct InterfaceCounters {
+    pub outcomes: prometheus_client::metrics::family::Family<
+        crate::metrics::InterfaceOutcome,
+        prometheus_client::metrics::counter::Counter,
+    >,
+}
+
+impl InterfaceCounters {
+    fn bump(&self, pool: &PoolName, operation: &str, outcome: &str) {
+        self.outcomes
+            .get_or_create(&crate::metrics::InterfaceOutcome {
+                pool: pool.to_string(),
+                operation: operation.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    fn count_assign(&self, pool: &PoolName, result: &Result<Assignment, InterfaceError>) {
+        let outcome = match result {
+            Ok(a) if a.existing => "existing",
+            Ok(_) => "ok",
+            Err(InterfaceError::Exhausted { .. }) => "exhausted",
+            Err(_) => "error",
+        };
+        self.bump(pool, "assign", outcome);
+    }
+
+    fn count_unassign<T>(&self, pool: &PoolName, result: &Result<Vec<T>, InterfaceError>) {
+        let outcome = match result {
+            Ok(released) if released.is_empty() => return,
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        self.bump(pool, "unassign", outcome);
+    }
+}

@@ -1,0 +1,765 @@
+//! Interface-backed pools with the real `corral agent` process and the real `corral` command
+//! line: the lifecycle (add, addresses, refusals with their exit codes, allocation with the
+//! interface's data, cooldown across a restart, removal), the import of ipamd's checkpoint
+//! (each refusal importing nothing), and SIGKILL of the agent during assign and unassign by
+//! concurrent clients (API allocations and CNI ADD/DEL as corral-ipam sends them): every
+//! acknowledged assignment is there with its interface, no address is assigned twice,
+//! nothing acknowledged as released comes back, and released addresses keep cooling.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use corral_api as api;
+use corral_client::Client;
+use serde_json::{Value, json};
+
+mod common;
+
+use common::{Agent, BINARY};
+
+fn start(dir: &Path) -> Agent {
+    let socket = dir.join("agent.sock");
+    let state = dir.join("state");
+    Agent::start(
+        &[
+            "--data-dir".as_ref(),
+            state.as_os_str(),
+            "--socket".as_ref(),
+            socket.as_os_str(),
+        ],
+        &socket,
+    )
+}
+
+fn corral(socket: &Path, args: &[&str]) -> Output {
+    Command::new(BINARY)
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+fn ok_json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// A refusal: exit code 1, the message naming `what`.
+fn refused(output: &Output, what: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(what), "{stderr:?} lacks {what:?}");
+}
+
+fn add_eni(socket: &Path, id: &str, device: &str, extra: &[&str]) -> Output {
+    let mac = format!("0a:00:00:00:00:{:02x}", device.parse::<u8>().unwrap());
+    let mut args = vec![
+        "-o",
+        "json",
+        "interface",
+        "add",
+        id,
+        "--pool",
+        "eni",
+        "--device",
+        device,
+        "--mac",
+        &mac,
+        "--subnet",
+        "10.0.32.0/19",
+        "--route",
+        "10.0.0.0/16",
+    ];
+    args.extend(extra);
+    corral(socket, &args)
+}
+
+fn interfaces(socket: &Path) -> Value {
+    ok_json(&corral(socket, &["-o", "json", "interface", "list"]))
+}
+
+#[test]
+fn the_interface_lifecycle_through_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path());
+    let socket = agent.socket.clone();
+
+    let eni0 = ok_json(&add_eni(
+        &socket,
+        "eni-0",
+        "0",
+        &[
+            "--primary",
+            "--address",
+            "10.0.32.10",
+            "--address",
+            "10.0.40.16/28",
+        ],
+    ));
+    assert_eq!(eni0["addresses"], json!(["10.0.32.10/32", "10.0.40.16/28"]));
+    assert_eq!(eni0["gateways"], json!(["10.0.32.1"]));
+    assert_eq!(
+        (eni0["total"].as_u64(), eni0["n_prefixes"].as_u64()),
+        (Some(17), Some(1))
+    );
+    ok_json(&add_eni(&socket, "eni-1", "1", &[]));
+    let table = corral(&socket, &["interface", "list"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("eni-0") && text.contains("primary") && text.contains("pool eni: 17"),
+        "{text}"
+    );
+
+    // Every refusal is 1, names the problem, and changes nothing.
+    let before = interfaces(&socket);
+    refused(&add_eni(&socket, "eni-0", "5", &[]), "already exists");
+    refused(
+        &add_eni(&socket, "eni-5", "1", &[]),
+        "device number 1 is already interface eni-1",
+    );
+    let address = |args: &[&str]| corral(&socket, &[&["interface", "address"], args].concat());
+    refused(&address(&["add", "eni-1", "10.0.32.10"]), "already present");
+    refused(
+        &address(&["add", "eni-1", "10.0.40.20/32"]),
+        "already present",
+    );
+    refused(
+        &address(&["add", "eni-1", "10.1.0.1"]),
+        "not in subnet 10.0.32.0/19",
+    );
+    refused(&address(&["add", "eni-1", "10.0.32.32/27"]), "");
+    refused(
+        &address(&["add", "eni-9", "10.0.32.11"]),
+        "unknown interface eni-9",
+    );
+    refused(
+        &address(&["remove", "eni-1", "10.0.32.10"]),
+        "has no address",
+    );
+    refused(
+        &corral(&socket, &["pool", "add", "eni", "10.0.99.0/24"]),
+        "interface-backed",
+    );
+    let out = corral(
+        &socket,
+        &[
+            "interface",
+            "add",
+            "eni-7",
+            "--pool",
+            "default",
+            "--device",
+            "7",
+            "--mac",
+            "0a:00:00:00:00:07",
+            "--subnet",
+            "10.0.32.0/19",
+        ],
+    );
+    refused(&out, "has plain ranges");
+    let out = add_eni(
+        &socket,
+        "eni-8",
+        "8",
+        &["--address", "10.0.32.50", "--address", "10.0.32.10"],
+    );
+    refused(&out, "already present");
+    refused(
+        &corral(&socket, &["interface", "remove", "eni-0"]),
+        "primary",
+    );
+    refused(
+        &corral(&socket, &["interface", "remove", "eni-9"]),
+        "unknown interface",
+    );
+    let out = add_eni(&socket, "eni-8", "8", &["--mac-typo"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(interfaces(&socket), before);
+
+    // An allocation by key answers with its interface; the address goes back cooling.
+    let alloc = ok_json(&corral(
+        &socket,
+        &[
+            "-o",
+            "json",
+            "alloc",
+            "--pool",
+            "eni",
+            "--owner",
+            "pod",
+            "--key",
+            "net/c1/eth0",
+        ],
+    ));
+    let allocated = &alloc["allocations"][0];
+    assert_eq!(allocated["address"], json!("10.0.32.10"));
+    assert_eq!(
+        allocated["interface"],
+        json!({
+            "id": "eni-0", "device_number": 0, "mac": "0a:00:00:00:00:00",
+            "subnet": "10.0.32.0/19", "gateway": "10.0.32.1", "routes": ["10.0.0.0/16"]
+        })
+    );
+    refused(
+        &address(&["remove", "eni-0", "10.0.32.10"]),
+        "still holds 1 allocations",
+    );
+    assert!(
+        corral(&socket, &["release", "--key", "net/c1/eth0"])
+            .status
+            .success()
+    );
+    let eni0 = ok_json(&corral(
+        &socket,
+        &["-o", "json", "interface", "show", "eni-0"],
+    ));
+    assert_eq!(
+        (eni0["assigned"].as_u64(), eni0["cooling"].as_u64()),
+        (Some(0), Some(1))
+    );
+    assert_eq!(eni0["freeable"], json!(["10.0.40.16/28"]));
+
+    // SIGKILL and restart: the interfaces and the cooldown are still there.
+    agent.kill();
+    let agent = start(dir.path());
+    assert_eq!(
+        ok_json(&corral(
+            &socket,
+            &["-o", "json", "interface", "show", "eni-0"]
+        )),
+        eni0
+    );
+    let metrics = Client::unix(&socket).metrics().unwrap();
+    for line in [
+        "corral_interfaces{pool=\"eni\"} 2",
+        "corral_interface_addresses{pool=\"eni\",interface=\"eni-0\",device=\"0\",state=\"cooling\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in {metrics}");
+    }
+    // The next allocation avoids the cooling address.
+    let alloc = ok_json(&corral(
+        &socket,
+        &[
+            "-o",
+            "json",
+            "alloc",
+            "--pool",
+            "eni",
+            "--owner",
+            "pod",
+            "--key",
+            "net/c2/eth0",
+        ],
+    ));
+    assert_eq!(alloc["allocations"][0]["address"], json!("10.0.40.16"));
+    let metrics = Client::unix(&socket).metrics().unwrap();
+    assert!(
+        metrics.contains(
+            "corral_interface_operations_total{pool=\"eni\",operation=\"assign\",outcome=\"ok\"} 1"
+        ),
+        "{metrics}"
+    );
+
+    // Removal: forced, its allocation goes with it; the addresses are listed to give back.
+    let removed = ok_json(&corral(
+        &socket,
+        &["-o", "json", "interface", "remove", "eni-0", "--force"],
+    ));
+    assert_eq!(
+        removed["addresses"],
+        json!(["10.0.32.10/32", "10.0.40.16/28"])
+    );
+    let dump = ok_json(&corral(&socket, &["-o", "json", "dump"]));
+    assert!(!dump.to_string().contains("10.0.40.16"), "{dump}");
+    let eni1 = ok_json(&corral(
+        &socket,
+        &[
+            "-o",
+            "json",
+            "interface",
+            "address",
+            "add",
+            "eni-1",
+            "10.0.32.10",
+        ],
+    ));
+    assert_eq!(eni1["addresses"], json!(["10.0.32.10/32"]));
+    drop(agent);
+}
+
+// ---- ipamd's checkpoint -------------------------------------------------------------------
+
+fn entry(container: &str, ipv4: &str) -> Value {
+    json!({
+        "networkName": "aws-cni",
+        "containerID": container,
+        "ifName": "eth0",
+        "ipv4": ipv4,
+        "allocationTimestamp": 1_700_000_000_000_000_000u64,
+        "metadata": {"k8sPodNamespace": "default", "k8sPodName": format!("pod-{container}")}
+    })
+}
+
+fn node_network() -> api::CniNetwork {
+    api::CniNetwork {
+        name: "aws-cni".into(),
+        pools: vec![],
+        node_pool: Some("eni".into()),
+        requested_pool: None,
+        configured_pool: Some("eni".into()),
+        namespace: None,
+    }
+}
+
+fn cni_key(container: &str) -> api::CniKeyRequest {
+    api::CniKeyRequest {
+        network: node_network(),
+        key: api::AttachmentKey {
+            network: "aws-cni".into(),
+            container_id: container.into(),
+            ifname: "eth0".into(),
+        },
+    }
+}
+
+#[test]
+fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path());
+    let socket = agent.socket.clone();
+    let file = dir.path().join("ipam.json");
+    let import = |document: &str| {
+        std::fs::write(&file, document).unwrap();
+        corral(
+            &socket,
+            &[
+                "interface",
+                "import-ipamd",
+                file.to_str().unwrap(),
+                "--pool",
+                "eni",
+            ],
+        )
+    };
+    let document = |entries: Vec<Value>| {
+        json!({"version": "vpc-cni-ipam/1", "allocations": entries}).to_string()
+    };
+    let good = document(vec![entry("c1", "10.0.32.10"), entry("c2", "10.0.40.17")]);
+
+    // No interfaces yet.
+    refused(&import(&good), "has no interfaces");
+    ok_json(&add_eni(
+        &socket,
+        "eni-0",
+        "0",
+        &[
+            "--primary",
+            "--address",
+            "10.0.32.10",
+            "--address",
+            "10.0.32.11",
+        ],
+    ));
+    ok_json(&add_eni(
+        &socket,
+        "eni-1",
+        "1",
+        &["--address", "10.0.40.16/28"],
+    ));
+    let before = interfaces(&socket);
+
+    for (text, what) in [
+        (
+            json!({"version": "vpc-cni-ipam/2", "allocations": []}).to_string(),
+            "unknown checkpoint version",
+        ),
+        (json!({"allocations": []}).to_string(), "no \\\"version\\\""),
+        (
+            document(vec![entry("c1", "10.0.32.10"), json!({"containerID": "x"})]),
+            "allocations[1]",
+        ),
+        (
+            document(vec![entry("c1", "10.0.32.10"), entry("c3", "10.0.99.1")]),
+            "10.0.99.1 of aws-cni/c3/eth0 is on no interface of pool eni",
+        ),
+        (
+            document(vec![entry("c1", "10.0.32.10"), entry("c2", "10.0.32.10")]),
+            "address 10.0.32.10 is in allocations[0] and allocations[1]",
+        ),
+        (
+            document(vec![entry("c1", "10.0.32.10"), entry("c1", "10.0.32.11")]),
+            "key aws-cni/c1/eth0 is in allocations[0] and allocations[1]",
+        ),
+    ] {
+        let out = import(&text);
+        let stderr = String::from_utf8_lossy(&out.stderr).replace('"', "\\\"");
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(what), "{stderr:?} lacks {what:?}");
+    }
+    // Not JSON at all: a usage error (2).
+    assert_eq!(import("{\"version\": ").status.code(), Some(2));
+    assert_eq!(
+        interfaces(&socket),
+        before,
+        "a refused import imports nothing"
+    );
+
+    let out = import(&good);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("imported 2 allocations into pool eni"),
+        "{text}"
+    );
+    assert!(
+        text.contains("default/pod-c2") && text.contains("eni-1"),
+        "{text}"
+    );
+    // Importing it again: the keys hold addresses already.
+    refused(&import(&good), "already holds an address");
+
+    // The runtime's later CHECK and DEL find the imported pods, across a restart.
+    agent.kill();
+    let agent = start(dir.path());
+    let mut client = Client::unix(&socket);
+    let held = client.cni_check(&cni_key("c2")).unwrap();
+    assert_eq!(
+        held.allocations[0].address,
+        "10.0.40.17".parse::<IpAddr>().unwrap()
+    );
+    let released = client.cni_del(&cni_key("c1")).unwrap();
+    assert_eq!(
+        released.released[0].address,
+        "10.0.32.10".parse::<IpAddr>().unwrap()
+    );
+    let eni0 = ok_json(&corral(
+        &socket,
+        &["-o", "json", "interface", "show", "eni-0"],
+    ));
+    assert_eq!(
+        (eni0["assigned"].as_u64(), eni0["cooling"].as_u64()),
+        (Some(0), Some(1))
+    );
+    drop(agent);
+}
+
+// ---- SIGKILL during assign and unassign ---------------------------------------------------
+
+const INTERFACES: u32 = 15;
+const ADDRESSES: u32 = 50;
+const CLIENTS: usize = 6;
+const KEYS_PER_CLIENT: usize = 24;
+const ROUNDS: usize = 8;
+
+/// xorshift64*: the test's own seeded randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// What the clients were told.
+#[derive(Default)]
+struct Model {
+    /// Acknowledged assignments: key -> (address, interface).
+    held: BTreeMap<String, (IpAddr, String)>,
+    /// Keys whose last operation was acknowledged as a release.
+    released_keys: BTreeSet<String>,
+    /// Keys whose last operation got no answer (its outcome is unknown).
+    uncertain: BTreeSet<String>,
+    /// Addresses acknowledged as released, and when.
+    released: Vec<(IpAddr, Instant)>,
+    /// Every address an acknowledged assignment answered, and when.
+    assigned: Vec<(IpAddr, Instant)>,
+    acknowledged: usize,
+    /// Operations the kill cut off (no answer).
+    interrupted: usize,
+}
+
+fn eni_request(i: u32) -> api::InterfaceRequest {
+    api::InterfaceRequest {
+        pool: "eni".into(),
+        id: format!("eni-{i:02}"),
+        device_number: i,
+        mac: format!("0a:00:00:00:00:{i:02x}"),
+        subnets: vec!["10.0.0.0/16".into()],
+        gateways: vec![],
+        routes: vec!["10.0.0.0/8".into()],
+        primary: i == 0,
+        trunk: false,
+        excluded: false,
+        addresses: (1..=ADDRESSES).map(|a| format!("10.0.{i}.{a}")).collect(),
+    }
+}
+
+fn key_of(name: &str) -> api::AttachmentKey {
+    api::AttachmentKey {
+        network: "aws-cni".into(),
+        container_id: name.into(),
+        ifname: "eth0".into(),
+    }
+}
+
+/// One client: ADD or DEL on its own keys, half through the CNI API as corral-ipam sends
+/// them, half as keyed API allocations; records what was acknowledged.
+fn client_loop(
+    socket: &Path,
+    id: usize,
+    model: &Mutex<Model>,
+    running: &AtomicBool,
+    stop: &AtomicBool,
+    busy: &AtomicUsize,
+) {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (id as u64 + 1));
+    let mut client = Client::unix(socket).with_read_timeout(Some(Duration::from_secs(5)));
+    while !stop.load(Ordering::Acquire) {
+        if !running.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        busy.fetch_add(1, Ordering::AcqRel);
+        // Checked again inside: the controller stops issuing before it kills or verifies.
+        if !running.load(Ordering::Acquire) {
+            busy.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        let name = format!("c{id}-{}", rng.below(KEYS_PER_CLIENT as u64));
+        let held = model.lock().unwrap().held.contains_key(&name);
+        let via_cni = rng.below(2) == 0;
+        let outcome: Result<Option<(IpAddr, String)>, corral_client::Error> = if held {
+            if via_cni {
+                client.cni_del(&cni_key(&name)).map(|_| None)
+            } else {
+                client
+                    .release(&api::ReleaseRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        key: Some(key_of(&name)),
+                        ..Default::default()
+                    })
+                    .map(|_| None)
+            }
+        } else {
+            let answer = if via_cni {
+                client.cni_add(&api::CniAddRequest {
+                    network: node_network(),
+                    key: key_of(&name),
+                    owner: name.clone(),
+                    sets: vec![],
+                })
+            } else {
+                client.allocate(&api::AllocateRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "eni".into(),
+                    family: None,
+                    address: None,
+                    owner: name.clone(),
+                    key: Some(key_of(&name)),
+                    lease_ms: None,
+                })
+            };
+            answer.map(|answer| {
+                let allocated = &answer.allocations[0];
+                let interface = allocated.interface.as_ref().expect("the interface's data");
+                Some((allocated.address, interface.id.clone()))
+            })
+        };
+        let now = Instant::now();
+        let mut model = model.lock().unwrap();
+        match outcome {
+            Ok(Some((address, interface))) => {
+                model.uncertain.remove(&name);
+                model.released_keys.remove(&name);
+                model.assigned.push((address, now));
+                model.held.insert(name, (address, interface));
+                model.acknowledged += 1;
+            }
+            Ok(None) => {
+                model.uncertain.remove(&name);
+                if let Some((address, _)) = model.held.remove(&name) {
+                    model.released.push((address, now));
+                }
+                model.released_keys.insert(name);
+                model.acknowledged += 1;
+            }
+            Err(_) => {
+                // Killed under it: applied or not, nobody was told. The next operation on the
+                // key settles it: a DEL if it was held (idempotent), else an ADD.
+                model.uncertain.insert(name);
+                model.interrupted += 1;
+            }
+        }
+        drop(model);
+        busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn verify(socket: &Path, model: &Model, round: usize) {
+    let mut client = Client::unix(socket);
+    let dump = client.dump(Some(api::NODE_SCOPE)).unwrap();
+    let mut by_address: HashMap<IpAddr, String> = HashMap::new();
+    let mut by_key: HashMap<String, IpAddr> = HashMap::new();
+    for pool in dump
+        .scopes
+        .iter()
+        .flat_map(|s| &s.pools)
+        .filter(|p| p.pool == "eni")
+    {
+        for entry in &pool.allocations {
+            let key = entry.key.as_ref().expect("keyed").container_id.clone();
+            assert!(
+                by_address.insert(entry.address, key.clone()).is_none(),
+                "round {round}: {} assigned twice",
+                entry.address
+            );
+            assert!(
+                by_key.insert(key.clone(), entry.address).is_none(),
+                "round {round}: {key} holds two addresses"
+            );
+        }
+    }
+    let listed = client.interfaces(Some("eni")).unwrap();
+    let mut interface_of: HashMap<IpAddr, String> = HashMap::new();
+    let mut freeable: BTreeSet<IpAddr> = BTreeSet::new();
+    for interface in &listed.pools[0].interfaces {
+        for address in &interface.addresses {
+            let net: ipnet::IpNet = address.parse().unwrap();
+            interface_of.insert(net.addr(), interface.id.clone());
+        }
+        for address in &interface.freeable {
+            freeable.insert(address.parse::<ipnet::IpNet>().unwrap().addr());
+        }
+    }
+    for (key, (address, interface)) in &model.held {
+        if model.uncertain.contains(key) {
+            continue;
+        }
+        assert_eq!(
+            by_key.get(key),
+            Some(address),
+            "round {round}: {key} lost {address}"
+        );
+        assert_eq!(
+            interface_of.get(address),
+            Some(interface),
+            "round {round}: {address}"
+        );
+    }
+    for key in &model.released_keys {
+        if model.uncertain.contains(key) || model.held.contains_key(key) {
+            continue;
+        }
+        assert!(
+            !by_key.contains_key(key),
+            "round {round}: released {key} came back"
+        );
+    }
+    // Released within the cooldown (30 s; 25 s to stay clear of its end): not handed out
+    // again, and not freeable (it is cooling), whatever the restarts.
+    let now = Instant::now();
+    for (address, at) in &model.released {
+        if now.duration_since(*at) > Duration::from_secs(25) {
+            continue;
+        }
+        assert!(
+            !freeable.contains(address),
+            "round {round}: {address} released {:?} ago is not cooling",
+            now.duration_since(*at)
+        );
+        assert!(
+            !by_address.contains_key(address),
+            "round {round}: {address} released {:?} ago was handed out again",
+            now.duration_since(*at)
+        );
+    }
+    for (address, at) in &model.assigned {
+        let reused_early = model.released.iter().any(|(r, released)| {
+            r == address && released < at && *at - *released < Duration::from_secs(25)
+        });
+        assert!(
+            !reused_early,
+            "round {round}: {address} was reassigned while cooling"
+        );
+    }
+}
+
+#[test]
+fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = start(dir.path());
+    let socket = agent.socket.clone();
+    let mut client = Client::unix(&socket);
+    for i in 0..INTERFACES {
+        client.add_interface(&eni_request(i)).unwrap();
+    }
+    let model = Arc::new(Mutex::new(Model::default()));
+    let running = Arc::new(AtomicBool::new(true));
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|id| {
+            let (socket, model, running, stop, busy) = (
+                socket.clone(),
+                Arc::clone(&model),
+                Arc::clone(&running),
+                Arc::clone(&stop),
+                Arc::clone(&busy),
+            );
+            std::thread::spawn(move || client_loop(&socket, id, &model, &running, &stop, &busy))
+        })
+        .collect();
+    let mut rng = Rng(42);
+    for round in 0..ROUNDS {
+        // Let the clients get some answers in, then kill the agent under them.
+        let target = model.lock().unwrap().acknowledged + 40;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while model.lock().unwrap().acknowledged < target {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the clients made no progress"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(30)));
+        agent.kill();
+        // Quiesce the clients (their calls in flight fail), restart, check, go on.
+        running.store(false, Ordering::Release);
+        while busy.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        agent = start(dir.path());
+        verify(&socket, &model.lock().unwrap(), round);
+        running.store(true, Ordering::Release);
+    }
+    stop.store(true, Ordering::Release);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let model = model.lock().unwrap();
+    assert!(model.acknowledged >= ROUNDS * 40);
+    // The kills landed under load: some calls were cut off.
+    assert!(model.interrupted > 0, "no call was in flight at any kill");
+    assert!(!model.released.is_empty() && !model.held.is_empty());
+    drop(agent);
+}

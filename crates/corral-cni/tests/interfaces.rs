@@ -1,0 +1,117 @@
+//! corral-ipam in agent mode on an interface-backed pool of the node: the real binary against
+//! the real agent. The result carries the interface's gateway in `ips[].gateway`, routes to
+//! its routable CIDRs through that gateway (after the configuration's own), and the
+//! interface (ID, device number, MAC) under the result's `corral` key, never under the
+//! spec's `interfaces` (which IPAM plugins leave to the main plugin); ADD is idempotent, DEL
+//! unassigns, and a released address cools before it is handed out again.
+
+use std::path::Path;
+
+use corral_agent::{AgentConfig, Running};
+use corral_api as api;
+use corral_store::ScopeConfig;
+use serde_json::json;
+
+mod common;
+
+use common::Outcome;
+
+fn run(command: &str, container: &str, stdin: &[u8]) -> Outcome {
+    common::run(command, container, "eth0", &[], stdin)
+}
+
+fn conf(socket: &Path, data: &Path) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "cniVersion": "1.0.0",
+        "name": "aws-cni",
+        "type": "ptp",
+        "ipam": {
+            "type": "corral-ipam",
+            "agent": socket,
+            "dataDir": data,
+            "pool": "eni",
+            "routes": [{"dst": "0.0.0.0/0"}]
+        }
+    }))
+    .unwrap()
+}
+
+fn interface(id: &str, device: u32, mac: &str, addresses: &[&str]) -> api::InterfaceRequest {
+    api::InterfaceRequest {
+        pool: "eni".into(),
+        id: id.into(),
+        device_number: device,
+        mac: mac.into(),
+        subnets: vec!["10.0.32.0/19".into()],
+        gateways: vec![],
+        routes: vec!["10.0.0.0/16".into(), "0.0.0.0/0".into()],
+        primary: device == 0,
+        trunk: false,
+        excluded: false,
+        addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+    }
+}
+
+#[test]
+fn an_add_on_an_interface_pool_routes_through_the_interface() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = AgentConfig::in_dir(dir.path());
+    config.pools = ScopeConfig::default();
+    let agent = Running::start(config).expect("the agent starts");
+    let socket = dir.path().join("agent.sock");
+    let data = dir.path().join("cni");
+    let mut client = corral_client::Client::unix(&socket);
+    client
+        .add_interface(&interface(
+            "eni-1",
+            1,
+            "0a:00:00:00:00:01",
+            &["10.0.32.10", "10.0.32.11/32"],
+        ))
+        .unwrap();
+
+    let first = run("ADD", "c1", &conf(&socket, &data));
+    let result = first.json();
+    assert_eq!(first.code, 0, "{}", first.stdout);
+    assert_eq!(
+        result,
+        json!({
+            "cniVersion": "1.0.0",
+            "ips": [{"address": "10.0.32.10/19", "gateway": "10.0.32.1"}],
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.0.0.0/16", "gw": "10.0.32.1"}],
+            "dns": {},
+            "corral": {"interfaces": [{
+                "id": "eni-1",
+                "deviceNumber": 1,
+                "mac": "0a:00:00:00:00:01",
+                "addresses": ["10.0.32.10/19"]
+            }]}
+        })
+    );
+    assert!(result.get("interfaces").is_none());
+    assert!(result["ips"][0].get("interface").is_none());
+    assert_eq!(
+        run("ADD", "c1", &conf(&socket, &data)).stdout,
+        first.stdout,
+        "a repeated ADD answers the same"
+    );
+    assert_eq!(run("CHECK", "c1", &conf(&socket, &data)).code, 0);
+
+    // The second address, then nothing left: the pool is exhausted, named.
+    let second = run("ADD", "c2", &conf(&socket, &data));
+    assert_eq!(second.addresses(), ["10.0.32.11/19"]);
+    let full = run("ADD", "c3", &conf(&socket, &data));
+    assert_ne!(full.code, 0);
+    let msg = full.json()["msg"].as_str().unwrap().to_owned();
+    assert!(msg.contains("eni"), "{msg}");
+
+    // DEL unassigns; the address cools (30 s), so a new interface address comes first.
+    assert_eq!(run("DEL", "c1", &conf(&socket, &data)).code, 0);
+    client.add_interface_address("eni-1", "10.0.32.12").unwrap();
+    let third = run("ADD", "c3", &conf(&socket, &data));
+    assert_eq!(third.addresses(), ["10.0.32.12/19"]);
+    let listed = client.interfaces(Some("eni")).unwrap();
+    let eni = &listed.pools[0].interfaces[0];
+    assert_eq!((eni.assigned, eni.cooling, eni.total), (2, 1, 3), "{eni:?}");
+    drop(agent);
+}
