@@ -576,6 +576,57 @@ async fn ipv6_addresses_and_prefixes() {
     assert!(after.ipv6_addresses.is_empty() && after.ipv6_prefixes.is_empty());
 }
 
+/// Regression (review): the subnet's first /80, where addresses by count come from, was
+/// accepted as an explicit prefix; the next `assign_ipv6(Count(1))` then stepped through its
+/// 2^48 addresses one at a time, holding the account's lock forever. EC2 refuses it.
+#[tokio::test(start_paused = true)]
+async fn ipv6_first_80_is_refused_as_a_prefix_and_count_assigns_still_answer() {
+    let fake = quiet()
+        .subnet(
+            SubnetSpec::new(
+                "subnet-6",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.7.0/24".parse().unwrap(),
+            )
+            .ipv6("2600:1f18:0:1::/64".parse().unwrap()),
+        )
+        .build()
+        .unwrap();
+    let mut request = create_in("subnet-6");
+    request.ipv6_prefixes = Some(Amount::Explicit(vec![
+        "2600:1f18:0:1::/80".parse().unwrap(),
+    ]));
+    assert_code(
+        fake.create_interface(&request).await,
+        "InvalidParameterValue",
+    );
+    assert!(
+        fake.interfaces().is_empty(),
+        "a refused create leaves nothing"
+    );
+    request.ipv6_prefixes = Some(Amount::Explicit(vec![
+        "2600:1f18:0:1:1::/80".parse().unwrap(),
+    ]));
+    let eni = fake.create_interface(&request).await.unwrap();
+    let assigned = fake
+        .assign_ipv6(&eni.id, &Ipv6Assign::Addresses(Amount::Count(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        assigned.addresses,
+        vec!["2600:1f18:0:1::1".parse::<std::net::Ipv6Addr>().unwrap()]
+    );
+    let next = fake
+        .assign_ipv6(&eni.id, &Ipv6Assign::Prefixes(Amount::Count(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        next.prefixes,
+        vec!["2600:1f18:0:1:2::/80".parse::<ipnet::Ipv6Net>().unwrap()]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn unassigning_what_the_interface_lacks_changes_nothing() {
     let fake = quiet().build().unwrap();

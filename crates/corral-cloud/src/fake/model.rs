@@ -367,7 +367,9 @@ fn take_ipv6(
     amount: &Amount<Ipv6Addr>,
 ) -> Result<Vec<Ipv6Addr>, CloudError> {
     match amount {
-        Amount::Count(n) => Ok(pool.take_any(*n as usize)),
+        Amount::Count(n) => pool
+            .take_any(*n as usize)
+            .ok_or_else(|| no_free_addresses(subnet_id)),
         Amount::Explicit(addresses) => {
             for &addr in addresses {
                 pool.take(addr).map_err(|r| refused(r, addr, subnet_id))?;
