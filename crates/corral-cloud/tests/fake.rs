@@ -450,7 +450,7 @@ async fn subnets_reserve_aws_addresses_and_delegate_aligned_prefixes() {
             &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.0.0.32/28".parse().unwrap()])),
         )
         .await,
-        "Other",
+        "InvalidIPAddress.InUse",
     );
 }
 
@@ -782,7 +782,7 @@ async fn occupied_device_index_and_instances_not_running() {
     let primary = fake.describe_instance("i-1").await.unwrap().interfaces[0].clone();
     assert_code(
         fake.detach_interface(&primary.attachment.id, true).await,
-        "Other",
+        "OperationNotPermitted",
     );
 }
 
@@ -830,10 +830,11 @@ async fn a_client_token_makes_create_idempotent() {
     assert_eq!(first, again);
     assert_eq!(fake.interfaces().len(), 1);
     request.description = Some("changed".to_owned());
-    let error = assert_code(fake.create_interface(&request).await, "Other");
-    assert!(
-        matches!(&error, CloudError::Other { code, .. } if code == "IdempotentParameterMismatch")
+    let error = assert_code(
+        fake.create_interface(&request).await,
+        "IdempotentParameterMismatch",
     );
+    assert!(matches!(&error, CloudError::Other { .. }));
     request.client_token = Some("token-2".to_owned());
     fake.create_interface(&request).await.unwrap();
     assert_eq!(fake.interfaces().len(), 2);
@@ -852,7 +853,11 @@ async fn applied_but_timed_out_is_really_applied() {
             .await,
         "Timeout",
     );
-    assert!(error.is_retryable());
+    assert!(error.is_ambiguous() && !error.is_retryable());
+    assert!(
+        !error.can_repeat(false),
+        "an assign by count is not repeated blindly"
+    );
     assert_eq!(
         started.elapsed(),
         Duration::from_secs(5),
@@ -864,7 +869,8 @@ async fn applied_but_timed_out_is_really_applied() {
     fake.time_out_next(Action::CreateNetworkInterface, 1);
     let mut request = create_in("subnet-a");
     request.client_token = Some("retry-me".to_owned());
-    assert_code(fake.create_interface(&request).await, "Timeout");
+    let error = assert_code(fake.create_interface(&request).await, "Timeout");
+    assert!(error.can_repeat(request.client_token.is_some()));
     assert_eq!(fake.interfaces().len(), 2);
     let retried = fake.create_interface(&request).await.unwrap();
     assert_eq!(fake.interfaces().len(), 2);
@@ -882,7 +888,8 @@ async fn internal_errors_and_scripted_failures_apply_nothing() {
         fake.create_interface(&create_in("subnet-a")).await,
         "InternalError",
     );
-    assert!(error.is_retryable());
+    // The fake applies nothing, but a caller cannot know that: EC2's 5xx is ambiguous.
+    assert!(error.is_ambiguous() && !error.is_retryable());
     assert!(fake.interfaces().is_empty());
     fake.set_fault_rates(Action::CreateNetworkInterface, 0.0, 0.0);
     fake.fail_next(
