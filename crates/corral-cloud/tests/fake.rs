@@ -1230,3 +1230,176 @@ async fn a_thousand_nodes_scale_out_within_the_buckets() {
         counters.total_throttled()
     );
 }
+
+// ---- odd inputs: typed errors or clamping, never a panic ----
+
+fn refused(builder: corral_cloud::fake::FakeEc2Builder, what: &str) {
+    match builder.build() {
+        Err(CloudError::InvalidParameterValue { message }) => {
+            assert!(message.contains(what), "{what}: {message}");
+        }
+        other => panic!("{what}: expected InvalidParameterValue, got {other:?}"),
+    }
+}
+
+/// Regression (review): a NaN fraction made the next call panic inside the fake.
+#[tokio::test(start_paused = true)]
+async fn a_nan_storm_fraction_is_no_storm() {
+    let fake = quiet()
+        .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
+        .build()
+        .unwrap();
+    fake.throttle_storm(f64::NAN, Duration::from_secs(10));
+    for _ in 0..20 {
+        fake.describe_instance("i-1").await.unwrap();
+    }
+    assert_eq!(fake.counters().total_throttled(), 0);
+}
+
+/// Regression (review): `Instant::now() + Duration::MAX` panicked.
+#[tokio::test(start_paused = true)]
+async fn a_storm_for_good_throttles_and_does_not_panic() {
+    let fake = quiet()
+        .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
+        .build()
+        .unwrap();
+    fake.throttle_storm(2.0, Duration::MAX);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_code(fake.describe_instance("i-1").await, "RequestLimitExceeded");
+}
+
+#[test]
+fn the_builder_refuses_probabilities_outside_zero_to_one() {
+    let action = Action::CreateNetworkInterface;
+    refused(
+        quiet().internal_error_rate(action, f64::NAN),
+        "internal error rate of CreateNetworkInterface",
+    );
+    refused(
+        quiet().internal_error_rate(action, -0.1),
+        "internal error rate",
+    );
+    refused(quiet().timeout_rate(action, 1.5), "timeout rate");
+    refused(quiet().timeout_rate(action, f64::INFINITY), "timeout rate");
+    refused(
+        FakeEc2::builder().subnet(subnet_a().fragmented(f64::NAN)),
+        "fragmentation of subnet subnet-a",
+    );
+    refused(
+        FakeEc2::builder().subnet(subnet_a().fragmented(2.0)),
+        "fragmentation",
+    );
+    assert!(quiet().timeout_rate(action, 1.0).build().is_ok());
+}
+
+/// Regression (review): delays beyond what `Instant` can add panicked on the first call that
+/// used them (`Duration::from_secs_f64` or `Instant + Duration` overflow).
+#[test]
+fn the_builder_refuses_delays_above_a_day() {
+    let huge = Duration::MAX;
+    refused(quiet().consistency_lag(huge, huge), "mean consistency lag");
+    refused(
+        quiet().consistency_lag(Duration::ZERO, huge),
+        "maximum consistency lag",
+    );
+    refused(quiet().attach_delay(Duration::ZERO, huge), "attach delay");
+    refused(quiet().detach_delay(Duration::ZERO, huge), "detach delay");
+    refused(
+        quiet().attach_delay(Duration::from_secs(5), Duration::from_secs(1)),
+        "attach delay: minimum",
+    );
+    refused(quiet().timeout_after(huge), "the timeout");
+    refused(
+        quiet().latency(
+            Action::AssignIpv6Addresses,
+            Latency {
+                median: huge,
+                p99: huge,
+            },
+        ),
+        "median latency of AssignIpv6Addresses",
+    );
+    refused(
+        quiet().latency(
+            Action::DescribeSubnets,
+            Latency {
+                median: Duration::from_millis(1),
+                p99: huge,
+            },
+        ),
+        "p99 latency",
+    );
+    let day = corral_cloud::fake::MAX_DELAY;
+    assert!(
+        quiet()
+            .consistency_lag(day, day)
+            .attach_delay(day, day)
+            .timeout_after(day)
+            .build()
+            .is_ok()
+    );
+}
+
+/// Regression (review): a huge lag set at run time overflowed `Instant + Duration` at the next
+/// change; it is clamped to a day.
+#[tokio::test(start_paused = true)]
+async fn a_huge_runtime_lag_is_clamped_to_a_day() {
+    let fake = quiet().build().unwrap();
+    fake.set_consistency_lag(Duration::MAX, Duration::MAX);
+    let eni = new_interface(&fake).await;
+    tokio::time::advance(corral_cloud::fake::MAX_DELAY).await;
+    let seen = fake
+        .describe_interfaces(&InterfaceFilter::id(&eni.id))
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn runtime_fault_rates_are_clamped() {
+    let fake = quiet().build().unwrap();
+    fake.set_fault_rates(Action::CreateNetworkInterface, f64::NAN, 2.0);
+    for _ in 0..5 {
+        assert_code(
+            fake.create_interface(&create_in("subnet-a")).await,
+            "Timeout",
+        );
+    }
+    fake.set_fault_rates(Action::CreateNetworkInterface, -1.0, f64::NAN);
+    new_interface(&fake).await;
+    assert_eq!(fake.counters().faults(Action::CreateNetworkInterface), 5);
+}
+
+/// Regression: `fail_next(.., usize::MAX, ..)` pushed one entry per call to come, forever.
+#[tokio::test(start_paused = true)]
+async fn scripting_usize_max_faults_takes_no_time_and_applies_to_every_call() {
+    let fake = quiet().build().unwrap();
+    fake.fail_next(
+        Action::DescribeSubnets,
+        usize::MAX,
+        CloudError::InternalError {
+            message: "scripted".to_owned(),
+        },
+    );
+    fake.time_out_next(Action::CreateNetworkInterface, usize::MAX);
+    fake.fail_next(
+        Action::DeleteNetworkInterface,
+        0,
+        CloudError::InternalError {
+            message: "never".to_owned(),
+        },
+    );
+    for _ in 0..3 {
+        assert_code(
+            fake.describe_subnets(&SubnetFilter::default()).await,
+            "InternalError",
+        );
+        assert_code(
+            fake.create_interface(&create_in("subnet-a")).await,
+            "Timeout",
+        );
+    }
+    assert_eq!(fake.interfaces().len(), 3, "timed out but applied");
+    let id = fake.interfaces()[0].id.clone();
+    fake.delete_interface(&id).await.unwrap();
+}

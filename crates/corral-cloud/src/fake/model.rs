@@ -195,7 +195,9 @@ impl Lag {
         }
         let uniform: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
         let lag = -self.mean.as_secs_f64() * uniform.ln();
-        Duration::from_secs_f64(lag).min(self.max)
+        Duration::try_from_secs_f64(lag)
+            .unwrap_or(self.max)
+            .min(self.max)
     }
 }
 
