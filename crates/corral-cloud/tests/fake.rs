@@ -1403,3 +1403,272 @@ async fn scripting_usize_max_faults_takes_no_time_and_applies_to_every_call() {
     let id = fake.interfaces()[0].id.clone();
     fake.delete_interface(&id).await.unwrap();
 }
+
+/// Counts far beyond any limit are refused by the limit before any pool is searched, and
+/// change nothing.
+#[tokio::test(start_paused = true)]
+async fn counts_of_u32_max_are_refused_by_the_limit() {
+    let fake = quiet()
+        .subnet(
+            SubnetSpec::new(
+                "subnet-6",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.7.0/24".parse().unwrap(),
+            )
+            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
+        )
+        .build()
+        .unwrap();
+    let eni = fake.create_interface(&create_in("subnet-6")).await.unwrap();
+    let free = fake.subnet_free_ipv4("subnet-6");
+    let max = Amount::Count(u32::MAX);
+    for result in [
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(max.clone()))
+            .await,
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Prefixes(Amount::Count(u32::MAX)))
+            .await,
+    ] {
+        assert_code(result, "PrivateIpAddressLimitExceeded");
+    }
+    for result in [
+        fake.assign_ipv6(&eni.id, &Ipv6Assign::Addresses(Amount::Count(u32::MAX)))
+            .await,
+        fake.assign_ipv6(&eni.id, &Ipv6Assign::Prefixes(Amount::Count(u32::MAX)))
+            .await,
+    ] {
+        assert_code(result, "PrivateIpAddressLimitExceeded");
+    }
+    let mut request = create_in("subnet-6");
+    request.secondary_ipv4 = Some(max);
+    assert_code(
+        fake.create_interface(&request).await,
+        "PrivateIpAddressLimitExceeded",
+    );
+    let mut request = create_in("subnet-6");
+    request.ipv6_prefixes = Some(Amount::Count(u32::MAX));
+    assert_code(
+        fake.create_interface(&request).await,
+        "PrivateIpAddressLimitExceeded",
+    );
+    assert_eq!(fake.subnet_free_ipv4("subnet-6"), free);
+    assert_eq!(fake.interfaces().len(), 1);
+    let now = fake.interface(&eni.id).unwrap();
+    assert!(now.secondary_ipv4.is_empty() && now.ipv6_addresses.is_empty());
+}
+
+/// Count(0) is refused by assign (EC2: nothing to assign) and is no address at creation.
+#[tokio::test(start_paused = true)]
+async fn count_zero() {
+    let fake = quiet().build().unwrap();
+    let eni = new_interface(&fake).await;
+    assert_code(
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(0)))
+            .await,
+        "InvalidParameterValue",
+    );
+    assert_code(
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Prefixes(Amount::Explicit(Vec::new())))
+            .await,
+        "InvalidParameterValue",
+    );
+    let mut request = create_in("subnet-a");
+    request.secondary_ipv4 = Some(Amount::Count(0));
+    let created = fake.create_interface(&request).await.unwrap();
+    assert!(created.secondary_ipv4.is_empty());
+}
+
+/// Explicit addresses outside the subnet, reserved by AWS, or named twice are refused and
+/// change nothing.
+#[tokio::test(start_paused = true)]
+async fn explicit_addresses_outside_reserved_or_duplicated_are_refused() {
+    let fake = quiet()
+        .subnet(
+            SubnetSpec::new(
+                "subnet-6",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.7.0/24".parse().unwrap(),
+            )
+            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
+        )
+        .build()
+        .unwrap();
+    let eni = fake.create_interface(&create_in("subnet-6")).await.unwrap();
+    let free = fake.subnet_free_ipv4("subnet-6");
+    let v4 = |addrs: &[&str]| {
+        Ipv4Assign::Addresses(Amount::Explicit(
+            addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        ))
+    };
+    for (request, why) in [
+        (v4(&["10.0.8.9"]), "outside the subnet"),
+        (v4(&["10.0.7.1"]), "the VPC router"),
+        (v4(&["10.0.7.255"]), "the last address"),
+        (v4(&["10.0.7.0"]), "the network address"),
+        (v4(&["10.0.7.20", "10.0.7.20"]), "named twice"),
+    ] {
+        let error = assert_code(
+            fake.assign_ipv4(&eni.id, &request).await,
+            "InvalidParameterValue",
+        );
+        if why == "named twice" {
+            assert!(error.to_string().contains("Duplicate"), "{error}");
+        }
+    }
+    let twice: ipnet::Ipv4Net = "10.0.7.32/28".parse().unwrap();
+    assert_code(
+        fake.assign_ipv4(
+            &eni.id,
+            &Ipv4Assign::Prefixes(Amount::Explicit(vec![twice, twice])),
+        )
+        .await,
+        "InvalidParameterValue",
+    );
+    let v6 = |addrs: &[&str]| {
+        Ipv6Assign::Addresses(Amount::Explicit(
+            addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        ))
+    };
+    for request in [
+        v6(&["2600:1f18:0:8::5"]),
+        v6(&["2600:1f18:0:7::"]),
+        v6(&["2600:1f18:0:7::5", "2600:1f18:0:7::5"]),
+    ] {
+        assert_code(
+            fake.assign_ipv6(&eni.id, &request).await,
+            "InvalidParameterValue",
+        );
+    }
+    for prefix in [
+        "2600:1f18:0:8:1::/80",
+        "2600:1f18:0:7::/64",
+        "2600:1f18:0:7:1::5/80",
+    ] {
+        assert_code(
+            fake.assign_ipv6(
+                &eni.id,
+                &Ipv6Assign::Prefixes(Amount::Explicit(vec![prefix.parse().unwrap()])),
+            )
+            .await,
+            "InvalidParameterValue",
+        );
+    }
+    assert_eq!(fake.subnet_free_ipv4("subnet-6"), free);
+    let now = fake.interface(&eni.id).unwrap();
+    assert!(now.secondary_ipv4.is_empty() && now.ipv4_prefixes.is_empty());
+    assert!(now.ipv6_addresses.is_empty() && now.ipv6_prefixes.is_empty());
+    // The same addresses, once each and inside, are granted.
+    fake.assign_ipv4(&eni.id, &v4(&["10.0.7.20"]))
+        .await
+        .unwrap();
+    fake.assign_ipv6(&eni.id, &v6(&["2600:1f18:0:7::5"]))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn subnet_sizes_outside_what_aws_allows_and_overlaps_are_refused() {
+    let v4 = |cidr: &str| SubnetSpec::new("subnet-x", "vpc-1", "us-east-1a", cidr.parse().unwrap());
+    refused(FakeEc2::builder().subnet(v4("10.0.0.0/29")), "/16 to /28");
+    refused(FakeEc2::builder().subnet(v4("10.0.0.0/15")), "/16 to /28");
+    refused(
+        FakeEc2::builder().subnet(v4("10.0.0.0/24").ipv6("2600:1f18::/56".parse().unwrap())),
+        "an IPv6 subnet is a /64",
+    );
+    refused(
+        FakeEc2::builder().subnet(v4("10.0.0.0/24").ipv6("2600:1f18::/80".parse().unwrap())),
+        "an IPv6 subnet is a /64",
+    );
+    refused(
+        FakeEc2::builder()
+            .subnet(subnet_a())
+            .subnet(v4("10.0.0.128/25")),
+        "overlaps subnet subnet-a of vpc-1",
+    );
+    refused(
+        FakeEc2::builder()
+            .subnet(subnet_a().ipv6("2600:1f18:0:1::/64".parse().unwrap()))
+            .subnet(v4("10.0.9.0/24").ipv6("2600:1f18:0:1::/64".parse().unwrap())),
+        "overlaps",
+    );
+    // Another VPC may reuse the CIDR.
+    assert!(
+        FakeEc2::builder()
+            .subnet(subnet_a())
+            .subnet(SubnetSpec::new(
+                "subnet-y",
+                "vpc-2",
+                "us-east-1a",
+                "10.0.0.0/24".parse().unwrap()
+            ))
+            .build()
+            .is_ok()
+    );
+}
+
+/// The extremes of subnet size: a /16 hands out its last addresses and /28s, a /28 has no room
+/// for a prefix and runs out after 11 addresses.
+#[tokio::test(start_paused = true)]
+async fn a_16_and_a_28_to_the_last_address() {
+    let fake = quiet()
+        .subnet(SubnetSpec::new(
+            "subnet-16",
+            "vpc-2",
+            "us-east-1a",
+            "10.1.0.0/16".parse().unwrap(),
+        ))
+        .subnet(SubnetSpec::new(
+            "subnet-28",
+            "vpc-2",
+            "us-east-1a",
+            "10.2.0.0/28".parse().unwrap(),
+        ))
+        .build()
+        .unwrap();
+    assert_eq!(fake.subnet_free_ipv4("subnet-16"), Some(65536 - 5));
+    let eni = fake
+        .create_interface(&create_in("subnet-16"))
+        .await
+        .unwrap();
+    let prefix = fake
+        .assign_ipv4(
+            &eni.id,
+            &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.1.255.224/28".parse().unwrap()])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(prefix.prefixes.len(), 1);
+    assert_code(
+        fake.assign_ipv4(
+            &eni.id,
+            &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.1.255.240/28".parse().unwrap()])),
+        )
+        .await,
+        "InvalidIPAddress.InUse",
+    );
+    fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(3)))
+        .await
+        .unwrap();
+    let tiny = fake
+        .create_interface(&create_in("subnet-28"))
+        .await
+        .unwrap();
+    assert_code(
+        fake.assign_ipv4(&tiny.id, &Ipv4Assign::Prefixes(Amount::Count(1)))
+            .await,
+        "InsufficientFreeAddressesInSubnet",
+    );
+    let rest = fake
+        .assign_ipv4(&tiny.id, &Ipv4Assign::Addresses(Amount::Count(10)))
+        .await
+        .unwrap();
+    assert_eq!(rest.addresses.last(), Some(&Ipv4Addr::new(10, 2, 0, 14)));
+    assert_eq!(fake.subnet_free_ipv4("subnet-28"), Some(0));
+    let mut another = create_in("subnet-28");
+    another.description = Some("no room".to_owned());
+    assert_code(
+        fake.create_interface(&another).await,
+        "InsufficientFreeAddressesInSubnet",
+    );
+}

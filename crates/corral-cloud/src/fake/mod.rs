@@ -556,6 +556,22 @@ impl FakeEc2Builder {
                     message: format!("subnet {}: an IPv6 subnet is a /64", spec.id),
                 });
             }
+            let ipv6 = spec.ipv6.map(|net| net.trunc());
+            if let Some(other) = model.subnets.values().find(|other| {
+                other.vpc_id == spec.vpc_id
+                    && (other.ipv4_cidr.contains(&spec.ipv4.trunc())
+                        || spec.ipv4.trunc().contains(&other.ipv4_cidr)
+                        || ipv6.is_some_and(|net| {
+                            other.ipv6.as_ref().is_some_and(|o| o.cidr() == net)
+                        }))
+            }) {
+                return Err(CloudError::InvalidParameterValue {
+                    message: format!(
+                        "subnet {}: its CIDR overlaps subnet {} of {}",
+                        spec.id, other.id, spec.vpc_id
+                    ),
+                });
+            }
             let mut ipv4 = Ipv4Pool::new(spec.ipv4);
             if spec.fragment > 0.0 {
                 ipv4.fragment(spec.fragment, &mut rng);
