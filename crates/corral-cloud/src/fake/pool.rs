@@ -225,7 +225,10 @@ impl Ipv6Pool {
 
     /// The last address of the subnet.
     fn last(&self) -> u128 {
-        self.base() | (u128::MAX >> self.cidr.prefix_len())
+        self.base()
+            | u128::MAX
+                .checked_shr(self.cidr.prefix_len().into())
+                .unwrap_or(0)
     }
 
     /// Addresses in one block: a /80, or the whole subnet when it is smaller.
@@ -241,9 +244,9 @@ impl Ipv6Pool {
     /// Takes the `n` lowest unused addresses of block 0 (host 0 excluded), or nothing when
     /// fewer are free there.
     pub(crate) fn take_any(&mut self, n: usize) -> Option<Vec<Ipv6Addr>> {
-        let first = self.base() + 1;
+        let first = self.base().saturating_add(1);
         // Exclusive; block 0 is never delegated, so only addresses can be in the way.
-        let end = self.base() + self.block_size();
+        let end = self.base().saturating_add(self.block_size());
         let mut taken = Vec::with_capacity(n.min(1024));
         let mut next = first;
         for &used in self.addresses.range(first..end) {
@@ -278,7 +281,9 @@ impl Ipv6Pool {
         }
         let last = self.last();
         let mut taken = Vec::with_capacity(n.min(1024));
-        let mut prefix = self.base() + size;
+        let Some(mut prefix) = self.base().checked_add(size) else {
+            return (n == 0).then(Vec::new);
+        };
         while taken.len() < n && prefix <= last {
             let end = prefix + (size - 1);
             if !self.prefixes.contains(&prefix)
@@ -516,5 +521,20 @@ mod tests {
         let last = pool.take_any(rest).unwrap();
         assert_eq!(last.last(), Some(&Ipv4Addr::new(10, 0, 255, 254)));
         assert!(pool.take_any(1).is_none());
+    }
+
+    #[test]
+    fn a_subnet_at_the_top_of_the_address_space_does_not_overflow() {
+        let mut pool = Ipv6Pool::new(net6("ffff:ffff:ffff:ffff::/64"));
+        assert_eq!(pool.take_any(2).unwrap().len(), 2);
+        let prefixes = pool.take_prefixes(65535).unwrap();
+        assert_eq!(
+            prefixes.last(),
+            Some(&net6("ffff:ffff:ffff:ffff:ffff::/80"))
+        );
+        assert!(pool.take_prefixes(1).is_none());
+        let mut tiny = Ipv6Pool::new(net6("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"));
+        assert!(tiny.take_any(1).is_none());
+        assert!(tiny.take_prefixes(1).is_none());
     }
 }
