@@ -6,10 +6,12 @@
 //! the SDK takes minutes to build. A node binary that runs on EC2 links it; everything else codes
 //! against the trait and is tested on `corral_cloud::FakeEc2`.
 //!
-//! The SDK's own retries are off: the trait leaves retrying to the caller, which knows whether a
-//! mutating call is safe to repeat ([`CloudError::is_retryable`], client tokens). Every call has
-//! a deadline ([`Timeouts`]); a call without an answer in time, or that could not be sent, is
-//! [`CloudError::Timeout`]: it may or may not have been applied.
+//! The SDK's own retries are off (the SDK would repeat a 5xx or a timeout of any call, an assign
+//! by count included): the trait leaves retrying to the caller, which knows whether a mutating
+//! call is safe to repeat ([`CloudError::can_repeat`], client tokens). Every call has a deadline
+//! ([`Timeouts`]); a call without an answer in time, or that could not be sent, is
+//! [`CloudError::Timeout`], and a 5xx or an unreadable answer is `InternalError`: both
+//! [ambiguous](CloudError::is_ambiguous), the call may or may not have been applied.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
@@ -995,10 +997,21 @@ mod tests {
     }
 
     #[test]
-    fn throttling_and_internal_errors_are_retryable_and_bad_requests_are_not() {
+    fn throttling_is_retryable_internal_errors_ambiguous_and_bad_requests_neither() {
         assert!(mapped(service(Some("RequestLimitExceeded"), "slow down", 503)).is_retryable());
-        assert!(mapped(service(Some("InternalError"), "oops", 500)).is_retryable());
-        assert!(mapped(service(Some("ServiceUnavailable"), "busy", 503)).is_retryable());
+        for ambiguous in [
+            mapped(service(Some("InternalError"), "oops", 500)),
+            mapped(service(Some("ServiceUnavailable"), "busy", 503)),
+            mapped(service(None, "", 502)),
+        ] {
+            assert!(
+                ambiguous.is_ambiguous() && !ambiguous.is_retryable(),
+                "{ambiguous:?}"
+            );
+        }
+        let unlisted = mapped(service(Some("InvalidIPAddress.InUse"), "taken", 400));
+        assert_eq!(unlisted.code(), "InvalidIPAddress.InUse");
+        assert!(!unlisted.is_retryable() && !unlisted.is_ambiguous());
         assert!(
             !mapped(service(
                 Some("InsufficientFreeAddressesInSubnet"),
@@ -1052,7 +1065,7 @@ mod tests {
             ))),
             timeout
         );
-        assert!(timeout.is_retryable());
+        assert!(timeout.is_ambiguous() && !timeout.is_retryable());
     }
 
     #[test]

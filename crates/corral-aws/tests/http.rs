@@ -86,7 +86,7 @@ async fn a_server_that_never_answers_is_a_timeout() {
             action: Action::DescribeNetworkInterfaces
         }
     );
-    assert!(error.is_retryable());
+    assert!(error.is_ambiguous() && !error.is_retryable());
     drop(ec2);
     server.join().unwrap();
 }
@@ -121,7 +121,7 @@ async fn an_html_error_page_is_an_internal_error() {
         matches!(error, CloudError::InternalError { .. }),
         "{error:?}"
     );
-    assert!(error.is_retryable());
+    assert!(error.is_ambiguous() && !error.is_retryable());
     server.join().unwrap();
 }
 

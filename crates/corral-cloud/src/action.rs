@@ -85,6 +85,17 @@ impl Action {
         )
     }
 
+    /// Whether a repeat of the action after the first call was applied changes nothing and
+    /// answers the same, so it is safe to repeat after an [ambiguous](crate::CloudError::is_ambiguous)
+    /// error: the describes and the tag actions. The others are not, or not always:
+    /// `CreateNetworkInterface` is with a client token (the caller knows), an assign by count
+    /// assigns again, and attach, detach, delete and unassign answer an error (in use, not
+    /// found, not assigned) when repeated after they were applied, which the caller must read
+    /// as done: reconcile by describing instead.
+    pub fn is_idempotent(self) -> bool {
+        !self.is_mutating() || matches!(self, Action::CreateTags | Action::DeleteTags)
+    }
+
     /// The position of the action in [`Action::ALL`], for per-action arrays.
     pub fn index(self) -> usize {
         self as usize
@@ -106,5 +117,24 @@ mod tests {
         for (position, action) in Action::ALL.iter().enumerate() {
             assert_eq!(action.index(), position, "{action}");
         }
+    }
+
+    #[test]
+    fn only_describes_and_tags_are_idempotent() {
+        let idempotent: Vec<Action> = Action::ALL
+            .into_iter()
+            .filter(|a| a.is_idempotent())
+            .collect();
+        assert_eq!(
+            idempotent,
+            vec![
+                Action::DescribeInstances,
+                Action::DescribeInstanceTypes,
+                Action::DescribeSubnets,
+                Action::DescribeNetworkInterfaces,
+                Action::CreateTags,
+                Action::DeleteTags,
+            ]
+        );
     }
 }

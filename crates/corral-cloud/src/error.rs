@@ -119,10 +119,20 @@ pub enum CloudError {
 }
 
 impl CloudError {
-    /// EC2's error code (`RequestLimitExceeded`, `InvalidNetworkInterfaceID.NotFound`, ...);
-    /// `Timeout` for a call that got no answer, and `Other` for codes not listed here (the code
-    /// itself is in the variant).
-    pub fn code(&self) -> &'static str {
+    /// EC2's error code (`RequestLimitExceeded`, `InvalidNetworkInterfaceID.NotFound`,
+    /// `InvalidIPAddress.InUse`, ...), for `Other` the code EC2 sent; `Timeout` for a call that
+    /// got no answer. For logs and for matching; see [`CloudError::kind`] for a metric label.
+    pub fn code(&self) -> &str {
+        match self {
+            CloudError::Other { code, .. } => code,
+            other => other.kind(),
+        }
+    }
+
+    /// The variant's code: EC2's code for the listed variants, `Timeout`, and `Other` for every
+    /// code not listed. A bounded set of `'static` names, for metric labels (whose cardinality
+    /// must not grow with whatever codes a server sends).
+    pub fn kind(&self) -> &'static str {
         match self {
             CloudError::RequestLimitExceeded { .. } => "RequestLimitExceeded",
             CloudError::InsufficientFreeAddressesInSubnet { .. } => {
@@ -147,21 +157,59 @@ impl CloudError {
         }
     }
 
-    /// Whether the same call, repeated later, can succeed without anything else changing:
-    /// throttling, internal errors, timeouts (after reconciling: the first call may have been
-    /// applied) and an instance still `pending`.
+    /// Whether the same call can simply be repeated later: EC2 certainly did not apply it (it
+    /// refused it before doing anything), and a later attempt may succeed without anything else
+    /// changing. Per variant:
+    /// - `RequestLimitExceeded` (and `Other` codes `Throttling`, `ThrottlingException`,
+    ///   `RequestThrottled`): refused at the door by the token bucket; back off and repeat;
+    /// - `IncorrectInstanceState`: refused by a state check (an instance still `pending`);
+    /// - `Timeout`, `InternalError`, `ServiceUnavailable`, `Unavailable`, `InternalFailure`: not
+    ///   retryable but [ambiguous](CloudError::is_ambiguous): the call may have been applied;
+    /// - everything else (not found, limits, full subnet, bad parameters, in use,
+    ///   unauthorized): repeating gives the same answer until something else changes.
     pub fn is_retryable(&self) -> bool {
         match self {
-            CloudError::RequestLimitExceeded { .. }
-            | CloudError::InternalError { .. }
-            | CloudError::Timeout { .. }
-            | CloudError::IncorrectInstanceState { .. } => true,
+            CloudError::RequestLimitExceeded { .. } | CloudError::IncorrectInstanceState { .. } => {
+                true
+            }
             CloudError::Other { code, .. } => matches!(
                 code.as_str(),
-                "ServiceUnavailable" | "Unavailable" | "InternalFailure" | "Throttling"
+                "Throttling" | "ThrottlingException" | "RequestThrottled"
             ),
             _ => false,
         }
+    }
+
+    /// Whether the call may have been applied although it failed: reconcile by describing
+    /// before repeating it. A blind repeat of `AssignPrivateIpAddresses` by count after an
+    /// applied-but-timed-out call assigns twice as many addresses, and of
+    /// `CreateNetworkInterface` without a client token makes a second interface; a repeat of an
+    /// idempotent call (a describe, tags, a create with the same client token) is safe, see
+    /// [`CloudError::can_repeat`].
+    /// - `Timeout`: no answer in time (or none at all): the request may have reached EC2;
+    /// - `InternalError`, and `Other` codes `ServiceUnavailable`, `Unavailable`,
+    ///   `InternalFailure`: a server-side failure (HTTP 5xx) says nothing certain about whether
+    ///   the change was committed; the adapters also map an unreadable answer (which may be a
+    ///   success) and a code-less 5xx from a proxy here. EC2 asks to retry them: retry after
+    ///   reconciling, or with an idempotent call.
+    pub fn is_ambiguous(&self) -> bool {
+        match self {
+            CloudError::Timeout { .. } | CloudError::InternalError { .. } => true,
+            CloudError::Other { code, .. } => matches!(
+                code.as_str(),
+                "ServiceUnavailable" | "Unavailable" | "InternalFailure"
+            ),
+            _ => false,
+        }
+    }
+
+    /// Whether repeating the call that failed with this error is safe and may succeed: a
+    /// [retryable](CloudError::is_retryable) error, or an [ambiguous](CloudError::is_ambiguous)
+    /// one when the call is `idempotent` (a repeat after the first was applied changes nothing
+    /// and answers the same: describes and tags, see [`Action::is_idempotent`], and a create
+    /// with a client token).
+    pub fn can_repeat(&self, idempotent: bool) -> bool {
+        self.is_retryable() || (idempotent && self.is_ambiguous())
     }
 
     /// Whether the error says a resource does not exist (or is not visible yet).
@@ -275,14 +323,94 @@ mod tests {
             ),
             CloudError::DeviceIndexInUse { message: occupied }
         );
-        let other = CloudError::from_code(Action::CreateTags, "ServiceUnavailable", "busy");
-        assert_eq!(other.code(), "Other");
-        assert!(other.is_retryable());
         assert!(
             !CloudError::InterfaceInUse {
                 message: message.into()
             }
             .is_retryable()
         );
+    }
+
+    /// Regression (review): `code()` answered "Other" for every unlisted code, losing EC2's.
+    #[test]
+    fn unlisted_codes_keep_ec2s_code_and_a_bounded_kind() {
+        let in_use = CloudError::from_code(
+            Action::AssignPrivateIpAddresses,
+            "InvalidIPAddress.InUse",
+            "Address 10.0.0.9 is in use",
+        );
+        assert_eq!(in_use.code(), "InvalidIPAddress.InUse");
+        assert_eq!(in_use.kind(), "Other");
+        assert_eq!(
+            CloudError::from_code(
+                Action::CreateTags,
+                in_use.code(),
+                "Address 10.0.0.9 is in use"
+            ),
+            in_use
+        );
+        let listed = CloudError::InterfaceNotFound {
+            message: "m".into(),
+        };
+        assert_eq!(listed.code(), listed.kind());
+        let timeout = CloudError::Timeout {
+            action: Action::CreateTags,
+        };
+        assert_eq!((timeout.code(), timeout.kind()), ("Timeout", "Timeout"));
+    }
+
+    fn other(code: &str) -> CloudError {
+        CloudError::from_code(Action::AssignPrivateIpAddresses, code, "m")
+    }
+
+    /// Regression (review): `Timeout` was retryable, so a blind retry of an applied
+    /// `AssignPrivateIpAddresses(Count n)` assigned 2n.
+    #[test]
+    fn a_call_that_may_have_been_applied_is_ambiguous_not_retryable() {
+        let message = || "m".to_owned();
+        let ambiguous = [
+            CloudError::Timeout {
+                action: Action::AssignPrivateIpAddresses,
+            },
+            CloudError::InternalError { message: message() },
+            other("ServiceUnavailable"),
+            other("Unavailable"),
+            other("InternalFailure"),
+        ];
+        for error in &ambiguous {
+            assert!(error.is_ambiguous(), "{error:?}");
+            assert!(!error.is_retryable(), "{error:?}");
+            assert!(!error.can_repeat(false), "{error:?} repeated blindly");
+            assert!(error.can_repeat(true), "{error:?} on an idempotent call");
+        }
+        let retryable = [
+            CloudError::RequestLimitExceeded {
+                action: Action::AssignPrivateIpAddresses,
+            },
+            CloudError::IncorrectInstanceState { message: message() },
+            other("Throttling"),
+            other("ThrottlingException"),
+            other("RequestThrottled"),
+        ];
+        for error in &retryable {
+            assert!(error.is_retryable(), "{error:?}");
+            assert!(!error.is_ambiguous(), "{error:?}");
+            assert!(
+                error.can_repeat(false) && error.can_repeat(true),
+                "{error:?}"
+            );
+        }
+        let final_answers = [
+            CloudError::InsufficientFreeAddressesInSubnet { message: message() },
+            CloudError::PrivateIpAddressLimitExceeded { message: message() },
+            CloudError::InterfaceNotFound { message: message() },
+            CloudError::InvalidParameterValue { message: message() },
+            CloudError::UnauthorizedOperation { message: message() },
+            other("InvalidIPAddress.InUse"),
+        ];
+        for error in &final_answers {
+            assert!(!error.is_retryable() && !error.is_ambiguous(), "{error:?}");
+            assert!(!error.can_repeat(true), "{error:?}");
+        }
     }
 }

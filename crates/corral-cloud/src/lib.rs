@@ -67,7 +67,9 @@ pub use types::*;
 ///
 /// Describe calls are eventually consistent, as EC2's are: a resource just created may be not
 /// found for a while, and a change may not show yet. Mutating calls are not retried by the
-/// implementation; the caller decides with [`CloudError::is_retryable`].
+/// implementation; the caller decides with [`CloudError::can_repeat`]: a throttled call can be
+/// repeated, one that may have been applied ([`CloudError::is_ambiguous`]: a timeout, a 5xx)
+/// only if it is idempotent, otherwise reconcile by describing first.
 pub trait CloudProvider: Send + Sync {
     /// DescribeInstances for one instance: its type, state, placement and attached interfaces.
     fn describe_instance(

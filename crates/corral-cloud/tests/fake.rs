@@ -450,7 +450,7 @@ async fn subnets_reserve_aws_addresses_and_delegate_aligned_prefixes() {
             &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.0.0.32/28".parse().unwrap()])),
         )
         .await,
-        "Other",
+        "InvalidIPAddress.InUse",
     );
 }
 
@@ -574,6 +574,57 @@ async fn ipv6_addresses_and_prefixes() {
     .unwrap();
     let after = fake.interface(&eni.id).unwrap();
     assert!(after.ipv6_addresses.is_empty() && after.ipv6_prefixes.is_empty());
+}
+
+/// Regression (review): the subnet's first /80, where addresses by count come from, was
+/// accepted as an explicit prefix; the next `assign_ipv6(Count(1))` then stepped through its
+/// 2^48 addresses one at a time, holding the account's lock forever. EC2 refuses it.
+#[tokio::test(start_paused = true)]
+async fn ipv6_first_80_is_refused_as_a_prefix_and_count_assigns_still_answer() {
+    let fake = quiet()
+        .subnet(
+            SubnetSpec::new(
+                "subnet-6",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.7.0/24".parse().unwrap(),
+            )
+            .ipv6("2600:1f18:0:1::/64".parse().unwrap()),
+        )
+        .build()
+        .unwrap();
+    let mut request = create_in("subnet-6");
+    request.ipv6_prefixes = Some(Amount::Explicit(vec![
+        "2600:1f18:0:1::/80".parse().unwrap(),
+    ]));
+    assert_code(
+        fake.create_interface(&request).await,
+        "InvalidParameterValue",
+    );
+    assert!(
+        fake.interfaces().is_empty(),
+        "a refused create leaves nothing"
+    );
+    request.ipv6_prefixes = Some(Amount::Explicit(vec![
+        "2600:1f18:0:1:1::/80".parse().unwrap(),
+    ]));
+    let eni = fake.create_interface(&request).await.unwrap();
+    let assigned = fake
+        .assign_ipv6(&eni.id, &Ipv6Assign::Addresses(Amount::Count(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        assigned.addresses,
+        vec!["2600:1f18:0:1::1".parse::<std::net::Ipv6Addr>().unwrap()]
+    );
+    let next = fake
+        .assign_ipv6(&eni.id, &Ipv6Assign::Prefixes(Amount::Count(1)))
+        .await
+        .unwrap();
+    assert_eq!(
+        next.prefixes,
+        vec!["2600:1f18:0:1:2::/80".parse::<ipnet::Ipv6Net>().unwrap()]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -731,7 +782,7 @@ async fn occupied_device_index_and_instances_not_running() {
     let primary = fake.describe_instance("i-1").await.unwrap().interfaces[0].clone();
     assert_code(
         fake.detach_interface(&primary.attachment.id, true).await,
-        "Other",
+        "OperationNotPermitted",
     );
 }
 
@@ -779,10 +830,11 @@ async fn a_client_token_makes_create_idempotent() {
     assert_eq!(first, again);
     assert_eq!(fake.interfaces().len(), 1);
     request.description = Some("changed".to_owned());
-    let error = assert_code(fake.create_interface(&request).await, "Other");
-    assert!(
-        matches!(&error, CloudError::Other { code, .. } if code == "IdempotentParameterMismatch")
+    let error = assert_code(
+        fake.create_interface(&request).await,
+        "IdempotentParameterMismatch",
     );
+    assert!(matches!(&error, CloudError::Other { .. }));
     request.client_token = Some("token-2".to_owned());
     fake.create_interface(&request).await.unwrap();
     assert_eq!(fake.interfaces().len(), 2);
@@ -801,7 +853,11 @@ async fn applied_but_timed_out_is_really_applied() {
             .await,
         "Timeout",
     );
-    assert!(error.is_retryable());
+    assert!(error.is_ambiguous() && !error.is_retryable());
+    assert!(
+        !error.can_repeat(false),
+        "an assign by count is not repeated blindly"
+    );
     assert_eq!(
         started.elapsed(),
         Duration::from_secs(5),
@@ -813,7 +869,8 @@ async fn applied_but_timed_out_is_really_applied() {
     fake.time_out_next(Action::CreateNetworkInterface, 1);
     let mut request = create_in("subnet-a");
     request.client_token = Some("retry-me".to_owned());
-    assert_code(fake.create_interface(&request).await, "Timeout");
+    let error = assert_code(fake.create_interface(&request).await, "Timeout");
+    assert!(error.can_repeat(request.client_token.is_some()));
     assert_eq!(fake.interfaces().len(), 2);
     let retried = fake.create_interface(&request).await.unwrap();
     assert_eq!(fake.interfaces().len(), 2);
@@ -831,7 +888,8 @@ async fn internal_errors_and_scripted_failures_apply_nothing() {
         fake.create_interface(&create_in("subnet-a")).await,
         "InternalError",
     );
-    assert!(error.is_retryable());
+    // The fake applies nothing, but a caller cannot know that: EC2's 5xx is ambiguous.
+    assert!(error.is_ambiguous() && !error.is_retryable());
     assert!(fake.interfaces().is_empty());
     fake.set_fault_rates(Action::CreateNetworkInterface, 0.0, 0.0);
     fake.fail_next(
@@ -1170,5 +1228,447 @@ async fn a_thousand_nodes_scale_out_within_the_buckets() {
         wall.elapsed(),
         counters.total_calls(),
         counters.total_throttled()
+    );
+}
+
+// ---- odd inputs: typed errors or clamping, never a panic ----
+
+fn refused(builder: corral_cloud::fake::FakeEc2Builder, what: &str) {
+    match builder.build() {
+        Err(CloudError::InvalidParameterValue { message }) => {
+            assert!(message.contains(what), "{what}: {message}");
+        }
+        other => panic!("{what}: expected InvalidParameterValue, got {other:?}"),
+    }
+}
+
+/// Regression (review): a NaN fraction made the next call panic inside the fake.
+#[tokio::test(start_paused = true)]
+async fn a_nan_storm_fraction_is_no_storm() {
+    let fake = quiet()
+        .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
+        .build()
+        .unwrap();
+    fake.throttle_storm(f64::NAN, Duration::from_secs(10));
+    for _ in 0..20 {
+        fake.describe_instance("i-1").await.unwrap();
+    }
+    assert_eq!(fake.counters().total_throttled(), 0);
+}
+
+/// Regression (review): `Instant::now() + Duration::MAX` panicked.
+#[tokio::test(start_paused = true)]
+async fn a_storm_for_good_throttles_and_does_not_panic() {
+    let fake = quiet()
+        .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
+        .build()
+        .unwrap();
+    fake.throttle_storm(2.0, Duration::MAX);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_code(fake.describe_instance("i-1").await, "RequestLimitExceeded");
+}
+
+#[test]
+fn the_builder_refuses_probabilities_outside_zero_to_one() {
+    let action = Action::CreateNetworkInterface;
+    refused(
+        quiet().internal_error_rate(action, f64::NAN),
+        "internal error rate of CreateNetworkInterface",
+    );
+    refused(
+        quiet().internal_error_rate(action, -0.1),
+        "internal error rate",
+    );
+    refused(quiet().timeout_rate(action, 1.5), "timeout rate");
+    refused(quiet().timeout_rate(action, f64::INFINITY), "timeout rate");
+    refused(
+        FakeEc2::builder().subnet(subnet_a().fragmented(f64::NAN)),
+        "fragmentation of subnet subnet-a",
+    );
+    refused(
+        FakeEc2::builder().subnet(subnet_a().fragmented(2.0)),
+        "fragmentation",
+    );
+    assert!(quiet().timeout_rate(action, 1.0).build().is_ok());
+}
+
+/// Regression (review): delays beyond what `Instant` can add panicked on the first call that
+/// used them (`Duration::from_secs_f64` or `Instant + Duration` overflow).
+#[test]
+fn the_builder_refuses_delays_above_a_day() {
+    let huge = Duration::MAX;
+    refused(quiet().consistency_lag(huge, huge), "mean consistency lag");
+    refused(
+        quiet().consistency_lag(Duration::ZERO, huge),
+        "maximum consistency lag",
+    );
+    refused(quiet().attach_delay(Duration::ZERO, huge), "attach delay");
+    refused(quiet().detach_delay(Duration::ZERO, huge), "detach delay");
+    refused(
+        quiet().attach_delay(Duration::from_secs(5), Duration::from_secs(1)),
+        "attach delay: minimum",
+    );
+    refused(quiet().timeout_after(huge), "the timeout");
+    refused(
+        quiet().latency(
+            Action::AssignIpv6Addresses,
+            Latency {
+                median: huge,
+                p99: huge,
+            },
+        ),
+        "median latency of AssignIpv6Addresses",
+    );
+    refused(
+        quiet().latency(
+            Action::DescribeSubnets,
+            Latency {
+                median: Duration::from_millis(1),
+                p99: huge,
+            },
+        ),
+        "p99 latency",
+    );
+    let day = corral_cloud::fake::MAX_DELAY;
+    assert!(
+        quiet()
+            .consistency_lag(day, day)
+            .attach_delay(day, day)
+            .timeout_after(day)
+            .build()
+            .is_ok()
+    );
+}
+
+/// Regression (review): a huge lag set at run time overflowed `Instant + Duration` at the next
+/// change; it is clamped to a day.
+#[tokio::test(start_paused = true)]
+async fn a_huge_runtime_lag_is_clamped_to_a_day() {
+    let fake = quiet().build().unwrap();
+    fake.set_consistency_lag(Duration::MAX, Duration::MAX);
+    let eni = new_interface(&fake).await;
+    tokio::time::advance(corral_cloud::fake::MAX_DELAY).await;
+    let seen = fake
+        .describe_interfaces(&InterfaceFilter::id(&eni.id))
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn runtime_fault_rates_are_clamped() {
+    let fake = quiet().build().unwrap();
+    fake.set_fault_rates(Action::CreateNetworkInterface, f64::NAN, 2.0);
+    for _ in 0..5 {
+        assert_code(
+            fake.create_interface(&create_in("subnet-a")).await,
+            "Timeout",
+        );
+    }
+    fake.set_fault_rates(Action::CreateNetworkInterface, -1.0, f64::NAN);
+    new_interface(&fake).await;
+    assert_eq!(fake.counters().faults(Action::CreateNetworkInterface), 5);
+}
+
+/// Regression: `fail_next(.., usize::MAX, ..)` pushed one entry per call to come, forever.
+#[tokio::test(start_paused = true)]
+async fn scripting_usize_max_faults_takes_no_time_and_applies_to_every_call() {
+    let fake = quiet().build().unwrap();
+    fake.fail_next(
+        Action::DescribeSubnets,
+        usize::MAX,
+        CloudError::InternalError {
+            message: "scripted".to_owned(),
+        },
+    );
+    fake.time_out_next(Action::CreateNetworkInterface, usize::MAX);
+    fake.fail_next(
+        Action::DeleteNetworkInterface,
+        0,
+        CloudError::InternalError {
+            message: "never".to_owned(),
+        },
+    );
+    for _ in 0..3 {
+        assert_code(
+            fake.describe_subnets(&SubnetFilter::default()).await,
+            "InternalError",
+        );
+        assert_code(
+            fake.create_interface(&create_in("subnet-a")).await,
+            "Timeout",
+        );
+    }
+    assert_eq!(fake.interfaces().len(), 3, "timed out but applied");
+    let id = fake.interfaces()[0].id.clone();
+    fake.delete_interface(&id).await.unwrap();
+}
+
+/// Counts far beyond any limit are refused by the limit before any pool is searched, and
+/// change nothing.
+#[tokio::test(start_paused = true)]
+async fn counts_of_u32_max_are_refused_by_the_limit() {
+    let fake = quiet()
+        .subnet(
+            SubnetSpec::new(
+                "subnet-6",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.7.0/24".parse().unwrap(),
+            )
+            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
+        )
+        .build()
+        .unwrap();
+    let eni = fake.create_interface(&create_in("subnet-6")).await.unwrap();
+    let free = fake.subnet_free_ipv4("subnet-6");
+    let max = Amount::Count(u32::MAX);
+    for result in [
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(max.clone()))
+            .await,
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Prefixes(Amount::Count(u32::MAX)))
+            .await,
+    ] {
+        assert_code(result, "PrivateIpAddressLimitExceeded");
+    }
+    for result in [
+        fake.assign_ipv6(&eni.id, &Ipv6Assign::Addresses(Amount::Count(u32::MAX)))
+            .await,
+        fake.assign_ipv6(&eni.id, &Ipv6Assign::Prefixes(Amount::Count(u32::MAX)))
+            .await,
+    ] {
+        assert_code(result, "PrivateIpAddressLimitExceeded");
+    }
+    let mut request = create_in("subnet-6");
+    request.secondary_ipv4 = Some(max);
+    assert_code(
+        fake.create_interface(&request).await,
+        "PrivateIpAddressLimitExceeded",
+    );
+    let mut request = create_in("subnet-6");
+    request.ipv6_prefixes = Some(Amount::Count(u32::MAX));
+    assert_code(
+        fake.create_interface(&request).await,
+        "PrivateIpAddressLimitExceeded",
+    );
+    assert_eq!(fake.subnet_free_ipv4("subnet-6"), free);
+    assert_eq!(fake.interfaces().len(), 1);
+    let now = fake.interface(&eni.id).unwrap();
+    assert!(now.secondary_ipv4.is_empty() && now.ipv6_addresses.is_empty());
+}
+
+/// Count(0) is refused by assign (EC2: nothing to assign) and is no address at creation.
+#[tokio::test(start_paused = true)]
+async fn count_zero() {
+    let fake = quiet().build().unwrap();
+    let eni = new_interface(&fake).await;
+    assert_code(
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(0)))
+            .await,
+        "InvalidParameterValue",
+    );
+    assert_code(
+        fake.assign_ipv4(&eni.id, &Ipv4Assign::Prefixes(Amount::Explicit(Vec::new())))
+            .await,
+        "InvalidParameterValue",
+    );
+    let mut request = create_in("subnet-a");
+    request.secondary_ipv4 = Some(Amount::Count(0));
+    let created = fake.create_interface(&request).await.unwrap();
+    assert!(created.secondary_ipv4.is_empty());
+}
+
+/// Explicit addresses outside the subnet, reserved by AWS, or named twice are refused and
+/// change nothing.
+#[tokio::test(start_paused = true)]
+async fn explicit_addresses_outside_reserved_or_duplicated_are_refused() {
+    let fake = quiet()
+        .subnet(
+            SubnetSpec::new(
+                "subnet-6",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.7.0/24".parse().unwrap(),
+            )
+            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
+        )
+        .build()
+        .unwrap();
+    let eni = fake.create_interface(&create_in("subnet-6")).await.unwrap();
+    let free = fake.subnet_free_ipv4("subnet-6");
+    let v4 = |addrs: &[&str]| {
+        Ipv4Assign::Addresses(Amount::Explicit(
+            addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        ))
+    };
+    for (request, why) in [
+        (v4(&["10.0.8.9"]), "outside the subnet"),
+        (v4(&["10.0.7.1"]), "the VPC router"),
+        (v4(&["10.0.7.255"]), "the last address"),
+        (v4(&["10.0.7.0"]), "the network address"),
+        (v4(&["10.0.7.20", "10.0.7.20"]), "named twice"),
+    ] {
+        let error = assert_code(
+            fake.assign_ipv4(&eni.id, &request).await,
+            "InvalidParameterValue",
+        );
+        if why == "named twice" {
+            assert!(error.to_string().contains("Duplicate"), "{error}");
+        }
+    }
+    let twice: ipnet::Ipv4Net = "10.0.7.32/28".parse().unwrap();
+    assert_code(
+        fake.assign_ipv4(
+            &eni.id,
+            &Ipv4Assign::Prefixes(Amount::Explicit(vec![twice, twice])),
+        )
+        .await,
+        "InvalidParameterValue",
+    );
+    let v6 = |addrs: &[&str]| {
+        Ipv6Assign::Addresses(Amount::Explicit(
+            addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        ))
+    };
+    for request in [
+        v6(&["2600:1f18:0:8::5"]),
+        v6(&["2600:1f18:0:7::"]),
+        v6(&["2600:1f18:0:7::5", "2600:1f18:0:7::5"]),
+    ] {
+        assert_code(
+            fake.assign_ipv6(&eni.id, &request).await,
+            "InvalidParameterValue",
+        );
+    }
+    for prefix in [
+        "2600:1f18:0:8:1::/80",
+        "2600:1f18:0:7::/64",
+        "2600:1f18:0:7:1::5/80",
+    ] {
+        assert_code(
+            fake.assign_ipv6(
+                &eni.id,
+                &Ipv6Assign::Prefixes(Amount::Explicit(vec![prefix.parse().unwrap()])),
+            )
+            .await,
+            "InvalidParameterValue",
+        );
+    }
+    assert_eq!(fake.subnet_free_ipv4("subnet-6"), free);
+    let now = fake.interface(&eni.id).unwrap();
+    assert!(now.secondary_ipv4.is_empty() && now.ipv4_prefixes.is_empty());
+    assert!(now.ipv6_addresses.is_empty() && now.ipv6_prefixes.is_empty());
+    // The same addresses, once each and inside, are granted.
+    fake.assign_ipv4(&eni.id, &v4(&["10.0.7.20"]))
+        .await
+        .unwrap();
+    fake.assign_ipv6(&eni.id, &v6(&["2600:1f18:0:7::5"]))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn subnet_sizes_outside_what_aws_allows_and_overlaps_are_refused() {
+    let v4 = |cidr: &str| SubnetSpec::new("subnet-x", "vpc-1", "us-east-1a", cidr.parse().unwrap());
+    refused(FakeEc2::builder().subnet(v4("10.0.0.0/29")), "/16 to /28");
+    refused(FakeEc2::builder().subnet(v4("10.0.0.0/15")), "/16 to /28");
+    refused(
+        FakeEc2::builder().subnet(v4("10.0.0.0/24").ipv6("2600:1f18::/56".parse().unwrap())),
+        "an IPv6 subnet is a /64",
+    );
+    refused(
+        FakeEc2::builder().subnet(v4("10.0.0.0/24").ipv6("2600:1f18::/80".parse().unwrap())),
+        "an IPv6 subnet is a /64",
+    );
+    refused(
+        FakeEc2::builder()
+            .subnet(subnet_a())
+            .subnet(v4("10.0.0.128/25")),
+        "overlaps subnet subnet-a of vpc-1",
+    );
+    refused(
+        FakeEc2::builder()
+            .subnet(subnet_a().ipv6("2600:1f18:0:1::/64".parse().unwrap()))
+            .subnet(v4("10.0.9.0/24").ipv6("2600:1f18:0:1::/64".parse().unwrap())),
+        "overlaps",
+    );
+    // Another VPC may reuse the CIDR.
+    assert!(
+        FakeEc2::builder()
+            .subnet(subnet_a())
+            .subnet(SubnetSpec::new(
+                "subnet-y",
+                "vpc-2",
+                "us-east-1a",
+                "10.0.0.0/24".parse().unwrap()
+            ))
+            .build()
+            .is_ok()
+    );
+}
+
+/// The extremes of subnet size: a /16 hands out its last addresses and /28s, a /28 has no room
+/// for a prefix and runs out after 11 addresses.
+#[tokio::test(start_paused = true)]
+async fn a_16_and_a_28_to_the_last_address() {
+    let fake = quiet()
+        .subnet(SubnetSpec::new(
+            "subnet-16",
+            "vpc-2",
+            "us-east-1a",
+            "10.1.0.0/16".parse().unwrap(),
+        ))
+        .subnet(SubnetSpec::new(
+            "subnet-28",
+            "vpc-2",
+            "us-east-1a",
+            "10.2.0.0/28".parse().unwrap(),
+        ))
+        .build()
+        .unwrap();
+    assert_eq!(fake.subnet_free_ipv4("subnet-16"), Some(65536 - 5));
+    let eni = fake
+        .create_interface(&create_in("subnet-16"))
+        .await
+        .unwrap();
+    let prefix = fake
+        .assign_ipv4(
+            &eni.id,
+            &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.1.255.224/28".parse().unwrap()])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(prefix.prefixes.len(), 1);
+    assert_code(
+        fake.assign_ipv4(
+            &eni.id,
+            &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.1.255.240/28".parse().unwrap()])),
+        )
+        .await,
+        "InvalidIPAddress.InUse",
+    );
+    fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(3)))
+        .await
+        .unwrap();
+    let tiny = fake
+        .create_interface(&create_in("subnet-28"))
+        .await
+        .unwrap();
+    assert_code(
+        fake.assign_ipv4(&tiny.id, &Ipv4Assign::Prefixes(Amount::Count(1)))
+            .await,
+        "InsufficientFreeAddressesInSubnet",
+    );
+    let rest = fake
+        .assign_ipv4(&tiny.id, &Ipv4Assign::Addresses(Amount::Count(10)))
+        .await
+        .unwrap();
+    assert_eq!(rest.addresses.last(), Some(&Ipv4Addr::new(10, 2, 0, 14)));
+    assert_eq!(fake.subnet_free_ipv4("subnet-28"), Some(0));
+    let mut another = create_in("subnet-28");
+    another.description = Some("no room".to_owned());
+    assert_code(
+        fake.create_interface(&another).await,
+        "InsufficientFreeAddressesInSubnet",
     );
 }

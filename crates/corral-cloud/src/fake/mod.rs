@@ -53,6 +53,40 @@ use crate::{
 
 const ACTIONS: usize = Action::ALL.len();
 
+/// The longest delay the fake takes (latency, attachment and detachment delays, consistency
+/// lag, timeout): the builder refuses more and the runtime setters clamp to it, so that no
+/// `Instant + Duration` can overflow.
+pub const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A probability as the runtime setters take it: NaN is 0, the rest clamped to 0..=1.
+fn clamp_probability(p: f64) -> f64 {
+    if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) }
+}
+
+/// Refuses a probability outside 0..=1 (NaN included).
+fn check_probability(what: &str, p: f64) -> Result<(), CloudError> {
+    if (0.0..=1.0).contains(&p) {
+        Ok(())
+    } else {
+        Err(CloudError::InvalidParameterValue {
+            message: format!("{what} is a probability from 0 to 1, got {p}"),
+        })
+    }
+}
+
+/// Refuses a delay above [`MAX_DELAY`].
+fn check_delay(what: &str, delay: Duration) -> Result<(), CloudError> {
+    if delay <= MAX_DELAY {
+        Ok(())
+    } else {
+        Err(CloudError::InvalidParameterValue {
+            message: format!(
+                "{what} of {delay:?} is above the fake's longest delay, {MAX_DELAY:?}"
+            ),
+        })
+    }
+}
+
 /// A lognormal latency given by its median and its 99th percentile.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Latency {
@@ -304,7 +338,9 @@ impl InstanceSpec {
     }
 }
 
-/// Builds a [`FakeEc2`]; every knob defaults to EC2's behaviour.
+/// Builds a [`FakeEc2`]; every knob defaults to EC2's behaviour. [`FakeEc2Builder::build`]
+/// refuses a probability outside 0..=1 (NaN included), a delay above [`MAX_DELAY`] and a delay
+/// whose minimum is above its maximum.
 #[derive(Clone, Debug)]
 pub struct FakeEc2Builder {
     seed: u64,
@@ -449,8 +485,54 @@ impl FakeEc2Builder {
         self
     }
 
-    /// Builds the fake; an unknown subnet or type, or a duplicate id, is refused.
+    /// Checks every knob: probabilities within 0..=1 (not NaN), delays at most [`MAX_DELAY`],
+    /// a delay's minimum not above its maximum.
+    fn validate(&self) -> Result<(), CloudError> {
+        for action in Action::ALL {
+            let index = action.index();
+            check_probability(
+                &format!("the internal error rate of {action}"),
+                self.internal_error_rate[index],
+            )?;
+            check_probability(
+                &format!("the timeout rate of {action}"),
+                self.timeout_rate[index],
+            )?;
+            let latency = self.latencies[index];
+            check_delay(&format!("the median latency of {action}"), latency.median)?;
+            check_delay(&format!("the p99 latency of {action}"), latency.p99)?;
+        }
+        for (what, span) in [
+            ("the attach delay", self.attach_delay),
+            ("the detach delay", self.detach_delay),
+        ] {
+            check_delay(what, span.max)?;
+            if span.min > span.max {
+                return Err(CloudError::InvalidParameterValue {
+                    message: format!(
+                        "{what}: minimum {:?} above maximum {:?}",
+                        span.min, span.max
+                    ),
+                });
+            }
+        }
+        check_delay("the mean consistency lag", self.lag.mean)?;
+        check_delay("the maximum consistency lag", self.lag.max)?;
+        check_delay("the timeout", self.timeout_after)?;
+        check_delay("the latency of a throttled call", self.throttle_latency)?;
+        for subnet in &self.subnets {
+            check_probability(
+                &format!("the fragmentation of subnet {}", subnet.id),
+                subnet.fragment,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Builds the fake; an unknown subnet or type, a duplicate id, or a knob out of range
+    /// (see the setters) is refused with `InvalidParameterValue`.
     pub fn build(self) -> Result<FakeEc2, CloudError> {
+        self.validate()?;
         let now = Instant::now();
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         let mut model = Model::new(self.types);
@@ -472,6 +554,22 @@ impl FakeEc2Builder {
             if spec.ipv6.is_some_and(|net| net.prefix_len() != 64) {
                 return Err(CloudError::InvalidParameterValue {
                     message: format!("subnet {}: an IPv6 subnet is a /64", spec.id),
+                });
+            }
+            let ipv6 = spec.ipv6.map(|net| net.trunc());
+            if let Some(other) = model.subnets.values().find(|other| {
+                other.vpc_id == spec.vpc_id
+                    && (other.ipv4_cidr.contains(&spec.ipv4.trunc())
+                        || spec.ipv4.trunc().contains(&other.ipv4_cidr)
+                        || ipv6.is_some_and(|net| {
+                            other.ipv6.as_ref().is_some_and(|o| o.cidr() == net)
+                        }))
+            }) {
+                return Err(CloudError::InvalidParameterValue {
+                    message: format!(
+                        "subnet {}: its CIDR overlaps subnet {} of {}",
+                        spec.id, other.id, spec.vpc_id
+                    ),
                 });
             }
             let mut ipv4 = Ipv4Pool::new(spec.ipv4);
@@ -523,7 +621,8 @@ struct Inner {
     latencies: [Option<LogNormal<f64>>; ACTIONS],
     internal_error_rate: [f64; ACTIONS],
     timeout_rate: [f64; ACTIONS],
-    scripted: [VecDeque<Fault>; ACTIONS],
+    /// Scripted faults per action, each with how many calls it still applies to.
+    scripted: [VecDeque<(Fault, usize)>; ACTIONS],
     storm: Option<(Instant, f64)>,
     counters: Counters,
     timeout_after: Duration,
@@ -543,6 +642,17 @@ enum Admission {
 }
 
 impl Inner {
+    /// Uses the first scripted fault of an action once.
+    fn take_scripted(&mut self, index: usize) {
+        let queue = &mut self.scripted[index];
+        if let Some((_, left)) = queue.front_mut() {
+            *left -= 1;
+            if *left == 0 {
+                queue.pop_front();
+            }
+        }
+    }
+
     fn admit(&mut self, action: Action, now: Instant) -> Admission {
         let index = action.index();
         self.counters.calls[index] += 1;
@@ -561,12 +671,13 @@ impl Inner {
             }
         }
         let latency = self.latencies[index]
-            .map(|d| Duration::from_secs_f64(d.sample(&mut self.rng).min(600.0)))
+            .map(|d| {
+                Duration::try_from_secs_f64(d.sample(&mut self.rng).min(600.0)).unwrap_or_default()
+            })
             .unwrap_or_default();
-        if let Some(Fault::Fail(_)) = self.scripted[index].front() {
-            let Some(Fault::Fail(error)) = self.scripted[index].pop_front() else {
-                unreachable!("just peeked")
-            };
+        if let Some((Fault::Fail(error), _)) = self.scripted[index].front() {
+            let error = error.clone();
+            self.take_scripted(index);
             self.counters.faults[index] += 1;
             return Admission::Refuse(latency, error);
         }
@@ -577,8 +688,8 @@ impl Inner {
         }
         let mut fail = None;
         let mut time_out = false;
-        if let Some(Fault::AppliedButTimedOut) = self.scripted[index].front() {
-            self.scripted[index].pop_front();
+        if let Some((Fault::AppliedButTimedOut, _)) = self.scripted[index].front() {
+            self.take_scripted(index);
             time_out = true;
         } else {
             let internal = self.internal_error_rate[index];
@@ -696,36 +807,44 @@ impl FakeEc2 {
 
     /// The next `n` calls of `action` fail with `error` and change nothing.
     pub fn fail_next(&self, action: Action, n: usize, error: CloudError) {
-        let mut inner = self.lock();
-        for _ in 0..n {
-            inner.scripted[action.index()].push_back(Fault::Fail(error.clone()));
+        if n > 0 {
+            self.lock().scripted[action.index()].push_back((Fault::Fail(error), n));
         }
     }
 
     /// The next `n` admitted calls of `action` are applied and answer `Timeout`.
     pub fn time_out_next(&self, action: Action, n: usize) {
-        let mut inner = self.lock();
-        for _ in 0..n {
-            inner.scripted[action.index()].push_back(Fault::AppliedButTimedOut);
+        if n > 0 {
+            self.lock().scripted[action.index()].push_back((Fault::AppliedButTimedOut, n));
         }
     }
 
-    /// For `duration` from now, each call of any action is throttled with probability
-    /// `fraction` (consuming no token), as when other tenants of the account drain the buckets.
+    /// For `duration` from now (`Duration::MAX`: for good), each call of any action is
+    /// throttled with probability `fraction` (consuming no token), as when other tenants of the
+    /// account drain the buckets. The fraction is clamped to 0..=1, NaN taken as 0.
     pub fn throttle_storm(&self, fraction: f64, duration: Duration) {
-        self.lock().storm = Some((Instant::now() + duration, fraction.clamp(0.0, 1.0)));
+        let now = Instant::now();
+        // A duration past what the clock can hold: a storm that outlasts any run.
+        let until = now
+            .checked_add(duration)
+            .unwrap_or_else(|| now + 1000 * MAX_DELAY);
+        self.lock().storm = Some((until, clamp_probability(fraction)));
     }
 
-    /// Changes the random fault rates of an action.
+    /// Changes the random fault rates of an action (clamped to 0..=1, NaN taken as 0).
     pub fn set_fault_rates(&self, action: Action, internal_error: f64, timeout: f64) {
         let mut inner = self.lock();
-        inner.internal_error_rate[action.index()] = internal_error;
-        inner.timeout_rate[action.index()] = timeout;
+        inner.internal_error_rate[action.index()] = clamp_probability(internal_error);
+        inner.timeout_rate[action.index()] = clamp_probability(timeout);
     }
 
-    /// Changes the consistency lag of describe calls from now on.
+    /// Changes the consistency lag of describe calls from now on (each clamped to
+    /// [`MAX_DELAY`]).
     pub fn set_consistency_lag(&self, mean: Duration, max: Duration) {
-        self.lock().model.lag = Lag { mean, max };
+        self.lock().model.lag = Lag {
+            mean: mean.min(MAX_DELAY),
+            max: max.min(MAX_DELAY),
+        };
     }
 
     /// Launches an instance (a test helper: no call is counted); returns its id.

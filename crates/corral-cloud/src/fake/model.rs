@@ -195,7 +195,9 @@ impl Lag {
         }
         let uniform: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
         let lag = -self.mean.as_secs_f64() * uniform.ln();
-        Duration::from_secs_f64(lag).min(self.max)
+        Duration::try_from_secs_f64(lag)
+            .unwrap_or(self.max)
+            .min(self.max)
     }
 }
 
@@ -310,6 +312,17 @@ fn tags_match(tags: &Tags, wanted: &BTreeMap<String, Option<String>>) -> bool {
         })
 }
 
+/// Refuses a list that names an address or prefix twice.
+fn no_duplicates<T: Ord + std::fmt::Display>(items: &[T]) -> Result<(), CloudError> {
+    let mut seen = BTreeSet::new();
+    match items.iter().find(|item| !seen.insert(*item)) {
+        Some(twice) => Err(invalid(format!(
+            "Duplicate address or prefix {twice} in the request"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Takes IPv4 addresses from a subnet's pool as a request says.
 fn take_ipv4(
     pool: &mut Ipv4Pool,
@@ -321,6 +334,7 @@ fn take_ipv4(
             .take_any(*n as usize)
             .ok_or_else(|| no_free_addresses(subnet_id)),
         Amount::Explicit(addresses) => {
+            no_duplicates(addresses)?;
             for &addr in addresses {
                 pool.take(addr).map_err(|r| refused(r, addr, subnet_id))?;
             }
@@ -344,6 +358,7 @@ fn take_ipv4_prefixes(
                 .ok_or_else(|| no_cidr_blocks(subnet_id))
         }
         Amount::Explicit(prefixes) => {
+            no_duplicates(prefixes)?;
             for &prefix in prefixes {
                 pool.take_prefix(prefix)
                     .map_err(|r| refused(r, prefix, subnet_id))?;
@@ -367,8 +382,11 @@ fn take_ipv6(
     amount: &Amount<Ipv6Addr>,
 ) -> Result<Vec<Ipv6Addr>, CloudError> {
     match amount {
-        Amount::Count(n) => Ok(pool.take_any(*n as usize)),
+        Amount::Count(n) => pool
+            .take_any(*n as usize)
+            .ok_or_else(|| no_free_addresses(subnet_id)),
         Amount::Explicit(addresses) => {
+            no_duplicates(addresses)?;
             for &addr in addresses {
                 pool.take(addr).map_err(|r| refused(r, addr, subnet_id))?;
             }
@@ -387,6 +405,7 @@ fn take_ipv6_prefixes(
             .take_prefixes(*n as usize)
             .ok_or_else(|| no_cidr_blocks(subnet_id)),
         Amount::Explicit(prefixes) => {
+            no_duplicates(prefixes)?;
             for &prefix in prefixes {
                 pool.take_prefix(prefix)
                     .map_err(|r| refused(r, prefix, subnet_id))?;

@@ -95,25 +95,29 @@ impl Ipv4Pool {
         }
     }
 
-    /// Takes the `n` lowest free addresses, or nothing when fewer are free.
+    /// Takes the `n` lowest free addresses, or nothing when fewer are free. Walks the bitmap a
+    /// word at a time and the free bits of a word by their position: O(words + n).
     pub(crate) fn take_any(&mut self, n: usize) -> Option<Vec<Ipv4Addr>> {
         if (self.free as usize) < n {
             return None;
         }
         let mut taken = Vec::with_capacity(n);
-        let mut offset = 0;
-        while taken.len() < n {
-            let word = self.used[(offset / 64) as usize];
-            if word == u64::MAX {
-                offset = (offset / 64 + 1) * 64;
-                continue;
-            }
-            if !self.is_used(offset) {
+        for word in 0..self.used.len() {
+            let mut free = !self.used[word];
+            while free != 0 && taken.len() < n {
+                let offset = word as u32 * 64 + free.trailing_zeros();
+                if offset >= self.size {
+                    break;
+                }
                 self.mark(offset);
                 taken.push(self.addr(offset));
+                free &= free - 1;
             }
-            offset += 1;
+            if taken.len() == n {
+                break;
+            }
         }
+        debug_assert_eq!(taken.len(), n, "the free count promised enough");
         Some(taken)
     }
 
@@ -184,8 +188,16 @@ impl Ipv4Pool {
     }
 }
 
-/// The IPv6 space of a subnet's /64: addresses come from its first /80, prefixes are the other
-/// /80s.
+/// Host bits of an IPv6 /80 prefix.
+const PREFIX6_BITS: u32 = 48;
+
+/// The IPv6 space of a subnet's /64, in /80 blocks: block 0 (the first /80) is where addresses
+/// given by count come from, and is never delegated; the other blocks are delegated as /80
+/// prefixes while no address lies in them. Explicit addresses may lie anywhere outside a
+/// delegated prefix; host 0 (the subnet-router anycast address) is never handed out.
+///
+/// Only what is in use is stored, and every search walks the stored entries, not the space: a
+/// call costs O(n + entries in use), whatever the size of the /64.
 #[derive(Clone, Debug)]
 pub(crate) struct Ipv6Pool {
     cidr: Ipv6Net,
@@ -194,6 +206,7 @@ pub(crate) struct Ipv6Pool {
 }
 
 impl Ipv6Pool {
+    /// The space of `cidr`, a /64 (any length up to /80 works: a /80 subnet is all block 0).
     pub(crate) fn new(cidr: Ipv6Net) -> Ipv6Pool {
         Ipv6Pool {
             cidr: cidr.trunc(),
@@ -206,47 +219,81 @@ impl Ipv6Pool {
         self.cidr
     }
 
+    fn base(&self) -> u128 {
+        u128::from(self.cidr.network())
+    }
+
+    /// The last address of the subnet.
+    fn last(&self) -> u128 {
+        self.base()
+            | u128::MAX
+                .checked_shr(self.cidr.prefix_len().into())
+                .unwrap_or(0)
+    }
+
+    /// Addresses in one block: a /80, or the whole subnet when it is smaller.
+    fn block_size(&self) -> u128 {
+        let host_bits = 128 - u32::from(self.cidr.prefix_len());
+        1u128 << PREFIX6_BITS.min(host_bits)
+    }
+
     fn prefix_of(&self, addr: u128) -> u128 {
-        addr & !((1u128 << 48) - 1)
+        addr & !((1u128 << PREFIX6_BITS) - 1)
     }
 
-    fn host_bits(&self) -> u32 {
-        128 - u32::from(self.cidr.prefix_len())
-    }
-
-    /// Takes `n` unused addresses from the first /80.
-    pub(crate) fn take_any(&mut self, n: usize) -> Vec<Ipv6Addr> {
-        let base = u128::from(self.cidr.network());
-        let mut taken = Vec::with_capacity(n);
-        // AWS hands out addresses from low host numbers too; 0 is skipped as the subnet-router
-        // anycast address.
-        let mut host = 1u128;
-        while taken.len() < n {
-            let addr = base + host;
-            if !self.addresses.contains(&addr) && !self.prefixes.contains(&self.prefix_of(addr)) {
-                self.addresses.insert(addr);
-                taken.push(Ipv6Addr::from(addr));
+    /// Takes the `n` lowest unused addresses of block 0 (host 0 excluded), or nothing when
+    /// fewer are free there.
+    pub(crate) fn take_any(&mut self, n: usize) -> Option<Vec<Ipv6Addr>> {
+        let first = self.base().saturating_add(1);
+        // Exclusive; block 0 is never delegated, so only addresses can be in the way.
+        let end = self.base().saturating_add(self.block_size());
+        let mut taken = Vec::with_capacity(n.min(1024));
+        let mut next = first;
+        for &used in self.addresses.range(first..end) {
+            while next < used && taken.len() < n {
+                taken.push(next);
+                next += 1;
             }
-            host += 1;
-        }
-        taken
-    }
-
-    /// Takes `n` unused /80s, or nothing when fewer exist.
-    pub(crate) fn take_prefixes(&mut self, n: usize) -> Option<Vec<Ipv6Net>> {
-        let base = u128::from(self.cidr.network());
-        let count = 1u128 << (self.host_bits().saturating_sub(48));
-        let mut taken = Vec::with_capacity(n);
-        for block in 1..count {
             if taken.len() == n {
                 break;
             }
-            let prefix = base + (block << 48);
-            let end = prefix + (1u128 << 48);
+            next = used + 1;
+        }
+        while taken.len() < n && next < end {
+            taken.push(next);
+            next += 1;
+        }
+        if taken.len() < n {
+            return None;
+        }
+        self.addresses.extend(taken.iter().copied());
+        Some(taken.into_iter().map(Ipv6Addr::from).collect())
+    }
+
+    /// Takes the `n` lowest unused /80s after block 0, or nothing when fewer exist. Each block
+    /// looked at is either taken or holds a stored entry, so the search is bounded by `n` and
+    /// the entries in use.
+    pub(crate) fn take_prefixes(&mut self, n: usize) -> Option<Vec<Ipv6Net>> {
+        let size = self.block_size();
+        if size < 1u128 << PREFIX6_BITS {
+            // Smaller than a /80: nothing to delegate.
+            return (n == 0).then(Vec::new);
+        }
+        let last = self.last();
+        let mut taken = Vec::with_capacity(n.min(1024));
+        let Some(mut prefix) = self.base().checked_add(size) else {
+            return (n == 0).then(Vec::new);
+        };
+        while taken.len() < n && prefix <= last {
+            let end = prefix + (size - 1);
             if !self.prefixes.contains(&prefix)
-                && self.addresses.range(prefix..end).next().is_none()
+                && self.addresses.range(prefix..=end).next().is_none()
             {
                 taken.push(prefix);
+            }
+            match end.checked_add(1) {
+                Some(next) => prefix = next,
+                None => break,
             }
         }
         if taken.len() < n {
@@ -261,11 +308,16 @@ impl Ipv6Pool {
         )
     }
 
+    /// Takes one given address: inside the subnet, not host 0, not in use, not inside a
+    /// delegated prefix.
     pub(crate) fn take(&mut self, addr: Ipv6Addr) -> Result<(), Refusal> {
         if !self.cidr.contains(&addr) {
             return Err(Refusal::Outside);
         }
         let addr = u128::from(addr);
+        if addr == self.base() {
+            return Err(Refusal::Outside);
+        }
         if self.addresses.contains(&addr) || self.prefixes.contains(&self.prefix_of(addr)) {
             return Err(Refusal::InUse);
         }
@@ -273,13 +325,22 @@ impl Ipv6Pool {
         Ok(())
     }
 
+    /// Takes one given /80: aligned, inside the subnet, not block 0 (where addresses by count
+    /// come from: EC2 refuses it too), with no address in it.
     pub(crate) fn take_prefix(&mut self, prefix: Ipv6Net) -> Result<(), Refusal> {
-        if prefix.prefix_len() != 80 || prefix.trunc() != prefix || !self.cidr.contains(&prefix) {
+        if prefix.prefix_len() != 80
+            || prefix.trunc() != prefix
+            || !self.cidr.contains(&prefix)
+            || self.block_size() < 1u128 << PREFIX6_BITS
+        {
             return Err(Refusal::Outside);
         }
         let start = u128::from(prefix.network());
-        let end = start + (1u128 << 48);
-        if self.prefixes.contains(&start) || self.addresses.range(start..end).next().is_some() {
+        if start == self.base() {
+            return Err(Refusal::Outside);
+        }
+        let end = start + ((1u128 << PREFIX6_BITS) - 1);
+        if self.prefixes.contains(&start) || self.addresses.range(start..=end).next().is_some() {
             return Err(Refusal::InUse);
         }
         self.prefixes.insert(start);
@@ -347,7 +408,7 @@ mod tests {
     #[test]
     fn ipv6_prefixes_avoid_addresses() {
         let mut pool = Ipv6Pool::new("2600:1f18:0:1::/64".parse().unwrap());
-        let addresses = pool.take_any(2);
+        let addresses = pool.take_any(2).unwrap();
         assert_eq!(
             addresses[0],
             "2600:1f18:0:1::1".parse::<Ipv6Addr>().unwrap()
@@ -362,5 +423,118 @@ mod tests {
             pool.take("2600:1f18:0:1:1::5".parse().unwrap()),
             Err(Refusal::InUse)
         );
+    }
+
+    fn net6(s: &str) -> Ipv6Net {
+        s.parse().unwrap()
+    }
+
+    /// Regression: delegating the first /80 let `take_any` step through its 2^48 addresses one
+    /// at a time, holding the account's lock forever.
+    #[test]
+    fn the_first_80_is_never_delegated() {
+        let mut pool = Ipv6Pool::new(net6("2600:1f18:0:1::/64"));
+        assert_eq!(
+            pool.take_prefix(net6("2600:1f18:0:1::/80")),
+            Err(Refusal::Outside)
+        );
+        assert_eq!(
+            pool.take_any(1).unwrap(),
+            vec!["2600:1f18:0:1::1".parse::<Ipv6Addr>().unwrap()]
+        );
+        assert_eq!(pool.take_prefix(net6("2600:1f18:0:1:2::/80")), Ok(()));
+        assert_eq!(
+            pool.take_prefixes(2).unwrap(),
+            vec![net6("2600:1f18:0:1:1::/80"), net6("2600:1f18:0:1:3::/80")]
+        );
+    }
+
+    #[test]
+    fn ipv6_addresses_by_count_skip_used_ones_and_stop_at_the_end_of_block_0() {
+        // A subnet smaller than a /80 is all block 0: 255 hosts (host 0 is never handed out).
+        let mut pool = Ipv6Pool::new(net6("2600:1f18::/120"));
+        pool.take("2600:1f18::3".parse().unwrap()).unwrap();
+        assert_eq!(
+            pool.take("2600:1f18::".parse().unwrap()),
+            Err(Refusal::Outside),
+            "host 0 is the subnet-router anycast address"
+        );
+        let first = pool.take_any(3).unwrap();
+        assert_eq!(
+            first,
+            ["2600:1f18::1", "2600:1f18::2", "2600:1f18::4"]
+                .map(|a| a.parse::<Ipv6Addr>().unwrap())
+        );
+        assert!(pool.take_any(252).is_none(), "251 are left");
+        assert_eq!(pool.take_any(251).unwrap().len(), 251);
+        assert!(pool.take_any(1).is_none());
+        assert!(pool.take_prefixes(1).is_none(), "nothing to delegate");
+        assert_eq!(pool.take_prefixes(0), Some(Vec::new()));
+        pool.release("2600:1f18::80".parse().unwrap());
+        assert_eq!(
+            pool.take_any(1).unwrap(),
+            vec!["2600:1f18::80".parse::<Ipv6Addr>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn ipv6_prefixes_skip_blocks_holding_an_address_and_run_out_at_the_end() {
+        // A /78 holds four /80s: block 0 (addresses) and three to delegate.
+        let mut pool = Ipv6Pool::new(net6("2600:1f18::/78"));
+        pool.take("2600:1f18:0:0:1::9".parse().unwrap()).unwrap();
+        assert_eq!(
+            pool.take_prefix(net6("2600:1f18:0:0:1::/80")),
+            Err(Refusal::InUse)
+        );
+        assert!(pool.take_prefixes(3).is_none(), "only two are free");
+        assert_eq!(
+            pool.take_prefixes(2).unwrap(),
+            vec![net6("2600:1f18:0:0:2::/80"), net6("2600:1f18:0:0:3::/80")]
+        );
+        assert!(pool.take_prefixes(1).is_none());
+        assert_eq!(
+            pool.take_prefix(net6("2600:1f18:0:0:4::/80")),
+            Err(Refusal::Outside),
+            "outside the subnet"
+        );
+        assert_eq!(
+            pool.take("2600:1f18:0:0:2::1".parse().unwrap()),
+            Err(Refusal::InUse),
+            "inside a delegated prefix"
+        );
+    }
+
+    #[test]
+    fn ipv4_take_any_skips_used_addresses_word_by_word() {
+        let mut pool = Ipv4Pool::new(net("10.0.0.0/16"));
+        // Fill the first 200 words except one address in the middle.
+        let all = pool.take_any(200 * 64 - 4).unwrap();
+        assert_eq!(all.len(), 200 * 64 - 4);
+        pool.release(Ipv4Addr::new(10, 0, 20, 7));
+        assert_eq!(
+            pool.take_any(2).unwrap(),
+            vec![Ipv4Addr::new(10, 0, 20, 7), Ipv4Addr::new(10, 0, 50, 0)]
+        );
+        // The last address is reserved: a /16 has 65536 - 5 usable.
+        let rest = pool.free() as usize;
+        assert_eq!(rest, 65536 - 5 - 200 * 64 + 4 - 1);
+        let last = pool.take_any(rest).unwrap();
+        assert_eq!(last.last(), Some(&Ipv4Addr::new(10, 0, 255, 254)));
+        assert!(pool.take_any(1).is_none());
+    }
+
+    #[test]
+    fn a_subnet_at_the_top_of_the_address_space_does_not_overflow() {
+        let mut pool = Ipv6Pool::new(net6("ffff:ffff:ffff:ffff::/64"));
+        assert_eq!(pool.take_any(2).unwrap().len(), 2);
+        let prefixes = pool.take_prefixes(65535).unwrap();
+        assert_eq!(
+            prefixes.last(),
+            Some(&net6("ffff:ffff:ffff:ffff:ffff::/80"))
+        );
+        assert!(pool.take_prefixes(1).is_none());
+        let mut tiny = Ipv6Pool::new(net6("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"));
+        assert!(tiny.take_any(1).is_none());
+        assert!(tiny.take_prefixes(1).is_none());
     }
 }
