@@ -13,7 +13,13 @@
 //! - interface ids and device numbers are unique within the table;
 //! - every address of an interface lies in the interface's subnet of its family, is a single
 //!   address or a delegated prefix, and is exactly one active range of the pool in the engine;
-//!   every active range of the pool is the address of exactly one interface;
+//!   every active range of the pool is the address of exactly one interface (an interface
+//!   pool holds only interface addresses: add no other range to it);
+//! - only interface addresses are handed out: [`Interfaces::assign`] sees the engine's choice
+//!   before it is made ([`Engine::allocate_if`]) and refuses one outside every interface
+//!   address (a range added to the pool by other means) with
+//!   [`InterfaceError::NotOnInterface`], so even a pool that breaks the previous rule never
+//!   hands such an address out, and the refusal leaves no cooldown or generation behind;
 //! - addresses never overlap, within an interface or across interfaces (the engine refuses
 //!   ranges that overlap any range of any pool);
 //! - every refusal changes nothing: each operation validates and plans against the table and
@@ -828,18 +834,28 @@ impl Interfaces {
     }
 
     fn describe(&self, addr: IpAddr, generation: u64, existing: bool) -> Option<Assignment> {
-        let slot = self.slot(self.slot_of(addr)?);
+        self.describe_in(self.slot_of(addr)?, addr, generation, existing)
+    }
+
+    /// The assignment of `addr`, an address of the interface in slot `index`.
+    fn describe_in(
+        &self,
+        index: u32,
+        addr: IpAddr,
+        generation: u64,
+        existing: bool,
+    ) -> Option<Assignment> {
+        let spec = &self.slot(index).spec;
         let family = Family::of(addr);
         Some(Assignment {
             addr,
             generation,
-            interface: slot.spec.id.clone(),
-            device_number: slot.spec.device_number,
-            mac: slot.spec.mac,
-            gateway: slot.spec.gateway(family),
-            subnet: slot.spec.subnet(family)?,
-            routes: slot
-                .spec
+            interface: spec.id.clone(),
+            device_number: spec.device_number,
+            mac: spec.mac,
+            gateway: spec.gateway(family),
+            subnet: spec.subnet(family)?,
+            routes: spec
                 .routes
                 .iter()
                 .filter(|route| Family::of(route.addr()) == family)
@@ -852,6 +868,11 @@ impl Interfaces {
     /// Assigns an address of a family to an attachment (ipamd's `AssignPodIPv4Address`): the
     /// engine's next free address of the pool, a cooling one only when nothing else is free.
     /// The same key again gets the address it holds (`existing`).
+    ///
+    /// Only interface addresses are handed out: the engine shows its choice first, and one
+    /// outside every interface address (a range added to the pool behind the table's back, or
+    /// an old allocation of the key restored outside them) is refused with
+    /// [`InterfaceError::NotOnInterface`] before anything changes.
     pub fn assign(
         &self,
         engine: &mut Engine,
@@ -866,30 +887,34 @@ impl Interfaces {
             key: Some(key),
             lease: None,
         };
-        let allocation = match engine.allocate(&request, Target::Next(family), now) {
-            Ok(allocation) => allocation,
-            Err(AllocError::PoolExhausted { .. } | AllocError::NoCapacity { .. }) => {
-                return Err(InterfaceError::Exhausted {
-                    pool: self.pool.clone(),
-                    family,
-                });
-            }
-            Err(err) => return Err(err.into()),
+        let mut planned = None;
+        let accept = |addr: IpAddr| {
+            planned = Some(addr);
+            self.slot_of(addr)
         };
-        match self.describe(allocation.addr, allocation.generation, allocation.existing) {
-            Some(assignment) => Ok(assignment),
-            None => {
-                // Only ranges added through this table are active in an interface pool, so
-                // a new allocation always lies on an interface; an old one restored outside
-                // them does not, and stays as it was.
-                if !allocation.existing {
-                    let _ = engine.release(allocation.addr, Some(allocation.generation), now);
-                }
-                Err(InterfaceError::NotOnInterface {
+        match engine.allocate_if(&request, Target::Next(family), now, accept) {
+            Ok(Some((allocation, index))) => self
+                .describe_in(
+                    index,
+                    allocation.addr,
+                    allocation.generation,
+                    allocation.existing,
+                )
+                .ok_or_else(|| InterfaceError::NotOnInterface {
                     addr: allocation.addr,
                     pool: self.pool.clone(),
+                }),
+            Ok(None) => Err(InterfaceError::NotOnInterface {
+                addr: planned.expect("a refused address was planned"),
+                pool: self.pool.clone(),
+            }),
+            Err(AllocError::PoolExhausted { .. } | AllocError::NoCapacity { .. }) => {
+                Err(InterfaceError::Exhausted {
+                    pool: self.pool.clone(),
+                    family,
                 })
             }
+            Err(err) => Err(err.into()),
         }
     }
 
@@ -1205,11 +1230,12 @@ mod tests {
     /// What must not change when an operation is refused.
     fn state(engine: &Engine, table: &Interfaces) -> String {
         format!(
-            "{:?}\n{:?}\n{:?}\n{:?}",
+            "{:?}\n{:?}\n{:?}\n{:?}\n{}",
             engine.dump(),
             engine.ranges(&pool()).unwrap(),
             engine.cooling(&pool()).unwrap(),
-            table.interfaces().collect::<Vec<_>>()
+            table.interfaces().collect::<Vec<_>>(),
+            engine.next_generation(),
         )
     }
 
@@ -1281,6 +1307,49 @@ mod tests {
         );
         table.check(&engine).unwrap();
         engine.check_invariants().unwrap();
+    }
+
+    /// Regression (review of issue 13): a range added to the pool behind the table's back
+    /// drew an assignment, which was then released (a cooldown, a generation) and refused.
+    /// The engine now shows its choice first and the refusal changes nothing.
+    #[test]
+    fn assign_refuses_a_range_on_no_interface_without_changing_anything() {
+        let (mut engine, table) = setup();
+        engine
+            .add_range(&pool(), "9.0.0.0/29".parse().unwrap())
+            .unwrap();
+        // Next-fit hands out the interface addresses after the cursor, then wraps to 9.0.0.1.
+        let mut n = 0;
+        let (before, err) = loop {
+            n += 1;
+            let before = state(&engine, &table);
+            match table.assign(
+                &mut engine,
+                &key(&format!("x{n}")),
+                "pod",
+                Family::V4,
+                Timestamp::ZERO,
+            ) {
+                Ok(assignment) => assert_ne!(assignment.addr.to_string(), "9.0.0.1"),
+                Err(err) => break (before, err),
+            }
+        };
+        assert_eq!(n, 18, "the 17 free interface addresses came first");
+        assert_eq!(
+            err.to_string(),
+            "9.0.0.1 of pool eni is on none of its interfaces"
+        );
+        assert!(!err.is_retryable());
+        assert_eq!(state(&engine, &table), before, "refused but changed");
+        // Once the stray range is gone, the pool is what the table says again.
+        engine
+            .remove_range(&pool(), &"9.0.0.0/29".parse().unwrap())
+            .unwrap();
+        table.check(&engine).unwrap();
+        let err = table
+            .assign(&mut engine, &key("x99"), "pod", Family::V4, Timestamp::ZERO)
+            .unwrap_err();
+        assert!(matches!(err, InterfaceError::Exhausted { .. }));
     }
 
     #[test]
