@@ -291,14 +291,17 @@ pub struct Removal {
 }
 
 /// When an unused interface may be removed (ipamd's `RemoveUnusedENIFromStore`). A target of
-/// 0 is unset.
+/// 0 is unset. Each target is counted on the other interfaces (see [`Interfaces::removable`]):
+/// an interface is kept while the rest of the pool falls short of a target, even one without
+/// addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemovalPolicy {
-    /// Free addresses (not assigned; cooling ones count) that must remain.
+    /// Free addresses (not assigned; cooling ones count) the other interfaces must hold, per
+    /// family.
     pub warm_ip_target: usize,
-    /// Addresses that must remain in total.
+    /// Addresses the other interfaces must hold in total, per family.
     pub minimum_ip_target: usize,
-    /// Prefixes without any assignment that must remain.
+    /// Prefixes without any assignment the other interfaces must hold.
     pub warm_prefix_target: usize,
     /// An interface younger than this is kept (ipamd's `minENILifeTime`).
     pub min_age: Duration,
@@ -988,10 +991,29 @@ impl Interfaces {
     }
 
     /// An interface that can be removed (ipamd's `RemoveUnusedENIFromStore`, as a decision):
-    /// neither primary, trunk nor excluded (someone else manages it), at least `min_age` old, without allocation or cooling
-    /// address, and whose removal keeps the warm and minimum targets of each family it has
-    /// addresses in. The highest device number wins. The table is not changed: the caller
-    /// removes it with [`Interfaces::remove_interface`] and then detaches it in the cloud.
+    /// neither primary, trunk nor excluded (someone else manages it), at least `min_age` old,
+    /// without allocation or cooling address, and not required by a target. The highest device
+    /// number wins. The table is not changed: the caller removes it with
+    /// [`Interfaces::remove_interface`] and then detaches it in the cloud.
+    ///
+    /// The targets count the *other* interfaces, whatever the candidate holds, as ipamd's
+    /// `isRequiredForWarmIPTarget`, `isRequiredForMinimumIPTarget` and
+    /// `isRequiredForWarmPrefixTarget` do. The candidate is kept when, without it,
+    ///
+    /// - fewer than `warm_ip_target` addresses would be free (not assigned; cooling ones count
+    ///   as free, as in ipamd): `total - assigned - own < warm_ip_target`;
+    /// - fewer than `minimum_ip_target` addresses would remain: `total - own < minimum_ip_target`;
+    /// - fewer than `warm_prefix_target` prefixes without assignment would remain.
+    ///
+    /// An interface without addresses is kept too when the others fall short: it takes away no
+    /// address, but it is the room the node grows into (attaching another interface is slower
+    /// and rate-limited), so removing it only to attach one again is churn. The address
+    /// targets apply per family, to the families the candidate has a subnet of and the pool
+    /// serves (some interface holds an address of it; when none holds any address at all,
+    /// every family of the candidate's subnets counts, as an empty node still needs room to
+    /// grow): a dual-stack subnet on an IPv4-only node does not keep every interface for lack
+    /// of IPv6 addresses. Unlike ipamd with prefix delegation, the address targets are not
+    /// rounded up to whole prefixes: a caller that wants that passes rounded targets.
     pub fn removable(
         &self,
         engine: &Engine,
@@ -1013,13 +1035,16 @@ impl Interfaces {
                 }
             }
         }
+        let node_is_empty = total.iter().all(|n| *n == 0);
+        let warm = policy.warm_ip_target as u128;
+        let minimum = policy.minimum_ip_target as u128;
         self.interfaces()
             .collect::<Vec<_>>()
             .into_iter()
             .rev()
             .filter(|(spec, _)| !(spec.primary || spec.trunk || spec.excluded))
             .filter(|(spec, _)| spec.created_at.saturating_add(policy.min_age) <= now)
-            .find(|(_, addresses)| {
+            .find(|(spec, addresses)| {
                 let mut own = [0u128; 2];
                 let mut own_prefixes = 0usize;
                 for address in *addresses {
@@ -1031,17 +1056,18 @@ impl Interfaces {
                     own[family.index()] += end - start + 1;
                     own_prefixes += usize::from(is_prefix(address));
                 }
-                let warm = policy.warm_ip_target as u128;
-                let minimum = policy.minimum_ip_target as u128;
+                // Nothing is assigned on the candidate, so the others hold every assignment.
                 let families_ok = Family::ALL.iter().all(|family| {
                     let i = family.index();
-                    own[i] == 0
-                        || ((warm == 0 || total[i] - assigned[i] >= own[i] + warm)
-                            && (minimum == 0 || total[i] >= own[i] + minimum))
+                    let counted = spec.subnet(*family).is_some() && (total[i] > 0 || node_is_empty);
+                    let others_total = total[i] - own[i];
+                    let others_free = others_total - assigned[i];
+                    !counted
+                        || ((warm == 0 || others_free >= warm)
+                            && (minimum == 0 || others_total >= minimum))
                 });
                 let prefixes_ok = policy.warm_prefix_target == 0
-                    || own_prefixes == 0
-                    || free_prefixes >= own_prefixes + policy.warm_prefix_target;
+                    || free_prefixes - own_prefixes >= policy.warm_prefix_target;
                 families_ok && prefixes_ok
             })
             .map(|(spec, _)| spec.id.clone())

@@ -341,6 +341,7 @@ script_test!(ipv6_prefix);
 script_test!(errors);
 script_test!(lifecycle);
 script_test!(cooldown);
+script_test!(removal);
 
 // ---- random sequences against a reference model ---------------------------------------------
 
