@@ -385,6 +385,25 @@ pub enum InterfaceError {
         interface: InterfaceId,
         n_allocated: u64,
     },
+    #[error(
+        "address {address} of interface {interface} is cooling ({n_cooling} addresses until {until}): removing it needs force"
+    )]
+    AddressCooling {
+        interface: InterfaceId,
+        address: IpNet,
+        n_cooling: u64,
+        /// When the last of them ends its cooldown.
+        until: Timestamp,
+    },
+    #[error(
+        "interface {interface} is cooling ({n_cooling} addresses until {until}): removing it needs force"
+    )]
+    InterfaceCooling {
+        interface: InterfaceId,
+        n_cooling: u64,
+        /// When the last of them ends its cooldown.
+        until: Timestamp,
+    },
     #[error("unknown interface {interface}")]
     UnknownInterface { interface: InterfaceId },
     #[error("address {address} is not in {} of interface {interface}", subnet_text(.subnet))]
@@ -419,10 +438,13 @@ fn subnet_text(subnet: &Option<IpNet>) -> String {
 
 impl InterfaceError {
     /// Whether the same request may succeed later without a change of configuration: the
-    /// pool may gain addresses (the cloud attaches more), or a restore may end.
+    /// pool may gain addresses (the cloud attaches more), a cooldown may end, or a restore may
+    /// end.
     pub fn is_retryable(&self) -> bool {
         match self {
-            InterfaceError::Exhausted { .. } => true,
+            InterfaceError::Exhausted { .. }
+            | InterfaceError::AddressCooling { .. }
+            | InterfaceError::InterfaceCooling { .. } => true,
             InterfaceError::Engine(err) => err.is_retryable(),
             _ => false,
         }
@@ -453,6 +475,16 @@ fn bounds(address: &IpNet) -> (Family, u128, u128) {
 struct Usage {
     allocated: u64,
     cooling: u64,
+    /// When the last cooling address ends its cooldown.
+    cooling_until: Option<Timestamp>,
+}
+
+impl Usage {
+    fn add(&mut self, other: Usage) {
+        self.allocated += other.allocated;
+        self.cooling += other.cooling;
+        self.cooling_until = self.cooling_until.max(other.cooling_until);
+    }
 }
 
 /// The interfaces of one interface-backed pool. See the module documentation.
@@ -686,13 +718,14 @@ impl Interfaces {
                 value,
                 Usage {
                     allocated: range.n_allocated,
-                    cooling: 0,
+                    ..Usage::default()
                 },
             );
         }
         let cooldown = engine.pool_config(&self.pool)?.cooldown;
         for (addr, released_at) in engine.cooling(&self.pool)? {
-            if released_at.saturating_add(cooldown) <= now {
+            let until = released_at.saturating_add(cooldown);
+            if until <= now {
                 continue;
             }
             let family = Family::of(addr);
@@ -703,6 +736,7 @@ impl Interfaces {
                 .filter(|(start, _)| self.ranges[family.index()].contains_key(start))
             {
                 entry.cooling += 1;
+                entry.cooling_until = entry.cooling_until.max(Some(until));
             }
         }
         Ok(usage)
@@ -755,8 +789,12 @@ impl Interfaces {
     }
 
     /// Removes an address or prefix from its interface and its range from the pool (ipamd's
-    /// `DelIPv4CidrFromStore`). One that holds allocations is refused, unless `force`
-    /// (the cloud no longer has it): then its allocations are released.
+    /// `DelIPv4CidrFromStore`). One that holds allocations, or has an address cooling, is
+    /// refused unless `force` (the cloud no longer has it): then its allocations are released
+    /// and its cooldowns end with it. Unforced, a cooling address keeps its cooldown: removing
+    /// it would drop the cooldown, and the cloud could hand the address back at once to be
+    /// assigned to a new pod while the old pod's traffic still drains (ipamd does not delete
+    /// an address or an interface with one in cooldown either).
     pub fn remove_address(
         &mut self,
         engine: &mut Engine,
@@ -773,12 +811,20 @@ impl Interfaces {
             });
         }
         let usage = self.usage(engine, now)?;
-        let n_allocated = Self::usage_of(&usage, &address).allocated;
-        if n_allocated > 0 && !force {
+        let usage = Self::usage_of(&usage, &address);
+        if usage.allocated > 0 && !force {
             return Err(InterfaceError::AddressInUse {
                 interface: id.clone(),
                 address,
-                n_allocated,
+                n_allocated: usage.allocated,
+            });
+        }
+        if let (Some(until), false) = (usage.cooling_until, force) {
+            return Err(InterfaceError::AddressCooling {
+                interface: id.clone(),
+                address,
+                n_cooling: usage.cooling,
+                until,
             });
         }
         let released = self.remove_addresses(engine, index, &[address], now)?;
@@ -789,8 +835,9 @@ impl Interfaces {
     }
 
     /// Removes an interface with its addresses (ipamd's `RemoveENIFromDataStore`). The primary
-    /// and the trunk interface, and one holding allocations, are refused unless `force`; a
-    /// forced removal releases the allocations.
+    /// and the trunk interface, one holding allocations and one with an address cooling are
+    /// refused unless `force`; a forced removal releases the allocations and ends the
+    /// cooldowns (see [`Interfaces::remove_address`]).
     pub fn remove_interface(
         &mut self,
         engine: &mut Engine,
@@ -811,15 +858,21 @@ impl Interfaces {
             });
         }
         let usage = self.usage(engine, now)?;
-        let n_allocated: u64 = slot
-            .addresses
-            .iter()
-            .map(|a| Self::usage_of(&usage, a).allocated)
-            .sum();
-        if n_allocated > 0 && !force {
+        let mut total = Usage::default();
+        for address in &slot.addresses {
+            total.add(Self::usage_of(&usage, address));
+        }
+        if total.allocated > 0 && !force {
             return Err(InterfaceError::InterfaceInUse {
                 interface: id.clone(),
-                n_allocated,
+                n_allocated: total.allocated,
+            });
+        }
+        if let (Some(until), false) = (total.cooling_until, force) {
+            return Err(InterfaceError::InterfaceCooling {
+                interface: id.clone(),
+                n_cooling: total.cooling,
+                until,
             });
         }
         let addresses = slot.addresses.clone();
