@@ -39,7 +39,7 @@ use ipnet::IpNet;
 use crate::addr::{Family, addr_value};
 use crate::engine::{Engine, Released, Request, Target};
 use crate::error::{AllocError, SpecError};
-use crate::spec::{AttachmentKey, PoolName, RangeSpec};
+use crate::spec::{AttachmentKey, PoolName, RangeSpec, Reserved};
 use crate::time::Timestamp;
 
 /// Longest interface id accepted, in bytes.
@@ -219,6 +219,13 @@ impl InterfaceSpec {
     /// The engine range of one address or prefix of this interface: a single address or a
     /// delegated prefix (/28 IPv4, /80 IPv6) inside the subnet of its family, without a
     /// gateway (every address of a prefix is usable).
+    ///
+    /// An address that would hand out the subnet's network address, its IPv4 broadcast
+    /// address or the interface's gateway of that family is refused
+    /// ([`InterfaceError::ReservedAddress`]): a pod with one of them has no working network.
+    /// Other addresses a cloud reserves (AWS and Azure: network + 2 and + 3 for DNS and future
+    /// use; GCP: the second-to-last) differ by cloud and are never assigned by it, so they are
+    /// left to the cloud.
     pub fn range_of(&self, address: IpNet) -> Result<RangeSpec, InterfaceError> {
         let family = Family::of(address.addr());
         let allowed: &[u8] = match family {
@@ -235,19 +242,40 @@ impl InterfaceSpec {
             }
             .into());
         }
-        let subnet = self.subnet(family);
-        match subnet {
-            Some(subnet) if subnet.contains(&address) => Ok(RangeSpec::new(
-                subnet,
-                Some(address.network()),
-                Some(address.broadcast()),
-                None,
-            )?),
-            _ => Err(InterfaceError::NotInSubnet {
-                interface: self.id.clone(),
-                address,
-                subnet,
-            }),
+        let subnet = match self.subnet(family) {
+            Some(subnet) if subnet.contains(&address) => subnet,
+            subnet => {
+                return Err(InterfaceError::NotInSubnet {
+                    interface: self.id.clone(),
+                    address,
+                    subnet,
+                });
+            }
+        };
+        let reserved = |addr: IpAddr, reserved: Reserved| InterfaceError::ReservedAddress {
+            interface: self.id.clone(),
+            address,
+            addr,
+            reserved,
+            subnet,
+        };
+        let range = RangeSpec::new(
+            subnet,
+            Some(address.network()),
+            Some(address.broadcast()),
+            None,
+        )
+        .map_err(|err| match err {
+            SpecError::ReservedBound {
+                addr, reserved: r, ..
+            } => reserved(addr, r),
+            other => other.into(),
+        })?;
+        match self.gateway(family) {
+            Some(gateway) if address.contains(&gateway) => {
+                Err(reserved(gateway, Reserved::Gateway))
+            }
+            _ => Ok(range),
         }
     }
 }
@@ -411,6 +439,17 @@ pub enum InterfaceError {
         interface: InterfaceId,
         address: IpNet,
         subnet: Option<IpNet>,
+    },
+    #[error(
+        "address {address} of interface {interface} holds {addr}, the {reserved} of subnet {subnet}, which is never a pod address"
+    )]
+    ReservedAddress {
+        interface: InterfaceId,
+        address: IpNet,
+        /// The reserved address inside `address`.
+        addr: IpAddr,
+        reserved: Reserved,
+        subnet: IpNet,
     },
     #[error(
         "address {address} is neither a single address nor a delegated prefix (/28 ipv4, /80 ipv6)"

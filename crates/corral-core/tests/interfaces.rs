@@ -343,6 +343,57 @@ script_test!(lifecycle);
 script_test!(cooldown);
 script_test!(removal);
 
+/// Odd subnets and addresses at the edges of the address space: each is accepted and handed
+/// out, or refused with a typed error, never a panic, and the table agrees with the engine.
+#[test]
+fn odd_subnets_give_typed_errors_or_work() {
+    let cases = [
+        ("10.0.0.0/32", "10.0.0.0/32"),
+        ("10.0.0.0/31", "10.0.0.1/32"),
+        ("10.0.0.0/31", "10.0.0.0/32"),
+        ("0.0.0.0/0", "255.255.255.255/32"),
+        ("0.0.0.0/0", "255.255.255.240/28"),
+        ("0.0.0.0/0", "0.0.0.0/28"),
+        ("0.0.0.0/0", "0.0.0.16/28"),
+        ("10.0.0.0/28", "10.0.0.0/28"),
+        ("10.0.0.0/20", "10.0.15.224/28"),
+        ("10.0.0.0/20", "10.0.15.240/28"),
+        ("::/0", "ffff:ffff:ffff:ffff:ffff::/80"),
+        ("::/0", "::/80"),
+        ("2600::/80", "2600::/80"),
+        ("2600::/128", "2600::/128"),
+        ("::/0", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"),
+    ];
+    let mut out = String::new();
+    for (subnet, address) in cases {
+        let mut harness = Script::new();
+        let family = if subnet.contains(':') { "v6" } else { "v4" };
+        let mut lines = vec![
+            format!("iface eni-0 dev=0 primary subnet={subnet}"),
+            format!("addr eni-0 {address}"),
+        ];
+        for _ in 0..3 {
+            lines.push(format!("assign {family} net/c1/eth0"));
+            lines.push("unassign net/c1/eth0".to_owned());
+        }
+        lines.push("stats".to_owned());
+        writeln!(out, "{subnet} {address}:").unwrap();
+        for line in &lines {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let result = match harness.command(&words) {
+                Ok(text) => format!("= {}", text.lines().next().unwrap_or_default()),
+                Err(err) => format!("! {err}"),
+            };
+            if !line.starts_with("iface") {
+                writeln!(out, "  {} {result}", words[0]).unwrap();
+            }
+            harness.engine.check_invariants().unwrap();
+            harness.table.check(&harness.engine).unwrap();
+        }
+    }
+    expect_test::expect_file!["interfaces/odd_subnets.out"].assert_eq(&out);
+}
+
 // ---- random sequences against a reference model ---------------------------------------------
 
 /// What the model knows: interfaces with their addresses, and who holds which address.
