@@ -518,6 +518,7 @@ mod tests {
             ranges,
             exclusions: Vec::new(),
             interfaces: Vec::new(),
+            interface_backed: false,
         }
     }
 

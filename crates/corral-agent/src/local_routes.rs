@@ -1010,6 +1010,7 @@ mod tests {
                 )],
                 exclusions: vec![],
                 interfaces: vec![],
+                interface_backed: false,
             }],
         };
         Scope { engine, config }

@@ -27,6 +27,7 @@ fn file_pool(name: &str, ranges: &[&str]) -> PoolSpec {
             .collect(),
         exclusions: vec![],
         interfaces: vec![],
+        interface_backed: false,
     }
 }
 

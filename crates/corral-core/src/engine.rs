@@ -737,6 +737,24 @@ impl Engine {
         target: Target,
         now: Timestamp,
     ) -> Result<Allocation, AllocError> {
+        let accepted = self.allocate_if(request, target, now, |_| Some(()))?;
+        Ok(accepted.expect("every address is accepted").0)
+    }
+
+    /// Like [`Engine::allocate`], but shows the planned address to `accept` before anything
+    /// changes (a fresh one, or the one the key already holds): when it returns `None`, the
+    /// request is refused with `Ok(None)` and nothing changed; otherwise the allocation is made
+    /// and returned with what `accept` said. A caller that hands out only some of a pool's
+    /// addresses (an interface pool, which only hands out interface addresses) refuses the
+    /// others without the release, cooldown and generation a refusal after the fact would
+    /// leave.
+    pub fn allocate_if<T>(
+        &mut self,
+        request: &Request<'_>,
+        target: Target,
+        now: Timestamp,
+        accept: impl FnOnce(IpAddr) -> Option<T>,
+    ) -> Result<Option<(Allocation, T)>, AllocError> {
         self.require_ready("allocate")?;
         validate_owner(request.owner)?;
         let id = self.pool_id(request.pool)?;
@@ -747,7 +765,17 @@ impl Engine {
             Target::Specific(addr) => self.plan_specific(id, addr, request.key, key_hash)?,
         };
         self.check_room(request, 1)?;
-        Ok(self.apply(id, plan, request, key_hash, now))
+        let planned = match plan {
+            Plan::Existing(index) => self.table.get(index).addr().ip(),
+            Plan::Fresh { addr, .. } => addr.ip(),
+        };
+        let Some(accepted) = accept(planned) else {
+            return Ok(None);
+        };
+        Ok(Some((
+            self.apply(id, plan, request, key_hash, now),
+            accepted,
+        )))
     }
 
     /// Allocates one IPv4 and one IPv6 address, or neither.

@@ -13,7 +13,13 @@
 //! - interface ids and device numbers are unique within the table;
 //! - every address of an interface lies in the interface's subnet of its family, is a single
 //!   address or a delegated prefix, and is exactly one active range of the pool in the engine;
-//!   every active range of the pool is the address of exactly one interface;
+//!   every active range of the pool is the address of exactly one interface (an interface
+//!   pool holds only interface addresses: add no other range to it);
+//! - only interface addresses are handed out: [`Interfaces::assign`] sees the engine's choice
+//!   before it is made ([`Engine::allocate_if`]) and refuses one outside every interface
+//!   address (a range added to the pool by other means) with
+//!   [`InterfaceError::NotOnInterface`], so even a pool that breaks the previous rule never
+//!   hands such an address out, and the refusal leaves no cooldown or generation behind;
 //! - addresses never overlap, within an interface or across interfaces (the engine refuses
 //!   ranges that overlap any range of any pool);
 //! - every refusal changes nothing: each operation validates and plans against the table and
@@ -33,7 +39,7 @@ use ipnet::IpNet;
 use crate::addr::{Family, addr_value};
 use crate::engine::{Engine, Released, Request, Target};
 use crate::error::{AllocError, SpecError};
-use crate::spec::{AttachmentKey, PoolName, RangeSpec};
+use crate::spec::{AttachmentKey, PoolName, RangeSpec, Reserved};
 use crate::time::Timestamp;
 
 /// Longest interface id accepted, in bytes.
@@ -213,6 +219,13 @@ impl InterfaceSpec {
     /// The engine range of one address or prefix of this interface: a single address or a
     /// delegated prefix (/28 IPv4, /80 IPv6) inside the subnet of its family, without a
     /// gateway (every address of a prefix is usable).
+    ///
+    /// An address that would hand out the subnet's network address, its IPv4 broadcast
+    /// address or the interface's gateway of that family is refused
+    /// ([`InterfaceError::ReservedAddress`]): a pod with one of them has no working network.
+    /// Other addresses a cloud reserves (AWS and Azure: network + 2 and + 3 for DNS and future
+    /// use; GCP: the second-to-last) differ by cloud and are never assigned by it, so they are
+    /// left to the cloud.
     pub fn range_of(&self, address: IpNet) -> Result<RangeSpec, InterfaceError> {
         let family = Family::of(address.addr());
         let allowed: &[u8] = match family {
@@ -229,19 +242,40 @@ impl InterfaceSpec {
             }
             .into());
         }
-        let subnet = self.subnet(family);
-        match subnet {
-            Some(subnet) if subnet.contains(&address) => Ok(RangeSpec::new(
-                subnet,
-                Some(address.network()),
-                Some(address.broadcast()),
-                None,
-            )?),
-            _ => Err(InterfaceError::NotInSubnet {
-                interface: self.id.clone(),
-                address,
-                subnet,
-            }),
+        let subnet = match self.subnet(family) {
+            Some(subnet) if subnet.contains(&address) => subnet,
+            subnet => {
+                return Err(InterfaceError::NotInSubnet {
+                    interface: self.id.clone(),
+                    address,
+                    subnet,
+                });
+            }
+        };
+        let reserved = |addr: IpAddr, reserved: Reserved| InterfaceError::ReservedAddress {
+            interface: self.id.clone(),
+            address,
+            addr,
+            reserved,
+            subnet,
+        };
+        let range = RangeSpec::new(
+            subnet,
+            Some(address.network()),
+            Some(address.broadcast()),
+            None,
+        )
+        .map_err(|err| match err {
+            SpecError::ReservedBound {
+                addr, reserved: r, ..
+            } => reserved(addr, r),
+            other => other.into(),
+        })?;
+        match self.gateway(family) {
+            Some(gateway) if address.contains(&gateway) => {
+                Err(reserved(gateway, Reserved::Gateway))
+            }
+            _ => Ok(range),
         }
     }
 }
@@ -285,14 +319,17 @@ pub struct Removal {
 }
 
 /// When an unused interface may be removed (ipamd's `RemoveUnusedENIFromStore`). A target of
-/// 0 is unset.
+/// 0 is unset. Each target is counted on the other interfaces (see [`Interfaces::removable`]):
+/// an interface is kept while the rest of the pool falls short of a target, even one without
+/// addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RemovalPolicy {
-    /// Free addresses (not assigned; cooling ones count) that must remain.
+    /// Free addresses (not assigned; cooling ones count) the other interfaces must hold, per
+    /// family.
     pub warm_ip_target: usize,
-    /// Addresses that must remain in total.
+    /// Addresses the other interfaces must hold in total, per family.
     pub minimum_ip_target: usize,
-    /// Prefixes without any assignment that must remain.
+    /// Prefixes without any assignment the other interfaces must hold.
     pub warm_prefix_target: usize,
     /// An interface younger than this is kept (ipamd's `minENILifeTime`).
     pub min_age: Duration,
@@ -376,6 +413,25 @@ pub enum InterfaceError {
         interface: InterfaceId,
         n_allocated: u64,
     },
+    #[error(
+        "address {address} of interface {interface} is cooling ({n_cooling} addresses until {until}): removing it needs force"
+    )]
+    AddressCooling {
+        interface: InterfaceId,
+        address: IpNet,
+        n_cooling: u64,
+        /// When the last of them ends its cooldown.
+        until: Timestamp,
+    },
+    #[error(
+        "interface {interface} is cooling ({n_cooling} addresses until {until}): removing it needs force"
+    )]
+    InterfaceCooling {
+        interface: InterfaceId,
+        n_cooling: u64,
+        /// When the last of them ends its cooldown.
+        until: Timestamp,
+    },
     #[error("unknown interface {interface}")]
     UnknownInterface { interface: InterfaceId },
     #[error("address {address} is not in {} of interface {interface}", subnet_text(.subnet))]
@@ -383,6 +439,17 @@ pub enum InterfaceError {
         interface: InterfaceId,
         address: IpNet,
         subnet: Option<IpNet>,
+    },
+    #[error(
+        "address {address} of interface {interface} holds {addr}, the {reserved} of subnet {subnet}, which is never a pod address"
+    )]
+    ReservedAddress {
+        interface: InterfaceId,
+        address: IpNet,
+        /// The reserved address inside `address`.
+        addr: IpAddr,
+        reserved: Reserved,
+        subnet: IpNet,
     },
     #[error(
         "address {address} is neither a single address nor a delegated prefix (/28 ipv4, /80 ipv6)"
@@ -410,10 +477,13 @@ fn subnet_text(subnet: &Option<IpNet>) -> String {
 
 impl InterfaceError {
     /// Whether the same request may succeed later without a change of configuration: the
-    /// pool may gain addresses (the cloud attaches more), or a restore may end.
+    /// pool may gain addresses (the cloud attaches more), a cooldown may end, or a restore may
+    /// end.
     pub fn is_retryable(&self) -> bool {
         match self {
-            InterfaceError::Exhausted { .. } => true,
+            InterfaceError::Exhausted { .. }
+            | InterfaceError::AddressCooling { .. }
+            | InterfaceError::InterfaceCooling { .. } => true,
             InterfaceError::Engine(err) => err.is_retryable(),
             _ => false,
         }
@@ -444,6 +514,16 @@ fn bounds(address: &IpNet) -> (Family, u128, u128) {
 struct Usage {
     allocated: u64,
     cooling: u64,
+    /// When the last cooling address ends its cooldown.
+    cooling_until: Option<Timestamp>,
+}
+
+impl Usage {
+    fn add(&mut self, other: Usage) {
+        self.allocated += other.allocated;
+        self.cooling += other.cooling;
+        self.cooling_until = self.cooling_until.max(other.cooling_until);
+    }
 }
 
 /// The interfaces of one interface-backed pool. See the module documentation.
@@ -677,13 +757,14 @@ impl Interfaces {
                 value,
                 Usage {
                     allocated: range.n_allocated,
-                    cooling: 0,
+                    ..Usage::default()
                 },
             );
         }
         let cooldown = engine.pool_config(&self.pool)?.cooldown;
         for (addr, released_at) in engine.cooling(&self.pool)? {
-            if released_at.saturating_add(cooldown) <= now {
+            let until = released_at.saturating_add(cooldown);
+            if until <= now {
                 continue;
             }
             let family = Family::of(addr);
@@ -694,6 +775,7 @@ impl Interfaces {
                 .filter(|(start, _)| self.ranges[family.index()].contains_key(start))
             {
                 entry.cooling += 1;
+                entry.cooling_until = entry.cooling_until.max(Some(until));
             }
         }
         Ok(usage)
@@ -746,8 +828,12 @@ impl Interfaces {
     }
 
     /// Removes an address or prefix from its interface and its range from the pool (ipamd's
-    /// `DelIPv4CidrFromStore`). One that holds allocations is refused, unless `force`
-    /// (the cloud no longer has it): then its allocations are released.
+    /// `DelIPv4CidrFromStore`). One that holds allocations, or has an address cooling, is
+    /// refused unless `force` (the cloud no longer has it): then its allocations are released
+    /// and its cooldowns end with it. Unforced, a cooling address keeps its cooldown: removing
+    /// it would drop the cooldown, and the cloud could hand the address back at once to be
+    /// assigned to a new pod while the old pod's traffic still drains (ipamd does not delete
+    /// an address or an interface with one in cooldown either).
     pub fn remove_address(
         &mut self,
         engine: &mut Engine,
@@ -764,12 +850,20 @@ impl Interfaces {
             });
         }
         let usage = self.usage(engine, now)?;
-        let n_allocated = Self::usage_of(&usage, &address).allocated;
-        if n_allocated > 0 && !force {
+        let usage = Self::usage_of(&usage, &address);
+        if usage.allocated > 0 && !force {
             return Err(InterfaceError::AddressInUse {
                 interface: id.clone(),
                 address,
-                n_allocated,
+                n_allocated: usage.allocated,
+            });
+        }
+        if let (Some(until), false) = (usage.cooling_until, force) {
+            return Err(InterfaceError::AddressCooling {
+                interface: id.clone(),
+                address,
+                n_cooling: usage.cooling,
+                until,
             });
         }
         let released = self.remove_addresses(engine, index, &[address], now)?;
@@ -780,8 +874,9 @@ impl Interfaces {
     }
 
     /// Removes an interface with its addresses (ipamd's `RemoveENIFromDataStore`). The primary
-    /// and the trunk interface, and one holding allocations, are refused unless `force`; a
-    /// forced removal releases the allocations.
+    /// and the trunk interface, one holding allocations and one with an address cooling are
+    /// refused unless `force`; a forced removal releases the allocations and ends the
+    /// cooldowns (see [`Interfaces::remove_address`]).
     pub fn remove_interface(
         &mut self,
         engine: &mut Engine,
@@ -802,15 +897,21 @@ impl Interfaces {
             });
         }
         let usage = self.usage(engine, now)?;
-        let n_allocated: u64 = slot
-            .addresses
-            .iter()
-            .map(|a| Self::usage_of(&usage, a).allocated)
-            .sum();
-        if n_allocated > 0 && !force {
+        let mut total = Usage::default();
+        for address in &slot.addresses {
+            total.add(Self::usage_of(&usage, address));
+        }
+        if total.allocated > 0 && !force {
             return Err(InterfaceError::InterfaceInUse {
                 interface: id.clone(),
-                n_allocated,
+                n_allocated: total.allocated,
+            });
+        }
+        if let (Some(until), false) = (total.cooling_until, force) {
+            return Err(InterfaceError::InterfaceCooling {
+                interface: id.clone(),
+                n_cooling: total.cooling,
+                until,
             });
         }
         let addresses = slot.addresses.clone();
@@ -828,18 +929,28 @@ impl Interfaces {
     }
 
     fn describe(&self, addr: IpAddr, generation: u64, existing: bool) -> Option<Assignment> {
-        let slot = self.slot(self.slot_of(addr)?);
+        self.describe_in(self.slot_of(addr)?, addr, generation, existing)
+    }
+
+    /// The assignment of `addr`, an address of the interface in slot `index`.
+    fn describe_in(
+        &self,
+        index: u32,
+        addr: IpAddr,
+        generation: u64,
+        existing: bool,
+    ) -> Option<Assignment> {
+        let spec = &self.slot(index).spec;
         let family = Family::of(addr);
         Some(Assignment {
             addr,
             generation,
-            interface: slot.spec.id.clone(),
-            device_number: slot.spec.device_number,
-            mac: slot.spec.mac,
-            gateway: slot.spec.gateway(family),
-            subnet: slot.spec.subnet(family)?,
-            routes: slot
-                .spec
+            interface: spec.id.clone(),
+            device_number: spec.device_number,
+            mac: spec.mac,
+            gateway: spec.gateway(family),
+            subnet: spec.subnet(family)?,
+            routes: spec
                 .routes
                 .iter()
                 .filter(|route| Family::of(route.addr()) == family)
@@ -852,6 +963,11 @@ impl Interfaces {
     /// Assigns an address of a family to an attachment (ipamd's `AssignPodIPv4Address`): the
     /// engine's next free address of the pool, a cooling one only when nothing else is free.
     /// The same key again gets the address it holds (`existing`).
+    ///
+    /// Only interface addresses are handed out: the engine shows its choice first, and one
+    /// outside every interface address (a range added to the pool behind the table's back, or
+    /// an old allocation of the key restored outside them) is refused with
+    /// [`InterfaceError::NotOnInterface`] before anything changes.
     pub fn assign(
         &self,
         engine: &mut Engine,
@@ -866,30 +982,34 @@ impl Interfaces {
             key: Some(key),
             lease: None,
         };
-        let allocation = match engine.allocate(&request, Target::Next(family), now) {
-            Ok(allocation) => allocation,
-            Err(AllocError::PoolExhausted { .. } | AllocError::NoCapacity { .. }) => {
-                return Err(InterfaceError::Exhausted {
-                    pool: self.pool.clone(),
-                    family,
-                });
-            }
-            Err(err) => return Err(err.into()),
+        let mut planned = None;
+        let accept = |addr: IpAddr| {
+            planned = Some(addr);
+            self.slot_of(addr)
         };
-        match self.describe(allocation.addr, allocation.generation, allocation.existing) {
-            Some(assignment) => Ok(assignment),
-            None => {
-                // Only ranges added through this table are active in an interface pool, so
-                // a new allocation always lies on an interface; an old one restored outside
-                // them does not, and stays as it was.
-                if !allocation.existing {
-                    let _ = engine.release(allocation.addr, Some(allocation.generation), now);
-                }
-                Err(InterfaceError::NotOnInterface {
+        match engine.allocate_if(&request, Target::Next(family), now, accept) {
+            Ok(Some((allocation, index))) => self
+                .describe_in(
+                    index,
+                    allocation.addr,
+                    allocation.generation,
+                    allocation.existing,
+                )
+                .ok_or_else(|| InterfaceError::NotOnInterface {
                     addr: allocation.addr,
                     pool: self.pool.clone(),
+                }),
+            Ok(None) => Err(InterfaceError::NotOnInterface {
+                addr: planned.expect("a refused address was planned"),
+                pool: self.pool.clone(),
+            }),
+            Err(AllocError::PoolExhausted { .. } | AllocError::NoCapacity { .. }) => {
+                Err(InterfaceError::Exhausted {
+                    pool: self.pool.clone(),
+                    family,
                 })
             }
+            Err(err) => Err(err.into()),
         }
     }
 
@@ -963,10 +1083,29 @@ impl Interfaces {
     }
 
     /// An interface that can be removed (ipamd's `RemoveUnusedENIFromStore`, as a decision):
-    /// neither primary, trunk nor excluded (someone else manages it), at least `min_age` old, without allocation or cooling
-    /// address, and whose removal keeps the warm and minimum targets of each family it has
-    /// addresses in. The highest device number wins. The table is not changed: the caller
-    /// removes it with [`Interfaces::remove_interface`] and then detaches it in the cloud.
+    /// neither primary, trunk nor excluded (someone else manages it), at least `min_age` old,
+    /// without allocation or cooling address, and not required by a target. The highest device
+    /// number wins. The table is not changed: the caller removes it with
+    /// [`Interfaces::remove_interface`] and then detaches it in the cloud.
+    ///
+    /// The targets count the *other* interfaces, whatever the candidate holds, as ipamd's
+    /// `isRequiredForWarmIPTarget`, `isRequiredForMinimumIPTarget` and
+    /// `isRequiredForWarmPrefixTarget` do. The candidate is kept when, without it,
+    ///
+    /// - fewer than `warm_ip_target` addresses would be free (not assigned; cooling ones count
+    ///   as free, as in ipamd): `total - assigned - own < warm_ip_target`;
+    /// - fewer than `minimum_ip_target` addresses would remain: `total - own < minimum_ip_target`;
+    /// - fewer than `warm_prefix_target` prefixes without assignment would remain.
+    ///
+    /// An interface without addresses is kept too when the others fall short: it takes away no
+    /// address, but it is the room the node grows into (attaching another interface is slower
+    /// and rate-limited), so removing it only to attach one again is churn. The address
+    /// targets apply per family, to the families the candidate has a subnet of and the pool
+    /// serves (some interface holds an address of it; when none holds any address at all,
+    /// every family of the candidate's subnets counts, as an empty node still needs room to
+    /// grow): a dual-stack subnet on an IPv4-only node does not keep every interface for lack
+    /// of IPv6 addresses. Unlike ipamd with prefix delegation, the address targets are not
+    /// rounded up to whole prefixes: a caller that wants that passes rounded targets.
     pub fn removable(
         &self,
         engine: &Engine,
@@ -988,13 +1127,16 @@ impl Interfaces {
                 }
             }
         }
+        let node_is_empty = total.iter().all(|n| *n == 0);
+        let warm = policy.warm_ip_target as u128;
+        let minimum = policy.minimum_ip_target as u128;
         self.interfaces()
             .collect::<Vec<_>>()
             .into_iter()
             .rev()
             .filter(|(spec, _)| !(spec.primary || spec.trunk || spec.excluded))
             .filter(|(spec, _)| spec.created_at.saturating_add(policy.min_age) <= now)
-            .find(|(_, addresses)| {
+            .find(|(spec, addresses)| {
                 let mut own = [0u128; 2];
                 let mut own_prefixes = 0usize;
                 for address in *addresses {
@@ -1006,17 +1148,18 @@ impl Interfaces {
                     own[family.index()] += end - start + 1;
                     own_prefixes += usize::from(is_prefix(address));
                 }
-                let warm = policy.warm_ip_target as u128;
-                let minimum = policy.minimum_ip_target as u128;
+                // Nothing is assigned on the candidate, so the others hold every assignment.
                 let families_ok = Family::ALL.iter().all(|family| {
                     let i = family.index();
-                    own[i] == 0
-                        || ((warm == 0 || total[i] - assigned[i] >= own[i] + warm)
-                            && (minimum == 0 || total[i] >= own[i] + minimum))
+                    let counted = spec.subnet(*family).is_some() && (total[i] > 0 || node_is_empty);
+                    let others_total = total[i] - own[i];
+                    let others_free = others_total - assigned[i];
+                    !counted
+                        || ((warm == 0 || others_free >= warm)
+                            && (minimum == 0 || others_total >= minimum))
                 });
                 let prefixes_ok = policy.warm_prefix_target == 0
-                    || own_prefixes == 0
-                    || free_prefixes >= own_prefixes + policy.warm_prefix_target;
+                    || free_prefixes - own_prefixes >= policy.warm_prefix_target;
                 families_ok && prefixes_ok
             })
             .map(|(spec, _)| spec.id.clone())
@@ -1205,11 +1348,12 @@ mod tests {
     /// What must not change when an operation is refused.
     fn state(engine: &Engine, table: &Interfaces) -> String {
         format!(
-            "{:?}\n{:?}\n{:?}\n{:?}",
+            "{:?}\n{:?}\n{:?}\n{:?}\n{}",
             engine.dump(),
             engine.ranges(&pool()).unwrap(),
             engine.cooling(&pool()).unwrap(),
-            table.interfaces().collect::<Vec<_>>()
+            table.interfaces().collect::<Vec<_>>(),
+            engine.next_generation(),
         )
     }
 
@@ -1281,6 +1425,49 @@ mod tests {
         );
         table.check(&engine).unwrap();
         engine.check_invariants().unwrap();
+    }
+
+    /// Regression (review of issue 13): a range added to the pool behind the table's back
+    /// drew an assignment, which was then released (a cooldown, a generation) and refused.
+    /// The engine now shows its choice first and the refusal changes nothing.
+    #[test]
+    fn assign_refuses_a_range_on_no_interface_without_changing_anything() {
+        let (mut engine, table) = setup();
+        engine
+            .add_range(&pool(), "9.0.0.0/29".parse().unwrap())
+            .unwrap();
+        // Next-fit hands out the interface addresses after the cursor, then wraps to 9.0.0.1.
+        let mut n = 0;
+        let (before, err) = loop {
+            n += 1;
+            let before = state(&engine, &table);
+            match table.assign(
+                &mut engine,
+                &key(&format!("x{n}")),
+                "pod",
+                Family::V4,
+                Timestamp::ZERO,
+            ) {
+                Ok(assignment) => assert_ne!(assignment.addr.to_string(), "9.0.0.1"),
+                Err(err) => break (before, err),
+            }
+        };
+        assert_eq!(n, 18, "the 17 free interface addresses came first");
+        assert_eq!(
+            err.to_string(),
+            "9.0.0.1 of pool eni is on none of its interfaces"
+        );
+        assert!(!err.is_retryable());
+        assert_eq!(state(&engine, &table), before, "refused but changed");
+        // Once the stray range is gone, the pool is what the table says again.
+        engine
+            .remove_range(&pool(), &"9.0.0.0/29".parse().unwrap())
+            .unwrap();
+        table.check(&engine).unwrap();
+        let err = table
+            .assign(&mut engine, &key("x99"), "pod", Family::V4, Timestamp::ZERO)
+            .unwrap_err();
+        assert!(matches!(err, InterfaceError::Exhausted { .. }));
     }
 
     #[test]

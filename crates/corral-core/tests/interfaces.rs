@@ -341,14 +341,133 @@ script_test!(ipv6_prefix);
 script_test!(errors);
 script_test!(lifecycle);
 script_test!(cooldown);
+script_test!(removal);
+
+/// Odd subnets and addresses at the edges of the address space: each is accepted and handed
+/// out, or refused with a typed error, never a panic, and the table agrees with the engine.
+#[test]
+fn odd_subnets_give_typed_errors_or_work() {
+    let cases = [
+        ("10.0.0.0/32", "10.0.0.0/32"),
+        ("10.0.0.0/31", "10.0.0.1/32"),
+        ("10.0.0.0/31", "10.0.0.0/32"),
+        ("0.0.0.0/0", "255.255.255.255/32"),
+        ("0.0.0.0/0", "255.255.255.240/28"),
+        ("0.0.0.0/0", "0.0.0.0/28"),
+        ("0.0.0.0/0", "0.0.0.16/28"),
+        ("10.0.0.0/28", "10.0.0.0/28"),
+        ("10.0.0.0/20", "10.0.15.224/28"),
+        ("10.0.0.0/20", "10.0.15.240/28"),
+        ("::/0", "ffff:ffff:ffff:ffff:ffff::/80"),
+        ("::/0", "::/80"),
+        ("2600::/80", "2600::/80"),
+        ("2600::/128", "2600::/128"),
+        ("::/0", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"),
+    ];
+    let mut out = String::new();
+    for (subnet, address) in cases {
+        let mut harness = Script::new();
+        let family = if subnet.contains(':') { "v6" } else { "v4" };
+        let mut lines = vec![
+            format!("iface eni-0 dev=0 primary subnet={subnet}"),
+            format!("addr eni-0 {address}"),
+        ];
+        for _ in 0..3 {
+            lines.push(format!("assign {family} net/c1/eth0"));
+            lines.push("unassign net/c1/eth0".to_owned());
+        }
+        lines.push("stats".to_owned());
+        writeln!(out, "{subnet} {address}:").unwrap();
+        for line in &lines {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let result = match harness.command(&words) {
+                Ok(text) => format!("= {}", text.lines().next().unwrap_or_default()),
+                Err(err) => format!("! {err}"),
+            };
+            if !line.starts_with("iface") {
+                writeln!(out, "  {} {result}", words[0]).unwrap();
+            }
+            harness.engine.check_invariants().unwrap();
+            harness.table.check(&harness.engine).unwrap();
+        }
+    }
+    expect_test::expect_file!["interfaces/odd_subnets.out"].assert_eq(&out);
+}
 
 // ---- random sequences against a reference model ---------------------------------------------
 
-/// What the model knows: interfaces with their addresses, and who holds which address.
+/// What the model knows: interfaces with their addresses, who holds which address, and when
+/// each released address was released.
 #[derive(Default)]
 struct Model {
     interfaces: BTreeMap<u32, Vec<IpNet>>,
     held: BTreeMap<String, IpAddr>,
+    released: BTreeMap<IpAddr, Timestamp>,
+}
+
+/// The pool's cooldown (the default, AWS's).
+const COOLDOWN: Duration = PoolConfig::DEFAULT_COOLDOWN;
+
+impl Model {
+    /// Every address of every interface.
+    fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.interfaces
+            .values()
+            .flatten()
+            .flat_map(|net| net.hosts_and_bounds())
+    }
+
+    fn is_held(&self, addr: IpAddr) -> bool {
+        self.held.values().any(|held| *held == addr)
+    }
+
+    /// Released less than the cooldown ago, and not held again.
+    fn is_cooling(&self, addr: IpAddr, now: Timestamp) -> bool {
+        self.released
+            .get(&addr)
+            .is_some_and(|at| now < at.saturating_add(COOLDOWN))
+            && !self.is_held(addr)
+    }
+
+    fn n_held_in(&self, net: &IpNet) -> usize {
+        self.held
+            .values()
+            .filter(|addr| net.contains(*addr))
+            .count()
+    }
+
+    fn n_cooling_in(&self, net: &IpNet, now: Timestamp) -> usize {
+        net.hosts_and_bounds()
+            .filter(|addr| self.is_cooling(*addr, now))
+            .count()
+    }
+
+    /// Forgets the cooldowns of addresses that left with `net` (a forced removal).
+    fn forget(&mut self, net: &IpNet) {
+        self.released.retain(|addr, _| !net.contains(addr));
+        self.held.retain(|_, addr| !net.contains(&*addr));
+    }
+}
+
+/// Every address of a network, its first and last included (an interface prefix hands out
+/// all of them).
+trait AllAddresses {
+    fn hosts_and_bounds(&self) -> Box<dyn Iterator<Item = IpAddr>>;
+}
+
+impl AllAddresses for IpNet {
+    fn hosts_and_bounds(&self) -> Box<dyn Iterator<Item = IpAddr>> {
+        match self {
+            IpNet::V4(net) => {
+                let (first, last) = (u32::from(net.network()), u32::from(net.broadcast()));
+                Box::new((first..=last).map(|v| IpAddr::from(std::net::Ipv4Addr::from(v))))
+            }
+            IpNet::V6(net) => {
+                let (first, last) = (u128::from(net.network()), u128::from(net.broadcast()));
+                Box::new((first..=last).map(|v| IpAddr::from(std::net::Ipv6Addr::from(v))))
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -356,7 +475,11 @@ enum Op {
     AddInterface(u32),
     RemoveInterface(u32, bool),
     AddAddress(u32, u8, bool),
-    RemoveAddress(u32, u8, bool),
+    /// Device, slot, prefix, force: any address of any kind on any interface.
+    RemoveAddress(u32, u8, bool, bool),
+    /// Index into the model's addresses (on their own interface), force: removals that can
+    /// meet a held or cooling address often.
+    RemoveExisting(u8, bool),
     Assign(u8),
     Unassign(u8),
     Advance(u8),
@@ -366,11 +489,16 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (0..4u32).prop_map(Op::AddInterface),
         1 => (0..4u32, any::<bool>()).prop_map(|(d, f)| Op::RemoveInterface(d, f)),
-        3 => (0..4u32, 0..12u8, any::<bool>()).prop_map(|(d, s, p)| Op::AddAddress(d, s, p)),
-        1 => (0..4u32, 0..12u8, any::<bool>()).prop_map(|(d, s, f)| Op::RemoveAddress(d, s, f)),
+        // Mostly single addresses, so that the pool fills up and cooling addresses are handed
+        // out (the cooldown order is checked then).
+        3 => (0..4u32, 0..12u8, prop::bool::weighted(0.2))
+            .prop_map(|(d, s, p)| Op::AddAddress(d, s, p)),
+        1 => (0..4u32, 0..12u8, any::<bool>(), any::<bool>())
+            .prop_map(|(d, s, p, f)| Op::RemoveAddress(d, s, p, f)),
+        2 => (any::<u8>(), any::<bool>()).prop_map(|(i, f)| Op::RemoveExisting(i, f)),
         5 => (0..24u8).prop_map(Op::Assign),
         3 => (0..24u8).prop_map(Op::Unassign),
-        1 => (0..40u8).prop_map(Op::Advance),
+        2 => (0..20u8).prop_map(Op::Advance),
     ]
 }
 
@@ -378,7 +506,7 @@ fn interface_id(device: u32) -> InterfaceId {
     id(&format!("eni-{device}"))
 }
 
-/// Slot `s` of the subnet: a /32 at 10.0.0.(16 + s) or a /28 at 10.0.(1 + s).0; slots of
+/// Slot `s` of the subnet: a /32 at 10.0.0.(16 + s) or a /28 at 10.0.(1 + s).16; slots of
 /// different kinds never overlap, and the same slot on two interfaces collides.
 fn slot_address(slot: u8, prefix: bool) -> IpNet {
     if prefix {
@@ -395,6 +523,23 @@ fn run_ops(ops: &[Op]) {
         let before = state(&harness.engine, &harness.table);
         let now = harness.now;
         let (engine, table) = (&mut harness.engine, &mut harness.table);
+        // A removal of an existing address is a removal of that device, slot and kind.
+        let existing: Vec<(u32, IpNet)> = model
+            .interfaces
+            .iter()
+            .flat_map(|(device, addresses)| addresses.iter().map(|a| (*device, *a)))
+            .collect();
+        let op = match op {
+            Op::RemoveExisting(index, force) if !existing.is_empty() => {
+                let (device, address) = existing[*index as usize % existing.len()];
+                let prefix = address.prefix_len() == 28;
+                let slot = (0..12u8)
+                    .find(|slot| slot_address(*slot, prefix) == address)
+                    .unwrap();
+                &Op::RemoveAddress(device, slot, prefix, *force)
+            }
+            other => other,
+        };
         let result: Result<(), InterfaceError> = match op {
             Op::AddInterface(device) => table
                 .add_interface(InterfaceSpec {
@@ -412,16 +557,36 @@ fn run_ops(ops: &[Op]) {
                 .map(|()| {
                     model.interfaces.insert(*device, Vec::new());
                 }),
-            Op::RemoveInterface(device, force) => table
-                .remove_interface(engine, &interface_id(*device), *force, now)
-                .map(|removal| {
+            Op::RemoveInterface(device, force) => {
+                let result = table.remove_interface(engine, &interface_id(*device), *force, now);
+                if let Some(addresses) = model.interfaces.get(device) {
+                    let held: usize = addresses.iter().map(|a| model.n_held_in(a)).sum();
+                    let cooling: usize = addresses.iter().map(|a| model.n_cooling_in(a, now)).sum();
+                    let refused = *device == 0 || held > 0 || cooling > 0;
+                    assert_eq!(
+                        result.is_err(),
+                        !*force && refused,
+                        "{op:?} with {held} held, {cooling} cooling: {result:?}"
+                    );
+                    if let (Err(InterfaceError::InterfaceCooling { n_cooling, .. }), false) =
+                        (&result, *device == 0 || held > 0)
+                    {
+                        assert_eq!(*n_cooling as usize, cooling);
+                    }
+                } else {
+                    assert!(result.is_err(), "{op:?} removed an unknown interface");
+                }
+                result.map(|removal| {
                     let gone = model.interfaces.remove(device).unwrap();
                     assert_eq!(removal.addresses, gone);
                     for released in &removal.released {
                         assert!(*force, "an unforced removal released {}", released.addr);
-                        model.held.retain(|_, addr| *addr != released.addr);
                     }
-                }),
+                    for net in &gone {
+                        model.forget(net);
+                    }
+                })
+            }
             Op::AddAddress(device, slot, prefix) => {
                 let address = slot_address(*slot, *prefix);
                 table
@@ -432,22 +597,44 @@ fn run_ops(ops: &[Op]) {
                         addresses.sort();
                     })
             }
-            Op::RemoveAddress(device, slot, force) => {
-                let address = slot_address(*slot, slot % 2 == 1);
-                table
-                    .remove_address(engine, &interface_id(*device), address, *force, now)
-                    .map(|removal| {
-                        model
-                            .interfaces
-                            .get_mut(device)
-                            .unwrap()
-                            .retain(|a| *a != address);
-                        for released in &removal.released {
-                            assert!(*force);
-                            assert!(address.contains(&released.addr));
-                            model.held.retain(|_, addr| *addr != released.addr);
+            Op::RemoveAddress(device, slot, prefix, force) => {
+                let address = slot_address(*slot, *prefix);
+                let result =
+                    table.remove_address(engine, &interface_id(*device), address, *force, now);
+                let known = model
+                    .interfaces
+                    .get(device)
+                    .is_some_and(|addresses| addresses.contains(&address));
+                if known {
+                    let held = model.n_held_in(&address);
+                    let cooling = model.n_cooling_in(&address, now);
+                    match &result {
+                        Ok(_) => assert!(*force || (held == 0 && cooling == 0)),
+                        Err(InterfaceError::AddressInUse { n_allocated, .. }) => {
+                            assert!(!*force);
+                            assert_eq!(*n_allocated as usize, held);
                         }
-                    })
+                        Err(InterfaceError::AddressCooling { n_cooling, .. }) => {
+                            assert!(!*force && held == 0);
+                            assert_eq!(*n_cooling as usize, cooling);
+                        }
+                        Err(err) => panic!("{op:?} refused: {err}"),
+                    }
+                } else {
+                    assert!(result.is_err(), "{op:?} removed an unknown address");
+                }
+                result.map(|removal| {
+                    model
+                        .interfaces
+                        .get_mut(device)
+                        .unwrap()
+                        .retain(|a| *a != address);
+                    for released in &removal.released {
+                        assert!(*force);
+                        assert!(address.contains(&released.addr));
+                    }
+                    model.forget(&address);
+                })
             }
             Op::Assign(n) => {
                 let name = format!("c{n}");
@@ -463,14 +650,14 @@ fn run_ops(ops: &[Op]) {
                         if let Some(previous) = model.held.get(&name) {
                             assert!(assignment.existing);
                             assert_eq!(*previous, assignment.addr);
-                        } else {
-                            assert!(!assignment.existing);
-                            assert!(
-                                !model.held.values().any(|a| *a == assignment.addr),
-                                "{} assigned twice",
-                                assignment.addr
-                            );
+                            return;
                         }
+                        assert!(!assignment.existing);
+                        assert!(
+                            !model.is_held(assignment.addr),
+                            "{} assigned twice",
+                            assignment.addr
+                        );
                         let addresses = &model.interfaces[&assignment.device_number];
                         assert!(
                             addresses.iter().any(|a| a.contains(&assignment.addr)),
@@ -478,6 +665,30 @@ fn run_ops(ops: &[Op]) {
                             assignment.addr,
                             assignment.interface
                         );
+                        // Cooldown order: a cooling address only when nothing else is free,
+                        // and then the one released first.
+                        if model.is_cooling(assignment.addr, now) {
+                            let free: Vec<IpAddr> = model
+                                .addresses()
+                                .filter(|a| !model.is_held(*a) && !model.is_cooling(*a, now))
+                                .collect();
+                            assert!(
+                                free.is_empty(),
+                                "cooling {} handed out while {free:?} were free",
+                                assignment.addr
+                            );
+                            let oldest = model
+                                .addresses()
+                                .filter(|a| model.is_cooling(*a, now))
+                                .map(|a| model.released[&a])
+                                .min();
+                            assert_eq!(
+                                Some(model.released[&assignment.addr]),
+                                oldest,
+                                "{} is not the longest cooling",
+                                assignment.addr
+                            );
+                        }
                         model.held.insert(name, assignment.addr);
                     })
             }
@@ -489,21 +700,20 @@ fn run_ops(ops: &[Op]) {
                         let expected: Vec<IpAddr> = model.held.remove(&name).into_iter().collect();
                         let got: Vec<IpAddr> = out.iter().map(|u| u.addr).collect();
                         assert_eq!(got, expected);
+                        for addr in got {
+                            model.released.insert(addr, now);
+                        }
                     })
             }
             Op::Advance(secs) => {
                 harness.now = now.saturating_add(Duration::from_secs(u64::from(*secs)));
                 Ok(())
             }
+            Op::RemoveExisting(..) => Ok(()),
         };
         match result {
             Err(InterfaceError::Exhausted { .. }) => {
-                let capacity: usize = model
-                    .interfaces
-                    .values()
-                    .flatten()
-                    .map(|a| if a.prefix_len() == 28 { 16 } else { 1 })
-                    .sum();
+                let capacity = model.addresses().count();
                 assert_eq!(model.held.len(), capacity, "exhausted with free addresses");
                 assert_eq!(state(&harness.engine, &harness.table), before);
             }
@@ -531,6 +741,16 @@ fn run_ops(ops: &[Op]) {
             );
         }
         assert_eq!(harness.engine.n_allocations(), model.held.len());
+        // The counts agree with the model, cooling addresses included.
+        let stats = harness.table.stats(&harness.engine, harness.now).unwrap();
+        let cooling = model
+            .addresses()
+            .filter(|a| model.is_cooling(*a, harness.now))
+            .count();
+        assert_eq!(
+            (stats.assigned as usize, stats.cooling as usize),
+            (model.held.len(), cooling)
+        );
         let model_interfaces: Vec<(u32, Vec<IpNet>)> = model
             .interfaces
             .iter()

@@ -204,3 +204,32 @@ fn every_file_says_what_it_is_for() {
         "files without a //! line: {undocumented:?}"
     );
 }
+
+/// Every `cargo run -p CRATE --example NAME` of the Makefile has its file: `make demo` broke
+/// once when a commit deleted `crates/corral-core/examples/demo.rs`.
+#[test]
+fn makefile_examples_exist() {
+    let makefile = std::fs::read_to_string(workspace_root().join("Makefile")).expect("Makefile");
+    let mut checked = 0;
+    for line in makefile.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |flag: &str| {
+            words
+                .iter()
+                .position(|word| *word == flag)
+                .and_then(|at| words.get(at + 1))
+                .copied()
+        };
+        let (Some(package), Some(example)) = (after("-p"), after("--example")) else {
+            continue;
+        };
+        let path = workspace_root()
+            .join("crates")
+            .join(package)
+            .join("examples")
+            .join(format!("{example}.rs"));
+        assert!(path.is_file(), "Makefile runs {}: missing", path.display());
+        checked += 1;
+    }
+    assert!(checked >= 1, "no example found in the Makefile");
+}

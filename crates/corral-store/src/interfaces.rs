@@ -124,6 +124,7 @@ impl PoolSpec {
             }
         }
         self.interfaces = entries;
+        self.interface_backed = true;
         Ok(())
     }
 
@@ -139,9 +140,12 @@ impl PoolSpec {
         Interfaces::restore(pool, parsed).map_err(|e| corrupt("interfaces", e))
     }
 
-    /// Whether the pool is interface-backed: it has interfaces or interface ranges.
+    /// Whether the pool is interface-backed: marked so ([`PoolSpec::interface_backed`], set
+    /// by [`PoolSpec::set_interfaces`]), or, for state written before the marker, it has
+    /// interfaces or interface ranges.
     pub fn is_interface_pool(&self) -> bool {
-        !self.interfaces.is_empty()
+        self.interface_backed
+            || !self.interfaces.is_empty()
             || self
                 .ranges
                 .iter()

@@ -316,6 +316,12 @@ pub struct PoolSpec {
     /// so their stored configuration reads and writes as before.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<InterfaceEntry>,
+    /// The pool is interface-backed, even with no interface left: set by
+    /// [`PoolSpec::set_interfaces`], so a pool whose last interface was removed is still one
+    /// after a reopen (its table comes back empty from [`restore_interfaces`]) and takes no
+    /// plain range. Absent (and not written) for other pools.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interface_backed: bool,
 }
 
 impl PoolSpec {
@@ -341,6 +347,7 @@ impl PoolSpec {
                 .map(|e| (e.network().to_string(), e.reason().to_owned()))
                 .collect(),
             interfaces: Vec::new(),
+            interface_backed: false,
         }
     }
 

@@ -242,6 +242,47 @@ fn interfaces_assignments_and_cooling_survive_a_reopen() {
     assert!(node.engine.lookup(c).is_none());
 }
 
+/// Regression (review of issue 13): a pool whose last interface was removed was no longer
+/// an interface pool after a reopen (no table came back), so it would have taken plain
+/// ranges. The pool stays interface-backed, with an empty table.
+#[test]
+fn an_interface_pool_without_interfaces_stays_one_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = Node::open(dir.path());
+    node.add_interface(spec("eni-1b", 1, at(0)), &["10.0.1.16/28"], at(0));
+    node.table
+        .remove_interface(
+            &mut node.engine,
+            &InterfaceId::new("eni-1b").unwrap(),
+            false,
+            at(1),
+        )
+        .unwrap();
+    node.commit(&[], &[]);
+    assert!(node.config.pools[0].interfaces.is_empty());
+    assert!(node.config.pools[0].ranges.is_empty());
+    assert!(node.config.pools[0].is_interface_pool());
+    drop(node);
+
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let mut txn = store.begin().unwrap();
+    let config = txn.stored_config(SCOPE).unwrap().unwrap();
+    let (engine, _) = build_engine(
+        &mut txn,
+        SCOPE,
+        &config,
+        EngineConfig::default(),
+        Need::Full,
+    )
+    .unwrap();
+    txn.finish().unwrap();
+    let tables = restore_interfaces(&config, &engine).unwrap();
+    assert_eq!(tables.len(), 1, "the pool is still interface-backed");
+    assert_eq!(tables[0].pool(), &pool());
+    assert!(tables[0].is_empty());
+    tables[0].check(&engine).unwrap();
+}
+
 /// The cooldown is not forgotten by a restart (ipamd keeps it in memory only): a released
 /// address is not handed out again before its cooldown ends while another is free.
 #[test]
@@ -377,7 +418,19 @@ fn pools_without_interfaces_serialize_as_before() {
     let old = r#"{"name":"default","cooldown_ms":30000,"lowest_free":false,"ranges":["10.0.0.0/24"],"exclusions":[]}"#;
     let pool: PoolSpec = serde_json::from_str(old).unwrap();
     assert!(pool.interfaces.is_empty());
+    assert!(!pool.interface_backed);
     assert_eq!(serde_json::to_string(&pool).unwrap(), old);
+    // An interface pool says so, also without interfaces.
+    let mut pool = pool;
+    pool.set_interfaces(&Interfaces::new(PoolName::new("default").unwrap()))
+        .unwrap();
+    let text = serde_json::to_string(&pool).unwrap();
+    assert!(
+        text.ends_with(r#""exclusions":[],"interface_backed":true}"#),
+        "{text}"
+    );
+    let read: PoolSpec = serde_json::from_str(&text).unwrap();
+    assert!(read.is_interface_pool());
 }
 
 #[test]

@@ -183,6 +183,7 @@ pub(super) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
                     })
                     .collect(),
                 interfaces: Vec::new(),
+                interface_backed: false,
                 exclusions: p
                     .exclusions
                     .iter()
