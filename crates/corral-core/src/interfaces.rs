@@ -39,8 +39,12 @@ use ipnet::IpNet;
 use crate::addr::{Family, addr_value};
 use crate::engine::{Engine, Released, Request, Target};
 use crate::error::{AllocError, SpecError};
-use crate::spec::{AttachmentKey, PoolName, RangeSpec, Reserved};
+use crate::spec::{AttachmentKey, Exclusion, PoolName, RangeSpec, Reserved};
 use crate::time::Timestamp;
+
+/// How the reason of an exclusion made for a trunk or excluded interface's address starts
+/// (see [`InterfaceSpec::exclusion_of`]); stores recognise and rewrite them by it.
+pub const INTERFACE_EXCLUSION_PREFIX: &str = "address of interface ";
 
 /// Longest interface id accepted, in bytes.
 pub const MAX_INTERFACE_ID_LEN: usize = 64;
@@ -167,6 +171,26 @@ impl InterfaceSpec {
             }
             _ => None,
         }
+    }
+
+    /// Whether the interface's addresses may go to pods: neither a trunk nor excluded.
+    pub fn serves_pods(&self) -> bool {
+        !(self.trunk || self.excluded)
+    }
+
+    /// The engine exclusion that keeps an address of a trunk or excluded interface from ever
+    /// being handed out; its reason starts with [`INTERFACE_EXCLUSION_PREFIX`] and names the
+    /// interface. `None` for an interface that serves pods.
+    pub fn exclusion_of(&self, address: IpNet) -> Option<Exclusion> {
+        if self.serves_pods() {
+            return None;
+        }
+        let what = if self.trunk { "trunk" } else { "excluded" };
+        Exclusion::new(
+            address,
+            &format!("{INTERFACE_EXCLUSION_PREFIX}{} ({what})", self.id),
+        )
+        .ok()
     }
 
     /// Checks the spec on its own: subnets without host bits, at most one per family;
@@ -358,7 +382,10 @@ pub struct InterfaceStat {
     pub device_number: u32,
     pub primary: bool,
     pub trunk: bool,
-    /// Addresses it can hand out (a prefix counts all of its addresses).
+    /// Excluded from pod addresses: with `trunk`, its addresses are engine exclusions, never
+    /// handed out, and left out of the pool's counts in [`InterfaceStats`].
+    pub excluded: bool,
+    /// Addresses it holds (a prefix counts all of its addresses).
     pub total: u64,
     pub assigned: u64,
     pub cooling: u64,
@@ -368,7 +395,8 @@ pub struct InterfaceStat {
     pub prefixes: usize,
 }
 
-/// Counts of the pool's interfaces (ipamd's `GetStats` and `GetENIInfos`).
+/// Counts of the pool's interfaces (ipamd's `GetStats` and `GetENIInfos`). The pool's counts
+/// are of the interfaces that serve pods (neither trunk nor excluded): what pods can get.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InterfaceStats {
     pub total: u64,
@@ -393,6 +421,12 @@ pub enum InterfaceError {
     #[error("device number {device_number} is already interface {existing}")]
     DuplicateDeviceNumber {
         device_number: u32,
+        existing: InterfaceId,
+    },
+    #[error("interface {interface} has MAC {mac}, which is already interface {existing}'s")]
+    DuplicateMac {
+        interface: InterfaceId,
+        mac: MacAddr,
         existing: InterfaceId,
     },
     #[error("address {address} is already present as {existing}")]
@@ -650,6 +684,13 @@ impl Interfaces {
                 interface: spec.id.clone(),
             });
         }
+        if let Some((other, _)) = self.interfaces().find(|(other, _)| other.mac == spec.mac) {
+            return Err(InterfaceError::DuplicateMac {
+                interface: spec.id.clone(),
+                mac: spec.mac,
+                existing: other.id.clone(),
+            });
+        }
         if let Some(&other) = self.by_device.get(&spec.device_number) {
             return Err(InterfaceError::DuplicateDeviceNumber {
                 device_number: spec.device_number,
@@ -739,8 +780,35 @@ impl Interfaces {
                 },
                 other => InterfaceError::Engine(other),
             })?;
+        if let Some(exclusion) = self.slot(index).spec.exclusion_of(address)
+            && let Err(err) = engine.exclude(&self.pool, exclusion)
+        {
+            // Cannot happen after the range was added (same pool and family); undo anyway.
+            let _ = engine.remove_range(&self.pool, &spec);
+            return Err(err.into());
+        }
         self.insert_address(index, address);
         Ok(())
+    }
+
+    /// Adds the exclusions of the trunk and excluded interfaces' addresses to the engine
+    /// (idempotent): for an engine built from state written without them.
+    pub fn exclude_reserved(&self, engine: &mut Engine) -> Result<(), InterfaceError> {
+        for (spec, addresses) in self.interfaces() {
+            for address in addresses {
+                if let Some(exclusion) = spec.exclusion_of(*address) {
+                    engine.exclude(&self.pool, exclusion)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The exclusions the trunk and excluded interfaces' addresses need (for a store).
+    pub fn reserved_exclusions(&self) -> Vec<Exclusion> {
+        self.interfaces()
+            .flat_map(|(spec, addresses)| addresses.iter().filter_map(|a| spec.exclusion_of(*a)))
+            .collect()
     }
 
     /// Per-address allocation and cooling counts of the pool, from the engine, by family and
@@ -822,6 +890,12 @@ impl Interfaces {
             // Nothing is allocated in it any more: the range leaves at once, its cooldowns
             // with it (the address goes back to the cloud).
             engine.remove_range(&self.pool, spec)?;
+            if self.slot(index).spec.exclusion_of(*address).is_some() {
+                match engine.remove_exclusion(&self.pool, *address) {
+                    Ok(()) | Err(AllocError::UnknownExclusion { .. }) => {}
+                    Err(err) => return Err(err.into()),
+                }
+            }
             self.forget_address(index, *address);
         }
         Ok(released)
@@ -1116,7 +1190,7 @@ impl Interfaces {
         let mut total = [0u128; 2];
         let mut assigned = [0u128; 2];
         let mut free_prefixes = 0usize;
-        for (_, addresses) in self.interfaces() {
+        for (_, addresses) in self.interfaces().filter(|(spec, _)| spec.serves_pods()) {
             for address in addresses {
                 let (family, start, end) = bounds(address);
                 let used = Self::usage_of(&usage, address).allocated;
@@ -1180,6 +1254,7 @@ impl Interfaces {
                 device_number: spec.device_number,
                 primary: spec.primary,
                 trunk: spec.trunk,
+                excluded: spec.excluded,
                 total: 0,
                 assigned: 0,
                 cooling: 0,
@@ -1200,9 +1275,11 @@ impl Interfaces {
                     stat.addresses += 1;
                 }
             }
-            stats.total = stats.total.saturating_add(stat.total);
-            stats.assigned += stat.assigned;
-            stats.cooling += stat.cooling;
+            if spec.serves_pods() {
+                stats.total = stats.total.saturating_add(stat.total);
+                stats.assigned += stat.assigned;
+                stats.cooling += stat.cooling;
+            }
             stats.interfaces.push(stat);
         }
         Ok(stats)
@@ -1514,6 +1591,21 @@ mod tests {
     }
 
     #[test]
+    fn duplicate_mac_is_refused() {
+        let (_, mut table) = setup();
+        let twin = InterfaceSpec {
+            mac: table.get(&id("eni-1")).unwrap().mac,
+            ..spec("eni-2", 2)
+        };
+        let err = table.add_interface(twin).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "interface eni-2 has MAC 0a:00:00:00:00:01, which is already interface eni-1's"
+        );
+        assert!(table.get(&id("eni-2")).is_none());
+    }
+
+    #[test]
     fn duplicate_interface_is_refused() {
         let err = refused(|_, table| table.add_interface(spec("eni-1", 7)));
         assert_eq!(err.to_string(), "interface eni-1 already exists");
@@ -1682,6 +1774,140 @@ mod tests {
         assert!(table.get(&id("eni-0")).is_none());
         table.check(&engine).unwrap();
         engine.check_invariants().unwrap();
+    }
+
+    /// Trunk and excluded interfaces never give out pod addresses: their addresses are
+    /// engine exclusions naming the interface, kept in step with the table, and left out of
+    /// the pool's counts; removing them removes the exclusions.
+    #[test]
+    fn trunk_and_excluded_interfaces_give_out_no_address() {
+        let mut engine = Engine::new(EngineConfig::default());
+        engine.add_pool(&pool(), PoolConfig::default()).unwrap();
+        let mut table = Interfaces::new(pool());
+        let trunk = InterfaceSpec {
+            trunk: true,
+            ..spec("eni-t", 1)
+        };
+        let excluded = InterfaceSpec {
+            excluded: true,
+            ..spec("eni-x", 2)
+        };
+        table.add_interface(trunk).unwrap();
+        table.add_interface(excluded).unwrap();
+        table.add_interface(spec("eni-3", 3)).unwrap();
+        for (interface, address) in [
+            ("eni-t", "10.0.0.10/32"),
+            ("eni-t", "10.0.1.16/28"),
+            ("eni-x", "10.0.0.11/32"),
+            ("eni-x", "2600:1f14::1:0:0:0/80"),
+            ("eni-3", "10.0.0.12/32"),
+        ] {
+            table
+                .add_address(&mut engine, &id(interface), net(address), Timestamp::ZERO)
+                .unwrap();
+        }
+        let reasons: Vec<String> = table
+            .reserved_exclusions()
+            .iter()
+            .map(|e| format!("{} {}", e.network(), e.reason()))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                "10.0.0.10/32 address of interface eni-t (trunk)",
+                "10.0.1.16/28 address of interface eni-t (trunk)",
+                "10.0.0.11/32 address of interface eni-x (excluded)",
+                "2600:1f14:0:0:1::/80 address of interface eni-x (excluded)",
+            ]
+        );
+        let got = table
+            .assign(&mut engine, &key("c1"), "pod", Family::V4, Timestamp::ZERO)
+            .unwrap();
+        assert_eq!(got.addr.to_string(), "10.0.0.12");
+        assert_eq!(got.interface, id("eni-3"));
+        for family in Family::ALL {
+            let err = table
+                .assign(&mut engine, &key("c2"), "pod", family, Timestamp::ZERO)
+                .unwrap_err();
+            assert!(
+                matches!(err, InterfaceError::Exhausted { .. }),
+                "{family}: {err}"
+            );
+        }
+        let stats = table.stats(&engine, Timestamp::ZERO).unwrap();
+        assert_eq!((stats.total, stats.assigned), (1, 1));
+        let per: Vec<_> = stats
+            .interfaces
+            .iter()
+            .map(|s| (s.id.to_string(), s.trunk, s.excluded, s.total))
+            .collect();
+        assert_eq!(
+            per,
+            [
+                ("eni-t".to_owned(), true, false, 17),
+                ("eni-x".to_owned(), false, true, 1 + (1 << 48)),
+                ("eni-3".to_owned(), false, false, 1),
+            ]
+        );
+        // The exclusions leave with the addresses; a plain interface reusing one serves it.
+        table
+            .remove_interface(&mut engine, &id("eni-t"), true, Timestamp::ZERO)
+            .unwrap();
+        table
+            .remove_address(
+                &mut engine,
+                &id("eni-x"),
+                net("10.0.0.11/32"),
+                false,
+                Timestamp::ZERO,
+            )
+            .unwrap();
+        assert_eq!(table.reserved_exclusions().len(), 1);
+        table
+            .add_address(
+                &mut engine,
+                &id("eni-3"),
+                net("10.0.0.11/32"),
+                Timestamp::ZERO,
+            )
+            .unwrap();
+        let got = table
+            .assign(&mut engine, &key("c2"), "pod", Family::V4, Timestamp::ZERO)
+            .unwrap();
+        assert_eq!(got.addr.to_string(), "10.0.0.11");
+        // A table rebuilt over an engine without the exclusions puts them back.
+        let mut bare = Engine::new(EngineConfig::default());
+        bare.add_pool(&pool(), PoolConfig::default()).unwrap();
+        let mut rebuilt = Interfaces::new(pool());
+        rebuilt
+            .add_interface(InterfaceSpec {
+                excluded: true,
+                ..spec("eni-x", 2)
+            })
+            .unwrap();
+        bare.add_range(
+            &pool(),
+            rebuilt
+                .get(&id("eni-x"))
+                .unwrap()
+                .range_of(net("10.0.0.11/32"))
+                .unwrap(),
+        )
+        .unwrap();
+        let rebuilt = Interfaces::restore(
+            pool(),
+            [(
+                rebuilt.get(&id("eni-x")).unwrap().clone(),
+                vec![net("10.0.0.11/32")],
+            )],
+        )
+        .unwrap();
+        rebuilt.exclude_reserved(&mut bare).unwrap();
+        rebuilt.exclude_reserved(&mut bare).unwrap();
+        let err = rebuilt
+            .assign(&mut bare, &key("c1"), "pod", Family::V4, Timestamp::ZERO)
+            .unwrap_err();
+        assert!(matches!(err, InterfaceError::Exhausted { .. }), "{err}");
     }
 
     #[test]

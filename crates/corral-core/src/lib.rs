@@ -44,8 +44,9 @@ pub use gc::{
     held_by_attachment, plan_gc, release_suspect,
 };
 pub use interfaces::{
-    Assignment, InterfaceError, InterfaceId, InterfaceSpec, InterfaceStat, InterfaceStats,
-    Interfaces, MAX_INTERFACE_ID_LEN, MacAddr, Removal, RemovalPolicy, Unassigned,
+    Assignment, INTERFACE_EXCLUSION_PREFIX, InterfaceError, InterfaceId, InterfaceSpec,
+    InterfaceStat, InterfaceStats, Interfaces, MAX_INTERFACE_ID_LEN, MacAddr, Removal,
+    RemovalPolicy, Unassigned,
 };
 pub use pool::{OccupancySnapshot, PoolConfig, ReusePolicy};
 pub use spec::{

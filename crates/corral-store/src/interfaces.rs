@@ -9,8 +9,8 @@
 use std::collections::HashSet;
 
 use corral_core::{
-    Engine, InterfaceId, InterfaceSpec, Interfaces, IpNet, MacAddr, PoolName, Timestamp,
-    parse_addr, parse_net,
+    Engine, INTERFACE_EXCLUSION_PREFIX, InterfaceId, InterfaceSpec, Interfaces, IpNet, MacAddr,
+    PoolName, Timestamp, parse_addr, parse_net,
 };
 
 use crate::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, StoreError};
@@ -123,6 +123,16 @@ impl PoolSpec {
                 self.ranges.push(entry);
             }
         }
+        // The exclusions that keep trunk and excluded interfaces' addresses from pods follow
+        // the table; the operator's own exclusions stay.
+        self.exclusions
+            .retain(|(_, reason)| !reason.starts_with(INTERFACE_EXCLUSION_PREFIX));
+        self.exclusions.extend(
+            table
+                .reserved_exclusions()
+                .iter()
+                .map(|e| (e.network().to_string(), e.reason().to_owned())),
+        );
         self.interfaces = entries;
         self.interface_backed = true;
         Ok(())
