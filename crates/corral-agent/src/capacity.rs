@@ -150,6 +150,15 @@ pub fn merge_declared(stored: &ScopeConfig, declared: &ScopeConfig) -> (ScopeCon
                 ));
                 continue;
             };
+            if out.pools[index].is_interface_pool() {
+                // Its ranges are its interfaces' addresses (the agent would not start).
+                warnings.push(format!(
+                    "range {spec} of pool {} in the configuration file is in a pool backed by \
+                     the node's interfaces, which holds only their addresses; it is not applied",
+                    declared_pool.name
+                ));
+                continue;
+            }
             if let Some(i) = out.pools[index].entry_at(&spec) {
                 let entry = &mut out.pools[index].ranges[i];
                 if entry.source == RangeSource::Cluster {
@@ -204,6 +213,14 @@ pub fn merge_declared(stored: &ScopeConfig, declared: &ScopeConfig) -> (ScopeCon
 pub fn now_applicable(config: &ScopeConfig, declared: &ScopeConfig) -> Vec<(String, RangeSpec)> {
     let mut out = Vec::new();
     for declared_pool in &declared.pools {
+        let interface_pool = config
+            .pools
+            .iter()
+            .any(|p| p.name == declared_pool.name && p.is_interface_pool());
+        if interface_pool {
+            // Its ranges are its interfaces' addresses (see `merge_declared`).
+            continue;
+        }
         for declared_range in &declared_pool.ranges {
             let Some(spec) = declared_range.spec() else {
                 continue;

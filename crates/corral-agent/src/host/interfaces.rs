@@ -30,14 +30,16 @@ impl From<InterfaceError> for OpError {
         let code = match &error {
             E::Engine(inner) => return OpError::from(inner.clone()),
             E::Invalid(_) | E::InvalidSpec { .. } | E::NotInSubnet { .. } => ErrorCode::BadRequest,
-            E::BadPrefixLength { .. } => ErrorCode::BadRequest,
-            E::DuplicateInterface { .. } | E::DuplicateDeviceNumber { .. } => {
-                ErrorCode::DuplicateInterface
-            }
+            E::BadPrefixLength { .. } | E::ReservedAddress { .. } => ErrorCode::BadRequest,
+            E::DuplicateInterface { .. }
+            | E::DuplicateDeviceNumber { .. }
+            | E::DuplicateMac { .. } => ErrorCode::DuplicateInterface,
             E::AddressAlreadyPresent { .. } => ErrorCode::AddressAlreadyPresent,
             E::UnknownAddress { .. } => ErrorCode::UnknownAddress,
-            E::AddressInUse { .. } => ErrorCode::AddressInUse,
-            E::InterfaceInUse { .. } | E::PrimaryOrTrunk { .. } => ErrorCode::InterfaceInUse,
+            E::AddressInUse { .. } | E::AddressCooling { .. } => ErrorCode::AddressInUse,
+            E::InterfaceInUse { .. } | E::InterfaceCooling { .. } | E::PrimaryOrTrunk { .. } => {
+                ErrorCode::InterfaceInUse
+            }
             E::UnknownInterface { .. } => ErrorCode::UnknownInterface,
             E::Exhausted { .. } => ErrorCode::Exhausted,
             E::NotOnInterface { .. } => ErrorCode::Conflict,
@@ -189,7 +191,11 @@ fn info_of(
     id: &InterfaceId,
     now: Timestamp,
 ) -> Result<api::InterfaceInfo, OpError> {
-    let table = &scope.interfaces[pool];
+    let table = scope.interfaces.get(pool).ok_or_else(|| {
+        OpError::from(InterfaceError::UnknownInterface {
+            interface: id.clone(),
+        })
+    })?;
     let stats = table.stats(&scope.engine, now)?;
     let stat = stats
         .interfaces
@@ -200,7 +206,11 @@ fn info_of(
                 interface: id.clone(),
             })
         })?;
-    let spec = table.get(id).expect("the stats name it");
+    let spec = table.get(id).ok_or_else(|| {
+        OpError::from(InterfaceError::UnknownInterface {
+            interface: id.clone(),
+        })
+    })?;
     let addresses = table.addresses(id).unwrap_or_default();
     let freeable = table.freeable(&scope.engine, id, now)?;
     Ok(api::InterfaceInfo {
@@ -463,6 +473,7 @@ impl<S: Store, C: Clock> Host<S, C> {
     /// `Interfaces::assign`, idempotent per key.
     pub(super) fn assign_on_interface(
         &mut self,
+        scope_name: &str,
         pool: &PoolName,
         (key, owner): (&AttachmentKey, &str),
         family: Family,
@@ -471,17 +482,22 @@ impl<S: Store, C: Clock> Host<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<api::Allocated, OpError> {
         let counters = self.interface_counters.clone();
-        let scope = self.node()?;
-        let table = scope
-            .interfaces
-            .get(pool)
-            .expect("an interface-backed pool");
+        let scope = self.scope_mut(scope_name)?;
+        let Some(table) = scope.interfaces.get(pool) else {
+            return Err(OpError {
+                pool: Some(pool.to_string()),
+                ..OpError::new(
+                    ErrorCode::NotFound,
+                    format!("pool {pool} of scope {scope_name:?} has no interfaces"),
+                )
+            });
+        };
         let result = table.assign(&mut scope.engine, key, owner, family, now);
         counters.count_assign(pool, &result);
         let assignment = result?;
         if !assignment.existing {
             writes.push(Write::Put(
-                api::NODE_SCOPE.to_owned(),
+                scope_name.to_owned(),
                 StoredAllocation {
                     pool: pool.clone(),
                     addr: assignment.addr,
@@ -491,7 +507,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                     lease: None,
                 },
             ));
-            touched.insert(api::NODE_SCOPE.to_owned());
+            touched.insert(scope_name.to_owned());
         }
         Ok(allocated_of(pool, &assignment))
     }

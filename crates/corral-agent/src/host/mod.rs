@@ -1139,7 +1139,7 @@ mod tests {
                 pool: pool.into(),
                 id: id.into(),
                 device_number: device,
-                mac: "0a:00:00:00:00:01".into(),
+                mac: format!("0a:00:00:00:00:{device:02x}"),
                 subnets: vec!["10.60.0.0/24".into()],
                 gateways: vec![],
                 routes: vec![],
@@ -1204,5 +1204,201 @@ mod tests {
         assert_eq!(node_ranges(&host), before);
         let done = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
         assert_eq!(done.added, granted(&NODE_CIDRS));
+    }
+
+    // ---- interface pools: trunk/excluded, file ranges, scopes, cooling -----------------
+
+    fn eni_op(pool: &str, id: &str, device: u32, addresses: &[&str]) -> Op {
+        Op::AddInterface(api::InterfaceRequest {
+            pool: pool.into(),
+            id: id.into(),
+            device_number: device,
+            mac: format!("0a:00:00:00:00:{device:02x}"),
+            subnets: vec!["10.60.0.0/24".into()],
+            gateways: vec![],
+            routes: vec![],
+            primary: false,
+            trunk: false,
+            excluded: false,
+            addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+        })
+    }
+
+    /// The configuration file declares a plain range in a pool that has become
+    /// interface-backed at run time (or an operator reuses the name): the agent must still
+    /// start (a warning, as for every other range the file cannot apply).
+    #[test]
+    fn a_file_range_in_an_interface_pool_is_skipped_and_the_agent_restarts() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        run_one(&mut host, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
+        drop(host);
+        let mut file = declared();
+        file.pools.push(
+            corral_store::PoolSpec::new(
+                &PoolName::new("eni").unwrap(),
+                Duration::from_secs(30),
+                corral_core::ReusePolicy::NextFit,
+                &["10.61.0.0/24".parse().unwrap()],
+                &[],
+            )
+            .with_source(corral_store::RangeSource::File),
+        );
+        let mut restored = Host::restore(store, &file).expect("the agent starts");
+        let Ok(Reply::Checkpoint(doc)) = run_one(&mut restored, Op::Export) else {
+            panic!("export")
+        };
+        assert!(!doc.to_string().contains("10.61.0.0"), "{doc}");
+    }
+
+    /// A state checkpoint whose non-node scope carries interfaces is imported; a keyed
+    /// allocation in that scope then runs `assign_on_interface` on the *node* scope, which
+    /// has no such pool: `expect("an interface-backed pool")` panics the host.
+    #[test]
+    fn interfaces_imported_into_another_scope_are_refused() {
+        let mut a = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        run_one(&mut a, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
+        let Ok(Reply::Checkpoint(mut doc)) = run_one(&mut a, Op::Export) else {
+            panic!("export")
+        };
+        for scope in doc["scopes"].as_array_mut().unwrap() {
+            if scope["scope"] == "node" {
+                scope["scope"] = serde_json::json!("net1");
+            }
+        }
+        let mut b = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        let Err(refused) = run_one(&mut b, Op::Import(doc.clone())) else {
+            panic!("imported interfaces into scope net1: {doc}")
+        };
+        assert_eq!(refused.code, ErrorCode::BadRequest, "{refused:?}");
+        assert!(
+            refused.message.contains("only the \"node\" scope"),
+            "{refused:?}"
+        );
+        // Nothing was imported: the scope does not exist, and a keyed allocation there is a
+        // typed refusal, not a panic.
+        let answer = run_one(
+            &mut b,
+            Op::Allocate(api::AllocateRequest {
+                scope: "net1".into(),
+                pool: "eni".into(),
+                owner: "pod".into(),
+                key: Some(api::AttachmentKey {
+                    network: "net1".into(),
+                    container_id: "c1".into(),
+                    ifname: "eth0".into(),
+                }),
+                family: None,
+                address: None,
+                lease_ms: None,
+            }),
+        );
+        assert!(answer.is_err(), "{answer:?}");
+    }
+
+    /// An excluded interface ("excluded from pod addresses") and a trunk ("never pod
+    /// addresses of its own") must not serve a keyed allocation.
+    #[test]
+    fn excluded_and_trunk_interfaces_serve_no_pod() {
+        let store = corral_store::MemoryStore::new();
+        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        for (id, device, trunk, excluded, address) in [
+            ("eni-x", 1, false, true, "10.60.0.10"),
+            ("eni-t", 2, true, false, "10.60.0.11"),
+        ] {
+            let Op::AddInterface(mut request) = eni_op("eni", id, device, &[address]) else {
+                unreachable!()
+            };
+            request.trunk = trunk;
+            request.excluded = excluded;
+            request.mac = format!("0a:00:00:00:00:0{device}");
+            run_one(&mut host, Op::AddInterface(request)).unwrap();
+        }
+        let allocate = |host: &mut Host<corral_store::MemoryStore, _>| {
+            run_one(
+                host,
+                Op::Allocate(api::AllocateRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "eni".into(),
+                    owner: "pod".into(),
+                    key: Some(api::AttachmentKey {
+                        network: "aws-cni".into(),
+                        container_id: "c1".into(),
+                        ifname: "eth0".into(),
+                    }),
+                    family: None,
+                    address: None,
+                    lease_ms: None,
+                }),
+            )
+        };
+        let answer = allocate(&mut host);
+        let Err(error) = answer else {
+            panic!("handed out {answer:?}")
+        };
+        assert_eq!(error.code, ErrorCode::Exhausted, "{error:?}");
+        // The exclusions are stored with the interfaces: a restarted agent refuses too.
+        drop(host);
+        let mut host = Host::restore(store, &declared()).unwrap();
+        let answer = allocate(&mut host);
+        assert!(answer.is_err(), "handed out {answer:?} after a restart");
+    }
+
+    /// ErrorCode::AddressInUse: "the address or prefix holds allocated or cooling addresses
+    /// (`force` drains it)". A cooling address is removed without force, its cooldown with
+    /// it; added back (the cloud returns it), it goes to the next pod at once.
+    #[test]
+    fn a_cooling_address_is_not_removed_without_force() {
+        let mut host = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        run_one(&mut host, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
+        let alloc = |container: &str| {
+            Op::Allocate(api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "eni".into(),
+                owner: "pod".into(),
+                key: Some(api::AttachmentKey {
+                    network: "aws-cni".into(),
+                    container_id: container.into(),
+                    ifname: "eth0".into(),
+                }),
+                family: None,
+                address: None,
+                lease_ms: None,
+            })
+        };
+        run_one(&mut host, alloc("c1")).unwrap();
+        run_one(
+            &mut host,
+            Op::Release(api::ReleaseRequest {
+                scope: api::NODE_SCOPE.into(),
+                key: Some(api::AttachmentKey {
+                    network: "aws-cni".into(),
+                    container_id: "c1".into(),
+                    ifname: "eth0".into(),
+                }),
+                ..Default::default()
+            }),
+        )
+        .unwrap();
+        let removed = run_one(
+            &mut host,
+            Op::RemoveInterfaceAddress {
+                id: "eni-1".into(),
+                address: "10.60.0.10".into(),
+                force: false,
+            },
+        );
+        if removed.is_ok() {
+            run_one(
+                &mut host,
+                Op::AddInterfaceAddress {
+                    id: "eni-1".into(),
+                    address: "10.60.0.10".into(),
+                },
+            )
+            .unwrap();
+            let again = run_one(&mut host, alloc("c2"));
+            panic!("removed while cooling; re-added, then c2 got {again:?}");
+        }
     }
 }

@@ -69,6 +69,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             };
             if let Some(family) = family {
                 let allocated = self.assign_on_interface(
+                    &scope_name,
                     &pool,
                     (key, &request.owner),
                     family,
@@ -376,6 +377,25 @@ impl<S: Store, C: Clock> Host<S, C> {
     pub(super) fn import(&mut self, document: serde_json::Value) -> Result<Reply, OpError> {
         let checkpoint: corral_store::Checkpoint = serde_json::from_value(document)
             .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")))?;
+        // Interfaces are the node's: a pool backed by them belongs to the `node` scope only.
+        for scope in checkpoint
+            .scopes
+            .iter()
+            .filter(|s| s.scope != api::NODE_SCOPE)
+        {
+            if let Some(pool) = scope.config.pools.iter().find(|p| p.is_interface_pool()) {
+                return Err(OpError {
+                    pool: Some(pool.name.clone()),
+                    ..OpError::bad_request(format!(
+                        "checkpoint: pool {} of scope {:?} is backed by interfaces, which only \
+                         the {:?} scope may hold; nothing was imported",
+                        pool.name,
+                        scope.scope,
+                        api::NODE_SCOPE
+                    ))
+                });
+            }
+        }
         let names: Vec<String> = checkpoint.scopes.iter().map(|s| s.scope.clone()).collect();
         // The agent's node scope exists from the start; it may be imported into while empty.
         for name in &names {

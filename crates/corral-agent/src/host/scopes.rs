@@ -25,8 +25,18 @@ pub(super) struct Scope {
 
 impl Scope {
     /// A scope of an engine built from `config`, with the interface tables `config` holds.
-    pub(super) fn new(config: ScopeConfig, engine: Engine) -> Result<Scope, StoreError> {
+    pub(super) fn new(config: ScopeConfig, mut engine: Engine) -> Result<Scope, StoreError> {
         let interfaces = super::interfaces::tables_of(&config, &engine)?;
+        // State written before trunk and excluded interfaces' addresses were stored as
+        // exclusions gets them here (idempotent: the stored ones are the same).
+        for table in interfaces.values() {
+            table
+                .exclude_reserved(&mut engine)
+                .map_err(|e| StoreError::Corrupt {
+                    what: format!("exclusions of the interfaces of pool {}", table.pool()),
+                    reason: e.to_string(),
+                })?;
+        }
         Ok(Scope {
             config,
             engine,
