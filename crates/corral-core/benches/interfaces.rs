@@ -13,6 +13,8 @@
 //! * `corral_assign` / `corral_unassign`: `Interfaces::assign` (engine allocation by key, then
 //!   the interface of the address: device number, MAC, gateway, subnet, routes) and
 //!   `Interfaces::unassign` (the key's allocations released, each with its interface).
+//! * `engine_assign` / `engine_unassign`: the engine's part of those alone on the same pool
+//!   (`Engine::allocate` by key, `Engine::release_key_in_pool`), so the table's share shows.
 //! * `ipamd_assign` / `ipamd_unassign`: the seed's `AssignPodIPv4Address` and
 //!   `UnassignPodIPv4Address` over `HashMap<eni id, Eni { addresses: HashMap<ip text,
 //!   AddressInfo> }>`: assign first looks for the key (`FindAddressForSandbox`, a scan of every
@@ -29,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use corral_core::{
     AttachmentKey, Engine, EngineConfig, Family, InterfaceId, InterfaceSpec, Interfaces, IpNet,
-    PoolConfig, PoolName, Timestamp,
+    PoolConfig, PoolName, Request, Target, Timestamp,
 };
 #[allow(dead_code)] // the engine benchmarks use the rest
 mod common;
@@ -135,6 +137,34 @@ impl Corral {
             .unassign(&mut self.engine, key, Timestamp::from_unix_millis(now_ms))
             .unwrap();
         (out[0].addr, out[0].device_number)
+    }
+
+    /// The engine's part of [`Corral::assign`] alone: the allocation by key on the same pool,
+    /// without the interface's data.
+    fn engine_assign(&mut self, key: &AttachmentKey, now_ms: u64) -> IpAddr {
+        let request = Request {
+            pool: self.table.pool(),
+            owner: "pod",
+            key: Some(key),
+            lease: None,
+        };
+        self.engine
+            .allocate(
+                &request,
+                Target::Next(Family::V4),
+                Timestamp::from_unix_millis(now_ms),
+            )
+            .expect("a free address")
+            .addr
+    }
+
+    /// The engine's part of [`Corral::unassign`] alone.
+    fn engine_unassign(&mut self, key: &AttachmentKey, now_ms: u64) -> IpAddr {
+        let pool = self.table.pool().clone();
+        self.engine
+            .release_key_in_pool(&pool, key, Timestamp::from_unix_millis(now_ms))
+            .unwrap()[0]
+            .addr
     }
 }
 
@@ -352,13 +382,16 @@ fn group(c: &mut Criterion, kind: Kind, fill_pct: usize) {
     let released = released_during_fill(capacity, fill_pct);
 
     let mut corral = Corral::new(kind);
+    let mut engine_only = Corral::new(kind);
     let mut ipamd = IpamdDataStore::new(kind);
     for i in 0..capacity as u64 {
         corral.assign(&corral_key(i), 0);
+        engine_only.assign(&corral_key(i), 0);
         ipamd.assign_pod_ipv4_address(&ipamd_key(i), 0).unwrap();
     }
     for &i in &released {
         corral.unassign(&corral_key(i), 0);
+        engine_only.unassign(&corral_key(i), 0);
         ipamd.unassign_pod_ipv4_address(&ipamd_key(i), 0).unwrap();
     }
     let held = capacity - released.len();
@@ -393,6 +426,23 @@ fn group(c: &mut Criterion, kind: Kind, fill_pct: usize) {
                 black_box(corral_cell.borrow_mut().unassign(&corral_keys[k], now));
             },
         );
+        let engine_cell = RefCell::new(&mut engine_only);
+        bench_batches(
+            &mut group,
+            &format!("engine_{suffix}"),
+            timed,
+            &clock,
+            |k, now| {
+                black_box(engine_cell.borrow_mut().engine_assign(&corral_keys[k], now));
+            },
+            |k, now| {
+                black_box(
+                    engine_cell
+                        .borrow_mut()
+                        .engine_unassign(&corral_keys[k], now),
+                );
+            },
+        );
         let ipamd_cell = RefCell::new(&mut ipamd);
         bench_batches(
             &mut group,
@@ -419,8 +469,10 @@ fn group(c: &mut Criterion, kind: Kind, fill_pct: usize) {
     }
     group.finish();
     assert_eq!(corral.engine.n_allocations(), held);
+    assert_eq!(engine_only.engine.n_allocations(), held);
     assert_eq!(ipamd.assigned, held);
     corral.engine.check_invariants().unwrap();
+    engine_only.engine.check_invariants().unwrap();
     corral.table.check(&corral.engine).unwrap();
 }
 

@@ -1138,14 +1138,20 @@ impl Engine {
     ) -> Result<Vec<Released>, AllocError> {
         let id = self.pool_id(pool)?;
         let hash = self.table.key_hash(key);
-        let addrs: Vec<AddrKey> = self
+        // Released by index, in address order: the key was looked up once, and its hash is
+        // not computed again on removal (this is every CNI DEL of an interface pool).
+        let mut found: Vec<(AddrKey, u32)> = self
             .table
             .find_key(key, hash)
-            .map(|i| self.table.get(i))
-            .filter(|record| record.pool() == id)
-            .map(|record| record.addr())
+            .map(|i| (self.table.get(i), i))
+            .filter(|(record, _)| record.pool() == id)
+            .map(|(record, i)| (record.addr(), i))
             .collect();
-        Ok(self.release_addrs(&addrs, now))
+        found.sort_unstable();
+        Ok(found
+            .into_iter()
+            .map(|(_, index)| self.release_index_hashed(index, Some(hash), now))
+            .collect())
     }
 
     /// Releases every allocation of an owner.
@@ -1197,7 +1203,17 @@ impl Engine {
     }
 
     fn release_index(&mut self, index: u32, now: Timestamp) -> Released {
-        let (addr, id, generation) = self.table.remove(index);
+        self.release_index_hashed(index, None, now)
+    }
+
+    /// [`Engine::release_index`] with the record's key hash, when the caller knows it.
+    fn release_index_hashed(
+        &mut self,
+        index: u32,
+        key_hash: Option<u64>,
+        now: Timestamp,
+    ) -> Released {
+        let (addr, id, generation) = self.table.remove(index, key_hash);
         let lease = if self.leases.is_empty() {
             None
         } else {

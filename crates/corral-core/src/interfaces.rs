@@ -252,11 +252,8 @@ impl InterfaceSpec {
     /// left to the cloud.
     pub fn range_of(&self, address: IpNet) -> Result<RangeSpec, InterfaceError> {
         let family = Family::of(address.addr());
-        let allowed: &[u8] = match family {
-            Family::V4 => &[32, 28],
-            Family::V6 => &[128, 80],
-        };
-        if !allowed.contains(&address.prefix_len()) {
+        let single = address.max_prefix_len();
+        if ![single, delegated_prefix_len(family)].contains(&address.prefix_len()) {
             return Err(InterfaceError::BadPrefixLength { address });
         }
         if address.network() != address.addr() {
@@ -531,6 +528,15 @@ struct Slot {
     addresses: Vec<IpNet>,
 }
 
+/// The length of a delegated prefix: /28 for IPv4, /80 for IPv6 (the only other interface
+/// addresses are single ones).
+fn delegated_prefix_len(family: Family) -> u8 {
+    match family {
+        Family::V4 => 28,
+        Family::V6 => 80,
+    }
+}
+
 fn is_prefix(address: &IpNet) -> bool {
     address.prefix_len() < address.max_prefix_len()
 }
@@ -637,14 +643,21 @@ impl Interfaces {
     }
 
     /// The interface whose address holds `addr`, if any.
+    ///
+    /// An interface address is a single address or a prefix of one length per family, so
+    /// `addr` can only lie in the one starting at itself or at itself with the prefix's host
+    /// bits cleared: two exact lookups, cheaper than a range search of the map (which finds
+    /// both ends of the range), on every assign and unassign.
     fn slot_of(&self, addr: IpAddr) -> Option<u32> {
         let family = Family::of(addr);
         let value = addr_value(addr);
-        self.ranges[family.index()]
-            .range(..=value)
-            .next_back()
-            .filter(|(_, (end, _))| *end >= value)
-            .map(|(_, (_, slot))| *slot)
+        let host_bits = u32::from(family.bits() - delegated_prefix_len(family));
+        let ranges = &self.ranges[family.index()];
+        ranges
+            .get(&value)
+            .or_else(|| ranges.get(&(value >> host_bits << host_bits)))
+            .filter(|(end, _)| *end >= value)
+            .map(|(_, slot)| *slot)
     }
 
     /// Every interface with its addresses and prefixes, by device number.

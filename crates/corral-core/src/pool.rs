@@ -246,6 +246,17 @@ impl Cooling {
         self.by_addr.get(&value).copied()
     }
 
+    /// Takes out the address released longest ago if its cooldown has run out by `now`.
+    pub fn pop_expired(&mut self, now: Timestamp, cooldown: Duration) -> Option<u128> {
+        let &(released_at, value) = self.by_time.first()?;
+        if released_at.saturating_add(cooldown) > now {
+            return None;
+        }
+        self.by_time.pop_first();
+        self.by_addr.remove(&value);
+        Some(value)
+    }
+
     /// The address released longest ago.
     pub fn oldest(&self) -> Option<(Timestamp, u128)> {
         self.by_time.first().copied()
@@ -497,13 +508,24 @@ impl PoolFamily {
 
     /// Moves cooled-down addresses back to free.
     pub fn expire_cooling(&mut self, now: Timestamp, cooldown: Duration) {
-        while let Some((released_at, value)) = self.cooling.oldest() {
-            if released_at.saturating_add(cooldown) > now {
-                break;
+        // One search of the queue and one of the ranges per expired address: this runs before
+        // every allocation, and with churn about one address expires per allocation.
+        while let Some(value) = self.cooling.pop_expired(now, cooldown) {
+            if self.is_held_back(value) {
+                continue;
             }
-            self.cooling.remove(value);
-            if self.is_active_capacity(value) && !self.is_held_back(value) {
-                self.mark(value, false);
+            let Self {
+                ranges, with_free, ..
+            } = self;
+            if let Some((_, range)) = ranges.range_mut(..=value).next_back()
+                && range.end >= value
+                && !range.draining
+            {
+                let had_free = range.has_free();
+                if range.occupancy.clear(value - range.start) {
+                    range.n_blocked -= 1;
+                    Self::sync_free(with_free, range, had_free);
+                }
             }
         }
     }

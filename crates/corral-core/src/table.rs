@@ -353,7 +353,9 @@ impl AllocationTable {
     }
 
     /// Removes an allocation and returns its address, pool and generation.
-    pub fn remove(&mut self, index: u32) -> (AddrKey, PoolId, u64) {
+    /// `key_hash`, when the caller knows it, is [`AllocationTable::key_hash`] of the record's
+    /// key, which then is not computed again.
+    pub fn remove(&mut self, index: u32, key_hash: Option<u64>) -> (AddrKey, PoolId, u64) {
         let record = self.records[index as usize];
         let text = Text::read(&self.arena, record.text);
         let hash = self.addr_hash(record.addr());
@@ -361,7 +363,7 @@ impl AllocationTable {
             entry.remove();
         }
         if let Some(parts) = text.key_parts() {
-            let hash = self.hasher.hash_one(parts);
+            let hash = key_hash.unwrap_or_else(|| self.hasher.hash_one(parts));
             if let Ok(entry) = self.by_key.find_entry(hash, |&i| i == index) {
                 entry.remove();
             }
@@ -464,7 +466,7 @@ mod tests {
         // Remove two thirds, which forces at least one compaction.
         for i in (0..n).filter(|i| i % 3 != 0) {
             let index = table.find_addr(addr(i)).unwrap();
-            let (removed, pool, generation) = table.remove(index);
+            let (removed, pool, generation) = table.remove(index, None);
             assert_eq!((removed, pool, generation), (addr(i), 3, i as u64));
         }
         assert!(
