@@ -697,17 +697,17 @@ impl Interfaces {
                 interface: spec.id.clone(),
             });
         }
+        if let Some(&other) = self.by_device.get(&spec.device_number) {
+            return Err(InterfaceError::DuplicateDeviceNumber {
+                device_number: spec.device_number,
+                existing: self.slot(other).spec.id.clone(),
+            });
+        }
         if let Some((other, _)) = self.interfaces().find(|(other, _)| other.mac == spec.mac) {
             return Err(InterfaceError::DuplicateMac {
                 interface: spec.id.clone(),
                 mac: spec.mac,
                 existing: other.id.clone(),
-            });
-        }
-        if let Some(&other) = self.by_device.get(&spec.device_number) {
-            return Err(InterfaceError::DuplicateDeviceNumber {
-                device_number: spec.device_number,
-                existing: self.slot(other).spec.id.clone(),
             });
         }
         let index = match self.slots.iter().position(Option::is_none) {
