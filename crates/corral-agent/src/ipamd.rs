@@ -6,7 +6,8 @@
 //! `CheckpointEntry`: the CNI key (`IPAMKey`, which Go embeds, so its `networkName`,
 //! `containerID` and `ifName` sit beside the other fields), `ipv4` and/or `ipv6`,
 //! `allocationTimestamp` and `metadata` (`k8sPodNamespace`, `k8sPodName`). The key nested as
-//! `"ipamKey": {...}` is read as well. Unknown fields are ignored, as ipamd's own reader
+//! `"ipamKey": {...}` is read as well. An entry ipamd backfilled from CRI (network
+//! [`BACKFILL_NETWORK_NAME`]) is recorded under [`migrated_key`]. Unknown fields are ignored, as ipamd's own reader
 //! (Go's `encoding/json`) ignores them; anything else that does not fit refuses the whole
 //! document.
 
@@ -17,6 +18,23 @@ use corral_core::{AttachmentKey, Echo, validate_owner};
 use serde_json::{Map, Value};
 
 pub use corral_api::IPAMD_CHECKPOINT_VERSION;
+
+/// The network name ipamd >= 1.7 gives the entries it backfilled from CRI on a node upgraded
+/// from 1.6 (`BackfillNetworkName`); not a valid corral network name (it starts with `_`).
+pub const BACKFILL_NETWORK_NAME: &str = "_migrated-from-cri";
+/// The interface name of those entries (`BackfillNetworkIface`).
+pub const BACKFILL_NETWORK_IFACE: &str = "unknown";
+/// The network a backfilled entry is recorded under: its container ID and interface
+/// [`BACKFILL_NETWORK_IFACE`] complete the key ([`migrated_key`]). A DEL or CHECK of an
+/// interface-backed pool's attachment that finds nothing under its own key falls back to it,
+/// as ipamd's DEL falls back to matching the container ID alone.
+pub const MIGRATED_NETWORK: &str = "migrated-from-cri";
+
+/// The key a backfilled entry of container `container_id` is recorded under, if the
+/// container ID is a valid one.
+pub fn migrated_key(container_id: &str) -> Option<AttachmentKey> {
+    AttachmentKey::new(MIGRATED_NETWORK, container_id, BACKFILL_NETWORK_IFACE).ok()
+}
 
 /// One pod's addresses in the checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,7 +146,13 @@ fn parse_entry(entry: &Map<String, Value>) -> Result<IpamdAllocation, String> {
     let network = text(key_fields, "networkName")?;
     let container_id = text(key_fields, "containerID")?;
     let ifname = text(key_fields, "ifName")?;
-    let key = AttachmentKey::new(&network, &container_id, &ifname).map_err(|e| e.to_string())?;
+    let key = if network == BACKFILL_NETWORK_NAME {
+        // Backfilled from CRI: the network and interface were unknown to ipamd.
+        AttachmentKey::new(MIGRATED_NETWORK, &container_id, BACKFILL_NETWORK_IFACE)
+    } else {
+        AttachmentKey::new(&network, &container_id, &ifname)
+    }
+    .map_err(|e| e.to_string())?;
     let mut addresses = Vec::new();
     for (field, v6) in [("ipv4", false), ("ipv6", true)] {
         match entry.get(field) {
@@ -280,5 +304,23 @@ mod tests {
             let error = parse_checkpoint(&document).unwrap_err().to_string();
             assert!(error.contains(expected), "{error:?} lacks {expected:?}");
         }
+    }
+
+    /// ipamd >= 1.7 on a node upgraded from 1.6 keeps the entries it backfilled from CRI
+    /// under BackfillNetworkName "_migrated-from-cri" / BackfillNetworkIface "unknown": they
+    /// are read under the migrated key of their container, the rest as written.
+    #[test]
+    fn backfilled_entries_are_read_under_the_migrated_key() {
+        let document = json!({"version": "vpc-cni-ipam/1", "allocations": [
+            entry("c1", "10.0.0.5"),
+            {"networkName": "_migrated-from-cri", "containerID": "c0ffee", "ifName": "unknown",
+             "ipv4": "10.0.0.6", "allocationTimestamp": 0, "metadata": {}}
+        ]});
+        let parsed = parse_checkpoint(&document).unwrap();
+        assert_eq!(parsed[0].key.to_string(), "aws-cni/c1/eth0");
+        assert_eq!(Some(&parsed[1].key), migrated_key("c0ffee").as_ref());
+        assert_eq!(parsed[1].key.network(), MIGRATED_NETWORK);
+        assert_eq!(parsed[1].owner, "c0ffee");
+        assert_eq!(parsed[1].addresses, ["10.0.0.6".parse::<IpAddr>().unwrap()]);
     }
 }

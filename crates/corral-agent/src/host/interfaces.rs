@@ -170,6 +170,12 @@ pub(super) fn refuse_range_in_interface_pool(
     Ok(())
 }
 
+/// The key an ipamd entry backfilled from CRI for the same container was imported under,
+/// unless `key` is that key already.
+pub(super) fn migrated_fallback(key: &AttachmentKey) -> Option<AttachmentKey> {
+    crate::ipamd::migrated_key(key.container_id()).filter(|migrated| migrated != key)
+}
+
 /// Which table holds interface `id` (interface IDs are unique on the node).
 fn pool_of(scope: &Scope, id: &InterfaceId) -> Result<PoolName, OpError> {
     scope
@@ -528,6 +534,18 @@ impl<S: Store, C: Clock> Host<S, C> {
             counters.count_unassign(pool, &result);
             gone.extend(result?.into_iter().map(|u| u.released));
         }
+        // An entry ipamd backfilled from CRI was imported under its container's migrated
+        // key: the runtime's DEL names the real network and interface (ipamd's DEL falls back
+        // to the container ID the same way).
+        if gone.is_empty()
+            && let Some(migrated) = migrated_fallback(key)
+        {
+            for (pool, table) in &scope.interfaces {
+                let result = table.unassign(&mut scope.engine, &migrated, now);
+                counters.count_unassign(pool, &result);
+                gone.extend(result?.into_iter().map(|u| u.released));
+            }
+        }
         record_released(api::NODE_SCOPE, &gone, writes, touched);
         Ok(gone)
     }
@@ -564,14 +582,48 @@ impl<S: Store, C: Clock> Host<S, C> {
         let mut imported = Vec::with_capacity(allocations.len());
         let mut puts = Vec::new();
         for allocation in &allocations {
-            if !engine.lookup_key(&allocation.key).is_empty() {
-                return Err(OpError::new(
-                    ErrorCode::InUse,
-                    format!(
-                        "ipamd checkpoint: key {} already holds an address here",
-                        allocation.key
-                    ),
-                ));
+            let held = engine.lookup_key(&allocation.key);
+            if !held.is_empty() {
+                // The same import again (its answer was lost): a key holding exactly these
+                // addresses of this pool counts as imported; anything else is refused.
+                let mut held_addresses: Vec<std::net::IpAddr> = held
+                    .iter()
+                    .filter(|info| info.pool == pool)
+                    .map(|info| info.entry.addr)
+                    .collect();
+                let mut wanted = allocation.addresses.clone();
+                held_addresses.sort();
+                wanted.sort();
+                let same = held.len() == held_addresses.len() && held_addresses == wanted;
+                if !same {
+                    return Err(OpError::new(
+                        ErrorCode::InUse,
+                        format!(
+                            "ipamd checkpoint: key {} already holds another address here",
+                            allocation.key
+                        ),
+                    ));
+                }
+                for info in held {
+                    let assignment =
+                        table
+                            .assignment_of(engine, info.entry.addr)
+                            .ok_or_else(|| {
+                                OpError::from(InterfaceError::NotOnInterface {
+                                    addr: info.entry.addr,
+                                    pool: pool.clone(),
+                                })
+                            })?;
+                    imported.push(api::ImportedAllocation {
+                        key: super::wire::api_key(&allocation.key),
+                        address: info.entry.addr,
+                        owner: info.entry.owner.to_string(),
+                        interface: assignment.interface.to_string(),
+                        device_number: assignment.device_number,
+                        generation: info.entry.generation,
+                    });
+                }
+                continue;
             }
             for &address in &allocation.addresses {
                 if table.interface_of(IpNet::from(address)).is_none()

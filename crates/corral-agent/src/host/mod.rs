@@ -1401,4 +1401,94 @@ mod tests {
             panic!("removed while cooling; re-added, then c2 got {again:?}");
         }
     }
+
+    /// An ipamd checkpoint with an entry backfilled from CRI imports (under the container's
+    /// migrated key), and the runtime's later CHECK and DEL, which name the real network and
+    /// interface, find it; the same import again (its answer lost) succeeds and changes
+    /// nothing, while a key holding another address is refused.
+    #[test]
+    fn ipamd_import_takes_backfilled_entries_and_repeats() {
+        let mut host = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        run_one(
+            &mut host,
+            eni_op(
+                "eni",
+                "eni-1",
+                1,
+                &["10.60.0.10", "10.60.0.11", "10.60.0.12"],
+            ),
+        )
+        .unwrap();
+        let checkpoint = |c1: &str| {
+            serde_json::json!({"version": "vpc-cni-ipam/1", "allocations": [
+                {"networkName": "aws-cni", "containerID": "c1", "ifName": "eth0", "ipv4": c1,
+                 "allocationTimestamp": 0,
+                 "metadata": {"k8sPodNamespace": "default", "k8sPodName": "one"}},
+                {"networkName": "_migrated-from-cri", "containerID": "c0ffee",
+                 "ifName": "unknown", "ipv4": "10.60.0.11", "allocationTimestamp": 0,
+                 "metadata": {}}
+            ]})
+        };
+        let import = |host: &mut Host<corral_store::MemoryStore, _>, c1: &str| {
+            run_one(
+                host,
+                Op::ImportIpamd(api::IpamdImportRequest {
+                    pool: "eni".into(),
+                    checkpoint: checkpoint(c1),
+                }),
+            )
+        };
+        let Ok(Reply::IpamdImported(first)) = import(&mut host, "10.60.0.10") else {
+            panic!("import refused")
+        };
+        assert_eq!(first.imported.len(), 2, "{first:?}");
+        assert_eq!(first.imported[1].key.network, "migrated-from-cri");
+        let Ok(Reply::IpamdImported(again)) = import(&mut host, "10.60.0.10") else {
+            panic!("the same import again was refused")
+        };
+        assert_eq!(again.imported, first.imported);
+        let Err(error) = import(&mut host, "10.60.0.12") else {
+            panic!("a key holding another address was taken over")
+        };
+        assert_eq!(error.code, ErrorCode::InUse, "{error:?}");
+        let runtime_key = api::CniKeyRequest {
+            network: api::CniNetwork {
+                name: "aws-cni".into(),
+                pools: vec![],
+                node_pool: Some("eni".into()),
+                requested_pool: None,
+                configured_pool: None,
+                namespace: None,
+            },
+            key: api::AttachmentKey {
+                network: "aws-cni".into(),
+                container_id: "c0ffee".into(),
+                ifname: "eth0".into(),
+            },
+        };
+        let Ok(Reply::Allocated(held)) = run_one(&mut host, Op::CniCheck(runtime_key.clone()))
+        else {
+            panic!("check")
+        };
+        let addresses: Vec<String> = held
+            .allocations
+            .iter()
+            .map(|a| a.address.to_string())
+            .collect();
+        assert_eq!(addresses, ["10.60.0.11"]);
+        let Ok(Reply::Released(gone)) = run_one(&mut host, Op::CniDel(runtime_key.clone())) else {
+            panic!("del")
+        };
+        let addresses: Vec<String> = gone
+            .released
+            .iter()
+            .map(|r| r.address.to_string())
+            .collect();
+        assert_eq!(addresses, ["10.60.0.11"]);
+        // Gone: a second DEL releases nothing, and c1 keeps its address.
+        let Ok(Reply::Released(gone)) = run_one(&mut host, Op::CniDel(runtime_key)) else {
+            panic!("del")
+        };
+        assert!(gone.released.is_empty(), "{gone:?}");
+    }
 }

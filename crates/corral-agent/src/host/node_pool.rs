@@ -219,9 +219,15 @@ impl<S: Store, C: Clock> Host<S, C> {
     ) -> Result<Reply, OpError> {
         let key = key_of(&request.key)?;
         let scope = self.scope(api::NODE_SCOPE)?;
-        let held = scope
-            .engine
-            .lookup_key(&key)
+        let mut found = scope.engine.lookup_key(&key);
+        if found.is_empty()
+            && scope.interfaces.contains_key(pool)
+            && let Some(migrated) = super::interfaces::migrated_fallback(&key)
+        {
+            // An entry ipamd backfilled from CRI (see `unassign_on_interfaces`).
+            found = scope.engine.lookup_key(&migrated);
+        }
+        let held = found
             .into_iter()
             .filter(|info| info.pool == *pool)
             .map(|info| api::Allocated {
