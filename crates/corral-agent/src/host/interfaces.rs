@@ -479,8 +479,7 @@ impl<S: Store, C: Clock> Host<S, C> {
     /// `Interfaces::assign`, idempotent per key.
     pub(super) fn assign_on_interface(
         &mut self,
-        scope_name: &str,
-        pool: &PoolName,
+        (scope_name, pool): (&str, &PoolName),
         (key, owner): (&AttachmentKey, &str),
         family: Family,
         now: Timestamp,

@@ -128,8 +128,7 @@ impl<S: Store, C: Clock> Host<S, C> {
         }
         if interface_backed && requested.is_empty() && families.len() == 1 {
             let allocated = self.assign_on_interface(
-                api::NODE_SCOPE,
-                &pool,
+                (api::NODE_SCOPE, &pool),
                 (&key, &request.owner),
                 families[0],
                 now,

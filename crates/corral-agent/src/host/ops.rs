@@ -69,8 +69,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             };
             if let Some(family) = family {
                 let allocated = self.assign_on_interface(
-                    &scope_name,
-                    &pool,
+                    (&scope_name, &pool),
                     (key, &request.owner),
                     family,
                     now,
