@@ -21,8 +21,12 @@ fn run(command: &str, container: &str, stdin: &[u8]) -> Outcome {
 }
 
 fn conf(socket: &Path, data: &Path) -> Vec<u8> {
+    conf_of("1.0.0", socket, data)
+}
+
+fn conf_of(version: &str, socket: &Path, data: &Path) -> Vec<u8> {
     serde_json::to_vec(&json!({
-        "cniVersion": "1.0.0",
+        "cniVersion": version,
         "name": "aws-cni",
         "type": "ptp",
         "ipam": {
@@ -113,5 +117,46 @@ fn an_add_on_an_interface_pool_routes_through_the_interface() {
     let listed = client.interfaces(Some("eni")).unwrap();
     let eni = &listed.pools[0].interfaces[0];
     assert_eq!((eni.assigned, eni.cooling, eni.total), (2, 1, 3), "{eni:?}");
+    drop(agent);
+}
+
+/// A 0.3.1 configuration (what AWS VPC CNI and many main plugins still write) gets a 0.3.1
+/// result: `ips[].version`, the interface's gateway and routes, and the `corral` key beside
+/// them. Only a plugin reading the raw IPAM output sees that key: a main plugin's
+/// `NewResultFromResult` drops fields it does not know.
+#[test]
+fn a_0_3_1_add_on_an_interface_pool_gets_a_0_3_1_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = AgentConfig::in_dir(dir.path());
+    config.pools = ScopeConfig::default();
+    let agent = Running::start(config).expect("the agent starts");
+    let socket = dir.path().join("agent.sock");
+    let data = dir.path().join("cni");
+    let mut client = corral_client::Client::unix(&socket);
+    client
+        .add_interface(&interface("eni-1", 1, "0a:00:00:00:00:01", &["10.0.32.10"]))
+        .unwrap();
+    let added = run("ADD", "c1", &conf_of("0.3.1", &socket, &data));
+    assert_eq!(added.code, 0, "{}", added.stdout);
+    assert_eq!(
+        added.json(),
+        json!({
+            "cniVersion": "0.3.1",
+            "ips": [{"version": "4", "address": "10.0.32.10/19", "gateway": "10.0.32.1"}],
+            "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.0.0.0/16", "gw": "10.0.32.1"}],
+            "dns": {},
+            "corral": {"interfaces": [{
+                "id": "eni-1",
+                "deviceNumber": 1,
+                "mac": "0a:00:00:00:00:01",
+                "addresses": ["10.0.32.10/19"]
+            }]}
+        })
+    );
+    // CHECK came with 0.4.0: a 0.3.1 configuration's is refused (code 1, incompatible version).
+    let check = run("CHECK", "c1", &conf_of("0.3.1", &socket, &data));
+    assert_ne!(check.code, 0, "{}", check.stdout);
+    assert_eq!(check.json()["code"], 1, "{}", check.stdout);
+    assert_eq!(run("DEL", "c1", &conf_of("0.3.1", &socket, &data)).code, 0);
     drop(agent);
 }
