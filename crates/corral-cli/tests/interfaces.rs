@@ -2,9 +2,12 @@
 //! line: the lifecycle (add, addresses, refusals with their exit codes, allocation with the
 //! interface's data, cooldown across a restart, removal), the import of ipamd's checkpoint
 //! (each refusal importing nothing), and SIGKILL of the agent during assign and unassign by
-//! concurrent clients (API allocations and CNI ADD/DEL as corral-ipam sends them): every
-//! acknowledged assignment is there with its interface, no address is assigned twice,
-//! nothing acknowledged as released comes back, and released addresses keep cooling.
+//! concurrent clients (API allocations and CNI ADD/DEL as corral-ipam sends them): after each
+//! restart the node's allocations are exactly what the clients hold, address by address (every
+//! acknowledged assignment there with its interface, no address answered to two keys, nothing
+//! acknowledged as released back, no allocation for a key nobody holds), except for calls the
+//! kill cut off after they were sent, which the check settles (and at least one of which turns
+//! out applied); released addresses keep cooling.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -432,8 +435,25 @@ fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
         text.contains("default/pod-c2") && text.contains("eni-1"),
         "{text}"
     );
-    // Importing it again: the keys hold addresses already.
-    refused(&import(&good), "already holds an address");
+    // Importing it again (its answer was lost): the same answer, nothing changes; a key
+    // that holds another address is refused.
+    let again = import(&good);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&again.stdout), text);
+    let after = interfaces(&socket);
+    refused(
+        &import(&document(vec![entry("c1", "10.0.32.11")])),
+        "already holds another address",
+    );
+    assert_eq!(
+        interfaces(&socket),
+        after,
+        "a refused import imports nothing"
+    );
 
     // The runtime's later CHECK and DEL find the imported pods, across a restart.
     agent.kill();
@@ -487,15 +507,41 @@ struct Model {
     held: BTreeMap<String, (IpAddr, String)>,
     /// Keys whose last operation was acknowledged as a release.
     released_keys: BTreeSet<String>,
-    /// Keys whose last operation got no answer (its outcome is unknown).
-    uncertain: BTreeSet<String>,
+    /// Keys whose last operation was sent and cut off by a kill (its outcome is unknown until
+    /// the next restart's check settles it): whether it was an ADD, and when it was sent.
+    uncertain: BTreeMap<String, (bool, Instant)>,
     /// Addresses acknowledged as released, and when.
     released: Vec<(IpAddr, Instant)>,
     /// Every address an acknowledged assignment answered, and when.
     assigned: Vec<(IpAddr, Instant)>,
     acknowledged: usize,
-    /// Operations the kill cut off (no answer).
+    /// Operations sent and cut off by a kill: the connection closed or reset before the
+    /// answer (a refused connection means the request was not sent, and is not counted).
     interrupted: usize,
+    /// Of those, the ones the check after the restart found applied.
+    interrupted_applied: usize,
+}
+
+/// How a failed call ended: not sent (or refused by an answer: nothing changed), or sent and
+/// cut off by the kill (outcome unknown), or possibly partly sent (outcome unknown, but the
+/// agent was already going away: not counted as cut mid-flight).
+enum Failure {
+    NotApplied,
+    Cut,
+    Unknown,
+}
+
+fn failure_of(error: &corral_client::Error) -> Failure {
+    use corral_client::Error as E;
+    match error {
+        E::Unreachable { .. } | E::Api { .. } | E::Status { .. } => Failure::NotApplied,
+        // The client's own words for a connection closed before or during the answer.
+        E::Protocol(message) if message.contains("closed the connection") => Failure::Cut,
+        E::Io { source, .. } if source.kind() == std::io::ErrorKind::ConnectionReset => {
+            Failure::Cut
+        }
+        _ => Failure::Unknown,
+    }
 }
 
 fn eni_request(i: u32) -> api::InterfaceRequest {
@@ -510,7 +556,9 @@ fn eni_request(i: u32) -> api::InterfaceRequest {
         primary: i == 0,
         trunk: false,
         excluded: false,
-        addresses: (1..=ADDRESSES).map(|a| format!("10.0.{i}.{a}")).collect(),
+        addresses: (1..=ADDRESSES)
+            .map(|a| format!("10.0.{i}.{}", a + 10))
+            .collect(),
     }
 }
 
@@ -533,8 +581,10 @@ fn client_loop(
     busy: &AtomicUsize,
 ) {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (id as u64 + 1));
-    let mut client = Client::unix(socket).with_read_timeout(Some(Duration::from_secs(5)));
     while !stop.load(Ordering::Acquire) {
+        // A new connection per call: a kept-alive one closed by the kill would be retried
+        // once by the client on a new connection, which hides whether the call was cut.
+        let mut client = Client::unix(socket).with_read_timeout(Some(Duration::from_secs(5)));
         if !running.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(2));
             continue;
@@ -547,6 +597,7 @@ fn client_loop(
         }
         let name = format!("c{id}-{}", rng.below(KEYS_PER_CLIENT as u64));
         let held = model.lock().unwrap().held.contains_key(&name);
+        let sent = Instant::now();
         let via_cni = rng.below(2) == 0;
         let outcome: Result<Option<(IpAddr, String)>, corral_client::Error> = if held {
             if via_cni {
@@ -603,22 +654,26 @@ fn client_loop(
                 model.released_keys.insert(name);
                 model.acknowledged += 1;
             }
-            Err(_) => {
-                // Killed under it: applied or not, nobody was told. The next operation on the
-                // key settles it: a DEL if it was held (idempotent), else an ADD.
-                model.uncertain.insert(name);
-                model.interrupted += 1;
-            }
+            Err(error) => match failure_of(&error) {
+                Failure::NotApplied => {}
+                // Applied or not, nobody was told: the check after the restart settles it.
+                Failure::Cut => {
+                    model.uncertain.insert(name, (!held, sent));
+                    model.interrupted += 1;
+                }
+                Failure::Unknown => {
+                    model.uncertain.insert(name, (!held, sent));
+                }
+            },
         }
         drop(model);
         busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-fn verify(socket: &Path, model: &Model, round: usize) {
+fn verify(socket: &Path, model: &mut Model, round: usize) {
     let mut client = Client::unix(socket);
     let dump = client.dump(Some(api::NODE_SCOPE)).unwrap();
-    let mut by_address: HashMap<IpAddr, String> = HashMap::new();
     let mut by_key: HashMap<String, IpAddr> = HashMap::new();
     for pool in dump
         .scopes
@@ -629,14 +684,30 @@ fn verify(socket: &Path, model: &Model, round: usize) {
         for entry in &pool.allocations {
             let key = entry.key.as_ref().expect("keyed").container_id.clone();
             assert!(
-                by_address.insert(entry.address, key.clone()).is_none(),
-                "round {round}: {} assigned twice",
-                entry.address
-            );
-            assert!(
                 by_key.insert(key.clone(), entry.address).is_none(),
                 "round {round}: {key} holds two addresses"
             );
+            // No leak: every allocation is one a client holds, or the outcome of a call the
+            // kill cut off.
+            match model.held.get(&key) {
+                Some((address, _)) if *address == entry.address => {}
+                _ if model.uncertain.contains_key(&key) => {}
+                held => panic!(
+                    "round {round}: {} is allocated to {key}, which holds {held:?} and has no \
+                     call in doubt",
+                    entry.address
+                ),
+            }
+        }
+    }
+    // What the clients believe they hold, address by address: no address twice.
+    let mut believed: HashMap<IpAddr, &String> = HashMap::new();
+    for (key, (address, _)) in &model.held {
+        if model.uncertain.contains_key(key) {
+            continue;
+        }
+        if let Some(other) = believed.insert(*address, key) {
+            panic!("round {round}: {address} was answered to {other} and to {key}");
         }
     }
     let listed = client.interfaces(Some("eni")).unwrap();
@@ -652,7 +723,7 @@ fn verify(socket: &Path, model: &Model, round: usize) {
         }
     }
     for (key, (address, interface)) in &model.held {
-        if model.uncertain.contains(key) {
+        if model.uncertain.contains_key(key) {
             continue;
         }
         assert_eq!(
@@ -667,7 +738,7 @@ fn verify(socket: &Path, model: &Model, round: usize) {
         );
     }
     for key in &model.released_keys {
-        if model.uncertain.contains(key) || model.held.contains_key(key) {
+        if model.uncertain.contains_key(key) || model.held.contains_key(key) {
             continue;
         }
         assert!(
@@ -677,6 +748,7 @@ fn verify(socket: &Path, model: &Model, round: usize) {
     }
     // Released within the cooldown (30 s; 25 s to stay clear of its end): not handed out
     // again, and not freeable (it is cooling), whatever the restarts.
+    let by_address: HashMap<IpAddr, &String> = by_key.iter().map(|(k, a)| (*a, k)).collect();
     let now = Instant::now();
     for (address, at) in &model.released {
         if now.duration_since(*at) > Duration::from_secs(25) {
@@ -701,6 +773,32 @@ fn verify(socket: &Path, model: &Model, round: usize) {
             !reused_early,
             "round {round}: {address} was reassigned while cooling"
         );
+    }
+    // Settle the calls the kill cut off by what the agent holds now, and count those that
+    // were applied although their answer never came.
+    let uncertain = std::mem::take(&mut model.uncertain);
+    for (key, (was_add, sent)) in uncertain {
+        let now_held = by_key.get(&key).copied();
+        if now_held.is_some() == was_add {
+            model.interrupted_applied += 1;
+        }
+        match now_held {
+            Some(address) => {
+                let interface = interface_of
+                    .get(&address)
+                    .cloned()
+                    .unwrap_or_else(|| panic!("round {round}: {address} is on no interface"));
+                model.released_keys.remove(&key);
+                model.held.insert(key, (address, interface));
+            }
+            None => {
+                if let Some((address, _)) = model.held.remove(&key) {
+                    // Released at some point after it was sent: the earliest it could have.
+                    model.released.push((address, sent));
+                }
+                model.released_keys.insert(key);
+            }
+        }
     }
 }
 
@@ -730,7 +828,9 @@ fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
         })
         .collect();
     let mut rng = Rng(42);
-    for round in 0..ROUNDS {
+    // ROUNDS kills, and more (up to 4 × ROUNDS) until one cut call turned out applied.
+    let mut round = 0;
+    while round < ROUNDS || (model.lock().unwrap().interrupted_applied == 0 && round < 4 * ROUNDS) {
         // Let the clients get some answers in, then kill the agent under them.
         let target = model.lock().unwrap().acknowledged + 40;
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -749,8 +849,9 @@ fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
             std::thread::sleep(Duration::from_millis(1));
         }
         agent = start(dir.path());
-        verify(&socket, &model.lock().unwrap(), round);
+        verify(&socket, &mut model.lock().unwrap(), round);
         running.store(true, Ordering::Release);
+        round += 1;
     }
     stop.store(true, Ordering::Release);
     for thread in threads {
@@ -758,8 +859,18 @@ fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
     }
     let model = model.lock().unwrap();
     assert!(model.acknowledged >= ROUNDS * 40);
-    // The kills landed under load: some calls were cut off.
+    // The kills landed under load: some calls were cut off after they were sent, and at
+    // least one of those was applied though its answer never came (durable before the answer).
     assert!(model.interrupted > 0, "no call was in flight at any kill");
+    assert!(
+        model.interrupted_applied > 0,
+        "none of {} cut calls was applied in {round} kills",
+        model.interrupted
+    );
+    eprintln!(
+        "{round} kills: {} calls acknowledged, {} cut off, {} of those applied",
+        model.acknowledged, model.interrupted, model.interrupted_applied
+    );
     assert!(!model.released.is_empty() && !model.held.is_empty());
     drop(agent);
 }
