@@ -418,7 +418,9 @@ impl<S: Store, C: Clock> Host<S, C> {
         let id = interface_id(id)?;
         let scope = self.node()?;
         let pool = pool_of(scope, &id)?;
-        let table = scope.interfaces.get_mut(&pool).expect("pool_of found it");
+        let Some(table) = scope.interfaces.get_mut(&pool) else {
+            return Err(InterfaceError::UnknownInterface { interface: id }.into());
+        };
         let removal = table.remove_interface(&mut scope.engine, &id, force, now)?;
         if table.is_empty() {
             // The pool stays (empty); it may get interfaces again.
@@ -446,7 +448,9 @@ impl<S: Store, C: Clock> Host<S, C> {
         let address = parse_net_or_addr(address)?;
         let scope = self.node()?;
         let pool = pool_of(scope, &id)?;
-        let table = scope.interfaces.get_mut(&pool).expect("pool_of found it");
+        let Some(table) = scope.interfaces.get_mut(&pool) else {
+            return Err(InterfaceError::UnknownInterface { interface: id }.into());
+        };
         table.add_address(&mut scope.engine, &id, address, now)?;
         store_table(scope, &pool)?;
         touched.insert(api::NODE_SCOPE.to_owned());
@@ -467,7 +471,9 @@ impl<S: Store, C: Clock> Host<S, C> {
         let address = parse_net_or_addr(address)?;
         let scope = self.node()?;
         let pool = pool_of(scope, &id)?;
-        let table = scope.interfaces.get_mut(&pool).expect("pool_of found it");
+        let Some(table) = scope.interfaces.get_mut(&pool) else {
+            return Err(InterfaceError::UnknownInterface { interface: id }.into());
+        };
         let removal = table.remove_address(&mut scope.engine, &id, address, force, now)?;
         record_released(api::NODE_SCOPE, &removal.released, writes, touched);
         store_table(scope, &pool)?;
