@@ -134,8 +134,11 @@ async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
         "txns failed for 10 s after one member of three was killed"
     );
     // A refused connection is never applied, so the txn goes to the next member at once; a
-    // txn in flight on the member as it dies may time out once: at most one retry per kill.
-    assert!(retried <= 2, "{retried} txns failed over a killed member");
+    // txn in flight on the member as it dies is cancelled, and if that member led, txns time
+    // out until the election ends (longer under load: a CI run saw 3 retries over two kills).
+    // The bound catches only a client stuck on the dead member, which would retry a txn every
+    // 2 s for 10 s and fail it.
+    assert!(retried <= 10, "{retried} txns failed over a killed member");
     assert_eq!(keys(&kv, "/failover/").await, acknowledged);
     let survivor = EtcdKv::connect(&[cluster.endpoint(2)], EtcdOptions::default())
         .await
