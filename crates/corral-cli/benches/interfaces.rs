@@ -72,7 +72,10 @@ fn add_interfaces(socket: &Path) {
                 primary: i == 0,
                 trunk: false,
                 excluded: false,
-                addresses: (1..=ADDRESSES).map(|a| format!("10.0.{i}.{a}")).collect(),
+                // From .10 up: 10.0.0.1 is the subnet's gateway, never a pod address.
+                addresses: (10..10 + ADDRESSES)
+                    .map(|a| format!("10.0.{i}.{a}"))
+                    .collect(),
             })
             .expect("the interface is added");
     }
