@@ -106,6 +106,23 @@ fn cluster_decisions_pull_in_no_io_crates() {
     }
 }
 
+/// corral-cloud stays light: no AWS SDK (that is corral-aws, which nothing else links), no HTTP
+/// stack, no database, and of tokio only the clock and sync.
+#[test]
+fn the_cloud_crate_pulls_in_no_sdk_http_or_store() {
+    let crates = dependencies("corral-cloud");
+    assert!(crates.iter().any(|c| c == "rand_distr"), "{crates:?}");
+    for name in &crates {
+        assert!(
+            !name.starts_with("aws-") && !name.starts_with("corral-aws"),
+            "corral-cloud depends on {name}"
+        );
+        for forbidden in ["hyper", "reqwest", "rusqlite", "etcd-client", "mio", "axum"] {
+            assert_ne!(name, forbidden, "corral-cloud depends on {forbidden}");
+        }
+    }
+}
+
 /// Only corral-etcd links an etcd client: the operator library and the agent are generic over
 /// `corral_kv::Kv`, and the binary chooses etcd.
 #[test]
