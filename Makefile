@@ -63,6 +63,8 @@ deps:
 ## Tiers: a plain `cargo test` runs what a laptop can (no root, etcd, network namespaces,
 ## loop devices or installed tools); tests that need more are `#[ignore = "needs ..."]`,
 ## and run here with `--include-ignored`, failing loudly when what they need is missing.
+## CI builds once from nothing, so no incremental state (gigabytes on disk, never reused).
+test: export CARGO_INCREMENTAL = 0
 test: deps lint
 	env -u CORRAL_IPAM_BIN $(CARGO) test --workspace --lib --bins --tests --examples -- --include-ignored
 	$(CARGO) test --workspace --doc
