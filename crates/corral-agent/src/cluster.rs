@@ -344,6 +344,7 @@ async fn register<K: Kv>(
             uid: options.uid.clone(),
             addresses: Vec::new(),
             registered_ms: now_ms(),
+            instance_id: None,
         };
         let response = kv
             .txn(Txn {

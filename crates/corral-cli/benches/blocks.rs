@@ -111,6 +111,7 @@ async fn claims(etcd: &EtcdCluster) {
             uid: format!("uid-{i}"),
             addresses: Vec::new(),
             registered_ms: 0,
+            instance_id: None,
         };
         register.success.push(TxnOp::put(
             keys.node(&node(i)),

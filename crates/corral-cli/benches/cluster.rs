@@ -263,6 +263,7 @@ async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {
                     uid: format!("uid-{i}"),
                     addresses: Vec::new(),
                     registered_ms: 0,
+                    instance_id: None,
                 };
                 txn.success
                     .push(TxnOp::put(keys.node(&node), encode_value(&record).unwrap()));

@@ -521,6 +521,7 @@ node_prefix_len = 24
                 uid: "u".into(),
                 addresses: vec![],
                 registered_ms: 0,
+                instance_id: None,
             };
             cluster.add(cluster.keys.node(&node), encode_value(&record).unwrap());
             cluster

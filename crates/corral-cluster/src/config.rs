@@ -90,8 +90,9 @@ pub struct FamilyConfig {
     #[serde(with = "crate::text::list")]
     pub cidrs: Vec<IpNet>,
     /// The prefix length of every node CIDR of this family; in a block-mode pool, of every
-    /// block (the block size, also spelled `block_prefix_len`).
-    #[serde(alias = "block_prefix_len")]
+    /// block (the block size, also spelled `block_prefix_len`). A cloud pool leaves it out
+    /// (its CIDRs are the VPC's, and the cloud chooses the addresses).
+    #[serde(alias = "block_prefix_len", default)]
     pub node_prefix_len: u8,
     /// Ranges never granted (e.g. service CIDRs); a node CIDR overlapping one is occupied.
     #[serde(default, with = "crate::text::list")]
@@ -109,6 +110,10 @@ pub enum PoolMode {
     /// released through the handshake, keeping each node between its watermarks (Cilium's
     /// operator arithmetic, Calico's blocks).
     Blocks,
+    /// Addresses and prefixes of cloud interfaces (ENIs) attached to each node's instance,
+    /// kept between the watermarks (or AWS VPC CNI's warm targets) by the operator through
+    /// the cloud's API; the family's `cidrs` are the VPC's, where every address must lie.
+    Cloud,
 }
 
 impl PoolMode {
@@ -117,6 +122,7 @@ impl PoolMode {
         match self {
             PoolMode::NodeCidr => "node-cidr",
             PoolMode::Blocks => "blocks",
+            PoolMode::Cloud => "cloud",
         }
     }
 }
@@ -209,6 +215,99 @@ impl Watermarks {
     }
 }
 
+/// AWS VPC CNI's targets (`WARM_IP_TARGET`, `MINIMUM_IP_TARGET`, `WARM_ENI_TARGET`,
+/// `WARM_PREFIX_TARGET`), for a cloud pool that uses them instead of watermarks. Counted per
+/// node: addresses (IP targets), whole interfaces (ENI target) or /28 prefixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmTargets {
+    /// Free addresses kept ahead of use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_ip: Option<u64>,
+    /// Addresses held at least.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minimum_ip: Option<u64>,
+    /// Whole free interfaces kept ahead of use (AWS's default 1 when no IP target is set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_eni: Option<u64>,
+    /// Free prefixes kept ahead of use (prefix delegation, without IP targets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_prefix: Option<u64>,
+}
+
+/// Default interval of the leaked-interface collector, in seconds (Cilium's ENI GC).
+pub const DEFAULT_CLOUD_GC_INTERVAL_SECS: u64 = 300;
+/// Default cap of leaked interfaces deleted per collector run (Cilium's).
+pub const DEFAULT_CLOUD_GC_MAX_PER_RUN: u32 = 25;
+/// Default device index of the first interface corral creates (Cilium's
+/// `first-interface-index`: 0 would share the primary's).
+pub const DEFAULT_FIRST_INTERFACE_INDEX: u32 = 1;
+
+/// A cloud pool's settings (the `cloud` table of a pool with `mode = "cloud"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudPoolConfig {
+    /// AWS VPC CNI's targets instead of the pool's watermarks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<WarmTargets>,
+    /// Delegated prefixes (/28 IPv4, /80 IPv6) instead of single addresses, on instances that
+    /// support them; decided per interface (an interface whose subnet has no free aligned /28
+    /// takes single addresses, the node's others stay on prefixes).
+    #[serde(default)]
+    pub prefix_delegation: bool,
+    /// Subnets new interfaces are created in (first choice).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnet_ids: Vec<String>,
+    /// Tags selecting the subnets new interfaces are created in (second choice; then the
+    /// node's own subnet if it has room, then the subnet of its zone with most free).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subnet_tags: BTreeMap<String, String>,
+    /// Security groups of new interfaces (default: the primary interface's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub security_groups: Vec<String>,
+    /// Tags put on every interface corral creates, beside corral's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    /// The device index of the first interface corral creates (default 1).
+    #[serde(default = "default_first_interface_index")]
+    pub first_interface_index: u32,
+    /// How often the leaked-interface collector runs, in seconds (default 300; an interface
+    /// is deleted only when seen leaked on two runs at least this far apart).
+    #[serde(default = "default_cloud_gc_interval_secs")]
+    pub gc_interval_secs: u64,
+    /// The most leaked interfaces deleted per run (default 25).
+    #[serde(default = "default_cloud_gc_max_per_run")]
+    pub gc_max_per_run: u32,
+}
+
+fn default_first_interface_index() -> u32 {
+    DEFAULT_FIRST_INTERFACE_INDEX
+}
+
+fn default_cloud_gc_interval_secs() -> u64 {
+    DEFAULT_CLOUD_GC_INTERVAL_SECS
+}
+
+fn default_cloud_gc_max_per_run() -> u32 {
+    DEFAULT_CLOUD_GC_MAX_PER_RUN
+}
+
+impl Default for CloudPoolConfig {
+    fn default() -> Self {
+        CloudPoolConfig {
+            warm: None,
+            prefix_delegation: false,
+            subnet_ids: Vec::new(),
+            subnet_tags: BTreeMap::new(),
+            security_groups: Vec::new(),
+            tags: BTreeMap::new(),
+            first_interface_index: DEFAULT_FIRST_INTERFACE_INDEX,
+            gc_interval_secs: DEFAULT_CLOUD_GC_INTERVAL_SECS,
+            gc_max_per_run: DEFAULT_CLOUD_GC_MAX_PER_RUN,
+        }
+    }
+}
+
 /// A pool of node CIDRs or blocks, with at most one configuration per family.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -229,6 +328,9 @@ pub struct PoolConfig {
     /// seconds (default 180).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_delay_secs: Option<u64>,
+    /// Cloud mode: the pool's cloud settings (defaults if left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud: Option<CloudPoolConfig>,
     /// The IPv4 node CIDRs, if the pool has that family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<FamilyConfig>,
@@ -256,6 +358,27 @@ impl PoolConfig {
     /// Whether the pool hands out blocks on demand.
     pub fn is_blocks(&self) -> bool {
         self.mode == PoolMode::Blocks
+    }
+
+    /// Whether the pool hands out cloud interface addresses.
+    pub fn is_cloud(&self) -> bool {
+        self.mode == PoolMode::Cloud
+    }
+
+    /// Whether the pool grants one node CIDR per node and family.
+    pub fn is_node_cidr(&self) -> bool {
+        self.mode == PoolMode::NodeCidr
+    }
+
+    /// Whether nodes' holdings follow demand between watermarks (blocks and cloud pools).
+    pub fn follows_demand(&self) -> bool {
+        self.mode != PoolMode::NodeCidr
+    }
+
+    /// A cloud pool's settings (defaults where the pool gives none); `None` for other pools.
+    pub fn cloud_config(&self) -> Option<CloudPoolConfig> {
+        self.is_cloud()
+            .then(|| self.cloud.clone().unwrap_or_default())
     }
 
     /// The watermarks of `node` in this pool: the pool's, with the node's overrides.
@@ -554,11 +677,11 @@ impl ClusterConfig {
                     "a pool needs ipv4 or ipv6 (or both)",
                 ));
             }
+            validate_block_fields(i, pool)?;
             for (family, config) in pool.families() {
                 let path = format!("pools[{i}].{}", family.name());
-                validate_family(&path, family, config, &mut seen)?;
+                validate_family(&path, family, config, pool.is_cloud(), &mut seen)?;
             }
-            validate_block_fields(i, pool)?;
         }
         if let Some(pool) = &self.default_pool
             && !PoolName::new(pool).is_ok_and(|p| names.contains(&p))
@@ -691,9 +814,32 @@ impl ClusterConfig {
     }
 }
 
-/// Watermarks, per-node overrides and the release delay belong to block-mode pools only.
+/// Watermarks, per-node overrides and the release delay belong to block-mode and cloud pools
+/// only, the `cloud` table to cloud pools.
 fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError> {
     let path = format!("pools[{i}]");
+    if pool.cloud.is_some() && !pool.is_cloud() {
+        return Err(invalid(
+            format!("{path}.cloud"),
+            "applies only to a pool with mode = \"cloud\"",
+        ));
+    }
+    for (family, config) in pool.families() {
+        let field = format!("{path}.{}.node_prefix_len", family.name());
+        if pool.is_cloud() {
+            if config.node_prefix_len != 0 && config.node_prefix_len != family.bits() {
+                return Err(invalid(
+                    field,
+                    "a cloud pool's addresses are chosen by the cloud: leave it out",
+                ));
+            }
+        } else if config.node_prefix_len == 0 {
+            return Err(invalid(field, "is required"));
+        }
+    }
+    if pool.is_cloud() {
+        return validate_cloud_fields(&path, pool);
+    }
     if !pool.is_blocks() {
         let stray = [
             ("watermarks", pool.watermarks.is_some()),
@@ -703,26 +849,12 @@ fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError>
         if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
             return Err(invalid(
                 format!("{path}.{field}"),
-                "applies only to a pool with mode = \"blocks\"",
+                "applies only to a pool with mode = \"blocks\" or \"cloud\"",
             ));
         }
         return Ok(());
     }
-    let base = pool.watermarks.unwrap_or_default();
-    base.validate(&format!("{path}.watermarks"))?;
-    for (node, over) in &pool.node_watermarks {
-        let field = format!("{path}.node_watermarks.{node}");
-        if NodeName::new(node).is_err() {
-            return Err(invalid(field, "not a valid node name"));
-        }
-        base.with(over).validate(&field)?;
-    }
-    if pool.release_delay_secs == Some(0) {
-        return Err(invalid(
-            format!("{path}.release_delay_secs"),
-            "must be at least 1",
-        ));
-    }
+    validate_watermark_fields(&path, pool)?;
     for (family, config) in pool.families() {
         // At most 2^32 addresses a block (counts stay far from overflow), and no block of
         // fewer than 4 (it would be mostly network and broadcast).
@@ -750,6 +882,67 @@ fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError>
     Ok(())
 }
 
+/// Watermarks, their per-node overrides and the release delay (block and cloud pools).
+fn validate_watermark_fields(path: &str, pool: &PoolConfig) -> Result<(), ConfigError> {
+    let base = pool.watermarks.unwrap_or_default();
+    base.validate(&format!("{path}.watermarks"))?;
+    for (node, over) in &pool.node_watermarks {
+        let field = format!("{path}.node_watermarks.{node}");
+        if NodeName::new(node).is_err() {
+            return Err(invalid(field, "not a valid node name"));
+        }
+        base.with(over).validate(&field)?;
+    }
+    if pool.release_delay_secs == Some(0) {
+        return Err(invalid(
+            format!("{path}.release_delay_secs"),
+            "must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// A cloud pool's own settings.
+fn validate_cloud_fields(path: &str, pool: &PoolConfig) -> Result<(), ConfigError> {
+    validate_watermark_fields(path, pool)?;
+    let cloud = pool.cloud_config().unwrap_or_default();
+    if let Some(warm) = &cloud.warm {
+        if pool.watermarks.is_some() || !pool.node_watermarks.is_empty() {
+            return Err(invalid(
+                format!("{path}.cloud.warm"),
+                "use either watermarks or warm targets, not both",
+            ));
+        }
+        if warm.warm_prefix.is_some() && !cloud.prefix_delegation {
+            return Err(invalid(
+                format!("{path}.cloud.warm.warm_prefix"),
+                "needs prefix_delegation = true",
+            ));
+        }
+    }
+    if cloud.gc_interval_secs == 0 {
+        return Err(invalid(
+            format!("{path}.cloud.gc_interval_secs"),
+            "must be at least 1",
+        ));
+    }
+    if cloud.gc_max_per_run == 0 {
+        return Err(invalid(
+            format!("{path}.cloud.gc_max_per_run"),
+            "must be at least 1",
+        ));
+    }
+    for (k, id) in cloud.subnet_ids.iter().enumerate() {
+        if crate::keys::CloudId::new(id).is_err() {
+            return Err(invalid(
+                format!("{path}.cloud.subnet_ids[{k}]"),
+                "not a cloud ID",
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_host_bits_zero(field: &str, net: &IpNet) -> Result<(), ConfigError> {
     if net.trunc() != *net {
         return Err(invalid(
@@ -764,6 +957,7 @@ fn validate_family(
     path: &str,
     family: Family,
     config: &FamilyConfig,
+    cloud: bool,
     seen: &mut Vec<(String, IpNet)>,
 ) -> Result<(), ConfigError> {
     if config.cidrs.is_empty() {
@@ -788,7 +982,7 @@ fn validate_family(
             ));
         }
         check_host_bits_zero(&field, cidr)?;
-        if config.node_prefix_len < cidr.prefix_len() {
+        if !cloud && config.node_prefix_len < cidr.prefix_len() {
             return Err(invalid(
                 format!("{path}.node_prefix_len"),
                 format!(
@@ -1151,5 +1345,80 @@ block_prefix_len = 28
             );
         let new = ClusterConfig::from_toml(&allowed).unwrap();
         ClusterConfig::check_change(&old, &new).unwrap();
+    }
+
+    const CLOUD: &str = r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+watermarks = { pre_allocate = 8, max_above_watermark = 4 }
+ipv4 = { cidrs = ["10.0.0.0/16"] }
+[pools.cloud]
+prefix_delegation = true
+subnet_tags = { "corral.io/pods" = "yes" }
+"#;
+
+    #[test]
+    fn a_cloud_pool_parses_with_defaults_and_its_fields_are_checked() {
+        let config = ClusterConfig::from_toml(CLOUD).unwrap();
+        let pool = &config.pools[0];
+        assert!(pool.is_cloud() && pool.follows_demand() && !pool.is_node_cidr());
+        let cloud = pool.cloud_config().unwrap();
+        assert!(cloud.prefix_delegation);
+        assert_eq!(cloud.first_interface_index, 1);
+        assert_eq!(cloud.gc_interval_secs, 300);
+        assert_eq!(cloud.gc_max_per_run, 25);
+        assert_eq!(pool.watermarks_for("n").max_above_watermark, 4);
+        let json = config.to_json().unwrap();
+        assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
+        let cases = [
+            (
+                CLOUD.replace(
+                    "ipv4 = { cidrs = [\"10.0.0.0/16\"] }",
+                    "ipv4 = { cidrs = [\"10.0.0.0/16\"], node_prefix_len = 24 }",
+                ),
+                "pools[0].ipv4.node_prefix_len",
+            ),
+            (
+                CLOUD
+                    .replace(
+                        "watermarks = { pre_allocate = 8, max_above_watermark = 4 }\n",
+                        "",
+                    )
+                    .replace("prefix_delegation = true", "warm = { warm_prefix = 1 }"),
+                "pools[0].cloud.warm.warm_prefix",
+            ),
+            (
+                CLOUD.replace("prefix_delegation = true", "warm = { warm_ip = 2 }"),
+                "pools[0].cloud.warm",
+            ),
+            (
+                CLOUD.replace("prefix_delegation = true", "gc_max_per_run = 0"),
+                "pools[0].cloud.gc_max_per_run",
+            ),
+            (
+                CLOUD.replace("prefix_delegation = true", "subnet_ids = [\"a/b\"]"),
+                "pools[0].cloud.subnet_ids[0]",
+            ),
+            (
+                CLOUD.replace("mode = \"cloud\"", "mode = \"blocks\""),
+                "pools[0].cloud",
+            ),
+        ];
+        for (text, field) in cases {
+            match ClusterConfig::from_toml(&text) {
+                Err(ConfigError::Invalid { field: got, .. }) => assert_eq!(got, field, "{text}"),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        // A node-CIDR pool still needs its prefix length.
+        let text = "[[pools]]\nname = \"p\"\nipv4 = { cidrs = [\"10.0.0.0/16\"] }\n";
+        match ClusterConfig::from_toml(text) {
+            Err(ConfigError::Invalid { field, problem }) => {
+                assert_eq!(field, "pools[0].ipv4.node_prefix_len");
+                assert!(problem.contains("required"), "{problem}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -321,6 +321,76 @@ pub enum Key {
         /// The block.
         cidr: IpNet,
     },
+    /// `cloud-if/<node>/<interface-id>`: one cloud interface of a node in a cloud pool, with
+    /// the addresses and prefixes the operator assigned to it (the cloud-mode chunk; written
+    /// by the leader after the cloud confirmed, watched by the node's agent).
+    CloudInterface {
+        /// The node whose instance the interface is attached to.
+        node: NodeName,
+        /// The cloud's interface ID (`eni-...`).
+        interface: CloudId,
+    },
+    /// `cloud-intent/<id>`: a cloud mutation the leader is about to make, written (fenced)
+    /// before the call and deleted after its outcome is recorded; the next leader finishes or
+    /// undoes every one it finds.
+    CloudIntent {
+        /// The intent's ID (also the call's client token where the cloud takes one).
+        id: CloudId,
+    },
+}
+
+/// A cloud resource or intent ID as it appears in a key: 1 to 128 characters of
+/// `[A-Za-z0-9._-]`, so it is one key segment (EC2's IDs: `eni-0123abcd`, `i-...`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CloudId(String);
+
+impl CloudId {
+    /// Validates an ID.
+    pub fn new(id: &str) -> Result<CloudId, KeyError> {
+        let valid = !id.is_empty()
+            && id.len() <= 128
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if valid {
+            Ok(CloudId(id.to_owned()))
+        } else {
+            Err(KeyError::Malformed {
+                key: echo(id),
+                problem: "not a cloud ID (1 to 128 of A-Z a-z 0-9 . _ -)".to_owned(),
+            })
+        }
+    }
+
+    /// The ID.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// An ID sorting before every other (`"-"`; a range start).
+    pub fn min() -> CloudId {
+        CloudId("-".to_owned())
+    }
+}
+
+impl fmt::Display for CloudId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for CloudId {
+    type Error = KeyError;
+    fn try_from(id: String) -> Result<CloudId, KeyError> {
+        CloudId::new(&id)
+    }
+}
+
+impl From<CloudId> for String {
+    fn from(id: CloudId) -> String {
+        id.0
+    }
 }
 
 /// The key builder and parser of one cluster.
@@ -480,7 +550,34 @@ impl Keys {
                 family,
                 cidr,
             } => self.release(node, pool, *family, cidr),
+            Key::CloudInterface { node, interface } => self.cloud_interface(node, interface),
+            Key::CloudIntent { id } => self.cloud_intent(id),
         }
+    }
+
+    /// `cloud-if/<node>/<interface-id>`.
+    pub fn cloud_interface(&self, node: &NodeName, interface: &CloudId) -> String {
+        format!("{}cloud-if/{node}/{interface}", self.prefix)
+    }
+
+    /// `cloud-if/<node>/`: every cloud interface record of one node.
+    pub fn cloud_interfaces_of_node_prefix(&self, node: &NodeName) -> String {
+        format!("{}cloud-if/{node}/", self.prefix)
+    }
+
+    /// `cloud-if/`.
+    pub fn cloud_interfaces_prefix(&self) -> String {
+        format!("{}cloud-if/", self.prefix)
+    }
+
+    /// `cloud-intent/<id>`.
+    pub fn cloud_intent(&self, id: &CloudId) -> String {
+        format!("{}cloud-intent/{id}", self.prefix)
+    }
+
+    /// `cloud-intent/`.
+    pub fn cloud_intents_prefix(&self) -> String {
+        format!("{}cloud-intent/", self.prefix)
     }
 
     /// `demand/<node>/<pool>`.
@@ -600,6 +697,13 @@ impl Keys {
                     cidr: cidr(c, family)?,
                 })
             }
+            ["cloud-if", n, i] => Ok(Key::CloudInterface {
+                node: node(n)?,
+                interface: CloudId::new(i).map_err(|_| malformed("invalid cloud ID"))?,
+            }),
+            ["cloud-intent", i] => Ok(Key::CloudIntent {
+                id: CloudId::new(i).map_err(|_| malformed("invalid cloud ID"))?,
+            }),
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -623,6 +727,10 @@ pub struct NodeRecord {
     /// When the agent registered, in milliseconds since the epoch.
     #[serde(default)]
     pub registered_ms: u64,
+    /// The cloud instance the node runs on (cloud pools: the operator manages this
+    /// instance's interfaces for the node), if the agent was given one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
 }
 
 /// `live/<node>`'s value, on the agent's lease.
@@ -777,6 +885,111 @@ pub struct ReleaseRecord {
     pub reason: Option<String>,
 }
 
+/// Whether a cloud interface is attached yet, as the leader last saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CloudAttachment {
+    /// Attach was called; the cloud has not confirmed it yet (the agent waits: the device may
+    /// not exist on the node).
+    Attaching,
+    /// Attached to the node's instance: its addresses may be handed out.
+    Attached,
+}
+
+/// `cloud-if/<node>/<interface-id>`'s value: one interface of a node in a cloud pool and what
+/// the cloud assigned to it, as the leader last confirmed it. The agent serves exactly these
+/// addresses and prefixes (less those it surrendered in a release handshake) from its
+/// interface-backed pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudInterfaceRecord {
+    /// The cloud pool the interface serves.
+    #[serde(with = "crate::text")]
+    pub pool: PoolName,
+    /// The instance it is attached to.
+    pub instance_id: String,
+    /// Its device index on the instance (0: the primary interface).
+    pub device_index: u32,
+    /// Its subnet.
+    pub subnet_id: String,
+    /// The subnet's CIDRs: IPv4, then IPv6 if it has one.
+    #[serde(default, with = "crate::text::list")]
+    pub subnets: Vec<IpNet>,
+    /// Its MAC address (`aa:bb:cc:dd:ee:ff`).
+    pub mac: String,
+    /// Its primary IPv4 address (never handed to a pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_ipv4: Option<std::net::Ipv4Addr>,
+    /// Secondary IPv4 addresses and delegated /28 prefixes, then IPv6 addresses and /80
+    /// prefixes: each one range of the agent's pool.
+    #[serde(default, with = "crate::text::list")]
+    pub addresses: Vec<IpNet>,
+    /// Attaching or attached.
+    pub attachment: CloudAttachment,
+    /// Whether corral created it (a corral-tagged interface; the primary and interfaces made
+    /// by others are not), so only these are ever detached or deleted.
+    #[serde(default)]
+    pub managed: bool,
+}
+
+/// What a cloud intent is about to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "op")]
+pub enum CloudOp {
+    /// Create an interface (client token = the intent's ID) and attach it at `device_index`.
+    CreateAttach {
+        /// The subnet.
+        subnet_id: String,
+        /// The device index.
+        device_index: u32,
+    },
+    /// Assign addresses or prefixes to an interface (by count: reconciled by describing).
+    Assign {
+        /// The interface.
+        interface: CloudId,
+        /// How many.
+        count: u32,
+        /// Prefixes (/28, /80) instead of single addresses.
+        prefixes: bool,
+        /// IPv6 instead of IPv4.
+        ipv6: bool,
+        /// What the interface held before the call (to tell the call's addresses apart).
+        #[serde(default, with = "crate::text::list")]
+        before: Vec<IpNet>,
+    },
+    /// Unassign addresses or prefixes the agent surrendered.
+    Unassign {
+        /// The interface.
+        interface: CloudId,
+        /// What.
+        #[serde(with = "crate::text::list")]
+        addresses: Vec<IpNet>,
+    },
+    /// Detach (if attached) and delete an interface: a leak or an unneeded one.
+    Delete {
+        /// The interface.
+        interface: CloudId,
+    },
+}
+
+/// `cloud-intent/<id>`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudIntentRecord {
+    /// The node it is for (none for the leak collector's deletions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeName>,
+    /// The pool.
+    #[serde(with = "crate::text")]
+    pub pool: PoolName,
+    /// The instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    /// The operation.
+    #[serde(flatten)]
+    pub op: CloudOp,
+    /// When the leader wrote it, in milliseconds since the epoch.
+    pub started_ms: u64,
+}
+
 /// `nodeids/id/<n>`'s value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeIdRecord {
@@ -885,6 +1098,13 @@ mod tests {
             Key::NodeIdOfNode { node: node.clone() },
             Key::QuarantineId { id: 4_000_000_000 },
             Key::Removal { node: node.clone() },
+            Key::CloudInterface {
+                node: node.clone(),
+                interface: CloudId::new("eni-0a1b2c3d4e5f").unwrap(),
+            },
+            Key::CloudIntent {
+                id: CloudId::new("corral-7f3a").unwrap(),
+            },
         ];
         for key in all {
             let text = keys.format(&key);
@@ -981,5 +1201,54 @@ mod tests {
         );
         let schema = encode_value(&SchemaRecord { version: 1 }).unwrap();
         assert_eq!(decode_value::<SchemaRecord>(&schema).unwrap().version, 1);
+    }
+
+    #[test]
+    fn cloud_ids_are_one_segment_and_cloud_records_round_trip() {
+        for bad in ["", "a/b", "eni 1", &"x".repeat(129), "é"] {
+            assert!(CloudId::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(CloudId::min() < CloudId::new("0").unwrap());
+        let keys = keys();
+        assert!(keys.parse("/corral/prod-1/v1/cloud-if/node-1/a/b").is_err());
+        assert!(keys.parse("/corral/prod-1/v1/cloud-intent/").is_err());
+        let interface = CloudInterfaceRecord {
+            pool: PoolName::new("vpc").unwrap(),
+            instance_id: "i-0123".into(),
+            device_index: 1,
+            subnet_id: "subnet-1".into(),
+            subnets: vec!["10.0.1.0/24".parse().unwrap()],
+            mac: "02:00:00:00:00:01".into(),
+            primary_ipv4: Some("10.0.1.10".parse().unwrap()),
+            addresses: vec![
+                "10.0.1.11/32".parse().unwrap(),
+                "10.0.1.32/28".parse().unwrap(),
+            ],
+            attachment: CloudAttachment::Attached,
+            managed: true,
+        };
+        let bytes = encode_value(&interface).unwrap();
+        assert_eq!(
+            decode_value::<CloudInterfaceRecord>(&bytes).unwrap(),
+            interface
+        );
+        let intent = CloudIntentRecord {
+            node: Some(NodeName::new("node-1").unwrap()),
+            pool: PoolName::new("vpc").unwrap(),
+            instance_id: Some("i-0123".into()),
+            op: CloudOp::Assign {
+                interface: CloudId::new("eni-1").unwrap(),
+                count: 8,
+                prefixes: false,
+                ipv6: false,
+                before: vec!["10.0.1.11/32".parse().unwrap()],
+            },
+            started_ms: 5,
+        };
+        let bytes = encode_value(&intent).unwrap();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(text.contains(r#""op":"assign""#), "{text}");
+        assert_eq!(decode_value::<CloudIntentRecord>(&bytes).unwrap(), intent);
+        assert!(decode_value::<CloudIntentRecord>(br#"{"schema":1,"op":"explode"}"#).is_err());
     }
 }

@@ -9,6 +9,7 @@
 pub mod backoff;
 pub mod blocks;
 pub mod check;
+pub mod cloud;
 pub mod config;
 pub mod intervals;
 pub mod keys;
@@ -25,15 +26,15 @@ pub use check::{
     granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
-    ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig,
-    WatermarkOverride, Watermarks,
+    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig,
+    PoolMode, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
 };
 pub use intervals::IntervalSet;
 pub use keys::{
-    ClusterName, DemandRecord, FamilyDemand, GrantRecord, Key, KeyError, Keys, LiveRecord,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
-    ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
+    DemandRecord, FamilyDemand, GrantRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord,
+    NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord, ReleaseRecord, ReleaseState,
+    RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use report::{BlockReport, NodeReport, StatusReport};
@@ -43,7 +44,7 @@ pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 pub use corral_core::{Family, PoolName};
 pub use ipnet::IpNet;
 pub use view::{
-    BlockProposal, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry, NodeInfo,
-    PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal, RemovedGrant,
-    RemovedNodeId,
+    BlockProposal, CloudEntry, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry,
+    NodeInfo, PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal,
+    RemovedGrant, RemovedNodeId,
 };

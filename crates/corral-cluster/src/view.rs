@@ -15,9 +15,10 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    DemandRecord, GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
-    OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
-    ValueError, decode_value, encode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, DemandRecord, GrantRecord, Key, Keys,
+    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
+    ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value,
+    encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
@@ -25,6 +26,18 @@ mod block_view;
 pub use block_view::{
     BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
 };
+
+/// A cloud record the view holds: its revisions, and its value if it decodes (one that does
+/// not is reported, and kept as `None`: the key still exists).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudEntry<T> {
+    /// The key's create revision.
+    pub create_revision: i64,
+    /// The key's mod revision (the compare of a change to it).
+    pub mod_revision: i64,
+    /// The value.
+    pub record: Option<T>,
+}
 
 /// The most apply-time problems kept; older ones are dropped (and counted).
 pub const MAX_PROBLEMS: usize = 1024;
@@ -346,6 +359,10 @@ pub struct ClusterView {
     releases: BTreeMap<(NodeName, PoolName, Family, IpNet), (i64, ReleaseRecord)>,
     /// Block pools: every `demand/` key seen, whatever its value (a removal deletes them).
     demand_keys: BTreeSet<(NodeName, PoolName)>,
+    /// `cloud-if/` records: (create revision, mod revision, value if it decodes).
+    cloud_interfaces: BTreeMap<(NodeName, CloudId), CloudEntry<CloudInterfaceRecord>>,
+    /// `cloud-intent/` records.
+    cloud_intents: BTreeMap<CloudId, CloudEntry<CloudIntentRecord>>,
     /// Block pools: every `release/` key seen with its mod revision, whatever its value.
     release_keys: BTreeMap<(NodeName, PoolName, Family, IpNet), i64>,
     /// Block proposals in flight, one per node at most.
@@ -379,6 +396,8 @@ impl ClusterView {
             demands: BTreeMap::new(),
             releases: BTreeMap::new(),
             demand_keys: BTreeSet::new(),
+            cloud_interfaces: BTreeMap::new(),
+            cloud_intents: BTreeMap::new(),
             release_keys: BTreeMap::new(),
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
@@ -416,6 +435,8 @@ impl ClusterView {
         self.demands.clear();
         self.releases.clear();
         self.demand_keys.clear();
+        self.cloud_interfaces.clear();
+        self.cloud_intents.clear();
         self.release_keys.clear();
         self.block_in_flight.clear();
         self.live.clear();
@@ -453,7 +474,8 @@ impl ClusterView {
     /// occupied again (a record refused now is reported).
     fn rebuild_spaces(&mut self) {
         self.spaces.clear();
-        for pool in &self.config.pools {
+        // A cloud pool's space is the cloud's: the view keeps none for it.
+        for pool in self.config.pools.iter().filter(|p| !p.is_cloud()) {
             for (family, config) in pool.families() {
                 self.spaces.insert(
                     (pool.name.clone(), family),
@@ -703,6 +725,28 @@ impl ClusterView {
                         .insert((node, pool, family, cidr), (mod_revision, record));
                 }
             }
+            Key::CloudInterface { node, interface } => {
+                let record = self.decode::<CloudInterfaceRecord>(key, mod_revision, value);
+                self.cloud_interfaces.insert(
+                    (node, interface),
+                    CloudEntry {
+                        create_revision,
+                        mod_revision,
+                        record,
+                    },
+                );
+            }
+            Key::CloudIntent { id } => {
+                let record = self.decode::<CloudIntentRecord>(key, mod_revision, value);
+                self.cloud_intents.insert(
+                    id,
+                    CloudEntry {
+                        create_revision,
+                        mod_revision,
+                        record,
+                    },
+                );
+            }
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
                 let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
@@ -729,6 +773,13 @@ impl ClusterView {
             }
             Key::Removal { node } => {
                 self.removals.remove(node);
+            }
+            Key::CloudInterface { node, interface } => {
+                self.cloud_interfaces
+                    .remove(&(node.clone(), interface.clone()));
+            }
+            Key::CloudIntent { id } => {
+                self.cloud_intents.remove(id);
             }
             Key::Demand { node, pool } => {
                 self.demands.remove(&(node.clone(), pool.clone()));
@@ -841,6 +892,37 @@ impl ClusterView {
     /// Whether `pool` is a block-mode pool (its grants follow demand, not [`Self::needs`]).
     pub fn is_block_pool(&self, pool: &PoolName) -> bool {
         self.config.pool(pool).is_some_and(|p| p.is_blocks())
+    }
+
+    /// The `cloud-if/` records of one node, by interface ID (a value that does not decode is
+    /// `record: None`, and was reported).
+    pub fn cloud_interfaces_of(
+        &self,
+        node: &NodeName,
+    ) -> impl Iterator<Item = (&CloudId, &CloudEntry<CloudInterfaceRecord>)> {
+        self.cloud_interfaces
+            .range((node.clone(), CloudId::min())..)
+            .take_while(move |((n, _), _)| n == node)
+            .map(|((_, id), entry)| (id, entry))
+    }
+
+    /// Every `cloud-if/` record, by node and interface ID.
+    pub fn cloud_interfaces(
+        &self,
+    ) -> impl Iterator<Item = (&(NodeName, CloudId), &CloudEntry<CloudInterfaceRecord>)> {
+        self.cloud_interfaces.iter()
+    }
+
+    /// Every `cloud-intent/` record, by ID.
+    pub fn cloud_intents(
+        &self,
+    ) -> impl Iterator<Item = (&CloudId, &CloudEntry<CloudIntentRecord>)> {
+        self.cloud_intents.iter()
+    }
+
+    /// Whether `pool` is a cloud pool (its addresses come from cloud interfaces).
+    pub fn is_cloud_pool(&self, pool: &PoolName) -> bool {
+        self.config.pool(pool).is_some_and(|p| p.is_cloud())
     }
 
     /// A node's last demand report in a block pool.
@@ -1267,6 +1349,7 @@ service = "10.96.0.0/12"
                 uid: format!("uid-{node}"),
                 addresses: vec![],
                 registered_ms: 0,
+                instance_id: None,
             };
             self.put(&key, &encode_value(&record).unwrap());
             node

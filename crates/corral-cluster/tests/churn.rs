@@ -784,6 +784,7 @@ impl Sim {
                 uid: format!("uid-{i}"),
                 addresses: vec![],
                 registered_ms: 0,
+                instance_id: None,
             };
             let key = w.keys.node(name);
             w.store.txn(

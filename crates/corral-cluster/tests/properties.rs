@@ -269,6 +269,7 @@ impl Sim {
                         uid: format!("uid-{n}-{}", self.store.revision),
                         addresses: vec![],
                         registered_ms: 0,
+                        instance_id: None,
                     };
                     self.store.put(key, encode_value(&record).unwrap());
                 }

@@ -56,6 +56,7 @@ fn view(toml: &str, nodes: &[&str], waiting: &[&str]) -> ClusterView {
             uid: format!("uid-{name}"),
             addresses: Vec::new(),
             registered_ms: 0,
+            instance_id: None,
         })
         .unwrap();
         view.apply_put(

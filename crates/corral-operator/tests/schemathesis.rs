@@ -110,6 +110,7 @@ async fn seed_cluster(kv: &impl Kv, keys: &Keys) {
             uid: format!("uid-{name}"),
             addresses: Vec::new(),
             registered_ms: 0,
+            instance_id: None,
         })
         .unwrap();
         let key = format!("/corral/t/v1/nodes/{name}");

@@ -190,6 +190,7 @@ pub fn node_record(name: &str) -> Vec<u8> {
         uid: format!("uid-{name}"),
         addresses: Vec::new(),
         registered_ms: 0,
+        instance_id: None,
     })
     .unwrap()
 }

@@ -690,6 +690,7 @@ reserved = ["10.0.0.16/28"]
                 uid: format!("uid-{name}"),
                 addresses: vec![],
                 registered_ms: 0,
+                instance_id: None,
             };
             let key = self.view.keys().node(&node);
             self.put(&key, &encode_value(&record).unwrap());

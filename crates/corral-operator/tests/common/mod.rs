@@ -80,6 +80,7 @@ pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
         uid: format!("uid-{name}"),
         addresses: vec![],
         registered_ms: 0,
+        instance_id: None,
     })
     .unwrap();
     let response = kv
