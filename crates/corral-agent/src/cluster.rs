@@ -22,6 +22,7 @@ use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::time::Instant;
 
 use crate::blocks::{BlockSignals, demand_records, is_urgent, same_demand};
+use crate::cloud_pool::{self, CloudEntry};
 use crate::committer::Committer;
 use crate::host::{ClusterRanges, Op, Reply, Surrender};
 
@@ -44,6 +45,13 @@ pub struct ClusterOptions {
     /// every change is written within a second, so the leader sees excess as it arises; a
     /// longer time trades write rate for a later release).
     pub demand_refresh: Duration,
+    /// The cloud instance this node runs on (`--instance-id`, `CORRAL_INSTANCE_ID`), written
+    /// into its registration: the operator manages this instance's interfaces for cloud
+    /// pools. On EC2 it is the instance metadata service's `instance-id`; the agent takes it
+    /// as a value (it does not query the metadata service itself), so whatever starts it
+    /// passes it in. A node registered with another instance ID is refused, as a node
+    /// registered under another machine uid is.
+    pub instance_id: Option<String>,
 }
 
 impl ClusterOptions {
@@ -67,6 +75,10 @@ pub struct ClusterState {
     /// The grants held: pool → ranges.
     pub grants: BTreeMap<String, Vec<String>>,
     pub node_id: Option<u32>,
+    /// The instance ID the node registered with.
+    pub instance_id: Option<String>,
+    /// Cloud records skipped and cloud addresses frozen, one sentence each.
+    pub problems: Vec<String>,
 }
 
 /// The cluster link's counters (registered with the agent's metrics).
@@ -81,6 +93,12 @@ pub struct ClusterMetrics {
     >,
     /// Blocks surrendered and not yet released by the cluster.
     pub surrendered: prometheus_client::metrics::gauge::Gauge,
+    /// Cloud addresses gone from their interface record while in use (frozen).
+    pub cloud_frozen: prometheus_client::metrics::gauge::Gauge,
+    /// Cloud interface records the agent could not apply.
+    pub cloud_bad_records: prometheus_client::metrics::gauge::Gauge,
+    /// Cloud addresses surrendered in a release handshake, not yet off their record.
+    pub cloud_surrendered: prometheus_client::metrics::gauge::Gauge,
 }
 
 /// What the cluster task shares with the API: the state it shows, and the block signals.
@@ -128,6 +146,15 @@ enum LinkError {
         "node {node} is registered with another machine uid ({found}); remove it first (corral node remove {node})"
     )]
     UidMismatch { node: String, found: String },
+    #[error(
+        "node {node} is registered with cloud instance {registered}, this agent runs on {ours}; \
+         remove it first (corral node remove {node})"
+    )]
+    InstanceMismatch {
+        node: String,
+        registered: String,
+        ours: String,
+    },
     #[error("node {0} was removed from the cluster; restart the agent to register it again")]
     Removed(String),
     #[error("recording the grants in the local store: {0}")]
@@ -329,7 +356,43 @@ async fn register<K: Kv>(
         if let Some(existing) = existing {
             let record: Option<NodeRecord> = decode_value(&existing.value).ok();
             return match record {
-                Some(record) if record.uid == options.uid => Ok(existing.create_revision),
+                Some(record) if record.uid == options.uid => {
+                    match (&record.instance_id, &options.instance_id) {
+                        (Some(registered), Some(ours)) if registered != ours => {
+                            Err(LinkError::InstanceMismatch {
+                                node: options.node.clone(),
+                                registered: registered.clone(),
+                                ours: ours.clone(),
+                            })
+                        }
+                        (None, Some(ours)) => {
+                            // Registered before it knew its instance (an older agent): the
+                            // instance ID is added, the registration (create revision) kept.
+                            let updated = NodeRecord {
+                                instance_id: Some(ours.clone()),
+                                ..record
+                            };
+                            let response = kv
+                                .txn(Txn {
+                                    compares: vec![Compare::modified_at(
+                                        node_key,
+                                        existing.mod_revision,
+                                    )],
+                                    success: vec![TxnOp::put(
+                                        node_key,
+                                        encode_value(&updated).unwrap_or_default(),
+                                    )],
+                                    failure: vec![],
+                                })
+                                .await?;
+                            if !response.succeeded {
+                                continue;
+                            }
+                            Ok(existing.create_revision)
+                        }
+                        _ => Ok(existing.create_revision),
+                    }
+                }
                 Some(record) => Err(LinkError::UidMismatch {
                     node: options.node.clone(),
                     found: record.uid,
@@ -344,7 +407,7 @@ async fn register<K: Kv>(
             uid: options.uid.clone(),
             addresses: Vec::new(),
             registered_ms: now_ms(),
-            instance_id: None,
+            instance_id: options.instance_id.clone(),
         };
         let response = kv
             .txn(Txn {
@@ -393,6 +456,8 @@ struct Held {
     grants: BTreeMap<String, Grant>,
     /// `release/` key → handshake.
     releases: BTreeMap<String, Release>,
+    /// `cloud-if/<node>/` records, by interface ID.
+    cloud: BTreeMap<String, CloudEntry>,
     node_id: Option<u32>,
     plan: Option<NodeIdPlanConfig>,
     config: Option<Arc<ClusterConfig>>,
@@ -457,6 +522,28 @@ impl Held {
                     self.releases.remove(key);
                 }
             },
+            Ok(Key::CloudInterface {
+                node: owner,
+                interface,
+            }) if &owner == node => match value {
+                Some(entry) => {
+                    let record = decode_value::<corral_cluster::CloudInterfaceRecord>(&entry.value)
+                        .map_err(|e| e.to_string());
+                    if let Err(error) = &record {
+                        eprintln!("corral agent: cluster: {key}: {error}");
+                    }
+                    self.cloud.insert(
+                        interface.as_str().to_owned(),
+                        CloudEntry {
+                            record,
+                            create_revision: entry.create_revision,
+                        },
+                    );
+                }
+                None => {
+                    self.cloud.remove(interface.as_str());
+                }
+            },
             Ok(Key::NodeIdOfNode { node: owner }) if &owner == node => match value {
                 None => self.node_id = None,
                 Some(v) => match decode_value::<NodeIdOfNodeRecord>(&v.value) {
@@ -476,6 +563,13 @@ impl Held {
             },
             _ => {}
         }
+    }
+
+    fn is_cloud_pool(&self, pool: &PoolName) -> bool {
+        self.config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.is_cloud())
     }
 
     fn is_block_pool(&self, pool: &PoolName) -> bool {
@@ -586,13 +680,22 @@ async fn follow<K: Kv>(
     for entry in &releases {
         held.apply(keys, node, &entry.key_str(), Some(entry));
     }
+    // The node's cloud interface records, read at one revision and watched from the next
+    // (a compaction breaks the watch, and the next round reads them all again).
+    let cloud_prefix = keys.cloud_interfaces_of_node_prefix(node);
+    let (clouds, cloud_revision) = corral_kv::read_all(kv, cloud_prefix.as_bytes(), 1000).await?;
+    for entry in &clouds {
+        held.apply(keys, node, &entry.key_str(), Some(entry));
+    }
     apply(committer, state, &held).await?;
+    let mut frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
     across.node_id = held.node_id;
     across.plan = held.plan.clone();
     across.config = held.config.clone();
     across.served = true;
     update(state, |s| {
         s.registered = true;
+        s.instance_id = options.instance_id.clone();
         s.degraded_since_ms = None;
         s.last_error = None;
     });
@@ -606,6 +709,13 @@ async fn follow<K: Kv>(
     let mut release_watch = kv
         .watch(release_prefix.as_bytes(), release_revision + 1)
         .await?;
+    let mut cloud_watch = kv
+        .watch(cloud_prefix.as_bytes(), cloud_revision + 1)
+        .await?;
+    // While an address is frozen, the records are applied again every few seconds: it leaves
+    // once its pods and its cooldown are gone.
+    let mut cloud_tick = tokio::time::interval(CLOUD_FROZEN_RECHECK);
+    cloud_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let keep_alive_every = (options.lease_ttl / 3).max(Duration::from_millis(200));
     let mut keep_alive = tokio::time::interval(keep_alive_every);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -617,6 +727,12 @@ async fn follow<K: Kv>(
             batch = ids.next() => batch?,
             batch = config.next() => batch?,
             batch = release_watch.next() => batch?,
+            batch = cloud_watch.next() => batch?,
+            _ = cloud_tick.tick(), if frozen => {
+                frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
+                demand.touched(Instant::now());
+                continue;
+            }
             batch = registrations.next() => {
                 let batch = batch?;
                 for event in &batch {
@@ -653,12 +769,141 @@ async fn follow<K: Kv>(
             }
         }
         apply(committer, state, &held).await?;
+        frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
         handshake(kv, keys, node, committer, state, &mut held).await?;
         across.node_id = held.node_id;
         across.plan = held.plan.clone();
         across.config = held.config.clone();
         demand.touched(Instant::now());
     }
+}
+
+/// How often the cloud records are applied again while an address is frozen.
+const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
+
+/// Makes the cloud pools' interfaces match the node's `cloud-if/` records (`host/cloud.rs`),
+/// after judging each surrendered address: kept out while its handshake is open (`marked` or
+/// `ready`); taken back (served again) when the handshake is gone while a record still lists
+/// it, judged on the record and the release key read at one revision (the leader takes an
+/// address off its record no later than it deletes the release key, and the two watches may
+/// deliver those apart); forgotten when no record lists it. Answers whether an address is
+/// frozen (gone from its record while in use). A failure to record ends the round.
+async fn apply_cloud<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    options: &ClusterOptions,
+    committer: &Committer,
+    state: &SharedClusterState,
+    held: &Held,
+) -> Result<bool, LinkError> {
+    let Some(config) = held.config.as_ref() else {
+        return Ok(false);
+    };
+    if !config.pools.iter().any(|p| p.is_cloud()) {
+        update(state, |s| s.problems.clear());
+        return Ok(false);
+    }
+    let report = match committer.submit(Op::CloudReport).await {
+        Ok(Reply::Cloud(report)) => report,
+        other => {
+            return Err(LinkError::Record(format!(
+                "reading the cloud pools: {other:?}"
+            )));
+        }
+    };
+    let open = |r: Option<&ReleaseRecord>| {
+        r.is_some_and(|r| matches!(r.state, ReleaseState::Marked | ReleaseState::Ready))
+    };
+    let mut keep = std::collections::BTreeSet::new();
+    for (pool, address) in &report.surrendered {
+        let family = Family::of(address.addr());
+        let release_key = keys.release(node, pool, family, address);
+        if open(
+            held.releases
+                .get(&release_key)
+                .and_then(|r| r.record.as_ref()),
+        ) {
+            keep.insert((pool.clone(), *address));
+            continue;
+        }
+        let Some((interface, _)) = cloud_pool::record_listing(&held.cloud, pool, address) else {
+            // On no record: nothing to take back (the marker goes).
+            continue;
+        };
+        let Ok(id) = corral_cluster::CloudId::new(interface) else {
+            keep.insert((pool.clone(), *address));
+            continue;
+        };
+        let record_key = keys.cloud_interface(node, &id);
+        let response = kv
+            .txn(Txn {
+                compares: vec![],
+                success: vec![
+                    TxnOp::get(record_key.as_str()),
+                    TxnOp::get(release_key.as_str()),
+                ],
+                failure: vec![],
+            })
+            .await?;
+        let listed_now = response
+            .gets
+            .first()
+            .cloned()
+            .flatten()
+            .and_then(|e| decode_value::<corral_cluster::CloudInterfaceRecord>(&e.value).ok())
+            .is_some_and(|r| {
+                &r.pool == pool
+                    && r.attachment == corral_cluster::CloudAttachment::Attached
+                    && r.addresses.contains(address)
+            });
+        let release_open = response
+            .gets
+            .get(1)
+            .cloned()
+            .flatten()
+            .is_some_and(|e| open(decode_value::<ReleaseRecord>(&e.value).ok().as_ref()));
+        if listed_now && !release_open {
+            eprintln!(
+                "corral agent: cluster: {address} of pool {pool} taken back (its release was withdrawn)"
+            );
+        } else {
+            keep.insert((pool.clone(), *address));
+        }
+    }
+    let (wanted, errors) =
+        cloud_pool::wanted(config, &held.cloud, options.instance_id.as_deref(), keep);
+    let outcome = match committer.submit(Op::SetCloudInterfaces(wanted)).await {
+        Ok(Reply::CloudInterfaces(outcome)) => outcome,
+        Ok(other) => return Err(LinkError::Record(format!("unexpected answer {other:?}"))),
+        Err(error) => return Err(LinkError::Record(format!("{error:?}"))),
+    };
+    for error in &errors {
+        eprintln!("corral agent: cluster: {error}");
+    }
+    let mut problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    problems.extend(outcome.problems.iter().cloned());
+    state
+        .metrics
+        .cloud_frozen
+        .set(i64::try_from(outcome.frozen.len()).unwrap_or(i64::MAX));
+    state
+        .metrics
+        .cloud_bad_records
+        .set(i64::try_from(errors.len()).unwrap_or(i64::MAX));
+    let surrendered = report
+        .surrendered
+        .len()
+        .saturating_sub(outcome.reclaimed.len());
+    state
+        .metrics
+        .cloud_surrendered
+        .set(i64::try_from(surrendered).unwrap_or(i64::MAX));
+    update(state, |s| s.problems = problems);
+    if outcome.changed() {
+        state.blocks.ranges_changed();
+    }
+    Ok(!outcome.frozen.is_empty())
 }
 
 async fn sleep_until_due(due: Option<Instant>) {
@@ -718,23 +963,42 @@ impl DemandWriter {
         let Some(config) = held.config.as_ref() else {
             return Ok(());
         };
-        if !config.pools.iter().any(|p| p.is_blocks()) {
+        let blocks = config.pools.iter().any(|p| p.is_blocks());
+        let clouds = config.pools.iter().any(|p| p.is_cloud());
+        if !blocks && !clouds {
             return Ok(());
         }
-        let report = match committer.submit(Op::BlockReport).await {
-            Ok(Reply::Blocks(report)) => report,
-            other => {
-                eprintln!("corral agent: cluster: reading the pools for the demand: {other:?}");
-                self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
-                return Ok(());
-            }
-        };
-        state
-            .metrics
-            .surrendered
-            .set(i64::try_from(report.surrendered.len()).unwrap_or(i64::MAX));
+        let mut records = BTreeMap::new();
+        let pending = state.blocks.pending();
+        if blocks {
+            let report = match committer.submit(Op::BlockReport).await {
+                Ok(Reply::Blocks(report)) => report,
+                other => {
+                    eprintln!("corral agent: cluster: reading the pools for the demand: {other:?}");
+                    self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
+                    return Ok(());
+                }
+            };
+            state
+                .metrics
+                .surrendered
+                .set(i64::try_from(report.surrendered.len()).unwrap_or(i64::MAX));
+            records = demand_records(config, &report, &pending);
+        }
+        if clouds {
+            let report = match committer.submit(Op::CloudReport).await {
+                Ok(Reply::Cloud(report)) => report,
+                other => {
+                    eprintln!(
+                        "corral agent: cluster: reading the cloud pools for the demand: {other:?}"
+                    );
+                    self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
+                    return Ok(());
+                }
+            };
+            records.extend(cloud_pool::demand_records(config, &report, &pending));
+        }
         let urgent_add = state.blocks.take_urgent();
-        let records = demand_records(config, &report, &state.blocks.pending());
         let mut changed = Vec::new();
         let mut urgent = urgent_add;
         for (pool, record) in &records {
@@ -873,6 +1137,9 @@ async fn answer_for(
     let Some(record) = &release.record else {
         return Ok(Err("the release record cannot be read".into()));
     };
+    if held.is_cloud_pool(&release.pool) {
+        return answer_cloud(committer, held, release, record).await;
+    }
     let grant = held
         .grants
         .values()
@@ -906,6 +1173,50 @@ async fn answer_for(
         Ok(Reply::Surrender(Surrender::Surrendered | Surrender::AlreadySurrendered)) => Ok(Ok(())),
         Ok(Reply::Surrender(Surrender::Refused(reason))) => Ok(Err(reason)),
         // Not recorded locally: no answer now (the next round asks again).
+        Ok(other) => Err(LinkError::Record(format!("unexpected answer {other:?}"))),
+        Err(error) => Err(LinkError::Record(format!("{error:?}"))),
+    }
+}
+
+/// The answer to a `marked` key of a cloud address or prefix: it must be on the node's record
+/// whose create revision the key names; then surrendered (now or before) if nothing is
+/// allocated in it and nothing cooling, else why not (nothing changed locally).
+async fn answer_cloud(
+    committer: &Committer,
+    held: &Held,
+    release: &Release,
+    record: &ReleaseRecord,
+) -> Result<Result<(), String>, LinkError> {
+    let listing = held.cloud.iter().find(|(_, entry)| {
+        entry
+            .record
+            .as_ref()
+            .is_ok_and(|r| r.pool == release.pool && r.addresses.contains(&release.cidr))
+    });
+    match listing {
+        None => {
+            return Ok(Err(format!(
+                "no cloud interface record of the node lists {} in pool {}",
+                release.cidr, release.pool
+            )));
+        }
+        Some((interface, entry)) if entry.create_revision != record.grant_revision => {
+            return Ok(Err(format!(
+                "the node holds {} on interface {interface} under record revision {}, not {}",
+                release.cidr, entry.create_revision, record.grant_revision
+            )));
+        }
+        Some(_) => {}
+    }
+    match committer
+        .submit(Op::SurrenderCloudAddress {
+            pool: release.pool.clone(),
+            address: release.cidr,
+        })
+        .await
+    {
+        Ok(Reply::Surrender(Surrender::Surrendered | Surrender::AlreadySurrendered)) => Ok(Ok(())),
+        Ok(Reply::Surrender(Surrender::Refused(reason))) => Ok(Err(reason)),
         Ok(other) => Err(LinkError::Record(format!("unexpected answer {other:?}"))),
         Err(error) => Err(LinkError::Record(format!("{error:?}"))),
     }
@@ -1064,6 +1375,8 @@ pub fn api_status(state: &ClusterState) -> corral_api::ClusterStatus {
             .flat_map(|(pool, ranges)| ranges.iter().map(move |r| format!("{pool} {r}")))
             .collect(),
         node_id: state.node_id,
+        instance_id: state.instance_id.clone(),
+        problems: state.problems.clone(),
     }
 }
 

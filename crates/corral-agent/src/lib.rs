@@ -12,6 +12,7 @@
 pub mod api;
 pub mod blocks;
 mod capacity;
+pub mod cloud_pool;
 pub mod cluster;
 pub mod committer;
 pub mod config;

@@ -12,6 +12,8 @@
 //! - `corral_pool_available_addresses{pool,family}`: free addresses of the node scope's pools;
 //! - `corral_demand_writes_total`, `corral_release_handshakes_total{outcome}` (`ready`,
 //!   `refused`), `corral_surrendered_blocks`: the cluster link's block mode;
+//! - `corral_cloud_frozen_addresses`, `corral_cloud_bad_records`,
+//!   `corral_cloud_surrendered_addresses`: the cluster link's cloud pools;
 //! - `corral_interfaces{pool}`: interfaces of each interface-backed pool;
 //!   `corral_interface_addresses{pool,interface,device,state}`: an interface's addresses by
 //!   state (`assigned`, `free`, `cooling`), read from the tables when scraped;
@@ -192,6 +194,22 @@ impl Default for Metrics {
             "corral_surrendered_blocks",
             "Blocks surrendered in a release handshake whose grant the cluster has not yet deleted",
             cluster.surrendered.clone(),
+        );
+        registry.register(
+            "corral_cloud_frozen_addresses",
+            "Cloud addresses gone from their interface record while still in use: nothing new is \
+             handed out from them, and they leave once free",
+            cluster.cloud_frozen.clone(),
+        );
+        registry.register(
+            "corral_cloud_bad_records",
+            "Cloud interface records of the node the agent could not apply (see status problems)",
+            cluster.cloud_bad_records.clone(),
+        );
+        registry.register(
+            "corral_cloud_surrendered_addresses",
+            "Cloud addresses and prefixes surrendered in a release handshake and still on their record",
+            cluster.cloud_surrendered.clone(),
         );
         let interfaces = Family::<PoolLabel, Gauge>::default();
         registry.register(

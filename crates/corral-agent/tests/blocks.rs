@@ -101,6 +101,7 @@ impl Agent {
             uid: "uid-1".into(),
             lease_ttl: Duration::from_secs(600),
             demand_refresh: refresh,
+            instance_id: None,
         };
         let kv = kv.clone();
         let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {

@@ -64,6 +64,7 @@ impl LinkedAgent {
             uid: uid.into(),
             lease_ttl: ttl,
             demand_refresh: ClusterOptions::DEFAULT_DEMAND_REFRESH,
+            instance_id: None,
         };
         let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
         let task: corral_agent::ClusterTask = {

@@ -391,6 +391,13 @@ pub struct ClusterStatus {
     /// The node's ID, in a node-ID cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u32>,
+    /// The cloud instance the node registered with (cloud pools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    /// What the link could not apply: cloud interface records it skipped, and cloud
+    /// addresses gone from their record while still in use (frozen), one sentence each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

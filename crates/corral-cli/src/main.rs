@@ -132,6 +132,12 @@ struct AgentArgs {
     /// file's pool_wait_ms)
     #[arg(long, value_name = "MS")]
     pool_wait: Option<u64>,
+    /// The cloud instance this node runs on (with --etcd), written into its registration: the
+    /// operator manages this instance's interfaces for cloud pools. On EC2, the instance
+    /// metadata service's instance-id (e.g. from `ec2-metadata --instance-id` or IMDSv2);
+    /// a node registered with another instance is refused until it is removed
+    #[arg(long, env = "CORRAL_INSTANCE_ID", value_name = "ID")]
+    instance_id: Option<String>,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -165,6 +171,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
                 uid,
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
                 demand_refresh: corral_agent::cluster::ClusterOptions::DEFAULT_DEMAND_REFRESH,
+                instance_id: args.instance_id.clone(),
             };
             let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
                 Box::pin(async move {

@@ -72,7 +72,7 @@ pub(super) fn tables_of(
 
 /// Writes a pool's table into the scope's stored configuration: its interfaces, and its
 /// ranges of source `interface` exactly the table's addresses.
-fn store_table(scope: &mut Scope, pool: &PoolName) -> Result<(), OpError> {
+pub(super) fn store_table(scope: &mut Scope, pool: &PoolName) -> Result<(), OpError> {
     let table = scope
         .interfaces
         .get(pool)
@@ -141,7 +141,7 @@ pub(super) fn decorate(scope: &Scope, allocations: &mut [api::Allocated]) {
 }
 
 /// Whether a pool has ranges that are not its interfaces' addresses.
-fn has_plain_ranges(scope: &Scope, pool: &PoolName) -> bool {
+pub(super) fn has_plain_ranges(scope: &Scope, pool: &PoolName) -> bool {
     scope.config.pools.iter().any(|p| {
         p.name == pool.as_str()
             && p.ranges.iter().any(|r| {

@@ -20,6 +20,7 @@
 
 mod batch;
 mod blocks;
+mod cloud;
 mod gc;
 mod interfaces;
 mod node_pool;
@@ -43,6 +44,10 @@ use corral_store::{
 use crate::capacity;
 use batch::{Write, record_released, rewrite_row};
 pub use blocks::{BlockReport, HeldRange, Surrender};
+pub use cloud::{
+    CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport, FROZEN_REASON,
+    SURRENDERED_REASON,
+};
 pub use interfaces::{InterfaceCounters, InterfaceGauge};
 use scopes::{Broken, Scope, ensure_spec, spec_mut};
 pub use wire::OpError;
@@ -161,6 +166,18 @@ pub enum Op {
     ImportIpamd(api::IpamdImportRequest),
     /// Interface counts for the metrics endpoint.
     InterfaceGauges,
+    /// Makes the cloud pools' interfaces match the cluster's `cloud-if/` records (`cloud.rs`);
+    /// answered with [`Reply::CloudInterfaces`].
+    SetCloudInterfaces(CloudInterfaces),
+    /// The release handshake of a cloud address or prefix: surrendered if nothing is allocated
+    /// in it and nothing cooling, in one commit; answered with [`Reply::Surrender`].
+    SurrenderCloudAddress {
+        pool: PoolName,
+        address: corral_core::IpNet,
+    },
+    /// The interface-backed pools' counts and addresses, for the demand of cloud pools;
+    /// answered with [`Reply::Cloud`].
+    CloudReport,
 }
 
 impl Op {
@@ -194,13 +211,17 @@ impl Op {
                 | Op::Interfaces(_)
                 | Op::Interface(_)
                 | Op::InterfaceGauges
+                | Op::CloudReport
         )
     }
 
     /// Operations that change several things, undone on a refusal part way by rebuilding the
     /// node scope from the store; the batch commits what came before them first.
     fn undone_by_reload(&self) -> bool {
-        matches!(self, Op::AddInterface(_) | Op::ImportIpamd(_))
+        matches!(
+            self,
+            Op::AddInterface(_) | Op::ImportIpamd(_) | Op::SetCloudInterfaces(_)
+        )
     }
 }
 
@@ -230,6 +251,8 @@ pub enum Reply {
     InterfaceRemoved(api::InterfaceRemoved),
     IpamdImported(api::IpamdImportResponse),
     InterfaceGauges(Vec<InterfaceGauge>),
+    CloudInterfaces(CloudOutcome),
+    Cloud(CloudReport),
 }
 
 /// Every range the cluster grants this node now, of all pools: the argument of
@@ -659,6 +682,11 @@ impl<S: Store, C: Clock> Host<S, C> {
             }
             Op::ImportIpamd(request) => self.import_ipamd(request, now, writes, touched),
             Op::InterfaceGauges => Ok(Reply::InterfaceGauges(self.interface_gauges(now))),
+            Op::SetCloudInterfaces(wanted) => self.set_cloud_interfaces(wanted, now, touched),
+            Op::SurrenderCloudAddress { pool, address } => {
+                self.surrender_cloud_address(&pool, address, now, touched)
+            }
+            Op::CloudReport => self.cloud_report(now),
         }
     }
 }

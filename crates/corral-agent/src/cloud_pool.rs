@@ -1,0 +1,437 @@
+//! Cloud pools on the agent's side (issue 14), pure: what the cluster link makes of the
+//! node's `cloud-if/<node>/` records ([`wanted`]: the interfaces and addresses the node's
+//! interface-backed pools must hold, each bad record a typed [`RecordError`] that leaves its
+//! interface as it is), and the demand of cloud pools ([`demand_records`]: as block pools',
+//! with single addresses and delegated prefixes in place of blocks).
+//!
+//! The cluster link does the I/O (`cluster.rs`); the host applies the result in one commit
+//! (`host/cloud.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use corral_cluster::{
+    CloudAttachment, CloudInterfaceRecord, ClusterConfig, DemandRecord, Family, FamilyDemand,
+    IpNet, PoolName,
+};
+use corral_core::{InterfaceId, InterfaceSpec, MacAddr, Timestamp};
+
+use crate::host::{CloudInterface, CloudInterfaces, CloudReport};
+
+/// One `cloud-if/<node>/<id>` key as the link read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudEntry {
+    /// The value, or why it cannot be read.
+    pub record: Result<CloudInterfaceRecord, String>,
+    /// The key's create revision (a release handshake's `grant_revision` names it).
+    pub create_revision: i64,
+}
+
+/// Why a record is not applied (its interface is left as it is).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("cloud-if/{interface}: the value cannot be read: {reason}")]
+    Unreadable { interface: String, reason: String },
+    #[error("cloud-if/{interface}: not a valid interface ID here: {reason}")]
+    BadId { interface: String, reason: String },
+    #[error("cloud-if/{interface}: pool {pool} is not a cloud pool of the cluster configuration")]
+    NotACloudPool { interface: String, pool: PoolName },
+    #[error("cloud-if/{interface}: the record is for instance {record}, this node runs on {ours}")]
+    OtherInstance {
+        interface: String,
+        record: String,
+        ours: String,
+    },
+    #[error("cloud-if/{interface}: bad MAC address {mac:?}")]
+    BadMac { interface: String, mac: String },
+    #[error("cloud-if/{interface}: {reason}")]
+    BadInterface { interface: String, reason: String },
+    #[error("cloud-if/{interface}: address {address}: {reason}")]
+    BadAddress {
+        interface: String,
+        address: IpNet,
+        reason: String,
+    },
+}
+
+/// The routes of a cloud pool's interfaces: the pool's CIDRs (the VPC's).
+fn routes_of(config: &ClusterConfig, pool: &PoolName) -> Vec<IpNet> {
+    config
+        .pool(pool)
+        .map(|p| p.families().flat_map(|(_, f)| f.cidrs.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The interfaces the node's cloud pools must hold, from the records (keyed by interface
+/// ID): every attached record whose values hold up; an attaching one, and a bad one (each a
+/// [`RecordError`]), leave their interface as it is. `keep_surrendered`: the surrendered
+/// addresses to keep out (see [`CloudInterfaces::keep_surrendered`]).
+pub fn wanted(
+    config: &ClusterConfig,
+    records: &BTreeMap<String, CloudEntry>,
+    instance_id: Option<&str>,
+    keep_surrendered: BTreeSet<(PoolName, IpNet)>,
+) -> (CloudInterfaces, Vec<RecordError>) {
+    let mut out = CloudInterfaces {
+        pools: config
+            .pools
+            .iter()
+            .filter(|p| p.is_cloud())
+            .map(|p| p.name.clone())
+            .collect(),
+        keep_surrendered,
+        ..CloudInterfaces::default()
+    };
+    let mut errors = Vec::new();
+    for (interface, entry) in records {
+        let id = match InterfaceId::new(interface) {
+            Ok(id) => id,
+            Err(error) => {
+                errors.push(RecordError::BadId {
+                    interface: interface.clone(),
+                    reason: error.to_string(),
+                });
+                continue;
+            }
+        };
+        match check_record(config, interface, &id, entry, instance_id) {
+            Ok(Some(wanted)) => out.interfaces.push(wanted),
+            Ok(None) => {
+                out.untouched.insert(id);
+            }
+            Err(error) => {
+                errors.push(error);
+                out.untouched.insert(id);
+            }
+        }
+    }
+    (out, errors)
+}
+
+/// One record: the interface to hold (`None`: attaching, not served yet), or why not.
+fn check_record(
+    config: &ClusterConfig,
+    interface: &str,
+    id: &InterfaceId,
+    entry: &CloudEntry,
+    instance_id: Option<&str>,
+) -> Result<Option<CloudInterface>, RecordError> {
+    let name = || interface.to_owned();
+    let record = entry
+        .record
+        .as_ref()
+        .map_err(|reason| RecordError::Unreadable {
+            interface: name(),
+            reason: reason.clone(),
+        })?;
+    if !config.pool(&record.pool).is_some_and(|p| p.is_cloud()) {
+        return Err(RecordError::NotACloudPool {
+            interface: name(),
+            pool: record.pool.clone(),
+        });
+    }
+    if let Some(ours) = instance_id
+        && !record.instance_id.is_empty()
+        && record.instance_id != ours
+    {
+        return Err(RecordError::OtherInstance {
+            interface: name(),
+            record: record.instance_id.clone(),
+            ours: ours.to_owned(),
+        });
+    }
+    if record.attachment == CloudAttachment::Attaching {
+        return Ok(None);
+    }
+    let mac: MacAddr = record.mac.parse().map_err(|_| RecordError::BadMac {
+        interface: name(),
+        mac: record.mac.clone(),
+    })?;
+    if record.subnets.is_empty() {
+        return Err(RecordError::BadInterface {
+            interface: name(),
+            reason: "no subnet".into(),
+        });
+    }
+    // The same checks the local table makes, on the whole record first: a record with one
+    // bad address changes nothing.
+    let spec = InterfaceSpec {
+        id: id.clone(),
+        device_number: record.device_index,
+        primary: record.device_index == 0,
+        trunk: false,
+        excluded: false,
+        subnets: record.subnets.clone(),
+        mac,
+        gateways: Vec::new(),
+        routes: Vec::new(),
+        created_at: Timestamp::from_unix_millis(0),
+    };
+    let mut table = corral_core::Interfaces::new(record.pool.clone());
+    table
+        .add_interface(spec.clone())
+        .map_err(|e| RecordError::BadInterface {
+            interface: name(),
+            reason: e.to_string(),
+        })?;
+    let mut seen: Vec<IpNet> = Vec::new();
+    for address in &record.addresses {
+        spec.range_of(*address)
+            .map_err(|e| RecordError::BadAddress {
+                interface: name(),
+                address: *address,
+                reason: e.to_string(),
+            })?;
+        if let Some(other) = seen
+            .iter()
+            .find(|o| o.contains(&address.network()) || address.contains(&o.network()))
+        {
+            return Err(RecordError::BadAddress {
+                interface: name(),
+                address: *address,
+                reason: format!("overlaps {other} of the same record"),
+            });
+        }
+        if Some(address.addr()) == record.primary_ipv4.map(std::net::IpAddr::V4) {
+            return Err(RecordError::BadAddress {
+                interface: name(),
+                address: *address,
+                reason: "is the interface's primary address".into(),
+            });
+        }
+        seen.push(*address);
+    }
+    Ok(Some(CloudInterface {
+        pool: record.pool.clone(),
+        id: id.clone(),
+        device_number: record.device_index,
+        subnets: record.subnets.clone(),
+        mac,
+        routes: routes_of(config, &record.pool),
+        addresses: record.addresses.clone(),
+    }))
+}
+
+/// The record (interface ID and entry) of `pool` that lists `address` and is attached.
+pub fn record_listing<'a>(
+    records: &'a BTreeMap<String, CloudEntry>,
+    pool: &PoolName,
+    address: &IpNet,
+) -> Option<(&'a String, &'a CloudEntry)> {
+    records.iter().find(|(_, entry)| {
+        entry.record.as_ref().is_ok_and(|r| {
+            &r.pool == pool
+                && r.attachment == CloudAttachment::Attached
+                && r.addresses.contains(address)
+        })
+    })
+}
+
+/// The demand of each cloud pool of `config`, from the host's report and the ADDs waiting
+/// (`at_ms` left 0): per family `used`, `free` (frozen addresses not counted), `pending`,
+/// `blocks` = addresses and prefixes held (surrendered ones not), `empty` = up to
+/// [`FamilyDemand::MAX_EMPTY`] of them with nothing allocated and nothing cooling, highest
+/// first: the candidates the operator may mark for release.
+pub fn demand_records(
+    config: &ClusterConfig,
+    report: &CloudReport,
+    pending: &BTreeMap<String, u64>,
+) -> BTreeMap<PoolName, DemandRecord> {
+    let mut out = BTreeMap::new();
+    for pool in config.pools.iter().filter(|p| p.is_cloud()) {
+        let mut record = DemandRecord::default();
+        let waiting = pending.get(pool.name.as_str()).copied().unwrap_or(0);
+        for (family, _) in pool.families() {
+            let (used, free) = report
+                .stats
+                .iter()
+                .find(|(p, f, _, _)| *p == pool.name && *f == family)
+                .map_or((0, 0), |(_, _, used, free)| (*used, *free));
+            let mut held: Vec<_> = report
+                .addresses
+                .iter()
+                .filter(|a| a.pool == pool.name && Family::of(a.address.addr()) == family)
+                .collect();
+            held.sort_by_key(|a| std::cmp::Reverse(a.address.addr()));
+            let empty = held
+                .iter()
+                .filter(|a| a.free)
+                .take(FamilyDemand::MAX_EMPTY)
+                .map(|a| a.address)
+                .collect();
+            *record.family_mut(family) = Some(FamilyDemand {
+                used,
+                free,
+                pending: 0,
+                blocks: held.len() as u64,
+                empty,
+            });
+        }
+        if waiting > 0 {
+            let families: Vec<Family> = [Family::V4, Family::V6]
+                .into_iter()
+                .filter(|&f| record.family(f).is_some_and(|d| d.free == 0))
+                .collect();
+            let families = if families.is_empty() {
+                vec![Family::V4, Family::V6]
+            } else {
+                families
+            };
+            for family in families {
+                if let Some(demand) = record.family_mut(family) {
+                    demand.pending = waiting;
+                }
+            }
+        }
+        out.insert(pool.name.clone(), record);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::CloudAddress;
+
+    const CONFIG: &str = r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+[[pools]]
+name = "blocks"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.9.0.0/16"]
+block_prefix_len = 28
+"#;
+
+    fn config() -> ClusterConfig {
+        ClusterConfig::from_toml(CONFIG).unwrap()
+    }
+
+    fn record(addresses: &[&str]) -> CloudInterfaceRecord {
+        CloudInterfaceRecord {
+            pool: PoolName::new("vpc").unwrap(),
+            instance_id: "i-1".into(),
+            device_index: 1,
+            subnet_id: "subnet-1".into(),
+            subnets: vec!["10.0.1.0/24".parse().unwrap()],
+            mac: "02:00:00:00:00:01".into(),
+            primary_ipv4: Some("10.0.1.5".parse().unwrap()),
+            addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+            attachment: CloudAttachment::Attached,
+            managed: true,
+        }
+    }
+
+    fn entries(
+        list: Vec<(&str, Result<CloudInterfaceRecord, String>)>,
+    ) -> BTreeMap<String, CloudEntry> {
+        list.into_iter()
+            .map(|(id, record)| {
+                (
+                    id.to_owned(),
+                    CloudEntry {
+                        record,
+                        create_revision: 7,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn attached_records_are_wanted_with_the_pools_routes_and_bad_ones_are_left_alone() {
+        let mut attaching = record(&[]);
+        attaching.attachment = CloudAttachment::Attaching;
+        let mut other_instance = record(&[]);
+        other_instance.instance_id = "i-2".into();
+        let mut bad_mac = record(&[]);
+        bad_mac.mac = "zz".into();
+        let mut blocks = record(&[]);
+        blocks.pool = PoolName::new("blocks").unwrap();
+        let records = entries(vec![
+            ("eni-a", Ok(record(&["10.0.1.10/32", "10.0.1.32/28"]))),
+            ("eni-b", Ok(attaching)),
+            ("eni-c", Err("expected value".into())),
+            ("eni-d", Ok(other_instance)),
+            ("eni-e", Ok(bad_mac)),
+            ("eni-f", Ok(record(&["10.0.2.10/32"]))),
+            ("eni-g", Ok(record(&["10.0.1.5/32"]))),
+            ("eni-h", Ok(blocks)),
+            ("eni-i", Ok(record(&["10.0.1.32/28", "10.0.1.33/32"]))),
+        ]);
+        let (wanted, errors) = wanted(&config(), &records, Some("i-1"), BTreeSet::new());
+        assert_eq!(wanted.pools.len(), 1);
+        assert_eq!(wanted.interfaces.len(), 1, "{:?}", wanted.interfaces);
+        let a = &wanted.interfaces[0];
+        assert_eq!(a.id.as_str(), "eni-a");
+        assert_eq!(a.device_number, 1);
+        assert_eq!(a.routes, vec!["10.0.0.0/16".parse::<IpNet>().unwrap()]);
+        assert_eq!(a.addresses.len(), 2);
+        let untouched: Vec<&str> = wanted.untouched.iter().map(|i| i.as_str()).collect();
+        assert_eq!(
+            untouched,
+            [
+                "eni-b", "eni-c", "eni-d", "eni-e", "eni-f", "eni-g", "eni-h", "eni-i"
+            ]
+        );
+        assert_eq!(errors.len(), 7, "{errors:?}");
+        assert!(matches!(errors[0], RecordError::Unreadable { .. }));
+        assert!(matches!(errors[1], RecordError::OtherInstance { .. }));
+        assert!(matches!(errors[2], RecordError::BadMac { .. }));
+        assert!(
+            matches!(errors[3], RecordError::BadAddress { .. }),
+            "outside the subnet"
+        );
+        assert!(
+            matches!(errors[4], RecordError::BadAddress { .. }),
+            "the primary"
+        );
+        assert!(matches!(errors[5], RecordError::NotACloudPool { .. }));
+        assert!(
+            matches!(errors[6], RecordError::BadAddress { .. }),
+            "overlap"
+        );
+    }
+
+    #[test]
+    fn cloud_demand_lists_free_addresses_highest_first() {
+        let vpc = PoolName::new("vpc").unwrap();
+        let address = |a: &str, n_allocated, free, frozen| CloudAddress {
+            pool: vpc.clone(),
+            interface: InterfaceId::new("eni-a").unwrap(),
+            address: a.parse().unwrap(),
+            n_allocated,
+            free,
+            frozen,
+        };
+        let report = CloudReport {
+            stats: vec![(vpc.clone(), Family::V4, 2, 17)],
+            addresses: vec![
+                address("10.0.1.10/32", 1, false, false),
+                address("10.0.1.11/32", 0, true, false),
+                address("10.0.1.12/32", 0, false, false),
+                address("10.0.1.13/32", 1, false, true),
+                address("10.0.1.32/28", 0, true, false),
+            ],
+            surrendered: vec![],
+            frozen: vec![],
+        };
+        let records = demand_records(&config(), &report, &BTreeMap::new());
+        assert_eq!(records.len(), 1, "cloud pools only");
+        let v4 = records[&vpc].ipv4.clone().unwrap();
+        assert_eq!((v4.used, v4.free, v4.pending, v4.blocks), (2, 17, 0, 5));
+        assert_eq!(
+            v4.empty,
+            vec![
+                "10.0.1.32/28".parse::<IpNet>().unwrap(),
+                "10.0.1.11/32".parse().unwrap()
+            ]
+        );
+        let empty = CloudReport::default();
+        let records = demand_records(&config(), &empty, &BTreeMap::from([("vpc".into(), 3)]));
+        assert_eq!(records[&vpc].ipv4.as_ref().unwrap().pending, 3);
+    }
+}

@@ -1,0 +1,571 @@
+//! Cloud pools of the node scope (issue 14): the interface-backed pools whose interfaces and
+//! addresses follow the cluster's `cloud-if/<node>/` records, which the operator writes once the
+//! cloud confirmed them.
+//!
+//! - [`Op::SetCloudInterfaces`](super::Op::SetCloudInterfaces): makes the interface tables of
+//!   the cloud pools match the records, in one commit: an attached interface exists locally
+//!   with exactly its record's addresses (less those surrendered in a release handshake); an
+//!   address gone from its record (or an interface whose record is gone) leaves at once if
+//!   free, else stays *frozen* (an engine exclusion: nothing new is handed out from it) and is
+//!   reported until it is free. Every conflict (a device number or MAC taken, a pool with plain
+//!   ranges, an address another pool holds) is reported and skipped; nothing else changes for
+//!   it.
+//! - [`Op::SurrenderCloudAddress`](super::Op::SurrenderCloudAddress): the release handshake of
+//!   one address or prefix: in one commit, if nothing is allocated in it and nothing cooling,
+//!   it leaves its interface and is recorded as *surrendered* (an engine exclusion too, so it
+//!   is never handed out, nor added back by the records, while the handshake lasts); a refusal
+//!   changes nothing.
+//! - [`Op::CloudReport`](super::Op::CloudReport): counts and addresses, read only, for the
+//!   demand and the handshakes.
+//!
+//! Both markers live in the pool's stored exclusions (reasons [`SURRENDERED_REASON`] and
+//! [`FROZEN_REASON`]), so they are durable in the same commit as the change they go with and
+//! come back with the engine after a restart.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use corral_api as api;
+use corral_core::{
+    AllocError, Exclusion, Family, InterfaceError, InterfaceId, InterfaceSpec, Interfaces, IpNet,
+    MacAddr, PoolName, Timestamp,
+};
+use corral_store::Store;
+
+use super::interfaces::{has_plain_ranges, store_table};
+use super::scopes::{Scope, ensure_spec, spec_mut};
+use super::{Clock, Host, OpError, Reply};
+
+/// The reason of the exclusion that marks an address surrendered in a release handshake.
+pub const SURRENDERED_REASON: &str = "cloud address surrendered in a release handshake";
+/// The reason of the exclusion that freezes an address gone from its cloud record while in use.
+pub const FROZEN_REASON: &str = "cloud address gone from its interface record while in use";
+
+/// One attached interface as the cluster's record describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudInterface {
+    pub pool: PoolName,
+    pub id: InterfaceId,
+    /// The attachment's device index (0: the primary interface).
+    pub device_number: u32,
+    pub subnets: Vec<IpNet>,
+    pub mac: MacAddr,
+    /// The pool's CIDRs of the families (the VPC's), routed through the interface.
+    pub routes: Vec<IpNet>,
+    /// The record's secondary addresses and delegated prefixes.
+    pub addresses: Vec<IpNet>,
+}
+
+/// The argument of [`Op::SetCloudInterfaces`](super::Op::SetCloudInterfaces).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloudInterfaces {
+    /// The cloud pools of the cluster configuration: only their interfaces are reconciled.
+    pub pools: BTreeSet<PoolName>,
+    /// The attached interfaces the records list.
+    pub interfaces: Vec<CloudInterface>,
+    /// Interfaces left exactly as they are: their record is attaching, or cannot be read.
+    pub untouched: BTreeSet<InterfaceId>,
+    /// Surrendered addresses to keep out (their handshake is open, or not judged yet); every
+    /// other surrendered marker of the pools is dropped, and the address is served again if
+    /// a record lists it.
+    pub keep_surrendered: BTreeSet<(PoolName, IpNet)>,
+}
+
+/// What [`Op::SetCloudInterfaces`](super::Op::SetCloudInterfaces) did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloudOutcome {
+    /// Interfaces and addresses added (`interface address` or `interface`).
+    pub added: Vec<String>,
+    /// Addresses and interfaces removed.
+    pub removed: Vec<String>,
+    /// Addresses frozen (gone from the record while in use), as `pool address`.
+    pub frozen: Vec<(PoolName, IpNet)>,
+    /// Surrendered markers dropped (the address served again if on a record).
+    pub reclaimed: Vec<(PoolName, IpNet)>,
+    /// One sentence per thing not done, and per frozen address.
+    pub problems: Vec<String>,
+}
+
+impl CloudOutcome {
+    /// Whether the node scope changed.
+    pub fn changed(&self) -> bool {
+        !(self.added.is_empty() && self.removed.is_empty() && self.reclaimed.is_empty())
+    }
+}
+
+/// What [`Op::SurrenderCloudAddress`](super::Op::SurrenderCloudAddress) did.
+pub use super::blocks::Surrender as CloudSurrender;
+
+/// One address or prefix of a cloud pool, as [`CloudReport`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudAddress {
+    pub pool: PoolName,
+    pub interface: InterfaceId,
+    pub address: IpNet,
+    pub n_allocated: u64,
+    /// Nothing allocated and nothing cooling in it: it could be given back.
+    pub free: bool,
+    pub frozen: bool,
+}
+
+/// The node scope's interface-backed pools: counts, addresses, markers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloudReport {
+    /// `(pool, family, used, free)` of every interface-backed pool (free: what can be handed
+    /// out now, frozen addresses not counted).
+    pub stats: Vec<(PoolName, Family, u64, u64)>,
+    pub addresses: Vec<CloudAddress>,
+    /// Surrendered markers.
+    pub surrendered: Vec<(PoolName, IpNet)>,
+    /// Frozen addresses.
+    pub frozen: Vec<(PoolName, IpNet)>,
+}
+
+fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
+    scope
+        .config
+        .pools
+        .iter()
+        .filter(|p| p.name == pool.as_str())
+        .flat_map(|p| &p.exclusions)
+        .filter(|(_, r)| r == reason)
+        .filter_map(|(net, _)| corral_core::parse_net(net).ok())
+        .collect()
+}
+
+/// Adds a marker exclusion (engine and stored configuration).
+fn mark(scope: &mut Scope, pool: &PoolName, net: IpNet, reason: &str) -> Result<(), OpError> {
+    let exclusion =
+        Exclusion::new(net, reason).map_err(|e| OpError::bad_request(format!("{net}: {e}")))?;
+    if !scope.engine.pool_names().contains(pool) {
+        scope.engine.add_pool(pool, Default::default())?;
+    }
+    scope.engine.exclude(pool, exclusion)?;
+    let stored = ensure_spec(scope, pool)?;
+    let text = net.to_string();
+    match stored.exclusions.iter_mut().find(|e| e.0 == text) {
+        Some(existing) => existing.1 = reason.to_owned(),
+        None => stored.exclusions.push((text, reason.to_owned())),
+    }
+    Ok(())
+}
+
+/// Drops a marker exclusion (engine and stored configuration), if it is one with `reason`.
+fn unmark(scope: &mut Scope, pool: &PoolName, net: IpNet, reason: &str) -> Result<(), OpError> {
+    let text = net.to_string();
+    let Some(stored) = spec_mut(scope, pool) else {
+        return Ok(());
+    };
+    if !stored
+        .exclusions
+        .iter()
+        .any(|(n, r)| *n == text && r == reason)
+    {
+        return Ok(());
+    }
+    stored.exclusions.retain(|(n, _)| *n != text);
+    match scope.engine.remove_exclusion(pool, net) {
+        Ok(()) | Err(AllocError::UnknownExclusion { .. } | AllocError::UnknownPool { .. }) => {
+            Ok(())
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The interface `id` in any interface table of the scope: its pool and spec.
+fn find_interface<'a>(
+    scope: &'a Scope,
+    id: &InterfaceId,
+) -> Option<(&'a PoolName, &'a InterfaceSpec)> {
+    scope
+        .interfaces
+        .iter()
+        .find_map(|(pool, table)| table.get(id).map(|spec| (pool, spec)))
+}
+
+impl<S: Store, C: Clock> Host<S, C> {
+    pub(super) fn set_cloud_interfaces(
+        &mut self,
+        wanted: CloudInterfaces,
+        now: Timestamp,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        scope.engine.advance(now);
+        let mut outcome = CloudOutcome::default();
+        let mut changed_pools: BTreeSet<PoolName> = BTreeSet::new();
+        // Surrendered markers whose handshake ended: the address may be served again.
+        for pool in &wanted.pools {
+            for net in marked(scope, pool, SURRENDERED_REASON) {
+                if !wanted.keep_surrendered.contains(&(pool.clone(), net)) {
+                    unmark(scope, pool, net, SURRENDERED_REASON)?;
+                    outcome.reclaimed.push((pool.clone(), net));
+                    changed_pools.insert(pool.clone());
+                }
+            }
+        }
+        let mut listed: BTreeSet<InterfaceId> = BTreeSet::new();
+        for interface in &wanted.interfaces {
+            listed.insert(interface.id.clone());
+            let pool = &interface.pool;
+            if !wanted.pools.contains(pool) {
+                outcome.problems.push(format!(
+                    "interface {}: pool {pool} is not a cloud pool of the cluster configuration",
+                    interface.id
+                ));
+                continue;
+            }
+            match find_interface(scope, &interface.id) {
+                Some((other, _)) if other != pool => {
+                    outcome.problems.push(format!(
+                        "interface {} is in pool {other} on the node, its record says pool {pool}",
+                        interface.id
+                    ));
+                    continue;
+                }
+                Some((_, spec))
+                    if spec.device_number != interface.device_number
+                        || spec.mac != interface.mac =>
+                {
+                    outcome.problems.push(format!(
+                        "interface {} is device {} with MAC {} on the node, its record says \
+                         device {} with MAC {}: left as it is",
+                        interface.id,
+                        spec.device_number,
+                        spec.mac,
+                        interface.device_number,
+                        interface.mac
+                    ));
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    if let Err(problem) = add_cloud_interface(scope, interface, now) {
+                        outcome.problems.push(problem);
+                        continue;
+                    }
+                    outcome.added.push(interface.id.to_string());
+                    changed_pools.insert(pool.clone());
+                }
+            }
+            let surrendered = marked(scope, pool, SURRENDERED_REASON);
+            let frozen = marked(scope, pool, FROZEN_REASON);
+            let desired: BTreeSet<IpNet> = interface
+                .addresses
+                .iter()
+                .copied()
+                .filter(|a| !surrendered.contains(a))
+                .collect();
+            let current: BTreeSet<IpNet> = scope
+                .interfaces
+                .get(pool)
+                .and_then(|t| t.addresses(&interface.id))
+                .map(|a| a.iter().copied().collect())
+                .unwrap_or_default();
+            for address in desired.difference(&current) {
+                let Some(table) = scope.interfaces.get_mut(pool) else {
+                    continue;
+                };
+                match table.add_address(&mut scope.engine, &interface.id, *address, now) {
+                    Ok(()) => {
+                        outcome.added.push(format!("{} {address}", interface.id));
+                        changed_pools.insert(pool.clone());
+                    }
+                    Err(error) => outcome.problems.push(format!(
+                        "address {address} of interface {} (pool {pool}) not served: {error}",
+                        interface.id
+                    )),
+                }
+            }
+            for address in desired.intersection(&current) {
+                if frozen.contains(address) {
+                    // Back on the record: served again.
+                    unmark(scope, pool, *address, FROZEN_REASON)?;
+                    changed_pools.insert(pool.clone());
+                }
+            }
+            for address in current.difference(&desired) {
+                if surrendered.contains(address) {
+                    continue;
+                }
+                retire(scope, pool, &interface.id, *address, now, &mut outcome)?;
+                changed_pools.insert(pool.clone());
+            }
+        }
+        // Interfaces of the cloud pools without an attached record.
+        for pool in &wanted.pools {
+            let orphans: Vec<(InterfaceId, Vec<IpNet>)> = scope
+                .interfaces
+                .get(pool)
+                .map(|table| {
+                    table
+                        .interfaces()
+                        .filter(|(spec, _)| {
+                            !listed.contains(&spec.id) && !wanted.untouched.contains(&spec.id)
+                        })
+                        .map(|(spec, addresses)| (spec.id.clone(), addresses.to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for (id, addresses) in orphans {
+                for address in addresses {
+                    retire(scope, pool, &id, address, now, &mut outcome)?;
+                }
+                changed_pools.insert(pool.clone());
+                let Some(table) = scope.interfaces.get_mut(pool) else {
+                    continue;
+                };
+                if table.addresses(&id).is_some_and(<[IpNet]>::is_empty) {
+                    // No address left, so nothing allocated: the primary goes too.
+                    match table.remove_interface(&mut scope.engine, &id, true, now) {
+                        Ok(_) => outcome.removed.push(id.to_string()),
+                        Err(error) => outcome
+                            .problems
+                            .push(format!("interface {id} (pool {pool}) not removed: {error}")),
+                    }
+                    if table.is_empty() {
+                        scope.interfaces.remove(pool);
+                    }
+                } else {
+                    outcome.problems.push(format!(
+                        "interface {id} (pool {pool}) has no attached record but still holds \
+                         addresses in use: frozen"
+                    ));
+                }
+            }
+        }
+        for pool in &wanted.pools {
+            for net in marked(scope, pool, FROZEN_REASON) {
+                outcome.frozen.push((pool.clone(), net));
+            }
+        }
+        for pool in &changed_pools {
+            if scope.interfaces.contains_key(pool) || spec_mut(scope, pool).is_some() {
+                store_table(scope, pool)?;
+            }
+        }
+        if !changed_pools.is_empty() {
+            touched.insert(api::NODE_SCOPE.to_owned());
+        }
+        Ok(Reply::CloudInterfaces(outcome))
+    }
+
+    pub(super) fn surrender_cloud_address(
+        &mut self,
+        pool: &PoolName,
+        address: IpNet,
+        now: Timestamp,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        let scope = self.scope_mut(api::NODE_SCOPE)?;
+        scope.engine.advance(now);
+        if marked(scope, pool, SURRENDERED_REASON).contains(&address) {
+            return Ok(Reply::Surrender(CloudSurrender::AlreadySurrendered));
+        }
+        if marked(scope, pool, FROZEN_REASON).contains(&address) {
+            return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+                "{address} of pool {pool} is gone from its record and still in use"
+            ))));
+        }
+        let holder = scope
+            .interfaces
+            .get(pool)
+            .and_then(|t| t.interface_of(address))
+            .map(|spec| spec.id.clone());
+        if let Some(id) = holder {
+            let Some(table) = scope.interfaces.get_mut(pool) else {
+                return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+                    "the agent does not hold {address} in pool {pool}"
+                ))));
+            };
+            // Unforced: in use or cooling is refused, and a refusal changes nothing.
+            match table.remove_address(&mut scope.engine, &id, address, false, now) {
+                Ok(_) => {}
+                Err(error) => {
+                    return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+                        "{address} of interface {id}: {error}"
+                    ))));
+                }
+            }
+            store_table(scope, pool)?;
+        } else if let Some(other) = scope
+            .interfaces
+            .get(pool)
+            .and_then(|t| {
+                t.interfaces()
+                    .find(|(_, nets)| nets.iter().any(|n| overlaps(n, &address)))
+            })
+            .map(|(spec, _)| spec.id.clone())
+        {
+            return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+                "{address} overlaps another address of interface {other} in pool {pool}"
+            ))));
+        }
+        // Not held (any more): marked so the records do not bring it back while the
+        // handshake lasts.
+        mark(scope, pool, address, SURRENDERED_REASON)?;
+        touched.insert(api::NODE_SCOPE.to_owned());
+        Ok(Reply::Surrender(CloudSurrender::Surrendered))
+    }
+
+    pub(super) fn cloud_report(&self, now: Timestamp) -> Result<Reply, OpError> {
+        let scope = self.scope(api::NODE_SCOPE)?;
+        let mut report = CloudReport::default();
+        let pools: BTreeSet<PoolName> = scope
+            .config
+            .pools
+            .iter()
+            .filter(|p| {
+                p.is_interface_pool() || p.exclusions.iter().any(|(_, r)| r == SURRENDERED_REASON)
+            })
+            .filter_map(|p| PoolName::new(&p.name).ok())
+            .collect();
+        for pool in &pools {
+            for family in [Family::V4, Family::V6] {
+                if let Ok(stats) = scope.engine.stats(pool, family) {
+                    report.stats.push((
+                        pool.clone(),
+                        family,
+                        stats.used,
+                        u64::try_from(stats.free).unwrap_or(u64::MAX),
+                    ));
+                }
+            }
+            let frozen = marked(scope, pool, FROZEN_REASON);
+            report.surrendered.extend(
+                marked(scope, pool, SURRENDERED_REASON)
+                    .into_iter()
+                    .map(|n| (pool.clone(), n)),
+            );
+            report
+                .frozen
+                .extend(frozen.iter().map(|n| (pool.clone(), *n)));
+            let Some(table) = scope.interfaces.get(pool) else {
+                continue;
+            };
+            let ranges = scope.engine.ranges(pool).unwrap_or_default();
+            let allocated: BTreeMap<std::net::IpAddr, u64> = ranges
+                .iter()
+                .map(|r| (r.spec.start(), r.n_allocated))
+                .collect();
+            for (spec, addresses) in table.interfaces() {
+                let freeable: BTreeSet<IpNet> = table
+                    .freeable(&scope.engine, &spec.id, now)
+                    .map(|f| f.into_iter().collect())
+                    .unwrap_or_default();
+                for address in addresses {
+                    // An interface address is one range starting at its network address.
+                    let start = address.network();
+                    report.addresses.push(CloudAddress {
+                        pool: pool.clone(),
+                        interface: spec.id.clone(),
+                        address: *address,
+                        n_allocated: allocated.get(&start).copied().unwrap_or(0),
+                        free: freeable.contains(address) && !frozen.contains(address),
+                        frozen: frozen.contains(address),
+                    });
+                }
+            }
+        }
+        Ok(Reply::Cloud(report))
+    }
+}
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// Adds an interface of a record (no addresses yet); a refusal is the problem's sentence.
+fn add_cloud_interface(
+    scope: &mut Scope,
+    interface: &CloudInterface,
+    now: Timestamp,
+) -> Result<(), String> {
+    let pool = &interface.pool;
+    if has_plain_ranges(scope, pool) {
+        return Err(format!(
+            "interface {}: pool {pool} has plain ranges on the node; a cloud pool's addresses \
+             come from its interfaces only",
+            interface.id
+        ));
+    }
+    if let Some((other, spec)) = scope.interfaces.iter().find_map(|(name, table)| {
+        table
+            .interfaces()
+            .find(|(s, _)| s.device_number == interface.device_number || s.mac == interface.mac)
+            .map(|(s, _)| (name.clone(), s.clone()))
+    }) {
+        return Err(format!(
+            "interface {}: device {} / MAC {} conflicts with interface {} (device {}, MAC {}) of \
+             pool {other}",
+            interface.id,
+            interface.device_number,
+            interface.mac,
+            spec.id,
+            spec.device_number,
+            spec.mac
+        ));
+    }
+    let spec = InterfaceSpec {
+        id: interface.id.clone(),
+        device_number: interface.device_number,
+        primary: interface.device_number == 0,
+        trunk: false,
+        excluded: false,
+        subnets: interface.subnets.clone(),
+        mac: interface.mac,
+        gateways: Vec::new(),
+        routes: interface.routes.clone(),
+        created_at: now,
+    };
+    let mut table = scope
+        .interfaces
+        .get(pool)
+        .cloned()
+        .unwrap_or_else(|| Interfaces::new(pool.clone()));
+    table
+        .add_interface(spec)
+        .map_err(|e| format!("interface {}: {e}", interface.id))?;
+    if !scope.engine.pool_names().contains(pool) {
+        scope
+            .engine
+            .add_pool(pool, Default::default())
+            .map_err(|e| format!("interface {}: {e}", interface.id))?;
+    }
+    scope.interfaces.insert(pool.clone(), table);
+    Ok(())
+}
+
+/// An address no record lists (and not surrendered): removed if free, else frozen.
+fn retire(
+    scope: &mut Scope,
+    pool: &PoolName,
+    id: &InterfaceId,
+    address: IpNet,
+    now: Timestamp,
+    outcome: &mut CloudOutcome,
+) -> Result<(), OpError> {
+    let Some(table) = scope.interfaces.get_mut(pool) else {
+        return Ok(());
+    };
+    match table.remove_address(&mut scope.engine, id, address, false, now) {
+        Ok(_) => {
+            unmark(scope, pool, address, FROZEN_REASON)?;
+            outcome.removed.push(format!("{id} {address}"));
+        }
+        Err(
+            error @ (InterfaceError::AddressInUse { .. } | InterfaceError::AddressCooling { .. }),
+        ) => {
+            if !marked(scope, pool, FROZEN_REASON).contains(&address) {
+                mark(scope, pool, address, FROZEN_REASON)?;
+            }
+            outcome.problems.push(format!(
+                "address {address} of interface {id} (pool {pool}) is gone from the cloud record \
+                 but still in use ({error}): frozen, nothing new is handed out from it"
+            ));
+        }
+        Err(error) => outcome.problems.push(format!(
+            "address {address} of interface {id} (pool {pool}) not removed: {error}"
+        )),
+    }
+    Ok(())
+}
