@@ -535,7 +535,8 @@ fn add_cloud_interface(
     Ok(())
 }
 
-/// An address no record lists (and not surrendered): removed if free, else frozen.
+/// An address no record lists (and not surrendered): removed if nothing is allocated in it
+/// (a cooling one too), else frozen.
 fn retire(
     scope: &mut Scope,
     pool: &PoolName,
@@ -547,14 +548,20 @@ fn retire(
     let Some(table) = scope.interfaces.get_mut(pool) else {
         return Ok(());
     };
-    match table.remove_address(&mut scope.engine, id, address, false, now) {
+    // Nothing allocated in it is enough: the cloud took it already, so a cooldown has nothing
+    // left to protect here (it only kept the node from handing it to a new pod too soon).
+    let result = match table.remove_address(&mut scope.engine, id, address, false, now) {
+        Err(InterfaceError::AddressCooling { .. }) => {
+            table.remove_address(&mut scope.engine, id, address, true, now)
+        }
+        other => other,
+    };
+    match result {
         Ok(_) => {
             unmark(scope, pool, address, FROZEN_REASON)?;
             outcome.removed.push(format!("{id} {address}"));
         }
-        Err(
-            error @ (InterfaceError::AddressInUse { .. } | InterfaceError::AddressCooling { .. }),
-        ) => {
+        Err(error @ InterfaceError::AddressInUse { .. }) => {
             if !marked(scope, pool, FROZEN_REASON).contains(&address) {
                 mark(scope, pool, address, FROZEN_REASON)?;
             }

@@ -1,0 +1,762 @@
+//! Cloud pools on the agent's side (issue 14), on `MemKv` with a real agent in-process (as
+//! `blocks.rs`), the test playing the operator by writing `cloud-if/` and `release/` records:
+//! records become interfaces served with the right device number, MAC, gateway and routes;
+//! an attaching record is not served; the release handshake per address (a free one
+//! surrendered and answered `ready`, a used one `refused`, never both; a withdrawn one taken
+//! back; the marker forgotten once the record drops the address); an address dropped from its
+//! record while in use stays frozen and is reported; a restart keeps everything and answers a
+//! `marked` key again; an ADD waits for a record; garbage records change nothing; the instance
+//! ID in the registration.
+//!
+//! Real time: the agent's SQLite threads rule out a paused clock.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use corral_agent::AgentConfig;
+use corral_agent::cluster::ClusterOptions;
+use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
+use corral_client::Client;
+use corral_cluster::{
+    CloudAttachment, CloudId, CloudInterfaceRecord, ClusterConfig, ClusterName, DemandRecord,
+    Family, IpNet, Keys, NodeName, NodeRecord, PoolName, ReleaseRecord, ReleaseState, decode_value,
+    encode_value,
+};
+use corral_kv::{Kv, MemKv, Txn, TxnOp};
+
+const NODE: &str = "node-1";
+const POOL: &str = "vpc";
+
+const CONFIG: &str = r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+[pools.watermarks]
+pre_allocate = 2
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+"#;
+
+fn keys() -> Keys {
+    Keys::new(ClusterName::new("t").unwrap())
+}
+
+fn node() -> NodeName {
+    NodeName::new(NODE).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+struct Agent {
+    socket: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<Result<(), corral_agent::AgentError>>>,
+}
+
+impl Agent {
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        kv: &MemKv,
+        dir: &Path,
+        pool_wait: Duration,
+    ) -> Agent {
+        let agent = Agent::start_as(runtime, kv, dir, pool_wait, Some("i-1"));
+        wait_until("registered", Duration::from_secs(10), || {
+            agent
+                .client()
+                .status(None)
+                .unwrap()
+                .cluster
+                .is_some_and(|c| c.registered)
+        });
+        agent
+    }
+
+    fn start_as(
+        runtime: &tokio::runtime::Runtime,
+        kv: &MemKv,
+        dir: &Path,
+        pool_wait: Duration,
+        instance_id: Option<&str>,
+    ) -> Agent {
+        let config = AgentConfig {
+            pools: corral_agent::config::pools(&[]).unwrap(),
+            pool_wait,
+            ..AgentConfig::in_dir(dir)
+        };
+        let socket = config.socket.clone();
+        let options = ClusterOptions {
+            endpoints: vec![],
+            cluster: "t".into(),
+            node: NODE.into(),
+            uid: "uid-1".into(),
+            lease_ttl: Duration::from_secs(600),
+            demand_refresh: Duration::from_secs(1),
+            instance_id: instance_id.map(str::to_owned),
+        };
+        let kv = kv.clone();
+        let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
+            Box::pin(corral_agent::cluster::run(
+                kv, options, committer, state, stop,
+            ))
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let served = runtime.spawn(corral_agent::serve_with(
+            config,
+            Some(task),
+            async move {
+                let _ = stopped.await;
+            },
+            move || {
+                let _ = ready_tx.send(());
+            },
+        ));
+        ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the agent gets ready");
+        Agent {
+            socket,
+            stop: Some(stop),
+            served: Some(served),
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::unix(&self.socket)
+    }
+
+    fn cluster(&self) -> corral_api::ClusterStatus {
+        self.client().status(None).unwrap().cluster.unwrap()
+    }
+
+    /// The addresses of interface `id` on the node (empty if it is not there).
+    fn addresses(&self, id: &str) -> Vec<String> {
+        self.client()
+            .interfaces(None)
+            .map(|r| {
+                r.pools
+                    .iter()
+                    .flat_map(|p| &p.interfaces)
+                    .filter(|i| i.id == id)
+                    .flat_map(|i| i.addresses.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn stop(mut self, runtime: &tokio::runtime::Runtime) {
+        let _ = self.stop.take().unwrap().send(());
+        runtime
+            .block_on(self.served.take().unwrap())
+            .unwrap()
+            .unwrap();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+async fn put(kv: &MemKv, key: String, value: Vec<u8>) -> i64 {
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put(key, value)],
+        failure: vec![],
+    })
+    .await
+    .unwrap()
+    .revision
+}
+
+async fn put_config(kv: &MemKv) {
+    let config = ClusterConfig::from_toml(CONFIG).unwrap();
+    put(kv, keys().config(), config.to_json().unwrap().into()).await;
+}
+
+fn record(device: u32, subnet: &str, addresses: &[&str]) -> CloudInterfaceRecord {
+    CloudInterfaceRecord {
+        pool: PoolName::new(POOL).unwrap(),
+        instance_id: "i-1".into(),
+        device_index: device,
+        subnet_id: format!("subnet-{device}"),
+        subnets: vec![subnet.parse().unwrap()],
+        mac: format!("02:00:00:00:00:{device:02x}"),
+        primary_ipv4: None,
+        addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+        attachment: CloudAttachment::Attached,
+        managed: true,
+    }
+}
+
+fn if_key(id: &str) -> String {
+    keys().cloud_interface(&node(), &CloudId::new(id).unwrap())
+}
+
+/// Writes `cloud-if/<node>/<id>` as the leader does; answers the key's create revision.
+fn write_record(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    id: &str,
+    record: &CloudInterfaceRecord,
+) -> i64 {
+    runtime.block_on(async {
+        put(kv, if_key(id), encode_value(record).unwrap()).await;
+        kv.get(if_key(id).as_bytes())
+            .await
+            .unwrap()
+            .unwrap()
+            .create_revision
+    })
+}
+
+fn release_key(cidr: &str) -> String {
+    let cidr: IpNet = cidr.parse().unwrap();
+    keys().release(&node(), &PoolName::new(POOL).unwrap(), Family::V4, &cidr)
+}
+
+/// The leader's step 1: `marked`, naming the `cloud-if/` key's create revision.
+fn mark(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str, grant_revision: i64) {
+    let record = ReleaseRecord {
+        state: ReleaseState::Marked,
+        grant_revision,
+        marked_ms: 1,
+        answered_ms: 0,
+        reason: None,
+    };
+    runtime.block_on(put(kv, release_key(cidr), encode_value(&record).unwrap()));
+}
+
+fn release_record(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    cidr: &str,
+) -> Option<ReleaseRecord> {
+    runtime
+        .block_on(kv.get(release_key(cidr).as_bytes()))
+        .unwrap()
+        .map(|e| decode_value(&e.value).unwrap())
+}
+
+fn answered(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str) -> ReleaseRecord {
+    let mut answer = None;
+    wait_until("the agent's answer", Duration::from_secs(10), || {
+        answer = release_record(runtime, kv, cidr).filter(|r| r.state != ReleaseState::Marked);
+        answer.is_some()
+    });
+    answer.unwrap()
+}
+
+fn demand(runtime: &tokio::runtime::Runtime, kv: &MemKv) -> Option<DemandRecord> {
+    runtime
+        .block_on(
+            kv.get(
+                keys()
+                    .demand(&node(), &PoolName::new(POOL).unwrap())
+                    .as_bytes(),
+            ),
+        )
+        .unwrap()
+        .map(|e| decode_value(&e.value).unwrap())
+}
+
+fn network() -> CniNetwork {
+    CniNetwork {
+        name: "podnet".into(),
+        pools: vec![],
+        node_pool: Some(POOL.into()),
+        requested_pool: Some(POOL.into()),
+        configured_pool: None,
+        namespace: None,
+    }
+}
+
+fn key(i: usize) -> AttachmentKey {
+    AttachmentKey {
+        network: "podnet".into(),
+        container_id: format!("c{i}"),
+        ifname: "eth0".into(),
+    }
+}
+
+fn add(client: &mut Client, i: usize) -> Result<corral_api::Allocated, corral_client::Error> {
+    let added = client.cni_add(&CniAddRequest {
+        network: network(),
+        key: key(i),
+        owner: format!("pod-{i}"),
+        sets: vec![],
+    })?;
+    Ok(added.allocations[0].clone())
+}
+
+fn del(client: &mut Client, i: usize) {
+    client
+        .cni_del(&CniKeyRequest {
+            network: network(),
+            key: key(i),
+        })
+        .unwrap();
+}
+
+fn assert_retry_later(result: Result<corral_api::Allocated, corral_client::Error>) {
+    match result {
+        Err(corral_client::Error::Api { error, .. }) => {
+            assert_eq!(error.code, ErrorCode::RetryLater, "{error:?}");
+            assert_eq!(error.pool.as_deref(), Some(POOL), "{error:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(500));
+    // The registration carries the instance ID.
+    let registered: NodeRecord = runtime
+        .block_on(kv.get(keys().node(&node()).as_bytes()))
+        .unwrap()
+        .map(|e| decode_value(&e.value).unwrap())
+        .unwrap();
+    assert_eq!(registered.instance_id.as_deref(), Some("i-1"));
+    assert_eq!(agent.cluster().instance_id.as_deref(), Some("i-1"));
+    write_record(
+        &runtime,
+        &kv,
+        "eni-a",
+        &record(1, "10.0.1.0/24", &["10.0.1.10/32", "10.0.1.11/32"]),
+    );
+    let mut attaching = record(2, "10.0.2.0/24", &["10.0.2.10/32"]);
+    attaching.attachment = CloudAttachment::Attaching;
+    write_record(&runtime, &kv, "eni-b", &attaching);
+    wait_until("eni-a served", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 2
+    });
+    let mut client = agent.client();
+    let mut got = Vec::new();
+    for i in 0..2 {
+        let allocated = add(&mut client, i).unwrap();
+        let interface = allocated.interface.clone().unwrap();
+        assert_eq!(interface.id, "eni-a");
+        assert_eq!(interface.device_number, 1);
+        assert_eq!(interface.mac, "02:00:00:00:00:01");
+        assert_eq!(interface.subnet, "10.0.1.0/24");
+        assert_eq!(interface.gateway, Some("10.0.1.1".parse().unwrap()));
+        assert_eq!(interface.routes, vec!["10.0.0.0/16".to_owned()]);
+        got.push(allocated.address.to_string());
+    }
+    got.sort();
+    assert_eq!(got, ["10.0.1.10", "10.0.1.11"]);
+    // eni-b is attaching: not served; the ADD waits and gives up naming the pool.
+    assert!(agent.addresses("eni-b").is_empty());
+    assert_retry_later(add(&mut client, 2));
+    // The demand: 2 used, nothing free, nothing empty.
+    wait_until("the demand", Duration::from_secs(5), || {
+        demand(&runtime, &kv).is_some_and(|d| d.ipv4.is_some_and(|f| f.used == 2 && f.pending == 0))
+    });
+    let v4 = demand(&runtime, &kv).unwrap().ipv4.unwrap();
+    assert_eq!((v4.free, v4.blocks), (0, 2));
+    assert!(v4.empty.is_empty());
+    // Attached now: served from device 2.
+    write_record(
+        &runtime,
+        &kv,
+        "eni-b",
+        &record(2, "10.0.2.0/24", &["10.0.2.10/32"]),
+    );
+    wait_until("eni-b served", Duration::from_secs(10), || {
+        agent.addresses("eni-b").len() == 1
+    });
+    let allocated = add(&mut client, 3).unwrap();
+    assert_eq!(allocated.address.to_string(), "10.0.2.10");
+    assert_eq!(allocated.interface.unwrap().device_number, 2);
+    // ADD and DEL make no store request: only the demand writes that follow them.
+    let before = kv.requests();
+    del(&mut client, 3);
+    let again = add(&mut client, 3).unwrap();
+    assert_eq!(again.address.to_string(), "10.0.2.10");
+    assert!(
+        kv.requests() - before <= 2,
+        "{} requests",
+        kv.requests() - before
+    );
+    assert!(
+        agent.cluster().problems.is_empty(),
+        "{:?}",
+        agent.cluster().problems
+    );
+    agent.stop(&runtime);
+}
+
+#[test]
+fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn_one_taken_back() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"];
+    let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &all));
+    wait_until("eni-a served", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 3
+    });
+    let mut client = agent.client();
+    let used = add(&mut client, 0).unwrap().address.to_string();
+    let used_cidr = format!("{used}/32");
+    let free: Vec<&str> = all.iter().copied().filter(|a| *a != used_cidr).collect();
+    // The demand lists the two free ones, highest first.
+    wait_until("the demand", Duration::from_secs(5), || {
+        demand(&runtime, &kv).is_some_and(|d| d.ipv4.is_some_and(|f| f.used == 1))
+    });
+    let empty: Vec<String> = demand(&runtime, &kv)
+        .unwrap()
+        .ipv4
+        .unwrap()
+        .empty
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(empty, [free[1], free[0]]);
+    // In use: refused with the reason, nothing changed.
+    mark(&runtime, &kv, &used_cidr, revision);
+    let answer = answered(&runtime, &kv, &used_cidr);
+    assert_eq!(answer.state, ReleaseState::Refused);
+    assert!(answer.reason.unwrap().contains("allocation"));
+    assert!(agent.addresses("eni-a").contains(&used_cidr));
+    // Under another record revision: refused.
+    mark(&runtime, &kv, free[0], revision + 1000);
+    assert_eq!(
+        answered(&runtime, &kv, free[0]).state,
+        ReleaseState::Refused
+    );
+    // Free: surrendered, answered ready, and never handed out again.
+    mark(&runtime, &kv, free[0], revision);
+    assert_eq!(answered(&runtime, &kv, free[0]).state, ReleaseState::Ready);
+    assert!(!agent.addresses("eni-a").contains(&free[0].to_owned()));
+    let other = add(&mut client, 1).unwrap().address.to_string();
+    assert_eq!(format!("{other}/32"), free[1]);
+    assert_retry_later(add(&mut client, 2));
+    // Withdrawn (the leader deletes the key while the record still lists it): taken back.
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::delete(release_key(free[0]))],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("taken back", Duration::from_secs(10), || {
+        agent.addresses("eni-a").contains(&free[0].to_owned())
+    });
+    let back = add(&mut client, 2).unwrap().address.to_string();
+    assert_eq!(format!("{back}/32"), free[0]);
+    // Completed: surrendered again, then the leader drops it from the record and deletes the
+    // key in one txn; the address is gone and its marker forgotten.
+    del(&mut client, 2);
+    // (Cooling after the DEL: refused until the cooldown ends.)
+    mark(&runtime, &kv, free[0], revision);
+    let cooling = answered(&runtime, &kv, free[0]);
+    assert_eq!(cooling.state, ReleaseState::Refused);
+    assert!(cooling.reason.unwrap().contains("cool"));
+    agent.stop(&runtime);
+}
+
+#[test]
+fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.32/28"];
+    let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &all));
+    wait_until("eni-a served", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 3
+    });
+    let mut client = agent.client();
+    let pod = add(&mut client, 0).unwrap().address;
+    // A prefix and a single address surrendered.
+    mark(&runtime, &kv, "10.0.1.32/28", revision);
+    assert_eq!(
+        answered(&runtime, &kv, "10.0.1.32/28").state,
+        ReleaseState::Ready
+    );
+    let single = if pod.to_string() == "10.0.1.10" {
+        "10.0.1.11/32"
+    } else {
+        "10.0.1.10/32"
+    };
+    mark(&runtime, &kv, single, revision);
+    assert_eq!(answered(&runtime, &kv, single).state, ReleaseState::Ready);
+    // A restart: the pod's address, the interface and the surrenders are kept; a `marked` key
+    // (the `ready` lost) is answered `ready` again, and nothing surrendered comes back.
+    agent.stop(&runtime);
+    mark(&runtime, &kv, single, revision);
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    assert_eq!(answered(&runtime, &kv, single).state, ReleaseState::Ready);
+    assert_eq!(agent.addresses("eni-a"), [format!("{pod}/32")]);
+    let mut client = agent.client();
+    assert_eq!(
+        add(&mut client, 0).unwrap().address,
+        pod,
+        "the same pod keeps its address"
+    );
+    assert_retry_later(add(&mut client, 1));
+    // Completed: the leader takes both off the record and deletes their keys in one txn.
+    let mut kept = record(1, "10.0.1.0/24", &[]);
+    kept.addresses = vec![format!("{pod}/32").parse().unwrap()];
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![
+                TxnOp::put(if_key("eni-a"), encode_value(&kept).unwrap()),
+                TxnOp::delete(release_key(single)),
+                TxnOp::delete(release_key("10.0.1.32/28")),
+            ],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("the markers forgotten", Duration::from_secs(10), || {
+        agent
+            .client()
+            .pools(Some("node"))
+            .unwrap()
+            .pools
+            .iter()
+            .flat_map(|p| &p.exclusions)
+            .next()
+            .is_none()
+    });
+    // The cloud gives the prefix back to the node later: served again.
+    kept.addresses.push("10.0.1.32/28".parse().unwrap());
+    write_record(&runtime, &kv, "eni-a", &kept);
+    wait_until("the prefix again", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 2
+    });
+    assert!(add(&mut client, 1).is_ok());
+    agent.stop(&runtime);
+}
+
+#[test]
+fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    write_record(
+        &runtime,
+        &kv,
+        "eni-a",
+        &record(
+            1,
+            "10.0.1.0/24",
+            &["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"],
+        ),
+    );
+    write_record(
+        &runtime,
+        &kv,
+        "eni-b",
+        &record(2, "10.0.2.0/24", &["10.0.2.10/32"]),
+    );
+    wait_until("served", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 3 && agent.addresses("eni-b").len() == 1
+    });
+    let mut client = agent.client();
+    let mut pods = Vec::new();
+    for i in 0..4 {
+        pods.push(add(&mut client, i).unwrap().address.to_string());
+    }
+    del(&mut client, 2); // one address of eni-a cooling, not in use
+    del(&mut client, 1);
+    let in_use = pods[0].clone();
+    // The operator forces two addresses off eni-a (one in use, one cooling) and deletes eni-b
+    // (its address in use).
+    let remaining: Vec<&str> = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"]
+        .into_iter()
+        .filter(|a| *a != format!("{in_use}/32") && *a != format!("{}/32", pods[2]))
+        .collect();
+    write_record(
+        &runtime,
+        &kv,
+        "eni-a",
+        &record(1, "10.0.1.0/24", &remaining),
+    );
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::delete(if_key("eni-b"))],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("frozen and reported", Duration::from_secs(10), || {
+        let problems = agent.cluster().problems;
+        problems
+            .iter()
+            .any(|p| p.contains(&in_use) && p.contains("frozen"))
+            && problems.iter().any(|p| p.contains("eni-b"))
+    });
+    // Still on the node (the pods keep their addresses), handed out to nobody new.
+    assert!(agent.addresses("eni-a").contains(&format!("{in_use}/32")));
+    assert_eq!(agent.addresses("eni-b"), ["10.0.2.10/32"]);
+    let metrics = agent.client().metrics().unwrap();
+    assert!(
+        metrics.contains("corral_cloud_frozen_addresses 2"),
+        "{pods:?} {:?} {:?}",
+        agent.cluster().problems,
+        agent.addresses("eni-a")
+    );
+    assert_eq!(
+        add(&mut client, 5).unwrap().address.to_string(),
+        remaining[0].trim_end_matches("/32")
+    );
+    assert_retry_later(add(&mut client, 6));
+    // The cooling address, with nothing allocated in it, left at once.
+    assert!(
+        !agent
+            .addresses("eni-a")
+            .contains(&format!("{}/32", pods[2]))
+    );
+    // The pods keep their addresses; once the pod on eni-b is gone, eni-b leaves (the
+    // recheck while something is frozen), and the pod on eni-a's frozen address stays.
+    del(&mut client, 3);
+    wait_until("eni-b gone", Duration::from_secs(15), || {
+        agent
+            .client()
+            .interfaces(None)
+            .unwrap()
+            .pools
+            .iter()
+            .flat_map(|p| &p.interfaces)
+            .all(|i| i.id != "eni-b")
+    });
+    assert!(agent.addresses("eni-a").contains(&format!("{in_use}/32")));
+    let check = client
+        .cni_check(&CniKeyRequest {
+            network: network(),
+            key: key(0),
+        })
+        .unwrap();
+    assert_eq!(check.allocations[0].address.to_string(), in_use);
+    agent.stop(&runtime);
+}
+
+#[test]
+fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(8));
+    let socket = agent.socket.clone();
+    let waiting = std::thread::spawn(move || add(&mut Client::unix(&socket), 0));
+    wait_until(
+        "the pending ADD in the demand",
+        Duration::from_secs(5),
+        || demand(&runtime, &kv).is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 1)),
+    );
+    write_record(
+        &runtime,
+        &kv,
+        "eni-a",
+        &record(1, "10.0.1.0/24", &["10.0.1.10/32"]),
+    );
+    let allocated = waiting.join().unwrap().unwrap();
+    assert_eq!(allocated.address.to_string(), "10.0.1.10");
+    // Garbage: a value that does not decode, a record for another instance, one with an
+    // address outside its subnet, and eni-a overwritten with garbage. Nothing changes.
+    runtime.block_on(put(&kv, if_key("eni-x"), b"{not json".to_vec()));
+    let mut other = record(3, "10.0.3.0/24", &["10.0.3.10/32"]);
+    other.instance_id = "i-9".into();
+    write_record(&runtime, &kv, "eni-y", &other);
+    write_record(
+        &runtime,
+        &kv,
+        "eni-z",
+        &record(4, "10.0.4.0/24", &["10.0.5.10/32"]),
+    );
+    runtime.block_on(put(&kv, if_key("eni-a"), b"garbage".to_vec()));
+    wait_until("reported", Duration::from_secs(10), || {
+        agent.cluster().problems.len() == 4
+    });
+    let problems = agent.cluster().problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("eni-y") && p.contains("i-9")),
+        "{problems:?}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("eni-z") && p.contains("10.0.5.10")),
+        "{problems:?}"
+    );
+    assert_eq!(agent.addresses("eni-a"), ["10.0.1.10/32"]);
+    for id in ["eni-x", "eni-y", "eni-z"] {
+        assert!(agent.addresses(id).is_empty());
+    }
+    let metrics = agent.client().metrics().unwrap();
+    assert!(metrics.contains("corral_cloud_bad_records 4"), "{metrics}");
+    let check = agent
+        .client()
+        .cni_check(&CniKeyRequest {
+            network: network(),
+            key: key(0),
+        })
+        .unwrap();
+    assert_eq!(check.allocations.len(), 1);
+    agent.stop(&runtime);
+}
+
+#[test]
+fn a_node_registered_with_another_instance_is_refused_naming_both() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    agent.stop(&runtime);
+    let agent = Agent::start_as(
+        &runtime,
+        &kv,
+        dir.path(),
+        Duration::from_millis(300),
+        Some("i-2"),
+    );
+    wait_until("refused", Duration::from_secs(10), || {
+        agent
+            .cluster()
+            .last_error
+            .is_some_and(|e| e.contains("i-1") && e.contains("i-2"))
+    });
+    assert!(!agent.cluster().registered);
+    agent.stop(&runtime);
+    // Without an instance ID, the same machine is let in (it does not know better).
+    let agent = Agent::start_as(&runtime, &kv, dir.path(), Duration::from_millis(300), None);
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster().registered
+    });
+    agent.stop(&runtime);
+}
