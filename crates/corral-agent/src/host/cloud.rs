@@ -287,8 +287,9 @@ impl<S: Store, C: Clock> Host<S, C> {
                 if surrendered.contains(address) {
                     continue;
                 }
-                retire(scope, pool, &interface.id, *address, now, &mut outcome)?;
-                changed_pools.insert(pool.clone());
+                if retire(scope, pool, &interface.id, *address, now, &mut outcome)? {
+                    changed_pools.insert(pool.clone());
+                }
             }
         }
         // Interfaces of the cloud pools without an attached record.
@@ -308,16 +309,20 @@ impl<S: Store, C: Clock> Host<S, C> {
                 .unwrap_or_default();
             for (id, addresses) in orphans {
                 for address in addresses {
-                    retire(scope, pool, &id, address, now, &mut outcome)?;
+                    if retire(scope, pool, &id, address, now, &mut outcome)? {
+                        changed_pools.insert(pool.clone());
+                    }
                 }
-                changed_pools.insert(pool.clone());
                 let Some(table) = scope.interfaces.get_mut(pool) else {
                     continue;
                 };
                 if table.addresses(&id).is_some_and(<[IpNet]>::is_empty) {
                     // No address left, so nothing allocated: the primary goes too.
                     match table.remove_interface(&mut scope.engine, &id, true, now) {
-                        Ok(_) => outcome.removed.push(id.to_string()),
+                        Ok(_) => {
+                            outcome.removed.push(id.to_string());
+                            changed_pools.insert(pool.clone());
+                        }
                         Err(error) => outcome
                             .problems
                             .push(format!("interface {id} (pool {pool}) not removed: {error}")),
@@ -536,7 +541,7 @@ fn add_cloud_interface(
 }
 
 /// An address no record lists (and not surrendered): removed if nothing is allocated in it
-/// (a cooling one too), else frozen.
+/// (a cooling one too), else frozen. Answers whether anything changed.
 fn retire(
     scope: &mut Scope,
     pool: &PoolName,
@@ -544,9 +549,9 @@ fn retire(
     address: IpNet,
     now: Timestamp,
     outcome: &mut CloudOutcome,
-) -> Result<(), OpError> {
+) -> Result<bool, OpError> {
     let Some(table) = scope.interfaces.get_mut(pool) else {
-        return Ok(());
+        return Ok(false);
     };
     // Nothing allocated in it is enough: the cloud took it already, so a cooldown has nothing
     // left to protect here (it only kept the node from handing it to a new pod too soon).
@@ -560,19 +565,24 @@ fn retire(
         Ok(_) => {
             unmark(scope, pool, address, FROZEN_REASON)?;
             outcome.removed.push(format!("{id} {address}"));
+            Ok(true)
         }
         Err(error @ InterfaceError::AddressInUse { .. }) => {
-            if !marked(scope, pool, FROZEN_REASON).contains(&address) {
+            let newly = !marked(scope, pool, FROZEN_REASON).contains(&address);
+            if newly {
                 mark(scope, pool, address, FROZEN_REASON)?;
             }
             outcome.problems.push(format!(
                 "address {address} of interface {id} (pool {pool}) is gone from the cloud record \
                  but still in use ({error}): frozen, nothing new is handed out from it"
             ));
+            Ok(newly)
         }
-        Err(error) => outcome.problems.push(format!(
-            "address {address} of interface {id} (pool {pool}) not removed: {error}"
-        )),
+        Err(error) => {
+            outcome.problems.push(format!(
+                "address {address} of interface {id} (pool {pool}) not removed: {error}"
+            ));
+            Ok(false)
+        }
     }
-    Ok(())
 }
