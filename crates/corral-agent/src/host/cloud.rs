@@ -586,3 +586,167 @@ fn retire(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use corral_store::{ScopeConfig, SqliteStore};
+
+    use super::super::Op;
+    use super::*;
+
+    fn pool() -> PoolName {
+        PoolName::new("vpc").unwrap()
+    }
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    fn wanted(addresses: &[&str], keep: &[&str]) -> Op {
+        Op::SetCloudInterfaces(CloudInterfaces {
+            pools: [pool()].into(),
+            interfaces: vec![CloudInterface {
+                pool: pool(),
+                id: InterfaceId::new("eni-a").unwrap(),
+                device_number: 1,
+                subnets: vec![net("10.0.1.0/24")],
+                mac: "02:00:00:00:00:01".parse().unwrap(),
+                routes: vec![net("10.0.0.0/16")],
+                addresses: addresses.iter().map(|a| net(a)).collect(),
+            }],
+            untouched: BTreeSet::new(),
+            keep_surrendered: keep.iter().map(|a| (pool(), net(a))).collect(),
+        })
+    }
+
+    fn run<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> Reply {
+        host.run_batch(vec![op]).remove(0).unwrap()
+    }
+
+    fn outcome<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> CloudOutcome {
+        match run(host, op) {
+            Reply::CloudInterfaces(outcome) => outcome,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn report<S: Store, C: Clock>(host: &mut Host<S, C>) -> CloudReport {
+        match run(host, Op::CloudReport) {
+            Reply::Cloud(report) => report,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn held<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
+        report(host)
+            .addresses
+            .iter()
+            .map(|a| a.address.to_string())
+            .collect()
+    }
+
+    fn surrender(address: &str) -> Op {
+        Op::SurrenderCloudAddress {
+            pool: pool(),
+            address: net(address),
+        }
+    }
+
+    fn allocate(owner: &str) -> Op {
+        Op::Allocate(api::AllocateRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "vpc".into(),
+            owner: owner.into(),
+            key: None,
+            family: None,
+            address: None,
+            lease_ms: None,
+        })
+    }
+
+    #[test]
+    fn records_surrenders_and_frozen_addresses_are_durable_and_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = || SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        let first = outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        assert_eq!(first.added.len(), 3, "{first:?}");
+        // The same records again: nothing changes.
+        assert!(!outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[])).changed());
+        let used = match run(&mut host, allocate("pod")) {
+            Reply::Allocated(got) => got.allocations[0].address.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(used, "10.0.1.10");
+        // In use: refused, nothing changed. Free: surrendered, then already surrendered.
+        assert!(matches!(
+            run(&mut host, surrender("10.0.1.10/32")),
+            Reply::Surrender(CloudSurrender::Refused(_))
+        ));
+        assert!(matches!(
+            run(&mut host, surrender("10.0.1.11/32")),
+            Reply::Surrender(CloudSurrender::Surrendered)
+        ));
+        assert!(matches!(
+            run(&mut host, surrender("10.0.1.11/32")),
+            Reply::Surrender(CloudSurrender::AlreadySurrendered)
+        ));
+        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        // Kept out while its handshake lasts, across a restart.
+        drop(host);
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        let again = outcome(
+            &mut host,
+            wanted(&["10.0.1.10/32", "10.0.1.11/32"], &["10.0.1.11/32"]),
+        );
+        assert!(!again.changed(), "{again:?}");
+        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        assert_eq!(
+            report(&mut host).surrendered,
+            [(pool(), net("10.0.1.11/32"))]
+        );
+        // The record drops the address in use: frozen, durably; nothing new from it.
+        let frozen = outcome(&mut host, wanted(&[], &["10.0.1.11/32"]));
+        assert_eq!(frozen.frozen, [(pool(), net("10.0.1.10/32"))]);
+        drop(host);
+        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        assert_eq!(report(&mut host).frozen, [(pool(), net("10.0.1.10/32"))]);
+        assert!(host.run_batch(vec![allocate("other")]).remove(0).is_err());
+        // Back on the record (and the handshake over): both served again.
+        let back = outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        assert!(
+            back.frozen.is_empty() && back.reclaimed.len() == 1,
+            "{back:?}"
+        );
+        assert_eq!(held(&mut host), ["10.0.1.10/32", "10.0.1.11/32"]);
+        match run(&mut host, allocate("other")) {
+            Reply::Allocated(got) => {
+                assert_eq!(got.allocations[0].address.to_string(), "10.0.1.11")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn conflicts_are_reported_and_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        outcome(&mut host, wanted(&["10.0.1.10/32"], &[]));
+        // Another interface at the same device number: reported, not added.
+        let mut other = match wanted(&["10.0.1.20/32"], &[]) {
+            Op::SetCloudInterfaces(w) => w,
+            _ => unreachable!(),
+        };
+        other.interfaces[0].id = InterfaceId::new("eni-b").unwrap();
+        other.interfaces[0].mac = "02:00:00:00:00:02".parse().unwrap();
+        // eni-a stays untouched (its record attaching, say).
+        other.untouched.insert(InterfaceId::new("eni-a").unwrap());
+        let got = outcome(&mut host, Op::SetCloudInterfaces(other));
+        assert!(!got.changed(), "{got:?}");
+        assert!(got.problems[0].contains("device 1"), "{:?}", got.problems);
+        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+    }
+}
