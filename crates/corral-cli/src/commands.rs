@@ -252,6 +252,10 @@ pub fn status(session: &mut Session) -> Result<Outcome, Failure> {
         for warning in &response.warnings {
             text.push_str(&format!("warning: {warning}\n"));
         }
+        // Cloud records the cluster link skipped, and cloud addresses frozen in use.
+        for problem in response.cluster.iter().flat_map(|c| &c.problems) {
+            text.push_str(&format!("cluster problem: {problem}\n"));
+        }
         text
     })
 }
