@@ -1,0 +1,174 @@
+//! Cloud pools with real processes: etcd started here on 127.0.0.1 and a `corral agent` child
+//! process given `--instance-id`; the test plays the operator by writing the node's
+//! `cloud-if/` records. A CNI ADD (as corral-ipam sends it in agent mode) gets an address of the
+//! interface with its device number; the agent SIGKILLed and restarted keeps the pod's address
+//! and the interface, and serves the rest.
+//!
+//! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
+use corral_client::Client;
+use corral_cluster::{
+    CloudAttachment, CloudId, CloudInterfaceRecord, ClusterName, Keys, NodeName, NodeRecord,
+    PoolName, decode_value, encode_value,
+};
+use corral_kv::{Kv, Txn, TxnOp};
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+use common::Agent;
+
+const CLOUD: &str = r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+[pools.watermarks]
+pre_allocate = 2
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+"#;
+
+fn network() -> CniNetwork {
+    CniNetwork {
+        name: "podnet".into(),
+        pools: Vec::new(),
+        node_pool: Some("vpc".into()),
+        requested_pool: None,
+        configured_pool: Some("vpc".into()),
+        namespace: None,
+    }
+}
+
+fn key(container: &str) -> AttachmentKey {
+    AttachmentKey {
+        network: "podnet".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+    }
+}
+
+fn add(socket: &Path, container: &str) -> Result<corral_api::Allocated, corral_client::Error> {
+    let response = Client::unix(socket).cni_add(&CniAddRequest {
+        network: network(),
+        key: key(container),
+        owner: format!("pod/{container}"),
+        sets: Vec::new(),
+    })?;
+    Ok(response.allocations[0].clone())
+}
+
+fn start(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = agent_config(dir);
+    let endpoints = endpoints(etcd);
+    Agent::start(
+        &[
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--etcd".as_ref(),
+            endpoints.as_ref(),
+            "--cluster".as_ref(),
+            "t".as_ref(),
+            "--node".as_ref(),
+            "node-a".as_ref(),
+            "--lease-ttl".as_ref(),
+            "3".as_ref(),
+            "--instance-id".as_ref(),
+            "i-0abc".as_ref(),
+            "--pool-wait".as_ref(),
+            "300".as_ref(),
+        ],
+        &dir.join("agent.sock"),
+    )
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_interface_record_serves_pods_through_a_sigkill() {
+    let etcd = start_etcd(1);
+    let dir = tempfile::tempdir().unwrap();
+    init(&etcd, dir.path(), CLOUD);
+    let agent_dir = dir.path().join("node-a");
+    let agent = start(&etcd, &agent_dir);
+    let kv = kv(&etcd);
+    let keys = Keys::new(ClusterName::new("t").unwrap());
+    let node = NodeName::new("node-a").unwrap();
+    let registered = || -> Option<NodeRecord> {
+        block_on(kv.get(keys.node(&node).as_bytes()))
+            .unwrap()
+            .map(|e| decode_value(&e.value).unwrap())
+    };
+    wait_until("registered", Duration::from_secs(10), || {
+        registered().is_some()
+    });
+    assert_eq!(registered().unwrap().instance_id.as_deref(), Some("i-0abc"));
+    // The operator's record: eni-1 at device 1 with two secondary addresses.
+    let record = CloudInterfaceRecord {
+        pool: PoolName::new("vpc").unwrap(),
+        instance_id: "i-0abc".into(),
+        device_index: 1,
+        subnet_id: "subnet-1".into(),
+        subnets: vec!["10.0.32.0/20".parse().unwrap()],
+        mac: "02:aa:bb:cc:dd:01".into(),
+        primary_ipv4: Some("10.0.32.9".parse().unwrap()),
+        addresses: vec![
+            "10.0.32.10/32".parse().unwrap(),
+            "10.0.32.11/32".parse().unwrap(),
+        ],
+        attachment: CloudAttachment::Attached,
+        managed: true,
+    };
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put(
+            keys.cloud_interface(&node, &CloudId::new("eni-1").unwrap()),
+            encode_value(&record).unwrap(),
+        )],
+        failure: vec![],
+    }))
+    .unwrap();
+    let socket = agent_dir.join("agent.sock");
+    let mut first = None;
+    wait_until(
+        "an address from the interface",
+        Duration::from_secs(10),
+        || {
+            first = add(&socket, "c1").ok();
+            first.is_some()
+        },
+    );
+    let first = first.unwrap();
+    let interface = first.interface.clone().unwrap();
+    assert_eq!(
+        (interface.id.as_str(), interface.device_number),
+        ("eni-1", 1)
+    );
+    assert_eq!(interface.gateway, Some("10.0.32.1".parse().unwrap()));
+    assert!(["10.0.32.10", "10.0.32.11"].contains(&first.address.to_string().as_str()));
+    // SIGKILL and restart: the pod keeps its address, the other one is served next.
+    agent.kill();
+    let _agent = start(&etcd, &agent_dir);
+    let held = Client::unix(&socket)
+        .cni_check(&CniKeyRequest {
+            network: network(),
+            key: key("c1"),
+        })
+        .unwrap();
+    assert_eq!(held.allocations[0].address, first.address);
+    let second = add(&socket, "c2").unwrap();
+    assert_ne!(second.address, first.address);
+    assert_eq!(second.interface.unwrap().device_number, 1);
+    // Both handed out: the next ADD waits, then fails naming the pool.
+    match add(&socket, "c3") {
+        Err(corral_client::Error::Api { error, .. }) => {
+            assert_eq!(error.pool.as_deref(), Some("vpc"), "{error:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
