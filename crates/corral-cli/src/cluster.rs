@@ -527,6 +527,10 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                             text.push_str(&blocks.summary());
                             text.push('\n');
                         }
+                        // Cloud pools: the node's interfaces as the operator recorded them.
+                        if let Ok(name) = NodeName::new(&args.name) {
+                            text.push_str(&cloud_interfaces_table(&view, &name));
+                        }
                         text
                     }
                 }))
@@ -606,4 +610,41 @@ async fn live_nodes(kv: &EtcdKv, keys: &Keys) -> Result<Vec<String>, Failure> {
             _ => None,
         })
         .collect())
+}
+
+/// The node's `cloud-if/` records as `corral node show` prints them (nothing without any).
+fn cloud_interfaces_table(view: &corral_cluster::ClusterView, node: &NodeName) -> String {
+    let mut text = String::new();
+    for (id, entry) in view.cloud_interfaces_of(node) {
+        if text.is_empty() {
+            text.push_str("cloud interfaces:\n");
+        }
+        let Some(record) = &entry.record else {
+            text.push_str(&format!("  {id}: a record that cannot be read\n"));
+            continue;
+        };
+        let addresses: Vec<String> = record.addresses.iter().map(ToString::to_string).collect();
+        text.push_str(&format!(
+            "  {id} pool {} device {} {} subnet {} mac {}{}: {}\n",
+            record.pool,
+            record.device_index,
+            match record.attachment {
+                corral_cluster::CloudAttachment::Attached => "attached",
+                corral_cluster::CloudAttachment::Attaching => "attaching",
+            },
+            record.subnet_id,
+            record.mac,
+            if record.managed {
+                ""
+            } else {
+                " (not corral's)"
+            },
+            if addresses.is_empty() {
+                "no addresses".to_owned()
+            } else {
+                addresses.join(", ")
+            }
+        ));
+    }
+    text
 }

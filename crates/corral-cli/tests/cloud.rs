@@ -2,7 +2,7 @@
 //! process given `--instance-id`; the test plays the operator by writing the node's
 //! `cloud-if/` records. A CNI ADD (as corral-ipam sends it in agent mode) gets an address of the
 //! interface with its device number; the agent SIGKILLed and restarted keeps the pod's address
-//! and the interface, and serves the rest.
+//! and the interface, and serves the rest; `corral node show` prints the interface.
 //!
 //! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
 
@@ -171,4 +171,20 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         }
         other => panic!("{other:?}"),
     }
+    // `corral node show` prints the node's cloud interfaces.
+    let endpoints = endpoints(&etcd);
+    let (code, out, err) = corral(&[
+        "node",
+        "show",
+        "node-a",
+        "--etcd",
+        &endpoints,
+        "--cluster",
+        "t",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("eni-1 pool vpc device 1 attached subnet subnet-1 mac 02:aa:bb:cc:dd:01: 10.0.32.10/32, 10.0.32.11/32"),
+        "{out}"
+    );
 }
