@@ -968,8 +968,7 @@ impl DemandWriter {
         if !blocks && !clouds {
             return Ok(());
         }
-        let mut records = BTreeMap::new();
-        let pending = state.blocks.pending();
+        let mut block_report = None;
         if blocks {
             let report = match committer.submit(Op::BlockReport).await {
                 Ok(Reply::Blocks(report)) => report,
@@ -983,8 +982,9 @@ impl DemandWriter {
                 .metrics
                 .surrendered
                 .set(i64::try_from(report.surrendered.len()).unwrap_or(i64::MAX));
-            records = demand_records(config, &report, &pending);
+            block_report = Some(report);
         }
+        let mut cloud_report = None;
         if clouds {
             let report = match committer.submit(Op::CloudReport).await {
                 Ok(Reply::Cloud(report)) => report,
@@ -996,9 +996,17 @@ impl DemandWriter {
                     return Ok(());
                 }
             };
+            cloud_report = Some(report);
+        }
+        // As ever: the urgency taken, then the waiting ADDs read, after the pools were.
+        let urgent_add = state.blocks.take_urgent();
+        let pending = state.blocks.pending();
+        let mut records = block_report
+            .map(|report| demand_records(config, &report, &pending))
+            .unwrap_or_default();
+        if let Some(report) = cloud_report {
             records.extend(cloud_pool::demand_records(config, &report, &pending));
         }
-        let urgent_add = state.blocks.take_urgent();
         let mut changed = Vec::new();
         let mut urgent = urgent_add;
         for (pool, record) in &records {
