@@ -132,6 +132,38 @@ fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
         .collect()
 }
 
+/// An exclusion an operator makes may not carry a cloud marker's reason: the cluster link
+/// would take it for its own.
+pub(super) fn reject_cloud_reason(reason: &str) -> Result<(), OpError> {
+    if reason == SURRENDERED_REASON || reason == FROZEN_REASON {
+        return Err(OpError::bad_request(format!(
+            "exclusion reason {reason:?} is kept for the cluster link's cloud pools; choose another"
+        )));
+    }
+    Ok(())
+}
+
+/// A cloud marker is not removed through the API: a surrendered address may be released by
+/// the cluster any moment, and a frozen one is no longer the node's in the cloud.
+pub(super) fn refuse_marker_removal(
+    scope: &Scope,
+    pool: &PoolName,
+    network: IpNet,
+) -> Result<(), OpError> {
+    for reason in [SURRENDERED_REASON, FROZEN_REASON] {
+        if marked(scope, pool, reason).contains(&network) {
+            return Err(OpError::new(
+                corral_api::ErrorCode::Conflict,
+                format!(
+                    "{network} of pool {pool} is excluded by the cluster link ({reason}); it \
+                     leaves with its handshake or once free"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Adds a marker exclusion (engine and stored configuration).
 fn mark(scope: &mut Scope, pool: &PoolName, net: IpNet, reason: &str) -> Result<(), OpError> {
     let exclusion =
@@ -694,6 +726,26 @@ mod tests {
             Reply::Surrender(CloudSurrender::AlreadySurrendered)
         ));
         assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        // The marker is the link's: the API neither removes it nor makes one.
+        let exclusion = |network: &str, reason: &str| api::ExclusionRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "vpc".into(),
+            network: network.into(),
+            reason: reason.into(),
+        };
+        let refused = host
+            .run_batch(vec![Op::RemoveExclusion(exclusion("10.0.1.11/32", ""))])
+            .remove(0)
+            .unwrap_err();
+        assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
+        let refused = host
+            .run_batch(vec![Op::AddExclusion(exclusion(
+                "10.0.1.99/32",
+                SURRENDERED_REASON,
+            ))])
+            .remove(0)
+            .unwrap_err();
+        assert_eq!(refused.code, api::ErrorCode::BadRequest, "{refused:?}");
         // Kept out while its handshake lasts, across a restart.
         drop(host);
         let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();

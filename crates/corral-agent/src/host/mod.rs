@@ -550,6 +550,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                 let exclusion = Exclusion::parse(&request.network, &request.reason)
                     .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
                 reject_local_reason(&request.reason)?;
+                cloud::reject_cloud_reason(&request.reason)?;
                 let scope = self.node_scope_mut(&request.scope, "exclusions")?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
                 let network = exclusion.network().to_string();
@@ -568,6 +569,7 @@ impl<S: Store, C: Clock> Host<S, C> {
                 let network = corral_core::parse_net(&request.network)
                     .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
                 let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+                cloud::refuse_marker_removal(scope, &pool, network)?;
                 scope.engine.remove_exclusion(&pool, network)?;
                 let text = network.to_string();
                 if let Some(stored) = spec_mut(scope, &pool) {
