@@ -6,7 +6,7 @@
 //! back; the marker forgotten once the record drops the address); an address dropped from its
 //! record while in use stays frozen and is reported; a restart keeps everything and answers a
 //! `marked` key again; an ADD waits for a record; garbage records change nothing; the instance
-//! ID in the registration.
+//! ID in the registration; and under pod churn, no surrendered address is ever handed out.
 //!
 //! Real time: the agent's SQLite threads rule out a paused clock.
 
@@ -758,5 +758,112 @@ fn a_node_registered_with_another_instance_is_refused_naming_both() {
     wait_until("registered", Duration::from_secs(10), || {
         agent.cluster().registered
     });
+    agent.stop(&runtime);
+}
+
+/// Marks under pod churn: every `ready` finds the address with no allocation, and no ADD gets
+/// it until the handshake is withdrawn; every `refused` leaves it on the interface.
+#[test]
+fn under_churn_a_surrendered_address_is_never_also_handed_out() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(20));
+    let all: Vec<String> = (10..18).map(|i| format!("10.0.1.{i}/32")).collect();
+    let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &refs));
+    wait_until("served", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 8
+    });
+    // The churn: 6 keys, ADD or DEL at random; every ADD answer with when it came.
+    let answers: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (socket, answers, stop) = (
+            agent.socket.clone(),
+            Arc::clone(&answers),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || {
+            let mut client = Client::unix(&socket);
+            let mut state = 0x2545_f491_4f6c_dd1du64;
+            while !stop.load(Ordering::Acquire) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let i = (state % 6) as usize;
+                if state % 3 == 0 {
+                    del(&mut client, i);
+                } else if let Ok(got) = add(&mut client, i) {
+                    answers
+                        .lock()
+                        .unwrap()
+                        .push((Instant::now(), format!("{}/32", got.address)));
+                }
+            }
+        })
+    };
+    let (mut ready, mut refused) = (0, 0);
+    for round in 0..24 {
+        let address = all[round % all.len()].as_str();
+        mark(&runtime, &kv, address, revision);
+        let answer = answered(&runtime, &kv, address);
+        let seen = Instant::now();
+        match answer.state {
+            ReleaseState::Ready => {
+                ready += 1;
+                let dump = agent.client().dump(Some("node")).unwrap();
+                let allocated: Vec<String> = dump
+                    .scopes
+                    .iter()
+                    .flat_map(|s| &s.pools)
+                    .flat_map(|p| &p.allocations)
+                    .map(|a| format!("{}/32", a.address))
+                    .collect();
+                assert!(
+                    !allocated.contains(&address.to_owned()),
+                    "{address} ready and allocated"
+                );
+                assert!(!agent.addresses("eni-a").contains(&address.to_owned()));
+                std::thread::sleep(Duration::from_millis(100));
+                let withdrawn = Instant::now();
+                runtime
+                    .block_on(kv.txn(Txn {
+                        compares: vec![],
+                        success: vec![TxnOp::delete(release_key(address))],
+                        failure: vec![],
+                    }))
+                    .unwrap();
+                let handed = answers
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|(at, a)| a == address && *at >= seen && *at < withdrawn);
+                assert!(!handed, "{address} handed out while surrendered");
+                wait_until("taken back", Duration::from_secs(10), || {
+                    agent.addresses("eni-a").contains(&address.to_owned())
+                });
+            }
+            ReleaseState::Refused => {
+                refused += 1;
+                assert!(agent.addresses("eni-a").contains(&address.to_owned()));
+                runtime
+                    .block_on(kv.txn(Txn {
+                        compares: vec![],
+                        success: vec![TxnOp::delete(release_key(address))],
+                        failure: vec![],
+                    }))
+                    .unwrap();
+            }
+            ReleaseState::Marked => unreachable!(),
+        }
+    }
+    stop.store(true, Ordering::Release);
+    churn.join().unwrap();
+    assert!(ready > 0 && refused > 0, "ready {ready}, refused {refused}");
+    assert!(answers.lock().unwrap().len() > 20);
     agent.stop(&runtime);
 }
