@@ -795,7 +795,7 @@ fn under_churn_a_surrendered_address_is_never_also_handed_out() {
                 state ^= state >> 7;
                 state ^= state << 17;
                 let i = (state % 6) as usize;
-                if state % 3 == 0 {
+                if state.is_multiple_of(3) {
                     del(&mut client, i);
                 } else if let Ok(got) = add(&mut client, i) {
                     answers
