@@ -49,14 +49,20 @@
 use std::future::Future;
 
 mod action;
+mod bucket;
 pub mod contract;
 mod error;
 pub mod fake;
+mod scheduler;
 mod types;
 
 pub use action::Action;
+pub use bucket::BucketLimit;
 pub use error::CloudError;
 pub use fake::FakeEc2;
+pub use scheduler::{
+    ActionStats, AdaptPolicy, RetryPolicy, Scheduled, SchedulerConfig, SchedulerStats,
+};
 pub use types::*;
 
 /// One cloud account in one region, as EC2 presents it to a node or to the operator.
