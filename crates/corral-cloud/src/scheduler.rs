@@ -272,6 +272,11 @@ impl SchedulerStats {
         &self.actions[action.index()]
     }
 
+    /// Each action with its counters, in [`Action::ALL`]'s order.
+    pub fn iter(&self) -> impl Iterator<Item = (Action, &ActionStats)> {
+        Action::ALL.into_iter().zip(self.actions.iter())
+    }
+
     /// Calls sent, every action.
     pub fn total_sent(&self) -> u64 {
         self.actions.iter().map(|a| a.sent).sum()

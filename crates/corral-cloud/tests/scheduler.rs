@@ -671,3 +671,49 @@ fn a_bad_configuration_is_refused() {
         }
     });
 }
+
+/// The scheduler is a faithful provider: the whole contract suite passes through it, under a
+/// throttling storm, and every throttle answer it met was repeated (the suite's own repeats
+/// see few of them).
+#[tokio::test(start_paused = true)]
+async fn the_contract_suite_passes_through_the_scheduler_in_a_storm() {
+    use corral_cloud::contract::{self, Fixture};
+    let fake = FakeEc2::builder()
+        .seed(13)
+        .subnet(SubnetSpec::new(
+            "subnet-a",
+            "vpc-1",
+            "us-east-1a",
+            "10.0.0.0/24".parse().unwrap(),
+        ))
+        .subnet(SubnetSpec::new(
+            "subnet-b",
+            "vpc-1",
+            "us-east-1b",
+            "10.0.1.0/24".parse().unwrap(),
+        ))
+        .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-node1"))
+        .build()
+        .unwrap();
+    let fixture = Fixture::new("i-node1", "subnet-a");
+    let scheduled = Scheduled::new(fake.clone(), SchedulerConfig::default()).unwrap();
+    fake.throttle_storm(0.3, Duration::from_secs(120));
+    contract::describe_instance_and_type(&scheduled, &fixture).await;
+    contract::describe_subnets(&scheduled, &fixture).await;
+    contract::interface_lifecycle(&scheduled, &fixture).await;
+    contract::secondary_addresses(&scheduled, &fixture).await;
+    contract::tags(&scheduled, &fixture).await;
+    contract::not_found_errors(&scheduled, &fixture).await;
+    contract::client_token_idempotent_create(&scheduled, &fixture).await;
+    contract::occupied_device_index_refused(&scheduled, &fixture).await;
+    contract::delete_attached_refused(&scheduled, &fixture).await;
+    contract::limits_attachment(&scheduled, &fixture).await;
+    contract::limits_addresses(&scheduled, &fixture).await;
+    contract::prefix_delegation_ipv4(&scheduled, &fixture).await;
+    assert_eq!(fake.interfaces().len(), 1, "only the primary is left");
+    let stats = scheduled.stats();
+    let counters = fake.counters();
+    assert!(stats.total_throttled() > 0);
+    assert_eq!(stats.total_throttled(), counters.total_throttled());
+    assert_eq!(stats.total_sent(), counters.total_calls());
+}
