@@ -65,7 +65,7 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 10 sends, 250 ms doubling to 20 s (about 50 s of backoff before giving up).
+    /// 10 sends, 250 ms doubling to 20 s (36 to 72 s of backoff in all before giving up).
     fn default() -> RetryPolicy {
         RetryPolicy {
             max_attempts: 10,
