@@ -331,7 +331,7 @@ impl Lane {
     }
 
     fn millis(&self, fraction: f64) -> u64 {
-        ((self.full_millis as f64 * fraction) as u64).clamp(1, self.full_millis)
+        ((self.full_millis as f64 * fraction).round() as u64).clamp(1, self.full_millis)
     }
 
     /// Brings the bucket's rate up to date.
@@ -788,5 +788,84 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
             provider.delete_tags(resource_ids, keys)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane() -> (Lane, Instant) {
+        let now = Instant::now();
+        let limit = BucketLimit {
+            burst: 100,
+            per_second: 5,
+        };
+        (Lane::new(limit, now), now)
+    }
+
+    #[test]
+    fn a_throttle_drains_halves_once_per_hold_and_the_rate_climbs_back() {
+        let adapt = AdaptPolicy::default();
+        let (mut lane, start) = lane();
+        lane.throttled(start, Some(&adapt));
+        assert_eq!(lane.bucket.tokens(start), 0.0);
+        assert_eq!(lane.rate(start, Some(&adapt)), 2.5);
+        // Within the hold: drained again, not cut again.
+        let soon = start + Duration::from_millis(500);
+        lane.throttled(soon, Some(&adapt));
+        assert_eq!(lane.bucket.tokens(soon), 0.0);
+        // 2.5 + 5 × 0.5 / 30 tokens a second, in whole thousandths.
+        assert_eq!(lane.rate(soon, Some(&adapt)), 2.583);
+        // Climbs a thirtieth of the full rate per second: full again 15 s after the cut.
+        let later = start + Duration::from_secs(6);
+        assert_eq!(lane.rate(later, Some(&adapt)), 3.5);
+        lane.update_rate(start + Duration::from_secs(15), Some(&adapt));
+        assert!(lane.cut.is_none());
+        assert_eq!(
+            lane.rate(start + Duration::from_secs(15), Some(&adapt)),
+            5.0
+        );
+    }
+
+    #[test]
+    fn cuts_stop_at_the_floor_and_a_cut_bucket_holds_one_second() {
+        let adapt = AdaptPolicy {
+            recovery: MAX_DURATION,
+            ..AdaptPolicy::default()
+        };
+        let (mut lane, start) = lane();
+        for second in 0..10 {
+            lane.throttled(start + Duration::from_secs(second), Some(&adapt));
+        }
+        let now = start + Duration::from_secs(10);
+        let rate = lane.rate(now, Some(&adapt));
+        assert!((0.5..0.51).contains(&rate), "{rate}");
+        // An idle minute refills one second of the rate, at least one token: not the burst.
+        let idle = now + Duration::from_secs(60);
+        lane.update_rate(idle, Some(&adapt));
+        assert_eq!(lane.bucket.tokens(idle), 1.0);
+    }
+
+    #[test]
+    fn without_adaptation_a_throttle_only_drains() {
+        let (mut lane, start) = lane();
+        lane.throttled(start, None);
+        assert_eq!(lane.bucket.tokens(start), 0.0);
+        assert_eq!(lane.rate(start, None), 5.0);
+        assert_eq!(
+            lane.bucket.time_to_token(start),
+            Some(Duration::from_millis(200))
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap() {
+        let retry = RetryPolicy::default();
+        let full: Vec<Duration> = (1..=10).map(|n| retry.backoff(n).1).collect();
+        let millis = [250, 500, 1000, 2000, 4000, 8000, 16000, 20000, 20000, 20000];
+        assert_eq!(full, millis.map(Duration::from_millis).to_vec());
+        assert_eq!(retry.backoff(1).0, Duration::from_millis(125));
+        assert_eq!(retry.backoff(u32::MAX).1, Duration::from_secs(20));
     }
 }

@@ -488,6 +488,34 @@ async fn waiters_are_served_in_arrival_order() {
     assert_eq!(describe.waited, Duration::from_secs((1..20).sum()));
 }
 
+/// A caller that gives up waiting (its future dropped, as by a timeout) leaves the queue; the
+/// others are served as before and no token is lost.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_gives_up_leaves_the_queue() {
+    let fake = quiet();
+    let config = SchedulerConfig::default().bucket(
+        Action::DescribeSubnets,
+        Some(BucketLimit {
+            burst: 1,
+            per_second: 1,
+        }),
+    );
+    let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    let filter = SubnetFilter::default();
+    scheduled.describe_subnets(&filter).await.unwrap();
+    let started = Instant::now();
+    let impatient = tokio::time::timeout(
+        Duration::from_millis(500),
+        scheduled.describe_subnets(&filter),
+    )
+    .await;
+    assert!(impatient.is_err(), "gave up before its token");
+    scheduled.describe_subnets(&filter).await.unwrap();
+    // The next token came at 1 s, as if the impatient caller had never queued.
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    assert_eq!(fake.counters().calls(Action::DescribeSubnets), 2);
+}
+
 /// A shutdown releases every waiter at once with `Cancelled`, and later calls are not sent.
 #[tokio::test(start_paused = true)]
 async fn shutdown_releases_waiters_at_once_and_sends_nothing_more() {
