@@ -28,6 +28,33 @@
 //!   calls not yet sent and calls waiting for a token or a backoff return
 //!   [`CloudError::Cancelled`] at once (or the ambiguous error of their last attempt, which the
 //!   caller must reconcile); a call already sent is answered as usual.
+//!
+//! ```
+//! use corral_cloud::fake::{InstanceSpec, SubnetSpec};
+//! use corral_cloud::{Action, CloudError, CloudProvider, FakeEc2, Scheduled, SchedulerConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let ec2 = FakeEc2::builder()
+//!     .subnet(SubnetSpec::new("subnet-a", "vpc-1", "us-east-1a", "10.0.0.0/24".parse().unwrap()))
+//!     .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
+//!     .build()
+//!     .unwrap();
+//! // One scheduler for the process; one session per leadership term.
+//! let scheduler = Scheduled::new(ec2, SchedulerConfig::default()).unwrap();
+//! let term = scheduler.session();
+//! let instance = term.describe_instance("i-1").await.unwrap();
+//! assert_eq!(instance.instance_type, "m5.large");
+//! term.shutdown(); // the lead is lost: nothing more is sent
+//! assert_eq!(
+//!     term.describe_instance("i-1").await,
+//!     Err(CloudError::Cancelled { action: Action::DescribeInstances })
+//! );
+//! let stats = scheduler.stats();
+//! assert_eq!(stats.action(Action::DescribeInstances).sent, 1);
+//! assert_eq!(stats.action(Action::DescribeInstances).cancelled, 1);
+//! # }
+//! ```
 
 use std::collections::BTreeMap;
 use std::fmt;
