@@ -464,7 +464,7 @@ pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
             return out;
         }
         let wanted = if demand.fill_whole { room } else { want };
-        match place(input, &usable, pd, wanted, demand.fill_whole) {
+        match place(input, &usable, pd, wanted) {
             Some(action) => out.action = action,
             None => out.at_capacity = true,
         }
@@ -529,12 +529,12 @@ fn demand(
 
 /// Where `wanted` addresses go: an existing attached interface with room whose subnet has
 /// room (lowest device index first), else a new interface; `None` when neither can be had.
+/// (WARM_ENI asks for all the room under the caps: a whole interface's worth.)
 fn place(
     input: &NodeCloudInput<'_>,
     usable: &[&InterfaceView],
     pd: bool,
     wanted: u64,
-    fill_whole: bool,
 ) -> Option<CloudAction> {
     let family = input.family;
     let subnet = |id: &str| input.subnets.iter().find(|s| s.id == id);
@@ -560,11 +560,7 @@ fn place(
                 continue;
             }
             let unit = if prefixes { prefix_units(family) } else { 1 };
-            let asked = if fill_whole {
-                slots
-            } else {
-                wanted.div_ceil(unit)
-            };
+            let asked = wanted.div_ceil(unit);
             let count = slots.min(room).min(asked).max(1);
             return Some(CloudAction::Assign {
                 interface: interface.id.clone(),
@@ -587,11 +583,7 @@ fn place(
     let modes: &[bool] = if pd { &[true, false] } else { &[false] };
     for &prefixes in modes {
         let unit = if prefixes { prefix_units(family) } else { 1 };
-        let asked = if fill_whole {
-            per_interface
-        } else {
-            wanted.div_ceil(unit).min(per_interface)
-        };
+        let asked = wanted.div_ceil(unit).min(per_interface);
         let asked32 = u32::try_from(asked).unwrap_or(u32::MAX);
         let Some(s) = choose_subnet(
             input.cloud,

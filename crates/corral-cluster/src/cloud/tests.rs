@@ -259,6 +259,18 @@ fn aws_warm_eni_worked_examples() {
             prefixes: false,
         }
     );
+    // max-allocate 12 caps the whole interface's worth at 3.
+    let mut capped = node.clone();
+    capped.watermarks.max_allocate = 12;
+    assert_eq!(
+        capped.plan().action,
+        CloudAction::Create {
+            subnet_id: "subnet-a".to_owned(),
+            device_index: 1,
+            count: 3,
+            prefixes: false,
+        }
+    );
     // Ten pods on three full interfaces: 17 free.
     node.interfaces = vec![iface(0, 9), iface(1, 9), iface(2, 9)];
     node.demand = Some(demand_of(&node.interfaces, 10));
