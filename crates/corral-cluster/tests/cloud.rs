@@ -7,7 +7,9 @@
 //! unassign of an address not surrendered; never a create while an attached interface has room
 //! in a subnet with room; at capacity ⇒ no action; a `secondaries_only` interface never gets
 //! prefixes while the others keep them; and once demand stays constant the node settles with
-//! no allocation after a release nor a release after an allocation.
+//! no allocation after a release nor a release after an allocation. Also: the serving order
+//! is a stable permutation by class, and the leak collector deletes only ripe leaks, at most
+//! its cap.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -668,5 +670,87 @@ proptest! {
             "flap: {:?}",
             kinds
         );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The serving order is a permutation: nodes that need come first (by IPv4 need, then
+    /// IPv6 need, descending), idle ones next, releasing ones last (largest excess first),
+    /// equal keys in their given order.
+    #[test]
+    fn serve_order_is_a_stable_permutation(
+        keys in prop::collection::vec((0u64..4, 0u64..4, 0u64..4), 0..40),
+    ) {
+        use corral_cluster::cloud::{ServeKey, serve_order};
+        let keys: Vec<ServeKey> = keys
+            .into_iter()
+            .map(|(needed_v4, needed_v6, excess)| ServeKey { needed_v4, needed_v6, excess })
+            .collect();
+        let order = serve_order(&keys);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        prop_assert_eq!(sorted, (0..keys.len()).collect::<Vec<_>>());
+        let rank = |k: &ServeKey| {
+            if k.needed_v4 > 0 || k.needed_v6 > 0 {
+                (0, u64::MAX - k.needed_v4, u64::MAX - k.needed_v6)
+            } else if k.excess == 0 {
+                (1, 0, 0)
+            } else {
+                (2, u64::MAX - k.excess, 0)
+            }
+        };
+        for pair in order.windows(2) {
+            let (a, b) = (rank(&keys[pair[0]]), rank(&keys[pair[1]]));
+            prop_assert!(a < b || (a == b && pair[0] < pair[1]), "{:?}", order);
+        }
+    }
+
+    /// The collector deletes only tagged, available, unrecorded interfaces seen an interval
+    /// ago and old enough, at most the cap, and remembers every other candidate.
+    #[test]
+    fn leak_gc_deletes_only_ripe_leaks(
+        candidates in prop::collection::vec(
+            (any::<bool>(), any::<bool>(), any::<bool>(), prop::option::of(0u64..2000), prop::option::of(0u64..2000)),
+            0..40,
+        ),
+        now in 0u64..2000,
+        interval in 0u64..1000,
+        cap in 0usize..10,
+    ) {
+        use corral_cluster::cloud::{LeakCandidate, plan_leak_gc};
+        let mut seen = BTreeMap::new();
+        let list: Vec<LeakCandidate> = candidates
+            .iter()
+            .enumerate()
+            .map(|(k, (tagged, available, recorded, created, first))| {
+                if let Some(first) = first {
+                    seen.insert(id(k as u32), *first);
+                }
+                LeakCandidate {
+                    id: id(k as u32),
+                    tagged: *tagged,
+                    available: *available,
+                    created_ms: *created,
+                    recorded: *recorded,
+                }
+            })
+            .collect();
+        let plan = plan_leak_gc(&list, &seen, now, interval, cap);
+        prop_assert!(plan.delete.len() <= cap);
+        let mut ripe = 0;
+        for c in &list {
+            let leak = c.tagged && c.available && !c.recorded;
+            let first = seen.get(&c.id).copied();
+            let is_ripe = leak
+                && first.is_some_and(|f| now.saturating_sub(f.min(now)) >= interval)
+                && c.created_ms.is_none_or(|t| now.saturating_sub(t) >= interval);
+            ripe += usize::from(is_ripe);
+            let deleted = plan.delete.contains(&c.id);
+            prop_assert!(!deleted || is_ripe, "deleted {} unripe", c.id);
+            prop_assert_eq!(plan.seen.contains_key(&c.id), leak && !deleted);
+        }
+        prop_assert_eq!(plan.delete.len() + plan.over_cap, ripe);
     }
 }
