@@ -3,6 +3,7 @@
 //! they work whether or not an operator runs; only the operator grants, and removal is a
 //! request the leading operator carries out.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -460,6 +461,12 @@ fn check_agent(
             .into_iter()
             .map(|p| format!("agent {}: {p}", socket.display())),
     );
+    // Cloud pools: every address the agent serves on an interface is on its record.
+    problems.extend(
+        check_agent_cloud(keys, entries, &cluster.node, &mut client, &pools)?
+            .into_iter()
+            .map(|p| format!("agent {} (node {}): {p}", socket.display(), cluster.node)),
+    );
     let block_pools: std::collections::BTreeSet<String> = active
         .iter()
         .map(|(pool, _)| pool.clone())
@@ -647,4 +654,172 @@ fn cloud_interfaces_table(view: &corral_cluster::ClusterView, node: &NodeName) -
         ));
     }
     text
+}
+
+/// The cloud part of an agent's check: reads the agent's interfaces of the configuration's
+/// cloud pools and compares them with the node's `cloud-if/` records ([`cloud_agent_problems`]).
+fn check_agent_cloud(
+    keys: &Keys,
+    entries: &[corral_cluster::Entry],
+    node: &str,
+    client: &mut corral_client::Client,
+    pools: &corral_api::PoolsResponse,
+) -> Result<Vec<String>, Failure> {
+    let config = entries.iter().find_map(|(key, value, _)| {
+        matches!(keys.parse(key), Ok(corral_cluster::Key::Config))
+            .then(|| ClusterConfig::from_json(value).ok())
+            .flatten()
+    });
+    let Some(config) = config else {
+        return Ok(Vec::new());
+    };
+    let cloud_pools: Vec<String> = config
+        .pools
+        .iter()
+        .filter(|p| p.is_cloud())
+        .map(|p| p.name.to_string())
+        .collect();
+    if cloud_pools.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut records: BTreeMap<String, Option<corral_cluster::CloudInterfaceRecord>> =
+        BTreeMap::new();
+    for (key, value, _) in entries {
+        if let Ok(corral_cluster::Key::CloudInterface {
+            node: owner,
+            interface,
+        }) = keys.parse(key)
+            && owner.as_str() == node
+        {
+            records.insert(
+                interface.as_str().to_owned(),
+                corral_cluster::decode_value(value).ok(),
+            );
+        }
+    }
+    let interfaces = client.interfaces(None)?;
+    let frozen: Vec<(String, String)> = pools
+        .pools
+        .iter()
+        .flat_map(|p| {
+            p.exclusions
+                .iter()
+                .filter(|e| e.reason == corral_agent::host::FROZEN_REASON)
+                .map(move |e| (p.name.clone(), e.network.clone()))
+        })
+        .collect();
+    Ok(cloud_agent_problems(
+        &cloud_pools,
+        &records,
+        &interfaces,
+        &frozen,
+    ))
+}
+
+/// What an agent serves from its cloud pools that the cluster does not give it: an address on
+/// an interface must be listed by the node's record of that interface (same pool), unless it
+/// is frozen (gone from the record while in use: nothing new is handed out from it).
+fn cloud_agent_problems(
+    cloud_pools: &[String],
+    records: &BTreeMap<String, Option<corral_cluster::CloudInterfaceRecord>>,
+    interfaces: &corral_api::InterfacesResponse,
+    frozen: &[(String, String)],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for pool in interfaces
+        .pools
+        .iter()
+        .filter(|p| cloud_pools.contains(&p.pool))
+    {
+        for interface in &pool.interfaces {
+            let record = records.get(&interface.id);
+            for address in &interface.addresses {
+                let listed = record.is_some_and(|r| {
+                    r.as_ref().is_some_and(|r| {
+                        r.pool.as_str() == pool.pool
+                            && r.addresses.iter().any(|a| a.to_string() == *address)
+                    })
+                });
+                // A record that cannot be read: the agent keeps what it had, as it should.
+                let unreadable = record.is_some_and(Option::is_none);
+                let is_frozen = frozen.iter().any(|(p, n)| *p == pool.pool && n == address);
+                if !(listed || unreadable || is_frozen) {
+                    problems.push(format!(
+                        "serves {address} on interface {} of cloud pool {}, which no cloud-if \
+                         record of the node lists",
+                        interface.id, pool.pool
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn interface(id: &str, addresses: &[&str]) -> corral_api::InterfaceInfo {
+        corral_api::InterfaceInfo {
+            id: id.into(),
+            pool: "vpc".into(),
+            device_number: 1,
+            primary: false,
+            trunk: false,
+            excluded: false,
+            mac: "02:00:00:00:00:01".into(),
+            subnets: vec!["10.0.1.0/24".into()],
+            gateways: vec![],
+            routes: vec![],
+            created_at_ms: 0,
+            addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+            n_addresses: addresses.len() as u64,
+            n_prefixes: 0,
+            total: addresses.len() as u64,
+            assigned: 0,
+            cooling: 0,
+            freeable: vec![],
+        }
+    }
+
+    #[test]
+    fn an_agent_serving_a_cloud_address_no_record_lists_is_a_problem() {
+        let record = corral_cluster::CloudInterfaceRecord {
+            pool: corral_cluster::PoolName::new("vpc").unwrap(),
+            instance_id: "i-1".into(),
+            device_index: 1,
+            subnet_id: "s".into(),
+            subnets: vec!["10.0.1.0/24".parse().unwrap()],
+            mac: "02:00:00:00:00:01".into(),
+            primary_ipv4: None,
+            addresses: vec!["10.0.1.10/32".parse().unwrap()],
+            attachment: corral_cluster::CloudAttachment::Attached,
+            managed: true,
+        };
+        let records = BTreeMap::from([
+            ("eni-a".to_owned(), Some(record)),
+            ("eni-c".to_owned(), None),
+        ]);
+        let served = corral_api::InterfacesResponse {
+            pools: vec![corral_api::InterfacePool {
+                pool: "vpc".into(),
+                total: 0,
+                assigned: 0,
+                cooling: 0,
+                interfaces: vec![
+                    interface("eni-a", &["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"]),
+                    interface("eni-b", &["10.0.2.10/32"]),
+                    interface("eni-c", &["10.0.3.10/32"]),
+                ],
+            }],
+        };
+        let frozen = vec![("vpc".to_owned(), "10.0.1.12/32".to_owned())];
+        let problems = cloud_agent_problems(&["vpc".into()], &records, &served, &frozen);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("10.0.1.11/32") && problems[0].contains("eni-a"));
+        assert!(problems[1].contains("10.0.2.10/32") && problems[1].contains("eni-b"));
+        // Not a cloud pool: not checked here.
+        assert!(cloud_agent_problems(&[], &records, &served, &frozen).is_empty());
+    }
 }

@@ -2,7 +2,9 @@
 //! process given `--instance-id`; the test plays the operator by writing the node's
 //! `cloud-if/` records. A CNI ADD (as corral-ipam sends it in agent mode) gets an address of the
 //! interface with its device number; the agent SIGKILLed and restarted keeps the pod's address
-//! and the interface, and serves the rest; `corral node show` prints the interface.
+//! and the interface, and serves the rest; `corral node show` prints the interface; an address
+//! the cloud took away while in use stays frozen, `corral status` reports it, and `corral cluster
+//! check` (given the agent) holds throughout.
 //!
 //! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
 
@@ -187,4 +189,25 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         out.contains("eni-1 pool vpc device 1 attached subnet subnet-1 mac 02:aa:bb:cc:dd:01: 10.0.32.10/32, 10.0.32.11/32"),
         "{out}"
     );
+    // And the cluster's invariants hold, the agent's interfaces included.
+    assert_check(&etcd, &[&socket]);
+    // The cloud takes the first pod's address away (an administrator, say): the pod keeps it,
+    // frozen, `corral status` says so, and the check still holds.
+    let mut forced = record.clone();
+    forced.addresses.retain(|a| a.addr() != first.address);
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put(
+            keys.cloud_interface(&node, &CloudId::new("eni-1").unwrap()),
+            encode_value(&forced).unwrap(),
+        )],
+        failure: vec![],
+    }))
+    .unwrap();
+    let socket_text = socket.display().to_string();
+    wait_until("reported frozen", Duration::from_secs(10), || {
+        let (_, out, _) = corral(&["--socket", &socket_text, "status"]);
+        out.contains("cluster problem") && out.contains(&first.address.to_string())
+    });
+    assert_check(&etcd, &[&socket]);
 }
