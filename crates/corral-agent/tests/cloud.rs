@@ -867,3 +867,53 @@ fn under_churn_a_surrendered_address_is_never_also_handed_out() {
     assert!(answers.lock().unwrap().len() > 20);
     agent.stop(&runtime);
 }
+
+/// A store outage: the agent says `degraded`, keeps its interfaces and serves from them; once
+/// the store is back it reads the records again and follows them.
+#[test]
+fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(200));
+    write_record(
+        &runtime,
+        &kv,
+        "eni-a",
+        &record(1, "10.0.1.0/24", &["10.0.1.10/32", "10.0.1.11/32"]),
+    );
+    wait_until("served", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 2
+    });
+    let mut client = agent.client();
+    add(&mut client, 0).unwrap();
+    kv.set_unavailable(true);
+    wait_until("degraded", Duration::from_secs(10), || {
+        agent.cluster().degraded
+    });
+    assert_eq!(agent.addresses("eni-a").len(), 2);
+    add(&mut client, 1).unwrap();
+    kv.set_unavailable(false);
+    wait_until("back", Duration::from_secs(10), || {
+        !agent.cluster().degraded
+    });
+    write_record(
+        &runtime,
+        &kv,
+        "eni-a",
+        &record(
+            1,
+            "10.0.1.0/24",
+            &["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"],
+        ),
+    );
+    wait_until("the new address", Duration::from_secs(10), || {
+        agent.addresses("eni-a").len() == 3
+    });
+    assert_eq!(
+        add(&mut client, 2).unwrap().address.to_string(),
+        "10.0.1.12"
+    );
+    agent.stop(&runtime);
+}
