@@ -878,11 +878,16 @@ async fn apply_cloud<K: Kv>(
         Ok(other) => return Err(LinkError::Record(format!("unexpected answer {other:?}"))),
         Err(error) => return Err(LinkError::Record(format!("{error:?}"))),
     };
-    for error in &errors {
-        eprintln!("corral agent: cluster: {error}");
-    }
     let mut problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
     problems.extend(outcome.problems.iter().cloned());
+    // Logged when they first show (they are applied again on every change).
+    let before = state
+        .lock()
+        .map(|s| s.problems.clone())
+        .unwrap_or_else(|e| e.into_inner().problems.clone());
+    for problem in problems.iter().filter(|p| !before.contains(p)) {
+        eprintln!("corral agent: cluster: {problem}");
+    }
     state
         .metrics
         .cloud_frozen
