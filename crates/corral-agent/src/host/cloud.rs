@@ -800,5 +800,16 @@ mod tests {
         assert!(!got.changed(), "{got:?}");
         assert!(got.problems[0].contains("device 1"), "{:?}", got.problems);
         assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        // An address not held (its record not applied yet, say) is marked all the same, so
+        // a record listing it later does not bring it in while the handshake lasts.
+        assert!(matches!(
+            run(&mut host, surrender("10.0.1.20/32")),
+            Reply::Surrender(CloudSurrender::Surrendered)
+        ));
+        outcome(
+            &mut host,
+            wanted(&["10.0.1.10/32", "10.0.1.20/32"], &["10.0.1.20/32"]),
+        );
+        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
     }
 }
