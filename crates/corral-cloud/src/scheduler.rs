@@ -16,7 +16,9 @@
 //!   exponential, jittered, capped backoff ([`RetryPolicy`]), at most `max_attempts` sends in
 //!   all; each repeat queues for a token again. Other errors, and ambiguous errors of a call
 //!   that is not idempotent (an assign by count, a create without a client token, attach,
-//!   detach, delete, unassign), go back to the caller, who reconciles by describing.
+//!   detach, delete, unassign), go back to the caller, who reconciles by describing. Once an
+//!   attempt was answered ambiguously the call stays ambiguous: if its repeats end in a definite
+//!   error (throttled to the last attempt) or a shutdown, the caller gets that ambiguous answer.
 //! - **Throttle answers** (other tenants share the account's buckets): the local bucket is
 //!   drained (every worker waits a full refill period, not just the throttled one) and, with
 //!   [`AdaptPolicy`] (the default), its refill rate is cut by `decrease` (at most once per
@@ -26,7 +28,7 @@
 //!   second of its rate. The sent rate settles near the share the other tenants leave.
 //! - **Shutdown** ([`Scheduled::shutdown`], or the parent's for a [`Scheduled::session`]):
 //!   calls not yet sent and calls waiting for a token or a backoff return
-//!   [`CloudError::Cancelled`] at once (or the ambiguous error of their last attempt, which the
+//!   [`CloudError::Cancelled`] at once (or the ambiguous answer of an earlier attempt, which the
 //!   caller must reconcile); a call already sent is answered as usual.
 //!
 //! ```
@@ -602,14 +604,12 @@ impl<P> Scheduled<P> {
         Ok(())
     }
 
-    /// The error for a call stopped by a shutdown: the last attempt's if it may have been
-    /// applied (the caller must reconcile), else `Cancelled`.
-    fn stopped(&self, action: Action, last: Option<CloudError>) -> CloudError {
+    /// The error for a call stopped by a shutdown: the ambiguous answer of an earlier attempt
+    /// if there was one (it may have been applied: the caller must reconcile), else
+    /// `Cancelled`.
+    fn stopped(&self, action: Action, ambiguous: Option<CloudError>) -> CloudError {
         self.shared.lock().stats[action.index()].cancelled += 1;
-        match last {
-            Some(error) if error.is_ambiguous() => error,
-            _ => CloudError::Cancelled { action },
-        }
+        ambiguous.unwrap_or(CloudError::Cancelled { action })
     }
 
     /// One call through the scheduler: token, send, and repeats as the rules allow. The call is
@@ -627,14 +627,23 @@ impl<P> Scheduled<P> {
         let idempotent = client_token || action.is_idempotent();
         let retry = self.shared.config.retry;
         let adapt = self.shared.config.adapt;
-        let mut last = None;
+        // The last ambiguous answer: once an attempt may have been applied, the call's outcome
+        // stays ambiguous whatever later repeats answer (a throttled repeat of an applied
+        // create says nothing about the first), so the caller reconciles instead of taking a
+        // definite error (or `Cancelled`) for "not applied".
+        let mut ambiguous: Option<CloudError> = None;
         let mut attempt = 1;
         loop {
             if self.acquire(action).await.is_err() {
-                return Err(self.stopped(action, last));
+                return Err(self.stopped(action, ambiguous));
             }
             self.shared.lock().stats[action.index()].sent += 1;
             let result = call().await;
+            if let Err(error) = &result
+                && error.is_ambiguous()
+            {
+                ambiguous = Some(error.clone());
+            }
             let backoff = {
                 let mut state = self.shared.lock();
                 let state = &mut *state;
@@ -660,16 +669,18 @@ impl<P> Scheduled<P> {
                 }
             };
             let Some(backoff) = backoff else {
-                return result;
+                return match (result, ambiguous) {
+                    (Err(error), Some(earlier)) if !error.is_ambiguous() => Err(earlier),
+                    (result, _) => result,
+                };
             };
-            last = result.err();
             if self
                 .cancel
                 .run_until_cancelled(tokio::time::sleep(backoff))
                 .await
                 .is_none()
             {
-                return Err(self.stopped(action, last));
+                return Err(self.stopped(action, ambiguous));
             }
             attempt += 1;
         }

@@ -754,3 +754,56 @@ async fn the_contract_suite_passes_through_the_scheduler_in_a_storm() {
     assert_eq!(stats.total_throttled(), counters.total_throttled());
     assert_eq!(stats.total_sent(), counters.total_calls());
 }
+
+/// A create with a client token that was applied but timed out, then throttled on every
+/// repeat: the caller gets the ambiguous answer (it must reconcile: the interface exists), not
+/// the last attempt's throttle answer, nor `Cancelled` when a shutdown ends the repeats.
+#[tokio::test(start_paused = true)]
+async fn an_applied_attempt_stays_ambiguous_whatever_the_later_repeats_answer() {
+    let fake = quiet();
+    let config = SchedulerConfig::default().retry(RetryPolicy {
+        max_attempts: 3,
+        ..RetryPolicy::default()
+    });
+    let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    let throttled = CloudError::RequestLimitExceeded {
+        action: Action::CreateNetworkInterface,
+    };
+    let request = CreateInterface {
+        subnet_id: "subnet-big".to_owned(),
+        client_token: Some("corral-node-1-eni-1".to_owned()),
+        ..CreateInterface::default()
+    };
+    let unattached = |fake: &FakeEc2| {
+        fake.interfaces()
+            .into_iter()
+            .filter(|i| i.attachment.is_none())
+            .count()
+    };
+    fake.time_out_next(Action::CreateNetworkInterface, 1);
+    fake.fail_next(Action::CreateNetworkInterface, 2, throttled.clone());
+    let error = scheduled.create_interface(&request).await.unwrap_err();
+    assert_eq!(fake.counters().calls(Action::CreateNetworkInterface), 3);
+    assert_eq!(unattached(&fake), 1, "the first attempt made it");
+    assert!(error.is_ambiguous(), "{error:?}");
+
+    // The same ended by a shutdown during the backoff after a throttle answer.
+    let request = CreateInterface {
+        client_token: Some("corral-node-1-eni-2".to_owned()),
+        ..request
+    };
+    fake.time_out_next(Action::CreateNetworkInterface, 1);
+    fake.fail_next(Action::CreateNetworkInterface, 1, throttled);
+    let call = {
+        let scheduled = scheduled.clone();
+        tokio::spawn(async move { scheduled.create_interface(&request).await })
+    };
+    // Both attempts are answered (no latency) and the call sits in its second backoff.
+    while fake.counters().calls(Action::CreateNetworkInterface) < 5 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    scheduled.shutdown();
+    let error = call.await.unwrap().unwrap_err();
+    assert_eq!(unattached(&fake), 2, "the first attempt made it");
+    assert!(error.is_ambiguous(), "{error:?}");
+}
