@@ -568,6 +568,11 @@ impl<P> Scheduled<P> {
         };
         let adapt = self.shared.config.adapt;
         loop {
+            // Winning the queue (or waking from the sleep) at the moment of a shutdown counts
+            // as stopped: nothing is sent once it was called.
+            if self.cancel.is_cancelled() {
+                return Err(Stopped);
+            }
             let wait = {
                 let mut state = self.shared.lock();
                 let now = Instant::now();
@@ -895,6 +900,47 @@ mod tests {
             lane.bucket.time_to_token(start),
             Some(Duration::from_millis(200))
         );
+    }
+
+    /// A waiter handed the queue by a holder that left on the shutdown, with a token there,
+    /// sends nothing: the queue's lock is won before the cancellation is seen (tokio-util
+    /// favours the completed future), so the shutdown is checked again before taking a token.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_handed_the_queue_after_a_shutdown_sends_nothing() {
+        use crate::SubnetFilter;
+        use crate::fake::{InstanceSpec, SubnetSpec};
+        let fake = crate::FakeEc2::builder()
+            .no_latency()
+            .unthrottled()
+            .subnet(SubnetSpec::new(
+                "subnet-a",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.0.0/24".parse().unwrap(),
+            ))
+            .instance(InstanceSpec::new("m5.large", "subnet-a"))
+            .build()
+            .unwrap();
+        let scheduled = Scheduled::new(fake.clone(), SchedulerConfig::default()).unwrap();
+        let lane = scheduled.shared.lane_of[Action::DescribeSubnets.index()].unwrap();
+        // The test holds the queue, as a caller sleeping for a token would.
+        let holder = scheduled.shared.queues[lane].lock().await;
+        let waiter = {
+            let scheduled = scheduled.clone();
+            tokio::spawn(async move { scheduled.describe_subnets(&SubnetFilter::default()).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "queued behind the holder");
+        // The shutdown, then the holder leaves, before the waiter runs again.
+        scheduled.shutdown();
+        drop(holder);
+        assert_eq!(
+            waiter.await.unwrap(),
+            Err(CloudError::Cancelled {
+                action: Action::DescribeSubnets
+            })
+        );
+        assert_eq!(fake.counters().total_calls(), 0);
     }
 
     #[test]
