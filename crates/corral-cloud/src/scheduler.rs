@@ -266,7 +266,7 @@ pub struct ActionStats {
     pub throttled: u64,
     /// Attempts answered with another error, by [`CloudError::kind`] (a bounded set of labels).
     pub errors: BTreeMap<&'static str, u64>,
-    /// Repeats (attempts after the first).
+    /// Repeats sent (attempts after the first; one cancelled in its backoff is not counted).
     pub retries: u64,
     /// Attempts that had to wait for their token.
     pub waits: u64,
@@ -559,12 +559,21 @@ impl<P> Scheduled<P> {
             return Ok(());
         };
         let arrived = Instant::now();
-        let Some(_turn) = self
-            .cancel
-            .run_until_cancelled(self.shared.queues[lane].lock())
-            .await
-        else {
-            return Err(Stopped);
+        // Whether the call had to wait (in the queue or for the refill): on the real clock
+        // some time always passes between arriving and taking a token, so the elapsed time
+        // alone cannot tell.
+        let mut waited = false;
+        let queue = &self.shared.queues[lane];
+        // The fair mutex's `try_lock` fails while others queue: no overtaking.
+        let _turn = match queue.try_lock() {
+            Ok(turn) => turn,
+            Err(_) => {
+                waited = true;
+                let Some(turn) = self.cancel.run_until_cancelled(queue.lock()).await else {
+                    return Err(Stopped);
+                };
+                turn
+            }
         };
         let adapt = self.shared.config.adapt;
         loop {
@@ -590,6 +599,7 @@ impl<P> Scheduled<P> {
                 }
             };
             let Some(wait) = wait else { break };
+            waited = true;
             if self
                 .cancel
                 .run_until_cancelled(tokio::time::sleep(wait))
@@ -599,12 +609,11 @@ impl<P> Scheduled<P> {
                 return Err(Stopped);
             }
         }
-        let waited = arrived.elapsed();
-        if !waited.is_zero() {
+        if waited {
             let mut state = self.shared.lock();
             let stats = &mut state.stats[action.index()];
             stats.waits += 1;
-            stats.waited += waited;
+            stats.waited += arrived.elapsed();
         }
         Ok(())
     }
@@ -642,7 +651,14 @@ impl<P> Scheduled<P> {
             if self.acquire(action).await.is_err() {
                 return Err(self.stopped(action, ambiguous));
             }
-            self.shared.lock().stats[action.index()].sent += 1;
+            {
+                let mut state = self.shared.lock();
+                let stats = &mut state.stats[action.index()];
+                stats.sent += 1;
+                if attempt > 1 {
+                    stats.retries += 1;
+                }
+            }
             let result = call().await;
             if let Err(error) = &result
                 && error.is_ambiguous()
@@ -666,7 +682,6 @@ impl<P> Scheduled<P> {
                 }
                 match &result {
                     Err(error) if attempt < retry.max_attempts && error.can_repeat(idempotent) => {
-                        state.stats[action.index()].retries += 1;
                         let (low, high) = retry.backoff(attempt);
                         Some(state.rng.random_range(low..=high))
                     }

@@ -604,6 +604,9 @@ async fn shutdown_releases_waiters_at_once_and_sends_nothing_more() {
     let stats = scheduled.stats();
     assert_eq!(stats.action(Action::DescribeSubnets).cancelled, 9);
     assert_eq!(stats.action(Action::DescribeInstances).cancelled, 1);
+    // The throttled create-tags was cancelled in its backoff: no repeat was sent.
+    let tags = stats.action(Action::CreateTags);
+    assert_eq!((tags.sent, tags.retries, tags.cancelled), (1, 0, 1));
 }
 
 /// A session (one leadership term) shares the buckets and counters; its shutdown stops only
@@ -806,4 +809,21 @@ async fn an_applied_attempt_stays_ambiguous_whatever_the_later_repeats_answer() 
     let error = call.await.unwrap().unwrap_err();
     assert_eq!(unattached(&fake), 2, "the first attempt made it");
     assert!(error.is_ambiguous(), "{error:?}");
+}
+
+/// On the real clock, calls that find a token at once are not counted as waits (time passes
+/// between arriving and taking the token, but nobody waited for it).
+#[tokio::test]
+async fn a_call_with_a_token_at_hand_is_no_wait_on_the_real_clock() {
+    let fake = quiet();
+    let scheduled = Scheduled::new(fake, SchedulerConfig::default()).unwrap();
+    for _ in 0..20 {
+        scheduled
+            .describe_subnets(&SubnetFilter::default())
+            .await
+            .unwrap();
+    }
+    let describe = scheduled.stats().action(Action::DescribeSubnets).clone();
+    assert_eq!(describe.sent, 20);
+    assert_eq!((describe.waits, describe.waited), (0, Duration::ZERO));
 }
