@@ -66,7 +66,8 @@ pub enum Replay {
 ///   `Wait` within the lag bound, then `Forget`; interface gone: `Forget`.
 /// - `Unassign`: the addresses still on the interface: `Unassign` them again (the agent
 ///   surrendered them: safe); none: `Forget`.
-/// - `Delete`: still there: `Delete`; gone: `Forget`.
+/// - `Delete`: still there and unattached: `Delete`; attached to the intent's instance (an
+///   attach that went through after all): `Record`; attached elsewhere or gone: `Forget`.
 pub fn replay_intent(
     intent: &CloudIntentRecord,
     found: Option<&ObservedInterface>,
@@ -138,8 +139,14 @@ pub fn replay_intent(
                 }
             }
         }
-        CloudOp::Delete { interface } => match found {
-            Some(_) => Replay::Delete {
+        CloudOp::Delete { interface } => match found.map(|f| (f, &f.attached_to)) {
+            // Never undo by deleting an attached interface (EC2 refuses it as in use): it is
+            // live on the intent's instance (recorded), or not ours.
+            Some((f, Some((instance, _)))) if Some(instance) == intent.instance_id.as_ref() => {
+                Replay::Record(f.clone())
+            }
+            Some((_, Some(_))) => Replay::Forget,
+            Some((_, None)) => Replay::Delete {
                 interface: interface.clone(),
             },
             None => Replay::Forget,
@@ -312,8 +319,9 @@ mod tests {
         let d = intent(CloudOp::Delete {
             interface: id("eni-1"),
         });
+        let gone_loose = observed(None, &["10.0.0.5/32"]);
         assert_eq!(
-            replay_intent(&d, Some(&done), None, false, false, 0),
+            replay_intent(&d, Some(&gone_loose), None, false, false, 0),
             Replay::Delete {
                 interface: id("eni-1")
             }
@@ -321,6 +329,34 @@ mod tests {
         assert_eq!(
             replay_intent(&d, None, None, false, false, 0),
             Replay::Forget
+        );
+    }
+
+    /// CLUSTER-DESIGN 6.7: the undo deletes an unattached interface only. A delete intent
+    /// whose interface shows attached (an attach that went through after all) is never a
+    /// `Delete` (EC2 refuses it as in use, and the replay would fail on every round): attached
+    /// to the intent's instance it is live and recorded, attached elsewhere it is not ours.
+    #[test]
+    fn a_delete_intent_never_deletes_an_attached_interface() {
+        let d = intent(CloudOp::Delete {
+            interface: id("eni-1"),
+        });
+        let ours = observed(Some(("i-1", 1)), &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&ours), None, true, false, LAG),
+            Replay::Record(ours.clone())
+        );
+        let elsewhere = observed(Some(("i-2", 1)), &[]);
+        assert_eq!(
+            replay_intent(&d, Some(&elsewhere), None, true, false, LAG),
+            Replay::Forget
+        );
+        let loose = observed(None, &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&loose), None, false, false, LAG),
+            Replay::Delete {
+                interface: id("eni-1")
+            }
         );
     }
 }
