@@ -61,7 +61,8 @@ pub enum Replay {
 /// - `CreateAttach`: nothing found: `Wait` while younger than [`DESCRIBE_LAG_BOUND_MS`], then
 ///   `Forget` (a create that shows up later is the collector's); found attached to the
 ///   intent's instance: `Record`; attached elsewhere: `Forget` (never touch an attached
-///   interface); unattached, node present and index free: `Attach`; else `Delete`.
+///   interface); unattached: `Wait` while younger than the bound (the attachment may not be
+///   visible yet), then `Attach` if the node is present and the index free, else `Delete`.
 /// - `Assign`: addresses on the interface beyond `before` and the record: `Record`; none yet:
 ///   `Wait` within the lag bound, then `Forget`; interface gone: `Forget`.
 /// - `Unassign`: the addresses still on the interface: `Unassign` them again (the agent
@@ -91,6 +92,8 @@ pub fn replay_intent(
                     Replay::Record(found.clone())
                 }
                 Some(_) => Replay::Forget,
+                // The attachment may not be visible yet: neither attach again nor undo.
+                None if !settled => Replay::Wait,
                 None if node_present && index_free && intent.instance_id.is_some() => {
                     Replay::Attach {
                         interface: found.id.clone(),
@@ -228,7 +231,7 @@ mod tests {
         );
         let loose = observed(None, &["10.0.0.5/32"]);
         assert_eq!(
-            replay_intent(&i, Some(&loose), None, true, true, 0),
+            replay_intent(&i, Some(&loose), None, true, true, LAG),
             Replay::Attach {
                 interface: id("eni-1"),
                 device_index: 1
@@ -238,13 +241,32 @@ mod tests {
             interface: id("eni-1"),
         };
         assert_eq!(
-            replay_intent(&i, Some(&loose), None, false, true, 0),
+            replay_intent(&i, Some(&loose), None, false, true, LAG),
             delete
         );
         assert_eq!(
-            replay_intent(&i, Some(&loose), None, true, false, 0),
+            replay_intent(&i, Some(&loose), None, true, false, LAG),
             delete
         );
+    }
+
+    /// A created interface that shows unattached within the describe lag bound may be attached
+    /// already (the create is visible, the attachment not yet): neither attached again (EC2:
+    /// in use) nor deleted (in use, or a live interface), but waited for.
+    #[test]
+    fn an_unattached_interface_is_not_undone_or_reattached_on_an_unsettled_view() {
+        let i = intent(CloudOp::CreateAttach {
+            subnet_id: "subnet-1".to_owned(),
+            device_index: 1,
+        });
+        let loose = observed(None, &["10.0.0.5/32"]);
+        for (node_present, index_free) in [(true, true), (false, true), (true, false)] {
+            assert_eq!(
+                replay_intent(&i, Some(&loose), None, node_present, index_free, LAG - 1),
+                Replay::Wait,
+                "{node_present} {index_free}"
+            );
+        }
     }
 
     #[test]
