@@ -17,8 +17,9 @@
 //!   all; each repeat queues for a token again. Other errors, and ambiguous errors of a call
 //!   that is not idempotent (an assign by count, a create without a client token, attach,
 //!   detach, delete, unassign), go back to the caller, who reconciles by describing. Once an
-//!   attempt was answered ambiguously the call stays ambiguous: if its repeats end in a definite
-//!   error (throttled to the last attempt) or a shutdown, the caller gets that ambiguous answer.
+//!   attempt of a mutating call was answered ambiguously the call stays ambiguous: if its repeats
+//!   end in a definite error (throttled to the last attempt) or a shutdown, the caller gets that
+//!   ambiguous answer.
 //! - **Throttle answers** (other tenants share the account's buckets): the local bucket is
 //!   drained (every worker waits a full refill period, not just the throttled one) and, with
 //!   [`AdaptPolicy`] (the default), its refill rate is cut by `decrease` (at most once per
@@ -660,8 +661,10 @@ impl<P> Scheduled<P> {
                 }
             }
             let result = call().await;
+            // (A describe changes nothing: its last answer stands.)
             if let Err(error) = &result
                 && error.is_ambiguous()
+                && action.is_mutating()
             {
                 ambiguous = Some(error.clone());
             }

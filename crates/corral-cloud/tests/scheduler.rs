@@ -827,3 +827,26 @@ async fn a_call_with_a_token_at_hand_is_no_wait_on_the_real_clock() {
     assert_eq!(describe.sent, 20);
     assert_eq!((describe.waits, describe.waited), (0, Duration::ZERO));
 }
+
+/// A describe changes nothing, so an earlier ambiguous answer does not stick to it: a 5xx
+/// then "not found" is "not found" (the caller reads it as gone).
+#[tokio::test(start_paused = true)]
+async fn a_describe_answers_its_last_attempt_after_an_earlier_5xx() {
+    let fake = quiet();
+    let scheduled = Scheduled::new(fake.clone(), SchedulerConfig::default()).unwrap();
+    fake.fail_next(
+        Action::DescribeNetworkInterfaces,
+        1,
+        CloudError::InternalError {
+            message: "m".to_owned(),
+        },
+    );
+    let error = scheduled
+        .describe_interfaces(&corral_cloud::InterfaceFilter::id("eni-gone"))
+        .await;
+    assert_eq!(fake.counters().calls(Action::DescribeNetworkInterfaces), 2);
+    match error {
+        Err(error) => assert!(error.is_not_found(), "{error:?}"),
+        Ok(found) => assert!(found.is_empty(), "{found:?}"),
+    }
+}
