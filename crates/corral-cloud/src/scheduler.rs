@@ -16,7 +16,10 @@
 //!   exponential, jittered, capped backoff ([`RetryPolicy`]), at most `max_attempts` sends in
 //!   all; each repeat queues for a token again. Other errors, and ambiguous errors of a call
 //!   that is not idempotent (an assign by count, a create without a client token, attach,
-//!   detach, delete, unassign), go back to the caller, who reconciles by describing.
+//!   detach, delete, unassign), go back to the caller, who reconciles by describing. Once an
+//!   attempt of a mutating call was answered ambiguously the call stays ambiguous: if its repeats
+//!   end in a definite error (throttled to the last attempt) or a shutdown, the caller gets that
+//!   ambiguous answer.
 //! - **Throttle answers** (other tenants share the account's buckets): the local bucket is
 //!   drained (every worker waits a full refill period, not just the throttled one) and, with
 //!   [`AdaptPolicy`] (the default), its refill rate is cut by `decrease` (at most once per
@@ -26,7 +29,7 @@
 //!   second of its rate. The sent rate settles near the share the other tenants leave.
 //! - **Shutdown** ([`Scheduled::shutdown`], or the parent's for a [`Scheduled::session`]):
 //!   calls not yet sent and calls waiting for a token or a backoff return
-//!   [`CloudError::Cancelled`] at once (or the ambiguous error of their last attempt, which the
+//!   [`CloudError::Cancelled`] at once (or the ambiguous answer of an earlier attempt, which the
 //!   caller must reconcile); a call already sent is answered as usual.
 //!
 //! ```
@@ -264,7 +267,7 @@ pub struct ActionStats {
     pub throttled: u64,
     /// Attempts answered with another error, by [`CloudError::kind`] (a bounded set of labels).
     pub errors: BTreeMap<&'static str, u64>,
-    /// Repeats (attempts after the first).
+    /// Repeats sent (attempts after the first; one cancelled in its backoff is not counted).
     pub retries: u64,
     /// Attempts that had to wait for their token.
     pub waits: u64,
@@ -557,15 +560,29 @@ impl<P> Scheduled<P> {
             return Ok(());
         };
         let arrived = Instant::now();
-        let Some(_turn) = self
-            .cancel
-            .run_until_cancelled(self.shared.queues[lane].lock())
-            .await
-        else {
-            return Err(Stopped);
+        // Whether the call had to wait (in the queue or for the refill): on the real clock
+        // some time always passes between arriving and taking a token, so the elapsed time
+        // alone cannot tell.
+        let mut waited = false;
+        let queue = &self.shared.queues[lane];
+        // The fair mutex's `try_lock` fails while others queue: no overtaking.
+        let _turn = match queue.try_lock() {
+            Ok(turn) => turn,
+            Err(_) => {
+                waited = true;
+                let Some(turn) = self.cancel.run_until_cancelled(queue.lock()).await else {
+                    return Err(Stopped);
+                };
+                turn
+            }
         };
         let adapt = self.shared.config.adapt;
         loop {
+            // Winning the queue (or waking from the sleep) at the moment of a shutdown counts
+            // as stopped: nothing is sent once it was called.
+            if self.cancel.is_cancelled() {
+                return Err(Stopped);
+            }
             let wait = {
                 let mut state = self.shared.lock();
                 let now = Instant::now();
@@ -583,6 +600,7 @@ impl<P> Scheduled<P> {
                 }
             };
             let Some(wait) = wait else { break };
+            waited = true;
             if self
                 .cancel
                 .run_until_cancelled(tokio::time::sleep(wait))
@@ -592,24 +610,21 @@ impl<P> Scheduled<P> {
                 return Err(Stopped);
             }
         }
-        let waited = arrived.elapsed();
-        if !waited.is_zero() {
+        if waited {
             let mut state = self.shared.lock();
             let stats = &mut state.stats[action.index()];
             stats.waits += 1;
-            stats.waited += waited;
+            stats.waited += arrived.elapsed();
         }
         Ok(())
     }
 
-    /// The error for a call stopped by a shutdown: the last attempt's if it may have been
-    /// applied (the caller must reconcile), else `Cancelled`.
-    fn stopped(&self, action: Action, last: Option<CloudError>) -> CloudError {
+    /// The error for a call stopped by a shutdown: the ambiguous answer of an earlier attempt
+    /// if there was one (it may have been applied: the caller must reconcile), else
+    /// `Cancelled`.
+    fn stopped(&self, action: Action, ambiguous: Option<CloudError>) -> CloudError {
         self.shared.lock().stats[action.index()].cancelled += 1;
-        match last {
-            Some(error) if error.is_ambiguous() => error,
-            _ => CloudError::Cancelled { action },
-        }
+        ambiguous.unwrap_or(CloudError::Cancelled { action })
     }
 
     /// One call through the scheduler: token, send, and repeats as the rules allow. The call is
@@ -627,14 +642,32 @@ impl<P> Scheduled<P> {
         let idempotent = client_token || action.is_idempotent();
         let retry = self.shared.config.retry;
         let adapt = self.shared.config.adapt;
-        let mut last = None;
+        // The last ambiguous answer: once an attempt may have been applied, the call's outcome
+        // stays ambiguous whatever later repeats answer (a throttled repeat of an applied
+        // create says nothing about the first), so the caller reconciles instead of taking a
+        // definite error (or `Cancelled`) for "not applied".
+        let mut ambiguous: Option<CloudError> = None;
         let mut attempt = 1;
         loop {
             if self.acquire(action).await.is_err() {
-                return Err(self.stopped(action, last));
+                return Err(self.stopped(action, ambiguous));
             }
-            self.shared.lock().stats[action.index()].sent += 1;
+            {
+                let mut state = self.shared.lock();
+                let stats = &mut state.stats[action.index()];
+                stats.sent += 1;
+                if attempt > 1 {
+                    stats.retries += 1;
+                }
+            }
             let result = call().await;
+            // (A describe changes nothing: its last answer stands.)
+            if let Err(error) = &result
+                && error.is_ambiguous()
+                && action.is_mutating()
+            {
+                ambiguous = Some(error.clone());
+            }
             let backoff = {
                 let mut state = self.shared.lock();
                 let state = &mut *state;
@@ -652,7 +685,6 @@ impl<P> Scheduled<P> {
                 }
                 match &result {
                     Err(error) if attempt < retry.max_attempts && error.can_repeat(idempotent) => {
-                        state.stats[action.index()].retries += 1;
                         let (low, high) = retry.backoff(attempt);
                         Some(state.rng.random_range(low..=high))
                     }
@@ -660,16 +692,18 @@ impl<P> Scheduled<P> {
                 }
             };
             let Some(backoff) = backoff else {
-                return result;
+                return match (result, ambiguous) {
+                    (Err(error), Some(earlier)) if !error.is_ambiguous() => Err(earlier),
+                    (result, _) => result,
+                };
             };
-            last = result.err();
             if self
                 .cancel
                 .run_until_cancelled(tokio::time::sleep(backoff))
                 .await
                 .is_none()
             {
-                return Err(self.stopped(action, last));
+                return Err(self.stopped(action, ambiguous));
             }
             attempt += 1;
         }
@@ -884,6 +918,47 @@ mod tests {
             lane.bucket.time_to_token(start),
             Some(Duration::from_millis(200))
         );
+    }
+
+    /// A waiter handed the queue by a holder that left on the shutdown, with a token there,
+    /// sends nothing: the queue's lock is won before the cancellation is seen (tokio-util
+    /// favours the completed future), so the shutdown is checked again before taking a token.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_handed_the_queue_after_a_shutdown_sends_nothing() {
+        use crate::SubnetFilter;
+        use crate::fake::{InstanceSpec, SubnetSpec};
+        let fake = crate::FakeEc2::builder()
+            .no_latency()
+            .unthrottled()
+            .subnet(SubnetSpec::new(
+                "subnet-a",
+                "vpc-1",
+                "us-east-1a",
+                "10.0.0.0/24".parse().unwrap(),
+            ))
+            .instance(InstanceSpec::new("m5.large", "subnet-a"))
+            .build()
+            .unwrap();
+        let scheduled = Scheduled::new(fake.clone(), SchedulerConfig::default()).unwrap();
+        let lane = scheduled.shared.lane_of[Action::DescribeSubnets.index()].unwrap();
+        // The test holds the queue, as a caller sleeping for a token would.
+        let holder = scheduled.shared.queues[lane].lock().await;
+        let waiter = {
+            let scheduled = scheduled.clone();
+            tokio::spawn(async move { scheduled.describe_subnets(&SubnetFilter::default()).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "queued behind the holder");
+        // The shutdown, then the holder leaves, before the waiter runs again.
+        scheduled.shutdown();
+        drop(holder);
+        assert_eq!(
+            waiter.await.unwrap(),
+            Err(CloudError::Cancelled {
+                action: Action::DescribeSubnets
+            })
+        );
+        assert_eq!(fake.counters().total_calls(), 0);
     }
 
     #[test]

@@ -604,6 +604,9 @@ async fn shutdown_releases_waiters_at_once_and_sends_nothing_more() {
     let stats = scheduled.stats();
     assert_eq!(stats.action(Action::DescribeSubnets).cancelled, 9);
     assert_eq!(stats.action(Action::DescribeInstances).cancelled, 1);
+    // The throttled create-tags was cancelled in its backoff: no repeat was sent.
+    let tags = stats.action(Action::CreateTags);
+    assert_eq!((tags.sent, tags.retries, tags.cancelled), (1, 0, 1));
 }
 
 /// A session (one leadership term) shares the buckets and counters; its shutdown stops only
@@ -753,4 +756,97 @@ async fn the_contract_suite_passes_through_the_scheduler_in_a_storm() {
     assert!(stats.total_throttled() > 0);
     assert_eq!(stats.total_throttled(), counters.total_throttled());
     assert_eq!(stats.total_sent(), counters.total_calls());
+}
+
+/// A create with a client token that was applied but timed out, then throttled on every
+/// repeat: the caller gets the ambiguous answer (it must reconcile: the interface exists), not
+/// the last attempt's throttle answer, nor `Cancelled` when a shutdown ends the repeats.
+#[tokio::test(start_paused = true)]
+async fn an_applied_attempt_stays_ambiguous_whatever_the_later_repeats_answer() {
+    let fake = quiet();
+    let config = SchedulerConfig::default().retry(RetryPolicy {
+        max_attempts: 3,
+        ..RetryPolicy::default()
+    });
+    let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    let throttled = CloudError::RequestLimitExceeded {
+        action: Action::CreateNetworkInterface,
+    };
+    let request = CreateInterface {
+        subnet_id: "subnet-big".to_owned(),
+        client_token: Some("corral-node-1-eni-1".to_owned()),
+        ..CreateInterface::default()
+    };
+    let unattached = |fake: &FakeEc2| {
+        fake.interfaces()
+            .into_iter()
+            .filter(|i| i.attachment.is_none())
+            .count()
+    };
+    fake.time_out_next(Action::CreateNetworkInterface, 1);
+    fake.fail_next(Action::CreateNetworkInterface, 2, throttled.clone());
+    let error = scheduled.create_interface(&request).await.unwrap_err();
+    assert_eq!(fake.counters().calls(Action::CreateNetworkInterface), 3);
+    assert_eq!(unattached(&fake), 1, "the first attempt made it");
+    assert!(error.is_ambiguous(), "{error:?}");
+
+    // The same ended by a shutdown during the backoff after a throttle answer.
+    let request = CreateInterface {
+        client_token: Some("corral-node-1-eni-2".to_owned()),
+        ..request
+    };
+    fake.time_out_next(Action::CreateNetworkInterface, 1);
+    fake.fail_next(Action::CreateNetworkInterface, 1, throttled);
+    let call = {
+        let scheduled = scheduled.clone();
+        tokio::spawn(async move { scheduled.create_interface(&request).await })
+    };
+    // Both attempts are answered (no latency) and the call sits in its second backoff.
+    while fake.counters().calls(Action::CreateNetworkInterface) < 5 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    scheduled.shutdown();
+    let error = call.await.unwrap().unwrap_err();
+    assert_eq!(unattached(&fake), 2, "the first attempt made it");
+    assert!(error.is_ambiguous(), "{error:?}");
+}
+
+/// On the real clock, calls that find a token at once are not counted as waits (time passes
+/// between arriving and taking the token, but nobody waited for it).
+#[tokio::test]
+async fn a_call_with_a_token_at_hand_is_no_wait_on_the_real_clock() {
+    let fake = quiet();
+    let scheduled = Scheduled::new(fake, SchedulerConfig::default()).unwrap();
+    for _ in 0..20 {
+        scheduled
+            .describe_subnets(&SubnetFilter::default())
+            .await
+            .unwrap();
+    }
+    let describe = scheduled.stats().action(Action::DescribeSubnets).clone();
+    assert_eq!(describe.sent, 20);
+    assert_eq!((describe.waits, describe.waited), (0, Duration::ZERO));
+}
+
+/// A describe changes nothing, so an earlier ambiguous answer does not stick to it: a 5xx
+/// then "not found" is "not found" (the caller reads it as gone).
+#[tokio::test(start_paused = true)]
+async fn a_describe_answers_its_last_attempt_after_an_earlier_5xx() {
+    let fake = quiet();
+    let scheduled = Scheduled::new(fake.clone(), SchedulerConfig::default()).unwrap();
+    fake.fail_next(
+        Action::DescribeNetworkInterfaces,
+        1,
+        CloudError::InternalError {
+            message: "m".to_owned(),
+        },
+    );
+    let error = scheduled
+        .describe_interfaces(&corral_cloud::InterfaceFilter::id("eni-gone"))
+        .await;
+    assert_eq!(fake.counters().calls(Action::DescribeNetworkInterfaces), 2);
+    match error {
+        Err(error) => assert!(error.is_not_found(), "{error:?}"),
+        Ok(found) => assert!(found.is_empty(), "{found:?}"),
+    }
 }

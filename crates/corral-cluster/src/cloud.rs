@@ -151,7 +151,8 @@ pub struct NodeCloudInput<'a> {
 /// one round of marks).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum CloudAction {
-    /// Nothing: between the watermarks (or waiting for the release delay, or at capacity).
+    /// Nothing: between the watermarks (or waiting for the release delay, for an interface
+    /// still attaching that has room, or at capacity).
     #[default]
     Nothing,
     /// Assign `count` addresses (or `count` prefixes) to an existing attached interface.
@@ -528,8 +529,9 @@ fn demand(
 }
 
 /// Where `wanted` addresses go: an existing attached interface with room whose subnet has
-/// room (lowest device index first), else a new interface; `None` when neither can be had.
-/// (WARM_ENI asks for all the room under the caps: a whole interface's worth.)
+/// room (lowest device index first), else (`Nothing`) wait for an interface still attaching
+/// that has such room, else a new interface; `None` when neither can be had. (WARM_ENI asks
+/// for all the room under the caps: a whole interface's worth.)
 fn place(
     input: &NodeCloudInput<'_>,
     usable: &[&InterfaceView],
@@ -568,6 +570,16 @@ fn place(
                 prefixes,
             });
         }
+    }
+    // An interface still attaching (just created) with room in a subnet with room: the node
+    // waits for it (seconds) rather than creating another interface beside it, which would
+    // take a device index, a primary address and two slow calls for addresses it will have.
+    let attaching_with_room = usable.iter().filter(|i| !i.attached).any(|i| {
+        free_slots(i, &input.limits, family) > 0
+            && subnet(&i.subnet_id).is_some_and(|s| subnet_room(s, family, false, false) > 0)
+    });
+    if attaching_with_room {
+        return Some(CloudAction::Nothing);
     }
     let device_index = next_device_index(
         input.interfaces,

@@ -902,6 +902,10 @@ fn validate_watermark_fields(path: &str, pool: &PoolConfig) -> Result<(), Config
     Ok(())
 }
 
+/// The longest GC interval and release delay of a cloud pool (a week): the operator adds them
+/// to its clock, which cannot hold arbitrary durations.
+const MAX_CLOUD_DELAY_SECS: u64 = 7 * 24 * 3600;
+
 /// A cloud pool's own settings.
 fn validate_cloud_fields(path: &str, pool: &PoolConfig) -> Result<(), ConfigError> {
     validate_watermark_fields(path, pool)?;
@@ -920,10 +924,21 @@ fn validate_cloud_fields(path: &str, pool: &PoolConfig) -> Result<(), ConfigErro
             ));
         }
     }
-    if cloud.gc_interval_secs == 0 {
+    if cloud.gc_interval_secs == 0 || cloud.gc_interval_secs > MAX_CLOUD_DELAY_SECS {
         return Err(invalid(
             format!("{path}.cloud.gc_interval_secs"),
-            "must be at least 1",
+            "must be at least 1 and at most a week (604800)",
+        ));
+    }
+    // The operator adds the release delay to its clock: a value no clock can hold would
+    // make it panic.
+    if pool
+        .release_delay_secs
+        .is_some_and(|d| d > MAX_CLOUD_DELAY_SECS)
+    {
+        return Err(invalid(
+            format!("{path}.release_delay_secs"),
+            "must be at most a week (604800) in a cloud pool",
         ));
     }
     if cloud.gc_max_per_run == 0 {
@@ -1395,6 +1410,21 @@ subnet_tags = { "corral.io/pods" = "yes" }
             (
                 CLOUD.replace("prefix_delegation = true", "gc_max_per_run = 0"),
                 "pools[0].cloud.gc_max_per_run",
+            ),
+            // Durations a clock cannot add (`Instant + Duration` panics) are refused.
+            (
+                CLOUD.replace(
+                    "prefix_delegation = true",
+                    "gc_interval_secs = 18446744073709551615",
+                ),
+                "pools[0].cloud.gc_interval_secs",
+            ),
+            (
+                CLOUD.replace(
+                    "mode = \"cloud\"",
+                    "mode = \"cloud\"\nrelease_delay_secs = 18446744073709551615",
+                ),
+                "pools[0].release_delay_secs",
             ),
             (
                 CLOUD.replace("prefix_delegation = true", "subnet_ids = [\"a/b\"]"),

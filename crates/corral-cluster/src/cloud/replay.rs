@@ -61,12 +61,14 @@ pub enum Replay {
 /// - `CreateAttach`: nothing found: `Wait` while younger than [`DESCRIBE_LAG_BOUND_MS`], then
 ///   `Forget` (a create that shows up later is the collector's); found attached to the
 ///   intent's instance: `Record`; attached elsewhere: `Forget` (never touch an attached
-///   interface); unattached, node present and index free: `Attach`; else `Delete`.
+///   interface); unattached: `Wait` while younger than the bound (the attachment may not be
+///   visible yet), then `Attach` if the node is present and the index free, else `Delete`.
 /// - `Assign`: addresses on the interface beyond `before` and the record: `Record`; none yet:
 ///   `Wait` within the lag bound, then `Forget`; interface gone: `Forget`.
 /// - `Unassign`: the addresses still on the interface: `Unassign` them again (the agent
 ///   surrendered them: safe); none: `Forget`.
-/// - `Delete`: still there: `Delete`; gone: `Forget`.
+/// - `Delete`: still there and unattached: `Delete`; attached to the intent's instance (an
+///   attach that went through after all): `Record`; attached elsewhere or gone: `Forget`.
 pub fn replay_intent(
     intent: &CloudIntentRecord,
     found: Option<&ObservedInterface>,
@@ -90,6 +92,8 @@ pub fn replay_intent(
                     Replay::Record(found.clone())
                 }
                 Some(_) => Replay::Forget,
+                // The attachment may not be visible yet: neither attach again nor undo.
+                None if !settled => Replay::Wait,
                 None if node_present && index_free && intent.instance_id.is_some() => {
                     Replay::Attach {
                         interface: found.id.clone(),
@@ -138,8 +142,14 @@ pub fn replay_intent(
                 }
             }
         }
-        CloudOp::Delete { interface } => match found {
-            Some(_) => Replay::Delete {
+        CloudOp::Delete { interface } => match found.map(|f| (f, &f.attached_to)) {
+            // Never undo by deleting an attached interface (EC2 refuses it as in use): it is
+            // live on the intent's instance (recorded), or not ours.
+            Some((f, Some((instance, _)))) if Some(instance) == intent.instance_id.as_ref() => {
+                Replay::Record(f.clone())
+            }
+            Some((_, Some(_))) => Replay::Forget,
+            Some((_, None)) => Replay::Delete {
                 interface: interface.clone(),
             },
             None => Replay::Forget,
@@ -221,7 +231,7 @@ mod tests {
         );
         let loose = observed(None, &["10.0.0.5/32"]);
         assert_eq!(
-            replay_intent(&i, Some(&loose), None, true, true, 0),
+            replay_intent(&i, Some(&loose), None, true, true, LAG),
             Replay::Attach {
                 interface: id("eni-1"),
                 device_index: 1
@@ -231,13 +241,32 @@ mod tests {
             interface: id("eni-1"),
         };
         assert_eq!(
-            replay_intent(&i, Some(&loose), None, false, true, 0),
+            replay_intent(&i, Some(&loose), None, false, true, LAG),
             delete
         );
         assert_eq!(
-            replay_intent(&i, Some(&loose), None, true, false, 0),
+            replay_intent(&i, Some(&loose), None, true, false, LAG),
             delete
         );
+    }
+
+    /// A created interface that shows unattached within the describe lag bound may be attached
+    /// already (the create is visible, the attachment not yet): neither attached again (EC2:
+    /// in use) nor deleted (in use, or a live interface), but waited for.
+    #[test]
+    fn an_unattached_interface_is_not_undone_or_reattached_on_an_unsettled_view() {
+        let i = intent(CloudOp::CreateAttach {
+            subnet_id: "subnet-1".to_owned(),
+            device_index: 1,
+        });
+        let loose = observed(None, &["10.0.0.5/32"]);
+        for (node_present, index_free) in [(true, true), (false, true), (true, false)] {
+            assert_eq!(
+                replay_intent(&i, Some(&loose), None, node_present, index_free, LAG - 1),
+                Replay::Wait,
+                "{node_present} {index_free}"
+            );
+        }
     }
 
     #[test]
@@ -312,8 +341,9 @@ mod tests {
         let d = intent(CloudOp::Delete {
             interface: id("eni-1"),
         });
+        let gone_loose = observed(None, &["10.0.0.5/32"]);
         assert_eq!(
-            replay_intent(&d, Some(&done), None, false, false, 0),
+            replay_intent(&d, Some(&gone_loose), None, false, false, 0),
             Replay::Delete {
                 interface: id("eni-1")
             }
@@ -321,6 +351,34 @@ mod tests {
         assert_eq!(
             replay_intent(&d, None, None, false, false, 0),
             Replay::Forget
+        );
+    }
+
+    /// CLUSTER-DESIGN 6.7: the undo deletes an unattached interface only. A delete intent
+    /// whose interface shows attached (an attach that went through after all) is never a
+    /// `Delete` (EC2 refuses it as in use, and the replay would fail on every round): attached
+    /// to the intent's instance it is live and recorded, attached elsewhere it is not ours.
+    #[test]
+    fn a_delete_intent_never_deletes_an_attached_interface() {
+        let d = intent(CloudOp::Delete {
+            interface: id("eni-1"),
+        });
+        let ours = observed(Some(("i-1", 1)), &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&ours), None, true, false, LAG),
+            Replay::Record(ours.clone())
+        );
+        let elsewhere = observed(Some(("i-2", 1)), &[]);
+        assert_eq!(
+            replay_intent(&d, Some(&elsewhere), None, true, false, LAG),
+            Replay::Forget
+        );
+        let loose = observed(None, &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&loose), None, false, false, LAG),
+            Replay::Delete {
+                interface: id("eni-1")
+            }
         );
     }
 }

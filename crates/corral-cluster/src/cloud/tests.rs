@@ -422,10 +422,16 @@ fn existing_interfaces_first_lowest_index_whose_subnet_has_room() {
             prefixes: false
         }
     );
-    // An interface still attaching gets nothing; excluded ones neither; the next index then.
+    // An interface still attaching gets nothing, but while it has room in a subnet with room
+    // the node waits for it (a few seconds) instead of creating another interface beside it.
     node.interfaces[1].attached = false;
     node.interfaces[3].excluded = true;
     node.demand = Some(demand_of(&node.interfaces[..3], 6));
+    let plan = node.plan();
+    assert_eq!(plan.action, CloudAction::Nothing);
+    assert!(!plan.at_capacity, "waiting is not being at capacity");
+    // Excluded ones get nothing either; with the attaching one's subnet full, the next index.
+    node.subnets[1].free_ipv4 = 0;
     let plan = node.plan();
     let CloudAction::Create {
         device_index,
