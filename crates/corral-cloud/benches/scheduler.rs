@@ -40,6 +40,7 @@
 //! number of seeds than 5).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -263,7 +264,7 @@ async fn run(
             })
             .collect();
         let queue = Arc::new(Mutex::new(queue));
-        let requeued = Arc::new(Mutex::new(0u64));
+        let requeued = Arc::new(AtomicU64::new(0));
         let mut tasks = Vec::new();
         for _ in 0..workers {
             let scheduler = scheduler.clone();
@@ -282,7 +283,7 @@ async fn run(
                         None => per_node(&scheduler, &instance).await,
                     };
                     if result.is_err() {
-                        *requeued.lock().unwrap() += 1;
+                        requeued.fetch_add(1, Ordering::Relaxed);
                         queue.lock().unwrap().push_back((instance, eni));
                     }
                 }
@@ -291,8 +292,7 @@ async fn run(
         for task in tasks {
             task.await.unwrap();
         }
-        let requeued = *requeued.lock().unwrap();
-        requeued
+        requeued.load(Ordering::Relaxed)
     };
     let outcome = tokio::time::timeout(DEADLINE, work).await;
     let elapsed = start.elapsed();

@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use corral_cluster::blocks;
 use corral_cluster::cloud::{
-    InstanceLimits, InterfaceView, NodeCloudInput, Releasing, ServeKey, SubnetView, plan_node,
-    serve_order,
+    CloudAction, InstanceLimits, InterfaceView, NodeCloudInput, Releasing, ServeKey, SubnetView,
+    plan_node, serve_order,
 };
 use corral_cluster::{
     CloudAttachment, CloudId, CloudInterfaceRecord, CloudPoolConfig, Family, FamilyDemand, IpNet,
@@ -165,10 +165,10 @@ fn fleet() -> Vec<Prepared> {
                     .take((held - used) as usize)
                     .collect();
                 empty = free.iter().copied().take(FamilyDemand::MAX_EMPTY).collect();
-                if (r >> 24) % 3 == 0 {
+                if (r >> 24).is_multiple_of(3) {
                     releasing.push(Releasing {
                         address: free[0],
-                        state: if (r >> 26) % 2 == 0 {
+                        state: if (r >> 26).is_multiple_of(2) {
                             ReleaseState::Marked
                         } else {
                             ReleaseState::Ready
@@ -304,6 +304,27 @@ fn groups(c: &mut Criterion) {
     group.finish();
 
     let fleet = fleet();
+    // What the pass decides, for the record.
+    let (mut need, mut excess, mut capacity) = (0, 0, 0);
+    let mut actions = BTreeMap::new();
+    for node in &fleet {
+        let interfaces = views(node, &pool);
+        let plan = plan_node(&input(node, &interfaces, &watermark_cloud, &subnets));
+        need += usize::from(plan.stats.needed > 0);
+        excess += usize::from(plan.stats.excess > 0);
+        capacity += usize::from(plan.at_capacity);
+        let kind = match plan.action {
+            CloudAction::Nothing => "nothing",
+            CloudAction::Assign { .. } => "assign",
+            CloudAction::Create { .. } => "create",
+            CloudAction::Mark { .. } => "mark",
+            CloudAction::Unassign { .. } => "unassign",
+        };
+        *actions.entry(kind).or_insert(0usize) += 1;
+    }
+    println!(
+        "resync fleet ({NODES} nodes, watermarks): {need} in need, {excess} in excess, {capacity} at capacity; actions {actions:?}"
+    );
     let mut group = c.benchmark_group("resync_5000");
     group.sample_size(30);
     group.bench_function("corral", |b| {
