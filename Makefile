@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster plugin clean
+.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean
 
 ## run: the agent in the foreground on the embedded default (a dual-stack pool `default`),
 ## with its state and socket in ./.corral (production paths are /var/lib/corral and
@@ -80,7 +80,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: every benchmark (figures go to BENCHMARKS.md by hand, with the command)
-bench: bench-core bench-cni bench-agent bench-cluster
+bench: bench-core bench-cni bench-agent bench-cluster bench-cloud
 
 bench-core:
 	$(CARGO) bench -p corral-core --bench engine
@@ -136,6 +136,14 @@ bench-agent: deps plugin
 bench-cluster: deps
 	$(CARGO) bench -p corral-cli --bench cluster
 	$(CARGO) bench -p corral-cli --bench blocks
+
+## bench-cloud: the cloud node manager (issue 14): the call scheduler on the fake EC2 in virtual
+## time (1,000-node scale-out, 150-node burst, throttle storm; corral's per-action buckets beside
+## Cilium's single 4/s limiter and no client-side limiting; about 15 s), then the pure
+## decisions' criterion benchmarks (plan_node, a 5,000-node resync pass; about 30 s)
+bench-cloud:
+	$(CARGO) bench -p corral-cloud --bench scheduler
+	$(CARGO) bench -p corral-cluster --bench cloud
 
 clean:
 	$(CARGO) clean
