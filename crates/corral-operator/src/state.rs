@@ -57,6 +57,25 @@ pub struct HandshakeLabels {
     pub outcome: String,
 }
 
+/// A cloud call by action (EC2's name) and outcome (`ok`, or the error's kind).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct CloudCallLabels {
+    pub action: String,
+    pub outcome: String,
+}
+
+/// One node's figures in one cloud pool and family, as the cloud node manager last planned
+/// it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudNodeFigures {
+    pub pool: String,
+    pub family: Family,
+    /// Cilium's statistics (addresses).
+    pub stats: corral_cluster::blocks::Statistics,
+    /// Needs addresses, but the instance is at its limits (or no subnet has room): no call.
+    pub at_capacity: bool,
+}
+
 /// Shared between the leading loop, the API and the metrics.
 #[derive(Debug)]
 pub struct Shared {
@@ -78,6 +97,10 @@ struct Inner {
     took_lead_in: Option<Duration>,
     /// The latency of recent grant transactions, for the benchmark's percentiles.
     samples: Vec<Duration>,
+    /// Cloud pools: each node's last figures.
+    cloud_nodes: BTreeMap<String, Vec<CloudNodeFigures>>,
+    /// Cloud pools: the cloud view had a successful resync (mutations allowed).
+    cloud_ready: bool,
 }
 
 /// Grant latencies kept (the newest).
@@ -95,6 +118,9 @@ pub struct Metrics {
     pub blocks_granted: MetricFamily<PoolLabels, Counter>,
     pub blocks_released: MetricFamily<PoolLabels, Counter>,
     pub handshakes: MetricFamily<HandshakeLabels, Counter>,
+    pub cloud_calls: MetricFamily<CloudCallLabels, Counter>,
+    pub cloud_gc_deleted: Counter,
+    pub cloud_intents_written: Counter,
 }
 
 impl Default for Metrics {
@@ -110,6 +136,9 @@ impl Default for Metrics {
             blocks_granted: MetricFamily::default(),
             blocks_released: MetricFamily::default(),
             handshakes: MetricFamily::default(),
+            cloud_calls: MetricFamily::default(),
+            cloud_gc_deleted: Counter::default(),
+            cloud_intents_written: Counter::default(),
         }
     }
 }
@@ -315,6 +344,91 @@ impl Shared {
             .get()
     }
 
+    /// Counts a cloud call by action and outcome (`ok` or the error's kind).
+    pub fn note_cloud_call(&self, action: &str, outcome: &str) {
+        self.metrics
+            .cloud_calls
+            .get_or_create(&CloudCallLabels {
+                action: action.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Cloud calls of one action and outcome since start.
+    pub fn cloud_calls(&self, action: &str, outcome: &str) -> u64 {
+        self.metrics
+            .cloud_calls
+            .get_or_create(&CloudCallLabels {
+                action: action.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .get()
+    }
+
+    /// Keeps a node's figures in the cloud pools (the manager's last plan of it).
+    pub fn note_cloud_node(&self, node: &str, figures: Vec<CloudNodeFigures>) {
+        let mut inner = self.inner();
+        if figures.is_empty() {
+            inner.cloud_nodes.remove(node);
+        } else {
+            inner.cloud_nodes.insert(node.to_owned(), figures);
+        }
+    }
+
+    /// A node's figures in the cloud pools.
+    pub fn cloud_node(&self, node: &str) -> Vec<CloudNodeFigures> {
+        self.inner()
+            .cloud_nodes
+            .get(node)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Nodes at capacity in some cloud pool and family.
+    pub fn cloud_at_capacity(&self) -> Vec<String> {
+        self.inner()
+            .cloud_nodes
+            .iter()
+            .filter(|(_, figures)| figures.iter().any(|f| f.at_capacity))
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
+    /// Forgets the cloud node manager's state (leading ended).
+    pub fn clear_cloud(&self) {
+        let mut inner = self.inner();
+        inner.cloud_nodes.clear();
+        inner.cloud_ready = false;
+    }
+
+    pub fn set_cloud_ready(&self, ready: bool) {
+        self.inner().cloud_ready = ready;
+    }
+
+    /// Whether the cloud view had its first successful resync under this leader.
+    pub fn cloud_ready(&self) -> bool {
+        self.inner().cloud_ready
+    }
+
+    pub fn note_cloud_gc_deleted(&self, n: u64) {
+        self.metrics.cloud_gc_deleted.inc_by(n);
+    }
+
+    /// Leaked interfaces the collector deleted since start.
+    pub fn cloud_gc_deleted(&self) -> u64 {
+        self.metrics.cloud_gc_deleted.get()
+    }
+
+    pub fn note_cloud_intent(&self) {
+        self.metrics.cloud_intents_written.inc();
+    }
+
+    /// Cloud intents written since start.
+    pub fn cloud_intents_written(&self) -> u64 {
+        self.metrics.cloud_intents_written.get()
+    }
+
     pub fn took_lead_in(&self) -> Option<Duration> {
         self.inner().took_lead_in
     }
@@ -354,6 +468,21 @@ impl Shared {
             "corral_operator_handshakes",
             "Steps of block release handshakes by outcome",
             self.metrics.handshakes.clone(),
+        );
+        registry.register(
+            "corral_operator_cloud_calls",
+            "Cloud API calls of the cloud node manager by action and outcome",
+            self.metrics.cloud_calls.clone(),
+        );
+        registry.register(
+            "corral_operator_cloud_gc_deleted",
+            "Leaked cloud interfaces deleted by the collector",
+            self.metrics.cloud_gc_deleted.clone(),
+        );
+        registry.register(
+            "corral_operator_cloud_intents",
+            "Cloud intents written (one before every cloud mutation)",
+            self.metrics.cloud_intents_written.clone(),
         );
         registry.register(
             "corral_operator_leader",
