@@ -26,9 +26,23 @@ use std::collections::BTreeMap;
 use corral_core::Family;
 use ipnet::IpNet;
 
-use crate::blocks::Statistics;
-use crate::config::{CloudPoolConfig, WarmTargets, Watermarks};
-use crate::keys::{CloudId, CloudIntentRecord, CloudInterfaceRecord, FamilyDemand};
+use crate::blocks::{self, Statistics};
+use crate::config::{CloudPoolConfig, Watermarks};
+use crate::keys::{CloudId, FamilyDemand, ReleaseState};
+
+mod choice;
+mod gc;
+mod replay;
+mod targets;
+#[cfg(test)]
+mod tests;
+
+pub use choice::{
+    PrefixFallback, ServeKey, choose_subnet, next_device_index, prefix_fallback, serve_order,
+};
+pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};
+pub use replay::{DESCRIBE_LAG_BOUND_MS, ObservedInterface, Replay, replay_intent};
+pub use targets::{WarmMode, warm_mode, warm_needed_and_excess};
 
 /// The interface and address limits of the node's instance type (EC2's
 /// `DescribeInstanceTypes`; corral-cloud's `InstanceTypeInfo`).
@@ -82,12 +96,25 @@ pub struct SubnetView {
     pub no_free_prefix: bool,
 }
 
+/// An address (or prefix) of the node in an open release handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Releasing {
+    /// The address or prefix (the `release/` key's CIDR).
+    pub address: IpNet,
+    /// Where the handshake stands: a `Ready` (surrendered) address is not counted as
+    /// available; a `Marked` one still is (the agent may refuse it).
+    pub state: ReleaseState,
+    /// When the leader marked it, in milliseconds on its clock (oldest complete first).
+    pub marked_ms: u64,
+}
+
 /// Everything the decision for one node, cloud pool and family rests on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeCloudInput<'a> {
     /// The family decided for.
     pub family: Family,
-    /// The node's watermarks in the pool (used when `cloud.warm` is `None`).
+    /// The node's watermarks in the pool (used when `cloud.warm` is `None`; its
+    /// `max_allocate` caps the node in both cases).
     pub watermarks: Watermarks,
     /// The pool's cloud settings (warm targets, prefix delegation, subnet choice, first
     /// interface index).
@@ -98,7 +125,9 @@ pub struct NodeCloudInput<'a> {
     pub zone: &'a str,
     /// The instance's own subnet (its primary interface's).
     pub node_subnet: &'a str,
-    /// The instance's interfaces, the primary included.
+    /// The instance's interfaces, the primary included. Only those at or above the pool's
+    /// first interface index and not excluded serve the pool ("usable"): their addresses are
+    /// the node's, they get new ones, and they give back excess.
     pub interfaces: &'a [InterfaceView],
     /// The subnets of the instance's VPC.
     pub subnets: &'a [SubnetView],
@@ -108,8 +137,8 @@ pub struct NodeCloudInput<'a> {
     /// The agent's last demand report for this family, if any (none: nothing is released,
     /// and a node holding nothing is served as if it used nothing).
     pub demand: Option<&'a FamilyDemand>,
-    /// Addresses in an open release handshake: not counted as available.
-    pub releasing: &'a [IpNet],
+    /// The node's open release handshakes in this pool and family.
+    pub releasing: &'a [Releasing],
     /// Since when the node has been in excess, if it has.
     pub excess_since_ms: Option<u64>,
     /// Now, on the leader's clock.
@@ -118,10 +147,11 @@ pub struct NodeCloudInput<'a> {
     pub release_delay_ms: u64,
 }
 
-/// What the leader does next for one node, pool and family.
+/// What the leader does next for one node, pool and family: at most one cloud mutation (or
+/// one round of marks).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum CloudAction {
-    /// Nothing: between the watermarks (or waiting for the release delay).
+    /// Nothing: between the watermarks (or waiting for the release delay, or at capacity).
     #[default]
     Nothing,
     /// Assign `count` addresses (or `count` prefixes) to an existing attached interface.
@@ -154,200 +184,558 @@ pub enum CloudAction {
         /// What to mark: free per the agent's report, at most the excess.
         addresses: Vec<IpNet>,
     },
-}
-
-/// The decision for one node, pool and family, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CloudPlan {
-    /// Cilium's statistics of the node (capacity: the instance's limit, or max-allocate).
-    pub stats: Statistics,
-    /// What to do.
-    pub action: CloudAction,
-    /// The node needs addresses but its instance is at its limits or no subnet has room: no
-    /// call is made, and the node is reported at capacity.
-    pub at_capacity: bool,
-    /// Since when the node is in excess (`None`: it is not); the leader keeps it for the next
-    /// round.
-    pub excess_since_ms: Option<u64>,
-}
-
-/// Decides what to do for one node, pool and family.
-pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
-    let _ = input;
-    todo!("cloud decisions (issue 14)")
-}
-
-/// How many addresses the node needs and has in excess under AWS VPC CNI's targets
-/// (CLUSTER-DESIGN 2.1: `short`, `over`, WARM_ENI, WARM_PREFIX), with corral's no-flap rule;
-/// `(needed, excess)`.
-pub fn warm_needed_and_excess(
-    targets: &WarmTargets,
-    limits: &InstanceLimits,
-    prefixes: bool,
-    available: u64,
-    used: u64,
-    pending: u64,
-) -> (u64, u64) {
-    let _ = (targets, limits, prefixes, available, used, pending);
-    todo!("cloud decisions (issue 14)")
-}
-
-/// The subnet a new interface goes in, or `None` if none has room for `count` addresses (or
-/// prefixes); `avoid` lists subnets that just refused (a sibling retry).
-pub fn choose_subnet<'a>(
-    cloud: &CloudPoolConfig,
-    zone: &str,
-    node_subnet: &str,
-    subnets: &'a [SubnetView],
-    count: u32,
-    prefixes: bool,
-    avoid: &[String],
-) -> Option<&'a SubnetView> {
-    let _ = (cloud, zone, node_subnet, subnets, count, prefixes, avoid);
-    todo!("cloud decisions (issue 14)")
-}
-
-/// The device index for a new interface: the first at or above `first` that no interface has
-/// and `occupied` does not list, below the instance's interface limit; after the cloud said
-/// `after` is taken, the next one above it.
-pub fn next_device_index(
-    interfaces: &[InterfaceView],
-    first: u32,
-    max_interfaces: u32,
-    occupied: &[u32],
-    after: Option<u32>,
-) -> Option<u32> {
-    let _ = (interfaces, first, max_interfaces, occupied, after);
-    todo!("cloud decisions (issue 14)")
-}
-
-/// What to do when a prefix request was refused with `InsufficientCidrBlocks` (the subnet has
-/// no free aligned /28, though it may have single addresses left).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PrefixFallback {
-    /// A new interface: try a sibling subnet of the same zone (not yet tried) with prefixes.
-    Sibling {
-        /// The subnet.
-        subnet_id: String,
-    },
-    /// Single addresses on that interface (or a new interface in that subnet) instead: the
-    /// interface is `secondaries_only` from now on; the node's others keep prefixes.
-    Secondaries,
-}
-
-/// Chooses the fallback after `InsufficientCidrBlocks` for `action` (an `Assign` or `Create`
-/// with `prefixes`); `tried` lists the subnets already refused.
-pub fn prefix_fallback(
-    action: &CloudAction,
-    cloud: &CloudPoolConfig,
-    zone: &str,
-    subnets: &[SubnetView],
-    tried: &[String],
-) -> PrefixFallback {
-    let _ = (action, cloud, zone, subnets, tried);
-    todo!("cloud decisions (issue 14)")
-}
-
-/// An interface the leaked-interface collector looked at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeakCandidate {
-    /// The interface.
-    pub id: CloudId,
-    /// It carries corral's tags for this cluster (never touch anything else).
-    pub tagged: bool,
-    /// It is `available`: not attached, not attaching, not detaching.
-    pub available: bool,
-    /// When corral created it (its creation tag), if known.
-    pub created_ms: Option<u64>,
-    /// A `cloud-if/` record or an open intent names it (then it is not a leak).
-    pub recorded: bool,
-}
-
-/// What one collector run does.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct GcPlan {
-    /// Delete these now: tagged, available, unrecorded, seen so on a run at least the
-    /// interval ago and created at least the interval ago; at most the cap.
-    pub delete: Vec<CloudId>,
-    /// The first sightings to keep for the next run (candidates not deleted now).
-    pub seen: BTreeMap<CloudId, u64>,
-    /// Leaks left for a later run by the cap.
-    pub over_cap: usize,
-}
-
-/// Cilium's two-observation rule for leaked interfaces, with AWS VPC CNI's minimum age.
-pub fn plan_leak_gc(
-    candidates: &[LeakCandidate],
-    seen: &BTreeMap<CloudId, u64>,
-    now_ms: u64,
-    interval_ms: u64,
-    cap: usize,
-) -> GcPlan {
-    let _ = (candidates, seen, now_ms, interval_ms, cap);
-    todo!("cloud decisions (issue 14)")
-}
-
-/// An interface as the cloud shows it, for replaying an intent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObservedInterface {
-    /// The interface.
-    pub id: CloudId,
-    /// The instance and device index it is attached (or attaching) to.
-    pub attached_to: Option<(String, u32)>,
-    /// Its secondary addresses and prefixes, both families.
-    pub addresses: Vec<IpNet>,
-}
-
-/// What the next leader does with an intent it found open.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Replay {
-    /// Nothing was applied (or all of it is recorded already): delete the intent.
-    Forget,
-    /// The call was applied: record the interface as observed, then delete the intent.
-    Record(ObservedInterface),
-    /// A created interface never got attached, and the node still needs it: attach it.
-    Attach {
-        /// The interface.
-        interface: CloudId,
-        /// Where.
-        device_index: u32,
-    },
-    /// Undo: delete the interface (created, unattached, not needed any more).
-    Delete {
-        /// The interface.
-        interface: CloudId,
-    },
-    /// Addresses surrendered by the agent are still on the interface: unassign them again.
+    /// Unassign addresses the agent surrendered (`ready`) and that are still excess, all on
+    /// one interface (the oldest mark's first); then complete their handshakes.
     Unassign {
         /// The interface.
         interface: CloudId,
         /// What.
         addresses: Vec<IpNet>,
     },
-    /// The cloud's view is not settled (the interface may not be visible yet): ask again
-    /// after a resync, change nothing.
-    Wait,
 }
 
-/// Decides how to finish or undo an open intent from what the cloud shows now: `found` is the
-/// interface the intent is about (for a create: the one carrying the intent's client token or
-/// tag), `record` the node's `cloud-if/` record of it, `node_present` whether the node is still
-/// registered with this instance, `age_ms` how long ago the intent was written.
-pub fn replay_intent(
-    intent: &CloudIntentRecord,
-    found: Option<&ObservedInterface>,
-    record: Option<&CloudInterfaceRecord>,
-    node_present: bool,
-    age_ms: u64,
-) -> Replay {
-    let _ = (intent, found, record, node_present, age_ms);
-    todo!("cloud decisions (issue 14)")
+impl CloudAction {
+    /// Whether the action calls the cloud (`Assign`, `Create`, `Unassign`).
+    pub fn is_cloud_call(&self) -> bool {
+        matches!(
+            self,
+            CloudAction::Assign { .. } | CloudAction::Create { .. } | CloudAction::Unassign { .. }
+        )
+    }
 }
 
-/// The order nodes are served in (Cilium's `GetNodesByIPWatermarkLocked`): largest need first,
-/// then nothing to do, then releases (largest excess last); IPv4 need before IPv6 need.
-/// Returns the indexes of `plans` in that order; stable for equal keys.
-pub fn serve_order(plans: &[(u64, u64)]) -> Vec<usize> {
-    let _ = plans;
-    todo!("cloud decisions (issue 14)")
+/// The decision for one node, pool and family, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CloudPlan {
+    /// Cilium's statistics of the node (capacity: the instance's limit, or max-allocate when
+    /// smaller). `available` leaves surrendered addresses out.
+    pub stats: Statistics,
+    /// What to do.
+    pub action: CloudAction,
+    /// The node needs addresses but its instance is at its limits (or max-allocate) or no
+    /// subnet has room: no call is made, and the node is reported at capacity.
+    pub at_capacity: bool,
+    /// Since when the node is in excess (`None`: it is not); the leader keeps it for the next
+    /// round.
+    pub excess_since_ms: Option<u64>,
+    /// Handshakes to end because the address is no longer excess (Cilium's
+    /// `abortNoLongerExcessIPs`): delete the release key, the agent takes it back.
+    pub unmark: Vec<IpNet>,
+    /// Refused handshakes to forget (delete the release key); the excess clock restarts.
+    pub forget: Vec<IpNet>,
+}
+
+/// Addresses an entry counts: a /32 or /128 one, a /28 16, a /80 2^48 (clipped to `u64`).
+pub fn units(net: &IpNet) -> u64 {
+    let bits = match net {
+        IpNet::V4(n) => 32 - u32::from(n.prefix_len()),
+        IpNet::V6(n) => 128 - u32::from(n.prefix_len()),
+    };
+    if bits >= 64 { u64::MAX } else { 1u64 << bits }
+}
+
+/// The family of an address or prefix.
+pub fn family_of(net: &IpNet) -> Family {
+    match net {
+        IpNet::V4(_) => Family::V4,
+        IpNet::V6(_) => Family::V6,
+    }
+}
+
+/// The length of a delegated prefix of `family` (/28, /80).
+pub fn delegated_prefix_len(family: Family) -> u8 {
+    match family {
+        Family::V4 => 28,
+        Family::V6 => 80,
+    }
+}
+
+/// Addresses one delegated prefix of `family` counts (16, 2^48).
+pub fn prefix_units(family: Family) -> u64 {
+    match family {
+        Family::V4 => 16,
+        Family::V6 => 1 << 48,
+    }
+}
+
+/// Whether an interface serves the pool: not excluded and at or above its first interface
+/// index.
+pub fn is_usable(interface: &InterfaceView, first_interface_index: u32) -> bool {
+    !interface.excluded && interface.device_index >= first_interface_index
+}
+
+/// Address slots of one interface for `family`: IPv4 less the primary; a prefix takes one.
+pub fn slots_per_interface(limits: &InstanceLimits, family: Family) -> u64 {
+    match family {
+        Family::V4 => u64::from(limits.ipv4_per_interface.saturating_sub(1)),
+        Family::V6 => u64::from(limits.ipv6_per_interface),
+    }
+}
+
+/// Free address slots of an interface for `family`.
+pub fn free_slots(interface: &InterfaceView, limits: &InstanceLimits, family: Family) -> u64 {
+    let taken = interface
+        .addresses
+        .iter()
+        .filter(|a| family_of(a) == family)
+        .count() as u64;
+    slots_per_interface(limits, family).saturating_sub(taken)
+}
+
+/// Whether an interface takes prefixes: the pool asks, the instance supports it, and its
+/// subnet never refused one for it.
+pub fn interface_takes_prefixes(
+    interface: &InterfaceView,
+    cloud: &CloudPoolConfig,
+    limits: &InstanceLimits,
+) -> bool {
+    cloud.prefix_delegation && limits.prefix_delegation && !interface.secondaries_only
+}
+
+/// What a subnet can still give in `family`, in slots (prefixes when `prefixes`); a new
+/// interface (`create`) also takes a primary IPv4 address. IPv6: unbounded if the subnet has an
+/// IPv6 CIDR. A subnet that refused a prefix lately gives no prefixes.
+pub fn subnet_room(subnet: &SubnetView, family: Family, prefixes: bool, create: bool) -> u64 {
+    if prefixes && subnet.no_free_prefix {
+        return 0;
+    }
+    let free_v4 = u64::from(subnet.free_ipv4).saturating_sub(u64::from(create));
+    match family {
+        Family::V4 if prefixes => free_v4 / 16,
+        Family::V4 => free_v4,
+        Family::V6 => {
+            let has_v6 = subnet.cidrs.iter().any(|c| matches!(c, IpNet::V6(_)));
+            if has_v6 && (!create || subnet.free_ipv4 > 0) {
+                u64::MAX
+            } else {
+                0
+            }
+        }
+    }
+}
+
+/// The most the node can hold in `family` on its instance, in addresses: what its usable
+/// interfaces hold plus the room left on them (a prefix slot counting a whole prefix where the
+/// interface takes prefixes), plus the free device indexes at full size. Without
+/// `secondaries_only` interfaces this is Cilium's `(max_interfaces - first_interface_index) *
+/// (ipv4_per_interface - 1)`, x16 under prefix delegation.
+pub fn instance_capacity(
+    interfaces: &[InterfaceView],
+    occupied: &[u32],
+    limits: &InstanceLimits,
+    cloud: &CloudPoolConfig,
+    family: Family,
+) -> u64 {
+    let first = cloud.first_interface_index;
+    let prefix = prefix_units(family);
+    let mut total = 0u64;
+    for interface in interfaces.iter().filter(|i| is_usable(i, first)) {
+        let held = interface
+            .addresses
+            .iter()
+            .filter(|a| family_of(a) == family)
+            .fold(0u64, |s, a| s.saturating_add(units(a)));
+        let unit = if interface_takes_prefixes(interface, cloud, limits) {
+            prefix
+        } else {
+            1
+        };
+        total = total
+            .saturating_add(held)
+            .saturating_add(free_slots(interface, limits, family).saturating_mul(unit));
+    }
+    let empty = (first..limits.max_interfaces)
+        .filter(|i| !interfaces.iter().any(|f| f.device_index == *i) && !occupied.contains(i))
+        .count() as u64;
+    let unit = if cloud.prefix_delegation && limits.prefix_delegation {
+        prefix
+    } else {
+        1
+    };
+    total.saturating_add(
+        empty
+            .saturating_mul(slots_per_interface(limits, family))
+            .saturating_mul(unit),
+    )
+}
+
+/// How much the node wants and may give back, before any placement.
+struct Demand {
+    /// To ask for (surge included), capped by max-allocate and the instance.
+    want: u64,
+    /// The same without any cap (to tell "at capacity").
+    want_uncapped: u64,
+    /// Needed to reach the targets (no surge, no max-above-watermark), capped.
+    needed: u64,
+    /// Fill whole interfaces (WARM_ENI).
+    fill_whole: bool,
+}
+
+/// Decides what to do for one node, pool and family.
+pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
+    let family = input.family;
+    let first = input.cloud.first_interface_index;
+    let mut usable: Vec<&InterfaceView> = input
+        .interfaces
+        .iter()
+        .filter(|i| is_usable(i, first))
+        .collect();
+    usable.sort_by(|a, b| (a.device_index, &a.id).cmp(&(b.device_index, &b.id)));
+    // The node's entries in this family, with their interface.
+    let held: Vec<(&InterfaceView, IpNet)> = usable
+        .iter()
+        .flat_map(|i| i.addresses.iter().map(move |a| (*i, *a)))
+        .filter(|(_, a)| family_of(a) == family)
+        .collect();
+    let handshake = |a: &IpNet| input.releasing.iter().find(|r| r.address == *a);
+    let held_total = held
+        .iter()
+        .fold(0u64, |s, (_, a)| s.saturating_add(units(a)));
+    let mut ready: Vec<(&InterfaceView, Releasing)> = held
+        .iter()
+        .filter_map(|(i, a)| handshake(a).map(|r| (*i, *r)))
+        .filter(|(_, r)| r.state == ReleaseState::Ready)
+        .collect();
+    ready.sort_by_key(|(_, r)| (r.marked_ms, r.address));
+    let ready_size = ready
+        .iter()
+        .fold(0u64, |s, (_, r)| s.saturating_add(units(&r.address)));
+    let available = held_total.saturating_sub(ready_size);
+    let (used, pending) = input.demand.map_or((0, 0), |d| (d.used, d.pending));
+    let pd = input.cloud.prefix_delegation && input.limits.prefix_delegation;
+    let physical = instance_capacity(
+        input.interfaces,
+        input.occupied_indexes,
+        &input.limits,
+        input.cloud,
+        family,
+    );
+    let max = input.watermarks.max_allocate;
+    let capacity = if max > 0 { physical.min(max) } else { physical };
+    let excess_at = |avail: u64| -> u64 {
+        match &input.cloud.warm {
+            None => blocks::excess(&input.watermarks, avail, used),
+            Some(t) => warm_needed_and_excess(t, &input.limits, pd, avail, used, 0).1,
+        }
+    };
+    let demand = demand(input, pd, available, used, pending, capacity);
+    let excess_now = if input.demand.is_some() {
+        excess_at(available)
+    } else {
+        0
+    };
+    let mut out = CloudPlan {
+        stats: Statistics {
+            used,
+            available,
+            capacity,
+            needed: demand.needed,
+            excess: excess_now,
+        },
+        ..CloudPlan::default()
+    };
+    out.forget = input
+        .releasing
+        .iter()
+        .filter(|r| r.state == ReleaseState::Refused)
+        .map(|r| r.address)
+        .collect();
+    let open: Vec<IpNet> = held
+        .iter()
+        .filter(|(_, a)| {
+            handshake(a)
+                .is_some_and(|r| matches!(r.state, ReleaseState::Marked | ReleaseState::Ready))
+        })
+        .map(|(_, a)| *a)
+        .collect();
+    if demand.want_uncapped > 0 {
+        // Growing: every open handshake ends; surrendered addresses come back first.
+        out.unmark = open;
+        let still = demand.want_uncapped.saturating_sub(ready_size);
+        let room = capacity.saturating_sub(held_total);
+        let want = demand.want.saturating_sub(ready_size).min(room);
+        if still == 0 {
+            return out;
+        }
+        if want == 0 {
+            out.at_capacity = true;
+            return out;
+        }
+        let wanted = if demand.fill_whole { room } else { want };
+        match place(input, &usable, pd, wanted, demand.fill_whole) {
+            Some(action) => out.action = action,
+            None => out.at_capacity = true,
+        }
+        if demand.want_uncapped.saturating_sub(ready_size) > want {
+            out.at_capacity = true;
+        }
+        return out;
+    }
+    if input.demand.is_none() {
+        return out;
+    }
+    release(input, &held, &ready, ready_size, available, excess_at, out)
+}
+
+/// Needed and wanted addresses under the pool's watermarks or warm targets.
+fn demand(
+    input: &NodeCloudInput<'_>,
+    pd: bool,
+    available: u64,
+    used: u64,
+    pending: u64,
+    capacity: u64,
+) -> Demand {
+    match &input.cloud.warm {
+        None => {
+            let w = input.watermarks;
+            let uncapped = Watermarks {
+                max_allocate: 0,
+                ..w
+            };
+            let want_uncapped = blocks::to_allocate(&uncapped, available, used, pending);
+            if capacity == 0 {
+                return Demand {
+                    want: 0,
+                    want_uncapped,
+                    needed: 0,
+                    fill_whole: false,
+                };
+            }
+            let capped = Watermarks {
+                max_allocate: capacity,
+                ..w
+            };
+            Demand {
+                want: blocks::to_allocate(&capped, available, used, pending)
+                    .min(capacity.saturating_sub(available)),
+                want_uncapped,
+                needed: blocks::needed(&capped, available, used),
+                fill_whole: false,
+            }
+        }
+        Some(t) => {
+            let (needed, _) =
+                warm_needed_and_excess(t, &input.limits, pd, available, used, pending);
+            let room = capacity.saturating_sub(available);
+            Demand {
+                want: needed.min(room),
+                want_uncapped: needed,
+                needed: needed.min(room),
+                fill_whole: matches!(warm_mode(t, pd), WarmMode::Eni(_)),
+            }
+        }
+    }
+}
+
+/// Where `wanted` addresses go: an existing attached interface with room whose subnet has
+/// room (lowest device index first), else a new interface; `None` when neither can be had.
+fn place(
+    input: &NodeCloudInput<'_>,
+    usable: &[&InterfaceView],
+    pd: bool,
+    wanted: u64,
+    fill_whole: bool,
+) -> Option<CloudAction> {
+    let family = input.family;
+    let subnet = |id: &str| input.subnets.iter().find(|s| s.id == id);
+    for interface in usable.iter().filter(|i| i.attached) {
+        let slots = free_slots(interface, &input.limits, family);
+        if slots == 0 {
+            continue;
+        }
+        let Some(s) = subnet(&interface.subnet_id) else {
+            continue;
+        };
+        let wants_prefixes = interface_takes_prefixes(interface, input.cloud, &input.limits);
+        // A prefix interface whose subnet cannot give a whole prefix takes single addresses
+        // this once (it stays a prefix interface).
+        let modes: &[bool] = if wants_prefixes {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        for &prefixes in modes {
+            let room = subnet_room(s, family, prefixes, false);
+            if room == 0 {
+                continue;
+            }
+            let unit = if prefixes { prefix_units(family) } else { 1 };
+            let asked = if fill_whole {
+                slots
+            } else {
+                wanted.div_ceil(unit)
+            };
+            let count = slots.min(room).min(asked).max(1);
+            return Some(CloudAction::Assign {
+                interface: interface.id.clone(),
+                count: u32::try_from(count).unwrap_or(u32::MAX),
+                prefixes,
+            });
+        }
+    }
+    let device_index = next_device_index(
+        input.interfaces,
+        input.cloud.first_interface_index,
+        input.limits.max_interfaces,
+        input.occupied_indexes,
+        None,
+    )?;
+    let per_interface = slots_per_interface(&input.limits, family);
+    if per_interface == 0 {
+        return None;
+    }
+    let modes: &[bool] = if pd { &[true, false] } else { &[false] };
+    for &prefixes in modes {
+        let unit = if prefixes { prefix_units(family) } else { 1 };
+        let asked = if fill_whole {
+            per_interface
+        } else {
+            wanted.div_ceil(unit).min(per_interface)
+        };
+        let asked32 = u32::try_from(asked).unwrap_or(u32::MAX);
+        let Some(s) = choose_subnet(
+            input.cloud,
+            input.zone,
+            input.node_subnet,
+            family,
+            input.subnets,
+            asked32,
+            prefixes,
+            &[],
+        ) else {
+            continue;
+        };
+        let count = asked.min(subnet_room(s, family, prefixes, true)).max(1);
+        return Some(CloudAction::Create {
+            subnet_id: s.id.clone(),
+            device_index,
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            prefixes,
+        });
+    }
+    None
+}
+
+/// The release side: complete surrendered addresses within the excess, end handshakes beyond
+/// it, and after the release delay mark free addresses of one interface.
+fn release(
+    input: &NodeCloudInput<'_>,
+    held: &[(&InterfaceView, IpNet)],
+    ready: &[(&InterfaceView, Releasing)],
+    ready_size: u64,
+    available: u64,
+    excess_at: impl Fn(u64) -> u64,
+    mut out: CloudPlan,
+) -> CloudPlan {
+    // Surrendered addresses still count as held when judging how many may go, so a release
+    // never leaves the node below its keep level (block mode's rule).
+    let budget = excess_at(available.saturating_add(ready_size));
+    let mut completing: Vec<(&InterfaceView, IpNet)> = Vec::new();
+    let mut completing_size = 0u64;
+    for (interface, r) in ready {
+        let size = units(&r.address);
+        if completing_size.saturating_add(size) <= budget {
+            completing_size = completing_size.saturating_add(size);
+            completing.push((*interface, r.address));
+        } else {
+            out.unmark.push(r.address);
+        }
+    }
+    let to_release = budget.saturating_sub(completing_size);
+    let mut marked: Vec<Releasing> = held
+        .iter()
+        .filter_map(|(_, a)| input.releasing.iter().find(|r| r.address == *a))
+        .filter(|r| r.state == ReleaseState::Marked)
+        .copied()
+        .collect();
+    marked.sort_by_key(|r| (r.marked_ms, r.address));
+    let mut kept = 0u64;
+    for r in &marked {
+        let size = units(&r.address);
+        if kept.saturating_add(size) <= to_release {
+            kept = kept.saturating_add(size);
+        } else {
+            out.unmark.push(r.address);
+        }
+    }
+    if let Some((first, _)) = completing.first() {
+        let interface = first.id.clone();
+        out.action = CloudAction::Unassign {
+            addresses: completing
+                .iter()
+                .filter(|(i, _)| i.id == interface)
+                .map(|(_, a)| *a)
+                .collect(),
+            interface,
+        };
+    }
+    if to_release == 0 {
+        out.excess_since_ms = None;
+        return out;
+    }
+    let since = input.excess_since_ms.unwrap_or(input.now_ms);
+    out.excess_since_ms = Some(since);
+    if !out.forget.is_empty() {
+        // A refusal just came back: the excess clock starts again.
+        out.excess_since_ms = Some(input.now_ms);
+        return out;
+    }
+    if input.now_ms.saturating_sub(since) < input.release_delay_ms
+        || out.action != CloudAction::Nothing
+    {
+        return out;
+    }
+    let more = to_release.saturating_sub(kept);
+    if more == 0 {
+        return out;
+    }
+    if let Some((interface, addresses)) = choose_marks(input, more) {
+        out.action = CloudAction::Mark {
+            interface,
+            addresses,
+        };
+    }
+    out
+}
+
+/// Cilium's `PrepareIPRelease`: the usable attached interface with most addresses the agent
+/// reported free (ties: lowest ID), and up to `more` addresses' worth of them, whole entries
+/// only (a prefix goes whole or not at all), never one in a handshake.
+fn choose_marks(input: &NodeCloudInput<'_>, more: u64) -> Option<(CloudId, Vec<IpNet>)> {
+    let empty = input.demand.map_or(&[][..], |d| d.empty.as_slice());
+    let first = input.cloud.first_interface_index;
+    let mut best: Option<(CloudId, usize, Vec<IpNet>)> = None;
+    let mut interfaces: Vec<&InterfaceView> = input
+        .interfaces
+        .iter()
+        .filter(|i| is_usable(i, first) && i.attached)
+        .collect();
+    interfaces.sort_by(|a, b| a.id.cmp(&b.id));
+    for interface in interfaces {
+        let free: Vec<IpNet> = empty
+            .iter()
+            .filter(|a| family_of(a) == input.family)
+            .filter(|a| interface.addresses.contains(a))
+            .filter(|a| !input.releasing.iter().any(|r| r.address == **a))
+            .copied()
+            .collect();
+        let mut picked = Vec::new();
+        let mut size = 0u64;
+        let count = free.len();
+        for a in free {
+            let u = units(&a);
+            if size.saturating_add(u) <= more {
+                size = size.saturating_add(u);
+                picked.push(a);
+            }
+        }
+        if picked.is_empty() {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(_, n, _)| count > *n) {
+            best = Some((interface.id.clone(), count, picked));
+        }
+    }
+    best.map(|(id, _, picked)| (id, picked))
 }

@@ -1,0 +1,264 @@
+//! AWS VPC CNI ipamd's warm targets (CLUSTER-DESIGN 2.1), as needed and excess addresses, with
+//! corral's no-flap rule: releasing the excess never makes the node short next round.
+
+use crate::config::WarmTargets;
+
+use super::InstanceLimits;
+
+/// Which of AWS VPC CNI's targets rules a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmMode {
+    /// `WARM_IP_TARGET` and/or `MINIMUM_IP_TARGET` (an unset one counts 0).
+    Ip {
+        /// Free addresses kept ahead of use.
+        warm: u64,
+        /// Addresses held at least.
+        minimum: u64,
+    },
+    /// `WARM_ENI_TARGET` (default 1): this many whole interfaces' worth kept free; a node
+    /// that is short fills whole interfaces.
+    Eni(u64),
+    /// `WARM_PREFIX_TARGET` (prefix delegation, no IP target): free /28s kept ahead.
+    Prefix(u64),
+}
+
+/// The mode `targets` put a node in: IP targets win, then the prefix target (only under
+/// prefix delegation), else the ENI target (default 1).
+pub fn warm_mode(targets: &WarmTargets, prefixes: bool) -> WarmMode {
+    if targets.warm_ip.is_some() || targets.minimum_ip.is_some() {
+        return WarmMode::Ip {
+            warm: targets.warm_ip.unwrap_or(0),
+            minimum: targets.minimum_ip.unwrap_or(0),
+        };
+    }
+    match targets.warm_prefix {
+        Some(n) if prefixes => WarmMode::Prefix(n),
+        _ => WarmMode::Eni(targets.warm_eni.unwrap_or(1)),
+    }
+}
+
+/// How many addresses the node needs and has in excess under AWS VPC CNI's targets
+/// (CLUSTER-DESIGN 2.1: `short`, `over`, WARM_ENI, WARM_PREFIX), with corral's no-flap rule;
+/// `(needed, excess)`. `available` is what the node holds (AWS's `total`), `used` what its
+/// pods have (`assigned`), `pending` allocations waiting (a surge: at least `pending - free`
+/// is needed). The targets count IPv4 interface slots (`perENI = ipv4_per_interface - 1`,
+/// x16 with `prefixes`).
+///
+/// - IP targets: `short = max(warm - free, min - total, 0)`; `over = max(min(free - warm,
+///   total - min), 0)` (releasing it leaves `free >= warm` and `total >= min`: never short
+///   next round). With prefixes, `over` is whole prefixes beyond the prefixes covering
+///   `max(used + warm, min)` (AWS's `overPrefix`; a minimum above 16N acts as 16(N+1)).
+/// - WARM_ENI n: short when `free < n * perENI` (or n = 0 and nothing free): needs the
+///   difference (at least 1); excess only when `free >= (n + 1) * perENI`, down to
+///   `max(n * perENI, 1)` free (so n = 0 does not flap between 0 and 1 free).
+/// - WARM_PREFIX n: short when fewer than n whole prefixes are free (or nothing is free):
+///   needs `16 * max(n - freePrefixes, 1)`; excess `16 * (freePrefixes - max(n, 1))`.
+pub fn warm_needed_and_excess(
+    targets: &WarmTargets,
+    limits: &InstanceLimits,
+    prefixes: bool,
+    available: u64,
+    used: u64,
+    pending: u64,
+) -> (u64, u64) {
+    let free = available.saturating_sub(used);
+    let (needed, excess) = match warm_mode(targets, prefixes) {
+        WarmMode::Ip { warm, minimum } => {
+            let short = warm
+                .saturating_sub(free)
+                .max(minimum.saturating_sub(available));
+            let over = if prefixes {
+                let keep = used
+                    .saturating_add(warm)
+                    .max(minimum)
+                    .div_ceil(16)
+                    .saturating_mul(16);
+                available.saturating_sub(keep) / 16 * 16
+            } else {
+                free.saturating_sub(warm)
+                    .min(available.saturating_sub(minimum))
+            };
+            (short, over)
+        }
+        WarmMode::Eni(n) => {
+            let per = u64::from(limits.ipv4_per_interface.saturating_sub(1))
+                .saturating_mul(if prefixes { 16 } else { 1 });
+            let target = n.saturating_mul(per);
+            let needed = if free < target || (n == 0 && free == 0) {
+                target.saturating_sub(free).max(1)
+            } else {
+                0
+            };
+            let excess = if per > 0 && free >= n.saturating_add(1).saturating_mul(per) {
+                free.saturating_sub(target.max(1))
+            } else {
+                0
+            };
+            (needed, excess)
+        }
+        WarmMode::Prefix(n) => {
+            let free_prefixes = free / 16;
+            let needed = if free_prefixes < n || free == 0 {
+                n.saturating_sub(free_prefixes).max(1).saturating_mul(16)
+            } else {
+                0
+            };
+            (
+                needed,
+                free_prefixes.saturating_sub(n.max(1)).saturating_mul(16),
+            )
+        }
+    };
+    let surge = pending.saturating_sub(free);
+    let needed = needed.max(surge);
+    (needed, if needed > 0 { 0 } else { excess })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m5_large() -> InstanceLimits {
+        InstanceLimits {
+            max_interfaces: 3,
+            ipv4_per_interface: 10,
+            ipv6_per_interface: 10,
+            prefix_delegation: true,
+        }
+    }
+
+    fn ip(warm: Option<u64>, minimum: Option<u64>) -> WarmTargets {
+        WarmTargets {
+            warm_ip: warm,
+            minimum_ip: minimum,
+            ..WarmTargets::default()
+        }
+    }
+
+    /// CLUSTER-DESIGN 2.1's rows for WARM_IP=2 MIN=10 on an m5.large.
+    #[test]
+    fn ip_targets_worked_examples() {
+        let t = ip(Some(2), Some(10));
+        let l = m5_large();
+        // 0 pods, nothing held: short 10.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 0, 0, 0), (10, 0));
+        // 9 held after the first assign (9 on the primary): short 1 more.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 9, 0, 0), (1, 0));
+        // 10 held, 9 pods: free 1 < 2: short 1 -> 11.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 10, 9, 0), (1, 0));
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 11, 9, 0), (0, 0));
+        // 4 pods deleted: 11 held, 5 used: over = min(6 - 2, 11 - 10) = 1 -> 10.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 11, 5, 0), (0, 1));
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 10, 5, 0), (0, 0));
+        // p3dn.24xlarge WARM_IP=5 MIN=10, 45 pods on 50: neither.
+        let t = ip(Some(5), Some(10));
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 50, 45, 0), (0, 0));
+    }
+
+    #[test]
+    fn ip_targets_never_flap() {
+        let l = m5_large();
+        for warm in [None, Some(0), Some(1), Some(2), Some(7), Some(20)] {
+            for minimum in [None, Some(0), Some(3), Some(10), Some(33)] {
+                if warm.is_none() && minimum.is_none() {
+                    continue;
+                }
+                let t = ip(warm, minimum);
+                for prefixes in [false, true] {
+                    for available in 0..80 {
+                        for used in 0..=available {
+                            let (needed, excess) =
+                                warm_needed_and_excess(&t, &l, prefixes, available, used, 0);
+                            assert!(needed == 0 || excess == 0);
+                            if excess > 0 {
+                                let after = available - excess;
+                                assert_eq!(
+                                    warm_needed_and_excess(&t, &l, prefixes, after, used, 0),
+                                    (0, 0),
+                                    "{t:?} {prefixes} {available} {used}"
+                                );
+                            }
+                            if needed > 0 {
+                                let unit = if prefixes { 16 } else { 1 };
+                                let after = available + needed.div_ceil(unit) * unit;
+                                let (n2, e2) =
+                                    warm_needed_and_excess(&t, &l, prefixes, after, used, 0);
+                                assert_eq!((n2, e2), (0, 0), "{t:?} {prefixes} {available} {used}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// CLUSTER-DESIGN 2.1's WARM_ENI rows on an m5.large (primary interface used: 9 slots).
+    #[test]
+    fn eni_target_worked_examples() {
+        let t = WarmTargets::default();
+        let l = m5_large();
+        assert_eq!(warm_mode(&t, false), WarmMode::Eni(1));
+        // 0 pods, 9 held: 9 >= 1 * 9.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 9, 0, 0), (0, 0));
+        // 1 pod: 8 free < 9: short (a whole interface is attached).
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 9, 1, 0), (1, 0));
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 18, 1, 0), (0, 0));
+        // 10 pods, 27 held, 17 free: fine, and not a whole extra interface free.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 27, 10, 0), (0, 0));
+        // 27 held, 0 pods: 27 >= 2 * 9: release down to 9 free.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 27, 0, 0), (0, 18));
+        // WARM_ENI = 0: something free is kept, never 0 then 1 again.
+        let zero = WarmTargets {
+            warm_eni: Some(0),
+            ..WarmTargets::default()
+        };
+        assert_eq!(warm_needed_and_excess(&zero, &l, false, 5, 5, 0), (1, 0));
+        assert_eq!(warm_needed_and_excess(&zero, &l, false, 14, 5, 0), (0, 8));
+        assert_eq!(warm_needed_and_excess(&zero, &l, false, 6, 5, 0), (0, 0));
+        // Prefix delegation: an interface's worth is 9 * 16.
+        assert_eq!(warm_needed_and_excess(&t, &l, true, 144, 1, 0), (1, 0));
+    }
+
+    /// CLUSTER-DESIGN 2.1: t3.small PD, WARM_PREFIX=1, 17 pods on 3 prefixes (16, 1, 0 used).
+    #[test]
+    fn prefix_target_worked_examples() {
+        let t = WarmTargets {
+            warm_prefix: Some(1),
+            ..WarmTargets::default()
+        };
+        let l = InstanceLimits {
+            max_interfaces: 3,
+            ipv4_per_interface: 4,
+            ipv6_per_interface: 4,
+            prefix_delegation: true,
+        };
+        assert_eq!(warm_mode(&t, true), WarmMode::Prefix(1));
+        assert_eq!(
+            warm_mode(&t, false),
+            WarmMode::Eni(1),
+            "no prefixes: ENI target"
+        );
+        assert_eq!(warm_needed_and_excess(&t, &l, true, 48, 17, 0), (0, 0));
+        // 32 held, 17 used: no whole prefix free: one more.
+        assert_eq!(warm_needed_and_excess(&t, &l, true, 32, 17, 0), (16, 0));
+        // 64 held, 17 used: two whole free beyond the one kept... 47 free = 2 whole: one goes.
+        assert_eq!(warm_needed_and_excess(&t, &l, true, 64, 17, 0), (0, 16));
+        // WARM_PREFIX = 0: one whole free prefix is kept (no 0 <-> 1 flap).
+        let zero = WarmTargets {
+            warm_prefix: Some(0),
+            ..WarmTargets::default()
+        };
+        assert_eq!(warm_needed_and_excess(&zero, &l, true, 32, 32, 0), (16, 0));
+        assert_eq!(warm_needed_and_excess(&zero, &l, true, 48, 32, 0), (0, 0));
+    }
+
+    #[test]
+    fn waiting_allocations_surge() {
+        let t = ip(Some(2), None);
+        // 10 held, 8 used: nothing short, but 6 wait: 4 more.
+        assert_eq!(
+            warm_needed_and_excess(&t, &m5_large(), false, 10, 8, 6),
+            (4, 0)
+        );
+    }
+}
