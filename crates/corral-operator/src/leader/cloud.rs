@@ -33,7 +33,7 @@ use corral_cloud::{
 };
 use corral_cluster::cloud::{
     self as decide, CloudAction, CloudPlan, GcPlan, InstanceLimits, InterfaceView, LeakCandidate,
-    NodeCloudInput, ObservedInterface, PrefixFallback, Replay, SubnetView,
+    NodeCloudInput, ObservedInterface, PrefixFallback, Releasing, Replay, ServeKey, SubnetView,
 };
 use corral_cluster::{
     CloudAttachment, CloudEntry, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp,
@@ -63,6 +63,9 @@ const ATTACH_POLL: Duration = Duration::from_secs(2);
 
 /// How soon an intent the cloud could not settle yet (`Replay::Wait`) is replayed again.
 const REPLAY_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a node waits after a compare failed on a stale view (the watch catches up).
+const STALE_WAIT: Duration = Duration::from_millis(200);
 
 /// What the leading loop tells the manager: which nodes an event concerns.
 #[derive(Debug, Default)]
@@ -487,7 +490,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         if self.pending.is_empty() || self.running.len() >= self.workers {
             return;
         }
-        let mut planned: Vec<(NodeName, (u64, u64), Step)> = Vec::new();
+        let mut planned: Vec<(NodeName, ServeKey, Step)> = Vec::new();
         let pending = std::mem::take(&mut self.pending);
         for node in pending {
             if self.busy.contains(&node) {
@@ -510,9 +513,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 planned.push((node, order, step));
             }
         }
-        let orders: Vec<(u64, u64)> = planned.iter().map(|(_, order, _)| *order).collect();
+        let orders: Vec<ServeKey> = planned.iter().map(|(_, order, _)| *order).collect();
         let order = decide::serve_order(&orders);
-        let mut planned: Vec<Option<(NodeName, (u64, u64), Step)>> =
+        let mut planned: Vec<Option<(NodeName, ServeKey, Step)>> =
             planned.into_iter().map(Some).collect();
         for index in order {
             let Some((node, _, step)) = planned.get_mut(index).and_then(Option::take) else {
@@ -539,13 +542,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         )
     }
 
-    /// What to do next for one node, and its place in line: (needed, excess).
+    /// What to do next for one node, and its place in line.
     fn plan(
         &mut self,
         view: &ClusterView,
         node: &NodeName,
         instance_id: &str,
-    ) -> ((u64, u64), Option<Step>) {
+    ) -> (ServeKey, Option<Step>) {
+        let none = ServeKey::default();
         // An open intent of the node is replayed before anything else.
         let intents: Vec<(CloudId, CloudEntry<CloudIntentRecord>)> = view
             .cloud_intents()
@@ -569,20 +573,20 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let cluster = self.ctx.cluster.clone();
         let state = self.node_state(node, instance_id);
         if !intents.is_empty() {
-            return ((0, 0), Some(Step::Replay(intents)));
+            return (none, Some(Step::Replay(intents)));
         }
         let Some(instance) = state.instance.clone() else {
-            return ((0, 0), Some(Step::Describe));
+            return (none, Some(Step::Describe));
         };
         if state.stale {
-            return ((0, 0), Some(Step::Describe));
+            return (none, Some(Step::Describe));
         }
         if instance.state != InstanceState::Running {
             // Nothing is attached to an instance that is not running.
-            return ((0, 0), None);
+            return (none, None);
         }
         let Some(limits) = limits_known.get(&instance.instance_type).copied() else {
-            return ((0, 0), Some(Step::Describe));
+            return (none, Some(Step::Describe));
         };
         let records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
             .cloud_interfaces_of(node)
@@ -605,7 +609,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             });
             if attached {
                 return (
-                    (0, 0),
+                    none,
                     Some(Step::Confirm {
                         interface: id.clone(),
                         entry: entry.clone(),
@@ -622,7 +626,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .collect();
         let pools = cloud_pools(view);
         let mut figures = Vec::new();
-        let mut order = (0u64, 0u64);
+        let mut order = ServeKey::default();
         let mut chosen: Option<Step> = None;
         for (index, pool) in pools.iter().enumerate() {
             let cloud = pool.cloud_config().unwrap_or_default();
@@ -642,10 +646,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     .filter(|((_, p, f, _), _)| *p == pool.name && *f == family)
                     .map(|((.., cidr), (rev, record))| (*cidr, *rev, record.clone()))
                     .collect();
-                let releasing: Vec<IpNet> = releases
+                let releasing: Vec<Releasing> = releases
                     .iter()
-                    .filter(|(_, _, r)| r.state != ReleaseState::Refused)
-                    .map(|(cidr, ..)| *cidr)
+                    .map(|(cidr, _, r)| Releasing {
+                        address: *cidr,
+                        state: r.state,
+                        marked_ms: r.marked_ms,
+                    })
                     .collect();
                 let key = (pool.name.clone(), family);
                 let input = NodeCloudInput {
@@ -686,8 +693,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     stats: plan.stats.clone(),
                     at_capacity: plan.at_capacity,
                 });
-                order.0 = order.0.saturating_add(plan.stats.needed);
-                order.1 = order.1.saturating_add(plan.stats.excess);
+                match family {
+                    Family::V4 => order.needed_v4 = order.needed_v4.saturating_add(plan.stats.needed),
+                    Family::V6 => order.needed_v6 = order.needed_v6.saturating_add(plan.stats.needed),
+                }
+                order.excess = order.excess.saturating_add(plan.stats.excess);
                 if chosen.is_none() {
                     chosen = release_or_act(
                         view,
@@ -729,6 +739,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .and_then(|i| self.limits.get(&i.instance_type))
             .copied();
         let subnets = self.subnets.clone();
+        let known = self
+            .nodes
+            .get(&node)
+            .map(|s| s.interfaces.clone())
+            .unwrap_or_default();
         self.running.spawn(async move {
             let mut run = StepRun {
                 ctx: &ctx,
@@ -743,6 +758,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 mutated: false,
                 limits,
                 subnets,
+                known,
             };
             let outcome = run.run(step).await;
             let StepRun {
@@ -1011,10 +1027,20 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         }
         self.ctx.shared.with_view_mut(|view, _| {
             for (key, value, revision) in writes {
+                // A put keeps the key's create revision if the view has the key (the marks of
+                // its addresses name it).
+                let mut created = *revision;
                 let newer = match self.ctx.keys.parse(key) {
-                    Ok(Key::CloudInterface { node, interface }) => view
-                        .cloud_interfaces_of(&node)
-                        .any(|(id, e)| *id == interface && e.mod_revision > *revision),
+                    Ok(Key::CloudInterface { node, interface }) => {
+                        let existing = view
+                            .cloud_interfaces_of(&node)
+                            .find(|(id, _)| **id == interface)
+                            .map(|(_, e)| (e.create_revision, e.mod_revision));
+                        if let Some((create_revision, _)) = existing {
+                            created = create_revision;
+                        }
+                        existing.is_some_and(|(_, m)| m > *revision)
+                    }
                     Ok(Key::CloudIntent { id }) => view
                         .cloud_intents()
                         .any(|(i, e)| *i == id && e.mod_revision > *revision),
@@ -1032,7 +1058,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     continue;
                 }
                 match value {
-                    Some(value) => view.apply_put(key, value, *revision, *revision),
+                    Some(value) => view.apply_put(key, value, created, *revision),
                     None => view.apply_delete(key, *revision),
                 }
             }
@@ -1326,47 +1352,46 @@ fn release_or_act(
                 .is_some_and(|r| r.pool == *pool && r.addresses.contains(cidr))
         })
     };
+    // Stale keys (naming no current record of the node), refusals to forget, handshakes no
+    // longer excess: deleted first, each at its mod revision.
     let mut deletes = Vec::new();
-    let mut ready: BTreeMap<CloudId, Vec<(IpNet, i64)>> = BTreeMap::new();
-    let needs = matches!(
-        plan.action,
-        CloudAction::Assign { .. } | CloudAction::Create { .. }
-    ) || plan.stats.needed > 0;
     for (cidr, revision, record) in releases {
-        let key = keys.release(node, pool, family, cidr);
-        let current = holder(cidr).filter(|(_, e)| e.create_revision == record.grant_revision);
-        match (current, record.state) {
-            // Stale: the address is on no record of the node (or a newer one).
-            (None, _) | (_, ReleaseState::Refused) => deletes.push(HandshakeStep::Delete {
-                key,
+        let current = holder(cidr).is_some_and(|(_, e)| e.create_revision == record.grant_revision);
+        if !current || plan.forget.contains(cidr) || plan.unmark.contains(cidr) {
+            deletes.push(HandshakeStep::Delete {
+                key: keys.release(node, pool, family, cidr),
                 revision: *revision,
-            }),
-            // Needed again before the cloud was asked: withdrawn (the agent takes it back).
-            (Some(_), _) if needs => deletes.push(HandshakeStep::Delete {
-                key,
-                revision: *revision,
-            }),
-            (Some((id, _)), ReleaseState::Ready) => {
-                ready
-                    .entry(id.clone())
-                    .or_default()
-                    .push((*cidr, *revision));
-            }
-            (Some(_), ReleaseState::Marked) => {}
+            });
         }
     }
     if !deletes.is_empty() {
         return Some(Step::Handshake(deletes));
     }
-    if let Some((interface, addresses)) = ready.into_iter().next() {
+    if let CloudAction::Unassign {
+        interface,
+        addresses,
+    } = &plan.action
+    {
         let entry = records
             .iter()
-            .find(|(id, _)| *id == interface)
+            .find(|(id, _)| id == interface)
             .map(|(_, e)| e.clone())?;
+        let addresses: Vec<(IpNet, i64)> = addresses
+            .iter()
+            .filter_map(|a| {
+                releases
+                    .iter()
+                    .find(|(c, _, r)| c == a && r.state == ReleaseState::Ready)
+                    .map(|(c, rev, _)| (*c, *rev))
+            })
+            .collect();
+        if addresses.is_empty() {
+            return None;
+        }
         return Some(Step::Unassign {
             pool: pool.clone(),
             family,
-            interface,
+            interface: interface.clone(),
             entry,
             addresses,
         });
@@ -1388,7 +1413,7 @@ fn release_or_act(
         security_groups,
     };
     match &plan.action {
-        CloudAction::Nothing => None,
+        CloudAction::Nothing | CloudAction::Unassign { .. } => None,
         CloudAction::Assign {
             interface,
             count,
@@ -1487,6 +1512,8 @@ struct StepRun<'a, K, P> {
     mutated: bool,
     limits: Option<InstanceLimits>,
     subnets: Vec<Subnet>,
+    /// The node's interfaces as last described.
+    known: Vec<NetworkInterface>,
 }
 
 /// Why a fenced write did not go through.
@@ -1663,7 +1690,9 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             };
             match self.txn(txn).await {
                 Ok(_) => {}
-                Err(WriteError::Refused) => return Outcome::Replan,
+                // The view was behind (the agent answered meanwhile): planned again once the
+                // watch caught up.
+                Err(WriteError::Refused) => return Outcome::Wait(STALE_WAIT),
                 Err(error) => return Outcome::Failed(format!("release handshake: {error}")),
             }
         }
@@ -1690,7 +1719,8 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             failure: vec![],
         };
         match self.txn(txn).await {
-            Ok(_) | Err(WriteError::Refused) => Outcome::Ok,
+            Ok(_) => Outcome::Ok,
+            Err(WriteError::Refused) => Outcome::Wait(STALE_WAIT),
             Err(error) => Outcome::Failed(format!("recording attachment of {interface}: {error}")),
         }
     }
@@ -1800,6 +1830,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                         &action,
                         &attempt.cloud,
                         &attempt.zone,
+                        family,
                         &attempt.subnets,
                         &[],
                     );
@@ -1969,6 +2000,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                             &action,
                             &attempt.cloud,
                             &attempt.zone,
+                            family,
                             &attempt.subnets,
                             &tried,
                         ) {
@@ -2204,11 +2236,21 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 })
                 .unwrap_or(false);
             let age = (self.ctx.clock)().saturating_sub(intent.started_ms);
+            let index_free = match &intent.op {
+                CloudOp::CreateAttach { device_index, .. } => !self.known.iter().any(|ni| {
+                    ni.attachment
+                        .as_ref()
+                        .is_some_and(|a| a.device_index == *device_index)
+                        && found.as_ref().is_none_or(|f| f.id != ni.id)
+                }),
+                _ => true,
+            };
             let replay = decide::replay_intent(
                 &intent,
                 observed.as_ref(),
                 record_entry.as_ref().and_then(|e| e.record.as_ref()),
                 node_present,
+                index_free,
                 age,
             );
             let outcome = self
