@@ -108,6 +108,14 @@ pub enum CloudError {
         /// The action that timed out.
         action: Action,
     },
+    /// Not sent: the [call scheduler](crate::Scheduled) was shut down (the operator lost the
+    /// lead or is stopping) before the call got its token or before its repeat. Certainly not
+    /// applied by this call; not retryable (the scheduler stays shut down).
+    #[error("{action} not sent: the cloud call scheduler is shut down")]
+    Cancelled {
+        /// The action that was not sent.
+        action: Action,
+    },
     /// Any other EC2 error.
     #[error("{code}: {message}")]
     Other {
@@ -153,7 +161,22 @@ impl CloudError {
             CloudError::InterfaceInUse { .. } => "InvalidNetworkInterface.InUse",
             CloudError::UnauthorizedOperation { .. } => "UnauthorizedOperation",
             CloudError::Timeout { .. } => "Timeout",
+            CloudError::Cancelled { .. } => "Cancelled",
             CloudError::Other { .. } => "Other",
+        }
+    }
+
+    /// Whether the error is EC2 throttling the call (the account's bucket for the action is
+    /// empty): `RequestLimitExceeded`, and `Other` codes `Throttling`, `ThrottlingException`,
+    /// `RequestThrottled`. Retryable; the call scheduler also slows the action down on it.
+    pub fn is_throttling(&self) -> bool {
+        match self {
+            CloudError::RequestLimitExceeded { .. } => true,
+            CloudError::Other { code, .. } => matches!(
+                code.as_str(),
+                "Throttling" | "ThrottlingException" | "RequestThrottled"
+            ),
+            _ => false,
         }
     }
 
@@ -168,16 +191,7 @@ impl CloudError {
     /// - everything else (not found, limits, full subnet, bad parameters, in use,
     ///   unauthorized): repeating gives the same answer until something else changes.
     pub fn is_retryable(&self) -> bool {
-        match self {
-            CloudError::RequestLimitExceeded { .. } | CloudError::IncorrectInstanceState { .. } => {
-                true
-            }
-            CloudError::Other { code, .. } => matches!(
-                code.as_str(),
-                "Throttling" | "ThrottlingException" | "RequestThrottled"
-            ),
-            _ => false,
-        }
+        self.is_throttling() || matches!(self, CloudError::IncorrectInstanceState { .. })
     }
 
     /// Whether the call may have been applied although it failed: reconcile by describing

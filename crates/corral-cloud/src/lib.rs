@@ -1,8 +1,10 @@
 //! The cloud provider as corral sees it: EC2's calls on instances, subnets and elastic network
 //! interfaces (ENIs) behind one async trait, [`CloudProvider`], with typed requests, answers and
-//! errors; [`FakeEc2`], a realistic in-process EC2 on tokio's clock with a seed; and
+//! errors; [`FakeEc2`], a realistic in-process EC2 on tokio's clock with a seed;
 //! [`contract`], the behaviour every implementation must show, run against the fake here and
-//! against moto's server by `corral-aws`.
+//! against moto's server by `corral-aws`; and [`Scheduled`], the call scheduler the operator's
+//! workers share (per-action token buckets mirroring EC2's, retries that never raise the sent
+//! rate above the refill, a shutdown for a deposed leader).
 //!
 //! This crate links no AWS SDK and does no network I/O: the adapter on `aws-sdk-ec2` lives in
 //! `corral-aws`, which nothing else links (its build is slow).
@@ -49,14 +51,20 @@
 use std::future::Future;
 
 mod action;
+mod bucket;
 pub mod contract;
 mod error;
 pub mod fake;
+mod scheduler;
 mod types;
 
 pub use action::Action;
+pub use bucket::BucketLimit;
 pub use error::CloudError;
 pub use fake::FakeEc2;
+pub use scheduler::{
+    ActionStats, AdaptPolicy, RetryPolicy, Scheduled, SchedulerConfig, SchedulerStats,
+};
 pub use types::*;
 
 /// One cloud account in one region, as EC2 presents it to a node or to the operator.

@@ -41,10 +41,12 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
 use tokio::time::Instant;
 
+pub use crate::bucket::BucketLimit;
 pub use catalog::instance_types;
 
 use self::model::{FakeInstance, FakeSubnet, Lag, Model, Span};
 use self::pool::{Ipv4Pool, Ipv6Pool};
+use crate::bucket::TokenBucket;
 use crate::{
     Action, CloudError, CloudProvider, CreateInterface, Instance, InstanceState, InstanceTypeInfo,
     InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
@@ -137,80 +139,6 @@ impl Latency {
             | Action::UnassignIpv6Addresses => Latency::millis(80, 500),
             Action::CreateTags | Action::DeleteTags => Latency::millis(40, 250),
         }
-    }
-}
-
-/// A token bucket's size: `burst` calls at once, refilled by `per_second`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BucketLimit {
-    /// Tokens when full.
-    pub burst: u32,
-    /// Tokens added per second.
-    pub per_second: u32,
-}
-
-impl BucketLimit {
-    /// EC2's bucket for an action (account and region wide).
-    pub fn default_for(action: Action) -> BucketLimit {
-        let (burst, per_second) = match action {
-            Action::DescribeInstances
-            | Action::DescribeInstanceTypes
-            | Action::DescribeSubnets
-            | Action::DescribeNetworkInterfaces => (100, 20),
-            Action::AttachNetworkInterface | Action::DetachNetworkInterface => (50, 5),
-            Action::CreateNetworkInterface
-            | Action::DeleteNetworkInterface
-            | Action::AssignPrivateIpAddresses
-            | Action::UnassignPrivateIpAddresses
-            | Action::AssignIpv6Addresses
-            | Action::UnassignIpv6Addresses
-            | Action::CreateTags
-            | Action::DeleteTags => (100, 5),
-        };
-        BucketLimit { burst, per_second }
-    }
-}
-
-/// One token is this many units, so that refilling `per_second` tokens per second adds exactly
-/// `per_second` units per nanosecond: integer arithmetic, no drift.
-const UNITS_PER_TOKEN: u128 = 1_000_000_000;
-
-#[derive(Clone, Debug)]
-struct TokenBucket {
-    limit: BucketLimit,
-    units: u128,
-    last: Instant,
-}
-
-impl TokenBucket {
-    fn new(limit: BucketLimit, now: Instant) -> TokenBucket {
-        TokenBucket {
-            limit,
-            units: u128::from(limit.burst) * UNITS_PER_TOKEN,
-            last: now,
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.last).as_nanos();
-        let full = u128::from(self.limit.burst) * UNITS_PER_TOKEN;
-        self.units = (self.units + elapsed * u128::from(self.limit.per_second)).min(full);
-        self.last = now;
-    }
-
-    fn try_take(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        if self.units >= UNITS_PER_TOKEN {
-            self.units -= UNITS_PER_TOKEN;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn tokens(&mut self, now: Instant) -> f64 {
-        self.refill(now);
-        self.units as f64 / UNITS_PER_TOKEN as f64
     }
 }
 
