@@ -75,7 +75,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     stop: &mut tokio::sync::watch::Receiver<bool>,
     shared: &Arc<Shared>,
     workers: usize,
-    cloud: Option<&crate::CloudOptions<P>>,
+    cloud: Option<(&crate::CloudOptions<P>, &corral_cloud::Scheduled<Arc<P>>)>,
 ) -> Result<(), LeadError> {
     let started = Instant::now();
     let (view, revision) = tokio::select! {
@@ -86,22 +86,28 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     shared.set_leading(true, started.elapsed());
     let result = match cloud {
         None => serve(kv, keys, fence, lost, stop, shared, workers, None).await,
-        Some(options) => {
+        Some((options, scheduler)) => {
             let signal = Arc::new(cloud::CloudSignal::default());
+            // This term's calls: shut down when the lead ends, so no call waiting for a token
+            // or a backoff is sent by a replica that no longer leads.
+            let session = scheduler.session();
             let manager = cloud::manage(
                 kv.clone(),
                 keys.clone(),
                 fence.clone(),
                 Arc::clone(shared),
+                Arc::new(session.clone()),
                 options.clone(),
                 Arc::clone(&signal),
             );
-            tokio::select! {
+            let result = tokio::select! {
                 result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal)) => result,
                 // The manager runs until it is dropped here; it returns only if the lead is
                 // gone (its view removed).
                 () = manager => Err(LeadError::Lost),
-            }
+            };
+            session.shutdown();
+            result
         }
     };
     shared.set_leading(false, Duration::ZERO);
@@ -124,11 +130,27 @@ async fn rebuild<K: Kv>(
         // first page if it exists.
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
-        let config = first
+        let mut config = first
             .kvs
             .first()
             .filter(|e| e.key == config_key.as_bytes())
             .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
+        if config.is_none()
+            && first
+                .kvs
+                .iter()
+                .any(|e| e.key.as_slice() < config_key.as_bytes())
+        {
+            // Keys sort before `config` (`cloud-if/`, `cloud-intent/`): it is read on its own,
+            // at the same revision.
+            config = kv
+                .range(config_key.as_bytes(), None, 1, Some(revision))
+                .await?
+                .kvs
+                .into_iter()
+                .find(|e| e.key == config_key.as_bytes())
+                .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
+        }
         let config = match config {
             Some((Ok(config), _)) => config,
             Some((Err(error), _)) => {

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_cloud::CloudProvider;
+use corral_cloud::{CloudProvider, Scheduled, SchedulerConfig};
 use corral_cluster::{ClusterName, Keys};
 use corral_kv::{Kv, KvError};
 
@@ -66,6 +66,8 @@ pub struct CloudOptions<P> {
     pub resync: Duration,
     /// Milliseconds since the epoch.
     pub clock: WallClock,
+    /// The cloud call scheduler: per-action token buckets (EC2's by default), retries.
+    pub scheduler: SchedulerConfig,
 }
 
 impl<P> CloudOptions<P> {
@@ -79,6 +81,7 @@ impl<P> CloudOptions<P> {
             workers: Self::DEFAULT_WORKERS,
             resync: Self::DEFAULT_RESYNC,
             clock: system_clock(),
+            scheduler: SchedulerConfig::default(),
         }
     }
 }
@@ -90,6 +93,7 @@ impl<P> Clone for CloudOptions<P> {
             workers: self.workers,
             resync: self.resync,
             clock: Arc::clone(&self.clock),
+            scheduler: self.scheduler.clone(),
         }
     }
 }
@@ -110,6 +114,8 @@ pub enum OperatorError {
     Cluster(String),
     #[error("cluster store: {0}")]
     Kv(#[from] KvError),
+    #[error("cloud call scheduler: {0}")]
+    Cloud(corral_cloud::CloudError),
 }
 
 /// Runs a replica until `shutdown` completes: campaigns, leads while it can, campaigns again
@@ -137,6 +143,19 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
         ClusterName::new(&config.cluster).map_err(|e| OperatorError::Cluster(e.to_string()))?,
     );
     let election = keys.election_prefix();
+    // One scheduler for the process (its buckets remember what the account was sent across
+    // terms, its counters feed the metrics); a session of it per leadership term.
+    let cloud = match cloud {
+        Some(options) => {
+            let scheduler =
+                Scheduled::new(Arc::clone(&options.provider), options.scheduler.clone())
+                    .map_err(OperatorError::Cloud)?;
+            let stats = scheduler.clone();
+            shared.set_cloud_stats(Box::new(move || stats.stats()));
+            Some((options, scheduler))
+        }
+        None => None,
+    };
     let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
     let work = async {
         let mut failures = 0u32;
@@ -191,7 +210,9 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 &mut stop,
                 &shared,
                 config.workers.max(1),
-                cloud.as_ref(),
+                cloud
+                    .as_ref()
+                    .map(|(options, scheduler)| (options, scheduler)),
             )
             .await;
             match outcome {

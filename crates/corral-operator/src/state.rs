@@ -57,12 +57,8 @@ pub struct HandshakeLabels {
     pub outcome: String,
 }
 
-/// A cloud call by action (EC2's name) and outcome (`ok`, or the error's kind).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct CloudCallLabels {
-    pub action: String,
-    pub outcome: String,
-}
+/// Reads the cloud call scheduler's counters.
+pub type CloudStats = Box<dyn Fn() -> corral_cloud::SchedulerStats + Send + Sync>;
 
 /// One node's figures in one cloud pool and family, as the cloud node manager last planned
 /// it.
@@ -86,6 +82,17 @@ pub struct Shared {
     /// (the loop reports problems while it holds the view), never the other way round.
     view: Mutex<Option<(ClusterView, Revision)>>,
     pub metrics: Metrics,
+    cloud_stats: CloudStatsCell,
+}
+
+/// Where [`CloudStats`] is kept (a closure has no `Debug`).
+#[derive(Default)]
+struct CloudStatsCell(Mutex<Option<CloudStats>>);
+
+impl std::fmt::Debug for CloudStatsCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CloudStatsCell")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -118,7 +125,6 @@ pub struct Metrics {
     pub blocks_granted: MetricFamily<PoolLabels, Counter>,
     pub blocks_released: MetricFamily<PoolLabels, Counter>,
     pub handshakes: MetricFamily<HandshakeLabels, Counter>,
-    pub cloud_calls: MetricFamily<CloudCallLabels, Counter>,
     pub cloud_gc_deleted: Counter,
     pub cloud_intents_written: Counter,
 }
@@ -136,7 +142,6 @@ impl Default for Metrics {
             blocks_granted: MetricFamily::default(),
             blocks_released: MetricFamily::default(),
             handshakes: MetricFamily::default(),
-            cloud_calls: MetricFamily::default(),
             cloud_gc_deleted: Counter::default(),
             cloud_intents_written: Counter::default(),
         }
@@ -153,6 +158,7 @@ impl Shared {
             inner: Mutex::new(Inner::default()),
             view: Mutex::new(None),
             metrics: Metrics::default(),
+            cloud_stats: CloudStatsCell::default(),
         }
     }
 
@@ -344,26 +350,64 @@ impl Shared {
             .get()
     }
 
-    /// Counts a cloud call by action and outcome (`ok` or the error's kind).
-    pub fn note_cloud_call(&self, action: &str, outcome: &str) {
-        self.metrics
-            .cloud_calls
-            .get_or_create(&CloudCallLabels {
-                action: action.to_owned(),
-                outcome: outcome.to_owned(),
-            })
-            .inc();
+    /// Where the cloud call scheduler's counters are read (set once by `run_with_cloud`).
+    pub fn set_cloud_stats(&self, stats: CloudStats) {
+        *self.cloud_stats.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
     }
 
-    /// Cloud calls of one action and outcome since start.
+    /// The cloud call scheduler's counters now, if the operator has a cloud provider.
+    pub fn cloud_stats(&self) -> Option<corral_cloud::SchedulerStats> {
+        self.cloud_stats
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|stats| stats())
+    }
+
+    /// Cloud calls of one action (EC2's name) answered with one outcome (`ok`, `throttled`,
+    /// or an error's kind) since start, every attempt counted.
     pub fn cloud_calls(&self, action: &str, outcome: &str) -> u64 {
-        self.metrics
-            .cloud_calls
-            .get_or_create(&CloudCallLabels {
-                action: action.to_owned(),
-                outcome: outcome.to_owned(),
-            })
-            .get()
+        let Some(stats) = self.cloud_stats() else {
+            return 0;
+        };
+        let Some((_, stats)) = stats.iter().find(|(a, _)| a.as_str() == action) else {
+            return 0;
+        };
+        match outcome {
+            "ok" => stats.ok,
+            "throttled" => stats.throttled,
+            "sent" => stats.sent,
+            kind => stats.errors.get(kind).copied().unwrap_or(0),
+        }
+    }
+
+    /// The cloud calls' metrics text (OpenMetrics), from the scheduler's counters.
+    pub fn cloud_metrics_text(&self) -> String {
+        use std::fmt::Write as _;
+        let Some(stats) = self.cloud_stats() else {
+            return String::new();
+        };
+        let mut text = String::new();
+        text.push_str("# HELP corral_operator_cloud_calls Cloud API calls sent by the cloud node manager, by action and outcome (every attempt).\n");
+        text.push_str("# TYPE corral_operator_cloud_calls counter\n");
+        for (action, s) in stats.iter() {
+            let mut outcomes: Vec<(&str, u64)> = vec![("ok", s.ok), ("throttled", s.throttled)];
+            outcomes.extend(s.errors.iter().map(|(kind, n)| (*kind, *n)));
+            for (outcome, n) in outcomes {
+                let _ = writeln!(
+                    text,
+                    "corral_operator_cloud_calls_total{{action=\"{}\",outcome=\"{outcome}\"}} {n}",
+                    action.as_str()
+                );
+            }
+        }
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_cloud_nodes_at_capacity Nodes that need addresses their instance cannot take (no call is made).\n# TYPE corral_operator_cloud_nodes_at_capacity gauge\ncorral_operator_cloud_nodes_at_capacity {}",
+            self.cloud_at_capacity().len()
+        );
+        text
     }
 
     /// Keeps a node's figures in the cloud pools (the manager's last plan of it).
@@ -468,11 +512,6 @@ impl Shared {
             "corral_operator_handshakes",
             "Steps of block release handshakes by outcome",
             self.metrics.handshakes.clone(),
-        );
-        registry.register(
-            "corral_operator_cloud_calls",
-            "Cloud API calls of the cloud node manager by action and outcome",
-            self.metrics.cloud_calls.clone(),
         );
         registry.register(
             "corral_operator_cloud_gc_deleted",

@@ -12,7 +12,9 @@ use common::*;
 use corral_cloud::Action;
 
 fn names(n: usize) -> Vec<(String, &'static str)> {
-    (0..n).map(|i| (format!("node-{i:04}"), "m5.large")).collect()
+    (0..n)
+        .map(|i| (format!("node-{i:04}"), "m5.large"))
+        .collect()
 }
 
 async fn leads(replica: &Replica) {
@@ -34,9 +36,11 @@ async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
     let rig = Rig::new(&config, ec2, &names(3)).await;
     let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
     leads(&a).await;
-    wait_until("every node has 8 spare", Duration::from_secs(60), || async {
-        (0..3).all(|i| rig.free_of(&format!("node-{i:04}")) == 8)
-    })
+    wait_until(
+        "every node has 8 spare",
+        Duration::from_secs(60),
+        || async { (0..3).all(|i| rig.free_of(&format!("node-{i:04}")) == 8) },
+    )
     .await;
     // 5 pods: 3 more addresses wanted to keep 8 spare.
     rig.set_pods("node-0000", 5);
@@ -60,7 +64,10 @@ async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
 /// each; the virtual time and the fake's RequestLimitExceeded share are printed.
 #[tokio::test(start_paused = true)]
 async fn scenario_1_a_thousand_nodes_scale_out_within_the_assign_bucket() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "first_interface_index = 0");
+    let config = cloud_config(
+        "[pools.watermarks]\npre_allocate = 8",
+        "first_interface_index = 0",
+    );
     let ec2 = fake_builder(11).build().unwrap();
     let n = 1000;
     let rig = Rig::new(&config, ec2, &names(n)).await;
@@ -68,15 +75,13 @@ async fn scenario_1_a_thousand_nodes_scale_out_within_the_assign_bucket() {
     let started = tokio::time::Instant::now();
     let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
     leads(&a).await;
-    let took = wait_until(
+    let took = wait_every(
         "every node has 8 spare addresses",
         Duration::from_secs(600),
-        || async {
+        Duration::from_millis(500),
+        || {
             let state = rig.agents.lock().unwrap();
-            state
-                .nodes
-                .values()
-                .all(|agent| agent.entries().len() >= 8)
+            state.nodes.values().all(|agent| agent.entries().len() >= 8)
         },
     )
     .await;

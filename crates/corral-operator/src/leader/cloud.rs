@@ -86,7 +86,9 @@ impl CloudSignal {
                 self.lock().0.insert(node.clone());
                 self.notify.notify_one();
             }
-            Key::Config | Key::CloudIntent { .. } => self.all(),
+            // Intents are this leader's own (its tasks follow them) or found at the start
+            // (every node is planned then): an intent's event plans nobody.
+            Key::Config => self.all(),
             _ => {}
         }
     }
@@ -195,7 +197,8 @@ enum Done {
 struct Described {
     instance: InstanceInfo,
     limits: Option<InstanceLimits>,
-    interfaces: Vec<NetworkInterface>,
+    /// `None`: not described (the last full resync's are used).
+    interfaces: Option<Vec<NetworkInterface>>,
 }
 
 /// How a node's step ended.
@@ -232,9 +235,13 @@ struct Manager<K, P> {
     gc_seen: BTreeMap<CloudId, u64>,
     limits: HashMap<String, InstanceLimits>,
     subnets: Vec<Subnet>,
+    /// The last full resync's interfaces by the instance they are attached to.
+    resync_interfaces: HashMap<String, Vec<NetworkInterface>>,
     nodes: HashMap<NodeName, NodeCloud>,
     busy: HashSet<NodeName>,
     pending: BTreeSet<NodeName>,
+    /// Planned nodes waiting for a worker, the next at the end.
+    queue: Vec<(ServeKey, NodeName)>,
     secondaries_only: HashSet<String>,
     no_free_prefix: HashSet<String>,
     occupied: HashMap<String, BTreeSet<u32>>,
@@ -244,12 +251,13 @@ struct Manager<K, P> {
 }
 
 /// Runs the cloud node manager until it is dropped (leading ended) or the view is gone.
-pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
+pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
     kv: K,
     keys: Keys,
     fence: Fence,
     shared: Arc<Shared>,
-    options: CloudOptions<P>,
+    provider: Arc<P>,
+    options: CloudOptions<O>,
     signal: Arc<CloudSignal>,
 ) {
     let cluster = keys
@@ -265,7 +273,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
             keys,
             fence,
             shared,
-            provider: options.provider,
+            provider,
             cluster,
             clock: options.clock,
         },
@@ -282,9 +290,11 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
         gc_seen: BTreeMap::new(),
         limits: HashMap::new(),
         subnets: Vec::new(),
+        resync_interfaces: HashMap::new(),
         nodes: HashMap::new(),
         busy: HashSet::new(),
         pending: BTreeSet::new(),
+        queue: Vec::new(),
         secondaries_only: HashSet::new(),
         no_free_prefix: HashSet::new(),
         occupied: HashMap::new(),
@@ -450,9 +460,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         self.busy.insert(node.clone());
         let ctx = self.ctx.clone();
         let need_instance = self.nodes.get(&node).is_none_or(|s| s.instance.is_none());
+        // After a full resync a node's interfaces are known; only a node whose interfaces
+        // changed (a mutation, an attachment polled) is described again.
+        let need_interfaces =
+            !self.ready || !need_instance || !self.resync_interfaces.contains_key(&instance_id);
         let known: HashMap<String, InstanceLimits> = self.limits.clone();
         self.running.spawn(async move {
-            let result = describe_node(&ctx, &instance_id, need_instance, &known).await;
+            let result =
+                describe_node(&ctx, &instance_id, need_instance, need_interfaces, &known).await;
             Done::Described {
                 node,
                 instance_id,
@@ -486,50 +501,57 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     }
 
     /// Plans the pending nodes and starts tasks in order of need, up to `workers`.
+    /// Plans the pending nodes into the queue (in order of need), then starts tasks from its
+    /// head while fewer than `workers` run. A node is planned once when it becomes pending and
+    /// again when it leaves the queue (its step from a fresh view), so a turn costs the nodes
+    /// that changed, not every node waiting for a worker.
     fn start_nodes(&mut self, view: &ClusterView) {
-        if self.pending.is_empty() || self.running.len() >= self.workers {
-            return;
+        if !self.pending.is_empty() {
+            let pending = std::mem::take(&mut self.pending);
+            self.queue.retain(|(_, node)| !pending.contains(node));
+            for node in pending {
+                if let Some((order, _)) = self.plan_ready(view, &node) {
+                    self.queue.push((order, node));
+                }
+            }
+            let orders: Vec<ServeKey> = self.queue.iter().map(|(order, _)| *order).collect();
+            let mut slots: Vec<Option<(ServeKey, NodeName)>> = std::mem::take(&mut self.queue)
+                .into_iter()
+                .map(Some)
+                .collect();
+            self.queue = decide::serve_order(&orders)
+                .into_iter()
+                .filter_map(|index| slots.get_mut(index).and_then(Option::take))
+                .collect();
+            // Served from the head: kept reversed, so the head is popped from the end.
+            self.queue.reverse();
         }
-        let mut planned: Vec<(NodeName, ServeKey, Step)> = Vec::new();
-        let pending = std::mem::take(&mut self.pending);
-        for node in pending {
-            if self.busy.contains(&node) {
-                // Planned again when its task ends.
-                continue;
-            }
-            if !self.due(&node) {
-                continue;
-            }
-            let Some(instance_id) = instance_of(view, &node) else {
-                self.nodes.remove(&node);
-                self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
-                continue;
+        while self.running.len() < self.workers {
+            let Some((_, node)) = self.queue.pop() else {
+                break;
             };
-            if view.removals_requested().iter().any(|(n, ..)| *n == node) {
-                continue;
-            }
-            let (order, step) = self.plan(view, &node, &instance_id);
-            if let Some(step) = step {
-                planned.push((node, order, step));
+            if let Some((_, step)) = self.plan_ready(view, &node) {
+                self.spawn_step(node, step);
             }
         }
-        let orders: Vec<ServeKey> = planned.iter().map(|(_, order, _)| *order).collect();
-        let order = decide::serve_order(&orders);
-        let mut planned: Vec<Option<(NodeName, ServeKey, Step)>> =
-            planned.into_iter().map(Some).collect();
-        for index in order {
-            let Some((node, _, step)) = planned.get_mut(index).and_then(Option::take) else {
-                continue;
-            };
-            if self.running.len() >= self.workers {
-                self.pending.insert(node);
-                continue;
-            }
-            self.spawn_step(node, step);
+    }
+
+    /// The node's step if it may be served now.
+    fn plan_ready(&mut self, view: &ClusterView, node: &NodeName) -> Option<(ServeKey, Step)> {
+        if self.busy.contains(node) || !self.due(node) {
+            // Planned again when its task ends or its wait runs out.
+            return None;
         }
-        for (node, ..) in planned.into_iter().flatten() {
-            self.pending.insert(node);
+        let Some(instance_id) = instance_of(view, node) else {
+            self.nodes.remove(node);
+            self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
+            return None;
+        };
+        if view.removals_requested().iter().any(|(n, ..)| n == node) {
+            return None;
         }
+        let (order, step) = self.plan(view, node, &instance_id);
+        step.map(|step| (order, step))
     }
 
     fn intent_id(&mut self) -> String {
@@ -694,8 +716,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     at_capacity: plan.at_capacity,
                 });
                 match family {
-                    Family::V4 => order.needed_v4 = order.needed_v4.saturating_add(plan.stats.needed),
-                    Family::V6 => order.needed_v6 = order.needed_v6.saturating_add(plan.stats.needed),
+                    Family::V4 => {
+                        order.needed_v4 = order.needed_v4.saturating_add(plan.stats.needed)
+                    }
+                    Family::V6 => {
+                        order.needed_v6 = order.needed_v6.saturating_add(plan.stats.needed)
+                    }
                 }
                 order.excess = order.excess.saturating_add(plan.stats.excess);
                 if chosen.is_none() {
@@ -884,9 +910,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                             if self.busy.contains(node) {
                                 continue;
                             }
-                            state.interfaces =
-                                by_instance.remove(&state.instance_id).unwrap_or_default();
+                            state.interfaces = by_instance
+                                .get(&state.instance_id)
+                                .cloned()
+                                .unwrap_or_default();
                         }
+                        self.resync_interfaces = by_instance;
                         if !self.ready {
                             self.ready = true;
                             self.ctx.shared.set_cloud_ready(true);
@@ -916,9 +945,15 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                             self.limits
                                 .insert(described.instance.instance_type.clone(), limits);
                         }
+                        let interfaces = described.interfaces.unwrap_or_else(|| {
+                            self.resync_interfaces
+                                .get(&instance_id)
+                                .cloned()
+                                .unwrap_or_default()
+                        });
                         let state = self.node_state(&node, &instance_id);
                         state.instance = Some(described.instance);
-                        state.interfaces = described.interfaces;
+                        state.interfaces = interfaces;
                         state.stale = false;
                     }
                     Err(error) => {
@@ -1091,25 +1126,21 @@ fn instance_of(view: &ClusterView, node: &NodeName) -> Option<String> {
         .and_then(|e| e.record.instance_id.clone())
 }
 
-/// Counts a cloud call by action and outcome.
+/// Every cloud call of the manager, named by its action where it is made (the scheduler under
+/// the provider counts calls by action and outcome for the metrics).
 async fn call<T>(
-    shared: &Shared,
-    action: Action,
+    _shared: &Shared,
+    _action: Action,
     future: impl Future<Output = Result<T, CloudError>>,
 ) -> Result<T, CloudError> {
-    let result = future.await;
-    let outcome = match &result {
-        Ok(_) => "ok",
-        Err(error) => error.kind(),
-    };
-    shared.note_cloud_call(action.as_str(), outcome);
-    result
+    future.await
 }
 
 async fn describe_node<K, P: CloudProvider>(
     ctx: &Ctx<K, P>,
     instance_id: &str,
     need_instance: bool,
+    need_interfaces: bool,
     known: &HashMap<String, InstanceLimits>,
 ) -> Result<Described, CloudError> {
     let _ = need_instance;
@@ -1136,13 +1167,19 @@ async fn describe_node<K, P: CloudProvider>(
             prefix_delegation: t.prefix_delegation,
         })
     };
-    let interfaces = call(
-        &ctx.shared,
-        Action::DescribeNetworkInterfaces,
-        ctx.provider
-            .describe_interfaces(&InterfaceFilter::instance(instance_id)),
-    )
-    .await?;
+    let interfaces = if need_interfaces {
+        Some(
+            call(
+                &ctx.shared,
+                Action::DescribeNetworkInterfaces,
+                ctx.provider
+                    .describe_interfaces(&InterfaceFilter::instance(instance_id)),
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     Ok(Described {
         instance: InstanceInfo {
             instance_type: described.instance_type,

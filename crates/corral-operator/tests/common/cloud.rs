@@ -63,6 +63,8 @@ pub struct AgentState {
     pub violations: Vec<String>,
     /// Every unassign: (interface, address).
     pub unassigned: Vec<(String, IpNet)>,
+    /// Nodes the test changed (pods wanted, registered): stepped on the next poke.
+    pub dirty: BTreeSet<NodeName>,
 }
 
 /// One node's agent.
@@ -122,7 +124,11 @@ impl AgentNode {
         let mut empty: Vec<IpNet> = self
             .usable_entries()
             .into_iter()
-            .filter(|e| !AgentNode::addresses(e).iter().any(|a| self.pods.contains(a)))
+            .filter(|e| {
+                !AgentNode::addresses(e)
+                    .iter()
+                    .any(|a| self.pods.contains(a))
+            })
             .collect();
         empty.sort();
         empty.reverse();
@@ -338,11 +344,11 @@ impl Rig {
             .ec2
             .launch_instance(InstanceSpec::new(instance_type, "subnet-a"))
             .unwrap();
-        self.agents
-            .lock()
-            .unwrap()
-            .nodes
-            .insert(node(name), AgentNode::default());
+        {
+            let mut state = self.agents.lock().unwrap();
+            state.nodes.insert(node(name), AgentNode::default());
+            state.dirty.insert(node(name));
+        }
         let record = NodeRecord {
             uid: format!("uid-{name}"),
             addresses: vec![],
@@ -367,13 +373,11 @@ impl Rig {
 
     /// Sets how many pods a node wants.
     pub fn set_pods(&self, name: &str, want: u64) {
-        self.agents
-            .lock()
-            .unwrap()
-            .nodes
-            .get_mut(&node(name))
-            .unwrap()
-            .want = want;
+        {
+            let mut state = self.agents.lock().unwrap();
+            state.nodes.get_mut(&node(name)).unwrap().want = want;
+            state.dirty.insert(node(name));
+        }
         self.poke.notify_one();
     }
 
@@ -398,11 +402,7 @@ impl Rig {
                         Err(_) => return,
                     },
                     () = poke.notified() => {
-                        touched.extend(agents.lock().unwrap().nodes.keys().cloned());
-                        Vec::new()
-                    }
-                    () = tokio::time::sleep(Duration::from_secs(1)) => {
-                        touched.extend(agents.lock().unwrap().nodes.keys().cloned());
+                        touched.extend(std::mem::take(&mut agents.lock().unwrap().dirty));
                         Vec::new()
                     }
                 };
@@ -419,9 +419,10 @@ impl Rig {
                                     && let Ok(record) =
                                         decode_value::<CloudInterfaceRecord>(&kv.value)
                                 {
-                                    agent
-                                        .records
-                                        .insert(interface.to_string(), (kv.create_revision, record));
+                                    agent.records.insert(
+                                        interface.to_string(),
+                                        (kv.create_revision, record),
+                                    );
                                     touched.insert(node);
                                 }
                             }
@@ -618,5 +619,26 @@ impl Rig {
     /// Free addresses each agent reports.
     pub fn free_of(&self, name: &str) -> u64 {
         self.agent(name).demand().free
+    }
+}
+
+/// Waits (in virtual time, polling every `step`) until `done` holds; panics after `limit`.
+/// Answers the virtual time it took, to within `step`.
+pub async fn wait_every(
+    what: &str,
+    limit: Duration,
+    step: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Duration {
+    let started = tokio::time::Instant::now();
+    loop {
+        if done() {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "not within {limit:?} of virtual time: {what}"
+        );
+        tokio::time::sleep(step).await;
     }
 }
