@@ -65,6 +65,20 @@ pub struct AgentState {
     pub unassigned: Vec<(String, IpNet)>,
     /// Nodes the test changed (pods wanted, registered): stepped on the next poke.
     pub dirty: BTreeSet<NodeName>,
+    /// Every interface deleted: (interface, when, its creation tag, whether a `cloud-if/`
+    /// record named it then is not known here: the test checks the store).
+    pub deleted: Vec<Deleted>,
+    /// Creates applied whose caller never heard back (a crash between create and attach).
+    pub hung: Vec<String>,
+}
+
+/// An interface deletion as `Audited` saw it.
+#[derive(Debug, Clone)]
+pub struct Deleted {
+    pub interface: String,
+    pub at_ms: u64,
+    pub created_ms: Option<u64>,
+    pub node_tag: Option<String>,
 }
 
 /// One node's agent.
@@ -163,6 +177,9 @@ pub type Agents = Arc<Mutex<AgentState>>;
 pub struct Audited {
     pub ec2: FakeEc2,
     pub agents: Agents,
+    pub clock: WallClock,
+    /// While set, a create is applied and then never answers (the caller "crashes" there).
+    pub hang_creates: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Audited {
@@ -212,7 +229,12 @@ impl CloudProvider for Audited {
         &self,
         request: &CreateInterface,
     ) -> Result<NetworkInterface, CloudError> {
-        self.ec2.create_interface(request).await
+        let created = self.ec2.create_interface(request).await?;
+        if self.hang_creates.load(std::sync::atomic::Ordering::SeqCst) {
+            self.agents.lock().unwrap().hung.push(created.id.clone());
+            std::future::pending::<()>().await;
+        }
+        Ok(created)
     }
     async fn attach_interface(
         &self,
@@ -226,7 +248,20 @@ impl CloudProvider for Audited {
         self.ec2.detach_interface(attachment, force).await
     }
     async fn delete_interface(&self, interface: &str) -> Result<(), CloudError> {
-        self.ec2.delete_interface(interface).await
+        let truth = self.ec2.interface(interface);
+        let result = self.ec2.delete_interface(interface).await;
+        if result.is_ok() {
+            let tags = truth.map(|ni| ni.tags).unwrap_or_default();
+            self.agents.lock().unwrap().deleted.push(Deleted {
+                interface: interface.to_owned(),
+                at_ms: (self.clock)(),
+                created_ms: tags
+                    .get("corral.io/created-at")
+                    .and_then(|t| t.parse().ok()),
+                node_tag: tags.get("corral.io/node").cloned(),
+            });
+        }
+        result
     }
     async fn assign_ipv4(
         &self,
@@ -317,16 +352,19 @@ impl Rig {
         let kv = MemKv::new();
         super::init(&kv, config).await;
         let agents: Agents = Arc::default();
+        let clock = virtual_clock();
         let provider = Arc::new(Audited {
             ec2: ec2.clone(),
             agents: Arc::clone(&agents),
+            clock: Arc::clone(&clock),
+            hang_creates: Arc::default(),
         });
         let mut rig = Rig {
             kv,
             ec2,
             provider,
             agents,
-            clock: virtual_clock(),
+            clock,
             instances: BTreeMap::new(),
             agent_task: None,
             poke: Arc::new(tokio::sync::Notify::new()),
