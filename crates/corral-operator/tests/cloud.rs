@@ -174,7 +174,9 @@ async fn intents(kv: &corral_kv::MemKv) -> Vec<(String, corral_cluster::CloudInt
 }
 
 /// Every `cloud-if/` record in the store: (node, interface, record).
-async fn records(kv: &corral_kv::MemKv) -> Vec<(String, String, corral_cluster::CloudInterfaceRecord)> {
+async fn records(
+    kv: &corral_kv::MemKv,
+) -> Vec<(String, String, corral_cluster::CloudInterfaceRecord)> {
     under(kv, "cloud-if/")
         .await
         .into_iter()
@@ -183,7 +185,11 @@ async fn records(kv: &corral_kv::MemKv) -> Vec<(String, String, corral_cluster::
             let mut parts = key.rsplit('/');
             let interface = parts.next()?.to_owned();
             let node = parts.next()?.to_owned();
-            Some((node, interface, corral_cluster::decode_value(&e.value).ok()?))
+            Some((
+                node,
+                interface,
+                corral_cluster::decode_value(&e.value).ok()?,
+            ))
         })
         .collect()
 }
@@ -306,7 +312,11 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
     let mut per_run: std::collections::BTreeMap<u64, usize> = Default::default();
     for d in &deleted {
         let age = d.at_ms - d.created_ms.unwrap();
-        assert!(age >= 300_000, "{} deleted {age} ms after its creation", d.interface);
+        assert!(
+            age >= 300_000,
+            "{} deleted {age} ms after its creation",
+            d.interface
+        );
         *per_run.entry(d.at_ms / 60_000).or_default() += 1;
     }
     // At most 25 per run (runs are 5 minutes apart).
@@ -325,5 +335,164 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
         "scenario 4: {crashes} crashes in {round} rounds, {} leaks deleted by the collector",
         leaked.len()
     );
+    rig.assert_invariants().await;
+}
+
+/// Scenario 7: the leader fails over with 30 cloud intents in flight (15 creates and 15
+/// assigns applied in the cloud, their answers never heard): the new leader replays them
+/// (attaches and records the interfaces, records the addresses), creating and assigning
+/// nothing twice and leaving no interface behind.
+#[tokio::test(start_paused = true)]
+async fn scenario_7_failover_with_30_intents_in_flight_leaks_and_doubles_nothing() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(7).build().unwrap();
+    let first: Vec<(String, &str)> = (0..15)
+        .map(|i| (format!("old-{i:02}"), "m5.large"))
+        .collect();
+    let mut rig = Rig::new(&config, ec2, &first).await;
+    let mut options = rig.options();
+    options.workers = 32;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(options.clone()));
+    leads(&a).await;
+    let b = Replica::start_with_cloud(&rig.kv, "op-b", Some(options));
+    wait_every(
+        "the first nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || first.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    for flag in [&rig.provider.hang_creates, &rig.provider.hang_assigns] {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    // 15 new nodes need an interface; each old node one more address (its 9th slot).
+    for i in 0..15 {
+        rig.add_node(&format!("new-{i:02}"), "m5.large").await;
+    }
+    for (name, _) in &first {
+        rig.set_pods(name, 1);
+    }
+    wait_every(
+        "30 intents in flight",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agents.lock().unwrap().hung.len() == 30,
+    )
+    .await;
+    assert_eq!(intents(&rig.kv).await.len(), 30);
+    let creates = rig.ec2.counters().calls(Action::CreateNetworkInterface);
+    let assigns = rig.ec2.counters().calls(Action::AssignPrivateIpAddresses);
+    a.kill();
+    for flag in [&rig.provider.hang_creates, &rig.provider.hang_assigns] {
+        flag.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+    leads(&b).await;
+    wait_every(
+        "every node is served",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            (0..15).all(|i| {
+                let old = rig.agent(&format!("old-{i:02}"));
+                let new = rig.agent(&format!("new-{i:02}"));
+                old.pods.len() == 1 && old.entries().len() == 9 && new.entries().len() == 8
+            })
+        },
+    )
+    .await;
+    assert!(intents(&rig.kv).await.is_empty(), "intents left open");
+    assert_eq!(
+        rig.ec2.counters().calls(Action::CreateNetworkInterface),
+        creates,
+        "an interface created twice"
+    );
+    assert_eq!(
+        rig.ec2.counters().calls(Action::AssignPrivateIpAddresses),
+        assigns,
+        "addresses assigned twice"
+    );
+    assert!(
+        unattached_managed(&rig).is_empty(),
+        "leaked: {:?}",
+        unattached_managed(&rig)
+    );
+    assert_records_match_the_cloud(&rig).await;
+    assert_eq!(records(&rig.kv).await.len(), 30);
+    rig.assert_invariants().await;
+}
+
+/// Scenario 6: every describe lags 5 s behind the cloud: nodes get interfaces, grow onto a
+/// second one, shrink through the handshake, and 11 minutes pass: no interface is created
+/// twice, no address assigned twice (the cloud holds exactly what is recorded), nothing is
+/// collected as a leak.
+#[tokio::test(start_paused = true)]
+async fn scenario_6_describes_lagging_5_s_double_nothing_and_collect_nothing() {
+    let config = cloud_config(
+        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
+        "",
+    );
+    let ec2 = fake_builder(6)
+        .consistency_lag(Duration::from_secs(5), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let nodes = names(30);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "every node has 8 spare addresses",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    assert_eq!(
+        rig.ec2.counters().calls(Action::CreateNetworkInterface),
+        30,
+        "one interface per node"
+    );
+    // 6 pods: 14 addresses do not fit one interface of 9: a second interface.
+    for (name, _) in &nodes {
+        rig.set_pods(name, 6);
+    }
+    wait_every(
+        "every node grows onto a second interface",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            nodes.iter().all(|(n, _)| {
+                let agent = rig.agent(n);
+                agent.pods.len() == 6 && agent.entries().len() == 14
+            })
+        },
+    )
+    .await;
+    assert_eq!(rig.ec2.counters().calls(Action::CreateNetworkInterface), 60);
+    // Back to 2 pods: 4 addresses go back through the handshake.
+    for (name, _) in &nodes {
+        rig.set_pods(name, 2);
+    }
+    wait_every(
+        "every node shrinks to 10 addresses",
+        Duration::from_secs(300),
+        Duration::from_millis(500),
+        || {
+            nodes.iter().all(|(n, _)| {
+                let agent = rig.agent(n);
+                agent.pods.len() == 2 && agent.entries().len() == 10
+            })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(11 * 60)).await;
+    assert_eq!(rig.ec2.counters().calls(Action::CreateNetworkInterface), 60);
+    assert!(
+        rig.agents.lock().unwrap().deleted.is_empty(),
+        "an interface collected"
+    );
+    assert_eq!(a.shared.cloud_gc_deleted(), 0);
+    assert!(unattached_managed(&rig).is_empty());
+    assert!(intents(&rig.kv).await.is_empty());
+    assert_records_match_the_cloud(&rig).await;
     rig.assert_invariants().await;
 }

@@ -180,6 +180,8 @@ pub struct Audited {
     pub clock: WallClock,
     /// While set, a create is applied and then never answers (the caller "crashes" there).
     pub hang_creates: Arc<std::sync::atomic::AtomicBool>,
+    /// While set, an IPv4 assign is applied and then never answers.
+    pub hang_assigns: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Audited {
@@ -268,7 +270,12 @@ impl CloudProvider for Audited {
         interface: &str,
         request: &Ipv4Assign,
     ) -> Result<Ipv4Set, CloudError> {
-        self.ec2.assign_ipv4(interface, request).await
+        let assigned = self.ec2.assign_ipv4(interface, request).await?;
+        if self.hang_assigns.load(std::sync::atomic::Ordering::SeqCst) {
+            self.agents.lock().unwrap().hung.push(interface.to_owned());
+            std::future::pending::<()>().await;
+        }
+        Ok(assigned)
     }
     async fn unassign_ipv4(&self, interface: &str, release: &Ipv4Set) -> Result<(), CloudError> {
         let nets = release
@@ -358,6 +365,7 @@ impl Rig {
             agents: Arc::clone(&agents),
             clock: Arc::clone(&clock),
             hang_creates: Arc::default(),
+            hang_assigns: Arc::default(),
         });
         let mut rig = Rig {
             kv,
