@@ -6,7 +6,14 @@
 //! current registration; a node holds at most one CIDR per pool and family of a node-CIDR pool
 //! (any number of blocks in a block pool); every release key names a current grant of its node
 //! (the grant's create revision is its `grant_revision`); node IDs are one-to-one, inside the
-//! plan and not quarantined.
+//! plan and not quarantined. Cloud pools ([`cloud`]): every `cloud-if/` record names a cloud
+//! pool and a registered node, its addresses lie in the pool's CIDRs, no address is on two
+//! records, a node's records have distinct device indexes, and release keys name an address of
+//! the node's record; [`cloud_problems`] compares the records with the cloud's own view.
+
+mod cloud;
+
+pub use cloud::{CloudTruth, cloud_problems};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,8 +22,9 @@ use ipnet::IpNet;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
-    QuarantineRecord, ReleaseRecord, ReleaseState, decode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, GrantRecord, Key, Keys, NodeIdOfNodeRecord,
+    NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord, ReleaseState,
+    decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;
@@ -37,6 +45,10 @@ struct Parsed {
     ids: BTreeMap<u32, NodeName>,
     id_of_node: BTreeMap<NodeName, u32>,
     quarantined_ids: BTreeSet<u32>,
+    /// Cloud interface records: node, interface, create revision, record.
+    cloud_interfaces: Vec<(NodeName, CloudId, i64, CloudInterfaceRecord)>,
+    /// Open cloud intents.
+    cloud_intents: Vec<(CloudId, CloudIntentRecord)>,
 }
 
 /// One key as read: its name, value and create revision.
@@ -113,6 +125,20 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
             Key::QuarantineId { id } => {
                 parsed.quarantined_ids.insert(id);
             }
+            Key::CloudInterface { node, interface } => {
+                match decode_value::<CloudInterfaceRecord>(value) {
+                    Ok(record) => {
+                        parsed
+                            .cloud_interfaces
+                            .push((node, interface, *create_revision, record));
+                    }
+                    Err(error) => bad(error.to_string()),
+                }
+            }
+            Key::CloudIntent { id } => match decode_value::<CloudIntentRecord>(value) {
+                Ok(record) => parsed.cloud_intents.push((id, record)),
+                Err(error) => bad(error.to_string()),
+            },
             _ => {}
         }
     }
@@ -235,6 +261,13 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             .and_then(|c| c.pool(pool))
             .is_some_and(|p| p.is_blocks())
     };
+    let is_cloud = |pool: &PoolName| {
+        parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.is_cloud())
+    };
     for ((node, pool, family), count) in per_node {
         if count > 1 && !is_blocks(pool) {
             problems.push(format!(
@@ -261,9 +294,14 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             .grant_revisions
             .get(&(pool.clone(), *family, *cidr))
             .copied();
-        if !is_blocks(pool) {
+        if is_cloud(pool) {
+            problems.extend(cloud::release_problem(
+                &parsed, node, pool, *family, cidr, record,
+            ));
+        } else if !is_blocks(pool) {
             problems.push(format!(
-                "release key of {cidr} (node {node}) is in pool {pool}, which is not a block pool"
+                "release key of {cidr} (node {node}) is in pool {pool}, which is neither a \
+                 block pool nor a cloud pool"
             ));
         } else if grant.is_none() {
             problems.push(format!(
@@ -304,6 +342,7 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             ));
         }
     }
+    problems.extend(cloud::record_problems(&parsed));
     problems
 }
 
@@ -596,7 +635,7 @@ node_prefix_len = 24
         assert_eq!(problems.len(), 3, "{problems:#?}");
         assert!(problems.iter().any(|p| p.contains("names grant revision")));
         assert!(problems.iter().any(|p| p.contains("names no grant")));
-        assert!(problems.iter().any(|p| p.contains("not a block pool")));
+        assert!(problems.iter().any(|p| p.contains("neither a block pool")));
     }
 
     #[test]

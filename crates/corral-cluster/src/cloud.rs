@@ -213,7 +213,9 @@ pub struct CloudPlan {
     /// What to do.
     pub action: CloudAction,
     /// The node needs addresses but its instance is at its limits (or max-allocate) or no
-    /// subnet has room: no call is made, and the node is reported at capacity.
+    /// subnet has room: no call is made (the action is `Nothing`), and the node is reported
+    /// at capacity. A node that can get part of what it wants gets it first (not at capacity
+    /// yet).
     pub at_capacity: bool,
     /// Since when the node is in excess (`None`: it is not); the leader keeps it for the next
     /// round.
@@ -462,12 +464,9 @@ pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
             return out;
         }
         let wanted = if demand.fill_whole { room } else { want };
-        match place(input, &usable, pd, wanted, demand.fill_whole) {
+        match place(input, &usable, pd, wanted) {
             Some(action) => out.action = action,
             None => out.at_capacity = true,
-        }
-        if demand.want_uncapped.saturating_sub(ready_size) > want {
-            out.at_capacity = true;
         }
         return out;
     }
@@ -530,12 +529,12 @@ fn demand(
 
 /// Where `wanted` addresses go: an existing attached interface with room whose subnet has
 /// room (lowest device index first), else a new interface; `None` when neither can be had.
+/// (WARM_ENI asks for all the room under the caps: a whole interface's worth.)
 fn place(
     input: &NodeCloudInput<'_>,
     usable: &[&InterfaceView],
     pd: bool,
     wanted: u64,
-    fill_whole: bool,
 ) -> Option<CloudAction> {
     let family = input.family;
     let subnet = |id: &str| input.subnets.iter().find(|s| s.id == id);
@@ -561,11 +560,7 @@ fn place(
                 continue;
             }
             let unit = if prefixes { prefix_units(family) } else { 1 };
-            let asked = if fill_whole {
-                slots
-            } else {
-                wanted.div_ceil(unit)
-            };
+            let asked = wanted.div_ceil(unit);
             let count = slots.min(room).min(asked).max(1);
             return Some(CloudAction::Assign {
                 interface: interface.id.clone(),
@@ -588,11 +583,7 @@ fn place(
     let modes: &[bool] = if pd { &[true, false] } else { &[false] };
     for &prefixes in modes {
         let unit = if prefixes { prefix_units(family) } else { 1 };
-        let asked = if fill_whole {
-            per_interface
-        } else {
-            wanted.div_ceil(unit).min(per_interface)
-        };
+        let asked = wanted.div_ceil(unit).min(per_interface);
         let asked32 = u32::try_from(asked).unwrap_or(u32::MAX);
         let Some(s) = choose_subnet(
             input.cloud,
@@ -629,8 +620,16 @@ fn release(
     mut out: CloudPlan,
 ) -> CloudPlan {
     // Surrendered addresses still count as held when judging how many may go, so a release
-    // never leaves the node below its keep level (block mode's rule).
-    let budget = excess_at(available.saturating_add(ready_size));
+    // never leaves the node below its keep level (block mode's rule). Under prefix delegation
+    // growth comes in whole prefixes and may overshoot the keep level by up to one prefix:
+    // only whole prefixes' worth are released (single addresses too), so growing never
+    // triggers a release.
+    let unit = if input.cloud.prefix_delegation && input.limits.prefix_delegation {
+        prefix_units(input.family)
+    } else {
+        1
+    };
+    let budget = excess_at(available.saturating_add(ready_size)) / unit * unit;
     let mut completing: Vec<(&InterfaceView, IpNet)> = Vec::new();
     let mut completing_size = 0u64;
     for (interface, r) in ready {
@@ -700,12 +699,13 @@ fn release(
 }
 
 /// Cilium's `PrepareIPRelease`: the usable attached interface with most addresses the agent
-/// reported free (ties: lowest ID), and up to `more` addresses' worth of them, whole entries
-/// only (a prefix goes whole or not at all), never one in a handshake.
+/// reported free (counted in addresses: a free /28 counts 16; ties: lowest ID), and up to
+/// `more` addresses' worth of them, whole entries only (a prefix goes whole or not at all),
+/// never one in a handshake.
 fn choose_marks(input: &NodeCloudInput<'_>, more: u64) -> Option<(CloudId, Vec<IpNet>)> {
     let empty = input.demand.map_or(&[][..], |d| d.empty.as_slice());
     let first = input.cloud.first_interface_index;
-    let mut best: Option<(CloudId, usize, Vec<IpNet>)> = None;
+    let mut best: Option<(CloudId, u64, Vec<IpNet>)> = None;
     let mut interfaces: Vec<&InterfaceView> = input
         .interfaces
         .iter()
@@ -722,7 +722,7 @@ fn choose_marks(input: &NodeCloudInput<'_>, more: u64) -> Option<(CloudId, Vec<I
             .collect();
         let mut picked = Vec::new();
         let mut size = 0u64;
-        let count = free.len();
+        let count = free.iter().fold(0u64, |s, a| s.saturating_add(units(a)));
         for a in free {
             let u = units(&a);
             if size.saturating_add(u) <= more {

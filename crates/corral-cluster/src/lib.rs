@@ -22,8 +22,8 @@ pub mod view;
 
 pub use backoff::{Resync, RetryState};
 pub use check::{
-    Entry, agent_block_problems, block_capacity, block_range, check, expected_ranges,
-    granted_cidrs, is_block_pool, node_range,
+    CloudTruth, Entry, agent_block_problems, block_capacity, block_range, check, cloud_problems,
+    expected_ranges, granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
     CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig,

@@ -94,6 +94,8 @@ pub enum PrefixFallback {
     Sibling {
         /// The subnet.
         subnet_id: String,
+        /// How many prefixes to ask there: the refused count, at most the sibling's room.
+        count: u32,
     },
     /// Single addresses on that interface (or a new interface in that subnet) instead: the
     /// interface is `secondaries_only` from now on; the node's others keep prefixes.
@@ -117,6 +119,7 @@ pub fn prefix_fallback(
     let CloudAction::Create {
         subnet_id,
         prefixes: true,
+        count,
         ..
     } = action
     else {
@@ -130,6 +133,8 @@ pub fn prefix_fallback(
         .min_by(|a, b| b.free_ipv4.cmp(&a.free_ipv4).then_with(|| a.id.cmp(&b.id)))
         .map_or(PrefixFallback::Secondaries, |s| PrefixFallback::Sibling {
             subnet_id: s.id.clone(),
+            count: (*count)
+                .min(u32::try_from(subnet_room(s, family, true, true)).unwrap_or(u32::MAX)),
         })
 }
 
@@ -360,19 +365,36 @@ mod tests {
         assert_eq!(
             fb(&[]),
             PrefixFallback::Sibling {
-                subnet_id: "subnet-mid".to_owned()
+                subnet_id: "subnet-mid".to_owned(),
+                count: 1
             }
         );
         assert_eq!(
             fb(&["subnet-mid".to_owned()]),
             PrefixFallback::Sibling {
-                subnet_id: "subnet-t".to_owned()
+                subnet_id: "subnet-t".to_owned(),
+                count: 1
             }
         );
         let all: Vec<String> = ["subnet-mid", "subnet-t", "subnet-own"]
             .map(String::from)
             .to_vec();
         assert_eq!(fb(&all), PrefixFallback::Secondaries);
+        // The sibling's room bounds the count: subnet-own holds one /28 besides a primary.
+        let three = CloudAction::Create {
+            subnet_id: "subnet-big".to_owned(),
+            device_index: 1,
+            count: 3,
+            prefixes: true,
+        };
+        let tried: Vec<String> = ["subnet-mid", "subnet-t"].map(String::from).to_vec();
+        assert_eq!(
+            prefix_fallback(&three, &default, "az1", Family::V4, &s, &tried),
+            PrefixFallback::Sibling {
+                subnet_id: "subnet-own".to_owned(),
+                count: 1
+            }
+        );
         let assign = CloudAction::Assign {
             interface: CloudId::new("eni-1").unwrap(),
             count: 1,
@@ -390,7 +412,8 @@ mod tests {
         assert_eq!(
             prefix_fallback(&create, &explicit, "az1", Family::V4, &s, &[]),
             PrefixFallback::Sibling {
-                subnet_id: "subnet-own".to_owned()
+                subnet_id: "subnet-own".to_owned(),
+                count: 1
             }
         );
     }

@@ -1,0 +1,476 @@
+//! `corral cluster check` for cloud pools: the `cloud-if/` records against the configuration,
+//! the registered nodes and each other (from etcd alone), release keys of cloud addresses
+//! against the records, and — given the cloud's own view — the records against the cloud.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use corral_core::{Family, PoolName};
+use ipnet::IpNet;
+
+use super::{Entry, Parsed, parse, span};
+use crate::keys::{CloudAttachment, CloudId, CloudOp, Keys, NodeName, ReleaseRecord};
+use crate::net::family_of;
+
+/// The cloud's view of its interfaces, as plain data: interface ID → (the instance it is
+/// attached to, if any; its secondary addresses and prefixes, both families).
+pub type CloudTruth = BTreeMap<String, (Option<String>, Vec<IpNet>)>;
+
+/// Pairs of overlapping CIDRs among `items` (each with a label), per family: sorted by start,
+/// each must begin after the furthest end seen so far.
+fn overlapping(items: &[(IpNet, String)]) -> Vec<(&IpNet, &str, &IpNet, &str)> {
+    let mut found = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        let mut spans: Vec<(u128, u128, &IpNet, &str)> = items
+            .iter()
+            .filter(|(net, _)| family_of(net) == family)
+            .map(|(net, label)| {
+                let (first, last) = span(net);
+                (first, last, net, label.as_str())
+            })
+            .collect();
+        spans.sort();
+        let mut furthest: Option<(u128, &IpNet, &str)> = None;
+        for (first, last, net, label) in spans {
+            if let Some((end, other, other_label)) = furthest
+                && first <= end
+            {
+                found.push((other, other_label, net, label));
+            }
+            if furthest.is_none_or(|(end, ..)| last > end) {
+                furthest = Some((last, net, label));
+            }
+        }
+    }
+    found
+}
+
+/// The problems of the cloud interface records and intents, from etcd alone.
+pub(super) fn record_problems(parsed: &Parsed) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config = parsed.config.as_ref();
+    let mut owners: BTreeMap<&CloudId, &NodeName> = BTreeMap::new();
+    let mut indexes: BTreeMap<(&NodeName, u32), &CloudId> = BTreeMap::new();
+    let mut addresses: Vec<(IpNet, String)> = Vec::new();
+    for (node, interface, _, record) in &parsed.cloud_interfaces {
+        let pool = &record.pool;
+        match config.and_then(|c| c.pool(pool)) {
+            None => problems.push(format!(
+                "cloud interface {interface} (node {node}) is in pool {pool}, which the \
+                 configuration does not have"
+            )),
+            Some(p) if !p.is_cloud() => problems.push(format!(
+                "cloud interface {interface} (node {node}) is in pool {pool}, which is not a \
+                 cloud pool"
+            )),
+            Some(p) => {
+                for address in &record.addresses {
+                    let family = family_of(address);
+                    let (first, last) = span(address);
+                    let inside = p.family(family).is_some_and(|f| {
+                        f.cidrs.iter().any(|c| {
+                            let (c0, c1) = span(c);
+                            c0 <= first && last <= c1
+                        })
+                    });
+                    if !inside {
+                        problems.push(format!(
+                            "address {address} of cloud interface {interface} (node {node}) is \
+                             outside pool {pool}'s {family} CIDRs"
+                        ));
+                    }
+                }
+            }
+        }
+        if !parsed.nodes.contains_key(node) {
+            problems.push(format!(
+                "cloud interface {interface} names node {node}, which is not registered"
+            ));
+        }
+        if let Some(other) = owners.insert(interface, node) {
+            problems.push(format!(
+                "cloud interface {interface} is recorded for nodes {other} and {node}"
+            ));
+        }
+        if let Some(other) = indexes.insert((node, record.device_index), interface) {
+            problems.push(format!(
+                "cloud interfaces {other} and {interface} of node {node} both have device \
+                 index {}",
+                record.device_index
+            ));
+        }
+        addresses.extend(
+            record
+                .addresses
+                .iter()
+                .map(|a| (*a, format!("interface {interface} of node {node}"))),
+        );
+    }
+    for (a, a_label, b, b_label) in overlapping(&addresses) {
+        problems.push(format!(
+            "cloud address {a} ({a_label}) and {b} ({b_label}) overlap"
+        ));
+    }
+    for (id, intent) in &parsed.cloud_intents {
+        if !config
+            .and_then(|c| c.pool(&intent.pool))
+            .is_some_and(|p| p.is_cloud())
+        {
+            problems.push(format!(
+                "cloud intent {id} is for pool {}, which is not a cloud pool",
+                intent.pool
+            ));
+        }
+    }
+    problems
+}
+
+/// The problem of one release key of a cloud pool, if any: it must name an address (or
+/// prefix) of one of the node's interface records in that pool, and that record's create
+/// revision as its `grant_revision`.
+pub(super) fn release_problem(
+    parsed: &Parsed,
+    node: &NodeName,
+    pool: &PoolName,
+    family: Family,
+    cidr: &IpNet,
+    record: &ReleaseRecord,
+) -> Option<String> {
+    let holder = parsed
+        .cloud_interfaces
+        .iter()
+        .find(|(n, _, _, r)| n == node && r.pool == *pool && r.addresses.contains(cidr));
+    match holder {
+        _ if family_of(cidr) != family => Some(format!(
+            "release key of {cidr} (node {node}) is filed under {family}"
+        )),
+        None => Some(format!(
+            "release key of {cidr} (node {node}, {}) names no address of that node's cloud \
+             interfaces in pool {pool}",
+            record.state.name()
+        )),
+        Some((_, interface, revision, _)) if *revision != record.grant_revision => Some(format!(
+            "release key of {cidr} (node {node}) names grant revision {}, the record of \
+             interface {interface} was created at {revision}",
+            record.grant_revision
+        )),
+        Some(_) => None,
+    }
+}
+
+/// Compares the cloud interface records (as read at one revision) with the cloud's own view:
+/// every recorded interface exists, is attached to the recorded instance once recorded
+/// attached, and carries every recorded address; every address on a recorded interface is in
+/// its record; no address is on two interfaces of the cloud. An interface with an open intent
+/// is in flux and skipped; an address in an open release handshake may already be gone from
+/// the cloud. One sentence per problem.
+pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut ignored = Vec::new();
+    let parsed = parse(keys, entries, &mut ignored);
+    let busy: BTreeSet<&CloudId> = parsed
+        .cloud_intents
+        .iter()
+        .filter_map(|(_, intent)| match &intent.op {
+            CloudOp::Assign { interface, .. }
+            | CloudOp::Unassign { interface, .. }
+            | CloudOp::Delete { interface } => Some(interface),
+            CloudOp::CreateAttach { .. } => None,
+        })
+        .collect();
+    for (node, interface, _, record) in &parsed.cloud_interfaces {
+        if busy.contains(interface) {
+            continue;
+        }
+        let Some((attached, addresses)) = truth.get(interface.as_str()) else {
+            problems.push(format!(
+                "cloud interface {interface} of node {node} is not in the cloud"
+            ));
+            continue;
+        };
+        if record.attachment == CloudAttachment::Attached
+            && attached.as_deref() != Some(record.instance_id.as_str())
+        {
+            problems.push(format!(
+                "cloud interface {interface} of node {node} is recorded attached to {}, the \
+                 cloud has it {}",
+                record.instance_id,
+                attached
+                    .as_ref()
+                    .map_or("unattached".to_owned(), |i| format!("attached to {i}"))
+            ));
+        }
+        for address in &record.addresses {
+            let releasing = parsed.releases.contains_key(&(
+                node.clone(),
+                record.pool.clone(),
+                family_of(address),
+                *address,
+            ));
+            if !addresses.contains(address) && !releasing {
+                problems.push(format!(
+                    "address {address} of cloud interface {interface} (node {node}) is not on \
+                     it in the cloud"
+                ));
+            }
+        }
+        for address in addresses {
+            if !record.addresses.contains(address) {
+                problems.push(format!(
+                    "address {address} is on cloud interface {interface} (node {node}) but not \
+                     in its record"
+                ));
+            }
+        }
+    }
+    let all: Vec<(IpNet, String)> = truth
+        .iter()
+        .flat_map(|(id, (_, addresses))| addresses.iter().map(move |a| (*a, id.clone())))
+        .collect();
+    for (a, a_id, b, b_id) in overlapping(&all) {
+        problems.push(format!(
+            "the cloud has {a} on interface {a_id} and {b} on interface {b_id}"
+        ));
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClusterConfig;
+    use crate::keys::{
+        CloudIntentRecord, CloudInterfaceRecord, ClusterName, NodeRecord, ReleaseState,
+        encode_value,
+    };
+
+    const CONFIG: &str = r#"
+[[pools]]
+name = "pods"
+mode = "cloud"
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+[[pools]]
+name = "blocks"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.9.0.0/24"]
+block_prefix_len = 28
+"#;
+
+    fn net(text: &str) -> IpNet {
+        text.parse().unwrap()
+    }
+
+    fn node(name: &str) -> NodeName {
+        NodeName::new(name).unwrap()
+    }
+
+    fn id(s: &str) -> CloudId {
+        CloudId::new(s).unwrap()
+    }
+
+    struct Cluster {
+        keys: Keys,
+        entries: Vec<Entry>,
+        revision: i64,
+    }
+
+    impl Cluster {
+        fn new() -> Cluster {
+            let keys = Keys::new(ClusterName::new("t").unwrap());
+            let config = ClusterConfig::from_toml(CONFIG).unwrap();
+            let entries = vec![(keys.config(), config.to_json().unwrap().into_bytes(), 1)];
+            let mut c = Cluster {
+                keys,
+                entries,
+                revision: 1,
+            };
+            for name in ["a", "b"] {
+                let record = NodeRecord {
+                    uid: "u".into(),
+                    addresses: vec![],
+                    registered_ms: 0,
+                    instance_id: Some(format!("i-{name}")),
+                };
+                c.add(c.keys.node(&node(name)), encode_value(&record).unwrap());
+            }
+            c
+        }
+
+        fn add(&mut self, key: String, value: Vec<u8>) -> i64 {
+            self.revision += 1;
+            self.entries.push((key, value, self.revision));
+            self.revision
+        }
+
+        fn interface(&mut self, n: &str, eni: &str, index: u32, addresses: &[&str]) -> i64 {
+            self.interface_in(n, eni, index, addresses, "pods")
+        }
+
+        fn interface_in(
+            &mut self,
+            n: &str,
+            eni: &str,
+            index: u32,
+            addresses: &[&str],
+            pool: &str,
+        ) -> i64 {
+            let record = CloudInterfaceRecord {
+                pool: PoolName::new(pool).unwrap(),
+                instance_id: format!("i-{n}"),
+                device_index: index,
+                subnet_id: "subnet-1".to_owned(),
+                subnets: vec![net("10.0.0.0/16")],
+                mac: "02:00:00:00:00:01".to_owned(),
+                primary_ipv4: None,
+                addresses: addresses.iter().map(|a| net(a)).collect(),
+                attachment: CloudAttachment::Attached,
+                managed: true,
+            };
+            self.add(
+                self.keys.cloud_interface(&node(n), &id(eni)),
+                encode_value(&record).unwrap(),
+            )
+        }
+
+        fn release(&mut self, n: &str, cidr: &str, grant_revision: i64) {
+            let record = ReleaseRecord {
+                state: ReleaseState::Marked,
+                grant_revision,
+                marked_ms: 0,
+                answered_ms: 0,
+                reason: None,
+            };
+            self.add(
+                self.keys.release(
+                    &node(n),
+                    &PoolName::new("pods").unwrap(),
+                    Family::V4,
+                    &net(cidr),
+                ),
+                encode_value(&record).unwrap(),
+            );
+        }
+
+        fn intent(&mut self, intent_id: &str, op: CloudOp) {
+            let record = CloudIntentRecord {
+                node: Some(node("a")),
+                pool: PoolName::new("pods").unwrap(),
+                instance_id: Some("i-a".to_owned()),
+                op,
+                started_ms: 0,
+            };
+            self.add(
+                self.keys.cloud_intent(&id(intent_id)),
+                encode_value(&record).unwrap(),
+            );
+        }
+
+        fn check(&self) -> Vec<String> {
+            super::super::check(&self.keys, &self.entries)
+        }
+    }
+
+    #[test]
+    fn consistent_records_pass() {
+        let mut c = Cluster::new();
+        let rev = c.interface("a", "eni-1", 1, &["10.0.1.5/32", "10.0.1.16/28"]);
+        c.interface("a", "eni-2", 2, &["10.0.2.5/32"]);
+        c.interface("b", "eni-3", 1, &["10.0.3.5/32"]);
+        c.release("a", "10.0.1.16/28", rev);
+        assert_eq!(c.check(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn record_problems_are_found() {
+        let mut c = Cluster::new();
+        let rev = c.interface("a", "eni-1", 1, &["10.0.1.5/32", "10.1.0.5/32"]);
+        c.interface("a", "eni-2", 1, &["10.0.1.0/28"]);
+        c.interface("ghost", "eni-3", 1, &[]);
+        c.interface_in("b", "eni-4", 1, &["10.9.0.5/32"], "blocks");
+        c.release("a", "10.0.1.5/32", rev + 1000);
+        c.release("a", "10.0.7.7/32", rev);
+        c.intent(
+            "intent-1",
+            CloudOp::Delete {
+                interface: id("eni-9"),
+            },
+        );
+        let problems = c.check();
+        let has = |text: &str| problems.iter().any(|p| p.contains(text));
+        assert!(has("10.1.0.5/32 of cloud interface eni-1"), "{problems:#?}");
+        assert!(has("both have device index 1"), "{problems:#?}");
+        assert!(has("overlap"), "{problems:#?}");
+        assert!(
+            has("names node ghost, which is not registered"),
+            "{problems:#?}"
+        );
+        assert!(has("which is not a cloud pool"), "{problems:#?}");
+        assert!(has("names grant revision"), "{problems:#?}");
+        assert!(has("names no address"), "{problems:#?}");
+        assert_eq!(problems.len(), 7, "{problems:#?}");
+        // Garbage values are reported, not skipped.
+        let mut c = Cluster::new();
+        c.add(
+            c.keys.cloud_interface(&node("a"), &id("eni-1")),
+            b"{".to_vec(),
+        );
+        assert!(c.check()[0].contains("garbage value"));
+    }
+
+    #[test]
+    fn records_against_the_cloud() {
+        let mut c = Cluster::new();
+        let rev = c.interface("a", "eni-1", 1, &["10.0.1.5/32", "10.0.1.6/32"]);
+        c.interface("a", "eni-2", 2, &["10.0.2.5/32"]);
+        let truth = |pairs: &[(&str, Option<&str>, &[&str])]| -> CloudTruth {
+            pairs
+                .iter()
+                .map(|(eni, at, addrs)| {
+                    (
+                        (*eni).to_owned(),
+                        (
+                            at.map(str::to_owned),
+                            addrs.iter().map(|a| net(a)).collect(),
+                        ),
+                    )
+                })
+                .collect()
+        };
+        let good = truth(&[
+            ("eni-1", Some("i-a"), &["10.0.1.5/32", "10.0.1.6/32"]),
+            ("eni-2", Some("i-a"), &["10.0.2.5/32"]),
+            ("eni-other", None, &["10.0.9.9/32"]),
+        ]);
+        assert!(cloud_problems(&c.keys, &c.entries, &good).is_empty());
+        let bad = truth(&[
+            ("eni-1", None, &["10.0.1.5/32", "10.0.1.7/32"]),
+            ("eni-other", None, &["10.0.1.7/32"]),
+        ]);
+        let problems = cloud_problems(&c.keys, &c.entries, &bad);
+        let has = |text: &str| problems.iter().any(|p| p.contains(text));
+        assert!(has("eni-2 of node a is not in the cloud"), "{problems:#?}");
+        assert!(has("the cloud has it unattached"), "{problems:#?}");
+        assert!(has("10.0.1.6/32 of cloud interface eni-1"), "{problems:#?}");
+        assert!(
+            has("10.0.1.7/32 is on cloud interface eni-1"),
+            "{problems:#?}"
+        );
+        assert!(
+            has("the cloud has 10.0.1.7/32 on interface eni-1"),
+            "{problems:#?}"
+        );
+        assert_eq!(problems.len(), 5, "{problems:#?}");
+        // An address in a release handshake may be gone; an interface with an open intent is
+        // in flux.
+        c.release("a", "10.0.1.6/32", rev);
+        c.intent(
+            "intent-2",
+            CloudOp::Delete {
+                interface: id("eni-2"),
+            },
+        );
+        let gone = truth(&[("eni-1", Some("i-a"), &["10.0.1.5/32"])]);
+        assert!(cloud_problems(&c.keys, &c.entries, &gone).is_empty());
+    }
+}
