@@ -1974,7 +1974,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         family: Family,
         mut subnet_id: String,
         device_index: u32,
-        count: u32,
+        mut count: u32,
         mut prefixes: bool,
         attempt: &AttemptContext,
     ) -> Outcome {
@@ -2041,8 +2041,12 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                             &attempt.subnets,
                             &tried,
                         ) {
-                            PrefixFallback::Sibling { subnet_id: sibling } => {
+                            PrefixFallback::Sibling {
+                                subnet_id: sibling,
+                                count: sibling_count,
+                            } => {
                                 subnet_id = sibling;
+                                count = sibling_count.max(1);
                             }
                             PrefixFallback::Secondaries => {
                                 // Single addresses in that subnet: as many as the prefixes
