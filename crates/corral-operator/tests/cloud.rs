@@ -58,6 +58,21 @@ async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
     })
     .await;
     assert!(a.shared.cloud_calls("UnassignPrivateIpAddresses", "ok") >= 1);
+    let metrics = a.shared.cloud_metrics_text();
+    assert!(
+        metrics.contains(
+            "corral_operator_cloud_calls_total{action=\"UnassignPrivateIpAddresses\",outcome=\"ok\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("corral_operator_cloud_nodes_at_capacity 0"),
+        "{metrics}"
+    );
+    assert!(a.shared.cloud_ready());
+    assert!(a.shared.cloud_intents_written() >= 4);
+    let figures = a.shared.cloud_node("node-0000");
+    assert_eq!((figures[0].stats.used, figures[0].stats.available), (0, 8));
     rig.assert_invariants().await;
 }
 
