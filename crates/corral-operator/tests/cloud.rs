@@ -225,6 +225,12 @@ async fn assert_records_match_the_cloud(rig: &Rig) {
             .secondary_ipv4
             .iter()
             .map(|a| corral_cluster::IpNet::from(std::net::IpAddr::V4(*a)))
+            .chain(
+                truth
+                    .ipv4_prefixes
+                    .iter()
+                    .map(|p| corral_cluster::IpNet::V4(*p)),
+            )
             .collect();
         let mut recorded = record.addresses.clone();
         held.sort();
@@ -652,5 +658,145 @@ async fn scenario_5_a_throttling_storm_sends_no_more_than_the_refill_and_recover
     assert!(intents(&rig.kv).await.is_empty());
     assert!(unattached_managed(&rig).is_empty());
     assert_records_match_the_cloud(&rig).await;
+    rig.assert_invariants().await;
+}
+
+/// Scenario 8: prefix delegation with the node's own subnet fragmented (no free aligned /28,
+/// plenty of single addresses): the primary interface in it falls back to single addresses
+/// (that interface only), and a new interface tries the sibling subnet of the zone and gets a
+/// prefix there.
+#[tokio::test(start_paused = true)]
+async fn scenario_8_a_fragmented_subnet_falls_back_per_interface() {
+    let config = cloud_config(
+        "[pools.watermarks]\npre_allocate = 8",
+        "prefix_delegation = true\nfirst_interface_index = 0",
+    );
+    let ec2 = corral_cloud::FakeEc2::builder()
+        .seed(8)
+        .subnet(
+            corral_cloud::fake::SubnetSpec::new(
+                "subnet-a",
+                VPC,
+                ZONE,
+                "10.0.0.0/20".parse().unwrap(),
+            )
+            .fragmented(1.0),
+        )
+        .subnet(corral_cloud::fake::SubnetSpec::new(
+            "subnet-b",
+            VPC,
+            ZONE,
+            "10.0.64.0/20".parse().unwrap(),
+        ))
+        .build()
+        .unwrap();
+    let rig = Rig::new(&config, ec2, &names(1)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    let node = "node-0000";
+    wait_every(
+        "8 spare addresses on the primary",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.free_of(node) >= 8,
+    )
+    .await;
+    rig.set_pods(node, 12);
+    wait_every(
+        "12 pods and 8 spare",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            let agent = rig.agent(node);
+            agent.pods.len() == 12 && rig.free_of(node) >= 8
+        },
+    )
+    .await;
+    let recorded = records(&rig.kv).await;
+    let primary = recorded
+        .iter()
+        .find(|(.., r)| r.device_index == 0)
+        .expect("the primary is recorded");
+    assert_eq!(primary.2.subnet_id, "subnet-a");
+    assert!(
+        primary.2.addresses.iter().all(|a| a.prefix_len() == 32),
+        "the primary took single addresses: {:?}",
+        primary.2.addresses
+    );
+    let second = recorded
+        .iter()
+        .find(|(.., r)| r.device_index == 1)
+        .expect("a second interface");
+    assert_eq!(second.2.subnet_id, "subnet-b", "the sibling subnet");
+    assert!(
+        !second.2.addresses.is_empty() && second.2.addresses.iter().all(|a| a.prefix_len() == 28),
+        "the second interface stays on prefixes: {:?}",
+        second.2.addresses
+    );
+    // One create refused in the fragmented subnet, one in the sibling; one prefix assign
+    // refused on the primary before its single addresses.
+    let counters = rig.ec2.counters();
+    assert_eq!(counters.calls(Action::CreateNetworkInterface), 2);
+    assert!(intents(&rig.kv).await.is_empty());
+    assert!(unattached_managed(&rig).is_empty());
+    assert_records_match_the_cloud(&rig).await;
+    rig.assert_invariants().await;
+}
+
+/// Scenario 2: pod churn on 100 nodes, 30 pods a second (each a pod added or removed on a
+/// random node, each node between 4 and 8 pods) for 10 simulated minutes, with pre-allocate 8
+/// and max-above-watermark 8: after the warm-up (the first growth, and the one trim of what
+/// max-above-watermark took beyond the band after the release delay) the cloud is not called
+/// at all: no allocate/release flapping.
+#[tokio::test(start_paused = true)]
+async fn scenario_2_pod_churn_calls_the_cloud_hardly_at_all() {
+    let config = cloud_config(
+        "release_delay_secs = 180\n[pools.watermarks]\npre_allocate = 8\nmax_above_watermark = 8",
+        "",
+    );
+    let ec2 = fake_builder(2).build().unwrap();
+    let nodes = names(100);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut want = vec![4u64; nodes.len()];
+    for (name, _) in &nodes {
+        rig.set_pods(name, 4);
+    }
+    let mut warm = None;
+    let step = Duration::from_millis(100);
+    for tick in 0..(10 * 60 * 10) {
+        if tick == 5 * 60 * 10 {
+            // Five minutes of warm-up: grown, and trimmed after the release delay.
+            warm = Some((
+                mutating_calls(&rig),
+                rig.agents.lock().unwrap().unassigned.len(),
+            ));
+        }
+        for _ in 0..3 {
+            let i = rng.below(nodes.len() as u64) as usize;
+            let up = rng.below(2) == 0;
+            want[i] = if up {
+                (want[i] + 1).min(8)
+            } else {
+                (want[i] - 1).max(4)
+            };
+            rig.set_pods(&nodes[i].0, want[i]);
+        }
+        tokio::time::sleep(step).await;
+    }
+    let (warm_calls, warm_unassigned) = warm.unwrap();
+    let calls = mutating_calls(&rig) - warm_calls;
+    let unassigned = rig.agents.lock().unwrap().unassigned.len() - warm_unassigned;
+    eprintln!(
+        "scenario 2: {warm_calls} mutating calls in the warm-up, {calls} in the 5 minutes after ({unassigned} addresses unassigned)"
+    );
+    assert_eq!(calls, 0, "mutating calls after the warm-up");
+    assert_eq!(unassigned, 0);
+    // Every pod got an address.
+    for (i, (name, _)) in nodes.iter().enumerate() {
+        assert_eq!(rig.agent(name).pods.len() as u64, want[i], "{name}");
+    }
     rig.assert_invariants().await;
 }
