@@ -402,6 +402,12 @@ impl Shared {
                 );
             }
         }
+        if let Some(open) = self.with_view(|view, _| view.cloud_intents().count()) {
+            let _ = writeln!(
+                text,
+                "# HELP corral_operator_cloud_intents_open Cloud intents in the store not yet recorded or replayed.\n# TYPE corral_operator_cloud_intents_open gauge\ncorral_operator_cloud_intents_open {open}"
+            );
+        }
         let _ = writeln!(
             text,
             "# HELP corral_operator_cloud_nodes_at_capacity Nodes that need addresses their instance cannot take (no call is made).\n# TYPE corral_operator_cloud_nodes_at_capacity gauge\ncorral_operator_cloud_nodes_at_capacity {}",

@@ -800,3 +800,59 @@ async fn scenario_2_pod_churn_calls_the_cloud_hardly_at_all() {
     }
     rig.assert_invariants().await;
 }
+
+/// A leader that loses its lease in the middle of a scale-out makes no cloud call from the
+/// moment it knows (its calls waiting for a token are cancelled, its intents fenced); the
+/// standby takes over and finishes, nothing doubled or leaked.
+#[tokio::test(start_paused = true)]
+async fn a_deposed_leader_stops_calling_the_cloud() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(12).build().unwrap();
+    let nodes = names(150);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let (options_a, calls_a) = rig.options_counted();
+    let (options_b, calls_b) = rig.options_counted();
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(options_a));
+    leads(&a).await;
+    let b = Replica::start_with_cloud(&rig.kv, "op-b", Some(options_b));
+    // Creates and attaches are bucket-bound (150 nodes: about 20 s): depose a mid-way.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let sent = calls_a.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(sent > 0 && !nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8));
+    let (leader, lease, ..) = leader_key(&rig.kv).await.unwrap();
+    assert_eq!(leader, "op-a");
+    rig.kv.lease_revoke(lease).await.unwrap();
+    wait_every(
+        "op-a knows it lost the lead",
+        Duration::from_secs(10),
+        Duration::from_millis(1),
+        || !a.leading(),
+    )
+    .await;
+    let at_loss = calls_a.load(std::sync::atomic::Ordering::SeqCst);
+    wait_every(
+        "every node is served by op-b",
+        Duration::from_secs(300),
+        Duration::from_millis(500),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    assert!(b.leading() || a.leading());
+    if b.leading() {
+        assert_eq!(
+            calls_a.load(std::sync::atomic::Ordering::SeqCst),
+            at_loss,
+            "op-a called the cloud after it lost the lead"
+        );
+        assert!(calls_b.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    }
+    assert!(intents(&rig.kv).await.is_empty());
+    assert!(
+        unattached_managed(&rig).is_empty(),
+        "{:?}",
+        unattached_managed(&rig)
+    );
+    assert_records_match_the_cloud(&rig).await;
+    assert_eq!(records(&rig.kv).await.len(), nodes.len());
+    rig.assert_invariants().await;
+}

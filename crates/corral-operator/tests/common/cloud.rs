@@ -182,6 +182,15 @@ pub struct Audited {
     pub hang_creates: Arc<std::sync::atomic::AtomicBool>,
     /// While set, an IPv4 assign is applied and then never answers.
     pub hang_assigns: Arc<std::sync::atomic::AtomicBool>,
+    /// Mutating calls sent through this handle (one per replica, see `Rig::provider_for`).
+    pub mutations: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Audited {
+    fn mutation(&self) {
+        self.mutations
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Audited {
@@ -231,6 +240,7 @@ impl CloudProvider for Audited {
         &self,
         request: &CreateInterface,
     ) -> Result<NetworkInterface, CloudError> {
+        self.mutation();
         let created = self.ec2.create_interface(request).await?;
         if self.hang_creates.load(std::sync::atomic::Ordering::SeqCst) {
             self.agents.lock().unwrap().hung.push(created.id.clone());
@@ -244,12 +254,15 @@ impl CloudProvider for Audited {
         instance: &str,
         index: u32,
     ) -> Result<String, CloudError> {
+        self.mutation();
         self.ec2.attach_interface(interface, instance, index).await
     }
     async fn detach_interface(&self, attachment: &str, force: bool) -> Result<(), CloudError> {
+        self.mutation();
         self.ec2.detach_interface(attachment, force).await
     }
     async fn delete_interface(&self, interface: &str) -> Result<(), CloudError> {
+        self.mutation();
         let truth = self.ec2.interface(interface);
         let result = self.ec2.delete_interface(interface).await;
         if result.is_ok() {
@@ -270,6 +283,7 @@ impl CloudProvider for Audited {
         interface: &str,
         request: &Ipv4Assign,
     ) -> Result<Ipv4Set, CloudError> {
+        self.mutation();
         let assigned = self.ec2.assign_ipv4(interface, request).await?;
         if self.hang_assigns.load(std::sync::atomic::Ordering::SeqCst) {
             self.agents.lock().unwrap().hung.push(interface.to_owned());
@@ -278,6 +292,7 @@ impl CloudProvider for Audited {
         Ok(assigned)
     }
     async fn unassign_ipv4(&self, interface: &str, release: &Ipv4Set) -> Result<(), CloudError> {
+        self.mutation();
         let nets = release
             .addresses
             .iter()
@@ -292,9 +307,11 @@ impl CloudProvider for Audited {
         interface: &str,
         request: &Ipv6Assign,
     ) -> Result<Ipv6Set, CloudError> {
+        self.mutation();
         self.ec2.assign_ipv6(interface, request).await
     }
     async fn unassign_ipv6(&self, interface: &str, release: &Ipv6Set) -> Result<(), CloudError> {
+        self.mutation();
         let nets = release
             .addresses
             .iter()
@@ -305,9 +322,11 @@ impl CloudProvider for Audited {
         self.ec2.unassign_ipv6(interface, release).await
     }
     async fn create_tags(&self, ids: &[String], tags: &Tags) -> Result<(), CloudError> {
+        self.mutation();
         self.ec2.create_tags(ids, tags).await
     }
     async fn delete_tags(&self, ids: &[String], tag_keys: &[String]) -> Result<(), CloudError> {
+        self.mutation();
         self.ec2.delete_tags(ids, tag_keys).await
     }
 }
@@ -366,6 +385,7 @@ impl Rig {
             clock: Arc::clone(&clock),
             hang_creates: Arc::default(),
             hang_assigns: Arc::default(),
+            mutations: Arc::default(),
         });
         let mut rig = Rig {
             kv,
@@ -415,6 +435,18 @@ impl Rig {
         let mut options = CloudOptions::new(Arc::clone(&self.provider));
         options.clock = Arc::clone(&self.clock);
         options
+    }
+
+    /// Options on a handle of the same cloud and agents that counts its own mutating calls.
+    pub fn options_counted(&self) -> (CloudOptions<Audited>, Arc<std::sync::atomic::AtomicU64>) {
+        let mutations: Arc<std::sync::atomic::AtomicU64> = Arc::default();
+        let provider = Arc::new(Audited {
+            mutations: Arc::clone(&mutations),
+            ..(*self.provider).clone()
+        });
+        let mut options = CloudOptions::new(provider);
+        options.clock = Arc::clone(&self.clock);
+        (options, mutations)
     }
 
     /// Sets how many pods a node wants.
