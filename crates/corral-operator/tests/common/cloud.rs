@@ -643,6 +643,27 @@ impl Rig {
     /// interface attached to its node's instance.
     pub async fn assert_invariants(&self) {
         super::assert_consistent(&self.kv).await;
+        // The records against the cloud's truth (`corral_cluster::cloud_problems`).
+        let truth: corral_cluster::CloudTruth = self
+            .ec2
+            .interfaces()
+            .into_iter()
+            .map(|ni| {
+                let attached = ni.attachment.as_ref().map(|a| a.instance_id.clone());
+                let nets = ni
+                    .secondary_ipv4
+                    .iter()
+                    .map(|a| IpNet::from(IpAddr::V4(*a)))
+                    .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
+                    .chain(ni.ipv6_addresses.iter().map(|a| IpNet::from(IpAddr::V6(*a))))
+                    .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
+                    .collect();
+                (ni.id, (attached, nets))
+            })
+            .collect();
+        let problems =
+            corral_cluster::cloud_problems(&keys(), &super::entries(&self.kv).await, &truth);
+        assert!(problems.is_empty(), "records against the cloud: {problems:#?}");
         let mut owner: HashMap<IpNet, String> = HashMap::new();
         let interfaces = self.ec2.interfaces();
         for ni in &interfaces {
