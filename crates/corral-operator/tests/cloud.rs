@@ -856,3 +856,65 @@ async fn a_deposed_leader_stops_calling_the_cloud() {
     assert_eq!(records(&rig.kv).await.len(), nodes.len());
     rig.assert_invariants().await;
 }
+
+/// Scenario 3: 100 instances terminated at once (their agents die with them): the leader sees
+/// it at its next resync, deletes their records, and their detached interfaces are deleted by
+/// the collector only on a second sighting at least 5 minutes after the termination.
+#[tokio::test(start_paused = true)]
+async fn scenario_3_terminated_instances_are_forgotten_then_collected() {
+    let config = cloud_config(
+        "[pools.watermarks]\npre_allocate = 8",
+        "gc_max_per_run = 100",
+    );
+    let ec2 = fake_builder(3).build().unwrap();
+    let nodes = names(100);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "every node has 8 spare addresses",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    let managed = rig
+        .ec2
+        .interfaces()
+        .into_iter()
+        .filter(|ni| ni.tags.contains_key("corral.io/cluster"))
+        .count();
+    assert_eq!(managed, 100);
+    let terminated_ms = (rig.clock)();
+    for (name, _) in &nodes {
+        rig.agents.lock().unwrap().nodes.remove(&node(name));
+        rig.ec2.terminate_instance(&rig.instances[name]).unwrap();
+    }
+    wait_until(
+        "the records of terminated instances are deleted",
+        Duration::from_secs(180),
+        || async { records(&rig.kv).await.is_empty() },
+    )
+    .await;
+    wait_every(
+        "the detached interfaces are collected",
+        Duration::from_secs(20 * 60),
+        Duration::from_secs(1),
+        || unattached_managed(&rig).is_empty(),
+    )
+    .await;
+    let deleted = rig.agents.lock().unwrap().deleted.clone();
+    assert_eq!(deleted.len(), 100);
+    for d in &deleted {
+        assert!(
+            d.at_ms >= terminated_ms + 300_000,
+            "{} deleted {} ms after the termination",
+            d.interface,
+            d.at_ms - terminated_ms
+        );
+    }
+    assert_eq!(a.shared.cloud_gc_deleted(), 100);
+    assert!(records(&rig.kv).await.is_empty());
+    assert!(intents(&rig.kv).await.is_empty());
+    rig.assert_invariants().await;
+}

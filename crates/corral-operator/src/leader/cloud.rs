@@ -158,6 +158,8 @@ struct NodeCloud {
     not_before: Option<Instant>,
     /// Excess clocks per pool and family.
     excess_since: HashMap<(PoolName, Family), u64>,
+    /// Describe the instance itself again (it may have been terminated).
+    check_instance: bool,
 }
 
 /// What a task did, for the loop.
@@ -459,7 +461,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     fn spawn_describe(&mut self, node: NodeName, instance_id: String) {
         self.busy.insert(node.clone());
         let ctx = self.ctx.clone();
-        let need_instance = self.nodes.get(&node).is_none_or(|s| s.instance.is_none());
+        let need_instance = self
+            .nodes
+            .get(&node)
+            .is_none_or(|s| s.instance.is_none() || s.check_instance);
         // After a full resync a node's interfaces are known; only a node whose interfaces
         // changed (a mutation, an attachment polled) is described again.
         let need_interfaces =
@@ -602,6 +607,33 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         };
         if state.stale {
             return (none, Some(Step::Describe));
+        }
+        if matches!(
+            instance.state,
+            InstanceState::ShuttingDown | InstanceState::Terminated
+        ) {
+            // The instance is gone: its records (and handshakes) go; its interfaces, detached
+            // by the cloud, are the leak collector's (two sightings, 5 minutes apart).
+            let mut deletes: Vec<HandshakeStep> = view
+                .cloud_interfaces_of(node)
+                .map(|(id, e)| HandshakeStep::Delete {
+                    key: view.keys().cloud_interface(node, id),
+                    revision: e.mod_revision,
+                })
+                .collect();
+            deletes.extend(
+                view.releases_of(node)
+                    .map(
+                        |((_, pool, family, cidr), (rev, _))| HandshakeStep::Delete {
+                            key: view.keys().release(node, pool, *family, cidr),
+                            revision: *rev,
+                        },
+                    ),
+            );
+            return (
+                none,
+                (!deletes.is_empty()).then_some(Step::Handshake(deletes)),
+            );
         }
         if instance.state != InstanceState::Running {
             // Nothing is attached to an instance that is not running.
@@ -910,6 +942,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                             if self.busy.contains(node) {
                                 continue;
                             }
+                            if state.instance.is_some()
+                                && !by_instance.contains_key(&state.instance_id)
+                            {
+                                // Not even its primary interface is attached: the instance
+                                // may be gone. Described again before it is planned.
+                                state.stale = true;
+                                state.check_instance = true;
+                            }
                             state.interfaces = by_instance
                                 .get(&state.instance_id)
                                 .cloned()
@@ -955,6 +995,20 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         state.instance = Some(described.instance);
                         state.interfaces = interfaces;
                         state.stale = false;
+                        state.check_instance = false;
+                    }
+                    Err(CloudError::InstanceNotFound { .. }) => {
+                        // Gone for good (terminated long ago): as terminated.
+                        let state = self.node_state(&node, &instance_id);
+                        state.instance = Some(InstanceInfo {
+                            instance_type: String::new(),
+                            state: InstanceState::Terminated,
+                            zone: String::new(),
+                            vpc_id: String::new(),
+                            subnet_id: String::new(),
+                        });
+                        state.stale = false;
+                        state.check_instance = false;
                     }
                     Err(error) => {
                         self.ctx

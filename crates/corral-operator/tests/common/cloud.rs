@@ -655,7 +655,11 @@ impl Rig {
                     .iter()
                     .map(|a| IpNet::from(IpAddr::V4(*a)))
                     .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
-                    .chain(ni.ipv6_addresses.iter().map(|a| IpNet::from(IpAddr::V6(*a))))
+                    .chain(
+                        ni.ipv6_addresses
+                            .iter()
+                            .map(|a| IpNet::from(IpAddr::V6(*a))),
+                    )
                     .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
                     .collect();
                 (ni.id, (attached, nets))
@@ -663,7 +667,10 @@ impl Rig {
             .collect();
         let problems =
             corral_cluster::cloud_problems(&keys(), &super::entries(&self.kv).await, &truth);
-        assert!(problems.is_empty(), "records against the cloud: {problems:#?}");
+        assert!(
+            problems.is_empty(),
+            "records against the cloud: {problems:#?}"
+        );
         let mut owner: HashMap<IpNet, String> = HashMap::new();
         let interfaces = self.ec2.interfaces();
         for ni in &interfaces {
