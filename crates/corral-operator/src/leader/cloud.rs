@@ -471,8 +471,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             !self.ready || !need_instance || !self.resync_interfaces.contains_key(&instance_id);
         let known: HashMap<String, InstanceLimits> = self.limits.clone();
         self.running.spawn(async move {
-            let result =
-                describe_node(&ctx, &instance_id, need_instance, need_interfaces, &known).await;
+            let result = describe_node(&ctx, &instance_id, need_interfaces, &known).await;
             Done::Described {
                 node,
                 instance_id,
@@ -770,6 +769,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         &state.interfaces,
                         &cloud,
                         &subnet_views,
+                        now_ms,
                     );
                 }
             }
@@ -1193,11 +1193,9 @@ async fn call<T>(
 async fn describe_node<K, P: CloudProvider>(
     ctx: &Ctx<K, P>,
     instance_id: &str,
-    need_instance: bool,
     need_interfaces: bool,
     known: &HashMap<String, InstanceLimits>,
 ) -> Result<Described, CloudError> {
-    let _ = need_instance;
     let described = call(
         &ctx.shared,
         Action::DescribeInstances,
@@ -1436,6 +1434,7 @@ fn release_or_act(
     described: &[NetworkInterface],
     cloud: &corral_cluster::CloudPoolConfig,
     subnets: &[SubnetView],
+    now_ms: u64,
 ) -> Option<Step> {
     let keys = view.keys();
     // Where each address is recorded: (interface, its record).
@@ -1557,7 +1556,7 @@ fn release_or_act(
                 .iter()
                 .find(|(id, _)| id == interface)
                 .map(|(id, e)| (keys.cloud_interface(node, id), e))?;
-            let now = instance_now_ms(view);
+            let now = now_ms;
             let steps: Vec<HandshakeStep> = addresses
                 .iter()
                 .filter(|cidr| family_of(cidr) == family)
@@ -1581,14 +1580,6 @@ fn release_or_act(
             (!steps.is_empty()).then_some(Step::Handshake(steps))
         }
     }
-}
-
-/// `marked_ms` is informative only (the leader's clocks decide): the view's time is not at
-/// hand here, so the system clock is used.
-fn instance_now_ms(_view: &ClusterView) -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A node's step being carried out.
