@@ -918,3 +918,43 @@ async fn scenario_3_terminated_instances_are_forgotten_then_collected() {
     assert!(intents(&rig.kv).await.is_empty());
     rig.assert_invariants().await;
 }
+
+/// A node removed with `corral node remove` loses its records (its interfaces, once the cloud
+/// detaches them, are the collector's); `check` finds no record of an unregistered node.
+#[tokio::test(start_paused = true)]
+async fn a_removed_node_loses_its_records() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(13).build().unwrap();
+    let rig = Rig::new(&config, ec2, &names(2)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "both nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            names(2)
+                .iter()
+                .all(|(n, _)| rig.agent(n).entries().len() == 8)
+        },
+    )
+    .await;
+    let name = "node-0001";
+    let registration = rig
+        .kv
+        .get(keys().node(&node(name)).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    rig.agents.lock().unwrap().nodes.remove(&node(name));
+    request_removal(&rig.kv, name, registration).await;
+    wait_until(
+        "its records are deleted",
+        Duration::from_secs(60),
+        || async { records(&rig.kv).await.iter().all(|(n, ..)| n != name) },
+    )
+    .await;
+    assert_eq!(records(&rig.kv).await.len(), 1);
+    assert_consistent(&rig.kv).await;
+}

@@ -360,6 +360,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         .filter(|(_, e)| e.record.instance_id.is_some())
                         .map(|(n, _)| n.clone()),
                 );
+                // Records of nodes removed meanwhile.
+                self.pending
+                    .extend(view.cloud_interfaces().map(|((node, _), _)| node.clone()));
             }
             self.pending.extend(nodes);
             // Nodes whose wait ran out.
@@ -549,6 +552,49 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let Some(instance_id) = instance_of(view, node) else {
             self.nodes.remove(node);
             self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
+            // Removed (or registered without an instance): its records go; its interfaces
+            // are the collector's once the cloud detaches them.
+            let deletes: Vec<HandshakeStep> = view
+                .cloud_interfaces_of(node)
+                .map(|(id, e)| HandshakeStep::Delete {
+                    key: view.keys().cloud_interface(node, id),
+                    revision: e.mod_revision,
+                })
+                .collect();
+            if deletes.is_empty() {
+                return None;
+            }
+            self.busy.insert(node.clone());
+            let ctx = self.ctx.clone();
+            let node = node.clone();
+            self.running.spawn(async move {
+                let mut run = StepRun {
+                    ctx: &ctx,
+                    node: &node,
+                    instance_id: "",
+                    intent_base: String::new(),
+                    intents: 0,
+                    writes: Vec::new(),
+                    secondaries_only: Vec::new(),
+                    no_free_prefix: Vec::new(),
+                    occupied: Vec::new(),
+                    mutated: false,
+                    limits: None,
+                    subnets: Vec::new(),
+                    known: Vec::new(),
+                };
+                let outcome = run.handshake(deletes).await;
+                let writes = run.writes;
+                Done::Node {
+                    node,
+                    outcome,
+                    writes,
+                    interfaces: None,
+                    secondaries_only: Vec::new(),
+                    no_free_prefix: Vec::new(),
+                    occupied: Vec::new(),
+                }
+            });
             return None;
         };
         if view.removals_requested().iter().any(|(n, ..)| n == node) {
