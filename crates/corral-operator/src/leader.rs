@@ -126,8 +126,8 @@ async fn rebuild<K: Kv>(
         let config_key = keys.config();
         let prefix = keys.prefix().as_bytes();
         // Page by page at one revision, each page applied as it comes: the keys are never all
-        // in memory beside the view. `config` sorts first under the prefix, so it is on the
-        // first page if it exists.
+        // in memory beside the view. `config` sorts first under the prefix but for
+        // `cloud-if/` and `cloud-intent/` keys (read on its own below if those came first).
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
         let mut config = first
