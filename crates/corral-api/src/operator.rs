@@ -130,6 +130,54 @@ pub struct NodeStatus {
     /// Block pools: the node's statistics per pool and family.
     #[serde(default)]
     pub blocks: Vec<NodeBlocks>,
+    /// Cloud pools: the node's statistics per pool and family, as the cloud node manager last
+    /// planned it.
+    #[serde(default)]
+    pub cloud: Vec<NodeCloud>,
+    /// Cloud pools: the node's interfaces as recorded (`cloud-if/`), with their addresses.
+    #[serde(default)]
+    pub cloud_interfaces: Vec<NodeCloudInterface>,
+}
+
+/// One node in one cloud pool and family: Cilium's `Statistics`, in addresses (decimal
+/// strings: a /80 prefix counts 2^48), and whether its instance is at its limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeCloud {
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// Allocated on the node (its agent's last demand report).
+    pub used: String,
+    /// Held on its interfaces, less what it surrendered in a handshake.
+    pub available: String,
+    /// The most its instance can hold (or max-allocate).
+    pub capacity: String,
+    /// Still to assign to reach its watermarks (or warm targets).
+    pub needed: String,
+    /// Held beyond what it keeps.
+    pub excess: String,
+    /// Needs addresses its instance cannot take: no cloud call is made.
+    pub at_capacity: bool,
+}
+
+/// One cloud interface of a node, as the leader recorded it after the cloud confirmed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeCloudInterface {
+    /// The cloud's interface ID.
+    pub id: String,
+    pub pool: String,
+    pub device_index: u32,
+    pub subnet_id: String,
+    /// `attaching` or `attached`.
+    pub attachment: String,
+    /// Created by corral (only these are ever deleted).
+    pub managed: bool,
+    /// Secondary addresses and delegated prefixes.
+    pub addresses: Vec<String>,
 }
 
 /// One node's blocks of one block pool and family: Cilium's `Statistics`, in addresses

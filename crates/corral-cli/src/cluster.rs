@@ -60,6 +60,78 @@ pub struct OperatorArgs {
     /// A file holding the bearer token (at least 16 characters) for --api-tcp
     #[arg(long, value_name = "FILE", requires = "api_tcp")]
     pub token_file: Option<PathBuf>,
+    /// The cloud whose interfaces the leader manages for cloud pools: `fake`, an in-process
+    /// fake EC2 seeded from --fake-cloud (a demo and test backend; the AWS build comes later)
+    #[arg(long, value_enum, requires = "fake_cloud")]
+    pub cloud: Option<CloudBackend>,
+    /// The fake cloud's seed file (JSON: `seed`, `subnets` [{id, vpc, zone, ipv4}],
+    /// `instances` [{id, type, subnet}])
+    #[arg(long, value_name = "FILE", requires = "cloud")]
+    pub fake_cloud: Option<PathBuf>,
+}
+
+/// A cloud backend of `corral operator --cloud`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CloudBackend {
+    /// corral-cloud's in-process fake EC2.
+    Fake,
+}
+
+/// The fake cloud's seed file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FakeCloudFile {
+    #[serde(default)]
+    seed: u64,
+    subnets: Vec<FakeSubnet>,
+    #[serde(default)]
+    instances: Vec<FakeInstance>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FakeSubnet {
+    id: String,
+    vpc: String,
+    zone: String,
+    ipv4: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+struct FakeInstance {
+    id: String,
+    #[serde(rename = "type")]
+    instance_type: String,
+    subnet: String,
+}
+
+/// Builds the fake EC2 of `--fake-cloud`; a file that does not read or parse is a usage error
+/// naming it.
+fn fake_cloud(path: &std::path::Path) -> Result<corral_cloud::FakeEc2, Failure> {
+    let bad = |problem: String| Failure::Usage(format!("{}: {problem}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let file: FakeCloudFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let mut builder = corral_cloud::FakeEc2::builder().seed(file.seed);
+    for subnet in &file.subnets {
+        let cidr = subnet
+            .ipv4
+            .parse()
+            .map_err(|e| bad(format!("subnet {}: {e}", subnet.id)))?;
+        builder = builder.subnet(corral_cloud::fake::SubnetSpec::new(
+            &subnet.id,
+            &subnet.vpc,
+            &subnet.zone,
+            cidr,
+        ));
+    }
+    for instance in &file.instances {
+        builder = builder.instance(
+            corral_cloud::fake::InstanceSpec::new(&instance.instance_type, &instance.subnet)
+                .id(&instance.id),
+        );
+    }
+    builder.build().map_err(|e| bad(e.to_string()))
 }
 
 /// Where `corral operator` serves its API by default.
@@ -179,6 +251,10 @@ fn kv_failure(error: corral_kv::KvError) -> Failure {
 /// Runs a replica of the operator until SIGINT or SIGTERM.
 pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
     let api = api_config(&args)?;
+    let cloud = match (&args.cloud, &args.fake_cloud) {
+        (Some(CloudBackend::Fake), Some(path)) => Some(fake_cloud(path)?),
+        _ => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("corral-operator")
@@ -212,7 +288,8 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
             config.replica,
             args.etcd.etcd.join(",")
         );
-        corral_operator::run(kv, config, shared, corral_agent::shutdown_signal())
+        let cloud = cloud.map(|ec2| corral_operator::CloudOptions::new(Arc::new(ec2)));
+        corral_operator::run_with_cloud(kv, config, shared, cloud, corral_agent::shutdown_signal())
             .await
             .map_err(|e| Failure::Operator(e.to_string()))?;
         api.stop().await;

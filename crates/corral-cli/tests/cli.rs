@@ -723,3 +723,39 @@ fn help_documents_the_exit_codes() {
         "{run:?}"
     );
 }
+
+#[test]
+fn operator_fake_cloud_file_problems_are_usage_errors_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.json");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"subnets":[{"id":"s","vpc":"v","zone":"z","ipv4":"10.0.0.0/8"}]}"#,
+    )
+    .unwrap();
+    for (file, problem) in [
+        (&missing, "No such file"),
+        (&bad, "an IPv4 subnet is /16 to /28"),
+    ] {
+        // Refused before etcd is asked (none listens there).
+        let output = Command::new(env!("CARGO_BIN_EXE_corral"))
+            .args([
+                "operator",
+                "--etcd",
+                "http://127.0.0.1:1",
+                "--cloud",
+                "fake",
+            ])
+            .arg("--fake-cloud")
+            .arg(file)
+            .arg("--api-socket")
+            .arg(dir.path().join("op.sock"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(&file.display().to_string()), "{stderr}");
+        assert!(stderr.contains(problem), "{stderr}");
+    }
+}

@@ -271,6 +271,7 @@ async fn metrics(State(state): State<ApiState>) -> Response {
     }) {
         text.push_str(&extra);
     }
+    text.push_str(&state.shared.cloud_metrics_text());
     text.push_str("# EOF\n");
     (
         [(
@@ -339,7 +340,49 @@ fn on_view<T: serde::Serialize>(
     }
 }
 
-fn node_status(view: &ClusterView, report: corral_cluster::NodeReport) -> body::NodeStatus {
+fn node_status(
+    shared: &Shared,
+    view: &ClusterView,
+    report: corral_cluster::NodeReport,
+) -> body::NodeStatus {
+    let name = NodeName::new(&report.name).ok();
+    let cloud = shared
+        .cloud_node(&report.name)
+        .into_iter()
+        .map(|f| body::NodeCloud {
+            pool: f.pool,
+            family: f.family.name().to_owned(),
+            used: f.stats.used.to_string(),
+            available: f.stats.available.to_string(),
+            capacity: f.stats.capacity.to_string(),
+            needed: f.stats.needed.to_string(),
+            excess: f.stats.excess.to_string(),
+            at_capacity: f.at_capacity,
+        })
+        .collect();
+    let cloud_interfaces = name
+        .as_ref()
+        .map(|name| {
+            view.cloud_interfaces_of(name)
+                .filter_map(|(id, entry)| {
+                    let record = entry.record.as_ref()?;
+                    Some(body::NodeCloudInterface {
+                        id: id.to_string(),
+                        pool: record.pool.to_string(),
+                        device_index: record.device_index,
+                        subnet_id: record.subnet_id.clone(),
+                        attachment: match record.attachment {
+                            corral_cluster::CloudAttachment::Attaching => "attaching",
+                            corral_cluster::CloudAttachment::Attached => "attached",
+                        }
+                        .to_owned(),
+                        managed: record.managed,
+                        addresses: record.addresses.iter().map(ToString::to_string).collect(),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let grants = NodeName::new(&report.name)
         .map(|name| {
             view.grants_of(&name)
@@ -377,6 +420,8 @@ fn node_status(view: &ClusterView, report: corral_cluster::NodeReport) -> body::
                 has_demand: b.has_demand,
             })
             .collect(),
+        cloud,
+        cloud_interfaces,
     }
 }
 
@@ -385,7 +430,7 @@ async fn nodes(State(state): State<ApiState>) -> Response {
         let nodes = view
             .node_reports(None)
             .into_iter()
-            .map(|report| node_status(view, report))
+            .map(|report| node_status(&state.shared, view, report))
             .collect();
         Ok(body::NodesResponse { nodes })
     })
@@ -414,7 +459,7 @@ async fn node(
         view.node_reports(None)
             .into_iter()
             .find(|report| report.name == name.as_str())
-            .map(|report| node_status(view, report))
+            .map(|report| node_status(&state.shared, view, report))
             .ok_or_else(|| not_registered(&name))
     })
 }

@@ -24,6 +24,7 @@ use crate::election::Fence;
 use crate::state::{Shared, TxnOutcome};
 
 mod blocks;
+pub(crate) mod cloud;
 
 /// Keys per page when the prefix is read.
 const PAGE: usize = 2000;
@@ -63,8 +64,10 @@ enum TxnFailure {
     Uncertain(KvError),
 }
 
-/// Leads until the lease is lost or `stop` fires.
-pub async fn lead<K: Kv>(
+/// Leads until the lease is lost or `stop` fires. With `cloud`, the cloud node manager runs
+/// beside the loop; it ends (every cloud call in flight dropped) when leading ends.
+#[allow(clippy::too_many_arguments)]
+pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     kv: &K,
     keys: &Keys,
     fence: &Fence,
@@ -72,6 +75,7 @@ pub async fn lead<K: Kv>(
     stop: &mut tokio::sync::watch::Receiver<bool>,
     shared: &Arc<Shared>,
     workers: usize,
+    cloud: Option<(&crate::CloudOptions<P>, &corral_cloud::Scheduled<Arc<P>>)>,
 ) -> Result<(), LeadError> {
     let started = Instant::now();
     let (view, revision) = tokio::select! {
@@ -80,8 +84,34 @@ pub async fn lead<K: Kv>(
     };
     shared.install(view, revision);
     shared.set_leading(true, started.elapsed());
-    let result = serve(kv, keys, fence, lost, stop, shared, workers).await;
+    let result = match cloud {
+        None => serve(kv, keys, fence, lost, stop, shared, workers, None).await,
+        Some((options, scheduler)) => {
+            let signal = Arc::new(cloud::CloudSignal::default());
+            // This term's calls: shut down when the lead ends, so no call waiting for a token
+            // or a backoff is sent by a replica that no longer leads.
+            let session = scheduler.session();
+            let manager = cloud::manage(
+                kv.clone(),
+                keys.clone(),
+                fence.clone(),
+                Arc::clone(shared),
+                Arc::new(session.clone()),
+                options.clone(),
+                Arc::clone(&signal),
+            );
+            let result = tokio::select! {
+                result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal)) => result,
+                // The manager runs until it is dropped here; it returns only if the lead is
+                // gone (its view removed).
+                () = manager => Err(LeadError::Lost),
+            };
+            session.shutdown();
+            result
+        }
+    };
     shared.set_leading(false, Duration::ZERO);
+    shared.clear_cloud();
     result
 }
 
@@ -96,15 +126,31 @@ async fn rebuild<K: Kv>(
         let config_key = keys.config();
         let prefix = keys.prefix().as_bytes();
         // Page by page at one revision, each page applied as it comes: the keys are never all
-        // in memory beside the view. `config` sorts first under the prefix, so it is on the
-        // first page if it exists.
+        // in memory beside the view. `config` sorts first under the prefix but for
+        // `cloud-if/` and `cloud-intent/` keys (read on its own below if those came first).
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
-        let config = first
+        let mut config = first
             .kvs
             .first()
             .filter(|e| e.key == config_key.as_bytes())
             .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
+        if config.is_none()
+            && first
+                .kvs
+                .iter()
+                .any(|e| e.key.as_slice() < config_key.as_bytes())
+        {
+            // Keys sort before `config` (`cloud-if/`, `cloud-intent/`): it is read on its own,
+            // at the same revision.
+            config = kv
+                .range(config_key.as_bytes(), None, 1, Some(revision))
+                .await?
+                .kvs
+                .into_iter()
+                .find(|e| e.key == config_key.as_bytes())
+                .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
+        }
         let config = match config {
             Some((Ok(config), _)) => config,
             Some((Err(error), _)) => {
@@ -193,6 +239,8 @@ struct Work {
     block_rescan: bool,
     /// Block pools: the leader's clocks (first sights, excess, wake-ups).
     clock: blocks::BlockClock,
+    /// Cloud pools: tells the cloud node manager which nodes an event concerns.
+    cloud: Option<Arc<cloud::CloudSignal>>,
 }
 
 impl Work {
@@ -200,7 +248,11 @@ impl Work {
     fn note(&mut self, keys: &Keys, event: &Event) {
         let key = String::from_utf8_lossy(event.key());
         let deleted = matches!(event, Event::Delete { .. });
-        match keys.parse(&key) {
+        let parsed = keys.parse(&key);
+        if let (Some(signal), Ok(parsed)) = (&self.cloud, &parsed) {
+            signal.note(parsed);
+        }
+        match parsed {
             Ok(Key::Config) => {
                 // Another configuration: whatever failed may succeed now (a pool grown,
                 // a grant refused for the configuration's revision).
@@ -267,6 +319,7 @@ fn with_view<T>(
     shared.with_view_mut(f).ok_or(LeadError::Lost)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve<K: Kv>(
     kv: &K,
     keys: &Keys,
@@ -275,6 +328,7 @@ async fn serve<K: Kv>(
     stop: &mut tokio::sync::watch::Receiver<bool>,
     shared: &Arc<Shared>,
     workers: usize,
+    cloud: Option<Arc<cloud::CloudSignal>>,
 ) -> Result<(), LeadError> {
     let (from, timing) = with_view(shared, |view, revision| {
         (*revision + 1, Resync::from(&view.config().resync))
@@ -291,6 +345,7 @@ async fn serve<K: Kv>(
         block_pending: Default::default(),
         block_rescan: true,
         clock: blocks::BlockClock::new(),
+        cloud,
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
@@ -498,6 +553,10 @@ async fn drain(work: &mut Work, shared: &Shared) {
     work.busy.clear();
     work.rescan = true;
     work.block_rescan = true;
+    if let Some(signal) = &work.cloud {
+        // A new view: every cloud node is planned again.
+        signal.all();
+    }
 }
 
 fn due(work: &Work, node: &NodeName, now: Instant) -> bool {

@@ -1,12 +1,14 @@
 //! `corral operator`: the cluster authority on etcd. Replicas elect a leader through the
 //! store; the leader hands node CIDRs and node IDs to registered nodes and carries out node
 //! removals, every write a transaction fenced by its election key (see `election.rs`), the
-//! decisions made by `corral-cluster`'s view (see `leader.rs`).
+//! decisions made by `corral-cluster`'s view (see `leader.rs`). Given a cloud provider, the
+//! leader also manages the cloud interfaces and addresses of cloud pools (`leader/cloud.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use corral_cloud::{CloudProvider, Scheduled, SchedulerConfig};
 use corral_cluster::{ClusterName, Keys};
 use corral_kv::{Kv, KvError};
 
@@ -38,6 +40,73 @@ impl OperatorConfig {
     pub const DEFAULT_WORKERS: usize = 16;
 }
 
+/// The wall clock of the cloud node manager, in milliseconds since the epoch: intents,
+/// creation tags, the leak collector's ages and the release delay are measured on it. Tests on
+/// tokio's paused clock give one that follows virtual time.
+pub type WallClock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system's wall clock.
+pub fn system_clock() -> WallClock {
+    Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    })
+}
+
+/// The cloud node manager's settings: it runs on the leader only, and only when the
+/// configuration has cloud pools.
+pub struct CloudOptions<P> {
+    /// The cloud account (EC2 or `corral_cloud::FakeEc2`); the manager schedules every call
+    /// through per-action token buckets of its own.
+    pub provider: Arc<P>,
+    /// Nodes served at once (each node in at most one task).
+    pub workers: usize,
+    /// Full resync of the cloud view (every interface, subnet): Cilium's 1 minute.
+    pub resync: Duration,
+    /// Milliseconds since the epoch.
+    pub clock: WallClock,
+    /// The cloud call scheduler: per-action token buckets (EC2's by default), retries.
+    pub scheduler: SchedulerConfig,
+}
+
+impl<P> CloudOptions<P> {
+    pub const DEFAULT_WORKERS: usize = 16;
+    pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
+
+    /// Defaults: 16 workers, a full resync every 60 s, the system clock.
+    pub fn new(provider: Arc<P>) -> CloudOptions<P> {
+        CloudOptions {
+            provider,
+            workers: Self::DEFAULT_WORKERS,
+            resync: Self::DEFAULT_RESYNC,
+            clock: system_clock(),
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+}
+
+impl<P> Clone for CloudOptions<P> {
+    fn clone(&self) -> Self {
+        CloudOptions {
+            provider: Arc::clone(&self.provider),
+            workers: self.workers,
+            resync: self.resync,
+            clock: Arc::clone(&self.clock),
+            scheduler: self.scheduler.clone(),
+        }
+    }
+}
+
+impl<P> std::fmt::Debug for CloudOptions<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudOptions")
+            .field("workers", &self.workers)
+            .field("resync", &self.resync)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Why the operator stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
@@ -45,6 +114,8 @@ pub enum OperatorError {
     Cluster(String),
     #[error("cluster store: {0}")]
     Kv(#[from] KvError),
+    #[error("cloud call scheduler: {0}")]
+    Cloud(corral_cloud::CloudError),
 }
 
 /// Runs a replica until `shutdown` completes: campaigns, leads while it can, campaigns again
@@ -55,10 +126,36 @@ pub async fn run<K: Kv>(
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), OperatorError> {
+    // No cloud: the type parameter is any provider, never used.
+    run_with_cloud::<K, corral_cloud::FakeEc2>(kv, config, shared, None, shutdown).await
+}
+
+/// [`run`], and with `cloud` the leader also runs the cloud node manager for the
+/// configuration's cloud pools (none configured: it makes no call).
+pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
+    kv: K,
+    config: OperatorConfig,
+    shared: Arc<Shared>,
+    cloud: Option<CloudOptions<P>>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), OperatorError> {
     let keys = Keys::new(
         ClusterName::new(&config.cluster).map_err(|e| OperatorError::Cluster(e.to_string()))?,
     );
     let election = keys.election_prefix();
+    // One scheduler for the process (its buckets remember what the account was sent across
+    // terms, its counters feed the metrics); a session of it per leadership term.
+    let cloud = match cloud {
+        Some(options) => {
+            let scheduler =
+                Scheduled::new(Arc::clone(&options.provider), options.scheduler.clone())
+                    .map_err(OperatorError::Cloud)?;
+            let stats = scheduler.clone();
+            shared.set_cloud_stats(Box::new(move || stats.stats()));
+            Some((options, scheduler))
+        }
+        None => None,
+    };
     let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
     let work = async {
         let mut failures = 0u32;
@@ -113,6 +210,9 @@ pub async fn run<K: Kv>(
                 &mut stop,
                 &shared,
                 config.workers.max(1),
+                cloud
+                    .as_ref()
+                    .map(|(options, scheduler)| (options, scheduler)),
             )
             .await;
             match outcome {

@@ -176,6 +176,8 @@ fn component_schemas() -> BTreeMap<String, Value> {
         .add::<body::NodeStatus>()
         .add::<body::NodeGrant>()
         .add::<body::NodeBlocks>()
+        .add::<body::NodeCloud>()
+        .add::<body::NodeCloudInterface>()
         .add::<body::ClusterPools>()
         .add::<body::ClusterPool>()
         .add::<body::ClusterPoolFamily>()

@@ -57,6 +57,21 @@ pub struct HandshakeLabels {
     pub outcome: String,
 }
 
+/// Reads the cloud call scheduler's counters.
+pub type CloudStats = Box<dyn Fn() -> corral_cloud::SchedulerStats + Send + Sync>;
+
+/// One node's figures in one cloud pool and family, as the cloud node manager last planned
+/// it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloudNodeFigures {
+    pub pool: String,
+    pub family: Family,
+    /// Cilium's statistics (addresses).
+    pub stats: corral_cluster::blocks::Statistics,
+    /// Needs addresses, but the instance is at its limits (or no subnet has room): no call.
+    pub at_capacity: bool,
+}
+
 /// Shared between the leading loop, the API and the metrics.
 #[derive(Debug)]
 pub struct Shared {
@@ -67,6 +82,17 @@ pub struct Shared {
     /// (the loop reports problems while it holds the view), never the other way round.
     view: Mutex<Option<(ClusterView, Revision)>>,
     pub metrics: Metrics,
+    cloud_stats: CloudStatsCell,
+}
+
+/// Where [`CloudStats`] is kept (a closure has no `Debug`).
+#[derive(Default)]
+struct CloudStatsCell(Mutex<Option<CloudStats>>);
+
+impl std::fmt::Debug for CloudStatsCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CloudStatsCell")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +104,10 @@ struct Inner {
     took_lead_in: Option<Duration>,
     /// The latency of recent grant transactions, for the benchmark's percentiles.
     samples: Vec<Duration>,
+    /// Cloud pools: each node's last figures.
+    cloud_nodes: BTreeMap<String, Vec<CloudNodeFigures>>,
+    /// Cloud pools: the cloud view had a successful resync (mutations allowed).
+    cloud_ready: bool,
 }
 
 /// Grant latencies kept (the newest).
@@ -95,6 +125,8 @@ pub struct Metrics {
     pub blocks_granted: MetricFamily<PoolLabels, Counter>,
     pub blocks_released: MetricFamily<PoolLabels, Counter>,
     pub handshakes: MetricFamily<HandshakeLabels, Counter>,
+    pub cloud_gc_deleted: Counter,
+    pub cloud_intents_written: Counter,
 }
 
 impl Default for Metrics {
@@ -110,6 +142,8 @@ impl Default for Metrics {
             blocks_granted: MetricFamily::default(),
             blocks_released: MetricFamily::default(),
             handshakes: MetricFamily::default(),
+            cloud_gc_deleted: Counter::default(),
+            cloud_intents_written: Counter::default(),
         }
     }
 }
@@ -124,6 +158,7 @@ impl Shared {
             inner: Mutex::new(Inner::default()),
             view: Mutex::new(None),
             metrics: Metrics::default(),
+            cloud_stats: CloudStatsCell::default(),
         }
     }
 
@@ -315,6 +350,135 @@ impl Shared {
             .get()
     }
 
+    /// Where the cloud call scheduler's counters are read (set once by `run_with_cloud`).
+    pub fn set_cloud_stats(&self, stats: CloudStats) {
+        *self.cloud_stats.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
+    }
+
+    /// The cloud call scheduler's counters now, if the operator has a cloud provider.
+    pub fn cloud_stats(&self) -> Option<corral_cloud::SchedulerStats> {
+        self.cloud_stats
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|stats| stats())
+    }
+
+    /// Cloud calls of one action (EC2's name) answered with one outcome (`ok`, `throttled`,
+    /// or an error's kind) since start, every attempt counted.
+    pub fn cloud_calls(&self, action: &str, outcome: &str) -> u64 {
+        let Some(stats) = self.cloud_stats() else {
+            return 0;
+        };
+        let Some((_, stats)) = stats.iter().find(|(a, _)| a.as_str() == action) else {
+            return 0;
+        };
+        match outcome {
+            "ok" => stats.ok,
+            "throttled" => stats.throttled,
+            "sent" => stats.sent,
+            kind => stats.errors.get(kind).copied().unwrap_or(0),
+        }
+    }
+
+    /// The cloud calls' metrics text (OpenMetrics), from the scheduler's counters.
+    pub fn cloud_metrics_text(&self) -> String {
+        use std::fmt::Write as _;
+        let Some(stats) = self.cloud_stats() else {
+            return String::new();
+        };
+        let mut text = String::new();
+        text.push_str("# HELP corral_operator_cloud_calls Cloud API calls sent by the cloud node manager, by action and outcome (every attempt).\n");
+        text.push_str("# TYPE corral_operator_cloud_calls counter\n");
+        for (action, s) in stats.iter() {
+            let mut outcomes: Vec<(&str, u64)> = vec![("ok", s.ok), ("throttled", s.throttled)];
+            outcomes.extend(s.errors.iter().map(|(kind, n)| (*kind, *n)));
+            for (outcome, n) in outcomes {
+                let _ = writeln!(
+                    text,
+                    "corral_operator_cloud_calls_total{{action=\"{}\",outcome=\"{outcome}\"}} {n}",
+                    action.as_str()
+                );
+            }
+        }
+        if let Some(open) = self.with_view(|view, _| view.cloud_intents().count()) {
+            let _ = writeln!(
+                text,
+                "# HELP corral_operator_cloud_intents_open Cloud intents in the store not yet recorded or replayed.\n# TYPE corral_operator_cloud_intents_open gauge\ncorral_operator_cloud_intents_open {open}"
+            );
+        }
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_cloud_nodes_at_capacity Nodes that need addresses their instance cannot take (no call is made).\n# TYPE corral_operator_cloud_nodes_at_capacity gauge\ncorral_operator_cloud_nodes_at_capacity {}",
+            self.cloud_at_capacity().len()
+        );
+        text
+    }
+
+    /// Keeps a node's figures in the cloud pools (the manager's last plan of it).
+    pub fn note_cloud_node(&self, node: &str, figures: Vec<CloudNodeFigures>) {
+        let mut inner = self.inner();
+        if figures.is_empty() {
+            inner.cloud_nodes.remove(node);
+        } else {
+            inner.cloud_nodes.insert(node.to_owned(), figures);
+        }
+    }
+
+    /// A node's figures in the cloud pools.
+    pub fn cloud_node(&self, node: &str) -> Vec<CloudNodeFigures> {
+        self.inner()
+            .cloud_nodes
+            .get(node)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Nodes at capacity in some cloud pool and family.
+    pub fn cloud_at_capacity(&self) -> Vec<String> {
+        self.inner()
+            .cloud_nodes
+            .iter()
+            .filter(|(_, figures)| figures.iter().any(|f| f.at_capacity))
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
+    /// Forgets the cloud node manager's state (leading ended).
+    pub fn clear_cloud(&self) {
+        let mut inner = self.inner();
+        inner.cloud_nodes.clear();
+        inner.cloud_ready = false;
+    }
+
+    pub fn set_cloud_ready(&self, ready: bool) {
+        self.inner().cloud_ready = ready;
+    }
+
+    /// Whether the cloud view had its first successful resync under this leader.
+    pub fn cloud_ready(&self) -> bool {
+        self.inner().cloud_ready
+    }
+
+    pub fn note_cloud_gc_deleted(&self, n: u64) {
+        self.metrics.cloud_gc_deleted.inc_by(n);
+    }
+
+    /// Leaked interfaces the collector deleted since start.
+    pub fn cloud_gc_deleted(&self) -> u64 {
+        self.metrics.cloud_gc_deleted.get()
+    }
+
+    pub fn note_cloud_intent(&self) {
+        self.metrics.cloud_intents_written.inc();
+    }
+
+    /// Cloud intents written since start.
+    pub fn cloud_intents_written(&self) -> u64 {
+        self.metrics.cloud_intents_written.get()
+    }
+
     pub fn took_lead_in(&self) -> Option<Duration> {
         self.inner().took_lead_in
     }
@@ -354,6 +518,16 @@ impl Shared {
             "corral_operator_handshakes",
             "Steps of block release handshakes by outcome",
             self.metrics.handshakes.clone(),
+        );
+        registry.register(
+            "corral_operator_cloud_gc_deleted",
+            "Leaked cloud interfaces deleted by the collector",
+            self.metrics.cloud_gc_deleted.clone(),
+        );
+        registry.register(
+            "corral_operator_cloud_intents",
+            "Cloud intents written (one before every cloud mutation)",
+            self.metrics.cloud_intents_written.clone(),
         );
         registry.register(
             "corral_operator_leader",

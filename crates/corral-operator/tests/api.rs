@@ -586,3 +586,83 @@ block_prefix_len = 28
         assert!(metrics.body.contains(line), "{line} in\n{}", metrics.body);
     }
 }
+
+#[test]
+fn a_cloud_pool_nodes_interfaces_and_statistics_are_served() {
+    const CLOUD: &str = r#"
+[[pools]]
+name = "pods"
+mode = "cloud"
+[pools.watermarks]
+pre_allocate = 8
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+"#;
+    let mut view = view(CLOUD, &[], &["node-a"]);
+    let record = corral_cluster::CloudInterfaceRecord {
+        pool: corral_cluster::PoolName::new("pods").unwrap(),
+        instance_id: "i-1".into(),
+        device_index: 1,
+        subnet_id: "subnet-a".into(),
+        subnets: vec!["10.0.0.0/18".parse().unwrap()],
+        mac: "0a:00:00:00:00:01".into(),
+        primary_ipv4: Some("10.0.0.9".parse().unwrap()),
+        addresses: vec![
+            "10.0.0.10/32".parse().unwrap(),
+            "10.0.0.16/28".parse().unwrap(),
+        ],
+        attachment: corral_cluster::CloudAttachment::Attached,
+        managed: true,
+    };
+    view.apply_put(
+        "/corral/t/v1/cloud-if/node-a/eni-1",
+        &corral_cluster::encode_value(&record).unwrap(),
+        10,
+        10,
+    );
+    let shared = leader(&view);
+    shared.note_cloud_node(
+        "node-a",
+        vec![corral_operator::state::CloudNodeFigures {
+            pool: "pods".into(),
+            family: corral_cluster::Family::V4,
+            stats: corral_cluster::blocks::Statistics {
+                used: 3,
+                available: 17,
+                capacity: 18,
+                needed: 0,
+                excess: 6,
+            },
+            at_capacity: true,
+        }],
+    );
+    let running = Running::start(shared);
+    let a: body::NodeStatus = running.get("/v1/nodes/node-a").json();
+    assert_eq!(
+        a.cloud_interfaces,
+        [body::NodeCloudInterface {
+            id: "eni-1".into(),
+            pool: "pods".into(),
+            device_index: 1,
+            subnet_id: "subnet-a".into(),
+            attachment: "attached".into(),
+            managed: true,
+            addresses: vec!["10.0.0.10/32".into(), "10.0.0.16/28".into()],
+        }]
+    );
+    assert_eq!(
+        a.cloud,
+        [body::NodeCloud {
+            pool: "pods".into(),
+            family: "ipv4".into(),
+            used: "3".into(),
+            available: "17".into(),
+            capacity: "18".into(),
+            needed: "0".into(),
+            excess: "6".into(),
+            at_capacity: true,
+        }]
+    );
+    let metrics = running.get("/metrics");
+    check_openmetrics(&metrics.body);
+}

@@ -179,7 +179,13 @@ fn plan_node(view: &ClusterView, clock: &mut BlockClock, node: &NodeName) -> Nod
     NodePlans {
         node: node.clone(),
         plans,
-        stale: view.stale_releases(node),
+        // Release keys of cloud pools name addresses of cloud interfaces, not grants: the
+        // cloud node manager keeps them.
+        stale: view
+            .stale_releases(node)
+            .into_iter()
+            .filter(|(pool, ..)| view.is_block_pool(pool))
+            .collect(),
     }
 }
 

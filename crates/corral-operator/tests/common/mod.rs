@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod cloud;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -197,6 +199,15 @@ pub struct Replica {
 
 impl Replica {
     pub fn start<K: Kv>(kv: &K, name: &str) -> Replica {
+        Replica::start_with_cloud::<K, corral_cloud::FakeEc2>(kv, name, None)
+    }
+
+    /// A replica whose leader runs the cloud node manager on `cloud`.
+    pub fn start_with_cloud<K: Kv, P: corral_cloud::CloudProvider + 'static>(
+        kv: &K,
+        name: &str,
+        cloud: Option<corral_operator::CloudOptions<P>>,
+    ) -> Replica {
         let shared = Arc::new(Shared::new(name.to_owned()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = OperatorConfig {
@@ -208,7 +219,7 @@ impl Replica {
         let task = tokio::spawn({
             let (kv, shared) = (kv.clone(), Arc::clone(&shared));
             async move {
-                corral_operator::run(kv, config, shared, async move {
+                corral_operator::run_with_cloud(kv, config, shared, cloud, async move {
                     let _ = stopped.await;
                 })
                 .await

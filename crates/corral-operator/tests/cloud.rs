@@ -1,0 +1,960 @@
+//! The cloud node manager's scenarios on the fake EC2 (CLUSTER-DESIGN 7), laptop tier: operator
+//! replicas in-process on `MemKv`, `FakeEc2` with its real limits, latencies, buckets and
+//! describe lag, tokio's paused clock; the agents played by the test by the protocol. Each
+//! scenario ends with `corral_cluster::check` and the invariants of `Rig::assert_invariants`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cloud::*;
+use common::*;
+use corral_cloud::Action;
+use corral_kv::Kv;
+
+fn names(n: usize) -> Vec<(String, &'static str)> {
+    (0..n)
+        .map(|i| (format!("node-{i:04}"), "m5.large"))
+        .collect()
+}
+
+async fn leads(replica: &Replica) {
+    wait_until("a replica leads", Duration::from_secs(30), || async {
+        replica.leading()
+    })
+    .await;
+}
+
+/// A small start: three nodes get pre-allocate 8 on their primary interface, pods come and
+/// the agents' demand moves the watermarks, excess goes back through the handshake.
+#[tokio::test(start_paused = true)]
+async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
+    let config = cloud_config(
+        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
+        "first_interface_index = 0",
+    );
+    let ec2 = fake_builder(1).build().unwrap();
+    let rig = Rig::new(&config, ec2, &names(3)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_until(
+        "every node has 8 spare",
+        Duration::from_secs(60),
+        || async { (0..3).all(|i| rig.free_of(&format!("node-{i:04}")) == 8) },
+    )
+    .await;
+    // 5 pods: 3 more addresses wanted to keep 8 spare.
+    rig.set_pods("node-0000", 5);
+    wait_until("node-0000 grows", Duration::from_secs(60), || async {
+        rig.agent("node-0000").pods.len() == 5 && rig.free_of("node-0000") == 8
+    })
+    .await;
+    assert_eq!(rig.agent("node-0000").pods.len(), 5);
+    // All pods gone: 5 excess released through the handshake after the release delay.
+    rig.set_pods("node-0000", 0);
+    wait_until("node-0000 shrinks", Duration::from_secs(120), || async {
+        let agent = rig.agent("node-0000");
+        agent.pods.is_empty() && agent.entries().len() == 8
+    })
+    .await;
+    assert!(a.shared.cloud_calls("UnassignPrivateIpAddresses", "ok") >= 1);
+    let metrics = a.shared.cloud_metrics_text();
+    assert!(
+        metrics.contains(
+            "corral_operator_cloud_calls_total{action=\"UnassignPrivateIpAddresses\",outcome=\"ok\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("corral_operator_cloud_nodes_at_capacity 0"),
+        "{metrics}"
+    );
+    assert!(a.shared.cloud_ready());
+    assert!(a.shared.cloud_intents_written() >= 4);
+    let figures = a.shared.cloud_node("node-0000");
+    assert_eq!((figures[0].stats.used, figures[0].stats.available), (0, 8));
+    rig.assert_invariants().await;
+}
+
+/// Scenario 1: 1,000 m5.large nodes scale out to 8 spare addresses each from one interface
+/// each; the virtual time and the fake's RequestLimitExceeded share are printed.
+#[tokio::test(start_paused = true)]
+async fn scenario_1_a_thousand_nodes_scale_out_within_the_assign_bucket() {
+    let config = cloud_config(
+        "[pools.watermarks]\npre_allocate = 8",
+        "first_interface_index = 0",
+    );
+    let ec2 = fake_builder(11).build().unwrap();
+    let n = 1000;
+    let rig = Rig::new(&config, ec2, &names(n)).await;
+    rig.ec2.reset_counters();
+    let started = tokio::time::Instant::now();
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    let took = wait_every(
+        "every node has 8 spare addresses",
+        Duration::from_secs(600),
+        Duration::from_millis(500),
+        || {
+            let state = rig.agents.lock().unwrap();
+            state.nodes.values().all(|agent| agent.entries().len() >= 8)
+        },
+    )
+    .await;
+    let took = took.max(started.elapsed());
+    let counters = rig.ec2.counters();
+    let calls = counters.total_calls();
+    let throttled = counters.total_throttled();
+    let assigns = counters.calls(Action::AssignPrivateIpAddresses);
+    eprintln!(
+        "scenario 1: {n} nodes in {:.1} s virtual; {calls} calls ({assigns} assigns), {throttled} throttled ({:.2}%)",
+        took.as_secs_f64(),
+        100.0 * throttled as f64 / calls.max(1) as f64
+    );
+    // One interface each, the primary: no interface created.
+    assert_eq!(counters.calls(Action::CreateNetworkInterface), 0);
+    assert!(took <= Duration::from_secs(198), "took {took:?}");
+    assert!(throttled * 100 < calls, "{throttled} of {calls} throttled");
+    rig.assert_invariants().await;
+}
+
+/// Scenario 9: tiny instances (t3.nano, t2.micro: two interfaces of two addresses) want 8
+/// spare addresses: each gets the one address its second interface can hold, is reported at
+/// capacity, and then no mutating call is made, however long it waits.
+#[tokio::test(start_paused = true)]
+async fn scenario_9_tiny_instances_are_reported_at_capacity_without_futile_calls() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(9).build().unwrap();
+    let nodes: Vec<(String, &str)> = (0..8)
+        .map(|i| {
+            let kind = if i % 2 == 0 { "t3.nano" } else { "t2.micro" };
+            (format!("tiny-{i}"), kind)
+        })
+        .collect();
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "every tiny node holds its one address and is at capacity",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            nodes.iter().all(|(name, _)| {
+                rig.agent(name).entries().len() == 1
+                    && a.shared.cloud_node(name).iter().any(|f| f.at_capacity)
+            })
+        },
+    )
+    .await;
+    let mutating = |rig: &Rig| {
+        let counters = rig.ec2.counters();
+        Action::ALL
+            .iter()
+            .filter(|a| a.is_mutating())
+            .map(|a| counters.calls(*a))
+            .sum::<u64>()
+    };
+    let settled = mutating(&rig);
+    // One create and one attach per node, nothing else.
+    assert_eq!(
+        rig.ec2.counters().calls(Action::CreateNetworkInterface),
+        nodes.len() as u64
+    );
+    assert_eq!(settled, 2 * nodes.len() as u64);
+    // Pods come and want more: still nothing to call.
+    for (name, _) in &nodes {
+        rig.set_pods(name, 1);
+    }
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(mutating(&rig), settled, "a futile call was made");
+    assert_eq!(a.shared.cloud_at_capacity().len(), nodes.len());
+    for (name, _) in &nodes {
+        assert_eq!(rig.agent(name).pods.len(), 1);
+        let figures = a.shared.cloud_node(name);
+        assert_eq!(figures[0].stats.capacity, 1, "{name}: {figures:?}");
+    }
+    rig.assert_invariants().await;
+}
+
+/// The open intents in the store: id → record.
+async fn intents(kv: &corral_kv::MemKv) -> Vec<(String, corral_cluster::CloudIntentRecord)> {
+    under(kv, "cloud-intent/")
+        .await
+        .into_iter()
+        .filter_map(|e| {
+            let id = e.key_str().rsplit('/').next()?.to_owned();
+            Some((id, corral_cluster::decode_value(&e.value).ok()?))
+        })
+        .collect()
+}
+
+/// Every `cloud-if/` record in the store: (node, interface, record).
+async fn records(
+    kv: &corral_kv::MemKv,
+) -> Vec<(String, String, corral_cluster::CloudInterfaceRecord)> {
+    under(kv, "cloud-if/")
+        .await
+        .into_iter()
+        .filter_map(|e| {
+            let key = e.key_str().into_owned();
+            let mut parts = key.rsplit('/');
+            let interface = parts.next()?.to_owned();
+            let node = parts.next()?.to_owned();
+            Some((
+                node,
+                interface,
+                corral_cluster::decode_value(&e.value).ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Every recorded interface exists in the cloud's truth, attached to its node's instance at
+/// the recorded index, with exactly the recorded addresses (nothing assigned twice or lost);
+/// each node has at most one corral interface per device index, none unattached.
+async fn assert_records_match_the_cloud(rig: &Rig) {
+    for (node, interface, record) in records(&rig.kv).await {
+        let truth = rig
+            .ec2
+            .interface(&interface)
+            .unwrap_or_else(|| panic!("{node}: recorded {interface} is not in the cloud"));
+        let attachment = truth.attachment.as_ref().expect("recorded and attached");
+        assert_eq!(attachment.instance_id, rig.instances[&node], "{interface}");
+        assert_eq!(attachment.device_index, record.device_index, "{interface}");
+        let mut held: Vec<corral_cluster::IpNet> = truth
+            .secondary_ipv4
+            .iter()
+            .map(|a| corral_cluster::IpNet::from(std::net::IpAddr::V4(*a)))
+            .chain(
+                truth
+                    .ipv4_prefixes
+                    .iter()
+                    .map(|p| corral_cluster::IpNet::V4(*p)),
+            )
+            .collect();
+        let mut recorded = record.addresses.clone();
+        held.sort();
+        recorded.sort();
+        assert_eq!(held, recorded, "{node} {interface}: cloud vs record");
+    }
+}
+
+/// Corral's interfaces in the cloud that are not attached: (id, node tag).
+fn unattached_managed(rig: &Rig) -> Vec<(String, String)> {
+    rig.ec2
+        .interfaces()
+        .into_iter()
+        .filter(|ni| ni.tags.contains_key("corral.io/cluster") && ni.attachment.is_none())
+        .map(|ni| {
+            let node = ni.tags.get("corral.io/node").cloned().unwrap_or_default();
+            (ni.id, node)
+        })
+        .collect()
+}
+
+/// Scenario 4: the operator dies between creating an interface and attaching it, 50 times
+/// (the leader killed while its creates hang after being applied); for every other crash the
+/// intent is lost too (a true leak). Replayed intents attach their interface; the leaks are
+/// deleted by the collector only on its second sighting at least 5 minutes later, never a
+/// live or fresh interface; every node ends with one interface and its addresses.
+#[tokio::test(start_paused = true)]
+async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(4).build().unwrap();
+    let rig = Rig::new(&config, ec2, &names(60)).await;
+    rig.provider
+        .hang_creates
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut leaked: Vec<String> = Vec::new();
+    let mut round = 0;
+    while rig.agents.lock().unwrap().hung.len() < 50 {
+        round += 1;
+        let before = rig.agents.lock().unwrap().hung.len();
+        let r = Replica::start_with_cloud(&rig.kv, &format!("op-{round}"), Some(rig.options()));
+        wait_every(
+            "creates hang",
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            || rig.agents.lock().unwrap().hung.len() >= (before + 10).min(50),
+        )
+        .await;
+        r.kill();
+        // The crash: half of this round's intents are lost with it.
+        let hung: Vec<String> = rig.agents.lock().unwrap().hung[before..].to_vec();
+        for (k, interface) in hung.iter().enumerate() {
+            if k % 2 == 1 {
+                continue;
+            }
+            let tag = rig.ec2.interface(interface).unwrap().tags["corral.io/intent"].clone();
+            let key = format!("{}cloud-intent/{tag}", keys().prefix());
+            rig.kv
+                .txn(corral_kv::Txn {
+                    compares: vec![],
+                    success: vec![corral_kv::TxnOp::delete(key)],
+                    failure: vec![],
+                })
+                .await
+                .unwrap();
+            leaked.push(interface.clone());
+        }
+    }
+    let crashes = rig.agents.lock().unwrap().hung.len();
+    assert!(crashes >= 50);
+    rig.provider
+        .hang_creates
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let last = Replica::start_with_cloud(&rig.kv, "op-last", Some(rig.options()));
+    leads(&last).await;
+    wait_every(
+        "every node has 8 spare addresses",
+        Duration::from_secs(300),
+        Duration::from_millis(500),
+        || {
+            let state = rig.agents.lock().unwrap();
+            state.nodes.values().all(|agent| agent.entries().len() >= 8)
+        },
+    )
+    .await;
+    assert!(intents(&rig.kv).await.is_empty(), "intents left open");
+    // The leaks wait for the collector: none is deleted before it was seen twice, 5 min apart.
+    assert_eq!(unattached_managed(&rig).len(), leaked.len());
+    wait_every(
+        "the collector deletes the leaks",
+        Duration::from_secs(20 * 60),
+        Duration::from_secs(1),
+        || unattached_managed(&rig).is_empty(),
+    )
+    .await;
+    let deleted = rig.agents.lock().unwrap().deleted.clone();
+    let mut deleted_ids: Vec<String> = deleted.iter().map(|d| d.interface.clone()).collect();
+    deleted_ids.sort();
+    leaked.sort();
+    assert_eq!(deleted_ids, leaked, "exactly the leaks are deleted");
+    let mut per_run: std::collections::BTreeMap<u64, usize> = Default::default();
+    for d in &deleted {
+        let age = d.at_ms - d.created_ms.unwrap();
+        assert!(
+            age >= 300_000,
+            "{} deleted {age} ms after its creation",
+            d.interface
+        );
+        *per_run.entry(d.at_ms / 60_000).or_default() += 1;
+    }
+    // At most 25 per run (runs are 5 minutes apart).
+    assert!(per_run.values().all(|n| *n <= 25), "{per_run:?}");
+    assert_eq!(last.shared.cloud_gc_deleted(), leaked.len() as u64);
+    assert_records_match_the_cloud(&rig).await;
+    for (node, _) in names(60) {
+        let n = records(&rig.kv)
+            .await
+            .iter()
+            .filter(|(n, ..)| *n == node)
+            .count();
+        assert_eq!(n, 1, "{node} has {n} interfaces");
+    }
+    eprintln!(
+        "scenario 4: {crashes} crashes in {round} rounds, {} leaks deleted by the collector",
+        leaked.len()
+    );
+    rig.assert_invariants().await;
+}
+
+/// Scenario 7: the leader fails over with 30 cloud intents in flight (15 creates and 15
+/// assigns applied in the cloud, their answers never heard): the new leader replays them
+/// (attaches and records the interfaces, records the addresses), creating and assigning
+/// nothing twice and leaving no interface behind.
+#[tokio::test(start_paused = true)]
+async fn scenario_7_failover_with_30_intents_in_flight_leaks_and_doubles_nothing() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(7).build().unwrap();
+    let first: Vec<(String, &str)> = (0..15)
+        .map(|i| (format!("old-{i:02}"), "m5.large"))
+        .collect();
+    let mut rig = Rig::new(&config, ec2, &first).await;
+    let mut options = rig.options();
+    options.workers = 32;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(options.clone()));
+    leads(&a).await;
+    let b = Replica::start_with_cloud(&rig.kv, "op-b", Some(options));
+    wait_every(
+        "the first nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || first.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    for flag in [&rig.provider.hang_creates, &rig.provider.hang_assigns] {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+    // 15 new nodes need an interface; each old node one more address (its 9th slot).
+    for i in 0..15 {
+        rig.add_node(&format!("new-{i:02}"), "m5.large").await;
+    }
+    for (name, _) in &first {
+        rig.set_pods(name, 1);
+    }
+    wait_every(
+        "30 intents in flight",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agents.lock().unwrap().hung.len() == 30,
+    )
+    .await;
+    assert_eq!(intents(&rig.kv).await.len(), 30);
+    let creates = rig.ec2.counters().calls(Action::CreateNetworkInterface);
+    let assigns = rig.ec2.counters().calls(Action::AssignPrivateIpAddresses);
+    a.kill();
+    for flag in [&rig.provider.hang_creates, &rig.provider.hang_assigns] {
+        flag.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+    leads(&b).await;
+    wait_every(
+        "every node is served",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            (0..15).all(|i| {
+                let old = rig.agent(&format!("old-{i:02}"));
+                let new = rig.agent(&format!("new-{i:02}"));
+                old.pods.len() == 1 && old.entries().len() == 9 && new.entries().len() == 8
+            })
+        },
+    )
+    .await;
+    assert!(intents(&rig.kv).await.is_empty(), "intents left open");
+    assert_eq!(
+        rig.ec2.counters().calls(Action::CreateNetworkInterface),
+        creates,
+        "an interface created twice"
+    );
+    assert_eq!(
+        rig.ec2.counters().calls(Action::AssignPrivateIpAddresses),
+        assigns,
+        "addresses assigned twice"
+    );
+    assert!(
+        unattached_managed(&rig).is_empty(),
+        "leaked: {:?}",
+        unattached_managed(&rig)
+    );
+    assert_records_match_the_cloud(&rig).await;
+    assert_eq!(records(&rig.kv).await.len(), 30);
+    rig.assert_invariants().await;
+}
+
+/// Scenario 6: every describe lags 5 s behind the cloud: nodes get interfaces, grow onto a
+/// second one, shrink through the handshake, and 11 minutes pass: no interface is created
+/// twice, no address assigned twice (the cloud holds exactly what is recorded), nothing is
+/// collected as a leak.
+#[tokio::test(start_paused = true)]
+async fn scenario_6_describes_lagging_5_s_double_nothing_and_collect_nothing() {
+    let config = cloud_config(
+        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
+        "",
+    );
+    let ec2 = fake_builder(6)
+        .consistency_lag(Duration::from_secs(5), Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let nodes = names(30);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "every node has 8 spare addresses",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    assert_eq!(
+        rig.ec2.counters().calls(Action::CreateNetworkInterface),
+        30,
+        "one interface per node"
+    );
+    // 6 pods: 14 addresses do not fit one interface of 9: a second interface.
+    for (name, _) in &nodes {
+        rig.set_pods(name, 6);
+    }
+    wait_every(
+        "every node grows onto a second interface",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            nodes.iter().all(|(n, _)| {
+                let agent = rig.agent(n);
+                agent.pods.len() == 6 && agent.entries().len() == 14
+            })
+        },
+    )
+    .await;
+    assert_eq!(rig.ec2.counters().calls(Action::CreateNetworkInterface), 60);
+    // Back to 2 pods: 4 addresses go back through the handshake.
+    for (name, _) in &nodes {
+        rig.set_pods(name, 2);
+    }
+    wait_every(
+        "every node shrinks to 10 addresses",
+        Duration::from_secs(300),
+        Duration::from_millis(500),
+        || {
+            nodes.iter().all(|(n, _)| {
+                let agent = rig.agent(n);
+                agent.pods.len() == 2 && agent.entries().len() == 10
+            })
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(11 * 60)).await;
+    assert_eq!(rig.ec2.counters().calls(Action::CreateNetworkInterface), 60);
+    assert!(
+        rig.agents.lock().unwrap().deleted.is_empty(),
+        "an interface collected"
+    );
+    assert_eq!(a.shared.cloud_gc_deleted(), 0);
+    assert!(unattached_managed(&rig).is_empty());
+    assert!(intents(&rig.kv).await.is_empty());
+    assert_records_match_the_cloud(&rig).await;
+    rig.assert_invariants().await;
+}
+
+fn mutating_calls(rig: &Rig) -> u64 {
+    let counters = rig.ec2.counters();
+    Action::ALL
+        .iter()
+        .filter(|a| a.is_mutating())
+        .map(|a| counters.calls(*a))
+        .sum()
+}
+
+/// Nothing is changed in the cloud before the first full resync succeeds (Cilium's
+/// `InstancesAPIIsReady`): the subnets cannot be described twice, then can.
+#[tokio::test(start_paused = true)]
+async fn no_mutation_before_the_first_successful_resync() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(2).build().unwrap();
+    ec2.fail_next(
+        Action::DescribeSubnets,
+        2,
+        corral_cloud::CloudError::UnauthorizedOperation {
+            message: "not yet (test)".into(),
+        },
+    );
+    let rig = Rig::new(&config, ec2, &names(5)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "every node has 8 spare addresses",
+        Duration::from_secs(120),
+        Duration::from_millis(10),
+        || {
+            if !a.shared.cloud_ready() {
+                assert_eq!(
+                    mutating_calls(&rig),
+                    0,
+                    "a mutation before the first resync"
+                );
+            }
+            names(5)
+                .iter()
+                .all(|(n, _)| rig.agent(n).entries().len() == 8)
+        },
+    )
+    .await;
+    assert_eq!(rig.ec2.counters().calls(Action::DescribeSubnets), 3);
+    assert!(
+        a.shared
+            .problems()
+            .iter()
+            .any(|p| p.contains("cloud resync") && p.contains("not yet")),
+        "{:?}",
+        a.shared.problems()
+    );
+    rig.assert_invariants().await;
+}
+
+/// Attaching: an occupied device index moves to the next one; an attach refused for another
+/// reason deletes the new interface (nothing leaks) and the node is served again later.
+#[tokio::test(start_paused = true)]
+async fn an_occupied_index_moves_on_and_a_refused_attach_deletes_the_interface() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(3).build().unwrap();
+    let rig = Rig::new(&config, ec2, &names(1)).await;
+    rig.ec2.fail_next(
+        Action::AttachNetworkInterface,
+        1,
+        corral_cloud::CloudError::InvalidParameterValue {
+            message: "refused (test)".into(),
+        },
+    );
+    rig.ec2.fail_next(
+        Action::AttachNetworkInterface,
+        1,
+        corral_cloud::CloudError::DeviceIndexInUse {
+            message: "interface attached at device index 1 (test)".into(),
+        },
+    );
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "the node has 8 spare addresses",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agent("node-0000").entries().len() == 8,
+    )
+    .await;
+    // The first interface was refused and deleted; the second moved from index 1 to 2.
+    let deleted = rig.agents.lock().unwrap().deleted.clone();
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert_eq!(rig.ec2.counters().calls(Action::CreateNetworkInterface), 2);
+    let recorded = records(&rig.kv).await;
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded[0].2.device_index, 2);
+    assert!(unattached_managed(&rig).is_empty());
+    assert!(intents(&rig.kv).await.is_empty());
+    assert_records_match_the_cloud(&rig).await;
+    rig.assert_invariants().await;
+}
+
+/// Scenario 5: a throttling storm (half of all calls refused for 60 s) while 100 nodes scale
+/// out: the calls sent per action stay within the bucket (burst plus refill), and everything is
+/// served within two resyncs of the storm's end.
+#[tokio::test(start_paused = true)]
+async fn scenario_5_a_throttling_storm_sends_no_more_than_the_refill_and_recovers() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(5).build().unwrap();
+    let nodes = names(100);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    rig.ec2.reset_counters();
+    rig.ec2.throttle_storm(0.5, Duration::from_secs(60));
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let during = rig.ec2.counters();
+    for action in Action::ALL {
+        let limit = corral_cloud::BucketLimit::default_for(action);
+        // Admitted or throttled, every call arrived: at most the burst and 60 s of refill
+        // (and a second of slack for the calls in flight).
+        let bound = u64::from(limit.burst) + 61 * u64::from(limit.per_second);
+        assert!(
+            during.calls(action) <= bound,
+            "{action}: {} calls in the storm, bound {bound}",
+            during.calls(action)
+        );
+    }
+    assert!(during.total_throttled() > 0, "the storm throttled nothing");
+    wait_every(
+        "every node is served after the storm",
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    eprintln!(
+        "scenario 5: {} calls in the storm, {} throttled",
+        during.total_calls(),
+        during.total_throttled()
+    );
+    assert!(intents(&rig.kv).await.is_empty());
+    assert!(unattached_managed(&rig).is_empty());
+    assert_records_match_the_cloud(&rig).await;
+    rig.assert_invariants().await;
+}
+
+/// Scenario 8: prefix delegation with the node's own subnet fragmented (no free aligned /28,
+/// plenty of single addresses): the primary interface in it falls back to single addresses
+/// (that interface only), and a new interface tries the sibling subnet of the zone and gets a
+/// prefix there.
+#[tokio::test(start_paused = true)]
+async fn scenario_8_a_fragmented_subnet_falls_back_per_interface() {
+    let config = cloud_config(
+        "[pools.watermarks]\npre_allocate = 8",
+        "prefix_delegation = true\nfirst_interface_index = 0",
+    );
+    let ec2 = corral_cloud::FakeEc2::builder()
+        .seed(8)
+        .subnet(
+            corral_cloud::fake::SubnetSpec::new(
+                "subnet-a",
+                VPC,
+                ZONE,
+                "10.0.0.0/20".parse().unwrap(),
+            )
+            .fragmented(1.0),
+        )
+        .subnet(corral_cloud::fake::SubnetSpec::new(
+            "subnet-b",
+            VPC,
+            ZONE,
+            "10.0.64.0/20".parse().unwrap(),
+        ))
+        .build()
+        .unwrap();
+    let rig = Rig::new(&config, ec2, &names(1)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    let node = "node-0000";
+    wait_every(
+        "8 spare addresses on the primary",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.free_of(node) >= 8,
+    )
+    .await;
+    rig.set_pods(node, 12);
+    wait_every(
+        "12 pods and 8 spare",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            let agent = rig.agent(node);
+            agent.pods.len() == 12 && rig.free_of(node) >= 8
+        },
+    )
+    .await;
+    let recorded = records(&rig.kv).await;
+    let primary = recorded
+        .iter()
+        .find(|(.., r)| r.device_index == 0)
+        .expect("the primary is recorded");
+    assert_eq!(primary.2.subnet_id, "subnet-a");
+    assert!(
+        primary.2.addresses.iter().all(|a| a.prefix_len() == 32),
+        "the primary took single addresses: {:?}",
+        primary.2.addresses
+    );
+    let second = recorded
+        .iter()
+        .find(|(.., r)| r.device_index == 1)
+        .expect("a second interface");
+    assert_eq!(second.2.subnet_id, "subnet-b", "the sibling subnet");
+    assert!(
+        !second.2.addresses.is_empty() && second.2.addresses.iter().all(|a| a.prefix_len() == 28),
+        "the second interface stays on prefixes: {:?}",
+        second.2.addresses
+    );
+    // One create refused in the fragmented subnet, one in the sibling; one prefix assign
+    // refused on the primary before its single addresses.
+    let counters = rig.ec2.counters();
+    assert_eq!(counters.calls(Action::CreateNetworkInterface), 2);
+    assert!(intents(&rig.kv).await.is_empty());
+    assert!(unattached_managed(&rig).is_empty());
+    assert_records_match_the_cloud(&rig).await;
+    rig.assert_invariants().await;
+}
+
+/// Scenario 2: pod churn on 100 nodes, 30 pods a second (each a pod added or removed on a
+/// random node, each node between 4 and 8 pods) for 10 simulated minutes, with pre-allocate 8
+/// and max-above-watermark 8: after the warm-up (the first growth, and the one trim of what
+/// max-above-watermark took beyond the band after the release delay) the cloud is not called
+/// at all: no allocate/release flapping.
+#[tokio::test(start_paused = true)]
+async fn scenario_2_pod_churn_calls_the_cloud_hardly_at_all() {
+    let config = cloud_config(
+        "release_delay_secs = 180\n[pools.watermarks]\npre_allocate = 8\nmax_above_watermark = 8",
+        "",
+    );
+    let ec2 = fake_builder(2).build().unwrap();
+    let nodes = names(100);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut want = vec![4u64; nodes.len()];
+    for (name, _) in &nodes {
+        rig.set_pods(name, 4);
+    }
+    let mut warm = None;
+    let step = Duration::from_millis(100);
+    for tick in 0..(10 * 60 * 10) {
+        if tick == 5 * 60 * 10 {
+            // Five minutes of warm-up: grown, and trimmed after the release delay.
+            warm = Some((
+                mutating_calls(&rig),
+                rig.agents.lock().unwrap().unassigned.len(),
+            ));
+        }
+        for _ in 0..3 {
+            let i = rng.below(nodes.len() as u64) as usize;
+            let up = rng.below(2) == 0;
+            want[i] = if up {
+                (want[i] + 1).min(8)
+            } else {
+                (want[i] - 1).max(4)
+            };
+            rig.set_pods(&nodes[i].0, want[i]);
+        }
+        tokio::time::sleep(step).await;
+    }
+    let (warm_calls, warm_unassigned) = warm.unwrap();
+    let calls = mutating_calls(&rig) - warm_calls;
+    let unassigned = rig.agents.lock().unwrap().unassigned.len() - warm_unassigned;
+    eprintln!(
+        "scenario 2: {warm_calls} mutating calls in the warm-up, {calls} in the 5 minutes after ({unassigned} addresses unassigned)"
+    );
+    assert_eq!(calls, 0, "mutating calls after the warm-up");
+    assert_eq!(unassigned, 0);
+    // Every pod got an address.
+    for (i, (name, _)) in nodes.iter().enumerate() {
+        assert_eq!(rig.agent(name).pods.len() as u64, want[i], "{name}");
+    }
+    rig.assert_invariants().await;
+}
+
+/// A leader that loses its lease in the middle of a scale-out makes no cloud call from the
+/// moment it knows (its calls waiting for a token are cancelled, its intents fenced); the
+/// standby takes over and finishes, nothing doubled or leaked.
+#[tokio::test(start_paused = true)]
+async fn a_deposed_leader_stops_calling_the_cloud() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(12).build().unwrap();
+    let nodes = names(150);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let (options_a, calls_a) = rig.options_counted();
+    let (options_b, calls_b) = rig.options_counted();
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(options_a));
+    leads(&a).await;
+    let b = Replica::start_with_cloud(&rig.kv, "op-b", Some(options_b));
+    // Creates and attaches are bucket-bound (150 nodes: about 20 s): depose a mid-way.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let sent = calls_a.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(sent > 0 && !nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8));
+    let (leader, lease, ..) = leader_key(&rig.kv).await.unwrap();
+    assert_eq!(leader, "op-a");
+    rig.kv.lease_revoke(lease).await.unwrap();
+    wait_every(
+        "op-a knows it lost the lead",
+        Duration::from_secs(10),
+        Duration::from_millis(1),
+        || !a.leading(),
+    )
+    .await;
+    let at_loss = calls_a.load(std::sync::atomic::Ordering::SeqCst);
+    wait_every(
+        "every node is served by op-b",
+        Duration::from_secs(300),
+        Duration::from_millis(500),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    assert!(b.leading() || a.leading());
+    if b.leading() {
+        assert_eq!(
+            calls_a.load(std::sync::atomic::Ordering::SeqCst),
+            at_loss,
+            "op-a called the cloud after it lost the lead"
+        );
+        assert!(calls_b.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    }
+    assert!(intents(&rig.kv).await.is_empty());
+    assert!(
+        unattached_managed(&rig).is_empty(),
+        "{:?}",
+        unattached_managed(&rig)
+    );
+    assert_records_match_the_cloud(&rig).await;
+    assert_eq!(records(&rig.kv).await.len(), nodes.len());
+    rig.assert_invariants().await;
+}
+
+/// Scenario 3: 100 instances terminated at once (their agents die with them): the leader sees
+/// it at its next resync, deletes their records, and their detached interfaces are deleted by
+/// the collector only on a second sighting at least 5 minutes after the termination.
+#[tokio::test(start_paused = true)]
+async fn scenario_3_terminated_instances_are_forgotten_then_collected() {
+    let config = cloud_config(
+        "[pools.watermarks]\npre_allocate = 8",
+        "gc_max_per_run = 100",
+    );
+    let ec2 = fake_builder(3).build().unwrap();
+    let nodes = names(100);
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "every node has 8 spare addresses",
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    let managed = rig
+        .ec2
+        .interfaces()
+        .into_iter()
+        .filter(|ni| ni.tags.contains_key("corral.io/cluster"))
+        .count();
+    assert_eq!(managed, 100);
+    let terminated_ms = (rig.clock)();
+    for (name, _) in &nodes {
+        rig.agents.lock().unwrap().nodes.remove(&node(name));
+        rig.ec2.terminate_instance(&rig.instances[name]).unwrap();
+    }
+    wait_until(
+        "the records of terminated instances are deleted",
+        Duration::from_secs(180),
+        || async { records(&rig.kv).await.is_empty() },
+    )
+    .await;
+    wait_every(
+        "the detached interfaces are collected",
+        Duration::from_secs(20 * 60),
+        Duration::from_secs(1),
+        || unattached_managed(&rig).is_empty(),
+    )
+    .await;
+    let deleted = rig.agents.lock().unwrap().deleted.clone();
+    assert_eq!(deleted.len(), 100);
+    for d in &deleted {
+        assert!(
+            d.at_ms >= terminated_ms + 300_000,
+            "{} deleted {} ms after the termination",
+            d.interface,
+            d.at_ms - terminated_ms
+        );
+    }
+    assert_eq!(a.shared.cloud_gc_deleted(), 100);
+    assert!(records(&rig.kv).await.is_empty());
+    assert!(intents(&rig.kv).await.is_empty());
+    rig.assert_invariants().await;
+}
+
+/// A node removed with `corral node remove` loses its records (its interfaces, once the cloud
+/// detaches them, are the collector's); `check` finds no record of an unregistered node.
+#[tokio::test(start_paused = true)]
+async fn a_removed_node_loses_its_records() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(13).build().unwrap();
+    let rig = Rig::new(&config, ec2, &names(2)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "both nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            names(2)
+                .iter()
+                .all(|(n, _)| rig.agent(n).entries().len() == 8)
+        },
+    )
+    .await;
+    let name = "node-0001";
+    let registration = rig
+        .kv
+        .get(keys().node(&node(name)).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    rig.agents.lock().unwrap().nodes.remove(&node(name));
+    request_removal(&rig.kv, name, registration).await;
+    wait_until(
+        "its records are deleted",
+        Duration::from_secs(60),
+        || async { records(&rig.kv).await.iter().all(|(n, ..)| n != name) },
+    )
+    .await;
+    assert_eq!(records(&rig.kv).await.len(), 1);
+    assert_consistent(&rig.kv).await;
+}
