@@ -49,7 +49,8 @@ pub fn warm_mode(targets: &WarmTargets, prefixes: bool) -> WarmMode {
 ///   next round). With prefixes, `over` is whole prefixes beyond the prefixes covering
 ///   `max(used + warm, min)` (AWS's `overPrefix`; a minimum above 16N acts as 16(N+1)).
 /// - WARM_ENI n: short when `free < n * perENI` (or n = 0 and nothing free): needs the
-///   difference (at least 1); excess only when `free >= (n + 1) * perENI`, down to
+///   difference (at least 1); excess only when `free >= (n + 1) * perENI` (and more than one
+///   interface's worth: with n = 0 a growth step leaves exactly `perENI` free), down to
 ///   `max(n * perENI, 1)` free (so n = 0 does not flap between 0 and 1 free).
 /// - WARM_PREFIX n: short when fewer than n whole prefixes are free (or nothing is free):
 ///   needs `16 * max(n - freePrefixes, 1)`; excess `16 * (freePrefixes - max(n, 1))`.
@@ -89,7 +90,14 @@ pub fn warm_needed_and_excess(
             } else {
                 0
             };
-            let excess = if per > 0 && free >= n.saturating_add(1).saturating_mul(per) {
+            // AWS frees an interface at `free >= (n + 1) * perENI`; with n = 0 that is exactly
+            // what one growth step leaves (nothing free: a whole interface's worth), so corral
+            // asks for one address more than that: a node never releases what it just took.
+            let threshold = n
+                .saturating_add(1)
+                .saturating_mul(per)
+                .max(per.saturating_add(1));
+            let excess = if per > 0 && free >= threshold {
                 free.saturating_sub(target.max(1))
             } else {
                 0
@@ -213,7 +221,9 @@ mod tests {
             ..WarmTargets::default()
         };
         assert_eq!(warm_needed_and_excess(&zero, &l, false, 5, 5, 0), (1, 0));
-        assert_eq!(warm_needed_and_excess(&zero, &l, false, 14, 5, 0), (0, 8));
+        // 9 free is what a growth step leaves (a whole interface): kept; 10 is excess.
+        assert_eq!(warm_needed_and_excess(&zero, &l, false, 14, 5, 0), (0, 0));
+        assert_eq!(warm_needed_and_excess(&zero, &l, false, 15, 5, 0), (0, 9));
         assert_eq!(warm_needed_and_excess(&zero, &l, false, 6, 5, 0), (0, 0));
         // Prefix delegation: an interface's worth is 9 * 16.
         assert_eq!(warm_needed_and_excess(&t, &l, true, 144, 1, 0), (1, 0));
@@ -260,5 +270,25 @@ mod tests {
             warm_needed_and_excess(&t, &m5_large(), false, 10, 8, 6),
             (4, 0)
         );
+    }
+
+    /// WARM_ENI = 0 grows by a whole interface when nothing is free; what that leaves is not
+    /// excess (a proptest found the node releasing 48 of the 49 addresses it had just taken).
+    #[test]
+    fn warm_eni_zero_keeps_the_interface_it_just_filled() {
+        let t = WarmTargets {
+            warm_eni: Some(0),
+            ..WarmTargets::default()
+        };
+        let big = InstanceLimits {
+            max_interfaces: 15,
+            ipv4_per_interface: 50,
+            ipv6_per_interface: 50,
+            prefix_delegation: true,
+        };
+        assert_eq!(warm_needed_and_excess(&t, &big, false, 0, 0, 0), (1, 0));
+        assert_eq!(warm_needed_and_excess(&t, &big, false, 49, 0, 0), (0, 0));
+        // One interface's worth and more free: the rest goes back, down to one free.
+        assert_eq!(warm_needed_and_excess(&t, &big, false, 60, 10, 0), (0, 49));
     }
 }
