@@ -161,7 +161,8 @@ pub(super) fn reject_cloud_reason(reason: &str) -> Result<(), OpError> {
     Ok(())
 }
 
-/// A cloud marker is not removed through the API: a surrendered address may be released by
+/// A cloud marker is not removed through the API, nor replaced by an exclusion of the same
+/// network (which would end it): a surrendered address may be released by
 /// the cluster any moment, and a frozen one is no longer the node's in the cloud.
 pub(super) fn refuse_marker_removal(
     scope: &Scope,
@@ -870,6 +871,37 @@ mod tests {
             ]
         );
         assert!(host.run_batch(vec![allocate("other")]).remove(0).is_err());
+    }
+
+    #[test]
+    fn an_exclusion_made_over_a_cloud_marker_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        run(&mut host, allocate("pod"));
+        run(&mut host, surrender("10.0.1.11/32"));
+        outcome(&mut host, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
+        // Replacing either marker's reason would end it: the surrendered address served again
+        // from its (stale) record, the frozen one handed out once the exclusion is removed.
+        for network in ["10.0.1.11/32", "10.0.1.10/32"] {
+            let refused = host
+                .run_batch(vec![Op::AddExclusion(api::ExclusionRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "vpc".into(),
+                    network: network.into(),
+                    reason: "maintenance".into(),
+                })])
+                .remove(0)
+                .unwrap_err();
+            assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
+        }
+        let after = report(&mut host);
+        assert_eq!(after.surrendered, [(pool(), net("10.0.1.11/32"))]);
+        assert_eq!(after.frozen, [(pool(), net("10.0.1.10/32"))]);
+        let again = outcome(&mut host, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
+        assert!(!again.changed(), "{again:?}");
+        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
     }
 
     #[test]
