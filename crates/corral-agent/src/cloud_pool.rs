@@ -17,6 +17,12 @@ use corral_core::{InterfaceId, InterfaceSpec, MacAddr, Timestamp};
 
 use crate::host::{CloudInterface, CloudInterfaces, CloudReport};
 
+/// The most addresses and prefixes one record may list: EC2 gives an interface at most 50
+/// secondary addresses or prefixes per family, so a record listing more is garbage, and
+/// checking and applying one of thousands (up to etcd's 1.5 MB value) would hold the cluster
+/// link for minutes on every change.
+pub const MAX_RECORD_ADDRESSES: usize = 512;
+
 /// One `cloud-if/<node>/<id>` key as the link read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudEntry {
@@ -146,6 +152,15 @@ fn check_record(
         interface: name(),
         mac: record.mac.clone(),
     })?;
+    if record.addresses.len() > MAX_RECORD_ADDRESSES {
+        return Err(RecordError::BadInterface {
+            interface: name(),
+            reason: format!(
+                "lists {} addresses and prefixes, more than any interface holds ({MAX_RECORD_ADDRESSES})",
+                record.addresses.len()
+            ),
+        });
+    }
     if record.subnets.is_empty() {
         return Err(RecordError::BadInterface {
             interface: name(),
@@ -393,6 +408,32 @@ block_prefix_len = 28
         assert!(
             matches!(errors[6], RecordError::BadAddress { .. }),
             "overlap"
+        );
+    }
+
+    #[test]
+    fn a_record_listing_more_addresses_than_an_interface_can_hold_is_refused() {
+        // EC2 gives an interface at most 50 secondary addresses or prefixes per family; a
+        // record of thousands (up to etcd's 1.5 MB value) took the link minutes per change.
+        let listing = |n: u32| {
+            let mut r = record(&[]);
+            r.subnets = vec!["10.0.0.0/16".parse().unwrap()];
+            r.primary_ipv4 = None;
+            r.addresses = (10..10 + n)
+                .map(|i| format!("10.0.{}.{}/32", i / 256, i % 256).parse().unwrap())
+                .collect();
+            entries(vec![("eni-a", Ok(r))])
+        };
+        let limit = MAX_RECORD_ADDRESSES as u32;
+        let (ok, errors) = wanted(&config(), &listing(limit), Some("i-1"), BTreeSet::new());
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(ok.interfaces[0].addresses.len(), MAX_RECORD_ADDRESSES);
+        let (refused, errors) =
+            wanted(&config(), &listing(limit + 1), Some("i-1"), BTreeSet::new());
+        assert!(refused.interfaces.is_empty());
+        assert!(
+            matches!(&errors[..], [RecordError::BadInterface { reason, .. }] if reason.contains("513")),
+            "{errors:?}"
         );
     }
 

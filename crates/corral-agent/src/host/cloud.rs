@@ -132,6 +132,24 @@ fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
         .collect()
 }
 
+/// The reason of an exclusion someone else made on exactly `net` (the engine keeps one
+/// exclusion per network, so a cloud marker there would take it over, and drop it when it
+/// ends).
+fn foreign_exclusion(scope: &Scope, pool: &PoolName, net: IpNet) -> Option<String> {
+    scope
+        .config
+        .pools
+        .iter()
+        .filter(|p| p.name == pool.as_str())
+        .flat_map(|p| &p.exclusions)
+        .find(|(n, r)| {
+            r != SURRENDERED_REASON
+                && r != FROZEN_REASON
+                && corral_core::parse_net(n).is_ok_and(|n| n == net)
+        })
+        .map(|(_, r)| r.clone())
+}
+
 /// An exclusion an operator makes may not carry a cloud marker's reason: the cluster link
 /// would take it for its own.
 pub(super) fn reject_cloud_reason(reason: &str) -> Result<(), OpError> {
@@ -143,7 +161,8 @@ pub(super) fn reject_cloud_reason(reason: &str) -> Result<(), OpError> {
     Ok(())
 }
 
-/// A cloud marker is not removed through the API: a surrendered address may be released by
+/// A cloud marker is not removed through the API, nor replaced by an exclusion of the same
+/// network (which would end it): a surrendered address may be released by
 /// the cluster any moment, and a frozen one is no longer the node's in the cloud.
 pub(super) fn refuse_marker_removal(
     scope: &Scope,
@@ -403,6 +422,13 @@ impl<S: Store, C: Clock> Host<S, C> {
                 "{address} of pool {pool} is gone from its record and still in use"
             ))));
         }
+        if let Some(reason) = foreign_exclusion(scope, pool, address) {
+            // Its marker would replace that exclusion, and drop it when the handshake ends.
+            return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+                "{address} of pool {pool} is excluded on the node ({reason:?}); remove the \
+                 exclusion to let it go"
+            ))));
+        }
         let holder = scope
             .interfaces
             .get(pool)
@@ -599,6 +625,18 @@ fn retire(
             outcome.removed.push(format!("{id} {address}"));
             Ok(true)
         }
+        Err(error @ InterfaceError::AddressInUse { .. })
+            if foreign_exclusion(scope, pool, address).is_some() =>
+        {
+            // Excluded already, so nothing new is handed out from it; the marker would take
+            // that exclusion over and drop it once the address leaves.
+            outcome.frozen.push((pool.clone(), address));
+            outcome.problems.push(format!(
+                "address {address} of interface {id} (pool {pool}) is gone from the cloud record \
+                 but still in use ({error}): excluded on the node already, it leaves once free"
+            ));
+            Ok(false)
+        }
         Err(error @ InterfaceError::AddressInUse { .. }) => {
             let newly = !marked(scope, pool, FROZEN_REASON).contains(&address);
             if newly {
@@ -779,6 +817,91 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn an_operators_exclusion_is_neither_taken_over_nor_dropped_by_a_cloud_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        let exclude = |network: &str| {
+            Op::AddExclusion(api::ExclusionRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "vpc".into(),
+                network: network.into(),
+                reason: "broken NIC queue".into(),
+            })
+        };
+        run(&mut host, exclude("10.0.1.11/32"));
+        // Surrendering the excluded address would take the operator's exclusion over (one
+        // exclusion per network) and drop it when the handshake ends: refused instead.
+        assert!(matches!(
+            run(&mut host, surrender("10.0.1.11/32")),
+            Reply::Surrender(CloudSurrender::Refused(_))
+        ));
+        let used = match run(&mut host, allocate("pod")) {
+            Reply::Allocated(got) => got.allocations[0].address.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(used, "10.0.1.10");
+        // Freezing an excluded address in use keeps the operator's reason, and the address
+        // leaving the record drops neither it nor the exclusion while in use.
+        run(&mut host, exclude("10.0.1.10/32"));
+        let frozen = outcome(&mut host, wanted(&["10.0.1.11/32"], &[]));
+        assert_eq!(frozen.frozen, [(pool(), net("10.0.1.10/32"))], "{frozen:?}");
+        // Back on the record: the operator's exclusions are still there.
+        outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        let mut reasons: Vec<(String, String)> =
+            match run(&mut host, Op::Pools(Some(api::NODE_SCOPE.into()))) {
+                Reply::Pools(pools) => pools
+                    .pools
+                    .iter()
+                    .flat_map(|p| &p.exclusions)
+                    .map(|e| (e.network.clone(), e.reason.clone()))
+                    .collect(),
+                other => panic!("{other:?}"),
+            };
+        reasons.sort();
+        assert_eq!(
+            reasons,
+            [
+                ("10.0.1.10/32".to_owned(), "broken NIC queue".to_owned()),
+                ("10.0.1.11/32".to_owned(), "broken NIC queue".to_owned())
+            ]
+        );
+        assert!(host.run_batch(vec![allocate("other")]).remove(0).is_err());
+    }
+
+    #[test]
+    fn an_exclusion_made_over_a_cloud_marker_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
+        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        run(&mut host, allocate("pod"));
+        run(&mut host, surrender("10.0.1.11/32"));
+        outcome(&mut host, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
+        // Replacing either marker's reason would end it: the surrendered address served again
+        // from its (stale) record, the frozen one handed out once the exclusion is removed.
+        for network in ["10.0.1.11/32", "10.0.1.10/32"] {
+            let refused = host
+                .run_batch(vec![Op::AddExclusion(api::ExclusionRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "vpc".into(),
+                    network: network.into(),
+                    reason: "maintenance".into(),
+                })])
+                .remove(0)
+                .unwrap_err();
+            assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
+        }
+        let after = report(&mut host);
+        assert_eq!(after.surrendered, [(pool(), net("10.0.1.11/32"))]);
+        assert_eq!(after.frozen, [(pool(), net("10.0.1.10/32"))]);
+        let again = outcome(&mut host, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
+        assert!(!again.changed(), "{again:?}");
+        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
     }
 
     #[test]

@@ -552,6 +552,8 @@ impl<S: Store, C: Clock> Host<S, C> {
                 reject_local_reason(&request.reason)?;
                 cloud::reject_cloud_reason(&request.reason)?;
                 let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+                // Replacing a cloud marker's reason would end the marker.
+                cloud::refuse_marker_removal(scope, &pool, exclusion.network())?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
                 let network = exclusion.network().to_string();
                 let stored = ensure_spec(scope, &pool)?;
