@@ -330,23 +330,59 @@ pub fn instance_capacity(
     family: Family,
 ) -> u64 {
     let first = cloud.first_interface_index;
-    let prefix = prefix_units(family);
     let mut total = 0u64;
     for interface in interfaces.iter().filter(|i| is_usable(i, first)) {
-        let held = interface
-            .addresses
-            .iter()
-            .filter(|a| family_of(a) == family)
-            .fold(0u64, |s, a| s.saturating_add(units(a)));
-        let unit = if interface_takes_prefixes(interface, cloud, limits) {
-            prefix
-        } else {
-            1
-        };
-        total = total
-            .saturating_add(held)
-            .saturating_add(free_slots(interface, limits, family).saturating_mul(unit));
+        let (held, taken) = held_and_taken(interface, family);
+        total = total.saturating_add(interface_capacity(
+            interface, limits, cloud, family, held, taken,
+        ));
     }
+    capacity_with_empty_indexes(total, interfaces, occupied, limits, cloud, family)
+}
+
+/// What one usable interface holds in `family` (in addresses) and how many slots its entries
+/// take, in one pass over its addresses.
+fn held_and_taken(interface: &InterfaceView, family: Family) -> (u64, u64) {
+    interface
+        .addresses
+        .iter()
+        .filter(|a| family_of(a) == family)
+        .fold((0u64, 0u64), |(held, taken), a| {
+            (held.saturating_add(units(a)), taken + 1)
+        })
+}
+
+/// One usable interface's share of [`instance_capacity`]: what it holds plus its free slots
+/// (whole prefixes where it takes prefixes).
+fn interface_capacity(
+    interface: &InterfaceView,
+    limits: &InstanceLimits,
+    cloud: &CloudPoolConfig,
+    family: Family,
+    held: u64,
+    taken: u64,
+) -> u64 {
+    let unit = if interface_takes_prefixes(interface, cloud, limits) {
+        prefix_units(family)
+    } else {
+        1
+    };
+    let free = slots_per_interface(limits, family).saturating_sub(taken);
+    held.saturating_add(free.saturating_mul(unit))
+}
+
+/// [`instance_capacity`]'s last term added to `total` (the usable interfaces' share): the
+/// free device indexes at full size.
+fn capacity_with_empty_indexes(
+    total: u64,
+    interfaces: &[InterfaceView],
+    occupied: &[u32],
+    limits: &InstanceLimits,
+    cloud: &CloudPoolConfig,
+    family: Family,
+) -> u64 {
+    let first = cloud.first_interface_index;
+    let prefix = prefix_units(family);
     let empty = (first..limits.max_interfaces)
         .filter(|i| !interfaces.iter().any(|f| f.device_index == *i) && !occupied.contains(i))
         .count() as u64;
@@ -378,27 +414,53 @@ struct Demand {
 pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
     let family = input.family;
     let first = input.cloud.first_interface_index;
-    let mut usable: Vec<&InterfaceView> = input
-        .interfaces
-        .iter()
-        .filter(|i| is_usable(i, first))
-        .collect();
-    usable.sort_by(|a, b| (a.device_index, &a.id).cmp(&(b.device_index, &b.id)));
-    // The node's entries in this family, with their interface.
-    let held: Vec<(&InterfaceView, IpNet)> = usable
-        .iter()
-        .flat_map(|i| i.addresses.iter().map(move |a| (*i, *a)))
-        .filter(|(_, a)| family_of(a) == family)
-        .collect();
+    let mut usable: Vec<&InterfaceView> = Vec::with_capacity(input.interfaces.len());
+    usable.extend(input.interfaces.iter().filter(|i| is_usable(i, first)));
+    let order = |a: &&InterfaceView, b: &&InterfaceView| {
+        (a.device_index, &a.id).cmp(&(b.device_index, &b.id))
+    };
+    if !usable.is_sorted_by(|a, b| order(a, b).is_le()) {
+        usable.sort_by(order);
+    }
+    // One pass over the node's entries in this family (usable interfaces by device index):
+    // what it holds, the instance's capacity, and (only when handshakes are open) the entries
+    // in one, in that order: surrendered (`ready`), marked, and both (`open`).
     let handshake = |a: &IpNet| input.releasing.iter().find(|r| r.address == *a);
-    let held_total = held
-        .iter()
-        .fold(0u64, |s, (_, a)| s.saturating_add(units(a)));
-    let mut ready: Vec<(&InterfaceView, Releasing)> = held
-        .iter()
-        .filter_map(|(i, a)| handshake(a).map(|r| (*i, *r)))
-        .filter(|(_, r)| r.state == ReleaseState::Ready)
-        .collect();
+    let mut held_total = 0u64;
+    let mut physical = 0u64;
+    let mut ready: Vec<(&InterfaceView, Releasing)> = Vec::new();
+    let mut marked: Vec<Releasing> = Vec::new();
+    let mut open: Vec<IpNet> = Vec::new();
+    for interface in &usable {
+        let (held, taken) = held_and_taken(interface, family);
+        held_total = held_total.saturating_add(held);
+        physical = physical.saturating_add(interface_capacity(
+            interface,
+            &input.limits,
+            input.cloud,
+            family,
+            held,
+            taken,
+        ));
+        if input.releasing.is_empty() {
+            continue;
+        }
+        for a in interface
+            .addresses
+            .iter()
+            .filter(|a| family_of(a) == family)
+        {
+            let Some(r) = handshake(a) else {
+                continue;
+            };
+            match r.state {
+                ReleaseState::Ready => ready.push((interface, *r)),
+                ReleaseState::Marked => marked.push(*r),
+                _ => continue,
+            }
+            open.push(*a);
+        }
+    }
     ready.sort_by_key(|(_, r)| (r.marked_ms, r.address));
     let ready_size = ready
         .iter()
@@ -406,7 +468,8 @@ pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
     let available = held_total.saturating_sub(ready_size);
     let (used, pending) = input.demand.map_or((0, 0), |d| (d.used, d.pending));
     let pd = input.cloud.prefix_delegation && input.limits.prefix_delegation;
-    let physical = instance_capacity(
+    let physical = capacity_with_empty_indexes(
+        physical,
         input.interfaces,
         input.occupied_indexes,
         &input.limits,
@@ -443,14 +506,6 @@ pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
         .filter(|r| r.state == ReleaseState::Refused)
         .map(|r| r.address)
         .collect();
-    let open: Vec<IpNet> = held
-        .iter()
-        .filter(|(_, a)| {
-            handshake(a)
-                .is_some_and(|r| matches!(r.state, ReleaseState::Marked | ReleaseState::Ready))
-        })
-        .map(|(_, a)| *a)
-        .collect();
     if demand.want_uncapped > 0 {
         // Growing: every open handshake ends; surrendered addresses come back first.
         out.unmark = open;
@@ -474,7 +529,7 @@ pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
     if input.demand.is_none() {
         return out;
     }
-    release(input, &held, &ready, ready_size, available, excess_at, out)
+    release(input, marked, &ready, ready_size, available, excess_at, out)
 }
 
 /// Needed and wanted addresses under the pool's watermarks or warm targets.
@@ -624,7 +679,7 @@ fn place(
 /// it, and after the release delay mark free addresses of one interface.
 fn release(
     input: &NodeCloudInput<'_>,
-    held: &[(&InterfaceView, IpNet)],
+    mut marked: Vec<Releasing>,
     ready: &[(&InterfaceView, Releasing)],
     ready_size: u64,
     available: u64,
@@ -642,7 +697,7 @@ fn release(
         1
     };
     let budget = excess_at(available.saturating_add(ready_size)) / unit * unit;
-    let mut completing: Vec<(&InterfaceView, IpNet)> = Vec::new();
+    let mut completing: Vec<(&InterfaceView, IpNet)> = Vec::with_capacity(ready.len());
     let mut completing_size = 0u64;
     for (interface, r) in ready {
         let size = units(&r.address);
@@ -654,12 +709,6 @@ fn release(
         }
     }
     let to_release = budget.saturating_sub(completing_size);
-    let mut marked: Vec<Releasing> = held
-        .iter()
-        .filter_map(|(_, a)| input.releasing.iter().find(|r| r.address == *a))
-        .filter(|r| r.state == ReleaseState::Marked)
-        .copied()
-        .collect();
     marked.sort_by_key(|r| (r.marked_ms, r.address));
     let mut kept = 0u64;
     for r in &marked {
@@ -718,28 +767,29 @@ fn choose_marks(input: &NodeCloudInput<'_>, more: u64) -> Option<(CloudId, Vec<I
     let empty = input.demand.map_or(&[][..], |d| d.empty.as_slice());
     let first = input.cloud.first_interface_index;
     let mut best: Option<(CloudId, u64, Vec<IpNet>)> = None;
-    let mut interfaces: Vec<&InterfaceView> = input
-        .interfaces
-        .iter()
-        .filter(|i| is_usable(i, first) && i.attached)
-        .collect();
+    let mut interfaces: Vec<&InterfaceView> = Vec::with_capacity(input.interfaces.len());
+    interfaces.extend(
+        input
+            .interfaces
+            .iter()
+            .filter(|i| is_usable(i, first) && i.attached),
+    );
     interfaces.sort_by(|a, b| a.id.cmp(&b.id));
     for interface in interfaces {
-        let free: Vec<IpNet> = empty
+        let free = empty
             .iter()
             .filter(|a| family_of(a) == input.family)
             .filter(|a| interface.addresses.contains(a))
-            .filter(|a| !input.releasing.iter().any(|r| r.address == **a))
-            .copied()
-            .collect();
+            .filter(|a| !input.releasing.iter().any(|r| r.address == **a));
         let mut picked = Vec::new();
         let mut size = 0u64;
-        let count = free.iter().fold(0u64, |s, a| s.saturating_add(units(a)));
+        let mut count = 0u64;
         for a in free {
-            let u = units(&a);
+            let u = units(a);
+            count = count.saturating_add(u);
             if size.saturating_add(u) <= more {
                 size = size.saturating_add(u);
-                picked.push(a);
+                picked.push(*a);
             }
         }
         if picked.is_empty() {
