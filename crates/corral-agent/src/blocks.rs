@@ -178,23 +178,7 @@ pub fn demand_records(
                 empty,
             });
         }
-        if waiting > 0 {
-            // The ADDs wait for the families with nothing free (all, if none is empty).
-            let families: Vec<Family> = [Family::V4, Family::V6]
-                .into_iter()
-                .filter(|&f| record.family(f).is_some_and(|d| d.free == 0))
-                .collect();
-            let families = if families.is_empty() {
-                vec![Family::V4, Family::V6]
-            } else {
-                families
-            };
-            for family in families {
-                if let Some(demand) = record.family_mut(family) {
-                    demand.pending = waiting;
-                }
-            }
-        }
+        spread_waiting(&mut record, waiting);
         out.insert(pool.name.clone(), record);
     }
     out
@@ -229,6 +213,28 @@ pub fn is_urgent(
         (low(now) && (!low(before) || now.map(|d| d.free) != before.map(|d| d.free)))
             || pending(now) != pending(before)
     })
+}
+
+/// Puts `waiting` ADDs into a demand record as `pending`: they wait for the families with
+/// nothing free (all of the record's, if none is empty). Block and cloud pools alike.
+pub(crate) fn spread_waiting(record: &mut DemandRecord, waiting: u64) {
+    if waiting == 0 {
+        return;
+    }
+    let empty: Vec<Family> = [Family::V4, Family::V6]
+        .into_iter()
+        .filter(|&f| record.family(f).is_some_and(|d| d.free == 0))
+        .collect();
+    let families = if empty.is_empty() {
+        vec![Family::V4, Family::V6]
+    } else {
+        empty
+    };
+    for family in families {
+        if let Some(demand) = record.family_mut(family) {
+            demand.pending = waiting;
+        }
+    }
 }
 
 #[cfg(test)]

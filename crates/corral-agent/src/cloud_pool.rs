@@ -281,22 +281,7 @@ pub fn demand_records(
                 empty,
             });
         }
-        if waiting > 0 {
-            let families: Vec<Family> = [Family::V4, Family::V6]
-                .into_iter()
-                .filter(|&f| record.family(f).is_some_and(|d| d.free == 0))
-                .collect();
-            let families = if families.is_empty() {
-                vec![Family::V4, Family::V6]
-            } else {
-                families
-            };
-            for family in families {
-                if let Some(demand) = record.family_mut(family) {
-                    demand.pending = waiting;
-                }
-            }
-        }
+        crate::blocks::spread_waiting(&mut record, waiting);
         out.insert(pool.name.clone(), record);
     }
     out
