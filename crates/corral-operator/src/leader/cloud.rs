@@ -1705,6 +1705,20 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         pool: &PoolName,
         op: CloudOp,
     ) -> Result<(String, Revision), Outcome> {
+        self.open_intent_if(id, pool, op, Vec::new()).await
+    }
+
+    /// Writes the intent as [`Self::open_intent`], only if `also` holds too (the records the
+    /// call relies on are still as planned). A refusal with `also` is waited out: the view was
+    /// behind, or leading is gone and every later write is refused as well.
+    async fn open_intent_if(
+        &mut self,
+        id: &CloudId,
+        pool: &PoolName,
+        op: CloudOp,
+        also: Vec<Compare>,
+    ) -> Result<(String, Revision), Outcome> {
+        let guarded = !also.is_empty();
         let record = CloudIntentRecord {
             node: Some(self.node.clone()),
             pool: pool.clone(),
@@ -1714,8 +1728,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         let key = self.ctx.keys.cloud_intent(id);
         let value = encode_value(&record).map_err(|e| Outcome::Failed(e.to_string()))?;
+        let mut compares = vec![Compare::absent(key.clone())];
+        compares.extend(also);
         let txn = Txn {
-            compares: vec![Compare::absent(key.clone())],
+            compares,
             success: vec![TxnOp::put(key.clone(), value)],
             failure: vec![],
         };
@@ -1724,6 +1740,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 self.ctx.shared.note_cloud_intent();
                 Ok((key, revision))
             }
+            Err(WriteError::Refused) if guarded => Err(Outcome::Wait(STALE_WAIT)),
             // The fence failed (or, impossibly, the ID is taken): no call is made.
             Err(WriteError::Refused) => Err(Outcome::Fenced),
             // Perhaps written: it is replayed (nothing was called, so it is forgotten).
@@ -2300,7 +2317,17 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             interface: interface.clone(),
             addresses: nets.clone(),
         };
-        let (intent_key, intent_revision) = match self.open_intent(&id, pool, op).await {
+        // Only while each `ready` is still the one seen (at its mod revision) and the record
+        // still holds the addresses: a view behind must not unassign what was re-granted.
+        let key = self.ctx.keys.cloud_interface(self.node, interface);
+        let mut also = vec![Compare::modified_at(key, entry.mod_revision)];
+        for (net, revision) in addresses {
+            also.push(Compare::modified_at(
+                self.ctx.keys.release(self.node, pool, family, net),
+                *revision,
+            ));
+        }
+        let (intent_key, intent_revision) = match self.open_intent_if(&id, pool, op, also).await {
             Ok(opened) => opened,
             Err(outcome) => return outcome,
         };
