@@ -1750,6 +1750,29 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         }
     }
 
+    /// Rewrites an open intent, fenced and at the revision seen, before a replay's cloud call:
+    /// the call is made only by the leader, and only while the intent is still open (not
+    /// finished meanwhile by another leader or an earlier replay). Answers its new revision.
+    async fn touch_intent(
+        &mut self,
+        key: &str,
+        entry: &CloudEntry<CloudIntentRecord>,
+        intent: &CloudIntentRecord,
+    ) -> Result<Revision, Outcome> {
+        let value = encode_value(intent).map_err(|e| Outcome::Failed(e.to_string()))?;
+        let txn = Txn {
+            compares: vec![Compare::modified_at(key.to_owned(), entry.mod_revision)],
+            success: vec![TxnOp::put(key.to_owned(), value)],
+            failure: vec![],
+        };
+        match self.txn(txn).await {
+            Ok(revision) => Ok(revision),
+            // Fenced, or the view was behind (the intent is gone or newer): no call.
+            Err(WriteError::Refused) => Err(Outcome::Wait(STALE_WAIT)),
+            Err(error) => Err(Outcome::Failed(format!("touching intent {key}: {error}"))),
+        }
+    }
+
     /// Deletes an intent whose call surely changed nothing.
     async fn drop_intent(&mut self, key: &str, revision: Revision) {
         let txn = Txn {
@@ -2462,6 +2485,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 let Some(ni) = found else {
                     return Outcome::Wait(REPLAY_WAIT);
                 };
+                let revision = match self.touch_intent(intent_key, entry, intent).await {
+                    Ok(revision) => revision,
+                    Err(outcome) => return outcome,
+                };
                 self.mutated = true;
                 let attempt = AttemptContext {
                     cloud: self
@@ -2485,12 +2512,16 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     ni,
                     device_index,
                     intent_key,
-                    entry.mod_revision,
+                    revision,
                     &attempt,
                 )
                 .await
             }
             Replay::Delete { interface } => {
+                let revision = match self.touch_intent(intent_key, entry, intent).await {
+                    Ok(revision) => revision,
+                    Err(outcome) => return outcome,
+                };
                 self.mutated = true;
                 match call(
                     &self.ctx.shared,
@@ -2500,11 +2531,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 .await
                 {
                     Ok(()) => {
-                        self.drop_intent(intent_key, entry.mod_revision).await;
+                        self.drop_intent(intent_key, revision).await;
                         Outcome::Ok
                     }
                     Err(error) if error.is_not_found() => {
-                        self.drop_intent(intent_key, entry.mod_revision).await;
+                        self.drop_intent(intent_key, revision).await;
                         Outcome::Ok
                     }
                     Err(error) => Outcome::Failed(format!("deleting {interface}: {error}")),
@@ -2514,6 +2545,9 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 interface,
                 addresses,
             } => {
+                if let Err(outcome) = self.touch_intent(intent_key, entry, intent).await {
+                    return outcome;
+                }
                 self.mutated = true;
                 match unassign_call(self.ctx, interface.as_str(), &addresses).await {
                     Ok(()) => Outcome::Wait(Duration::ZERO),
@@ -2727,11 +2761,29 @@ async fn replay_orphan<K: Kv, P: CloudProvider>(
     writes: &mut Vec<Write>,
 ) -> Result<(), String> {
     let key = ctx.keys.cloud_intent(id);
-    if let Some(CloudIntentRecord {
-        op: CloudOp::Delete { interface },
-        ..
-    }) = &entry.record
+    let mut revision = entry.mod_revision;
+    if let Some(
+        record @ CloudIntentRecord {
+            op: CloudOp::Delete { interface },
+            ..
+        },
+    ) = &entry.record
     {
+        // Rewritten fenced first: a deposed leader, or a view behind, makes no call.
+        let value = encode_value(record).map_err(|e| e.to_string())?;
+        let txn = ctx.fence.guard(Txn {
+            compares: vec![Compare::modified_at(key.clone(), revision)],
+            success: vec![TxnOp::put(key.clone(), value.clone())],
+            failure: vec![],
+        });
+        match ctx.kv.txn(txn).await {
+            Ok(response) if response.succeeded => {
+                revision = response.revision;
+                writes.push((key.clone(), Some(value), revision));
+            }
+            Ok(_) => return Err(format!("intent {id} refused (fenced or changed)")),
+            Err(error) => return Err(error.to_string()),
+        }
         match call(
             &ctx.shared,
             Action::DeleteNetworkInterface,
@@ -2747,7 +2799,7 @@ async fn replay_orphan<K: Kv, P: CloudProvider>(
         }
     }
     let txn = ctx.fence.guard(Txn {
-        compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
+        compares: vec![Compare::modified_at(key.clone(), revision)],
         success: vec![TxnOp::delete(key.clone())],
         failure: vec![],
     });
