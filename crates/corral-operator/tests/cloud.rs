@@ -958,3 +958,62 @@ async fn a_removed_node_loses_its_records() {
     assert_eq!(records(&rig.kv).await.len(), 1);
     assert_consistent(&rig.kv).await;
 }
+
+/// A node removed while its create hangs (the leader killed with the intent open): the next
+/// leader drops the removed node's intent with its records, and the created interface, left
+/// unattached, is the collector's (before: the open intent kept it from the collector forever).
+#[tokio::test(start_paused = true)]
+async fn a_removed_node_with_an_open_intent_leaks_no_interface() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(14).build().unwrap();
+    let rig = Rig::new(&config, ec2, &names(2)).await;
+    rig.provider
+        .hang_creates
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    wait_every(
+        "both creates hang",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agents.lock().unwrap().hung.len() >= 2,
+    )
+    .await;
+    a.kill();
+    let name = "node-0001";
+    let hung: Vec<String> = rig.agents.lock().unwrap().hung.clone();
+    let theirs: Vec<String> = hung
+        .into_iter()
+        .filter(|i| rig.ec2.interface(i).unwrap().tags["corral.io/node"] == name)
+        .collect();
+    assert_eq!(theirs.len(), 1);
+    assert_eq!(intents(&rig.kv).await.len(), 2);
+    let registration = rig
+        .kv
+        .get(keys().node(&node(name)).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    rig.agents.lock().unwrap().nodes.remove(&node(name));
+    request_removal(&rig.kv, name, registration).await;
+    rig.provider
+        .hang_creates
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let b = Replica::start_with_cloud(&rig.kv, "op-b", Some(rig.options()));
+    leads(&b).await;
+    wait_until(
+        "the removed node's intent is dropped",
+        Duration::from_secs(120),
+        || async { intents(&rig.kv).await.is_empty() },
+    )
+    .await;
+    wait_every(
+        "the collector deletes its interface",
+        Duration::from_secs(20 * 60),
+        Duration::from_secs(1),
+        || rig.ec2.interface(&theirs[0]).is_none(),
+    )
+    .await;
+    assert!(rig.agent("node-0000").entries().len() >= 8);
+    assert!(records(&rig.kv).await.iter().all(|(n, ..)| n != name));
+}

@@ -360,9 +360,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         .filter(|(_, e)| e.record.instance_id.is_some())
                         .map(|(n, _)| n.clone()),
                 );
-                // Records of nodes removed meanwhile.
+                // Records and open intents of nodes removed meanwhile.
                 self.pending
                     .extend(view.cloud_interfaces().map(|((node, _), _)| node.clone()));
+                self.pending.extend(
+                    view.cloud_intents()
+                        .filter_map(|(_, e)| e.record.as_ref().and_then(|r| r.node.clone())),
+                );
             }
             self.pending.extend(nodes);
             // Nodes whose wait ran out.
@@ -552,15 +556,29 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let Some(instance_id) = instance_of(view, node) else {
             self.nodes.remove(node);
             self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
-            // Removed (or registered without an instance): its records go; its interfaces
-            // are the collector's once the cloud detaches them.
-            let deletes: Vec<HandshakeStep> = view
+            // Removed (or registered without an instance): its records and open intents go
+            // (an intent left open would keep its interface from the collector forever; none
+            // is in flight, the node is not busy); its interfaces are the collector's once the
+            // cloud detaches them.
+            let mut deletes: Vec<HandshakeStep> = view
                 .cloud_interfaces_of(node)
                 .map(|(id, e)| HandshakeStep::Delete {
                     key: view.keys().cloud_interface(node, id),
                     revision: e.mod_revision,
                 })
                 .collect();
+            deletes.extend(
+                view.cloud_intents()
+                    .filter(|(_, e)| {
+                        e.record
+                            .as_ref()
+                            .is_some_and(|r| r.node.as_ref() == Some(node))
+                    })
+                    .map(|(id, e)| HandshakeStep::Delete {
+                        key: view.keys().cloud_intent(id),
+                        revision: e.mod_revision,
+                    }),
+            );
             if deletes.is_empty() {
                 return None;
             }
