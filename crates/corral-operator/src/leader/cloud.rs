@@ -2616,13 +2616,15 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     (record, Compare::modified_at(key.clone(), e.mod_revision))
                 }
                 None => {
-                    let Some((_, device_index)) = observed.attached_to.clone() else {
+                    let Some((attached_to, device_index)) = observed.attached_to.clone() else {
                         return Outcome::Wait(REPLAY_WAIT);
                     };
                     (
                         CloudInterfaceRecord {
                             pool: intent.pool.clone(),
-                            instance_id: self.instance_id.to_owned(),
+                            // The instance it is on (the intent's, perhaps not the node's
+                            // current one: then the record is dropped, never served there).
+                            instance_id: attached_to,
                             device_index,
                             subnet_id: ni.subnet_id.clone(),
                             subnets: self.subnet_cidrs(&ni.subnet_id),
