@@ -2503,6 +2503,47 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
     ) -> Outcome {
         match replay {
             Replay::Forget => {
+                // An unassign that went through (its addresses are not on the interface any
+                // more): they leave the record with the intent, with their release keys (left
+                // in the record, a later unassign naming them with others would be refused
+                // as "not assigned" and drop the others from the record while still assigned).
+                if let CloudOp::Unassign {
+                    interface,
+                    addresses,
+                } = &intent.op
+                    && found.is_some()
+                    && let Some(e) = record_entry
+                    && let Some(record) = &e.record
+                    && record.addresses.iter().any(|a| addresses.contains(a))
+                {
+                    let mut record = record.clone();
+                    record.addresses.retain(|a| !addresses.contains(a));
+                    let release_deletes = self
+                        .ctx
+                        .shared
+                        .with_view(|view, _| {
+                            view.releases_of(self.node)
+                                .filter(|((_, p, _, c), _)| {
+                                    *p == intent.pool && addresses.contains(c)
+                                })
+                                .map(|((_, p, f, c), (rev, _))| {
+                                    (view.keys().release(self.node, p, *f, c), *rev)
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                        .unwrap_or_default();
+                    let key = self.ctx.keys.cloud_interface(self.node, interface);
+                    return self
+                        .record(
+                            key.clone(),
+                            record,
+                            Compare::modified_at(key, e.mod_revision),
+                            intent_key,
+                            entry.mod_revision,
+                            &release_deletes,
+                        )
+                        .await;
+                }
                 self.drop_intent(intent_key, entry.mod_revision).await;
                 Outcome::Ok
             }
