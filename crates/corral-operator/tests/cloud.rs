@@ -958,3 +958,113 @@ async fn a_removed_node_loses_its_records() {
     assert_eq!(records(&rig.kv).await.len(), 1);
     assert_consistent(&rig.kv).await;
 }
+
+/// A node removed while its create hangs (the leader killed with the intent open): the next
+/// leader drops the removed node's intent with its records, and the created interface, left
+/// unattached, is the collector's (before: the open intent kept it from the collector forever).
+#[tokio::test(start_paused = true)]
+async fn a_removed_node_with_an_open_intent_leaks_no_interface() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(14).build().unwrap();
+    let rig = Rig::new(&config, ec2, &names(2)).await;
+    rig.provider
+        .hang_creates
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    wait_every(
+        "both creates hang",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agents.lock().unwrap().hung.len() >= 2,
+    )
+    .await;
+    a.kill();
+    let name = "node-0001";
+    let hung: Vec<String> = rig.agents.lock().unwrap().hung.clone();
+    let theirs: Vec<String> = hung
+        .into_iter()
+        .filter(|i| rig.ec2.interface(i).unwrap().tags["corral.io/node"] == name)
+        .collect();
+    assert_eq!(theirs.len(), 1);
+    assert_eq!(intents(&rig.kv).await.len(), 2);
+    let registration = rig
+        .kv
+        .get(keys().node(&node(name)).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    rig.agents.lock().unwrap().nodes.remove(&node(name));
+    request_removal(&rig.kv, name, registration).await;
+    rig.provider
+        .hang_creates
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let b = Replica::start_with_cloud(&rig.kv, "op-b", Some(rig.options()));
+    leads(&b).await;
+    wait_until(
+        "the removed node's intent is dropped",
+        Duration::from_secs(120),
+        || async { intents(&rig.kv).await.is_empty() },
+    )
+    .await;
+    wait_every(
+        "the collector deletes its interface",
+        Duration::from_secs(20 * 60),
+        Duration::from_secs(1),
+        || rig.ec2.interface(&theirs[0]).is_none(),
+    )
+    .await;
+    assert!(rig.agent("node-0000").entries().len() >= 8);
+    assert!(records(&rig.kv).await.iter().all(|(n, ..)| n != name));
+}
+
+/// A node registered again on a new instance (the old one terminated, its end not seen yet):
+/// the old instance's records are not the node's interfaces; they are deleted and the node is
+/// served on its new instance (before: the old records stood for its capacity, forever).
+#[tokio::test(start_paused = true)]
+async fn a_node_on_a_new_instance_drops_the_old_instances_records() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(15).build().unwrap();
+    let mut rig = Rig::new(&config, ec2, &names(2)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "both nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            names(2)
+                .iter()
+                .all(|(n, _)| rig.agent(n).entries().len() == 8)
+        },
+    )
+    .await;
+    let name = "node-0001";
+    let old = rig.instances[name].clone();
+    rig.ec2.terminate_instance(&old).unwrap();
+    let instance_type = names(2)[1].1;
+    rig.add_node(name, instance_type).await;
+    let new = rig.instances[name].clone();
+    assert_ne!(old, new);
+    wait_until(
+        "its records name the new instance only",
+        Duration::from_secs(120),
+        || async {
+            let ours: Vec<String> = records(&rig.kv)
+                .await
+                .into_iter()
+                .filter(|(n, ..)| n == name)
+                .map(|(.., r)| r.instance_id)
+                .collect();
+            !ours.is_empty() && ours.iter().all(|i| *i == new)
+        },
+    )
+    .await;
+    wait_every(
+        "the node is served on its new instance",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agent(name).entries().len() == 8,
+    )
+    .await;
+}

@@ -360,9 +360,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         .filter(|(_, e)| e.record.instance_id.is_some())
                         .map(|(n, _)| n.clone()),
                 );
-                // Records of nodes removed meanwhile.
+                // Records and open intents of nodes removed meanwhile.
                 self.pending
                     .extend(view.cloud_interfaces().map(|((node, _), _)| node.clone()));
+                self.pending.extend(
+                    view.cloud_intents()
+                        .filter_map(|(_, e)| e.record.as_ref().and_then(|r| r.node.clone())),
+                );
             }
             self.pending.extend(nodes);
             // Nodes whose wait ran out.
@@ -552,15 +556,29 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let Some(instance_id) = instance_of(view, node) else {
             self.nodes.remove(node);
             self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
-            // Removed (or registered without an instance): its records go; its interfaces
-            // are the collector's once the cloud detaches them.
-            let deletes: Vec<HandshakeStep> = view
+            // Removed (or registered without an instance): its records and open intents go
+            // (an intent left open would keep its interface from the collector forever; none
+            // is in flight, the node is not busy); its interfaces are the collector's once the
+            // cloud detaches them.
+            let mut deletes: Vec<HandshakeStep> = view
                 .cloud_interfaces_of(node)
                 .map(|(id, e)| HandshakeStep::Delete {
                     key: view.keys().cloud_interface(node, id),
                     revision: e.mod_revision,
                 })
                 .collect();
+            deletes.extend(
+                view.cloud_intents()
+                    .filter(|(_, e)| {
+                        e.record
+                            .as_ref()
+                            .is_some_and(|r| r.node.as_ref() == Some(node))
+                    })
+                    .map(|(id, e)| HandshakeStep::Delete {
+                        key: view.keys().cloud_intent(id),
+                        revision: e.mod_revision,
+                    }),
+            );
             if deletes.is_empty() {
                 return None;
             }
@@ -652,6 +670,24 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         };
         if state.stale {
             return (none, Some(Step::Describe));
+        }
+        // Records of an earlier instance of the node (registered again on a new one, the
+        // old one's end not seen): not its interfaces; deleted, their interfaces are the
+        // collector's once detached (kept, they stood for capacity the node lacks).
+        let earlier: Vec<HandshakeStep> = view
+            .cloud_interfaces_of(node)
+            .filter(|(_, e)| {
+                e.record
+                    .as_ref()
+                    .is_some_and(|r| !r.instance_id.is_empty() && r.instance_id != instance_id)
+            })
+            .map(|(id, e)| HandshakeStep::Delete {
+                key: view.keys().cloud_interface(node, id),
+                revision: e.mod_revision,
+            })
+            .collect();
+        if !earlier.is_empty() {
+            return (none, Some(Step::Handshake(earlier)));
         }
         if matches!(
             instance.state,
@@ -1705,6 +1741,20 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         pool: &PoolName,
         op: CloudOp,
     ) -> Result<(String, Revision), Outcome> {
+        self.open_intent_if(id, pool, op, Vec::new()).await
+    }
+
+    /// Writes the intent as [`Self::open_intent`], only if `also` holds too (the records the
+    /// call relies on are still as planned). A refusal with `also` is waited out: the view was
+    /// behind, or leading is gone and every later write is refused as well.
+    async fn open_intent_if(
+        &mut self,
+        id: &CloudId,
+        pool: &PoolName,
+        op: CloudOp,
+        also: Vec<Compare>,
+    ) -> Result<(String, Revision), Outcome> {
+        let guarded = !also.is_empty();
         let record = CloudIntentRecord {
             node: Some(self.node.clone()),
             pool: pool.clone(),
@@ -1714,8 +1764,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         let key = self.ctx.keys.cloud_intent(id);
         let value = encode_value(&record).map_err(|e| Outcome::Failed(e.to_string()))?;
+        let mut compares = vec![Compare::absent(key.clone())];
+        compares.extend(also);
         let txn = Txn {
-            compares: vec![Compare::absent(key.clone())],
+            compares,
             success: vec![TxnOp::put(key.clone(), value)],
             failure: vec![],
         };
@@ -1724,12 +1776,36 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 self.ctx.shared.note_cloud_intent();
                 Ok((key, revision))
             }
+            Err(WriteError::Refused) if guarded => Err(Outcome::Wait(STALE_WAIT)),
             // The fence failed (or, impossibly, the ID is taken): no call is made.
             Err(WriteError::Refused) => Err(Outcome::Fenced),
             // Perhaps written: it is replayed (nothing was called, so it is forgotten).
             Err(WriteError::Uncertain(error)) => {
                 Err(Outcome::Failed(format!("writing intent {id}: {error}")))
             }
+        }
+    }
+
+    /// Rewrites an open intent, fenced and at the revision seen, before a replay's cloud call:
+    /// the call is made only by the leader, and only while the intent is still open (not
+    /// finished meanwhile by another leader or an earlier replay). Answers its new revision.
+    async fn touch_intent(
+        &mut self,
+        key: &str,
+        entry: &CloudEntry<CloudIntentRecord>,
+        intent: &CloudIntentRecord,
+    ) -> Result<Revision, Outcome> {
+        let value = encode_value(intent).map_err(|e| Outcome::Failed(e.to_string()))?;
+        let txn = Txn {
+            compares: vec![Compare::modified_at(key.to_owned(), entry.mod_revision)],
+            success: vec![TxnOp::put(key.to_owned(), value)],
+            failure: vec![],
+        };
+        match self.txn(txn).await {
+            Ok(revision) => Ok(revision),
+            // Fenced, or the view was behind (the intent is gone or newer): no call.
+            Err(WriteError::Refused) => Err(Outcome::Wait(STALE_WAIT)),
+            Err(error) => Err(Outcome::Failed(format!("touching intent {key}: {error}"))),
         }
     }
 
@@ -2300,7 +2376,17 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             interface: interface.clone(),
             addresses: nets.clone(),
         };
-        let (intent_key, intent_revision) = match self.open_intent(&id, pool, op).await {
+        // Only while each `ready` is still the one seen (at its mod revision) and the record
+        // still holds the addresses: a view behind must not unassign what was re-granted.
+        let key = self.ctx.keys.cloud_interface(self.node, interface);
+        let mut also = vec![Compare::modified_at(key, entry.mod_revision)];
+        for (net, revision) in addresses {
+            also.push(Compare::modified_at(
+                self.ctx.keys.release(self.node, pool, family, net),
+                *revision,
+            ));
+        }
+        let (intent_key, intent_revision) = match self.open_intent_if(&id, pool, op, also).await {
             Ok(opened) => opened,
             Err(outcome) => return outcome,
         };
@@ -2417,6 +2503,47 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
     ) -> Outcome {
         match replay {
             Replay::Forget => {
+                // An unassign that went through (its addresses are not on the interface any
+                // more): they leave the record with the intent, with their release keys (left
+                // in the record, a later unassign naming them with others would be refused
+                // as "not assigned" and drop the others from the record while still assigned).
+                if let CloudOp::Unassign {
+                    interface,
+                    addresses,
+                } = &intent.op
+                    && found.is_some()
+                    && let Some(e) = record_entry
+                    && let Some(record) = &e.record
+                    && record.addresses.iter().any(|a| addresses.contains(a))
+                {
+                    let mut record = record.clone();
+                    record.addresses.retain(|a| !addresses.contains(a));
+                    let release_deletes = self
+                        .ctx
+                        .shared
+                        .with_view(|view, _| {
+                            view.releases_of(self.node)
+                                .filter(|((_, p, _, c), _)| {
+                                    *p == intent.pool && addresses.contains(c)
+                                })
+                                .map(|((_, p, f, c), (rev, _))| {
+                                    (view.keys().release(self.node, p, *f, c), *rev)
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                        .unwrap_or_default();
+                    let key = self.ctx.keys.cloud_interface(self.node, interface);
+                    return self
+                        .record(
+                            key.clone(),
+                            record,
+                            Compare::modified_at(key, e.mod_revision),
+                            intent_key,
+                            entry.mod_revision,
+                            &release_deletes,
+                        )
+                        .await;
+                }
                 self.drop_intent(intent_key, entry.mod_revision).await;
                 Outcome::Ok
             }
@@ -2434,6 +2561,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             } => {
                 let Some(ni) = found else {
                     return Outcome::Wait(REPLAY_WAIT);
+                };
+                let revision = match self.touch_intent(intent_key, entry, intent).await {
+                    Ok(revision) => revision,
+                    Err(outcome) => return outcome,
                 };
                 self.mutated = true;
                 let attempt = AttemptContext {
@@ -2458,12 +2589,16 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     ni,
                     device_index,
                     intent_key,
-                    entry.mod_revision,
+                    revision,
                     &attempt,
                 )
                 .await
             }
             Replay::Delete { interface } => {
+                let revision = match self.touch_intent(intent_key, entry, intent).await {
+                    Ok(revision) => revision,
+                    Err(outcome) => return outcome,
+                };
                 self.mutated = true;
                 match call(
                     &self.ctx.shared,
@@ -2473,11 +2608,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 .await
                 {
                     Ok(()) => {
-                        self.drop_intent(intent_key, entry.mod_revision).await;
+                        self.drop_intent(intent_key, revision).await;
                         Outcome::Ok
                     }
                     Err(error) if error.is_not_found() => {
-                        self.drop_intent(intent_key, entry.mod_revision).await;
+                        self.drop_intent(intent_key, revision).await;
                         Outcome::Ok
                     }
                     Err(error) => Outcome::Failed(format!("deleting {interface}: {error}")),
@@ -2487,6 +2622,9 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 interface,
                 addresses,
             } => {
+                if let Err(outcome) = self.touch_intent(intent_key, entry, intent).await {
+                    return outcome;
+                }
                 self.mutated = true;
                 match unassign_call(self.ctx, interface.as_str(), &addresses).await {
                     Ok(()) => Outcome::Wait(Duration::ZERO),
@@ -2519,13 +2657,15 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     (record, Compare::modified_at(key.clone(), e.mod_revision))
                 }
                 None => {
-                    let Some((_, device_index)) = observed.attached_to.clone() else {
+                    let Some((attached_to, device_index)) = observed.attached_to.clone() else {
                         return Outcome::Wait(REPLAY_WAIT);
                     };
                     (
                         CloudInterfaceRecord {
                             pool: intent.pool.clone(),
-                            instance_id: self.instance_id.to_owned(),
+                            // The instance it is on (the intent's, perhaps not the node's
+                            // current one: then the record is dropped, never served there).
+                            instance_id: attached_to,
                             device_index,
                             subnet_id: ni.subnet_id.clone(),
                             subnets: self.subnet_cidrs(&ni.subnet_id),
@@ -2700,11 +2840,29 @@ async fn replay_orphan<K: Kv, P: CloudProvider>(
     writes: &mut Vec<Write>,
 ) -> Result<(), String> {
     let key = ctx.keys.cloud_intent(id);
-    if let Some(CloudIntentRecord {
-        op: CloudOp::Delete { interface },
-        ..
-    }) = &entry.record
+    let mut revision = entry.mod_revision;
+    if let Some(
+        record @ CloudIntentRecord {
+            op: CloudOp::Delete { interface },
+            ..
+        },
+    ) = &entry.record
     {
+        // Rewritten fenced first: a deposed leader, or a view behind, makes no call.
+        let value = encode_value(record).map_err(|e| e.to_string())?;
+        let txn = ctx.fence.guard(Txn {
+            compares: vec![Compare::modified_at(key.clone(), revision)],
+            success: vec![TxnOp::put(key.clone(), value.clone())],
+            failure: vec![],
+        });
+        match ctx.kv.txn(txn).await {
+            Ok(response) if response.succeeded => {
+                revision = response.revision;
+                writes.push((key.clone(), Some(value), revision));
+            }
+            Ok(_) => return Err(format!("intent {id} refused (fenced or changed)")),
+            Err(error) => return Err(error.to_string()),
+        }
         match call(
             &ctx.shared,
             Action::DeleteNetworkInterface,
@@ -2720,7 +2878,7 @@ async fn replay_orphan<K: Kv, P: CloudProvider>(
         }
     }
     let txn = ctx.fence.guard(Txn {
-        compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
+        compares: vec![Compare::modified_at(key.clone(), revision)],
         success: vec![TxnOp::delete(key.clone())],
         failure: vec![],
     });
