@@ -1976,47 +1976,35 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         self.mutated = true;
         let provider = &self.ctx.provider;
-        let result: Result<Vec<IpNet>, CloudError> = match (family, prefixes) {
-            (Family::V4, false) => call(
-                &self.ctx.shared,
-                Action::AssignPrivateIpAddresses,
-                provider.assign_ipv4(
-                    interface.as_str(),
-                    &Ipv4Assign::Addresses(Amount::Count(count)),
-                ),
-            )
-            .await
-            .map(ipv4_nets),
-            (Family::V4, true) => call(
-                &self.ctx.shared,
-                Action::AssignPrivateIpAddresses,
-                provider.assign_ipv4(
-                    interface.as_str(),
-                    &Ipv4Assign::Prefixes(Amount::Count(count)),
-                ),
-            )
-            .await
-            .map(ipv4_nets),
-            (Family::V6, false) => call(
-                &self.ctx.shared,
-                Action::AssignIpv6Addresses,
-                provider.assign_ipv6(
-                    interface.as_str(),
-                    &Ipv6Assign::Addresses(Amount::Count(count)),
-                ),
-            )
-            .await
-            .map(ipv6_nets),
-            (Family::V6, true) => call(
-                &self.ctx.shared,
-                Action::AssignIpv6Addresses,
-                provider.assign_ipv6(
-                    interface.as_str(),
-                    &Ipv6Assign::Prefixes(Amount::Count(count)),
-                ),
-            )
-            .await
-            .map(ipv6_nets),
+        let result: Result<Vec<IpNet>, CloudError> = match family {
+            Family::V4 => {
+                let request = if prefixes {
+                    Ipv4Assign::Prefixes(Amount::Count(count))
+                } else {
+                    Ipv4Assign::Addresses(Amount::Count(count))
+                };
+                call(
+                    &self.ctx.shared,
+                    Action::AssignPrivateIpAddresses,
+                    provider.assign_ipv4(interface.as_str(), &request),
+                )
+                .await
+                .map(ipv4_nets)
+            }
+            Family::V6 => {
+                let request = if prefixes {
+                    Ipv6Assign::Prefixes(Amount::Count(count))
+                } else {
+                    Ipv6Assign::Addresses(Amount::Count(count))
+                };
+                call(
+                    &self.ctx.shared,
+                    Action::AssignIpv6Addresses,
+                    provider.assign_ipv6(interface.as_str(), &request),
+                )
+                .await
+                .map(ipv6_nets)
+            }
         };
         let added = match result {
             Ok(added) => added,
