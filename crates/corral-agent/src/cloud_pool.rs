@@ -1,5 +1,5 @@
 //! Cloud pools on the agent's side (issue 14), pure: what the cluster link makes of the
-//! node's `cloud-if/<node>/` records ([`wanted`]: the interfaces and addresses the node's
+//! node's `interfaces/<node>/` records ([`wanted`]: the interfaces and addresses the node's
 //! interface-backed pools must hold, each bad record a typed [`RecordError`] that leaves its
 //! interface as it is), and the demand of cloud pools ([`demand_records`]: as block pools',
 //! with single addresses and delegated prefixes in place of blocks).
@@ -23,7 +23,7 @@ use crate::host::{CloudInterface, CloudInterfaces, CloudReport};
 /// link for minutes on every change.
 pub const MAX_RECORD_ADDRESSES: usize = 512;
 
-/// One `cloud-if/<node>/<id>` key as the link read it.
+/// One `interfaces/<node>/<id>` key as the link read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudEntry {
     /// The value, or why it cannot be read.
@@ -35,23 +35,25 @@ pub struct CloudEntry {
 /// Why a record is not applied (its interface is left as it is).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
-    #[error("cloud-if/{interface}: the value cannot be read: {reason}")]
+    #[error("interfaces/{interface}: the value cannot be read: {reason}")]
     Unreadable { interface: String, reason: String },
-    #[error("cloud-if/{interface}: not a valid interface ID here: {reason}")]
+    #[error("interfaces/{interface}: not a valid interface ID here: {reason}")]
     BadId { interface: String, reason: String },
-    #[error("cloud-if/{interface}: pool {pool} is not a cloud pool of the cluster configuration")]
+    #[error("interfaces/{interface}: pool {pool} is not a cloud pool of the cluster configuration")]
     NotACloudPool { interface: String, pool: PoolName },
-    #[error("cloud-if/{interface}: the record is for instance {record}, this node runs on {ours}")]
+    #[error(
+        "interfaces/{interface}: the record is for instance {record}, this node runs on {ours}"
+    )]
     OtherInstance {
         interface: String,
         record: String,
         ours: String,
     },
-    #[error("cloud-if/{interface}: bad MAC address {mac:?}")]
+    #[error("interfaces/{interface}: bad MAC address {mac:?}")]
     BadMac { interface: String, mac: String },
-    #[error("cloud-if/{interface}: {reason}")]
+    #[error("interfaces/{interface}: {reason}")]
     BadInterface { interface: String, reason: String },
-    #[error("cloud-if/{interface}: address {address}: {reason}")]
+    #[error("interfaces/{interface}: address {address}: {reason}")]
     BadAddress {
         interface: String,
         address: IpNet,

@@ -456,7 +456,7 @@ struct Held {
     grants: BTreeMap<String, Grant>,
     /// `release/` key → handshake.
     releases: BTreeMap<String, Release>,
-    /// `cloud-if/<node>/` records, by interface ID.
+    /// `interfaces/<node>/` records, by interface ID.
     cloud: BTreeMap<String, CloudEntry>,
     node_id: Option<u32>,
     plan: Option<NodeIdPlanConfig>,
@@ -781,7 +781,7 @@ async fn follow<K: Kv>(
 /// How often the cloud records are applied again while an address is frozen.
 const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
 
-/// Makes the cloud pools' interfaces match the node's `cloud-if/` records (`host/cloud.rs`),
+/// Makes the cloud pools' interfaces match the node's `interfaces/` records (`host/cloud.rs`),
 /// after judging each surrendered address: kept out while its handshake is open (`marked` or
 /// `ready`); taken back (served again) when the handshake is gone while a record still lists
 /// it, judged on the record and the release key read at one revision (the leader takes an

@@ -1,5 +1,5 @@
 //! Cloud pools on the agent's side (issue 14), on `MemKv` with a real agent in-process (as
-//! `blocks.rs`), the test playing the operator by writing `cloud-if/` and `release/` records:
+//! `blocks.rs`), the test playing the operator by writing `interfaces/` and `release/` records:
 //! records become interfaces served with the right device number, MAC, gateway and routes;
 //! an attaching record is not served; the release handshake per address (a free one
 //! surrendered and answered `ready`, a used one `refused`, never both; a withdrawn one taken
@@ -211,7 +211,7 @@ fn if_key(id: &str) -> String {
     keys().cloud_interface(&node(), &CloudId::new(id).unwrap())
 }
 
-/// Writes `cloud-if/<node>/<id>` as the leader does; answers the key's create revision.
+/// Writes `interfaces/<node>/<id>` as the leader does; answers the key's create revision.
 fn write_record(
     runtime: &tokio::runtime::Runtime,
     kv: &MemKv,
@@ -233,7 +233,7 @@ fn release_key(cidr: &str) -> String {
     keys().release(&node(), &PoolName::new(POOL).unwrap(), Family::V4, &cidr)
 }
 
-/// The leader's step 1: `marked`, naming the `cloud-if/` key's create revision.
+/// The leader's step 1: `marked`, naming the `interfaces/` key's create revision.
 fn mark(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str, grant_revision: i64) {
     let record = ReleaseRecord {
         state: ReleaseState::Marked,

@@ -134,7 +134,7 @@ pub struct NodeStatus {
     /// planned it.
     #[serde(default)]
     pub cloud: Vec<NodeCloud>,
-    /// Cloud pools: the node's interfaces as recorded (`cloud-if/`), with their addresses.
+    /// Cloud pools: the node's interfaces as recorded (`interfaces/`), with their addresses.
     #[serde(default)]
     pub cloud_interfaces: Vec<NodeCloudInterface>,
 }

@@ -696,7 +696,7 @@ async fn live_nodes(kv: &EtcdKv, keys: &Keys) -> Result<Vec<String>, Failure> {
         .collect())
 }
 
-/// The node's `cloud-if/` records as `corral node show` prints them (nothing without any).
+/// The node's `interfaces/` records as `corral node show` prints them (nothing without any).
 fn cloud_interfaces_table(view: &corral_cluster::ClusterView, node: &NodeName) -> String {
     let mut text = String::new();
     for (id, entry) in view.cloud_interfaces_of(node) {
@@ -734,7 +734,7 @@ fn cloud_interfaces_table(view: &corral_cluster::ClusterView, node: &NodeName) -
 }
 
 /// The cloud part of an agent's check: reads the agent's interfaces of the configuration's
-/// cloud pools and compares them with the node's `cloud-if/` records ([`cloud_agent_problems`]).
+/// cloud pools and compares them with the node's `interfaces/` records ([`cloud_agent_problems`]).
 fn check_agent_cloud(
     keys: &Keys,
     entries: &[corral_cluster::Entry],
@@ -822,7 +822,7 @@ fn cloud_agent_problems(
                 let is_frozen = frozen.iter().any(|(p, n)| *p == pool.pool && n == address);
                 if !(listed || unreadable || is_frozen) {
                     problems.push(format!(
-                        "serves {address} on interface {} of cloud pool {}, which no cloud-if \
+                        "serves {address} on interface {} of cloud pool {}, which no interfaces/ \
                          record of the node lists",
                         interface.id, pool.pool
                     ));

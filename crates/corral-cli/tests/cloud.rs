@@ -1,6 +1,6 @@
 //! Cloud pools with real processes: etcd started here on 127.0.0.1 and a `corral agent` child
 //! process given `--instance-id`; the test plays the operator by writing the node's
-//! `cloud-if/` records. A CNI ADD (as corral-ipam sends it in agent mode) gets an address of the
+//! `interfaces/` records. A CNI ADD (as corral-ipam sends it in agent mode) gets an address of the
 //! interface with its device number; the agent SIGKILLed and restarted keeps the pod's address
 //! and the interface, and serves the rest; `corral node show` prints the interface; an address
 //! the cloud took away while in use stays frozen, `corral status` reports it, and `corral cluster

@@ -11,7 +11,7 @@
 //! * `plan_node/warm_targets`: [`plan_node`] with AWS VPC CNI's targets (WARM_IP_TARGET 8,
 //!   MINIMUM_IP_TARGET 10);
 //! * `resync_5000/corral`: one decision pass of the leader over 5,000 nodes from prepared views
-//!   (per node its `cloud-if/` records as the view keeps them, its demand and its open
+//!   (per node its `interfaces/` records as the view keeps them, its demand and its open
 //!   release handshakes): each node's [`InterfaceView`]s built from the records (ids, subnet
 //!   and addresses copied, as the operator does), [`NodeCloudInput`], [`plan_node`], then
 //!   [`serve_order`] over every node's need and excess. The nodes are a seeded mix: in need,

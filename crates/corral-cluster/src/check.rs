@@ -6,7 +6,7 @@
 //! current registration; a node holds at most one CIDR per pool and family of a node-CIDR pool
 //! (any number of blocks in a block pool); every release key names a current grant of its node
 //! (the grant's create revision is its `grant_revision`); node IDs are one-to-one, inside the
-//! plan and not quarantined. Cloud pools ([`cloud`]): every `cloud-if/` record names a cloud
+//! plan and not quarantined. Cloud pools ([`cloud`]): every `interfaces/` record names a cloud
 //! pool and a registered node, its addresses lie in the pool's CIDRs, no address is on two
 //! records, a node's records have distinct device indexes, and release keys name an address of
 //! the node's record; [`cloud_problems`] compares the records with the cloud's own view.

@@ -127,6 +127,33 @@ impl PoolMode {
     }
 }
 
+/// Where a node-cidr pool's node CIDRs come from besides the cluster (nodeipam's
+/// `IPAMFromCloud` and `IPAMFromCluster`); without it the cluster alone grants them
+/// (`RangeAllocator`). Needs the operator to run with a cloud provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeCidrSync {
+    /// `IPAMFromCloud` (`CloudAllocator`): a node's CIDRs are the prefixes the cloud delegated
+    /// to its instance's primary interface (an IPv6 /80, IPv4 /28s) that lie in the family's
+    /// `cidrs`, granted through etcd as any node CIDR and kept in sync with the cloud; the
+    /// cluster carves nothing itself.
+    FromCloud,
+    /// `IPAMFromCluster`: the cluster grants node CIDRs as usual and the operator then
+    /// delegates each one to the node's instance in the cloud (its primary interface), where
+    /// the provider can take a range of that length.
+    ToCloud,
+}
+
+impl NodeCidrSync {
+    /// The setting's name as configured.
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeCidrSync::FromCloud => "from-cloud",
+            NodeCidrSync::ToCloud => "to-cloud",
+        }
+    }
+}
+
 /// Default pre-allocate (Cilium's: 0 means 8).
 pub const DEFAULT_PRE_ALLOCATE: u64 = 8;
 /// Default release delay of an excess block, in seconds (Cilium's `excess-ip-release-delay`).
@@ -331,6 +358,10 @@ pub struct PoolConfig {
     /// Cloud mode: the pool's cloud settings (defaults if left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud: Option<CloudPoolConfig>,
+    /// Node-cidr mode: node CIDRs synced with the cloud ([`NodeCidrSync`]); left out, the
+    /// cluster alone grants them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_sync: Option<NodeCidrSync>,
     /// The IPv4 node CIDRs, if the pool has that family.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<FamilyConfig>,
@@ -368,6 +399,11 @@ impl PoolConfig {
     /// Whether the pool grants one node CIDR per node and family.
     pub fn is_node_cidr(&self) -> bool {
         self.mode == PoolMode::NodeCidr
+    }
+
+    /// A node-cidr pool's sync with the cloud, if any.
+    pub fn cloud_sync(&self) -> Option<NodeCidrSync> {
+        self.cloud_sync.filter(|_| self.is_node_cidr())
     }
 
     /// Whether nodes' holdings follow demand between watermarks (blocks and cloud pools).
@@ -743,6 +779,17 @@ impl ClusterConfig {
                     ),
                 ));
             }
+            if new_pool.cloud_sync != old_pool.cloud_sync {
+                let name = |sync: Option<NodeCidrSync>| sync.map_or("none", NodeCidrSync::name);
+                return Err(invalid(
+                    format!("pools[{j}].cloud_sync"),
+                    format!(
+                        "cannot change once set (was {}, now {})",
+                        name(old_pool.cloud_sync),
+                        name(new_pool.cloud_sync)
+                    ),
+                ));
+            }
             for (family, old_family) in old_pool.families() {
                 let path = format!("pools[{j}].{}", family.name());
                 let Some(new_family) = new_pool.family(family) else {
@@ -822,6 +869,12 @@ fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError>
         return Err(invalid(
             format!("{path}.cloud"),
             "applies only to a pool with mode = \"cloud\"",
+        ));
+    }
+    if pool.cloud_sync.is_some() && !pool.is_node_cidr() {
+        return Err(invalid(
+            format!("{path}.cloud_sync"),
+            "applies only to a pool with mode = \"node-cidr\"",
         ));
     }
     for (family, config) in pool.families() {
@@ -1448,6 +1501,42 @@ subnet_tags = { "corral.io/pods" = "yes" }
                 assert_eq!(field, "pools[0].ipv4.node_prefix_len");
                 assert!(problem.contains("required"), "{problem}");
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn cloud_sync_is_for_node_cidr_pools_and_fixed_once_set() {
+        let text = "[[pools]]\nname = \"p\"\ncloud_sync = \"from-cloud\"\n\
+                    ipv6 = { cidrs = [\"2600:1f14::/56\"], node_prefix_len = 80 }\n";
+        let from = ClusterConfig::from_toml(text).unwrap();
+        assert_eq!(from.pools[0].cloud_sync(), Some(NodeCidrSync::FromCloud));
+        let json = from.to_json().unwrap();
+        assert!(json.contains("\"cloud_sync\":\"from-cloud\""), "{json}");
+        assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), from);
+        let to = ClusterConfig::from_toml(&text.replace("from-cloud", "to-cloud")).unwrap();
+        assert_eq!(to.pools[0].cloud_sync(), Some(NodeCidrSync::ToCloud));
+        let plain =
+            ClusterConfig::from_toml(&text.replace("cloud_sync = \"from-cloud\"\n", "")).unwrap();
+        assert_eq!(plain.pools[0].cloud_sync(), None);
+        for (old, new) in [(&from, &to), (&from, &plain), (&plain, &to)] {
+            match ClusterConfig::check_change(old, new) {
+                Err(ConfigError::Invalid { field, problem }) => {
+                    assert_eq!(field, "pools[0].cloud_sync");
+                    assert!(problem.contains("once set"), "{problem}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        for bad in [
+            text.replace("from-cloud", "sideways"),
+            text.replace("cloud_sync", "mode = \"blocks\"\ncloud_sync"),
+        ] {
+            assert!(ClusterConfig::from_toml(&bad).is_err(), "{bad}");
+        }
+        match ClusterConfig::from_toml(&text.replace("cloud_sync", "mode = \"blocks\"\ncloud_sync"))
+        {
+            Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "pools[0].cloud_sync"),
             other => panic!("{other:?}"),
         }
     }

@@ -4,6 +4,8 @@
 //! form (`10.244.3.0-24`, `fd00:10:244:1::-64`), families as `ipv4`/`ipv6`, numbers in decimal
 //! (lease IDs in lower-case hex) without leading zeros. `Keys::parse` accepts exactly what the
 //! builders write, so a key round-trips, and anything else is a `KeyError`, never a panic.
+//! `config` sorts before every other kind of key under the prefix (a full read finds it on its
+//! first page); a new kind must be named to sort after it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -321,7 +323,7 @@ pub enum Key {
         /// The block.
         cidr: IpNet,
     },
-    /// `cloud-if/<node>/<interface-id>`: one cloud interface of a node in a cloud pool, with
+    /// `interfaces/<node>/<interface-id>`: one cloud interface of a node in a cloud pool, with
     /// the addresses and prefixes the operator assigned to it (the cloud-mode chunk; written
     /// by the leader after the cloud confirmed, watched by the node's agent).
     CloudInterface {
@@ -330,7 +332,7 @@ pub enum Key {
         /// The cloud's interface ID (`eni-...`).
         interface: CloudId,
     },
-    /// `cloud-intent/<id>`: a cloud mutation the leader is about to make, written (fenced)
+    /// `intents/<id>`: a cloud mutation the leader is about to make, written (fenced)
     /// before the call and deleted after its outcome is recorded; the next leader finishes or
     /// undoes every one it finds.
     CloudIntent {
@@ -555,29 +557,29 @@ impl Keys {
         }
     }
 
-    /// `cloud-if/<node>/<interface-id>`.
+    /// `interfaces/<node>/<interface-id>`.
     pub fn cloud_interface(&self, node: &NodeName, interface: &CloudId) -> String {
-        format!("{}cloud-if/{node}/{interface}", self.prefix)
+        format!("{}interfaces/{node}/{interface}", self.prefix)
     }
 
-    /// `cloud-if/<node>/`: every cloud interface record of one node.
+    /// `interfaces/<node>/`: every cloud interface record of one node.
     pub fn cloud_interfaces_of_node_prefix(&self, node: &NodeName) -> String {
-        format!("{}cloud-if/{node}/", self.prefix)
+        format!("{}interfaces/{node}/", self.prefix)
     }
 
-    /// `cloud-if/`.
+    /// `interfaces/`.
     pub fn cloud_interfaces_prefix(&self) -> String {
-        format!("{}cloud-if/", self.prefix)
+        format!("{}interfaces/", self.prefix)
     }
 
-    /// `cloud-intent/<id>`.
+    /// `intents/<id>`.
     pub fn cloud_intent(&self, id: &CloudId) -> String {
-        format!("{}cloud-intent/{id}", self.prefix)
+        format!("{}intents/{id}", self.prefix)
     }
 
-    /// `cloud-intent/`.
+    /// `intents/`.
     pub fn cloud_intents_prefix(&self) -> String {
-        format!("{}cloud-intent/", self.prefix)
+        format!("{}intents/", self.prefix)
     }
 
     /// `demand/<node>/<pool>`.
@@ -697,11 +699,11 @@ impl Keys {
                     cidr: cidr(c, family)?,
                 })
             }
-            ["cloud-if", n, i] => Ok(Key::CloudInterface {
+            ["interfaces", n, i] => Ok(Key::CloudInterface {
                 node: node(n)?,
                 interface: CloudId::new(i).map_err(|_| malformed("invalid cloud ID"))?,
             }),
-            ["cloud-intent", i] => Ok(Key::CloudIntent {
+            ["intents", i] => Ok(Key::CloudIntent {
                 id: CloudId::new(i).map_err(|_| malformed("invalid cloud ID"))?,
             }),
             _ => Err(malformed("unknown kind of key")),
@@ -896,7 +898,7 @@ pub enum CloudAttachment {
     Attached,
 }
 
-/// `cloud-if/<node>/<interface-id>`'s value: one interface of a node in a cloud pool and what
+/// `interfaces/<node>/<interface-id>`'s value: one interface of a node in a cloud pool and what
 /// the cloud assigned to it, as the leader last confirmed it. The agent serves exactly these
 /// addresses and prefixes (less those it surrendered in a release handshake) from its
 /// interface-backed pool.
@@ -971,7 +973,7 @@ pub enum CloudOp {
     },
 }
 
-/// `cloud-intent/<id>`'s value.
+/// `intents/<id>`'s value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloudIntentRecord {
     /// The node it is for (none for the leak collector's deletions).
@@ -1110,6 +1112,11 @@ mod tests {
             let text = keys.format(&key);
             assert!(text.starts_with("/corral/prod-1/v1/"), "{text}");
             assert_eq!(keys.parse(&text).unwrap(), key, "{text}");
+            // The leader finds `config` on the first page of a full read: every other kind of
+            // key sorts after it.
+            if key != Key::Config {
+                assert!(text > keys.config(), "{text} sorts before the config key");
+            }
         }
         assert_eq!(
             keys.grant(&pool, Family::V4, &v4),
@@ -1210,8 +1217,11 @@ mod tests {
         }
         assert!(CloudId::min() < CloudId::new("0").unwrap());
         let keys = keys();
-        assert!(keys.parse("/corral/prod-1/v1/cloud-if/node-1/a/b").is_err());
-        assert!(keys.parse("/corral/prod-1/v1/cloud-intent/").is_err());
+        assert!(
+            keys.parse("/corral/prod-1/v1/interfaces/node-1/a/b")
+                .is_err()
+        );
+        assert!(keys.parse("/corral/prod-1/v1/intents/").is_err());
         let interface = CloudInterfaceRecord {
             pool: PoolName::new("vpc").unwrap(),
             instance_id: "i-0123".into(),

@@ -26,8 +26,8 @@ pub use check::{
     expected_ranges, granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
-    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeIdPlanConfig, PoolConfig,
-    PoolMode, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
+    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeCidrSync, NodeIdPlanConfig,
+    PoolConfig, PoolMode, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
 };
 pub use intervals::IntervalSet;
 pub use keys::{

@@ -359,9 +359,9 @@ pub struct ClusterView {
     releases: BTreeMap<(NodeName, PoolName, Family, IpNet), (i64, ReleaseRecord)>,
     /// Block pools: every `demand/` key seen, whatever its value (a removal deletes them).
     demand_keys: BTreeSet<(NodeName, PoolName)>,
-    /// `cloud-if/` records: (create revision, mod revision, value if it decodes).
+    /// `interfaces/` records: (create revision, mod revision, value if it decodes).
     cloud_interfaces: BTreeMap<(NodeName, CloudId), CloudEntry<CloudInterfaceRecord>>,
-    /// `cloud-intent/` records.
+    /// `intents/` records.
     cloud_intents: BTreeMap<CloudId, CloudEntry<CloudIntentRecord>>,
     /// Block pools: every `release/` key seen with its mod revision, whatever its value.
     release_keys: BTreeMap<(NodeName, PoolName, Family, IpNet), i64>,
@@ -894,7 +894,7 @@ impl ClusterView {
         self.config.pool(pool).is_some_and(|p| p.is_blocks())
     }
 
-    /// The `cloud-if/` records of one node, by interface ID (a value that does not decode is
+    /// The `interfaces/` records of one node, by interface ID (a value that does not decode is
     /// `record: None`, and was reported).
     pub fn cloud_interfaces_of(
         &self,
@@ -906,14 +906,14 @@ impl ClusterView {
             .map(|((_, id), entry)| (id, entry))
     }
 
-    /// Every `cloud-if/` record, by node and interface ID.
+    /// Every `interfaces/` record, by node and interface ID.
     pub fn cloud_interfaces(
         &self,
     ) -> impl Iterator<Item = (&(NodeName, CloudId), &CloudEntry<CloudInterfaceRecord>)> {
         self.cloud_interfaces.iter()
     }
 
-    /// Every `cloud-intent/` record, by ID.
+    /// Every `intents/` record, by ID.
     pub fn cloud_intents(
         &self,
     ) -> impl Iterator<Item = (&CloudId, &CloudEntry<CloudIntentRecord>)> {

@@ -126,31 +126,15 @@ async fn rebuild<K: Kv>(
         let config_key = keys.config();
         let prefix = keys.prefix().as_bytes();
         // Page by page at one revision, each page applied as it comes: the keys are never all
-        // in memory beside the view. `config` sorts first under the prefix but for
-        // `cloud-if/` and `cloud-intent/` keys (read on its own below if those came first).
+        // in memory beside the view. `config` sorts first under the prefix (every other kind
+        // of key is named to sort after it: `keys.rs`).
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
-        let mut config = first
+        let config = first
             .kvs
             .first()
             .filter(|e| e.key == config_key.as_bytes())
             .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
-        if config.is_none()
-            && first
-                .kvs
-                .iter()
-                .any(|e| e.key.as_slice() < config_key.as_bytes())
-        {
-            // Keys sort before `config` (`cloud-if/`, `cloud-intent/`): it is read on its own,
-            // at the same revision.
-            config = kv
-                .range(config_key.as_bytes(), None, 1, Some(revision))
-                .await?
-                .kvs
-                .into_iter()
-                .find(|e| e.key == config_key.as_bytes())
-                .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
-        }
         let config = match config {
             Some((Ok(config), _)) => config,
             Some((Err(error), _)) => {

@@ -615,7 +615,7 @@ cidrs = ["10.0.0.0/16"]
         managed: true,
     };
     view.apply_put(
-        "/corral/t/v1/cloud-if/node-a/eni-1",
+        "/corral/t/v1/interfaces/node-a/eni-1",
         &corral_cluster::encode_value(&record).unwrap(),
         10,
         10,

@@ -178,7 +178,7 @@ async fn scenario_9_tiny_instances_are_reported_at_capacity_without_futile_calls
 
 /// The open intents in the store: id → record.
 async fn intents(kv: &corral_kv::MemKv) -> Vec<(String, corral_cluster::CloudIntentRecord)> {
-    under(kv, "cloud-intent/")
+    under(kv, "intents/")
         .await
         .into_iter()
         .filter_map(|e| {
@@ -188,11 +188,11 @@ async fn intents(kv: &corral_kv::MemKv) -> Vec<(String, corral_cluster::CloudInt
         .collect()
 }
 
-/// Every `cloud-if/` record in the store: (node, interface, record).
+/// Every `interfaces/` record in the store: (node, interface, record).
 async fn records(
     kv: &corral_kv::MemKv,
 ) -> Vec<(String, String, corral_cluster::CloudInterfaceRecord)> {
-    under(kv, "cloud-if/")
+    under(kv, "interfaces/")
         .await
         .into_iter()
         .filter_map(|e| {
@@ -286,7 +286,7 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
                 continue;
             }
             let tag = rig.ec2.interface(interface).unwrap().tags["corral.io/intent"].clone();
-            let key = format!("{}cloud-intent/{tag}", keys().prefix());
+            let key = format!("{}intents/{tag}", keys().prefix());
             rig.kv
                 .txn(corral_kv::Txn {
                     compares: vec![],

@@ -1,5 +1,5 @@
 //! Cloud pools of the node scope (issue 14): the interface-backed pools whose interfaces and
-//! addresses follow the cluster's `cloud-if/<node>/` records, which the operator writes once the
+//! addresses follow the cluster's `interfaces/<node>/` records, which the operator writes once the
 //! cloud confirmed them.
 //!
 //! - [`Op::SetCloudInterfaces`](super::Op::SetCloudInterfaces): makes the interface tables of

@@ -166,7 +166,7 @@ pub enum Op {
     ImportIpamd(api::IpamdImportRequest),
     /// Interface counts for the metrics endpoint.
     InterfaceGauges,
-    /// Makes the cloud pools' interfaces match the cluster's `cloud-if/` records (`cloud.rs`);
+    /// Makes the cloud pools' interfaces match the cluster's `interfaces/` records (`cloud.rs`);
     /// answered with [`Reply::CloudInterfaces`].
     SetCloudInterfaces(CloudInterfaces),
     /// The release handshake of a cloud address or prefix: surrendered if nothing is allocated

@@ -1,4 +1,4 @@
-//! `corral cluster check` for cloud pools: the `cloud-if/` records against the configuration,
+//! `corral cluster check` for cloud pools: the `interfaces/` records against the configuration,
 //! the registered nodes and each other (from etcd alone), release keys of cloud addresses
 //! against the records, and — given the cloud's own view — the records against the cloud.
 

@@ -16,7 +16,7 @@ pub struct LeakCandidate {
     pub available: bool,
     /// When corral created it (its creation tag), if known.
     pub created_ms: Option<u64>,
-    /// A `cloud-if/` record or an open intent names it (then it is not a leak).
+    /// A `interfaces/` record or an open intent names it (then it is not a leak).
     pub recorded: bool,
 }
 

@@ -54,7 +54,7 @@ pub enum Replay {
 
 /// Decides how to finish or undo an open intent from what the cloud shows now: `found` is the
 /// interface the intent is about (for a create: the one carrying the intent's client token or
-/// tag), `record` the node's `cloud-if/` record of it, `node_present` whether the node is still
+/// tag), `record` the node's `interfaces/` record of it, `node_present` whether the node is still
 /// registered with this instance, `index_free` whether the intent's device index is free on
 /// the instance (no other interface there), `age_ms` how long ago the intent was written.
 ///

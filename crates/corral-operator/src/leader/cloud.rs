@@ -6,9 +6,9 @@
 //! Rules it keeps:
 //! - no mutation before the first successful resync of the cloud view (Cilium's
 //!   `InstancesAPIIsReady`);
-//! - every cloud mutation is preceded by a fenced `cloud-intent/<id>` put (a deposed leader's
+//! - every cloud mutation is preceded by a fenced `intents/<id>` put (a deposed leader's
 //!   put fails, so it calls nothing) and followed by one fenced transaction that records the
-//!   outcome (`cloud-if/<node>/<id>`, compared at its mod revision) and deletes the intent; an
+//!   outcome (`interfaces/<node>/<id>`, compared at its mod revision) and deletes the intent; an
 //!   intent left open (a crash, an answer lost) is replayed by `replay_intent` before the node
 //!   is served again, and every open intent is replayed by a new leader;
 //! - a node at its instance's limits gets no call (it is reported at capacity);

@@ -1,6 +1,6 @@
 //! The cloud scenarios' harness: a `FakeEc2` behind `Audited` (which records every unassign and
 //! checks it against the pods the agents hold at that moment), agents played by the test by
-//! the protocol (register with an instance ID, serve the attached `cloud-if/` records'
+//! the protocol (register with an instance ID, serve the attached `interfaces/` records'
 //! addresses, hold pods, report demand, answer release handshakes), a clock on virtual time,
 //! and the end-of-scenario invariants.
 
@@ -65,7 +65,7 @@ pub struct AgentState {
     pub unassigned: Vec<(String, IpNet)>,
     /// Nodes the test changed (pods wanted, registered): stepped on the next poke.
     pub dirty: BTreeSet<NodeName>,
-    /// Every interface deleted: (interface, when, its creation tag, whether a `cloud-if/`
+    /// Every interface deleted: (interface, when, its creation tag, whether a `interfaces/`
     /// record named it then is not known here: the test checks the store).
     pub deleted: Vec<Deleted>,
     /// Creates applied whose caller never heard back (a crash between create and attach).
@@ -84,7 +84,7 @@ pub struct Deleted {
 /// One node's agent.
 #[derive(Default, Debug, Clone)]
 pub struct AgentNode {
-    /// `cloud-if/` records: interface → (create revision, record).
+    /// `interfaces/` records: interface → (create revision, record).
     pub records: BTreeMap<String, (i64, CloudInterfaceRecord)>,
     /// Pods wanted on the node.
     pub want: u64,
@@ -463,7 +463,7 @@ impl Rig {
         self.agents.lock().unwrap().nodes[&node(name)].clone()
     }
 
-    /// The agents: one task watching the whole prefix from revision 1, applying `cloud-if/`
+    /// The agents: one task watching the whole prefix from revision 1, applying `interfaces/`
     /// and `release/` events to each node's model, then answering handshakes, placing pods
     /// and writing demand (only on change) for the nodes touched.
     async fn start_agents(&mut self) {
