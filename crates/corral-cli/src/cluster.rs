@@ -148,8 +148,9 @@ pub enum ClusterCommand {
     Apply(ConfigArgs),
     /// Pools (capacity, granted, quarantined, free per family), nodes, the leader
     Status(EtcdArgs),
-    /// Verify from etcd alone (and, given agent sockets, each agent's ranges) that no CIDR or
-    /// node ID is held twice; exit code 5 if anything is wrong
+    /// Verify from etcd alone (and, given agent sockets, each agent's ranges; given --cloud,
+    /// the cloud pools' interface records against the cloud's own view) that no CIDR, node ID
+    /// or cloud address is held twice; exit code 5 if anything is wrong
     Check(CheckArgs),
 }
 
