@@ -65,8 +65,10 @@ pub enum Replay {
 ///   visible yet), then `Attach` if the node is present and the index free, else `Delete`.
 /// - `Assign`: addresses on the interface beyond `before` and the record: `Record`; none yet:
 ///   `Wait` within the lag bound, then `Forget`; interface gone: `Forget`.
-/// - `Unassign`: the addresses still on the interface: `Unassign` them again (the agent
-///   surrendered them: safe); none: `Forget`.
+/// - `Unassign`: none of the addresses on the interface (or the interface gone): `Forget`;
+///   some still on it: `Wait` while the intent (rewritten at each call) is younger than the
+///   lag bound (the describe may be behind the call), then `Unassign` those again (the agent
+///   surrendered them: safe).
 /// - `Delete`: still there and unattached: `Delete`; attached to the intent's instance (an
 ///   attach that went through after all): `Record`; attached elsewhere or gone: `Forget`.
 pub fn replay_intent(
@@ -135,6 +137,12 @@ pub fn replay_intent(
             });
             if still.is_empty() {
                 Replay::Forget
+            } else if !settled {
+                // Within the describe lag of the last call (the intent is rewritten with the
+                // time of each call): the addresses may be gone already and the describe
+                // behind; asked again at once, the cloud refuses (not assigned) and the
+                // replay would repeat until the describe caught up.
+                Replay::Wait
             } else {
                 Replay::Unassign {
                     interface: interface.clone(),
@@ -322,8 +330,17 @@ mod tests {
             addresses: vec![net("10.0.0.6/32"), net("10.0.0.7/32")],
         });
         let half = observed(Some(("i-1", 1)), &["10.0.0.5/32", "10.0.0.7/32"]);
+        // Within the describe lag of the last call: waited for, not called again.
         assert_eq!(
             replay_intent(&i, Some(&half), None, true, false, 0),
+            Replay::Wait
+        );
+        assert_eq!(
+            replay_intent(&i, Some(&half), None, true, false, LAG - 1),
+            Replay::Wait
+        );
+        assert_eq!(
+            replay_intent(&i, Some(&half), None, true, false, LAG),
             Replay::Unassign {
                 interface: id("eni-1"),
                 addresses: vec![net("10.0.0.7/32")]

@@ -1788,14 +1788,18 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
 
     /// Rewrites an open intent, fenced and at the revision seen, before a replay's cloud call:
     /// the call is made only by the leader, and only while the intent is still open (not
-    /// finished meanwhile by another leader or an earlier replay). Answers its new revision.
+    /// finished meanwhile by another leader or an earlier replay). Its `started_ms` becomes
+    /// now, so the next replay measures the describe lag from this call (a describe behind
+    /// it is waited for, not answered by calling again). Answers its new revision.
     async fn touch_intent(
         &mut self,
         key: &str,
         entry: &CloudEntry<CloudIntentRecord>,
         intent: &CloudIntentRecord,
     ) -> Result<Revision, Outcome> {
-        let value = encode_value(intent).map_err(|e| Outcome::Failed(e.to_string()))?;
+        let mut intent = intent.clone();
+        intent.started_ms = (self.ctx.clock)();
+        let value = encode_value(&intent).map_err(|e| Outcome::Failed(e.to_string()))?;
         let txn = Txn {
             compares: vec![Compare::modified_at(key.to_owned(), entry.mod_revision)],
             success: vec![TxnOp::put(key.to_owned(), value)],
@@ -2382,8 +2386,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let result = unassign_call(self.ctx, interface.as_str(), &nets).await;
         match result {
             Ok(()) => {}
-            // Gone already (an earlier, unanswered call): recorded as done.
-            Err(error) if is_not_assigned(&error) => {}
+            // Some are not on the interface: EC2 (and the fake) refuse the whole call, so the
+            // others are still assigned; moto drops what is there and answers success. Either
+            // way the answer does not say which are gone: the intent stays open and its replay
+            // reads the interface (after the describe lag bound) before the record drops any.
+            Err(error) if is_not_assigned(&error) => return Outcome::Wait(REPLAY_WAIT),
             Err(error) if error.is_ambiguous() => return Outcome::Wait(REPLAY_WAIT),
             Err(error) => {
                 self.drop_intent(&intent_key, intent_revision).await;
@@ -2614,9 +2621,13 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     return outcome;
                 }
                 self.mutated = true;
+                // Done or not, the next replay reads the interface again (waiting within the
+                // describe lag of this call) before anything is recorded.
                 match unassign_call(self.ctx, interface.as_str(), &addresses).await {
-                    Ok(()) => Outcome::Wait(Duration::ZERO),
-                    Err(error) if is_not_assigned(&error) => Outcome::Wait(Duration::ZERO),
+                    Ok(()) => Outcome::Wait(REPLAY_WAIT),
+                    Err(error) if is_not_assigned(&error) || error.is_ambiguous() => {
+                        Outcome::Wait(REPLAY_WAIT)
+                    }
                     Err(error) => Outcome::Failed(format!("unassigning from {interface}: {error}")),
                 }
             }
