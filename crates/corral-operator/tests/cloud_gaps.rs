@@ -14,6 +14,7 @@ use common::cloud::*;
 use common::*;
 use corral_cloud::{CloudProvider, Ipv4Set};
 use corral_cluster::{CloudInterfaceRecord, IpNet};
+use corral_kv::Kv;
 
 async fn leads(replica: &Replica) {
     wait_until("a replica leads", Duration::from_secs(30), || async {
@@ -178,4 +179,92 @@ async fn an_unassign_refused_as_not_assigned_drops_nothing_the_cloud_still_has()
     assert_eq!(held(&rig, &interface).len(), 3);
     assert_records_match_the_cloud(&rig).await;
     rig.assert_invariants().await;
+}
+
+/// Gap 1: a node removed (`corral node remove`) whose instance keeps running: its record goes
+/// with a `Delete` intent, and the interface corral created for it is detached (not forced)
+/// and deleted in seconds, not left attached forever (the collector only takes unattached
+/// interfaces); the primary interface stays attached and untouched; nothing of the other
+/// node changes.
+#[tokio::test(start_paused = true)]
+async fn a_removed_nodes_interfaces_on_a_running_instance_are_detached_and_deleted() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(53).build().unwrap();
+    let nodes: Vec<(String, &str)> = (0..2)
+        .map(|i| (format!("node-{i:04}"), "m5.large"))
+        .collect();
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "both nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    let name = "node-0001";
+    let instance = rig.instances[name].clone();
+    let theirs: Vec<String> = records(&rig.kv)
+        .await
+        .into_iter()
+        .filter(|(n, ..)| n == name)
+        .map(|(_, interface, record)| {
+            assert!(record.managed && record.device_index >= 1);
+            interface
+        })
+        .collect();
+    assert_eq!(theirs.len(), 1);
+    let primary = rig
+        .ec2
+        .interfaces()
+        .into_iter()
+        .find(|ni| {
+            ni.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == instance && a.device_index == 0)
+        })
+        .unwrap();
+    let other: Vec<(String, CloudInterfaceRecord)> = records(&rig.kv)
+        .await
+        .into_iter()
+        .filter(|(n, ..)| n != name)
+        .map(|(_, i, r)| (i, r))
+        .collect();
+    let registration = rig
+        .kv
+        .get(keys().node(&node(name)).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    rig.agents.lock().unwrap().nodes.remove(&node(name));
+    request_removal(&rig.kv, name, registration).await;
+    let took = wait_every(
+        "the removed node's interface is deleted",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.ec2.interface(&theirs[0]).is_none(),
+    )
+    .await;
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    let deleted = rig.agents.lock().unwrap().deleted.clone();
+    assert_eq!(deleted.len(), 1);
+    assert_eq!(deleted[0].node_tag.as_deref(), Some(name));
+    // The primary is still attached to the running instance, with its own addresses.
+    let still = rig.ec2.interface(&primary.id).unwrap();
+    assert_eq!(
+        still.attachment.as_ref().map(|a| a.instance_id.clone()),
+        Some(instance)
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(records(&rig.kv).await.iter().all(|(n, ..)| n != name));
+    assert_eq!(open_intents(&rig.kv).await, 0);
+    let after: Vec<(String, CloudInterfaceRecord)> = records(&rig.kv)
+        .await
+        .into_iter()
+        .map(|(_, i, r)| (i, r))
+        .collect();
+    assert_eq!(after, other);
+    assert_consistent(&rig.kv).await;
 }

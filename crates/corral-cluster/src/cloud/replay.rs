@@ -19,6 +19,9 @@ pub struct ObservedInterface {
     pub attached_to: Option<(String, u32)>,
     /// Its secondary addresses and prefixes, both families.
     pub addresses: Vec<IpNet>,
+    /// It carries the cluster's tag (`corral.io/cluster`): corral created it. Only these are
+    /// ever detached or deleted.
+    pub managed: bool,
 }
 
 /// What the next leader does with an intent it found open.
@@ -34,6 +37,12 @@ pub enum Replay {
         interface: CloudId,
         /// Where.
         device_index: u32,
+    },
+    /// Detach the interface (`force` false) from the intent's instance, then (on a later
+    /// replay, once it shows unattached) delete it: a removed node's interface.
+    Detach {
+        /// The interface.
+        interface: CloudId,
     },
     /// Undo: delete the interface (created, unattached, not needed any more).
     Delete {
@@ -69,8 +78,11 @@ pub enum Replay {
 ///   some still on it: `Wait` while the intent (rewritten at each call) is younger than the
 ///   lag bound (the describe may be behind the call), then `Unassign` those again (the agent
 ///   surrendered them: safe).
-/// - `Delete`: still there and unattached: `Delete`; attached to the intent's instance (an
-///   attach that went through after all): `Record`; attached elsewhere or gone: `Forget`.
+/// - `Delete`: never an interface without the cluster's tag nor one at device index 0 (the
+///   primary): `Forget`; still there and unattached: `Delete`; attached to the intent's
+///   instance: `Record` while the node is present (an attach that went through after all),
+///   else `Detach` (a removed node's interface on an instance still running); attached
+///   elsewhere or gone: `Forget`.
 pub fn replay_intent(
     intent: &CloudIntentRecord,
     found: Option<&ObservedInterface>,
@@ -151,10 +163,19 @@ pub fn replay_intent(
             }
         }
         CloudOp::Delete { interface } => match found.map(|f| (f, &f.attached_to)) {
+            Some((f, _)) if !f.managed => Replay::Forget,
+            Some((_, Some((_, 0)))) => Replay::Forget,
             // Never undo by deleting an attached interface (EC2 refuses it as in use): it is
-            // live on the intent's instance (recorded), or not ours.
+            // live on the intent's instance (recorded), or not ours; a removed node's is
+            // detached first.
             Some((f, Some((instance, _)))) if Some(instance) == intent.instance_id.as_ref() => {
-                Replay::Record(f.clone())
+                if node_present {
+                    Replay::Record(f.clone())
+                } else {
+                    Replay::Detach {
+                        interface: interface.clone(),
+                    }
+                }
             }
             Some((_, Some(_))) => Replay::Forget,
             Some((_, None)) => Replay::Delete {
@@ -193,6 +214,7 @@ mod tests {
             id: id("eni-1"),
             attached_to: attached.map(|(i, d)| (i.to_owned(), d)),
             addresses: addresses.iter().map(|a| net(a)).collect(),
+            managed: true,
         }
     }
 
@@ -397,5 +419,43 @@ mod tests {
                 interface: id("eni-1")
             }
         );
+    }
+
+    /// A removed node's interface still attached to its running instance is detached, then
+    /// deleted once it shows unattached; never the primary, never an untagged interface.
+    #[test]
+    fn a_removed_nodes_interface_is_detached_then_deleted() {
+        let d = intent(CloudOp::Delete {
+            interface: id("eni-1"),
+        });
+        let attached = observed(Some(("i-1", 1)), &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&attached), None, false, false, 0),
+            Replay::Detach {
+                interface: id("eni-1")
+            }
+        );
+        let loose = observed(None, &[]);
+        assert_eq!(
+            replay_intent(&d, Some(&loose), None, false, false, 0),
+            Replay::Delete {
+                interface: id("eni-1")
+            }
+        );
+        let primary = observed(Some(("i-1", 0)), &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&primary), None, false, false, LAG),
+            Replay::Forget
+        );
+        for found in [attached, loose] {
+            let untagged = ObservedInterface {
+                managed: false,
+                ..found
+            };
+            assert_eq!(
+                replay_intent(&d, Some(&untagged), None, false, false, LAG),
+                Replay::Forget
+            );
+        }
     }
 }

@@ -556,41 +556,38 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let Some(instance_id) = instance_of(view, node) else {
             self.nodes.remove(node);
             self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
-            // Removed (or registered without an instance): its records and open intents go
-            // (an intent left open would keep its interface from the collector forever; none
-            // is in flight, the node is not busy); its interfaces are the collector's once the
-            // cloud detaches them.
-            let mut deletes: Vec<HandshakeStep> = view
-                .cloud_interfaces_of(node)
-                .map(|(id, e)| HandshakeStep::Delete {
-                    key: view.keys().cloud_interface(node, id),
-                    revision: e.mod_revision,
+            // Removed (or registered without an instance): its open intents are replayed (as
+            // for a node present, the node counting as gone: a created interface unattached is
+            // deleted, a removed node's interface detached and deleted); then its records go,
+            // each managed interface still on its instance behind a `Delete` intent written in
+            // the same transaction (the agent's addresses leave with the record before the
+            // interface is detached), the others (the primary, untagged ones) simply deleted.
+            let intents: Vec<(CloudId, CloudEntry<CloudIntentRecord>)> = view
+                .cloud_intents()
+                .filter(|(_, e)| {
+                    e.record
+                        .as_ref()
+                        .is_some_and(|r| r.node.as_ref() == Some(node))
                 })
+                .map(|(id, e)| (id.clone(), e.clone()))
                 .collect();
-            deletes.extend(
-                view.cloud_intents()
-                    .filter(|(_, e)| {
-                        e.record
-                            .as_ref()
-                            .is_some_and(|r| r.node.as_ref() == Some(node))
-                    })
-                    .map(|(id, e)| HandshakeStep::Delete {
-                        key: view.keys().cloud_intent(id),
-                        revision: e.mod_revision,
-                    }),
-            );
-            if deletes.is_empty() {
+            let records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
+                .cloud_interfaces_of(node)
+                .map(|(id, e)| (id.clone(), e.clone()))
+                .collect();
+            if intents.is_empty() && records.is_empty() {
                 return None;
             }
             self.busy.insert(node.clone());
             let ctx = self.ctx.clone();
             let node = node.clone();
+            let intent_base = self.intent_id();
             self.running.spawn(async move {
                 let mut run = StepRun {
                     ctx: &ctx,
                     node: &node,
                     instance_id: "",
-                    intent_base: String::new(),
+                    intent_base,
                     intents: 0,
                     writes: Vec::new(),
                     secondaries_only: Vec::new(),
@@ -601,7 +598,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     subnets: Vec::new(),
                     known: Vec::new(),
                 };
-                let outcome = run.handshake(deletes).await;
+                let outcome = if intents.is_empty() {
+                    run.teardown(records).await
+                } else {
+                    run.replay(intents).await
+                };
                 let writes = run.writes;
                 Done::Node {
                     node,
@@ -1137,9 +1138,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         self.pending.insert(node);
                     }
                     Outcome::Wait(wait) => {
-                        if let Some(state) = self.nodes.get_mut(&node) {
-                            state.not_before = Some(Instant::now() + wait);
-                        }
+                        // A removed node has no state left: one is made to hold its wait.
+                        self.nodes.entry(node).or_default().not_before =
+                            Some(Instant::now() + wait);
                     }
                     Outcome::Failed(problem) => {
                         self.ctx
@@ -1184,10 +1185,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .shared
             .with_view(|view, _| Resync::from(&view.config().resync))
             .unwrap_or_default();
-        if let Some(state) = self.nodes.get_mut(node) {
-            let wait = state.retry.error(&timing);
-            state.not_before = Some(Instant::now() + wait);
-        }
+        let state = self.nodes.entry(node.clone()).or_default();
+        let wait = state.retry.error(&timing);
+        state.not_before = Some(Instant::now() + wait);
     }
 
     /// Puts what a task wrote into the view at once (the watch repeats it later), unless the
@@ -1910,6 +1910,55 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         Outcome::Ok
     }
 
+    /// A removed node's records: a managed interface still on an instance (not the primary)
+    /// gets a `Delete` intent in the transaction that deletes its record (its replay detaches
+    /// and deletes it); the others' records are deleted. Each at the record's mod revision.
+    async fn teardown(
+        &mut self,
+        records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)>,
+    ) -> Outcome {
+        for (id, entry) in records {
+            let key = self.ctx.keys.cloud_interface(self.node, &id);
+            let mut txn = Txn {
+                compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
+                success: vec![TxnOp::delete(key)],
+                failure: vec![],
+            };
+            let detach = entry
+                .record
+                .as_ref()
+                .filter(|r| r.managed && !r.instance_id.is_empty() && r.device_index != 0);
+            if let Some(record) = detach {
+                let intent = CloudIntentRecord {
+                    node: Some(self.node.clone()),
+                    pool: record.pool.clone(),
+                    instance_id: Some(record.instance_id.clone()),
+                    op: CloudOp::Delete {
+                        interface: id.clone(),
+                    },
+                    started_ms: (self.ctx.clock)(),
+                };
+                let Ok(value) = encode_value(&intent) else {
+                    return Outcome::Failed("encoding a cloud intent".to_owned());
+                };
+                let intent_key = self.ctx.keys.cloud_intent(&self.next_intent());
+                txn.compares.push(Compare::absent(intent_key.clone()));
+                txn.success.push(TxnOp::put(intent_key, value));
+            }
+            match self.txn(txn).await {
+                Ok(_) => {
+                    if detach.is_some() {
+                        self.ctx.shared.note_cloud_intent();
+                    }
+                }
+                Err(WriteError::Refused) => return Outcome::Wait(STALE_WAIT),
+                Err(error) => return Outcome::Failed(format!("removing {id}'s record: {error}")),
+            }
+        }
+        // Planned again at once: the intents are replayed.
+        Outcome::Ok
+    }
+
     async fn confirm(
         &mut self,
         interface: &CloudId,
@@ -2432,7 +2481,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 Ok(found) => found,
                 Err(error) => return Outcome::Failed(format!("replaying intent {id}: {error}")),
             };
-            let observed = found.as_ref().map(observe);
+            let observed = found.as_ref().map(|ni| observe(ni, &self.ctx.cluster));
             let record_entry = found.as_ref().and_then(|ni| {
                 let iid = CloudId::new(&ni.id).ok()?;
                 self.ctx
@@ -2610,7 +2659,34 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                         self.drop_intent(intent_key, revision).await;
                         Outcome::Ok
                     }
+                    // Still detaching (shown unattached a moment early): asked again soon.
+                    Err(CloudError::InterfaceInUse { .. }) => Outcome::Wait(ATTACH_POLL),
                     Err(error) => Outcome::Failed(format!("deleting {interface}: {error}")),
+                }
+            }
+            Replay::Detach { interface } => {
+                let Some(attachment) = found.and_then(|ni| ni.attachment.as_ref()) else {
+                    return Outcome::Wait(REPLAY_WAIT);
+                };
+                if let Err(outcome) = self.touch_intent(intent_key, entry, intent).await {
+                    return outcome;
+                }
+                self.mutated = true;
+                // Not forced: the instance is running and the interface leaves cleanly (its
+                // addresses left the agent with its record before this call).
+                match call(
+                    &self.ctx.shared,
+                    Action::DetachNetworkInterface,
+                    self.ctx.provider.detach_interface(&attachment.id, false),
+                )
+                .await
+                {
+                    // Deleted once a replay shows it unattached.
+                    Ok(()) => Outcome::Wait(ATTACH_POLL),
+                    Err(error) if error.is_not_found() || error.is_ambiguous() => {
+                        Outcome::Wait(ATTACH_POLL)
+                    }
+                    Err(error) => Outcome::Failed(format!("detaching {interface}: {error}")),
                 }
             }
             Replay::Unassign {
@@ -2776,8 +2852,9 @@ async fn unassign_call<K, P: CloudProvider>(
     Ok(())
 }
 
-fn observe(ni: &NetworkInterface) -> ObservedInterface {
+fn observe(ni: &NetworkInterface, cluster: &str) -> ObservedInterface {
     ObservedInterface {
+        managed: ni.tags.get(TAG_CLUSTER).is_some_and(|c| c == cluster),
         id: CloudId::new(&ni.id).unwrap_or_else(|_| CloudId::min()),
         attached_to: ni.attachment.as_ref().and_then(|a| {
             matches!(
