@@ -268,3 +268,82 @@ async fn a_removed_nodes_interfaces_on_a_running_instance_are_detached_and_delet
     assert_eq!(after, other);
     assert_consistent(&rig.kv).await;
 }
+
+/// Gap 2: an interface corral created that the release of excess left empty, on a node that
+/// needs nothing, is detached and deleted (ipamd's `RemoveUnusedENIFromStore`) behind a
+/// `Delete` intent, its addresses having gone back through the handshake first; and the node
+/// does not create one again on the same demand (no flap).
+#[tokio::test(start_paused = true)]
+async fn an_empty_managed_interface_is_detached_and_deleted_without_flapping() {
+    let config = cloud_config(
+        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
+        "",
+    );
+    let ec2 = fake_builder(54).build().unwrap();
+    let name = "node-0000";
+    let rig = Rig::new(&config, ec2, &[(name.to_owned(), "m5.large")]).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    // 10 pods and 8 spare: two managed interfaces of 9 (indexes 1 and 2).
+    rig.set_pods(name, 10);
+    wait_every(
+        "10 pods and 8 spare",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agent(name).pods.len() == 10 && rig.free_of(name) == 8,
+    )
+    .await;
+    let before: Vec<String> = records(&rig.kv)
+        .await
+        .into_iter()
+        .map(|(_, interface, record)| {
+            assert!(record.managed);
+            interface
+        })
+        .collect();
+    assert_eq!(before.len(), 2);
+    let creates = rig
+        .ec2
+        .counters()
+        .calls(corral_cloud::Action::CreateNetworkInterface);
+    rig.set_pods(name, 0);
+    wait_every(
+        "one interface left, with the 8 spare",
+        Duration::from_secs(300),
+        Duration::from_millis(100),
+        || {
+            let instance = &rig.instances[name];
+            let on_instance = rig
+                .ec2
+                .interfaces()
+                .into_iter()
+                .filter(|ni| {
+                    ni.attachment
+                        .as_ref()
+                        .is_some_and(|a| a.instance_id == *instance)
+                })
+                .count();
+            on_instance == 2
+                && rig.agent(name).entries().len() == 8
+                && !rig.agents.lock().unwrap().deleted.is_empty()
+        },
+    )
+    .await;
+    let deleted = rig.agents.lock().unwrap().deleted.clone();
+    assert_eq!(deleted.len(), 1);
+    assert!(before.contains(&deleted[0].interface));
+    // Settled: nothing created again, nothing open, the record and the cloud agree.
+    tokio::time::sleep(Duration::from_secs(300)).await;
+    assert_eq!(
+        rig.ec2
+            .counters()
+            .calls(corral_cloud::Action::CreateNetworkInterface),
+        creates
+    );
+    assert_eq!(rig.agents.lock().unwrap().deleted.len(), 1);
+    assert_eq!(open_intents(&rig.kv).await, 0);
+    assert_eq!(records(&rig.kv).await.len(), 1);
+    assert_eq!(rig.free_of(name), 8);
+    assert_records_match_the_cloud(&rig).await;
+    rig.assert_invariants().await;
+}

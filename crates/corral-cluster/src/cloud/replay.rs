@@ -78,11 +78,10 @@ pub enum Replay {
 ///   some still on it: `Wait` while the intent (rewritten at each call) is younger than the
 ///   lag bound (the describe may be behind the call), then `Unassign` those again (the agent
 ///   surrendered them: safe).
-/// - `Delete`: never an interface without the cluster's tag nor one at device index 0 (the
-///   primary): `Forget`; still there and unattached: `Delete`; attached to the intent's
-///   instance: `Record` while the node is present (an attach that went through after all),
-///   else `Detach` (a removed node's interface on an instance still running); attached
-///   elsewhere or gone: `Forget`.
+/// - `Delete` (written with the deletion of the interface's record): never an interface
+///   without the cluster's tag nor one at device index 0 (the primary): `Forget`; still there
+///   and unattached: `Delete`; attached to the intent's instance: `Detach`, unless a record
+///   names it again (it serves the node: `Forget`); attached elsewhere or gone: `Forget`.
 pub fn replay_intent(
     intent: &CloudIntentRecord,
     found: Option<&ObservedInterface>,
@@ -165,12 +164,13 @@ pub fn replay_intent(
         CloudOp::Delete { interface } => match found.map(|f| (f, &f.attached_to)) {
             Some((f, _)) if !f.managed => Replay::Forget,
             Some((_, Some((_, 0)))) => Replay::Forget,
-            // Never undo by deleting an attached interface (EC2 refuses it as in use): it is
-            // live on the intent's instance (recorded), or not ours; a removed node's is
-            // detached first.
-            Some((f, Some((instance, _)))) if Some(instance) == intent.instance_id.as_ref() => {
-                if node_present {
-                    Replay::Record(f.clone())
+            // Never delete an attached interface (EC2 refuses it as in use). On the intent's
+            // instance it is detached first: its record went with the intent's write (a
+            // removed node's interface, an empty one); recorded again, it serves the node and
+            // stays.
+            Some((_, Some((instance, _)))) if Some(instance) == intent.instance_id.as_ref() => {
+                if record.is_some() {
+                    Replay::Forget
                 } else {
                     Replay::Detach {
                         interface: interface.clone(),
@@ -394,9 +394,9 @@ mod tests {
     }
 
     /// CLUSTER-DESIGN 6.7: the undo deletes an unattached interface only. A delete intent
-    /// whose interface shows attached (an attach that went through after all) is never a
-    /// `Delete` (EC2 refuses it as in use, and the replay would fail on every round): attached
-    /// to the intent's instance it is live and recorded, attached elsewhere it is not ours.
+    /// whose interface shows attached is never a `Delete` (EC2 refuses it as in use, and the
+    /// replay would fail on every round): attached to the intent's instance it is detached
+    /// first (or kept, if a record names it again), attached elsewhere it is not ours.
     #[test]
     fn a_delete_intent_never_deletes_an_attached_interface() {
         let d = intent(CloudOp::Delete {
@@ -405,7 +405,13 @@ mod tests {
         let ours = observed(Some(("i-1", 1)), &["10.0.0.5/32"]);
         assert_eq!(
             replay_intent(&d, Some(&ours), None, true, false, LAG),
-            Replay::Record(ours.clone())
+            Replay::Detach {
+                interface: id("eni-1")
+            }
+        );
+        assert_eq!(
+            replay_intent(&d, Some(&ours), Some(&record(&[])), true, false, LAG),
+            Replay::Forget
         );
         let elsewhere = observed(Some(("i-2", 1)), &[]);
         assert_eq!(

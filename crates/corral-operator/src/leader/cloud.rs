@@ -775,8 +775,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 &secondaries_only,
                 &cluster,
             );
+            let mut pool_plans: Vec<CloudPlan> = Vec::new();
+            let mut reported = true;
             for (family, _) in pool.families() {
                 let demand = view.demand(node, &pool.name).and_then(|d| d.family(family));
+                reported &= demand.is_some();
                 let releases: Vec<(IpNet, i64, ReleaseRecord)> = view
                     .releases_of(node)
                     .filter(|((_, p, f, _), _)| *p == pool.name && *f == family)
@@ -854,6 +857,23 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         &subnet_views,
                         now_ms,
                     );
+                }
+                pool_plans.push(plan);
+            }
+            // Nothing else to do, the agent reporting: an empty interface corral created is
+            // given back (detached and deleted behind a `Delete` intent written with its
+            // record's deletion).
+            if chosen.is_none() && reported {
+                let plans: Vec<&CloudPlan> = pool_plans.iter().collect();
+                if let Some(empty) = decide::empty_interface_to_delete(
+                    &interfaces,
+                    cloud.first_interface_index,
+                    &plans,
+                ) && let Some((id, entry)) = records
+                    .iter()
+                    .find(|(id, e)| *id == empty && e.record.as_ref().is_some_and(|r| r.managed))
+                {
+                    chosen = Some(Step::Teardown(vec![(id.clone(), entry.clone())]));
                 }
             }
         }
@@ -1445,6 +1465,9 @@ enum Step {
     },
     /// Release handshake steps (etcd only).
     Handshake(Vec<HandshakeStep>),
+    /// Records to delete, a managed interface's with a `Delete` intent (a removed node's
+    /// interfaces, an empty one).
+    Teardown(Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)>),
     /// Unassign addresses the agent surrendered (`ready`), then record it.
     Unassign {
         pool: PoolName,
@@ -1829,6 +1852,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             Step::Replay(intents) => self.replay(intents).await,
             Step::Confirm { interface, entry } => self.confirm(&interface, &entry).await,
             Step::Handshake(steps) => self.handshake(steps).await,
+            Step::Teardown(records) => self.teardown(records).await,
             Step::Unassign {
                 pool,
                 family,
@@ -1910,9 +1934,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         Outcome::Ok
     }
 
-    /// A removed node's records: a managed interface still on an instance (not the primary)
-    /// gets a `Delete` intent in the transaction that deletes its record (its replay detaches
-    /// and deletes it); the others' records are deleted. Each at the record's mod revision.
+    /// Records to delete (a removed node's, an empty interface's): a managed interface still
+    /// on an instance (not the primary) gets a `Delete` intent in the transaction that deletes
+    /// its record (its replay detaches and deletes it); the others' records are deleted. Each
+    /// at the record's mod revision.
     async fn teardown(
         &mut self,
         records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)>,
