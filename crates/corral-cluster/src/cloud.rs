@@ -39,7 +39,8 @@ mod targets;
 mod tests;
 
 pub use choice::{
-    PrefixFallback, ServeKey, choose_subnet, next_device_index, prefix_fallback, serve_order,
+    PREFIX_REFUSAL_TTL_MS, PrefixFallback, ServeKey, choose_subnet, next_device_index,
+    prefix_fallback, prefix_refusal_holds, serve_order,
 };
 pub use empty::empty_interface_to_delete;
 pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};

@@ -230,6 +230,7 @@ mod tests {
             addresses: addresses.iter().map(|a| net(a)).collect(),
             attachment: CloudAttachment::Attached,
             managed: true,
+            prefixes_refused_ms: None,
         }
     }
 

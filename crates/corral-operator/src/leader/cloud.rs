@@ -244,8 +244,12 @@ struct Manager<K, P> {
     pending: BTreeSet<NodeName>,
     /// Planned nodes waiting for a worker, the next at the end.
     queue: Vec<(ServeKey, NodeName)>,
-    secondaries_only: HashSet<String>,
-    no_free_prefix: HashSet<String>,
+    /// Interfaces whose prefix request was refused, and when (also kept in their records:
+    /// learnt again by a new leader from them).
+    secondaries_only: HashMap<String, u64>,
+    /// Subnets that refused a new interface's prefixes, and when (kept in the records of
+    /// interfaces corral created there after a refusal).
+    no_free_prefix: HashMap<String, u64>,
     occupied: HashMap<String, BTreeSet<u32>>,
     /// Intents of no node being replayed (the collector's deletions).
     orphans_running: bool,
@@ -297,8 +301,8 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         busy: HashSet::new(),
         pending: BTreeSet::new(),
         queue: Vec::new(),
-        secondaries_only: HashSet::new(),
-        no_free_prefix: HashSet::new(),
+        secondaries_only: HashMap::new(),
+        no_free_prefix: HashMap::new(),
         occupied: HashMap::new(),
         orphans_running: false,
         next_intent: 0,
@@ -355,6 +359,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 return;
             }
             if all {
+                // Prefix refusals kept in the records (a new leader's first view).
+                for ((_, id), entry) in view.cloud_interfaces() {
+                    if let Some(record) = &entry.record
+                        && let Some(at) = record.prefixes_refused_ms
+                    {
+                        self.learn_refusal(id.as_str(), record, at);
+                    }
+                }
                 self.pending.extend(
                     view.nodes()
                         .filter(|(_, e)| e.record.instance_id.is_some())
@@ -397,6 +409,24 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 self.start_gc(view, &cloud_pools);
             }
         })
+    }
+
+    /// A prefix refusal found in a record: the interface takes single addresses, and its
+    /// subnet (if corral created the interface there after a refusal) is not chosen for a new
+    /// interface's prefixes, until the refusal expires.
+    fn learn_refusal(&mut self, interface: &str, record: &CloudInterfaceRecord, at: u64) {
+        let known = self
+            .secondaries_only
+            .entry(interface.to_owned())
+            .or_insert(at);
+        *known = (*known).max(at);
+        if record.managed {
+            let known = self
+                .no_free_prefix
+                .entry(record.subnet_id.clone())
+                .or_insert(at);
+            *known = (*known).max(at);
+        }
     }
 
     fn start_resync(&mut self) {
@@ -597,6 +627,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     limits: None,
                     subnets: Vec::new(),
                     known: Vec::new(),
+                    prefixes_refused: HashMap::new(),
+                    created_refused_ms: None,
                 };
                 let outcome = if intents.is_empty() {
                     run.teardown(records).await
@@ -653,8 +685,18 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .collect();
         let now_ms = self.now_ms();
         let limits_known = self.limits.clone();
-        let secondaries_only = self.secondaries_only.clone();
-        let no_free_prefix = self.no_free_prefix.clone();
+        let secondaries_only: HashSet<String> = self
+            .secondaries_only
+            .iter()
+            .filter(|(_, at)| decide::prefix_refusal_holds(Some(**at), now_ms))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let no_free_prefix: HashSet<String> = self
+            .no_free_prefix
+            .iter()
+            .filter(|(_, at)| decide::prefix_refusal_holds(Some(**at), now_ms))
+            .map(|(id, _)| id.clone())
+            .collect();
         let subnets = self.subnets.clone();
         let occupied: Vec<u32> = self
             .occupied
@@ -905,6 +947,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .get(&node)
             .map(|s| s.interfaces.clone())
             .unwrap_or_default();
+        let now_ms = self.now_ms();
+        let prefixes_refused: HashMap<String, u64> = known
+            .iter()
+            .filter_map(|ni| {
+                let at = *self.secondaries_only.get(&ni.id)?;
+                decide::prefix_refusal_holds(Some(at), now_ms).then(|| (ni.id.clone(), at))
+            })
+            .collect();
         self.running.spawn(async move {
             let mut run = StepRun {
                 ctx: &ctx,
@@ -920,6 +970,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 limits,
                 subnets,
                 known,
+                prefixes_refused,
+                created_refused_ms: None,
             };
             let outcome = run.run(step).await;
             let StepRun {
@@ -1029,7 +1081,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         self.subnets = subnets;
                         // Prefix refusals and occupied indexes are re-learnt: the subnet may
                         // have been defragmented, the attachment may be visible now.
-                        self.no_free_prefix.clear();
+                        let now_ms = self.now_ms();
+                        self.no_free_prefix
+                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
+                        self.secondaries_only
+                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
                         self.occupied.clear();
                         let mut by_instance: HashMap<String, Vec<NetworkInterface>> =
                             HashMap::new();
@@ -1132,8 +1188,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             } => {
                 self.busy.remove(&node);
                 self.apply_writes(&writes);
-                self.secondaries_only.extend(secondaries_only);
-                self.no_free_prefix.extend(no_free_prefix);
+                let now_ms = self.now_ms();
+                self.secondaries_only
+                    .extend(secondaries_only.into_iter().map(|id| (id, now_ms)));
+                self.no_free_prefix
+                    .extend(no_free_prefix.into_iter().map(|id| (id, now_ms)));
                 let instance_id = self
                     .nodes
                     .get(&node)
@@ -1704,6 +1763,11 @@ struct StepRun<'a, K, P> {
     subnets: Vec<Subnet>,
     /// The node's interfaces as last described.
     known: Vec<NetworkInterface>,
+    /// Interfaces whose prefix request was refused, and when: written into their records.
+    prefixes_refused: HashMap<String, u64>,
+    /// The create fell back to single addresses after its subnet refused prefixes, then: the
+    /// new interface's record keeps it.
+    created_refused_ms: Option<u64>,
 }
 
 /// Why a fenced write did not go through.
@@ -2109,6 +2173,25 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     );
                     if let PrefixFallback::Secondaries = fallback {
                         self.secondaries_only.push(interface.to_string());
+                        // Kept in the record (if there is one yet; else written with the
+                        // record the next assign makes) so a new leader does not ask again.
+                        if let Some(entry) = &record
+                            && let Some(mut kept) = entry.record.clone()
+                        {
+                            kept.prefixes_refused_ms = Some((self.ctx.clock)());
+                            let key = self.ctx.keys.cloud_interface(self.node, interface);
+                            if let Ok(value) = encode_value(&kept) {
+                                let txn = Txn {
+                                    compares: vec![Compare::modified_at(
+                                        key.clone(),
+                                        entry.mod_revision,
+                                    )],
+                                    success: vec![TxnOp::put(key, value)],
+                                    failure: vec![],
+                                };
+                                let _ = self.txn(txn).await;
+                            }
+                        }
                     }
                     return Outcome::Replan;
                 }
@@ -2130,6 +2213,9 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     return Outcome::Ok;
                 };
                 record.addresses = addresses;
+                record.prefixes_refused_ms = record
+                    .prefixes_refused_ms
+                    .max(self.prefixes_refused.get(interface.as_str()).copied());
                 (
                     record,
                     Compare::modified_at(key.clone(), entry.mod_revision),
@@ -2158,6 +2244,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                         .tags
                         .get(TAG_CLUSTER)
                         .is_some_and(|c| *c == self.ctx.cluster),
+                    prefixes_refused_ms: self.prefixes_refused.get(interface.as_str()).copied(),
                 },
                 Compare::absent(key.clone()),
             ),
@@ -2286,8 +2373,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                             }
                             PrefixFallback::Secondaries => {
                                 // Single addresses in that subnet: as many as the prefixes
-                                // would have given, within the interface's limit.
+                                // would have given, within the interface's limit. The new
+                                // interface's record keeps the refusal.
                                 prefixes = false;
+                                self.created_refused_ms = Some((self.ctx.clock)());
                                 let per = self.limits.map_or(count.saturating_mul(16), |l| {
                                     l.ipv4_per_interface.saturating_sub(1)
                                 });
@@ -2413,6 +2502,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             addresses: addresses_of(created),
             attachment: CloudAttachment::Attaching,
             managed: true,
+            prefixes_refused_ms: self.created_refused_ms,
         };
         self.record(
             key.clone(),
@@ -2783,6 +2873,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                                 .tags
                                 .get(TAG_CLUSTER)
                                 .is_some_and(|c| *c == self.ctx.cluster),
+                            prefixes_refused_ms: None,
                         },
                         Compare::absent(key.clone()),
                     )
