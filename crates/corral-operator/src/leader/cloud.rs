@@ -15,7 +15,11 @@
 //! - addresses go back only through the release handshake (block mode's `release/` keys): the
 //!   agent surrenders a free address before the cloud is asked to unassign it;
 //! - leaked interfaces (corral-tagged, available, named by no record or intent) are deleted
-//!   only when seen so on two collector runs at least the interval apart.
+//!   only when seen so on two collector runs at least the interval apart;
+//! - a removed node's interfaces and empty ones are detached and deleted only if corral created
+//!   them (never the primary), behind a `Delete` intent written with their record's deletion;
+//! - an unassign answer that does not say which addresses went ("not assigned") changes no
+//!   record: the intent's replay reads the interface, past the describe lag of its last call.
 //!
 //! The manager's own memory (the cloud view, first sightings of leaks, excess clocks,
 //! backoffs) is lost with the lead; a new leader resyncs before it mutates anything.
