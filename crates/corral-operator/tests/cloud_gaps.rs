@@ -416,3 +416,46 @@ async fn a_refused_prefix_is_remembered_across_a_failover() {
     assert_records_match_the_cloud(&rig).await;
     rig.assert_invariants().await;
 }
+
+/// Gap 1, the same for a node registered again on a new instance while its old instance runs
+/// on: the old instance's corral interface is detached and deleted, not left attached there.
+#[tokio::test(start_paused = true)]
+async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(56).build().unwrap();
+    let name = "node-0000";
+    let mut rig = Rig::new(&config, ec2, &[(name.to_owned(), "m5.large")]).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "the node is served",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agent(name).entries().len() == 8,
+    )
+    .await;
+    let old: Vec<String> = records(&rig.kv)
+        .await
+        .into_iter()
+        .map(|(_, interface, _)| interface)
+        .collect();
+    assert_eq!(old.len(), 1);
+    rig.add_node(name, "m5.large").await;
+    wait_every(
+        "the old instance's interface is deleted",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.ec2.interface(&old[0]).is_none(),
+    )
+    .await;
+    wait_every(
+        "the node is served on its new instance",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agent(name).entries().len() == 8,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(open_intents(&rig.kv).await, 0);
+    assert_records_match_the_cloud(&rig).await;
+}

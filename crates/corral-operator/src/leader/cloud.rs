@@ -719,22 +719,21 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             return (none, Some(Step::Describe));
         }
         // Records of an earlier instance of the node (registered again on a new one, the
-        // old one's end not seen): not its interfaces; deleted, their interfaces are the
-        // collector's once detached (kept, they stood for capacity the node lacks).
-        let earlier: Vec<HandshakeStep> = view
+        // old one's end not seen): not its interfaces (kept, they stood for capacity the node
+        // lacks); torn down as a removed node's.
+        let earlier: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
             .cloud_interfaces_of(node)
             .filter(|(_, e)| {
                 e.record
                     .as_ref()
                     .is_some_and(|r| !r.instance_id.is_empty() && r.instance_id != instance_id)
             })
-            .map(|(id, e)| HandshakeStep::Delete {
-                key: view.keys().cloud_interface(node, id),
-                revision: e.mod_revision,
-            })
+            .map(|(id, e)| (id.clone(), e.clone()))
             .collect();
         if !earlier.is_empty() {
-            return (none, Some(Step::Handshake(earlier)));
+            // As a removed node's: corral's interfaces still on the old instance (if it runs
+            // on) are detached and deleted behind intents.
+            return (none, Some(Step::Teardown(earlier)));
         }
         if matches!(
             instance.state,
