@@ -866,6 +866,7 @@ mod tests {
             addresses: vec!["10.0.1.10/32".parse().unwrap()],
             attachment: corral_cluster::CloudAttachment::Attached,
             managed: true,
+            prefixes_refused_ms: None,
         };
         let records = BTreeMap::from([
             ("eni-a".to_owned(), Some(record)),

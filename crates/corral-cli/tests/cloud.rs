@@ -125,6 +125,7 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         ],
         attachment: CloudAttachment::Attached,
         managed: true,
+        prefixes_refused_ms: None,
     };
     block_on(kv.txn(Txn {
         compares: vec![],

@@ -184,6 +184,9 @@ pub struct Audited {
     pub hang_assigns: Arc<std::sync::atomic::AtomicBool>,
     /// Mutating calls sent through this handle (one per replica, see `Rig::provider_for`).
     pub mutations: Arc<std::sync::atomic::AtomicU64>,
+    /// While above zero, an IPv4 unassign is applied and then answered `Timeout` (counted
+    /// down): an answer lost after the cloud applied the call.
+    pub timeout_unassigns: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Audited {
@@ -300,7 +303,18 @@ impl CloudProvider for Audited {
             .chain(release.prefixes.iter().map(|p| IpNet::V4(*p)))
             .collect();
         self.audit(interface, nets);
-        self.ec2.unassign_ipv4(interface, release).await
+        self.ec2.unassign_ipv4(interface, release).await?;
+        let lost = self.timeout_unassigns.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| n.checked_sub(1),
+        );
+        if lost.is_ok() {
+            return Err(CloudError::Timeout {
+                action: corral_cloud::Action::UnassignPrivateIpAddresses,
+            });
+        }
+        Ok(())
     }
     async fn assign_ipv6(
         &self,
@@ -386,6 +400,7 @@ impl Rig {
             hang_creates: Arc::default(),
             hang_assigns: Arc::default(),
             mutations: Arc::default(),
+            timeout_unassigns: Arc::default(),
         });
         let mut rig = Rig {
             kv,
