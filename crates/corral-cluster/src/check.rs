@@ -4,7 +4,8 @@
 //! inside their pool at its node prefix length, clear of reserved and quarantined ranges;
 //! `grants/` and `owned/` match both ways; every grant names a registered node under its
 //! current registration; a node holds at most one CIDR per pool and family of a node-CIDR pool
-//! (any number of blocks in a block pool); every release key names a current grant of its node
+//! (any number of blocks in a block pool, any number of delegated prefixes in a from-cloud
+//! pool); every release key names a current grant of its node
 //! (the grant's create revision is its `grant_revision`); node IDs are one-to-one, inside the
 //! plan and not quarantined. Cloud pools ([`cloud`]): every `interfaces/` record names a cloud
 //! pool and a registered node, its addresses lie in the pool's CIDRs, no address is on two
@@ -268,8 +269,17 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             .and_then(|c| c.pool(pool))
             .is_some_and(|p| p.is_cloud())
     };
+    // A from-cloud pool's node holds what the cloud delegated to its instance (IPv4: several
+    // /28s), each still a node CIDR under every other rule.
+    let is_from_cloud = |pool: &PoolName| {
+        parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.cloud_sync() == Some(crate::config::NodeCidrSync::FromCloud))
+    };
     for ((node, pool, family), count) in per_node {
-        if count > 1 && !is_blocks(pool) {
+        if count > 1 && !is_blocks(pool) && !is_from_cloud(pool) {
             problems.push(format!(
                 "node {node} holds {count} CIDRs of pool {pool} {family}"
             ));
