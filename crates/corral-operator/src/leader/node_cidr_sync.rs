@@ -194,6 +194,8 @@ struct Sync<K, P> {
     ready: bool,
     pass_at: Instant,
     pass_retry: RetryState,
+    /// The backoff of full passes while some node waits for a prefix.
+    waiting_retry: RetryState,
     /// Primaries as last described, by node.
     seen: HashMap<NodeName, PrimarySeen>,
     /// Withdrawal clocks per pool and family.
@@ -204,6 +206,8 @@ struct Sync<K, P> {
     replan_at: Option<Instant>,
     /// The reports last published (node → sentences), to log only what is new.
     reported: BTreeMap<String, BTreeSet<String>>,
+    /// No from-cloud pool is configured: nothing is due but a signal.
+    idle: bool,
 }
 
 /// Runs the sync until the view is gone (leading ended; the caller drops it with the lead).
@@ -227,11 +231,13 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
         ready: false,
         pass_at: Instant::now(),
         pass_retry: RetryState::default(),
+        waiting_retry: RetryState::default(),
         seen: HashMap::new(),
         clocks: BTreeMap::new(),
         recheck: BTreeMap::new(),
         replan_at: None,
         reported: BTreeMap::new(),
+        idle: true,
     };
     let mut describe = BTreeSet::new();
     let mut replan = true;
@@ -257,6 +263,9 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
 impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
     fn next_wake(&self) -> Instant {
         let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            return wake;
+        }
         if self.cloud.is_some() {
             wake = wake.min(self.pass_at);
         }
@@ -275,7 +284,8 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
             .ctx
             .shared
             .with_view(|view, _| view.from_cloud_families())?;
-        if families.is_empty() {
+        self.idle = families.is_empty();
+        if self.idle {
             self.publish(BTreeMap::new());
             self.clocks.clear();
             self.recheck.clear();
@@ -503,14 +513,37 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
             }
             view.config_revision()
         })?;
-        // A running clock: the node is described alone once the bound has passed.
+        // A running clock: the node is described alone once the bound has passed (unless a
+        // describe that late was made already: a silent node waits for the next pass).
         for clock in self.clocks.values() {
             for ((node, _), since) in clock {
                 let due_ms = since.saturating_add(DESCRIBE_LAG_BOUND_MS);
+                if self.seen.get(node).is_some_and(|s| s.at_ms >= due_ms) {
+                    continue;
+                }
                 let wait = Duration::from_millis(due_ms.saturating_sub(now_ms));
                 let at = Instant::now() + wait;
                 let entry = self.recheck.entry(node.clone()).or_insert(at);
                 *entry = (*entry).min(at);
+            }
+        }
+        // Nodes waiting for a prefix (none delegated yet, or not found: describes lag behind
+        // a launch): the next full pass comes sooner, nodeipam's backoff from `InitialRetry`
+        // to `MaxBackoff`, back to `resync` once nobody waits.
+        let waiting = reports
+            .values()
+            .flatten()
+            .any(|(kind, _)| matches!(*kind, "no_prefix" | "unseen"));
+        if let Some(timing) = self
+            .ctx
+            .shared
+            .with_view(|view, _| Resync::from(&view.config().resync))
+        {
+            if waiting {
+                let soon = Instant::now() + self.waiting_retry.error(&timing);
+                self.pass_at = self.pass_at.min(soon);
+            } else {
+                self.waiting_retry.success(&timing);
             }
         }
         self.publish(
