@@ -649,6 +649,32 @@ node_prefix_len = 24
     }
 
     #[test]
+    fn a_from_cloud_node_may_hold_several_node_cidrs_each_still_a_node_cidr() {
+        let mut c = Cluster::new();
+        let config = BLOCKS.replace(
+            "name = \"nodes\"\n",
+            "name = \"nodes\"\ncloud_sync = \"from-cloud\"\n",
+        );
+        let config = ClusterConfig::from_toml(
+            &config.replace("node_prefix_len = 24", "node_prefix_len = 28"),
+        )
+        .unwrap();
+        c.entries[0].1 = config.to_json().unwrap().into_bytes();
+        c.grant("nodes", "10.1.0.0/28");
+        c.grant("nodes", "10.1.0.16/28");
+        assert_eq!(c.check(), Vec::<String>::new());
+        // Every other rule holds: the length, the pool's CIDRs, the owned key.
+        c.grant("nodes", "10.1.1.0/24");
+        c.grant("nodes", "10.9.0.0/28");
+        let problems = c.check();
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("is not a /28")));
+        assert!(problems.iter().any(|p| p.contains("outside pool nodes")));
+        let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
+        assert_eq!(expected.len(), 4);
+    }
+
+    #[test]
     fn an_agent_holds_its_blocks_or_has_surrendered_them() {
         let mut c = Cluster::new();
         let first = c.grant("pods", "10.0.0.0/28");
