@@ -64,8 +64,9 @@ pub struct OperatorArgs {
     /// fake EC2 seeded from --fake-cloud (a demo and test backend; the AWS build comes later)
     #[arg(long, value_enum, requires = "fake_cloud")]
     pub cloud: Option<CloudBackend>,
-    /// The fake cloud's seed file (JSON: `seed`, `subnets` [{id, vpc, zone, ipv4}],
-    /// `instances` [{id, type, subnet}])
+    /// The fake cloud's seed file (JSON: `seed`, `subnets` [{id, vpc, zone, ipv4, ipv6?}],
+    /// `instances` [{id, type, subnet, ipv4_prefixes?, ipv6_prefixes?}]: prefixes delegated to
+    /// the instance's primary interface)
     #[arg(long, value_name = "FILE", requires = "cloud")]
     pub fake_cloud: Option<PathBuf>,
 }
@@ -95,6 +96,9 @@ struct FakeSubnet {
     vpc: String,
     zone: String,
     ipv4: String,
+    /// The subnet's IPv6 /64, if it has one.
+    #[serde(default)]
+    ipv6: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -104,6 +108,12 @@ struct FakeInstance {
     #[serde(rename = "type")]
     instance_type: String,
     subnet: String,
+    /// IPv4 /28 prefixes delegated to its primary interface at start.
+    #[serde(default)]
+    ipv4_prefixes: u32,
+    /// IPv6 /80 prefixes delegated to its primary interface at start.
+    #[serde(default)]
+    ipv6_prefixes: u32,
 }
 
 /// Builds the fake EC2 of `--fake-cloud`; a file that does not read or parse is a usage error
@@ -118,12 +128,15 @@ fn fake_cloud(path: &std::path::Path) -> Result<corral_cloud::FakeEc2, Failure> 
             .ipv4
             .parse()
             .map_err(|e| bad(format!("subnet {}: {e}", subnet.id)))?;
-        builder = builder.subnet(corral_cloud::fake::SubnetSpec::new(
-            &subnet.id,
-            &subnet.vpc,
-            &subnet.zone,
-            cidr,
-        ));
+        let mut spec =
+            corral_cloud::fake::SubnetSpec::new(&subnet.id, &subnet.vpc, &subnet.zone, cidr);
+        if let Some(ipv6) = &subnet.ipv6 {
+            let cidr = ipv6
+                .parse()
+                .map_err(|e| bad(format!("subnet {}: {e}", subnet.id)))?;
+            spec = spec.ipv6(cidr);
+        }
+        builder = builder.subnet(spec);
     }
     for instance in &file.instances {
         builder = builder.instance(
@@ -131,7 +144,14 @@ fn fake_cloud(path: &std::path::Path) -> Result<corral_cloud::FakeEc2, Failure> 
                 .id(&instance.id),
         );
     }
-    builder.build().map_err(|e| bad(e.to_string()))
+    let fake = builder.build().map_err(|e| bad(e.to_string()))?;
+    for instance in &file.instances {
+        if instance.ipv4_prefixes > 0 || instance.ipv6_prefixes > 0 {
+            fake.delegate_to_primary(&instance.id, instance.ipv4_prefixes, instance.ipv6_prefixes)
+                .map_err(|e| bad(format!("instance {}: {e}", instance.id)))?;
+        }
+    }
+    Ok(fake)
 }
 
 /// Where `corral operator` serves its API by default.
