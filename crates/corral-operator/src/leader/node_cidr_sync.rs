@@ -451,17 +451,13 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
         let seen = &self.seen;
         let clocks = &mut self.clocks;
         let config_revision = self.ctx.shared.with_view(|view, _| {
-            // A cloud pool's prefixes on the same interface are its own: those recorded are
-            // left out, and a node with a cloud intent open (a prefix assigned, not recorded
-            // yet) is not looked at this turn.
+            // A cloud pool's prefixes on the same interface are its own (pools never overlap, so
+            // they lie outside this pool anyway): those recorded are left out rather than
+            // reported.
             let recorded: BTreeSet<IpNet> = view
                 .cloud_interfaces()
                 .filter_map(|(_, e)| e.record.as_ref())
                 .flat_map(|r| r.addresses.iter().copied())
-                .collect();
-            let busy: BTreeSet<&NodeName> = view
-                .cloud_intents()
-                .filter_map(|(_, e)| e.record.as_ref()?.node.as_ref())
                 .collect();
             let sights: BTreeMap<NodeName, Sight> = view
                 .nodes()
@@ -472,7 +468,6 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
                     );
                     let sight = match (&entry.record.instance_id, seen.get(node)) {
                         (None, _) => Sight::NoInstance,
-                        (Some(_), _) if busy.contains(node) => Sight::Unseen,
                         (Some(id), Some(s)) if *id == s.instance_id => match &s.interface {
                             Some(primary) => Sight::Primary {
                                 at_ms: s.at_ms,
