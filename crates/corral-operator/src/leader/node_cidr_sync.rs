@@ -356,6 +356,8 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
         if !self.ready || !(described || replan) {
             return Some(());
         }
+        // Hook of the to-cloud direction (`leader/to_cloud.rs`): `self.seen` holds this turn's
+        // describes of the primaries (`PrimarySeen`), the same ones the plan below reads.
         self.plan_and_carry_out().await
     }
 
