@@ -233,6 +233,9 @@ struct FakeSubnet {
     vpc: String,
     zone: String,
     ipv4: String,
+    /// The subnet's IPv6 /64, if it has one.
+    #[serde(default)]
+    ipv6: Option<String>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -242,6 +245,12 @@ struct FakeInstance {
     #[serde(rename = "type")]
     instance_type: String,
     subnet: String,
+    /// IPv4 /28 prefixes delegated to its primary interface at start.
+    #[serde(default)]
+    ipv4_prefixes: u32,
+    /// IPv6 /80 prefixes delegated to its primary interface at start.
+    #[serde(default)]
+    ipv6_prefixes: u32,
 }
 
 /// Builds the fake EC2 of `--fake-cloud`; a file that does not read or parse is a problem
@@ -256,12 +265,15 @@ fn fake_cloud(path: &Path) -> Result<corral_cloud::FakeEc2, String> {
             .ipv4
             .parse()
             .map_err(|e| bad(format!("subnet {}: {e}", subnet.id)))?;
-        builder = builder.subnet(corral_cloud::fake::SubnetSpec::new(
-            &subnet.id,
-            &subnet.vpc,
-            &subnet.zone,
-            cidr,
-        ));
+        let mut spec =
+            corral_cloud::fake::SubnetSpec::new(&subnet.id, &subnet.vpc, &subnet.zone, cidr);
+        if let Some(ipv6) = &subnet.ipv6 {
+            let cidr = ipv6
+                .parse()
+                .map_err(|e| bad(format!("subnet {}: {e}", subnet.id)))?;
+            spec = spec.ipv6(cidr);
+        }
+        builder = builder.subnet(spec);
     }
     for instance in &file.instances {
         builder = builder.instance(
@@ -269,5 +281,12 @@ fn fake_cloud(path: &Path) -> Result<corral_cloud::FakeEc2, String> {
                 .id(&instance.id),
         );
     }
-    builder.build().map_err(|e| bad(e.to_string()))
+    let fake = builder.build().map_err(|e| bad(e.to_string()))?;
+    for instance in &file.instances {
+        if instance.ipv4_prefixes > 0 || instance.ipv6_prefixes > 0 {
+            fake.delegate_to_primary(&instance.id, instance.ipv4_prefixes, instance.ipv6_prefixes)
+                .map_err(|e| bad(format!("instance {}: {e}", instance.id)))?;
+        }
+    }
+    Ok(fake)
 }

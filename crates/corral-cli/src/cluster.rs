@@ -74,8 +74,9 @@ pub struct CloudArgs {
     /// from the environment as every AWS tool finds them)
     #[arg(long, value_name = "NAME")]
     pub cloud: Option<String>,
-    /// The fake cloud's seed file (JSON: `seed`, `subnets` [{id, vpc, zone, ipv4}],
-    /// `instances` [{id, type, subnet}])
+    /// The fake cloud's seed file (JSON: `seed`, `subnets` [{id, vpc, zone, ipv4, ipv6?}],
+    /// `instances` [{id, type, subnet, ipv4_prefixes?, ipv6_prefixes?}]: prefixes delegated to
+    /// the instance's primary interface)
     #[arg(long, value_name = "FILE", requires = "cloud")]
     pub fake_cloud: Option<PathBuf>,
     /// The cloud API's endpoint URL instead of the provider's own (a VPC endpoint, or an

@@ -262,6 +262,7 @@ fn cluster_check_compares_the_records_with_the_clouds_view() {
         addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
         attachment: CloudAttachment::Attached,
         managed: false,
+        prefixes_refused_ms: None,
     };
     let put = |id: &str, record: &CloudInterfaceRecord| {
         block_on(kv.txn(Txn {

@@ -33,6 +33,7 @@ use crate::keys::{CloudId, FamilyDemand, ReleaseState};
 mod choice;
 mod empty;
 mod gc;
+mod node_cidr;
 mod replay;
 mod targets;
 #[cfg(test)]
@@ -44,6 +45,9 @@ pub use choice::{
 };
 pub use empty::empty_interface_to_delete;
 pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};
+pub use node_cidr::{
+    FromCloudInput, FromCloudPlan, FromCloudProblem, FromCloudReport, Sight, plan_from_cloud,
+};
 pub use replay::{DESCRIBE_LAG_BOUND_MS, ObservedInterface, Replay, replay_intent};
 pub use targets::{WarmMode, warm_mode, warm_needed_and_excess};
 

@@ -48,9 +48,9 @@ use self::model::{FakeInstance, FakeSubnet, Lag, Model, Span};
 use self::pool::{Ipv4Pool, Ipv6Pool};
 use crate::bucket::TokenBucket;
 use crate::{
-    Action, CloudError, CloudProvider, CreateInterface, Instance, InstanceState, InstanceTypeInfo,
-    InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
-    SubnetFilter, Tags,
+    Action, Amount, CloudError, CloudProvider, CreateInterface, Instance, InstanceState,
+    InstanceTypeInfo, InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface,
+    Subnet, SubnetFilter, Tags,
 };
 
 const ACTIONS: usize = Action::ALL.len();
@@ -784,6 +784,52 @@ impl FakeEc2 {
             .launch(spec.id, &spec.instance_type, &spec.subnet_id, now)?;
         inner.model.set_state(&id, spec.state)?;
         Ok(id)
+    }
+
+    /// Delegates prefixes to an instance's primary interface (device index 0) as
+    /// AssignPrivateIpAddresses and AssignIpv6Addresses with prefix counts would (a seeding
+    /// helper: no call is counted and no bucket drawn; describes see it after their lag like any
+    /// change). IPv6 prefixes need the subnet's IPv6 CIDR.
+    pub fn delegate_to_primary(
+        &self,
+        instance_id: &str,
+        ipv4_prefixes: u32,
+        ipv6_prefixes: u32,
+    ) -> Result<(Ipv4Set, Ipv6Set), CloudError> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let now = Instant::now();
+        let primary = inner
+            .model
+            .inspect_all(now)
+            .into_iter()
+            .find(|ni| {
+                ni.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == instance_id && a.device_index == 0)
+            })
+            .ok_or_else(|| CloudError::InstanceNotFound {
+                message: format!("the instance ID '{instance_id}' has no primary interface"),
+            })?;
+        let mut v4 = Ipv4Set::default();
+        let mut v6 = Ipv6Set::default();
+        if ipv4_prefixes > 0 {
+            v4 = inner.model.assign_ipv4(
+                &primary.id,
+                &Ipv4Assign::Prefixes(Amount::Count(ipv4_prefixes)),
+                now,
+                &mut inner.rng,
+            )?;
+        }
+        if ipv6_prefixes > 0 {
+            v6 = inner.model.assign_ipv6(
+                &primary.id,
+                &Ipv6Assign::Prefixes(Amount::Count(ipv6_prefixes)),
+                now,
+                &mut inner.rng,
+            )?;
+        }
+        Ok((v4, v6))
     }
 
     /// Sets an instance's state (pending, stopped, ...) with no other effect.

@@ -258,6 +258,8 @@ struct Manager<K, P> {
     /// Intents of no node being replayed (the collector's deletions).
     orphans_running: bool,
     next_intent: u64,
+    /// The configuration has no cloud pool: nothing is due but a signal.
+    idle: bool,
 }
 
 /// Runs the cloud node manager until it is dropped (leading ended) or the view is gone.
@@ -310,6 +312,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         occupied: HashMap::new(),
         orphans_running: false,
         next_intent: 0,
+        idle: false,
     };
     manager.signal.all();
     loop {
@@ -337,6 +340,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     /// The next moment something is due (a resync, the collector, a node's backoff).
     fn next_wake(&self) -> Instant {
         let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            // No cloud pool: the resync (due since the start) waits for one, and a configuration
+            // with one comes as a signal (regression: the manager spun on a past resync time).
+            return wake;
+        }
         if !self.resync_running {
             wake = wake.min(self.resync_at);
         }
@@ -358,7 +366,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let shared = Arc::clone(&self.ctx.shared);
         shared.with_view(|view, _| {
             let cloud_pools = cloud_pools(view);
-            if cloud_pools.is_empty() {
+            self.idle = cloud_pools.is_empty();
+            if self.idle {
                 self.pending.clear();
                 return;
             }

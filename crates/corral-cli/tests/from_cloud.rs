@@ -1,0 +1,141 @@
+//! Node CIDRs from the cloud with real processes: etcd on 127.0.0.1, `corral operator --cloud
+//! fake --fake-cloud FILE` (the fake seeded with a /80 and two /28s delegated to the instance's
+//! primary interface) and a `corral agent --instance-id`: the operator grants the delegated
+//! prefixes, the agent serves them (an IPv6 pod address comes from the /80), and `corral cluster
+//! check` with the agent holds.
+//!
+//! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use corral_api::{AllocateRequest, FamilyChoice};
+use corral_client::Client;
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+use common::{Agent, BINARY};
+
+const FROM_CLOUD: &str = r#"
+quarantine_secs = 5
+[[pools]]
+name = "pods"
+cloud_sync = "from-cloud"
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+node_prefix_len = 28
+[pools.ipv6]
+cidrs = ["2600:1f14::/56"]
+node_prefix_len = 80
+"#;
+
+const FAKE_CLOUD: &str = r#"{
+  "seed": 7,
+  "subnets": [{"id": "subnet-a", "vpc": "vpc-1", "zone": "us-east-1a",
+               "ipv4": "10.0.0.0/18", "ipv6": "2600:1f14:0:1::/64"}],
+  "instances": [{"id": "i-0abc", "type": "m5.large", "subnet": "subnet-a",
+                 "ipv4_prefixes": 2, "ipv6_prefixes": 1}]
+}"#;
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn operator(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Child {
+    let seed = dir.join("cloud.json");
+    std::fs::write(&seed, FAKE_CLOUD).unwrap();
+    Child(
+        Command::new(BINARY)
+            .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
+            .args(["--replica", "op-a", "--lease-ttl", "2", "--cloud", "fake"])
+            .arg("--fake-cloud")
+            .arg(&seed)
+            .arg("--api-socket")
+            .arg(dir.join("op-a.sock"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("op-a.log")).unwrap())
+            .spawn()
+            .expect("corral operator starts"),
+    )
+}
+
+fn agent(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = agent_config(dir);
+    let endpoints = endpoints(etcd);
+    Agent::start(
+        &[
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--etcd".as_ref(),
+            endpoints.as_ref(),
+            "--cluster".as_ref(),
+            "t".as_ref(),
+            "--node".as_ref(),
+            "node-a".as_ref(),
+            "--lease-ttl".as_ref(),
+            "3".as_ref(),
+            "--instance-id".as_ref(),
+            "i-0abc".as_ref(),
+        ],
+        &dir.join("agent.sock"),
+    )
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn the_agent_serves_the_prefixes_delegated_to_its_instance() {
+    let etcd = start_etcd(1);
+    let dir = tempfile::tempdir().unwrap();
+    init(&etcd, dir.path(), FROM_CLOUD);
+    let _operator = operator(&etcd, dir.path());
+    let agent_dir = dir.path().join("node-a");
+    let _agent = agent(&etcd, &agent_dir);
+    let socket = agent_dir.join("agent.sock");
+    // The fake's describes lag up to 5 s behind the seeding; the sync passes sooner while the
+    // node waits.
+    wait_until(
+        "the agent serves one /80 and two /28s",
+        Duration::from_secs(60),
+        || {
+            let ranges = agent_ranges(&socket);
+            ranges.iter().filter(|r| r.contains("/80")).count() == 1
+                && ranges.iter().filter(|r| r.contains("/28")).count() == 2
+        },
+    );
+    let ranges = agent_ranges(&socket);
+    assert!(ranges.iter().all(|r| r.starts_with("pods ")), "{ranges:?}");
+    let granted = grants(&etcd);
+    assert_eq!(granted["node-a"].len(), 3, "{granted:?}");
+    // A pod's IPv6 address comes from the /80 the cloud delegated.
+    let response = Client::unix(&socket)
+        .allocate(&AllocateRequest {
+            scope: "node".into(),
+            pool: "pods".into(),
+            family: Some(FamilyChoice::Ipv6),
+            address: None,
+            owner: "pod-1".into(),
+            key: None,
+            lease_ms: None,
+        })
+        .unwrap();
+    let address = response.allocations[0].address;
+    let v6 = ranges.iter().find(|r| r.contains("/80")).unwrap();
+    assert!(matches!(address, IpAddr::V6(_)));
+    assert!(
+        contains(v6.trim_start_matches("pods "), address),
+        "{address} in {v6}"
+    );
+    assert_check(&etcd, &[&socket]);
+}
