@@ -34,6 +34,7 @@ mod choice;
 mod gc;
 mod replay;
 mod targets;
+pub mod to_cloud;
 #[cfg(test)]
 mod tests;
 

@@ -32,7 +32,7 @@ pub use config::{
 pub use intervals::IntervalSet;
 pub use keys::{
     CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
-    DemandRecord, FamilyDemand, GrantRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord,
+    DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord,
     NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord, ReleaseRecord, ReleaseState,
     RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
 };
