@@ -25,6 +25,7 @@ use crate::state::{Shared, TxnOutcome};
 
 mod blocks;
 pub(crate) mod cloud;
+pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.
 const PAGE: usize = 2000;
@@ -100,11 +101,24 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
                 options.clone(),
                 Arc::clone(&signal),
             );
+            // To-cloud node-cidr pools: their grants delegated to the nodes' instances.
+            let delegations = to_cloud::manage(
+                kv.clone(),
+                keys.clone(),
+                fence.clone(),
+                Arc::clone(shared),
+                Arc::new(session.clone()),
+                options.workers,
+                options.resync,
+                Arc::clone(&options.clock),
+                Arc::clone(&signal.to_cloud),
+            );
             let result = tokio::select! {
                 result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal)) => result,
                 // The manager runs until it is dropped here; it returns only if the lead is
                 // gone (its view removed).
                 () = manager => Err(LeadError::Lost),
+                () = delegations => Err(LeadError::Lost),
             };
             session.shutdown();
             result
