@@ -254,6 +254,8 @@ struct Manager<K, P> {
     /// Intents of no node being replayed (the collector's deletions).
     orphans_running: bool,
     next_intent: u64,
+    /// No cloud pool configured: nothing is due (not even a resync) until that changes.
+    idle: bool,
 }
 
 /// Runs the cloud node manager until it is dropped (leading ended) or the view is gone.
@@ -306,6 +308,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         occupied: HashMap::new(),
         orphans_running: false,
         next_intent: 0,
+        idle: false,
     };
     manager.signal.all();
     loop {
@@ -333,6 +336,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     /// The next moment something is due (a resync, the collector, a node's backoff).
     fn next_wake(&self) -> Instant {
         let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            // Woken by the signal (a configuration with cloud pools), not by a timer: a
+            // resync due in the past would spin the loop.
+            return wake;
+        }
         if !self.resync_running {
             wake = wake.min(self.resync_at);
         }
@@ -354,7 +362,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let shared = Arc::clone(&self.ctx.shared);
         shared.with_view(|view, _| {
             let cloud_pools = cloud_pools(view);
-            if cloud_pools.is_empty() {
+            self.idle = cloud_pools.is_empty();
+            if self.idle {
                 self.pending.clear();
                 return;
             }

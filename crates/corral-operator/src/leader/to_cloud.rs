@@ -47,7 +47,8 @@ use crate::state::Shared;
 /// How soon an intent the cloud's view could not settle yet is replayed again.
 const REPLAY_WAIT: Duration = Duration::from_secs(3);
 
-/// How long the manager's own changes override the resync's view (EC2's describes lag).
+/// How long after the manager's own change a resync must begin to be trusted over it (EC2's
+/// describes lag).
 const OWN_CHANGES_KEPT: Duration =
     Duration::from_millis(corral_cluster::cloud::DESCRIBE_LAG_BOUND_MS);
 
@@ -162,6 +163,8 @@ struct Manager<K, P> {
     resync_running: bool,
     resync_state: RetryState,
     resync_at: Instant,
+    /// When the running resync started.
+    resync_started: Instant,
     /// Subnets' CIDRs by ID, from the last resync.
     subnets: HashMap<String, Vec<IpNet>>,
     /// Instances as the last resync showed them (only those with a primary interface).
@@ -174,6 +177,10 @@ struct Manager<K, P> {
     busy: HashSet<NodeName>,
     pending: BTreeSet<NodeName>,
     next_intent: u64,
+    /// Pool-wide problems reported (a length the provider cannot take), once each.
+    pool_problems: Vec<String>,
+    /// Nothing to sync: nothing is due until the signal says otherwise.
+    idle: bool,
 }
 
 /// Runs the to-cloud delegations until dropped (leading ended) or the view is gone.
@@ -206,6 +213,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
         resync_running: false,
         resync_state: RetryState::default(),
         resync_at: Instant::now(),
+        resync_started: Instant::now(),
         subnets: HashMap::new(),
         resynced: BTreeMap::new(),
         described: BTreeMap::new(),
@@ -214,6 +222,8 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
         busy: HashSet::new(),
         pending: BTreeSet::new(),
         next_intent: 0,
+        pool_problems: Vec::new(),
+        idle: false,
     };
     manager.signal.all();
     loop {
@@ -274,6 +284,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
 
     fn next_wake(&self) -> Instant {
         let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            return wake;
+        }
         if !self.resync_running && self.ready {
             wake = wake.min(self.resync_at);
         }
@@ -291,11 +304,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let shared = Arc::clone(&self.ctx.shared);
         shared.with_view(|view, _| {
             let pools = decide::to_cloud_pools(view.config());
-            if all || !self.ready {
+            if all || !self.ready || self.idle {
                 let concerned = concerned(view, &pools);
-                if concerned.is_empty() {
-                    // Nothing to sync: no call at all (not even a resync).
+                self.idle = concerned.is_empty();
+                if self.idle {
+                    // Nothing to sync: no call at all (not even a resync) until the signal
+                    // names a node.
                     self.pending.clear();
+                    self.nodes.clear();
                     return;
                 }
                 self.pending.extend(concerned);
@@ -310,10 +326,29 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             if !self.resync_running && self.resync_at <= now {
                 self.start_resync();
             }
+            let delegable = [
+                self.ctx.provider.delegable_prefix_len(false),
+                self.ctx.provider.delegable_prefix_len(true),
+            ];
+            let pool_problems: Vec<String> = pools
+                .iter()
+                .filter_map(|p| {
+                    let len = match p.family {
+                        Family::V4 => delegable[0],
+                        Family::V6 => delegable[1],
+                    };
+                    decide::length_problem(p, len)
+                })
+                .collect();
+            for problem in &pool_problems {
+                if !self.pool_problems.contains(problem) {
+                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
+                }
+            }
+            self.pool_problems = pool_problems;
             if !self.ready {
                 return;
             }
-            self.own.retain(|_, (_, at)| now.duration_since(*at) < OWN_CHANGES_KEPT);
             let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
             for node in pending {
                 if self.running.len() >= self.workers {
@@ -337,6 +372,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
 
     fn start_resync(&mut self) {
         self.resync_running = true;
+        self.resync_started = Instant::now();
         let ctx = self.ctx.clone();
         self.running.spawn(async move {
             let interfaces = ctx
@@ -441,6 +477,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             now_ms,
         });
         let state = self.nodes.entry(node.clone()).or_default();
+        let mut plan = plan;
+        // Pool-wide problems are reported once, not per node.
+        plan.problems.retain(|p| !self.pool_problems.contains(p));
         if plan.problems != state.reported {
             for problem in &plan.problems {
                 if !state.reported.contains(problem) {
@@ -519,6 +558,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                             })
                             .collect();
                         self.described.clear();
+                        // Own changes stay over the view until a resync that began well after
+                        // them (its describe may lag them by up to the bound).
+                        let started = self.resync_started;
+                        self.own
+                            .retain(|_, (_, at)| *at + OWN_CHANGES_KEPT > started);
                         if !self.ready {
                             self.ready = true;
                         }
