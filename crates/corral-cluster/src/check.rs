@@ -22,9 +22,9 @@ use ipnet::IpNet;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, GrantRecord, Key, Keys, NodeIdOfNodeRecord,
-    NodeIdRecord, NodeName, NodeRecord, DelegationRecord, QuarantineRecord, ReleaseRecord, ReleaseState,
-    decode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
+    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
+    ReleaseState, decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;

@@ -34,9 +34,9 @@ mod choice;
 mod gc;
 mod replay;
 mod targets;
-pub mod to_cloud;
 #[cfg(test)]
 mod tests;
+pub mod to_cloud;
 
 pub use choice::{
     PrefixFallback, ServeKey, choose_subnet, next_device_index, prefix_fallback, serve_order,

@@ -15,10 +15,10 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord, Key, Keys,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
-    ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
+    Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
+    QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError,
+    decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 

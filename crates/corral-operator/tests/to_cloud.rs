@@ -257,7 +257,9 @@ impl CloudProvider for Gate {
         instance: &str,
         index: u32,
     ) -> Result<String, CloudError> {
-        self.inner.attach_interface(interface, instance, index).await
+        self.inner
+            .attach_interface(interface, instance, index)
+            .await
     }
     async fn detach_interface(&self, attachment: &str, force: bool) -> Result<(), CloudError> {
         self.inner.detach_interface(attachment, force).await
@@ -339,9 +341,11 @@ async fn crashes_between_intent_call_and_record_are_replayed_without_duplicates(
         let (options, stopped) = gated(&rig, before, after);
         let crashing = Replica::start_with_cloud(&rig.kv, &format!("op-{round}"), Some(options));
         leads(&crashing).await;
-        wait_until("calls stopped at the gate", Duration::from_secs(120), || async {
-            stopped.load(Ordering::SeqCst) >= 2
-        })
+        wait_until(
+            "calls stopped at the gate",
+            Duration::from_secs(120),
+            || async { stopped.load(Ordering::SeqCst) >= 2 },
+        )
         .await;
         assert!(
             !under(&rig.kv, "intents/").await.is_empty(),
@@ -384,13 +388,19 @@ async fn a_throttling_storm_sends_no_more_than_the_refill() {
     .await;
     let seconds = started.elapsed().as_secs();
     let c = rig.ec2.counters();
-    for action in [Action::AssignPrivateIpAddresses, Action::AssignIpv6Addresses] {
+    for action in [
+        Action::AssignPrivateIpAddresses,
+        Action::AssignIpv6Addresses,
+    ] {
         let sent = c.calls(action);
         eprintln!(
             "storm: {action:?} sent {sent}, {} throttled, in {seconds} s",
             c.throttled(action)
         );
-        assert!(sent <= 100 + 5 * seconds, "{action:?}: {sent} in {seconds} s");
+        assert!(
+            sent <= 100 + 5 * seconds,
+            "{action:?}: {sent} in {seconds} s"
+        );
         assert!(c.throttled(action) > 0, "the storm throttled {action:?}");
     }
     assert_end(&rig).await;
@@ -489,17 +499,20 @@ async fn a_length_the_cloud_cannot_take_is_reported_and_never_called() {
     .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(
-        rig.ec2
-            .counters()
-            .calls(Action::AssignPrivateIpAddresses),
+        rig.ec2.counters().calls(Action::AssignPrivateIpAddresses),
         0
     );
-    assert_eq!(granted(&rig).await.values().map(BTreeSet::len).sum::<usize>(), 6);
+    assert_eq!(
+        granted(&rig)
+            .await
+            .values()
+            .map(BTreeSet::len)
+            .sum::<usize>(),
+        6
+    );
     assert!(
-        a.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("pool pods ipv4: node CIDRs are /26, the cloud provider delegates only /28")),
+        a.shared.problems().iter().any(|p| p
+            .contains("pool pods ipv4: node CIDRs are /26, the cloud provider delegates only /28")),
         "{:#?}",
         a.shared.problems()
     );

@@ -65,10 +65,7 @@ pub(super) fn delegation_problems(parsed: &Parsed) -> Vec<String> {
             )),
             Some(f) => {
                 let inside = f.cidrs.iter().any(|c| c.contains(cidr));
-                if family_of(cidr) != *family
-                    || cidr.prefix_len() != f.node_prefix_len
-                    || !inside
-                {
+                if family_of(cidr) != *family || cidr.prefix_len() != f.node_prefix_len || !inside {
                     problems.push(format!(
                         "node CIDR {cidr} of node {node} is recorded delegated in pool {pool} \
                          but is not one of its {family} node CIDRs"

@@ -374,10 +374,7 @@ pub fn plan_delegations(input: &DelegationInput<'_>) -> DelegationPlan {
             if earlier {
                 continue;
             }
-            if input
-                .taken_elsewhere
-                .contains(&(pool.pool.clone(), *cidr))
-            {
+            if input.taken_elsewhere.contains(&(pool.pool.clone(), *cidr)) {
                 plan.problems.push(format!(
                     "node CIDR {cidr} of node {node} (pool {}) is still delegated to another \
                      instance: delegated once it is taken back there",
@@ -450,7 +447,11 @@ pub enum DelegationReplay {
 /// - `UndelegatePrefix`: there → `Undelegate` (repeating it is harmless); not there or gone →
 ///   `Undelegated` (a describe never shows a prefix gone before it is).
 /// - any other op is not a delegation's: `Wait` (never acted on here).
-pub fn replay_delegation(op: &CloudOp, on_interface: Option<bool>, age_ms: u64) -> DelegationReplay {
+pub fn replay_delegation(
+    op: &CloudOp,
+    on_interface: Option<bool>,
+    age_ms: u64,
+) -> DelegationReplay {
     match op {
         CloudOp::DelegatePrefix { .. } => match on_interface {
             Some(true) => DelegationReplay::Record,

@@ -249,10 +249,11 @@ fn concerned(view: &ClusterView, pools: &[ToCloudPool]) -> BTreeSet<NodeName> {
     let mut nodes: BTreeSet<NodeName> = BTreeSet::new();
     if !pools.is_empty() {
         for (node, _) in view.nodes() {
-            let granted = view
-                .grants_of(node)
-                .iter()
-                .any(|g| pools.iter().any(|p| p.pool == g.pool && p.family == g.family));
+            let granted = view.grants_of(node).iter().any(|g| {
+                pools
+                    .iter()
+                    .any(|p| p.pool == g.pool && p.family == g.family)
+            });
             if granted {
                 nodes.insert(node.clone());
             }
@@ -566,8 +567,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         if !self.ready {
                             self.ready = true;
                         }
-                        self.resync_at =
-                            Instant::now() + self.resync_state.success(&timing).max(self.resync_every);
+                        self.resync_at = Instant::now()
+                            + self.resync_state.success(&timing).max(self.resync_every);
                         self.signal.all();
                     }
                     Err(error) => {
@@ -747,9 +748,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
         subnets: &HashMap<String, Vec<IpNet>>,
     ) -> Outcome {
         match step {
-            DelegationStep::Describe { instance_id } => {
-                self.describe(&instance_id, subnets).await
-            }
+            DelegationStep::Describe { instance_id } => self.describe(&instance_id, subnets).await,
             DelegationStep::Forget {
                 pool,
                 cidr,
@@ -757,9 +756,10 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
                 ..
             } => {
                 let key = self.key_of(&pool, &cidr);
-                self.write(vec![Compare::modified_at(key.clone(), revision)], vec![
-                    TxnOp::delete(key),
-                ])
+                self.write(
+                    vec![Compare::modified_at(key.clone(), revision)],
+                    vec![TxnOp::delete(key)],
+                )
                 .await
             }
             DelegationStep::Adopt {
@@ -771,8 +771,11 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             } => {
                 let key = self.key_of(&pool, &cidr);
                 let value = self.record_value(&instance_id, &interface);
-                self.write(vec![Compare::absent(key.clone())], vec![TxnOp::put(key, value)])
-                    .await
+                self.write(
+                    vec![Compare::absent(key.clone())],
+                    vec![TxnOp::put(key, value)],
+                )
+                .await
             }
             DelegationStep::Delegate {
                 pool,
@@ -802,7 +805,10 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
                             Compare::modified_at(key.clone(), revision)
                         };
                         self.write(
-                            vec![compare, Compare::modified_at(intent_key.clone(), intent_revision)],
+                            vec![
+                                compare,
+                                Compare::modified_at(intent_key.clone(), intent_revision),
+                            ],
                             vec![TxnOp::put(key, value), TxnOp::delete(intent_key)],
                         )
                         .await
@@ -987,9 +993,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             .describe_interfaces(&InterfaceFilter::id(interface.as_str()))
             .await
         {
-            Ok(found) => found
-                .first()
-                .map(|ni| prefixes_of(ni).contains(&prefix)),
+            Ok(found) => found.first().map(|ni| prefixes_of(ni).contains(&prefix)),
             Err(error) if error.is_not_found() => None,
             Err(error) => return Outcome::Failed(format!("replaying intent {id}: {error}")),
         };
@@ -1006,18 +1010,18 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             DelegationReplay::Record => {
                 self.changed = Some((interface.clone(), prefix, true));
                 let value = self.record_value(&instance_id, &interface);
-                self.write(vec![intent_compare], vec![
-                    TxnOp::put(key, value),
-                    TxnOp::delete(intent_key),
-                ])
+                self.write(
+                    vec![intent_compare],
+                    vec![TxnOp::put(key, value), TxnOp::delete(intent_key)],
+                )
                 .await
             }
             DelegationReplay::Undelegated => {
                 self.changed = Some((interface.clone(), prefix, false));
-                self.write(vec![intent_compare], vec![
-                    TxnOp::delete(key),
-                    TxnOp::delete(intent_key),
-                ])
+                self.write(
+                    vec![intent_compare],
+                    vec![TxnOp::delete(key), TxnOp::delete(intent_key)],
+                )
                 .await
             }
             DelegationReplay::Undelegate => {
@@ -1048,9 +1052,9 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
                         )
                         .await
                     }
-                    Err(error) => Outcome::Failed(format!(
-                        "taking {prefix} back from {interface}: {error}"
-                    )),
+                    Err(error) => {
+                        Outcome::Failed(format!("taking {prefix} back from {interface}: {error}"))
+                    }
                 }
             }
         }
@@ -1084,18 +1088,24 @@ async fn unassign<P: CloudProvider>(
     let result = match prefix {
         IpNet::V4(p) => {
             provider
-                .unassign_ipv4(interface, &Ipv4Set {
-                    addresses: Vec::new(),
-                    prefixes: vec![p],
-                })
+                .unassign_ipv4(
+                    interface,
+                    &Ipv4Set {
+                        addresses: Vec::new(),
+                        prefixes: vec![p],
+                    },
+                )
                 .await
         }
         IpNet::V6(p) => {
             provider
-                .unassign_ipv6(interface, &Ipv6Set {
-                    addresses: Vec::new(),
-                    prefixes: vec![p],
-                })
+                .unassign_ipv6(
+                    interface,
+                    &Ipv6Set {
+                        addresses: Vec::new(),
+                        prefixes: vec![p],
+                    },
+                )
                 .await
         }
     };

@@ -168,7 +168,10 @@ fn a_length_the_provider_cannot_take_is_reported_and_nothing_is_called() {
     let plan = case.plan();
     assert_eq!(plan.steps.len(), 1);
     assert_eq!(plan.problems.len(), 1, "{plan:?}");
-    assert!(plan.problems[0].contains("delegates no ipv6 range"), "{plan:?}");
+    assert!(
+        plan.problems[0].contains("delegates no ipv6 range"),
+        "{plan:?}"
+    );
     case.delegable = [Some(26), Some(80)];
     let plan = case.plan();
     assert!(plan.problems[0].contains("/28, the cloud provider delegates only /26"));
@@ -416,8 +419,10 @@ impl World {
             .map(|(_, c)| (pods(), *c))
             .collect();
         for (n, op, _) in &self.intents {
-            if let (false, CloudOp::DelegatePrefix { prefix, .. } | CloudOp::UndelegatePrefix { prefix, .. }) =
-                (n == name, op)
+            if let (
+                false,
+                CloudOp::DelegatePrefix { prefix, .. } | CloudOp::UndelegatePrefix { prefix, .. },
+            ) = (n == name, op)
             {
                 taken.insert((pods(), *prefix));
             }
@@ -464,7 +469,8 @@ impl World {
         if let Some(index) = self.intents.iter().position(|(n, ..)| n == name) {
             let (_, op, instance) = self.intents[index].clone();
             let cidr = match &op {
-                CloudOp::DelegatePrefix { prefix, .. } | CloudOp::UndelegatePrefix { prefix, .. } => *prefix,
+                CloudOp::DelegatePrefix { prefix, .. }
+                | CloudOp::UndelegatePrefix { prefix, .. } => *prefix,
                 _ => unreachable!(),
             };
             // Intents are replayed settled (the sim's describes never lag).
@@ -507,7 +513,8 @@ impl World {
             DelegationStep::Adopt {
                 cidr, instance_id, ..
             } => {
-                self.keys.insert((name.clone(), cidr), (instance_id, now_ms));
+                self.keys
+                    .insert((name.clone(), cidr), (instance_id, now_ms));
             }
             DelegationStep::Delegate {
                 cidr,
@@ -527,7 +534,8 @@ impl World {
                     }
                     Fault::None => {
                         self.call(&instance_id, cidr, true);
-                        self.keys.insert((name.clone(), cidr), (instance_id, now_ms));
+                        self.keys
+                            .insert((name.clone(), cidr), (instance_id, now_ms));
                     }
                 }
             }
@@ -573,7 +581,8 @@ impl World {
                 let held = self.grants.values().any(|g| *g == cidr);
                 // A quarantined CIDR is not granted until its quarantine ends, which the sim
                 // lets happen whenever (possibly before corral took it back).
-                if self.registered.contains_key(&name) && !self.grants.contains_key(&name) && !held {
+                if self.registered.contains_key(&name) && !self.grants.contains_key(&name) && !held
+                {
                     self.quarantined.remove(&cidr);
                     self.grants.insert(name, cidr);
                 }
