@@ -4,7 +4,8 @@
 //! inside their pool at its node prefix length, clear of reserved and quarantined ranges;
 //! `grants/` and `owned/` match both ways; every grant names a registered node under its
 //! current registration; a node holds at most one CIDR per pool and family of a node-CIDR pool
-//! (any number of blocks in a block pool); every release key names a current grant of its node
+//! (any number of blocks in a block pool, any number of delegated prefixes in a from-cloud
+//! pool); every release key names a current grant of its node
 //! (the grant's create revision is its `grant_revision`); node IDs are one-to-one, inside the
 //! plan and not quarantined. Cloud pools ([`cloud`]): every `interfaces/` record names a cloud
 //! pool and a registered node, its addresses lie in the pool's CIDRs, no address is on two
@@ -279,8 +280,17 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             .and_then(|c| c.pool(pool))
             .is_some_and(|p| p.is_cloud())
     };
+    // A from-cloud pool's node holds what the cloud delegated to its instance (IPv4: several
+    // /28s), each still a node CIDR under every other rule.
+    let is_from_cloud = |pool: &PoolName| {
+        parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pool(pool))
+            .is_some_and(|p| p.cloud_sync() == Some(crate::config::NodeCidrSync::FromCloud))
+    };
     for ((node, pool, family), count) in per_node {
-        if count > 1 && !is_blocks(pool) {
+        if count > 1 && !is_blocks(pool) && !is_from_cloud(pool) {
             problems.push(format!(
                 "node {node} holds {count} CIDRs of pool {pool} {family}"
             ));
@@ -648,6 +658,32 @@ node_prefix_len = 24
         assert!(problems.iter().any(|p| p.contains("names grant revision")));
         assert!(problems.iter().any(|p| p.contains("names no grant")));
         assert!(problems.iter().any(|p| p.contains("neither a block pool")));
+    }
+
+    #[test]
+    fn a_from_cloud_node_may_hold_several_node_cidrs_each_still_a_node_cidr() {
+        let mut c = Cluster::new();
+        let config = BLOCKS.replace(
+            "name = \"nodes\"\n",
+            "name = \"nodes\"\ncloud_sync = \"from-cloud\"\n",
+        );
+        let config = ClusterConfig::from_toml(
+            &config.replace("node_prefix_len = 24", "node_prefix_len = 28"),
+        )
+        .unwrap();
+        c.entries[0].1 = config.to_json().unwrap().into_bytes();
+        c.grant("nodes", "10.1.0.0/28");
+        c.grant("nodes", "10.1.0.16/28");
+        assert_eq!(c.check(), Vec::<String>::new());
+        // Every other rule holds: the length, the pool's CIDRs, the owned key.
+        c.grant("nodes", "10.1.1.0/24");
+        c.grant("nodes", "10.9.0.0/28");
+        let problems = c.check();
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems.iter().any(|p| p.contains("is not a /28")));
+        assert!(problems.iter().any(|p| p.contains("outside pool nodes")));
+        let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
+        assert_eq!(expected.len(), 4);
     }
 
     #[test]

@@ -32,6 +32,7 @@ use crate::keys::{CloudId, FamilyDemand, ReleaseState};
 
 mod choice;
 mod gc;
+mod node_cidr;
 mod replay;
 mod targets;
 #[cfg(test)]
@@ -42,6 +43,9 @@ pub use choice::{
     PrefixFallback, ServeKey, choose_subnet, next_device_index, prefix_fallback, serve_order,
 };
 pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};
+pub use node_cidr::{
+    FromCloudInput, FromCloudPlan, FromCloudProblem, FromCloudReport, Sight, plan_from_cloud,
+};
 pub use replay::{DESCRIBE_LAG_BOUND_MS, ObservedInterface, Replay, replay_intent};
 pub use targets::{WarmMode, warm_mode, warm_needed_and_excess};
 

@@ -23,6 +23,7 @@ use crate::keys::{
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
 mod block_view;
+mod from_cloud;
 pub use block_view::{
     BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
 };
@@ -1006,7 +1007,10 @@ impl ClusterView {
         let cidrs = self
             .spaces
             .keys()
-            .filter(|pf| !held.contains(*pf) && !self.is_block_pool(&pf.0))
+            // Block pools follow demand; from-cloud pools take what the cloud delegated.
+            .filter(|pf| {
+                !held.contains(*pf) && !self.is_block_pool(&pf.0) && !self.is_from_cloud_pool(&pf.0)
+            })
             .cloned()
             .collect();
         let node_id = self.id_space.is_some() && self.node_id_of(node).is_none();

@@ -25,6 +25,7 @@ use crate::state::{Shared, TxnOutcome};
 
 mod blocks;
 pub(crate) mod cloud;
+pub(crate) mod node_cidr_sync;
 pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.
@@ -85,8 +86,24 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     };
     shared.install(view, revision);
     shared.set_leading(true, started.elapsed());
+    // Node CIDRs synced with the cloud (`cloud_sync`): beside the loop, with or without a
+    // provider (without one it only reports).
+    let sync_signal = Arc::new(node_cidr_sync::SyncSignal::default());
     let result = match cloud {
-        None => serve(kv, keys, fence, lost, stop, shared, workers, None).await,
+        None => {
+            let sync = node_cidr_sync::run::<K, P>(
+                kv.clone(),
+                keys.clone(),
+                fence.clone(),
+                Arc::clone(shared),
+                None,
+                Arc::clone(&sync_signal),
+            );
+            tokio::select! {
+                result = serve(kv, keys, fence, lost, stop, shared, workers, None, &sync_signal) => result,
+                () = sync => Err(LeadError::Lost),
+            }
+        }
         Some((options, scheduler)) => {
             let signal = Arc::new(cloud::CloudSignal::default());
             // This term's calls: shut down when the lead ends, so no call waiting for a token
@@ -101,6 +118,19 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
                 options.clone(),
                 Arc::clone(&signal),
             );
+            let sync = node_cidr_sync::run(
+                kv.clone(),
+                keys.clone(),
+                fence.clone(),
+                Arc::clone(shared),
+                Some(node_cidr_sync::SyncCloud {
+                    provider: Arc::new(session.clone()),
+                    resync: options.resync,
+                    clock: Arc::clone(&options.clock),
+                    workers: options.workers,
+                }),
+                Arc::clone(&sync_signal),
+            );
             // To-cloud node-cidr pools: their grants delegated to the nodes' instances.
             let delegations = to_cloud::manage(
                 kv.clone(),
@@ -114,10 +144,11 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
                 Arc::clone(&signal.to_cloud),
             );
             let result = tokio::select! {
-                result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal)) => result,
-                // The manager runs until it is dropped here; it returns only if the lead is
-                // gone (its view removed).
+                result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal), &sync_signal) => result,
+                // The manager and the sync run until dropped here; they return only if the
+                // lead is gone (the view removed).
                 () = manager => Err(LeadError::Lost),
+                () = sync => Err(LeadError::Lost),
                 () = delegations => Err(LeadError::Lost),
             };
             session.shutdown();
@@ -239,6 +270,8 @@ struct Work {
     clock: blocks::BlockClock,
     /// Cloud pools: tells the cloud node manager which nodes an event concerns.
     cloud: Option<Arc<cloud::CloudSignal>>,
+    /// From-cloud pools: tells the node CIDR sync what changed.
+    sync: Arc<node_cidr_sync::SyncSignal>,
 }
 
 impl Work {
@@ -249,6 +282,9 @@ impl Work {
         let parsed = keys.parse(&key);
         if let (Some(signal), Ok(parsed)) = (&self.cloud, &parsed) {
             signal.note(parsed);
+        }
+        if let Ok(parsed) = &parsed {
+            self.sync.note(parsed, deleted);
         }
         match parsed {
             Ok(Key::Config) => {
@@ -327,6 +363,7 @@ async fn serve<K: Kv>(
     shared: &Arc<Shared>,
     workers: usize,
     cloud: Option<Arc<cloud::CloudSignal>>,
+    sync: &Arc<node_cidr_sync::SyncSignal>,
 ) -> Result<(), LeadError> {
     let (from, timing) = with_view(shared, |view, revision| {
         (*revision + 1, Resync::from(&view.config().resync))
@@ -344,6 +381,7 @@ async fn serve<K: Kv>(
         block_rescan: true,
         clock: blocks::BlockClock::new(),
         cloud,
+        sync: Arc::clone(sync),
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
@@ -555,6 +593,7 @@ async fn drain(work: &mut Work, shared: &Shared) {
         // A new view: every cloud node is planned again.
         signal.all();
     }
+    work.sync.all();
 }
 
 fn due(work: &Work, node: &NodeName, now: Instant) -> bool {

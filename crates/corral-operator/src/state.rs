@@ -108,6 +108,9 @@ struct Inner {
     cloud_nodes: BTreeMap<String, Vec<CloudNodeFigures>>,
     /// Cloud pools: the cloud view had a successful resync (mutations allowed).
     cloud_ready: bool,
+    /// From-cloud pools: each node's reports (why it lacks what the cloud shows, or waits).
+    /// (kind, sentence) per node.
+    from_cloud: BTreeMap<String, Vec<(&'static str, String)>>,
 }
 
 /// Grant latencies kept (the newest).
@@ -450,6 +453,7 @@ impl Shared {
         let mut inner = self.inner();
         inner.cloud_nodes.clear();
         inner.cloud_ready = false;
+        inner.from_cloud.clear();
     }
 
     pub fn set_cloud_ready(&self, ready: bool) {
@@ -459,6 +463,44 @@ impl Shared {
     /// Whether the cloud view had its first successful resync under this leader.
     pub fn cloud_ready(&self) -> bool {
         self.inner().cloud_ready
+    }
+
+    /// Keeps the from-cloud sync's reports (node → (kind, sentence); nodes without any left
+    /// out).
+    pub fn set_from_cloud_reports(&self, reports: BTreeMap<String, Vec<(&'static str, String)>>) {
+        self.inner().from_cloud = reports;
+    }
+
+    /// A node's from-cloud reports (`pool P ipv6: ...` sentences), as last planned.
+    pub fn from_cloud_reports(&self, node: &str) -> Vec<String> {
+        self.inner()
+            .from_cloud
+            .get(node)
+            .map(|lines| lines.iter().map(|(_, line)| line.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The from-cloud reports' metrics text: nodes reported, by the report's kind.
+    pub fn from_cloud_metrics_text(&self) -> String {
+        use std::fmt::Write as _;
+        let inner = self.inner();
+        if inner.from_cloud.is_empty() {
+            return String::new();
+        }
+        let mut text = String::from(
+            "# HELP corral_operator_from_cloud_reports Reports of from-cloud pools' nodes (a prefix not granted, or a node waiting), by kind.\n# TYPE corral_operator_from_cloud_reports gauge\n",
+        );
+        let mut counts: BTreeMap<&str, u64> = BTreeMap::new();
+        for (kind, _) in inner.from_cloud.values().flatten() {
+            *counts.entry(kind).or_default() += 1;
+        }
+        for (kind, n) in counts {
+            let _ = writeln!(
+                text,
+                "corral_operator_from_cloud_reports{{kind=\"{kind}\"}} {n}"
+            );
+        }
+        text
     }
 
     pub fn note_cloud_gc_deleted(&self, n: u64) {

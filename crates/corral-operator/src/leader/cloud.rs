@@ -254,7 +254,7 @@ struct Manager<K, P> {
     /// Intents of no node being replayed (the collector's deletions).
     orphans_running: bool,
     next_intent: u64,
-    /// No cloud pool configured: nothing is due (not even a resync) until that changes.
+    /// The configuration has no cloud pool: nothing is due but a signal.
     idle: bool,
 }
 
@@ -337,8 +337,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     fn next_wake(&self) -> Instant {
         let mut wake = Instant::now() + Duration::from_secs(3600);
         if self.idle {
-            // Woken by the signal (a configuration with cloud pools), not by a timer: a
-            // resync due in the past would spin the loop.
+            // No cloud pool: the resync (due since the start) waits for one, and a configuration
+            // with one comes as a signal (regression: the manager spun on a past resync time).
             return wake;
         }
         if !self.resync_running {
