@@ -180,6 +180,15 @@ pub trait CloudProvider: Send + Sync {
         resource_ids: &[String],
         keys: &[String],
     ) -> impl Future<Output = Result<(), CloudError>> + Send;
+
+    /// The prefix length of a range the provider can delegate to an interface, per family
+    /// (`ipv6` false: IPv4), or `None` if it takes no range of that family: the node CIDRs a
+    /// `to-cloud` pool delegates must have this length. EC2's (the default, so the fake, the
+    /// SDK adapter and wrappers share it): an IPv4 /28 (`Ipv4Prefixes`), an IPv6 /80
+    /// (`Ipv6Prefixes`). Answered locally, no call.
+    fn delegable_prefix_len(&self, ipv6: bool) -> Option<u8> {
+        Some(if ipv6 { 80 } else { 28 })
+    }
 }
 
 /// A shared provider is a provider: many node tasks hold one `Arc` of the same account.
@@ -276,5 +285,8 @@ impl<P: CloudProvider + ?Sized> CloudProvider for std::sync::Arc<P> {
         keys: &[String],
     ) -> impl Future<Output = Result<(), CloudError>> + Send {
         (**self).delete_tags(resource_ids, keys)
+    }
+    fn delegable_prefix_len(&self, ipv6: bool) -> Option<u8> {
+        (**self).delegable_prefix_len(ipv6)
     }
 }

@@ -711,6 +711,10 @@ impl<P> Scheduled<P> {
 }
 
 impl<P: CloudProvider> CloudProvider for Scheduled<P> {
+    fn delegable_prefix_len(&self, ipv6: bool) -> Option<u8> {
+        self.shared.provider.delegable_prefix_len(ipv6)
+    }
+
     async fn describe_instance(&self, instance_id: &str) -> Result<Instance, CloudError> {
         let provider = &self.shared.provider;
         self.run(Action::DescribeInstances, false, || {

@@ -23,9 +23,9 @@ use ipnet::IpNet;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, GrantRecord, Key, Keys, NodeIdOfNodeRecord,
-    NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord, ReleaseState,
-    decode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
+    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
+    ReleaseState, decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;
@@ -50,6 +50,8 @@ struct Parsed {
     cloud_interfaces: Vec<(NodeName, CloudId, i64, CloudInterfaceRecord)>,
     /// Open cloud intents.
     cloud_intents: Vec<(CloudId, CloudIntentRecord)>,
+    /// Node CIDRs delegated in the cloud (to-cloud pools): node, pool, family, CIDR, record.
+    delegations: Vec<(NodeName, PoolName, Family, IpNet, DelegationRecord)>,
 }
 
 /// One key as read: its name, value and create revision.
@@ -138,6 +140,15 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
             }
             Key::CloudIntent { id } => match decode_value::<CloudIntentRecord>(value) {
                 Ok(record) => parsed.cloud_intents.push((id, record)),
+                Err(error) => bad(error.to_string()),
+            },
+            Key::Delegation {
+                node,
+                pool,
+                family,
+                cidr,
+            } => match decode_value::<DelegationRecord>(value) {
+                Ok(record) => parsed.delegations.push((node, pool, family, cidr, record)),
                 Err(error) => bad(error.to_string()),
             },
             _ => {}
@@ -353,6 +364,7 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
         }
     }
     problems.extend(cloud::record_problems(&parsed));
+    problems.extend(cloud::delegation_problems(&parsed));
     problems
 }
 

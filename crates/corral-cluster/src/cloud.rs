@@ -38,6 +38,7 @@ mod replay;
 mod targets;
 #[cfg(test)]
 mod tests;
+pub mod to_cloud;
 
 pub use choice::{
     PREFIX_REFUSAL_TTL_MS, PrefixFallback, ServeKey, choose_subnet, next_device_index,

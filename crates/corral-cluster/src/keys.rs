@@ -339,6 +339,20 @@ pub enum Key {
         /// The intent's ID (also the call's client token where the cloud takes one).
         id: CloudId,
     },
+    /// `delegations/<node>/<pool>/<family>/<cidr>`: a node CIDR of a `to-cloud` pool that the
+    /// operator delegated to the node's instance (its primary interface) in the cloud: the
+    /// evidence that corral put the prefix there, kept until it is taken back (or the instance
+    /// is gone), beyond the grant and the node's registration.
+    Delegation {
+        /// The node it was delegated for.
+        node: NodeName,
+        /// The pool.
+        pool: PoolName,
+        /// The family.
+        family: Family,
+        /// The node CIDR (the delegated prefix).
+        cidr: IpNet,
+    },
 }
 
 /// A cloud resource or intent ID as it appears in a key: 1 to 128 characters of
@@ -554,6 +568,12 @@ impl Keys {
             } => self.release(node, pool, *family, cidr),
             Key::CloudInterface { node, interface } => self.cloud_interface(node, interface),
             Key::CloudIntent { id } => self.cloud_intent(id),
+            Key::Delegation {
+                node,
+                pool,
+                family,
+                cidr,
+            } => self.delegation(node, pool, *family, cidr),
         }
     }
 
@@ -580,6 +600,22 @@ impl Keys {
     /// `intents/`.
     pub fn cloud_intents_prefix(&self) -> String {
         format!("{}intents/", self.prefix)
+    }
+
+    /// `delegations/<node>/<pool>/<family>/<cidr>`.
+    pub fn delegation(
+        &self,
+        node: &NodeName,
+        pool: &PoolName,
+        family: Family,
+        cidr: &IpNet,
+    ) -> String {
+        format!(
+            "{}delegations/{node}/{pool}/{}/{}",
+            self.prefix,
+            family_segment(family),
+            cidr_segment(cidr)
+        )
     }
 
     /// `demand/<node>/<pool>`.
@@ -706,6 +742,15 @@ impl Keys {
             ["intents", i] => Ok(Key::CloudIntent {
                 id: CloudId::new(i).map_err(|_| malformed("invalid cloud ID"))?,
             }),
+            ["delegations", n, p, f, c] => {
+                let family = family(f)?;
+                Ok(Key::Delegation {
+                    node: node(n)?,
+                    pool: pool(p)?,
+                    family,
+                    cidr: cidr(c, family)?,
+                })
+            }
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -978,6 +1023,45 @@ pub enum CloudOp {
         /// The interface.
         interface: CloudId,
     },
+    /// Delegate a node CIDR of a `to-cloud` pool to the node's primary interface (explicit
+    /// prefix: repeating it cannot assign a second one).
+    DelegatePrefix {
+        /// The interface (the instance's primary).
+        interface: CloudId,
+        /// The node CIDR.
+        #[serde(with = "crate::text")]
+        prefix: IpNet,
+    },
+    /// Take back a prefix corral delegated (its grant gone, or the node removed).
+    UndelegatePrefix {
+        /// The interface.
+        interface: CloudId,
+        /// The prefix.
+        #[serde(with = "crate::text")]
+        prefix: IpNet,
+    },
+}
+
+impl CloudOp {
+    /// Whether the op is a node-CIDR delegation's (`to-cloud` pools), replayed by
+    /// `cloud::to_cloud`, not by `replay_intent`.
+    pub fn is_delegation(&self) -> bool {
+        matches!(
+            self,
+            CloudOp::DelegatePrefix { .. } | CloudOp::UndelegatePrefix { .. }
+        )
+    }
+}
+
+/// `delegations/...`'s value: where the prefix was delegated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelegationRecord {
+    /// The instance.
+    pub instance_id: String,
+    /// Its primary interface, which holds the prefix.
+    pub interface: CloudId,
+    /// When the cloud confirmed it, in milliseconds since the epoch.
+    pub at_ms: u64,
 }
 
 /// `intents/<id>`'s value.
@@ -1113,6 +1197,12 @@ mod tests {
             },
             Key::CloudIntent {
                 id: CloudId::new("corral-7f3a").unwrap(),
+            },
+            Key::Delegation {
+                node: node.clone(),
+                pool: pool.clone(),
+                family: Family::V6,
+                cidr: v6,
             },
         ];
         for key in all {

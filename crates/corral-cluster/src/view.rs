@@ -15,10 +15,10 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DemandRecord, GrantRecord, Key, Keys,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
-    ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
+    Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
+    QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError,
+    decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
@@ -364,6 +364,8 @@ pub struct ClusterView {
     cloud_interfaces: BTreeMap<(NodeName, CloudId), CloudEntry<CloudInterfaceRecord>>,
     /// `intents/` records.
     cloud_intents: BTreeMap<CloudId, CloudEntry<CloudIntentRecord>>,
+    /// `delegations/` keys (to-cloud node-cidr pools), whatever their value.
+    delegations: BTreeMap<(NodeName, PoolName, Family, IpNet), CloudEntry<DelegationRecord>>,
     /// Block pools: every `release/` key seen with its mod revision, whatever its value.
     release_keys: BTreeMap<(NodeName, PoolName, Family, IpNet), i64>,
     /// Block proposals in flight, one per node at most.
@@ -399,6 +401,7 @@ impl ClusterView {
             demand_keys: BTreeSet::new(),
             cloud_interfaces: BTreeMap::new(),
             cloud_intents: BTreeMap::new(),
+            delegations: BTreeMap::new(),
             release_keys: BTreeMap::new(),
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
@@ -748,6 +751,22 @@ impl ClusterView {
                     },
                 );
             }
+            Key::Delegation {
+                node,
+                pool,
+                family,
+                cidr,
+            } => {
+                let record = self.decode::<DelegationRecord>(key, mod_revision, value);
+                self.delegations.insert(
+                    (node, pool, family, cidr),
+                    CloudEntry {
+                        create_revision,
+                        mod_revision,
+                        record,
+                    },
+                );
+            }
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
                 let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
@@ -781,6 +800,15 @@ impl ClusterView {
             }
             Key::CloudIntent { id } => {
                 self.cloud_intents.remove(id);
+            }
+            Key::Delegation {
+                node,
+                pool,
+                family,
+                cidr,
+            } => {
+                self.delegations
+                    .remove(&(node.clone(), pool.clone(), *family, *cidr));
             }
             Key::Demand { node, pool } => {
                 self.demands.remove(&(node.clone(), pool.clone()));
@@ -919,6 +947,19 @@ impl ClusterView {
         &self,
     ) -> impl Iterator<Item = (&CloudId, &CloudEntry<CloudIntentRecord>)> {
         self.cloud_intents.iter()
+    }
+
+    /// Every `delegations/` key (to-cloud pools: node CIDRs corral delegated in the cloud), by
+    /// node, pool, family and CIDR (a value that does not decode is `record: None`).
+    pub fn delegations(
+        &self,
+    ) -> impl Iterator<
+        Item = (
+            &(NodeName, PoolName, Family, IpNet),
+            &CloudEntry<DelegationRecord>,
+        ),
+    > {
+        self.delegations.iter()
     }
 
     /// Whether `pool` is a cloud pool (its addresses come from cloud interfaces).

@@ -26,6 +26,7 @@ use crate::state::{Shared, TxnOutcome};
 mod blocks;
 pub(crate) mod cloud;
 pub(crate) mod node_cidr_sync;
+pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.
 const PAGE: usize = 2000;
@@ -130,12 +131,25 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
                 }),
                 Arc::clone(&sync_signal),
             );
+            // To-cloud node-cidr pools: their grants delegated to the nodes' instances.
+            let delegations = to_cloud::manage(
+                kv.clone(),
+                keys.clone(),
+                fence.clone(),
+                Arc::clone(shared),
+                Arc::new(session.clone()),
+                options.workers,
+                options.resync,
+                Arc::clone(&options.clock),
+                Arc::clone(&signal.to_cloud),
+            );
             let result = tokio::select! {
                 result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal), &sync_signal) => result,
                 // The manager and the sync run until dropped here; they return only if the
                 // lead is gone (the view removed).
                 () = manager => Err(LeadError::Lost),
                 () = sync => Err(LeadError::Lost),
+                () = delegations => Err(LeadError::Lost),
             };
             session.shutdown();
             result

@@ -8,6 +8,7 @@ use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
 use super::{Entry, Parsed, parse, span};
+use crate::config::NodeCidrSync;
 use crate::keys::{CloudAttachment, CloudId, CloudOp, Keys, NodeName, ReleaseRecord};
 use crate::net::family_of;
 
@@ -42,6 +43,43 @@ fn overlapping(items: &[(IpNet, String)]) -> Vec<(&IpNet, &str, &IpNet, &str)> {
         }
     }
     found
+}
+
+/// The problems of `delegations/` keys (to-cloud pools), from etcd alone: each names a
+/// to-cloud node-cidr pool and a CIDR of its family at the node prefix length inside the
+/// pool's CIDRs, and no CIDR is recorded delegated twice (corral delegates a CIDR only once
+/// no other key names it).
+pub(super) fn delegation_problems(parsed: &Parsed) -> Vec<String> {
+    let mut problems = Vec::new();
+    let config = parsed.config.as_ref();
+    let mut seen: BTreeMap<(&PoolName, IpNet), &NodeName> = BTreeMap::new();
+    for (node, pool, family, cidr, _) in &parsed.delegations {
+        let pool_config = config.and_then(|c| c.pool(pool));
+        let family_config = pool_config
+            .filter(|p| p.cloud_sync() == Some(NodeCidrSync::ToCloud))
+            .and_then(|p| p.family(*family));
+        match family_config {
+            None => problems.push(format!(
+                "node CIDR {cidr} of node {node} is recorded delegated in pool {pool} {family}, \
+                 which is not a to-cloud node-cidr pool of that family"
+            )),
+            Some(f) => {
+                let inside = f.cidrs.iter().any(|c| c.contains(cidr));
+                if family_of(cidr) != *family || cidr.prefix_len() != f.node_prefix_len || !inside {
+                    problems.push(format!(
+                        "node CIDR {cidr} of node {node} is recorded delegated in pool {pool} \
+                         but is not one of its {family} node CIDRs"
+                    ));
+                }
+            }
+        }
+        if let Some(other) = seen.insert((pool, *cidr), node) {
+            problems.push(format!(
+                "node CIDR {cidr} (pool {pool}) is recorded delegated for {other} and for {node}"
+            ));
+        }
+    }
+    problems
 }
 
 /// The problems of the cloud interface records and intents, from etcd alone.
@@ -111,10 +149,16 @@ pub(super) fn record_problems(parsed: &Parsed) -> Vec<String> {
         ));
     }
     for (id, intent) in &parsed.cloud_intents {
-        if !config
-            .and_then(|c| c.pool(&intent.pool))
-            .is_some_and(|p| p.is_cloud())
-        {
+        let pool = config.and_then(|c| c.pool(&intent.pool));
+        if intent.op.is_delegation() {
+            if !pool.is_some_and(|p| p.cloud_sync() == Some(NodeCidrSync::ToCloud)) {
+                problems.push(format!(
+                    "cloud intent {id} delegates a prefix of pool {}, which is not a to-cloud \
+                     node-cidr pool",
+                    intent.pool
+                ));
+            }
+        } else if !pool.is_some_and(|p| p.is_cloud()) {
             problems.push(format!(
                 "cloud intent {id} is for pool {}, which is not a cloud pool",
                 intent.pool
@@ -173,10 +217,29 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
         .filter_map(|(_, intent)| match &intent.op {
             CloudOp::Assign { interface, .. }
             | CloudOp::Unassign { interface, .. }
-            | CloudOp::Delete { interface } => Some(interface),
+            | CloudOp::Delete { interface }
+            | CloudOp::DelegatePrefix { interface, .. }
+            | CloudOp::UndelegatePrefix { interface, .. } => Some(interface),
             CloudOp::CreateAttach { .. } => None,
         })
         .collect();
+    // Delegated node CIDRs (to-cloud pools) are on their interface, unless an intent on it is
+    // open (a delegation being made or taken back).
+    for (node, pool, _, cidr, record) in &parsed.delegations {
+        if busy.contains(&record.interface) {
+            continue;
+        }
+        let on = truth
+            .get(record.interface.as_str())
+            .is_some_and(|(_, addresses)| addresses.contains(cidr));
+        if !on {
+            problems.push(format!(
+                "node CIDR {cidr} of node {node} (pool {pool}) is recorded delegated to \
+                 interface {} of {}, the cloud does not have it there",
+                record.interface, record.instance_id
+            ));
+        }
+    }
     for (node, interface, _, record) in &parsed.cloud_interfaces {
         if busy.contains(interface) {
             continue;

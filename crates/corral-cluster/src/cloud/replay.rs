@@ -183,6 +183,9 @@ pub fn replay_intent(
             },
             None => Replay::Forget,
         },
+        // A node-CIDR delegation's (to-cloud pools) is replayed by `to_cloud::replay_delegation`;
+        // here it is never forgotten nor acted on.
+        CloudOp::DelegatePrefix { .. } | CloudOp::UndelegatePrefix { .. } => Replay::Wait,
     }
 }
 

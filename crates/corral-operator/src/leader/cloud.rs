@@ -76,11 +76,14 @@ const STALE_WAIT: Duration = Duration::from_millis(200);
 pub(crate) struct CloudSignal {
     state: Mutex<(BTreeSet<NodeName>, bool)>,
     notify: Notify,
+    /// The to-cloud delegations' own signal (`leader/to_cloud.rs`), fed by the same events.
+    pub(crate) to_cloud: Arc<super::to_cloud::Signal>,
 }
 
 impl CloudSignal {
     /// Notes a key that changed.
     pub(crate) fn note(&self, key: &Key) {
+        self.to_cloud.note(key);
         match key {
             Key::Node { node }
             | Key::Demand { node, .. }
@@ -99,6 +102,7 @@ impl CloudSignal {
 
     /// Every node must be planned again (a new view, a configuration change).
     pub(crate) fn all(&self) {
+        self.to_cloud.all();
         self.lock().1 = true;
         self.notify.notify_one();
     }
@@ -610,7 +614,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 .filter(|(_, e)| {
                     e.record
                         .as_ref()
-                        .is_some_and(|r| r.node.as_ref() == Some(node))
+                        // A delegation's intent (to-cloud pools) is `to_cloud`'s to replay.
+                        .is_some_and(|r| r.node.as_ref() == Some(node) && !r.op.is_delegation())
                 })
                 .map(|(id, e)| (id.clone(), e.clone()))
                 .collect();
@@ -692,7 +697,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .filter(|(_, e)| {
                 e.record
                     .as_ref()
-                    .is_some_and(|r| r.node.as_ref() == Some(node))
+                    .is_some_and(|r| r.node.as_ref() == Some(node) && !r.op.is_delegation())
             })
             .map(|(id, e)| (id.clone(), e.clone()))
             .collect();
@@ -1033,7 +1038,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 match &record.op {
                     CloudOp::Assign { interface, .. }
                     | CloudOp::Unassign { interface, .. }
-                    | CloudOp::Delete { interface } => {
+                    | CloudOp::Delete { interface }
+                    | CloudOp::DelegatePrefix { interface, .. }
+                    | CloudOp::UndelegatePrefix { interface, .. } => {
                         recorded.insert(interface.to_string());
                     }
                     CloudOp::CreateAttach { .. } => {}
@@ -3019,7 +3026,9 @@ async fn find_intent_interface<K, P: CloudProvider>(
         }
         CloudOp::Assign { interface, .. }
         | CloudOp::Unassign { interface, .. }
-        | CloudOp::Delete { interface } => interface,
+        | CloudOp::Delete { interface }
+        | CloudOp::DelegatePrefix { interface, .. }
+        | CloudOp::UndelegatePrefix { interface, .. } => interface,
     };
     match call(
         &ctx.shared,

@@ -1,0 +1,1116 @@
+//! Node CIDRs of `to-cloud` pools delegated to each node's instance in the cloud (nodeipam's
+//! `IPAMFromCluster`), beside the leading loop and the cloud node manager: the leading loop
+//! grants node CIDRs as for any node-cidr pool; this task puts each grant on the node's
+//! primary interface (EC2: an explicit `Ipv4Prefixes` /28 or `Ipv6Prefixes` /80) and takes
+//! back what corral delegated once the grant is gone (a removed node's too, while its instance
+//! runs). The decisions are `corral_cluster::cloud::to_cloud`'s.
+//!
+//! Rules it keeps, as the cloud node manager does:
+//! - no mutation before the first successful resync of its cloud view (every interface and
+//!   subnet: two describe calls, then every `resync`);
+//! - every mutation is preceded by a fenced `intents/<id>` put (`DelegatePrefix`,
+//!   `UndelegatePrefix`) and followed by one fenced txn that writes (or deletes) the
+//!   `delegations/` key and deletes the intent; an intent left open is replayed
+//!   (`replay_delegation`) before the node is served again, by this leader or the next;
+//! - one task per node at a time, at most `workers`; a refused call backs the node off with
+//!   nodeipam's timing (250 ms doubling to 10 s by default), then it is retried;
+//! - after convergence no call is made but the periodic resync's two describes.
+//!
+//! Its memory (the cloud view, backoffs, problems reported) is lost with the lead; a new leader
+//! resyncs before it mutates anything.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_cloud::{
+    Amount, CloudError, CloudProvider, InstanceState, InterfaceFilter, Ipv4Assign, Ipv4Set,
+    Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter,
+};
+use corral_cluster::cloud::to_cloud::{
+    self as decide, Delegated, DelegationInput, DelegationReplay, DelegationStep, InstanceSight,
+    PrimarySight, ToCloudPool,
+};
+use corral_cluster::{
+    CloudEntry, CloudId, CloudIntentRecord, CloudOp, ClusterView, DelegationRecord, Family, IpNet,
+    Key, Keys, NodeName, PoolName, Resync, RetryState, encode_value,
+};
+use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::WallClock;
+use crate::election::Fence;
+use crate::state::Shared;
+
+/// How soon an intent the cloud's view could not settle yet is replayed again.
+const REPLAY_WAIT: Duration = Duration::from_secs(3);
+
+/// How long after the manager's own change a resync must begin to be trusted over it (EC2's
+/// describes lag).
+const OWN_CHANGES_KEPT: Duration =
+    Duration::from_millis(corral_cluster::cloud::DESCRIBE_LAG_BOUND_MS);
+
+/// What the leading loop tells the task: which nodes an event concerns.
+#[derive(Debug, Default)]
+pub(crate) struct Signal {
+    state: Mutex<(BTreeSet<NodeName>, bool)>,
+    notify: Notify,
+}
+
+impl Signal {
+    /// Notes a key that changed.
+    pub(crate) fn note(&self, key: &Key) {
+        match key {
+            Key::Node { node }
+            | Key::Owned { node, .. }
+            | Key::Removal { node }
+            | Key::Delegation { node, .. } => {
+                self.lock().0.insert(node.clone());
+                self.notify.notify_one();
+            }
+            Key::Config => self.all(),
+            _ => {}
+        }
+    }
+
+    /// Every node must be looked at again.
+    pub(crate) fn all(&self) {
+        self.lock().1 = true;
+        self.notify.notify_one();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (BTreeSet<NodeName>, bool)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self) -> (BTreeSet<NodeName>, bool) {
+        let mut state = self.lock();
+        (std::mem::take(&mut state.0), std::mem::take(&mut state.1))
+    }
+}
+
+/// What every task needs.
+struct Ctx<K, P> {
+    kv: K,
+    keys: Keys,
+    fence: Fence,
+    shared: Arc<Shared>,
+    provider: Arc<P>,
+    clock: WallClock,
+}
+
+impl<K: Clone, P> Clone for Ctx<K, P> {
+    fn clone(&self) -> Self {
+        Ctx {
+            kv: self.kv.clone(),
+            keys: self.keys.clone(),
+            fence: self.fence.clone(),
+            shared: Arc::clone(&self.shared),
+            provider: Arc::clone(&self.provider),
+            clock: Arc::clone(&self.clock),
+        }
+    }
+}
+
+/// One node's step, as planned.
+enum Step {
+    Replay(CloudId, CloudEntry<CloudIntentRecord>),
+    Plan(DelegationStep),
+}
+
+/// How a node's step ended.
+enum Outcome {
+    Ok,
+    Wait(Duration),
+    Failed(String),
+    Fenced,
+}
+
+/// What a task did, for the loop.
+enum Done {
+    Resync(Result<(Vec<NetworkInterface>, Vec<Subnet>), CloudError>),
+    Node {
+        node: NodeName,
+        outcome: Outcome,
+        writes: Vec<Write>,
+        /// An instance described: its sight.
+        described: Option<(String, Option<InstanceSight>)>,
+        /// A prefix this step put on (true) or took off (false) an interface.
+        changed: Option<(CloudId, IpNet, bool)>,
+    },
+}
+
+/// A write to apply to the view at once: (key, value or deletion, revision).
+type Write = (String, Option<Vec<u8>>, Revision);
+
+#[derive(Debug, Default)]
+struct NodeSync {
+    retry: RetryState,
+    not_before: Option<Instant>,
+    /// Problems reported at the last plan (reported again only when they change).
+    reported: Vec<String>,
+}
+
+struct Manager<K, P> {
+    ctx: Ctx<K, P>,
+    workers: usize,
+    resync_every: Duration,
+    signal: Arc<Signal>,
+    running: JoinSet<Done>,
+    ready: bool,
+    resync_running: bool,
+    resync_state: RetryState,
+    resync_at: Instant,
+    /// When the running resync started.
+    resync_started: Instant,
+    /// Subnets' CIDRs by ID, from the last resync.
+    subnets: HashMap<String, Vec<IpNet>>,
+    /// Instances as the last resync showed them (only those with a primary interface).
+    resynced: BTreeMap<String, PrimarySight>,
+    /// Instances described since (over the resync's view until the next one).
+    described: BTreeMap<String, InstanceSight>,
+    /// This manager's own changes, over both views while a describe may not show them yet.
+    own: HashMap<(CloudId, IpNet), (bool, Instant)>,
+    nodes: HashMap<NodeName, NodeSync>,
+    busy: HashSet<NodeName>,
+    pending: BTreeSet<NodeName>,
+    next_intent: u64,
+    /// Pool-wide problems reported (a length the provider cannot take), once each.
+    pool_problems: Vec<String>,
+    /// Nothing to sync: nothing is due until the signal says otherwise.
+    idle: bool,
+}
+
+/// Runs the to-cloud delegations until dropped (leading ended) or the view is gone.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
+    kv: K,
+    keys: Keys,
+    fence: Fence,
+    shared: Arc<Shared>,
+    provider: Arc<P>,
+    workers: usize,
+    resync_every: Duration,
+    clock: WallClock,
+    signal: Arc<Signal>,
+) {
+    let mut manager = Manager {
+        ctx: Ctx {
+            kv,
+            keys,
+            fence,
+            shared,
+            provider,
+            clock,
+        },
+        workers: workers.max(1),
+        resync_every,
+        signal,
+        running: JoinSet::new(),
+        ready: false,
+        resync_running: false,
+        resync_state: RetryState::default(),
+        resync_at: Instant::now(),
+        resync_started: Instant::now(),
+        subnets: HashMap::new(),
+        resynced: BTreeMap::new(),
+        described: BTreeMap::new(),
+        own: HashMap::new(),
+        nodes: HashMap::new(),
+        busy: HashSet::new(),
+        pending: BTreeSet::new(),
+        next_intent: 0,
+        pool_problems: Vec::new(),
+        idle: false,
+    };
+    manager.signal.all();
+    loop {
+        if manager.turn().is_none() {
+            return;
+        }
+        let wake = manager.next_wake();
+        tokio::select! {
+            () = manager.signal.notify.notified() => {}
+            Some(done) = manager.running.join_next(), if !manager.running.is_empty() => {
+                if let Ok(done) = done {
+                    manager.finish(done);
+                }
+            }
+            () = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
+/// Nodes with anything to sync: grants in to-cloud pools, `delegations/` keys, open
+/// delegation intents.
+fn concerned(view: &ClusterView, pools: &[ToCloudPool]) -> BTreeSet<NodeName> {
+    let mut nodes: BTreeSet<NodeName> = BTreeSet::new();
+    if !pools.is_empty() {
+        for (node, _) in view.nodes() {
+            let granted = view.grants_of(node).iter().any(|g| {
+                pools
+                    .iter()
+                    .any(|p| p.pool == g.pool && p.family == g.family)
+            });
+            if granted {
+                nodes.insert(node.clone());
+            }
+        }
+    }
+    nodes.extend(view.delegations().map(|((node, ..), _)| node.clone()));
+    nodes.extend(delegation_intents(view).filter_map(|(_, e)| e.record.as_ref()?.node.clone()));
+    nodes
+}
+
+fn delegation_intents(
+    view: &ClusterView,
+) -> impl Iterator<Item = (&CloudId, &CloudEntry<CloudIntentRecord>)> {
+    view.cloud_intents()
+        .filter(|(_, e)| e.record.as_ref().is_some_and(|r| r.op.is_delegation()))
+}
+
+fn family_of(net: &IpNet) -> Family {
+    match net {
+        IpNet::V4(_) => Family::V4,
+        IpNet::V6(_) => Family::V6,
+    }
+}
+
+impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
+    fn now_ms(&self) -> u64 {
+        (self.ctx.clock)()
+    }
+
+    fn next_wake(&self) -> Instant {
+        let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            return wake;
+        }
+        if !self.resync_running && self.ready {
+            wake = wake.min(self.resync_at);
+        }
+        for state in self.nodes.values() {
+            if let Some(at) = state.not_before {
+                wake = wake.min(at);
+            }
+        }
+        wake
+    }
+
+    fn turn(&mut self) -> Option<()> {
+        let (nodes, all) = self.signal.take();
+        let now = Instant::now();
+        let shared = Arc::clone(&self.ctx.shared);
+        shared.with_view(|view, _| {
+            let pools = decide::to_cloud_pools(view.config());
+            if all || !self.ready || self.idle {
+                let concerned = concerned(view, &pools);
+                self.idle = concerned.is_empty();
+                if self.idle {
+                    // Nothing to sync: no call at all (not even a resync) until the signal
+                    // names a node.
+                    self.pending.clear();
+                    self.nodes.clear();
+                    return;
+                }
+                self.pending.extend(concerned);
+            }
+            self.pending.extend(nodes);
+            for (node, state) in &mut self.nodes {
+                if state.not_before.is_some_and(|at| at <= now) {
+                    state.not_before = None;
+                    self.pending.insert(node.clone());
+                }
+            }
+            if !self.resync_running && self.resync_at <= now {
+                self.start_resync();
+            }
+            let delegable = [
+                self.ctx.provider.delegable_prefix_len(false),
+                self.ctx.provider.delegable_prefix_len(true),
+            ];
+            let pool_problems: Vec<String> = pools
+                .iter()
+                .filter_map(|p| {
+                    let len = match p.family {
+                        Family::V4 => delegable[0],
+                        Family::V6 => delegable[1],
+                    };
+                    decide::length_problem(p, len)
+                })
+                .collect();
+            for problem in &pool_problems {
+                if !self.pool_problems.contains(problem) {
+                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
+                }
+            }
+            self.pool_problems = pool_problems;
+            if !self.ready {
+                return;
+            }
+            let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
+            for node in pending {
+                if self.running.len() >= self.workers {
+                    break;
+                }
+                if self.busy.contains(&node)
+                    || self
+                        .nodes
+                        .get(&node)
+                        .is_some_and(|s| s.not_before.is_some_and(|at| at > now))
+                {
+                    continue;
+                }
+                self.pending.remove(&node);
+                if let Some(step) = self.plan(view, &pools, &node) {
+                    self.spawn(node, step);
+                }
+            }
+        })
+    }
+
+    fn start_resync(&mut self) {
+        self.resync_running = true;
+        self.resync_started = Instant::now();
+        let ctx = self.ctx.clone();
+        self.running.spawn(async move {
+            let interfaces = ctx
+                .provider
+                .describe_interfaces(&InterfaceFilter::default())
+                .await;
+            let result = match interfaces {
+                Ok(interfaces) => ctx
+                    .provider
+                    .describe_subnets(&SubnetFilter::default())
+                    .await
+                    .map(|subnets| (interfaces, subnets)),
+                Err(error) => Err(error),
+            };
+            Done::Resync(result)
+        });
+    }
+
+    /// The sights of every instance known, this manager's own recent changes on top.
+    fn sights(&self) -> BTreeMap<String, InstanceSight> {
+        let mut sights: BTreeMap<String, InstanceSight> = self
+            .resynced
+            .iter()
+            .map(|(i, p)| (i.clone(), InstanceSight::Primary(p.clone())))
+            .collect();
+        for (instance, sight) in &self.described {
+            sights.insert(instance.clone(), sight.clone());
+        }
+        if !self.own.is_empty() {
+            for sight in sights.values_mut() {
+                if let InstanceSight::Primary(primary) = sight {
+                    for ((interface, prefix), (present, _)) in &self.own {
+                        if *interface != primary.interface {
+                            continue;
+                        }
+                        primary.prefixes.retain(|p| p != prefix);
+                        if *present {
+                            primary.prefixes.push(*prefix);
+                        }
+                    }
+                }
+            }
+        }
+        sights
+    }
+
+    /// The node's next step: an open intent first, else the plan's first step.
+    fn plan(&mut self, view: &ClusterView, pools: &[ToCloudPool], node: &NodeName) -> Option<Step> {
+        if let Some((id, entry)) = delegation_intents(view)
+            .find(|(_, e)| e.record.as_ref().and_then(|r| r.node.as_ref()) == Some(node))
+        {
+            return Some(Step::Replay(id.clone(), entry.clone()));
+        }
+        let instance_id = view
+            .registration(node)
+            .and_then(|e| e.record.instance_id.clone());
+        let grants: Vec<(PoolName, Family, IpNet)> = view
+            .grants_of(node)
+            .into_iter()
+            .map(|g| (g.pool, g.family, g.cidr))
+            .collect();
+        let delegations: Vec<Delegated> = view
+            .delegations()
+            .filter(|((n, ..), _)| n == node)
+            .map(|((_, pool, family, cidr), e)| Delegated {
+                pool: pool.clone(),
+                family: *family,
+                cidr: *cidr,
+                record: e.record.clone(),
+                revision: e.mod_revision,
+            })
+            .collect();
+        let mut taken: BTreeSet<(PoolName, IpNet)> = view
+            .delegations()
+            .filter(|((n, ..), _)| n != node)
+            .map(|((_, pool, _, cidr), _)| (pool.clone(), *cidr))
+            .collect();
+        for (_, entry) in delegation_intents(view) {
+            if let Some(record) = &entry.record
+                && record.node.as_ref() != Some(node)
+                && let CloudOp::DelegatePrefix { prefix, .. }
+                | CloudOp::UndelegatePrefix { prefix, .. } = &record.op
+            {
+                taken.insert((record.pool.clone(), *prefix));
+            }
+        }
+        let sights = self.sights();
+        let now_ms = self.now_ms();
+        let provider = &self.ctx.provider;
+        let plan = decide::plan_delegations(&DelegationInput {
+            node,
+            instance_id: instance_id.as_deref(),
+            pools,
+            delegable: [
+                provider.delegable_prefix_len(false),
+                provider.delegable_prefix_len(true),
+            ],
+            grants: &grants,
+            delegations: &delegations,
+            taken_elsewhere: &taken,
+            sights: &sights,
+            now_ms,
+        });
+        let state = self.nodes.entry(node.clone()).or_default();
+        let mut plan = plan;
+        // Pool-wide problems are reported once, not per node.
+        plan.problems.retain(|p| !self.pool_problems.contains(p));
+        if plan.problems != state.reported {
+            for problem in &plan.problems {
+                if !state.reported.contains(problem) {
+                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
+                }
+            }
+            state.reported = plan.problems.clone();
+        }
+        if let Some(at) = plan.recheck_at_ms {
+            let wait = Instant::now() + Duration::from_millis(at.saturating_sub(now_ms) + 10);
+            state.not_before = Some(state.not_before.map_or(wait, |t| t.min(wait)));
+        }
+        plan.steps.into_iter().next().map(Step::Plan)
+    }
+
+    fn spawn(&mut self, node: NodeName, step: Step) {
+        self.busy.insert(node.clone());
+        self.next_intent += 1;
+        let intent = format!(
+            "cd-{:x}-{:x}-{:x}",
+            self.ctx.fence.revision,
+            self.now_ms(),
+            self.next_intent
+        );
+        let ctx = self.ctx.clone();
+        let subnets = self.subnets.clone();
+        self.running.spawn(async move {
+            let mut run = Run {
+                ctx: &ctx,
+                node: &node,
+                writes: Vec::new(),
+                described: None,
+                changed: None,
+            };
+            let outcome = match step {
+                Step::Replay(id, entry) => run.replay(&id, &entry).await,
+                Step::Plan(step) => run.step(step, &intent, &subnets).await,
+            };
+            let Run {
+                writes,
+                described,
+                changed,
+                ..
+            } = run;
+            Done::Node {
+                node,
+                outcome,
+                writes,
+                described,
+                changed,
+            }
+        });
+    }
+
+    fn finish(&mut self, done: Done) {
+        match done {
+            Done::Resync(result) => {
+                self.resync_running = false;
+                let timing = self.timing();
+                match result {
+                    Ok((interfaces, subnets)) => {
+                        self.subnets = subnets
+                            .iter()
+                            .map(|s| {
+                                let mut cidrs = vec![IpNet::V4(s.ipv4_cidr)];
+                                cidrs.extend(s.ipv6_cidr.map(IpNet::V6));
+                                (s.id.clone(), cidrs)
+                            })
+                            .collect();
+                        self.resynced = interfaces
+                            .iter()
+                            .filter_map(|ni| {
+                                let a = ni.attachment.as_ref()?;
+                                (a.device_index == 0)
+                                    .then(|| (a.instance_id.clone(), self.primary_sight(ni)))
+                            })
+                            .collect();
+                        self.described.clear();
+                        // Own changes stay over the view until a resync that began well after
+                        // them (its describe may lag them by up to the bound).
+                        let started = self.resync_started;
+                        self.own
+                            .retain(|_, (_, at)| *at + OWN_CHANGES_KEPT > started);
+                        if !self.ready {
+                            self.ready = true;
+                        }
+                        self.resync_at = Instant::now()
+                            + self.resync_state.success(&timing).max(self.resync_every);
+                        self.signal.all();
+                    }
+                    Err(error) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("to-cloud resync: {error}"));
+                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
+                    }
+                }
+            }
+            Done::Node {
+                node,
+                outcome,
+                writes,
+                described,
+                changed,
+            } => {
+                self.busy.remove(&node);
+                self.apply_writes(&writes);
+                if let Some((instance, sight)) = described {
+                    match sight {
+                        Some(sight) => {
+                            self.described.insert(instance, sight);
+                        }
+                        None => {
+                            self.described.remove(&instance);
+                        }
+                    }
+                }
+                if let Some((interface, prefix, present)) = changed {
+                    self.own
+                        .insert((interface, prefix), (present, Instant::now()));
+                }
+                let timing = self.timing();
+                let state = self.nodes.entry(node.clone()).or_default();
+                match outcome {
+                    Outcome::Ok => {
+                        state.retry = RetryState::default();
+                        self.pending.insert(node);
+                    }
+                    Outcome::Wait(wait) => state.not_before = Some(Instant::now() + wait),
+                    Outcome::Failed(problem) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("to-cloud {node}: {problem}"));
+                        let wait = state.retry.error(&timing);
+                        state.not_before = Some(Instant::now() + wait);
+                    }
+                    Outcome::Fenced => {}
+                }
+            }
+        }
+    }
+
+    fn primary_sight(&self, ni: &NetworkInterface) -> PrimarySight {
+        PrimarySight {
+            interface: CloudId::new(&ni.id).unwrap_or_else(|_| CloudId::min()),
+            subnet_cidrs: self.subnets.get(&ni.subnet_id).cloned().unwrap_or_default(),
+            prefixes: prefixes_of(ni),
+        }
+    }
+
+    fn timing(&self) -> Resync {
+        self.ctx
+            .shared
+            .with_view(|view, _| Resync::from(&view.config().resync))
+            .unwrap_or_default()
+    }
+
+    /// Puts what a task wrote into the view at once (the watch repeats it later), unless the
+    /// view already holds the key at a later revision.
+    fn apply_writes(&self, writes: &[Write]) {
+        if writes.is_empty() {
+            return;
+        }
+        self.ctx.shared.with_view_mut(|view, _| {
+            for (key, value, revision) in writes {
+                let newer = match self.ctx.keys.parse(key) {
+                    Ok(Key::Delegation {
+                        node,
+                        pool,
+                        family,
+                        cidr,
+                    }) => view.delegations().any(|((n, p, f, c), e)| {
+                        *n == node
+                            && *p == pool
+                            && *f == family
+                            && *c == cidr
+                            && e.mod_revision > *revision
+                    }),
+                    Ok(Key::CloudIntent { id }) => view
+                        .cloud_intents()
+                        .any(|(i, e)| *i == id && e.mod_revision > *revision),
+                    _ => false,
+                };
+                if newer {
+                    continue;
+                }
+                match value {
+                    Some(value) => view.apply_put(key, value, *revision, *revision),
+                    None => view.apply_delete(key, *revision),
+                }
+            }
+        });
+    }
+}
+
+/// The delegated prefixes of an interface, both families.
+fn prefixes_of(ni: &NetworkInterface) -> Vec<IpNet> {
+    ni.ipv4_prefixes
+        .iter()
+        .map(|p| IpNet::V4(*p))
+        .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
+        .collect()
+}
+
+fn is_not_assigned(error: &CloudError) -> bool {
+    matches!(error, CloudError::InvalidParameterValue { message } if message.contains("not assigned"))
+}
+
+/// One node's task.
+struct Run<'a, K, P> {
+    ctx: &'a Ctx<K, P>,
+    node: &'a NodeName,
+    writes: Vec<Write>,
+    described: Option<(String, Option<InstanceSight>)>,
+    changed: Option<(CloudId, IpNet, bool)>,
+}
+
+impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
+    /// A fenced txn; `Err(None)` refused, `Err(Some(problem))` outcome unknown.
+    async fn txn(&mut self, txn: Txn) -> Result<Revision, Option<String>> {
+        let txn = self.ctx.fence.guard(txn);
+        let puts: Vec<(String, Option<Vec<u8>>)> = txn
+            .success
+            .iter()
+            .filter_map(|op| match op {
+                TxnOp::Put { key, value, .. } => Some((
+                    String::from_utf8_lossy(key).into_owned(),
+                    Some(value.clone()),
+                )),
+                TxnOp::Delete { key } => Some((String::from_utf8_lossy(key).into_owned(), None)),
+                TxnOp::Get { .. } => None,
+            })
+            .collect();
+        match self.ctx.kv.txn(txn).await {
+            Ok(response) if response.succeeded => {
+                for (key, value) in puts {
+                    self.writes.push((key, value, response.revision));
+                }
+                Ok(response.revision)
+            }
+            Ok(_) => Err(None),
+            Err(error) => Err(Some(error.to_string())),
+        }
+    }
+
+    fn key_of(&self, pool: &PoolName, cidr: &IpNet) -> String {
+        self.ctx
+            .keys
+            .delegation(self.node, pool, family_of(cidr), cidr)
+    }
+
+    fn record_value(&self, instance_id: &str, interface: &CloudId) -> Vec<u8> {
+        encode_value(&DelegationRecord {
+            instance_id: instance_id.to_owned(),
+            interface: interface.clone(),
+            at_ms: (self.ctx.clock)(),
+        })
+        .unwrap_or_default()
+    }
+
+    async fn step(
+        &mut self,
+        step: DelegationStep,
+        intent: &str,
+        subnets: &HashMap<String, Vec<IpNet>>,
+    ) -> Outcome {
+        match step {
+            DelegationStep::Describe { instance_id } => self.describe(&instance_id, subnets).await,
+            DelegationStep::Forget {
+                pool,
+                cidr,
+                revision,
+                ..
+            } => {
+                let key = self.key_of(&pool, &cidr);
+                self.write(
+                    vec![Compare::modified_at(key.clone(), revision)],
+                    vec![TxnOp::delete(key)],
+                )
+                .await
+            }
+            DelegationStep::Adopt {
+                pool,
+                cidr,
+                instance_id,
+                interface,
+                ..
+            } => {
+                let key = self.key_of(&pool, &cidr);
+                let value = self.record_value(&instance_id, &interface);
+                self.write(
+                    vec![Compare::absent(key.clone())],
+                    vec![TxnOp::put(key, value)],
+                )
+                .await
+            }
+            DelegationStep::Delegate {
+                pool,
+                cidr,
+                instance_id,
+                interface,
+                revision,
+                ..
+            } => {
+                let op = CloudOp::DelegatePrefix {
+                    interface: interface.clone(),
+                    prefix: cidr,
+                };
+                let (intent_key, intent_revision) =
+                    match self.open_intent(intent, &pool, &instance_id, op).await {
+                        Ok(opened) => opened,
+                        Err(outcome) => return outcome,
+                    };
+                match assign(&*self.ctx.provider, interface.as_str(), cidr).await {
+                    Ok(()) => {
+                        self.changed = Some((interface.clone(), cidr, true));
+                        let key = self.key_of(&pool, &cidr);
+                        let value = self.record_value(&instance_id, &interface);
+                        let compare = if revision == 0 {
+                            Compare::absent(key.clone())
+                        } else {
+                            Compare::modified_at(key.clone(), revision)
+                        };
+                        self.write(
+                            vec![
+                                compare,
+                                Compare::modified_at(intent_key.clone(), intent_revision),
+                            ],
+                            vec![TxnOp::put(key, value), TxnOp::delete(intent_key)],
+                        )
+                        .await
+                    }
+                    Err(error) if error.is_ambiguous() => Outcome::Failed(format!(
+                        "delegating {cidr} to {interface}: {error} (replayed)"
+                    )),
+                    Err(error) => {
+                        self.drop_intent(&intent_key, intent_revision).await;
+                        Outcome::Failed(format!("delegating {cidr} to {interface}: {error}"))
+                    }
+                }
+            }
+            DelegationStep::Undelegate {
+                pool,
+                cidr,
+                instance_id,
+                interface,
+                revision,
+                ..
+            } => {
+                let op = CloudOp::UndelegatePrefix {
+                    interface: interface.clone(),
+                    prefix: cidr,
+                };
+                let (intent_key, intent_revision) =
+                    match self.open_intent(intent, &pool, &instance_id, op).await {
+                        Ok(opened) => opened,
+                        Err(outcome) => return outcome,
+                    };
+                match unassign(&*self.ctx.provider, interface.as_str(), cidr).await {
+                    Ok(()) => {
+                        self.changed = Some((interface.clone(), cidr, false));
+                        let key = self.key_of(&pool, &cidr);
+                        self.write(
+                            vec![
+                                Compare::modified_at(key.clone(), revision),
+                                Compare::modified_at(intent_key.clone(), intent_revision),
+                            ],
+                            vec![TxnOp::delete(key), TxnOp::delete(intent_key)],
+                        )
+                        .await
+                    }
+                    Err(error) if error.is_ambiguous() => Outcome::Failed(format!(
+                        "taking {cidr} back from {interface}: {error} (replayed)"
+                    )),
+                    Err(error) => {
+                        self.drop_intent(&intent_key, intent_revision).await;
+                        Outcome::Failed(format!("taking {cidr} back from {interface}: {error}"))
+                    }
+                }
+            }
+        }
+    }
+
+    async fn write(&mut self, compares: Vec<Compare>, success: Vec<TxnOp>) -> Outcome {
+        match self
+            .txn(Txn {
+                compares,
+                success,
+                failure: vec![],
+            })
+            .await
+        {
+            Ok(_) => Outcome::Ok,
+            // The view was behind, or leading is gone: looked at again shortly.
+            Err(None) => Outcome::Wait(Duration::from_millis(200)),
+            Err(Some(problem)) => Outcome::Failed(problem),
+        }
+    }
+
+    async fn open_intent(
+        &mut self,
+        id: &str,
+        pool: &PoolName,
+        instance_id: &str,
+        op: CloudOp,
+    ) -> Result<(String, Revision), Outcome> {
+        let id = CloudId::new(id).map_err(|e| Outcome::Failed(e.to_string()))?;
+        let record = CloudIntentRecord {
+            node: Some(self.node.clone()),
+            pool: pool.clone(),
+            instance_id: Some(instance_id.to_owned()),
+            op,
+            started_ms: (self.ctx.clock)(),
+        };
+        let key = self.ctx.keys.cloud_intent(&id);
+        let value = encode_value(&record).map_err(|e| Outcome::Failed(e.to_string()))?;
+        match self
+            .txn(Txn {
+                compares: vec![Compare::absent(key.clone())],
+                success: vec![TxnOp::put(key.clone(), value)],
+                failure: vec![],
+            })
+            .await
+        {
+            Ok(revision) => {
+                self.ctx.shared.note_cloud_intent();
+                Ok((key, revision))
+            }
+            // Fenced: no call.
+            Err(None) => Err(Outcome::Fenced),
+            Err(Some(problem)) => Err(Outcome::Failed(format!("writing intent {id}: {problem}"))),
+        }
+    }
+
+    async fn drop_intent(&mut self, key: &str, revision: Revision) {
+        let _ = self
+            .txn(Txn {
+                compares: vec![Compare::modified_at(key.to_owned(), revision)],
+                success: vec![TxnOp::delete(key.to_owned())],
+                failure: vec![],
+            })
+            .await;
+    }
+
+    async fn describe(
+        &mut self,
+        instance_id: &str,
+        subnets: &HashMap<String, Vec<IpNet>>,
+    ) -> Outcome {
+        let instance = match self.ctx.provider.describe_instance(instance_id).await {
+            Ok(instance) => instance,
+            Err(CloudError::InstanceNotFound { .. }) => {
+                self.described = Some((instance_id.to_owned(), Some(InstanceSight::Gone)));
+                return Outcome::Ok;
+            }
+            Err(error) => return Outcome::Failed(format!("describing {instance_id}: {error}")),
+        };
+        if matches!(
+            instance.state,
+            InstanceState::Terminated | InstanceState::ShuttingDown
+        ) {
+            self.described = Some((instance_id.to_owned(), Some(InstanceSight::Gone)));
+            return Outcome::Ok;
+        }
+        let interfaces = match self
+            .ctx
+            .provider
+            .describe_interfaces(&InterfaceFilter::instance(instance_id))
+            .await
+        {
+            Ok(interfaces) => interfaces,
+            Err(error) => return Outcome::Failed(format!("describing {instance_id}: {error}")),
+        };
+        let primary = interfaces
+            .iter()
+            .find(|ni| ni.attachment.as_ref().is_some_and(|a| a.device_index == 0));
+        match primary {
+            Some(ni) => {
+                self.described = Some((
+                    instance_id.to_owned(),
+                    Some(InstanceSight::Primary(PrimarySight {
+                        interface: CloudId::new(&ni.id).unwrap_or_else(|_| CloudId::min()),
+                        subnet_cidrs: subnets.get(&ni.subnet_id).cloned().unwrap_or_default(),
+                        prefixes: prefixes_of(ni),
+                    })),
+                ));
+                Outcome::Ok
+            }
+            // Not visible yet (a describe lags): looked at again after a backoff.
+            None => Outcome::Failed(format!(
+                "instance {instance_id} shows no primary interface yet"
+            )),
+        }
+    }
+
+    /// Finishes (or undoes) an open delegation intent.
+    async fn replay(&mut self, id: &CloudId, entry: &CloudEntry<CloudIntentRecord>) -> Outcome {
+        let intent_key = self.ctx.keys.cloud_intent(id);
+        let Some(intent) = &entry.record else {
+            return Outcome::Wait(REPLAY_WAIT);
+        };
+        let (interface, prefix) = match &intent.op {
+            CloudOp::DelegatePrefix { interface, prefix }
+            | CloudOp::UndelegatePrefix { interface, prefix } => (interface.clone(), *prefix),
+            _ => return Outcome::Wait(REPLAY_WAIT),
+        };
+        let on = match self
+            .ctx
+            .provider
+            .describe_interfaces(&InterfaceFilter::id(interface.as_str()))
+            .await
+        {
+            Ok(found) => found.first().map(|ni| prefixes_of(ni).contains(&prefix)),
+            Err(error) if error.is_not_found() => None,
+            Err(error) => return Outcome::Failed(format!("replaying intent {id}: {error}")),
+        };
+        let age = (self.ctx.clock)().saturating_sub(intent.started_ms);
+        let key = self.key_of(&intent.pool, &prefix);
+        let instance_id = intent.instance_id.clone().unwrap_or_default();
+        let intent_compare = Compare::modified_at(intent_key.clone(), entry.mod_revision);
+        match decide::replay_delegation(&intent.op, on, age) {
+            DelegationReplay::Wait => Outcome::Wait(REPLAY_WAIT),
+            DelegationReplay::Forget => {
+                self.write(vec![intent_compare], vec![TxnOp::delete(intent_key)])
+                    .await
+            }
+            DelegationReplay::Record => {
+                self.changed = Some((interface.clone(), prefix, true));
+                let value = self.record_value(&instance_id, &interface);
+                self.write(
+                    vec![intent_compare],
+                    vec![TxnOp::put(key, value), TxnOp::delete(intent_key)],
+                )
+                .await
+            }
+            DelegationReplay::Undelegated => {
+                self.changed = Some((interface.clone(), prefix, false));
+                self.write(
+                    vec![intent_compare],
+                    vec![TxnOp::delete(key), TxnOp::delete(intent_key)],
+                )
+                .await
+            }
+            DelegationReplay::Undelegate => {
+                // Rewritten at the revision seen first: only the leader calls, and only while
+                // the intent is still open.
+                let value = match encode_value(intent) {
+                    Ok(value) => value,
+                    Err(e) => return Outcome::Failed(e.to_string()),
+                };
+                let revision = match self
+                    .txn(Txn {
+                        compares: vec![intent_compare],
+                        success: vec![TxnOp::put(intent_key.clone(), value)],
+                        failure: vec![],
+                    })
+                    .await
+                {
+                    Ok(revision) => revision,
+                    Err(None) => return Outcome::Wait(Duration::from_millis(200)),
+                    Err(Some(problem)) => return Outcome::Failed(problem),
+                };
+                match unassign(&*self.ctx.provider, interface.as_str(), prefix).await {
+                    Ok(()) => {
+                        self.changed = Some((interface.clone(), prefix, false));
+                        self.write(
+                            vec![Compare::modified_at(intent_key.clone(), revision)],
+                            vec![TxnOp::delete(key), TxnOp::delete(intent_key)],
+                        )
+                        .await
+                    }
+                    Err(error) => {
+                        Outcome::Failed(format!("taking {prefix} back from {interface}: {error}"))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Delegates one prefix (explicit: the cloud assigns exactly it, once).
+async fn assign<P: CloudProvider>(
+    provider: &P,
+    interface: &str,
+    prefix: IpNet,
+) -> Result<(), CloudError> {
+    match prefix {
+        IpNet::V4(p) => provider
+            .assign_ipv4(interface, &Ipv4Assign::Prefixes(Amount::Explicit(vec![p])))
+            .await
+            .map(|_| ()),
+        IpNet::V6(p) => provider
+            .assign_ipv6(interface, &Ipv6Assign::Prefixes(Amount::Explicit(vec![p])))
+            .await
+            .map(|_| ()),
+    }
+}
+
+/// Takes one prefix back; one not assigned (any more) counts as done.
+async fn unassign<P: CloudProvider>(
+    provider: &P,
+    interface: &str,
+    prefix: IpNet,
+) -> Result<(), CloudError> {
+    let result = match prefix {
+        IpNet::V4(p) => {
+            provider
+                .unassign_ipv4(
+                    interface,
+                    &Ipv4Set {
+                        addresses: Vec::new(),
+                        prefixes: vec![p],
+                    },
+                )
+                .await
+        }
+        IpNet::V6(p) => {
+            provider
+                .unassign_ipv6(
+                    interface,
+                    &Ipv6Set {
+                        addresses: Vec::new(),
+                        prefixes: vec![p],
+                    },
+                )
+                .await
+        }
+    };
+    match result {
+        Err(error) if is_not_assigned(&error) || error.is_not_found() => Ok(()),
+        other => other,
+    }
+}
