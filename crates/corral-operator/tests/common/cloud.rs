@@ -405,7 +405,11 @@ pub fn nets_of(ni: &NetworkInterface) -> Vec<IpNet> {
         .iter()
         .map(|a| IpNet::from(IpAddr::V4(*a)))
         .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
-        .chain(ni.ipv6_addresses.iter().map(|a| IpNet::from(IpAddr::V6(*a))))
+        .chain(
+            ni.ipv6_addresses
+                .iter()
+                .map(|a| IpNet::from(IpAddr::V6(*a))),
+        )
         .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
         .collect()
 }
@@ -453,7 +457,10 @@ impl CloudProvider for Audited {
         index: u32,
     ) -> Result<String, CloudError> {
         self.mutation();
-        let attached = self.ec2.attach_interface(interface, instance, index).await?;
+        let attached = self
+            .ec2
+            .attach_interface(interface, instance, index)
+            .await?;
         self.log(Action::AttachNetworkInterface, interface, Vec::new());
         Ok(attached)
     }
