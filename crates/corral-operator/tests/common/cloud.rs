@@ -1119,6 +1119,197 @@ impl Rig {
     }
 }
 
+/// A run's mutating calls judged against the agents' demand (`Rig::audit_calls`).
+#[derive(Debug, Default)]
+pub struct CallAudit {
+    /// Calls answered `ok` before the warm-up's end, by action.
+    pub warm_up: BTreeMap<&'static str, u64>,
+    /// Calls answered `ok` from the warm-up's end on, by action.
+    pub after: BTreeMap<&'static str, u64>,
+    /// Entries unassigned from the warm-up's end on (trims).
+    pub trimmed_after: usize,
+    /// Entries unassigned in all.
+    pub trimmed: usize,
+    /// Growths within the release delay after an unassign on the same node, each justified
+    /// by the node's pods rising beyond the allowed slack since.
+    pub regrowths: usize,
+    /// Calls that break the rules (see `Rig::audit_calls`).
+    pub problems: Vec<String>,
+}
+
+impl CallAudit {
+    /// Calls after the warm-up, all actions.
+    pub fn after_total(&self) -> u64 {
+        self.after.values().sum()
+    }
+}
+
+impl Rig {
+    /// The node an interface is attached to now.
+    pub fn node_of_interface(&self, interface: &str) -> Option<String> {
+        let instance = self.ec2.interface(interface)?.attachment?.instance_id;
+        self.instances
+            .iter()
+            .find(|(_, i)| **i == instance)
+            .map(|(n, _)| n.clone())
+    }
+
+    /// Judges every mutating call in `family` against what the agents reported (their demand
+    /// history) under the pool's rules, given as `excess` (what the pure rules count as
+    /// excess for one demand sample: growing counts 0):
+    ///
+    /// - an unassign only of an entry its agent surrendered (`ready`), marked by the operator
+    ///   after the node had been in excess for the whole release delay (every demand the
+    ///   agent wrote in `[mark - delay, mark)`, and the one in force at `mark - delay`, counts
+    ///   excess);
+    /// - no unassign within the release delay after a growth (assign or create) of the node;
+    /// - a growth within the release delay after an unassign of the node only when its pods
+    ///   rose by more than `slack` since (what releasing down to the keep level leaves room
+    ///   for: max-above-watermark under watermarks); anything less is a flap.
+    ///
+    /// Calls are split at `warm_end_ms` for the counts.
+    pub fn audit_calls(
+        &self,
+        family: Family,
+        warm_end_ms: u64,
+        delay_ms: u64,
+        slack: u64,
+        excess: impl Fn(&DemandSample) -> u64,
+    ) -> CallAudit {
+        let state = self.agents.lock().unwrap();
+        let mut audit = CallAudit::default();
+        // Per node: growths and unassigns in time order.
+        let mut growths: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut unassigns: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for call in &state.calls {
+            let counts = if call.at_ms < warm_end_ms {
+                &mut audit.warm_up
+            } else {
+                &mut audit.after
+            };
+            *counts.entry(call.action.as_str()).or_default() += 1;
+            let in_family = call.nets.iter().any(|n| family_of(n) == family);
+            let Some(node) = self.node_of_interface(&call.interface) else {
+                continue;
+            };
+            match call.action {
+                Action::CreateNetworkInterface
+                | Action::AssignPrivateIpAddresses
+                | Action::AssignIpv6Addresses
+                    if in_family =>
+                {
+                    growths.entry(node).or_default().push(call.at_ms);
+                }
+                Action::UnassignPrivateIpAddresses | Action::UnassignIpv6Addresses if in_family => {
+                    unassigns.entry(node).or_default().push(call.at_ms);
+                }
+                _ => {}
+            }
+        }
+        let samples = |node: &str| -> Vec<DemandSample> {
+            state
+                .nodes
+                .get(&super::node(node))
+                .map(|a| {
+                    a.history
+                        .iter()
+                        .filter(|s| s.family == family)
+                        .copied()
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for entry in state
+            .unassign_log
+            .iter()
+            .filter(|e| family_of(&e.net) == family)
+        {
+            audit.trimmed += 1;
+            if entry.at_ms >= warm_end_ms {
+                audit.trimmed_after += 1;
+            }
+            let (Some(node), Some(marked)) = (&entry.node, entry.marked_ms) else {
+                audit.problems.push(format!(
+                    "{} unassigned at {} ms from {} with no agent's handshake",
+                    entry.net, entry.at_ms, entry.interface
+                ));
+                continue;
+            };
+            if !entry.ready {
+                audit.problems.push(format!(
+                    "{} of {node} unassigned at {} ms without `ready`",
+                    entry.net, entry.at_ms
+                ));
+            }
+            let history = samples(node.as_str());
+            let start = marked.saturating_sub(delay_ms);
+            let in_force = history.iter().rev().find(|s| s.at_ms <= start);
+            let window = history
+                .iter()
+                .filter(|s| s.at_ms > start && s.at_ms < marked);
+            for sample in in_force.into_iter().chain(window) {
+                if excess(sample) == 0 {
+                    audit.problems.push(format!(
+                        "{} of {node} marked at {marked} ms though not in excess at {} ms \
+                         (within the release delay): {sample:?}",
+                        entry.net, sample.at_ms
+                    ));
+                    break;
+                }
+            }
+            if let Some(g) = growths.get(node.as_str()).and_then(|g| {
+                g.iter()
+                    .find(|t| **t <= entry.at_ms && entry.at_ms - **t < delay_ms)
+            }) {
+                audit.problems.push(format!(
+                    "{} of {node} unassigned at {} ms, {} ms after a growth",
+                    entry.net,
+                    entry.at_ms,
+                    entry.at_ms - g
+                ));
+            }
+        }
+        // Growths after an unassign within the delay: the pods must have risen beyond `slack`.
+        for (node, times) in &unassigns {
+            let history = samples(node);
+            let used_around = |t: u64| -> Vec<u64> {
+                let before = history
+                    .iter()
+                    .rev()
+                    .find(|s| s.at_ms <= t.saturating_sub(2_000));
+                before
+                    .into_iter()
+                    .chain(
+                        history
+                            .iter()
+                            .filter(|s| s.at_ms > t.saturating_sub(2_000) && s.at_ms <= t),
+                    )
+                    .map(|s| s.used)
+                    .collect()
+            };
+            for t_u in times {
+                let Some(grown) = growths.get(node) else {
+                    continue;
+                };
+                for t_g in grown.iter().filter(|t| **t > *t_u && **t - t_u < delay_ms) {
+                    let low = used_around(*t_u).into_iter().min().unwrap_or(0);
+                    let high = used_around(*t_g).into_iter().max().unwrap_or(0);
+                    if high > low.saturating_add(slack) {
+                        audit.regrowths += 1;
+                    } else {
+                        audit.problems.push(format!(
+                            "{node} grew at {t_g} ms, {} ms after an unassign at {t_u} ms, its \
+                             pods from {low} to {high} only (a flap)",
+                            t_g - t_u
+                        ));
+                    }
+                }
+            }
+        }
+        audit
+    }
+}
+
 /// `n` m5.large nodes named `node-0000`...
 pub fn names(n: usize) -> Vec<(String, &'static str)> {
     (0..n)
