@@ -30,7 +30,8 @@ demo:
 ## looks for it there); etcd-server for the cluster store's tests against real etcd members
 ## (crates/corral-etcd/tests/etcd.rs) and protobuf-compiler (protoc) to build etcd-client;
 ## moto's EC2 server (PyPI `moto[server]`, pinned) in a venv under target/ for the AWS adapter's
-## contract tests (crates/corral-aws/tests/moto.rs looks for target/moto-venv/bin/moto_server)
+## contract tests and the end-to-end run with etcd (crates/corral-aws/tests/moto.rs and e2e.rs
+## look for target/moto-venv/bin/moto_server)
 DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server protobuf-compiler
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv

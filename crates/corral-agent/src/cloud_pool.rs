@@ -324,6 +324,7 @@ block_prefix_len = 28
             addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
             attachment: CloudAttachment::Attached,
             managed: true,
+            prefixes_refused_ms: None,
         }
     }
 

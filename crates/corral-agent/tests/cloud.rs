@@ -204,6 +204,7 @@ fn record(device: u32, subnet: &str, addresses: &[&str]) -> CloudInterfaceRecord
         addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
         attachment: CloudAttachment::Attached,
         managed: true,
+        prefixes_refused_ms: None,
     }
 }
 

@@ -84,7 +84,17 @@ impl Ec2 {
     /// (environment, profile, web identity as on EKS, ECS task role, instance profile).
     /// `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_EC2`) points it elsewhere, e.g. at moto.
     pub async fn from_env(timeouts: Timeouts) -> Ec2 {
-        let config = aws_config::defaults(BehaviorVersion::latest())
+        Ec2::from_env_at(None, timeouts).await
+    }
+
+    /// [`Ec2::from_env`], with `endpoint_url` (when given) in place of the environment's
+    /// endpoint: `corral-aws --cloud-endpoint`, for a VPC endpoint or moto.
+    pub async fn from_env_at(endpoint_url: Option<&str>, timeouts: Timeouts) -> Ec2 {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(url) = endpoint_url {
+            loader = loader.endpoint_url(url);
+        }
+        let config = loader
             .http_client(http_client())
             .retry_config(RetryConfig::disabled())
             .timeout_config(timeouts.config())

@@ -6,17 +6,17 @@
 //! Moto is laxer than EC2 (see `MOTO` below for what it lacks), so what it cannot show is
 //! proven on `corral_cloud::FakeEc2` only; the contract skips those checks by the capabilities.
 
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
+use common::{Moto, create_fixture};
 use corral_aws::{Ec2, Timeouts};
 use corral_cloud::contract::{self, Capabilities};
 use corral_cloud::{
     CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo, InterfaceFilter,
     Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter, Tags,
 };
+
+mod common;
 
 /// What moto 5.2 does of EC2 (found by poking its server): it enforces no interface or address
 /// limits, delegates no prefixes (it ignores `Ipv4PrefixCount`), ignores `ClientToken`,
@@ -32,84 +32,6 @@ const MOTO: Capabilities = Capabilities {
     occupied_device_index: false,
     delete_attached_refused: false,
 };
-
-/// A `moto_server` child process on a free port of 127.0.0.1, killed (by its PID) on drop.
-struct Moto {
-    child: Child,
-    endpoint: String,
-}
-
-impl Moto {
-    /// `$MOTO_SERVER`, else `target/moto-venv/bin/moto_server` under the workspace root.
-    fn binary() -> PathBuf {
-        if let Some(path) = std::env::var_os("MOTO_SERVER") {
-            return PathBuf::from(path);
-        }
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/moto-venv/bin/moto_server")
-    }
-
-    fn start() -> Moto {
-        let binary = Moto::binary();
-        assert!(
-            binary.exists(),
-            "moto_server not found at {} (run `make deps`, or set MOTO_SERVER)",
-            binary.display()
-        );
-        // A free port: bind to port 0, read it, let it go. moto binds it a moment later.
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port on 127.0.0.1")
-            .port();
-        let child = Command::new(&binary)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|error| panic!("starting {}: {error}", binary.display()));
-        let mut moto = Moto {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        };
-        moto.wait_until_it_answers(port);
-        moto
-    }
-
-    fn wait_until_it_answers(&mut self, port: u16) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("moto_server's status") {
-                panic!("moto_server exited before answering: {status}");
-            }
-            if TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not listen on port {port} within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn provider(&self) -> Ec2 {
-        Ec2::with_endpoint(
-            &self.endpoint,
-            "us-east-1",
-            "testing",
-            "testing",
-            Timeouts::default(),
-        )
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        // SIGKILL: moto can be busy in a request (it loops forever on an exhausted subnet).
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// [`Ec2`] with one correction of moto's answers: moto 5.2 answers AssignPrivateIpAddresses
 /// with every private address of the interface, the primary included (its
@@ -221,65 +143,6 @@ async fn setup() -> Setup {
         provider: MotoEc2(ec2),
         _moto: moto,
     }
-}
-
-/// Creates the VPC, subnet and instance; returns the subnet and instance ids.
-async fn create_fixture(ec2: &Ec2, instance_type: &str) -> (String, String) {
-    let client = ec2.client();
-    let vpc_id = client
-        .create_vpc()
-        .cidr_block("10.0.0.0/16")
-        .send()
-        .await
-        .expect("CreateVpc")
-        .vpc()
-        .and_then(|vpc| vpc.vpc_id())
-        .expect("a vpc id")
-        .to_owned();
-    let subnet_id = client
-        .create_subnet()
-        .vpc_id(&vpc_id)
-        .cidr_block("10.0.0.0/24")
-        .send()
-        .await
-        .expect("CreateSubnet")
-        .subnet()
-        .and_then(|subnet| subnet.subnet_id())
-        .expect("a subnet id")
-        .to_owned();
-    let image_id = client
-        .describe_images()
-        .send()
-        .await
-        .expect("DescribeImages")
-        .images()
-        .first()
-        .and_then(|image| image.image_id())
-        .expect("moto ships images")
-        .to_owned();
-    let instance_id = client
-        .run_instances()
-        .image_id(image_id)
-        .instance_type(instance_type.into())
-        // The primary interface spelled out with EC2's default (moto's default is the opposite).
-        .network_interfaces(
-            aws_sdk_ec2::types::InstanceNetworkInterfaceSpecification::builder()
-                .device_index(0)
-                .subnet_id(&subnet_id)
-                .delete_on_termination(true)
-                .build(),
-        )
-        .min_count(1)
-        .max_count(1)
-        .send()
-        .await
-        .expect("RunInstances")
-        .instances()
-        .first()
-        .and_then(|instance| instance.instance_id())
-        .expect("an instance id")
-        .to_owned();
-    (subnet_id, instance_id)
 }
 
 #[test]

@@ -17,6 +17,7 @@ use corral_etcd::EtcdKv;
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
 use crate::Output;
+use crate::cloud::{Cloud, Providers};
 use crate::exit::{Exit, Failure, Outcome};
 
 /// Options of every command that talks to etcd.
@@ -60,78 +61,41 @@ pub struct OperatorArgs {
     /// A file holding the bearer token (at least 16 characters) for --api-tcp
     #[arg(long, value_name = "FILE", requires = "api_tcp")]
     pub token_file: Option<PathBuf>,
-    /// The cloud whose interfaces the leader manages for cloud pools: `fake`, an in-process
-    /// fake EC2 seeded from --fake-cloud (a demo and test backend; the AWS build comes later)
-    #[arg(long, value_enum, requires = "fake_cloud")]
-    pub cloud: Option<CloudBackend>,
+    /// The cloud whose interfaces the leader manages for cloud pools
+    #[command(flatten)]
+    pub cloud: CloudArgs,
+}
+
+/// `--cloud` and its settings.
+#[derive(Debug, Args)]
+pub struct CloudArgs {
+    /// The cloud: `fake`, an in-process fake EC2 seeded from --fake-cloud (a demo and test
+    /// backend), or `aws` in the AWS build (the `corral-aws` binary: region and credentials
+    /// from the environment as every AWS tool finds them)
+    #[arg(long, value_name = "NAME")]
+    pub cloud: Option<String>,
     /// The fake cloud's seed file (JSON: `seed`, `subnets` [{id, vpc, zone, ipv4}],
     /// `instances` [{id, type, subnet}])
     #[arg(long, value_name = "FILE", requires = "cloud")]
     pub fake_cloud: Option<PathBuf>,
+    /// The cloud API's endpoint URL instead of the provider's own (a VPC endpoint, or an
+    /// emulator such as moto); for aws, AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_EC2 also do
+    #[arg(long, value_name = "URL", requires = "cloud")]
+    pub cloud_endpoint: Option<String>,
 }
 
-/// A cloud backend of `corral operator --cloud`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum CloudBackend {
-    /// corral-cloud's in-process fake EC2.
-    Fake,
-}
-
-/// The fake cloud's seed file.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FakeCloudFile {
-    #[serde(default)]
-    seed: u64,
-    subnets: Vec<FakeSubnet>,
-    #[serde(default)]
-    instances: Vec<FakeInstance>,
-}
-
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FakeSubnet {
-    id: String,
-    vpc: String,
-    zone: String,
-    ipv4: String,
-}
-
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
-struct FakeInstance {
-    id: String,
-    #[serde(rename = "type")]
-    instance_type: String,
-    subnet: String,
-}
-
-/// Builds the fake EC2 of `--fake-cloud`; a file that does not read or parse is a usage error
-/// naming it.
-fn fake_cloud(path: &std::path::Path) -> Result<corral_cloud::FakeEc2, Failure> {
-    let bad = |problem: String| Failure::Usage(format!("{}: {problem}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let file: FakeCloudFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    let mut builder = corral_cloud::FakeEc2::builder().seed(file.seed);
-    for subnet in &file.subnets {
-        let cidr = subnet
-            .ipv4
-            .parse()
-            .map_err(|e| bad(format!("subnet {}: {e}", subnet.id)))?;
-        builder = builder.subnet(corral_cloud::fake::SubnetSpec::new(
-            &subnet.id,
-            &subnet.vpc,
-            &subnet.zone,
-            cidr,
-        ));
+impl CloudArgs {
+    /// Connects the named cloud, if any.
+    async fn connect(&self, providers: &Providers) -> Result<Option<Arc<dyn Cloud>>, Failure> {
+        let Some(name) = &self.cloud else {
+            return Ok(None);
+        };
+        let settings = crate::cloud::CloudSettings {
+            endpoint: self.cloud_endpoint.clone(),
+            fake_cloud: self.fake_cloud.clone(),
+        };
+        providers.connect(name, settings).await.map(Some)
     }
-    for instance in &file.instances {
-        builder = builder.instance(
-            corral_cloud::fake::InstanceSpec::new(&instance.instance_type, &instance.subnet)
-                .id(&instance.id),
-        );
-    }
-    builder.build().map_err(|e| bad(e.to_string()))
 }
 
 /// Where `corral operator` serves its API by default.
@@ -184,8 +148,9 @@ pub enum ClusterCommand {
     Apply(ConfigArgs),
     /// Pools (capacity, granted, quarantined, free per family), nodes, the leader
     Status(EtcdArgs),
-    /// Verify from etcd alone (and, given agent sockets, each agent's ranges) that no CIDR or
-    /// node ID is held twice; exit code 5 if anything is wrong
+    /// Verify from etcd alone (and, given agent sockets, each agent's ranges; given --cloud,
+    /// the cloud pools' interface records against the cloud's own view) that no CIDR, node ID
+    /// or cloud address is held twice; exit code 5 if anything is wrong
     Check(CheckArgs),
 }
 
@@ -205,6 +170,10 @@ pub struct CheckArgs {
     /// An agent's socket whose ranges must equal its node's grants (repeatable)
     #[arg(long = "agent", value_name = "SOCKET")]
     pub agents: Vec<PathBuf>,
+    /// Also compare the cloud pools' `interfaces/` records with the cloud's own view of its
+    /// interfaces (read-only calls)
+    #[command(flatten)]
+    pub cloud: CloudArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -249,18 +218,16 @@ fn kv_failure(error: corral_kv::KvError) -> Failure {
 }
 
 /// Runs a replica of the operator until SIGINT or SIGTERM.
-pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
+pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure> {
     let api = api_config(&args)?;
-    let cloud = match (&args.cloud, &args.fake_cloud) {
-        (Some(CloudBackend::Fake), Some(path)) => Some(fake_cloud(path)?),
-        _ => None,
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("corral-operator")
         .build()
         .map_err(|e| Failure::Operator(e.to_string()))?;
     runtime.block_on(async move {
+        // The cloud first: a cloud the build lacks, or bad settings, is refused before etcd.
+        let cloud = args.cloud.connect(providers).await?;
         let (kv, _) = connect(&args.etcd).await?;
         let replica = args.replica.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -288,22 +255,36 @@ pub fn operator(args: OperatorArgs) -> Result<Outcome, Failure> {
             config.replica,
             args.etcd.etcd.join(",")
         );
-        let cloud = cloud.map(|ec2| corral_operator::CloudOptions::new(Arc::new(ec2)));
-        corral_operator::run_with_cloud(kv, config, shared, cloud, corral_agent::shutdown_signal())
-            .await
-            .map_err(|e| Failure::Operator(e.to_string()))?;
+        let shutdown = Box::pin(corral_agent::shutdown_signal());
+        match cloud {
+            Some(cloud) => {
+                let run = crate::cloud::OperatorRun {
+                    kv,
+                    config,
+                    shared,
+                    shutdown,
+                };
+                cloud.run_operator(run).await
+            }
+            None => corral_operator::run(kv, config, shared, shutdown).await,
+        }
+        .map_err(|e| Failure::Operator(e.to_string()))?;
         api.stop().await;
         Ok(Outcome::ok(String::new()))
     })
 }
 
-pub fn cluster(command: ClusterCommand, output: Output) -> Result<Outcome, Failure> {
+pub fn cluster(
+    command: ClusterCommand,
+    output: Output,
+    providers: &Providers,
+) -> Result<Outcome, Failure> {
     runtime()?.block_on(async move {
         match command {
             ClusterCommand::Init(args) => write_config(args, true).await,
             ClusterCommand::Apply(args) => write_config(args, false).await,
             ClusterCommand::Status(args) => status(args, output).await,
-            ClusterCommand::Check(args) => check(args, output).await,
+            ClusterCommand::Check(args) => check(args, output, providers).await,
         }
     })
 }
@@ -420,7 +401,8 @@ async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
     }))
 }
 
-async fn check(args: CheckArgs, output: Output) -> Result<Outcome, Failure> {
+async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result<Outcome, Failure> {
+    let cloud = args.cloud.connect(providers).await?;
     let (kv, keys) = connect(&args.etcd).await?;
     let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
         .await
@@ -434,6 +416,17 @@ async fn check(args: CheckArgs, output: Output) -> Result<Outcome, Failure> {
         // An agent that cannot be asked is not a finding about the cluster: exit code 3,
         // as for any unreachable agent.
         problems.extend(check_agent(&keys, &entries, socket)?);
+    }
+    if let Some(cloud) = cloud {
+        // The cloud is read after etcd: an interface or address the operator added since is
+        // in the cloud but not in the records read, and reported (run the check again); one
+        // it took away since is in the records but not the cloud, likewise.
+        let interfaces = cloud
+            .interfaces()
+            .await
+            .map_err(|e| Failure::Cloud(e.to_string()))?;
+        let truth = crate::cloud::cloud_truth(interfaces);
+        problems.extend(corral_cluster::cloud_problems(&keys, &entries, &truth));
     }
     let text = match output {
         Output::Json => {
@@ -873,6 +866,7 @@ mod tests {
             addresses: vec!["10.0.1.10/32".parse().unwrap()],
             attachment: corral_cluster::CloudAttachment::Attached,
             managed: true,
+            prefixes_refused_ms: None,
         };
         let records = BTreeMap::from([
             ("eni-a".to_owned(), Some(record)),

@@ -61,6 +61,8 @@ pub enum Failure {
     Operator(String),
     /// etcd (the cluster store) could not be reached or failed.
     Cluster(String),
+    /// The cloud's API could not be asked, or failed (`cluster check --cloud`).
+    Cloud(String),
     /// The cluster refused the change (a configuration already there, a node not
     /// registered, a change that grants may rest on).
     Refused(String),
@@ -95,7 +97,7 @@ impl Failure {
             Failure::Usage(_) | Failure::File { .. } => Exit::Usage,
             Failure::Daemon(_) => Exit::AgentFailed,
             Failure::Operator(_) => Exit::AgentFailed,
-            Failure::Cluster(_) => Exit::Unreachable,
+            Failure::Cluster(_) | Failure::Cloud(_) => Exit::Unreachable,
             Failure::Refused(_) => Exit::Refused,
         }
     }
@@ -125,6 +127,10 @@ impl fmt::Display for Failure {
             Failure::Cluster(message) => write!(
                 f,
                 "cluster store: {message}\nis etcd running? (`--etcd` or CORRAL_ETCD names it)"
+            ),
+            Failure::Cloud(message) => write!(
+                f,
+                "cloud: {message}\nare the cloud's endpoint, region and credentials right?"
             ),
             Failure::Refused(message) => write!(f, "{message}"),
             Failure::Operator(message) => write!(f, "operator: {message}"),

@@ -759,3 +759,45 @@ fn operator_fake_cloud_file_problems_are_usage_errors_naming_the_file() {
         assert!(stderr.contains(problem), "{stderr}");
     }
 }
+
+/// The plain `corral` knows the fake cloud only: `--cloud aws` is a usage error naming the
+/// build that has it (`corral-aws`), `--cloud fake` without its seed file one naming the option,
+/// an unknown cloud one listing what this build knows; each refused before etcd is asked (none
+/// listens there), by the operator and by `cluster check` alike.
+#[test]
+fn a_cloud_this_build_lacks_is_a_usage_error_naming_the_build_that_has_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("op.sock");
+    let etcd = ["--etcd", "http://127.0.0.1:1"];
+    for (args, expected) in [
+        (vec!["--cloud", "aws"], "corral-aws"),
+        (
+            vec!["--cloud", "aws", "--cloud-endpoint", "http://127.0.0.1:1"],
+            "corral-aws",
+        ),
+        (vec!["--cloud", "fake"], "--fake-cloud"),
+        (
+            vec!["--cloud", "gcp"],
+            "unknown cloud (this build knows fake)",
+        ),
+    ] {
+        for command in [
+            vec!["operator", "--api-socket", socket.to_str().unwrap()],
+            vec!["cluster", "check"],
+        ] {
+            let output = Command::new(env!("CARGO_BIN_EXE_corral"))
+                .args(&command)
+                .args(etcd)
+                .args(&args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(2),
+                "{command:?} {args:?}: {stderr}"
+            );
+            assert!(stderr.contains(expected), "{command:?} {args:?}: {stderr}");
+        }
+    }
+}

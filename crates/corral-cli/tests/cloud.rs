@@ -125,6 +125,7 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         ],
         attachment: CloudAttachment::Attached,
         managed: true,
+        prefixes_refused_ms: None,
     };
     block_on(kv.txn(Txn {
         compares: vec![],
@@ -210,4 +211,110 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         out.contains("cluster problem") && out.contains(&first.address.to_string())
     });
     assert_check(&etcd, &[&socket]);
+}
+
+/// `corral cluster check --cloud fake` compares the `interfaces/` records with the cloud's own
+/// view (DescribeNetworkInterfaces): a record of an interface the cloud has, with the cloud's
+/// addresses, passes; an address the cloud does not show on it, or an interface it does not
+/// have, is a problem (exit code 5). The fake is rebuilt from its seed file in each process,
+/// the same in the test as in the command: the instance's primary interface is the one the
+/// records name.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn cluster_check_compares_the_records_with_the_clouds_view() {
+    use corral_cloud::CloudProvider;
+    let etcd = start_etcd(1);
+    let dir = tempfile::tempdir().unwrap();
+    init(&etcd, dir.path(), CLOUD);
+    let _agent = start(&etcd, &dir.path().join("node-a"));
+    let seed = dir.path().join("cloud.json");
+    std::fs::write(
+        &seed,
+        r#"{"seed": 7,
+            "subnets": [{"id": "subnet-1", "vpc": "vpc-1", "zone": "z1", "ipv4": "10.0.32.0/20"}],
+            "instances": [{"id": "i-0abc", "type": "m5.large", "subnet": "subnet-1"}]}"#,
+    )
+    .unwrap();
+    let fake = corral_cloud::FakeEc2::builder()
+        .seed(7)
+        .subnet(corral_cloud::fake::SubnetSpec::new(
+            "subnet-1",
+            "vpc-1",
+            "z1",
+            "10.0.32.0/20".parse().unwrap(),
+        ))
+        .instance(corral_cloud::fake::InstanceSpec::new("m5.large", "subnet-1").id("i-0abc"))
+        .build()
+        .unwrap();
+    let instance = block_on(fake.describe_instance("i-0abc")).unwrap();
+    let primary = &instance.interfaces[0];
+    let kv = kv(&etcd);
+    let keys = Keys::new(ClusterName::new("t").unwrap());
+    let node = NodeName::new("node-a").unwrap();
+    let record = |addresses: &[&str]| CloudInterfaceRecord {
+        pool: PoolName::new("vpc").unwrap(),
+        instance_id: "i-0abc".into(),
+        device_index: 0,
+        subnet_id: "subnet-1".into(),
+        subnets: vec!["10.0.32.0/20".parse().unwrap()],
+        mac: primary.mac.to_string(),
+        primary_ipv4: Some(primary.primary_ipv4),
+        addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+        attachment: CloudAttachment::Attached,
+        managed: false,
+    };
+    let put = |id: &str, record: &CloudInterfaceRecord| {
+        block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(
+                keys.cloud_interface(&node, &CloudId::new(id).unwrap()),
+                encode_value(record).unwrap(),
+            )],
+            failure: vec![],
+        }))
+        .unwrap();
+    };
+    let endpoints = endpoints(&etcd);
+    let seed_text = seed.display().to_string();
+    let check = || {
+        let (code, out, err) = corral(&[
+            "cluster",
+            "check",
+            "--etcd",
+            &endpoints,
+            "--cluster",
+            "t",
+            "--cloud",
+            "fake",
+            "--fake-cloud",
+            &seed_text,
+        ]);
+        (code, format!("{out}{err}"))
+    };
+    let id = primary.interface_id.as_str();
+    put(id, &record(&[]));
+    let (code, out) = check();
+    assert_eq!(code, 0, "{out}");
+    // Without --cloud the cloud is not asked; with it, an address not on the interface.
+    put(id, &record(&["10.0.32.10/32"]));
+    assert_check(&etcd, &[]);
+    let (code, out) = check();
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        out.contains(&format!(
+            "address 10.0.32.10/32 of cloud interface {id} (node node-a) is not on it in the cloud"
+        )),
+        "{out}"
+    );
+    // An interface the cloud does not have.
+    put(id, &record(&[]));
+    let mut gone = record(&[]);
+    gone.device_index = 2;
+    put("eni-gone", &gone);
+    let (code, out) = check();
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        out.contains("cloud interface eni-gone of node node-a is not in the cloud"),
+        "{out}"
+    );
 }

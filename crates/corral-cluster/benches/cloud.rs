@@ -104,6 +104,7 @@ fn record(node: usize, device: u32, held: u32) -> (CloudId, CloudInterfaceRecord
         addresses: (0..held).map(|k| address(node, device, k)).collect(),
         attachment: CloudAttachment::Attached,
         managed: true,
+        prefixes_refused_ms: None,
     };
     (id, record)
 }

@@ -31,6 +31,7 @@ use crate::config::{CloudPoolConfig, Watermarks};
 use crate::keys::{CloudId, FamilyDemand, ReleaseState};
 
 mod choice;
+mod empty;
 mod gc;
 mod replay;
 mod targets;
@@ -38,8 +39,10 @@ mod targets;
 mod tests;
 
 pub use choice::{
-    PrefixFallback, ServeKey, choose_subnet, next_device_index, prefix_fallback, serve_order,
+    PREFIX_REFUSAL_TTL_MS, PrefixFallback, ServeKey, choose_subnet, next_device_index,
+    prefix_fallback, prefix_refusal_holds, serve_order,
 };
+pub use empty::empty_interface_to_delete;
 pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};
 pub use replay::{DESCRIBE_LAG_BOUND_MS, ObservedInterface, Replay, replay_intent};
 pub use targets::{WarmMode, warm_mode, warm_needed_and_excess};

@@ -931,6 +931,13 @@ pub struct CloudInterfaceRecord {
     /// by others are not), so only these are ever detached or deleted.
     #[serde(default)]
     pub managed: bool,
+    /// When a prefix request for it was refused (`InsufficientCidrBlocks`: its subnet had no
+    /// free aligned prefix), on the leader's wall clock: it takes single addresses until
+    /// [`crate::cloud::PREFIX_REFUSAL_TTL_MS`] later, and if corral created it its subnet is
+    /// not chosen for a new interface's prefixes either. Kept here so a new leader does not
+    /// repeat the futile call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefixes_refused_ms: Option<u64>,
 }
 
 /// What a cloud intent is about to do.
@@ -1236,6 +1243,7 @@ mod tests {
             ],
             attachment: CloudAttachment::Attached,
             managed: true,
+            prefixes_refused_ms: None,
         };
         let bytes = encode_value(&interface).unwrap();
         assert_eq!(

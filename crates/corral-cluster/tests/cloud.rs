@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use corral_cluster::cloud::{
     CloudAction, CloudPlan, InstanceLimits, InterfaceView, NodeCloudInput, PrefixFallback,
-    Releasing, SubnetView, plan_node, prefix_fallback, units,
+    Releasing, SubnetView, empty_interface_to_delete, plan_node, prefix_fallback, units,
 };
 use corral_cluster::{
     CloudId, CloudPoolConfig, Family, FamilyDemand, IpNet, ReleaseState, WarmTargets, Watermarks,
@@ -86,6 +86,8 @@ struct Model {
     /// Cloud call outcomes, cycled (false: the call fails).
     outcomes: Vec<bool>,
     calls: usize,
+    /// Empty interfaces detached and deleted so far.
+    deleted: usize,
 }
 
 fn id(n: u32) -> CloudId {
@@ -494,6 +496,44 @@ impl Model {
         Ok(())
     }
 
+    /// After a round that did nothing: an empty managed interface is detached and deleted
+    /// (ipamd's `RemoveUnusedENIFromStore`); never one holding or in a handshake, never the
+    /// primary; and the node, planned again on the same demand, still needs nothing (no flap:
+    /// the deletion never makes it grow).
+    fn delete_empty(
+        &mut self,
+        plan: &CloudPlan,
+        demand: &FamilyDemand,
+    ) -> Result<(), TestCaseError> {
+        let first = self.cloud.first_interface_index;
+        let Some(interface) = empty_interface_to_delete(&self.interfaces, first, &[plan]) else {
+            return Ok(());
+        };
+        let k = self
+            .interfaces
+            .iter()
+            .position(|i| i.id == interface)
+            .unwrap();
+        let gone = self.interfaces[k].clone();
+        prop_assert!(gone.managed && gone.device_index != 0 && gone.addresses.is_empty());
+        prop_assert!(gone.device_index >= first);
+        if !self.call_succeeds() {
+            return Ok(());
+        }
+        let subnet_id = gone.subnet_id;
+        self.interfaces.remove(k);
+        self.subnet(&subnet_id).view.free_ipv4 += 1;
+        self.deleted += 1;
+        let again = self.plan(demand);
+        prop_assert!(
+            again.stats.needed == 0 && !is_grow(&again.action) && !again.at_capacity,
+            "deleting {} made the node want: {:?}",
+            interface,
+            again
+        );
+        Ok(())
+    }
+
     /// One round: the agent moves, the leader plans, checks, applies; the limits hold.
     fn round(&mut self) -> Result<CloudPlan, TestCaseError> {
         self.agent();
@@ -501,6 +541,7 @@ impl Model {
         let plan = self.plan(&demand);
         self.check(&plan, &demand)?;
         self.apply(&plan)?;
+        self.delete_empty(&plan, &demand)?;
         prop_assert!(self.interfaces.len() as u32 <= self.limits.max_interfaces);
         for i in &self.interfaces {
             prop_assert!(i.addresses.len() < self.limits.ipv4_per_interface as usize);
@@ -612,6 +653,7 @@ fn model(
         next_interface: 1,
         outcomes,
         calls: 0,
+        deleted: 0,
     }
 }
 
@@ -642,8 +684,17 @@ proptest! {
             m.target = target;
             let mut kinds = Vec::new();
             for _ in 0..rounds {
-                kinds.push(m.round()?.action);
+                let deleted = m.deleted;
+                let action = m.round()?.action;
+                // No growth after an empty interface was deleted on the same demand.
+                prop_assert!(
+                    !(is_grow(&action) && kinds.iter().any(|(_, d)| *d)),
+                    "grown after a deletion: {:?}",
+                    kinds
+                );
+                kinds.push((action, m.deleted > deleted));
             }
+            let kinds: Vec<CloudAction> = kinds.into_iter().map(|(a, _)| a).collect();
             // Even with failing calls, a constant demand never both grows and gives back.
             prop_assert!(
                 !(kinds.iter().any(is_grow) && kinds.iter().any(is_release)),
@@ -656,12 +707,19 @@ proptest! {
         m.outcomes.clear();
         let mut kinds = Vec::new();
         let mut last = None;
-        for _ in 0..80 {
+        let mut deleted_at = Vec::new();
+        for round in 0..80 {
+            let deleted = m.deleted;
             let plan = m.round()?;
+            if m.deleted > deleted {
+                deleted_at.push(round);
+            }
             kinds.push(plan.action.clone());
             last = Some(plan);
         }
         let last = last.unwrap();
+        // Settled: no interface is deleted at the end either.
+        prop_assert!(!deleted_at.contains(&79), "still deleting: {:?}", deleted_at);
         prop_assert_eq!(&last.action, &CloudAction::Nothing, "not settled: {:?}", kinds);
         prop_assert!(last.unmark.is_empty() && last.forget.is_empty());
         // No flap: under constant demand the node only grows or only gives back.

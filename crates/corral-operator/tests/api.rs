@@ -613,6 +613,7 @@ cidrs = ["10.0.0.0/16"]
         ],
         attachment: corral_cluster::CloudAttachment::Attached,
         managed: true,
+        prefixes_refused_ms: None,
     };
     view.apply_put(
         "/corral/t/v1/interfaces/node-a/eni-1",

@@ -326,6 +326,7 @@ block_prefix_len = 28
                 addresses: addresses.iter().map(|a| net(a)).collect(),
                 attachment: CloudAttachment::Attached,
                 managed: true,
+                prefixes_refused_ms: None,
             };
             self.add(
                 self.keys.cloud_interface(&node(n), &id(eni)),

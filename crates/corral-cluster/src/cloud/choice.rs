@@ -86,6 +86,17 @@ pub fn next_device_index(
         .find(|i| !interfaces.iter().any(|f| f.device_index == *i) && !occupied.contains(i))
 }
 
+/// How long a refused prefix request is remembered, in milliseconds: the interface takes single
+/// addresses and its subnet is not chosen for prefixes until then; after it prefixes are tried
+/// again (subnets get freed and defragmented as interfaces go).
+pub const PREFIX_REFUSAL_TTL_MS: u64 = 600_000;
+
+/// Whether a prefix refusal at `refused_ms` still holds at `now_ms` (within
+/// [`PREFIX_REFUSAL_TTL_MS`]; a refusal from the future, another leader's clock ahead, holds).
+pub fn prefix_refusal_holds(refused_ms: Option<u64>, now_ms: u64) -> bool {
+    refused_ms.is_some_and(|at| now_ms.saturating_sub(at) < PREFIX_REFUSAL_TTL_MS)
+}
+
 /// What to do when a prefix request was refused with `InsufficientCidrBlocks` (the subnet has
 /// no free aligned /28, though it may have single addresses left).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -457,5 +468,25 @@ mod tests {
         ];
         assert_eq!(serve_order(&keys), vec![3, 2, 4, 1, 0]);
         assert_eq!(serve_order(&[]), Vec::<usize>::new());
+    }
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_refusal_expires_after_its_ttl() {
+        assert!(!prefix_refusal_holds(None, 5));
+        assert!(prefix_refusal_holds(Some(1_000), 1_000));
+        assert!(prefix_refusal_holds(
+            Some(1_000),
+            1_000 + PREFIX_REFUSAL_TTL_MS - 1
+        ));
+        assert!(!prefix_refusal_holds(
+            Some(1_000),
+            1_000 + PREFIX_REFUSAL_TTL_MS
+        ));
+        assert!(prefix_refusal_holds(Some(9_000), 1_000));
     }
 }

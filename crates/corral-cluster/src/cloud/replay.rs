@@ -19,6 +19,9 @@ pub struct ObservedInterface {
     pub attached_to: Option<(String, u32)>,
     /// Its secondary addresses and prefixes, both families.
     pub addresses: Vec<IpNet>,
+    /// It carries the cluster's tag (`corral.io/cluster`): corral created it. Only these are
+    /// ever detached or deleted.
+    pub managed: bool,
 }
 
 /// What the next leader does with an intent it found open.
@@ -34,6 +37,12 @@ pub enum Replay {
         interface: CloudId,
         /// Where.
         device_index: u32,
+    },
+    /// Detach the interface (`force` false) from the intent's instance, then (on a later
+    /// replay, once it shows unattached) delete it: a removed node's interface.
+    Detach {
+        /// The interface.
+        interface: CloudId,
     },
     /// Undo: delete the interface (created, unattached, not needed any more).
     Delete {
@@ -65,10 +74,14 @@ pub enum Replay {
 ///   visible yet), then `Attach` if the node is present and the index free, else `Delete`.
 /// - `Assign`: addresses on the interface beyond `before` and the record: `Record`; none yet:
 ///   `Wait` within the lag bound, then `Forget`; interface gone: `Forget`.
-/// - `Unassign`: the addresses still on the interface: `Unassign` them again (the agent
-///   surrendered them: safe); none: `Forget`.
-/// - `Delete`: still there and unattached: `Delete`; attached to the intent's instance (an
-///   attach that went through after all): `Record`; attached elsewhere or gone: `Forget`.
+/// - `Unassign`: none of the addresses on the interface (or the interface gone): `Forget`;
+///   some still on it: `Wait` while the intent (rewritten at each call) is younger than the
+///   lag bound (the describe may be behind the call), then `Unassign` those again (the agent
+///   surrendered them: safe).
+/// - `Delete` (written with the deletion of the interface's record): never an interface
+///   without the cluster's tag nor one at device index 0 (the primary): `Forget`; still there
+///   and unattached: `Delete`; attached to the intent's instance: `Detach`, unless a record
+///   names it again (it serves the node: `Forget`); attached elsewhere or gone: `Forget`.
 pub fn replay_intent(
     intent: &CloudIntentRecord,
     found: Option<&ObservedInterface>,
@@ -135,6 +148,12 @@ pub fn replay_intent(
             });
             if still.is_empty() {
                 Replay::Forget
+            } else if !settled {
+                // Within the describe lag of the last call (the intent is rewritten with the
+                // time of each call): the addresses may be gone already and the describe
+                // behind; asked again at once, the cloud refuses (not assigned) and the
+                // replay would repeat until the describe caught up.
+                Replay::Wait
             } else {
                 Replay::Unassign {
                     interface: interface.clone(),
@@ -143,10 +162,20 @@ pub fn replay_intent(
             }
         }
         CloudOp::Delete { interface } => match found.map(|f| (f, &f.attached_to)) {
-            // Never undo by deleting an attached interface (EC2 refuses it as in use): it is
-            // live on the intent's instance (recorded), or not ours.
-            Some((f, Some((instance, _)))) if Some(instance) == intent.instance_id.as_ref() => {
-                Replay::Record(f.clone())
+            Some((f, _)) if !f.managed => Replay::Forget,
+            Some((_, Some((_, 0)))) => Replay::Forget,
+            // Never delete an attached interface (EC2 refuses it as in use). On the intent's
+            // instance it is detached first: its record went with the intent's write (a
+            // removed node's interface, an empty one); recorded again, it serves the node and
+            // stays.
+            Some((_, Some((instance, _)))) if Some(instance) == intent.instance_id.as_ref() => {
+                if record.is_some() {
+                    Replay::Forget
+                } else {
+                    Replay::Detach {
+                        interface: interface.clone(),
+                    }
+                }
             }
             Some((_, Some(_))) => Replay::Forget,
             Some((_, None)) => Replay::Delete {
@@ -185,6 +214,7 @@ mod tests {
             id: id("eni-1"),
             attached_to: attached.map(|(i, d)| (i.to_owned(), d)),
             addresses: addresses.iter().map(|a| net(a)).collect(),
+            managed: true,
         }
     }
 
@@ -200,6 +230,7 @@ mod tests {
             addresses: addresses.iter().map(|a| net(a)).collect(),
             attachment: CloudAttachment::Attached,
             managed: true,
+            prefixes_refused_ms: None,
         }
     }
 
@@ -322,8 +353,17 @@ mod tests {
             addresses: vec![net("10.0.0.6/32"), net("10.0.0.7/32")],
         });
         let half = observed(Some(("i-1", 1)), &["10.0.0.5/32", "10.0.0.7/32"]);
+        // Within the describe lag of the last call: waited for, not called again.
         assert_eq!(
             replay_intent(&i, Some(&half), None, true, false, 0),
+            Replay::Wait
+        );
+        assert_eq!(
+            replay_intent(&i, Some(&half), None, true, false, LAG - 1),
+            Replay::Wait
+        );
+        assert_eq!(
+            replay_intent(&i, Some(&half), None, true, false, LAG),
             Replay::Unassign {
                 interface: id("eni-1"),
                 addresses: vec![net("10.0.0.7/32")]
@@ -355,9 +395,9 @@ mod tests {
     }
 
     /// CLUSTER-DESIGN 6.7: the undo deletes an unattached interface only. A delete intent
-    /// whose interface shows attached (an attach that went through after all) is never a
-    /// `Delete` (EC2 refuses it as in use, and the replay would fail on every round): attached
-    /// to the intent's instance it is live and recorded, attached elsewhere it is not ours.
+    /// whose interface shows attached is never a `Delete` (EC2 refuses it as in use, and the
+    /// replay would fail on every round): attached to the intent's instance it is detached
+    /// first (or kept, if a record names it again), attached elsewhere it is not ours.
     #[test]
     fn a_delete_intent_never_deletes_an_attached_interface() {
         let d = intent(CloudOp::Delete {
@@ -366,7 +406,13 @@ mod tests {
         let ours = observed(Some(("i-1", 1)), &["10.0.0.5/32"]);
         assert_eq!(
             replay_intent(&d, Some(&ours), None, true, false, LAG),
-            Replay::Record(ours.clone())
+            Replay::Detach {
+                interface: id("eni-1")
+            }
+        );
+        assert_eq!(
+            replay_intent(&d, Some(&ours), Some(&record(&[])), true, false, LAG),
+            Replay::Forget
         );
         let elsewhere = observed(Some(("i-2", 1)), &[]);
         assert_eq!(
@@ -380,5 +426,43 @@ mod tests {
                 interface: id("eni-1")
             }
         );
+    }
+
+    /// A removed node's interface still attached to its running instance is detached, then
+    /// deleted once it shows unattached; never the primary, never an untagged interface.
+    #[test]
+    fn a_removed_nodes_interface_is_detached_then_deleted() {
+        let d = intent(CloudOp::Delete {
+            interface: id("eni-1"),
+        });
+        let attached = observed(Some(("i-1", 1)), &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&attached), None, false, false, 0),
+            Replay::Detach {
+                interface: id("eni-1")
+            }
+        );
+        let loose = observed(None, &[]);
+        assert_eq!(
+            replay_intent(&d, Some(&loose), None, false, false, 0),
+            Replay::Delete {
+                interface: id("eni-1")
+            }
+        );
+        let primary = observed(Some(("i-1", 0)), &["10.0.0.5/32"]);
+        assert_eq!(
+            replay_intent(&d, Some(&primary), None, false, false, LAG),
+            Replay::Forget
+        );
+        for found in [attached, loose] {
+            let untagged = ObservedInterface {
+                managed: false,
+                ..found
+            };
+            assert_eq!(
+                replay_intent(&d, Some(&untagged), None, false, false, LAG),
+                Replay::Forget
+            );
+        }
     }
 }

@@ -15,7 +15,11 @@
 //! - addresses go back only through the release handshake (block mode's `release/` keys): the
 //!   agent surrenders a free address before the cloud is asked to unassign it;
 //! - leaked interfaces (corral-tagged, available, named by no record or intent) are deleted
-//!   only when seen so on two collector runs at least the interval apart.
+//!   only when seen so on two collector runs at least the interval apart;
+//! - a removed node's interfaces and empty ones are detached and deleted only if corral created
+//!   them (never the primary), behind a `Delete` intent written with their record's deletion;
+//! - an unassign answer that does not say which addresses went ("not assigned") changes no
+//!   record: the intent's replay reads the interface, past the describe lag of its last call.
 //!
 //! The manager's own memory (the cloud view, first sightings of leaks, excess clocks,
 //! backoffs) is lost with the lead; a new leader resyncs before it mutates anything.
@@ -247,8 +251,12 @@ struct Manager<K, P> {
     pending: BTreeSet<NodeName>,
     /// Planned nodes waiting for a worker, the next at the end.
     queue: Vec<(ServeKey, NodeName)>,
-    secondaries_only: HashSet<String>,
-    no_free_prefix: HashSet<String>,
+    /// Interfaces whose prefix request was refused, and when (also kept in their records:
+    /// learnt again by a new leader from them).
+    secondaries_only: HashMap<String, u64>,
+    /// Subnets that refused a new interface's prefixes, and when (kept in the records of
+    /// interfaces corral created there after a refusal).
+    no_free_prefix: HashMap<String, u64>,
     occupied: HashMap<String, BTreeSet<u32>>,
     /// Intents of no node being replayed (the collector's deletions).
     orphans_running: bool,
@@ -300,8 +308,8 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         busy: HashSet::new(),
         pending: BTreeSet::new(),
         queue: Vec::new(),
-        secondaries_only: HashSet::new(),
-        no_free_prefix: HashSet::new(),
+        secondaries_only: HashMap::new(),
+        no_free_prefix: HashMap::new(),
         occupied: HashMap::new(),
         orphans_running: false,
         next_intent: 0,
@@ -361,6 +369,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 return;
             }
             if all {
+                // Prefix refusals kept in the records (a new leader's first view).
+                for ((_, id), entry) in view.cloud_interfaces() {
+                    if let Some(record) = &entry.record
+                        && let Some(at) = record.prefixes_refused_ms
+                    {
+                        self.learn_refusal(id.as_str(), record, at);
+                    }
+                }
                 self.pending.extend(
                     view.nodes()
                         .filter(|(_, e)| e.record.instance_id.is_some())
@@ -407,6 +423,24 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 self.start_gc(view, &cloud_pools);
             }
         })
+    }
+
+    /// A prefix refusal found in a record: the interface takes single addresses, and its
+    /// subnet (if corral created the interface there after a refusal) is not chosen for a new
+    /// interface's prefixes, until the refusal expires.
+    fn learn_refusal(&mut self, interface: &str, record: &CloudInterfaceRecord, at: u64) {
+        let known = self
+            .secondaries_only
+            .entry(interface.to_owned())
+            .or_insert(at);
+        *known = (*known).max(at);
+        if record.managed {
+            let known = self
+                .no_free_prefix
+                .entry(record.subnet_id.clone())
+                .or_insert(at);
+            *known = (*known).max(at);
+        }
     }
 
     fn start_resync(&mut self) {
@@ -566,41 +600,38 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let Some(instance_id) = instance_of(view, node) else {
             self.nodes.remove(node);
             self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
-            // Removed (or registered without an instance): its records and open intents go
-            // (an intent left open would keep its interface from the collector forever; none
-            // is in flight, the node is not busy); its interfaces are the collector's once the
-            // cloud detaches them.
-            let mut deletes: Vec<HandshakeStep> = view
-                .cloud_interfaces_of(node)
-                .map(|(id, e)| HandshakeStep::Delete {
-                    key: view.keys().cloud_interface(node, id),
-                    revision: e.mod_revision,
+            // Removed (or registered without an instance): its open intents are replayed (as
+            // for a node present, the node counting as gone: a created interface unattached is
+            // deleted, a removed node's interface detached and deleted); then its records go,
+            // each managed interface still on its instance behind a `Delete` intent written in
+            // the same transaction (the agent's addresses leave with the record before the
+            // interface is detached), the others (the primary, untagged ones) simply deleted.
+            let intents: Vec<(CloudId, CloudEntry<CloudIntentRecord>)> = view
+                .cloud_intents()
+                .filter(|(_, e)| {
+                    e.record
+                        .as_ref()
+                        .is_some_and(|r| r.node.as_ref() == Some(node))
                 })
+                .map(|(id, e)| (id.clone(), e.clone()))
                 .collect();
-            deletes.extend(
-                view.cloud_intents()
-                    .filter(|(_, e)| {
-                        e.record
-                            .as_ref()
-                            .is_some_and(|r| r.node.as_ref() == Some(node))
-                    })
-                    .map(|(id, e)| HandshakeStep::Delete {
-                        key: view.keys().cloud_intent(id),
-                        revision: e.mod_revision,
-                    }),
-            );
-            if deletes.is_empty() {
+            let records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
+                .cloud_interfaces_of(node)
+                .map(|(id, e)| (id.clone(), e.clone()))
+                .collect();
+            if intents.is_empty() && records.is_empty() {
                 return None;
             }
             self.busy.insert(node.clone());
             let ctx = self.ctx.clone();
             let node = node.clone();
+            let intent_base = self.intent_id();
             self.running.spawn(async move {
                 let mut run = StepRun {
                     ctx: &ctx,
                     node: &node,
                     instance_id: "",
-                    intent_base: String::new(),
+                    intent_base,
                     intents: 0,
                     writes: Vec::new(),
                     secondaries_only: Vec::new(),
@@ -610,8 +641,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     limits: None,
                     subnets: Vec::new(),
                     known: Vec::new(),
+                    prefixes_refused: HashMap::new(),
+                    created_refused_ms: None,
                 };
-                let outcome = run.handshake(deletes).await;
+                let outcome = if intents.is_empty() {
+                    run.teardown(records).await
+                } else {
+                    run.replay(intents).await
+                };
                 let writes = run.writes;
                 Done::Node {
                     node,
@@ -662,8 +699,18 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .collect();
         let now_ms = self.now_ms();
         let limits_known = self.limits.clone();
-        let secondaries_only = self.secondaries_only.clone();
-        let no_free_prefix = self.no_free_prefix.clone();
+        let secondaries_only: HashSet<String> = self
+            .secondaries_only
+            .iter()
+            .filter(|(_, at)| decide::prefix_refusal_holds(Some(**at), now_ms))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let no_free_prefix: HashSet<String> = self
+            .no_free_prefix
+            .iter()
+            .filter(|(_, at)| decide::prefix_refusal_holds(Some(**at), now_ms))
+            .map(|(id, _)| id.clone())
+            .collect();
         let subnets = self.subnets.clone();
         let occupied: Vec<u32> = self
             .occupied
@@ -682,22 +729,21 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             return (none, Some(Step::Describe));
         }
         // Records of an earlier instance of the node (registered again on a new one, the
-        // old one's end not seen): not its interfaces; deleted, their interfaces are the
-        // collector's once detached (kept, they stood for capacity the node lacks).
-        let earlier: Vec<HandshakeStep> = view
+        // old one's end not seen): not its interfaces (kept, they stood for capacity the node
+        // lacks); torn down as a removed node's.
+        let earlier: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
             .cloud_interfaces_of(node)
             .filter(|(_, e)| {
                 e.record
                     .as_ref()
                     .is_some_and(|r| !r.instance_id.is_empty() && r.instance_id != instance_id)
             })
-            .map(|(id, e)| HandshakeStep::Delete {
-                key: view.keys().cloud_interface(node, id),
-                revision: e.mod_revision,
-            })
+            .map(|(id, e)| (id.clone(), e.clone()))
             .collect();
         if !earlier.is_empty() {
-            return (none, Some(Step::Handshake(earlier)));
+            // As a removed node's: corral's interfaces still on the old instance (if it runs
+            // on) are detached and deleted behind intents.
+            return (none, Some(Step::Teardown(earlier)));
         }
         if matches!(
             instance.state,
@@ -784,8 +830,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 &secondaries_only,
                 &cluster,
             );
+            let mut pool_plans: Vec<CloudPlan> = Vec::new();
+            let mut reported = true;
             for (family, _) in pool.families() {
                 let demand = view.demand(node, &pool.name).and_then(|d| d.family(family));
+                reported &= demand.is_some();
                 let releases: Vec<(IpNet, i64, ReleaseRecord)> = view
                     .releases_of(node)
                     .filter(|((_, p, f, _), _)| *p == pool.name && *f == family)
@@ -864,6 +913,23 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         now_ms,
                     );
                 }
+                pool_plans.push(plan);
+            }
+            // Nothing else to do, the agent reporting: an empty interface corral created is
+            // given back (detached and deleted behind a `Delete` intent written with its
+            // record's deletion).
+            if chosen.is_none() && reported {
+                let plans: Vec<&CloudPlan> = pool_plans.iter().collect();
+                if let Some(empty) = decide::empty_interface_to_delete(
+                    &interfaces,
+                    cloud.first_interface_index,
+                    &plans,
+                ) && let Some((id, entry)) = records
+                    .iter()
+                    .find(|(id, e)| *id == empty && e.record.as_ref().is_some_and(|r| r.managed))
+                {
+                    chosen = Some(Step::Teardown(vec![(id.clone(), entry.clone())]));
+                }
             }
         }
         self.ctx.shared.note_cloud_node(node.as_str(), figures);
@@ -894,6 +960,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .get(&node)
             .map(|s| s.interfaces.clone())
             .unwrap_or_default();
+        let now_ms = self.now_ms();
+        let prefixes_refused: HashMap<String, u64> = known
+            .iter()
+            .filter_map(|ni| {
+                let at = *self.secondaries_only.get(&ni.id)?;
+                decide::prefix_refusal_holds(Some(at), now_ms).then(|| (ni.id.clone(), at))
+            })
+            .collect();
         self.running.spawn(async move {
             let mut run = StepRun {
                 ctx: &ctx,
@@ -909,6 +983,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 limits,
                 subnets,
                 known,
+                prefixes_refused,
+                created_refused_ms: None,
             };
             let outcome = run.run(step).await;
             let StepRun {
@@ -1018,7 +1094,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         self.subnets = subnets;
                         // Prefix refusals and occupied indexes are re-learnt: the subnet may
                         // have been defragmented, the attachment may be visible now.
-                        self.no_free_prefix.clear();
+                        let now_ms = self.now_ms();
+                        self.no_free_prefix
+                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
+                        self.secondaries_only
+                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
                         self.occupied.clear();
                         let mut by_instance: HashMap<String, Vec<NetworkInterface>> =
                             HashMap::new();
@@ -1121,8 +1201,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             } => {
                 self.busy.remove(&node);
                 self.apply_writes(&writes);
-                self.secondaries_only.extend(secondaries_only);
-                self.no_free_prefix.extend(no_free_prefix);
+                let now_ms = self.now_ms();
+                self.secondaries_only
+                    .extend(secondaries_only.into_iter().map(|id| (id, now_ms)));
+                self.no_free_prefix
+                    .extend(no_free_prefix.into_iter().map(|id| (id, now_ms)));
                 let instance_id = self
                     .nodes
                     .get(&node)
@@ -1147,9 +1230,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         self.pending.insert(node);
                     }
                     Outcome::Wait(wait) => {
-                        if let Some(state) = self.nodes.get_mut(&node) {
-                            state.not_before = Some(Instant::now() + wait);
-                        }
+                        // A removed node has no state left: one is made to hold its wait.
+                        self.nodes.entry(node).or_default().not_before =
+                            Some(Instant::now() + wait);
                     }
                     Outcome::Failed(problem) => {
                         self.ctx
@@ -1194,10 +1277,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .shared
             .with_view(|view, _| Resync::from(&view.config().resync))
             .unwrap_or_default();
-        if let Some(state) = self.nodes.get_mut(node) {
-            let wait = state.retry.error(&timing);
-            state.not_before = Some(Instant::now() + wait);
-        }
+        let state = self.nodes.entry(node.clone()).or_default();
+        let wait = state.retry.error(&timing);
+        state.not_before = Some(Instant::now() + wait);
     }
 
     /// Puts what a task wrote into the view at once (the watch repeats it later), unless the
@@ -1455,6 +1537,9 @@ enum Step {
     },
     /// Release handshake steps (etcd only).
     Handshake(Vec<HandshakeStep>),
+    /// Records to delete, a managed interface's with a `Delete` intent (a removed node's
+    /// interfaces, an empty one).
+    Teardown(Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)>),
     /// Unassign addresses the agent surrendered (`ready`), then record it.
     Unassign {
         pool: PoolName,
@@ -1691,6 +1776,11 @@ struct StepRun<'a, K, P> {
     subnets: Vec<Subnet>,
     /// The node's interfaces as last described.
     known: Vec<NetworkInterface>,
+    /// Interfaces whose prefix request was refused, and when: written into their records.
+    prefixes_refused: HashMap<String, u64>,
+    /// The create fell back to single addresses after its subnet refused prefixes, then: the
+    /// new interface's record keeps it.
+    created_refused_ms: Option<u64>,
 }
 
 /// Why a fenced write did not go through.
@@ -1798,14 +1888,18 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
 
     /// Rewrites an open intent, fenced and at the revision seen, before a replay's cloud call:
     /// the call is made only by the leader, and only while the intent is still open (not
-    /// finished meanwhile by another leader or an earlier replay). Answers its new revision.
+    /// finished meanwhile by another leader or an earlier replay). Its `started_ms` becomes
+    /// now, so the next replay measures the describe lag from this call (a describe behind
+    /// it is waited for, not answered by calling again). Answers its new revision.
     async fn touch_intent(
         &mut self,
         key: &str,
         entry: &CloudEntry<CloudIntentRecord>,
         intent: &CloudIntentRecord,
     ) -> Result<Revision, Outcome> {
-        let value = encode_value(intent).map_err(|e| Outcome::Failed(e.to_string()))?;
+        let mut intent = intent.clone();
+        intent.started_ms = (self.ctx.clock)();
+        let value = encode_value(&intent).map_err(|e| Outcome::Failed(e.to_string()))?;
         let txn = Txn {
             compares: vec![Compare::modified_at(key.to_owned(), entry.mod_revision)],
             success: vec![TxnOp::put(key.to_owned(), value)],
@@ -1835,6 +1929,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             Step::Replay(intents) => self.replay(intents).await,
             Step::Confirm { interface, entry } => self.confirm(&interface, &entry).await,
             Step::Handshake(steps) => self.handshake(steps).await,
+            Step::Teardown(records) => self.teardown(records).await,
             Step::Unassign {
                 pool,
                 family,
@@ -1913,6 +2008,56 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 Err(error) => return Outcome::Failed(format!("release handshake: {error}")),
             }
         }
+        Outcome::Ok
+    }
+
+    /// Records to delete (a removed node's, an empty interface's): a managed interface still
+    /// on an instance (not the primary) gets a `Delete` intent in the transaction that deletes
+    /// its record (its replay detaches and deletes it); the others' records are deleted. Each
+    /// at the record's mod revision.
+    async fn teardown(
+        &mut self,
+        records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)>,
+    ) -> Outcome {
+        for (id, entry) in records {
+            let key = self.ctx.keys.cloud_interface(self.node, &id);
+            let mut txn = Txn {
+                compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
+                success: vec![TxnOp::delete(key)],
+                failure: vec![],
+            };
+            let detach = entry
+                .record
+                .as_ref()
+                .filter(|r| r.managed && !r.instance_id.is_empty() && r.device_index != 0);
+            if let Some(record) = detach {
+                let intent = CloudIntentRecord {
+                    node: Some(self.node.clone()),
+                    pool: record.pool.clone(),
+                    instance_id: Some(record.instance_id.clone()),
+                    op: CloudOp::Delete {
+                        interface: id.clone(),
+                    },
+                    started_ms: (self.ctx.clock)(),
+                };
+                let Ok(value) = encode_value(&intent) else {
+                    return Outcome::Failed("encoding a cloud intent".to_owned());
+                };
+                let intent_key = self.ctx.keys.cloud_intent(&self.next_intent());
+                txn.compares.push(Compare::absent(intent_key.clone()));
+                txn.success.push(TxnOp::put(intent_key, value));
+            }
+            match self.txn(txn).await {
+                Ok(_) => {
+                    if detach.is_some() {
+                        self.ctx.shared.note_cloud_intent();
+                    }
+                }
+                Err(WriteError::Refused) => return Outcome::Wait(STALE_WAIT),
+                Err(error) => return Outcome::Failed(format!("removing {id}'s record: {error}")),
+            }
+        }
+        // Planned again at once: the intents are replayed.
         Outcome::Ok
     }
 
@@ -2041,6 +2186,25 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     );
                     if let PrefixFallback::Secondaries = fallback {
                         self.secondaries_only.push(interface.to_string());
+                        // Kept in the record (if there is one yet; else written with the
+                        // record the next assign makes) so a new leader does not ask again.
+                        if let Some(entry) = &record
+                            && let Some(mut kept) = entry.record.clone()
+                        {
+                            kept.prefixes_refused_ms = Some((self.ctx.clock)());
+                            let key = self.ctx.keys.cloud_interface(self.node, interface);
+                            if let Ok(value) = encode_value(&kept) {
+                                let txn = Txn {
+                                    compares: vec![Compare::modified_at(
+                                        key.clone(),
+                                        entry.mod_revision,
+                                    )],
+                                    success: vec![TxnOp::put(key, value)],
+                                    failure: vec![],
+                                };
+                                let _ = self.txn(txn).await;
+                            }
+                        }
                     }
                     return Outcome::Replan;
                 }
@@ -2062,6 +2226,9 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     return Outcome::Ok;
                 };
                 record.addresses = addresses;
+                record.prefixes_refused_ms = record
+                    .prefixes_refused_ms
+                    .max(self.prefixes_refused.get(interface.as_str()).copied());
                 (
                     record,
                     Compare::modified_at(key.clone(), entry.mod_revision),
@@ -2090,6 +2257,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                         .tags
                         .get(TAG_CLUSTER)
                         .is_some_and(|c| *c == self.ctx.cluster),
+                    prefixes_refused_ms: self.prefixes_refused.get(interface.as_str()).copied(),
                 },
                 Compare::absent(key.clone()),
             ),
@@ -2218,8 +2386,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                             }
                             PrefixFallback::Secondaries => {
                                 // Single addresses in that subnet: as many as the prefixes
-                                // would have given, within the interface's limit.
+                                // would have given, within the interface's limit. The new
+                                // interface's record keeps the refusal.
                                 prefixes = false;
+                                self.created_refused_ms = Some((self.ctx.clock)());
                                 let per = self.limits.map_or(count.saturating_mul(16), |l| {
                                     l.ipv4_per_interface.saturating_sub(1)
                                 });
@@ -2345,6 +2515,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             addresses: addresses_of(created),
             attachment: CloudAttachment::Attaching,
             managed: true,
+            prefixes_refused_ms: self.created_refused_ms,
         };
         self.record(
             key.clone(),
@@ -2392,8 +2563,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let result = unassign_call(self.ctx, interface.as_str(), &nets).await;
         match result {
             Ok(()) => {}
-            // Gone already (an earlier, unanswered call): recorded as done.
-            Err(error) if is_not_assigned(&error) => {}
+            // Some are not on the interface: EC2 (and the fake) refuse the whole call, so the
+            // others are still assigned; moto drops what is there and answers success. Either
+            // way the answer does not say which are gone: the intent stays open and its replay
+            // reads the interface (after the describe lag bound) before the record drops any.
+            Err(error) if is_not_assigned(&error) => return Outcome::Wait(REPLAY_WAIT),
             Err(error) if error.is_ambiguous() => return Outcome::Wait(REPLAY_WAIT),
             Err(error) => {
                 self.drop_intent(&intent_key, intent_revision).await;
@@ -2435,7 +2609,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 Ok(found) => found,
                 Err(error) => return Outcome::Failed(format!("replaying intent {id}: {error}")),
             };
-            let observed = found.as_ref().map(observe);
+            let observed = found.as_ref().map(|ni| observe(ni, &self.ctx.cluster));
             let record_entry = found.as_ref().and_then(|ni| {
                 let iid = CloudId::new(&ni.id).ok()?;
                 self.ctx
@@ -2613,7 +2787,34 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                         self.drop_intent(intent_key, revision).await;
                         Outcome::Ok
                     }
+                    // Still detaching (shown unattached a moment early): asked again soon.
+                    Err(CloudError::InterfaceInUse { .. }) => Outcome::Wait(ATTACH_POLL),
                     Err(error) => Outcome::Failed(format!("deleting {interface}: {error}")),
+                }
+            }
+            Replay::Detach { interface } => {
+                let Some(attachment) = found.and_then(|ni| ni.attachment.as_ref()) else {
+                    return Outcome::Wait(REPLAY_WAIT);
+                };
+                if let Err(outcome) = self.touch_intent(intent_key, entry, intent).await {
+                    return outcome;
+                }
+                self.mutated = true;
+                // Not forced: the instance is running and the interface leaves cleanly (its
+                // addresses left the agent with its record before this call).
+                match call(
+                    &self.ctx.shared,
+                    Action::DetachNetworkInterface,
+                    self.ctx.provider.detach_interface(&attachment.id, false),
+                )
+                .await
+                {
+                    // Deleted once a replay shows it unattached.
+                    Ok(()) => Outcome::Wait(ATTACH_POLL),
+                    Err(error) if error.is_not_found() || error.is_ambiguous() => {
+                        Outcome::Wait(ATTACH_POLL)
+                    }
+                    Err(error) => Outcome::Failed(format!("detaching {interface}: {error}")),
                 }
             }
             Replay::Unassign {
@@ -2624,9 +2825,13 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     return outcome;
                 }
                 self.mutated = true;
+                // Done or not, the next replay reads the interface again (waiting within the
+                // describe lag of this call) before anything is recorded.
                 match unassign_call(self.ctx, interface.as_str(), &addresses).await {
-                    Ok(()) => Outcome::Wait(Duration::ZERO),
-                    Err(error) if is_not_assigned(&error) => Outcome::Wait(Duration::ZERO),
+                    Ok(()) => Outcome::Wait(REPLAY_WAIT),
+                    Err(error) if is_not_assigned(&error) || error.is_ambiguous() => {
+                        Outcome::Wait(REPLAY_WAIT)
+                    }
                     Err(error) => Outcome::Failed(format!("unassigning from {interface}: {error}")),
                 }
             }
@@ -2681,6 +2886,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                                 .tags
                                 .get(TAG_CLUSTER)
                                 .is_some_and(|c| *c == self.ctx.cluster),
+                            prefixes_refused_ms: None,
                         },
                         Compare::absent(key.clone()),
                     )
@@ -2775,8 +2981,9 @@ async fn unassign_call<K, P: CloudProvider>(
     Ok(())
 }
 
-fn observe(ni: &NetworkInterface) -> ObservedInterface {
+fn observe(ni: &NetworkInterface, cluster: &str) -> ObservedInterface {
     ObservedInterface {
+        managed: ni.tags.get(TAG_CLUSTER).is_some_and(|c| c == cluster),
         id: CloudId::new(&ni.id).unwrap_or_else(|_| CloudId::min()),
         attached_to: ni.attachment.as_ref().and_then(|a| {
             matches!(

@@ -337,6 +337,9 @@ pub struct Audited {
     pub hang_assigns: Arc<std::sync::atomic::AtomicBool>,
     /// Mutating calls sent through this handle (one per replica, see `Rig::provider_for`).
     pub mutations: Arc<std::sync::atomic::AtomicU64>,
+    /// While above zero, an IPv4 unassign is applied and then answered `Timeout` (counted
+    /// down): an answer lost after the cloud applied the call.
+    pub timeout_unassigns: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Audited {
@@ -470,7 +473,9 @@ impl CloudProvider for Audited {
     }
     async fn detach_interface(&self, attachment: &str, force: bool) -> Result<(), CloudError> {
         self.mutation();
-        self.ec2.detach_interface(attachment, force).await
+        self.ec2.detach_interface(attachment, force).await?;
+        self.log(Action::DetachNetworkInterface, attachment, Vec::new());
+        Ok(())
     }
     async fn delete_interface(&self, interface: &str) -> Result<(), CloudError> {
         self.mutation();
@@ -521,6 +526,16 @@ impl CloudProvider for Audited {
         self.audit(interface, nets.clone());
         self.ec2.unassign_ipv4(interface, release).await?;
         self.log(Action::UnassignPrivateIpAddresses, interface, nets);
+        let lost = self.timeout_unassigns.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| n.checked_sub(1),
+        );
+        if lost.is_ok() {
+            return Err(CloudError::Timeout {
+                action: Action::UnassignPrivateIpAddresses,
+            });
+        }
         Ok(())
     }
     async fn assign_ipv6(
@@ -752,6 +767,7 @@ impl Rig {
             hang_creates: Arc::default(),
             hang_assigns: Arc::default(),
             mutations: Arc::default(),
+            timeout_unassigns: Arc::default(),
         });
         let mut rig = Rig {
             kv,

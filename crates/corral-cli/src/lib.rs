@@ -1,0 +1,356 @@
+//! corral: the command line people use to talk to the corral agent, over its unix socket.
+//!
+//! A library with a thin binary around it: `corral` (`src/main.rs`) is [`main`], the build that
+//! knows the in-process fake cloud only; another binary adds cloud providers through
+//! [`main_with`] (corral-aws's `corral-aws` adds `--cloud aws` on the AWS SDK, which nothing
+//! else links: it takes minutes to build). See [`cloud`].
+//!
+//! [`main_with`] parses the arguments (clap), runs one subcommand from [`commands`], prints what it
+//! rendered (aligned tables by default, the API's JSON with `-o json`) and exits with a code
+//! scripts can act on:
+//!
+//! | code | meaning                                                                   |
+//! |------|---------------------------------------------------------------------------|
+//! | 0    | done                                                                      |
+//! | 1    | the agent refused the request (a 4xx answer: in use, exhausted, ...)      |
+//! | 2    | usage error: bad arguments, or an input or output file that cannot be used |
+//! | 3    | the agent is unreachable, timed out, or the connection to it broke (or  |
+//! |      | etcd, or the cloud's API for `cluster check --cloud`)                     |
+//! | 4    | the agent failed (a 5xx answer, or an answer that is not the API's)       |
+//! | 5    | `check` found problems                                                    |
+//!
+//! The codes are a contract, asserted by `tests/cli.rs`.
+
+mod check;
+pub mod cloud;
+mod cluster;
+mod commands;
+mod exit;
+mod hostlocal;
+mod interfaces;
+mod local_routes;
+mod output;
+mod parse;
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use cloud::Providers;
+use commands::Session;
+use exit::{Exit, Failure, Outcome};
+
+/// Where the agent listens unless told otherwise.
+const DEFAULT_SOCKET: &str = "/run/corral/agent.sock";
+
+/// The exit codes, for `corral --help` (kept in step with the module documentation).
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  done
+  1  the agent refused the request (a 4xx answer: in use, exhausted, not found, ...)
+  2  usage error: bad arguments, or an input or output file that cannot be used
+  3  the agent is unreachable, timed out, or the connection to it broke (or etcd,
+     or the cloud's API)
+  4  the agent or operator failed (a 5xx answer, an answer that is not the API's, or the
+     daemon could not start)
+  5  `corral check` found problems";
+
+/// IP address management for container clusters: talk to the node's corral agent.
+#[derive(Debug, Parser)]
+#[command(name = "corral", version, after_long_help = EXIT_CODES_HELP)]
+struct Cli {
+    #[command(flatten)]
+    globals: Globals,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every subcommand takes.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+struct Globals {
+    /// The agent's unix socket [default: /run/corral/agent.sock]
+    // An Option, not a clap default, so a subcommand can tell whether it was given.
+    #[arg(long, global = true, env = "CORRAL_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// How to print results: aligned tables for people, or the API's JSON for scripts
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+
+    /// The scope to act on: "node" (the agent's own pools) or a CNI network's name
+    #[arg(long, global = true, value_name = "SCOPE", default_value = corral_api::NODE_SCOPE)]
+    scope: String,
+
+    /// Show every scope instead of one (status, dump, pool list and check only)
+    #[arg(long, global = true, conflicts_with = "scope")]
+    all_scopes: bool,
+}
+
+impl Globals {
+    /// The agent's socket: `--socket`, else `CORRAL_SOCKET`, else the default.
+    fn socket(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+    }
+}
+
+/// `corral agent`'s own options (its socket is the global --socket).
+#[derive(Debug, Args)]
+struct AgentArgs {
+    /// The agent's TOML configuration file
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The state directory (SQLite), locked for as long as the agent runs
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Also serve the API on this loopback TCP address (needs a token)
+    #[arg(long, value_name = "ADDR")]
+    tcp: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token for --tcp (or set CORRAL_TOKEN)
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// A CNI dataDir whose DELs, recorded by corral-ipam while the agent was away, are
+    /// applied at start (repeatable) [default: /var/lib/cni/networks]
+    #[arg(long, value_name = "DIR")]
+    cni_data_dir: Vec<PathBuf>,
+    /// Join a cluster: etcd's client URLs, comma-separated. The agent registers --node,
+    /// keeps its liveness key, and adds the node's grants to its pools
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ',',
+        requires = "node"
+    )]
+    etcd: Vec<String>,
+    /// This node's name in the cluster (with --etcd)
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// The cluster's name (with --etcd)
+    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
+    cluster: String,
+    /// The liveness lease's TTL in seconds (with --etcd)
+    #[arg(long, default_value_t = 20)]
+    lease_ttl: u64,
+    /// How long a CNI ADD to a node pool with nothing free waits for the cluster to grant a
+    /// block, in milliseconds, before it fails with code 11 (with --etcd; default 5000, or the
+    /// file's pool_wait_ms)
+    #[arg(long, value_name = "MS")]
+    pool_wait: Option<u64>,
+    /// The cloud instance this node runs on (with --etcd), written into its registration: the
+    /// operator manages this instance's interfaces for cloud pools. On EC2, the instance
+    /// metadata service's instance-id (e.g. from `ec2-metadata --instance-id` or IMDSv2);
+    /// a node registered with another instance is refused until it is removed
+    #[arg(long, env = "CORRAL_INSTANCE_ID", value_name = "ID")]
+    instance_id: Option<String>,
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
+    let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
+        config: args.config,
+        data_dir: args.data_dir,
+        socket: globals.socket.clone(),
+        tcp: args.tcp,
+        token_file: args.token_file,
+        cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
+        in_cluster: !args.etcd.is_empty(),
+        pool_wait: args.pool_wait.map(std::time::Duration::from_millis),
+    })
+    .map_err(|e| Failure::Usage(e.to_string()))?;
+    let cluster_task = match (args.etcd.is_empty(), args.node) {
+        (true, _) => None,
+        (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
+        (false, Some(node)) => {
+            let uid = corral_agent::cluster::machine_uid(&config.data_dir).map_err(|e| {
+                Failure::File {
+                    action: "read or create the machine uid in",
+                    path: config.data_dir.clone(),
+                    source: e,
+                }
+            })?;
+            let options = corral_agent::cluster::ClusterOptions {
+                endpoints: args.etcd.clone(),
+                cluster: args.cluster.clone(),
+                node,
+                uid,
+                lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
+                demand_refresh: corral_agent::cluster::ClusterOptions::DEFAULT_DEMAND_REFRESH,
+                instance_id: args.instance_id.clone().filter(|id| !id.trim().is_empty()),
+            };
+            let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
+                Box::pin(async move {
+                    let kv = loop {
+                        match corral_etcd::EtcdKv::connect(&options.endpoints, Default::default())
+                            .await
+                        {
+                            Ok(kv) => break kv,
+                            Err(error) => {
+                                eprintln!("corral agent: cluster: connecting to etcd: {error}");
+                                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                            }
+                        }
+                    };
+                    corral_agent::cluster::run(kv, options, committer, state, stop).await;
+                })
+            });
+            Some(task)
+        }
+    };
+    let banner = format!(
+        "corral agent: ready, state in {data}, API on {socket}{tcp}
+           try: corral --socket {socket} status   (or: curl --unix-socket {socket} http://corral/v1/status)
+",
+        data = config.data_dir.display(),
+        socket = config.socket.display(),
+        tcp = config
+            .tcp
+            .map(|a| format!(" and http://{a} (bearer token)"))
+            .unwrap_or_default(),
+    );
+    corral_agent::run_with(config, cluster_task, move || {
+        let _ = io::stderr().write_all(banner.as_bytes());
+    })
+    .map_err(|e| Failure::Daemon(e.to_string()))?;
+    Ok(Outcome::ok(String::new()))
+}
+
+/// How results are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node agent in the foreground: the pools, and the REST API on --socket
+    ///
+    /// Configuration: a TOML file (--config), overridden by the flags; without either, the
+    /// embedded default (a dual-stack pool `default`, state in /var/lib/corral, the socket
+    /// /run/corral/agent.sock). Stops on SIGINT or SIGTERM.
+    Agent(AgentArgs),
+    /// Capacity and use of each pool, per address family
+    Status,
+    /// Every allocation, with its owner, attachment and lease
+    Dump,
+    /// Allocate the next free address (or a given one), of one family or both
+    Alloc(commands::AllocArgs),
+    /// Release addresses: of an attachment, one address, or everything an owner holds
+    Release(commands::ReleaseArgs),
+    /// List pools, add and remove their address ranges, or reserve the node's local routes
+    #[command(subcommand)]
+    Pool(commands::PoolCommand),
+    /// Exclude an address or network from a pool (or, with --remove, allow it again)
+    Exclude(commands::ExcludeArgs),
+    /// Start or stop an expiration timer on an allocated address
+    #[command(subcommand)]
+    Lease(commands::LeaseCommand),
+    /// The node's cloud interfaces (interface-backed pools): list, add, remove, their
+    /// addresses and prefixes, and the import of AWS VPC CNI's ipamd checkpoint
+    #[command(subcommand)]
+    Interface(interfaces::InterfaceCommand),
+    /// Write the agent's state (every scope) as a checkpoint document
+    Export(commands::ExportArgs),
+    /// Restore a checkpoint document into scopes that hold no allocations
+    Import(commands::ImportArgs),
+    /// Report stale allocations, overdue leases and full pools (exit code 5 if any)
+    ///
+    /// Computed here from the agent's dump and status. An allocation is stale when its
+    /// attachment is not in the --live list (allocations made without a key are not judged);
+    /// a lease is overdue when its expiry has passed; a pool family is exhausted when it has
+    /// capacity but no free address (addresses in cooldown count as free), and nearly full
+    /// when more than 90% of its usable (not excluded) addresses are in use.
+    Check(commands::CheckArgs),
+    /// Release leaked addresses: those of attachments missing from --live at two runs, the
+    /// grace period apart
+    ///
+    /// Calico's rule: an allocation whose attachment is not in the --live list is recorded
+    /// (in the agent's store) as a suspect, with when it was first seen missing; a later run
+    /// releases it only if --grace has passed since then, the attachment is still missing,
+    /// and it still holds exactly the addresses recorded. A suspect that is live again, or
+    /// whose addresses changed or went, is cleared. An attachment's addresses (every pool and
+    /// family) go together or not at all; at most --max attachments go per run. Allocations
+    /// made without a key are never touched. Applies to --scope (default: the node's pools).
+    Gc(commands::GcArgs),
+    /// Go back from corral-ipam to host-local: write a network's allocations as its files
+    #[command(subcommand, name = "host-local")]
+    HostLocal(hostlocal::HostLocalCommand),
+    /// Run a replica of the cluster operator in the foreground (leader elected through etcd)
+    Operator(cluster::OperatorArgs),
+    /// The cluster's configuration, status and consistency check (in etcd)
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// The cluster's nodes: list, show, remove, and a node's address plan
+    #[command(subcommand)]
+    Node(cluster::NodeCommand),
+}
+
+/// The `corral` binary: the command line with the clouds every build knows ([`Providers::builtin`]:
+/// the in-process fake).
+pub fn main() -> ExitCode {
+    main_with(Providers::builtin())
+}
+
+/// The command line with these cloud providers for `--cloud` (`corral operator`, `corral cluster
+/// check`): parses the arguments, runs one subcommand, prints, and answers the exit code.
+pub fn main_with(providers: Providers) -> ExitCode {
+    let cli = Cli::parse();
+    let (stdout, exit) = match run(cli, &providers) {
+        Ok(Outcome { stdout, exit }) => (stdout, exit),
+        Err(failure) => {
+            // Nothing to do if stderr itself is gone; the exit code still says it.
+            let _ = writeln!(io::stderr(), "corral: {failure}");
+            (String::new(), failure.exit())
+        }
+    };
+    let mut out = io::stdout().lock();
+    if let Err(error) = out.write_all(stdout.as_bytes()).and_then(|()| out.flush()) {
+        // A closed pipe (`corral dump | head`) is the reader's choice, not a failure.
+        if error.kind() != io::ErrorKind::BrokenPipe {
+            let _ = writeln!(io::stderr(), "corral: cannot write the output: {error}");
+            return Exit::Usage.into();
+        }
+    }
+    exit.into()
+}
+
+/// Runs one subcommand; what it prints is returned, not printed, so main alone writes.
+fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
+    let globals = &cli.globals;
+    match cli.command {
+        Command::Agent(args) => agent(globals, args),
+        Command::Status => commands::status(&mut Session::new(globals)),
+        Command::Dump => commands::dump(&mut Session::new(globals)),
+        Command::Alloc(args) => commands::alloc(&mut Session::new(globals), args),
+        Command::Release(args) => commands::release(&mut Session::new(globals), args),
+        Command::Pool(command) => commands::pool(&mut Session::new(globals), command),
+        Command::Exclude(args) => commands::exclude(&mut Session::new(globals), args),
+        Command::Lease(command) => commands::lease(&mut Session::new(globals), command),
+        Command::Interface(command) => interfaces::run(&mut Session::new(globals), command),
+        Command::Export(args) => commands::export(&mut Session::new(globals), args),
+        Command::Import(args) => commands::import(&mut Session::new(globals), args),
+        Command::Check(args) => commands::check(&mut Session::new(globals), args),
+        Command::Gc(args) => commands::gc(&mut Session::new(globals), args),
+        Command::HostLocal(command) => hostlocal::run(command),
+        Command::Operator(args) => cluster::operator(args, providers),
+        Command::Cluster(command) => cluster::cluster(command, globals.output, providers),
+        Command::Node(command) => cluster::node(command, globals.output),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}
