@@ -1,7 +1,8 @@
 //! The cloud node manager's scenarios on the fake EC2 (CLUSTER-DESIGN 7), laptop tier: operator
 //! replicas in-process on `MemKv`, `FakeEc2` with its real limits, latencies, buckets and
 //! describe lag, tokio's paused clock; the agents played by the test by the protocol. Each
-//! scenario ends with `corral_cluster::check` and the invariants of `Rig::assert_invariants`.
+//! scenario ends with `corral_cluster::check` and the invariants of `Rig::assert_invariants`
+//! (`Rig::assert_settled` once quiet).
 
 mod common;
 
@@ -12,31 +13,16 @@ use common::*;
 use corral_cloud::Action;
 use corral_kv::Kv;
 
-fn names(n: usize) -> Vec<(String, &'static str)> {
-    (0..n)
-        .map(|i| (format!("node-{i:04}"), "m5.large"))
-        .collect()
-}
-
-async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(30), || async {
-        replica.leading()
-    })
-    .await;
-}
-
 /// A small start: three nodes get pre-allocate 8 on their primary interface, pods come and
 /// the agents' demand moves the watermarks, excess goes back through the handshake.
 #[tokio::test(start_paused = true)]
 async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
-    let config = cloud_config(
-        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
-        "first_interface_index = 0",
-    );
-    let ec2 = fake_builder(1).build().unwrap();
-    let rig = Rig::new(&config, ec2, &names(3)).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, a) = Scenario::new(1)
+        .pool("release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8")
+        .cloud("first_interface_index = 0")
+        .named(&names(3))
+        .start()
+        .await;
     wait_until(
         "every node has 8 spare",
         Duration::from_secs(60),
@@ -73,24 +59,23 @@ async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
     assert!(a.shared.cloud_intents_written() >= 4);
     let figures = a.shared.cloud_node("node-0000");
     assert_eq!((figures[0].stats.used, figures[0].stats.available), (0, 8));
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Scenario 1: 1,000 m5.large nodes scale out to 8 spare addresses each from one interface
 /// each; the virtual time and the fake's RequestLimitExceeded share are printed.
 #[tokio::test(start_paused = true)]
 async fn scenario_1_a_thousand_nodes_scale_out_within_the_assign_bucket() {
-    let config = cloud_config(
-        "[pools.watermarks]\npre_allocate = 8",
-        "first_interface_index = 0",
-    );
-    let ec2 = fake_builder(11).build().unwrap();
     let n = 1000;
-    let rig = Rig::new(&config, ec2, &names(n)).await;
+    let rig = Scenario::new(11)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .cloud("first_interface_index = 0")
+        .named(&names(n))
+        .build()
+        .await;
     rig.ec2.reset_counters();
     let started = tokio::time::Instant::now();
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let _a = rig.start_leader("op-a").await;
     let took = wait_every(
         "every node has 8 spare addresses",
         Duration::from_secs(600),
@@ -115,7 +100,7 @@ async fn scenario_1_a_thousand_nodes_scale_out_within_the_assign_bucket() {
     assert_eq!(counters.calls(Action::CreateNetworkInterface), 0);
     assert!(took <= Duration::from_secs(198), "took {took:?}");
     assert!(throttled * 100 < calls, "{throttled} of {calls} throttled");
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Scenario 9: tiny instances (t3.nano, t2.micro: two interfaces of two addresses) want 8
@@ -123,17 +108,17 @@ async fn scenario_1_a_thousand_nodes_scale_out_within_the_assign_bucket() {
 /// capacity, and then no mutating call is made, however long it waits.
 #[tokio::test(start_paused = true)]
 async fn scenario_9_tiny_instances_are_reported_at_capacity_without_futile_calls() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(9).build().unwrap();
     let nodes: Vec<(String, &str)> = (0..8)
         .map(|i| {
             let kind = if i % 2 == 0 { "t3.nano" } else { "t2.micro" };
             (format!("tiny-{i}"), kind)
         })
         .collect();
-    let rig = Rig::new(&config, ec2, &nodes).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, a) = Scenario::new(9)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&nodes)
+        .start()
+        .await;
     wait_every(
         "every tiny node holds its one address and is at capacity",
         Duration::from_secs(120),
@@ -173,83 +158,7 @@ async fn scenario_9_tiny_instances_are_reported_at_capacity_without_futile_calls
         let figures = a.shared.cloud_node(name);
         assert_eq!(figures[0].stats.capacity, 1, "{name}: {figures:?}");
     }
-    rig.assert_invariants().await;
-}
-
-/// The open intents in the store: id → record.
-async fn intents(kv: &corral_kv::MemKv) -> Vec<(String, corral_cluster::CloudIntentRecord)> {
-    under(kv, "intents/")
-        .await
-        .into_iter()
-        .filter_map(|e| {
-            let id = e.key_str().rsplit('/').next()?.to_owned();
-            Some((id, corral_cluster::decode_value(&e.value).ok()?))
-        })
-        .collect()
-}
-
-/// Every `interfaces/` record in the store: (node, interface, record).
-async fn records(
-    kv: &corral_kv::MemKv,
-) -> Vec<(String, String, corral_cluster::CloudInterfaceRecord)> {
-    under(kv, "interfaces/")
-        .await
-        .into_iter()
-        .filter_map(|e| {
-            let key = e.key_str().into_owned();
-            let mut parts = key.rsplit('/');
-            let interface = parts.next()?.to_owned();
-            let node = parts.next()?.to_owned();
-            Some((
-                node,
-                interface,
-                corral_cluster::decode_value(&e.value).ok()?,
-            ))
-        })
-        .collect()
-}
-
-/// Every recorded interface exists in the cloud's truth, attached to its node's instance at
-/// the recorded index, with exactly the recorded addresses (nothing assigned twice or lost);
-/// each node has at most one corral interface per device index, none unattached.
-async fn assert_records_match_the_cloud(rig: &Rig) {
-    for (node, interface, record) in records(&rig.kv).await {
-        let truth = rig
-            .ec2
-            .interface(&interface)
-            .unwrap_or_else(|| panic!("{node}: recorded {interface} is not in the cloud"));
-        let attachment = truth.attachment.as_ref().expect("recorded and attached");
-        assert_eq!(attachment.instance_id, rig.instances[&node], "{interface}");
-        assert_eq!(attachment.device_index, record.device_index, "{interface}");
-        let mut held: Vec<corral_cluster::IpNet> = truth
-            .secondary_ipv4
-            .iter()
-            .map(|a| corral_cluster::IpNet::from(std::net::IpAddr::V4(*a)))
-            .chain(
-                truth
-                    .ipv4_prefixes
-                    .iter()
-                    .map(|p| corral_cluster::IpNet::V4(*p)),
-            )
-            .collect();
-        let mut recorded = record.addresses.clone();
-        held.sort();
-        recorded.sort();
-        assert_eq!(held, recorded, "{node} {interface}: cloud vs record");
-    }
-}
-
-/// Corral's interfaces in the cloud that are not attached: (id, node tag).
-fn unattached_managed(rig: &Rig) -> Vec<(String, String)> {
-    rig.ec2
-        .interfaces()
-        .into_iter()
-        .filter(|ni| ni.tags.contains_key("corral.io/cluster") && ni.attachment.is_none())
-        .map(|ni| {
-            let node = ni.tags.get("corral.io/node").cloned().unwrap_or_default();
-            (ni.id, node)
-        })
-        .collect()
+    rig.assert_settled().await;
 }
 
 /// Scenario 4: the operator dies between creating an interface and attaching it, 50 times
@@ -259,9 +168,11 @@ fn unattached_managed(rig: &Rig) -> Vec<(String, String)> {
 /// live or fresh interface; every node ends with one interface and its addresses.
 #[tokio::test(start_paused = true)]
 async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(4).build().unwrap();
-    let rig = Rig::new(&config, ec2, &names(60)).await;
+    let rig = Scenario::new(4)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&names(60))
+        .build()
+        .await;
     rig.provider
         .hang_creates
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -303,8 +214,7 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
     rig.provider
         .hang_creates
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    let last = Replica::start_with_cloud(&rig.kv, "op-last", Some(rig.options()));
-    leads(&last).await;
+    let last = rig.start_leader("op-last").await;
     wait_every(
         "every node has 8 spare addresses",
         Duration::from_secs(300),
@@ -343,7 +253,6 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
     // At most 25 per run (runs are 5 minutes apart).
     assert!(per_run.values().all(|n| *n <= 25), "{per_run:?}");
     assert_eq!(last.shared.cloud_gc_deleted(), leaked.len() as u64);
-    assert_records_match_the_cloud(&rig).await;
     for (node, _) in names(60) {
         let n = records(&rig.kv)
             .await
@@ -356,7 +265,7 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
         "scenario 4: {crashes} crashes in {round} rounds, {} leaks deleted by the collector",
         leaked.len()
     );
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Scenario 7: the leader fails over with 30 cloud intents in flight (15 creates and 15
@@ -365,12 +274,14 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
 /// nothing twice and leaving no interface behind.
 #[tokio::test(start_paused = true)]
 async fn scenario_7_failover_with_30_intents_in_flight_leaks_and_doubles_nothing() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(7).build().unwrap();
     let first: Vec<(String, &str)> = (0..15)
         .map(|i| (format!("old-{i:02}"), "m5.large"))
         .collect();
-    let mut rig = Rig::new(&config, ec2, &first).await;
+    let mut rig = Scenario::new(7)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&first)
+        .build()
+        .await;
     let mut options = rig.options();
     options.workers = 32;
     let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(options.clone()));
@@ -421,7 +332,6 @@ async fn scenario_7_failover_with_30_intents_in_flight_leaks_and_doubles_nothing
         },
     )
     .await;
-    assert!(intents(&rig.kv).await.is_empty(), "intents left open");
     assert_eq!(
         rig.ec2.counters().calls(Action::CreateNetworkInterface),
         creates,
@@ -432,14 +342,8 @@ async fn scenario_7_failover_with_30_intents_in_flight_leaks_and_doubles_nothing
         assigns,
         "addresses assigned twice"
     );
-    assert!(
-        unattached_managed(&rig).is_empty(),
-        "leaked: {:?}",
-        unattached_managed(&rig)
-    );
-    assert_records_match_the_cloud(&rig).await;
     assert_eq!(records(&rig.kv).await.len(), 30);
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Scenario 6: every describe lags 5 s behind the cloud: nodes get interfaces, grow onto a
@@ -448,18 +352,13 @@ async fn scenario_7_failover_with_30_intents_in_flight_leaks_and_doubles_nothing
 /// collected as a leak.
 #[tokio::test(start_paused = true)]
 async fn scenario_6_describes_lagging_5_s_double_nothing_and_collect_nothing() {
-    let config = cloud_config(
-        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
-        "",
-    );
-    let ec2 = fake_builder(6)
-        .consistency_lag(Duration::from_secs(5), Duration::from_secs(5))
-        .build()
-        .unwrap();
     let nodes = names(30);
-    let rig = Rig::new(&config, ec2, &nodes).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, a) = Scenario::new(6)
+        .pool("release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8")
+        .fake(fake_builder(6).consistency_lag(Duration::from_secs(5), Duration::from_secs(5)))
+        .named(&nodes)
+        .start()
+        .await;
     wait_every(
         "every node has 8 spare addresses",
         Duration::from_secs(120),
@@ -512,37 +411,26 @@ async fn scenario_6_describes_lagging_5_s_double_nothing_and_collect_nothing() {
         "an interface collected"
     );
     assert_eq!(a.shared.cloud_gc_deleted(), 0);
-    assert!(unattached_managed(&rig).is_empty());
-    assert!(intents(&rig.kv).await.is_empty());
-    assert_records_match_the_cloud(&rig).await;
-    rig.assert_invariants().await;
-}
-
-fn mutating_calls(rig: &Rig) -> u64 {
-    let counters = rig.ec2.counters();
-    Action::ALL
-        .iter()
-        .filter(|a| a.is_mutating())
-        .map(|a| counters.calls(*a))
-        .sum()
+    rig.assert_settled().await;
 }
 
 /// Nothing is changed in the cloud before the first full resync succeeds (Cilium's
 /// `InstancesAPIIsReady`): the subnets cannot be described twice, then can.
 #[tokio::test(start_paused = true)]
 async fn no_mutation_before_the_first_successful_resync() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(2).build().unwrap();
-    ec2.fail_next(
+    let rig = Scenario::new(2)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&names(5))
+        .build()
+        .await;
+    rig.ec2.fail_next(
         Action::DescribeSubnets,
         2,
         corral_cloud::CloudError::UnauthorizedOperation {
             message: "not yet (test)".into(),
         },
     );
-    let rig = Rig::new(&config, ec2, &names(5)).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let a = rig.start_leader("op-a").await;
     wait_every(
         "every node has 8 spare addresses",
         Duration::from_secs(120),
@@ -570,16 +458,18 @@ async fn no_mutation_before_the_first_successful_resync() {
         "{:?}",
         a.shared.problems()
     );
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Attaching: an occupied device index moves to the next one; an attach refused for another
 /// reason deletes the new interface (nothing leaks) and the node is served again later.
 #[tokio::test(start_paused = true)]
 async fn an_occupied_index_moves_on_and_a_refused_attach_deletes_the_interface() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(3).build().unwrap();
-    let rig = Rig::new(&config, ec2, &names(1)).await;
+    let rig = Scenario::new(3)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&names(1))
+        .build()
+        .await;
     rig.ec2.fail_next(
         Action::AttachNetworkInterface,
         1,
@@ -594,8 +484,7 @@ async fn an_occupied_index_moves_on_and_a_refused_attach_deletes_the_interface()
             message: "interface attached at device index 1 (test)".into(),
         },
     );
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let _a = rig.start_leader("op-a").await;
     wait_every(
         "the node has 8 spare addresses",
         Duration::from_secs(120),
@@ -610,10 +499,7 @@ async fn an_occupied_index_moves_on_and_a_refused_attach_deletes_the_interface()
     let recorded = records(&rig.kv).await;
     assert_eq!(recorded.len(), 1);
     assert_eq!(recorded[0].2.device_index, 2);
-    assert!(unattached_managed(&rig).is_empty());
-    assert!(intents(&rig.kv).await.is_empty());
-    assert_records_match_the_cloud(&rig).await;
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Scenario 5: a throttling storm (half of all calls refused for 60 s) while 100 nodes scale
@@ -621,14 +507,15 @@ async fn an_occupied_index_moves_on_and_a_refused_attach_deletes_the_interface()
 /// served within two resyncs of the storm's end.
 #[tokio::test(start_paused = true)]
 async fn scenario_5_a_throttling_storm_sends_no_more_than_the_refill_and_recovers() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(5).build().unwrap();
     let nodes = names(100);
-    let rig = Rig::new(&config, ec2, &nodes).await;
+    let rig = Scenario::new(5)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&nodes)
+        .build()
+        .await;
     rig.ec2.reset_counters();
     rig.ec2.throttle_storm(0.5, Duration::from_secs(60));
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let _a = rig.start_leader("op-a").await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     let during = rig.ec2.counters();
     for action in Action::ALL {
@@ -655,10 +542,7 @@ async fn scenario_5_a_throttling_storm_sends_no_more_than_the_refill_and_recover
         during.total_calls(),
         during.total_throttled()
     );
-    assert!(intents(&rig.kv).await.is_empty());
-    assert!(unattached_managed(&rig).is_empty());
-    assert_records_match_the_cloud(&rig).await;
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Scenario 8: prefix delegation with the node's own subnet fragmented (no free aligned /28,
@@ -667,11 +551,7 @@ async fn scenario_5_a_throttling_storm_sends_no_more_than_the_refill_and_recover
 /// prefix there.
 #[tokio::test(start_paused = true)]
 async fn scenario_8_a_fragmented_subnet_falls_back_per_interface() {
-    let config = cloud_config(
-        "[pools.watermarks]\npre_allocate = 8",
-        "prefix_delegation = true\nfirst_interface_index = 0",
-    );
-    let ec2 = corral_cloud::FakeEc2::builder()
+    let fake = corral_cloud::FakeEc2::builder()
         .seed(8)
         .subnet(
             corral_cloud::fake::SubnetSpec::new(
@@ -687,12 +567,14 @@ async fn scenario_8_a_fragmented_subnet_falls_back_per_interface() {
             VPC,
             ZONE,
             "10.0.64.0/20".parse().unwrap(),
-        ))
-        .build()
-        .unwrap();
-    let rig = Rig::new(&config, ec2, &names(1)).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+        ));
+    let (rig, _a) = Scenario::new(8)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .cloud("prefix_delegation = true\nfirst_interface_index = 0")
+        .fake(fake)
+        .named(&names(1))
+        .start()
+        .await;
     let node = "node-0000";
     wait_every(
         "8 spare addresses on the primary",
@@ -737,68 +619,209 @@ async fn scenario_8_a_fragmented_subnet_falls_back_per_interface() {
     // refused on the primary before its single addresses.
     let counters = rig.ec2.counters();
     assert_eq!(counters.calls(Action::CreateNetworkInterface), 2);
-    assert!(intents(&rig.kv).await.is_empty());
-    assert!(unattached_managed(&rig).is_empty());
-    assert_records_match_the_cloud(&rig).await;
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
-/// Scenario 2: pod churn on 100 nodes, 30 pods a second (each a pod added or removed on a
-/// random node, each node between 4 and 8 pods) for 10 simulated minutes, with pre-allocate 8
-/// and max-above-watermark 8: after the warm-up (the first growth, and the one trim of what
-/// max-above-watermark took beyond the band after the release delay) the cloud is not called
-/// at all: no allocate/release flapping.
-#[tokio::test(start_paused = true)]
-async fn scenario_2_pod_churn_calls_the_cloud_hardly_at_all() {
-    let config = cloud_config(
-        "release_delay_secs = 180\n[pools.watermarks]\npre_allocate = 8\nmax_above_watermark = 8",
-        "",
-    );
-    let ec2 = fake_builder(2).build().unwrap();
-    let nodes = names(100);
-    let rig = Rig::new(&config, ec2, &nodes).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    let mut want = vec![4u64; nodes.len()];
-    for (name, _) in &nodes {
-        rig.set_pods(name, 4);
+/// Scenario 2's churn: pods per node wander (a random walk of ±1 steps, reflected at the
+/// band's ends, each node starting anywhere in the band) at `rate` pod events a second over all
+/// nodes, for `warm_up` then `measured` of virtual time. Answers the virtual time the
+/// warm-up ended at (on the rig's clock) and each node's last pod count.
+async fn churn(
+    rig: &Rig,
+    nodes: &[(String, &str)],
+    band: u64,
+    rate: u64,
+    warm_up: Duration,
+    measured: Duration,
+    seed: u64,
+) -> (u64, Vec<u64>) {
+    let mut rng = Rng(seed);
+    let mut want: Vec<u64> = nodes.iter().map(|_| rng.below(band + 1)).collect();
+    for (i, (name, _)) in nodes.iter().enumerate() {
+        rig.set_pods(name, want[i]);
     }
-    let mut warm = None;
     let step = Duration::from_millis(100);
-    for tick in 0..(10 * 60 * 10) {
-        if tick == 5 * 60 * 10 {
-            // Five minutes of warm-up: grown, and trimmed after the release delay.
-            warm = Some((
-                mutating_calls(&rig),
-                rig.agents.lock().unwrap().unassigned.len(),
-            ));
+    let per_step = rate / 10;
+    let started = tokio::time::Instant::now();
+    let mut warm_end_ms = None;
+    while started.elapsed() < warm_up + measured {
+        if warm_end_ms.is_none() && started.elapsed() >= warm_up {
+            warm_end_ms = Some((rig.clock)());
         }
-        for _ in 0..3 {
+        for _ in 0..per_step {
             let i = rng.below(nodes.len() as u64) as usize;
-            let up = rng.below(2) == 0;
-            want[i] = if up {
-                (want[i] + 1).min(8)
-            } else {
-                (want[i] - 1).max(4)
+            let up = match want[i] {
+                0 => true,
+                w if w == band => false,
+                _ => rng.below(2) == 0,
             };
+            want[i] = if up { want[i] + 1 } else { want[i] - 1 };
             rig.set_pods(&nodes[i].0, want[i]);
         }
         tokio::time::sleep(step).await;
     }
-    let (warm_calls, warm_unassigned) = warm.unwrap();
-    let calls = mutating_calls(&rig) - warm_calls;
-    let unassigned = rig.agents.lock().unwrap().unassigned.len() - warm_unassigned;
-    eprintln!(
-        "scenario 2: {warm_calls} mutating calls in the warm-up, {calls} in the 5 minutes after ({unassigned} addresses unassigned)"
+    (warm_end_ms.unwrap(), want)
+}
+
+/// Scenario 2 under Cilium's watermarks (pre-allocate 8, max-above-watermark 8, release delay
+/// 180 s) with `cloud_lines`: 100 m5.large nodes, pods wandering over 0–12 per node at 30 pod
+/// events a second, 4 minutes of warm-up then 10 measured minutes. Every call is judged by
+/// `Rig::audit_calls` (an unassign only of a surrendered address after a whole release delay
+/// in excess, no growth within the delay of an unassign unless the pods rose by more than
+/// max-above-watermark, no unassign within the delay of a growth); the figures are printed.
+async fn scenario_2(cloud_lines: &str, label: &str) -> (CallAudit, Rig) {
+    const DELAY_MS: u64 = 180_000;
+    let w = corral_cluster::Watermarks {
+        pre_allocate: 8,
+        min_allocate: 0,
+        max_above_watermark: 8,
+        max_allocate: 0,
+    };
+    let nodes = names(100);
+    let (rig, _a) = Scenario::new(2)
+        .pool("release_delay_secs = 180\n[pools.watermarks]\npre_allocate = 8\nmax_above_watermark = 8")
+        .cloud(cloud_lines)
+        .named(&nodes)
+        .start()
+        .await;
+    let (warm_end_ms, want) = churn(
+        &rig,
+        &nodes,
+        12,
+        30,
+        Duration::from_secs(4 * 60),
+        Duration::from_secs(10 * 60),
+        0x2545_f491_4f6c_dd1d,
+    )
+    .await;
+    // The last pod events settle (no event is answered in less than a few calls' time).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let audit = rig.audit_calls(
+        corral_cluster::Family::V4,
+        warm_end_ms,
+        DELAY_MS,
+        w.max_above_watermark,
+        |s| {
+            if corral_cluster::blocks::to_allocate(&w, s.held, s.used, s.pending) > 0 {
+                0
+            } else {
+                corral_cluster::blocks::excess(&w, s.held, s.used)
+            }
+        },
     );
-    assert_eq!(calls, 0, "mutating calls after the warm-up");
-    assert_eq!(unassigned, 0);
+    eprintln!(
+        "scenario 2 ({label}): warm-up (4 min) {:?}; after (10 min) {:?}: {} calls, {} entries \
+         trimmed ({} in all), {} regrowths within the delay of a trim, {} marks over a lapse \
+         of the excess shorter than {} ms",
+        audit.warm_up,
+        audit.after,
+        audit.after_total(),
+        audit.trimmed_after,
+        audit.trimmed,
+        audit.regrowths,
+        audit.short_dips,
+        SHORT_DIP_MS
+    );
+    assert!(audit.problems.is_empty(), "{:#?}", audit.problems);
     // Every pod got an address.
     for (i, (name, _)) in nodes.iter().enumerate() {
         assert_eq!(rig.agent(name).pods.len() as u64, want[i], "{name}");
     }
-    rig.assert_invariants().await;
+    (audit, rig)
+}
+
+/// Scenario 2: pod churn on 100 nodes, 30 pods a second for 10 simulated minutes after a
+/// 4-minute warm-up, each node's pods wandering over 0–12, with the default first interface
+/// index (1: two interfaces of 9 on an m5.large, 18 addresses): after the warm-up the cloud is
+/// hardly called and every call is justified, no allocate/release flapping.
+#[tokio::test(start_paused = true)]
+async fn scenario_2_pod_churn_calls_the_cloud_hardly_at_all() {
+    let (audit, rig) = scenario_2("", "first interface index 1").await;
+    // Growth of nodes whose walk reaches new heights, and no flap: a handful of calls at most.
+    assert!(audit.after_total() <= 5, "{:?}", audit.after);
+    rig.assert_settled().await;
+}
+
+/// Scenario 2 with the primary interface used too (first interface index 0: three interfaces of
+/// 9, 27 addresses): the band's top (12 pods + 16) no longer meets the instance's capacity, so
+/// a node that grew near the top and then wandered low for a whole release delay is trimmed,
+/// legitimately, and grows again when its pods come back; every such call is justified.
+#[tokio::test(start_paused = true)]
+async fn scenario_2_pod_churn_with_the_primary_interface_trims_only_lasting_excess() {
+    let (audit, rig) = scenario_2("first_interface_index = 0", "first interface index 0").await;
+    rig.assert_settled().await;
+    let _ = audit;
+}
+
+/// A node in excess waits out the release delay, but that wait holds nothing back: pods that
+/// come meanwhile are served at once, and an excess that ended and came back starts its
+/// clock again (before: the wait was the node's `not_before`, so the node was not planned for
+/// up to the whole delay: its pods waited, and a mark came at the end of the first delay
+/// though the excess had lapsed in between).
+#[tokio::test(start_paused = true)]
+async fn the_release_delay_holds_back_neither_growth_nor_a_new_excess_clock() {
+    let (rig, _a) = Scenario::new(21)
+        .pool("release_delay_secs = 180\n[pools.watermarks]\npre_allocate = 8")
+        .cloud("first_interface_index = 0")
+        .named(&names(1))
+        .start()
+        .await;
+    let node = "node-0000";
+    rig.set_pods(node, 10);
+    wait_every(
+        "10 pods and 8 spare",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || rig.agent(node).pods.len() == 10 && rig.free_of(node) == 8,
+    )
+    .await;
+    // 10 pods go: 10 addresses in excess, the release delay starts.
+    rig.set_pods(node, 0);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let calls = rig.mutating_calls();
+    // 14 pods: 6 more addresses needed now, not in two minutes.
+    rig.set_pods(node, 14);
+    let took = wait_every(
+        "14 pods and 8 spare",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || rig.agent(node).pods.len() == 14 && rig.free_of(node) == 8,
+    )
+    .await;
+    assert!(took <= Duration::from_secs(5), "the node waited {took:?}");
+    assert!(rig.mutating_calls() > calls);
+    // Back to 0 at once, then the excess lasts: the mark comes a whole delay after it began.
+    rig.set_pods(node, 0);
+    let excess_from = (rig.clock)();
+    wait_every(
+        "the excess is released",
+        Duration::from_secs(400),
+        Duration::from_millis(500),
+        || rig.agent(node).entries().len() == 8,
+    )
+    .await;
+    let audit = rig.audit_calls(corral_cluster::Family::V4, 0, 180_000, 0, |s| {
+        let w = corral_cluster::Watermarks::default();
+        if corral_cluster::blocks::to_allocate(&w, s.held, s.used, s.pending) > 0 {
+            0
+        } else {
+            corral_cluster::blocks::excess(&w, s.held, s.used)
+        }
+    });
+    assert!(audit.problems.is_empty(), "{:#?}", audit.problems);
+    // The interface the release left empty is given back meanwhile (detached, deleted).
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let log = rig.agents.lock().unwrap().unassign_log.clone();
+    assert!(!log.is_empty());
+    for entry in &log {
+        let marked = entry.marked_ms.unwrap();
+        assert!(
+            marked >= excess_from + 180_000,
+            "marked {} ms after the excess began",
+            marked - excess_from
+        );
+    }
+    rig.assert_settled().await;
 }
 
 /// A leader that loses its lease in the middle of a scale-out makes no cloud call from the
@@ -806,10 +829,12 @@ async fn scenario_2_pod_churn_calls_the_cloud_hardly_at_all() {
 /// standby takes over and finishes, nothing doubled or leaked.
 #[tokio::test(start_paused = true)]
 async fn a_deposed_leader_stops_calling_the_cloud() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(12).build().unwrap();
     let nodes = names(150);
-    let rig = Rig::new(&config, ec2, &nodes).await;
+    let rig = Scenario::new(12)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&nodes)
+        .build()
+        .await;
     let (options_a, calls_a) = rig.options_counted();
     let (options_b, calls_b) = rig.options_counted();
     let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(options_a));
@@ -846,15 +871,8 @@ async fn a_deposed_leader_stops_calling_the_cloud() {
         );
         assert!(calls_b.load(std::sync::atomic::Ordering::SeqCst) > 0);
     }
-    assert!(intents(&rig.kv).await.is_empty());
-    assert!(
-        unattached_managed(&rig).is_empty(),
-        "{:?}",
-        unattached_managed(&rig)
-    );
-    assert_records_match_the_cloud(&rig).await;
     assert_eq!(records(&rig.kv).await.len(), nodes.len());
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// Scenario 3: 100 instances terminated at once (their agents die with them): the leader sees
@@ -862,15 +880,13 @@ async fn a_deposed_leader_stops_calling_the_cloud() {
 /// the collector only on a second sighting at least 5 minutes after the termination.
 #[tokio::test(start_paused = true)]
 async fn scenario_3_terminated_instances_are_forgotten_then_collected() {
-    let config = cloud_config(
-        "[pools.watermarks]\npre_allocate = 8",
-        "gc_max_per_run = 100",
-    );
-    let ec2 = fake_builder(3).build().unwrap();
     let nodes = names(100);
-    let rig = Rig::new(&config, ec2, &nodes).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, a) = Scenario::new(3)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .cloud("gc_max_per_run = 100")
+        .named(&nodes)
+        .start()
+        .await;
     wait_every(
         "every node has 8 spare addresses",
         Duration::from_secs(120),
@@ -915,19 +931,18 @@ async fn scenario_3_terminated_instances_are_forgotten_then_collected() {
     }
     assert_eq!(a.shared.cloud_gc_deleted(), 100);
     assert!(records(&rig.kv).await.is_empty());
-    assert!(intents(&rig.kv).await.is_empty());
-    rig.assert_invariants().await;
+    rig.assert_settled().await;
 }
 
 /// A node removed with `corral node remove` loses its records (its interfaces, once the cloud
 /// detaches them, are the collector's); `check` finds no record of an unregistered node.
 #[tokio::test(start_paused = true)]
 async fn a_removed_node_loses_its_records() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(13).build().unwrap();
-    let rig = Rig::new(&config, ec2, &names(2)).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, _a) = Scenario::new(13)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&names(2))
+        .start()
+        .await;
     wait_every(
         "both nodes are served",
         Duration::from_secs(120),
@@ -965,9 +980,11 @@ async fn a_removed_node_loses_its_records() {
 /// interface from the collector forever).
 #[tokio::test(start_paused = true)]
 async fn a_removed_node_with_an_open_intent_leaks_no_interface() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(14).build().unwrap();
-    let rig = Rig::new(&config, ec2, &names(2)).await;
+    let rig = Scenario::new(14)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&names(2))
+        .build()
+        .await;
     rig.provider
         .hang_creates
         .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -1000,8 +1017,7 @@ async fn a_removed_node_with_an_open_intent_leaks_no_interface() {
     rig.provider
         .hang_creates
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    let b = Replica::start_with_cloud(&rig.kv, "op-b", Some(rig.options()));
-    leads(&b).await;
+    let _b = rig.start_leader("op-b").await;
     wait_until(
         "the removed node's intent is dropped",
         Duration::from_secs(120),
@@ -1030,11 +1046,11 @@ async fn a_removed_node_with_an_open_intent_leaks_no_interface() {
 /// served on its new instance (before: the old records stood for its capacity, forever).
 #[tokio::test(start_paused = true)]
 async fn a_node_on_a_new_instance_drops_the_old_instances_records() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(15).build().unwrap();
-    let mut rig = Rig::new(&config, ec2, &names(2)).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (mut rig, _a) = Scenario::new(15)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .named(&names(2))
+        .start()
+        .await;
     wait_every(
         "both nodes are served",
         Duration::from_secs(120),

@@ -164,6 +164,9 @@ struct NodeCloud {
     retry: RetryState,
     /// Not served before then (backoff, an intent waiting, an attachment being polled).
     not_before: Option<Instant>,
+    /// Planned again then (a release delay running out); unlike `not_before` it holds no
+    /// plan back: a demand change meanwhile is planned at once (and may end the excess).
+    wake_at: Option<Instant>,
     /// Excess clocks per pool and family.
     excess_since: HashMap<(PoolName, Family), u64>,
     /// Describe the instance itself again (it may have been terminated).
@@ -359,6 +362,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             if let Some(at) = state.not_before {
                 wake = wake.min(at);
             }
+            if let Some(at) = state.wake_at {
+                wake = wake.min(at);
+            }
         }
         wake
     }
@@ -402,6 +408,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             for (node, state) in &mut self.nodes {
                 if state.not_before.is_some_and(|at| at <= now) {
                     state.not_before = None;
+                    self.pending.insert(node.clone());
+                }
+                if state.wake_at.is_some_and(|at| at <= now) {
+                    state.wake_at = None;
                     self.pending.insert(node.clone());
                 }
             }
@@ -878,7 +888,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         let due = at.saturating_add(delay);
                         if due > now_ms && plan.action == CloudAction::Nothing {
                             let wait = Instant::now() + Duration::from_millis(due - now_ms + 10);
-                            state.not_before = Some(state.not_before.map_or(wait, |t| t.min(wait)));
+                            state.wake_at = Some(state.wake_at.map_or(wait, |t| t.min(wait)));
                         }
                     }
                     None => {

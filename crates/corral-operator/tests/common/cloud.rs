@@ -4,14 +4,14 @@
 //! addresses, hold pods, report demand, answer release handshakes), a clock on virtual time,
 //! and the end-of-scenario invariants.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corral_cloud::fake::{InstanceSpec, SubnetSpec};
 use corral_cloud::{
-    CloudError, CloudProvider, CreateInterface, FakeEc2, Instance, InstanceTypeInfo,
+    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Instance, InstanceTypeInfo,
     InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
     SubnetFilter, Tags,
 };
@@ -22,7 +22,7 @@ use corral_cluster::{
 use corral_kv::{Compare, Event, Kv, MemKv, Txn, TxnOp};
 use corral_operator::{CloudOptions, WallClock};
 
-use super::{keys, node, put};
+use super::{Replica, keys, node, put, under, wait_until};
 
 pub const VPC: &str = "vpc-1";
 pub const ZONE: &str = "us-east-1a";
@@ -59,10 +59,15 @@ cidrs = ["10.0.0.0/16"]
 #[derive(Default, Debug)]
 pub struct AgentState {
     pub nodes: BTreeMap<NodeName, AgentNode>,
-    /// Unassigns of an address a pod held at that moment.
+    /// Unassigns of an address a pod held at that moment, or that its agent still served
+    /// (not surrendered in a handshake).
     pub violations: Vec<String>,
     /// Every unassign: (interface, address).
     pub unassigned: Vec<(String, IpNet)>,
+    /// Every unassign with what the agents knew of it then.
+    pub unassign_log: Vec<UnassignEntry>,
+    /// Every mutating call answered `ok`, in order.
+    pub calls: Vec<CallEntry>,
     /// Nodes the test changed (pods wanted, registered): stepped on the next poke.
     pub dirty: BTreeSet<NodeName>,
     /// Every interface deleted: (interface, when, its creation tag, whether a `interfaces/`
@@ -70,6 +75,33 @@ pub struct AgentState {
     pub deleted: Vec<Deleted>,
     /// Creates applied whose caller never heard back (a crash between create and attach).
     pub hung: Vec<String>,
+    /// The families of the pool the agents serve (empty: IPv4 only).
+    pub families: Vec<Family>,
+}
+
+/// A mutating call the cloud answered `ok`.
+#[derive(Debug, Clone)]
+pub struct CallEntry {
+    pub at_ms: u64,
+    pub action: Action,
+    /// The interface it names (a create: the new interface).
+    pub interface: String,
+    /// The addresses it assigned or unassigned.
+    pub nets: Vec<IpNet>,
+}
+
+/// An unassign as `Audited` saw it.
+#[derive(Debug, Clone)]
+pub struct UnassignEntry {
+    pub at_ms: u64,
+    pub interface: String,
+    pub net: IpNet,
+    /// The node whose agent's records list the address, if any.
+    pub node: Option<NodeName>,
+    /// Whether that agent had surrendered it (answered `ready`).
+    pub ready: bool,
+    /// When the operator marked it (the release key's `marked_ms`), if a key was open.
+    pub marked_ms: Option<u64>,
 }
 
 /// An interface deletion as `Audited` saw it.
@@ -81,70 +113,154 @@ pub struct Deleted {
     pub node_tag: Option<String>,
 }
 
+/// One demand an agent wrote, per family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DemandSample {
+    pub at_ms: u64,
+    pub family: Family,
+    pub used: u64,
+    pub free: u64,
+    pub pending: u64,
+    /// What the operator counts as available: the recorded entries (attaching interfaces'
+    /// too) not surrendered.
+    pub held: u64,
+}
+
 /// One node's agent.
 #[derive(Default, Debug, Clone)]
 pub struct AgentNode {
     /// `interfaces/` records: interface → (create revision, record).
     pub records: BTreeMap<String, (i64, CloudInterfaceRecord)>,
-    /// Pods wanted on the node.
+    /// Pods wanted on the node (each has an address of every family of the pool).
     pub want: u64,
-    /// Addresses held by pods.
+    /// Addresses held by pods, every family (a dual-stack pod holds two).
     pub pods: BTreeSet<IpAddr>,
     /// Entries surrendered in a handshake (answered `ready`).
     pub surrendered: BTreeSet<IpNet>,
     /// Open release keys: entry → (mod revision, record).
     pub releases: BTreeMap<IpNet, (i64, ReleaseRecord)>,
-    /// The last demand written.
+    /// The last IPv4 demand written.
     pub written: Option<FamilyDemand>,
+    /// The last IPv6 demand written.
+    pub written_v6: Option<FamilyDemand>,
+    /// The families of the pool (empty: IPv4 only).
+    pub families: Vec<Family>,
+    /// Every demand written, per family.
+    pub history: Vec<DemandSample>,
+}
+
+/// The family of an address or prefix.
+pub fn family_of(net: &IpNet) -> Family {
+    match net {
+        IpNet::V4(_) => Family::V4,
+        IpNet::V6(_) => Family::V6,
+    }
+}
+
+/// Addresses an entry holds (a /80: 2^48).
+fn units(net: &IpNet) -> u64 {
+    corral_cluster::cloud::units(net)
+}
+
+/// The first and last address of an entry.
+fn bounds(net: &IpNet) -> (IpAddr, IpAddr) {
+    match net {
+        IpNet::V4(n) => (IpAddr::V4(n.network()), IpAddr::V4(n.broadcast())),
+        IpNet::V6(n) => (IpAddr::V6(n.network()), IpAddr::V6(n.broadcast())),
+    }
+}
+
+/// The `i`-th address of an entry.
+fn nth(net: &IpNet, i: u64) -> IpAddr {
+    match net {
+        IpNet::V4(n) => IpAddr::V4(std::net::Ipv4Addr::from(
+            u32::from(n.network()).wrapping_add(i as u32),
+        )),
+        IpNet::V6(n) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(n.network()).wrapping_add(u128::from(i)),
+        )),
+    }
 }
 
 impl AgentNode {
+    /// The families the node's pool has.
+    pub fn families(&self) -> Vec<Family> {
+        if self.families.is_empty() {
+            vec![Family::V4]
+        } else {
+            self.families.clone()
+        }
+    }
+
     /// Entries the agent serves: those of attached records, IPv4.
     pub fn entries(&self) -> Vec<IpNet> {
+        self.entries_of(Family::V4)
+    }
+
+    /// Entries the agent serves in `family`: those of attached records.
+    pub fn entries_of(&self, family: Family) -> Vec<IpNet> {
         self.records
             .values()
             .filter(|(_, r)| r.attachment == CloudAttachment::Attached)
             .flat_map(|(_, r)| r.addresses.iter().copied())
-            .filter(|n| matches!(n, IpNet::V4(_)))
+            .filter(|n| family_of(n) == family)
             .collect()
     }
 
-    fn usable_entries(&self) -> Vec<IpNet> {
-        self.entries()
+    /// Addresses the records list in `family`, attaching interfaces' too (what the operator
+    /// counts as held; a /80 counts 2^48).
+    pub fn held_of(&self, family: Family) -> u64 {
+        self.records
+            .values()
+            .flat_map(|(_, r)| r.addresses.iter())
+            .filter(|n| family_of(n) == family)
+            .fold(0u64, |s, e| s.saturating_add(units(e)))
+    }
+
+    fn usable_entries(&self, family: Family) -> Vec<IpNet> {
+        let mut usable: Vec<IpNet> = self
+            .entries_of(family)
             .into_iter()
             .filter(|e| !self.surrendered.contains(e) && !self.releases.contains_key(e))
-            .collect()
+            .collect();
+        usable.sort();
+        usable
     }
 
-    fn addresses(entry: &IpNet) -> Vec<IpAddr> {
-        match entry {
-            IpNet::V4(n) => n.hosts_all().map(IpAddr::V4).collect(),
-            IpNet::V6(n) => vec![IpAddr::V6(n.addr())],
-        }
+    /// Pods holding an address of `entry`.
+    fn pods_in(&self, entry: &IpNet) -> u64 {
+        let (first, last) = bounds(entry);
+        self.pods.range(first..=last).count() as u64
     }
 
-    /// Free addresses to hand out now.
-    fn free(&self) -> Vec<IpAddr> {
-        self.usable_entries()
+    /// Pods of `family` (the pod count, in a single family).
+    pub fn pods_of(&self, family: Family) -> u64 {
+        self.pods_in(&space(family))
+    }
+
+    /// Free addresses to hand out now in `family` (a /80 counts 2^48).
+    pub fn free_of(&self, family: Family) -> u64 {
+        self.usable_entries(family)
             .iter()
-            .flat_map(AgentNode::addresses)
-            .filter(|a| !self.pods.contains(a))
-            .collect()
+            .fold(0u64, |s, e| s.saturating_add(units(e) - self.pods_in(e)))
     }
 
     fn demand(&self) -> FamilyDemand {
-        let free = self.free().len() as u64;
-        let used = self.pods.len() as u64;
-        let mut empty: Vec<IpNet> = self
-            .usable_entries()
-            .into_iter()
-            .filter(|e| {
-                !AgentNode::addresses(e)
-                    .iter()
-                    .any(|a| self.pods.contains(a))
-            })
+        self.demand_of(Family::V4)
+    }
+
+    /// The demand the agent reports for `family`.
+    pub fn demand_of(&self, family: Family) -> FamilyDemand {
+        let usable = self.usable_entries(family);
+        let used = self.pods_of(family);
+        let free = usable
+            .iter()
+            .fold(0u64, |s, e| s.saturating_add(units(e) - self.pods_in(e)));
+        let mut empty: Vec<IpNet> = usable
+            .iter()
+            .filter(|e| self.pods_in(e) == 0)
+            .copied()
             .collect();
-        empty.sort();
         empty.reverse();
         empty.truncate(FamilyDemand::MAX_EMPTY);
         FamilyDemand {
@@ -154,6 +270,43 @@ impl AgentNode {
             blocks: 0,
             empty,
         }
+    }
+
+    /// Drops pods beyond `want` in `family` (highest address first) and places wanted ones on
+    /// free addresses (lowest first).
+    fn place(&mut self, family: Family) {
+        let mut count = self.pods_of(family);
+        while count > self.want {
+            let (first, last) = bounds(&space(family));
+            let highest = *self.pods.range(first..=last).next_back().unwrap();
+            self.pods.remove(&highest);
+            count -= 1;
+        }
+        if count >= self.want {
+            return;
+        }
+        'entries: for entry in self.usable_entries(family) {
+            let size = units(&entry);
+            let mut i = 0u64;
+            while i < size {
+                if count >= self.want {
+                    break 'entries;
+                }
+                let address = nth(&entry, i);
+                if self.pods.insert(address) {
+                    count += 1;
+                }
+                i += 1;
+            }
+        }
+    }
+}
+
+/// The whole address space of a family (`0.0.0.0/0`, `::/0`).
+fn space(family: Family) -> IpNet {
+    match family {
+        Family::V4 => IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::UNSPECIFIED, 0).unwrap()),
+        Family::V6 => IpNet::V6(ipnet::Ipv6Net::new(std::net::Ipv6Addr::UNSPECIFIED, 0).unwrap()),
     }
 }
 
@@ -197,18 +350,17 @@ impl Audited {
 }
 
 impl Audited {
+    /// Checks an unassign against the agents: no pod holds an address of it, and the agent
+    /// serving it surrendered it (answered `ready`).
     fn audit(&self, interface: &str, nets: Vec<IpNet>) {
+        let at_ms = (self.clock)();
         let mut state = self.agents.lock().unwrap();
         for net in nets {
             state.unassigned.push((interface.to_owned(), net));
             let held: Vec<String> = state
                 .nodes
                 .iter()
-                .filter(|(_, n)| {
-                    AgentNode::addresses(&net)
-                        .iter()
-                        .any(|a| n.pods.contains(a))
-                })
+                .filter(|(_, n)| n.pods_in(&net) > 0)
                 .map(|(name, _)| name.to_string())
                 .collect();
             if !held.is_empty() {
@@ -216,8 +368,57 @@ impl Audited {
                     "{net} unassigned from {interface} while a pod of {held:?} holds it"
                 ));
             }
+            let serving = state.nodes.iter().find(|(_, n)| {
+                n.records
+                    .get(interface)
+                    .is_some_and(|(_, r)| r.addresses.contains(&net))
+            });
+            let entry = UnassignEntry {
+                at_ms,
+                interface: interface.to_owned(),
+                net,
+                node: serving.map(|(name, _)| name.clone()),
+                ready: serving.is_some_and(|(_, n)| n.surrendered.contains(&net)),
+                marked_ms: serving
+                    .and_then(|(_, n)| n.releases.get(&net))
+                    .map(|(_, r)| r.marked_ms),
+            };
+            if let Some(node) = &entry.node
+                && !entry.ready
+            {
+                state.violations.push(format!(
+                    "{net} unassigned from {interface} while {node}'s agent serves it (not surrendered)"
+                ));
+            }
+            state.unassign_log.push(entry);
         }
     }
+
+    /// Logs a mutating call the cloud answered `ok`.
+    fn log(&self, action: Action, interface: &str, nets: Vec<IpNet>) {
+        let at_ms = (self.clock)();
+        self.agents.lock().unwrap().calls.push(CallEntry {
+            at_ms,
+            action,
+            interface: interface.to_owned(),
+            nets,
+        });
+    }
+}
+
+/// An interface's secondary addresses and prefixes, both families (not the primary).
+pub fn nets_of(ni: &NetworkInterface) -> Vec<IpNet> {
+    ni.secondary_ipv4
+        .iter()
+        .map(|a| IpNet::from(IpAddr::V4(*a)))
+        .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
+        .chain(
+            ni.ipv6_addresses
+                .iter()
+                .map(|a| IpNet::from(IpAddr::V6(*a))),
+        )
+        .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
+        .collect()
 }
 
 impl CloudProvider for Audited {
@@ -245,6 +446,11 @@ impl CloudProvider for Audited {
     ) -> Result<NetworkInterface, CloudError> {
         self.mutation();
         let created = self.ec2.create_interface(request).await?;
+        self.log(
+            Action::CreateNetworkInterface,
+            &created.id,
+            nets_of(&created),
+        );
         if self.hang_creates.load(std::sync::atomic::Ordering::SeqCst) {
             self.agents.lock().unwrap().hung.push(created.id.clone());
             std::future::pending::<()>().await;
@@ -258,17 +464,25 @@ impl CloudProvider for Audited {
         index: u32,
     ) -> Result<String, CloudError> {
         self.mutation();
-        self.ec2.attach_interface(interface, instance, index).await
+        let attached = self
+            .ec2
+            .attach_interface(interface, instance, index)
+            .await?;
+        self.log(Action::AttachNetworkInterface, interface, Vec::new());
+        Ok(attached)
     }
     async fn detach_interface(&self, attachment: &str, force: bool) -> Result<(), CloudError> {
         self.mutation();
-        self.ec2.detach_interface(attachment, force).await
+        self.ec2.detach_interface(attachment, force).await?;
+        self.log(Action::DetachNetworkInterface, attachment, Vec::new());
+        Ok(())
     }
     async fn delete_interface(&self, interface: &str) -> Result<(), CloudError> {
         self.mutation();
         let truth = self.ec2.interface(interface);
         let result = self.ec2.delete_interface(interface).await;
         if result.is_ok() {
+            self.log(Action::DeleteNetworkInterface, interface, Vec::new());
             let tags = truth.map(|ni| ni.tags).unwrap_or_default();
             self.agents.lock().unwrap().deleted.push(Deleted {
                 interface: interface.to_owned(),
@@ -288,6 +502,13 @@ impl CloudProvider for Audited {
     ) -> Result<Ipv4Set, CloudError> {
         self.mutation();
         let assigned = self.ec2.assign_ipv4(interface, request).await?;
+        let nets = assigned
+            .addresses
+            .iter()
+            .map(|a| IpNet::from(IpAddr::V4(*a)))
+            .chain(assigned.prefixes.iter().map(|p| IpNet::V4(*p)))
+            .collect();
+        self.log(Action::AssignPrivateIpAddresses, interface, nets);
         if self.hang_assigns.load(std::sync::atomic::Ordering::SeqCst) {
             self.agents.lock().unwrap().hung.push(interface.to_owned());
             std::future::pending::<()>().await;
@@ -296,14 +517,15 @@ impl CloudProvider for Audited {
     }
     async fn unassign_ipv4(&self, interface: &str, release: &Ipv4Set) -> Result<(), CloudError> {
         self.mutation();
-        let nets = release
+        let nets: Vec<IpNet> = release
             .addresses
             .iter()
             .map(|a| IpNet::from(IpAddr::V4(*a)))
             .chain(release.prefixes.iter().map(|p| IpNet::V4(*p)))
             .collect();
-        self.audit(interface, nets);
+        self.audit(interface, nets.clone());
         self.ec2.unassign_ipv4(interface, release).await?;
+        self.log(Action::UnassignPrivateIpAddresses, interface, nets);
         let lost = self.timeout_unassigns.fetch_update(
             std::sync::atomic::Ordering::SeqCst,
             std::sync::atomic::Ordering::SeqCst,
@@ -311,7 +533,7 @@ impl CloudProvider for Audited {
         );
         if lost.is_ok() {
             return Err(CloudError::Timeout {
-                action: corral_cloud::Action::UnassignPrivateIpAddresses,
+                action: Action::UnassignPrivateIpAddresses,
             });
         }
         Ok(())
@@ -322,18 +544,28 @@ impl CloudProvider for Audited {
         request: &Ipv6Assign,
     ) -> Result<Ipv6Set, CloudError> {
         self.mutation();
-        self.ec2.assign_ipv6(interface, request).await
+        let assigned = self.ec2.assign_ipv6(interface, request).await?;
+        let nets = assigned
+            .addresses
+            .iter()
+            .map(|a| IpNet::from(IpAddr::V6(*a)))
+            .chain(assigned.prefixes.iter().map(|p| IpNet::V6(*p)))
+            .collect();
+        self.log(Action::AssignIpv6Addresses, interface, nets);
+        Ok(assigned)
     }
     async fn unassign_ipv6(&self, interface: &str, release: &Ipv6Set) -> Result<(), CloudError> {
         self.mutation();
-        let nets = release
+        let nets: Vec<IpNet> = release
             .addresses
             .iter()
             .map(|a| IpNet::from(IpAddr::V6(*a)))
             .chain(release.prefixes.iter().map(|p| IpNet::V6(*p)))
             .collect();
-        self.audit(interface, nets);
-        self.ec2.unassign_ipv6(interface, release).await
+        self.audit(interface, nets.clone());
+        self.ec2.unassign_ipv6(interface, release).await?;
+        self.log(Action::UnassignIpv6Addresses, interface, nets);
+        Ok(())
     }
     async fn create_tags(&self, ids: &[String], tags: &Tags) -> Result<(), CloudError> {
         self.mutation();
@@ -385,6 +617,132 @@ pub fn fake_builder(seed: u64) -> corral_cloud::fake::FakeEc2Builder {
         ))
 }
 
+/// The VPC's IPv6 CIDR (a /56) and the subnets' /64s in it (dual-stack scenarios).
+pub const VPC_V6: &str = "2600:1f14:ab:cd00::/56";
+pub const SUBNET_A_V6: &str = "2600:1f14:ab:cd01::/64";
+pub const SUBNET_B_V6: &str = "2600:1f14:ab:cd02::/64";
+
+/// A dual-stack cloud pool `pods`: [`cloud_config`] with the VPC's IPv6 /56 beside its IPv4.
+pub fn cloud_config_dual(pool_lines: &str, cloud_lines: &str) -> String {
+    format!(
+        "{}[pools.ipv6]\ncidrs = [\"{VPC_V6}\"]\n",
+        cloud_config(pool_lines, cloud_lines)
+    )
+}
+
+/// [`fake_builder`]'s subnets with IPv6 /64s ([`SUBNET_A_V6`], [`SUBNET_B_V6`]).
+pub fn fake_builder_dual(seed: u64) -> corral_cloud::fake::FakeEc2Builder {
+    FakeEc2::builder()
+        .seed(seed)
+        .subnet(
+            SubnetSpec::new("subnet-a", VPC, ZONE, "10.0.0.0/18".parse().unwrap())
+                .ipv6(SUBNET_A_V6.parse().unwrap()),
+        )
+        .subnet(
+            SubnetSpec::new("subnet-b", VPC, ZONE, "10.0.64.0/20".parse().unwrap())
+                .ipv6(SUBNET_B_V6.parse().unwrap()),
+        )
+}
+
+/// A scenario's set-up in one expression: the pool's lines, its `[pools.cloud]` lines, the
+/// families, the fake's seed (or a whole builder), and the nodes; `build` gives the rig,
+/// `start` the rig and a leading replica `op-a`.
+pub struct Scenario {
+    pool_lines: String,
+    cloud_lines: String,
+    dual_stack: bool,
+    seed: u64,
+    fake: Option<corral_cloud::fake::FakeEc2Builder>,
+    nodes: Vec<(String, String)>,
+}
+
+impl Scenario {
+    /// A pool with no extra lines, the fake seeded with `seed`, no nodes.
+    pub fn new(seed: u64) -> Scenario {
+        Scenario {
+            pool_lines: String::new(),
+            cloud_lines: String::new(),
+            dual_stack: false,
+            seed,
+            fake: None,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Lines of the pool's table (e.g. `release_delay_secs = 10\n[pools.watermarks]\n...`).
+    pub fn pool(mut self, lines: &str) -> Scenario {
+        self.pool_lines = lines.to_owned();
+        self
+    }
+
+    /// Lines of `[pools.cloud]`.
+    pub fn cloud(mut self, lines: &str) -> Scenario {
+        self.cloud_lines = lines.to_owned();
+        self
+    }
+
+    /// IPv6 beside IPv4: the pool gets the VPC's /56, the fake's subnets their /64s.
+    pub fn dual_stack(mut self) -> Scenario {
+        self.dual_stack = true;
+        self
+    }
+
+    /// The fake from this builder (its own subnets) instead of the seeded default.
+    pub fn fake(mut self, builder: corral_cloud::fake::FakeEc2Builder) -> Scenario {
+        self.fake = Some(builder);
+        self
+    }
+
+    /// `n` nodes `node-0000`... of `instance_type`.
+    pub fn nodes(mut self, n: usize, instance_type: &str) -> Scenario {
+        self.nodes = (0..n)
+            .map(|i| (format!("node-{i:04}"), instance_type.to_owned()))
+            .collect();
+        self
+    }
+
+    /// These nodes (name, instance type).
+    pub fn named(mut self, nodes: &[(String, &str)]) -> Scenario {
+        self.nodes = nodes
+            .iter()
+            .map(|(n, t)| (n.clone(), (*t).to_owned()))
+            .collect();
+        self
+    }
+
+    /// The configuration written to the store.
+    pub fn config(&self) -> String {
+        if self.dual_stack {
+            cloud_config_dual(&self.pool_lines, &self.cloud_lines)
+        } else {
+            cloud_config(&self.pool_lines, &self.cloud_lines)
+        }
+    }
+
+    /// The rig: the store, the fake, the agents registered.
+    pub async fn build(self) -> Rig {
+        let config = self.config();
+        let builder = match self.fake {
+            Some(builder) => builder,
+            None if self.dual_stack => fake_builder_dual(self.seed),
+            None => fake_builder(self.seed),
+        };
+        let nodes: Vec<(String, &str)> = self
+            .nodes
+            .iter()
+            .map(|(n, t)| (n.clone(), t.as_str()))
+            .collect();
+        Rig::new(&config, builder.build().unwrap(), &nodes).await
+    }
+
+    /// The rig and a replica `op-a` leading on it.
+    pub async fn start(self) -> (Rig, Replica) {
+        let rig = self.build().await;
+        let replica = rig.start_leader("op-a").await;
+        (rig, replica)
+    }
+}
+
 impl Rig {
     /// The store with `config`, the fake, and agents for `nodes` (name, instance type), each
     /// launched in `subnet-a` and registered with its instance ID.
@@ -392,6 +750,15 @@ impl Rig {
         let kv = MemKv::new();
         super::init(&kv, config).await;
         let agents: Agents = Arc::default();
+        agents.lock().unwrap().families = corral_cluster::ClusterConfig::from_toml(config)
+            .ok()
+            .and_then(|c| {
+                c.pools
+                    .iter()
+                    .find(|p| p.name == pods())
+                    .map(|p| p.families().map(|(f, _)| f).collect())
+            })
+            .unwrap_or_default();
         let clock = virtual_clock();
         let provider = Arc::new(Audited {
             ec2: ec2.clone(),
@@ -427,7 +794,14 @@ impl Rig {
             .unwrap();
         {
             let mut state = self.agents.lock().unwrap();
-            state.nodes.insert(node(name), AgentNode::default());
+            let families = state.families.clone();
+            state.nodes.insert(
+                node(name),
+                AgentNode {
+                    families,
+                    ..AgentNode::default()
+                },
+            );
             state.dirty.insert(node(name));
         }
         let record = NodeRecord {
@@ -485,6 +859,7 @@ impl Rig {
         let kv = self.kv.clone();
         let agents = Arc::clone(&self.agents);
         let poke = Arc::clone(&self.poke);
+        let clock = Arc::clone(&self.clock);
         let mut watch = kv.watch(keys().prefix().as_bytes(), 1).await.unwrap();
         self.agent_task = Some(tokio::spawn(async move {
             loop {
@@ -544,7 +919,7 @@ impl Rig {
                     }
                 }
                 for name in touched {
-                    step_agent(&kv, &agents, &name).await;
+                    step_agent(&kv, &agents, &name, clock()).await;
                 }
             }
         }));
@@ -554,8 +929,9 @@ impl Rig {
 /// One agent's step: forget surrendered entries no longer recorded, take back those whose
 /// release key went while recorded, answer marks (`refused` if a pod holds an address of the
 /// entry, else surrender and `ready`), place wanted pods on free addresses (lowest first) and
-/// drop extra ones (highest first), then write demand if it changed.
-async fn step_agent(kv: &MemKv, agents: &Agents, name: &NodeName) {
+/// drop extra ones (highest first), in every family of the pool, then write demand if it
+/// changed.
+async fn step_agent(kv: &MemKv, agents: &Agents, name: &NodeName, now_ms: u64) {
     let mut answers: Vec<(IpNet, i64, ReleaseRecord)> = Vec::new();
     let demand = {
         let mut state = agents.lock().unwrap();
@@ -575,9 +951,7 @@ async fn step_agent(kv: &MemKv, agents: &Agents, name: &NodeName) {
             if record.state != ReleaseState::Marked {
                 continue;
             }
-            let in_use = AgentNode::addresses(entry)
-                .iter()
-                .any(|a| agent.pods.contains(a));
+            let in_use = agent.pods_in(entry) > 0;
             let mut answer = record.clone();
             answer.answered_ms = 1;
             if in_use || !recorded.contains(entry) {
@@ -590,15 +964,14 @@ async fn step_agent(kv: &MemKv, agents: &Agents, name: &NodeName) {
             answers.push((*entry, *revision, answer));
         }
         // Pods: a pod keeps its address while the entry is recorded.
-        let served: BTreeSet<IpAddr> = agent
-            .entries()
-            .iter()
-            .flat_map(AgentNode::addresses)
+        let served: Vec<IpNet> = Family::ALL
+            .into_iter()
+            .flat_map(|f| agent.entries_of(f))
             .collect();
         let lost: Vec<IpAddr> = agent
             .pods
             .iter()
-            .filter(|a| !served.contains(a))
+            .filter(|a| !served.iter().any(|e| e.contains(*a)))
             .copied()
             .collect();
         if !lost.is_empty() {
@@ -607,28 +980,44 @@ async fn step_agent(kv: &MemKv, agents: &Agents, name: &NodeName) {
                 .push(format!("{name}: pods lost their addresses {lost:?}"));
         }
         let agent = state.nodes.get_mut(name).unwrap();
-        while (agent.pods.len() as u64) > agent.want {
-            let last = *agent.pods.iter().next_back().unwrap();
-            agent.pods.remove(&last);
+        let families = agent.families();
+        for family in &families {
+            agent.place(*family);
         }
-        let mut free = agent.free();
-        free.sort();
-        for address in free {
-            if agent.pods.len() as u64 >= agent.want {
-                break;
+        let mut record = DemandRecord::default();
+        let mut changed = false;
+        for family in families {
+            let demand = agent.demand_of(family);
+            let written = match family {
+                Family::V4 => &mut agent.written,
+                Family::V6 => &mut agent.written_v6,
+            };
+            if written.as_ref() != Some(&demand) {
+                changed = true;
+                *written = Some(demand.clone());
+                let surrendered = agent
+                    .surrendered
+                    .iter()
+                    .filter(|e| family_of(e) == family)
+                    .fold(0u64, |s, e| s.saturating_add(units(e)));
+                agent.history.push(DemandSample {
+                    at_ms: now_ms,
+                    family,
+                    used: demand.used,
+                    free: demand.free,
+                    pending: demand.pending,
+                    held: agent.held_of(family).saturating_sub(surrendered),
+                });
             }
-            agent.pods.insert(address);
+            match family {
+                Family::V4 => record.ipv4 = Some(demand),
+                Family::V6 => record.ipv6 = Some(demand),
+            }
         }
-        let demand = agent.demand();
-        if agent.written.as_ref() == Some(&demand) {
-            None
-        } else {
-            agent.written = Some(demand.clone());
-            Some(demand)
-        }
+        changed.then_some(record)
     };
     for (entry, revision, answer) in answers {
-        let key = keys().release(name, &pods(), Family::V4, &entry);
+        let key = keys().release(name, &pods(), family_of(&entry), &entry);
         let _ = kv
             .txn(Txn {
                 compares: vec![Compare::modified_at(key.clone(), revision)],
@@ -637,12 +1026,7 @@ async fn step_agent(kv: &MemKv, agents: &Agents, name: &NodeName) {
             })
             .await;
     }
-    if let Some(demand) = demand {
-        let record = DemandRecord {
-            ipv4: Some(demand),
-            ipv6: None,
-            at_ms: 0,
-        };
+    if let Some(record) = demand {
         put(
             kv,
             &keys().demand(name, &pods()),
@@ -653,31 +1037,20 @@ async fn step_agent(kv: &MemKv, agents: &Agents, name: &NodeName) {
 }
 
 impl Rig {
-    /// The end-of-scenario invariants: `check` on the store; no address on two interfaces in
-    /// the cloud's truth; no unassign of an address a pod held; every pod's address on an
-    /// interface attached to its node's instance.
+    /// The end-of-scenario invariants: `check` on the store; the records against the cloud's
+    /// truth (`cloud_problems`); no address or prefix on two interfaces in the cloud's truth
+    /// (both families); no unassign of an address a pod held or its agent still served; no
+    /// pod lost its address; every pod's address (both families) on an interface attached to
+    /// its own node's instance.
     pub async fn assert_invariants(&self) {
         super::assert_consistent(&self.kv).await;
         // The records against the cloud's truth (`corral_cluster::cloud_problems`).
-        let truth: corral_cluster::CloudTruth = self
-            .ec2
-            .interfaces()
-            .into_iter()
+        let interfaces = self.ec2.interfaces();
+        let truth: corral_cluster::CloudTruth = interfaces
+            .iter()
             .map(|ni| {
                 let attached = ni.attachment.as_ref().map(|a| a.instance_id.clone());
-                let nets = ni
-                    .secondary_ipv4
-                    .iter()
-                    .map(|a| IpNet::from(IpAddr::V4(*a)))
-                    .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
-                    .chain(
-                        ni.ipv6_addresses
-                            .iter()
-                            .map(|a| IpNet::from(IpAddr::V6(*a))),
-                    )
-                    .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-                    .collect();
-                (ni.id, (attached, nets))
+                (ni.id.clone(), (attached, nets_of(ni)))
             })
             .collect();
         let problems =
@@ -686,20 +1059,23 @@ impl Rig {
             problems.is_empty(),
             "records against the cloud: {problems:#?}"
         );
-        let mut owner: HashMap<IpNet, String> = HashMap::new();
-        let interfaces = self.ec2.interfaces();
+        let mut owner: BTreeMap<IpNet, String> = BTreeMap::new();
         for ni in &interfaces {
-            let nets = ni
-                .secondary_ipv4
-                .iter()
-                .map(|a| IpNet::from(IpAddr::V4(*a)))
-                .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
-                .chain(std::iter::once(IpNet::from(IpAddr::V4(ni.primary_ipv4))));
-            for net in nets {
+            let primary = IpNet::from(IpAddr::V4(ni.primary_ipv4));
+            for net in nets_of(ni).into_iter().chain(std::iter::once(primary)) {
                 if let Some(other) = owner.insert(net, ni.id.clone()) {
                     panic!("{net} on two interfaces: {other} and {}", ni.id);
                 }
             }
+        }
+        // Overlaps too (a prefix holding another interface's address): neighbours in order.
+        let owned: Vec<(&IpNet, &String)> = owner.iter().collect();
+        for pair in owned.windows(2) {
+            let ((a, ia), (b, ib)) = (pair[0], pair[1]);
+            assert!(
+                !(a.contains(&b.network()) || b.contains(&a.network())),
+                "{a} on {ia} overlaps {b} on {ib}"
+            );
         }
         let state = self.agents.lock().unwrap();
         assert!(
@@ -709,38 +1085,353 @@ impl Rig {
         );
         for (name, agent) in &state.nodes {
             let instance = &self.instances[name.as_str()];
-            let on_instance: BTreeSet<IpAddr> = interfaces
+            let on_instance: Vec<IpNet> = interfaces
                 .iter()
                 .filter(|ni| {
                     ni.attachment
                         .as_ref()
                         .is_some_and(|a| a.instance_id == *instance)
                 })
-                .flat_map(|ni| {
-                    ni.secondary_ipv4
-                        .iter()
-                        .map(|a| IpAddr::V4(*a))
-                        .chain(
-                            ni.ipv4_prefixes
-                                .iter()
-                                .flat_map(|p| p.hosts_all().map(IpAddr::V4)),
-                        )
-                        .collect::<Vec<_>>()
-                })
+                .flat_map(nets_of)
                 .collect();
             for pod in &agent.pods {
                 assert!(
-                    on_instance.contains(pod),
+                    on_instance.iter().any(|n| n.contains(pod)),
                     "{name}: pod address {pod} is on no interface of {instance}"
                 );
             }
         }
     }
 
-    /// Free addresses each agent reports.
+    /// What a scenario ends with once quiet: no intent open, no corral interface left
+    /// unattached, the records exactly the cloud's truth, and [`Rig::assert_invariants`].
+    pub async fn assert_settled(&self) {
+        assert!(intents(&self.kv).await.is_empty(), "intents left open");
+        assert!(
+            unattached_managed(self).is_empty(),
+            "unattached corral interfaces: {:?}",
+            unattached_managed(self)
+        );
+        assert_records_match_the_cloud(self).await;
+        self.assert_invariants().await;
+    }
+
+    /// Free IPv4 addresses the agent reports.
     pub fn free_of(&self, name: &str) -> u64 {
         self.agent(name).demand().free
     }
+
+    /// Whether `done` holds for every node's agent (one lock, no copies).
+    pub fn all_agents(&self, done: impl Fn(&AgentNode) -> bool) -> bool {
+        self.agents.lock().unwrap().nodes.values().all(done)
+    }
+
+    /// Starts an operator replica on the rig's cloud and waits until it leads.
+    pub async fn start_leader(&self, name: &str) -> Replica {
+        let replica = Replica::start_with_cloud(&self.kv, name, Some(self.options()));
+        leads(&replica).await;
+        replica
+    }
+
+    /// Mutating calls the cloud received (answered or not).
+    pub fn mutating_calls(&self) -> u64 {
+        mutating_calls(self)
+    }
+}
+
+/// A run's mutating calls judged against the agents' demand (`Rig::audit_calls`).
+#[derive(Debug, Default)]
+pub struct CallAudit {
+    /// Calls answered `ok` before the warm-up's end, by action.
+    pub warm_up: BTreeMap<&'static str, u64>,
+    /// Calls answered `ok` from the warm-up's end on, by action.
+    pub after: BTreeMap<&'static str, u64>,
+    /// Entries unassigned from the warm-up's end on (trims).
+    pub trimmed_after: usize,
+    /// Entries unassigned in all.
+    pub trimmed: usize,
+    /// Growths within the release delay after an unassign on the same node, each justified
+    /// by the node's pods rising beyond the allowed slack since.
+    pub regrowths: usize,
+    /// Marks whose release delay held a lapse of the excess shorter than [`SHORT_DIP_MS`]
+    /// (unseen by the operator: it plans a node when its demand changes, but not while the
+    /// node's own task runs, a mutation and its describe, or an attachment polled every 2 s;
+    /// Cilium's rounds are a minute apart).
+    pub short_dips: usize,
+    /// Calls that break the rules (see `Rig::audit_calls`).
+    pub problems: Vec<String>,
+}
+
+/// The longest lapse of a node's excess that its release delay may hold (see
+/// [`CallAudit::short_dips`]).
+pub const SHORT_DIP_MS: u64 = 5_000;
+
+impl CallAudit {
+    /// Calls after the warm-up, all actions.
+    pub fn after_total(&self) -> u64 {
+        self.after.values().sum()
+    }
+}
+
+impl Rig {
+    /// The node an interface is attached to now.
+    pub fn node_of_interface(&self, interface: &str) -> Option<String> {
+        let instance = self.ec2.interface(interface)?.attachment?.instance_id;
+        self.instances
+            .iter()
+            .find(|(_, i)| **i == instance)
+            .map(|(n, _)| n.clone())
+    }
+
+    /// Judges every mutating call in `family` against what the agents reported (their demand
+    /// history) under the pool's rules, given as `excess` (what the pure rules count as
+    /// excess for one demand sample: growing counts 0):
+    ///
+    /// - an unassign only of an entry its agent surrendered (`ready`), marked by the operator
+    ///   after the node had been in excess for the whole release delay (every demand the
+    ///   agent wrote in `[mark - delay, mark)`, and the one in force at `mark - delay`, counts
+    ///   excess, but for lapses shorter than [`SHORT_DIP_MS`], counted in `short_dips`);
+    /// - no unassign within the release delay after a growth (assign or create) of the node;
+    /// - a growth within the release delay after an unassign of the node only when its pods
+    ///   rose by more than `slack` since (what releasing down to the keep level leaves room
+    ///   for: max-above-watermark under watermarks); anything less is a flap.
+    ///
+    /// Calls are split at `warm_end_ms` for the counts.
+    pub fn audit_calls(
+        &self,
+        family: Family,
+        warm_end_ms: u64,
+        delay_ms: u64,
+        slack: u64,
+        excess: impl Fn(&DemandSample) -> u64,
+    ) -> CallAudit {
+        let state = self.agents.lock().unwrap();
+        let mut audit = CallAudit::default();
+        // Per node: growths and unassigns in time order.
+        let mut growths: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut unassigns: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for call in &state.calls {
+            let counts = if call.at_ms < warm_end_ms {
+                &mut audit.warm_up
+            } else {
+                &mut audit.after
+            };
+            *counts.entry(call.action.as_str()).or_default() += 1;
+            let in_family = call.nets.iter().any(|n| family_of(n) == family);
+            let Some(node) = self.node_of_interface(&call.interface) else {
+                continue;
+            };
+            match call.action {
+                Action::CreateNetworkInterface
+                | Action::AssignPrivateIpAddresses
+                | Action::AssignIpv6Addresses
+                    if in_family =>
+                {
+                    growths.entry(node).or_default().push(call.at_ms);
+                }
+                Action::UnassignPrivateIpAddresses | Action::UnassignIpv6Addresses if in_family => {
+                    unassigns.entry(node).or_default().push(call.at_ms);
+                }
+                _ => {}
+            }
+        }
+        let samples = |node: &str| -> Vec<DemandSample> {
+            state
+                .nodes
+                .get(&super::node(node))
+                .map(|a| {
+                    a.history
+                        .iter()
+                        .filter(|s| s.family == family)
+                        .copied()
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for entry in state
+            .unassign_log
+            .iter()
+            .filter(|e| family_of(&e.net) == family)
+        {
+            audit.trimmed += 1;
+            if entry.at_ms >= warm_end_ms {
+                audit.trimmed_after += 1;
+            }
+            let (Some(node), Some(marked)) = (&entry.node, entry.marked_ms) else {
+                audit.problems.push(format!(
+                    "{} unassigned at {} ms from {} with no agent's handshake",
+                    entry.net, entry.at_ms, entry.interface
+                ));
+                continue;
+            };
+            if !entry.ready {
+                audit.problems.push(format!(
+                    "{} of {node} unassigned at {} ms without `ready`",
+                    entry.net, entry.at_ms
+                ));
+            }
+            let history = samples(node.as_str());
+            let start = marked.saturating_sub(delay_ms);
+            let in_force = history.iter().rev().find(|s| s.at_ms <= start);
+            let window = history
+                .iter()
+                .filter(|s| s.at_ms > start && s.at_ms < marked);
+            for sample in in_force.into_iter().chain(window) {
+                if excess(sample) == 0 {
+                    let until = history
+                        .iter()
+                        .find(|s| s.at_ms > sample.at_ms)
+                        .map_or(u64::MAX, |s| s.at_ms);
+                    if until - sample.at_ms < SHORT_DIP_MS {
+                        audit.short_dips += 1;
+                        continue;
+                    }
+                    audit.problems.push(format!(
+                        "{} of {node} marked at {marked} ms though not in excess at {} ms \
+                         for {} ms (within the release delay): {sample:?}",
+                        entry.net,
+                        sample.at_ms,
+                        until - sample.at_ms
+                    ));
+                    break;
+                }
+            }
+            if let Some(g) = growths.get(node.as_str()).and_then(|g| {
+                g.iter()
+                    .find(|t| **t <= entry.at_ms && entry.at_ms - **t < delay_ms)
+            }) {
+                audit.problems.push(format!(
+                    "{} of {node} unassigned at {} ms, {} ms after a growth",
+                    entry.net,
+                    entry.at_ms,
+                    entry.at_ms - g
+                ));
+            }
+        }
+        // Growths after an unassign within the delay: the pods must have risen beyond `slack`.
+        for (node, times) in &unassigns {
+            let history = samples(node);
+            let used_around = |t: u64| -> Vec<u64> {
+                let before = history
+                    .iter()
+                    .rev()
+                    .find(|s| s.at_ms <= t.saturating_sub(2_000));
+                before
+                    .into_iter()
+                    .chain(
+                        history
+                            .iter()
+                            .filter(|s| s.at_ms > t.saturating_sub(2_000) && s.at_ms <= t),
+                    )
+                    .map(|s| s.used)
+                    .collect()
+            };
+            for t_u in times {
+                let Some(grown) = growths.get(node) else {
+                    continue;
+                };
+                for t_g in grown.iter().filter(|t| **t > *t_u && **t - t_u < delay_ms) {
+                    let low = used_around(*t_u).into_iter().min().unwrap_or(0);
+                    let high = used_around(*t_g).into_iter().max().unwrap_or(0);
+                    if high > low.saturating_add(slack) {
+                        audit.regrowths += 1;
+                    } else {
+                        audit.problems.push(format!(
+                            "{node} grew at {t_g} ms, {} ms after an unassign at {t_u} ms, its \
+                             pods from {low} to {high} only (a flap)",
+                            t_g - t_u
+                        ));
+                    }
+                }
+            }
+        }
+        audit
+    }
+}
+
+/// `n` m5.large nodes named `node-0000`...
+pub fn names(n: usize) -> Vec<(String, &'static str)> {
+    (0..n)
+        .map(|i| (format!("node-{i:04}"), "m5.large"))
+        .collect()
+}
+
+/// Waits until the replica leads (30 s of virtual time at most).
+pub async fn leads(replica: &Replica) {
+    wait_until("a replica leads", Duration::from_secs(30), || async {
+        replica.leading()
+    })
+    .await;
+}
+
+/// Mutating calls the fake received (answered or not).
+pub fn mutating_calls(rig: &Rig) -> u64 {
+    let counters = rig.ec2.counters();
+    Action::ALL
+        .iter()
+        .filter(|a| a.is_mutating())
+        .map(|a| counters.calls(*a))
+        .sum()
+}
+
+/// The open intents in the store: id → record.
+pub async fn intents(kv: &MemKv) -> Vec<(String, corral_cluster::CloudIntentRecord)> {
+    under(kv, "intents/")
+        .await
+        .into_iter()
+        .filter_map(|e| {
+            let id = e.key_str().rsplit('/').next()?.to_owned();
+            Some((id, decode_value(&e.value).ok()?))
+        })
+        .collect()
+}
+
+/// Every `interfaces/` record in the store: (node, interface, record).
+pub async fn records(kv: &MemKv) -> Vec<(String, String, CloudInterfaceRecord)> {
+    under(kv, "interfaces/")
+        .await
+        .into_iter()
+        .filter_map(|e| {
+            let key = e.key_str().into_owned();
+            let mut parts = key.rsplit('/');
+            let interface = parts.next()?.to_owned();
+            let node = parts.next()?.to_owned();
+            Some((node, interface, decode_value(&e.value).ok()?))
+        })
+        .collect()
+}
+
+/// Every recorded interface exists in the cloud's truth, attached to its node's instance at
+/// the recorded index, with exactly the recorded addresses and prefixes of both families
+/// (nothing assigned twice or lost).
+pub async fn assert_records_match_the_cloud(rig: &Rig) {
+    for (node, interface, record) in records(&rig.kv).await {
+        let truth = rig
+            .ec2
+            .interface(&interface)
+            .unwrap_or_else(|| panic!("{node}: recorded {interface} is not in the cloud"));
+        let attachment = truth.attachment.as_ref().expect("recorded and attached");
+        assert_eq!(attachment.instance_id, rig.instances[&node], "{interface}");
+        assert_eq!(attachment.device_index, record.device_index, "{interface}");
+        let mut held = nets_of(&truth);
+        let mut recorded = record.addresses.clone();
+        held.sort();
+        recorded.sort();
+        assert_eq!(held, recorded, "{node} {interface}: cloud vs record");
+    }
+}
+
+/// Corral's interfaces in the cloud that are not attached: (id, node tag).
+pub fn unattached_managed(rig: &Rig) -> Vec<(String, String)> {
+    rig.ec2
+        .interfaces()
+        .into_iter()
+        .filter(|ni| ni.tags.contains_key("corral.io/cluster") && ni.attachment.is_none())
+        .map(|ni| {
+            let node = ni.tags.get("corral.io/node").cloned().unwrap_or_default();
+            (ni.id, node)
+        })
+        .collect()
 }
 
 /// Waits (in virtual time, polling every `step`) until `done` holds; panics after `limit`.
