@@ -26,6 +26,7 @@ use crate::state::{Shared, TxnOutcome};
 mod blocks;
 pub(crate) mod cloud;
 pub(crate) mod node_cidr_sync;
+mod pending;
 pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.

@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cloud::{
@@ -45,10 +45,10 @@ use corral_cluster::{
     RetryState, encode_value,
 };
 use corral_kv::{Compare, Kv, KvError, Revision, Txn, TxnOp};
-use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::pending::PendingNodes;
 use crate::election::Fence;
 use crate::state::{CloudNodeFigures, Shared};
 use crate::{CloudOptions, WallClock};
@@ -74,8 +74,7 @@ const STALE_WAIT: Duration = Duration::from_millis(200);
 /// What the leading loop tells the manager: which nodes an event concerns.
 #[derive(Debug, Default)]
 pub(crate) struct CloudSignal {
-    state: Mutex<(BTreeSet<NodeName>, bool)>,
-    notify: Notify,
+    pending: PendingNodes,
     /// The to-cloud delegations' own signal (`leader/to_cloud.rs`), fed by the same events.
     pub(crate) to_cloud: Arc<super::to_cloud::Signal>,
 }
@@ -89,10 +88,7 @@ impl CloudSignal {
             | Key::Demand { node, .. }
             | Key::Release { node, .. }
             | Key::CloudInterface { node, .. }
-            | Key::Removal { node } => {
-                self.lock().0.insert(node.clone());
-                self.notify.notify_one();
-            }
+            | Key::Removal { node } => self.pending.node(node),
             // Intents are this leader's own (its tasks follow them) or found at the start
             // (every node is planned then): an intent's event plans nobody.
             Key::Config => self.all(),
@@ -103,17 +99,7 @@ impl CloudSignal {
     /// Every node must be planned again (a new view, a configuration change).
     pub(crate) fn all(&self) {
         self.to_cloud.all();
-        self.lock().1 = true;
-        self.notify.notify_one();
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, (BTreeSet<NodeName>, bool)> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn take(&self) -> (BTreeSet<NodeName>, bool) {
-        let mut state = self.lock();
-        (std::mem::take(&mut state.0), std::mem::take(&mut state.1))
+        self.pending.all();
     }
 }
 
@@ -328,7 +314,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         }
         let wake = manager.next_wake();
         tokio::select! {
-            () = manager.signal.notify.notified() => {}
+            () = manager.signal.pending.notified() => {}
             Some(done) = manager.running.join_next(), if !manager.running.is_empty() => {
                 if let Ok(done) = done {
                     manager.finish(done);
@@ -371,7 +357,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
 
     /// One turn: take the signal, start what is due. `None` when the view is gone.
     fn turn(&mut self) -> Option<()> {
-        let (nodes, all) = self.signal.take();
+        let (nodes, all) = self.signal.pending.take();
         let now = Instant::now();
         let shared = Arc::clone(&self.ctx.shared);
         shared.with_view(|view, _| {

@@ -20,7 +20,7 @@
 //! resyncs before it mutates anything.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cloud::{
@@ -36,10 +36,10 @@ use corral_cluster::{
     Key, Keys, NodeName, PoolName, Resync, RetryState, encode_value,
 };
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
-use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::pending::PendingNodes;
 use crate::WallClock;
 use crate::election::Fence;
 use crate::state::Shared;
@@ -55,8 +55,7 @@ const OWN_CHANGES_KEPT: Duration =
 /// What the leading loop tells the task: which nodes an event concerns.
 #[derive(Debug, Default)]
 pub(crate) struct Signal {
-    state: Mutex<(BTreeSet<NodeName>, bool)>,
-    notify: Notify,
+    pending: PendingNodes,
 }
 
 impl Signal {
@@ -66,10 +65,7 @@ impl Signal {
             Key::Node { node }
             | Key::Owned { node, .. }
             | Key::Removal { node }
-            | Key::Delegation { node, .. } => {
-                self.lock().0.insert(node.clone());
-                self.notify.notify_one();
-            }
+            | Key::Delegation { node, .. } => self.pending.node(node),
             Key::Config => self.all(),
             _ => {}
         }
@@ -77,17 +73,7 @@ impl Signal {
 
     /// Every node must be looked at again.
     pub(crate) fn all(&self) {
-        self.lock().1 = true;
-        self.notify.notify_one();
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, (BTreeSet<NodeName>, bool)> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn take(&self) -> (BTreeSet<NodeName>, bool) {
-        let mut state = self.lock();
-        (std::mem::take(&mut state.0), std::mem::take(&mut state.1))
+        self.pending.all();
     }
 }
 
@@ -232,7 +218,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
         }
         let wake = manager.next_wake();
         tokio::select! {
-            () = manager.signal.notify.notified() => {}
+            () = manager.signal.pending.notified() => {}
             Some(done) = manager.running.join_next(), if !manager.running.is_empty() => {
                 if let Ok(done) = done {
                     manager.finish(done);
@@ -300,7 +286,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     }
 
     fn turn(&mut self) -> Option<()> {
-        let (nodes, all) = self.signal.take();
+        let (nodes, all) = self.signal.pending.take();
         let now = Instant::now();
         let shared = Arc::clone(&self.ctx.shared);
         shared.with_view(|view, _| {
