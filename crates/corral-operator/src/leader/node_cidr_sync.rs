@@ -529,11 +529,14 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
             view.config_revision()
         })?;
         // A running clock: the node is described alone once the bound has passed (unless a
-        // describe that late was made already: a silent node waits for the next pass).
+        // describe that late was made already: a silent node waits for the next pass). A
+        // bound already passed had its recheck: when that describe failed or could not be made
+        // (no instance ID, no registration), the next full pass decides, not a recheck at once
+        // turn after turn.
         for clock in self.clocks.values() {
             for ((node, _), since) in clock {
                 let due_ms = since.saturating_add(DESCRIBE_LAG_BOUND_MS);
-                if self.seen.get(node).is_some_and(|s| s.at_ms >= due_ms) {
+                if due_ms <= now_ms || self.seen.get(node).is_some_and(|s| s.at_ms >= due_ms) {
                     continue;
                 }
                 let wait = Duration::from_millis(due_ms.saturating_sub(now_ms));
