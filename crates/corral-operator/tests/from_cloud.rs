@@ -499,3 +499,66 @@ async fn a_leader_killed_mid_sync_leaves_no_duplicate_and_no_loss() {
     auditor.assert_clean();
     assert_consistent(&rig.kv).await;
 }
+
+/// A granted /80 gone from its primary starts a withdrawal clock; when the recheck at the lag
+/// bound cannot describe the instance (describes failing), the node waits for the next full
+/// pass: the sync does not describe it again turn after turn without pause.
+#[tokio::test(start_paused = true)]
+async fn a_failed_recheck_waits_for_the_next_pass_rather_than_spinning() {
+    let nodes = names(2);
+    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(6), &nodes).await;
+    for (name, _) in &nodes {
+        delegate(&rig, name, 2, 1).await;
+    }
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    all_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
+    let gone = *delegated(&rig, "node-00")
+        .iter()
+        .find(|c| c.addr().is_ipv6())
+        .unwrap();
+    let IpNet::V6(gone_v6) = gone else {
+        unreachable!()
+    };
+    rig.ec2
+        .unassign_ipv6(
+            &primary(&rig, "node-00").id,
+            &Ipv6Set {
+                addresses: vec![],
+                prefixes: vec![gone_v6],
+            },
+        )
+        .await
+        .unwrap();
+    // The next full pass (`resync`, 60 s) sees it gone: the clock runs.
+    wait_until(
+        "the withdrawal clock runs",
+        Duration::from_secs(90),
+        || async {
+            a.shared
+                .from_cloud_reports("node-00")
+                .iter()
+                .any(|line| line.contains("is gone from"))
+        },
+    )
+    .await;
+    rig.ec2.fail_next(
+        Action::DescribeNetworkInterfaces,
+        1_000_000,
+        corral_cloud::CloudError::UnauthorizedOperation {
+            message: "describes refused".to_owned(),
+        },
+    );
+    rig.ec2.reset_counters();
+    // Past the recheck, before the next full pass.
+    tokio::time::sleep(Duration::from_millis(DESCRIBE_LAG_BOUND_MS) + Duration::from_secs(20))
+        .await;
+    let describes = rig.ec2.counters().calls(Action::DescribeNetworkInterfaces);
+    eprintln!("{describes} describe calls while describes fail");
+    assert!(
+        describes <= 5,
+        "{describes} describe calls: the recheck spins"
+    );
+    // Nothing withdrawn on a failed describe.
+    assert!(owned(&rig, "node-00").await.contains(&gone));
+}

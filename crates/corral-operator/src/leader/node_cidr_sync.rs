@@ -202,6 +202,9 @@ struct Sync<K, P> {
     clocks: BTreeMap<(PoolName, Family), BTreeMap<(NodeName, IpNet), u64>>,
     /// Nodes to describe alone once this instant passed (a clock running out).
     recheck: BTreeMap<NodeName, Instant>,
+    /// Nodes this turn tried to describe alone without a describe to show for it (the call
+    /// failed, or no instance ID to describe): no recheck at once, the next full pass decides.
+    undescribed: BTreeSet<NodeName>,
     /// Plan again then (a refused transaction: the watch catches up first).
     replan_at: Option<Instant>,
     /// The reports last published (node → sentences), to log only what is new.
@@ -235,6 +238,7 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
         seen: HashMap::new(),
         clocks: BTreeMap::new(),
         recheck: BTreeMap::new(),
+        undescribed: BTreeSet::new(),
         replan_at: None,
         reported: BTreeMap::new(),
         idle: true,
@@ -324,6 +328,7 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
             self.recheck.remove(&node);
             alone.insert(node);
         }
+        self.undescribed.clear();
         let described = if self.pass_at <= now || (self.ready && alone.len() > MAX_NODE_DESCRIBES) {
             let timing = Resync {
                 resync: cloud.resync,
@@ -348,7 +353,8 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
                 }
             }
         } else if self.ready && !alone.is_empty() {
-            self.describe_alone(alone).await?;
+            let described = self.describe_alone(alone.clone()).await?;
+            self.undescribed = alone.difference(&described).cloned().collect();
             true
         } else {
             false
@@ -387,8 +393,9 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
         Some(())
     }
 
-    /// Describes these nodes' instances one call each (at most `workers` at once).
-    async fn describe_alone(&mut self, nodes: BTreeSet<NodeName>) -> Option<()> {
+    /// Describes these nodes' instances one call each (at most `workers` at once); answers the
+    /// nodes described.
+    async fn describe_alone(&mut self, nodes: BTreeSet<NodeName>) -> Option<BTreeSet<NodeName>> {
         let cloud = self.cloud.as_ref()?;
         let instances: Vec<(NodeName, String)> = self.ctx.shared.with_view(|view, _| {
             nodes
@@ -419,10 +426,12 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
                 results.push(done);
             }
         }
+        let mut described = BTreeSet::new();
         for (node, instance_id, result) in results {
             match result {
                 Ok((primaries, at_ms)) => {
                     let interface = primaries.get(&instance_id).cloned();
+                    described.insert(node.clone());
                     self.seen.insert(
                         node,
                         PrimarySeen {
@@ -440,7 +449,7 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
                 }
             }
         }
-        Some(())
+        Some(described)
     }
 
     /// Plans every from-cloud pool and family and carries the plans out.
@@ -529,11 +538,16 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
             view.config_revision()
         })?;
         // A running clock: the node is described alone once the bound has passed (unless a
-        // describe that late was made already: a silent node waits for the next pass).
+        // describe that late was made already: a silent node waits for the next pass). A node
+        // this turn could not describe (the call failed, no instance ID, no registration) waits
+        // for the next full pass too, not a recheck at once turn after turn.
+        let undescribed = std::mem::take(&mut self.undescribed);
         for clock in self.clocks.values() {
             for ((node, _), since) in clock {
                 let due_ms = since.saturating_add(DESCRIBE_LAG_BOUND_MS);
-                if self.seen.get(node).is_some_and(|s| s.at_ms >= due_ms) {
+                if undescribed.contains(node)
+                    || self.seen.get(node).is_some_and(|s| s.at_ms >= due_ms)
+                {
                     continue;
                 }
                 let wait = Duration::from_millis(due_ms.saturating_sub(now_ms));
