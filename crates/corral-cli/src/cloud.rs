@@ -127,6 +127,12 @@ impl Providers {
             entries: Vec::new(),
         }
         .with("fake", |settings: CloudSettings| async move {
+            // The fake runs in-process: an endpoint given for it would be silently unused.
+            if let Some(endpoint) = &settings.endpoint {
+                return Err(format!(
+                    "--cloud-endpoint {endpoint} does not apply (the fake cloud runs in-process)"
+                ));
+            }
             let path = settings.fake_cloud.ok_or_else(|| {
                 "--cloud fake needs --fake-cloud FILE (the fake cloud's seed)".to_owned()
             })?;
@@ -289,4 +295,25 @@ fn fake_cloud(path: &Path) -> Result<corral_cloud::FakeEc2, String> {
         }
     }
     Ok(fake)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--cloud-endpoint` with the fake cloud is a usage error naming the option, not ignored.
+    #[tokio::test]
+    async fn an_endpoint_for_the_fake_cloud_is_a_usage_error() {
+        let settings = CloudSettings {
+            endpoint: Some("http://127.0.0.1:5000".to_owned()),
+            fake_cloud: Some(PathBuf::from("/nonexistent/fake-cloud.json")),
+        };
+        match Providers::builtin().connect("fake", settings).await {
+            Err(Failure::Usage(message)) => {
+                assert!(message.contains("--cloud-endpoint"), "{message}")
+            }
+            Err(other) => panic!("not a usage error: {other:?}"),
+            Ok(_) => panic!("an endpoint for the fake cloud was accepted"),
+        }
+    }
 }

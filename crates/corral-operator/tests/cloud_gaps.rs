@@ -459,3 +459,50 @@ async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface()
     assert_eq!(open_intents(&rig.kv).await, 0);
     assert_records_match_the_cloud(&rig).await;
 }
+
+/// A removed node's teardown that keeps failing (the detach refused for good) backs off as any
+/// node's step does (250 ms doubling to 10 s), instead of retrying at the first backoff forever:
+/// the removed node's backoff state is kept while it has intents or records left.
+#[tokio::test(start_paused = true)]
+async fn a_removed_nodes_failing_teardown_backs_off() {
+    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
+    let ec2 = fake_builder(59).build().unwrap();
+    let nodes: Vec<(String, &str)> = (0..2)
+        .map(|i| (format!("node-{i:04}"), "m5.large"))
+        .collect();
+    let rig = Rig::new(&config, ec2, &nodes).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_every(
+        "both nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
+    )
+    .await;
+    let name = "node-0001";
+    let registration = rig
+        .kv
+        .get(keys().node(&node(name)).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    rig.ec2.fail_next(
+        corral_cloud::Action::DetachNetworkInterface,
+        100_000,
+        corral_cloud::CloudError::UnauthorizedOperation {
+            message: "not allowed".to_owned(),
+        },
+    );
+    rig.agents.lock().unwrap().nodes.remove(&node(name));
+    request_removal(&rig.kv, name, registration).await;
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let refused = rig
+        .ec2
+        .counters()
+        .faults(corral_cloud::Action::DetachNetworkInterface);
+    // Backing off: 250 ms doubling to 10 s is about 17 tries in 120 s; at 250 ms, about 480.
+    assert!(refused >= 1, "the detach was tried");
+    assert!(refused <= 30, "{refused} detach calls in 120 s: no backoff");
+}

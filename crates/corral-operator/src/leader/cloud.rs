@@ -597,7 +597,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             return None;
         }
         let Some(instance_id) = instance_of(view, node) else {
-            self.nodes.remove(node);
+            // Nothing of the node's state is kept but its backoff (a teardown that keeps
+            // failing backs off as any step does).
+            let retry = self.nodes.remove(node).map(|s| s.retry).unwrap_or_default();
             self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
             // Removed (or registered without an instance): its open intents are replayed (as
             // for a node present, the node counting as gone: a created interface unattached is
@@ -622,6 +624,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             if intents.is_empty() && records.is_empty() {
                 return None;
             }
+            self.nodes.insert(
+                node.clone(),
+                NodeCloud {
+                    retry,
+                    ..NodeCloud::default()
+                },
+            );
             self.busy.insert(node.clone());
             let ctx = self.ctx.clone();
             let node = node.clone();
