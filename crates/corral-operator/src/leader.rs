@@ -25,6 +25,7 @@ use crate::state::{Shared, TxnOutcome};
 
 mod blocks;
 pub(crate) mod cloud;
+mod logged;
 pub(crate) mod node_cidr_sync;
 mod pending;
 pub(crate) mod to_cloud;

@@ -44,10 +44,11 @@ use corral_cluster::{
     ClusterView, Family, IpNet, Key, Keys, NodeName, PoolName, ReleaseRecord, ReleaseState, Resync,
     RetryState, encode_value,
 };
-use corral_kv::{Compare, Kv, KvError, Revision, Txn, TxnOp};
+use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::logged::{Write, WriteError, fenced_txn};
 use super::pending::PendingNodes;
 use crate::election::Fence;
 use crate::state::{CloudNodeFigures, Shared};
@@ -213,9 +214,6 @@ enum Outcome {
     /// Leading is gone (a fenced write refused): nothing more.
     Fenced,
 }
-
-/// A write to apply to the view at once: (key, value or deletion, revision).
-type Write = (String, Option<Vec<u8>>, Revision);
 
 /// The manager of the cloud view and its loop's state.
 struct Manager<K, P> {
@@ -1794,23 +1792,6 @@ struct StepRun<'a, K, P> {
     created_refused_ms: Option<u64>,
 }
 
-/// Why a fenced write did not go through.
-enum WriteError {
-    /// A compare failed: the fence (leading lost) or a record changed meanwhile.
-    Refused,
-    /// The store failed; the write may or may not have been applied.
-    Uncertain(KvError),
-}
-
-impl std::fmt::Display for WriteError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WriteError::Refused => f.write_str("refused (a compare failed)"),
-            WriteError::Uncertain(error) => write!(f, "{error}"),
-        }
-    }
-}
-
 impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
     fn next_intent(&mut self) -> CloudId {
         self.intents += 1;
@@ -1819,30 +1800,8 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
     }
 
     /// Runs a fenced transaction; answers its revision.
-    async fn txn(&mut self, mut txn: Txn) -> Result<Revision, WriteError> {
-        txn = self.ctx.fence.guard(txn);
-        let puts: Vec<(String, Option<Vec<u8>>)> = txn
-            .success
-            .iter()
-            .filter_map(|op| match op {
-                TxnOp::Put { key, value, .. } => Some((
-                    String::from_utf8_lossy(key).into_owned(),
-                    Some(value.clone()),
-                )),
-                TxnOp::Delete { key } => Some((String::from_utf8_lossy(key).into_owned(), None)),
-                TxnOp::Get { .. } => None,
-            })
-            .collect();
-        match self.ctx.kv.txn(txn).await {
-            Ok(response) if response.succeeded => {
-                for (key, value) in puts {
-                    self.writes.push((key, value, response.revision));
-                }
-                Ok(response.revision)
-            }
-            Ok(_) => Err(WriteError::Refused),
-            Err(error) => Err(WriteError::Uncertain(error)),
-        }
+    async fn txn(&mut self, txn: Txn) -> Result<Revision, WriteError> {
+        fenced_txn(&self.ctx.kv, &self.ctx.fence, txn, &mut self.writes).await
     }
 
     /// Writes the intent (fenced, the key absent) before a cloud mutation.
@@ -3068,19 +3027,18 @@ async fn replay_orphan<K: Kv, P: CloudProvider>(
     {
         // Rewritten fenced first: a deposed leader, or a view behind, makes no call.
         let value = encode_value(record).map_err(|e| e.to_string())?;
-        let txn = ctx.fence.guard(Txn {
+        let txn = Txn {
             compares: vec![Compare::modified_at(key.clone(), revision)],
-            success: vec![TxnOp::put(key.clone(), value.clone())],
+            success: vec![TxnOp::put(key.clone(), value)],
             failure: vec![],
-        });
-        match ctx.kv.txn(txn).await {
-            Ok(response) if response.succeeded => {
-                revision = response.revision;
-                writes.push((key.clone(), Some(value), revision));
+        };
+        revision = match fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await {
+            Ok(revision) => revision,
+            Err(WriteError::Refused) => {
+                return Err(format!("intent {id} refused (fenced or changed)"));
             }
-            Ok(_) => return Err(format!("intent {id} refused (fenced or changed)")),
-            Err(error) => return Err(error.to_string()),
-        }
+            Err(WriteError::Uncertain(error)) => return Err(error.to_string()),
+        };
         match call(
             &ctx.shared,
             Action::DeleteNetworkInterface,
@@ -3095,16 +3053,13 @@ async fn replay_orphan<K: Kv, P: CloudProvider>(
             Err(error) => return Err(error.to_string()),
         }
     }
-    let txn = ctx.fence.guard(Txn {
+    let txn = Txn {
         compares: vec![Compare::modified_at(key.clone(), revision)],
-        success: vec![TxnOp::delete(key.clone())],
+        success: vec![TxnOp::delete(key)],
         failure: vec![],
-    });
-    if let Ok(response) = ctx.kv.txn(txn).await
-        && response.succeeded
-    {
-        writes.push((key, None, response.revision));
-    }
+    };
+    // Refused or uncertain: the intent stays and is replayed again.
+    let _ = fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await;
     Ok(())
 }
 
@@ -3181,18 +3136,16 @@ async fn collect_leaks<K: Kv, P: CloudProvider>(
         let Ok(value) = encode_value(&record) else {
             continue;
         };
-        let txn = ctx.fence.guard(Txn {
+        let txn = Txn {
             compares: vec![Compare::absent(key.clone())],
-            success: vec![TxnOp::put(key.clone(), value.clone())],
+            success: vec![TxnOp::put(key.clone(), value)],
             failure: vec![],
-        });
-        let revision = match ctx.kv.txn(txn).await {
-            Ok(response) if response.succeeded => response.revision,
+        };
+        let Ok(revision) = fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await else {
             // Fenced or failed: no call.
-            _ => break,
+            break;
         };
         ctx.shared.note_cloud_intent();
-        writes.push((key.clone(), Some(value), revision));
         let result = call(
             &ctx.shared,
             Action::DeleteNetworkInterface,
@@ -3206,16 +3159,13 @@ async fn collect_leaks<K: Kv, P: CloudProvider>(
             // Perhaps deleted, or not: the intent stays and is replayed.
             Err(_) => continue,
         }
-        let txn = ctx.fence.guard(Txn {
+        let txn = Txn {
             compares: vec![Compare::modified_at(key.clone(), revision)],
-            success: vec![TxnOp::delete(key.clone())],
+            success: vec![TxnOp::delete(key)],
             failure: vec![],
-        });
-        if let Ok(response) = ctx.kv.txn(txn).await
-            && response.succeeded
-        {
-            writes.push((key, None, response.revision));
-        }
+        };
+        // Refused or uncertain: the intent stays and is replayed.
+        let _ = fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await;
     }
     Ok((plan, deleted))
 }

@@ -39,6 +39,7 @@ use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::logged::{Write, WriteError, fenced_txn};
 use super::pending::PendingNodes;
 use crate::WallClock;
 use crate::election::Fence;
@@ -127,9 +128,6 @@ enum Done {
         changed: Option<(CloudId, IpNet, bool)>,
     },
 }
-
-/// A write to apply to the view at once: (key, value or deletion, revision).
-type Write = (String, Option<Vec<u8>>, Revision);
 
 #[derive(Debug, Default)]
 struct NodeSync {
@@ -687,29 +685,12 @@ struct Run<'a, K, P> {
 impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
     /// A fenced txn; `Err(None)` refused, `Err(Some(problem))` outcome unknown.
     async fn txn(&mut self, txn: Txn) -> Result<Revision, Option<String>> {
-        let txn = self.ctx.fence.guard(txn);
-        let puts: Vec<(String, Option<Vec<u8>>)> = txn
-            .success
-            .iter()
-            .filter_map(|op| match op {
-                TxnOp::Put { key, value, .. } => Some((
-                    String::from_utf8_lossy(key).into_owned(),
-                    Some(value.clone()),
-                )),
-                TxnOp::Delete { key } => Some((String::from_utf8_lossy(key).into_owned(), None)),
-                TxnOp::Get { .. } => None,
+        fenced_txn(&self.ctx.kv, &self.ctx.fence, txn, &mut self.writes)
+            .await
+            .map_err(|error| match error {
+                WriteError::Refused => None,
+                WriteError::Uncertain(error) => Some(error.to_string()),
             })
-            .collect();
-        match self.ctx.kv.txn(txn).await {
-            Ok(response) if response.succeeded => {
-                for (key, value) in puts {
-                    self.writes.push((key, value, response.revision));
-                }
-                Ok(response.revision)
-            }
-            Ok(_) => Err(None),
-            Err(error) => Err(Some(error.to_string())),
-        }
     }
 
     fn key_of(&self, pool: &PoolName, cidr: &IpNet) -> String {
