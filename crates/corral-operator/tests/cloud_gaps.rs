@@ -16,34 +16,8 @@ use corral_cloud::{CloudProvider, Ipv4Set};
 use corral_cluster::{CloudInterfaceRecord, IpNet};
 use corral_kv::Kv;
 
-async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(30), || async {
-        replica.leading()
-    })
-    .await;
-}
-
-/// Every `interfaces/` record in the store: (node, interface, record).
-async fn records(kv: &corral_kv::MemKv) -> Vec<(String, String, CloudInterfaceRecord)> {
-    under(kv, "interfaces/")
-        .await
-        .into_iter()
-        .filter_map(|e| {
-            let key = e.key_str().into_owned();
-            let mut parts = key.rsplit('/');
-            let interface = parts.next()?.to_owned();
-            let node = parts.next()?.to_owned();
-            Some((
-                node,
-                interface,
-                corral_cluster::decode_value(&e.value).ok()?,
-            ))
-        })
-        .collect()
-}
-
 async fn open_intents(kv: &corral_kv::MemKv) -> usize {
-    under(kv, "intents/").await.len()
+    intents(kv).await.len()
 }
 
 /// The IPv4 entries the cloud's truth holds on an interface.
@@ -57,39 +31,44 @@ fn held(rig: &Rig, interface: &str) -> BTreeSet<IpNet> {
         .collect()
 }
 
-/// Every record holds exactly what the cloud's truth holds on its interface.
-async fn assert_records_match_the_cloud(rig: &Rig) {
-    for (node, interface, record) in records(&rig.kv).await {
-        let recorded: BTreeSet<IpNet> = record.addresses.iter().copied().collect();
-        assert_eq!(
-            held(rig, &interface),
-            recorded,
-            "{node} {interface}: cloud vs record"
-        );
-    }
-}
-
 fn unassign_calls(rig: &Rig) -> u64 {
     rig.ec2
         .counters()
         .calls(corral_cloud::Action::UnassignPrivateIpAddresses)
 }
 
+/// Two m5.large nodes with `pre_allocate` 8, a leader `op-a`, both served (8 addresses each).
+async fn two_served_nodes(seed: u64) -> (Rig, Replica) {
+    let (rig, a) = Scenario::new(seed)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .nodes(2, "m5.large")
+        .start()
+        .await;
+    wait_every(
+        "both nodes are served",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            rig.instances
+                .keys()
+                .all(|n| rig.agent(n).entries().len() == 8)
+        },
+    )
+    .await;
+    (rig, a)
+}
+
 /// One m5.large node with `pre_allocate` 8 on its primary, grown by 6 pods to 14 addresses,
 /// then emptied: 6 excess to release after the 10 s release delay.
 async fn node_with_six_excess(seed: u64, lag: Duration) -> (Rig, Replica) {
-    let config = cloud_config(
-        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
-        "first_interface_index = 0",
-    );
     // A mean far above the cap: nearly every change shows exactly `lag` late.
-    let ec2 = fake_builder(seed)
-        .consistency_lag(lag * 20, lag)
-        .build()
-        .unwrap();
-    let rig = Rig::new(&config, ec2, &[("node-0000".to_owned(), "m5.large")]).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, a) = Scenario::new(seed)
+        .pool("release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8")
+        .cloud("first_interface_index = 0")
+        .fake(fake_builder(seed).consistency_lag(lag * 20, lag))
+        .nodes(1, "m5.large")
+        .start()
+        .await;
     rig.set_pods("node-0000", 6);
     wait_every(
         "6 pods and 8 spare",
@@ -188,21 +167,7 @@ async fn an_unassign_refused_as_not_assigned_drops_nothing_the_cloud_still_has()
 /// node changes.
 #[tokio::test(start_paused = true)]
 async fn a_removed_nodes_interfaces_on_a_running_instance_are_detached_and_deleted() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(53).build().unwrap();
-    let nodes: Vec<(String, &str)> = (0..2)
-        .map(|i| (format!("node-{i:04}"), "m5.large"))
-        .collect();
-    let rig = Rig::new(&config, ec2, &nodes).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    wait_every(
-        "both nodes are served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
-    )
-    .await;
+    let (rig, _leader) = two_served_nodes(53).await;
     let name = "node-0001";
     let instance = rig.instances[name].clone();
     let theirs: Vec<String> = records(&rig.kv)
@@ -275,15 +240,12 @@ async fn a_removed_nodes_interfaces_on_a_running_instance_are_detached_and_delet
 /// does not create one again on the same demand (no flap).
 #[tokio::test(start_paused = true)]
 async fn an_empty_managed_interface_is_detached_and_deleted_without_flapping() {
-    let config = cloud_config(
-        "release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8",
-        "",
-    );
-    let ec2 = fake_builder(54).build().unwrap();
     let name = "node-0000";
-    let rig = Rig::new(&config, ec2, &[(name.to_owned(), "m5.large")]).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, _leader) = Scenario::new(54)
+        .pool("release_delay_secs = 10\n[pools.watermarks]\npre_allocate = 8")
+        .nodes(1, "m5.large")
+        .start()
+        .await;
     // 10 pods and 8 spare: two managed interfaces of 9 (indexes 1 and 2).
     rig.set_pods(name, 10);
     wait_every(
@@ -354,27 +316,24 @@ async fn an_empty_managed_interface_is_detached_and_deleted_without_flapping() {
 /// asked for a prefix first, refused again).
 #[tokio::test(start_paused = true)]
 async fn a_refused_prefix_is_remembered_across_a_failover() {
-    let config = cloud_config(
-        "[pools.watermarks]\npre_allocate = 8",
-        "prefix_delegation = true\nfirst_interface_index = 0",
-    );
-    let ec2 = corral_cloud::FakeEc2::builder()
-        .seed(55)
-        .subnet(
-            corral_cloud::fake::SubnetSpec::new(
-                "subnet-a",
-                VPC,
-                ZONE,
-                "10.0.0.0/20".parse().unwrap(),
-            )
-            .fragmented(1.0),
-        )
-        .build()
-        .unwrap();
     let name = "node-0000";
-    let rig = Rig::new(&config, ec2, &[(name.to_owned(), "m5.large")]).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (rig, a) = Scenario::new(55)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .cloud("prefix_delegation = true\nfirst_interface_index = 0")
+        .fake(
+            corral_cloud::FakeEc2::builder().seed(55).subnet(
+                corral_cloud::fake::SubnetSpec::new(
+                    "subnet-a",
+                    VPC,
+                    ZONE,
+                    "10.0.0.0/20".parse().unwrap(),
+                )
+                .fragmented(1.0),
+            ),
+        )
+        .nodes(1, "m5.large")
+        .start()
+        .await;
     wait_every(
         "8 spare addresses on the primary",
         Duration::from_secs(120),
@@ -421,12 +380,12 @@ async fn a_refused_prefix_is_remembered_across_a_failover() {
 /// on: the old instance's corral interface is detached and deleted, not left attached there.
 #[tokio::test(start_paused = true)]
 async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(56).build().unwrap();
     let name = "node-0000";
-    let mut rig = Rig::new(&config, ec2, &[(name.to_owned(), "m5.large")]).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
+    let (mut rig, _leader) = Scenario::new(56)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .nodes(1, "m5.large")
+        .start()
+        .await;
     wait_every(
         "the node is served",
         Duration::from_secs(120),
@@ -465,21 +424,7 @@ async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface()
 /// the removed node's backoff state is kept while it has intents or records left.
 #[tokio::test(start_paused = true)]
 async fn a_removed_nodes_failing_teardown_backs_off() {
-    let config = cloud_config("[pools.watermarks]\npre_allocate = 8", "");
-    let ec2 = fake_builder(59).build().unwrap();
-    let nodes: Vec<(String, &str)> = (0..2)
-        .map(|i| (format!("node-{i:04}"), "m5.large"))
-        .collect();
-    let rig = Rig::new(&config, ec2, &nodes).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    wait_every(
-        "both nodes are served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
-    )
-    .await;
+    let (rig, _leader) = two_served_nodes(59).await;
     let name = "node-0001";
     let registration = rig
         .kv
