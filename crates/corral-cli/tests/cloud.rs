@@ -66,27 +66,11 @@ fn add(socket: &Path, container: &str) -> Result<corral_api::Allocated, corral_c
 }
 
 fn start(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
-    std::fs::create_dir_all(dir).unwrap();
-    let config = agent_config(dir);
-    let endpoints = endpoints(etcd);
-    Agent::start(
-        &[
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--etcd".as_ref(),
-            endpoints.as_ref(),
-            "--cluster".as_ref(),
-            "t".as_ref(),
-            "--node".as_ref(),
-            "node-a".as_ref(),
-            "--lease-ttl".as_ref(),
-            "3".as_ref(),
-            "--instance-id".as_ref(),
-            "i-0abc".as_ref(),
-            "--pool-wait".as_ref(),
-            "300".as_ref(),
-        ],
-        &dir.join("agent.sock"),
+    start_agent_with(
+        etcd,
+        dir,
+        "node-a",
+        &["--instance-id", "i-0abc", "--pool-wait", "300"],
     )
 }
 

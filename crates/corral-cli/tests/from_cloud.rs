@@ -71,26 +71,7 @@ fn operator(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Child {
 }
 
 fn agent(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
-    std::fs::create_dir_all(dir).unwrap();
-    let config = agent_config(dir);
-    let endpoints = endpoints(etcd);
-    Agent::start(
-        &[
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--etcd".as_ref(),
-            endpoints.as_ref(),
-            "--cluster".as_ref(),
-            "t".as_ref(),
-            "--node".as_ref(),
-            "node-a".as_ref(),
-            "--lease-ttl".as_ref(),
-            "3".as_ref(),
-            "--instance-id".as_ref(),
-            "i-0abc".as_ref(),
-        ],
-        &dir.join("agent.sock"),
-    )
+    start_agent_with(etcd, dir, "node-a", &["--instance-id", "i-0abc"])
 }
 
 #[test]

@@ -238,24 +238,28 @@ pub fn agent_config(dir: &Path) -> PathBuf {
 }
 
 pub fn start_agent(etcd: &EtcdCluster, dir: &Path, node: &str) -> Agent {
+    start_agent_with(etcd, dir, node, &[])
+}
+
+/// `start_agent` with more arguments (e.g. `--instance-id`).
+pub fn start_agent_with(etcd: &EtcdCluster, dir: &Path, node: &str, extra: &[&str]) -> Agent {
     std::fs::create_dir_all(dir).unwrap();
     let config = agent_config(dir);
     let endpoints = endpoints(etcd);
-    Agent::start(
-        &[
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--etcd".as_ref(),
-            endpoints.as_ref(),
-            "--cluster".as_ref(),
-            "t".as_ref(),
-            "--node".as_ref(),
-            node.as_ref(),
-            "--lease-ttl".as_ref(),
-            "3".as_ref(),
-        ],
-        &dir.join("agent.sock"),
-    )
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--etcd".as_ref(),
+        endpoints.as_ref(),
+        "--cluster".as_ref(),
+        "t".as_ref(),
+        "--node".as_ref(),
+        node.as_ref(),
+        "--lease-ttl".as_ref(),
+        "3".as_ref(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    Agent::start(&args, &dir.join("agent.sock"))
 }
 
 /// The cluster ranges an agent holds (active ones), as `pool range`.
