@@ -274,21 +274,21 @@ fn an_agent_whose_liveness_key_another_process_takes_stops_serving_the_nodes_ran
     // Another machine's agent writes the key on its own lease.
     let kv = kv(&etcd);
     let lease = block_on(kv.lease_grant(Duration::from_secs(5))).unwrap();
-    let other = corral_cluster::LiveRecord {
-        pid: 4242,
-        version: "0".into(),
-        started_ms: 1_700_000_000_000,
-        host: "elsewhere".into(),
-        boot_id: "another-boot".into(),
-        pid_namespace: "pid:[1]".into(),
-        process_start: 1,
-        ttl_ms: 5_000,
-    };
+    let other = serde_json::json!({
+        "pid": 4242,
+        "version": "0",
+        "started_ms": 1_700_000_000_000u64,
+        "host": "elsewhere",
+        "boot_id": "another-boot",
+        "pid_namespace": "pid:[1]",
+        "process_start": 1,
+        "ttl_ms": 5_000,
+    });
     block_on(kv.txn(Txn {
         compares: vec![],
         success: vec![TxnOp::put_on_lease(
             "/corral/t/v1/live/node-a",
-            corral_cluster::encode_value(&other).unwrap(),
+            other.to_string(),
             lease,
         )],
         failure: vec![],
