@@ -130,7 +130,11 @@ pub fn describe(record: Option<&LiveRecord>, lease: Option<LeaseId>) -> String {
     match record {
         Some(r) => format!(
             "host {}, pid {}, since {} ({lease})",
-            if r.host.is_empty() { "unknown" } else { &r.host },
+            if r.host.is_empty() {
+                "unknown"
+            } else {
+                &r.host
+            },
             r.pid,
             utc(r.started_ms)
         ),
@@ -173,6 +177,7 @@ pub struct Claimed {
 
 /// Puts `record` at `key` on `lease` only if no other process holds it (see the module's
 /// rules). `waiting` is told, in a sentence, while the agent waits for a holder's lease.
+#[allow(clippy::too_many_arguments)]
 pub async fn claim<K: Kv>(
     kv: &K,
     key: &str,
@@ -349,13 +354,9 @@ pub async fn guard<K: Kv>(
                 }
                 Ok(response) => {
                     let current = response.gets.into_iter().next().flatten();
-                    let holder: Option<LiveRecord> = current
-                        .as_ref()
-                        .and_then(|c| decode_value(&c.value).ok());
-                    return Lost::Taken(describe(
-                        holder.as_ref(),
-                        current.and_then(|c| c.lease),
-                    ));
+                    let holder: Option<LiveRecord> =
+                        current.as_ref().and_then(|c| decode_value(&c.value).ok());
+                    return Lost::Taken(describe(holder.as_ref(), current.and_then(|c| c.lease)));
                 }
                 Err(error) => return Lost::Kv(error),
             }
@@ -464,7 +465,9 @@ mod tests {
             Holder::ThisProcess
         );
         assert_eq!(
-            parse_process_start("12 (a b) c)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 19"),
+            parse_process_start(
+                "12 (a b) c)) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 777 19"
+            ),
             Some(777)
         );
         assert_eq!(parse_process_start("garbage"), None);
@@ -479,7 +482,10 @@ mod tests {
             }),
             Some(LeaseId(0xab)),
         );
-        assert_eq!(named, "host h, pid 7, since 2023-11-14T22:13:20Z (lease ab)");
+        assert_eq!(
+            named,
+            "host h, pid 7, since 2023-11-14T22:13:20Z (lease ab)"
+        );
         assert_eq!(
             describe(None, None),
             "a record that cannot be read (no lease)"
@@ -488,6 +494,9 @@ mod tests {
             expiry_wait(0, Duration::from_secs(20)),
             Duration::from_secs(31)
         );
-        assert_eq!(expiry_wait(1_000, Duration::from_secs(20)), Duration::from_secs(4));
+        assert_eq!(
+            expiry_wait(1_000, Duration::from_secs(20)),
+            Duration::from_secs(4)
+        );
     }
 }

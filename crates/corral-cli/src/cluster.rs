@@ -399,9 +399,7 @@ async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
         .min_by_key(|e| e.create_revision)
         .map(|e| String::from_utf8_lossy(&e.value).into_owned());
     let mut report = view.status_report(revision, leader);
-    report
-        .problems
-        .extend(election_problems(&keys, &election));
+    report.problems.extend(election_problems(&keys, &election));
     Ok(Outcome::ok(match output {
         Output::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
         Output::Table => report.to_table(),
@@ -590,7 +588,9 @@ fn check_agent(
     // What it serves, for the checks between agents.
     let ranges: Vec<(String, corral_cluster::IpNet)> = cluster_ranges
         .iter()
-        .filter_map(|(pool, r)| Some(((*pool).to_owned(), r.range.split(',').next()?.parse().ok()?)))
+        .filter_map(|(pool, r)| {
+            Some(((*pool).to_owned(), r.range.split(',').next()?.parse().ok()?))
+        })
         .collect();
     let dump = client.dump(Some(corral_api::NODE_SCOPE))?;
     let addresses = dump

@@ -827,7 +827,10 @@ node_prefix_len = 24
         let clone = agent("c.sock", "node-a", &["10.1.1.0/24"], &["10.1.1.2"]);
         let problems = agents_problems(&[a.clone(), b.clone(), clone]);
         assert_eq!(problems.len(), 3, "{problems:#?}");
-        assert!(problems[0].contains("both serve node node-a"), "{problems:#?}");
+        assert!(
+            problems[0].contains("both serve node node-a"),
+            "{problems:#?}"
+        );
         assert!(problems[1].contains("overlap") && problems[1].contains("10.1.1.0/24"));
         assert!(problems[2].contains("10.1.1.2 is allocated on agent a.sock"));
         // Another node over a part of the range (a removed node's draining range).
