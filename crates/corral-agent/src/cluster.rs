@@ -147,6 +147,11 @@ impl ClusterShared {
         });
     }
 
+    /// Whether the agent serves (the gate opened).
+    pub fn serving(&self) -> bool {
+        *self.gate.borrow() == Gate::Open
+    }
+
     /// The agent must stop, with this message.
     pub fn fail(&self, message: String) {
         self.gate.send_replace(Gate::Fatal(message));
@@ -436,7 +441,8 @@ async fn link<K: Kv>(
     // agent under the node's name is refused, naming the holder.
     let live_key = keys.live(node);
     let live: LiveRecord = across.identity.record(now_ms(), options.lease_ttl);
-    let claimed = crate::liveness::claim(
+    let report = |message: &str| update(state, |s| s.last_error = Some(message.to_owned()));
+    let mut claimed = crate::liveness::claim(
         kv,
         &live_key,
         &live,
@@ -444,9 +450,38 @@ async fn link<K: Kv>(
         &across.identity,
         options.lease_ttl,
         stop,
-        |message| update(state, |s| s.last_error = Some(message.to_owned())),
+        state.serving(),
+        report,
     )
     .await;
+    if let Err(crate::liveness::ClaimError::MustWait(message)) = &claimed {
+        // Serving already (a later round, or started while etcd was unreachable): the node's
+        // ranges drain while the holder is waited for, so two never serve them; the grants
+        // come back with the key.
+        report(message);
+        let drained = committer
+            .submit(Op::SetClusterRanges(ClusterRanges::default()))
+            .await;
+        if let Err(error) = drained {
+            eprintln!("corral agent: cluster: draining the node's ranges: {error:?}");
+        }
+        update(state, |s| {
+            s.registered = false;
+            s.grants.clear();
+        });
+        claimed = crate::liveness::claim(
+            kv,
+            &live_key,
+            &live,
+            lease,
+            &across.identity,
+            options.lease_ttl,
+            stop,
+            false,
+            report,
+        )
+        .await;
+    }
     let claimed = match claimed {
         Ok(claimed) => claimed,
         Err(error) => {
@@ -458,6 +493,9 @@ async fn link<K: Kv>(
                 },
                 crate::liveness::ClaimError::Kv(error) => LinkError::Kv(error),
                 crate::liveness::ClaimError::Stopped => LinkError::Stopped,
+                crate::liveness::ClaimError::MustWait(message) => {
+                    LinkError::Kv(KvError::Unavailable(message))
+                }
             });
         }
     };

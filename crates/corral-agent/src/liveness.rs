@@ -161,6 +161,8 @@ pub enum ClaimError {
     Kv(KvError),
     /// The agent stops.
     Stopped,
+    /// A holder must be waited for (asked with `ask_first`): why, in a sentence.
+    MustWait(String),
 }
 
 impl From<KvError> for ClaimError {
@@ -176,7 +178,9 @@ pub struct Claimed {
 }
 
 /// Puts `record` at `key` on `lease` only if no other process holds it (see the module's
-/// rules). `waiting` is told, in a sentence, while the agent waits for a holder's lease.
+/// rules). `waiting` is told, in a sentence, before the agent waits for a holder's lease;
+/// with `ask_first`, the claim answers [`ClaimError::MustWait`] instead of waiting (an agent
+/// that serves stops serving the node's ranges, then claims again).
 #[allow(clippy::too_many_arguments)]
 pub async fn claim<K: Kv>(
     kv: &K,
@@ -186,6 +190,7 @@ pub async fn claim<K: Kv>(
     me: &ProcessIdentity,
     own_ttl: Duration,
     stop: &mut tokio::sync::watch::Receiver<bool>,
+    ask_first: bool,
     mut waiting: impl FnMut(&str),
 ) -> Result<Claimed, ClaimError> {
     let value = encode_value(record).unwrap_or_default();
@@ -266,9 +271,13 @@ pub async fn claim<K: Kv>(
                 waited = Some((current.create_revision, deadline));
                 let message = format!(
                     "{key} is held by {named}; waiting up to {}s for its lease to expire \
-                     (a process that is gone), else this agent stops",
+                     (a process that is gone), else it is a live agent and this one serves \
+                     nothing of the node",
                     expiry_wait(ttl, own_ttl).as_secs()
                 );
+                if ask_first {
+                    return Err(ClaimError::MustWait(message));
+                }
                 eprintln!("corral agent: cluster: {message}");
                 waiting(&message);
                 deadline
