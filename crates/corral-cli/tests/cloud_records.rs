@@ -264,3 +264,38 @@ fn check_cloud(etcd: &EtcdCluster, seed: &Path, agents: &[&Path]) -> (i32, Strin
     let (code, out, err) = corral(&args);
     (code, format!("{out}{err}"))
 }
+
+/// The fake cloud's state lives beside its seed (`FILE.state`): a seed file changed under an
+/// existing state is refused (usage error, naming the state file and what to do), never
+/// silently replaced by a fresh cloud. The cloud is connected before etcd is asked.
+#[test]
+fn a_fake_cloud_state_of_another_seed_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("cloud.json");
+    std::fs::write(&seed, FAKE_CLOUD).unwrap();
+    let run = || {
+        corral(&[
+            "cluster",
+            "check",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--cluster",
+            "t",
+            "--cloud",
+            "fake",
+            "--fake-cloud",
+            seed.to_str().unwrap(),
+        ])
+    };
+    let (code, _, err) = run();
+    assert_eq!(code, 3, "etcd is unreachable, the cloud was fine: {err}");
+    let state = dir.path().join("cloud.json.state");
+    assert!(state.exists(), "the state is kept beside the seed");
+    std::fs::write(&seed, FAKE_CLOUD.replace("\"seed\": 11", "\"seed\": 12")).unwrap();
+    let (code, _, err) = run();
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&state.display().to_string()) && err.contains("another seed"),
+        "{err}"
+    );
+}
