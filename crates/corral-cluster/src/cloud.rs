@@ -51,7 +51,8 @@ pub use node_cidr::{
     FromCloudInput, FromCloudPlan, FromCloudProblem, FromCloudReport, Sight, plan_from_cloud,
 };
 pub use records::{
-    MissingInCloud, RecordConflict, confirm_missing, missing_in_cloud, record_conflicts,
+    MissingInCloud, RecordConflict, RecordIndex, confirm_missing, missing_in_cloud,
+    record_conflicts,
 };
 pub use replay::{DESCRIBE_LAG_BOUND_MS, ObservedInterface, Replay, replay_intent};
 pub use targets::{WarmMode, warm_mode, warm_needed_and_excess};

@@ -122,6 +122,102 @@ pub fn record_conflicts<'a>(
     conflicts.into_iter().collect()
 }
 
+/// A net's first and last address, with its family (0 IPv4, 1 IPv6).
+fn span(net: &IpNet) -> (usize, u128, u128) {
+    match net {
+        IpNet::V4(n) => (
+            0,
+            u128::from(u32::from(n.network())),
+            u128::from(u32::from(n.broadcast())),
+        ),
+        IpNet::V6(n) => (1, u128::from(n.network()), u128::from(n.broadcast())),
+    }
+}
+
+/// An index of the `interfaces/` records (kept by the view beside them), so the check before a
+/// write looks at the few records that could conflict, not at every record of the cluster: by
+/// interface ID, and by the first address of every address, prefix and primary address.
+#[derive(Debug, Clone, Default)]
+pub struct RecordIndex {
+    by_interface: BTreeMap<CloudId, BTreeSet<NodeName>>,
+    by_start: BTreeMap<(usize, u128), BTreeSet<(NodeName, CloudId)>>,
+    /// The widest net indexed per family, less one (never shrinks: a wider search is only
+    /// slower).
+    widest: [u128; 2],
+}
+
+impl RecordIndex {
+    /// Indexes a record (`None`: a value that does not decode, indexed by its ID only).
+    pub fn insert(
+        &mut self,
+        node: &NodeName,
+        interface: &CloudId,
+        record: Option<&CloudInterfaceRecord>,
+    ) {
+        self.by_interface
+            .entry(interface.clone())
+            .or_default()
+            .insert(node.clone());
+        for net in record.into_iter().flat_map(footprint) {
+            let (family, first, last) = span(&net);
+            self.widest[family] = self.widest[family].max(last - first);
+            self.by_start
+                .entry((family, first))
+                .or_default()
+                .insert((node.clone(), interface.clone()));
+        }
+    }
+
+    /// Forgets a record, as it was indexed.
+    pub fn remove(
+        &mut self,
+        node: &NodeName,
+        interface: &CloudId,
+        record: Option<&CloudInterfaceRecord>,
+    ) {
+        if let Some(nodes) = self.by_interface.get_mut(interface) {
+            nodes.remove(node);
+            if nodes.is_empty() {
+                self.by_interface.remove(interface);
+            }
+        }
+        for net in record.into_iter().flat_map(footprint) {
+            let (family, first, _) = span(&net);
+            if let Some(keys) = self.by_start.get_mut(&(family, first)) {
+                keys.retain(|(n, i)| !(n == node && i == interface));
+                if keys.is_empty() {
+                    self.by_start.remove(&(family, first));
+                }
+            }
+        }
+    }
+
+    /// The records that may conflict with `record` as `interface`: those of the same interface
+    /// ID, and those with a net starting where one of its nets could overlap (a superset;
+    /// [`record_conflicts`] decides).
+    pub fn candidates(
+        &self,
+        interface: &CloudId,
+        record: &CloudInterfaceRecord,
+    ) -> BTreeSet<(NodeName, CloudId)> {
+        let mut found: BTreeSet<(NodeName, CloudId)> = self
+            .by_interface
+            .get(interface)
+            .into_iter()
+            .flatten()
+            .map(|node| (node.clone(), interface.clone()))
+            .collect();
+        for net in footprint(record) {
+            let (family, first, last) = span(&net);
+            let from = first.saturating_sub(self.widest[family]);
+            for (_, keys) in self.by_start.range((family, from)..=(family, last)) {
+                found.extend(keys.iter().cloned());
+            }
+        }
+        found
+    }
+}
+
 /// A record the cloud contradicts: its interface, or one of its addresses, is not there.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MissingInCloud {
@@ -337,6 +433,69 @@ mod tests {
         // IPv6 never overlaps IPv4.
         let v6 = record("i-b", "10.0.0.60", &["2600:1f14::10/128"]);
         assert_eq!(conflicts(&store, "node-b", "eni-5", &v6), vec![]);
+    }
+
+    #[test]
+    fn the_index_finds_every_record_that_conflicts() {
+        let mut store = store();
+        store.push((
+            node("node-b"),
+            id("eni-4"),
+            record("i-b", "10.0.0.20", &["10.0.0.21/32", "10.0.2.0/28"]),
+        ));
+        store.push((
+            node("node-c"),
+            id("eni-6"),
+            record("i-c", "10.0.0.30", &["2600:1f14::/80"]),
+        ));
+        let mut index = RecordIndex::default();
+        for (n, i, r) in &store {
+            index.insert(n, i, Some(r));
+        }
+        let candidates = |i: &str, r: &CloudInterfaceRecord| {
+            let keys = index.candidates(&id(i), r);
+            let found = record_conflicts(
+                store
+                    .iter()
+                    .filter(|(n, i, _)| keys.contains(&(n.clone(), i.clone())))
+                    .map(|(n, i, r)| (n, i, r)),
+                &node("node-x"),
+                &id(i),
+                r,
+            );
+            let all = record_conflicts(
+                store.iter().map(|(n, i, r)| (n, i, r)),
+                &node("node-x"),
+                &id(i),
+                r,
+            );
+            assert_eq!(found, all);
+            found.len()
+        };
+        // Inside node-a's /28, node-b's /28 holding a /32, an IPv6 /128 in node-c's /80, the
+        // same interface ID, and nothing at all.
+        assert_eq!(
+            candidates("eni-9", &record("i-x", "10.0.0.99", &["10.0.1.20/32"])),
+            1
+        );
+        assert_eq!(
+            candidates("eni-9", &record("i-x", "10.0.0.99", &["10.0.2.5/32"])),
+            1
+        );
+        assert_eq!(
+            candidates("eni-9", &record("i-x", "10.0.0.99", &["2600:1f14::5/128"])),
+            1
+        );
+        assert_eq!(candidates("eni-4", &record("i-x", "10.0.0.99", &[])), 1);
+        assert_eq!(
+            candidates("eni-9", &record("i-x", "10.0.0.99", &["10.0.3.1/32"])),
+            0
+        );
+        // Removed: found no more.
+        let (n, i, r) = &store[1];
+        index.remove(n, i, Some(r));
+        let left = index.candidates(&id("eni-4"), &record("i-x", "10.0.0.99", &["10.0.0.21/32"]));
+        assert!(!left.contains(&(node("node-b"), id("eni-4"))), "{left:?}");
     }
 
     #[test]

@@ -2331,9 +2331,8 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             .shared
             .with_view(|view, _| {
                 let in_view = view
-                    .cloud_interfaces()
-                    .filter(|((n, i), _)| !claims.iter().any(|(cn, ci, _)| cn == n && ci == i))
-                    .filter_map(|((n, i), e)| e.record.as_ref().map(|r| (n, i, r)));
+                    .cloud_record_candidates(interface, record)
+                    .filter(|(n, i, _)| !claims.iter().any(|(cn, ci, _)| cn == *n && ci == *i));
                 let claimed = claims.iter().map(|(n, i, r)| (n, i, r));
                 decide::record_conflicts(in_view.chain(claimed), self.node, interface, record)
             })
