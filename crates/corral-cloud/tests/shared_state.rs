@@ -132,3 +132,29 @@ async fn a_state_file_of_another_seed_or_unreadable_is_refused_naming_it() {
         "{error}"
     );
 }
+
+/// A process stopped while holding the lock (SIGSTOP mid-call) does not hang the others: their
+/// calls fail with `InternalError` naming the lock after a while, change nothing, and go
+/// through again once it is free.
+#[tokio::test(start_paused = true)]
+async fn a_lock_held_too_long_fails_the_call_instead_of_hanging() {
+    let path = StatePath::new();
+    let a = fake(&path, "seed-1").unwrap();
+    let mut lock_path = path.0.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let held = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&lock_path)
+        .unwrap();
+    held.lock().unwrap();
+    let before = a.interfaces().len();
+    let error = a.create_interface(&create(1)).await.unwrap_err();
+    assert!(
+        matches!(error, CloudError::InternalError { .. }) && error.to_string().contains("locking"),
+        "{error}"
+    );
+    held.unlock().unwrap();
+    assert_eq!(a.interfaces().len(), before);
+    a.create_interface(&create(1)).await.unwrap();
+    assert_eq!(a.interfaces().len(), before + 1);
+}

@@ -139,6 +139,10 @@ pub(crate) struct StateFile {
     seen: Option<u64>,
 }
 
+/// How long a call waits for another process's lock (held for microseconds, unless that
+/// process was stopped while holding it).
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// The file's first line: this and the generation.
 const HEADER: &str = "corral-fake-cloud-state";
 
@@ -170,14 +174,32 @@ impl StateFile {
         })
     }
 
-    /// Runs `f` holding the lock (other processes wait).
+    /// Runs `f` holding the lock (other processes wait). A lock held for longer than
+    /// [`LOCK_WAIT`] (its holder stopped with SIGSTOP mid-call) fails the call with
+    /// `InternalError`, rather than hanging this process behind it.
     pub(crate) fn with_lock<T>(
         &mut self,
         f: impl FnOnce(&mut StateFile) -> Result<T, CloudError>,
     ) -> Result<T, CloudError> {
-        self.lock
-            .lock()
-            .map_err(|e| failed(&self.path, "locking", e))?;
+        let started = std::time::Instant::now();
+        loop {
+            match self.lock.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(failed(
+                        &self.path,
+                        "locking",
+                        format!("another process has held it for {LOCK_WAIT:?}"),
+                    ));
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(failed(&self.path, "locking", e));
+                }
+            }
+        }
         let result = f(self);
         let _ = self.lock.unlock();
         result
