@@ -362,6 +362,8 @@ pub struct ClusterView {
     demand_keys: BTreeSet<(NodeName, PoolName)>,
     /// `interfaces/` records: (create revision, mod revision, value if it decodes).
     cloud_interfaces: BTreeMap<(NodeName, CloudId), CloudEntry<CloudInterfaceRecord>>,
+    /// Those records by interface ID and address (the check before a record is written).
+    cloud_index: crate::cloud::RecordIndex,
     /// `intents/` records.
     cloud_intents: BTreeMap<CloudId, CloudEntry<CloudIntentRecord>>,
     /// `delegations/` keys (to-cloud node-cidr pools), whatever their value.
@@ -408,6 +410,7 @@ impl ClusterView {
             releases: BTreeMap::new(),
             demand_keys: BTreeSet::new(),
             cloud_interfaces: BTreeMap::new(),
+            cloud_index: Default::default(),
             cloud_intents: BTreeMap::new(),
             delegations: BTreeMap::new(),
             release_keys: BTreeMap::new(),
@@ -451,6 +454,7 @@ impl ClusterView {
         self.releases.clear();
         self.demand_keys.clear();
         self.cloud_interfaces.clear();
+        self.cloud_index = Default::default();
         self.cloud_intents.clear();
         self.release_keys.clear();
         self.block_in_flight.clear();
@@ -836,6 +840,14 @@ impl ClusterView {
             }
             Key::CloudInterface { node, interface } => {
                 let record = self.decode::<CloudInterfaceRecord>(key, mod_revision, value);
+                if let Some(old) = self
+                    .cloud_interfaces
+                    .get(&(node.clone(), interface.clone()))
+                {
+                    self.cloud_index
+                        .remove(&node, &interface, old.record.as_ref());
+                }
+                self.cloud_index.insert(&node, &interface, record.as_ref());
                 self.cloud_interfaces.insert(
                     (node, interface),
                     CloudEntry {
@@ -922,8 +934,13 @@ impl ClusterView {
                 self.removals.remove(node);
             }
             Key::CloudInterface { node, interface } => {
-                self.cloud_interfaces
-                    .remove(&(node.clone(), interface.clone()));
+                if let Some(old) = self
+                    .cloud_interfaces
+                    .remove(&(node.clone(), interface.clone()))
+                {
+                    self.cloud_index
+                        .remove(node, interface, old.record.as_ref());
+                }
             }
             Key::CloudIntent { id } => {
                 self.cloud_intents.remove(id);
@@ -1102,6 +1119,23 @@ impl ClusterView {
     /// Node IDs a node's agent serves without holding their grant: (node, ID).
     pub fn uncovered_node_ids(&self) -> Vec<(NodeName, u32)> {
         self.held_ids_blocked.iter().cloned().collect()
+    }
+
+    /// The records that may stand against writing `record` as `interface` (same interface ID,
+    /// or a net that may overlap one of its nets): a superset of what
+    /// [`crate::cloud::record_conflicts`] finds among all records, from an index.
+    pub fn cloud_record_candidates<'a>(
+        &'a self,
+        interface: &CloudId,
+        record: &CloudInterfaceRecord,
+    ) -> impl Iterator<Item = (&'a NodeName, &'a CloudId, &'a CloudInterfaceRecord)> + 'a {
+        self.cloud_index
+            .candidates(interface, record)
+            .into_iter()
+            .filter_map(move |key| {
+                let (key, entry) = self.cloud_interfaces.get_key_value(&key)?;
+                Some((&key.0, &key.1, entry.record.as_ref()?))
+            })
     }
 
     /// Every `intents/` record, by ID.
