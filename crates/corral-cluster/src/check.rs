@@ -21,9 +21,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName, RangeSpec};
 use ipnet::IpNet;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, HeldGrant};
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
+    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
     NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
     ReleaseState, decode_value,
 };
@@ -33,7 +33,13 @@ use crate::plan::NodePlan;
 /// Everything the check reads, parsed: what it could not parse is a problem already.
 #[derive(Default)]
 struct Parsed {
+    /// The configuration in force: the stored one if it passes `check_install` against the
+    /// applied one and the grants, else the applied one.
     config: Option<ClusterConfig>,
+    /// `config` as read (an error when it does not read).
+    stored: Option<Result<ClusterConfig, String>>,
+    /// `config-applied`'s configuration as read.
+    applied: Option<Result<ClusterConfig, String>>,
     /// Registered nodes: create revision and uid.
     nodes: BTreeMap<NodeName, (i64, String)>,
     grants: Vec<(PoolName, Family, IpNet, GrantRecord)>,
@@ -70,9 +76,21 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
         let mut bad = |error: String| problems.push(format!("garbage value at {key}: {error}"));
         match parsed_key {
             Key::Config => match ClusterConfig::from_json(value) {
-                Ok(config) => parsed.config = Some(config),
-                Err(error) => bad(error.to_string()),
+                Ok(config) => parsed.stored = Some(Ok(config)),
+                Err(error) => {
+                    parsed.stored = Some(Err(error.to_string()));
+                    bad(error.to_string());
+                }
             },
+            Key::ConfigApplied => {
+                let applied = decode_value::<AppliedConfigRecord>(value)
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.config.validate().map(|()| r.config).map_err(|e| e.to_string()));
+                if let Err(error) = &applied {
+                    bad(error.clone());
+                }
+                parsed.applied = Some(applied);
+            }
             Key::Node { node } => match decode_value::<NodeRecord>(value) {
                 Ok(record) => {
                     parsed.nodes.insert(node, (*create_revision, record.uid));
@@ -154,7 +172,53 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
             _ => {}
         }
     }
+    settle_config(keys, &mut parsed, problems);
     parsed
+}
+
+/// Decides the configuration in force as the leader does (`ClusterConfig::check_install`):
+/// the stored one if it fits the applied one and the grants, else the applied one; a stored
+/// configuration not in force is a problem, and so is none at all.
+fn settle_config(keys: &Keys, parsed: &mut Parsed, problems: &mut Vec<String>) {
+    let grants: Vec<HeldGrant> = parsed
+        .grants
+        .iter()
+        .map(|(pool, family, cidr, record)| HeldGrant {
+            pool: pool.clone(),
+            family: *family,
+            cidr: *cidr,
+            node: Some(record.node.to_string()),
+        })
+        .collect();
+    let ids: Vec<u32> = parsed.ids.keys().copied().collect();
+    let applied = match &parsed.applied {
+        Some(Ok(config)) => Some(config.clone()),
+        _ => None,
+    };
+    let key = keys.config();
+    parsed.config = match (&parsed.stored, applied) {
+        (None, applied) => {
+            problems.push(format!("the cluster has no configuration ({key})"));
+            applied
+        }
+        (Some(Err(_)), applied) => applied,
+        (Some(Ok(stored)), applied) => {
+            match ClusterConfig::check_install(applied.as_ref(), stored, &grants, &ids) {
+                Ok(()) => Some(stored.clone()),
+                Err(error) => {
+                    let in_force = if applied.is_some() {
+                        "the last applied configuration stays in force"
+                    } else {
+                        "no configuration was applied before"
+                    };
+                    problems.push(format!(
+                        "the stored configuration at {key} is not applied: {error}; {in_force}"
+                    ));
+                    applied.or_else(|| Some(stored.clone()))
+                }
+            }
+        }
+    };
 }
 
 fn span(net: &IpNet) -> (u128, u128) {

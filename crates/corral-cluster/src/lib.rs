@@ -26,12 +26,13 @@ pub use check::{
     expected_ranges, granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
-    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeCidrSync, NodeIdPlanConfig,
+    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS,
+    NodeCidrSync, NodeIdBound, NodeIdPlanConfig,
     PoolConfig, PoolMode, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
 };
 pub use intervals::IntervalSet;
 pub use keys::{
-    CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
+    AppliedConfigRecord, CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
     DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, Key, KeyError, Keys, LiveRecord,
     NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
     ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
@@ -47,5 +48,5 @@ pub use ipnet::IpNet;
 pub use view::{
     BlockProposal, CloudEntry, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry,
     NodeInfo, PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal,
-    RemovedGrant, RemovedNodeId,
+    RemovedGrant, RemovedNodeId, is_config_key,
 };

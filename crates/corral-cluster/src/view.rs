@@ -15,7 +15,7 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
+    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
     Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
     QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError,
     decode_value, encode_value,
@@ -23,7 +23,9 @@ use crate::keys::{
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
 mod block_view;
+mod config_install;
 mod from_cloud;
+pub use config_install::is_config_key;
 pub use block_view::{
     BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
 };
@@ -372,8 +374,18 @@ pub struct ClusterView {
     block_in_flight: BTreeMap<NodeName, BlockProposal>,
     /// Nodes whose liveness key exists.
     live: BTreeSet<NodeName>,
-    /// The mod revision of the `config` key (0 before it was seen).
+    /// The mod revision of the `config` key (0 before it was seen), whether its value was
+    /// installed or refused: a grant txn compares it, so the view has judged what is stored.
     config_revision: i64,
+    /// The mod revision of the `config` key whose value is in force (0: not known).
+    installed_revision: i64,
+    /// The configuration is not installed yet (a fresh read without a readable
+    /// `config-applied`): the stored one is judged against the grants alone.
+    provisional: bool,
+    /// Why the stored configuration is not in force (refused or unreadable), if it is not.
+    config_refusal: Option<String>,
+    /// `config-applied` as seen: its mod revision and its configuration (None: unreadable).
+    applied: Option<(i64, Option<ClusterConfig>)>,
     problems: Vec<Problem>,
     problems_dropped: u64,
 }
@@ -406,6 +418,10 @@ impl ClusterView {
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
             config_revision: 0,
+            installed_revision: 0,
+            provisional: false,
+            config_refusal: None,
+            applied: None,
             problems: Vec::new(),
             problems_dropped: 0,
         };
@@ -524,11 +540,33 @@ impl ClusterView {
         }
     }
 
+    /// Blocks `cidr` in every space of its family (a grant or quarantine of a pool and
+    /// family not configured: held all the same, never granted to anyone else).
+    fn block_everywhere(&mut self, family: Family, cidr: &IpNet) {
+        for ((_, f), space) in self.spaces.iter_mut() {
+            if *f == family {
+                space.block_foreign(cidr);
+            }
+        }
+    }
+
+    /// Undoes `block_everywhere`.
+    fn unblock_everywhere(&mut self, family: Family, cidr: &IpNet) {
+        for ((_, f), space) in self.spaces.iter_mut() {
+            if *f == family {
+                space.unblock_foreign(cidr);
+            }
+        }
+    }
+
     fn occupy_grant(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
         let key = self.keys.grant(pool, *family, cidr);
+        if !self.spaces.contains_key(&(pool.clone(), *family)) {
+            self.block_everywhere(*family, cidr);
+        }
         let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
             None => Err(format!(
-                "grant in pool {pool} {}, which is not configured",
+                "grant in pool {pool} {}, which is not configured: held, never granted again",
                 family.name()
             )),
             Some(space) => space.occupy_granted(cidr).map_err(|e| {
@@ -542,6 +580,9 @@ impl ClusterView {
 
     fn occupy_quarantine(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
         let key = self.keys.quarantine(pool, *family, cidr);
+        if !self.spaces.contains_key(&(pool.clone(), *family)) {
+            self.block_everywhere(*family, cidr);
+        }
         let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
             None => Err(format!(
                 "quarantine in pool {pool} {}, which is not configured",
@@ -624,18 +665,19 @@ impl ClusterView {
                     );
                 }
             }
-            Key::Config => match ClusterConfig::from_json(value)
-                .and_then(|new| ClusterConfig::check_change(&self.config, &new).map(|()| new))
-            {
-                Ok(new) => {
-                    self.config_revision = mod_revision;
-                    if new != self.config {
-                        self.config = new;
-                        self.rebuild_spaces();
-                    }
-                }
-                Err(e) => self.problem(key, mod_revision, format!("not applied: {e}")),
-            },
+            Key::Config => self.offer_config(key, value, mod_revision),
+            Key::ConfigApplied => {
+                let applied = self
+                    .decode::<AppliedConfigRecord>(key, mod_revision, value)
+                    .and_then(|record| match record.config.validate() {
+                        Ok(()) => Some(record.config),
+                        Err(e) => {
+                            self.problem(key, mod_revision, e.to_string());
+                            None
+                        }
+                    });
+                self.applied = Some((mod_revision, applied));
+            }
             Key::Election { .. } => {}
             Key::Live { node } => {
                 self.live.insert(node);
@@ -788,6 +830,7 @@ impl ClusterView {
     fn forget(&mut self, key: &Key) {
         match key {
             Key::Schema | Key::Config | Key::Election { .. } => {}
+            Key::ConfigApplied => self.applied = None,
             Key::Live { node } => {
                 self.live.remove(node);
             }
@@ -836,6 +879,8 @@ impl ClusterView {
                         } else {
                             space.unblock_foreign(cidr);
                         }
+                    } else {
+                        self.unblock_everywhere(*family, cidr);
                     }
                     if let Some(record) = &entry.record
                         && let Some(set) = self.grants_by_node.get_mut(&record.node)
@@ -857,13 +902,15 @@ impl ClusterView {
                     .remove(&(node.clone(), pool.clone(), *family, *cidr));
             }
             Key::Quarantine { pool, family, cidr } => {
-                if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr))
-                    && let Some(space) = self.spaces.get_mut(&(pool.clone(), *family))
-                {
-                    if entry.counted {
-                        let _ = space.release_quarantined(cidr);
+                if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr)) {
+                    if let Some(space) = self.spaces.get_mut(&(pool.clone(), *family)) {
+                        if entry.counted {
+                            let _ = space.release_quarantined(cidr);
+                        } else {
+                            space.unblock_foreign(cidr);
+                        }
                     } else {
-                        space.unblock_foreign(cidr);
+                        self.unblock_everywhere(*family, cidr);
                     }
                 }
             }
