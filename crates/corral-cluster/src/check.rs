@@ -23,9 +23,9 @@ use ipnet::IpNet;
 
 use crate::config::{ClusterConfig, HeldGrant};
 use crate::keys::{
-    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
-    ReleaseState, decode_value,
+    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
+    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
+    QuarantineRecord, ReleaseRecord, ReleaseState, decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;
@@ -85,7 +85,12 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
             Key::ConfigApplied => {
                 let applied = decode_value::<AppliedConfigRecord>(value)
                     .map_err(|e| e.to_string())
-                    .and_then(|r| r.config.validate().map(|()| r.config).map_err(|e| e.to_string()));
+                    .and_then(|r| {
+                        r.config
+                            .validate()
+                            .map(|()| r.config)
+                            .map_err(|e| e.to_string())
+                    });
                 if let Err(error) = &applied {
                     bad(error.clone());
                 }
@@ -205,16 +210,15 @@ fn settle_config(keys: &Keys, parsed: &mut Parsed, problems: &mut Vec<String>) {
         (Some(Ok(stored)), applied) => {
             match ClusterConfig::check_install(applied.as_ref(), stored, &grants, &ids) {
                 Ok(()) => Some(stored.clone()),
+                // With no configuration applied before, the grants are checked against the
+                // stored one below, each misfit a problem of its own.
+                Err(_) if applied.is_none() => Some(stored.clone()),
                 Err(error) => {
-                    let in_force = if applied.is_some() {
-                        "the last applied configuration stays in force"
-                    } else {
-                        "no configuration was applied before"
-                    };
                     problems.push(format!(
-                        "the stored configuration at {key} is not applied: {error}; {in_force}"
+                        "the stored configuration at {key} is not applied: {error}; the last \
+                         applied configuration stays in force"
                     ));
-                    applied.or_else(|| Some(stored.clone()))
+                    applied
                 }
             }
         }

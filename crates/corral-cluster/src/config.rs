@@ -489,12 +489,7 @@ impl NodeIdPlanConfig {
         if let Some(max) = self.max_node_id {
             return max;
         }
-        let fewest = self
-            .bounds()
-            .iter()
-            .map(|b| b.node_ids)
-            .min()
-            .unwrap_or(0);
+        let fewest = self.bounds().iter().map(|b| b.node_ids).min().unwrap_or(0);
         u32::try_from(fewest).unwrap_or(u32::MAX)
     }
 
@@ -1263,7 +1258,8 @@ block_prefix_len = 28
     fn the_example_parses_and_round_trips_through_json() {
         let config = ClusterConfig::from_toml(EXAMPLE).unwrap();
         assert_eq!(config.pools[0].ipv4.as_ref().unwrap().cidrs.len(), 2);
-        assert_eq!(config.max_node_id(), 256);
+        // The pod split holds 256 nodes, the node interconnect /24 253 (.1 excluded).
+        assert_eq!(config.max_node_id(), 253);
         let json = config.to_json().unwrap();
         assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
     }

@@ -27,16 +27,16 @@ pub use check::{
 };
 pub use config::{
     CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS,
-    NodeCidrSync, NodeIdBound, NodeIdPlanConfig,
-    PoolConfig, PoolMode, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
+    NodeCidrSync, NodeIdBound, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig, WarmTargets,
+    WatermarkOverride, Watermarks,
 };
 pub use intervals::IntervalSet;
 pub use keys::{
-    AppliedConfigRecord, CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
-    DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, Key, KeyError, Keys, LiveRecord,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
-    ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    AppliedConfigRecord, CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord,
+    CloudOp, ClusterName, DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, Key, KeyError,
+    Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
+    QuarantineRecord, ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError,
+    decode_value, encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use report::{BlockReport, NodeReport, StatusReport};

@@ -15,20 +15,20 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
-    Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord,
-    QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError,
-    decode_value, encode_value,
+    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
+    DemandRecord, GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
+    OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
+    ValueError, decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
 mod block_view;
 mod config_install;
 mod from_cloud;
-pub use config_install::is_config_key;
 pub use block_view::{
     BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
 };
+pub use config_install::is_config_key;
 
 /// A cloud record the view holds: its revisions, and its value if it decodes (one that does
 /// not is reported, and kept as `None`: the key still exists).

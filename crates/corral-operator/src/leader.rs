@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal,
-    RemovalRecord, Resync, RetryState, encode_value,
+    ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
+    RetryState, encode_value,
 };
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
@@ -212,7 +212,12 @@ async fn rebuild<K: Kv>(
                 if corral_cluster::is_config_key(keys, &key) {
                     continue;
                 }
-                view.apply_put(&key, &entry.value, entry.create_revision, entry.mod_revision);
+                view.apply_put(
+                    &key,
+                    &entry.value,
+                    entry.create_revision,
+                    entry.mod_revision,
+                );
             }
             n_keys += page.kvs.len();
             let Some(last) = page.kvs.last().map(|e| e.key.clone()) else {
@@ -425,8 +430,16 @@ async fn serve<K: Kv>(
                 && applied_tried != Some((applied_revision, record.config_revision))
             {
                 applied_tried = Some((applied_revision, record.config_revision));
-                write_applied(kv, keys, fence, shared, &record, applied_revision, config_revision)
-                    .await;
+                write_applied(
+                    kv,
+                    keys,
+                    fence,
+                    shared,
+                    &record,
+                    applied_revision,
+                    config_revision,
+                )
+                .await;
             }
         }
         let next_retry = work

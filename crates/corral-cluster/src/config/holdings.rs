@@ -39,7 +39,10 @@ type Broken<'a> = Vec<(String, &'static str, Vec<&'a HeldGrant>)>;
 
 /// Notes a grant breaking `rule` of `field`.
 fn note<'a>(broken: &mut Broken<'a>, field: String, rule: &'static str, grant: &'a HeldGrant) {
-    if let Some(entry) = broken.iter_mut().find(|(f, r, _)| *f == field && *r == rule) {
+    if let Some(entry) = broken
+        .iter_mut()
+        .find(|(f, r, _)| *f == field && *r == rule)
+    {
         entry.2.push(grant);
     } else {
         broken.push((field, rule, vec![grant]));
@@ -162,7 +165,10 @@ impl ClusterConfig {
         if let Some((field, rule, held)) = broken.first() {
             return Err(invalid(
                 field.clone(),
-                format!("{rule} {} (held space cannot be taken back by a configuration)", list(held)),
+                format!(
+                    "{rule} {} (held space cannot be taken back by a configuration)",
+                    list(held)
+                ),
             ));
         }
         let max = self.max_node_id();
@@ -249,15 +255,21 @@ node_prefix_len = 24
     fn a_renamed_pool_or_another_prefix_length_is_refused() {
         let grants = [grant("default", "10.244.1.0/24", "a")];
         let renamed = ClusterConfig::from_toml(&CONFIG.replace("\"default\"", "\"pods\"")).unwrap();
-        let error = renamed.check_holdings(&grants, &[]).unwrap_err().to_string();
+        let error = renamed
+            .check_holdings(&grants, &[])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("field pools:"), "{error}");
-        assert!(error.contains("pool default ipv4 is not configured"), "{error}");
+        assert!(
+            error.contains("pool default ipv4 is not configured"),
+            "{error}"
+        );
         assert!(error.contains("10.244.1.0/24 (node a)"), "{error}");
         let longer = ClusterConfig::from_toml(&CONFIG.replace("= 24", "= 25")).unwrap();
         let error = longer.check_holdings(&grants, &[]).unwrap_err().to_string();
         assert!(error.contains("pools[0].ipv4.node_prefix_len"), "{error}");
-        let moved = ClusterConfig::from_toml(&CONFIG.replace("10.244.0.0/16", "10.245.0.0/16"))
-            .unwrap();
+        let moved =
+            ClusterConfig::from_toml(&CONFIG.replace("10.244.0.0/16", "10.245.0.0/16")).unwrap();
         let error = moved.check_holdings(&grants, &[]).unwrap_err().to_string();
         assert!(error.contains("pools[0].ipv4.cidrs"), "{error}");
     }
@@ -265,7 +277,10 @@ node_prefix_len = 24
     #[test]
     fn node_ids_beyond_the_plan_are_refused() {
         let error = with("").check_holdings(&[], &[3]).unwrap_err().to_string();
-        assert!(error.contains("node_ids: is not configured but node IDs 3"), "{error}");
+        assert!(
+            error.contains("node_ids: is not configured but node IDs 3"),
+            "{error}"
+        );
         let plan = r#"
 [node_ids]
 pod_subnet = "10.1.0.0/16"
@@ -279,7 +294,10 @@ max_node_id = 10
 "#;
         let config = with(plan);
         config.check_holdings(&[], &[1, 10]).unwrap();
-        let error = config.check_holdings(&[], &[12, 11]).unwrap_err().to_string();
+        let error = config
+            .check_holdings(&[], &[12, 11])
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("largest node ID would be 10"), "{error}");
         assert!(error.contains("11, 12"), "{error}");
     }

@@ -226,10 +226,10 @@ mod tests {
 
     fn arb_plan() -> impl Strategy<Value = NodeIdPlanConfig> {
         (
-            16u8..=24,
-            0u8..=6,
-            16u8..=24,
-            0u8..=6,
+            16u8..=22,
+            1u8..=10,
+            16u8..=22,
+            1u8..=10,
             22u8..=31,
             22u8..=31,
             proptest::collection::vec(0u8..=255, 0..4),
