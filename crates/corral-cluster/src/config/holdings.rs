@@ -22,7 +22,8 @@ pub struct HeldGrant {
     pub family: Family,
     /// The CIDR.
     pub cidr: IpNet,
-    /// The node it names (None when its value does not decode: it is held all the same).
+    /// The node it names (None when its value does not decode: the view keeps its addresses
+    /// blocked, but `check_holdings` passes over it).
     pub node: Option<String>,
 }
 
@@ -87,7 +88,8 @@ impl ClusterConfig {
     /// not configured, its CIDR not at the family's node prefix length, outside the cluster
     /// CIDRs, or inside a reserved range; or a node ID granted beyond the plan (or with no
     /// plan). The error names the field and the grants (the first rule broken, up to eight
-    /// grants). A cloud pool's addresses are not `grants/` keys and are not checked here.
+    /// grants). A cloud pool's addresses are not `grants/` keys and are not checked here, nor
+    /// are grant keys whose value does not decode (garbage, reported by the view and `check`).
     pub fn check_holdings(
         &self,
         grants: &[HeldGrant],
@@ -96,7 +98,9 @@ impl ClusterConfig {
         let mut unconfigured: Vec<&HeldGrant> = Vec::new();
         // (field, grants) per rule broken, in the order found.
         let mut broken: Broken<'_> = Vec::new();
-        for grant in grants {
+        // A grant key whose value does not decode is garbage: reported, and its addresses kept
+        // blocked by the view, but no holding a configuration could be refused over.
+        for grant in grants.iter().filter(|g| g.node.is_some()) {
             let found = self
                 .pools
                 .iter()
