@@ -64,7 +64,7 @@ impl ClusterView {
     pub(super) fn offer_config(&mut self, key: &str, value: &[u8], mod_revision: i64) {
         self.config_revision = mod_revision;
         let grants = self.held_grants();
-        let node_ids: Vec<u32> = self.node_ids.keys().copied().collect();
+        let node_ids = self.granted_node_ids();
         let last = (!self.provisional).then_some(&self.config);
         let judged = ClusterConfig::from_json(value).and_then(|new| {
             ClusterConfig::check_install(last, &new, &grants, &node_ids).map(|()| new)
@@ -109,6 +109,11 @@ impl ClusterView {
                 node: entry.record.as_ref().map(|r| r.node.to_string()),
             })
             .collect()
+    }
+
+    /// Every node ID granted now (`nodeids/id/` keys, whatever their values).
+    pub fn granted_node_ids(&self) -> Vec<u32> {
+        self.node_ids.keys().copied().collect()
     }
 
     /// Whether a configuration is in force: false only while no configuration was ever
