@@ -40,7 +40,12 @@ pub(super) async fn read(kv: &EtcdKv, keys: &Keys) -> Result<Read, Failure> {
         for entry in &all {
             let key = entry.key_str();
             if !is_config_key(keys, &key) {
-                view.apply_put(&key, &entry.value, entry.create_revision, entry.mod_revision);
+                view.apply_put(
+                    &key,
+                    &entry.value,
+                    entry.create_revision,
+                    entry.mod_revision,
+                );
             }
         }
         view.finish_read(stored.as_ref().map(|(v, r)| (v.as_slice(), *r)));
@@ -134,7 +139,12 @@ pub(super) async fn write(
             for entry in &all {
                 let key = entry.key_str();
                 if !is_config_key(keys, &key) {
-                    bare.apply_put(&key, &entry.value, entry.create_revision, entry.mod_revision);
+                    bare.apply_put(
+                        &key,
+                        &entry.value,
+                        entry.create_revision,
+                        entry.mod_revision,
+                    );
                 }
             }
             (None, bare.held_grants(), bare.granted_node_ids())

@@ -356,6 +356,13 @@ pub enum Key {
         /// The node CIDR (the delegated prefix).
         cidr: IpNet,
     },
+    /// `holdings/<node>`: what the node's agent holds and serves from (its assertion; written
+    /// by the agent, not on a lease, put again whenever it changes or goes missing). The
+    /// leader counts every held range as occupied whatever the grants say.
+    Holdings {
+        /// The node.
+        node: NodeName,
+    },
 }
 
 /// A cloud resource or intent ID as it appears in a key: 1 to 128 characters of
@@ -582,7 +589,18 @@ impl Keys {
                 family,
                 cidr,
             } => self.delegation(node, pool, *family, cidr),
+            Key::Holdings { node } => self.holdings(node),
         }
+    }
+
+    /// `holdings/<node>`.
+    pub fn holdings(&self, node: &NodeName) -> String {
+        format!("{}holdings/{node}", self.prefix)
+    }
+
+    /// `holdings/`.
+    pub fn holdings_prefix(&self) -> String {
+        format!("{}holdings/", self.prefix)
     }
 
     /// `interfaces/<node>/<interface-id>`.
@@ -760,6 +778,7 @@ impl Keys {
                     cidr: cidr(c, family)?,
                 })
             }
+            ["holdings", name] => Ok(Key::Holdings { node: node(name)? }),
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -851,6 +870,81 @@ pub struct RemovalRecord {
     /// When it was asked, in milliseconds since the epoch.
     #[serde(default)]
     pub requested_ms: u64,
+}
+
+/// `holdings/<node>`'s value, written by the node's agent (never on a lease): every range of
+/// the cluster's space the agent holds and may serve pods from, granted or draining, and the
+/// node ID whose plan it serves. etcd decides who *gets* space; this record is the holder's
+/// word on what it has not given up, so space etcd forgot (a node removed while alive, a
+/// configuration written around the CLI, a restored snapshot) is never handed to another
+/// node while its holder still holds it. The agent puts it whenever what it holds changes
+/// and again whenever the key goes missing or says something else.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HoldingsRecord {
+    /// The machine's identity (`nodes/<node>`'s uid) of the agent that wrote it.
+    pub uid: String,
+    /// The cluster ranges it holds (node CIDRs, blocks, from-cloud prefixes).
+    #[serde(default)]
+    pub ranges: Vec<HeldRange>,
+    /// The node ID whose plan it serves, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u32>,
+    /// Addresses and prefixes of cloud interfaces it holds (cloud pools).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cloud: Vec<HeldCloudAddress>,
+    /// When it was written, in milliseconds since the epoch.
+    #[serde(default)]
+    pub written_ms: u64,
+}
+
+impl HoldingsRecord {
+    /// Whether it holds nothing at all (ranges, node ID, cloud addresses).
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.node_id.is_none() && self.cloud.is_empty()
+    }
+}
+
+/// One cluster range an agent holds.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HeldRange {
+    /// The pool it was granted in.
+    #[serde(with = "crate::text")]
+    pub pool: PoolName,
+    /// The range (a node CIDR or block; its family is the CIDR's).
+    #[serde(with = "crate::text")]
+    pub cidr: IpNet,
+    /// Draining: nothing new is handed out from it, its allocations stay until released.
+    #[serde(default)]
+    pub draining: bool,
+    /// How many addresses are allocated in it.
+    #[serde(default)]
+    pub allocations: u64,
+}
+
+impl HeldRange {
+    /// The range's family.
+    pub fn family(&self) -> Family {
+        match self.cidr {
+            IpNet::V4(_) => Family::V4,
+            IpNet::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// One address or prefix of a cloud interface an agent holds.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HeldCloudAddress {
+    /// The cloud pool.
+    #[serde(with = "crate::text")]
+    pub pool: PoolName,
+    /// The interface it is on.
+    pub interface: CloudId,
+    /// The address (/32, /128) or prefix (/28, /80).
+    #[serde(with = "crate::text")]
+    pub address: IpNet,
+    /// How many addresses are allocated in it.
+    #[serde(default)]
+    pub allocations: u64,
 }
 
 /// One family of a node's demand in a block-mode pool, counted in addresses.

@@ -469,6 +469,9 @@ pub struct NodeIdSpace {
     granted: IntervalSet,
     quarantined: IntervalSet,
     in_flight: IntervalSet,
+    /// IDs an agent asserts it serves without a grant of them (`holdings/`): blocked,
+    /// uncounted, with how many assertions block each.
+    held: std::collections::BTreeMap<u32, usize>,
 }
 
 impl NodeIdSpace {
@@ -479,6 +482,25 @@ impl NodeIdSpace {
             granted: IntervalSet::new(),
             quarantined: IntervalSet::new(),
             in_flight: IntervalSet::new(),
+            held: std::collections::BTreeMap::new(),
+        }
+    }
+
+    /// Blocks `id` for an agent's assertion that it serves it (no grant of it to that
+    /// node): never proposed while blocked. IDs outside the space are ignored.
+    pub fn block_held(&mut self, id: u32) {
+        if self.contains(id) {
+            *self.held.entry(id).or_default() += 1;
+        }
+    }
+
+    /// Unblocks one `block_held` of `id`; nothing if there is none.
+    pub fn unblock_held(&mut self, id: u32) {
+        if let Some(count) = self.held.get_mut(&id) {
+            *count -= 1;
+            if *count == 0 {
+                self.held.remove(&id);
+            }
         }
     }
 
@@ -501,9 +523,14 @@ impl NodeIdSpace {
     }
 
     fn blocking_end(&self, id: u128) -> Option<u128> {
+        let held = u32::try_from(id)
+            .ok()
+            .filter(|id| self.held.contains_key(id))
+            .map(u128::from);
         [&self.granted, &self.quarantined, &self.in_flight]
             .iter()
             .filter_map(|set| set.first_overlap(id, id).map(|(_, e)| e))
+            .chain(held)
             .max()
     }
 

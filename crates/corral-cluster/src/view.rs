@@ -16,9 +16,9 @@ use thiserror::Error;
 use crate::config::ClusterConfig;
 use crate::keys::{
     AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
-    DemandRecord, GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
-    OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
-    ValueError, decode_value, encode_value,
+    DemandRecord, GrantRecord, HeldRange, HoldingsRecord, Key, Keys, NodeIdOfNodeRecord,
+    NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord, ReleaseRecord,
+    RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
@@ -376,6 +376,15 @@ pub struct ClusterView {
     live: BTreeSet<NodeName>,
     /// The mod revision of the `config` key (0 before it was seen), whether its value was
     /// installed or refused: a grant txn compares it, so the view has judged what is stored.
+    /// `holdings/` records: what each node's agent asserts it holds (a value that does not
+    /// decode is reported and the last readable one kept; `record: None` if there is none).
+    holdings: BTreeMap<NodeName, CloudEntry<HoldingsRecord>>,
+    /// Held ranges no grant to their holder covers, each blocked (`block_foreign`) in every
+    /// space of its family: (node, pool, family, range).
+    held_blocked: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
+    /// Node IDs an agent serves without holding their grant, each blocked in the ID space.
+    held_ids_blocked: BTreeSet<(NodeName, u32)>,
+    /// The mod revision of the `config` key (0 before it was seen).
     config_revision: i64,
     /// The mod revision of the `config` key whose value is in force (0: not known).
     installed_revision: i64,
@@ -417,6 +426,9 @@ impl ClusterView {
             release_keys: BTreeMap::new(),
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
+            holdings: BTreeMap::new(),
+            held_blocked: BTreeSet::new(),
+            held_ids_blocked: BTreeSet::new(),
             config_revision: 0,
             installed_revision: 0,
             provisional: false,
@@ -460,6 +472,7 @@ impl ClusterView {
         self.release_keys.clear();
         self.block_in_flight.clear();
         self.live.clear();
+        self.holdings.clear();
         self.rebuild_spaces();
     }
 
@@ -538,6 +551,87 @@ impl ClusterView {
                 entry.counted = counted;
             }
         }
+        // The spaces are new: nothing held is blocked in them yet.
+        self.held_blocked.clear();
+        self.held_ids_blocked.clear();
+        let holders: Vec<NodeName> = self.holdings.keys().cloned().collect();
+        for node in holders {
+            self.refresh_holdings(&node);
+        }
+    }
+
+    /// Whether a grant to `node` of exactly `range` is counted in its pool's space (then the
+    /// grant blocks the range, and the assertion needs no block of its own).
+    fn grant_covers(&self, node: &NodeName, pool: &PoolName, range: &HeldRange) -> bool {
+        self.grants
+            .get(&(pool.clone(), range.family(), range.cidr))
+            .is_some_and(|g| g.counted && g.record.as_ref().is_some_and(|r| &r.node == node))
+    }
+
+    /// Makes the blocks of `node`'s assertions match its record and its grants: a held range
+    /// no grant to the node covers is blocked in every space of its family (whatever pool it
+    /// names: a pool renamed around the CLI still finds its space occupied), a node ID the
+    /// node serves without its grant is blocked in the ID space.
+    fn refresh_holdings(&mut self, node: &NodeName) {
+        let stale: Vec<(NodeName, PoolName, Family, IpNet)> = self
+            .held_blocked
+            .iter()
+            .filter(|(n, ..)| n == node)
+            .cloned()
+            .collect();
+        for entry in stale {
+            for ((_, family), space) in &mut self.spaces {
+                if *family == entry.2 {
+                    space.unblock_foreign(&entry.3);
+                }
+            }
+            self.held_blocked.remove(&entry);
+        }
+        let stale_ids: Vec<(NodeName, u32)> = self
+            .held_ids_blocked
+            .range((node.clone(), 0)..)
+            .take_while(|(n, _)| n == node)
+            .cloned()
+            .collect();
+        for entry in stale_ids {
+            if let Some(space) = self.id_space.as_mut() {
+                space.unblock_held(entry.1);
+            }
+            self.held_ids_blocked.remove(&entry);
+        }
+        let Some(record) = self.holdings.get(node).and_then(|e| e.record.clone()) else {
+            return;
+        };
+        for range in &record.ranges {
+            if self.grant_covers(node, &range.pool, range) {
+                continue;
+            }
+            let family = range.family();
+            let entry = (node.clone(), range.pool.clone(), family, range.cidr);
+            if !self.held_blocked.insert(entry) {
+                continue;
+            }
+            for ((_, space_family), space) in &mut self.spaces {
+                if *space_family == family {
+                    space.block_foreign(&range.cidr);
+                }
+            }
+        }
+        if let Some(id) = record.node_id
+            && self.node_id_of(node) != Some(id)
+            && self.held_ids_blocked.insert((node.clone(), id))
+            && let Some(space) = self.id_space.as_mut()
+        {
+            space.block_held(id);
+        }
+    }
+
+    /// The holder named by a grant key's entry, if its value decodes.
+    fn grant_holder(&self, key: &CidrKey) -> Option<NodeName> {
+        self.grants
+            .get(key)
+            .and_then(|g| g.record.as_ref())
+            .map(|r| r.node.clone())
     }
 
     /// Blocks `cidr` in every space of its family (a grant or quarantine of a pool and
@@ -648,8 +742,11 @@ impl ClusterView {
                 return;
             }
         };
-        // A put replaces what the key held: forget the old value first.
-        self.forget(&parsed);
+        // A put replaces what the key held: forget the old value first (an assertion of
+        // holdings is replaced in its own arm: one that does not decode keeps the last).
+        if !matches!(parsed, Key::Holdings { .. }) {
+            self.forget(&parsed);
+        }
         match parsed {
             Key::Schema => {
                 if let Some(record) = self.decode::<SchemaRecord>(key, mod_revision, value)
@@ -706,6 +803,7 @@ impl ClusterView {
                         .or_default()
                         .insert(id.clone());
                 }
+                let holder = record.as_ref().map(|r| r.node.clone());
                 self.grants.insert(
                     id,
                     GrantEntry {
@@ -714,6 +812,11 @@ impl ClusterView {
                         create_revision,
                     },
                 );
+                if let Some(holder) = holder
+                    && self.holdings.contains_key(&holder)
+                {
+                    self.refresh_holdings(&holder);
+                }
             }
             Key::Owned {
                 node,
@@ -744,7 +847,10 @@ impl ClusterView {
             }
             Key::NodeIdOfNode { node } => {
                 if let Some(record) = self.decode::<NodeIdOfNodeRecord>(key, mod_revision, value) {
-                    self.node_id_of_node.insert(node, record.id);
+                    self.node_id_of_node.insert(node.clone(), record.id);
+                }
+                if self.holdings.contains_key(&node) {
+                    self.refresh_holdings(&node);
                 }
             }
             Key::Removal { node } => {
@@ -809,6 +915,23 @@ impl ClusterView {
                     },
                 );
             }
+            Key::Holdings { node } => {
+                // A value that does not decode (written around the agent) is reported, and
+                // the holder's last readable assertion stays in force: its agent puts its own
+                // back when it sees the key changed.
+                let record = self
+                    .decode::<HoldingsRecord>(key, mod_revision, value)
+                    .or_else(|| self.holdings.get(&node).and_then(|e| e.record.clone()));
+                self.holdings.insert(
+                    node.clone(),
+                    CloudEntry {
+                        create_revision,
+                        mod_revision,
+                        record,
+                    },
+                );
+                self.refresh_holdings(&node);
+            }
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
                 let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
@@ -831,6 +954,11 @@ impl ClusterView {
         match key {
             Key::Schema | Key::Config | Key::Election { .. } => {}
             Key::ConfigApplied => self.applied = None,
+            Key::Holdings { node } => {
+                if self.holdings.remove(node).is_some() {
+                    self.refresh_holdings(node);
+                }
+            }
             Key::Live { node } => {
                 self.live.remove(node);
             }
@@ -872,6 +1000,7 @@ impl ClusterView {
             }
             Key::Grant { pool, family, cidr } => {
                 let id = (pool.clone(), *family, *cidr);
+                let holder = self.grant_holder(&id);
                 if let Some(entry) = self.grants.remove(&id) {
                     if let Some(space) = self.spaces.get_mut(&(pool.clone(), *family)) {
                         if entry.counted {
@@ -890,6 +1019,12 @@ impl ClusterView {
                             self.grants_by_node.remove(&record.node);
                         }
                     }
+                }
+                // A holder that still asserts the range keeps it occupied.
+                if let Some(holder) = holder
+                    && self.holdings.contains_key(&holder)
+                {
+                    self.refresh_holdings(&holder);
                 }
             }
             Key::Owned {
@@ -924,6 +1059,9 @@ impl ClusterView {
             }
             Key::NodeIdOfNode { node } => {
                 self.node_id_of_node.remove(node);
+                if self.holdings.contains_key(node) {
+                    self.refresh_holdings(node);
+                }
             }
             Key::QuarantineId { id } => {
                 if let Some(entry) = self.quarantined_ids.remove(id)
@@ -987,6 +1125,31 @@ impl ClusterView {
         &self,
     ) -> impl Iterator<Item = (&(NodeName, CloudId), &CloudEntry<CloudInterfaceRecord>)> {
         self.cloud_interfaces.iter()
+    }
+
+    /// Every `holdings/` record: what each node's agent asserts it holds.
+    pub fn holdings(&self) -> impl Iterator<Item = (&NodeName, &CloudEntry<HoldingsRecord>)> {
+        self.holdings.iter()
+    }
+
+    /// What `node`'s agent asserts it holds, if it has a record.
+    pub fn holdings_of(&self, node: &NodeName) -> Option<&CloudEntry<HoldingsRecord>> {
+        self.holdings.get(node)
+    }
+
+    /// Held ranges that no grant to their holder covers (a holding without a grant: the node
+    /// was removed while alive, etcd forgot the grant, or the pool was renamed): occupied,
+    /// never proposed, and reported until adopted back or given up. By node, pool, range.
+    pub fn uncovered_holdings(&self) -> Vec<(NodeName, PoolName, IpNet)> {
+        self.held_blocked
+            .iter()
+            .map(|(node, pool, _, cidr)| (node.clone(), pool.clone(), *cidr))
+            .collect()
+    }
+
+    /// Node IDs a node's agent serves without holding their grant: (node, ID).
+    pub fn uncovered_node_ids(&self) -> Vec<(NodeName, u32)> {
+        self.held_ids_blocked.iter().cloned().collect()
     }
 
     /// Every `intents/` record, by ID.

@@ -57,11 +57,12 @@ async fn cidrs_held_twice<K: Kv>(kv: &K) -> Vec<String> {
 
 /// The configuration recorded in `config-applied`, if any.
 async fn applied<K: Kv>(kv: &K) -> Option<ClusterConfig> {
-    let entry = kv
-        .get(keys().config_applied().as_bytes())
-        .await
-        .unwrap()?;
-    Some(decode_value::<AppliedConfigRecord>(&entry.value).ok()?.config)
+    let entry = kv.get(keys().config_applied().as_bytes()).await.unwrap()?;
+    Some(
+        decode_value::<AppliedConfigRecord>(&entry.value)
+            .ok()?
+            .config,
+    )
 }
 
 async fn served<K: Kv>(kv: &K, names: &[&str]) -> bool {
@@ -115,9 +116,11 @@ async fn a_renamed_pool_written_around_the_cli_is_not_installed_by_a_failover() 
     let b = Replica::start(&kv, "op-b");
     register(&kv, "node-c").await;
     wait_served(&kv, &["node-a", "node-b", "node-c"]).await;
-    wait_until("the new leader refuses it", Duration::from_secs(10), || async {
-        reported(&b, "pool default cannot be removed")
-    })
+    wait_until(
+        "the new leader refuses it",
+        Duration::from_secs(10),
+        || async { reported(&b, "pool default cannot be removed") },
+    )
     .await;
     // Some time for anything more to be granted.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -125,7 +128,9 @@ async fn a_renamed_pool_written_around_the_cli_is_not_installed_by_a_failover() 
     let all: Vec<String> = grants(&kv).await.values().flatten().cloned().collect();
     assert!(all.iter().all(|g| g.starts_with("default/")), "{all:?}");
     assert_eq!(all.len(), 3, "{all:?}");
-    let status = b.shared.with_view(|view, revision| view.status_report(revision, None));
+    let status = b
+        .shared
+        .with_view(|view, revision| view.status_report(revision, None));
     assert!(
         status
             .unwrap()
@@ -139,7 +144,11 @@ async fn a_renamed_pool_written_around_the_cli_is_not_installed_by_a_failover() 
     assert_eq!(problems.len(), 1, "{problems:#?}");
     assert!(problems[0].contains("is not applied"), "{problems:#?}");
     // The configuration put back (and grown) is installed; check is clean again.
-    put_raw(&kv, &CONFIG.replace("10.192.0.0/20\"", "10.192.0.0/20\", \"10.200.0.0/20\"")).await;
+    put_raw(
+        &kv,
+        &CONFIG.replace("10.192.0.0/20\"", "10.192.0.0/20\", \"10.200.0.0/20\""),
+    )
+    .await;
     wait_until("the fix is recorded", Duration::from_secs(10), || async {
         applied(&kv)
             .await
@@ -203,9 +212,11 @@ async fn without_a_last_good_configuration_the_grants_judge_the_stored_one() {
     put_raw(&kv, &renamed()).await;
     let b = Replica::start(&kv, "op-b");
     register(&kv, "node-c").await;
-    wait_until("the refusal is reported", Duration::from_secs(10), || async {
-        reported(&b, "nothing is granted")
-    })
+    wait_until(
+        "the refusal is reported",
+        Duration::from_secs(10),
+        || async { reported(&b, "nothing is granted") },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(!grants(&kv).await.contains_key("node-c"));

@@ -309,3 +309,109 @@ pub fn contains(range: &str, address: IpAddr) -> bool {
     let cidr = range.split(',').next().unwrap();
     cidr.parse::<ipnet::IpNet>().unwrap().contains(&address)
 }
+
+/// The independent check of corral's one promise, from etcd and the agents alone (no corral
+/// code decides anything here): given each agent as (node name, socket),
+/// - no two `grants/` keys of one family overlap (whatever their pools),
+/// - no address is allocated on two agents,
+/// - every address an agent has allocated from a cluster range lies in no other node's grant,
+/// - with `strict`, every such address lies in one of its own node's grants (a node being
+///   drained or removed may hold addresses in ranges no longer granted to it: pass `false`).
+///
+/// Answers the violations, one sentence each (empty: the promise holds). Addresses of the
+/// agents' own configured pools (not cluster ranges) are left out: they are not the
+/// cluster's to arbitrate.
+pub fn invariant_violations(
+    etcd: &EtcdCluster,
+    agents: &[(&str, &Path)],
+    strict: bool,
+) -> Vec<String> {
+    let kv = kv(etcd);
+    let (keys, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/grants/", 5000)).unwrap();
+    // (cidr, node, key) of every grant whose value names a node.
+    let mut grants: Vec<(ipnet::IpNet, String, String)> = Vec::new();
+    for entry in keys {
+        let key = entry.key_str().into_owned();
+        let Some(cidr) = key
+            .rsplit('/')
+            .next()
+            .and_then(|c| c.replacen('-', "/", 1).parse::<ipnet::IpNet>().ok())
+        else {
+            continue;
+        };
+        let node = serde_json::from_slice::<serde_json::Value>(&entry.value)
+            .ok()
+            .and_then(|v| v["node"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        grants.push((cidr, node, key));
+    }
+    let mut violations = Vec::new();
+    for (i, (a, node_a, key_a)) in grants.iter().enumerate() {
+        for (b, node_b, key_b) in &grants[i + 1..] {
+            if a.contains(&b.network()) || b.contains(&a.network()) {
+                violations.push(format!(
+                    "grants overlap: {key_a} ({node_a}) and {key_b} ({node_b})"
+                ));
+            }
+        }
+    }
+    let mut holder: BTreeMap<IpAddr, &str> = BTreeMap::new();
+    for &(node, socket) in agents {
+        let cluster_ranges: Vec<ipnet::IpNet> = Client::unix(socket)
+            .pools(Some("node"))
+            .map(|pools| {
+                pools
+                    .pools
+                    .iter()
+                    .flat_map(|p| &p.ranges)
+                    .filter(|r| r.source == corral_api::RangeSource::Cluster)
+                    .filter_map(|r| r.range.split(',').next()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Ok(dump) = Client::unix(socket).dump(Some("node")) else {
+            violations.push(format!(
+                "agent of {node} at {} does not answer",
+                socket.display()
+            ));
+            continue;
+        };
+        for address in addresses(&dump) {
+            if !cluster_ranges.iter().any(|r| r.contains(&address)) {
+                continue;
+            }
+            if let Some(other) = holder.insert(address, node)
+                && other != node
+            {
+                violations.push(format!("{address} is allocated on {other} and on {node}"));
+            }
+            for (cidr, owner, key) in &grants {
+                if owner != node && cidr.contains(&address) {
+                    violations.push(format!(
+                        "{address} allocated on {node} lies in {owner}'s grant {key}"
+                    ));
+                }
+            }
+            if strict
+                && !grants
+                    .iter()
+                    .any(|(cidr, owner, _)| owner == node && cidr.contains(&address))
+            {
+                violations.push(format!(
+                    "{address} allocated on {node} lies in none of its grants"
+                ));
+            }
+        }
+    }
+    violations
+}
+
+/// `invariant_violations` finds nothing.
+pub fn assert_invariant(etcd: &EtcdCluster, agents: &[(&str, &Path)], strict: bool) {
+    let violations = invariant_violations(etcd, agents, strict);
+    assert!(
+        violations.is_empty(),
+        "no address twice is broken:\n{}",
+        violations.join("\n")
+    );
+}

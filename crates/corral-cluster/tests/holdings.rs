@@ -1,0 +1,233 @@
+//! Agents' assertions of what they hold (`holdings/<node>`) in the operator's view: held space is occupied whatever the grants say.
+
+use corral_cluster::{
+    ClusterConfig, ClusterName, ClusterView, Family, GrantRecord, HeldRange, HoldingsRecord, IpNet,
+    Keys, NodeName, NodeRecord, OwnedRecord, PoolName, encode_value,
+};
+
+const CONFIG: &str = r#"
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.0.0.0/28"]
+node_prefix_len = 30
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#;
+
+struct Fixture {
+    view: ClusterView,
+    keys: Keys,
+    revision: i64,
+}
+
+fn net(text: &str) -> IpNet {
+    text.parse().unwrap()
+}
+
+fn pool(name: &str) -> PoolName {
+    PoolName::new(name).unwrap()
+}
+
+impl Fixture {
+    fn new(config: &str) -> Fixture {
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        Fixture {
+            view: ClusterView::new(keys.clone(), ClusterConfig::from_toml(config).unwrap()),
+            keys,
+            revision: 1,
+        }
+    }
+
+    fn put(&mut self, key: &str, value: &[u8]) {
+        self.revision += 1;
+        self.view
+            .apply_put(key, value, self.revision, self.revision);
+    }
+
+    fn delete(&mut self, key: &str) {
+        self.revision += 1;
+        self.view.apply_delete(key, self.revision);
+    }
+
+    fn register(&mut self, name: &str) -> NodeName {
+        let node = NodeName::new(name).unwrap();
+        let record = NodeRecord {
+            uid: format!("uid-{name}"),
+            addresses: vec![],
+            registered_ms: 0,
+            instance_id: None,
+        };
+        self.put(&self.keys.node(&node), &encode_value(&record).unwrap());
+        node
+    }
+
+    /// Proposes for `node` and commits it as the leader would (its puts, seen back).
+    fn grant(&mut self, node: &NodeName) -> Vec<IpNet> {
+        let proposal = self.view.propose(node).unwrap();
+        self.revision += 1;
+        self.view.commit(&proposal, self.revision);
+        proposal.cidrs.iter().map(|c| c.cidr).collect()
+    }
+
+    fn assert_holds(&mut self, node: &NodeName, ranges: &[(&str, &str)], node_id: Option<u32>) {
+        let record = HoldingsRecord {
+            uid: format!("uid-{node}"),
+            ranges: ranges
+                .iter()
+                .map(|(pool_name, cidr)| HeldRange {
+                    pool: pool(pool_name),
+                    cidr: net(cidr),
+                    draining: false,
+                    allocations: 1,
+                })
+                .collect(),
+            node_id,
+            cloud: vec![],
+            written_ms: 0,
+        };
+        self.put(&self.keys.holdings(node), &encode_value(&record).unwrap());
+    }
+
+    fn lowest_free(&self) -> Option<IpNet> {
+        self.view
+            .space(&pool("default"), Family::V4)
+            .unwrap()
+            .lowest_free()
+    }
+}
+
+#[test]
+fn a_holding_its_grant_covers_changes_nothing() {
+    let mut f = Fixture::new(CONFIG);
+    let a = f.register("a");
+    let granted = f.grant(&a);
+    assert_eq!(granted, vec![net("10.0.0.0/30")]);
+    f.assert_holds(&a, &[("default", "10.0.0.0/30")], Some(1));
+    assert!(f.view.uncovered_holdings().is_empty());
+    assert!(f.view.uncovered_node_ids().is_empty());
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.4/30")));
+}
+
+/// The defect of issue 20 (1 and 3): the grant is gone from etcd (a node removed while alive,
+/// a restored snapshot) while its agent still serves pods from it; the range must not go to
+/// the next node.
+#[test]
+fn a_range_still_held_after_its_grant_is_gone_is_never_proposed() {
+    let mut f = Fixture::new(CONFIG);
+    let a = f.register("a");
+    f.grant(&a);
+    f.assert_holds(&a, &[("default", "10.0.0.0/30")], Some(1));
+    // etcd forgets the grant and the node ID (deleted around the leader).
+    f.delete(
+        &f.keys
+            .grant(&pool("default"), Family::V4, &net("10.0.0.0/30")),
+    );
+    f.delete(
+        &f.keys
+            .owned(&a, &pool("default"), Family::V4, &net("10.0.0.0/30")),
+    );
+    f.delete(&f.keys.node_id(1));
+    f.delete(&f.keys.node_id_of_node(&a));
+    assert_eq!(
+        f.view.uncovered_holdings(),
+        vec![(a.clone(), pool("default"), net("10.0.0.0/30"))]
+    );
+    assert_eq!(f.view.uncovered_node_ids(), vec![(a.clone(), 1)]);
+    let b = f.register("b");
+    let proposal = f.view.propose(&b).unwrap();
+    assert_eq!(proposal.cidrs[0].cidr, net("10.0.0.4/30"));
+    assert_eq!(proposal.node_id, Some(2));
+    f.view.abandon(&proposal);
+    // The holder gives it up: the space is free again.
+    f.assert_holds(&a, &[], None);
+    assert!(f.view.uncovered_holdings().is_empty());
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.0/30")));
+    let proposal = f.view.propose(&b).unwrap();
+    assert_eq!(proposal.node_id, Some(1));
+}
+
+/// Issue 20 (2): a pool renamed around the CLI; the old pool's grants are no longer counted in
+/// any space, but the agent's holding blocks the same addresses in the new pool.
+#[test]
+fn a_held_range_blocks_every_pool_of_its_family() {
+    let mut f = Fixture::new(CONFIG);
+    let a = f.register("a");
+    f.assert_holds(&a, &[("old-name", "10.0.0.0/30")], None);
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.4/30")));
+    assert_eq!(f.view.uncovered_holdings().len(), 1);
+}
+
+#[test]
+fn holdings_survive_a_configuration_change_and_their_deletion_frees_the_space() {
+    let mut f = Fixture::new(CONFIG);
+    let a = f.register("a");
+    f.assert_holds(&a, &[("default", "10.0.0.8/30")], None);
+    let wider = CONFIG.replace("10.0.0.0/28", "10.0.0.0/27");
+    f.put(
+        &f.keys.config(),
+        ClusterConfig::from_toml(&wider)
+            .unwrap()
+            .to_json()
+            .unwrap()
+            .as_bytes(),
+    );
+    let space = f.view.space(&pool("default"), Family::V4).unwrap();
+    assert!(!space.is_free(&net("10.0.0.8/30")));
+    f.delete(&f.keys.holdings(&a));
+    let space = f.view.space(&pool("default"), Family::V4).unwrap();
+    assert!(space.is_free(&net("10.0.0.8/30")));
+}
+
+#[test]
+fn a_holding_that_does_not_decode_is_reported_and_the_last_one_stays() {
+    let mut f = Fixture::new(CONFIG);
+    let a = f.register("a");
+    f.assert_holds(&a, &[("default", "10.0.0.0/30")], None);
+    f.view.take_problems();
+    f.put(&f.keys.holdings(&a), b"not json");
+    assert_eq!(f.view.problems().len(), 1);
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.4/30")));
+}
+
+/// A grant of the held range to another node (a conflict etcd cannot see) leaves the range
+/// blocked for everyone else and reported as uncovered for its holder.
+#[test]
+fn a_range_held_by_one_node_and_granted_to_another_stays_reported() {
+    let mut f = Fixture::new(CONFIG);
+    let a = f.register("a");
+    f.assert_holds(&a, &[("default", "10.0.0.0/30")], None);
+    let b = f.register("b");
+    // Written around arbitration (as a restored snapshot would hold it).
+    let grant = GrantRecord {
+        node: b.clone(),
+        uid: "uid-b".into(),
+        node_revision: 3,
+    };
+    f.put(
+        &f.keys
+            .grant(&pool("default"), Family::V4, &net("10.0.0.0/30")),
+        &encode_value(&grant).unwrap(),
+    );
+    f.put(
+        &f.keys
+            .owned(&b, &pool("default"), Family::V4, &net("10.0.0.0/30")),
+        &encode_value(&OwnedRecord { node_revision: 3 }).unwrap(),
+    );
+    assert_eq!(
+        f.view.uncovered_holdings(),
+        vec![(a.clone(), pool("default"), net("10.0.0.0/30"))]
+    );
+    // Deleting the conflicting grant leaves the holder's range occupied.
+    f.delete(
+        &f.keys
+            .grant(&pool("default"), Family::V4, &net("10.0.0.0/30")),
+    );
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.4/30")));
+}
