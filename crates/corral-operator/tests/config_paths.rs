@@ -119,7 +119,7 @@ async fn a_renamed_pool_written_around_the_cli_is_not_installed_by_a_failover() 
     wait_until(
         "the new leader refuses it",
         Duration::from_secs(10),
-        || async { reported(&b, "pool default cannot be removed") },
+        || async { reported(&b, "pool default ipv4 is not configured") },
     )
     .await;
     // Some time for anything more to be granted.

@@ -78,10 +78,12 @@ impl ClusterConfig {
         node_ids: &[u32],
     ) -> Result<(), ConfigError> {
         new.validate()?;
-        if let Some(last) = last {
-            ClusterConfig::check_change(last, new)?;
+        // The grants first: their refusal names what is held.
+        new.check_holdings(grants, node_ids)?;
+        match last {
+            Some(last) => ClusterConfig::check_change(last, new),
+            None => Ok(()),
         }
-        new.check_holdings(grants, node_ids)
     }
 
     /// Refuses this configuration if a grant held now would not fit it: its pool and family

@@ -254,7 +254,7 @@ node_prefix_len = 24
         let refusal = view.config_refusal().unwrap();
         assert!(refusal.contains("not applied"), "{refusal}");
         assert!(
-            refusal.contains("pool default cannot be removed"),
+            refusal.contains("pool default ipv4 is not configured"),
             "{refusal}"
         );
         assert!(refusal.contains("stays in force"), "{refusal}");
