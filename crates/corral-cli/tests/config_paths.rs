@@ -214,17 +214,18 @@ fn a_changed_node_prefix_length_is_not_installed_by_a_failover() {
     wait_until("node-0 holds its CIDR", Duration::from_secs(30), || {
         agent_ranges(&b.socket).len() == 1
     });
-    wait_until("op-b reports the refusal", Duration::from_secs(30), || {
-        op_b.log().contains("node_prefix_len")
-    });
     std::thread::sleep(Duration::from_secs(3));
+    let agents = [("node-a", a.socket.as_path()), ("node-0", b.socket.as_path())];
+    assert_invariant(&etcd, &agents, true);
     let ranges = ranges_of(&[&a, &b]);
     assert_eq!(ranges.len(), 2, "{ranges:?}");
     assert!(ranges.iter().all(|r| r.contains("/24")), "{ranges:?}");
     let pod_b = alloc_v4(&b.socket, "pod-b");
     assert_ne!(pod_a, pod_b);
-    let agents = [("node-a", a.socket.as_path()), ("node-0", b.socket.as_path())];
     assert_invariant(&etcd, &agents, true);
+    wait_until("op-b reports the refusal", Duration::from_secs(30), || {
+        op_b.log().contains("node_prefix_len")
+    });
     let (code, out) = cluster_config(&etcd, dir.path(), "apply", CONFIG, &[]);
     assert_eq!(code, 0, "{out}");
     wait_until("the problem is gone", Duration::from_secs(30), || {
