@@ -122,7 +122,10 @@ fn alloc_v4(socket: &Path, owner: &str) -> IpAddr {
 
 /// The agents' cluster ranges as `pool range`, both agents together.
 fn ranges_of(agents: &[&common::Agent]) -> Vec<String> {
-    agents.iter().flat_map(|a| agent_ranges(&a.socket)).collect()
+    agents
+        .iter()
+        .flat_map(|a| agent_ranges(&a.socket))
+        .collect()
 }
 
 /// Issue 20: a renamed pool written with etcdctl was refused by the watch ("not applied"), but
@@ -159,11 +162,17 @@ fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_rest
     });
     // Three resyncs' worth of time for anything to be granted.
     std::thread::sleep(Duration::from_secs(3));
-    let agents = [("node-a", a.socket.as_path()), ("node-0", b.socket.as_path())];
+    let agents = [
+        ("node-a", a.socket.as_path()),
+        ("node-0", b.socket.as_path()),
+    ];
     assert_invariant(&etcd, &agents, true);
     let ranges = ranges_of(&[&a, &b]);
     assert_eq!(ranges.len(), 2, "{ranges:?}");
-    assert!(ranges.iter().all(|r| r.starts_with("default ")), "{ranges:?}");
+    assert!(
+        ranges.iter().all(|r| r.starts_with("default ")),
+        "{ranges:?}"
+    );
     let pod_b = alloc_v4(&b.socket, "pod-b");
     assert_ne!(pod_a, pod_b);
     assert_invariant(&etcd, &agents, true);
@@ -172,7 +181,10 @@ fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_rest
     let (code, output) = check(&etcd, &[&a.socket, &b.socket]);
     assert_eq!(code, 5, "{output}");
     assert!(output.contains("is not applied"), "{output}");
-    assert!(output.contains("pool default ipv4 is not configured"), "{output}");
+    assert!(
+        output.contains("pool default ipv4 is not configured"),
+        "{output}"
+    );
     // Putting the configuration back with `cluster apply` clears it.
     let (code, out) = cluster_config(&etcd, dir.path(), "apply", CONFIG, &[]);
     assert_eq!(code, 0, "{out}");
@@ -215,7 +227,10 @@ fn a_changed_node_prefix_length_is_not_installed_by_a_failover() {
         agent_ranges(&b.socket).len() == 1
     });
     std::thread::sleep(Duration::from_secs(3));
-    let agents = [("node-a", a.socket.as_path()), ("node-0", b.socket.as_path())];
+    let agents = [
+        ("node-a", a.socket.as_path()),
+        ("node-0", b.socket.as_path()),
+    ];
     assert_invariant(&etcd, &agents, true);
     let ranges = ranges_of(&[&a, &b]);
     assert_eq!(ranges.len(), 2, "{ranges:?}");
@@ -354,9 +369,11 @@ fn init_and_apply_refuse_a_node_id_range_beyond_a_network_of_the_plan() {
     assert_eq!(stored(&etcd), before);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its pod subnet", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 1
-    });
+    wait_until(
+        "node-a holds its pod subnet",
+        Duration::from_secs(20),
+        || agent_ranges(&a.socket).len() == 1,
+    );
     let (code, out, err) = corral(&[
         "cluster",
         "status",
