@@ -705,6 +705,37 @@ node_prefix_len = 24
         }
     }
 
+    /// Issue 20: a configuration written around the CLI is judged as the leader judges it:
+    /// against `config-applied` and the grants. The grants are checked against the one in
+    /// force; the refused one is one problem; no configuration at all is one too.
+    #[test]
+    fn a_stored_configuration_the_leader_refuses_is_a_problem_and_the_applied_one_rules() {
+        let mut c = Cluster::new();
+        c.grant("nodes", "10.1.0.0/24");
+        let applied = crate::keys::AppliedConfigRecord {
+            config_revision: 1,
+            config: ClusterConfig::from_toml(BLOCKS).unwrap(),
+        };
+        c.add(c.keys.config_applied(), encode_value(&applied).unwrap());
+        assert_eq!(c.check(), Vec::<String>::new());
+        let renamed = ClusterConfig::from_toml(&BLOCKS.replace("\"nodes\"", "\"hosts\""))
+            .unwrap()
+            .to_json()
+            .unwrap();
+        c.entries[0].1 = renamed.into_bytes();
+        let problems = c.check();
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(problems[0].contains("is not applied"), "{problems:#?}");
+        assert!(problems[0].contains("10.1.0.0/24 (node a)"), "{problems:#?}");
+        assert!(problems[0].contains("stays in force"), "{problems:#?}");
+        c.entries.remove(0);
+        let problems = c.check();
+        assert!(
+            problems.iter().any(|p| p.contains("has no configuration")),
+            "{problems:#?}"
+        );
+    }
+
     #[test]
     fn many_blocks_per_node_are_fine_and_release_keys_must_name_a_current_grant() {
         let mut c = Cluster::new();
