@@ -712,7 +712,7 @@ node_prefix_len = 24
     fn a_stored_configuration_the_leader_refuses_is_a_problem_and_the_applied_one_rules() {
         let mut c = Cluster::new();
         c.grant("nodes", "10.1.0.0/24");
-        let applied = crate::keys::AppliedConfigRecord {
+        let applied = AppliedConfigRecord {
             config_revision: 1,
             config: ClusterConfig::from_toml(BLOCKS).unwrap(),
         };
@@ -726,7 +726,10 @@ node_prefix_len = 24
         let problems = c.check();
         assert_eq!(problems.len(), 1, "{problems:#?}");
         assert!(problems[0].contains("is not applied"), "{problems:#?}");
-        assert!(problems[0].contains("10.1.0.0/24 (node a)"), "{problems:#?}");
+        assert!(
+            problems[0].contains("10.1.0.0/24 (node a)"),
+            "{problems:#?}"
+        );
         assert!(problems[0].contains("stays in force"), "{problems:#?}");
         c.entries.remove(0);
         let problems = c.check();
