@@ -190,10 +190,19 @@ async fn rebuild<K: Kv>(
         let applied = value_of(&keys.config_applied());
         // The view starts under the last configuration installed; the stored one is judged
         // after every other key is read (the grants must be known): one path with the watch.
-        let mut view = match ClusterView::for_read(
+        // A resync or restart keeps the configuration in force if `config-applied` does not
+        // read (not written yet, or deleted around the CLI).
+        let last = shared
+            .with_view(|view, _| {
+                view.config_in_force()
+                    .then(|| (view.config().clone(), view.installed_revision()))
+            })
+            .flatten();
+        let mut view = match ClusterView::for_read_after(
             keys.clone(),
             stored.as_ref().map(|(v, _)| v.as_slice()),
             applied.as_ref().map(|(v, _)| v.as_slice()),
+            last,
         ) {
             Ok(view) => view,
             Err(problem) => {

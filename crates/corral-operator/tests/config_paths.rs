@@ -231,3 +231,36 @@ async fn without_a_last_good_configuration_the_grants_judge_the_stored_one() {
     assert_eq!(cidrs_held_twice(&kv).await, Vec::<String>::new());
     assert_consistent(&kv).await;
 }
+
+/// `config-applied` deleted around the CLI while a leader runs: its resyncs keep the
+/// configuration in force (a refused stored one is not installed for want of the record), and
+/// it writes the record again.
+#[tokio::test(start_paused = true)]
+async fn a_leader_keeps_its_configuration_when_the_applied_record_is_deleted() {
+    let kv = MemKv::new();
+    let a = cluster_with_two_nodes(&kv).await;
+    put_raw(&kv, &renamed()).await;
+    kv.txn(corral_kv::Txn {
+        compares: vec![],
+        success: vec![corral_kv::TxnOp::delete(keys().config_applied())],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    let before = a.shared.resyncs_ok();
+    wait_until("two resyncs", Duration::from_secs(30), || async {
+        a.shared.resyncs_ok() >= before + 2
+    })
+    .await;
+    wait_until(
+        "the record is written again",
+        Duration::from_secs(10),
+        || async { applied(&kv).await == Some(ClusterConfig::from_toml(CONFIG).unwrap()) },
+    )
+    .await;
+    register(&kv, "node-c").await;
+    wait_served(&kv, &["node-a", "node-b", "node-c"]).await;
+    let all: Vec<String> = grants(&kv).await.values().flatten().cloned().collect();
+    assert!(all.iter().all(|g| g.starts_with("default/")), "{all:?}");
+    assert_eq!(cidrs_held_twice(&kv).await, Vec::<String>::new());
+}

@@ -21,11 +21,28 @@ impl ClusterView {
         stored: Option<&[u8]>,
         applied: Option<&[u8]>,
     ) -> Result<ClusterView, String> {
-        let applied_config = applied.and_then(|value| {
-            decode_value::<AppliedConfigRecord>(value)
-                .ok()
-                .filter(|record| record.config.validate().is_ok())
-        });
+        ClusterView::for_read_after(keys, stored, applied, None)
+    }
+
+    /// `for_read` by a reader that had a configuration in force before (`last`, with the
+    /// `config` revision it came from: a leader's resync or restart), used when
+    /// `config-applied` does not read (not written yet, or deleted).
+    pub fn for_read_after(
+        keys: Keys,
+        stored: Option<&[u8]>,
+        applied: Option<&[u8]>,
+        last: Option<(ClusterConfig, i64)>,
+    ) -> Result<ClusterView, String> {
+        let applied_config = applied
+            .and_then(|value| {
+                decode_value::<AppliedConfigRecord>(value)
+                    .ok()
+                    .filter(|record| record.config.validate().is_ok())
+            })
+            .or(last.map(|(config, config_revision)| AppliedConfigRecord {
+                config_revision,
+                config,
+            }));
         if let Some(record) = applied_config {
             let mut view = ClusterView::new(keys, record.config);
             view.installed_revision = record.config_revision;
