@@ -324,14 +324,18 @@ async fn read_view(
 async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
     let (kv, keys) = connect(&args).await?;
     let (view, revision) = read_view(&kv, &keys).await?;
-    let leader = corral_kv::read_all(&kv, keys.election_prefix().as_bytes(), 100)
+    let (election, _) = corral_kv::read_all(&kv, keys.election_prefix().as_bytes(), 100)
         .await
-        .map_err(kv_failure)?
-        .0
-        .into_iter()
+        .map_err(kv_failure)?;
+    // The leader is the lowest candidate: a key not on its lease (written by hand) leads
+    // nothing, and is reported.
+    let leader = election
+        .iter()
+        .filter(|e| corral_cluster::election_candidate(&keys, &e.key_str(), e.lease.map(|l| l.0)))
         .min_by_key(|e| e.create_revision)
         .map(|e| String::from_utf8_lossy(&e.value).into_owned());
-    let report = view.status_report(revision, leader);
+    let mut report = view.status_report(revision, leader);
+    report.problems.extend(election_problems(&keys, &election));
     Ok(Outcome::ok(match output {
         Output::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
         Output::Table => report.to_table(),
@@ -352,11 +356,27 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
         .map(|e| (e.key_str().into_owned(), e.value.clone(), e.create_revision))
         .collect();
     let mut problems = corral_cluster::check(&keys, &entries);
+    let election: Vec<corral_kv::KeyValue> = all
+        .iter()
+        .filter(|e| e.key.starts_with(keys.election_prefix().as_bytes()))
+        .cloned()
+        .collect();
+    problems.extend(election_problems(&keys, &election));
+    let mut holdings = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
     for socket in &args.agents {
+        // The same socket twice is one agent.
+        if !seen.insert(std::fs::canonicalize(socket).unwrap_or_else(|_| socket.clone())) {
+            continue;
+        }
         // An agent that cannot be asked is not a finding about the cluster: exit code 3,
         // as for any unreachable agent.
-        problems.extend(check_agent(&keys, &entries, socket)?);
+        let (found, held) = check_agent(&keys, &entries, socket)?;
+        problems.extend(found);
+        holdings.extend(held);
     }
+    // Between agents: two serving one node, overlapping ranges, an address on two.
+    problems.extend(corral_cluster::agents_problems(&holdings));
     if let Some(cloud) = cloud {
         // The cloud is read after etcd: an interface or address the operator added since is
         // in the cloud but not in the records read, and reported (run the check again); one
@@ -413,14 +433,14 @@ fn check_agent(
     keys: &Keys,
     entries: &[corral_cluster::Entry],
     socket: &std::path::Path,
-) -> Result<Vec<String>, Failure> {
+) -> Result<(Vec<String>, Option<corral_cluster::AgentHoldings>), Failure> {
     let mut client = corral_client::Client::unix(socket);
     let status = client.status(None)?;
     let Some(cluster) = status.cluster else {
-        return Ok(vec![format!(
-            "agent {}: not in a cluster",
-            socket.display()
-        )]);
+        return Ok((
+            vec![format!("agent {}: not in a cluster", socket.display())],
+            None,
+        ));
     };
     let pools = client.pools(Some(corral_api::NODE_SCOPE))?;
     let cluster_ranges: Vec<(&str, &corral_api::RangeInfo)> = pools
@@ -504,7 +524,39 @@ fn check_agent(
             granted
         ));
     }
-    Ok(problems)
+    // What it serves, for the checks between agents.
+    let ranges: Vec<(String, corral_cluster::IpNet)> = cluster_ranges
+        .iter()
+        .filter_map(|(pool, r)| {
+            Some(((*pool).to_owned(), r.range.split(',').next()?.parse().ok()?))
+        })
+        .collect();
+    let dump = client.dump(Some(corral_api::NODE_SCOPE))?;
+    let addresses = dump
+        .scopes
+        .iter()
+        .flat_map(|s| &s.pools)
+        .flat_map(|p| &p.allocations)
+        .map(|a| a.address)
+        .filter(|a| ranges.iter().any(|(_, r)| r.contains(a)))
+        .collect();
+    let holdings = corral_cluster::AgentHoldings {
+        agent: socket.display().to_string(),
+        node: cluster.node.clone(),
+        ranges,
+        addresses,
+    };
+    Ok((problems, Some(holdings)))
+}
+
+/// The `election/` keys no replica counts as a candidate (a key written by hand blocks no
+/// election, but people should know).
+fn election_problems(keys: &Keys, election: &[corral_kv::KeyValue]) -> Vec<String> {
+    let entries: Vec<(String, Option<i64>)> = election
+        .iter()
+        .map(|e| (e.key_str().into_owned(), e.lease.map(|l| l.0)))
+        .collect();
+    corral_cluster::election_problems(keys, &entries)
 }
 
 pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {

@@ -194,6 +194,8 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
                             Ok(kv) => break kv,
                             Err(error) => {
                                 eprintln!("corral agent: cluster: connecting to etcd: {error}");
+                                // The agent serves what it holds meanwhile (degraded).
+                                state.unreachable(&format!("connecting to etcd: {error}"));
                                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                             }
                         }

@@ -820,15 +820,39 @@ pub struct NodeRecord {
     pub instance_id: Option<String>,
 }
 
-/// `live/<node>`'s value, on the agent's lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `live/<node>`'s value, on the agent's lease. One agent process holds it at a time: it is
+/// created only if absent, and names its holder so a second agent can say who holds it and
+/// tell an earlier process of its own machine (gone, its lease not yet expired) from a live
+/// one. Fields added later are `#[serde(default)]`: an older agent's record reads with them
+/// empty (such a holder is waited for, never presumed gone).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct LiveRecord {
     /// The agent's process ID.
     pub pid: u32,
     /// The agent's version.
     pub version: String,
-    /// When the agent started, in milliseconds since the epoch.
+    /// When the agent took the key, in milliseconds since the epoch.
     pub started_ms: u64,
+    /// The host name of the machine the agent runs on.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host: String,
+    /// The kernel's boot ID (`/proc/sys/kernel/random/boot_id`): a new one at every boot and
+    /// on every machine, so a clone of a machine has another.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+    /// The agent's PID namespace (`/proc/self/ns/pid`, e.g. `pid:[4026531836]`): a PID means
+    /// the same process only within one namespace (containers on one host share a boot ID).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pid_namespace: String,
+    /// The process's start time in clock ticks after boot (`/proc/<pid>/stat`, field 22):
+    /// with the boot ID, the namespace and the PID, it names one process, whatever PIDs
+    /// are reused.
+    #[serde(default)]
+    pub process_start: u64,
+    /// The lease's TTL in milliseconds: how long the key outlives its holder at most (a
+    /// waiting agent waits about this long for it to expire).
+    #[serde(default)]
+    pub ttl_ms: u64,
 }
 
 /// `grants/...`'s value: who holds the node CIDR.

@@ -22,8 +22,9 @@ pub mod view;
 
 pub use backoff::{Resync, RetryState};
 pub use check::{
-    CloudTruth, Entry, agent_block_problems, block_capacity, block_range, check, cloud_problems,
-    expected_ranges, granted_cidrs, is_block_pool, node_range,
+    AgentHoldings, CloudTruth, Entry, agent_block_problems, agents_problems, block_capacity,
+    block_range, check, cloud_problems, election_candidate, election_problems, expected_ranges,
+    granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
     CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS,

@@ -99,6 +99,8 @@ impl std::fmt::Debug for CloudStatsCell {
 struct Inner {
     leading: bool,
     problems: Vec<String>,
+    /// What is wrong under `election/` now (keys that are not candidates), as last read.
+    election: Vec<String>,
     full: BTreeMap<String, String>,
     last_rebuild: Option<(usize, Duration)>,
     took_lead_in: Option<Duration>,
@@ -244,8 +246,24 @@ impl Shared {
         inner.problems.drain(..excess);
     }
 
+    /// The problems noted, after what is wrong under `election/` now.
     pub fn problems(&self) -> Vec<String> {
-        self.inner().problems.clone()
+        let inner = self.inner();
+        inner
+            .election
+            .iter()
+            .chain(&inner.problems)
+            .cloned()
+            .collect()
+    }
+
+    /// What is wrong under `election/` now (replaces what was last set); logged when new.
+    pub fn set_election_problems(&self, problems: Vec<String>) {
+        let mut inner = self.inner();
+        for problem in problems.iter().filter(|p| !inner.election.contains(p)) {
+            eprintln!("corral operator: {problem}");
+        }
+        inner.election = problems;
     }
 
     pub fn note_txn(&self, took: Duration) {
