@@ -162,6 +162,10 @@ pub struct ConfigArgs {
     /// The cluster configuration file (TOML)
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
+    /// `apply` over a stored configuration that cannot be read (still refused if it would
+    /// free space nodes hold)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -196,6 +200,9 @@ pub struct NodeArgs {
     /// The node's name
     pub name: String,
 }
+
+#[path = "cluster_config.rs"]
+mod config_paths;
 
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
@@ -291,6 +298,11 @@ pub fn cluster(
 }
 
 async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> {
+    if init && args.force {
+        return Err(Failure::Usage(
+            "--force applies to `corral cluster apply` only".into(),
+        ));
+    }
     let text = std::fs::read_to_string(&args.config).map_err(|source| Failure::File {
         action: "read",
         path: args.config.clone(),
@@ -299,90 +311,14 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
     let config = ClusterConfig::from_toml(&text)
         .map_err(|e| Failure::Usage(format!("{}: {e}", args.config.display())))?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let value = config
-        .to_json()
-        .map_err(|e| Failure::Usage(e.to_string()))?;
-    let config_key = keys.config();
-    let existing = kv.get(config_key.as_bytes()).await.map_err(kv_failure)?;
-    let compare = match (&existing, init) {
-        (Some(_), true) => {
-            return Err(Failure::Refused(format!(
-                "cluster {} already has a configuration (use `corral cluster apply`)",
-                args.etcd.cluster
-            )));
-        }
-        (None, false) => {
-            return Err(Failure::Refused(format!(
-                "cluster {} has no configuration yet (use `corral cluster init`)",
-                args.etcd.cluster
-            )));
-        }
-        (None, true) => Compare::absent(config_key.clone()),
-        (Some(old), false) => {
-            let old_config = ClusterConfig::from_json(&old.value).map_err(|e| {
-                Failure::Refused(format!("the stored configuration cannot be read: {e}"))
-            })?;
-            ClusterConfig::check_change(&old_config, &config)
-                .map_err(|e| Failure::Refused(e.to_string()))?;
-            Compare::modified_at(config_key.clone(), old.mod_revision)
-        }
-    };
-    let schema = keys.schema();
-    let response = kv
-        .txn(Txn {
-            compares: vec![compare],
-            success: vec![
-                TxnOp::put(config_key, value),
-                TxnOp::put(
-                    schema,
-                    encode_value(&corral_cluster::SchemaRecord {
-                        version: corral_cluster::keys::SCHEMA_VERSION,
-                    })
-                    .map_err(|e| Failure::Usage(e.to_string()))?,
-                ),
-            ],
-            failure: vec![],
-        })
-        .await
-        .map_err(kv_failure)?;
-    if !response.succeeded {
-        return Err(Failure::Refused(
-            "the configuration changed meanwhile; run the command again".into(),
-        ));
-    }
-    Ok(Outcome::ok(format!(
-        "cluster {}: configuration {} at revision {}\n",
-        args.etcd.cluster,
-        if init { "written" } else { "applied" },
-        response.revision
-    )))
+    config_paths::write(&kv, &keys, &args.etcd.cluster, &config, init, args.force).await
 }
 
 async fn read_view(
     kv: &EtcdKv,
     keys: &Keys,
 ) -> Result<(corral_cluster::ClusterView, i64), Failure> {
-    let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
-        .await
-        .map_err(kv_failure)?;
-    let config_key = keys.config();
-    let Some(config) = all.iter().find(|e| e.key == config_key.as_bytes()) else {
-        return Err(Failure::Refused(
-            "the cluster has no configuration yet (corral cluster init)".into(),
-        ));
-    };
-    let config = ClusterConfig::from_json(&config.value)
-        .map_err(|e| Failure::Refused(format!("the stored configuration cannot be read: {e}")))?;
-    let mut view = corral_cluster::ClusterView::new(keys.clone(), config);
-    for entry in &all {
-        view.apply_put(
-            &entry.key_str(),
-            &entry.value,
-            entry.create_revision,
-            entry.mod_revision,
-        );
-    }
-    Ok((view, revision))
+    config_paths::read_view(kv, keys, &keys.cluster().to_string()).await
 }
 
 async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
@@ -412,6 +348,9 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
     let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
         .await
         .map_err(kv_failure)?;
+    if !all.iter().any(|e| e.key == keys.config().as_bytes()) {
+        return Err(config_paths::no_configuration(&args.etcd.cluster));
+    }
     let entries: Vec<corral_cluster::Entry> = all
         .iter()
         .map(|e| (e.key_str().into_owned(), e.value.clone(), e.create_revision))

@@ -21,11 +21,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName, RangeSpec};
 use ipnet::IpNet;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, HeldGrant};
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
-    ReleaseState, decode_value,
+    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
+    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
+    QuarantineRecord, ReleaseRecord, ReleaseState, decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;
@@ -33,7 +33,13 @@ use crate::plan::NodePlan;
 /// Everything the check reads, parsed: what it could not parse is a problem already.
 #[derive(Default)]
 struct Parsed {
+    /// The configuration in force: the stored one if it passes `check_install` against the
+    /// applied one and the grants, else the applied one.
     config: Option<ClusterConfig>,
+    /// `config` as read (an error when it does not read).
+    stored: Option<Result<ClusterConfig, String>>,
+    /// `config-applied`'s configuration as read.
+    applied: Option<Result<ClusterConfig, String>>,
     /// Registered nodes: create revision and uid.
     nodes: BTreeMap<NodeName, (i64, String)>,
     grants: Vec<(PoolName, Family, IpNet, GrantRecord)>,
@@ -70,9 +76,26 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
         let mut bad = |error: String| problems.push(format!("garbage value at {key}: {error}"));
         match parsed_key {
             Key::Config => match ClusterConfig::from_json(value) {
-                Ok(config) => parsed.config = Some(config),
-                Err(error) => bad(error.to_string()),
+                Ok(config) => parsed.stored = Some(Ok(config)),
+                Err(error) => {
+                    parsed.stored = Some(Err(error.to_string()));
+                    bad(error.to_string());
+                }
             },
+            Key::ConfigApplied => {
+                let applied = decode_value::<AppliedConfigRecord>(value)
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| {
+                        r.config
+                            .validate()
+                            .map(|()| r.config)
+                            .map_err(|e| e.to_string())
+                    });
+                if let Err(error) = &applied {
+                    bad(error.clone());
+                }
+                parsed.applied = Some(applied);
+            }
             Key::Node { node } => match decode_value::<NodeRecord>(value) {
                 Ok(record) => {
                     parsed.nodes.insert(node, (*create_revision, record.uid));
@@ -154,7 +177,52 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
             _ => {}
         }
     }
+    settle_config(keys, &mut parsed, problems);
     parsed
+}
+
+/// Decides the configuration in force as the leader does (`ClusterConfig::check_install`):
+/// the stored one if it fits the applied one and the grants, else the applied one; a stored
+/// configuration not in force is a problem, and so is none at all.
+fn settle_config(keys: &Keys, parsed: &mut Parsed, problems: &mut Vec<String>) {
+    let grants: Vec<HeldGrant> = parsed
+        .grants
+        .iter()
+        .map(|(pool, family, cidr, record)| HeldGrant {
+            pool: pool.clone(),
+            family: *family,
+            cidr: *cidr,
+            node: Some(record.node.to_string()),
+        })
+        .collect();
+    let ids: Vec<u32> = parsed.ids.keys().copied().collect();
+    let applied = match &parsed.applied {
+        Some(Ok(config)) => Some(config.clone()),
+        _ => None,
+    };
+    let key = keys.config();
+    parsed.config = match (&parsed.stored, applied) {
+        (None, applied) => {
+            problems.push(format!("the cluster has no configuration ({key})"));
+            applied
+        }
+        (Some(Err(_)), applied) => applied,
+        (Some(Ok(stored)), applied) => {
+            match ClusterConfig::check_install(applied.as_ref(), stored, &grants, &ids) {
+                Ok(()) => Some(stored.clone()),
+                // With no configuration applied before, the grants are checked against the
+                // stored one below, each misfit a problem of its own.
+                Err(_) if applied.is_none() => Some(stored.clone()),
+                Err(error) => {
+                    problems.push(format!(
+                        "the stored configuration at {key} is not applied: {error}; the last \
+                         applied configuration stays in force"
+                    ));
+                    applied
+                }
+            }
+        }
+    };
 }
 
 fn span(net: &IpNet) -> (u128, u128) {
@@ -714,6 +782,40 @@ node_prefix_len = 24
         fn check(&self) -> Vec<String> {
             check(&self.keys, &self.entries)
         }
+    }
+
+    /// Issue 20: a configuration written around the CLI is judged as the leader judges it:
+    /// against `config-applied` and the grants. The grants are checked against the one in
+    /// force; the refused one is one problem; no configuration at all is one too.
+    #[test]
+    fn a_stored_configuration_the_leader_refuses_is_a_problem_and_the_applied_one_rules() {
+        let mut c = Cluster::new();
+        c.grant("nodes", "10.1.0.0/24");
+        let applied = AppliedConfigRecord {
+            config_revision: 1,
+            config: ClusterConfig::from_toml(BLOCKS).unwrap(),
+        };
+        c.add(c.keys.config_applied(), encode_value(&applied).unwrap());
+        assert_eq!(c.check(), Vec::<String>::new());
+        let renamed = ClusterConfig::from_toml(&BLOCKS.replace("\"nodes\"", "\"hosts\""))
+            .unwrap()
+            .to_json()
+            .unwrap();
+        c.entries[0].1 = renamed.into_bytes();
+        let problems = c.check();
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(problems[0].contains("is not applied"), "{problems:#?}");
+        assert!(
+            problems[0].contains("10.1.0.0/24 (node a)"),
+            "{problems:#?}"
+        );
+        assert!(problems[0].contains("stays in force"), "{problems:#?}");
+        c.entries.remove(0);
+        let problems = c.check();
+        assert!(
+            problems.iter().any(|p| p.contains("has no configuration")),
+            "{problems:#?}"
+        );
     }
 
     #[test]

@@ -237,6 +237,9 @@ pub enum Key {
     Schema,
     /// `config`: the `ClusterConfig` JSON.
     Config,
+    /// `config-applied`: the configuration the leader last installed (`AppliedConfigRecord`),
+    /// written by the leader, fenced; it sorts right after `config`.
+    ConfigApplied,
     /// `election/<lease-hex>`: an operator replica campaigning.
     Election {
         /// The replica's lease ID.
@@ -452,6 +455,10 @@ impl Keys {
     pub fn config(&self) -> String {
         self.key(format_args!("config"))
     }
+    /// `config-applied`.
+    pub fn config_applied(&self) -> String {
+        self.key(format_args!("config-applied"))
+    }
     /// `election/<lease-hex>`.
     pub fn election(&self, lease: u64) -> String {
         self.key(format_args!("election/{lease:x}"))
@@ -551,6 +558,7 @@ impl Keys {
         match key {
             Key::Schema => self.schema(),
             Key::Config => self.config(),
+            Key::ConfigApplied => self.config_applied(),
             Key::Election { lease } => self.election(*lease),
             Key::Node { node } => self.node(node),
             Key::Live { node } => self.live(node),
@@ -706,6 +714,7 @@ impl Keys {
         match parts.as_slice() {
             ["meta", "schema"] => Ok(Key::Schema),
             ["config"] => Ok(Key::Config),
+            ["config-applied"] => Ok(Key::ConfigApplied),
             ["election", lease] => parse_lease_hex(lease)
                 .map(|lease| Key::Election { lease })
                 .ok_or_else(|| malformed("invalid lease ID")),
@@ -773,6 +782,18 @@ impl Keys {
             _ => Err(malformed("unknown kind of key")),
         }
     }
+}
+
+/// `config-applied`'s value: the configuration the leader last installed, and the mod revision
+/// of the `config` key it came from. It is the last good configuration: a stored `config` that
+/// fails the change rules against it (or against the grants) is not installed, and this one
+/// stays in force across restarts and failovers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedConfigRecord {
+    /// The `config` key's mod revision when it was installed.
+    pub config_revision: i64,
+    /// The configuration (validated again when read).
+    pub config: crate::config::ClusterConfig,
 }
 
 /// `meta/schema`'s value.
@@ -1284,6 +1305,7 @@ mod tests {
         let all = [
             Key::Schema,
             Key::Config,
+            Key::ConfigApplied,
             Key::Election {
                 lease: 0x694d_77aa_9e38_260f,
             },

@@ -310,6 +310,16 @@ impl Shared {
             .inc();
     }
 
+    /// Resyncs that ended well, under any leader of this replica.
+    pub fn resyncs_ok(&self) -> u64 {
+        self.metrics
+            .resyncs
+            .get_or_create(&ResyncLabels {
+                outcome: ResyncOutcome::Ok,
+            })
+            .get()
+    }
+
     /// Counts blocks granted in a block pool.
     pub fn note_blocks_granted(&self, pool: &str, n: u64) {
         self.metrics
