@@ -200,8 +200,9 @@ impl Run {
             Fault::LoseQuorum => {
                 let first = self.rng.random_range(0..3);
                 let second = (first + 1 + self.rng.random_range(0..2)) % 3;
-                self.history
-                    .note(format!("quorum lost: SIGKILL etcd members {first} and {second}"));
+                self.history.note(format!(
+                    "quorum lost: SIGKILL etcd members {first} and {second}"
+                ));
                 self.etcd.kill(first).unwrap();
                 self.etcd.kill(second).unwrap();
                 std::thread::sleep(self.pause(1000, 5000));
@@ -225,7 +226,8 @@ impl Run {
         let violations = invariant_violations(&self.etcd, &agents, true);
         if !violations.is_empty() {
             for v in &violations {
-                self.history.note(format!("VIOLATION after step {step}: {v}"));
+                self.history
+                    .note(format!("VIOLATION after step {step}: {v}"));
             }
             panic!(
                 "no address twice broken after step {step} (history: {}):\n{}",
