@@ -263,14 +263,38 @@ impl Removal {
         keys
     }
 
-    /// The value of each quarantine key.
+    /// The value of each quarantine key: `waiting` (not on a lease), so nothing is proposed
+    /// there and the quarantine begins only when the node gave it up or was proven gone.
     pub fn quarantine_record(&self, reason: &str, now_ms: u64) -> QuarantineRecord {
         QuarantineRecord {
             from_node: self.node.clone(),
             reason: reason.to_owned(),
             since_ms: now_ms,
+            state: crate::keys::QuarantineState::Waiting,
         }
     }
+}
+
+/// A quarantine key in state `waiting` (see [`ClusterView::waiting_quarantines`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingQuarantine {
+    /// The key.
+    pub key: String,
+    /// Its mod revision (the leader's compare).
+    pub mod_revision: i64,
+    /// Its value (`from_node` is the holder).
+    pub record: QuarantineRecord,
+    /// What it keeps.
+    pub held: WaitingOn,
+}
+
+/// What a waiting quarantine key keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitingOn {
+    /// A node CIDR or block.
+    Range(IpNet),
+    /// A node ID.
+    NodeId(u32),
 }
 
 /// A registered node as the view knows it.
@@ -325,6 +349,9 @@ struct GrantEntry {
 #[derive(Debug, Clone)]
 struct QuarantineEntry {
     counted: bool,
+    /// None when the value does not decode (occupied anyway).
+    record: Option<QuarantineRecord>,
+    mod_revision: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -372,6 +399,8 @@ pub struct ClusterView {
     block_in_flight: BTreeMap<NodeName, BlockProposal>,
     /// Nodes whose liveness key exists.
     live: BTreeSet<NodeName>,
+    /// `absence/<node>` keys: node → mod revision.
+    absences: BTreeMap<NodeName, i64>,
     /// `holdings/` records: what each node's agent asserts it holds (a value that does not
     /// decode is reported and the last readable one kept; `record: None` if there is none).
     holdings: BTreeMap<NodeName, CloudEntry<HoldingsRecord>>,
@@ -413,6 +442,7 @@ impl ClusterView {
             release_keys: BTreeMap::new(),
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
+            absences: BTreeMap::new(),
             holdings: BTreeMap::new(),
             held_blocked: BTreeSet::new(),
             held_ids_blocked: BTreeSet::new(),
@@ -455,6 +485,7 @@ impl ClusterView {
         self.release_keys.clear();
         self.block_in_flight.clear();
         self.live.clear();
+        self.absences.clear();
         self.holdings.clear();
         self.rebuild_spaces();
     }
@@ -791,10 +822,17 @@ impl ClusterView {
             Key::Quarantine { pool, family, cidr } => {
                 // A quarantine key blocks reuse whatever its value: a garbage value is
                 // reported and the CIDR occupied anyway.
-                let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
+                let record = self.decode::<QuarantineRecord>(key, mod_revision, value);
                 let id = (pool, family, cidr);
                 let counted = self.occupy_quarantine(&id, mod_revision);
-                self.quarantines.insert(id, QuarantineEntry { counted });
+                self.quarantines.insert(
+                    id,
+                    QuarantineEntry {
+                        counted,
+                        record,
+                        mod_revision,
+                    },
+                );
             }
             Key::NodeId { id } => {
                 // Occupied whatever its value, as grants.
@@ -891,9 +929,19 @@ impl ClusterView {
             }
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
-                let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
+                let record = self.decode::<QuarantineRecord>(key, mod_revision, value);
                 let counted = self.occupy_quarantined_id(id, mod_revision);
-                self.quarantined_ids.insert(id, QuarantineEntry { counted });
+                self.quarantined_ids.insert(
+                    id,
+                    QuarantineEntry {
+                        counted,
+                        record,
+                        mod_revision,
+                    },
+                );
+            }
+            Key::Absence { node } => {
+                self.absences.insert(node, mod_revision);
             }
         }
     }
@@ -920,6 +968,9 @@ impl ClusterView {
             }
             Key::Removal { node } => {
                 self.removals.remove(node);
+            }
+            Key::Absence { node } => {
+                self.absences.remove(node);
             }
             Key::CloudInterface { node, interface } => {
                 self.cloud_interfaces
@@ -1296,8 +1347,52 @@ impl ClusterView {
     pub fn removals_requested(&self) -> Vec<(NodeName, i64, RemovalRecord)> {
         self.removals
             .iter()
+            .filter(|(_, (_, record))| record.phase.is_requested())
             .map(|(node, (revision, record))| (node.clone(), *revision, record.clone()))
             .collect()
+    }
+
+    /// Every `removals/` record (any phase): node → (its mod revision, the record).
+    pub fn removals(&self) -> &BTreeMap<NodeName, (i64, RemovalRecord)> {
+        &self.removals
+    }
+
+    /// The mod revision of `absence/<node>`, if it exists.
+    pub fn absence_of(&self, node: &NodeName) -> Option<i64> {
+        self.absences.get(node).copied()
+    }
+
+    /// Every quarantine key in state `waiting` (a removed node may still serve from it):
+    /// node CIDRs and blocks as `(node, key, mod revision, record, range)`, node IDs with
+    /// `range: None` and the ID.
+    pub fn waiting_quarantines(&self) -> Vec<WaitingQuarantine> {
+        let waiting = |e: &QuarantineEntry| {
+            e.record
+                .clone()
+                .filter(|r| r.state == crate::keys::QuarantineState::Waiting)
+        };
+        let mut out = Vec::new();
+        for ((pool, family, cidr), entry) in &self.quarantines {
+            if let Some(record) = waiting(entry) {
+                out.push(WaitingQuarantine {
+                    key: self.keys.quarantine(pool, *family, cidr),
+                    mod_revision: entry.mod_revision,
+                    record,
+                    held: WaitingOn::Range(*cidr),
+                });
+            }
+        }
+        for (id, entry) in &self.quarantined_ids {
+            if let Some(record) = waiting(entry) {
+                out.push(WaitingQuarantine {
+                    key: self.keys.quarantine_id(*id),
+                    mod_revision: entry.mod_revision,
+                    record,
+                    held: WaitingOn::NodeId(*id),
+                });
+            }
+        }
+        out
     }
 
     /// The registration of a node, if seen.

@@ -1,0 +1,192 @@
+//! A removed node's drain, decided from the view alone (so a new leader finishes what the old
+//! one started): removal is a handshake with the node's agent.
+//!
+//! The removal transaction deletes the node's registration and grants and puts a quarantine
+//! key for each range and node ID in state `waiting`, not on a lease, and keeps
+//! `removals/<node>` in phase `draining`. Then, per removed node:
+//! - a waiting key whose range (or ID) the node's `holdings/` record no longer lists (or the
+//!   record is gone or empty) was given up: it becomes a quarantine on a lease
+//!   ([`RemovalStep::GiveUp`]);
+//! - a node that shows no liveness goes to phase `absent` with `absence/<node>` put on a lease
+//!   of the quarantine time in the same transaction ([`RemovalStep::StartAbsence`]); live again,
+//!   it goes back to `draining` and the absence key goes ([`RemovalStep::Returned`]); the
+//!   absence key gone (its lease ran out) while the phase is `absent` and the node still not
+//!   live proves it gone for a whole quarantine: its waiting keys and its holdings go
+//!   ([`RemovalStep::ProvenGone`]);
+//! - once nothing of it waits, the removal record goes, with its holdings record if that is
+//!   empty ([`RemovalStep::Done`]);
+//! - waiting keys of a node with no removal record (a request dropped over them) get one back
+//!   ([`RemovalStep::Adopt`]).
+
+use crate::keys::{HoldingsRecord, NodeName, RemovalPhase, RemovalRecord};
+use crate::net::overlaps;
+use crate::view::{ClusterView, WaitingOn, WaitingQuarantine};
+
+/// One step of a removed node's drain: one transaction, fenced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemovalStep {
+    /// Waiting keys of `node` its agent no longer holds: each put again as a quarantine on a
+    /// lease of the quarantine time (compare: each key's mod revision).
+    GiveUp {
+        node: NodeName,
+        keys: Vec<WaitingQuarantine>,
+    },
+    /// The node shows no liveness: the removal goes to phase `absent` and `absence/<node>` is
+    /// put on a lease of the quarantine time (compares: the removal's mod revision, the
+    /// liveness and absence keys absent).
+    StartAbsence {
+        node: NodeName,
+        removal_revision: i64,
+        record: RemovalRecord,
+    },
+    /// The node is live again: back to `draining`, the absence key deleted (compare: the
+    /// removal's mod revision).
+    Returned {
+        node: NodeName,
+        removal_revision: i64,
+        record: RemovalRecord,
+    },
+    /// No liveness for a whole quarantine: the waiting keys, the removal record and (if the
+    /// node is not registered again) its holdings record are deleted (compares: the
+    /// removal's mod revision, liveness and absence keys absent, each key's and the holdings'
+    /// mod revision).
+    ProvenGone {
+        node: NodeName,
+        removal_revision: i64,
+        keys: Vec<WaitingQuarantine>,
+        /// The holdings record's mod revision, if it is to be deleted.
+        holdings: Option<i64>,
+    },
+    /// Nothing of the node waits any more: the removal record goes, with the absence key and
+    /// (if empty and the node is not registered again) the holdings record.
+    Done {
+        node: NodeName,
+        removal_revision: i64,
+        absence: Option<i64>,
+        holdings: Option<i64>,
+    },
+    /// Waiting keys of a node without a removal record: a `draining` one is written back
+    /// (compare: absent).
+    Adopt { node: NodeName },
+}
+
+impl RemovalStep {
+    /// The node it is about.
+    pub fn node(&self) -> &NodeName {
+        match self {
+            RemovalStep::GiveUp { node, .. }
+            | RemovalStep::StartAbsence { node, .. }
+            | RemovalStep::Returned { node, .. }
+            | RemovalStep::ProvenGone { node, .. }
+            | RemovalStep::Done { node, .. }
+            | RemovalStep::Adopt { node } => node,
+        }
+    }
+}
+
+/// Whether the holder's record (`None`: no record) still holds what `key` keeps. A record
+/// that cannot be read holds everything (`unreadable`).
+pub fn still_held(holdings: Option<&HoldingsRecord>, unreadable: bool, key: &WaitingOn) -> bool {
+    if unreadable {
+        return true;
+    }
+    let Some(record) = holdings.filter(|r| !r.is_empty()) else {
+        return false;
+    };
+    match key {
+        WaitingOn::Range(cidr) => record.ranges.iter().any(|r| overlaps(&r.cidr, cidr)),
+        WaitingOn::NodeId(id) => record.node_id == Some(*id),
+    }
+}
+
+/// The next step of every removed node's drain (at most one per node).
+pub fn removal_steps(view: &ClusterView) -> Vec<RemovalStep> {
+    let mut waiting: std::collections::BTreeMap<NodeName, Vec<WaitingQuarantine>> =
+        std::collections::BTreeMap::new();
+    for key in view.waiting_quarantines() {
+        waiting
+            .entry(key.record.from_node.clone())
+            .or_default()
+            .push(key);
+    }
+    let mut nodes: std::collections::BTreeSet<NodeName> = waiting.keys().cloned().collect();
+    nodes.extend(
+        view.removals()
+            .iter()
+            .filter(|(_, (_, r))| !r.phase.is_requested())
+            .map(|(n, _)| n.clone()),
+    );
+    let mut steps = Vec::new();
+    for node in nodes {
+        let keys = waiting.remove(&node).unwrap_or_default();
+        let entry = view.holdings_of(&node);
+        let holdings = entry.and_then(|e| e.record.as_ref());
+        let unreadable = entry.is_some_and(|e| e.record.is_none());
+        let live = view.is_live(&node);
+        let registered = view.registration(&node).is_some();
+        let removal = view.removals().get(&node);
+        if removal.is_some_and(|(_, r)| r.phase.is_requested()) {
+            // The leader's removal transaction comes first.
+            continue;
+        }
+        let given_up: Vec<WaitingQuarantine> = keys
+            .iter()
+            .filter(|k| !still_held(holdings, unreadable, &k.held))
+            .cloned()
+            .collect();
+        if !given_up.is_empty() {
+            steps.push(RemovalStep::GiveUp {
+                node,
+                keys: given_up,
+            });
+            continue;
+        }
+        let Some((removal_revision, record)) = removal else {
+            if !keys.is_empty() {
+                steps.push(RemovalStep::Adopt { node });
+            }
+            continue;
+        };
+        let removal_revision = *removal_revision;
+        let absence = view.absence_of(&node);
+        let holdings_revision = entry.map(|e| e.mod_revision);
+        match record.phase {
+            RemovalPhase::Absent if live => {
+                steps.push(RemovalStep::Returned {
+                    node,
+                    removal_revision,
+                    record: record.clone(),
+                });
+                continue;
+            }
+            RemovalPhase::Absent if absence.is_none() => {
+                steps.push(RemovalStep::ProvenGone {
+                    node,
+                    removal_revision,
+                    keys,
+                    holdings: holdings_revision.filter(|_| !registered),
+                });
+                continue;
+            }
+            _ => {}
+        }
+        let empty = !unreadable && holdings.is_none_or(HoldingsRecord::is_empty);
+        if keys.is_empty() && (empty || registered) {
+            steps.push(RemovalStep::Done {
+                node,
+                removal_revision,
+                absence,
+                holdings: holdings_revision.filter(|_| empty && !registered && entry.is_some()),
+            });
+            continue;
+        }
+        if record.phase == RemovalPhase::Draining && !live && absence.is_none() {
+            steps.push(RemovalStep::StartAbsence {
+                node,
+                removal_revision,
+                record: record.clone(),
+            });
+        }
+    }
+    steps
+}
