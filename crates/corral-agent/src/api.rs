@@ -601,6 +601,25 @@ async fn cni_add(
     state.resolve_network(&mut request.network);
     let reply = match (&state.cluster, &request.network.node_pool) {
         (Some(cluster), Some(pool)) if request.network.pools.is_empty() => {
+            if cluster.is_removed() {
+                // Removed from the cluster: it drains and takes no new pods.
+                let node = cluster
+                    .lock()
+                    .map(|s| s.node.clone())
+                    .unwrap_or_else(|e| e.into_inner().node.clone());
+                let error = OpError {
+                    pool: Some(pool.clone()),
+                    ..OpError::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "node {node} is being removed from the cluster: it takes no new pods \
+                             (pool {pool}); schedule the pod on another node"
+                        ),
+                    )
+                };
+                state.count("cni_add", Instant::now(), &Err(error.clone()));
+                return Err(ApiError(error));
+            }
             let pool = pool.clone();
             let cluster = Arc::clone(cluster);
             cni_add_waiting(&state, &cluster, pool, request)
