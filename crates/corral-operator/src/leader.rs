@@ -449,7 +449,13 @@ async fn serve<K: Kv>(
             }
             Some(done) = work.running.join_next(), if !work.running.is_empty() => {
                 let Ok(done) = done else { continue };
-                if with_view(shared, |view, _| finish(view, shared, &mut work, done))? {
+                let uncertain = with_view(shared, |view, revision| {
+                    let uncertain = finish(view, shared, &mut work, done);
+                    // A step the watch delivered already waits for nothing.
+                    work.drain_wait.retain(|_, at| *at > *revision);
+                    uncertain
+                })?;
+                if uncertain {
                     // The store may or may not have applied it: the view is rebuilt from what
                     // the store holds before anything else is proposed.
                     let at = restart(kv, keys, shared, &mut work).await?;
