@@ -360,10 +360,10 @@ pub enum Key {
         /// The node.
         node: NodeName,
     },
-    /// `absence/<node>`: a removed node has shown no liveness since the leader put it (on a
-    /// lease of the quarantine time; its expiry, while the removal says `absent`, proves the
+    /// `silence/<node>`: a removed node has shown no liveness since the leader put it (on a
+    /// lease of the quarantine time; its expiry, while the removal says `silent`, proves the
     /// node gone for a whole quarantine).
-    Absence {
+    Silence {
         /// The node.
         node: NodeName,
     },
@@ -589,7 +589,7 @@ impl Keys {
                 cidr,
             } => self.delegation(node, pool, *family, cidr),
             Key::Holdings { node } => self.holdings(node),
-            Key::Absence { node } => self.absence(node),
+            Key::Silence { node } => self.silence(node),
         }
     }
 
@@ -598,9 +598,9 @@ impl Keys {
         format!("{}holdings/{node}", self.prefix)
     }
 
-    /// `absence/<node>`.
-    pub fn absence(&self, node: &NodeName) -> String {
-        format!("{}absence/{node}", self.prefix)
+    /// `silence/<node>`.
+    pub fn silence(&self, node: &NodeName) -> String {
+        format!("{}silence/{node}", self.prefix)
     }
 
     /// `holdings/`.
@@ -783,7 +783,7 @@ impl Keys {
                 })
             }
             ["holdings", name] => Ok(Key::Holdings { node: node(name)? }),
-            ["absence", name] => Ok(Key::Absence { node: node(name)? }),
+            ["silence", name] => Ok(Key::Silence { node: node(name)? }),
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -879,7 +879,7 @@ impl QuarantineState {
 }
 
 /// `removals/<node>`'s value, written by `corral node remove` (phase `requested`) and kept
-/// by the leader through the node's drain (phases `draining`, `absent`) until what it held
+/// by the leader through the node's drain (phases `draining`, `silent`) until what it held
 /// was given up or it was proven gone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemovalRecord {
@@ -897,10 +897,10 @@ pub struct RemovalRecord {
     pub phase: RemovalPhase,
 }
 
-/// `absence/<node>`'s value, put by the leader on a lease of the quarantine time when a
+/// `silence/<node>`'s value, put by the leader on a lease of the quarantine time when a
 /// removed node shows no liveness.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct AbsenceRecord {
+pub struct SilenceRecord {
     /// When the leader saw it without liveness, in milliseconds since the epoch.
     #[serde(default)]
     pub since_ms: u64,
@@ -936,9 +936,9 @@ pub enum RemovalPhase {
     /// The registration and grants are gone; what the node held waits (quarantine keys in
     /// state `waiting`) until its agent gives it up.
     Draining,
-    /// As `draining`, and the node showed no liveness when the leader put `absence/<node>`
+    /// As `draining`, and the node showed no liveness when the leader put `silence/<node>`
     /// (on a lease of the quarantine time) in the same transaction.
-    Absent,
+    Silent,
 }
 
 impl RemovalPhase {
@@ -1382,6 +1382,7 @@ mod tests {
             Key::NodeIdOfNode { node: node.clone() },
             Key::QuarantineId { id: 4_000_000_000 },
             Key::Removal { node: node.clone() },
+            Key::Silence { node: node.clone() },
             Key::CloudInterface {
                 node: node.clone(),
                 interface: CloudId::new("eni-0a1b2c3d4e5f").unwrap(),

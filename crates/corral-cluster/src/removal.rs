@@ -7,10 +7,10 @@
 //! - a waiting key whose range (or ID) the node's `holdings/` record no longer lists (or the
 //!   record is gone or empty) was given up: it becomes a quarantine on a lease
 //!   ([`RemovalStep::GiveUp`]);
-//! - a node that shows no liveness goes to phase `absent` with `absence/<node>` put on a lease
-//!   of the quarantine time in the same transaction ([`RemovalStep::StartAbsence`]); live again,
-//!   it goes back to `draining` and the absence key goes ([`RemovalStep::Returned`]); the
-//!   absence key gone (its lease ran out) while the phase is `absent` and the node still not
+//! - a node that shows no liveness goes to phase `silent` with `silence/<node>` put on a lease
+//!   of the quarantine time in the same transaction ([`RemovalStep::StartSilence`]); live again,
+//!   it goes back to `draining` and the silence key goes ([`RemovalStep::Returned`]); the
+//!   silence key gone (its lease ran out) while the phase is `silent` and the node still not
 //!   live proves it gone for a whole quarantine: its waiting keys and its holdings go
 //!   ([`RemovalStep::ProvenGone`]);
 //! - once nothing of it waits, the removal record goes, with its holdings record if that is
@@ -31,15 +31,15 @@ pub enum RemovalStep {
         node: NodeName,
         keys: Vec<WaitingQuarantine>,
     },
-    /// The node shows no liveness: the removal goes to phase `absent` and `absence/<node>` is
+    /// The node shows no liveness: the removal goes to phase `silent` and `silence/<node>` is
     /// put on a lease of the quarantine time (compares: the removal's mod revision, the
-    /// liveness and absence keys absent).
-    StartAbsence {
+    /// liveness and silence keys absent).
+    StartSilence {
         node: NodeName,
         removal_revision: i64,
         record: RemovalRecord,
     },
-    /// The node is live again: back to `draining`, the absence key deleted (compare: the
+    /// The node is live again: back to `draining`, the silence key deleted (compare: the
     /// removal's mod revision).
     Returned {
         node: NodeName,
@@ -48,7 +48,7 @@ pub enum RemovalStep {
     },
     /// No liveness for a whole quarantine: the waiting keys, the removal record and (if the
     /// node is not registered again) its holdings record are deleted (compares: the
-    /// removal's mod revision, liveness and absence keys absent, each key's and the holdings'
+    /// removal's mod revision, liveness and silence keys absent, each key's and the holdings'
     /// mod revision).
     ProvenGone {
         node: NodeName,
@@ -57,12 +57,12 @@ pub enum RemovalStep {
         /// The holdings record's mod revision, if it is to be deleted.
         holdings: Option<i64>,
     },
-    /// Nothing of the node waits any more: the removal record goes, with the absence key and
+    /// Nothing of the node waits any more: the removal record goes, with the silence key and
     /// (if empty and the node is not registered again) the holdings record.
     Done {
         node: NodeName,
         removal_revision: i64,
-        absence: Option<i64>,
+        silence: Option<i64>,
         holdings: Option<i64>,
     },
     /// Waiting keys of a node without a removal record: a `draining` one is written back
@@ -75,7 +75,7 @@ impl RemovalStep {
     pub fn node(&self) -> &NodeName {
         match self {
             RemovalStep::GiveUp { node, .. }
-            | RemovalStep::StartAbsence { node, .. }
+            | RemovalStep::StartSilence { node, .. }
             | RemovalStep::Returned { node, .. }
             | RemovalStep::ProvenGone { node, .. }
             | RemovalStep::Done { node, .. }
@@ -148,10 +148,10 @@ pub fn removal_steps(view: &ClusterView) -> Vec<RemovalStep> {
             continue;
         };
         let removal_revision = *removal_revision;
-        let absence = view.absence_of(&node);
+        let silence = view.silence_of(&node);
         let holdings_revision = entry.map(|e| e.mod_revision);
         match record.phase {
-            RemovalPhase::Absent if live => {
+            RemovalPhase::Silent if live => {
                 steps.push(RemovalStep::Returned {
                     node,
                     removal_revision,
@@ -159,7 +159,7 @@ pub fn removal_steps(view: &ClusterView) -> Vec<RemovalStep> {
                 });
                 continue;
             }
-            RemovalPhase::Absent if absence.is_none() => {
+            RemovalPhase::Silent if silence.is_none() => {
                 steps.push(RemovalStep::ProvenGone {
                     node,
                     removal_revision,
@@ -175,13 +175,13 @@ pub fn removal_steps(view: &ClusterView) -> Vec<RemovalStep> {
             steps.push(RemovalStep::Done {
                 node,
                 removal_revision,
-                absence,
+                silence,
                 holdings: holdings_revision.filter(|_| empty && !registered && entry.is_some()),
             });
             continue;
         }
-        if record.phase == RemovalPhase::Draining && !live && absence.is_none() {
-            steps.push(RemovalStep::StartAbsence {
+        if record.phase == RemovalPhase::Draining && !live && silence.is_none() {
+            steps.push(RemovalStep::StartSilence {
                 node,
                 removal_revision,
                 record: record.clone(),

@@ -399,8 +399,8 @@ pub struct ClusterView {
     block_in_flight: BTreeMap<NodeName, BlockProposal>,
     /// Nodes whose liveness key exists.
     live: BTreeSet<NodeName>,
-    /// `absence/<node>` keys: node → mod revision.
-    absences: BTreeMap<NodeName, i64>,
+    /// `silence/<node>` keys: node → mod revision.
+    silences: BTreeMap<NodeName, i64>,
     /// `holdings/` records: what each node's agent asserts it holds (a value that does not
     /// decode is reported and the last readable one kept; `record: None` if there is none).
     holdings: BTreeMap<NodeName, CloudEntry<HoldingsRecord>>,
@@ -442,7 +442,7 @@ impl ClusterView {
             release_keys: BTreeMap::new(),
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
-            absences: BTreeMap::new(),
+            silences: BTreeMap::new(),
             holdings: BTreeMap::new(),
             held_blocked: BTreeSet::new(),
             held_ids_blocked: BTreeSet::new(),
@@ -485,7 +485,7 @@ impl ClusterView {
         self.release_keys.clear();
         self.block_in_flight.clear();
         self.live.clear();
-        self.absences.clear();
+        self.silences.clear();
         self.holdings.clear();
         self.rebuild_spaces();
     }
@@ -781,7 +781,7 @@ impl ClusterView {
             }
             Key::Grant { pool, family, cidr } => {
                 // A grant key blocks its CIDR whatever its value: a garbage value is reported
-                // and the CIDR occupied anyway (the txn's absence compare would fail on it).
+                // and the CIDR occupied anyway (the txn's silence compare would fail on it).
                 let record = self.decode::<GrantRecord>(key, mod_revision, value);
                 let id = (pool, family, cidr);
                 let counted = self.occupy_grant(&id, mod_revision);
@@ -940,8 +940,8 @@ impl ClusterView {
                     },
                 );
             }
-            Key::Absence { node } => {
-                self.absences.insert(node, mod_revision);
+            Key::Silence { node } => {
+                self.silences.insert(node, mod_revision);
             }
         }
     }
@@ -969,8 +969,8 @@ impl ClusterView {
             Key::Removal { node } => {
                 self.removals.remove(node);
             }
-            Key::Absence { node } => {
-                self.absences.remove(node);
+            Key::Silence { node } => {
+                self.silences.remove(node);
             }
             Key::CloudInterface { node, interface } => {
                 self.cloud_interfaces
@@ -1357,9 +1357,9 @@ impl ClusterView {
         &self.removals
     }
 
-    /// The mod revision of `absence/<node>`, if it exists.
-    pub fn absence_of(&self, node: &NodeName) -> Option<i64> {
-        self.absences.get(node).copied()
+    /// The mod revision of `silence/<node>`, if it exists.
+    pub fn silence_of(&self, node: &NodeName) -> Option<i64> {
+        self.silences.get(node).copied()
     }
 
     /// Every quarantine key in state `waiting` (a removed node may still serve from it):
@@ -1573,7 +1573,7 @@ mod tests {
     use super::*;
 
     /// Regression (review): a grant key of another prefix length was reported and left its
-    /// addresses free, and the grant transaction's absence compare covers only the exact key,
+    /// addresses free, and the grant transaction's silence compare covers only the exact key,
     /// so the leader could grant a node CIDR inside it.
     #[test]
     fn a_grant_key_of_another_shape_blocks_its_addresses_until_deleted() {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use corral_cluster::{
-    AbsenceRecord, Keys, NodeName, QuarantineState, RemovalPhase, RemovalRecord, RemovalStep,
+    SilenceRecord, Keys, NodeName, QuarantineState, RemovalPhase, RemovalRecord, RemovalStep,
     encode_value,
 };
 use corral_kv::{Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
@@ -66,7 +66,7 @@ pub(super) async fn carry_out<K: Kv>(
             }
             Ok(last)
         }
-        RemovalStep::StartAbsence {
+        RemovalStep::StartSilence {
             node,
             removal_revision,
             record,
@@ -76,20 +76,20 @@ pub(super) async fn carry_out<K: Kv>(
                 .await
                 .map_err(TxnFailure::Uncertain)?;
             let record = RemovalRecord {
-                phase: RemovalPhase::Absent,
+                phase: RemovalPhase::Silent,
                 ..record.clone()
             };
             let txn = Txn {
                 compares: vec![
                     Compare::modified_at(keys.removal(node), *removal_revision),
                     Compare::absent(keys.live(node)),
-                    Compare::absent(keys.absence(node)),
+                    Compare::absent(keys.silence(node)),
                 ],
                 success: vec![
                     TxnOp::put(keys.removal(node), encode(&record)?),
                     TxnOp::put_on_lease(
-                        keys.absence(node),
-                        encode(&AbsenceRecord { since_ms: now_ms() })?,
+                        keys.silence(node),
+                        encode(&SilenceRecord { since_ms: now_ms() })?,
                         lease,
                     ),
                 ],
@@ -114,7 +114,7 @@ pub(super) async fn carry_out<K: Kv>(
                 compares: vec![Compare::modified_at(keys.removal(node), *removal_revision)],
                 success: vec![
                     TxnOp::put(keys.removal(node), encode(&record)?),
-                    TxnOp::delete(keys.absence(node)),
+                    TxnOp::delete(keys.silence(node)),
                 ],
                 failure: vec![],
             };
@@ -129,7 +129,7 @@ pub(super) async fn carry_out<K: Kv>(
             let base = vec![
                 Compare::modified_at(keys.removal(node), *removal_revision),
                 Compare::absent(keys.live(node)),
-                Compare::absent(keys.absence(node)),
+                Compare::absent(keys.silence(node)),
             ];
             // The waiting keys in chunks under the same compares (the removal record is
             // touched only by the last), then the records.
@@ -169,7 +169,7 @@ pub(super) async fn carry_out<K: Kv>(
         RemovalStep::Done {
             node,
             removal_revision,
-            absence,
+            silence,
             holdings,
         } => {
             let mut txn = Txn {
@@ -177,8 +177,8 @@ pub(super) async fn carry_out<K: Kv>(
                 success: vec![TxnOp::delete(keys.removal(node))],
                 failure: vec![],
             };
-            if absence.is_some() {
-                txn.success.push(TxnOp::delete(keys.absence(node)));
+            if silence.is_some() {
+                txn.success.push(TxnOp::delete(keys.silence(node)));
             }
             if let Some(revision) = holdings {
                 // Only the empty record the view saw, of a node not registered again.
@@ -214,7 +214,7 @@ pub(super) fn describe(step: &RemovalStep) -> Option<String> {
             "removed node {node} gave up {} range(s) or node ID(s); their quarantine begins",
             keys.len()
         )),
-        RemovalStep::StartAbsence { .. } => Some(format!(
+        RemovalStep::StartSilence { .. } => Some(format!(
             "removed node {node} shows no liveness; what it holds comes back if it stays away for the quarantine time"
         )),
         RemovalStep::Returned { .. } => Some(format!(
