@@ -283,7 +283,9 @@ pub async fn run<K: Kv>(
 
 /// The cluster ranges the node scope still holds (granted or draining), with their pools and
 /// allocations; `None` if the host could not answer.
-async fn cluster_ranges_held(committer: &Committer) -> Option<Vec<(String, corral_api::RangeInfo)>> {
+async fn cluster_ranges_held(
+    committer: &Committer,
+) -> Option<Vec<(String, corral_api::RangeInfo)>> {
     match committer.submit(Op::Pools(Some("node".into()))).await {
         Ok(Reply::Pools(pools)) => Some(
             pools

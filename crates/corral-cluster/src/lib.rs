@@ -38,9 +38,9 @@ pub use keys::{
     NodeRecord, OwnedRecord, QuarantineRecord, ReleaseRecord, ReleaseState, RemovalRecord,
     SchemaRecord, ValueError, decode_value, encode_value,
 };
-pub use keys::{SilenceRecord, QuarantineState, RemovalMode, RemovalPhase};
-pub use removal::{RemovalStep, removal_steps};
+pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
+pub use removal::{RemovalStep, removal_steps};
 pub use report::{BlockReport, NodeReport, StatusReport};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 

@@ -121,7 +121,9 @@ async fn has<K: Kv>(kv: &K, key: String) -> bool {
 }
 
 fn waiting(q: &[(String, QuarantineState, bool)]) -> bool {
-    !q.is_empty() && q.iter().all(|(_, s, l)| *s == QuarantineState::Waiting && !l)
+    !q.is_empty()
+        && q.iter()
+            .all(|(_, s, l)| *s == QuarantineState::Waiting && !l)
 }
 
 #[tokio::test(start_paused = true)]
@@ -143,9 +145,11 @@ async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failov
     put_holdings(&kv, "node-a", &holdings("node-a", &a_grants, 3, Some(a_id))).await;
 
     request(&kv, "node-a", revision, RemovalMode::Drain).await;
-    wait_until("node-a's registration is gone", Duration::from_secs(5), || async {
-        !has(&kv, keys().node(&node("node-a"))).await
-    })
+    wait_until(
+        "node-a's registration is gone",
+        Duration::from_secs(5),
+        || async { !has(&kv, keys().node(&node("node-a"))).await },
+    )
     .await;
     let held = quarantines_from(&kv, "node-a").await;
     assert_eq!(held.len(), 3, "{held:?}");
@@ -163,7 +167,10 @@ async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failov
     assert!(waiting(&quarantines_from(&kv, "node-a").await));
     register_and_wait(&kv, "node-b").await;
     let b_grants = grants(&kv).await["node-b"].clone();
-    assert!(b_grants.iter().all(|g| !a_grants.contains(g)), "{b_grants:?}");
+    assert!(
+        b_grants.iter().all(|g| !a_grants.contains(g)),
+        "{b_grants:?}"
+    );
     assert_ne!(node_id(&kv, "node-b").await, Some(a_id));
     assert_consistent(&kv).await;
 
@@ -180,11 +187,16 @@ async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failov
         .cloned()
         .collect();
     put_holdings(&kv, "node-a", &holdings("node-a", &v6, 1, Some(a_id))).await;
-    wait_until("the IPv4 range enters quarantine", Duration::from_secs(5), || async {
-        quarantines_from(&kv, "node-a").await.iter().any(|(k, s, l)| {
-            k.contains("ipv4") && *s == QuarantineState::Quarantined && *l
-        })
-    })
+    wait_until(
+        "the IPv4 range enters quarantine",
+        Duration::from_secs(5),
+        || async {
+            quarantines_from(&kv, "node-a")
+                .await
+                .iter()
+                .any(|(k, s, l)| k.contains("ipv4") && *s == QuarantineState::Quarantined && *l)
+        },
+    )
     .await;
     let q = quarantines_from(&kv, "node-a").await;
     assert!(
@@ -245,10 +257,14 @@ async fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_qu
     live_for(&kv, "node-a", Duration::from_secs(2)).await;
 
     request(&kv, "node-a", revision, RemovalMode::Force).await;
-    wait_until("node-a is taken for silent", Duration::from_secs(10), || async {
-        removal_phase(&kv, "node-a").await == Some(RemovalPhase::Silent)
-            && has(&kv, keys().silence(&node("node-a"))).await
-    })
+    wait_until(
+        "node-a is taken for silent",
+        Duration::from_secs(10),
+        || async {
+            removal_phase(&kv, "node-a").await == Some(RemovalPhase::Silent)
+                && has(&kv, keys().silence(&node("node-a"))).await
+        },
+    )
     .await;
     assert!(waiting(&quarantines_from(&kv, "node-a").await));
     // The leader dies while the silence runs; the next one goes on from etcd.
@@ -258,7 +274,10 @@ async fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_qu
     // of it.
     register_and_wait(&kv, "node-b").await;
     let b_grants = grants(&kv).await["node-b"].clone();
-    assert!(b_grants.iter().all(|g| !a_grants.contains(g)), "{b_grants:?}");
+    assert!(
+        b_grants.iter().all(|g| !a_grants.contains(g)),
+        "{b_grants:?}"
+    );
     wait_until("node-a is proven gone", Duration::from_secs(15), || async {
         quarantines_from(&kv, "node-a").await.is_empty()
             && removal_phase(&kv, "node-a").await.is_none()
@@ -290,17 +309,23 @@ async fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     let a_id = node_id(&kv, "node-a").await.unwrap();
     put_holdings(&kv, "node-a", &holdings("node-a", &a_grants, 5, Some(a_id))).await;
     request(&kv, "node-a", revision, RemovalMode::Force).await;
-    wait_until("node-a is taken for silent", Duration::from_secs(10), || async {
-        removal_phase(&kv, "node-a").await == Some(RemovalPhase::Silent)
-    })
+    wait_until(
+        "node-a is taken for silent",
+        Duration::from_secs(10),
+        || async { removal_phase(&kv, "node-a").await == Some(RemovalPhase::Silent) },
+    )
     .await;
     // It comes back before the quarantine time passed.
     tokio::time::sleep(Duration::from_secs(2)).await;
     live(&kv, "node-a").await;
-    wait_until("node-a is draining again", Duration::from_secs(5), || async {
-        removal_phase(&kv, "node-a").await == Some(RemovalPhase::Draining)
-            && !has(&kv, keys().silence(&node("node-a"))).await
-    })
+    wait_until(
+        "node-a is draining again",
+        Duration::from_secs(5),
+        || async {
+            removal_phase(&kv, "node-a").await == Some(RemovalPhase::Draining)
+                && !has(&kv, keys().silence(&node("node-a"))).await
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert!(
@@ -310,7 +335,10 @@ async fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     assert!(has(&kv, keys().holdings(&node("node-a"))).await);
     register_and_wait(&kv, "node-b").await;
     let b_grants = grants(&kv).await["node-b"].clone();
-    assert!(b_grants.iter().all(|g| !a_grants.contains(g)), "{b_grants:?}");
+    assert!(
+        b_grants.iter().all(|g| !a_grants.contains(g)),
+        "{b_grants:?}"
+    );
     // It gives everything up: quarantined, then free.
     put_holdings(&kv, "node-a", &holdings("node-a", &[], 0, None)).await;
     wait_until("the removal is done", Duration::from_secs(10), || async {

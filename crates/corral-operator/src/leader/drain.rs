@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use corral_cluster::{
-    SilenceRecord, Keys, NodeName, QuarantineState, RemovalPhase, RemovalRecord, RemovalStep,
+    Keys, NodeName, QuarantineState, RemovalPhase, RemovalRecord, RemovalStep, SilenceRecord,
     encode_value,
 };
 use corral_kv::{Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
