@@ -190,3 +190,222 @@ pub fn removal_steps(view: &ClusterView) -> Vec<RemovalStep> {
     }
     steps
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClusterConfig;
+    use crate::keys::{
+        ClusterName, HeldRange, Keys, QuarantineRecord, QuarantineState, RemovalMode, encode_value,
+    };
+    use crate::view::WaitingOn;
+
+    const CONFIG: &str = r#"
+quarantine_secs = 5
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+node_prefix_len = 24
+"#;
+
+    struct F {
+        keys: Keys,
+        view: ClusterView,
+        revision: i64,
+    }
+
+    impl F {
+        fn new() -> F {
+            let keys = Keys::new(ClusterName::new("t").unwrap());
+            let view = ClusterView::new(keys.clone(), ClusterConfig::from_toml(CONFIG).unwrap());
+            F {
+                keys,
+                view,
+                revision: 10,
+            }
+        }
+
+        fn put(&mut self, key: String, value: Vec<u8>) -> i64 {
+            self.revision += 1;
+            self.view
+                .apply_put(&key, &value, self.revision, self.revision);
+            self.revision
+        }
+
+        fn delete(&mut self, key: String) {
+            self.revision += 1;
+            self.view.apply_delete(&key, self.revision);
+        }
+
+        fn waiting(&mut self, cidr: &str) -> i64 {
+            let cidr: IpNet = cidr.parse().unwrap();
+            let record = QuarantineRecord {
+                from_node: n(),
+                reason: "node removed".into(),
+                since_ms: 0,
+                state: QuarantineState::Waiting,
+            };
+            let key = self.keys.quarantine(
+                &crate::PoolName::new("default").unwrap(),
+                crate::Family::V4,
+                &cidr,
+            );
+            self.put(key, encode_value(&record).unwrap())
+        }
+
+        fn removal(&mut self, phase: RemovalPhase) -> i64 {
+            let record = RemovalRecord {
+                node_revision: 1,
+                requested_ms: 0,
+                mode: RemovalMode::Drain,
+                phase,
+            };
+            self.put(self.keys.removal(&n()), encode_value(&record).unwrap())
+        }
+
+        fn holdings(&mut self, cidrs: &[&str]) -> i64 {
+            let record = HoldingsRecord {
+                uid: "u".into(),
+                ranges: cidrs
+                    .iter()
+                    .map(|c| HeldRange {
+                        pool: crate::PoolName::new("default").unwrap(),
+                        cidr: c.parse().unwrap(),
+                        draining: true,
+                        allocations: 1,
+                    })
+                    .collect(),
+                node_id: None,
+                cloud: vec![],
+                written_ms: 0,
+            };
+            self.put(self.keys.holdings(&n()), encode_value(&record).unwrap())
+        }
+
+        fn live(&mut self) {
+            self.put(self.keys.live(&n()), b"{}".to_vec());
+        }
+    }
+
+    fn n() -> NodeName {
+        NodeName::new("node-a").unwrap()
+    }
+
+    use crate::IpNet;
+
+    #[test]
+    fn a_live_node_holding_its_range_keeps_it_waiting() {
+        let mut f = F::new();
+        f.waiting("10.0.1.0/24");
+        f.removal(RemovalPhase::Draining);
+        f.holdings(&["10.0.1.0/24"]);
+        f.live();
+        assert_eq!(removal_steps(&f.view), vec![]);
+    }
+
+    #[test]
+    fn a_range_its_holdings_dropped_is_given_up_and_none_without_a_record() {
+        let mut f = F::new();
+        f.waiting("10.0.1.0/24");
+        let dropped = f.waiting("10.0.2.0/24");
+        f.removal(RemovalPhase::Draining);
+        f.holdings(&["10.0.1.0/24"]);
+        f.live();
+        let steps = removal_steps(&f.view);
+        let [RemovalStep::GiveUp { keys, .. }] = steps.as_slice() else {
+            panic!("{steps:?}");
+        };
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].mod_revision, dropped);
+        assert_eq!(
+            keys[0].held,
+            WaitingOn::Range("10.0.2.0/24".parse().unwrap())
+        );
+        // No record at all (an agent that does not assert holdings): everything is given up.
+        f.delete(f.keys.holdings(&n()));
+        let steps = removal_steps(&f.view);
+        let [RemovalStep::GiveUp { keys, .. }] = steps.as_slice() else {
+            panic!("{steps:?}");
+        };
+        assert_eq!(keys.len(), 2);
+    }
+
+    #[test]
+    fn an_unreadable_holdings_record_holds_everything() {
+        let mut f = F::new();
+        f.waiting("10.0.1.0/24");
+        f.removal(RemovalPhase::Draining);
+        f.put(f.keys.holdings(&n()), b"garbage".to_vec());
+        f.live();
+        assert_eq!(removal_steps(&f.view), vec![]);
+    }
+
+    #[test]
+    fn silence_return_and_proof_of_absence() {
+        let mut f = F::new();
+        f.waiting("10.0.1.0/24");
+        let draining = f.removal(RemovalPhase::Draining);
+        let holdings = f.holdings(&["10.0.1.0/24"]);
+        // Not live: silent.
+        let steps = removal_steps(&f.view);
+        assert!(
+            matches!(steps.as_slice(), [RemovalStep::StartSilence { removal_revision, .. }] if *removal_revision == draining),
+            "{steps:?}"
+        );
+        f.removal(RemovalPhase::Silent);
+        f.put(f.keys.silence(&n()), b"{}".to_vec());
+        assert_eq!(removal_steps(&f.view), vec![]);
+        // Live again: back to draining.
+        f.live();
+        assert!(matches!(
+            removal_steps(&f.view).as_slice(),
+            [RemovalStep::Returned { .. }]
+        ));
+        // Silence ran out while not live: proven gone, its holdings go (not registered).
+        f.delete(f.keys.live(&n()));
+        f.delete(f.keys.silence(&n()));
+        let steps = removal_steps(&f.view);
+        let [
+            RemovalStep::ProvenGone {
+                keys,
+                holdings: Some(h),
+                ..
+            },
+        ] = steps.as_slice()
+        else {
+            panic!("{steps:?}");
+        };
+        assert_eq!(keys.len(), 1);
+        assert_eq!(*h, holdings);
+    }
+
+    #[test]
+    fn done_once_nothing_waits_and_the_holdings_are_empty() {
+        let mut f = F::new();
+        f.removal(RemovalPhase::Draining);
+        let holdings = f.holdings(&[]);
+        f.live();
+        let steps = removal_steps(&f.view);
+        assert!(
+            matches!(steps.as_slice(), [RemovalStep::Done { holdings: Some(h), silence: None, .. }] if *h == holdings),
+            "{steps:?}"
+        );
+        // Still holding a range no waiting key names: not done while live.
+        f.holdings(&["10.0.9.0/24"]);
+        assert_eq!(removal_steps(&f.view), vec![]);
+    }
+
+    #[test]
+    fn waiting_keys_without_a_removal_record_are_adopted_and_requested_ones_wait() {
+        let mut f = F::new();
+        f.waiting("10.0.1.0/24");
+        f.holdings(&["10.0.1.0/24"]);
+        assert!(matches!(
+            removal_steps(&f.view).as_slice(),
+            [RemovalStep::Adopt { .. }]
+        ));
+        f.removal(RemovalPhase::Requested);
+        assert_eq!(removal_steps(&f.view), vec![]);
+    }
+}

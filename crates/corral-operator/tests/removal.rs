@@ -232,7 +232,6 @@ async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failov
     register_and_wait(&kv, "node-c").await;
     let c_grants = grants(&kv).await["node-c"].clone();
     assert!(c_grants.contains(&v4[0]), "{c_grants:?} vs {v4:?}");
-    let _ = v6;
     assert_consistent(&kv).await;
     auditor.assert_clean();
 }
