@@ -286,6 +286,24 @@ fn waits_for_grant(error: &OpError) -> bool {
     }
 }
 
+/// The refusal of an ADD on a cluster pool of a node removed from the cluster.
+fn removed_error(cluster: &crate::cluster::SharedClusterState, pool: &str) -> OpError {
+    let node = cluster
+        .lock()
+        .map(|s| s.node.clone())
+        .unwrap_or_else(|e| e.into_inner().node.clone());
+    OpError {
+        pool: Some(pool.to_owned()),
+        ..OpError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "node {node} is being removed from the cluster: it takes no new pods (pool \
+                 {pool}); schedule the pod on another node"
+            ),
+        )
+    }
+}
+
 /// A CNI ADD on a node pool of an agent in a cluster: when the pool has nothing free, it
 /// waits up to `pool_wait` for a grant (counted as pending in the pool's demand, which goes
 /// out at once), trying again whenever the ranges change and every half second, outside the
@@ -323,6 +341,14 @@ async fn cni_add_waiting(
                 return Ok(reply);
             }
             Err(error) if waits_for_grant(&error) => {
+                if cluster.is_removed() {
+                    // Removed while it waited: no grant will come.
+                    outcome("removed");
+                    drop(waiting);
+                    let result = Err(removed_error(cluster, &pool));
+                    state.count("cni_add", started, &result);
+                    return result;
+                }
                 if tokio::time::Instant::now() >= deadline {
                     outcome("timeout");
                     drop(waiting);
@@ -610,6 +636,12 @@ async fn cni_add(
     state.resolve_network(&mut request.network);
     let reply = match (&state.cluster, &request.network.node_pool) {
         (Some(cluster), Some(pool)) if request.network.pools.is_empty() => {
+            if cluster.is_removed() {
+                // Removed from the cluster: it drains and takes no new pods.
+                let error = removed_error(cluster, pool);
+                state.count("cni_add", Instant::now(), &Err(error.clone()));
+                return Err(ApiError(error));
+            }
             let pool = pool.clone();
             let cluster = Arc::clone(cluster);
             cni_add_waiting(&state, &cluster, pool, request)

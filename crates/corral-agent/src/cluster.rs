@@ -118,6 +118,9 @@ pub enum Gate {
 #[derive(Debug, Default)]
 pub struct ClusterShared {
     state: Mutex<ClusterState>,
+    /// Set once the node was removed from the cluster: ADDs on its cluster pools are refused
+    /// (it takes no new pods while it drains); only a restart of the agent clears it.
+    removed: std::sync::atomic::AtomicBool,
     pub blocks: Arc<BlockSignals>,
     pub metrics: ClusterMetrics,
     gate: tokio::sync::watch::Sender<Gate>,
@@ -129,6 +132,11 @@ impl ClusterShared {
             metrics,
             ..ClusterShared::default()
         }
+    }
+
+    /// Whether the node was removed from the cluster (it drains and takes no new pods).
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The state the API shows.
@@ -336,10 +344,14 @@ async fn run_link<K: Kv>(
                 return;
             }
             Err(LinkError::Removed(_)) => {
-                // An administrator removed the node while it runs: what it was granted is
-                // quarantined and will go to others, so it drains here (pods keep their
-                // addresses, nothing new is handed out), and the node does not register
-                // again behind the administrator's back: a restart of the agent does.
+                // An administrator removed the node while it runs: its grants are gone, so it
+                // drains here (pods keep their addresses, nothing new is handed out, ADDs on
+                // its cluster pools are refused), and the node does not register again behind
+                // the administrator's back: a restart of the agent does. What it still holds
+                // waits in etcd until it gives it up (`while_removed`).
+                state
+                    .removed
+                    .store(true, std::sync::atomic::Ordering::Release);
                 let removed = committer
                     .submit(Op::SetClusterRanges(ClusterRanges::default()))
                     .await;
@@ -360,6 +372,18 @@ async fn run_link<K: Kv>(
                         Err(error) => format!("draining after the node's removal: {error:?}"),
                     });
                 });
+                while_removed(
+                    &kv,
+                    &keys,
+                    &node,
+                    &options,
+                    &committer,
+                    &state,
+                    &mut stop,
+                    across.live_lease.take(),
+                    &across.identity,
+                )
+                .await;
                 return;
             }
             Err(error) => {
@@ -386,6 +410,154 @@ async fn run_link<K: Kv>(
                     _ = stop.changed() => return,
                 }
             }
+        }
+    }
+}
+
+/// The cluster ranges the node scope still holds (granted or draining), with their pools and
+/// allocations; `None` if the host could not answer.
+async fn cluster_ranges_held(
+    committer: &Committer,
+) -> Option<Vec<(String, corral_api::RangeInfo)>> {
+    match committer.submit(Op::Pools(Some("node".into()))).await {
+        Ok(Reply::Pools(pools)) => Some(
+            pools
+                .pools
+                .into_iter()
+                .flat_map(|p| {
+                    let name = p.name;
+                    p.ranges
+                        .into_iter()
+                        .filter(|r| r.source == corral_api::RangeSource::Cluster)
+                        .map(move |r| (name.clone(), r))
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// The hook where a removed node's agent asserts what it still holds (`holdings/<node>`),
+/// called by `while_removed` at every turn with the cluster ranges the node scope still holds
+/// (empty once everything drained). The leader takes a removed range into quarantine only
+/// once the node's holdings no longer list it, so the holdings publisher (issue 20's
+/// "agents assert what they hold") must write the record here too, after the node's
+/// removal; until it does, this does nothing, and a removed node's ranges come back only
+/// when it stops being live (the leader's absence proof).
+async fn publish_holdings_while_removed<K: Kv>(
+    _kv: &K,
+    _keys: &Keys,
+    _node: &NodeName,
+    _held: &[(String, corral_api::RangeInfo)],
+) {
+}
+
+/// How often a removed node looks at what it still holds.
+const REMOVED_TICK: Duration = Duration::from_secs(1);
+
+/// After the node's removal: the agent stays live (its `live/<node>` key on a lease it keeps
+/// alive: a removed node that shows no liveness for the quarantine time is taken for gone)
+/// and keeps asserting what it holds until its cluster ranges drained, then revokes its lease
+/// and ends. Stops with the agent.
+#[allow(clippy::too_many_arguments)]
+async fn while_removed<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    options: &ClusterOptions,
+    committer: &Committer,
+    state: &SharedClusterState,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    mut lease: Option<LeaseId>,
+    identity: &crate::liveness::ProcessIdentity,
+) {
+    let keep_alive_every = (options.lease_ttl / 3)
+        .max(Duration::from_millis(200))
+        .min(REMOVED_TICK);
+    let mut tick = tokio::time::interval(keep_alive_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => {
+                if let Some(lease) = lease {
+                    let _ = kv.lease_revoke(lease).await;
+                }
+                return;
+            }
+        }
+        // The liveness key: kept alive, or put again on a new lease (etcd was unreachable
+        // for longer than the TTL, or the round that found the removal had none).
+        let alive = match lease {
+            Some(id) => kv.lease_keep_alive(id).await.is_ok(),
+            None => false,
+        };
+        if !alive {
+            lease = live_again(kv, keys, node, options.lease_ttl, identity)
+                .await
+                .ok();
+        }
+        let Some(held) = cluster_ranges_held(committer).await else {
+            continue;
+        };
+        publish_holdings_while_removed(kv, keys, node, &held).await;
+        let pods: u64 = held.iter().map(|(_, r)| r.allocated).sum();
+        update(state, |s| {
+            s.last_error = Some(format!(
+                "node {} was removed from the cluster; it takes no new pods and drains \
+                 ({} range(s), {pods} pod address(es) left); restart the agent to register it again",
+                options.node,
+                held.len()
+            ));
+        });
+        if held.is_empty() {
+            eprintln!(
+                "corral agent: cluster: node {} drained after its removal: it holds nothing",
+                options.node
+            );
+            if let Some(lease) = lease {
+                let _ = kv.lease_revoke(lease).await;
+            }
+            return;
+        }
+    }
+}
+
+/// Puts `live/<node>` on a new lease of the agent's TTL, only if no key is there (one live
+/// agent per node: another process's key, or this one's on a lease it lost track of, is left
+/// alone; the next turn tries again once it is gone).
+async fn live_again<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    ttl: Duration,
+    identity: &crate::liveness::ProcessIdentity,
+) -> Result<LeaseId, KvError> {
+    let lease = kv.lease_grant(ttl).await?;
+    let live = identity.record(now_ms(), ttl);
+    let key = keys.live(node);
+    let response = kv
+        .txn(Txn {
+            compares: vec![Compare::absent(key.as_str())],
+            success: vec![TxnOp::put_on_lease(
+                key.as_str(),
+                encode_value(&live).unwrap_or_default(),
+                lease,
+            )],
+            failure: vec![],
+        })
+        .await;
+    match response {
+        Ok(response) if response.succeeded => Ok(lease),
+        Ok(_) => {
+            let _ = kv.lease_revoke(lease).await;
+            Err(KvError::Unavailable(format!(
+                "{key} is held by another lease"
+            )))
+        }
+        Err(error) => {
+            let _ = kv.lease_revoke(lease).await;
+            Err(error)
         }
     }
 }
@@ -419,6 +591,8 @@ struct AcrossRounds {
     live: bool,
     /// This process, as its liveness key names it.
     identity: crate::liveness::ProcessIdentity,
+    /// The liveness lease of the round that found the node removed: the drain keeps it.
+    live_lease: Option<LeaseId>,
 }
 
 /// One connected round: register, go live, read and watch the grants.
@@ -529,6 +703,10 @@ async fn link<K: Kv>(
         // lease deletes only what is on it: the key this process created (never another
         // agent's, which is on that agent's lease).
         let _ = kv.lease_revoke(lease).await;
+    }
+    if matches!(result, Err(LinkError::Removed(_))) {
+        // The node stays live while it drains (`while_removed`).
+        across.live_lease = Some(lease);
     }
     result
 }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use corral_cluster::{
-    ClusterConfig, ClusterName, Keys, NodeName, NodePlan, RemovalRecord, encode_value,
+    ClusterConfig, ClusterName, Keys, NodeName, NodePlan, RemovalMode, RemovalPhase, RemovalRecord,
+    encode_value,
 };
 use corral_etcd::EtcdKv;
 use corral_kv::{Compare, Kv, Txn, TxnOp};
@@ -187,10 +188,25 @@ pub enum NodeCommand {
     List(EtcdArgs),
     /// One node
     Show(NodeArgs),
-    /// Remove a node: its CIDRs and node ID go to quarantine, then back to the free space
-    Remove(NodeArgs),
+    /// Remove a node: what it holds goes to quarantine once its agent gave it up (or it showed
+    /// no liveness for the quarantine time), then back to the free space. A live node that
+    /// holds allocations needs --drain or --force
+    Remove(RemoveArgs),
     /// The node's address plan derived from its node ID (node-ID clusters)
     Plan(NodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RemoveArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Drain a live node: it takes no new pods, and its space comes back as its pods go
+    #[arg(long, conflicts_with = "force")]
+    pub drain: bool,
+    /// Remove a node its operator knows is dead, whatever it last said it holds (it keeps its
+    /// space if it comes back before the quarantine time passed)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -626,7 +642,8 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                     Output::Table => plan.to_table(),
                 }))
             }
-            NodeCommand::Remove(args) => {
+            NodeCommand::Remove(remove) => {
+                let args = &remove.node;
                 let (kv, keys) = connect(&args.etcd).await?;
                 let name = NodeName::new(&args.name).map_err(|e| Failure::Usage(e.to_string()))?;
                 let node_key = keys.node(&name);
@@ -636,11 +653,30 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                         args.name
                     )));
                 };
+                let mode = if remove.drain {
+                    RemovalMode::Drain
+                } else if remove.force {
+                    RemovalMode::Force
+                } else {
+                    RemovalMode::Plain
+                };
+                if mode == RemovalMode::Plain
+                    && let Some(holding) = live_holding(&kv, &keys, &name).await?
+                {
+                    return Err(Failure::Refused(format!(
+                        "node {} is live and {holding}; removing it would take space its pods \
+                         use: `corral node remove {} --drain` stops it taking new pods and gives \
+                         its space back as they go, `--force` is for a node you know is dead",
+                        args.name, args.name
+                    )));
+                }
                 let request = RemovalRecord {
                     node_revision: node.create_revision,
                     requested_ms: std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_millis() as u64),
+                    mode,
+                    phase: RemovalPhase::Requested,
                 };
                 let response = kv
                     .txn(Txn {
@@ -660,12 +696,55 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                     )));
                 }
                 Ok(Outcome::ok(format!(
-                    "node {}: removal requested; the leading operator quarantines its grants\n",
-                    args.name
+                    "node {}: removal requested{}; the leading operator takes its grants away, \
+                     and what it holds goes into quarantine once its agent gave it up (or it \
+                     showed no liveness for the quarantine time)\n",
+                    args.name,
+                    match mode {
+                        RemovalMode::Drain => " (drain: it takes no new pods)",
+                        RemovalMode::Force => " (forced)",
+                        RemovalMode::Plain => "",
+                    }
                 )))
             }
         }
     })
+}
+
+/// What a live node holds, as a phrase, if it is live and holds allocations (its `holdings/`
+/// record counts them; a live node without a record is taken to hold some); `None` if it is
+/// not live or holds none.
+async fn live_holding(
+    kv: &EtcdKv,
+    keys: &Keys,
+    node: &NodeName,
+) -> Result<Option<String>, Failure> {
+    if kv
+        .get(keys.live(node).as_bytes())
+        .await
+        .map_err(kv_failure)?
+        .is_none()
+    {
+        return Ok(None);
+    }
+    let Some(entry) = kv
+        .get(keys.holdings(node).as_bytes())
+        .await
+        .map_err(kv_failure)?
+    else {
+        return Ok(Some(
+            "has not said what it holds (no holdings record): it may have pods".into(),
+        ));
+    };
+    let Ok(record) = corral_cluster::decode_value::<corral_cluster::HoldingsRecord>(&entry.value)
+    else {
+        return Ok(Some(
+            "its holdings record cannot be read: it may have pods".into(),
+        ));
+    };
+    let allocations: u64 = record.ranges.iter().map(|r| r.allocations).sum::<u64>()
+        + record.cloud.iter().map(|c| c.allocations).sum::<u64>();
+    Ok((allocations > 0).then(|| format!("holds {allocations} allocation(s)")))
 }
 
 async fn live_nodes(kv: &EtcdKv, keys: &Keys) -> Result<Vec<String>, Failure> {

@@ -114,25 +114,33 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     });
     let held = grants(&etcd).remove("node-a").unwrap();
     let pod = alloc_dual(&a.socket, "pod-1");
-    let (code, out, err) = corral(&[
-        "node",
-        "remove",
-        "node-a",
-        "--etcd",
-        &endpoints(&etcd),
-        "--cluster",
-        "t",
-    ]);
+    // Live with a pod: a plain removal is refused; `--drain` it is.
+    let remove = |flags: &[&str]| {
+        let endpoints = endpoints(&etcd);
+        let mut args = vec![
+            "node",
+            "remove",
+            "node-a",
+            "--etcd",
+            &endpoints,
+            "--cluster",
+            "t",
+        ];
+        args.extend(flags);
+        corral(&args)
+    };
+    let (code, out, err) = remove(&[]);
+    assert_eq!(code, 1, "{out}{err}");
+    let (code, out, err) = remove(&["--drain"]);
     assert_eq!(code, 0, "{out}{err}");
     wait_until("the grants are gone", Duration::from_secs(20), || {
         grants(&etcd).is_empty()
     });
-    // Quarantined: a new node does not get them while the quarantine lasts.
+    // Quarantined (or waiting for node-a to give them up): a new node does not get them.
     let kv = kv(&etcd);
     let (quarantined, _) =
         block_on(corral_kv::read_all(&kv, b"/corral/t/v1/quarantine/", 100)).unwrap();
     assert_eq!(quarantined.len(), 2, "{quarantined:?}");
-    assert!(quarantined.iter().all(|q| q.lease.is_some()));
     // The agent drains: the pod keeps its addresses, nothing new comes from there.
     wait_until("node-a's ranges drain", Duration::from_secs(20), || {
         agent_ranges(&a.socket).is_empty()
@@ -157,6 +165,18 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
         c_grants.iter().all(|g| !held.contains(g)),
         "granted from quarantine: {c_grants:?}"
     );
+    // The pod goes: node-a gives its ranges up, and after the quarantine (3 s) the keys
+    // expire and the space is free again.
+    let mut released = Client::unix(&a.socket);
+    released
+        .release(&corral_api::ReleaseRequest {
+            scope: "node".into(),
+            address: None,
+            owner: Some("pod-1".into()),
+            key: None,
+            generation: None,
+        })
+        .unwrap();
     // After the quarantine (3 s) the keys expire and the space is free again.
     wait_until("the quarantine expires", Duration::from_secs(20), || {
         block_on(corral_kv::read_all(&kv, b"/corral/t/v1/quarantine/", 100))
@@ -174,6 +194,7 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
         "the lowest free CIDRs are node-a's old ones"
     );
     assert_check(&etcd, &[]);
+    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
 }
 
 #[test]

@@ -363,6 +363,13 @@ pub enum Key {
         /// The node.
         node: NodeName,
     },
+    /// `silence/<node>`: a removed node has shown no liveness since the leader put it (on a
+    /// lease of the quarantine time; its expiry, while the removal says `silent`, proves the
+    /// node gone for a whole quarantine).
+    Silence {
+        /// The node.
+        node: NodeName,
+    },
 }
 
 /// A cloud resource or intent ID as it appears in a key: 1 to 128 characters of
@@ -590,12 +597,18 @@ impl Keys {
                 cidr,
             } => self.delegation(node, pool, *family, cidr),
             Key::Holdings { node } => self.holdings(node),
+            Key::Silence { node } => self.silence(node),
         }
     }
 
     /// `holdings/<node>`.
     pub fn holdings(&self, node: &NodeName) -> String {
         format!("{}holdings/{node}", self.prefix)
+    }
+
+    /// `silence/<node>`.
+    pub fn silence(&self, node: &NodeName) -> String {
+        format!("{}silence/{node}", self.prefix)
     }
 
     /// `holdings/`.
@@ -779,6 +792,7 @@ impl Keys {
                 })
             }
             ["holdings", name] => Ok(Key::Holdings { node: node(name)? }),
+            ["silence", name] => Ok(Key::Silence { node: node(name)? }),
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -883,9 +897,35 @@ pub struct QuarantineRecord {
     pub reason: String,
     /// When the quarantine began, in milliseconds since the epoch.
     pub since_ms: u64,
+    /// `waiting`: a removed node may still serve from it (not on a lease: nothing is
+    /// proposed there, and its quarantine has not begun); `quarantined` (the default, and
+    /// what records written before had): on a lease of the quarantine time.
+    #[serde(default, skip_serializing_if = "QuarantineState::is_quarantined")]
+    pub state: QuarantineState,
 }
 
-/// `removals/<node>`'s value, written by `corral node remove`.
+/// Where a quarantine key stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuarantineState {
+    /// On a lease of the quarantine time: free when etcd deletes it.
+    #[default]
+    Quarantined,
+    /// Held by its removed node (`from_node`) until it gives it up or is proven gone: not on
+    /// a lease.
+    Waiting,
+}
+
+impl QuarantineState {
+    /// Whether it is `Quarantined`.
+    pub fn is_quarantined(&self) -> bool {
+        *self == QuarantineState::Quarantined
+    }
+}
+
+/// `removals/<node>`'s value, written by `corral node remove` (phase `requested`) and kept
+/// by the leader through the node's drain (phases `draining`, `silent`) until what it held
+/// was given up or it was proven gone.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemovalRecord {
     /// The create revision of `nodes/<node>` the request is about: a node registered again
@@ -894,6 +934,63 @@ pub struct RemovalRecord {
     /// When it was asked, in milliseconds since the epoch.
     #[serde(default)]
     pub requested_ms: u64,
+    /// How it was asked (`corral node remove --drain`, `--force`, or plain).
+    #[serde(default, skip_serializing_if = "RemovalMode::is_plain")]
+    pub mode: RemovalMode,
+    /// Where the removal stands.
+    #[serde(default, skip_serializing_if = "RemovalPhase::is_requested")]
+    pub phase: RemovalPhase,
+}
+
+/// `silence/<node>`'s value, put by the leader on a lease of the quarantine time when a
+/// removed node shows no liveness.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SilenceRecord {
+    /// When the leader saw it without liveness, in milliseconds since the epoch.
+    #[serde(default)]
+    pub since_ms: u64,
+}
+
+/// How a removal was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemovalMode {
+    /// A node that is not live, or holds no allocation.
+    #[default]
+    Plain,
+    /// A live node with pods: it takes no new pods, its space comes back as it empties.
+    Drain,
+    /// A node its operator knows is dead.
+    Force,
+}
+
+impl RemovalMode {
+    /// Whether it is `Plain`.
+    pub fn is_plain(&self) -> bool {
+        *self == RemovalMode::Plain
+    }
+}
+
+/// Where a removal stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemovalPhase {
+    /// Asked for: the leader has not removed the registration yet.
+    #[default]
+    Requested,
+    /// The registration and grants are gone; what the node held waits (quarantine keys in
+    /// state `waiting`) until its agent gives it up.
+    Draining,
+    /// As `draining`, and the node showed no liveness when the leader put `silence/<node>`
+    /// (on a lease of the quarantine time) in the same transaction.
+    Silent,
+}
+
+impl RemovalPhase {
+    /// Whether it is `Requested`.
+    pub fn is_requested(&self) -> bool {
+        *self == RemovalPhase::Requested
+    }
 }
 
 /// `holdings/<node>`'s value, written by the node's agent (never on a lease): every range of
@@ -1331,6 +1428,7 @@ mod tests {
             Key::NodeIdOfNode { node: node.clone() },
             Key::QuarantineId { id: 4_000_000_000 },
             Key::Removal { node: node.clone() },
+            Key::Silence { node: node.clone() },
             Key::CloudInterface {
                 node: node.clone(),
                 interface: CloudId::new("eni-0a1b2c3d4e5f").unwrap(),

@@ -15,6 +15,7 @@ pub mod intervals;
 pub mod keys;
 pub mod net;
 pub mod plan;
+pub mod removal;
 pub mod report;
 pub mod space;
 mod text;
@@ -40,7 +41,9 @@ pub use keys::{
     ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
     encode_value,
 };
+pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
+pub use removal::{RemovalStep, removal_steps};
 pub use report::{BlockReport, NodeReport, StatusReport};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
@@ -50,5 +53,5 @@ pub use ipnet::IpNet;
 pub use view::{
     BlockProposal, CloudEntry, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry,
     NodeInfo, PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal,
-    RemovedGrant, RemovedNodeId, is_config_key,
+    RemovedGrant, RemovedNodeId, WaitingOn, WaitingQuarantine, is_config_key,
 };

@@ -265,14 +265,38 @@ impl Removal {
         keys
     }
 
-    /// The value of each quarantine key.
+    /// The value of each quarantine key: `waiting` (not on a lease), so nothing is proposed
+    /// there and the quarantine begins only when the node gave it up or was proven gone.
     pub fn quarantine_record(&self, reason: &str, now_ms: u64) -> QuarantineRecord {
         QuarantineRecord {
             from_node: self.node.clone(),
             reason: reason.to_owned(),
             since_ms: now_ms,
+            state: crate::keys::QuarantineState::Waiting,
         }
     }
+}
+
+/// A quarantine key in state `waiting` (see [`ClusterView::waiting_quarantines`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingQuarantine {
+    /// The key.
+    pub key: String,
+    /// Its mod revision (the leader's compare).
+    pub mod_revision: i64,
+    /// Its value (`from_node` is the holder).
+    pub record: QuarantineRecord,
+    /// What it keeps.
+    pub held: WaitingOn,
+}
+
+/// What a waiting quarantine key keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitingOn {
+    /// A node CIDR or block.
+    Range(IpNet),
+    /// A node ID.
+    NodeId(u32),
 }
 
 /// A registered node as the view knows it.
@@ -327,6 +351,9 @@ struct GrantEntry {
 #[derive(Debug, Clone)]
 struct QuarantineEntry {
     counted: bool,
+    /// None when the value does not decode (occupied anyway).
+    record: Option<QuarantineRecord>,
+    mod_revision: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -376,8 +403,8 @@ pub struct ClusterView {
     block_in_flight: BTreeMap<NodeName, BlockProposal>,
     /// Nodes whose liveness key exists.
     live: BTreeSet<NodeName>,
-    /// The mod revision of the `config` key (0 before it was seen), whether its value was
-    /// installed or refused: a grant txn compares it, so the view has judged what is stored.
+    /// `silence/<node>` keys: node → mod revision.
+    silences: BTreeMap<NodeName, i64>,
     /// `holdings/` records: what each node's agent asserts it holds (a value that does not
     /// decode is reported and the last readable one kept; `record: None` if there is none).
     holdings: BTreeMap<NodeName, CloudEntry<HoldingsRecord>>,
@@ -386,7 +413,8 @@ pub struct ClusterView {
     held_blocked: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
     /// Node IDs an agent serves without holding their grant, each blocked in the ID space.
     held_ids_blocked: BTreeSet<(NodeName, u32)>,
-    /// The mod revision of the `config` key (0 before it was seen).
+    /// The mod revision of the `config` key (0 before it was seen), whether its value was
+    /// installed or refused: a grant txn compares it, so the view has judged what is stored.
     config_revision: i64,
     /// The mod revision of the `config` key whose value is in force (0: not known).
     installed_revision: i64,
@@ -429,6 +457,7 @@ impl ClusterView {
             release_keys: BTreeMap::new(),
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
+            silences: BTreeMap::new(),
             holdings: BTreeMap::new(),
             held_blocked: BTreeSet::new(),
             held_ids_blocked: BTreeSet::new(),
@@ -476,6 +505,7 @@ impl ClusterView {
         self.release_keys.clear();
         self.block_in_flight.clear();
         self.live.clear();
+        self.silences.clear();
         self.holdings.clear();
         self.rebuild_spaces();
     }
@@ -797,7 +827,7 @@ impl ClusterView {
             }
             Key::Grant { pool, family, cidr } => {
                 // A grant key blocks its CIDR whatever its value: a garbage value is reported
-                // and the CIDR occupied anyway (the txn's absence compare would fail on it).
+                // and the CIDR occupied anyway (the txn's silence compare would fail on it).
                 let record = self.decode::<GrantRecord>(key, mod_revision, value);
                 let id = (pool, family, cidr);
                 let counted = self.occupy_grant(&id, mod_revision);
@@ -838,10 +868,17 @@ impl ClusterView {
             Key::Quarantine { pool, family, cidr } => {
                 // A quarantine key blocks reuse whatever its value: a garbage value is
                 // reported and the CIDR occupied anyway.
-                let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
+                let record = self.decode::<QuarantineRecord>(key, mod_revision, value);
                 let id = (pool, family, cidr);
                 let counted = self.occupy_quarantine(&id, mod_revision);
-                self.quarantines.insert(id, QuarantineEntry { counted });
+                self.quarantines.insert(
+                    id,
+                    QuarantineEntry {
+                        counted,
+                        record,
+                        mod_revision,
+                    },
+                );
             }
             Key::NodeId { id } => {
                 // Occupied whatever its value, as grants.
@@ -946,9 +983,19 @@ impl ClusterView {
             }
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
-                let _ = self.decode::<QuarantineRecord>(key, mod_revision, value);
+                let record = self.decode::<QuarantineRecord>(key, mod_revision, value);
                 let counted = self.occupy_quarantined_id(id, mod_revision);
-                self.quarantined_ids.insert(id, QuarantineEntry { counted });
+                self.quarantined_ids.insert(
+                    id,
+                    QuarantineEntry {
+                        counted,
+                        record,
+                        mod_revision,
+                    },
+                );
+            }
+            Key::Silence { node } => {
+                self.silences.insert(node, mod_revision);
             }
         }
     }
@@ -976,6 +1023,9 @@ impl ClusterView {
             }
             Key::Removal { node } => {
                 self.removals.remove(node);
+            }
+            Key::Silence { node } => {
+                self.silences.remove(node);
             }
             Key::CloudInterface { node, interface } => {
                 if let Some(old) = self
@@ -1378,8 +1428,52 @@ impl ClusterView {
     pub fn removals_requested(&self) -> Vec<(NodeName, i64, RemovalRecord)> {
         self.removals
             .iter()
+            .filter(|(_, (_, record))| record.phase.is_requested())
             .map(|(node, (revision, record))| (node.clone(), *revision, record.clone()))
             .collect()
+    }
+
+    /// Every `removals/` record (any phase): node → (its mod revision, the record).
+    pub fn removals(&self) -> &BTreeMap<NodeName, (i64, RemovalRecord)> {
+        &self.removals
+    }
+
+    /// The mod revision of `silence/<node>`, if it exists.
+    pub fn silence_of(&self, node: &NodeName) -> Option<i64> {
+        self.silences.get(node).copied()
+    }
+
+    /// Every quarantine key in state `waiting` (a removed node may still serve from it):
+    /// node CIDRs and blocks as `(node, key, mod revision, record, range)`, node IDs with
+    /// `range: None` and the ID.
+    pub fn waiting_quarantines(&self) -> Vec<WaitingQuarantine> {
+        let waiting = |e: &QuarantineEntry| {
+            e.record
+                .clone()
+                .filter(|r| r.state == crate::keys::QuarantineState::Waiting)
+        };
+        let mut out = Vec::new();
+        for ((pool, family, cidr), entry) in &self.quarantines {
+            if let Some(record) = waiting(entry) {
+                out.push(WaitingQuarantine {
+                    key: self.keys.quarantine(pool, *family, cidr),
+                    mod_revision: entry.mod_revision,
+                    record,
+                    held: WaitingOn::Range(*cidr),
+                });
+            }
+        }
+        for (id, entry) in &self.quarantined_ids {
+            if let Some(record) = waiting(entry) {
+                out.push(WaitingQuarantine {
+                    key: self.keys.quarantine_id(*id),
+                    mod_revision: entry.mod_revision,
+                    record,
+                    held: WaitingOn::NodeId(*id),
+                });
+            }
+        }
+        out
     }
 
     /// The registration of a node, if seen.
@@ -1560,7 +1654,7 @@ mod tests {
     use super::*;
 
     /// Regression (review): a grant key of another prefix length was reported and left its
-    /// addresses free, and the grant transaction's absence compare covers only the exact key,
+    /// addresses free, and the grant transaction's silence compare covers only the exact key,
     /// so the leader could grant a node CIDR inside it.
     #[test]
     fn a_grant_key_of_another_shape_blocks_its_addresses_until_deleted() {

@@ -1470,6 +1470,7 @@ impl Sim {
                 from_node: name.clone(),
                 reason: "released".into(),
                 since_ms: now,
+                state: Default::default(),
             };
             let grant_key = keys.grant(&pool, Family::V4, cidr);
             let ops = [

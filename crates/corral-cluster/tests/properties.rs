@@ -286,6 +286,7 @@ impl Sim {
                     from_node: node_name(n),
                     reason: "node removed".into(),
                     since_ms: 0,
+                    state: Default::default(),
                 })
                 .unwrap();
                 let puts: Vec<(String, Vec<u8>)> = removal

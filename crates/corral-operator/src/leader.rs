@@ -16,7 +16,7 @@ use corral_cluster::{
     ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
     RetryState, encode_value,
 };
-use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
+use corral_kv::{Compare, Event, Kv, KvError, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -25,6 +25,7 @@ use crate::state::{Shared, TxnOutcome};
 
 mod blocks;
 pub(crate) mod cloud;
+mod drain;
 mod logged;
 pub(crate) mod node_cidr_sync;
 mod pending;
@@ -52,6 +53,11 @@ enum Done {
     },
     Removal {
         node: NodeName,
+        outcome: Result<Revision, TxnFailure>,
+    },
+    /// One step of a removed node's drain (`drain.rs`).
+    Drain {
+        step: corral_cluster::RemovalStep,
         outcome: Result<Revision, TxnFailure>,
     },
     /// A node's block-pool steps (grants and release handshakes), one transaction each.
@@ -301,6 +307,9 @@ struct Work {
     cloud: Option<Arc<cloud::CloudSignal>>,
     /// From-cloud pools: tells the node CIDR sync what changed.
     sync: Arc<node_cidr_sync::SyncSignal>,
+    /// Removed nodes whose last drain step committed at a revision the view has not seen
+    /// yet: no next step for them until the watch got that far.
+    drain_wait: HashMap<NodeName, Revision>,
 }
 
 impl Work {
@@ -411,6 +420,7 @@ async fn serve<K: Kv>(
         clock: blocks::BlockClock::new(),
         cloud,
         sync: Arc::clone(sync),
+        drain_wait: HashMap::new(),
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
@@ -471,6 +481,7 @@ async fn serve<K: Kv>(
                                 apply_event(view, &event);
                                 work.note(keys, &event);
                             }
+                            work.drain_wait.retain(|_, at| *at > *revision);
                         })?;
                         dirty = true;
                     }
@@ -485,7 +496,13 @@ async fn serve<K: Kv>(
             }
             Some(done) = work.running.join_next(), if !work.running.is_empty() => {
                 let Ok(done) = done else { continue };
-                if with_view(shared, |view, _| finish(view, shared, &mut work, done))? {
+                let uncertain = with_view(shared, |view, revision| {
+                    let uncertain = finish(view, shared, &mut work, done);
+                    // A step the watch delivered already waits for nothing.
+                    work.drain_wait.retain(|_, at| *at > *revision);
+                    uncertain
+                })?;
+                if uncertain {
                     // The store may or may not have applied it: the view is rebuilt from what
                     // the store holds before anything else is proposed.
                     let at = restart(kv, keys, shared, &mut work).await?;
@@ -673,6 +690,7 @@ async fn drain(work: &mut Work, shared: &Shared) {
         }
     }
     work.busy.clear();
+    work.drain_wait.clear();
     work.rescan = true;
     work.block_rescan = true;
     if let Some(signal) = &work.cloud {
@@ -726,13 +744,29 @@ fn start_work<K: Kv>(
                 registration,
                 request_revision,
                 &request,
-                quarantine,
             )
             .await;
             Done::Removal {
                 node: removal.node.clone(),
                 outcome,
             }
+        });
+    }
+    // Removed nodes' drains: what their agents gave up goes into quarantine, what they
+    // still hold waits (`drain.rs`).
+    for step in corral_cluster::removal_steps(view) {
+        if work.running.len() >= workers {
+            return;
+        }
+        let node = step.node().clone();
+        if !due(work, &node, now) || work.drain_wait.contains_key(&node) {
+            continue;
+        }
+        work.busy.insert(node);
+        let (kv, keys, fence) = (kv.clone(), keys.clone(), fence.clone());
+        work.running.spawn(async move {
+            let outcome = drain::carry_out(&kv, &keys, &fence, &step, quarantine).await;
+            Done::Drain { step, outcome }
         });
     }
     if work.rescan {
@@ -912,8 +946,11 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
         Done::Removal { node, outcome } => {
             work.busy.remove(&node);
             match outcome {
-                Ok(_) => {
-                    eprintln!("corral operator: removed node {node}; its grants are quarantined");
+                Ok(revision) => {
+                    eprintln!(
+                        "corral operator: removed node {node}; what it held waits until its agent gives it up (or it shows no liveness for the quarantine time)"
+                    );
+                    work.drain_wait.insert(node.clone(), revision);
                     work.retry.remove(&node);
                     work.block_pending.insert(node.clone());
                     work.pending.insert(node);
@@ -925,6 +962,29 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                 }
                 Err(TxnFailure::Uncertain(error)) => {
                     shared.note_problem(format!("removal of {node}: {error}"));
+                    backoff(view, work, &node, false);
+                    true
+                }
+            }
+        }
+        Done::Drain { step, outcome } => {
+            let node = step.node().clone();
+            work.busy.remove(&node);
+            match outcome {
+                Ok(revision) => {
+                    if let Some(text) = drain::describe(&step) {
+                        eprintln!("corral operator: {text}");
+                    }
+                    work.drain_wait.insert(node.clone(), revision);
+                    backoff(view, work, &node, true);
+                    false
+                }
+                Err(TxnFailure::Refused) => {
+                    backoff(view, work, &node, false);
+                    false
+                }
+                Err(TxnFailure::Uncertain(error)) => {
+                    shared.note_problem(format!("drain of removed node {node}: {error}"));
                     backoff(view, work, &node, false);
                     true
                 }
@@ -997,11 +1057,12 @@ async fn run<K: Kv>(kv: &K, txn: Txn) -> Result<Revision, TxnFailure> {
     }
 }
 
-/// Removes a node: its registration, grants and node ID go, and what it held is quarantined
-/// (keys on a lease of the quarantine time: etcd deletes them when it runs out). The request
+/// Removes a node: its registration, grants and node ID go, and what it held waits for its
+/// agent (quarantine keys in state `waiting`, not on a lease: nothing is proposed there, and
+/// the quarantine begins only when the agent gave it up or the node was proven gone:
+/// `drain.rs`); the request stays as the removal's record, in phase `draining`. The request
 /// names the registration it is about: a node registered again since is not removed by it
 /// (the request is dropped).
-#[allow(clippy::too_many_arguments)]
 async fn remove<K: Kv>(
     kv: &K,
     keys: &Keys,
@@ -1010,7 +1071,6 @@ async fn remove<K: Kv>(
     registration: Option<Revision>,
     request_revision: Revision,
     request: &RemovalRecord,
-    quarantine: Duration,
 ) -> Result<Revision, TxnFailure> {
     let request_key = keys.removal(&removal.node);
     let mut txn = Txn::default();
@@ -1018,7 +1078,7 @@ async fn remove<K: Kv>(
         .push(Compare::modified_at(request_key.clone(), request_revision));
     if registration != Some(request.node_revision) {
         // Not the registration the request was about (gone already, or a new one): only the
-        // request goes.
+        // request goes (waiting keys of an earlier removal get their record back: `drain.rs`).
         txn.success.push(TxnOp::delete(request_key));
         return run(kv, fence.guard(txn)).await;
     }
@@ -1027,27 +1087,20 @@ async fn remove<K: Kv>(
         request.node_revision,
     ));
     let mut removal = removal.clone();
-    let quarantines = removal.quarantines();
-    let lease: Option<LeaseId> = if quarantines.is_empty() {
-        None
-    } else {
-        Some(
-            kv.lease_grant(quarantine)
-                .await
-                .map_err(TxnFailure::Uncertain)?,
-        )
-    };
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let value = encode_value(&removal.quarantine_record("node removed", now_ms))
         .map_err(|e| TxnFailure::Uncertain(KvError::Refused(e.to_string())))?;
+    let record = encode_value(&RemovalRecord {
+        phase: corral_cluster::RemovalPhase::Draining,
+        ..request.clone()
+    })
+    .map_err(|e| TxnFailure::Uncertain(KvError::Refused(e.to_string())))?;
     // A node of block pools may hold more blocks than one transaction can delete and
     // quarantine (etcd's 128 operations): its blocks go first, in chunks, each under the same
     // compares (the request and the registration unchanged), then the rest in the last one.
-    let mut committed_any = false;
-    while let Some(lease) = lease
-        && !removal.grants.is_empty()
+    while !removal.grants.is_empty()
         && removal.deletes().len() + removal.quarantines().len() + 1 > corral_kv::MAX_TXN_OPS
     {
         let n = removal.grants.len().min(REMOVAL_CHUNK);
@@ -1070,46 +1123,21 @@ async fn remove<K: Kv>(
             if had_release {
                 part.success.push(TxnOp::delete(release));
             }
-            part.success.push(TxnOp::put_on_lease(
-                grant.quarantine_key.clone(),
-                value.clone(),
-                lease,
-            ));
+            part.success
+                .push(TxnOp::put(grant.quarantine_key.clone(), value.clone()));
         }
-        match run(kv, fence.guard(part)).await {
-            Ok(_) => committed_any = true,
-            Err(failure) => {
-                // Keys of an earlier chunk may be on this lease: it is revoked only if none
-                // was written.
-                if matches!(failure, TxnFailure::Refused) && !committed_any {
-                    let _ = kv.lease_revoke(lease).await;
-                }
-                return Err(failure);
-            }
-        }
+        run(kv, fence.guard(part)).await?;
     }
     let quarantines = removal.quarantines();
     for key in removal.deletes() {
         txn.success.push(TxnOp::delete(key));
     }
-    if let Some(lease) = lease {
-        for key in quarantines {
-            txn.compares.push(Compare::absent(key.clone()));
-            txn.success
-                .push(TxnOp::put_on_lease(key, value.clone(), lease));
-        }
+    for key in quarantines {
+        txn.compares.push(Compare::absent(key.clone()));
+        txn.success.push(TxnOp::put(key, value.clone()));
     }
-    txn.success.push(TxnOp::delete(request_key));
-    let outcome = run(kv, fence.guard(txn)).await;
-    // Only a refused txn surely wrote nothing; one whose answer was lost may have put the
-    // quarantine keys on this lease, and revoking it would end their quarantine at once. An
-    // unused lease runs out by itself.
-    if let (Err(TxnFailure::Refused), Some(lease)) = (&outcome, lease)
-        && !committed_any
-    {
-        let _ = kv.lease_revoke(lease).await;
-    }
-    outcome
+    txn.success.push(TxnOp::put(request_key, record));
+    run(kv, fence.guard(txn)).await
 }
 
 /// Grants a removal quarantines per transaction when one transaction cannot hold them all

@@ -465,6 +465,7 @@ impl ClusterView {
                     from_node: node.clone(),
                     reason: "block released".to_owned(),
                     since_ms: now_ms,
+                    state: Default::default(),
                 };
                 change.quarantine_puts.push((
                     keys.quarantine(pool, family, cidr),

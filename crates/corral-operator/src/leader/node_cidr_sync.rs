@@ -636,6 +636,7 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
                                      instance"
                                 .to_owned(),
                             since_ms: now_ms,
+                            state: Default::default(),
                         };
                         match withdraw_txn(
                             keys, node, pool, *family, cidr, *revision, &record, lease,

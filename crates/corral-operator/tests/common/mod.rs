@@ -105,6 +105,8 @@ pub async fn request_removal<K: Kv>(kv: &K, name: &str, node_revision: Revision)
     let value = encode_value(&RemovalRecord {
         node_revision,
         requested_ms: 0,
+        mode: Default::default(),
+        phase: Default::default(),
     })
     .unwrap();
     put(kv, &keys().removal(&node(name)), &value).await;

@@ -1,0 +1,415 @@
+//! Removal is a handshake (issue 20, item 1), with real processes: etcd, `corral operator`
+//! and `corral agent`s. `corral node remove` of a live node with pods is refused; `--drain`
+//! keeps the node's pods on their addresses, refuses new ADDs there, and gives the space back
+//! only once the node gave it up; `--force` of a dead node gives its space back after no
+//! liveness for the whole quarantine, and a forced node that comes back keeps its space.
+//!
+//! The agents' `holdings/<node>` record (issue 20's "agents assert what they hold") is
+//! written here by the test, standing in for the agent's publisher until it lands
+//! (`write_holdings`): it lists what the agent's API says it holds.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
+use corral_client::Client;
+use corral_etcd::testing::EtcdCluster;
+use corral_kv::Kv;
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+
+/// One node CIDR in the pool: whoever else registers gets nothing until it is free again.
+fn config(quarantine_secs: u64) -> String {
+    format!(
+        r#"
+quarantine_secs = {quarantine_secs}
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.50.0.0/24"]
+node_prefix_len = 24
+"#
+    )
+}
+
+fn network() -> CniNetwork {
+    CniNetwork {
+        name: "podnet".into(),
+        pools: Vec::new(),
+        node_pool: Some("default".into()),
+        requested_pool: None,
+        configured_pool: Some("default".into()),
+        namespace: None,
+    }
+}
+
+fn key(container: &str) -> AttachmentKey {
+    AttachmentKey {
+        network: "podnet".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+    }
+}
+
+/// A CNI ADD through the agent's API.
+fn add(socket: &Path, container: &str) -> Result<Vec<IpAddr>, corral_client::Error> {
+    let response = Client::unix(socket).cni_add(&CniAddRequest {
+        network: network(),
+        key: key(container),
+        owner: format!("pod/{container}"),
+        sets: Vec::new(),
+    })?;
+    Ok(response.allocations.iter().map(|a| a.address).collect())
+}
+
+fn del(socket: &Path, container: &str) {
+    Client::unix(socket)
+        .cni_del(&CniKeyRequest {
+            network: network(),
+            key: key(container),
+        })
+        .unwrap();
+}
+
+fn remove(etcd: &EtcdCluster, node: &str, flags: &[&str]) -> (i32, String) {
+    let endpoints = endpoints(etcd);
+    let mut args = vec![
+        "node",
+        "remove",
+        node,
+        "--etcd",
+        &endpoints,
+        "--cluster",
+        "t",
+    ];
+    args.extend(flags);
+    let (code, out, err) = corral(&args);
+    (code, format!("{out}{err}"))
+}
+
+fn get(etcd: &EtcdCluster, rest: &str) -> Option<corral_kv::KeyValue> {
+    block_on(kv(etcd).get(format!("/corral/t/v1/{rest}").as_bytes())).unwrap()
+}
+
+/// Stands in for the agent's holdings publisher: `holdings/<node>` listing the cluster
+/// ranges the agent's API says it holds (granted or draining) with their allocations.
+fn write_holdings(etcd: &EtcdCluster, node: &str, socket: &Path) {
+    let pools = Client::unix(socket).pools(Some("node")).unwrap();
+    let ranges: Vec<corral_cluster::HeldRange> = pools
+        .pools
+        .iter()
+        .flat_map(|p| p.ranges.iter().map(move |r| (p.name.clone(), r)))
+        .filter(|(_, r)| r.source == corral_api::RangeSource::Cluster)
+        .map(|(pool, r)| corral_cluster::HeldRange {
+            pool: corral_cluster::PoolName::new(&pool).unwrap(),
+            cidr: r.range.split(',').next().unwrap().parse().unwrap(),
+            draining: r.draining,
+            allocations: r.allocated,
+        })
+        .collect();
+    write_holdings_record(etcd, node, ranges);
+}
+
+fn write_holdings_record(etcd: &EtcdCluster, node: &str, ranges: Vec<corral_cluster::HeldRange>) {
+    let record = corral_cluster::HoldingsRecord {
+        uid: String::new(),
+        ranges,
+        node_id: None,
+        cloud: vec![],
+        written_ms: 0,
+    };
+    let kv = kv(etcd);
+    block_on(kv.txn(corral_kv::Txn {
+        compares: vec![],
+        success: vec![corral_kv::TxnOp::put(
+            format!("/corral/t/v1/holdings/{node}"),
+            corral_cluster::encode_value(&record).unwrap(),
+        )],
+        failure: vec![],
+    }))
+    .unwrap();
+}
+
+/// The quarantine key of 10.50.0.0/24, as (state, on a lease), if there is one.
+fn quarantine(etcd: &EtcdCluster) -> Option<(String, bool)> {
+    let entry = get(etcd, "quarantine/default/ipv4/10.50.0.0-24")?;
+    let value: serde_json::Value = serde_json::from_slice(&entry.value).unwrap();
+    Some((
+        value["state"].as_str().unwrap_or("quarantined").to_owned(),
+        entry.lease.is_some(),
+    ))
+}
+
+/// Polls for `how_long`, asserting `holds` at every look.
+fn holds_for(what: &str, how_long: Duration, mut holds: impl FnMut() -> bool) {
+    let until = Instant::now() + how_long;
+    while Instant::now() < until {
+        assert!(holds(), "{what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn granted_to(etcd: &EtcdCluster, node: &str) -> bool {
+    grants(etcd)
+        .get(node)
+        .is_some_and(|g| g.iter().any(|k| k.ends_with("10.50.0.0-24")))
+}
+
+fn signal(pid: u32, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_only_once_given_up()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), &config(2));
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    wait_until("node-a holds its range", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 1
+    });
+    let pods: Vec<IpAddr> = ["c1", "c2"]
+        .iter()
+        .flat_map(|c| add(&a.socket, c).unwrap())
+        .collect();
+    write_holdings(&etcd, "node-a", &a.socket);
+
+    // Refused: live, with pods; the message names both ways out. Nothing changed.
+    let (code, output) = remove(&etcd, "node-a", &[]);
+    assert_eq!(code, 1, "{output}");
+    assert!(
+        output.contains("live") && output.contains("--drain") && output.contains("--force"),
+        "{output}"
+    );
+    assert!(get(&etcd, "removals/node-a").is_none());
+    assert!(granted_to(&etcd, "node-a"));
+    // A live node that has not said what it holds is taken to hold pods.
+    block_on(kv(&etcd).txn(corral_kv::Txn {
+        compares: vec![],
+        success: vec![corral_kv::TxnOp::delete("/corral/t/v1/holdings/node-a")],
+        failure: vec![],
+    }))
+    .unwrap();
+    let (code, output) = remove(&etcd, "node-a", &[]);
+    assert_eq!(code, 1, "{output}");
+    assert!(output.contains("no holdings record"), "{output}");
+    write_holdings(&etcd, "node-a", &a.socket);
+    let (code, output) = remove(&etcd, "node-a", &["--drain", "--force"]);
+    assert_eq!(
+        code, 2,
+        "--drain and --force together are a usage error: {output}"
+    );
+
+    let (code, output) = remove(&etcd, "node-a", &["--drain"]);
+    assert_eq!(code, 0, "{output}");
+    wait_until("node-a's grant is gone", Duration::from_secs(20), || {
+        !granted_to(&etcd, "node-a")
+    });
+    wait_until(
+        "node-a knows it was removed",
+        Duration::from_secs(20),
+        || {
+            let cluster = Client::unix(&a.socket)
+                .status(None)
+                .unwrap()
+                .cluster
+                .unwrap();
+            !cluster.registered && cluster.last_error.is_some_and(|e| e.contains("removed"))
+        },
+    );
+    // New pods are refused with a clear error; existing ones keep their addresses.
+    let Err(corral_client::Error::Api { error, .. }) = add(&a.socket, "c3") else {
+        panic!("an ADD on a removed node is refused");
+    };
+    assert!(error.message.contains("being removed"), "{error:?}");
+    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
+    let still = addresses(&dump);
+    assert!(pods.iter().all(|p| still.contains(p)), "{still:?}");
+    write_holdings(&etcd, "node-a", &a.socket);
+
+    // node-b registers meanwhile: it never gets node-a's CIDR while node-a holds pods, well
+    // past the quarantine time.
+    let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
+    holds_for(
+        "node-b never gets node-a's CIDR while node-a holds pods",
+        Duration::from_secs(8),
+        || {
+            !granted_to(&etcd, "node-b")
+                && quarantine(&etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
+        },
+    );
+    assert!(
+        get(&etcd, "live/node-a").is_some(),
+        "a draining node stays live"
+    );
+    assert_invariant(
+        &etcd,
+        &[("node-a", &a.socket), ("node-b", &b.socket)],
+        false,
+    );
+
+    // Its pods go: the range drains out of the agent, which says so; the range is given up,
+    // quarantined, and later granted to node-b.
+    del(&a.socket, "c1");
+    del(&a.socket, "c2");
+    wait_until(
+        "node-a's range left the agent",
+        Duration::from_secs(20),
+        || {
+            Client::unix(&a.socket)
+                .pools(Some("node"))
+                .unwrap()
+                .pools
+                .iter()
+                .flat_map(|p| &p.ranges)
+                .all(|r| r.source != corral_api::RangeSource::Cluster)
+        },
+    );
+    write_holdings(&etcd, "node-a", &a.socket);
+    wait_until(
+        "the range enters quarantine",
+        Duration::from_secs(20),
+        || quarantine(&etcd).is_none_or(|(state, lease)| state == "quarantined" && lease),
+    );
+    wait_until("node-b gets node-a's CIDR", Duration::from_secs(30), || {
+        granted_to(&etcd, "node-b")
+    });
+    wait_until("the removal is done", Duration::from_secs(20), || {
+        get(&etcd, "removals/node-a").is_none() && get(&etcd, "holdings/node-a").is_none()
+    });
+    wait_until(
+        "node-a's drained agent is no longer live",
+        Duration::from_secs(20),
+        || get(&etcd, "live/node-a").is_none(),
+    );
+    wait_until("node-b holds it", Duration::from_secs(20), || {
+        agent_ranges(&b.socket).len() == 1
+    });
+    let pod = add(&b.socket, "b1").unwrap();
+    assert!(pod.iter().all(|p| contains("10.50.0.0/24", *p)));
+    assert_check(&etcd, &[&b.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)], true);
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quarantine() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), &config(3));
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    wait_until("node-a holds its range", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 1
+    });
+    add(&a.socket, "c1").unwrap();
+    write_holdings(&etcd, "node-a", &a.socket);
+    // The machine dies: SIGKILL, its liveness key left to its lease.
+    a.kill();
+    let (code, output) = remove(&etcd, "node-a", &["--force"]);
+    assert_eq!(code, 0, "{output}");
+    let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
+    // Not while node-a's liveness lasts, nor for the quarantine time after it ended.
+    wait_until("node-a's liveness ends", Duration::from_secs(20), || {
+        assert!(
+            !granted_to(&etcd, "node-b"),
+            "granted while node-a was live"
+        );
+        get(&etcd, "live/node-a").is_none()
+    });
+    let silent = Instant::now();
+    wait_until("node-b gets node-a's CIDR", Duration::from_secs(30), || {
+        granted_to(&etcd, "node-b")
+    });
+    assert!(
+        silent.elapsed() >= Duration::from_secs(2),
+        "node-a's space came back {:?} after its liveness ended (quarantine 3 s)",
+        silent.elapsed()
+    );
+    wait_until("the removal is done", Duration::from_secs(20), || {
+        get(&etcd, "removals/node-a").is_none()
+            && get(&etcd, "holdings/node-a").is_none()
+            && get(&etcd, "silence/node-a").is_none()
+    });
+    wait_until("node-b holds it", Duration::from_secs(20), || {
+        agent_ranges(&b.socket).len() == 1
+    });
+    assert_check(&etcd, &[&b.socket]);
+    assert_invariant(&etcd, &[("node-b", &b.socket)], true);
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), &config(8));
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    wait_until("node-a holds its range", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 1
+    });
+    let pod = add(&a.socket, "c1").unwrap();
+    write_holdings(&etcd, "node-a", &a.socket);
+    // Taken for dead: paused (SIGSTOP), removed by force, its liveness runs out.
+    signal(a.pid(), rustix::process::Signal::STOP);
+    let (code, output) = remove(&etcd, "node-a", &["--force"]);
+    assert_eq!(code, 0, "{output}");
+    wait_until("node-a shows no liveness", Duration::from_secs(20), || {
+        get(&etcd, "silence/node-a").is_some()
+    });
+    // It comes back within the quarantine time: live again, it keeps its space.
+    signal(a.pid(), rustix::process::Signal::CONT);
+    wait_until("node-a is live again", Duration::from_secs(20), || {
+        get(&etcd, "live/node-a").is_some() && get(&etcd, "silence/node-a").is_none()
+    });
+    let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
+    holds_for(
+        "node-b never gets the CIDR node-a came back with",
+        Duration::from_secs(12),
+        || {
+            !granted_to(&etcd, "node-b")
+                && quarantine(&etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
+        },
+    );
+    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
+    assert!(pod.iter().all(|p| addresses(&dump).contains(p)));
+    assert_invariant(
+        &etcd,
+        &[("node-a", &a.socket), ("node-b", &b.socket)],
+        false,
+    );
+    // It gives it up: quarantined, then node-b's.
+    del(&a.socket, "c1");
+    wait_until(
+        "node-a's range left the agent",
+        Duration::from_secs(20),
+        || {
+            Client::unix(&a.socket)
+                .pools(Some("node"))
+                .unwrap()
+                .pools
+                .iter()
+                .flat_map(|p| &p.ranges)
+                .all(|r| r.source != corral_api::RangeSource::Cluster)
+        },
+    );
+    write_holdings(&etcd, "node-a", &a.socket);
+    wait_until("node-b gets node-a's CIDR", Duration::from_secs(40), || {
+        granted_to(&etcd, "node-b")
+    });
+    wait_until("node-b holds it", Duration::from_secs(20), || {
+        agent_ranges(&b.socket).len() == 1
+    });
+    assert_check(&etcd, &[&b.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)], true);
+}
