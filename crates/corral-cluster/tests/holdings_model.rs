@@ -1,0 +1,947 @@
+//! Agents that hold what they were granted, against operator replicas and a simulated etcd: removals of live nodes, restored snapshots, configurations written around the CLI; no range is ever on two nodes.
+//!
+//! The laptop tier of issue 20. The simulated etcd is a `BTreeMap` of key → (value, create
+//! revision, mod revision) with a global revision, an event log, and an atomic txn (as in
+//! `properties.rs`); a snapshot is a copy of it, and restoring one sends the revision back.
+//! Operator replicas are `ClusterView`s fed from the log at their own pace (a stale one keeps
+//! proposing), rebuilt from a full read on a restart, exactly as `leader.rs` does: a fresh
+//! `ClusterView::new` under the stored configuration. Agents keep durable local state: what
+//! they hold (granted → held; a range whose grant is gone is draining and stays held until
+//! emptied) and they put their `holdings/<node>` record back whenever it is missing or says
+//! something else, when they get to it.
+//!
+//! The rules of the leader that this model holds (the parts of issue 20 built elsewhere):
+//! - a removal writes quarantine keys only for what the holder does not assert (space it
+//!   still holds stays occupied by its assertion alone until it is dropped);
+//! - after a restored snapshot (the revision went backwards) no proposal commits until every
+//!   agent that holds anything has synced since the restore and the proposing replica has
+//!   read those syncs back;
+//! - a replica that has not read its agents' assertions back since it (re)built its view
+//!   from the store, while some agent's assertion in the store cannot be read or is missing,
+//!   grants nothing (see `holdings_read_back`).
+//!
+//! After every step the promise is checked from the store and the agents alone: no two agents
+//! hold overlapping ranges or the same node ID, no grant overlaps another, and no grant to one
+//! node (committed since the last restore, or taken up by its node) overlaps what another
+//! node's agent holds.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use corral_cluster::net::overlaps;
+use corral_cluster::{
+    ClusterConfig, ClusterName, ClusterView, GrantRecord, HeldRange, HoldingsRecord, IpNet, Key,
+    Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, PoolName, QuarantineRecord,
+    decode_value, encode_value,
+};
+use proptest::prelude::*;
+
+/// Two pools of one family (so "every pool of the family" matters) and a node-ID plan of 4.
+fn config_text(p_name: &str, p_cidrs: &str, p_len: u8, q_cidrs: &str) -> String {
+    format!(
+        r#"
+quarantine_secs = 60
+[[pools]]
+name = "{p_name}"
+[pools.ipv4]
+cidrs = [{p_cidrs}]
+node_prefix_len = {p_len}
+[[pools]]
+name = "q"
+[pools.ipv4]
+cidrs = [{q_cidrs}]
+node_prefix_len = 30
+[node_ids]
+pod_subnet = "10.200.0.0/22"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "10.201.0.0/22"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "10.202.0.0/24"
+vxlan = "10.203.0.0/24"
+service = "10.96.0.0/12"
+"#
+    )
+}
+
+/// The configuration `corral cluster init` wrote, then ones written around the CLI (etcdctl, a
+/// GitOps tool): every one of them is refused by `ClusterConfig::check_change` from the first.
+fn config_variant(variant: usize) -> ClusterConfig {
+    let text = match variant {
+        // As initialised.
+        0 => config_text("p", r#""10.0.0.0/28""#, 30, r#""10.0.1.0/29""#),
+        // Pool p renamed.
+        1 => config_text("r", r#""10.0.0.0/28""#, 30, r#""10.0.1.0/29""#),
+        // A changed node_prefix_len (wider, then narrower node CIDRs).
+        2 => config_text("p", r#""10.0.0.0/28""#, 29, r#""10.0.1.0/29""#),
+        3 => config_text("p", r#""10.0.0.0/28""#, 31, r#""10.0.1.0/29""#),
+        // Half of p's cluster CIDR moved to pool q.
+        _ => config_text(
+            "p",
+            r#""10.0.0.8/29""#,
+            30,
+            r#""10.0.1.0/29", "10.0.0.0/29""#,
+        ),
+    };
+    ClusterConfig::from_toml(&text).unwrap()
+}
+
+const CONFIG_VARIANTS: usize = 5;
+const NODES: usize = 6;
+const REPLICAS: usize = 3;
+const SNAPSHOTS: usize = 2;
+
+#[derive(Debug, Clone)]
+enum Event {
+    Put {
+        key: String,
+        value: Vec<u8>,
+        create: i64,
+        modified: i64,
+    },
+    Delete {
+        key: String,
+        revision: i64,
+    },
+}
+
+/// What etcd holds (and what a snapshot copies): the keys, the revision, the fence.
+#[derive(Debug, Clone, Default)]
+struct State {
+    kv: BTreeMap<String, (Vec<u8>, i64, i64)>,
+    revision: i64,
+    /// The election's fence: only the replica holding the current token commits.
+    leader_token: u64,
+}
+
+/// The simulated etcd: its state, the log replicas watch, and how many times it was restored
+/// (a watch across a restore breaks: its replica must rebuild).
+#[derive(Debug, Default)]
+struct Etcd {
+    state: State,
+    log: Vec<Event>,
+    generation: u64,
+    snapshots: Vec<Option<State>>,
+}
+
+/// A transaction's compares and writes.
+#[derive(Debug, Default)]
+struct Txn {
+    token: u64,
+    /// A key and the create revision it must have.
+    registration: Option<(String, i64)>,
+    /// The `config` key and the mod revision it must have.
+    config_revision: Option<(String, i64)>,
+    absent: Vec<String>,
+    empty: Vec<String>,
+    deletes: Vec<String>,
+    puts: Vec<(String, Vec<u8>)>,
+}
+
+impl Etcd {
+    fn put(&mut self, key: String, value: Vec<u8>) {
+        let s = &mut self.state;
+        s.revision += 1;
+        let create = s.kv.get(&key).map_or(s.revision, |(_, c, _)| *c);
+        s.kv.insert(key.clone(), (value.clone(), create, s.revision));
+        self.log.push(Event::Put {
+            key,
+            value,
+            create,
+            modified: s.revision,
+        });
+    }
+
+    fn delete(&mut self, key: &str) {
+        let s = &mut self.state;
+        if s.kv.remove(key).is_some() {
+            s.revision += 1;
+            self.log.push(Event::Delete {
+                key: key.to_owned(),
+                revision: s.revision,
+            });
+        }
+    }
+
+    fn txn(&mut self, txn: &Txn) -> bool {
+        let s = &self.state;
+        if txn.token != s.leader_token {
+            return false;
+        }
+        if let Some((key, revision)) = &txn.registration
+            && s.kv.get(key).map(|(_, c, _)| *c) != Some(*revision)
+        {
+            return false;
+        }
+        if let Some((key, revision)) = &txn.config_revision
+            && s.kv.get(key).map(|(_, _, m)| *m) != Some(*revision)
+        {
+            return false;
+        }
+        if txn.absent.iter().any(|k| s.kv.contains_key(k)) {
+            return false;
+        }
+        if txn.empty.iter().any(|p| {
+            s.kv.range(p.clone()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(p.as_str()))
+        }) {
+            return false;
+        }
+        for key in &txn.deletes {
+            self.delete(key);
+        }
+        for (key, value) in &txn.puts {
+            self.put(key.clone(), value.clone());
+        }
+        true
+    }
+}
+
+#[derive(Debug)]
+struct Replica {
+    view: ClusterView,
+    /// How much of the log the view has applied.
+    applied: usize,
+    /// The etcd generation its watch belongs to.
+    generation: u64,
+    /// The log position its view was last rebuilt at.
+    built_at: usize,
+    token: u64,
+}
+
+impl Replica {
+    fn new(keys: &Keys, etcd: &Etcd) -> Replica {
+        let mut replica = Replica {
+            view: ClusterView::new(keys.clone(), config_variant(0)),
+            applied: 0,
+            generation: 0,
+            built_at: 0,
+            token: 0,
+        };
+        replica.rebuild(keys, etcd, true);
+        replica
+    }
+
+    /// Follows the log (up to `max` events); a watch broken by a restore rebuilds instead.
+    fn catch_up(&mut self, keys: &Keys, etcd: &Etcd, max: usize, checked: bool) {
+        if self.generation != etcd.generation {
+            self.rebuild(keys, etcd, checked);
+            return;
+        }
+        let end = etcd.log.len().min(self.applied.saturating_add(max));
+        for event in &etcd.log[self.applied..end] {
+            match event {
+                Event::Put {
+                    key,
+                    value,
+                    create,
+                    modified,
+                } => self.view.apply_put(key, value, *create, *modified),
+                Event::Delete { key, revision } => self.view.apply_delete(key, *revision),
+            }
+        }
+        self.applied = end;
+    }
+
+    /// A restart: a fresh view under the stored configuration, then every key applied. As
+    /// `leader.rs`'s `rebuild` does today (`checked: false`) the stored configuration is
+    /// installed whatever it is; under the rule of issue 20 (`checked: true`) one that fails
+    /// `ClusterConfig::check_change` from the configuration in force is not installed.
+    fn rebuild(&mut self, keys: &Keys, etcd: &Etcd, checked: bool) {
+        let current = self.view.config().clone();
+        let config = etcd
+            .state
+            .kv
+            .get(&keys.config())
+            .and_then(|(v, ..)| ClusterConfig::from_json(v).ok())
+            .filter(|new| !checked || ClusterConfig::check_change(&current, new).is_ok())
+            .unwrap_or(current);
+        let mut view = ClusterView::new(keys.clone(), config);
+        for (key, (value, create, modified)) in &etcd.state.kv {
+            view.apply_put(key, value, *create, *modified);
+        }
+        self.view = view;
+        self.applied = etcd.log.len();
+        self.built_at = etcd.log.len();
+        self.generation = etcd.generation;
+    }
+}
+
+/// One range an agent holds.
+#[derive(Debug, Clone)]
+struct Held {
+    draining: bool,
+    /// The create revision of the grant it was taken up from.
+    grant_revision: i64,
+}
+
+/// A node's agent and its durable local state.
+#[derive(Debug, Default)]
+struct Agent {
+    held: BTreeMap<(PoolName, IpNet), Held>,
+    /// The node ID it serves, and the create revision of its grant.
+    node_id: Option<(u32, i64)>,
+    /// Grants it gave up (pool, range, the grant's create revision): a restored snapshot
+    /// brings such a grant back, and the agent must not take it up again.
+    given_up: BTreeSet<(PoolName, IpNet, i64)>,
+    given_up_ids: BTreeSet<(u32, i64)>,
+    /// The log position of its first sync since the last restore.
+    synced_since_restore: Option<usize>,
+    /// The log position of its last sync.
+    synced_at: usize,
+}
+
+impl Agent {
+    fn holds_anything(&self) -> bool {
+        !self.held.is_empty() || self.node_id.is_some()
+    }
+
+    fn record(&self, n: usize) -> HoldingsRecord {
+        HoldingsRecord {
+            uid: format!("uid-{n}"),
+            ranges: self
+                .held
+                .iter()
+                .map(|((pool, cidr), h)| HeldRange {
+                    pool: pool.clone(),
+                    cidr: *cidr,
+                    draining: h.draining,
+                    allocations: 1,
+                })
+                .collect(),
+            node_id: self.node_id.map(|(id, _)| id),
+            cloud: vec![],
+            written_ms: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Register(usize),
+    /// A replica proposes for a node and commits (its view may be stale).
+    Propose(usize, usize),
+    CatchUp(usize, usize),
+    LeaderChange(usize),
+    Restart(usize),
+    /// The leader (if this replica is it) removes a node, live or not.
+    Remove(usize, usize),
+    /// A quarantine key's lease runs out.
+    Expire(usize),
+    AgentSync(usize),
+    /// The agent's pods in one of its draining ranges are gone: it drops the range.
+    Empty(usize, usize),
+    SnapshotSave(usize),
+    SnapshotRestore(usize),
+    ConfigAroundCli(usize),
+    /// `holdings/<node>` overwritten with garbage (0) or deleted (1) around the agent.
+    HoldingsGarbage(usize, usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..NODES).prop_map(Op::Register),
+        8 => (0..REPLICAS, 0..NODES).prop_map(|(r, n)| Op::Propose(r, n)),
+        4 => (0..REPLICAS, 1..12usize).prop_map(|(r, k)| Op::CatchUp(r, k)),
+        1 => (0..REPLICAS).prop_map(Op::LeaderChange),
+        1 => (0..REPLICAS).prop_map(Op::Restart),
+        2 => (0..NODES, 0..REPLICAS).prop_map(|(n, r)| Op::Remove(n, r)),
+        1 => (0..8usize).prop_map(Op::Expire),
+        6 => (0..NODES).prop_map(Op::AgentSync),
+        2 => (0..NODES, 0..4usize).prop_map(|(n, i)| Op::Empty(n, i)),
+        1 => (0..SNAPSHOTS).prop_map(Op::SnapshotSave),
+        1 => (0..SNAPSHOTS).prop_map(Op::SnapshotRestore),
+        1 => (0..CONFIG_VARIANTS).prop_map(Op::ConfigAroundCli),
+        1 => (0..NODES, 0..2usize).prop_map(|(n, k)| Op::HoldingsGarbage(n, k)),
+    ]
+}
+
+fn node_name(i: usize) -> NodeName {
+    NodeName::new(&format!("node-{i}")).unwrap()
+}
+
+/// Which rules of the leader the model holds (see the module's documentation).
+#[derive(Debug, Clone, Copy)]
+struct Rules {
+    /// A restart holds the stored configuration to `check_change` (issue 20's "one path
+    /// installs a configuration"); `false` is what `leader.rs` does today.
+    checked_install: bool,
+    /// A rebuilt view grants nothing while an assertion it could not read is not read back.
+    read_back_after_rebuild: bool,
+    /// A new term starts from a fresh read of the store (as `leader.rs` does); `false` lets a
+    /// replica with a stale view take the fence and propose at once.
+    rebuild_on_term: bool,
+}
+
+/// The rules of issue 20 as the parts building them promise.
+const RULES: Rules = Rules {
+    checked_install: true,
+    read_back_after_rebuild: true,
+    rebuild_on_term: true,
+};
+
+struct Sim {
+    rules: Rules,
+    keys: Keys,
+    etcd: Etcd,
+    replicas: Vec<Replica>,
+    agents: Vec<Agent>,
+    /// Grant keys committed by a replica since the last restore.
+    fresh: BTreeSet<String>,
+    /// Whether a restore happened and the leader has not yet seen every holder sync since.
+    restored: bool,
+}
+
+impl Sim {
+    fn new(rules: Rules) -> Sim {
+        let keys = Keys::new(ClusterName::new("sim").unwrap());
+        let mut etcd = Etcd {
+            snapshots: vec![None; SNAPSHOTS],
+            ..Etcd::default()
+        };
+        etcd.put(
+            keys.config(),
+            config_variant(0).to_json().unwrap().into_bytes(),
+        );
+        let mut replicas: Vec<Replica> =
+            (0..REPLICAS).map(|_| Replica::new(&keys, &etcd)).collect();
+        // Replica 0 leads the first term.
+        etcd.state.leader_token = 1;
+        replicas[0].token = 1;
+        Sim {
+            rules,
+            keys,
+            etcd,
+            replicas,
+            agents: (0..NODES).map(|_| Agent::default()).collect(),
+            fresh: BTreeSet::new(),
+            restored: false,
+        }
+    }
+
+    /// The leader's rule after a restore: every agent that holds anything has synced since,
+    /// and the replica has read those syncs back.
+    fn restore_settled(&self, r: usize) -> bool {
+        !self.restored
+            || self.agents.iter().all(|a| {
+                !a.holds_anything()
+                    || a.synced_since_restore
+                        .is_some_and(|at| self.replicas[r].applied >= at)
+            })
+    }
+
+    /// The leader's rule after a rebuild: while some agent's assertion in the store cannot be
+    /// read or is missing, grant nothing until that agent has synced (and the replica has
+    /// read it back) since the view was built. A rebuilt view has no last readable record to
+    /// keep, so a range held by a removed node would look free.
+    fn holdings_read_back(&self, r: usize) -> bool {
+        if !self.rules.read_back_after_rebuild {
+            return true;
+        }
+        let replica = &self.replicas[r];
+        self.agents.iter().enumerate().all(|(n, a)| {
+            let key = self.keys.holdings(&node_name(n));
+            let readable = self
+                .etcd
+                .state
+                .kv
+                .get(&key)
+                .is_some_and(|(v, ..)| decode_value::<HoldingsRecord>(v).is_ok());
+            readable
+                || !a.holds_anything()
+                || (a.synced_at > replica.built_at && replica.applied >= a.synced_at)
+        })
+    }
+
+    fn propose(&mut self, r: usize, node: &NodeName) {
+        if !self.restore_settled(r) || !self.holdings_read_back(r) {
+            return;
+        }
+        let replica = &mut self.replicas[r];
+        if replica.generation != self.etcd.generation {
+            // Its watch broke at the restore: it rebuilds before anything else.
+            replica.rebuild(&self.keys, &self.etcd, self.rules.checked_install);
+            return;
+        }
+        let Ok(proposal) = replica.view.propose(node) else {
+            return;
+        };
+        let txn = Txn {
+            token: replica.token,
+            registration: Some((
+                proposal.registration_key(&self.keys),
+                proposal.node_revision,
+            )),
+            config_revision: Some((self.keys.config(), replica.view.config_revision())),
+            absent: proposal.absent_keys(&self.keys),
+            empty: proposal.absent_prefixes(&self.keys),
+            deletes: vec![],
+            puts: proposal.puts(&self.keys).unwrap(),
+        };
+        let committed = self.etcd.txn(&txn);
+        replica.view.abandon(&proposal);
+        if committed {
+            for c in &proposal.cidrs {
+                self.fresh
+                    .insert(self.keys.grant(&c.pool, c.family, &c.cidr));
+            }
+            if let Some(id) = proposal.node_id {
+                self.fresh.insert(self.keys.node_id(id));
+            }
+        }
+    }
+
+    /// The leader removes node `n` from a fresh read: its registration, grants, owned keys
+    /// and node ID go; a quarantine key is written only for what its agent does not assert.
+    fn remove(&mut self, n: usize, r: usize) {
+        let node = node_name(n);
+        let replica = &mut self.replicas[r];
+        replica.catch_up(
+            &self.keys,
+            &self.etcd,
+            usize::MAX,
+            self.rules.checked_install,
+        );
+        let removal = replica.view.removal(&node);
+        if !self.etcd.state.kv.contains_key(&removal.node_key) {
+            return;
+        }
+        let held = replica
+            .view
+            .holdings_of(&node)
+            .and_then(|e| e.record.clone())
+            .unwrap_or_default();
+        let record = encode_value(&QuarantineRecord {
+            from_node: node.clone(),
+            reason: "node removed".into(),
+            since_ms: 0,
+        })
+        .unwrap();
+        let mut puts = Vec::new();
+        for g in &removal.grants {
+            if !held.ranges.iter().any(|h| overlaps(&h.cidr, &g.cidr.cidr)) {
+                puts.push((g.quarantine_key.clone(), record.clone()));
+            }
+        }
+        for id in &removal.node_ids {
+            if held.node_id != Some(id.id) {
+                puts.push((id.quarantine_key.clone(), record.clone()));
+            }
+        }
+        self.etcd.txn(&Txn {
+            token: replica.token,
+            deletes: removal.deletes(),
+            puts,
+            ..Txn::default()
+        });
+    }
+
+    /// The agent reads its grants and its `holdings/` key: takes up new grants, drains what is
+    /// no longer granted, and puts its record back when it is missing or different.
+    fn agent_sync(&mut self, n: usize) {
+        let node = node_name(n);
+        let mut grants: BTreeMap<(PoolName, IpNet), i64> = BTreeMap::new();
+        let mut granted_id = None;
+        for (key, (value, create, _)) in &self.etcd.state.kv {
+            match self.keys.parse(key) {
+                Ok(Key::Grant { pool, cidr, .. }) => {
+                    if decode_value::<GrantRecord>(value).is_ok_and(|g| g.node == node) {
+                        grants.insert((pool, cidr), *create);
+                    }
+                }
+                Ok(Key::NodeId { id }) => {
+                    if decode_value::<NodeIdRecord>(value).is_ok_and(|g| g.node == node) {
+                        granted_id = Some((id, *create));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let agent = &mut self.agents[n];
+        for (range, held) in agent.held.iter_mut() {
+            match grants.get(range) {
+                Some(revision) if *revision == held.grant_revision => held.draining = false,
+                _ => held.draining = true,
+            }
+        }
+        for ((pool, cidr), revision) in grants {
+            if !agent.held.contains_key(&(pool.clone(), cidr))
+                && !agent.given_up.contains(&(pool.clone(), cidr, revision))
+            {
+                agent.held.insert(
+                    (pool, cidr),
+                    Held {
+                        draining: false,
+                        grant_revision: revision,
+                    },
+                );
+            }
+        }
+        // A node ID no longer granted is served until the node holds no range at all.
+        if let Some((id, revision)) = agent.node_id
+            && granted_id != Some((id, revision))
+            && agent.held.is_empty()
+        {
+            agent.given_up_ids.insert((id, revision));
+            agent.node_id = None;
+        }
+        if agent.node_id.is_none()
+            && let Some(granted) = granted_id
+            && !agent.given_up_ids.contains(&granted)
+        {
+            agent.node_id = Some(granted);
+        }
+        let value = encode_value(&agent.record(n)).unwrap();
+        let key = self.keys.holdings(&node);
+        if self.etcd.state.kv.get(&key).map(|(v, ..)| v) != Some(&value) {
+            self.etcd.put(key, value);
+        }
+        let agent = &mut self.agents[n];
+        agent.synced_at = self.etcd.log.len();
+        agent
+            .synced_since_restore
+            .get_or_insert(self.etcd.log.len());
+    }
+
+    fn step(&mut self, op: &Op) {
+        match *op {
+            Op::Register(n) => {
+                let key = self.keys.node(&node_name(n));
+                if !self.etcd.state.kv.contains_key(&key) {
+                    let record = NodeRecord {
+                        uid: format!("uid-{n}"),
+                        addresses: vec![],
+                        registered_ms: 0,
+                        instance_id: None,
+                    };
+                    self.etcd.put(key, encode_value(&record).unwrap());
+                }
+            }
+            Op::Propose(r, n) => self.propose(r, &node_name(n)),
+            Op::CatchUp(r, k) => {
+                self.replicas[r].catch_up(&self.keys, &self.etcd, k, self.rules.checked_install)
+            }
+            Op::LeaderChange(r) => {
+                self.etcd.state.leader_token += 1;
+                self.replicas[r].token = self.etcd.state.leader_token;
+                if self.rules.rebuild_on_term {
+                    self.replicas[r].rebuild(&self.keys, &self.etcd, self.rules.checked_install);
+                }
+            }
+            Op::Restart(r) => {
+                self.replicas[r].rebuild(&self.keys, &self.etcd, self.rules.checked_install)
+            }
+            Op::Remove(n, r) => self.remove(n, r),
+            Op::Expire(i) => {
+                let quarantined: Vec<String> = self
+                    .etcd
+                    .state
+                    .kv
+                    .keys()
+                    .filter(|k| {
+                        matches!(
+                            self.keys.parse(k),
+                            Ok(Key::Quarantine { .. } | Key::QuarantineId { .. })
+                        )
+                    })
+                    .cloned()
+                    .collect();
+                if !quarantined.is_empty() {
+                    let key = quarantined[i % quarantined.len()].clone();
+                    self.etcd.delete(&key);
+                }
+            }
+            Op::AgentSync(n) => self.agent_sync(n),
+            Op::Empty(n, i) => {
+                let agent = &mut self.agents[n];
+                let draining: Vec<(PoolName, IpNet)> = agent
+                    .held
+                    .iter()
+                    .filter(|(_, h)| h.draining)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                if !draining.is_empty() {
+                    let range = draining[i % draining.len()].clone();
+                    let held = agent.held.remove(&range).unwrap();
+                    agent
+                        .given_up
+                        .insert((range.0, range.1, held.grant_revision));
+                }
+            }
+            Op::SnapshotSave(i) => self.etcd.snapshots[i] = Some(self.etcd.state.clone()),
+            Op::SnapshotRestore(i) => {
+                if let Some(saved) = self.etcd.snapshots[i].clone() {
+                    self.etcd.state = saved;
+                    self.etcd.generation += 1;
+                    self.fresh.clear();
+                    self.restored = true;
+                    for agent in &mut self.agents {
+                        agent.synced_since_restore = None;
+                    }
+                }
+            }
+            Op::ConfigAroundCli(variant) => {
+                let value = config_variant(variant).to_json().unwrap().into_bytes();
+                self.etcd.put(self.keys.config(), value);
+            }
+            Op::HoldingsGarbage(n, kind) => {
+                let key = self.keys.holdings(&node_name(n));
+                if kind == 0 {
+                    self.etcd.put(key, b"not json".to_vec());
+                } else {
+                    self.etcd.delete(&key);
+                }
+            }
+        }
+    }
+
+    /// The promise, from the store and the agents alone.
+    fn check(&self) -> Result<(), TestCaseError> {
+        // Every agent's holdings: (node, range) and (node, ID).
+        let held: Vec<(usize, IpNet)> = self
+            .agents
+            .iter()
+            .enumerate()
+            .flat_map(|(n, a)| a.held.keys().map(move |(_, cidr)| (n, *cidr)))
+            .collect();
+        for (i, (a, x)) in held.iter().enumerate() {
+            for (b, y) in &held[..i] {
+                prop_assert!(
+                    a == b || !overlaps(x, y),
+                    "node-{} holds {} and node-{} holds {}",
+                    a,
+                    x,
+                    b,
+                    y
+                );
+            }
+        }
+        let mut id_holders = BTreeMap::new();
+        for (n, a) in self.agents.iter().enumerate() {
+            if let Some((id, _)) = a.node_id
+                && let Some(other) = id_holders.insert(id, n)
+            {
+                prop_assert!(
+                    false,
+                    "node-{} and node-{} both serve node ID {}",
+                    other,
+                    n,
+                    id
+                );
+            }
+        }
+        // Grants: pairwise disjoint; none to one node over what another holds.
+        let mut grants: Vec<(String, IpNet, NodeName)> = Vec::new();
+        for (key, (value, ..)) in &self.etcd.state.kv {
+            match self.keys.parse(key) {
+                Ok(Key::Grant { cidr, .. }) => {
+                    let record: GrantRecord = decode_value(value).unwrap();
+                    grants.push((key.clone(), cidr, record.node));
+                }
+                Ok(Key::NodeId { id }) => {
+                    let record: NodeIdRecord = decode_value(value).unwrap();
+                    let n = node_index(&record.node);
+                    let holder = id_holders.get(&id).copied();
+                    let relevant = self.fresh.contains(key)
+                        || self.agents[n].node_id.is_some_and(|h| h.0 == id);
+                    prop_assert!(
+                        !relevant || holder.is_none_or(|h| h == n),
+                        "node ID {} granted to node-{} is served by node-{:?}",
+                        id,
+                        n,
+                        holder
+                    );
+                }
+                Ok(Key::NodeIdOfNode { .. }) => {
+                    let _: NodeIdOfNodeRecord = decode_value(value).unwrap();
+                }
+                _ => {}
+            }
+        }
+        for (i, (key, cidr, node)) in grants.iter().enumerate() {
+            for (other_key, other, _) in &grants[..i] {
+                prop_assert!(
+                    !overlaps(cidr, other),
+                    "grants overlap: {} and {}",
+                    key,
+                    other_key
+                );
+            }
+            let n = node_index(node);
+            let taken_up = self.agents[n].held.keys().any(|(_, c)| c == cidr);
+            if self.fresh.contains(key) || taken_up {
+                for (holder, range) in &held {
+                    prop_assert!(
+                        *holder == n || !overlaps(cidr, range),
+                        "{} (to node-{}) overlaps {} held by node-{}",
+                        key,
+                        n,
+                        range,
+                        holder
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn node_index(node: &NodeName) -> usize {
+    node.to_string()
+        .strip_prefix("node-")
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+fn run(rules: Rules, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut sim = Sim::new(rules);
+    for op in ops {
+        sim.step(op);
+        sim.check()?;
+    }
+    // Everything settles: every agent syncs, a caught-up leader serves every node it can.
+    for n in 0..NODES {
+        sim.step(&Op::AgentSync(n));
+        sim.check()?;
+    }
+    sim.step(&Op::LeaderChange(0));
+    sim.step(&Op::Restart(0));
+    for n in 0..NODES {
+        sim.step(&Op::Propose(0, n));
+        sim.check()?;
+        sim.step(&Op::CatchUp(0, usize::MAX));
+    }
+    for n in 0..NODES {
+        sim.step(&Op::AgentSync(n));
+        sim.check()?;
+    }
+    Ok(())
+}
+
+proptest! {
+    // 256 cases unless PROPTEST_CASES says otherwise.
+    #![proptest_config(ProptestConfig::default())]
+
+    #[test]
+    fn no_range_on_two_nodes_whatever_happens_around_etcd(
+        ops in proptest::collection::vec(op(), 1..120)
+    ) {
+        run(RULES, &ops)?;
+    }
+
+    /// What `leader.rs` does today: a restart installs the stored configuration unchecked.
+    #[test]
+    fn unchecked_install(ops in proptest::collection::vec(op(), 1..120)) {
+        run(Rules { checked_install: false, ..RULES }, &ops)?;
+    }
+
+    /// Without the read-back rule.
+    #[test]
+    fn no_read_back(ops in proptest::collection::vec(op(), 1..120)) {
+        run(Rules { read_back_after_rebuild: false, ..RULES }, &ops)?;
+    }
+
+    /// A leader whose term starts on a stale view.
+    #[test]
+    fn stale_term(ops in proptest::collection::vec(op(), 1..120)) {
+        run(Rules { rebuild_on_term: false, ..RULES }, &ops)?;
+    }
+}
+
+/// A bare view under the first configuration, fed by hand.
+struct Fixture {
+    keys: Keys,
+    view: ClusterView,
+    revision: i64,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        Fixture {
+            view: ClusterView::new(keys.clone(), config_variant(0)),
+            keys,
+            revision: 1,
+        }
+    }
+
+    fn put(&mut self, key: &str, value: &[u8]) {
+        self.revision += 1;
+        self.view
+            .apply_put(key, value, self.revision, self.revision);
+    }
+
+    fn register(&mut self, n: usize) -> NodeName {
+        let node = node_name(n);
+        let record = NodeRecord {
+            uid: format!("uid-{n}"),
+            addresses: vec![],
+            registered_ms: 0,
+            instance_id: None,
+        };
+        self.put(&self.keys.node(&node), &encode_value(&record).unwrap());
+        node
+    }
+
+    /// Proposes for `node` and commits it (its puts seen back); returns the proposal.
+    fn grant(&mut self, node: &NodeName) -> corral_cluster::Proposal {
+        let proposal = self.view.propose(node).unwrap();
+        self.revision += 1;
+        self.view.commit(&proposal, self.revision);
+        proposal
+    }
+
+    /// The node's agent asserts what the proposal granted it.
+    fn assert_holds(&mut self, n: usize, proposal: &corral_cluster::Proposal) {
+        let record = HoldingsRecord {
+            uid: format!("uid-{n}"),
+            ranges: proposal
+                .cidrs
+                .iter()
+                .map(|c| HeldRange {
+                    pool: c.pool.clone(),
+                    cidr: c.cidr,
+                    draining: false,
+                    allocations: 1,
+                })
+                .collect(),
+            node_id: proposal.node_id,
+            cloud: vec![],
+            written_ms: 0,
+        };
+        self.put(
+            &self.keys.holdings(&node_name(n)),
+            &encode_value(&record).unwrap(),
+        );
+    }
+
+    /// Applies a removal's deletes in the order the removal lists them.
+    fn remove(&mut self, node: &NodeName) {
+        for key in self.view.removal(node).deletes() {
+            self.revision += 1;
+            self.view.apply_delete(&key, self.revision);
+        }
+    }
+}
+
+/// A removed node whose agent still serves its node ID: the removal deletes
+/// `nodeids/node/<node>` before `nodeids/id/<n>`, and forgetting the second must block the ID
+/// for its holder's assertion, as forgetting a grant blocks its range.
+#[test]
+fn a_node_id_still_served_after_its_node_is_removed_is_never_proposed() {
+    let mut f = Fixture::new();
+    let a = f.register(0);
+    let granted = f.grant(&a);
+    assert_eq!(granted.node_id, Some(1));
+    f.assert_holds(0, &granted);
+    f.remove(&a);
+    assert_eq!(f.view.uncovered_node_ids(), vec![(a.clone(), 1)]);
+    let b = f.register(1);
+    let proposal = f.view.propose(&b).unwrap();
+    assert_eq!(proposal.node_id, Some(2));
+    for c in &proposal.cidrs {
+        assert!(
+            !granted.cidrs.iter().any(|g| overlaps(&g.cidr, &c.cidr)),
+            "{c:?} is still held by {a}"
+        );
+    }
+}
