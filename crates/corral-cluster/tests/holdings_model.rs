@@ -16,9 +16,11 @@
 //! - after a restored snapshot (the revision went backwards) no proposal commits until every
 //!   agent that holds anything has synced since the restore and the proposing replica has
 //!   read those syncs back;
-//! - a replica that has not read its agents' assertions back since it (re)built its view
-//!   from the store, while some agent's assertion in the store cannot be read or is missing,
-//!   grants nothing (see `holdings_read_back`).
+//! - a leader whose view has no readable assertion of an agent that holds something (one
+//!   deleted or overwritten around the agent) grants nothing until the agent put its own
+//!   back and the view read it (see `holdings_read_back`);
+//! - a term starts from a fresh read of the store (as `leader.rs` does);
+//! - an agent never takes up again a grant it gave up (same pool, range, create revision).
 //!
 //! After every step the promise is checked from the store and the agents alone: no two agents
 //! hold overlapping ranges or the same node ID, no grant overlaps another, and no grant to one
@@ -376,8 +378,8 @@ struct Rules {
     /// A restart holds the stored configuration to `check_change` (issue 20's "one path
     /// installs a configuration"); `false` is what `leader.rs` does today.
     checked_install: bool,
-    /// A rebuilt view grants nothing while an assertion it could not read is not read back.
-    read_back_after_rebuild: bool,
+    /// No grant while the view lacks a readable assertion of an agent that holds something.
+    wait_for_unread_assertions: bool,
     /// A new term starts from a fresh read of the store (as `leader.rs` does); `false` lets a
     /// replica with a stale view take the fence and propose at once.
     rebuild_on_term: bool,
@@ -385,15 +387,20 @@ struct Rules {
     wait_after_restore: bool,
     /// An agent never takes up again a grant it gave up (a restore brings such grants back).
     agents_refuse_given_up: bool,
+    /// After a restore, agents take up no grant until the leader has read every holder's
+    /// assertion back, and the leader then revokes the restored grants that another node
+    /// asserts and their grantee does not.
+    settle_restored_grants: bool,
 }
 
 /// The rules of issue 20 as the parts building them promise.
 const RULES: Rules = Rules {
     checked_install: true,
-    read_back_after_rebuild: true,
+    wait_for_unread_assertions: true,
     rebuild_on_term: true,
     wait_after_restore: true,
     agents_refuse_given_up: true,
+    settle_restored_grants: true,
 };
 
 struct Sim {
@@ -439,47 +446,110 @@ impl Sim {
     /// The leader's rule after a restore: every agent that holds anything has synced since,
     /// and the replica has read those syncs back.
     fn restore_settled(&self, r: usize) -> bool {
-        !self.rules.wait_after_restore
-            || !self.restored
-            || self.agents.iter().all(|a| {
+        !self.rules.wait_after_restore || !self.restored || self.read_back_since_restore(r)
+    }
+
+    fn read_back_since_restore(&self, r: usize) -> bool {
+        let replica = &self.replicas[r];
+        replica.generation == self.etcd.generation
+            && self.agents.iter().all(|a| {
                 !a.holds_anything()
                     || a.synced_since_restore
-                        .is_some_and(|at| self.replicas[r].applied >= at)
+                        .is_some_and(|at| replica.applied >= at)
             })
     }
 
-    /// The leader's rule after a rebuild: while some agent's assertion in the store cannot be
-    /// read or is missing, grant nothing until that agent has synced (and the replica has
-    /// read it back) since the view was built. A rebuilt view has no last readable record to
-    /// keep, so a range held by a removed node would look free.
-    fn holdings_read_back(&self, r: usize) -> bool {
-        if !self.rules.read_back_after_rebuild {
-            return true;
+    /// Ends a restore's episode once the leader has read every holder back: it revokes the
+    /// restored grants (and node IDs) another node asserts and their grantee does not, so
+    /// no agent takes them up.
+    fn settle_restore(&mut self) {
+        if !self.restored || !self.rules.settle_restored_grants {
+            return;
         }
-        let replica = &self.replicas[r];
-        self.agents.iter().enumerate().all(|(n, a)| {
-            let key = self.keys.holdings(&node_name(n));
-            let readable = self
-                .etcd
-                .state
-                .kv
-                .get(&key)
-                .is_some_and(|(v, ..)| decode_value::<HoldingsRecord>(v).is_ok());
-            readable
-                || !a.holds_anything()
-                || (a.synced_at > replica.built_at && replica.applied >= a.synced_at)
-        })
+        let r = self.replica_index(LEADER);
+        if !self.read_back_since_restore(r) {
+            return;
+        }
+        let view = &self.replicas[r].view;
+        let asserted = |n: usize| {
+            view.holdings_of(&node_name(n))
+                .and_then(|e| e.record.clone())
+                .unwrap_or_default()
+        };
+        let records: Vec<HoldingsRecord> = (0..NODES).map(asserted).collect();
+        let mut deletes = Vec::new();
+        for (key, (value, ..)) in &self.etcd.state.kv {
+            match self.keys.parse(key) {
+                Ok(Key::Grant { pool, family, cidr }) => {
+                    let Ok(grant) = decode_value::<GrantRecord>(value) else {
+                        continue;
+                    };
+                    let x = node_index(&grant.node);
+                    let own = records[x]
+                        .ranges
+                        .iter()
+                        .any(|h| h.pool == pool && h.cidr == cidr);
+                    let other = records.iter().enumerate().any(|(y, rec)| {
+                        y != x && rec.ranges.iter().any(|h| overlaps(&h.cidr, &cidr))
+                    });
+                    if !own && other {
+                        deletes.push(key.clone());
+                        deletes.push(self.keys.owned(&grant.node, &pool, family, &cidr));
+                    }
+                }
+                Ok(Key::NodeId { id }) => {
+                    let Ok(grant) = decode_value::<NodeIdRecord>(value) else {
+                        continue;
+                    };
+                    let x = node_index(&grant.node);
+                    let other = records
+                        .iter()
+                        .enumerate()
+                        .any(|(y, rec)| y != x && rec.node_id == Some(id));
+                    if records[x].node_id != Some(id) && other {
+                        deletes.push(key.clone());
+                        deletes.push(self.keys.node_id_of_node(&grant.node));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let token = self.replicas[r].token;
+        if self.etcd.txn(&Txn {
+            token,
+            deletes,
+            ..Txn::default()
+        }) {
+            self.restored = false;
+        }
+    }
+
+    /// The leader's rule for assertions it cannot read: grant nothing while its view has no
+    /// readable `holdings/` record of an agent that holds something (the key deleted or
+    /// overwritten around the agent and the view rebuilt since, or deleted while it ran),
+    /// until the agent has put its own back and the view has read it. Without the record,
+    /// what a removed node still holds (no grant, no quarantine key) looks free.
+    fn holdings_read_back(&self, r: usize) -> bool {
+        !self.rules.wait_for_unread_assertions
+            || self.agents.iter().enumerate().all(|(n, a)| {
+                !a.holds_anything()
+                    || self.replicas[r]
+                        .view
+                        .holdings_of(&node_name(n))
+                        .is_some_and(|e| e.record.is_some())
+            })
     }
 
     fn propose(&mut self, r: usize, node: &NodeName) {
+        self.settle_restore();
+        if self.replicas[r].generation != self.etcd.generation {
+            // Its watch broke at the restore: it rebuilds before anything else.
+            self.replicas[r].rebuild(&self.keys, &self.etcd, self.rules.checked_install);
+        }
         if !self.restore_settled(r) || !self.holdings_read_back(r) {
             return;
         }
         let replica = &mut self.replicas[r];
-        if replica.generation != self.etcd.generation {
-            // Its watch broke at the restore: it rebuilds before anything else.
-            replica.rebuild(&self.keys, &self.etcd, self.rules.checked_install);
-        }
         let Ok(proposal) = replica.view.propose(node) else {
             return;
         };
@@ -556,6 +626,9 @@ impl Sim {
     /// The agent reads its grants and its `holdings/` key: takes up new grants, drains what is
     /// no longer granted, and puts its record back when it is missing or different.
     fn agent_sync(&mut self, n: usize) {
+        self.settle_restore();
+        // While a restore is not settled, nothing new is taken up.
+        let take_up = !(self.rules.settle_restored_grants && self.restored);
         let node = node_name(n);
         let mut grants: BTreeMap<(PoolName, IpNet), i64> = BTreeMap::new();
         let mut granted_id = None;
@@ -582,7 +655,8 @@ impl Sim {
             }
         }
         for ((pool, cidr), revision) in grants {
-            if !agent.held.contains_key(&(pool.clone(), cidr))
+            if take_up
+                && !agent.held.contains_key(&(pool.clone(), cidr))
                 && !(self.rules.agents_refuse_given_up
                     && agent.given_up.contains(&(pool.clone(), cidr, revision)))
             {
@@ -603,7 +677,8 @@ impl Sim {
             agent.given_up_ids.insert((id, revision));
             agent.node_id = None;
         }
-        if agent.node_id.is_none()
+        if take_up
+            && agent.node_id.is_none()
             && let Some(granted) = granted_id
             && !(self.rules.agents_refuse_given_up && agent.given_up_ids.contains(&granted))
         {
@@ -1065,6 +1140,7 @@ mod rules {
     /// A removed node still holds its ranges (no quarantine key was written for them); its
     /// assertion is overwritten with garbage and the leader restarts: the rebuilt view has no
     /// readable assertion to keep, so it must not grant before the agent put its own back.
+    /// (A view that ran through the overwrite keeps the last readable record.)
     #[test]
     fn a_rebuilt_view_waits_for_an_unreadable_assertion() {
         let ops = [
@@ -1080,15 +1156,43 @@ mod rules {
         ];
         needs_rule(
             Rules {
-                read_back_after_rebuild: false,
+                wait_for_unread_assertions: false,
                 ..RULES
             },
             &ops,
         );
     }
 
-    /// A snapshot from before a node was removed and drained brings its grants back: its agent
-    /// must not take up again what it gave up (another node holds it now).
+    /// The same node's assertion deleted around its agent while the leader runs: the view
+    /// forgets it at once (a deleted `holdings/` key frees what it asserted, as `holdings.rs`
+    /// specifies), so what the removed node still serves from looks free until its agent
+    /// puts the record back.
+    #[test]
+    fn a_deleted_assertion_leaves_a_removed_node_unprotected() {
+        let ops = [
+            Register(3),
+            CatchUp(0, 1),
+            Register(5),
+            Propose(0, 3),
+            AgentSync(3),
+            Remove(3, 0),
+            HoldingsGarbage(3, 1),
+            CatchUp(0, 10),
+            Propose(0, 5),
+        ];
+        needs_rule(
+            Rules {
+                wait_for_unread_assertions: false,
+                ..RULES
+            },
+            &ops,
+        );
+    }
+
+    /// A snapshot from before a node was removed and drained brings its grants back while
+    /// another node holds that space now: its agent must not take them up again. Either rule
+    /// suffices here: the agent remembers what it gave up, or it waits until the leader has
+    /// settled the restore (and revoked what another node asserts).
     #[test]
     fn an_agent_does_not_take_up_again_what_it_gave_up() {
         let ops = [
@@ -1113,6 +1217,48 @@ mod rules {
         needs_rule(
             Rules {
                 agents_refuse_given_up: false,
+                settle_restored_grants: false,
+                ..RULES
+            },
+            &ops,
+        );
+        for one in [
+            Rules {
+                agents_refuse_given_up: false,
+                ..RULES
+            },
+            Rules {
+                settle_restored_grants: false,
+                ..RULES
+            },
+        ] {
+            assert!(run(one, &ops).is_ok(), "{one:?}");
+        }
+    }
+
+    /// A snapshot holds a grant its node's agent never took up; after it was taken, that
+    /// space went to another node, whose agent holds it when the snapshot is restored. The
+    /// agent of the first node cannot tell (it never saw the history etcd lost): it must not
+    /// take up grants until the leader has read every holder back, and the leader must then
+    /// revoke the restored grant another node asserts.
+    #[test]
+    fn a_restored_grant_never_taken_up_is_revoked_before_agents_take_it() {
+        let ops = [
+            SnapshotSave(0),
+            Register(5),
+            CatchUp(0, 1),
+            Propose(0, 5),
+            SnapshotSave(1),
+            SnapshotRestore(0, 2),
+            Register(3),
+            CatchUp(2, 1),
+            Propose(LEADER, 3),
+            AgentSync(3),
+            SnapshotRestore(1, 0),
+        ];
+        needs_rule(
+            Rules {
+                settle_restored_grants: false,
                 ..RULES
             },
             &ops,
@@ -1122,7 +1268,7 @@ mod rules {
     /// The transaction of a grant compares no `holdings/` key: a range held by a removed node
     /// (no quarantine key written for it) is protected only by the leader's view having read the
     /// assertion. A term that starts on a stale view (instead of a fresh read, as `leader.rs`
-    /// does) grants it to another node.
+    /// does) and does not wait for the assertions it lacks grants it to another node.
     #[test]
     fn a_term_on_a_stale_view_grants_what_a_removed_node_holds() {
         let ops = [
@@ -1143,6 +1289,7 @@ mod rules {
         needs_rule(
             Rules {
                 rebuild_on_term: false,
+                wait_for_unread_assertions: false,
                 ..RULES
             },
             &ops,
