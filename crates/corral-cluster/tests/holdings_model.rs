@@ -704,15 +704,15 @@ impl Sim {
         let mut granted_id = None;
         for (key, (value, create, _)) in &self.etcd.state.kv {
             match self.keys.parse(key) {
-                Ok(Key::Grant { pool, cidr, .. }) => {
-                    if decode_value::<GrantRecord>(value).is_ok_and(|g| g.node == node) {
-                        grants.insert((pool, cidr), *create);
-                    }
+                Ok(Key::Grant { pool, cidr, .. })
+                    if decode_value::<GrantRecord>(value).is_ok_and(|g| g.node == node) =>
+                {
+                    grants.insert((pool, cidr), *create);
                 }
-                Ok(Key::NodeId { id }) => {
-                    if decode_value::<NodeIdRecord>(value).is_ok_and(|g| g.node == node) {
-                        granted_id = Some((id, *create));
-                    }
+                Ok(Key::NodeId { id })
+                    if decode_value::<NodeIdRecord>(value).is_ok_and(|g| g.node == node) =>
+                {
+                    granted_id = Some((id, *create));
                 }
                 _ => {}
             }
