@@ -4,18 +4,24 @@
 //! revision, mod revision) with a global revision, an event log, and an atomic txn (as in
 //! `properties.rs`); a snapshot is a copy of it, and restoring one sends the revision back.
 //! Operator replicas are `ClusterView`s fed from the log at their own pace (a stale one keeps
-//! proposing), rebuilt from a full read on a restart, exactly as `leader.rs` does: a fresh
-//! `ClusterView::new` under the stored configuration. Agents keep durable local state: what
+//! proposing), rebuilt from a full read on a restart, as `leader.rs` does: a fresh
+//! `ClusterView::new` under the stored configuration (held to `check_change` under `RULES`;
+//! `leader.rs` does not yet). Agents keep durable local state: what
 //! they hold (granted → held; a range whose grant is gone is draining and stays held until
 //! emptied) and they put their `holdings/<node>` record back whenever it is missing or says
 //! something else, when they get to it.
 //!
-//! The rules of the leader that this model holds (the parts of issue 20 built elsewhere):
+//! The rules of the leader and the agents that this model holds (`RULES`; the parts of issue
+//! 20 built elsewhere), each shown needed by a test of `mod rules`:
 //! - a removal writes quarantine keys only for what the holder does not assert (space it
 //!   still holds stays occupied by its assertion alone until it is dropped);
+//! - a restart installs the stored configuration only if it passes `check_change` from the
+//!   one in force, and a refused configuration does not stop granting under the last good
+//!   one (a grant's compare names the configuration key's revision as seen);
 //! - after a restored snapshot (the revision went backwards) no proposal commits until every
 //!   agent that holds anything has synced since the restore and the proposing replica has
-//!   read those syncs back;
+//!   read those syncs back; agents take up no grant meanwhile, and the leader then revokes
+//!   the restored grants another node asserts and their grantee does not;
 //! - a leader whose view has no readable assertion of an agent that holds something (one
 //!   deleted or overwritten around the agent) grants nothing until the agent put its own
 //!   back and the view read it (see `holdings_read_back`);
@@ -1198,10 +1204,12 @@ mod rules {
         );
     }
 
-    /// Issue 20 (2): a configuration that renames a pool, written around the CLI and installed
-    /// by a restart (as `leader.rs`'s rebuild does today, without `check_change`): the grant
-    /// in the old pool blocks nothing in the new one, and a second node gets the same range
-    /// before the first node's agent took its grant up (nothing asserts it yet).
+    /// Issue 20 (2): half of pool p's cluster CIDR moved to pool q, written around the CLI and
+    /// installed by a new term's rebuild (as `leader.rs` does today, without `check_change`);
+    /// node 2 gets q's 10.0.0.0/30; the configuration is put back and installed the same way:
+    /// q's grant now lies outside q and blocks nothing in p (a grant blocks only its own
+    /// pool's space), so node 1 gets p's 10.0.0.0/30 before node 2's agent took its grant up
+    /// (nothing asserts it yet). The regression seed of a renamed pool does the same.
     #[test]
     fn an_unchecked_install_grants_a_range_twice() {
         let ops = [
