@@ -413,6 +413,15 @@ async fn readyz(State(state): State<AppState>) -> Response {
         .into_response()
     } else if state.ready.load(Ordering::Acquire) {
         (StatusCode::OK, "ready\n").into_response()
+    } else if let Some(waiting) = state.cluster.as_ref().and_then(|shared| {
+        // Restored, waiting for the node's liveness key (another process holds it).
+        shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_error
+            .clone()
+    }) {
+        error(ErrorCode::RetryLater, format!("not serving yet: {waiting}")).into_response()
     } else {
         error(ErrorCode::RetryLater, "restoring state").into_response()
     }

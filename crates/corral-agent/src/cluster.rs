@@ -101,12 +101,26 @@ pub struct ClusterMetrics {
     pub cloud_surrendered: prometheus_client::metrics::gauge::Gauge,
 }
 
+/// Whether the agent may serve yet, as far as the cluster link knows: the agent becomes ready
+/// only once the link holds the node's liveness key, or could not get as far as asking (etcd
+/// unreachable, the registration refused); while another process may hold the key it waits,
+/// and when another live agent holds it the agent stops with this error.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Gate {
+    #[default]
+    Pending,
+    Open,
+    /// Another live agent serves the node: the agent exits with this message.
+    Fatal(String),
+}
+
 /// What the cluster task shares with the API: the state it shows, and the block signals.
 #[derive(Debug, Default)]
 pub struct ClusterShared {
     state: Mutex<ClusterState>,
     pub blocks: Arc<BlockSignals>,
     pub metrics: ClusterMetrics,
+    gate: tokio::sync::watch::Sender<Gate>,
 }
 
 impl ClusterShared {
@@ -121,6 +135,72 @@ impl ClusterShared {
     pub fn lock(&self) -> LockResult<MutexGuard<'_, ClusterState>> {
         self.state.lock()
     }
+
+    /// Lets the agent serve (unless it must stop).
+    pub fn open_gate(&self) {
+        self.gate.send_if_modified(|gate| {
+            let pending = *gate == Gate::Pending;
+            if pending {
+                *gate = Gate::Open;
+            }
+            pending
+        });
+    }
+
+    /// Whether the agent serves (the gate opened).
+    pub fn serving(&self) -> bool {
+        *self.gate.borrow() == Gate::Open
+    }
+
+    /// The agent must stop, with this message.
+    pub fn fail(&self, message: String) {
+        self.gate.send_replace(Gate::Fatal(message));
+    }
+
+    /// etcd could not be reached before the link got going (the binary's connection): the
+    /// agent serves what it holds meanwhile, degraded.
+    pub fn unreachable(&self, error: &str) {
+        update_shared(self, |s| {
+            s.last_error = Some(error.to_owned());
+            if s.degraded_since_ms.is_none() {
+                s.degraded_since_ms = Some(now_ms());
+            }
+        });
+        self.open_gate();
+    }
+
+    /// Waits until the agent may serve (`Ok`) or must stop (`Err`, why).
+    pub async fn wait_gate(&self) -> Result<(), String> {
+        let mut gate = self.gate.subscribe();
+        loop {
+            match &*gate.borrow_and_update() {
+                Gate::Open => return Ok(()),
+                Gate::Fatal(message) => return Err(message.clone()),
+                Gate::Pending => {}
+            }
+            if gate.changed().await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Completes once the agent must stop, with why.
+    pub async fn wait_fatal(&self) -> String {
+        let mut gate = self.gate.subscribe();
+        loop {
+            if let Gate::Fatal(message) = &*gate.borrow_and_update() {
+                return message.clone();
+            }
+            if gate.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
+fn update_shared(state: &ClusterShared, f: impl FnOnce(&mut ClusterState)) {
+    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
+    f(&mut guard);
 }
 
 /// Shared between the cluster task and the API.
@@ -157,6 +237,12 @@ enum LinkError {
     },
     #[error("node {0} was removed from the cluster; restart the agent to register it again")]
     Removed(String),
+    #[error(
+        "node {node} is served by another live agent ({holder}); this agent does not serve the \
+         node's cluster ranges: stop the other agent, or give this machine its own node name and \
+         state directory (a cloned machine or a copied state directory)"
+    )]
+    Held { node: String, holder: String },
     #[error("recording the grants in the local store: {0}")]
     Record(String),
     #[error("the agent stopped")]
@@ -164,14 +250,29 @@ enum LinkError {
 }
 
 /// Runs the cluster link until `stop` fires, reconnecting with jittered backoff (1 s doubling
-/// to 30 s) after any failure.
+/// to 30 s) after any failure. The agent's gate ([`Gate`]) opens once the first round holds
+/// the node's liveness key or ends for another reason; another live agent holding it is fatal
+/// for an agent that never held it (it exits), and ends the link of one that did.
 pub async fn run<K: Kv>(
     kv: K,
     options: ClusterOptions,
     committer: Committer,
     state: SharedClusterState,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    run_link(kv, options, committer, &state, stop).await;
+    // However the link ended, the agent is not kept waiting by it.
+    state.open_gate();
+}
+
+async fn run_link<K: Kv>(
+    kv: K,
+    options: ClusterOptions,
+    committer: Committer,
+    state: &SharedClusterState,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let state = state.clone();
     let (keys, node) = match (
         ClusterName::new(&options.cluster),
         NodeName::new(&options.node),
@@ -187,7 +288,10 @@ pub async fn run<K: Kv>(
     // What outlives a round: the registration this process made or found (a later round
     // that finds it gone or replaced means the node was removed meanwhile), and the last
     // node ID and plan that could be read (one that cannot be read later keeps them).
-    let mut across = AcrossRounds::default();
+    let mut across = AcrossRounds {
+        identity: crate::liveness::ProcessIdentity::current(),
+        ..AcrossRounds::default()
+    };
     loop {
         let outcome = link(
             &kv,
@@ -206,6 +310,31 @@ pub async fn run<K: Kv>(
         }
         match outcome {
             Err(LinkError::Stopped) | Ok(()) => return,
+            Err(error @ LinkError::Held { .. }) => {
+                // Another live agent serves the node (a cloned machine, a copied state
+                // directory): this one serves none of the node's cluster ranges (those it
+                // recorded drain: its pods keep their addresses, nothing new is handed out
+                // from them, also after a restart, until it holds the liveness itself), and
+                // does not fight for the key.
+                let message = error.to_string();
+                eprintln!("corral agent: cluster: {message}");
+                let drained = committer
+                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
+                    .await;
+                update(&state, |s| {
+                    s.registered = false;
+                    s.grants.clear();
+                    s.node_id = None;
+                    s.last_error = Some(match &drained {
+                        Ok(_) => message.clone(),
+                        Err(e) => format!("{message}; draining its cluster ranges: {e:?}"),
+                    });
+                });
+                if !across.live {
+                    state.fail(message);
+                }
+                return;
+            }
             Err(LinkError::Removed(_)) => {
                 // An administrator removed the node while it runs: what it was granted is
                 // quarantined and will go to others, so it drains here (pods keep their
@@ -235,6 +364,9 @@ pub async fn run<K: Kv>(
             }
             Err(error) => {
                 eprintln!("corral agent: cluster: {error}");
+                // The first round could not get as far as the liveness key: the agent serves
+                // what it holds meanwhile.
+                state.open_gate();
                 let unreachable = matches!(&error, LinkError::Kv(e) if e.is_retryable());
                 update(&state, |s| {
                     s.last_error = Some(error.to_string());
@@ -283,6 +415,10 @@ struct AcrossRounds {
     config: Option<Arc<ClusterConfig>>,
     /// Whether the round got as far as serving (its backoff then starts again).
     served: bool,
+    /// Whether this process ever held the node's liveness key.
+    live: bool,
+    /// This process, as its liveness key names it.
+    identity: crate::liveness::ProcessIdentity,
 }
 
 /// One connected round: register, go live, read and watch the grants.
@@ -301,36 +437,97 @@ async fn link<K: Kv>(
     let registration = register(kv, &node_key, options, across.registration).await?;
     across.registration = Some(registration);
     let lease = kv.lease_grant(options.lease_ttl).await?;
-    let live = LiveRecord {
-        pid: std::process::id(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        started_ms: now_ms(),
-    };
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put_on_lease(
-            keys.live(node),
-            encode_value(&live).unwrap_or_default(),
-            lease,
-        )],
-        failure: vec![],
-    })
-    .await?;
-    let result = follow(
+    // The liveness key is created only if no other process holds it (liveness.rs): a second
+    // agent under the node's name is refused, naming the holder.
+    let live_key = keys.live(node);
+    let live: LiveRecord = across.identity.record(now_ms(), options.lease_ttl);
+    let report = |message: &str| update(state, |s| s.last_error = Some(message.to_owned()));
+    let mut claimed = crate::liveness::claim(
         kv,
-        keys,
-        node,
-        options,
-        committer,
-        state,
-        stop,
-        registration,
+        &live_key,
+        &live,
         lease,
-        across,
+        &across.identity,
+        options.lease_ttl,
+        stop,
+        state.serving(),
+        report,
     )
     .await;
+    if let Err(crate::liveness::ClaimError::MustWait(message)) = &claimed {
+        // Serving already (a later round, or started while etcd was unreachable): the node's
+        // ranges drain while the holder is waited for, so two never serve them; the grants
+        // come back with the key.
+        report(message);
+        let drained = committer
+            .submit(Op::SetClusterRanges(ClusterRanges::default()))
+            .await;
+        if let Err(error) = drained {
+            eprintln!("corral agent: cluster: draining the node's ranges: {error:?}");
+        }
+        update(state, |s| {
+            s.registered = false;
+            s.grants.clear();
+        });
+        claimed = crate::liveness::claim(
+            kv,
+            &live_key,
+            &live,
+            lease,
+            &across.identity,
+            options.lease_ttl,
+            stop,
+            false,
+            report,
+        )
+        .await;
+    }
+    let claimed = match claimed {
+        Ok(claimed) => claimed,
+        Err(error) => {
+            let _ = kv.lease_revoke(lease).await;
+            return Err(match error {
+                crate::liveness::ClaimError::Held(holder) => LinkError::Held {
+                    node: options.node.clone(),
+                    holder,
+                },
+                crate::liveness::ClaimError::Kv(error) => LinkError::Kv(error),
+                crate::liveness::ClaimError::Stopped => LinkError::Stopped,
+                crate::liveness::ClaimError::MustWait(message) => {
+                    LinkError::Kv(KvError::Unavailable(message))
+                }
+            });
+        }
+    };
+    across.live = true;
+    state.open_gate();
+    let result = tokio::select! {
+        result = follow(
+            kv,
+            keys,
+            node,
+            options,
+            committer,
+            state,
+            stop,
+            registration,
+            lease,
+            across,
+        ) => result,
+        // Another process took the key (after this one's lease lapsed, or overwriting it):
+        // the round ends, and the node's ranges are not served by two.
+        lost = crate::liveness::guard(kv, &live_key, &live, lease, claimed) => Err(match lost {
+            crate::liveness::Lost::Taken(holder) => LinkError::Held {
+                node: options.node.clone(),
+                holder,
+            },
+            crate::liveness::Lost::Kv(error) => LinkError::Kv(error),
+        }),
+    };
     if matches!(result, Err(LinkError::Stopped)) {
-        // A clean stop says so at once; a crash leaves the key to its lease.
+        // A clean stop says so at once; a crash leaves the key to its lease. Revoking the
+        // lease deletes only what is on it: the key this process created (never another
+        // agent's, which is on that agent's lease).
         let _ = kv.lease_revoke(lease).await;
     }
     result

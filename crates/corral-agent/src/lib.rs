@@ -19,6 +19,7 @@ pub mod config;
 pub mod host;
 pub mod ipamd;
 mod listen;
+pub mod liveness;
 pub mod local_routes;
 pub mod metrics;
 mod netlink;

@@ -34,6 +34,9 @@ pub enum AgentError {
     Store(#[from] corral_store::StoreError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The cluster link found another live agent serving the node.
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// Runs the agent until `shutdown` completes. `on_ready` is called once the state is
@@ -173,10 +176,10 @@ pub async fn serve_with(
     }
     // What the node's routes and addresses cover is excluded before anything is handed out.
     crate::local_routes::reserve_at_start(&committer).await;
-    state.ready.store(true, Ordering::Release);
-    on_ready();
-    // The cluster link starts once the agent serves: what it holds is served meanwhile, and
-    // grants arrive as they come (each recorded durably before it is used).
+    // In a cluster, nothing is served before the link holds the node's liveness key (or
+    // could not ask: etcd unreachable): a second agent under the node's name (a cloned
+    // machine, a copied state directory) must not hand out the node's addresses. Grants
+    // arrive as they come, each recorded durably before it is used.
     let cluster_task = match (cluster, &state.cluster) {
         (Some(task), Some(shared)) => Some(tokio::spawn(task(
             committer.clone(),
@@ -185,6 +188,19 @@ pub async fn serve_with(
         ))),
         _ => None,
     };
+    tokio::pin!(shutdown);
+    let mut fatal: Option<String> = None;
+    let mut stopped = false;
+    if let Some(shared) = &state.cluster {
+        tokio::select! {
+            gate = shared.wait_gate() => fatal = gate.err(),
+            () = &mut shutdown => stopped = true,
+        }
+    }
+    if fatal.is_none() && !stopped {
+        state.ready.store(true, Ordering::Release);
+        on_ready();
+    }
     let ticker = {
         let committer = committer.clone();
         let metrics = Arc::clone(&state.metrics);
@@ -203,7 +219,18 @@ pub async fn serve_with(
             }
         })
     };
-    shutdown.await;
+    if fatal.is_none() && !stopped {
+        fatal = match &state.cluster {
+            Some(shared) => tokio::select! {
+                message = shared.wait_fatal() => Some(message),
+                () = &mut shutdown => None,
+            },
+            None => {
+                shutdown.await;
+                None
+            }
+        };
+    }
     let _ = stop_tx.send(true);
     let _ = unix_task.await;
     if let Some(task) = tcp_task {
@@ -219,7 +246,10 @@ pub async fn serve_with(
     // The committer finishes its batch in progress and closes the store.
     let _ = tokio::task::spawn_blocking(move || committer.close()).await;
     drop(state);
-    Ok(())
+    match fatal {
+        Some(message) => Err(AgentError::Cluster(message)),
+        None => Ok(()),
+    }
 }
 
 /// Runs the agent on its own runtime until SIGINT or SIGTERM. The process's soft open-files

@@ -530,3 +530,167 @@ fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() 
     );
     agent.stop(&runtime);
 }
+
+#[test]
+fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drains_the_ranges() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(2),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges().len() == 1
+    });
+    allocate(&agent, "pod-1").unwrap();
+    let live_key = keys().live(&NodeName::new("node-1").unwrap());
+    let get = || runtime.block_on(kv.get(live_key.as_bytes())).unwrap();
+    let first = get().expect("live/node-1");
+    let record: corral_cluster::LiveRecord = corral_cluster::decode_value(&first.value).unwrap();
+    assert_eq!(record.pid, std::process::id());
+    assert!(!record.boot_id.is_empty() && record.process_start > 0 && record.ttl_ms == 2_000);
+    // Deleted by hand: put back on the same lease, the ranges served on.
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::delete(live_key.as_str())],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("the key is back", Duration::from_secs(10), || {
+        get().is_some_and(|e| e.create_revision > first.create_revision && e.lease == first.lease)
+    });
+    assert_eq!(
+        agent.cluster_ranges(),
+        [("10.192.1.0/24".to_owned(), false)]
+    );
+    // Another process's key over it (on its own lease): the agent drains and says who.
+    let lease = runtime
+        .block_on(kv.lease_grant(Duration::from_secs(30)))
+        .unwrap();
+    let other = corral_cluster::LiveRecord {
+        pid: 4242,
+        host: "elsewhere".into(),
+        ..Default::default()
+    };
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put_on_lease(
+                live_key.as_str(),
+                encode_value(&other).unwrap(),
+                lease,
+            )],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("the range drains", Duration::from_secs(10), || {
+        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), true)]
+    });
+    let status = agent.cluster_status();
+    assert!(!status.registered, "{status:?}");
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("another live agent (host elsewhere, pid 4242")),
+        "{status:?}"
+    );
+    // It does not fight: the other's key stays.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(get().unwrap().lease, Some(lease));
+    agent.stop(&runtime);
+    // A clean stop left the other's key alone.
+    assert_eq!(get().unwrap().lease, Some(lease));
+}
+
+#[test]
+fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_it_waits() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(2),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+    });
+    let live_key = keys().live(&NodeName::new("node-1").unwrap());
+    let get = || runtime.block_on(kv.get(live_key.as_bytes())).unwrap();
+    allocate(&agent, "pod-1").unwrap();
+    let ours = get().unwrap().lease.unwrap();
+    // The agent's lease lapses (its round ends), then another machine's agent takes the key
+    // (its lease of 2 s, not kept alive: that agent is gone again).
+    runtime.block_on(kv.lease_revoke(ours)).unwrap();
+    wait_until("the round ends", Duration::from_secs(10), || {
+        agent
+            .cluster_status()
+            .last_error
+            .is_some_and(|e| e.contains("not found"))
+    });
+    let lease = runtime
+        .block_on(kv.lease_grant(Duration::from_secs(2)))
+        .unwrap();
+    let other = corral_cluster::LiveRecord {
+        pid: 4242,
+        host: "elsewhere".into(),
+        boot_id: "another-boot".into(),
+        ttl_ms: 2_000,
+        ..Default::default()
+    };
+    let taken = runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![corral_kv::Compare::absent(live_key.as_str())],
+            success: vec![TxnOp::put_on_lease(
+                live_key.as_str(),
+                encode_value(&other).unwrap(),
+                lease,
+            )],
+            failure: vec![],
+        }))
+        .unwrap();
+    assert!(taken.succeeded);
+    // While it waits for that key, the node's range drains here.
+    wait_until(
+        "the range drains while waiting",
+        Duration::from_secs(10),
+        || agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), true)],
+    );
+    assert!(
+        agent
+            .cluster_status()
+            .last_error
+            .is_some_and(|e| e.contains("host elsewhere, pid 4242") && e.contains("waiting up to")),
+        "{:?}",
+        agent.cluster_status()
+    );
+    // The other's lease expires: the agent takes the key and serves its grant again.
+    wait_until("served again", Duration::from_secs(20), || {
+        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+            && get().is_some_and(|e| e.lease.is_some_and(|l| l != lease))
+    });
+    let status = agent.cluster_status();
+    assert!(
+        status.registered && status.last_error.is_none(),
+        "{status:?}"
+    );
+    agent.stop(&runtime);
+}

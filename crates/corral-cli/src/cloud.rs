@@ -2,7 +2,8 @@
 //! `corral cluster check`): the seam between the CLI and cloud providers.
 //!
 //! Every build knows `fake` (corral-cloud's in-process `FakeEc2`, seeded from `--fake-cloud
-//! FILE`). A provider that links a large SDK lives in its own crate with its own binary, which
+//! FILE`, its state kept in `FILE.state` under a lock, so every process given the file shares
+//! one cloud). A provider that links a large SDK lives in its own crate with its own binary, which
 //! calls [`crate::main_with`] with [`Providers::builtin`] plus its own entry
 //! ([`Providers::with`]): corral-aws's `corral-aws` adds `aws`. Asking the plain `corral` for a
 //! cloud it does not know is a usage error that names the build that has it.
@@ -259,8 +260,19 @@ struct FakeInstance {
     ipv6_prefixes: u32,
 }
 
+/// Where the fake cloud of the seed file `seed` keeps its state: `SEED.state` beside it (and
+/// its lock, `SEED.state.lock`).
+pub fn fake_cloud_state(seed: &Path) -> PathBuf {
+    let mut path = seed.as_os_str().to_owned();
+    path.push(".state");
+    PathBuf::from(path)
+}
+
 /// Builds the fake EC2 of `--fake-cloud`; a file that does not read or parse is a problem
-/// naming it.
+/// naming it. Its resources live in [`fake_cloud_state`] (created from the seed if absent),
+/// shared by every process of the machine given the same seed file: the replicas of `corral
+/// operator` and `corral cluster check` see one cloud, and a failover finds it as the last
+/// leader left it.
 fn fake_cloud(path: &Path) -> Result<corral_cloud::FakeEc2, String> {
     let bad = |problem: String| format!("{}: {problem}", path.display());
     let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
@@ -294,7 +306,8 @@ fn fake_cloud(path: &Path) -> Result<corral_cloud::FakeEc2, String> {
                 .map_err(|e| bad(format!("instance {}: {e}", instance.id)))?;
         }
     }
-    Ok(fake)
+    fake.shared_state(&fake_cloud_state(path), &text)
+        .map_err(|e| bad(e.to_string()))
 }
 
 #[cfg(test)]

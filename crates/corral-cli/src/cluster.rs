@@ -162,6 +162,10 @@ pub struct ConfigArgs {
     /// The cluster configuration file (TOML)
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
+    /// `apply` over a stored configuration that cannot be read (still refused if it would
+    /// free space nodes hold)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -196,6 +200,9 @@ pub struct NodeArgs {
     /// The node's name
     pub name: String,
 }
+
+#[path = "cluster_config.rs"]
+mod config_paths;
 
 fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
@@ -291,6 +298,11 @@ pub fn cluster(
 }
 
 async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> {
+    if init && args.force {
+        return Err(Failure::Usage(
+            "--force applies to `corral cluster apply` only".into(),
+        ));
+    }
     let text = std::fs::read_to_string(&args.config).map_err(|source| Failure::File {
         action: "read",
         path: args.config.clone(),
@@ -299,103 +311,31 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
     let config = ClusterConfig::from_toml(&text)
         .map_err(|e| Failure::Usage(format!("{}: {e}", args.config.display())))?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let value = config
-        .to_json()
-        .map_err(|e| Failure::Usage(e.to_string()))?;
-    let config_key = keys.config();
-    let existing = kv.get(config_key.as_bytes()).await.map_err(kv_failure)?;
-    let compare = match (&existing, init) {
-        (Some(_), true) => {
-            return Err(Failure::Refused(format!(
-                "cluster {} already has a configuration (use `corral cluster apply`)",
-                args.etcd.cluster
-            )));
-        }
-        (None, false) => {
-            return Err(Failure::Refused(format!(
-                "cluster {} has no configuration yet (use `corral cluster init`)",
-                args.etcd.cluster
-            )));
-        }
-        (None, true) => Compare::absent(config_key.clone()),
-        (Some(old), false) => {
-            let old_config = ClusterConfig::from_json(&old.value).map_err(|e| {
-                Failure::Refused(format!("the stored configuration cannot be read: {e}"))
-            })?;
-            ClusterConfig::check_change(&old_config, &config)
-                .map_err(|e| Failure::Refused(e.to_string()))?;
-            Compare::modified_at(config_key.clone(), old.mod_revision)
-        }
-    };
-    let schema = keys.schema();
-    let response = kv
-        .txn(Txn {
-            compares: vec![compare],
-            success: vec![
-                TxnOp::put(config_key, value),
-                TxnOp::put(
-                    schema,
-                    encode_value(&corral_cluster::SchemaRecord {
-                        version: corral_cluster::keys::SCHEMA_VERSION,
-                    })
-                    .map_err(|e| Failure::Usage(e.to_string()))?,
-                ),
-            ],
-            failure: vec![],
-        })
-        .await
-        .map_err(kv_failure)?;
-    if !response.succeeded {
-        return Err(Failure::Refused(
-            "the configuration changed meanwhile; run the command again".into(),
-        ));
-    }
-    Ok(Outcome::ok(format!(
-        "cluster {}: configuration {} at revision {}\n",
-        args.etcd.cluster,
-        if init { "written" } else { "applied" },
-        response.revision
-    )))
+    config_paths::write(&kv, &keys, &args.etcd.cluster, &config, init, args.force).await
 }
 
 async fn read_view(
     kv: &EtcdKv,
     keys: &Keys,
 ) -> Result<(corral_cluster::ClusterView, i64), Failure> {
-    let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
-        .await
-        .map_err(kv_failure)?;
-    let config_key = keys.config();
-    let Some(config) = all.iter().find(|e| e.key == config_key.as_bytes()) else {
-        return Err(Failure::Refused(
-            "the cluster has no configuration yet (corral cluster init)".into(),
-        ));
-    };
-    let config = ClusterConfig::from_json(&config.value)
-        .map_err(|e| Failure::Refused(format!("the stored configuration cannot be read: {e}")))?;
-    let mut view = corral_cluster::ClusterView::new(keys.clone(), config);
-    for entry in &all {
-        view.apply_put(
-            &entry.key_str(),
-            &entry.value,
-            entry.create_revision,
-            entry.mod_revision,
-        );
-    }
-    Ok((view, revision))
+    config_paths::read_view(kv, keys, &keys.cluster().to_string()).await
 }
 
 async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
     let (kv, keys) = connect(&args).await?;
     let (view, revision) = read_view(&kv, &keys).await?;
-    let leader = corral_kv::read_all(&kv, keys.election_prefix().as_bytes(), 100)
+    let (election, _) = corral_kv::read_all(&kv, keys.election_prefix().as_bytes(), 100)
         .await
-        .map_err(kv_failure)?
-        .0
-        .into_iter()
+        .map_err(kv_failure)?;
+    // The leader is the lowest candidate: a key not on its lease (written by hand) leads
+    // nothing, and is reported.
+    let leader = election
+        .iter()
+        .filter(|e| corral_cluster::election_candidate(&keys, &e.key_str(), e.lease.map(|l| l.0)))
         .min_by_key(|e| e.create_revision)
         .map(|e| String::from_utf8_lossy(&e.value).into_owned());
-    let report = view.status_report(revision, leader);
+    let mut report = view.status_report(revision, leader);
+    report.problems.extend(election_problems(&keys, &election));
     Ok(Outcome::ok(match output {
         Output::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
         Output::Table => report.to_table(),
@@ -408,16 +348,35 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
     let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
         .await
         .map_err(kv_failure)?;
+    if !all.iter().any(|e| e.key == keys.config().as_bytes()) {
+        return Err(config_paths::no_configuration(&args.etcd.cluster));
+    }
     let entries: Vec<corral_cluster::Entry> = all
         .iter()
         .map(|e| (e.key_str().into_owned(), e.value.clone(), e.create_revision))
         .collect();
     let mut problems = corral_cluster::check(&keys, &entries);
+    let election: Vec<corral_kv::KeyValue> = all
+        .iter()
+        .filter(|e| e.key.starts_with(keys.election_prefix().as_bytes()))
+        .cloned()
+        .collect();
+    problems.extend(election_problems(&keys, &election));
+    let mut holdings = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
     for socket in &args.agents {
+        // The same socket twice is one agent.
+        if !seen.insert(std::fs::canonicalize(socket).unwrap_or_else(|_| socket.clone())) {
+            continue;
+        }
         // An agent that cannot be asked is not a finding about the cluster: exit code 3,
         // as for any unreachable agent.
-        problems.extend(check_agent(&keys, &entries, socket)?);
+        let (found, held) = check_agent(&keys, &entries, socket)?;
+        problems.extend(found);
+        holdings.extend(held);
     }
+    // Between agents: two serving one node, overlapping ranges, an address on two.
+    problems.extend(corral_cluster::agents_problems(&holdings));
     if let Some(cloud) = cloud {
         // The cloud is read after etcd: an interface or address the operator added since is
         // in the cloud but not in the records read, and reported (run the check again); one
@@ -474,14 +433,14 @@ fn check_agent(
     keys: &Keys,
     entries: &[corral_cluster::Entry],
     socket: &std::path::Path,
-) -> Result<Vec<String>, Failure> {
+) -> Result<(Vec<String>, Option<corral_cluster::AgentHoldings>), Failure> {
     let mut client = corral_client::Client::unix(socket);
     let status = client.status(None)?;
     let Some(cluster) = status.cluster else {
-        return Ok(vec![format!(
-            "agent {}: not in a cluster",
-            socket.display()
-        )]);
+        return Ok((
+            vec![format!("agent {}: not in a cluster", socket.display())],
+            None,
+        ));
     };
     let pools = client.pools(Some(corral_api::NODE_SCOPE))?;
     let cluster_ranges: Vec<(&str, &corral_api::RangeInfo)> = pools
@@ -565,7 +524,39 @@ fn check_agent(
             granted
         ));
     }
-    Ok(problems)
+    // What it serves, for the checks between agents.
+    let ranges: Vec<(String, corral_cluster::IpNet)> = cluster_ranges
+        .iter()
+        .filter_map(|(pool, r)| {
+            Some(((*pool).to_owned(), r.range.split(',').next()?.parse().ok()?))
+        })
+        .collect();
+    let dump = client.dump(Some(corral_api::NODE_SCOPE))?;
+    let addresses = dump
+        .scopes
+        .iter()
+        .flat_map(|s| &s.pools)
+        .flat_map(|p| &p.allocations)
+        .map(|a| a.address)
+        .filter(|a| ranges.iter().any(|(_, r)| r.contains(a)))
+        .collect();
+    let holdings = corral_cluster::AgentHoldings {
+        agent: socket.display().to_string(),
+        node: cluster.node.clone(),
+        ranges,
+        addresses,
+    };
+    Ok((problems, Some(holdings)))
+}
+
+/// The `election/` keys no replica counts as a candidate (a key written by hand blocks no
+/// election, but people should know).
+fn election_problems(keys: &Keys, election: &[corral_kv::KeyValue]) -> Vec<String> {
+    let entries: Vec<(String, Option<i64>)> = election
+        .iter()
+        .map(|e| (e.key_str().into_owned(), e.lease.map(|l| l.0)))
+        .collect();
+    corral_cluster::election_problems(keys, &entries)
 }
 
 pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {

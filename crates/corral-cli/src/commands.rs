@@ -252,6 +252,14 @@ pub fn status(session: &mut Session) -> Result<Outcome, Failure> {
         for warning in &response.warnings {
             text.push_str(&format!("warning: {warning}\n"));
         }
+        // The cluster link's last error (another agent holding the node's liveness, say).
+        if let Some(error) = response
+            .cluster
+            .as_ref()
+            .and_then(|c| c.last_error.as_ref())
+        {
+            text.push_str(&format!("cluster error: {error}\n"));
+        }
         // Cloud records the cluster link skipped, and cloud addresses frozen in use.
         for problem in response.cluster.iter().flat_map(|c| &c.problems) {
             text.push_str(&format!("cluster problem: {problem}\n"));

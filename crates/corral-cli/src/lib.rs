@@ -12,7 +12,9 @@
 //! | code | meaning                                                                   |
 //! |------|---------------------------------------------------------------------------|
 //! | 0    | done                                                                      |
-//! | 1    | the agent refused the request (a 4xx answer: in use, exhausted, ...)      |
+//! | 1    | the agent refused the request (a 4xx answer: in use, exhausted, ...), or  |
+//! |      | the cluster did (a change grants rest on; a cluster with no configuration, |
+//! |      | e.g. a typo in `--cluster`)                                               |
 //! | 2    | usage error: bad arguments, or an input or output file that cannot be used |
 //! | 3    | the agent is unreachable, timed out, or the connection to it broke (or  |
 //! |      | etcd, or the cloud's API for `cluster check --cloud`)                     |
@@ -49,7 +51,8 @@ const DEFAULT_SOCKET: &str = "/run/corral/agent.sock";
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  done
-  1  the agent refused the request (a 4xx answer: in use, exhausted, not found, ...)
+  1  the agent refused the request (a 4xx answer: in use, exhausted, not found, ...), or
+     the cluster did (a change grants rest on, a cluster with no configuration)
   2  usage error: bad arguments, or an input or output file that cannot be used
   3  the agent is unreachable, timed out, or the connection to it broke (or etcd,
      or the cloud's API)
@@ -191,6 +194,8 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
                             Ok(kv) => break kv,
                             Err(error) => {
                                 eprintln!("corral agent: cluster: connecting to etcd: {error}");
+                                // The agent serves what it holds meanwhile (degraded).
+                                state.unreachable(&format!("connecting to etcd: {error}"));
                                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                             }
                         }

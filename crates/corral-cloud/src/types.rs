@@ -13,7 +13,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 pub type Tags = BTreeMap<String, String>;
 
 /// The state of an instance (EC2's `InstanceState.Name`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum InstanceState {
     /// Booting; interfaces cannot be attached yet.
     Pending,
@@ -215,7 +215,7 @@ pub struct SubnetFilter {
 }
 
 /// The status of an interface (EC2's `NetworkInterfaceStatus`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum InterfaceStatus {
     /// Not attached.
     Available,
@@ -259,7 +259,7 @@ impl FromStr for InterfaceStatus {
 }
 
 /// The status of an attachment (EC2's `AttachmentStatus`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum AttachmentStatus {
     /// The attach call returned; the device is not there yet.
     Attaching,
@@ -303,7 +303,7 @@ impl FromStr for AttachmentStatus {
 }
 
 /// The attachment of an interface to an instance.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Attachment {
     /// `eni-attach-...`, what DetachNetworkInterface takes.
     pub id: String,
@@ -318,7 +318,9 @@ pub struct Attachment {
 }
 
 /// A MAC address, shown as EC2 does (`0a:1b:2c:3d:4e:5f`, lower-case).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct MacAddress(pub [u8; 6]);
 
 impl fmt::Display for MacAddress {
@@ -351,7 +353,7 @@ impl FromStr for MacAddress {
 }
 
 /// One network interface as DescribeNetworkInterfaces shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NetworkInterface {
     /// `eni-...`.
     pub id: String,
@@ -420,7 +422,7 @@ impl InterfaceFilter {
 }
 
 /// How many of something, or exactly which (EC2's `...Count` versus the explicit list).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Amount<T> {
     /// This many, chosen by the cloud.
     Count(u32),
@@ -444,7 +446,7 @@ impl<T> Amount<T> {
 }
 
 /// CreateNetworkInterface's parameters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CreateInterface {
     /// The subnet to create it in.
     pub subnet_id: String,

@@ -21,11 +21,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName, RangeSpec};
 use ipnet::IpNet;
 
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, HeldGrant};
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
-    ReleaseState, decode_value,
+    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
+    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
+    QuarantineRecord, ReleaseRecord, ReleaseState, decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;
@@ -33,7 +33,13 @@ use crate::plan::NodePlan;
 /// Everything the check reads, parsed: what it could not parse is a problem already.
 #[derive(Default)]
 struct Parsed {
+    /// The configuration in force: the stored one if it passes `check_install` against the
+    /// applied one and the grants, else the applied one.
     config: Option<ClusterConfig>,
+    /// `config` as read (an error when it does not read).
+    stored: Option<Result<ClusterConfig, String>>,
+    /// `config-applied`'s configuration as read.
+    applied: Option<Result<ClusterConfig, String>>,
     /// Registered nodes: create revision and uid.
     nodes: BTreeMap<NodeName, (i64, String)>,
     grants: Vec<(PoolName, Family, IpNet, GrantRecord)>,
@@ -70,9 +76,26 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
         let mut bad = |error: String| problems.push(format!("garbage value at {key}: {error}"));
         match parsed_key {
             Key::Config => match ClusterConfig::from_json(value) {
-                Ok(config) => parsed.config = Some(config),
-                Err(error) => bad(error.to_string()),
+                Ok(config) => parsed.stored = Some(Ok(config)),
+                Err(error) => {
+                    parsed.stored = Some(Err(error.to_string()));
+                    bad(error.to_string());
+                }
             },
+            Key::ConfigApplied => {
+                let applied = decode_value::<AppliedConfigRecord>(value)
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| {
+                        r.config
+                            .validate()
+                            .map(|()| r.config)
+                            .map_err(|e| e.to_string())
+                    });
+                if let Err(error) = &applied {
+                    bad(error.clone());
+                }
+                parsed.applied = Some(applied);
+            }
             Key::Node { node } => match decode_value::<NodeRecord>(value) {
                 Ok(record) => {
                     parsed.nodes.insert(node, (*create_revision, record.uid));
@@ -154,7 +177,52 @@ fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
             _ => {}
         }
     }
+    settle_config(keys, &mut parsed, problems);
     parsed
+}
+
+/// Decides the configuration in force as the leader does (`ClusterConfig::check_install`):
+/// the stored one if it fits the applied one and the grants, else the applied one; a stored
+/// configuration not in force is a problem, and so is none at all.
+fn settle_config(keys: &Keys, parsed: &mut Parsed, problems: &mut Vec<String>) {
+    let grants: Vec<HeldGrant> = parsed
+        .grants
+        .iter()
+        .map(|(pool, family, cidr, record)| HeldGrant {
+            pool: pool.clone(),
+            family: *family,
+            cidr: *cidr,
+            node: Some(record.node.to_string()),
+        })
+        .collect();
+    let ids: Vec<u32> = parsed.ids.keys().copied().collect();
+    let applied = match &parsed.applied {
+        Some(Ok(config)) => Some(config.clone()),
+        _ => None,
+    };
+    let key = keys.config();
+    parsed.config = match (&parsed.stored, applied) {
+        (None, applied) => {
+            problems.push(format!("the cluster has no configuration ({key})"));
+            applied
+        }
+        (Some(Err(_)), applied) => applied,
+        (Some(Ok(stored)), applied) => {
+            match ClusterConfig::check_install(applied.as_ref(), stored, &grants, &ids) {
+                Ok(()) => Some(stored.clone()),
+                // With no configuration applied before, the grants are checked against the
+                // stored one below, each misfit a problem of its own.
+                Err(_) if applied.is_none() => Some(stored.clone()),
+                Err(error) => {
+                    problems.push(format!(
+                        "the stored configuration at {key} is not applied: {error}; the last \
+                         applied configuration stays in force"
+                    ));
+                    applied
+                }
+            }
+        }
+    };
 }
 
 fn span(net: &IpNet) -> (u128, u128) {
@@ -538,6 +606,85 @@ pub fn agent_block_problems(
     problems
 }
 
+/// What one agent serves, as `corral cluster check --agent` reads it: where it answers, the
+/// node it serves, its cluster ranges (draining ones included: their pods keep their
+/// addresses) as (pool, CIDR), and the addresses allocated in them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentHoldings {
+    /// How the agent is named in problems (its socket).
+    pub agent: String,
+    pub node: String,
+    pub ranges: Vec<(String, IpNet)>,
+    pub addresses: Vec<std::net::IpAddr>,
+}
+
+/// Problems between agents, one sentence each: two agents serving one node (the same node
+/// name: a cloned machine, a copied state directory), two agents whose cluster ranges overlap,
+/// and an address allocated on two agents.
+pub fn agents_problems(agents: &[AgentHoldings]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, a) in agents.iter().enumerate() {
+        for b in &agents[i + 1..] {
+            if a.node == b.node {
+                problems.push(format!(
+                    "agents {} and {} both serve node {}: one node, one live agent (a cloned \
+                     machine or a copied state directory?)",
+                    a.agent, b.agent, a.node
+                ));
+            }
+            for (pool_a, range_a) in &a.ranges {
+                for (pool_b, range_b) in &b.ranges {
+                    if overlaps(range_a, range_b) {
+                        problems.push(format!(
+                            "agent {} (node {}) holds {range_a} in pool {pool_a} and agent {} \
+                             (node {}) holds {range_b} in pool {pool_b}: they overlap",
+                            a.agent, a.node, b.agent, b.node
+                        ));
+                    }
+                }
+            }
+            for address in a.addresses.iter().filter(|x| b.addresses.contains(x)) {
+                problems.push(format!(
+                    "{address} is allocated on agent {} (node {}) and on agent {} (node {})",
+                    a.agent, a.node, b.agent, b.node
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Whether an `election/` key (with its lease; `None`: not on a lease) is a candidate of the
+/// operators' election: on a lease, and named after it. Any other key would never go away
+/// with a replica, so the replicas pass it over.
+pub fn election_candidate(keys: &Keys, key: &str, lease: Option<i64>) -> bool {
+    match keys.parse(key) {
+        Ok(Key::Election { lease: named }) => {
+            lease.is_some_and(|l| l != 0 && u64::try_from(l).is_ok_and(|l| l == named))
+        }
+        _ => false,
+    }
+}
+
+/// The `election/` keys that are not candidates ([`election_candidate`]), one sentence each:
+/// `entries` are (key, lease) as read.
+pub fn election_problems(keys: &Keys, entries: &[(String, Option<i64>)]) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|(key, lease)| !election_candidate(keys, key, *lease))
+        .map(|(key, lease)| match lease.filter(|l| *l != 0) {
+            None => format!(
+                "election key {key} is not on a lease (written by hand?): no replica counts it \
+                 as a candidate; delete it (etcdctl del {key})"
+            ),
+            Some(lease) => format!(
+                "election key {key} is on lease {lease:x}, not the one its name says: no replica \
+                 counts it as a candidate; delete it (etcdctl del {key})"
+            ),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,6 +784,40 @@ node_prefix_len = 24
         }
     }
 
+    /// Issue 20: a configuration written around the CLI is judged as the leader judges it:
+    /// against `config-applied` and the grants. The grants are checked against the one in
+    /// force; the refused one is one problem; no configuration at all is one too.
+    #[test]
+    fn a_stored_configuration_the_leader_refuses_is_a_problem_and_the_applied_one_rules() {
+        let mut c = Cluster::new();
+        c.grant("nodes", "10.1.0.0/24");
+        let applied = AppliedConfigRecord {
+            config_revision: 1,
+            config: ClusterConfig::from_toml(BLOCKS).unwrap(),
+        };
+        c.add(c.keys.config_applied(), encode_value(&applied).unwrap());
+        assert_eq!(c.check(), Vec::<String>::new());
+        let renamed = ClusterConfig::from_toml(&BLOCKS.replace("\"nodes\"", "\"hosts\""))
+            .unwrap()
+            .to_json()
+            .unwrap();
+        c.entries[0].1 = renamed.into_bytes();
+        let problems = c.check();
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(problems[0].contains("is not applied"), "{problems:#?}");
+        assert!(
+            problems[0].contains("10.1.0.0/24 (node a)"),
+            "{problems:#?}"
+        );
+        assert!(problems[0].contains("stays in force"), "{problems:#?}");
+        c.entries.remove(0);
+        let problems = c.check();
+        assert!(
+            problems.iter().any(|p| p.contains("has no configuration")),
+            "{problems:#?}"
+        );
+    }
+
     #[test]
     fn many_blocks_per_node_are_fine_and_release_keys_must_name_a_current_grant() {
         let mut c = Cluster::new();
@@ -728,5 +909,60 @@ node_prefix_len = 24
         let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
         assert_eq!(expected.len(), 1);
         assert_eq!(expected[0].0.as_str(), "nodes");
+    }
+
+    #[test]
+    fn two_agents_serving_one_node_or_one_range_or_address_are_problems() {
+        let agent = |agent: &str, node: &str, ranges: &[&str], addresses: &[&str]| AgentHoldings {
+            agent: agent.into(),
+            node: node.into(),
+            ranges: ranges
+                .iter()
+                .map(|r| ("default".to_owned(), net(r)))
+                .collect(),
+            addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+        };
+        let a = agent("a.sock", "node-a", &["10.1.1.0/24"], &["10.1.1.2"]);
+        let b = agent("b.sock", "node-b", &["10.1.2.0/24"], &["10.1.2.2"]);
+        assert!(agents_problems(&[a.clone(), b.clone()]).is_empty());
+        // A clone: the same node, the same range, the same address.
+        let clone = agent("c.sock", "node-a", &["10.1.1.0/24"], &["10.1.1.2"]);
+        let problems = agents_problems(&[a.clone(), b.clone(), clone]);
+        assert_eq!(problems.len(), 3, "{problems:#?}");
+        assert!(
+            problems[0].contains("both serve node node-a"),
+            "{problems:#?}"
+        );
+        assert!(problems[1].contains("overlap") && problems[1].contains("10.1.1.0/24"));
+        assert!(problems[2].contains("10.1.1.2 is allocated on agent a.sock"));
+        // Another node over a part of the range (a removed node's draining range).
+        let inside = agent("d.sock", "node-d", &["10.1.2.128/25"], &[]);
+        let problems = agents_problems(&[b, inside]);
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        // Families never overlap.
+        let v6 = agent("e.sock", "node-e", &["fd00::/64"], &[]);
+        assert!(agents_problems(&[a, v6]).is_empty());
+    }
+
+    #[test]
+    fn election_keys_not_on_their_lease_are_not_candidates() {
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        let key = keys.election(0xab);
+        assert!(election_candidate(&keys, &key, Some(0xab)));
+        assert!(!election_candidate(&keys, &key, None));
+        assert!(!election_candidate(&keys, &key, Some(0)));
+        assert!(!election_candidate(&keys, &key, Some(0xac)));
+        assert!(!election_candidate(&keys, &keys.config(), Some(0xab)));
+        let problems = election_problems(
+            &keys,
+            &[
+                (key.clone(), Some(0xab)),
+                (keys.election(0x1), None),
+                (keys.election(0x2), Some(0x3)),
+            ],
+        );
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems[0].contains("/corral/t/v1/election/1 is not on a lease"));
+        assert!(problems[1].contains("election/2 is on lease 3"));
     }
 }

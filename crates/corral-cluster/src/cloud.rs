@@ -34,6 +34,7 @@ mod choice;
 mod empty;
 mod gc;
 mod node_cidr;
+mod records;
 mod replay;
 mod targets;
 #[cfg(test)]
@@ -48,6 +49,10 @@ pub use empty::empty_interface_to_delete;
 pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};
 pub use node_cidr::{
     FromCloudInput, FromCloudPlan, FromCloudProblem, FromCloudReport, Sight, plan_from_cloud,
+};
+pub use records::{
+    MissingInCloud, RecordConflict, RecordIndex, confirm_missing, missing_in_cloud,
+    record_conflicts,
 };
 pub use replay::{DESCRIBE_LAG_BOUND_MS, ObservedInterface, Replay, replay_intent};
 pub use targets::{WarmMode, warm_mode, warm_needed_and_excess};

@@ -15,6 +15,16 @@ use thiserror::Error;
 use crate::keys::NodeName;
 use crate::net::{family_of, overlaps};
 
+mod holdings;
+pub(crate) mod node_id_bounds;
+
+pub use holdings::HeldGrant;
+pub use node_id_bounds::NodeIdBound;
+
+/// etcd's longest lease TTL (`MaxLeaseTTL`, 9,000,000,000 s): a quarantine lease asked for
+/// longer is refused by etcd, so every removal would fail.
+pub const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
+
 /// Default quarantine of a released node CIDR or node ID, in seconds.
 pub const DEFAULT_QUARANTINE_SECS: u64 = 300;
 
@@ -464,18 +474,23 @@ pub struct NodeIdPlanConfig {
     /// The service network (reported in the plan as is).
     #[serde(with = "crate::text")]
     pub service: IpNet,
+    /// The largest node ID, if given: it must fit every network of the plan. Without it the
+    /// largest is the most every network holds (`NodeIdPlanConfig::bounds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_node_id: Option<u32>,
 }
 
 impl NodeIdPlanConfig {
-    /// The largest node ID: 2^(P−s) for the pod subnet, bounded by the host interconnect split
-    /// (and by `u32::MAX`); node IDs run `1..=max_node_id()`.
+    /// The largest node ID: `max_node_id` if given, else the fewest node IDs any network of
+    /// the plan gives distinct addresses (`bounds`: the pod and host interconnect splits, the
+    /// node interconnect's and VXLAN network's usable hosts), at most `u32::MAX`; node IDs run
+    /// `1..=max_node_id()`, so no ID wraps onto another's addresses in any network.
     pub fn max_node_id(&self) -> u32 {
-        let pods = split_count(&self.pod_subnet, self.pod_subnet_node_prefix_len);
-        let host = split_count(
-            &self.host_interconnect_subnet,
-            self.host_interconnect_node_prefix_len,
-        );
-        u32::try_from(pods.min(host)).unwrap_or(u32::MAX)
+        if let Some(max) = self.max_node_id {
+            return max;
+        }
+        let fewest = self.bounds().iter().map(|b| b.node_ids).min().unwrap_or(0);
+        u32::try_from(fewest).unwrap_or(u32::MAX)
     }
 
     fn validate(&self, config_has: &[(Family, Vec<IpNet>)]) -> Result<(), ConfigError> {
@@ -574,7 +589,7 @@ impl NodeIdPlanConfig {
                 }
             }
         }
-        Ok(())
+        self.validate_bounds()
     }
 }
 
@@ -671,6 +686,15 @@ impl ClusterConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.quarantine_secs < 1 {
             return Err(invalid("quarantine_secs", "must be at least 1"));
+        }
+        if self.quarantine_secs > MAX_LEASE_TTL_SECS {
+            return Err(invalid(
+                "quarantine_secs",
+                format!(
+                    "{} is longer than etcd's longest lease ({MAX_LEASE_TTL_SECS} s): every node removal would fail",
+                    self.quarantine_secs
+                ),
+            ));
         }
         let r = &self.resync;
         for (field, value) in [
@@ -1234,7 +1258,8 @@ block_prefix_len = 28
     fn the_example_parses_and_round_trips_through_json() {
         let config = ClusterConfig::from_toml(EXAMPLE).unwrap();
         assert_eq!(config.pools[0].ipv4.as_ref().unwrap().cidrs.len(), 2);
-        assert_eq!(config.max_node_id(), 256);
+        // The pod split holds 256 nodes, the node interconnect /24 253 (.1 excluded).
+        assert_eq!(config.max_node_id(), 253);
         let json = config.to_json().unwrap();
         assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
     }

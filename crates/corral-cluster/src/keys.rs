@@ -237,6 +237,9 @@ pub enum Key {
     Schema,
     /// `config`: the `ClusterConfig` JSON.
     Config,
+    /// `config-applied`: the configuration the leader last installed (`AppliedConfigRecord`),
+    /// written by the leader, fenced; it sorts right after `config`.
+    ConfigApplied,
     /// `election/<lease-hex>`: an operator replica campaigning.
     Election {
         /// The replica's lease ID.
@@ -452,6 +455,10 @@ impl Keys {
     pub fn config(&self) -> String {
         self.key(format_args!("config"))
     }
+    /// `config-applied`.
+    pub fn config_applied(&self) -> String {
+        self.key(format_args!("config-applied"))
+    }
     /// `election/<lease-hex>`.
     pub fn election(&self, lease: u64) -> String {
         self.key(format_args!("election/{lease:x}"))
@@ -551,6 +558,7 @@ impl Keys {
         match key {
             Key::Schema => self.schema(),
             Key::Config => self.config(),
+            Key::ConfigApplied => self.config_applied(),
             Key::Election { lease } => self.election(*lease),
             Key::Node { node } => self.node(node),
             Key::Live { node } => self.live(node),
@@ -706,6 +714,7 @@ impl Keys {
         match parts.as_slice() {
             ["meta", "schema"] => Ok(Key::Schema),
             ["config"] => Ok(Key::Config),
+            ["config-applied"] => Ok(Key::ConfigApplied),
             ["election", lease] => parse_lease_hex(lease)
                 .map(|lease| Key::Election { lease })
                 .ok_or_else(|| malformed("invalid lease ID")),
@@ -775,6 +784,18 @@ impl Keys {
     }
 }
 
+/// `config-applied`'s value: the configuration the leader last installed, and the mod revision
+/// of the `config` key it came from. It is the last good configuration: a stored `config` that
+/// fails the change rules against it (or against the grants) is not installed, and this one
+/// stays in force across restarts and failovers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedConfigRecord {
+    /// The `config` key's mod revision when it was installed.
+    pub config_revision: i64,
+    /// The configuration (validated again when read).
+    pub config: crate::config::ClusterConfig,
+}
+
 /// `meta/schema`'s value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchemaRecord {
@@ -799,15 +820,39 @@ pub struct NodeRecord {
     pub instance_id: Option<String>,
 }
 
-/// `live/<node>`'s value, on the agent's lease.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `live/<node>`'s value, on the agent's lease. One agent process holds it at a time: it is
+/// created only if absent, and names its holder so a second agent can say who holds it and
+/// tell an earlier process of its own machine (gone, its lease not yet expired) from a live
+/// one. Fields added later are `#[serde(default)]`: an older agent's record reads with them
+/// empty (such a holder is waited for, never presumed gone).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct LiveRecord {
     /// The agent's process ID.
     pub pid: u32,
     /// The agent's version.
     pub version: String,
-    /// When the agent started, in milliseconds since the epoch.
+    /// When the agent took the key, in milliseconds since the epoch.
     pub started_ms: u64,
+    /// The host name of the machine the agent runs on.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host: String,
+    /// The kernel's boot ID (`/proc/sys/kernel/random/boot_id`): a new one at every boot and
+    /// on every machine, so a clone of a machine has another.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub boot_id: String,
+    /// The agent's PID namespace (`/proc/self/ns/pid`, e.g. `pid:[4026531836]`): a PID means
+    /// the same process only within one namespace (containers on one host share a boot ID).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pid_namespace: String,
+    /// The process's start time in clock ticks after boot (`/proc/<pid>/stat`, field 22):
+    /// with the boot ID, the namespace and the PID, it names one process, whatever PIDs
+    /// are reused.
+    #[serde(default)]
+    pub process_start: u64,
+    /// The lease's TTL in milliseconds: how long the key outlives its holder at most (a
+    /// waiting agent waits about this long for it to expire).
+    #[serde(default)]
+    pub ttl_ms: u64,
 }
 
 /// `grants/...`'s value: who holds the node CIDR.
@@ -1260,6 +1305,7 @@ mod tests {
         let all = [
             Key::Schema,
             Key::Config,
+            Key::ConfigApplied,
             Key::Election {
                 lease: 0x694d_77aa_9e38_260f,
             },

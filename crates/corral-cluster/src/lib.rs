@@ -22,20 +22,23 @@ pub mod view;
 
 pub use backoff::{Resync, RetryState};
 pub use check::{
-    CloudTruth, Entry, agent_block_problems, block_capacity, block_range, check, cloud_problems,
-    expected_ranges, granted_cidrs, is_block_pool, node_range,
+    AgentHoldings, CloudTruth, Entry, agent_block_problems, agents_problems, block_capacity,
+    block_range, check, cloud_problems, election_candidate, election_problems, expected_ranges,
+    granted_cidrs, is_block_pool, node_range,
 };
 pub use config::{
-    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeCidrSync, NodeIdPlanConfig,
-    PoolConfig, PoolMode, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
+    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS,
+    NodeCidrSync, NodeIdBound, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig, WarmTargets,
+    WatermarkOverride, Watermarks,
 };
 pub use intervals::IntervalSet;
 pub use keys::{
-    CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
-    DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, HeldCloudAddress, HeldRange,
-    HoldingsRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord, NodeName,
-    NodeRecord, OwnedRecord, QuarantineRecord, ReleaseRecord, ReleaseState, RemovalRecord,
-    SchemaRecord, ValueError, decode_value, encode_value,
+    AppliedConfigRecord, CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord,
+    CloudOp, ClusterName, DelegationRecord, DemandRecord, FamilyDemand, GrantRecord,
+    HeldCloudAddress, HeldRange, HoldingsRecord, Key, KeyError, Keys, LiveRecord,
+    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
+    ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
+    encode_value,
 };
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use report::{BlockReport, NodeReport, StatusReport};
@@ -47,5 +50,5 @@ pub use ipnet::IpNet;
 pub use view::{
     BlockProposal, CloudEntry, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry,
     NodeInfo, PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal,
-    RemovedGrant, RemovedNodeId,
+    RemovedGrant, RemovedNodeId, is_config_key,
 };

@@ -11,12 +11,14 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::config::NodeIdPlanConfig;
+use crate::config::node_id_bounds::last_node_address;
 use crate::net::{addr_of, addr_u128, family_of, host_mask, net_of, net_range};
 
 /// Why a node's plan cannot be derived.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PlanError {
-    /// The node ID is 0 or above the plan's largest.
+    /// The node ID is 0 or above the plan's largest (`NodeIdPlanConfig::max_node_id`, bounded
+    /// by every network of the plan, so an ID in range never fails below).
     #[error("node ID {id} is outside 1..={max}")]
     NodeIdOutOfRange {
         /// The node ID.
@@ -40,8 +42,8 @@ pub enum PlanError {
         /// The node interconnect network.
         network: IpNet,
     },
-    /// The node ID's host part in the VXLAN network is 0.
-    #[error("node ID {id} has no VXLAN IP in {network} (its host part is 0)")]
+    /// The node ID's host part in the VXLAN network is 0, or its broadcast address.
+    #[error("node ID {id} has no VXLAN IP in {network} (its host part is 0 or the broadcast)")]
     NoVxlanIp {
         /// The node ID.
         id: u32,
@@ -142,20 +144,22 @@ impl NodePlan {
             id: node_id,
             network,
         })?;
-        let (net_start, net_end) = net_range(&network);
+        let (net_start, _) = net_range(&network);
+        let net_last = last_node_address(&network);
         let mut excluded: Vec<u128> = config
             .node_interconnect_excluded
             .iter()
             .map(|a| addr_u128(*a))
             .collect();
         excluded.sort_unstable();
+        excluded.dedup();
         let mut node_ip = net_start + part;
         for ex in excluded {
             if ex <= node_ip {
                 node_ip = node_ip.saturating_add(1);
             }
         }
-        if node_ip > net_end {
+        if node_ip > net_last {
             return Err(PlanError::NodeIpOutside {
                 id: node_id,
                 network,
@@ -166,6 +170,12 @@ impl NodePlan {
             network: config.vxlan,
         })?;
         let (vxlan_start, _) = net_range(&config.vxlan);
+        if vxlan_start + vxlan_part > last_node_address(&config.vxlan) {
+            return Err(PlanError::NoVxlanIp {
+                id: node_id,
+                network: config.vxlan,
+            });
+        }
         Ok(NodePlan {
             node_id,
             pod_subnet,
@@ -246,6 +256,7 @@ mod tests {
             node_interconnect_excluded: vec!["192.168.16.1".parse().unwrap()],
             vxlan: "192.168.30.0/24".parse().unwrap(),
             service: "10.96.0.0/12".parse().unwrap(),
+            max_node_id: None,
         }
     }
 
@@ -289,30 +300,43 @@ mod tests {
     #[test]
     fn edges_of_the_id_range() {
         let config = defaults();
-        assert_eq!(config.max_node_id(), 256);
-        // 256 = 2^newBits maps to index 0, but its host part on a /24 is 0: no node IP.
+        // The pod and host splits hold 256 nodes, the node interconnect /24 253 (hosts 1 to
+        // 254, .1 excluded), the VXLAN /24 254: every network bounds the range.
+        assert_eq!(config.max_node_id(), 253);
         assert_eq!(
-            pod_subnet_of(&config, 256).unwrap().to_string(),
-            "10.1.0.0/24"
+            NodePlan::derive(&config, 253).unwrap().node_ip,
+            ip("192.168.16.254")
         );
-        assert_eq!(node_id_of_pod_ip(&config, ip("10.1.0.7")), Some(256));
-        assert!(matches!(
-            NodePlan::derive(&config, 256),
-            Err(PlanError::NoNodeIp { id: 256, .. })
-        ));
+        // 256 = 2^newBits would map to pod subnet index 0, and node interconnect host 0.
+        assert_eq!(pod_subnet_of(&config, 256), None);
+        assert_eq!(node_id_of_pod_ip(&config, ip("10.1.0.7")), None);
         assert!(matches!(
             NodePlan::derive(&config, 0),
             Err(PlanError::NodeIdOutOfRange { .. })
         ));
-        assert!(matches!(
-            NodePlan::derive(&config, 257),
-            Err(PlanError::NodeIdOutOfRange { .. })
-        ));
-        // 255 + 1 excluded address steps past the network.
-        assert!(matches!(
-            NodePlan::derive(&config, 255),
-            Err(PlanError::NodeIpOutside { .. })
-        ));
+        for id in [254, 255, 256, 257] {
+            assert!(matches!(
+                NodePlan::derive(&config, id),
+                Err(PlanError::NodeIdOutOfRange { max: 253, .. })
+            ));
+        }
+        // With a larger node interconnect, the pod split bounds it, and node 256 takes pod
+        // subnet 0 (Contiv's index `n & (2^(P−s) − 1)`).
+        let wide = NodeIdPlanConfig {
+            node_interconnect: "192.168.16.0/23".parse().unwrap(),
+            vxlan: "192.168.30.0/23".parse().unwrap(),
+            ..defaults()
+        };
+        assert_eq!(wide.max_node_id(), 256);
+        assert_eq!(
+            pod_subnet_of(&wide, 256).unwrap().to_string(),
+            "10.1.0.0/24"
+        );
+        assert_eq!(node_id_of_pod_ip(&wide, ip("10.1.0.7")), Some(256));
+        assert_eq!(
+            NodePlan::derive(&wide, 256).unwrap().node_ip,
+            ip("192.168.17.1")
+        );
         assert_eq!(node_id_of_pod_ip(&config, ip("10.2.0.1")), None);
         assert_eq!(node_id_of_pod_ip(&config, ip("fd00::1")), None);
         // Stepping over several excluded addresses, in any order.
@@ -345,6 +369,7 @@ mod tests {
             node_interconnect_excluded: vec![],
             vxlan: "fd00:4::/64".parse().unwrap(),
             service: "fd00:5::/108".parse().unwrap(),
+            max_node_id: None,
         };
         assert_eq!(config.max_node_id(), 65_536);
         let plan = NodePlan::derive(&config, 5).unwrap();

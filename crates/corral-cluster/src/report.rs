@@ -148,6 +148,14 @@ impl ClusterView {
             .iter()
             .map(|p| format!("{}: {}", p.key, p.message))
             .collect();
+        // The stored configuration refused stays a problem for as long as it is stored (the
+        // problem list above may have been taken by the operator's log).
+        if let Some(refusal) = self.config_refusal() {
+            let line = format!("{}: {refusal}", self.keys().config());
+            if !problems.contains(&line) {
+                problems.push(line);
+            }
+        }
         problems.extend(
             self.consistency_problems()
                 .iter()

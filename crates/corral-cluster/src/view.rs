@@ -15,18 +15,20 @@ use thiserror::Error;
 
 use crate::config::ClusterConfig;
 use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
-    HeldRange, HoldingsRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
-    OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
-    ValueError, decode_value, encode_value,
+    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
+    DemandRecord, GrantRecord, HeldRange, HoldingsRecord, Key, Keys, NodeIdOfNodeRecord,
+    NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord, ReleaseRecord,
+    RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 
 mod block_view;
+mod config_install;
 mod from_cloud;
 pub use block_view::{
     BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
 };
+pub use config_install::is_config_key;
 
 /// A cloud record the view holds: its revisions, and its value if it decodes (one that does
 /// not is reported, and kept as `None`: the key still exists).
@@ -362,6 +364,8 @@ pub struct ClusterView {
     demand_keys: BTreeSet<(NodeName, PoolName)>,
     /// `interfaces/` records: (create revision, mod revision, value if it decodes).
     cloud_interfaces: BTreeMap<(NodeName, CloudId), CloudEntry<CloudInterfaceRecord>>,
+    /// Those records by interface ID and address (the check before a record is written).
+    cloud_index: crate::cloud::RecordIndex,
     /// `intents/` records.
     cloud_intents: BTreeMap<CloudId, CloudEntry<CloudIntentRecord>>,
     /// `delegations/` keys (to-cloud node-cidr pools), whatever their value.
@@ -372,6 +376,8 @@ pub struct ClusterView {
     block_in_flight: BTreeMap<NodeName, BlockProposal>,
     /// Nodes whose liveness key exists.
     live: BTreeSet<NodeName>,
+    /// The mod revision of the `config` key (0 before it was seen), whether its value was
+    /// installed or refused: a grant txn compares it, so the view has judged what is stored.
     /// `holdings/` records: what each node's agent asserts it holds (a value that does not
     /// decode is reported and the last readable one kept; `record: None` if there is none).
     holdings: BTreeMap<NodeName, CloudEntry<HoldingsRecord>>,
@@ -382,6 +388,15 @@ pub struct ClusterView {
     held_ids_blocked: BTreeSet<(NodeName, u32)>,
     /// The mod revision of the `config` key (0 before it was seen).
     config_revision: i64,
+    /// The mod revision of the `config` key whose value is in force (0: not known).
+    installed_revision: i64,
+    /// The configuration is not installed yet (a fresh read without a readable
+    /// `config-applied`): the stored one is judged against the grants alone.
+    provisional: bool,
+    /// Why the stored configuration is not in force (refused or unreadable), if it is not.
+    config_refusal: Option<String>,
+    /// `config-applied` as seen: its mod revision and its configuration (None: unreadable).
+    applied: Option<(i64, Option<ClusterConfig>)>,
     problems: Vec<Problem>,
     problems_dropped: u64,
 }
@@ -408,6 +423,7 @@ impl ClusterView {
             releases: BTreeMap::new(),
             demand_keys: BTreeSet::new(),
             cloud_interfaces: BTreeMap::new(),
+            cloud_index: Default::default(),
             cloud_intents: BTreeMap::new(),
             delegations: BTreeMap::new(),
             release_keys: BTreeMap::new(),
@@ -417,6 +433,10 @@ impl ClusterView {
             held_blocked: BTreeSet::new(),
             held_ids_blocked: BTreeSet::new(),
             config_revision: 0,
+            installed_revision: 0,
+            provisional: false,
+            config_refusal: None,
+            applied: None,
             problems: Vec::new(),
             problems_dropped: 0,
         };
@@ -451,6 +471,7 @@ impl ClusterView {
         self.releases.clear();
         self.demand_keys.clear();
         self.cloud_interfaces.clear();
+        self.cloud_index = Default::default();
         self.cloud_intents.clear();
         self.release_keys.clear();
         self.block_in_flight.clear();
@@ -617,11 +638,33 @@ impl ClusterView {
             .map(|r| r.node.clone())
     }
 
+    /// Blocks `cidr` in every space of its family (a grant or quarantine of a pool and
+    /// family not configured: held all the same, never granted to anyone else).
+    fn block_everywhere(&mut self, family: Family, cidr: &IpNet) {
+        for ((_, f), space) in self.spaces.iter_mut() {
+            if *f == family {
+                space.block_foreign(cidr);
+            }
+        }
+    }
+
+    /// Undoes `block_everywhere`.
+    fn unblock_everywhere(&mut self, family: Family, cidr: &IpNet) {
+        for ((_, f), space) in self.spaces.iter_mut() {
+            if *f == family {
+                space.unblock_foreign(cidr);
+            }
+        }
+    }
+
     fn occupy_grant(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
         let key = self.keys.grant(pool, *family, cidr);
+        if !self.spaces.contains_key(&(pool.clone(), *family)) {
+            self.block_everywhere(*family, cidr);
+        }
         let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
             None => Err(format!(
-                "grant in pool {pool} {}, which is not configured",
+                "grant in pool {pool} {}, which is not configured: held, never granted again",
                 family.name()
             )),
             Some(space) => space.occupy_granted(cidr).map_err(|e| {
@@ -635,6 +678,9 @@ impl ClusterView {
 
     fn occupy_quarantine(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
         let key = self.keys.quarantine(pool, *family, cidr);
+        if !self.spaces.contains_key(&(pool.clone(), *family)) {
+            self.block_everywhere(*family, cidr);
+        }
         let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
             None => Err(format!(
                 "quarantine in pool {pool} {}, which is not configured",
@@ -720,18 +766,19 @@ impl ClusterView {
                     );
                 }
             }
-            Key::Config => match ClusterConfig::from_json(value)
-                .and_then(|new| ClusterConfig::check_change(&self.config, &new).map(|()| new))
-            {
-                Ok(new) => {
-                    self.config_revision = mod_revision;
-                    if new != self.config {
-                        self.config = new;
-                        self.rebuild_spaces();
-                    }
-                }
-                Err(e) => self.problem(key, mod_revision, format!("not applied: {e}")),
-            },
+            Key::Config => self.offer_config(key, value, mod_revision),
+            Key::ConfigApplied => {
+                let applied = self
+                    .decode::<AppliedConfigRecord>(key, mod_revision, value)
+                    .and_then(|record| match record.config.validate() {
+                        Ok(()) => Some(record.config),
+                        Err(e) => {
+                            self.problem(key, mod_revision, e.to_string());
+                            None
+                        }
+                    });
+                self.applied = Some((mod_revision, applied));
+            }
             Key::Election { .. } => {}
             Key::Live { node } => {
                 self.live.insert(node);
@@ -843,6 +890,14 @@ impl ClusterView {
             }
             Key::CloudInterface { node, interface } => {
                 let record = self.decode::<CloudInterfaceRecord>(key, mod_revision, value);
+                if let Some(old) = self
+                    .cloud_interfaces
+                    .get(&(node.clone(), interface.clone()))
+                {
+                    self.cloud_index
+                        .remove(&node, &interface, old.record.as_ref());
+                }
+                self.cloud_index.insert(&node, &interface, record.as_ref());
                 self.cloud_interfaces.insert(
                     (node, interface),
                     CloudEntry {
@@ -917,6 +972,7 @@ impl ClusterView {
     fn forget(&mut self, key: &Key) {
         match key {
             Key::Schema | Key::Config | Key::Election { .. } => {}
+            Key::ConfigApplied => self.applied = None,
             Key::Holdings { node } => {
                 if self.holdings.remove(node).is_some() {
                     self.refresh_holdings(node);
@@ -929,8 +985,13 @@ impl ClusterView {
                 self.removals.remove(node);
             }
             Key::CloudInterface { node, interface } => {
-                self.cloud_interfaces
-                    .remove(&(node.clone(), interface.clone()));
+                if let Some(old) = self
+                    .cloud_interfaces
+                    .remove(&(node.clone(), interface.clone()))
+                {
+                    self.cloud_index
+                        .remove(node, interface, old.record.as_ref());
+                }
             }
             Key::CloudIntent { id } => {
                 self.cloud_intents.remove(id);
@@ -971,6 +1032,8 @@ impl ClusterView {
                         } else {
                             space.unblock_foreign(cidr);
                         }
+                    } else {
+                        self.unblock_everywhere(*family, cidr);
                     }
                     if let Some(record) = &entry.record
                         && let Some(set) = self.grants_by_node.get_mut(&record.node)
@@ -998,13 +1061,15 @@ impl ClusterView {
                     .remove(&(node.clone(), pool.clone(), *family, *cidr));
             }
             Key::Quarantine { pool, family, cidr } => {
-                if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr))
-                    && let Some(space) = self.spaces.get_mut(&(pool.clone(), *family))
-                {
-                    if entry.counted {
-                        let _ = space.release_quarantined(cidr);
+                if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr)) {
+                    if let Some(space) = self.spaces.get_mut(&(pool.clone(), *family)) {
+                        if entry.counted {
+                            let _ = space.release_quarantined(cidr);
+                        } else {
+                            space.unblock_foreign(cidr);
+                        }
                     } else {
-                        space.unblock_foreign(cidr);
+                        self.unblock_everywhere(*family, cidr);
                     }
                 }
             }
@@ -1121,6 +1186,23 @@ impl ClusterView {
     /// Node IDs a node's agent serves without holding their grant: (node, ID).
     pub fn uncovered_node_ids(&self) -> Vec<(NodeName, u32)> {
         self.held_ids_blocked.iter().cloned().collect()
+    }
+
+    /// The records that may stand against writing `record` as `interface` (same interface ID,
+    /// or a net that may overlap one of its nets): a superset of what
+    /// [`crate::cloud::record_conflicts`] finds among all records, from an index.
+    pub fn cloud_record_candidates<'a>(
+        &'a self,
+        interface: &CloudId,
+        record: &CloudInterfaceRecord,
+    ) -> impl Iterator<Item = (&'a NodeName, &'a CloudId, &'a CloudInterfaceRecord)> + 'a {
+        self.cloud_index
+            .candidates(interface, record)
+            .into_iter()
+            .filter_map(move |key| {
+                let (key, entry) = self.cloud_interfaces.get_key_value(&key)?;
+                Some((&key.0, &key.1, entry.record.as_ref()?))
+            })
     }
 
     /// Every `intents/` record, by ID.

@@ -5,6 +5,13 @@
 //! revision are the fence: every write of the leader is a transaction that also compares
 //! `create_revision(key) == revision`, so once the key is gone (lease expired, replica
 //! deposed) no write of that replica can land, whatever it believes.
+//!
+//! Elections heal. Only a key on a live lease, named after that lease (as [`Candidate::join`]
+//! writes it), is a candidate ([`is_candidate`]): a key not on a lease (written by hand) would
+//! never go away, so it is ignored when choosing the lowest (and reported by the replicas and
+//! `corral cluster check`); the fence still compares the leader's own key, so every write
+//! stays safe. A candidate whose own key disappears (deleted by hand, or replaced) while its
+//! lease lives is lost within a third of its TTL: it steps down and campaigns again.
 
 use std::time::Duration;
 
@@ -83,7 +90,13 @@ impl Candidate {
             return Err(KvError::Unavailable("election key already exists".into()));
         }
         let (lost_tx, lost) = watch::channel(false);
-        let keeper = tokio::spawn(keep_alive(kv.clone(), lease, ttl, lost_tx));
+        let keeper = tokio::spawn(keep_alive(
+            kv.clone(),
+            lease,
+            ttl,
+            (key.clone(), response.revision),
+            lost_tx,
+        ));
         Ok(Candidate {
             key,
             revision: response.revision,
@@ -101,12 +114,21 @@ impl Candidate {
                 return Err(KvError::LeaseNotFound(self.lease));
             }
             let (keys, revision) = corral_kv::read_all(kv, prefix, 1000).await?;
-            let Some(lowest) = keys.iter().min_by_key(|kv| kv.create_revision) else {
-                return Err(KvError::LeaseNotFound(self.lease));
-            };
-            if !keys.iter().any(|kv| kv.key == self.key) {
+            if !keys
+                .iter()
+                .any(|kv| kv.key == self.key && kv.create_revision == self.revision)
+            {
                 return Err(KvError::LeaseNotFound(self.lease));
             }
+            // Keys that are not candidates (not on a lease, or not named after theirs) are
+            // passed over: nothing would ever remove them.
+            let Some(lowest) = keys
+                .iter()
+                .filter(|kv| is_candidate(prefix, kv))
+                .min_by_key(|kv| kv.create_revision)
+            else {
+                return Err(KvError::LeaseNotFound(self.lease));
+            };
             if lowest.key == self.key {
                 return Ok(Fence {
                     key: self.key.clone(),
@@ -137,10 +159,29 @@ impl Candidate {
     }
 }
 
+/// Whether an `election/` key is a candidate: on a lease, and named after it (lowercase hex,
+/// as [`Candidate::join`] writes it). A key written by hand (`etcdctl put`, no lease) is not:
+/// it would block every replica forever.
+pub fn is_candidate(prefix: &[u8], entry: &corral_kv::KeyValue) -> bool {
+    let Some(lease) = entry.lease.filter(|l| l.0 != 0) else {
+        return false;
+    };
+    entry.key.strip_prefix(prefix) == Some(format!("{:x}", lease.0).as_bytes())
+}
+
 /// Renews the lease every third of its TTL. Declares it lost when the store says it is gone,
-/// or when no renewal succeeded for half the TTL (the store may already have let it expire:
-/// acting on past that would race the next leader, whose writes the fence lets through).
-async fn keep_alive<K: Kv>(kv: K, lease: LeaseId, ttl: Duration, lost: watch::Sender<bool>) {
+/// when no renewal succeeded for half the TTL (the store may already have let it expire:
+/// acting on past that would race the next leader, whose writes the fence lets through), or
+/// when the replica's own key (`own`: key and create revision) is gone or was replaced while
+/// the lease lives (deleted by hand): every fenced write would fail, so the replica steps down
+/// and campaigns again.
+async fn keep_alive<K: Kv>(
+    kv: K,
+    lease: LeaseId,
+    ttl: Duration,
+    own: (Vec<u8>, Revision),
+    lost: watch::Sender<bool>,
+) {
     let period = (ttl / 3).max(Duration::from_millis(100));
     let mut last_renewed = Instant::now();
     loop {
@@ -157,5 +198,39 @@ async fn keep_alive<K: Kv>(kv: K, lease: LeaseId, ttl: Duration, lost: watch::Se
             let _ = lost.send(true);
             return;
         }
+        // A read that fails says nothing (the renewal rule above covers an unreachable store).
+        if let Ok(Ok(entry)) = tokio::time::timeout(period, kv.get(&own.0)).await
+            && entry.is_none_or(|e| e.create_revision != own.1 || e.lease != Some(lease))
+        {
+            eprintln!(
+                "corral operator: the election key {} is gone or replaced; stepping down",
+                String::from_utf8_lossy(&own.0)
+            );
+            let _ = lost.send(true);
+            return;
+        }
     }
+}
+
+/// What is wrong under the election prefix, one sentence each: keys that are not candidates
+/// ([`is_candidate`]) and so are passed over.
+pub fn problems(prefix: &[u8], entries: &[corral_kv::KeyValue]) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|e| !is_candidate(prefix, e))
+        .map(|e| {
+            let key = e.key_str();
+            match e.lease.filter(|l| l.0 != 0) {
+                None => format!(
+                    "election key {key} is not on a lease (written by hand?): no replica counts \
+                     it as a candidate; delete it (etcdctl del {key})"
+                ),
+                Some(lease) => format!(
+                    "election key {key} is on lease {:x}, not the one its name says: no replica \
+                     counts it as a candidate; delete it (etcdctl del {key})",
+                    lease.0
+                ),
+            }
+        })
+        .collect()
 }

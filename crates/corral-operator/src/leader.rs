@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterConfig, ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal,
-    RemovalRecord, Resync, RetryState, encode_value,
+    ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
+    RetryState, encode_value,
 };
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::task::JoinSet;
@@ -177,35 +177,52 @@ async fn rebuild<K: Kv>(
         // of key is named to sort after it: `keys.rs`).
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
-        let config = first
-            .kvs
-            .first()
-            .filter(|e| e.key == config_key.as_bytes())
-            .map(|e| (ClusterConfig::from_json(&e.value), e.mod_revision));
-        let config = match config {
-            Some((Ok(config), _)) => config,
-            Some((Err(error), _)) => {
+        // `config-applied` (the last configuration installed) sorts right after `config`.
+        let value_of = |key: &str| {
+            first
+                .kvs
+                .iter()
+                .take(2)
+                .find(|e| e.key == key.as_bytes())
+                .map(|e| (e.value.clone(), e.mod_revision))
+        };
+        let stored = value_of(&config_key);
+        let applied = value_of(&keys.config_applied());
+        // The view starts under the last configuration installed; the stored one is judged
+        // after every other key is read (the grants must be known): one path with the watch.
+        // A resync or restart keeps the configuration in force if `config-applied` does not
+        // read (not written yet, or deleted around the CLI).
+        let last = shared
+            .with_view(|view, _| {
+                view.config_in_force()
+                    .then(|| (view.config().clone(), view.installed_revision()))
+            })
+            .flatten();
+        let mut view = match ClusterView::for_read_after(
+            keys.clone(),
+            stored.as_ref().map(|(v, _)| v.as_slice()),
+            applied.as_ref().map(|(v, _)| v.as_slice()),
+            last,
+        ) {
+            Ok(view) => view,
+            Err(problem) => {
                 // A configuration this build cannot read grants nothing; a fixed one
-                // (`corral cluster apply`) is picked up by the watch below.
-                shared.note_problem(format!("{config_key}: {error}"));
-                wait_for_change(kv, config_key.as_bytes(), revision).await?;
-                continue;
-            }
-            None => {
-                shared.note_problem(format!(
-                    "no cluster configuration yet ({config_key}): waiting for `corral cluster init`"
-                ));
+                // (`corral cluster apply --force`) is picked up by the watch below.
+                shared.note_problem(problem);
                 wait_for_change(kv, config_key.as_bytes(), revision).await?;
                 continue;
             }
         };
-        let mut view = ClusterView::new(keys.clone(), config);
         let mut page = first;
         let mut n_keys = 0;
         loop {
             for entry in &page.kvs {
+                let key = entry.key_str();
+                if corral_cluster::is_config_key(keys, &key) {
+                    continue;
+                }
                 view.apply_put(
-                    &entry.key_str(),
+                    &key,
                     &entry.value,
                     entry.create_revision,
                     entry.mod_revision,
@@ -219,6 +236,16 @@ async fn rebuild<K: Kv>(
                 break;
             }
             page = kv.range(prefix, Some(&last), PAGE, Some(revision)).await?;
+        }
+        view.finish_read(stored.as_ref().map(|(v, r)| (v.as_slice(), *r)));
+        if !view.config_in_force() {
+            // No configuration was ever installed and the stored one does not fit the
+            // grants: nothing is granted until one that fits is applied.
+            for problem in view.take_problems() {
+                shared.note_problem(format!("{}: {}", problem.key, problem.message));
+            }
+            wait_for_change(kv, config_key.as_bytes(), revision).await?;
+            continue;
         }
         for problem in view.take_problems() {
             shared.note_problem(format!("{}: {}", problem.key, problem.message));
@@ -391,18 +418,38 @@ async fn serve<K: Kv>(
     // re-reads everything at one revision and reports any drift, as a backstop.
     let mut sync_state = RetryState::default();
     let mut resync_at = Instant::now() + timing.resync;
+    // The `config-applied` write last tried, as (its compare, the configuration's revision):
+    // tried again only once the view has changed (or after a resync).
+    let mut applied_tried: Option<(Revision, Revision)> = None;
     loop {
         if *lost.borrow() {
             return Err(LeadError::Lost);
         }
         if dirty {
             dirty = false;
-            with_view(shared, |view, _| {
+            let applied = with_view(shared, |view, _| {
                 start_work(kv, keys, fence, shared, workers, view, &mut work);
                 for problem in view.take_problems() {
                     shared.note_problem(format!("{}: {}", problem.key, problem.message));
                 }
+                view.applied_to_write()
+                    .map(|record| (record, view.applied_revision(), view.config_revision()))
             })?;
+            if let Some((record, applied_revision, config_revision)) = applied
+                && applied_tried != Some((applied_revision, record.config_revision))
+            {
+                applied_tried = Some((applied_revision, record.config_revision));
+                write_applied(
+                    kv,
+                    keys,
+                    fence,
+                    shared,
+                    &record,
+                    applied_revision,
+                    config_revision,
+                )
+                .await;
+            }
         }
         let next_retry = work
             .retry
@@ -485,6 +532,7 @@ async fn serve<K: Kv>(
                             ));
                         }
                         shared.install(fresh, at);
+                        applied_tried = None;
                         watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
                         shared.note_resync(true);
                         resync_at = Instant::now() + sync_state.success(&timing);
@@ -504,6 +552,42 @@ async fn serve<K: Kv>(
                 return Ok(());
             }
         }
+    }
+}
+
+/// Records the configuration in force as `config-applied` (fenced; the key and `config` as the
+/// view saw them), so the last good configuration survives a restart or a failover. A failed
+/// write is reported; the watch brings whatever changed, and the next change of the view (or
+/// the next resync) tries again.
+async fn write_applied<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    fence: &Fence,
+    shared: &Shared,
+    record: &corral_cluster::AppliedConfigRecord,
+    applied_revision: Revision,
+    config_revision: Revision,
+) {
+    let key = keys.config_applied();
+    let value = match encode_value(record) {
+        Ok(value) => value,
+        Err(error) => {
+            shared.note_problem(format!("{key}: {error}"));
+            return;
+        }
+    };
+    let txn = Txn {
+        compares: vec![
+            Compare::modified_at(key.clone(), applied_revision),
+            Compare::modified_at(keys.config(), config_revision),
+        ],
+        success: vec![TxnOp::put(key.clone(), value)],
+        failure: vec![],
+    };
+    match kv.txn(fence.guard(txn)).await {
+        Ok(response) if response.succeeded => {}
+        Ok(_) => {}
+        Err(error) => shared.note_problem(format!("{key}: not written: {error}")),
     }
 }
 

@@ -231,9 +231,21 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
             }
         }
     };
+    // Every replica looks at the election keys once a TTL and reports those that are not
+    // candidates (a key written by hand): the election passes them over, people should know.
+    let monitor = async {
+        loop {
+            if let Ok((entries, _)) = corral_kv::read_all(&kv, election.as_bytes(), 1000).await {
+                shared.set_election_problems(election::problems(election.as_bytes(), &entries));
+            }
+            tokio::time::sleep(config.lease_ttl).await;
+        }
+    };
     tokio::pin!(work);
+    tokio::pin!(monitor);
     tokio::select! {
         _ = &mut work => {}
+        () = &mut monitor => {}
         _ = shutdown => {
             let _ = stop_tx.send(true);
             work.await;

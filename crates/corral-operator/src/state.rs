@@ -99,6 +99,8 @@ impl std::fmt::Debug for CloudStatsCell {
 struct Inner {
     leading: bool,
     problems: Vec<String>,
+    /// What is wrong under `election/` now (keys that are not candidates), as last read.
+    election: Vec<String>,
     full: BTreeMap<String, String>,
     last_rebuild: Option<(usize, Duration)>,
     took_lead_in: Option<Duration>,
@@ -111,6 +113,11 @@ struct Inner {
     /// From-cloud pools: each node's reports (why it lacks what the cloud shows, or waits).
     /// (kind, sentence) per node.
     from_cloud: BTreeMap<String, Vec<(&'static str, String)>>,
+    /// Cloud pools: interface records refused because another record holds the interface or
+    /// an address (each sentence once, newest kept).
+    record_conflicts: std::collections::BTreeSet<String>,
+    /// Cloud pools: records the cloud does not have, as the last full resync confirmed.
+    records_missing: Vec<String>,
 }
 
 /// Grant latencies kept (the newest).
@@ -130,6 +137,7 @@ pub struct Metrics {
     pub handshakes: MetricFamily<HandshakeLabels, Counter>,
     pub cloud_gc_deleted: Counter,
     pub cloud_intents_written: Counter,
+    pub cloud_record_conflicts: Counter,
 }
 
 impl Default for Metrics {
@@ -147,6 +155,7 @@ impl Default for Metrics {
             handshakes: MetricFamily::default(),
             cloud_gc_deleted: Counter::default(),
             cloud_intents_written: Counter::default(),
+            cloud_record_conflicts: Counter::default(),
         }
     }
 }
@@ -244,8 +253,24 @@ impl Shared {
         inner.problems.drain(..excess);
     }
 
+    /// The problems noted, after what is wrong under `election/` now.
     pub fn problems(&self) -> Vec<String> {
-        self.inner().problems.clone()
+        let inner = self.inner();
+        inner
+            .election
+            .iter()
+            .chain(&inner.problems)
+            .cloned()
+            .collect()
+    }
+
+    /// What is wrong under `election/` now (replaces what was last set); logged when new.
+    pub fn set_election_problems(&self, problems: Vec<String>) {
+        let mut inner = self.inner();
+        for problem in problems.iter().filter(|p| !inner.election.contains(p)) {
+            eprintln!("corral operator: {problem}");
+        }
+        inner.election = problems;
     }
 
     pub fn note_txn(&self, took: Duration) {
@@ -283,6 +308,16 @@ impl Shared {
             .resyncs
             .get_or_create(&ResyncLabels { outcome })
             .inc();
+    }
+
+    /// Resyncs that ended well, under any leader of this replica.
+    pub fn resyncs_ok(&self) -> u64 {
+        self.metrics
+            .resyncs
+            .get_or_create(&ResyncLabels {
+                outcome: ResyncOutcome::Ok,
+            })
+            .get()
     }
 
     /// Counts blocks granted in a block pool.
@@ -416,6 +451,16 @@ impl Shared {
             "# HELP corral_operator_cloud_nodes_at_capacity Nodes that need addresses their instance cannot take (no call is made).\n# TYPE corral_operator_cloud_nodes_at_capacity gauge\ncorral_operator_cloud_nodes_at_capacity {}",
             self.cloud_at_capacity().len()
         );
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_cloud_record_conflicts Interface records refused at write: another record holds the interface or an address.\n# TYPE corral_operator_cloud_record_conflicts counter\ncorral_operator_cloud_record_conflicts_total {}",
+            self.cloud_record_conflicts()
+        );
+        let _ = writeln!(
+            text,
+            "# HELP corral_operator_cloud_records_missing Interface records and recorded addresses the cloud does not have (confirmed by the last full resync).\n# TYPE corral_operator_cloud_records_missing gauge\ncorral_operator_cloud_records_missing {}",
+            self.cloud_records_missing().len()
+        );
         text
     }
 
@@ -454,6 +499,8 @@ impl Shared {
         inner.cloud_nodes.clear();
         inner.cloud_ready = false;
         inner.from_cloud.clear();
+        inner.records_missing.clear();
+        inner.record_conflicts.clear();
     }
 
     pub fn set_cloud_ready(&self, ready: bool) {
@@ -501,6 +548,50 @@ impl Shared {
             );
         }
         text
+    }
+
+    /// An interface record refused at write (it would have named an interface or address
+    /// another record holds): counted, and each new sentence reported as a problem.
+    pub fn note_cloud_record_conflict(&self, sentence: String) {
+        self.metrics.cloud_record_conflicts.inc();
+        let new = {
+            let mut inner = self.inner();
+            if inner.record_conflicts.len() >= MAX_PROBLEMS {
+                inner.record_conflicts.clear();
+            }
+            inner.record_conflicts.insert(sentence.clone())
+        };
+        if new {
+            self.note_problem(sentence);
+        }
+    }
+
+    /// Interface records refused at write since start.
+    pub fn cloud_record_conflicts(&self) -> u64 {
+        self.metrics.cloud_record_conflicts.get()
+    }
+
+    /// The records (and recorded addresses) the last full resync confirmed the cloud does not
+    /// have; each one not reported before is reported as a problem.
+    pub fn set_cloud_records_missing(&self, sentences: Vec<String>) {
+        let new: Vec<String> = {
+            let mut inner = self.inner();
+            let new = sentences
+                .iter()
+                .filter(|s| !inner.records_missing.contains(s))
+                .cloned()
+                .collect();
+            inner.records_missing = sentences;
+            new
+        };
+        for sentence in new {
+            self.note_problem(sentence);
+        }
+    }
+
+    /// The records the cloud does not have, as the last full resync confirmed.
+    pub fn cloud_records_missing(&self) -> Vec<String> {
+        self.inner().records_missing.clone()
     }
 
     pub fn note_cloud_gc_deleted(&self, n: u64) {

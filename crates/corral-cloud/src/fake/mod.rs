@@ -27,6 +27,7 @@
 mod catalog;
 mod model;
 mod pool;
+mod state;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -46,6 +47,7 @@ pub use catalog::instance_types;
 
 use self::model::{FakeInstance, FakeSubnet, Lag, Model, Span};
 use self::pool::{Ipv4Pool, Ipv6Pool};
+use self::state::StateFile;
 use crate::bucket::TokenBucket;
 use crate::{
     Action, Amount, CloudError, CloudProvider, CreateInterface, Instance, InstanceState,
@@ -535,6 +537,7 @@ impl FakeEc2Builder {
             counters: Counters::default(),
             timeout_after: self.timeout_after,
             throttle_latency: self.throttle_latency,
+            state: None,
         };
         Ok(FakeEc2 {
             inner: Arc::new(Mutex::new(inner)),
@@ -555,6 +558,8 @@ struct Inner {
     counters: Counters,
     timeout_after: Duration,
     throttle_latency: Duration,
+    /// The state file shared with the other processes of this fake cloud, if any.
+    state: Option<StateFile>,
 }
 
 /// What the fake decided when a call arrived.
@@ -570,6 +575,29 @@ enum Admission {
 }
 
 impl Inner {
+    /// Runs `f` on the model; with a state file, under its lock, on the file's state, writing
+    /// it back after `f` if `save` and `f` succeeded (a refused call changes nothing).
+    fn synced<T>(
+        &mut self,
+        save: bool,
+        f: impl FnOnce(&mut Model, &mut ChaCha8Rng) -> Result<T, CloudError>,
+    ) -> Result<T, CloudError> {
+        let Inner {
+            state, model, rng, ..
+        } = self;
+        let Some(state) = state.as_mut() else {
+            return f(model, rng);
+        };
+        state.with_lock(|state| {
+            state.load(model)?;
+            let result = f(model, rng)?;
+            if save {
+                state.save(model)?;
+            }
+            Ok(result)
+        })
+    }
+
     /// Uses the first scripted fault of an action once.
     fn take_scripted(&mut self, index: usize) {
         let queue = &mut self.scripted[index];
@@ -677,6 +705,57 @@ impl FakeEc2 {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Reads the model (with a state file, as the file has it now; if the file cannot be
+    /// read, as this process last saw it).
+    fn read<T>(&self, f: impl FnOnce(&Model) -> T) -> T {
+        let mut inner = self.lock();
+        let _ = inner.synced(false, |_, _| Ok(()));
+        f(&inner.model)
+    }
+
+    /// Changes the model outside a call (a test or seeding helper), saved to the state file.
+    fn change<T>(
+        &self,
+        f: impl FnOnce(&mut Model, &mut ChaCha8Rng, Instant) -> Result<T, CloudError>,
+    ) -> Result<T, CloudError> {
+        let now = Instant::now();
+        self.lock().synced(true, |model, rng| f(model, rng, now))
+    }
+
+    /// Keeps this fake's resources in the file `path`, shared with every other `FakeEc2` that
+    /// keeps them there, in this process or another: one cloud for all of them, which outlives
+    /// each (a `corral operator --cloud fake` replica killed takes nothing of it along, and its
+    /// successor finds the interfaces and addresses it made). If the file exists, its
+    /// resources replace this fake's own (they must have been made from the same
+    /// `fingerprint`, e.g. the seed's text: else the file is refused, naming it); else this
+    /// fake's resources are written to it.
+    ///
+    /// Each call then runs under an exclusive lock of `PATH.lock`, on the file's resources,
+    /// and a mutating call that succeeded writes them back. What stays each process's own:
+    /// the token buckets, counters, scripted faults and the random source (latencies, delays
+    /// and the lag of each change are drawn by the process that makes it; times are stored as
+    /// wall-clock time, so every process sees a change at the same moment).
+    pub fn shared_state(
+        self,
+        path: &std::path::Path,
+        fingerprint: &str,
+    ) -> Result<FakeEc2, CloudError> {
+        {
+            let mut inner = self.lock();
+            let inner = &mut *inner;
+            let mut state = StateFile::open(path, fingerprint)?;
+            let model = &mut inner.model;
+            state.with_lock(|state| {
+                if !state.load(model)? {
+                    state.save(model)?;
+                }
+                Ok(())
+            })?;
+            inner.state = Some(state);
+        }
+        Ok(self)
+    }
+
     /// One call: admission (counters, faults, bucket) on arrival, the latency, then the change
     /// at the time it lands.
     async fn call<T>(
@@ -701,10 +780,11 @@ impl FakeEc2 {
                 }
                 let (result, timeout_after) = {
                     let mut inner = self.lock();
-                    let inner = &mut *inner;
                     let now = Instant::now();
-                    inner.model.prune(now);
-                    let result = apply(&mut inner.model, &mut inner.rng, now);
+                    let result = inner.synced(action.is_mutating(), |model, rng| {
+                        model.prune(now);
+                        apply(model, rng, now)
+                    });
                     (result, inner.timeout_after)
                 };
                 if time_out {
@@ -777,13 +857,11 @@ impl FakeEc2 {
 
     /// Launches an instance (a test helper: no call is counted); returns its id.
     pub fn launch_instance(&self, spec: InstanceSpec) -> Result<String, CloudError> {
-        let mut inner = self.lock();
-        let now = Instant::now();
-        let id = inner
-            .model
-            .launch(spec.id, &spec.instance_type, &spec.subnet_id, now)?;
-        inner.model.set_state(&id, spec.state)?;
-        Ok(id)
+        self.change(|model, _, now| {
+            let id = model.launch(spec.id, &spec.instance_type, &spec.subnet_id, now)?;
+            model.set_state(&id, spec.state)?;
+            Ok(id)
+        })
     }
 
     /// Delegates prefixes to an instance's primary interface (device index 0) as
@@ -796,11 +874,20 @@ impl FakeEc2 {
         ipv4_prefixes: u32,
         ipv6_prefixes: u32,
     ) -> Result<(Ipv4Set, Ipv6Set), CloudError> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        let now = Instant::now();
-        let primary = inner
-            .model
+        self.change(|model, rng, now| {
+            Self::delegate(model, rng, now, instance_id, ipv4_prefixes, ipv6_prefixes)
+        })
+    }
+
+    fn delegate(
+        model: &mut Model,
+        rng: &mut ChaCha8Rng,
+        now: Instant,
+        instance_id: &str,
+        ipv4_prefixes: u32,
+        ipv6_prefixes: u32,
+    ) -> Result<(Ipv4Set, Ipv6Set), CloudError> {
+        let primary = model
             .inspect_all(now)
             .into_iter()
             .find(|ni| {
@@ -814,19 +901,19 @@ impl FakeEc2 {
         let mut v4 = Ipv4Set::default();
         let mut v6 = Ipv6Set::default();
         if ipv4_prefixes > 0 {
-            v4 = inner.model.assign_ipv4(
+            v4 = model.assign_ipv4(
                 &primary.id,
                 &Ipv4Assign::Prefixes(Amount::Count(ipv4_prefixes)),
                 now,
-                &mut inner.rng,
+                rng,
             )?;
         }
         if ipv6_prefixes > 0 {
-            v6 = inner.model.assign_ipv6(
+            v6 = model.assign_ipv6(
                 &primary.id,
                 &Ipv6Assign::Prefixes(Amount::Count(ipv6_prefixes)),
                 now,
-                &mut inner.rng,
+                rng,
             )?;
         }
         Ok((v4, v6))
@@ -838,65 +925,59 @@ impl FakeEc2 {
         instance_id: &str,
         state: InstanceState,
     ) -> Result<(), CloudError> {
-        self.lock().model.set_state(instance_id, state)
+        self.change(|model, _, _| model.set_state(instance_id, state))
     }
 
     /// Terminates an instance (a test helper): its delete-on-termination interfaces are
     /// deleted and their addresses freed; its other interfaces are detached, `available`.
     pub fn terminate_instance(&self, instance_id: &str) -> Result<(), CloudError> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        inner
-            .model
-            .terminate(instance_id, Instant::now(), &mut inner.rng)
+        self.change(|model, rng, now| model.terminate(instance_id, now, rng))
     }
 
     /// An interface's true state now (no lag, not counted), or `None` if it does not exist.
     pub fn interface(&self, interface_id: &str) -> Option<NetworkInterface> {
-        self.lock().model.inspect(interface_id, Instant::now())
+        self.read(|model| model.inspect(interface_id, Instant::now()))
     }
 
     /// Every existing interface's true state now.
     pub fn interfaces(&self) -> Vec<NetworkInterface> {
-        self.lock().model.inspect_all(Instant::now())
+        self.read(|model| model.inspect_all(Instant::now()))
     }
 
     /// How many interfaces the fake keeps records of: the existing ones, and deleted ones until
     /// every describe call sees the deletion (then they are forgotten at the next call).
     pub fn interface_records(&self) -> usize {
-        self.lock().model.records()
+        self.read(Model::records)
     }
 
     /// Free IPv4 addresses of a subnet now.
     pub fn subnet_free_ipv4(&self, subnet_id: &str) -> Option<u32> {
-        self.lock()
-            .model
-            .subnets
-            .get(subnet_id)
-            .map(|s| s.ipv4.free())
+        self.read(|model| model.subnets.get(subnet_id).map(|s| s.ipv4.free()))
     }
 
     /// The ids of every instance.
     pub fn instance_ids(&self) -> Vec<String> {
-        self.lock().model.instances.keys().cloned().collect()
+        self.read(|model| model.instances.keys().cloned().collect())
     }
 
     /// An instance's state now.
     pub fn instance_state(&self, instance_id: &str) -> Option<InstanceState> {
-        self.lock()
-            .model
-            .instances
-            .get(instance_id)
-            .map(|i: &FakeInstance| i.state)
+        self.read(|model| {
+            model
+                .instances
+                .get(instance_id)
+                .map(|i: &FakeInstance| i.state)
+        })
     }
 
     /// Whether an address of a subnet is free now (not handed out, reserved or taken by
     /// fragmentation); `None` for an unknown subnet.
     pub fn subnet_address_is_free(&self, subnet_id: &str, addr: Ipv4Addr) -> Option<bool> {
-        let inner = self.lock();
-        let subnet = inner.model.subnets.get(subnet_id)?;
-        let mut probe = subnet.ipv4.clone();
-        Some(probe.take(addr).is_ok())
+        self.read(|model| {
+            let subnet = model.subnets.get(subnet_id)?;
+            let mut probe = subnet.ipv4.clone();
+            Some(probe.take(addr).is_ok())
+        })
     }
 }
 

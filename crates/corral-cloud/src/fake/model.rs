@@ -26,7 +26,7 @@ use crate::{
 const UNATTACHED_LIMIT: u32 = 50;
 
 /// A subnet of the fake.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FakeSubnet {
     pub(crate) id: String,
     pub(crate) vpc_id: String,
@@ -38,7 +38,7 @@ pub(crate) struct FakeSubnet {
 }
 
 /// An instance of the fake.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FakeInstance {
     pub(crate) id: String,
     pub(crate) instance_type: String,
@@ -51,13 +51,15 @@ pub(crate) struct FakeInstance {
 
 /// An attachment as the fake keeps it: the times at which it completes, and at which its
 /// detachment completes once asked.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FakeAttachment {
     id: String,
     instance_id: String,
     device_index: u32,
     delete_on_termination: bool,
+    #[serde(with = "super::state::wall")]
     attached_at: Instant,
+    #[serde(with = "super::state::wall_option")]
     detached_at: Option<Instant>,
 }
 
@@ -87,7 +89,7 @@ impl FakeAttachment {
 }
 
 /// An interface as the fake keeps it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FakeInterface {
     id: String,
     subnet_id: String,
@@ -148,9 +150,10 @@ impl FakeInterface {
 
 /// One interface's true state and the versions describe calls see: each change becomes visible
 /// at its own time, never before an earlier change.
-#[derive(Debug)]
-struct InterfaceEntry {
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct InterfaceEntry {
     truth: Option<FakeInterface>,
+    #[serde(with = "super::state::wall_versions")]
     versions: VecDeque<(Instant, Option<FakeInterface>)>,
     /// Every instance it was attached to and every attachment id it had, to clean the indexes
     /// when the entry goes.
@@ -415,7 +418,68 @@ fn take_ipv6_prefixes(
     }
 }
 
+/// What a state file keeps of the model, written: the resources and the id counter (the
+/// instance-type catalog and the timing knobs are each process's builder's; the indexes are
+/// rebuilt on import).
+#[derive(serde::Serialize)]
+pub(crate) struct PersistedRef<'a> {
+    subnets: &'a BTreeMap<String, FakeSubnet>,
+    instances: &'a BTreeMap<String, FakeInstance>,
+    interfaces: &'a BTreeMap<String, InterfaceEntry>,
+    client_tokens: BTreeMap<&'a String, &'a (CreateInterface, NetworkInterface)>,
+    next_id: u64,
+}
+
+/// [`PersistedRef`], read back.
+#[derive(serde::Deserialize)]
+pub(crate) struct Persisted {
+    subnets: BTreeMap<String, FakeSubnet>,
+    instances: BTreeMap<String, FakeInstance>,
+    interfaces: BTreeMap<String, InterfaceEntry>,
+    client_tokens: BTreeMap<String, (CreateInterface, NetworkInterface)>,
+    next_id: u64,
+}
+
 impl Model {
+    /// The model's resources, for a state file.
+    pub(crate) fn export(&self) -> PersistedRef<'_> {
+        PersistedRef {
+            subnets: &self.subnets,
+            instances: &self.instances,
+            interfaces: &self.interfaces,
+            client_tokens: self.client_tokens.iter().collect(),
+            next_id: self.next_id,
+        }
+    }
+
+    /// Replaces the model's resources with a state file's, rebuilding the indexes.
+    pub(crate) fn import(&mut self, persisted: Persisted) {
+        self.subnets = persisted.subnets;
+        self.instances = persisted.instances;
+        self.interfaces = persisted.interfaces;
+        self.client_tokens = persisted.client_tokens.into_iter().collect();
+        self.next_id = persisted.next_id;
+        self.by_instance.clear();
+        self.attachment_index.clear();
+        self.deletions.clear();
+        for (id, entry) in &self.interfaces {
+            for instance in &entry.instances {
+                self.by_instance
+                    .entry(instance.clone())
+                    .or_default()
+                    .insert(id.clone());
+            }
+            for attachment in &entry.attachment_ids {
+                self.attachment_index.insert(attachment.clone(), id.clone());
+            }
+            if entry.truth.is_none()
+                && let Some((at, _)) = entry.versions.back()
+            {
+                self.deletions.push(Reverse((*at, id.clone())));
+            }
+        }
+    }
+
     pub(crate) fn new(types: Vec<InstanceTypeInfo>) -> Model {
         Model {
             types: types

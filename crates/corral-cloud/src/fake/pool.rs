@@ -21,7 +21,7 @@ pub(crate) enum Refusal {
 }
 
 /// The IPv4 space of a subnet.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Ipv4Pool {
     cidr: Ipv4Net,
     size: u32,
@@ -198,7 +198,7 @@ const PREFIX6_BITS: u32 = 48;
 ///
 /// Only what is in use is stored, and every search walks the stored entries, not the space: a
 /// call costs O(n + entries in use), whatever the size of the /64.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Ipv6Pool {
     cidr: Ipv6Net,
     addresses: BTreeSet<u128>,

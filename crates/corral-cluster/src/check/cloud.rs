@@ -250,8 +250,14 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
             ));
             continue;
         };
-        if record.attachment == CloudAttachment::Attached
-            && attached.as_deref() != Some(record.instance_id.as_str())
+        // Recorded attached: the cloud has it on that instance. Recorded attaching: at least
+        // not on another one (the same interface recorded for two nodes, one of them wrong).
+        let elsewhere = attached
+            .as_deref()
+            .is_some_and(|at| at != record.instance_id.as_str());
+        if (record.attachment == CloudAttachment::Attached
+            && attached.as_deref() != Some(record.instance_id.as_str()))
+            || elsewhere
         {
             problems.push(format!(
                 "cloud interface {interface} of node {node} is recorded attached to {}, the \
@@ -536,5 +542,60 @@ block_prefix_len = 28
         );
         let gone = truth(&[("eni-1", Some("i-a"), &["10.0.1.5/32"])]);
         assert!(cloud_problems(&c.keys, &c.entries, &gone).is_empty());
+    }
+
+    /// Issue 20: one interface and its addresses recorded for two nodes (a reset cloud handed
+    /// them out again) is found from etcd alone, and against the cloud the record of the node
+    /// whose instance does not have it is named, attaching or attached.
+    #[test]
+    fn an_interface_recorded_for_two_nodes_is_found_with_and_without_the_cloud() {
+        for attachment in [CloudAttachment::Attaching, CloudAttachment::Attached] {
+            let mut c = Cluster::new();
+            for n in ["a", "b"] {
+                let record = CloudInterfaceRecord {
+                    pool: PoolName::new("pods").unwrap(),
+                    instance_id: format!("i-{n}"),
+                    device_index: 1,
+                    subnet_id: "subnet-1".to_owned(),
+                    subnets: vec![net("10.0.0.0/16")],
+                    mac: "02:00:00:00:00:05".to_owned(),
+                    primary_ipv4: None,
+                    addresses: vec![net("10.0.0.7/32"), net("10.0.0.8/32")],
+                    attachment,
+                    managed: true,
+                    prefixes_refused_ms: None,
+                };
+                c.add(
+                    c.keys.cloud_interface(&node(n), &id("eni-5")),
+                    encode_value(&record).unwrap(),
+                );
+            }
+            let problems = c.check();
+            let has = |text: &str| problems.iter().any(|p| p.contains(text));
+            assert!(
+                has("cloud interface eni-5 is recorded for nodes a and b"),
+                "{problems:#?}"
+            );
+            assert!(has("10.0.0.7/32") && has("overlap"), "{problems:#?}");
+            let truth: CloudTruth = [(
+                "eni-5".to_owned(),
+                (
+                    Some("i-b".to_owned()),
+                    vec![net("10.0.0.7/32"), net("10.0.0.8/32")],
+                ),
+            )]
+            .into_iter()
+            .collect();
+            let problems = cloud_problems(&c.keys, &c.entries, &truth);
+            assert_eq!(
+                problems,
+                vec![
+                    "cloud interface eni-5 of node a is recorded attached to i-a, the cloud has \
+                     it attached to i-b"
+                        .to_owned()
+                ],
+                "{attachment:?}"
+            );
+        }
     }
 }

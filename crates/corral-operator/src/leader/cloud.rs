@@ -113,6 +113,10 @@ struct Ctx<K, P> {
     provider: Arc<P>,
     cluster: String,
     clock: WallClock,
+    /// Interface records being written by running tasks (not in the view yet): each checked
+    /// with the view's against a new record, so two tasks never record one interface or
+    /// address for two nodes; a node's go when its task's writes are applied to the view.
+    claims: Arc<std::sync::Mutex<Vec<(NodeName, CloudId, CloudInterfaceRecord)>>>,
 }
 
 impl<K: Clone, P> Clone for Ctx<K, P> {
@@ -125,6 +129,7 @@ impl<K: Clone, P> Clone for Ctx<K, P> {
             provider: Arc::clone(&self.provider),
             cluster: self.cluster.clone(),
             clock: Arc::clone(&self.clock),
+            claims: Arc::clone(&self.claims),
         }
     }
 }
@@ -251,6 +256,11 @@ struct Manager<K, P> {
     next_intent: u64,
     /// The configuration has no cloud pool: nothing is due but a signal.
     idle: bool,
+    /// Records the cloud contradicted on a full resync, since when (wall ms): reported once a
+    /// resync past the describe lag bound confirms them.
+    missing: BTreeMap<decide::MissingInCloud, u64>,
+    /// Some of them are not confirmed yet: the next resync comes after the lag bound.
+    missing_unconfirmed: bool,
 }
 
 /// Runs the cloud node manager until it is dropped (leading ended) or the view is gone.
@@ -279,6 +289,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
             provider,
             cluster,
             clock: options.clock,
+            claims: Arc::default(),
         },
         workers: options.workers.max(1),
         resync_every: options.resync,
@@ -304,6 +315,8 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         orphans_running: false,
         next_intent: 0,
         idle: false,
+        missing: BTreeMap::new(),
+        missing_unconfirmed: false,
     };
     manager.signal.all();
     loop {
@@ -1101,6 +1114,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 match result {
                     Ok((interfaces, subnets)) => {
                         self.subnets = subnets;
+                        self.report_missing(&interfaces);
                         // Prefix refusals and occupied indexes are re-learnt: the subnet may
                         // have been defragmented, the attachment may be visible now.
                         let now_ms = self.now_ms();
@@ -1143,6 +1157,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                         }
                         self.resync_at =
                             Instant::now() + self.resync_state.success(&timing).max(timing.resync);
+                        if self.missing_unconfirmed {
+                            // Suspects wait for a confirming resync past the describe lag.
+                            let confirm = Instant::now()
+                                + Duration::from_millis(decide::DESCRIBE_LAG_BOUND_MS + 1_000);
+                            self.resync_at = self.resync_at.min(confirm);
+                        }
                         self.signal.all();
                     }
                     Err(error) => {
@@ -1210,6 +1230,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             } => {
                 self.busy.remove(&node);
                 self.apply_writes(&writes);
+                self.ctx
+                    .claims
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(n, ..)| *n != node);
                 let now_ms = self.now_ms();
                 self.secondaries_only
                     .extend(secondaries_only.into_iter().map(|id| (id, now_ms)));
@@ -1278,6 +1303,57 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 self.apply_writes(&writes);
             }
         }
+    }
+
+    /// Compares the records with a full describe (`interfaces`): those the cloud lacks (an
+    /// interface, or an address on it) become suspects, and are reported once a resync at
+    /// least the describe lag bound later still lacks them (`/v1/status` problems, the gauge
+    /// `corral_operator_cloud_records_missing`). A new leader's first resync starts this, so
+    /// a cloud that lost what the last leader recorded is reported within seconds.
+    fn report_missing(&mut self, interfaces: &[NetworkInterface]) {
+        let truth: corral_cluster::CloudTruth = interfaces
+            .iter()
+            .map(|ni| {
+                (
+                    ni.id.clone(),
+                    (
+                        ni.attachment.as_ref().map(|a| a.instance_id.clone()),
+                        addresses_of(ni),
+                    ),
+                )
+            })
+            .collect();
+        let now_ms = self.now_ms();
+        let missing = self.ctx.shared.with_view(|view, _| {
+            let busy: BTreeSet<CloudId> = view
+                .cloud_intents()
+                .filter_map(|(_, e)| e.record.as_ref())
+                .filter_map(|intent| match &intent.op {
+                    CloudOp::Assign { interface, .. }
+                    | CloudOp::Unassign { interface, .. }
+                    | CloudOp::Delete { interface }
+                    | CloudOp::DelegatePrefix { interface, .. }
+                    | CloudOp::UndelegatePrefix { interface, .. } => Some(interface.clone()),
+                    CloudOp::CreateAttach { .. } => None,
+                })
+                .collect();
+            let records = view
+                .cloud_interfaces()
+                .filter_map(|((node, id), e)| e.record.as_ref().map(|r| (node, id, r)));
+            decide::missing_in_cloud(records, &truth, &busy, |node, record, address| {
+                view.releases_of(node)
+                    .any(|((_, pool, _, cidr), _)| *pool == record.pool && cidr == address)
+            })
+        });
+        let Some(missing) = missing else {
+            return;
+        };
+        let (kept, reported) = decide::confirm_missing(&self.missing, missing, now_ms);
+        self.missing_unconfirmed = kept.len() > reported.len();
+        self.missing = kept;
+        self.ctx
+            .shared
+            .set_cloud_records_missing(reported.iter().map(ToString::to_string).collect());
     }
 
     fn backoff(&mut self, node: &NodeName) {
@@ -2237,6 +2313,37 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             .await
     }
 
+    /// Checks a record about to be written against every other record (the view's and those
+    /// other tasks are writing) and, if nothing stands against it, claims it until this task's
+    /// writes are in the view: what stands against it, else nothing. The fence makes this
+    /// leader the only writer of `interfaces/` (agents never write them; a removal only
+    /// deletes), so its view plus the claims is every record; etcd cannot compare a key
+    /// pattern (the same interface under any node), and a compare per node would not fit
+    /// etcd's 128 operations per transaction.
+    fn claim(
+        &self,
+        interface: &CloudId,
+        record: &CloudInterfaceRecord,
+    ) -> Vec<decide::RecordConflict> {
+        let mut claims = self.ctx.claims.lock().unwrap_or_else(|e| e.into_inner());
+        let conflicts = self
+            .ctx
+            .shared
+            .with_view(|view, _| {
+                let in_view = view
+                    .cloud_record_candidates(interface, record)
+                    .filter(|(n, i, _)| !claims.iter().any(|(cn, ci, _)| cn == *n && ci == *i));
+                let claimed = claims.iter().map(|(n, i, r)| (n, i, r));
+                decide::record_conflicts(in_view.chain(claimed), self.node, interface, record)
+            })
+            .unwrap_or_default();
+        if conflicts.is_empty() {
+            claims.retain(|(n, i, _)| !(n == self.node && i == interface));
+            claims.push((self.node.clone(), interface.clone(), record.clone()));
+        }
+        conflicts
+    }
+
     /// The one transaction after a mutation: the record put, the intent deleted (and release
     /// keys completed with it deleted).
     async fn record(
@@ -2251,6 +2358,19 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let Ok(value) = encode_value(&record) else {
             return Outcome::Failed("encoding a cloud interface record".to_owned());
         };
+        // Disjoint records: never one interface or address for two nodes (the intent stays
+        // open; its replay meets the same refusal until the other record goes).
+        if let Ok(Key::CloudInterface { interface, .. }) = self.ctx.keys.parse(&key) {
+            let conflicts = self.claim(&interface, &record);
+            if let Some(first) = conflicts.first() {
+                for conflict in &conflicts {
+                    self.ctx
+                        .shared
+                        .note_cloud_record_conflict(conflict.to_string());
+                }
+                return Outcome::Failed(first.to_string());
+            }
+        }
         let mut txn = Txn {
             compares: vec![
                 compare,

@@ -1,0 +1,313 @@
+//! Cloud records stay disjoint across a failover, with real processes: etcd on 127.0.0.1, two
+//! `corral operator --cloud fake --fake-cloud FILE` replicas and `corral agent --instance-id`s.
+//! The leader makes node-a's interface and addresses, is SIGKILLed, and the standby makes
+//! node-b's: never the same interface or address recorded for both nodes (issue 20: each
+//! replica used to build its own fake cloud from the seed, so the standby's cloud handed out
+//! node-a's interface ID and addresses again), `corral cluster check --cloud fake` holds, and no
+//! pod address is on two agents or outside its own node's records.
+//!
+//! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use corral_api::{AttachmentKey, CniAddRequest, CniNetwork};
+use corral_client::Client;
+use corral_cluster::{CloudInterfaceRecord, decode_value};
+use corral_etcd::testing::EtcdCluster;
+use ipnet::IpNet;
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+use common::{Agent, BINARY};
+
+const CLOUD: &str = r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+[pools.watermarks]
+pre_allocate = 2
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+"#;
+
+const FAKE_CLOUD: &str = r#"{
+  "seed": 11,
+  "subnets": [{"id": "subnet-a", "vpc": "vpc-1", "zone": "us-east-1a", "ipv4": "10.0.0.0/18"}],
+  "instances": [{"id": "i-0a", "type": "m5.large", "subnet": "subnet-a"},
+                {"id": "i-0b", "type": "m5.large", "subnet": "subnet-a"}]
+}"#;
+
+/// `corral operator --cloud fake` replica `name`.
+fn operator(etcd: &EtcdCluster, dir: &Path, seed: &Path, name: &str) -> Operator {
+    let log = dir.join(format!("{name}.log"));
+    let child = Command::new(BINARY)
+        .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
+        .args(["--replica", name, "--lease-ttl", "2", "--cloud", "fake"])
+        .arg("--fake-cloud")
+        .arg(seed)
+        .arg("--api-socket")
+        .arg(dir.join(format!("{name}.sock")))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("corral operator starts");
+    Operator { child, log }
+}
+
+fn agent(etcd: &EtcdCluster, dir: &Path, node: &str, instance: &str) -> Agent {
+    start_agent_with(
+        etcd,
+        dir,
+        node,
+        &["--instance-id", instance, "--pool-wait", "2000"],
+    )
+}
+
+/// Every `interfaces/` record: (node, interface ID, record).
+fn records(etcd: &EtcdCluster) -> Vec<(String, String, CloudInterfaceRecord)> {
+    let kv = kv(etcd);
+    let prefix = "/corral/t/v1/interfaces/";
+    let (keys, _) = block_on(corral_kv::read_all(&kv, prefix.as_bytes(), 1000)).unwrap();
+    keys.into_iter()
+        .map(|entry| {
+            let key = entry.key_str().into_owned();
+            let (node, id) = key[prefix.len()..].split_once('/').unwrap();
+            let record: CloudInterfaceRecord = decode_value(&entry.value).unwrap();
+            (node.to_owned(), id.to_owned(), record)
+        })
+        .collect()
+}
+
+/// No interface, and no address or prefix, recorded for two nodes (or twice for one).
+fn disjointness_problems(records: &[(String, String, CloudInterfaceRecord)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut interfaces: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut nets: Vec<(IpNet, &str, &str)> = Vec::new();
+    for (node, id, record) in records {
+        if let Some(other) = interfaces.insert(id, node) {
+            problems.push(format!(
+                "interface {id} is recorded for {other} and for {node}"
+            ));
+        }
+        for net in &record.addresses {
+            for (seen, other_node, other_id) in &nets {
+                if seen.contains(&net.network()) || net.contains(&seen.network()) {
+                    problems.push(format!(
+                        "{net} of {node}'s {id} overlaps {seen} of {other_node}'s {other_id}"
+                    ));
+                }
+            }
+            nets.push((*net, node, id));
+        }
+    }
+    problems
+}
+
+/// The node's recorded addresses (for waiting on them).
+fn addresses_of(records: &[(String, String, CloudInterfaceRecord)], node: &str) -> usize {
+    records
+        .iter()
+        .filter(|(n, ..)| n == node)
+        .map(|(_, _, r)| r.addresses.len())
+        .sum()
+}
+
+/// A CNI ADD on the cloud pool, retried until the interface is attached and served.
+fn add(socket: &Path, container: &str) -> IpAddr {
+    let mut address = None;
+    wait_until(
+        &format!("ADD {container} is answered"),
+        Duration::from_secs(60),
+        || {
+            address = try_add(socket, container).ok();
+            address.is_some()
+        },
+    );
+    address.unwrap()
+}
+
+fn try_add(socket: &Path, container: &str) -> Result<IpAddr, corral_client::Error> {
+    let response = Client::unix(socket).cni_add(&CniAddRequest {
+        network: CniNetwork {
+            name: "podnet".into(),
+            pools: Vec::new(),
+            node_pool: Some("vpc".into()),
+            requested_pool: None,
+            configured_pool: Some("vpc".into()),
+            namespace: None,
+        },
+        key: AttachmentKey {
+            network: "podnet".into(),
+            container_id: container.into(),
+            ifname: "eth0".into(),
+        },
+        owner: format!("pod/{container}"),
+        sets: Vec::new(),
+    })?;
+    Ok(response.allocations[0].address)
+}
+
+/// The promise, checked apart from `corral cluster check`: no pod address on two agents, each
+/// inside a record of its own node, and the records disjoint.
+fn assert_invariant(etcd: &EtcdCluster, agents: &[(&str, PathBuf)]) {
+    let records = records(etcd);
+    let problems = disjointness_problems(&records);
+    assert!(problems.is_empty(), "{problems:#?}");
+    let mut seen: BTreeMap<IpAddr, &str> = BTreeMap::new();
+    for (node, socket) in agents {
+        let dump = Client::unix(socket).dump(Some("node")).unwrap();
+        for pool in dump.scopes.iter().flat_map(|s| &s.pools) {
+            if pool.pool != "vpc" {
+                continue;
+            }
+            for allocation in &pool.allocations {
+                let address = allocation.address;
+                if let Some(other) = seen.insert(address, node) {
+                    panic!("{address} is held by {other} and by {node}");
+                }
+                assert!(
+                    records
+                        .iter()
+                        .filter(|(n, ..)| n == node)
+                        .any(|(_, _, r)| r.addresses.iter().any(|net| net.contains(&address))),
+                    "{node} holds {address}, on no record of its own"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes() {
+    let etcd = start_etcd(1);
+    let dir = tempfile::tempdir().unwrap();
+    init(&etcd, dir.path(), CLOUD);
+    let seed = dir.path().join("cloud.json");
+    std::fs::write(&seed, FAKE_CLOUD).unwrap();
+    let op_a = operator(&etcd, dir.path(), &seed, "op-a");
+    wait_until("op-a leads", Duration::from_secs(20), || {
+        leader(&etcd).as_deref() == Some("op-a")
+    });
+    let _op_b = operator(&etcd, dir.path(), &seed, "op-b");
+    let a_dir = dir.path().join("node-a");
+    let _a = agent(&etcd, &a_dir, "node-a", "i-0a");
+    wait_until(
+        "node-a's interface is recorded with its addresses",
+        Duration::from_secs(60),
+        || addresses_of(&records(&etcd), "node-a") >= 2,
+    );
+
+    // The leader dies; the standby takes over and serves a node that registers now.
+    op_a.signal(rustix::process::Signal::KILL);
+    drop(op_a);
+    wait_until("op-b leads", Duration::from_secs(30), || {
+        leader(&etcd).as_deref() == Some("op-b")
+    });
+    let b_dir = dir.path().join("node-b");
+    let _b = agent(&etcd, &b_dir, "node-b", "i-0b");
+    wait_until(
+        "node-b's interface is recorded with its addresses",
+        Duration::from_secs(60),
+        || addresses_of(&records(&etcd), "node-b") >= 2,
+    );
+    let problems = disjointness_problems(&records(&etcd));
+    assert!(
+        problems.is_empty(),
+        "records for two nodes: {problems:#?}\n{:#?}",
+        records(&etcd)
+    );
+
+    // A pod on each node, from its own interface.
+    let sockets = [
+        ("node-a", a_dir.join("agent.sock")),
+        ("node-b", b_dir.join("agent.sock")),
+    ];
+    for (node, socket) in &sockets {
+        let address = add(socket, &format!("{node}-pod"));
+        assert!(matches!(address, IpAddr::V4(_)), "{address}");
+    }
+    assert_invariant(&etcd, &sockets);
+    // The pods made the leader grow the nodes' interfaces: the check's describes lag behind
+    // those records for up to 5 s (the fake's consistency lag), so it holds once they settle.
+    let agents = [sockets[0].1.as_path(), sockets[1].1.as_path()];
+    let mut last = (0, String::new());
+    wait_until(
+        "corral cluster check --cloud fake holds",
+        Duration::from_secs(60),
+        || {
+            last = check_cloud(&etcd, &seed, &agents);
+            last.0 == 0
+        },
+    );
+    assert_eq!(last.0, 0, "corral cluster check --cloud fake:\n{}", last.1);
+    assert_invariant(&etcd, &sockets);
+}
+
+/// `corral cluster check --cloud fake --fake-cloud SEED` with the agents.
+fn check_cloud(etcd: &EtcdCluster, seed: &Path, agents: &[&Path]) -> (i32, String) {
+    let endpoints = endpoints(etcd);
+    let seed = seed.display().to_string();
+    let mut args = vec![
+        "cluster",
+        "check",
+        "--etcd",
+        &endpoints,
+        "--cluster",
+        "t",
+        "--cloud",
+        "fake",
+        "--fake-cloud",
+        &seed,
+    ];
+    let sockets: Vec<String> = agents.iter().map(|p| p.display().to_string()).collect();
+    for socket in &sockets {
+        args.push("--agent");
+        args.push(socket);
+    }
+    let (code, out, err) = corral(&args);
+    (code, format!("{out}{err}"))
+}
+
+/// The fake cloud's state lives beside its seed (`FILE.state`): a seed file changed under an
+/// existing state is refused (usage error, naming the state file and what to do), never
+/// silently replaced by a fresh cloud. The cloud is connected before etcd is asked.
+#[test]
+fn a_fake_cloud_state_of_another_seed_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = dir.path().join("cloud.json");
+    std::fs::write(&seed, FAKE_CLOUD).unwrap();
+    let run = || {
+        corral(&[
+            "cluster",
+            "check",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--cluster",
+            "t",
+            "--cloud",
+            "fake",
+            "--fake-cloud",
+            seed.to_str().unwrap(),
+        ])
+    };
+    let (code, _, err) = run();
+    assert_eq!(code, 3, "etcd is unreachable, the cloud was fine: {err}");
+    let state = dir.path().join("cloud.json.state");
+    assert!(state.exists(), "the state is kept beside the seed");
+    std::fs::write(&seed, FAKE_CLOUD.replace("\"seed\": 11", "\"seed\": 12")).unwrap();
+    let (code, _, err) = run();
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&state.display().to_string()) && err.contains("another seed"),
+        "{err}"
+    );
+}

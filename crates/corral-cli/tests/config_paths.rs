@@ -1,0 +1,392 @@
+//! One path installs a configuration (issue 20), with real processes: etcd, `corral operator` replicas and `corral agent`s as child processes.
+//!
+//! A configuration written around the CLI (a raw etcd put, as etcdctl or a GitOps tool would)
+//! is held to `cluster apply`'s rules by the watch, a restart and a failover; `cluster apply`
+//! refuses what would free held space and the limits etcd imposes; node IDs never wrap. Every
+//! test ends with `corral cluster check --agent` and the independent invariant check.
+//!
+//! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use corral_api::{AllocateRequest, FamilyChoice};
+use corral_client::Client;
+use corral_cluster::ClusterConfig;
+use corral_etcd::testing::EtcdCluster;
+use corral_kv::{Kv, Txn, TxnOp};
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+
+const CONFIG: &str = r#"
+quarantine_secs = 3
+[resync]
+resync_ms = 1000
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.244.0.0/22"]
+node_prefix_len = 24
+"#;
+
+fn renamed() -> String {
+    CONFIG.replace("\"default\"", "\"pods\"")
+}
+
+fn longer_prefix() -> String {
+    CONFIG.replace("node_prefix_len = 24", "node_prefix_len = 25")
+}
+
+/// Puts `value` under the cluster's `config` key with a raw etcd put, as etcdctl would.
+fn put_config_raw(etcd: &EtcdCluster, value: &[u8]) {
+    let kv = kv(etcd);
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put("/corral/t/v1/config", value.to_vec())],
+        failure: vec![],
+    }))
+    .unwrap();
+}
+
+fn put_toml_raw(etcd: &EtcdCluster, toml: &str) {
+    let json = ClusterConfig::from_toml(toml).unwrap().to_json().unwrap();
+    put_config_raw(etcd, json.as_bytes());
+}
+
+/// The `config` key's value.
+fn stored(etcd: &EtcdCluster) -> Option<Vec<u8>> {
+    let kv = kv(etcd);
+    block_on(kv.get(b"/corral/t/v1/config"))
+        .unwrap()
+        .map(|e| e.value)
+}
+
+/// `corral cluster <verb> --config FILE [extra]` with `toml` written to FILE.
+fn cluster_config(
+    etcd: &EtcdCluster,
+    dir: &Path,
+    verb: &str,
+    toml: &str,
+    extra: &[&str],
+) -> (i32, String) {
+    let path = dir.join(format!("{verb}.toml"));
+    std::fs::write(&path, toml).unwrap();
+    let endpoints = endpoints(etcd);
+    let mut args = vec![
+        "cluster",
+        verb,
+        "--etcd",
+        &endpoints,
+        "--cluster",
+        "t",
+        "--config",
+        path.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let (code, out, err) = corral(&args);
+    (code, format!("{out}{err}"))
+}
+
+fn status(etcd: &EtcdCluster) -> String {
+    let (code, out, err) = corral(&[
+        "cluster",
+        "status",
+        "--etcd",
+        &endpoints(etcd),
+        "--cluster",
+        "t",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    out
+}
+
+fn alloc_v4(socket: &Path, owner: &str) -> IpAddr {
+    let response = Client::unix(socket)
+        .allocate(&AllocateRequest {
+            scope: "node".into(),
+            pool: "default".into(),
+            family: Some(FamilyChoice::Ipv4),
+            address: None,
+            owner: owner.into(),
+            key: None,
+            lease_ms: None,
+        })
+        .unwrap();
+    response.allocations[0].address
+}
+
+/// The agents' cluster ranges as `pool range`, both agents together.
+fn ranges_of(agents: &[&common::Agent]) -> Vec<String> {
+    agents
+        .iter()
+        .flat_map(|a| agent_ranges(&a.socket))
+        .collect()
+}
+
+/// Issue 20: a renamed pool written with etcdctl was refused by the watch ("not applied"), but
+/// a restarted operator installed it from its full read: 10.244.0.0/24 was granted again to a
+/// second node and both agents handed out 10.244.0.2.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), CONFIG);
+    let operator = Operator::start(&etcd, dir.path(), "op-a");
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    wait_until("node-a holds its CIDR", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 1
+    });
+    assert!(agent_ranges(&a.socket)[0].contains("10.244.0.0/24"));
+    let pod_a = alloc_v4(&a.socket, "pod-a");
+    // `cluster apply` refuses the rename, naming the grant.
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &renamed(), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("10.244.0.0/24 (node node-a)"), "{out}");
+    // Written around the CLI; node-0 (first in the leader's order) comes meanwhile.
+    put_toml_raw(&etcd, &renamed());
+    let b = start_agent(&etcd, &dir.path().join("b"), "node-0");
+    wait_until("node-0 holds its CIDR", Duration::from_secs(20), || {
+        agent_ranges(&b.socket).len() == 1
+    });
+    // The operator restarts: a full read.
+    drop(operator);
+    let _operator = Operator::start(&etcd, dir.path(), "op-b");
+    wait_until("op-b leads", Duration::from_secs(30), || {
+        leader(&etcd).as_deref() == Some("op-b")
+    });
+    // Three resyncs' worth of time for anything to be granted.
+    std::thread::sleep(Duration::from_secs(3));
+    let agents = [
+        ("node-a", a.socket.as_path()),
+        ("node-0", b.socket.as_path()),
+    ];
+    assert_invariant(&etcd, &agents, true);
+    let ranges = ranges_of(&[&a, &b]);
+    assert_eq!(ranges.len(), 2, "{ranges:?}");
+    assert!(
+        ranges.iter().all(|r| r.starts_with("default ")),
+        "{ranges:?}"
+    );
+    let pod_b = alloc_v4(&b.socket, "pod-b");
+    assert_ne!(pod_a, pod_b);
+    assert_invariant(&etcd, &agents, true);
+    assert!(status(&etcd).contains("not applied"));
+    // `cluster check` names the refused configuration (exit 5); `status` shows it.
+    let (code, output) = check(&etcd, &[&a.socket, &b.socket]);
+    assert_eq!(code, 5, "{output}");
+    assert!(output.contains("is not applied"), "{output}");
+    assert!(
+        output.contains("pool default ipv4 is not configured"),
+        "{output}"
+    );
+    // Putting the configuration back with `cluster apply` clears it.
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", CONFIG, &[]);
+    assert_eq!(code, 0, "{out}");
+    wait_until("the problem is gone", Duration::from_secs(30), || {
+        !status(&etcd).contains("not applied")
+    });
+    assert_check(&etcd, &[&a.socket, &b.socket]);
+    assert_invariant(&etcd, &agents, true);
+}
+
+/// The same with a changed node prefix length, three etcd members and two operators: the
+/// standby that takes over after the leader is killed keeps the last good configuration
+/// (`config-applied`), and a node registered after the failover gets a /24.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_changed_node_prefix_length_is_not_installed_by_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(3);
+    init(&etcd, dir.path(), CONFIG);
+    let op_a = Operator::start(&etcd, dir.path(), "op-a");
+    wait_until("op-a leads", Duration::from_secs(20), || {
+        leader(&etcd).as_deref() == Some("op-a")
+    });
+    let op_b = Operator::start(&etcd, dir.path(), "op-b");
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    wait_until("node-a holds its CIDR", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 1
+    });
+    let pod_a = alloc_v4(&a.socket, "pod-a");
+    put_toml_raw(&etcd, &longer_prefix());
+    wait_until("the leader refuses it", Duration::from_secs(20), || {
+        op_a.log().contains("not applied")
+    });
+    op_a.signal(rustix::process::Signal::KILL);
+    wait_until("op-b leads", Duration::from_secs(30), || {
+        leader(&etcd).as_deref() == Some("op-b")
+    });
+    let b = start_agent(&etcd, &dir.path().join("b"), "node-0");
+    wait_until("node-0 holds its CIDR", Duration::from_secs(30), || {
+        agent_ranges(&b.socket).len() == 1
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let agents = [
+        ("node-a", a.socket.as_path()),
+        ("node-0", b.socket.as_path()),
+    ];
+    assert_invariant(&etcd, &agents, true);
+    let ranges = ranges_of(&[&a, &b]);
+    assert_eq!(ranges.len(), 2, "{ranges:?}");
+    assert!(ranges.iter().all(|r| r.contains("/24")), "{ranges:?}");
+    let pod_b = alloc_v4(&b.socket, "pod-b");
+    assert_ne!(pod_a, pod_b);
+    assert_invariant(&etcd, &agents, true);
+    wait_until("op-b reports the refusal", Duration::from_secs(30), || {
+        op_b.log().contains("node_prefix_len")
+    });
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", CONFIG, &[]);
+    assert_eq!(code, 0, "{out}");
+    wait_until("the problem is gone", Duration::from_secs(30), || {
+        !status(&etcd).contains("not applied")
+    });
+    assert_check(&etcd, &[&a.socket, &b.socket]);
+    assert_invariant(&etcd, &agents, true);
+    drop(op_a);
+}
+
+/// `cluster apply` refuses a reserved range over grants (naming them) and a quarantine longer
+/// than etcd's longest lease, replaces an unreadable stored configuration only with `--force`
+/// (which still refuses what would free held space), and `cluster check` on a cluster without
+/// a configuration exits 1 naming it. Every refusal changes nothing.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn apply_refuses_what_would_free_held_space_and_what_etcd_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    // A quarantine etcd cannot hold is refused at init, naming the field; nothing is written.
+    let too_long = CONFIG.replace("quarantine_secs = 3", "quarantine_secs = 9000000001");
+    let (code, out) = cluster_config(&etcd, dir.path(), "init", &too_long, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("quarantine_secs"), "{out}");
+    assert!(out.contains("9000000000"), "{out}");
+    assert_eq!(stored(&etcd), None);
+    // `check` of a cluster without a configuration (a typo in --cluster) is an error.
+    let (code, out, err) = corral(&[
+        "cluster",
+        "check",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "tpyo",
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("cluster tpyo has no configuration"), "{err}");
+    init(&etcd, dir.path(), CONFIG);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
+    wait_until("both hold a CIDR", Duration::from_secs(20), || {
+        agent_ranges(&a.socket).len() == 1 && agent_ranges(&b.socket).len() == 1
+    });
+    let before = stored(&etcd);
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &too_long, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("quarantine_secs"), "{out}");
+    // A reserved range over both grants: refused, naming them.
+    let reserved = format!("{CONFIG}reserved = [\"10.244.0.0/23\"]\n");
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &reserved, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("pools[0].ipv4.reserved[0]"), "{out}");
+    assert!(out.contains("(node node-a)"), "{out}");
+    assert!(out.contains("(node node-b)"), "{out}");
+    assert_eq!(stored(&etcd), before);
+    // One beside the grants is applied.
+    let beside = format!("{CONFIG}reserved = [\"10.244.3.0/24\"]\n");
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &beside, &[]);
+    assert_eq!(code, 0, "{out}");
+    // An unreadable stored configuration: refused without --force, and --force still
+    // refuses what would free held space.
+    put_config_raw(&etcd, b"{\"pools\": garbage");
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &beside, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("--force"), "{out}");
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &renamed(), &["--force"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("pool default"), "{out}");
+    assert_eq!(stored(&etcd).as_deref(), Some(&b"{\"pools\": garbage"[..]));
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &beside, &["--force"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cluster_config(&etcd, dir.path(), "init", &beside, &["--force"]);
+    assert_eq!(code, 2, "{out}");
+    // The operator serves a third node under it.
+    let c = start_agent(&etcd, &dir.path().join("c"), "node-c");
+    wait_until("node-c holds a CIDR", Duration::from_secs(20), || {
+        agent_ranges(&c.socket).len() == 1
+    });
+    for agent in [&a, &b, &c] {
+        alloc_v4(&agent.socket, "pod");
+    }
+    assert_check(&etcd, &[&a.socket, &b.socket, &c.socket]);
+    let agents = [
+        ("node-a", a.socket.as_path()),
+        ("node-b", b.socket.as_path()),
+        ("node-c", c.socket.as_path()),
+    ];
+    assert_invariant(&etcd, &agents, true);
+}
+
+const NODE_IDS: &str = r#"
+quarantine_secs = 3
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/28"
+service = "10.96.0.0/12"
+"#;
+
+/// Contiv's `TestExceededVxlanRange`: with a /28 VXLAN network node 17 got node 1's VXLAN IP.
+/// A node-ID range beyond a network of the plan is refused by `init` and `apply` (exit 2,
+/// naming the network and the numbers) and changes nothing; without `max_node_id` the range
+/// is what every network holds (14 here).
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn init_and_apply_refuse_a_node_id_range_beyond_a_network_of_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    let too_many = format!("{NODE_IDS}max_node_id = 20\n");
+    let (code, out) = cluster_config(&etcd, dir.path(), "init", &too_many, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("node_ids.max_node_id"), "{out}");
+    assert!(out.contains("node_ids.vxlan 192.168.30.0/28"), "{out}");
+    assert!(out.contains("20 node IDs"), "{out}");
+    assert!(out.contains("addresses for 14 nodes"), "{out}");
+    assert_eq!(stored(&etcd), None);
+    init(&etcd, dir.path(), &format!("{NODE_IDS}max_node_id = 14\n"));
+    let before = stored(&etcd);
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &too_many, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("node_ids.vxlan"), "{out}");
+    assert_eq!(stored(&etcd), before);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    wait_until(
+        "node-a holds its pod subnet",
+        Duration::from_secs(20),
+        || agent_ranges(&a.socket).len() == 1,
+    );
+    let (code, out, err) = corral(&[
+        "cluster",
+        "status",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "t",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("node-ids"), "{out}");
+    assert!(out.contains("14"), "{out}");
+    alloc_v4(&a.socket, "pod");
+    assert_check(&etcd, &[&a.socket]);
+    // The plan's pod range is no `grants/` key: not strict.
+    assert_invariant(&etcd, &[("node-a", a.socket.as_path())], false);
+}

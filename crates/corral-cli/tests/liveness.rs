@@ -1,0 +1,603 @@
+//! One live agent per node, and elections that heal, with real processes: etcd started here,
+//! `corral operator` replicas and `corral agent`s as child processes. A copied state directory
+//! (a cloned machine) started under the node's name exits naming the live holder and serves
+//! nothing; an agent killed and restarted takes its own liveness key back at once; an agent
+//! whose key another process takes stops serving the node's ranges; a leader whose election key
+//! is deleted steps down and a leader grants again; an election key not on a lease blocks no
+//! replica and is reported. Every test ends with `corral cluster check` and the independent
+//! invariant check.
+//!
+//! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use corral_client::Client;
+use corral_etcd::testing::EtcdCluster;
+use corral_kv::{Kv, Txn, TxnOp};
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+use common::BINARY;
+
+const DUAL: &str = r#"
+quarantine_secs = 3
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.192.0.0/12"]
+node_prefix_len = 24
+reserved = ["10.192.0.0/24"]
+[pools.ipv6]
+cidrs = ["fd00:200::/48"]
+node_prefix_len = 64
+"#;
+
+/// A `corral agent` whose stderr is kept in a file (`Agent` of common/mod.rs discards it), not
+/// waited on: some of these never get ready.
+struct Proc {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(etcd: &EtcdCluster, dir: &Path, node: &str, ttl: &str) -> Proc {
+        std::fs::create_dir_all(dir).unwrap();
+        let config = agent_config(dir);
+        let log = dir.join("agent.log");
+        let child = Command::new(BINARY)
+            .arg("agent")
+            .arg("--config")
+            .arg(&config)
+            .args([
+                "--etcd",
+                &endpoints(etcd),
+                "--cluster",
+                "t",
+                "--node",
+                node,
+                "--lease-ttl",
+                ttl,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("corral agent starts");
+        Proc {
+            child,
+            socket: dir.join("agent.sock"),
+            log,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        Client::unix(&self.socket).readyz().is_ok()
+    }
+
+    fn wait_ready(&mut self) {
+        wait_until("the agent is ready", Duration::from_secs(60), || {
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "the agent exited: {}",
+                self.log()
+            );
+            self.ready()
+        });
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn live_record(etcd: &EtcdCluster, node: &str) -> Option<(corral_cluster::LiveRecord, i64)> {
+    let kv = kv(etcd);
+    let entry = block_on(kv.get(format!("/corral/t/v1/live/{node}").as_bytes())).unwrap()?;
+    Some((
+        corral_cluster::decode_value(&entry.value).unwrap(),
+        entry.lease.map_or(0, |l| l.0),
+    ))
+}
+
+fn cluster_status(socket: &Path) -> corral_api::ClusterStatus {
+    Client::unix(socket).status(None).unwrap().cluster.unwrap()
+}
+
+/// `GET path` on an operator's socket: the JSON body.
+fn operator_get(socket: &Path, path: &str) -> serde_json::Value {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
+}
+
+/// A copied state directory under the node's name (a cloned VM image) while the node's agent
+/// runs: before, both served the node's CIDR and handed out the same addresses, and the one
+/// stopped cleanly deleted the other's liveness key.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_serves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let mut a = Proc::spawn(&etcd, &dir.path().join("a"), "node-a", "3");
+    a.wait_ready();
+    wait_until("node-a holds its ranges", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).len() == 2
+    });
+    let first = alloc_dual(&a.socket, "pod-1");
+    let (record, lease) = live_record(&etcd, "node-a").expect("live/node-a");
+    assert_eq!(record.pid, a.pid());
+    // The clone: the running agent's state directory copied, cluster-uid and ranges with it.
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    copy_dir(
+        &dir.path().join("a").join("state"),
+        &dir.path().join("b").join("state"),
+    );
+    let mut b = Proc::spawn(&etcd, &dir.path().join("b"), "node-a", "3");
+    let mut served = false;
+    wait_until("the second agent exits", Duration::from_secs(60), || {
+        served |= b.ready();
+        b.child.try_wait().unwrap().is_some()
+    });
+    let code = b.child.wait().unwrap().code();
+    let log = b.log();
+    assert!(!served, "the second agent served the node: {log}");
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains("node node-a is served by another live agent")
+            && log.contains(&format!("pid {}", a.pid()))
+            && log.contains("since "),
+        "{log}"
+    );
+    // The first keeps its key (the same lease) and serves on.
+    let (after, after_lease) = live_record(&etcd, "node-a").expect("live/node-a stays");
+    assert_eq!((after.pid, after_lease), (record.pid, lease));
+    let second = alloc_dual(&a.socket, "pod-2");
+    assert!(second.iter().all(|x| !first.contains(x)));
+    let status = cluster_status(&a.socket);
+    assert!(
+        status.registered && status.last_error.is_none(),
+        "{status:?}"
+    );
+    // Started again, the clone exits again, and the first one's key stays.
+    let mut again = Proc::spawn(&etcd, &dir.path().join("b"), "node-a", "3");
+    wait_until("the clone exits again", Duration::from_secs(60), || {
+        served |= again.ready();
+        again.child.try_wait().unwrap().is_some()
+    });
+    assert!(!served);
+    assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
+    assert_check(&etcd, &[&a.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+}
+
+/// An agent killed with SIGKILL leaves its liveness key until its lease expires: restarted on
+/// its state directory, it proves the key its own earlier process's (same boot, that process
+/// gone) and takes it at once, without waiting for the TTL (60 s here).
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let path = dir.path().join("a");
+    let mut a = Proc::spawn(&etcd, &path, "node-a", "60");
+    a.wait_ready();
+    wait_until("node-a holds its ranges", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).len() == 2
+    });
+    let pod = alloc_dual(&a.socket, "pod-1");
+    let old_pid = a.pid();
+    drop(a); // SIGKILL
+    assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, old_pid);
+    let mut a = Proc::spawn(&etcd, &path, "node-a", "60");
+    a.wait_ready();
+    let log = a.log();
+    assert!(
+        log.contains("took over") && log.contains("an earlier agent of this machine that is gone"),
+        "{log}"
+    );
+    assert!(!log.contains("waiting up to"), "{log}");
+    assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
+    wait_until(
+        "node-a holds its ranges again",
+        Duration::from_secs(30),
+        || agent_ranges(&a.socket).len() == 2,
+    );
+    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
+    assert!(pod.iter().all(|p| addresses(&dump).contains(p)));
+    assert_check(&etcd, &[&a.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+    // A clean stop deletes its own key.
+    a.signal(rustix::process::Signal::TERM);
+    let _ = a.child.wait();
+    assert!(live_record(&etcd, "node-a").is_none());
+}
+
+/// Another process takes the node's liveness key while the agent runs (its lease lapsed, or
+/// an older agent overwrote it): the agent stops serving the node's cluster ranges (they
+/// drain: pods keep their addresses) and says who holds it, instead of fighting for the key.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_agent_whose_liveness_key_another_process_takes_stops_serving_the_nodes_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let path = dir.path().join("a");
+    let mut a = Proc::spawn(&etcd, &path, "node-a", "3");
+    a.wait_ready();
+    wait_until("node-a holds its ranges", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).len() == 2
+    });
+    let pod = alloc_dual(&a.socket, "pod-1");
+    // Another machine's agent writes the key on its own lease.
+    let kv = kv(&etcd);
+    let lease = block_on(kv.lease_grant(Duration::from_secs(5))).unwrap();
+    let other = serde_json::json!({
+        "pid": 4242,
+        "version": "0",
+        "started_ms": 1_700_000_000_000u64,
+        "host": "elsewhere",
+        "boot_id": "another-boot",
+        "pid_namespace": "pid:[1]",
+        "process_start": 1,
+        "ttl_ms": 5_000,
+    });
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put_on_lease(
+            "/corral/t/v1/live/node-a",
+            other.to_string(),
+            lease,
+        )],
+        failure: vec![],
+    }))
+    .unwrap();
+    wait_until("node-a's ranges drain", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).is_empty()
+    });
+    let status = cluster_status(&a.socket);
+    assert!(!status.registered, "{status:?}");
+    let error = status.last_error.unwrap_or_default();
+    assert!(
+        error.contains("another live agent") && error.contains("host elsewhere, pid 4242"),
+        "{error}"
+    );
+    let (code, out, _) = corral(&["--socket", a.socket.to_str().unwrap(), "status"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("cluster error: node node-a is served by another live agent"),
+        "{out}"
+    );
+    // Not fighting: the other's key stays as it was written, and the agent runs on.
+    let (held, held_lease) = live_record(&etcd, "node-a").unwrap();
+    assert_eq!((held.pid, held_lease), (4242, lease.0));
+    assert!(a.child.try_wait().unwrap().is_none());
+    // The pod keeps its address in the draining range.
+    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
+    assert!(pod.iter().all(|p| addresses(&dump).contains(p)));
+    // While the other holds the node, the agent serves nothing of it: check says so.
+    let (code, output) = check(&etcd, &[&a.socket]);
+    assert_eq!(code, 5, "{output}");
+    // The other goes; the agent restarted takes the node back and serves its grants again.
+    block_on(kv.lease_revoke(lease)).unwrap();
+    a.signal(rustix::process::Signal::TERM);
+    let _ = a.child.wait();
+    let mut a = Proc::spawn(&etcd, &path, "node-a", "3");
+    a.wait_ready();
+    wait_until(
+        "node-a serves its ranges again",
+        Duration::from_secs(30),
+        || agent_ranges(&a.socket).len() == 2,
+    );
+    assert_check(&etcd, &[&a.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+}
+
+/// The leader's election key deleted by hand (etcdctl del): before, the leader reported
+/// `leading: true` for ever, every fenced write failed, and it never campaigned again.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_leader_whose_election_key_is_deleted_steps_down_and_a_leader_grants_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let operator = Operator::start(&etcd, dir.path(), "op-a");
+    wait_until("op-a leads", Duration::from_secs(30), || {
+        leader(&etcd).as_deref() == Some("op-a")
+    });
+    let mut a = Proc::spawn(&etcd, &dir.path().join("a"), "node-a", "3");
+    a.wait_ready();
+    wait_until("node-a holds its ranges", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).len() == 2
+    });
+    let kv = kv(&etcd);
+    let (keys, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/election/", 100)).unwrap();
+    assert_eq!(keys.len(), 1);
+    let deleted = keys[0].key.clone();
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::delete(deleted.clone())],
+        failure: vec![],
+    }))
+    .unwrap();
+    // It steps down and campaigns again: a new key of its own, on a new lease.
+    wait_until("op-a campaigns again", Duration::from_secs(30), || {
+        let (keys, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/election/", 100)).unwrap();
+        keys.iter().any(|k| k.key != deleted)
+    });
+    let socket = dir.path().join("op-a.sock");
+    wait_until("op-a leads again", Duration::from_secs(30), || {
+        operator_get(&socket, "/v1/status")["leading"] == serde_json::Value::Bool(true)
+    });
+    assert!(
+        operator
+            .log()
+            .contains("is gone or replaced; stepping down")
+    );
+    // A leader grants again: a new node gets its CIDRs.
+    let mut b = Proc::spawn(&etcd, &dir.path().join("b"), "node-b", "3");
+    b.wait_ready();
+    wait_until("node-b holds its ranges", Duration::from_secs(30), || {
+        agent_ranges(&b.socket).len() == 2
+    });
+    assert_check(&etcd, &[&a.socket, &b.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)], true);
+}
+
+/// An election key not on a lease (written by hand, lower than any replica's): before, it
+/// blocked every replica for ever while `status` named it leader and `check` said ok.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let kv = kv(&etcd);
+    let rogue = "/corral/t/v1/election/1";
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put(rogue, "rogue")],
+        failure: vec![],
+    }))
+    .unwrap();
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let mut a = Proc::spawn(&etcd, &dir.path().join("a"), "node-a", "3");
+    a.wait_ready();
+    wait_until("node-a gets its ranges", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).len() == 2
+    });
+    // Reported everywhere, and not named leader.
+    let (code, out, err) = corral(&[
+        "cluster",
+        "status",
+        "--etcd",
+        &endpoints(&etcd),
+        "--cluster",
+        "t",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("leader op-a") && out.contains(&format!("{rogue} is not on a lease")),
+        "{out}"
+    );
+    let (code, output) = check(&etcd, &[&a.socket]);
+    assert_eq!(code, 5, "{output}");
+    assert!(
+        output.contains(&format!("election key {rogue}")),
+        "{output}"
+    );
+    let socket = dir.path().join("op-a.sock");
+    wait_until("the operator reports it", Duration::from_secs(30), || {
+        operator_get(&socket, "/v1/status")["problems"]
+            .as_array()
+            .is_some_and(|p| {
+                p.iter()
+                    .any(|p| p.as_str().is_some_and(|p| p.contains(rogue)))
+            })
+    });
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::delete(rogue)],
+        failure: vec![],
+    }))
+    .unwrap();
+    assert_check(&etcd, &[&a.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+}
+
+/// A liveness key of another machine (another boot ID: a cloned VM): the agent cannot tell a
+/// live holder from one gone, so it waits for the key's lease, serving nothing meanwhile. Kept
+/// alive past its TTL, the holder is live: the agent exits naming it. Left to expire (the
+/// holder is gone), the agent takes the node and serves.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_liveness_key_of_another_machine_is_waited_for_and_refused_while_kept_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let kv = kv(&etcd);
+    let hold = |kv: &corral_etcd::EtcdKv| {
+        let lease = block_on(kv.lease_grant(Duration::from_secs(2))).unwrap();
+        let record = serde_json::json!({
+            "pid": 4242,
+            "version": "0",
+            "started_ms": 1_700_000_000_000u64,
+            "host": "elsewhere",
+            "boot_id": "another-boot",
+            "pid_namespace": "pid:[1]",
+            "process_start": 1,
+            "ttl_ms": 2_000,
+        });
+        block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put_on_lease(
+                "/corral/t/v1/live/node-a",
+                record.to_string(),
+                lease,
+            )],
+            failure: vec![],
+        }))
+        .unwrap();
+        lease
+    };
+    // Kept alive by "the other machine" (this test) every half second.
+    let lease = hold(&kv);
+    let keeping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let keeper = {
+        let (kv, keeping) = (kv.clone(), std::sync::Arc::clone(&keeping));
+        std::thread::spawn(move || {
+            while keeping.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = block_on(kv.lease_keep_alive(lease));
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        })
+    };
+    let path = dir.path().join("a");
+    let mut a = Proc::spawn(&etcd, &path, "node-a", "3");
+    let mut served = false;
+    let mut said_why = false;
+    wait_until("the agent gives up", Duration::from_secs(60), || {
+        served |= a.ready();
+        if let Err(error) = Client::unix(&a.socket).readyz() {
+            said_why |= error.to_string().contains("host elsewhere, pid 4242");
+        }
+        a.child.try_wait().unwrap().is_some()
+    });
+    let code = a.child.wait().unwrap().code();
+    let log = a.log();
+    assert!(!served, "{log}");
+    assert!(said_why, "readyz did not say what the agent waits for");
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains("waiting up to")
+            && log
+                .contains("node node-a is served by another live agent (host elsewhere, pid 4242")
+            && log.contains("kept alive past its TTL"),
+        "{log}"
+    );
+    keeping.store(false, std::sync::atomic::Ordering::Relaxed);
+    keeper.join().unwrap();
+    // Now one that is not kept alive: the agent waits for it to expire, then serves.
+    let mut a = Proc::spawn(&etcd, &path, "node-a", "3");
+    a.wait_ready();
+    assert!(a.log().contains("waiting up to"), "{}", a.log());
+    assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
+    wait_until("node-a holds its ranges", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).len() == 2
+    });
+    assert_check(&etcd, &[&a.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+}
+
+/// `corral cluster check --agent A --agent B` with two agents under one node name (a copied
+/// state directory started in another cluster under the same name, so both run): before, the
+/// check had no rule between agents; now it names both, the overlapping ranges and the address
+/// allocated on both.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn cluster_check_reports_two_agents_serving_one_node_and_one_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let mut a = Proc::spawn(&etcd, &dir.path().join("a"), "node-a", "3");
+    a.wait_ready();
+    wait_until("node-a holds its ranges", Duration::from_secs(30), || {
+        agent_ranges(&a.socket).len() == 2
+    });
+    let pod = alloc_dual(&a.socket, "pod-1");
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    copy_dir(
+        &dir.path().join("a").join("state"),
+        &dir.path().join("b").join("state"),
+    );
+    // The copy joins cluster `other` under the same node name: its copied ranges drain there
+    // (the pod's addresses stay allocated).
+    let b_dir = dir.path().join("b");
+    let config = agent_config(&b_dir);
+    let log = b_dir.join("agent.log");
+    let child = Command::new(BINARY)
+        .arg("agent")
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "--etcd",
+            &endpoints(&etcd),
+            "--cluster",
+            "other",
+            "--node",
+            "node-a",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut b = Proc {
+        child,
+        socket: b_dir.join("agent.sock"),
+        log,
+    };
+    b.wait_ready();
+    let (code, output) = check(&etcd, &[&a.socket, &b.socket]);
+    assert_eq!(code, 5, "{output}");
+    assert!(output.contains("both serve node node-a"), "{output}");
+    assert!(output.contains("they overlap"), "{output}");
+    for address in &pod {
+        assert!(
+            output.contains(&format!("{address} is allocated on agent")),
+            "{output}"
+        );
+    }
+    // The same agent named twice is one agent.
+    let (_, twice) = check(&etcd, &[&a.socket, &a.socket]);
+    assert!(!twice.contains("both serve"), "{twice}");
+    drop(b);
+    assert_check(&etcd, &[&a.socket]);
+    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+}
