@@ -1264,7 +1264,8 @@ mod rules {
     /// node 2 gets q's 10.0.0.0/30; the configuration is put back and installed the same way:
     /// q's grant now lies outside q and blocks nothing in p (a grant blocks only its own
     /// pool's space), so node 1 gets p's 10.0.0.0/30 before node 2's agent took its grant up
-    /// (nothing asserts it yet). The regression seed of a renamed pool does the same.
+    /// (nothing asserts it yet). (A renamed pool no longer does: a grant of a pool not
+    /// configured blocks its addresses in every pool.)
     #[test]
     fn an_unchecked_install_grants_a_range_twice() {
         let ops = [
