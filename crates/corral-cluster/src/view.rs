@@ -884,7 +884,14 @@ impl ClusterView {
                 // Occupied whatever its value, as grants.
                 let record = self.decode::<NodeIdRecord>(key, mod_revision, value);
                 let counted = self.occupy_node_id(id, mod_revision);
+                let holder = record.as_ref().map(|r| r.node.clone());
                 self.node_ids.insert(id, NodeIdEntry { record, counted });
+                // The node's ID may have changed (`node_id_of` falls back on this key).
+                if let Some(holder) = holder
+                    && self.holdings.contains_key(&holder)
+                {
+                    self.refresh_holdings(&holder);
+                }
             }
             Key::NodeIdOfNode { node } => {
                 if let Some(record) = self.decode::<NodeIdOfNodeRecord>(key, mod_revision, value) {
@@ -1117,11 +1124,23 @@ impl ClusterView {
                 }
             }
             Key::NodeId { id } => {
+                let holder = self
+                    .node_ids
+                    .get(id)
+                    .and_then(|e| e.record.as_ref())
+                    .map(|r| r.node.clone());
                 if let Some(entry) = self.node_ids.remove(id)
                     && entry.counted
                     && let Some(space) = self.id_space.as_mut()
                 {
                     let _ = space.release_granted(*id);
+                }
+                // A holder that still serves the ID keeps it occupied (`nodeids/node/<node>`
+                // may be gone already: a removal deletes it first).
+                if let Some(holder) = holder
+                    && self.holdings.contains_key(&holder)
+                {
+                    self.refresh_holdings(&holder);
                 }
             }
             Key::NodeIdOfNode { node } => {
