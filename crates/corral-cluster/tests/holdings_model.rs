@@ -697,6 +697,7 @@ impl Sim {
             from_node: node.clone(),
             reason: "node removed".into(),
             since_ms: 0,
+            state: Default::default(),
         })
         .unwrap();
         let mut puts = Vec::new();
