@@ -836,6 +836,9 @@ struct Held {
     node_id: Option<u32>,
     plan: Option<NodeIdPlanConfig>,
     config: Option<Arc<ClusterConfig>>,
+    /// Whether `config-applied` (the configuration the leader installed) was read: it is
+    /// followed from then on, and `config` (what someone stored, maybe refused) no more.
+    applied: bool,
 }
 
 impl Held {
@@ -927,6 +930,23 @@ impl Held {
                     Err(error) => eprintln!("corral agent: cluster: {key}: {error}"),
                 },
             },
+            Ok(Key::ConfigApplied) => match value
+                .map(|v| decode_value::<corral_cluster::AppliedConfigRecord>(&v.value))
+            {
+                Some(Ok(record)) if record.config.validate().is_ok() => {
+                    self.applied = true;
+                    self.plan = record.config.node_ids.clone();
+                    self.config = Some(Arc::new(record.config));
+                }
+                Some(Ok(_)) => eprintln!("corral agent: cluster: {key}: not a valid configuration"),
+                // Unreadable or deleted: what was held stays.
+                Some(Err(error)) => eprintln!("corral agent: cluster: {key}: {error}"),
+                None => {}
+            },
+            // Before the leader installed one (a new cluster), the stored configuration; once
+            // `config-applied` exists, a configuration written around the CLI that the leader
+            // refused never moves this node's plan.
+            Ok(Key::Config) if self.applied => {}
             Ok(Key::Config) => match value.map(|v| ClusterConfig::from_json(&v.value)) {
                 Some(Ok(config)) => {
                     self.plan = config.node_ids.clone();
@@ -1036,6 +1056,15 @@ async fn follow<K: Kv>(
     // grants, so the watches below miss nothing: a removal that landed since `register`
     // read the registration is seen here.
     for key in [&node_key, &id_key, &config_key] {
+        if key == &config_key {
+            // `config` and `config-applied` (one prefix; `config-applied` applied first, so
+            // the stored `config` is followed only while there is none).
+            let page = kv.range(key.as_bytes(), None, 2, Some(revision)).await?;
+            for entry in page.kvs.iter().rev() {
+                held.apply(keys, node, &entry.key_str(), Some(entry));
+            }
+            continue;
+        }
         let page = kv.range(key.as_bytes(), None, 1, Some(revision)).await?;
         let entry = page.kvs.into_iter().find(|e| e.key == key.as_bytes());
         if key == &node_key {

@@ -694,3 +694,60 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
     );
     agent.stop(&runtime);
 }
+
+/// Issue 20 (a configuration written around the CLI): once the leader installed a
+/// configuration (`config-applied`), the agent follows it, not a `config` someone stored
+/// since (which the leader refuses): a pool turned into a block pool with etcdctl does not
+/// change how this node serves its node CIDR.
+#[test]
+fn the_agent_follows_the_installed_configuration_not_one_written_around_the_cli() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let keys = keys();
+    let installed = corral_cluster::ClusterConfig::from_toml(
+        "[[pools]]\nname = \"default\"\n[pools.ipv4]\ncidrs = [\"10.192.0.0/12\"]\nnode_prefix_len = 24\n",
+    )
+    .unwrap();
+    let written_around = corral_cluster::ClusterConfig::from_toml(
+        "[[pools]]\nname = \"default\"\nmode = \"blocks\"\n[pools.ipv4]\ncidrs = [\"10.192.0.0/12\"]\nblock_prefix_len = 24\n",
+    )
+    .unwrap();
+    runtime.block_on(async {
+        let applied = corral_cluster::AppliedConfigRecord {
+            config_revision: 1,
+            config: installed.clone(),
+        };
+        kv.txn(Txn {
+            compares: vec![],
+            success: vec![
+                TxnOp::put(keys.config(), written_around.to_json().unwrap()),
+                TxnOp::put(keys.config_applied(), encode_value(&applied).unwrap()),
+            ],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(3),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+    });
+    assert_eq!(
+        agent.cluster_status().grants,
+        ["default 10.192.1.0/24,gateway=10.192.1.1"],
+        "served as the installed configuration's node CIDR (a block would have no gateway)"
+    );
+    agent.stop(&runtime);
+}
