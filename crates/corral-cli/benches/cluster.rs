@@ -8,6 +8,10 @@
 //! - rebuilding the operator's state from their 20,000 grants: time (the standby's own
 //!   report) and its peak RSS.
 //!
+//! The agents' assertions are on (issue 20): as each grant lands, a task playing the 10,000
+//! agents puts the node's `holdings/<node>` record naming it (batched, as agents' own writes
+//! would reach etcd), so the leader grants while it reads and counts the holdings.
+//!
 //! Figures go to BENCHMARKS.md by hand, with the command.
 
 use std::process::{Command, Stdio};
@@ -127,6 +131,7 @@ async fn bench(etcd: &EtcdCluster) {
             let _ = stop_rx.await;
         },
     ));
+    let assertions = tokio::spawn(assert_holdings(kv.clone(), keys.clone()));
     let started = Instant::now();
     let requests_before = counted.requests();
     let mut led_at = None;
@@ -164,6 +169,8 @@ async fn bench(etcd: &EtcdCluster) {
     );
     let _ = stop_tx.send(());
     let _ = operator.await;
+    let asserted = assertions.await.unwrap_or(0);
+    println!("holdings asserted by the agents' stand-in during the grants: {asserted} nodes");
 
     // Failover: two operator processes; the leader killed; one node registered at once.
     let binary = env!("CARGO_BIN_EXE_corral");
@@ -239,6 +246,68 @@ async fn bench(etcd: &EtcdCluster) {
     );
     let _ = second.kill();
     let _ = second.wait();
+}
+
+/// Plays the agents' holdings publishers: watches `owned/` and, for every node granted, puts
+/// `holdings/<node>` naming its grants (up to 100 nodes per txn, as soon as they arrive) until
+/// every node asserted; answers how many did.
+async fn assert_holdings(kv: EtcdKv, keys: Keys) -> usize {
+    use std::collections::BTreeMap;
+    let owned_prefix = format!("{}owned/", keys.prefix());
+    let mut watch = kv.watch(owned_prefix.as_bytes(), 1).await.unwrap();
+    let mut ranges: BTreeMap<String, Vec<corral_cluster::HeldRange>> = BTreeMap::new();
+    let mut asserted = 0;
+    while asserted < NODES {
+        let Ok(batch) = watch.next().await else {
+            break;
+        };
+        let mut due = Vec::new();
+        for event in batch {
+            let corral_kv::Event::Put(entry) = event else {
+                continue;
+            };
+            let Ok(corral_cluster::Key::Owned {
+                node, pool, cidr, ..
+            }) = keys.parse(&entry.key_str())
+            else {
+                continue;
+            };
+            let held = ranges.entry(node.to_string()).or_default();
+            held.push(corral_cluster::HeldRange {
+                pool,
+                cidr,
+                draining: false,
+                allocations: 0,
+            });
+            if held.len() == 2 {
+                due.push(node);
+            }
+        }
+        for chunk in due.chunks(100) {
+            let mut txn = Txn::default();
+            for node in chunk {
+                let record = corral_cluster::HoldingsRecord {
+                    // The registration's uid (`register`: node-NNNNN has uid-N).
+                    uid: format!(
+                        "uid-{}",
+                        node.as_str()
+                            .trim_start_matches("node-")
+                            .parse::<usize>()
+                            .unwrap_or_default()
+                    ),
+                    ranges: ranges[node.as_str()].clone(),
+                    ..Default::default()
+                };
+                txn.success.push(TxnOp::put(
+                    keys.holdings(node),
+                    encode_value(&record).unwrap(),
+                ));
+            }
+            kv.txn(txn).await.unwrap();
+            asserted += chunk.len();
+        }
+    }
+    asserted
 }
 
 fn node_name(i: usize) -> String {
