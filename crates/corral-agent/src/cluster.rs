@@ -26,6 +26,8 @@ use crate::cloud_pool::{self, CloudEntry};
 use crate::committer::Committer;
 use crate::host::{ClusterRanges, Op, Reply, Surrender};
 
+pub mod holdings;
+
 /// How the agent joins a cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterOptions {
@@ -52,6 +54,11 @@ pub struct ClusterOptions {
     /// passes it in. A node registered with another instance ID is refused, as a node
     /// registered under another machine uid is.
     pub instance_id: Option<String>,
+    /// Where the agent remembers the highest etcd revision and the cluster ID it saw
+    /// (`etcd-epoch` in the state directory, beside `cluster-uid`; `None`: in memory only).
+    /// A store that answers from an earlier time (restored, wiped) is then noticed across
+    /// restarts of the agent ([`holdings::EpochGuard`]).
+    pub epoch_file: Option<std::path::PathBuf>,
 }
 
 impl ClusterOptions {
@@ -187,8 +194,30 @@ pub async fn run<K: Kv>(
     // What outlives a round: the registration this process made or found (a later round
     // that finds it gone or replaced means the node was removed meanwhile), and the last
     // node ID and plan that could be read (one that cannot be read later keeps them).
-    let mut across = AcrossRounds::default();
+    // The node's assertion of what it holds: published beside the link for the agent's whole
+    // life (a removed node keeps asserting while it drains), until `stop`.
+    let guard = Arc::new(holdings::EpochGuard::load(options.epoch_file.clone()));
+    tokio::spawn(holdings::publish(
+        kv.clone(),
+        keys.clone(),
+        node.clone(),
+        options.uid.clone(),
+        committer.clone(),
+        Arc::clone(&state),
+        Arc::clone(&guard),
+        stop.clone(),
+    ));
+    let mut across = AcrossRounds {
+        epoch: Some(Arc::clone(&guard)),
+        ..AcrossRounds::default()
+    };
     loop {
+        // etcd went back in time (restored, wiped): the holdings are asserted again first,
+        // and the registration etcd forgot is made again (not taken for a removal).
+        if holdings::round_start(&kv, &keys, &node, &committer, &state, &options.uid, &guard).await
+        {
+            across.registration = None;
+        }
         let outcome = link(
             &kv,
             &keys,
@@ -283,6 +312,8 @@ struct AcrossRounds {
     config: Option<Arc<ClusterConfig>>,
     /// Whether the round got as far as serving (its backoff then starts again).
     served: bool,
+    /// The agent's memory of etcd's time (`holdings.rs`), fed the revisions the link reads.
+    epoch: Option<Arc<holdings::EpochGuard>>,
 }
 
 /// One connected round: register, go live, read and watch the grants.
@@ -654,6 +685,9 @@ async fn follow<K: Kv>(
         ..Held::default()
     };
     let (owned, revision) = corral_kv::read_all(kv, owned_prefix.as_bytes(), 1000).await?;
+    if let Some(guard) = &across.epoch {
+        guard.observe_revision(revision);
+    }
     for entry in &owned {
         held.apply(keys, node, &entry.key_str(), Some(entry));
     }

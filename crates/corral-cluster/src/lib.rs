@@ -11,6 +11,7 @@ pub mod blocks;
 pub mod check;
 pub mod cloud;
 pub mod config;
+pub mod epoch;
 pub mod intervals;
 pub mod keys;
 pub mod net;
@@ -29,6 +30,7 @@ pub use config::{
     CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeCidrSync, NodeIdPlanConfig,
     PoolConfig, PoolMode, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
 };
+pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
 pub use intervals::IntervalSet;
 pub use keys::{
     CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
