@@ -61,6 +61,16 @@ pub struct OperatorArgs {
     /// A file holding the bearer token (at least 16 characters) for --api-tcp
     #[arg(long, value_name = "FILE", requires = "api_tcp")]
     pub token_file: Option<PathBuf>,
+    /// Where the replica remembers the highest etcd revision and the etcd cluster ID it saw
+    /// (`etcd-epoch-<cluster>.json`), so etcd restored from a snapshot or wiped is noticed
+    /// across restarts [default: none, remembered in memory for the process's life]
+    #[arg(long, value_name = "DIR", env = "CORRAL_OPERATOR_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// After etcd went back in time (and at each new term), the longest wait in seconds for
+    /// the live agents to assert what they hold before granting resumes (twice the agents'
+    /// default liveness lease)
+    #[arg(long, value_name = "SECONDS", default_value_t = 40)]
+    pub settle_secs: u64,
     /// The cloud whose interfaces the leader manages for cloud pools
     #[command(flatten)]
     pub cloud: CloudArgs,
@@ -235,6 +245,18 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
             format!("{}-{}", host.trim(), std::process::id())
         });
         let shared = Arc::new(corral_operator::Shared::new(replica.clone()));
+        let epoch_file = args
+            .state_dir
+            .as_ref()
+            .map(|dir| corral_operator::epoch::epoch_file(dir, &args.etcd.cluster));
+        if epoch_file.is_none() {
+            eprintln!(
+                "corral operator: no --state-dir: the highest etcd revision seen is remembered in                  memory only (the agents remember it durably; a new term waits for their holdings)"
+            );
+        }
+        shared
+            .configure_epoch(epoch_file, Duration::from_secs(args.settle_secs))
+            .map_err(Failure::Usage)?;
         let config = corral_operator::OperatorConfig {
             cluster: args.etcd.cluster.clone(),
             replica,
@@ -413,6 +435,17 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
         .map(|e| (e.key_str().into_owned(), e.value.clone(), e.create_revision))
         .collect();
     let mut problems = corral_cluster::check(&keys, &entries);
+    // The agents' assertions (`holdings/`) against the grants: holdings without a grant, a
+    // range asserted by two nodes, grants a live node does not assert.
+    let mod_revisions: BTreeMap<String, i64> = all
+        .iter()
+        .map(|e| (e.key_str().into_owned(), e.mod_revision))
+        .collect();
+    problems.extend(corral_cluster::holdings_problems(
+        &keys,
+        &entries,
+        &mod_revisions,
+    ));
     for socket in &args.agents {
         // An agent that cannot be asked is not a finding about the cluster: exit code 3,
         // as for any unreachable agent.

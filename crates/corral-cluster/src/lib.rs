@@ -24,7 +24,7 @@ pub mod view;
 pub use backoff::{Resync, RetryState};
 pub use check::{
     CloudTruth, Entry, agent_block_problems, block_capacity, block_range, check, cloud_problems,
-    expected_ranges, granted_cidrs, is_block_pool, node_range,
+    expected_ranges, granted_cidrs, holdings_problems, is_block_pool, node_range,
 };
 pub use config::{
     CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, NodeCidrSync, NodeIdPlanConfig,

@@ -33,11 +33,16 @@ pub(crate) mod to_cloud;
 /// Keys per page when the prefix is read.
 const PAGE: usize = 2000;
 
+/// How often the leader asks etcd for its header (its cluster ID and revision).
+const EPOCH_PROBE: Duration = Duration::from_secs(2);
+
 /// Why leading ended.
 #[derive(Debug, thiserror::Error)]
 pub enum LeadError {
     #[error("leadership lost")]
     Lost,
+    #[error("etcd went back in time: the term ends, the next one reads the store again")]
+    Regressed,
     #[error("cluster store: {0}")]
     Kv(#[from] KvError),
 }
@@ -82,6 +87,13 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     cloud: Option<(&crate::CloudOptions<P>, &corral_cloud::Scheduled<Arc<P>>)>,
 ) -> Result<(), LeadError> {
     let started = Instant::now();
+    // etcd's time first: a store that went back (restored, wiped) is noticed before anything
+    // is read from it; and every term waits for the live agents' holdings (`epoch.rs`).
+    tokio::select! {
+        probed = shared.probe_epoch(kv) => { probed?; }
+        _ = lost.changed() => return Err(LeadError::Lost),
+    }
+    shared.begin_term();
     let (view, revision) = tokio::select! {
         rebuilt = rebuild(kv, keys, shared) => rebuilt?,
         _ = lost.changed() => return Err(LeadError::Lost),
@@ -159,6 +171,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     };
     shared.set_leading(false, Duration::ZERO);
     shared.clear_cloud();
+    shared.end_term();
     result
 }
 
@@ -177,6 +190,7 @@ async fn rebuild<K: Kv>(
         // of key is named to sort after it: `keys.rs`).
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
+        shared.observe_revision(revision);
         let config = first
             .kvs
             .first()
@@ -391,9 +405,19 @@ async fn serve<K: Kv>(
     // re-reads everything at one revision and reports any drift, as a backstop.
     let mut sync_state = RetryState::default();
     let mut resync_at = Instant::now() + timing.resync;
+    // etcd's time, read every few seconds: a regression in the term (the watch, from a
+    // revision the restored store has not reached, says nothing) ends it, and the next term
+    // reads the store as it is now.
+    let regressions = shared.regressions();
+    let mut epoch_tick = tokio::time::interval(EPOCH_PROBE);
+    epoch_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if *lost.borrow() {
             return Err(LeadError::Lost);
+        }
+        if shared.regressions() != regressions {
+            drain(&mut work, shared).await;
+            return Err(LeadError::Regressed);
         }
         if dirty {
             dirty = false;
@@ -414,10 +438,16 @@ async fn serve<K: Kv>(
             .clock
             .next_wake()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let epoch_wake = shared
+            .epoch_wake()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             batch = watch.next() => {
                 match batch {
                     Ok(events) => {
+                        if let Some(last) = events.iter().map(Event::revision).max() {
+                            shared.observe_revision(last);
+                        }
                         with_view(shared, |view, revision| {
                             for event in events {
                                 *revision = (*revision).max(event.revision());
@@ -465,6 +495,17 @@ async fn serve<K: Kv>(
                 }
                 dirty = true;
             }
+            _ = epoch_tick.tick() => {
+                if let Err(error) = shared.probe_epoch(kv).await
+                    && !error.is_retryable()
+                {
+                    return Err(error.into());
+                }
+            }
+            _ = tokio::time::sleep_until(epoch_wake) => {
+                // The settle time of a wait for the agents' assertions ran out.
+                dirty = true;
+            }
             _ = tokio::time::sleep_until(next_wake) => {
                 // A release delay ran out: those nodes may mark blocks now.
                 for node in work.clock.take_due() {
@@ -477,6 +518,9 @@ async fn serve<K: Kv>(
                 drain(&mut work, shared).await;
                 match rebuild(kv, keys, shared).await {
                     Ok((fresh, at)) => {
+                        if let Err(error) = shared.probe_epoch(kv).await {
+                            shared.note_problem(format!("resync: reading etcd's header: {error}"));
+                        }
                         let drift = with_view(shared, |view, _| drift(view, &fresh))?;
                         if !drift.is_empty() {
                             shared.note_problem(format!(
@@ -651,6 +695,11 @@ fn start_work<K: Kv>(
             }
         });
     }
+    if !shared.may_grant(view) {
+        // etcd went back in time, or a new term: nothing is granted until the live agents
+        // asserted what they hold (`epoch.rs`); the pending nodes wait where they are.
+        return;
+    }
     if work.rescan {
         work.rescan = false;
         work.pending = view.nodes_needing_grants().into_iter().collect();
@@ -792,7 +841,9 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                         work.solo.remove(&proposal.node);
                         backoff(view, work, &proposal.node, true);
                     }
-                    false
+                    // An answer from before what was seen: etcd went back in time, and the
+                    // view is read again from what it holds now.
+                    shared.observe_revision(revision).is_some()
                 }
                 Err(TxnFailure::Refused) if proposals.len() > 1 => {
                     // Some proposal of the batch was stale: each goes again on its own, at

@@ -53,6 +53,9 @@ pub struct EpochGuard {
     inner: Mutex<GuardState>,
     /// Bumped at each regression: the publisher asserts again at once.
     regressed: tokio::sync::watch::Sender<u64>,
+    /// The regressions the link has taken into account (whoever saw them: the publisher
+    /// often sees one first).
+    link_seen: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -93,7 +96,16 @@ impl EpochGuard {
                 ..GuardState::default()
             }),
             regressed: tokio::sync::watch::Sender::new(0),
+            link_seen: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Whether a regression was seen (by anyone) since the link last asked.
+    fn regressed_since_link_asked(&self) -> bool {
+        let now = *self.regressed.borrow();
+        self.link_seen
+            .swap(now, std::sync::atomic::Ordering::SeqCst)
+            != now
     }
 
     /// What it remembers now.
@@ -176,16 +188,17 @@ pub async fn round_start<K: Kv>(
     uid: &str,
     guard: &EpochGuard,
 ) -> bool {
-    match guard.probe(kv).await {
-        Ok(Some(regression)) => {
-            super::update(state, |s| s.last_error = Some(regression.to_string()));
-            if let Err(error) = assert_now(kv, keys, node, committer, state, uid, guard).await {
-                eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
-            }
-            true
-        }
-        Ok(None) | Err(_) => false,
+    if let Ok(Some(regression)) = guard.probe(kv).await {
+        super::update(state, |s| s.last_error = Some(regression.to_string()));
     }
+    // Seen here or by the publisher (or the last round) since the last round started.
+    if !guard.regressed_since_link_asked() {
+        return false;
+    }
+    if let Err(error) = assert_now(kv, keys, node, committer, state, uid, guard).await {
+        eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
+    }
+    true
 }
 
 /// Writes `bytes` to `path` through a temporary file, synced, renamed, the directory synced.
