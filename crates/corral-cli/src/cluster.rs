@@ -163,6 +163,19 @@ pub enum ClusterCommand {
     /// the cloud pools' interface records against the cloud's own view) that no CIDR, node ID
     /// or cloud address is held twice; exit code 5 if anything is wrong
     Check(CheckArgs),
+    /// After etcd went back in time (restored from a snapshot, wiped and initialised again):
+    /// tell the leader to grant again without waiting for the agents to assert what they
+    /// hold; prints what that means, and does it only with --yes
+    Recover(RecoverArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecoverArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// Do it (without: only say what it would do, and exit 1)
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Debug, Args)]
@@ -308,6 +321,7 @@ pub fn cluster(
             ClusterCommand::Apply(args) => write_config(args, false).await,
             ClusterCommand::Status(args) => status(args, output).await,
             ClusterCommand::Check(args) => check(args, output, providers).await,
+            ClusterCommand::Recover(args) => recover(args).await,
         }
     })
 }
@@ -497,6 +511,89 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
             Exit::ProblemsFound
         },
     })
+}
+
+/// `corral cluster recover`: says what resuming the grants now means (the live nodes whose
+/// holdings etcd has no record of), and with `--yes` writes `recover` for the leader.
+async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
+    let (kv, keys) = connect(&args.etcd).await?;
+    let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
+        .await
+        .map_err(kv_failure)?;
+    let mut registered = std::collections::BTreeSet::new();
+    let mut live = std::collections::BTreeSet::new();
+    let mut asserted = std::collections::BTreeSet::new();
+    for entry in &all {
+        match keys.parse(&entry.key_str()) {
+            Ok(corral_cluster::Key::Node { node }) => {
+                registered.insert(node);
+            }
+            Ok(corral_cluster::Key::Live { node }) => {
+                live.insert(node);
+            }
+            Ok(corral_cluster::Key::Holdings { node }) => {
+                asserted.insert(node);
+            }
+            _ => {}
+        }
+    }
+    let unasserted: Vec<String> = registered
+        .iter()
+        .filter(|n| live.contains(*n) && !asserted.contains(*n))
+        .map(ToString::to_string)
+        .collect();
+    let mut text = format!(
+        "corral cluster recover: the leader of cluster {} will grant again at once, without \
+         waiting for the live agents to assert what they hold after etcd went back in time.\n",
+        args.etcd.cluster
+    );
+    let _ = writeln!(
+        text,
+        "  live nodes with no holdings record: {}",
+        if unasserted.is_empty() {
+            "none".to_owned()
+        } else {
+            format!(
+                "{} (space they hold that etcd forgot may be granted to other nodes)",
+                unasserted.join(", ")
+            )
+        }
+    );
+    let _ = writeln!(
+        text,
+        "  nodes with a holdings record: {} (what they assert stays occupied, whatever the grants say)",
+        asserted.len()
+    );
+    if !args.yes {
+        text.push_str("nothing done: run again with --yes to do it\n");
+        return Ok(Outcome {
+            stdout: text,
+            exit: Exit::Refused,
+        });
+    }
+    let record = corral_cluster::RecoverRecord {
+        requested_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        unasserted,
+    };
+    let value = encode_value(&record).map_err(|e| Failure::Cluster(e.to_string()))?;
+    let response = kv
+        .txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(keys.recover(), value)],
+            failure: vec![],
+        })
+        .await
+        .map_err(kv_failure)?;
+    let _ = writeln!(
+        text,
+        "done: {} written at revision {} (read at {revision}); the leader grants again once it \
+         sees it",
+        keys.recover(),
+        response.revision
+    );
+    Ok(Outcome::ok(text))
 }
 
 /// An agent's cluster ranges against its node's grants.

@@ -237,6 +237,9 @@ pub enum Key {
     Schema,
     /// `config`: the `ClusterConfig` JSON.
     Config,
+    /// `recover`: `corral cluster recover --yes` asked the leader to grant again without
+    /// waiting for the agents' assertions after etcd went back in time.
+    Recover,
     /// `election/<lease-hex>`: an operator replica campaigning.
     Election {
         /// The replica's lease ID.
@@ -551,6 +554,7 @@ impl Keys {
         match key {
             Key::Schema => self.schema(),
             Key::Config => self.config(),
+            Key::Recover => self.recover(),
             Key::Election { lease } => self.election(*lease),
             Key::Node { node } => self.node(node),
             Key::Live { node } => self.live(node),
@@ -583,6 +587,11 @@ impl Keys {
             } => self.delegation(node, pool, *family, cidr),
             Key::Holdings { node } => self.holdings(node),
         }
+    }
+
+    /// `recover`.
+    pub fn recover(&self) -> String {
+        format!("{}recover", self.prefix)
     }
 
     /// `holdings/<node>`.
@@ -706,6 +715,7 @@ impl Keys {
         match parts.as_slice() {
             ["meta", "schema"] => Ok(Key::Schema),
             ["config"] => Ok(Key::Config),
+            ["recover"] => Ok(Key::Recover),
             ["election", lease] => parse_lease_hex(lease)
                 .map(|lease| Key::Election { lease })
                 .ok_or_else(|| malformed("invalid lease ID")),
@@ -838,6 +848,17 @@ pub struct QuarantineRecord {
     pub reason: String,
     /// When the quarantine began, in milliseconds since the epoch.
     pub since_ms: u64,
+}
+
+/// `recover`'s value, written by `corral cluster recover --yes`: the leader that sees it put
+/// stops waiting for the agents' assertions after etcd went back in time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverRecord {
+    /// When it was asked for, in milliseconds since the epoch.
+    pub requested_ms: u64,
+    /// The live nodes that had not asserted their holdings when it was asked for.
+    #[serde(default)]
+    pub unasserted: Vec<String>,
 }
 
 /// `removals/<node>`'s value, written by `corral node remove`.

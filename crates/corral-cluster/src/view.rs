@@ -732,7 +732,7 @@ impl ClusterView {
                 }
                 Err(e) => self.problem(key, mod_revision, format!("not applied: {e}")),
             },
-            Key::Election { .. } => {}
+            Key::Election { .. } | Key::Recover => {}
             Key::Live { node } => {
                 self.live.insert(node);
             }
@@ -909,7 +909,7 @@ impl ClusterView {
     /// Forgets what a key held (nothing if it held nothing).
     fn forget(&mut self, key: &Key) {
         match key {
-            Key::Schema | Key::Config | Key::Election { .. } => {}
+            Key::Schema | Key::Config | Key::Election { .. } | Key::Recover => {}
             Key::Holdings { node } => {
                 if self.holdings.remove(node).is_some() {
                     self.refresh_holdings(node);

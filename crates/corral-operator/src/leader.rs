@@ -288,6 +288,8 @@ struct Work {
     cloud: Option<Arc<cloud::CloudSignal>>,
     /// From-cloud pools: tells the node CIDR sync what changed.
     sync: Arc<node_cidr_sync::SyncSignal>,
+    /// `corral cluster recover --yes` was written: stop waiting for the agents' assertions.
+    recover: bool,
 }
 
 impl Work {
@@ -303,6 +305,7 @@ impl Work {
             self.sync.note(parsed, deleted);
         }
         match parsed {
+            Ok(Key::Recover) if !deleted => self.recover = true,
             Ok(Key::Config) => {
                 // Another configuration: whatever failed may succeed now (a pool grown,
                 // a grant refused for the configuration's revision).
@@ -398,6 +401,7 @@ async fn serve<K: Kv>(
         clock: blocks::BlockClock::new(),
         cloud,
         sync: Arc::clone(sync),
+        recover: false,
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
@@ -455,6 +459,14 @@ async fn serve<K: Kv>(
                                 work.note(keys, &event);
                             }
                         })?;
+                        if std::mem::take(&mut work.recover) {
+                            let regression = shared.request_recover();
+                            shared.note_problem(format!(
+                                "`corral cluster recover --yes`: granting resumes without waiting \
+                                 for the agents' assertions{}",
+                                regression.map(|r| format!(" ({r})")).unwrap_or_default()
+                            ));
+                        }
                         dirty = true;
                     }
                     Err(KvError::Compacted { .. }) => {
