@@ -686,7 +686,8 @@ async fn follow<K: Kv>(
     };
     let (owned, revision) = corral_kv::read_all(kv, owned_prefix.as_bytes(), 1000).await?;
     if let Some(guard) = &across.epoch {
-        guard.observe_revision(revision);
+        // Only advances: the link's reads and the publisher's answers interleave.
+        guard.observe_revision(0, revision);
     }
     for entry in &owned {
         held.apply(keys, node, &entry.key_str(), Some(entry));

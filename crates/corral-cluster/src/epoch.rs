@@ -88,6 +88,21 @@ impl EpochMemory {
     /// Feeds a header (the store's cluster ID and its current revision; never a revision a
     /// read asked for): answers whether it is new, and remembers it.
     pub fn observe(&mut self, found: Epoch) -> Observed {
+        let floor = self.floor();
+        self.observe_after(floor, found)
+    }
+
+    /// The highest revision seen (0: none): pass it to [`EpochMemory::observe_after`] with
+    /// the answer of a request sent now.
+    pub fn floor(&self) -> i64 {
+        self.highest.map_or(0, |h| h.revision)
+    }
+
+    /// Feeds an answer to a request sent when the highest revision seen was `floor`: only a
+    /// revision below that (or another cluster ID) is a regression. Answers of requests in
+    /// flight together arrive in any order, so one is never judged against another's. A
+    /// `floor` of 0 only advances (watch events, answers of requests sent earlier).
+    pub fn observe_after(&mut self, floor: i64, found: Epoch) -> Observed {
         let Some(highest) = self.highest else {
             self.highest = Some(found);
             return Observed::Advanced;
@@ -95,7 +110,7 @@ impl EpochMemory {
         let other_cluster = highest.cluster_id != 0
             && found.cluster_id != 0
             && highest.cluster_id != found.cluster_id;
-        if other_cluster || found.revision < highest.revision {
+        if other_cluster || found.revision < floor {
             let regression = Regression {
                 remembered: highest,
                 found,
@@ -186,6 +201,14 @@ mod tests {
         // An unknown cluster ID is no evidence either way.
         assert_eq!(memory.observe(at(0, 101)), Observed::Advanced);
         assert_eq!(memory.highest, Some(at(9, 101)));
+        // An answer to a request sent before a higher revision was seen is no evidence.
+        let floor = memory.floor();
+        assert_eq!(memory.observe(at(9, 150)), Observed::Advanced);
+        assert_eq!(memory.observe_after(floor, at(9, 120)), Observed::Same);
+        assert!(matches!(
+            memory.observe_after(memory.floor(), at(9, 120)),
+            Observed::Regressed(_)
+        ));
         let back = EpochMemory::from_json(&memory.to_json()).unwrap();
         assert_eq!(back, memory);
         assert!(EpochMemory::from_json(b"{").is_err());

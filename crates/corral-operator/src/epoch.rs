@@ -124,9 +124,23 @@ impl Shared {
 
     /// Feeds an epoch etcd answered at now; answers the regression it shows (reported here).
     pub fn observe_epoch(&self, found: Epoch) -> Option<Regression> {
+        let floor = self.epoch_floor();
+        self.observe_epoch_after(floor, found)
+    }
+
+    /// The highest revision seen: taken before a request, passed with its answer to
+    /// [`Shared::observe_epoch_after`].
+    pub fn epoch_floor(&self) -> Revision {
+        self.epoch().memory.floor()
+    }
+
+    /// Feeds the answer of a request sent when the highest revision seen was `floor` (0: it
+    /// only advances; answers of concurrent requests arrive in any order, so one is never
+    /// judged against another's).
+    pub fn observe_epoch_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
         let (observed, save, path) = {
             let mut state = self.epoch();
-            let observed = state.memory.observe(found);
+            let observed = state.memory.observe_after(floor, found);
             if observed != Observed::Same {
                 state.dirty = true;
             }
@@ -161,21 +175,29 @@ impl Shared {
         }
     }
 
-    /// Feeds a revision from an answer that carries no cluster ID (a watch event, a write).
-    pub fn observe_revision(&self, revision: Revision) -> Option<Regression> {
-        self.observe_epoch(Epoch {
-            cluster_id: 0,
-            revision,
-        })
+    /// Feeds a revision from an answer that carries no cluster ID, to a request sent when the
+    /// highest revision seen was `floor` (0 for a watch event: it only advances).
+    pub fn observe_revision(&self, floor: Revision, revision: Revision) -> Option<Regression> {
+        self.observe_epoch_after(
+            floor,
+            Epoch {
+                cluster_id: 0,
+                revision,
+            },
+        )
     }
 
     /// Asks etcd for its header and feeds it.
     pub async fn probe_epoch<K: Kv>(&self, kv: &K) -> Result<Option<Regression>, KvError> {
+        let floor = self.epoch_floor();
         let header = kv.header().await?;
-        Ok(self.observe_epoch(Epoch {
-            cluster_id: header.cluster_id,
-            revision: header.revision,
-        }))
+        Ok(self.observe_epoch_after(
+            floor,
+            Epoch {
+                cluster_id: header.cluster_id,
+                revision: header.revision,
+            },
+        ))
     }
 
     /// A term starts: it waits for the live nodes' holdings (or the settle time).

@@ -188,9 +188,10 @@ async fn rebuild<K: Kv>(
         // Page by page at one revision, each page applied as it comes: the keys are never all
         // in memory beside the view. `config` sorts first under the prefix (every other kind
         // of key is named to sort after it: `keys.rs`).
+        let floor = shared.epoch_floor();
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
-        shared.observe_revision(revision);
+        shared.observe_revision(floor, revision);
         let config = first
             .kvs
             .first()
@@ -450,7 +451,7 @@ async fn serve<K: Kv>(
                 match batch {
                     Ok(events) => {
                         if let Some(last) = events.iter().map(Event::revision).max() {
-                            shared.observe_revision(last);
+                            shared.observe_revision(0, last);
                         }
                         with_view(shared, |view, revision| {
                             for event in events {
@@ -853,9 +854,10 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                         work.solo.remove(&proposal.node);
                         backoff(view, work, &proposal.node, true);
                     }
-                    // An answer from before what was seen: etcd went back in time, and the
-                    // view is read again from what it holds now.
-                    shared.observe_revision(revision).is_some()
+                    // Only advances (answers of concurrent transactions and the watch
+                    // arrive in any order): the header read every few seconds judges.
+                    shared.observe_revision(0, revision);
+                    false
                 }
                 Err(TxnFailure::Refused) if proposals.len() > 1 => {
                     // Some proposal of the batch was stale: each goes again on its own, at

@@ -120,9 +120,22 @@ impl EpochGuard {
     /// Feeds a revision etcd answered at now (cluster ID 0 when the answer did not say);
     /// answers the regression it shows, if any (logged here, and the publisher woken).
     pub fn observe(&self, found: Epoch) -> Option<Regression> {
+        let floor = self.floor();
+        self.observe_after(floor, found)
+    }
+
+    /// The highest revision seen: taken before a request, passed with its answer to
+    /// [`EpochGuard::observe_after`].
+    pub fn floor(&self) -> Revision {
+        self.lock().memory.floor()
+    }
+
+    /// Feeds the answer of a request sent when the highest revision seen was `floor` (0: it
+    /// only advances; answers of concurrent requests arrive in any order).
+    pub fn observe_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
         let (observed, save) = {
             let mut state = self.lock();
-            let observed = state.memory.observe(found);
+            let observed = state.memory.observe_after(floor, found);
             if observed != Observed::Same {
                 state.dirty = true;
             }
@@ -152,21 +165,29 @@ impl EpochGuard {
         }
     }
 
-    /// Feeds a revision from a write's or a read's answer (no cluster ID).
-    pub fn observe_revision(&self, revision: Revision) -> Option<Regression> {
-        self.observe(Epoch {
-            cluster_id: 0,
-            revision,
-        })
+    /// Feeds a revision of an answer sent when the highest revision seen was `floor` (no
+    /// cluster ID; 0 only advances).
+    pub fn observe_revision(&self, floor: Revision, revision: Revision) -> Option<Regression> {
+        self.observe_after(
+            floor,
+            Epoch {
+                cluster_id: 0,
+                revision,
+            },
+        )
     }
 
     /// Asks etcd for its header and feeds it; `Ok(Some)` on a regression.
     pub async fn probe<K: Kv>(&self, kv: &K) -> Result<Option<Regression>, KvError> {
+        let floor = self.floor();
         let header = kv.header().await?;
-        Ok(self.observe(Epoch {
-            cluster_id: header.cluster_id,
-            revision: header.revision,
-        }))
+        Ok(self.observe_after(
+            floor,
+            Epoch {
+                cluster_id: header.cluster_id,
+                revision: header.revision,
+            },
+        ))
     }
 
     fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
@@ -388,8 +409,9 @@ pub async fn assert_now<K: Kv>(
         .and_then(|e| decode_value::<HoldingsRecord>(&e.value).ok())
         .is_some_and(|found| difference(&found, &record) == Difference::Same);
     if !same {
+        let floor = guard.floor();
         let revision = put(kv, &key, &record).await?;
-        guard.observe_revision(revision);
+        guard.observe_revision(floor, revision);
     }
     Ok(())
 }
@@ -445,8 +467,9 @@ async fn publish_round<K: Kv>(
 ) -> Result<(), KvError> {
     let key = keys.holdings(node);
     guard.probe(kv).await?;
+    let floor = guard.floor();
     let page = kv.range(key.as_bytes(), None, 1, None).await?;
-    guard.observe_revision(page.revision);
+    guard.observe_revision(floor, page.revision);
     let mut written = Written::default();
     if let Some(entry) = page.kvs.into_iter().find(|e| e.key == key.as_bytes())
         && let Ok(found) = decode_value::<HoldingsRecord>(&entry.value)
@@ -468,14 +491,14 @@ async fn publish_round<K: Kv>(
                 for event in batch? {
                     match event {
                         Event::Delete { mod_revision, .. } => {
-                            guard.observe_revision(mod_revision);
+                            guard.observe_revision(0, mod_revision);
                             written.record = None;
                             look_at = Instant::now();
                         }
                         Event::Put(entry) if entry.mod_revision != written.mod_revision => {
                             // Written by someone else (etcdctl, a restored snapshot, a second
                             // process under this name): put back what this node holds.
-                            guard.observe_revision(entry.mod_revision);
+                            guard.observe_revision(0, entry.mod_revision);
                             written.record = None;
                             look_at = Instant::now();
                         }
@@ -532,8 +555,9 @@ async fn look<K: Kv>(
         };
         return Ok(next);
     }
+    let floor = guard.floor();
     let revision = put(kv, key, &record).await?;
-    guard.observe_revision(revision);
+    guard.observe_revision(floor, revision);
     *written = Written {
         record: Some(record),
         mod_revision: revision,
