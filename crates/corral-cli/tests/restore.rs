@@ -134,6 +134,20 @@ fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
         Duration::from_secs(30),
         || holdings(&etcd, "node-b").contains(&cidr_b),
     );
+    // Time passes in etcd between a backup and its restore (here: writes outside the
+    // cluster's prefix), as it does in any cluster that runs for a while.
+    let elsewhere = kv(&etcd);
+    block_on(async {
+        let kv = elsewhere;
+        for i in 0..200 {
+            let txn = corral_kv::Txn {
+                compares: vec![],
+                success: vec![corral_kv::TxnOp::put(format!("/elsewhere/{i}"), "x")],
+                failure: vec![],
+            };
+            corral_kv::Kv::txn(&kv, txn).await.unwrap();
+        }
+    });
     // etcd is restored from the snapshot: node-b's registration and grant are forgotten.
     block_on(etcd.restore(&snapshot)).unwrap_or_else(|e| panic!("{e}"));
     // The next node registers.

@@ -158,12 +158,14 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
         None => None,
     };
     let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
-    // A standby keeps up with etcd's time too (one header read per lease TTL), so the replica
+    // A standby keeps up with etcd's time too (one header read a second), so the replica
     // that takes over after a restore knows the revision the cluster had reached
     // (`epoch.rs`); the leader reads it in its loop.
     let probe = {
         let (kv, shared, mut stop) = (kv.clone(), Arc::clone(&shared), stop.clone());
-        let every = config.lease_ttl.max(Duration::from_millis(500));
+        let every = config
+            .lease_ttl
+            .clamp(Duration::from_millis(500), Duration::from_secs(1));
         async move {
             loop {
                 if !shared.leading() {
@@ -183,6 +185,9 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
             if *stop.borrow() {
                 return;
             }
+            // etcd's time before this replica writes anything (its election key) to a store
+            // that may have come back from a snapshot.
+            let _ = shared.probe_epoch(&kv).await;
             let mut candidate = match election::Candidate::join(
                 &kv,
                 election.as_bytes(),
