@@ -176,6 +176,19 @@ fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
     );
     assert!(held(&b.socket).contains(&cidr_b));
     assert_invariant(&etcd, &agents, false);
+    // `cluster check`, from etcd alone, names the holding etcd forgot.
+    let (code, output) = check(&etcd, &[]);
+    assert_eq!(code, 5, "{output}");
+    assert!(
+        output.contains(&format!("holds {cidr_b} of pool default"))
+            && output.contains("without a grant"),
+        "{output}"
+    );
+    // `cluster recover` without --yes says what it would do and does nothing.
+    let endpoints = endpoints(&etcd);
+    let (code, out, err) = corral(&["cluster", "recover", "--etcd", &endpoints, "--cluster", "t"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("nothing done: run again with --yes"), "{out}");
     release_owner(&b.socket, "pods-b");
     wait_until(
         "node-b no longer asserts its old CIDR",
