@@ -233,9 +233,7 @@ impl Shared {
     /// When the wait for assertions ends by itself (to look again then), if one is on.
     pub fn epoch_wake(&self) -> Option<Instant> {
         let state = self.epoch();
-        if state.paused.is_none() {
-            return None;
-        }
+        state.paused.as_ref()?;
         let regression = state
             .memory
             .unsettled

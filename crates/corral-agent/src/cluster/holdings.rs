@@ -439,7 +439,7 @@ pub async fn publish<K: Kv>(
             Ok(()) => return,
             Err(error) => {
                 failures = failures.saturating_add(1);
-                if failures == 1 || failures % 10 == 0 {
+                if failures == 1 || failures.is_multiple_of(10) {
                     eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
                 }
                 let wait = super::backoff(failures, u64::from(std::process::id()));
