@@ -28,11 +28,12 @@ demo:
 ## peak RSS with GNU time and counts fsyncs with strace; and schemathesis (PyPI, pinned) in a
 ## venv under target/ for the agent's API test (crates/corral-agent/tests/schemathesis.rs
 ## looks for it there); etcd-server for the cluster store's tests against real etcd members
-## (crates/corral-etcd/tests/etcd.rs) and protobuf-compiler (protoc) to build etcd-client;
+## (crates/corral-etcd/tests/etcd.rs), etcd-client (etcdctl) for the snapshot restores of
+## crates/corral-cli/tests/restore.rs, and protobuf-compiler (protoc) to build etcd-client;
 ## moto's EC2 server (PyPI `moto[server]`, pinned) in a venv under target/ for the AWS adapter's
 ## contract tests and the end-to-end run with etcd (crates/corral-aws/tests/moto.rs and e2e.rs
 ## look for target/moto-venv/bin/moto_server)
-DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server protobuf-compiler
+DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server etcd-client protobuf-compiler
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv
 MOTO_VERSION := 5.2.5

@@ -26,6 +26,8 @@ use crate::cloud_pool::{self, CloudEntry};
 use crate::committer::Committer;
 use crate::host::{ClusterRanges, Op, Reply, Surrender};
 
+pub mod holdings;
+
 /// How the agent joins a cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterOptions {
@@ -52,6 +54,11 @@ pub struct ClusterOptions {
     /// passes it in. A node registered with another instance ID is refused, as a node
     /// registered under another machine uid is.
     pub instance_id: Option<String>,
+    /// Where the agent remembers the highest etcd revision and the cluster ID it saw
+    /// (`etcd-epoch` in the state directory, beside `cluster-uid`; `None`: in memory only).
+    /// A store that answers from an earlier time (restored, wiped) is then noticed across
+    /// restarts of the agent ([`holdings::EpochGuard`]).
+    pub epoch_file: Option<std::path::PathBuf>,
 }
 
 impl ClusterOptions {
@@ -293,14 +300,34 @@ async fn run_link<K: Kv>(
     };
     update(&state, |s| s.node = options.node.clone());
     let mut failures: u32 = 0;
+    // The node's assertion of what it holds: published beside the link for the agent's whole
+    // life (a removed node keeps asserting while it drains), until `stop`.
+    let guard = Arc::new(holdings::EpochGuard::load(options.epoch_file.clone()));
+    tokio::spawn(holdings::publish(
+        kv.clone(),
+        keys.clone(),
+        node.clone(),
+        options.uid.clone(),
+        committer.clone(),
+        Arc::clone(&state),
+        Arc::clone(&guard),
+        stop.clone(),
+    ));
     // What outlives a round: the registration this process made or found (a later round
     // that finds it gone or replaced means the node was removed meanwhile), and the last
     // node ID and plan that could be read (one that cannot be read later keeps them).
     let mut across = AcrossRounds {
+        epoch: Some(Arc::clone(&guard)),
         identity: crate::liveness::ProcessIdentity::current(),
         ..AcrossRounds::default()
     };
     loop {
+        // etcd went back in time (restored, wiped): the holdings are asserted again first,
+        // and the registration etcd forgot is made again (not taken for a removal).
+        if holdings::round_start(&kv, &keys, &node, &committer, &state, &options.uid, &guard).await
+        {
+            across.registration = None;
+        }
         let outcome = link(
             &kv,
             &keys,
@@ -437,21 +464,6 @@ async fn cluster_ranges_held(
     }
 }
 
-/// The hook where a removed node's agent asserts what it still holds (`holdings/<node>`),
-/// called by `while_removed` at every turn with the cluster ranges the node scope still holds
-/// (empty once everything drained). The leader takes a removed range into quarantine only
-/// once the node's holdings no longer list it, so the holdings publisher (issue 20's
-/// "agents assert what they hold") must write the record here too, after the node's
-/// removal; until it does, this does nothing, and a removed node's ranges come back only
-/// when it stops being live (the leader's absence proof).
-async fn publish_holdings_while_removed<K: Kv>(
-    _kv: &K,
-    _keys: &Keys,
-    _node: &NodeName,
-    _held: &[(String, corral_api::RangeInfo)],
-) {
-}
-
 /// How often a removed node looks at what it still holds.
 const REMOVED_TICK: Duration = Duration::from_secs(1);
 
@@ -500,7 +512,9 @@ async fn while_removed<K: Kv>(
         let Some(held) = cluster_ranges_held(committer).await else {
             continue;
         };
-        publish_holdings_while_removed(kv, keys, node, &held).await;
+        // What is still held is asserted by the holdings publisher (`holdings.rs`), which
+        // runs for the agent's whole life: the leader quarantines a removed range only once
+        // that record drops it.
         let pods: u64 = held.iter().map(|(_, r)| r.allocated).sum();
         update(state, |s| {
             s.last_error = Some(format!(
@@ -593,6 +607,8 @@ struct AcrossRounds {
     identity: crate::liveness::ProcessIdentity,
     /// The liveness lease of the round that found the node removed: the drain keeps it.
     live_lease: Option<LeaseId>,
+    /// The agent's memory of etcd's time (`holdings.rs`), fed the revisions the link reads.
+    epoch: Option<Arc<holdings::EpochGuard>>,
 }
 
 /// One connected round: register, go live, read and watch the grants.
@@ -1049,6 +1065,10 @@ async fn follow<K: Kv>(
         ..Held::default()
     };
     let (owned, revision) = corral_kv::read_all(kv, owned_prefix.as_bytes(), 1000).await?;
+    if let Some(guard) = &across.epoch {
+        // Only advances: the link's reads and the publisher's answers interleave.
+        guard.observe_revision(0, revision);
+    }
     for entry in &owned {
         held.apply(keys, node, &entry.key_str(), Some(entry));
     }

@@ -102,6 +102,7 @@ impl Agent {
             lease_ttl: Duration::from_secs(600),
             demand_refresh: refresh,
             instance_id: None,
+            epoch_file: None,
         };
         let kv = kv.clone();
         let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
@@ -389,6 +390,16 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
         });
     }
     std::thread::sleep(Duration::from_millis(200));
+    // The node's assertion of what it holds (`holdings/<node>`) is put when a range goes from
+    // empty to in use (and its counts at most every 30 s): counted by its version.
+    let holdings_key = keys().holdings(&node());
+    let holdings_version = |kv: &MemKv| {
+        runtime
+            .block_on(kv.get(holdings_key.as_bytes()))
+            .unwrap()
+            .map_or(0, |e| e.version)
+    };
+    let holdings_before = holdings_version(&kv);
     let before = kv.requests();
     let started = Instant::now();
     let mut client = agent.client();
@@ -402,6 +413,8 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
     // reads the store meanwhile, so what it counted is the agent's alone.
     std::thread::sleep(Duration::from_millis(2500));
     let requests = kv.requests() - before;
+    let holdings_writes = u64::try_from(holdings_version(&kv) - holdings_before).unwrap();
+    assert!(holdings_writes <= 2, "{holdings_writes} holdings writes");
     let seen = writes.lock().unwrap().clone();
     let v4 = demand(&runtime, &kv, "pods").unwrap().ipv4.unwrap();
     assert_eq!((v4.used, v4.free, v4.blocks), (100, 408, 2));
@@ -420,11 +433,12 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
             pair[1] - pair[0]
         );
     }
-    // The only store requests: the demand writes, one txn each (none per ADD).
+    // The only store requests: the demand writes and the holdings writes, one txn each (none
+    // per ADD).
     assert_eq!(
         requests,
-        seen.len() as u64,
-        "store requests beside the demand writes"
+        seen.len() as u64 + holdings_writes,
+        "store requests beside the demand and holdings writes"
     );
     let metrics = agent.client().metrics().unwrap();
     assert!(

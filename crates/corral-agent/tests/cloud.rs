@@ -99,6 +99,7 @@ impl Agent {
             lease_ttl: Duration::from_secs(600),
             demand_refresh: Duration::from_secs(1),
             instance_id: instance_id.map(str::to_owned),
+            epoch_file: None,
         };
         let kv = kv.clone();
         let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {

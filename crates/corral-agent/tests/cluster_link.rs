@@ -65,6 +65,7 @@ impl LinkedAgent {
             lease_ttl: ttl,
             demand_refresh: ClusterOptions::DEFAULT_DEMAND_REFRESH,
             instance_id: None,
+            epoch_file: None,
         };
         let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
         let task: corral_agent::ClusterTask = {

@@ -137,6 +137,14 @@ pub struct NodeStatus {
     /// Cloud pools: the node's interfaces as recorded (`interfaces/`), with their addresses.
     #[serde(default)]
     pub cloud_interfaces: Vec<NodeCloudInterface>,
+    /// What its agent asserts it holds (`holdings/<node>`), as `pool range` (with
+    /// `draining` and the allocation count) and `node-id N`; empty without a record.
+    #[serde(default)]
+    pub held: Vec<String>,
+    /// Of those, what no grant to it covers (kept occupied, reported until it is given up or
+    /// granted back), as `pool range` and `node-id N`.
+    #[serde(default)]
+    pub uncovered: Vec<String>,
 }
 
 /// One node in one cloud pool and family: Cilium's `Statistics`, in addresses (decimal

@@ -62,6 +62,16 @@ pub struct OperatorArgs {
     /// A file holding the bearer token (at least 16 characters) for --api-tcp
     #[arg(long, value_name = "FILE", requires = "api_tcp")]
     pub token_file: Option<PathBuf>,
+    /// Where the replica remembers the highest etcd revision and the etcd cluster ID it saw
+    /// (`etcd-epoch-<cluster>.json`), so etcd restored from a snapshot or wiped is noticed
+    /// across restarts [default: none, remembered in memory for the process's life]
+    #[arg(long, value_name = "DIR", env = "CORRAL_OPERATOR_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// After etcd went back in time (and at each new term), the longest wait in seconds for
+    /// the live agents to assert what they hold before granting resumes (twice the agents'
+    /// default liveness lease)
+    #[arg(long, value_name = "SECONDS", default_value_t = 40)]
+    pub settle_secs: u64,
     /// The cloud whose interfaces the leader manages for cloud pools
     #[command(flatten)]
     pub cloud: CloudArgs,
@@ -154,6 +164,19 @@ pub enum ClusterCommand {
     /// the cloud pools' interface records against the cloud's own view) that no CIDR, node ID
     /// or cloud address is held twice; exit code 5 if anything is wrong
     Check(CheckArgs),
+    /// After etcd went back in time (restored from a snapshot, wiped and initialised again):
+    /// tell the leader to grant again without waiting for the agents to assert what they
+    /// hold; prints what that means, and does it only with --yes
+    Recover(RecoverArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecoverArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// Do it (without: only say what it would do, and exit 1)
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Debug, Args)]
@@ -258,6 +281,18 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
             format!("{}-{}", host.trim(), std::process::id())
         });
         let shared = Arc::new(corral_operator::Shared::new(replica.clone()));
+        let epoch_file = args
+            .state_dir
+            .as_ref()
+            .map(|dir| corral_operator::epoch::epoch_file(dir, &args.etcd.cluster));
+        if epoch_file.is_none() {
+            eprintln!(
+                "corral operator: no --state-dir: the highest etcd revision seen is remembered in                  memory only (the agents remember it durably; a new term waits for their holdings)"
+            );
+        }
+        shared
+            .configure_epoch(epoch_file, Duration::from_secs(args.settle_secs))
+            .map_err(Failure::Usage)?;
         let config = corral_operator::OperatorConfig {
             cluster: args.etcd.cluster.clone(),
             replica,
@@ -309,6 +344,7 @@ pub fn cluster(
             ClusterCommand::Apply(args) => write_config(args, false).await,
             ClusterCommand::Status(args) => status(args, output).await,
             ClusterCommand::Check(args) => check(args, output, providers).await,
+            ClusterCommand::Recover(args) => recover(args).await,
         }
     })
 }
@@ -372,6 +408,17 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
         .map(|e| (e.key_str().into_owned(), e.value.clone(), e.create_revision))
         .collect();
     let mut problems = corral_cluster::check(&keys, &entries);
+    // The agents' assertions (`holdings/`) against the grants: holdings without a grant, a
+    // range asserted by two nodes, grants a live node does not assert.
+    let mod_revisions: BTreeMap<String, i64> = all
+        .iter()
+        .map(|e| (e.key_str().into_owned(), e.mod_revision))
+        .collect();
+    problems.extend(corral_cluster::holdings_problems(
+        &keys,
+        &entries,
+        &mod_revisions,
+    ));
     let election: Vec<corral_kv::KeyValue> = all
         .iter()
         .filter(|e| e.key.starts_with(keys.election_prefix().as_bytes()))
@@ -439,6 +486,89 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
             Exit::ProblemsFound
         },
     })
+}
+
+/// `corral cluster recover`: says what resuming the grants now means (the live nodes whose
+/// holdings etcd has no record of), and with `--yes` writes `recover` for the leader.
+async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
+    let (kv, keys) = connect(&args.etcd).await?;
+    let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
+        .await
+        .map_err(kv_failure)?;
+    let mut registered = std::collections::BTreeSet::new();
+    let mut live = std::collections::BTreeSet::new();
+    let mut asserted = std::collections::BTreeSet::new();
+    for entry in &all {
+        match keys.parse(&entry.key_str()) {
+            Ok(corral_cluster::Key::Node { node }) => {
+                registered.insert(node);
+            }
+            Ok(corral_cluster::Key::Live { node }) => {
+                live.insert(node);
+            }
+            Ok(corral_cluster::Key::Holdings { node }) => {
+                asserted.insert(node);
+            }
+            _ => {}
+        }
+    }
+    let unasserted: Vec<String> = registered
+        .iter()
+        .filter(|n| live.contains(*n) && !asserted.contains(*n))
+        .map(ToString::to_string)
+        .collect();
+    let mut text = format!(
+        "corral cluster recover: the leader of cluster {} will grant again at once, without \
+         waiting for the live agents to assert what they hold after etcd went back in time.\n",
+        args.etcd.cluster
+    );
+    let _ = writeln!(
+        text,
+        "  live nodes with no holdings record: {}",
+        if unasserted.is_empty() {
+            "none".to_owned()
+        } else {
+            format!(
+                "{} (space they hold that etcd forgot may be granted to other nodes)",
+                unasserted.join(", ")
+            )
+        }
+    );
+    let _ = writeln!(
+        text,
+        "  nodes with a holdings record: {} (what they assert stays occupied, whatever the grants say)",
+        asserted.len()
+    );
+    if !args.yes {
+        text.push_str("nothing done: run again with --yes to do it\n");
+        return Ok(Outcome {
+            stdout: text,
+            exit: Exit::Refused,
+        });
+    }
+    let record = corral_cluster::RecoverRecord {
+        requested_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        unasserted,
+    };
+    let value = encode_value(&record).map_err(|e| Failure::Cluster(e.to_string()))?;
+    let response = kv
+        .txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(keys.recover(), value)],
+            failure: vec![],
+        })
+        .await
+        .map_err(kv_failure)?;
+    let _ = writeln!(
+        text,
+        "done: {} written at revision {} (read at {revision}); the leader grants again once it \
+         sees it",
+        keys.recover(),
+        response.revision
+    );
+    Ok(Outcome::ok(text))
 }
 
 /// An agent's cluster ranges against its node's grants.

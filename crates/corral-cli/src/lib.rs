@@ -184,6 +184,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
                 demand_refresh: corral_agent::cluster::ClusterOptions::DEFAULT_DEMAND_REFRESH,
                 instance_id: args.instance_id.clone().filter(|id| !id.trim().is_empty()),
+                epoch_file: Some(config.data_dir.join("etcd-epoch")),
             };
             let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
                 Box::pin(async move {

@@ -145,7 +145,19 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     wait_until("node-a's ranges drain", Duration::from_secs(20), || {
         agent_ranges(&a.socket).is_empty()
     });
-    // The agent does not register the node again behind the administrator's back.
+    // The agent does not register the node again behind the administrator's back (its link
+    // sees the registration's deletion on its own watch, maybe after the grants').
+    wait_until(
+        "node-a's agent says it was removed",
+        Duration::from_secs(20),
+        || {
+            Client::unix(&a.socket)
+                .status(None)
+                .ok()
+                .and_then(|s| s.cluster)
+                .is_some_and(|c| !c.registered)
+        },
+    );
     let cluster = Client::unix(&a.socket)
         .status(None)
         .unwrap()
@@ -184,6 +196,30 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
             .0
             .is_empty()
     });
+    // node-a still holds its pod in its draining ranges and asserts them (`holdings/`): they
+    // stay occupied after the quarantine until it gives them up (issue 20). Its pod goes, the
+    // ranges drain and leave, and the space is free again.
+    Client::unix(&a.socket)
+        .release(&corral_api::ReleaseRequest {
+            scope: "node".into(),
+            key: None,
+            address: None,
+            generation: None,
+            owner: Some("pod-1".into()),
+        })
+        .unwrap();
+    wait_until(
+        "node-a no longer asserts its old ranges",
+        Duration::from_secs(30),
+        || {
+            block_on(kv.get(b"/corral/t/v1/holdings/node-a"))
+                .unwrap()
+                .and_then(|e| {
+                    corral_cluster::decode_value::<corral_cluster::HoldingsRecord>(&e.value).ok()
+                })
+                .is_some_and(|r| r.ranges.is_empty())
+        },
+    );
     register(&etcd, ["node-d".to_owned()]);
     wait_until("node-d is granted", Duration::from_secs(20), || {
         grants(&etcd).contains_key("node-d")

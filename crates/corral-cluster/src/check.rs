@@ -13,8 +13,10 @@
 //! the node's record; [`cloud_problems`] compares the records with the cloud's own view.
 
 mod cloud;
+mod holdings;
 
 pub use cloud::{CloudTruth, cloud_problems};
+pub use holdings::holdings_problems;
 
 use std::collections::{BTreeMap, BTreeSet};
 

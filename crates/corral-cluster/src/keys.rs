@@ -240,6 +240,9 @@ pub enum Key {
     /// `config-applied`: the configuration the leader last installed (`AppliedConfigRecord`),
     /// written by the leader, fenced; it sorts right after `config`.
     ConfigApplied,
+    /// `recover`: `corral cluster recover --yes` asked the leader to grant again without
+    /// waiting for the agents' assertions after etcd went back in time.
+    Recover,
     /// `election/<lease-hex>`: an operator replica campaigning.
     Election {
         /// The replica's lease ID.
@@ -566,6 +569,7 @@ impl Keys {
             Key::Schema => self.schema(),
             Key::Config => self.config(),
             Key::ConfigApplied => self.config_applied(),
+            Key::Recover => self.recover(),
             Key::Election { lease } => self.election(*lease),
             Key::Node { node } => self.node(node),
             Key::Live { node } => self.live(node),
@@ -599,6 +603,11 @@ impl Keys {
             Key::Holdings { node } => self.holdings(node),
             Key::Silence { node } => self.silence(node),
         }
+    }
+
+    /// `recover`.
+    pub fn recover(&self) -> String {
+        format!("{}recover", self.prefix)
     }
 
     /// `holdings/<node>`.
@@ -728,6 +737,7 @@ impl Keys {
             ["meta", "schema"] => Ok(Key::Schema),
             ["config"] => Ok(Key::Config),
             ["config-applied"] => Ok(Key::ConfigApplied),
+            ["recover"] => Ok(Key::Recover),
             ["election", lease] => parse_lease_hex(lease)
                 .map(|lease| Key::Election { lease })
                 .ok_or_else(|| malformed("invalid lease ID")),
@@ -902,6 +912,17 @@ pub struct QuarantineRecord {
     /// what records written before had): on a lease of the quarantine time.
     #[serde(default, skip_serializing_if = "QuarantineState::is_quarantined")]
     pub state: QuarantineState,
+}
+
+/// `recover`'s value, written by `corral cluster recover --yes`: the leader that sees it put
+/// stops waiting for the agents' assertions after etcd went back in time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoverRecord {
+    /// When it was asked for, in milliseconds since the epoch.
+    pub requested_ms: u64,
+    /// The live nodes that had not asserted their holdings when it was asked for.
+    #[serde(default)]
+    pub unasserted: Vec<String>,
 }
 
 /// Where a quarantine key stands.

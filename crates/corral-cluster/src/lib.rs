@@ -11,6 +11,7 @@ pub mod blocks;
 pub mod check;
 pub mod cloud;
 pub mod config;
+pub mod epoch;
 pub mod intervals;
 pub mod keys;
 pub mod net;
@@ -25,21 +26,22 @@ pub use backoff::{Resync, RetryState};
 pub use check::{
     AgentHoldings, CloudTruth, Entry, agent_block_problems, agents_problems, block_capacity,
     block_range, check, cloud_problems, election_candidate, election_problems, expected_ranges,
-    granted_cidrs, is_block_pool, node_range,
+    granted_cidrs, holdings_problems, is_block_pool, node_range,
 };
 pub use config::{
     CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS,
     NodeCidrSync, NodeIdBound, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig, WarmTargets,
     WatermarkOverride, Watermarks,
 };
+pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
 pub use intervals::IntervalSet;
 pub use keys::{
     AppliedConfigRecord, CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord,
     CloudOp, ClusterName, DelegationRecord, DemandRecord, FamilyDemand, GrantRecord,
     HeldCloudAddress, HeldRange, HoldingsRecord, Key, KeyError, Keys, LiveRecord,
     NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
-    ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    RecoverRecord, ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError,
+    decode_value, encode_value,
 };
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};

@@ -425,6 +425,27 @@ async fn forward_watch(
 }
 
 impl Kv for EtcdKv {
+    async fn header(&self) -> Result<corral_kv::Header, KvError> {
+        // A read of a key corral never writes: its header says which cluster answered, and
+        // at which revision.
+        match self
+            .call("header", true, |client| async move {
+                let options = GetOptions::new().with_count_only();
+                client
+                    .kv_client()
+                    .get(b"\0corral/header".to_vec(), Some(options))
+                    .await
+            })
+            .await
+        {
+            Ok(response) => Ok(corral_kv::Header {
+                cluster_id: response.header().map_or(0, |h| h.cluster_id()),
+                revision: response.header().map_or(0, |h| h.revision()),
+            }),
+            Err(error) => Err(self.error(error, None).await),
+        }
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
         match self
             .call("get", true, |client| async move {

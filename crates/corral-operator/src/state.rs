@@ -83,6 +83,9 @@ pub struct Shared {
     view: Mutex<Option<(ClusterView, Revision)>>,
     pub metrics: Metrics,
     cloud_stats: CloudStatsCell,
+    /// etcd's time as this replica saw it, and the wait for the agents' assertions
+    /// (`epoch.rs`).
+    pub(crate) epoch: Mutex<crate::epoch::EpochState>,
 }
 
 /// Where [`CloudStats`] is kept (a closure has no `Debug`).
@@ -171,6 +174,7 @@ impl Shared {
             view: Mutex::new(None),
             metrics: Metrics::default(),
             cloud_stats: CloudStatsCell::default(),
+            epoch: Mutex::default(),
         }
     }
 

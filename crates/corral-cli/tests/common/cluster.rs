@@ -118,6 +118,8 @@ impl Operator {
             ])
             .arg("--api-socket")
             .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.join(format!("{name}-state")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

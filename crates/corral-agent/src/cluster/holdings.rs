@@ -1,0 +1,651 @@
+//! The agent's assertion of what it holds (`holdings/<node>`, issue 20), and its memory of
+//! etcd's time.
+//!
+//! etcd decides who *gets* space; the agent that holds it decides when it is given up. So the
+//! agent publishes every cluster range its node scope holds (granted or draining: node CIDRs,
+//! blocks, from-cloud prefixes), the node ID whose plan it serves and its cloud interface
+//! addresses, read from the host ([`Op::BlockReport`], [`Op::CloudReport`]), and puts the record
+//! back whenever it goes missing or says something else. The leader counts every asserted
+//! range as occupied whatever the grants say.
+//!
+//! [`publish`] runs beside the cluster link for the agent's whole life (spawned by
+//! `cluster::run`, ended only by the agent's stop): a removed node, a link that fails or
+//! backs off, keep their assertion current while the node drains. Order: a range is served
+//! once granted, so asserting it after serving is safe while the grant lasts; a range leaves
+//! the record only once the host's report (read through the committer, after the batch that
+//! dropped it committed) no longer lists it.
+//!
+//! [`EpochGuard`] remembers the highest etcd revision and the cluster ID the agent saw, in the
+//! state directory (`etcd-epoch`, beside `cluster-uid`). A regression (etcd restored from a
+//! snapshot, wiped and made again) is logged loudly; the agent asserts its holdings again at
+//! once, and registers again (etcd forgot the registration: that is not a removal).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_cluster::{
+    CloudId, Epoch, EpochMemory, HeldCloudAddress, HeldRange, HoldingsRecord, Keys,
+    NodeIdPlanConfig, NodeName, Observed, Regression, decode_value, encode_value,
+};
+use corral_core::PoolName;
+use corral_kv::{Event, Kv, KvError, Revision, Txn, TxnOp};
+use tokio::time::Instant;
+
+use super::{ClusterOptions, SharedClusterState, now_ms};
+use crate::committer::Committer;
+use crate::host::{BlockReport, CloudReport, Op, Reply};
+
+/// How often the host's holdings are looked at when nothing signalled a change (a range that
+/// drained and left, allocations that came and went).
+pub const LOOK_EVERY: Duration = Duration::from_secs(5);
+/// A change of allocation counts alone (no range, state or emptiness changed) is written at
+/// most this often: the counts inform, the ranges protect.
+pub const COUNTS_REFRESH: Duration = Duration::from_secs(30);
+/// The epoch file is written at most this often while the revision only advances (a
+/// regression is written at once).
+const SAVE_EVERY: Duration = Duration::from_secs(5);
+
+/// The highest etcd revision and the cluster ID the agent saw, kept durably.
+#[derive(Debug)]
+pub struct EpochGuard {
+    path: Option<PathBuf>,
+    inner: Mutex<GuardState>,
+    /// Bumped at each regression: the publisher asserts again at once.
+    regressed: tokio::sync::watch::Sender<u64>,
+    /// The regressions the link has taken into account (whoever saw them: the publisher
+    /// often sees one first).
+    link_seen: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct GuardState {
+    memory: EpochMemory,
+    saved: Option<std::time::Instant>,
+    dirty: bool,
+}
+
+impl EpochGuard {
+    /// The guard remembering in `path` (`None`: in memory only). A file that cannot be read
+    /// is reported and treated as empty (nothing remembered yet).
+    pub fn load(path: Option<PathBuf>) -> EpochGuard {
+        let memory = match path.as_ref().map(std::fs::read) {
+            None => EpochMemory::default(),
+            Some(Ok(bytes)) => EpochMemory::from_json(&bytes).unwrap_or_else(|error| {
+                eprintln!(
+                    "corral agent: cluster: {} cannot be read ({error}); the etcd revision seen is \
+                     remembered anew",
+                    path.as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                );
+                EpochMemory::default()
+            }),
+            Some(Err(error)) if error.kind() == std::io::ErrorKind::NotFound => {
+                EpochMemory::default()
+            }
+            Some(Err(error)) => {
+                eprintln!("corral agent: cluster: reading the etcd epoch: {error}");
+                EpochMemory::default()
+            }
+        };
+        EpochGuard {
+            path,
+            inner: Mutex::new(GuardState {
+                memory,
+                ..GuardState::default()
+            }),
+            regressed: tokio::sync::watch::Sender::new(0),
+            link_seen: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a regression was seen (by anyone) since the link last asked.
+    fn regressed_since_link_asked(&self) -> bool {
+        let now = *self.regressed.borrow();
+        self.link_seen
+            .swap(now, std::sync::atomic::Ordering::SeqCst)
+            != now
+    }
+
+    /// What it remembers now.
+    pub fn memory(&self) -> EpochMemory {
+        self.lock().memory
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GuardState> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Feeds a revision etcd answered at now (cluster ID 0 when the answer did not say);
+    /// answers the regression it shows, if any (logged here, and the publisher woken).
+    pub fn observe(&self, found: Epoch) -> Option<Regression> {
+        let floor = self.floor();
+        self.observe_after(floor, found)
+    }
+
+    /// The highest revision seen: taken before a request, passed with its answer to
+    /// [`EpochGuard::observe_after`].
+    pub fn floor(&self) -> Revision {
+        self.lock().memory.floor()
+    }
+
+    /// Feeds the answer of a request sent when the highest revision seen was `floor` (0: it
+    /// only advances; answers of concurrent requests arrive in any order).
+    pub fn observe_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
+        let (observed, save) = {
+            let mut state = self.lock();
+            let observed = state.memory.observe_after(floor, found);
+            if observed != Observed::Same {
+                state.dirty = true;
+            }
+            let due = matches!(observed, Observed::Regressed(_))
+                || (state.dirty && state.saved.is_none_or(|t| t.elapsed() >= SAVE_EVERY));
+            let save = due.then(|| {
+                state.saved = Some(std::time::Instant::now());
+                state.dirty = false;
+                state.memory
+            });
+            (observed, save)
+        };
+        if let (Some(memory), Some(path)) = (save, &self.path)
+            && let Err(error) = write_atomically(path, &memory.to_json())
+        {
+            eprintln!("corral agent: cluster: writing {}: {error}", path.display());
+        }
+        match observed {
+            Observed::Regressed(regression) => {
+                eprintln!(
+                    "corral agent: cluster: {regression}; asserting what this node holds again"
+                );
+                self.regressed.send_modify(|n| *n = n.wrapping_add(1));
+                Some(regression)
+            }
+            _ => None,
+        }
+    }
+
+    /// Feeds a revision of an answer sent when the highest revision seen was `floor` (no
+    /// cluster ID; 0 only advances).
+    pub fn observe_revision(&self, floor: Revision, revision: Revision) -> Option<Regression> {
+        self.observe_after(
+            floor,
+            Epoch {
+                cluster_id: 0,
+                revision,
+            },
+        )
+    }
+
+    /// Asks etcd for its header and feeds it; `Ok(Some)` on a regression.
+    pub async fn probe<K: Kv>(&self, kv: &K) -> Result<Option<Regression>, KvError> {
+        let floor = self.floor();
+        let header = kv.header().await?;
+        Ok(self.observe_after(
+            floor,
+            Epoch {
+                cluster_id: header.cluster_id,
+                revision: header.revision,
+            },
+        ))
+    }
+
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.regressed.subscribe()
+    }
+}
+
+/// At the start of each round of the cluster link: asks etcd for its header; on a regression
+/// asserts the node's holdings at once (before the link registers again) and answers true
+/// (etcd forgot the registration: the link registers the node again rather than taking it
+/// for a removal). A failure answers false (the round fails on its own).
+#[allow(clippy::too_many_arguments)]
+pub async fn round_start<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    committer: &Committer,
+    state: &SharedClusterState,
+    uid: &str,
+    guard: &EpochGuard,
+) -> bool {
+    if let Ok(Some(regression)) = guard.probe(kv).await {
+        super::update(state, |s| s.last_error = Some(regression.to_string()));
+    }
+    // Seen here or by the publisher (or the last round) since the last round started.
+    if !guard.regressed_since_link_asked() {
+        return false;
+    }
+    if let Err(error) = assert_now(kv, keys, node, committer, state, uid, guard).await {
+        eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
+    }
+    true
+}
+
+/// Writes `bytes` to `path` through a temporary file, synced, renamed, the directory synced.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let temporary = path.with_extension("tmp");
+    {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// What the node asserts, from the host's reports: the node scope's cluster ranges (the
+/// node-ID plan's pod range as the node ID it derives from, not as a range), and its cloud
+/// addresses. Sorted, so two assertions compare equal when they say the same.
+pub fn assertion(
+    uid: &str,
+    blocks: &BlockReport,
+    cloud: Option<&CloudReport>,
+    plan: Option<&NodeIdPlanConfig>,
+) -> HoldingsRecord {
+    let plan_pool = PoolName::new(ClusterOptions::PLAN_POOL).ok();
+    let mut record = HoldingsRecord {
+        uid: uid.to_owned(),
+        ..HoldingsRecord::default()
+    };
+    for range in &blocks.ranges {
+        let cidr = range.spec.subnet_net();
+        let plan_id = plan
+            .filter(|_| plan_pool.as_ref() == Some(&range.pool))
+            .and_then(|plan| {
+                let id = corral_cluster::node_id_of_pod_ip(plan, range.spec.start())?;
+                (corral_cluster::pod_subnet_of(plan, id) == Some(cidr)).then_some(id)
+            });
+        if let Some(id) = plan_id {
+            record.node_id = Some(record.node_id.map_or(id, |held| held.max(id)));
+            continue;
+        }
+        record.ranges.push(HeldRange {
+            pool: range.pool.clone(),
+            cidr,
+            draining: range.draining,
+            allocations: range.n_allocated,
+        });
+    }
+    for address in cloud.iter().flat_map(|c| &c.addresses) {
+        let Ok(interface) = CloudId::new(address.interface.as_str()) else {
+            continue;
+        };
+        record.cloud.push(HeldCloudAddress {
+            pool: address.pool.clone(),
+            interface,
+            address: address.address,
+            allocations: address.n_allocated,
+        });
+    }
+    record.ranges.sort();
+    record.cloud.sort();
+    record
+}
+
+/// How two assertions differ: `Same` (the time aside), only in allocation counts (none
+/// becoming or ceasing to be zero), or in what is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Difference {
+    Same,
+    Counts,
+    Held,
+}
+
+/// How `new` differs from `old`.
+pub fn difference(old: &HoldingsRecord, new: &HoldingsRecord) -> Difference {
+    let held_ranges = |r: &HoldingsRecord| -> Vec<_> {
+        r.ranges
+            .iter()
+            .map(|h| (h.pool.clone(), h.cidr, h.draining, h.allocations == 0))
+            .collect()
+    };
+    let held_cloud = |r: &HoldingsRecord| -> Vec<_> {
+        r.cloud
+            .iter()
+            .map(|c| {
+                (
+                    c.pool.clone(),
+                    c.interface.clone(),
+                    c.address,
+                    c.allocations == 0,
+                )
+            })
+            .collect()
+    };
+    if old.uid != new.uid
+        || old.node_id != new.node_id
+        || held_ranges(old) != held_ranges(new)
+        || held_cloud(old) != held_cloud(new)
+    {
+        return Difference::Held;
+    }
+    let timeless = |r: &HoldingsRecord| HoldingsRecord {
+        written_ms: 0,
+        ..r.clone()
+    };
+    if timeless(old) == timeless(new) {
+        Difference::Same
+    } else {
+        Difference::Counts
+    }
+}
+
+/// Reads the host's holdings through the committer (after every earlier batch committed).
+async fn read_host(
+    committer: &Committer,
+    state: &SharedClusterState,
+    uid: &str,
+) -> Result<HoldingsRecord, String> {
+    let config = state.blocks.config();
+    let blocks = match committer.submit(Op::BlockReport).await {
+        Ok(Reply::Blocks(report)) => report,
+        other => return Err(format!("reading the node's ranges: {other:?}")),
+    };
+    let clouds = config
+        .as_ref()
+        .is_some_and(|c| c.pools.iter().any(|p| p.is_cloud()));
+    let cloud = if clouds {
+        match committer.submit(Op::CloudReport).await {
+            Ok(Reply::Cloud(report)) => Some(report),
+            other => return Err(format!("reading the cloud pools: {other:?}")),
+        }
+    } else {
+        None
+    };
+    let plan = config.as_ref().and_then(|c| c.node_ids.clone());
+    Ok(assertion(uid, &blocks, cloud.as_ref(), plan.as_ref()))
+}
+
+/// What the publisher knows of the key: the record it last wrote (or found there, its own)
+/// and that write's revision.
+#[derive(Default)]
+struct Written {
+    record: Option<HoldingsRecord>,
+    mod_revision: Revision,
+    at: Option<Instant>,
+}
+
+/// Puts `record` at the node's key; answers the write's revision.
+async fn put<K: Kv>(kv: &K, key: &str, record: &HoldingsRecord) -> Result<Revision, KvError> {
+    let value = encode_value(&HoldingsRecord {
+        written_ms: now_ms(),
+        ..record.clone()
+    })
+    .map_err(|e| KvError::Refused(e.to_string()))?;
+    let response = kv
+        .txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(key, value)],
+            failure: vec![],
+        })
+        .await?;
+    Ok(response.revision)
+}
+
+/// Asserts what the host holds now unless the key already says it (a cheap read when it
+/// does). The link calls it before registering after a regression: the node's space is
+/// asserted before anything can be granted to it or around it.
+pub async fn assert_now<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    committer: &Committer,
+    state: &SharedClusterState,
+    uid: &str,
+    guard: &EpochGuard,
+) -> Result<(), KvError> {
+    let key = keys.holdings(node);
+    let Ok(record) = read_host(committer, state, uid).await else {
+        return Ok(());
+    };
+    let current = kv.get(key.as_bytes()).await?;
+    let same = current
+        .as_ref()
+        .and_then(|e| decode_value::<HoldingsRecord>(&e.value).ok())
+        .is_some_and(|found| difference(&found, &record) == Difference::Same);
+    if !same {
+        let floor = guard.floor();
+        let revision = put(kv, &key, &record).await?;
+        guard.observe_revision(floor, revision);
+    }
+    Ok(())
+}
+
+/// Publishes the node's holdings until `stop` fires, whatever the cluster link does:
+/// reconnects with backoff (1 s doubling to 30 s) after a failure.
+#[allow(clippy::too_many_arguments)]
+pub async fn publish<K: Kv>(
+    kv: K,
+    keys: Keys,
+    node: NodeName,
+    uid: String,
+    committer: Committer,
+    state: SharedClusterState,
+    guard: Arc<EpochGuard>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut failures: u32 = 0;
+    loop {
+        let outcome = publish_round(
+            &kv, &keys, &node, &uid, &committer, &state, &guard, &mut stop,
+        )
+        .await;
+        match outcome {
+            Ok(()) => return,
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                if failures == 1 || failures.is_multiple_of(10) {
+                    eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
+                }
+                let wait = super::backoff(failures, u64::from(std::process::id()));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+/// One connected round of the publisher: reads the key, watches it, and writes the host's
+/// holdings whenever they or the key differ. Answers `Ok` on stop.
+#[allow(clippy::too_many_arguments)]
+async fn publish_round<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    uid: &str,
+    committer: &Committer,
+    state: &SharedClusterState,
+    guard: &EpochGuard,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<(), KvError> {
+    let key = keys.holdings(node);
+    guard.probe(kv).await?;
+    let floor = guard.floor();
+    let page = kv.range(key.as_bytes(), None, 1, None).await?;
+    guard.observe_revision(floor, page.revision);
+    let mut written = Written::default();
+    if let Some(entry) = page.kvs.into_iter().find(|e| e.key == key.as_bytes())
+        && let Ok(found) = decode_value::<HoldingsRecord>(&entry.value)
+        && found.uid == uid
+    {
+        written.record = Some(found);
+        written.mod_revision = entry.mod_revision;
+    }
+    let mut watch = kv.watch(key.as_bytes(), page.revision + 1).await?;
+    let mut ranges = state.blocks.subscribe_ranges();
+    let mut regressed = guard.subscribe();
+    let mut look_at = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(look_at) => {
+                look_at = look(kv, &key, committer, state, uid, guard, &mut written).await?;
+            }
+            batch = watch.next() => {
+                for event in batch? {
+                    match event {
+                        Event::Delete { mod_revision, .. } => {
+                            guard.observe_revision(0, mod_revision);
+                            written.record = None;
+                            look_at = Instant::now();
+                        }
+                        Event::Put(entry) if entry.mod_revision != written.mod_revision => {
+                            // Written by someone else (etcdctl, a restored snapshot, a second
+                            // process under this name): put back what this node holds.
+                            guard.observe_revision(0, entry.mod_revision);
+                            written.record = None;
+                            look_at = Instant::now();
+                        }
+                        Event::Put(_) => {}
+                    }
+                }
+            }
+            changed = ranges.changed() => {
+                if changed.is_ok() {
+                    look_at = Instant::now();
+                }
+            }
+            _ = regressed.changed() => {
+                written.record = None;
+                look_at = Instant::now();
+            }
+            _ = stop.changed() => return Ok(()),
+        }
+    }
+}
+
+/// Looks at the host's holdings and writes them if they differ from the key (what is held:
+/// at once; counts alone: at most every [`COUNTS_REFRESH`]). Answers when to look next.
+async fn look<K: Kv>(
+    kv: &K,
+    key: &str,
+    committer: &Committer,
+    state: &SharedClusterState,
+    uid: &str,
+    guard: &EpochGuard,
+    written: &mut Written,
+) -> Result<Instant, KvError> {
+    let now = Instant::now();
+    let record = match read_host(committer, state, uid).await {
+        Ok(record) => record,
+        Err(error) => {
+            eprintln!("corral agent: cluster: {error}");
+            return Ok(now + LOOK_EVERY);
+        }
+    };
+    let difference = written
+        .record
+        .as_ref()
+        .map_or(Difference::Held, |old| difference(old, &record));
+    let write = match difference {
+        Difference::Same => false,
+        Difference::Held => true,
+        Difference::Counts => written.at.is_none_or(|at| now >= at + COUNTS_REFRESH),
+    };
+    if !write {
+        let next = match (difference, written.at) {
+            (Difference::Counts, Some(at)) => (at + COUNTS_REFRESH).min(now + LOOK_EVERY),
+            _ => now + LOOK_EVERY,
+        };
+        return Ok(next);
+    }
+    let floor = guard.floor();
+    let revision = put(kv, key, &record).await?;
+    guard.observe_revision(floor, revision);
+    *written = Written {
+        record: Some(record),
+        mod_revision: revision,
+        at: Some(now),
+    };
+    Ok(now + LOOK_EVERY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HeldRange as HostRange;
+    use corral_core::RangeSpec;
+
+    fn pool(name: &str) -> PoolName {
+        PoolName::new(name).unwrap()
+    }
+
+    #[test]
+    fn the_assertion_lists_cluster_ranges_and_the_plans_pod_range_as_its_node_id() {
+        let plan: NodeIdPlanConfig = serde_json::from_value(serde_json::json!({
+            "pod_subnet": "10.1.0.0/16",
+            "pod_subnet_node_prefix_len": 24,
+            "host_interconnect_subnet": "172.30.0.0/16",
+            "host_interconnect_node_prefix_len": 24,
+            "node_interconnect": "192.168.16.0/24",
+            "vxlan": "192.168.30.0/24",
+            "service": "10.96.0.0/12",
+        }))
+        .unwrap();
+        let id = 3;
+        let pod = corral_cluster::pod_subnet_of(&plan, id).unwrap();
+        let report = BlockReport {
+            stats: vec![],
+            ranges: vec![
+                HostRange {
+                    pool: pool("default"),
+                    spec: RangeSpec::subnet(pod).unwrap(),
+                    n_allocated: 2,
+                    draining: false,
+                },
+                HostRange {
+                    pool: pool("pods"),
+                    spec: corral_cluster::node_range("10.244.1.0/24".parse().unwrap()).unwrap(),
+                    n_allocated: 0,
+                    draining: true,
+                },
+            ],
+            surrendered: vec![],
+        };
+        let record = assertion("uid-1", &report, None, Some(&plan));
+        assert_eq!(record.node_id, Some(id));
+        assert_eq!(record.ranges.len(), 1);
+        assert_eq!(record.ranges[0].cidr.to_string(), "10.244.1.0/24");
+        assert!(record.ranges[0].draining);
+        // Without the plan the pod range is a range like any other.
+        let without = assertion("uid-1", &report, None, None);
+        assert_eq!(without.node_id, None);
+        assert_eq!(without.ranges.len(), 2);
+        // Counts alone differ less than what is held.
+        let mut more = record.clone();
+        more.ranges[0].allocations = 5;
+        assert_eq!(difference(&record, &more), Difference::Held);
+        let mut five = more.clone();
+        five.ranges[0].allocations = 6;
+        assert_eq!(difference(&more, &five), Difference::Counts);
+        let later = HoldingsRecord {
+            written_ms: 99,
+            ..five.clone()
+        };
+        assert_eq!(difference(&five, &later), Difference::Same);
+    }
+
+    #[test]
+    fn the_guard_remembers_across_restarts_and_reports_a_regression() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("etcd-epoch");
+        let guard = EpochGuard::load(Some(path.clone()));
+        let at = |cluster_id, revision| Epoch {
+            cluster_id,
+            revision,
+        };
+        assert_eq!(guard.observe(at(5, 40)), None);
+        drop(guard);
+        let again = EpochGuard::load(Some(path.clone()));
+        assert_eq!(again.memory().highest, Some(at(5, 40)));
+        assert!(again.observe(at(5, 12)).is_some());
+        let third = EpochGuard::load(Some(path));
+        assert_eq!(third.memory().highest, Some(at(5, 12)));
+    }
+}

@@ -1,0 +1,402 @@
+//! etcd going back in time, on the operator's side (issue 20), and the wait for the agents'
+//! assertions before granting.
+//!
+//! Each replica remembers the highest etcd revision and the cluster ID it saw
+//! (`corral_cluster::EpochMemory`), in `--state-dir` (`etcd-epoch-<cluster>.json`; without
+//! one, in memory for the process's life: etcd itself cannot be trusted to remember it, a
+//! restore takes the record back too). It feeds the memory every header it gets for free
+//! (watch events, its transactions' answers) and asks etcd for its header when a term starts
+//! and at each resync. A regression (a lower revision, another cluster ID) stops all granting,
+//! is reported (a log line, a status problem, `corral_operator_etcd_regressions_total`,
+//! `corral_operator_granting_paused`), and granting resumes only once every live registered
+//! node's agent asserted its holdings after the regression was seen, or the settle time
+//! passed, or `corral cluster recover --yes` asked for it.
+//!
+//! A new term waits the same way (cheaply: when every live node already has a `holdings/`
+//! record, not at all), so a leader that never saw the regression still does not grant into
+//! space an agent holds before it asserted it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use corral_cluster::{ClusterView, Epoch, EpochMemory, Observed, Regression, assertions_owed};
+use corral_kv::{Kv, KvError, Revision};
+use tokio::time::Instant;
+
+use crate::state::Shared;
+
+/// The epoch file is written at most this often while the revision only advances.
+const SAVE_EVERY: Duration = Duration::from_secs(5);
+
+/// The operator's memory of etcd's time, and the wait for the agents' assertions.
+#[derive(Debug)]
+pub struct EpochState {
+    path: Option<PathBuf>,
+    memory: EpochMemory,
+    saved: Option<std::time::Instant>,
+    dirty: bool,
+    /// How long to wait for the agents' assertions at most.
+    settle: Duration,
+    /// When this process first saw the unsettled regression (the settle time runs from it).
+    since: Option<Instant>,
+    /// This term waits for the live nodes' holdings until then.
+    term_deadline: Option<Instant>,
+    /// `corral cluster recover --yes` asked to resume granting.
+    recover: bool,
+    /// Why granting is paused now (a status problem while it is).
+    paused: Option<String>,
+    regressions: u64,
+}
+
+impl Default for EpochState {
+    fn default() -> Self {
+        EpochState {
+            path: None,
+            memory: EpochMemory::default(),
+            saved: None,
+            dirty: false,
+            settle: DEFAULT_SETTLE,
+            since: None,
+            term_deadline: None,
+            recover: false,
+            paused: None,
+            regressions: 0,
+        }
+    }
+}
+
+/// The default settle time: twice the agents' default liveness lease (20 s). An agent that
+/// is live renews its lease every third of it and asserts its holdings at once when it sees
+/// etcd go back in time, so a live agent has asserted well within it.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(40);
+
+/// The epoch file of `cluster` in `dir`.
+pub fn epoch_file(dir: &std::path::Path, cluster: &str) -> PathBuf {
+    dir.join(format!("etcd-epoch-{cluster}.json"))
+}
+
+/// Writes `bytes` to `path` through a temporary file, synced, renamed.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let temporary = path.with_extension("tmp");
+    {
+        let mut file = std::fs::File::create(&temporary)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&temporary, path)
+}
+
+impl Shared {
+    fn epoch(&self) -> std::sync::MutexGuard<'_, EpochState> {
+        self.epoch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where the replica remembers etcd's time (`None`: in memory only) and how long it waits
+    /// for the agents' assertions at most. A file that cannot be read is an error naming it
+    /// (nothing is changed).
+    pub fn configure_epoch(&self, path: Option<PathBuf>, settle: Duration) -> Result<(), String> {
+        let memory = match &path {
+            None => EpochMemory::default(),
+            Some(path) => match std::fs::read(path) {
+                Ok(bytes) => EpochMemory::from_json(&bytes)
+                    .map_err(|e| format!("{} cannot be read: {e}", path.display()))?,
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                    EpochMemory::default()
+                }
+                Err(error) => return Err(format!("reading {}: {error}", path.display())),
+            },
+        };
+        let mut state = self.epoch();
+        state.path = path;
+        state.memory = memory;
+        state.settle = settle;
+        Ok(())
+    }
+
+    /// What the replica remembers of etcd's time.
+    pub fn epoch_memory(&self) -> EpochMemory {
+        self.epoch().memory
+    }
+
+    /// Feeds an epoch etcd answered at now; answers the regression it shows (reported here).
+    pub fn observe_epoch(&self, found: Epoch) -> Option<Regression> {
+        let floor = self.epoch_floor();
+        self.observe_epoch_after(floor, found)
+    }
+
+    /// The highest revision seen: taken before a request, passed with its answer to
+    /// [`Shared::observe_epoch_after`].
+    pub fn epoch_floor(&self) -> Revision {
+        self.epoch().memory.floor()
+    }
+
+    /// Feeds the answer of a request sent when the highest revision seen was `floor` (0: it
+    /// only advances; answers of concurrent requests arrive in any order, so one is never
+    /// judged against another's).
+    pub fn observe_epoch_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
+        let (observed, save, path) = {
+            let mut state = self.epoch();
+            let observed = state.memory.observe_after(floor, found);
+            if observed != Observed::Same {
+                state.dirty = true;
+            }
+            if let Observed::Regressed(_) = observed {
+                state.since = Some(Instant::now());
+                state.recover = false;
+                state.regressions += 1;
+            }
+            let due = matches!(observed, Observed::Regressed(_))
+                || (state.dirty && state.saved.is_none_or(|t| t.elapsed() >= SAVE_EVERY));
+            let save = due.then(|| {
+                state.saved = Some(std::time::Instant::now());
+                state.dirty = false;
+                state.memory
+            });
+            (observed, save, state.path.clone())
+        };
+        if let (Some(memory), Some(path)) = (save, path)
+            && let Err(error) = write_atomically(&path, &memory.to_json())
+        {
+            self.note_problem(format!("writing {}: {error}", path.display()));
+        }
+        match observed {
+            Observed::Regressed(regression) => {
+                self.note_problem(format!(
+                    "{regression}: all granting stops until the live agents asserted what they \
+                     hold (or the settle time passed, or `corral cluster recover --yes`)"
+                ));
+                Some(regression)
+            }
+            _ => None,
+        }
+    }
+
+    /// Feeds a revision from an answer that carries no cluster ID, to a request sent when the
+    /// highest revision seen was `floor` (0 for a watch event: it only advances).
+    pub fn observe_revision(&self, floor: Revision, revision: Revision) -> Option<Regression> {
+        self.observe_epoch_after(
+            floor,
+            Epoch {
+                cluster_id: 0,
+                revision,
+            },
+        )
+    }
+
+    /// Asks etcd for its header and feeds it.
+    pub async fn probe_epoch<K: Kv>(&self, kv: &K) -> Result<Option<Regression>, KvError> {
+        let floor = self.epoch_floor();
+        let header = kv.header().await?;
+        Ok(self.observe_epoch_after(
+            floor,
+            Epoch {
+                cluster_id: header.cluster_id,
+                revision: header.revision,
+            },
+        ))
+    }
+
+    /// A term starts: it waits for the live nodes' holdings (or the settle time).
+    pub fn begin_term(&self) {
+        let mut state = self.epoch();
+        state.term_deadline = Some(Instant::now() + state.settle);
+    }
+
+    /// The term ended: nothing waits on this replica.
+    pub fn end_term(&self) {
+        let mut state = self.epoch();
+        state.term_deadline = None;
+        state.paused = None;
+    }
+
+    /// `corral cluster recover --yes`: granting resumes at once, whatever is owed.
+    pub fn request_recover(&self) -> Option<Regression> {
+        let mut state = self.epoch();
+        state.recover = true;
+        state.memory.unsettled
+    }
+
+    /// Why granting is paused now, if it is.
+    pub fn granting_paused(&self) -> Option<String> {
+        self.epoch().paused.clone()
+    }
+
+    /// Regressions this process saw.
+    pub fn regressions(&self) -> u64 {
+        self.epoch().regressions
+    }
+
+    /// When the wait for assertions ends by itself (to look again then), if one is on.
+    pub fn epoch_wake(&self) -> Option<Instant> {
+        let state = self.epoch();
+        state.paused.as_ref()?;
+        let regression = state
+            .memory
+            .unsettled
+            .map(|_| state.since.unwrap_or_else(Instant::now) + state.settle);
+        regression.or(state.term_deadline)
+    }
+
+    /// Whether the leader may grant now (judged on its view); logs when granting resumes.
+    /// O(1) once nothing is owed; O(nodes) while a wait is on.
+    pub fn may_grant(&self, view: &ClusterView) -> bool {
+        let now = Instant::now();
+        let mut state = self.epoch();
+        let mut resumed = None;
+        if let Some(regression) = state.memory.unsettled {
+            let since = *state.since.get_or_insert(now);
+            let owed = assertions_owed(view, regression.found.revision);
+            let why = if state.recover {
+                Some("`corral cluster recover --yes` asked for it".to_owned())
+            } else if owed.is_empty() {
+                Some("every live agent asserted what it holds".to_owned())
+            } else if now >= since + state.settle {
+                Some(format!(
+                    "the settle time ({}s) passed; not asserted: {}",
+                    state.settle.as_secs(),
+                    names(&owed)
+                ))
+            } else {
+                None
+            };
+            match why {
+                Some(why) => {
+                    state.memory.settle();
+                    state.since = None;
+                    state.recover = false;
+                    state.term_deadline = None;
+                    state.dirty = true;
+                    state.saved = None;
+                    resumed = Some(format!(
+                        "granting resumes after {}: {why}",
+                        regression_short(&regression)
+                    ));
+                }
+                None => {
+                    state.paused = Some(format!(
+                        "granting stopped: {regression}; waiting for {} live node(s) to assert \
+                         what they hold ({}), at most {}s more, or `corral cluster recover --yes`",
+                        owed.len(),
+                        names(&owed),
+                        (since + state.settle)
+                            .saturating_duration_since(now)
+                            .as_secs()
+                    ));
+                    return false;
+                }
+            }
+        }
+        if let Some(deadline) = state.term_deadline {
+            let owed = assertions_owed(view, 0);
+            if owed.is_empty() || now >= deadline || state.recover {
+                state.term_deadline = None;
+                if state.paused.is_some() && !owed.is_empty() {
+                    resumed = Some(format!(
+                        "granting starts: the settle time ({}s) passed; no holdings from: {}",
+                        state.settle.as_secs(),
+                        names(&owed)
+                    ));
+                }
+            } else {
+                state.paused = Some(format!(
+                    "a new term waits for {} live node(s) to assert what they hold ({}), at most \
+                     {}s more",
+                    owed.len(),
+                    names(&owed),
+                    deadline.saturating_duration_since(now).as_secs()
+                ));
+                return false;
+            }
+        }
+        state.paused = None;
+        let save = (state.dirty && state.saved.is_none()).then_some(state.memory);
+        let path = state.path.clone();
+        if save.is_some() {
+            state.saved = Some(std::time::Instant::now());
+            state.dirty = false;
+        }
+        drop(state);
+        if let (Some(memory), Some(path)) = (save, path)
+            && let Err(error) = write_atomically(&path, &memory.to_json())
+        {
+            self.note_problem(format!("writing {}: {error}", path.display()));
+        }
+        if let Some(resumed) = resumed {
+            self.note_problem(resumed);
+        }
+        true
+    }
+
+    /// The epoch's metrics, in the text format.
+    pub fn epoch_metrics_text(&self) -> String {
+        let state = self.epoch();
+        format!(
+            "# HELP corral_operator_etcd_regressions etcd going back in time, as this replica saw it (a lower revision or another cluster ID).\n\
+             # TYPE corral_operator_etcd_regressions counter\n\
+             corral_operator_etcd_regressions_total {}\n\
+             # HELP corral_operator_granting_paused Whether granting waits for the agents' assertions (after a regression, or a new term).\n\
+             # TYPE corral_operator_granting_paused gauge\n\
+             corral_operator_granting_paused {}\n",
+            state.regressions,
+            u8::from(state.paused.is_some()),
+        )
+    }
+}
+
+fn names(nodes: &[corral_cluster::NodeName]) -> String {
+    const SHOWN: usize = 10;
+    let mut text = nodes
+        .iter()
+        .take(SHOWN)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if nodes.len() > SHOWN {
+        text.push_str(&format!(" and {} more", nodes.len() - SHOWN));
+    }
+    text
+}
+
+fn regression_short(regression: &Regression) -> String {
+    format!(
+        "etcd went back in time (revision {} after {})",
+        regression.found.revision, regression.remembered.revision
+    )
+}
+
+/// The holdings the view counts without a grant, and node IDs served without one: current
+/// status problems, one sentence each.
+pub fn holdings_problems(view: &ClusterView) -> Vec<String> {
+    let mut problems: Vec<String> = view
+        .uncovered_holdings()
+        .into_iter()
+        .map(|(node, pool, cidr)| {
+            format!(
+                "node {node} holds {cidr} of pool {pool} without a grant: kept occupied until \
+                 it is given up or granted back"
+            )
+        })
+        .collect();
+    problems.extend(view.uncovered_node_ids().into_iter().map(|(node, id)| {
+        format!("node {node} serves node ID {id} without its grant: kept occupied")
+    }));
+    problems
+}
+
+/// The holdings metrics, in the text format.
+pub fn holdings_metrics_text(view: &ClusterView) -> String {
+    format!(
+        "# HELP corral_operator_uncovered_holdings Ranges an agent asserts it holds that no grant to it covers (kept occupied).\n\
+         # TYPE corral_operator_uncovered_holdings gauge\n\
+         corral_operator_uncovered_holdings {}\n\
+         # HELP corral_operator_uncovered_node_ids Node IDs an agent serves without their grant (kept occupied).\n\
+         # TYPE corral_operator_uncovered_node_ids gauge\n\
+         corral_operator_uncovered_node_ids {}\n",
+        view.uncovered_holdings().len(),
+        view.uncovered_node_ids().len(),
+    )
+}
