@@ -58,6 +58,7 @@ impl Store {
             pid: 1,
             version: "t".into(),
             started_ms: 0,
+            ..Default::default()
         };
         self.put(self.keys.live(&node), encode_value(&live).unwrap());
         node

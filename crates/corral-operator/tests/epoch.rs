@@ -18,6 +18,7 @@ async fn make_live<K: Kv>(kv: &K, name: &str) {
         pid: 1,
         version: "test".into(),
         started_ms: 0,
+        ..Default::default()
     })
     .unwrap();
     put(kv, &keys().live(&node(name)), &record).await;
