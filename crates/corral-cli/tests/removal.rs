@@ -4,9 +4,9 @@
 //! only once the node gave it up; `--force` of a dead node gives its space back after no
 //! liveness for the whole quarantine, and a forced node that comes back keeps its space.
 //!
-//! The agents' `holdings/<node>` record (issue 20's "agents assert what they hold") is
-//! written here by the test, standing in for the agent's publisher until it lands
-//! (`write_holdings`): it lists what the agent's API says it holds.
+//! The agents publish their own `holdings/<node>` records (issue 20's "agents assert what they
+//! hold"); the test waits until a record says what the agent's API says it holds
+//! (`wait_asserted`) before it acts on it.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -96,43 +96,52 @@ fn get(etcd: &EtcdCluster, rest: &str) -> Option<corral_kv::KeyValue> {
     block_on(kv(etcd).get(format!("/corral/t/v1/{rest}").as_bytes())).unwrap()
 }
 
-/// Stands in for the agent's holdings publisher: `holdings/<node>` listing the cluster
-/// ranges the agent's API says it holds (granted or draining) with their allocations.
-fn write_holdings(etcd: &EtcdCluster, node: &str, socket: &Path) {
-    let pools = Client::unix(socket).pools(Some("node")).unwrap();
-    let ranges: Vec<corral_cluster::HeldRange> = pools
-        .pools
-        .iter()
-        .flat_map(|p| p.ranges.iter().map(move |r| (p.name.clone(), r)))
-        .filter(|(_, r)| r.source == corral_api::RangeSource::Cluster)
-        .map(|(pool, r)| corral_cluster::HeldRange {
-            pool: corral_cluster::PoolName::new(&pool).unwrap(),
-            cidr: r.range.split(',').next().unwrap().parse().unwrap(),
-            draining: r.draining,
-            allocations: r.allocated,
-        })
-        .collect();
-    write_holdings_record(etcd, node, ranges);
-}
-
-fn write_holdings_record(etcd: &EtcdCluster, node: &str, ranges: Vec<corral_cluster::HeldRange>) {
-    let record = corral_cluster::HoldingsRecord {
-        uid: String::new(),
-        ranges,
-        node_id: None,
-        cloud: vec![],
-        written_ms: 0,
+/// Waits until the agent's own `holdings/<node>` record says what its API says it holds:
+/// the same cluster ranges (pool, range, draining, in use or not); none held is an empty
+/// record or none.
+fn wait_asserted(etcd: &EtcdCluster, node: &str, socket: &Path) {
+    type Held = Vec<(String, String, bool, bool)>;
+    let from_api = || -> Held {
+        let pools = Client::unix(socket).pools(Some("node")).unwrap();
+        let mut held: Held = pools
+            .pools
+            .iter()
+            .flat_map(|p| p.ranges.iter().map(move |r| (p.name.clone(), r)))
+            .filter(|(_, r)| r.source == corral_api::RangeSource::Cluster)
+            .map(|(pool, r)| {
+                let cidr = r.range.split(',').next().unwrap().to_owned();
+                (pool, cidr, r.draining, r.allocated > 0)
+            })
+            .collect();
+        held.sort();
+        held
     };
-    let kv = kv(etcd);
-    block_on(kv.txn(corral_kv::Txn {
-        compares: vec![],
-        success: vec![corral_kv::TxnOp::put(
-            format!("/corral/t/v1/holdings/{node}"),
-            corral_cluster::encode_value(&record).unwrap(),
-        )],
-        failure: vec![],
-    }))
-    .unwrap();
+    let from_record = || -> Held {
+        let Some(entry) = get(etcd, &format!("holdings/{node}")) else {
+            return Vec::new();
+        };
+        let record: corral_cluster::HoldingsRecord =
+            corral_cluster::decode_value(&entry.value).unwrap();
+        let mut held: Held = record
+            .ranges
+            .iter()
+            .map(|r| {
+                (
+                    r.pool.to_string(),
+                    r.cidr.to_string(),
+                    r.draining,
+                    r.allocations > 0,
+                )
+            })
+            .collect();
+        held.sort();
+        held
+    };
+    wait_until(
+        &format!("{node}'s agent asserts what it holds"),
+        Duration::from_secs(20),
+        || from_api() == from_record(),
+    );
 }
 
 /// The quarantine key of 10.50.0.0/24, as (state, on a lease), if there is one.
@@ -181,7 +190,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
         .iter()
         .flat_map(|c| add(&a.socket, c).unwrap())
         .collect();
-    write_holdings(&etcd, "node-a", &a.socket);
+    wait_asserted(&etcd, "node-a", &a.socket);
 
     // Refused: live, with pods; the message names both ways out. Nothing changed.
     let (code, output) = remove(&etcd, "node-a", &[]);
@@ -192,17 +201,6 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
     );
     assert!(get(&etcd, "removals/node-a").is_none());
     assert!(granted_to(&etcd, "node-a"));
-    // A live node that has not said what it holds is taken to hold pods.
-    block_on(kv(&etcd).txn(corral_kv::Txn {
-        compares: vec![],
-        success: vec![corral_kv::TxnOp::delete("/corral/t/v1/holdings/node-a")],
-        failure: vec![],
-    }))
-    .unwrap();
-    let (code, output) = remove(&etcd, "node-a", &[]);
-    assert_eq!(code, 1, "{output}");
-    assert!(output.contains("no holdings record"), "{output}");
-    write_holdings(&etcd, "node-a", &a.socket);
     let (code, output) = remove(&etcd, "node-a", &["--drain", "--force"]);
     assert_eq!(
         code, 2,
@@ -234,7 +232,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
     let still = addresses(&dump);
     assert!(pods.iter().all(|p| still.contains(p)), "{still:?}");
-    write_holdings(&etcd, "node-a", &a.socket);
+    wait_asserted(&etcd, "node-a", &a.socket);
 
     // node-b registers meanwhile: it never gets node-a's CIDR while node-a holds pods, well
     // past the quarantine time.
@@ -274,7 +272,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
                 .all(|r| r.source != corral_api::RangeSource::Cluster)
         },
     );
-    write_holdings(&etcd, "node-a", &a.socket);
+    wait_asserted(&etcd, "node-a", &a.socket);
     wait_until(
         "the range enters quarantine",
         Duration::from_secs(20),
@@ -312,7 +310,7 @@ fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quaranti
         agent_ranges(&a.socket).len() == 1
     });
     add(&a.socket, "c1").unwrap();
-    write_holdings(&etcd, "node-a", &a.socket);
+    wait_asserted(&etcd, "node-a", &a.socket);
     // The machine dies: SIGKILL, its liveness key left to its lease.
     a.kill();
     let (code, output) = remove(&etcd, "node-a", &["--force"]);
@@ -359,7 +357,7 @@ fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
         agent_ranges(&a.socket).len() == 1
     });
     let pod = add(&a.socket, "c1").unwrap();
-    write_holdings(&etcd, "node-a", &a.socket);
+    wait_asserted(&etcd, "node-a", &a.socket);
     // Taken for dead: paused (SIGSTOP), removed by force, its liveness runs out.
     signal(a.pid(), rustix::process::Signal::STOP);
     let (code, output) = remove(&etcd, "node-a", &["--force"]);
@@ -403,7 +401,7 @@ fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
                 .all(|r| r.source != corral_api::RangeSource::Cluster)
         },
     );
-    write_holdings(&etcd, "node-a", &a.socket);
+    wait_asserted(&etcd, "node-a", &a.socket);
     wait_until("node-b gets node-a's CIDR", Duration::from_secs(40), || {
         granted_to(&etcd, "node-b")
     });

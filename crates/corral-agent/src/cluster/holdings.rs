@@ -368,6 +368,9 @@ struct Written {
     record: Option<HoldingsRecord>,
     mod_revision: Revision,
     at: Option<Instant>,
+    /// The key is known to be absent (a removed node that drained holds nothing: its empty
+    /// record, deleted by the leader, is not put back).
+    absent: bool,
 }
 
 /// Puts `record` at the node's key; answers the write's revision.
@@ -471,7 +474,9 @@ async fn publish_round<K: Kv>(
     let page = kv.range(key.as_bytes(), None, 1, None).await?;
     guard.observe_revision(floor, page.revision);
     let mut written = Written::default();
-    if let Some(entry) = page.kvs.into_iter().find(|e| e.key == key.as_bytes())
+    let entry = page.kvs.into_iter().find(|e| e.key == key.as_bytes());
+    written.absent = entry.is_none();
+    if let Some(entry) = entry
         && let Ok(found) = decode_value::<HoldingsRecord>(&entry.value)
         && found.uid == uid
     {
@@ -493,6 +498,7 @@ async fn publish_round<K: Kv>(
                         Event::Delete { mod_revision, .. } => {
                             guard.observe_revision(0, mod_revision);
                             written.record = None;
+                            written.absent = true;
                             look_at = Instant::now();
                         }
                         Event::Put(entry) if entry.mod_revision != written.mod_revision => {
@@ -500,6 +506,7 @@ async fn publish_round<K: Kv>(
                             // process under this name): put back what this node holds.
                             guard.observe_revision(0, entry.mod_revision);
                             written.record = None;
+                            written.absent = false;
                             look_at = Instant::now();
                         }
                         Event::Put(_) => {}
@@ -545,6 +552,10 @@ async fn look<K: Kv>(
         .map_or(Difference::Held, |old| difference(old, &record));
     let write = match difference {
         Difference::Same => false,
+        // A removed node that drained holds nothing and its key is gone (the leader deleted
+        // the empty record when the removal was done): absence already says so. (A node in
+        // the cluster writes even an empty record: a new term waits for live nodes' records.)
+        Difference::Held if written.absent && record.is_empty() && state.is_removed() => false,
         Difference::Held => true,
         Difference::Counts => written.at.is_none_or(|at| now >= at + COUNTS_REFRESH),
     };
@@ -562,6 +573,7 @@ async fn look<K: Kv>(
         record: Some(record),
         mod_revision: revision,
         at: Some(now),
+        absent: false,
     };
     Ok(now + LOOK_EVERY)
 }
