@@ -114,6 +114,19 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     });
     let held = grants(&etcd).remove("node-a").unwrap();
     let pod = alloc_dual(&a.socket, "pod-1");
+    // The agent's holdings record counts the pod (the publisher looks every few seconds).
+    wait_until(
+        "node-a asserts a range in use",
+        Duration::from_secs(20),
+        || {
+            block_on(kv(&etcd).get(b"/corral/t/v1/holdings/node-a"))
+                .unwrap()
+                .and_then(|e| {
+                    corral_cluster::decode_value::<corral_cluster::HoldingsRecord>(&e.value).ok()
+                })
+                .is_some_and(|r| r.ranges.iter().any(|h| h.allocations > 0))
+        },
+    );
     // Live with a pod: a plain removal is refused; `--drain` it is.
     let remove = |flags: &[&str]| {
         let endpoints = endpoints(&etcd);
@@ -217,7 +230,8 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
                 .and_then(|e| {
                     corral_cluster::decode_value::<corral_cluster::HoldingsRecord>(&e.value).ok()
                 })
-                .is_some_and(|r| r.ranges.is_empty())
+                // Empty, or deleted by the leader once the removal was done.
+                .is_none_or(|r| r.ranges.is_empty())
         },
     );
     register(&etcd, ["node-d".to_owned()]);

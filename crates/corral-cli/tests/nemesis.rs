@@ -114,9 +114,13 @@ enum Fault {
     /// A configuration written with a raw etcd put (as etcdctl or a GitOps tool would): the
     /// pool renamed; the original put back a moment later.
     ConfigAroundCli,
+    /// etcd restored from a snapshot taken earlier in the run (`etcdctl snapshot save`, then
+    /// every member restored into new data directories); the first pick takes the snapshot.
+    RestoreSnapshot,
 }
 
-const FAULTS: [Fault; 9] = [
+const FAULTS: [Fault; 10] = [
+    Fault::RestoreSnapshot,
     Fault::KillOperator,
     Fault::PauseOperator,
     Fault::KillAgent,
@@ -170,6 +174,8 @@ struct Run {
     /// Nodes removed during the run (their addresses may lie outside their grants while
     /// they drain: the check is not strict about them until the run settles).
     removed: std::collections::BTreeSet<String>,
+    /// The snapshot taken for `RestoreSnapshot`, if one was.
+    snapshot: Option<PathBuf>,
 }
 
 impl Run {
@@ -335,6 +341,25 @@ impl Run {
                 let _ = std::fs::remove_dir_all(&self.nodes[i].dir);
                 self.start_agent(i);
             }
+            Fault::RestoreSnapshot => match self.snapshot.take() {
+                None => {
+                    let path = self
+                        .dir
+                        .join(format!("snapshot-{}.db", self.rng.random::<u32>()));
+                    self.etcd
+                        .snapshot_save(&path)
+                        .expect("etcdctl snapshot save");
+                    self.history
+                        .note(format!("etcd snapshot saved to {}", path.display()));
+                    self.snapshot = Some(path);
+                }
+                Some(path) => {
+                    self.history
+                        .note(format!("etcd restored from {}", path.display()));
+                    block_on(self.etcd.restore(&path)).expect("etcd restores");
+                    self.history.note("etcd serves again from the snapshot");
+                }
+            },
             Fault::ConfigAroundCli => {
                 let kv = kv(&self.etcd);
                 let key = "/corral/t/v1/config";
@@ -521,6 +546,7 @@ fn run(seed: u64, length: Duration) {
         history: history.clone(),
         rng: ChaCha8Rng::seed_from_u64(seed),
         removed: Default::default(),
+        snapshot: None,
     };
     for i in 0..OPERATORS {
         run.start_operator(i);
