@@ -23,11 +23,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName, RangeSpec};
 use ipnet::IpNet;
 
-use crate::config::{ClusterConfig, HeldGrant};
+use crate::config::{AppliedConfigRecord, ClusterConfig, HeldGrant};
 use crate::keys::{
-    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
-    GrantRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
-    QuarantineRecord, ReleaseRecord, ReleaseState, decode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
+    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
+    ReleaseState, decode_value,
 };
 use crate::net::net_range;
 use crate::plan::NodePlan;

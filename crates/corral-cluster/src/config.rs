@@ -1104,6 +1104,18 @@ fn validate_family(
     Ok(())
 }
 
+/// `config-applied`'s value: the configuration the leader last installed, and the mod revision
+/// of the `config` key it came from. It is the last good configuration: a stored `config` that
+/// fails the change rules against it (or against the grants) is not installed, and this one
+/// stays in force across restarts and failovers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AppliedConfigRecord {
+    /// The `config` key's mod revision when it was installed.
+    pub config_revision: i64,
+    /// The configuration (validated again when read).
+    pub config: ClusterConfig,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -808,18 +808,6 @@ impl Keys {
     }
 }
 
-/// `config-applied`'s value: the configuration the leader last installed, and the mod revision
-/// of the `config` key it came from. It is the last good configuration: a stored `config` that
-/// fails the change rules against it (or against the grants) is not installed, and this one
-/// stays in force across restarts and failovers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AppliedConfigRecord {
-    /// The `config` key's mod revision when it was installed.
-    pub config_revision: i64,
-    /// The configuration (validated again when read).
-    pub config: crate::config::ClusterConfig,
-}
-
 /// `meta/schema`'s value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchemaRecord {

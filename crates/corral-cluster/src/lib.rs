@@ -29,19 +29,18 @@ pub use check::{
     granted_cidrs, holdings_problems, is_block_pool, node_range,
 };
 pub use config::{
-    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS,
-    NodeCidrSync, NodeIdBound, NodeIdPlanConfig, PoolConfig, PoolMode, ResyncConfig, WarmTargets,
-    WatermarkOverride, Watermarks,
+    AppliedConfigRecord, CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant,
+    MAX_LEASE_TTL_SECS, NodeCidrSync, NodeIdBound, NodeIdPlanConfig, PoolConfig, PoolMode,
+    ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
 };
 pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
 pub use intervals::IntervalSet;
 pub use keys::{
-    AppliedConfigRecord, CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord,
-    CloudOp, ClusterName, DelegationRecord, DemandRecord, FamilyDemand, GrantRecord,
-    HeldCloudAddress, HeldRange, HoldingsRecord, Key, KeyError, Keys, LiveRecord,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
-    RecoverRecord, ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError,
-    decode_value, encode_value,
+    CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
+    DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, HeldCloudAddress, HeldRange,
+    HoldingsRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord, NodeName,
+    NodeRecord, OwnedRecord, QuarantineRecord, RecoverRecord, ReleaseRecord, ReleaseState,
+    RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
 };
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};

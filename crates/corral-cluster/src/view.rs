@@ -13,12 +13,12 @@ use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 use thiserror::Error;
 
-use crate::config::ClusterConfig;
+use crate::config::{AppliedConfigRecord, ClusterConfig};
 use crate::keys::{
-    AppliedConfigRecord, CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord,
-    DemandRecord, GrantRecord, HeldRange, HoldingsRecord, Key, Keys, NodeIdOfNodeRecord,
-    NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord, ReleaseRecord,
-    RemovalRecord, SCHEMA_VERSION, SchemaRecord, ValueError, decode_value, encode_value,
+    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
+    HeldRange, HoldingsRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
+    OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
+    ValueError, decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
 

@@ -28,47 +28,7 @@ use crate::state::Shared;
 /// The epoch file is written at most this often while the revision only advances.
 const SAVE_EVERY: Duration = Duration::from_secs(5);
 
-/// The operator's memory of etcd's time, and the wait for the agents' assertions.
-#[derive(Debug)]
-pub struct EpochState {
-    path: Option<PathBuf>,
-    memory: EpochMemory,
-    saved: Option<std::time::Instant>,
-    dirty: bool,
-    /// How long to wait for the agents' assertions at most.
-    settle: Duration,
-    /// When this process first saw the unsettled regression (the settle time runs from it).
-    since: Option<Instant>,
-    /// This term waits for the live nodes' holdings until then.
-    term_deadline: Option<Instant>,
-    /// `corral cluster recover --yes` asked to resume granting.
-    recover: bool,
-    /// Why granting is paused now (a status problem while it is).
-    paused: Option<String>,
-    regressions: u64,
-}
-
-impl Default for EpochState {
-    fn default() -> Self {
-        EpochState {
-            path: None,
-            memory: EpochMemory::default(),
-            saved: None,
-            dirty: false,
-            settle: DEFAULT_SETTLE,
-            since: None,
-            term_deadline: None,
-            recover: false,
-            paused: None,
-            regressions: 0,
-        }
-    }
-}
-
-/// The default settle time: twice the agents' default liveness lease (20 s). An agent that
-/// is live renews its lease every third of it and asserts its holdings at once when it sees
-/// etcd go back in time, so a live agent has asserted well within it.
-pub const DEFAULT_SETTLE: Duration = Duration::from_secs(40);
+pub use crate::state::{DEFAULT_SETTLE, EpochState};
 
 /// The epoch file of `cluster` in `dir`.
 pub fn epoch_file(dir: &std::path::Path, cluster: &str) -> PathBuf {

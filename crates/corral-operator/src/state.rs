@@ -85,7 +85,7 @@ pub struct Shared {
     cloud_stats: CloudStatsCell,
     /// etcd's time as this replica saw it, and the wait for the agents' assertions
     /// (`epoch.rs`).
-    pub(crate) epoch: Mutex<crate::epoch::EpochState>,
+    pub(crate) epoch: Mutex<EpochState>,
 }
 
 /// Where [`CloudStats`] is kept (a closure has no `Debug`).
@@ -673,3 +673,45 @@ impl Shared {
         );
     }
 }
+
+/// The operator's memory of etcd's time, and the wait for the agents' assertions.
+#[derive(Debug)]
+pub struct EpochState {
+    pub(crate) path: Option<std::path::PathBuf>,
+    pub(crate) memory: corral_cluster::EpochMemory,
+    pub(crate) saved: Option<std::time::Instant>,
+    pub(crate) dirty: bool,
+    /// How long to wait for the agents' assertions at most.
+    pub(crate) settle: Duration,
+    /// When this process first saw the unsettled regression (the settle time runs from it).
+    pub(crate) since: Option<tokio::time::Instant>,
+    /// This term waits for the live nodes' holdings until then.
+    pub(crate) term_deadline: Option<tokio::time::Instant>,
+    /// `corral cluster recover --yes` asked to resume granting.
+    pub(crate) recover: bool,
+    /// Why granting is paused now (a status problem while it is).
+    pub(crate) paused: Option<String>,
+    pub(crate) regressions: u64,
+}
+
+impl Default for EpochState {
+    fn default() -> Self {
+        EpochState {
+            path: None,
+            memory: corral_cluster::EpochMemory::default(),
+            saved: None,
+            dirty: false,
+            settle: DEFAULT_SETTLE,
+            since: None,
+            term_deadline: None,
+            recover: false,
+            paused: None,
+            regressions: 0,
+        }
+    }
+}
+
+/// The default settle time: twice the agents' default liveness lease (20 s). An agent that
+/// is live renews its lease every third of it and asserts its holdings at once when it sees
+/// etcd go back in time, so a live agent has asserted well within it.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(40);

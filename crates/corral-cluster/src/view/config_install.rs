@@ -8,8 +8,9 @@
 //! fails there, no configuration is in force and nothing may be granted.
 
 use super::{ClusterView, Key};
+use crate::config::AppliedConfigRecord;
 use crate::config::{ClusterConfig, HeldGrant};
-use crate::keys::{AppliedConfigRecord, Keys, decode_value};
+use crate::keys::{Keys, decode_value};
 
 impl ClusterView {
     /// The view a full read is loaded into, from the values of `config` and `config-applied`
