@@ -140,23 +140,6 @@ fn renamed() -> String {
     CONFIG.replace("name = \"default\"", "name = \"renamed\"")
 }
 
-/// `corral node remove NODE FLAGS`; answers (exit code, output).
-fn remove(etcd: &corral_etcd::testing::EtcdCluster, node: &str, flags: &[&str]) -> (i32, String) {
-    let endpoints = endpoints(etcd);
-    let mut args = vec![
-        "node",
-        "remove",
-        node,
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-    ];
-    args.extend(flags);
-    let (code, out, err) = corral(&args);
-    (code, format!("{out}{err}"))
-}
-
 /// Whether `/corral/t/v1/<rest>` exists.
 fn exists(etcd: &corral_etcd::testing::EtcdCluster, rest: &str) -> bool {
     let kv = kv(etcd);

@@ -76,22 +76,6 @@ fn del(socket: &Path, container: &str) {
         .unwrap();
 }
 
-fn remove(etcd: &EtcdCluster, node: &str, flags: &[&str]) -> (i32, String) {
-    let endpoints = endpoints(etcd);
-    let mut args = vec![
-        "node",
-        "remove",
-        node,
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-    ];
-    args.extend(flags);
-    let (code, out, err) = corral(&args);
-    (code, format!("{out}{err}"))
-}
-
 fn get(etcd: &EtcdCluster, rest: &str) -> Option<corral_kv::KeyValue> {
     block_on(kv(etcd).get(format!("/corral/t/v1/{rest}").as_bytes())).unwrap()
 }

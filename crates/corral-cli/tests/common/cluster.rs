@@ -76,6 +76,23 @@ pub fn init(etcd: &EtcdCluster, dir: &Path, toml: &str) {
     assert_eq!(code, 0, "cluster init: {out}{err}");
 }
 
+/// `corral node remove NODE FLAGS` (`--drain`, `--force`); answers (exit code, output).
+pub fn remove(etcd: &EtcdCluster, node: &str, flags: &[&str]) -> (i32, String) {
+    let endpoints = endpoints(etcd);
+    let mut args = vec![
+        "node",
+        "remove",
+        node,
+        "--etcd",
+        &endpoints,
+        "--cluster",
+        "t",
+    ];
+    args.extend(flags);
+    let (code, out, err) = corral(&args);
+    (code, format!("{out}{err}"))
+}
+
 /// `corral cluster check`, given agents' sockets; answers (exit code, output).
 pub fn check(etcd: &EtcdCluster, agents: &[&Path]) -> (i32, String) {
     let endpoints = endpoints(etcd);
