@@ -252,6 +252,14 @@ enum LinkError {
     },
     #[error("node {0} was removed from the cluster; restart the agent to register it again")]
     Removed(String),
+    /// The registration this process made is gone (or replaced) with no removal recorded for
+    /// it: etcd forgot it (restored from a snapshot, wiped) or it was deleted by hand. Not a
+    /// removal: the node asserts what it holds and registers again.
+    #[error(
+        "etcd no longer has node {0}'s registration and no removal was recorded for it (etcd \
+         restored from a snapshot or wiped, or the key deleted by hand)"
+    )]
+    Forgotten(String),
     #[error(
         "node {node} is served by another live agent ({holder}); this agent does not serve the \
          node's cluster ranges: stop the other agent, or give this machine its own node name and \
@@ -369,6 +377,29 @@ async fn run_link<K: Kv>(
                     state.fail(message);
                 }
                 return;
+            }
+            Err(error @ LinkError::Forgotten(_)) => {
+                // What the node holds is asserted before it registers again, so nothing it
+                // serves is granted around it; then the next round at once.
+                eprintln!(
+                    "corral agent: cluster: {error}: asserting what the node holds and \
+                     registering it again"
+                );
+                update(&state, |s| s.last_error = Some(error.to_string()));
+                across.registration = None;
+                if let Err(error) = holdings::assert_now(
+                    &kv,
+                    &keys,
+                    &node,
+                    &committer,
+                    &state,
+                    &options.uid,
+                    &guard,
+                )
+                .await
+                {
+                    eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
+                }
             }
             Err(LinkError::Removed(_)) => {
                 // An administrator removed the node while it runs: its grants are gone, so it
@@ -623,8 +654,7 @@ async fn link<K: Kv>(
     stop: &mut tokio::sync::watch::Receiver<bool>,
     across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
-    let node_key = keys.node(node);
-    let registration = register(kv, &node_key, options, across.registration).await?;
+    let registration = register(kv, keys, node, options, across.registration).await?;
     across.registration = Some(registration);
     let lease = kv.lease_grant(options.lease_ttl).await?;
     // The liveness key is created only if no other process holds it (liveness.rs): a second
@@ -733,16 +763,19 @@ async fn link<K: Kv>(
 /// down, and only a restart of the agent registers it again.
 async fn register<K: Kv>(
     kv: &K,
-    node_key: &str,
+    keys: &Keys,
+    node: &NodeName,
     options: &ClusterOptions,
     known: Option<Revision>,
 ) -> Result<Revision, LinkError> {
+    let node_key = keys.node(node);
+    let node_key = node_key.as_str();
     loop {
         let existing = kv.get(node_key.as_bytes()).await?;
         if let Some(known) = known
             && existing.as_ref().is_none_or(|e| e.create_revision != known)
         {
-            return Err(LinkError::Removed(options.node.clone()));
+            return Err(gone_why(kv, keys, node, known, None).await?);
         }
         if let Some(existing) = existing {
             let record: Option<NodeRecord> = decode_value(&existing.value).ok();
@@ -817,6 +850,41 @@ async fn register<K: Kv>(
         // Someone registered it meanwhile (a previous attempt of ours that timed out): look
         // again.
     }
+}
+
+/// Why the registration this process made (create revision `known`) is gone or replaced, as
+/// etcd says at `at` (the revision the change was seen at; the latest if `None` or compacted):
+/// a removal records itself (`removals/<node>` naming that registration, put before the
+/// registration is deleted and kept while the node still holds anything), so without one
+/// etcd forgot it ([`LinkError::Forgotten`]).
+async fn gone_why<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+    known: Revision,
+    at: Option<Revision>,
+) -> Result<LinkError, KvError> {
+    let key = keys.removal(node);
+    let page = match kv.range(key.as_bytes(), None, 2, at).await {
+        Err(KvError::Compacted { .. }) if at.is_some() => {
+            kv.range(key.as_bytes(), None, 2, None).await?
+        }
+        page => page?,
+    };
+    let removed = page
+        .kvs
+        .iter()
+        .find(|e| e.key == key.as_bytes())
+        .is_some_and(|e| {
+            // One that cannot be read is taken at its word: the node drains.
+            decode_value::<corral_cluster::RemovalRecord>(&e.value)
+                .map_or(true, |r| r.node_revision == known)
+        });
+    Ok(if removed {
+        LinkError::Removed(node.to_string())
+    } else {
+        LinkError::Forgotten(node.to_string())
+    })
 }
 
 /// One grant of the node, as read from `owned/<node>/...`.
@@ -1089,7 +1157,7 @@ async fn follow<K: Kv>(
         let entry = page.kvs.into_iter().find(|e| e.key == key.as_bytes());
         if key == &node_key {
             if entry.is_none_or(|e| e.create_revision != registration) {
-                return Err(LinkError::Removed(node.to_string()));
+                return Err(gone_why(kv, keys, node, registration, Some(revision)).await?);
             }
             continue;
         }
@@ -1161,12 +1229,16 @@ async fn follow<K: Kv>(
                 let batch = batch?;
                 for event in &batch {
                     let gone = match event {
-                        Event::Delete { key, .. } => key == node_key.as_bytes(),
-                        Event::Put(kv) => kv.key == node_key.as_bytes() && kv.create_revision != registration,
+                        Event::Delete { key, mod_revision } => {
+                            (key == node_key.as_bytes()).then_some(*mod_revision)
+                        }
+                        Event::Put(entry) => (entry.key == node_key.as_bytes()
+                            && entry.create_revision != registration)
+                            .then_some(entry.mod_revision),
                     };
-                    if gone {
+                    if let Some(at) = gone {
                         update(state, |s| s.registered = false);
-                        return Err(LinkError::Removed(node.to_string()));
+                        return Err(gone_why(kv, keys, node, registration, Some(at)).await?);
                     }
                 }
                 continue;

@@ -752,3 +752,83 @@ fn the_agent_follows_the_installed_configuration_not_one_written_around_the_cli(
     );
     agent.stop(&runtime);
 }
+
+/// The create revision of the node's registration, if it has one.
+fn registration(runtime: &tokio::runtime::Runtime, kv: &MemKv, node: &str) -> Option<i64> {
+    let key = keys().node(&NodeName::new(node).unwrap());
+    runtime
+        .block_on(kv.get(key.as_bytes()))
+        .unwrap()
+        .map(|e| e.create_revision)
+}
+
+#[test]
+fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_the_node() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = LinkedAgent::start(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(3),
+    );
+    wait_until("registered", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    let first = registration(&runtime, &kv, "node-1").unwrap();
+    // The registration goes with no removal recorded (etcd restored from a snapshot taken
+    // before the node registered, or `etcdctl del`): the node is not taken for removed, it
+    // registers again and takes grants and pods as before.
+    let node_key = keys().node(&NodeName::new("node-1").unwrap());
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::delete(node_key.clone())],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("registered again", Duration::from_secs(10), || {
+        registration(&runtime, &kv, "node-1").is_some_and(|r| r != first)
+            && agent.cluster_status().registered
+    });
+    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+    });
+    allocate(&agent, "pod-1").expect("a node etcd forgot is not a removed node");
+    // A removal records itself with the deletion (`corral node remove`, carried out by the
+    // leader): the node drains and does not register again.
+    let second = registration(&runtime, &kv, "node-1").unwrap();
+    let removal = corral_cluster::RemovalRecord {
+        node_revision: second,
+        requested_ms: 0,
+        mode: corral_cluster::RemovalMode::Drain,
+        phase: corral_cluster::RemovalPhase::Draining,
+    };
+    let removal_key = keys().removal(&NodeName::new("node-1").unwrap());
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![
+                TxnOp::put(removal_key, encode_value(&removal).unwrap()),
+                TxnOp::delete(node_key.clone()),
+            ],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("the node drains", Duration::from_secs(10), || {
+        agent
+            .cluster_status()
+            .last_error
+            .is_some_and(|e| e.contains("was removed from the cluster"))
+    });
+    assert_eq!(registration(&runtime, &kv, "node-1"), None);
+    assert!(
+        allocate(&agent, "pod-2").is_err(),
+        "a removed node takes no new pods"
+    );
+    agent.stop(&runtime);
+}

@@ -47,19 +47,20 @@ const FAKE_CLOUD: &str = r#"{
 /// `corral operator --cloud fake` replica `name`.
 fn operator(etcd: &EtcdCluster, dir: &Path, seed: &Path, name: &str) -> Operator {
     let log = dir.join(format!("{name}.log"));
+    let socket = dir.join(format!("{name}.sock"));
     let child = Command::new(BINARY)
         .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
         .args(["--replica", name, "--lease-ttl", "2", "--cloud", "fake"])
         .arg("--fake-cloud")
         .arg(seed)
         .arg("--api-socket")
-        .arg(dir.join(format!("{name}.sock")))
+        .arg(&socket)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("corral operator starts");
-    Operator { child, log }
+    Operator { child, log, socket }
 }
 
 fn agent(etcd: &EtcdCluster, dir: &Path, node: &str, instance: &str) -> Agent {

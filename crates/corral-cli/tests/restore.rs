@@ -148,6 +148,16 @@ fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
             corral_kv::Kv::txn(&kv, txn).await.unwrap();
         }
     });
+    // The operators saw etcd's time go on (a standby reads etcd's header every second, the
+    // leader every few seconds), as they would in a cluster that ran for a while.
+    let latest = block_on(corral_kv::Kv::header(&kv(&etcd)))
+        .unwrap()
+        .revision;
+    wait_until(
+        "both operators saw etcd's latest revision",
+        Duration::from_secs(30),
+        || op_a.revision_seen() >= latest && op_b.revision_seen() >= latest,
+    );
     // etcd is restored from the snapshot: node-b's registration and grant are forgotten.
     block_on(etcd.restore(&snapshot)).unwrap_or_else(|e| panic!("{e}"));
     // The next node registers.
@@ -169,10 +179,18 @@ fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
     assert!(logs.contains("etcd went back in time"), "{logs}");
     // node-b asserted its old CIDR (still serving its pods) and got a new grant; its old
     // range drains. Once its pods are gone it gives the range up, and the check is clean.
-    wait_until(
+    wait_showing(
         "node-b holds a new grant beside its draining CIDR",
         Duration::from_secs(60),
         || active(&b.socket).len() == 1 && active(&b.socket)[0] != cidr_b,
+        || {
+            format!(
+                "node-b holds {:?}\n--- node-b\n{}\n--- operators\n{}",
+                held(&b.socket),
+                b.log(),
+                operator_logs(&[&op_a, &op_b])
+            )
+        },
     );
     assert!(held(&b.socket).contains(&cidr_b));
     assert_invariant(&etcd, &agents, false);

@@ -243,6 +243,10 @@ pub enum Key {
     /// `recover`: `corral cluster recover --yes` asked the leader to grant again without
     /// waiting for the agents' assertions after etcd went back in time.
     Recover,
+    /// `reassert`: a leader that saw etcd go back in time asks every agent to put its
+    /// `holdings/` record again (`ReassertRecord`); records older than this key's mod revision
+    /// do not count as asserted after the regression.
+    Reassert,
     /// `election/<lease-hex>`: an operator replica campaigning.
     Election {
         /// The replica's lease ID.
@@ -570,6 +574,7 @@ impl Keys {
             Key::Config => self.config(),
             Key::ConfigApplied => self.config_applied(),
             Key::Recover => self.recover(),
+            Key::Reassert => self.reassert(),
             Key::Election { lease } => self.election(*lease),
             Key::Node { node } => self.node(node),
             Key::Live { node } => self.live(node),
@@ -608,6 +613,11 @@ impl Keys {
     /// `recover`.
     pub fn recover(&self) -> String {
         format!("{}recover", self.prefix)
+    }
+
+    /// `reassert`.
+    pub fn reassert(&self) -> String {
+        format!("{}reassert", self.prefix)
     }
 
     /// `holdings/<node>`.
@@ -738,6 +748,7 @@ impl Keys {
             ["config"] => Ok(Key::Config),
             ["config-applied"] => Ok(Key::ConfigApplied),
             ["recover"] => Ok(Key::Recover),
+            ["reassert"] => Ok(Key::Reassert),
             ["election", lease] => parse_lease_hex(lease)
                 .map(|lease| Key::Election { lease })
                 .ok_or_else(|| malformed("invalid lease ID")),
@@ -911,6 +922,22 @@ pub struct RecoverRecord {
     /// The live nodes that had not asserted their holdings when it was asked for.
     #[serde(default)]
     pub unasserted: Vec<String>,
+}
+
+/// `reassert`'s value, put by a leader that saw etcd go back in time: every agent that sees it
+/// change puts its `holdings/` record again, so the leader can tell assertions made since from
+/// records that came back with a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReassertRecord {
+    /// When it was asked for, in milliseconds since the epoch.
+    #[serde(default)]
+    pub requested_ms: u64,
+    /// The replica that asked.
+    #[serde(default)]
+    pub replica: String,
+    /// What it saw (the regression, in words).
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// Where a quarantine key stands.
@@ -1412,6 +1439,8 @@ mod tests {
             Key::Schema,
             Key::Config,
             Key::ConfigApplied,
+            Key::Recover,
+            Key::Reassert,
             Key::Election {
                 lease: 0x694d_77aa_9e38_260f,
             },

@@ -39,8 +39,8 @@ pub use keys::{
     CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
     DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, HeldCloudAddress, HeldRange,
     HoldingsRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord, NodeName,
-    NodeRecord, OwnedRecord, QuarantineRecord, RecoverRecord, ReleaseRecord, ReleaseState,
-    RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
+    NodeRecord, OwnedRecord, QuarantineRecord, ReassertRecord, RecoverRecord, ReleaseRecord,
+    ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
 };
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};

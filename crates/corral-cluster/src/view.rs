@@ -809,7 +809,7 @@ impl ClusterView {
                     });
                 self.applied = Some((mod_revision, applied));
             }
-            Key::Election { .. } | Key::Recover => {}
+            Key::Election { .. } | Key::Recover | Key::Reassert => {}
             Key::Live { node } => {
                 self.live.insert(node);
             }
@@ -1018,7 +1018,7 @@ impl ClusterView {
     /// Forgets what a key held (nothing if it held nothing).
     fn forget(&mut self, key: &Key) {
         match key {
-            Key::Schema | Key::Config | Key::Election { .. } | Key::Recover => {}
+            Key::Schema | Key::Config | Key::Election { .. } | Key::Recover | Key::Reassert => {}
             Key::ConfigApplied => self.applied = None,
             Key::Holdings { node } => {
                 if self.holdings.remove(node).is_some() {

@@ -28,6 +28,10 @@ use crate::state::Shared;
 /// The epoch file is written at most this often while the revision only advances.
 const SAVE_EVERY: Duration = Duration::from_secs(5);
 
+/// A regression seen this soon after the replica's term ended is taken to have ended it: the
+/// nodes of that term's view are who may hold space etcd forgot.
+const LAST_TERM_FRESH: Duration = Duration::from_secs(60);
+
 pub use crate::state::{DEFAULT_SETTLE, EpochState};
 
 /// The epoch file of `cluster` in `dir`.
@@ -107,6 +111,16 @@ impl Shared {
             if let Observed::Regressed(_) = observed {
                 state.since = Some(Instant::now());
                 state.recover = false;
+                state.reasserted = None;
+                // The nodes of the view this replica leads with now, or of the term that just
+                // ended (etcd failed under it): who may hold space etcd forgot.
+                state.known_before = self.view_nodes().or_else(|| {
+                    state
+                        .last_term
+                        .take()
+                        .filter(|(ended, _)| ended.elapsed() < LAST_TERM_FRESH)
+                        .map(|(_, nodes)| nodes)
+                });
                 state.regressions += 1;
             }
             let due = matches!(observed, Observed::Regressed(_))
@@ -171,6 +185,62 @@ impl Shared {
         let mut state = self.epoch();
         state.term_deadline = None;
         state.paused = None;
+        state.reasserted = None;
+    }
+
+    /// The regression the agents are to be asked to assert their holdings again for (put
+    /// `reassert`), if one waits and this term has not asked yet.
+    pub fn reassert_due(&self) -> Option<Regression> {
+        let state = self.epoch();
+        state
+            .memory
+            .unsettled
+            .filter(|_| state.reasserted.is_none() && !state.recover)
+    }
+
+    /// `reassert` was put at `revision`: holdings written before it do not count as asserted.
+    pub fn reasserted(&self, revision: Revision) {
+        let mut state = self.epoch();
+        if state.memory.unsettled.is_some() {
+            state.reasserted = Some(revision);
+        }
+    }
+
+    /// Asks every agent to put its holdings record again (`reassert`, fenced): a record that
+    /// came back with a snapshot cannot be told from one written since the restore by its
+    /// revision alone (etcd goes on from the snapshot's revision), and an agent that never saw
+    /// the higher revision (started since) would not put its record again by itself.
+    pub async fn reassert<K: Kv>(
+        &self,
+        kv: &K,
+        keys: &corral_cluster::Keys,
+        fence: &crate::election::Fence,
+    ) {
+        let Some(regression) = self.reassert_due() else {
+            return;
+        };
+        let record = corral_cluster::ReassertRecord {
+            requested_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            replica: self.replica.clone(),
+            reason: regression.to_string(),
+        };
+        let key = keys.reassert();
+        let txn = corral_kv::Txn {
+            compares: vec![],
+            success: vec![corral_kv::TxnOp::put(
+                key.clone(),
+                corral_cluster::encode_value(&record).unwrap_or_default(),
+            )],
+            failure: vec![],
+        };
+        match kv.txn(fence.guard(txn)).await {
+            Ok(response) if response.succeeded => self.reasserted(response.revision),
+            // Not leading any more: the next leader asks.
+            Ok(_) => {}
+            Err(error) => self.note_problem(format!("{key}: not written: {error}")),
+        }
     }
 
     /// `corral cluster recover --yes`: granting resumes at once, whatever is owed.
@@ -209,10 +279,30 @@ impl Shared {
         let mut resumed = None;
         if let Some(regression) = state.memory.unsettled {
             let since = *state.since.get_or_insert(now);
-            let owed = assertions_owed(view, regression.found.revision);
+            // Assertions count from the `reassert` this term put (before it is written, from
+            // the revision the regression was seen at).
+            let from = state.reasserted.unwrap_or(regression.found.revision);
+            let mut owed = assertions_owed(view, from);
+            // etcd may have forgotten registrations (a restore, a wipe): the nodes of the view
+            // this replica led with up to the regression owe an assertion too. A replica with
+            // no such view cannot know who may hold space: only the settle time or `recover`
+            // ends its wait.
+            let known_before = state.known_before.as_ref().map(|nodes| {
+                let asserted = |node: &corral_cluster::NodeName| {
+                    view.holdings_of(node)
+                        .is_some_and(|e| e.record.is_some() && e.mod_revision > from)
+                };
+                let listed: std::collections::BTreeSet<_> = owed.iter().cloned().collect();
+                owed.extend(
+                    nodes
+                        .iter()
+                        .filter(|n| !listed.contains(*n) && !asserted(n))
+                        .cloned(),
+                );
+            });
             let why = if state.recover {
                 Some("`corral cluster recover --yes` asked for it".to_owned())
-            } else if owed.is_empty() {
+            } else if owed.is_empty() && known_before.is_some() {
                 Some("every live agent asserted what it holds".to_owned())
             } else if now >= since + state.settle {
                 Some(format!(
@@ -227,6 +317,7 @@ impl Shared {
                 Some(why) => {
                     state.memory.settle();
                     state.since = None;
+                    state.known_before = None;
                     state.recover = false;
                     state.term_deadline = None;
                     state.dirty = true;
@@ -238,10 +329,16 @@ impl Shared {
                 }
                 None => {
                     state.paused = Some(format!(
-                        "granting stopped: {regression}; waiting for {} live node(s) to assert \
-                         what they hold ({}), at most {}s more, or `corral cluster recover --yes`",
+                        "granting stopped: {regression}; waiting for {} node(s) to assert \
+                         what they hold ({}){}, at most {}s more, or `corral cluster recover --yes`",
                         owed.len(),
                         names(&owed),
+                        if known_before.is_none() {
+                            " and for the settle time (this replica did not lead up to the \
+                             regression: it cannot know every node that may hold space)"
+                        } else {
+                            ""
+                        },
                         (since + state.settle)
                             .saturating_duration_since(now)
                             .as_secs()
@@ -300,9 +397,13 @@ impl Shared {
              corral_operator_etcd_regressions_total {}\n\
              # HELP corral_operator_granting_paused Whether granting waits for the agents' assertions (after a regression, or a new term).\n\
              # TYPE corral_operator_granting_paused gauge\n\
-             corral_operator_granting_paused {}\n",
+             corral_operator_granting_paused {}\n\
+             # HELP corral_operator_etcd_revision_seen The highest etcd revision this replica saw (what a restore is told by).\n\
+             # TYPE corral_operator_etcd_revision_seen gauge\n\
+             corral_operator_etcd_revision_seen {}\n",
             state.regressions,
             u8::from(state.paused.is_some()),
+            state.memory.floor(),
         )
     }
 }

@@ -466,6 +466,8 @@ async fn serve<K: Kv>(
         }
         if dirty {
             dirty = false;
+            // etcd went back in time: every agent is asked to assert what it holds again.
+            shared.reassert(kv, keys, fence).await;
             let applied = with_view(shared, |view, _| {
                 start_work(kv, keys, fence, shared, workers, view, &mut work);
                 for problem in view.take_problems() {

@@ -189,7 +189,13 @@ impl Shared {
 
     pub fn set_leading(&self, leading: bool, took: Duration) {
         if !leading {
-            *self.view() = None;
+            let nodes = self.view().take().map(|(view, _)| view_nodes(&view));
+            if let Some(nodes) = nodes {
+                self.epoch
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .last_term = Some((tokio::time::Instant::now(), nodes));
+            }
         }
         let mut inner = self.inner();
         inner.leading = leading;
@@ -201,6 +207,13 @@ impl Shared {
 
     pub fn leading(&self) -> bool {
         self.inner().leading
+    }
+
+    /// The nodes of the leader's view (registered, or with a holdings record), if this replica
+    /// leads and its view is not in use right now.
+    pub fn view_nodes(&self) -> Option<Vec<corral_cluster::NodeName>> {
+        let view = self.view.try_lock().ok()?;
+        view.as_ref().map(|(view, _)| view_nodes(view))
     }
 
     /// Installs the leader's view (after a read of the whole prefix), replacing any other.
@@ -689,6 +702,14 @@ pub struct EpochState {
     pub(crate) term_deadline: Option<tokio::time::Instant>,
     /// `corral cluster recover --yes` asked to resume granting.
     pub(crate) recover: bool,
+    /// The mod revision of the `reassert` key this replica put for the unsettled regression
+    /// (assertions count from it); `None` until it is put in a term.
+    pub(crate) reasserted: Option<Revision>,
+    /// The nodes (registered, or with a holdings record) of the view this replica led with
+    /// when it saw the unsettled regression; `None`: it did not lead up to it.
+    pub(crate) known_before: Option<Vec<corral_cluster::NodeName>>,
+    /// When this replica's last term ended, and its view's nodes then.
+    pub(crate) last_term: Option<(tokio::time::Instant, Vec<corral_cluster::NodeName>)>,
     /// Why granting is paused now (a status problem while it is).
     pub(crate) paused: Option<String>,
     pub(crate) regressions: u64,
@@ -705,6 +726,9 @@ impl Default for EpochState {
             since: None,
             term_deadline: None,
             recover: false,
+            reasserted: None,
+            known_before: None,
+            last_term: None,
             paused: None,
             regressions: 0,
         }
@@ -715,3 +739,11 @@ impl Default for EpochState {
 /// is live renews its lease every third of it and asserts its holdings at once when it sees
 /// etcd go back in time, so a live agent has asserted well within it.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(40);
+
+/// The nodes a view knows: registered, or with a holdings record (a removed node draining).
+fn view_nodes(view: &ClusterView) -> Vec<corral_cluster::NodeName> {
+    let mut nodes: std::collections::BTreeSet<corral_cluster::NodeName> =
+        view.nodes().map(|(node, _)| node.clone()).collect();
+    nodes.extend(view.holdings().map(|(node, _)| node.clone()));
+    nodes.into_iter().collect()
+}

@@ -8,7 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use corral_cluster::{HoldingsRecord, LiveRecord, RecoverRecord, encode_value};
+use corral_cluster::{
+    HoldingsRecord, LiveRecord, ReassertRecord, RecoverRecord, decode_value, encode_value,
+};
 use corral_kv::{Kv, MemKv};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -59,6 +61,29 @@ async fn after_a_regression_granting_waits_for_the_live_nodes_assertions() {
     let paused = op.shared.granting_paused().unwrap();
     assert!(paused.contains("etcd went back in time"), "{paused}");
     assert!(paused.contains("node-a"), "{paused}");
+    // Every agent is asked to put its record again (`reassert`, after node-a's record: a
+    // record that came back with a snapshot is not an assertion).
+    let holdings_revision = kv
+        .get(keys().holdings(&node("node-a")).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .mod_revision;
+    wait_until("the leader asks for the assertions again", LONG, || async {
+        kv.get(keys().reassert().as_bytes())
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let reassert = kv.get(keys().reassert().as_bytes()).await.unwrap().unwrap();
+    assert!(reassert.mod_revision > holdings_revision);
+    let record: ReassertRecord = decode_value(&reassert.value).unwrap();
+    assert_eq!(record.replica, "op-a");
+    assert!(
+        record.reason.contains("etcd went back in time"),
+        "{record:?}"
+    );
     // node-b registers: nothing is granted while node-a's assertion is owed.
     register(&kv, "node-b").await;
     tokio::time::sleep(Duration::from_secs(10)).await;

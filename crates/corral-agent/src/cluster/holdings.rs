@@ -483,14 +483,26 @@ async fn publish_round<K: Kv>(
         written.record = Some(found);
         written.mod_revision = entry.mod_revision;
     }
+    // A leader that saw etcd go back in time puts `reassert`: a record older than it is put
+    // again (the leader counts only assertions made since).
+    let reassert_key = keys.reassert();
+    let mut requested = kv
+        .range(reassert_key.as_bytes(), None, 1, Some(page.revision))
+        .await?
+        .kvs
+        .into_iter()
+        .find(|e| e.key == reassert_key.as_bytes())
+        .map_or(0, |e| e.mod_revision);
     let mut watch = kv.watch(key.as_bytes(), page.revision + 1).await?;
+    let mut reasserts = kv.watch(reassert_key.as_bytes(), page.revision + 1).await?;
     let mut ranges = state.blocks.subscribe_ranges();
     let mut regressed = guard.subscribe();
     let mut look_at = Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(look_at) => {
-                look_at = look(kv, &key, committer, state, uid, guard, &mut written).await?;
+                look_at = look(kv, &key, committer, state, uid, guard, &mut written, requested)
+                    .await?;
             }
             batch = watch.next() => {
                 for event in batch? {
@@ -513,6 +525,17 @@ async fn publish_round<K: Kv>(
                     }
                 }
             }
+            batch = reasserts.next() => {
+                for event in batch? {
+                    if let Event::Put(entry) = event
+                        && entry.key == reassert_key.as_bytes()
+                    {
+                        guard.observe_revision(0, entry.mod_revision);
+                        requested = entry.mod_revision;
+                        look_at = Instant::now();
+                    }
+                }
+            }
             changed = ranges.changed() => {
                 if changed.is_ok() {
                     look_at = Instant::now();
@@ -528,7 +551,9 @@ async fn publish_round<K: Kv>(
 }
 
 /// Looks at the host's holdings and writes them if they differ from the key (what is held:
-/// at once; counts alone: at most every [`COUNTS_REFRESH`]). Answers when to look next.
+/// at once; counts alone: at most every [`COUNTS_REFRESH`]) or the key was written before
+/// `requested` (the `reassert` key's mod revision, 0 if none). Answers when to look next.
+#[allow(clippy::too_many_arguments)]
 async fn look<K: Kv>(
     kv: &K,
     key: &str,
@@ -537,6 +562,7 @@ async fn look<K: Kv>(
     uid: &str,
     guard: &EpochGuard,
     written: &mut Written,
+    requested: Revision,
 ) -> Result<Instant, KvError> {
     let now = Instant::now();
     let record = match read_host(committer, state, uid).await {
@@ -551,11 +577,13 @@ async fn look<K: Kv>(
         .as_ref()
         .map_or(Difference::Held, |old| difference(old, &record));
     let write = match difference {
-        Difference::Same => false,
         // A removed node that drained holds nothing and its key is gone (the leader deleted
         // the empty record when the removal was done): absence already says so. (A node in
         // the cluster writes even an empty record: a new term waits for live nodes' records.)
         Difference::Held if written.absent && record.is_empty() && state.is_removed() => false,
+        // Written before a leader asked for every record again (etcd went back in time).
+        _ if written.mod_revision <= requested => true,
+        Difference::Same => false,
         Difference::Held => true,
         Difference::Counts => written.at.is_none_or(|at| now >= at + COUNTS_REFRESH),
     };

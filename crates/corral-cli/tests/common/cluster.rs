@@ -115,6 +115,8 @@ pub fn assert_check(etcd: &EtcdCluster, agents: &[&Path]) {
 pub struct Operator {
     pub child: Child,
     pub log: PathBuf,
+    /// Its API socket (`--api-socket`).
+    pub socket: PathBuf,
 }
 
 impl Operator {
@@ -142,7 +144,7 @@ impl Operator {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("corral operator starts");
-        Operator { child, log }
+        Operator { child, log, socket }
     }
 
     pub fn pid(&self) -> i32 {
@@ -156,6 +158,20 @@ impl Operator {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The highest etcd revision the replica saw (`corral_operator_etcd_revision_seen`), 0
+    /// if its API does not answer.
+    pub fn revision_seen(&self) -> i64 {
+        Client::unix(&self.socket)
+            .metrics()
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("corral_operator_etcd_revision_seen "))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0)
     }
 }
 
@@ -176,10 +192,22 @@ pub fn leader(etcd: &EtcdCluster) -> Option<String> {
         .map(|k| String::from_utf8_lossy(&k.value).into_owned())
 }
 
-pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, timeout: Duration, done: impl FnMut() -> bool) {
+    wait_showing(what, timeout, done, String::new);
+}
+
+/// [`wait_until`], and on a timeout what `show` says (the processes' logs, say).
+pub fn wait_showing(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+    show: impl FnOnce() -> String,
+) {
     let deadline = Instant::now() + timeout;
     while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        if Instant::now() > deadline {
+            panic!("timed out waiting until {what}\n{}", show());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }

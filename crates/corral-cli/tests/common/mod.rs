@@ -33,10 +33,17 @@ impl Agent {
     /// Runs `command`, which must start `corral agent` on `socket` (through a shell, say);
     /// returns once it is ready.
     pub fn start_command(mut command: Command, socket: &Path) -> Agent {
+        // What the agent says goes beside its socket (`agent.log`), for a failing test to show.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(socket.with_file_name("agent.log"))
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null());
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("corral agent starts");
         let mut agent = Agent {
@@ -53,6 +60,11 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(5));
         }
         agent
+    }
+
+    /// What the agent wrote to its standard error so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.socket.with_file_name("agent.log")).unwrap_or_default()
     }
 
     /// The agent's process id.
