@@ -47,8 +47,8 @@ pub struct OperatorArgs {
     #[arg(long)]
     pub replica: Option<String>,
     /// The election lease's TTL in seconds: a standby takes over about this long after the
-    /// leader dies
-    #[arg(long, default_value_t = 10)]
+    /// leader dies (at most etcd's longest lease, 9000000000)
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
     pub lease_ttl: u64,
     /// Grant transactions in flight at once
     #[arg(long, default_value_t = 16)]

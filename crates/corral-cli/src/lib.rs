@@ -136,8 +136,9 @@ struct AgentArgs {
     /// The cluster's name (with --etcd)
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
     cluster: String,
-    /// The liveness lease's TTL in seconds (with --etcd)
-    #[arg(long, default_value_t = 20)]
+    /// The liveness lease's TTL in seconds (with --etcd; at most etcd's longest lease,
+    /// 9000000000)
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
     lease_ttl: u64,
     /// How long a CNI ADD to a node pool with nothing free waits for the cluster to grant a
     /// block, in milliseconds, before it fails with code 11 (with --etcd; default 5000, or the

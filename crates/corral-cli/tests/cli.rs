@@ -709,6 +709,41 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
+fn a_lease_ttl_etcd_cannot_grant_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("unused.sock");
+    for args in [
+        &[
+            "agent",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--lease-ttl",
+            "9000000001",
+        ][..],
+        &["agent", "--etcd", "http://127.0.0.1:1", "--lease-ttl", "0"],
+        &[
+            "operator",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--lease-ttl",
+            "0",
+        ],
+        &[
+            "operator",
+            "--etcd",
+            "http://127.0.0.1:1",
+            "--lease-ttl",
+            "18446744073709551615",
+        ],
+    ] {
+        let run = run_corral(&socket, args, None);
+        assert_eq!(run.code, 2, "{args:?}: {run:?}");
+        assert!(run.stderr.contains("--lease-ttl"), "{run:?}");
+        assert!(run.stderr.contains("1..=9000000000"), "{run:?}");
+    }
+}
+
+#[test]
 fn help_documents_the_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let run = run_corral(&dir.path().join("unused.sock"), &["--help"], None);

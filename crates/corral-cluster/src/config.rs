@@ -976,11 +976,21 @@ fn validate_watermark_fields(path: &str, pool: &PoolConfig) -> Result<(), Config
             "must be at least 1",
         ));
     }
+    // The operator adds the delay to its clock, which cannot hold arbitrary durations.
+    if pool
+        .release_delay_secs
+        .is_some_and(|d| d > MAX_CLOUD_DELAY_SECS)
+    {
+        return Err(invalid(
+            format!("{path}.release_delay_secs"),
+            "must be at most a week (604800)",
+        ));
+    }
     Ok(())
 }
 
-/// The longest GC interval and release delay of a cloud pool (a week): the operator adds them
-/// to its clock, which cannot hold arbitrary durations.
+/// The longest GC interval of a cloud pool and release delay of any pool (a week): the
+/// operator adds them to its clock, which cannot hold arbitrary durations.
 const MAX_CLOUD_DELAY_SECS: u64 = 7 * 24 * 3600;
 
 /// A cloud pool's own settings.
@@ -1225,6 +1235,13 @@ block_prefix_len = 28
             ),
             (
                 BLOCKS.replace("release_delay_secs = 60", "release_delay_secs = 0"),
+                "pools[0].release_delay_secs",
+            ),
+            (
+                BLOCKS.replace(
+                    "release_delay_secs = 60",
+                    "release_delay_secs = 18446744073709551615",
+                ),
                 "pools[0].release_delay_secs",
             ),
             (
