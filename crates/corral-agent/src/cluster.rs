@@ -86,6 +86,9 @@ pub struct ClusterState {
     pub instance_id: Option<String>,
     /// Cloud records skipped and cloud addresses frozen, one sentence each.
     pub problems: Vec<String>,
+    /// Grants the node does not take up (`screen`): asserted in its holdings record, for the
+    /// leader to revoke.
+    pub refused: Vec<corral_cluster::RefusedGrant>,
 }
 
 /// The cluster link's counters (registered with the agent's metrics).
@@ -332,10 +335,12 @@ async fn run_link<K: Kv>(
     loop {
         // etcd went back in time (restored, wiped): the holdings are asserted again first,
         // and the registration etcd forgot is made again (not taken for a removal).
+        let before = guard.floor();
         if holdings::round_start(&kv, &keys, &node, &committer, &state, &options.uid, &guard).await
         {
             across.registration = None;
         }
+        across.seen_before = before.min(guard.floor());
         let outcome = link(
             &kv,
             &keys,
@@ -640,6 +645,13 @@ struct AcrossRounds {
     live_lease: Option<LeaseId>,
     /// The agent's memory of etcd's time (`holdings.rs`), fed the revisions the link reads.
     epoch: Option<Arc<holdings::EpochGuard>>,
+    /// The highest revision the agent had seen before this round reached etcd (the one a
+    /// regression showed, if lower): a grant made at or before it that the node does not
+    /// hold is one it gave up, handed back (`screen`).
+    seen_before: Revision,
+    /// Grants this process took up (`owned/` key, create revision): taken up again whatever
+    /// the host holds now.
+    accepted: std::collections::BTreeSet<(String, Revision)>,
 }
 
 /// One connected round: register, go live, read and watch the grants.
@@ -923,6 +935,8 @@ struct Held {
     /// Whether `config-applied` (the configuration the leader installed) was read: it is
     /// followed from then on, and `config` (what someone stored, maybe refused) no more.
     applied: bool,
+    /// Grants not taken up (`screen`), by `owned/` key: not served.
+    refused: BTreeMap<String, corral_cluster::RefusedGrant>,
 }
 
 impl Held {
@@ -1072,6 +1086,9 @@ impl Held {
     fn ranges(&self) -> Vec<(PoolName, RangeSpec)> {
         let mut ranges: Vec<(PoolName, RangeSpec)> = Vec::new();
         for (key, grant) in &self.grants {
+            if self.refused.contains_key(key) {
+                continue;
+            }
             match self.range_of(grant) {
                 Ok(range) => ranges.push((grant.pool.clone(), range)),
                 Err(error) => eprintln!("corral agent: cluster: ignoring grant {key}: {error}"),
@@ -1179,6 +1196,9 @@ async fn follow<K: Kv>(
     for entry in &clouds {
         held.apply(keys, node, &entry.key_str(), Some(entry));
     }
+    // What the host holds before this round hands it anything.
+    let local = held_locally(committer).await?;
+    screen(&mut held, across, &local);
     apply(committer, state, &held).await?;
     let mut frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
     across.node_id = held.node_id;
@@ -1264,6 +1284,7 @@ async fn follow<K: Kv>(
                 Event::Delete { .. } => held.apply(keys, node, &key, None),
             }
         }
+        screen(&mut held, across, &local);
         apply(committer, state, &held).await?;
         frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
         handshake(kv, keys, node, committer, state, &mut held).await?;
@@ -1807,6 +1828,69 @@ async fn reconcile_surrendered<K: Kv>(
     Ok(())
 }
 
+/// The cluster ranges the host holds (granted or draining), as (pool, CIDR).
+async fn held_locally(
+    committer: &Committer,
+) -> Result<std::collections::BTreeSet<(PoolName, IpNet)>, LinkError> {
+    match committer.submit(Op::BlockReport).await {
+        Ok(Reply::Blocks(report)) => Ok(report
+            .ranges
+            .iter()
+            .map(|r| (r.pool.clone(), r.spec.subnet_net()))
+            .collect()),
+        other => Err(LinkError::Record(format!(
+            "reading the node's ranges: {other:?}"
+        ))),
+    }
+}
+
+/// Which grants the node takes up: one this process took up before, one made after the
+/// highest revision the agent had seen before this round (`seen_before`), or one of space the
+/// host holds (granted or draining: its own from before a restart). Any other is space this
+/// node gave up that etcd handed back (restored from a snapshot; the space may be another
+/// node's by now): it is not served, and is asserted as refused (`HoldingsRecord::refused`)
+/// for the leader to revoke.
+fn screen(
+    held: &mut Held,
+    across: &mut AcrossRounds,
+    local: &std::collections::BTreeSet<(PoolName, IpNet)>,
+) {
+    let mut refused = BTreeMap::new();
+    for (key, grant) in &held.grants {
+        if across.accepted.contains(&(key.clone(), grant.revision)) {
+            continue;
+        }
+        if grant.revision > across.seen_before || local.contains(&(grant.pool.clone(), grant.cidr))
+        {
+            across.accepted.insert((key.clone(), grant.revision));
+            continue;
+        }
+        if !held.refused.contains_key(key) {
+            eprintln!(
+                "corral agent: cluster: not taking up grant {} of pool {} (made at revision {}, \
+                 before revision {} this agent had seen, of space it does not hold: etcd handed \
+                 back a grant this node gave up); the leader revokes it",
+                grant.cidr, grant.pool, grant.revision, across.seen_before
+            );
+        }
+        refused.insert(
+            key.clone(),
+            corral_cluster::RefusedGrant {
+                pool: grant.pool.clone(),
+                cidr: grant.cidr,
+                grant_revision: grant.revision,
+            },
+        );
+    }
+    held.refused = refused;
+    // Only grants that still stand are remembered.
+    across.accepted.retain(|(key, revision)| {
+        held.grants
+            .get(key)
+            .is_some_and(|g| g.revision == *revision)
+    });
+}
+
 /// Hands the held grants to the host (durable before it answers) and publishes them. A
 /// failure ends the round: the next one reads the grants again and retries.
 async fn apply(
@@ -1835,6 +1919,7 @@ async fn apply(
             update(state, |s| {
                 s.grants = shown;
                 s.node_id = held.node_id;
+                s.refused = held.refused.values().cloned().collect();
             });
             state.blocks.ranges_changed();
             Ok(())

@@ -51,6 +51,19 @@ impl LinkedAgent {
         uid: &str,
         ttl: Duration,
     ) -> LinkedAgent {
+        LinkedAgent::start_with_epoch(runtime, kv, dir, node, uid, ttl, None)
+    }
+
+    /// [`LinkedAgent::start`], remembering etcd's time in `epoch_file`.
+    fn start_with_epoch(
+        runtime: &tokio::runtime::Runtime,
+        kv: &MemKv,
+        dir: &Path,
+        node: &str,
+        uid: &str,
+        ttl: Duration,
+        epoch_file: Option<PathBuf>,
+    ) -> LinkedAgent {
         let config = AgentConfig {
             // No pools of its own: whatever the node scope holds, the cluster granted.
             pools: corral_agent::config::pools(&[]).unwrap(),
@@ -65,7 +78,7 @@ impl LinkedAgent {
             lease_ttl: ttl,
             demand_refresh: ClusterOptions::DEFAULT_DEMAND_REFRESH,
             instance_id: None,
-            epoch_file: None,
+            epoch_file,
         };
         let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
         let task: corral_agent::ClusterTask = {
@@ -830,5 +843,105 @@ fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_t
         allocate(&agent, "pod-2").is_err(),
         "a removed node takes no new pods"
     );
+    agent.stop(&runtime);
+}
+
+/// The node's `holdings/` record, if it has one.
+fn holdings(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    node: &str,
+) -> Option<corral_cluster::HoldingsRecord> {
+    let key = keys().holdings(&NodeName::new(node).unwrap());
+    runtime
+        .block_on(kv.get(key.as_bytes()))
+        .unwrap()
+        .and_then(|e| corral_cluster::decode_value(&e.value).ok())
+}
+
+#[test]
+fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refused() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    // The agent remembers having seen etcd at revision 1,000,000; etcd answers from an earlier
+    // time (restored from a snapshot) with a grant to the node, of space the node does not
+    // hold: one it gave up since (another node's by now, maybe).
+    let epoch = dir.path().join("etcd-epoch");
+    let mut memory = corral_cluster::EpochMemory::default();
+    memory.observe(corral_cluster::Epoch {
+        cluster_id: MemKv::CLUSTER_ID,
+        revision: 1_000_000,
+    });
+    std::fs::write(&epoch, memory.to_json()).unwrap();
+    let name = NodeName::new("node-1").unwrap();
+    let record = NodeRecord {
+        uid: "uid-1".into(),
+        addresses: Vec::new(),
+        registered_ms: 0,
+        instance_id: None,
+    };
+    runtime.block_on(async {
+        kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(
+                keys().node(&name),
+                encode_value(&record).unwrap(),
+            )],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+        grant(&kv, "node-1", "10.192.1.0/24").await;
+    });
+    let grant_revision = runtime
+        .block_on(
+            kv.get(
+                keys()
+                    .grant(
+                        &corral_cluster::PoolName::new("default").unwrap(),
+                        corral_cluster::Family::V4,
+                        &"10.192.1.0/24".parse().unwrap(),
+                    )
+                    .as_bytes(),
+            ),
+        )
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    let agent = LinkedAgent::start_with_epoch(
+        &runtime,
+        &kv,
+        dir.path(),
+        "node-1",
+        "uid-1",
+        Duration::from_secs(3),
+        Some(epoch),
+    );
+    // Not taken up, and asserted as refused for the leader to revoke.
+    wait_until("the grant is refused", Duration::from_secs(10), || {
+        holdings(&runtime, &kv, "node-1").is_some_and(|h| {
+            h.refused.len() == 1
+                && h.refused[0].cidr.to_string() == "10.192.1.0/24"
+                && h.refused[0].grant_revision == grant_revision
+        })
+    });
+    assert!(agent.cluster_status().registered);
+    assert_eq!(agent.cluster_ranges(), []);
+    assert!(
+        allocate(&agent, "pod-1").is_err(),
+        "nothing is served from it"
+    );
+    // The leader revokes it and grants anew: a grant made now is taken up.
+    runtime.block_on(revoke_grant(&kv, "node-1", "10.192.1.0/24"));
+    runtime.block_on(grant(&kv, "node-1", "10.192.2.0/24"));
+    wait_until("the new grant is served", Duration::from_secs(10), || {
+        agent.cluster_ranges() == [("10.192.2.0/24".to_owned(), false)]
+    });
+    allocate(&agent, "pod-1").unwrap();
+    wait_until("nothing refused any more", Duration::from_secs(10), || {
+        holdings(&runtime, &kv, "node-1")
+            .is_some_and(|h| h.refused.is_empty() && h.ranges.len() == 1)
+    });
     agent.stop(&runtime);
 }

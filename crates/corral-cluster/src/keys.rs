@@ -1049,9 +1049,27 @@ pub struct HoldingsRecord {
     /// Addresses and prefixes of cloud interfaces it holds (cloud pools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cloud: Vec<HeldCloudAddress>,
+    /// Grants to the node it does not take up: made before the highest revision the agent
+    /// had seen, of space it does not hold (etcd handed back a grant it had given up: restored
+    /// from a snapshot). The leader revokes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedGrant>,
     /// When it was written, in milliseconds since the epoch.
     #[serde(default)]
     pub written_ms: u64,
+}
+
+/// A grant an agent does not take up (see [`HoldingsRecord::refused`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RefusedGrant {
+    /// The pool it was granted in.
+    #[serde(with = "crate::text")]
+    pub pool: PoolName,
+    /// The range (its family is the CIDR's).
+    #[serde(with = "crate::text")]
+    pub cidr: IpNet,
+    /// The create revision of the grant (its `owned/` key, created with `grants/`).
+    pub grant_revision: i64,
 }
 
 impl HoldingsRecord {

@@ -39,8 +39,9 @@ pub use keys::{
     CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
     DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, HeldCloudAddress, HeldRange,
     HoldingsRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord, NodeName,
-    NodeRecord, OwnedRecord, QuarantineRecord, ReassertRecord, RecoverRecord, ReleaseRecord,
-    ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
+    NodeRecord, OwnedRecord, QuarantineRecord, ReassertRecord, RecoverRecord, RefusedGrant,
+    ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
+    encode_value,
 };
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
@@ -54,5 +55,5 @@ pub use ipnet::IpNet;
 pub use view::{
     BlockProposal, CloudEntry, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry,
     NodeInfo, PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal,
-    RemovedGrant, RemovedNodeId, WaitingOn, WaitingQuarantine, is_config_key,
+    RemovedGrant, RemovedNodeId, Revocation, WaitingOn, WaitingQuarantine, is_config_key,
 };

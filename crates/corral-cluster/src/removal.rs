@@ -278,6 +278,7 @@ node_prefix_len = 24
                     .collect(),
                 node_id: None,
                 cloud: vec![],
+                refused: vec![],
                 written_ms: 0,
             };
             self.put(self.keys.holdings(&n()), encode_value(&record).unwrap())

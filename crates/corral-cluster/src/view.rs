@@ -348,6 +348,21 @@ struct GrantEntry {
     create_revision: i64,
 }
 
+/// A grant to revoke: its node's agent refused it ([`ClusterView::refused_grants`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revocation {
+    pub node: NodeName,
+    pub pool: PoolName,
+    pub family: Family,
+    pub cidr: IpNet,
+    /// `grants/<pool>/<family>/<cidr>`.
+    pub grant_key: String,
+    /// `owned/<node>/<pool>/<family>/<cidr>`.
+    pub owned_key: String,
+    /// The create revision of both keys (one transaction made them).
+    pub revision: i64,
+}
+
 #[derive(Debug, Clone)]
 struct QuarantineEntry {
     counted: bool,
@@ -1236,6 +1251,42 @@ impl ClusterView {
     /// Node IDs a node's agent serves without holding their grant: (node, ID).
     pub fn uncovered_node_ids(&self) -> Vec<(NodeName, u32)> {
         self.held_ids_blocked.iter().cloned().collect()
+    }
+
+    /// Grants their node's agent refused (`HoldingsRecord::refused`: made before the highest
+    /// revision it had seen, of space it does not hold: etcd handed back a grant it had given
+    /// up), still standing as refused (same node, same create revision): the leader revokes
+    /// them. By node.
+    pub fn refused_grants(&self) -> Vec<Revocation> {
+        let mut revocations = Vec::new();
+        for (node, entry) in &self.holdings {
+            let Some(record) = &entry.record else {
+                continue;
+            };
+            for refused in &record.refused {
+                let family = match refused.cidr {
+                    IpNet::V4(_) => Family::V4,
+                    IpNet::V6(_) => Family::V6,
+                };
+                let key = (refused.pool.clone(), family, refused.cidr);
+                let standing = self.grants.get(&key).is_some_and(|grant| {
+                    grant.create_revision == refused.grant_revision
+                        && grant.record.as_ref().is_some_and(|r| &r.node == node)
+                });
+                if standing {
+                    revocations.push(Revocation {
+                        node: node.clone(),
+                        pool: refused.pool.clone(),
+                        family,
+                        cidr: refused.cidr,
+                        grant_key: self.keys.grant(&refused.pool, family, &refused.cidr),
+                        owned_key: self.keys.owned(node, &refused.pool, family, &refused.cidr),
+                        revision: refused.grant_revision,
+                    });
+                }
+            }
+        }
+        revocations
     }
 
     /// The records that may stand against writing `record` as `interface` (same interface ID,

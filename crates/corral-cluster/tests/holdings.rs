@@ -90,6 +90,7 @@ impl Fixture {
                 .collect(),
             node_id,
             cloud: vec![],
+            refused: vec![],
             written_ms: 0,
         };
         self.put(&self.keys.holdings(node), &encode_value(&record).unwrap());

@@ -362,6 +362,7 @@ impl Agent {
                 .collect(),
             node_id: self.node_id.map(|(id, _)| id),
             cloud: vec![],
+            refused: vec![],
             written_ms: 0,
         }
     }
@@ -1206,6 +1207,7 @@ impl Fixture {
                 .collect(),
             node_id: proposal.node_id,
             cloud: vec![],
+            refused: vec![],
             written_ms: 0,
         };
         self.put(

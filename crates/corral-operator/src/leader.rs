@@ -8,7 +8,7 @@
 //! and etcd decides anyway: every grant transaction compares every key it creates absent, the
 //! node's registration unchanged, the configuration unchanged, and the fence.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ mod drain;
 mod logged;
 pub(crate) mod node_cidr_sync;
 mod pending;
+mod revoke;
 pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.
@@ -36,6 +37,9 @@ const PAGE: usize = 2000;
 
 /// How often the leader asks etcd for its header (its cluster ID and revision).
 const EPOCH_PROBE: Duration = Duration::from_secs(2);
+
+/// Refused grants revoked per transaction (four operations each).
+const REVOCATIONS_PER_TXN: usize = 30;
 
 /// Why leading ended.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +67,11 @@ enum Done {
     /// One step of a removed node's drain (`drain.rs`).
     Drain {
         step: corral_cluster::RemovalStep,
+        outcome: Result<Revision, TxnFailure>,
+    },
+    /// Grants a node's agent refused, revoked (`revoke.rs`).
+    Revoke {
+        revocations: Vec<corral_cluster::Revocation>,
         outcome: Result<Revision, TxnFailure>,
     },
     /// A node's block-pool steps (grants and release handshakes), one transaction each.
@@ -670,12 +679,12 @@ async fn write_applied<K: Kv>(
 /// What a fresh read holds that the view did not (or the other way round), per node: empty
 /// when the watch kept the view current, as it should.
 fn drift(view: &ClusterView, fresh: &ClusterView) -> Vec<String> {
-    let held: std::collections::BTreeMap<String, (Vec<String>, Option<u32>)> = view
+    let held: BTreeMap<String, (Vec<String>, Option<u32>)> = view
         .node_reports(None)
         .into_iter()
         .map(|n| (n.name, (n.grants, n.node_id)))
         .collect();
-    let read: std::collections::BTreeMap<String, (Vec<String>, Option<u32>)> = fresh
+    let read: BTreeMap<String, (Vec<String>, Option<u32>)> = fresh
         .node_reports(None)
         .into_iter()
         .map(|n| (n.name, (n.grants, n.node_id)))
@@ -826,6 +835,34 @@ fn start_work<K: Kv>(
         work.running.spawn(async move {
             let outcome = drain::carry_out(&kv, &keys, &fence, &step, quarantine).await;
             Done::Drain { step, outcome }
+        });
+    }
+    // Grants agents refused (etcd handed back what they had given up): revoked, also while
+    // granting waits, so each such node is granted anew once it may be.
+    let mut refused: BTreeMap<NodeName, Vec<corral_cluster::Revocation>> = BTreeMap::new();
+    for revocation in view.refused_grants() {
+        refused
+            .entry(revocation.node.clone())
+            .or_default()
+            .push(revocation);
+    }
+    for (node, mut revocations) in refused {
+        if work.running.len() >= workers {
+            return;
+        }
+        if !due(work, &node, now) || work.drain_wait.contains_key(&node) {
+            continue;
+        }
+        // Four operations each, well inside etcd's 128 per transaction.
+        revocations.truncate(REVOCATIONS_PER_TXN);
+        work.busy.insert(node);
+        let (kv, fence) = (kv.clone(), fence.clone());
+        work.running.spawn(async move {
+            let outcome = revoke::revoke(&kv, &fence, &revocations).await;
+            Done::Revoke {
+                revocations,
+                outcome,
+            }
         });
     }
     if !shared.may_grant(view) {
@@ -1052,6 +1089,33 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                 }
                 Err(TxnFailure::Uncertain(error)) => {
                     shared.note_problem(format!("drain of removed node {node}: {error}"));
+                    backoff(view, work, &node, false);
+                    true
+                }
+            }
+        }
+        Done::Revoke {
+            revocations,
+            outcome,
+        } => {
+            let Some(node) = revocations.first().map(|r| r.node.clone()) else {
+                return false;
+            };
+            work.busy.remove(&node);
+            match outcome {
+                Ok(revision) => {
+                    eprintln!("corral operator: {}", revoke::describe(&revocations));
+                    shared.note_problem(revoke::describe(&revocations));
+                    work.drain_wait.insert(node.clone(), revision);
+                    backoff(view, work, &node, true);
+                    false
+                }
+                Err(TxnFailure::Refused) => {
+                    backoff(view, work, &node, false);
+                    false
+                }
+                Err(TxnFailure::Uncertain(error)) => {
+                    shared.note_problem(format!("revoking node {node}'s refused grants: {error}"));
                     backoff(view, work, &node, false);
                     true
                 }

@@ -61,6 +61,7 @@ fn holdings(name: &str, ranges: &[String], allocations: u64, node_id: Option<u32
             .collect(),
         node_id,
         cloud: vec![],
+        refused: vec![],
         written_ms: 0,
     })
     .unwrap()

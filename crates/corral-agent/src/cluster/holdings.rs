@@ -321,6 +321,7 @@ pub fn difference(old: &HoldingsRecord, new: &HoldingsRecord) -> Difference {
         || old.node_id != new.node_id
         || held_ranges(old) != held_ranges(new)
         || held_cloud(old) != held_cloud(new)
+        || old.refused != new.refused
     {
         return Difference::Held;
     }
@@ -358,7 +359,11 @@ async fn read_host(
         None
     };
     let plan = config.as_ref().and_then(|c| c.node_ids.clone());
-    Ok(assertion(uid, &blocks, cloud.as_ref(), plan.as_ref()))
+    let mut record = assertion(uid, &blocks, cloud.as_ref(), plan.as_ref());
+    // The grants the link does not take up, for the leader to revoke.
+    record.refused = state.lock().map(|s| s.refused.clone()).unwrap_or_default();
+    record.refused.sort();
+    Ok(record)
 }
 
 /// What the publisher knows of the key: the record it last wrote (or found there, its own)

@@ -1,0 +1,46 @@
+//! Grants their agents refused (`ClusterView::refused_grants`): etcd handed a node back a grant
+//! it had given up (restored from a snapshot), which its agent does not take up; the leader
+//! deletes the grant and its `owned/` key in one fenced transaction whose compares are both
+//! keys' create revisions, so only the grant that was refused goes. The space is free again
+//! unless another node asserts it (then it stays occupied as that node's holding), and the
+//! node is granted anew like any node without a grant.
+
+use corral_cluster::Revocation;
+use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
+
+use super::{TxnFailure, run};
+use crate::election::Fence;
+
+/// Revokes one node's refused grants; answers the transaction's revision.
+pub(super) async fn revoke<K: Kv>(
+    kv: &K,
+    fence: &Fence,
+    revocations: &[Revocation],
+) -> Result<Revision, TxnFailure> {
+    let mut txn = Txn::default();
+    for revocation in revocations {
+        for key in [&revocation.grant_key, &revocation.owned_key] {
+            txn.compares
+                .push(Compare::created_at(key.clone(), revocation.revision));
+            txn.success.push(TxnOp::delete(key.clone()));
+        }
+    }
+    run(kv, fence.guard(txn)).await
+}
+
+/// The log line of a revocation done.
+pub(super) fn describe(revocations: &[Revocation]) -> String {
+    let grants: Vec<String> = revocations
+        .iter()
+        .map(|r| format!("{} of pool {}", r.cidr, r.pool))
+        .collect();
+    format!(
+        "node {}'s agent refused its grant(s) {} (made before the highest revision it had seen, \
+         of space it does not hold: etcd handed back what it had given up); revoked",
+        revocations
+            .first()
+            .map(|r| r.node.as_str())
+            .unwrap_or_default(),
+        grants.join(", ")
+    )
+}

@@ -1,0 +1,137 @@
+//! Grants an agent refused (issue 20), on `MemKv` with tokio's paused clock: etcd restored from
+//! a snapshot hands a node back a grant it had given up (another node's since, which asserts
+//! it); the node's agent does not take it up and lists it as refused in `holdings/<node>`; the
+//! leader revokes exactly that grant (same node, same create revision), grants the node anew,
+//! and never grants the space while the other node asserts it.
+//!
+//! The agents are simulated: the test writes `holdings/<node>` as an agent does.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use corral_cluster::{
+    Family, HeldRange, HoldingsRecord, IpNet, PoolName, RefusedGrant, encode_value,
+};
+use corral_kv::{Kv, MemKv};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// `default/ipv4/10.192.1.0-24` → the CIDR.
+fn cidr_of(grant: &str) -> IpNet {
+    let last = grant.rsplit('/').next().unwrap();
+    let (net, len) = last.rsplit_once('-').unwrap();
+    format!("{net}/{len}").parse().unwrap()
+}
+
+fn v4_grant(grants: &[String]) -> IpNet {
+    grants
+        .iter()
+        .map(|g| cidr_of(g))
+        .find(|c| matches!(c, IpNet::V4(_)))
+        .expect("an IPv4 grant")
+}
+
+async fn put_holdings<K: Kv>(kv: &K, name: &str, held: &[IpNet], refused: Vec<RefusedGrant>) {
+    let record = HoldingsRecord {
+        uid: format!("uid-{name}"),
+        ranges: held
+            .iter()
+            .map(|cidr| HeldRange {
+                pool: PoolName::new("default").unwrap(),
+                cidr: *cidr,
+                draining: false,
+                allocations: 1,
+            })
+            .collect(),
+        refused,
+        ..HoldingsRecord::default()
+    };
+    put(
+        kv,
+        &keys().holdings(&node(name)),
+        &encode_value(&record).unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_another_node_asserts() {
+    let kv = MemKv::new();
+    init(&kv, DUAL).await;
+    let op = Replica::start(&kv, "op-a");
+    register(&kv, "node-a").await;
+    wait_until("node-a is served", LONG, || async {
+        grants(&kv)
+            .await
+            .get("node-a")
+            .is_some_and(|g| g.len() == 2)
+    })
+    .await;
+    let old = v4_grant(&grants(&kv).await["node-a"]);
+    let pool = PoolName::new("default").unwrap();
+    let grant_key = keys().grant(&pool, Family::V4, &old);
+    let revision = kv
+        .get(grant_key.as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    // node-b holds that CIDR (etcd forgot: restored from a snapshot), and node-a's agent
+    // refuses the grant etcd handed back.
+    register(&kv, "node-b").await;
+    put_holdings(&kv, "node-b", &[old], vec![]).await;
+    // A refusal of another grant (an older create revision) revokes nothing.
+    put_holdings(
+        &kv,
+        "node-a",
+        &[],
+        vec![RefusedGrant {
+            pool: pool.clone(),
+            cidr: old,
+            grant_revision: revision - 1,
+        }],
+    )
+    .await;
+    wait_until("node-b is served", LONG, || async {
+        grants(&kv)
+            .await
+            .get("node-b")
+            .is_some_and(|g| g.len() == 2)
+    })
+    .await;
+    assert!(kv.get(grant_key.as_bytes()).await.unwrap().is_some());
+    put_holdings(
+        &kv,
+        "node-a",
+        &[],
+        vec![RefusedGrant {
+            pool: pool.clone(),
+            cidr: old,
+            grant_revision: revision,
+        }],
+    )
+    .await;
+    wait_until("node-a is granted anew", LONG, || async {
+        grants(&kv)
+            .await
+            .get("node-a")
+            .is_some_and(|g| g.len() == 2 && v4_grant(g) != old)
+    })
+    .await;
+    let owned = keys().owned(&node("node-a"), &pool, Family::V4, &old);
+    assert!(kv.get(owned.as_bytes()).await.unwrap().is_none());
+    // The space node-b asserts goes to nobody.
+    let all = grants(&kv).await;
+    assert!(all.values().flatten().all(|g| cidr_of(g) != old), "{all:?}");
+    assert!(
+        op.shared
+            .problems()
+            .iter()
+            .any(|p| p.contains("refused its grant") && p.contains(&old.to_string())),
+        "{:?}",
+        op.shared.problems()
+    );
+    op.stop().await;
+}
