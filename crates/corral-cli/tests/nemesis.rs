@@ -150,6 +150,21 @@ fn exists(etcd: &corral_etcd::testing::EtcdCluster, rest: &str) -> bool {
         .is_some()
 }
 
+/// Whether a `holdings/` record lists a grant its agent refused.
+fn refused_stands(etcd: &corral_etcd::testing::EtcdCluster) -> bool {
+    let Ok((records, _)) = block_on(corral_kv::read_all(
+        &kv(etcd),
+        b"/corral/t/v1/holdings/",
+        1000,
+    )) else {
+        return true;
+    };
+    records.iter().any(|e| {
+        corral_cluster::decode_value::<corral_cluster::HoldingsRecord>(&e.value)
+            .is_ok_and(|r| !r.refused.is_empty())
+    })
+}
+
 struct Run {
     etcd: corral_etcd::testing::EtcdCluster,
     dir: PathBuf,
@@ -157,8 +172,9 @@ struct Run {
     nodes: Vec<Node>,
     history: History,
     rng: ChaCha8Rng,
-    /// Nodes removed during the run (their addresses may lie outside their grants while
-    /// they drain: the check is not strict about them until the run settles).
+    /// Nodes removed during the run, and every node once etcd was restored from a snapshot
+    /// (their addresses may lie outside their grants while they drain ranges etcd took away
+    /// or forgot: the check is not strict about them until the run settles).
     removed: std::collections::BTreeSet<String>,
     /// The snapshot taken for `RestoreSnapshot`, if one was.
     snapshot: Option<PathBuf>,
@@ -344,6 +360,28 @@ impl Run {
                         .note(format!("etcd restored from {}", path.display()));
                     block_on(self.etcd.restore(&path)).expect("etcd restores");
                     self.history.note("etcd serves again from the snapshot");
+                    // Every node may drain a range etcd forgot.
+                    self.removed
+                        .extend(self.nodes.iter().map(|n| n.name.clone()));
+                    // Granting waits for the agents' assertions; grants etcd handed back to
+                    // nodes that gave them up are refused by their agents and revoked. A
+                    // restored grant stands in etcd (refused, unserved) until then.
+                    let etcd = &self.etcd;
+                    let sockets: Vec<PathBuf> = self
+                        .nodes
+                        .iter()
+                        .filter(|n| n.agent.is_some())
+                        .map(|n| n.socket())
+                        .collect();
+                    wait_until(
+                        "every agent serves again and no refused grant stands",
+                        Duration::from_secs(120),
+                        || {
+                            sockets.iter().all(|s| agent_ranges(s).len() == 2)
+                                && !refused_stands(etcd)
+                        },
+                    );
+                    self.history.note("settled after the restore");
                 }
             },
             Fault::ConfigAroundCli => {
