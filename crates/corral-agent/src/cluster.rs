@@ -1978,6 +1978,74 @@ pub fn api_status(state: &ClusterState) -> corral_api::ClusterStatus {
 mod tests {
     use super::*;
 
+    fn grant(pool: &str, cidr: &str, revision: Revision) -> (String, Grant) {
+        let cidr: IpNet = cidr.parse().unwrap();
+        (
+            format!("owned/n/{pool}/{cidr}"),
+            Grant {
+                pool: PoolName::new(pool).unwrap(),
+                family: if cidr.addr().is_ipv4() {
+                    Family::V4
+                } else {
+                    Family::V6
+                },
+                cidr,
+                revision,
+            },
+        )
+    }
+
+    #[test]
+    fn a_grant_is_taken_up_if_taken_before_made_after_what_was_seen_or_of_space_held() {
+        let mut across = AcrossRounds {
+            seen_before: 100,
+            ..AcrossRounds::default()
+        };
+        let mut held = Held::default();
+        // Made after revision 100: new, taken up. Made before, of space the host holds (its
+        // own from before a restart): taken up. Made before, of space not held: refused.
+        for (key, g) in [
+            grant("default", "10.0.1.0/24", 150),
+            grant("default", "10.0.2.0/24", 40),
+            grant("default", "10.0.3.0/24", 60),
+        ] {
+            held.grants.insert(key, g);
+        }
+        let local: std::collections::BTreeSet<(PoolName, IpNet)> = [(
+            PoolName::new("default").unwrap(),
+            "10.0.2.0/24".parse().unwrap(),
+        )]
+        .into_iter()
+        .collect();
+        screen(&mut held, &mut across, &local);
+        let refused: Vec<String> = held.refused.values().map(|r| r.cidr.to_string()).collect();
+        assert_eq!(refused, ["10.0.3.0/24"]);
+        assert_eq!(held.refused.values().next().unwrap().grant_revision, 60);
+        let served: Vec<String> = held
+            .ranges()
+            .iter()
+            .map(|(_, r)| r.subnet_net().to_string())
+            .collect();
+        assert_eq!(served, ["10.0.1.0/24", "10.0.2.0/24"]);
+        // A later round: what this process took up stays taken up, even if the host dropped
+        // it meanwhile (a drain while another process held the liveness key), and even with a
+        // higher revision seen.
+        across.seen_before = 1_000;
+        screen(&mut held, &mut across, &Default::default());
+        let refused: Vec<String> = held.refused.values().map(|r| r.cidr.to_string()).collect();
+        assert_eq!(refused, ["10.0.3.0/24"]);
+        // A grant that goes is forgotten: made again at the same place, it is judged anew.
+        let (key, _) = grant("default", "10.0.1.0/24", 150);
+        held.grants.remove(&key);
+        screen(&mut held, &mut across, &Default::default());
+        assert!(!across.accepted.iter().any(|(k, _)| k == &key));
+        let (key, again) = grant("default", "10.0.1.0/24", 900);
+        held.grants.insert(key, again);
+        screen(&mut held, &mut across, &Default::default());
+        let refused: Vec<String> = held.refused.values().map(|r| r.cidr.to_string()).collect();
+        assert_eq!(refused, ["10.0.1.0/24", "10.0.3.0/24"]);
+    }
+
     #[test]
     fn the_backoff_doubles_from_one_second_to_thirty_with_jitter() {
         let seconds = |failures, seed| backoff(failures, seed).as_secs_f64();
