@@ -250,6 +250,12 @@ impl Shared {
         state.memory.unsettled
     }
 
+    /// Whether etcd went back in time and granting has not resumed since: nothing that gives
+    /// space back or takes more (the cloud node manager's mutations) runs meanwhile.
+    pub fn regression_unsettled(&self) -> bool {
+        self.epoch().memory.unsettled.is_some()
+    }
+
     /// Why granting is paused now, if it is.
     pub fn granting_paused(&self) -> Option<String> {
         self.epoch().paused.clone()

@@ -1091,3 +1091,51 @@ async fn a_node_on_a_new_instance_drops_the_old_instances_records() {
     )
     .await;
 }
+
+/// etcd going back in time (issue 20): records made since the snapshot are forgotten, so the
+/// cloud node manager makes no mutating call (nothing given back, nothing taken) until
+/// granting resumes; then the nodes are served again.
+#[tokio::test(start_paused = true)]
+async fn no_mutation_while_etcd_went_back_in_time_is_unsettled() {
+    let (rig, a) = Scenario::new(3)
+        .pool("[pools.watermarks]\npre_allocate = 8")
+        .cloud("first_interface_index = 0")
+        .named(&names(3))
+        .start()
+        .await;
+    wait_until(
+        "every node has 8 spare",
+        Duration::from_secs(60),
+        || async { (0..3).all(|i| rig.free_of(&format!("node-{i:04}")) == 8) },
+    )
+    .await;
+    rig.kv.set_cluster_id(corral_kv::MemKv::CLUSTER_ID + 1);
+    wait_until(
+        "the regression is seen",
+        Duration::from_secs(30),
+        || async { a.shared.regression_unsettled() },
+    )
+    .await;
+    let before = mutating_calls(&rig);
+    // Pods come: more addresses are wanted, and none is taken while the regression waits.
+    rig.set_pods("node-0000", 5);
+    wait_every(
+        "granting resumes (the settle time)",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            if a.shared.regression_unsettled() {
+                assert_eq!(mutating_calls(&rig), before, "a mutation while unsettled");
+                false
+            } else {
+                true
+            }
+        },
+    )
+    .await;
+    wait_until("node-0000 grows", Duration::from_secs(300), || async {
+        rig.agent("node-0000").pods.len() == 5 && rig.free_of("node-0000") == 8
+    })
+    .await;
+    assert!(mutating_calls(&rig) > before);
+}

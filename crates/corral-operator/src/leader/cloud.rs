@@ -415,8 +415,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             if !self.resync_running && self.resync_at <= now {
                 self.start_resync();
             }
-            if !self.ready {
-                // Describes may run (they change nothing); mutations wait.
+            if !self.ready || shared.regression_unsettled() {
+                // Describes may run (they change nothing); mutations wait (also while etcd,
+                // gone back in time, may have forgotten records the cloud still has: the
+                // agents assert what they hold first).
                 self.start_describes(view);
                 return;
             }
