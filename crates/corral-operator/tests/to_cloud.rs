@@ -518,3 +518,60 @@ async fn a_length_the_cloud_cannot_take_is_reported_and_never_called() {
     );
     assert_end(&rig).await;
 }
+
+/// etcd going back in time (issue 20): nothing is delegated or taken back while the regression
+/// is unsettled (delegation records made since the snapshot are forgotten); once granting
+/// resumes, the nodes are brought in sync.
+#[tokio::test(start_paused = true)]
+async fn no_delegation_while_etcd_went_back_in_time_is_unsettled() {
+    let rig = Rig::new(&config(28, 30), ec2(3), &names(2)).await;
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    wait_until("every node in sync", Duration::from_secs(120), || async {
+        in_sync(&rig).await
+    })
+    .await;
+    rig.kv.set_cluster_id(corral_kv::MemKv::CLUSTER_ID + 1);
+    wait_until(
+        "the regression is seen",
+        Duration::from_secs(30),
+        || async { a.shared.regression_unsettled() },
+    )
+    .await;
+    // Someone takes node-000's IPv4 prefix off its interface (out of band): the sync would
+    // delegate it again, but waits for granting to resume.
+    let instance = rig.instances["node-000"].clone();
+    let (interface, prefix) = rig
+        .ec2
+        .interfaces()
+        .into_iter()
+        .find(|ni| {
+            ni.attachment
+                .as_ref()
+                .is_some_and(|at| at.instance_id == instance && at.device_index == 0)
+        })
+        .map(|ni| (ni.id.clone(), ni.ipv4_prefixes[0]))
+        .unwrap();
+    rig.ec2
+        .unassign_ipv4(
+            &interface,
+            &Ipv4Set {
+                addresses: vec![],
+                prefixes: vec![prefix],
+            },
+        )
+        .await
+        .unwrap();
+    let before = mutations(&rig);
+    while a.shared.regression_unsettled() {
+        assert_eq!(mutations(&rig), before, "a mutation while unsettled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_until(
+        "every node in sync again",
+        Duration::from_secs(300),
+        || async { in_sync(&rig).await },
+    )
+    .await;
+    assert!(mutations(&rig) > before);
+}

@@ -362,6 +362,11 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
         if !self.ready || !(described || replan) {
             return Some(());
         }
+        if self.ctx.shared.regression_unsettled() {
+            // etcd went back in time: grants, delegations and their records made since the
+            // snapshot are forgotten; nothing is planned until granting resumes.
+            return Some(());
+        }
         // Hook of the to-cloud direction (`leader/to_cloud.rs`): `self.seen` holds this turn's
         // describes of the primaries (`PrimarySeen`), the same ones the plan below reads.
         self.plan_and_carry_out().await

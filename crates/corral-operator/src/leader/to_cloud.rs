@@ -331,7 +331,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 }
             }
             self.pool_problems = pool_problems;
-            if !self.ready {
+            // Nothing before the first resync, nor while etcd went back in time and granting
+            // has not resumed (delegation records made since the snapshot are forgotten).
+            if !self.ready || shared.regression_unsettled() {
                 return;
             }
             let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
