@@ -89,6 +89,8 @@ pub struct ClusterState {
     /// Grants the node does not take up (`screen`): asserted in its holdings record, for the
     /// leader to revoke.
     pub refused: Vec<corral_cluster::RefusedGrant>,
+    /// A node ID it does not take up, on the same grounds.
+    pub refused_node_id: Option<corral_cluster::RefusedNodeId>,
 }
 
 /// The cluster link's counters (registered with the agent's metrics).
@@ -937,6 +939,10 @@ struct Held {
     applied: bool,
     /// Grants not taken up (`screen`), by `owned/` key: not served.
     refused: BTreeMap<String, corral_cluster::RefusedGrant>,
+    /// The create revision of `node-id-of-node/<node>` (with `node_id`).
+    node_id_revision: Revision,
+    /// The node ID not taken up (`screen`): its plan is not served.
+    refused_node_id: Option<corral_cluster::RefusedNodeId>,
 }
 
 impl Held {
@@ -1023,7 +1029,10 @@ impl Held {
             Ok(Key::NodeIdOfNode { node: owner }) if &owner == node => match value {
                 None => self.node_id = None,
                 Some(v) => match decode_value::<NodeIdOfNodeRecord>(&v.value) {
-                    Ok(record) => self.node_id = Some(record.id),
+                    Ok(record) => {
+                        self.node_id = Some(record.id);
+                        self.node_id_revision = v.create_revision;
+                    }
                     // Unreadable: what was held stays (its pod range is not dropped for it).
                     Err(error) => eprintln!("corral agent: cluster: {key}: {error}"),
                 },
@@ -1095,6 +1104,7 @@ impl Held {
             }
         }
         if let (Some(id), Some(plan)) = (self.node_id, &self.plan)
+            && self.refused_node_id.is_none()
             && let Ok(derived) = NodePlan::derive(plan, id)
             && let Ok(range) = derived.pod_range()
             && let Ok(pool) = PoolName::new(ClusterOptions::PLAN_POOL)
@@ -1883,11 +1893,40 @@ fn screen(
         );
     }
     held.refused = refused;
+    // The node ID, judged the same way by its plan's pod range (unjudged until the plan is
+    // known: nothing of it is served before).
+    let mut node_id_key = None;
+    held.refused_node_id = None;
+    if let (Some(id), Some(plan)) = (held.node_id, &held.plan) {
+        let key = format!("node-id/{id}");
+        let revision = held.node_id_revision;
+        let pod_range = corral_cluster::pod_subnet_of(plan, id);
+        let holds = pod_range.is_some_and(|range| {
+            PoolName::new(ClusterOptions::PLAN_POOL)
+                .is_ok_and(|pool| local.contains(&(pool, range)))
+        });
+        if across.accepted.contains(&(key.clone(), revision))
+            || revision > across.seen_before
+            || holds
+        {
+            across.accepted.insert((key.clone(), revision));
+        } else {
+            eprintln!(
+                "corral agent: cluster: not taking up node ID {id} (granted at revision \
+                 {revision}, before revision {} this agent had seen, and its plan's pod range is \
+                 not held here: etcd handed back an ID this node gave up); the leader revokes it",
+                across.seen_before
+            );
+            held.refused_node_id = Some(corral_cluster::RefusedNodeId { id, revision });
+        }
+        node_id_key = Some((key, revision));
+    }
     // Only grants that still stand are remembered.
     across.accepted.retain(|(key, revision)| {
         held.grants
             .get(key)
             .is_some_and(|g| g.revision == *revision)
+            || node_id_key.as_ref() == Some(&(key.clone(), *revision))
     });
 }
 
@@ -1918,8 +1957,9 @@ async fn apply(
         Ok(_) => {
             update(state, |s| {
                 s.grants = shown;
-                s.node_id = held.node_id;
+                s.node_id = held.node_id.filter(|_| held.refused_node_id.is_none());
                 s.refused = held.refused.values().cloned().collect();
+                s.refused_node_id = held.refused_node_id;
             });
             state.blocks.ranges_changed();
             Ok(())
@@ -1993,6 +2033,54 @@ mod tests {
                 revision,
             },
         )
+    }
+
+    #[test]
+    fn a_node_id_is_taken_up_on_the_same_grounds_as_a_grant() {
+        let plan: NodeIdPlanConfig = serde_json::from_value(serde_json::json!({
+            "pod_subnet": "10.1.0.0/16",
+            "pod_subnet_node_prefix_len": 24,
+            "host_interconnect_subnet": "172.30.0.0/16",
+            "host_interconnect_node_prefix_len": 24,
+            "node_interconnect": "192.168.16.0/24",
+            "vxlan": "192.168.30.0/24",
+            "service": "10.96.0.0/12",
+        }))
+        .unwrap();
+        let mut across = AcrossRounds {
+            seen_before: 100,
+            ..AcrossRounds::default()
+        };
+        let mut held = Held {
+            node_id: Some(5),
+            node_id_revision: 60,
+            plan: Some(plan.clone()),
+            ..Held::default()
+        };
+        // Granted before revision 100, its pod range not held here: refused, its plan not
+        // served.
+        screen(&mut held, &mut across, &Default::default());
+        assert_eq!(
+            held.refused_node_id,
+            Some(corral_cluster::RefusedNodeId {
+                id: 5,
+                revision: 60
+            })
+        );
+        assert!(held.ranges().is_empty());
+        // Its pod range held here (the node's own from before a restart): taken up.
+        let pod_range = corral_cluster::pod_subnet_of(&plan, 5).unwrap();
+        let local = [(PoolName::new(ClusterOptions::PLAN_POOL).unwrap(), pod_range)]
+            .into_iter()
+            .collect();
+        screen(&mut held, &mut across, &local);
+        assert_eq!(held.refused_node_id, None);
+        assert_eq!(held.ranges().len(), 1);
+        // Granted anew after what was seen: taken up.
+        held.node_id = Some(7);
+        held.node_id_revision = 150;
+        screen(&mut held, &mut across, &Default::default());
+        assert_eq!(held.refused_node_id, None);
     }
 
     #[test]

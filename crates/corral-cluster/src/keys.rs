@@ -1054,9 +1054,21 @@ pub struct HoldingsRecord {
     /// from a snapshot). The leader revokes them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refused: Vec<RefusedGrant>,
+    /// A node ID granted to the node that it does not take up, on the same grounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_node_id: Option<RefusedNodeId>,
     /// When it was written, in milliseconds since the epoch.
     #[serde(default)]
     pub written_ms: u64,
+}
+
+/// A node ID an agent does not take up (see [`HoldingsRecord::refused_node_id`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RefusedNodeId {
+    /// The ID.
+    pub id: u32,
+    /// The create revision of its grant (`node-id-of-node/<node>`, created with `node-ids/<id>`).
+    pub revision: i64,
 }
 
 /// A grant an agent does not take up (see [`HoldingsRecord::refused`]).

@@ -40,8 +40,8 @@ pub use keys::{
     DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, HeldCloudAddress, HeldRange,
     HoldingsRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord, NodeName,
     NodeRecord, OwnedRecord, QuarantineRecord, ReassertRecord, RecoverRecord, RefusedGrant,
-    ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError, decode_value,
-    encode_value,
+    RefusedNodeId, ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError,
+    decode_value, encode_value,
 };
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};

@@ -279,6 +279,7 @@ node_prefix_len = 24
                 node_id: None,
                 cloud: vec![],
                 refused: vec![],
+                refused_node_id: None,
                 written_ms: 0,
             };
             self.put(self.keys.holdings(&n()), encode_value(&record).unwrap())

@@ -352,14 +352,12 @@ struct GrantEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revocation {
     pub node: NodeName,
-    pub pool: PoolName,
-    pub family: Family,
-    pub cidr: IpNet,
-    /// `grants/<pool>/<family>/<cidr>`.
-    pub grant_key: String,
-    /// `owned/<node>/<pool>/<family>/<cidr>`.
-    pub owned_key: String,
-    /// The create revision of both keys (one transaction made them).
+    /// What it grants, in words: `10.0.1.0/24 of pool default`, `node ID 5`.
+    pub what: String,
+    /// The keys that make the grant (`grants/` and `owned/`; `node-ids/` and
+    /// `node-id-of-node/`), all created by one transaction.
+    pub keys: Vec<String>,
+    /// Their create revision.
     pub revision: i64,
 }
 
@@ -376,6 +374,8 @@ struct NodeIdEntry {
     /// None when the value does not decode: the ID is still occupied.
     record: Option<NodeIdRecord>,
     counted: bool,
+    /// The key's create revision (a refusal names it).
+    create_revision: i64,
 }
 
 type CidrKey = (PoolName, Family, IpNet);
@@ -900,7 +900,14 @@ impl ClusterView {
                 let record = self.decode::<NodeIdRecord>(key, mod_revision, value);
                 let counted = self.occupy_node_id(id, mod_revision);
                 let holder = record.as_ref().map(|r| r.node.clone());
-                self.node_ids.insert(id, NodeIdEntry { record, counted });
+                self.node_ids.insert(
+                    id,
+                    NodeIdEntry {
+                        record,
+                        counted,
+                        create_revision,
+                    },
+                );
                 // The node's ID may have changed (`node_id_of` falls back on this key).
                 if let Some(holder) = holder
                     && self.holdings.contains_key(&holder)
@@ -1276,12 +1283,29 @@ impl ClusterView {
                 if standing {
                     revocations.push(Revocation {
                         node: node.clone(),
-                        pool: refused.pool.clone(),
-                        family,
-                        cidr: refused.cidr,
-                        grant_key: self.keys.grant(&refused.pool, family, &refused.cidr),
-                        owned_key: self.keys.owned(node, &refused.pool, family, &refused.cidr),
+                        what: format!("{} of pool {}", refused.cidr, refused.pool),
+                        keys: vec![
+                            self.keys.grant(&refused.pool, family, &refused.cidr),
+                            self.keys.owned(node, &refused.pool, family, &refused.cidr),
+                        ],
                         revision: refused.grant_revision,
+                    });
+                }
+            }
+            if let Some(refused) = record.refused_node_id {
+                let standing = self.node_ids.get(&refused.id).is_some_and(|entry| {
+                    entry.create_revision == refused.revision
+                        && entry.record.as_ref().is_some_and(|r| &r.node == node)
+                });
+                if standing {
+                    revocations.push(Revocation {
+                        node: node.clone(),
+                        what: format!("node ID {}", refused.id),
+                        keys: vec![
+                            self.keys.node_id(refused.id),
+                            self.keys.node_id_of_node(node),
+                        ],
+                        revision: refused.revision,
                     });
                 }
             }

@@ -91,6 +91,7 @@ impl Fixture {
             node_id,
             cloud: vec![],
             refused: vec![],
+            refused_node_id: None,
             written_ms: 0,
         };
         self.put(&self.keys.holdings(node), &encode_value(&record).unwrap());

@@ -363,6 +363,7 @@ impl Agent {
             node_id: self.node_id.map(|(id, _)| id),
             cloud: vec![],
             refused: vec![],
+            refused_node_id: None,
             written_ms: 0,
         }
     }
@@ -1208,6 +1209,7 @@ impl Fixture {
             node_id: proposal.node_id,
             cloud: vec![],
             refused: vec![],
+            refused_node_id: None,
             written_ms: 0,
         };
         self.put(

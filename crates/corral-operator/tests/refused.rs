@@ -135,3 +135,50 @@ async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_anoth
     );
     op.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_node_id_is_revoked_and_the_node_given_one_anew() {
+    let kv = MemKv::new();
+    init(&kv, DUAL).await;
+    let op = Replica::start(&kv, "op-a");
+    register(&kv, "node-a").await;
+    wait_until("node-a has its node ID", LONG, || async {
+        node_id(&kv, "node-a").await.is_some()
+    })
+    .await;
+    let id = node_id(&kv, "node-a").await.unwrap();
+    let of_node = keys().node_id_of_node(&node("node-a"));
+    let revision = kv
+        .get(of_node.as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    let record = HoldingsRecord {
+        uid: "uid-node-a".into(),
+        refused_node_id: Some(corral_cluster::RefusedNodeId { id, revision }),
+        ..HoldingsRecord::default()
+    };
+    put(
+        &kv,
+        &keys().holdings(&node("node-a")),
+        &encode_value(&record).unwrap(),
+    )
+    .await;
+    wait_until("node-a has a node ID granted anew", LONG, || async {
+        kv.get(of_node.as_bytes())
+            .await
+            .unwrap()
+            .is_some_and(|e| e.create_revision > revision)
+    })
+    .await;
+    assert!(
+        op.shared
+            .problems()
+            .iter()
+            .any(|p| p.contains("refused") && p.contains(&format!("node ID {id}"))),
+        "{:?}",
+        op.shared.problems()
+    );
+    op.stop().await;
+}

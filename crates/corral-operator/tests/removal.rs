@@ -62,6 +62,7 @@ fn holdings(name: &str, ranges: &[String], allocations: u64, node_id: Option<u32
         node_id,
         cloud: vec![],
         refused: vec![],
+        refused_node_id: None,
         written_ms: 0,
     })
     .unwrap()

@@ -322,6 +322,7 @@ pub fn difference(old: &HoldingsRecord, new: &HoldingsRecord) -> Difference {
         || held_ranges(old) != held_ranges(new)
         || held_cloud(old) != held_cloud(new)
         || old.refused != new.refused
+        || old.refused_node_id != new.refused_node_id
     {
         return Difference::Held;
     }
@@ -361,7 +362,10 @@ async fn read_host(
     let plan = config.as_ref().and_then(|c| c.node_ids.clone());
     let mut record = assertion(uid, &blocks, cloud.as_ref(), plan.as_ref());
     // The grants the link does not take up, for the leader to revoke.
-    record.refused = state.lock().map(|s| s.refused.clone()).unwrap_or_default();
+    (record.refused, record.refused_node_id) = state
+        .lock()
+        .map(|s| (s.refused.clone(), s.refused_node_id))
+        .unwrap_or_default();
     record.refused.sort();
     Ok(record)
 }

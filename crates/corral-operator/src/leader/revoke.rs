@@ -19,7 +19,7 @@ pub(super) async fn revoke<K: Kv>(
 ) -> Result<Revision, TxnFailure> {
     let mut txn = Txn::default();
     for revocation in revocations {
-        for key in [&revocation.grant_key, &revocation.owned_key] {
+        for key in &revocation.keys {
             txn.compares
                 .push(Compare::created_at(key.clone(), revocation.revision));
             txn.success.push(TxnOp::delete(key.clone()));
@@ -30,10 +30,7 @@ pub(super) async fn revoke<K: Kv>(
 
 /// The log line of a revocation done.
 pub(super) fn describe(revocations: &[Revocation]) -> String {
-    let grants: Vec<String> = revocations
-        .iter()
-        .map(|r| format!("{} of pool {}", r.cidr, r.pool))
-        .collect();
+    let grants: Vec<String> = revocations.iter().map(|r| r.what.clone()).collect();
     format!(
         "node {}'s agent refused its grant(s) {} (made before the highest revision it had seen, \
          of space it does not hold: etcd handed back what it had given up); revoked",
