@@ -20,7 +20,10 @@
 //! - after a restored snapshot (the revision went backwards) no proposal commits until every
 //!   agent that holds anything has synced since the restore and the proposing replica has
 //!   read those syncs back; agents take up no grant meanwhile, and the leader then revokes
-//!   the restored grants another node asserts and their grantee does not;
+//!   the restored grants another node asserts and their grantee does not (the code holds a
+//!   more local rule to the same end: an agent refuses a grant made before the highest
+//!   revision it had seen, of space it does not hold, and the leader revokes what it refused,
+//!   `leader/revoke.rs`; this model still states the rule above);
 //! - a leader whose view has no readable assertion of an agent that holds something (one
 //!   deleted or overwritten around the agent) grants nothing until the agent put its own
 //!   back and the view read it (see `holdings_read_back`);
