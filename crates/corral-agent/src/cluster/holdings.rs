@@ -190,6 +190,26 @@ impl EpochGuard {
         ))
     }
 
+    /// Writes what is remembered now if it changed since the last write (not waiting for
+    /// [`SAVE_EVERY`]): once what the node holds changed, the revision it had reached must
+    /// survive a crash, or a grant it gave up and etcd hands back after a restore would look
+    /// newer than anything it had seen (`cluster.rs` `screen`).
+    pub fn flush(&self) {
+        let save = {
+            let mut state = self.lock();
+            state.dirty.then(|| {
+                state.saved = Some(std::time::Instant::now());
+                state.dirty = false;
+                state.memory
+            })
+        };
+        if let (Some(memory), Some(path)) = (save, &self.path)
+            && let Err(error) = write_atomically(path, &memory.to_json())
+        {
+            eprintln!("corral agent: cluster: writing {}: {error}", path.display());
+        }
+    }
+
     fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.regressed.subscribe()
     }
@@ -606,6 +626,9 @@ async fn look<K: Kv>(
     let floor = guard.floor();
     let revision = put(kv, key, &record).await?;
     guard.observe_revision(floor, revision);
+    if difference == Difference::Held {
+        guard.flush();
+    }
     *written = Written {
         record: Some(record),
         mod_revision: revision,
@@ -623,6 +646,33 @@ mod tests {
 
     fn pool(name: &str) -> PoolName {
         PoolName::new(name).unwrap()
+    }
+
+    #[test]
+    fn a_flush_writes_the_revision_reached_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("etcd-epoch");
+        let guard = EpochGuard::load(Some(path.clone()));
+        let at = |revision| Epoch {
+            cluster_id: 7,
+            revision,
+        };
+        let remembered = || {
+            EpochMemory::from_json(&std::fs::read(&path).unwrap())
+                .unwrap()
+                .floor()
+        };
+        guard.observe(at(10));
+        assert_eq!(remembered(), 10);
+        // Advancing alone is written at most every few seconds...
+        guard.observe(at(20));
+        assert_eq!(remembered(), 10);
+        // ...a flush writes it now, and nothing when nothing changed.
+        guard.flush();
+        assert_eq!(remembered(), 20);
+        guard.flush();
+        assert_eq!(remembered(), 20);
+        assert_eq!(EpochGuard::load(Some(path)).floor(), 20);
     }
 
     #[test]
