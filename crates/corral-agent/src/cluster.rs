@@ -635,6 +635,8 @@ struct AcrossRounds {
     registration: Option<Revision>,
     /// The node ID and plan last read.
     node_id: Option<u32>,
+    /// The create revision of the node ID's grant (with `node_id`).
+    node_id_revision: Revision,
     plan: Option<NodeIdPlanConfig>,
     config: Option<Arc<ClusterConfig>>,
     /// Whether the round got as far as serving (its backoff then starts again).
@@ -1155,6 +1157,7 @@ async fn follow<K: Kv>(
     let node_key = keys.node(node);
     let mut held = Held {
         node_id: across.node_id,
+        node_id_revision: across.node_id_revision,
         plan: across.plan.clone(),
         config: across.config.clone(),
         ..Held::default()
@@ -1212,6 +1215,7 @@ async fn follow<K: Kv>(
     apply(committer, state, &held).await?;
     let mut frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
     across.node_id = held.node_id;
+    across.node_id_revision = held.node_id_revision;
     across.plan = held.plan.clone();
     across.config = held.config.clone();
     across.served = true;
@@ -1299,6 +1303,7 @@ async fn follow<K: Kv>(
         frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
         handshake(kv, keys, node, committer, state, &mut held).await?;
         across.node_id = held.node_id;
+        across.node_id_revision = held.node_id_revision;
         across.plan = held.plan.clone();
         across.config = held.config.clone();
         demand.touched(Instant::now());
