@@ -1072,27 +1072,13 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
             }
         }
         Done::Drain { step, outcome } => {
-            let node = step.node().clone();
-            work.busy.remove(&node);
-            match outcome {
-                Ok(revision) => {
-                    if let Some(text) = drain::describe(&step) {
-                        eprintln!("corral operator: {text}");
-                    }
-                    work.drain_wait.insert(node.clone(), revision);
-                    backoff(view, work, &node, true);
-                    false
-                }
-                Err(TxnFailure::Refused) => {
-                    backoff(view, work, &node, false);
-                    false
-                }
-                Err(TxnFailure::Uncertain(error)) => {
-                    shared.note_problem(format!("drain of removed node {node}: {error}"));
-                    backoff(view, work, &node, false);
-                    true
-                }
+            if outcome.is_ok()
+                && let Some(text) = drain::describe(&step)
+            {
+                eprintln!("corral operator: {text}");
             }
+            let node = step.node().clone();
+            finish_step(view, shared, work, &node, outcome, "drain of removed node")
         }
         Done::Revoke {
             revocations,
@@ -1101,25 +1087,19 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
             let Some(node) = revocations.first().map(|r| r.node.clone()) else {
                 return false;
             };
-            work.busy.remove(&node);
-            match outcome {
-                Ok(revision) => {
-                    eprintln!("corral operator: {}", revoke::describe(&revocations));
-                    shared.note_problem(revoke::describe(&revocations));
-                    work.drain_wait.insert(node.clone(), revision);
-                    backoff(view, work, &node, true);
-                    false
-                }
-                Err(TxnFailure::Refused) => {
-                    backoff(view, work, &node, false);
-                    false
-                }
-                Err(TxnFailure::Uncertain(error)) => {
-                    shared.note_problem(format!("revoking node {node}'s refused grants: {error}"));
-                    backoff(view, work, &node, false);
-                    true
-                }
+            if outcome.is_ok() {
+                let text = revoke::describe(&revocations);
+                eprintln!("corral operator: {text}");
+                shared.note_problem(text);
             }
+            finish_step(
+                view,
+                shared,
+                work,
+                &node,
+                outcome,
+                "revoking the refused grants of node",
+            )
         }
         Done::Blocks { node, done } => blocks::finish_blocks(view, shared, work, node, done),
     }
@@ -1128,6 +1108,35 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
 /// nodeipam's timing per node: a node that failed waits `InitialRetry`, then doubling up to
 /// `MaxBackoff`; one that succeeded is not held back (it needs nothing until something
 /// changes, and the watch says when).
+/// One transaction about `node` done (a drain step, a revocation): on success the node waits
+/// until the watch delivered it; answers whether the store may or may not have applied it.
+fn finish_step(
+    view: &ClusterView,
+    shared: &Shared,
+    work: &mut Work,
+    node: &NodeName,
+    outcome: Result<Revision, TxnFailure>,
+    what: &str,
+) -> bool {
+    work.busy.remove(node);
+    match outcome {
+        Ok(revision) => {
+            work.drain_wait.insert(node.clone(), revision);
+            backoff(view, work, node, true);
+            false
+        }
+        Err(TxnFailure::Refused) => {
+            backoff(view, work, node, false);
+            false
+        }
+        Err(TxnFailure::Uncertain(error)) => {
+            shared.note_problem(format!("{what} {node}: {error}"));
+            backoff(view, work, node, false);
+            true
+        }
+    }
+}
+
 fn backoff(view: &ClusterView, work: &mut Work, node: &NodeName, success: bool) {
     if success {
         work.retry.remove(node);

@@ -148,10 +148,8 @@ impl EpochGuard {
             });
             (observed, save)
         };
-        if let (Some(memory), Some(path)) = (save, &self.path)
-            && let Err(error) = write_atomically(path, &memory.to_json())
-        {
-            eprintln!("corral agent: cluster: writing {}: {error}", path.display());
+        if let Some(memory) = save {
+            self.write(&memory);
         }
         match observed {
             Observed::Regressed(regression) => {
@@ -203,7 +201,14 @@ impl EpochGuard {
                 state.memory
             })
         };
-        if let (Some(memory), Some(path)) = (save, &self.path)
+        if let Some(memory) = save {
+            self.write(&memory);
+        }
+    }
+
+    /// Writes `memory` to the guard's file, if it has one (a failure is logged).
+    fn write(&self, memory: &EpochMemory) {
+        if let Some(path) = &self.path
             && let Err(error) = write_atomically(path, &memory.to_json())
         {
             eprintln!("corral agent: cluster: writing {}: {error}", path.display());
