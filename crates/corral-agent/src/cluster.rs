@@ -650,8 +650,9 @@ struct AcrossRounds {
     /// The agent's memory of etcd's time (`holdings.rs`), fed the revisions the link reads.
     epoch: Option<Arc<holdings::EpochGuard>>,
     /// The highest revision the agent had seen before this round reached etcd (the one a
-    /// regression showed, if lower): a grant made at or before it that the node does not
-    /// hold is one it gave up, handed back (`screen`).
+    /// regression showed, if lower), raised to the `reassert` key's mod revision when the
+    /// round reads one: a grant made at or before it that the node does not hold is one it
+    /// gave up, or one etcd may have handed back after another node got its space (`screen`).
     seen_before: Revision,
     /// Grants this process took up (`owned/` key, create revision): taken up again whatever
     /// the host holds now.
@@ -1173,7 +1174,20 @@ async fn follow<K: Kv>(
     // The registration, the node ID and the configuration at the same revision as the
     // grants, so the watches below miss nothing: a removal that landed since `register`
     // read the registration is seen here.
-    for key in [&node_key, &id_key, &config_key] {
+    let reassert_key = keys.reassert();
+    for key in [&node_key, &id_key, &config_key, &reassert_key] {
+        if key == &reassert_key {
+            // A leader that saw etcd go back in time put it: a grant made before it may be
+            // one etcd handed back after its space went to another node, which an agent
+            // that was away (its own memory of etcd's time older than the grant) cannot
+            // tell from a grant made while it was away. Such grants are refused unless the
+            // host holds their space; the leader revokes them and grants anew.
+            let page = kv.range(key.as_bytes(), None, 1, Some(revision)).await?;
+            if let Some(entry) = page.kvs.iter().find(|e| e.key == key.as_bytes()) {
+                across.seen_before = across.seen_before.max(entry.mod_revision);
+            }
+            continue;
+        }
         if key == &config_key {
             // `config` and `config-applied` (one prefix; `config-applied` applied first, so
             // the stored `config` is followed only while there is none).
@@ -1860,11 +1874,12 @@ async fn held_locally(
 }
 
 /// Which grants the node takes up: one this process took up before, one made after the
-/// highest revision the agent had seen before this round (`seen_before`), or one of space the
-/// host holds (granted or draining: its own from before a restart). Any other is space this
-/// node gave up that etcd handed back (restored from a snapshot; the space may be another
-/// node's by now): it is not served, and is asserted as refused (`HoldingsRecord::refused`)
-/// for the leader to revoke.
+/// highest revision the agent had seen before this round or after the last `reassert`
+/// (`seen_before`), or one of space the host holds (granted or draining: its own from before
+/// a restart). Any other is space this node gave up that etcd handed back, or a grant from
+/// before etcd went back in time that this node never took up (restored from a snapshot;
+/// the space may be another node's by now): it is not served, and is asserted as refused
+/// (`HoldingsRecord::refused`) for the leader to revoke.
 fn screen(
     held: &mut Held,
     across: &mut AcrossRounds,

@@ -945,3 +945,94 @@ fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refu
     });
     agent.stop(&runtime);
 }
+
+/// An agent that was away while its node was granted space cannot tell a grant made meanwhile
+/// from one a restored snapshot handed back after that space went to another node (its own
+/// memory of etcd's time is older than both). Once a leader saw etcd go back in time and put
+/// `reassert`, a grant made before it is refused unless the host holds its space; one the
+/// host holds (taken up before a restart) is served still, and one made after is taken up.
+#[test]
+fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir_1 = tempfile::tempdir().unwrap();
+    let dir_2 = tempfile::tempdir().unwrap();
+    runtime.block_on(async {
+        for (node, cidr) in [("node-1", "10.192.1.0/24"), ("node-2", "10.192.2.0/24")] {
+            let record = NodeRecord {
+                uid: format!("uid-{}", &node[5..]),
+                addresses: Vec::new(),
+                registered_ms: 0,
+                instance_id: None,
+            };
+            kv.txn(Txn {
+                compares: vec![],
+                success: vec![TxnOp::put(
+                    keys().node(&NodeName::new(node).unwrap()),
+                    encode_value(&record).unwrap(),
+                )],
+                failure: vec![],
+            })
+            .await
+            .unwrap();
+            grant(&kv, node, cidr).await;
+        }
+    });
+    let ttl = Duration::from_secs(3);
+    // Before any reassert, a grant made while the agent was away is taken up.
+    let first = LinkedAgent::start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
+    wait_until("node-1 serves its grant", Duration::from_secs(10), || {
+        first.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+    });
+    allocate(&first, "pod-1").unwrap();
+    first.stop(&runtime);
+    // A leader saw etcd go back in time.
+    let reassert = corral_cluster::ReassertRecord {
+        requested_ms: 1,
+        replica: "op-a".into(),
+        reason: "etcd went back in time".into(),
+    };
+    runtime.block_on(async {
+        kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(
+                keys().reassert(),
+                encode_value(&reassert).unwrap(),
+            )],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    });
+    // node-2 never took its grant up: refused, asserted as refused, nothing served.
+    let second = LinkedAgent::start(&runtime, &kv, dir_2.path(), "node-2", "uid-2", ttl);
+    wait_until("node-2's grant is refused", Duration::from_secs(10), || {
+        holdings(&runtime, &kv, "node-2").is_some_and(|h| {
+            h.refused.len() == 1 && h.refused[0].cidr.to_string() == "10.192.2.0/24"
+        })
+    });
+    assert_eq!(second.cluster_ranges(), []);
+    assert!(allocate(&second, "pod-2").is_err(), "nothing is served");
+    // node-1's host holds its space: served again after a restart, nothing refused.
+    let first = LinkedAgent::start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
+    wait_until(
+        "node-1 serves its grant again",
+        Duration::from_secs(10),
+        || {
+            holdings(&runtime, &kv, "node-1")
+                .is_some_and(|h| h.refused.is_empty() && h.ranges.len() == 1)
+                && first.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+        },
+    );
+    // The leader revokes node-2's grant and grants anew: taken up.
+    runtime.block_on(revoke_grant(&kv, "node-2", "10.192.2.0/24"));
+    runtime.block_on(grant(&kv, "node-2", "10.192.3.0/24"));
+    wait_until(
+        "node-2's new grant is served",
+        Duration::from_secs(10),
+        || second.cluster_ranges() == [("10.192.3.0/24".to_owned(), false)],
+    );
+    allocate(&second, "pod-2").unwrap();
+    second.stop(&runtime);
+    first.stop(&runtime);
+}

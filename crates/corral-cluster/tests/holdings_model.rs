@@ -19,16 +19,23 @@
 //!   (`ClusterConfig::check_install`; before issue 20 it installed whatever was stored);
 //! - after a restored snapshot (the revision went backwards) no proposal commits until every
 //!   agent that holds anything has synced since the restore and the proposing replica has
-//!   read those syncs back; agents take up no grant meanwhile, and the leader then revokes
-//!   the restored grants another node asserts and their grantee does not (the code holds a
-//!   more local rule to the same end: an agent refuses a grant made before the highest
-//!   revision it had seen, of space it does not hold, and the leader revokes what it refused,
-//!   `leader/revoke.rs`; this model still states the rule above);
+//!   read those syncs back (`epoch.rs`: the live agents and the nodes known before asserted);
+//! - an agent takes up a grant only if this process took it up before, or it was made after
+//!   the highest revision the agent had seen before this sync (the revision a regression
+//!   showed, if lower: the agent's memory of etcd's time is durable, written whenever what it
+//!   holds changed), or the agent holds its space; any other it refuses and lists in its
+//!   `holdings/` record (`agent/cluster.rs` `screen`);
+//! - the leader that sees etcd go back in time puts `reassert`; agents count a grant made
+//!   before it as seen (an agent that was away cannot tell a grant made meanwhile from one a
+//!   restore handed back after its space went to another node). The model's leader notices a
+//!   restore at once; in the code an agent that comes back between a restore and its
+//!   leader's first read of etcd can still take up such a grant (README, "Restoring etcd
+//!   from a snapshot");
+//! - the leader revokes the grants and node IDs their agents refused (`leader/revoke.rs`);
 //! - a leader whose view has no readable assertion of an agent that holds something (one
 //!   deleted or overwritten around the agent) grants nothing until the agent put its own
 //!   back and the view read it (see `holdings_read_back`);
-//! - a term starts from a fresh read of the store (as `leader.rs` does);
-//! - an agent never takes up again a grant it gave up (same pool, range, create revision).
+//! - a term starts from a fresh read of the store (as `leader.rs` does).
 //!
 //! After every step the promise is checked from the store and the agents alone: no two agents
 //! hold overlapping ranges or the same node ID, no grant overlaps another, and no grant to one
@@ -42,7 +49,7 @@ use corral_cluster::net::overlaps;
 use corral_cluster::{
     ClusterConfig, ClusterName, ClusterView, GrantRecord, HeldRange, HoldingsRecord, IpNet, Key,
     Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, PoolName, QuarantineRecord,
-    decode_value, encode_value,
+    ReassertRecord, RefusedGrant, RefusedNodeId, decode_value, encode_value,
 };
 use proptest::prelude::*;
 
@@ -159,6 +166,8 @@ struct Txn {
     registration: Option<(String, i64)>,
     /// Keys and the mod revision each must have (0: absent).
     modified: Vec<(String, i64)>,
+    /// Keys and the create revision each must have.
+    created: Vec<(String, i64)>,
     absent: Vec<String>,
     empty: Vec<String>,
     deletes: Vec<String>,
@@ -167,8 +176,13 @@ struct Txn {
 
 impl Etcd {
     fn put(&mut self, key: String, value: Vec<u8>) {
+        self.state.revision += 1;
+        self.put_at(key, value);
+    }
+
+    /// A put at the current revision (one of a transaction's writes).
+    fn put_at(&mut self, key: String, value: Vec<u8>) {
         let s = &mut self.state;
-        s.revision += 1;
         let create = s.kv.get(&key).map_or(s.revision, |(_, c, _)| *c);
         s.kv.insert(key.clone(), (value.clone(), create, s.revision));
         self.log.push(Event::Put {
@@ -180,9 +194,16 @@ impl Etcd {
     }
 
     fn delete(&mut self, key: &str) {
+        if self.state.kv.contains_key(key) {
+            self.state.revision += 1;
+            self.delete_at(key);
+        }
+    }
+
+    /// A delete at the current revision (one of a transaction's writes).
+    fn delete_at(&mut self, key: &str) {
         let s = &mut self.state;
         if s.kv.remove(key).is_some() {
-            s.revision += 1;
             self.log.push(Event::Delete {
                 key: key.to_owned(),
                 revision: s.revision,
@@ -207,6 +228,13 @@ impl Etcd {
         {
             return false;
         }
+        if txn
+            .created
+            .iter()
+            .any(|(key, revision)| s.kv.get(key).map(|(_, c, _)| *c) != Some(*revision))
+        {
+            return false;
+        }
         if txn.absent.iter().any(|k| s.kv.contains_key(k)) {
             return false;
         }
@@ -217,11 +245,15 @@ impl Etcd {
         }) {
             return false;
         }
+        // One revision for all its writes, as etcd does.
+        if !txn.deletes.is_empty() || !txn.puts.is_empty() {
+            self.state.revision += 1;
+        }
         for key in &txn.deletes {
-            self.delete(key);
+            self.delete_at(key);
         }
         for (key, value) in &txn.puts {
-            self.put(key.clone(), value.clone());
+            self.put_at(key.clone(), value.clone());
         }
         true
     }
@@ -335,10 +367,15 @@ struct Agent {
     held: BTreeMap<(PoolName, IpNet), Held>,
     /// The node ID it serves, and the create revision of its grant.
     node_id: Option<(u32, i64)>,
-    /// Grants it gave up (pool, range, the grant's create revision): a restored snapshot
-    /// brings such a grant back, and the agent must not take it up again.
-    given_up: BTreeSet<(PoolName, IpNet, i64)>,
-    given_up_ids: BTreeSet<(u32, i64)>,
+    /// The highest revision it has seen (the one a regression showed, if lower), and what of
+    /// it was last written to disk (a restart goes back to that).
+    floor: i64,
+    floor_saved: i64,
+    /// Grants this process took up (grant key, create revision); a restart forgets them.
+    accepted: BTreeSet<(String, i64)>,
+    /// What it refused at its last sync, as its record lists it.
+    refused: Vec<RefusedGrant>,
+    refused_node_id: Option<RefusedNodeId>,
     /// The log position of its first sync since the last restore.
     synced_since_restore: Option<usize>,
     /// The log position of its last sync.
@@ -365,8 +402,8 @@ impl Agent {
                 .collect(),
             node_id: self.node_id.map(|(id, _)| id),
             cloud: vec![],
-            refused: vec![],
-            refused_node_id: None,
+            refused: self.refused.clone(),
+            refused_node_id: self.refused_node_id,
             written_ms: 0,
         }
     }
@@ -385,6 +422,9 @@ enum Op {
     /// A quarantine key's lease runs out.
     Expire(usize),
     AgentSync(usize),
+    /// The agent's process restarts (its local state and its memory of etcd's time as last
+    /// written stay).
+    AgentRestart(usize),
     /// The agent's pods in one of its draining ranges are gone: it drops the range.
     Empty(usize, usize),
     SnapshotSave(usize),
@@ -412,6 +452,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0..NODES, replica()).prop_map(|(n, r)| Op::Remove(n, r)),
         2 => (0..8usize).prop_map(Op::Expire),
         14 => (0..NODES).prop_map(Op::AgentSync),
+        2 => (0..NODES).prop_map(Op::AgentRestart),
         6 => (0..NODES, 0..4usize).prop_map(|(n, i)| Op::Empty(n, i)),
         2 => (0..SNAPSHOTS).prop_map(Op::SnapshotSave),
         1 => (0..SNAPSHOTS, 0..REPLICAS).prop_map(|(i, r)| Op::SnapshotRestore(i, r)),
@@ -438,12 +479,15 @@ struct Rules {
     rebuild_on_term: bool,
     /// After a restore, no proposal commits until every holder synced and was read back.
     wait_after_restore: bool,
-    /// An agent never takes up again a grant it gave up (a restore brings such grants back).
-    agents_refuse_given_up: bool,
-    /// After a restore, agents take up no grant until the leader has read every holder's
-    /// assertion back, and the leader then revokes the restored grants that another node
-    /// asserts and their grantee does not.
-    settle_restored_grants: bool,
+    /// An agent refuses a grant made at or before the highest revision it had seen, of space
+    /// it does not hold, unless this process took it up before; `false`: it takes up every
+    /// grant.
+    agents_refuse_old_grants: bool,
+    /// The leader puts `reassert` when etcd went back in time, and agents count grants made
+    /// before it as seen.
+    reassert_floor: bool,
+    /// The leader revokes what agents refused.
+    leader_revokes_refused: bool,
 }
 
 /// The rules of issue 20 as the parts building them promise.
@@ -452,8 +496,9 @@ const RULES: Rules = Rules {
     wait_for_unread_assertions: true,
     rebuild_on_term: true,
     wait_after_restore: true,
-    agents_refuse_given_up: true,
-    settle_restored_grants: true,
+    agents_refuse_old_grants: true,
+    reassert_floor: true,
+    leader_revokes_refused: true,
 };
 
 /// What a run went through (the model must not pass by doing nothing).
@@ -463,8 +508,10 @@ struct Stats {
     /// Removals that left a held range without a quarantine key.
     removals_of_holders: usize,
     restores: usize,
-    /// Restores settled by the leader (with how many keys revoked).
+    /// Restores after which the leader granted again.
     restores_settled: usize,
+    /// Grants and node IDs agents refused, and how many of them the leader revoked.
+    refused: usize,
     revoked: usize,
     /// Configurations that changed a replica's view.
     configs_installed: usize,
@@ -534,71 +581,28 @@ impl Sim {
             })
     }
 
-    /// Ends a restore's episode once the leader has read every holder back: it revokes the
-    /// restored grants (and node IDs) another node asserts and their grantee does not, so
-    /// no agent takes them up.
-    fn settle_restore(&mut self) {
-        if !self.restored || !self.rules.settle_restored_grants {
+    /// As `leader/revoke.rs`: the grants and node IDs agents refused, deleted in one fenced
+    /// transaction comparing each key's create revision.
+    fn revoke(&mut self, r: usize) {
+        if !self.rules.leader_revokes_refused {
             return;
         }
-        let r = self.replica_index(LEADER);
-        if !self.read_back_since_restore(r) {
+        let revocations = self.replicas[r].view.refused_grants();
+        if revocations.is_empty() {
             return;
         }
-        let view = &self.replicas[r].view;
-        let asserted = |n: usize| {
-            view.holdings_of(&node_name(n))
-                .and_then(|e| e.record.clone())
-                .unwrap_or_default()
+        let mut txn = Txn {
+            token: self.replicas[r].token,
+            ..Txn::default()
         };
-        let records: Vec<HoldingsRecord> = (0..NODES).map(asserted).collect();
-        let mut deletes = Vec::new();
-        for (key, (value, ..)) in &self.etcd.state.kv {
-            match self.keys.parse(key) {
-                Ok(Key::Grant { pool, family, cidr }) => {
-                    let Ok(grant) = decode_value::<GrantRecord>(value) else {
-                        continue;
-                    };
-                    let x = node_index(&grant.node);
-                    let own = records[x]
-                        .ranges
-                        .iter()
-                        .any(|h| h.pool == pool && h.cidr == cidr);
-                    let other = records.iter().enumerate().any(|(y, rec)| {
-                        y != x && rec.ranges.iter().any(|h| overlaps(&h.cidr, &cidr))
-                    });
-                    if !own && other {
-                        deletes.push(key.clone());
-                        deletes.push(self.keys.owned(&grant.node, &pool, family, &cidr));
-                    }
-                }
-                Ok(Key::NodeId { id }) => {
-                    let Ok(grant) = decode_value::<NodeIdRecord>(value) else {
-                        continue;
-                    };
-                    let x = node_index(&grant.node);
-                    let other = records
-                        .iter()
-                        .enumerate()
-                        .any(|(y, rec)| y != x && rec.node_id == Some(id));
-                    if records[x].node_id != Some(id) && other {
-                        deletes.push(key.clone());
-                        deletes.push(self.keys.node_id_of_node(&grant.node));
-                    }
-                }
-                _ => {}
+        for revocation in &revocations {
+            for key in &revocation.keys {
+                txn.created.push((key.clone(), revocation.revision));
+                txn.deletes.push(key.clone());
             }
         }
-        let token = self.replicas[r].token;
-        let revoked = deletes.len();
-        if self.etcd.txn(&Txn {
-            token,
-            deletes,
-            ..Txn::default()
-        }) {
-            self.restored = false;
-            self.stats.restores_settled += 1;
-            self.stats.revoked += revoked;
+        if self.etcd.txn(&txn) {
+            self.stats.revoked += revocations.len();
         }
     }
 
@@ -619,7 +623,6 @@ impl Sim {
     }
 
     fn propose(&mut self, r: usize, node: &NodeName) {
-        self.settle_restore();
         if self.replicas[r].generation != self.etcd.generation {
             // Its watch broke at the restore: it rebuilds before anything else.
             self.replicas[r].rebuild(
@@ -630,12 +633,19 @@ impl Sim {
             );
         }
         self.write_applied(r);
+        // Revocations run before the gates (`leader.rs`).
+        self.revoke(r);
         if !self.replicas[r].view.config_in_force() {
             return;
         }
         if !self.restore_settled(r) {
             self.stats.held_back_restore += 1;
             return;
+        }
+        // The wait ends for the cluster once the replica holding the fence passed it.
+        if self.restored && self.replicas[r].token == self.etcd.state.leader_token {
+            self.restored = false;
+            self.stats.restores_settled += 1;
         }
         if !self.holdings_read_back(r) {
             self.stats.held_back_unread += 1;
@@ -655,8 +665,8 @@ impl Sim {
             modified: vec![(self.keys.config(), replica.view.config_revision())],
             absent: proposal.absent_keys(&self.keys),
             empty: proposal.absent_prefixes(&self.keys),
-            deletes: vec![],
             puts: proposal.puts(&self.keys).unwrap(),
+            ..Txn::default()
         };
         let committed = self.etcd.txn(&txn);
         if committed {
@@ -728,66 +738,120 @@ impl Sim {
         }
     }
 
-    /// The agent reads its grants and its `holdings/` key: takes up new grants, drains what is
-    /// no longer granted, and puts its record back when it is missing or different.
+    /// The agent reads its grants and its `holdings/` key: takes up the grants it accepts
+    /// (`screen`), drains what is no longer granted, and puts its record back when it is
+    /// missing or different.
     fn agent_sync(&mut self, n: usize) {
-        self.settle_restore();
-        // While a restore is not settled, nothing new is taken up.
-        let take_up = !(self.rules.settle_restored_grants && self.restored);
         let node = node_name(n);
-        let mut grants: BTreeMap<(PoolName, IpNet), i64> = BTreeMap::new();
+        let revision = self.etcd.state.revision;
+        let mut grants: BTreeMap<(PoolName, IpNet), (String, i64)> = BTreeMap::new();
         let mut granted_id = None;
-        for (key, (value, create, _)) in &self.etcd.state.kv {
+        let mut reassert = 0;
+        for (key, (value, create, modified)) in &self.etcd.state.kv {
             match self.keys.parse(key) {
                 Ok(Key::Grant { pool, cidr, .. })
                     if decode_value::<GrantRecord>(value).is_ok_and(|g| g.node == node) =>
                 {
-                    grants.insert((pool, cidr), *create);
+                    grants.insert((pool, cidr), (key.clone(), *create));
                 }
                 Ok(Key::NodeId { id })
                     if decode_value::<NodeIdRecord>(value).is_ok_and(|g| g.node == node) =>
                 {
-                    granted_id = Some((id, *create));
+                    granted_id = Some((id, *create, key.clone()));
                 }
+                Ok(Key::Reassert) => reassert = *modified,
                 _ => {}
             }
         }
+        let rules = self.rules;
         let agent = &mut self.agents[n];
+        // Its memory of etcd's time: a regression lowers it to what etcd answers.
+        let before = agent.floor;
+        agent.floor = revision;
+        let mut seen_before = before.min(revision);
+        if rules.reassert_floor {
+            seen_before = seen_before.max(reassert);
+        }
+        let accepts = |agent: &Agent, key: &str, grant_revision: i64, holds: bool| {
+            !rules.agents_refuse_old_grants
+                || agent.accepted.contains(&(key.to_owned(), grant_revision))
+                || grant_revision > seen_before
+                || holds
+        };
+        let mut refused = Vec::new();
+        let mut taken = BTreeMap::new();
+        for ((pool, cidr), (key, grant_revision)) in &grants {
+            let holds = agent.held.contains_key(&(pool.clone(), *cidr));
+            if accepts(agent, key, *grant_revision, holds) {
+                taken.insert((pool.clone(), *cidr), *grant_revision);
+                agent.accepted.insert((key.clone(), *grant_revision));
+            } else {
+                refused.push(RefusedGrant {
+                    pool: pool.clone(),
+                    cidr: *cidr,
+                    grant_revision: *grant_revision,
+                });
+            }
+        }
+        let before_held: Vec<_> = agent.held.keys().cloned().collect();
         for (range, held) in agent.held.iter_mut() {
-            match grants.get(range) {
-                Some(revision) if *revision == held.grant_revision => held.draining = false,
-                _ => held.draining = true,
+            match taken.get(range) {
+                Some(grant_revision) => {
+                    held.draining = false;
+                    held.grant_revision = *grant_revision;
+                }
+                None => held.draining = true,
             }
         }
-        for ((pool, cidr), revision) in grants {
-            if take_up
-                && !agent.held.contains_key(&(pool.clone(), cidr))
-                && !(self.rules.agents_refuse_given_up
-                    && agent.given_up.contains(&(pool.clone(), cidr, revision)))
-            {
-                agent.held.insert(
-                    (pool, cidr),
-                    Held {
-                        draining: false,
-                        grant_revision: revision,
-                    },
-                );
-            }
+        for (range, grant_revision) in taken {
+            agent.held.entry(range).or_insert(Held {
+                draining: false,
+                grant_revision,
+            });
         }
+        // The node ID, judged the same way (held: it serves it already).
+        let mut refused_node_id = None;
+        let id_taken = granted_id.clone().and_then(|(id, grant_revision, key)| {
+            let holds = agent.node_id.is_some_and(|(x, _)| x == id);
+            if accepts(agent, &key, grant_revision, holds) {
+                agent.accepted.insert((key, grant_revision));
+                Some((id, grant_revision))
+            } else {
+                refused_node_id = Some(RefusedNodeId {
+                    id,
+                    revision: grant_revision,
+                });
+                None
+            }
+        });
+        let before_id = agent.node_id;
         // A node ID no longer granted is served until the node holds no range at all.
-        if let Some((id, revision)) = agent.node_id
-            && granted_id != Some((id, revision))
+        if let Some((id, _)) = agent.node_id
+            && id_taken.map(|(x, _)| x) != Some(id)
             && agent.held.is_empty()
         {
-            agent.given_up_ids.insert((id, revision));
             agent.node_id = None;
         }
-        if take_up
-            && agent.node_id.is_none()
-            && let Some(granted) = granted_id
-            && !(self.rules.agents_refuse_given_up && agent.given_up_ids.contains(&granted))
+        if let Some((id, grant_revision)) = id_taken
+            && agent.node_id.is_none_or(|(x, _)| x == id)
         {
-            agent.node_id = Some(granted);
+            agent.node_id = Some((id, grant_revision));
+        }
+        // Only grants that still stand are remembered.
+        let standing: BTreeSet<(String, i64)> = grants
+            .values()
+            .cloned()
+            .chain(granted_id.map(|(_, r, key)| (key, r)))
+            .collect();
+        agent.accepted.retain(|g| standing.contains(g));
+        agent.refused = refused;
+        agent.refused_node_id = refused_node_id;
+        self.stats.refused += agent.refused.len() + usize::from(agent.refused_node_id.is_some());
+        // What it holds changed: its memory of etcd's time is written at once.
+        if agent.held.keys().cloned().collect::<Vec<_>>() != before_held
+            || agent.node_id.map(|x| x.0) != before_id.map(|x| x.0)
+        {
+            agent.floor_saved = agent.floor;
         }
         let value = encode_value(&agent.record(n)).unwrap();
         let key = self.keys.holdings(&node);
@@ -899,6 +963,11 @@ impl Sim {
                 }
             }
             Op::AgentSync(n) => self.agent_sync(n),
+            Op::AgentRestart(n) => {
+                let agent = &mut self.agents[n];
+                agent.accepted.clear();
+                agent.floor = agent.floor_saved;
+            }
             Op::Empty(n, i) => {
                 let agent = &mut self.agents[n];
                 let draining: Vec<(PoolName, IpNet)> = agent
@@ -909,11 +978,10 @@ impl Sim {
                     .collect();
                 if !draining.is_empty() {
                     let range = draining[i % draining.len()].clone();
-                    let held = agent.held.remove(&range).unwrap();
+                    agent.held.remove(&range);
                     self.stats.dropped += 1;
-                    agent
-                        .given_up
-                        .insert((range.0, range.1, held.grant_revision));
+                    // What it holds changed: its memory of etcd's time is written at once.
+                    agent.floor_saved = agent.floor;
                 }
             }
             Op::SnapshotSave(i) => self.etcd.snapshots[i] = Some(self.etcd.state.clone()),
@@ -928,6 +996,20 @@ impl Sim {
                         agent.synced_since_restore = None;
                     }
                     self.new_term(r);
+                    if self.rules.reassert_floor {
+                        // The new leader sees etcd's revision went back and asks the agents to
+                        // assert again (`epoch.rs`).
+                        let record = ReassertRecord {
+                            requested_ms: 0,
+                            replica: format!("replica-{r}"),
+                            reason: "etcd went back in time".into(),
+                        };
+                        self.etcd.txn(&Txn {
+                            token: self.replicas[r].token,
+                            puts: vec![(self.keys.reassert(), encode_value(&record).unwrap())],
+                            ..Txn::default()
+                        });
+                    }
                 }
             }
             Op::ConfigAroundCli(variant) => {
@@ -1086,9 +1168,8 @@ fn run_with_stats(rules: Rules, ops: &[Op]) -> Result<Stats, TestCaseError> {
 
 /// The generated runs go through every path of the model: grants committed, removals of
 /// nodes that still hold, restores settled, configurations installed, ranges drained and
-/// dropped, proposals held back by the leader's rules. (A restored grant revoked is rare in
-/// generated runs: `rules::a_restored_grant_never_taken_up_is_revoked_before_agents_take_it`
-/// goes through it.)
+/// dropped, grants refused by agents and revoked by the leader, proposals held back by the
+/// leader's rules.
 #[test]
 fn the_model_goes_through_every_path() {
     use proptest::strategy::ValueTree;
@@ -1108,6 +1189,7 @@ fn the_model_goes_through_every_path() {
         total.removals_of_holders += stats.removals_of_holders;
         total.restores += stats.restores;
         total.restores_settled += stats.restores_settled;
+        total.refused += stats.refused;
         total.revoked += stats.revoked;
         total.configs_installed += stats.configs_installed;
         total.dropped += stats.dropped;
@@ -1116,11 +1198,12 @@ fn the_model_goes_through_every_path() {
     }
     eprintln!("{total:?}");
     let Stats {
-        revoked: _,
         commits,
         removals_of_holders,
         restores,
         restores_settled,
+        refused,
+        revoked,
         configs_installed,
         dropped,
         held_back_restore,
@@ -1131,6 +1214,8 @@ fn the_model_goes_through_every_path() {
         ("removals_of_holders", removals_of_holders),
         ("restores", restores),
         ("restores_settled", restores_settled),
+        ("refused", refused),
+        ("revoked", revoked),
         ("configs_installed", configs_installed),
         ("dropped", dropped),
         ("held_back_restore", held_back_restore),
@@ -1401,9 +1486,9 @@ mod rules {
     }
 
     /// A snapshot from before a node was removed and drained brings its grants back while
-    /// another node holds that space now: its agent must not take them up again. Either rule
-    /// suffices here: the agent remembers what it gave up, or it waits until the leader has
-    /// settled the restore (and revoked what another node asserts).
+    /// another node holds that space now: its agent must not take them up again. It had seen
+    /// etcd past those grants (and wrote so when it took them up): it refuses them, and the
+    /// leader revokes them.
     #[test]
     fn an_agent_does_not_take_up_again_what_it_gave_up() {
         let ops = [
@@ -1423,37 +1508,27 @@ mod rules {
             AgentSync(1),
             SnapshotRestore(0, 0),
             AgentSync(1),
+            AgentRestart(0),
             AgentSync(0),
         ];
+        let stats = run_with_stats(RULES, &ops).unwrap();
+        assert!(stats.refused > 0 && stats.revoked > 0, "{stats:?}");
         needs_rule(
             Rules {
-                agents_refuse_given_up: false,
-                settle_restored_grants: false,
+                agents_refuse_old_grants: false,
                 ..RULES
             },
             &ops,
         );
-        for one in [
-            Rules {
-                agents_refuse_given_up: false,
-                ..RULES
-            },
-            Rules {
-                settle_restored_grants: false,
-                ..RULES
-            },
-        ] {
-            assert!(run(one, &ops).is_ok(), "{one:?}");
-        }
     }
 
     /// A snapshot holds a grant its node's agent never took up; after it was taken, that
     /// space went to another node, whose agent holds it when the snapshot is restored. The
-    /// agent of the first node cannot tell (it never saw the history etcd lost): it must not
-    /// take up grants until the leader has read every holder back, and the leader must then
-    /// revoke the restored grant another node asserts.
+    /// agent of the first node cannot tell (it never saw the history etcd lost, and its own
+    /// memory of etcd's time is older than the grant): the `reassert` the leader put when it
+    /// saw etcd go back in time makes the grant one from before, refused, then revoked.
     #[test]
-    fn a_restored_grant_never_taken_up_is_revoked_before_agents_take_it() {
+    fn a_restored_grant_never_taken_up_is_refused_after_a_reassert() {
         let ops = [
             SnapshotSave(0),
             Register(5),
@@ -1467,14 +1542,60 @@ mod rules {
             AgentSync(3),
             SnapshotRestore(1, 0),
         ];
-        assert!(run_with_stats(RULES, &ops).unwrap().revoked > 0);
+        let stats = run_with_stats(RULES, &ops).unwrap();
+        assert!(stats.refused > 0 && stats.revoked > 0, "{stats:?}");
         needs_rule(
             Rules {
-                settle_restored_grants: false,
+                reassert_floor: false,
                 ..RULES
             },
             &ops,
         );
+    }
+
+    /// What an agent refused stays a grant to its node until the leader revokes it: the node
+    /// then has no other space (a grant of a pool blocks the node's next proposal in it), and
+    /// never gets any while the refused grant stands. Revoking it is what lets the node be
+    /// served again: without it, the final settle leaves the node unserved.
+    #[test]
+    fn a_refused_grant_is_revoked_and_the_node_granted_anew() {
+        let ops = [
+            SnapshotSave(0),
+            Register(5),
+            CatchUp(0, 1),
+            Propose(0, 5),
+            SnapshotSave(1),
+            SnapshotRestore(0, 2),
+            Register(3),
+            CatchUp(2, 1),
+            Propose(LEADER, 3),
+            AgentSync(3),
+            SnapshotRestore(1, 0),
+        ];
+        let served = |rules: Rules| {
+            let mut sim = Sim::new(rules);
+            for op in &ops {
+                sim.step(op);
+            }
+            for n in 0..NODES {
+                sim.step(&AgentSync(n));
+            }
+            sim.step(&LeaderChange(0));
+            for n in 0..NODES {
+                sim.step(&Propose(0, n));
+                sim.step(&CatchUp(0, usize::MAX));
+            }
+            for n in 0..NODES {
+                sim.step(&AgentSync(n));
+            }
+            sim.check().unwrap();
+            !sim.agents[5].held.is_empty()
+        };
+        assert!(served(RULES));
+        assert!(!served(Rules {
+            leader_revokes_refused: false,
+            ..RULES
+        }));
     }
 
     /// The transaction of a grant compares no `holdings/` key: a range held by a removed node
