@@ -1105,9 +1105,6 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
     }
 }
 
-/// nodeipam's timing per node: a node that failed waits `InitialRetry`, then doubling up to
-/// `MaxBackoff`; one that succeeded is not held back (it needs nothing until something
-/// changes, and the watch says when).
 /// One transaction about `node` done (a drain step, a revocation): on success the node waits
 /// until the watch delivered it; answers whether the store may or may not have applied it.
 fn finish_step(
@@ -1137,6 +1134,9 @@ fn finish_step(
     }
 }
 
+/// nodeipam's timing per node: a node that failed waits `InitialRetry`, then doubling up to
+/// `MaxBackoff`; one that succeeded is not held back (it needs nothing until something
+/// changes, and the watch says when).
 fn backoff(view: &ClusterView, work: &mut Work, node: &NodeName, success: bool) {
     if success {
         work.retry.remove(node);
