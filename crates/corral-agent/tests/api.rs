@@ -712,7 +712,7 @@ fn slow_bodies_and_idle_connections_are_timed_out_on_the_socket() {
 /// `/v1/gc` over the node scope: the first run only records suspects, durably (a restart in
 /// between keeps them), a later run past the grace period releases them, whole; a live
 /// attachment, an allocation without a key and anything on a dry run stay; bad input is 400
-/// and changes nothing.
+/// and changes nothing. With no grace period a first observation is enough.
 #[test]
 fn gc_releases_a_leak_only_at_a_later_run_past_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
@@ -750,7 +750,7 @@ fn gc_releases_a_leak_only_at_a_later_run_past_the_grace_period() {
     );
 
     let live = json!([key("kept")]);
-    let (status, first) = agent.post("/v1/gc", json!({"live": live, "grace_ms": 0}));
+    let (status, first) = agent.post("/v1/gc", json!({"live": live, "grace_ms": 600000}));
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["live"], 1, "{first}");
     assert_eq!(first["recorded"][0]["key"], key("leak"), "{first}");
@@ -782,6 +782,15 @@ fn gc_releases_a_leak_only_at_a_later_run_past_the_grace_period() {
     assert!(waiting["waiting"][0]["due_ms"].as_u64().is_some());
     let (_, second) = agent.post("/v1/gc", json!({"live": live, "grace_ms": 0}));
     assert_eq!(second["released"][0]["key"], key("leak"), "{second}");
+    // With no grace period one observation is enough: a new leak goes at the first run.
+    let (status, _) = agent.post(
+        "/v1/allocate",
+        json!({"owner": "leak-2", "key": key("leak-2")}),
+    );
+    assert_eq!(status, 200);
+    let (_, once) = agent.post("/v1/gc", json!({"live": live, "grace_ms": 0}));
+    assert_eq!(once["recorded"], json!([]), "{once}");
+    assert_eq!(once["released"][0]["key"], key("leak-2"), "{once}");
     let mut owners = held(&agent);
     owners.sort();
     assert_eq!(owners, ["kept", "no-key"], "both families of the leak went");

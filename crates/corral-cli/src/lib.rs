@@ -283,6 +283,7 @@ enum Command {
     /// whose addresses changed or went, is cleared. An attachment's addresses (every pool and
     /// family) go together or not at all; at most --max attachments go per run. Allocations
     /// made without a key are never touched. Applies to --scope (default: the node's pools).
+    /// With --grace 0s one run is enough: what is missing from --live goes at once.
     Gc(commands::GcArgs),
     /// Go back from corral-ipam to host-local: write a network's allocations as its files
     #[command(subcommand, name = "host-local")]

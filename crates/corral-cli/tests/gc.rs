@@ -108,7 +108,7 @@ fn gc_releases_a_leak_at_a_later_run_past_the_grace_period() {
     // The first run records (so nothing was recorded by the refused ones) and releases nothing.
     let first = json(&corral(
         &socket,
-        &["-o", "json", "gc", "--live", live, "--grace", "0s"],
+        &["-o", "json", "gc", "--live", live, "--grace", "1h"],
     ));
     assert_eq!(first["live"], 1, "{first}");
     assert_eq!(first["recorded"][0]["key"], key("leak"), "{first}");

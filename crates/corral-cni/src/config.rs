@@ -23,11 +23,12 @@
 //! `gcGracePeriodSeconds` and `gcMaxReleased` (GC, below), and `agent` (the node agent's
 //! socket, to delegate to it instead of using `dataDir`).
 //!
-//! GC (spec 1.1) releases nothing at once: an allocation whose attachment is not in
+//! GC (spec 1.1) releases nothing at once by default: an allocation whose attachment is not in
 //! `cni.dev/valid-attachments` is recorded as a suspect, and a later GC releases it only if
 //! it is still missing, still holds the same addresses, and `gcGracePeriodSeconds` (default
 //! 900, Calico's 15 minutes; at most a week) have passed since it was first seen missing; at
-//! most `gcMaxReleased` attachments (default 64) go per GC, the rest at the next.
+//! most `gcMaxReleased` attachments (default 64) go per GC, the rest at the next. With
+//! `gcGracePeriodSeconds: 0` one observation is enough: a GC releases what it finds missing.
 //!
 //! With `agent` and no ranges at all (no `ipam.ranges`, `ipam.subnet` or
 //! `runtimeConfig.ipRanges`), `pool` names a pool of the agent's own node scope (default

@@ -239,28 +239,43 @@ fn gc_releases_an_unlisted_attachment_only_at_a_later_gc_past_the_grace_period()
     assert_eq!(add(&stdin, "new").addresses().len(), 2);
 }
 
-/// With no grace period, the second GC releases; the first never does.
+/// With no grace period one GC is enough (the CNI spec's model: a runtime may call GC once,
+/// and stale reservations SHOULD be freed): the first GC releases every attachment missing
+/// from `cni.dev/valid-attachments`, both families, and keeps the listed one; the freed
+/// addresses are handed out again (host-local frees nothing on GC at all).
 #[test]
-fn gc_with_no_grace_period_releases_at_the_second_gc() {
+fn gc_with_no_grace_period_releases_at_the_first_gc() {
     let dir = tempfile::tempdir().unwrap();
     let mut config: Value = serde_json::from_slice(&conf(
         dir.path(),
         "1.1.0",
-        json!([[{"subnet": "10.9.0.0/24"}]]),
+        json!([[{"subnet": "10.9.0.0/29"}], [{"subnet": "fd09::/125"}]]),
     ))
     .unwrap();
     config["ipam"]["gcGracePeriodSeconds"] = json!(0);
     let stdin = serde_json::to_vec(&config).unwrap();
-    add(&stdin, "gone").addresses();
+    // A /29 has 5 addresses to hand out (.2 to .6): fill it.
+    for c in ["gone1", "gone2", "kept", "gone3", "gone4"] {
+        assert_eq!(add(&stdin, c).addresses().len(), 2);
+    }
+    assert_eq!(run("ADD", "extra", "eth0", &[], &stdin).error_code(), 100);
     let mut gc = config.clone();
-    gc["cni.dev/valid-attachments"] = json!([]);
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "kept", "ifname": "eth0"}]);
     let gc = serde_json::to_vec(&gc).unwrap();
     let check = serde_json::to_vec(&config).unwrap();
-    assert_eq!(run("GC", "", "", &[], &gc).code, 0);
-    assert_eq!(run("CHECK", "gone", "eth0", &[], &check).code, 0);
-    std::thread::sleep(std::time::Duration::from_millis(5));
-    assert_eq!(run("GC", "", "", &[], &gc).code, 0);
-    assert_eq!(run("CHECK", "gone", "eth0", &[], &check).error_code(), 105);
+    let out = run("GC", "", "", &[], &gc);
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    for c in ["gone1", "gone2", "gone3", "gone4"] {
+        assert_eq!(
+            run("CHECK", c, "eth0", &[], &check).error_code(),
+            105,
+            "{c}"
+        );
+    }
+    assert_eq!(run("CHECK", "kept", "eth0", &[], &check).code, 0);
+    for c in ["new1", "new2", "new3", "new4"] {
+        assert_eq!(add(&stdin, c).addresses().len(), 2, "{c}");
+    }
 }
 
 /// Hostile and malformed input: the right code, and nothing changed (the next ADD still gets

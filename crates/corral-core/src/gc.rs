@@ -9,6 +9,12 @@
 //! are gone, is cleared. An attachment goes whole (every pool and family) or not at all, and
 //! at most [`GcPolicy::max_released`] attachments go per run.
 //!
+//! A zero grace period is the caller saying one observation is enough (the CNI spec's model:
+//! a runtime may call GC once, and stale reservations SHOULD be freed): an allocation whose
+//! attachment is not live goes at the run that first sees it, nothing recorded. The grace
+//! period and the second observation stay the default, because a runtime's list of valid
+//! attachments can be briefly wrong (a container being created while the list was taken).
+//!
 //! Freeing an address still in use is worse than leaking one, so every doubt keeps it: a
 //! clock that went back, a record that does not match, a run over the cap.
 //!
@@ -129,7 +135,7 @@ pub fn plan_gc(
         match suspect {
             Some(suspect) if suspect.held == sorted => {
                 let ends = suspect.first_seen.saturating_add(policy.grace);
-                if now >= ends && now > suspect.first_seen {
+                if now >= ends && (policy.grace.is_zero() || now > suspect.first_seen) {
                     due.push(suspect.clone());
                 } else {
                     plan.waiting.push((suspect.clone(), ends));
@@ -141,11 +147,17 @@ pub fn plan_gc(
                 if other.is_some() {
                     plan.cleared.push(key.clone());
                 }
-                plan.recorded.push(GcSuspect {
+                let suspect = GcSuspect {
                     key: key.clone(),
                     first_seen: now,
                     held: sorted,
-                });
+                };
+                // No grace period: this observation is enough.
+                if policy.grace.is_zero() {
+                    due.push(suspect);
+                } else {
+                    plan.recorded.push(suspect);
+                }
             }
         }
     }
@@ -253,6 +265,34 @@ mod tests {
         assert_eq!(plan.recorded.len(), 1);
         assert_eq!(plan.recorded[0].first_seen, at(0));
         assert!(plan.release.is_empty());
+    }
+
+    /// The CNI spec's model (one GC call; stale reservations SHOULD be freed): with no grace
+    /// period the first observation releases, a live attachment stays, and the cap holds.
+    #[test]
+    fn with_no_grace_period_a_first_observation_releases() {
+        let current = BTreeMap::from([
+            (key("a"), held(&[("10.0.0.2", 1)])),
+            (key("b"), held(&[("10.0.0.3", 1), ("fd00::3", 1)])),
+            (key("c"), held(&[("10.0.0.4", 1)])),
+            (key("live"), held(&[("10.0.0.5", 1)])),
+        ]);
+        let zero = GcPolicy {
+            grace: Duration::ZERO,
+            max_released: 2,
+        };
+        let live = HashSet::from([key("live")]);
+        let plan = plan_gc(&[], &current, &live, at(0), &zero);
+        assert!(plan.recorded.is_empty(), "{plan:?}");
+        let released: Vec<_> = plan.release.iter().map(|s| s.key.clone()).collect();
+        assert_eq!(released, vec![key("a"), key("b")]);
+        assert_eq!(plan.release[1].held.len(), 2, "an attachment goes whole");
+        assert_eq!(plan.capped.len(), 1);
+        assert_eq!(plan.live, 1);
+        // With a grace period the same run only records.
+        let plan = plan_gc(&[], &current, &live, at(0), &POLICY);
+        assert!(plan.release.is_empty());
+        assert_eq!(plan.recorded.len(), 3);
     }
 
     #[test]

@@ -226,7 +226,8 @@ mod tests {
         Op::Gc(api::GcRequest {
             scope: api::NODE_SCOPE.into(),
             live: vec![],
-            grace_ms: Some(0),
+            // 1 ms: a run records, the next (the test clock moved) releases.
+            grace_ms: Some(1),
             max_released: None,
             dry_run: false,
         })
