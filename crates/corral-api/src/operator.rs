@@ -97,7 +97,15 @@ pub struct PoolStatus {
     /// Taken from removed nodes, not handed out again until the quarantine ends (a decimal
     /// string).
     pub quarantined: String,
-    /// Free (a decimal string).
+    /// Overlapping a reserved range (a decimal string).
+    #[serde(default)]
+    pub reserved: String,
+    /// Blocked by a key that is not one of the pool's node CIDRs, or held by an agent
+    /// without a grant (a decimal string).
+    #[serde(default)]
+    pub blocked: String,
+    /// Free: capacity less every node CIDR anything above occupies, each counted once (a
+    /// decimal string).
     pub free: String,
 }
 
@@ -258,10 +266,15 @@ pub struct ClusterPoolFamily {
     pub node_prefix_len: u8,
     /// Ranges never granted.
     pub reserved: Vec<String>,
-    /// Decimal strings, as in [`PoolStatus`].
+    /// Decimal strings, as in [`PoolStatus`] (`reserved_cidrs` is its `reserved`: the node
+    /// CIDRs the ranges above overlap).
     pub capacity: String,
     pub granted: String,
     pub quarantined: String,
+    #[serde(default)]
+    pub reserved_cidrs: String,
+    #[serde(default)]
+    pub blocked: String,
     pub free: String,
 }
 

@@ -15,10 +15,17 @@ pub struct PoolReport {
     pub pool: String,
     pub family: String,
     pub node_prefix_len: u8,
-    /// Node CIDRs in all, granted, quarantined, free (decimal strings).
+    /// Node CIDRs in all, granted, quarantined, overlapping a reserved range, blocked (a key
+    /// that is not a node CIDR of the pool, or space held without a grant), free (decimal
+    /// strings). Free is capacity less the union of the rest: a node CIDR both granted and
+    /// reserved is counted in both columns but once against free.
     pub capacity: String,
     pub granted: String,
     pub quarantined: String,
+    #[serde(default)]
+    pub reserved: String,
+    #[serde(default)]
+    pub blocked: String,
     pub free: String,
 }
 
@@ -131,6 +138,8 @@ impl ClusterView {
                 capacity: stats.capacity.to_string(),
                 granted: stats.granted.to_string(),
                 quarantined: stats.quarantined.to_string(),
+                reserved: stats.reserved.to_string(),
+                blocked: stats.blocked.to_string(),
                 free: stats.free.to_string(),
             })
             .collect();
@@ -141,6 +150,8 @@ impl ClusterView {
             capacity: stats.capacity.to_string(),
             granted: stats.granted.to_string(),
             quarantined: stats.quarantined.to_string(),
+            reserved: stats.reserved.to_string(),
+            blocked: stats.blocked.to_string(),
             free: stats.free.to_string(),
         });
         let mut problems: Vec<String> = self
@@ -258,6 +269,8 @@ impl ClusterView {
             for (state, value) in [
                 ("granted", stats.granted),
                 ("quarantined", stats.quarantined),
+                ("reserved", stats.reserved),
+                ("blocked", stats.blocked),
                 ("free", stats.free),
             ] {
                 // A gauge is a float: an IPv6 space's count is approximate past 2^53.
@@ -294,13 +307,21 @@ impl StatusReport {
         );
         let _ = writeln!(
             text,
-            "{:<16} {:<6} {:>5} {:>22} {:>12} {:>12} {:>22}",
-            "POOL", "FAMILY", "NODE", "CAPACITY", "GRANTED", "QUARANTINED", "FREE"
+            "{:<16} {:<6} {:>6} {:>22} {:>12} {:>12} {:>12} {:>12} {:>22}",
+            "POOL",
+            "FAMILY",
+            "PREFIX",
+            "CAPACITY",
+            "GRANTED",
+            "QUARANTINED",
+            "RESERVED",
+            "BLOCKED",
+            "FREE"
         );
         for p in self.pools.iter().chain(&self.node_ids) {
             let _ = writeln!(
                 text,
-                "{:<16} {:<6} {:>5} {:>22} {:>12} {:>12} {:>22}",
+                "{:<16} {:<6} {:>6} {:>22} {:>12} {:>12} {:>12} {:>12} {:>22}",
                 p.pool,
                 p.family,
                 if p.node_prefix_len > 0 {
@@ -311,6 +332,8 @@ impl StatusReport {
                 p.capacity,
                 p.granted,
                 p.quarantined,
+                p.reserved,
+                p.blocked,
                 p.free
             );
         }

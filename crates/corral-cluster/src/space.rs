@@ -122,8 +122,12 @@ pub struct SpaceStats {
     pub reserved: u128,
     /// Proposed and not yet committed or abandoned.
     pub in_flight: u128,
-    /// An estimate of what is free: capacity less the rest (a grant left over a reserved
-    /// range counts twice).
+    /// Occupied by nothing above, only blocked: a key that is not one of the space's node
+    /// CIDRs (another prefix length, outside the cluster CIDRs) or space an agent holds
+    /// without a grant of it (`holdings/`).
+    pub blocked: u128,
+    /// What is free: capacity less every node CIDR (node ID) that anything occupies, each
+    /// counted once (a grant left over a reserved range is one node CIDR, not two).
     pub free: u128,
 }
 
@@ -222,6 +226,13 @@ impl CidrSpace {
 
     /// Node CIDRs (per cluster CIDR, by index) that reserved ranges overlap.
     fn count_reserved(&self) -> u128 {
+        self.count_slots(self.reserved.iter().collect())
+    }
+
+    /// Node CIDRs (per cluster CIDR, by index) that any of `runs` overlaps, each counted once
+    /// however many runs share it (runs may overlap and come in any order).
+    fn count_slots(&self, mut runs: Vec<(u128, u128)>) -> u128 {
+        runs.sort_unstable();
         let host_bits = self.host_bits();
         let index = |value: u128, base: u128| {
             if host_bits >= 128 {
@@ -232,20 +243,42 @@ impl CidrSpace {
         };
         let mut total = 0u128;
         for &(cs, ce, _) in &self.clusters {
-            let mut last_counted: Option<u128> = None;
-            for (s, e) in self.reserved.runs_in(cs, ce) {
-                let mut first = index(s, cs);
-                let last = index(e, cs);
-                if last_counted == Some(first) {
-                    first += 1;
+            // The first node CIDR (by index) not counted yet.
+            let mut next: Option<u128> = None;
+            for &(s, e) in &runs {
+                if e < cs || s > ce {
+                    continue;
                 }
+                let first = index(s.max(cs), cs);
+                let last = index(e.min(ce), cs);
+                let first = next.map_or(first, |n| first.max(n));
                 if first <= last {
                     total = total.saturating_add(last - first).saturating_add(1);
+                    next = last.checked_add(1).or(Some(u128::MAX));
+                    if last == u128::MAX {
+                        break;
+                    }
                 }
-                last_counted = Some(last);
             }
         }
         total
+    }
+
+    /// The runs of everything that occupies space, blocked runs (`foreign`) included or not.
+    fn occupied_runs(&self, with_blocked: bool) -> Vec<(u128, u128)> {
+        let mut runs: Vec<(u128, u128)> = [
+            &self.granted,
+            &self.quarantined,
+            &self.reserved,
+            &self.in_flight,
+        ]
+        .iter()
+        .flat_map(|set| set.iter())
+        .collect();
+        if with_blocked {
+            runs.extend(self.foreign.iter().copied());
+        }
+        runs
     }
 
     /// Whether `cidr` is a node CIDR of the space: of its family, inside a cluster CIDR and
@@ -420,20 +453,23 @@ impl CidrSpace {
         })
     }
 
-    /// The counts of the space.
+    /// The counts of the space. `free` comes from the union of everything that occupies
+    /// space (one pass over its runs, sorted: linear in the runs, not in the space).
     pub fn stats(&self) -> SpaceStats {
         let capacity = self.capacity();
-        let occupied = self
-            .n_granted
-            .saturating_add(self.n_quarantined)
-            .saturating_add(self.n_reserved)
-            .saturating_add(self.n_in_flight);
+        let occupied = self.count_slots(self.occupied_runs(true));
+        let blocked = if self.foreign.is_empty() {
+            0
+        } else {
+            occupied.saturating_sub(self.count_slots(self.occupied_runs(false)))
+        };
         SpaceStats {
             capacity,
             granted: self.n_granted,
             quarantined: self.n_quarantined,
             reserved: self.n_reserved,
             in_flight: self.n_in_flight,
+            blocked,
             free: capacity.saturating_sub(occupied),
         }
     }
@@ -448,7 +484,7 @@ impl CidrSpace {
         self.n_quarantined
     }
 
-    /// An estimate of the free node CIDRs (see `SpaceStats::free`).
+    /// The free node CIDRs (see `SpaceStats::free`).
     pub fn free(&self) -> u128 {
         self.stats().free
     }
@@ -611,12 +647,24 @@ impl NodeIdSpace {
         self.in_flight = IntervalSet::new();
     }
 
-    /// The counts of the space.
+    /// The counts of the space; `free` from the union of what occupies IDs (an ID held
+    /// without a grant and also granted or quarantined counts once).
     pub fn stats(&self) -> SpaceStats {
         let all = (1u128, u128::from(self.max));
         let granted = self.granted.count_in(all.0, all.1);
         let quarantined = self.quarantined.count_in(all.0, all.1);
         let in_flight = self.in_flight.count_in(all.0, all.1);
+        let mut union = IntervalSet::new();
+        for set in [&self.granted, &self.quarantined, &self.in_flight] {
+            for (s, e) in set.runs_in(all.0, all.1) {
+                union.insert(s, e);
+            }
+        }
+        let occupied_by_records = union.count_in(all.0, all.1);
+        for &id in self.held.keys() {
+            union.insert(u128::from(id), u128::from(id));
+        }
+        let occupied = union.count_in(all.0, all.1);
         let capacity = u128::from(self.max);
         SpaceStats {
             capacity,
@@ -624,10 +672,8 @@ impl NodeIdSpace {
             quarantined,
             reserved: 0,
             in_flight,
-            free: capacity
-                .saturating_sub(granted)
-                .saturating_sub(quarantined)
-                .saturating_sub(in_flight),
+            blocked: occupied - occupied_by_records,
+            free: capacity.saturating_sub(occupied),
         }
     }
 }
@@ -720,6 +766,73 @@ mod tests {
         );
         assert_eq!(t.stats().reserved, 2);
         assert_eq!(t.lowest_free(), Some(net("10.0.0.4/30")));
+    }
+
+    /// Cilium's `TestSetReservedRangesOverlap`: a node CIDR granted before a reserved range
+    /// was laid over it is one unavailable node CIDR, not two (Cilium: 1 unavailable).
+    #[test]
+    fn a_grant_under_a_reserved_range_counts_once() {
+        let mut s = space(&["10.0.0.0/24"], 26, &[]);
+        s.occupy_granted(&net("10.0.0.64/26")).unwrap();
+        let mut reserved = space(&["10.0.0.0/24"], 26, &["10.0.0.70/31"]);
+        reserved.occupy_granted(&net("10.0.0.64/26")).unwrap();
+        let stats = reserved.stats();
+        assert_eq!((stats.granted, stats.reserved), (1, 1));
+        assert_eq!(stats.free, 3, "{stats:?}");
+        assert_eq!(stats.free, s.stats().free);
+        // A quarantine under a reserved range and a proposal in flight beside it.
+        reserved.occupy_quarantined(&net("10.0.0.128/26")).unwrap();
+        let mut reserved_too = space(&["10.0.0.0/24"], 26, &["10.0.0.70/31", "10.0.0.130/32"]);
+        reserved_too.occupy_granted(&net("10.0.0.64/26")).unwrap();
+        reserved_too
+            .occupy_quarantined(&net("10.0.0.128/26"))
+            .unwrap();
+        reserved_too.propose(&net("10.0.0.0/26")).unwrap();
+        let stats = reserved_too.stats();
+        assert_eq!(stats.free, 1, "{stats:?}");
+        assert_eq!(reserved_too.lowest_free(), Some(net("10.0.0.192/26")));
+    }
+
+    /// Kubernetes' `TestCidrSetMetrics` counts what its allocator cannot hand out; here a key
+    /// that is not a node CIDR of the space (a grant of another prefix length: garbage an
+    /// operator wrote) blocks the node CIDRs it overlaps, and they are not free. A blocked
+    /// node CIDR that is also granted counts once.
+    #[test]
+    fn space_blocked_by_a_foreign_key_is_not_free() {
+        let mut s = space(&["10.0.0.0/24"], 26, &[]);
+        assert_eq!(s.stats().free, 4);
+        // A /25 over the first two node CIDRs.
+        s.block_foreign(&net("10.0.0.0/25"));
+        let stats = s.stats();
+        assert_eq!((stats.blocked, stats.free), (2, 2), "{stats:?}");
+        assert_eq!(s.lowest_free(), Some(net("10.0.0.128/26")));
+        s.occupy_granted(&net("10.0.0.128/26")).unwrap();
+        // A single address over a granted node CIDR: blocked adds nothing.
+        s.block_foreign(&net("10.0.0.130/32"));
+        let stats = s.stats();
+        assert_eq!(
+            (stats.granted, stats.blocked, stats.free),
+            (1, 2, 1),
+            "{stats:?}"
+        );
+        s.unblock_foreign(&net("10.0.0.0/25"));
+        let stats = s.stats();
+        assert_eq!((stats.blocked, stats.free), (0, 3), "{stats:?}");
+    }
+
+    /// Node IDs an agent holds without a grant are not free; one also granted counts once.
+    #[test]
+    fn node_ids_held_without_a_grant_are_not_free() {
+        let mut ids = NodeIdSpace::new(8);
+        ids.occupy_granted(1).unwrap();
+        ids.block_held(1);
+        ids.block_held(5);
+        let stats = ids.stats();
+        assert_eq!(
+            (stats.granted, stats.blocked, stats.free),
+            (1, 1, 6),
+            "{stats:?}"
+        );
     }
 
     #[test]

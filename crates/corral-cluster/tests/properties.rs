@@ -580,6 +580,29 @@ fn run(config: &str, ops: &[Op]) -> Result<(), TestCaseError> {
             .count();
         prop_assert_eq!(stats.granted, in_store as u128);
         prop_assert_eq!(stats.in_flight, 0);
+        // Free is exactly the node CIDRs nothing occupies (reserved, granted, quarantined or
+        // blocked, each once), where the space is small enough to walk.
+        let space = view.space(&pool, family).unwrap();
+        if stats.capacity <= 4096 {
+            let fam = view
+                .config()
+                .pools
+                .iter()
+                .find(|p| p.name == pool)
+                .and_then(|p| {
+                    p.families()
+                        .find(|(f, _)| *f == family)
+                        .map(|(_, c)| c.clone())
+                })
+                .unwrap();
+            let mut free = 0u128;
+            for cidr in &fam.cidrs {
+                for sub in cidr.subnets(fam.node_prefix_len).unwrap() {
+                    free += u128::from(space.is_free(&sub));
+                }
+            }
+            prop_assert_eq!(stats.free, free, "{}/{:?}: {:?}", pool, family, stats);
+        }
     }
     Ok(())
 }

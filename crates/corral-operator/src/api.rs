@@ -334,6 +334,8 @@ fn pool_status(report: corral_cluster::report::PoolReport) -> body::PoolStatus {
         capacity: report.capacity,
         granted: report.granted,
         quarantined: report.quarantined,
+        reserved: report.reserved,
+        blocked: report.blocked,
         free: report.free,
     }
 }
@@ -593,6 +595,8 @@ async fn pools(State(state): State<ApiState>) -> Response {
                             capacity: count(|s| s.capacity),
                             granted: count(|s| s.granted),
                             quarantined: count(|s| s.quarantined),
+                            reserved_cidrs: count(|s| s.reserved),
+                            blocked: count(|s| s.blocked),
                             free: count(|s| s.free),
                         }
                     })
