@@ -181,6 +181,11 @@ fn check_record(
         mac,
         gateways: Vec::new(),
         routes: Vec::new(),
+        primary_addresses: record
+            .primary_ipv4
+            .map(std::net::IpAddr::V4)
+            .into_iter()
+            .collect(),
         created_at: Timestamp::from_unix_millis(0),
     };
     let mut table = corral_core::Interfaces::new(record.pool.clone());
@@ -225,6 +230,7 @@ fn check_record(
         mac,
         routes: routes_of(config, &record.pool),
         addresses: record.addresses.clone(),
+        primary_addresses: spec.primary_addresses.clone(),
     }))
 }
 
@@ -373,6 +379,11 @@ block_prefix_len = 28
         assert_eq!(a.device_number, 1);
         assert_eq!(a.routes, vec!["10.0.0.0/16".parse::<IpNet>().unwrap()]);
         assert_eq!(a.addresses.len(), 2);
+        // Its primary address is carried apart (shown, never a pod's).
+        assert_eq!(
+            a.primary_addresses,
+            vec!["10.0.1.5".parse::<std::net::IpAddr>().unwrap()]
+        );
         let untouched: Vec<&str> = wanted.untouched.iter().map(|i| i.as_str()).collect();
         assert_eq!(
             untouched,

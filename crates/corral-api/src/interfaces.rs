@@ -54,6 +54,12 @@ pub struct InterfaceRequest {
     /// The instance's primary interface: never removed without `force`.
     #[serde(default)]
     pub primary: bool,
+    /// The interface's own primary address of each family (ipamd: the ENI's primary private
+    /// IP; on the primary interface, the node's address): recorded and shown, never handed
+    /// to a pod; an address or prefix in `addresses` that holds one is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+    pub primary_addresses: Vec<IpAddr>,
     /// A trunk interface (branch interfaces for pods): never given addresses, never removed
     /// without `force`.
     #[serde(default)]
@@ -121,6 +127,10 @@ pub struct InterfaceInfo {
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub gateways: Vec<IpAddr>,
     pub routes: Vec<String>,
+    /// The interface's own primary addresses (never a pod's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+    pub primary_addresses: Vec<IpAddr>,
     /// When the interface was added, in milliseconds since the Unix epoch.
     pub created_at_ms: u64,
     /// Its secondary addresses and delegated prefixes, in CIDR form.

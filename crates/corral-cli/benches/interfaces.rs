@@ -70,6 +70,7 @@ fn add_interfaces(socket: &Path) {
                 gateways: vec![],
                 routes: vec!["10.0.0.0/8".into()],
                 primary: i == 0,
+                primary_addresses: vec![],
                 trunk: false,
                 excluded: false,
                 // From .10 up: 10.0.0.1 is the subnet's gateway, never a pod address.

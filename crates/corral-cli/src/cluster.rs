@@ -1043,6 +1043,7 @@ mod tests {
             subnets: vec!["10.0.1.0/24".into()],
             gateways: vec![],
             routes: vec![],
+            primary_addresses: vec![],
             created_at_ms: 0,
             addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
             n_addresses: addresses.len() as u64,

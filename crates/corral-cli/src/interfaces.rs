@@ -71,9 +71,13 @@ pub struct AddArgs {
     /// A CIDR reachable through the gateway, routed in CNI results (repeatable)
     #[arg(long = "route", value_name = "CIDR")]
     routes: Vec<String>,
-    /// An address or prefix to add with it (repeatable)
+    /// A secondary address or delegated prefix to add with it, for pods (repeatable)
     #[arg(long = "address", value_name = "ADDR_OR_PREFIX")]
     addresses: Vec<String>,
+    /// The interface's own primary address, one per family (the ENI's primary private IP; on
+    /// the primary interface, the node's address): recorded and shown, never a pod's
+    #[arg(long = "primary-address", value_name = "IP")]
+    primary_addresses: Vec<IpAddr>,
     /// The instance's primary interface
     #[arg(long)]
     primary: bool,
@@ -154,8 +158,14 @@ fn interface_table(interfaces: &[&InterfaceInfo]) -> String {
 fn one_interface(info: &InterfaceInfo) -> String {
     let mut text = interface_table(&[info]);
     let gateways: Vec<String> = info.gateways.iter().map(ToString::to_string).collect();
+    let primary: Vec<String> = info
+        .primary_addresses
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     text.push_str(&format!(
-        "gateways: {}\nroutes: {}\naddresses: {}\nfreeable: {}\n",
+        "primary address: {}\ngateways: {}\nroutes: {}\naddresses: {}\nfreeable: {}\n",
+        list(&primary),
         list(&gateways),
         list(&info.routes),
         list(&info.addresses),
@@ -206,6 +216,7 @@ pub fn run(session: &mut Session, command: InterfaceCommand) -> Result<Outcome, 
                 gateways: args.gateways,
                 routes: args.routes,
                 primary: args.primary,
+                primary_addresses: args.primary_addresses,
                 trunk: args.trunk,
                 excluded: args.excluded,
                 addresses: args.addresses,

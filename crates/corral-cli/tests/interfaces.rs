@@ -305,6 +305,94 @@ fn the_interface_lifecycle_through_the_command_line() {
 
 // ---- ipamd's checkpoint -------------------------------------------------------------------
 
+/// ipamd never hands out an ENI's primary private IP (on the primary interface, the node's own
+/// address). The README used to pass it with `--address`, and `corral alloc --pool eni` then
+/// returned it. `--primary-address` records it apart: shown, kept across a restart, never
+/// allocated, and an address or prefix that holds it is refused.
+#[test]
+fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start(dir.path());
+    let socket = agent.socket.clone();
+    let eni0 = ok_json(&add_eni(
+        &socket,
+        "eni-0",
+        "0",
+        &[
+            "--primary",
+            "--primary-address",
+            "10.0.32.20",
+            "--address",
+            "10.0.32.11",
+        ],
+    ));
+    assert_eq!(eni0["primary_addresses"], json!(["10.0.32.20"]));
+    assert_eq!(eni0["addresses"], json!(["10.0.32.11/32"]));
+    assert_eq!(eni0["total"].as_u64(), Some(1), "{eni0}");
+    let before = interfaces(&socket);
+    // The primary address, or a prefix holding it, is never capacity.
+    let address = |args: &[&str]| corral(&socket, &[&["interface", "address"], args].concat());
+    refused(
+        &address(&["add", "eni-0", "10.0.32.20"]),
+        "interface's primary address",
+    );
+    refused(
+        &address(&["add", "eni-0", "10.0.32.16/28"]),
+        "interface's primary address",
+    );
+    refused(
+        &add_eni(
+            &socket,
+            "eni-1",
+            "1",
+            &["--primary-address", "10.0.33.5", "--address", "10.0.33.5"],
+        ),
+        "interface's primary address",
+    );
+    // A primary address outside the subnet, two of one family, or the gateway: refused.
+    refused(
+        &add_eni(&socket, "eni-1", "1", &["--primary-address", "10.1.0.5"]),
+        "not in subnet",
+    );
+    refused(
+        &add_eni(
+            &socket,
+            "eni-1",
+            "1",
+            &[
+                "--primary-address",
+                "10.0.33.5",
+                "--primary-address",
+                "10.0.33.6",
+            ],
+        ),
+        "more than one",
+    );
+    refused(
+        &add_eni(&socket, "eni-1", "1", &["--primary-address", "10.0.32.1"]),
+        "gateway",
+    );
+    assert_eq!(interfaces(&socket), before, "refusals change nothing");
+    // Pods get the secondary address, then nothing: never the primary.
+    let alloc = |owner: &str| {
+        corral(
+            &socket,
+            &["-o", "json", "alloc", "--pool", "eni", "--owner", owner],
+        )
+    };
+    let first = ok_json(&alloc("pod-1"));
+    assert_eq!(first["allocations"][0]["address"], json!("10.0.32.11"));
+    assert!(!alloc("pod-2").status.success(), "the pool is exhausted");
+    // Shown for people, and kept across a SIGKILL and restart.
+    agent.kill();
+    let agent = start(dir.path());
+    let shown = corral(&agent.socket, &["interface", "show", "eni-0"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("primary address: 10.0.32.20"), "{text}");
+    assert!(!alloc("pod-2").status.success());
+    drop(agent);
+}
+
 fn entry(container: &str, ipv4: &str) -> Value {
     json!({
         "networkName": "aws-cni",
@@ -554,6 +642,7 @@ fn eni_request(i: u32) -> api::InterfaceRequest {
         gateways: vec![],
         routes: vec!["10.0.0.0/8".into()],
         primary: i == 0,
+        primary_addresses: vec![],
         trunk: false,
         excluded: false,
         addresses: (1..=ADDRESSES)

@@ -493,9 +493,10 @@ impl NodeIdPlanConfig {
         u32::try_from(fewest).unwrap_or(u32::MAX)
     }
 
+    /// Each network may be of either family, whatever the pods' (Contiv's IPv6 node
+    /// interconnect under IPv4 pods, `TestNodeCIDRIPv6`): each is checked against its own.
     fn validate(&self, config_has: &[(Family, Vec<IpNet>)]) -> Result<(), ConfigError> {
-        let family = family_of(&self.pod_subnet);
-        let bits = family.bits();
+        let bits = family_of(&self.pod_subnet).bits();
         for (field, net) in [
             ("node_ids.pod_subnet", &self.pod_subnet),
             (
@@ -506,15 +507,6 @@ impl NodeIdPlanConfig {
             ("node_ids.vxlan", &self.vxlan),
             ("node_ids.service", &self.service),
         ] {
-            if family_of(net) != family {
-                return Err(invalid(
-                    field,
-                    format!(
-                        "{net} is not of the pod subnet's family ({})",
-                        family.name()
-                    ),
-                ));
-            }
             check_host_bits_zero(field, net)?;
         }
         // The pods of a node are hosts 2..broadcast-2: at least 3 host bits.
@@ -530,13 +522,14 @@ impl NodeIdPlanConfig {
             ));
         }
         let host = self.host_interconnect_node_prefix_len;
-        if host < self.host_interconnect_subnet.prefix_len() || host > bits - 2 {
+        let host_bits = family_of(&self.host_interconnect_subnet).bits();
+        if host < self.host_interconnect_subnet.prefix_len() || host > host_bits - 2 {
             return Err(invalid(
                 "node_ids.host_interconnect_node_prefix_len",
                 format!(
                     "{host} must be between the host interconnect subnet's prefix length {} and {} (room for the VPP and Linux ends)",
                     self.host_interconnect_subnet.prefix_len(),
-                    bits - 2
+                    host_bits - 2
                 ),
             ));
         }
@@ -544,7 +537,7 @@ impl NodeIdPlanConfig {
             ("node_ids.node_interconnect", &self.node_interconnect),
             ("node_ids.vxlan", &self.vxlan),
         ] {
-            if net.prefix_len() >= bits {
+            if net.prefix_len() >= family_of(net).bits() {
                 return Err(invalid(field, format!("{net} has no host addresses")));
             }
         }
@@ -578,7 +571,7 @@ impl NodeIdPlanConfig {
                 }
             }
             for (pool_family, cidrs) in config_has {
-                if *pool_family != family {
+                if *pool_family != family_of(net) {
                     continue;
                 }
                 if let Some(cidr) = cidrs.iter().find(|c| overlaps(c, net)) {

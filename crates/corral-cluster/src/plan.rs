@@ -123,6 +123,7 @@ impl NodePlan {
         if node_id == 0 || node_id > max {
             return Err(out_of_range);
         }
+        // Each network in its own family (pods IPv4, node interconnect IPv6, say).
         let family = family_of(&config.pod_subnet);
         let pod_subnet = nth_subnet(
             &config.pod_subnet,
@@ -184,11 +185,11 @@ impl NodePlan {
             pod_range_start: addr_of(family, pod_start + 2),
             pod_range_end: addr_of(family, pod_end - 2),
             host_interconnect,
-            host_interconnect_vpp: addr_of(family, host_start + 1),
-            host_interconnect_linux: addr_of(family, host_start + 2),
-            node_ip: addr_of(family, node_ip),
+            host_interconnect_vpp: addr_of(family_of(&host_interconnect), host_start + 1),
+            host_interconnect_linux: addr_of(family_of(&host_interconnect), host_start + 2),
+            node_ip: addr_of(family_of(&network), node_ip),
             node_interconnect: network,
-            vxlan_ip: addr_of(family, vxlan_start + vxlan_part),
+            vxlan_ip: addr_of(family_of(&config.vxlan), vxlan_start + vxlan_part),
             vxlan: config.vxlan,
             service: config.service,
         })
@@ -377,5 +378,58 @@ mod tests {
         assert_eq!(plan.nat_loopback, ip("fd00:1:0:5:ffff:ffff:ffff:fffe"));
         assert_eq!(plan.node_ip, ip("fd00:3::5"));
         assert_eq!(node_id_of_pod_ip(&config, ip("fd00:1:0:5::9")), Some(5));
+    }
+
+    /// Contiv's `TestNodeCIDRIPv6`: an IPv6 node interconnect under IPv4 pods, node 1 gets
+    /// fe10:f00d::1 in fe10:f00d::/90. Each network keeps its own family (here an IPv6 VXLAN
+    /// and host interconnect too), and the configuration validates.
+    #[test]
+    fn a_mixed_family_plan() {
+        let config = NodeIdPlanConfig {
+            node_interconnect: "fe10:f00d::/90".parse().unwrap(),
+            node_interconnect_excluded: vec![],
+            ..defaults()
+        };
+        let plan = NodePlan::derive(&config, 1).unwrap();
+        assert_eq!(plan.node_ip, ip("fe10:f00d::1"));
+        assert_eq!(plan.pod_subnet.to_string(), "10.1.1.0/24");
+        assert_eq!(plan.vxlan_ip, ip("192.168.30.1"));
+        // The /90 holds far more nodes than the IPv4 networks: the VXLAN /24's 254 hosts
+        // bound the IDs.
+        assert_eq!(config.max_node_id(), 254);
+        let text = r#"
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.244.0.0/16"]
+node_prefix_len = 24
+[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "fd30::/48"
+host_interconnect_node_prefix_len = 64
+node_interconnect = "fe10:f00d::/90"
+node_interconnect_excluded = ["fe10:f00d::1"]
+vxlan = "fd40::/64"
+service = "10.96.0.0/12"
+"#;
+        let config = crate::ClusterConfig::from_toml(text).unwrap();
+        let ids = config.node_ids.as_ref().unwrap();
+        let plan = NodePlan::derive(ids, 3).unwrap();
+        assert_eq!(plan.node_ip, ip("fe10:f00d::4"), "past the excluded ::1");
+        assert_eq!(plan.host_interconnect.to_string(), "fd30:0:0:3::/64");
+        assert_eq!(plan.host_interconnect_vpp, ip("fd30:0:0:3::1"));
+        assert_eq!(plan.vxlan_ip, ip("fd40::3"));
+        assert_eq!(plan.pod_gateway, ip("10.1.3.1"));
+        // A network of either family is still checked against its own: an IPv6 host
+        // interconnect split past /126 has no room for the two ends.
+        let bad = text.replace(
+            "host_interconnect_node_prefix_len = 64",
+            "host_interconnect_node_prefix_len = 127",
+        );
+        let error = crate::ClusterConfig::from_toml(&bad)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("between"), "{error}");
     }
 }

@@ -50,6 +50,7 @@ fn interface(id: &str, device: u32, mac: &str, addresses: &[&str]) -> api::Inter
         gateways: vec![],
         routes: vec!["10.0.0.0/16".into(), "0.0.0.0/0".into()],
         primary: device == 0,
+        primary_addresses: vec![],
         trunk: false,
         excluded: false,
         addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),

@@ -105,6 +105,7 @@ impl Corral {
                     mac: format!("0a:00:00:00:00:{i:02x}").parse().unwrap(),
                     gateways: Vec::new(),
                     routes: vec!["10.0.0.0/16".parse().unwrap()],
+                    primary_addresses: vec![],
                     created_at: Timestamp::ZERO,
                 })
                 .unwrap();

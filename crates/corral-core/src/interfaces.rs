@@ -143,6 +143,11 @@ pub struct InterfaceSpec {
     pub gateways: Vec<IpAddr>,
     /// The CIDRs routed through this interface (the VPC's), for the pod's routes.
     pub routes: Vec<IpNet>,
+    /// The interface's own primary addresses, at most one per family, each inside its
+    /// family's subnet (ipamd: an ENI's primary private IP; on the primary interface, the
+    /// node's address): recorded and shown, never handed out. An address or prefix that holds
+    /// one is refused ([`Reserved::Primary`]).
+    pub primary_addresses: Vec<IpAddr>,
     pub created_at: Timestamp,
 }
 
@@ -195,7 +200,8 @@ impl InterfaceSpec {
 
     /// Checks the spec on its own: subnets without host bits, at most one per family;
     /// gateways at most one per family, each with a subnet of its family (an IPv4 gateway
-    /// inside it).
+    /// inside it); primary addresses at most one per family, each inside the subnet of its
+    /// family and neither its network address, its IPv4 broadcast address nor its gateway.
     fn validate(&self) -> Result<(), InterfaceError> {
         let invalid = |reason: String| InterfaceError::InvalidSpec {
             interface: self.id.clone(),
@@ -235,6 +241,39 @@ impl InterfaceSpec {
                     )));
                 }
                 Some(_) => {}
+            }
+        }
+        for (i, primary) in self.primary_addresses.iter().enumerate() {
+            let family = Family::of(*primary);
+            if self.primary_addresses[..i]
+                .iter()
+                .any(|other| Family::of(*other) == family)
+            {
+                return Err(invalid(format!("more than one {family} primary address")));
+            }
+            match self.subnet(family) {
+                Some(subnet) if subnet.contains(primary) => {
+                    let broadcast = family == Family::V4 && subnet.broadcast() == *primary;
+                    if subnet.network() == *primary
+                        || broadcast
+                        || self.gateway(family) == Some(*primary)
+                    {
+                        return Err(invalid(format!(
+                            "primary address {primary} is the subnet's network address, \
+                             broadcast address or gateway"
+                        )));
+                    }
+                }
+                Some(subnet) => {
+                    return Err(invalid(format!(
+                        "primary address {primary} is not in subnet {subnet}"
+                    )));
+                }
+                None => {
+                    return Err(invalid(format!(
+                        "primary address {primary} has no {family} subnet"
+                    )));
+                }
             }
         }
         Ok(())
@@ -292,6 +331,13 @@ impl InterfaceSpec {
             } => reserved(addr, r),
             other => other.into(),
         })?;
+        if let Some(primary) = self
+            .primary_addresses
+            .iter()
+            .find(|primary| address.contains(*primary))
+        {
+            return Err(reserved(*primary, Reserved::Primary));
+        }
         match self.gateway(family) {
             Some(gateway) if address.contains(&gateway) => {
                 Err(reserved(gateway, Reserved::Gateway))
@@ -1398,6 +1444,7 @@ mod tests {
                 .unwrap(),
             gateways: Vec::new(),
             routes: vec![net("10.0.0.0/16")],
+            primary_addresses: vec![],
             created_at: Timestamp::ZERO,
         }
     }

@@ -184,6 +184,9 @@ pub enum Reserved {
     Broadcast,
     /// The range's gateway.
     Gateway,
+    /// An interface's primary address: the address of the interface (on the primary
+    /// interface, the node's own), never a pod's.
+    Primary,
 }
 
 impl fmt::Display for Reserved {
@@ -192,6 +195,7 @@ impl fmt::Display for Reserved {
             Reserved::Network => "network address",
             Reserved::Broadcast => "broadcast address",
             Reserved::Gateway => "gateway",
+            Reserved::Primary => "interface's primary address",
         })
     }
 }

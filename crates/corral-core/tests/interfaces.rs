@@ -146,6 +146,7 @@ impl Script {
                         .map(|text| text.split(',').map(|g| g.parse().unwrap()).collect())
                         .unwrap_or_default(),
                     routes: option("routes").map(nets).unwrap_or_default(),
+                    primary_addresses: vec![],
                     created_at: now,
                 };
                 table.add_interface(spec)?;
@@ -552,6 +553,7 @@ fn run_ops(ops: &[Op]) {
                     mac: format!("0a:00:00:00:00:{device:02x}").parse().unwrap(),
                     gateways: Vec::new(),
                     routes: Vec::new(),
+                    primary_addresses: vec![],
                     created_at: now,
                 })
                 .map(|()| {

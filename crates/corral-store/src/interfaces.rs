@@ -33,6 +33,8 @@ pub struct InterfaceEntry {
     pub gateways: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub primary_addresses: Vec<String>,
     /// Milliseconds since the epoch.
     pub created_at_ms: u64,
     #[serde(default)]
@@ -59,6 +61,11 @@ impl InterfaceEntry {
             mac: spec.mac.to_string(),
             gateways: spec.gateways.iter().map(ToString::to_string).collect(),
             routes: texts(&spec.routes),
+            primary_addresses: spec
+                .primary_addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
             created_at_ms: spec.created_at.as_unix_millis(),
             addresses: texts(addresses),
         }
@@ -90,6 +97,11 @@ impl InterfaceEntry {
                 .map(|text| parse_addr(text).map_err(|e| corrupt(&what("gateway"), e)))
                 .collect::<Result<_, _>>()?,
             routes: nets(&self.routes, "route")?,
+            primary_addresses: self
+                .primary_addresses
+                .iter()
+                .map(|text| parse_addr(text).map_err(|e| corrupt(&what("primary address"), e)))
+                .collect::<Result<_, _>>()?,
             created_at: Timestamp::from_unix_millis(self.created_at_ms),
         };
         Ok((spec, nets(&self.addresses, "address")?))

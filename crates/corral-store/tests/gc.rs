@@ -201,15 +201,35 @@ fn before_the_grace_period_ends_nothing_is_released() {
 }
 
 #[test]
-fn one_run_alone_never_releases_even_with_no_grace_period() {
+fn one_run_alone_never_releases_with_a_grace_period() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(&dir);
     add(&mut store, "gone", &[Family::V4]);
-    let outcome = gc(&mut store, &[], at(0), &policy(0, 64));
+    let outcome = gc(&mut store, &[], at(0), &policy(1, 64));
     assert!(outcome.released.is_empty());
     assert_eq!(held_by(&mut store, "gone").len(), 1);
-    let outcome = gc(&mut store, &[], at(1), &policy(0, 64));
+    let outcome = gc(&mut store, &[], at(1), &policy(1, 64));
     assert_eq!(keys(&outcome.released), ["net/gone/eth0"]);
+}
+
+/// The CNI spec's model (one GC call, stale reservations freed): with no grace period the
+/// first run releases, durably, and records nothing.
+#[test]
+fn with_no_grace_period_one_run_releases() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    add(&mut store, "gone", &[Family::V4, Family::V6]);
+    add(&mut store, "kept", &[Family::V4]);
+    let outcome = gc(&mut store, &["kept"], at(0), &policy(0, 64));
+    assert_eq!(keys(&outcome.released), ["net/gone/eth0"]);
+    assert_eq!(outcome.freed.len(), 2, "both families");
+    assert!(outcome.recorded.is_empty());
+    assert!(held_by(&mut store, "gone").is_empty());
+    assert_eq!(held_by(&mut store, "kept").len(), 1);
+    assert!(suspects(&mut store).is_empty());
+    drop(store);
+    let mut store = open(&dir);
+    assert!(held_by(&mut store, "gone").is_empty(), "durable");
 }
 
 #[test]
@@ -288,14 +308,20 @@ fn a_dry_run_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(&dir);
     add(&mut store, "gone", &[Family::V4]);
-    let outcome = run(&mut store, &[], at(0), &policy(0, 64), true);
+    let outcome = run(&mut store, &[], at(0), &policy(60, 64), true);
     assert_eq!(outcome.recorded.len(), 1);
     assert!(suspects(&mut store).is_empty());
-    gc(&mut store, &[], at(0), &policy(0, 64));
-    let outcome = run(&mut store, &[], at(1), &policy(0, 64), true);
+    gc(&mut store, &[], at(0), &policy(60, 64));
+    let outcome = run(&mut store, &[], at(60), &policy(60, 64), true);
     assert_eq!(keys(&outcome.released), ["net/gone/eth0"]);
     assert!(outcome.freed.is_empty());
     assert_eq!(held_by(&mut store, "gone").len(), 1);
+    assert_eq!(suspects(&mut store).len(), 1);
+    // With no grace period a dry run shows a first observation's release, and changes nothing.
+    add(&mut store, "new", &[Family::V4]);
+    let outcome = run(&mut store, &[], at(61), &policy(0, 64), true);
+    assert_eq!(keys(&outcome.released), ["net/gone/eth0", "net/new/eth0"]);
+    assert_eq!(held_by(&mut store, "new").len(), 1);
     assert_eq!(suspects(&mut store).len(), 1);
 }
 

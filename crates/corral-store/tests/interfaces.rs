@@ -47,6 +47,7 @@ fn spec(id: &str, device_number: u32, created_at: Timestamp) -> InterfaceSpec {
             .unwrap(),
         gateways: vec!["fe80::1".parse().unwrap()],
         routes: vec![net("10.0.0.0/16")],
+        primary_addresses: vec![],
         created_at,
     }
 }

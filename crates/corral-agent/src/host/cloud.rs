@@ -53,6 +53,8 @@ pub struct CloudInterface {
     pub routes: Vec<IpNet>,
     /// The record's secondary addresses and delegated prefixes.
     pub addresses: Vec<IpNet>,
+    /// The interface's primary address (never a pod's).
+    pub primary_addresses: Vec<std::net::IpAddr>,
 }
 
 /// The argument of [`Op::SetCloudInterfaces`](super::Op::SetCloudInterfaces).
@@ -578,6 +580,7 @@ fn add_cloud_interface(
         mac: interface.mac,
         gateways: Vec::new(),
         routes: interface.routes.clone(),
+        primary_addresses: interface.primary_addresses.clone(),
         created_at: now,
     };
     let mut table = scope
@@ -685,6 +688,7 @@ mod tests {
                 mac: "02:00:00:00:00:01".parse().unwrap(),
                 routes: vec![net("10.0.0.0/16")],
                 addresses: addresses.iter().map(|a| net(a)).collect(),
+                primary_addresses: vec![],
             }],
             untouched: BTreeSet::new(),
             keep_surrendered: keep.iter().map(|a| (pool(), net(a))).collect(),

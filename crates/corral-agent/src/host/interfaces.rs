@@ -233,6 +233,7 @@ fn info_of(
             .filter_map(|family| spec.gateway(*family))
             .collect(),
         routes: spec.routes.iter().map(ToString::to_string).collect(),
+        primary_addresses: spec.primary_addresses.clone(),
         created_at_ms: spec.created_at.as_unix_millis(),
         addresses: addresses.iter().map(ToString::to_string).collect(),
         n_addresses: stat.addresses as u64,
@@ -344,6 +345,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             mac,
             gateways: request.gateways.clone(),
             routes,
+            primary_addresses: request.primary_addresses.clone(),
             created_at: now,
         };
         let scope = self.node()?;
