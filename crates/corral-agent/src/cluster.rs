@@ -54,6 +54,9 @@ pub struct ClusterOptions {
     /// passes it in. A node registered with another instance ID is refused, as a node
     /// registered under another machine uid is.
     pub instance_id: Option<String>,
+    /// The most pods this node runs (`--max-pods`, as the kubelet's), written into its
+    /// registration: block and cloud pools never grow its holdings past it.
+    pub max_pods: Option<u64>,
     /// Where the agent remembers the highest etcd revision and the cluster ID it saw
     /// (`etcd-epoch` in the state directory, beside `cluster-uid`; `None`: in memory only).
     /// A store that answers from an earlier time (restored, wiped) is then noticed across
@@ -806,11 +809,16 @@ async fn register<K: Kv>(
                                 ours: ours.clone(),
                             })
                         }
-                        (None, Some(ours)) => {
-                            // Registered before it knew its instance (an older agent): the
-                            // instance ID is added, the registration (create revision) kept.
+                        (registered, ours)
+                            if (registered.is_none() && ours.is_some())
+                                || record.max_pods != options.max_pods =>
+                        {
+                            // Registered before it knew its instance (an older agent), or with
+                            // another pod cap (`--max-pods` changed): the record is brought up
+                            // to date, the registration (create revision) kept.
                             let updated = NodeRecord {
-                                instance_id: Some(ours.clone()),
+                                instance_id: ours.clone().or(record.instance_id.clone()),
+                                max_pods: options.max_pods,
                                 ..record
                             };
                             let response = kv
@@ -849,6 +857,7 @@ async fn register<K: Kv>(
             addresses: Vec::new(),
             registered_ms: now_ms(),
             instance_id: options.instance_id.clone(),
+            max_pods: options.max_pods,
         };
         let response = kv
             .txn(Txn {

@@ -102,6 +102,7 @@ impl Agent {
             lease_ttl: Duration::from_secs(600),
             demand_refresh: refresh,
             instance_id: None,
+            max_pods: None,
             epoch_file: None,
         };
         let kv = kv.clone();

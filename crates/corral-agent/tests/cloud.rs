@@ -99,6 +99,7 @@ impl Agent {
             lease_ttl: Duration::from_secs(600),
             demand_refresh: Duration::from_secs(1),
             instance_id: instance_id.map(str::to_owned),
+            max_pods: None,
             epoch_file: None,
         };
         let kv = kv.clone();

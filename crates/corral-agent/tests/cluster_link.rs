@@ -64,13 +64,28 @@ impl LinkedAgent {
         ttl: Duration,
         epoch_file: Option<PathBuf>,
     ) -> LinkedAgent {
+        LinkedAgent::start_with(runtime, kv, dir, node, uid, ttl, |options| {
+            options.epoch_file = epoch_file
+        })
+    }
+
+    /// [`LinkedAgent::start`], with the link's options as `edit` leaves them.
+    fn start_with(
+        runtime: &tokio::runtime::Runtime,
+        kv: &MemKv,
+        dir: &Path,
+        node: &str,
+        uid: &str,
+        ttl: Duration,
+        edit: impl FnOnce(&mut ClusterOptions),
+    ) -> LinkedAgent {
         let config = AgentConfig {
             // No pools of its own: whatever the node scope holds, the cluster granted.
             pools: corral_agent::config::pools(&[]).unwrap(),
             ..AgentConfig::in_dir(dir)
         };
         let socket = config.socket.clone();
-        let options = ClusterOptions {
+        let mut options = ClusterOptions {
             endpoints: vec![],
             cluster: "t".into(),
             node: node.into(),
@@ -78,8 +93,10 @@ impl LinkedAgent {
             lease_ttl: ttl,
             demand_refresh: ClusterOptions::DEFAULT_DEMAND_REFRESH,
             instance_id: None,
-            epoch_file,
+            max_pods: None,
+            epoch_file: None,
         };
+        edit(&mut options);
         let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
         let task: corral_agent::ClusterTask = {
             let (kv, link) = (kv.clone(), Arc::clone(&link));
@@ -880,6 +897,7 @@ fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refu
         addresses: Vec::new(),
         registered_ms: 0,
         instance_id: None,
+        max_pods: None,
     };
     runtime.block_on(async {
         kv.txn(Txn {
@@ -964,6 +982,7 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
                 addresses: Vec::new(),
                 registered_ms: 0,
                 instance_id: None,
+                max_pods: None,
             };
             kv.txn(Txn {
                 compares: vec![],
@@ -1035,4 +1054,48 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
     allocate(&second, "pod-2").unwrap();
     second.stop(&runtime);
     first.stop(&runtime);
+}
+
+/// A node's pod cap (`--max-pods`, as the kubelet's) is written into its registration, and a
+/// restart with another cap brings the record up to date, the registration (its create
+/// revision, which every grant is fenced on) kept.
+#[test]
+fn the_nodes_max_pods_is_in_its_registration_and_follows_a_restart() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    let registration = |kv: &MemKv| {
+        runtime
+            .block_on(kv.get(keys().node(&NodeName::new("node-1").unwrap()).as_bytes()))
+            .unwrap()
+            .map(|e| {
+                let record: NodeRecord = corral_cluster::decode_value(&e.value).unwrap();
+                (record.max_pods, e.create_revision)
+            })
+    };
+    let ttl = Duration::from_secs(3);
+    let agent = LinkedAgent::start_with(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl, |o| {
+        o.max_pods = Some(110)
+    });
+    wait_until("registered with its cap", Duration::from_secs(10), || {
+        registration(&kv).is_some_and(|(max, _)| max == Some(110))
+    });
+    let (_, created) = registration(&kv).unwrap();
+    agent.stop(&runtime);
+    let agent = LinkedAgent::start_with(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl, |o| {
+        o.max_pods = Some(58)
+    });
+    wait_until("the record follows", Duration::from_secs(10), || {
+        registration(&kv) == Some((Some(58), created))
+    });
+    wait_until("serving under it", Duration::from_secs(10), || {
+        agent.cluster_status().registered
+    });
+    agent.stop(&runtime);
+    // Without a cap, the record's goes.
+    let agent = LinkedAgent::start(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl);
+    wait_until("no cap", Duration::from_secs(10), || {
+        registration(&kv) == Some((None, created))
+    });
+    agent.stop(&runtime);
 }

@@ -112,6 +112,7 @@ async fn claims(etcd: &EtcdCluster) {
             addresses: Vec::new(),
             registered_ms: 0,
             instance_id: None,
+            max_pods: None,
         };
         register.success.push(TxnOp::put(
             keys.node(&node(i)),

@@ -341,6 +341,7 @@ async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {
                     addresses: Vec::new(),
                     registered_ms: 0,
                     instance_id: None,
+                    max_pods: None,
                 };
                 txn.success
                     .push(TxnOp::put(keys.node(&node), encode_value(&record).unwrap()));

@@ -151,6 +151,11 @@ struct AgentArgs {
     /// a node registered with another instance is refused until it is removed
     #[arg(long, env = "CORRAL_INSTANCE_ID", value_name = "ID")]
     instance_id: Option<String>,
+    /// The most pods this node runs, as the kubelet's --max-pods (with --etcd), written into
+    /// its registration: block and cloud pools never grow the node's addresses past it (the
+    /// pool's max_pods caps every node too; the lower one holds)
+    #[arg(long, env = "CORRAL_MAX_PODS", value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_pods: Option<u64>,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -185,6 +190,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
                 demand_refresh: corral_agent::cluster::ClusterOptions::DEFAULT_DEMAND_REFRESH,
                 instance_id: args.instance_id.clone().filter(|id| !id.trim().is_empty()),
+                max_pods: args.max_pods,
                 epoch_file: Some(config.data_dir.join("etcd-epoch")),
             };
             let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {

@@ -732,6 +732,7 @@ node_prefix_len = 24
                 addresses: vec![],
                 registered_ms: 0,
                 instance_id: None,
+                max_pods: None,
             };
             cluster.add(cluster.keys.node(&node), encode_value(&record).unwrap());
             cluster

@@ -368,6 +368,13 @@ pub struct PoolConfig {
     /// Cloud mode: the pool's cloud settings (defaults if left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud: Option<CloudPoolConfig>,
+    /// Block and cloud modes: the most addresses a node holds in the pool, whatever its
+    /// watermarks or warm targets ask (ipamd's max pods: the kubelet's `--max-pods`, or
+    /// eni-max-pods); a node's own `--max-pods` (its registration) lowers it for that node.
+    /// Growth stops once a node holds this many (a block or prefix may take it past, as
+    /// ipamd's chunks do); the node is reported at capacity when the cap binds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pods: Option<u64>,
     /// Node-cidr mode: node CIDRs synced with the cloud ([`NodeCidrSync`]); left out, the
     /// cluster alone grants them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -425,6 +432,24 @@ impl PoolConfig {
     pub fn cloud_config(&self) -> Option<CloudPoolConfig> {
         self.is_cloud()
             .then(|| self.cloud.clone().unwrap_or_default())
+    }
+
+    /// The watermarks a node's holdings follow: [`PoolConfig::watermarks_for`], with
+    /// `max_allocate` lowered to the pod cap (the pool's `max_pods`, and `node_max_pods`, the
+    /// node's own from its registration, whichever is lower).
+    pub fn capped_watermarks_for(&self, node: &str, node_max_pods: Option<u64>) -> Watermarks {
+        let mut watermarks = self.watermarks_for(node);
+        let cap = [self.max_pods, node_max_pods]
+            .into_iter()
+            .flatten()
+            .filter(|m| *m > 0)
+            .min();
+        if let Some(cap) = cap
+            && (watermarks.max_allocate == 0 || cap < watermarks.max_allocate)
+        {
+            watermarks.max_allocate = cap;
+        }
+        watermarks
     }
 
     /// The watermarks of `node` in this pool: the pool's, with the node's overrides.
@@ -907,14 +932,19 @@ fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError>
             return Err(invalid(field, "is required"));
         }
     }
+    if pool.max_pods == Some(0) {
+        return Err(invalid(format!("{path}.max_pods"), "must be at least 1"));
+    }
     if pool.is_cloud() {
         return validate_cloud_fields(&path, pool);
     }
     if !pool.is_blocks() {
+        // A node-CIDR pool's node holds its whole CIDR: node_prefix_len sizes it.
         let stray = [
             ("watermarks", pool.watermarks.is_some()),
             ("node_watermarks", !pool.node_watermarks.is_empty()),
             ("release_delay_secs", pool.release_delay_secs.is_some()),
+            ("max_pods", pool.max_pods.is_some()),
         ];
         if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
             return Err(invalid(
@@ -1201,6 +1231,75 @@ block_prefix_len = 28
         // Round trip through the stored JSON.
         let json = config.to_json().unwrap();
         assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
+    }
+
+    /// A pod cap (ipamd's max pods) in block and cloud pools: the pool's and the node's own
+    /// (its registration), the lower holding, under max_allocate when that is lower still;
+    /// refused in a node-CIDR pool (its node holds the whole CIDR) and at 0.
+    #[test]
+    fn max_pods_caps_block_pools_and_is_refused_where_it_does_not_apply() {
+        let capped = BLOCKS.replace(
+            "release_delay_secs = 60",
+            "release_delay_secs = 60\nmax_pods = 110",
+        );
+        let config = ClusterConfig::from_toml(&capped).unwrap();
+        let pods = &config.pools[0];
+        assert_eq!(pods.max_pods, Some(110));
+        assert_eq!(pods.capped_watermarks_for("small", None).max_allocate, 110);
+        assert_eq!(
+            pods.capped_watermarks_for("small", Some(30)).max_allocate,
+            30
+        );
+        assert_eq!(
+            pods.capped_watermarks_for("small", Some(0)).max_allocate,
+            110
+        );
+        let below = capped.replace(
+            "max_above_watermark = 4",
+            "max_above_watermark = 4\nmax_allocate = 64",
+        );
+        let config = ClusterConfig::from_toml(&below).unwrap();
+        assert_eq!(
+            config.pools[0]
+                .capped_watermarks_for("x", Some(100))
+                .max_allocate,
+            64
+        );
+        // The batch pool has no cap: a node's own still caps it.
+        assert_eq!(
+            config.pools[1]
+                .capped_watermarks_for("x", Some(100))
+                .max_allocate,
+            100
+        );
+        assert_eq!(
+            config.pools[1]
+                .capped_watermarks_for("x", None)
+                .max_allocate,
+            0
+        );
+        let zero = BLOCKS.replace(
+            "release_delay_secs = 60",
+            "release_delay_secs = 60\nmax_pods = 0",
+        );
+        let error = ClusterConfig::from_toml(&zero).unwrap_err().to_string();
+        assert!(
+            error.contains("pools[0].max_pods") && error.contains("at least 1"),
+            "{error}"
+        );
+        let node_cidr = r#"
+[[pools]]
+name = "default"
+max_pods = 110
+[pools.ipv4]
+cidrs = ["10.244.0.0/16"]
+node_prefix_len = 24
+"#;
+        let error = ClusterConfig::from_toml(node_cidr).unwrap_err().to_string();
+        assert!(
+            error.contains("pools[0].max_pods") && error.contains("\"blocks\" or \"cloud\""),
+            "{error}"
+        );
     }
 
     #[test]

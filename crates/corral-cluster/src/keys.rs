@@ -841,6 +841,10 @@ pub struct NodeRecord {
     /// instance's interfaces for the node), if the agent was given one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
+    /// The most pods the node runs (the agent's `--max-pods`, as the kubelet's): block and
+    /// cloud pools never grow its holdings past it (`PoolConfig::capped_watermarks_for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pods: Option<u64>,
 }
 
 /// `live/<node>`'s value, on the agent's lease. One agent process holds it at a time: it is

@@ -1827,6 +1827,7 @@ service = "10.96.0.0/12"
                 addresses: vec![],
                 registered_ms: 0,
                 instance_id: None,
+                max_pods: None,
             };
             self.put(&key, &encode_value(&record).unwrap());
             node

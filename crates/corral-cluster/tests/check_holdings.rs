@@ -52,6 +52,7 @@ impl Store {
             addresses: vec![],
             registered_ms: 0,
             instance_id: None,
+            max_pods: None,
         };
         self.put(self.keys.node(&node), encode_value(&record).unwrap());
         let live = LiveRecord {

@@ -785,6 +785,7 @@ impl Sim {
                 addresses: vec![],
                 registered_ms: 0,
                 instance_id: None,
+                max_pods: None,
             };
             let key = w.keys.node(name);
             w.store.txn(

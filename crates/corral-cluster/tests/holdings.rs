@@ -63,6 +63,7 @@ impl Fixture {
             addresses: vec![],
             registered_ms: 0,
             instance_id: None,
+            max_pods: None,
         };
         self.put(&self.keys.node(&node), &encode_value(&record).unwrap());
         node

@@ -927,6 +927,7 @@ impl Sim {
                         addresses: vec![],
                         registered_ms: 0,
                         instance_id: None,
+                        max_pods: None,
                     };
                     self.etcd.put(key, encode_value(&record).unwrap());
                 }
@@ -1267,6 +1268,7 @@ impl Fixture {
             addresses: vec![],
             registered_ms: 0,
             instance_id: None,
+            max_pods: None,
         };
         self.put(&self.keys.node(&node), &encode_value(&record).unwrap());
         node

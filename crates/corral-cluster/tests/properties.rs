@@ -270,6 +270,7 @@ impl Sim {
                         addresses: vec![],
                         registered_ms: 0,
                         instance_id: None,
+                        max_pods: None,
                     };
                     self.store.put(key, encode_value(&record).unwrap());
                 }

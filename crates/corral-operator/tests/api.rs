@@ -57,6 +57,7 @@ fn view(toml: &str, nodes: &[&str], waiting: &[&str]) -> ClusterView {
             addresses: Vec::new(),
             registered_ms: 0,
             instance_id: None,
+            max_pods: None,
         })
         .unwrap();
         view.apply_put(

@@ -111,6 +111,7 @@ async fn seed_cluster(kv: &impl Kv, keys: &Keys) {
             addresses: Vec::new(),
             registered_ms: 0,
             instance_id: None,
+            max_pods: None,
         })
         .unwrap();
         let key = format!("/corral/t/v1/nodes/{name}");

@@ -238,6 +238,7 @@ pub fn node_record(name: &str) -> Vec<u8> {
         addresses: Vec::new(),
         registered_ms: 0,
         instance_id: None,
+        max_pods: None,
     })
     .unwrap()
 }

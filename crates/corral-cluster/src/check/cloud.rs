@@ -360,6 +360,7 @@ block_prefix_len = 28
                     addresses: vec![],
                     registered_ms: 0,
                     instance_id: Some(format!("i-{name}")),
+                    max_pods: None,
                 };
                 c.add(c.keys.node(&node(name)), encode_value(&record).unwrap());
             }

@@ -731,3 +731,95 @@ fn growth_by_a_prefix_does_not_release_single_addresses_next() {
     node.demand = Some(demand_of(&node.interfaces, 5));
     assert_eq!(count_of(&node.plan().action), 1);
 }
+
+/// ipamd's `TestIPAMContext_nodeIPPoolTooLow` "max pods exceeded": with WARM_IP a node whose
+/// pool holds max-pods addresses is not too low, however few are free. corral: a cloud pool's
+/// `max_pods` (and the node's own from its registration) caps the node beside warm targets
+/// (`PoolConfig::capped_watermarks_for`); the node is reported at capacity, no call is made.
+/// Before, a warm-target pool had no cap but the instance's limits.
+#[test]
+fn max_pods_caps_warm_ip_targets() {
+    let config = crate::ClusterConfig::from_toml(
+        r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+max_pods = 12
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+[pools.cloud.warm]
+warm_ip = 5
+"#,
+    )
+    .expect("max_pods beside warm targets is accepted");
+    let pool = &config.pools[0];
+    let mut node = Node::new(m5_large(), pool.capped_watermarks_for("n", None));
+    node.cloud = pool.cloud_config().unwrap();
+    node.cloud.first_interface_index = 0;
+    // 10 held, 8 used: 2 free, WARM_IP 5 wants 3 more; the cap leaves room for 2.
+    node.interfaces = vec![iface(0, 10)];
+    node.demand = Some(demand_of(&node.interfaces, 8));
+    let plan = node.plan();
+    assert_eq!(plan.stats.capacity, 12);
+    assert_eq!(count_of(&plan.action), 2, "{:?}", plan.action);
+    // 12 held (max pods), 11 used: 1 free, nothing more and reported at capacity.
+    node.interfaces = vec![iface(0, 10), iface(1, 2)];
+    node.demand = Some(demand_of(&node.interfaces, 11));
+    let plan = node.plan();
+    assert_eq!(plan.action, CloudAction::Nothing);
+    assert!(plan.at_capacity);
+    // Without the cap the same node takes 4 more (the instance has room for 27).
+    let mut uncapped = node.clone();
+    uncapped.watermarks = pool.watermarks_for("n");
+    assert_eq!(count_of(&uncapped.plan().action), 4);
+    // A node registered with --max-pods 10 is capped lower than the pool: at capacity at 12.
+    let mut small = node.clone();
+    small.watermarks = pool.capped_watermarks_for("n", Some(10));
+    assert_eq!(small.plan().stats.capacity, 10);
+    assert!(small.plan().at_capacity);
+    // A node's cap above the pool's does not raise it.
+    assert_eq!(pool.capped_watermarks_for("n", Some(50)).max_allocate, 12);
+}
+
+/// The prefix twin (ipamd counts a /28 as 16 addresses against max pods): with WARM_PREFIX 1
+/// and max pods 20, a node holding one full prefix gets one more (32 > 20: a prefix is the
+/// unit, as ipamd's chunks are), and one holding two gets nothing and is at capacity.
+#[test]
+fn max_pods_caps_warm_prefix_targets() {
+    let config = crate::ClusterConfig::from_toml(
+        r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+max_pods = 20
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+[pools.cloud]
+prefix_delegation = true
+[pools.cloud.warm]
+warm_prefix = 1
+"#,
+    )
+    .unwrap();
+    let pool = &config.pools[0];
+    let mut node = Node::new(m5_large(), pool.capped_watermarks_for("n", None));
+    node.cloud = pool.cloud_config().unwrap();
+    let mut one = iface(1, 0);
+    one.addresses = vec![net("10.0.1.16/28")];
+    node.interfaces = vec![iface(0, 0), one.clone()];
+    node.demand = Some(demand_of(&node.interfaces, 16));
+    assert_eq!(
+        node.plan().action,
+        CloudAction::Assign {
+            interface: id("eni-1"),
+            count: 1,
+            prefixes: true
+        }
+    );
+    one.addresses = vec![net("10.0.1.16/28"), net("10.0.1.32/28")];
+    node.interfaces = vec![iface(0, 0), one];
+    node.demand = Some(demand_of(&node.interfaces, 32));
+    let plan = node.plan();
+    assert_eq!(plan.action, CloudAction::Nothing);
+    assert!(plan.at_capacity);
+}

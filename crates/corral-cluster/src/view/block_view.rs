@@ -352,8 +352,9 @@ impl ClusterView {
     ) -> Option<BlockInput<'a>> {
         let config = self.config.pool(pool).filter(|p| p.is_blocks())?;
         config.family(family)?;
+        let node_max_pods = self.nodes.get(node).and_then(|e| e.record.max_pods);
         Some(BlockInput {
-            watermarks: config.watermarks_for(node.as_str()),
+            watermarks: config.capped_watermarks_for(node.as_str(), node_max_pods),
             block_size: self.block_size(pool, family),
             blocks,
             demand: self.demand(node, pool).and_then(|d| d.family(family)),
@@ -692,6 +693,7 @@ reserved = ["10.0.0.16/28"]
                 addresses: vec![],
                 registered_ms: 0,
                 instance_id: None,
+                max_pods: None,
             };
             let key = self.view.keys().node(&node);
             self.put(&key, &encode_value(&record).unwrap());

@@ -873,7 +873,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 let key = (pool.name.clone(), family);
                 let input = NodeCloudInput {
                     family,
-                    watermarks: pool.watermarks_for(node.as_str()),
+                    watermarks: pool.capped_watermarks_for(
+                        node.as_str(),
+                        view.registration(node).and_then(|e| e.record.max_pods),
+                    ),
                     cloud: &cloud,
                     limits,
                     zone: &instance.zone,

@@ -809,6 +809,7 @@ impl Rig {
             addresses: vec![],
             registered_ms: 0,
             instance_id: Some(instance.clone()),
+            max_pods: None,
         };
         put(
             &self.kv,

@@ -83,6 +83,7 @@ pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
         addresses: vec![],
         registered_ms: 0,
         instance_id: None,
+        max_pods: None,
     })
     .unwrap();
     let response = kv
