@@ -27,7 +27,7 @@ use corral_core::Family;
 use ipnet::IpNet;
 
 use crate::blocks::{self, Statistics};
-use crate::config::{CloudPoolConfig, Watermarks};
+use crate::config::{CloudPoolConfig, ReleasePolicy, Watermarks};
 use crate::keys::{CloudId, FamilyDemand, ReleaseState};
 
 mod choice;
@@ -45,7 +45,7 @@ pub use choice::{
     PREFIX_REFUSAL_TTL_MS, PrefixFallback, ServeKey, choose_subnet, next_device_index,
     prefix_fallback, prefix_refusal_holds, serve_order,
 };
-pub use empty::empty_interface_to_delete;
+pub use empty::{empty_interface_to_delete, is_empty_managed, track_empty};
 pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};
 pub use node_cidr::{
     FromCloudInput, FromCloudPlan, FromCloudProblem, FromCloudReport, Sight, plan_from_cloud,
@@ -772,14 +772,21 @@ fn release(
     out
 }
 
-/// Cilium's `PrepareIPRelease`: the usable attached interface with most addresses the agent
-/// reported free (counted in addresses: a free /28 counts 16; ties: lowest ID), and up to
-/// `more` addresses' worth of them, whole entries only (a prefix goes whole or not at all),
-/// never one in a handshake.
+/// The interface to take free addresses from, and up to `more` addresses' worth of them,
+/// whole entries only (a prefix goes whole or not at all), never one in a handshake, among the
+/// usable attached interfaces with addresses the agent reported free (counted in addresses: a
+/// free /28 counts 16), by the pool's [`ReleasePolicy`]:
+/// - `spread` (Cilium's `PrepareIPRelease`): the one with most free; ties: lowest ID;
+/// - `empty-interfaces` (ipamd's): the largest release; among releases of the same size, one
+///   that leaves an interface corral created empty (it is given back after the release
+///   delay), then the one leaving fewest addresses; ties: lowest ID.
 fn choose_marks(input: &NodeCloudInput<'_>, more: u64) -> Option<(CloudId, Vec<IpNet>)> {
+    let policy = input.cloud.release_policy();
     let empty = input.demand.map_or(&[][..], |d| d.empty.as_slice());
     let first = input.cloud.first_interface_index;
-    let mut best: Option<(CloudId, u64, Vec<IpNet>)> = None;
+    // The best so far: its interface, its score (higher wins) and what it would mark.
+    type Candidate = (CloudId, (u64, u64, u64), Vec<IpNet>);
+    let mut best: Option<Candidate> = None;
     let mut interfaces: Vec<&InterfaceView> = Vec::with_capacity(input.interfaces.len());
     interfaces.extend(
         input
@@ -808,8 +815,16 @@ fn choose_marks(input: &NodeCloudInput<'_>, more: u64) -> Option<(CloudId, Vec<I
         if picked.is_empty() {
             continue;
         }
-        if best.as_ref().is_none_or(|(_, n, _)| count > *n) {
-            best = Some((interface.id.clone(), count, picked));
+        let score = match policy {
+            ReleasePolicy::Spread => (count, 0, 0),
+            ReleasePolicy::EmptyInterfaces => {
+                let left = interface.addresses.len().saturating_sub(picked.len()) as u64;
+                let empties = left == 0 && interface.managed && interface.device_index != 0;
+                (size, u64::from(empties), u64::MAX - left)
+            }
+        };
+        if best.as_ref().is_none_or(|(_, s, _)| score > *s) {
+            best = Some((interface.id.clone(), score, picked));
         }
     }
     best.map(|(id, _, picked)| (id, picked))

@@ -315,6 +315,36 @@ pub struct CloudPoolConfig {
     /// The most leaked interfaces deleted per run (default 25).
     #[serde(default = "default_cloud_gc_max_per_run")]
     pub gc_max_per_run: u32,
+    /// Which interface gives free addresses back when a node holds too many (default:
+    /// `empty-interfaces` with warm targets, AWS VPC CNI's way; `spread` with watermarks,
+    /// Cilium's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_policy: Option<ReleasePolicy>,
+}
+
+/// Which interface a cloud pool's release takes free addresses from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleasePolicy {
+    /// ipamd's: among releases of the same size, the one that empties an interface corral
+    /// created (given back once it stayed empty for the release delay, freeing its device
+    /// index, attachment and primary address), then the interface with fewest addresses left.
+    EmptyInterfaces,
+    /// Cilium's (`PrepareIPRelease`): the interface with most free addresses, spreading what
+    /// stays over the interfaces.
+    Spread,
+}
+
+impl CloudPoolConfig {
+    /// The release policy in force: the one set, else `empty-interfaces` with warm targets and
+    /// `spread` with watermarks.
+    pub fn release_policy(&self) -> ReleasePolicy {
+        self.release_policy.unwrap_or(if self.warm.is_some() {
+            ReleasePolicy::EmptyInterfaces
+        } else {
+            ReleasePolicy::Spread
+        })
+    }
 }
 
 fn default_first_interface_index() -> u32 {
@@ -341,6 +371,7 @@ impl Default for CloudPoolConfig {
             first_interface_index: DEFAULT_FIRST_INTERFACE_INDEX,
             gc_interval_secs: DEFAULT_CLOUD_GC_INTERVAL_SECS,
             gc_max_per_run: DEFAULT_CLOUD_GC_MAX_PER_RUN,
+            release_policy: None,
         }
     }
 }

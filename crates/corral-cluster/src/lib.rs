@@ -31,7 +31,7 @@ pub use check::{
 pub use config::{
     AppliedConfigRecord, CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant,
     MAX_LEASE_TTL_SECS, NodeCidrSync, NodeIdBound, NodeIdPlanConfig, PoolConfig, PoolMode,
-    ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
+    ReleasePolicy, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
 };
 pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
 pub use intervals::IntervalSet;

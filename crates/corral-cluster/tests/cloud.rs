@@ -88,6 +88,8 @@ struct Model {
     calls: usize,
     /// Empty interfaces detached and deleted so far.
     deleted: usize,
+    /// Since when each empty managed interface is empty (`track_empty`).
+    empty_since: std::collections::HashMap<CloudId, u64>,
 }
 
 fn id(n: u32) -> CloudId {
@@ -506,7 +508,20 @@ impl Model {
         demand: &FamilyDemand,
     ) -> Result<(), TestCaseError> {
         let first = self.cloud.first_interface_index;
-        let Some(interface) = empty_interface_to_delete(&self.interfaces, first, &[plan]) else {
+        corral_cluster::cloud::track_empty(
+            &mut self.empty_since,
+            &self.interfaces,
+            first,
+            self.now,
+        );
+        let Some(interface) = empty_interface_to_delete(
+            &self.interfaces,
+            first,
+            &[plan],
+            &self.empty_since,
+            self.now,
+            DELAY,
+        ) else {
             return Ok(());
         };
         let k = self
@@ -654,6 +669,7 @@ fn model(
         outcomes,
         calls: 0,
         deleted: 0,
+        empty_since: Default::default(),
     }
 }
 

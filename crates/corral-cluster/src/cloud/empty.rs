@@ -1,15 +1,50 @@
 //! Empty managed interfaces given back (AWS VPC CNI ipamd's `RemoveUnusedENIFromStore`): an
 //! interface corral created that holds nothing any more, on a node that needs nothing, is
-//! detached and deleted.
+//! detached and deleted once it has stayed empty for the pool's release delay (a node whose
+//! pods come and go would otherwise create and delete interfaces with them).
+
+use std::collections::HashMap;
 
 use super::{CloudAction, CloudPlan, InterfaceView, is_usable};
 use crate::keys::CloudId;
 
+/// Whether `interface` could be given back if it stayed empty: usable, created by corral,
+/// attached, not the primary, holding nothing of either family.
+pub fn is_empty_managed(interface: &InterfaceView, first_interface_index: u32) -> bool {
+    is_usable(interface, first_interface_index)
+        && interface.managed
+        && interface.attached
+        && interface.device_index != 0
+        && interface.addresses.is_empty()
+}
+
+/// When each empty managed interface was first seen empty: `since` brought up to date with
+/// `interfaces` at `now_ms` (an interface seen empty for the first time starts now, one that
+/// holds something again or is gone is forgotten).
+pub fn track_empty(
+    since: &mut HashMap<CloudId, u64>,
+    interfaces: &[InterfaceView],
+    first_interface_index: u32,
+    now_ms: u64,
+) {
+    since.retain(|id, _| {
+        interfaces
+            .iter()
+            .any(|i| &i.id == id && is_empty_managed(i, first_interface_index))
+    });
+    for interface in interfaces {
+        if is_empty_managed(interface, first_interface_index) {
+            since.entry(interface.id.clone()).or_insert(now_ms);
+        }
+    }
+}
+
 /// The interface to detach and delete, if any: usable (at or above `first_interface_index`, not
 /// excluded), created by corral (`managed`), attached, not the primary (device index 0), and
-/// holding no address or prefix of either family, while every plan of the node in the pool
-/// (one per family, from a demand report) does nothing, needs nothing and is not at capacity.
-/// The highest device index goes first.
+/// holding no address or prefix of either family since at least `delay_ms` before `now_ms`
+/// (`empty_since`, kept by [`track_empty`]), while every plan of the node in the pool (one per
+/// family, from a demand report) does nothing, needs nothing and is not at capacity. The
+/// highest device index goes first.
 ///
 /// The addresses it held went back through the release handshake (marked, surrendered, then
 /// unassigned), so no pod has one. It never flaps: the targets count addresses, and an empty
@@ -20,6 +55,9 @@ pub fn empty_interface_to_delete(
     interfaces: &[InterfaceView],
     first_interface_index: u32,
     plans: &[&CloudPlan],
+    empty_since: &HashMap<CloudId, u64>,
+    now_ms: u64,
+    delay_ms: u64,
 ) -> Option<CloudId> {
     let quiet = plans.iter().all(|p| {
         p.action == CloudAction::Nothing
@@ -34,11 +72,10 @@ pub fn empty_interface_to_delete(
     interfaces
         .iter()
         .filter(|i| {
-            is_usable(i, first_interface_index)
-                && i.managed
-                && i.attached
-                && i.device_index != 0
-                && i.addresses.is_empty()
+            is_empty_managed(i, first_interface_index)
+                && empty_since
+                    .get(&i.id)
+                    .is_some_and(|at| now_ms.saturating_sub(*at) >= delay_ms)
         })
         .max_by_key(|i| (i.device_index, i.id.clone()))
         .map(|i| i.id.clone())
@@ -62,6 +99,47 @@ mod tests {
         }
     }
 
+    /// [`empty_interface_to_delete`] for interfaces empty since long enough.
+    fn settled(interfaces: &[InterfaceView], first: u32, plans: &[&CloudPlan]) -> Option<CloudId> {
+        let mut since = HashMap::new();
+        track_empty(&mut since, interfaces, first, 0);
+        empty_interface_to_delete(interfaces, first, plans, &since, 10_000, 10_000)
+    }
+
+    /// ipamd gives an empty ENI back at once; a node whose pods come and go then creates and
+    /// deletes interfaces with them. corral waits the pool's release delay: an interface
+    /// empty for less is kept, one that holds something again starts over.
+    #[test]
+    fn an_empty_interface_goes_only_after_the_release_delay() {
+        let quiet = CloudPlan::default();
+        let mut interfaces = vec![
+            interface(1, true, &["10.0.0.5/32"]),
+            interface(2, true, &[]),
+        ];
+        let mut since = HashMap::new();
+        track_empty(&mut since, &interfaces, 1, 1_000);
+        let at = |interfaces: &[InterfaceView], since: &HashMap<CloudId, u64>, now| {
+            empty_interface_to_delete(interfaces, 1, &[&quiet], since, now, 60_000)
+        };
+        assert_eq!(at(&interfaces, &since, 1_000), None);
+        assert_eq!(at(&interfaces, &since, 60_999), None);
+        assert_eq!(
+            at(&interfaces, &since, 61_000),
+            Some(CloudId::new("eni-2").unwrap())
+        );
+        // It took an address meanwhile: forgotten; empty again: the delay starts over.
+        interfaces[1].addresses = vec!["10.0.0.9/32".parse().unwrap()];
+        track_empty(&mut since, &interfaces, 1, 30_000);
+        assert!(since.is_empty());
+        interfaces[1].addresses.clear();
+        track_empty(&mut since, &interfaces, 1, 50_000);
+        assert_eq!(at(&interfaces, &since, 61_000), None);
+        assert_eq!(
+            at(&interfaces, &since, 110_000),
+            Some(CloudId::new("eni-2").unwrap())
+        );
+    }
+
     #[test]
     fn only_an_empty_managed_secondary_interface_of_a_quiet_node() {
         let quiet = CloudPlan::default();
@@ -71,7 +149,7 @@ mod tests {
             interface(2, true, &[]),
         ];
         assert_eq!(
-            empty_interface_to_delete(&interfaces, 1, &[&quiet]),
+            settled(&interfaces, 1, &[&quiet]),
             Some(CloudId::new("eni-2").unwrap())
         );
         // Never the primary, never an untagged one, never one holding an address.
@@ -80,15 +158,12 @@ mod tests {
             interface(1, false, &[]),
             interface(2, true, &["10.0.0.6/32"]),
         ];
-        assert_eq!(empty_interface_to_delete(&none, 0, &[&quiet]), None);
+        assert_eq!(settled(&none, 0, &[&quiet]), None);
         // Below the pool's first interface index, attaching: not the pool's to give back.
         let mut attaching = interface(2, true, &[]);
         attaching.attached = false;
-        assert_eq!(empty_interface_to_delete(&[attaching], 1, &[&quiet]), None);
-        assert_eq!(
-            empty_interface_to_delete(&[interface(1, true, &[])], 2, &[&quiet]),
-            None
-        );
+        assert_eq!(settled(&[attaching], 1, &[&quiet]), None);
+        assert_eq!(settled(&[interface(1, true, &[])], 2, &[&quiet]), None);
         // A node that needs, grows, releases or is at capacity keeps it.
         let needs = CloudPlan {
             stats: Statistics {
@@ -109,11 +184,8 @@ mod tests {
             ..CloudPlan::default()
         };
         for plan in [&needs, &releasing, &full] {
-            assert_eq!(
-                empty_interface_to_delete(&interfaces, 1, &[&quiet, plan]),
-                None
-            );
+            assert_eq!(settled(&interfaces, 1, &[&quiet, plan]), None);
         }
-        assert_eq!(empty_interface_to_delete(&interfaces, 1, &[]), None);
+        assert_eq!(settled(&interfaces, 1, &[]), None);
     }
 }

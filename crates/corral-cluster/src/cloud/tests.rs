@@ -823,3 +823,57 @@ warm_prefix = 1
     assert_eq!(plan.action, CloudAction::Nothing);
     assert!(plan.at_capacity);
 }
+
+/// ipamd's `TestWarmENIInteractions` (WARM_IP 2, MINIMUM_IP 4; the primary with 2 used, ENI-2
+/// with 2 free, ENI-3 with 1 free: one address is excess): ipamd releases ENI-3's single free
+/// address, emptying it (then gives ENI-3 back). With warm targets corral's default policy
+/// (`empty-interfaces`) does the same; `spread` (Cilium's, the default with watermarks) takes
+/// it from ENI-2, which has most free, and no interface empties.
+#[test]
+fn a_release_prefers_emptying_an_interface_under_warm_targets() {
+    let mut node = Node::new(m5_large(), Watermarks::default());
+    node.cloud.warm = Some(WarmTargets {
+        warm_ip: Some(2),
+        minimum_ip: Some(4),
+        ..WarmTargets::default()
+    });
+    node.cloud.first_interface_index = 0;
+    node.interfaces = vec![iface(0, 2), iface(1, 2), iface(2, 1)];
+    node.demand = Some(demand_of(&node.interfaces, 2));
+    node.since = Some(node.now - DELAY);
+    assert_eq!(node.cloud.release_policy(), ReleasePolicy::EmptyInterfaces);
+    let plan = node.plan();
+    assert_eq!(plan.stats.excess, 1);
+    assert_eq!(
+        plan.action,
+        CloudAction::Mark {
+            interface: id("eni-2"),
+            addresses: vec![addr(2, 0)],
+        }
+    );
+    node.cloud.release_policy = Some(ReleasePolicy::Spread);
+    assert!(
+        matches!(&node.plan().action, CloudAction::Mark { interface, .. } if *interface == id("eni-1")),
+        "{:?}",
+        node.plan().action
+    );
+    // The policy is named in the configuration (kebab-case), and watermarks default to spread.
+    let config = crate::ClusterConfig::from_toml(
+        r#"
+[[pools]]
+name = "vpc"
+mode = "cloud"
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+[pools.cloud]
+release_policy = "empty-interfaces"
+"#,
+    )
+    .unwrap();
+    let cloud = config.pools[0].cloud_config().unwrap();
+    assert_eq!(cloud.release_policy(), ReleasePolicy::EmptyInterfaces);
+    assert_eq!(
+        CloudPoolConfig::default().release_policy(),
+        ReleasePolicy::Spread
+    );
+}

@@ -161,6 +161,9 @@ struct NodeCloud {
     wake_at: Option<Instant>,
     /// Excess clocks per pool and family.
     excess_since: HashMap<(PoolName, Family), u64>,
+    /// Per pool, since when each empty managed interface has been empty (given back once it
+    /// stayed so for the release delay).
+    empty_since: HashMap<PoolName, HashMap<CloudId, u64>>,
     /// Describe the instance itself again (it may have been terminated).
     check_instance: bool,
 }
@@ -943,12 +946,27 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             // Nothing else to do, the agent reporting: an empty interface corral created is
             // given back (detached and deleted behind a `Delete` intent written with its
             // record's deletion).
+            let since = state.empty_since.entry(pool.name.clone()).or_default();
+            decide::track_empty(since, &interfaces, cloud.first_interface_index, now_ms);
+            // An emptiness delay runs out: planned again then.
+            if let Some(due) = since
+                .values()
+                .map(|at| at.saturating_add(pool.release_delay_ms()))
+                .filter(|due| *due > now_ms)
+                .min()
+            {
+                let wait = Instant::now() + Duration::from_millis(due - now_ms + 10);
+                state.wake_at = Some(state.wake_at.map_or(wait, |t| t.min(wait)));
+            }
             if chosen.is_none() && reported {
                 let plans: Vec<&CloudPlan> = pool_plans.iter().collect();
                 if let Some(empty) = decide::empty_interface_to_delete(
                     &interfaces,
                     cloud.first_interface_index,
                     &plans,
+                    &state.empty_since[&pool.name],
+                    now_ms,
+                    pool.release_delay_ms(),
                 ) && let Some((id, entry)) = records
                     .iter()
                     .find(|(id, e)| *id == empty && e.record.as_ref().is_some_and(|r| r.managed))
