@@ -371,18 +371,22 @@ async fn run_link<K: Kv>(
                 // does not fight for the key.
                 let message = error.to_string();
                 eprintln!("corral agent: cluster: {message}");
-                let drained = committer
-                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
-                    .await;
+                // Said before the ranges drain, so whoever sees them drained sees why.
                 update(&state, |s| {
                     s.registered = false;
                     s.grants.clear();
                     s.node_id = None;
-                    s.last_error = Some(match &drained {
-                        Ok(_) => message.clone(),
-                        Err(e) => format!("{message}; draining its cluster ranges: {e:?}"),
-                    });
+                    s.last_error = Some(message.clone());
                 });
+                if let Err(e) = committer
+                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
+                    .await
+                {
+                    update(&state, |s| {
+                        s.last_error =
+                            Some(format!("{message}; draining its cluster ranges: {e:?}"))
+                    });
+                }
                 if !across.live {
                     state.fail(message);
                 }
@@ -420,26 +424,29 @@ async fn run_link<K: Kv>(
                 state
                     .removed
                     .store(true, std::sync::atomic::Ordering::Release);
-                let removed = committer
-                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
-                    .await;
                 eprintln!(
                     "corral agent: cluster: node {} was removed from the cluster; its ranges drain; \
                      restart the agent to register it again",
                     options.node
                 );
+                // Said before the ranges drain, so whoever sees them drained sees why.
                 update(&state, |s| {
                     s.registered = false;
                     s.grants.clear();
                     s.node_id = None;
-                    s.last_error = Some(match removed {
-                        Ok(_) => format!(
-                            "node {} was removed from the cluster; restart the agent to register it again",
-                            options.node
-                        ),
-                        Err(error) => format!("draining after the node's removal: {error:?}"),
-                    });
+                    s.last_error = Some(format!(
+                        "node {} was removed from the cluster; restart the agent to register it again",
+                        options.node
+                    ));
                 });
+                if let Err(error) = committer
+                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
+                    .await
+                {
+                    update(&state, |s| {
+                        s.last_error = Some(format!("draining after the node's removal: {error:?}"))
+                    });
+                }
                 while_removed(
                     &kv,
                     &keys,
