@@ -55,7 +55,7 @@ pub use records::{
     record_conflicts,
 };
 pub use replay::{DESCRIBE_LAG_BOUND_MS, ObservedInterface, Replay, replay_intent};
-pub use targets::{WarmMode, warm_mode, warm_needed_and_excess};
+pub use targets::{WarmMode, warm_excess_releasing, warm_mode, warm_needed_and_excess};
 
 /// The interface and address limits of the node's instance type (EC2's
 /// `DescribeInstanceTypes`; corral-cloud's `InstanceTypeInfo`).
@@ -491,9 +491,12 @@ pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
     );
     let max = input.watermarks.max_allocate;
     let capacity = if max > 0 { physical.min(max) } else { physical };
+    // A release begun (the node was in excess at its last plan) goes on to the target.
+    let releasing = input.excess_since_ms.is_some();
     let excess_at = |avail: u64| -> u64 {
         match &input.cloud.warm {
             None => blocks::excess(&input.watermarks, avail, used),
+            Some(t) if releasing => warm_excess_releasing(t, &input.limits, pd, avail, used),
             Some(t) => warm_needed_and_excess(t, &input.limits, pd, avail, used, 0).1,
         }
     };
@@ -743,11 +746,13 @@ fn release(
             interface,
         };
     }
+    let since = input.excess_since_ms.unwrap_or(input.now_ms);
     if to_release == 0 {
-        out.excess_since_ms = None;
+        // A release is over once what it surrendered is unassigned: until then its clock
+        // stays (a release begun goes on to the target, `warm_excess_releasing`).
+        out.excess_since_ms = (!completing.is_empty()).then_some(since);
         return out;
     }
-    let since = input.excess_since_ms.unwrap_or(input.now_ms);
     out.excess_since_ms = Some(since);
     if !out.forget.is_empty() {
         // A refusal just came back: the excess clock starts again.

@@ -54,6 +54,32 @@ pub fn warm_mode(targets: &WarmTargets, prefixes: bool) -> WarmMode {
 ///   `max(n * perENI, 1)` free (so n = 0 does not flap between 0 and 1 free).
 /// - WARM_PREFIX n: short when fewer than n whole prefixes are free (or nothing is free):
 ///   needs `16 * max(n - freePrefixes, 1)`; excess `16 * (freePrefixes - max(n, 1))`.
+/// The excess of a node whose release has begun (it was in excess at its last plan): as
+/// [`warm_needed_and_excess`]'s, except that under WARM_ENI the release goes on down to
+/// `max(n * perENI, 1)` free once begun above `(n + 1) * perENI`, as AWS frees interface after
+/// interface while what stays free is at least the target (without it a release that marked
+/// the 16 entries an agent lists stopped under the threshold, 2 short: 11 free where the rule
+/// says 9). It never flaps: growth begins only under `n * perENI` free, and the release stops
+/// at it.
+pub fn warm_excess_releasing(
+    targets: &WarmTargets,
+    limits: &InstanceLimits,
+    prefixes: bool,
+    available: u64,
+    used: u64,
+) -> u64 {
+    let (needed, excess) = warm_needed_and_excess(targets, limits, prefixes, available, used, 0);
+    match warm_mode(targets, prefixes) {
+        WarmMode::Eni(n) if needed == 0 => {
+            let per = u64::from(limits.ipv4_per_interface.saturating_sub(1))
+                .saturating_mul(if prefixes { 16 } else { 1 });
+            let target = n.saturating_mul(per).max(1);
+            available.saturating_sub(used).saturating_sub(target)
+        }
+        _ => excess,
+    }
+}
+
 pub fn warm_needed_and_excess(
     targets: &WarmTargets,
     limits: &InstanceLimits,
@@ -215,6 +241,15 @@ mod tests {
         assert_eq!(warm_needed_and_excess(&t, &l, false, 27, 10, 0), (0, 0));
         // 27 held, 0 pods: 27 >= 2 * 9: release down to 9 free.
         assert_eq!(warm_needed_and_excess(&t, &l, false, 27, 0, 0), (0, 18));
+        // A release begun goes on to 9 free (AWS frees interface after interface): one round
+        // marks at most the 16 entries an agent lists, leaving 11, under the threshold of 18.
+        assert_eq!(warm_needed_and_excess(&t, &l, false, 11, 0, 0), (0, 0));
+        assert_eq!(warm_excess_releasing(&t, &l, false, 11, 0), 2);
+        assert_eq!(warm_excess_releasing(&t, &l, false, 27, 0), 18);
+        assert_eq!(warm_excess_releasing(&t, &l, false, 9, 0), 0);
+        // ...and never into growth: under 9 free the node needs, and releases nothing.
+        assert_eq!(warm_excess_releasing(&t, &l, false, 9, 1), 0);
+        assert_eq!(warm_excess_releasing(&t, &l, false, 17, 1), 7);
         // WARM_ENI = 0: something free is kept, never 0 then 1 again.
         let zero = WarmTargets {
             warm_eni: Some(0),
