@@ -37,23 +37,6 @@ pub fn warm_mode(targets: &WarmTargets, prefixes: bool) -> WarmMode {
     }
 }
 
-/// How many addresses the node needs and has in excess under AWS VPC CNI's targets
-/// (CLUSTER-DESIGN 2.1: `short`, `over`, WARM_ENI, WARM_PREFIX), with corral's no-flap rule;
-/// `(needed, excess)`. `available` is what the node holds (AWS's `total`), `used` what its
-/// pods have (`assigned`), `pending` allocations waiting (a surge: at least `pending - free`
-/// is needed). The targets count IPv4 interface slots (`perENI = ipv4_per_interface - 1`,
-/// x16 with `prefixes`).
-///
-/// - IP targets: `short = max(warm - free, min - total, 0)`; `over = max(min(free - warm,
-///   total - min), 0)` (releasing it leaves `free >= warm` and `total >= min`: never short
-///   next round). With prefixes, `over` is whole prefixes beyond the prefixes covering
-///   `max(used + warm, min)` (AWS's `overPrefix`; a minimum above 16N acts as 16(N+1)).
-/// - WARM_ENI n: short when `free < n * perENI` (or n = 0 and nothing free): needs the
-///   difference (at least 1); excess only when `free >= (n + 1) * perENI` (and more than one
-///   interface's worth: with n = 0 a growth step leaves exactly `perENI` free), down to
-///   `max(n * perENI, 1)` free (so n = 0 does not flap between 0 and 1 free).
-/// - WARM_PREFIX n: short when fewer than n whole prefixes are free (or nothing is free):
-///   needs `16 * max(n - freePrefixes, 1)`; excess `16 * (freePrefixes - max(n, 1))`.
 /// The excess of a node whose release has begun (it was in excess at its last plan): as
 /// [`warm_needed_and_excess`]'s, except that under WARM_ENI the release goes on down to
 /// `max(n * perENI, 1)` free once begun above `(n + 1) * perENI`, as AWS frees interface after
@@ -80,6 +63,23 @@ pub fn warm_excess_releasing(
     }
 }
 
+/// How many addresses the node needs and has in excess under AWS VPC CNI's targets
+/// (CLUSTER-DESIGN 2.1: `short`, `over`, WARM_ENI, WARM_PREFIX), with corral's no-flap rule;
+/// `(needed, excess)`. `available` is what the node holds (AWS's `total`), `used` what its
+/// pods have (`assigned`), `pending` allocations waiting (a surge: at least `pending - free`
+/// is needed). The targets count IPv4 interface slots (`perENI = ipv4_per_interface - 1`,
+/// x16 with `prefixes`).
+///
+/// - IP targets: `short = max(warm - free, min - total, 0)`; `over = max(min(free - warm,
+///   total - min), 0)` (releasing it leaves `free >= warm` and `total >= min`: never short
+///   next round). With prefixes, `over` is whole prefixes beyond the prefixes covering
+///   `max(used + warm, min)` (AWS's `overPrefix`; a minimum above 16N acts as 16(N+1)).
+/// - WARM_ENI n: short when `free < n * perENI` (or n = 0 and nothing free): needs the
+///   difference (at least 1); excess only when `free >= (n + 1) * perENI` (and more than one
+///   interface's worth: with n = 0 a growth step leaves exactly `perENI` free), down to
+///   `max(n * perENI, 1)` free (so n = 0 does not flap between 0 and 1 free).
+/// - WARM_PREFIX n: short when fewer than n whole prefixes are free (or nothing is free):
+///   needs `16 * max(n - freePrefixes, 1)`; excess `16 * (freePrefixes - max(n, 1))`.
 pub fn warm_needed_and_excess(
     targets: &WarmTargets,
     limits: &InstanceLimits,
