@@ -276,6 +276,19 @@ fn gc_with_no_grace_period_releases_at_the_first_gc() {
     for c in ["new1", "new2", "new3", "new4"] {
         assert_eq!(add(&stdin, c).addresses().len(), 2, "{c}");
     }
+    // The conformance case: one GC with an empty list of valid attachments frees everything.
+    let mut empty = config.clone();
+    empty["cni.dev/valid-attachments"] = json!([]);
+    let out = run("GC", "", "", &[], &serde_json::to_vec(&empty).unwrap());
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    for c in ["kept", "new1", "new2", "new3", "new4"] {
+        assert_eq!(
+            run("CHECK", c, "eth0", &[], &check).error_code(),
+            105,
+            "{c}"
+        );
+    }
+    assert_eq!(add(&stdin, "after").addresses().len(), 2);
 }
 
 /// Hostile and malformed input: the right code, and nothing changed (the next ADD still gets
