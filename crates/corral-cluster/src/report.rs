@@ -296,14 +296,16 @@ impl StatusReport {
     /// Aligned text for people.
     pub fn to_table(&self) -> String {
         let mut text = String::new();
+        let plural =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let _ = writeln!(
             text,
-            "revision {}, leader {}, {} nodes ({} served), {} removals pending",
+            "revision {}, leader {}, {} ({} served), {} pending",
             self.revision,
             self.leader.as_deref().unwrap_or("none"),
-            self.nodes,
+            plural(self.nodes, "node", "nodes"),
             self.nodes_served,
-            self.removals_pending
+            plural(self.removals_pending, "removal", "removals")
         );
         let _ = writeln!(
             text,
