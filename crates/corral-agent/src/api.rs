@@ -495,28 +495,37 @@ async fn allocate(
     State(state): State<AppState>,
     Body(request): Body<api::AllocateRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
-    answer!(state, "allocate", Op::Allocate(request), Allocated)
+    let answer = answer!(state, "allocate", Op::Allocate(request), Allocated);
+    // A block or cloud pool's demand follows what the API allocates too, not only CNI ADDs.
+    state.touch();
+    answer
 }
 
 async fn release(
     State(state): State<AppState>,
     Body(request): Body<api::ReleaseRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
-    answer!(state, "release", Op::Release(request), Released)
+    let answer = answer!(state, "release", Op::Release(request), Released);
+    state.touch();
+    answer
 }
 
 async fn lease_start(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStartRequest>,
 ) -> Result<Json<api::Lease>, ApiError> {
-    answer!(state, "lease_start", Op::LeaseStart(request), Lease)
+    let answer = answer!(state, "lease_start", Op::LeaseStart(request), Lease);
+    state.touch();
+    answer
 }
 
 async fn lease_stop(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStopRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(state.run("lease_stop", Op::LeaseStop(request)).await?)
+    let answer = done(state.run("lease_stop", Op::LeaseStop(request)).await?);
+    state.touch();
+    answer
 }
 
 fn done(reply: Reply) -> Result<Json<api::Done>, ApiError> {

@@ -745,3 +745,57 @@ fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
     assert_eq!(released.released.len(), 1);
     agent.stop(&runtime);
 }
+
+/// Issue 23: `corral alloc` / `corral release` (`/v1/allocate`, `/v1/release`) on a block pool
+/// move the node's demand as CNI ADD and DEL do. Before, a node filled through the API never
+/// published its use (still stale after 45 s), so it never got another block.
+#[test]
+fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = Agent::start_with(
+        &runtime,
+        &kv,
+        dir.path(),
+        Duration::from_secs(5),
+        Duration::from_secs(1),
+    );
+    runtime.block_on(grant(&kv, "pods", "10.60.0.0/24"));
+    let used =
+        |kv: &MemKv| demand(&runtime, kv, "pods").and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)));
+    wait_until("the first demand", Duration::from_secs(10), || {
+        used(&kv) == Some((0, 1))
+    });
+    let mut client = agent.client();
+    for i in 0..3 {
+        client
+            .allocate(&corral_api::AllocateRequest {
+                scope: "node".into(),
+                pool: "pods".into(),
+                family: None,
+                address: None,
+                owner: format!("api-{i}"),
+                key: None,
+                lease_ms: None,
+            })
+            .unwrap();
+    }
+    wait_until("the allocations counted", Duration::from_secs(10), || {
+        used(&kv) == Some((3, 1))
+    });
+    client
+        .release(&corral_api::ReleaseRequest {
+            scope: "node".into(),
+            key: None,
+            address: None,
+            generation: None,
+            owner: Some("api-0".into()),
+        })
+        .unwrap();
+    wait_until("the release counted", Duration::from_secs(10), || {
+        used(&kv) == Some((2, 1))
+    });
+    agent.stop(&runtime);
+}
