@@ -876,6 +876,27 @@ fn holdings(
         .and_then(|e| corral_cluster::decode_value(&e.value).ok())
 }
 
+/// Writes `nodes/<node>` as an agent of machine `uid` would have before this test's agent runs.
+async fn register_record(kv: &MemKv, node: &NodeName, uid: &str) {
+    let record = NodeRecord {
+        uid: uid.into(),
+        addresses: Vec::new(),
+        registered_ms: 0,
+        instance_id: None,
+        max_pods: None,
+    };
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put(
+            keys().node(node),
+            encode_value(&record).unwrap(),
+        )],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+}
+
 #[test]
 fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refused() {
     let runtime = runtime();
@@ -892,24 +913,8 @@ fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refu
     });
     std::fs::write(&epoch, memory.to_json()).unwrap();
     let name = NodeName::new("node-1").unwrap();
-    let record = NodeRecord {
-        uid: "uid-1".into(),
-        addresses: Vec::new(),
-        registered_ms: 0,
-        instance_id: None,
-        max_pods: None,
-    };
     runtime.block_on(async {
-        kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::put(
-                keys().node(&name),
-                encode_value(&record).unwrap(),
-            )],
-            failure: vec![],
-        })
-        .await
-        .unwrap();
+        register_record(&kv, &name, "uid-1").await;
         grant(&kv, "node-1", "10.192.1.0/24").await;
     });
     let grant_revision = runtime
@@ -977,23 +982,8 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
     let dir_2 = tempfile::tempdir().unwrap();
     runtime.block_on(async {
         for (node, cidr) in [("node-1", "10.192.1.0/24"), ("node-2", "10.192.2.0/24")] {
-            let record = NodeRecord {
-                uid: format!("uid-{}", &node[5..]),
-                addresses: Vec::new(),
-                registered_ms: 0,
-                instance_id: None,
-                max_pods: None,
-            };
-            kv.txn(Txn {
-                compares: vec![],
-                success: vec![TxnOp::put(
-                    keys().node(&NodeName::new(node).unwrap()),
-                    encode_value(&record).unwrap(),
-                )],
-                failure: vec![],
-            })
-            .await
-            .unwrap();
+            let uid = format!("uid-{}", &node[5..]);
+            register_record(&kv, &NodeName::new(node).unwrap(), &uid).await;
             grant(&kv, node, cidr).await;
         }
     });

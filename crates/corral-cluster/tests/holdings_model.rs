@@ -1524,14 +1524,11 @@ mod rules {
         );
     }
 
-    /// A snapshot holds a grant its node's agent never took up; after it was taken, that
-    /// space went to another node, whose agent holds it when the snapshot is restored. The
-    /// agent of the first node cannot tell (it never saw the history etcd lost, and its own
-    /// memory of etcd's time is older than the grant): the `reassert` the leader put when it
-    /// saw etcd go back in time makes the grant one from before, refused, then revoked.
-    #[test]
-    fn a_restored_grant_never_taken_up_is_refused_after_a_reassert() {
-        let ops = [
+    /// Node 5 is granted space its agent never takes up; a snapshot holds that grant; etcd
+    /// goes back to before it and node 3 gets the space and takes it up; then the snapshot
+    /// with node 5's grant is restored.
+    fn restored_grant_never_taken_up() -> [Op; 11] {
+        [
             SnapshotSave(0),
             Register(5),
             CatchUp(0, 1),
@@ -1543,7 +1540,17 @@ mod rules {
             Propose(LEADER, 3),
             AgentSync(3),
             SnapshotRestore(1, 0),
-        ];
+        ]
+    }
+
+    /// A snapshot holds a grant its node's agent never took up; after it was taken, that
+    /// space went to another node, whose agent holds it when the snapshot is restored. The
+    /// agent of the first node cannot tell (it never saw the history etcd lost, and its own
+    /// memory of etcd's time is older than the grant): the `reassert` the leader put when it
+    /// saw etcd go back in time makes the grant one from before, refused, then revoked.
+    #[test]
+    fn a_restored_grant_never_taken_up_is_refused_after_a_reassert() {
+        let ops = restored_grant_never_taken_up();
         let stats = run_with_stats(RULES, &ops).unwrap();
         assert!(stats.refused > 0 && stats.revoked > 0, "{stats:?}");
         needs_rule(
@@ -1561,19 +1568,7 @@ mod rules {
     /// served again: without it, the final settle leaves the node unserved.
     #[test]
     fn a_refused_grant_is_revoked_and_the_node_granted_anew() {
-        let ops = [
-            SnapshotSave(0),
-            Register(5),
-            CatchUp(0, 1),
-            Propose(0, 5),
-            SnapshotSave(1),
-            SnapshotRestore(0, 2),
-            Register(3),
-            CatchUp(2, 1),
-            Propose(LEADER, 3),
-            AgentSync(3),
-            SnapshotRestore(1, 0),
-        ];
+        let ops = restored_grant_never_taken_up();
         let served = |rules: Rules| {
             let mut sim = Sim::new(rules);
             for op in &ops {

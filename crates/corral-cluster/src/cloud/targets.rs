@@ -37,6 +37,16 @@ pub fn warm_mode(targets: &WarmTargets, prefixes: bool) -> WarmMode {
     }
 }
 
+/// Addresses one interface gives WARM_ENI (`perENI`): its IPv4 slots less the primary, x16 with
+/// prefixes.
+fn eni_units(limits: &InstanceLimits, prefixes: bool) -> u64 {
+    u64::from(limits.ipv4_per_interface.saturating_sub(1)).saturating_mul(if prefixes {
+        16
+    } else {
+        1
+    })
+}
+
 /// The excess of a node whose release has begun (it was in excess at its last plan): as
 /// [`warm_needed_and_excess`]'s, except that under WARM_ENI the release goes on down to
 /// `max(n * perENI, 1)` free once begun above `(n + 1) * perENI`, as AWS frees interface after
@@ -54,9 +64,7 @@ pub fn warm_excess_releasing(
     let (needed, excess) = warm_needed_and_excess(targets, limits, prefixes, available, used, 0);
     match warm_mode(targets, prefixes) {
         WarmMode::Eni(n) if needed == 0 => {
-            let per = u64::from(limits.ipv4_per_interface.saturating_sub(1))
-                .saturating_mul(if prefixes { 16 } else { 1 });
-            let target = n.saturating_mul(per).max(1);
+            let target = n.saturating_mul(eni_units(limits, prefixes)).max(1);
             available.saturating_sub(used).saturating_sub(target)
         }
         _ => excess,
@@ -108,8 +116,7 @@ pub fn warm_needed_and_excess(
             (short, over)
         }
         WarmMode::Eni(n) => {
-            let per = u64::from(limits.ipv4_per_interface.saturating_sub(1))
-                .saturating_mul(if prefixes { 16 } else { 1 });
+            let per = eni_units(limits, prefixes);
             let target = n.saturating_mul(per);
             let needed = if free < target || (n == 0 && free == 0) {
                 target.saturating_sub(free).max(1)
