@@ -25,8 +25,8 @@ use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::committer::Committer;
-use crate::host::{Op, OpError, Reply};
 use crate::metrics::{Metrics, Operation, Outcome};
+use crate::node::{Op, OpError, Reply};
 
 /// The OpenAPI document, as committed at the repository root.
 pub const OPENAPI: &str = include_str!("../../../openapi.json");
@@ -47,7 +47,7 @@ pub struct AppState {
     /// How long a request's body may take to arrive after its head.
     pub body_timeout: Duration,
     /// The agent's link to a cluster, when it runs with one (`corral agent --etcd`).
-    pub cluster: Option<crate::cluster::SharedClusterState>,
+    pub cluster: Option<crate::link::SharedClusterState>,
     /// In a cluster, how long a CNI ADD to a node pool with nothing free waits for a grant.
     pub pool_wait: Duration,
 }
@@ -245,7 +245,7 @@ impl AppState {
     }
 
     /// A CNI network on a node pool: the pool the agent chooses (see
-    /// [`crate::blocks::resolve_pool`]), with the cluster's configuration when it has one.
+    /// [`crate::link::blocks::resolve_pool`]), with the cluster's configuration when it has one.
     fn resolve_network(&self, network: &mut api::CniNetwork) {
         let Some(sent) = network.node_pool.clone() else {
             return;
@@ -257,7 +257,7 @@ impl AppState {
             .configured_pool
             .clone()
             .or_else(|| (sent != DEFAULT_NODE_POOL).then_some(sent));
-        network.node_pool = Some(crate::blocks::resolve_pool(
+        network.node_pool = Some(crate::link::blocks::resolve_pool(
             config.as_deref(),
             network.requested_pool.as_deref(),
             network.namespace.as_deref(),
@@ -287,7 +287,7 @@ fn waits_for_grant(error: &OpError) -> bool {
 }
 
 /// The refusal of an ADD on a cluster pool of a node removed from the cluster.
-fn removed_error(cluster: &crate::cluster::SharedClusterState, pool: &str) -> OpError {
+fn removed_error(cluster: &crate::link::SharedClusterState, pool: &str) -> OpError {
     let node = cluster
         .lock()
         .map(|s| s.node.clone())
@@ -311,7 +311,7 @@ fn removed_error(cluster: &crate::cluster::SharedClusterState, pool: &str) -> Op
 /// pool (CNI code 11).
 async fn cni_add_waiting(
     state: &AppState,
-    cluster: &crate::cluster::SharedClusterState,
+    cluster: &crate::link::SharedClusterState,
     pool: String,
     request: api::CniAddRequest,
 ) -> Result<Reply, OpError> {
@@ -549,7 +549,7 @@ async fn status(
     let Json(mut status) = answer!(state, "status", Op::Status(query.scope), Status)?;
     status.cluster = state.cluster.as_ref().map(|shared| {
         let cluster = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        crate::cluster::api_status(&cluster)
+        crate::link::api_status(&cluster)
     });
     Ok(Json(status))
 }
@@ -609,7 +609,7 @@ async fn reserve_local_routes(
     Body(request): Body<api::ReserveLocalRoutesRequest>,
 ) -> Result<Json<api::ReserveLocalRoutesResponse>, ApiError> {
     crate::local_routes::check_scope(&request.scope).map_err(ApiError)?;
-    let host = crate::local_routes::read_host_networks()
+    let host = crate::netlink::read_host_networks_off_thread()
         .await
         .map_err(ApiError)?;
     let op = Op::ReserveLocalRoutes(crate::local_routes::LocalRoutesRequest {

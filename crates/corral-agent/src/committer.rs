@@ -22,7 +22,7 @@ use std::thread;
 use corral_api::ErrorCode;
 use tokio::sync::oneshot;
 
-use crate::host::{Op, OpError, Reply, RunBatch};
+use crate::node::{Op, OpError, Reply, RunBatch};
 
 /// The most operations in one batch (one transaction).
 const MAX_BATCH: usize = 1024;
@@ -333,7 +333,7 @@ mod tests {
 
     fn start(dir: &Path) -> Committer {
         let store = SqliteStore::open_owned(dir, Path::new("/x.sock")).unwrap();
-        Committer::start(crate::host::Host::restore(store, &ScopeConfig::default()).unwrap())
+        Committer::start(crate::node::Host::restore(store, &ScopeConfig::default()).unwrap())
             .unwrap()
     }
 

@@ -10,19 +10,17 @@
 //! (`committer.rs`).
 
 pub mod api;
-pub mod blocks;
 mod capacity;
-pub mod cloud_pool;
-pub mod cluster;
 pub mod committer;
 pub mod config;
-pub mod host;
+pub mod error;
 pub mod ipamd;
+pub mod link;
 mod listen;
-pub mod liveness;
 pub mod local_routes;
 pub mod metrics;
 mod netlink;
+pub mod node;
 pub mod openapi;
 pub mod pending;
 mod server;

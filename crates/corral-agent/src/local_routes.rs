@@ -53,7 +53,7 @@ use corral_core::{
 };
 use corral_store::{PoolSpec, ScopeConfig};
 
-use crate::host::OpError;
+use crate::error::OpError;
 
 /// The reasons of the exclusions a reservation makes start with one of these; exclusions
 /// with any other reason are never touched by it.
@@ -577,47 +577,6 @@ pub fn log_lines(response: &api::ReserveLocalRoutesResponse) -> Vec<String> {
         ));
     }
     lines
-}
-
-/// Reads the node's networks off the async threads; a failure is the agent's (503).
-pub async fn read_host_networks() -> Result<HostNetworks, OpError> {
-    let read = tokio::task::spawn_blocking(crate::netlink::read_host_networks)
-        .await
-        .map_err(|e| OpError::new(ErrorCode::RetryLater, format!("internal: {e}")))?;
-    read.map_err(|e| {
-        OpError::new(
-            ErrorCode::RetryLater,
-            format!("cannot read the node's routes and addresses: {e}"),
-        )
-    })
-}
-
-/// The reservation the agent makes when it starts, before it is ready: a failure is logged
-/// and the agent starts anyway (with the exclusions it kept from its last run).
-pub async fn reserve_at_start(committer: &crate::committer::Committer) {
-    let outcome = match read_host_networks().await {
-        Ok(host) => {
-            committer
-                .submit(crate::host::Op::ReserveLocalRoutes(LocalRoutesRequest {
-                    scope: api::NODE_SCOPE.to_owned(),
-                    host,
-                }))
-                .await
-        }
-        Err(error) => Err(error),
-    };
-    match outcome {
-        Ok(crate::host::Reply::LocalRoutes(response)) => {
-            for line in log_lines(&response) {
-                eprintln!("corral agent: {line}");
-            }
-        }
-        Ok(other) => eprintln!("corral agent: local routes: unexpected answer {other:?}"),
-        Err(error) => eprintln!(
-            "corral agent: local routes not reserved at start: {}",
-            error.message
-        ),
-    }
 }
 
 #[cfg(test)]

@@ -32,11 +32,29 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::host;
+use crate::node;
+pub use crate::node::InterfaceOutcome;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
     pub outcome: String,
+}
+
+/// The cluster link's counters (registered with the agent's metrics).
+#[derive(Clone, Debug, Default)]
+pub struct ClusterMetrics {
+    /// `demand/` writes.
+    pub demand_writes: Counter,
+    /// Release handshakes answered, by outcome (`ready`, `refused`).
+    pub handshakes: Family<Outcome, Counter>,
+    /// Blocks surrendered and not yet released by the cluster.
+    pub surrendered: Gauge,
+    /// Cloud addresses gone from their interface record while in use (frozen).
+    pub cloud_frozen: Gauge,
+    /// Cloud interface records the agent could not apply.
+    pub cloud_bad_records: Gauge,
+    /// Cloud addresses surrendered in a release handshake, not yet off their record.
+    pub cloud_surrendered: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -54,13 +72,6 @@ pub struct PoolOutcome {
 pub struct PoolFamily {
     pub pool: String,
     pub family: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InterfaceOutcome {
-    pub pool: String,
-    pub operation: String,
-    pub outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -103,13 +114,13 @@ pub struct Metrics {
     /// Free addresses of the node scope's pools.
     pub pool_available: Family<PoolFamily, Gauge<f64, AtomicU64>>,
     /// The cluster link's block-mode counters.
-    pub cluster: crate::cluster::ClusterMetrics,
+    pub cluster: ClusterMetrics,
     /// Interfaces per interface-backed pool.
     pub interfaces: Family<PoolLabel, Gauge>,
     /// Addresses per interface by state.
     pub interface_addresses: Family<InterfaceState, Gauge<f64, AtomicU64>>,
     /// Assign and unassign outcomes, counted by the host.
-    pub interface_counters: host::InterfaceCounters,
+    pub interface_counters: node::InterfaceCounters,
 }
 
 impl Default for Metrics {
@@ -179,7 +190,7 @@ impl Default for Metrics {
             "Free addresses of the node scope's pools by pool and family",
             pool_available.clone(),
         );
-        let cluster = crate::cluster::ClusterMetrics::default();
+        let cluster = ClusterMetrics::default();
         registry.register(
             "corral_demand_writes",
             "Writes of the node's demand of block pools to the cluster store",
@@ -223,7 +234,7 @@ impl Default for Metrics {
             "Addresses of each interface by state (assigned, free, cooling)",
             interface_addresses.clone(),
         );
-        let interface_counters = host::InterfaceCounters::default();
+        let interface_counters = node::InterfaceCounters::default();
         registry.register(
             "corral_interface_operations",
             "Assigns and unassigns on interface-backed pools by pool, operation and outcome",
@@ -251,7 +262,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// The exposition text, with the address gauges set from `gauges`.
-    pub fn render(&self, gauges: &[host::Gauge]) -> String {
+    pub fn render(&self, gauges: &[node::Gauge]) -> String {
         self.render_with(gauges, &[])
     }
 
@@ -259,8 +270,8 @@ impl Metrics {
     /// gauges from `interfaces`.
     pub fn render_with(
         &self,
-        gauges: &[host::Gauge],
-        interfaces: &[host::InterfaceGauge],
+        gauges: &[node::Gauge],
+        interfaces: &[node::InterfaceGauge],
     ) -> String {
         self.interfaces.clear();
         self.interface_addresses.clear();

@@ -21,6 +21,9 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::protocols::NETLINK_ROUTE;
 use netlink_sys::{Socket, SocketAddr};
 
+use corral_api::ErrorCode;
+
+use crate::error::OpError;
 use crate::local_routes::{HostNetworks, LocalAddress, LocalRoute, NextHop, RouteKind};
 
 /// Why the node's networks could not be read.
@@ -275,6 +278,19 @@ fn receive(socket: &Socket) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(buffer)
+}
+
+/// Reads the node's networks off the async threads; a failure is the agent's (503).
+pub async fn read_host_networks_off_thread() -> Result<HostNetworks, OpError> {
+    let read = tokio::task::spawn_blocking(read_host_networks)
+        .await
+        .map_err(|e| OpError::new(ErrorCode::RetryLater, format!("internal: {e}")))?;
+    read.map_err(|e| {
+        OpError::new(
+            ErrorCode::RetryLater,
+            format!("cannot read the node's routes and addresses: {e}"),
+        )
+    })
 }
 
 #[cfg(test)]

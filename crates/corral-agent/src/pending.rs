@@ -16,7 +16,7 @@ use corral_api as api;
 use corral_store::{Claimed, PendingDel, PendingFile, claim_all_for_agent};
 
 use crate::committer::Committer;
-use crate::host::Op;
+use crate::node::Op;
 
 /// What a start found and did, for its report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -12,9 +12,10 @@ use tokio::net::TcpListener;
 use crate::api::{self, AppState};
 use crate::committer::Committer;
 use crate::config::AgentConfig;
-use crate::host::{Host, Op, Reply};
 use crate::listen;
+use crate::local_routes::{self, LocalRoutesRequest};
 use crate::metrics::Metrics;
+use crate::node::{Host, Op, Reply};
 
 /// How often leases are expired and cooldowns ended.
 const TICK: Duration = Duration::from_millis(500);
@@ -55,7 +56,7 @@ pub async fn serve(
 pub type ClusterTask = Box<
     dyn FnOnce(
             Committer,
-            crate::cluster::SharedClusterState,
+            crate::link::SharedClusterState,
             tokio::sync::watch::Receiver<bool>,
         ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
         + Send,
@@ -83,7 +84,7 @@ pub async fn serve_with(
     };
     let state = AppState {
         cluster: cluster.as_ref().map(|_| {
-            Arc::new(crate::cluster::ClusterShared::new(
+            Arc::new(crate::link::ClusterShared::new(
                 state.metrics.cluster.clone(),
             ))
         }),
@@ -175,7 +176,7 @@ pub async fn serve_with(
         state.metrics.leases_expired.inc_by(n as u64);
     }
     // What the node's routes and addresses cover is excluded before anything is handed out.
-    crate::local_routes::reserve_at_start(&committer).await;
+    reserve_local_routes_at_start(&committer).await;
     // In a cluster, nothing is served before the link holds the node's liveness key (or
     // could not ask: etcd unreachable): a second agent under the node's name (a cloned
     // machine, a copied state directory) must not hand out the node's addresses. Grants
@@ -360,5 +361,33 @@ impl Drop for Running {
             let _ = stop.send(());
         }
         let _ = self.join();
+    }
+}
+
+/// The reservation the agent makes when it starts, before it is ready: a failure is logged
+/// and the agent starts anyway (with the exclusions it kept from its last run).
+async fn reserve_local_routes_at_start(committer: &Committer) {
+    let outcome = match crate::netlink::read_host_networks_off_thread().await {
+        Ok(host) => {
+            committer
+                .submit(Op::ReserveLocalRoutes(LocalRoutesRequest {
+                    scope: corral_api::NODE_SCOPE.to_owned(),
+                    host,
+                }))
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    match outcome {
+        Ok(Reply::LocalRoutes(response)) => {
+            for line in local_routes::log_lines(&response) {
+                eprintln!("corral agent: {line}");
+            }
+        }
+        Ok(other) => eprintln!("corral agent: local routes: unexpected answer {other:?}"),
+        Err(error) => eprintln!(
+            "corral agent: local routes not reserved at start: {}",
+            error.message
+        ),
     }
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_agent::AgentConfig;
-use corral_agent::cluster::ClusterOptions;
+use corral_agent::link::ClusterOptions;
 use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
 use corral_client::Client;
 use corral_cluster::{
@@ -107,9 +107,7 @@ impl Agent {
         };
         let kv = kv.clone();
         let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
-            Box::pin(corral_agent::cluster::run(
-                kv, options, committer, state, stop,
-            ))
+            Box::pin(corral_agent::link::run(kv, options, committer, state, stop))
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -629,17 +627,17 @@ fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
         let store =
             corral_store::SqliteStore::open_owned(&config.data_dir, &config.socket).unwrap();
         let mut host =
-            corral_agent::host::Host::restore(store, &corral_agent::config::pools(&[]).unwrap())
+            corral_agent::node::Host::restore(store, &corral_agent::config::pools(&[]).unwrap())
                 .unwrap();
-        let answer = host.run_batch(vec![corral_agent::host::Op::SurrenderBlock {
+        let answer = host.run_batch(vec![corral_agent::node::Op::SurrenderBlock {
             pool: PoolName::new("small").unwrap(),
             range: "10.61.0.0/28".parse().unwrap(),
         }]);
         assert!(
             matches!(
                 answer[0],
-                Ok(corral_agent::host::Reply::Surrender(
-                    corral_agent::host::Surrender::Surrendered
+                Ok(corral_agent::node::Reply::Surrender(
+                    corral_agent::node::Surrender::Surrendered
                 ))
             ),
             "{answer:?}"

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use corral_agent::host::{Host, Op, OpError, Reply};
+use corral_agent::node::{Host, Op, OpError, Reply};
 use corral_api as api;
 use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, SqliteStore};
 use proptest::prelude::*;

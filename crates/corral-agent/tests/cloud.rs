@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use corral_agent::AgentConfig;
-use corral_agent::cluster::ClusterOptions;
+use corral_agent::link::ClusterOptions;
 use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
 use corral_client::Client;
 use corral_cluster::{
@@ -104,9 +104,7 @@ impl Agent {
         };
         let kv = kv.clone();
         let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
-            Box::pin(corral_agent::cluster::run(
-                kv, options, committer, state, stop,
-            ))
+            Box::pin(corral_agent::link::run(kv, options, committer, state, stop))
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();

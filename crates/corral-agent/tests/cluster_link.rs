@@ -1,5 +1,5 @@
 //! The agent's cluster link on `MemKv`: a real agent started in-process (`serve_with` on a
-//! temporary directory and socket) whose `ClusterTask` runs `corral_agent::cluster::run` on a
+//! temporary directory and socket) whose `ClusterTask` runs `corral_agent::link::run` on a
 //! shared in-memory store, driven over the socket with corral-client. Registration, grants
 //! becoming `cluster` ranges and draining, zero store requests per CNI ADD/DEL, degraded mode
 //! during an outage, and the liveness key on the agent's lease.
@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_agent::AgentConfig;
-use corral_agent::cluster::ClusterOptions;
+use corral_agent::link::ClusterOptions;
 use corral_api::{
     AllocateRequest, AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, RangeSource,
 };
@@ -104,9 +104,8 @@ impl LinkedAgent {
                 Box::pin(async move {
                     // A task of its own, so a test can kill the link (no lease revoked) while
                     // the agent serves on.
-                    let task = tokio::spawn(corral_agent::cluster::run(
-                        kv, options, committer, state, stop,
-                    ));
+                    let task =
+                        tokio::spawn(corral_agent::link::run(kv, options, committer, state, stop));
                     *link.lock().unwrap() = Some(task.abort_handle());
                     let _ = task.await;
                 })

@@ -653,7 +653,7 @@ fn check_agent(
         .filter(|(pool, _)| !block_pools.contains(pool))
         .collect();
     held.sort();
-    let plan_pool = corral_core::PoolName::new(corral_agent::cluster::ClusterOptions::PLAN_POOL)
+    let plan_pool = corral_core::PoolName::new(corral_agent::link::ClusterOptions::PLAN_POOL)
         .expect("a valid pool name");
     let mut granted: Vec<(String, String)> =
         corral_cluster::expected_ranges(keys, entries, &cluster.node, &plan_pool)
@@ -975,7 +975,7 @@ fn check_agent_cloud(
         .flat_map(|p| {
             p.exclusions
                 .iter()
-                .filter(|e| e.reason == corral_agent::host::FROZEN_REASON)
+                .filter(|e| e.reason == corral_agent::node::FROZEN_REASON)
                 .map(move |e| (p.name.clone(), e.network.clone()))
         })
         .collect();

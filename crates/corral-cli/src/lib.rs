@@ -175,20 +175,19 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
         (true, _) => None,
         (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
         (false, Some(node)) => {
-            let uid = corral_agent::cluster::machine_uid(&config.data_dir).map_err(|e| {
-                Failure::File {
+            let uid =
+                corral_agent::link::machine_uid(&config.data_dir).map_err(|e| Failure::File {
                     action: "read or create the machine uid in",
                     path: config.data_dir.clone(),
                     source: e,
-                }
-            })?;
-            let options = corral_agent::cluster::ClusterOptions {
+                })?;
+            let options = corral_agent::link::ClusterOptions {
                 endpoints: args.etcd.clone(),
                 cluster: args.cluster.clone(),
                 node,
                 uid,
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
-                demand_refresh: corral_agent::cluster::ClusterOptions::DEFAULT_DEMAND_REFRESH,
+                demand_refresh: corral_agent::link::ClusterOptions::DEFAULT_DEMAND_REFRESH,
                 instance_id: args.instance_id.clone().filter(|id| !id.trim().is_empty()),
                 max_pods: args.max_pods,
                 epoch_file: Some(config.data_dir.join("etcd-epoch")),
@@ -208,7 +207,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
                             }
                         }
                     };
-                    corral_agent::cluster::run(kv, options, committer, state, stop).await;
+                    corral_agent::link::run(kv, options, committer, state, stop).await;
                 })
             });
             Some(task)

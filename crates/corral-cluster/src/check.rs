@@ -14,228 +14,22 @@
 
 mod cloud;
 mod holdings;
+mod parse;
 
 pub use cloud::{CloudTruth, cloud_problems};
 pub use holdings::holdings_problems;
+pub use parse::Entry;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use corral_core::{Family, PoolName, RangeSpec};
 use ipnet::IpNet;
 
-use crate::config::{AppliedConfigRecord, ClusterConfig, HeldGrant};
-use crate::keys::{
-    CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
-    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
-    ReleaseState, decode_value,
-};
+use crate::config::ClusterConfig;
+use crate::keys::{Key, Keys, NodeName, ReleaseState};
 use crate::net::net_range;
 use crate::plan::NodePlan;
-
-/// Everything the check reads, parsed: what it could not parse is a problem already.
-#[derive(Default)]
-struct Parsed {
-    /// The configuration in force: the stored one if it passes `check_install` against the
-    /// applied one and the grants, else the applied one.
-    config: Option<ClusterConfig>,
-    /// `config` as read (an error when it does not read).
-    stored: Option<Result<ClusterConfig, String>>,
-    /// `config-applied`'s configuration as read.
-    applied: Option<Result<ClusterConfig, String>>,
-    /// Registered nodes: create revision and uid.
-    nodes: BTreeMap<NodeName, (i64, String)>,
-    grants: Vec<(PoolName, Family, IpNet, GrantRecord)>,
-    /// Each grant's create revision, by its pool, family and CIDR.
-    grant_revisions: BTreeMap<(PoolName, Family, IpNet), i64>,
-    /// Release handshakes: (node, pool, family, block) → record.
-    releases: BTreeMap<(NodeName, PoolName, Family, IpNet), ReleaseRecord>,
-    owned: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
-    quarantined: Vec<(PoolName, Family, IpNet)>,
-    ids: BTreeMap<u32, NodeName>,
-    id_of_node: BTreeMap<NodeName, u32>,
-    quarantined_ids: BTreeSet<u32>,
-    /// Cloud interface records: node, interface, create revision, record.
-    cloud_interfaces: Vec<(NodeName, CloudId, i64, CloudInterfaceRecord)>,
-    /// Open cloud intents.
-    cloud_intents: Vec<(CloudId, CloudIntentRecord)>,
-    /// Node CIDRs delegated in the cloud (to-cloud pools): node, pool, family, CIDR, record.
-    delegations: Vec<(NodeName, PoolName, Family, IpNet, DelegationRecord)>,
-}
-
-/// One key as read: its name, value and create revision.
-pub type Entry = (String, Vec<u8>, i64);
-
-fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) -> Parsed {
-    let mut parsed = Parsed::default();
-    for (key, value, create_revision) in entries {
-        let parsed_key = match keys.parse(key) {
-            Ok(k) => k,
-            Err(error) => {
-                problems.push(format!("garbage key {key}: {error}"));
-                continue;
-            }
-        };
-        let mut bad = |error: String| problems.push(format!("garbage value at {key}: {error}"));
-        match parsed_key {
-            Key::Config => match ClusterConfig::from_json(value) {
-                Ok(config) => parsed.stored = Some(Ok(config)),
-                Err(error) => {
-                    parsed.stored = Some(Err(error.to_string()));
-                    bad(error.to_string());
-                }
-            },
-            Key::ConfigApplied => {
-                let applied = decode_value::<AppliedConfigRecord>(value)
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| {
-                        r.config
-                            .validate()
-                            .map(|()| r.config)
-                            .map_err(|e| e.to_string())
-                    });
-                if let Err(error) = &applied {
-                    bad(error.clone());
-                }
-                parsed.applied = Some(applied);
-            }
-            Key::Node { node } => match decode_value::<NodeRecord>(value) {
-                Ok(record) => {
-                    parsed.nodes.insert(node, (*create_revision, record.uid));
-                }
-                Err(error) => bad(error.to_string()),
-            },
-            Key::Grant { pool, family, cidr } => match decode_value::<GrantRecord>(value) {
-                Ok(record) => {
-                    parsed
-                        .grant_revisions
-                        .insert((pool.clone(), family, cidr), *create_revision);
-                    parsed.grants.push((pool, family, cidr, record));
-                }
-                Err(error) => bad(error.to_string()),
-            },
-            Key::Release {
-                node,
-                pool,
-                family,
-                cidr,
-            } => match decode_value::<ReleaseRecord>(value) {
-                Ok(record) => {
-                    parsed.releases.insert((node, pool, family, cidr), record);
-                }
-                Err(error) => bad(error.to_string()),
-            },
-            Key::Owned {
-                node,
-                pool,
-                family,
-                cidr,
-            } => {
-                parsed.owned.insert((node, pool, family, cidr));
-            }
-            Key::Quarantine { pool, family, cidr } => {
-                match decode_value::<QuarantineRecord>(value) {
-                    Ok(_) => parsed.quarantined.push((pool, family, cidr)),
-                    Err(error) => bad(error.to_string()),
-                }
-            }
-            Key::NodeId { id } => match decode_value::<NodeIdRecord>(value) {
-                Ok(record) => {
-                    parsed.ids.insert(id, record.node);
-                }
-                Err(error) => bad(error.to_string()),
-            },
-            Key::NodeIdOfNode { node } => match decode_value::<NodeIdOfNodeRecord>(value) {
-                Ok(record) => {
-                    parsed.id_of_node.insert(node, record.id);
-                }
-                Err(error) => bad(error.to_string()),
-            },
-            Key::QuarantineId { id } => {
-                parsed.quarantined_ids.insert(id);
-            }
-            Key::CloudInterface { node, interface } => {
-                match decode_value::<CloudInterfaceRecord>(value) {
-                    Ok(record) => {
-                        parsed
-                            .cloud_interfaces
-                            .push((node, interface, *create_revision, record));
-                    }
-                    Err(error) => bad(error.to_string()),
-                }
-            }
-            Key::CloudIntent { id } => match decode_value::<CloudIntentRecord>(value) {
-                Ok(record) => parsed.cloud_intents.push((id, record)),
-                Err(error) => bad(error.to_string()),
-            },
-            Key::Delegation {
-                node,
-                pool,
-                family,
-                cidr,
-            } => match decode_value::<DelegationRecord>(value) {
-                Ok(record) => parsed.delegations.push((node, pool, family, cidr, record)),
-                Err(error) => bad(error.to_string()),
-            },
-            _ => {}
-        }
-    }
-    settle_config(keys, &mut parsed, problems);
-    parsed
-}
-
-/// Decides the configuration in force as the leader does (`ClusterConfig::check_install`):
-/// the stored one if it fits the applied one and the grants, else the applied one; a stored
-/// configuration not in force is a problem, and so is none at all.
-fn settle_config(keys: &Keys, parsed: &mut Parsed, problems: &mut Vec<String>) {
-    let grants: Vec<HeldGrant> = parsed
-        .grants
-        .iter()
-        .map(|(pool, family, cidr, record)| HeldGrant {
-            pool: pool.clone(),
-            family: *family,
-            cidr: *cidr,
-            node: Some(record.node.to_string()),
-        })
-        .collect();
-    let ids: Vec<u32> = parsed.ids.keys().copied().collect();
-    let applied = match &parsed.applied {
-        Some(Ok(config)) => Some(config.clone()),
-        _ => None,
-    };
-    let key = keys.config();
-    parsed.config = match (&parsed.stored, applied) {
-        (None, applied) => {
-            problems.push(format!("the cluster has no configuration ({key})"));
-            applied
-        }
-        (Some(Err(_)), applied) => applied,
-        (Some(Ok(stored)), applied) => {
-            match ClusterConfig::check_install(applied.as_ref(), stored, &grants, &ids) {
-                Ok(()) => Some(stored.clone()),
-                // With no configuration applied before, the grants are checked against the
-                // stored one below, each misfit a problem of its own.
-                Err(_) if applied.is_none() => Some(stored.clone()),
-                Err(error) => {
-                    problems.push(format!(
-                        "the stored configuration at {key} is not applied: {error}; the last \
-                         applied configuration stays in force"
-                    ));
-                    applied
-                }
-            }
-        }
-    };
-}
-
-fn span(net: &IpNet) -> (u128, u128) {
-    net_range(net)
-}
-
-fn overlaps(a: &IpNet, b: &IpNet) -> bool {
-    let (a0, a1) = span(a);
-    let (b0, b1) = span(b);
-    a.addr().is_ipv4() == b.addr().is_ipv4() && a0 <= b1 && b0 <= a1
-}
+use parse::{overlaps, parse, span};
 
 /// Checks the cluster's keys (as read at one revision); answers one sentence per problem.
 pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
@@ -690,7 +484,9 @@ pub fn election_problems(keys: &Keys, entries: &[(String, Option<i64>)]) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::AppliedConfigRecord;
     use crate::keys::{ClusterName, OwnedRecord, encode_value};
+    use crate::keys::{GrantRecord, NodeRecord, ReleaseRecord};
 
     const BLOCKS: &str = r#"
 [[pools]]

@@ -6,6 +6,10 @@
 //! builders write, so a key round-trips, and anything else is a `KeyError`, never a panic.
 //! `config` sorts before every other kind of key under the prefix (a full read finds it on its
 //! first page); a new kind must be named to sort after it.
+//!
+//! One writer role per key kind (the table in ARCHITECTURE.md), and nothing is written per pod: no
+//! counter or other shared key is written per node or per pod, because etcd manages far fewer
+//! writes per second on one contended key than on distinct keys (BENCHMARKS.md).
 
 use std::fmt;
 use std::str::FromStr;

@@ -17,6 +17,10 @@
 //!   empty ([`RemovalStep::Done`]);
 //! - waiting keys of a node with no removal record (a request dropped over them) get one back
 //!   ([`RemovalStep::Adopt`]).
+//!
+//! Nothing is reused on silence: a node's liveness key expiring frees nothing by itself, and space
+//! becomes free only when etcd deletes its quarantine key at the end of its lease; etcd's leases do
+//! not expire while it has no quorum, so an etcd outage frees nothing either.
 
 use crate::keys::{HoldingsRecord, NodeName, RemovalPhase, RemovalRecord};
 use crate::net::overlaps;

@@ -6,6 +6,13 @@
 //! each pool and family empty, the node's registration current and the leader still leading. A stale view therefore costs a retry, never a
 //! duplicate. Garbage keys and values, overlapping grants and the like are reported as
 //! problems and skipped; nothing fed to the view panics it.
+//!
+//! Why an absence compare is enough: equal-size aligned CIDRs are either the same key or disjoint,
+//! and a pool's node prefix length cannot change (`check_change`), so "this exact key is absent"
+//! means "this CIDR is free"; a grant key not aligned at its pool's node prefix length is reported
+//! and not counted as occupying anything (the operator never writes one). The grant transaction
+//! also compares `config` at the mod revision the view saw, so nothing is granted under a
+//! configuration the view did not see.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use corral_core::AttachmentKey;
 
 use crate::error::CniError;
+use crate::version::CniVersion;
 
 /// A CNI operation, from `CNI_COMMAND`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +67,24 @@ impl Command {
             Command::Gc => &[CNI_PATH],
             Command::Status | Command::Version => &[],
         }
+    }
+}
+
+/// Which versions allow which commands.
+impl CniVersion {
+    /// The oldest version in which `command` exists: CHECK came with 0.4.0, GC and STATUS
+    /// with 1.1.0.
+    pub fn first_with(command: Command) -> CniVersion {
+        match command {
+            Command::Check => CniVersion::V0_4_0,
+            Command::Gc | Command::Status => CniVersion::V1_1_0,
+            Command::Add | Command::Del | Command::Version => CniVersion::V0_3_0,
+        }
+    }
+
+    /// Whether a configuration of this version may be used with `command`.
+    pub fn allows(self, command: Command) -> bool {
+        self >= CniVersion::first_with(command)
     }
 }
 

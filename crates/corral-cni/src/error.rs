@@ -23,6 +23,7 @@
 //! | 999 | internal error: a state corral should never reach (the code libcni uses for untyped errors) |
 
 use std::fmt;
+use std::str::FromStr;
 
 use corral_core::{AllocError, SpecError};
 use serde::Serialize;
@@ -331,5 +332,14 @@ impl From<AllocError> for CniError {
             ""
         };
         CniError::new(alloc_error_code(&err), err.to_string(), details)
+    }
+}
+
+impl FromStr for CniVersion {
+    type Err = CniError;
+
+    /// Parses a version, refusing unsupported ones with code 1.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        CniVersion::parse(text).ok_or_else(|| CniError::unsupported_version(text))
     }
 }

@@ -1,10 +1,8 @@
-//! The CNI spec versions corral-ipam speaks, and what each of them allows.
+//! The CNI spec versions corral-ipam speaks and their result formats. A leaf: which commands
+//! each version allows is beside the commands (`env.rs`), and the refusal of an unsupported
+//! version is with the errors (`error.rs`).
 
 use std::fmt;
-use std::str::FromStr;
-
-use crate::env::Command;
-use crate::error::CniError;
 
 /// A CNI spec version this plugin supports.
 ///
@@ -53,35 +51,11 @@ impl CniVersion {
     pub fn has_ip_version_field(self) -> bool {
         self < CniVersion::V1_0_0
     }
-
-    /// The oldest version in which `command` exists: CHECK came with 0.4.0, GC and STATUS
-    /// with 1.1.0.
-    pub fn first_with(command: Command) -> CniVersion {
-        match command {
-            Command::Check => CniVersion::V0_4_0,
-            Command::Gc | Command::Status => CniVersion::V1_1_0,
-            Command::Add | Command::Del | Command::Version => CniVersion::V0_3_0,
-        }
-    }
-
-    /// Whether a configuration of this version may be used with `command`.
-    pub fn allows(self, command: Command) -> bool {
-        self >= CniVersion::first_with(command)
-    }
 }
 
 impl fmt::Display for CniVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for CniVersion {
-    type Err = CniError;
-
-    /// Parses a version, refusing unsupported ones with code 1.
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        CniVersion::parse(text).ok_or_else(|| CniError::unsupported_version(text))
     }
 }
 

@@ -104,3 +104,28 @@ impl AddrKey {
         self.family.addr(self.value)
     }
 }
+
+/// What an address that is never handed out is reserved as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reserved {
+    /// The subnet's network address.
+    Network,
+    /// The IPv4 subnet's broadcast address.
+    Broadcast,
+    /// The range's gateway.
+    Gateway,
+    /// An interface's primary address: the address of the interface (on the primary
+    /// interface, the node's own), never a pod's.
+    Primary,
+}
+
+impl fmt::Display for Reserved {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reserved::Network => "network address",
+            Reserved::Broadcast => "broadcast address",
+            Reserved::Gateway => "gateway",
+            Reserved::Primary => "interface's primary address",
+        })
+    }
+}

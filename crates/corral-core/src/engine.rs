@@ -2,6 +2,19 @@
 //!
 //! Every operation validates its whole request before it changes anything, so a refused
 //! request leaves the engine exactly as it was. Operations that depend on time take `now`.
+//!
+//! Invariants beside "plan before apply": ranges never overlap, within or across pools, and a
+//! draining range still counts; removing a range that holds allocations drains it (nothing new from
+//! it, gone with its last release), and adding it again exactly as specified cancels the drain;
+//! every range that leaves the engine is queued for `take_drained`, so whoever keeps a
+//! configuration beside the engine learns it; generations only increase across the engine's life
+//! (stores persist `next_generation`), so a release naming a generation never frees a later
+//! allocation of the address; a cooling address is handed out only when nothing else is free,
+//! oldest release first, and an exclusion or a range removal ends its cooldown; an operation that
+//! takes `now` first lets time pass for its pool, then decides; next-fit cursors are per range and
+//! move only when the engine chooses the address, and the current range is kept by address, so a
+//! restore continues in the same range; while restoring, recorded allocations are accepted as they
+//! are and nothing is allocated or released.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

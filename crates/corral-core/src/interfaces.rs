@@ -38,7 +38,8 @@ use ipnet::IpNet;
 
 use crate::addr::{Family, addr_value};
 use crate::engine::{Engine, Released, Request, Target};
-use crate::error::{AllocError, SpecError};
+use crate::error::AllocError;
+use crate::input::SpecError;
 use crate::spec::{AttachmentKey, Exclusion, PoolName, RangeSpec, Reserved};
 use crate::time::Timestamp;
 

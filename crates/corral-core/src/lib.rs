@@ -25,6 +25,7 @@ mod bitmap;
 mod engine;
 mod error;
 mod gc;
+mod input;
 mod interfaces;
 mod pool;
 mod runs;
@@ -38,11 +39,12 @@ pub use engine::{
     PoolDump, PoolSnapshot, RangeInfo, RangeRemoval, RangeSnapshot, Released, Request,
     RestoredAllocation, Target,
 };
-pub use error::{AllocError, ECHO_CHARS, Echo, Holder, SpecError};
+pub use error::{AllocError, Holder};
 pub use gc::{
     DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, GcHeld, GcPlan, GcPolicy, GcRefusal, GcSuspect,
     held_by_attachment, plan_gc, release_suspect,
 };
+pub use input::{ECHO_CHARS, Echo, SpecError};
 pub use interfaces::{
     Assignment, INTERFACE_EXCLUSION_PREFIX, InterfaceError, InterfaceId, InterfaceSpec,
     InterfaceStat, InterfaceStats, Interfaces, MAX_INTERFACE_ID_LEN, MacAddr, Removal,

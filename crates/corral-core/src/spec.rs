@@ -11,18 +11,12 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use crate::addr::{Family, addr_value};
-use crate::error::{Echo, SpecError};
+use crate::input::{Echo, SpecError};
 
-/// Longest owner string accepted, in bytes.
-pub const MAX_OWNER_LEN: usize = 1024;
-/// Longest network name accepted, in bytes.
-pub const MAX_NETWORK_LEN: usize = 253;
-/// Longest container ID accepted, in bytes.
-pub const MAX_CONTAINER_ID_LEN: usize = 1024;
-/// Longest interface name accepted (Linux IFNAMSIZ less the terminating NUL).
-pub const MAX_IFNAME_LEN: usize = 15;
-/// Longest pool name accepted, in bytes.
-pub const MAX_POOL_NAME_LEN: usize = 63;
+pub use crate::addr::Reserved;
+pub use crate::input::{
+    MAX_CONTAINER_ID_LEN, MAX_IFNAME_LEN, MAX_NETWORK_LEN, MAX_OWNER_LEN, MAX_POOL_NAME_LEN,
+};
 
 /// The name of a pool: 1–63 bytes of `[A-Za-z0-9._-]`, starting with a letter or digit.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -173,31 +167,6 @@ fn is_free_text(text: &str) -> bool {
     // One pass over the bytes; only a text with non-ASCII characters needs char decoding.
     let suspicious = text.bytes().any(|b| !(0x20..0x7f).contains(&b));
     text.len() <= MAX_OWNER_LEN && !(suspicious && text.chars().any(char::is_control))
-}
-
-/// What an address that is never handed out is reserved as.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reserved {
-    /// The subnet's network address.
-    Network,
-    /// The IPv4 subnet's broadcast address.
-    Broadcast,
-    /// The range's gateway.
-    Gateway,
-    /// An interface's primary address: the address of the interface (on the primary
-    /// interface, the node's own), never a pod's.
-    Primary,
-}
-
-impl fmt::Display for Reserved {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Reserved::Network => "network address",
-            Reserved::Broadcast => "broadcast address",
-            Reserved::Gateway => "gateway",
-            Reserved::Primary => "interface's primary address",
-        })
-    }
 }
 
 /// A validated range of capacity: a subnet, the part of it to allocate from, and its gateway.
@@ -529,7 +498,7 @@ impl Exclusion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::ECHO_CHARS;
+    use crate::input::ECHO_CHARS;
 
     fn range(text: &str) -> Result<RangeSpec, SpecError> {
         text.parse()

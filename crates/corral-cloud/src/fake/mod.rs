@@ -28,6 +28,7 @@ mod catalog;
 mod model;
 mod pool;
 mod state;
+mod wall;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -48,6 +49,7 @@ pub use catalog::instance_types;
 use self::model::{FakeInstance, FakeSubnet, Lag, Model, Span};
 use self::pool::{Ipv4Pool, Ipv6Pool};
 use self::state::StateFile;
+pub use self::wall::MAX_DELAY;
 use crate::bucket::TokenBucket;
 use crate::{
     Action, Amount, CloudError, CloudProvider, CreateInterface, Instance, InstanceState,
@@ -56,11 +58,6 @@ use crate::{
 };
 
 const ACTIONS: usize = Action::ALL.len();
-
-/// The longest delay the fake takes (latency, attachment and detachment delays, consistency
-/// lag, timeout): the builder refuses more and the runtime setters clamp to it, so that no
-/// `Instant + Duration` can overflow.
-pub const MAX_DELAY: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A probability as the runtime setters take it: NaN is 0, the rest clamped to 0..=1.
 fn clamp_probability(p: f64) -> f64 {

@@ -57,9 +57,9 @@ pub(crate) struct FakeAttachment {
     instance_id: String,
     device_index: u32,
     delete_on_termination: bool,
-    #[serde(with = "super::state::wall")]
+    #[serde(with = "super::wall::instant")]
     attached_at: Instant,
-    #[serde(with = "super::state::wall_option")]
+    #[serde(with = "super::wall::instant_option")]
     detached_at: Option<Instant>,
 }
 
@@ -153,7 +153,7 @@ impl FakeInterface {
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct InterfaceEntry {
     truth: Option<FakeInterface>,
-    #[serde(with = "super::state::wall_versions")]
+    #[serde(with = "super::wall::instant_versions")]
     versions: VecDeque<(Instant, Option<FakeInterface>)>,
     /// Every instance it was attached to and every attachment id it had, to clean the indexes
     /// when the entry goes.

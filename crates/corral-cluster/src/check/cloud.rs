@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
-use super::{Entry, Parsed, parse, span};
+use super::parse::{Entry, Parsed, parse, span};
 use crate::config::NodeCidrSync;
 use crate::keys::{CloudAttachment, CloudId, CloudOp, Keys, NodeName, ReleaseRecord};
 use crate::net::family_of;

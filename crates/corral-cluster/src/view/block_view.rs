@@ -4,6 +4,20 @@
 //!
 //! As for node CIDRs, the view decides nothing about etcd: every value here says what a
 //! transaction compares, puts and deletes, and the leader adds the fence.
+//!
+//! The release handshake, end to end: (1) the leader puts `release/…` = `marked` (compares: key
+//! absent, the grant's create revision = `grant_revision`, the fence); (2) the agent, in one local
+//! commit, surrenders the block if it holds no allocation and then compare-and-swaps `ready`, else
+//! `refused` with a reason, changing nothing; (3) on `ready` and still in excess, one transaction
+//! deletes `grants/`, `owned/` and `release/` and puts `quarantine/` on a lease (compares: the
+//! release key's mod revision, the grant's create revision, the fence); (4) a `refused` key is
+//! deleted and the excess clock restarts; (5) a block that stopped being excess before (3) is
+//! un-marked by deleting the key, and the agent takes the block back. Release keys naming no
+//! current grant of their node are deleted as stale. Crash safety: the agent surrenders before it
+//! says `ready` and re-sends `ready` after a restart, and the leader deletes a grant only on
+//! `ready` at the revision it read, so no block holding an allocation is ever released. A `ready`
+//! block is held but not available: it completes only while the excess counted with it covers it,
+//! else it is un-marked.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

@@ -17,40 +17,12 @@ use corral_api as api;
 use corral_core::{Family, PoolName, RangeRemoval, RangeSpec};
 use corral_store::Store;
 
-use super::scopes::{ensure_spec, spec_mut};
-use super::{Clock, Host, OpError, Reply};
+use super::op::Reply;
+use super::op::{BlockReport, HeldRange, Surrender};
+use super::scope::{ensure_spec, spec_mut};
+use super::state::{Clock, Host};
 use crate::capacity;
-
-/// What [`Op::SurrenderBlock`](super::Op::SurrenderBlock) did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Surrender {
-    /// Surrendered now, durably with this batch.
-    Surrendered,
-    /// Surrendered before (a `ready` to send again, e.g. after a restart).
-    AlreadySurrendered,
-    /// Not surrendered, nothing changed: why.
-    Refused(String),
-}
-
-/// One cluster range of the node scope, as [`BlockReport`] lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeldRange {
-    pub pool: PoolName,
-    pub spec: RangeSpec,
-    pub n_allocated: u64,
-    pub draining: bool,
-}
-
-/// The node scope's counts per pool and family, its cluster ranges, and its surrendered ones.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BlockReport {
-    /// `(pool, family, used, free)` of every pool of the node scope.
-    pub stats: Vec<(PoolName, Family, u64, u64)>,
-    /// The cluster ranges in the engine (active or draining).
-    pub ranges: Vec<HeldRange>,
-    /// The surrendered ranges: out of the engine while their grant lasts.
-    pub surrendered: Vec<(PoolName, RangeSpec)>,
-}
+use crate::error::OpError;
 
 fn same(a: &RangeSpec, b: &RangeSpec) -> bool {
     a.start() == b.start() && a.end() == b.end()

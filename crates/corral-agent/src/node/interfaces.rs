@@ -15,60 +15,14 @@ use corral_core::{
     Assignment, AttachmentKey, Echo, Family, InterfaceError, InterfaceId, InterfaceSpec,
     Interfaces, IpNet, MacAddr, PoolName, Released, Request, Target, Timestamp,
 };
-use corral_store::{RangeSource, ScopeConfig, Store, StoredAllocation};
-use std::collections::{BTreeMap, BTreeSet};
+use corral_store::{RangeSource, Store, StoredAllocation};
+use std::collections::BTreeSet;
 
-use super::batch::{Write, record_released};
-use super::scopes::{Scope, ensure_spec};
+use super::op::{InterfaceGauge, Reply};
+use super::scope::{Scope, Write, ensure_spec, record_released};
+use super::state::{Clock, Host};
 use super::wire::{family_name, pool_name};
-use super::{Clock, Host, OpError, Reply};
-
-/// Every interface error as the API reports it; exhaustive, no catch-all.
-impl From<InterfaceError> for OpError {
-    fn from(error: InterfaceError) -> OpError {
-        use InterfaceError as E;
-        let code = match &error {
-            E::Engine(inner) => return OpError::from(inner.clone()),
-            E::Invalid(_) | E::InvalidSpec { .. } | E::NotInSubnet { .. } => ErrorCode::BadRequest,
-            E::BadPrefixLength { .. } | E::ReservedAddress { .. } => ErrorCode::BadRequest,
-            E::DuplicateInterface { .. }
-            | E::DuplicateDeviceNumber { .. }
-            | E::DuplicateMac { .. } => ErrorCode::DuplicateInterface,
-            E::AddressAlreadyPresent { .. } => ErrorCode::AddressAlreadyPresent,
-            E::UnknownAddress { .. } => ErrorCode::UnknownAddress,
-            E::AddressInUse { .. } | E::AddressCooling { .. } => ErrorCode::AddressInUse,
-            E::InterfaceInUse { .. } | E::InterfaceCooling { .. } | E::PrimaryOrTrunk { .. } => {
-                ErrorCode::InterfaceInUse
-            }
-            E::UnknownInterface { .. } => ErrorCode::UnknownInterface,
-            E::Exhausted { .. } => ErrorCode::Exhausted,
-            E::NotOnInterface { .. } => ErrorCode::Conflict,
-        };
-        let pool = match &error {
-            E::Exhausted { pool, .. } | E::NotOnInterface { pool, .. } => Some(pool.to_string()),
-            _ => None,
-        };
-        OpError {
-            code,
-            message: error.to_string(),
-            pool,
-            set: None,
-            retryable: error.is_retryable(),
-        }
-    }
-}
-
-/// The interface tables of a scope, rebuilt from its stored configuration after the engine
-/// was built from the same configuration, and checked against it (`restore_interfaces`).
-pub(super) fn tables_of(
-    config: &ScopeConfig,
-    engine: &corral_core::Engine,
-) -> Result<BTreeMap<PoolName, Interfaces>, corral_store::StoreError> {
-    Ok(corral_store::restore_interfaces(config, engine)?
-        .into_iter()
-        .map(|table| (table.pool().clone(), table))
-        .collect())
-}
+use crate::error::OpError;
 
 /// Writes a pool's table into the scope's stored configuration: its interfaces, and its
 /// ranges of source `interface` exactly the table's addresses.
@@ -733,59 +687,5 @@ impl<S: Store, C: Clock> Host<S, C> {
             }
         }
         out
-    }
-}
-
-/// One line of interface counts for `/metrics`: a pool's totals (`interface` none) or one
-/// interface's.
-#[derive(Clone, Debug, PartialEq)]
-pub struct InterfaceGauge {
-    pub pool: String,
-    /// The interface's id and device number.
-    pub interface: Option<(String, u32)>,
-    pub interfaces: f64,
-    pub assigned: f64,
-    pub free: f64,
-    pub cooling: f64,
-}
-
-/// Outcomes of assign and unassign, counted where they happen (a family the metrics
-/// endpoint registers; a host without one counts into a family nobody reads).
-#[derive(Clone, Debug, Default)]
-pub struct InterfaceCounters {
-    pub outcomes: prometheus_client::metrics::family::Family<
-        crate::metrics::InterfaceOutcome,
-        prometheus_client::metrics::counter::Counter,
-    >,
-}
-
-impl InterfaceCounters {
-    fn bump(&self, pool: &PoolName, operation: &str, outcome: &str) {
-        self.outcomes
-            .get_or_create(&crate::metrics::InterfaceOutcome {
-                pool: pool.to_string(),
-                operation: operation.to_owned(),
-                outcome: outcome.to_owned(),
-            })
-            .inc();
-    }
-
-    fn count_assign(&self, pool: &PoolName, result: &Result<Assignment, InterfaceError>) {
-        let outcome = match result {
-            Ok(a) if a.existing => "existing",
-            Ok(_) => "ok",
-            Err(InterfaceError::Exhausted { .. }) => "exhausted",
-            Err(_) => "error",
-        };
-        self.bump(pool, "assign", outcome);
-    }
-
-    fn count_unassign<T>(&self, pool: &PoolName, result: &Result<Vec<T>, InterfaceError>) {
-        let outcome = match result {
-            Ok(released) if released.is_empty() => return,
-            Ok(_) => "ok",
-            Err(_) => "error",
-        };
-        self.bump(pool, "unassign", outcome);
     }
 }

@@ -12,11 +12,13 @@ use corral_core::{
 };
 use corral_store::{GcOutcome, Store, Txn, collect_garbage, save_engine};
 
-use super::batch::Write;
 use super::node_pool::node_pool_of;
+use super::op::{Op, Reply};
+use super::scope::Write;
+use super::state::{Clock, Host};
 use super::wire::{api_key, key_of};
-use super::{Clock, Host, Op, OpError, Reply};
 use crate::capacity;
+use crate::error::OpError;
 
 impl<S: Store, C: Clock> Host<S, C> {
     /// Runs [`Op::CniGc`] or [`Op::Gc`]: the batch's writes so far are committed first

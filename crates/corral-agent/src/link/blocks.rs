@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use corral_cluster::{ClusterConfig, DemandRecord, Family, FamilyDemand, PoolName};
 
-use crate::host::BlockReport;
+use crate::node::BlockReport;
 
 /// What the CNI path and the cluster link share.
 #[derive(Debug)]
@@ -240,7 +240,7 @@ pub(crate) fn spread_waiting(record: &mut DemandRecord, waiting: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::HeldRange;
+    use crate::node::HeldRange;
 
     fn config() -> ClusterConfig {
         ClusterConfig::from_toml(

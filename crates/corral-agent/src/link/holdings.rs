@@ -1,4 +1,4 @@
-//! The agent's assertion of what it holds (`holdings/<node>`, issue 20), and its memory of
+//! The agent's assertion of what it holds (`holdings/<node>`), and its memory of
 //! etcd's time.
 //!
 //! etcd decides who *gets* space; the agent that holds it decides when it is given up. So the
@@ -32,9 +32,9 @@ use corral_core::PoolName;
 use corral_kv::{Event, Kv, KvError, Revision, Txn, TxnOp};
 use tokio::time::Instant;
 
-use super::{ClusterOptions, SharedClusterState, now_ms};
+use super::state::{ClusterOptions, SharedClusterState, backoff, now_ms, update};
 use crate::committer::Committer;
-use crate::host::{BlockReport, CloudReport, Op, Reply};
+use crate::node::{BlockReport, CloudReport, Op, Reply};
 
 /// How often the host's holdings are looked at when nothing signalled a change (a range that
 /// drained and left, allocations that came and went).
@@ -235,7 +235,7 @@ pub async fn round_start<K: Kv>(
     guard: &EpochGuard,
 ) -> bool {
     if let Ok(Some(regression)) = guard.probe(kv).await {
-        super::update(state, |s| s.last_error = Some(regression.to_string()));
+        update(state, |s| s.last_error = Some(regression.to_string()));
     }
     // Seen here or by the publisher (or the last round) since the last round started.
     if !guard.regressed_since_link_asked() {
@@ -479,7 +479,7 @@ pub async fn publish<K: Kv>(
                 if failures == 1 || failures.is_multiple_of(10) {
                     eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
                 }
-                let wait = super::backoff(failures, u64::from(std::process::id()));
+                let wait = backoff(failures, u64::from(std::process::id()));
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = stop.changed() => return,
@@ -646,7 +646,7 @@ async fn look<K: Kv>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::HeldRange as HostRange;
+    use crate::node::HeldRange as HostRange;
     use corral_core::RangeSpec;
 
     fn pool(name: &str) -> PoolName {

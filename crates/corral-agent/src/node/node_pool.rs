@@ -15,9 +15,11 @@ use corral_api::ErrorCode;
 use corral_core::{AllocError, Family, PoolName, Request, Target, Timestamp};
 use corral_store::{Store, StoredAllocation};
 
-use super::batch::{Write, record_released};
-use super::wire::{allocated, family_name, family_of, key_of, pool_name, released, scope_status};
-use super::{Clock, Host, OpError, Reply};
+use super::op::Reply;
+use super::scope::{Write, record_released, scope_status};
+use super::state::{Clock, Host};
+use super::wire::{allocated, family_name, family_of, key_of, pool_name, released};
+use crate::error::OpError;
 
 /// The node pool a CNI network names, if it names one; with `pools` beside it, refused.
 pub(super) fn node_pool_of(network: &api::CniNetwork) -> Result<Option<PoolName>, OpError> {

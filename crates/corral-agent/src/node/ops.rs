@@ -14,14 +14,16 @@ use corral_store::{
     import_checkpoint, save_engine,
 };
 
-use super::batch::{Write, record_released};
-use super::scopes::{Scope, combine_node, ensure_spec, spec_mut};
+use super::op::{ClusterRanges, ClusterRangesOutcome, Gauge, Reply};
+use super::scope::{
+    Scope, Write, combine_node, ensure_spec, record_released, scope_status, spec_mut,
+};
+use super::state::{Clock, Host};
 use super::wire::{
     allocated, api_key, api_lease, api_source, failed_set, family_of, key_of, pool_name, released,
-    scope_status,
 };
-use super::{Clock, ClusterRanges, ClusterRangesOutcome, Gauge, Host, OpError, Reply};
 use crate::capacity;
+use crate::error::OpError;
 
 impl<S: Store, C: Clock> Host<S, C> {
     pub(super) fn allocate(

@@ -4,96 +4,12 @@
 use std::net::IpAddr;
 
 use corral_api as api;
-use corral_api::ErrorCode;
 use corral_core::{
     AllocError, Allocation, AttachmentKey, Echo, Exclusion, Family, PoolName, RangeSpec, Released,
 };
-use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, StoreError};
+use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig};
 
-use super::scopes::Scope;
-
-/// A failed operation: the API's error code, a message for people, and the pool concerned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpError {
-    pub code: ErrorCode,
-    pub message: String,
-    pub pool: Option<String>,
-    /// A CNI ADD: the set that could not be served.
-    pub set: Option<usize>,
-    pub retryable: bool,
-}
-
-impl OpError {
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> OpError {
-        OpError {
-            code,
-            message: message.into(),
-            pool: None,
-            set: None,
-            retryable: code == ErrorCode::RetryLater,
-        }
-    }
-
-    pub fn bad_request(message: impl Into<String>) -> OpError {
-        OpError::new(ErrorCode::BadRequest, message)
-    }
-
-    pub(super) fn store(error: StoreError) -> OpError {
-        match error {
-            StoreError::Engine(error) => OpError::from(error),
-            other => OpError::new(
-                ErrorCode::RetryLater,
-                format!("the agent's store failed: {other}"),
-            ),
-        }
-    }
-}
-
-/// Every engine error as the API reports it: its code and the pool it concerns. The matches
-/// are exhaustive, with no catch-all, so a new kind of error does not compile until it is
-/// mapped here (the CNI plugin maps the same errors to CNI codes on its own edge).
-impl From<AllocError> for OpError {
-    fn from(error: AllocError) -> OpError {
-        use AllocError as E;
-        let (code, pool) = match &error {
-            E::Invalid(_) | E::GenerationOutOfRange { .. } => (ErrorCode::BadRequest, None),
-            E::DuplicateTarget { pool, .. } => (ErrorCode::BadRequest, Some(pool)),
-            E::UnknownPool { pool }
-            | E::UnknownRange { pool, .. }
-            | E::UnknownExclusion { pool, .. } => (ErrorCode::NotFound, Some(pool)),
-            E::NotAllocated { .. } | E::NoLease { .. } => (ErrorCode::NotFound, None),
-            E::PoolExhausted { pool, .. } | E::NoCapacity { pool, .. } => {
-                (ErrorCode::Exhausted, Some(pool))
-            }
-            E::TableFull => (ErrorCode::Exhausted, None),
-            E::AddressInUse { .. } => (ErrorCode::InUse, None),
-            E::AttachmentConflict { pool, .. } => (ErrorCode::AttachmentConflict, Some(pool)),
-            E::OutsidePool { pool, .. } | E::Draining { pool, .. } => {
-                (ErrorCode::Unavailable, Some(pool))
-            }
-            E::Excluded { .. } | E::Reserved { .. } | E::FamilyDisabled { .. } => {
-                (ErrorCode::Unavailable, None)
-            }
-            E::RestoreInProgress { .. } => (ErrorCode::RetryLater, None),
-            E::PoolExists { pool } | E::PoolInUse { pool, .. } => (ErrorCode::Conflict, Some(pool)),
-            E::RangeOverlap { .. } => (ErrorCode::Conflict, None),
-            E::GenerationMismatch { .. } | E::LeaseExists { .. } | E::LeaseMismatch { .. } => {
-                (ErrorCode::Conflict, None)
-            }
-            // Restore-phase misuse and stored snapshots that do not fit are the agent's own
-            // state, never the caller's input; they are refused as conflicts with the state.
-            E::SnapshotMismatch { pool, .. } => (ErrorCode::Conflict, Some(pool)),
-            E::RestoreFinished { .. } => (ErrorCode::Conflict, None),
-        };
-        OpError {
-            code,
-            message: error.to_string(),
-            pool: pool.map(ToString::to_string),
-            set: None,
-            retryable: error.is_retryable(),
-        }
-    }
-}
+use crate::error::OpError;
 
 pub(super) fn api_source(source: RangeSource) -> api::RangeSource {
     match source {
@@ -188,34 +104,6 @@ pub(super) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
                     .exclusions
                     .iter()
                     .map(|e| (e.network.clone(), e.reason.clone()))
-                    .collect(),
-            })
-            .collect(),
-    }
-}
-
-pub(super) fn scope_status(name: &str, scope: &Scope) -> api::ScopeStatus {
-    let engine = &scope.engine;
-    api::ScopeStatus {
-        scope: name.to_owned(),
-        pools: scope
-            .visible_pools()
-            .into_iter()
-            .map(|pool| api::PoolStatus {
-                pool: pool.to_string(),
-                families: [Family::V4, Family::V6]
-                    .into_iter()
-                    .filter_map(|family| {
-                        let stats = engine.stats(&pool, family).ok()?;
-                        Some(api::FamilyStatus {
-                            family: family_name(family),
-                            capacity: stats.capacity.to_string(),
-                            used: stats.used.to_string(),
-                            free: stats.free.to_string(),
-                            excluded: stats.excluded.to_string(),
-                            cooling: stats.cooling.to_string(),
-                        })
-                    })
                     .collect(),
             })
             .collect(),

@@ -1,84 +1,16 @@
 //! The group commit: a batch of operations applied to the engines, then made durable in one
 //! transaction before any answer is given.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::collections::BTreeSet;
 
-use corral_core::Released;
-use corral_store::{Store, StoreError, StoredAllocation, Txn, save_engine};
+use corral_store::Store;
 
-use super::scopes::Scope;
-use super::{Clock, Host, Op, OpError, Reply};
+use super::op::{Op, Reply};
+use super::scope::{Write, persist};
+use super::state::{Clock, Host};
 use crate::capacity;
+use crate::error::OpError;
 use corral_api as api;
-
-/// A change to a row, in the order the batch made it.
-#[derive(Debug)]
-pub(super) enum Write {
-    Put(String, StoredAllocation),
-    Delete(String, IpAddr),
-}
-
-pub(super) fn record_released(
-    scope: &str,
-    gone: &[Released],
-    writes: &mut Vec<Write>,
-    touched: &mut BTreeSet<String>,
-) {
-    for r in gone {
-        writes.push(Write::Delete(scope.to_owned(), r.addr));
-    }
-    if !gone.is_empty() {
-        touched.insert(scope.to_owned());
-    }
-}
-
-/// A lease changed on an allocation: its row is written again.
-pub(super) fn rewrite_row(
-    scope_name: &str,
-    scope: &Scope,
-    addr: IpAddr,
-    writes: &mut Vec<Write>,
-    touched: &mut BTreeSet<String>,
-) {
-    if let Some(info) = scope.engine.lookup(addr) {
-        writes.push(Write::Delete(scope_name.to_owned(), addr));
-        writes.push(Write::Put(
-            scope_name.to_owned(),
-            StoredAllocation {
-                pool: info.pool,
-                addr,
-                owner: info.entry.owner,
-                key: info.entry.key,
-                generation: info.entry.generation,
-                lease: info.entry.lease,
-            },
-        ));
-        touched.insert(scope_name.to_owned());
-    }
-}
-
-/// One transaction: the rows in order, then the derived state of every touched scope.
-pub(super) fn persist<S: Store>(
-    store: &mut S,
-    scopes: &BTreeMap<String, Scope>,
-    writes: &[Write],
-    touched: &BTreeSet<String>,
-) -> Result<(), StoreError> {
-    let mut txn = store.begin()?;
-    for write in writes {
-        match write {
-            Write::Put(scope, row) => txn.put_allocation(scope, row)?,
-            Write::Delete(scope, addr) => txn.delete_allocation(scope, *addr)?,
-        }
-    }
-    for name in touched {
-        if let Some(scope) = scopes.get(name) {
-            save_engine(&mut txn, name, &scope.config, &scope.engine)?;
-        }
-    }
-    txn.commit()
-}
 
 impl<S: Store, C: Clock> Host<S, C> {
     /// Applies a batch of operations and makes their changes durable in one commit; the
@@ -201,5 +133,17 @@ impl<S: Store, C: Clock> Host<S, C> {
                 touched.insert(name.clone());
             }
         }
+    }
+}
+
+/// What the committer drives: a host of any store and clock.
+pub trait RunBatch: Send + std::fmt::Debug {
+    /// See [`Host::run_batch`].
+    fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>>;
+}
+
+impl<S: Store + Send, C: Clock + Send> RunBatch for Host<S, C> {
+    fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>> {
+        Host::run_batch(self, ops)
     }
 }

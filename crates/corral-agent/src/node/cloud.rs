@@ -27,100 +27,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_api as api;
 use corral_core::{
     AllocError, Exclusion, Family, InterfaceError, InterfaceId, InterfaceSpec, Interfaces, IpNet,
-    MacAddr, PoolName, Timestamp,
+    PoolName, Timestamp,
 };
 use corral_store::Store;
 
 use super::interfaces::{has_plain_ranges, store_table};
-use super::scopes::{Scope, ensure_spec, spec_mut};
-use super::{Clock, Host, OpError, Reply};
-
-/// The reason of the exclusion that marks an address surrendered in a release handshake.
-pub const SURRENDERED_REASON: &str = "cloud address surrendered in a release handshake";
-/// The reason of the exclusion that freezes an address gone from its cloud record while in use.
-pub const FROZEN_REASON: &str = "cloud address gone from its interface record while in use";
-
-/// One attached interface as the cluster's record describes it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CloudInterface {
-    pub pool: PoolName,
-    pub id: InterfaceId,
-    /// The attachment's device index (0: the primary interface).
-    pub device_number: u32,
-    pub subnets: Vec<IpNet>,
-    pub mac: MacAddr,
-    /// The pool's CIDRs of the families (the VPC's), routed through the interface.
-    pub routes: Vec<IpNet>,
-    /// The record's secondary addresses and delegated prefixes.
-    pub addresses: Vec<IpNet>,
-    /// The interface's primary address (never a pod's).
-    pub primary_addresses: Vec<std::net::IpAddr>,
-}
-
-/// The argument of [`Op::SetCloudInterfaces`](super::Op::SetCloudInterfaces).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CloudInterfaces {
-    /// The cloud pools of the cluster configuration: only their interfaces are reconciled.
-    pub pools: BTreeSet<PoolName>,
-    /// The attached interfaces the records list.
-    pub interfaces: Vec<CloudInterface>,
-    /// Interfaces left exactly as they are: their record is attaching, or cannot be read.
-    pub untouched: BTreeSet<InterfaceId>,
-    /// Surrendered addresses to keep out (their handshake is open, or not judged yet); every
-    /// other surrendered marker of the pools is dropped, and the address is served again if
-    /// a record lists it.
-    pub keep_surrendered: BTreeSet<(PoolName, IpNet)>,
-}
-
-/// What [`Op::SetCloudInterfaces`](super::Op::SetCloudInterfaces) did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CloudOutcome {
-    /// Interfaces and addresses added (`interface address` or `interface`).
-    pub added: Vec<String>,
-    /// Addresses and interfaces removed.
-    pub removed: Vec<String>,
-    /// Addresses frozen (gone from the record while in use), as `pool address`.
-    pub frozen: Vec<(PoolName, IpNet)>,
-    /// Surrendered markers dropped (the address served again if on a record).
-    pub reclaimed: Vec<(PoolName, IpNet)>,
-    /// One sentence per thing not done, and per frozen address.
-    pub problems: Vec<String>,
-}
-
-impl CloudOutcome {
-    /// Whether the node scope changed.
-    pub fn changed(&self) -> bool {
-        !(self.added.is_empty() && self.removed.is_empty() && self.reclaimed.is_empty())
-    }
-}
-
-/// What [`Op::SurrenderCloudAddress`](super::Op::SurrenderCloudAddress) did.
-pub use super::blocks::Surrender as CloudSurrender;
-
-/// One address or prefix of a cloud pool, as [`CloudReport`] lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CloudAddress {
-    pub pool: PoolName,
-    pub interface: InterfaceId,
-    pub address: IpNet,
-    pub n_allocated: u64,
-    /// Nothing allocated and nothing cooling in it: it could be given back.
-    pub free: bool,
-    pub frozen: bool,
-}
-
-/// The node scope's interface-backed pools: counts, addresses, markers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CloudReport {
-    /// `(pool, family, used, free)` of every interface-backed pool (free: what can be handed
-    /// out now, frozen addresses not counted).
-    pub stats: Vec<(PoolName, Family, u64, u64)>,
-    pub addresses: Vec<CloudAddress>,
-    /// Surrendered markers.
-    pub surrendered: Vec<(PoolName, IpNet)>,
-    /// Frozen addresses.
-    pub frozen: Vec<(PoolName, IpNet)>,
-}
+use super::op::Reply;
+use super::op::{
+    CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport, CloudSurrender,
+    FROZEN_REASON, SURRENDERED_REASON,
+};
+use super::scope::{Scope, ensure_spec, spec_mut};
+use super::state::{Clock, Host};
+use crate::error::OpError;
 
 fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
     scope

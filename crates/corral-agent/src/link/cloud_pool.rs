@@ -15,7 +15,7 @@ use corral_cluster::{
 };
 use corral_core::{InterfaceId, InterfaceSpec, MacAddr, Timestamp};
 
-use crate::host::{CloudInterface, CloudInterfaces, CloudReport};
+use crate::node::{CloudInterface, CloudInterfaces, CloudReport};
 
 /// The most addresses and prefixes one record may list: EC2 gives an interface at most 50
 /// secondary addresses or prefixes per family, so a record listing more is garbage, and
@@ -289,7 +289,7 @@ pub fn demand_records(
                 empty,
             });
         }
-        crate::blocks::spread_waiting(&mut record, waiting);
+        crate::link::blocks::spread_waiting(&mut record, waiting);
         out.insert(pool.name.clone(), record);
     }
     out
@@ -298,7 +298,7 @@ pub fn demand_records(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::CloudAddress;
+    use crate::node::CloudAddress;
 
     const CONFIG: &str = r#"
 [[pools]]

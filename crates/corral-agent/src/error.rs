@@ -1,0 +1,126 @@
+//! The agent's one error type, [`OpError`]: what a failed operation answers (the API's error
+//! code, a message for people, the pool concerned), and how every engine and store error maps
+//! onto it. A leaf: it imports nothing of the agent, so the state machine, the local-routes
+//! planner and the API all share it without importing each other.
+
+use corral_api::ErrorCode;
+use corral_core::{AllocError, InterfaceError};
+use corral_store::StoreError;
+
+/// A failed operation: the API's error code, a message for people, and the pool concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub pool: Option<String>,
+    /// A CNI ADD: the set that could not be served.
+    pub set: Option<usize>,
+    pub retryable: bool,
+}
+
+impl OpError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> OpError {
+        OpError {
+            code,
+            message: message.into(),
+            pool: None,
+            set: None,
+            retryable: code == ErrorCode::RetryLater,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> OpError {
+        OpError::new(ErrorCode::BadRequest, message)
+    }
+
+    pub(crate) fn store(error: StoreError) -> OpError {
+        match error {
+            StoreError::Engine(error) => OpError::from(error),
+            other => OpError::new(
+                ErrorCode::RetryLater,
+                format!("the agent's store failed: {other}"),
+            ),
+        }
+    }
+}
+
+/// Every engine error as the API reports it: its code and the pool it concerns. The matches
+/// are exhaustive, with no catch-all, so a new kind of error does not compile until it is
+/// mapped here (the CNI plugin maps the same errors to CNI codes on its own edge).
+impl From<AllocError> for OpError {
+    fn from(error: AllocError) -> OpError {
+        use AllocError as E;
+        let (code, pool) = match &error {
+            E::Invalid(_) | E::GenerationOutOfRange { .. } => (ErrorCode::BadRequest, None),
+            E::DuplicateTarget { pool, .. } => (ErrorCode::BadRequest, Some(pool)),
+            E::UnknownPool { pool }
+            | E::UnknownRange { pool, .. }
+            | E::UnknownExclusion { pool, .. } => (ErrorCode::NotFound, Some(pool)),
+            E::NotAllocated { .. } | E::NoLease { .. } => (ErrorCode::NotFound, None),
+            E::PoolExhausted { pool, .. } | E::NoCapacity { pool, .. } => {
+                (ErrorCode::Exhausted, Some(pool))
+            }
+            E::TableFull => (ErrorCode::Exhausted, None),
+            E::AddressInUse { .. } => (ErrorCode::InUse, None),
+            E::AttachmentConflict { pool, .. } => (ErrorCode::AttachmentConflict, Some(pool)),
+            E::OutsidePool { pool, .. } | E::Draining { pool, .. } => {
+                (ErrorCode::Unavailable, Some(pool))
+            }
+            E::Excluded { .. } | E::Reserved { .. } | E::FamilyDisabled { .. } => {
+                (ErrorCode::Unavailable, None)
+            }
+            E::RestoreInProgress { .. } => (ErrorCode::RetryLater, None),
+            E::PoolExists { pool } | E::PoolInUse { pool, .. } => (ErrorCode::Conflict, Some(pool)),
+            E::RangeOverlap { .. } => (ErrorCode::Conflict, None),
+            E::GenerationMismatch { .. } | E::LeaseExists { .. } | E::LeaseMismatch { .. } => {
+                (ErrorCode::Conflict, None)
+            }
+            // Restore-phase misuse and stored snapshots that do not fit are the agent's own
+            // state, never the caller's input; they are refused as conflicts with the state.
+            E::SnapshotMismatch { pool, .. } => (ErrorCode::Conflict, Some(pool)),
+            E::RestoreFinished { .. } => (ErrorCode::Conflict, None),
+        };
+        OpError {
+            code,
+            message: error.to_string(),
+            pool: pool.map(ToString::to_string),
+            set: None,
+            retryable: error.is_retryable(),
+        }
+    }
+}
+
+/// Every interface error as the API reports it; exhaustive, no catch-all.
+impl From<InterfaceError> for OpError {
+    fn from(error: InterfaceError) -> OpError {
+        use InterfaceError as E;
+        let code = match &error {
+            E::Engine(inner) => return OpError::from(inner.clone()),
+            E::Invalid(_) | E::InvalidSpec { .. } | E::NotInSubnet { .. } => ErrorCode::BadRequest,
+            E::BadPrefixLength { .. } | E::ReservedAddress { .. } => ErrorCode::BadRequest,
+            E::DuplicateInterface { .. }
+            | E::DuplicateDeviceNumber { .. }
+            | E::DuplicateMac { .. } => ErrorCode::DuplicateInterface,
+            E::AddressAlreadyPresent { .. } => ErrorCode::AddressAlreadyPresent,
+            E::UnknownAddress { .. } => ErrorCode::UnknownAddress,
+            E::AddressInUse { .. } | E::AddressCooling { .. } => ErrorCode::AddressInUse,
+            E::InterfaceInUse { .. } | E::InterfaceCooling { .. } | E::PrimaryOrTrunk { .. } => {
+                ErrorCode::InterfaceInUse
+            }
+            E::UnknownInterface { .. } => ErrorCode::UnknownInterface,
+            E::Exhausted { .. } => ErrorCode::Exhausted,
+            E::NotOnInterface { .. } => ErrorCode::Conflict,
+        };
+        let pool = match &error {
+            E::Exhausted { pool, .. } | E::NotOnInterface { pool, .. } => Some(pool.to_string()),
+            _ => None,
+        };
+        OpError {
+            code,
+            message: error.to_string(),
+            pool,
+            set: None,
+            retryable: error.is_retryable(),
+        }
+    }
+}

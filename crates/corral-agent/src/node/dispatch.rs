@@ -1,0 +1,275 @@
+//! One operation applied to the node state: the match from [`Op`] to the code that runs it.
+//! The operations of a line or two are here; the rest call the feature files (`ops.rs`,
+//! `node_pool.rs`, `blocks.rs`, `cloud.rs`, `interfaces.rs`, `gc.rs`).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use corral_api as api;
+use corral_api::ErrorCode;
+use corral_core::{Echo, Exclusion, Family, RangeRemoval, RangeSpec, Timestamp};
+use corral_store::{Store, Txn, export_checkpoint};
+
+use super::op::{Op, Reply};
+use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
+use super::state::{Clock, Host};
+use super::wire::{api_lease, family_name, key_of, pool_name, released};
+use super::{cloud, interfaces, node_pool};
+use crate::capacity;
+use crate::error::OpError;
+
+/// An exclusion an operator makes may not carry a reason the reservation of local routes
+/// marks its own with: the next reservation would remove it.
+fn reject_local_reason(reason: &str) -> Result<(), OpError> {
+    if crate::local_routes::is_local_reason(reason) {
+        return Err(OpError::bad_request(format!(
+            "exclusion reason: reasons starting with {} are kept for the exclusions that \
+             reserving local routes makes; choose another",
+            crate::local_routes::LOCAL_REASON_PREFIXES
+                .map(|p| format!("{:?}", p.trim_end()))
+                .join(", ")
+        )));
+    }
+    Ok(())
+}
+
+impl<S: Store, C: Clock> Host<S, C> {
+    pub(super) fn apply(
+        &mut self,
+        op: Op,
+        now: Timestamp,
+        writes: &mut Vec<Write>,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Reply, OpError> {
+        if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
+            return self.run_gc(op, now, writes, touched);
+        }
+        match op {
+            Op::Allocate(request) => self.allocate(request, now, writes, touched),
+            Op::Release(request) => self.release(request, now, writes, touched),
+            Op::LeaseStart(request) => {
+                let scope = self.scope_mut(&request.scope)?;
+                let lease = scope.engine.start_lease(
+                    request.address,
+                    Duration::from_millis(request.duration_ms),
+                    now,
+                )?;
+                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                Ok(Reply::Lease(api_lease(&lease)))
+            }
+            Op::LeaseStop(request) => {
+                let id = corral_core::Uuid::parse_str(&request.id).map_err(|e| {
+                    OpError::bad_request(format!("lease id {}: {e}", Echo(&request.id)))
+                })?;
+                let scope = self.scope_mut(&request.scope)?;
+                scope.engine.stop_lease(request.address, id)?;
+                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                Ok(Reply::Done)
+            }
+            Op::Dump(scope) => Ok(Reply::Dump(self.dump(scope.as_deref())?)),
+            Op::Status(scope) => Ok(Reply::Status(self.status(scope.as_deref(), now)?)),
+            Op::Pools(scope) => Ok(Reply::Pools(self.pools(scope.as_deref())?)),
+            Op::AddRange(request) => {
+                let pool = pool_name(&request.pool)?;
+                let spec: RangeSpec = request.range.parse().map_err(|e| {
+                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
+                })?;
+                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+                interfaces::refuse_range_in_interface_pool(scope, &pool)?;
+                if let Some((other_pool, block)) =
+                    capacity::surrendered_overlapping(&scope.config, &spec)
+                {
+                    return Err(OpError::new(
+                        ErrorCode::Conflict,
+                        format!(
+                            "range {spec} overlaps block {block} of pool {other_pool}, which this \
+                             node surrendered to the cluster in a release handshake"
+                        ),
+                    ));
+                }
+                let new_pool = !scope.engine.pool_names().contains(&pool);
+                if new_pool {
+                    scope.engine.add_pool(&pool, Default::default())?;
+                }
+                if let Err(error) = scope.engine.add_range(&pool, spec) {
+                    // A refused range leaves no empty pool behind.
+                    if new_pool {
+                        let _ = scope.engine.remove_pool(&pool);
+                    }
+                    return Err(error.into());
+                }
+                capacity::note_added(ensure_spec(scope, &pool)?, &spec);
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::RemoveRange(request) => {
+                let pool = pool_name(&request.pool)?;
+                let spec: RangeSpec = request.range.parse().map_err(|e| {
+                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
+                })?;
+                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+                let outcome = scope.engine.remove_range(&pool, &spec)?;
+                // A range removed at once is reported by the engine as drained and leaves
+                // the stored configuration after this operation (`forget_drained`).
+                if let (RangeRemoval::Draining { .. }, Some(stored)) =
+                    (outcome, spec_mut(scope, &pool))
+                {
+                    capacity::note_draining(stored, &spec);
+                }
+                touched.insert(request.scope);
+                Ok(Reply::RangeRemoved(api::RangeRemoved {
+                    outcome: match outcome {
+                        RangeRemoval::Removed => api::RangeRemoval::Removed,
+                        RangeRemoval::Draining { .. } => api::RangeRemoval::Draining,
+                    },
+                }))
+            }
+            Op::AddExclusion(request) => {
+                let pool = pool_name(&request.pool)?;
+                let exclusion = Exclusion::parse(&request.network, &request.reason)
+                    .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
+                reject_local_reason(&request.reason)?;
+                cloud::reject_cloud_reason(&request.reason)?;
+                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+                // Replacing a cloud marker's reason would end the marker.
+                cloud::refuse_marker_removal(scope, &pool, exclusion.network())?;
+                scope.engine.exclude(&pool, exclusion.clone())?;
+                let network = exclusion.network().to_string();
+                let stored = ensure_spec(scope, &pool)?;
+                // In place, as the engine replaces it: the order is what a restart rebuilds.
+                let reason = exclusion.reason().to_owned();
+                match stored.exclusions.iter_mut().find(|e| e.0 == network) {
+                    Some(existing) => existing.1 = reason,
+                    None => stored.exclusions.push((network, reason)),
+                }
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::RemoveExclusion(request) => {
+                let pool = pool_name(&request.pool)?;
+                let network = corral_core::parse_net(&request.network)
+                    .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
+                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+                cloud::refuse_marker_removal(scope, &pool, network)?;
+                scope.engine.remove_exclusion(&pool, network)?;
+                let text = network.to_string();
+                if let Some(stored) = spec_mut(scope, &pool) {
+                    stored.exclusions.retain(|e| e.0 != text);
+                }
+                touched.insert(request.scope);
+                Ok(Reply::Done)
+            }
+            Op::Export => {
+                let mut txn = self.store.begin().map_err(OpError::store)?;
+                let checkpoint = export_checkpoint(&mut txn).map_err(OpError::store)?;
+                txn.finish().map_err(OpError::store)?;
+                serde_json::to_value(&checkpoint)
+                    .map(Reply::Checkpoint)
+                    .map_err(|e| OpError::new(ErrorCode::RetryLater, e.to_string()))
+            }
+            Op::Import(_) => unreachable!("imports are run by run_batch"),
+            Op::CniAdd(request) => self.cni_add(request, now, writes, touched),
+            Op::CniDel(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_del(pool, &request, now, writes, touched);
+                }
+                let key = key_of(&request.key)?;
+                let name = self.cni_scope(&request.network, writes, touched)?;
+                let scope = self.scope_mut(&name)?;
+                let released_now = scope.engine.release_key(&key, now);
+                record_released(&name, &released_now, writes, touched);
+                Ok(Reply::Released(api::ReleaseResponse {
+                    released: released_now.iter().map(released).collect(),
+                }))
+            }
+            Op::CniCheck(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_check(&pool, &request);
+                }
+                let key = key_of(&request.key)?;
+                let scope = self.scope(&request.network.name);
+                let held = match scope {
+                    Ok(scope) => scope
+                        .engine
+                        .lookup_key(&key)
+                        .into_iter()
+                        .map(|info| api::Allocated {
+                            address: info.entry.addr,
+                            family: family_name(Family::of(info.entry.addr)),
+                            pool: info.pool.to_string(),
+                            generation: info.entry.generation,
+                            existing: true,
+                            subnet: None,
+                            gateway: None,
+                            lease: info.entry.lease.as_ref().map(api_lease),
+                            interface: None,
+                        })
+                        .collect(),
+                    Err(_) => Vec::new(),
+                };
+                Ok(Reply::Allocated(api::AllocateResponse {
+                    allocations: held,
+                }))
+            }
+            Op::CniGc(_) | Op::Gc(_) => unreachable!("garbage collections are run by run_gc"),
+            Op::CniStatus(request) => {
+                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
+                    return self.node_pool_status(&pool, now);
+                }
+                let name = self.cni_scope(&request.network, writes, touched)?;
+                let scope = self.scope_mut(&name)?;
+                scope.engine.advance(now);
+                let mut status = scope_status(&name, scope);
+                // Only the network's own pools (not the engine's implicit default).
+                status
+                    .pools
+                    .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
+                Ok(Reply::ScopeStatus(status))
+            }
+            Op::SetClusterRanges(grants) => self.set_cluster_ranges(grants, touched),
+            Op::SurrenderBlock { pool, range } => self.surrender_block(&pool, &range, touched),
+            Op::ReclaimBlock { pool, range } => self.reclaim_block(&pool, &range, touched),
+            Op::BlockReport => self.block_report(),
+            Op::ReserveLocalRoutes(request) => {
+                let scope = self.scope_mut(&request.scope)?;
+                let response = crate::local_routes::reserve(
+                    &request.scope,
+                    &mut scope.engine,
+                    &mut scope.config,
+                    &request.host,
+                )?;
+                touched.insert(request.scope);
+                Ok(Reply::LocalRoutes(response))
+            }
+            Op::Tick => {
+                let mut expired = 0;
+                for (name, scope) in &mut self.scopes {
+                    let gone = scope.engine.expire(now);
+                    expired += gone.len();
+                    record_released(name, &gone, writes, touched);
+                }
+                Ok(Reply::Expired(expired))
+            }
+            Op::Gauges => Ok(Reply::Gauges(self.gauges(now))),
+            Op::Interfaces(pool) => self.list_interfaces(pool, now),
+            Op::Interface(id) => self.show_interface(&id, now),
+            Op::AddInterface(request) => self.add_interface(request, now, touched),
+            Op::RemoveInterface { id, force } => {
+                self.remove_interface(&id, force, now, writes, touched)
+            }
+            Op::AddInterfaceAddress { id, address } => {
+                self.add_interface_address(&id, &address, now, touched)
+            }
+            Op::RemoveInterfaceAddress { id, address, force } => {
+                self.remove_interface_address(&id, &address, force, now, writes, touched)
+            }
+            Op::ImportIpamd(request) => self.import_ipamd(request, now, writes, touched),
+            Op::InterfaceGauges => Ok(Reply::InterfaceGauges(self.interface_gauges(now))),
+            Op::SetCloudInterfaces(wanted) => self.set_cloud_interfaces(wanted, now, touched),
+            Op::SurrenderCloudAddress { pool, address } => {
+                self.surrender_cloud_address(&pool, address, now, touched)
+            }
+            Op::CloudReport => self.cloud_report(now),
+        }
+    }
+}
