@@ -721,7 +721,7 @@ async fn interfaces(
     answer!(state, "interfaces", Op::Interfaces(query.pool), Interfaces)
 }
 
-/// The `{id}` of an interface path; what it must look like is the host's to say (400).
+/// The `{id}` of an interface path; what it must look like is the node state's to say (400).
 fn interface_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     id.map(|Path(id)| id)
         .map_err(|rejection| error(ErrorCode::BadRequest, shortened(rejection.body_text())))

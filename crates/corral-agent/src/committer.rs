@@ -12,7 +12,7 @@
 //! queue is empty: a runtime thread is blocked for at most one batch of quick requests, and
 //! only when the agent was idle.
 //!
-//! Invariants: at most one leader at a time, and only the leader touches the [`Host`];
+//! Invariants: at most one leader at a time, and only the leader touches the [`NodeState`];
 //! while the queue holds a job there is a leader, so every job is answered.
 
 use std::collections::VecDeque;
@@ -53,7 +53,7 @@ struct Shared {
     /// Signalled when the committer's thread is given the lead, and on close.
     lead_given: Condvar,
     /// `None` once [`Committer::close`] has closed the store.
-    host: Mutex<Option<Box<dyn RunBatch>>>,
+    node: Mutex<Option<Box<dyn RunBatch>>>,
     thread: Mutex<Option<thread::JoinHandle<()>>>,
 }
 
@@ -97,13 +97,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Committer {
-    /// Takes charge of `host` and starts the committer's thread; [`Committer::close`]
+    /// Takes charge of `node` and starts the committer's thread; [`Committer::close`]
     /// stops it and closes the store.
-    pub fn start(host: impl RunBatch + 'static) -> std::io::Result<Committer> {
+    pub fn start(node: impl RunBatch + 'static) -> std::io::Result<Committer> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             lead_given: Condvar::new(),
-            host: Mutex::new(Some(Box::new(host))),
+            node: Mutex::new(Some(Box::new(node))),
             thread: Mutex::new(None),
         });
         let thread = {
@@ -178,8 +178,8 @@ impl Shared {
             let _ = thread.join();
         }
         // A caller may be leading its one batch: this waits for it.
-        let host = lock(&self.host).take();
-        drop(host);
+        let node = lock(&self.node).take();
+        drop(node);
     }
 
     /// Takes up to [`MAX_BATCH`] queued jobs (with `quick_only`, only the quick ones at the
@@ -201,8 +201,8 @@ impl Shared {
         };
         let (ops, replies): (Vec<Op>, Vec<_>) =
             batch.into_iter().map(|job| (job.op, job.reply)).unzip();
-        let answers = match lock(&self.host).as_mut() {
-            Some(host) => host.run_batch(ops),
+        let answers = match lock(&self.node).as_mut() {
+            Some(node) => node.run_batch(ops),
             None => ops.iter().map(|_| Err(stopped())).collect(),
         };
         for (reply, answer) in replies.into_iter().zip(answers) {
@@ -333,7 +333,7 @@ mod tests {
 
     fn start(dir: &Path) -> Committer {
         let store = SqliteStore::open_owned(dir, Path::new("/x.sock")).unwrap();
-        Committer::start(crate::node::Host::restore(store, &ScopeConfig::default()).unwrap())
+        Committer::start(crate::node::NodeState::restore(store, &ScopeConfig::default()).unwrap())
             .unwrap()
     }
 

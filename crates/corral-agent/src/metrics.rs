@@ -18,7 +18,7 @@
 //!   `corral_interface_addresses{pool,interface,device,state}`: an interface's addresses by
 //!   state (`assigned`, `free`, `cooling`), read from the tables when scraped;
 //!   `corral_interface_operations_total{pool,operation,outcome}`: `assign` (`ok`,
-//!   `existing`, `exhausted`, `error`) and `unassign` (`ok`, `error`), counted by the host;
+//!   `existing`, `exhausted`, `error`) and `unassign` (`ok`, `error`), counted by the node state;
 //! - `corral_store_sync_failed`: 1 once a sync of the state's log has failed (the agent then
 //!   refuses every change until it is restarted; `/healthz` answers 503), else 0.
 
@@ -119,7 +119,7 @@ pub struct Metrics {
     pub interfaces: Family<PoolLabel, Gauge>,
     /// Addresses per interface by state.
     pub interface_addresses: Family<InterfaceState, Gauge<f64, AtomicU64>>,
-    /// Assign and unassign outcomes, counted by the host.
+    /// Assign and unassign outcomes, counted by the node state.
     pub interface_counters: node::InterfaceCounters,
 }
 

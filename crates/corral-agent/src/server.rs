@@ -15,7 +15,7 @@ use crate::config::AgentConfig;
 use crate::listen;
 use crate::local_routes::{self, LocalRoutesRequest};
 use crate::metrics::Metrics;
-use crate::node::{Host, Op, Reply};
+use crate::node::{NodeState, Op, Reply};
 
 /// How often leases are expired and cooldowns ended.
 const TICK: Duration = Duration::from_millis(500);
@@ -152,9 +152,9 @@ pub async fn serve_with(
     let declared = config.pools.clone();
     let broken_scopes = Arc::clone(&state.broken_scopes);
     let interface_counters = state.metrics.interface_counters.clone();
-    let host = tokio::task::spawn_blocking(move || {
-        Host::restore(store, &declared).map(|host| {
-            host.with_broken_gauge(broken_scopes)
+    let node = tokio::task::spawn_blocking(move || {
+        NodeState::restore(store, &declared).map(|node| {
+            node.with_broken_gauge(broken_scopes)
                 .with_interface_counters(interface_counters)
         })
     })
@@ -162,10 +162,10 @@ pub async fn serve_with(
     .map_err(|e| std::io::Error::other(e.to_string()))??;
     // What the configuration file asked for that could not be applied: said at start, and
     // in `corral status` for as long as the agent runs.
-    for warning in host.warnings() {
+    for warning in node.warnings() {
         eprintln!("corral agent: warning: {warning}");
     }
-    let committer = Committer::start(host)?;
+    let committer = Committer::start(node)?;
     // DELs corral-ipam recorded while the agent was away are applied before anything is
     // served (requests meanwhile get 503), so none can follow an ADD of its attachment.
     crate::pending::apply_pending(&committer, &config.socket, &config.cni_data_dirs).await?;

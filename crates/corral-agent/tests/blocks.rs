@@ -626,9 +626,11 @@ fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
         let config = AgentConfig::in_dir(dir.path());
         let store =
             corral_store::SqliteStore::open_owned(&config.data_dir, &config.socket).unwrap();
-        let mut host =
-            corral_agent::node::Host::restore(store, &corral_agent::config::pools(&[]).unwrap())
-                .unwrap();
+        let mut host = corral_agent::node::NodeState::restore(
+            store,
+            &corral_agent::config::pools(&[]).unwrap(),
+        )
+        .unwrap();
         let answer = host.run_batch(vec![corral_agent::node::Op::SurrenderBlock {
             pool: PoolName::new("small").unwrap(),
             range: "10.61.0.0/28".parse().unwrap(),

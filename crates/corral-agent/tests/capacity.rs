@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use corral_agent::node::{Host, Op, OpError, Reply};
+use corral_agent::node::{NodeState, Op, OpError, Reply};
 use corral_api as api;
 use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, SqliteStore};
 use proptest::prelude::*;
@@ -59,13 +59,13 @@ fn file_variant(variant: usize) -> ScopeConfig {
     }
 }
 
-fn open(dir: &Path, declared: &ScopeConfig) -> Host {
+fn open(dir: &Path, declared: &ScopeConfig) -> NodeState {
     let store = SqliteStore::open_owned(dir, Path::new(SOCKET)).expect("store opens");
-    Host::restore(store, declared).expect("the agent restores its state")
+    NodeState::restore(store, declared).expect("the agent restores its state")
 }
 
-fn run(host: &mut Host, op: Op) -> Result<Reply, OpError> {
-    host.run_batch(vec![op]).pop().expect("one answer")
+fn run(node: &mut NodeState, op: Op) -> Result<Reply, OpError> {
+    node.run_batch(vec![op]).pop().expect("one answer")
 }
 
 fn range_request(pool: &str, range: &str) -> api::RangeRequest {
@@ -76,15 +76,15 @@ fn range_request(pool: &str, range: &str) -> api::RangeRequest {
     }
 }
 
-fn add_range(host: &mut Host, pool: &str, range: &str) -> Result<Reply, OpError> {
-    run(host, Op::AddRange(range_request(pool, range)))
+fn add_range(node: &mut NodeState, pool: &str, range: &str) -> Result<Reply, OpError> {
+    run(node, Op::AddRange(range_request(pool, range)))
 }
 
-fn remove_range(host: &mut Host, pool: &str, range: &str) -> Result<Reply, OpError> {
-    run(host, Op::RemoveRange(range_request(pool, range)))
+fn remove_range(node: &mut NodeState, pool: &str, range: &str) -> Result<Reply, OpError> {
+    run(node, Op::RemoveRange(range_request(pool, range)))
 }
 
-fn allocate(host: &mut Host, pool: &str, owner: &str) -> Result<std::net::IpAddr, OpError> {
+fn allocate(node: &mut NodeState, pool: &str, owner: &str) -> Result<std::net::IpAddr, OpError> {
     let request = api::AllocateRequest {
         scope: api::NODE_SCOPE.into(),
         pool: pool.into(),
@@ -94,13 +94,13 @@ fn allocate(host: &mut Host, pool: &str, owner: &str) -> Result<std::net::IpAddr
         address: None,
         lease_ms: None,
     };
-    match run(host, Op::Allocate(request))? {
+    match run(node, Op::Allocate(request))? {
         Reply::Allocated(answer) => Ok(answer.allocations[0].address),
         other => panic!("allocate answered {other:?}"),
     }
 }
 
-fn release(host: &mut Host, address: std::net::IpAddr) {
+fn release(node: &mut NodeState, address: std::net::IpAddr) {
     let request = api::ReleaseRequest {
         scope: api::NODE_SCOPE.into(),
         key: None,
@@ -108,11 +108,11 @@ fn release(host: &mut Host, address: std::net::IpAddr) {
         generation: None,
         owner: None,
     };
-    run(host, Op::Release(request)).expect("release");
+    run(node, Op::Release(request)).expect("release");
 }
 
-fn pools(host: &mut Host) -> api::PoolsResponse {
-    match run(host, Op::Pools(None)) {
+fn pools(node: &mut NodeState) -> api::PoolsResponse {
+    match run(node, Op::Pools(None)) {
         Ok(Reply::Pools(pools)) => pools,
         other => panic!("pools answered {other:?}"),
     }
@@ -141,8 +141,8 @@ struct Fingerprint {
     checkpoint: serde_json::Value,
 }
 
-fn fingerprint(host: &mut Host) -> Fingerprint {
-    let answers = host.run_batch(vec![Op::Pools(None), Op::Dump(None), Op::Export]);
+fn fingerprint(node: &mut NodeState) -> Fingerprint {
+    let answers = node.run_batch(vec![Op::Pools(None), Op::Dump(None), Op::Export]);
     let mut answers = answers.into_iter();
     let (
         Some(Ok(Reply::Pools(pools))),
@@ -183,18 +183,18 @@ fn node_checkpoint(ranges: serde_json::Value, allocations: serde_json::Value) ->
 #[test]
 fn a_range_removed_by_its_addresses_stays_removed_and_may_move_to_another_pool() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &ScopeConfig::default());
-    add_range(&mut host, "a", "10.50.0.0/24").unwrap();
-    match remove_range(&mut host, "a", "10.50.0.0/24,gateway=10.50.0.1").unwrap() {
+    let mut node = open(dir.path(), &ScopeConfig::default());
+    add_range(&mut node, "a", "10.50.0.0/24").unwrap();
+    match remove_range(&mut node, "a", "10.50.0.0/24,gateway=10.50.0.1").unwrap() {
         Reply::RangeRemoved(removed) => assert_eq!(removed.outcome, api::RangeRemoval::Removed),
         other => panic!("{other:?}"),
     }
-    add_range(&mut host, "b", "10.50.0.0/24").unwrap();
-    let before = fingerprint(&mut host);
-    drop(host);
-    let mut host = open(dir.path(), &ScopeConfig::default());
-    assert_eq!(fingerprint(&mut host), before);
-    let pools = pools(&mut host);
+    add_range(&mut node, "b", "10.50.0.0/24").unwrap();
+    let before = fingerprint(&mut node);
+    drop(node);
+    let mut node = open(dir.path(), &ScopeConfig::default());
+    assert_eq!(fingerprint(&mut node), before);
+    let pools = pools(&mut node);
     assert_eq!(range_texts(&pools, "a"), Vec::<String>::new());
     assert_eq!(range_texts(&pools, "b"), ["10.50.0.0/24"]);
 }
@@ -204,24 +204,24 @@ fn a_range_removed_by_its_addresses_stays_removed_and_may_move_to_another_pool()
 #[test]
 fn a_file_range_removed_at_run_time_is_not_resurrected_by_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
-    remove_range(&mut host, "a", "10.50.0.0/24").unwrap();
-    add_range(&mut host, "b", "10.50.0.0/25").unwrap();
-    let before = fingerprint(&mut host);
+    let mut node = open(dir.path(), &declared());
+    remove_range(&mut node, "a", "10.50.0.0/24").unwrap();
+    add_range(&mut node, "b", "10.50.0.0/25").unwrap();
+    let before = fingerprint(&mut node);
     assert_eq!(
         pool(&before.pools, "a").unwrap().removed,
         ["10.50.0.0/24"],
         "the file's range is listed as removed"
     );
-    drop(host);
-    let mut host = open(dir.path(), &declared());
-    assert_eq!(fingerprint(&mut host), before);
-    assert!(host.warnings().is_empty(), "{:?}", host.warnings());
+    drop(node);
+    let mut node = open(dir.path(), &declared());
+    assert_eq!(fingerprint(&mut node), before);
+    assert!(node.warnings().is_empty(), "{:?}", node.warnings());
     // Adding it back lifts the tombstone once the other pool has let go of its addresses.
-    assert!(add_range(&mut host, "a", "10.50.0.0/24").is_err());
-    remove_range(&mut host, "b", "10.50.0.0/25").unwrap();
-    add_range(&mut host, "a", "10.50.0.0/24").unwrap();
-    let pools = pools(&mut host);
+    assert!(add_range(&mut node, "a", "10.50.0.0/24").is_err());
+    remove_range(&mut node, "b", "10.50.0.0/25").unwrap();
+    add_range(&mut node, "a", "10.50.0.0/24").unwrap();
+    let pools = pools(&mut node);
     let a = pool(&pools, "a").unwrap();
     assert!(a.removed.is_empty());
     assert_eq!(a.ranges[0].source, api::RangeSource::File);
@@ -232,17 +232,17 @@ fn a_file_range_removed_at_run_time_is_not_resurrected_by_a_restart() {
 #[test]
 fn a_file_range_over_a_run_time_range_is_reported_not_fatal() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &ScopeConfig::default());
-    add_range(&mut host, "b", "10.50.0.128/25").unwrap();
-    drop(host);
-    let mut host = open(dir.path(), &declared());
-    assert_eq!(host.warnings().len(), 1, "{:?}", host.warnings());
-    assert!(host.warnings()[0].contains("10.50.0.0/24 of pool a"));
-    match run(&mut host, Op::Status(None)) {
-        Ok(Reply::Status(status)) => assert_eq!(status.warnings, host.warnings()),
+    let mut node = open(dir.path(), &ScopeConfig::default());
+    add_range(&mut node, "b", "10.50.0.128/25").unwrap();
+    drop(node);
+    let mut node = open(dir.path(), &declared());
+    assert_eq!(node.warnings().len(), 1, "{:?}", node.warnings());
+    assert!(node.warnings()[0].contains("10.50.0.0/24 of pool a"));
+    match run(&mut node, Op::Status(None)) {
+        Ok(Reply::Status(status)) => assert_eq!(status.warnings, node.warnings()),
         other => panic!("{other:?}"),
     }
-    let pools = pools(&mut host);
+    let pools = pools(&mut node);
     assert_eq!(range_texts(&pools, "b"), ["10.50.0.128/25"]);
     assert_eq!(range_texts(&pools, "a"), Vec::<String>::new());
 }
@@ -252,43 +252,43 @@ fn a_file_range_over_a_run_time_range_is_reported_not_fatal() {
 #[test]
 fn draining_survives_a_restart_can_be_cancelled_and_ends_with_the_last_release() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &ScopeConfig::default());
-    add_range(&mut host, "a", "10.60.0.0/29,gateway=10.60.0.1").unwrap();
-    let first = allocate(&mut host, "a", "one").unwrap();
-    let second = allocate(&mut host, "a", "two").unwrap();
-    match remove_range(&mut host, "a", "10.60.0.0/29").unwrap() {
+    let mut node = open(dir.path(), &ScopeConfig::default());
+    add_range(&mut node, "a", "10.60.0.0/29,gateway=10.60.0.1").unwrap();
+    let first = allocate(&mut node, "a", "one").unwrap();
+    let second = allocate(&mut node, "a", "two").unwrap();
+    match remove_range(&mut node, "a", "10.60.0.0/29").unwrap() {
         Reply::RangeRemoved(removed) => assert_eq!(removed.outcome, api::RangeRemoval::Draining),
         other => panic!("{other:?}"),
     }
-    drop(host);
-    let mut host = open(dir.path(), &ScopeConfig::default());
-    let listed = pools(&mut host);
+    drop(node);
+    let mut node = open(dir.path(), &ScopeConfig::default());
+    let listed = pools(&mut node);
     let range = &pool(&listed, "a").unwrap().ranges[0];
     assert!(range.draining, "{range:?}");
     assert_eq!(range.allocated, 2);
-    assert!(add_range(&mut host, "b", "10.60.0.0/29").is_err());
-    assert!(allocate(&mut host, "a", "three").is_err());
+    assert!(add_range(&mut node, "b", "10.60.0.0/29").is_err());
+    assert!(allocate(&mut node, "a", "three").is_err());
     // Cancel the drain: the same range again.
-    add_range(&mut host, "a", "10.60.0.0/29,gateway=10.60.0.1").unwrap();
-    allocate(&mut host, "a", "three").unwrap();
-    drop(host);
-    let mut host = open(dir.path(), &ScopeConfig::default());
-    assert!(!pool(&pools(&mut host), "a").unwrap().ranges[0].draining);
+    add_range(&mut node, "a", "10.60.0.0/29,gateway=10.60.0.1").unwrap();
+    allocate(&mut node, "a", "three").unwrap();
+    drop(node);
+    let mut node = open(dir.path(), &ScopeConfig::default());
+    assert!(!pool(&pools(&mut node), "a").unwrap().ranges[0].draining);
     // Drain again, release everything: the range leaves the configuration for good.
-    remove_range(&mut host, "a", "10.60.0.0/29").unwrap();
-    release(&mut host, first);
-    release(&mut host, second);
-    let third = host_address(&mut host, "three");
-    release(&mut host, third);
-    assert_eq!(range_texts(&pools(&mut host), "a"), Vec::<String>::new());
-    drop(host);
-    let mut host = open(dir.path(), &ScopeConfig::default());
-    assert_eq!(range_texts(&pools(&mut host), "a"), Vec::<String>::new());
-    add_range(&mut host, "b", "10.60.0.0/29").unwrap();
+    remove_range(&mut node, "a", "10.60.0.0/29").unwrap();
+    release(&mut node, first);
+    release(&mut node, second);
+    let third = host_address(&mut node, "three");
+    release(&mut node, third);
+    assert_eq!(range_texts(&pools(&mut node), "a"), Vec::<String>::new());
+    drop(node);
+    let mut node = open(dir.path(), &ScopeConfig::default());
+    assert_eq!(range_texts(&pools(&mut node), "a"), Vec::<String>::new());
+    add_range(&mut node, "b", "10.60.0.0/29").unwrap();
 }
 
-fn host_address(host: &mut Host, owner: &str) -> std::net::IpAddr {
-    let dump = fingerprint(host).dump;
+fn host_address(node: &mut NodeState, owner: &str) -> std::net::IpAddr {
+    let dump = fingerprint(node).dump;
     dump.scopes
         .iter()
         .flat_map(|s| &s.pools)
@@ -303,63 +303,63 @@ fn host_address(host: &mut Host, owner: &str) -> std::net::IpAddr {
 #[test]
 fn an_import_that_does_not_fit_the_node_scope_is_refused_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
+    let mut node = open(dir.path(), &declared());
     let document = node_checkpoint(
         serde_json::json!(["10.88.0.0/24"]),
         serde_json::json!([{"pool": "x", "address": "10.88.0.200", "owner": "imported", "generation": 3}]),
     );
-    let before = fingerprint(&mut host);
-    let refused = run(&mut host, Op::Import(document)).unwrap_err();
+    let before = fingerprint(&mut node);
+    let refused = run(&mut node, Op::Import(document)).unwrap_err();
     assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
     assert!(
         refused.message.contains("10.88.0.0/24") && refused.message.contains("10.88.0.0/28"),
         "{refused:?}"
     );
-    assert_eq!(fingerprint(&mut host), before);
-    allocate(&mut host, "default", "after").unwrap();
-    let before = fingerprint(&mut host);
-    drop(host);
-    let mut host = open(dir.path(), &declared());
-    assert_eq!(fingerprint(&mut host), before);
+    assert_eq!(fingerprint(&mut node), before);
+    allocate(&mut node, "default", "after").unwrap();
+    let before = fingerprint(&mut node);
+    drop(node);
+    let mut node = open(dir.path(), &declared());
+    assert_eq!(fingerprint(&mut node), before);
 }
 
 /// An import that fits is taken, and the restart keeps it.
 #[test]
 fn an_import_that_fits_the_node_scope_is_kept_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
+    let mut node = open(dir.path(), &declared());
     let document = node_checkpoint(
         serde_json::json!(["10.77.0.0/24"]),
         serde_json::json!([{"pool": "x", "address": "10.77.0.200", "owner": "imported", "generation": 3}]),
     );
-    run(&mut host, Op::Import(document)).unwrap();
-    let before = fingerprint(&mut host);
+    run(&mut node, Op::Import(document)).unwrap();
+    let before = fingerprint(&mut node);
     let x = pool(&before.pools, "x").unwrap();
     assert_eq!(x.ranges[0].source, api::RangeSource::Api);
     assert_eq!(range_texts(&before.pools, "default"), ["10.88.0.0/28"]);
-    drop(host);
-    let mut host = open(dir.path(), &declared());
-    assert_eq!(fingerprint(&mut host), before);
+    drop(node);
+    let mut node = open(dir.path(), &declared());
+    assert_eq!(fingerprint(&mut node), before);
 }
 
 /// A range the file stops declaring drains and leaves like one removed through the API.
 #[test]
 fn a_range_dropped_from_the_file_drains_and_leaves() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
-    let held = allocate(&mut host, "a", "held").unwrap();
-    drop(host);
+    let mut node = open(dir.path(), &declared());
+    let held = allocate(&mut node, "a", "held").unwrap();
+    drop(node);
     let mut without_a = declared();
     without_a.pools[1].ranges.clear();
-    let mut host = open(dir.path(), &without_a);
-    let listed = pools(&mut host);
+    let mut node = open(dir.path(), &without_a);
+    let listed = pools(&mut node);
     assert!(pool(&listed, "a").unwrap().ranges[0].draining);
-    release(&mut host, held);
-    assert_eq!(range_texts(&pools(&mut host), "a"), Vec::<String>::new());
-    drop(host);
-    let mut host = open(dir.path(), &without_a);
-    assert_eq!(range_texts(&pools(&mut host), "a"), Vec::<String>::new());
-    assert!(pool(&pools(&mut host), "a").unwrap().removed.is_empty());
+    release(&mut node, held);
+    assert_eq!(range_texts(&pools(&mut node), "a"), Vec::<String>::new());
+    drop(node);
+    let mut node = open(dir.path(), &without_a);
+    assert_eq!(range_texts(&pools(&mut node), "a"), Vec::<String>::new());
+    assert!(pool(&pools(&mut node), "a").unwrap().removed.is_empty());
 }
 
 /// A range the file dropped while it held an allocation drained; declared again, it was kept
@@ -367,22 +367,22 @@ fn a_range_dropped_from_the_file_drains_and_leaves() {
 #[test]
 fn a_range_the_file_dropped_and_declares_again_is_active_again() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
-    let held = allocate(&mut host, "a", "held").unwrap();
-    drop(host);
-    let mut host = open(dir.path(), &file_variant(1));
-    assert!(pool(&pools(&mut host), "a").unwrap().ranges[0].draining);
-    drop(host);
-    let mut host = open(dir.path(), &declared());
-    let listed = pools(&mut host);
+    let mut node = open(dir.path(), &declared());
+    let held = allocate(&mut node, "a", "held").unwrap();
+    drop(node);
+    let mut node = open(dir.path(), &file_variant(1));
+    assert!(pool(&pools(&mut node), "a").unwrap().ranges[0].draining);
+    drop(node);
+    let mut node = open(dir.path(), &declared());
+    let listed = pools(&mut node);
     assert!(
         !pool(&listed, "a").unwrap().ranges[0].draining,
         "{listed:?}"
     );
-    release(&mut host, held);
-    drop(host);
-    let mut host = open(dir.path(), &declared());
-    assert_eq!(range_texts(&pools(&mut host), "a"), ["10.50.0.0/24"]);
+    release(&mut node, held);
+    drop(node);
+    let mut node = open(dir.path(), &declared());
+    assert_eq!(range_texts(&pools(&mut node), "a"), ["10.50.0.0/24"]);
 }
 
 /// A range the file moved from one pool to another was in neither pool until a second
@@ -391,9 +391,9 @@ fn a_range_the_file_dropped_and_declares_again_is_active_again() {
 fn a_range_the_file_moves_to_another_pool_is_there_after_one_restart() {
     let dir = tempfile::tempdir().unwrap();
     drop(open(dir.path(), &declared()));
-    let mut host = open(dir.path(), &file_variant(2));
-    assert!(host.warnings().is_empty(), "{:?}", host.warnings());
-    let listed = pools(&mut host);
+    let mut node = open(dir.path(), &file_variant(2));
+    assert!(node.warnings().is_empty(), "{:?}", node.warnings());
+    let listed = pools(&mut node);
     assert_eq!(range_texts(&listed, "b"), ["10.50.0.0/24"]);
     assert_eq!(range_texts(&listed, "a"), Vec::<String>::new());
 }
@@ -403,62 +403,62 @@ fn a_range_the_file_moves_to_another_pool_is_there_after_one_restart() {
 #[test]
 fn an_import_with_a_range_twice_is_refused_and_foreign_file_ranges_become_api_ranges() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
+    let mut node = open(dir.path(), &declared());
     let twice = node_checkpoint(
         serde_json::json!([{"range": "10.77.0.0/24", "source": "api", "state": "removed"}, {"range": "10.77.0.0/24", "source": "api", "state": "active"}]),
         serde_json::json!([]),
     );
-    let before = fingerprint(&mut host);
-    match run(&mut host, Op::Import(twice)) {
+    let before = fingerprint(&mut node);
+    match run(&mut node, Op::Import(twice)) {
         Err(refused) => {
             assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
-            assert_eq!(fingerprint(&mut host), before);
+            assert_eq!(fingerprint(&mut node), before);
         }
         Ok(_) => {
             // Taken without the tombstone, which means nothing to this agent's file.
-            let imported = fingerprint(&mut host);
+            let imported = fingerprint(&mut node);
             let x = pool(&imported.pools, "x").unwrap();
             assert!(x.removed.is_empty(), "{x:?}");
-            drop(host);
-            host = open(dir.path(), &declared());
-            assert_eq!(fingerprint(&mut host), imported);
-            drop(host);
+            drop(node);
+            node = open(dir.path(), &declared());
+            assert_eq!(fingerprint(&mut node), imported);
+            drop(node);
             let dir = tempfile::tempdir().unwrap();
             return foreign_file_ranges_become_api_ranges(dir.path());
         }
     }
-    drop(host);
+    drop(node);
     foreign_file_ranges_become_api_ranges(dir.path());
 }
 
 fn foreign_file_ranges_become_api_ranges(dir: &Path) {
-    let mut host = open(dir, &declared());
+    let mut node = open(dir, &declared());
     let foreign = node_checkpoint(
         serde_json::json!([{"range": "10.77.0.0/24", "source": "file", "state": "active"}]),
         serde_json::json!([]),
     );
-    run(&mut host, Op::Import(foreign)).unwrap();
-    let before = fingerprint(&mut host);
+    run(&mut node, Op::Import(foreign)).unwrap();
+    let before = fingerprint(&mut node);
     assert_eq!(
         pool(&before.pools, "x").unwrap().ranges[0].source,
         api::RangeSource::Api
     );
-    drop(host);
-    let mut host = open(dir, &declared());
-    assert_eq!(fingerprint(&mut host), before);
+    drop(node);
+    let mut node = open(dir, &declared());
+    assert_eq!(fingerprint(&mut node), before);
 }
 
 /// The same addresses twice in one pool of a checkpoint, both live, are refused.
 #[test]
 fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
+    let mut node = open(dir.path(), &declared());
     let twice = node_checkpoint(
         serde_json::json!([{"range": "10.77.0.0/24", "source": "api", "state": "draining"}, {"range": "10.77.0.0/24,gateway=10.77.0.1", "source": "api", "state": "active"}]),
         serde_json::json!([]),
     );
-    let before = fingerprint(&mut host);
-    let refused = run(&mut host, Op::Import(twice)).unwrap_err();
+    let before = fingerprint(&mut node);
+    let refused = run(&mut node, Op::Import(twice)).unwrap_err();
     assert!(
         matches!(
             refused.code,
@@ -467,7 +467,7 @@ fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
         "{refused:?}"
     );
     assert!(refused.message.contains("10.77.0.0/24"), "{refused:?}");
-    assert_eq!(fingerprint(&mut host), before);
+    assert_eq!(fingerprint(&mut node), before);
 }
 
 /// An operator's exclusion whose reason looked like a local-route reservation's was removed
@@ -475,10 +475,10 @@ fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
 #[test]
 fn an_exclusion_reason_kept_for_local_routes_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut host = open(dir.path(), &declared());
-    let before = fingerprint(&mut host);
+    let mut node = open(dir.path(), &declared());
+    let before = fingerprint(&mut node);
     let refused = run(
-        &mut host,
+        &mut node,
         Op::AddExclusion(api::ExclusionRequest {
             scope: api::NODE_SCOPE.into(),
             pool: "default".into(),
@@ -489,7 +489,7 @@ fn an_exclusion_reason_kept_for_local_routes_is_refused() {
     .unwrap_err();
     assert_eq!(refused.code, api::ErrorCode::BadRequest, "{refused:?}");
     assert!(refused.message.contains("local address"), "{refused:?}");
-    assert_eq!(fingerprint(&mut host), before);
+    assert_eq!(fingerprint(&mut node), before);
 }
 
 // ---- the property -------------------------------------------------------------------------
@@ -589,33 +589,33 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let mut declared = declared();
-        let mut host = open(dir.path(), &declared);
+        let mut node = open(dir.path(), &declared);
         let mut handed_out = Vec::new();
-        let mut state = fingerprint(&mut host);
+        let mut state = fingerprint(&mut node);
         for (serial, call) in calls.iter().enumerate() {
             if let Call::RestartWith(variant) = call {
                 // An edited file may change the pools, but the agent starts, and what it
                 // starts with is what every later restart with the same file gives.
                 declared = file_variant(*variant);
-                drop(host);
-                host = open(dir.path(), &declared);
-                state = fingerprint(&mut host);
-                drop(host);
-                host = open(dir.path(), &declared);
-                prop_assert_eq!(&fingerprint(&mut host), &state, "a second restart with file {} after {:?} changed the state", variant, &calls[..serial]);
+                drop(node);
+                node = open(dir.path(), &declared);
+                state = fingerprint(&mut node);
+                drop(node);
+                node = open(dir.path(), &declared);
+                prop_assert_eq!(&fingerprint(&mut node), &state, "a second restart with file {} after {:?} changed the state", variant, &calls[..serial]);
                 continue;
             }
             if let Call::Restart = call {
-                drop(host);
-                host = open(dir.path(), &declared);
+                drop(node);
+                node = open(dir.path(), &declared);
                 // Warnings may be given (a file range over one added at run time is not
                 // applied and said so); the state is what it was.
-                let after = fingerprint(&mut host);
+                let after = fingerprint(&mut node);
                 prop_assert_eq!(&after, &state, "a restart after {:?} changed the state", &calls[..serial]);
                 continue;
             }
-            let answer = run(&mut host, op(call, &handed_out, serial));
-            let after = fingerprint(&mut host);
+            let answer = run(&mut node, op(call, &handed_out, serial));
+            let after = fingerprint(&mut node);
             match answer {
                 Ok(Reply::Allocated(allocated)) => {
                     handed_out.extend(allocated.allocations.iter().map(|a| a.address));
@@ -628,8 +628,8 @@ proptest! {
             }
             state = after;
         }
-        drop(host);
-        let mut host = open(dir.path(), &declared);
-        prop_assert_eq!(fingerprint(&mut host), state);
+        drop(node);
+        let mut node = open(dir.path(), &declared);
+        prop_assert_eq!(fingerprint(&mut node), state);
     }
 }

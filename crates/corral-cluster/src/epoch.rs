@@ -1,4 +1,4 @@
-//! etcd going back in time (issue 20): what operators and agents remember of the store they
+//! etcd going back in time: what operators and agents remember of the store they
 //! talk to, and what they conclude when it answers from an earlier time.
 //!
 //! etcd's revision only grows and its cluster ID never changes, unless the store was restored

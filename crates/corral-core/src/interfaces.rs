@@ -1565,7 +1565,7 @@ mod tests {
         engine.check_invariants().unwrap();
     }
 
-    /// Regression (review of issue 13): a range added to the pool behind the table's back
+    /// Regression: a range added to the pool behind the table's back
     /// drew an assignment, which was then released (a cooldown, a generation) and refused.
     /// The engine now shows its choice first and the refusal changes nothing.
     #[test]

@@ -1,10 +1,10 @@
-//! Block-mode pools on the agent's side (issue 12): what the CNI path and the cluster link
+//! Block-mode pools on the agent's side: what the CNI path and the cluster link
 //! share ([`BlockSignals`]: ADDs waiting per pool, a cheap in-process "something changed", the
 //! node pools' ranges changing, the cluster's choice of pool per namespace), the pool a CNI
 //! call allocates from ([`resolve_pool`]), and the demand records, computed purely from the
-//! host's [`BlockReport`] ([`demand_records`], [`is_urgent`]).
+//! node state's [`BlockReport`] ([`demand_records`], [`is_urgent`]).
 //!
-//! A CNI ADD or DEL never touches etcd: it only wakes the cluster link, which reads the host's
+//! A CNI ADD or DEL never touches etcd: it only wakes the cluster link, which reads the node state's
 //! state and writes `demand/<node>/<pool>` at most once a second.
 
 use std::collections::BTreeMap;
@@ -141,7 +141,7 @@ pub fn resolve_pool(
     }
 }
 
-/// The demand of each block pool of `config`, from the host's report and the ADDs waiting
+/// The demand of each block pool of `config`, from the node state's report and the ADDs waiting
 /// (`at_ms` left 0: the caller stamps what it writes).
 pub fn demand_records(
     config: &ClusterConfig,

@@ -16,7 +16,7 @@ use crate::node::{Op, Reply};
 /// How often the cloud records are applied again while an address is frozen.
 pub(super) const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
 
-/// Makes the cloud pools' interfaces match the node's `interfaces/` records (`host/cloud.rs`),
+/// Makes the cloud pools' interfaces match the node's `interfaces/` records (`node/cloud.rs`),
 /// after judging each surrendered address: kept out while its handshake is open (`marked` or
 /// `ready`); taken back (served again) when the handshake is gone while a record still lists
 /// it, judged on the record and the release key read at one revision (the leader takes an

@@ -1,11 +1,11 @@
-//! Cloud pools on the agent's side (issue 14), pure: what the cluster link makes of the
+//! Cloud pools on the agent's side, pure: what the cluster link makes of the
 //! node's `interfaces/<node>/` records ([`wanted`]: the interfaces and addresses the node's
 //! interface-backed pools must hold, each bad record a typed [`RecordError`] that leaves its
 //! interface as it is), and the demand of cloud pools ([`demand_records`]: as block pools',
 //! with single addresses and delegated prefixes in place of blocks).
 //!
-//! The cluster link does the I/O (`cluster.rs`); the host applies the result in one commit
-//! (`host/cloud.rs`).
+//! The cluster link does the I/O (`cluster.rs`); the node state applies the result in one commit
+//! (`node/cloud.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -249,7 +249,7 @@ pub fn record_listing<'a>(
     })
 }
 
-/// The demand of each cloud pool of `config`, from the host's report and the ADDs waiting
+/// The demand of each cloud pool of `config`, from the node state's report and the ADDs waiting
 /// (`at_ms` left 0): per family `used`, `free` (frozen addresses not counted), `pending`,
 /// `blocks` = addresses and prefixes held (surrendered ones not), `empty` = up to
 /// [`FamilyDemand::MAX_EMPTY`] of them with nothing allocated and nothing cooling, highest

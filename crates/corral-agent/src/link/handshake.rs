@@ -263,7 +263,7 @@ pub(super) async fn reconcile_surrendered<K: Kv>(
     Ok(())
 }
 
-/// The cluster ranges the host holds (granted or draining), as (pool, CIDR).
+/// The cluster ranges the node state holds (granted or draining), as (pool, CIDR).
 pub(super) async fn held_locally(
     committer: &Committer,
 ) -> Result<std::collections::BTreeSet<(PoolName, IpNet)>, LinkError> {

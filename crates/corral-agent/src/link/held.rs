@@ -46,7 +46,7 @@ pub(super) struct AcrossRounds {
     /// gave up, or one etcd may have handed back after another node got its space (`screen`).
     pub(super) seen_before: Revision,
     /// Grants this process took up (`owned/` key, create revision): taken up again whatever
-    /// the host holds now.
+    /// the node state holds now.
     pub(super) accepted: std::collections::BTreeSet<(String, Revision)>,
 }
 
@@ -286,7 +286,7 @@ impl Held {
 
 /// Which grants the node takes up: one this process took up before, one made after the
 /// highest revision the agent had seen before this round or after the last `reassert`
-/// (`seen_before`), or one of space the host holds (granted or draining: its own from before
+/// (`seen_before`), or one of space the node state holds (granted or draining: its own from before
 /// a restart). Any other is space this node gave up that etcd handed back, or a grant from
 /// before etcd went back in time that this node never took up (restored from a snapshot;
 /// the space may be another node's by now): it is not served, and is asserted as refused
@@ -437,7 +437,7 @@ mod tests {
             ..AcrossRounds::default()
         };
         let mut held = Held::default();
-        // Made after revision 100: new, taken up. Made before, of space the host holds (its
+        // Made after revision 100: new, taken up. Made before, of space the node state holds (its
         // own from before a restart): taken up. Made before, of space not held: refused.
         for (key, g) in [
             grant("default", "10.0.1.0/24", 150),
@@ -462,7 +462,7 @@ mod tests {
             .map(|(_, r)| r.subnet_net().to_string())
             .collect();
         assert_eq!(served, ["10.0.1.0/24", "10.0.2.0/24"]);
-        // A later round: what this process took up stays taken up, even if the host dropped
+        // A later round: what this process took up stays taken up, even if the node state dropped
         // it meanwhile (a drain while another process held the liveness key), and even with a
         // higher revision seen.
         across.seen_before = 1_000;

@@ -4,7 +4,7 @@
 //! etcd decides who *gets* space; the agent that holds it decides when it is given up. So the
 //! agent publishes every cluster range its node scope holds (granted or draining: node CIDRs,
 //! blocks, from-cloud prefixes), the node ID whose plan it serves and its cloud interface
-//! addresses, read from the host ([`Op::BlockReport`], [`Op::CloudReport`]), and puts the record
+//! addresses, read from the node state ([`Op::BlockReport`], [`Op::CloudReport`]), and puts the record
 //! back whenever it goes missing or says something else. The leader counts every asserted
 //! range as occupied whatever the grants say.
 //!
@@ -12,7 +12,7 @@
 //! `cluster::run`, ended only by the agent's stop): a removed node, a link that fails or
 //! backs off, keep their assertion current while the node drains. Order: a range is served
 //! once granted, so asserting it after serving is safe while the grant lasts; a range leaves
-//! the record only once the host's report (read through the committer, after the batch that
+//! the record only once the node state's report (read through the committer, after the batch that
 //! dropped it committed) no longer lists it.
 //!
 //! [`EpochGuard`] remembers the highest etcd revision and the cluster ID the agent saw, in the
@@ -36,7 +36,7 @@ use super::state::{ClusterOptions, SharedClusterState, backoff, now_ms, update};
 use crate::committer::Committer;
 use crate::node::{BlockReport, CloudReport, Op, Reply};
 
-/// How often the host's holdings are looked at when nothing signalled a change (a range that
+/// How often the node state's holdings are looked at when nothing signalled a change (a range that
 /// drained and left, allocations that came and went).
 pub const LOOK_EVERY: Duration = Duration::from_secs(5);
 /// A change of allocation counts alone (no range, state or emptiness changed) is written at
@@ -263,7 +263,7 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
     Ok(())
 }
 
-/// What the node asserts, from the host's reports: the node scope's cluster ranges (the
+/// What the node asserts, from the node state's reports: the node scope's cluster ranges (the
 /// node-ID plan's pod range as the node ID it derives from, not as a range), and its cloud
 /// addresses. Sorted, so two assertions compare equal when they say the same.
 pub fn assertion(
@@ -362,7 +362,7 @@ pub fn difference(old: &HoldingsRecord, new: &HoldingsRecord) -> Difference {
     }
 }
 
-/// Reads the host's holdings through the committer (after every earlier batch committed).
+/// Reads the node state's holdings through the committer (after every earlier batch committed).
 async fn read_host(
     committer: &Committer,
     state: &SharedClusterState,
@@ -424,7 +424,7 @@ async fn put<K: Kv>(kv: &K, key: &str, record: &HoldingsRecord) -> Result<Revisi
     Ok(response.revision)
 }
 
-/// Asserts what the host holds now unless the key already says it (a cheap read when it
+/// Asserts what the node state holds now unless the key already says it (a cheap read when it
 /// does). The link calls it before registering after a regression: the node's space is
 /// asserted before anything can be granted to it or around it.
 pub async fn assert_now<K: Kv>(
@@ -489,7 +489,7 @@ pub async fn publish<K: Kv>(
     }
 }
 
-/// One connected round of the publisher: reads the key, watches it, and writes the host's
+/// One connected round of the publisher: reads the key, watches it, and writes the node state's
 /// holdings whenever they or the key differ. Answers `Ok` on stop.
 #[allow(clippy::too_many_arguments)]
 async fn publish_round<K: Kv>(
@@ -584,7 +584,7 @@ async fn publish_round<K: Kv>(
     }
 }
 
-/// Looks at the host's holdings and writes them if they differ from the key (what is held:
+/// Looks at the node state's holdings and writes them if they differ from the key (what is held:
 /// at once; counts alone: at most every [`COUNTS_REFRESH`]) or the key was written before
 /// `requested` (the `reassert` key's mod revision, 0 if none). Answers when to look next.
 #[allow(clippy::too_many_arguments)]

@@ -1,5 +1,5 @@
 //! The agent's part in a cluster (`corral agent --etcd URL --node NAME`): register the node,
-//! keep its liveness key on a lease, watch its own grants, and hand them to the host as the
+//! keep its liveness key on a lease, watch its own grants, and hand them to the node state as the
 //! `node` scope's cluster ranges (recorded durably before anything is allocated from them).
 //!
 //! Pod allocations never touch etcd: this task only moves address space. While etcd cannot
@@ -241,7 +241,7 @@ pub(super) async fn run_link<K: Kv>(
 }
 
 /// The cluster ranges the node scope still holds (granted or draining), with their pools and
-/// allocations; `None` if the host could not answer.
+/// allocations; `None` if the node state could not answer.
 pub(super) async fn cluster_ranges_held(
     committer: &Committer,
 ) -> Option<Vec<(String, corral_api::RangeInfo)>> {
@@ -711,7 +711,7 @@ pub(super) async fn follow<K: Kv>(
     for entry in &clouds {
         held.apply(keys, node, &entry.key_str(), Some(entry));
     }
-    // What the host holds before this round hands it anything.
+    // What the node state holds before this round hands it anything.
     let local = held_locally(committer).await?;
     screen(&mut held, across, &local);
     apply(committer, state, &held).await?;
@@ -812,7 +812,7 @@ pub(super) async fn follow<K: Kv>(
     }
 }
 
-/// Hands the held grants to the host (durable before it answers) and publishes them. A
+/// Hands the held grants to the node state (durable before it answers) and publishes them. A
 /// failure ends the round: the next one reads the grants again and retries.
 pub(super) async fn apply(
     committer: &Committer,

@@ -7,12 +7,12 @@ use corral_store::Store;
 
 use super::op::{Op, Reply};
 use super::scope::{Write, persist};
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use crate::capacity;
 use crate::error::OpError;
 use corral_api as api;
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     /// Applies a batch of operations and makes their changes durable in one commit; the
     /// answers, in order, are valid only once this returns.
     pub fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>> {
@@ -136,14 +136,14 @@ impl<S: Store, C: Clock> Host<S, C> {
     }
 }
 
-/// What the committer drives: a host of any store and clock.
+/// What the committer drives: a node state of any store and clock.
 pub trait RunBatch: Send + std::fmt::Debug {
-    /// See [`Host::run_batch`].
+    /// See [`NodeState::run_batch`].
     fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>>;
 }
 
-impl<S: Store + Send, C: Clock + Send> RunBatch for Host<S, C> {
+impl<S: Store + Send, C: Clock + Send> RunBatch for NodeState<S, C> {
     fn run_batch(&mut self, ops: Vec<Op>) -> Vec<Result<Reply, OpError>> {
-        Host::run_batch(self, ops)
+        NodeState::run_batch(self, ops)
     }
 }

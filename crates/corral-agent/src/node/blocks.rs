@@ -1,4 +1,4 @@
-//! Blocks of block-mode pools (issue 12): the agent's side of the release handshake, and what
+//! Blocks of block-mode pools: the agent's side of the release handshake, and what
 //! its demand is computed from.
 //!
 //! - [`Op::SurrenderBlock`](super::Op::SurrenderBlock): in one commit, a cluster range that
@@ -20,7 +20,7 @@ use corral_store::Store;
 use super::op::Reply;
 use super::op::{BlockReport, HeldRange, Surrender};
 use super::scope::{ensure_spec, spec_mut};
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use crate::capacity;
 use crate::error::OpError;
 
@@ -28,7 +28,7 @@ fn same(a: &RangeSpec, b: &RangeSpec) -> bool {
     a.start() == b.start() && a.end() == b.end()
 }
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn surrender_block(
         &mut self,
         pool: &PoolName,
@@ -194,19 +194,19 @@ mod tests {
         }
     }
 
-    fn run<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> Reply {
-        host.run_batch(vec![op]).remove(0).unwrap()
+    fn run<S: Store, C: Clock>(node: &mut NodeState<S, C>, op: Op) -> Reply {
+        node.run_batch(vec![op]).remove(0).unwrap()
     }
 
-    fn report<S: Store, C: Clock>(host: &mut Host<S, C>) -> BlockReport {
-        match run(host, Op::BlockReport) {
+    fn report<S: Store, C: Clock>(node: &mut NodeState<S, C>) -> BlockReport {
+        match run(node, Op::BlockReport) {
             Reply::Blocks(report) => report,
             other => panic!("{other:?}"),
         }
     }
 
-    fn active<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
-        report(host)
+    fn active<S: Store, C: Clock>(node: &mut NodeState<S, C>) -> Vec<String> {
+        report(node)
             .ranges
             .iter()
             .filter(|r| !r.draining)
@@ -214,8 +214,8 @@ mod tests {
             .collect()
     }
 
-    fn surrendered<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
-        report(host)
+    fn surrendered<S: Store, C: Clock>(node: &mut NodeState<S, C>) -> Vec<String> {
+        report(node)
             .surrendered
             .iter()
             .map(|(_, r)| r.to_string())
@@ -246,13 +246,13 @@ mod tests {
     fn no_range_is_added_over_a_surrendered_block() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
-        run(&mut host, grants(&[A, B]));
-        run(&mut host, surrender(B));
+        let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
+        run(&mut node, grants(&[A, B]));
+        run(&mut node, surrender(B));
         // The API adding the same addresses (in this pool or another) is refused: the leader
         // may release the block any moment.
         for (pool, range) in [("small", B), ("other", "10.61.0.16/29")] {
-            let error = host
+            let error = node
                 .run_batch(vec![Op::AddRange(api::RangeRequest {
                     scope: api::NODE_SCOPE.into(),
                     pool: pool.into(),
@@ -263,15 +263,15 @@ mod tests {
             assert_eq!(error.code, api::ErrorCode::Conflict, "{error:?}");
             assert!(error.message.contains("surrendered"), "{}", error.message);
         }
-        assert_eq!(active(&mut host), [A]);
-        assert_eq!(surrendered(&mut host), [B]);
+        assert_eq!(active(&mut node), [A]);
+        assert_eq!(surrendered(&mut node), [B]);
     }
 
     #[test]
     fn a_dual_stack_block_pool_waits_for_both_families() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
+        let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
         let dual = |list: &[&str]| {
             Op::SetClusterRanges(ClusterRanges {
                 ranges: list.iter().map(|r| (pool(), r.parse().unwrap())).collect(),
@@ -280,14 +280,14 @@ mod tests {
         };
         // Only the IPv4 block so far: the ADD is told to retry, naming the pool, and holds
         // nothing.
-        run(&mut host, dual(&[A]));
-        let error = host.run_batch(vec![cni_add("c1")]).remove(0).unwrap_err();
+        run(&mut node, dual(&[A]));
+        let error = node.run_batch(vec![cni_add("c1")]).remove(0).unwrap_err();
         assert_eq!(error.code, api::ErrorCode::RetryLater, "{error:?}");
         assert_eq!(error.pool.as_deref(), Some("small"));
         assert!(error.message.contains("ipv6"), "{}", error.message);
         // Both families: one address of each.
-        run(&mut host, dual(&[A, "fd61::/124"]));
-        match run(&mut host, cni_add("c1")) {
+        run(&mut node, dual(&[A, "fd61::/124"]));
+        match run(&mut node, cni_add("c1")) {
             Reply::Allocated(got) => assert_eq!(got.allocations.len(), 2),
             other => panic!("{other:?}"),
         }
@@ -297,75 +297,75 @@ mod tests {
     fn an_empty_block_is_surrendered_durably_and_stays_out_while_granted() {
         let dir = tempfile::tempdir().unwrap();
         let open = || SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
-        run(&mut host, grants(&[A, B]));
+        let mut node = NodeState::restore(open(), &ScopeConfig::default()).unwrap();
+        run(&mut node, grants(&[A, B]));
         assert!(matches!(
-            run(&mut host, surrender(B)),
+            run(&mut node, surrender(B)),
             Reply::Surrender(Surrender::Surrendered)
         ));
-        assert_eq!(active(&mut host), [A]);
-        assert_eq!(surrendered(&mut host), [B]);
+        assert_eq!(active(&mut node), [A]);
+        assert_eq!(surrendered(&mut node), [B]);
         // The same grants again: B stays out; nothing comes from it.
-        run(&mut host, grants(&[A, B]));
-        assert_eq!(active(&mut host), [A]);
+        run(&mut node, grants(&[A, B]));
+        assert_eq!(active(&mut node), [A]);
         let a: corral_core::IpNet = A.parse().unwrap();
         for i in 0..20 {
-            match host.run_batch(vec![cni_add(&format!("c{i}"))]).remove(0) {
+            match node.run_batch(vec![cni_add(&format!("c{i}"))]).remove(0) {
                 Ok(Reply::Allocated(got)) => assert!(a.contains(&got.allocations[0].address)),
                 Ok(other) => panic!("{other:?}"),
                 Err(error) => assert_eq!(error.code, api::ErrorCode::Exhausted, "{error:?}"),
             }
         }
         // A crash and restart: still surrendered, and saying so again answers "already".
-        drop(host);
-        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
-        assert_eq!(surrendered(&mut host), [B]);
-        assert_eq!(active(&mut host), [A]);
+        drop(node);
+        let mut node = NodeState::restore(open(), &ScopeConfig::default()).unwrap();
+        assert_eq!(surrendered(&mut node), [B]);
+        assert_eq!(active(&mut node), [A]);
         assert!(matches!(
-            run(&mut host, surrender(B)),
+            run(&mut node, surrender(B)),
             Reply::Surrender(Surrender::AlreadySurrendered)
         ));
         // Taken back while granted: active again.
         run(
-            &mut host,
+            &mut node,
             Op::ReclaimBlock {
                 pool: pool(),
                 range: B.parse().unwrap(),
             },
         );
-        assert_eq!(active(&mut host), [A, B]);
-        assert!(surrendered(&mut host).is_empty());
+        assert_eq!(active(&mut node), [A, B]);
+        assert!(surrendered(&mut node).is_empty());
         // Surrendered again, then the grant goes: forgotten.
-        run(&mut host, surrender(B));
-        run(&mut host, grants(&[A]));
-        assert!(surrendered(&mut host).is_empty());
-        assert_eq!(active(&mut host), [A]);
-        drop(host);
-        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
-        assert!(surrendered(&mut host).is_empty());
+        run(&mut node, surrender(B));
+        run(&mut node, grants(&[A]));
+        assert!(surrendered(&mut node).is_empty());
+        assert_eq!(active(&mut node), [A]);
+        drop(node);
+        let mut node = NodeState::restore(open(), &ScopeConfig::default()).unwrap();
+        assert!(surrendered(&mut node).is_empty());
     }
 
     #[test]
     fn a_block_in_use_or_not_held_is_refused_and_nothing_changes() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &ScopeConfig::default()).unwrap();
-        run(&mut host, grants(&[A]));
-        run(&mut host, cni_add("c1"));
+        let mut node = NodeState::restore(store.clone(), &ScopeConfig::default()).unwrap();
+        run(&mut node, grants(&[A]));
+        run(&mut node, cni_add("c1"));
         let commits = store.commits();
-        match run(&mut host, surrender(A)) {
+        match run(&mut node, surrender(A)) {
             Reply::Surrender(Surrender::Refused(reason)) => {
                 assert!(reason.contains("1 allocation"), "{reason}");
             }
             other => panic!("{other:?}"),
         }
-        match run(&mut host, surrender(B)) {
+        match run(&mut node, surrender(B)) {
             Reply::Surrender(Surrender::Refused(reason)) => {
                 assert!(reason.contains("does not hold"), "{reason}");
             }
             other => panic!("{other:?}"),
         }
         assert_eq!(store.commits(), commits, "a refusal writes nothing");
-        assert_eq!(active(&mut host), [A]);
-        assert!(surrendered(&mut host).is_empty());
+        assert_eq!(active(&mut node), [A]);
+        assert!(surrendered(&mut node).is_empty());
     }
 }

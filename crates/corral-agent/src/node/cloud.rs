@@ -1,4 +1,4 @@
-//! Cloud pools of the node scope (issue 14): the interface-backed pools whose interfaces and
+//! Cloud pools of the node scope: the interface-backed pools whose interfaces and
 //! addresses follow the cluster's `interfaces/<node>/` records, which the operator writes once the
 //! cloud confirmed them.
 //!
@@ -38,7 +38,7 @@ use super::op::{
     FROZEN_REASON, SURRENDERED_REASON,
 };
 use super::scope::{Scope, ensure_spec, spec_mut};
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use crate::error::OpError;
 
 fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
@@ -154,7 +154,7 @@ fn find_interface<'a>(
         .find_map(|(pool, table)| table.get(id).map(|spec| (pool, spec)))
 }
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn set_cloud_interfaces(
         &mut self,
         wanted: CloudInterfaces,
@@ -614,26 +614,26 @@ mod tests {
         })
     }
 
-    fn run<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> Reply {
-        host.run_batch(vec![op]).remove(0).unwrap()
+    fn run<S: Store, C: Clock>(node: &mut NodeState<S, C>, op: Op) -> Reply {
+        node.run_batch(vec![op]).remove(0).unwrap()
     }
 
-    fn outcome<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> CloudOutcome {
-        match run(host, op) {
+    fn outcome<S: Store, C: Clock>(node: &mut NodeState<S, C>, op: Op) -> CloudOutcome {
+        match run(node, op) {
             Reply::CloudInterfaces(outcome) => outcome,
             other => panic!("{other:?}"),
         }
     }
 
-    fn report<S: Store, C: Clock>(host: &mut Host<S, C>) -> CloudReport {
-        match run(host, Op::CloudReport) {
+    fn report<S: Store, C: Clock>(node: &mut NodeState<S, C>) -> CloudReport {
+        match run(node, Op::CloudReport) {
             Reply::Cloud(report) => report,
             other => panic!("{other:?}"),
         }
     }
 
-    fn held<S: Store, C: Clock>(host: &mut Host<S, C>) -> Vec<String> {
-        report(host)
+    fn held<S: Store, C: Clock>(node: &mut NodeState<S, C>) -> Vec<String> {
+        report(node)
             .addresses
             .iter()
             .map(|a| a.address.to_string())
@@ -663,30 +663,30 @@ mod tests {
     fn records_surrenders_and_frozen_addresses_are_durable_and_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let open = || SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
-        let first = outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        let mut node = NodeState::restore(open(), &ScopeConfig::default()).unwrap();
+        let first = outcome(&mut node, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
         assert_eq!(first.added.len(), 3, "{first:?}");
         // The same records again: nothing changes.
-        assert!(!outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[])).changed());
-        let used = match run(&mut host, allocate("pod")) {
+        assert!(!outcome(&mut node, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[])).changed());
+        let used = match run(&mut node, allocate("pod")) {
             Reply::Allocated(got) => got.allocations[0].address.to_string(),
             other => panic!("{other:?}"),
         };
         assert_eq!(used, "10.0.1.10");
         // In use: refused, nothing changed. Free: surrendered, then already surrendered.
         assert!(matches!(
-            run(&mut host, surrender("10.0.1.10/32")),
+            run(&mut node, surrender("10.0.1.10/32")),
             Reply::Surrender(CloudSurrender::Refused(_))
         ));
         assert!(matches!(
-            run(&mut host, surrender("10.0.1.11/32")),
+            run(&mut node, surrender("10.0.1.11/32")),
             Reply::Surrender(CloudSurrender::Surrendered)
         ));
         assert!(matches!(
-            run(&mut host, surrender("10.0.1.11/32")),
+            run(&mut node, surrender("10.0.1.11/32")),
             Reply::Surrender(CloudSurrender::AlreadySurrendered)
         ));
-        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        assert_eq!(held(&mut node), ["10.0.1.10/32"]);
         // The marker is the link's: the API neither removes it nor makes one.
         let exclusion = |network: &str, reason: &str| api::ExclusionRequest {
             scope: api::NODE_SCOPE.into(),
@@ -694,12 +694,12 @@ mod tests {
             network: network.into(),
             reason: reason.into(),
         };
-        let refused = host
+        let refused = node
             .run_batch(vec![Op::RemoveExclusion(exclusion("10.0.1.11/32", ""))])
             .remove(0)
             .unwrap_err();
         assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
-        let refused = host
+        let refused = node
             .run_batch(vec![Op::AddExclusion(exclusion(
                 "10.0.1.99/32",
                 SURRENDERED_REASON,
@@ -708,33 +708,33 @@ mod tests {
             .unwrap_err();
         assert_eq!(refused.code, api::ErrorCode::BadRequest, "{refused:?}");
         // Kept out while its handshake lasts, across a restart.
-        drop(host);
-        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
+        drop(node);
+        let mut node = NodeState::restore(open(), &ScopeConfig::default()).unwrap();
         let again = outcome(
-            &mut host,
+            &mut node,
             wanted(&["10.0.1.10/32", "10.0.1.11/32"], &["10.0.1.11/32"]),
         );
         assert!(!again.changed(), "{again:?}");
-        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        assert_eq!(held(&mut node), ["10.0.1.10/32"]);
         assert_eq!(
-            report(&mut host).surrendered,
+            report(&mut node).surrendered,
             [(pool(), net("10.0.1.11/32"))]
         );
         // The record drops the address in use: frozen, durably; nothing new from it.
-        let frozen = outcome(&mut host, wanted(&[], &["10.0.1.11/32"]));
+        let frozen = outcome(&mut node, wanted(&[], &["10.0.1.11/32"]));
         assert_eq!(frozen.frozen, [(pool(), net("10.0.1.10/32"))]);
-        drop(host);
-        let mut host = Host::restore(open(), &ScopeConfig::default()).unwrap();
-        assert_eq!(report(&mut host).frozen, [(pool(), net("10.0.1.10/32"))]);
-        assert!(host.run_batch(vec![allocate("other")]).remove(0).is_err());
+        drop(node);
+        let mut node = NodeState::restore(open(), &ScopeConfig::default()).unwrap();
+        assert_eq!(report(&mut node).frozen, [(pool(), net("10.0.1.10/32"))]);
+        assert!(node.run_batch(vec![allocate("other")]).remove(0).is_err());
         // Back on the record (and the handshake over): both served again.
-        let back = outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        let back = outcome(&mut node, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
         assert!(
             back.frozen.is_empty() && back.reclaimed.len() == 1,
             "{back:?}"
         );
-        assert_eq!(held(&mut host), ["10.0.1.10/32", "10.0.1.11/32"]);
-        match run(&mut host, allocate("other")) {
+        assert_eq!(held(&mut node), ["10.0.1.10/32", "10.0.1.11/32"]);
+        match run(&mut node, allocate("other")) {
             Reply::Allocated(got) => {
                 assert_eq!(got.allocations[0].address.to_string(), "10.0.1.11")
             }
@@ -746,8 +746,8 @@ mod tests {
     fn an_operators_exclusion_is_neither_taken_over_nor_dropped_by_a_cloud_marker() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
-        outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
+        outcome(&mut node, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
         let exclude = |network: &str| {
             Op::AddExclusion(api::ExclusionRequest {
                 scope: api::NODE_SCOPE.into(),
@@ -756,27 +756,27 @@ mod tests {
                 reason: "broken NIC queue".into(),
             })
         };
-        run(&mut host, exclude("10.0.1.11/32"));
+        run(&mut node, exclude("10.0.1.11/32"));
         // Surrendering the excluded address would take the operator's exclusion over (one
         // exclusion per network) and drop it when the handshake ends: refused instead.
         assert!(matches!(
-            run(&mut host, surrender("10.0.1.11/32")),
+            run(&mut node, surrender("10.0.1.11/32")),
             Reply::Surrender(CloudSurrender::Refused(_))
         ));
-        let used = match run(&mut host, allocate("pod")) {
+        let used = match run(&mut node, allocate("pod")) {
             Reply::Allocated(got) => got.allocations[0].address.to_string(),
             other => panic!("{other:?}"),
         };
         assert_eq!(used, "10.0.1.10");
         // Freezing an excluded address in use keeps the operator's reason, and the address
         // leaving the record drops neither it nor the exclusion while in use.
-        run(&mut host, exclude("10.0.1.10/32"));
-        let frozen = outcome(&mut host, wanted(&["10.0.1.11/32"], &[]));
+        run(&mut node, exclude("10.0.1.10/32"));
+        let frozen = outcome(&mut node, wanted(&["10.0.1.11/32"], &[]));
         assert_eq!(frozen.frozen, [(pool(), net("10.0.1.10/32"))], "{frozen:?}");
         // Back on the record: the operator's exclusions are still there.
-        outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        outcome(&mut node, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
         let mut reasons: Vec<(String, String)> =
-            match run(&mut host, Op::Pools(Some(api::NODE_SCOPE.into()))) {
+            match run(&mut node, Op::Pools(Some(api::NODE_SCOPE.into()))) {
                 Reply::Pools(pools) => pools
                     .pools
                     .iter()
@@ -793,22 +793,22 @@ mod tests {
                 ("10.0.1.11/32".to_owned(), "broken NIC queue".to_owned())
             ]
         );
-        assert!(host.run_batch(vec![allocate("other")]).remove(0).is_err());
+        assert!(node.run_batch(vec![allocate("other")]).remove(0).is_err());
     }
 
     #[test]
     fn an_exclusion_made_over_a_cloud_marker_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
-        outcome(&mut host, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
-        run(&mut host, allocate("pod"));
-        run(&mut host, surrender("10.0.1.11/32"));
-        outcome(&mut host, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
+        let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
+        outcome(&mut node, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
+        run(&mut node, allocate("pod"));
+        run(&mut node, surrender("10.0.1.11/32"));
+        outcome(&mut node, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
         // Replacing either marker's reason would end it: the surrendered address served again
         // from its (stale) record, the frozen one handed out once the exclusion is removed.
         for network in ["10.0.1.11/32", "10.0.1.10/32"] {
-            let refused = host
+            let refused = node
                 .run_batch(vec![Op::AddExclusion(api::ExclusionRequest {
                     scope: api::NODE_SCOPE.into(),
                     pool: "vpc".into(),
@@ -819,20 +819,20 @@ mod tests {
                 .unwrap_err();
             assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
         }
-        let after = report(&mut host);
+        let after = report(&mut node);
         assert_eq!(after.surrendered, [(pool(), net("10.0.1.11/32"))]);
         assert_eq!(after.frozen, [(pool(), net("10.0.1.10/32"))]);
-        let again = outcome(&mut host, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
+        let again = outcome(&mut node, wanted(&["10.0.1.11/32"], &["10.0.1.11/32"]));
         assert!(!again.changed(), "{again:?}");
-        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        assert_eq!(held(&mut node), ["10.0.1.10/32"]);
     }
 
     #[test]
     fn conflicts_are_reported_and_change_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
-        outcome(&mut host, wanted(&["10.0.1.10/32"], &[]));
+        let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
+        outcome(&mut node, wanted(&["10.0.1.10/32"], &[]));
         // Another interface at the same device number: reported, not added.
         let mut other = match wanted(&["10.0.1.20/32"], &[]) {
             Op::SetCloudInterfaces(w) => w,
@@ -842,20 +842,20 @@ mod tests {
         other.interfaces[0].mac = "02:00:00:00:00:02".parse().unwrap();
         // eni-a stays untouched (its record attaching, say).
         other.untouched.insert(InterfaceId::new("eni-a").unwrap());
-        let got = outcome(&mut host, Op::SetCloudInterfaces(other));
+        let got = outcome(&mut node, Op::SetCloudInterfaces(other));
         assert!(!got.changed(), "{got:?}");
         assert!(got.problems[0].contains("device 1"), "{:?}", got.problems);
-        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        assert_eq!(held(&mut node), ["10.0.1.10/32"]);
         // An address not held (its record not applied yet, say) is marked all the same, so
         // a record listing it later does not bring it in while the handshake lasts.
         assert!(matches!(
-            run(&mut host, surrender("10.0.1.20/32")),
+            run(&mut node, surrender("10.0.1.20/32")),
             Reply::Surrender(CloudSurrender::Surrendered)
         ));
         outcome(
-            &mut host,
+            &mut node,
             wanted(&["10.0.1.10/32", "10.0.1.20/32"], &["10.0.1.20/32"]),
         );
-        assert_eq!(held(&mut host), ["10.0.1.10/32"]);
+        assert_eq!(held(&mut node), ["10.0.1.10/32"]);
     }
 }

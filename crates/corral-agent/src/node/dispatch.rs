@@ -12,7 +12,7 @@ use corral_store::{Store, Txn, export_checkpoint};
 
 use super::op::{Op, Reply};
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use super::wire::{api_lease, family_name, key_of, pool_name, released};
 use super::{cloud, interfaces, node_pool};
 use crate::capacity;
@@ -33,7 +33,7 @@ fn reject_local_reason(reason: &str) -> Result<(), OpError> {
     Ok(())
 }
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn apply(
         &mut self,
         op: Op,

@@ -15,12 +15,12 @@ use corral_store::{GcOutcome, Store, Txn, collect_garbage, save_engine};
 use super::node_pool::node_pool_of;
 use super::op::{Op, Reply};
 use super::scope::Write;
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use super::wire::{api_key, key_of};
 use crate::capacity;
 use crate::error::OpError;
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     /// Runs [`Op::CniGc`] or [`Op::Gc`]: the batch's writes so far are committed first
     /// (`run_batch` does that), then the run commits on its own.
     pub(super) fn run_gc(
@@ -242,8 +242,8 @@ mod tests {
         }
     }
 
-    fn n_held<S: Store, C: Clock>(host: &Host<S, C>) -> usize {
-        host.dump(None)
+    fn n_held<S: Store, C: Clock>(node: &NodeState<S, C>) -> usize {
+        node.dump(None)
             .unwrap()
             .scopes
             .iter()
@@ -257,11 +257,11 @@ mod tests {
     #[test]
     fn a_run_in_a_batch_sees_the_batch_so_far() {
         let clock = TestClock::default();
-        let mut host = Host::restore_with(MemoryStore::new(), &declared(), clock).unwrap();
-        let answers = host.run_batch(vec![allocate("a"), gc(), allocate("b")]);
+        let mut node = NodeState::restore_with(MemoryStore::new(), &declared(), clock).unwrap();
+        let answers = node.run_batch(vec![allocate("a"), gc(), allocate("b")]);
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
         assert_eq!(report(&answers[1]).recorded.len(), 1);
-        assert_eq!(n_held(&host), 2);
+        assert_eq!(n_held(&node), 2);
     }
 
     /// A run whose commit fails answers 503 and leaves memory as the store is: the addresses
@@ -270,20 +270,20 @@ mod tests {
     fn a_failed_commit_of_a_run_releases_nothing() {
         let store = MemoryStore::new();
         let clock = TestClock::default();
-        let mut host = Host::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
-        host.run_batch(vec![allocate("a")]);
-        assert_eq!(report(&host.run_batch(vec![gc()])[0]).recorded.len(), 1);
+        let mut node = NodeState::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
+        node.run_batch(vec![allocate("a")]);
+        assert_eq!(report(&node.run_batch(vec![gc()])[0]).recorded.len(), 1);
         clock.0.fetch_add(1, Ordering::SeqCst);
         store.fail_next_commits(1);
-        let failed = host.run_batch(vec![gc()]);
+        let failed = node.run_batch(vec![gc()]);
         assert!(
             matches!(&failed[0], Err(e) if e.code == api::ErrorCode::RetryLater),
             "{failed:?}"
         );
-        assert_eq!(n_held(&host), 1, "memory is rebuilt from the store");
-        assert_eq!(report(&host.run_batch(vec![gc()])[0]).released.len(), 1);
-        assert_eq!(n_held(&host), 0);
-        let host = Host::restore_with(store, &declared(), clock).unwrap();
-        assert_eq!(n_held(&host), 0);
+        assert_eq!(n_held(&node), 1, "memory is rebuilt from the store");
+        assert_eq!(report(&node.run_batch(vec![gc()])[0]).released.len(), 1);
+        assert_eq!(n_held(&node), 0);
+        let node = NodeState::restore_with(store, &declared(), clock).unwrap();
+        assert_eq!(n_held(&node), 0);
     }
 }

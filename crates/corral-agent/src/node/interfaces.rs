@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 
 use super::op::{InterfaceGauge, Reply};
 use super::scope::{Scope, Write, ensure_spec, record_released};
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use super::wire::{family_name, pool_name};
 use crate::error::OpError;
 
@@ -199,7 +199,7 @@ fn info_of(
     })
 }
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     fn node(&mut self) -> Result<&mut Scope, OpError> {
         self.scope_mut(api::NODE_SCOPE)
     }

@@ -1,22 +1,31 @@
 //! The agent's state: one engine per scope, kept in memory, and the store they are durable in.
 //!
-//! [`Host`] is plain synchronous code, driven by one thread at a time (see `committer.rs`). It applies
-//! a *batch* of operations to the engines, collecting the rows they change, then makes the
-//! whole batch durable in one transaction (one fsync) before any of its answers is sent: the
-//! group commit. A batch whose commit fails is answered with errors, and the scopes it
-//! touched are rebuilt from the store, so memory never runs ahead of the disk.
+//! [`NodeState`] is plain synchronous code, driven by one thread at a time (see
+//! `committer.rs`). It applies a *batch* of operations to the engines, collecting the rows
+//! they change, then makes the whole batch durable in one transaction (one fsync) before any
+//! of its answers is sent: the group commit. A batch whose commit fails is answered with
+//! errors, and the scopes it touched are rebuilt from the store, so memory never runs ahead
+//! of the disk.
 //!
 //! It is generic over the store (`corral_store::Store`: SQLite in the agent, `MemoryStore` in
-//! tests that need faults) and over the clock ([`Clock`]: the system's, or one a test moves).
-//! The parts:
+//! tests that need faults) and over the clock ([`Clock`]: the system's, or one a test moves),
+//! and reaches the disk only through the store it is given: no sockets, no threads, no
+//! timers, so the committer drives it and tests call it directly.
 //!
-//! - `mod.rs` — [`Host`], the operations ([`Op`]) and answers ([`Reply`]), restore, dispatch;
-//! - `batch.rs` — the group commit: a batch applied, then committed in one transaction;
+//! The files, bottom up (each imports only files above it in this list, and this file only
+//! declares and re-exports):
+//!
+//! - `wire.rs` — conversions between the API's types and the engine's;
+//! - `scope.rs` — a scope (configuration, engine, interface tables), the rows a change writes
+//!   and how a batch persists them;
+//! - `op.rs` — the operations ([`Op`]), their answers ([`Reply`]) and the types they carry;
+//! - `state.rs` — [`NodeState`] itself, its [`Clock`], restore at start, its counters;
 //! - `scopes.rs` — scopes: lookup, a CNI network's scope under its configuration, rebuilds;
-//! - `ops.rs` — the operations that need more than a line (allocate, release, CNI ADD, import,
-//!   introspection);
-//! - `node_pool.rs` — the CNI verbs of a network on a pool of the node's own scope;
-//! - `wire.rs` — conversions between the API's types and the engine's, and errors.
+//! - `interfaces.rs`, `node_pool.rs`, `cloud.rs`, `blocks.rs`, `gc.rs`, `ops.rs` — the
+//!   operations of each feature (interface pools, CNI on the node's pools, cloud pools, the
+//!   release handshake of blocks, leak collection, allocation and the CNI verbs);
+//! - `dispatch.rs` — one operation applied: the match from [`Op`] to the code that runs it;
+//! - `batch.rs` — the group commit: a batch applied, then committed in one transaction.
 
 mod batch;
 mod blocks;
@@ -39,7 +48,7 @@ pub use op::{
     ClusterRanges, ClusterRangesOutcome, FROZEN_REASON, Gauge, HeldRange, InterfaceGauge, Op,
     Reply, SURRENDERED_REASON, Surrender,
 };
-pub use state::{Clock, Host, InterfaceCounters, InterfaceOutcome, SystemClock, now};
+pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
 
 #[cfg(test)]
 mod tests {
@@ -147,22 +156,22 @@ mod tests {
     fn a_lease_expires_when_its_time_has_come_and_not_before() {
         let store = corral_store::MemoryStore::new();
         let clock = ManualClock::default();
-        let mut host = Host::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
-        let leased = address(&host.run_batch(vec![node_allocate("short", Some(1_000))])[0]);
-        address(&host.run_batch(vec![node_allocate("keeper", None)])[0]);
+        let mut node = NodeState::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
+        let leased = address(&node.run_batch(vec![node_allocate("short", Some(1_000))])[0]);
+        address(&node.run_batch(vec![node_allocate("keeper", None)])[0]);
         clock.advance(999);
         assert!(matches!(
-            host.run_batch(vec![Op::Tick])[0],
+            node.run_batch(vec![Op::Tick])[0],
             Ok(Reply::Expired(0))
         ));
-        drop(host);
-        let mut host = Host::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
+        drop(node);
+        let mut node = NodeState::restore_with(store.clone(), &declared(), clock.clone()).unwrap();
         clock.advance(1);
         assert!(matches!(
-            host.run_batch(vec![Op::Tick])[0],
+            node.run_batch(vec![Op::Tick])[0],
             Ok(Reply::Expired(1))
         ));
-        let dump = host.dump(None).unwrap();
+        let dump = node.dump(None).unwrap();
         let held: Vec<IpAddr> = dump
             .scopes
             .iter()
@@ -179,7 +188,7 @@ mod tests {
     #[test]
     fn a_failed_commit_forgets_the_batchs_changes_configuration_included() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
         let add = |range: &str| {
             Op::AddRange(api::RangeRequest {
                 scope: api::NODE_SCOPE.into(),
@@ -188,27 +197,27 @@ mod tests {
             })
         };
         store.fail_next_commits(1);
-        let answers = host.run_batch(vec![add("10.10.0.0/24"), node_allocate("x", None)]);
+        let answers = node.run_batch(vec![add("10.10.0.0/24"), node_allocate("x", None)]);
         for answer in &answers {
             let error = answer.as_ref().unwrap_err();
             assert_eq!(error.code, ErrorCode::RetryLater, "{error:?}");
         }
-        let ranges = |host: &Host<corral_store::MemoryStore>| -> Vec<String> {
-            host.pools(None).unwrap().pools[0]
+        let ranges = |node: &NodeState<corral_store::MemoryStore>| -> Vec<String> {
+            node.pools(None).unwrap().pools[0]
                 .ranges
                 .iter()
                 .map(|r| r.range.clone())
                 .collect()
         };
-        assert_eq!(ranges(&host), ["10.9.0.0/29"]);
+        assert_eq!(ranges(&node), ["10.9.0.0/29"]);
         assert_eq!(
-            host.dump(None).unwrap().scopes[0].pools[0]
+            node.dump(None).unwrap().scopes[0].pools[0]
                 .allocations
                 .len(),
             0
         );
-        assert!(host.run_batch(vec![add("10.10.0.0/24")])[0].is_ok());
-        assert_eq!(ranges(&host), ["10.9.0.0/29", "10.10.0.0/24"]);
+        assert!(node.run_batch(vec![add("10.10.0.0/24")])[0].is_ok());
+        assert_eq!(ranges(&node), ["10.9.0.0/29", "10.10.0.0/24"]);
     }
 
     /// Regression (podman): `corral status --scope <network>` showed an empty `default` pool,
@@ -217,16 +226,16 @@ mod tests {
     fn a_networks_status_shows_only_its_own_pools() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
-        address(&host.run_batch(vec![add("c1", 0)])[0]);
-        let status = host.status(Some("net"), now()).unwrap();
+        let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
+        address(&node.run_batch(vec![add("c1", 0)])[0]);
+        let status = node.status(Some("net"), now()).unwrap();
         let pools: Vec<&str> = status.scopes[0]
             .pools
             .iter()
             .map(|p| p.pool.as_str())
             .collect();
         assert_eq!(pools, ["net"]);
-        let listed = host.pools(Some("net")).unwrap();
+        let listed = node.pools(Some("net")).unwrap();
         assert_eq!(listed.pools.len(), 1);
         assert_eq!(listed.pools[0].ranges[0].source, api::RangeSource::Cni);
     }
@@ -238,16 +247,16 @@ mod tests {
     fn a_configuration_change_inside_a_batch_sees_the_batch_so_far() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(store, &ScopeConfig::default()).unwrap();
-        let answers = host.run_batch(vec![add("c1", 0), add("c2", 1000)]);
+        let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
+        let answers = node.run_batch(vec![add("c1", 0), add("c2", 1000)]);
         let (a, b) = (address(&answers[0]), address(&answers[1]));
         assert_ne!(a, b);
         // What memory says is what the disk says.
-        let dump = host.dump(Some("net")).unwrap();
-        drop(host);
+        let dump = node.dump(Some("net")).unwrap();
+        drop(node);
         let store = SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let host = Host::restore(store, &ScopeConfig::default()).unwrap();
-        assert_eq!(host.dump(Some("net")).unwrap(), dump);
+        let node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
+        assert_eq!(node.dump(Some("net")).unwrap(), dump);
     }
 
     // ---- the cluster's grants (Op::SetClusterRanges) -------------------------------------
@@ -277,9 +286,9 @@ mod tests {
 
     /// `(pool, range, source, draining)` of every range of the node scope.
     fn node_ranges<S: Store, C: Clock>(
-        host: &Host<S, C>,
+        node: &NodeState<S, C>,
     ) -> Vec<(String, String, api::RangeSource, bool)> {
-        host.pools(Some(api::NODE_SCOPE))
+        node.pools(Some(api::NODE_SCOPE))
             .unwrap()
             .pools
             .into_iter()
@@ -301,8 +310,8 @@ mod tests {
         })
     }
 
-    fn run_one<S: Store, C: Clock>(host: &mut Host<S, C>, op: Op) -> Result<Reply, OpError> {
-        host.run_batch(vec![op]).remove(0)
+    fn run_one<S: Store, C: Clock>(node: &mut NodeState<S, C>, op: Op) -> Result<Reply, OpError> {
+        node.run_batch(vec![op]).remove(0)
     }
 
     const NODE_CIDRS: [(&str, &str); 2] = [("pods", "10.77.0.0/24"), ("pods", "fd77::/120")];
@@ -310,11 +319,11 @@ mod tests {
     #[test]
     fn granted_ranges_are_added_to_a_new_pool_as_the_clusters_and_serve_allocations() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
-        let done = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
+        let done = outcome(run_one(&mut node, grant(&NODE_CIDRS)));
         assert_eq!(done.added, granted(&NODE_CIDRS));
         assert!(done.removed.is_empty() && done.draining.is_empty() && done.refused.is_empty());
-        let ranges = node_ranges(&host);
+        let ranges = node_ranges(&node);
         assert!(ranges.contains(&(
             "pods".into(),
             "10.77.0.0/24".into(),
@@ -334,7 +343,7 @@ mod tests {
                 _ => unreachable!(),
             }
         });
-        match run_one(&mut host, dual) {
+        match run_one(&mut node, dual) {
             Ok(Reply::Allocated(a)) => assert_eq!(a.allocations.len(), 2),
             other => panic!("{other:?}"),
         }
@@ -343,28 +352,28 @@ mod tests {
     #[test]
     fn the_same_grants_again_change_nothing_and_write_nothing() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
-        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
-        let before = node_ranges(&host);
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
+        outcome(run_one(&mut node, grant(&NODE_CIDRS)));
+        let before = node_ranges(&node);
         let commits = store.commits();
-        let again = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        let again = outcome(run_one(&mut node, grant(&NODE_CIDRS)));
         assert_eq!(again, ClusterRangesOutcome::default());
         assert_eq!(store.commits(), commits);
-        assert_eq!(node_ranges(&host), before);
+        assert_eq!(node_ranges(&node), before);
     }
 
     #[test]
     fn a_range_no_longer_granted_goes_at_once_when_empty_and_drains_when_used() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
-        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
-        let held = address(&run_one(&mut host, pods_allocate("pod")));
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
+        outcome(run_one(&mut node, grant(&NODE_CIDRS)));
+        let held = address(&run_one(&mut node, pods_allocate("pod")));
         assert!(held.is_ipv4());
         // Only the file's range is left granted... to nobody: the cluster grants nothing now.
-        let done = outcome(run_one(&mut host, grant(&[])));
+        let done = outcome(run_one(&mut node, grant(&[])));
         assert_eq!(done.removed, granted(&[("pods", "fd77::/120")]));
         assert_eq!(done.draining, granted(&[("pods", "10.77.0.0/24")]));
-        let pods: Vec<_> = node_ranges(&host)
+        let pods: Vec<_> = node_ranges(&node)
             .into_iter()
             .filter(|r| r.0 == "pods")
             .collect();
@@ -378,10 +387,10 @@ mod tests {
             )]
         );
         // Nothing new from a draining range; the allocation stays until released.
-        let error = run_one(&mut host, pods_allocate("other")).unwrap_err();
+        let error = run_one(&mut node, pods_allocate("other")).unwrap_err();
         assert_eq!(error.code, ErrorCode::Exhausted, "{error:?}");
         assert_eq!(
-            host.dump(Some(api::NODE_SCOPE)).unwrap().scopes[0]
+            node.dump(Some(api::NODE_SCOPE)).unwrap().scopes[0]
                 .pools
                 .len(),
             2
@@ -393,46 +402,46 @@ mod tests {
             generation: None,
             owner: None,
         });
-        run_one(&mut host, release).unwrap();
-        assert!(node_ranges(&host).iter().all(|r| r.0 != "pods"));
+        run_one(&mut node, release).unwrap();
+        assert!(node_ranges(&node).iter().all(|r| r.0 != "pods"));
         // The stored configuration agrees after a restart.
-        drop(host);
-        let host = Host::restore(store, &declared()).unwrap();
-        assert!(node_ranges(&host).iter().all(|r| r.0 != "pods"));
+        drop(node);
+        let node = NodeState::restore(store, &declared()).unwrap();
+        assert!(node_ranges(&node).iter().all(|r| r.0 != "pods"));
     }
 
     #[test]
     fn granting_a_draining_range_again_cancels_its_drain() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
-        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
-        address(&run_one(&mut host, pods_allocate("pod")));
-        let done = outcome(run_one(&mut host, grant(&[("pods", "fd77::/120")])));
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
+        outcome(run_one(&mut node, grant(&NODE_CIDRS)));
+        address(&run_one(&mut node, pods_allocate("pod")));
+        let done = outcome(run_one(&mut node, grant(&[("pods", "fd77::/120")])));
         assert_eq!(done.draining, granted(&[("pods", "10.77.0.0/24")]));
-        let done = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        let done = outcome(run_one(&mut node, grant(&NODE_CIDRS)));
         assert_eq!(done.added, granted(&[("pods", "10.77.0.0/24")]));
         assert!(
-            node_ranges(&host)
+            node_ranges(&node)
                 .iter()
                 .filter(|r| r.0 == "pods")
                 .all(|r| !r.3)
         );
-        address(&run_one(&mut host, pods_allocate("another")));
+        address(&run_one(&mut node, pods_allocate("another")));
     }
 
     #[test]
     fn a_grant_over_a_file_or_api_range_is_reported_and_the_rest_applied() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
         let add_api = Op::AddRange(api::RangeRequest {
             scope: api::NODE_SCOPE.into(),
             pool: "manual".into(),
             range: "10.50.0.0/24".into(),
         });
-        run_one(&mut host, add_api).unwrap();
-        let before = node_ranges(&host);
+        run_one(&mut node, add_api).unwrap();
+        let before = node_ranges(&node);
         let done = outcome(run_one(
-            &mut host,
+            &mut node,
             grant(&[
                 ("pods", "10.9.0.0/28"),
                 ("default", "10.50.0.0/25"),
@@ -452,39 +461,39 @@ mod tests {
             done.refused
         );
         // The file's and the API's ranges are as they were.
-        let after = node_ranges(&host);
+        let after = node_ranges(&node);
         for range in &before {
             assert!(after.contains(range), "{range:?} in {after:?}");
         }
-        let status = host.status(None, now()).unwrap();
+        let status = node.status(None, now()).unwrap();
         assert!(
             done.refused.iter().all(|r| status.warnings.contains(r)),
             "{:?}",
             status.warnings
         );
         // A set of grants that fits clears the warnings.
-        outcome(run_one(&mut host, grant(&[("pods", "10.77.0.0/24")])));
-        assert!(host.status(None, now()).unwrap().warnings.is_empty());
+        outcome(run_one(&mut node, grant(&[("pods", "10.77.0.0/24")])));
+        assert!(node.status(None, now()).unwrap().warnings.is_empty());
     }
 
     #[test]
     fn cluster_ranges_survive_a_restart_as_they_were_whatever_the_file_says() {
         let dir = tempfile::tempdir().unwrap();
         let open = || SqliteStore::open_owned(dir.path(), Path::new("/x.sock")).unwrap();
-        let mut host = Host::restore(open(), &declared()).unwrap();
-        outcome(run_one(&mut host, grant(&NODE_CIDRS)));
-        address(&run_one(&mut host, pods_allocate("pod")));
+        let mut node = NodeState::restore(open(), &declared()).unwrap();
+        outcome(run_one(&mut node, grant(&NODE_CIDRS)));
+        address(&run_one(&mut node, pods_allocate("pod")));
         // The IPv4 range drains, the IPv6 one stays active.
-        outcome(run_one(&mut host, grant(&[("pods", "fd77::/120")])));
-        let pods = |host: &Host| -> Vec<_> {
-            node_ranges(host)
+        outcome(run_one(&mut node, grant(&[("pods", "fd77::/120")])));
+        let pods = |node: &NodeState| -> Vec<_> {
+            node_ranges(node)
                 .into_iter()
                 .filter(|r| r.0 == "pods")
                 .collect()
         };
-        let before = pods(&host);
+        let before = pods(&node);
         assert_eq!(before.len(), 2);
-        drop(host);
+        drop(node);
         // A file that declares a pool `pods` with one of the cluster's ranges and another.
         let file = ScopeConfig {
             pools: vec![
@@ -498,19 +507,19 @@ mod tests {
                 .with_source(corral_store::RangeSource::File),
             ],
         };
-        let host = Host::restore(open(), &file).unwrap();
-        assert_eq!(pods(&host), before);
+        let node = NodeState::restore(open(), &file).unwrap();
+        assert_eq!(pods(&node), before);
         assert!(
-            host.warnings()
+            node.warnings()
                 .iter()
                 .any(|w| w.contains("granted by the cluster")),
             "{:?}",
-            host.warnings()
+            node.warnings()
         );
-        drop(host);
+        drop(node);
         // And without any file at all.
-        let host = Host::restore(open(), &ScopeConfig::default()).unwrap();
-        assert_eq!(pods(&host), before);
+        let node = NodeState::restore(open(), &ScopeConfig::default()).unwrap();
+        assert_eq!(pods(&node), before);
     }
 
     /// An interface-backed pool takes no plain range, from the API or the cluster, and an
@@ -518,7 +527,7 @@ mod tests {
     #[test]
     fn interface_pools_and_plain_ranges_do_not_mix() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
         let eni = |pool: &str, id: &str, device: u32| {
             Op::AddInterface(api::InterfaceRequest {
                 pool: pool.into(),
@@ -535,18 +544,18 @@ mod tests {
                 addresses: vec!["10.60.0.10".into(), "10.60.0.16/28".into()],
             })
         };
-        run_one(&mut host, eni("eni", "eni-1", 1)).unwrap();
-        let before = node_ranges(&host);
-        let error = run_one(&mut host, eni("default", "eni-2", 2)).unwrap_err();
+        run_one(&mut node, eni("eni", "eni-1", 1)).unwrap();
+        let before = node_ranges(&node);
+        let error = run_one(&mut node, eni("default", "eni-2", 2)).unwrap_err();
         assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
         let add = Op::AddRange(api::RangeRequest {
             scope: api::NODE_SCOPE.into(),
             pool: "eni".into(),
             range: "10.61.0.0/24".into(),
         });
-        let error = run_one(&mut host, add).unwrap_err();
+        let error = run_one(&mut node, add).unwrap_err();
         assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
-        let done = outcome(run_one(&mut host, grant(&[("eni", "10.62.0.0/24")])));
+        let done = outcome(run_one(&mut node, grant(&[("eni", "10.62.0.0/24")])));
         assert!(done.added.is_empty(), "{done:?}");
         assert!(done.refused[0].contains("interface-backed"), "{done:?}");
         // An interface whose second address is refused leaves nothing behind.
@@ -555,14 +564,14 @@ mod tests {
             _ => unreachable!(),
         };
         bad.addresses = vec!["10.60.0.11".into(), "10.60.0.10".into()];
-        let error = run_one(&mut host, Op::AddInterface(bad)).unwrap_err();
+        let error = run_one(&mut node, Op::AddInterface(bad)).unwrap_err();
         assert_eq!(error.code, ErrorCode::AddressAlreadyPresent, "{error:?}");
-        assert_eq!(node_ranges(&host), before);
+        assert_eq!(node_ranges(&node), before);
         // And the table and the store agree after a restart.
-        drop(host);
-        let mut host = Host::restore(store, &declared()).unwrap();
-        assert_eq!(node_ranges(&host), before);
-        match run_one(&mut host, Op::Interfaces(Some("eni".into()))) {
+        drop(node);
+        let mut node = NodeState::restore(store, &declared()).unwrap();
+        assert_eq!(node_ranges(&node), before);
+        match run_one(&mut node, Op::Interfaces(Some("eni".into()))) {
             Ok(Reply::Interfaces(list)) => {
                 let ids: Vec<&str> = list.pools[0]
                     .interfaces
@@ -579,16 +588,16 @@ mod tests {
     #[test]
     fn a_failed_commit_of_the_grants_changes_nothing() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
-        let before = node_ranges(&host);
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
+        let before = node_ranges(&node);
         store.fail_next_commits(1);
-        let error = run_one(&mut host, grant(&NODE_CIDRS)).unwrap_err();
+        let error = run_one(&mut node, grant(&NODE_CIDRS)).unwrap_err();
         assert_eq!(error.code, ErrorCode::RetryLater, "{error:?}");
-        assert_eq!(node_ranges(&host), before);
-        drop(host);
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
-        assert_eq!(node_ranges(&host), before);
-        let done = outcome(run_one(&mut host, grant(&NODE_CIDRS)));
+        assert_eq!(node_ranges(&node), before);
+        drop(node);
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
+        assert_eq!(node_ranges(&node), before);
+        let done = outcome(run_one(&mut node, grant(&NODE_CIDRS)));
         assert_eq!(done.added, granted(&NODE_CIDRS));
     }
 
@@ -617,9 +626,9 @@ mod tests {
     #[test]
     fn a_file_range_in_an_interface_pool_is_skipped_and_the_agent_restarts() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
-        run_one(&mut host, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
-        drop(host);
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
+        run_one(&mut node, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
+        drop(node);
         let mut file = declared();
         file.pools.push(
             corral_store::PoolSpec::new(
@@ -631,7 +640,7 @@ mod tests {
             )
             .with_source(corral_store::RangeSource::File),
         );
-        let mut restored = Host::restore(store, &file).expect("the agent starts");
+        let mut restored = NodeState::restore(store, &file).expect("the agent starts");
         let Ok(Reply::Checkpoint(doc)) = run_one(&mut restored, Op::Export) else {
             panic!("export")
         };
@@ -640,10 +649,10 @@ mod tests {
 
     /// A state checkpoint whose non-node scope carries interfaces is imported; a keyed
     /// allocation in that scope then runs `assign_on_interface` on the *node* scope, which
-    /// has no such pool: `expect("an interface-backed pool")` panics the host.
+    /// has no such pool: `expect("an interface-backed pool")` panics the node state.
     #[test]
     fn interfaces_imported_into_another_scope_are_refused() {
-        let mut a = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        let mut a = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
         run_one(&mut a, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
         let Ok(Reply::Checkpoint(mut doc)) = run_one(&mut a, Op::Export) else {
             panic!("export")
@@ -653,7 +662,7 @@ mod tests {
                 scope["scope"] = serde_json::json!("net1");
             }
         }
-        let mut b = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        let mut b = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
         let Err(refused) = run_one(&mut b, Op::Import(doc.clone())) else {
             panic!("imported interfaces into scope net1: {doc}")
         };
@@ -688,7 +697,7 @@ mod tests {
     #[test]
     fn excluded_and_trunk_interfaces_serve_no_pod() {
         let store = corral_store::MemoryStore::new();
-        let mut host = Host::restore(store.clone(), &declared()).unwrap();
+        let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
         for (id, device, trunk, excluded, address) in [
             ("eni-x", 1, false, true, "10.60.0.10"),
             ("eni-t", 2, true, false, "10.60.0.11"),
@@ -699,11 +708,11 @@ mod tests {
             request.trunk = trunk;
             request.excluded = excluded;
             request.mac = format!("0a:00:00:00:00:0{device}");
-            run_one(&mut host, Op::AddInterface(request)).unwrap();
+            run_one(&mut node, Op::AddInterface(request)).unwrap();
         }
-        let allocate = |host: &mut Host<corral_store::MemoryStore, _>| {
+        let allocate = |node: &mut NodeState<corral_store::MemoryStore, _>| {
             run_one(
-                host,
+                node,
                 Op::Allocate(api::AllocateRequest {
                     scope: api::NODE_SCOPE.into(),
                     pool: "eni".into(),
@@ -719,15 +728,15 @@ mod tests {
                 }),
             )
         };
-        let answer = allocate(&mut host);
+        let answer = allocate(&mut node);
         let Err(error) = answer else {
             panic!("handed out {answer:?}")
         };
         assert_eq!(error.code, ErrorCode::Exhausted, "{error:?}");
         // The exclusions are stored with the interfaces: a restarted agent refuses too.
-        drop(host);
-        let mut host = Host::restore(store, &declared()).unwrap();
-        let answer = allocate(&mut host);
+        drop(node);
+        let mut node = NodeState::restore(store, &declared()).unwrap();
+        let answer = allocate(&mut node);
         assert!(answer.is_err(), "handed out {answer:?} after a restart");
     }
 
@@ -736,8 +745,8 @@ mod tests {
     /// it; added back (the cloud returns it), it goes to the next pod at once.
     #[test]
     fn a_cooling_address_is_not_removed_without_force() {
-        let mut host = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
-        run_one(&mut host, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
+        let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        run_one(&mut node, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
         let alloc = |container: &str| {
             Op::Allocate(api::AllocateRequest {
                 scope: api::NODE_SCOPE.into(),
@@ -753,9 +762,9 @@ mod tests {
                 lease_ms: None,
             })
         };
-        run_one(&mut host, alloc("c1")).unwrap();
+        run_one(&mut node, alloc("c1")).unwrap();
         run_one(
-            &mut host,
+            &mut node,
             Op::Release(api::ReleaseRequest {
                 scope: api::NODE_SCOPE.into(),
                 key: Some(api::AttachmentKey {
@@ -768,7 +777,7 @@ mod tests {
         )
         .unwrap();
         let removed = run_one(
-            &mut host,
+            &mut node,
             Op::RemoveInterfaceAddress {
                 id: "eni-1".into(),
                 address: "10.60.0.10".into(),
@@ -777,14 +786,14 @@ mod tests {
         );
         if removed.is_ok() {
             run_one(
-                &mut host,
+                &mut node,
                 Op::AddInterfaceAddress {
                     id: "eni-1".into(),
                     address: "10.60.0.10".into(),
                 },
             )
             .unwrap();
-            let again = run_one(&mut host, alloc("c2"));
+            let again = run_one(&mut node, alloc("c2"));
             panic!("removed while cooling; re-added, then c2 got {again:?}");
         }
     }
@@ -795,9 +804,9 @@ mod tests {
     /// nothing, while a key holding another address is refused.
     #[test]
     fn ipamd_import_takes_backfilled_entries_and_repeats() {
-        let mut host = Host::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
         run_one(
-            &mut host,
+            &mut node,
             eni_op(
                 "eni",
                 "eni-1",
@@ -816,25 +825,25 @@ mod tests {
                  "metadata": {}}
             ]})
         };
-        let import = |host: &mut Host<corral_store::MemoryStore, _>, c1: &str| {
+        let import = |node: &mut NodeState<corral_store::MemoryStore, _>, c1: &str| {
             run_one(
-                host,
+                node,
                 Op::ImportIpamd(api::IpamdImportRequest {
                     pool: "eni".into(),
                     checkpoint: checkpoint(c1),
                 }),
             )
         };
-        let Ok(Reply::IpamdImported(first)) = import(&mut host, "10.60.0.10") else {
+        let Ok(Reply::IpamdImported(first)) = import(&mut node, "10.60.0.10") else {
             panic!("import refused")
         };
         assert_eq!(first.imported.len(), 2, "{first:?}");
         assert_eq!(first.imported[1].key.network, "migrated-from-cri");
-        let Ok(Reply::IpamdImported(again)) = import(&mut host, "10.60.0.10") else {
+        let Ok(Reply::IpamdImported(again)) = import(&mut node, "10.60.0.10") else {
             panic!("the same import again was refused")
         };
         assert_eq!(again.imported, first.imported);
-        let Err(error) = import(&mut host, "10.60.0.12") else {
+        let Err(error) = import(&mut node, "10.60.0.12") else {
             panic!("a key holding another address was taken over")
         };
         assert_eq!(error.code, ErrorCode::InUse, "{error:?}");
@@ -853,7 +862,7 @@ mod tests {
                 ifname: "eth0".into(),
             },
         };
-        let Ok(Reply::Allocated(held)) = run_one(&mut host, Op::CniCheck(runtime_key.clone()))
+        let Ok(Reply::Allocated(held)) = run_one(&mut node, Op::CniCheck(runtime_key.clone()))
         else {
             panic!("check")
         };
@@ -863,7 +872,7 @@ mod tests {
             .map(|a| a.address.to_string())
             .collect();
         assert_eq!(addresses, ["10.60.0.11"]);
-        let Ok(Reply::Released(gone)) = run_one(&mut host, Op::CniDel(runtime_key.clone())) else {
+        let Ok(Reply::Released(gone)) = run_one(&mut node, Op::CniDel(runtime_key.clone())) else {
             panic!("del")
         };
         let addresses: Vec<String> = gone
@@ -873,7 +882,7 @@ mod tests {
             .collect();
         assert_eq!(addresses, ["10.60.0.11"]);
         // Gone: a second DEL releases nothing, and c1 keeps its address.
-        let Ok(Reply::Released(gone)) = run_one(&mut host, Op::CniDel(runtime_key)) else {
+        let Ok(Reply::Released(gone)) = run_one(&mut node, Op::CniDel(runtime_key)) else {
             panic!("del")
         };
         assert!(gone.released.is_empty(), "{gone:?}");

@@ -17,7 +17,7 @@ use corral_store::{Store, StoredAllocation};
 
 use super::op::Reply;
 use super::scope::{Write, record_released, scope_status};
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use super::wire::{allocated, family_name, family_of, key_of, pool_name, released};
 use crate::error::OpError;
 
@@ -52,7 +52,7 @@ fn not_granted(pool: &PoolName, what: &str) -> OpError {
     }
 }
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn node_pool_add(
         &mut self,
         pool: PoolName,

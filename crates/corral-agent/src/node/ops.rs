@@ -18,14 +18,14 @@ use super::op::{ClusterRanges, ClusterRangesOutcome, Gauge, Reply};
 use super::scope::{
     Scope, Write, combine_node, ensure_spec, record_released, scope_status, spec_mut,
 };
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use super::wire::{
     allocated, api_key, api_lease, api_source, failed_set, family_of, key_of, pool_name, released,
 };
 use crate::capacity;
 use crate::error::OpError;
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn allocate(
         &mut self,
         request: api::AllocateRequest,

@@ -9,12 +9,12 @@ use corral_core::Echo;
 use corral_store::{Need, ScopeConfig, Store, StoreError, Txn, build_engine, save_engine};
 
 use super::scope::{Broken, Scope, Write};
-use super::state::{Clock, Host};
+use super::state::{Clock, NodeState};
 use super::wire::{scope_config_of, validate_config};
 use crate::capacity;
 use crate::error::OpError;
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     /// Rebuilds a scope's engine from the store (after a failed commit), under the
     /// configuration the store holds: what the failed batch changed in memory, configuration
     /// included, is forgotten. A scope the store does not know (created by the failed batch)

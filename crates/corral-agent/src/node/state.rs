@@ -1,4 +1,4 @@
-//! [`Host`], the node's state: one engine per scope over a [`Store`], read at one [`Clock`];
+//! [`NodeState`], the node's state: one engine per scope over a [`Store`], read at one [`Clock`];
 //! how it is restored from the store at start, and the counters it keeps for `/metrics`.
 
 use std::collections::BTreeMap;
@@ -14,7 +14,7 @@ use super::scope::{Broken, Scope};
 use crate::capacity;
 use crate::error::OpError;
 
-/// Where the host reads the time: every batch reads it once, and the engines are handed it.
+/// Where the node state reads the time: every batch reads it once, and the engines are handed it.
 pub trait Clock {
     fn now(&self) -> Timestamp;
 }
@@ -30,7 +30,7 @@ impl Clock for SystemClock {
 }
 
 /// The agent's scopes and its store.
-pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
+pub struct NodeState<S: Store = SqliteStore, C: Clock = SystemClock> {
     pub(super) store: S,
     pub(super) clock: C,
     pub(super) scopes: BTreeMap<String, Scope>,
@@ -57,9 +57,9 @@ pub struct Host<S: Store = SqliteStore, C: Clock = SystemClock> {
     pub(super) interface_counters: InterfaceCounters,
 }
 
-impl<S: Store, C: Clock> std::fmt::Debug for Host<S, C> {
+impl<S: Store, C: Clock> std::fmt::Debug for NodeState<S, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Host")
+        f.debug_struct("NodeState")
             .field("scopes", &self.scopes.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
@@ -74,17 +74,17 @@ pub fn now() -> Timestamp {
     Timestamp::from_unix_millis(millis)
 }
 
-impl<S: Store> Host<S, SystemClock> {
-    /// [`Host::restore_with`] on the system's clock.
+impl<S: Store> NodeState<S, SystemClock> {
+    /// [`NodeState::restore_with`] on the system's clock.
     pub fn restore(store: S, declared: &ScopeConfig) -> Result<Self, StoreError> {
-        Host::restore_with(store, declared, SystemClock)
+        NodeState::restore_with(store, declared, SystemClock)
     }
 }
 
-impl<S: Store, C: Clock> Host<S, C> {
+impl<S: Store, C: Clock> NodeState<S, C> {
     /// Restores every scope of the store, with `node` (the agent's own pools) configured from
     /// what is stored and what the configuration file `declared` lists, combined as
-    /// `capacity.rs` says (what could not be applied is in [`Host::warnings`]). Nothing is
+    /// `capacity.rs` says (what could not be applied is in [`NodeState::warnings`]). Nothing is
     /// released or expired here: the engines finish their restore phase with every stored
     /// allocation, lease and cooldown, and [`Op::Tick`] expires what is overdue afterwards.
     pub fn restore_with(
@@ -128,7 +128,7 @@ impl<S: Store, C: Clock> Host<S, C> {
             scopes.insert(name, scope);
         }
         txn.commit()?;
-        Ok(Host {
+        Ok(NodeState {
             store,
             clock,
             scopes,
@@ -192,7 +192,7 @@ pub struct InterfaceOutcome {
 }
 
 /// Outcomes of assign and unassign, counted where they happen (a family the metrics
-/// endpoint registers; a host without one counts into a family nobody reads).
+/// endpoint registers; a node state without one counts into a family nobody reads).
 #[derive(Clone, Debug, Default)]
 pub struct InterfaceCounters {
     pub outcomes: prometheus_client::metrics::family::Family<
