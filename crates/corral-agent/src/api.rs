@@ -67,6 +67,7 @@ impl IntoResponse for ApiError {
                 pool: self.0.pool,
                 set: self.0.set,
                 retryable: self.0.retryable,
+                cni_code: self.0.cni_code,
             },
         };
         (status, Json(body)).into_response()

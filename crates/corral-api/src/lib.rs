@@ -999,6 +999,11 @@ pub struct ErrorBody {
     /// release addresses; the agent may finish restoring).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retryable: bool,
+    /// The CNI error code of the same refusal in the plugin run on its own (an engine or
+    /// input refusal), so corral-ipam answers the same code in agent mode; absent for errors
+    /// of the agent itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni_code: Option<u32>,
 }
 
 /// Why a request failed, with its HTTP status.
@@ -1033,6 +1038,10 @@ pub enum ErrorCode {
     AttachmentConflict,
     /// 503: the agent is still restoring its state, or its store failed; retry later.
     RetryLater,
+    /// 503: the agent's state store is broken (a failed sync, corrupt or lost state, a schema
+    /// from a newer build): the same request will not succeed until an operator acts (see the
+    /// message; usually: fix the disk and restart the agent).
+    StoreFailed,
     /// 409: an interface of that ID (or device number) is already on the node.
     DuplicateInterface,
     /// 404: no interface of that ID on the node.
@@ -1063,7 +1072,7 @@ impl ErrorCode {
             ErrorCode::Conflict | ErrorCode::AttachmentConflict => 409,
             ErrorCode::TooLarge => 413,
             ErrorCode::UnsupportedMediaType => 415,
-            ErrorCode::RetryLater => 503,
+            ErrorCode::RetryLater | ErrorCode::StoreFailed => 503,
             ErrorCode::UnknownInterface | ErrorCode::UnknownAddress => 404,
             ErrorCode::DuplicateInterface
             | ErrorCode::InterfaceInUse

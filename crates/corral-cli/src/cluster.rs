@@ -256,12 +256,12 @@ async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
     );
     let kv = EtcdKv::connect(&args.etcd, Default::default())
         .await
-        .map_err(|e| Failure::Cluster(e.to_string()))?;
+        .map_err(Failure::Cluster)?;
     Ok((kv, keys))
 }
 
 fn kv_failure(error: corral_kv::KvError) -> Failure {
-    Failure::Cluster(error.to_string())
+    Failure::Cluster(error)
 }
 
 /// Runs a replica of the operator until SIGINT or SIGTERM.
@@ -444,10 +444,7 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
         // The cloud is read after etcd: an interface or address the operator added since is
         // in the cloud but not in the records read, and reported (run the check again); one
         // it took away since is in the records but not the cloud, likewise.
-        let interfaces = cloud
-            .interfaces()
-            .await
-            .map_err(|e| Failure::Cloud(e.to_string()))?;
+        let interfaces = cloud.interfaces().await.map_err(Failure::Cloud)?;
         let truth = crate::cloud::cloud_truth(interfaces);
         problems.extend(corral_cluster::cloud_problems(&keys, &entries, &truth));
     }
@@ -552,7 +549,7 @@ async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         unasserted,
     };
-    let value = encode_value(&record).map_err(|e| Failure::Cluster(e.to_string()))?;
+    let value = encode_value(&record).map_err(|e| Failure::Internal(e.to_string()))?;
     let response = kv
         .txn(Txn {
             compares: vec![],

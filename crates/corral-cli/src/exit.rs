@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use corral_client::Error as ClientError;
+use corral_cloud::CloudError;
+use corral_kv::KvError;
 
 /// The process's exit code (listed in the crate documentation and `corral --help`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,10 +61,12 @@ pub enum Failure {
     Daemon(String),
     /// `corral operator` could not start, or stopped with an error.
     Operator(String),
-    /// etcd (the cluster store) could not be reached or failed.
-    Cluster(String),
-    /// The cloud's API could not be asked, or failed (`cluster check --cloud`).
-    Cloud(String),
+    /// etcd (the cluster store) could not be reached, or refused or failed the request.
+    Cluster(KvError),
+    /// The cloud's API could not be asked, or refused or failed (`cluster check --cloud`).
+    Cloud(CloudError),
+    /// A bug in corral: a record it made could not be encoded.
+    Internal(String),
     /// The cluster refused the change (a configuration already there, a node not
     /// registered, a change that grants may rest on).
     Refused(String),
@@ -87,17 +91,34 @@ impl Failure {
                 ClientError::Unreachable { .. }
                 | ClientError::Timeout { .. }
                 | ClientError::Io { .. } => Exit::Unreachable,
-                ClientError::Api { status, .. } | ClientError::Status { status, .. }
-                    if (400..500).contains(status) =>
-                {
-                    Exit::Refused
+                ClientError::Api { status, .. } | ClientError::Status { status, .. } => {
+                    if (400..500).contains(status) {
+                        Exit::Refused
+                    } else {
+                        Exit::AgentFailed
+                    }
                 }
-                _ => Exit::AgentFailed,
+                ClientError::Protocol(_) => Exit::AgentFailed,
             },
             Failure::Usage(_) | Failure::File { .. } => Exit::Usage,
-            Failure::Daemon(_) => Exit::AgentFailed,
-            Failure::Operator(_) => Exit::AgentFailed,
-            Failure::Cluster(_) | Failure::Cloud(_) => Exit::Unreachable,
+            Failure::Daemon(_) | Failure::Operator(_) | Failure::Internal(_) => Exit::AgentFailed,
+            // Only what never reached etcd is "unreachable": a refusal (a limit, a malformed
+            // request), a compacted revision or an unknown lease is etcd answering.
+            Failure::Cluster(error) => match error {
+                KvError::Unavailable(_) | KvError::Closed => Exit::Unreachable,
+                KvError::Compacted { .. } | KvError::LeaseNotFound(_) | KvError::Refused(_) => {
+                    Exit::AgentFailed
+                }
+            },
+            // Likewise the cloud: no answer, a throttle or a server-side failure is
+            // "unreachable" (try again); a refusal of the call is a refusal.
+            Failure::Cloud(error) => {
+                if error.is_ambiguous() || error.is_retryable() {
+                    Exit::Unreachable
+                } else {
+                    Exit::Refused
+                }
+            }
             Failure::Refused(_) => Exit::Refused,
         }
     }
@@ -124,14 +145,27 @@ impl fmt::Display for Failure {
             }
             Failure::Usage(message) => write!(f, "{message}"),
             Failure::Daemon(message) => write!(f, "agent: {message}"),
-            Failure::Cluster(message) => write!(
+            Failure::Cluster(error) => {
+                write!(f, "cluster store: {error}")?;
+                match error {
+                    KvError::Unavailable(message) if message.contains("no leader") => write!(
+                        f,
+                        "\netcd has no leader: are more than half of its members running and \
+                         connected to each other?"
+                    ),
+                    KvError::Unavailable(_) | KvError::Closed => {
+                        write!(f, "\nis etcd running? (`--etcd` or CORRAL_ETCD names it)")
+                    }
+                    KvError::Compacted { .. } | KvError::LeaseNotFound(_) | KvError::Refused(_) => {
+                        Ok(())
+                    }
+                }
+            }
+            Failure::Cloud(error) => write!(
                 f,
-                "cluster store: {message}\nis etcd running? (`--etcd` or CORRAL_ETCD names it)"
+                "cloud: {error}\nare the cloud's endpoint, region and credentials right?"
             ),
-            Failure::Cloud(message) => write!(
-                f,
-                "cloud: {message}\nare the cloud's endpoint, region and credentials right?"
-            ),
+            Failure::Internal(message) => write!(f, "internal error (a bug in corral): {message}"),
             Failure::Refused(message) => write!(f, "{message}"),
             Failure::Operator(message) => write!(f, "operator: {message}"),
             Failure::File {
@@ -140,5 +174,44 @@ impl fmt::Display for Failure {
                 source,
             } => write!(f, "cannot {action} {}: {source}", path.display()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_etcd_refusal_is_a_failure_not_unreachable() {
+        let refused = Failure::Cluster(KvError::Refused("too many operations in txn".into()));
+        assert_eq!(refused.exit(), Exit::AgentFailed);
+        assert!(
+            !refused.to_string().contains("is etcd running"),
+            "{refused}"
+        );
+        let down = Failure::Cluster(KvError::Unavailable("tcp connect error".into()));
+        assert_eq!(down.exit(), Exit::Unreachable);
+        assert!(down.to_string().contains("is etcd running"), "{down}");
+        let no_quorum = Failure::Cluster(KvError::Unavailable("etcdserver: no leader".into()));
+        assert_eq!(no_quorum.exit(), Exit::Unreachable);
+        assert!(
+            no_quorum
+                .to_string()
+                .contains("more than half of its members"),
+            "{no_quorum}"
+        );
+    }
+
+    #[test]
+    fn the_cloud_refusing_a_call_is_a_refusal_and_no_answer_is_unreachable() {
+        let refused = Failure::Cloud(CloudError::Other {
+            code: "UnauthorizedOperation".into(),
+            message: "not allowed".into(),
+        });
+        assert_eq!(refused.exit(), Exit::Refused);
+        let throttled = Failure::Cloud(CloudError::RequestLimitExceeded {
+            action: corral_cloud::Action::DescribeInstances,
+        });
+        assert_eq!(throttled.exit(), Exit::Unreachable);
     }
 }

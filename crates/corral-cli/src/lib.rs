@@ -14,11 +14,12 @@
 //! | 0    | done                                                                      |
 //! | 1    | the agent refused the request (a 4xx answer: in use, exhausted, ...), or  |
 //! |      | the cluster did (a change grants rest on; a cluster with no configuration, |
-//! |      | e.g. a typo in `--cluster`)                                               |
+//! |      | e.g. a typo in `--cluster`), or the cloud's API refused a call            |
 //! | 2    | usage error: bad arguments, or an input or output file that cannot be used |
 //! | 3    | the agent is unreachable, timed out, or the connection to it broke (or  |
-//! |      | etcd, or the cloud's API for `cluster check --cloud`)                     |
-//! | 4    | the agent failed (a 5xx answer, or an answer that is not the API's)       |
+//! |      | etcd, or the cloud's API: no answer, a throttle, a server-side failure)   |
+//! | 4    | the agent or operator failed (a 5xx answer, an answer that is not the     |
+//! |      | API's, a daemon that could not start), or etcd refused or failed a request |
 //! | 5    | `check` found problems                                                    |
 //!
 //! The codes are a contract, asserted by `tests/cli.rs`.
@@ -52,12 +53,13 @@ const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  done
   1  the agent refused the request (a 4xx answer: in use, exhausted, not found, ...), or
-     the cluster did (a change grants rest on, a cluster with no configuration)
+     the cluster did (a change grants rest on, a cluster with no configuration), or the
+     cloud's API refused a call
   2  usage error: bad arguments, or an input or output file that cannot be used
-  3  the agent is unreachable, timed out, or the connection to it broke (or etcd,
-     or the cloud's API)
+  3  the agent is unreachable, timed out, or the connection to it broke (or etcd, or the
+     cloud's API: no answer, a throttle or a server-side failure)
   4  the agent or operator failed (a 5xx answer, an answer that is not the API's, or the
-     daemon could not start)
+     daemon could not start), or etcd refused or failed a request it answered
   5  `corral check` found problems";
 
 /// IP address management for container clusters: talk to the node's corral agent.

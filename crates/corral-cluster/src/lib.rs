@@ -12,7 +12,6 @@ pub mod check;
 pub mod cloud;
 pub mod config;
 pub mod epoch;
-pub mod intervals;
 pub mod keys;
 pub mod net;
 pub mod plan;
@@ -34,7 +33,6 @@ pub use config::{
     ReleasePolicy, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
 };
 pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
-pub use intervals::IntervalSet;
 pub use keys::{
     CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
     DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, HeldCloudAddress, HeldRange,

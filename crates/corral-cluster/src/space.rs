@@ -6,12 +6,11 @@
 //! used. `lowest_free` jumps from each blocking run to the next aligned start, so its cost is
 //! the number of runs it meets times a map lookup, whatever the fill level.
 
-use corral_core::Family;
+use corral_core::{Family, RunSet};
 use ipnet::IpNet;
 use thiserror::Error;
 
 use crate::config::FamilyConfig;
-use crate::intervals::IntervalSet;
 use crate::net::{family_of, host_mask, net_of, net_range, pow2_saturating};
 
 /// Why an occupancy change was refused; it changed nothing.
@@ -138,13 +137,13 @@ pub struct CidrSpace {
     node_prefix_len: u8,
     /// The cluster CIDRs in address order, with their integer ranges.
     clusters: Vec<(u128, u128, IpNet)>,
-    granted: IntervalSet,
+    granted: RunSet,
     n_granted: u128,
-    quarantined: IntervalSet,
+    quarantined: RunSet,
     n_quarantined: u128,
-    reserved: IntervalSet,
+    reserved: RunSet,
     n_reserved: u128,
-    in_flight: IntervalSet,
+    in_flight: RunSet,
     n_in_flight: u128,
     /// Addresses of keys that are not node CIDRs of the space (a grant or quarantine key of
     /// another prefix length, or outside the cluster CIDRs: garbage an operator never
@@ -177,19 +176,19 @@ impl CidrSpace {
             family,
             node_prefix_len: node_prefix_len.min(family.bits()),
             clusters,
-            granted: IntervalSet::new(),
+            granted: RunSet::new(),
             n_granted: 0,
-            quarantined: IntervalSet::new(),
+            quarantined: RunSet::new(),
             n_quarantined: 0,
-            reserved: IntervalSet::new(),
+            reserved: RunSet::new(),
             n_reserved: 0,
-            in_flight: IntervalSet::new(),
+            in_flight: RunSet::new(),
             n_in_flight: 0,
             foreign: Vec::new(),
         };
         for net in reserved.iter().filter(|r| family_of(r) == family) {
             let (s, e) = net_range(net);
-            space.reserved.insert(s, e);
+            space.reserved.insert_range(s, e);
         }
         space.n_reserved = space.count_reserved();
         space
@@ -379,7 +378,7 @@ impl CidrSpace {
         if self.granted.intersects(s, e) {
             return Err(SpaceError::GrantOverlap { cidr: *cidr });
         }
-        self.granted.insert(s, e);
+        self.granted.insert_range(s, e);
         self.n_granted += 1;
         Ok(())
     }
@@ -390,7 +389,7 @@ impl CidrSpace {
         if !self.granted.covers(s, e) {
             return Err(SpaceError::NotGranted { cidr: *cidr });
         }
-        self.granted.remove(s, e);
+        self.granted.remove_range(s, e);
         self.n_granted -= 1;
         Ok(())
     }
@@ -401,7 +400,7 @@ impl CidrSpace {
         if self.quarantined.intersects(s, e) {
             return Err(SpaceError::AlreadyQuarantined { cidr: *cidr });
         }
-        self.quarantined.insert(s, e);
+        self.quarantined.insert_range(s, e);
         self.n_quarantined += 1;
         Ok(())
     }
@@ -412,7 +411,7 @@ impl CidrSpace {
         if !self.quarantined.covers(s, e) {
             return Err(SpaceError::NotQuarantined { cidr: *cidr });
         }
-        self.quarantined.remove(s, e);
+        self.quarantined.remove_range(s, e);
         self.n_quarantined -= 1;
         Ok(())
     }
@@ -423,7 +422,7 @@ impl CidrSpace {
         if self.blocking_end(s, e).is_some() {
             return Err(SpaceError::NotFree { cidr: *cidr });
         }
-        self.in_flight.insert(s, e);
+        self.in_flight.insert_range(s, e);
         self.n_in_flight += 1;
         Ok(())
     }
@@ -434,14 +433,14 @@ impl CidrSpace {
         if !self.in_flight.covers(s, e) {
             return Err(SpaceError::NotInFlight { cidr: *cidr });
         }
-        self.in_flight.remove(s, e);
+        self.in_flight.remove_range(s, e);
         self.n_in_flight -= 1;
         Ok(())
     }
 
     /// Un-marks everything in flight.
     pub fn abandon_all(&mut self) {
-        self.in_flight = IntervalSet::new();
+        self.in_flight = RunSet::new();
         self.n_in_flight = 0;
     }
 
@@ -502,9 +501,9 @@ impl CidrSpace {
 #[derive(Debug, Clone)]
 pub struct NodeIdSpace {
     max: u32,
-    granted: IntervalSet,
-    quarantined: IntervalSet,
-    in_flight: IntervalSet,
+    granted: RunSet,
+    quarantined: RunSet,
+    in_flight: RunSet,
     /// IDs an agent asserts it serves without a grant of them (`holdings/`): blocked,
     /// uncounted, with how many assertions block each.
     held: std::collections::BTreeMap<u32, usize>,
@@ -515,9 +514,9 @@ impl NodeIdSpace {
     pub fn new(max: u32) -> NodeIdSpace {
         NodeIdSpace {
             max,
-            granted: IntervalSet::new(),
-            quarantined: IntervalSet::new(),
-            in_flight: IntervalSet::new(),
+            granted: RunSet::new(),
+            quarantined: RunSet::new(),
+            in_flight: RunSet::new(),
             held: std::collections::BTreeMap::new(),
         }
     }
@@ -590,7 +589,7 @@ impl NodeIdSpace {
     /// Records a granted node ID.
     pub fn occupy_granted(&mut self, id: u32) -> Result<(), SpaceError> {
         let v = self.check(id)?;
-        if !self.granted.insert(v, v) {
+        if !self.granted.insert_range(v, v) {
             return Err(SpaceError::NodeIdTaken { id });
         }
         Ok(())
@@ -599,7 +598,7 @@ impl NodeIdSpace {
     /// Forgets a granted node ID.
     pub fn release_granted(&mut self, id: u32) -> Result<(), SpaceError> {
         let v = self.check(id)?;
-        if !self.granted.remove(v, v) {
+        if !self.granted.remove_range(v, v) {
             return Err(SpaceError::NodeIdNotGranted { id });
         }
         Ok(())
@@ -608,7 +607,7 @@ impl NodeIdSpace {
     /// Records a quarantined node ID.
     pub fn occupy_quarantined(&mut self, id: u32) -> Result<(), SpaceError> {
         let v = self.check(id)?;
-        if !self.quarantined.insert(v, v) {
+        if !self.quarantined.insert_range(v, v) {
             return Err(SpaceError::NodeIdAlreadyQuarantined { id });
         }
         Ok(())
@@ -617,7 +616,7 @@ impl NodeIdSpace {
     /// Forgets a quarantined node ID.
     pub fn release_quarantined(&mut self, id: u32) -> Result<(), SpaceError> {
         let v = self.check(id)?;
-        if !self.quarantined.remove(v, v) {
+        if !self.quarantined.remove_range(v, v) {
             return Err(SpaceError::NodeIdNotQuarantined { id });
         }
         Ok(())
@@ -629,14 +628,14 @@ impl NodeIdSpace {
         if self.blocking_end(v).is_some() {
             return Err(SpaceError::NodeIdNotFree { id });
         }
-        self.in_flight.insert(v, v);
+        self.in_flight.insert_range(v, v);
         Ok(())
     }
 
     /// Un-marks a node ID in flight.
     pub fn abandon(&mut self, id: u32) -> Result<(), SpaceError> {
         let v = self.check(id)?;
-        if !self.in_flight.remove(v, v) {
+        if !self.in_flight.remove_range(v, v) {
             return Err(SpaceError::NodeIdNotInFlight { id });
         }
         Ok(())
@@ -644,7 +643,7 @@ impl NodeIdSpace {
 
     /// Un-marks everything in flight.
     pub fn abandon_all(&mut self) {
-        self.in_flight = IntervalSet::new();
+        self.in_flight = RunSet::new();
     }
 
     /// The counts of the space; `free` from the union of what occupies IDs (an ID held
@@ -654,15 +653,15 @@ impl NodeIdSpace {
         let granted = self.granted.count_in(all.0, all.1);
         let quarantined = self.quarantined.count_in(all.0, all.1);
         let in_flight = self.in_flight.count_in(all.0, all.1);
-        let mut union = IntervalSet::new();
+        let mut union = RunSet::new();
         for set in [&self.granted, &self.quarantined, &self.in_flight] {
             for (s, e) in set.runs_in(all.0, all.1) {
-                union.insert(s, e);
+                union.insert_range(s, e);
             }
         }
         let occupied_by_records = union.count_in(all.0, all.1);
         for &id in self.held.keys() {
-            union.insert(u128::from(id), u128::from(id));
+            union.insert_range(u128::from(id), u128::from(id));
         }
         let occupied = union.count_in(all.0, all.1);
         let capacity = u128::from(self.max);

@@ -103,6 +103,7 @@ fn cni_code(code: ErrorCode) -> u32 {
         ErrorCode::AttachmentConflict => CniError::ATTACHMENT_CONFLICT,
         ErrorCode::BadRequest | ErrorCode::NotFound => CniError::INVALID_NETWORK_CONFIG,
         ErrorCode::RetryLater => CniError::TRY_AGAIN_LATER,
+        ErrorCode::StoreFailed => CniError::STORE_FAILURE,
         // The interface API's own refusals; a CNI verb never causes them, but an agent
         // whose interfaces changed under a call is a configuration matter.
         ErrorCode::DuplicateInterface
@@ -152,7 +153,10 @@ fn agent_error(error: Error) -> CniError {
             } else {
                 ""
             };
-            CniError::new(cni_code(body.code), body.message, details)
+            // The engine's refusals carry the plugin's own code for them, so both ways of
+            // running answer the same; the agent's own errors map by their API code.
+            let code = body.cni_code.unwrap_or_else(|| cni_code(body.code));
+            CniError::new(code, body.message, details)
         }
         Error::Protocol(_) | Error::Status { .. } => {
             CniError::new(CniError::AGENT_FAILURE, error.to_string(), "")

@@ -25,7 +25,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use corral_core::{AllocError, SpecError};
+use corral_core::{AllocError, SpecError, cni_code};
 use serde::Serialize;
 
 use crate::version::{CniVersion, supported_versions_text};
@@ -50,25 +50,25 @@ impl CniError {
     /// Container unknown or does not exist.
     pub const UNKNOWN_CONTAINER: u32 = 3;
     /// Invalid necessary environment variables.
-    pub const INVALID_ENVIRONMENT: u32 = 4;
+    pub const INVALID_ENVIRONMENT: u32 = cni_code::INVALID_ENVIRONMENT;
     /// I/O failure.
     pub const IO_FAILURE: u32 = 5;
     /// Failed to decode content.
     pub const DECODING_FAILURE: u32 = 6;
     /// Invalid network configuration.
-    pub const INVALID_NETWORK_CONFIG: u32 = 7;
+    pub const INVALID_NETWORK_CONFIG: u32 = cni_code::INVALID_NETWORK_CONFIG;
     /// Try again later.
-    pub const TRY_AGAIN_LATER: u32 = 11;
+    pub const TRY_AGAIN_LATER: u32 = cni_code::TRY_AGAIN_LATER;
     /// STATUS: the plugin is not available (cannot serve ADD).
     pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
     /// STATUS: not available, and existing containers may have limited connectivity.
     pub const PLUGIN_NOT_AVAILABLE_LIMITED_CONNECTIVITY: u32 = 51;
     /// corral: no free address of the family in the pool.
-    pub const POOL_EXHAUSTED: u32 = 100;
+    pub const POOL_EXHAUSTED: u32 = cni_code::POOL_EXHAUSTED;
     /// corral: a requested address is held by another attachment.
-    pub const ADDRESS_IN_USE: u32 = 101;
+    pub const ADDRESS_IN_USE: u32 = cni_code::ADDRESS_IN_USE;
     /// corral: a requested address is outside the ranges, excluded, reserved or draining.
-    pub const ADDRESS_UNAVAILABLE: u32 = 102;
+    pub const ADDRESS_UNAVAILABLE: u32 = cni_code::ADDRESS_UNAVAILABLE;
     /// corral: the state store failed.
     pub const STORE_FAILURE: u32 = 103;
     /// corral: the node agent could not be reached or refused the request.
@@ -76,9 +76,9 @@ impl CniError {
     /// corral: CHECK found the attachment without the addresses its previous result lists.
     pub const CHECK_FAILED: u32 = 105;
     /// corral: the attachment already holds a different address than the one requested.
-    pub const ATTACHMENT_CONFLICT: u32 = 106;
+    pub const ATTACHMENT_CONFLICT: u32 = cni_code::ATTACHMENT_CONFLICT;
     /// An internal error; libcni uses 999 for errors that carry no code.
-    pub const INTERNAL: u32 = 999;
+    pub const INTERNAL: u32 = cni_code::INTERNAL;
 
     pub fn new(code: u32, msg: impl Into<String>, details: impl Into<String>) -> CniError {
         CniError {
@@ -254,73 +254,7 @@ impl From<SpecError> for CniError {
     /// A bad container ID or interface name came from the environment (code 4); everything
     /// else a `SpecError` reports came from the network configuration (code 7).
     fn from(err: SpecError) -> CniError {
-        CniError::new(spec_error_code(&err), err.to_string(), "")
-    }
-}
-
-/// The CNI code of each kind of bad input, once, with no catch-all: a new kind does not
-/// compile until it is mapped here.
-fn spec_error_code(err: &SpecError) -> u32 {
-    match err {
-        SpecError::InvalidContainerId { .. } | SpecError::InvalidIfname { .. } => {
-            CniError::INVALID_ENVIRONMENT
-        }
-        SpecError::InvalidAddress { .. }
-        | SpecError::InvalidCidr { .. }
-        | SpecError::HostBitsSet { .. }
-        | SpecError::OutsideSubnet { .. }
-        | SpecError::FamilyMismatch { .. }
-        | SpecError::ReservedBound { .. }
-        | SpecError::StartAfterEnd { .. }
-        | SpecError::EmptyRange { .. }
-        | SpecError::Syntax { .. }
-        | SpecError::InvalidPoolName { .. }
-        | SpecError::InvalidNetworkName { .. }
-        | SpecError::InvalidOwner { .. }
-        | SpecError::InvalidExclusionReason { .. }
-        | SpecError::InvalidInterfaceId { .. }
-        | SpecError::InvalidMac { .. } => CniError::INVALID_NETWORK_CONFIG,
-    }
-}
-
-/// The CNI code of each way the engine refuses an operation, once, with no catch-all: a new
-/// kind does not compile until it is mapped here.
-fn alloc_error_code(err: &AllocError) -> u32 {
-    match err {
-        AllocError::Invalid(spec) => spec_error_code(spec),
-        // The pool may gain capacity (an operator delegates a CIDR, a range is added):
-        // having none is the same to the caller as having no free address.
-        AllocError::PoolExhausted { .. }
-        | AllocError::NoCapacity { .. }
-        | AllocError::TableFull => CniError::POOL_EXHAUSTED,
-        AllocError::AddressInUse { .. } | AllocError::GenerationMismatch { .. } => {
-            CniError::ADDRESS_IN_USE
-        }
-        AllocError::OutsidePool { .. }
-        | AllocError::Excluded { .. }
-        | AllocError::Reserved { .. }
-        | AllocError::Draining { .. } => CniError::ADDRESS_UNAVAILABLE,
-        // The configuration asks for something the engine was set up to refuse, names a
-        // pool that does not exist, or has ranges that overlap another network's.
-        AllocError::FamilyDisabled { .. }
-        | AllocError::UnknownPool { .. }
-        | AllocError::RangeOverlap { .. } => CniError::INVALID_NETWORK_CONFIG,
-        AllocError::AttachmentConflict { .. } => CniError::ATTACHMENT_CONFLICT,
-        AllocError::RestoreInProgress { .. } => CniError::TRY_AGAIN_LATER,
-        // Pool management, leases and restore bookkeeping are not reachable from a CNI
-        // request; if one surfaces, it is a bug in corral.
-        AllocError::PoolExists { .. }
-        | AllocError::PoolInUse { .. }
-        | AllocError::UnknownRange { .. }
-        | AllocError::UnknownExclusion { .. }
-        | AllocError::NotAllocated { .. }
-        | AllocError::SnapshotMismatch { .. }
-        | AllocError::DuplicateTarget { .. }
-        | AllocError::GenerationOutOfRange { .. }
-        | AllocError::NoLease { .. }
-        | AllocError::LeaseExists { .. }
-        | AllocError::LeaseMismatch { .. }
-        | AllocError::RestoreFinished { .. } => CniError::INTERNAL,
+        CniError::new(cni_code::of_spec(&err), err.to_string(), "")
     }
 }
 
@@ -331,7 +265,7 @@ impl From<AllocError> for CniError {
         } else {
             ""
         };
-        CniError::new(alloc_error_code(&err), err.to_string(), details)
+        CniError::new(cni_code::of_alloc(&err), err.to_string(), details)
     }
 }
 

@@ -109,6 +109,113 @@ fn every_verb_answers_as_the_standalone_plugin_does() {
     agent.stop().unwrap();
 }
 
+/// A refusal has one CNI code whichever way the plugin runs, for the refusals a runtime meets.
+#[test]
+fn a_refusal_has_the_same_code_through_the_agent_as_standalone() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_agent(dir.path());
+    let socket = dir.path().join("agent.sock");
+    // (what, the ipam section's own keys, the runtime's requested addresses)
+    let cases: Vec<(&str, Value, Value)> = vec![
+        (
+            "an address outside the ranges",
+            json!({}),
+            json!(["10.9.9.9"]),
+        ),
+        ("the gateway", json!({}), json!(["10.7.0.1"])),
+        ("the network address", json!({}), json!(["10.7.0.0"])),
+        (
+            "an address of a family the network lacks",
+            json!({"ranges": [[{"subnet": "10.7.0.0/29"}]]}),
+            json!(["fd07::3"]),
+        ),
+        (
+            "ranges that overlap",
+            json!({"ranges": [[{"subnet": "10.7.0.0/29"}], [{"subnet": "10.7.0.0/30"}]]}),
+            json!([]),
+        ),
+    ];
+    for (i, (what, ipam, ips)) in cases.into_iter().enumerate() {
+        let container = format!("r{i}");
+        let data = dir.path().join(format!("standalone{i}"));
+        let with_ips = |agent: Option<&Path>| {
+            let mut config: Value =
+                serde_json::from_slice(&conf(&data, agent, ipam.clone())).unwrap();
+            config["runtimeConfig"] = json!({"ips": ips});
+            serde_json::to_vec(&config).unwrap()
+        };
+        let theirs = run("ADD", &container, &with_ips(None));
+        let mine = run("ADD", &container, &with_ips(Some(&socket)));
+        assert_ne!(
+            theirs.code, 0,
+            "{what}: standalone refuses: {}",
+            theirs.stdout
+        );
+        assert_eq!(
+            mine.error_code(),
+            theirs.error_code(),
+            "{what}: agent mode answered {} where standalone answered {}",
+            mine.stdout,
+            theirs.stdout
+        );
+    }
+    agent.stop().unwrap();
+}
+
+/// The engine's refusals keep their CNI code through the agent: the agent sends the code the
+/// plugin on its own gives (`cni_code`, from `corral_core::cni_code`) beside its API code, which
+/// is coarser (a range overlap is a "conflict" to the API, 101 if mapped from it; the plugin
+/// on its own says 7), and the plugin answers that code. Here a stand-in agent on the socket
+/// answers as the agent does.
+#[test]
+fn the_plugin_answers_the_cni_code_the_agent_sends() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::os::unix::net::UnixListener;
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let body = json!({"error": {
+        "code": "conflict",
+        "message": "range 10.7.0.0/30 overlaps range 10.7.0.0/29 of pool p",
+        "cni_code": 7,
+    }})
+    .to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let mut reader = BufReader::new(stream);
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut request = vec![0; length];
+            let _ = reader.read_exact(&mut request);
+            let answer = format!(
+                "HTTP/1.1 409 Conflict\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = reader.into_inner().write_all(answer.as_bytes());
+        }
+    });
+    let out = run(
+        "ADD",
+        "c1",
+        &conf(&dir.path().join("unused"), Some(&socket), json!({})),
+    );
+    assert_eq!(out.error_code(), 7, "{}", out.stdout);
+}
+
 #[test]
 fn no_agent_is_try_again_later_and_an_agents_directory_is_not_used_standalone() {
     let dir = tempfile::tempdir().unwrap();

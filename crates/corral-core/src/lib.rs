@@ -22,6 +22,7 @@
 
 mod addr;
 mod bitmap;
+pub mod cni_code;
 mod engine;
 mod error;
 mod gc;
@@ -51,6 +52,7 @@ pub use interfaces::{
     RemovalPolicy, Unassigned,
 };
 pub use pool::{OccupancySnapshot, PoolConfig, ReusePolicy};
+pub use runs::RunSet;
 pub use spec::{
     AttachmentKey, Exclusion, MAX_CONTAINER_ID_LEN, MAX_IFNAME_LEN, MAX_NETWORK_LEN, MAX_OWNER_LEN,
     MAX_POOL_NAME_LEN, PoolName, RangeSpec, Reserved, parse_addr, parse_net, validate_owner,

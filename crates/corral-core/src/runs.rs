@@ -1,4 +1,5 @@
-//! A set of integers stored as maximal runs, the structure that makes allocation O(log n).
+//! A set of integers stored as maximal runs: the structure that makes allocation O(log n) in
+//! the engine, and the occupancy of the cluster's address spaces (corral-cluster's `space.rs`).
 //!
 //! Invariant: runs are disjoint, non-adjacent (`a.end + 1 < b.start`) and non-empty. Because they
 //! are maximal, the first integer after a run is never in the set, so "next member-free integer
@@ -10,13 +11,44 @@ use std::ops::Bound;
 
 /// A set of `u128` values kept as maximal inclusive runs `start..=end`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct RunSet {
+pub struct RunSet {
     runs: BTreeMap<u128, u128>,
 }
 
 impl RunSet {
     pub fn new() -> RunSet {
         RunSet::default()
+    }
+
+    /// The number of maximal runs (the set's memory, in map entries).
+    pub fn n_runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The first run (in order) that shares a value with `start..=end`, unclipped.
+    pub fn first_overlap(&self, start: u128, end: u128) -> Option<(u128, u128)> {
+        if start > end {
+            return None;
+        }
+        if let Some(run) = self.run_containing(start) {
+            return Some(run);
+        }
+        self.runs.range(start..=end).next().map(|(&s, &e)| (s, e))
+    }
+
+    /// Whether any value of `start..=end` is in the set.
+    pub fn intersects(&self, start: u128, end: u128) -> bool {
+        self.first_overlap(start, end).is_some()
+    }
+
+    /// Whether every value of `start..=end` is in the set.
+    pub fn covers(&self, start: u128, end: u128) -> bool {
+        start <= end && self.run_containing(start).is_some_and(|(_, e)| e >= end)
     }
 
     /// The run holding `value`, if any.
@@ -76,9 +108,12 @@ impl RunSet {
         true
     }
 
-    /// Adds `start..=end`; returns true if any value was new.
+    /// Adds `start..=end`, merging with touching runs; returns true if any value was new (an
+    /// empty range, `start > end`, adds nothing).
     pub fn insert_range(&mut self, start: u128, end: u128) -> bool {
-        debug_assert!(start <= end);
+        if start > end {
+            return false;
+        }
         let mut new_start = start;
         let mut new_end = end;
         // A run that starts before `start` and reaches it (or is adjacent) merges in.
@@ -126,6 +161,30 @@ impl RunSet {
         true
     }
 
+    /// Removes `start..=end`, splitting runs as needed; returns false if no value was present.
+    pub fn remove_range(&mut self, start: u128, end: u128) -> bool {
+        if start > end || !self.intersects(start, end) {
+            return false;
+        }
+        let mut touched: Vec<(u128, u128)> = Vec::new();
+        if let Some((&s, &e)) = self.runs.range(..start).next_back()
+            && e >= start
+        {
+            touched.push((s, e));
+        }
+        touched.extend(self.runs.range(start..=end).map(|(&s, &e)| (s, e)));
+        for (s, e) in touched {
+            self.runs.remove(&s);
+            if s < start {
+                self.runs.insert(s, start - 1);
+            }
+            if e > end {
+                self.runs.insert(end + 1, e);
+            }
+        }
+        true
+    }
+
     /// How many values of `low..=high` are in the set (saturating at `u128::MAX`).
     pub fn count_in(&self, low: u128, high: u128) -> u128 {
         self.runs_in(low, high)
@@ -135,11 +194,13 @@ impl RunSet {
             })
     }
 
-    /// The runs clipped to `low..=high`, in order.
+    /// The runs clipped to `low..=high`, in order (none when `low > high`).
     pub fn runs_in(&self, low: u128, high: u128) -> impl Iterator<Item = (u128, u128)> + '_ {
         let first = self.run_containing(low).map(|(s, _)| s).unwrap_or(low);
-        self.runs
-            .range(first..=high)
+        (low <= high)
+            .then(|| self.runs.range(first..=high))
+            .into_iter()
+            .flatten()
             .map(move |(&s, &e)| (s.max(low), e.min(high)))
     }
 
@@ -222,5 +283,35 @@ mod tests {
             set.runs_in(5, 24).collect::<Vec<_>>(),
             vec![(5, 9), (20, 24)]
         );
+    }
+
+    #[test]
+    fn insert_merges_touching_runs_and_remove_splits() {
+        let mut set = RunSet::new();
+        assert!(set.insert_range(10, 19));
+        assert!(set.insert_range(30, 39));
+        assert!(set.insert_range(20, 29));
+        assert_eq!(runs(&set), [(10, 39)]);
+        assert!(!set.insert_range(12, 15));
+        assert!(set.remove_range(15, 24));
+        assert_eq!(runs(&set), [(10, 14), (25, 39)]);
+        assert_eq!(set.count_in(0, 100), 20);
+        assert_eq!(set.first_overlap(0, 12), Some((10, 14)));
+        assert_eq!(set.first_overlap(15, 24), None);
+        assert!(set.covers(25, 39));
+        assert!(!set.covers(14, 25));
+        assert!(!set.remove_range(15, 24));
+    }
+
+    #[test]
+    fn extremes_do_not_overflow() {
+        let mut set = RunSet::new();
+        assert!(set.insert_range(u128::MAX - 1, u128::MAX));
+        assert!(set.insert_range(0, 0));
+        assert!(set.remove_range(u128::MAX, u128::MAX));
+        assert_eq!(runs(&set), [(0, 0), (u128::MAX - 1, u128::MAX - 1)]);
+        assert_eq!(set.count_in(0, u128::MAX), 2);
+        assert!(set.insert_range(0, u128::MAX));
+        assert_eq!(set.count_in(0, u128::MAX), u128::MAX);
     }
 }

@@ -196,6 +196,7 @@ fn error(code: ErrorCode, message: impl Into<String>) -> Response {
             pool: None,
             set: None,
             retryable: code == ErrorCode::RetryLater,
+            cni_code: None,
         },
     };
     (status, Json(body)).into_response()

@@ -740,9 +740,10 @@ mod tests {
         assert!(answer.is_err(), "handed out {answer:?} after a restart");
     }
 
-    /// ErrorCode::AddressInUse: "the address or prefix holds allocated or cooling addresses
-    /// (`force` drains it)". A cooling address is removed without force, its cooldown with
-    /// it; added back (the cloud returns it), it goes to the next pod at once.
+    /// A cooling address is not removed without force: [`ErrorCode::AddressInUse`] ("the
+    /// address or prefix holds allocated or cooling addresses (`force` drains it)"). Removed,
+    /// its cooldown would go with it, and added back (the cloud returns it) it would go to the
+    /// next pod at once, inside the cooldown its last holder's peers still count on.
     #[test]
     fn a_cooling_address_is_not_removed_without_force() {
         let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
@@ -796,6 +797,8 @@ mod tests {
             let again = run_one(&mut node, alloc("c2"));
             panic!("removed while cooling; re-added, then c2 got {again:?}");
         }
+        let refused = removed.unwrap_err();
+        assert_eq!(refused.code, ErrorCode::AddressInUse, "{refused:?}");
     }
 
     /// An ipamd checkpoint with an entry backfilled from CRI imports (under the container's

@@ -36,12 +36,12 @@ pub(super) fn family_of(name: api::FamilyName) -> Family {
 }
 
 pub(super) fn pool_name(text: &str) -> Result<PoolName, OpError> {
-    PoolName::new(text).map_err(|e| OpError::bad_request(format!("pool {}: {e}", Echo(text))))
+    PoolName::new(text).map_err(|e| OpError::invalid(&format!("pool {}", Echo(text)), &e))
 }
 
 pub(super) fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
     AttachmentKey::new(&key.network, &key.container_id, &key.ifname)
-        .map_err(|e| OpError::bad_request(format!("key: {e}")))
+        .map_err(|e| OpError::invalid("key", &e))
 }
 
 pub(super) fn api_key(key: &AttachmentKey) -> api::AttachmentKey {
