@@ -669,10 +669,8 @@ fn a_node_registered_with_another_instance_is_refused_naming_both() {
     assert!(!agent.cluster_status().registered);
     agent.stop(&runtime);
     // Without an instance ID, the same machine is let in (it does not know better).
-    let agent = start_as(&runtime, &kv, dir.path(), Duration::from_millis(300), None);
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
+    let agent =
+        start_as(&runtime, &kv, dir.path(), Duration::from_millis(300), None).wait_registered();
     agent.stop(&runtime);
 }
 

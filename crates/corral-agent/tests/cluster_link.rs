@@ -112,6 +112,14 @@ async fn grant(kv: &MemKv, node: &str, cidr: &str) {
     .unwrap();
 }
 
+/// Grants `cidr` to node-1 and waits until it is `agent`'s one cluster range, active.
+fn grant_first(runtime: &tokio::runtime::Runtime, kv: &MemKv, agent: &LinkedAgent, cidr: &str) {
+    runtime.block_on(grant(kv, "node-1", cidr));
+    wait_until("the grant arrives", Duration::from_secs(10), || {
+        cluster_ranges(agent) == [(cidr.to_owned(), false)]
+    });
+}
+
 async fn revoke_grant(kv: &MemKv, node: &str, cidr: &str) {
     let keys = keys();
     let name = NodeName::new(node).unwrap();
@@ -212,14 +220,9 @@ fn a_grant_becomes_a_cluster_range_and_drains_when_it_goes() {
         "node-1",
         "uid-1",
         Duration::from_secs(3),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
-    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
-    wait_until("the grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
-    });
+    )
+    .wait_registered();
+    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     let address = allocate(&agent, "pod-1").unwrap();
     assert!(
         "10.192.1.0/24"
@@ -263,10 +266,8 @@ fn cni_add_and_del_make_no_store_requests() {
         "node-1",
         "uid-1",
         Duration::from_secs(600),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
+    )
+    .wait_registered();
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     runtime.block_on(grant(&kv, "node-1", "fd00:200::/64"));
     wait_until("both grants arrive", Duration::from_secs(10), || {
@@ -323,14 +324,9 @@ fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
         "node-1",
         "uid-1",
         Duration::from_secs(1),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
-    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
-    wait_until("the grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent).len() == 1
-    });
+    )
+    .wait_registered();
+    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     allocate(&agent, "before").unwrap();
     kv.set_unavailable(true);
     wait_until("degraded", Duration::from_secs(5), || {
@@ -382,14 +378,9 @@ fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() 
         "node-1",
         "uid-1",
         Duration::from_secs(1),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
-    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
-    wait_until("the grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent).len() == 1
-    });
+    )
+    .wait_registered();
+    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
     let live = runtime
         .block_on(kv.get(live_key.as_bytes()))
@@ -446,14 +437,9 @@ fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drai
         "node-1",
         "uid-1",
         Duration::from_secs(2),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
-    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
-    wait_until("the grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent).len() == 1
-    });
+    )
+    .wait_registered();
+    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     allocate(&agent, "pod-1").unwrap();
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
     let get = || runtime.block_on(kv.get(live_key.as_bytes())).unwrap();
@@ -528,14 +514,9 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
         "node-1",
         "uid-1",
         Duration::from_secs(2),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
-    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
-    wait_until("the grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
-    });
+    )
+    .wait_registered();
+    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
     let get = || runtime.block_on(kv.get(live_key.as_bytes())).unwrap();
     allocate(&agent, "pod-1").unwrap();
@@ -639,14 +620,9 @@ fn the_agent_follows_the_installed_configuration_not_one_written_around_the_cli(
         "node-1",
         "uid-1",
         Duration::from_secs(3),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
-    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
-    wait_until("the grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
-    });
+    )
+    .wait_registered();
+    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     assert_eq!(
         agent.cluster_status().grants,
         ["default 10.192.1.0/24,gateway=10.192.1.1"],
@@ -676,10 +652,8 @@ fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_t
         "node-1",
         "uid-1",
         Duration::from_secs(3),
-    );
-    wait_until("registered", Duration::from_secs(10), || {
-        agent.cluster_status().registered
-    });
+    )
+    .wait_registered();
     let first = registration(&runtime, &kv, "node-1").unwrap();
     // The registration goes with no removal recorded (etcd restored from a snapshot taken
     // before the node registered, or `etcdctl del`): the node is not taken for removed, it
@@ -696,10 +670,7 @@ fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_t
         registration(&runtime, &kv, "node-1").is_some_and(|r| r != first)
             && agent.cluster_status().registered
     });
-    runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
-    wait_until("the grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
-    });
+    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     allocate(&agent, "pod-1").expect("a node etcd forgot is not a removed node");
     // A removal records itself with the deletion (`corral node remove`, carried out by the
     // leader): the node drains and does not register again.

@@ -1,10 +1,13 @@
 //! The cloud provider as corral sees it: EC2's calls on instances, subnets and elastic network
 //! interfaces (ENIs) behind one async trait, [`CloudProvider`], with typed requests, answers and
-//! errors; [`FakeEc2`], a realistic in-process EC2 on tokio's clock with a seed;
-//! [`contract`], the behaviour every implementation must show, run against the fake here and
-//! against moto's server by `corral-aws`; and [`Scheduled`], the call scheduler the operator's
-//! workers share (per-action token buckets mirroring EC2's, retries that never raise the sent
-//! rate above the refill, a shutdown for a deposed leader).
+//! errors; [`Scheduled`], the call scheduler the operator's workers share (per-action token
+//! buckets mirroring EC2's, retries that never raise the sent rate above the refill, a shutdown
+//! for a deposed leader); and [`NoCloud`], the provider of an operator without a cloud.
+//!
+//! Behind features, for tests and demos only: `fake` adds `FakeEc2`, a realistic in-process
+//! EC2 on tokio's clock with a seed (`corral operator --cloud fake`); `testing` adds it and
+//! `contract`, the behaviour every implementation must show, run against the fake here and
+//! against moto's server by `corral-aws`.
 //!
 //! This crate links no AWS SDK and does no network I/O: the adapter on `aws-sdk-ec2` lives in
 //! `corral-aws`, which nothing else links (its build is slow).
@@ -52,16 +55,21 @@ use std::future::Future;
 
 mod action;
 mod bucket;
+#[cfg(feature = "testing")]
 pub mod contract;
 mod error;
+#[cfg(feature = "fake")]
 pub mod fake;
+mod no_cloud;
 mod scheduler;
 mod types;
 
 pub use action::Action;
 pub use bucket::BucketLimit;
 pub use error::CloudError;
+#[cfg(feature = "fake")]
 pub use fake::FakeEc2;
+pub use no_cloud::NoCloud;
 pub use scheduler::{
     ActionStats, AdaptPolicy, RetryPolicy, Scheduled, SchedulerConfig, SchedulerStats,
 };
@@ -69,8 +77,8 @@ pub use types::*;
 
 /// One cloud account in one region, as EC2 presents it to a node or to the operator.
 ///
-/// Implementations: [`FakeEc2`] (in-process, virtual time, seeded) and `corral_aws::Ec2`
-/// (the official SDK). Methods are declared returning `impl Future + Send`, so an implementation
+/// Implementations: `FakeEc2` (in-process, virtual time, seeded; feature `fake`),
+/// `corral_aws::Ec2` (the official SDK), and [`NoCloud`] for no cloud at all. Methods are declared returning `impl Future + Send`, so an implementation
 /// writes plain `async fn`s and callers can spawn the futures on a multi-threaded runtime.
 ///
 /// Describe calls are eventually consistent, as EC2's are: a resource just created may be not

@@ -58,8 +58,8 @@ pub fn system_clock() -> WallClock {
 /// The cloud node manager's settings: it runs on the leader only, and only when the
 /// configuration has cloud pools.
 pub struct CloudOptions<P> {
-    /// The cloud account (EC2 or `corral_cloud::FakeEc2`); the manager schedules every call
-    /// through per-action token buckets of its own.
+    /// The cloud account (EC2, or the fake of `corral_cloud`'s `fake` feature); the manager
+    /// schedules every call through per-action token buckets of its own.
     pub provider: Arc<P>,
     /// Nodes served at once (each node in at most one task).
     pub workers: usize,
@@ -127,8 +127,7 @@ pub async fn run<K: Kv>(
     shared: Arc<Shared>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), OperatorError> {
-    // No cloud: the type parameter is any provider, never used.
-    run_with_cloud::<K, corral_cloud::FakeEc2>(kv, config, shared, None, shutdown).await
+    run_with_cloud::<K, corral_cloud::NoCloud>(kv, config, shared, None, shutdown).await
 }
 
 /// [`run`], and with `cloud` the leader also runs the cloud node manager for the

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use corral_cluster::{ClusterConfig, DemandRecord, Family, FamilyDemand, PoolName};
+use corral_cluster::{
+    ClusterConfig, DemandRecord, Family, FamilyDemand, IpNet, PoolConfig, PoolName,
+};
 
 use crate::node::BlockReport;
 
@@ -148,40 +150,65 @@ pub fn demand_records(
     report: &BlockReport,
     pending: &BTreeMap<String, u64>,
 ) -> BTreeMap<PoolName, DemandRecord> {
-    let mut out = BTreeMap::new();
-    for pool in config.pools.iter().filter(|p| p.is_blocks()) {
-        let mut record = DemandRecord::default();
-        let waiting = pending.get(pool.name.as_str()).copied().unwrap_or(0);
-        for (family, _) in pool.families() {
-            let (used, free) = report
-                .stats
-                .iter()
-                .find(|(p, f, _, _)| *p == pool.name && *f == family)
-                .map_or((0, 0), |(_, _, used, free)| (*used, *free));
-            let mut held: Vec<_> = report
-                .ranges
-                .iter()
-                .filter(|r| r.pool == pool.name && r.spec.family() == family && !r.draining)
-                .collect();
-            held.sort_by_key(|r| std::cmp::Reverse(r.spec.start()));
-            let empty = held
-                .iter()
-                .filter(|r| r.n_allocated == 0)
-                .take(FamilyDemand::MAX_EMPTY)
-                .map(|r| r.spec.subnet_net())
-                .collect();
-            *record.family_mut(family) = Some(FamilyDemand {
-                used,
-                free,
-                pending: 0,
-                blocks: held.len() as u64,
-                empty,
-            });
-        }
-        spread_waiting(&mut record, waiting);
-        out.insert(pool.name.clone(), record);
+    config
+        .pools
+        .iter()
+        .filter(|p| p.is_blocks())
+        .map(|pool| {
+            let held = |family: Family| -> Vec<(IpNet, bool)> {
+                report
+                    .ranges
+                    .iter()
+                    .filter(|r| r.pool == pool.name && r.spec.family() == family && !r.draining)
+                    .map(|r| (r.spec.subnet_net(), r.n_allocated == 0))
+                    .collect()
+            };
+            (
+                pool.name.clone(),
+                demand_record(pool, &report.stats, pending, held),
+            )
+        })
+        .collect()
+}
+
+/// One pool's demand: per family its `used` and `free` (from `stats`, `(pool, family, used,
+/// free)`), `blocks` = the units of space it holds (`held`: each with whether nothing is
+/// allocated or cooling in it), `empty` = up to [`FamilyDemand::MAX_EMPTY`] of the empty ones,
+/// highest first (the candidates the operator may mark for release), and the ADDs waiting
+/// spread over the families.
+pub fn demand_record(
+    pool: &PoolConfig,
+    stats: &[(PoolName, Family, u64, u64)],
+    pending: &BTreeMap<String, u64>,
+    held: impl Fn(Family) -> Vec<(IpNet, bool)>,
+) -> DemandRecord {
+    let mut record = DemandRecord::default();
+    for (family, _) in pool.families() {
+        let (used, free) = stats
+            .iter()
+            .find(|(p, f, _, _)| *p == pool.name && *f == family)
+            .map_or((0, 0), |(_, _, used, free)| (*used, *free));
+        let mut held = held(family);
+        held.sort_by_key(|(net, _)| std::cmp::Reverse(net.addr()));
+        let empty = held
+            .iter()
+            .filter(|(_, empty)| *empty)
+            .take(FamilyDemand::MAX_EMPTY)
+            .map(|(net, _)| *net)
+            .collect();
+        *record.family_mut(family) = Some(FamilyDemand {
+            used,
+            free,
+            pending: 0,
+            blocks: held.len() as u64,
+            empty,
+        });
     }
-    out
+    spread_waiting(
+        &mut record,
+        pending.get(pool.name.as_str()).copied().unwrap_or(0),
+    );
+    record
 }
 
 /// Whether two records say the same, `at_ms` aside.

@@ -10,8 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use corral_cluster::{
-    CloudAttachment, CloudInterfaceRecord, ClusterConfig, DemandRecord, Family, FamilyDemand,
-    IpNet, PoolName,
+    CloudAttachment, CloudInterfaceRecord, ClusterConfig, DemandRecord, Family, IpNet, PoolName,
 };
 use corral_core::{InterfaceId, InterfaceSpec, MacAddr, Timestamp};
 
@@ -259,40 +258,23 @@ pub fn demand_records(
     report: &CloudReport,
     pending: &BTreeMap<String, u64>,
 ) -> BTreeMap<PoolName, DemandRecord> {
-    let mut out = BTreeMap::new();
-    for pool in config.pools.iter().filter(|p| p.is_cloud()) {
-        let mut record = DemandRecord::default();
-        let waiting = pending.get(pool.name.as_str()).copied().unwrap_or(0);
-        for (family, _) in pool.families() {
-            let (used, free) = report
-                .stats
-                .iter()
-                .find(|(p, f, _, _)| *p == pool.name && *f == family)
-                .map_or((0, 0), |(_, _, used, free)| (*used, *free));
-            let mut held: Vec<_> = report
-                .addresses
-                .iter()
-                .filter(|a| a.pool == pool.name && Family::of(a.address.addr()) == family)
-                .collect();
-            held.sort_by_key(|a| std::cmp::Reverse(a.address.addr()));
-            let empty = held
-                .iter()
-                .filter(|a| a.free)
-                .take(FamilyDemand::MAX_EMPTY)
-                .map(|a| a.address)
-                .collect();
-            *record.family_mut(family) = Some(FamilyDemand {
-                used,
-                free,
-                pending: 0,
-                blocks: held.len() as u64,
-                empty,
-            });
-        }
-        crate::link::blocks::spread_waiting(&mut record, waiting);
-        out.insert(pool.name.clone(), record);
-    }
-    out
+    config
+        .pools
+        .iter()
+        .filter(|p| p.is_cloud())
+        .map(|pool| {
+            let held = |family: Family| -> Vec<(IpNet, bool)> {
+                report
+                    .addresses
+                    .iter()
+                    .filter(|a| a.pool == pool.name && Family::of(a.address.addr()) == family)
+                    .map(|a| (a.address, a.free))
+                    .collect()
+            };
+            let record = crate::link::blocks::demand_record(pool, &report.stats, pending, held);
+            (pool.name.clone(), record)
+        })
+        .collect()
 }
 
 #[cfg(test)]
