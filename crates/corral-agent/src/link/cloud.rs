@@ -3,13 +3,12 @@
 
 use std::time::Duration;
 
-use corral_cluster::{Family, Keys, NodeName, ReleaseRecord, ReleaseState, decode_value};
+use corral_cluster::{Family, ReleaseRecord, ReleaseState, decode_value};
 
 use corral_kv::{Kv, Txn, TxnOp};
 
 use super::held::Held;
-use super::state::{ClusterOptions, LinkError, SharedClusterState, update};
-use crate::committer::Committer;
+use super::state::{Cx, LinkError, update};
 use crate::link::cloud_pool::{self};
 use crate::node::{Op, Reply};
 
@@ -23,15 +22,15 @@ pub(super) const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
 /// address off its record no later than it deletes the release key, and the two watches may
 /// deliver those apart); forgotten when no record lists it. Answers whether an address is
 /// frozen (gone from its record while in use). A failure to record ends the round.
-pub(super) async fn apply_cloud<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    options: &ClusterOptions,
-    committer: &Committer,
-    state: &SharedClusterState,
-    held: &Held,
-) -> Result<bool, LinkError> {
+pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bool, LinkError> {
+    let Cx {
+        kv,
+        keys,
+        node,
+        options,
+        committer,
+        state,
+    } = *cx;
     let Some(config) = held.config.as_ref() else {
         return Ok(false);
     };

@@ -2,29 +2,28 @@
 //! back is surrendered only if it holds nothing (durably, before `ready` is written), refused
 //! otherwise; a handshake withdrawn gives the space back to the node.
 
-use corral_cluster::{
-    IpNet, Keys, NodeName, ReleaseRecord, ReleaseState, decode_value, encode_value,
-};
+use corral_cluster::{IpNet, ReleaseRecord, ReleaseState, decode_value, encode_value};
 use corral_core::PoolName;
 
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
 use super::held::{Held, Release};
-use super::state::{LinkError, SharedClusterState, now_ms};
+use super::state::{Cx, LinkError, now_ms};
 use crate::committer::Committer;
 use crate::node::{Op, Reply, Surrender};
 
 /// The release handshakes of the node (ARCHITECTURE.md, "Block mode"): answers each
 /// `marked` key, and reconciles the surrendered blocks with the keys and grants. Runs only
 /// while etcd answers (a degraded link answers nothing).
-pub(super) async fn handshake<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    committer: &Committer,
-    state: &SharedClusterState,
-    held: &mut Held,
-) -> Result<(), LinkError> {
+pub(super) async fn handshake<K: Kv>(cx: &Cx<'_, K>, held: &mut Held) -> Result<(), LinkError> {
+    let Cx {
+        kv,
+        keys,
+        node,
+        committer,
+        state,
+        ..
+    } = *cx;
     // A few passes: a lost compare-and-swap reads the key again and answers what it says now.
     for _ in 0..4 {
         let marked: Vec<(String, Release)> = held
@@ -89,7 +88,7 @@ pub(super) async fn handshake<K: Kv>(
             break;
         }
     }
-    reconcile_surrendered(kv, keys, node, committer, state, held).await
+    reconcile_surrendered(cx, held).await
 }
 
 /// The answer to a `marked` key: `Ok` once the block is surrendered (now or before), else
@@ -191,13 +190,17 @@ pub(super) async fn answer_cloud(
 /// or `ready`) while the grant lasts are taken back; the grant and the key are read at one
 /// revision first, since the leader deletes both in one txn when it releases the block.
 pub(super) async fn reconcile_surrendered<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    committer: &Committer,
-    state: &SharedClusterState,
+    cx: &Cx<'_, K>,
     held: &Held,
 ) -> Result<(), LinkError> {
+    let Cx {
+        kv,
+        keys,
+        node,
+        committer,
+        state,
+        ..
+    } = *cx;
     let report = match committer.submit(Op::BlockReport).await {
         Ok(Reply::Blocks(report)) => report,
         other => return Err(LinkError::Record(format!("reading the blocks: {other:?}"))),

@@ -27,7 +27,7 @@ use super::demand::{DemandWriter, sleep_until_due};
 use super::handshake::{handshake, held_locally};
 use super::held::{AcrossRounds, Held, screen};
 use super::holdings;
-use super::state::{ClusterOptions, LinkError, SharedClusterState, backoff, now_ms, update};
+use super::state::{ClusterOptions, Cx, LinkError, SharedClusterState, backoff, now_ms, update};
 use crate::committer::Committer;
 use crate::node::{ClusterRanges, Op, Reply};
 
@@ -88,6 +88,14 @@ pub(super) async fn run_link<K: Kv>(
         identity: crate::link::liveness::ProcessIdentity::current(),
         ..AcrossRounds::default()
     };
+    let cx = &Cx {
+        kv: &kv,
+        keys: &keys,
+        node: &node,
+        options: &options,
+        committer: &committer,
+        state: &state,
+    };
     loop {
         // etcd went back in time (restored, wiped): the holdings are asserted again first,
         // and the registration etcd forgot is made again (not taken for a removal).
@@ -97,17 +105,7 @@ pub(super) async fn run_link<K: Kv>(
             across.registration = None;
         }
         across.seen_before = before.min(guard.floor());
-        let outcome = link(
-            &kv,
-            &keys,
-            &node,
-            &options,
-            &committer,
-            &state,
-            &mut stop,
-            &mut across,
-        )
-        .await;
+        let outcome = link(cx, &mut stop, &mut across).await;
         if across.served {
             failures = 0;
             across.served = false;
@@ -198,18 +196,7 @@ pub(super) async fn run_link<K: Kv>(
                         s.last_error = Some(format!("draining after the node's removal: {error:?}"))
                     });
                 }
-                while_removed(
-                    &kv,
-                    &keys,
-                    &node,
-                    &options,
-                    &committer,
-                    &state,
-                    &mut stop,
-                    across.live_lease.take(),
-                    &across.identity,
-                )
-                .await;
+                while_removed(cx, &mut stop, across.live_lease.take(), &across.identity).await;
                 return;
             }
             Err(error) => {
@@ -270,18 +257,20 @@ pub(super) const REMOVED_TICK: Duration = Duration::from_secs(1);
 /// alive: a removed node that shows no liveness for the quarantine time is taken for gone)
 /// and keeps asserting what it holds until its cluster ranges drained, then revokes its lease
 /// and ends. Stops with the agent.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn while_removed<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    options: &ClusterOptions,
-    committer: &Committer,
-    state: &SharedClusterState,
+    cx: &Cx<'_, K>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     mut lease: Option<LeaseId>,
     identity: &crate::link::liveness::ProcessIdentity,
 ) {
+    let Cx {
+        kv,
+        keys,
+        node,
+        options,
+        committer,
+        state,
+    } = *cx;
     let keep_alive_every = (options.lease_ttl / 3)
         .max(Duration::from_millis(200))
         .min(REMOVED_TICK);
@@ -376,17 +365,19 @@ pub(super) async fn live_again<K: Kv>(
 }
 
 /// One connected round: register, go live, read and watch the grants.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn link<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    options: &ClusterOptions,
-    committer: &Committer,
-    state: &SharedClusterState,
+    cx: &Cx<'_, K>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
+    let Cx {
+        kv,
+        keys,
+        node,
+        options,
+        committer,
+        state,
+    } = *cx;
     let registration = register(kv, keys, node, options, across.registration).await?;
     across.registration = Some(registration);
     let lease = kv.lease_grant(options.lease_ttl).await?;
@@ -455,14 +446,7 @@ pub(super) async fn link<K: Kv>(
     across.live = true;
     state.open_gate();
     let result = tokio::select! {
-        result = follow(
-            kv,
-            keys,
-            node,
-            options,
-            committer,
-            state,
-            stop,
+        result = follow(cx, stop,
             registration,
             lease,
             across,
@@ -626,19 +610,21 @@ pub(super) async fn gone_why<K: Kv>(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn follow<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    options: &ClusterOptions,
-    committer: &Committer,
-    state: &SharedClusterState,
+    cx: &Cx<'_, K>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     registration: Revision,
     lease: LeaseId,
     across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
+    let Cx {
+        kv,
+        keys,
+        node,
+        options,
+        committer,
+        state,
+    } = *cx;
     let owned_prefix = keys.owned_prefix(node);
     let release_prefix = keys.release_of_node_prefix(node);
     let id_key = keys.node_id_of_node(node);
@@ -715,7 +701,7 @@ pub(super) async fn follow<K: Kv>(
     let local = held_locally(committer).await?;
     screen(&mut held, across, &local);
     apply(committer, state, &held).await?;
-    let mut frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
+    let mut frozen = apply_cloud(cx, &held).await?;
     across.node_id = held.node_id;
     across.node_id_revision = held.node_id_revision;
     across.plan = held.plan.clone();
@@ -728,7 +714,7 @@ pub(super) async fn follow<K: Kv>(
         s.last_error = None;
     });
     // The local store is reconciled with the grants: the handshakes, then the first demand.
-    handshake(kv, keys, node, committer, state, &mut held).await?;
+    handshake(cx, &mut held).await?;
     let mut demand = DemandWriter::new(options);
     let mut grants = kv.watch(owned_prefix.as_bytes(), revision + 1).await?;
     let mut ids = kv.watch(id_key.as_bytes(), revision + 1).await?;
@@ -757,7 +743,7 @@ pub(super) async fn follow<K: Kv>(
             batch = release_watch.next() => batch?,
             batch = cloud_watch.next() => batch?,
             _ = cloud_tick.tick(), if frozen => {
-                frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
+                frozen = apply_cloud(cx, &held).await?;
                 demand.touched(Instant::now());
                 continue;
             }
@@ -802,8 +788,8 @@ pub(super) async fn follow<K: Kv>(
         }
         screen(&mut held, across, &local);
         apply(committer, state, &held).await?;
-        frozen = apply_cloud(kv, keys, node, options, committer, state, &held).await?;
-        handshake(kv, keys, node, committer, state, &mut held).await?;
+        frozen = apply_cloud(cx, &held).await?;
+        handshake(cx, &mut held).await?;
         across.node_id = held.node_id;
         across.node_id_revision = held.node_id_revision;
         across.plan = held.plan.clone();

@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, LockResult, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use corral_cluster::{Keys, NodeName};
 use corral_kv::KvError;
 
+use crate::committer::Committer;
 use crate::link::blocks::BlockSignals;
 use crate::metrics::ClusterMetrics;
 
@@ -302,6 +304,25 @@ pub fn api_status(state: &ClusterState) -> corral_api::ClusterStatus {
         problems: state.problems.clone(),
     }
 }
+
+/// What every step of a link round works with: the store, the node's keys, its options, the
+/// way into the node state and the state the link shares (one value, not six parameters).
+pub(super) struct Cx<'a, K> {
+    pub(super) kv: &'a K,
+    pub(super) keys: &'a Keys,
+    pub(super) node: &'a NodeName,
+    pub(super) options: &'a ClusterOptions,
+    pub(super) committer: &'a Committer,
+    pub(super) state: &'a SharedClusterState,
+}
+
+impl<K> Clone for Cx<'_, K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for Cx<'_, K> {}
 
 #[cfg(test)]
 mod tests {
