@@ -26,7 +26,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::committer::Committer;
 use crate::metrics::{Metrics, Operation, Outcome};
-use crate::node::{Op, OpError, Reply};
+use crate::node::{self, OpError};
 
 /// The OpenAPI document, as committed at the repository root.
 pub const OPENAPI: &str = include_str!("../../../openapi.json");
@@ -201,10 +201,10 @@ fn query_rejection(rejection: QueryRejection) -> ApiError {
 }
 
 impl AppState {
-    /// Submits one operation to the committer, uncounted.
-    async fn submit(&self, op: Op) -> Result<Reply, OpError> {
+    /// Runs one request through the committer, uncounted.
+    async fn submit<R: node::Request>(&self, request: R) -> Result<R::Answer, OpError> {
         match self.committer.get() {
-            Some(committer) if self.ready.load(Ordering::Acquire) => committer.submit(op).await,
+            Some(committer) if self.ready.load(Ordering::Acquire) => committer.call(request).await,
             _ => Err(OpError::new(
                 ErrorCode::RetryLater,
                 "the agent is restoring its state; retry shortly",
@@ -212,16 +212,20 @@ impl AppState {
         }
     }
 
-    /// Runs one operation through the committer: durable when this returns `Ok`.
-    async fn run(&self, operation: &'static str, op: Op) -> Result<Reply, ApiError> {
+    /// Runs one request through the committer: durable when this returns `Ok`.
+    async fn run<R: node::Request>(
+        &self,
+        operation: &'static str,
+        request: R,
+    ) -> Result<R::Answer, ApiError> {
         let started = Instant::now();
-        let result = self.submit(op).await;
-        self.count(operation, started, &result);
+        let result = self.submit(request).await;
+        self.count(operation, started, result.as_ref().err());
         result.map_err(ApiError)
     }
 
     /// Counts a request's outcome and latency.
-    fn count(&self, operation: &'static str, started: Instant, result: &Result<Reply, OpError>) {
+    fn count(&self, operation: &'static str, started: Instant, failed: Option<&OpError>) {
         let counter = match operation {
             "allocate" | "cni_add" => Some(&self.metrics.allocations),
             "release" | "cni_del" | "cni_gc" | "gc" => Some(&self.metrics.releases),
@@ -234,9 +238,9 @@ impl AppState {
             })
             .observe(started.elapsed().as_secs_f64());
         if let Some(counter) = counter {
-            let outcome = match &result {
-                Ok(_) => "ok".to_owned(),
-                Err(e) => serde_json::to_value(e.code)
+            let outcome = match failed {
+                None => "ok".to_owned(),
+                Some(e) => serde_json::to_value(e.code)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
                     .unwrap_or_else(|| "error".into()),
@@ -315,7 +319,7 @@ async fn cni_add_waiting(
     cluster: &crate::link::SharedClusterState,
     pool: String,
     request: api::CniAddRequest,
-) -> Result<Reply, OpError> {
+) -> Result<api::AllocateResponse, OpError> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + state.pool_wait;
     let mut ranges = cluster.blocks.subscribe_ranges();
@@ -332,13 +336,13 @@ async fn cni_add_waiting(
             .inc();
     };
     loop {
-        let result = state.submit(Op::CniAdd(request.clone())).await;
+        let result = state.submit(request.clone()).await;
         match result {
             Ok(reply) => {
                 outcome(if waiting.is_some() { "waited_ok" } else { "ok" });
                 drop(waiting);
                 state.touch();
-                state.count("cni_add", started, &Ok(Reply::Done));
+                state.count("cni_add", started, None);
                 return Ok(reply);
             }
             Err(error) if waits_for_grant(&error) => {
@@ -346,9 +350,9 @@ async fn cni_add_waiting(
                     // Removed while it waited: no grant will come.
                     outcome("removed");
                     drop(waiting);
-                    let result = Err(removed_error(cluster, &pool));
-                    state.count("cni_add", started, &result);
-                    return result;
+                    let error = removed_error(cluster, &pool);
+                    state.count("cni_add", started, Some(&error));
+                    return Err(error);
                 }
                 if tokio::time::Instant::now() >= deadline {
                     outcome("timeout");
@@ -365,9 +369,8 @@ async fn cni_add_waiting(
                             ),
                         )
                     };
-                    let result = Err(error);
-                    state.count("cni_add", started, &result);
-                    return result;
+                    state.count("cni_add", started, Some(&error));
+                    return Err(error);
                 }
                 if waiting.is_none() {
                     waiting = Some(cluster.blocks.wait_in(&pool));
@@ -384,27 +387,16 @@ async fn cni_add_waiting(
                 } else {
                     "error"
                 });
-                let result = Err(error);
-                state.count("cni_add", started, &result);
-                return result;
+                state.count("cni_add", started, Some(&error));
+                return Err(error);
             }
         }
     }
 }
 
-fn unexpected(reply: Reply) -> ApiError {
-    error(
-        ErrorCode::RetryLater,
-        format!("internal: unexpected answer {reply:?}"),
-    )
-}
-
 macro_rules! answer {
-    ($state:expr, $name:literal, $op:expr, $variant:ident) => {
-        match $state.run($name, $op).await? {
-            Reply::$variant(body) => Ok(Json(body)),
-            other => Err(unexpected(other)),
-        }
+    ($state:expr, $name:literal, $request:expr) => {
+        $state.run($name, $request).await.map(Json)
     };
 }
 
@@ -470,14 +462,14 @@ async fn metrics(State(state): State<AppState>) -> Response {
             .cluster_registered
             .set(i64::from(cluster.registered));
     }
-    let gauges = match state.run("metrics", Op::Gauges).await {
-        Ok(Reply::Gauges(gauges)) => gauges,
-        _ => Vec::new(),
-    };
-    let interfaces = match state.run("metrics", Op::InterfaceGauges).await {
-        Ok(Reply::InterfaceGauges(gauges)) => gauges,
-        _ => Vec::new(),
-    };
+    let gauges = state
+        .run("metrics", node::Gauges {})
+        .await
+        .unwrap_or_default();
+    let interfaces = state
+        .run("metrics", node::InterfaceGauges {})
+        .await
+        .unwrap_or_default();
     (
         [(
             header::CONTENT_TYPE,
@@ -496,7 +488,7 @@ async fn allocate(
     State(state): State<AppState>,
     Body(request): Body<api::AllocateRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
-    let answer = answer!(state, "allocate", Op::Allocate(request), Allocated);
+    let answer = answer!(state, "allocate", request);
     // A block or cloud pool's demand follows what the API allocates too, not only CNI ADDs.
     state.touch();
     answer
@@ -506,7 +498,7 @@ async fn release(
     State(state): State<AppState>,
     Body(request): Body<api::ReleaseRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
-    let answer = answer!(state, "release", Op::Release(request), Released);
+    let answer = answer!(state, "release", request);
     state.touch();
     answer
 }
@@ -515,7 +507,7 @@ async fn lease_start(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStartRequest>,
 ) -> Result<Json<api::Lease>, ApiError> {
-    let answer = answer!(state, "lease_start", Op::LeaseStart(request), Lease);
+    let answer = answer!(state, "lease_start", request);
     state.touch();
     answer
 }
@@ -524,30 +516,28 @@ async fn lease_stop(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStopRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    let answer = done(state.run("lease_stop", Op::LeaseStop(request)).await?);
+    let answer = done(state.run("lease_stop", node::LeaseStop(request)).await?);
     state.touch();
     answer
 }
 
-fn done(reply: Reply) -> Result<Json<api::Done>, ApiError> {
-    match reply {
-        Reply::Done => Ok(Json(api::Done { ok: true })),
-        other => Err(unexpected(other)),
-    }
+/// The answer of a change that answers nothing but that it is done.
+fn done((): ()) -> Result<Json<api::Done>, ApiError> {
+    Ok(Json(api::Done { ok: true }))
 }
 
 async fn dump(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
 ) -> Result<Json<api::DumpResponse>, ApiError> {
-    answer!(state, "dump", Op::Dump(query.scope), Dump)
+    answer!(state, "dump", node::Dump(query.scope))
 }
 
 async fn status(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
 ) -> Result<Json<api::StatusResponse>, ApiError> {
-    let Json(mut status) = answer!(state, "status", Op::Status(query.scope), Status)?;
+    let Json(mut status) = answer!(state, "status", node::Status(query.scope))?;
     status.cluster = state.cluster.as_ref().map(|shared| {
         let cluster = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
         crate::link::api_status(&cluster)
@@ -559,26 +549,21 @@ async fn pools(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
 ) -> Result<Json<api::PoolsResponse>, ApiError> {
-    answer!(state, "pools", Op::Pools(query.scope), Pools)
+    answer!(state, "pools", node::Pools(query.scope))
 }
 
 async fn add_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(state.run("add_range", Op::AddRange(request)).await?)
+    done(state.run("add_range", node::AddRange(request)).await?)
 }
 
 async fn remove_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
 ) -> Result<Json<api::RangeRemoved>, ApiError> {
-    answer!(
-        state,
-        "remove_range",
-        Op::RemoveRange(request),
-        RangeRemoved
-    )
+    answer!(state, "remove_range", node::RemoveRange(request))
 }
 
 async fn add_exclusion(
@@ -587,7 +572,7 @@ async fn add_exclusion(
 ) -> Result<Json<api::Done>, ApiError> {
     done(
         state
-            .run("add_exclusion", Op::AddExclusion(request))
+            .run("add_exclusion", node::AddExclusion(request))
             .await?,
     )
 }
@@ -598,7 +583,7 @@ async fn remove_exclusion(
 ) -> Result<Json<api::Done>, ApiError> {
     done(
         state
-            .run("remove_exclusion", Op::RemoveExclusion(request))
+            .run("remove_exclusion", node::RemoveExclusion(request))
             .await?,
     )
 }
@@ -613,30 +598,26 @@ async fn reserve_local_routes(
     let host = crate::netlink::read_host_networks_off_thread()
         .await
         .map_err(ApiError)?;
-    let op = Op::ReserveLocalRoutes(crate::local_routes::LocalRoutesRequest {
+    let reserve = crate::local_routes::LocalRoutesRequest {
         scope: request.scope,
         host,
-    });
-    match state.run("reserve_local_routes", op).await? {
-        Reply::LocalRoutes(response) => {
-            for line in crate::local_routes::log_lines(&response) {
-                eprintln!("corral agent: {line}");
-            }
-            Ok(Json(response))
-        }
-        other => Err(unexpected(other)),
+    };
+    let response = state.run("reserve_local_routes", reserve).await?;
+    for line in crate::local_routes::log_lines(&response) {
+        eprintln!("corral agent: {line}");
     }
+    Ok(Json(response))
 }
 
 async fn export(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    answer!(state, "export", Op::Export, Checkpoint)
+    answer!(state, "export", node::Export {})
 }
 
 async fn import(
     State(state): State<AppState>,
     Body(document): Body<serde_json::Value>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(state.run("import", Op::Import(document)).await?)
+    done(state.run("import", node::Import(document)).await?)
 }
 
 async fn cni_add(
@@ -649,7 +630,7 @@ async fn cni_add(
             if cluster.is_removed() {
                 // Removed from the cluster: it drains and takes no new pods.
                 let error = removed_error(cluster, pool);
-                state.count("cni_add", Instant::now(), &Err(error.clone()));
+                state.count("cni_add", Instant::now(), Some(&error));
                 return Err(ApiError(error));
             }
             let pool = pool.clone();
@@ -659,15 +640,12 @@ async fn cni_add(
                 .map_err(ApiError)?
         }
         _ => {
-            let reply = state.run("cni_add", Op::CniAdd(request)).await?;
+            let reply = state.run("cni_add", request).await?;
             state.touch();
             reply
         }
     };
-    match reply {
-        Reply::Allocated(body) => Ok(Json(body)),
-        other => Err(unexpected(other)),
-    }
+    Ok(Json(reply))
 }
 
 async fn cni_del(
@@ -675,7 +653,7 @@ async fn cni_del(
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    let answer = answer!(state, "cni_del", Op::CniDel(request), Released);
+    let answer = answer!(state, "cni_del", node::CniDel(request));
     state.touch();
     answer
 }
@@ -685,7 +663,7 @@ async fn cni_check(
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    answer!(state, "cni_check", Op::CniCheck(request), Allocated)
+    answer!(state, "cni_check", node::CniCheck(request))
 }
 
 async fn cni_gc(
@@ -693,7 +671,7 @@ async fn cni_gc(
     Body(mut request): Body<api::CniGcRequest>,
 ) -> Result<Json<api::GcResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    let answer = answer!(state, "cni_gc", Op::CniGc(request), Gc);
+    let answer = answer!(state, "cni_gc", request);
     state.touch();
     answer
 }
@@ -702,7 +680,7 @@ async fn gc(
     State(state): State<AppState>,
     Body(request): Body<api::GcRequest>,
 ) -> Result<Json<api::GcResponse>, ApiError> {
-    let answer = answer!(state, "gc", Op::Gc(request), Gc);
+    let answer = answer!(state, "gc", request);
     state.touch();
     answer
 }
@@ -712,14 +690,14 @@ async fn cni_status(
     Body(mut request): Body<api::CniStatusRequest>,
 ) -> Result<Json<api::ScopeStatus>, ApiError> {
     state.resolve_network(&mut request.network);
-    answer!(state, "cni_status", Op::CniStatus(request), ScopeStatus)
+    answer!(state, "cni_status", request)
 }
 
 async fn interfaces(
     State(state): State<AppState>,
     Query(query): Query<api::PoolQuery>,
 ) -> Result<Json<api::InterfacesResponse>, ApiError> {
-    answer!(state, "interfaces", Op::Interfaces(query.pool), Interfaces)
+    answer!(state, "interfaces", node::Interfaces(query.pool))
 }
 
 /// The `{id}` of an interface path; what it must look like is the node state's to say (400).
@@ -733,14 +711,14 @@ async fn interface(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    answer!(state, "interface", Op::Interface(id), Interface)
+    answer!(state, "interface", node::Interface(id))
 }
 
 async fn add_interface(
     State(state): State<AppState>,
     Body(request): Body<api::InterfaceRequest>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
-    answer!(state, "add_interface", Op::AddInterface(request), Interface)
+    answer!(state, "add_interface", request)
 }
 
 async fn remove_interface(
@@ -749,11 +727,11 @@ async fn remove_interface(
     Query(query): Query<api::ForceQuery>,
 ) -> Result<Json<api::InterfaceRemoved>, ApiError> {
     let id = interface_id(id)?;
-    let op = Op::RemoveInterface {
+    let op = node::RemoveInterface {
         id,
         force: query.force,
     };
-    answer!(state, "remove_interface", op, InterfaceRemoved)
+    answer!(state, "remove_interface", op)
 }
 
 async fn add_interface_address(
@@ -762,11 +740,11 @@ async fn add_interface_address(
     Body(request): Body<api::InterfaceAddressRequest>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    let op = Op::AddInterfaceAddress {
+    let op = node::AddInterfaceAddress {
         id,
         address: request.address,
     };
-    answer!(state, "add_interface_address", op, Interface)
+    answer!(state, "add_interface_address", op)
 }
 
 async fn remove_interface_address(
@@ -775,24 +753,19 @@ async fn remove_interface_address(
     Query(query): Query<api::InterfaceAddressQuery>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    let op = Op::RemoveInterfaceAddress {
+    let op = node::RemoveInterfaceAddress {
         id,
         address: query.address,
         force: query.force,
     };
-    answer!(state, "remove_interface_address", op, Interface)
+    answer!(state, "remove_interface_address", op)
 }
 
 async fn import_ipamd(
     State(state): State<AppState>,
     Body(request): Body<api::IpamdImportRequest>,
 ) -> Result<Json<api::IpamdImportResponse>, ApiError> {
-    answer!(
-        state,
-        "import_ipamd",
-        Op::ImportIpamd(request),
-        IpamdImported
-    )
+    answer!(state, "import_ipamd", request)
 }
 
 async fn not_found() -> ApiError {

@@ -22,7 +22,7 @@ use std::thread;
 use corral_api::ErrorCode;
 use tokio::sync::oneshot;
 
-use crate::node::{Op, OpError, Reply, RunBatch};
+use crate::node::{Op, OpError, Reply, Request, RunBatch};
 
 /// The most operations in one batch (one transaction).
 const MAX_BATCH: usize = 1024;
@@ -119,6 +119,19 @@ impl Committer {
     }
 
     /// Runs one operation and waits until it is durable.
+    /// Runs `request` and hands back its answer: [`Committer::submit`], typed by the request,
+    /// so the caller never sees a [`Reply`]. A reply of another kind than the request's (a
+    /// bug in the node state) is an internal error.
+    pub async fn call<R: Request>(&self, request: R) -> Result<R::Answer, OpError> {
+        let reply = self.submit(request.into_op()).await?;
+        R::answer(reply).map_err(|other| {
+            OpError::new(
+                ErrorCode::RetryLater,
+                format!("internal: the node state answered {other:?}"),
+            )
+        })
+    }
+
     pub async fn submit(&self, op: Op) -> Result<Reply, OpError> {
         let quick = op.is_quick();
         let (reply, answer) = oneshot::channel();

@@ -16,7 +16,7 @@ use corral_api as api;
 use corral_store::{Claimed, PendingDel, PendingFile, claim_all_for_agent};
 
 use crate::committer::Committer;
-use crate::node::Op;
+use crate::node::CniDel;
 
 /// What a start found and did, for its report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -139,7 +139,7 @@ async fn apply(
     claimed: Claimed,
     report: &mut PendingReport,
 ) -> Result<(), std::io::Error> {
-    let outcome = committer.submit(Op::CniDel(request(&claimed.record))).await;
+    let outcome = committer.call(CniDel(request(&claimed.record))).await;
     let path = claimed.path().display().to_string();
     match outcome {
         Ok(_) => {

@@ -15,7 +15,7 @@ use crate::config::AgentConfig;
 use crate::listen;
 use crate::local_routes::{self, LocalRoutesRequest};
 use crate::metrics::Metrics;
-use crate::node::{NodeState, Op, Reply};
+use crate::node::{NodeState, Tick};
 
 /// How often leases are expired and cooldowns ended.
 const TICK: Duration = Duration::from_millis(500);
@@ -172,7 +172,7 @@ pub async fn serve_with(
     let _ = state.committer.set(committer.clone());
     // The first tick releases what expired while the agent was down, now that the restore
     // has finished; then the agent is ready.
-    if let Ok(Reply::Expired(n)) = committer.submit(Op::Tick).await {
+    if let Ok(n) = committer.call(Tick {}).await {
         state.metrics.leases_expired.inc_by(n as u64);
     }
     // What the node's routes and addresses cover is excluded before anything is handed out.
@@ -211,7 +211,7 @@ pub async fn serve_with(
             loop {
                 tokio::select! {
                     _ = interval.tick() => {
-                        if let Ok(Reply::Expired(n)) = committer.submit(Op::Tick).await {
+                        if let Ok(n) = committer.call(Tick {}).await {
                             metrics.leases_expired.inc_by(n as u64);
                         }
                     }
@@ -369,22 +369,20 @@ impl Drop for Running {
 async fn reserve_local_routes_at_start(committer: &Committer) {
     let outcome = match crate::netlink::read_host_networks_off_thread().await {
         Ok(host) => {
-            committer
-                .submit(Op::ReserveLocalRoutes(LocalRoutesRequest {
-                    scope: corral_api::NODE_SCOPE.to_owned(),
-                    host,
-                }))
-                .await
+            let reserve = LocalRoutesRequest {
+                scope: corral_api::NODE_SCOPE.to_owned(),
+                host,
+            };
+            committer.call(reserve).await
         }
         Err(error) => Err(error),
     };
     match outcome {
-        Ok(Reply::LocalRoutes(response)) => {
+        Ok(response) => {
             for line in local_routes::log_lines(&response) {
                 eprintln!("corral agent: {line}");
             }
         }
-        Ok(other) => eprintln!("corral agent: local routes: unexpected answer {other:?}"),
         Err(error) => eprintln!(
             "corral agent: local routes not reserved at start: {}",
             error.message

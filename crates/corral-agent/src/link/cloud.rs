@@ -10,7 +10,7 @@ use corral_kv::{Kv, Txn, TxnOp};
 use super::held::Held;
 use super::state::{Cx, LinkError, update};
 use crate::link::cloud_pool::{self};
-use crate::node::{Op, Reply};
+use crate::node::ReportCloud;
 
 /// How often the cloud records are applied again while an address is frozen.
 pub(super) const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
@@ -38,14 +38,10 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
         update(state, |s| s.problems.clear());
         return Ok(false);
     }
-    let report = match committer.submit(Op::CloudReport).await {
-        Ok(Reply::Cloud(report)) => report,
-        other => {
-            return Err(LinkError::Record(format!(
-                "reading the cloud pools: {other:?}"
-            )));
-        }
-    };
+    let report = committer
+        .call(ReportCloud {})
+        .await
+        .map_err(|error| LinkError::Record(format!("reading the cloud pools: {error:?}")))?;
     let open = |r: Option<&ReleaseRecord>| {
         r.is_some_and(|r| matches!(r.state, ReleaseState::Marked | ReleaseState::Ready))
     };
@@ -107,11 +103,10 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
     }
     let (wanted, errors) =
         cloud_pool::wanted(config, &held.cloud, options.instance_id.as_deref(), keep);
-    let outcome = match committer.submit(Op::SetCloudInterfaces(wanted)).await {
-        Ok(Reply::CloudInterfaces(outcome)) => outcome,
-        Ok(other) => return Err(LinkError::Record(format!("unexpected answer {other:?}"))),
-        Err(error) => return Err(LinkError::Record(format!("{error:?}"))),
-    };
+    let outcome = committer
+        .call(wanted)
+        .await
+        .map_err(|error| LinkError::Record(format!("{error:?}")))?;
     let mut problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
     problems.extend(outcome.problems.iter().cloned());
     // Logged when they first show (they are applied again on every change).

@@ -15,7 +15,7 @@ use super::state::{ClusterOptions, LinkError, SharedClusterState, now_ms};
 use crate::committer::Committer;
 use crate::link::blocks::{demand_records, is_urgent, same_demand};
 use crate::link::cloud_pool::{self};
-use crate::node::{Op, Reply};
+use crate::node::{ReportBlocks, ReportCloud};
 
 pub(super) async fn sleep_until_due(due: Option<Instant>) {
     match due {
@@ -81,10 +81,10 @@ impl DemandWriter {
         }
         let mut block_report = None;
         if blocks {
-            let report = match committer.submit(Op::BlockReport).await {
-                Ok(Reply::Blocks(report)) => report,
-                other => {
-                    eprintln!("corral agent: cluster: reading the pools for the demand: {other:?}");
+            let report = match committer.call(ReportBlocks {}).await {
+                Ok(report) => report,
+                Err(error) => {
+                    eprintln!("corral agent: cluster: reading the pools for the demand: {error:?}");
                     self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
                     return Ok(());
                 }
@@ -97,11 +97,11 @@ impl DemandWriter {
         }
         let mut cloud_report = None;
         if clouds {
-            let report = match committer.submit(Op::CloudReport).await {
-                Ok(Reply::Cloud(report)) => report,
-                other => {
+            let report = match committer.call(ReportCloud {}).await {
+                Ok(report) => report,
+                Err(error) => {
                     eprintln!(
-                        "corral agent: cluster: reading the cloud pools for the demand: {other:?}"
+                        "corral agent: cluster: reading the cloud pools for the demand: {error:?}"
                     );
                     self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
                     return Ok(());

@@ -10,7 +10,7 @@ use corral_kv::{Compare, Kv, Txn, TxnOp};
 use super::held::{Held, Release};
 use super::state::{Cx, LinkError, now_ms};
 use crate::committer::Committer;
-use crate::node::{Op, Reply, Surrender};
+use crate::node::{ReclaimBlock, ReportBlocks, Surrender, SurrenderBlock, SurrenderCloudAddress};
 
 /// The release handshakes of the node (ARCHITECTURE.md, "Block mode"): answers each
 /// `marked` key, and reconciles the surrendered blocks with the keys and grants. Runs only
@@ -127,17 +127,14 @@ pub(super) async fn answer_for(
         Ok(range) => range,
         Err(error) => return Ok(Err(error.to_string())),
     };
-    match committer
-        .submit(Op::SurrenderBlock {
-            pool: release.pool.clone(),
-            range,
-        })
-        .await
-    {
-        Ok(Reply::Surrender(Surrender::Surrendered | Surrender::AlreadySurrendered)) => Ok(Ok(())),
-        Ok(Reply::Surrender(Surrender::Refused(reason))) => Ok(Err(reason)),
+    let surrender = SurrenderBlock {
+        pool: release.pool.clone(),
+        range,
+    };
+    match committer.call(surrender).await {
+        Ok(Surrender::Surrendered | Surrender::AlreadySurrendered) => Ok(Ok(())),
+        Ok(Surrender::Refused(reason)) => Ok(Err(reason)),
         // Not recorded locally: no answer now (the next round asks again).
-        Ok(other) => Err(LinkError::Record(format!("unexpected answer {other:?}"))),
         Err(error) => Err(LinkError::Record(format!("{error:?}"))),
     }
 }
@@ -172,16 +169,13 @@ pub(super) async fn answer_cloud(
         }
         Some(_) => {}
     }
-    match committer
-        .submit(Op::SurrenderCloudAddress {
-            pool: release.pool.clone(),
-            address: release.cidr,
-        })
-        .await
-    {
-        Ok(Reply::Surrender(Surrender::Surrendered | Surrender::AlreadySurrendered)) => Ok(Ok(())),
-        Ok(Reply::Surrender(Surrender::Refused(reason))) => Ok(Err(reason)),
-        Ok(other) => Err(LinkError::Record(format!("unexpected answer {other:?}"))),
+    let surrender = SurrenderCloudAddress {
+        pool: release.pool.clone(),
+        address: release.cidr,
+    };
+    match committer.call(surrender).await {
+        Ok(Surrender::Surrendered | Surrender::AlreadySurrendered) => Ok(Ok(())),
+        Ok(Surrender::Refused(reason)) => Ok(Err(reason)),
         Err(error) => Err(LinkError::Record(format!("{error:?}"))),
     }
 }
@@ -201,10 +195,10 @@ pub(super) async fn reconcile_surrendered<K: Kv>(
         state,
         ..
     } = *cx;
-    let report = match committer.submit(Op::BlockReport).await {
-        Ok(Reply::Blocks(report)) => report,
-        other => return Err(LinkError::Record(format!("reading the blocks: {other:?}"))),
-    };
+    let report = committer
+        .call(ReportBlocks {})
+        .await
+        .map_err(|error| LinkError::Record(format!("reading the blocks: {error:?}")))?;
     state
         .metrics
         .surrendered
@@ -244,13 +238,11 @@ pub(super) async fn reconcile_surrendered<K: Kv>(
         if owned_now.is_none_or(|e| e.create_revision != grant.revision) || release_open {
             continue;
         }
-        match committer
-            .submit(Op::ReclaimBlock {
-                pool: pool.clone(),
-                range: *range,
-            })
-            .await
-        {
+        let reclaim = ReclaimBlock {
+            pool: pool.clone(),
+            range: *range,
+        };
+        match committer.call(reclaim).await {
             Ok(_) => {
                 eprintln!(
                     "corral agent: cluster: block {range} of pool {pool} taken back (its release was withdrawn)"
@@ -270,14 +262,14 @@ pub(super) async fn reconcile_surrendered<K: Kv>(
 pub(super) async fn held_locally(
     committer: &Committer,
 ) -> Result<std::collections::BTreeSet<(PoolName, IpNet)>, LinkError> {
-    match committer.submit(Op::BlockReport).await {
-        Ok(Reply::Blocks(report)) => Ok(report
+    match committer.call(ReportBlocks {}).await {
+        Ok(report) => Ok(report
             .ranges
             .iter()
             .map(|r| (r.pool.clone(), r.spec.subnet_net()))
             .collect()),
-        other => Err(LinkError::Record(format!(
-            "reading the node's ranges: {other:?}"
+        Err(error) => Err(LinkError::Record(format!(
+            "reading the node's ranges: {error:?}"
         ))),
     }
 }

@@ -34,7 +34,7 @@ use tokio::time::Instant;
 
 use super::state::{ClusterOptions, SharedClusterState, backoff, now_ms, update};
 use crate::committer::Committer;
-use crate::node::{BlockReport, CloudReport, Op, Reply};
+use crate::node::{BlockReport, CloudReport, ReportBlocks, ReportCloud};
 
 /// How often the node state's holdings are looked at when nothing signalled a change (a range that
 /// drained and left, allocations that came and went).
@@ -369,18 +369,19 @@ async fn read_host(
     uid: &str,
 ) -> Result<HoldingsRecord, String> {
     let config = state.blocks.config();
-    let blocks = match committer.submit(Op::BlockReport).await {
-        Ok(Reply::Blocks(report)) => report,
-        other => return Err(format!("reading the node's ranges: {other:?}")),
-    };
+    let blocks = committer
+        .call(ReportBlocks {})
+        .await
+        .map_err(|error| format!("reading the node's ranges: {error:?}"))?;
     let clouds = config
         .as_ref()
         .is_some_and(|c| c.pools.iter().any(|p| p.is_cloud()));
     let cloud = if clouds {
-        match committer.submit(Op::CloudReport).await {
-            Ok(Reply::Cloud(report)) => Some(report),
-            other => return Err(format!("reading the cloud pools: {other:?}")),
-        }
+        let report = committer
+            .call(ReportCloud {})
+            .await
+            .map_err(|error| format!("reading the cloud pools: {error:?}"))?;
+        Some(report)
     } else {
         None
     };

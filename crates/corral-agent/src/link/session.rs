@@ -29,7 +29,7 @@ use super::held::{AcrossRounds, Held, screen};
 use super::holdings;
 use super::state::{ClusterOptions, Cx, LinkError, SharedClusterState, backoff, now_ms, update};
 use crate::committer::Committer;
-use crate::node::{ClusterRanges, Op, Reply};
+use crate::node::{ClusterRanges, Pools};
 
 /// Runs the cluster link until `stop` fires, reconnecting with jittered backoff (1 s doubling
 /// to 30 s) after any failure. The agent's gate ([`Gate`]) opens once the first round holds
@@ -127,10 +127,7 @@ pub(super) async fn run_link<K: Kv>(
                     s.node_id = None;
                     s.last_error = Some(message.clone());
                 });
-                if let Err(e) = committer
-                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
-                    .await
-                {
+                if let Err(e) = committer.call(ClusterRanges::default()).await {
                     update(&state, |s| {
                         s.last_error =
                             Some(format!("{message}; draining its cluster ranges: {e:?}"))
@@ -188,10 +185,7 @@ pub(super) async fn run_link<K: Kv>(
                         options.node
                     ));
                 });
-                if let Err(error) = committer
-                    .submit(Op::SetClusterRanges(ClusterRanges::default()))
-                    .await
-                {
+                if let Err(error) = committer.call(ClusterRanges::default()).await {
                     update(&state, |s| {
                         s.last_error = Some(format!("draining after the node's removal: {error:?}"))
                     });
@@ -232,8 +226,8 @@ pub(super) async fn run_link<K: Kv>(
 pub(super) async fn cluster_ranges_held(
     committer: &Committer,
 ) -> Option<Vec<(String, corral_api::RangeInfo)>> {
-    match committer.submit(Op::Pools(Some("node".into()))).await {
-        Ok(Reply::Pools(pools)) => Some(
+    match committer.call(Pools(Some("node".into()))).await {
+        Ok(pools) => Some(
             pools
                 .pools
                 .into_iter()
@@ -403,9 +397,7 @@ pub(super) async fn link<K: Kv>(
         // ranges drain while the holder is waited for, so two never serve them; the grants
         // come back with the key.
         report(message);
-        let drained = committer
-            .submit(Op::SetClusterRanges(ClusterRanges::default()))
-            .await;
+        let drained = committer.call(ClusterRanges::default()).await;
         if let Err(error) = drained {
             eprintln!("corral agent: cluster: draining the node's ranges: {error:?}");
         }
@@ -815,13 +807,11 @@ pub(super) async fn apply(
             .or_default()
             .push(range.to_string());
     }
-    match committer
-        .submit(Op::SetClusterRanges(ClusterRanges {
-            ranges,
-            block_families,
-        }))
-        .await
-    {
+    let grants = ClusterRanges {
+        ranges,
+        block_families,
+    };
+    match committer.call(grants).await {
         Ok(_) => {
             update(state, |s| {
                 s.grants = shown;

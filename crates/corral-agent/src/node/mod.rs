@@ -43,10 +43,18 @@ mod wire;
 
 pub use crate::error::OpError;
 pub use batch::RunBatch;
+/// The requests of the operations whose argument another shares (or that take none); the
+/// rest are their argument types (`api::AllocateRequest`, [`ClusterRanges`], ...).
+pub use op::{
+    AddExclusion, AddInterfaceAddress, AddRange, CniCheck, CniDel, Dump, Export, Gauges, Import,
+    Interface, InterfaceGauges, Interfaces, LeaseStop, Pools, ReclaimBlock, RemoveExclusion,
+    RemoveInterface, RemoveInterfaceAddress, RemoveRange, ReportBlocks, ReportCloud, Status,
+    SurrenderBlock, SurrenderCloudAddress, Tick,
+};
 pub use op::{
     BlockReport, CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport,
     ClusterRanges, ClusterRangesOutcome, FROZEN_REASON, Gauge, HeldRange, InterfaceGauge, Op,
-    Reply, SURRENDERED_REASON, Surrender,
+    Reply, Request, SURRENDERED_REASON, Surrender,
 };
 pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
 

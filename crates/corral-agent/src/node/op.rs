@@ -344,3 +344,157 @@ pub struct InterfaceGauge {
     pub free: f64,
     pub cooling: f64,
 }
+
+/// An operation with the one answer it gets. [`Committer::call`](crate::committer::Committer::call)
+/// submits it and hands back that answer, typed: no caller matches a [`Reply`], so none can
+/// meet one it did not expect. The pairs are listed once, below, each with the [`Op`] it makes
+/// and the [`Reply`] variant that carries its answer.
+pub trait Request {
+    /// What the operation answers.
+    type Answer;
+
+    /// The operation the committer runs.
+    fn into_op(self) -> Op;
+
+    /// The answer out of the reply the node state gave; a reply of another variant (a bug in
+    /// the node state) comes back as it is.
+    fn answer(reply: Reply) -> Result<Self::Answer, Box<Reply>>;
+}
+
+/// The requests of the operations whose argument type names no other operation's.
+macro_rules! requests {
+    ($($request:ty => $op:ident, $variant:ident($answer:ty);)*) => {$(
+        impl Request for $request {
+            type Answer = $answer;
+
+            fn into_op(self) -> Op {
+                Op::$op(self)
+            }
+
+            fn answer(reply: Reply) -> Result<$answer, Box<Reply>> {
+                match reply {
+                    Reply::$variant(answer) => Ok(answer),
+                    other => Err(Box::new(other)),
+                }
+            }
+        }
+    )*};
+}
+
+/// Requests that wrap an argument another operation shares (or none), with the operation
+/// they make.
+macro_rules! wrapped {
+    ($($(#[$doc:meta])* $name:ident $(($arg:ty))? $({ $($field:ident: $fty:ty),* $(,)? })?
+        => |$this:ident| $op:expr, $variant:ident $(($answer:ty))?;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name $((pub $arg);)? $({ $(pub $field: $fty),* })?
+
+        impl Request for $name {
+            type Answer = wrapped!(@answer $($answer)?);
+
+            fn into_op(self) -> Op {
+                let $this = self;
+                $op
+            }
+
+            fn answer(reply: Reply) -> Result<Self::Answer, Box<Reply>> {
+                wrapped!(@match reply, $variant $(, $answer)?)
+            }
+        }
+    )*};
+    (@answer $answer:ty) => { $answer };
+    (@answer) => { () };
+    (@match $reply:ident, $variant:ident, $answer:ty) => {
+        match $reply {
+            Reply::$variant(answer) => Ok(answer),
+            other => Err(Box::new(other)),
+        }
+    };
+    (@match $reply:ident, $variant:ident) => {
+        match $reply {
+            Reply::$variant => Ok(()),
+            other => Err(Box::new(other)),
+        }
+    };
+}
+
+requests! {
+    api::AllocateRequest => Allocate, Allocated(api::AllocateResponse);
+    api::ReleaseRequest => Release, Released(api::ReleaseResponse);
+    api::LeaseStartRequest => LeaseStart, Lease(api::Lease);
+    api::CniAddRequest => CniAdd, Allocated(api::AllocateResponse);
+    api::CniGcRequest => CniGc, Gc(api::GcResponse);
+    api::GcRequest => Gc, Gc(api::GcResponse);
+    api::CniStatusRequest => CniStatus, ScopeStatus(api::ScopeStatus);
+    ClusterRanges => SetClusterRanges, ClusterRanges(ClusterRangesOutcome);
+    crate::local_routes::LocalRoutesRequest => ReserveLocalRoutes,
+        LocalRoutes(api::ReserveLocalRoutesResponse);
+    api::InterfaceRequest => AddInterface, Interface(api::InterfaceInfo);
+    api::IpamdImportRequest => ImportIpamd, IpamdImported(api::IpamdImportResponse);
+    CloudInterfaces => SetCloudInterfaces, CloudInterfaces(CloudOutcome);
+}
+
+wrapped! {
+    /// [`Op::LeaseStop`].
+    LeaseStop(api::LeaseStopRequest) => |r| Op::LeaseStop(r.0), Done;
+    /// [`Op::Dump`] of one scope, or all.
+    Dump(Option<String>) => |r| Op::Dump(r.0), Dump(api::DumpResponse);
+    /// [`Op::Status`] of one scope, or all.
+    Status(Option<String>) => |r| Op::Status(r.0), Status(api::StatusResponse);
+    /// [`Op::Pools`] of one scope, or all.
+    Pools(Option<String>) => |r| Op::Pools(r.0), Pools(api::PoolsResponse);
+    /// [`Op::AddRange`].
+    AddRange(api::RangeRequest) => |r| Op::AddRange(r.0), Done;
+    /// [`Op::RemoveRange`].
+    RemoveRange(api::RangeRequest) => |r| Op::RemoveRange(r.0),
+        RangeRemoved(api::RangeRemoved);
+    /// [`Op::AddExclusion`].
+    AddExclusion(api::ExclusionRequest) => |r| Op::AddExclusion(r.0), Done;
+    /// [`Op::RemoveExclusion`].
+    RemoveExclusion(api::ExclusionRequest) => |r| Op::RemoveExclusion(r.0), Done;
+    /// [`Op::Export`].
+    Export {} => |_r| Op::Export, Checkpoint(serde_json::Value);
+    /// [`Op::Import`].
+    Import(serde_json::Value) => |r| Op::Import(r.0), Done;
+    /// [`Op::CniDel`].
+    CniDel(api::CniKeyRequest) => |r| Op::CniDel(r.0), Released(api::ReleaseResponse);
+    /// [`Op::CniCheck`].
+    CniCheck(api::CniKeyRequest) => |r| Op::CniCheck(r.0), Allocated(api::AllocateResponse);
+    /// [`Op::SurrenderBlock`].
+    SurrenderBlock { pool: PoolName, range: RangeSpec }
+        => |r| Op::SurrenderBlock { pool: r.pool, range: r.range }, Surrender(Surrender);
+    /// [`Op::ReclaimBlock`].
+    ReclaimBlock { pool: PoolName, range: RangeSpec }
+        => |r| Op::ReclaimBlock { pool: r.pool, range: r.range }, Done;
+    /// [`Op::BlockReport`].
+    ReportBlocks {} => |_r| Op::BlockReport, Blocks(BlockReport);
+    /// [`Op::Tick`]: how many leases expired.
+    Tick {} => |_r| Op::Tick, Expired(usize);
+    /// [`Op::Gauges`].
+    Gauges {} => |_r| Op::Gauges, Gauges(Vec<Gauge>);
+    /// [`Op::Interfaces`] of one pool, or all.
+    Interfaces(Option<String>) => |r| Op::Interfaces(r.0), Interfaces(api::InterfacesResponse);
+    /// [`Op::Interface`].
+    Interface(String) => |r| Op::Interface(r.0), Interface(api::InterfaceInfo);
+    /// [`Op::RemoveInterface`].
+    RemoveInterface { id: String, force: bool }
+        => |r| Op::RemoveInterface { id: r.id, force: r.force },
+        InterfaceRemoved(api::InterfaceRemoved);
+    /// [`Op::AddInterfaceAddress`].
+    AddInterfaceAddress { id: String, address: String }
+        => |r| Op::AddInterfaceAddress { id: r.id, address: r.address },
+        Interface(api::InterfaceInfo);
+    /// [`Op::RemoveInterfaceAddress`].
+    RemoveInterfaceAddress { id: String, address: String, force: bool }
+        => |r| Op::RemoveInterfaceAddress { id: r.id, address: r.address, force: r.force },
+        Interface(api::InterfaceInfo);
+    /// [`Op::InterfaceGauges`].
+    InterfaceGauges {} => |_r| Op::InterfaceGauges, InterfaceGauges(Vec<InterfaceGauge>);
+    /// [`Op::SurrenderCloudAddress`].
+    SurrenderCloudAddress { pool: PoolName, address: IpNet }
+        => |r| Op::SurrenderCloudAddress { pool: r.pool, address: r.address },
+        Surrender(Surrender);
+    /// [`Op::CloudReport`].
+    ReportCloud {} => |_r| Op::CloudReport, Cloud(CloudReport);
+}
