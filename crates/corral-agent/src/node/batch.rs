@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use corral_store::Store;
 
-use super::op::{Op, Reply};
+use super::op::{Import, Op, Reply, Request};
 use super::scope::{Write, persist};
 use super::state::{Clock, NodeState};
 use crate::capacity;
@@ -32,7 +32,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 // An import replaces state underneath the engines: it commits on its own.
                 let answer = self
                     .flush(&mut writes, &mut touched)
-                    .and_then(|()| self.import(document));
+                    .and_then(|()| self.import(document).map(Import::reply));
                 if answer.is_ok() {
                     self.committed_upto = i + 1;
                 }
@@ -42,9 +42,10 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
                 // A garbage collection reads and writes its suspects in a transaction of its
                 // own, after what the batch did so far is committed.
-                let answer = self
-                    .flush(&mut writes, &mut touched)
-                    .and_then(|()| self.run_gc(op, now, &mut writes, &mut touched));
+                let answer = self.flush(&mut writes, &mut touched).and_then(|()| {
+                    self.run_gc(op, now, &mut writes, &mut touched)
+                        .map(api::GcRequest::reply)
+                });
                 if answer.is_ok() {
                     self.committed_upto = i + 1;
                 }

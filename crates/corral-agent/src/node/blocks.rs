@@ -17,7 +17,6 @@ use corral_api as api;
 use corral_core::{Family, PoolName, RangeRemoval, RangeSpec};
 use corral_store::Store;
 
-use super::op::Reply;
 use super::op::{BlockReport, HeldRange, Surrender};
 use super::scope::{ensure_spec, spec_mut};
 use super::state::{Clock, NodeState};
@@ -34,15 +33,15 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         pool: &PoolName,
         spec: &RangeSpec,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<Surrender, OpError> {
         let declared = self.declared.clone();
         let scope = self.scope_mut(api::NODE_SCOPE)?;
-        let refuse = |reason: String| Ok(Reply::Surrender(Surrender::Refused(reason)));
+        let refuse = |reason: String| Ok(Surrender::Refused(reason));
         let entry = spec_mut(scope, pool)
             .and_then(|stored| stored.entry_at(spec).map(|i| stored.ranges[i].clone()));
         match entry {
             Some(entry) if capacity::is_surrendered(&entry) => {
-                return Ok(Reply::Surrender(Surrender::AlreadySurrendered));
+                return Ok(Surrender::AlreadySurrendered);
             }
             Some(entry)
                 if entry.source == corral_store::RangeSource::Cluster
@@ -97,7 +96,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             capacity::note_surrendered(stored, spec);
         }
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::Surrender(Surrender::Surrendered))
+        Ok(Surrender::Surrendered)
     }
 
     pub(super) fn reclaim_block(
@@ -105,13 +104,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         pool: &PoolName,
         spec: &RangeSpec,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<(), OpError> {
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         let surrendered = spec_mut(scope, pool)
             .and_then(|stored| stored.entry_at(spec).map(|i| stored.ranges[i].clone()))
             .is_some_and(|entry| capacity::is_surrendered(&entry));
         if !surrendered {
-            return Ok(Reply::Done);
+            return Ok(());
         }
         let new_pool = !scope.engine.pool_names().contains(pool);
         if new_pool {
@@ -120,10 +119,10 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         scope.engine.add_range(pool, *spec)?;
         capacity::note_granted(ensure_spec(scope, pool)?, spec);
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::Done)
+        Ok(())
     }
 
-    pub(super) fn block_report(&self) -> Result<Reply, OpError> {
+    pub(super) fn block_report(&self) -> Result<BlockReport, OpError> {
         let scope = self.scope(api::NODE_SCOPE)?;
         let mut report = BlockReport::default();
         for pool in scope.engine.pool_names() {
@@ -160,7 +159,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 }
             }
         }
-        Ok(Reply::Blocks(report))
+        Ok(report)
     }
 }
 
@@ -172,6 +171,7 @@ mod tests {
 
     use super::super::{ClusterRanges, Op};
     use super::*;
+    use crate::node::Reply;
 
     const A: &str = "10.61.0.0/28";
     const B: &str = "10.61.0.16/28";

@@ -32,7 +32,6 @@ use corral_core::{
 use corral_store::Store;
 
 use super::interfaces::{has_plain_ranges, store_table};
-use super::op::Reply;
 use super::op::{
     CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport, CloudSurrender,
     FROZEN_REASON, SURRENDERED_REASON,
@@ -160,7 +159,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         wanted: CloudInterfaces,
         now: Timestamp,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<CloudOutcome, OpError> {
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         scope.engine.advance(now);
         let mut outcome = CloudOutcome::default();
@@ -323,7 +322,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if !changed_pools.is_empty() {
             touched.insert(api::NODE_SCOPE.to_owned());
         }
-        Ok(Reply::CloudInterfaces(outcome))
+        Ok(outcome)
     }
 
     pub(super) fn surrender_cloud_address(
@@ -332,23 +331,23 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         address: IpNet,
         now: Timestamp,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<CloudSurrender, OpError> {
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         scope.engine.advance(now);
         if marked(scope, pool, SURRENDERED_REASON).contains(&address) {
-            return Ok(Reply::Surrender(CloudSurrender::AlreadySurrendered));
+            return Ok(CloudSurrender::AlreadySurrendered);
         }
         if marked(scope, pool, FROZEN_REASON).contains(&address) {
-            return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+            return Ok(CloudSurrender::Refused(format!(
                 "{address} of pool {pool} is gone from its record and still in use"
-            ))));
+            )));
         }
         if let Some(reason) = foreign_exclusion(scope, pool, address) {
             // Its marker would replace that exclusion, and drop it when the handshake ends.
-            return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+            return Ok(CloudSurrender::Refused(format!(
                 "{address} of pool {pool} is excluded on the node ({reason:?}); remove the \
                  exclusion to let it go"
-            ))));
+            )));
         }
         let holder = scope
             .interfaces
@@ -357,17 +356,17 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             .map(|spec| spec.id.clone());
         if let Some(id) = holder {
             let Some(table) = scope.interfaces.get_mut(pool) else {
-                return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+                return Ok(CloudSurrender::Refused(format!(
                     "the agent does not hold {address} in pool {pool}"
-                ))));
+                )));
             };
             // Unforced: in use or cooling is refused, and a refusal changes nothing.
             match table.remove_address(&mut scope.engine, &id, address, false, now) {
                 Ok(_) => {}
                 Err(error) => {
-                    return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+                    return Ok(CloudSurrender::Refused(format!(
                         "{address} of interface {id}: {error}"
-                    ))));
+                    )));
                 }
             }
             store_table(scope, pool)?;
@@ -380,18 +379,18 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             })
             .map(|(spec, _)| spec.id.clone())
         {
-            return Ok(Reply::Surrender(CloudSurrender::Refused(format!(
+            return Ok(CloudSurrender::Refused(format!(
                 "{address} overlaps another address of interface {other} in pool {pool}"
-            ))));
+            )));
         }
         // Not held (any more): marked so the records do not bring it back while the
         // handshake lasts.
         mark(scope, pool, address, SURRENDERED_REASON)?;
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::Surrender(CloudSurrender::Surrendered))
+        Ok(CloudSurrender::Surrendered)
     }
 
-    pub(super) fn cloud_report(&self, now: Timestamp) -> Result<Reply, OpError> {
+    pub(super) fn cloud_report(&self, now: Timestamp) -> Result<CloudReport, OpError> {
         let scope = self.scope(api::NODE_SCOPE)?;
         let mut report = CloudReport::default();
         let pools: BTreeSet<PoolName> = scope
@@ -450,7 +449,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 }
             }
         }
-        Ok(Reply::Cloud(report))
+        Ok(report)
     }
 }
 
@@ -587,6 +586,7 @@ mod tests {
 
     use super::super::Op;
     use super::*;
+    use crate::node::Reply;
 
     fn pool() -> PoolName {
         PoolName::new("vpc").unwrap()

@@ -10,13 +10,19 @@ use corral_api::ErrorCode;
 use corral_core::{Echo, Exclusion, Family, RangeRemoval, RangeSpec, Timestamp};
 use corral_store::{Store, Txn, export_checkpoint};
 
-use super::op::{Op, Reply};
+use super::op::{
+    AddExclusion, AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, CniCheck, CniDel,
+    Dump, Export, Gauges, Interface, InterfaceGauges, Interfaces, LeaseStop, Op, Pools,
+    ReclaimBlock, RemoveExclusion, RemoveInterface, RemoveInterfaceAddress, RemoveRange, Reply,
+    ReportBlocks, ReportCloud, Request, Status, SurrenderBlock, SurrenderCloudAddress, Tick,
+};
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
 use super::wire::{api_lease, family_name, key_of, pool_name, released};
 use super::{cloud, interfaces, node_pool};
 use crate::capacity;
 use crate::error::OpError;
+use crate::local_routes::LocalRoutesRequest;
 
 /// An exclusion an operator makes may not carry a reason the reservation of local routes
 /// marks its own with: the next reservation would remove it.
@@ -42,11 +48,17 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<Reply, OpError> {
         if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
-            return self.run_gc(op, now, writes, touched);
+            return self
+                .run_gc(op, now, writes, touched)
+                .map(api::GcRequest::reply);
         }
         match op {
-            Op::Allocate(request) => self.allocate(request, now, writes, touched),
-            Op::Release(request) => self.release(request, now, writes, touched),
+            Op::Allocate(request) => self
+                .allocate(request, now, writes, touched)
+                .map(api::AllocateRequest::reply),
+            Op::Release(request) => self
+                .release(request, now, writes, touched)
+                .map(api::ReleaseRequest::reply),
             Op::LeaseStart(request) => {
                 let scope = self.scope_mut(&request.scope)?;
                 let lease = scope.engine.start_lease(
@@ -55,7 +67,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     now,
                 )?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
-                Ok(Reply::Lease(api_lease(&lease)))
+                Ok(api::LeaseStartRequest::reply(api_lease(&lease)))
             }
             Op::LeaseStop(request) => {
                 let id = corral_core::Uuid::parse_str(&request.id).map_err(|e| {
@@ -64,11 +76,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 let scope = self.scope_mut(&request.scope)?;
                 scope.engine.stop_lease(request.address, id)?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
-                Ok(Reply::Done)
+                Ok(LeaseStop::reply(()))
             }
-            Op::Dump(scope) => Ok(Reply::Dump(self.dump(scope.as_deref())?)),
-            Op::Status(scope) => Ok(Reply::Status(self.status(scope.as_deref(), now)?)),
-            Op::Pools(scope) => Ok(Reply::Pools(self.pools(scope.as_deref())?)),
+            Op::Dump(scope) => Ok(Dump::reply(self.dump(scope.as_deref())?)),
+            Op::Status(scope) => Ok(Status::reply(self.status(scope.as_deref(), now)?)),
+            Op::Pools(scope) => Ok(Pools::reply(self.pools(scope.as_deref())?)),
             Op::AddRange(request) => {
                 let pool = pool_name(&request.pool)?;
                 let spec: RangeSpec = request.range.parse().map_err(|e| {
@@ -100,7 +112,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 }
                 capacity::note_added(ensure_spec(scope, &pool)?, &spec);
                 touched.insert(request.scope);
-                Ok(Reply::Done)
+                Ok(AddRange::reply(()))
             }
             Op::RemoveRange(request) => {
                 let pool = pool_name(&request.pool)?;
@@ -117,7 +129,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     capacity::note_draining(stored, &spec);
                 }
                 touched.insert(request.scope);
-                Ok(Reply::RangeRemoved(api::RangeRemoved {
+                Ok(RemoveRange::reply(api::RangeRemoved {
                     outcome: match outcome {
                         RangeRemoval::Removed => api::RangeRemoval::Removed,
                         RangeRemoval::Draining { .. } => api::RangeRemoval::Draining,
@@ -143,7 +155,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     None => stored.exclusions.push((network, reason)),
                 }
                 touched.insert(request.scope);
-                Ok(Reply::Done)
+                Ok(AddExclusion::reply(()))
             }
             Op::RemoveExclusion(request) => {
                 let pool = pool_name(&request.pool)?;
@@ -157,34 +169,38 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     stored.exclusions.retain(|e| e.0 != text);
                 }
                 touched.insert(request.scope);
-                Ok(Reply::Done)
+                Ok(RemoveExclusion::reply(()))
             }
             Op::Export => {
                 let mut txn = self.store.begin().map_err(OpError::store)?;
                 let checkpoint = export_checkpoint(&mut txn).map_err(OpError::store)?;
                 txn.finish().map_err(OpError::store)?;
                 serde_json::to_value(&checkpoint)
-                    .map(Reply::Checkpoint)
+                    .map(Export::reply)
                     .map_err(|e| OpError::new(ErrorCode::RetryLater, e.to_string()))
             }
             Op::Import(_) => unreachable!("imports are run by run_batch"),
-            Op::CniAdd(request) => self.cni_add(request, now, writes, touched),
+            Op::CniAdd(request) => self
+                .cni_add(request, now, writes, touched)
+                .map(api::CniAddRequest::reply),
             Op::CniDel(request) => {
                 if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self.node_pool_del(pool, &request, now, writes, touched);
+                    return self
+                        .node_pool_del(pool, &request, now, writes, touched)
+                        .map(CniDel::reply);
                 }
                 let key = key_of(&request.key)?;
                 let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 let released_now = scope.engine.release_key(&key, now);
                 record_released(&name, &released_now, writes, touched);
-                Ok(Reply::Released(api::ReleaseResponse {
+                Ok(CniDel::reply(api::ReleaseResponse {
                     released: released_now.iter().map(released).collect(),
                 }))
             }
             Op::CniCheck(request) => {
                 if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self.node_pool_check(&pool, &request);
+                    return self.node_pool_check(&pool, &request).map(CniCheck::reply);
                 }
                 let key = key_of(&request.key)?;
                 let scope = self.scope(&request.network.name);
@@ -207,14 +223,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                         .collect(),
                     Err(_) => Vec::new(),
                 };
-                Ok(Reply::Allocated(api::AllocateResponse {
-                    allocations: held,
-                }))
+                Ok(CniCheck::reply(api::AllocateResponse { allocations: held }))
             }
             Op::CniGc(_) | Op::Gc(_) => unreachable!("garbage collections are run by run_gc"),
             Op::CniStatus(request) => {
                 if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self.node_pool_status(&pool, now);
+                    return self
+                        .node_pool_status(&pool, now)
+                        .map(api::CniStatusRequest::reply);
                 }
                 let name = self.cni_scope(&request.network, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
@@ -224,12 +240,18 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 status
                     .pools
                     .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
-                Ok(Reply::ScopeStatus(status))
+                Ok(api::CniStatusRequest::reply(status))
             }
-            Op::SetClusterRanges(grants) => self.set_cluster_ranges(grants, touched),
-            Op::SurrenderBlock { pool, range } => self.surrender_block(&pool, &range, touched),
-            Op::ReclaimBlock { pool, range } => self.reclaim_block(&pool, &range, touched),
-            Op::BlockReport => self.block_report(),
+            Op::SetClusterRanges(grants) => self
+                .set_cluster_ranges(grants, touched)
+                .map(ClusterRanges::reply),
+            Op::SurrenderBlock { pool, range } => self
+                .surrender_block(&pool, &range, touched)
+                .map(SurrenderBlock::reply),
+            Op::ReclaimBlock { pool, range } => self
+                .reclaim_block(&pool, &range, touched)
+                .map(ReclaimBlock::reply),
+            Op::BlockReport => self.block_report().map(ReportBlocks::reply),
             Op::ReserveLocalRoutes(request) => {
                 let scope = self.scope_mut(&request.scope)?;
                 let response = crate::local_routes::reserve(
@@ -239,7 +261,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     &request.host,
                 )?;
                 touched.insert(request.scope);
-                Ok(Reply::LocalRoutes(response))
+                Ok(LocalRoutesRequest::reply(response))
             }
             Op::Tick => {
                 let mut expired = 0;
@@ -248,28 +270,34 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     expired += gone.len();
                     record_released(name, &gone, writes, touched);
                 }
-                Ok(Reply::Expired(expired))
+                Ok(Tick::reply(expired))
             }
-            Op::Gauges => Ok(Reply::Gauges(self.gauges(now))),
-            Op::Interfaces(pool) => self.list_interfaces(pool, now),
-            Op::Interface(id) => self.show_interface(&id, now),
-            Op::AddInterface(request) => self.add_interface(request, now, touched),
-            Op::RemoveInterface { id, force } => {
-                self.remove_interface(&id, force, now, writes, touched)
-            }
-            Op::AddInterfaceAddress { id, address } => {
-                self.add_interface_address(&id, &address, now, touched)
-            }
-            Op::RemoveInterfaceAddress { id, address, force } => {
-                self.remove_interface_address(&id, &address, force, now, writes, touched)
-            }
-            Op::ImportIpamd(request) => self.import_ipamd(request, now, writes, touched),
-            Op::InterfaceGauges => Ok(Reply::InterfaceGauges(self.interface_gauges(now))),
-            Op::SetCloudInterfaces(wanted) => self.set_cloud_interfaces(wanted, now, touched),
-            Op::SurrenderCloudAddress { pool, address } => {
-                self.surrender_cloud_address(&pool, address, now, touched)
-            }
-            Op::CloudReport => self.cloud_report(now),
+            Op::Gauges => Ok(Gauges::reply(self.gauges(now))),
+            Op::Interfaces(pool) => self.list_interfaces(pool, now).map(Interfaces::reply),
+            Op::Interface(id) => self.show_interface(&id, now).map(Interface::reply),
+            Op::AddInterface(request) => self
+                .add_interface(request, now, touched)
+                .map(api::InterfaceRequest::reply),
+            Op::RemoveInterface { id, force } => self
+                .remove_interface(&id, force, now, writes, touched)
+                .map(RemoveInterface::reply),
+            Op::AddInterfaceAddress { id, address } => self
+                .add_interface_address(&id, &address, now, touched)
+                .map(AddInterfaceAddress::reply),
+            Op::RemoveInterfaceAddress { id, address, force } => self
+                .remove_interface_address(&id, &address, force, now, writes, touched)
+                .map(RemoveInterfaceAddress::reply),
+            Op::ImportIpamd(request) => self
+                .import_ipamd(request, now, writes, touched)
+                .map(api::IpamdImportRequest::reply),
+            Op::InterfaceGauges => Ok(InterfaceGauges::reply(self.interface_gauges(now))),
+            Op::SetCloudInterfaces(wanted) => self
+                .set_cloud_interfaces(wanted, now, touched)
+                .map(CloudInterfaces::reply),
+            Op::SurrenderCloudAddress { pool, address } => self
+                .surrender_cloud_address(&pool, address, now, touched)
+                .map(SurrenderCloudAddress::reply),
+            Op::CloudReport => self.cloud_report(now).map(ReportCloud::reply),
         }
     }
 }

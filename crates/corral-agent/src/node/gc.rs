@@ -13,7 +13,7 @@ use corral_core::{
 use corral_store::{GcOutcome, Store, Txn, collect_garbage, save_engine};
 
 use super::node_pool::node_pool_of;
-use super::op::{Op, Reply};
+use super::op::Op;
 use super::scope::Write;
 use super::state::{Clock, NodeState};
 use super::wire::{api_key, key_of};
@@ -29,7 +29,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::GcResponse, OpError> {
         match op {
             Op::CniGc(request) => {
                 let live = live_keys(&request.valid_attachments)?;
@@ -47,7 +47,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 };
                 let wanted = |key: &AttachmentKey| key.network() == network;
                 self.collect(&scope, wanted, &live, now, &policy, false)
-                    .map(|outcome| Reply::Gc(response(outcome, false)))
+                    .map(|outcome| response(outcome, false))
             }
             Op::Gc(request) => {
                 let live = live_keys(&request.live)?;
@@ -60,7 +60,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     &policy,
                     request.dry_run,
                 )
-                .map(|outcome| Reply::Gc(response(outcome, request.dry_run)))
+                .map(|outcome| response(outcome, request.dry_run))
             }
             _ => Err(OpError::new(
                 api::ErrorCode::RetryLater,
@@ -183,6 +183,7 @@ mod tests {
     use corral_store::{MemoryStore, ScopeConfig};
 
     use super::*;
+    use crate::node::Reply;
 
     #[derive(Clone, Debug, Default)]
     struct TestClock(Arc<AtomicU64>);

@@ -18,7 +18,7 @@ use corral_core::{
 use corral_store::{RangeSource, Store, StoredAllocation};
 use std::collections::BTreeSet;
 
-use super::op::{InterfaceGauge, Reply};
+use super::op::InterfaceGauge;
 use super::scope::{Scope, Write, ensure_spec, record_released};
 use super::state::{Clock, NodeState};
 use super::wire::{family_name, pool_name};
@@ -209,7 +209,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         pool: Option<String>,
         now: Timestamp,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::InterfacesResponse, OpError> {
         let wanted = pool.as_deref().map(pool_name).transpose()?;
         let scope = self.node()?;
         scope.engine.advance(now);
@@ -243,16 +243,20 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 interfaces,
             });
         }
-        Ok(Reply::Interfaces(api::InterfacesResponse { pools }))
+        Ok(api::InterfacesResponse { pools })
     }
 
     /// `GET /v1/interfaces/{id}`.
-    pub(super) fn show_interface(&mut self, id: &str, now: Timestamp) -> Result<Reply, OpError> {
+    pub(super) fn show_interface(
+        &mut self,
+        id: &str,
+        now: Timestamp,
+    ) -> Result<api::InterfaceInfo, OpError> {
         let id = interface_id(id)?;
         let scope = self.node()?;
         scope.engine.advance(now);
         let pool = pool_of(scope, &id)?;
-        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+        info_of(scope, &pool, &id, now)
     }
 
     /// `POST /v1/interfaces`: the interface, then its addresses, all or nothing.
@@ -261,7 +265,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         request: api::InterfaceRequest,
         now: Timestamp,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::InterfaceInfo, OpError> {
         let pool = pool_name(&request.pool)?;
         let id = interface_id(&request.id)?;
         let mac: MacAddr = request
@@ -358,7 +362,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         scope.interfaces.insert(pool.clone(), table);
         store_table(scope, &pool)?;
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+        info_of(scope, &pool, &id, now)
     }
 
     /// `DELETE /v1/interfaces/{id}`: with `force`, its allocations are released (the pods
@@ -370,7 +374,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::InterfaceRemoved, OpError> {
         let id = interface_id(id)?;
         let scope = self.node()?;
         let pool = pool_of(scope, &id)?;
@@ -385,11 +389,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         record_released(api::NODE_SCOPE, &removal.released, writes, touched);
         store_table(scope, &pool)?;
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::InterfaceRemoved(api::InterfaceRemoved {
+        Ok(api::InterfaceRemoved {
             id: id.to_string(),
             pool: pool.to_string(),
             addresses: removal.addresses.iter().map(ToString::to_string).collect(),
-        }))
+        })
     }
 
     /// `POST /v1/interfaces/{id}/addresses`.
@@ -399,7 +403,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         address: &str,
         now: Timestamp,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::InterfaceInfo, OpError> {
         let id = interface_id(id)?;
         let address = parse_net_or_addr(address)?;
         let scope = self.node()?;
@@ -410,7 +414,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         table.add_address(&mut scope.engine, &id, address, now)?;
         store_table(scope, &pool)?;
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+        info_of(scope, &pool, &id, now)
     }
 
     /// `DELETE /v1/interfaces/{id}/addresses`.
@@ -422,7 +426,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::InterfaceInfo, OpError> {
         let id = interface_id(id)?;
         let address = parse_net_or_addr(address)?;
         let scope = self.node()?;
@@ -434,7 +438,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         record_released(api::NODE_SCOPE, &removal.released, writes, touched);
         store_table(scope, &pool)?;
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::Interface(info_of(scope, &pool, &id, now)?))
+        info_of(scope, &pool, &id, now)
     }
 
     /// A CNI ADD (or a keyed API allocation) of one family on an interface-backed pool:
@@ -520,7 +524,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::IpamdImportResponse, OpError> {
         let pool = pool_name(&request.pool)?;
         let allocations = crate::ipamd::parse_checkpoint(&request.checkpoint)
             .map_err(|e| OpError::bad_request(format!("ipamd checkpoint: {e}")))?;
@@ -650,10 +654,10 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             writes.push(Write::Put(api::NODE_SCOPE.to_owned(), row));
         }
         touched.insert(api::NODE_SCOPE.to_owned());
-        Ok(Reply::IpamdImported(api::IpamdImportResponse {
+        Ok(api::IpamdImportResponse {
             pool: pool.to_string(),
             imported,
-        }))
+        })
     }
 
     /// Per pool: interfaces, and per interface its addresses by state, for `/metrics`.

@@ -15,7 +15,6 @@ use corral_api::ErrorCode;
 use corral_core::{AllocError, Family, PoolName, Request, Target, Timestamp};
 use corral_store::{Store, StoredAllocation};
 
-use super::op::Reply;
 use super::scope::{Write, record_released, scope_status};
 use super::state::{Clock, NodeState};
 use super::wire::{allocated, family_name, family_of, key_of, pool_name, released};
@@ -60,7 +59,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::AllocateResponse, OpError> {
         let key = key_of(&request.key)?;
         let mut requested: Vec<(Family, std::net::IpAddr)> = Vec::new();
         for set in &request.sets {
@@ -137,9 +136,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 writes,
                 touched,
             )?;
-            return Ok(Reply::Allocated(api::AllocateResponse {
+            return Ok(api::AllocateResponse {
                 allocations: vec![allocated],
-            }));
+            });
         }
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         let wanted: Vec<(Request<'_>, Target)> = families
@@ -179,9 +178,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if interface_backed {
             super::interfaces::decorate(scope, &mut answer);
         }
-        Ok(Reply::Allocated(api::AllocateResponse {
+        Ok(api::AllocateResponse {
             allocations: answer,
-        }))
+        })
     }
 
     pub(super) fn node_pool_del(
@@ -191,7 +190,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::ReleaseResponse, OpError> {
         let key = key_of(&request.key)?;
         let mut gone = self.unassign_on_interfaces(&key, now, writes, touched)?;
         let scope = self.scope_mut(api::NODE_SCOPE)?;
@@ -208,16 +207,16 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             );
         }
         record_released(api::NODE_SCOPE, &gone, writes, touched);
-        Ok(Reply::Released(api::ReleaseResponse {
+        Ok(api::ReleaseResponse {
             released: gone.iter().map(released).collect(),
-        }))
+        })
     }
 
     pub(super) fn node_pool_check(
         &self,
         pool: &PoolName,
         request: &api::CniKeyRequest,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::AllocateResponse, OpError> {
         let key = key_of(&request.key)?;
         let scope = self.scope(api::NODE_SCOPE)?;
         let mut found = scope.engine.lookup_key(&key);
@@ -243,9 +242,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 interface: None,
             })
             .collect();
-        Ok(Reply::Allocated(api::AllocateResponse {
-            allocations: held,
-        }))
+        Ok(api::AllocateResponse { allocations: held })
     }
 
     /// The pool's use; no pools at all when it does not exist (yet).
@@ -253,11 +250,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         pool: &PoolName,
         now: Timestamp,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::ScopeStatus, OpError> {
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         scope.engine.advance(now);
         let mut status = scope_status(api::NODE_SCOPE, scope);
         status.pools.retain(|p| p.pool == pool.as_str());
-        Ok(Reply::ScopeStatus(status))
+        Ok(status)
     }
 }

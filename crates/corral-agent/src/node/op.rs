@@ -356,9 +356,15 @@ pub trait Request {
     /// The operation the committer runs.
     fn into_op(self) -> Op;
 
-    /// The answer out of the reply the node state gave; a reply of another variant (a bug in
-    /// the node state) comes back as it is.
+    /// The answer out of the reply the node state gave; a reply of another variant comes
+    /// back as it is (it cannot happen: the node state builds each reply with [`reply`]).
+    ///
+    /// [`reply`]: Request::reply
     fn answer(reply: Reply) -> Result<Self::Answer, Box<Reply>>;
+
+    /// The reply that carries `answer`: the node state answers each operation through its
+    /// request's `reply`, so the two sides name one variant.
+    fn reply(answer: Self::Answer) -> Reply;
 }
 
 /// The requests of the operations whose argument type names no other operation's.
@@ -376,6 +382,10 @@ macro_rules! requests {
                     Reply::$variant(answer) => Ok(answer),
                     other => Err(Box::new(other)),
                 }
+            }
+
+            fn reply(answer: $answer) -> Reply {
+                Reply::$variant(answer)
             }
         }
     )*};
@@ -401,8 +411,17 @@ macro_rules! wrapped {
             fn answer(reply: Reply) -> Result<Self::Answer, Box<Reply>> {
                 wrapped!(@match reply, $variant $(, $answer)?)
             }
+
+            fn reply(answer: Self::Answer) -> Reply {
+                wrapped!(@reply answer, $variant $(, $answer)?)
+            }
         }
     )*};
+    (@reply $value:ident, $variant:ident, $answer:ty) => { Reply::$variant($value) };
+    (@reply $value:ident, $variant:ident) => {{
+        let () = $value;
+        Reply::$variant
+    }};
     (@answer $answer:ty) => { $answer };
     (@answer) => { () };
     (@match $reply:ident, $variant:ident, $answer:ty) => {

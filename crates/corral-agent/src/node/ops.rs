@@ -14,7 +14,7 @@ use corral_store::{
     import_checkpoint, save_engine,
 };
 
-use super::op::{ClusterRanges, ClusterRangesOutcome, Gauge, Reply};
+use super::op::{ClusterRanges, ClusterRangesOutcome, Gauge};
 use super::scope::{
     Scope, Write, combine_node, ensure_spec, record_released, scope_status, spec_mut,
 };
@@ -32,7 +32,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::AllocateResponse, OpError> {
         let pool = pool_name(&request.pool)?;
         let key = request.key.as_ref().map(key_of).transpose()?;
         let family = match (request.family, request.address) {
@@ -78,9 +78,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     writes,
                     touched,
                 )?;
-                return Ok(Reply::Allocated(api::AllocateResponse {
+                return Ok(api::AllocateResponse {
                     allocations: vec![allocated],
-                }));
+                });
             }
         }
         let scope = self.scope_mut(&scope_name)?;
@@ -135,9 +135,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if interface_backed {
             super::interfaces::decorate(scope, &mut answer);
         }
-        Ok(Reply::Allocated(api::AllocateResponse {
+        Ok(api::AllocateResponse {
             allocations: answer,
-        }))
+        })
     }
 
     pub(super) fn release(
@@ -146,7 +146,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::ReleaseResponse, OpError> {
         let given = usize::from(request.key.is_some())
             + usize::from(request.address.is_some())
             + usize::from(request.owner.is_some());
@@ -172,9 +172,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             let rest = scope.engine.release_key(&key, now);
             record_released(&scope_name, &rest, writes, touched);
             gone.extend(rest);
-            return Ok(Reply::Released(api::ReleaseResponse {
+            return Ok(api::ReleaseResponse {
                 released: gone.iter().map(released).collect(),
-            }));
+            });
         } else if let Some(addr) = request.address {
             match scope.engine.release(addr, request.generation, now) {
                 Ok(r) => vec![r],
@@ -188,9 +188,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 .release_owner(request.owner.as_deref().unwrap_or_default(), now)
         };
         record_released(&scope_name, &gone, writes, touched);
-        Ok(Reply::Released(api::ReleaseResponse {
+        Ok(api::ReleaseResponse {
             released: gone.iter().map(released).collect(),
-        }))
+        })
     }
 
     pub(super) fn cni_add(
@@ -199,7 +199,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<api::AllocateResponse, OpError> {
         if let Some(pool) = super::node_pool::node_pool_of(&request.network)? {
             return self.node_pool_add(pool, request, now, writes, touched);
         }
@@ -254,13 +254,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             ));
             touched.insert(name.clone());
         }
-        Ok(Reply::Allocated(api::AllocateResponse {
+        Ok(api::AllocateResponse {
             allocations: got
                 .iter()
                 .zip(&pools)
                 .map(|(a, pool)| allocated(pool, a))
                 .collect(),
-        }))
+        })
     }
 
     /// [`super::Op::SetClusterRanges`]: removals first (so a range moved between pools or
@@ -270,7 +270,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         grants: ClusterRanges,
         touched: &mut BTreeSet<String>,
-    ) -> Result<Reply, OpError> {
+    ) -> Result<ClusterRangesOutcome, OpError> {
         let declared = self.declared.clone();
         let granted: Vec<(String, RangeSpec)> = grants
             .ranges
@@ -372,10 +372,10 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             touched.insert(api::NODE_SCOPE.to_owned());
         }
         self.cluster_refused.clone_from(&outcome.refused);
-        Ok(Reply::ClusterRanges(outcome))
+        Ok(outcome)
     }
 
-    pub(super) fn import(&mut self, document: serde_json::Value) -> Result<Reply, OpError> {
+    pub(super) fn import(&mut self, document: serde_json::Value) -> Result<(), OpError> {
         let checkpoint: corral_store::Checkpoint = serde_json::from_value(document)
             .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")))?;
         // Interfaces are the node's: a pool backed by them belongs to the `node` scope only.
@@ -459,7 +459,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             self.scopes.insert(name, scope);
         }
         self.count_broken();
-        Ok(Reply::Done)
+        Ok(())
     }
 
     pub(super) fn dump(&self, scope: Option<&str>) -> Result<api::DumpResponse, OpError> {
