@@ -185,8 +185,9 @@ impl<K: Clone> Clone for Ctx<K> {
     }
 }
 
-/// The sync's state for one leadership term.
-struct Sync<K, P> {
+/// The node CIDR sync of one leadership term: what it described, its clocks and its pass
+/// schedule (named apart from `std::marker::Sync`, which a bare `Sync` would shadow).
+struct NodeCidrSync<K, P> {
     ctx: Ctx<K>,
     cloud: Option<SyncCloud<P>>,
     signal: Arc<SyncSignal>,
@@ -222,7 +223,7 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
     cloud: Option<SyncCloud<P>>,
     signal: Arc<SyncSignal>,
 ) {
-    let mut sync = Sync {
+    let mut sync = NodeCidrSync {
         ctx: Ctx {
             kv,
             keys,
@@ -264,7 +265,7 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
     }
 }
 
-impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
+impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
     fn next_wake(&self) -> Instant {
         let mut wake = Instant::now() + Duration::from_secs(3600);
         if self.idle {
