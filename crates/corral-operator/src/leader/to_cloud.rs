@@ -19,7 +19,7 @@
 //! Its memory (the cloud view, backoffs, problems reported) is lost with the lead; a new leader
 //! resyncs before it mutates anything.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,11 +36,11 @@ use corral_cluster::{
     Key, Keys, NodeName, PoolName, Resync, RetryState, encode_value,
 };
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::logged::{Write, WriteError, fenced_txn};
 use super::pending::PendingNodes;
+use super::runner::{self, NodeManager, Runner};
 use crate::WallClock;
 use crate::election::Fence;
 use crate::state::Shared;
@@ -131,18 +131,14 @@ enum Done {
 
 #[derive(Debug, Default)]
 struct NodeSync {
-    retry: RetryState,
-    not_before: Option<Instant>,
     /// Problems reported at the last plan (reported again only when they change).
     reported: Vec<String>,
 }
 
 struct Manager<K, P> {
     ctx: Ctx<K, P>,
-    workers: usize,
     resync_every: Duration,
     signal: Arc<Signal>,
-    running: JoinSet<Done>,
     ready: bool,
     resync_running: bool,
     resync_state: RetryState,
@@ -158,7 +154,6 @@ struct Manager<K, P> {
     /// This manager's own changes, over both views while a describe may not show them yet.
     own: HashMap<(CloudId, IpNet), (bool, Instant)>,
     nodes: HashMap<NodeName, NodeSync>,
-    busy: HashSet<NodeName>,
     pending: BTreeSet<NodeName>,
     next_intent: u64,
     /// Pool-wide problems reported (a length the provider cannot take), once each.
@@ -180,7 +175,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
     clock: WallClock,
     signal: Arc<Signal>,
 ) {
-    let mut manager = Manager {
+    let manager = Manager {
         ctx: Ctx {
             kv,
             keys,
@@ -189,10 +184,8 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
             provider,
             clock,
         },
-        workers: workers.max(1),
         resync_every,
         signal,
-        running: JoinSet::new(),
         ready: false,
         resync_running: false,
         resync_state: RetryState::default(),
@@ -203,27 +196,186 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
         described: BTreeMap::new(),
         own: HashMap::new(),
         nodes: HashMap::new(),
-        busy: HashSet::new(),
         pending: BTreeSet::new(),
         next_intent: 0,
         pool_problems: Vec::new(),
         idle: false,
     };
     manager.signal.all();
-    loop {
-        if manager.turn().is_none() {
-            return;
-        }
-        let wake = manager.next_wake();
-        tokio::select! {
-            () = manager.signal.pending.notified() => {}
-            Some(done) = manager.running.join_next(), if !manager.running.is_empty() => {
-                if let Ok(done) = done {
-                    manager.finish(done);
+    runner::manage(manager, workers).await;
+}
+
+impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
+    type Done = Done;
+
+    /// One turn: take the signal, start what is due. `None` when the view is gone.
+    fn turn(&mut self, runner: &mut Runner<NodeName, Done>) -> Option<()> {
+        let (nodes, all) = self.signal.pending.take();
+        let now = Instant::now();
+        let shared = Arc::clone(&self.ctx.shared);
+        shared.with_view(|view, _| {
+            let pools = decide::to_cloud_pools(view.config());
+            if all || !self.ready || self.idle {
+                let concerned = concerned(view, &pools);
+                self.idle = concerned.is_empty();
+                if self.idle {
+                    // Nothing to sync: no call at all (not even a resync) until the signal
+                    // names a node.
+                    self.pending.clear();
+                    self.nodes.clear();
+                    runner.forget_all();
+                    return;
+                }
+                self.pending.extend(concerned);
+            }
+            self.pending.extend(nodes);
+            if !self.resync_running && self.resync_at <= now {
+                self.start_resync(runner);
+            }
+            let delegable = [
+                self.ctx.provider.delegable_prefix_len(false),
+                self.ctx.provider.delegable_prefix_len(true),
+            ];
+            let pool_problems: Vec<String> = pools
+                .iter()
+                .filter_map(|p| {
+                    let len = match p.family {
+                        Family::V4 => delegable[0],
+                        Family::V6 => delegable[1],
+                    };
+                    decide::length_problem(p, len)
+                })
+                .collect();
+            for problem in &pool_problems {
+                if !self.pool_problems.contains(problem) {
+                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
                 }
             }
-            () = tokio::time::sleep_until(wake) => {}
+            self.pool_problems = pool_problems;
+            // Nothing before the first resync, nor while etcd went back in time and granting
+            // has not resumed (delegation records made since the snapshot are forgotten).
+            if !self.ready || shared.regression_unsettled() {
+                return;
+            }
+            let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
+            for node in pending {
+                if runner.is_full() {
+                    break;
+                }
+                if !runner.is_due(&node, now) {
+                    continue;
+                }
+                self.pending.remove(&node);
+                if let Some(step) = self.plan(runner, view, &pools, &node) {
+                    self.spawn(runner, node, step);
+                }
+            }
+        })
+    }
+
+    /// Takes in a finished task.
+    fn finish(&mut self, runner: &mut Runner<NodeName, Done>, done: Done) {
+        match done {
+            Done::Resync(result) => {
+                self.resync_running = false;
+                let timing = self.timing();
+                match result {
+                    Ok((interfaces, subnets)) => {
+                        self.subnets = subnets
+                            .iter()
+                            .map(|s| {
+                                let mut cidrs = vec![IpNet::V4(s.ipv4_cidr)];
+                                cidrs.extend(s.ipv6_cidr.map(IpNet::V6));
+                                (s.id.clone(), cidrs)
+                            })
+                            .collect();
+                        self.resynced = interfaces
+                            .iter()
+                            .filter_map(|ni| {
+                                let a = ni.attachment.as_ref()?;
+                                (a.device_index == 0)
+                                    .then(|| (a.instance_id.clone(), self.primary_sight(ni)))
+                            })
+                            .collect();
+                        self.described.clear();
+                        // Own changes stay over the view until a resync that began well after
+                        // them (its describe may lag them by up to the bound).
+                        let started = self.resync_started;
+                        self.own
+                            .retain(|_, (_, at)| *at + OWN_CHANGES_KEPT > started);
+                        if !self.ready {
+                            self.ready = true;
+                        }
+                        self.resync_at = Instant::now()
+                            + self.resync_state.success(&timing).max(self.resync_every);
+                        self.signal.all();
+                    }
+                    Err(error) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("to-cloud resync: {error}"));
+                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
+                    }
+                }
+            }
+            Done::Node {
+                node,
+                outcome,
+                writes,
+                described,
+                changed,
+            } => {
+                self.apply_writes(&writes);
+                if let Some((instance, sight)) = described {
+                    match sight {
+                        Some(sight) => {
+                            self.described.insert(instance, sight);
+                        }
+                        None => {
+                            self.described.remove(&instance);
+                        }
+                    }
+                }
+                if let Some((interface, prefix, present)) = changed {
+                    self.own
+                        .insert((interface, prefix), (present, Instant::now()));
+                }
+                let timing = self.timing();
+                match outcome {
+                    Outcome::Ok => {
+                        runner.reset_backoff(&node);
+                        self.pending.insert(node);
+                    }
+                    Outcome::Wait(wait) => runner.wait(&node, wait),
+                    Outcome::Failed(problem) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("to-cloud {node}: {problem}"));
+                        runner.back_off(&node, &timing);
+                    }
+                    Outcome::Fenced => {}
+                }
+            }
         }
+    }
+
+    fn next_wake(&self) -> Instant {
+        let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            return wake;
+        }
+        if !self.resync_running && self.ready {
+            wake = wake.min(self.resync_at);
+        }
+        wake
+    }
+
+    fn signal(&self) -> &PendingNodes {
+        &self.signal.pending
+    }
+
+    fn pending(&mut self) -> &mut BTreeSet<NodeName> {
+        &mut self.pending
     }
 }
 
@@ -267,101 +419,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         (self.ctx.clock)()
     }
 
-    fn next_wake(&self) -> Instant {
-        let mut wake = Instant::now() + Duration::from_secs(3600);
-        if self.idle {
-            return wake;
-        }
-        if !self.resync_running && self.ready {
-            wake = wake.min(self.resync_at);
-        }
-        for state in self.nodes.values() {
-            if let Some(at) = state.not_before {
-                wake = wake.min(at);
-            }
-        }
-        wake
-    }
-
-    fn turn(&mut self) -> Option<()> {
-        let (nodes, all) = self.signal.pending.take();
-        let now = Instant::now();
-        let shared = Arc::clone(&self.ctx.shared);
-        shared.with_view(|view, _| {
-            let pools = decide::to_cloud_pools(view.config());
-            if all || !self.ready || self.idle {
-                let concerned = concerned(view, &pools);
-                self.idle = concerned.is_empty();
-                if self.idle {
-                    // Nothing to sync: no call at all (not even a resync) until the signal
-                    // names a node.
-                    self.pending.clear();
-                    self.nodes.clear();
-                    return;
-                }
-                self.pending.extend(concerned);
-            }
-            self.pending.extend(nodes);
-            for (node, state) in &mut self.nodes {
-                if state.not_before.is_some_and(|at| at <= now) {
-                    state.not_before = None;
-                    self.pending.insert(node.clone());
-                }
-            }
-            if !self.resync_running && self.resync_at <= now {
-                self.start_resync();
-            }
-            let delegable = [
-                self.ctx.provider.delegable_prefix_len(false),
-                self.ctx.provider.delegable_prefix_len(true),
-            ];
-            let pool_problems: Vec<String> = pools
-                .iter()
-                .filter_map(|p| {
-                    let len = match p.family {
-                        Family::V4 => delegable[0],
-                        Family::V6 => delegable[1],
-                    };
-                    decide::length_problem(p, len)
-                })
-                .collect();
-            for problem in &pool_problems {
-                if !self.pool_problems.contains(problem) {
-                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
-                }
-            }
-            self.pool_problems = pool_problems;
-            // Nothing before the first resync, nor while etcd went back in time and granting
-            // has not resumed (delegation records made since the snapshot are forgotten).
-            if !self.ready || shared.regression_unsettled() {
-                return;
-            }
-            let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
-            for node in pending {
-                if self.running.len() >= self.workers {
-                    break;
-                }
-                if self.busy.contains(&node)
-                    || self
-                        .nodes
-                        .get(&node)
-                        .is_some_and(|s| s.not_before.is_some_and(|at| at > now))
-                {
-                    continue;
-                }
-                self.pending.remove(&node);
-                if let Some(step) = self.plan(view, &pools, &node) {
-                    self.spawn(node, step);
-                }
-            }
-        })
-    }
-
-    fn start_resync(&mut self) {
+    fn start_resync(&mut self, runner: &mut Runner<NodeName, Done>) {
         self.resync_running = true;
         self.resync_started = Instant::now();
         let ctx = self.ctx.clone();
-        self.running.spawn(async move {
+        runner.spawn([], async move {
             let interfaces = ctx
                 .provider
                 .describe_interfaces(&InterfaceFilter::default())
@@ -407,7 +469,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     }
 
     /// The node's next step: an open intent first, else the plan's first step.
-    fn plan(&mut self, view: &ClusterView, pools: &[ToCloudPool], node: &NodeName) -> Option<Step> {
+    fn plan(
+        &mut self,
+        runner: &mut Runner<NodeName, Done>,
+        view: &ClusterView,
+        pools: &[ToCloudPool],
+        node: &NodeName,
+    ) -> Option<Step> {
         if let Some((id, entry)) = delegation_intents(view)
             .find(|(_, e)| e.record.as_ref().and_then(|r| r.node.as_ref()) == Some(node))
         {
@@ -477,13 +545,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         }
         if let Some(at) = plan.recheck_at_ms {
             let wait = Instant::now() + Duration::from_millis(at.saturating_sub(now_ms) + 10);
-            state.not_before = Some(state.not_before.map_or(wait, |t| t.min(wait)));
+            runner.come_back_by(node, wait);
         }
         plan.steps.into_iter().next().map(Step::Plan)
     }
 
-    fn spawn(&mut self, node: NodeName, step: Step) {
-        self.busy.insert(node.clone());
+    fn spawn(&mut self, runner: &mut Runner<NodeName, Done>, node: NodeName, step: Step) {
         self.next_intent += 1;
         let intent = format!(
             "cd-{:x}-{:x}-{:x}",
@@ -493,7 +560,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         );
         let ctx = self.ctx.clone();
         let subnets = self.subnets.clone();
-        self.running.spawn(async move {
+        runner.spawn([node.clone()], async move {
             let mut run = Run {
                 ctx: &ctx,
                 node: &node,
@@ -519,94 +586,6 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 changed,
             }
         });
-    }
-
-    fn finish(&mut self, done: Done) {
-        match done {
-            Done::Resync(result) => {
-                self.resync_running = false;
-                let timing = self.timing();
-                match result {
-                    Ok((interfaces, subnets)) => {
-                        self.subnets = subnets
-                            .iter()
-                            .map(|s| {
-                                let mut cidrs = vec![IpNet::V4(s.ipv4_cidr)];
-                                cidrs.extend(s.ipv6_cidr.map(IpNet::V6));
-                                (s.id.clone(), cidrs)
-                            })
-                            .collect();
-                        self.resynced = interfaces
-                            .iter()
-                            .filter_map(|ni| {
-                                let a = ni.attachment.as_ref()?;
-                                (a.device_index == 0)
-                                    .then(|| (a.instance_id.clone(), self.primary_sight(ni)))
-                            })
-                            .collect();
-                        self.described.clear();
-                        // Own changes stay over the view until a resync that began well after
-                        // them (its describe may lag them by up to the bound).
-                        let started = self.resync_started;
-                        self.own
-                            .retain(|_, (_, at)| *at + OWN_CHANGES_KEPT > started);
-                        if !self.ready {
-                            self.ready = true;
-                        }
-                        self.resync_at = Instant::now()
-                            + self.resync_state.success(&timing).max(self.resync_every);
-                        self.signal.all();
-                    }
-                    Err(error) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("to-cloud resync: {error}"));
-                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
-                    }
-                }
-            }
-            Done::Node {
-                node,
-                outcome,
-                writes,
-                described,
-                changed,
-            } => {
-                self.busy.remove(&node);
-                self.apply_writes(&writes);
-                if let Some((instance, sight)) = described {
-                    match sight {
-                        Some(sight) => {
-                            self.described.insert(instance, sight);
-                        }
-                        None => {
-                            self.described.remove(&instance);
-                        }
-                    }
-                }
-                if let Some((interface, prefix, present)) = changed {
-                    self.own
-                        .insert((interface, prefix), (present, Instant::now()));
-                }
-                let timing = self.timing();
-                let state = self.nodes.entry(node.clone()).or_default();
-                match outcome {
-                    Outcome::Ok => {
-                        state.retry = RetryState::default();
-                        self.pending.insert(node);
-                    }
-                    Outcome::Wait(wait) => state.not_before = Some(Instant::now() + wait),
-                    Outcome::Failed(problem) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("to-cloud {node}: {problem}"));
-                        let wait = state.retry.error(&timing);
-                        state.not_before = Some(Instant::now() + wait);
-                    }
-                    Outcome::Fenced => {}
-                }
-            }
-        }
     }
 
     fn primary_sight(&self, ni: &NetworkInterface) -> PrimarySight {

@@ -42,13 +42,13 @@ use corral_cluster::{
     RetryState, encode_value,
 };
 use corral_kv::Kv;
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::CloudOptions;
 use crate::election::Fence;
 use crate::leader::logged::Write;
 use crate::leader::pending::PendingNodes;
+use crate::leader::runner::{self, NodeManager, Runner};
 use crate::state::{CloudNodeFigures, Shared};
 
 mod ctx;
@@ -102,11 +102,8 @@ struct NodeCloud {
     interfaces: Vec<NetworkInterface>,
     /// Describe the node's interfaces before planning it.
     stale: bool,
-    retry: RetryState,
-    /// Not served before then (backoff, an intent waiting, an attachment being polled).
-    not_before: Option<Instant>,
-    /// Planned again then (a release delay running out); unlike `not_before` it holds no
-    /// plan back: a demand change meanwhile is planned at once (and may end the excess).
+    /// Planned again then (a release delay running out); unlike a wait in the runner (a
+    /// backoff, an intent waiting, an attachment being polled) it holds no plan back: a demand change meanwhile is planned at once (and may end the excess).
     wake_at: Option<Instant>,
     /// Excess clocks per pool and family.
     excess_since: HashMap<(PoolName, Family), u64>,
@@ -154,10 +151,8 @@ enum Done {
 /// The manager of the cloud view and its loop's state.
 struct Manager<K, P> {
     ctx: Ctx<K, P>,
-    workers: usize,
     resync_every: Duration,
     signal: Arc<CloudSignal>,
-    running: JoinSet<Done>,
     /// The first full resync succeeded: mutations may run.
     ready: bool,
     resync_running: bool,
@@ -171,7 +166,6 @@ struct Manager<K, P> {
     /// The last full resync's interfaces by the instance they are attached to.
     resync_interfaces: HashMap<String, Vec<NetworkInterface>>,
     nodes: HashMap<NodeName, NodeCloud>,
-    busy: HashSet<NodeName>,
     pending: BTreeSet<NodeName>,
     /// Planned nodes waiting for a worker, the next at the end.
     queue: Vec<(ServeKey, NodeName)>,
@@ -211,7 +205,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         .next()
         .unwrap_or_default()
         .to_owned();
-    let mut manager = Manager {
+    let manager = Manager {
         ctx: Ctx {
             kv,
             keys,
@@ -222,10 +216,8 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
             clock: options.clock,
             claims: Arc::default(),
         },
-        workers: options.workers.max(1),
         resync_every: options.resync,
         signal,
-        running: JoinSet::new(),
         ready: false,
         resync_running: false,
         resync_state: RetryState::default(),
@@ -237,7 +229,6 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         subnets: Vec::new(),
         resync_interfaces: HashMap::new(),
         nodes: HashMap::new(),
-        busy: HashSet::new(),
         pending: BTreeSet::new(),
         queue: Vec::new(),
         secondaries_only: HashMap::new(),
@@ -250,55 +241,14 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         missing_unconfirmed: false,
     };
     manager.signal.all();
-    loop {
-        if manager.turn().is_none() {
-            return;
-        }
-        let wake = manager.next_wake();
-        tokio::select! {
-            () = manager.signal.pending.notified() => {}
-            Some(done) = manager.running.join_next(), if !manager.running.is_empty() => {
-                if let Ok(done) = done {
-                    manager.finish(done);
-                }
-            }
-            () = tokio::time::sleep_until(wake) => {}
-        }
-    }
+    runner::manage(manager, options.workers).await;
 }
 
-impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
-    fn now_ms(&self) -> u64 {
-        (self.ctx.clock)()
-    }
-
-    /// The next moment something is due (a resync, the collector, a node's backoff).
-    fn next_wake(&self) -> Instant {
-        let mut wake = Instant::now() + Duration::from_secs(3600);
-        if self.idle {
-            // No cloud pool: the resync (due since the start) waits for one, and a configuration
-            // with one comes as a signal (regression: the manager spun on a past resync time).
-            return wake;
-        }
-        if !self.resync_running {
-            wake = wake.min(self.resync_at);
-        }
-        if let (Some(at), false) = (self.gc_at, self.gc_running) {
-            wake = wake.min(at);
-        }
-        for state in self.nodes.values() {
-            if let Some(at) = state.not_before {
-                wake = wake.min(at);
-            }
-            if let Some(at) = state.wake_at {
-                wake = wake.min(at);
-            }
-        }
-        wake
-    }
+impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
+    type Done = Done;
 
     /// One turn: take the signal, start what is due. `None` when the view is gone.
-    fn turn(&mut self) -> Option<()> {
+    fn turn(&mut self, runner: &mut Runner<NodeName, Done>) -> Option<()> {
         let (nodes, all) = self.signal.pending.take();
         let now = Instant::now();
         let shared = Arc::clone(&self.ctx.shared);
@@ -334,38 +284,270 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             self.pending.extend(nodes);
             // Nodes whose wait ran out.
             for (node, state) in &mut self.nodes {
-                if state.not_before.is_some_and(|at| at <= now) {
-                    state.not_before = None;
-                    self.pending.insert(node.clone());
-                }
                 if state.wake_at.is_some_and(|at| at <= now) {
                     state.wake_at = None;
                     self.pending.insert(node.clone());
                 }
             }
             if !self.resync_running && self.resync_at <= now {
-                self.start_resync();
+                self.start_resync(runner);
             }
             if !self.ready || shared.regression_unsettled() {
                 // Describes may run (they change nothing); mutations wait (also while etcd,
                 // gone back in time, may have forgotten records the cloud still has: the
                 // agents assert what they hold first).
-                self.start_describes(view);
+                self.start_describes(runner, view);
                 return;
             }
             if self.gc_at.is_none() {
                 let interval = gc_interval(&cloud_pools);
                 self.gc_at = Some(now + interval);
             }
-            self.start_orphans(view);
-            self.start_nodes(view);
+            self.start_orphans(runner, view);
+            self.start_nodes(runner, view);
             if !self.gc_running
                 && self.gc_at.is_some_and(|at| at <= now)
-                && self.running.len() < self.workers + 2
+                && runner.in_flight() < runner.workers() + 2
             {
-                self.start_gc(view, &cloud_pools);
+                self.start_gc(runner, view, &cloud_pools);
             }
         })
+    }
+
+    /// Applies a finished task.
+    fn finish(&mut self, runner: &mut Runner<NodeName, Done>, done: Done) {
+        match done {
+            Done::Resync(result) => {
+                self.resync_running = false;
+                let timing = Resync {
+                    resync: self.resync_every,
+                    ..self
+                        .ctx
+                        .shared
+                        .with_view(|view, _| Resync::from(&view.config().resync))
+                        .unwrap_or_default()
+                };
+                match result {
+                    Ok((interfaces, subnets)) => {
+                        self.subnets = subnets;
+                        self.report_missing(&interfaces);
+                        // Prefix refusals and occupied indexes are re-learnt: the subnet may
+                        // have been defragmented, the attachment may be visible now.
+                        let now_ms = self.now_ms();
+                        self.no_free_prefix
+                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
+                        self.secondaries_only
+                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
+                        self.occupied.clear();
+                        let mut by_instance: HashMap<String, Vec<NetworkInterface>> =
+                            HashMap::new();
+                        for ni in interfaces {
+                            if let Some(a) = &ni.attachment {
+                                by_instance
+                                    .entry(a.instance_id.clone())
+                                    .or_default()
+                                    .push(ni);
+                            }
+                        }
+                        for (node, state) in &mut self.nodes {
+                            if runner.is_busy(node) {
+                                continue;
+                            }
+                            if state.instance.is_some()
+                                && !by_instance.contains_key(&state.instance_id)
+                            {
+                                // Not even its primary interface is attached: the instance
+                                // may be gone. Described again before it is planned.
+                                state.stale = true;
+                                state.check_instance = true;
+                            }
+                            state.interfaces = by_instance
+                                .get(&state.instance_id)
+                                .cloned()
+                                .unwrap_or_default();
+                        }
+                        self.resync_interfaces = by_instance;
+                        if !self.ready {
+                            self.ready = true;
+                            self.ctx.shared.set_cloud_ready(true);
+                        }
+                        self.resync_at =
+                            Instant::now() + self.resync_state.success(&timing).max(timing.resync);
+                        if self.missing_unconfirmed {
+                            // Suspects wait for a confirming resync past the describe lag.
+                            let confirm = Instant::now()
+                                + Duration::from_millis(decide::DESCRIBE_LAG_BOUND_MS + 1_000);
+                            self.resync_at = self.resync_at.min(confirm);
+                        }
+                        self.signal.all();
+                    }
+                    Err(error) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("cloud resync: {error}"));
+                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
+                    }
+                }
+            }
+            Done::Described {
+                node,
+                instance_id,
+                result,
+            } => {
+                self.pending.insert(node.clone());
+                match result {
+                    Ok(described) => {
+                        if let Some(limits) = described.limits {
+                            self.limits
+                                .insert(described.instance.instance_type.clone(), limits);
+                        }
+                        let interfaces = described.interfaces.unwrap_or_else(|| {
+                            self.resync_interfaces
+                                .get(&instance_id)
+                                .cloned()
+                                .unwrap_or_default()
+                        });
+                        let state = self.node_state(runner, &node, &instance_id);
+                        state.instance = Some(described.instance);
+                        state.interfaces = interfaces;
+                        state.stale = false;
+                        state.check_instance = false;
+                    }
+                    Err(CloudError::InstanceNotFound { .. }) => {
+                        // Gone for good (terminated long ago): as terminated.
+                        let state = self.node_state(runner, &node, &instance_id);
+                        state.instance = Some(InstanceInfo {
+                            instance_type: String::new(),
+                            state: InstanceState::Terminated,
+                            zone: String::new(),
+                            vpc_id: String::new(),
+                            subnet_id: String::new(),
+                        });
+                        state.stale = false;
+                        state.check_instance = false;
+                    }
+                    Err(error) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("describing {node} ({instance_id}): {error}"));
+                        self.backoff(runner, &node);
+                    }
+                }
+            }
+            Done::Node {
+                node,
+                outcome,
+                writes,
+                interfaces,
+                secondaries_only,
+                no_free_prefix,
+                occupied,
+            } => {
+                self.apply_writes(&writes);
+                self.ctx
+                    .claims
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(n, ..)| *n != node);
+                let now_ms = self.now_ms();
+                self.secondaries_only
+                    .extend(secondaries_only.into_iter().map(|id| (id, now_ms)));
+                self.no_free_prefix
+                    .extend(no_free_prefix.into_iter().map(|id| (id, now_ms)));
+                let instance_id = self
+                    .nodes
+                    .get(&node)
+                    .map(|s| s.instance_id.clone())
+                    .unwrap_or_default();
+                if !occupied.is_empty() {
+                    self.occupied
+                        .entry(instance_id)
+                        .or_default()
+                        .extend(occupied);
+                }
+                if let Some(state) = self.nodes.get_mut(&node)
+                    && let Some(interfaces) = interfaces
+                {
+                    state.interfaces = interfaces;
+                }
+                match outcome {
+                    Outcome::Ok | Outcome::Replan => {
+                        runner.reset_backoff(&node);
+                        self.pending.insert(node);
+                    }
+                    Outcome::Wait(wait) => runner.wait(&node, wait),
+                    Outcome::Failed(problem) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("cloud {node}: {problem}"));
+                        self.backoff(runner, &node);
+                    }
+                    Outcome::Fenced => {}
+                }
+            }
+            Done::Gc { result, writes } => {
+                self.gc_running = false;
+                self.apply_writes(&writes);
+                match result {
+                    Ok((plan, deleted)) => {
+                        self.gc_seen = plan.seen;
+                        self.ctx.shared.note_cloud_gc_deleted(deleted as u64);
+                        if plan.over_cap > 0 {
+                            self.ctx.shared.note_problem(format!(
+                                "cloud leak collector: {} leaked interfaces left for the next run",
+                                plan.over_cap
+                            ));
+                        }
+                    }
+                    Err(error) => {
+                        self.ctx
+                            .shared
+                            .note_problem(format!("cloud leak collector: {error}"));
+                    }
+                }
+            }
+            Done::Orphan { writes } => {
+                self.orphans_running = false;
+                self.apply_writes(&writes);
+            }
+        }
+    }
+
+    /// The next moment something is due (a resync, the collector, a node's release delay; the
+    /// runner keeps the nodes' waits).
+    fn next_wake(&self) -> Instant {
+        let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            // No cloud pool: the resync (due since the start) waits for one, and a configuration
+            // with one comes as a signal (regression: the manager spun on a past resync time).
+            return wake;
+        }
+        if !self.resync_running {
+            wake = wake.min(self.resync_at);
+        }
+        if let (Some(at), false) = (self.gc_at, self.gc_running) {
+            wake = wake.min(at);
+        }
+        for state in self.nodes.values() {
+            if let Some(at) = state.wake_at {
+                wake = wake.min(at);
+            }
+        }
+        wake
+    }
+
+    fn signal(&self) -> &PendingNodes {
+        &self.signal.pending
+    }
+
+    fn pending(&mut self) -> &mut BTreeSet<NodeName> {
+        &mut self.pending
+    }
+}
+
+impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
+    fn now_ms(&self) -> u64 {
+        (self.ctx.clock)()
     }
 
     /// A prefix refusal found in a record: the interface takes single addresses, and its
@@ -386,10 +568,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         }
     }
 
-    fn start_resync(&mut self) {
+    fn start_resync(&mut self, runner: &mut Runner<NodeName, Done>) {
         self.resync_running = true;
         let ctx = self.ctx.clone();
-        self.running.spawn(async move {
+        runner.spawn([], async move {
             let interfaces = call(
                 &ctx.shared,
                 Action::DescribeNetworkInterfaces,
@@ -412,38 +594,38 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     }
 
     /// Before the first resync: describe nodes' instances (they need their limits anyway).
-    fn start_describes(&mut self, view: &ClusterView) {
+    fn start_describes(&mut self, runner: &mut Runner<NodeName, Done>, view: &ClusterView) {
         let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
         for node in pending {
-            if self.running.len() >= self.workers {
+            if runner.is_full() {
                 return;
             }
-            if self.busy.contains(&node) || !self.due(&node) {
+            if !runner.is_due(&node, Instant::now()) {
                 continue;
             }
             let Some(instance_id) = instance_of(view, &node) else {
                 self.pending.remove(&node);
                 continue;
             };
-            let state = self.node_state(&node, &instance_id);
+            let state = self.node_state(runner, &node, &instance_id);
             if state.instance.is_some() {
                 continue;
             }
             self.pending.remove(&node);
-            self.spawn_describe(node, instance_id);
+            self.spawn_describe(runner, node, instance_id);
         }
     }
 
-    fn due(&self, node: &NodeName) -> bool {
-        self.nodes
-            .get(node)
-            .is_none_or(|s| s.not_before.is_none_or(|at| at <= Instant::now()))
-    }
-
-    fn node_state(&mut self, node: &NodeName, instance_id: &str) -> &mut NodeCloud {
+    fn node_state(
+        &mut self,
+        runner: &mut Runner<NodeName, Done>,
+        node: &NodeName,
+        instance_id: &str,
+    ) -> &mut NodeCloud {
         let state = self.nodes.entry(node.clone()).or_default();
         if state.instance_id != instance_id {
             // A new registration on another instance: nothing known carries over.
+            runner.forget(node);
             *state = NodeCloud {
                 instance_id: instance_id.to_owned(),
                 ..NodeCloud::default()
@@ -452,8 +634,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         state
     }
 
-    fn spawn_describe(&mut self, node: NodeName, instance_id: String) {
-        self.busy.insert(node.clone());
+    fn spawn_describe(
+        &mut self,
+        runner: &mut Runner<NodeName, Done>,
+        node: NodeName,
+        instance_id: String,
+    ) {
         let ctx = self.ctx.clone();
         let need_instance = self
             .nodes
@@ -464,7 +650,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let need_interfaces =
             !self.ready || !need_instance || !self.resync_interfaces.contains_key(&instance_id);
         let known: HashMap<String, InstanceLimits> = self.limits.clone();
-        self.running.spawn(async move {
+        runner.spawn([node.clone()], async move {
             let result = describe_node(&ctx, &instance_id, need_interfaces, &known).await;
             Done::Described {
                 node,
@@ -475,7 +661,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     }
 
     /// Intents of no node (the collector's deletions) left open: replayed one task at a time.
-    fn start_orphans(&mut self, view: &ClusterView) {
+    fn start_orphans(&mut self, runner: &mut Runner<NodeName, Done>, view: &ClusterView) {
         if self.orphans_running || self.gc_running {
             return;
         }
@@ -489,7 +675,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         }
         self.orphans_running = true;
         let ctx = self.ctx.clone();
-        self.running.spawn(async move {
+        runner.spawn([], async move {
             let mut writes = Vec::new();
             for (id, entry) in orphans {
                 let _ = replay_orphan(&ctx, &id, &entry, &mut writes).await;
@@ -498,17 +684,16 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         });
     }
 
-    /// Plans the pending nodes and starts tasks in order of need, up to `workers`.
     /// Plans the pending nodes into the queue (in order of need), then starts tasks from its
     /// head while fewer than `workers` run. A node is planned once when it becomes pending and
     /// again when it leaves the queue (its step from a fresh view), so a turn costs the nodes
     /// that changed, not every node waiting for a worker.
-    fn start_nodes(&mut self, view: &ClusterView) {
+    fn start_nodes(&mut self, runner: &mut Runner<NodeName, Done>, view: &ClusterView) {
         if !self.pending.is_empty() {
             let pending = std::mem::take(&mut self.pending);
             self.queue.retain(|(_, node)| !pending.contains(node));
             for node in pending {
-                if let Some((order, _)) = self.plan_ready(view, &node) {
+                if let Some((order, _)) = self.plan_ready(runner, view, &node) {
                     self.queue.push((order, node));
                 }
             }
@@ -524,26 +709,31 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             // Served from the head: kept reversed, so the head is popped from the end.
             self.queue.reverse();
         }
-        while self.running.len() < self.workers {
+        while !runner.is_full() {
             let Some((_, node)) = self.queue.pop() else {
                 break;
             };
-            if let Some((_, step)) = self.plan_ready(view, &node) {
-                self.spawn_step(node, step);
+            if let Some((_, step)) = self.plan_ready(runner, view, &node) {
+                self.spawn_step(runner, node, step);
             }
         }
     }
 
     /// The node's step if it may be served now.
-    fn plan_ready(&mut self, view: &ClusterView, node: &NodeName) -> Option<(ServeKey, Step)> {
-        if self.busy.contains(node) || !self.due(node) {
+    fn plan_ready(
+        &mut self,
+        runner: &mut Runner<NodeName, Done>,
+        view: &ClusterView,
+        node: &NodeName,
+    ) -> Option<(ServeKey, Step)> {
+        if !runner.is_due(node, Instant::now()) {
             // Planned again when its task ends or its wait runs out.
             return None;
         }
         let Some(instance_id) = instance_of(view, node) else {
             // Nothing of the node's state is kept but its backoff (a teardown that keeps
             // failing backs off as any step does).
-            let retry = self.nodes.remove(node).map(|s| s.retry).unwrap_or_default();
+            self.nodes.remove(node);
             self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
             // Removed (or registered without an instance): its open intents are replayed (as
             // for a node present, the node counting as gone: a created interface unattached is
@@ -566,20 +756,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 .map(|(id, e)| (id.clone(), e.clone()))
                 .collect();
             if intents.is_empty() && records.is_empty() {
+                runner.forget(node);
                 return None;
             }
-            self.nodes.insert(
-                node.clone(),
-                NodeCloud {
-                    retry,
-                    ..NodeCloud::default()
-                },
-            );
-            self.busy.insert(node.clone());
+            self.nodes.insert(node.clone(), NodeCloud::default());
             let ctx = self.ctx.clone();
             let node = node.clone();
             let intent_base = self.intent_id();
-            self.running.spawn(async move {
+            runner.spawn([node.clone()], async move {
                 let mut run = StepRun {
                     ctx: &ctx,
                     node: &node,
@@ -618,7 +802,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         if view.removals_requested().iter().any(|(n, ..)| n == node) {
             return None;
         }
-        let (order, step) = self.plan(view, node, &instance_id);
+        let (order, step) = self.plan(runner, view, node, &instance_id);
         step.map(|step| (order, step))
     }
 
@@ -635,6 +819,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     /// What to do next for one node, and its place in line.
     fn plan(
         &mut self,
+        runner: &mut Runner<NodeName, Done>,
         view: &ClusterView,
         node: &NodeName,
         instance_id: &str,
@@ -671,7 +856,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .map(|o| o.iter().copied().collect())
             .unwrap_or_default();
         let cluster = self.ctx.cluster.clone();
-        let state = self.node_state(node, instance_id);
+        let state = self.node_state(runner, node, instance_id);
         if !intents.is_empty() {
             return (none, Some(Step::Replay(intents)));
         }
@@ -761,7 +946,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 );
             }
             state.stale = true;
-            state.not_before = Some(Instant::now() + ATTACH_POLL);
+            runner.wait(node, ATTACH_POLL);
         }
         let subnet_views: Vec<SubnetView> = subnets
             .iter()
@@ -907,18 +1092,17 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         (order, chosen)
     }
 
-    fn spawn_step(&mut self, node: NodeName, step: Step) {
+    fn spawn_step(&mut self, runner: &mut Runner<NodeName, Done>, node: NodeName, step: Step) {
         let instance_id = match self.nodes.get(&node) {
             Some(state) => state.instance_id.clone(),
             None => return,
         };
         if let Step::Describe = step {
-            self.spawn_describe(node, instance_id);
+            self.spawn_describe(runner, node, instance_id);
             return;
         }
         let intent_id = self.intent_id();
         let ctx = self.ctx.clone();
-        self.busy.insert(node.clone());
         let limits = self
             .nodes
             .get(&node)
@@ -939,7 +1123,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 decide::prefix_refusal_holds(Some(at), now_ms).then(|| (ni.id.clone(), at))
             })
             .collect();
-        self.running.spawn(async move {
+        runner.spawn([node.clone()], async move {
             let mut run = StepRun {
                 ctx: &ctx,
                 node: &node,
@@ -991,7 +1175,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         });
     }
 
-    fn start_gc(&mut self, view: &ClusterView, pools: &[corral_cluster::PoolConfig]) {
+    fn start_gc(
+        &mut self,
+        runner: &mut Runner<NodeName, Done>,
+        view: &ClusterView,
+        pools: &[corral_cluster::PoolConfig],
+    ) {
         // Interfaces a record or an open intent names, or that a node's task may be creating
         // now, are never leaks.
         let mut recorded: HashSet<String> = view
@@ -1014,7 +1203,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 }
             }
         }
-        let busy: HashSet<String> = self.busy.iter().map(|n| n.to_string()).collect();
+        let busy: HashSet<String> = runner.busy().map(|n| n.to_string()).collect();
         let interval = gc_interval(pools);
         let cap = pools
             .iter()
@@ -1028,7 +1217,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         self.gc_at = Some(Instant::now() + interval);
         let ctx = self.ctx.clone();
         let base = self.intent_id();
-        self.running.spawn(async move {
+        runner.spawn([], async move {
             let mut writes = Vec::new();
             let result = collect_leaks(
                 &ctx,
@@ -1047,213 +1236,6 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .await;
             Done::Gc { result, writes }
         });
-    }
-
-    /// Applies a finished task.
-    fn finish(&mut self, done: Done) {
-        match done {
-            Done::Resync(result) => {
-                self.resync_running = false;
-                let timing = Resync {
-                    resync: self.resync_every,
-                    ..self
-                        .ctx
-                        .shared
-                        .with_view(|view, _| Resync::from(&view.config().resync))
-                        .unwrap_or_default()
-                };
-                match result {
-                    Ok((interfaces, subnets)) => {
-                        self.subnets = subnets;
-                        self.report_missing(&interfaces);
-                        // Prefix refusals and occupied indexes are re-learnt: the subnet may
-                        // have been defragmented, the attachment may be visible now.
-                        let now_ms = self.now_ms();
-                        self.no_free_prefix
-                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
-                        self.secondaries_only
-                            .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
-                        self.occupied.clear();
-                        let mut by_instance: HashMap<String, Vec<NetworkInterface>> =
-                            HashMap::new();
-                        for ni in interfaces {
-                            if let Some(a) = &ni.attachment {
-                                by_instance
-                                    .entry(a.instance_id.clone())
-                                    .or_default()
-                                    .push(ni);
-                            }
-                        }
-                        for (node, state) in &mut self.nodes {
-                            if self.busy.contains(node) {
-                                continue;
-                            }
-                            if state.instance.is_some()
-                                && !by_instance.contains_key(&state.instance_id)
-                            {
-                                // Not even its primary interface is attached: the instance
-                                // may be gone. Described again before it is planned.
-                                state.stale = true;
-                                state.check_instance = true;
-                            }
-                            state.interfaces = by_instance
-                                .get(&state.instance_id)
-                                .cloned()
-                                .unwrap_or_default();
-                        }
-                        self.resync_interfaces = by_instance;
-                        if !self.ready {
-                            self.ready = true;
-                            self.ctx.shared.set_cloud_ready(true);
-                        }
-                        self.resync_at =
-                            Instant::now() + self.resync_state.success(&timing).max(timing.resync);
-                        if self.missing_unconfirmed {
-                            // Suspects wait for a confirming resync past the describe lag.
-                            let confirm = Instant::now()
-                                + Duration::from_millis(decide::DESCRIBE_LAG_BOUND_MS + 1_000);
-                            self.resync_at = self.resync_at.min(confirm);
-                        }
-                        self.signal.all();
-                    }
-                    Err(error) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("cloud resync: {error}"));
-                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
-                    }
-                }
-            }
-            Done::Described {
-                node,
-                instance_id,
-                result,
-            } => {
-                self.busy.remove(&node);
-                self.pending.insert(node.clone());
-                match result {
-                    Ok(described) => {
-                        if let Some(limits) = described.limits {
-                            self.limits
-                                .insert(described.instance.instance_type.clone(), limits);
-                        }
-                        let interfaces = described.interfaces.unwrap_or_else(|| {
-                            self.resync_interfaces
-                                .get(&instance_id)
-                                .cloned()
-                                .unwrap_or_default()
-                        });
-                        let state = self.node_state(&node, &instance_id);
-                        state.instance = Some(described.instance);
-                        state.interfaces = interfaces;
-                        state.stale = false;
-                        state.check_instance = false;
-                    }
-                    Err(CloudError::InstanceNotFound { .. }) => {
-                        // Gone for good (terminated long ago): as terminated.
-                        let state = self.node_state(&node, &instance_id);
-                        state.instance = Some(InstanceInfo {
-                            instance_type: String::new(),
-                            state: InstanceState::Terminated,
-                            zone: String::new(),
-                            vpc_id: String::new(),
-                            subnet_id: String::new(),
-                        });
-                        state.stale = false;
-                        state.check_instance = false;
-                    }
-                    Err(error) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("describing {node} ({instance_id}): {error}"));
-                        self.backoff(&node);
-                    }
-                }
-            }
-            Done::Node {
-                node,
-                outcome,
-                writes,
-                interfaces,
-                secondaries_only,
-                no_free_prefix,
-                occupied,
-            } => {
-                self.busy.remove(&node);
-                self.apply_writes(&writes);
-                self.ctx
-                    .claims
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .retain(|(n, ..)| *n != node);
-                let now_ms = self.now_ms();
-                self.secondaries_only
-                    .extend(secondaries_only.into_iter().map(|id| (id, now_ms)));
-                self.no_free_prefix
-                    .extend(no_free_prefix.into_iter().map(|id| (id, now_ms)));
-                let instance_id = self
-                    .nodes
-                    .get(&node)
-                    .map(|s| s.instance_id.clone())
-                    .unwrap_or_default();
-                if !occupied.is_empty() {
-                    self.occupied
-                        .entry(instance_id)
-                        .or_default()
-                        .extend(occupied);
-                }
-                if let Some(state) = self.nodes.get_mut(&node)
-                    && let Some(interfaces) = interfaces
-                {
-                    state.interfaces = interfaces;
-                }
-                match outcome {
-                    Outcome::Ok | Outcome::Replan => {
-                        if let Some(state) = self.nodes.get_mut(&node) {
-                            state.retry = RetryState::default();
-                        }
-                        self.pending.insert(node);
-                    }
-                    Outcome::Wait(wait) => {
-                        // A removed node has no state left: one is made to hold its wait.
-                        self.nodes.entry(node).or_default().not_before =
-                            Some(Instant::now() + wait);
-                    }
-                    Outcome::Failed(problem) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("cloud {node}: {problem}"));
-                        self.backoff(&node);
-                    }
-                    Outcome::Fenced => {}
-                }
-            }
-            Done::Gc { result, writes } => {
-                self.gc_running = false;
-                self.apply_writes(&writes);
-                match result {
-                    Ok((plan, deleted)) => {
-                        self.gc_seen = plan.seen;
-                        self.ctx.shared.note_cloud_gc_deleted(deleted as u64);
-                        if plan.over_cap > 0 {
-                            self.ctx.shared.note_problem(format!(
-                                "cloud leak collector: {} leaked interfaces left for the next run",
-                                plan.over_cap
-                            ));
-                        }
-                    }
-                    Err(error) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("cloud leak collector: {error}"));
-                    }
-                }
-            }
-            Done::Orphan { writes } => {
-                self.orphans_running = false;
-                self.apply_writes(&writes);
-            }
-        }
     }
 
     /// Compares the records with a full describe (`interfaces`): those the cloud lacks (an
@@ -1307,15 +1289,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .set_cloud_records_missing(reported.iter().map(ToString::to_string).collect());
     }
 
-    fn backoff(&mut self, node: &NodeName) {
+    fn backoff(&self, runner: &mut Runner<NodeName, Done>, node: &NodeName) {
         let timing = self
             .ctx
             .shared
             .with_view(|view, _| Resync::from(&view.config().resync))
             .unwrap_or_default();
-        let state = self.nodes.entry(node.clone()).or_default();
-        let wait = state.retry.error(&timing);
-        state.not_before = Some(Instant::now() + wait);
+        runner.back_off(node, &timing);
     }
 
     /// Puts what a task wrote into the view at once (the watch repeats it later), unless the
