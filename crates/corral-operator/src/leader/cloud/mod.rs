@@ -857,97 +857,69 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .unwrap_or_default();
         let cluster = self.ctx.cluster.clone();
         let state = self.node_state(runner, node, instance_id);
-        if !intents.is_empty() {
-            return (none, Some(Step::Replay(intents)));
-        }
-        let Some(instance) = state.instance.clone() else {
-            return (none, Some(Step::Describe));
-        };
-        if state.stale {
-            return (none, Some(Step::Describe));
-        }
+        let records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
+            .cloud_interfaces_of(node)
+            .map(|(id, e)| (id.clone(), e.clone()))
+            .collect();
         // Records of an earlier instance of the node (registered again on a new one, the
         // old one's end not seen): not its interfaces (kept, they stood for capacity the node
         // lacks); torn down as a removed node's.
-        let earlier: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
-            .cloud_interfaces_of(node)
+        let earlier: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = records
+            .iter()
             .filter(|(_, e)| {
                 e.record
                     .as_ref()
                     .is_some_and(|r| !r.instance_id.is_empty() && r.instance_id != instance_id)
             })
-            .map(|(id, e)| (id.clone(), e.clone()))
+            .cloned()
             .collect();
-        if !earlier.is_empty() {
-            // As a removed node's: corral's interfaces still on the old instance (if it runs
-            // on) are detached and deleted behind intents.
-            return (none, Some(Step::Teardown(earlier)));
-        }
-        if matches!(
-            instance.state,
-            InstanceState::ShuttingDown | InstanceState::Terminated
-        ) {
-            // The instance is gone: its records (and handshakes) go; its interfaces, detached
-            // by the cloud, are the leak collector's (two sightings, 5 minutes apart).
-            let mut deletes: Vec<HandshakeStep> = view
-                .cloud_interfaces_of(node)
-                .map(|(id, e)| HandshakeStep::Delete {
-                    key: view.keys().cloud_interface(node, id),
-                    revision: e.mod_revision,
-                })
-                .collect();
-            deletes.extend(
-                view.releases_of(node)
-                    .map(
-                        |((_, pool, family, cidr), (rev, _))| HandshakeStep::Delete {
-                            key: view.keys().release(node, pool, *family, cidr),
-                            revision: *rev,
-                        },
-                    ),
-            );
-            return (
-                none,
-                (!deletes.is_empty()).then_some(Step::Handshake(deletes)),
-            );
-        }
-        if instance.state != InstanceState::Running {
-            // Nothing is attached to an instance that is not running.
-            return (none, None);
-        }
-        let Some(limits) = limits_known.get(&instance.instance_type).copied() else {
-            return (none, Some(Step::Describe));
-        };
-        let records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
-            .cloud_interfaces_of(node)
-            .map(|(id, e)| (id.clone(), e.clone()))
+        let attaching: Vec<decide::Attaching> = records
+            .iter()
+            .filter(|(_, e)| {
+                e.record
+                    .as_ref()
+                    .is_some_and(|r| r.attachment == CloudAttachment::Attaching)
+            })
+            .map(|(id, _)| decide::Attaching {
+                interface: id.clone(),
+                attached: state.interfaces.iter().any(|ni| {
+                    ni.id == id.as_str()
+                        && ni.attachment.as_ref().is_some_and(|a| {
+                            a.status == corral_cloud::AttachmentStatus::Attached
+                                && a.instance_id == instance_id
+                        })
+                }),
+            })
             .collect();
-        // An attachment confirmed by the cloud is recorded; one still attaching is polled.
-        for (id, entry) in &records {
-            let Some(record) = &entry.record else {
-                continue;
-            };
-            if record.attachment != CloudAttachment::Attaching {
-                continue;
-            }
-            let attached = state.interfaces.iter().any(|ni| {
-                ni.id == id.as_str()
-                    && ni.attachment.as_ref().is_some_and(|a| {
-                        a.status == corral_cloud::AttachmentStatus::Attached
-                            && a.instance_id == instance_id
-                    })
-            });
-            if attached {
-                return (
-                    none,
-                    Some(Step::Confirm {
-                        interface: id.clone(),
-                        entry: entry.clone(),
-                    }),
-                );
-            }
+        let limits = state
+            .instance
+            .as_ref()
+            .and_then(|i| limits_known.get(&i.instance_type).copied());
+        let ladder = decide::first_step(&decide::NodeFacts {
+            open_intent: !intents.is_empty(),
+            instance: state.instance.as_ref().map(|i| match i.state {
+                InstanceState::Running => decide::InstanceLife::Running,
+                InstanceState::ShuttingDown | InstanceState::Terminated => {
+                    decide::InstanceLife::Gone
+                }
+                _ => decide::InstanceLife::NotRunning,
+            }),
+            stale: state.stale,
+            earlier_records: !earlier.is_empty(),
+            limits_known: limits.is_some(),
+            attaching: &attaching,
+        });
+        if ladder.poll_attaching {
+            // An attachment in progress: the node is described again soon.
             state.stale = true;
             runner.wait(node, ATTACH_POLL);
         }
+        let (decide::FirstStep::PlanPools, Some(instance), Some(limits)) =
+            (&ladder.step, state.instance.clone(), limits)
+        else {
+            let step = rung_step(view, node, ladder.step, intents, earlier, &records);
+            return (none, step);
+        };
         let subnet_views: Vec<SubnetView> = subnets
             .iter()
             .filter(|s| s.vpc_id == instance.vpc_id)
@@ -1342,6 +1314,54 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 }
             }
         });
+    }
+}
+
+/// The step a rung of the ladder (`decide::first_step`) other than planning the pools asks
+/// for.
+fn rung_step(
+    view: &ClusterView,
+    node: &NodeName,
+    rung: decide::FirstStep,
+    intents: Vec<(CloudId, CloudEntry<CloudIntentRecord>)>,
+    earlier: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)>,
+    records: &[(CloudId, CloudEntry<CloudInterfaceRecord>)],
+) -> Option<Step> {
+    match rung {
+        decide::FirstStep::Replay => Some(Step::Replay(intents)),
+        decide::FirstStep::Describe => Some(Step::Describe),
+        // As a removed node's: corral's interfaces still on the old instance (if it runs
+        // on) are detached and deleted behind intents.
+        decide::FirstStep::TeardownEarlier => Some(Step::Teardown(earlier)),
+        decide::FirstStep::ForgetGone => {
+            // The instance is gone: its records (and handshakes) go; its interfaces,
+            // detached by the cloud, are the leak collector's (two sightings, 5 minutes
+            // apart).
+            let mut deletes: Vec<HandshakeStep> = records
+                .iter()
+                .map(|(id, e)| HandshakeStep::Delete {
+                    key: view.keys().cloud_interface(node, id),
+                    revision: e.mod_revision,
+                })
+                .collect();
+            deletes.extend(
+                view.releases_of(node)
+                    .map(
+                        |((_, pool, family, cidr), (rev, _))| HandshakeStep::Delete {
+                            key: view.keys().release(node, pool, *family, cidr),
+                            revision: *rev,
+                        },
+                    ),
+            );
+            (!deletes.is_empty()).then_some(Step::Handshake(deletes))
+        }
+        // Nothing is attached to an instance that is not running.
+        decide::FirstStep::Nothing => None,
+        decide::FirstStep::Confirm(interface) => {
+            let entry = records.iter().find(|(id, _)| *id == interface)?.1.clone();
+            Some(Step::Confirm { interface, entry })
+        }
+        decide::FirstStep::PlanPools => None,
     }
 }
 
