@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use corral_cloud::{
     Amount, CloudError, CloudProvider, InstanceState, InterfaceFilter, Ipv4Assign, Ipv4Set,
-    Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter,
+    Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
 };
 use corral_cluster::cloud::to_cloud::{
     self as decide, Delegated, DelegationInput, DelegationReplay, DelegationStep, InstanceSight,
@@ -33,7 +33,7 @@ use corral_cluster::cloud::to_cloud::{
 };
 use corral_cluster::{
     CloudEntry, CloudId, CloudIntentRecord, CloudOp, ClusterView, DelegationRecord, Family, IpNet,
-    Key, Keys, NodeName, PoolName, Resync, RetryState, encode_value,
+    Key, Keys, NodeName, PoolName, Resync, encode_value,
 };
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 use tokio::time::Instant;
@@ -43,6 +43,7 @@ use super::pending::PendingNodes;
 use super::runner::{self, NodeManager, Runner};
 use crate::WallClock;
 use crate::election::Fence;
+use crate::leader::cloud::describe::FullResync;
 use crate::state::Shared;
 
 /// How soon an intent the cloud's view could not settle yet is replayed again.
@@ -140,11 +141,7 @@ struct Manager<K, P> {
     resync_every: Duration,
     signal: Arc<Signal>,
     ready: bool,
-    resync_running: bool,
-    resync_state: RetryState,
-    resync_at: Instant,
-    /// When the running resync started.
-    resync_started: Instant,
+    resync: FullResync,
     /// Subnets' CIDRs by ID, from the last resync.
     subnets: HashMap<String, Vec<IpNet>>,
     /// Instances as the last resync showed them (only those with a primary interface).
@@ -187,10 +184,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
         resync_every,
         signal,
         ready: false,
-        resync_running: false,
-        resync_state: RetryState::default(),
-        resync_at: Instant::now(),
-        resync_started: Instant::now(),
+        resync: FullResync::new(),
         subnets: HashMap::new(),
         resynced: BTreeMap::new(),
         described: BTreeMap::new(),
@@ -229,9 +223,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                 self.pending.extend(concerned);
             }
             self.pending.extend(nodes);
-            if !self.resync_running && self.resync_at <= now {
-                self.start_resync(runner);
-            }
+            let cloud = (&self.ctx.shared, &self.ctx.provider);
+            self.resync.start_if_due(now, runner, cloud, Done::Resync);
             let delegable = [
                 self.ctx.provider.delegable_prefix_len(false),
                 self.ctx.provider.delegable_prefix_len(true),
@@ -277,7 +270,6 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
     fn finish(&mut self, runner: &mut Runner<NodeName, Done>, done: Done) {
         match done {
             Done::Resync(result) => {
-                self.resync_running = false;
                 let timing = self.timing();
                 match result {
                     Ok((interfaces, subnets)) => {
@@ -300,21 +292,18 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                         self.described.clear();
                         // Own changes stay over the view until a resync that began well after
                         // them (its describe may lag them by up to the bound).
-                        let started = self.resync_started;
+                        let started = self.resync.started();
                         self.own
                             .retain(|_, (_, at)| *at + OWN_CHANGES_KEPT > started);
                         if !self.ready {
                             self.ready = true;
                         }
-                        self.resync_at = Instant::now()
-                            + self.resync_state.success(&timing).max(self.resync_every);
+                        self.resync.succeeded(&timing, self.resync_every);
                         self.signal.all();
                     }
                     Err(error) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("to-cloud resync: {error}"));
-                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
+                        self.resync
+                            .failed(&self.ctx.shared, "to-cloud resync", &error, &timing);
                     }
                 }
             }
@@ -364,8 +353,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
         if self.idle {
             return wake;
         }
-        if !self.resync_running && self.ready {
-            wake = wake.min(self.resync_at);
+        if let Some(at) = self.resync.next_due().filter(|_| self.ready) {
+            wake = wake.min(at);
         }
         wake
     }
@@ -417,27 +406,6 @@ fn family_of(net: &IpNet) -> Family {
 impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     fn now_ms(&self) -> u64 {
         (self.ctx.clock)()
-    }
-
-    fn start_resync(&mut self, runner: &mut Runner<NodeName, Done>) {
-        self.resync_running = true;
-        self.resync_started = Instant::now();
-        let ctx = self.ctx.clone();
-        runner.spawn([], async move {
-            let interfaces = ctx
-                .provider
-                .describe_interfaces(&InterfaceFilter::default())
-                .await;
-            let result = match interfaces {
-                Ok(interfaces) => ctx
-                    .provider
-                    .describe_subnets(&SubnetFilter::default())
-                    .await
-                    .map(|subnets| (interfaces, subnets)),
-                Err(error) => Err(error),
-            };
-            Done::Resync(result)
-        });
     }
 
     /// The sights of every instance known, this manager's own recent changes on top.

@@ -4,16 +4,27 @@
 //! `corral_cluster::cloud::InterfaceView`s).
 //!
 //! Describes change nothing in the cloud or in etcd, so they may run before the manager's first
-//! resync and while mutations wait.
+//! resync and while mutations wait. [`FullResync`] schedules the full describes (every interface
+//! and subnet) that both the cloud node manager and the to-cloud delegations start from.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use corral_cloud::{Action, CloudError, CloudProvider, InterfaceFilter, NetworkInterface, Subnet};
+use corral_cloud::{
+    Action, CloudError, CloudProvider, InterfaceFilter, NetworkInterface, Subnet, SubnetFilter,
+};
 use corral_cluster::cloud::{InstanceLimits, InterfaceView, SubnetView};
-use corral_cluster::{CloudAttachment, CloudEntry, CloudId, CloudInterfaceRecord, Family, IpNet};
+use corral_cluster::{
+    CloudAttachment, CloudEntry, CloudId, CloudInterfaceRecord, Family, IpNet, NodeName, Resync,
+    RetryState,
+};
+use tokio::time::Instant;
 
 use crate::leader::cloud::ctx::{Ctx, InstanceInfo, TAG_CLUSTER, call};
+use crate::leader::runner::Runner;
+use crate::state::Shared;
 
 pub(super) struct Described {
     pub(super) instance: InstanceInfo,
@@ -177,4 +188,98 @@ pub(super) fn interface_views(
     }
     out.sort_by_key(|i| i.device_index);
     out
+}
+
+/// Every interface and subnet of the cloud, as one full resync described them.
+pub(crate) type CloudSnapshot = (Vec<NetworkInterface>, Vec<Subnet>);
+
+/// A manager's full resync of its cloud view (every interface, then every subnet: two
+/// describes): due at once, then every `resync` after a success and with nodeipam's backoff
+/// after failures; one at a time.
+pub(crate) struct FullResync {
+    running: bool,
+    started: Instant,
+    at: Instant,
+    backoff: RetryState,
+}
+
+impl FullResync {
+    /// A resync due now.
+    pub(crate) fn new() -> Self {
+        FullResync {
+            running: false,
+            started: Instant::now(),
+            at: Instant::now(),
+            backoff: RetryState::default(),
+        }
+    }
+
+    /// When the next one is due, unless one is running.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        (!self.running).then_some(self.at)
+    }
+
+    /// When the running (or last) one started.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Starts one if it is due by `now`: a task of `runner` whose result `done` wraps.
+    pub(crate) fn start_if_due<D: Send + 'static, P: CloudProvider + 'static>(
+        &mut self,
+        now: Instant,
+        runner: &mut Runner<NodeName, D>,
+        (shared, provider): (&Arc<Shared>, &Arc<P>),
+        done: fn(Result<CloudSnapshot, CloudError>) -> D,
+    ) {
+        if self.running || self.at > now {
+            return;
+        }
+        self.running = true;
+        self.started = Instant::now();
+        let (shared, provider) = (Arc::clone(shared), Arc::clone(provider));
+        runner.spawn([], async move {
+            let interfaces = call(
+                &shared,
+                Action::DescribeNetworkInterfaces,
+                provider.describe_interfaces(&InterfaceFilter::default()),
+            )
+            .await;
+            let result = match interfaces {
+                Ok(interfaces) => call(
+                    &shared,
+                    Action::DescribeSubnets,
+                    provider.describe_subnets(&SubnetFilter::default()),
+                )
+                .await
+                .map(|subnets| (interfaces, subnets)),
+                Err(error) => Err(error),
+            };
+            done(result)
+        });
+    }
+
+    /// The running one succeeded: the next comes after `timing`'s resync, `at_least` later.
+    pub(crate) fn succeeded(&mut self, timing: &Resync, at_least: Duration) {
+        self.running = false;
+        self.at = Instant::now() + self.backoff.success(timing).max(at_least);
+    }
+
+    /// The running one failed (reported as `what`): the next comes after the backoff.
+    pub(crate) fn failed(
+        &mut self,
+        shared: &Shared,
+        what: &str,
+        error: &CloudError,
+        timing: &Resync,
+    ) {
+        self.running = false;
+        shared.note_problem(format!("{what}: {error}"));
+        self.at = Instant::now() + self.backoff.error(timing);
+    }
+
+    /// The next one comes by `at` at the latest.
+    pub(crate) fn come_back_by(&mut self, at: Instant) {
+        self.at = self.at.min(at);
+    }
 }

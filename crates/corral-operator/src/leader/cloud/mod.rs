@@ -30,7 +30,6 @@ use std::time::Duration;
 
 use corral_cloud::{
     Action, CloudError, CloudProvider, InstanceState, InterfaceFilter, NetworkInterface, Subnet,
-    SubnetFilter,
 };
 use corral_cluster::cloud::{
     self as decide, CloudAction, CloudPlan, GcPlan, InstanceLimits, InterfaceView, NodeCloudInput,
@@ -38,8 +37,7 @@ use corral_cluster::cloud::{
 };
 use corral_cluster::{
     CloudAttachment, CloudEntry, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp,
-    ClusterView, Family, IpNet, Key, Keys, NodeName, PoolName, ReleaseRecord, ReleaseState, Resync,
-    RetryState, encode_value,
+    ClusterView, Family, IpNet, Key, Keys, NodeName, PoolName, ReleaseRecord, ReleaseState, Resync, encode_value,
 };
 use corral_kv::Kv;
 use tokio::time::Instant;
@@ -52,12 +50,14 @@ use crate::leader::runner::{self, NodeManager, Runner};
 use crate::state::{CloudNodeFigures, Shared};
 
 mod ctx;
-mod describe;
+pub(super) mod describe;
 mod orphans;
 mod step;
 
 use ctx::{Ctx, InstanceInfo, call, instance_of};
-use describe::{Described, addresses_of, describe_node, family_of, interface_views, subnet_view};
+use describe::{
+    Described, FullResync, addresses_of, describe_node, family_of, interface_views, subnet_view,
+};
 use orphans::{LeakContext, collect_leaks, replay_orphan};
 use step::{ATTACH_POLL, AttemptContext, HandshakeStep, Outcome, Step, StepRun};
 
@@ -155,9 +155,7 @@ struct Manager<K, P> {
     signal: Arc<CloudSignal>,
     /// The first full resync succeeded: mutations may run.
     ready: bool,
-    resync_running: bool,
-    resync_state: RetryState,
-    resync_at: Instant,
+    resync: FullResync,
     gc_running: bool,
     gc_at: Option<Instant>,
     gc_seen: BTreeMap<CloudId, u64>,
@@ -219,9 +217,7 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         resync_every: options.resync,
         signal,
         ready: false,
-        resync_running: false,
-        resync_state: RetryState::default(),
-        resync_at: Instant::now(),
+        resync: FullResync::new(),
         gc_running: false,
         gc_at: None,
         gc_seen: BTreeMap::new(),
@@ -289,9 +285,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     self.pending.insert(node.clone());
                 }
             }
-            if !self.resync_running && self.resync_at <= now {
-                self.start_resync(runner);
-            }
+            let cloud = (&self.ctx.shared, &self.ctx.provider);
+            self.resync.start_if_due(now, runner, cloud, Done::Resync);
             if !self.ready || shared.regression_unsettled() {
                 // Describes may run (they change nothing); mutations wait (also while etcd,
                 // gone back in time, may have forgotten records the cloud still has: the
@@ -318,7 +313,6 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
     fn finish(&mut self, runner: &mut Runner<NodeName, Done>, done: Done) {
         match done {
             Done::Resync(result) => {
-                self.resync_running = false;
                 let timing = Resync {
                     resync: self.resync_every,
                     ..self
@@ -371,21 +365,18 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                             self.ready = true;
                             self.ctx.shared.set_cloud_ready(true);
                         }
-                        self.resync_at =
-                            Instant::now() + self.resync_state.success(&timing).max(timing.resync);
+                        self.resync.succeeded(&timing, timing.resync);
                         if self.missing_unconfirmed {
                             // Suspects wait for a confirming resync past the describe lag.
                             let confirm = Instant::now()
                                 + Duration::from_millis(decide::DESCRIBE_LAG_BOUND_MS + 1_000);
-                            self.resync_at = self.resync_at.min(confirm);
+                            self.resync.come_back_by(confirm);
                         }
                         self.signal.all();
                     }
                     Err(error) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("cloud resync: {error}"));
-                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
+                        self.resync
+                            .failed(&self.ctx.shared, "cloud resync", &error, &timing);
                     }
                 }
             }
@@ -522,8 +513,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
             // with one comes as a signal (regression: the manager spun on a past resync time).
             return wake;
         }
-        if !self.resync_running {
-            wake = wake.min(self.resync_at);
+        if let Some(at) = self.resync.next_due() {
+            wake = wake.min(at);
         }
         if let (Some(at), false) = (self.gc_at, self.gc_running) {
             wake = wake.min(at);
@@ -566,31 +557,6 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 .or_insert(at);
             *known = (*known).max(at);
         }
-    }
-
-    fn start_resync(&mut self, runner: &mut Runner<NodeName, Done>) {
-        self.resync_running = true;
-        let ctx = self.ctx.clone();
-        runner.spawn([], async move {
-            let interfaces = call(
-                &ctx.shared,
-                Action::DescribeNetworkInterfaces,
-                ctx.provider
-                    .describe_interfaces(&InterfaceFilter::default()),
-            )
-            .await;
-            let result = match interfaces {
-                Ok(interfaces) => call(
-                    &ctx.shared,
-                    Action::DescribeSubnets,
-                    ctx.provider.describe_subnets(&SubnetFilter::default()),
-                )
-                .await
-                .map(|subnets| (interfaces, subnets)),
-                Err(error) => Err(error),
-            };
-            Done::Resync(result)
-        });
     }
 
     /// Before the first resync: describe nodes' instances (they need their limits anyway).
