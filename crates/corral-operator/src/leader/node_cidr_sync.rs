@@ -35,6 +35,7 @@ use corral_kv::{Compare, Kv, LeaseId, Revision, Txn, TxnOp};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::logged::Term;
 use super::runner::{self, Reconciler, Runner};
 use crate::WallClock;
 use crate::election::Fence;
@@ -166,29 +167,10 @@ pub(crate) async fn describe_primaries<P: CloudProvider>(
     Ok((primaries, at_ms))
 }
 
-/// What every transaction needs.
-struct Ctx<K> {
-    kv: K,
-    keys: Keys,
-    fence: Fence,
-    shared: Arc<Shared>,
-}
-
-impl<K: Clone> Clone for Ctx<K> {
-    fn clone(&self) -> Self {
-        Ctx {
-            kv: self.kv.clone(),
-            keys: self.keys.clone(),
-            fence: self.fence.clone(),
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
 /// The node CIDR sync of one leadership term: what it described, its clocks and its pass
 /// schedule (named apart from `std::marker::Sync`, which a bare `Sync` would shadow).
 struct NodeCidrSync<K, P> {
-    ctx: Ctx<K>,
+    ctx: Term<K>,
     cloud: Option<SyncCloud<P>>,
     signal: Arc<SyncSignal>,
     /// The first full pass succeeded: grants may be made.
@@ -227,7 +209,7 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
     signal: Arc<SyncSignal>,
 ) {
     let mut sync = NodeCidrSync {
-        ctx: Ctx {
+        ctx: Term {
             kv,
             keys,
             fence,

@@ -38,7 +38,7 @@ use corral_cluster::{
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 use tokio::time::Instant;
 
-use super::logged::{Write, WriteError, fenced_txn};
+use super::logged::{Term, Write, WriteError};
 use super::pending::PendingNodes;
 use super::runner::{self, NodeManager, Runner};
 use crate::WallClock;
@@ -81,10 +81,7 @@ impl Signal {
 
 /// What every task needs.
 struct Ctx<K, P> {
-    kv: K,
-    keys: Keys,
-    fence: Fence,
-    shared: Arc<Shared>,
+    term: Term<K>,
     provider: Arc<P>,
     clock: WallClock,
 }
@@ -92,10 +89,7 @@ struct Ctx<K, P> {
 impl<K: Clone, P> Clone for Ctx<K, P> {
     fn clone(&self) -> Self {
         Ctx {
-            kv: self.kv.clone(),
-            keys: self.keys.clone(),
-            fence: self.fence.clone(),
-            shared: Arc::clone(&self.shared),
+            term: self.term.clone(),
             provider: Arc::clone(&self.provider),
             clock: Arc::clone(&self.clock),
         }
@@ -174,10 +168,12 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
 ) {
     let manager = Manager {
         ctx: Ctx {
-            kv,
-            keys,
-            fence,
-            shared,
+            term: Term {
+                kv,
+                keys,
+                fence,
+                shared,
+            },
             provider,
             clock,
         },
@@ -206,7 +202,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
     fn turn(&mut self, runner: &mut Runner<NodeName, Done>) -> Option<()> {
         let (nodes, all) = self.signal.pending.take();
         let now = Instant::now();
-        let shared = Arc::clone(&self.ctx.shared);
+        let shared = Arc::clone(&self.ctx.term.shared);
         shared.with_view(|view, _| {
             let pools = decide::to_cloud_pools(view.config());
             if all || !self.ready || self.idle {
@@ -223,7 +219,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                 self.pending.extend(concerned);
             }
             self.pending.extend(nodes);
-            let cloud = (&self.ctx.shared, &self.ctx.provider);
+            let cloud = (&self.ctx.term.shared, &self.ctx.provider);
             self.resync.start_if_due(now, runner, cloud, Done::Resync);
             let delegable = [
                 self.ctx.provider.delegable_prefix_len(false),
@@ -241,7 +237,10 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                 .collect();
             for problem in &pool_problems {
                 if !self.pool_problems.contains(problem) {
-                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
+                    self.ctx
+                        .term
+                        .shared
+                        .note_problem(format!("to-cloud: {problem}"));
                 }
             }
             self.pool_problems = pool_problems;
@@ -302,8 +301,12 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                         self.signal.all();
                     }
                     Err(error) => {
-                        self.resync
-                            .failed(&self.ctx.shared, "to-cloud resync", &error, &timing);
+                        self.resync.failed(
+                            &self.ctx.term.shared,
+                            "to-cloud resync",
+                            &error,
+                            &timing,
+                        );
                     }
                 }
             }
@@ -338,6 +341,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     Outcome::Wait(wait) => runner.wait(&node, wait),
                     Outcome::Failed(problem) => {
                         self.ctx
+                            .term
                             .shared
                             .note_problem(format!("to-cloud {node}: {problem}"));
                         runner.back_off(&node, &timing);
@@ -506,7 +510,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         if plan.problems != state.reported {
             for problem in &plan.problems {
                 if !state.reported.contains(problem) {
-                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
+                    self.ctx
+                        .term
+                        .shared
+                        .note_problem(format!("to-cloud: {problem}"));
                 }
             }
             state.reported = plan.problems.clone();
@@ -522,7 +529,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         self.next_intent += 1;
         let intent = format!(
             "cd-{:x}-{:x}-{:x}",
-            self.ctx.fence.revision,
+            self.ctx.term.fence.revision,
             self.now_ms(),
             self.next_intent
         );
@@ -566,6 +573,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
 
     fn timing(&self) -> Resync {
         self.ctx
+            .term
             .shared
             .with_view(|view, _| Resync::from(&view.config().resync))
             .unwrap_or_default()
@@ -577,9 +585,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         if writes.is_empty() {
             return;
         }
-        self.ctx.shared.with_view_mut(|view, _| {
+        self.ctx.term.shared.with_view_mut(|view, _| {
             for (key, value, revision) in writes {
-                let newer = match self.ctx.keys.parse(key) {
+                let newer = match self.ctx.term.keys.parse(key) {
                     Ok(Key::Delegation {
                         node,
                         pool,
@@ -634,7 +642,9 @@ struct Run<'a, K, P> {
 impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
     /// A fenced txn; `Err(None)` refused, `Err(Some(problem))` outcome unknown.
     async fn txn(&mut self, txn: Txn) -> Result<Revision, Option<String>> {
-        fenced_txn(&self.ctx.kv, &self.ctx.fence, txn, &mut self.writes)
+        self.ctx
+            .term
+            .fenced_txn(txn, &mut self.writes)
             .await
             .map_err(|error| match error {
                 WriteError::Refused => None,
@@ -644,6 +654,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
 
     fn key_of(&self, pool: &PoolName, cidr: &IpNet) -> String {
         self.ctx
+            .term
             .keys
             .delegation(self.node, pool, family_of(cidr), cidr)
     }
@@ -811,7 +822,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             op,
             started_ms: (self.ctx.clock)(),
         };
-        let key = self.ctx.keys.cloud_intent(&id);
+        let key = self.ctx.term.keys.cloud_intent(&id);
         let value = encode_value(&record).map_err(|e| Outcome::Failed(e.to_string()))?;
         match self
             .txn(Txn {
@@ -822,7 +833,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             .await
         {
             Ok(revision) => {
-                self.ctx.shared.note_cloud_intent();
+                self.ctx.term.shared.note_cloud_intent();
                 Ok((key, revision))
             }
             // Fenced: no call.
@@ -894,7 +905,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
 
     /// Finishes (or undoes) an open delegation intent.
     async fn replay(&mut self, id: &CloudId, entry: &CloudEntry<CloudIntentRecord>) -> Outcome {
-        let intent_key = self.ctx.keys.cloud_intent(id);
+        let intent_key = self.ctx.term.keys.cloud_intent(id);
         let Some(intent) = &entry.record else {
             return Outcome::Wait(REPLAY_WAIT);
         };

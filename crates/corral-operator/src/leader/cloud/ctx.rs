@@ -9,10 +9,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use corral_cloud::{Action, CloudError, InstanceState};
-use corral_cluster::{CloudId, CloudInterfaceRecord, ClusterView, Keys, NodeName};
+use corral_cluster::{CloudId, CloudInterfaceRecord, ClusterView, NodeName};
 
 use crate::WallClock;
-use crate::election::Fence;
+use crate::leader::logged::Term;
 use crate::state::Shared;
 
 /// Tags corral puts on every interface it creates.
@@ -23,10 +23,7 @@ pub const TAG_CREATED_AT: &str = "corral.io/created-at";
 
 /// What every task needs.
 pub(super) struct Ctx<K, P> {
-    pub(super) kv: K,
-    pub(super) keys: Keys,
-    pub(super) fence: Fence,
-    pub(super) shared: Arc<Shared>,
+    pub(super) term: Term<K>,
     pub(super) provider: Arc<P>,
     pub(super) cluster: String,
     pub(super) clock: WallClock,
@@ -39,10 +36,7 @@ pub(super) struct Ctx<K, P> {
 impl<K: Clone, P> Clone for Ctx<K, P> {
     fn clone(&self) -> Self {
         Ctx {
-            kv: self.kv.clone(),
-            keys: self.keys.clone(),
-            fence: self.fence.clone(),
-            shared: Arc::clone(&self.shared),
+            term: self.term.clone(),
             provider: Arc::clone(&self.provider),
             cluster: self.cluster.clone(),
             clock: Arc::clone(&self.clock),

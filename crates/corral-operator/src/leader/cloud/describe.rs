@@ -40,7 +40,7 @@ pub(super) async fn describe_node<K, P: CloudProvider>(
     known: &HashMap<String, InstanceLimits>,
 ) -> Result<Described, CloudError> {
     let described = call(
-        &ctx.shared,
+        &ctx.term.shared,
         Action::DescribeInstances,
         ctx.provider.describe_instance(instance_id),
     )
@@ -49,7 +49,7 @@ pub(super) async fn describe_node<K, P: CloudProvider>(
         None
     } else {
         let types = call(
-            &ctx.shared,
+            &ctx.term.shared,
             Action::DescribeInstanceTypes,
             ctx.provider
                 .describe_instance_types(std::slice::from_ref(&described.instance_type)),
@@ -65,7 +65,7 @@ pub(super) async fn describe_node<K, P: CloudProvider>(
     let interfaces = if need_interfaces {
         Some(
             call(
-                &ctx.shared,
+                &ctx.term.shared,
                 Action::DescribeNetworkInterfaces,
                 ctx.provider
                     .describe_interfaces(&InterfaceFilter::instance(instance_id)),

@@ -37,14 +37,15 @@ use corral_cluster::cloud::{
 };
 use corral_cluster::{
     CloudAttachment, CloudEntry, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp,
-    ClusterView, Family, IpNet, Key, Keys, NodeName, PoolName, ReleaseRecord, ReleaseState, Resync, encode_value,
+    ClusterView, Family, IpNet, Key, Keys, NodeName, PoolName, ReleaseRecord, ReleaseState, Resync,
+    encode_value,
 };
 use corral_kv::Kv;
 use tokio::time::Instant;
 
 use crate::CloudOptions;
 use crate::election::Fence;
-use crate::leader::logged::Write;
+use crate::leader::logged::{Term, Write};
 use crate::leader::pending::PendingNodes;
 use crate::leader::runner::{self, NodeManager, Runner};
 use crate::state::{CloudNodeFigures, Shared};
@@ -205,10 +206,12 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         .to_owned();
     let manager = Manager {
         ctx: Ctx {
-            kv,
-            keys,
-            fence,
-            shared,
+            term: Term {
+                kv,
+                keys,
+                fence,
+                shared,
+            },
             provider,
             cluster,
             clock: options.clock,
@@ -247,7 +250,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
     fn turn(&mut self, runner: &mut Runner<NodeName, Done>) -> Option<()> {
         let (nodes, all) = self.signal.pending.take();
         let now = Instant::now();
-        let shared = Arc::clone(&self.ctx.shared);
+        let shared = Arc::clone(&self.ctx.term.shared);
         shared.with_view(|view, _| {
             let cloud_pools = cloud_pools(view);
             self.idle = cloud_pools.is_empty();
@@ -285,7 +288,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     self.pending.insert(node.clone());
                 }
             }
-            let cloud = (&self.ctx.shared, &self.ctx.provider);
+            let cloud = (&self.ctx.term.shared, &self.ctx.provider);
             self.resync.start_if_due(now, runner, cloud, Done::Resync);
             if !self.ready || shared.regression_unsettled() {
                 // Describes may run (they change nothing); mutations wait (also while etcd,
@@ -317,6 +320,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     resync: self.resync_every,
                     ..self
                         .ctx
+                        .term
                         .shared
                         .with_view(|view, _| Resync::from(&view.config().resync))
                         .unwrap_or_default()
@@ -363,7 +367,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                         self.resync_interfaces = by_instance;
                         if !self.ready {
                             self.ready = true;
-                            self.ctx.shared.set_cloud_ready(true);
+                            self.ctx.term.shared.set_cloud_ready(true);
                         }
                         self.resync.succeeded(&timing, timing.resync);
                         if self.missing_unconfirmed {
@@ -376,7 +380,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     }
                     Err(error) => {
                         self.resync
-                            .failed(&self.ctx.shared, "cloud resync", &error, &timing);
+                            .failed(&self.ctx.term.shared, "cloud resync", &error, &timing);
                     }
                 }
             }
@@ -419,6 +423,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     }
                     Err(error) => {
                         self.ctx
+                            .term
                             .shared
                             .note_problem(format!("describing {node} ({instance_id}): {error}"));
                         self.backoff(runner, &node);
@@ -469,6 +474,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     Outcome::Wait(wait) => runner.wait(&node, wait),
                     Outcome::Failed(problem) => {
                         self.ctx
+                            .term
                             .shared
                             .note_problem(format!("cloud {node}: {problem}"));
                         self.backoff(runner, &node);
@@ -482,9 +488,9 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                 match result {
                     Ok((plan, deleted)) => {
                         self.gc_seen = plan.seen;
-                        self.ctx.shared.note_cloud_gc_deleted(deleted as u64);
+                        self.ctx.term.shared.note_cloud_gc_deleted(deleted as u64);
                         if plan.over_cap > 0 {
-                            self.ctx.shared.note_problem(format!(
+                            self.ctx.term.shared.note_problem(format!(
                                 "cloud leak collector: {} leaked interfaces left for the next run",
                                 plan.over_cap
                             ));
@@ -492,6 +498,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     }
                     Err(error) => {
                         self.ctx
+                            .term
                             .shared
                             .note_problem(format!("cloud leak collector: {error}"));
                     }
@@ -700,7 +707,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             // Nothing of the node's state is kept but its backoff (a teardown that keeps
             // failing backs off as any step does).
             self.nodes.remove(node);
-            self.ctx.shared.note_cloud_node(node.as_str(), Vec::new());
+            self.ctx
+                .term
+                .shared
+                .note_cloud_node(node.as_str(), Vec::new());
             // Removed (or registered without an instance): its open intents are replayed (as
             // for a node present, the node counting as gone: a created interface unattached is
             // deleted, a removed node's interface detached and deleted); then its records go,
@@ -776,7 +786,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         self.next_intent += 1;
         format!(
             "ci-{:x}-{:x}-{:x}",
-            self.ctx.fence.revision,
+            self.ctx.term.fence.revision,
             self.now_ms(),
             self.next_intent
         )
@@ -1026,7 +1036,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 }
             }
         }
-        self.ctx.shared.note_cloud_node(node.as_str(), figures);
+        self.ctx.term.shared.note_cloud_node(node.as_str(), figures);
         (order, chosen)
     }
 
@@ -1091,7 +1101,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             let interfaces = if mutated && !matches!(outcome, Outcome::Fenced) {
                 // Per-node resync after a mutation.
                 call(
-                    &ctx.shared,
+                    &ctx.term.shared,
                     Action::DescribeNetworkInterfaces,
                     ctx.provider
                         .describe_interfaces(&InterfaceFilter::instance(&instance_id)),
@@ -1195,7 +1205,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             })
             .collect();
         let now_ms = self.now_ms();
-        let missing = self.ctx.shared.with_view(|view, _| {
+        let missing = self.ctx.term.shared.with_view(|view, _| {
             let busy: BTreeSet<CloudId> = view
                 .cloud_intents()
                 .filter_map(|(_, e)| e.record.as_ref())
@@ -1223,6 +1233,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         self.missing_unconfirmed = kept.len() > reported.len();
         self.missing = kept;
         self.ctx
+            .term
             .shared
             .set_cloud_records_missing(reported.iter().map(ToString::to_string).collect());
     }
@@ -1230,6 +1241,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     fn backoff(&self, runner: &mut Runner<NodeName, Done>, node: &NodeName) {
         let timing = self
             .ctx
+            .term
             .shared
             .with_view(|view, _| Resync::from(&view.config().resync))
             .unwrap_or_default();
@@ -1242,12 +1254,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         if writes.is_empty() {
             return;
         }
-        self.ctx.shared.with_view_mut(|view, _| {
+        self.ctx.term.shared.with_view_mut(|view, _| {
             for (key, value, revision) in writes {
                 // A put keeps the key's create revision if the view has the key (the marks of
                 // its addresses name it).
                 let mut created = *revision;
-                let newer = match self.ctx.keys.parse(key) {
+                let newer = match self.ctx.term.keys.parse(key) {
                     Ok(Key::CloudInterface { node, interface }) => {
                         let existing = view
                             .cloud_interfaces_of(&node)

@@ -13,7 +13,7 @@ use corral_cluster::{CloudEntry, CloudId, CloudIntentRecord, CloudOp, PoolName, 
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
 use crate::leader::cloud::ctx::{Ctx, TAG_CLUSTER, TAG_CREATED_AT, TAG_INTENT, TAG_NODE, call};
-use crate::leader::logged::{Write, WriteError, fenced_txn};
+use crate::leader::logged::{Write, WriteError};
 
 /// Replays an intent of no node (a collector's deletion): delete the interface if it is
 /// still there and available, then the intent.
@@ -23,7 +23,7 @@ pub(super) async fn replay_orphan<K: Kv, P: CloudProvider>(
     entry: &CloudEntry<CloudIntentRecord>,
     writes: &mut Vec<Write>,
 ) -> Result<(), String> {
-    let key = ctx.keys.cloud_intent(id);
+    let key = ctx.term.keys.cloud_intent(id);
     let mut revision = entry.mod_revision;
     if let Some(
         record @ CloudIntentRecord {
@@ -39,7 +39,7 @@ pub(super) async fn replay_orphan<K: Kv, P: CloudProvider>(
             success: vec![TxnOp::put(key.clone(), value)],
             failure: vec![],
         };
-        revision = match fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await {
+        revision = match ctx.term.fenced_txn(txn, writes).await {
             Ok(revision) => revision,
             Err(WriteError::Refused) => {
                 return Err(format!("intent {id} refused (fenced or changed)"));
@@ -47,7 +47,7 @@ pub(super) async fn replay_orphan<K: Kv, P: CloudProvider>(
             Err(WriteError::Uncertain(error)) => return Err(error.to_string()),
         };
         match call(
-            &ctx.shared,
+            &ctx.term.shared,
             Action::DeleteNetworkInterface,
             ctx.provider.delete_interface(interface.as_str()),
         )
@@ -66,7 +66,7 @@ pub(super) async fn replay_orphan<K: Kv, P: CloudProvider>(
         failure: vec![],
     };
     // Refused or uncertain: the intent stays and is replayed again.
-    let _ = fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await;
+    let _ = ctx.term.fenced_txn(txn, writes).await;
     Ok(())
 }
 
@@ -94,7 +94,7 @@ pub(super) async fn collect_leaks<K: Kv, P: CloudProvider>(
         .insert(TAG_CLUSTER.to_owned(), Some(ctx.cluster.clone()));
     filter.status = Some(InterfaceStatus::Available);
     let found = call(
-        &ctx.shared,
+        &ctx.term.shared,
         Action::DescribeNetworkInterfaces,
         ctx.provider.describe_interfaces(&filter),
     )
@@ -130,7 +130,7 @@ pub(super) async fn collect_leaks<K: Kv, P: CloudProvider>(
         let Ok(id) = CloudId::new(&format!("{}-gc{n}", leaks.base)) else {
             continue;
         };
-        let key = ctx.keys.cloud_intent(&id);
+        let key = ctx.term.keys.cloud_intent(&id);
         let record = CloudIntentRecord {
             node: None,
             pool: pool.clone(),
@@ -148,13 +148,13 @@ pub(super) async fn collect_leaks<K: Kv, P: CloudProvider>(
             success: vec![TxnOp::put(key.clone(), value)],
             failure: vec![],
         };
-        let Ok(revision) = fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await else {
+        let Ok(revision) = ctx.term.fenced_txn(txn, writes).await else {
             // Fenced or failed: no call.
             break;
         };
-        ctx.shared.note_cloud_intent();
+        ctx.term.shared.note_cloud_intent();
         let result = call(
-            &ctx.shared,
+            &ctx.term.shared,
             Action::DeleteNetworkInterface,
             ctx.provider.delete_interface(interface.as_str()),
         )
@@ -172,7 +172,7 @@ pub(super) async fn collect_leaks<K: Kv, P: CloudProvider>(
             failure: vec![],
         };
         // Refused or uncertain: the intent stays and is replayed.
-        let _ = fenced_txn(&ctx.kv, &ctx.fence, txn, writes).await;
+        let _ = ctx.term.fenced_txn(txn, writes).await;
     }
     Ok((plan, deleted))
 }

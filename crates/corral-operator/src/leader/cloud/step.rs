@@ -33,7 +33,7 @@ use crate::leader::cloud::ctx::{
     Ctx, TAG_CLUSTER, TAG_CREATED_AT, TAG_INTENT, TAG_NODE, call, instance_of,
 };
 use crate::leader::cloud::describe::{addresses_of, subnet_view};
-use crate::leader::logged::{Write, WriteError, fenced_txn};
+use crate::leader::logged::{Write, WriteError};
 
 /// How soon a node is looked at again while an interface it got is attaching.
 pub(super) const ATTACH_POLL: Duration = Duration::from_secs(2);
@@ -169,7 +169,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
 
     /// Runs a fenced transaction; answers its revision.
     async fn txn(&mut self, txn: Txn) -> Result<Revision, WriteError> {
-        fenced_txn(&self.ctx.kv, &self.ctx.fence, txn, &mut self.writes).await
+        self.ctx.term.fenced_txn(txn, &mut self.writes).await
     }
 
     /// Writes the intent (fenced, the key absent) before a cloud mutation.
@@ -200,7 +200,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             op,
             started_ms: (self.ctx.clock)(),
         };
-        let key = self.ctx.keys.cloud_intent(id);
+        let key = self.ctx.term.keys.cloud_intent(id);
         let value = encode_value(&record).map_err(|e| Outcome::Failed(e.to_string()))?;
         let mut compares = vec![Compare::absent(key.clone())];
         compares.extend(also);
@@ -211,7 +211,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         match self.txn(txn).await {
             Ok(revision) => {
-                self.ctx.shared.note_cloud_intent();
+                self.ctx.term.shared.note_cloud_intent();
                 Ok((key, revision))
             }
             Err(WriteError::Refused) if guarded => Err(Outcome::Wait(STALE_WAIT)),
@@ -358,7 +358,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)>,
     ) -> Outcome {
         for (id, entry) in records {
-            let key = self.ctx.keys.cloud_interface(self.node, &id);
+            let key = self.ctx.term.keys.cloud_interface(self.node, &id);
             let mut txn = Txn {
                 compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
                 success: vec![TxnOp::delete(key)],
@@ -381,14 +381,14 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 let Ok(value) = encode_value(&intent) else {
                     return Outcome::Failed("encoding a cloud intent".to_owned());
                 };
-                let intent_key = self.ctx.keys.cloud_intent(&self.next_intent());
+                let intent_key = self.ctx.term.keys.cloud_intent(&self.next_intent());
                 txn.compares.push(Compare::absent(intent_key.clone()));
                 txn.success.push(TxnOp::put(intent_key, value));
             }
             match self.txn(txn).await {
                 Ok(_) => {
                     if detach.is_some() {
-                        self.ctx.shared.note_cloud_intent();
+                        self.ctx.term.shared.note_cloud_intent();
                     }
                 }
                 Err(WriteError::Refused) => return Outcome::Wait(STALE_WAIT),
@@ -409,7 +409,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         let mut record = record.clone();
         record.attachment = CloudAttachment::Attached;
-        let key = self.ctx.keys.cloud_interface(self.node, interface);
+        let key = self.ctx.term.keys.cloud_interface(self.node, interface);
         let Ok(value) = encode_value(&record) else {
             return Outcome::Ok;
         };
@@ -477,7 +477,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     Ipv4Assign::Addresses(Amount::Count(count))
                 };
                 call(
-                    &self.ctx.shared,
+                    &self.ctx.term.shared,
                     Action::AssignPrivateIpAddresses,
                     provider.assign_ipv4(interface.as_str(), &request),
                 )
@@ -491,7 +491,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     Ipv6Assign::Addresses(Amount::Count(count))
                 };
                 call(
-                    &self.ctx.shared,
+                    &self.ctx.term.shared,
                     Action::AssignIpv6Addresses,
                     provider.assign_ipv6(interface.as_str(), &request),
                 )
@@ -530,7 +530,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                             && let Some(mut kept) = entry.record.clone()
                         {
                             kept.prefixes_refused_ms = Some((self.ctx.clock)());
-                            let key = self.ctx.keys.cloud_interface(self.node, interface);
+                            let key = self.ctx.term.keys.cloud_interface(self.node, interface);
                             if let Ok(value) = encode_value(&kept) {
                                 let txn = Txn {
                                     compares: vec![Compare::modified_at(
@@ -551,7 +551,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         // Recorded with the addresses: one transaction, the record compared at the revision
         // the plan saw, the intent deleted.
-        let key = self.ctx.keys.cloud_interface(self.node, interface);
+        let key = self.ctx.term.keys.cloud_interface(self.node, interface);
         let mut addresses = before;
         for net in added {
             if !addresses.contains(&net) {
@@ -620,6 +620,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let mut claims = self.ctx.claims.lock().unwrap_or_else(|e| e.into_inner());
         let conflicts = self
             .ctx
+            .term
             .shared
             .with_view(|view, _| {
                 let in_view = view
@@ -652,11 +653,12 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         // Disjoint records: never one interface or address for two nodes (the intent stays
         // open; its replay meets the same refusal until the other record goes).
-        if let Ok(Key::CloudInterface { interface, .. }) = self.ctx.keys.parse(&key) {
+        if let Ok(Key::CloudInterface { interface, .. }) = self.ctx.term.keys.parse(&key) {
             let conflicts = self.claim(&interface, &record);
             if let Some(first) = conflicts.first() {
                 for conflict in &conflicts {
                     self.ctx
+                        .term
                         .shared
                         .note_cloud_record_conflict(conflict.to_string());
                 }
@@ -729,7 +731,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 (Family::V6, true) => request.ipv6_prefixes = Some(Amount::Count(count)),
             }
             let created = call(
-                &self.ctx.shared,
+                &self.ctx.term.shared,
                 Action::CreateNetworkInterface,
                 self.ctx.provider.create_interface(&request),
             )
@@ -825,7 +827,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let mut last_error = None;
         for _ in 0..ATTACH_TRIES {
             match call(
-                &self.ctx.shared,
+                &self.ctx.term.shared,
                 Action::AttachNetworkInterface,
                 self.ctx
                     .provider
@@ -868,7 +870,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             // Not attached: the interface is deleted (best effort; the intent stays open if
             // that fails, and its replay deletes it).
             let deleted = call(
-                &self.ctx.shared,
+                &self.ctx.term.shared,
                 Action::DeleteNetworkInterface,
                 self.ctx.provider.delete_interface(&created.id),
             )
@@ -885,7 +887,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let Ok(interface) = CloudId::new(&created.id) else {
             return Outcome::Failed(format!("the cloud named an interface {:?}", created.id));
         };
-        let key = self.ctx.keys.cloud_interface(self.node, &interface);
+        let key = self.ctx.term.keys.cloud_interface(self.node, &interface);
         let record = CloudInterfaceRecord {
             pool: pool.clone(),
             instance_id: self.instance_id.to_owned(),
@@ -929,11 +931,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         };
         // Only while each `ready` is still the one seen (at its mod revision) and the record
         // still holds the addresses: a view behind must not unassign what was re-granted.
-        let key = self.ctx.keys.cloud_interface(self.node, interface);
+        let key = self.ctx.term.keys.cloud_interface(self.node, interface);
         let mut also = vec![Compare::modified_at(key, entry.mod_revision)];
         for (net, revision) in addresses {
             also.push(Compare::modified_at(
-                self.ctx.keys.release(self.node, pool, family, net),
+                self.ctx.term.keys.release(self.node, pool, family, net),
                 *revision,
             ));
         }
@@ -958,12 +960,12 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         }
         let mut record = record.clone();
         record.addresses.retain(|a| !nets.contains(a));
-        let key = self.ctx.keys.cloud_interface(self.node, interface);
+        let key = self.ctx.term.keys.cloud_interface(self.node, interface);
         let release_deletes: Vec<(String, i64)> = addresses
             .iter()
             .map(|(net, revision)| {
                 (
-                    self.ctx.keys.release(self.node, pool, family, net),
+                    self.ctx.term.keys.release(self.node, pool, family, net),
                     *revision,
                 )
             })
@@ -985,7 +987,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         intents: Vec<(CloudId, CloudEntry<CloudIntentRecord>)>,
     ) -> Outcome {
         for (id, entry) in intents {
-            let intent_key = self.ctx.keys.cloud_intent(&id);
+            let intent_key = self.ctx.term.keys.cloud_intent(&id);
             let Some(intent) = entry.record.clone() else {
                 self.drop_intent(&intent_key, entry.mod_revision).await;
                 continue;
@@ -998,6 +1000,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             let record_entry = found.as_ref().and_then(|ni| {
                 let iid = CloudId::new(&ni.id).ok()?;
                 self.ctx
+                    .term
                     .shared
                     .with_view(|view, _| {
                         view.cloud_interfaces_of(self.node)
@@ -1008,6 +1011,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             });
             let node_present = self
                 .ctx
+                .term
                 .shared
                 .with_view(|view, _| {
                     instance_of(view, self.node).as_deref() == intent.instance_id.as_deref()
@@ -1077,6 +1081,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     record.addresses.retain(|a| !addresses.contains(a));
                     let release_deletes = self
                         .ctx
+                        .term
                         .shared
                         .with_view(|view, _| {
                             view.releases_of(self.node)
@@ -1089,7 +1094,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                                 .collect::<Vec<_>>()
                         })
                         .unwrap_or_default();
-                    let key = self.ctx.keys.cloud_interface(self.node, interface);
+                    let key = self.ctx.term.keys.cloud_interface(self.node, interface);
                     return self
                         .record(
                             key.clone(),
@@ -1127,6 +1132,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 let attempt = AttemptContext {
                     cloud: self
                         .ctx
+                        .term
                         .shared
                         .with_view(|view, _| {
                             view.config()
@@ -1158,7 +1164,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 };
                 self.mutated = true;
                 match call(
-                    &self.ctx.shared,
+                    &self.ctx.term.shared,
                     Action::DeleteNetworkInterface,
                     self.ctx.provider.delete_interface(interface.as_str()),
                 )
@@ -1188,7 +1194,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 // Not forced: the instance is running and the interface leaves cleanly (its
                 // addresses left the agent with its record before this call).
                 match call(
-                    &self.ctx.shared,
+                    &self.ctx.term.shared,
                     Action::DetachNetworkInterface,
                     self.ctx.provider.detach_interface(&attachment.id, false),
                 )
@@ -1234,7 +1240,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         observed: &ObservedInterface,
         record_entry: Option<&CloudEntry<CloudInterfaceRecord>>,
     ) -> Outcome {
-        let key = self.ctx.keys.cloud_interface(self.node, &observed.id);
+        let key = self.ctx.term.keys.cloud_interface(self.node, &observed.id);
         let (record, compare) =
             match record_entry.and_then(|e| e.record.clone().map(|r| (e, r))) {
                 Some((e, mut record)) => {
@@ -1287,6 +1293,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 .collect();
             release_deletes = self
                 .ctx
+                .term
                 .shared
                 .with_view(|view, _| {
                     view.releases_of(self.node)
@@ -1349,7 +1356,7 @@ pub(super) async fn unassign_call<K, P: CloudProvider>(
     }
     if !v4.addresses.is_empty() || !v4.prefixes.is_empty() {
         call(
-            &ctx.shared,
+            &ctx.term.shared,
             Action::UnassignPrivateIpAddresses,
             ctx.provider.unassign_ipv4(interface, &v4),
         )
@@ -1357,7 +1364,7 @@ pub(super) async fn unassign_call<K, P: CloudProvider>(
     }
     if !v6.addresses.is_empty() || !v6.prefixes.is_empty() {
         call(
-            &ctx.shared,
+            &ctx.term.shared,
             Action::UnassignIpv6Addresses,
             ctx.provider.unassign_ipv6(interface, &v6),
         )
@@ -1396,7 +1403,7 @@ pub(super) async fn find_intent_interface<K, P: CloudProvider>(
                 .tags
                 .insert(TAG_INTENT.to_owned(), Some(id.to_string()));
             let found = call(
-                &ctx.shared,
+                &ctx.term.shared,
                 Action::DescribeNetworkInterfaces,
                 ctx.provider.describe_interfaces(&filter),
             )
@@ -1410,7 +1417,7 @@ pub(super) async fn find_intent_interface<K, P: CloudProvider>(
         | CloudOp::UndelegatePrefix { interface, .. } => interface,
     };
     match call(
-        &ctx.shared,
+        &ctx.term.shared,
         Action::DescribeNetworkInterfaces,
         ctx.provider
             .describe_interfaces(&InterfaceFilter::id(interface.as_str())),
