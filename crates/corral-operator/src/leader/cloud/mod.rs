@@ -717,20 +717,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             // each managed interface still on its instance behind a `Delete` intent written in
             // the same transaction (the agent's addresses leave with the record before the
             // interface is detached), the others (the primary, untagged ones) simply deleted.
-            let intents: Vec<(CloudId, CloudEntry<CloudIntentRecord>)> = view
-                .cloud_intents()
-                .filter(|(_, e)| {
-                    e.record
-                        .as_ref()
-                        // A delegation's intent (to-cloud pools) is `to_cloud`'s to replay.
-                        .is_some_and(|r| r.node.as_ref() == Some(node) && !r.op.is_delegation())
-                })
-                .map(|(id, e)| (id.clone(), e.clone()))
-                .collect();
-            let records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
-                .cloud_interfaces_of(node)
-                .map(|(id, e)| (id.clone(), e.clone()))
-                .collect();
+            let intents = open_intents(view, node);
+            let records = records_of(view, node);
             if intents.is_empty() && records.is_empty() {
                 runner.forget(node);
                 return None;
@@ -801,16 +789,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         instance_id: &str,
     ) -> (ServeKey, Option<Step>) {
         let none = ServeKey::default();
-        // An open intent of the node is replayed before anything else.
-        let intents: Vec<(CloudId, CloudEntry<CloudIntentRecord>)> = view
-            .cloud_intents()
-            .filter(|(_, e)| {
-                e.record
-                    .as_ref()
-                    .is_some_and(|r| r.node.as_ref() == Some(node) && !r.op.is_delegation())
-            })
-            .map(|(id, e)| (id.clone(), e.clone()))
-            .collect();
+        let intents = open_intents(view, node);
         let now_ms = self.now_ms();
         let limits_known = self.limits.clone();
         let secondaries_only: HashSet<String> = self
@@ -833,10 +812,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .unwrap_or_default();
         let cluster = self.ctx.cluster.clone();
         let state = self.node_state(runner, node, instance_id);
-        let records: Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> = view
-            .cloud_interfaces_of(node)
-            .map(|(id, e)| (id.clone(), e.clone()))
-            .collect();
+        let records = records_of(view, node);
         // Records of an earlier instance of the node (registered again on a new one, the
         // old one's end not seen): not its interfaces (kept, they stood for capacity the node
         // lacks); torn down as a removed node's.
@@ -1341,6 +1317,31 @@ fn rung_step(
         }
         decide::FirstStep::PlanPools => None,
     }
+}
+
+/// The node's open intents, but a to-cloud delegation's (`to_cloud` replays those).
+fn open_intents(
+    view: &ClusterView,
+    node: &NodeName,
+) -> Vec<(CloudId, CloudEntry<CloudIntentRecord>)> {
+    view.cloud_intents()
+        .filter(|(_, e)| {
+            e.record
+                .as_ref()
+                .is_some_and(|r| r.node.as_ref() == Some(node) && !r.op.is_delegation())
+        })
+        .map(|(id, e)| (id.clone(), e.clone()))
+        .collect()
+}
+
+/// The node's interface records.
+fn records_of(
+    view: &ClusterView,
+    node: &NodeName,
+) -> Vec<(CloudId, CloudEntry<CloudInterfaceRecord>)> {
+    view.cloud_interfaces_of(node)
+        .map(|(id, e)| (id.clone(), e.clone()))
+        .collect()
 }
 
 /// The configuration's cloud pools.
