@@ -7,6 +7,11 @@
 //! in flight in the view, so two concurrent proposals never name the same CIDR or node ID;
 //! and etcd decides anyway: every grant transaction compares every key it creates absent, the
 //! node's registration unchanged, the configuration unchanged, and the fence.
+//!
+//! Beside the loop, while leading lasts: the cloud node manager (`cloud/`), the to-cloud
+//! delegations (`to_cloud.rs`) and the node CIDR sync from the cloud (`node_cidr_sync.rs`).
+//! All four loops run on one runner (`runner.rs`): each is a `Reconciler`, and the runner keeps
+//! the tasks in flight, one per node, and each node's backoff.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

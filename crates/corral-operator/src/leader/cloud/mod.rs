@@ -23,6 +23,15 @@
 //!
 //! The manager's own memory (the cloud view, first sightings of leaks, excess clocks,
 //! backoffs) is lost with the lead; a new leader resyncs before it mutates anything.
+//!
+//! This file is the manager's loop (a [`NodeManager`] on the leader's runner): what is due, the
+//! plan of each node and the finished tasks taken in. The decisions it asks are pure and live
+//! in `corral_cluster::cloud` (`first_step`, the ladder before a node's pools are planned;
+//! `plan_node`; the serve order, the leak plan). Beside it: `ctx.rs` (what every task shares,
+//! the one door for cloud calls), `describe.rs` (describes and the views built from them, the
+//! full resync), `step.rs` (a node's step carried out behind intents) and `orphans.rs` (intents
+//! of no node, the leak collector). The files form layers: each one uses only those listed
+//! before it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -517,7 +526,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
         let mut wake = Instant::now() + Duration::from_secs(3600);
         if self.idle {
             // No cloud pool: the resync (due since the start) waits for one, and a configuration
-            // with one comes as a signal (regression: the manager spun on a past resync time).
+            // with one comes as a signal (a past resync time would wake the manager at once, again
+            // and again).
             return wake;
         }
         if let Some(at) = self.resync.next_due() {
