@@ -2,7 +2,7 @@
 //! (`PrepareIPAllocation`, `CreateInterface`, `PrepareIPRelease`, prefix delegation) and AWS VPC
 //! CNI ipamd's warm targets, for nodes of a cloud pool (CLUSTER-DESIGN sections 1 and 2).
 //!
-//! The operator (`corral-operator`'s `leader/cloud.rs`) reads the cloud (through
+//! The operator (`corral-operator`'s `leader/cloud/`) reads the cloud (through
 //! `corral_cloud::CloudProvider`) and etcd, turns what it saw into the inputs here, and carries
 //! out the returned action: one cloud mutation at a time per node, each behind a fenced intent
 //! record. Nothing here does I/O or reads a clock.
@@ -33,6 +33,7 @@ use crate::keys::{CloudId, FamilyDemand, ReleaseState};
 mod choice;
 mod empty;
 mod gc;
+mod ladder;
 mod node_cidr;
 mod records;
 mod replay;
@@ -47,6 +48,7 @@ pub use choice::{
 };
 pub use empty::{empty_interface_to_delete, is_empty_managed, track_empty};
 pub use gc::{GcPlan, LeakCandidate, plan_leak_gc};
+pub use ladder::{Attaching, FirstStep, InstanceLife, Ladder, NodeFacts, first_step};
 pub use node_cidr::{
     FromCloudInput, FromCloudPlan, FromCloudProblem, FromCloudReport, Sight, plan_from_cloud,
 };

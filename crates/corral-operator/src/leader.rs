@@ -7,6 +7,11 @@
 //! in flight in the view, so two concurrent proposals never name the same CIDR or node ID;
 //! and etcd decides anyway: every grant transaction compares every key it creates absent, the
 //! node's registration unchanged, the configuration unchanged, and the fence.
+//!
+//! Beside the loop, while leading lasts: the cloud node manager (`cloud/`), the to-cloud
+//! delegations (`to_cloud.rs`) and the node CIDR sync from the cloud (`node_cidr_sync.rs`).
+//! All four loops run on one runner (`runner.rs`): each is a `Reconciler`, and the runner keeps
+//! the tasks in flight, one per node, and each node's backoff.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -16,8 +21,7 @@ use corral_cluster::{
     ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
     RetryState, encode_value,
 };
-use corral_kv::{Compare, Event, Kv, KvError, Revision, Txn, TxnOp};
-use tokio::task::JoinSet;
+use corral_kv::{Compare, Event, Kv, KvError, Revision, Txn, TxnOp, Watch};
 use tokio::time::Instant;
 
 use crate::election::Fence;
@@ -30,6 +34,9 @@ mod logged;
 pub(crate) mod node_cidr_sync;
 mod pending;
 mod revoke;
+mod runner;
+
+use runner::{Reconciler, Runner};
 pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.
@@ -295,20 +302,9 @@ async fn wait_for_change<K: Kv>(kv: &K, key: &[u8], revision: Revision) -> Resul
     }
 }
 
-/// A node's place in line: when it may be tried again, and its backoff.
-struct Retry {
-    /// When it may be tried again; `None` once that time came (the node went back to
-    /// `pending`), while `state` keeps counting failures for the next wait.
-    at: Option<Instant>,
-    state: RetryState,
-}
-
-/// The leading loop's own state beside the view.
+/// The leading loop's own state beside the view (the runner keeps the transactions in flight,
+/// one at a time per node, and each node's backoff).
 struct Work {
-    running: JoinSet<Done>,
-    /// Nodes with a transaction in flight (a grant or a removal): one at a time per node.
-    busy: std::collections::HashSet<NodeName>,
-    retry: HashMap<NodeName, Retry>,
     /// Nodes that may lack something and may be tried now. Kept from the events (a node
     /// registered, a grant of it deleted) instead of scanning every node after each event:
     /// a scan costs O(nodes), and a burst of 10,000 grants would pay it 10,000 times.
@@ -340,7 +336,7 @@ struct Work {
 
 impl Work {
     /// Notes what an event may change for whom.
-    fn note(&mut self, keys: &Keys, event: &Event) {
+    fn note(&mut self, runner: &mut Runner<NodeName, Done>, keys: &Keys, event: &Event) {
         let key = String::from_utf8_lossy(event.key());
         let deleted = matches!(event, Event::Delete { .. });
         let parsed = keys.parse(&key);
@@ -357,9 +353,7 @@ impl Work {
                 // a grant refused for the configuration's revision).
                 self.rescan = true;
                 self.block_rescan = true;
-                for retry in self.retry.values_mut() {
-                    retry.at = None;
-                }
+                runner.end_waits();
             }
             Ok(Key::Removal { node }) if deleted => {
                 // A removal done (or dropped): the node may be registered again and waiting.
@@ -372,7 +366,7 @@ impl Work {
             }
             Ok(Key::Node { node }) => {
                 // Gone: nothing of it is retried or waits any more.
-                self.retry.remove(&node);
+                runner.forget(&node);
                 self.solo.remove(&node);
                 self.waiting_for_space.remove(&node);
                 self.block_pending.remove(&node);
@@ -398,7 +392,7 @@ impl Work {
                 | Key::QuarantineId { .. },
             ) if deleted => {
                 for node in std::mem::take(&mut self.waiting_for_space) {
-                    self.retry.remove(&node);
+                    runner.forget(&node);
                     self.block_pending.insert(node.clone());
                     self.pending.insert(node);
                 }
@@ -418,6 +412,24 @@ fn with_view<T>(
     shared.with_view_mut(f).ok_or(LeadError::Lost)
 }
 
+/// Why serving ended: asked to stop, or leading ended.
+enum Ended {
+    Stopped,
+    Failed(LeadError),
+}
+
+impl From<LeadError> for Ended {
+    fn from(error: LeadError) -> Self {
+        Ended::Failed(error)
+    }
+}
+
+impl From<KvError> for Ended {
+    fn from(error: KvError) -> Self {
+        Ended::Failed(error.into())
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn serve<K: Kv>(
     kv: &K,
@@ -433,177 +445,204 @@ async fn serve<K: Kv>(
     let (from, timing) = with_view(shared, |view, revision| {
         (*revision + 1, Resync::from(&view.config().resync))
     })?;
-    let mut watch = kv.watch(keys.prefix().as_bytes(), from).await?;
-    let mut work = Work {
-        running: JoinSet::new(),
-        busy: Default::default(),
-        retry: HashMap::new(),
-        pending: Default::default(),
-        rescan: true,
-        waiting_for_space: Default::default(),
-        solo: Default::default(),
-        block_pending: Default::default(),
-        block_rescan: true,
-        clock: blocks::BlockClock::new(),
-        cloud,
-        sync: Arc::clone(sync),
-        drain_wait: HashMap::new(),
-        recover: false,
-    };
-    let mut dirty = true;
-    // The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
-    // doubling to `MaxBackoff` after failures. The watch keeps the view current; the resync
-    // re-reads everything at one revision and reports any drift, as a backstop.
-    let mut sync_state = RetryState::default();
-    let mut resync_at = Instant::now() + timing.resync;
-    // The `config-applied` write last tried, as (its compare, the configuration's revision):
-    // tried again only once the view has changed (or after a resync).
-    let mut applied_tried: Option<(Revision, Revision)> = None;
+    let watch = kv.watch(keys.prefix().as_bytes(), from).await?;
     // etcd's time, read every few seconds: a regression in the term (the watch, from a
     // revision the restored store has not reached, says nothing) ends it, and the next term
     // reads the store as it is now.
-    let regressions = shared.regressions();
     let mut epoch_tick = tokio::time::interval(EPOCH_PROBE);
     epoch_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        if *lost.borrow() {
-            return Err(LeadError::Lost);
+    let mut leading = Leading {
+        kv,
+        keys,
+        fence,
+        lost,
+        stop,
+        shared,
+        watch,
+        work: Work {
+            pending: Default::default(),
+            rescan: true,
+            waiting_for_space: Default::default(),
+            solo: Default::default(),
+            block_pending: Default::default(),
+            block_rescan: true,
+            clock: blocks::BlockClock::new(),
+            cloud,
+            sync: Arc::clone(sync),
+            drain_wait: HashMap::new(),
+            recover: false,
+        },
+        dirty: true,
+        sync_state: RetryState::default(),
+        resync_at: Instant::now() + timing.resync,
+        applied_tried: None,
+        regressions: shared.regressions(),
+        epoch_tick,
+    };
+    match runner::run(&mut leading, &mut Runner::new(workers)).await {
+        Ended::Stopped => Ok(()),
+        Ended::Failed(error) => Err(error),
+    }
+}
+
+/// The leading loop: the view's watch in, fenced transactions out.
+struct Leading<'a, K> {
+    kv: &'a K,
+    keys: &'a Keys,
+    fence: &'a Fence,
+    lost: &'a mut tokio::sync::watch::Receiver<bool>,
+    stop: &'a mut tokio::sync::watch::Receiver<bool>,
+    shared: &'a Arc<Shared>,
+    watch: Watch,
+    work: Work,
+    /// The view changed since the last turn: look for work.
+    dirty: bool,
+    /// The periodic resync (nodeipam's `Timeout`): `Resync` after a success, `InitialRetry`
+    /// doubling to `MaxBackoff` after failures. The watch keeps the view current; the resync
+    /// re-reads everything at one revision and reports any drift, as a backstop.
+    sync_state: RetryState,
+    resync_at: Instant,
+    /// The `config-applied` write last tried, as (its compare, the configuration's revision):
+    /// tried again only once the view has changed (or after a resync).
+    applied_tried: Option<(Revision, Revision)>,
+    /// etcd's regressions seen when the term began: another one ends the term.
+    regressions: u64,
+    epoch_tick: tokio::time::Interval,
+}
+
+/// What the leading loop woke for besides its transactions and its nodes' backoffs.
+enum Wake {
+    Watch(Result<Vec<Event>, KvError>),
+    EpochTick,
+    EpochSettled,
+    ReleaseDelay,
+    Resync,
+    Lost,
+    Stop,
+}
+
+impl<K: Kv> Reconciler for Leading<'_, K> {
+    type Key = NodeName;
+    type Done = Done;
+    type Wake = Wake;
+    type End = Ended;
+
+    async fn turn(&mut self, runner: &mut Runner<NodeName, Done>) -> Result<(), Ended> {
+        let (kv, keys, fence, shared) = (self.kv, self.keys, self.fence, self.shared);
+        if *self.lost.borrow() {
+            return Err(LeadError::Lost.into());
         }
-        if shared.regressions() != regressions {
-            drain(&mut work, shared).await;
-            return Err(LeadError::Regressed);
+        if shared.regressions() != self.regressions {
+            drain(runner, &mut self.work, shared).await;
+            return Err(LeadError::Regressed.into());
         }
-        if dirty {
-            dirty = false;
-            // etcd went back in time: every agent is asked to assert what it holds again.
-            shared.reassert(kv, keys, fence).await;
-            let applied = with_view(shared, |view, _| {
-                start_work(kv, keys, fence, shared, workers, view, &mut work);
-                for problem in view.take_problems() {
-                    shared.note_problem(format!("{}: {}", problem.key, problem.message));
-                }
-                view.applied_to_write()
-                    .map(|record| (record, view.applied_revision(), view.config_revision()))
-            })?;
-            if let Some((record, applied_revision, config_revision)) = applied
-                && applied_tried != Some((applied_revision, record.config_revision))
-            {
-                applied_tried = Some((applied_revision, record.config_revision));
-                write_applied(
-                    kv,
-                    keys,
-                    fence,
-                    shared,
-                    &record,
-                    applied_revision,
-                    config_revision,
-                )
-                .await;
+        if !std::mem::take(&mut self.dirty) {
+            return Ok(());
+        }
+        // etcd went back in time: every agent is asked to assert what it holds again.
+        shared.reassert(kv, keys, fence).await;
+        let work = &mut self.work;
+        let applied = with_view(shared, |view, _| {
+            start_work(kv, keys, fence, shared, view, runner, work);
+            for problem in view.take_problems() {
+                shared.note_problem(format!("{}: {}", problem.key, problem.message));
             }
+            view.applied_to_write()
+                .map(|record| (record, view.applied_revision(), view.config_revision()))
+        })?;
+        if let Some((record, applied_revision, config_revision)) = applied
+            && self.applied_tried != Some((applied_revision, record.config_revision))
+        {
+            self.applied_tried = Some((applied_revision, record.config_revision));
+            write_applied(
+                kv,
+                keys,
+                fence,
+                shared,
+                &record,
+                applied_revision,
+                config_revision,
+            )
+            .await;
         }
-        let next_retry = work
-            .retry
-            .values()
-            .filter_map(|r| r.at)
-            .min()
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-        let next_wake = work
+        Ok(())
+    }
+
+    async fn wait(&mut self) -> Wake {
+        let next_wake = self
+            .work
             .clock
             .next_wake()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
-        let epoch_wake = shared
+        let epoch_wake = self
+            .shared
             .epoch_wake()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
-            batch = watch.next() => {
-                match batch {
-                    Ok(events) => {
-                        if let Some(last) = events.iter().map(Event::revision).max() {
-                            shared.observe_revision(0, last);
-                        }
-                        with_view(shared, |view, revision| {
-                            for event in events {
-                                *revision = (*revision).max(event.revision());
-                                apply_event(view, &event);
-                                work.note(keys, &event);
-                            }
-                            work.drain_wait.retain(|_, at| *at > *revision);
-                        })?;
-                        if std::mem::take(&mut work.recover) {
-                            let regression = shared.request_recover();
-                            shared.note_problem(format!(
-                                "`corral cluster recover --yes`: granting resumes without waiting \
-                                 for the agents' assertions{}",
-                                regression.map(|r| format!(" ({r})")).unwrap_or_default()
-                            ));
-                        }
-                        dirty = true;
-                    }
-                    Err(KvError::Compacted { .. }) => {
-                        // The watch fell behind the store's history: read everything again.
-                        let at = restart(kv, keys, shared, &mut work).await?;
-                        watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
-                        dirty = true;
-                    }
-                    Err(error) => return Err(error.into()),
+            batch = self.watch.next() => Wake::Watch(batch),
+            _ = self.epoch_tick.tick() => Wake::EpochTick,
+            _ = tokio::time::sleep_until(epoch_wake) => Wake::EpochSettled,
+            _ = tokio::time::sleep_until(next_wake) => Wake::ReleaseDelay,
+            _ = tokio::time::sleep_until(self.resync_at) => Wake::Resync,
+            _ = self.lost.changed() => Wake::Lost,
+            _ = self.stop.changed() => Wake::Stop,
+        }
+    }
+
+    async fn woke(&mut self, runner: &mut Runner<NodeName, Done>, wake: Wake) -> Result<(), Ended> {
+        let (kv, keys, shared) = (self.kv, self.keys, self.shared);
+        match wake {
+            Wake::Watch(Ok(events)) => {
+                if let Some(last) = events.iter().map(Event::revision).max() {
+                    shared.observe_revision(0, last);
                 }
-            }
-            Some(done) = work.running.join_next(), if !work.running.is_empty() => {
-                let Ok(done) = done else { continue };
-                let uncertain = with_view(shared, |view, revision| {
-                    let uncertain = finish(view, shared, &mut work, done);
-                    // A step the watch delivered already waits for nothing.
+                let work = &mut self.work;
+                with_view(shared, |view, revision| {
+                    for event in events {
+                        *revision = (*revision).max(event.revision());
+                        apply_event(view, &event);
+                        work.note(runner, keys, &event);
+                    }
                     work.drain_wait.retain(|_, at| *at > *revision);
-                    uncertain
                 })?;
-                if uncertain {
-                    // The store may or may not have applied it: the view is rebuilt from what
-                    // the store holds before anything else is proposed.
-                    let at = restart(kv, keys, shared, &mut work).await?;
-                    watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
+                if std::mem::take(&mut self.work.recover) {
+                    let regression = shared.request_recover();
+                    shared.note_problem(format!(
+                        "`corral cluster recover --yes`: granting resumes without waiting \
+                         for the agents' assertions{}",
+                        regression.map(|r| format!(" ({r})")).unwrap_or_default()
+                    ));
                 }
-                dirty = true;
+                self.dirty = true;
             }
-            _ = tokio::time::sleep_until(next_retry) => {
-                let now = Instant::now();
-                let due: Vec<NodeName> = work
-                    .retry
-                    .iter()
-                    .filter(|(_, r)| r.at.is_some_and(|at| at <= now))
-                    .map(|(node, _)| node.clone())
-                    .collect();
-                for node in due {
-                    // Its backoff state stays (a failure again waits longer); only the
-                    // deadline goes.
-                    if let Some(retry) = work.retry.get_mut(&node) {
-                        retry.at = None;
-                    }
-                    work.block_pending.insert(node.clone());
-                    work.pending.insert(node);
-                }
-                dirty = true;
+            Wake::Watch(Err(KvError::Compacted { .. })) => {
+                // The watch fell behind the store's history: read everything again.
+                let at = restart(kv, keys, shared, runner, &mut self.work).await?;
+                self.watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
+                self.dirty = true;
             }
-            _ = epoch_tick.tick() => {
+            Wake::Watch(Err(error)) => return Err(error.into()),
+            Wake::EpochTick => {
                 if let Err(error) = shared.probe_epoch(kv).await
                     && !error.is_retryable()
                 {
                     return Err(error.into());
                 }
             }
-            _ = tokio::time::sleep_until(epoch_wake) => {
+            Wake::EpochSettled => {
                 // The settle time of a wait for the agents' assertions ran out.
-                dirty = true;
+                self.dirty = true;
             }
-            _ = tokio::time::sleep_until(next_wake) => {
+            Wake::ReleaseDelay => {
                 // A release delay ran out: those nodes may mark blocks now.
-                for node in work.clock.take_due() {
-                    work.block_pending.insert(node);
+                for node in self.work.clock.take_due() {
+                    self.work.block_pending.insert(node);
                 }
-                dirty = true;
+                self.dirty = true;
             }
-            _ = tokio::time::sleep_until(resync_at) => {
+            Wake::Resync => {
                 let timing = with_view(shared, |view, _| Resync::from(&view.config().resync))?;
-                drain(&mut work, shared).await;
+                drain(runner, &mut self.work, shared).await;
                 match rebuild(kv, keys, shared).await {
                     Ok((fresh, at)) => {
                         if let Err(error) = shared.probe_epoch(kv).await {
@@ -617,26 +656,59 @@ async fn serve<K: Kv>(
                             ));
                         }
                         shared.install(fresh, at);
-                        applied_tried = None;
-                        watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
+                        self.applied_tried = None;
+                        self.watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
                         shared.note_resync(true);
-                        resync_at = Instant::now() + sync_state.success(&timing);
+                        self.resync_at = Instant::now() + self.sync_state.success(&timing);
                     }
                     Err(LeadError::Kv(error)) if error.is_retryable() => {
                         shared.note_problem(format!("resync: {error}"));
                         shared.note_resync(false);
-                        resync_at = Instant::now() + sync_state.error(&timing);
+                        self.resync_at = Instant::now() + self.sync_state.error(&timing);
                     }
-                    Err(error) => return Err(error),
+                    Err(error) => return Err(error.into()),
                 }
-                dirty = true;
+                self.dirty = true;
             }
-            _ = lost.changed() => return Err(LeadError::Lost),
-            _ = stop.changed() => {
-                drain(&mut work, shared).await;
-                return Ok(());
+            Wake::Lost => return Err(LeadError::Lost.into()),
+            Wake::Stop => {
+                drain(runner, &mut self.work, shared).await;
+                return Err(Ended::Stopped);
             }
         }
+        Ok(())
+    }
+
+    async fn finish(
+        &mut self,
+        runner: &mut Runner<NodeName, Done>,
+        done: Done,
+    ) -> Result<(), Ended> {
+        let (kv, keys, shared) = (self.kv, self.keys, self.shared);
+        let work = &mut self.work;
+        let uncertain = with_view(shared, |view, revision| {
+            let uncertain = finish(view, shared, runner, work, done);
+            // A step the watch delivered already waits for nothing.
+            work.drain_wait.retain(|_, at| *at > *revision);
+            uncertain
+        })?;
+        if uncertain {
+            // The store may or may not have applied it: the view is rebuilt from what
+            // the store holds before anything else is proposed.
+            let at = restart(kv, keys, shared, runner, &mut self.work).await?;
+            self.watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
+        }
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn due(&mut self, nodes: Vec<NodeName>) {
+        // Their backoff ran out (it is kept: a failure again waits longer).
+        for node in nodes {
+            self.work.block_pending.insert(node.clone());
+            self.work.pending.insert(node);
+        }
+        self.dirty = true;
     }
 }
 
@@ -710,9 +782,10 @@ async fn restart<K: Kv>(
     kv: &K,
     keys: &Keys,
     shared: &Arc<Shared>,
+    runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
 ) -> Result<Revision, LeadError> {
-    drain(work, shared).await;
+    drain(runner, work, shared).await;
     let (view, revision) = rebuild(kv, keys, shared).await?;
     shared.install(view, revision);
     Ok(revision)
@@ -734,17 +807,17 @@ fn apply_event(view: &mut ClusterView, event: &Event) {
 
 /// Waits for every transaction in flight, forgetting their proposals (the caller rebuilds or
 /// stops).
-async fn drain(work: &mut Work, shared: &Shared) {
-    while let Some(done) = work.running.join_next().await {
-        match done {
-            Ok(Done::Grant { proposals, .. }) => {
+async fn drain(runner: &mut Runner<NodeName, Done>, work: &mut Work, shared: &Shared) {
+    runner
+        .drain(|done| match done {
+            Done::Grant { proposals, .. } => {
                 shared.with_view_mut(|view, _| {
                     for proposal in &proposals {
                         view.abandon(proposal);
                     }
                 });
             }
-            Ok(Done::Blocks { done, .. }) => {
+            Done::Blocks { done, .. } => {
                 shared.with_view_mut(|view, _| {
                     let steps = done.ran.iter().map(|(step, ..)| step).chain(&done.not_run);
                     for step in steps {
@@ -755,9 +828,8 @@ async fn drain(work: &mut Work, shared: &Shared) {
                 });
             }
             _ => {}
-        }
-    }
-    work.busy.clear();
+        })
+        .await;
     work.drain_wait.clear();
     work.rescan = true;
     work.block_rescan = true;
@@ -768,23 +840,15 @@ async fn drain(work: &mut Work, shared: &Shared) {
     work.sync.all();
 }
 
-fn due(work: &Work, node: &NodeName, now: Instant) -> bool {
-    !work.busy.contains(node)
-        && work
-            .retry
-            .get(node)
-            .is_none_or(|r| r.at.is_none_or(|at| at <= now))
-}
-
-/// Starts transactions for the nodes that need one, up to `workers` in flight: removals
-/// first (they free space others may wait for), then grants.
+/// Starts transactions for the nodes that need one, up to the runner's `workers` in flight:
+/// removals first (they free space others may wait for), then grants.
 fn start_work<K: Kv>(
     kv: &K,
     keys: &Keys,
     fence: &Fence,
     shared: &Arc<Shared>,
-    workers: usize,
     view: &mut ClusterView,
+    runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
 ) {
     let now = Instant::now();
@@ -793,17 +857,16 @@ fn start_work<K: Kv>(
     let removing: std::collections::HashSet<NodeName> =
         removals.iter().map(|(node, ..)| node.clone()).collect();
     for (node, request_revision, request) in removals {
-        if work.running.len() >= workers {
+        if runner.is_full() {
             return;
         }
-        if !due(work, &node, now) {
+        if !runner.is_due(&node, now) {
             continue;
         }
         let removal = view.removal(&node);
         let registration = view.registration(&node).map(|e| e.create_revision);
-        work.busy.insert(node.clone());
         let (kv, keys, fence) = (kv.clone(), keys.clone(), fence.clone());
-        work.running.spawn(async move {
+        runner.spawn([node], async move {
             let outcome = remove(
                 &kv,
                 &keys,
@@ -823,16 +886,15 @@ fn start_work<K: Kv>(
     // Removed nodes' drains: what their agents gave up goes into quarantine, what they
     // still hold waits (`drain.rs`).
     for step in corral_cluster::removal_steps(view) {
-        if work.running.len() >= workers {
+        if runner.is_full() {
             return;
         }
         let node = step.node().clone();
-        if !due(work, &node, now) || work.drain_wait.contains_key(&node) {
+        if !runner.is_due(&node, now) || work.drain_wait.contains_key(&node) {
             continue;
         }
-        work.busy.insert(node);
         let (kv, keys, fence) = (kv.clone(), keys.clone(), fence.clone());
-        work.running.spawn(async move {
+        runner.spawn([node], async move {
             let outcome = drain::carry_out(&kv, &keys, &fence, &step, quarantine).await;
             Done::Drain { step, outcome }
         });
@@ -847,17 +909,16 @@ fn start_work<K: Kv>(
             .push(revocation);
     }
     for (node, mut revocations) in refused {
-        if work.running.len() >= workers {
+        if runner.is_full() {
             return;
         }
-        if !due(work, &node, now) || work.drain_wait.contains_key(&node) {
+        if !runner.is_due(&node, now) || work.drain_wait.contains_key(&node) {
             continue;
         }
         // Four operations each, well inside etcd's 128 per transaction.
         revocations.truncate(REVOCATIONS_PER_TXN);
-        work.busy.insert(node);
         let (kv, fence) = (kv.clone(), fence.clone());
-        work.running.spawn(async move {
+        runner.spawn([node], async move {
             let outcome = revoke::revoke(&kv, &fence, &revocations).await;
             Done::Revoke {
                 revocations,
@@ -874,8 +935,8 @@ fn start_work<K: Kv>(
         work.rescan = false;
         work.pending = view.nodes_needing_grants().into_iter().collect();
     }
-    while work.running.len() < workers {
-        let Some(batch) = next_batch(shared, view, work, &removing, now) else {
+    while !runner.is_full() {
+        let Some(batch) = next_batch(shared, view, runner, work, &removing, now) else {
             break;
         };
         let txn = match grant_txn(keys, view, &batch) {
@@ -884,16 +945,14 @@ fn start_work<K: Kv>(
                 for proposal in &batch {
                     view.abandon(proposal);
                     shared.note_problem(format!("grant to {}: {error}", proposal.node));
-                    backoff(view, work, &proposal.node, false);
+                    backoff(view, runner, &proposal.node, false);
                 }
                 continue;
             }
         };
-        for proposal in &batch {
-            work.busy.insert(proposal.node.clone());
-        }
+        let nodes: Vec<NodeName> = batch.iter().map(|p| p.node.clone()).collect();
         let kv = kv.clone();
-        work.running.spawn(async move {
+        runner.spawn(nodes, async move {
             let started = Instant::now();
             let outcome = run(&kv, txn).await;
             Done::Grant {
@@ -903,7 +962,7 @@ fn start_work<K: Kv>(
             }
         });
     }
-    blocks::start_block_work(kv, keys, fence, shared, workers, view, work, &removing);
+    blocks::start_block_work(kv, keys, fence, shared, view, runner, work, &removing);
 }
 
 /// Nodes granted in one transaction at most. A transaction's compares and puts are bounded
@@ -917,6 +976,7 @@ const BATCH_NODES: usize = 16;
 fn next_batch(
     shared: &Arc<Shared>,
     view: &mut ClusterView,
+    runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
     removing: &std::collections::HashSet<NodeName>,
     now: Instant,
@@ -932,7 +992,7 @@ fn next_batch(
             break;
         }
         work.pending.pop_first();
-        if !due(work, &node, now) || removing.contains(&node) {
+        if !runner.is_due(&node, now) || removing.contains(&node) {
             // Looked at again when its transaction ends, its backoff timer fires or its
             // removal is done.
             continue;
@@ -941,7 +1001,7 @@ fn next_batch(
             Ok(proposal) => proposal,
             Err(ProposeError::Full { pool, family }) => {
                 shared.note_full(node.as_str(), pool.as_str(), family);
-                backoff(view, work, &node, false);
+                backoff(view, runner, &node, false);
                 work.waiting_for_space.insert(node);
                 continue;
             }
@@ -951,14 +1011,14 @@ fn next_batch(
                     &format!("node-ids (max {max})"),
                     corral_core::Family::V4,
                 );
-                backoff(view, work, &node, false);
+                backoff(view, runner, &node, false);
                 work.waiting_for_space.insert(node);
                 continue;
             }
             Err(ProposeError::NothingNeeded { .. } | ProposeError::InFlight { .. }) => continue,
             Err(ProposeError::UnknownNode { .. }) => {
                 // Gone since it was queued (removed): nothing to retry.
-                work.retry.remove(&node);
+                runner.forget(&node);
                 continue;
             }
         };
@@ -990,16 +1050,19 @@ fn node_txn_size(proposal: &Proposal) -> (usize, usize) {
 }
 
 /// Applies a finished transaction to the view; true if its outcome is unknown.
-fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: Done) -> bool {
+fn finish(
+    view: &mut ClusterView,
+    shared: &Arc<Shared>,
+    runner: &mut Runner<NodeName, Done>,
+    work: &mut Work,
+    done: Done,
+) -> bool {
     match done {
         Done::Grant {
             proposals,
             outcome,
             took,
         } => {
-            for proposal in &proposals {
-                work.busy.remove(&proposal.node);
-            }
             shared.note_txn(took);
             match outcome {
                 Ok(revision) => {
@@ -1009,7 +1072,7 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                         view.commit(proposal, revision);
                         shared.note_grant(TxnOutcome::Granted);
                         work.solo.remove(&proposal.node);
-                        backoff(view, work, &proposal.node, true);
+                        backoff(view, runner, &proposal.node, true);
                     }
                     // Only advances (answers of concurrent transactions and the watch
                     // arrive in any order): the header read every few seconds judges.
@@ -1032,7 +1095,7 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                         view.abandon(proposal);
                         work.solo.remove(&proposal.node);
                         shared.note_grant(TxnOutcome::Conflict);
-                        backoff(view, work, &proposal.node, false);
+                        backoff(view, runner, &proposal.node, false);
                     }
                     false
                 }
@@ -1041,36 +1104,33 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                         view.abandon(proposal);
                         shared.note_grant(TxnOutcome::Failed);
                         shared.note_problem(format!("grant to {}: {error}", proposal.node));
-                        backoff(view, work, &proposal.node, false);
+                        backoff(view, runner, &proposal.node, false);
                     }
                     true
                 }
             }
         }
-        Done::Removal { node, outcome } => {
-            work.busy.remove(&node);
-            match outcome {
-                Ok(revision) => {
-                    eprintln!(
-                        "corral operator: removed node {node}; what it held waits until its agent gives it up (or it shows no liveness for the quarantine time)"
-                    );
-                    work.drain_wait.insert(node.clone(), revision);
-                    work.retry.remove(&node);
-                    work.block_pending.insert(node.clone());
-                    work.pending.insert(node);
-                    false
-                }
-                Err(TxnFailure::Refused) => {
-                    backoff(view, work, &node, false);
-                    false
-                }
-                Err(TxnFailure::Uncertain(error)) => {
-                    shared.note_problem(format!("removal of {node}: {error}"));
-                    backoff(view, work, &node, false);
-                    true
-                }
+        Done::Removal { node, outcome } => match outcome {
+            Ok(revision) => {
+                eprintln!(
+                    "corral operator: removed node {node}; what it held waits until its agent gives it up (or it shows no liveness for the quarantine time)"
+                );
+                work.drain_wait.insert(node.clone(), revision);
+                runner.forget(&node);
+                work.block_pending.insert(node.clone());
+                work.pending.insert(node);
+                false
             }
-        }
+            Err(TxnFailure::Refused) => {
+                backoff(view, runner, &node, false);
+                false
+            }
+            Err(TxnFailure::Uncertain(error)) => {
+                shared.note_problem(format!("removal of {node}: {error}"));
+                backoff(view, runner, &node, false);
+                true
+            }
+        },
         Done::Drain { step, outcome } => {
             if outcome.is_ok()
                 && let Some(text) = drain::describe(&step)
@@ -1078,7 +1138,15 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
                 eprintln!("corral operator: {text}");
             }
             let node = step.node().clone();
-            finish_step(view, shared, work, &node, outcome, "drain of removed node")
+            finish_step(
+                view,
+                shared,
+                runner,
+                work,
+                &node,
+                outcome,
+                "drain of removed node",
+            )
         }
         Done::Revoke {
             revocations,
@@ -1095,13 +1163,16 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
             finish_step(
                 view,
                 shared,
+                runner,
                 work,
                 &node,
                 outcome,
                 "revoking the refused grants of node",
             )
         }
-        Done::Blocks { node, done } => blocks::finish_blocks(view, shared, work, node, done),
+        Done::Blocks { node, done } => {
+            blocks::finish_blocks(view, shared, runner, work, node, done)
+        }
     }
 }
 
@@ -1110,25 +1181,25 @@ fn finish(view: &mut ClusterView, shared: &Arc<Shared>, work: &mut Work, done: D
 fn finish_step(
     view: &ClusterView,
     shared: &Shared,
+    runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
     node: &NodeName,
     outcome: Result<Revision, TxnFailure>,
     what: &str,
 ) -> bool {
-    work.busy.remove(node);
     match outcome {
         Ok(revision) => {
             work.drain_wait.insert(node.clone(), revision);
-            backoff(view, work, node, true);
+            backoff(view, runner, node, true);
             false
         }
         Err(TxnFailure::Refused) => {
-            backoff(view, work, node, false);
+            backoff(view, runner, node, false);
             false
         }
         Err(TxnFailure::Uncertain(error)) => {
             shared.note_problem(format!("{what} {node}: {error}"));
-            backoff(view, work, node, false);
+            backoff(view, runner, node, false);
             true
         }
     }
@@ -1137,18 +1208,17 @@ fn finish_step(
 /// nodeipam's timing per node: a node that failed waits `InitialRetry`, then doubling up to
 /// `MaxBackoff`; one that succeeded is not held back (it needs nothing until something
 /// changes, and the watch says when).
-fn backoff(view: &ClusterView, work: &mut Work, node: &NodeName, success: bool) {
+fn backoff(
+    view: &ClusterView,
+    runner: &mut Runner<NodeName, Done>,
+    node: &NodeName,
+    success: bool,
+) {
     if success {
-        work.retry.remove(node);
-        return;
+        runner.forget(node);
+    } else {
+        runner.back_off(node, &Resync::from(&view.config().resync));
     }
-    let timing = Resync::from(&view.config().resync);
-    let entry = work.retry.entry(node.clone()).or_insert_with(|| Retry {
-        at: None,
-        state: RetryState::default(),
-    });
-    let wait = entry.state.error(&timing);
-    entry.at = Some(Instant::now() + wait);
 }
 
 /// The grants of a batch as one transaction: for each node every key it creates compared

@@ -2,7 +2,7 @@
 //! store; the leader hands node CIDRs and node IDs to registered nodes and carries out node
 //! removals, every write a transaction fenced by its election key (see `election.rs`), the
 //! decisions made by `corral-cluster`'s view (see `leader.rs`). Given a cloud provider, the
-//! leader also manages the cloud interfaces and addresses of cloud pools (`leader/cloud.rs`).
+//! leader also manages the cloud interfaces and addresses of cloud pools (`leader/cloud/`).
 
 use std::future::Future;
 use std::sync::Arc;

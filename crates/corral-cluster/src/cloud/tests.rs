@@ -175,17 +175,92 @@ fn count_of(action: &CloudAction) -> u64 {
 /// rows mark `excess` free addresses once the release delay passed.
 #[test]
 fn cilium_worked_examples() {
+    /// One worked example: the pool's watermarks, the node's addresses (on one secondary
+    /// interface) and how many are used, then what the plan says.
+    struct Row {
+        watermarks: Watermarks,
+        available: u32,
+        used: u64,
+        needed: u64,
+        excess: u64,
+        /// The addresses the node holds once the plan's action is carried out.
+        result: u64,
+    }
     let rows = [
-        (w(8, 0, 0, 0), 0, 0, 8, 0, 8),
-        (w(8, 0, 0, 0), 8, 7, 7, 0, 15),
-        (w(1, 10, 0, 0), 10, 10, 1, 0, 11),
-        (w(4, 15, 4, 0), 0, 0, 15, 0, 19),
-        (w(4, 15, 4, 0), 19, 19, 4, 0, 27),
-        (w(4, 15, 4, 0), 27, 10, 0, 8, 19),
-        (w(4, 15, 4, 0), 27, 0, 0, 8, 19),
-        (w(8, 0, 0, 20), 16, 14, 4, 0, 20),
+        Row {
+            watermarks: w(8, 0, 0, 0),
+            available: 0,
+            used: 0,
+            needed: 8,
+            excess: 0,
+            result: 8,
+        },
+        Row {
+            watermarks: w(8, 0, 0, 0),
+            available: 8,
+            used: 7,
+            needed: 7,
+            excess: 0,
+            result: 15,
+        },
+        Row {
+            watermarks: w(1, 10, 0, 0),
+            available: 10,
+            used: 10,
+            needed: 1,
+            excess: 0,
+            result: 11,
+        },
+        Row {
+            watermarks: w(4, 15, 4, 0),
+            available: 0,
+            used: 0,
+            needed: 15,
+            excess: 0,
+            result: 19,
+        },
+        Row {
+            watermarks: w(4, 15, 4, 0),
+            available: 19,
+            used: 19,
+            needed: 4,
+            excess: 0,
+            result: 27,
+        },
+        Row {
+            watermarks: w(4, 15, 4, 0),
+            available: 27,
+            used: 10,
+            needed: 0,
+            excess: 8,
+            result: 19,
+        },
+        Row {
+            watermarks: w(4, 15, 4, 0),
+            available: 27,
+            used: 0,
+            needed: 0,
+            excess: 8,
+            result: 19,
+        },
+        Row {
+            watermarks: w(8, 0, 0, 20),
+            available: 16,
+            used: 14,
+            needed: 4,
+            excess: 0,
+            result: 20,
+        },
     ];
-    for (row, (wm, avail, used, need, exc, result)) in rows.into_iter().enumerate() {
+    for (row, example) in rows.into_iter().enumerate() {
+        let Row {
+            watermarks: wm,
+            available: avail,
+            used,
+            needed: need,
+            excess: exc,
+            result,
+        } = example;
         let mut node = Node::new(m5_24xlarge(), wm);
         if avail > 0 {
             node.interfaces = vec![iface(1, avail)];

@@ -22,7 +22,8 @@ use corral_cluster::{
 use corral_kv::{Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::time::Instant;
 
-use super::{Done, TxnFailure, Work, backoff, due, run};
+use super::runner::Runner;
+use super::{Done, TxnFailure, Work, backoff, run};
 use crate::election::Fence;
 use crate::state::{Shared, TxnOutcome};
 
@@ -201,6 +202,7 @@ fn wall_ms() -> u64 {
 fn steps(
     view: &mut ClusterView,
     shared: &Shared,
+    runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
     plans: &NodePlans,
 ) -> Vec<BlockStep> {
@@ -235,7 +237,7 @@ fn steps(
             }
             Err(ProposeError::Full { pool, family }) => {
                 shared.note_full(node.as_str(), pool.as_str(), family);
-                backoff(view, work, node, false);
+                backoff(view, runner, node, false);
                 work.waiting_for_space.insert(node.clone());
             }
             Err(_) => {}
@@ -253,7 +255,7 @@ fn steps(
 }
 
 /// Plans the nodes of `work.block_pending` and starts a task for each that has something to
-/// do, in order of need, while fewer than `workers` transactions run. Nodes not started stay
+/// do, in order of need, while the runner has room. Nodes not started stay
 /// pending.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn start_block_work<K: Kv>(
@@ -261,8 +263,8 @@ pub(super) fn start_block_work<K: Kv>(
     keys: &Keys,
     fence: &Fence,
     shared: &Arc<Shared>,
-    workers: usize,
     view: &mut ClusterView,
+    runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
     removing: &std::collections::HashSet<NodeName>,
 ) {
@@ -274,7 +276,7 @@ pub(super) fn start_block_work<K: Kv>(
         work.block_rescan = false;
         work.block_pending.extend(view.block_nodes());
     }
-    if work.block_pending.is_empty() || work.running.len() >= workers {
+    if work.block_pending.is_empty() || runner.is_full() {
         return;
     }
     let now = Instant::now();
@@ -284,7 +286,7 @@ pub(super) fn start_block_work<K: Kv>(
             work.clock.forget_node(&node);
             continue;
         }
-        if removing.contains(&node) || !due(work, &node, now) {
+        if removing.contains(&node) || !runner.is_due(&node, now) {
             // Planned again when its task ends, its backoff runs out or its removal is done.
             continue;
         }
@@ -297,18 +299,17 @@ pub(super) fn start_block_work<K: Kv>(
     let quarantine = Duration::from_secs(view.config().quarantine_secs.max(1));
     let mut rest = planned.into_iter();
     for plans in rest.by_ref() {
-        if work.running.len() >= workers {
+        if runner.is_full() {
             work.block_pending.insert(plans.node);
             break;
         }
         let node = plans.node.clone();
-        let steps = steps(view, shared, work, &plans);
+        let steps = steps(view, shared, runner, work, &plans);
         if steps.is_empty() {
             continue;
         }
-        work.busy.insert(node.clone());
         let (kv, keys, fence) = (kv.clone(), keys.clone(), fence.clone());
-        work.running.spawn(async move {
+        runner.spawn([node.clone()], async move {
             let done = run_steps(&kv, &keys, &fence, steps, quarantine).await;
             Done::Blocks { node, done }
         });
@@ -416,11 +417,11 @@ async fn release<K: Kv>(
 pub(super) fn finish_blocks(
     view: &mut ClusterView,
     shared: &Arc<Shared>,
+    runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
     node: NodeName,
     done: StepsDone,
 ) -> bool {
-    work.busy.remove(&node);
     let mut uncertain = false;
     let mut failed = false;
     for (step, outcome, took) in done.ran {
@@ -474,9 +475,9 @@ pub(super) fn finish_blocks(
         }
     }
     if failed {
-        backoff(view, work, &node, false);
+        backoff(view, runner, &node, false);
     } else {
-        backoff(view, work, &node, true);
+        backoff(view, runner, &node, true);
         // Planned again: a grant of more than 25 blocks goes on, another pool's turn comes.
         work.block_pending.insert(node);
     }

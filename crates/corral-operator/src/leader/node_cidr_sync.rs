@@ -31,11 +31,12 @@ use corral_cluster::{
     Family, GrantRecord, IpNet, Key, Keys, NodeName, OwnedRecord, PoolName, QuarantineRecord,
     Resync, RetryState, encode_value,
 };
-use corral_kv::{Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
+use corral_kv::{Compare, Kv, LeaseId, Revision, Txn, TxnOp};
 use tokio::sync::Notify;
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::logged::Term;
+use super::runner::{self, Reconciler, Runner};
 use crate::WallClock;
 use crate::election::Fence;
 use crate::state::Shared;
@@ -166,28 +167,10 @@ pub(crate) async fn describe_primaries<P: CloudProvider>(
     Ok((primaries, at_ms))
 }
 
-/// What every transaction needs.
-struct Ctx<K> {
-    kv: K,
-    keys: Keys,
-    fence: Fence,
-    shared: Arc<Shared>,
-}
-
-impl<K: Clone> Clone for Ctx<K> {
-    fn clone(&self) -> Self {
-        Ctx {
-            kv: self.kv.clone(),
-            keys: self.keys.clone(),
-            fence: self.fence.clone(),
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-/// The sync's state for one leadership term.
-struct Sync<K, P> {
-    ctx: Ctx<K>,
+/// The node CIDR sync of one leadership term: what it described, its clocks and its pass
+/// schedule (named apart from `std::marker::Sync`, which a bare `Sync` would shadow).
+struct NodeCidrSync<K, P> {
+    ctx: Term<K>,
     cloud: Option<SyncCloud<P>>,
     signal: Arc<SyncSignal>,
     /// The first full pass succeeded: grants may be made.
@@ -200,8 +183,11 @@ struct Sync<K, P> {
     seen: HashMap<NodeName, PrimarySeen>,
     /// Withdrawal clocks per pool and family.
     clocks: BTreeMap<(PoolName, Family), BTreeMap<(NodeName, IpNet), u64>>,
-    /// Nodes to describe alone once this instant passed (a clock running out).
-    recheck: BTreeMap<NodeName, Instant>,
+    /// Nodes whose withdrawal clock ran out (their wait in the runner): described alone on the
+    /// next turn, with those the signal names.
+    due: BTreeSet<NodeName>,
+    /// The first turn plans from what it describes; every later one takes the signal first.
+    started: bool,
     /// Nodes this turn tried to describe alone without a describe to show for it (the call
     /// failed, or no instance ID to describe): no recheck at once, the next full pass decides.
     undescribed: BTreeSet<NodeName>,
@@ -222,8 +208,8 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
     cloud: Option<SyncCloud<P>>,
     signal: Arc<SyncSignal>,
 ) {
-    let mut sync = Sync {
-        ctx: Ctx {
+    let mut sync = NodeCidrSync {
+        ctx: Term {
             kv,
             keys,
             fence,
@@ -237,34 +223,57 @@ pub(crate) async fn run<K: Kv, P: CloudProvider + 'static>(
         waiting_retry: RetryState::default(),
         seen: HashMap::new(),
         clocks: BTreeMap::new(),
-        recheck: BTreeMap::new(),
+        due: BTreeSet::new(),
+        started: false,
         undescribed: BTreeSet::new(),
         replan_at: None,
         reported: BTreeMap::new(),
         idle: true,
     };
-    let mut describe = BTreeSet::new();
-    let mut replan = true;
-    loop {
-        if sync
-            .turn(std::mem::take(&mut describe), replan)
-            .await
-            .is_none()
-        {
-            return;
-        }
-        let wake = sync.next_wake();
+    // The sync runs no task of its own beside its turn: the runner keeps the nodes' rechecks.
+    runner::run(&mut sync, &mut Runner::<NodeName, ()>::new(1)).await;
+}
+
+impl<K: Kv, P: CloudProvider + 'static> Reconciler for NodeCidrSync<K, P> {
+    type Key = NodeName;
+    type Done = ();
+    type Wake = ();
+    /// The view is gone (leading ended).
+    type End = ();
+
+    async fn turn(&mut self, runner: &mut Runner<NodeName, ()>) -> Result<(), ()> {
+        let (mut describe, replan) = if std::mem::replace(&mut self.started, true) {
+            let state = self.signal.take();
+            (state.describe, state.replan)
+        } else {
+            (BTreeSet::new(), true)
+        };
+        describe.append(&mut self.due);
+        self.take_turn(runner, describe, replan).await.ok_or(())
+    }
+
+    async fn wait(&mut self) {
+        let wake = self.next_wake();
         tokio::select! {
-            () = sync.signal.notify.notified() => {}
+            () = self.signal.notify.notified() => {}
             () = tokio::time::sleep_until(wake) => {}
         }
-        let state = sync.signal.take();
-        describe = state.describe;
-        replan = state.replan;
+    }
+
+    async fn woke(&mut self, _: &mut Runner<NodeName, ()>, (): ()) -> Result<(), ()> {
+        Ok(())
+    }
+
+    async fn finish(&mut self, _: &mut Runner<NodeName, ()>, (): ()) -> Result<(), ()> {
+        Ok(())
+    }
+
+    fn due(&mut self, nodes: Vec<NodeName>) {
+        self.due.extend(nodes);
     }
 }
 
-impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
+impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
     fn next_wake(&self) -> Instant {
         let mut wake = Instant::now() + Duration::from_secs(3600);
         if self.idle {
@@ -276,14 +285,16 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
         if let Some(at) = self.replan_at {
             wake = wake.min(at);
         }
-        if let Some(at) = self.recheck.values().min() {
-            wake = wake.min(*at);
-        }
         wake
     }
 
     /// One turn: describe what is due, plan, carry out. `None` when the view is gone.
-    async fn turn(&mut self, describe: BTreeSet<NodeName>, mut replan: bool) -> Option<()> {
+    async fn take_turn(
+        &mut self,
+        runner: &mut Runner<NodeName, ()>,
+        describe: BTreeSet<NodeName>,
+        mut replan: bool,
+    ) -> Option<()> {
         let families = self
             .ctx
             .shared
@@ -292,7 +303,7 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
         if self.idle {
             self.publish(BTreeMap::new());
             self.clocks.clear();
-            self.recheck.clear();
+            runner.forget_all();
             return Some(());
         }
         let Some(cloud) = &self.cloud else {
@@ -317,17 +328,8 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
             self.replan_at = None;
             replan = true;
         }
-        let mut alone: BTreeSet<NodeName> = describe;
-        let due: Vec<NodeName> = self
-            .recheck
-            .iter()
-            .filter(|(_, at)| **at <= now)
-            .map(|(node, _)| node.clone())
-            .collect();
-        for node in due {
-            self.recheck.remove(&node);
-            alone.insert(node);
-        }
+        // The nodes the signal named and those whose recheck came (handed back by the runner).
+        let alone: BTreeSet<NodeName> = describe;
         self.undescribed.clear();
         let described = if self.pass_at <= now || (self.ready && alone.len() > MAX_NODE_DESCRIBES) {
             let timing = Resync {
@@ -369,7 +371,7 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
         }
         // Hook of the to-cloud direction (`leader/to_cloud.rs`): `self.seen` holds this turn's
         // describes of the primaries (`PrimarySeen`), the same ones the plan below reads.
-        self.plan_and_carry_out().await
+        self.plan_and_carry_out(runner).await
     }
 
     /// A full pass: every registered node with an instance ID gets a sight.
@@ -411,26 +413,18 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
                 })
                 .collect()
         })?;
-        let mut tasks = JoinSet::new();
-        let mut results = Vec::new();
-        for (node, instance_id) in instances {
-            if tasks.len() >= cloud.workers.max(1)
-                && let Some(Ok(done)) = tasks.join_next().await
-            {
-                results.push(done);
-            }
-            let provider = Arc::clone(&cloud.provider);
-            let clock = Arc::clone(&cloud.clock);
-            tasks.spawn(async move {
-                let result = describe_primaries(&*provider, &clock, Some(&instance_id)).await;
-                (node, instance_id, result)
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            if let Ok(done) = done {
-                results.push(done);
-            }
-        }
+        let results = runner::all_bounded(
+            cloud.workers,
+            instances.into_iter().map(|(node, instance_id)| {
+                let provider = Arc::clone(&cloud.provider);
+                let clock = Arc::clone(&cloud.clock);
+                async move {
+                    let result = describe_primaries(&*provider, &clock, Some(&instance_id)).await;
+                    (node, instance_id, result)
+                }
+            }),
+        )
+        .await;
         let mut described = BTreeSet::new();
         for (node, instance_id, result) in results {
             match result {
@@ -458,7 +452,7 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
     }
 
     /// Plans every from-cloud pool and family and carries the plans out.
-    async fn plan_and_carry_out(&mut self) -> Option<()> {
+    async fn plan_and_carry_out(&mut self, runner: &mut Runner<NodeName, ()>) -> Option<()> {
         let now_ms = self.cloud.as_ref().map_or(0, |c| (c.clock)());
         let mut grants: BTreeMap<NodeName, Vec<(PoolName, Family, IpNet)>> = BTreeMap::new();
         let mut withdrawals: Vec<(NodeName, PoolName, Family, IpNet, i64)> = Vec::new();
@@ -556,9 +550,7 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
                     continue;
                 }
                 let wait = Duration::from_millis(due_ms.saturating_sub(now_ms));
-                let at = Instant::now() + wait;
-                let entry = self.recheck.entry(node.clone()).or_insert(at);
-                *entry = (*entry).min(at);
+                runner.come_back_by(node, Instant::now() + wait);
             }
         }
         // Nodes waiting for a prefix (none delegated yet, or not found: describes lag behind
@@ -663,29 +655,21 @@ impl<K: Kv, P: CloudProvider + 'static> Sync<K, P> {
             }
         }
         let mut refused = false;
-        let mut tasks: JoinSet<(Txn, Result<Revision, Option<KvError>>)> = JoinSet::new();
-        let mut done = Vec::new();
-        for (txn, _) in txns {
-            if tasks.len() >= workers
-                && let Some(Ok(result)) = tasks.join_next().await
-            {
-                done.push(result);
-            }
-            let kv = self.ctx.kv.clone();
-            tasks.spawn(async move {
-                let outcome = match kv.txn(txn.clone()).await {
-                    Ok(response) if response.succeeded => Ok(response.revision),
-                    Ok(_) => Err(None),
-                    Err(error) => Err(Some(error)),
-                };
-                (txn, outcome)
-            });
-        }
-        while let Some(result) = tasks.join_next().await {
-            if let Ok(result) = result {
-                done.push(result);
-            }
-        }
+        let done = runner::all_bounded(
+            workers,
+            txns.into_iter().map(|(txn, _)| {
+                let kv = self.ctx.kv.clone();
+                async move {
+                    let outcome = match kv.txn(txn.clone()).await {
+                        Ok(response) if response.succeeded => Ok(response.revision),
+                        Ok(_) => Err(None),
+                        Err(error) => Err(Some(error)),
+                    };
+                    (txn, outcome)
+                }
+            }),
+        )
+        .await;
         for (txn, outcome) in done {
             match outcome {
                 Ok(revision) => self.apply(&txn, revision),

@@ -19,13 +19,13 @@
 //! Its memory (the cloud view, backoffs, problems reported) is lost with the lead; a new leader
 //! resyncs before it mutates anything.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cloud::{
     Amount, CloudError, CloudProvider, InstanceState, InterfaceFilter, Ipv4Assign, Ipv4Set,
-    Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter,
+    Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
 };
 use corral_cluster::cloud::to_cloud::{
     self as decide, Delegated, DelegationInput, DelegationReplay, DelegationStep, InstanceSight,
@@ -33,16 +33,17 @@ use corral_cluster::cloud::to_cloud::{
 };
 use corral_cluster::{
     CloudEntry, CloudId, CloudIntentRecord, CloudOp, ClusterView, DelegationRecord, Family, IpNet,
-    Key, Keys, NodeName, PoolName, Resync, RetryState, encode_value,
+    Key, Keys, NodeName, PoolName, Resync, encode_value,
 };
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::logged::{Write, WriteError, fenced_txn};
+use super::logged::{Term, Write, WriteError};
 use super::pending::PendingNodes;
+use super::runner::{self, NodeManager, Runner};
 use crate::WallClock;
 use crate::election::Fence;
+use crate::leader::cloud::describe::FullResync;
 use crate::state::Shared;
 
 /// How soon an intent the cloud's view could not settle yet is replayed again.
@@ -80,10 +81,7 @@ impl Signal {
 
 /// What every task needs.
 struct Ctx<K, P> {
-    kv: K,
-    keys: Keys,
-    fence: Fence,
-    shared: Arc<Shared>,
+    term: Term<K>,
     provider: Arc<P>,
     clock: WallClock,
 }
@@ -91,10 +89,7 @@ struct Ctx<K, P> {
 impl<K: Clone, P> Clone for Ctx<K, P> {
     fn clone(&self) -> Self {
         Ctx {
-            kv: self.kv.clone(),
-            keys: self.keys.clone(),
-            fence: self.fence.clone(),
-            shared: Arc::clone(&self.shared),
+            term: self.term.clone(),
             provider: Arc::clone(&self.provider),
             clock: Arc::clone(&self.clock),
         }
@@ -131,24 +126,16 @@ enum Done {
 
 #[derive(Debug, Default)]
 struct NodeSync {
-    retry: RetryState,
-    not_before: Option<Instant>,
     /// Problems reported at the last plan (reported again only when they change).
     reported: Vec<String>,
 }
 
 struct Manager<K, P> {
     ctx: Ctx<K, P>,
-    workers: usize,
     resync_every: Duration,
     signal: Arc<Signal>,
-    running: JoinSet<Done>,
     ready: bool,
-    resync_running: bool,
-    resync_state: RetryState,
-    resync_at: Instant,
-    /// When the running resync started.
-    resync_started: Instant,
+    resync: FullResync,
     /// Subnets' CIDRs by ID, from the last resync.
     subnets: HashMap<String, Vec<IpNet>>,
     /// Instances as the last resync showed them (only those with a primary interface).
@@ -158,7 +145,6 @@ struct Manager<K, P> {
     /// This manager's own changes, over both views while a describe may not show them yet.
     own: HashMap<(CloudId, IpNet), (bool, Instant)>,
     nodes: HashMap<NodeName, NodeSync>,
-    busy: HashSet<NodeName>,
     pending: BTreeSet<NodeName>,
     next_intent: u64,
     /// Pool-wide problems reported (a length the provider cannot take), once each.
@@ -180,50 +166,209 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
     clock: WallClock,
     signal: Arc<Signal>,
 ) {
-    let mut manager = Manager {
+    let manager = Manager {
         ctx: Ctx {
-            kv,
-            keys,
-            fence,
-            shared,
+            term: Term {
+                kv,
+                keys,
+                fence,
+                shared,
+            },
             provider,
             clock,
         },
-        workers: workers.max(1),
         resync_every,
         signal,
-        running: JoinSet::new(),
         ready: false,
-        resync_running: false,
-        resync_state: RetryState::default(),
-        resync_at: Instant::now(),
-        resync_started: Instant::now(),
+        resync: FullResync::new(),
         subnets: HashMap::new(),
         resynced: BTreeMap::new(),
         described: BTreeMap::new(),
         own: HashMap::new(),
         nodes: HashMap::new(),
-        busy: HashSet::new(),
         pending: BTreeSet::new(),
         next_intent: 0,
         pool_problems: Vec::new(),
         idle: false,
     };
     manager.signal.all();
-    loop {
-        if manager.turn().is_none() {
-            return;
-        }
-        let wake = manager.next_wake();
-        tokio::select! {
-            () = manager.signal.pending.notified() => {}
-            Some(done) = manager.running.join_next(), if !manager.running.is_empty() => {
-                if let Ok(done) = done {
-                    manager.finish(done);
+    runner::manage(manager, workers).await;
+}
+
+impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
+    type Done = Done;
+
+    /// One turn: take the signal, start what is due. `None` when the view is gone.
+    fn turn(&mut self, runner: &mut Runner<NodeName, Done>) -> Option<()> {
+        let (nodes, all) = self.signal.pending.take();
+        let now = Instant::now();
+        let shared = Arc::clone(&self.ctx.term.shared);
+        shared.with_view(|view, _| {
+            let pools = decide::to_cloud_pools(view.config());
+            if all || !self.ready || self.idle {
+                let concerned = concerned(view, &pools);
+                self.idle = concerned.is_empty();
+                if self.idle {
+                    // Nothing to sync: no call at all (not even a resync) until the signal
+                    // names a node.
+                    self.pending.clear();
+                    self.nodes.clear();
+                    runner.forget_all();
+                    return;
+                }
+                self.pending.extend(concerned);
+            }
+            self.pending.extend(nodes);
+            let cloud = (&self.ctx.term.shared, &self.ctx.provider);
+            self.resync.start_if_due(now, runner, cloud, Done::Resync);
+            let delegable = [
+                self.ctx.provider.delegable_prefix_len(false),
+                self.ctx.provider.delegable_prefix_len(true),
+            ];
+            let pool_problems: Vec<String> = pools
+                .iter()
+                .filter_map(|p| {
+                    let len = match p.family {
+                        Family::V4 => delegable[0],
+                        Family::V6 => delegable[1],
+                    };
+                    decide::length_problem(p, len)
+                })
+                .collect();
+            for problem in &pool_problems {
+                if !self.pool_problems.contains(problem) {
+                    self.ctx
+                        .term
+                        .shared
+                        .note_problem(format!("to-cloud: {problem}"));
                 }
             }
-            () = tokio::time::sleep_until(wake) => {}
+            self.pool_problems = pool_problems;
+            // Nothing before the first resync, nor while etcd went back in time and granting
+            // has not resumed (delegation records made since the snapshot are forgotten).
+            if !self.ready || shared.regression_unsettled() {
+                return;
+            }
+            let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
+            for node in pending {
+                if runner.is_full() {
+                    break;
+                }
+                if !runner.is_due(&node, now) {
+                    continue;
+                }
+                self.pending.remove(&node);
+                if let Some(step) = self.plan(runner, view, &pools, &node) {
+                    self.spawn(runner, node, step);
+                }
+            }
+        })
+    }
+
+    /// Takes in a finished task.
+    fn finish(&mut self, runner: &mut Runner<NodeName, Done>, done: Done) {
+        match done {
+            Done::Resync(result) => {
+                let timing = self.timing();
+                match result {
+                    Ok((interfaces, subnets)) => {
+                        self.subnets = subnets
+                            .iter()
+                            .map(|s| {
+                                let mut cidrs = vec![IpNet::V4(s.ipv4_cidr)];
+                                cidrs.extend(s.ipv6_cidr.map(IpNet::V6));
+                                (s.id.clone(), cidrs)
+                            })
+                            .collect();
+                        self.resynced = interfaces
+                            .iter()
+                            .filter_map(|ni| {
+                                let a = ni.attachment.as_ref()?;
+                                (a.device_index == 0)
+                                    .then(|| (a.instance_id.clone(), self.primary_sight(ni)))
+                            })
+                            .collect();
+                        self.described.clear();
+                        // Own changes stay over the view until a resync that began well after
+                        // them (its describe may lag them by up to the bound).
+                        let started = self.resync.started();
+                        self.own
+                            .retain(|_, (_, at)| *at + OWN_CHANGES_KEPT > started);
+                        if !self.ready {
+                            self.ready = true;
+                        }
+                        self.resync.succeeded(&timing, self.resync_every);
+                        self.signal.all();
+                    }
+                    Err(error) => {
+                        self.resync.failed(
+                            &self.ctx.term.shared,
+                            "to-cloud resync",
+                            &error,
+                            &timing,
+                        );
+                    }
+                }
+            }
+            Done::Node {
+                node,
+                outcome,
+                writes,
+                described,
+                changed,
+            } => {
+                self.apply_writes(&writes);
+                if let Some((instance, sight)) = described {
+                    match sight {
+                        Some(sight) => {
+                            self.described.insert(instance, sight);
+                        }
+                        None => {
+                            self.described.remove(&instance);
+                        }
+                    }
+                }
+                if let Some((interface, prefix, present)) = changed {
+                    self.own
+                        .insert((interface, prefix), (present, Instant::now()));
+                }
+                let timing = self.timing();
+                match outcome {
+                    Outcome::Ok => {
+                        runner.reset_backoff(&node);
+                        self.pending.insert(node);
+                    }
+                    Outcome::Wait(wait) => runner.wait(&node, wait),
+                    Outcome::Failed(problem) => {
+                        self.ctx
+                            .term
+                            .shared
+                            .note_problem(format!("to-cloud {node}: {problem}"));
+                        runner.back_off(&node, &timing);
+                    }
+                    Outcome::Fenced => {}
+                }
+            }
         }
+    }
+
+    fn next_wake(&self) -> Instant {
+        let mut wake = Instant::now() + Duration::from_secs(3600);
+        if self.idle {
+            return wake;
+        }
+        if let Some(at) = self.resync.next_due().filter(|_| self.ready) {
+            wake = wake.min(at);
+        }
+        wake
+    }
+
+    fn signal(&self) -> &PendingNodes {
+        &self.signal.pending
+    }
+
+    fn pending(&mut self) -> &mut BTreeSet<NodeName> {
+        &mut self.pending
     }
 }
 
@@ -267,117 +412,6 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         (self.ctx.clock)()
     }
 
-    fn next_wake(&self) -> Instant {
-        let mut wake = Instant::now() + Duration::from_secs(3600);
-        if self.idle {
-            return wake;
-        }
-        if !self.resync_running && self.ready {
-            wake = wake.min(self.resync_at);
-        }
-        for state in self.nodes.values() {
-            if let Some(at) = state.not_before {
-                wake = wake.min(at);
-            }
-        }
-        wake
-    }
-
-    fn turn(&mut self) -> Option<()> {
-        let (nodes, all) = self.signal.pending.take();
-        let now = Instant::now();
-        let shared = Arc::clone(&self.ctx.shared);
-        shared.with_view(|view, _| {
-            let pools = decide::to_cloud_pools(view.config());
-            if all || !self.ready || self.idle {
-                let concerned = concerned(view, &pools);
-                self.idle = concerned.is_empty();
-                if self.idle {
-                    // Nothing to sync: no call at all (not even a resync) until the signal
-                    // names a node.
-                    self.pending.clear();
-                    self.nodes.clear();
-                    return;
-                }
-                self.pending.extend(concerned);
-            }
-            self.pending.extend(nodes);
-            for (node, state) in &mut self.nodes {
-                if state.not_before.is_some_and(|at| at <= now) {
-                    state.not_before = None;
-                    self.pending.insert(node.clone());
-                }
-            }
-            if !self.resync_running && self.resync_at <= now {
-                self.start_resync();
-            }
-            let delegable = [
-                self.ctx.provider.delegable_prefix_len(false),
-                self.ctx.provider.delegable_prefix_len(true),
-            ];
-            let pool_problems: Vec<String> = pools
-                .iter()
-                .filter_map(|p| {
-                    let len = match p.family {
-                        Family::V4 => delegable[0],
-                        Family::V6 => delegable[1],
-                    };
-                    decide::length_problem(p, len)
-                })
-                .collect();
-            for problem in &pool_problems {
-                if !self.pool_problems.contains(problem) {
-                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
-                }
-            }
-            self.pool_problems = pool_problems;
-            // Nothing before the first resync, nor while etcd went back in time and granting
-            // has not resumed (delegation records made since the snapshot are forgotten).
-            if !self.ready || shared.regression_unsettled() {
-                return;
-            }
-            let pending: Vec<NodeName> = self.pending.iter().cloned().collect();
-            for node in pending {
-                if self.running.len() >= self.workers {
-                    break;
-                }
-                if self.busy.contains(&node)
-                    || self
-                        .nodes
-                        .get(&node)
-                        .is_some_and(|s| s.not_before.is_some_and(|at| at > now))
-                {
-                    continue;
-                }
-                self.pending.remove(&node);
-                if let Some(step) = self.plan(view, &pools, &node) {
-                    self.spawn(node, step);
-                }
-            }
-        })
-    }
-
-    fn start_resync(&mut self) {
-        self.resync_running = true;
-        self.resync_started = Instant::now();
-        let ctx = self.ctx.clone();
-        self.running.spawn(async move {
-            let interfaces = ctx
-                .provider
-                .describe_interfaces(&InterfaceFilter::default())
-                .await;
-            let result = match interfaces {
-                Ok(interfaces) => ctx
-                    .provider
-                    .describe_subnets(&SubnetFilter::default())
-                    .await
-                    .map(|subnets| (interfaces, subnets)),
-                Err(error) => Err(error),
-            };
-            Done::Resync(result)
-        });
-    }
-
     /// The sights of every instance known, this manager's own recent changes on top.
     fn sights(&self) -> BTreeMap<String, InstanceSight> {
         let mut sights: BTreeMap<String, InstanceSight> = self
@@ -407,7 +441,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     }
 
     /// The node's next step: an open intent first, else the plan's first step.
-    fn plan(&mut self, view: &ClusterView, pools: &[ToCloudPool], node: &NodeName) -> Option<Step> {
+    fn plan(
+        &mut self,
+        runner: &mut Runner<NodeName, Done>,
+        view: &ClusterView,
+        pools: &[ToCloudPool],
+        node: &NodeName,
+    ) -> Option<Step> {
         if let Some((id, entry)) = delegation_intents(view)
             .find(|(_, e)| e.record.as_ref().and_then(|r| r.node.as_ref()) == Some(node))
         {
@@ -470,30 +510,32 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         if plan.problems != state.reported {
             for problem in &plan.problems {
                 if !state.reported.contains(problem) {
-                    self.ctx.shared.note_problem(format!("to-cloud: {problem}"));
+                    self.ctx
+                        .term
+                        .shared
+                        .note_problem(format!("to-cloud: {problem}"));
                 }
             }
             state.reported = plan.problems.clone();
         }
         if let Some(at) = plan.recheck_at_ms {
             let wait = Instant::now() + Duration::from_millis(at.saturating_sub(now_ms) + 10);
-            state.not_before = Some(state.not_before.map_or(wait, |t| t.min(wait)));
+            runner.come_back_by(node, wait);
         }
         plan.steps.into_iter().next().map(Step::Plan)
     }
 
-    fn spawn(&mut self, node: NodeName, step: Step) {
-        self.busy.insert(node.clone());
+    fn spawn(&mut self, runner: &mut Runner<NodeName, Done>, node: NodeName, step: Step) {
         self.next_intent += 1;
         let intent = format!(
             "cd-{:x}-{:x}-{:x}",
-            self.ctx.fence.revision,
+            self.ctx.term.fence.revision,
             self.now_ms(),
             self.next_intent
         );
         let ctx = self.ctx.clone();
         let subnets = self.subnets.clone();
-        self.running.spawn(async move {
+        runner.spawn([node.clone()], async move {
             let mut run = Run {
                 ctx: &ctx,
                 node: &node,
@@ -521,94 +563,6 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         });
     }
 
-    fn finish(&mut self, done: Done) {
-        match done {
-            Done::Resync(result) => {
-                self.resync_running = false;
-                let timing = self.timing();
-                match result {
-                    Ok((interfaces, subnets)) => {
-                        self.subnets = subnets
-                            .iter()
-                            .map(|s| {
-                                let mut cidrs = vec![IpNet::V4(s.ipv4_cidr)];
-                                cidrs.extend(s.ipv6_cidr.map(IpNet::V6));
-                                (s.id.clone(), cidrs)
-                            })
-                            .collect();
-                        self.resynced = interfaces
-                            .iter()
-                            .filter_map(|ni| {
-                                let a = ni.attachment.as_ref()?;
-                                (a.device_index == 0)
-                                    .then(|| (a.instance_id.clone(), self.primary_sight(ni)))
-                            })
-                            .collect();
-                        self.described.clear();
-                        // Own changes stay over the view until a resync that began well after
-                        // them (its describe may lag them by up to the bound).
-                        let started = self.resync_started;
-                        self.own
-                            .retain(|_, (_, at)| *at + OWN_CHANGES_KEPT > started);
-                        if !self.ready {
-                            self.ready = true;
-                        }
-                        self.resync_at = Instant::now()
-                            + self.resync_state.success(&timing).max(self.resync_every);
-                        self.signal.all();
-                    }
-                    Err(error) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("to-cloud resync: {error}"));
-                        self.resync_at = Instant::now() + self.resync_state.error(&timing);
-                    }
-                }
-            }
-            Done::Node {
-                node,
-                outcome,
-                writes,
-                described,
-                changed,
-            } => {
-                self.busy.remove(&node);
-                self.apply_writes(&writes);
-                if let Some((instance, sight)) = described {
-                    match sight {
-                        Some(sight) => {
-                            self.described.insert(instance, sight);
-                        }
-                        None => {
-                            self.described.remove(&instance);
-                        }
-                    }
-                }
-                if let Some((interface, prefix, present)) = changed {
-                    self.own
-                        .insert((interface, prefix), (present, Instant::now()));
-                }
-                let timing = self.timing();
-                let state = self.nodes.entry(node.clone()).or_default();
-                match outcome {
-                    Outcome::Ok => {
-                        state.retry = RetryState::default();
-                        self.pending.insert(node);
-                    }
-                    Outcome::Wait(wait) => state.not_before = Some(Instant::now() + wait),
-                    Outcome::Failed(problem) => {
-                        self.ctx
-                            .shared
-                            .note_problem(format!("to-cloud {node}: {problem}"));
-                        let wait = state.retry.error(&timing);
-                        state.not_before = Some(Instant::now() + wait);
-                    }
-                    Outcome::Fenced => {}
-                }
-            }
-        }
-    }
-
     fn primary_sight(&self, ni: &NetworkInterface) -> PrimarySight {
         PrimarySight {
             interface: CloudId::new(&ni.id).unwrap_or_else(|_| CloudId::min()),
@@ -619,6 +573,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
 
     fn timing(&self) -> Resync {
         self.ctx
+            .term
             .shared
             .with_view(|view, _| Resync::from(&view.config().resync))
             .unwrap_or_default()
@@ -630,9 +585,9 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         if writes.is_empty() {
             return;
         }
-        self.ctx.shared.with_view_mut(|view, _| {
+        self.ctx.term.shared.with_view_mut(|view, _| {
             for (key, value, revision) in writes {
-                let newer = match self.ctx.keys.parse(key) {
+                let newer = match self.ctx.term.keys.parse(key) {
                     Ok(Key::Delegation {
                         node,
                         pool,
@@ -687,7 +642,9 @@ struct Run<'a, K, P> {
 impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
     /// A fenced txn; `Err(None)` refused, `Err(Some(problem))` outcome unknown.
     async fn txn(&mut self, txn: Txn) -> Result<Revision, Option<String>> {
-        fenced_txn(&self.ctx.kv, &self.ctx.fence, txn, &mut self.writes)
+        self.ctx
+            .term
+            .fenced_txn(txn, &mut self.writes)
             .await
             .map_err(|error| match error {
                 WriteError::Refused => None,
@@ -697,6 +654,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
 
     fn key_of(&self, pool: &PoolName, cidr: &IpNet) -> String {
         self.ctx
+            .term
             .keys
             .delegation(self.node, pool, family_of(cidr), cidr)
     }
@@ -864,7 +822,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             op,
             started_ms: (self.ctx.clock)(),
         };
-        let key = self.ctx.keys.cloud_intent(&id);
+        let key = self.ctx.term.keys.cloud_intent(&id);
         let value = encode_value(&record).map_err(|e| Outcome::Failed(e.to_string()))?;
         match self
             .txn(Txn {
@@ -875,7 +833,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             .await
         {
             Ok(revision) => {
-                self.ctx.shared.note_cloud_intent();
+                self.ctx.term.shared.note_cloud_intent();
                 Ok((key, revision))
             }
             // Fenced: no call.
@@ -947,7 +905,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
 
     /// Finishes (or undoes) an open delegation intent.
     async fn replay(&mut self, id: &CloudId, entry: &CloudEntry<CloudIntentRecord>) -> Outcome {
-        let intent_key = self.ctx.keys.cloud_intent(id);
+        let intent_key = self.ctx.term.keys.cloud_intent(id);
         let Some(intent) = &entry.record else {
             return Outcome::Wait(REPLAY_WAIT);
         };
