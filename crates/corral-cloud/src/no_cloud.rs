@@ -2,8 +2,6 @@
 //! call can be made on it: the type says "no cloud" where a provider type is needed, instead of
 //! a fake standing in for one.
 
-use std::future::Future;
-
 use crate::{
     CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo, InterfaceFilter,
     Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter, Tags,
@@ -15,107 +13,65 @@ use crate::{
 pub enum NoCloud {}
 
 impl CloudProvider for NoCloud {
-    fn describe_instance(
-        &self,
-        _: &str,
-    ) -> impl Future<Output = Result<Instance, CloudError>> + Send {
-        async move { match *self {} }
+    async fn describe_instance(&self, _: &str) -> Result<Instance, CloudError> {
+        match *self {}
     }
 
-    fn describe_instance_types(
+    async fn describe_instance_types(
         &self,
         _: &[String],
-    ) -> impl Future<Output = Result<Vec<InstanceTypeInfo>, CloudError>> + Send {
-        async move { match *self {} }
+    ) -> Result<Vec<InstanceTypeInfo>, CloudError> {
+        match *self {}
     }
 
-    fn describe_subnets(
-        &self,
-        _: &SubnetFilter,
-    ) -> impl Future<Output = Result<Vec<Subnet>, CloudError>> + Send {
-        async move { match *self {} }
+    async fn describe_subnets(&self, _: &SubnetFilter) -> Result<Vec<Subnet>, CloudError> {
+        match *self {}
     }
 
-    fn describe_interfaces(
+    async fn describe_interfaces(
         &self,
         _: &InterfaceFilter,
-    ) -> impl Future<Output = Result<Vec<NetworkInterface>, CloudError>> + Send {
-        async move { match *self {} }
+    ) -> Result<Vec<NetworkInterface>, CloudError> {
+        match *self {}
     }
 
-    fn create_interface(
-        &self,
-        _: &CreateInterface,
-    ) -> impl Future<Output = Result<NetworkInterface, CloudError>> + Send {
-        async move { match *self {} }
+    async fn create_interface(&self, _: &CreateInterface) -> Result<NetworkInterface, CloudError> {
+        match *self {}
     }
 
-    fn attach_interface(
-        &self,
-        _: &str,
-        _: &str,
-        _: u32,
-    ) -> impl Future<Output = Result<String, CloudError>> + Send {
-        async move { match *self {} }
+    async fn attach_interface(&self, _: &str, _: &str, _: u32) -> Result<String, CloudError> {
+        match *self {}
     }
 
-    fn detach_interface(
-        &self,
-        _: &str,
-        _: bool,
-    ) -> impl Future<Output = Result<(), CloudError>> + Send {
-        async move { match *self {} }
+    async fn detach_interface(&self, _: &str, _: bool) -> Result<(), CloudError> {
+        match *self {}
     }
 
-    fn delete_interface(&self, _: &str) -> impl Future<Output = Result<(), CloudError>> + Send {
-        async move { match *self {} }
+    async fn delete_interface(&self, _: &str) -> Result<(), CloudError> {
+        match *self {}
     }
 
-    fn assign_ipv4(
-        &self,
-        _: &str,
-        _: &Ipv4Assign,
-    ) -> impl Future<Output = Result<Ipv4Set, CloudError>> + Send {
-        async move { match *self {} }
+    async fn assign_ipv4(&self, _: &str, _: &Ipv4Assign) -> Result<Ipv4Set, CloudError> {
+        match *self {}
     }
 
-    fn unassign_ipv4(
-        &self,
-        _: &str,
-        _: &Ipv4Set,
-    ) -> impl Future<Output = Result<(), CloudError>> + Send {
-        async move { match *self {} }
+    async fn unassign_ipv4(&self, _: &str, _: &Ipv4Set) -> Result<(), CloudError> {
+        match *self {}
     }
 
-    fn assign_ipv6(
-        &self,
-        _: &str,
-        _: &Ipv6Assign,
-    ) -> impl Future<Output = Result<Ipv6Set, CloudError>> + Send {
-        async move { match *self {} }
+    async fn assign_ipv6(&self, _: &str, _: &Ipv6Assign) -> Result<Ipv6Set, CloudError> {
+        match *self {}
     }
 
-    fn unassign_ipv6(
-        &self,
-        _: &str,
-        _: &Ipv6Set,
-    ) -> impl Future<Output = Result<(), CloudError>> + Send {
-        async move { match *self {} }
+    async fn unassign_ipv6(&self, _: &str, _: &Ipv6Set) -> Result<(), CloudError> {
+        match *self {}
     }
 
-    fn create_tags(
-        &self,
-        _: &[String],
-        _: &Tags,
-    ) -> impl Future<Output = Result<(), CloudError>> + Send {
-        async move { match *self {} }
+    async fn create_tags(&self, _: &[String], _: &Tags) -> Result<(), CloudError> {
+        match *self {}
     }
 
-    fn delete_tags(
-        &self,
-        _: &[String],
-        _: &[String],
-    ) -> impl Future<Output = Result<(), CloudError>> + Send {
-        async move { match *self {} }
+    async fn delete_tags(&self, _: &[String], _: &[String]) -> Result<(), CloudError> {
+        match *self {}
     }
 }

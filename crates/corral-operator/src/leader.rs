@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterView, Key, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
+    ClusterView, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
     RetryState, encode_value,
 };
 use corral_kv::{Compare, Event, Kv, KvError, Revision, Txn, TxnOp, Watch};
@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::election::Fence;
 use crate::state::{Shared, TxnOutcome};
 
+mod block_state;
 mod blocks;
 pub(crate) mod cloud;
 mod drain;
@@ -35,8 +36,12 @@ pub(crate) mod node_cidr_sync;
 mod pending;
 mod revoke;
 mod runner;
+mod txn;
+mod work;
 
 use runner::{Reconciler, Runner};
+use txn::{TxnFailure, run};
+use work::{Done, Work, backoff};
 pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.
@@ -57,42 +62,6 @@ pub enum LeadError {
     Regressed,
     #[error("cluster store: {0}")]
     Kv(#[from] KvError),
-}
-
-/// What a finished transaction tells the loop.
-enum Done {
-    /// One transaction granting to one or more nodes, all or nothing.
-    Grant {
-        proposals: Vec<Proposal>,
-        outcome: Result<Revision, TxnFailure>,
-        took: Duration,
-    },
-    Removal {
-        node: NodeName,
-        outcome: Result<Revision, TxnFailure>,
-    },
-    /// One step of a removed node's drain (`drain.rs`).
-    Drain {
-        step: corral_cluster::RemovalStep,
-        outcome: Result<Revision, TxnFailure>,
-    },
-    /// Grants a node's agent refused, revoked (`revoke.rs`).
-    Revoke {
-        revocations: Vec<corral_cluster::Revocation>,
-        outcome: Result<Revision, TxnFailure>,
-    },
-    /// A node's block-pool steps (grants and release handshakes), one transaction each.
-    Blocks {
-        node: NodeName,
-        done: blocks::StepsDone,
-    },
-}
-
-enum TxnFailure {
-    /// A compare failed: the view was stale (or the fence is gone).
-    Refused,
-    /// The store failed; the transaction may or may not have been applied.
-    Uncertain(KvError),
 }
 
 /// Leads until the lease is lost or `stop` fires. With `cloud`, the cloud node manager runs
@@ -302,106 +271,6 @@ async fn wait_for_change<K: Kv>(kv: &K, key: &[u8], revision: Revision) -> Resul
     }
 }
 
-/// The leading loop's own state beside the view (the runner keeps the transactions in flight,
-/// one at a time per node, and each node's backoff).
-struct Work {
-    /// Nodes that may lack something and may be tried now. Kept from the events (a node
-    /// registered, a grant of it deleted) instead of scanning every node after each event:
-    /// a scan costs O(nodes), and a burst of 10,000 grants would pay it 10,000 times.
-    pending: std::collections::BTreeSet<NodeName>,
-    /// Every node must be looked at (after a rebuild or a configuration change).
-    rescan: bool,
-    /// Nodes that found a pool or the node IDs full: tried again as soon as something is
-    /// freed (a grant or quarantine deleted), besides their backoff.
-    waiting_for_space: std::collections::BTreeSet<NodeName>,
-    /// Nodes whose last batch was refused: tried alone until they succeed.
-    solo: std::collections::BTreeSet<NodeName>,
-    /// Block pools: nodes whose plan may have changed (their demand, release keys, grants,
-    /// registration), planned on the next turn.
-    block_pending: std::collections::BTreeSet<NodeName>,
-    /// Block pools: every node must be planned (after a rebuild or a configuration change).
-    block_rescan: bool,
-    /// Block pools: the leader's clocks (first sights, excess, wake-ups).
-    clock: blocks::BlockClock,
-    /// Cloud pools: tells the cloud node manager which nodes an event concerns.
-    cloud: Option<Arc<cloud::CloudSignal>>,
-    /// From-cloud pools: tells the node CIDR sync what changed.
-    sync: Arc<node_cidr_sync::SyncSignal>,
-    /// Removed nodes whose last drain step committed at a revision the view has not seen
-    /// yet: no next step for them until the watch got that far.
-    drain_wait: HashMap<NodeName, Revision>,
-    /// `corral cluster recover --yes` was written: stop waiting for the agents' assertions.
-    recover: bool,
-}
-
-impl Work {
-    /// Notes what an event may change for whom.
-    fn note(&mut self, runner: &mut Runner<NodeName, Done>, keys: &Keys, event: &Event) {
-        let key = String::from_utf8_lossy(event.key());
-        let deleted = matches!(event, Event::Delete { .. });
-        let parsed = keys.parse(&key);
-        if let (Some(signal), Ok(parsed)) = (&self.cloud, &parsed) {
-            signal.note(parsed);
-        }
-        if let Ok(parsed) = &parsed {
-            self.sync.note(parsed, deleted);
-        }
-        match parsed {
-            Ok(Key::Recover) if !deleted => self.recover = true,
-            Ok(Key::Config) => {
-                // Another configuration: whatever failed may succeed now (a pool grown,
-                // a grant refused for the configuration's revision).
-                self.rescan = true;
-                self.block_rescan = true;
-                runner.end_waits();
-            }
-            Ok(Key::Removal { node }) if deleted => {
-                // A removal done (or dropped): the node may be registered again and waiting.
-                self.block_pending.insert(node.clone());
-                self.pending.insert(node);
-            }
-            Ok(Key::Node { node }) if !deleted => {
-                self.block_pending.insert(node.clone());
-                self.pending.insert(node);
-            }
-            Ok(Key::Node { node }) => {
-                // Gone: nothing of it is retried or waits any more.
-                runner.forget(&node);
-                self.solo.remove(&node);
-                self.waiting_for_space.remove(&node);
-                self.block_pending.remove(&node);
-                self.clock.forget_node(&node);
-            }
-            Ok(Key::Owned { node, .. }) => {
-                // A block granted or released (or a node CIDR deleted).
-                self.block_pending.insert(node.clone());
-                if deleted {
-                    self.pending.insert(node);
-                }
-            }
-            Ok(Key::NodeIdOfNode { node }) if deleted => {
-                self.pending.insert(node);
-            }
-            Ok(Key::Demand { node, .. } | Key::Release { node, .. }) => {
-                self.block_pending.insert(node);
-            }
-            Ok(
-                Key::Grant { .. }
-                | Key::Quarantine { .. }
-                | Key::NodeId { .. }
-                | Key::QuarantineId { .. },
-            ) if deleted => {
-                for node in std::mem::take(&mut self.waiting_for_space) {
-                    runner.forget(&node);
-                    self.block_pending.insert(node.clone());
-                    self.pending.insert(node);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
 /// The loop's view: the one in `shared` (the API reads it), changed in short sections.
 fn with_view<T>(
     shared: &Shared,
@@ -466,7 +335,7 @@ async fn serve<K: Kv>(
             solo: Default::default(),
             block_pending: Default::default(),
             block_rescan: true,
-            clock: blocks::BlockClock::new(),
+            clock: block_state::BlockClock::new(),
             cloud,
             sync: Arc::clone(sync),
             drain_wait: HashMap::new(),
@@ -821,7 +690,7 @@ async fn drain(runner: &mut Runner<NodeName, Done>, work: &mut Work, shared: &Sh
                 shared.with_view_mut(|view, _| {
                     let steps = done.ran.iter().map(|(step, ..)| step).chain(&done.not_run);
                     for step in steps {
-                        if let blocks::BlockStep::Grant(proposal) = step {
+                        if let block_state::BlockStep::Grant(proposal) = step {
                             view.abandon_blocks(proposal);
                         }
                     }
@@ -1205,22 +1074,6 @@ fn finish_step(
     }
 }
 
-/// nodeipam's timing per node: a node that failed waits `InitialRetry`, then doubling up to
-/// `MaxBackoff`; one that succeeded is not held back (it needs nothing until something
-/// changes, and the watch says when).
-fn backoff(
-    view: &ClusterView,
-    runner: &mut Runner<NodeName, Done>,
-    node: &NodeName,
-    success: bool,
-) {
-    if success {
-        runner.forget(node);
-    } else {
-        runner.back_off(node, &Resync::from(&view.config().resync));
-    }
-}
-
 /// The grants of a batch as one transaction: for each node every key it creates compared
 /// absent (its `grants/` and `quarantine/` keys, and its `owned/<node>/<pool>/<family>/`
 /// prefix empty, which covers the `owned/` key and any second CIDR of a pool and family),
@@ -1257,14 +1110,6 @@ fn grant_txn(
         }
     }
     Ok(txn)
-}
-
-async fn run<K: Kv>(kv: &K, txn: Txn) -> Result<Revision, TxnFailure> {
-    match kv.txn(txn).await {
-        Ok(response) if response.succeeded => Ok(response.revision),
-        Ok(_) => Err(TxnFailure::Refused),
-        Err(error) => Err(TxnFailure::Uncertain(error)),
-    }
 }
 
 /// Removes a node: its registration, grants and node ID go, and what it held waits for its

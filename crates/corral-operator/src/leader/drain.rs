@@ -10,7 +10,7 @@ use corral_cluster::{
 };
 use corral_kv::{Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 
-use super::{TxnFailure, run};
+use super::txn::{TxnFailure, run};
 use crate::election::Fence;
 
 /// Waiting keys given up or deleted per transaction (each a compare and a put or delete),

@@ -8,7 +8,7 @@
 use corral_cluster::Revocation;
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 
-use super::{TxnFailure, run};
+use super::txn::{TxnFailure, run};
 use crate::election::Fence;
 
 /// Revokes one node's refused grants; answers the transaction's revision.
