@@ -1,4 +1,4 @@
-//! etcd going back in time, on the operator's side (issue 20), and the wait for the agents'
+//! etcd going back in time, on the operator's side, and the wait for the agents'
 //! assertions before granting.
 //!
 //! Each replica remembers the highest etcd revision and the cluster ID it saw

@@ -12,6 +12,11 @@
 //! delegations (`to_cloud.rs`) and the node CIDR sync from the cloud (`node_cidr_sync.rs`).
 //! All four loops run on one runner (`runner.rs`): each is a `Reconciler`, and the runner keeps
 //! the tasks in flight, one per node, and each node's backoff.
+//!
+//! When a transaction's outcome is unknown (the store failed mid-call), or the watch meets a
+//! compaction, the view is rebuilt from a fresh read before anything else, so a retry is never made
+//! from the same stale cache; a refused batch is sent again node by node (`solo`), and a refused
+//! single grant backs its node off with nodeipam's timing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

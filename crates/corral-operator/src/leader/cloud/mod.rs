@@ -32,6 +32,12 @@
 //! full resync), `step.rs` (a node's step carried out behind intents) and `orphans.rs` (intents
 //! of no node, the leak collector). The files form layers: each one uses only those listed
 //! before it.
+//!
+//! No interface and no address is ever recorded for two nodes: a transaction cannot compare "this
+//! interface under any node" (etcd compares keys, not patterns), but the fence makes the leader the
+//! only writer of `interfaces/` (agents never write them, a removal only deletes), so the view plus
+//! the records running tasks are writing (`claims`) is every record, and `record_conflicts` refuses
+//! a conflicting record before it is written.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
