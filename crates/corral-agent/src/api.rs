@@ -404,7 +404,7 @@ macro_rules! answer {
 /// until restarted, so liveness fails too and a supervisor restarts it.
 fn store_failed() -> ApiError {
     error(
-        ErrorCode::RetryLater,
+        ErrorCode::StoreFailed,
         "a sync of the state's write-ahead log failed (see the agent's log and the disk): \
          every change is refused until the agent is restarted, which recovers what is durable",
     )
