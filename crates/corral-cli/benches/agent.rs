@@ -34,7 +34,7 @@ use corral_client::Client;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{Agent, BINARY as CORRAL};
+use common::{Agent, BINARY as CORRAL, ms, pct};
 
 struct Params {
     run_for: Duration,
@@ -58,18 +58,6 @@ const SMOKE: Params = Params {
 const TARGET_ALLOCS_64: f64 = 50_000.0;
 const TARGET_SINGLE_OVER_FSYNC: Duration = Duration::from_micros(150);
 const TARGET_ADD: Duration = Duration::from_millis(1);
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
 
 fn start_agent(dir: &Path) -> (Agent, PathBuf) {
     start_agent_binary(Path::new(CORRAL), dir)

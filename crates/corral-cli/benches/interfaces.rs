@@ -26,36 +26,10 @@ use corral_client::Client;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::Agent;
+use common::{Agent, ms, pct};
 
 const INTERFACES: u32 = 15;
 const ADDRESSES: u32 = 50;
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
-
-fn start(dir: &Path) -> Agent {
-    let socket = dir.join("agent.sock");
-    let state = dir.join("state");
-    Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
-}
 
 fn add_interfaces(socket: &Path) {
     let mut client = Client::unix(socket);
@@ -161,7 +135,7 @@ fn restore(dir: &Path, mut agent: Agent, rounds: usize, what: &str) -> Agent {
     for _ in 0..rounds {
         agent.kill();
         let t = Instant::now();
-        agent = start(dir);
+        agent = Agent::start_in(dir);
         times.push(t.elapsed());
     }
     times.sort();
@@ -185,7 +159,7 @@ fn main() {
         .prefix("corral-interfaces-bench")
         .tempdir_in("/tmp")
         .unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     add_interfaces(&socket);
     println!(

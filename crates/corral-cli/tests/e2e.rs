@@ -1,28 +1,11 @@
 //! The `corral` command line against the real agent process (`corral agent`), end to end:
 //! allocate, refuse, report, check, export from one agent and import into another.
 
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
-
-use serde_json::Value;
 
 mod common;
 
-use common::{Agent, BINARY};
-
-fn start(dir: &Path) -> Agent {
-    let socket = dir.join("agent.sock");
-    let state = dir.join("state");
-    Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
-}
+use common::{Agent, BINARY, ok_json as json};
 
 fn corral(agent: &Agent, args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(BINARY)
@@ -38,19 +21,10 @@ fn corral(agent: &Agent, args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
-fn json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
-
 #[test]
 fn the_command_line_drives_a_real_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(&dir.path().join("one"));
+    let agent = Agent::start_in(&dir.path().join("one"));
 
     let out = corral(
         &agent,
@@ -109,7 +83,7 @@ fn the_command_line_drives_a_real_agent() {
         String::from_utf8_lossy(&exported.stderr)
     );
     drop(agent);
-    let other = start(&dir.path().join("two"));
+    let other = Agent::start_in(&dir.path().join("two"));
     let imported = corral(&other, &["import", file.to_str().unwrap()], "");
     assert!(
         imported.status.success(),

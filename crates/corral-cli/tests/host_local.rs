@@ -45,15 +45,7 @@ fn key(container: &str) -> api::AttachmentKey {
 fn state_with_allocations(dir: &Path) -> Vec<(String, Vec<String>)> {
     let socket = dir.join("agent.sock");
     let state = dir.join("state");
-    let agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    );
+    let agent = Agent::serve(&state, &socket);
     let mut client = corral_client::Client::unix(&socket);
     let mut held = Vec::new();
     for container in ["c1", "c2", "c3"] {
@@ -179,15 +171,7 @@ fn export_writes_host_locals_files_and_refuses_while_the_agent_owns_the_state() 
 
     // While an agent owns the directory, the export refuses (exit 2) and says why.
     let socket = dir.path().join("agent.sock");
-    let _agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    );
+    let _agent = Agent::serve(&state, &socket);
     let out = corral(&[
         "host-local",
         "export",

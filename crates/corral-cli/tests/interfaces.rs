@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,42 +23,7 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::{Agent, BINARY};
-
-fn start(dir: &Path) -> Agent {
-    let socket = dir.join("agent.sock");
-    let state = dir.join("state");
-    Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
-}
-
-fn corral(socket: &Path, args: &[&str]) -> Output {
-    Command::new(BINARY)
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap()
-}
-
-fn ok_json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
+use common::{Agent, corral_at as corral, ok_json};
 
 /// A refusal: exit code 1, the message naming `what`.
 fn refused(output: &Output, what: &str) {
@@ -97,7 +62,7 @@ fn interfaces(socket: &Path) -> Value {
 #[test]
 fn the_interface_lifecycle_through_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
 
     let eni0 = ok_json(&add_eni(
@@ -237,7 +202,7 @@ fn the_interface_lifecycle_through_the_command_line() {
 
     // SIGKILL and restart: the interfaces and the cooldown are still there.
     agent.kill();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     assert_eq!(
         ok_json(&corral(
             &socket,
@@ -312,7 +277,7 @@ fn the_interface_lifecycle_through_the_command_line() {
 #[test]
 fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     let eni0 = ok_json(&add_eni(
         &socket,
@@ -385,7 +350,7 @@ fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     assert!(!alloc("pod-2").status.success(), "the pool is exhausted");
     // Shown for people, and kept across a SIGKILL and restart.
     agent.kill();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let shown = corral(&agent.socket, &["interface", "show", "eni-0"]);
     let text = String::from_utf8_lossy(&shown.stdout);
     assert!(text.contains("primary address: 10.0.32.20"), "{text}");
@@ -429,7 +394,7 @@ fn cni_key(container: &str) -> api::CniKeyRequest {
 #[test]
 fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     let file = dir.path().join("ipam.json");
     let import = |document: &str| {
@@ -545,7 +510,7 @@ fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
 
     // The runtime's later CHECK and DEL find the imported pods, across a restart.
     agent.kill();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let mut client = Client::unix(&socket);
     let held = client.cni_check(&cni_key("c2")).unwrap();
     assert_eq!(
@@ -894,7 +859,7 @@ fn verify(socket: &Path, model: &mut Model, round: usize) {
 #[test]
 fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = start(dir.path());
+    let mut agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     let mut client = Client::unix(&socket);
     for i in 0..INTERFACES {
@@ -940,7 +905,7 @@ fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
         while busy.load(Ordering::Acquire) > 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
-        agent = start(dir.path());
+        agent = Agent::start_in(dir.path());
         verify(&socket, &mut model.lock().unwrap(), round);
         running.store(true, Ordering::Release);
         round += 1;

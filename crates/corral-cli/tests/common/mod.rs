@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_corral");
@@ -21,6 +21,24 @@ impl Agent {
     /// configuration file); returns once it is ready.
     pub fn start(args: &[&std::ffi::OsStr], socket: &Path) -> Agent {
         Agent::start_binary(Path::new(BINARY), args, socket)
+    }
+
+    /// `corral agent --data-dir STATE --socket SOCKET`: no configuration file.
+    pub fn serve(state: &Path, socket: &Path) -> Agent {
+        Agent::start(
+            &[
+                "--data-dir".as_ref(),
+                state.as_os_str(),
+                "--socket".as_ref(),
+                socket.as_os_str(),
+            ],
+            socket,
+        )
+    }
+
+    /// [`Agent::serve`] on `dir/state` and `dir/agent.sock`.
+    pub fn start_in(dir: &Path) -> Agent {
+        Agent::serve(&dir.join("state"), &dir.join("agent.sock"))
     }
 
     /// As [`Agent::start`], with another build of `corral`.
@@ -83,4 +101,41 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `corral --socket SOCKET <args>` with nothing on its standard input: what it wrote.
+pub fn corral_at(socket: &Path, args: &[&str]) -> Output {
+    Command::new(BINARY)
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// The JSON a command that must have succeeded wrote.
+pub fn ok_json(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The `p`th percentile of sorted latencies (the benches' reports).
+pub fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// A duration in milliseconds, three decimals.
+pub fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
 }
