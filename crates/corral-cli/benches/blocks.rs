@@ -19,7 +19,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
 use corral_client::Client;
 use corral_cluster::{DemandRecord, FamilyDemand, Keys, NodeName, NodeRecord, encode_value};
 use corral_etcd::EtcdKv;
@@ -28,6 +27,8 @@ use corral_kv::{Kv, Txn, TxnOp};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+
+use common::{pod_add, pod_del};
 
 const NODES: usize = 100;
 /// Addresses each node waits for: beyond its first block, two more /26s (62 each) of IPv4 and
@@ -218,43 +219,12 @@ async fn wait_blocks(shared: &corral_operator::Shared, n: u64) {
     }
 }
 
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some("pods".into()),
-        requested_pool: None,
-        configured_pool: Some("pods".into()),
-        namespace: None,
-    }
-}
-
-fn key(container: &str) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-    }
-}
-
 fn add(client: &mut Client, container: &str) {
-    client
-        .cni_add(&CniAddRequest {
-            network: network(),
-            key: key(container),
-            owner: container.into(),
-            sets: Vec::new(),
-        })
-        .unwrap();
+    pod_add(client, "pods", container, container.into()).unwrap();
 }
 
 fn del(client: &mut Client, container: &str) {
-    client
-        .cni_del(&CniKeyRequest {
-            network: network(),
-            key: key(container),
-        })
-        .unwrap();
+    pod_del(client, "pods", container).unwrap();
 }
 
 /// Unary requests etcd served, summed over its members (its own `grpc_server_handled_total`).

@@ -12,7 +12,6 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
 use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
 
@@ -21,7 +20,7 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::Agent;
+use common::{Agent, pod_add_at, pod_del};
 
 /// /28 IPv4 blocks (14 addresses each) and /124 IPv6 blocks; pre-allocate 4; a 2 s release
 /// delay and quarantine, so the handshake runs within the test.
@@ -41,41 +40,14 @@ cidrs = ["fd00:80::/112"]
 block_prefix_len = 124
 "#;
 
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some("pods".into()),
-        requested_pool: None,
-        configured_pool: Some("pods".into()),
-        namespace: None,
-    }
-}
-
-fn key(container: &str) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-    }
-}
-
 /// A CNI ADD through the agent's API: the attachment's addresses, or the error.
 fn add(socket: &Path, container: &str) -> Result<Vec<IpAddr>, corral_client::Error> {
-    let response = Client::unix(socket).cni_add(&CniAddRequest {
-        network: network(),
-        key: key(container),
-        owner: format!("pod/{container}"),
-        sets: Vec::new(),
-    })?;
+    let response = pod_add_at(socket, "pods", container)?;
     Ok(response.allocations.iter().map(|a| a.address).collect())
 }
 
 fn del(socket: &Path, container: &str) -> Result<(), corral_client::Error> {
-    Client::unix(socket).cni_del(&CniKeyRequest {
-        network: network(),
-        key: key(container),
-    })?;
+    pod_del(&mut Client::unix(socket), "pods", container)?;
     Ok(())
 }
 

@@ -11,20 +11,19 @@
 use std::path::Path;
 use std::time::Duration;
 
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
 use corral_client::Client;
 use corral_cluster::{
     CloudAttachment, CloudId, CloudInterfaceRecord, ClusterName, Keys, NodeName, NodeRecord,
     PoolName, decode_value, encode_value,
 };
-use corral_kv::{Kv, Txn, TxnOp};
+use corral_kv::{Kv, TxnOp};
 
 #[path = "common/cluster.rs"]
 mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::Agent;
+use common::{Agent, pod_add_at, pod_key, podnet};
 
 const CLOUD: &str = r#"
 [[pools]]
@@ -36,32 +35,8 @@ pre_allocate = 2
 cidrs = ["10.0.0.0/16"]
 "#;
 
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some("vpc".into()),
-        requested_pool: None,
-        configured_pool: Some("vpc".into()),
-        namespace: None,
-    }
-}
-
-fn key(container: &str) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-    }
-}
-
 fn add(socket: &Path, container: &str) -> Result<corral_api::Allocated, corral_client::Error> {
-    let response = Client::unix(socket).cni_add(&CniAddRequest {
-        network: network(),
-        key: key(container),
-        owner: format!("pod/{container}"),
-        sets: Vec::new(),
-    })?;
+    let response = pod_add_at(socket, "vpc", container)?;
     Ok(response.allocations[0].clone())
 }
 
@@ -111,15 +86,13 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         managed: true,
         prefixes_refused_ms: None,
     };
-    block_on(kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(
+    apply(
+        &kv,
+        vec![TxnOp::put(
             keys.cloud_interface(&node, &CloudId::new("eni-1").unwrap()),
             encode_value(&record).unwrap(),
         )],
-        failure: vec![],
-    }))
-    .unwrap();
+    );
     let socket = agent_dir.join("agent.sock");
     let mut first = None;
     wait_until(
@@ -142,9 +115,9 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
     agent.kill();
     let _agent = start(&etcd, &agent_dir);
     let held = Client::unix(&socket)
-        .cni_check(&CniKeyRequest {
-            network: network(),
-            key: key("c1"),
+        .cni_check(&corral_api::CniKeyRequest {
+            network: podnet("vpc"),
+            key: pod_key("c1"),
         })
         .unwrap();
     assert_eq!(held.allocations[0].address, first.address);
@@ -180,15 +153,13 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
     // frozen, `corral status` says so, and the check still holds.
     let mut forced = record.clone();
     forced.addresses.retain(|a| a.addr() != first.address);
-    block_on(kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(
+    apply(
+        &kv,
+        vec![TxnOp::put(
             keys.cloud_interface(&node, &CloudId::new("eni-1").unwrap()),
             encode_value(&forced).unwrap(),
         )],
-        failure: vec![],
-    }))
-    .unwrap();
+    );
     let socket_text = socket.display().to_string();
     wait_until("reported frozen", Duration::from_secs(10), || {
         let (_, out, _) = corral(&["--socket", &socket_text, "status"]);
@@ -249,15 +220,13 @@ fn cluster_check_compares_the_records_with_the_clouds_view() {
         prefixes_refused_ms: None,
     };
     let put = |id: &str, record: &CloudInterfaceRecord| {
-        block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::put(
+        apply(
+            &kv,
+            vec![TxnOp::put(
                 keys.cloud_interface(&node, &CloudId::new(id).unwrap()),
                 encode_value(record).unwrap(),
             )],
-            failure: vec![],
-        }))
-        .unwrap();
+        );
     };
     let endpoints = endpoints(&etcd);
     let seed_text = seed.display().to_string();

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use corral_api::{AttachmentKey, CniAddRequest, CniNetwork};
 use corral_client::Client;
 use corral_cluster::{CloudInterfaceRecord, decode_value};
 use corral_etcd::testing::EtcdCluster;
@@ -25,7 +24,7 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::{Agent, BINARY};
+use common::{Agent, BINARY, pod_add_at};
 
 const CLOUD: &str = r#"
 [[pools]]
@@ -136,23 +135,7 @@ fn add(socket: &Path, container: &str) -> IpAddr {
 }
 
 fn try_add(socket: &Path, container: &str) -> Result<IpAddr, corral_client::Error> {
-    let response = Client::unix(socket).cni_add(&CniAddRequest {
-        network: CniNetwork {
-            name: "podnet".into(),
-            pools: Vec::new(),
-            node_pool: Some("vpc".into()),
-            requested_pool: None,
-            configured_pool: Some("vpc".into()),
-            namespace: None,
-        },
-        key: AttachmentKey {
-            network: "podnet".into(),
-            container_id: container.into(),
-            ifname: "eth0".into(),
-        },
-        owner: format!("pod/{container}"),
-        sets: Vec::new(),
-    })?;
+    let response = pod_add_at(socket, "vpc", container)?;
     Ok(response.allocations[0].address)
 }
 
@@ -195,9 +178,7 @@ fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes
     let seed = dir.path().join("cloud.json");
     std::fs::write(&seed, FAKE_CLOUD).unwrap();
     let op_a = operator(&etcd, dir.path(), &seed, "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-a")
-    });
+    wait_leads(&etcd, "op-a", Duration::from_secs(20));
     let _op_b = operator(&etcd, dir.path(), &seed, "op-b");
     let a_dir = dir.path().join("node-a");
     let _a = agent(&etcd, &a_dir, "node-a", "i-0a");
@@ -210,9 +191,7 @@ fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes
     // The leader dies; the standby takes over and serves a node that registers now.
     op_a.signal(rustix::process::Signal::KILL);
     drop(op_a);
-    wait_until("op-b leads", Duration::from_secs(30), || {
-        leader(&etcd).as_deref() == Some("op-b")
-    });
+    wait_leads(&etcd, "op-b", Duration::from_secs(30));
     let b_dir = dir.path().join("node-b");
     let _b = agent(&etcd, &b_dir, "node-b", "i-0b");
     wait_until(

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use corral_api::{AllocateRequest, FamilyChoice};
 use corral_client::Client;
-use corral_kv::{Compare, Kv, Txn, TxnOp};
+use corral_kv::{Kv, TxnOp};
 
 #[path = "common/cluster.rs"]
 mod cluster_common;
@@ -21,27 +21,12 @@ use cluster_common::*;
 
 const NEEDS: &str = "needs etcd (make deps)";
 
-const DUAL: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/12"]
-node_prefix_len = 24
-reserved = ["10.192.0.0/24"]
-[pools.ipv6]
-cidrs = ["fd00:200::/48"]
-node_prefix_len = 64
-"#;
-
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     let _ = NEEDS;
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
     wait_until(
@@ -105,13 +90,14 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
 #[ignore = "needs etcd (make deps)"]
 fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 2
-    });
+    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let a = start_agent_holding(
+        &etcd,
+        &dir.path().join("a"),
+        "node-a",
+        2,
+        Duration::from_secs(20),
+    );
     let held = grants(&etcd).remove("node-a").unwrap();
     let pod = alloc_dual(&a.socket, "pod-1");
     // The agent's holdings record counts the pod (the publisher looks every few seconds).
@@ -254,9 +240,7 @@ fn sigkill_of_the_leader_during_500_registrations() {
     let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let first = Operator::start(&etcd, dir.path(), "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-a")
-    });
+    wait_leads(&etcd, "op-a", Duration::from_secs(20));
     let second = Operator::start(&etcd, dir.path(), "op-b");
     let names: Vec<String> = (0..500).map(|i| format!("n{i:03}")).collect();
     let registering = {
@@ -267,15 +251,7 @@ fn sigkill_of_the_leader_during_500_registrations() {
                 block_on(corral_etcd::EtcdKv::connect(&endpoints, Default::default())).unwrap();
             block_on(async {
                 for name in names {
-                    let key = format!("/corral/t/v1/nodes/{name}");
-                    let value = String::from_utf8(node_record(&name)).unwrap();
-                    kv.txn(Txn {
-                        compares: vec![Compare::absent(key.clone())],
-                        success: vec![TxnOp::put(key, value.to_string())],
-                        failure: vec![],
-                    })
-                    .await
-                    .unwrap();
+                    kv.txn(registration(&name)).await.unwrap();
                 }
             });
         })
@@ -309,9 +285,7 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
     let etcd = start_etcd(1);
     init(&etcd, dir.path(), DUAL);
     let first = Operator::start(&etcd, dir.path(), "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-a")
-    });
+    wait_leads(&etcd, "op-a", Duration::from_secs(20));
     let _second = Operator::start(&etcd, dir.path(), "op-b");
     register(&etcd, (0..20).map(|i| format!("early{i}")));
     wait_until("early nodes granted", Duration::from_secs(20), || {
@@ -322,9 +296,7 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
     // Nodes registered while op-a sleeps: op-a's view (from before the pause) will propose
     // them too when it wakes, with CIDRs op-b may have granted meanwhile.
     register(&etcd, (0..50).map(|i| format!("late{i}")));
-    wait_until("op-b leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-b")
-    });
+    wait_leads(&etcd, "op-b", Duration::from_secs(20));
     let took_over = paused.elapsed();
     assert!(
         took_over < Duration::from_secs(2 + 5),
@@ -375,10 +347,13 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     let mut etcd = start_etcd(3);
     init(&etcd, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 2
-    });
+    let a = start_agent_holding(
+        &etcd,
+        &dir.path().join("a"),
+        "node-a",
+        2,
+        Duration::from_secs(20),
+    );
     let before = grants(&etcd);
     etcd.kill(1).unwrap();
     etcd.kill(2).unwrap();
@@ -426,14 +401,9 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let agent_dir = dir.path().join("a");
-    let a = start_agent(&etcd, &agent_dir, "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 2
-    });
+    let a = start_agent_holding(&etcd, &agent_dir, "node-a", 2, Duration::from_secs(20));
     let ranges = agent_ranges(&a.socket);
     let pods: BTreeSet<IpAddr> = (0..10)
         .flat_map(|i| alloc_dual(&a.socket, &format!("pod-{i}")))
@@ -471,15 +441,13 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
         "quarantine_secs = 2\n[[pools]]\nname = \"default\"\n[pools.ipv4]\ncidrs = [\"10.9.0.0/29\"]\nnode_prefix_len = 30\n",
     );
     // Garbage where grants live: reported, skipped, never a crash loop.
-    block_on(kv(&etcd).txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(
+    apply(
+        &kv(&etcd),
+        vec![TxnOp::put(
             "/corral/t/v1/grants/default/ipv4/not-a-cidr",
             "{{{",
         )],
-        failure: vec![],
-    }))
-    .unwrap();
+    );
     let operator = Operator::start(&etcd, dir.path(), "op-a");
     register(&etcd, ["n1", "n2", "n3"].map(str::to_owned));
     wait_until("two nodes granted", Duration::from_secs(20), || {
@@ -490,12 +458,10 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
     let (code, output) = check(&etcd, &[]);
     assert_eq!(code, 5, "the garbage key is a problem: {output}");
     assert!(output.contains("not-a-cidr"), "{output}");
-    block_on(kv(&etcd).txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::delete("/corral/t/v1/grants/default/ipv4/not-a-cidr")],
-        failure: vec![],
-    }))
-    .unwrap();
+    apply(
+        &kv(&etcd),
+        vec![TxnOp::delete("/corral/t/v1/grants/default/ipv4/not-a-cidr")],
+    );
     let (code, out, err) = corral(&[
         "node",
         "remove",
@@ -540,11 +506,12 @@ service = "10.96.0.0/12"
 "#,
     );
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until(
-        "node-a holds its pod subnet",
+    let a = start_agent_holding(
+        &etcd,
+        &dir.path().join("a"),
+        "node-a",
+        1,
         Duration::from_secs(20),
-        || agent_ranges(&a.socket).len() == 1,
     );
     let ranges = agent_ranges(&a.socket);
     assert!(ranges[0].starts_with("default 10.1.1.0/24"), "{ranges:?}");

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use corral_api::{AllocateRequest, FamilyChoice, ReleaseRequest};
+use corral_api::{FamilyChoice, ReleaseRequest};
 use corral_client::Client;
 
 #[path = "common/cluster.rs"]
@@ -36,15 +36,7 @@ fn pods(socket: &Path, owner: &str, n: usize) -> Vec<IpAddr> {
     (0..n)
         .map(|_| {
             client
-                .allocate(&AllocateRequest {
-                    scope: "node".into(),
-                    pool: "default".into(),
-                    family: Some(FamilyChoice::Ipv4),
-                    address: None,
-                    owner: owner.into(),
-                    key: None,
-                    lease_ms: None,
-                })
+                .allocate(&node_request(FamilyChoice::Ipv4, owner))
                 .unwrap()
                 .allocations[0]
                 .address

@@ -33,6 +33,28 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
+/// A dual-stack pool of node CIDRs: /24s of 10.192.0.0/12 (the first reserved) and /64s.
+pub const DUAL: &str = r#"
+quarantine_secs = 3
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.192.0.0/12"]
+node_prefix_len = 24
+reserved = ["10.192.0.0/24"]
+[pools.ipv6]
+cidrs = ["fd00:200::/48"]
+node_prefix_len = 64
+"#;
+
+/// One etcd member, the cluster `t` initialised with `toml`, and operator replica `op-a`.
+pub fn cluster_with_operator(dir: &Path, toml: &str) -> (EtcdCluster, Operator) {
+    let etcd = start_etcd(1);
+    init(&etcd, dir, toml);
+    let operator = Operator::start(&etcd, dir, "op-a");
+    (etcd, operator)
+}
+
 pub fn start_etcd(members: usize) -> EtcdCluster {
     block_on(EtcdCluster::start(members)).expect("etcd starts (make deps installs it)")
 }
@@ -192,6 +214,18 @@ pub fn leader(etcd: &EtcdCluster) -> Option<String> {
         .map(|k| String::from_utf8_lossy(&k.value).into_owned())
 }
 
+/// Waits until replica `name` leads.
+pub fn wait_leads(etcd: &EtcdCluster, name: &str, timeout: Duration) {
+    wait_until(&format!("{name} leads"), timeout, || {
+        leader(etcd).as_deref() == Some(name)
+    });
+}
+
+/// Waits (saying `what`) until the agent on `socket` holds `n` active cluster ranges.
+pub fn wait_ranges(what: &str, socket: &Path, n: usize, timeout: Duration) {
+    wait_until(what, timeout, || agent_ranges(socket).len() == n);
+}
+
 pub fn wait_until(what: &str, timeout: Duration, done: impl FnMut() -> bool) {
     wait_showing(what, timeout, done, String::new);
 }
@@ -243,18 +277,33 @@ pub fn node_record(name: &str) -> Vec<u8> {
     .unwrap()
 }
 
+/// A node's registration, as an agent writes it: its record, created if absent.
+pub fn registration(name: &str) -> Txn {
+    let key = format!("/corral/t/v1/nodes/{name}");
+    let value = String::from_utf8(node_record(name)).unwrap();
+    Txn {
+        compares: vec![Compare::absent(key.clone())],
+        success: vec![TxnOp::put(key, value)],
+        failure: vec![],
+    }
+}
+
+/// Applies `ops` in one unconditional transaction.
+pub fn apply(kv: &corral_etcd::EtcdKv, ops: Vec<TxnOp>) {
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: ops,
+        failure: vec![],
+    }))
+    .unwrap();
+}
+
 /// Registers nodes directly in etcd, as agents do (create if absent, with a uid).
 pub fn register(etcd: &EtcdCluster, names: impl IntoIterator<Item = String>) {
     let kv = kv(etcd);
     block_on(async {
         for name in names {
-            let key = format!("/corral/t/v1/nodes/{name}");
-            let value = String::from_utf8(node_record(&name)).unwrap();
-            let txn = Txn {
-                compares: vec![Compare::absent(key.clone())],
-                success: vec![TxnOp::put(key, value.to_string())],
-                failure: vec![],
-            };
+            let txn = registration(&name);
             // Member failures mid-burst are retried, as an agent would.
             for attempt in 0.. {
                 match kv.txn(txn.clone()).await {
@@ -283,6 +332,36 @@ pub fn agent_config(dir: &Path) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// [`start_agent`], waited on until it holds `ranges` active cluster ranges.
+pub fn start_agent_holding(
+    etcd: &EtcdCluster,
+    dir: &Path,
+    node: &str,
+    ranges: usize,
+    timeout: Duration,
+) -> Agent {
+    let agent = start_agent(etcd, dir, node);
+    wait_ranges(
+        &format!("{node} holds its cluster ranges"),
+        &agent.socket,
+        ranges,
+        timeout,
+    );
+    agent
+}
+
+/// `corral cluster SUBCOMMAND` of cluster `t`; answers (exit code, stdout, stderr).
+pub fn cluster_command(etcd: &EtcdCluster, subcommand: &str) -> (i32, String, String) {
+    corral(&[
+        "cluster",
+        subcommand,
+        "--etcd",
+        &endpoints(etcd),
+        "--cluster",
+        "t",
+    ])
 }
 
 pub fn start_agent(etcd: &EtcdCluster, dir: &Path, node: &str) -> Agent {
@@ -327,20 +406,33 @@ pub fn agent_ranges(socket: &Path) -> Vec<String> {
     ranges
 }
 
+/// An allocation request of the node's pool `default` for `owner`.
+pub fn node_request(family: FamilyChoice, owner: &str) -> AllocateRequest {
+    AllocateRequest {
+        scope: "node".into(),
+        pool: "default".into(),
+        family: Some(family),
+        address: None,
+        owner: owner.into(),
+        key: None,
+        lease_ms: None,
+    }
+}
+
 pub fn alloc_dual(socket: &Path, owner: &str) -> Vec<IpAddr> {
     let mut client = Client::unix(socket);
     let response = client
-        .allocate(&AllocateRequest {
-            scope: "node".into(),
-            pool: "default".into(),
-            family: Some(FamilyChoice::Dual),
-            address: None,
-            owner: owner.into(),
-            key: None,
-            lease_ms: None,
-        })
+        .allocate(&node_request(FamilyChoice::Dual, owner))
         .unwrap();
     response.allocations.iter().map(|a| a.address).collect()
+}
+
+/// One IPv4 address of the node's pool `default` for `owner`.
+pub fn alloc_v4(socket: &Path, owner: &str) -> IpAddr {
+    let response = Client::unix(socket)
+        .allocate(&node_request(FamilyChoice::Ipv4, owner))
+        .unwrap();
+    response.allocations[0].address
 }
 
 pub fn addresses(dump: &corral_api::DumpResponse) -> BTreeSet<IpAddr> {

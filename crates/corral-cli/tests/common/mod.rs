@@ -139,3 +139,66 @@ pub fn pct(sorted: &[Duration], p: f64) -> Duration {
 pub fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
+
+/// CNI network `podnet`, its pods taking addresses of the node's pool `pool`.
+pub fn podnet(pool: &str) -> corral_api::CniNetwork {
+    corral_api::CniNetwork {
+        name: "podnet".into(),
+        pools: Vec::new(),
+        node_pool: Some(pool.into()),
+        requested_pool: None,
+        configured_pool: Some(pool.into()),
+        namespace: None,
+    }
+}
+
+/// Container `container`'s `eth0` on `podnet`.
+pub fn pod_key(container: &str) -> corral_api::AttachmentKey {
+    corral_api::AttachmentKey {
+        network: "podnet".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+    }
+}
+
+/// A CNI ADD of `container` to `podnet` (pool `pool`) through the agent's API.
+pub fn pod_add(
+    client: &mut corral_client::Client,
+    pool: &str,
+    container: &str,
+    owner: String,
+) -> Result<corral_api::AllocateResponse, corral_client::Error> {
+    client.cni_add(&corral_api::CniAddRequest {
+        network: podnet(pool),
+        key: pod_key(container),
+        owner,
+        sets: Vec::new(),
+    })
+}
+
+/// [`pod_add`] on the agent at `socket`, owner `pod/CONTAINER`.
+pub fn pod_add_at(
+    socket: &Path,
+    pool: &str,
+    container: &str,
+) -> Result<corral_api::AllocateResponse, corral_client::Error> {
+    let owner = format!("pod/{container}");
+    pod_add(
+        &mut corral_client::Client::unix(socket),
+        pool,
+        container,
+        owner,
+    )
+}
+
+/// A CNI DEL of `container` from `podnet` (pool `pool`) through the agent's API.
+pub fn pod_del(
+    client: &mut corral_client::Client,
+    pool: &str,
+    container: &str,
+) -> Result<corral_api::ReleaseResponse, corral_client::Error> {
+    client.cni_del(&corral_api::CniKeyRequest {
+        network: podnet(pool),
+        key: pod_key(container),
+    })
+}
