@@ -132,9 +132,7 @@ async fn wait_blocks<K: Kv>(kv: &K, name: &str, n: usize) {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grows() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     register(&kv, "n1").await;
@@ -184,9 +182,7 @@ async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grow
 
 #[tokio::test(start_paused = true)]
 async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_transaction() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let names: Vec<String> = (0..100).map(|i| format!("node-{i:03}")).collect();
@@ -243,9 +239,7 @@ async fn node_with_excess<K: Kv>(kv: &K, name: &str) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgotten() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let blocks = node_with_excess(&kv, "n1").await;
@@ -336,9 +330,7 @@ async fn a_mark_is_withdrawn_when_demand_rises_before_the_answer() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_leader_finishes_handshakes_the_old_one_started() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let b = Replica::start(&kv, "op-b");
@@ -478,9 +470,7 @@ async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_removed_in_parts() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let revision = register(&kv, "n1").await;

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use corral_kv::{Kv, MemKv, Txn, TxnOp};
+use corral_kv::{Kv, MemKv, TxnOp};
 use corral_operator::election::{Candidate, is_candidate};
 
 async fn serve_node<K: Kv>(kv: &K, name: &str) {
@@ -26,25 +26,13 @@ async fn serve_node<K: Kv>(kv: &K, name: &str) {
 }
 
 async fn delete<K: Kv>(kv: &K, key: &[u8]) {
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::delete(key)],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(kv, vec![TxnOp::delete(key)]).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_leader_whose_election_key_is_deleted_steps_down_within_its_ttl_and_campaigns_again() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     serve_node(&kv, "node-1").await;
     let (_, lease, key, _) = leader_key(&kv).await.unwrap();
     delete(&kv, &key).await;
@@ -72,14 +60,8 @@ async fn a_leader_whose_election_key_is_deleted_steps_down_within_its_ttl_and_ca
 
 #[tokio::test(start_paused = true)]
 async fn a_standby_takes_over_when_the_leaders_key_is_deleted() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     serve_node(&kv, "node-1").await;
     let (_, _, key, _) = leader_key(&kv).await.unwrap();
@@ -98,9 +80,7 @@ async fn a_standby_takes_over_when_the_leaders_key_is_deleted() {
 
 #[tokio::test(start_paused = true)]
 async fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     // Written by hand before any replica: the lowest key, on no lease, never going away.
     let rogue = format!("{}1", keys().election_prefix());
     put(&kv, &rogue, b"rogue").await;
@@ -160,13 +140,11 @@ async fn only_keys_on_the_lease_they_are_named_after_are_candidates() {
     let other = kv.lease_grant(TTL).await.unwrap();
     // On a lease, but not the one its name says.
     let misnamed = format!("{prefix}{:x}", other.0 + 1000);
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put_on_lease(misnamed.as_str(), "x", other)],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(
+        &kv,
+        vec![TxnOp::put_on_lease(misnamed.as_str(), "x", other)],
+    )
+    .await;
     put(&kv, &format!("{prefix}2"), b"hand").await;
     let entries = under(&kv, "election/").await;
     let candidates: Vec<&[u8]> = entries

@@ -125,13 +125,6 @@ async fn grant_map(rig: &Rig) -> BTreeMap<IpNet, String> {
         .collect()
 }
 
-async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(30), || async {
-        replica.leading()
-    })
-    .await;
-}
-
 /// Waits until every node's owned keys are exactly its primary interface's prefixes.
 async fn all_in_sync(rig: &Rig, nodes: &[(String, &str)], limit: Duration) -> Duration {
     wait_until("every node holds its delegated prefixes", limit, || async {

@@ -30,9 +30,7 @@ async fn register_and_wait<K: Kv>(kv: &K, names: &[&str]) {
 
 #[tokio::test(start_paused = true)]
 async fn one_replica_grants_lowest_free_dual_stack_cidrs_and_node_ids() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     let _a = Replica::start(&kv, "op-a");
     register_and_wait(&kv, &["node-a", "node-b", "node-c"]).await;
     let grants = grants(&kv).await;
@@ -114,14 +112,8 @@ async fn a_fence_whose_key_is_gone_or_recreated_lets_no_write_through() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deposed_leader_grants_nothing_and_the_standby_takes_over() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     register_and_wait(&kv, &["node-1", "node-2"]).await;
     // Nodes arrive while the leader's lease is revoked under it: it still believes it leads
@@ -153,11 +145,7 @@ async fn a_deposed_leader_grants_nothing_and_the_standby_takes_over() {
 async fn a_standby_leads_within_the_lease_ttl_after_the_leader_dies() {
     let kv = MemKv::new();
     init(&kv, DUAL).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     register_and_wait(&kv, &["node-a"]).await;
     // The process dies: no resignation, the election key stays until its lease runs out.
@@ -176,9 +164,7 @@ async fn a_standby_leads_within_the_lease_ttl_after_the_leader_dies() {
 
 #[tokio::test(start_paused = true)]
 async fn a_removed_nodes_cidrs_and_id_are_quarantined_then_reused() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     let _a = Replica::start(&kv, "op-a");
     let a_revision = register(&kv, "node-a").await;
     register_and_wait(&kv, &["node-a"]).await;
@@ -477,9 +463,7 @@ async fn compaction_past_the_leaders_watch_makes_it_read_again() {
 
 #[tokio::test(start_paused = true)]
 async fn an_outage_during_grants_loses_and_doubles_nothing() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     let a = Replica::start(&kv, "op-a");
     let b = Replica::start(&kv, "op-b");
     wait_until("a leader", Duration::from_secs(5), || async {
@@ -509,11 +493,7 @@ async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
     let kv = FaultyKv::new(MemKv::new());
     init(&kv, DUAL).await;
     let auditor = Auditor::start(&kv.inner).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let a = start_leading(&kv, "op-a").await;
     // The next three grant transactions are applied, but the leader hears `Unavailable`: it
     // must not guess; it reads the store again and finds them granted.
     kv.faults.lock().unwrap().lose_answers = 3;
@@ -565,13 +545,7 @@ fn a_retry_for_a_node_that_needs_nothing_does_not_spin_the_leader() {
             )
             .await;
             // node-3's registration goes (an administrator deleted it): it needs nothing now.
-            kv.txn(Txn {
-                compares: vec![],
-                success: vec![TxnOp::delete(keys().node(&node("node-3")))],
-                failure: vec![],
-            })
-            .await
-            .unwrap();
+            apply(&kv, vec![TxnOp::delete(keys().node(&node("node-3")))]).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
             register(&kv, "node-4").await;
             request_removal(&kv, "node-1", first).await;

@@ -16,7 +16,7 @@ use corral_cluster::{
     HeldRange, HoldingsRecord, IpNet, PoolName, QuarantineRecord, QuarantineState, RemovalMode,
     RemovalPhase, RemovalRecord, decode_value, encode_value,
 };
-use corral_kv::{Kv, MemKv, Revision, Txn, TxnOp};
+use corral_kv::{Kv, MemKv, Revision, TxnOp};
 
 async fn register_and_wait<K: Kv>(kv: &K, name: &str) -> Revision {
     let revision = register(kv, name).await;
@@ -75,17 +75,15 @@ async fn put_holdings<K: Kv>(kv: &K, name: &str, value: &[u8]) {
 /// The node's liveness key on a lease of `ttl` (not kept alive: it runs out).
 async fn live_for<K: Kv>(kv: &K, name: &str, ttl: Duration) {
     let lease = kv.lease_grant(ttl).await.unwrap();
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put_on_lease(
+    apply(
+        kv,
+        vec![TxnOp::put_on_lease(
             keys().live(&node(name)),
             b"{}".to_vec(),
             lease,
         )],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    )
+    .await;
 }
 
 /// The node's liveness key with no lease (live until deleted).
@@ -130,14 +128,8 @@ fn waiting(q: &[(String, QuarantineState, bool)]) -> bool {
 
 #[tokio::test(start_paused = true)]
 async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failovers() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     let revision = register_and_wait(&kv, "node-a").await;
     let mut a_grants = grants(&kv).await["node-a"].clone();
@@ -240,14 +232,8 @@ async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failov
 
 #[tokio::test(start_paused = true)]
 async fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quarantine() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     let revision = register_and_wait(&kv, "node-a").await;
     let mut a_grants = grants(&kv).await["node-a"].clone();

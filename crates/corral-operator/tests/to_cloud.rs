@@ -61,10 +61,7 @@ fn names(n: usize) -> Vec<(String, &'static str)> {
 }
 
 async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(60), || async {
-        replica.leading()
-    })
-    .await;
+    wait_leading(replica, Duration::from_secs(60)).await;
 }
 
 /// The node CIDRs granted, by node.

@@ -22,7 +22,7 @@ use corral_cluster::{
 use corral_kv::{Compare, Event, Kv, MemKv, Txn, TxnOp};
 use corral_operator::{CloudOptions, WallClock};
 
-use super::{Replica, keys, node, put, under, wait_until};
+use super::{Replica, keys, node, put, under, wait_leading};
 
 pub const VPC: &str = "vpc-1";
 pub const ZONE: &str = "us-east-1a";
@@ -1359,10 +1359,7 @@ pub fn names(n: usize) -> Vec<(String, &'static str)> {
 
 /// Waits until the replica leads (30 s of virtual time at most).
 pub async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(30), || async {
-        replica.leading()
-    })
-    .await;
+    wait_leading(replica, Duration::from_secs(30)).await;
 }
 
 /// Mutating calls the fake received (answered or not).

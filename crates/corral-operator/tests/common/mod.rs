@@ -63,15 +63,28 @@ pub async fn init<K: Kv>(kv: &K, toml: &str) {
 }
 
 pub async fn put<K: Kv>(kv: &K, key: &str, value: &[u8]) -> Revision {
+    apply(kv, vec![TxnOp::put(key, value)]).await
+}
+
+/// Applies `ops` in one unconditional transaction; answers its revision.
+pub async fn apply<K: Kv>(kv: &K, ops: Vec<TxnOp>) -> Revision {
     let response = kv
         .txn(Txn {
             compares: vec![],
-            success: vec![TxnOp::put(key, value)],
+            success: ops,
             failure: vec![],
         })
         .await
         .unwrap();
     response.revision
+}
+
+/// A fresh store with the configuration `toml` written, and an auditor watching it.
+pub async fn audited(toml: &str) -> (MemKv, Auditor) {
+    let kv = MemKv::new();
+    init(&kv, toml).await;
+    let auditor = Auditor::start(&kv).await;
+    (kv, auditor)
 }
 
 /// Registers a node as its agent does (create if absent); answers the registration's create
@@ -190,6 +203,20 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits until `replica` leads, `limit` of virtual time at most.
+pub async fn wait_leading(replica: &Replica, limit: Duration) {
+    let what = format!("{} leads", replica.name);
+    wait_until(&what, limit, || async { replica.leading() }).await;
+}
+
+/// A replica started and waited on until it leads (5 s of virtual time at most: the only
+/// one, or the first).
+pub async fn start_leading<K: Kv>(kv: &K, name: &str) -> Replica {
+    let replica = Replica::start(kv, name);
+    wait_leading(&replica, Duration::from_secs(5)).await;
+    replica
 }
 
 /// One operator replica running in this process.
