@@ -44,11 +44,15 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
+mod common;
+
+use common::node_record;
+
 use corral_cluster::blocks::{self, BlockInput, HeldBlock};
 use corral_cluster::net::addr_u128;
 use corral_cluster::{
     ClusterConfig, ClusterName, ClusterView, DemandRecord, Family, FamilyDemand, GrantRecord,
-    IpNet, Key, Keys, NodeName, NodeRecord, OwnedRecord, PoolName, QuarantineRecord, ReleaseRecord,
+    IpNet, Key, Keys, NodeName, OwnedRecord, PoolName, QuarantineRecord, ReleaseRecord,
     ReleaseState, Watermarks, block_capacity, block_range, decode_value, encode_value,
 };
 
@@ -780,19 +784,9 @@ impl Sim {
         w.store
             .txn(0, &[], &[Op::Put(config_key, config_json, None)]);
         for (i, name) in w.names.clone().iter().enumerate() {
-            let record = NodeRecord {
-                uid: format!("uid-{i}"),
-                addresses: vec![],
-                registered_ms: 0,
-                instance_id: None,
-                max_pods: None,
-            };
             let key = w.keys.node(name);
-            w.store.txn(
-                0,
-                &[],
-                &[Op::Put(key, encode_value(&record).unwrap(), None)],
-            );
+            let record = node_record(format!("uid-{i}"));
+            w.store.txn(0, &[], &[Op::Put(key, record, None)]);
         }
         let leader = Leader::start(&mut w);
         let weights = (0..NODES).map(|_| 0).collect();
