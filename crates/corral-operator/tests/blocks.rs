@@ -20,21 +20,7 @@ use corral_operator::state::TxnOutcome;
 /// One block pool: IPv4 /28 blocks (14 addresses each) from 10.64.0.0/16, the first block
 /// reserved; pre-allocate 8; release delay 10 s; quarantine 5 s. `big` may hold at most 28
 /// addresses (2 blocks).
-const BLOCKS: &str = r#"
-quarantine_secs = 5
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 10
-[pools.watermarks]
-pre_allocate = 8
-[pools.node_watermarks.big]
-max_allocate = 28
-[pools.ipv4]
-cidrs = ["10.64.0.0/16"]
-block_prefix_len = 28
-reserved = ["10.64.0.0/28"]
-"#;
+const BLOCKS: &str = include_str!("configs/blocks.toml");
 
 fn pods() -> PoolName {
     PoolName::new("pods").unwrap()
@@ -417,10 +403,7 @@ async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_b
     .await;
     request_removal(&kv, "n1", revision).await;
     wait_until("n1 removed", Duration::from_secs(5), || async {
-        kv.get(keys().node(&node("n1")).as_bytes())
-            .await
-            .unwrap()
-            .is_none()
+        registration(&kv, "n1").await.is_none()
     })
     .await;
     assert!(under(&kv, "demand/").await.is_empty());
@@ -481,10 +464,7 @@ async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_remov
     assert_consistent(&kv).await;
     request_removal(&kv, "n1", revision).await;
     wait_until("n1 removed", Duration::from_secs(5), || async {
-        kv.get(keys().node(&node("n1")).as_bytes())
-            .await
-            .unwrap()
-            .is_none()
+        registration(&kv, "n1").await.is_none()
     })
     .await;
     assert!(grants(&kv).await.is_empty());

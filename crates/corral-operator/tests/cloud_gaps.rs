@@ -14,7 +14,6 @@ use common::cloud::*;
 use common::*;
 use corral_cloud::{CloudProvider, Ipv4Set};
 use corral_cluster::{CloudInterfaceRecord, IpNet};
-use corral_kv::Kv;
 
 async fn open_intents(kv: &corral_kv::MemKv) -> usize {
     intents(kv).await.len()
@@ -180,29 +179,14 @@ async fn a_removed_nodes_interfaces_on_a_running_instance_are_detached_and_delet
         })
         .collect();
     assert_eq!(theirs.len(), 1);
-    let primary = rig
-        .ec2
-        .interfaces()
-        .into_iter()
-        .find(|ni| {
-            ni.attachment
-                .as_ref()
-                .is_some_and(|a| a.instance_id == instance && a.device_index == 0)
-        })
-        .unwrap();
+    let primary = primary(&rig, name);
     let other: Vec<(String, CloudInterfaceRecord)> = records(&rig.kv)
         .await
         .into_iter()
         .filter(|(n, ..)| n != name)
         .map(|(_, i, r)| (i, r))
         .collect();
-    let registration = rig
-        .kv
-        .get(keys().node(&node(name)).as_bytes())
-        .await
-        .unwrap()
-        .unwrap()
-        .create_revision;
+    let registration = registration(&rig.kv, name).await.unwrap();
     rig.agents.lock().unwrap().nodes.remove(&node(name));
     request_removal(&rig.kv, name, registration).await;
     let took = wait_every(
@@ -426,13 +410,7 @@ async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface()
 async fn a_removed_nodes_failing_teardown_backs_off() {
     let (rig, _leader) = two_served_nodes(59).await;
     let name = "node-0001";
-    let registration = rig
-        .kv
-        .get(keys().node(&node(name)).as_bytes())
-        .await
-        .unwrap()
-        .unwrap()
-        .create_revision;
+    let registration = registration(&rig.kv, name).await.unwrap();
     rig.ec2.fail_next(
         corral_cloud::Action::DetachNetworkInterface,
         100_000,

@@ -64,23 +64,17 @@ async fn scenario_1_with_prefix_delegation_one_prefix_per_node() {
     )
     .await;
     let took = started.elapsed();
-    let counters = rig.ec2.counters();
-    let calls = counters.total_calls();
-    let throttled = counters.total_throttled();
-    let assigns = counters.calls(Action::AssignPrivateIpAddresses);
-    eprintln!(
-        "scenario 1 (prefix delegation): {n} nodes in {:.1} s virtual; {calls} calls ({assigns} assigns), {throttled} throttled ({:.2}%)",
-        took.as_secs_f64(),
-        100.0 * throttled as f64 / calls.max(1) as f64
-    );
+    let counters = scenario_1_bounds(&rig, "scenario 1 (prefix delegation)", n, took);
     assert!(rig.all_agents(|a| {
         let entries = a.entries();
         entries.len() == 1 && entries[0].prefix_len() == 28
     }));
     assert_eq!(counters.calls(Action::CreateNetworkInterface), 0);
-    assert_eq!(assigns, n as u64, "one assign per node");
-    assert!(took <= Duration::from_secs(198), "took {took:?}");
-    assert!(throttled * 100 < calls, "{throttled} of {calls} throttled");
+    assert_eq!(
+        counters.calls(Action::AssignPrivateIpAddresses),
+        n as u64,
+        "one assign per node"
+    );
     rig.assert_settled().await;
 }
 

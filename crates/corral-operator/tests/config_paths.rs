@@ -12,16 +12,7 @@ use common::*;
 use corral_cluster::{AppliedConfigRecord, ClusterConfig, Key, decode_value};
 use corral_kv::{Kv, MemKv};
 
-const CONFIG: &str = r#"
-quarantine_secs = 5
-[resync]
-resync_ms = 2000
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/20"]
-node_prefix_len = 24
-"#;
+const CONFIG: &str = include_str!("configs/config_paths.toml");
 
 fn renamed() -> String {
     CONFIG.replace("\"default\"", "\"pods\"")

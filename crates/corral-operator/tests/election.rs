@@ -46,14 +46,7 @@ async fn a_leader_whose_election_key_is_deleted_steps_down_within_its_ttl_and_ca
     // And grants again.
     serve_node(&kv, "node-2").await;
     assert!(!a.finished());
-    assert!(
-        a.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("stopped leading")),
-        "{:?}",
-        a.shared.problems()
-    );
+    assert_reported(&a.shared, &["stopped leading"]);
     assert_consistent(&kv).await;
     auditor.assert_clean();
 }

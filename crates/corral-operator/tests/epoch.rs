@@ -92,13 +92,9 @@ async fn after_a_regression_granting_waits_for_the_live_nodes_assertions() {
     assert_holdings(&kv, "node-a").await;
     wait_until("node-b is served", LONG, || served(&kv, "node-b")).await;
     assert_eq!(op.shared.granting_paused(), None);
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("granting resumes") && p.contains("every live agent asserted")),
-        "{:?}",
-        op.shared.problems()
+    assert_reported(
+        &op.shared,
+        &["granting resumes", "every live agent asserted"],
     );
     assert_consistent(&kv).await;
     op.stop().await;
@@ -135,14 +131,7 @@ async fn a_regression_waits_at_most_the_settle_time_or_until_recover() {
     })
     .await;
     assert!(waited >= Duration::from_secs(20), "{waited:?}");
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("settle time") && p.contains("node-a")),
-        "{:?}",
-        op.shared.problems()
-    );
+    assert_reported(&op.shared, &["settle time", "node-a"]);
     assert_consistent(&kv).await;
     op.stop().await;
 }

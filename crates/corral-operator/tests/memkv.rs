@@ -175,10 +175,7 @@ async fn a_removed_nodes_cidrs_and_id_are_quarantined_then_reused() {
 
     request_removal(&kv, "node-a", a_revision).await;
     wait_until("node-a removed", Duration::from_secs(5), || async {
-        kv.get(keys().node(&node("node-a")).as_bytes())
-            .await
-            .unwrap()
-            .is_none()
+        registration(&kv, "node-a").await.is_none()
     })
     .await;
     assert!(!grants(&kv).await.contains_key("node-a"));
@@ -332,16 +329,7 @@ async fn garbage_is_reported_and_skipped_and_the_operator_keeps_serving() {
     );
 }
 
-const TINY: &str = r#"
-quarantine_secs = 3
-[resync]
-max_backoff_ms = 2000
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.9.0.0/29"]
-node_prefix_len = 30
-"#;
+const TINY: &str = include_str!("configs/tiny.toml");
 
 #[tokio::test(start_paused = true)]
 async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees() {

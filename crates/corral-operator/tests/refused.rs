@@ -125,14 +125,7 @@ async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_anoth
     // The space node-b asserts goes to nobody.
     let all = grants(&kv).await;
     assert!(all.values().flatten().all(|g| cidr_of(g) != old), "{all:?}");
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("refused its grant") && p.contains(&old.to_string())),
-        "{:?}",
-        op.shared.problems()
-    );
+    assert_reported(&op.shared, &["refused its grant", &old.to_string()]);
     op.stop().await;
 }
 
@@ -172,13 +165,6 @@ async fn a_refused_node_id_is_revoked_and_the_node_given_one_anew() {
             .is_some_and(|e| e.create_revision > revision)
     })
     .await;
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("refused") && p.contains(&format!("node ID {id}"))),
-        "{:?}",
-        op.shared.problems()
-    );
+    assert_reported(&op.shared, &["refused", &format!("node ID {id}")]);
     op.stop().await;
 }

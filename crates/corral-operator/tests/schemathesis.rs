@@ -30,18 +30,7 @@ const SEED: u64 = 20261122;
 const DEADLINE: Duration = Duration::from_secs(180);
 const NODES: usize = 5;
 
-const CONFIG: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/12"]
-node_prefix_len = 24
-reserved = ["10.192.0.0/24"]
-[pools.ipv6]
-cidrs = ["fd00:200::/48"]
-node_prefix_len = 64
-"#;
+const CONFIG: &str = include_str!("configs/schemathesis.toml");
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

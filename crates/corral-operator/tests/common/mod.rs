@@ -34,27 +34,7 @@ pub fn node(name: &str) -> NodeName {
 }
 
 /// Dual-stack, a reserved first /24, a node-ID plan, quarantine 5 s.
-pub const DUAL: &str = r#"
-quarantine_secs = 5
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/16"]
-node_prefix_len = 24
-reserved = ["10.192.0.0/24"]
-[pools.ipv6]
-cidrs = ["fd00:200::/48"]
-node_prefix_len = 64
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-node_interconnect_excluded = ["192.168.16.1"]
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+pub const DUAL: &str = include_str!("../configs/dual.toml");
 
 /// Writes the configuration as `corral cluster init` does.
 pub async fn init<K: Kv>(kv: &K, toml: &str) {
@@ -112,6 +92,12 @@ pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
     } else {
         response.gets[0].as_ref().unwrap().create_revision
     }
+}
+
+/// The node's registration (its record's create revision); none once it is deleted.
+pub async fn registration<K: Kv>(kv: &K, name: &str) -> Option<Revision> {
+    let entry = kv.get(keys().node(&node(name)).as_bytes()).await.unwrap();
+    entry.map(|e| e.create_revision)
 }
 
 /// Asks for a node's removal as `corral node remove` does.
@@ -217,6 +203,76 @@ pub async fn start_leading<K: Kv>(kv: &K, name: &str) -> Replica {
     let replica = Replica::start(kv, name);
     wait_leading(&replica, Duration::from_secs(5)).await;
     replica
+}
+
+/// A randomized run's store: `toml` written on a `FaultyKv` (no fault yet), an auditor
+/// watching it, and two replicas started (`op-1`, `op-2`; `started` counts them).
+pub async fn faulty_pair(toml: &str, started: &mut usize) -> (FaultyKv, Auditor, Vec<Replica>) {
+    let kv = FaultyKv::new(MemKv::new());
+    init(&kv, toml).await;
+    let auditor = Auditor::start(&kv.inner).await;
+    let mut replicas = Vec::new();
+    start_next(&kv, &mut replicas, started);
+    start_next(&kv, &mut replicas, started);
+    (kv, auditor, replicas)
+}
+
+/// Starts the next replica, `op-N` (`started` counts them).
+pub fn start_next<K: Kv>(kv: &K, replicas: &mut Vec<Replica>, started: &mut usize) {
+    *started += 1;
+    replicas.push(Replica::start(kv, &format!("op-{started}")));
+}
+
+/// After a randomized step (`context` says which): no consistency problem, nothing written
+/// while held.
+pub async fn assert_step<K: Kv>(kv: &K, auditor: &Auditor, context: &str, log: &[String]) {
+    let problems = check(kv).await;
+    assert!(
+        problems.is_empty(),
+        "{context}: {problems:#?}\nafter {log:#?}"
+    );
+    assert!(
+        auditor.doubles.lock().unwrap().is_empty(),
+        "{context}: {:#?}\nafter {log:#?}",
+        auditor.doubles.lock().unwrap()
+    );
+}
+
+/// The leader (or any replica, if none leads yet) dies without resigning; the next replica
+/// starts if fewer than two are left, or half the time.
+pub fn kill_leader<K: Kv>(
+    kv: &K,
+    replicas: &mut Vec<Replica>,
+    started: &mut usize,
+    rng: &mut Rng,
+    log: &mut Vec<String>,
+) {
+    let index = replicas.iter().position(Replica::leading).unwrap_or(0);
+    let replica = replicas.remove(index);
+    log.push(format!("kill {}", replica.name));
+    replica.kill();
+    if replicas.len() < 2 || rng.below(2) == 0 {
+        start_next(kv, replicas, started);
+    }
+}
+
+/// etcd answers nothing for `outage`.
+pub async fn outage(kv: &FaultyKv, outage: Duration, log: &mut Vec<String>) {
+    log.push(format!("outage {outage:?}"));
+    kv.inner.set_unavailable(true);
+    tokio::time::sleep(outage).await;
+    kv.inner.set_unavailable(false);
+}
+
+/// Asserts that `shared` reported a problem that says every one of `words`.
+pub fn assert_reported(shared: &Shared, words: &[&str]) {
+    let problems = shared.problems();
+    assert!(
+        problems
+            .iter()
+            .any(|p| words.iter().all(|word| p.contains(word))),
+        "{problems:?}"
+    );
 }
 
 /// One operator replica running in this process.
