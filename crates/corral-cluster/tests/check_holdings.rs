@@ -13,13 +13,7 @@ use corral_cluster::{
     LiveRecord, NodeName, OwnedRecord, PoolName, encode_value, holdings_problems,
 };
 
-const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.0.0.0/24"]
-node_prefix_len = 28
-"#;
+const CONFIG: &str = include_str!("configs/check_holdings.toml");
 
 struct Store {
     keys: Keys,

@@ -73,24 +73,7 @@ const DEFICIT_BOUND_MS: u64 = 1_000 + 3 * SPIKE_MS + 2_000;
 /// A leader's catch-up after it takes over, counted in its failover window.
 const TAKEOVER_MS: u64 = 2 * SPIKE_MS;
 
-const CONFIG: &str = r#"
-quarantine_secs = 30
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 60
-[pools.watermarks]
-pre_allocate = 8
-max_above_watermark = 4
-[pools.node_watermarks.node-0]
-min_allocate = 40
-[pools.node_watermarks.node-1]
-pre_allocate = 20
-max_allocate = 70
-[pools.ipv4]
-cidrs = ["10.64.0.0/19"]
-block_prefix_len = 28
-"#;
+const CONFIG: &str = include_str!("configs/churn.toml");
 
 /// SplitMix64: small, seeded, reproducible.
 struct Rng(u64);

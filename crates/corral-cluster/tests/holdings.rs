@@ -7,21 +7,7 @@ use corral_cluster::{
     ClusterConfig, Family, GrantRecord, IpNet, NodeName, OwnedRecord, PoolName, encode_value,
 };
 
-const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.0.0.0/28"]
-node_prefix_len = 30
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+const CONFIG: &str = include_str!("configs/holdings.toml");
 
 fn net(text: &str) -> IpNet {
     text.parse().unwrap()

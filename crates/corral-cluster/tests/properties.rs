@@ -22,41 +22,9 @@ use corral_cluster::{
 };
 use proptest::prelude::*;
 
-const TINY: &str = r#"
-quarantine_secs = 60
-[[pools]]
-name = "tiny"
-[pools.ipv4]
-cidrs = ["10.0.0.0/28"]
-node_prefix_len = 30
-reserved = ["10.0.0.4/31"]
-[pools.ipv6]
-cidrs = ["fd00::/120"]
-node_prefix_len = 124
-[node_ids]
-pod_subnet = "10.200.0.0/22"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "10.201.0.0/22"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "10.202.0.0/24"
-vxlan = "10.203.0.0/24"
-service = "10.96.0.0/12"
-"#;
+const TINY: &str = include_str!("configs/tiny.toml");
 
-const BIG: &str = r#"
-[[pools]]
-name = "v4"
-[pools.ipv4]
-cidrs = ["10.3.0.0/24", "10.1.0.0/16"]
-node_prefix_len = 24
-reserved = ["10.1.0.0/22", "10.1.7.9/32"]
-[[pools]]
-name = "v6"
-[pools.ipv6]
-cidrs = ["fd00:1::/32"]
-node_prefix_len = 64
-reserved = ["fd00:1::/62"]
-"#;
+const BIG: &str = include_str!("configs/big.toml");
 
 /// The grants of one pool and family: CIDR and record (None when the value is garbage).
 type GrantList = Vec<(IpNet, Option<GrantRecord>)>;
