@@ -3,6 +3,10 @@
 //! delays, eventual consistency, termination, client tokens, faults and reproducibility. All on
 //! tokio's paused clock: virtual time, no wall-clock assertions.
 
+mod common;
+
+use common::subnet;
+
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -15,12 +19,7 @@ use corral_cloud::{
 use tokio::time::Instant;
 
 fn subnet_a() -> SubnetSpec {
-    SubnetSpec::new(
-        "subnet-a",
-        "vpc-1",
-        "us-east-1a",
-        "10.0.0.0/24".parse().unwrap(),
-    )
+    subnet("subnet-a", "vpc-1", "us-east-1a", "10.0.0.0/24")
 }
 
 /// A fake with no latency, no lag and no throttling, so each test turns on only what it checks.
@@ -311,12 +310,7 @@ async fn every_listed_type_enforces_its_interface_limit() {
         .no_latency()
         .strongly_consistent()
         .unthrottled()
-        .subnet(SubnetSpec::new(
-            "subnet-a",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.0.0/20".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-a", "vpc-1", "us-east-1a", "10.0.0.0/20"))
         .build()
         .unwrap();
     let names: Vec<String> = table
@@ -490,12 +484,7 @@ async fn a_full_subnet_refuses_with_insufficient_free_addresses() {
         .no_latency()
         .strongly_consistent()
         .unthrottled()
-        .subnet(SubnetSpec::new(
-            "subnet-tiny",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.9.0/28".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-tiny", "vpc-1", "us-east-1a", "10.0.9.0/28"))
         .build()
         .unwrap();
     let mut request = create_in("subnet-tiny");
@@ -530,12 +519,7 @@ async fn ipv6_addresses_and_prefixes() {
         .strongly_consistent()
         .unthrottled()
         .subnet(subnet_a().ipv6("2600:1f18:1:2::/64".parse().unwrap()))
-        .subnet(SubnetSpec::new(
-            "subnet-v4",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.1.0/24".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-v4", "vpc-1", "us-east-1a", "10.0.1.0/24"))
         .build()
         .unwrap();
     let mut request = create_in("subnet-a");
@@ -583,13 +567,8 @@ async fn ipv6_addresses_and_prefixes() {
 async fn ipv6_first_80_is_refused_as_a_prefix_and_count_assigns_still_answer() {
     let fake = quiet()
         .subnet(
-            SubnetSpec::new(
-                "subnet-6",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.7.0/24".parse().unwrap(),
-            )
-            .ipv6("2600:1f18:0:1::/64".parse().unwrap()),
+            subnet("subnet-6", "vpc-1", "us-east-1a", "10.0.7.0/24")
+                .ipv6("2600:1f18:0:1::/64".parse().unwrap()),
         )
         .build()
         .unwrap();
@@ -1152,12 +1131,7 @@ async fn same_seed_same_run() {
 async fn a_thousand_nodes_scale_out_within_the_buckets() {
     let fake = FakeEc2::builder()
         .seed(1000)
-        .subnet(SubnetSpec::new(
-            "subnet-big",
-            "vpc-1",
-            "us-east-1a",
-            "10.1.0.0/16".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-big", "vpc-1", "us-east-1a", "10.1.0.0/16"))
         .build()
         .unwrap();
     let nodes: Vec<String> = (0..1000)
@@ -1410,13 +1384,8 @@ async fn scripting_usize_max_faults_takes_no_time_and_applies_to_every_call() {
 async fn counts_of_u32_max_are_refused_by_the_limit() {
     let fake = quiet()
         .subnet(
-            SubnetSpec::new(
-                "subnet-6",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.7.0/24".parse().unwrap(),
-            )
-            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
+            subnet("subnet-6", "vpc-1", "us-east-1a", "10.0.7.0/24")
+                .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
         )
         .build()
         .unwrap();
@@ -1484,13 +1453,8 @@ async fn count_zero() {
 async fn explicit_addresses_outside_reserved_or_duplicated_are_refused() {
     let fake = quiet()
         .subnet(
-            SubnetSpec::new(
-                "subnet-6",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.7.0/24".parse().unwrap(),
-            )
-            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
+            subnet("subnet-6", "vpc-1", "us-east-1a", "10.0.7.0/24")
+                .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
         )
         .build()
         .unwrap();
@@ -1596,12 +1560,7 @@ fn subnet_sizes_outside_what_aws_allows_and_overlaps_are_refused() {
     assert!(
         FakeEc2::builder()
             .subnet(subnet_a())
-            .subnet(SubnetSpec::new(
-                "subnet-y",
-                "vpc-2",
-                "us-east-1a",
-                "10.0.0.0/24".parse().unwrap()
-            ))
+            .subnet(subnet("subnet-y", "vpc-2", "us-east-1a", "10.0.0.0/24"))
             .build()
             .is_ok()
     );
@@ -1612,18 +1571,8 @@ fn subnet_sizes_outside_what_aws_allows_and_overlaps_are_refused() {
 #[tokio::test(start_paused = true)]
 async fn a_16_and_a_28_to_the_last_address() {
     let fake = quiet()
-        .subnet(SubnetSpec::new(
-            "subnet-16",
-            "vpc-2",
-            "us-east-1a",
-            "10.1.0.0/16".parse().unwrap(),
-        ))
-        .subnet(SubnetSpec::new(
-            "subnet-28",
-            "vpc-2",
-            "us-east-1a",
-            "10.2.0.0/28".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-16", "vpc-2", "us-east-1a", "10.1.0.0/16"))
+        .subnet(subnet("subnet-28", "vpc-2", "us-east-1a", "10.2.0.0/28"))
         .build()
         .unwrap();
     assert_eq!(fake.subnet_free_ipv4("subnet-16"), Some(65536 - 5));
