@@ -33,10 +33,7 @@ pub fn holdings_record(uid: String, ranges: Vec<HeldRange>, node_id: Option<u32>
         uid,
         ranges,
         node_id,
-        cloud: vec![],
-        refused: vec![],
-        refused_node_id: None,
-        written_ms: 0,
+        ..HoldingsRecord::default()
     })
     .unwrap()
 }
