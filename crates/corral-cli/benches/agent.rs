@@ -65,17 +65,7 @@ fn start_agent(dir: &Path) -> (Agent, PathBuf) {
 
 fn start_agent_binary(binary: &Path, dir: &Path) -> (Agent, PathBuf) {
     let socket = dir.join("agent.sock");
-    let config = dir.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\n\n[[pools]]\nname = \"default\"\n\
-             ranges = [\"10.64.0.0/16\"]\ncooldown_ms = 0\n",
-            dir.join("state"),
-            socket
-        ),
-    )
-    .unwrap();
+    let config = common::agent_config_file(dir, "10.64.0.0/16", 0);
     let agent = Agent::start_binary(binary, &["--config".as_ref(), config.as_os_str()], &socket);
     (agent, socket)
 }

@@ -35,23 +35,8 @@ fn add_interfaces(socket: &Path) {
     let mut client = Client::unix(socket);
     for i in 0..INTERFACES {
         client
-            .add_interface(&api::InterfaceRequest {
-                pool: "eni".into(),
-                id: format!("eni-{i:02}"),
-                device_number: i,
-                mac: format!("0a:00:00:00:00:{i:02x}"),
-                subnets: vec!["10.0.0.0/16".into()],
-                gateways: vec![],
-                routes: vec!["10.0.0.0/8".into()],
-                primary: i == 0,
-                primary_addresses: vec![],
-                trunk: false,
-                excluded: false,
-                // From .10 up: 10.0.0.1 is the subnet's gateway, never a pod address.
-                addresses: (10..10 + ADDRESSES)
-                    .map(|a| format!("10.0.{i}.{a}"))
-                    .collect(),
-            })
+            // From .10 up: 10.0.0.1 is the subnet's gateway, never a pod address.
+            .add_interface(&common::eni_request(i, 10, ADDRESSES))
             .expect("the interface is added");
     }
 }

@@ -24,21 +24,7 @@ use common::{Agent, pod_add_at, pod_del};
 
 /// /28 IPv4 blocks (14 addresses each) and /124 IPv6 blocks; pre-allocate 4; a 2 s release
 /// delay and quarantine, so the handshake runs within the test.
-const BLOCKS: &str = r#"
-quarantine_secs = 2
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.80.0.0/20"]
-block_prefix_len = 28
-[pools.ipv6]
-cidrs = ["fd00:80::/112"]
-block_prefix_len = 124
-"#;
+const BLOCKS: &str = include_str!("configs/blocks.toml");
 
 /// A CNI ADD through the agent's API: the attachment's addresses, or the error.
 fn add(socket: &Path, container: &str) -> Result<Vec<IpAddr>, corral_client::Error> {
@@ -315,8 +301,7 @@ fn churn(members: usize, agent_count: usize) {
 #[ignore = "needs etcd (make deps)"]
 fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), BLOCKS);
+    let etcd = initialized(1, dir.path(), BLOCKS);
     let _operators = start_operator_pair(&etcd, dir.path());
     let path = dir.path().join("agent");
     let started = Instant::now();
@@ -339,8 +324,7 @@ fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
 #[ignore = "needs etcd (make deps)"]
 fn a_block_holding_a_pod_is_never_released_and_the_rest_go_to_quarantine() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), BLOCKS);
+    let etcd = initialized(1, dir.path(), BLOCKS);
     let mut operators = start_operator_pair(&etcd, dir.path());
     let path = dir.path().join("agent");
     let agent = start_agent(&etcd, &path, "grower");

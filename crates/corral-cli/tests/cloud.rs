@@ -25,15 +25,7 @@ mod common;
 use cluster_common::*;
 use common::{Agent, pod_add_at, pod_key, podnet};
 
-const CLOUD: &str = r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-[pools.watermarks]
-pre_allocate = 2
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-"#;
+const CLOUD: &str = include_str!("configs/cloud.toml");
 
 fn add(socket: &Path, container: &str) -> Result<corral_api::Allocated, corral_client::Error> {
     let response = pod_add_at(socket, "vpc", container)?;
@@ -52,9 +44,8 @@ fn start(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_interface_record_serves_pods_through_a_sigkill() {
-    let etcd = start_etcd(1);
     let dir = tempfile::tempdir().unwrap();
-    init(&etcd, dir.path(), CLOUD);
+    let etcd = initialized(1, dir.path(), CLOUD);
     let agent_dir = dir.path().join("node-a");
     let agent = start(&etcd, &agent_dir);
     let kv = kv(&etcd);
@@ -132,16 +123,7 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         other => panic!("{other:?}"),
     }
     // `corral node show` prints the node's cloud interfaces.
-    let endpoints = endpoints(&etcd);
-    let (code, out, err) = corral(&[
-        "node",
-        "show",
-        "node-a",
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-    ]);
+    let (code, out, err) = on_cluster(&etcd, &["node", "show", "node-a"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("eni-1 pool vpc device 1 attached subnet subnet-1 mac 02:aa:bb:cc:dd:01: 10.0.32.10/32, 10.0.32.11/32"),
@@ -178,9 +160,8 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
 #[ignore = "needs etcd (make deps)"]
 fn cluster_check_compares_the_records_with_the_clouds_view() {
     use corral_cloud::CloudProvider;
-    let etcd = start_etcd(1);
     let dir = tempfile::tempdir().unwrap();
-    init(&etcd, dir.path(), CLOUD);
+    let etcd = initialized(1, dir.path(), CLOUD);
     let _agent = start(&etcd, &dir.path().join("node-a"));
     let seed = dir.path().join("cloud.json");
     std::fs::write(
@@ -228,23 +209,8 @@ fn cluster_check_compares_the_records_with_the_clouds_view() {
             )],
         );
     };
-    let endpoints = endpoints(&etcd);
     let seed_text = seed.display().to_string();
-    let check = || {
-        let (code, out, err) = corral(&[
-            "cluster",
-            "check",
-            "--etcd",
-            &endpoints,
-            "--cluster",
-            "t",
-            "--cloud",
-            "fake",
-            "--fake-cloud",
-            &seed_text,
-        ]);
-        (code, format!("{out}{err}"))
-    };
+    let check = || check_with(&etcd, &["--cloud", "fake", "--fake-cloud", &seed_text], &[]);
     let id = primary.interface_id.as_str();
     put(id, &record(&[]));
     let (code, out) = check();

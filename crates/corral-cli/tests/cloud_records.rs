@@ -11,7 +11,6 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use corral_client::Client;
@@ -24,17 +23,9 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::{Agent, BINARY, pod_add_at};
+use common::{Agent, pod_add_at};
 
-const CLOUD: &str = r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-[pools.watermarks]
-pre_allocate = 2
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-"#;
+const CLOUD: &str = include_str!("configs/cloud.toml");
 
 const FAKE_CLOUD: &str = r#"{
   "seed": 11,
@@ -45,21 +36,7 @@ const FAKE_CLOUD: &str = r#"{
 
 /// `corral operator --cloud fake` replica `name`.
 fn operator(etcd: &EtcdCluster, dir: &Path, seed: &Path, name: &str) -> Operator {
-    let log = dir.join(format!("{name}.log"));
-    let socket = dir.join(format!("{name}.sock"));
-    let child = Command::new(BINARY)
-        .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
-        .args(["--replica", name, "--lease-ttl", "2", "--cloud", "fake"])
-        .arg("--fake-cloud")
-        .arg(seed)
-        .arg("--api-socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("corral operator starts");
-    Operator { child, log, socket }
+    Operator::start_fake_cloud(etcd, dir, name, seed)
 }
 
 fn agent(etcd: &EtcdCluster, dir: &Path, node: &str, instance: &str) -> Agent {
@@ -172,9 +149,8 @@ fn assert_invariant(etcd: &EtcdCluster, agents: &[(&str, PathBuf)]) {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes() {
-    let etcd = start_etcd(1);
     let dir = tempfile::tempdir().unwrap();
-    init(&etcd, dir.path(), CLOUD);
+    let etcd = initialized(1, dir.path(), CLOUD);
     let seed = dir.path().join("cloud.json");
     std::fs::write(&seed, FAKE_CLOUD).unwrap();
     let op_a = operator(&etcd, dir.path(), &seed, "op-a");
@@ -234,27 +210,8 @@ fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes
 
 /// `corral cluster check --cloud fake --fake-cloud SEED` with the agents.
 fn check_cloud(etcd: &EtcdCluster, seed: &Path, agents: &[&Path]) -> (i32, String) {
-    let endpoints = endpoints(etcd);
     let seed = seed.display().to_string();
-    let mut args = vec![
-        "cluster",
-        "check",
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-        "--cloud",
-        "fake",
-        "--fake-cloud",
-        &seed,
-    ];
-    let sockets: Vec<String> = agents.iter().map(|p| p.display().to_string()).collect();
-    for socket in &sockets {
-        args.push("--agent");
-        args.push(socket);
-    }
-    let (code, out, err) = corral(&args);
-    (code, format!("{out}{err}"))
+    check_with(etcd, &["--cloud", "fake", "--fake-cloud", &seed], agents)
 }
 
 /// The fake cloud's state lives beside its seed (`FILE.state`): a seed file changed under an

@@ -598,22 +598,7 @@ fn failure_of(error: &corral_client::Error) -> Failure {
 }
 
 fn eni_request(i: u32) -> api::InterfaceRequest {
-    api::InterfaceRequest {
-        pool: "eni".into(),
-        id: format!("eni-{i:02}"),
-        device_number: i,
-        mac: format!("0a:00:00:00:00:{i:02x}"),
-        subnets: vec!["10.0.0.0/16".into()],
-        gateways: vec![],
-        routes: vec!["10.0.0.0/8".into()],
-        primary: i == 0,
-        primary_addresses: vec![],
-        trunk: false,
-        excluded: false,
-        addresses: (1..=ADDRESSES)
-            .map(|a| format!("10.0.{i}.{}", a + 10))
-            .collect(),
-    }
+    common::eni_request(i, 11, ADDRESSES)
 }
 
 fn key_of(name: &str) -> api::AttachmentKey {

@@ -69,12 +69,7 @@ impl Proc {
     fn serving(etcd: &EtcdCluster, dir: &Path, node: &str) -> Proc {
         let mut proc = Proc::spawn(etcd, dir, node, "3");
         proc.wait_ready();
-        wait_ranges(
-            &format!("{node} holds its ranges"),
-            &proc.socket,
-            2,
-            Duration::from_secs(30),
-        );
+        wait_ranges(&format!("{node} holds its ranges"), &proc.socket, 2, 30);
         proc
     }
 
@@ -228,8 +223,7 @@ fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_
     });
     assert!(!served);
     assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
-    assert_check(&etcd, &[&a.socket]);
-    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+    assert_sound(&etcd, &[("node-a", &a.socket)]);
 }
 
 /// An agent killed with SIGKILL leaves its liveness key until its lease expires: restarted on
@@ -243,12 +237,7 @@ fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for
     let path = dir.path().join("a");
     let mut a = Proc::spawn(&etcd, &path, "node-a", "60");
     a.wait_ready();
-    wait_ranges(
-        "node-a holds its ranges",
-        &a.socket,
-        2,
-        Duration::from_secs(30),
-    );
+    wait_ranges("node-a holds its ranges", &a.socket, 2, 30);
     let pod = alloc_dual(&a.socket, "pod-1");
     let old_pid = a.pid();
     drop(a); // SIGKILL
@@ -262,16 +251,10 @@ fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for
     );
     assert!(!log.contains("waiting up to"), "{log}");
     assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
-    wait_ranges(
-        "node-a holds its ranges again",
-        &a.socket,
-        2,
-        Duration::from_secs(30),
-    );
+    wait_ranges("node-a holds its ranges again", &a.socket, 2, 30);
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
     assert!(pod.iter().all(|p| addresses(&dump).contains(p)));
-    assert_check(&etcd, &[&a.socket]);
-    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+    assert_sound(&etcd, &[("node-a", &a.socket)]);
     // A clean stop deletes its own key.
     a.signal(rustix::process::Signal::TERM);
     let _ = a.child.wait();
@@ -324,14 +307,8 @@ fn an_agent_whose_liveness_key_another_process_takes_stops_serving_the_nodes_ran
     let _ = a.child.wait();
     let mut a = Proc::spawn(&etcd, &path, "node-a", "3");
     a.wait_ready();
-    wait_ranges(
-        "node-a serves its ranges again",
-        &a.socket,
-        2,
-        Duration::from_secs(30),
-    );
-    assert_check(&etcd, &[&a.socket]);
-    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+    wait_ranges("node-a serves its ranges again", &a.socket, 2, 30);
+    assert_sound(&etcd, &[("node-a", &a.socket)]);
 }
 
 /// The leader's election key deleted by hand (etcdctl del): before, the leader reported
@@ -364,8 +341,7 @@ fn a_leader_whose_election_key_is_deleted_steps_down_and_a_leader_grants_again()
     );
     // A leader grants again: a new node gets its CIDRs.
     let b = Proc::serving(&etcd, &dir.path().join("b"), "node-b");
-    assert_check(&etcd, &[&a.socket, &b.socket]);
-    assert_invariant(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)], true);
+    assert_sound(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)]);
 }
 
 /// An election key not on a lease (written by hand, lower than any replica's): before, it
@@ -374,15 +350,14 @@ fn a_leader_whose_election_key_is_deleted_steps_down_and_a_leader_grants_again()
 #[ignore = "needs etcd (make deps)"]
 fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
+    let etcd = initialized(1, dir.path(), DUAL);
     let kv = kv(&etcd);
     let rogue = "/corral/t/v1/election/1";
     apply(&kv, vec![TxnOp::put(rogue, "rogue")]);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = Proc::serving(&etcd, &dir.path().join("a"), "node-a");
     // Reported everywhere, and not named leader.
-    let (code, out, err) = cluster_command(&etcd, "status");
+    let (code, out, err) = cluster_command(&etcd, "status", &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("leader op-a") && out.contains(&format!("{rogue} is not on a lease")),
@@ -404,8 +379,7 @@ fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
             })
     });
     apply(&kv, vec![TxnOp::delete(rogue)]);
-    assert_check(&etcd, &[&a.socket]);
-    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+    assert_sound(&etcd, &[("node-a", &a.socket)]);
 }
 
 /// A liveness key of another machine (another boot ID: a cloned VM): the agent cannot tell a
@@ -461,14 +435,8 @@ fn a_liveness_key_of_another_machine_is_waited_for_and_refused_while_kept_alive(
     a.wait_ready();
     assert!(a.log().contains("waiting up to"), "{}", a.log());
     assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
-    wait_ranges(
-        "node-a holds its ranges",
-        &a.socket,
-        2,
-        Duration::from_secs(30),
-    );
-    assert_check(&etcd, &[&a.socket]);
-    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+    wait_ranges("node-a holds its ranges", &a.socket, 2, 30);
+    assert_sound(&etcd, &[("node-a", &a.socket)]);
 }
 
 /// `corral cluster check --agent A --agent B` with two agents under one node name (a copied
@@ -509,6 +477,5 @@ fn cluster_check_reports_two_agents_serving_one_node_and_one_address() {
     let (_, twice) = check(&etcd, &[&a.socket, &a.socket]);
     assert!(!twice.contains("both serve"), "{twice}");
     drop(b);
-    assert_check(&etcd, &[&a.socket]);
-    assert_invariant(&etcd, &[("node-a", &a.socket)], true);
+    assert_sound(&etcd, &[("node-a", &a.socket)]);
 }

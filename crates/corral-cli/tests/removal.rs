@@ -147,16 +147,8 @@ fn signal(pid: u32, signal: rustix::process::Signal) {
 fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_only_once_given_up()
 {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), &config(2));
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent_holding(
-        &etcd,
-        &dir.path().join("a"),
-        "node-a",
-        1,
-        Duration::from_secs(20),
-    );
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(2));
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let pods: Vec<IpAddr> = ["c1", "c2"]
         .iter()
         .flat_map(|c| add(&a.socket, c).unwrap())
@@ -248,7 +240,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
         Duration::from_secs(20),
         || get(&etcd, "live/node-a").is_none(),
     );
-    wait_ranges("node-b holds it", &b.socket, 1, Duration::from_secs(20));
+    wait_ranges("node-b holds it", &b.socket, 1, 20);
     let pod = add(&b.socket, "b1").unwrap();
     assert!(pod.iter().all(|p| contains("10.50.0.0/24", *p)));
     assert_check(&etcd, &[&b.socket]);
@@ -259,16 +251,8 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
 #[ignore = "needs etcd (make deps)"]
 fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quarantine() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), &config(3));
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent_holding(
-        &etcd,
-        &dir.path().join("a"),
-        "node-a",
-        1,
-        Duration::from_secs(20),
-    );
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(3));
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     add(&a.socket, "c1").unwrap();
     wait_asserted(&etcd, "node-a", &a.socket);
     // The machine dies: SIGKILL, its liveness key left to its lease.
@@ -298,25 +282,16 @@ fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quaranti
             && get(&etcd, "holdings/node-a").is_none()
             && get(&etcd, "silence/node-a").is_none()
     });
-    wait_ranges("node-b holds it", &b.socket, 1, Duration::from_secs(20));
-    assert_check(&etcd, &[&b.socket]);
-    assert_invariant(&etcd, &[("node-b", &b.socket)], true);
+    wait_ranges("node-b holds it", &b.socket, 1, 20);
+    assert_sound(&etcd, &[("node-b", &b.socket)]);
 }
 
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), &config(8));
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent_holding(
-        &etcd,
-        &dir.path().join("a"),
-        "node-a",
-        1,
-        Duration::from_secs(20),
-    );
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(8));
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let pod = add(&a.socket, "c1").unwrap();
     wait_asserted(&etcd, "node-a", &a.socket);
     // Taken for dead: paused (SIGSTOP), removed by force, its liveness runs out.
@@ -354,7 +329,7 @@ fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     wait_until("node-b gets node-a's CIDR", Duration::from_secs(40), || {
         granted_to(&etcd, "node-b")
     });
-    wait_ranges("node-b holds it", &b.socket, 1, Duration::from_secs(20));
+    wait_ranges("node-b holds it", &b.socket, 1, 20);
     assert_check(&etcd, &[&b.socket]);
     assert_invariant(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)], true);
 }

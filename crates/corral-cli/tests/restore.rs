@@ -21,14 +21,7 @@ mod common;
 
 use cluster_common::*;
 
-const V4: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.244.0.0/16"]
-node_prefix_len = 24
-"#;
+const V4: &str = include_str!("configs/restore.toml");
 
 /// Allocates `n` IPv4 pod addresses from the node's cluster pool, owned by `owner`.
 fn pods(socket: &Path, owner: &str, n: usize) -> Vec<IpAddr> {

@@ -103,6 +103,23 @@ impl Drop for Agent {
     }
 }
 
+/// Writes `dir/agent.toml`: state in `dir/state`, the socket `dir/agent.sock`, and pool
+/// `default` of `range` whose released addresses cool for `cooldown_ms`; answers its path.
+pub fn agent_config_file(dir: &Path, range: &str, cooldown_ms: u64) -> PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "data_dir = {:?}\nsocket = {:?}\n\n[[pools]]\nname = \"default\"\n\
+             ranges = [\"{range}\"]\ncooldown_ms = {cooldown_ms}\n",
+            dir.join("state"),
+            dir.join("agent.sock"),
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// `corral --socket SOCKET <args>` with nothing on its standard input: what it wrote.
 pub fn corral_at(socket: &Path, args: &[&str]) -> Output {
     Command::new(BINARY)
@@ -201,4 +218,25 @@ pub fn pod_del(
         network: podnet(pool),
         key: pod_key(container),
     })
+}
+
+/// Interface `eni-I` (device I, the primary for 0) of pool `eni` on 10.0.0.0/16, holding
+/// `count` addresses 10.0.I.FIRST and up.
+pub fn eni_request(i: u32, first: u32, count: u32) -> corral_api::InterfaceRequest {
+    corral_api::InterfaceRequest {
+        pool: "eni".into(),
+        id: format!("eni-{i:02}"),
+        device_number: i,
+        mac: format!("0a:00:00:00:00:{i:02x}"),
+        subnets: vec!["10.0.0.0/16".into()],
+        gateways: vec![],
+        routes: vec!["10.0.0.0/8".into()],
+        primary: i == 0,
+        primary_addresses: vec![],
+        trunk: false,
+        excluded: false,
+        addresses: (first..first + count)
+            .map(|a| format!("10.0.{i}.{a}"))
+            .collect(),
+    }
 }
