@@ -3,6 +3,8 @@
 //! nodes, pools, grants and plans, errors as JSON bodies, the token on TCP, and `/metrics`
 //! as valid OpenMetrics text.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use corral_api::ErrorResponse;
 use corral_api::operator as body;
-use corral_cluster::{ClusterConfig, ClusterName, ClusterView, Keys, NodeName, NodeRecord};
+use corral_cluster::{ClusterConfig, ClusterName, ClusterView, Keys, NodeName};
 use corral_operator::Shared;
 use corral_operator::api::{Api, ApiConfig, BindError};
 
@@ -31,14 +33,7 @@ fn view(toml: &str, nodes: &[&str], waiting: &[&str]) -> ClusterView {
     view.apply_put(&keys.config(), config.to_json().unwrap().as_bytes(), 1, 1);
     let mut revision = 2;
     for name in nodes.iter().chain(waiting) {
-        let record = corral_cluster::encode_value(&NodeRecord {
-            uid: format!("uid-{name}"),
-            addresses: Vec::new(),
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        })
-        .unwrap();
+        let record = common::node_record(name);
         view.apply_put(
             &format!("/corral/t/v1/nodes/{name}"),
             &record,

@@ -154,8 +154,7 @@ async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grow
     );
     // Nothing more while the demand stands.
     assert_eq!(a.shared.grant_txns(TxnOutcome::Conflict), 0);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
     let stats = a
         .shared
         .with_view(|view, _| view.node_block_stats(&node("n1")))
@@ -207,8 +206,7 @@ async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_trans
         conflicts, 0,
         "conflicts per successful grant: {conflicts}/{granted}"
     );
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 /// A node holding three blocks with nothing used: two are excess (keep level 8 = one block).
@@ -287,14 +285,12 @@ async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgo
     assert_eq!(a.shared.handshakes("released"), 1);
     assert_eq!(a.shared.handshakes("refused"), 1);
     assert!(a.shared.handshakes("marked") >= 3);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_mark_is_withdrawn_when_demand_rises_before_the_answer() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     node_with_excess(&kv, "n1").await;
@@ -350,14 +346,12 @@ async fn a_new_leader_finishes_handshakes_the_old_one_started() {
     assert_eq!(blocks_of(&kv, "n1").await, ["10.64.0.16/28"]);
     assert!(releases_of(&kv, "n1").await.is_empty());
     assert_eq!(under(&kv, "quarantine/").await.len(), 2);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_new_leader_un_marks_when_demand_rose_during_the_failover() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let b = Replica::start(&kv, "op-b");
@@ -383,8 +377,7 @@ async fn a_new_leader_un_marks_when_demand_rose_during_the_failover() {
 
 #[tokio::test(start_paused = true)]
 async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_blocks() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let revision = register(&kv, "n1").await;
@@ -415,8 +408,7 @@ async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_b
 
 #[tokio::test(start_paused = true)]
 async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     register(&kv, "big").await;
@@ -471,8 +463,7 @@ async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_remov
     assert!(under(&kv, "owned/").await.is_empty());
     assert!(under(&kv, "demand/").await.is_empty());
     assert_eq!(under(&kv, "quarantine/").await.len(), 72);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -529,16 +520,14 @@ async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
     assert_eq!(quarantined.len(), 1);
     assert!(quarantined[0].lease.is_some());
     assert!(releases_of(&kv, n0).await.is_empty());
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 /// Three blocks marked at once and answered one after the other all complete at once (found
 /// by the block bench: the later answers waited for another release delay).
 #[tokio::test(start_paused = true)]
 async fn several_ready_blocks_of_one_family_all_complete() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     register(&kv, "n1").await;

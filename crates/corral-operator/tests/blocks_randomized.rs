@@ -282,8 +282,7 @@ async fn scenario(seed: u64) {
     let released: u64 = agents.iter().map(|a| a.released).sum();
     eprintln!("seed {seed}: {released} blocks released through the handshake");
     assert!(released > 0, "{context}: the handshake never ran");
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -67,15 +67,12 @@ async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
 #[tokio::test(start_paused = true)]
 async fn scenario_1_a_thousand_nodes_scale_out_within_the_assign_bucket() {
     let n = 1000;
-    let rig = Scenario::new(11)
+    let (rig, _a, started) = Scenario::new(11)
         .pool("[pools.watermarks]\npre_allocate = 8")
         .cloud("first_interface_index = 0")
         .named(&names(n))
-        .build()
+        .start_counted()
         .await;
-    rig.ec2.reset_counters();
-    let started = tokio::time::Instant::now();
-    let _a = rig.start_leader("op-a").await;
     let took = wait_every(
         "every node has 8 spare addresses",
         Duration::from_secs(600),
@@ -468,13 +465,8 @@ async fn an_occupied_index_moves_on_and_a_refused_attach_deletes_the_interface()
         },
     );
     let _a = rig.start_leader("op-a").await;
-    wait_every(
-        "the node has 8 spare addresses",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent("node-0000").entries().len() == 8,
-    )
-    .await;
+    rig.wait_entries("the node has 8 spare addresses", "node-0000", 8)
+        .await;
     // The first interface was refused and deleted; the second moved from index 1 to 2.
     let deleted = rig.agents.lock().unwrap().deleted.clone();
     assert_eq!(deleted.len(), 1, "{deleted:?}");

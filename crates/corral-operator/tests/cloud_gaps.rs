@@ -92,13 +92,8 @@ async fn a_replayed_unassign_waits_out_the_describe_lag() {
     assert_eq!(unassign_calls(&rig), 0);
     rig.provider.timeout_unassigns.store(1, Ordering::SeqCst);
     rig.set_pods("node-0000", 0);
-    wait_every(
-        "the excess is unassigned and recorded",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent("node-0000").entries().len() == 8,
-    )
-    .await;
+    rig.wait_entries("the excess is unassigned and recorded", "node-0000", 8)
+        .await;
     // Settle: nothing is still open.
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(open_intents(&rig.kv).await, 0);
@@ -145,13 +140,8 @@ async fn an_unassign_refused_as_not_assigned_drops_nothing_the_cloud_still_has()
         .await
         .unwrap();
     rig.set_pods("node-0000", 0);
-    wait_every(
-        "the excess leaves the record",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent("node-0000").entries().len() == 8,
-    )
-    .await;
+    rig.wait_entries("the excess leaves the record", "node-0000", 8)
+        .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(open_intents(&rig.kv).await, 0);
     assert_eq!(held(&rig, &interface).len(), 3);

@@ -46,16 +46,13 @@ async fn scenario_1_with_prefix_delegation_one_prefix_per_node() {
                 ZONE,
                 "10.0.0.0/16".parse().unwrap(),
             ));
-    let rig = Scenario::new(11)
+    let (rig, _a, started) = Scenario::new(11)
         .pool("[pools.watermarks]\npre_allocate = 8")
         .cloud("prefix_delegation = true\nfirst_interface_index = 0")
         .fake(fake)
         .named(&names(n))
-        .build()
+        .start_counted()
         .await;
-    rig.ec2.reset_counters();
-    let started = tokio::time::Instant::now();
-    let _a = rig.start_leader("op-a").await;
     wait_every(
         "every node has a /28",
         Duration::from_secs(600),

@@ -193,13 +193,7 @@ async fn without_a_last_good_configuration_the_grants_judge_the_stored_one() {
     let a = cluster_with_two_nodes(&kv).await;
     a.stop().await;
     // No record of what was installed, and a renamed pool stored.
-    kv.txn(corral_kv::Txn {
-        compares: vec![],
-        success: vec![corral_kv::TxnOp::delete(keys().config_applied())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(&kv, vec![corral_kv::TxnOp::delete(keys().config_applied())]).await;
     put_raw(&kv, &renamed()).await;
     let b = Replica::start(&kv, "op-b");
     register(&kv, "node-c").await;
@@ -231,13 +225,7 @@ async fn a_leader_keeps_its_configuration_when_the_applied_record_is_deleted() {
     let kv = MemKv::new();
     let a = cluster_with_two_nodes(&kv).await;
     put_raw(&kv, &renamed()).await;
-    kv.txn(corral_kv::Txn {
-        compares: vec![],
-        success: vec![corral_kv::TxnOp::delete(keys().config_applied())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(&kv, vec![corral_kv::TxnOp::delete(keys().config_applied())]).await;
     let before = a.shared.resyncs_ok();
     wait_until("two resyncs", Duration::from_secs(30), || async {
         a.shared.resyncs_ok() >= before + 2

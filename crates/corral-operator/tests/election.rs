@@ -6,23 +6,12 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use corral_kv::{Kv, MemKv, TxnOp};
 use corral_operator::election::{Candidate, is_candidate};
 
 async fn serve_node<K: Kv>(kv: &K, name: &str) {
-    register(kv, name).await;
-    wait_until(
-        &format!("{name} is served"),
-        Duration::from_secs(30),
-        || async {
-            grants(kv).await.get(name).is_some_and(|g| g.len() == 2)
-                && node_id(kv, name).await.is_some()
-        },
-    )
-    .await;
+    register_served(kv, name).await;
 }
 
 async fn delete<K: Kv>(kv: &K, key: &[u8]) {
@@ -47,8 +36,7 @@ async fn a_leader_whose_election_key_is_deleted_steps_down_within_its_ttl_and_ca
     serve_node(&kv, "node-2").await;
     assert!(!a.finished());
     assert_reported(&a.shared, &["stopped leading"]);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -67,8 +55,7 @@ async fn a_standby_takes_over_when_the_leaders_key_is_deleted() {
     assert_eq!(leader_key(&kv).await.unwrap().0, "op-b");
     serve_node(&kv, "node-2").await;
     assert!(!a.leading());
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -119,8 +106,7 @@ async fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
             .any(|p| p.contains("not on a lease"))
     })
     .await;
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -358,18 +358,8 @@ struct SlowKv {
 }
 
 impl Kv for SlowKv {
-    async fn get(&self, key: &[u8]) -> Result<Option<corral_kv::KeyValue>, corral_kv::KvError> {
-        self.inner.get(key).await
-    }
-    async fn range(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-        revision: Option<corral_kv::Revision>,
-    ) -> Result<corral_kv::RangePage, corral_kv::KvError> {
-        self.inner.range(prefix, after, limit, revision).await
-    }
+    forward_kv!(inner);
+
     async fn txn(&self, txn: corral_kv::Txn) -> Result<corral_kv::TxnResponse, corral_kv::KvError> {
         let grant = txn.success.iter().any(|op| match op {
             corral_kv::TxnOp::Put { key, .. } => {
@@ -383,27 +373,12 @@ impl Kv for SlowKv {
         }
         response
     }
-    async fn lease_grant(&self, ttl: Duration) -> Result<corral_kv::LeaseId, corral_kv::KvError> {
-        self.inner.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(
-        &self,
-        lease: corral_kv::LeaseId,
-    ) -> Result<Duration, corral_kv::KvError> {
-        self.inner.lease_keep_alive(lease).await
-    }
-    async fn lease_revoke(&self, lease: corral_kv::LeaseId) -> Result<(), corral_kv::KvError> {
-        self.inner.lease_revoke(lease).await
-    }
     async fn watch(
         &self,
         prefix: &[u8],
         from: corral_kv::Revision,
     ) -> Result<corral_kv::Watch, corral_kv::KvError> {
         self.inner.watch(prefix, from).await
-    }
-    async fn compact(&self, revision: corral_kv::Revision) -> Result<(), corral_kv::KvError> {
-        self.inner.compact(revision).await
     }
 }
 

@@ -17,13 +17,12 @@ async fn register_and_wait<K: Kv>(kv: &K, names: &[&str]) {
         register(kv, name).await;
     }
     wait_until("every node is served", Duration::from_secs(30), || async {
-        let grants = grants(kv).await;
-        let mut served = true;
         for name in names {
-            served &= grants.get(*name).is_some_and(|g| g.len() == 2)
-                && node_id(kv, name).await.is_some();
+            if !served_with_id(kv, name).await {
+                return false;
+            }
         }
-        served
+        true
     })
     .await;
 }
@@ -61,8 +60,7 @@ async fn one_replica_grants_lowest_free_dual_stack_cidrs_and_node_ids() {
     }
     ids.sort();
     assert_eq!(ids, [1, 2, 3]);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -137,14 +135,12 @@ async fn a_deposed_leader_grants_nothing_and_the_standby_takes_over() {
     register_and_wait(&kv, &refs).await;
     assert_eq!(leader_key(&kv).await.unwrap().0, "op-b");
     assert!(!a.finished() && !b.finished());
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_standby_leads_within_the_lease_ttl_after_the_leader_dies() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
+    let kv = initialized(DUAL).await;
     let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     register_and_wait(&kv, &["node-a"]).await;
@@ -253,8 +249,7 @@ async fn a_removed_nodes_cidrs_and_id_are_quarantined_then_reused() {
             .is_some()
     );
     assert_eq!(grants(&kv).await["node-e"].len(), 2);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -331,10 +326,10 @@ async fn garbage_is_reported_and_skipped_and_the_operator_keeps_serving() {
 
 const TINY: &str = include_str!("configs/tiny.toml");
 
-#[tokio::test(start_paused = true)]
-async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees() {
-    let kv = MemKv::new();
-    init(&kv, TINY).await;
+/// `TINY` full: `node-1` and `node-2` served by `op-a` and `node-3` waiting, the full pool
+/// reported; answers `node-1`'s registration too.
+async fn tiny_pool_full() -> (MemKv, Replica, i64) {
+    let kv = initialized(TINY).await;
     let a = Replica::start(&kv, "op-a");
     let first = register(&kv, "node-1").await;
     register(&kv, "node-2").await;
@@ -349,6 +344,12 @@ async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees
         || async { a.shared.full_pools().contains_key("default/ipv4") },
     )
     .await;
+    (kv, a, first)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees() {
+    let (kv, a, first) = tiny_pool_full().await;
     // It keeps retrying with backoff, granting nothing meanwhile.
     let txns_before = kv.requests();
     tokio::time::sleep(Duration::from_secs(20)).await;
@@ -378,8 +379,7 @@ async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees
 /// (nor a node whose grant was refused once).
 #[tokio::test(start_paused = true)]
 async fn a_node_waiting_on_a_full_pool_is_served_when_the_pool_grows() {
-    let kv = MemKv::new();
-    init(&kv, TINY).await;
+    let kv = initialized(TINY).await;
     let _a = Replica::start(&kv, "op-a");
     for node in ["node-1", "node-2", "node-3"] {
         register(&kv, node).await;
@@ -445,8 +445,7 @@ async fn compaction_past_the_leaders_watch_makes_it_read_again() {
         "{:?}",
         a.shared.problems()
     );
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -472,8 +471,7 @@ async fn an_outage_during_grants_loses_and_doubles_nothing() {
     }
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     register_and_wait(&kv, &refs).await;
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -497,8 +495,7 @@ async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
     assert!(grants.values().all(|g| g.len() == 2), "{grants:#?}");
     // Every grant written once: 10 nodes, 2 CIDRs and 1 ID each.
     assert_eq!(*auditor.grants_written.lock().unwrap(), 30);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 /// Regression: a node that waited for space (a retry entry) and then stopped needing anything
@@ -516,22 +513,7 @@ fn a_retry_for_a_node_that_needs_nothing_does_not_spin_the_leader() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let kv = MemKv::new();
-            init(&kv, TINY).await;
-            let a = Replica::start(&kv, "op-a");
-            let first = register(&kv, "node-1").await;
-            register(&kv, "node-2").await;
-            wait_until("two nodes served", Duration::from_secs(10), || async {
-                grants(&kv).await.len() == 2
-            })
-            .await;
-            register(&kv, "node-3").await;
-            wait_until(
-                "the full pool is reported",
-                Duration::from_secs(10),
-                || async { a.shared.full_pools().contains_key("default/ipv4") },
-            )
-            .await;
+            let (kv, _a, first) = tiny_pool_full().await;
             // node-3's registration goes (an administrator deleted it): it needs nothing now.
             apply(&kv, vec![TxnOp::delete(keys().node(&node("node-3")))]).await;
             tokio::time::sleep(Duration::from_secs(30)).await;

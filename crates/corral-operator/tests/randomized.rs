@@ -121,8 +121,7 @@ async fn scenario(seed: u64) {
             grants[name]
         );
     }
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -10,13 +10,15 @@
 //! when either is missing. `SCHEMATHESIS` names another `st` executable, `SCHEMATHESIS_SEED`
 //! another seed, `SCHEMATHESIS_EXAMPLES` another number of examples per operation.
 
+mod common;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral_cluster::{ClusterConfig, ClusterName, Keys, NodeRecord};
+use corral_cluster::{ClusterConfig, ClusterName, Keys};
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 use corral_operator::api::ApiConfig;
@@ -95,14 +97,7 @@ async fn seed_cluster(kv: &impl Kv, keys: &Keys) {
     }];
     for n in 0..NODES {
         let name = format!("node-{n}");
-        let record = corral_cluster::encode_value(&NodeRecord {
-            uid: format!("uid-{name}"),
-            addresses: Vec::new(),
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        })
-        .unwrap();
+        let record = common::node_record(&name);
         let key = format!("/corral/t/v1/nodes/{name}");
         txns.push(Txn {
             compares: vec![Compare::absent(key.clone())],

@@ -198,6 +198,16 @@ impl Gate {
             std::future::pending::<()>().await;
         }
     }
+    /// `call`, stopped before it is sent or after it was applied as the gate says.
+    async fn gated<T>(
+        &self,
+        call: impl Future<Output = Result<T, CloudError>>,
+    ) -> Result<T, CloudError> {
+        self.gate_before().await;
+        let answer = call.await?;
+        self.gate_after().await;
+        Ok(answer)
+    }
     async fn gate_after(&self) {
         if self.hang_after.load(Ordering::SeqCst) {
             self.stopped.fetch_add(1, Ordering::SeqCst);
@@ -235,32 +245,22 @@ impl CloudProvider for Gate {
         interface: &str,
         request: &Ipv4Assign,
     ) -> Result<Ipv4Set, CloudError> {
-        self.gate_before().await;
-        let assigned = self.inner.assign_ipv4(interface, request).await?;
-        self.gate_after().await;
-        Ok(assigned)
+        self.gated(self.inner.assign_ipv4(interface, request)).await
     }
     async fn unassign_ipv4(&self, interface: &str, release: &Ipv4Set) -> Result<(), CloudError> {
-        self.gate_before().await;
-        self.inner.unassign_ipv4(interface, release).await?;
-        self.gate_after().await;
-        Ok(())
+        self.gated(self.inner.unassign_ipv4(interface, release))
+            .await
     }
     async fn assign_ipv6(
         &self,
         interface: &str,
         request: &Ipv6Assign,
     ) -> Result<Ipv6Set, CloudError> {
-        self.gate_before().await;
-        let assigned = self.inner.assign_ipv6(interface, request).await?;
-        self.gate_after().await;
-        Ok(assigned)
+        self.gated(self.inner.assign_ipv6(interface, request)).await
     }
     async fn unassign_ipv6(&self, interface: &str, release: &Ipv6Set) -> Result<(), CloudError> {
-        self.gate_before().await;
-        self.inner.unassign_ipv6(interface, release).await?;
-        self.gate_after().await;
-        Ok(())
+        self.gated(self.inner.unassign_ipv6(interface, release))
+            .await
     }
     async fn create_tags(&self, ids: &[String], tags: &Tags) -> Result<(), CloudError> {
         self.inner.create_tags(ids, tags).await

@@ -788,6 +788,16 @@ impl Scenario {
         Rig::new(&config, builder.build().unwrap(), &nodes).await
     }
 
+    /// The rig with the fake's counters at zero, and a replica `op-a` leading on it since the
+    /// instant answered.
+    pub async fn start_counted(self) -> (Rig, Replica, tokio::time::Instant) {
+        let rig = self.build().await;
+        rig.ec2.reset_counters();
+        let started = tokio::time::Instant::now();
+        let replica = rig.start_leader("op-a").await;
+        (rig, replica, started)
+    }
+
     /// The rig and a replica `op-a` leading on it.
     pub async fn start(self) -> (Rig, Replica) {
         let rig = self.build().await;
@@ -1185,6 +1195,18 @@ impl Rig {
         let replica = Replica::start_with_cloud(&self.kv, name, Some(self.options()));
         leads(&replica).await;
         replica
+    }
+
+    /// Waits (saying `what`, 120 s of virtual time at most) until `node`'s agent holds `n`
+    /// entries.
+    pub async fn wait_entries(&self, what: &str, node: &str, n: usize) {
+        wait_every(
+            what,
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            || self.agent(node).entries().len() == n,
+        )
+        .await;
     }
 
     /// Mutating calls the cloud received (answered or not).

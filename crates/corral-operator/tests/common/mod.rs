@@ -16,8 +16,7 @@ use corral_cluster::{
     ClusterConfig, ClusterName, Keys, NodeName, NodeRecord, RemovalRecord, encode_value,
 };
 use corral_kv::{
-    Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, RangePage, Revision, Txn, TxnOp,
-    TxnResponse, Watch,
+    Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, Revision, Txn, TxnOp, TxnResponse, Watch,
 };
 use corral_operator::{OperatorConfig, Shared};
 use tokio::task::JoinHandle;
@@ -35,6 +34,31 @@ pub fn node(name: &str) -> NodeName {
 
 /// Dual-stack, a reserved first /24, a node-ID plan, quarantine 5 s.
 pub const DUAL: &str = include_str!("../configs/dual.toml");
+
+/// A fresh store with the configuration `toml` written.
+pub async fn initialized(toml: &str) -> MemKv {
+    let kv = MemKv::new();
+    init(&kv, toml).await;
+    kv
+}
+
+/// The store is consistent, and the auditor saw nothing written while held.
+pub async fn assert_clean_end<K: Kv>(kv: &K, auditor: &Auditor) {
+    assert_consistent(kv).await;
+    auditor.assert_clean();
+}
+
+/// A node's registration record, as its agent writes it (no addresses, no instance).
+pub fn node_record(name: &str) -> Vec<u8> {
+    encode_value(&NodeRecord {
+        uid: format!("uid-{name}"),
+        addresses: vec![],
+        registered_ms: 0,
+        instance_id: None,
+        max_pods: None,
+    })
+    .unwrap()
+}
 
 /// Writes the configuration as `corral cluster init` does.
 pub async fn init<K: Kv>(kv: &K, toml: &str) {
@@ -61,8 +85,7 @@ pub async fn apply<K: Kv>(kv: &K, ops: Vec<TxnOp>) -> Revision {
 
 /// A fresh store with the configuration `toml` written, and an auditor watching it.
 pub async fn audited(toml: &str) -> (MemKv, Auditor) {
-    let kv = MemKv::new();
-    init(&kv, toml).await;
+    let kv = initialized(toml).await;
     let auditor = Auditor::start(&kv).await;
     (kv, auditor)
 }
@@ -71,14 +94,7 @@ pub async fn audited(toml: &str) -> (MemKv, Auditor) {
 /// revision.
 pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
     let key = keys().node(&node(name));
-    let record = encode_value(&NodeRecord {
-        uid: format!("uid-{name}"),
-        addresses: vec![],
-        registered_ms: 0,
-        instance_id: None,
-        max_pods: None,
-    })
-    .unwrap();
+    let record = node_record(name);
     let response = kv
         .txn(Txn {
             compares: vec![Compare::absent(key.clone())],
@@ -98,6 +114,29 @@ pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
 pub async fn registration<K: Kv>(kv: &K, name: &str) -> Option<Revision> {
     let entry = kv.get(keys().node(&node(name)).as_bytes()).await.unwrap();
     entry.map(|e| e.create_revision)
+}
+
+/// Whether `name` holds its two grants (one a family of `DUAL`).
+pub async fn dual_served<K: Kv>(kv: &K, name: &str) -> bool {
+    grants(kv).await.get(name).is_some_and(|g| g.len() == 2)
+}
+
+/// [`dual_served`], and `name` holds its node ID.
+pub async fn served_with_id<K: Kv>(kv: &K, name: &str) -> bool {
+    dual_served(kv, name).await && node_id(kv, name).await.is_some()
+}
+
+/// Registers `name` and waits (30 s at most) until it is [`served_with_id`]; answers the
+/// registration.
+pub async fn register_served<K: Kv>(kv: &K, name: &str) -> Revision {
+    let revision = register(kv, name).await;
+    wait_until(
+        &format!("{name} is served"),
+        Duration::from_secs(30),
+        || served_with_id(kv, name),
+    )
+    .await;
+    revision
 }
 
 /// Asks for a node's removal as `corral node remove` does.
@@ -456,20 +495,48 @@ impl FaultyKv {
     }
 }
 
-impl Kv for FaultyKv {
-    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
-        self.inner.get(key).await
-    }
+/// The reads, leases and compaction of a `Kv` that wraps another (`self.$inner`), passed on
+/// unchanged: the wrapper writes only `txn` and `watch` itself.
+macro_rules! forward_kv {
+    ($inner:ident) => {
+        async fn get(&self, key: &[u8]) -> Result<Option<corral_kv::KeyValue>, corral_kv::KvError> {
+            self.$inner.get(key).await
+        }
+        async fn range(
+            &self,
+            prefix: &[u8],
+            after: Option<&[u8]>,
+            limit: usize,
+            revision: Option<corral_kv::Revision>,
+        ) -> Result<corral_kv::RangePage, corral_kv::KvError> {
+            self.$inner.range(prefix, after, limit, revision).await
+        }
+        async fn lease_grant(
+            &self,
+            ttl: std::time::Duration,
+        ) -> Result<corral_kv::LeaseId, corral_kv::KvError> {
+            self.$inner.lease_grant(ttl).await
+        }
+        async fn lease_keep_alive(
+            &self,
+            lease: corral_kv::LeaseId,
+        ) -> Result<std::time::Duration, corral_kv::KvError> {
+            self.$inner.lease_keep_alive(lease).await
+        }
+        async fn lease_revoke(&self, lease: corral_kv::LeaseId) -> Result<(), corral_kv::KvError> {
+            self.$inner.lease_revoke(lease).await
+        }
+        async fn compact(&self, revision: corral_kv::Revision) -> Result<(), corral_kv::KvError> {
+            self.$inner.compact(revision).await
+        }
+    };
+}
+// The test binaries that wrap a store of their own use it too.
+#[allow(unused_imports)]
+pub(crate) use forward_kv;
 
-    async fn range(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-        revision: Option<Revision>,
-    ) -> Result<RangePage, KvError> {
-        self.inner.range(prefix, after, limit, revision).await
-    }
+impl Kv for FaultyKv {
+    forward_kv!(inner);
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
         // Only the operator's grants and removals lose their answers (they touch `grants/`).
@@ -486,18 +553,6 @@ impl Kv for FaultyKv {
             return Err(KvError::Unavailable("the answer was lost (test)".into()));
         }
         Ok(response)
-    }
-
-    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
-        self.inner.lease_grant(ttl).await
-    }
-
-    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, KvError> {
-        self.inner.lease_keep_alive(lease).await
-    }
-
-    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-        self.inner.lease_revoke(lease).await
     }
 
     async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
@@ -522,10 +577,6 @@ impl Kv for FaultyKv {
             self.faults.lock().unwrap().compacted_watches += 1;
         }
         self.inner.watch(prefix, from).await
-    }
-
-    async fn compact(&self, revision: Revision) -> Result<(), KvError> {
-        self.inner.compact(revision).await
     }
 }
 
