@@ -108,10 +108,30 @@ async fn leader_of(replicas: &[&Replica]) {
 }
 
 async fn wait_blocks<K: Kv>(kv: &K, name: &str, n: usize) {
+    wait_blocks_within(kv, name, n, 10).await;
+}
+
+/// Waits (`secs` seconds of virtual time at most) until `name` holds `n` blocks.
+async fn wait_blocks_within<K: Kv>(kv: &K, name: &str, n: usize, secs: u64) {
     wait_until(
         &format!("{name} holds {n} blocks"),
-        Duration::from_secs(10),
+        Duration::from_secs(secs),
         || async { blocks_of(kv, name).await.len() == n },
+    )
+    .await;
+}
+
+/// Waits (30 s of virtual time at most) until every one of `names` holds two blocks.
+async fn wait_two_blocks_each<K: Kv>(kv: &K, names: &[String]) {
+    wait_until(
+        "every node holds two blocks",
+        Duration::from_secs(30),
+        || async {
+            let grants = grants(kv).await;
+            names
+                .iter()
+                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
+        },
     )
     .await;
 }
@@ -176,17 +196,7 @@ async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_trans
         // 20 free wanted: two blocks each.
         demand(&kv, name, 0, 0, 20, &[]).await;
     }
-    wait_until(
-        "every node holds two blocks",
-        Duration::from_secs(30),
-        || async {
-            let grants = grants(&kv).await;
-            names
-                .iter()
-                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
-        },
-    )
-    .await;
+    wait_two_blocks_each(&kv, &names).await;
     let mut all: Vec<IpNet> = grants(&kv)
         .await
         .values()
@@ -242,12 +252,7 @@ async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgo
     assert!(marked.iter().all(|(_, r)| r.state == ReleaseState::Marked));
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Ready).await);
     assert!(answer(&kv, "n1", "10.64.0.32/28", ReleaseState::Refused).await);
-    wait_until(
-        "the ready block is released",
-        Duration::from_secs(3),
-        || async { blocks_of(&kv, "n1").await.len() == 2 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 2, 3).await;
     wait_until(
         "the refusal is forgotten",
         Duration::from_secs(3),
@@ -310,17 +315,23 @@ async fn a_mark_is_withdrawn_when_demand_rises_before_the_answer() {
     assert_consistent(&kv).await;
 }
 
+/// `op-a` leading and `op-b` standing by; node `n1` with excess, two of its blocks marked.
+async fn two_blocks_marked(kv: &MemKv) -> (Replica, Replica) {
+    let a = Replica::start(kv, "op-a");
+    leader_of(&[&a]).await;
+    let b = Replica::start(kv, "op-b");
+    node_with_excess(kv, "n1").await;
+    wait_until("two blocks marked", Duration::from_secs(15), || async {
+        releases_of(kv, "n1").await.len() == 2
+    })
+    .await;
+    (a, b)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_new_leader_finishes_handshakes_the_old_one_started() {
     let (kv, auditor) = audited(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
-    let b = Replica::start(&kv, "op-b");
-    node_with_excess(&kv, "n1").await;
-    wait_until("two blocks marked", Duration::from_secs(15), || async {
-        releases_of(&kv, "n1").await.len() == 2
-    })
-    .await;
+    let (a, b) = two_blocks_marked(&kv).await;
     // One answered before the failover, one after.
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Ready).await);
     a.kill();
@@ -328,21 +339,11 @@ async fn a_new_leader_finishes_handshakes_the_old_one_started() {
         b.leading()
     })
     .await;
-    wait_until(
-        "the ready block is released",
-        Duration::from_secs(3),
-        || async { blocks_of(&kv, "n1").await.len() == 2 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 2, 3).await;
     // Still marked, answered to the new leader.
     assert_eq!(releases_of(&kv, "n1").await.len(), 1);
     assert!(answer(&kv, "n1", "10.64.0.32/28", ReleaseState::Ready).await);
-    wait_until(
-        "the second block is released",
-        Duration::from_secs(3),
-        || async { blocks_of(&kv, "n1").await.len() == 1 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 1, 3).await;
     assert_eq!(blocks_of(&kv, "n1").await, ["10.64.0.16/28"]);
     assert!(releases_of(&kv, "n1").await.is_empty());
     assert_eq!(under(&kv, "quarantine/").await.len(), 2);
@@ -352,14 +353,7 @@ async fn a_new_leader_finishes_handshakes_the_old_one_started() {
 #[tokio::test(start_paused = true)]
 async fn a_new_leader_un_marks_when_demand_rose_during_the_failover() {
     let kv = initialized(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
-    let b = Replica::start(&kv, "op-b");
-    node_with_excess(&kv, "n1").await;
-    wait_until("two blocks marked", Duration::from_secs(15), || async {
-        releases_of(&kv, "n1").await.len() == 2
-    })
-    .await;
+    let (a, b) = two_blocks_marked(&kv).await;
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Ready).await);
     a.kill();
     demand(&kv, "n1", 25, 3, 0, &[]).await;
@@ -480,17 +474,7 @@ async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
         register(&kv, name).await;
         demand(&kv, name, 0, 0, 20, &[]).await;
     }
-    wait_until(
-        "every node holds two blocks",
-        Duration::from_secs(30),
-        || async {
-            let grants = grants(&kv).await;
-            names
-                .iter()
-                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
-        },
-    )
-    .await;
+    wait_two_blocks_each(&kv, &names).await;
     assert_eq!(kv.faults.lock().unwrap().lose_answers, 0);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
@@ -550,12 +534,7 @@ async fn several_ready_blocks_of_one_family_all_complete() {
         demand(&kv, "n1", 0, free, 0, &empty).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    wait_until(
-        "every ready block is released",
-        Duration::from_secs(2),
-        || async { blocks_of(&kv, "n1").await.len() == 1 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 1, 2).await;
     assert_eq!(a.shared.handshakes("released"), 3);
     assert_consistent(&kv).await;
 }

@@ -528,21 +528,8 @@ async fn scenario_5_a_throttling_storm_sends_no_more_than_the_refill_and_recover
 async fn scenario_8_a_fragmented_subnet_falls_back_per_interface() {
     let fake = corral_cloud::FakeEc2::builder()
         .seed(8)
-        .subnet(
-            corral_cloud::fake::SubnetSpec::new(
-                "subnet-a",
-                VPC,
-                ZONE,
-                "10.0.0.0/20".parse().unwrap(),
-            )
-            .fragmented(1.0),
-        )
-        .subnet(corral_cloud::fake::SubnetSpec::new(
-            "subnet-b",
-            VPC,
-            ZONE,
-            "10.0.64.0/20".parse().unwrap(),
-        ));
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/20").fragmented(1.0))
+        .subnet(zone_subnet("subnet-b", "10.0.64.0/20"));
     let (rig, _a) = Scenario::new(8)
         .pool("[pools.watermarks]\npre_allocate = 8")
         .cloud("prefix_delegation = true\nfirst_interface_index = 0")

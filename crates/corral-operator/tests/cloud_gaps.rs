@@ -295,15 +295,9 @@ async fn a_refused_prefix_is_remembered_across_a_failover() {
         .pool("[pools.watermarks]\npre_allocate = 8")
         .cloud("prefix_delegation = true\nfirst_interface_index = 0")
         .fake(
-            corral_cloud::FakeEc2::builder().seed(55).subnet(
-                corral_cloud::fake::SubnetSpec::new(
-                    "subnet-a",
-                    VPC,
-                    ZONE,
-                    "10.0.0.0/20".parse().unwrap(),
-                )
-                .fragmented(1.0),
-            ),
+            corral_cloud::FakeEc2::builder()
+                .seed(55)
+                .subnet(zone_subnet("subnet-a", "10.0.0.0/20").fragmented(1.0)),
         )
         .nodes(1, "m5.large")
         .start()

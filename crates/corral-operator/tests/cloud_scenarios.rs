@@ -37,15 +37,9 @@ async fn scenario_1_with_prefix_delegation_one_prefix_per_node() {
     let n = 1000;
     // The node subnet a /16 (4,096 aligned /28s): 1,000 /28s and 1,000 primaries fit in it
     // however the primaries fragment it (scenario 1's /18 would not hold 1,000 /28s).
-    let fake =
-        corral_cloud::FakeEc2::builder()
-            .seed(11)
-            .subnet(corral_cloud::fake::SubnetSpec::new(
-                "subnet-a",
-                VPC,
-                ZONE,
-                "10.0.0.0/16".parse().unwrap(),
-            ));
+    let fake = corral_cloud::FakeEc2::builder()
+        .seed(11)
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/16"));
     let (rig, _a, started) = Scenario::new(11)
         .pool("[pools.watermarks]\npre_allocate = 8")
         .cloud("prefix_delegation = true\nfirst_interface_index = 0")

@@ -54,6 +54,11 @@ cidrs = ["10.0.0.0/16"]
     )
 }
 
+/// Subnet `id` of the VPC in the zone, IPv4 `cidr`.
+pub fn zone_subnet(id: &str, cidr: &str) -> SubnetSpec {
+    SubnetSpec::new(id, VPC, ZONE, cidr.parse().unwrap())
+}
+
 /// A dual-stack pool `pods` kept in step with the cloud (`sync`: `from-cloud`, `to-cloud`):
 /// IPv4 /`v4_len`s of `v4`, IPv6 /80s of `v6`, and `v6_lines` more in its `[pools.ipv6]`.
 pub fn synced_config(
@@ -83,10 +88,7 @@ node_prefix_len = 80
 pub fn dual_stack_fake(seed: u64, v6: &str) -> FakeEc2 {
     FakeEc2::builder()
         .seed(seed)
-        .subnet(
-            SubnetSpec::new("subnet-a", VPC, ZONE, "10.0.0.0/18".parse().unwrap())
-                .ipv6(v6.parse().unwrap()),
-        )
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/18").ipv6(v6.parse().unwrap()))
         .build()
         .unwrap()
 }
@@ -656,18 +658,8 @@ impl Drop for Rig {
 pub fn fake_builder(seed: u64) -> corral_cloud::fake::FakeEc2Builder {
     FakeEc2::builder()
         .seed(seed)
-        .subnet(SubnetSpec::new(
-            "subnet-a",
-            VPC,
-            ZONE,
-            "10.0.0.0/18".parse().unwrap(),
-        ))
-        .subnet(SubnetSpec::new(
-            "subnet-b",
-            VPC,
-            ZONE,
-            "10.0.64.0/20".parse().unwrap(),
-        ))
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/18"))
+        .subnet(zone_subnet("subnet-b", "10.0.64.0/20"))
 }
 
 /// The VPC's IPv6 CIDR (a /56) and the subnets' /64s in it (dual-stack scenarios).
@@ -687,14 +679,8 @@ pub fn cloud_config_dual(pool_lines: &str, cloud_lines: &str) -> String {
 pub fn fake_builder_dual(seed: u64) -> corral_cloud::fake::FakeEc2Builder {
     FakeEc2::builder()
         .seed(seed)
-        .subnet(
-            SubnetSpec::new("subnet-a", VPC, ZONE, "10.0.0.0/18".parse().unwrap())
-                .ipv6(SUBNET_A_V6.parse().unwrap()),
-        )
-        .subnet(
-            SubnetSpec::new("subnet-b", VPC, ZONE, "10.0.64.0/20".parse().unwrap())
-                .ipv6(SUBNET_B_V6.parse().unwrap()),
-        )
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/18").ipv6(SUBNET_A_V6.parse().unwrap()))
+        .subnet(zone_subnet("subnet-b", "10.0.64.0/20").ipv6(SUBNET_B_V6.parse().unwrap()))
 }
 
 /// A scenario's set-up in one expression: the pool's lines, its `[pools.cloud]` lines, the
