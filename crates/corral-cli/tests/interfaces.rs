@@ -55,6 +55,19 @@ fn add_eni(socket: &Path, id: &str, device: &str, extra: &[&str]) -> Output {
     corral(socket, &args)
 }
 
+/// `corral interface address ARGS`, which must be refused naming `what`.
+fn refused_address(socket: &Path, args: &[&str], what: &str) {
+    refused(
+        &corral(socket, &[&["interface", "address"], args].concat()),
+        what,
+    );
+}
+
+/// `corral -o json interface show ID`.
+fn show(socket: &Path, id: &str) -> Value {
+    ok_json(&corral(socket, &["-o", "json", "interface", "show", id]))
+}
+
 fn interfaces(socket: &Path) -> Value {
     ok_json(&corral(socket, &["-o", "json", "interface", "list"]))
 }
@@ -98,23 +111,26 @@ fn the_interface_lifecycle_through_the_command_line() {
         &add_eni(&socket, "eni-5", "1", &[]),
         "device number 1 is already interface eni-1",
     );
-    let address = |args: &[&str]| corral(&socket, &[&["interface", "address"], args].concat());
-    refused(&address(&["add", "eni-1", "10.0.32.10"]), "already present");
-    refused(
-        &address(&["add", "eni-1", "10.0.40.20/32"]),
+    refused_address(&socket, &["add", "eni-1", "10.0.32.10"], "already present");
+    refused_address(
+        &socket,
+        &["add", "eni-1", "10.0.40.20/32"],
         "already present",
     );
-    refused(
-        &address(&["add", "eni-1", "10.1.0.1"]),
+    refused_address(
+        &socket,
+        &["add", "eni-1", "10.1.0.1"],
         "not in subnet 10.0.32.0/19",
     );
-    refused(&address(&["add", "eni-1", "10.0.32.32/27"]), "");
-    refused(
-        &address(&["add", "eni-9", "10.0.32.11"]),
+    refused_address(&socket, &["add", "eni-1", "10.0.32.32/27"], "");
+    refused_address(
+        &socket,
+        &["add", "eni-9", "10.0.32.11"],
         "unknown interface eni-9",
     );
-    refused(
-        &address(&["remove", "eni-1", "10.0.32.10"]),
+    refused_address(
+        &socket,
+        &["remove", "eni-1", "10.0.32.10"],
         "has no address",
     );
     refused(
@@ -181,8 +197,9 @@ fn the_interface_lifecycle_through_the_command_line() {
             "subnet": "10.0.32.0/19", "gateway": "10.0.32.1", "routes": ["10.0.0.0/16"]
         })
     );
-    refused(
-        &address(&["remove", "eni-0", "10.0.32.10"]),
+    refused_address(
+        &socket,
+        &["remove", "eni-0", "10.0.32.10"],
         "still holds 1 allocations",
     );
     assert!(
@@ -190,10 +207,7 @@ fn the_interface_lifecycle_through_the_command_line() {
             .status
             .success()
     );
-    let eni0 = ok_json(&corral(
-        &socket,
-        &["-o", "json", "interface", "show", "eni-0"],
-    ));
+    let eni0 = show(&socket, "eni-0");
     assert_eq!(
         (eni0["assigned"].as_u64(), eni0["cooling"].as_u64()),
         (Some(0), Some(1))
@@ -203,13 +217,7 @@ fn the_interface_lifecycle_through_the_command_line() {
     // SIGKILL and restart: the interfaces and the cooldown are still there.
     agent.kill();
     let agent = Agent::start_in(dir.path());
-    assert_eq!(
-        ok_json(&corral(
-            &socket,
-            &["-o", "json", "interface", "show", "eni-0"]
-        )),
-        eni0
-    );
+    assert_eq!(show(&socket, "eni-0"), eni0);
     let metrics = Client::unix(&socket).metrics().unwrap();
     for line in [
         "corral_interfaces{pool=\"eni\"} 2",
@@ -296,13 +304,14 @@ fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     assert_eq!(eni0["total"].as_u64(), Some(1), "{eni0}");
     let before = interfaces(&socket);
     // The primary address, or a prefix holding it, is never capacity.
-    let address = |args: &[&str]| corral(&socket, &[&["interface", "address"], args].concat());
-    refused(
-        &address(&["add", "eni-0", "10.0.32.20"]),
+    refused_address(
+        &socket,
+        &["add", "eni-0", "10.0.32.20"],
         "interface's primary address",
     );
-    refused(
-        &address(&["add", "eni-0", "10.0.32.16/28"]),
+    refused_address(
+        &socket,
+        &["add", "eni-0", "10.0.32.16/28"],
         "interface's primary address",
     );
     refused(
@@ -522,10 +531,7 @@ fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
         released.released[0].address,
         "10.0.32.10".parse::<IpAddr>().unwrap()
     );
-    let eni0 = ok_json(&corral(
-        &socket,
-        &["-o", "json", "interface", "show", "eni-0"],
-    ));
+    let eni0 = show(&socket, "eni-0");
     assert_eq!(
         (eni0["assigned"].as_u64(), eni0["cooling"].as_u64()),
         (Some(0), Some(1))
