@@ -21,6 +21,17 @@ fn corral(agent: &Agent, args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `corral check --live -` with `live` on its input must exit with `code`.
+fn check_live(agent: &Agent, live: &str, code: i32) {
+    let out = corral(agent, &["check", "--live", "-"], live);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 #[test]
 fn the_command_line_drives_a_real_agent() {
     let dir = tempfile::tempdir().unwrap();
@@ -59,20 +70,8 @@ fn the_command_line_drives_a_real_agent() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("10.88.0.1"));
 
     // check: the attachment is not live → stale, exit code 5; live → clean.
-    let stale = corral(&agent, &["check", "--live", "-"], "net/other/eth0\n");
-    assert_eq!(
-        stale.status.code(),
-        Some(5),
-        "{}",
-        String::from_utf8_lossy(&stale.stdout)
-    );
-    let clean = corral(&agent, &["check", "--live", "-"], "net/c1/eth0\n");
-    assert_eq!(
-        clean.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&clean.stdout)
-    );
+    check_live(&agent, "net/other/eth0\n", 5);
+    check_live(&agent, "net/c1/eth0\n", 0);
 
     // Export from this agent, import into a fresh one.
     let file = dir.path().join("checkpoint.json");
