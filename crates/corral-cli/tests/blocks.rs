@@ -100,14 +100,6 @@ fn assert_invariant(etcd: &EtcdCluster, agents: &[(String, PathBuf)]) {
     }
 }
 
-fn start_operator_pair(etcd: &EtcdCluster, dir: &Path) -> Vec<Operator> {
-    let first = Operator::start(etcd, dir, "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(etcd).as_deref() == Some("op-a")
-    });
-    vec![first, Operator::start(etcd, dir, "op-b")]
-}
-
 /// Waits until every node holds its watermarks: for the test's pre-allocate of 4, one block
 /// per family at least.
 fn wait_for_blocks(etcd: &EtcdCluster, nodes: &[(String, PathBuf)], per_node: usize) {
@@ -140,7 +132,8 @@ fn churn(members: usize, agent_count: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = start_etcd(members);
     init(&etcd, dir.path(), BLOCKS);
-    let mut operators = start_operator_pair(&etcd, dir.path());
+    let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
+    let mut operators = vec![op_a, op_b];
     let nodes: Vec<(String, PathBuf)> = (0..agent_count)
         .map(|i| {
             (
@@ -302,7 +295,7 @@ fn churn(members: usize, agent_count: usize) {
 fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = initialized(1, dir.path(), BLOCKS);
-    let _operators = start_operator_pair(&etcd, dir.path());
+    let _operators = leader_and_standby(&etcd, dir.path());
     let path = dir.path().join("agent");
     let started = Instant::now();
     let agent = start_agent(&etcd, &path, "cold");
@@ -325,7 +318,8 @@ fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
 fn a_block_holding_a_pod_is_never_released_and_the_rest_go_to_quarantine() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = initialized(1, dir.path(), BLOCKS);
-    let mut operators = start_operator_pair(&etcd, dir.path());
+    let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
+    let mut operators = vec![op_a, op_b];
     let path = dir.path().join("agent");
     let agent = start_agent(&etcd, &path, "grower");
     let socket = path.join("agent.sock");

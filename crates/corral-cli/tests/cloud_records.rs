@@ -34,6 +34,15 @@ const FAKE_CLOUD: &str = r#"{
                 {"id": "i-0b", "type": "m5.large", "subnet": "subnet-a"}]
 }"#;
 
+/// Waits (60 s at most) until `node`'s interface is recorded with two addresses or more.
+fn wait_recorded(etcd: &EtcdCluster, node: &str) {
+    wait_until(
+        &format!("{node}'s interface is recorded with its addresses"),
+        Duration::from_secs(60),
+        || addresses_of(&records(etcd), node) >= 2,
+    );
+}
+
 /// `corral operator --cloud fake` replica `name`.
 fn operator(etcd: &EtcdCluster, dir: &Path, seed: &Path, name: &str) -> Operator {
     Operator::start_fake_cloud(etcd, dir, name, seed)
@@ -158,11 +167,7 @@ fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes
     let _op_b = operator(&etcd, dir.path(), &seed, "op-b");
     let a_dir = dir.path().join("node-a");
     let _a = agent(&etcd, &a_dir, "node-a", "i-0a");
-    wait_until(
-        "node-a's interface is recorded with its addresses",
-        Duration::from_secs(60),
-        || addresses_of(&records(&etcd), "node-a") >= 2,
-    );
+    wait_recorded(&etcd, "node-a");
 
     // The leader dies; the standby takes over and serves a node that registers now.
     op_a.signal(rustix::process::Signal::KILL);
@@ -170,11 +175,7 @@ fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes
     wait_leads(&etcd, "op-b", Duration::from_secs(30));
     let b_dir = dir.path().join("node-b");
     let _b = agent(&etcd, &b_dir, "node-b", "i-0b");
-    wait_until(
-        "node-b's interface is recorded with its addresses",
-        Duration::from_secs(60),
-        || addresses_of(&records(&etcd), "node-b") >= 2,
-    );
+    wait_recorded(&etcd, "node-b");
     let problems = disjointness_problems(&records(&etcd));
     assert!(
         problems.is_empty(),

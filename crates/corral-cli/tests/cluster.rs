@@ -295,10 +295,8 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
 #[ignore = "needs etcd (make deps)"]
 fn one_etcd_member_of_three_killed_mid_burst() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(3);
-    init(&etcd, dir.path(), DUAL);
-    let _a = Operator::start(&etcd, dir.path(), "op-a");
-    let _b = Operator::start(&etcd, dir.path(), "op-b");
+    let mut etcd = initialized(3, dir.path(), DUAL);
+    let (_a, _b) = two_operators(&etcd, dir.path());
     register(&etcd, (0..100).map(|i| format!("n{i}")));
     etcd.kill(0).unwrap();
     register(&etcd, (100..200).map(|i| format!("n{i}")));
@@ -312,8 +310,7 @@ fn one_etcd_member_of_three_killed_mid_burst() {
 #[ignore = "needs etcd (make deps)"]
 fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(3);
-    init(&etcd, dir.path(), DUAL);
+    let mut etcd = initialized(3, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 2);
     let before = grants(&etcd);

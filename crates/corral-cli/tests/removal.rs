@@ -60,6 +60,15 @@ fn wait_no_cluster_range(what: &str, socket: &Path) {
     });
 }
 
+/// For `secs` seconds (saying `what` if not): node-b is granted nothing and the quarantine
+/// waits, no lease on it.
+fn node_b_kept_waiting(etcd: &EtcdCluster, what: &str, secs: u64) {
+    holds_for(what, Duration::from_secs(secs), || {
+        !granted_to(etcd, "node-b")
+            && quarantine(etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
+    });
+}
+
 fn get(etcd: &EtcdCluster, rest: &str) -> Option<corral_kv::KeyValue> {
     block_on(kv(etcd).get(format!("/corral/t/v1/{rest}").as_bytes())).unwrap()
 }
@@ -200,13 +209,10 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
     // node-b registers meanwhile: it never gets node-a's CIDR while node-a holds pods, well
     // past the quarantine time.
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
-    holds_for(
+    node_b_kept_waiting(
+        &etcd,
         "node-b never gets node-a's CIDR while node-a holds pods",
-        Duration::from_secs(8),
-        || {
-            !granted_to(&etcd, "node-b")
-                && quarantine(&etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
-        },
+        8,
     );
     assert!(
         get(&etcd, "live/node-a").is_some(),
@@ -307,13 +313,10 @@ fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
         get(&etcd, "live/node-a").is_some() && get(&etcd, "silence/node-a").is_none()
     });
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
-    holds_for(
+    node_b_kept_waiting(
+        &etcd,
         "node-b never gets the CIDR node-a came back with",
-        Duration::from_secs(12),
-        || {
-            !granted_to(&etcd, "node-b")
-                && quarantine(&etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
-        },
+        12,
     );
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
     assert!(pod.iter().all(|p| addresses(&dump).contains(p)));

@@ -50,6 +50,12 @@ pub fn cluster_with_operator(dir: &Path, toml: &str) -> (EtcdCluster, Operator) 
     (etcd, operator)
 }
 
+/// Replicas `op-a` and `op-b`, started one after the other (not waited on).
+pub fn two_operators(etcd: &EtcdCluster, dir: &Path) -> (Operator, Operator) {
+    let a = Operator::start(etcd, dir, "op-a");
+    (a, Operator::start(etcd, dir, "op-b"))
+}
+
 /// Replicas `op-a`, waited on until it leads (20 s at most), and `op-b`, its standby.
 pub fn leader_and_standby(etcd: &EtcdCluster, dir: &Path) -> (Operator, Operator) {
     let leader = Operator::start(etcd, dir, "op-a");
