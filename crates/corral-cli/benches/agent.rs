@@ -34,7 +34,7 @@ use corral_client::Client;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{Agent, BINARY as CORRAL};
+use common::{Agent, BINARY as CORRAL, ms, pct};
 
 struct Params {
     run_for: Duration,
@@ -59,35 +59,13 @@ const TARGET_ALLOCS_64: f64 = 50_000.0;
 const TARGET_SINGLE_OVER_FSYNC: Duration = Duration::from_micros(150);
 const TARGET_ADD: Duration = Duration::from_millis(1);
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
-
 fn start_agent(dir: &Path) -> (Agent, PathBuf) {
     start_agent_binary(Path::new(CORRAL), dir)
 }
 
 fn start_agent_binary(binary: &Path, dir: &Path) -> (Agent, PathBuf) {
     let socket = dir.join("agent.sock");
-    let config = dir.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\n\n[[pools]]\nname = \"default\"\n\
-             ranges = [\"10.64.0.0/16\"]\ncooldown_ms = 0\n",
-            dir.join("state"),
-            socket
-        ),
-    )
-    .unwrap();
+    let config = common::agent_config_file(dir, "10.64.0.0/16", 0);
     let agent = Agent::start_binary(binary, &["--config".as_ref(), config.as_os_str()], &socket);
     (agent, socket)
 }

@@ -16,18 +16,22 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
 use corral_client::Client;
-use corral_cluster::{DemandRecord, FamilyDemand, Keys, NodeName, NodeRecord, encode_value};
+use corral_cluster::{DemandRecord, FamilyDemand, Keys, NodeName, encode_value};
 use corral_etcd::EtcdKv;
 use corral_etcd::testing::{EtcdCluster, Workload, raw_txn_rate};
 use corral_kv::{Kv, Txn, TxnOp};
 
+mod operator;
+
+use operator::{InProcess, node_record, percentile, runtime_and_etcd};
+
 #[path = "../tests/common/mod.rs"]
 mod common;
+
+use common::{pod_add, pod_del};
 
 const NODES: usize = 100;
 /// Addresses each node waits for: beyond its first block, two more /26s (62 each) of IPv4 and
@@ -54,22 +58,9 @@ block_prefix_len = 122
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let etcd = runtime
-        .block_on(EtcdCluster::start(3))
-        .expect("etcd starts (make deps)");
+    let (runtime, etcd) = runtime_and_etcd(3);
     runtime.block_on(claims(&etcd));
     processes(&runtime, &etcd);
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 fn node(i: usize) -> NodeName {
@@ -107,45 +98,22 @@ async fn claims(etcd: &EtcdCluster) {
     // The nodes, registered; their agents' demand comes all at once below.
     let mut register = Txn::default();
     for i in 0..NODES {
-        let record = NodeRecord {
-            uid: format!("uid-{i}"),
-            addresses: Vec::new(),
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        };
-        register.success.push(TxnOp::put(
-            keys.node(&node(i)),
-            encode_value(&record).unwrap(),
-        ));
+        let record = node_record(format!("uid-{i}"));
+        register
+            .success
+            .push(TxnOp::put(keys.node(&node(i)), record));
     }
     kv.txn(register).await.unwrap();
 
-    let counted = EtcdKv::connect(&endpoints, Default::default())
-        .await
-        .unwrap();
-    let shared = Arc::new(corral_operator::Shared::new("bench".into()));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(corral_operator::run(
-        counted.clone(),
-        corral_operator::OperatorConfig {
-            cluster: "blocks".into(),
-            replica: "bench".into(),
-            lease_ttl: Duration::from_secs(10),
-            workers: 16,
-        },
-        Arc::clone(&shared),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let operator = InProcess::start(&endpoints, "blocks", 16).await;
+    let (counted, shared) = (&operator.counted, &operator.shared);
     // Cold nodes get their watermarks' blocks first (one per family each): wait for them.
     let cold = 2 * NODES as u64;
-    wait_blocks(&shared, cold).await;
+    wait_blocks(shared, cold).await;
     let granted_before = shared.grant_txns(corral_operator::TxnOutcome::Granted);
     let conflicts_before = shared.grant_txns(corral_operator::TxnOutcome::Conflict);
     let requests_before = counted.requests();
-    let blocks_before = blocks_granted(&shared);
+    let blocks_before = blocks_granted(shared);
 
     // Every node's demand at once: 150 addresses waiting per family.
     let started = Instant::now();
@@ -178,7 +146,7 @@ async fn claims(etcd: &EtcdCluster) {
     while tasks.join_next().await.is_some() {}
     // 150 waiting, 62 free (64 for IPv6): a surge of 88 (86), two more blocks per family.
     let wanted = blocks_before + 4 * NODES as u64;
-    wait_blocks(&shared, wanted).await;
+    wait_blocks(shared, wanted).await;
     let wall = started.elapsed();
     let granted = shared.grant_txns(corral_operator::TxnOutcome::Granted) - granted_before;
     let conflicts = shared.grant_txns(corral_operator::TxnOutcome::Conflict) - conflicts_before;
@@ -198,8 +166,7 @@ async fn claims(etcd: &EtcdCluster) {
         percentile(&samples, 0.99).as_secs_f64() * 1e3,
         samples.len()
     );
-    let _ = stop_tx.send(());
-    let _ = operator.await;
+    operator.stop().await;
 }
 
 fn blocks_granted(shared: &corral_operator::Shared) -> u64 {
@@ -218,43 +185,12 @@ async fn wait_blocks(shared: &corral_operator::Shared, n: u64) {
     }
 }
 
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some("pods".into()),
-        requested_pool: None,
-        configured_pool: Some("pods".into()),
-        namespace: None,
-    }
-}
-
-fn key(container: &str) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-    }
-}
-
 fn add(client: &mut Client, container: &str) {
-    client
-        .cni_add(&CniAddRequest {
-            network: network(),
-            key: key(container),
-            owner: container.into(),
-            sets: Vec::new(),
-        })
-        .unwrap();
+    pod_add(client, "pods", container, container.into()).unwrap();
 }
 
 fn del(client: &mut Client, container: &str) {
-    client
-        .cni_del(&CniKeyRequest {
-            network: network(),
-            key: key(container),
-        })
-        .unwrap();
+    pod_del(client, "pods", container).unwrap();
 }
 
 /// Unary requests etcd served, summed over its members (its own `grpc_server_handled_total`).

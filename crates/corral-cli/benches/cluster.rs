@@ -17,42 +17,23 @@
 //! Figures go to BENCHMARKS.md by hand, with the command.
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral_cluster::{Keys, NodeRecord, encode_value};
+use corral_cluster::{Keys, encode_value};
 use corral_etcd::EtcdKv;
 use corral_etcd::testing::{EtcdCluster, Workload, etcd_binary, raw_txn_rate};
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
+mod operator;
+
+use operator::{InProcess, node_record, percentile, runtime_and_etcd};
+
 const NODES: usize = 10_000;
-const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.0.0.0/8"]
-node_prefix_len = 24
-[pools.ipv6]
-cidrs = ["fd00::/32"]
-node_prefix_len = 64
-"#;
+const CONFIG: &str = include_str!("../tests/configs/bench_cluster.toml");
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let etcd = runtime
-        .block_on(EtcdCluster::start(3))
-        .expect("etcd starts (make deps)");
+    let (runtime, etcd) = runtime_and_etcd(3);
     runtime.block_on(bench(&etcd));
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
 async fn bench(etcd: &EtcdCluster) {
@@ -115,24 +96,8 @@ async fn bench(etcd: &EtcdCluster) {
     register(&kv, &keys, 0..NODES).await;
 
     // The operator, in this process, on a client whose requests are counted.
-    let counted = EtcdKv::connect(&endpoints, Default::default())
-        .await
-        .unwrap();
-    let shared = Arc::new(corral_operator::Shared::new("bench".into()));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(corral_operator::run(
-        counted.clone(),
-        corral_operator::OperatorConfig {
-            cluster: "bench".into(),
-            replica: "bench".into(),
-            lease_ttl: Duration::from_secs(10),
-            workers: 32,
-        },
-        Arc::clone(&shared),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let operator = InProcess::start(&endpoints, "bench", 32).await;
+    let (counted, shared) = (&operator.counted, &operator.shared);
     let assert = std::env::var("BENCH_ASSERTIONS").as_deref() != Ok("0");
     let assertions = assert.then(|| tokio::spawn(assert_holdings(kv.clone(), keys.clone())));
     let started = Instant::now();
@@ -170,8 +135,7 @@ async fn bench(etcd: &EtcdCluster) {
         samples.len(),
         requests as f64 / NODES as f64
     );
-    let _ = stop_tx.send(());
-    let _ = operator.await;
+    operator.stop().await;
     match assertions {
         Some(task) => println!(
             "holdings asserted by the agents' stand-in during the grants: {} nodes",
@@ -336,15 +300,8 @@ async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {
             let mut txn = Txn::default();
             for i in batch {
                 let node = corral_cluster::NodeName::new(&node_name(i)).unwrap();
-                let record = NodeRecord {
-                    uid: format!("uid-{i}"),
-                    addresses: Vec::new(),
-                    registered_ms: 0,
-                    instance_id: None,
-                    max_pods: None,
-                };
-                txn.success
-                    .push(TxnOp::put(keys.node(&node), encode_value(&record).unwrap()));
+                let record = node_record(format!("uid-{i}"));
+                txn.success.push(TxnOp::put(keys.node(&node), record));
             }
             kv.txn(txn).await.unwrap();
         });

@@ -26,58 +26,17 @@ use corral_client::Client;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::Agent;
+use common::{Agent, ms, pct};
 
 const INTERFACES: u32 = 15;
 const ADDRESSES: u32 = 50;
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1e3)
-}
-
-fn start(dir: &Path) -> Agent {
-    let socket = dir.join("agent.sock");
-    let state = dir.join("state");
-    Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
-}
 
 fn add_interfaces(socket: &Path) {
     let mut client = Client::unix(socket);
     for i in 0..INTERFACES {
         client
-            .add_interface(&api::InterfaceRequest {
-                pool: "eni".into(),
-                id: format!("eni-{i:02}"),
-                device_number: i,
-                mac: format!("0a:00:00:00:00:{i:02x}"),
-                subnets: vec!["10.0.0.0/16".into()],
-                gateways: vec![],
-                routes: vec!["10.0.0.0/8".into()],
-                primary: i == 0,
-                primary_addresses: vec![],
-                trunk: false,
-                excluded: false,
-                // From .10 up: 10.0.0.1 is the subnet's gateway, never a pod address.
-                addresses: (10..10 + ADDRESSES)
-                    .map(|a| format!("10.0.{i}.{a}"))
-                    .collect(),
-            })
+            // From .10 up: 10.0.0.1 is the subnet's gateway, never a pod address.
+            .add_interface(&common::eni_request(i, 10, ADDRESSES))
             .expect("the interface is added");
     }
 }
@@ -161,7 +120,7 @@ fn restore(dir: &Path, mut agent: Agent, rounds: usize, what: &str) -> Agent {
     for _ in 0..rounds {
         agent.kill();
         let t = Instant::now();
-        agent = start(dir);
+        agent = Agent::start_in(dir);
         times.push(t.elapsed());
     }
     times.sort();
@@ -185,7 +144,7 @@ fn main() {
         .prefix("corral-interfaces-bench")
         .tempdir_in("/tmp")
         .unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     add_interfaces(&socket);
     println!(

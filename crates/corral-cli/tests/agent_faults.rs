@@ -37,18 +37,7 @@ enum Known {
 }
 
 fn config_file(dir: &Path) -> PathBuf {
-    let path = dir.join("agent.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\n\n[[pools]]\nname = \"default\"\n\
-             ranges = [\"10.60.0.0/16\"]\ncooldown_ms = 600000\n",
-            dir.join("state"),
-            dir.join("agent.sock"),
-        ),
-    )
-    .unwrap();
-    path
+    common::agent_config_file(dir, "10.60.0.0/16", 600_000)
 }
 
 fn start(config: &Path, socket: &Path) -> Agent {

@@ -110,15 +110,7 @@ fn a_stale_socket_is_replaced() {
     drop(UnixListener::bind(&socket).unwrap());
     assert!(socket.exists(), "the stale socket file stays behind");
     let state = dir.path().join("state");
-    let agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    );
+    let agent = Agent::serve(&state, &socket);
     assert!(
         corral_client::Client::unix(&socket).healthz().is_ok(),
         "the agent answers on the replaced socket"

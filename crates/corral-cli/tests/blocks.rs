@@ -12,7 +12,6 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
 use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
 
@@ -21,61 +20,20 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::Agent;
+use common::{Agent, pod_add_at, pod_del};
 
 /// /28 IPv4 blocks (14 addresses each) and /124 IPv6 blocks; pre-allocate 4; a 2 s release
 /// delay and quarantine, so the handshake runs within the test.
-const BLOCKS: &str = r#"
-quarantine_secs = 2
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.80.0.0/20"]
-block_prefix_len = 28
-[pools.ipv6]
-cidrs = ["fd00:80::/112"]
-block_prefix_len = 124
-"#;
-
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some("pods".into()),
-        requested_pool: None,
-        configured_pool: Some("pods".into()),
-        namespace: None,
-    }
-}
-
-fn key(container: &str) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-    }
-}
+const BLOCKS: &str = include_str!("configs/blocks.toml");
 
 /// A CNI ADD through the agent's API: the attachment's addresses, or the error.
 fn add(socket: &Path, container: &str) -> Result<Vec<IpAddr>, corral_client::Error> {
-    let response = Client::unix(socket).cni_add(&CniAddRequest {
-        network: network(),
-        key: key(container),
-        owner: format!("pod/{container}"),
-        sets: Vec::new(),
-    })?;
+    let response = pod_add_at(socket, "pods", container)?;
     Ok(response.allocations.iter().map(|a| a.address).collect())
 }
 
 fn del(socket: &Path, container: &str) -> Result<(), corral_client::Error> {
-    Client::unix(socket).cni_del(&CniKeyRequest {
-        network: network(),
-        key: key(container),
-    })?;
+    pod_del(&mut Client::unix(socket), "pods", container)?;
     Ok(())
 }
 
@@ -142,14 +100,6 @@ fn assert_invariant(etcd: &EtcdCluster, agents: &[(String, PathBuf)]) {
     }
 }
 
-fn start_operator_pair(etcd: &EtcdCluster, dir: &Path) -> Vec<Operator> {
-    let first = Operator::start(etcd, dir, "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(etcd).as_deref() == Some("op-a")
-    });
-    vec![first, Operator::start(etcd, dir, "op-b")]
-}
-
 /// Waits until every node holds its watermarks: for the test's pre-allocate of 4, one block
 /// per family at least.
 fn wait_for_blocks(etcd: &EtcdCluster, nodes: &[(String, PathBuf)], per_node: usize) {
@@ -182,7 +132,8 @@ fn churn(members: usize, agent_count: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut etcd = start_etcd(members);
     init(&etcd, dir.path(), BLOCKS);
-    let mut operators = start_operator_pair(&etcd, dir.path());
+    let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
+    let mut operators = vec![op_a, op_b];
     let nodes: Vec<(String, PathBuf)> = (0..agent_count)
         .map(|i| {
             (
@@ -343,9 +294,8 @@ fn churn(members: usize, agent_count: usize) {
 #[ignore = "needs etcd (make deps)"]
 fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), BLOCKS);
-    let _operators = start_operator_pair(&etcd, dir.path());
+    let etcd = initialized(1, dir.path(), BLOCKS);
+    let _operators = leader_and_standby(&etcd, dir.path());
     let path = dir.path().join("agent");
     let started = Instant::now();
     let agent = start_agent(&etcd, &path, "cold");
@@ -367,9 +317,9 @@ fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
 #[ignore = "needs etcd (make deps)"]
 fn a_block_holding_a_pod_is_never_released_and_the_rest_go_to_quarantine() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), BLOCKS);
-    let mut operators = start_operator_pair(&etcd, dir.path());
+    let etcd = initialized(1, dir.path(), BLOCKS);
+    let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
+    let mut operators = vec![op_a, op_b];
     let path = dir.path().join("agent");
     let agent = start_agent(&etcd, &path, "grower");
     let socket = path.join("agent.sock");

@@ -11,57 +11,24 @@
 use std::path::Path;
 use std::time::Duration;
 
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
 use corral_client::Client;
 use corral_cluster::{
     CloudAttachment, CloudId, CloudInterfaceRecord, ClusterName, Keys, NodeName, NodeRecord,
     PoolName, decode_value, encode_value,
 };
-use corral_kv::{Kv, Txn, TxnOp};
+use corral_kv::{Kv, TxnOp};
 
 #[path = "common/cluster.rs"]
 mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::Agent;
+use common::{Agent, pod_add_at, pod_key, podnet};
 
-const CLOUD: &str = r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-[pools.watermarks]
-pre_allocate = 2
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-"#;
-
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some("vpc".into()),
-        requested_pool: None,
-        configured_pool: Some("vpc".into()),
-        namespace: None,
-    }
-}
-
-fn key(container: &str) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-    }
-}
+const CLOUD: &str = include_str!("configs/cloud.toml");
 
 fn add(socket: &Path, container: &str) -> Result<corral_api::Allocated, corral_client::Error> {
-    let response = Client::unix(socket).cni_add(&CniAddRequest {
-        network: network(),
-        key: key(container),
-        owner: format!("pod/{container}"),
-        sets: Vec::new(),
-    })?;
+    let response = pod_add_at(socket, "vpc", container)?;
     Ok(response.allocations[0].clone())
 }
 
@@ -77,9 +44,8 @@ fn start(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_interface_record_serves_pods_through_a_sigkill() {
-    let etcd = start_etcd(1);
     let dir = tempfile::tempdir().unwrap();
-    init(&etcd, dir.path(), CLOUD);
+    let etcd = initialized(1, dir.path(), CLOUD);
     let agent_dir = dir.path().join("node-a");
     let agent = start(&etcd, &agent_dir);
     let kv = kv(&etcd);
@@ -111,15 +77,13 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         managed: true,
         prefixes_refused_ms: None,
     };
-    block_on(kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(
+    apply(
+        &kv,
+        vec![TxnOp::put(
             keys.cloud_interface(&node, &CloudId::new("eni-1").unwrap()),
             encode_value(&record).unwrap(),
         )],
-        failure: vec![],
-    }))
-    .unwrap();
+    );
     let socket = agent_dir.join("agent.sock");
     let mut first = None;
     wait_until(
@@ -142,9 +106,9 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
     agent.kill();
     let _agent = start(&etcd, &agent_dir);
     let held = Client::unix(&socket)
-        .cni_check(&CniKeyRequest {
-            network: network(),
-            key: key("c1"),
+        .cni_check(&corral_api::CniKeyRequest {
+            network: podnet("vpc"),
+            key: pod_key("c1"),
         })
         .unwrap();
     assert_eq!(held.allocations[0].address, first.address);
@@ -159,16 +123,7 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
         other => panic!("{other:?}"),
     }
     // `corral node show` prints the node's cloud interfaces.
-    let endpoints = endpoints(&etcd);
-    let (code, out, err) = corral(&[
-        "node",
-        "show",
-        "node-a",
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-    ]);
+    let (code, out, err) = on_cluster(&etcd, &["node", "show", "node-a"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("eni-1 pool vpc device 1 attached subnet subnet-1 mac 02:aa:bb:cc:dd:01: 10.0.32.10/32, 10.0.32.11/32"),
@@ -180,15 +135,13 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
     // frozen, `corral status` says so, and the check still holds.
     let mut forced = record.clone();
     forced.addresses.retain(|a| a.addr() != first.address);
-    block_on(kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(
+    apply(
+        &kv,
+        vec![TxnOp::put(
             keys.cloud_interface(&node, &CloudId::new("eni-1").unwrap()),
             encode_value(&forced).unwrap(),
         )],
-        failure: vec![],
-    }))
-    .unwrap();
+    );
     let socket_text = socket.display().to_string();
     wait_until("reported frozen", Duration::from_secs(10), || {
         let (_, out, _) = corral(&["--socket", &socket_text, "status"]);
@@ -207,9 +160,8 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
 #[ignore = "needs etcd (make deps)"]
 fn cluster_check_compares_the_records_with_the_clouds_view() {
     use corral_cloud::CloudProvider;
-    let etcd = start_etcd(1);
     let dir = tempfile::tempdir().unwrap();
-    init(&etcd, dir.path(), CLOUD);
+    let etcd = initialized(1, dir.path(), CLOUD);
     let _agent = start(&etcd, &dir.path().join("node-a"));
     let seed = dir.path().join("cloud.json");
     std::fs::write(
@@ -249,33 +201,16 @@ fn cluster_check_compares_the_records_with_the_clouds_view() {
         prefixes_refused_ms: None,
     };
     let put = |id: &str, record: &CloudInterfaceRecord| {
-        block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::put(
+        apply(
+            &kv,
+            vec![TxnOp::put(
                 keys.cloud_interface(&node, &CloudId::new(id).unwrap()),
                 encode_value(record).unwrap(),
             )],
-            failure: vec![],
-        }))
-        .unwrap();
+        );
     };
-    let endpoints = endpoints(&etcd);
     let seed_text = seed.display().to_string();
-    let check = || {
-        let (code, out, err) = corral(&[
-            "cluster",
-            "check",
-            "--etcd",
-            &endpoints,
-            "--cluster",
-            "t",
-            "--cloud",
-            "fake",
-            "--fake-cloud",
-            &seed_text,
-        ]);
-        (code, format!("{out}{err}"))
-    };
+    let check = || check_with(&etcd, &["--cloud", "fake", "--fake-cloud", &seed_text], &[]);
     let id = primary.interface_id.as_str();
     put(id, &record(&[]));
     let (code, out) = check();

@@ -11,10 +11,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use corral_api::{AttachmentKey, CniAddRequest, CniNetwork};
 use corral_client::Client;
 use corral_cluster::{CloudInterfaceRecord, decode_value};
 use corral_etcd::testing::EtcdCluster;
@@ -25,17 +23,9 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::{Agent, BINARY};
+use common::{Agent, pod_add_at};
 
-const CLOUD: &str = r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-[pools.watermarks]
-pre_allocate = 2
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-"#;
+const CLOUD: &str = include_str!("configs/cloud.toml");
 
 const FAKE_CLOUD: &str = r#"{
   "seed": 11,
@@ -44,23 +34,18 @@ const FAKE_CLOUD: &str = r#"{
                 {"id": "i-0b", "type": "m5.large", "subnet": "subnet-a"}]
 }"#;
 
+/// Waits (60 s at most) until `node`'s interface is recorded with two addresses or more.
+fn wait_recorded(etcd: &EtcdCluster, node: &str) {
+    wait_until(
+        &format!("{node}'s interface is recorded with its addresses"),
+        Duration::from_secs(60),
+        || addresses_of(&records(etcd), node) >= 2,
+    );
+}
+
 /// `corral operator --cloud fake` replica `name`.
 fn operator(etcd: &EtcdCluster, dir: &Path, seed: &Path, name: &str) -> Operator {
-    let log = dir.join(format!("{name}.log"));
-    let socket = dir.join(format!("{name}.sock"));
-    let child = Command::new(BINARY)
-        .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
-        .args(["--replica", name, "--lease-ttl", "2", "--cloud", "fake"])
-        .arg("--fake-cloud")
-        .arg(seed)
-        .arg("--api-socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("corral operator starts");
-    Operator { child, log, socket }
+    Operator::start_fake_cloud(etcd, dir, name, seed)
 }
 
 fn agent(etcd: &EtcdCluster, dir: &Path, node: &str, instance: &str) -> Agent {
@@ -136,23 +121,7 @@ fn add(socket: &Path, container: &str) -> IpAddr {
 }
 
 fn try_add(socket: &Path, container: &str) -> Result<IpAddr, corral_client::Error> {
-    let response = Client::unix(socket).cni_add(&CniAddRequest {
-        network: CniNetwork {
-            name: "podnet".into(),
-            pools: Vec::new(),
-            node_pool: Some("vpc".into()),
-            requested_pool: None,
-            configured_pool: Some("vpc".into()),
-            namespace: None,
-        },
-        key: AttachmentKey {
-            network: "podnet".into(),
-            container_id: container.into(),
-            ifname: "eth0".into(),
-        },
-        owner: format!("pod/{container}"),
-        sets: Vec::new(),
-    })?;
+    let response = pod_add_at(socket, "vpc", container)?;
     Ok(response.allocations[0].address)
 }
 
@@ -189,37 +158,24 @@ fn assert_invariant(etcd: &EtcdCluster, agents: &[(&str, PathBuf)]) {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes() {
-    let etcd = start_etcd(1);
     let dir = tempfile::tempdir().unwrap();
-    init(&etcd, dir.path(), CLOUD);
+    let etcd = initialized(1, dir.path(), CLOUD);
     let seed = dir.path().join("cloud.json");
     std::fs::write(&seed, FAKE_CLOUD).unwrap();
     let op_a = operator(&etcd, dir.path(), &seed, "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-a")
-    });
+    wait_leads(&etcd, "op-a", Duration::from_secs(20));
     let _op_b = operator(&etcd, dir.path(), &seed, "op-b");
     let a_dir = dir.path().join("node-a");
     let _a = agent(&etcd, &a_dir, "node-a", "i-0a");
-    wait_until(
-        "node-a's interface is recorded with its addresses",
-        Duration::from_secs(60),
-        || addresses_of(&records(&etcd), "node-a") >= 2,
-    );
+    wait_recorded(&etcd, "node-a");
 
     // The leader dies; the standby takes over and serves a node that registers now.
     op_a.signal(rustix::process::Signal::KILL);
     drop(op_a);
-    wait_until("op-b leads", Duration::from_secs(30), || {
-        leader(&etcd).as_deref() == Some("op-b")
-    });
+    wait_leads(&etcd, "op-b", Duration::from_secs(30));
     let b_dir = dir.path().join("node-b");
     let _b = agent(&etcd, &b_dir, "node-b", "i-0b");
-    wait_until(
-        "node-b's interface is recorded with its addresses",
-        Duration::from_secs(60),
-        || addresses_of(&records(&etcd), "node-b") >= 2,
-    );
+    wait_recorded(&etcd, "node-b");
     let problems = disjointness_problems(&records(&etcd));
     assert!(
         problems.is_empty(),
@@ -255,27 +211,8 @@ fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes
 
 /// `corral cluster check --cloud fake --fake-cloud SEED` with the agents.
 fn check_cloud(etcd: &EtcdCluster, seed: &Path, agents: &[&Path]) -> (i32, String) {
-    let endpoints = endpoints(etcd);
     let seed = seed.display().to_string();
-    let mut args = vec![
-        "cluster",
-        "check",
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-        "--cloud",
-        "fake",
-        "--fake-cloud",
-        &seed,
-    ];
-    let sockets: Vec<String> = agents.iter().map(|p| p.display().to_string()).collect();
-    for socket in &sockets {
-        args.push("--agent");
-        args.push(socket);
-    }
-    let (code, out, err) = corral(&args);
-    (code, format!("{out}{err}"))
+    check_with(etcd, &["--cloud", "fake", "--fake-cloud", &seed], agents)
 }
 
 /// The fake cloud's state lives beside its seed (`FILE.state`): a seed file changed under an

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use corral_api::{AllocateRequest, FamilyChoice};
 use corral_client::Client;
-use corral_kv::{Compare, Kv, Txn, TxnOp};
+use corral_kv::{Kv, TxnOp};
 
 #[path = "common/cluster.rs"]
 mod cluster_common;
@@ -21,27 +21,12 @@ use cluster_common::*;
 
 const NEEDS: &str = "needs etcd (make deps)";
 
-const DUAL: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/12"]
-node_prefix_len = 24
-reserved = ["10.192.0.0/24"]
-[pools.ipv6]
-cidrs = ["fd00:200::/48"]
-node_prefix_len = 64
-"#;
-
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     let _ = NEEDS;
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
     wait_until(
@@ -89,14 +74,7 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     assert!(cluster.registered && !cluster.degraded, "{cluster:?}");
     assert_eq!(cluster.grants.len(), 2);
     assert_check(&etcd, &[&a.socket, &b.socket]);
-    let (code, out, _) = corral(&[
-        "node",
-        "list",
-        "--etcd",
-        &endpoints(&etcd),
-        "--cluster",
-        "t",
-    ]);
+    let (code, out, _) = on_cluster(&etcd, &["node", "list"], &[]);
     assert_eq!(code, 0);
     assert!(out.contains("node-a") && out.contains("node-b"), "{out}");
 }
@@ -105,13 +83,8 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
 #[ignore = "needs etcd (make deps)"]
 fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 2
-    });
+    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 2);
     let held = grants(&etcd).remove("node-a").unwrap();
     let pod = alloc_dual(&a.socket, "pod-1");
     // The agent's holdings record counts the pod (the publisher looks every few seconds).
@@ -128,20 +101,7 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
         },
     );
     // Live with a pod: a plain removal is refused; `--drain` it is.
-    let remove = |flags: &[&str]| {
-        let endpoints = endpoints(&etcd);
-        let mut args = vec![
-            "node",
-            "remove",
-            "node-a",
-            "--etcd",
-            &endpoints,
-            "--cluster",
-            "t",
-        ];
-        args.extend(flags);
-        corral(&args)
-    };
+    let remove = |flags: &[&str]| on_cluster(&etcd, &["node", "remove", "node-a"], flags);
     let (code, out, err) = remove(&[]);
     assert_eq!(code, 1, "{out}{err}");
     let (code, out, err) = remove(&["--drain"]);
@@ -251,13 +211,8 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
 #[ignore = "needs etcd (make deps)"]
 fn sigkill_of_the_leader_during_500_registrations() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let first = Operator::start(&etcd, dir.path(), "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-a")
-    });
-    let second = Operator::start(&etcd, dir.path(), "op-b");
+    let etcd = initialized(1, dir.path(), DUAL);
+    let (first, second) = leader_and_standby(&etcd, dir.path());
     let names: Vec<String> = (0..500).map(|i| format!("n{i:03}")).collect();
     let registering = {
         let endpoints = etcd.endpoints();
@@ -267,15 +222,7 @@ fn sigkill_of_the_leader_during_500_registrations() {
                 block_on(corral_etcd::EtcdKv::connect(&endpoints, Default::default())).unwrap();
             block_on(async {
                 for name in names {
-                    let key = format!("/corral/t/v1/nodes/{name}");
-                    let value = String::from_utf8(node_record(&name)).unwrap();
-                    kv.txn(Txn {
-                        compares: vec![Compare::absent(key.clone())],
-                        success: vec![TxnOp::put(key, value.to_string())],
-                        failure: vec![],
-                    })
-                    .await
-                    .unwrap();
+                    kv.txn(registration(&name)).await.unwrap();
                 }
             });
         })
@@ -306,13 +253,8 @@ fn sigkill_of_the_leader_during_500_registrations() {
 #[ignore = "needs etcd (make deps)"]
 fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let first = Operator::start(&etcd, dir.path(), "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-a")
-    });
-    let _second = Operator::start(&etcd, dir.path(), "op-b");
+    let etcd = initialized(1, dir.path(), DUAL);
+    let (first, _second) = leader_and_standby(&etcd, dir.path());
     register(&etcd, (0..20).map(|i| format!("early{i}")));
     wait_until("early nodes granted", Duration::from_secs(20), || {
         grants(&etcd).len() == 20
@@ -322,9 +264,7 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
     // Nodes registered while op-a sleeps: op-a's view (from before the pause) will propose
     // them too when it wakes, with CIDRs op-b may have granted meanwhile.
     register(&etcd, (0..50).map(|i| format!("late{i}")));
-    wait_until("op-b leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-b")
-    });
+    wait_leads(&etcd, "op-b", Duration::from_secs(20));
     let took_over = paused.elapsed();
     assert!(
         took_over < Duration::from_secs(2 + 5),
@@ -355,10 +295,8 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
 #[ignore = "needs etcd (make deps)"]
 fn one_etcd_member_of_three_killed_mid_burst() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(3);
-    init(&etcd, dir.path(), DUAL);
-    let _a = Operator::start(&etcd, dir.path(), "op-a");
-    let _b = Operator::start(&etcd, dir.path(), "op-b");
+    let mut etcd = initialized(3, dir.path(), DUAL);
+    let (_a, _b) = two_operators(&etcd, dir.path());
     register(&etcd, (0..100).map(|i| format!("n{i}")));
     etcd.kill(0).unwrap();
     register(&etcd, (100..200).map(|i| format!("n{i}")));
@@ -372,13 +310,9 @@ fn one_etcd_member_of_three_killed_mid_burst() {
 #[ignore = "needs etcd (make deps)"]
 fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(3);
-    init(&etcd, dir.path(), DUAL);
+    let mut etcd = initialized(3, dir.path(), DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 2
-    });
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 2);
     let before = grants(&etcd);
     etcd.kill(1).unwrap();
     etcd.kill(2).unwrap();
@@ -426,14 +360,9 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let agent_dir = dir.path().join("a");
-    let a = start_agent(&etcd, &agent_dir, "node-a");
-    wait_until("node-a holds its ranges", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 2
-    });
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 2);
     let ranges = agent_ranges(&a.socket);
     let pods: BTreeSet<IpAddr> = (0..10)
         .flat_map(|i| alloc_dual(&a.socket, &format!("pod-{i}")))
@@ -471,15 +400,13 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
         "quarantine_secs = 2\n[[pools]]\nname = \"default\"\n[pools.ipv4]\ncidrs = [\"10.9.0.0/29\"]\nnode_prefix_len = 30\n",
     );
     // Garbage where grants live: reported, skipped, never a crash loop.
-    block_on(kv(&etcd).txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(
+    apply(
+        &kv(&etcd),
+        vec![TxnOp::put(
             "/corral/t/v1/grants/default/ipv4/not-a-cidr",
             "{{{",
         )],
-        failure: vec![],
-    }))
-    .unwrap();
+    );
     let operator = Operator::start(&etcd, dir.path(), "op-a");
     register(&etcd, ["n1", "n2", "n3"].map(str::to_owned));
     wait_until("two nodes granted", Duration::from_secs(20), || {
@@ -490,21 +417,11 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
     let (code, output) = check(&etcd, &[]);
     assert_eq!(code, 5, "the garbage key is a problem: {output}");
     assert!(output.contains("not-a-cidr"), "{output}");
-    block_on(kv(&etcd).txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::delete("/corral/t/v1/grants/default/ipv4/not-a-cidr")],
-        failure: vec![],
-    }))
-    .unwrap();
-    let (code, out, err) = corral(&[
-        "node",
-        "remove",
-        "n1",
-        "--etcd",
-        &endpoints(&etcd),
-        "--cluster",
-        "t",
-    ]);
+    apply(
+        &kv(&etcd),
+        vec![TxnOp::delete("/corral/t/v1/grants/default/ipv4/not-a-cidr")],
+    );
+    let (code, out, err) = on_cluster(&etcd, &["node", "remove", "n1"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     wait_until(
         "n3 gets n1's CIDR after the quarantine",
@@ -526,39 +443,13 @@ fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
     init(
         &etcd,
         dir.path(),
-        r#"
-quarantine_secs = 2
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-node_interconnect_excluded = ["192.168.16.1"]
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#,
+        include_str!("configs/cluster_node_ids.toml"),
     );
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until(
-        "node-a holds its pod subnet",
-        Duration::from_secs(20),
-        || agent_ranges(&a.socket).len() == 1,
-    );
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let ranges = agent_ranges(&a.socket);
     assert!(ranges[0].starts_with("default 10.1.1.0/24"), "{ranges:?}");
-    let (code, out, err) = corral(&[
-        "node",
-        "plan",
-        "node-a",
-        "--etcd",
-        &endpoints(&etcd),
-        "--cluster",
-        "t",
-        "-o",
-        "json",
-    ]);
+    let (code, out, err) = on_cluster(&etcd, &["node", "plan", "node-a"], &["-o", "json"]);
     assert_eq!(code, 0, "{out}{err}");
     let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(plan["node_id"], 1, "{plan}");
@@ -587,15 +478,7 @@ service = "10.96.0.0/12"
             .len()
             == 3
     });
-    let (code, out, err) = corral(&[
-        "node",
-        "remove",
-        "node-b",
-        "--etcd",
-        &endpoints(&etcd),
-        "--cluster",
-        "t",
-    ]);
+    let (code, out, err) = on_cluster(&etcd, &["node", "remove", "node-b"], &[]);
     assert_eq!(code, 0, "{out}{err}");
     register(&etcd, ["node-d".to_owned()]);
     wait_until("node-d gets an id", Duration::from_secs(20), || {
@@ -618,23 +501,10 @@ service = "10.96.0.0/12"
 #[ignore = "needs etcd (make deps)"]
 fn the_configuration_is_written_once_and_changes_grants_rest_on_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let endpoints = endpoints(&etcd);
+    let etcd = initialized(1, dir.path(), DUAL);
     let path = dir.path().join("changed.toml");
     let write = |text: &str| std::fs::write(&path, text).unwrap();
-    let run = |verb: &str| {
-        corral(&[
-            "cluster",
-            verb,
-            "--etcd",
-            &endpoints,
-            "--cluster",
-            "t",
-            "--config",
-            path.to_str().unwrap(),
-        ])
-    };
+    let run = |verb: &str| cluster_command(&etcd, verb, &["--config", path.to_str().unwrap()]);
     // A second init is refused; apply is the way to change it.
     write(DUAL);
     let (code, _, err) = run("init");

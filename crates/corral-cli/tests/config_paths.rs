@@ -7,15 +7,12 @@
 //!
 //! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
-use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use corral_api::{AllocateRequest, FamilyChoice};
-use corral_client::Client;
 use corral_cluster::ClusterConfig;
 use corral_etcd::testing::EtcdCluster;
-use corral_kv::{Kv, Txn, TxnOp};
+use corral_kv::{Kv, TxnOp};
 
 #[path = "common/cluster.rs"]
 mod cluster_common;
@@ -23,16 +20,7 @@ mod common;
 
 use cluster_common::*;
 
-const CONFIG: &str = r#"
-quarantine_secs = 3
-[resync]
-resync_ms = 1000
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.244.0.0/22"]
-node_prefix_len = 24
-"#;
+const CONFIG: &str = include_str!("configs/config_paths.toml");
 
 fn renamed() -> String {
     CONFIG.replace("\"default\"", "\"pods\"")
@@ -45,12 +33,7 @@ fn longer_prefix() -> String {
 /// Puts `value` under the cluster's `config` key with a raw etcd put, as etcdctl would.
 fn put_config_raw(etcd: &EtcdCluster, value: &[u8]) {
     let kv = kv(etcd);
-    block_on(kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put("/corral/t/v1/config", value.to_vec())],
-        failure: vec![],
-    }))
-    .unwrap();
+    apply(&kv, vec![TxnOp::put("/corral/t/v1/config", value.to_vec())]);
 }
 
 fn put_toml_raw(etcd: &EtcdCluster, toml: &str) {
@@ -76,19 +59,9 @@ fn cluster_config(
 ) -> (i32, String) {
     let path = dir.join(format!("{verb}.toml"));
     std::fs::write(&path, toml).unwrap();
-    let endpoints = endpoints(etcd);
-    let mut args = vec![
-        "cluster",
-        verb,
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-        "--config",
-        path.to_str().unwrap(),
-    ];
+    let mut args = vec!["--config", path.to_str().unwrap()];
     args.extend(extra);
-    let (code, out, err) = corral(&args);
+    let (code, out, err) = cluster_command(etcd, verb, &args);
     (code, format!("{out}{err}"))
 }
 
@@ -103,21 +76,6 @@ fn status(etcd: &EtcdCluster) -> String {
     ]);
     assert_eq!(code, 0, "{out}{err}");
     out
-}
-
-fn alloc_v4(socket: &Path, owner: &str) -> IpAddr {
-    let response = Client::unix(socket)
-        .allocate(&AllocateRequest {
-            scope: "node".into(),
-            pool: "default".into(),
-            family: Some(FamilyChoice::Ipv4),
-            address: None,
-            owner: owner.into(),
-            key: None,
-            lease_ms: None,
-        })
-        .unwrap();
-    response.allocations[0].address
 }
 
 /// The agents' cluster ranges as `pool range`, both agents together.
@@ -135,13 +93,8 @@ fn ranges_of(agents: &[&common::Agent]) -> Vec<String> {
 #[ignore = "needs etcd (make deps)"]
 fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_restarts() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), CONFIG);
-    let operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its CIDR", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 1
-    });
+    let (etcd, operator) = cluster_with_operator(dir.path(), CONFIG);
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     assert!(agent_ranges(&a.socket)[0].contains("10.244.0.0/24"));
     let pod_a = alloc_v4(&a.socket, "pod-a");
     // `cluster apply` refuses the rename, naming the grant.
@@ -150,16 +103,11 @@ fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_rest
     assert!(out.contains("10.244.0.0/24 (node node-a)"), "{out}");
     // Written around the CLI; node-0 (first in the leader's order) comes meanwhile.
     put_toml_raw(&etcd, &renamed());
-    let b = start_agent(&etcd, &dir.path().join("b"), "node-0");
-    wait_until("node-0 holds its CIDR", Duration::from_secs(20), || {
-        agent_ranges(&b.socket).len() == 1
-    });
+    let b = agent_holding(&etcd, dir.path(), "b", "node-0", 1);
     // The operator restarts: a full read.
     drop(operator);
     let _operator = Operator::start(&etcd, dir.path(), "op-b");
-    wait_until("op-b leads", Duration::from_secs(30), || {
-        leader(&etcd).as_deref() == Some("op-b")
-    });
+    wait_leads(&etcd, "op-b", Duration::from_secs(30));
     // Three resyncs' worth of time for anything to be granted.
     std::thread::sleep(Duration::from_secs(3));
     let agents = [
@@ -202,30 +150,18 @@ fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_rest
 #[ignore = "needs etcd (make deps)"]
 fn a_changed_node_prefix_length_is_not_installed_by_a_failover() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(3);
-    init(&etcd, dir.path(), CONFIG);
-    let op_a = Operator::start(&etcd, dir.path(), "op-a");
-    wait_until("op-a leads", Duration::from_secs(20), || {
-        leader(&etcd).as_deref() == Some("op-a")
-    });
-    let op_b = Operator::start(&etcd, dir.path(), "op-b");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its CIDR", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 1
-    });
+    let etcd = initialized(3, dir.path(), CONFIG);
+    let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let pod_a = alloc_v4(&a.socket, "pod-a");
     put_toml_raw(&etcd, &longer_prefix());
     wait_until("the leader refuses it", Duration::from_secs(20), || {
         op_a.log().contains("not applied")
     });
     op_a.signal(rustix::process::Signal::KILL);
-    wait_until("op-b leads", Duration::from_secs(30), || {
-        leader(&etcd).as_deref() == Some("op-b")
-    });
+    wait_leads(&etcd, "op-b", Duration::from_secs(30));
     let b = start_agent(&etcd, &dir.path().join("b"), "node-0");
-    wait_until("node-0 holds its CIDR", Duration::from_secs(30), || {
-        agent_ranges(&b.socket).len() == 1
-    });
+    wait_ranges("node-0 holds its CIDR", &b.socket, 1, 30);
     std::thread::sleep(Duration::from_secs(3));
     let agents = [
         ("node-a", a.socket.as_path()),
@@ -316,10 +252,7 @@ fn apply_refuses_what_would_free_held_space_and_what_etcd_cannot_hold() {
     let (code, out) = cluster_config(&etcd, dir.path(), "init", &beside, &["--force"]);
     assert_eq!(code, 2, "{out}");
     // The operator serves a third node under it.
-    let c = start_agent(&etcd, &dir.path().join("c"), "node-c");
-    wait_until("node-c holds a CIDR", Duration::from_secs(20), || {
-        agent_ranges(&c.socket).len() == 1
-    });
+    let c = agent_holding(&etcd, dir.path(), "c", "node-c", 1);
     for agent in [&a, &b, &c] {
         alloc_v4(&agent.socket, "pod");
     }
@@ -332,17 +265,7 @@ fn apply_refuses_what_would_free_held_space_and_what_etcd_cannot_hold() {
     assert_invariant(&etcd, &agents, true);
 }
 
-const NODE_IDS: &str = r#"
-quarantine_secs = 3
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/28"
-service = "10.96.0.0/12"
-"#;
+const NODE_IDS: &str = include_str!("configs/node_ids.toml");
 
 /// Contiv's `TestExceededVxlanRange`: with a /28 VXLAN network node 17 got node 1's VXLAN IP.
 /// A node-ID range beyond a network of the plan is refused by `init` and `apply` (exit 2,
@@ -368,20 +291,8 @@ fn init_and_apply_refuse_a_node_id_range_beyond_a_network_of_the_plan() {
     assert!(out.contains("node_ids.vxlan"), "{out}");
     assert_eq!(stored(&etcd), before);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until(
-        "node-a holds its pod subnet",
-        Duration::from_secs(20),
-        || agent_ranges(&a.socket).len() == 1,
-    );
-    let (code, out, err) = corral(&[
-        "cluster",
-        "status",
-        "--etcd",
-        &endpoints(&etcd),
-        "--cluster",
-        "t",
-    ]);
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
+    let (code, out, err) = cluster_command(&etcd, "status", &[]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("node-ids"), "{out}");
     assert!(out.contains("14"), "{out}");

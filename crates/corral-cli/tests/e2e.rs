@@ -1,28 +1,11 @@
 //! The `corral` command line against the real agent process (`corral agent`), end to end:
 //! allocate, refuse, report, check, export from one agent and import into another.
 
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
-
-use serde_json::Value;
 
 mod common;
 
-use common::{Agent, BINARY};
-
-fn start(dir: &Path) -> Agent {
-    let socket = dir.join("agent.sock");
-    let state = dir.join("state");
-    Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
-}
+use common::{Agent, BINARY, ok_json as json};
 
 fn corral(agent: &Agent, args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(BINARY)
@@ -38,19 +21,21 @@ fn corral(agent: &Agent, args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
-fn json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
+/// `corral check --live -` with `live` on its input must exit with `code`.
+fn check_live(agent: &Agent, live: &str, code: i32) {
+    let out = corral(agent, &["check", "--live", "-"], live);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
         "{}",
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(&out.stdout)
     );
-    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 #[test]
 fn the_command_line_drives_a_real_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(&dir.path().join("one"));
+    let agent = Agent::start_in(&dir.path().join("one"));
 
     let out = corral(
         &agent,
@@ -85,20 +70,8 @@ fn the_command_line_drives_a_real_agent() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("10.88.0.1"));
 
     // check: the attachment is not live → stale, exit code 5; live → clean.
-    let stale = corral(&agent, &["check", "--live", "-"], "net/other/eth0\n");
-    assert_eq!(
-        stale.status.code(),
-        Some(5),
-        "{}",
-        String::from_utf8_lossy(&stale.stdout)
-    );
-    let clean = corral(&agent, &["check", "--live", "-"], "net/c1/eth0\n");
-    assert_eq!(
-        clean.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&clean.stdout)
-    );
+    check_live(&agent, "net/other/eth0\n", 5);
+    check_live(&agent, "net/c1/eth0\n", 0);
 
     // Export from this agent, import into a fresh one.
     let file = dir.path().join("checkpoint.json");
@@ -109,7 +82,7 @@ fn the_command_line_drives_a_real_agent() {
         String::from_utf8_lossy(&exported.stderr)
     );
     drop(agent);
-    let other = start(&dir.path().join("two"));
+    let other = Agent::start_in(&dir.path().join("two"));
     let imported = corral(&other, &["import", file.to_str().unwrap()], "");
     assert!(
         imported.status.success(),

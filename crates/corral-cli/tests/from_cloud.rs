@@ -8,7 +8,6 @@
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use corral_api::{AllocateRequest, FamilyChoice};
@@ -19,20 +18,9 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::{Agent, BINARY};
+use common::Agent;
 
-const FROM_CLOUD: &str = r#"
-quarantine_secs = 5
-[[pools]]
-name = "pods"
-cloud_sync = "from-cloud"
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-node_prefix_len = 28
-[pools.ipv6]
-cidrs = ["2600:1f14::/56"]
-node_prefix_len = 80
-"#;
+const FROM_CLOUD: &str = include_str!("configs/from_cloud.toml");
 
 const FAKE_CLOUD: &str = r#"{
   "seed": 7,
@@ -42,32 +30,10 @@ const FAKE_CLOUD: &str = r#"{
                  "ipv4_prefixes": 2, "ipv6_prefixes": 1}]
 }"#;
 
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn operator(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Child {
+fn operator(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Operator {
     let seed = dir.join("cloud.json");
     std::fs::write(&seed, FAKE_CLOUD).unwrap();
-    Child(
-        Command::new(BINARY)
-            .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
-            .args(["--replica", "op-a", "--lease-ttl", "2", "--cloud", "fake"])
-            .arg("--fake-cloud")
-            .arg(&seed)
-            .arg("--api-socket")
-            .arg(dir.join("op-a.sock"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("op-a.log")).unwrap())
-            .spawn()
-            .expect("corral operator starts"),
-    )
+    Operator::start_fake_cloud(etcd, dir, "op-a", &seed)
 }
 
 fn agent(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
@@ -77,9 +43,8 @@ fn agent(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn the_agent_serves_the_prefixes_delegated_to_its_instance() {
-    let etcd = start_etcd(1);
     let dir = tempfile::tempdir().unwrap();
-    init(&etcd, dir.path(), FROM_CLOUD);
+    let etcd = initialized(1, dir.path(), FROM_CLOUD);
     let _operator = operator(&etcd, dir.path());
     let agent_dir = dir.path().join("node-a");
     let _agent = agent(&etcd, &agent_dir);

@@ -4,48 +4,12 @@
 //! list is refused naming its line, and changes nothing.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
 
 mod common;
 
-use common::{Agent, BINARY};
-
-fn start(dir: &Path) -> Agent {
-    let socket = dir.join("agent.sock");
-    let state = dir.join("state");
-    Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
-}
-
-fn corral(socket: &Path, args: &[&str]) -> Output {
-    Command::new(BINARY)
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap()
-}
-
-fn json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
+use common::{Agent, corral_at as corral, ok_json as json};
 
 fn owners(socket: &Path) -> Vec<String> {
     let dump = json(&corral(socket, &["-o", "json", "dump"]));
@@ -66,7 +30,7 @@ fn key(container: &str) -> Value {
 #[test]
 fn gc_releases_a_leak_at_a_later_run_past_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     for (owner, args) in [
         ("leak", vec!["--key", "net/leak/eth0", "--family", "dual"]),
@@ -117,7 +81,7 @@ fn gc_releases_a_leak_at_a_later_run_past_the_grace_period() {
 
     // The suspect is durable: a SIGKILLed agent, restarted, goes on from it.
     agent.kill();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let waiting = json(&corral(
         &socket,
         &["-o", "json", "gc", "--live", live, "--grace", "1h"],

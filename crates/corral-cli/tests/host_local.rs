@@ -45,15 +45,7 @@ fn key(container: &str) -> api::AttachmentKey {
 fn state_with_allocations(dir: &Path) -> Vec<(String, Vec<String>)> {
     let socket = dir.join("agent.sock");
     let state = dir.join("state");
-    let agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    );
+    let agent = Agent::serve(&state, &socket);
     let mut client = corral_client::Client::unix(&socket);
     let mut held = Vec::new();
     for container in ["c1", "c2", "c3"] {
@@ -100,18 +92,15 @@ fn corral(args: &[&str]) -> Output {
     Command::new(common::BINARY).args(args).output().unwrap()
 }
 
+/// `corral host-local export` of network `back` from `state`, with `extra` arguments.
+fn export_of(state: &Path, extra: &[&str]) -> Output {
+    let data_dir = ["--data-dir", state.to_str().unwrap(), "--network", "back"];
+    corral(&[&["host-local", "export"], &data_dir[..], extra].concat())
+}
+
 /// `corral host-local export` of network `back` from `state` to `to`, which must succeed.
 fn export(state: &Path, to: &Path) -> Output {
-    let out = corral(&[
-        "host-local",
-        "export",
-        "--data-dir",
-        state.to_str().unwrap(),
-        "--network",
-        "back",
-        "--to",
-        to.to_str().unwrap(),
-    ]);
+    let out = export_of(state, &["--to", to.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
@@ -179,23 +168,8 @@ fn export_writes_host_locals_files_and_refuses_while_the_agent_owns_the_state() 
 
     // While an agent owns the directory, the export refuses (exit 2) and says why.
     let socket = dir.path().join("agent.sock");
-    let _agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    );
-    let out = corral(&[
-        "host-local",
-        "export",
-        "--data-dir",
-        state.to_str().unwrap(),
-        "--network",
-        "back",
-    ]);
+    let _agent = Agent::serve(&state, &socket);
+    let out = export_of(&state, &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,42 +23,7 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::{Agent, BINARY};
-
-fn start(dir: &Path) -> Agent {
-    let socket = dir.join("agent.sock");
-    let state = dir.join("state");
-    Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
-}
-
-fn corral(socket: &Path, args: &[&str]) -> Output {
-    Command::new(BINARY)
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap()
-}
-
-fn ok_json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
+use common::{Agent, corral_at as corral, ok_json};
 
 /// A refusal: exit code 1, the message naming `what`.
 fn refused(output: &Output, what: &str) {
@@ -90,6 +55,19 @@ fn add_eni(socket: &Path, id: &str, device: &str, extra: &[&str]) -> Output {
     corral(socket, &args)
 }
 
+/// `corral interface address ARGS`, which must be refused naming `what`.
+fn refused_address(socket: &Path, args: &[&str], what: &str) {
+    refused(
+        &corral(socket, &[&["interface", "address"], args].concat()),
+        what,
+    );
+}
+
+/// `corral -o json interface show ID`.
+fn show(socket: &Path, id: &str) -> Value {
+    ok_json(&corral(socket, &["-o", "json", "interface", "show", id]))
+}
+
 fn interfaces(socket: &Path) -> Value {
     ok_json(&corral(socket, &["-o", "json", "interface", "list"]))
 }
@@ -97,7 +75,7 @@ fn interfaces(socket: &Path) -> Value {
 #[test]
 fn the_interface_lifecycle_through_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
 
     let eni0 = ok_json(&add_eni(
@@ -133,23 +111,26 @@ fn the_interface_lifecycle_through_the_command_line() {
         &add_eni(&socket, "eni-5", "1", &[]),
         "device number 1 is already interface eni-1",
     );
-    let address = |args: &[&str]| corral(&socket, &[&["interface", "address"], args].concat());
-    refused(&address(&["add", "eni-1", "10.0.32.10"]), "already present");
-    refused(
-        &address(&["add", "eni-1", "10.0.40.20/32"]),
+    refused_address(&socket, &["add", "eni-1", "10.0.32.10"], "already present");
+    refused_address(
+        &socket,
+        &["add", "eni-1", "10.0.40.20/32"],
         "already present",
     );
-    refused(
-        &address(&["add", "eni-1", "10.1.0.1"]),
+    refused_address(
+        &socket,
+        &["add", "eni-1", "10.1.0.1"],
         "not in subnet 10.0.32.0/19",
     );
-    refused(&address(&["add", "eni-1", "10.0.32.32/27"]), "");
-    refused(
-        &address(&["add", "eni-9", "10.0.32.11"]),
+    refused_address(&socket, &["add", "eni-1", "10.0.32.32/27"], "");
+    refused_address(
+        &socket,
+        &["add", "eni-9", "10.0.32.11"],
         "unknown interface eni-9",
     );
-    refused(
-        &address(&["remove", "eni-1", "10.0.32.10"]),
+    refused_address(
+        &socket,
+        &["remove", "eni-1", "10.0.32.10"],
         "has no address",
     );
     refused(
@@ -216,8 +197,9 @@ fn the_interface_lifecycle_through_the_command_line() {
             "subnet": "10.0.32.0/19", "gateway": "10.0.32.1", "routes": ["10.0.0.0/16"]
         })
     );
-    refused(
-        &address(&["remove", "eni-0", "10.0.32.10"]),
+    refused_address(
+        &socket,
+        &["remove", "eni-0", "10.0.32.10"],
         "still holds 1 allocations",
     );
     assert!(
@@ -225,10 +207,7 @@ fn the_interface_lifecycle_through_the_command_line() {
             .status
             .success()
     );
-    let eni0 = ok_json(&corral(
-        &socket,
-        &["-o", "json", "interface", "show", "eni-0"],
-    ));
+    let eni0 = show(&socket, "eni-0");
     assert_eq!(
         (eni0["assigned"].as_u64(), eni0["cooling"].as_u64()),
         (Some(0), Some(1))
@@ -237,14 +216,8 @@ fn the_interface_lifecycle_through_the_command_line() {
 
     // SIGKILL and restart: the interfaces and the cooldown are still there.
     agent.kill();
-    let agent = start(dir.path());
-    assert_eq!(
-        ok_json(&corral(
-            &socket,
-            &["-o", "json", "interface", "show", "eni-0"]
-        )),
-        eni0
-    );
+    let agent = Agent::start_in(dir.path());
+    assert_eq!(show(&socket, "eni-0"), eni0);
     let metrics = Client::unix(&socket).metrics().unwrap();
     for line in [
         "corral_interfaces{pool=\"eni\"} 2",
@@ -312,7 +285,7 @@ fn the_interface_lifecycle_through_the_command_line() {
 #[test]
 fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     let eni0 = ok_json(&add_eni(
         &socket,
@@ -331,13 +304,14 @@ fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     assert_eq!(eni0["total"].as_u64(), Some(1), "{eni0}");
     let before = interfaces(&socket);
     // The primary address, or a prefix holding it, is never capacity.
-    let address = |args: &[&str]| corral(&socket, &[&["interface", "address"], args].concat());
-    refused(
-        &address(&["add", "eni-0", "10.0.32.20"]),
+    refused_address(
+        &socket,
+        &["add", "eni-0", "10.0.32.20"],
         "interface's primary address",
     );
-    refused(
-        &address(&["add", "eni-0", "10.0.32.16/28"]),
+    refused_address(
+        &socket,
+        &["add", "eni-0", "10.0.32.16/28"],
         "interface's primary address",
     );
     refused(
@@ -385,7 +359,7 @@ fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     assert!(!alloc("pod-2").status.success(), "the pool is exhausted");
     // Shown for people, and kept across a SIGKILL and restart.
     agent.kill();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let shown = corral(&agent.socket, &["interface", "show", "eni-0"]);
     let text = String::from_utf8_lossy(&shown.stdout);
     assert!(text.contains("primary address: 10.0.32.20"), "{text}");
@@ -429,7 +403,7 @@ fn cni_key(container: &str) -> api::CniKeyRequest {
 #[test]
 fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     let file = dir.path().join("ipam.json");
     let import = |document: &str| {
@@ -545,7 +519,7 @@ fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
 
     // The runtime's later CHECK and DEL find the imported pods, across a restart.
     agent.kill();
-    let agent = start(dir.path());
+    let agent = Agent::start_in(dir.path());
     let mut client = Client::unix(&socket);
     let held = client.cni_check(&cni_key("c2")).unwrap();
     assert_eq!(
@@ -557,10 +531,7 @@ fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
         released.released[0].address,
         "10.0.32.10".parse::<IpAddr>().unwrap()
     );
-    let eni0 = ok_json(&corral(
-        &socket,
-        &["-o", "json", "interface", "show", "eni-0"],
-    ));
+    let eni0 = show(&socket, "eni-0");
     assert_eq!(
         (eni0["assigned"].as_u64(), eni0["cooling"].as_u64()),
         (Some(0), Some(1))
@@ -633,22 +604,7 @@ fn failure_of(error: &corral_client::Error) -> Failure {
 }
 
 fn eni_request(i: u32) -> api::InterfaceRequest {
-    api::InterfaceRequest {
-        pool: "eni".into(),
-        id: format!("eni-{i:02}"),
-        device_number: i,
-        mac: format!("0a:00:00:00:00:{i:02x}"),
-        subnets: vec!["10.0.0.0/16".into()],
-        gateways: vec![],
-        routes: vec!["10.0.0.0/8".into()],
-        primary: i == 0,
-        primary_addresses: vec![],
-        trunk: false,
-        excluded: false,
-        addresses: (1..=ADDRESSES)
-            .map(|a| format!("10.0.{i}.{}", a + 10))
-            .collect(),
-    }
+    common::eni_request(i, 11, ADDRESSES)
 }
 
 fn key_of(name: &str) -> api::AttachmentKey {
@@ -894,7 +850,7 @@ fn verify(socket: &Path, model: &mut Model, round: usize) {
 #[test]
 fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = start(dir.path());
+    let mut agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
     let mut client = Client::unix(&socket);
     for i in 0..INTERFACES {
@@ -940,7 +896,7 @@ fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
         while busy.load(Ordering::Acquire) > 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
-        agent = start(dir.path());
+        agent = Agent::start_in(dir.path());
         verify(&socket, &mut model.lock().unwrap(), round);
         running.store(true, Ordering::Release);
         round += 1;

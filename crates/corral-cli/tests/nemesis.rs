@@ -30,17 +30,7 @@ mod common;
 
 use cluster_common::*;
 
-const CONFIG: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.200.0.0/25"]
-node_prefix_len = 28
-[pools.ipv6]
-cidrs = ["fd00:200::/60"]
-node_prefix_len = 64
-"#;
+const CONFIG: &str = include_str!("configs/nemesis.toml");
 
 const AGENTS: usize = 4;
 const OPERATORS: usize = 2;
@@ -597,8 +587,7 @@ fn run(seed: u64, length: Duration) {
     let _ = std::fs::remove_file(&history.path);
     history.note(format!("seed {seed}"));
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(3);
-    init(&etcd, dir.path(), CONFIG);
+    let etcd = initialized(3, dir.path(), CONFIG);
     let nodes = (0..AGENTS)
         .map(|i| Node {
             name: format!("n{i}"),

@@ -12,7 +12,6 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork};
 use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::Kv;
@@ -22,6 +21,7 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
+use common::{pod_add_at, pod_del};
 
 /// One node CIDR in the pool: whoever else registers gets nothing until it is free again.
 fn config(quarantine_secs: u64) -> String {
@@ -37,43 +37,36 @@ node_prefix_len = 24
     )
 }
 
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some("default".into()),
-        requested_pool: None,
-        configured_pool: Some("default".into()),
-        namespace: None,
-    }
-}
-
-fn key(container: &str) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: container.into(),
-        ifname: "eth0".into(),
-    }
-}
-
 /// A CNI ADD through the agent's API.
 fn add(socket: &Path, container: &str) -> Result<Vec<IpAddr>, corral_client::Error> {
-    let response = Client::unix(socket).cni_add(&CniAddRequest {
-        network: network(),
-        key: key(container),
-        owner: format!("pod/{container}"),
-        sets: Vec::new(),
-    })?;
+    let response = pod_add_at(socket, "default", container)?;
     Ok(response.allocations.iter().map(|a| a.address).collect())
 }
 
 fn del(socket: &Path, container: &str) {
-    Client::unix(socket)
-        .cni_del(&CniKeyRequest {
-            network: network(),
-            key: key(container),
-        })
-        .unwrap();
+    pod_del(&mut Client::unix(socket), "default", container).unwrap();
+}
+
+/// Waits (saying `what`) until the agent on `socket` lists no cluster range, draining or not.
+fn wait_no_cluster_range(what: &str, socket: &Path) {
+    wait_until(what, Duration::from_secs(20), || {
+        Client::unix(socket)
+            .pools(Some("node"))
+            .unwrap()
+            .pools
+            .iter()
+            .flat_map(|p| &p.ranges)
+            .all(|r| r.source != corral_api::RangeSource::Cluster)
+    });
+}
+
+/// For `secs` seconds (saying `what` if not): node-b is granted nothing and the quarantine
+/// waits, no lease on it.
+fn node_b_kept_waiting(etcd: &EtcdCluster, what: &str, secs: u64) {
+    holds_for(what, Duration::from_secs(secs), || {
+        !granted_to(etcd, "node-b")
+            && quarantine(etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
+    });
 }
 
 fn get(etcd: &EtcdCluster, rest: &str) -> Option<corral_kv::KeyValue> {
@@ -163,13 +156,8 @@ fn signal(pid: u32, signal: rustix::process::Signal) {
 fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_only_once_given_up()
 {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), &config(2));
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its range", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 1
-    });
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(2));
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let pods: Vec<IpAddr> = ["c1", "c2"]
         .iter()
         .flat_map(|c| add(&a.socket, c).unwrap())
@@ -221,13 +209,10 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
     // node-b registers meanwhile: it never gets node-a's CIDR while node-a holds pods, well
     // past the quarantine time.
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
-    holds_for(
+    node_b_kept_waiting(
+        &etcd,
         "node-b never gets node-a's CIDR while node-a holds pods",
-        Duration::from_secs(8),
-        || {
-            !granted_to(&etcd, "node-b")
-                && quarantine(&etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
-        },
+        8,
     );
     assert!(
         get(&etcd, "live/node-a").is_some(),
@@ -243,19 +228,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
     // quarantined, and later granted to node-b.
     del(&a.socket, "c1");
     del(&a.socket, "c2");
-    wait_until(
-        "node-a's range left the agent",
-        Duration::from_secs(20),
-        || {
-            Client::unix(&a.socket)
-                .pools(Some("node"))
-                .unwrap()
-                .pools
-                .iter()
-                .flat_map(|p| &p.ranges)
-                .all(|r| r.source != corral_api::RangeSource::Cluster)
-        },
-    );
+    wait_no_cluster_range("node-a's range left the agent", &a.socket);
     wait_asserted(&etcd, "node-a", &a.socket);
     wait_until(
         "the range enters quarantine",
@@ -273,9 +246,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
         Duration::from_secs(20),
         || get(&etcd, "live/node-a").is_none(),
     );
-    wait_until("node-b holds it", Duration::from_secs(20), || {
-        agent_ranges(&b.socket).len() == 1
-    });
+    wait_ranges("node-b holds it", &b.socket, 1, 20);
     let pod = add(&b.socket, "b1").unwrap();
     assert!(pod.iter().all(|p| contains("10.50.0.0/24", *p)));
     assert_check(&etcd, &[&b.socket]);
@@ -286,13 +257,8 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
 #[ignore = "needs etcd (make deps)"]
 fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quarantine() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), &config(3));
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its range", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 1
-    });
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(3));
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     add(&a.socket, "c1").unwrap();
     wait_asserted(&etcd, "node-a", &a.socket);
     // The machine dies: SIGKILL, its liveness key left to its lease.
@@ -322,24 +288,16 @@ fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quaranti
             && get(&etcd, "holdings/node-a").is_none()
             && get(&etcd, "silence/node-a").is_none()
     });
-    wait_until("node-b holds it", Duration::from_secs(20), || {
-        agent_ranges(&b.socket).len() == 1
-    });
-    assert_check(&etcd, &[&b.socket]);
-    assert_invariant(&etcd, &[("node-b", &b.socket)], true);
+    wait_ranges("node-b holds it", &b.socket, 1, 20);
+    assert_sound(&etcd, &[("node-b", &b.socket)]);
 }
 
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), &config(8));
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
-    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
-    wait_until("node-a holds its range", Duration::from_secs(20), || {
-        agent_ranges(&a.socket).len() == 1
-    });
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(8));
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let pod = add(&a.socket, "c1").unwrap();
     wait_asserted(&etcd, "node-a", &a.socket);
     // Taken for dead: paused (SIGSTOP), removed by force, its liveness runs out.
@@ -355,13 +313,10 @@ fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
         get(&etcd, "live/node-a").is_some() && get(&etcd, "silence/node-a").is_none()
     });
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
-    holds_for(
+    node_b_kept_waiting(
+        &etcd,
         "node-b never gets the CIDR node-a came back with",
-        Duration::from_secs(12),
-        || {
-            !granted_to(&etcd, "node-b")
-                && quarantine(&etcd).is_some_and(|(state, lease)| state == "waiting" && !lease)
-        },
+        12,
     );
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
     assert!(pod.iter().all(|p| addresses(&dump).contains(p)));
@@ -372,26 +327,12 @@ fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     );
     // It gives it up: quarantined, then node-b's.
     del(&a.socket, "c1");
-    wait_until(
-        "node-a's range left the agent",
-        Duration::from_secs(20),
-        || {
-            Client::unix(&a.socket)
-                .pools(Some("node"))
-                .unwrap()
-                .pools
-                .iter()
-                .flat_map(|p| &p.ranges)
-                .all(|r| r.source != corral_api::RangeSource::Cluster)
-        },
-    );
+    wait_no_cluster_range("node-a's range left the agent", &a.socket);
     wait_asserted(&etcd, "node-a", &a.socket);
     wait_until("node-b gets node-a's CIDR", Duration::from_secs(40), || {
         granted_to(&etcd, "node-b")
     });
-    wait_until("node-b holds it", Duration::from_secs(20), || {
-        agent_ranges(&b.socket).len() == 1
-    });
+    wait_ranges("node-b holds it", &b.socket, 1, 20);
     assert_check(&etcd, &[&b.socket]);
     assert_invariant(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)], true);
 }

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use corral_api::{AllocateRequest, FamilyChoice, ReleaseRequest};
+use corral_api::{FamilyChoice, ReleaseRequest};
 use corral_client::Client;
 
 #[path = "common/cluster.rs"]
@@ -21,14 +21,7 @@ mod common;
 
 use cluster_common::*;
 
-const V4: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.244.0.0/16"]
-node_prefix_len = 24
-"#;
+const V4: &str = include_str!("configs/restore.toml");
 
 /// Allocates `n` IPv4 pod addresses from the node's cluster pool, owned by `owner`.
 fn pods(socket: &Path, owner: &str, n: usize) -> Vec<IpAddr> {
@@ -36,15 +29,7 @@ fn pods(socket: &Path, owner: &str, n: usize) -> Vec<IpAddr> {
     (0..n)
         .map(|_| {
             client
-                .allocate(&AllocateRequest {
-                    scope: "node".into(),
-                    pool: "default".into(),
-                    family: Some(FamilyChoice::Ipv4),
-                    address: None,
-                    owner: owner.into(),
-                    key: None,
-                    lease_ms: None,
-                })
+                .allocate(&node_request(FamilyChoice::Ipv4, owner))
                 .unwrap()
                 .allocations[0]
                 .address
@@ -114,10 +99,8 @@ fn operator_logs(operators: &[&Operator]) -> String {
 #[ignore = "needs etcd (make deps)"]
 fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(3);
-    init(&etcd, dir.path(), V4);
-    let op_a = Operator::start(&etcd, dir.path(), "op-a");
-    let op_b = Operator::start(&etcd, dir.path(), "op-b");
+    let mut etcd = initialized(3, dir.path(), V4);
+    let (op_a, op_b) = two_operators(&etcd, dir.path());
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let cidr_a = wait_for_a_cidr(&a.socket, "node-a holds a CIDR");
     pods(&a.socket, "pods-a", 3);
@@ -225,8 +208,7 @@ fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
 #[ignore = "needs etcd (make deps)"]
 fn a_wiped_and_reinitialised_etcd_never_gives_a_held_cidr_to_another_node() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(1);
-    init(&etcd, dir.path(), V4);
+    let mut etcd = initialized(1, dir.path(), V4);
     let op_a = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let cidr_a = wait_for_a_cidr(&a.socket, "node-a holds a CIDR");

@@ -111,15 +111,7 @@ fn a_failed_log_sync_refuses_every_change_and_fails_the_probes() {
     let fs = LoopFs::new(dir.path());
     let state = fs.mount.join("state");
     let socket = dir.path().join("agent.sock");
-    let agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    );
+    let agent = Agent::serve(&state, &socket);
     let mut client = Client::unix(&socket);
     allocate(&mut client, "before").expect("a healthy disk takes allocations");
     client.healthz().expect("healthy");

@@ -3,6 +3,10 @@
 //! delays, eventual consistency, termination, client tokens, faults and reproducibility. All on
 //! tokio's paused clock: virtual time, no wall-clock assertions.
 
+mod common;
+
+use common::subnet;
+
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -15,22 +19,39 @@ use corral_cloud::{
 use tokio::time::Instant;
 
 fn subnet_a() -> SubnetSpec {
-    SubnetSpec::new(
-        "subnet-a",
-        "vpc-1",
-        "us-east-1a",
-        "10.0.0.0/24".parse().unwrap(),
-    )
+    subnet("subnet-a", "vpc-1", "us-east-1a", "10.0.0.0/24")
 }
 
 /// A fake with no latency, no lag and no throttling, so each test turns on only what it checks.
 fn quiet() -> corral_cloud::fake::FakeEc2Builder {
+    unhurried().seed(1).subnet(subnet_a())
+}
+
+/// A fake without latency, eventual consistency or throttling, and no subnet yet.
+fn unhurried() -> corral_cloud::fake::FakeEc2Builder {
     FakeEc2::builder()
-        .seed(1)
         .no_latency()
         .strongly_consistent()
         .unthrottled()
-        .subnet(subnet_a())
+}
+
+/// [`quiet`] with `subnet-6` (10.0.7.0/24, IPv6 `v6`).
+fn with_subnet_6(v6: &str) -> FakeEc2 {
+    quiet()
+        .subnet(subnet("subnet-6", "vpc-1", "us-east-1a", "10.0.7.0/24").ipv6(v6.parse().unwrap()))
+        .build()
+        .unwrap()
+}
+
+/// An explicit IPv4 prefix assigned to `interface`.
+async fn assign_prefix(
+    fake: &FakeEc2,
+    interface: &str,
+    prefix: &str,
+) -> Result<Ipv4Set, CloudError> {
+    let prefixes = Amount::Explicit(vec![prefix.parse().unwrap()]);
+    fake.assign_ipv4(interface, &Ipv4Assign::Prefixes(prefixes))
+        .await
 }
 
 fn create_in(subnet: &str) -> CreateInterface {
@@ -307,16 +328,8 @@ async fn every_listed_type_enforces_its_interface_limit() {
         ("m5.4xlarge", 8, 30),
         ("m5.24xlarge", 15, 50),
     ];
-    let fake = FakeEc2::builder()
-        .no_latency()
-        .strongly_consistent()
-        .unthrottled()
-        .subnet(SubnetSpec::new(
-            "subnet-a",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.0.0/20".parse().unwrap(),
-        ))
+    let fake = unhurried()
+        .subnet(subnet("subnet-a", "vpc-1", "us-east-1a", "10.0.0.0/20"))
         .build()
         .unwrap();
     let names: Vec<String> = table
@@ -437,19 +450,11 @@ async fn subnets_reserve_aws_addresses_and_delegate_aligned_prefixes() {
     assert_eq!(fake.subnet_free_ipv4("subnet-a"), Some(251 - 1 - 32));
     // An explicit prefix must be aligned and free.
     assert_code(
-        fake.assign_ipv4(
-            &eni.id,
-            &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.0.0.40/28".parse().unwrap()])),
-        )
-        .await,
+        assign_prefix(&fake, &eni.id, "10.0.0.40/28").await,
         "InvalidParameterValue",
     );
     assert_code(
-        fake.assign_ipv4(
-            &eni.id,
-            &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.0.0.32/28".parse().unwrap()])),
-        )
-        .await,
+        assign_prefix(&fake, &eni.id, "10.0.0.32/28").await,
         "InvalidIPAddress.InUse",
     );
 }
@@ -486,16 +491,8 @@ async fn a_fragmented_subnet_refuses_a_prefix_but_grants_an_address() {
 
 #[tokio::test(start_paused = true)]
 async fn a_full_subnet_refuses_with_insufficient_free_addresses() {
-    let fake = FakeEc2::builder()
-        .no_latency()
-        .strongly_consistent()
-        .unthrottled()
-        .subnet(SubnetSpec::new(
-            "subnet-tiny",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.9.0/28".parse().unwrap(),
-        ))
+    let fake = unhurried()
+        .subnet(subnet("subnet-tiny", "vpc-1", "us-east-1a", "10.0.9.0/28"))
         .build()
         .unwrap();
     let mut request = create_in("subnet-tiny");
@@ -525,17 +522,9 @@ async fn a_full_subnet_refuses_with_insufficient_free_addresses() {
 
 #[tokio::test(start_paused = true)]
 async fn ipv6_addresses_and_prefixes() {
-    let fake = FakeEc2::builder()
-        .no_latency()
-        .strongly_consistent()
-        .unthrottled()
+    let fake = unhurried()
         .subnet(subnet_a().ipv6("2600:1f18:1:2::/64".parse().unwrap()))
-        .subnet(SubnetSpec::new(
-            "subnet-v4",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.1.0/24".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-v4", "vpc-1", "us-east-1a", "10.0.1.0/24"))
         .build()
         .unwrap();
     let mut request = create_in("subnet-a");
@@ -581,18 +570,7 @@ async fn ipv6_addresses_and_prefixes() {
 /// 2^48 addresses one at a time, holding the account's lock forever. EC2 refuses it.
 #[tokio::test(start_paused = true)]
 async fn ipv6_first_80_is_refused_as_a_prefix_and_count_assigns_still_answer() {
-    let fake = quiet()
-        .subnet(
-            SubnetSpec::new(
-                "subnet-6",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.7.0/24".parse().unwrap(),
-            )
-            .ipv6("2600:1f18:0:1::/64".parse().unwrap()),
-        )
-        .build()
-        .unwrap();
+    let fake = with_subnet_6("2600:1f18:0:1::/64");
     let mut request = create_in("subnet-6");
     request.ipv6_prefixes = Some(Amount::Explicit(vec![
         "2600:1f18:0:1::/80".parse().unwrap(),
@@ -1152,12 +1130,7 @@ async fn same_seed_same_run() {
 async fn a_thousand_nodes_scale_out_within_the_buckets() {
     let fake = FakeEc2::builder()
         .seed(1000)
-        .subnet(SubnetSpec::new(
-            "subnet-big",
-            "vpc-1",
-            "us-east-1a",
-            "10.1.0.0/16".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-big", "vpc-1", "us-east-1a", "10.1.0.0/16"))
         .build()
         .unwrap();
     let nodes: Vec<String> = (0..1000)
@@ -1408,18 +1381,7 @@ async fn scripting_usize_max_faults_takes_no_time_and_applies_to_every_call() {
 /// change nothing.
 #[tokio::test(start_paused = true)]
 async fn counts_of_u32_max_are_refused_by_the_limit() {
-    let fake = quiet()
-        .subnet(
-            SubnetSpec::new(
-                "subnet-6",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.7.0/24".parse().unwrap(),
-            )
-            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
-        )
-        .build()
-        .unwrap();
+    let fake = with_subnet_6("2600:1f18:0:7::/64");
     let eni = fake.create_interface(&create_in("subnet-6")).await.unwrap();
     let free = fake.subnet_free_ipv4("subnet-6");
     let max = Amount::Count(u32::MAX);
@@ -1482,18 +1444,7 @@ async fn count_zero() {
 /// change nothing.
 #[tokio::test(start_paused = true)]
 async fn explicit_addresses_outside_reserved_or_duplicated_are_refused() {
-    let fake = quiet()
-        .subnet(
-            SubnetSpec::new(
-                "subnet-6",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.7.0/24".parse().unwrap(),
-            )
-            .ipv6("2600:1f18:0:7::/64".parse().unwrap()),
-        )
-        .build()
-        .unwrap();
+    let fake = with_subnet_6("2600:1f18:0:7::/64");
     let eni = fake.create_interface(&create_in("subnet-6")).await.unwrap();
     let free = fake.subnet_free_ipv4("subnet-6");
     let v4 = |addrs: &[&str]| {
@@ -1596,12 +1547,7 @@ fn subnet_sizes_outside_what_aws_allows_and_overlaps_are_refused() {
     assert!(
         FakeEc2::builder()
             .subnet(subnet_a())
-            .subnet(SubnetSpec::new(
-                "subnet-y",
-                "vpc-2",
-                "us-east-1a",
-                "10.0.0.0/24".parse().unwrap()
-            ))
+            .subnet(subnet("subnet-y", "vpc-2", "us-east-1a", "10.0.0.0/24"))
             .build()
             .is_ok()
     );
@@ -1612,18 +1558,8 @@ fn subnet_sizes_outside_what_aws_allows_and_overlaps_are_refused() {
 #[tokio::test(start_paused = true)]
 async fn a_16_and_a_28_to_the_last_address() {
     let fake = quiet()
-        .subnet(SubnetSpec::new(
-            "subnet-16",
-            "vpc-2",
-            "us-east-1a",
-            "10.1.0.0/16".parse().unwrap(),
-        ))
-        .subnet(SubnetSpec::new(
-            "subnet-28",
-            "vpc-2",
-            "us-east-1a",
-            "10.2.0.0/28".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-16", "vpc-2", "us-east-1a", "10.1.0.0/16"))
+        .subnet(subnet("subnet-28", "vpc-2", "us-east-1a", "10.2.0.0/28"))
         .build()
         .unwrap();
     assert_eq!(fake.subnet_free_ipv4("subnet-16"), Some(65536 - 5));
@@ -1640,11 +1576,7 @@ async fn a_16_and_a_28_to_the_last_address() {
         .unwrap();
     assert_eq!(prefix.prefixes.len(), 1);
     assert_code(
-        fake.assign_ipv4(
-            &eni.id,
-            &Ipv4Assign::Prefixes(Amount::Explicit(vec!["10.1.255.240/28".parse().unwrap()])),
-        )
-        .await,
+        assign_prefix(&fake, &eni.id, "10.1.255.240/28").await,
         "InvalidIPAddress.InUse",
     );
     fake.assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(3)))

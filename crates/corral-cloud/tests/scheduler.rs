@@ -4,6 +4,10 @@
 //! repeated only for idempotent calls; waiters are served in arrival order; a shutdown releases
 //! them at once.
 
+mod common;
+
+use common::{contract_fake, subnet};
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,12 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 fn big_subnet() -> SubnetSpec {
-    SubnetSpec::new(
-        "subnet-big",
-        "vpc-1",
-        "us-east-1a",
-        "10.1.0.0/16".parse().unwrap(),
-    )
+    subnet("subnet-big", "vpc-1", "us-east-1a", "10.1.0.0/16")
 }
 
 /// A fake with EC2's buckets and latencies and `nodes` m5.large instances; returns it and the
@@ -452,15 +451,7 @@ async fn repeats_back_off_exponentially_with_jitter_and_a_cap() {
 /// Waiting callers are served in the order they arrived, whatever the action's traffic.
 #[tokio::test(start_paused = true)]
 async fn waiters_are_served_in_arrival_order() {
-    let fake = quiet();
-    let config = SchedulerConfig::default().bucket(
-        Action::DescribeSubnets,
-        Some(BucketLimit {
-            burst: 1,
-            per_second: 1,
-        }),
-    );
-    let scheduled = Scheduled::new(fake, config).unwrap();
+    let (_fake, scheduled) = one_describe_a_second();
     let served = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = JoinSet::new();
     for n in 0..20 {
@@ -488,10 +479,8 @@ async fn waiters_are_served_in_arrival_order() {
     assert_eq!(describe.waited, Duration::from_secs((1..20).sum()));
 }
 
-/// A caller that gives up waiting (its future dropped, as by a timeout) leaves the queue; the
-/// others are served as before and no token is lost.
-#[tokio::test(start_paused = true)]
-async fn a_waiter_that_gives_up_leaves_the_queue() {
+/// A quiet fake behind a scheduler that lets one `DescribeSubnets` a second through, no burst.
+fn one_describe_a_second() -> (FakeEc2, Scheduled<FakeEc2>) {
     let fake = quiet();
     let config = SchedulerConfig::default().bucket(
         Action::DescribeSubnets,
@@ -501,6 +490,14 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
         }),
     );
     let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    (fake, scheduled)
+}
+
+/// A caller that gives up waiting (its future dropped, as by a timeout) leaves the queue; the
+/// others are served as before and no token is lost.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_gives_up_leaves_the_queue() {
+    let (fake, scheduled) = one_describe_a_second();
     let filter = SubnetFilter::default();
     scheduled.describe_subnets(&filter).await.unwrap();
     let started = Instant::now();
@@ -519,15 +516,7 @@ async fn a_waiter_that_gives_up_leaves_the_queue() {
 /// A shutdown releases every waiter at once with `Cancelled`, and later calls are not sent.
 #[tokio::test(start_paused = true)]
 async fn shutdown_releases_waiters_at_once_and_sends_nothing_more() {
-    let fake = quiet();
-    let config = SchedulerConfig::default().bucket(
-        Action::DescribeSubnets,
-        Some(BucketLimit {
-            burst: 1,
-            per_second: 1,
-        }),
-    );
-    let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    let (fake, scheduled) = one_describe_a_second();
     // One waiter in a backoff too: an idempotent call whose first answer was ambiguous
     // returns that answer (the caller must reconcile), a throttled one `Cancelled`.
     fake.fail_next(
@@ -717,25 +706,8 @@ fn a_bad_configuration_is_refused() {
 /// see few of them).
 #[tokio::test(start_paused = true)]
 async fn the_contract_suite_passes_through_the_scheduler_in_a_storm() {
-    use corral_cloud::contract::{self, Fixture};
-    let fake = FakeEc2::builder()
-        .seed(13)
-        .subnet(SubnetSpec::new(
-            "subnet-a",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.0.0/24".parse().unwrap(),
-        ))
-        .subnet(SubnetSpec::new(
-            "subnet-b",
-            "vpc-1",
-            "us-east-1b",
-            "10.0.1.0/24".parse().unwrap(),
-        ))
-        .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-node1"))
-        .build()
-        .unwrap();
-    let fixture = Fixture::new("i-node1", "subnet-a");
+    use corral_cloud::contract;
+    let (fake, fixture) = contract_fake();
     let scheduled = Scheduled::new(fake.clone(), SchedulerConfig::default()).unwrap();
     fake.throttle_storm(0.3, Duration::from_secs(120));
     contract::describe_instance_and_type(&scheduled, &fixture).await;

@@ -4,11 +4,15 @@
 //! finds everything, and a state file of another seed or one that does not decode is refused
 //! naming it. On tokio's paused clock, as the other fake tests.
 
+mod common;
+
+use common::subnet;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use corral_cloud::fake::{InstanceSpec, SubnetSpec};
+use corral_cloud::fake::InstanceSpec;
 use corral_cloud::{
     Amount, AttachmentStatus, CloudError, CloudProvider, CreateInterface, FakeEc2, InterfaceFilter,
 };
@@ -41,12 +45,7 @@ impl Drop for StatePath {
 fn fake(path: &StatePath, fingerprint: &str) -> Result<FakeEc2, CloudError> {
     FakeEc2::builder()
         .seed(5)
-        .subnet(SubnetSpec::new(
-            "subnet-a",
-            "vpc-1",
-            "us-east-1a",
-            "10.0.0.0/24".parse().unwrap(),
-        ))
+        .subnet(subnet("subnet-a", "vpc-1", "us-east-1a", "10.0.0.0/24"))
         .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-a"))
         .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-b"))
         .build()

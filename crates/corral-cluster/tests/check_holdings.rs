@@ -4,18 +4,16 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+
+use common::node_record;
+
 use corral_cluster::{
     ClusterConfig, ClusterName, Entry, Family, GrantRecord, HeldRange, HoldingsRecord, Keys,
-    LiveRecord, NodeName, NodeRecord, OwnedRecord, PoolName, encode_value, holdings_problems,
+    LiveRecord, NodeName, OwnedRecord, PoolName, encode_value, holdings_problems,
 };
 
-const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.0.0.0/24"]
-node_prefix_len = 28
-"#;
+const CONFIG: &str = include_str!("configs/check_holdings.toml");
 
 struct Store {
     keys: Keys,
@@ -47,14 +45,7 @@ impl Store {
 
     fn node(&mut self, name: &str) -> NodeName {
         let node = NodeName::new(name).unwrap();
-        let record = NodeRecord {
-            uid: format!("uid-{name}"),
-            addresses: vec![],
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        };
-        self.put(self.keys.node(&node), encode_value(&record).unwrap());
+        self.put(self.keys.node(&node), node_record(format!("uid-{name}")));
         let live = LiveRecord {
             pid: 1,
             version: "t".into(),

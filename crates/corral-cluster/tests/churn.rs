@@ -44,11 +44,15 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
+mod common;
+
+use common::node_record;
+
 use corral_cluster::blocks::{self, BlockInput, HeldBlock};
 use corral_cluster::net::addr_u128;
 use corral_cluster::{
     ClusterConfig, ClusterName, ClusterView, DemandRecord, Family, FamilyDemand, GrantRecord,
-    IpNet, Key, Keys, NodeName, NodeRecord, OwnedRecord, PoolName, QuarantineRecord, ReleaseRecord,
+    IpNet, Key, Keys, NodeName, OwnedRecord, PoolName, QuarantineRecord, ReleaseRecord,
     ReleaseState, Watermarks, block_capacity, block_range, decode_value, encode_value,
 };
 
@@ -69,24 +73,7 @@ const DEFICIT_BOUND_MS: u64 = 1_000 + 3 * SPIKE_MS + 2_000;
 /// A leader's catch-up after it takes over, counted in its failover window.
 const TAKEOVER_MS: u64 = 2 * SPIKE_MS;
 
-const CONFIG: &str = r#"
-quarantine_secs = 30
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 60
-[pools.watermarks]
-pre_allocate = 8
-max_above_watermark = 4
-[pools.node_watermarks.node-0]
-min_allocate = 40
-[pools.node_watermarks.node-1]
-pre_allocate = 20
-max_allocate = 70
-[pools.ipv4]
-cidrs = ["10.64.0.0/19"]
-block_prefix_len = 28
-"#;
+const CONFIG: &str = include_str!("configs/churn.toml");
 
 /// SplitMix64: small, seeded, reproducible.
 struct Rng(u64);
@@ -780,19 +767,9 @@ impl Sim {
         w.store
             .txn(0, &[], &[Op::Put(config_key, config_json, None)]);
         for (i, name) in w.names.clone().iter().enumerate() {
-            let record = NodeRecord {
-                uid: format!("uid-{i}"),
-                addresses: vec![],
-                registered_ms: 0,
-                instance_id: None,
-                max_pods: None,
-            };
             let key = w.keys.node(name);
-            w.store.txn(
-                0,
-                &[],
-                &[Op::Put(key, encode_value(&record).unwrap(), None)],
-            );
+            let record = node_record(format!("uid-{i}"));
+            w.store.txn(0, &[], &[Op::Put(key, record, None)]);
         }
         let leader = Leader::start(&mut w);
         let weights = (0..NODES).map(|_| 0).collect();

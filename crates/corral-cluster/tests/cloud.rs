@@ -205,6 +205,11 @@ impl Model {
         })
     }
 
+    /// Where interface `id` is in `interfaces`.
+    fn interface_index(&self, id: &CloudId) -> usize {
+        self.interfaces.iter().position(|i| i.id == *id).unwrap()
+    }
+
     fn call_succeeds(&mut self) -> bool {
         let ok = self.outcomes.is_empty() || self.outcomes[self.calls % self.outcomes.len()];
         self.calls += 1;
@@ -356,11 +361,7 @@ impl Model {
                 if !self.call_succeeds() {
                     return Ok(());
                 }
-                let k = self
-                    .interfaces
-                    .iter()
-                    .position(|i| i.id == interface)
-                    .unwrap();
+                let k = self.interface_index(&interface);
                 let subnet_id = self.interfaces[k].subnet_id.clone();
                 let s = self.subnet(&subnet_id);
                 if prefixes && s.fragmented {
@@ -481,11 +482,7 @@ impl Model {
                 if !self.call_succeeds() {
                     return Ok(());
                 }
-                let k = self
-                    .interfaces
-                    .iter()
-                    .position(|i| i.id == interface)
-                    .unwrap();
+                let k = self.interface_index(&interface);
                 let subnet_id = self.interfaces[k].subnet_id.clone();
                 let back: u64 = addresses.iter().map(units).sum();
                 self.interfaces[k]
@@ -524,11 +521,7 @@ impl Model {
         ) else {
             return Ok(());
         };
-        let k = self
-            .interfaces
-            .iter()
-            .position(|i| i.id == interface)
-            .unwrap();
+        let k = self.interface_index(&interface);
         let gone = self.interfaces[k].clone();
         prop_assert!(gone.managed && gone.device_index != 0 && gone.addresses.is_empty());
         prop_assert!(gone.device_index >= first);

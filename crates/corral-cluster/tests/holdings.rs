@@ -1,31 +1,13 @@
 //! Agents' assertions of what they hold (`holdings/<node>`) in the operator's view: held space is occupied whatever the grants say.
 
+mod common;
+
+use common::{ViewFixture, held};
 use corral_cluster::{
-    ClusterConfig, ClusterName, ClusterView, Family, GrantRecord, HeldRange, HoldingsRecord, IpNet,
-    Keys, NodeName, NodeRecord, OwnedRecord, PoolName, encode_value,
+    ClusterConfig, Family, GrantRecord, IpNet, NodeName, OwnedRecord, PoolName, encode_value,
 };
 
-const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.0.0.0/28"]
-node_prefix_len = 30
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
-
-struct Fixture {
-    view: ClusterView,
-    keys: Keys,
-    revision: i64,
-}
+const CONFIG: &str = include_str!("configs/holdings.toml");
 
 fn net(text: &str) -> IpNet {
     text.parse().unwrap()
@@ -35,67 +17,28 @@ fn pool(name: &str) -> PoolName {
     PoolName::new(name).unwrap()
 }
 
-impl Fixture {
-    fn new(config: &str) -> Fixture {
-        let keys = Keys::new(ClusterName::new("t").unwrap());
-        Fixture {
-            view: ClusterView::new(keys.clone(), ClusterConfig::from_toml(config).unwrap()),
-            keys,
-            revision: 1,
-        }
-    }
+/// A bare view under `config`.
+fn fixture(config: &str) -> ViewFixture {
+    ViewFixture::new(ClusterConfig::from_toml(config).unwrap())
+}
 
-    fn put(&mut self, key: &str, value: &[u8]) {
-        self.revision += 1;
-        self.view
-            .apply_put(key, value, self.revision, self.revision);
-    }
-
-    fn delete(&mut self, key: &str) {
-        self.revision += 1;
-        self.view.apply_delete(key, self.revision);
-    }
-
+impl ViewFixture {
     fn register(&mut self, name: &str) -> NodeName {
-        let node = NodeName::new(name).unwrap();
-        let record = NodeRecord {
-            uid: format!("uid-{name}"),
-            addresses: vec![],
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        };
-        self.put(&self.keys.node(&node), &encode_value(&record).unwrap());
-        node
+        self.register_node(NodeName::new(name).unwrap(), format!("uid-{name}"))
     }
 
     /// Proposes for `node` and commits it as the leader would (its puts, seen back).
     fn grant(&mut self, node: &NodeName) -> Vec<IpNet> {
-        let proposal = self.view.propose(node).unwrap();
-        self.revision += 1;
-        self.view.commit(&proposal, self.revision);
+        let proposal = self.commit_proposal(node);
         proposal.cidrs.iter().map(|c| c.cidr).collect()
     }
 
     fn assert_holds(&mut self, node: &NodeName, ranges: &[(&str, &str)], node_id: Option<u32>) {
-        let record = HoldingsRecord {
-            uid: format!("uid-{node}"),
-            ranges: ranges
-                .iter()
-                .map(|(pool_name, cidr)| HeldRange {
-                    pool: pool(pool_name),
-                    cidr: net(cidr),
-                    draining: false,
-                    allocations: 1,
-                })
-                .collect(),
-            node_id,
-            cloud: vec![],
-            refused: vec![],
-            refused_node_id: None,
-            written_ms: 0,
-        };
-        self.put(&self.keys.holdings(node), &encode_value(&record).unwrap());
+        let ranges = ranges
+            .iter()
+            .map(|(pool_name, cidr)| held(pool(pool_name), net(cidr)))
+            .collect();
+        self.hold(node, format!("uid-{node}"), ranges, node_id);
     }
 
     fn lowest_free(&self) -> Option<IpNet> {
@@ -108,7 +51,7 @@ impl Fixture {
 
 #[test]
 fn a_holding_its_grant_covers_changes_nothing() {
-    let mut f = Fixture::new(CONFIG);
+    let mut f = fixture(CONFIG);
     let a = f.register("a");
     let granted = f.grant(&a);
     assert_eq!(granted, vec![net("10.0.0.0/30")]);
@@ -123,7 +66,7 @@ fn a_holding_its_grant_covers_changes_nothing() {
 /// the next node.
 #[test]
 fn a_range_still_held_after_its_grant_is_gone_is_never_proposed() {
-    let mut f = Fixture::new(CONFIG);
+    let mut f = fixture(CONFIG);
     let a = f.register("a");
     f.grant(&a);
     f.assert_holds(&a, &[("default", "10.0.0.0/30")], Some(1));
@@ -160,7 +103,7 @@ fn a_range_still_held_after_its_grant_is_gone_is_never_proposed() {
 /// any space, but the agent's holding blocks the same addresses in the new pool.
 #[test]
 fn a_held_range_blocks_every_pool_of_its_family() {
-    let mut f = Fixture::new(CONFIG);
+    let mut f = fixture(CONFIG);
     let a = f.register("a");
     f.assert_holds(&a, &[("old-name", "10.0.0.0/30")], None);
     assert_eq!(f.lowest_free(), Some(net("10.0.0.4/30")));
@@ -169,7 +112,7 @@ fn a_held_range_blocks_every_pool_of_its_family() {
 
 #[test]
 fn holdings_survive_a_configuration_change_and_their_deletion_frees_the_space() {
-    let mut f = Fixture::new(CONFIG);
+    let mut f = fixture(CONFIG);
     let a = f.register("a");
     f.assert_holds(&a, &[("default", "10.0.0.8/30")], None);
     let wider = CONFIG.replace("10.0.0.0/28", "10.0.0.0/27");
@@ -190,7 +133,7 @@ fn holdings_survive_a_configuration_change_and_their_deletion_frees_the_space() 
 
 #[test]
 fn a_holding_that_does_not_decode_is_reported_and_the_last_one_stays() {
-    let mut f = Fixture::new(CONFIG);
+    let mut f = fixture(CONFIG);
     let a = f.register("a");
     f.assert_holds(&a, &[("default", "10.0.0.0/30")], None);
     f.view.take_problems();
@@ -203,7 +146,7 @@ fn a_holding_that_does_not_decode_is_reported_and_the_last_one_stays() {
 /// blocked for everyone else and reported as uncovered for its holder.
 #[test]
 fn a_range_held_by_one_node_and_granted_to_another_stays_reported() {
-    let mut f = Fixture::new(CONFIG);
+    let mut f = fixture(CONFIG);
     let a = f.register("a");
     f.assert_holds(&a, &[("default", "10.0.0.0/30")], None);
     let b = f.register("b");

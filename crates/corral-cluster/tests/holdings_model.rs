@@ -44,12 +44,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+mod common;
+
+use common::{
+    Event, Stored, ViewFixture, delete_logged, held, node_record, put_logged, quarantine_to_expire,
+};
+
 use corral_cluster::is_config_key;
 use corral_cluster::net::overlaps;
 use corral_cluster::{
     ClusterConfig, ClusterName, ClusterView, GrantRecord, HeldRange, HoldingsRecord, IpNet, Key,
-    Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, PoolName, QuarantineRecord,
-    ReassertRecord, RefusedGrant, RefusedNodeId, decode_value, encode_value,
+    Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, PoolName, QuarantineRecord, ReassertRecord,
+    RefusedGrant, RefusedNodeId, decode_value, encode_value,
 };
 use proptest::prelude::*;
 
@@ -122,24 +128,10 @@ const NODES: usize = 6;
 const REPLICAS: usize = 3;
 const SNAPSHOTS: usize = 2;
 
-#[derive(Debug, Clone)]
-enum Event {
-    Put {
-        key: String,
-        value: Vec<u8>,
-        create: i64,
-        modified: i64,
-    },
-    Delete {
-        key: String,
-        revision: i64,
-    },
-}
-
 /// What etcd holds (and what a snapshot copies): the keys, the revision, the fence.
 #[derive(Debug, Clone, Default)]
 struct State {
-    kv: BTreeMap<String, (Vec<u8>, i64, i64)>,
+    kv: Stored,
     revision: i64,
     /// The election's fence: only the replica holding the current token commits.
     leader_token: u64,
@@ -183,14 +175,7 @@ impl Etcd {
     /// A put at the current revision (one of a transaction's writes).
     fn put_at(&mut self, key: String, value: Vec<u8>) {
         let s = &mut self.state;
-        let create = s.kv.get(&key).map_or(s.revision, |(_, c, _)| *c);
-        s.kv.insert(key.clone(), (value.clone(), create, s.revision));
-        self.log.push(Event::Put {
-            key,
-            value,
-            create,
-            modified: s.revision,
-        });
+        put_logged(&mut s.kv, &mut self.log, s.revision, key, value);
     }
 
     fn delete(&mut self, key: &str) {
@@ -203,12 +188,7 @@ impl Etcd {
     /// A delete at the current revision (one of a transaction's writes).
     fn delete_at(&mut self, key: &str) {
         let s = &mut self.state;
-        if s.kv.remove(key).is_some() {
-            self.log.push(Event::Delete {
-                key: key.to_owned(),
-                revision: s.revision,
-            });
-        }
+        delete_logged(&mut s.kv, &mut self.log, s.revision, key);
     }
 
     fn txn(&mut self, txn: &Txn) -> bool {
@@ -299,15 +279,7 @@ impl Replica {
         }
         let end = etcd.log.len().min(self.applied.saturating_add(max));
         for event in &etcd.log[self.applied..end] {
-            match event {
-                Event::Put {
-                    key,
-                    value,
-                    create,
-                    modified,
-                } => self.view.apply_put(key, value, *create, *modified),
-                Event::Delete { key, revision } => self.view.apply_delete(key, *revision),
-            }
+            event.apply(&mut self.view);
         }
         self.applied = end;
     }
@@ -922,14 +894,7 @@ impl Sim {
             Op::Register(n) => {
                 let key = self.keys.node(&node_name(n));
                 if !self.etcd.state.kv.contains_key(&key) {
-                    let record = NodeRecord {
-                        uid: format!("uid-{n}"),
-                        addresses: vec![],
-                        registered_ms: 0,
-                        instance_id: None,
-                        max_pods: None,
-                    };
-                    self.etcd.put(key, encode_value(&record).unwrap());
+                    self.etcd.put(key, node_record(format!("uid-{n}")));
                 }
             }
             Op::Propose(r, n) => self.propose(r, &node_name(n)),
@@ -945,21 +910,7 @@ impl Sim {
             ),
             Op::Remove(n, r) => self.remove(n, r),
             Op::Expire(i) => {
-                let quarantined: Vec<String> = self
-                    .etcd
-                    .state
-                    .kv
-                    .keys()
-                    .filter(|k| {
-                        matches!(
-                            self.keys.parse(k),
-                            Ok(Key::Quarantine { .. } | Key::QuarantineId { .. })
-                        )
-                    })
-                    .cloned()
-                    .collect();
-                if !quarantined.is_empty() {
-                    let key = quarantined[i % quarantined.len()].clone();
+                if let Some(key) = quarantine_to_expire(&self.keys, self.etcd.state.kv.keys(), i) {
                     self.etcd.delete(&key);
                 }
             }
@@ -1239,73 +1190,28 @@ proptest! {
 }
 
 /// A bare view under the first configuration, fed by hand.
-struct Fixture {
-    keys: Keys,
-    view: ClusterView,
-    revision: i64,
+fn fixture() -> ViewFixture {
+    ViewFixture::new(config_variant(0))
 }
 
-impl Fixture {
-    fn new() -> Fixture {
-        let keys = Keys::new(ClusterName::new("t").unwrap());
-        Fixture {
-            view: ClusterView::new(keys.clone(), config_variant(0)),
-            keys,
-            revision: 1,
-        }
-    }
-
-    fn put(&mut self, key: &str, value: &[u8]) {
-        self.revision += 1;
-        self.view
-            .apply_put(key, value, self.revision, self.revision);
-    }
-
+impl ViewFixture {
     fn register(&mut self, n: usize) -> NodeName {
-        let node = node_name(n);
-        let record = NodeRecord {
-            uid: format!("uid-{n}"),
-            addresses: vec![],
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        };
-        self.put(&self.keys.node(&node), &encode_value(&record).unwrap());
-        node
+        self.register_node(node_name(n), format!("uid-{n}"))
     }
 
     /// Proposes for `node` and commits it (its puts seen back); returns the proposal.
     fn grant(&mut self, node: &NodeName) -> corral_cluster::Proposal {
-        let proposal = self.view.propose(node).unwrap();
-        self.revision += 1;
-        self.view.commit(&proposal, self.revision);
-        proposal
+        self.commit_proposal(node)
     }
 
     /// The node's agent asserts what the proposal granted it.
     fn assert_holds(&mut self, n: usize, proposal: &corral_cluster::Proposal) {
-        let record = HoldingsRecord {
-            uid: format!("uid-{n}"),
-            ranges: proposal
-                .cidrs
-                .iter()
-                .map(|c| HeldRange {
-                    pool: c.pool.clone(),
-                    cidr: c.cidr,
-                    draining: false,
-                    allocations: 1,
-                })
-                .collect(),
-            node_id: proposal.node_id,
-            cloud: vec![],
-            refused: vec![],
-            refused_node_id: None,
-            written_ms: 0,
-        };
-        self.put(
-            &self.keys.holdings(&node_name(n)),
-            &encode_value(&record).unwrap(),
-        );
+        let ranges = proposal
+            .cidrs
+            .iter()
+            .map(|c| held(c.pool.clone(), c.cidr))
+            .collect();
+        self.hold(&node_name(n), format!("uid-{n}"), ranges, proposal.node_id);
     }
 
     /// Applies a removal's deletes in the order the removal lists them.
@@ -1322,7 +1228,7 @@ impl Fixture {
 /// for its holder's assertion, as forgetting a grant blocks its range.
 #[test]
 fn a_node_id_still_served_after_its_node_is_removed_is_never_proposed() {
-    let mut f = Fixture::new();
+    let mut f = fixture();
     let a = f.register(0);
     let granted = f.grant(&a);
     assert_eq!(granted.node_id, Some(1));
@@ -1346,7 +1252,10 @@ mod rules {
     use super::Op::*;
     use super::*;
 
-    fn needs_rule(without: Rules, ops: &[Op]) {
+    /// `ops` hold under the rules and break something with the one `drop` turns off.
+    fn needs_rule(drop: impl FnOnce(&mut Rules), ops: &[Op]) {
+        let mut without = RULES;
+        drop(&mut without);
         assert!(run(RULES, ops).is_ok(), "the rules do not hold: {ops:?}");
         assert!(
             run(without, ops).is_err(),
@@ -1373,13 +1282,7 @@ mod rules {
             LeaderChange(0),
             Propose(0, 1),
         ];
-        needs_rule(
-            Rules {
-                checked_install: false,
-                ..RULES
-            },
-            &ops,
-        );
+        needs_rule(|r| r.checked_install = false, &ops);
     }
 
     /// Under the same unchecked install, a range its agent took up (and asserts) stays occupied:
@@ -1426,13 +1329,7 @@ mod rules {
             SnapshotRestore(0, 0),
             Propose(LEADER, 3),
         ];
-        needs_rule(
-            Rules {
-                wait_after_restore: false,
-                ..RULES
-            },
-            &ops,
-        );
+        needs_rule(|r| r.wait_after_restore = false, &ops);
     }
 
     /// A removed node still holds its ranges (no quarantine key was written for them); its
@@ -1452,13 +1349,7 @@ mod rules {
             Restart(0),
             Propose(LEADER, 1),
         ];
-        needs_rule(
-            Rules {
-                wait_for_unread_assertions: false,
-                ..RULES
-            },
-            &ops,
-        );
+        needs_rule(|r| r.wait_for_unread_assertions = false, &ops);
     }
 
     /// The same node's assertion deleted around its agent while the leader runs: the view
@@ -1478,13 +1369,7 @@ mod rules {
             CatchUp(0, 10),
             Propose(0, 5),
         ];
-        needs_rule(
-            Rules {
-                wait_for_unread_assertions: false,
-                ..RULES
-            },
-            &ops,
-        );
+        needs_rule(|r| r.wait_for_unread_assertions = false, &ops);
     }
 
     /// A snapshot from before a node was removed and drained brings its grants back while
@@ -1515,13 +1400,7 @@ mod rules {
         ];
         let stats = run_with_stats(RULES, &ops).unwrap();
         assert!(stats.refused > 0 && stats.revoked > 0, "{stats:?}");
-        needs_rule(
-            Rules {
-                agents_refuse_old_grants: false,
-                ..RULES
-            },
-            &ops,
-        );
+        needs_rule(|r| r.agents_refuse_old_grants = false, &ops);
     }
 
     /// Node 5 is granted space its agent never takes up; a snapshot holds that grant; etcd
@@ -1553,13 +1432,7 @@ mod rules {
         let ops = restored_grant_never_taken_up();
         let stats = run_with_stats(RULES, &ops).unwrap();
         assert!(stats.refused > 0 && stats.revoked > 0, "{stats:?}");
-        needs_rule(
-            Rules {
-                reassert_floor: false,
-                ..RULES
-            },
-            &ops,
-        );
+        needs_rule(|r| r.reassert_floor = false, &ops);
     }
 
     /// What an agent refused stays a grant to its node until the leader revokes it: the node
@@ -1617,10 +1490,9 @@ mod rules {
             Propose(3, 5),
         ];
         needs_rule(
-            Rules {
-                rebuild_on_term: false,
-                wait_for_unread_assertions: false,
-                ..RULES
+            |r| {
+                r.rebuild_on_term = false;
+                r.wait_for_unread_assertions = false;
             },
             &ops,
         );

@@ -9,69 +9,29 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+mod common;
+
+use common::{
+    Event, Stored, delete_logged, keys_of, node_record, put_logged, quarantine_to_expire,
+};
+
 use corral_cluster::net::{family_of, net_range, overlaps};
 use corral_cluster::{
     ClusterConfig, ClusterName, ClusterView, Family, GrantRecord, IpNet, Key, Keys, NodeIdRecord,
-    NodeName, NodeRecord, PoolName, ProposeError, QuarantineRecord, decode_value, encode_value,
+    NodeName, PoolName, ProposeError, QuarantineRecord, decode_value, encode_value,
 };
 use proptest::prelude::*;
 
-const TINY: &str = r#"
-quarantine_secs = 60
-[[pools]]
-name = "tiny"
-[pools.ipv4]
-cidrs = ["10.0.0.0/28"]
-node_prefix_len = 30
-reserved = ["10.0.0.4/31"]
-[pools.ipv6]
-cidrs = ["fd00::/120"]
-node_prefix_len = 124
-[node_ids]
-pod_subnet = "10.200.0.0/22"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "10.201.0.0/22"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "10.202.0.0/24"
-vxlan = "10.203.0.0/24"
-service = "10.96.0.0/12"
-"#;
+const TINY: &str = include_str!("configs/tiny.toml");
 
-const BIG: &str = r#"
-[[pools]]
-name = "v4"
-[pools.ipv4]
-cidrs = ["10.3.0.0/24", "10.1.0.0/16"]
-node_prefix_len = 24
-reserved = ["10.1.0.0/22", "10.1.7.9/32"]
-[[pools]]
-name = "v6"
-[pools.ipv6]
-cidrs = ["fd00:1::/32"]
-node_prefix_len = 64
-reserved = ["fd00:1::/62"]
-"#;
+const BIG: &str = include_str!("configs/big.toml");
 
 /// The grants of one pool and family: CIDR and record (None when the value is garbage).
 type GrantList = Vec<(IpNet, Option<GrantRecord>)>;
 
-#[derive(Debug, Clone)]
-enum Event {
-    Put {
-        key: String,
-        value: Vec<u8>,
-        create: i64,
-        modified: i64,
-    },
-    Delete {
-        key: String,
-        revision: i64,
-    },
-}
-
 #[derive(Debug, Default)]
 struct Store {
-    kv: BTreeMap<String, (Vec<u8>, i64, i64)>,
+    kv: Stored,
     revision: i64,
     log: Vec<Event>,
     leader_token: u64,
@@ -80,24 +40,12 @@ struct Store {
 impl Store {
     fn put(&mut self, key: String, value: Vec<u8>) {
         self.revision += 1;
-        let create = self.kv.get(&key).map_or(self.revision, |(_, c, _)| *c);
-        self.kv
-            .insert(key.clone(), (value.clone(), create, self.revision));
-        self.log.push(Event::Put {
-            key,
-            value,
-            create,
-            modified: self.revision,
-        });
+        put_logged(&mut self.kv, &mut self.log, self.revision, key, value);
     }
 
     fn delete(&mut self, key: &str) {
-        if self.kv.remove(key).is_some() {
+        if delete_logged(&mut self.kv, &mut self.log, self.revision + 1, key) {
             self.revision += 1;
-            self.log.push(Event::Delete {
-                key: key.to_owned(),
-                revision: self.revision,
-            });
         }
     }
 
@@ -153,15 +101,7 @@ impl Replica {
     fn catch_up(&mut self, store: &Store, max: usize) {
         let end = store.log.len().min(self.applied.saturating_add(max));
         for event in &store.log[self.applied..end] {
-            match event {
-                Event::Put {
-                    key,
-                    value,
-                    create,
-                    modified,
-                } => self.view.apply_put(key, value, *create, *modified),
-                Event::Delete { key, revision } => self.view.apply_delete(key, *revision),
-            }
+            event.apply(&mut self.view);
         }
         self.applied = end;
     }
@@ -265,14 +205,8 @@ impl Sim {
             Op::Register(n) => {
                 let key = self.keys.node(&node_name(n));
                 if !self.store.kv.contains_key(&key) {
-                    let record = NodeRecord {
-                        uid: format!("uid-{n}-{}", self.store.revision),
-                        addresses: vec![],
-                        registered_ms: 0,
-                        instance_id: None,
-                        max_pods: None,
-                    };
-                    self.store.put(key, encode_value(&record).unwrap());
+                    let uid = format!("uid-{n}-{}", self.store.revision);
+                    self.store.put(key, node_record(uid));
                 }
             }
             Op::Remove(n, r) => {
@@ -299,20 +233,7 @@ impl Sim {
                     .txn(replica.token, None, &[], &[], &removal.deletes(), &puts);
             }
             Op::Expire(i) => {
-                let quarantined: Vec<String> = self
-                    .store
-                    .kv
-                    .keys()
-                    .filter(|k| {
-                        matches!(
-                            self.keys.parse(k),
-                            Ok(Key::Quarantine { .. } | Key::QuarantineId { .. })
-                        )
-                    })
-                    .cloned()
-                    .collect();
-                if !quarantined.is_empty() {
-                    let key = quarantined[i % quarantined.len()].clone();
+                if let Some(key) = quarantine_to_expire(&self.keys, self.store.kv.keys(), i) {
                     self.store.delete(&key);
                 }
             }
@@ -538,17 +459,10 @@ impl Sim {
                     refused.insert(node);
                 }
                 Err(ProposeError::NodeIdsFull { max }) => {
-                    let held = self
-                        .store
-                        .kv
-                        .keys()
-                        .filter(|k| {
-                            matches!(
-                                self.keys.parse(k),
-                                Ok(Key::NodeId { .. } | Key::QuarantineId { .. })
-                            )
-                        })
-                        .count();
+                    let held = keys_of(&self.keys, self.store.kv.keys(), |key| {
+                        matches!(key, Key::NodeId { .. } | Key::QuarantineId { .. })
+                    })
+                    .len();
                     prop_assert_eq!(held as u32, max);
                     refused.insert(node);
                 }

@@ -194,26 +194,42 @@ fn check_confirms_held_addresses_and_fails_for_unknown_ones() {
     assert_eq!(out.error_code(), 105, "{}", out.stdout);
 }
 
+/// A CNI 1.1 configuration of `ranges` in `dir` whose GC grace period is `grace` seconds:
+/// the configuration, and as the stdin of an ADD.
+fn gc_config(dir: &Path, ranges: Value, grace: u64) -> (Value, Vec<u8>) {
+    let mut config: Value = serde_json::from_slice(&conf(dir, "1.1.0", ranges)).unwrap();
+    config["ipam"]["gcGracePeriodSeconds"] = json!(grace);
+    let stdin = serde_json::to_vec(&config).unwrap();
+    (config, stdin)
+}
+
+/// A GC's stdin: `config` listing only `valid` as the valid attachments.
+fn gc_stdin(config: &Value, valid: Value) -> Vec<u8> {
+    let mut gc = config.clone();
+    gc["cni.dev/valid-attachments"] = valid;
+    serde_json::to_vec(&gc).unwrap()
+}
+
+/// A call that succeeded and printed nothing (CHECK, DEL, GC).
+fn assert_quiet(out: &Outcome) {
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+}
+
 /// GC (Calico's way): an unlisted attachment is only recorded by the first GC (durably: each
 /// call is its own process), kept by a GC within `gcGracePeriodSeconds` of that, and released
 /// by the first GC past it; a listed attachment is never touched.
 #[test]
 fn gc_releases_an_unlisted_attachment_only_at_a_later_gc_past_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config: Value = serde_json::from_slice(&conf(
+    let (config, stdin) = gc_config(
         dir.path(),
-        "1.1.0",
         json!([[{"subnet": "10.9.0.0/24"}], [{"subnet": "fd09::/64"}]]),
-    ))
-    .unwrap();
-    config["ipam"]["gcGracePeriodSeconds"] = json!(1);
-    let stdin = serde_json::to_vec(&config).unwrap();
+        1,
+    );
     for c in ["keep", "drop1", "drop2"] {
         assert_eq!(add(&stdin, c).addresses().len(), 2);
     }
-    let mut gc = config.clone();
-    gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    let gc = serde_json::to_vec(&gc).unwrap();
+    let gc = gc_stdin(&config, json!([{"containerID": "keep", "ifname": "eth0"}]));
     let mut check = config.clone();
     check.as_object_mut().unwrap().remove("prevResult");
     let check = serde_json::to_vec(&check).unwrap();
@@ -221,7 +237,7 @@ fn gc_releases_an_unlisted_attachment_only_at_a_later_gc_past_the_grace_period()
 
     let started = std::time::Instant::now();
     let out = run("GC", "", "", &[], &gc);
-    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    assert_quiet(&out);
     assert!(held("drop1") && held("drop2"), "the first GC only records");
     let out = run("GC", "", "", &[], &gc);
     assert_eq!(out.code, 0, "{}", out.stdout);
@@ -230,7 +246,7 @@ fn gc_releases_an_unlisted_attachment_only_at_a_later_gc_past_the_grace_period()
     }
     std::thread::sleep(std::time::Duration::from_millis(1100));
     let out = run("GC", "", "", &[], &gc);
-    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    assert_quiet(&out);
     assert!(held("keep"));
     assert_eq!(run("CHECK", "drop1", "eth0", &[], &check).error_code(), 105);
     assert_eq!(run("CHECK", "drop2", "eth0", &[], &check).error_code(), 105);
@@ -246,25 +262,20 @@ fn gc_releases_an_unlisted_attachment_only_at_a_later_gc_past_the_grace_period()
 #[test]
 fn gc_with_no_grace_period_releases_at_the_first_gc() {
     let dir = tempfile::tempdir().unwrap();
-    let mut config: Value = serde_json::from_slice(&conf(
+    let (config, stdin) = gc_config(
         dir.path(),
-        "1.1.0",
         json!([[{"subnet": "10.9.0.0/29"}], [{"subnet": "fd09::/125"}]]),
-    ))
-    .unwrap();
-    config["ipam"]["gcGracePeriodSeconds"] = json!(0);
-    let stdin = serde_json::to_vec(&config).unwrap();
+        0,
+    );
     // A /29 has 5 addresses to hand out (.2 to .6): fill it.
     for c in ["gone1", "gone2", "kept", "gone3", "gone4"] {
         assert_eq!(add(&stdin, c).addresses().len(), 2);
     }
     assert_eq!(run("ADD", "extra", "eth0", &[], &stdin).error_code(), 100);
-    let mut gc = config.clone();
-    gc["cni.dev/valid-attachments"] = json!([{"containerID": "kept", "ifname": "eth0"}]);
-    let gc = serde_json::to_vec(&gc).unwrap();
+    let gc = gc_stdin(&config, json!([{"containerID": "kept", "ifname": "eth0"}]));
     let check = serde_json::to_vec(&config).unwrap();
     let out = run("GC", "", "", &[], &gc);
-    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    assert_quiet(&out);
     for c in ["gone1", "gone2", "gone3", "gone4"] {
         assert_eq!(
             run("CHECK", c, "eth0", &[], &check).error_code(),
@@ -277,10 +288,8 @@ fn gc_with_no_grace_period_releases_at_the_first_gc() {
         assert_eq!(add(&stdin, c).addresses().len(), 2, "{c}");
     }
     // The conformance case: one GC with an empty list of valid attachments frees everything.
-    let mut empty = config.clone();
-    empty["cni.dev/valid-attachments"] = json!([]);
-    let out = run("GC", "", "", &[], &serde_json::to_vec(&empty).unwrap());
-    assert_eq!((out.code, out.stdout.as_str()), (0, ""), "{}", out.stdout);
+    let out = run("GC", "", "", &[], &gc_stdin(&config, json!([])));
+    assert_quiet(&out);
     for c in ["kept", "new1", "new2", "new3", "new4"] {
         assert_eq!(
             run("CHECK", c, "eth0", &[], &check).error_code(),
@@ -393,12 +402,7 @@ fn switching_from_host_local_keeps_its_allocations() {
     };
     let mut by_host_local = Vec::new();
     for c in ["old1", "old2", "old3"] {
-        let output = Command::new(host_local)
-            .env_clear()
-            .env("CNI_COMMAND", "ADD")
-            .env("CNI_CONTAINERID", c)
-            .env("CNI_NETNS", "/var/run/netns/x")
-            .env("CNI_IFNAME", "eth0")
+        let output = common::cni_env(&mut Command::new(host_local), "ADD", c, "x", "eth0")
             .env("CNI_PATH", "/usr/lib/cni")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -453,21 +457,22 @@ fn host_local(command: &str, container: &str, stdin: &[u8]) -> Value {
         host_local.exists(),
         "this test needs Debian's containernetworking-plugins (/usr/lib/cni/host-local); run `make test`"
     );
-    let output = Command::new(host_local)
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", "/var/run/netns/x")
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            child.stdin.take().unwrap().write_all(stdin)?;
-            child.wait_with_output()
-        })
-        .unwrap();
+    let output = common::cni_env(
+        &mut Command::new(host_local),
+        command,
+        container,
+        "x",
+        "eth0",
+    )
+    .env("CNI_PATH", "/usr/lib/cni")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .spawn()
+    .and_then(|mut child| {
+        child.stdin.take().unwrap().write_all(stdin)?;
+        child.wait_with_output()
+    })
+    .unwrap();
     assert!(
         output.status.success(),
         "host-local {command} {container}: {}",

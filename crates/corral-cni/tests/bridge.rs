@@ -8,7 +8,7 @@ mod common;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use corral_store::{Store, Txn};
 use serde_json::{Value, json};
@@ -55,19 +55,11 @@ fn bridge_plugin(
     cni_path: &str,
     config: &[u8],
 ) -> (i32, String) {
-    let mut child = Command::new(Path::new(PLUGIN_DIR).join("bridge"))
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", format!("/var/run/netns/{netns}"))
-        .env("CNI_IFNAME", "eth0")
+    let mut plugin = Command::new(Path::new(PLUGIN_DIR).join("bridge"));
+    common::cni_env(&mut plugin, command, container, netns, "eth0")
         .env("CNI_PATH", cni_path)
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("bridge plugin starts");
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    let mut child = common::spawn_piped(&mut plugin, "the bridge plugin");
     child.stdin.take().unwrap().write_all(config).unwrap();
     let output = child.wait_with_output().unwrap();
     (

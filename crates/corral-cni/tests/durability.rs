@@ -9,7 +9,7 @@ mod common;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::{Value, json};
 
@@ -68,25 +68,17 @@ fn traced(dir: &Path, command: &str, container: &str) -> (Value, Vec<Event>) {
         }
     }))
     .unwrap();
-    let mut child = Command::new(STRACE)
+    let mut strace = Command::new(STRACE);
+    strace
         .args(["-f", "-y", "-qq", "-s", "0", "-o"])
         .arg(&trace)
         .args([
             "-e",
             "trace=write,pwrite64,writev,pwritev,fsync,fdatasync,sync_file_range,syncfs",
         ])
-        .arg(common::binary())
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", "/var/run/netns/x")
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("strace starts");
+        .arg(common::binary());
+    common::cni_env(&mut strace, command, container, "x", "eth0").env("CNI_PATH", "/usr/lib/cni");
+    let mut child = common::spawn_piped(&mut strace, "strace");
     child.stdin.take().unwrap().write_all(&stdin).unwrap();
     let output = child.wait_with_output().unwrap();
     assert!(

@@ -5,7 +5,7 @@
 //! spec's `interfaces` (which IPAM plugins leave to the main plugin); ADD is idempotent, DEL
 //! unassigns, and a released address cools before it is handed out again.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use corral_agent::{AgentConfig, Running};
 use corral_api as api;
@@ -57,14 +57,21 @@ fn interface(id: &str, device: u32, mac: &str, addresses: &[&str]) -> api::Inter
     }
 }
 
-#[test]
-fn an_add_on_an_interface_pool_routes_through_the_interface() {
+/// An agent with no pool of its own in a directory of its own: the directory, the agent, its
+/// socket and the plugin's data directory.
+fn agent_without_pools() -> (tempfile::TempDir, Running, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = AgentConfig::in_dir(dir.path());
     config.pools = ScopeConfig::default();
     let agent = Running::start(config).expect("the agent starts");
     let socket = dir.path().join("agent.sock");
     let data = dir.path().join("cni");
+    (dir, agent, socket, data)
+}
+
+#[test]
+fn an_add_on_an_interface_pool_routes_through_the_interface() {
+    let (_dir, agent, socket, data) = agent_without_pools();
     let mut client = corral_client::Client::unix(&socket);
     client
         .add_interface(&interface(
@@ -127,12 +134,7 @@ fn an_add_on_an_interface_pool_routes_through_the_interface() {
 /// `NewResultFromResult` drops fields it does not know.
 #[test]
 fn a_0_3_1_add_on_an_interface_pool_gets_a_0_3_1_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = AgentConfig::in_dir(dir.path());
-    config.pools = ScopeConfig::default();
-    let agent = Running::start(config).expect("the agent starts");
-    let socket = dir.path().join("agent.sock");
-    let data = dir.path().join("cni");
+    let (_dir, agent, socket, data) = agent_without_pools();
     let mut client = corral_client::Client::unix(&socket);
     client
         .add_interface(&interface("eni-1", 1, "0a:00:00:00:00:01", &["10.0.32.10"]))

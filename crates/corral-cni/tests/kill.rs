@@ -36,17 +36,18 @@ fn conf(dir: &Path) -> Vec<u8> {
 }
 
 fn spawn(verb: &str, container: &str, stdin: &[u8]) -> Child {
-    let mut child = Command::new(common::binary())
-        .env_clear()
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", "/var/run/netns/x")
-        .env("CNI_IFNAME", "eth0")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("corral-ipam starts");
+    let mut child = common::cni_env(
+        &mut Command::new(common::binary()),
+        verb,
+        container,
+        "x",
+        "eth0",
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("corral-ipam starts");
     let mut input = child.stdin.take().unwrap();
     let _ = input.write_all(stdin);
     child

@@ -23,6 +23,10 @@
 //!
 //! Run with `UPDATE_EXPECT=1` to rewrite the transcripts after a deliberate change.
 
+mod common;
+
+use common::proptest_config;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -34,7 +38,6 @@ use corral_core::{
 };
 use expect_test::expect_file;
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 
 fn pool_name() -> PoolName {
     PoolName::new("eni").unwrap()
@@ -79,6 +82,20 @@ fn describe(assignment: &Assignment) -> String {
 fn list(nets: &[IpNet]) -> String {
     let texts: Vec<String> = nets.iter().map(ToString::to_string).collect();
     format!("[{}]", texts.join(" "))
+}
+
+/// What a removal took out of the pool and released.
+fn removed(removal: &corral_core::Removal) -> String {
+    let released: Vec<String> = removal
+        .released
+        .iter()
+        .map(|r| r.addr.to_string())
+        .collect();
+    format!(
+        "removed {} released [{}]",
+        list(&removal.addresses),
+        released.join(" ")
+    )
 }
 
 /// Everything a refused command must leave as it was.
@@ -154,16 +171,7 @@ impl Script {
             }
             "unface" => {
                 let removal = table.remove_interface(engine, &id(words[1]), flag("force"), now)?;
-                let released: Vec<String> = removal
-                    .released
-                    .iter()
-                    .map(|r| r.addr.to_string())
-                    .collect();
-                Ok(format!(
-                    "removed {} released [{}]",
-                    list(&removal.addresses),
-                    released.join(" ")
-                ))
+                Ok(removed(&removal))
             }
             "addr" => {
                 table.add_address(engine, &id(words[1]), words[2].parse().unwrap(), now)?;
@@ -177,16 +185,7 @@ impl Script {
                     flag("force"),
                     now,
                 )?;
-                let released: Vec<String> = removal
-                    .released
-                    .iter()
-                    .map(|r| r.addr.to_string())
-                    .collect();
-                Ok(format!(
-                    "removed {} released [{}]",
-                    list(&removal.addresses),
-                    released.join(" ")
-                ))
+                Ok(removed(&removal))
             }
             "assign" => {
                 let family = match words[1] {
@@ -764,17 +763,6 @@ fn run_ops(ops: &[Op]) {
             .map(|(spec, addresses)| (spec.device_number, addresses.to_vec()))
             .collect();
         assert_eq!(table_interfaces, model_interfaces);
-    }
-}
-
-fn proptest_config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..ProptestConfig::default()
     }
 }
 

@@ -15,6 +15,10 @@
 //! The deterministic tests at the end are minimal reproductions of engine bugs the properties
 //! found: those marked "Bug" fail until the engine is fixed, "Regression" ones guard a fix.
 
+mod common;
+
+use common::proptest_config;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -2120,19 +2124,6 @@ fn restore(harness: &Harness) -> Engine {
     assert_eq!(engine.expire(model.now), Vec::new());
     engine.finish_restore();
     engine
-}
-
-/// `cases` unless `PROPTEST_CASES` asks for another number (for long runs).
-fn proptest_config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        // Failures print their minimal input; do not write regression files into the tree.
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
 }
 
 proptest! {

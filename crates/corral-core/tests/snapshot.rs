@@ -56,6 +56,16 @@ fn config(cooldown: u64, lowest: bool) -> EngineConfig {
 
 /// The cooldowns a store reads for a partial engine at `now` (see corral-store's `load.rs`):
 /// per family, those that ran out (at most `limit`, oldest first), then the next one.
+/// A full engine of the default pool over `RANGES`.
+fn full_engine(config: EngineConfig) -> Engine {
+    let pool = PoolName::default_pool();
+    let mut full = Engine::new(config);
+    for range in RANGES {
+        full.add_range(&pool, range.parse().unwrap()).unwrap();
+    }
+    full
+}
+
 fn cooldowns_read(full: &Engine, now: Timestamp, limit: usize) -> Vec<(IpAddr, Timestamp)> {
     let pool = PoolName::default_pool();
     let cooldown = full.pool_config(&pool).unwrap().cooldown;
@@ -131,10 +141,7 @@ proptest! {
     ) {
         let pool = PoolName::default_pool();
         let config = config(cooldown, lowest);
-        let mut full = Engine::new(config);
-        for range in RANGES {
-            full.add_range(&pool, range.parse().unwrap()).unwrap();
-        }
+        let mut full = full_engine(config);
         let mut now = Timestamp::ZERO;
         for op in ops {
             match op {
@@ -194,10 +201,7 @@ proptest! {
     ) {
         let pool = PoolName::default_pool();
         let config = config(30, lowest);
-        let mut full = Engine::new(config);
-        for range in RANGES {
-            full.add_range(&pool, range.parse().unwrap()).unwrap();
-        }
+        let mut full = full_engine(config);
         let mut now = Timestamp::ZERO;
         for op in ops {
             match op {

@@ -12,21 +12,14 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The crates `package` depends on (normal dependencies, transitively).
-fn dependencies(package: &str) -> Vec<String> {
+/// `cargo tree ARGS --prefix none --offline` of the workspace: one crate a line, its name first.
+fn cargo_tree(args: &[&str]) -> Vec<String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = Command::new(cargo)
         .current_dir(workspace_root())
-        .args([
-            "tree",
-            "-p",
-            package,
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--offline",
-        ])
+        .arg("tree")
+        .args(args)
+        .args(["--prefix", "none", "--offline"])
         .output()
         .expect("cargo tree runs");
     assert!(
@@ -35,37 +28,52 @@ fn dependencies(package: &str) -> Vec<String> {
         String::from_utf8_lossy(&output.stderr)
     );
     let tree = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        tree.contains(package),
-        "unexpected cargo tree output: {tree}"
-    );
     tree.lines()
         .filter_map(|line| line.split(' ').next())
         .map(str::to_owned)
         .collect()
 }
 
+/// The crates `package` depends on (normal dependencies, transitively).
+fn dependencies(package: &str) -> Vec<String> {
+    let crates = cargo_tree(&["-p", package, "-e", "normal"]);
+    assert!(
+        crates.iter().any(|c| c == package),
+        "unexpected cargo tree output: {crates:?}"
+    );
+    crates
+}
+
+/// `package`'s dependencies, which must include none of `forbidden`.
+fn dependencies_without(package: &str, forbidden: &[&str]) -> Vec<String> {
+    let crates = dependencies(package);
+    for forbidden in forbidden {
+        assert!(
+            !crates.iter().any(|c| c == forbidden),
+            "{package} depends on {forbidden}: {crates:?}"
+        );
+    }
+    crates
+}
+
 /// corral-core does no I/O: it must never depend (even indirectly) on a runtime, a database,
 /// an HTTP stack or an etcd client.
 #[test]
 fn core_pulls_in_no_io_crates() {
-    let crates = dependencies("corral-core");
-    for forbidden in [
-        "tokio",
-        "rusqlite",
-        "hyper",
-        "etcd-client",
-        "reqwest",
-        "axum",
-        "mio",
-        "libc",
-        "netlink-sys",
-    ] {
-        assert!(
-            !crates.iter().any(|c| c == forbidden),
-            "corral-core depends on {forbidden}: {crates:?}"
-        );
-    }
+    dependencies_without(
+        "corral-core",
+        &[
+            "tokio",
+            "rusqlite",
+            "hyper",
+            "etcd-client",
+            "reqwest",
+            "axum",
+            "mio",
+            "libc",
+            "netlink-sys",
+        ],
+    );
 }
 
 /// corral-ipam is exec'd once per CNI call and must start fast: no async runtime, no HTTP
@@ -73,37 +81,31 @@ fn core_pulls_in_no_io_crates() {
 /// netlink, which only the agent reads the node's routes with.
 #[test]
 fn the_cni_plugin_pulls_in_no_async_runtime() {
-    let crates = dependencies("corral-cni");
+    let crates = dependencies_without(
+        "corral-cni",
+        &[
+            "tokio",
+            "hyper",
+            "axum",
+            "mio",
+            "async-std",
+            "futures-util",
+            "reqwest",
+            "netlink-sys",
+            "netlink-packet-route",
+        ],
+    );
     assert!(crates.iter().any(|c| c == "httparse"), "{crates:?}");
-    for forbidden in [
-        "tokio",
-        "hyper",
-        "axum",
-        "mio",
-        "async-std",
-        "futures-util",
-        "reqwest",
-        "netlink-sys",
-        "netlink-packet-route",
-    ] {
-        assert!(
-            !crates.iter().any(|c| c == forbidden),
-            "corral-cni depends on {forbidden}: {crates:?}"
-        );
-    }
 }
 
 /// The cluster decisions are pure: no runtime, no etcd client, no database, no HTTP, no libc.
 #[test]
 fn cluster_decisions_pull_in_no_io_crates() {
-    let crates = dependencies("corral-cluster");
+    let crates = dependencies_without(
+        "corral-cluster",
+        &["tokio", "etcd-client", "rusqlite", "hyper", "libc", "mio"],
+    );
     assert!(crates.iter().any(|c| c == "corral-core"), "{crates:?}");
-    for forbidden in ["tokio", "etcd-client", "rusqlite", "hyper", "libc", "mio"] {
-        assert!(
-            !crates.iter().any(|c| c == forbidden),
-            "corral-cluster depends on {forbidden}: {crates:?}"
-        );
-    }
 }
 
 /// corral-cloud stays light: no AWS SDK (that is corral-aws, which nothing else links), no HTTP
@@ -133,13 +135,8 @@ fn only_corral_etcd_links_an_etcd_client() {
         "corral-kv",
         "corral-cluster",
     ] {
-        let crates = dependencies(package);
-        for forbidden in ["etcd-client", "tonic", "prost"] {
-            assert!(
-                !crates.iter().any(|c| c == forbidden),
-                "{package} depends on {forbidden}: only corral-etcd may"
-            );
-        }
+        // Only corral-etcd may.
+        dependencies_without(package, &["etcd-client", "tonic", "prost"]);
     }
     assert!(
         dependencies("corral-etcd")
@@ -152,31 +149,10 @@ fn only_corral_etcd_links_an_etcd_client() {
 /// nothing but corral-aws links the SDK: everything else codes against `corral_cloud`.
 #[test]
 fn nothing_depends_on_corral_aws_and_only_it_links_the_aws_sdk() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     for sdk in ["corral-aws", "aws-sdk-ec2", "aws-config"] {
-        let output = Command::new(&cargo)
-            .current_dir(workspace_root())
-            .args([
-                "tree",
-                "--invert",
-                sdk,
-                "-e",
-                "all",
-                "--prefix",
-                "none",
-                "--offline",
-            ])
-            .output()
-            .expect("cargo tree runs");
-        assert!(
-            output.status.success(),
-            "cargo tree failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let tree = String::from_utf8_lossy(&output.stdout);
-        let dependents: Vec<&str> = tree
-            .lines()
-            .filter_map(|line| line.split(' ').next())
+        let tree = cargo_tree(&["--invert", sdk, "-e", "all"]);
+        let dependents: Vec<&String> = tree
+            .iter()
             .filter(|name| name.starts_with("corral-") && *name != "corral-aws")
             .collect();
         assert!(

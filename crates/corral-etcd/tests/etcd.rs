@@ -19,6 +19,17 @@ async fn cluster(members: usize) -> EtcdCluster {
         .unwrap_or_else(|error| panic!("starting {members} etcd members: {error}"))
 }
 
+/// The tests' turn (held until the guard drops), `members` members and a client of them.
+async fn serial_cluster(
+    members: usize,
+    options: EtcdOptions,
+) -> (tokio::sync::MutexGuard<'static, ()>, EtcdCluster, EtcdKv) {
+    let serial = SERIAL.lock().await;
+    let cluster = cluster(members).await;
+    let kv = cluster.client(options).await.expect("client");
+    (serial, cluster, kv)
+}
+
 fn options(request_timeout: Duration) -> EtcdOptions {
     EtcdOptions {
         request_timeout,
@@ -65,39 +76,28 @@ async fn keys(kv: &EtcdKv, prefix: &str) -> BTreeSet<String> {
     all.iter().map(|kv| kv.key_str().into_owned()).collect()
 }
 
+/// The conformance suite on a cluster of `members`, under `prefix`.
+async fn conformance_on(members: usize, prefix: &str) {
+    let (_serial, _cluster, kv) = serial_cluster(members, EtcdOptions::default()).await;
+    conformance::run_all(&kv, prefix).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn conformance_on_one_member() {
-    let _serial = SERIAL.lock().await;
-    let cluster = cluster(1).await;
-    let kv = cluster
-        .client(EtcdOptions::default())
-        .await
-        .expect("client");
-    conformance::run_all(&kv, "/conformance-1").await;
+    conformance_on(1, "/conformance-1").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn conformance_on_three_members() {
-    let _serial = SERIAL.lock().await;
-    let cluster = cluster(3).await;
-    let kv = cluster
-        .client(EtcdOptions::default())
-        .await
-        .expect("client");
-    conformance::run_all(&kv, "/conformance-3").await;
+    conformance_on(3, "/conformance-3").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn a_killed_member_fails_over_and_loses_nothing_acknowledged() {
-    let _serial = SERIAL.lock().await;
-    let mut cluster = cluster(3).await;
-    let kv = cluster
-        .client(options(Duration::from_secs(2)))
-        .await
-        .expect("client");
+    let (_serial, mut cluster, kv) = serial_cluster(3, options(Duration::from_secs(2))).await;
     let mut acknowledged = BTreeSet::new();
     let (mut failed, mut retried) = (0, 0);
     for i in 0..300 {
@@ -212,12 +212,7 @@ async fn quorum_lost_fails_within_the_timeout_and_comes_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn a_frozen_member_is_routed_around_and_catches_up_when_resumed() {
-    let _serial = SERIAL.lock().await;
-    let mut cluster = cluster(3).await;
-    let kv = cluster
-        .client(options(Duration::from_secs(1)))
-        .await
-        .expect("client");
+    let (_serial, mut cluster, kv) = serial_cluster(3, options(Duration::from_secs(1))).await;
     create(&kv, "/frozen/0000", "x", Duration::ZERO)
         .await
         .expect("first write");
@@ -272,12 +267,7 @@ async fn a_frozen_member_is_routed_around_and_catches_up_when_resumed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn a_watch_ends_with_an_error_when_its_member_dies() {
-    let _serial = SERIAL.lock().await;
-    let mut cluster = cluster(1).await;
-    let kv = cluster
-        .client(options(Duration::from_secs(1)))
-        .await
-        .expect("client");
+    let (_serial, mut cluster, kv) = serial_cluster(1, options(Duration::from_secs(1))).await;
     let mut watch = kv.watch(b"/watch/", 0).await.expect("watch");
     cluster.kill(0).expect("kill the only member");
     let outcome = tokio::time::timeout(Duration::from_secs(10), watch.next())
@@ -293,12 +283,7 @@ async fn a_watch_ends_with_an_error_when_its_member_dies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn requests_are_counted() {
-    let _serial = SERIAL.lock().await;
-    let cluster = cluster(1).await;
-    let kv = cluster
-        .client(EtcdOptions::default())
-        .await
-        .expect("client");
+    let (_serial, _cluster, kv) = serial_cluster(1, EtcdOptions::default()).await;
     assert_eq!(kv.requests(), 0);
     kv.get(b"/count").await.expect("get");
     kv.txn(Txn {

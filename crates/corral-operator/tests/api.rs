@@ -3,6 +3,8 @@
 //! nodes, pools, grants and plans, errors as JSON bodies, the token on TCP, and `/metrics`
 //! as valid OpenMetrics text.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -12,36 +14,15 @@ use std::time::Duration;
 
 use corral_api::ErrorResponse;
 use corral_api::operator as body;
-use corral_cluster::{ClusterConfig, ClusterName, ClusterView, Keys, NodeName, NodeRecord};
+use corral_cluster::{ClusterConfig, ClusterName, ClusterView, Keys, NodeName};
 use corral_operator::Shared;
 use corral_operator::api::{Api, ApiConfig, BindError};
 
 const TOKEN: &str = "operator-test-token-0123456789";
 
-const DUAL: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/16"]
-node_prefix_len = 24
-reserved = ["10.192.0.0/24"]
-[pools.ipv6]
-cidrs = ["fd00:200::/48"]
-node_prefix_len = 64
-"#;
+const DUAL: &str = include_str!("configs/api_dual.toml");
 
-const NODE_IDS: &str = r#"
-quarantine_secs = 2
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+const NODE_IDS: &str = include_str!("configs/api_node_ids.toml");
 
 /// A view of cluster `t` under `toml`, with `nodes` registered and granted what they need,
 /// and `waiting` registered only.
@@ -52,14 +33,7 @@ fn view(toml: &str, nodes: &[&str], waiting: &[&str]) -> ClusterView {
     view.apply_put(&keys.config(), config.to_json().unwrap().as_bytes(), 1, 1);
     let mut revision = 2;
     for name in nodes.iter().chain(waiting) {
-        let record = corral_cluster::encode_value(&NodeRecord {
-            uid: format!("uid-{name}"),
-            addresses: Vec::new(),
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        })
-        .unwrap();
+        let record = common::node_record(name);
         view.apply_put(
             &format!("/corral/t/v1/nodes/{name}"),
             &record,
@@ -520,17 +494,7 @@ fn check_openmetrics(text: &str) {
 
 #[test]
 fn a_block_pool_nodes_statistics_and_metrics_are_served() {
-    const BLOCKS: &str = r#"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.watermarks]
-pre_allocate = 8
-max_allocate = 28
-[pools.ipv4]
-cidrs = ["10.64.0.0/16"]
-block_prefix_len = 28
-"#;
+    const BLOCKS: &str = include_str!("configs/api_blocks.toml");
     let mut view = view(BLOCKS, &[], &["node-a"]);
     let node = NodeName::new("node-a").unwrap();
     let pool = corral_cluster::PoolName::new("pods").unwrap();
@@ -590,15 +554,7 @@ block_prefix_len = 28
 
 #[test]
 fn a_cloud_pool_nodes_interfaces_and_statistics_are_served() {
-    const CLOUD: &str = r#"
-[[pools]]
-name = "pods"
-mode = "cloud"
-[pools.watermarks]
-pre_allocate = 8
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-"#;
+    const CLOUD: &str = include_str!("configs/api_cloud.toml");
     let mut view = view(CLOUD, &[], &["node-a"]);
     let record = corral_cluster::CloudInterfaceRecord {
         pool: corral_cluster::PoolName::new("pods").unwrap(),

@@ -20,21 +20,7 @@ use corral_operator::state::TxnOutcome;
 /// One block pool: IPv4 /28 blocks (14 addresses each) from 10.64.0.0/16, the first block
 /// reserved; pre-allocate 8; release delay 10 s; quarantine 5 s. `big` may hold at most 28
 /// addresses (2 blocks).
-const BLOCKS: &str = r#"
-quarantine_secs = 5
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 10
-[pools.watermarks]
-pre_allocate = 8
-[pools.node_watermarks.big]
-max_allocate = 28
-[pools.ipv4]
-cidrs = ["10.64.0.0/16"]
-block_prefix_len = 28
-reserved = ["10.64.0.0/28"]
-"#;
+const BLOCKS: &str = include_str!("configs/blocks.toml");
 
 fn pods() -> PoolName {
     PoolName::new("pods").unwrap()
@@ -122,19 +108,37 @@ async fn leader_of(replicas: &[&Replica]) {
 }
 
 async fn wait_blocks<K: Kv>(kv: &K, name: &str, n: usize) {
+    wait_blocks_within(kv, name, n, 10).await;
+}
+
+/// Waits (`secs` seconds of virtual time at most) until `name` holds `n` blocks.
+async fn wait_blocks_within<K: Kv>(kv: &K, name: &str, n: usize, secs: u64) {
     wait_until(
         &format!("{name} holds {n} blocks"),
-        Duration::from_secs(10),
+        Duration::from_secs(secs),
         || async { blocks_of(kv, name).await.len() == n },
+    )
+    .await;
+}
+
+/// Waits (30 s of virtual time at most) until every one of `names` holds two blocks.
+async fn wait_two_blocks_each<K: Kv>(kv: &K, names: &[String]) {
+    wait_until(
+        "every node holds two blocks",
+        Duration::from_secs(30),
+        || async {
+            let grants = grants(kv).await;
+            names
+                .iter()
+                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
+        },
     )
     .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grows() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     register(&kv, "n1").await;
@@ -170,8 +174,7 @@ async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grow
     );
     // Nothing more while the demand stands.
     assert_eq!(a.shared.grant_txns(TxnOutcome::Conflict), 0);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
     let stats = a
         .shared
         .with_view(|view, _| view.node_block_stats(&node("n1")))
@@ -184,9 +187,7 @@ async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grow
 
 #[tokio::test(start_paused = true)]
 async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_transaction() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let names: Vec<String> = (0..100).map(|i| format!("node-{i:03}")).collect();
@@ -195,17 +196,7 @@ async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_trans
         // 20 free wanted: two blocks each.
         demand(&kv, name, 0, 0, 20, &[]).await;
     }
-    wait_until(
-        "every node holds two blocks",
-        Duration::from_secs(30),
-        || async {
-            let grants = grants(&kv).await;
-            names
-                .iter()
-                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
-        },
-    )
-    .await;
+    wait_two_blocks_each(&kv, &names).await;
     let mut all: Vec<IpNet> = grants(&kv)
         .await
         .values()
@@ -225,8 +216,7 @@ async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_trans
         conflicts, 0,
         "conflicts per successful grant: {conflicts}/{granted}"
     );
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 /// A node holding three blocks with nothing used: two are excess (keep level 8 = one block).
@@ -243,9 +233,7 @@ async fn node_with_excess<K: Kv>(kv: &K, name: &str) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgotten() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let blocks = node_with_excess(&kv, "n1").await;
@@ -264,12 +252,7 @@ async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgo
     assert!(marked.iter().all(|(_, r)| r.state == ReleaseState::Marked));
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Ready).await);
     assert!(answer(&kv, "n1", "10.64.0.32/28", ReleaseState::Refused).await);
-    wait_until(
-        "the ready block is released",
-        Duration::from_secs(3),
-        || async { blocks_of(&kv, "n1").await.len() == 2 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 2, 3).await;
     wait_until(
         "the refusal is forgotten",
         Duration::from_secs(3),
@@ -307,14 +290,12 @@ async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgo
     assert_eq!(a.shared.handshakes("released"), 1);
     assert_eq!(a.shared.handshakes("refused"), 1);
     assert!(a.shared.handshakes("marked") >= 3);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_mark_is_withdrawn_when_demand_rises_before_the_answer() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     node_with_excess(&kv, "n1").await;
@@ -334,19 +315,23 @@ async fn a_mark_is_withdrawn_when_demand_rises_before_the_answer() {
     assert_consistent(&kv).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_new_leader_finishes_handshakes_the_old_one_started() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
+/// `op-a` leading and `op-b` standing by; node `n1` with excess, two of its blocks marked.
+async fn two_blocks_marked(kv: &MemKv) -> (Replica, Replica) {
+    let a = Replica::start(kv, "op-a");
     leader_of(&[&a]).await;
-    let b = Replica::start(&kv, "op-b");
-    node_with_excess(&kv, "n1").await;
+    let b = Replica::start(kv, "op-b");
+    node_with_excess(kv, "n1").await;
     wait_until("two blocks marked", Duration::from_secs(15), || async {
-        releases_of(&kv, "n1").await.len() == 2
+        releases_of(kv, "n1").await.len() == 2
     })
     .await;
+    (a, b)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_finishes_handshakes_the_old_one_started() {
+    let (kv, auditor) = audited(BLOCKS).await;
+    let (a, b) = two_blocks_marked(&kv).await;
     // One answered before the failover, one after.
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Ready).await);
     a.kill();
@@ -354,40 +339,21 @@ async fn a_new_leader_finishes_handshakes_the_old_one_started() {
         b.leading()
     })
     .await;
-    wait_until(
-        "the ready block is released",
-        Duration::from_secs(3),
-        || async { blocks_of(&kv, "n1").await.len() == 2 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 2, 3).await;
     // Still marked, answered to the new leader.
     assert_eq!(releases_of(&kv, "n1").await.len(), 1);
     assert!(answer(&kv, "n1", "10.64.0.32/28", ReleaseState::Ready).await);
-    wait_until(
-        "the second block is released",
-        Duration::from_secs(3),
-        || async { blocks_of(&kv, "n1").await.len() == 1 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 1, 3).await;
     assert_eq!(blocks_of(&kv, "n1").await, ["10.64.0.16/28"]);
     assert!(releases_of(&kv, "n1").await.is_empty());
     assert_eq!(under(&kv, "quarantine/").await.len(), 2);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_new_leader_un_marks_when_demand_rose_during_the_failover() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
-    let b = Replica::start(&kv, "op-b");
-    node_with_excess(&kv, "n1").await;
-    wait_until("two blocks marked", Duration::from_secs(15), || async {
-        releases_of(&kv, "n1").await.len() == 2
-    })
-    .await;
+    let kv = initialized(BLOCKS).await;
+    let (a, b) = two_blocks_marked(&kv).await;
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Ready).await);
     a.kill();
     demand(&kv, "n1", 25, 3, 0, &[]).await;
@@ -405,8 +371,7 @@ async fn a_new_leader_un_marks_when_demand_rose_during_the_failover() {
 
 #[tokio::test(start_paused = true)]
 async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_blocks() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let revision = register(&kv, "n1").await;
@@ -425,10 +390,7 @@ async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_b
     .await;
     request_removal(&kv, "n1", revision).await;
     wait_until("n1 removed", Duration::from_secs(5), || async {
-        kv.get(keys().node(&node("n1")).as_bytes())
-            .await
-            .unwrap()
-            .is_none()
+        registration(&kv, "n1").await.is_none()
     })
     .await;
     assert!(under(&kv, "demand/").await.is_empty());
@@ -440,8 +402,7 @@ async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_b
 
 #[tokio::test(start_paused = true)]
 async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     register(&kv, "big").await;
@@ -478,9 +439,7 @@ async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_removed_in_parts() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     let revision = register(&kv, "n1").await;
@@ -491,18 +450,14 @@ async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_remov
     assert_consistent(&kv).await;
     request_removal(&kv, "n1", revision).await;
     wait_until("n1 removed", Duration::from_secs(5), || async {
-        kv.get(keys().node(&node("n1")).as_bytes())
-            .await
-            .unwrap()
-            .is_none()
+        registration(&kv, "n1").await.is_none()
     })
     .await;
     assert!(grants(&kv).await.is_empty());
     assert!(under(&kv, "owned/").await.is_empty());
     assert!(under(&kv, "demand/").await.is_empty());
     assert_eq!(under(&kv, "quarantine/").await.len(), 72);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -519,17 +474,7 @@ async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
         register(&kv, name).await;
         demand(&kv, name, 0, 0, 20, &[]).await;
     }
-    wait_until(
-        "every node holds two blocks",
-        Duration::from_secs(30),
-        || async {
-            let grants = grants(&kv).await;
-            names
-                .iter()
-                .all(|n| grants.get(n.as_str()).is_some_and(|g| g.len() == 2))
-        },
-    )
-    .await;
+    wait_two_blocks_each(&kv, &names).await;
     assert_eq!(kv.faults.lock().unwrap().lose_answers, 0);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
@@ -559,16 +504,14 @@ async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
     assert_eq!(quarantined.len(), 1);
     assert!(quarantined[0].lease.is_some());
     assert!(releases_of(&kv, n0).await.is_empty());
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 /// Three blocks marked at once and answered one after the other all complete at once (found
 /// by the block bench: the later answers waited for another release delay).
 #[tokio::test(start_paused = true)]
 async fn several_ready_blocks_of_one_family_all_complete() {
-    let kv = MemKv::new();
-    init(&kv, BLOCKS).await;
+    let kv = initialized(BLOCKS).await;
     let a = Replica::start(&kv, "op-a");
     leader_of(&[&a]).await;
     register(&kv, "n1").await;
@@ -591,12 +534,7 @@ async fn several_ready_blocks_of_one_family_all_complete() {
         demand(&kv, "n1", 0, free, 0, &empty).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    wait_until(
-        "every ready block is released",
-        Duration::from_secs(2),
-        || async { blocks_of(&kv, "n1").await.len() == 1 },
-    )
-    .await;
+    wait_blocks_within(&kv, "n1", 1, 2).await;
     assert_eq!(a.shared.handshakes("released"), 3);
     assert_consistent(&kv).await;
 }

@@ -16,21 +16,10 @@ use corral_cluster::{
     DemandRecord, FamilyDemand, IpNet, PoolName, ReleaseRecord, ReleaseState, decode_value,
     encode_value,
 };
-use corral_kv::{Compare, Kv, MemKv, Txn, TxnOp};
+use corral_kv::{Compare, Kv, Txn, TxnOp};
 
 /// IPv4 /28 blocks (14 addresses); pre-allocate 4; release delay 5 s; quarantine 3 s.
-const BLOCKS: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 5
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.64.0.0/20"]
-block_prefix_len = 28
-"#;
+const BLOCKS: &str = include_str!("configs/blocks_randomized.toml");
 
 const BLOCK: u64 = 14;
 
@@ -211,17 +200,8 @@ const NODES: usize = 6;
 
 async fn scenario(seed: u64) {
     let mut rng = Rng(seed);
-    let kv = FaultyKv::new(MemKv::new());
-    init(&kv, BLOCKS).await;
-    let auditor = Auditor::start(&kv.inner).await;
-    let mut replicas: Vec<Replica> = Vec::new();
     let mut started = 0;
-    let mut start = |replicas: &mut Vec<Replica>| {
-        started += 1;
-        replicas.push(Replica::start(&kv, &format!("op-{started}")));
-    };
-    start(&mut replicas);
-    start(&mut replicas);
+    let (kv, auditor, mut replicas) = faulty_pair(BLOCKS, &mut started).await;
     let names: Vec<String> = (0..NODES).map(|i| format!("node-{i}")).collect();
     for name in &names {
         register(&kv, name).await;
@@ -232,20 +212,10 @@ async fn scenario(seed: u64) {
         let context = format!("seed {seed} step {step}");
         match rng.below(10) {
             0 => {
-                let index = replicas.iter().position(Replica::leading).unwrap_or(0);
-                let replica = replicas.remove(index);
-                log.push(format!("kill {}", replica.name));
-                replica.kill();
-                if replicas.len() < 2 || rng.below(2) == 0 {
-                    start(&mut replicas);
-                }
+                kill_leader(&kv, &mut replicas, &mut started, &mut rng, &mut log);
             }
             1 => {
-                let outage = Duration::from_millis(200 + rng.below(3000));
-                log.push(format!("outage {outage:?}"));
-                kv.inner.set_unavailable(true);
-                tokio::time::sleep(outage).await;
-                kv.inner.set_unavailable(false);
+                outage(&kv, Duration::from_millis(200 + rng.below(3000)), &mut log).await;
             }
             2 => {
                 log.push("lose an answer".into());
@@ -280,16 +250,7 @@ async fn scenario(seed: u64) {
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.below(2500))).await;
-        let problems = check(&kv).await;
-        assert!(
-            problems.is_empty(),
-            "{context}: {problems:#?}\nafter {log:#?}"
-        );
-        assert!(
-            auditor.doubles.lock().unwrap().is_empty(),
-            "{context}: {:#?}\nafter {log:#?}",
-            auditor.doubles.lock().unwrap()
-        );
+        assert_step(&kv, &auditor, &context, &log).await;
     }
     // Settle: every agent gets to its watermarks, and the excess goes.
     kv.faults.lock().unwrap().lose_answers = 0;
@@ -321,8 +282,7 @@ async fn scenario(seed: u64) {
     let released: u64 = agents.iter().map(|a| a.released).sum();
     eprintln!("seed {seed}: {released} blocks released through the handshake");
     assert!(released > 0, "{context}: the handshake never ran");
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -14,7 +14,6 @@ use common::cloud::*;
 use common::*;
 use corral_cloud::{CloudProvider, Ipv4Set};
 use corral_cluster::{CloudInterfaceRecord, IpNet};
-use corral_kv::Kv;
 
 async fn open_intents(kv: &corral_kv::MemKv) -> usize {
     intents(kv).await.len()
@@ -93,13 +92,8 @@ async fn a_replayed_unassign_waits_out_the_describe_lag() {
     assert_eq!(unassign_calls(&rig), 0);
     rig.provider.timeout_unassigns.store(1, Ordering::SeqCst);
     rig.set_pods("node-0000", 0);
-    wait_every(
-        "the excess is unassigned and recorded",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent("node-0000").entries().len() == 8,
-    )
-    .await;
+    rig.wait_entries("the excess is unassigned and recorded", "node-0000", 8)
+        .await;
     // Settle: nothing is still open.
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(open_intents(&rig.kv).await, 0);
@@ -146,13 +140,8 @@ async fn an_unassign_refused_as_not_assigned_drops_nothing_the_cloud_still_has()
         .await
         .unwrap();
     rig.set_pods("node-0000", 0);
-    wait_every(
-        "the excess leaves the record",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent("node-0000").entries().len() == 8,
-    )
-    .await;
+    rig.wait_entries("the excess leaves the record", "node-0000", 8)
+        .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(open_intents(&rig.kv).await, 0);
     assert_eq!(held(&rig, &interface).len(), 3);
@@ -180,29 +169,14 @@ async fn a_removed_nodes_interfaces_on_a_running_instance_are_detached_and_delet
         })
         .collect();
     assert_eq!(theirs.len(), 1);
-    let primary = rig
-        .ec2
-        .interfaces()
-        .into_iter()
-        .find(|ni| {
-            ni.attachment
-                .as_ref()
-                .is_some_and(|a| a.instance_id == instance && a.device_index == 0)
-        })
-        .unwrap();
+    let primary = primary(&rig, name);
     let other: Vec<(String, CloudInterfaceRecord)> = records(&rig.kv)
         .await
         .into_iter()
         .filter(|(n, ..)| n != name)
         .map(|(_, i, r)| (i, r))
         .collect();
-    let registration = rig
-        .kv
-        .get(keys().node(&node(name)).as_bytes())
-        .await
-        .unwrap()
-        .unwrap()
-        .create_revision;
+    let registration = registration(&rig.kv, name).await.unwrap();
     rig.agents.lock().unwrap().nodes.remove(&node(name));
     request_removal(&rig.kv, name, registration).await;
     let took = wait_every(
@@ -321,15 +295,9 @@ async fn a_refused_prefix_is_remembered_across_a_failover() {
         .pool("[pools.watermarks]\npre_allocate = 8")
         .cloud("prefix_delegation = true\nfirst_interface_index = 0")
         .fake(
-            corral_cloud::FakeEc2::builder().seed(55).subnet(
-                corral_cloud::fake::SubnetSpec::new(
-                    "subnet-a",
-                    VPC,
-                    ZONE,
-                    "10.0.0.0/20".parse().unwrap(),
-                )
-                .fragmented(1.0),
-            ),
+            corral_cloud::FakeEc2::builder()
+                .seed(55)
+                .subnet(zone_subnet("subnet-a", "10.0.0.0/20").fragmented(1.0)),
         )
         .nodes(1, "m5.large")
         .start()
@@ -426,13 +394,7 @@ async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface()
 async fn a_removed_nodes_failing_teardown_backs_off() {
     let (rig, _leader) = two_served_nodes(59).await;
     let name = "node-0001";
-    let registration = rig
-        .kv
-        .get(keys().node(&node(name)).as_bytes())
-        .await
-        .unwrap()
-        .unwrap()
-        .create_revision;
+    let registration = registration(&rig.kv, name).await.unwrap();
     rig.ec2.fail_next(
         corral_cloud::Action::DetachNetworkInterface,
         100_000,

@@ -32,13 +32,8 @@ async fn failover_onto_a_reset_cloud() -> (Rig, Replica, FakeEc2) {
         .nodes(1, "m5.large")
         .start()
         .await;
-    wait_every(
-        "node-0000 is served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent("node-0000").entries().len() == 2,
-    )
-    .await;
+    rig.wait_entries("node-0000 is served", "node-0000", 2)
+        .await;
     // Past the next full resync (60 s): one cloud, nothing reported missing.
     tokio::time::sleep(Duration::from_secs(70)).await;
     assert_eq!(a.shared.cloud_records_missing(), Vec::<String>::new());

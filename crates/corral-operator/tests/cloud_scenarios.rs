@@ -37,25 +37,16 @@ async fn scenario_1_with_prefix_delegation_one_prefix_per_node() {
     let n = 1000;
     // The node subnet a /16 (4,096 aligned /28s): 1,000 /28s and 1,000 primaries fit in it
     // however the primaries fragment it (scenario 1's /18 would not hold 1,000 /28s).
-    let fake =
-        corral_cloud::FakeEc2::builder()
-            .seed(11)
-            .subnet(corral_cloud::fake::SubnetSpec::new(
-                "subnet-a",
-                VPC,
-                ZONE,
-                "10.0.0.0/16".parse().unwrap(),
-            ));
-    let rig = Scenario::new(11)
+    let fake = corral_cloud::FakeEc2::builder()
+        .seed(11)
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/16"));
+    let (rig, _a, started) = Scenario::new(11)
         .pool("[pools.watermarks]\npre_allocate = 8")
         .cloud("prefix_delegation = true\nfirst_interface_index = 0")
         .fake(fake)
         .named(&names(n))
-        .build()
+        .start_counted()
         .await;
-    rig.ec2.reset_counters();
-    let started = tokio::time::Instant::now();
-    let _a = rig.start_leader("op-a").await;
     wait_every(
         "every node has a /28",
         Duration::from_secs(600),
@@ -64,23 +55,17 @@ async fn scenario_1_with_prefix_delegation_one_prefix_per_node() {
     )
     .await;
     let took = started.elapsed();
-    let counters = rig.ec2.counters();
-    let calls = counters.total_calls();
-    let throttled = counters.total_throttled();
-    let assigns = counters.calls(Action::AssignPrivateIpAddresses);
-    eprintln!(
-        "scenario 1 (prefix delegation): {n} nodes in {:.1} s virtual; {calls} calls ({assigns} assigns), {throttled} throttled ({:.2}%)",
-        took.as_secs_f64(),
-        100.0 * throttled as f64 / calls.max(1) as f64
-    );
+    let counters = scenario_1_bounds(&rig, "scenario 1 (prefix delegation)", n, took);
     assert!(rig.all_agents(|a| {
         let entries = a.entries();
         entries.len() == 1 && entries[0].prefix_len() == 28
     }));
     assert_eq!(counters.calls(Action::CreateNetworkInterface), 0);
-    assert_eq!(assigns, n as u64, "one assign per node");
-    assert!(took <= Duration::from_secs(198), "took {took:?}");
-    assert!(throttled * 100 < calls, "{throttled} of {calls} throttled");
+    assert_eq!(
+        counters.calls(Action::AssignPrivateIpAddresses),
+        n as u64,
+        "one assign per node"
+    );
     rig.assert_settled().await;
 }
 

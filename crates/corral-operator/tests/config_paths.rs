@@ -12,16 +12,7 @@ use common::*;
 use corral_cluster::{AppliedConfigRecord, ClusterConfig, Key, decode_value};
 use corral_kv::{Kv, MemKv};
 
-const CONFIG: &str = r#"
-quarantine_secs = 5
-[resync]
-resync_ms = 2000
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/20"]
-node_prefix_len = 24
-"#;
+const CONFIG: &str = include_str!("configs/config_paths.toml");
 
 fn renamed() -> String {
     CONFIG.replace("\"default\"", "\"pods\"")
@@ -202,13 +193,7 @@ async fn without_a_last_good_configuration_the_grants_judge_the_stored_one() {
     let a = cluster_with_two_nodes(&kv).await;
     a.stop().await;
     // No record of what was installed, and a renamed pool stored.
-    kv.txn(corral_kv::Txn {
-        compares: vec![],
-        success: vec![corral_kv::TxnOp::delete(keys().config_applied())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(&kv, vec![corral_kv::TxnOp::delete(keys().config_applied())]).await;
     put_raw(&kv, &renamed()).await;
     let b = Replica::start(&kv, "op-b");
     register(&kv, "node-c").await;
@@ -240,13 +225,7 @@ async fn a_leader_keeps_its_configuration_when_the_applied_record_is_deleted() {
     let kv = MemKv::new();
     let a = cluster_with_two_nodes(&kv).await;
     put_raw(&kv, &renamed()).await;
-    kv.txn(corral_kv::Txn {
-        compares: vec![],
-        success: vec![corral_kv::TxnOp::delete(keys().config_applied())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(&kv, vec![corral_kv::TxnOp::delete(keys().config_applied())]).await;
     let before = a.shared.resyncs_ok();
     wait_until("two resyncs", Duration::from_secs(30), || async {
         a.shared.resyncs_ok() >= before + 2

@@ -6,45 +6,22 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
-use corral_kv::{Kv, MemKv, Txn, TxnOp};
+use corral_kv::{Kv, MemKv, TxnOp};
 use corral_operator::election::{Candidate, is_candidate};
 
 async fn serve_node<K: Kv>(kv: &K, name: &str) {
-    register(kv, name).await;
-    wait_until(
-        &format!("{name} is served"),
-        Duration::from_secs(30),
-        || async {
-            grants(kv).await.get(name).is_some_and(|g| g.len() == 2)
-                && node_id(kv, name).await.is_some()
-        },
-    )
-    .await;
+    register_served(kv, name).await;
 }
 
 async fn delete<K: Kv>(kv: &K, key: &[u8]) {
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::delete(key)],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(kv, vec![TxnOp::delete(key)]).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_leader_whose_election_key_is_deleted_steps_down_within_its_ttl_and_campaigns_again() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     serve_node(&kv, "node-1").await;
     let (_, lease, key, _) = leader_key(&kv).await.unwrap();
     delete(&kv, &key).await;
@@ -58,28 +35,14 @@ async fn a_leader_whose_election_key_is_deleted_steps_down_within_its_ttl_and_ca
     // And grants again.
     serve_node(&kv, "node-2").await;
     assert!(!a.finished());
-    assert!(
-        a.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("stopped leading")),
-        "{:?}",
-        a.shared.problems()
-    );
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_reported(&a.shared, &["stopped leading"]);
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_standby_takes_over_when_the_leaders_key_is_deleted() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     serve_node(&kv, "node-1").await;
     let (_, _, key, _) = leader_key(&kv).await.unwrap();
@@ -92,15 +55,12 @@ async fn a_standby_takes_over_when_the_leaders_key_is_deleted() {
     assert_eq!(leader_key(&kv).await.unwrap().0, "op-b");
     serve_node(&kv, "node-2").await;
     assert!(!a.leading());
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     // Written by hand before any replica: the lowest key, on no lease, never going away.
     let rogue = format!("{}1", keys().election_prefix());
     put(&kv, &rogue, b"rogue").await;
@@ -146,8 +106,7 @@ async fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
             .any(|p| p.contains("not on a lease"))
     })
     .await;
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -160,13 +119,11 @@ async fn only_keys_on_the_lease_they_are_named_after_are_candidates() {
     let other = kv.lease_grant(TTL).await.unwrap();
     // On a lease, but not the one its name says.
     let misnamed = format!("{prefix}{:x}", other.0 + 1000);
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put_on_lease(misnamed.as_str(), "x", other)],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    apply(
+        &kv,
+        vec![TxnOp::put_on_lease(misnamed.as_str(), "x", other)],
+    )
+    .await;
     put(&kv, &format!("{prefix}2"), b"hand").await;
     let entries = under(&kv, "election/").await;
     let candidates: Vec<&[u8]> = entries

@@ -35,10 +35,6 @@ async fn assert_holdings<K: Kv>(kv: &K, name: &str) {
     put(kv, &keys().holdings(&node(name)), &record).await;
 }
 
-async fn served<K: Kv>(kv: &K, name: &str) -> bool {
-    grants(kv).await.get(name).is_some_and(|g| g.len() == 2)
-}
-
 /// Waits until the replica pauses granting after the store changed its cluster ID.
 async fn regress(kv: &MemKv, replica: &Replica) {
     kv.set_cluster_id(MemKv::CLUSTER_ID + 1);
@@ -48,16 +44,22 @@ async fn regress(kv: &MemKv, replica: &Replica) {
     .await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn after_a_regression_granting_waits_for_the_live_nodes_assertions() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
+/// Replica `op-a` serving the live node `node-a` (its assertion written), then etcd going back
+/// in time under it.
+async fn regressed_after_node_a() -> (MemKv, Replica) {
+    let kv = initialized(DUAL).await;
     let op = Replica::start(&kv, "op-a");
     register(&kv, "node-a").await;
     make_live(&kv, "node-a").await;
     assert_holdings(&kv, "node-a").await;
-    wait_until("node-a is served", LONG, || served(&kv, "node-a")).await;
+    wait_until("node-a is served", LONG, || dual_served(&kv, "node-a")).await;
     regress(&kv, &op).await;
+    (kv, op)
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_regression_granting_waits_for_the_live_nodes_assertions() {
+    let (kv, op) = regressed_after_node_a().await;
     let paused = op.shared.granting_paused().unwrap();
     assert!(paused.contains("etcd went back in time"), "{paused}");
     assert!(paused.contains("node-a"), "{paused}");
@@ -87,18 +89,14 @@ async fn after_a_regression_granting_waits_for_the_live_nodes_assertions() {
     // node-b registers: nothing is granted while node-a's assertion is owed.
     register(&kv, "node-b").await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert!(!served(&kv, "node-b").await);
+    assert!(!dual_served(&kv, "node-b").await);
     // node-a asserts again: granting resumes.
     assert_holdings(&kv, "node-a").await;
-    wait_until("node-b is served", LONG, || served(&kv, "node-b")).await;
+    wait_until("node-b is served", LONG, || dual_served(&kv, "node-b")).await;
     assert_eq!(op.shared.granting_paused(), None);
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("granting resumes") && p.contains("every live agent asserted")),
-        "{:?}",
-        op.shared.problems()
+    assert_reported(
+        &op.shared,
+        &["granting resumes", "every live agent asserted"],
     );
     assert_consistent(&kv).await;
     op.stop().await;
@@ -106,14 +104,7 @@ async fn after_a_regression_granting_waits_for_the_live_nodes_assertions() {
 
 #[tokio::test(start_paused = true)]
 async fn a_regression_waits_at_most_the_settle_time_or_until_recover() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let op = Replica::start(&kv, "op-a");
-    register(&kv, "node-a").await;
-    make_live(&kv, "node-a").await;
-    assert_holdings(&kv, "node-a").await;
-    wait_until("node-a is served", LONG, || served(&kv, "node-a")).await;
-    regress(&kv, &op).await;
+    let (kv, op) = regressed_after_node_a().await;
     register(&kv, "node-b").await;
     // `corral cluster recover --yes`: granting resumes without node-a's assertion.
     let record = encode_value(&RecoverRecord {
@@ -122,7 +113,7 @@ async fn a_regression_waits_at_most_the_settle_time_or_until_recover() {
     })
     .unwrap();
     put(&kv, &keys().recover(), &record).await;
-    wait_until("node-b is served", LONG, || served(&kv, "node-b")).await;
+    wait_until("node-b is served", LONG, || dual_served(&kv, "node-b")).await;
     // Another regression, and nobody asserts: the settle time (40 s) ends the wait.
     kv.set_cluster_id(MemKv::CLUSTER_ID + 2);
     wait_until("the second regression is seen", LONG, || async {
@@ -131,42 +122,34 @@ async fn a_regression_waits_at_most_the_settle_time_or_until_recover() {
     .await;
     register(&kv, "node-c").await;
     let waited = wait_until("node-c is served", Duration::from_secs(120), || {
-        served(&kv, "node-c")
+        dual_served(&kv, "node-c")
     })
     .await;
     assert!(waited >= Duration::from_secs(20), "{waited:?}");
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("settle time") && p.contains("node-a")),
-        "{:?}",
-        op.shared.problems()
-    );
+    assert_reported(&op.shared, &["settle time", "node-a"]);
     assert_consistent(&kv).await;
     op.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_new_term_waits_for_live_nodes_without_holdings_and_not_for_the_others() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
+    let kv = initialized(DUAL).await;
     register(&kv, "node-a").await;
     make_live(&kv, "node-a").await;
     // node-a is live without a holdings record: the term waits for it.
     let op = Replica::start(&kv, "op-a");
     wait_until("op-a leads", LONG, || async { op.leading() }).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(!served(&kv, "node-a").await);
+    assert!(!dual_served(&kv, "node-a").await);
     let paused = op.shared.granting_paused().unwrap();
     assert!(paused.contains("a new term waits"), "{paused}");
     assert_holdings(&kv, "node-a").await;
-    wait_until("node-a is served", LONG, || served(&kv, "node-a")).await;
+    wait_until("node-a is served", LONG, || dual_served(&kv, "node-a")).await;
     op.stop().await;
     // The next term: every live node has a record, nothing waits.
     let op = Replica::start(&kv, "op-b");
     register(&kv, "node-b").await;
-    let waited = wait_until("node-b is served", LONG, || served(&kv, "node-b")).await;
+    let waited = wait_until("node-b is served", LONG, || dual_served(&kv, "node-b")).await;
     assert!(
         waited < Duration::from_secs(30),
         "well within the settle time: {waited:?}"

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use common::cloud::*;
 use common::*;
-use corral_cloud::fake::SubnetSpec;
 use corral_cloud::{Action, Amount, CloudProvider, FakeEc2, Ipv4Assign, Ipv6Assign, Ipv6Set};
 use corral_cluster::cloud::DESCRIBE_LAG_BOUND_MS;
 use corral_cluster::{IpNet, Key, QuarantineRecord, decode_value};
@@ -23,32 +22,12 @@ const SUBNET_V6: &str = "2600:1f14:0:1::/64";
 
 /// A dual-stack from-cloud pool: IPv4 /28s of the VPC's 10.0.0.0/16, IPv6 /80s of its /56.
 fn from_cloud_config(v4_len: u8, v6_cidr: &str) -> String {
-    format!(
-        r#"
-quarantine_secs = 5
-[[pools]]
-name = "pods"
-cloud_sync = "from-cloud"
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-node_prefix_len = {v4_len}
-[pools.ipv6]
-cidrs = ["{v6_cidr}"]
-node_prefix_len = 80
-"#
-    )
+    synced_config("from-cloud", 5, ("10.0.0.0/16", v4_len), v6_cidr, "")
 }
 
 /// The fake with a dual-stack `subnet-a`.
 fn fake(seed: u64) -> FakeEc2 {
-    FakeEc2::builder()
-        .seed(seed)
-        .subnet(
-            SubnetSpec::new("subnet-a", VPC, ZONE, "10.0.0.0/18".parse().unwrap())
-                .ipv6(SUBNET_V6.parse().unwrap()),
-        )
-        .build()
-        .unwrap()
+    dual_stack_fake(seed, SUBNET_V6)
 }
 
 fn names(n: usize) -> Vec<(String, &'static str)> {
@@ -58,19 +37,6 @@ fn names(n: usize) -> Vec<(String, &'static str)> {
 }
 
 /// The primary interface (device index 0) of an instance, as the cloud holds it now.
-fn primary(rig: &Rig, name: &str) -> corral_cloud::NetworkInterface {
-    let instance = &rig.instances[name];
-    rig.ec2
-        .interfaces()
-        .into_iter()
-        .find(|ni| {
-            ni.attachment
-                .as_ref()
-                .is_some_and(|a| a.instance_id == *instance && a.device_index == 0)
-        })
-        .expect("every instance has a primary interface")
-}
-
 /// The prefixes delegated to a node's primary interface now (the cloud's truth).
 fn delegated(rig: &Rig, name: &str) -> BTreeSet<IpNet> {
     let ni = primary(rig, name);
@@ -123,13 +89,6 @@ async fn grant_map(rig: &Rig) -> BTreeMap<IpNet, String> {
             Some((cidr, record.node.to_string()))
         })
         .collect()
-}
-
-async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(30), || async {
-        replica.leading()
-    })
-    .await;
 }
 
 /// Waits until every node's owned keys are exactly its primary interface's prefixes.
@@ -192,13 +151,7 @@ async fn fifty_nodes_get_exactly_their_delegated_prefixes() {
     )
     .await;
     // A removal: its grants deleted and quarantined (the removal path), never withdrawn by the sync.
-    let registration = rig
-        .kv
-        .get(keys().node(&node("node-03")).as_bytes())
-        .await
-        .unwrap()
-        .unwrap()
-        .create_revision;
+    let registration = registration(&rig.kv, "node-03").await.unwrap();
     let held = owned(&rig, "node-03").await;
     request_removal(&rig.kv, "node-03", registration).await;
     wait_until("node-03 removed", Duration::from_secs(10), || async {
@@ -359,14 +312,7 @@ async fn prefixes_of_the_wrong_length_or_outside_the_pool_are_reported_not_grant
             "{metrics}"
         );
     }
-    assert!(
-        a.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("is not a /27")),
-        "{:?}",
-        a.shared.problems()
-    );
+    assert_reported(&a.shared, &["is not a /27"]);
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert!(grant_map(&rig).await.is_empty());
     // The leader's own allocator carves nothing from a from-cloud pool either.
@@ -412,18 +358,8 @@ struct SlowKv {
 }
 
 impl Kv for SlowKv {
-    async fn get(&self, key: &[u8]) -> Result<Option<corral_kv::KeyValue>, corral_kv::KvError> {
-        self.inner.get(key).await
-    }
-    async fn range(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-        revision: Option<corral_kv::Revision>,
-    ) -> Result<corral_kv::RangePage, corral_kv::KvError> {
-        self.inner.range(prefix, after, limit, revision).await
-    }
+    forward_kv!(inner);
+
     async fn txn(&self, txn: corral_kv::Txn) -> Result<corral_kv::TxnResponse, corral_kv::KvError> {
         let grant = txn.success.iter().any(|op| match op {
             corral_kv::TxnOp::Put { key, .. } => {
@@ -437,27 +373,12 @@ impl Kv for SlowKv {
         }
         response
     }
-    async fn lease_grant(&self, ttl: Duration) -> Result<corral_kv::LeaseId, corral_kv::KvError> {
-        self.inner.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(
-        &self,
-        lease: corral_kv::LeaseId,
-    ) -> Result<Duration, corral_kv::KvError> {
-        self.inner.lease_keep_alive(lease).await
-    }
-    async fn lease_revoke(&self, lease: corral_kv::LeaseId) -> Result<(), corral_kv::KvError> {
-        self.inner.lease_revoke(lease).await
-    }
     async fn watch(
         &self,
         prefix: &[u8],
         from: corral_kv::Revision,
     ) -> Result<corral_kv::Watch, corral_kv::KvError> {
         self.inner.watch(prefix, from).await
-    }
-    async fn compact(&self, revision: corral_kv::Revision) -> Result<(), corral_kv::KvError> {
-        self.inner.compact(revision).await
     }
 }
 
@@ -578,13 +499,7 @@ async fn nothing_is_granted_or_withdrawn_while_etcd_went_back_in_time_is_unsettl
     let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
     leads(&a).await;
     all_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
-    rig.kv.set_cluster_id(corral_kv::MemKv::CLUSTER_ID + 1);
-    wait_until(
-        "the regression is seen",
-        Duration::from_secs(30),
-        || async { a.shared.regression_unsettled() },
-    )
-    .await;
+    regression_seen(&rig, &a).await;
     let before = grant_map(&rig).await;
     delegate(&rig, "node-01", 1, 0).await;
     let taken = delegated(&rig, "node-00")

@@ -17,22 +17,19 @@ async fn register_and_wait<K: Kv>(kv: &K, names: &[&str]) {
         register(kv, name).await;
     }
     wait_until("every node is served", Duration::from_secs(30), || async {
-        let grants = grants(kv).await;
-        let mut served = true;
         for name in names {
-            served &= grants.get(*name).is_some_and(|g| g.len() == 2)
-                && node_id(kv, name).await.is_some();
+            if !served_with_id(kv, name).await {
+                return false;
+            }
         }
-        served
+        true
     })
     .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn one_replica_grants_lowest_free_dual_stack_cidrs_and_node_ids() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     let _a = Replica::start(&kv, "op-a");
     register_and_wait(&kv, &["node-a", "node-b", "node-c"]).await;
     let grants = grants(&kv).await;
@@ -63,8 +60,7 @@ async fn one_replica_grants_lowest_free_dual_stack_cidrs_and_node_ids() {
     }
     ids.sort();
     assert_eq!(ids, [1, 2, 3]);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -114,14 +110,8 @@ async fn a_fence_whose_key_is_gone_or_recreated_lets_no_write_through() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deposed_leader_grants_nothing_and_the_standby_takes_over() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let (kv, auditor) = audited(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     register_and_wait(&kv, &["node-1", "node-2"]).await;
     // Nodes arrive while the leader's lease is revoked under it: it still believes it leads
@@ -145,19 +135,13 @@ async fn a_deposed_leader_grants_nothing_and_the_standby_takes_over() {
     register_and_wait(&kv, &refs).await;
     assert_eq!(leader_key(&kv).await.unwrap().0, "op-b");
     assert!(!a.finished() && !b.finished());
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_standby_leads_within_the_lease_ttl_after_the_leader_dies() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let kv = initialized(DUAL).await;
+    let a = start_leading(&kv, "op-a").await;
     let b = Replica::start(&kv, "op-b");
     register_and_wait(&kv, &["node-a"]).await;
     // The process dies: no resignation, the election key stays until its lease runs out.
@@ -176,9 +160,7 @@ async fn a_standby_leads_within_the_lease_ttl_after_the_leader_dies() {
 
 #[tokio::test(start_paused = true)]
 async fn a_removed_nodes_cidrs_and_id_are_quarantined_then_reused() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     let _a = Replica::start(&kv, "op-a");
     let a_revision = register(&kv, "node-a").await;
     register_and_wait(&kv, &["node-a"]).await;
@@ -189,10 +171,7 @@ async fn a_removed_nodes_cidrs_and_id_are_quarantined_then_reused() {
 
     request_removal(&kv, "node-a", a_revision).await;
     wait_until("node-a removed", Duration::from_secs(5), || async {
-        kv.get(keys().node(&node("node-a")).as_bytes())
-            .await
-            .unwrap()
-            .is_none()
+        registration(&kv, "node-a").await.is_none()
     })
     .await;
     assert!(!grants(&kv).await.contains_key("node-a"));
@@ -270,8 +249,7 @@ async fn a_removed_nodes_cidrs_and_id_are_quarantined_then_reused() {
             .is_some()
     );
     assert_eq!(grants(&kv).await["node-e"].len(), 2);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -346,21 +324,12 @@ async fn garbage_is_reported_and_skipped_and_the_operator_keeps_serving() {
     );
 }
 
-const TINY: &str = r#"
-quarantine_secs = 3
-[resync]
-max_backoff_ms = 2000
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.9.0.0/29"]
-node_prefix_len = 30
-"#;
+const TINY: &str = include_str!("configs/tiny.toml");
 
-#[tokio::test(start_paused = true)]
-async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees() {
-    let kv = MemKv::new();
-    init(&kv, TINY).await;
+/// `TINY` full: `node-1` and `node-2` served by `op-a` and `node-3` waiting, the full pool
+/// reported; answers `node-1`'s registration too.
+async fn tiny_pool_full() -> (MemKv, Replica, i64) {
+    let kv = initialized(TINY).await;
     let a = Replica::start(&kv, "op-a");
     let first = register(&kv, "node-1").await;
     register(&kv, "node-2").await;
@@ -375,6 +344,12 @@ async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees
         || async { a.shared.full_pools().contains_key("default/ipv4") },
     )
     .await;
+    (kv, a, first)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees() {
+    let (kv, a, first) = tiny_pool_full().await;
     // It keeps retrying with backoff, granting nothing meanwhile.
     let txns_before = kv.requests();
     tokio::time::sleep(Duration::from_secs(20)).await;
@@ -404,8 +379,7 @@ async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees
 /// (nor a node whose grant was refused once).
 #[tokio::test(start_paused = true)]
 async fn a_node_waiting_on_a_full_pool_is_served_when_the_pool_grows() {
-    let kv = MemKv::new();
-    init(&kv, TINY).await;
+    let kv = initialized(TINY).await;
     let _a = Replica::start(&kv, "op-a");
     for node in ["node-1", "node-2", "node-3"] {
         register(&kv, node).await;
@@ -471,15 +445,12 @@ async fn compaction_past_the_leaders_watch_makes_it_read_again() {
         "{:?}",
         a.shared.problems()
     );
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_outage_during_grants_loses_and_doubles_nothing() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
+    let (kv, auditor) = audited(DUAL).await;
     let a = Replica::start(&kv, "op-a");
     let b = Replica::start(&kv, "op-b");
     wait_until("a leader", Duration::from_secs(5), || async {
@@ -500,8 +471,7 @@ async fn an_outage_during_grants_loses_and_doubles_nothing() {
     }
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     register_and_wait(&kv, &refs).await;
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -509,11 +479,7 @@ async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
     let kv = FaultyKv::new(MemKv::new());
     init(&kv, DUAL).await;
     let auditor = Auditor::start(&kv.inner).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
+    let a = start_leading(&kv, "op-a").await;
     // The next three grant transactions are applied, but the leader hears `Unavailable`: it
     // must not guess; it reads the store again and finds them granted.
     kv.faults.lock().unwrap().lose_answers = 3;
@@ -529,8 +495,7 @@ async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
     assert!(grants.values().all(|g| g.len() == 2), "{grants:#?}");
     // Every grant written once: 10 nodes, 2 CIDRs and 1 ID each.
     assert_eq!(*auditor.grants_written.lock().unwrap(), 30);
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 /// Regression: a node that waited for space (a retry entry) and then stopped needing anything
@@ -548,30 +513,9 @@ fn a_retry_for_a_node_that_needs_nothing_does_not_spin_the_leader() {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let kv = MemKv::new();
-            init(&kv, TINY).await;
-            let a = Replica::start(&kv, "op-a");
-            let first = register(&kv, "node-1").await;
-            register(&kv, "node-2").await;
-            wait_until("two nodes served", Duration::from_secs(10), || async {
-                grants(&kv).await.len() == 2
-            })
-            .await;
-            register(&kv, "node-3").await;
-            wait_until(
-                "the full pool is reported",
-                Duration::from_secs(10),
-                || async { a.shared.full_pools().contains_key("default/ipv4") },
-            )
-            .await;
+            let (kv, _a, first) = tiny_pool_full().await;
             // node-3's registration goes (an administrator deleted it): it needs nothing now.
-            kv.txn(Txn {
-                compares: vec![],
-                success: vec![TxnOp::delete(keys().node(&node("node-3")))],
-                failure: vec![],
-            })
-            .await
-            .unwrap();
+            apply(&kv, vec![TxnOp::delete(keys().node(&node("node-3")))]).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
             register(&kv, "node-4").await;
             request_removal(&kv, "node-1", first).await;

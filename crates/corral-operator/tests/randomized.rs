@@ -9,23 +9,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use corral_kv::{Kv, MemKv};
+use corral_kv::Kv;
 
 const STEPS: usize = 60;
 
 async fn scenario(seed: u64) {
     let mut rng = Rng(seed);
-    let kv = FaultyKv::new(MemKv::new());
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv.inner).await;
-    let mut replicas: Vec<Replica> = Vec::new();
     let mut started = 0;
-    let mut start = |replicas: &mut Vec<Replica>| {
-        started += 1;
-        replicas.push(Replica::start(&kv, &format!("op-{started}")));
-    };
-    start(&mut replicas);
-    start(&mut replicas);
+    let (kv, auditor, mut replicas) = faulty_pair(DUAL, &mut started).await;
     // Registered nodes and their registration's create revision; removed names.
     let mut nodes: BTreeMap<String, i64> = BTreeMap::new();
     let mut removed: Vec<String> = Vec::new();
@@ -72,20 +63,10 @@ async fn scenario(seed: u64) {
             }
             6 => {
                 // The leader (or any replica, if none leads yet) dies without resigning.
-                let index = replicas.iter().position(Replica::leading).unwrap_or(0);
-                let replica = replicas.remove(index);
-                log.push(format!("kill {}", replica.name));
-                replica.kill();
-                if replicas.len() < 2 || rng.below(2) == 0 {
-                    start(&mut replicas);
-                }
+                kill_leader(&kv, &mut replicas, &mut started, &mut rng, &mut log);
             }
             7 => {
-                let outage = Duration::from_millis(200 + rng.below(6000));
-                log.push(format!("outage {outage:?}"));
-                kv.inner.set_unavailable(true);
-                tokio::time::sleep(outage).await;
-                kv.inner.set_unavailable(false);
+                outage(&kv, Duration::from_millis(200 + rng.below(6000)), &mut log).await;
             }
             8 => {
                 let (_, revision) = corral_kv::read_all(&kv, b"/", 100).await.unwrap();
@@ -106,16 +87,7 @@ async fn scenario(seed: u64) {
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
-        let problems = check(&kv).await;
-        assert!(
-            problems.is_empty(),
-            "seed {seed} step {step}: {problems:#?}\nafter {log:#?}"
-        );
-        assert!(
-            auditor.doubles.lock().unwrap().is_empty(),
-            "seed {seed} step {step}: {:#?}\nafter {log:#?}",
-            auditor.doubles.lock().unwrap()
-        );
+        assert_step(&kv, &auditor, &format!("seed {seed} step {step}"), &log).await;
         for replica in &replicas {
             assert!(
                 !replica.finished(),
@@ -149,8 +121,7 @@ async fn scenario(seed: u64) {
             grants[name]
         );
     }
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]

@@ -14,7 +14,7 @@ use common::*;
 use corral_cluster::{
     Family, HeldRange, HoldingsRecord, IpNet, PoolName, RefusedGrant, encode_value,
 };
-use corral_kv::{Kv, MemKv};
+use corral_kv::Kv;
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -58,17 +58,10 @@ async fn put_holdings<K: Kv>(kv: &K, name: &str, held: &[IpNet], refused: Vec<Re
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_another_node_asserts() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
+    let kv = initialized(DUAL).await;
     let op = Replica::start(&kv, "op-a");
     register(&kv, "node-a").await;
-    wait_until("node-a is served", LONG, || async {
-        grants(&kv)
-            .await
-            .get("node-a")
-            .is_some_and(|g| g.len() == 2)
-    })
-    .await;
+    wait_until("node-a is served", LONG, || dual_served(&kv, "node-a")).await;
     let old = v4_grant(&grants(&kv).await["node-a"]);
     let pool = PoolName::new("default").unwrap();
     let grant_key = keys().grant(&pool, Family::V4, &old);
@@ -94,13 +87,7 @@ async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_anoth
         }],
     )
     .await;
-    wait_until("node-b is served", LONG, || async {
-        grants(&kv)
-            .await
-            .get("node-b")
-            .is_some_and(|g| g.len() == 2)
-    })
-    .await;
+    wait_until("node-b is served", LONG, || dual_served(&kv, "node-b")).await;
     assert!(kv.get(grant_key.as_bytes()).await.unwrap().is_some());
     put_holdings(
         &kv,
@@ -125,21 +112,13 @@ async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_anoth
     // The space node-b asserts goes to nobody.
     let all = grants(&kv).await;
     assert!(all.values().flatten().all(|g| cidr_of(g) != old), "{all:?}");
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("refused its grant") && p.contains(&old.to_string())),
-        "{:?}",
-        op.shared.problems()
-    );
+    assert_reported(&op.shared, &["refused its grant", &old.to_string()]);
     op.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_node_id_is_revoked_and_the_node_given_one_anew() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
+    let kv = initialized(DUAL).await;
     let op = Replica::start(&kv, "op-a");
     register(&kv, "node-a").await;
     wait_until("node-a has its node ID", LONG, || async {
@@ -172,13 +151,6 @@ async fn a_refused_node_id_is_revoked_and_the_node_given_one_anew() {
             .is_some_and(|e| e.create_revision > revision)
     })
     .await;
-    assert!(
-        op.shared
-            .problems()
-            .iter()
-            .any(|p| p.contains("refused") && p.contains(&format!("node ID {id}"))),
-        "{:?}",
-        op.shared.problems()
-    );
+    assert_reported(&op.shared, &["refused", &format!("node ID {id}")]);
     op.stop().await;
 }

@@ -16,16 +16,10 @@ use corral_cluster::{
     HeldRange, HoldingsRecord, IpNet, PoolName, QuarantineRecord, QuarantineState, RemovalMode,
     RemovalPhase, RemovalRecord, decode_value, encode_value,
 };
-use corral_kv::{Kv, MemKv, Revision, Txn, TxnOp};
+use corral_kv::{Kv, MemKv, Revision, TxnOp};
 
 async fn register_and_wait<K: Kv>(kv: &K, name: &str) -> Revision {
-    let revision = register(kv, name).await;
-    wait_until("the node is served", Duration::from_secs(30), || async {
-        grants(kv).await.get(name).is_some_and(|g| g.len() == 2)
-            && node_id(kv, name).await.is_some()
-    })
-    .await;
-    revision
+    register_served(kv, name).await
 }
 
 async fn request<K: Kv>(kv: &K, name: &str, node_revision: Revision, mode: RemovalMode) {
@@ -75,17 +69,15 @@ async fn put_holdings<K: Kv>(kv: &K, name: &str, value: &[u8]) {
 /// The node's liveness key on a lease of `ttl` (not kept alive: it runs out).
 async fn live_for<K: Kv>(kv: &K, name: &str, ttl: Duration) {
     let lease = kv.lease_grant(ttl).await.unwrap();
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put_on_lease(
+    apply(
+        kv,
+        vec![TxnOp::put_on_lease(
             keys().live(&node(name)),
             b"{}".to_vec(),
             lease,
         )],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    )
+    .await;
 }
 
 /// The node's liveness key with no lease (live until deleted).
@@ -128,21 +120,22 @@ fn waiting(q: &[(String, QuarantineState, bool)]) -> bool {
             .all(|(_, s, l)| *s == QuarantineState::Waiting && !l)
 }
 
+/// `op-a` leading, `op-b` standing by, and `node-a` served: answers them, `node-a`'s
+/// registration, its grants (sorted) and its node ID.
+async fn node_a_served(kv: &MemKv) -> (Replica, Replica, Revision, Vec<String>, u32) {
+    let a = start_leading(kv, "op-a").await;
+    let b = Replica::start(kv, "op-b");
+    let revision = register_and_wait(kv, "node-a").await;
+    let mut a_grants = grants(kv).await["node-a"].clone();
+    a_grants.sort();
+    let a_id = node_id(kv, "node-a").await.unwrap();
+    (a, b, revision, a_grants, a_id)
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failovers() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
-    let b = Replica::start(&kv, "op-b");
-    let revision = register_and_wait(&kv, "node-a").await;
-    let mut a_grants = grants(&kv).await["node-a"].clone();
-    a_grants.sort();
-    let a_id = node_id(&kv, "node-a").await.unwrap();
+    let (kv, auditor) = audited(DUAL).await;
+    let (a, b, revision, a_grants, a_id) = node_a_served(&kv).await;
     live(&kv, "node-a").await;
     put_holdings(&kv, "node-a", &holdings("node-a", &a_grants, 3, Some(a_id))).await;
 
@@ -234,25 +227,13 @@ async fn a_drained_node_keeps_its_space_until_its_holdings_drop_it_across_failov
     register_and_wait(&kv, "node-c").await;
     let c_grants = grants(&kv).await["node-c"].clone();
     assert!(c_grants.contains(&v4[0]), "{c_grants:?} vs {v4:?}");
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quarantine() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    wait_until("op-a leads", Duration::from_secs(5), || async {
-        a.leading()
-    })
-    .await;
-    let b = Replica::start(&kv, "op-b");
-    let revision = register_and_wait(&kv, "node-a").await;
-    let mut a_grants = grants(&kv).await["node-a"].clone();
-    a_grants.sort();
-    let a_id = node_id(&kv, "node-a").await.unwrap();
+    let (kv, auditor) = audited(DUAL).await;
+    let (a, b, revision, a_grants, a_id) = node_a_served(&kv).await;
     // The agent's last word before it died: it holds pods; its liveness runs out.
     put_holdings(&kv, "node-a", &holdings("node-a", &a_grants, 5, Some(a_id))).await;
     live_for(&kv, "node-a", Duration::from_secs(2)).await;
@@ -295,14 +276,12 @@ async fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_qu
         "{c_grants:?} gets node-a's space back, {a_grants:?}"
     );
     assert_eq!(node_id(&kv, "node-c").await, Some(a_id));
-    assert_consistent(&kv).await;
-    auditor.assert_clean();
+    assert_clean_end(&kv, &auditor).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
-    let kv = MemKv::new();
-    init(&kv, DUAL).await;
+    let kv = initialized(DUAL).await;
     let _a = Replica::start(&kv, "op-a");
     let revision = register_and_wait(&kv, "node-a").await;
     let mut a_grants = grants(&kv).await["node-a"].clone();

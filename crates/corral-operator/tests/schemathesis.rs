@@ -10,13 +10,15 @@
 //! when either is missing. `SCHEMATHESIS` names another `st` executable, `SCHEMATHESIS_SEED`
 //! another seed, `SCHEMATHESIS_EXAMPLES` another number of examples per operation.
 
+mod common;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corral_cluster::{ClusterConfig, ClusterName, Keys, NodeRecord};
+use corral_cluster::{ClusterConfig, ClusterName, Keys};
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 use corral_operator::api::ApiConfig;
@@ -30,18 +32,7 @@ const SEED: u64 = 20261122;
 const DEADLINE: Duration = Duration::from_secs(180);
 const NODES: usize = 5;
 
-const CONFIG: &str = r#"
-quarantine_secs = 3
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/12"]
-node_prefix_len = 24
-reserved = ["10.192.0.0/24"]
-[pools.ipv6]
-cidrs = ["fd00:200::/48"]
-node_prefix_len = 64
-"#;
+const CONFIG: &str = include_str!("configs/schemathesis.toml");
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -106,14 +97,7 @@ async fn seed_cluster(kv: &impl Kv, keys: &Keys) {
     }];
     for n in 0..NODES {
         let name = format!("node-{n}");
-        let record = corral_cluster::encode_value(&NodeRecord {
-            uid: format!("uid-{name}"),
-            addresses: Vec::new(),
-            registered_ms: 0,
-            instance_id: None,
-            max_pods: None,
-        })
-        .unwrap();
+        let record = common::node_record(&name);
         let key = format!("/corral/t/v1/nodes/{name}");
         txns.push(Txn {
             compares: vec![Compare::absent(key.clone())],

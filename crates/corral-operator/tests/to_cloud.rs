@@ -14,11 +14,9 @@ use std::time::Duration;
 
 use common::cloud::*;
 use common::*;
-use corral_cloud::fake::SubnetSpec;
 use corral_cloud::{
-    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Instance, InstanceTypeInfo,
-    InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
-    SubnetFilter, Tags,
+    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign, Ipv4Set, Ipv6Assign,
+    Ipv6Set, NetworkInterface, Tags,
 };
 use corral_cluster::IpNet;
 use corral_operator::CloudOptions;
@@ -26,32 +24,17 @@ use corral_operator::CloudOptions;
 /// A to-cloud pool: IPv4 /28s from 10.0.32.0/19 (inside `subnet-a`), IPv6 /80s from the
 /// subnet's /64 (its first /80 reserved: EC2 never delegates it).
 fn config(v4_len: u8, quarantine_secs: u64) -> String {
-    format!(
-        r#"
-quarantine_secs = {quarantine_secs}
-[[pools]]
-name = "pods"
-cloud_sync = "to-cloud"
-[pools.ipv4]
-cidrs = ["10.0.32.0/19"]
-node_prefix_len = {v4_len}
-[pools.ipv6]
-cidrs = ["2600:1f14:1:100::/64"]
-node_prefix_len = 80
-reserved = ["2600:1f14:1:100::/80"]
-"#
+    synced_config(
+        "to-cloud",
+        quarantine_secs,
+        ("10.0.32.0/19", v4_len),
+        "2600:1f14:1:100::/64",
+        "reserved = [\"2600:1f14:1:100::/80\"]\n",
     )
 }
 
 fn ec2(seed: u64) -> FakeEc2 {
-    FakeEc2::builder()
-        .seed(seed)
-        .subnet(
-            SubnetSpec::new("subnet-a", VPC, ZONE, "10.0.0.0/18".parse().unwrap())
-                .ipv6("2600:1f14:1:100::/64".parse().unwrap()),
-        )
-        .build()
-        .unwrap()
+    dual_stack_fake(seed, "2600:1f14:1:100::/64")
 }
 
 fn names(n: usize) -> Vec<(String, &'static str)> {
@@ -61,10 +44,7 @@ fn names(n: usize) -> Vec<(String, &'static str)> {
 }
 
 async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(60), || async {
-        replica.leading()
-    })
-    .await;
+    wait_leading(replica, Duration::from_secs(60)).await;
 }
 
 /// The node CIDRs granted, by node.
@@ -218,6 +198,16 @@ impl Gate {
             std::future::pending::<()>().await;
         }
     }
+    /// `call`, stopped before it is sent or after it was applied as the gate says.
+    async fn gated<T>(
+        &self,
+        call: impl Future<Output = Result<T, CloudError>>,
+    ) -> Result<T, CloudError> {
+        self.gate_before().await;
+        let answer = call.await?;
+        self.gate_after().await;
+        Ok(answer)
+    }
     async fn gate_after(&self) {
         if self.hang_after.load(Ordering::SeqCst) {
             self.stopped.fetch_add(1, Ordering::SeqCst);
@@ -227,24 +217,7 @@ impl Gate {
 }
 
 impl CloudProvider for Gate {
-    async fn describe_instance(&self, id: &str) -> Result<Instance, CloudError> {
-        self.inner.describe_instance(id).await
-    }
-    async fn describe_instance_types(
-        &self,
-        types: &[String],
-    ) -> Result<Vec<InstanceTypeInfo>, CloudError> {
-        self.inner.describe_instance_types(types).await
-    }
-    async fn describe_subnets(&self, filter: &SubnetFilter) -> Result<Vec<Subnet>, CloudError> {
-        self.inner.describe_subnets(filter).await
-    }
-    async fn describe_interfaces(
-        &self,
-        filter: &InterfaceFilter,
-    ) -> Result<Vec<NetworkInterface>, CloudError> {
-        self.inner.describe_interfaces(filter).await
-    }
+    forward_describes!(inner);
     async fn create_interface(
         &self,
         request: &CreateInterface,
@@ -272,32 +245,22 @@ impl CloudProvider for Gate {
         interface: &str,
         request: &Ipv4Assign,
     ) -> Result<Ipv4Set, CloudError> {
-        self.gate_before().await;
-        let assigned = self.inner.assign_ipv4(interface, request).await?;
-        self.gate_after().await;
-        Ok(assigned)
+        self.gated(self.inner.assign_ipv4(interface, request)).await
     }
     async fn unassign_ipv4(&self, interface: &str, release: &Ipv4Set) -> Result<(), CloudError> {
-        self.gate_before().await;
-        self.inner.unassign_ipv4(interface, release).await?;
-        self.gate_after().await;
-        Ok(())
+        self.gated(self.inner.unassign_ipv4(interface, release))
+            .await
     }
     async fn assign_ipv6(
         &self,
         interface: &str,
         request: &Ipv6Assign,
     ) -> Result<Ipv6Set, CloudError> {
-        self.gate_before().await;
-        let assigned = self.inner.assign_ipv6(interface, request).await?;
-        self.gate_after().await;
-        Ok(assigned)
+        self.gated(self.inner.assign_ipv6(interface, request)).await
     }
     async fn unassign_ipv6(&self, interface: &str, release: &Ipv6Set) -> Result<(), CloudError> {
-        self.gate_before().await;
-        self.inner.unassign_ipv6(interface, release).await?;
-        self.gate_after().await;
-        Ok(())
+        self.gated(self.inner.unassign_ipv6(interface, release))
+            .await
     }
     async fn create_tags(&self, ids: &[String], tags: &Tags) -> Result<(), CloudError> {
         self.inner.create_tags(ids, tags).await
@@ -531,27 +494,11 @@ async fn no_delegation_while_etcd_went_back_in_time_is_unsettled() {
         in_sync(&rig).await
     })
     .await;
-    rig.kv.set_cluster_id(corral_kv::MemKv::CLUSTER_ID + 1);
-    wait_until(
-        "the regression is seen",
-        Duration::from_secs(30),
-        || async { a.shared.regression_unsettled() },
-    )
-    .await;
+    regression_seen(&rig, &a).await;
     // Someone takes node-000's IPv4 prefix off its interface (out of band): the sync would
     // delegate it again, but waits for granting to resume.
-    let instance = rig.instances["node-000"].clone();
-    let (interface, prefix) = rig
-        .ec2
-        .interfaces()
-        .into_iter()
-        .find(|ni| {
-            ni.attachment
-                .as_ref()
-                .is_some_and(|at| at.instance_id == instance && at.device_index == 0)
-        })
-        .map(|ni| (ni.id.clone(), ni.ipv4_prefixes[0]))
-        .unwrap();
+    let primary = primary(&rig, "node-000");
+    let (interface, prefix) = (primary.id.clone(), primary.ipv4_prefixes[0]);
     rig.ec2
         .unassign_ipv4(
             &interface,

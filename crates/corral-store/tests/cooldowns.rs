@@ -2,17 +2,20 @@
 //! acts on, kept in step with the snapshots; and a schema-1 database (every cooldown in the
 //! state row) keeps its cooldowns when it is migrated.
 
+mod common;
+
+use common::{attached, one_pool};
+
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use corral_core::{
-    AttachmentKey, Engine, EngineConfig, Family, PoolName, RangeSpec, Request, ReusePolicy, Target,
-    Timestamp,
+    AttachmentKey, Engine, EngineConfig, Family, PoolName, Request, ReusePolicy, Target, Timestamp,
 };
 use corral_store::{
-    DB_FILE, EXPIRED_PER_BUILD, Need, PoolSpec, SCHEMA_VERSION, ScopeConfig, SqliteStore, Store,
-    StoreError, StoredAllocation, StoredCooldown, Txn, build_engine, save_engine,
+    DB_FILE, EXPIRED_PER_BUILD, Need, SCHEMA_VERSION, ScopeConfig, SqliteStore, Store, StoreError,
+    StoredCooldown, Txn, build_engine, save_engine,
 };
 
 const SCOPE: &str = "net";
@@ -27,16 +30,7 @@ fn pool() -> PoolName {
 }
 
 fn config(ranges: &[&str], cooldown: Duration) -> ScopeConfig {
-    let specs: Vec<RangeSpec> = ranges.iter().map(|r| r.parse().unwrap()).collect();
-    ScopeConfig {
-        pools: vec![PoolSpec::new(
-            &pool(),
-            cooldown,
-            ReusePolicy::NextFit,
-            &specs,
-            &[],
-        )],
-    }
+    one_pool(&pool(), ranges, cooldown)
 }
 
 fn key(name: &str) -> AttachmentKey {
@@ -92,14 +86,12 @@ fn add(
     assert!(!allocation.existing);
     txn.put_allocation(
         SCOPE,
-        &StoredAllocation {
-            pool: pool(),
-            addr: allocation.addr,
-            owner: name.to_owned(),
-            key: Some(attachment),
-            generation: allocation.generation,
-            lease: None,
-        },
+        &attached(
+            pool(),
+            (allocation.addr, allocation.generation),
+            name.to_owned(),
+            attachment,
+        ),
     )?;
     save_engine(&mut txn, SCOPE, desired, &engine)?;
     txn.commit()?;

@@ -2,35 +2,31 @@
 //! when a run past the grace period sees its attachment missing again, holding exactly what
 //! was recorded, whole, within the run's cap.
 
+mod common;
+
+use common::{attached, one_pool};
+
 use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_core::{
     AttachmentKey, Engine, EngineConfig, Family, GcHeld, GcPolicy, GcRefusal, GcSuspect, PoolName,
-    RangeSpec, Request, ReusePolicy, Target, Timestamp, release_suspect,
+    Request, Target, Timestamp, release_suspect,
 };
 use corral_store::{
-    GcOutcome, Need, PoolSpec, ScopeConfig, SqliteStore, Store, StoredAllocation, Txn,
-    build_engine, collect_garbage, save_engine,
+    GcOutcome, Need, ScopeConfig, SqliteStore, Store, Txn, build_engine, collect_garbage,
+    save_engine,
 };
 
 const SCOPE: &str = "net";
 
 fn desired() -> ScopeConfig {
-    let specs: Vec<RangeSpec> = ["10.1.0.0/24", "fd01::/120"]
-        .iter()
-        .map(|r| r.parse().unwrap())
-        .collect();
-    ScopeConfig {
-        pools: vec![PoolSpec::new(
-            &PoolName::default_pool(),
-            Duration::ZERO,
-            ReusePolicy::NextFit,
-            &specs,
-            &[],
-        )],
-    }
+    one_pool(
+        &PoolName::default_pool(),
+        &["10.1.0.0/24", "fd01::/120"],
+        Duration::ZERO,
+    )
 }
 
 fn key(container: &str) -> AttachmentKey {
@@ -77,14 +73,12 @@ fn add(store: &mut SqliteStore, container: &str, families: &[Family]) -> Vec<IpA
             .unwrap();
         txn.put_allocation(
             SCOPE,
-            &StoredAllocation {
-                pool: pool.clone(),
-                addr: allocation.addr,
-                owner: container.to_owned(),
-                key: Some(attachment.clone()),
-                generation: allocation.generation,
-                lease: None,
-            },
+            &attached(
+                pool.clone(),
+                (allocation.addr, allocation.generation),
+                container.to_owned(),
+                attachment.clone(),
+            ),
         )
         .unwrap();
         addrs.push(allocation.addr);

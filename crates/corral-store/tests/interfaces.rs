@@ -2,13 +2,17 @@
 //! addresses survive a reopen, the cooldown is still enforced after one, a partial build
 //! accepts interface ranges like any range, and checkpoints carry interfaces.
 
+mod common;
+
+use common::{attached, one_pool};
+
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use corral_core::{
     AttachmentKey, Engine, EngineConfig, Family, InterfaceId, InterfaceSpec, InterfaceStats,
-    Interfaces, IpNet, PoolName, ReusePolicy, Timestamp,
+    Interfaces, IpNet, PoolName, Timestamp,
 };
 use corral_store::{
     Need, PoolSpec, RangeSource, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation,
@@ -69,15 +73,7 @@ impl Node {
         let config = txn
             .stored_config(SCOPE)
             .unwrap()
-            .unwrap_or_else(|| ScopeConfig {
-                pools: vec![PoolSpec::new(
-                    &pool(),
-                    Duration::from_secs(30),
-                    ReusePolicy::NextFit,
-                    &[],
-                    &[],
-                )],
-            });
+            .unwrap_or_else(|| one_pool(&pool(), &[], Duration::from_secs(30)));
         let (engine, full) = build_engine(
             &mut txn,
             SCOPE,
@@ -133,14 +129,12 @@ impl Node {
             .unwrap();
         assert!(!assignment.existing);
         self.commit(
-            &[StoredAllocation {
-                pool: pool(),
-                addr: assignment.addr,
-                owner: name.to_owned(),
-                key: Some(key(name)),
-                generation: assignment.generation,
-                lease: None,
-            }],
+            &[attached(
+                pool(),
+                (assignment.addr, assignment.generation),
+                name.to_owned(),
+                key(name),
+            )],
             &[],
         );
         assignment.addr
@@ -436,15 +430,7 @@ fn pools_without_interfaces_serialize_as_before() {
 
 #[test]
 fn damaged_interface_entries_are_corrupt_not_panics() {
-    let mut config = ScopeConfig {
-        pools: vec![PoolSpec::new(
-            &pool(),
-            Duration::from_secs(30),
-            ReusePolicy::NextFit,
-            &[],
-            &[],
-        )],
-    };
+    let mut config = one_pool(&pool(), &[], Duration::from_secs(30));
     let mut table = Interfaces::new(pool());
     table.add_interface(spec("eni-0a", 0, at(0))).unwrap();
     config.pools[0].set_interfaces(&table).unwrap();

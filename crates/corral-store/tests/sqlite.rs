@@ -1,31 +1,25 @@
 //! The SQLite store on real files in temporary directories: schema, durability, exclusivity,
 //! and engines built from what it holds.
 
+mod common;
+
+use common::{attached, one_pool};
+
 use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_core::{
-    AttachmentKey, Engine, EngineConfig, Family, PoolName, RangeSpec, Request, ReusePolicy, Target,
-    Timestamp,
+    AttachmentKey, Engine, EngineConfig, Family, PoolName, Request, Target, Timestamp,
 };
 use corral_store::{
-    Need, PoolSpec, SCHEMA_VERSION, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation,
-    Txn, build_engine, save_engine,
+    Need, SCHEMA_VERSION, ScopeConfig, SqliteStore, Store, StoreError, StoredAllocation, Txn,
+    build_engine, save_engine,
 };
 
 const SCOPE: &str = "net";
 
 fn config(ranges: &[&str]) -> ScopeConfig {
-    let specs: Vec<RangeSpec> = ranges.iter().map(|r| r.parse().unwrap()).collect();
-    ScopeConfig {
-        pools: vec![PoolSpec::new(
-            &PoolName::default_pool(),
-            Duration::ZERO,
-            ReusePolicy::NextFit,
-            &specs,
-            &[],
-        )],
-    }
+    one_pool(&PoolName::default_pool(), ranges, Duration::ZERO)
 }
 
 fn key(i: usize) -> AttachmentKey {
@@ -64,19 +58,34 @@ fn add(store: &mut SqliteStore, desired: &ScopeConfig, i: usize) -> Result<IpAdd
     if !allocation.existing {
         txn.put_allocation(
             SCOPE,
-            &StoredAllocation {
-                pool: pool.clone(),
-                addr: allocation.addr,
+            &attached(
+                pool.clone(),
+                (allocation.addr, allocation.generation),
                 owner,
-                key: Some(attachment),
-                generation: allocation.generation,
-                lease: None,
-            },
+                attachment,
+            ),
         )?;
         save_engine(&mut txn, SCOPE, desired, &engine)?;
     }
     txn.commit()?;
     Ok(allocation.addr)
+}
+
+/// A store in a directory of its own holding the allocations of containers `0..n` in a pool
+/// of `ranges` (the directory, the scope's configuration, the store).
+fn store_with(ranges: &[&str], n: usize) -> (tempfile::TempDir, ScopeConfig, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let desired = config(ranges);
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    for i in 0..n {
+        add(&mut store, &desired, i).unwrap();
+    }
+    (dir, desired, store)
+}
+
+/// The scope's whole engine (and whether it was built whole: always).
+fn full_engine(txn: &mut impl Txn, desired: &ScopeConfig) -> Result<(Engine, bool), StoreError> {
+    build_engine(txn, SCOPE, desired, EngineConfig::default(), Need::Full)
 }
 
 fn del(store: &mut SqliteStore, desired: &ScopeConfig, i: usize) -> Result<usize, StoreError> {
@@ -148,24 +157,25 @@ fn allocations_survive_reopening_and_continue_where_they_left_off() {
     assert_eq!(rows.len(), 3);
 }
 
+/// An allocation of 10.0.0.9 without a key.
+fn unkeyed_row() -> StoredAllocation {
+    StoredAllocation {
+        pool: PoolName::default_pool(),
+        addr: "10.0.0.9".parse().unwrap(),
+        owner: "x".into(),
+        key: None,
+        generation: 1,
+        lease: None,
+    }
+}
+
 #[test]
 fn an_uncommitted_transaction_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = SqliteStore::open(dir.path()).unwrap();
     {
         let mut txn = store.begin().unwrap();
-        txn.put_allocation(
-            SCOPE,
-            &StoredAllocation {
-                pool: PoolName::default_pool(),
-                addr: "10.0.0.9".parse().unwrap(),
-                owner: "x".into(),
-                key: None,
-                generation: 1,
-                lease: None,
-            },
-        )
-        .unwrap();
+        txn.put_allocation(SCOPE, &unkeyed_row()).unwrap();
     }
     let mut txn = store.begin().unwrap();
     assert!(txn.all_allocations(SCOPE).unwrap().is_empty());
@@ -176,14 +186,7 @@ fn the_database_refuses_one_address_twice() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = SqliteStore::open(dir.path()).unwrap();
     let mut txn = store.begin().unwrap();
-    let row = StoredAllocation {
-        pool: PoolName::default_pool(),
-        addr: "10.0.0.9".parse().unwrap(),
-        owner: "x".into(),
-        key: None,
-        generation: 1,
-        lease: None,
-    };
+    let row = unkeyed_row();
     txn.put_allocation(SCOPE, &row).unwrap();
     match txn.put_allocation(SCOPE, &row) {
         Err(StoreError::Taken { addr, .. }) => assert_eq!(addr, row.addr),
@@ -193,12 +196,7 @@ fn the_database_refuses_one_address_twice() {
 
 #[test]
 fn partial_and_full_engines_agree_and_a_changed_configuration_rebuilds() {
-    let dir = tempfile::tempdir().unwrap();
-    let desired = config(&["10.0.0.0/28"]);
-    let mut store = SqliteStore::open(dir.path()).unwrap();
-    for i in 0..6 {
-        add(&mut store, &desired, i).unwrap();
-    }
+    let (_dir, desired, mut store) = store_with(&["10.0.0.0/28"], 6);
     del(&mut store, &desired, 2).unwrap();
     let mut txn = store.begin().unwrap();
     let (partial, was_full) = build_engine(
@@ -214,14 +212,7 @@ fn partial_and_full_engines_agree_and_a_changed_configuration_rebuilds() {
     )
     .unwrap();
     assert!(!was_full);
-    let (full, was_full) = build_engine(
-        &mut txn,
-        SCOPE,
-        &desired,
-        EngineConfig::default(),
-        Need::Full,
-    )
-    .unwrap();
+    let (full, was_full) = full_engine(&mut txn, &desired).unwrap();
     assert!(was_full);
     let pool = PoolName::default_pool();
     assert_eq!(
@@ -237,20 +228,14 @@ fn partial_and_full_engines_agree_and_a_changed_configuration_rebuilds() {
     let addr = add(&mut store, &wider, 20).unwrap();
     assert_eq!(addr.to_string(), "10.0.0.7");
     let mut txn = store.begin().unwrap();
-    let (full, _) =
-        build_engine(&mut txn, SCOPE, &wider, EngineConfig::default(), Need::Full).unwrap();
+    let (full, _) = full_engine(&mut txn, &wider).unwrap();
     assert_eq!(full.n_allocations(), 6);
     full.check_invariants().unwrap();
 }
 
 #[test]
 fn a_corrupt_state_row_is_rebuilt_from_the_allocations() {
-    let dir = tempfile::tempdir().unwrap();
-    let desired = config(&["10.0.0.0/28"]);
-    let mut store = SqliteStore::open(dir.path()).unwrap();
-    for i in 0..4 {
-        add(&mut store, &desired, i).unwrap();
-    }
+    let (dir, desired, mut store) = store_with(&["10.0.0.0/28"], 4);
     let conn = rusqlite_open(dir.path());
     conn.execute("UPDATE scopes SET snapshots = x'01ff'", [])
         .unwrap();
@@ -295,26 +280,14 @@ fn writers_in_many_threads_never_lose_an_update() {
     let mut store = SqliteStore::open(dir.path()).unwrap();
     let mut txn = store.begin().unwrap();
     assert_eq!(txn.all_allocations(SCOPE).unwrap().len(), 80);
-    let (full, _) = build_engine(
-        &mut txn,
-        SCOPE,
-        &desired,
-        EngineConfig::default(),
-        Need::Full,
-    )
-    .unwrap();
+    let (full, _) = full_engine(&mut txn, &desired).unwrap();
     full.check_invariants().unwrap();
 }
 
 #[test]
 fn a_checkpoint_moves_a_store_to_another_and_bad_ones_change_nothing() {
     use corral_store::{CHECKPOINT_FORMAT, Checkpoint, export_checkpoint, import_checkpoint};
-    let source_dir = tempfile::tempdir().unwrap();
-    let desired = config(&["10.0.0.0/28"]);
-    let mut source = SqliteStore::open(source_dir.path()).unwrap();
-    for i in 0..5 {
-        add(&mut source, &desired, i).unwrap();
-    }
+    let (_source_dir, desired, mut source) = store_with(&["10.0.0.0/28"], 5);
     del(&mut source, &desired, 1).unwrap();
     let mut txn = source.begin().unwrap();
     let checkpoint = export_checkpoint(&mut txn).unwrap();

@@ -33,6 +33,37 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
+/// A dual-stack pool of node CIDRs: /24s of 10.192.0.0/12 (the first reserved) and /64s.
+pub const DUAL: &str = include_str!("../configs/dual.toml");
+
+/// `members` etcd members, the cluster `t` initialised with `toml`.
+pub fn initialized(members: usize, dir: &Path, toml: &str) -> EtcdCluster {
+    let etcd = start_etcd(members);
+    init(&etcd, dir, toml);
+    etcd
+}
+
+/// One etcd member, the cluster `t` initialised with `toml`, and operator replica `op-a`.
+pub fn cluster_with_operator(dir: &Path, toml: &str) -> (EtcdCluster, Operator) {
+    let etcd = initialized(1, dir, toml);
+    let operator = Operator::start(&etcd, dir, "op-a");
+    (etcd, operator)
+}
+
+/// Replicas `op-a` and `op-b`, started one after the other (not waited on).
+pub fn two_operators(etcd: &EtcdCluster, dir: &Path) -> (Operator, Operator) {
+    let a = Operator::start(etcd, dir, "op-a");
+    (a, Operator::start(etcd, dir, "op-b"))
+}
+
+/// Replicas `op-a`, waited on until it leads (20 s at most), and `op-b`, its standby.
+pub fn leader_and_standby(etcd: &EtcdCluster, dir: &Path) -> (Operator, Operator) {
+    let leader = Operator::start(etcd, dir, "op-a");
+    wait_leads(etcd, "op-a", Duration::from_secs(20));
+    let standby = Operator::start(etcd, dir, "op-b");
+    (leader, standby)
+}
+
 pub fn start_etcd(members: usize) -> EtcdCluster {
     block_on(EtcdCluster::start(members)).expect("etcd starts (make deps installs it)")
 }
@@ -78,32 +109,33 @@ pub fn init(etcd: &EtcdCluster, dir: &Path, toml: &str) {
 
 /// `corral node remove NODE FLAGS` (`--drain`, `--force`); answers (exit code, output).
 pub fn remove(etcd: &EtcdCluster, node: &str, flags: &[&str]) -> (i32, String) {
-    let endpoints = endpoints(etcd);
-    let mut args = vec![
-        "node",
-        "remove",
-        node,
-        "--etcd",
-        &endpoints,
-        "--cluster",
-        "t",
-    ];
-    args.extend(flags);
-    let (code, out, err) = corral(&args);
+    let (code, out, err) = on_cluster(etcd, &["node", "remove", node], flags);
     (code, format!("{out}{err}"))
 }
 
 /// `corral cluster check`, given agents' sockets; answers (exit code, output).
 pub fn check(etcd: &EtcdCluster, agents: &[&Path]) -> (i32, String) {
-    let endpoints = endpoints(etcd);
-    let mut args = vec!["cluster", "check", "--etcd", &endpoints, "--cluster", "t"];
+    check_with(etcd, &[], agents)
+}
+
+/// [`check`] with `extra` arguments (`--cloud fake`, say).
+pub fn check_with(etcd: &EtcdCluster, extra: &[&str], agents: &[&Path]) -> (i32, String) {
+    let mut args = extra.to_vec();
     let sockets: Vec<String> = agents.iter().map(|p| p.display().to_string()).collect();
     for socket in &sockets {
         args.push("--agent");
         args.push(socket);
     }
-    let (code, out, err) = corral(&args);
+    let (code, out, err) = cluster_command(etcd, "check", &args);
     (code, format!("{out}{err}"))
+}
+
+/// `corral cluster check` finds nothing and the promise holds strictly, given the agents as
+/// (node name, socket).
+pub fn assert_sound(etcd: &EtcdCluster, agents: &[(&str, &Path)]) {
+    let sockets: Vec<&Path> = agents.iter().map(|(_, socket)| *socket).collect();
+    assert_check(etcd, &sockets);
+    assert_invariant(etcd, agents, true);
 }
 
 pub fn assert_check(etcd: &EtcdCluster, agents: &[&Path]) {
@@ -121,24 +153,42 @@ pub struct Operator {
 
 impl Operator {
     pub fn start(etcd: &EtcdCluster, dir: &Path, name: &str) -> Operator {
+        let state = dir.join(format!("{name}-state"));
+        Operator::start_with(
+            etcd,
+            dir,
+            name,
+            &["--state-dir".as_ref(), state.as_os_str()],
+        )
+    }
+
+    /// `corral operator --cloud fake --fake-cloud SEED` replica `name`.
+    pub fn start_fake_cloud(etcd: &EtcdCluster, dir: &Path, name: &str, seed: &Path) -> Operator {
+        let args: [&std::ffi::OsStr; 4] = [
+            "--cloud".as_ref(),
+            "fake".as_ref(),
+            "--fake-cloud".as_ref(),
+            seed.as_os_str(),
+        ];
+        Operator::start_with(etcd, dir, name, &args)
+    }
+
+    /// Replica `name` of cluster `t` (lease TTL 2 s) with `extra` arguments, its API on
+    /// `dir/NAME.sock`, what it says in `dir/NAME.log`.
+    pub fn start_with(
+        etcd: &EtcdCluster,
+        dir: &Path,
+        name: &str,
+        extra: &[&std::ffi::OsStr],
+    ) -> Operator {
         let log = dir.join(format!("{name}.log"));
         let socket = dir.join(format!("{name}.sock"));
         let child = Command::new(BINARY)
-            .args([
-                "operator",
-                "--etcd",
-                &endpoints(etcd),
-                "--cluster",
-                "t",
-                "--replica",
-                name,
-                "--lease-ttl",
-                "2",
-            ])
+            .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
+            .args(["--replica", name, "--lease-ttl", "2"])
+            .args(extra)
             .arg("--api-socket")
             .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.join(format!("{name}-state")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -192,6 +242,21 @@ pub fn leader(etcd: &EtcdCluster) -> Option<String> {
         .map(|k| String::from_utf8_lossy(&k.value).into_owned())
 }
 
+/// Waits until replica `name` leads.
+pub fn wait_leads(etcd: &EtcdCluster, name: &str, timeout: Duration) {
+    wait_until(&format!("{name} leads"), timeout, || {
+        leader(etcd).as_deref() == Some(name)
+    });
+}
+
+/// Waits (saying `what`, `secs` seconds at most) until the agent on `socket` holds `n`
+/// active cluster ranges.
+pub fn wait_ranges(what: &str, socket: &Path, n: usize, secs: u64) {
+    wait_until(what, Duration::from_secs(secs), || {
+        agent_ranges(socket).len() == n
+    });
+}
+
 pub fn wait_until(what: &str, timeout: Duration, done: impl FnMut() -> bool) {
     wait_showing(what, timeout, done, String::new);
 }
@@ -243,18 +308,33 @@ pub fn node_record(name: &str) -> Vec<u8> {
     .unwrap()
 }
 
+/// A node's registration, as an agent writes it: its record, created if absent.
+pub fn registration(name: &str) -> Txn {
+    let key = format!("/corral/t/v1/nodes/{name}");
+    let value = String::from_utf8(node_record(name)).unwrap();
+    Txn {
+        compares: vec![Compare::absent(key.clone())],
+        success: vec![TxnOp::put(key, value)],
+        failure: vec![],
+    }
+}
+
+/// Applies `ops` in one unconditional transaction.
+pub fn apply(kv: &corral_etcd::EtcdKv, ops: Vec<TxnOp>) {
+    block_on(kv.txn(Txn {
+        compares: vec![],
+        success: ops,
+        failure: vec![],
+    }))
+    .unwrap();
+}
+
 /// Registers nodes directly in etcd, as agents do (create if absent, with a uid).
 pub fn register(etcd: &EtcdCluster, names: impl IntoIterator<Item = String>) {
     let kv = kv(etcd);
     block_on(async {
         for name in names {
-            let key = format!("/corral/t/v1/nodes/{name}");
-            let value = String::from_utf8(node_record(&name)).unwrap();
-            let txn = Txn {
-                compares: vec![Compare::absent(key.clone())],
-                success: vec![TxnOp::put(key, value.to_string())],
-                failure: vec![],
-            };
+            let txn = registration(&name);
             // Member failures mid-burst are retried, as an agent would.
             for attempt in 0.. {
                 match kv.txn(txn.clone()).await {
@@ -283,6 +363,44 @@ pub fn agent_config(dir: &Path) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// [`start_agent`] in `dir/sub`, waited on (20 s at most) until it holds `ranges` active
+/// cluster ranges.
+pub fn agent_holding(
+    etcd: &EtcdCluster,
+    dir: &Path,
+    sub: &str,
+    node: &str,
+    ranges: usize,
+) -> Agent {
+    let agent = start_agent(etcd, &dir.join(sub), node);
+    wait_ranges(
+        &format!("{node} holds its ranges"),
+        &agent.socket,
+        ranges,
+        20,
+    );
+    agent
+}
+
+/// `corral COMMAND --etcd ETCD --cluster t EXTRA`; answers (exit code, stdout, stderr).
+pub fn on_cluster(etcd: &EtcdCluster, command: &[&str], extra: &[&str]) -> (i32, String, String) {
+    let endpoints = endpoints(etcd);
+    let mut args = command.to_vec();
+    args.extend(["--etcd", &endpoints, "--cluster", "t"]);
+    args.extend(extra);
+    corral(&args)
+}
+
+/// `corral cluster SUBCOMMAND` of cluster `t` with `extra` arguments; answers (exit code,
+/// stdout, stderr).
+pub fn cluster_command(
+    etcd: &EtcdCluster,
+    subcommand: &str,
+    extra: &[&str],
+) -> (i32, String, String) {
+    on_cluster(etcd, &["cluster", subcommand], extra)
 }
 
 pub fn start_agent(etcd: &EtcdCluster, dir: &Path, node: &str) -> Agent {
@@ -327,20 +445,33 @@ pub fn agent_ranges(socket: &Path) -> Vec<String> {
     ranges
 }
 
+/// An allocation request of the node's pool `default` for `owner`.
+pub fn node_request(family: FamilyChoice, owner: &str) -> AllocateRequest {
+    AllocateRequest {
+        scope: "node".into(),
+        pool: "default".into(),
+        family: Some(family),
+        address: None,
+        owner: owner.into(),
+        key: None,
+        lease_ms: None,
+    }
+}
+
 pub fn alloc_dual(socket: &Path, owner: &str) -> Vec<IpAddr> {
     let mut client = Client::unix(socket);
     let response = client
-        .allocate(&AllocateRequest {
-            scope: "node".into(),
-            pool: "default".into(),
-            family: Some(FamilyChoice::Dual),
-            address: None,
-            owner: owner.into(),
-            key: None,
-            lease_ms: None,
-        })
+        .allocate(&node_request(FamilyChoice::Dual, owner))
         .unwrap();
     response.allocations.iter().map(|a| a.address).collect()
+}
+
+/// One IPv4 address of the node's pool `default` for `owner`.
+pub fn alloc_v4(socket: &Path, owner: &str) -> IpAddr {
+    let response = Client::unix(socket)
+        .allocate(&node_request(FamilyChoice::Ipv4, owner))
+        .unwrap();
+    response.allocations[0].address
 }
 
 pub fn addresses(dump: &corral_api::DumpResponse) -> BTreeSet<IpAddr> {

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BINARY: &str = env!("CARGO_BIN_EXE_corral");
@@ -21,6 +21,24 @@ impl Agent {
     /// configuration file); returns once it is ready.
     pub fn start(args: &[&std::ffi::OsStr], socket: &Path) -> Agent {
         Agent::start_binary(Path::new(BINARY), args, socket)
+    }
+
+    /// `corral agent --data-dir STATE --socket SOCKET`: no configuration file.
+    pub fn serve(state: &Path, socket: &Path) -> Agent {
+        Agent::start(
+            &[
+                "--data-dir".as_ref(),
+                state.as_os_str(),
+                "--socket".as_ref(),
+                socket.as_os_str(),
+            ],
+            socket,
+        )
+    }
+
+    /// [`Agent::serve`] on `dir/state` and `dir/agent.sock`.
+    pub fn start_in(dir: &Path) -> Agent {
+        Agent::serve(&dir.join("state"), &dir.join("agent.sock"))
     }
 
     /// As [`Agent::start`], with another build of `corral`.
@@ -82,5 +100,143 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Writes `dir/agent.toml`: state in `dir/state`, the socket `dir/agent.sock`, and pool
+/// `default` of `range` whose released addresses cool for `cooldown_ms`; answers its path.
+pub fn agent_config_file(dir: &Path, range: &str, cooldown_ms: u64) -> PathBuf {
+    let path = dir.join("agent.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "data_dir = {:?}\nsocket = {:?}\n\n[[pools]]\nname = \"default\"\n\
+             ranges = [\"{range}\"]\ncooldown_ms = {cooldown_ms}\n",
+            dir.join("state"),
+            dir.join("agent.sock"),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// `corral --socket SOCKET <args>` with nothing on its standard input: what it wrote.
+pub fn corral_at(socket: &Path, args: &[&str]) -> Output {
+    Command::new(BINARY)
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// The JSON a command that must have succeeded wrote.
+pub fn ok_json(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The `p`th percentile of sorted latencies (the benches' reports).
+pub fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// A duration in milliseconds, three decimals.
+pub fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// CNI network `podnet`, its pods taking addresses of the node's pool `pool`.
+pub fn podnet(pool: &str) -> corral_api::CniNetwork {
+    corral_api::CniNetwork {
+        name: "podnet".into(),
+        pools: Vec::new(),
+        node_pool: Some(pool.into()),
+        requested_pool: None,
+        configured_pool: Some(pool.into()),
+        namespace: None,
+    }
+}
+
+/// Container `container`'s `eth0` on `podnet`.
+pub fn pod_key(container: &str) -> corral_api::AttachmentKey {
+    corral_api::AttachmentKey {
+        network: "podnet".into(),
+        container_id: container.into(),
+        ifname: "eth0".into(),
+    }
+}
+
+/// A CNI ADD of `container` to `podnet` (pool `pool`) through the agent's API.
+pub fn pod_add(
+    client: &mut corral_client::Client,
+    pool: &str,
+    container: &str,
+    owner: String,
+) -> Result<corral_api::AllocateResponse, corral_client::Error> {
+    client.cni_add(&corral_api::CniAddRequest {
+        network: podnet(pool),
+        key: pod_key(container),
+        owner,
+        sets: Vec::new(),
+    })
+}
+
+/// [`pod_add`] on the agent at `socket`, owner `pod/CONTAINER`.
+pub fn pod_add_at(
+    socket: &Path,
+    pool: &str,
+    container: &str,
+) -> Result<corral_api::AllocateResponse, corral_client::Error> {
+    let owner = format!("pod/{container}");
+    pod_add(
+        &mut corral_client::Client::unix(socket),
+        pool,
+        container,
+        owner,
+    )
+}
+
+/// A CNI DEL of `container` from `podnet` (pool `pool`) through the agent's API.
+pub fn pod_del(
+    client: &mut corral_client::Client,
+    pool: &str,
+    container: &str,
+) -> Result<corral_api::ReleaseResponse, corral_client::Error> {
+    client.cni_del(&corral_api::CniKeyRequest {
+        network: podnet(pool),
+        key: pod_key(container),
+    })
+}
+
+/// Interface `eni-I` (device I, the primary for 0) of pool `eni` on 10.0.0.0/16, holding
+/// `count` addresses 10.0.I.FIRST and up.
+pub fn eni_request(i: u32, first: u32, count: u32) -> corral_api::InterfaceRequest {
+    corral_api::InterfaceRequest {
+        pool: "eni".into(),
+        id: format!("eni-{i:02}"),
+        device_number: i,
+        mac: format!("0a:00:00:00:00:{i:02x}"),
+        subnets: vec!["10.0.0.0/16".into()],
+        gateways: vec![],
+        routes: vec!["10.0.0.0/8".into()],
+        primary: i == 0,
+        primary_addresses: vec![],
+        trunk: false,
+        excluded: false,
+        addresses: (first..first + count)
+            .map(|a| format!("10.0.{i}.{a}"))
+            .collect(),
     }
 }

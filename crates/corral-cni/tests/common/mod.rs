@@ -55,6 +55,34 @@ impl Outcome {
 /// margin is for a loaded machine).
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
+/// `command`'s environment as a runtime sets it for a CNI call, and nothing else: the verb,
+/// the container, its namespace `/var/run/netns/NETNS`, the interface.
+pub fn cni_env<'a>(
+    command: &'a mut Command,
+    verb: &str,
+    container: &str,
+    netns: &str,
+    ifname: &str,
+) -> &'a mut Command {
+    command
+        .env_clear()
+        .env("CNI_COMMAND", verb)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", format!("/var/run/netns/{netns}"))
+        .env("CNI_IFNAME", ifname)
+}
+
+/// Starts `command` with all three of its standard streams piped (`what` it is, if it does
+/// not start).
+pub fn spawn_piped(command: &mut Command, what: &str) -> std::process::Child {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{what} does not start: {error}"))
+}
+
 /// Runs corral-ipam as a runtime does; a call still running after [`DEADLINE`] is killed and
 /// fails the test (a plugin that hangs holds its data directory's lock for every other call).
 pub fn run(
@@ -76,19 +104,11 @@ pub fn run_within(
     extra: &[(&str, &str)],
     stdin: &[u8],
 ) -> Outcome {
-    let mut child = Command::new(binary())
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", format!("/var/run/netns/{container}"))
-        .env("CNI_IFNAME", ifname)
+    let mut plugin = Command::new(binary());
+    cni_env(&mut plugin, command, container, container, ifname)
         .env("CNI_PATH", "/usr/lib/cni")
-        .envs(extra.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("corral-ipam starts");
+        .envs(extra.iter().copied());
+    let mut child = spawn_piped(&mut plugin, "corral-ipam");
     let mut input = child.stdin.take().unwrap();
     // The plugin may refuse before reading everything; a broken pipe is then expected.
     let _ = input.write_all(stdin);

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use corral_cloud::fake::{InstanceSpec, SubnetSpec};
 use corral_cloud::{
-    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Instance, InstanceTypeInfo,
-    InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
-    SubnetFilter, Tags,
+    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign, Ipv4Set, Ipv6Assign,
+    Ipv6Set, NetworkInterface, Tags,
 };
 use corral_cluster::{
     CloudAttachment, CloudInterfaceRecord, DemandRecord, Family, FamilyDemand, IpNet, Key,
@@ -22,7 +21,7 @@ use corral_cluster::{
 use corral_kv::{Compare, Event, Kv, MemKv, Txn, TxnOp};
 use corral_operator::{CloudOptions, WallClock};
 
-use super::{Replica, keys, node, put, under, wait_until};
+use super::{Replica, keys, node, put, under, wait_leading, wait_until};
 
 pub const VPC: &str = "vpc-1";
 pub const ZONE: &str = "us-east-1a";
@@ -53,6 +52,45 @@ mode = "cloud"
 cidrs = ["10.0.0.0/16"]
 "#
     )
+}
+
+/// Subnet `id` of the VPC in the zone, IPv4 `cidr`.
+pub fn zone_subnet(id: &str, cidr: &str) -> SubnetSpec {
+    SubnetSpec::new(id, VPC, ZONE, cidr.parse().unwrap())
+}
+
+/// A dual-stack pool `pods` kept in step with the cloud (`sync`: `from-cloud`, `to-cloud`):
+/// IPv4 /`v4_len`s of `v4`, IPv6 /80s of `v6`, and `v6_lines` more in its `[pools.ipv6]`.
+pub fn synced_config(
+    sync: &str,
+    quarantine_secs: u64,
+    (v4, v4_len): (&str, u8),
+    v6: &str,
+    v6_lines: &str,
+) -> String {
+    format!(
+        r#"
+quarantine_secs = {quarantine_secs}
+[[pools]]
+name = "pods"
+cloud_sync = "{sync}"
+[pools.ipv4]
+cidrs = ["{v4}"]
+node_prefix_len = {v4_len}
+[pools.ipv6]
+cidrs = ["{v6}"]
+node_prefix_len = 80
+{v6_lines}"#
+    )
+}
+
+/// The fake with a dual-stack `subnet-a`: IPv4 10.0.0.0/18, IPv6 `v6`.
+pub fn dual_stack_fake(seed: u64, v6: &str) -> FakeEc2 {
+    FakeEc2::builder()
+        .seed(seed)
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/18").ipv6(v6.parse().unwrap()))
+        .build()
+        .unwrap()
 }
 
 /// What the agents hold, shared with `Audited`.
@@ -421,25 +459,42 @@ pub fn nets_of(ni: &NetworkInterface) -> Vec<IpNet> {
         .collect()
 }
 
+/// The describe calls of a `CloudProvider` that wraps another (`self.$inner`), passed on
+/// unchanged.
+macro_rules! forward_describes {
+    ($inner:ident) => {
+        async fn describe_instance(
+            &self,
+            id: &str,
+        ) -> Result<corral_cloud::Instance, corral_cloud::CloudError> {
+            self.$inner.describe_instance(id).await
+        }
+        async fn describe_instance_types(
+            &self,
+            types: &[String],
+        ) -> Result<Vec<corral_cloud::InstanceTypeInfo>, corral_cloud::CloudError> {
+            self.$inner.describe_instance_types(types).await
+        }
+        async fn describe_subnets(
+            &self,
+            filter: &corral_cloud::SubnetFilter,
+        ) -> Result<Vec<corral_cloud::Subnet>, corral_cloud::CloudError> {
+            self.$inner.describe_subnets(filter).await
+        }
+        async fn describe_interfaces(
+            &self,
+            filter: &corral_cloud::InterfaceFilter,
+        ) -> Result<Vec<corral_cloud::NetworkInterface>, corral_cloud::CloudError> {
+            self.$inner.describe_interfaces(filter).await
+        }
+    };
+}
+// Only the test binaries that wrap a provider of their own use it.
+#[allow(unused_imports)]
+pub(crate) use forward_describes;
+
 impl CloudProvider for Audited {
-    async fn describe_instance(&self, id: &str) -> Result<Instance, CloudError> {
-        self.ec2.describe_instance(id).await
-    }
-    async fn describe_instance_types(
-        &self,
-        types: &[String],
-    ) -> Result<Vec<InstanceTypeInfo>, CloudError> {
-        self.ec2.describe_instance_types(types).await
-    }
-    async fn describe_subnets(&self, filter: &SubnetFilter) -> Result<Vec<Subnet>, CloudError> {
-        self.ec2.describe_subnets(filter).await
-    }
-    async fn describe_interfaces(
-        &self,
-        filter: &InterfaceFilter,
-    ) -> Result<Vec<NetworkInterface>, CloudError> {
-        self.ec2.describe_interfaces(filter).await
-    }
+    forward_describes!(ec2);
     async fn create_interface(
         &self,
         request: &CreateInterface,
@@ -603,18 +658,8 @@ impl Drop for Rig {
 pub fn fake_builder(seed: u64) -> corral_cloud::fake::FakeEc2Builder {
     FakeEc2::builder()
         .seed(seed)
-        .subnet(SubnetSpec::new(
-            "subnet-a",
-            VPC,
-            ZONE,
-            "10.0.0.0/18".parse().unwrap(),
-        ))
-        .subnet(SubnetSpec::new(
-            "subnet-b",
-            VPC,
-            ZONE,
-            "10.0.64.0/20".parse().unwrap(),
-        ))
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/18"))
+        .subnet(zone_subnet("subnet-b", "10.0.64.0/20"))
 }
 
 /// The VPC's IPv6 CIDR (a /56) and the subnets' /64s in it (dual-stack scenarios).
@@ -634,14 +679,8 @@ pub fn cloud_config_dual(pool_lines: &str, cloud_lines: &str) -> String {
 pub fn fake_builder_dual(seed: u64) -> corral_cloud::fake::FakeEc2Builder {
     FakeEc2::builder()
         .seed(seed)
-        .subnet(
-            SubnetSpec::new("subnet-a", VPC, ZONE, "10.0.0.0/18".parse().unwrap())
-                .ipv6(SUBNET_A_V6.parse().unwrap()),
-        )
-        .subnet(
-            SubnetSpec::new("subnet-b", VPC, ZONE, "10.0.64.0/20".parse().unwrap())
-                .ipv6(SUBNET_B_V6.parse().unwrap()),
-        )
+        .subnet(zone_subnet("subnet-a", "10.0.0.0/18").ipv6(SUBNET_A_V6.parse().unwrap()))
+        .subnet(zone_subnet("subnet-b", "10.0.64.0/20").ipv6(SUBNET_B_V6.parse().unwrap()))
 }
 
 /// A scenario's set-up in one expression: the pool's lines, its `[pools.cloud]` lines, the
@@ -733,6 +772,16 @@ impl Scenario {
             .map(|(n, t)| (n.clone(), t.as_str()))
             .collect();
         Rig::new(&config, builder.build().unwrap(), &nodes).await
+    }
+
+    /// The rig with the fake's counters at zero, and a replica `op-a` leading on it since the
+    /// instant answered.
+    pub async fn start_counted(self) -> (Rig, Replica, tokio::time::Instant) {
+        let rig = self.build().await;
+        rig.ec2.reset_counters();
+        let started = tokio::time::Instant::now();
+        let replica = rig.start_leader("op-a").await;
+        (rig, replica, started)
     }
 
     /// The rig and a replica `op-a` leading on it.
@@ -1134,6 +1183,18 @@ impl Rig {
         replica
     }
 
+    /// Waits (saying `what`, 120 s of virtual time at most) until `node`'s agent holds `n`
+    /// entries.
+    pub async fn wait_entries(&self, what: &str, node: &str, n: usize) {
+        wait_every(
+            what,
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            || self.agent(node).entries().len() == n,
+        )
+        .await;
+    }
+
     /// Mutating calls the cloud received (answered or not).
     pub fn mutating_calls(&self) -> u64 {
         mutating_calls(self)
@@ -1357,12 +1418,58 @@ pub fn names(n: usize) -> Vec<(String, &'static str)> {
         .collect()
 }
 
+/// Scenario 1's bounds, `what` of it done for `n` nodes in `took` of virtual time: within
+/// 198 s, under 1% of the calls throttled; says what it took (the cloud's calls, its assigns,
+/// how many it throttled) and answers the fake's counters.
+pub fn scenario_1_bounds(
+    rig: &Rig,
+    what: &str,
+    n: usize,
+    took: Duration,
+) -> corral_cloud::fake::Counters {
+    let counters = rig.ec2.counters();
+    let calls = counters.total_calls();
+    let throttled = counters.total_throttled();
+    let assigns = counters.calls(Action::AssignPrivateIpAddresses);
+    eprintln!(
+        "{what}: {n} nodes in {:.1} s virtual; {calls} calls ({assigns} assigns), {throttled} throttled ({:.2}%)",
+        took.as_secs_f64(),
+        100.0 * throttled as f64 / calls.max(1) as f64
+    );
+    assert!(took <= Duration::from_secs(198), "took {took:?}");
+    assert!(throttled * 100 < calls, "{throttled} of {calls} throttled");
+    counters
+}
+
+/// The primary interface (device index 0) of node `name`'s instance.
+pub fn primary(rig: &Rig, name: &str) -> NetworkInterface {
+    let instance = &rig.instances[name];
+    rig.ec2
+        .interfaces()
+        .into_iter()
+        .find(|ni| {
+            ni.attachment
+                .as_ref()
+                .is_some_and(|a| a.instance_id == *instance && a.device_index == 0)
+        })
+        .expect("every instance has a primary interface")
+}
+
+/// etcd goes back in time (a restored snapshot: another cluster ID); waits until `leader`
+/// sees the regression.
+pub async fn regression_seen(rig: &Rig, leader: &Replica) {
+    rig.kv.set_cluster_id(MemKv::CLUSTER_ID + 1);
+    wait_until(
+        "the regression is seen",
+        Duration::from_secs(30),
+        || async { leader.shared.regression_unsettled() },
+    )
+    .await;
+}
+
 /// Waits until the replica leads (30 s of virtual time at most).
 pub async fn leads(replica: &Replica) {
-    wait_until("a replica leads", Duration::from_secs(30), || async {
-        replica.leading()
-    })
-    .await;
+    wait_leading(replica, Duration::from_secs(30)).await;
 }
 
 /// Mutating calls the fake received (answered or not).

@@ -16,8 +16,7 @@ use corral_cluster::{
     ClusterConfig, ClusterName, Keys, NodeName, NodeRecord, RemovalRecord, encode_value,
 };
 use corral_kv::{
-    Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, RangePage, Revision, Txn, TxnOp,
-    TxnResponse, Watch,
+    Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, Revision, Txn, TxnOp, TxnResponse, Watch,
 };
 use corral_operator::{OperatorConfig, Shared};
 use tokio::task::JoinHandle;
@@ -34,27 +33,32 @@ pub fn node(name: &str) -> NodeName {
 }
 
 /// Dual-stack, a reserved first /24, a node-ID plan, quarantine 5 s.
-pub const DUAL: &str = r#"
-quarantine_secs = 5
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.192.0.0/16"]
-node_prefix_len = 24
-reserved = ["10.192.0.0/24"]
-[pools.ipv6]
-cidrs = ["fd00:200::/48"]
-node_prefix_len = 64
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-node_interconnect_excluded = ["192.168.16.1"]
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+pub const DUAL: &str = include_str!("../configs/dual.toml");
+
+/// A fresh store with the configuration `toml` written.
+pub async fn initialized(toml: &str) -> MemKv {
+    let kv = MemKv::new();
+    init(&kv, toml).await;
+    kv
+}
+
+/// The store is consistent, and the auditor saw nothing written while held.
+pub async fn assert_clean_end<K: Kv>(kv: &K, auditor: &Auditor) {
+    assert_consistent(kv).await;
+    auditor.assert_clean();
+}
+
+/// A node's registration record, as its agent writes it (no addresses, no instance).
+pub fn node_record(name: &str) -> Vec<u8> {
+    encode_value(&NodeRecord {
+        uid: format!("uid-{name}"),
+        addresses: vec![],
+        registered_ms: 0,
+        instance_id: None,
+        max_pods: None,
+    })
+    .unwrap()
+}
 
 /// Writes the configuration as `corral cluster init` does.
 pub async fn init<K: Kv>(kv: &K, toml: &str) {
@@ -63,10 +67,15 @@ pub async fn init<K: Kv>(kv: &K, toml: &str) {
 }
 
 pub async fn put<K: Kv>(kv: &K, key: &str, value: &[u8]) -> Revision {
+    apply(kv, vec![TxnOp::put(key, value)]).await
+}
+
+/// Applies `ops` in one unconditional transaction; answers its revision.
+pub async fn apply<K: Kv>(kv: &K, ops: Vec<TxnOp>) -> Revision {
     let response = kv
         .txn(Txn {
             compares: vec![],
-            success: vec![TxnOp::put(key, value)],
+            success: ops,
             failure: vec![],
         })
         .await
@@ -74,18 +83,18 @@ pub async fn put<K: Kv>(kv: &K, key: &str, value: &[u8]) -> Revision {
     response.revision
 }
 
+/// A fresh store with the configuration `toml` written, and an auditor watching it.
+pub async fn audited(toml: &str) -> (MemKv, Auditor) {
+    let kv = initialized(toml).await;
+    let auditor = Auditor::start(&kv).await;
+    (kv, auditor)
+}
+
 /// Registers a node as its agent does (create if absent); answers the registration's create
 /// revision.
 pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
     let key = keys().node(&node(name));
-    let record = encode_value(&NodeRecord {
-        uid: format!("uid-{name}"),
-        addresses: vec![],
-        registered_ms: 0,
-        instance_id: None,
-        max_pods: None,
-    })
-    .unwrap();
+    let record = node_record(name);
     let response = kv
         .txn(Txn {
             compares: vec![Compare::absent(key.clone())],
@@ -99,6 +108,35 @@ pub async fn register<K: Kv>(kv: &K, name: &str) -> Revision {
     } else {
         response.gets[0].as_ref().unwrap().create_revision
     }
+}
+
+/// The node's registration (its record's create revision); none once it is deleted.
+pub async fn registration<K: Kv>(kv: &K, name: &str) -> Option<Revision> {
+    let entry = kv.get(keys().node(&node(name)).as_bytes()).await.unwrap();
+    entry.map(|e| e.create_revision)
+}
+
+/// Whether `name` holds its two grants (one a family of `DUAL`).
+pub async fn dual_served<K: Kv>(kv: &K, name: &str) -> bool {
+    grants(kv).await.get(name).is_some_and(|g| g.len() == 2)
+}
+
+/// [`dual_served`], and `name` holds its node ID.
+pub async fn served_with_id<K: Kv>(kv: &K, name: &str) -> bool {
+    dual_served(kv, name).await && node_id(kv, name).await.is_some()
+}
+
+/// Registers `name` and waits (30 s at most) until it is [`served_with_id`]; answers the
+/// registration.
+pub async fn register_served<K: Kv>(kv: &K, name: &str) -> Revision {
+    let revision = register(kv, name).await;
+    wait_until(
+        &format!("{name} is served"),
+        Duration::from_secs(30),
+        || served_with_id(kv, name),
+    )
+    .await;
+    revision
 }
 
 /// Asks for a node's removal as `corral node remove` does.
@@ -190,6 +228,90 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits until `replica` leads, `limit` of virtual time at most.
+pub async fn wait_leading(replica: &Replica, limit: Duration) {
+    let what = format!("{} leads", replica.name);
+    wait_until(&what, limit, || async { replica.leading() }).await;
+}
+
+/// A replica started and waited on until it leads (5 s of virtual time at most: the only
+/// one, or the first).
+pub async fn start_leading<K: Kv>(kv: &K, name: &str) -> Replica {
+    let replica = Replica::start(kv, name);
+    wait_leading(&replica, Duration::from_secs(5)).await;
+    replica
+}
+
+/// A randomized run's store: `toml` written on a `FaultyKv` (no fault yet), an auditor
+/// watching it, and two replicas started (`op-1`, `op-2`; `started` counts them).
+pub async fn faulty_pair(toml: &str, started: &mut usize) -> (FaultyKv, Auditor, Vec<Replica>) {
+    let kv = FaultyKv::new(MemKv::new());
+    init(&kv, toml).await;
+    let auditor = Auditor::start(&kv.inner).await;
+    let mut replicas = Vec::new();
+    start_next(&kv, &mut replicas, started);
+    start_next(&kv, &mut replicas, started);
+    (kv, auditor, replicas)
+}
+
+/// Starts the next replica, `op-N` (`started` counts them).
+pub fn start_next<K: Kv>(kv: &K, replicas: &mut Vec<Replica>, started: &mut usize) {
+    *started += 1;
+    replicas.push(Replica::start(kv, &format!("op-{started}")));
+}
+
+/// After a randomized step (`context` says which): no consistency problem, nothing written
+/// while held.
+pub async fn assert_step<K: Kv>(kv: &K, auditor: &Auditor, context: &str, log: &[String]) {
+    let problems = check(kv).await;
+    assert!(
+        problems.is_empty(),
+        "{context}: {problems:#?}\nafter {log:#?}"
+    );
+    assert!(
+        auditor.doubles.lock().unwrap().is_empty(),
+        "{context}: {:#?}\nafter {log:#?}",
+        auditor.doubles.lock().unwrap()
+    );
+}
+
+/// The leader (or any replica, if none leads yet) dies without resigning; the next replica
+/// starts if fewer than two are left, or half the time.
+pub fn kill_leader<K: Kv>(
+    kv: &K,
+    replicas: &mut Vec<Replica>,
+    started: &mut usize,
+    rng: &mut Rng,
+    log: &mut Vec<String>,
+) {
+    let index = replicas.iter().position(Replica::leading).unwrap_or(0);
+    let replica = replicas.remove(index);
+    log.push(format!("kill {}", replica.name));
+    replica.kill();
+    if replicas.len() < 2 || rng.below(2) == 0 {
+        start_next(kv, replicas, started);
+    }
+}
+
+/// etcd answers nothing for `outage`.
+pub async fn outage(kv: &FaultyKv, outage: Duration, log: &mut Vec<String>) {
+    log.push(format!("outage {outage:?}"));
+    kv.inner.set_unavailable(true);
+    tokio::time::sleep(outage).await;
+    kv.inner.set_unavailable(false);
+}
+
+/// Asserts that `shared` reported a problem that says every one of `words`.
+pub fn assert_reported(shared: &Shared, words: &[&str]) {
+    let problems = shared.problems();
+    assert!(
+        problems
+            .iter()
+            .any(|p| words.iter().all(|word| p.contains(word))),
+        "{problems:?}"
+    );
 }
 
 /// One operator replica running in this process.
@@ -373,20 +495,48 @@ impl FaultyKv {
     }
 }
 
-impl Kv for FaultyKv {
-    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>, KvError> {
-        self.inner.get(key).await
-    }
+/// The reads, leases and compaction of a `Kv` that wraps another (`self.$inner`), passed on
+/// unchanged: the wrapper writes only `txn` and `watch` itself.
+macro_rules! forward_kv {
+    ($inner:ident) => {
+        async fn get(&self, key: &[u8]) -> Result<Option<corral_kv::KeyValue>, corral_kv::KvError> {
+            self.$inner.get(key).await
+        }
+        async fn range(
+            &self,
+            prefix: &[u8],
+            after: Option<&[u8]>,
+            limit: usize,
+            revision: Option<corral_kv::Revision>,
+        ) -> Result<corral_kv::RangePage, corral_kv::KvError> {
+            self.$inner.range(prefix, after, limit, revision).await
+        }
+        async fn lease_grant(
+            &self,
+            ttl: std::time::Duration,
+        ) -> Result<corral_kv::LeaseId, corral_kv::KvError> {
+            self.$inner.lease_grant(ttl).await
+        }
+        async fn lease_keep_alive(
+            &self,
+            lease: corral_kv::LeaseId,
+        ) -> Result<std::time::Duration, corral_kv::KvError> {
+            self.$inner.lease_keep_alive(lease).await
+        }
+        async fn lease_revoke(&self, lease: corral_kv::LeaseId) -> Result<(), corral_kv::KvError> {
+            self.$inner.lease_revoke(lease).await
+        }
+        async fn compact(&self, revision: corral_kv::Revision) -> Result<(), corral_kv::KvError> {
+            self.$inner.compact(revision).await
+        }
+    };
+}
+// The test binaries that wrap a store of their own use it too.
+#[allow(unused_imports)]
+pub(crate) use forward_kv;
 
-    async fn range(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-        revision: Option<Revision>,
-    ) -> Result<RangePage, KvError> {
-        self.inner.range(prefix, after, limit, revision).await
-    }
+impl Kv for FaultyKv {
+    forward_kv!(inner);
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
         // Only the operator's grants and removals lose their answers (they touch `grants/`).
@@ -403,18 +553,6 @@ impl Kv for FaultyKv {
             return Err(KvError::Unavailable("the answer was lost (test)".into()));
         }
         Ok(response)
-    }
-
-    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, KvError> {
-        self.inner.lease_grant(ttl).await
-    }
-
-    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, KvError> {
-        self.inner.lease_keep_alive(lease).await
-    }
-
-    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), KvError> {
-        self.inner.lease_revoke(lease).await
     }
 
     async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
@@ -439,10 +577,6 @@ impl Kv for FaultyKv {
             self.faults.lock().unwrap().compacted_watches += 1;
         }
         self.inner.watch(prefix, from).await
-    }
-
-    async fn compact(&self, revision: Revision) -> Result<(), KvError> {
-        self.inner.compact(revision).await
     }
 }
 
