@@ -27,6 +27,13 @@ const IDLE: usize = 700;
 const HALF_SENT_HEADS: usize = 400;
 const HALF_SENT_BODIES: usize = 100;
 
+/// A loopback address free when asked, outside the ephemeral range (`free_ports`): the agent
+/// binds it a moment later.
+fn free_addr() -> SocketAddr {
+    let port = corral_etcd::testing::free_ports(1).expect("a free port")[0];
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
 /// `corral agent` through a shell that sets the open-files limit to 1,024 (soft and hard),
 /// on `dir`, with its TCP listener on a free loopback port.
 fn start_agent(dir: &Path) -> (Agent, SocketAddr) {
@@ -34,9 +41,7 @@ fn start_agent(dir: &Path) -> (Agent, SocketAddr) {
     let token_file = dir.join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
     // Free when asked; the agent binds it a moment later.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .unwrap();
+    let addr = free_addr();
     let config = dir.join("agent.toml");
     std::fs::write(
         &config,
@@ -279,9 +284,7 @@ fn a_client_that_never_reads_its_answers_loses_its_connection() {
     let socket = dir.path().join("agent.sock");
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .unwrap();
+    let addr = free_addr();
     let config = dir.path().join("agent.toml");
     std::fs::write(
         &config,

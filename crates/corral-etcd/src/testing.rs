@@ -166,18 +166,45 @@ impl fmt::Debug for EtcdCluster {
     }
 }
 
-/// Free ports on 127.0.0.1, all held at once so they differ, then released for etcd.
-fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+/// Ports on 127.0.0.1 that are free now, for servers a test starts a moment later (etcd
+/// members, an agent's or moto's listener): all different, and below the kernel's ephemeral
+/// range, so no outgoing connection (a client's source port, which the kernel picks from that
+/// range, as it picks the port of a bind to port 0) takes one before its server binds it. The
+/// search starts at a random place, so tests running at once rarely try the same ports.
+pub fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+    use std::hash::{BuildHasher, Hasher};
+
     let io = |source| HarnessError::Io {
         what: "finding a free port on 127.0.0.1".into(),
         source,
     };
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(io)?;
-    listeners
-        .iter()
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let high = ephemeral_low.max(2048);
+    let low = high.saturating_sub(16384).max(1024);
+    let span = u64::from(high - low);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    let start = hasher.finish() % span;
+    let mut held = Vec::with_capacity(n);
+    for offset in 0..span {
+        if held.len() == n {
+            break;
+        }
+        let port = low + u16::try_from((start + offset) % span).unwrap_or(0);
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(listener);
+        }
+    }
+    if held.len() < n {
+        return Err(io(std::io::Error::other(format!(
+            "only {} of {n} ports free in {low}..{high}",
+            held.len()
+        ))));
+    }
+    held.iter()
         .map(|listener| listener.local_addr().map(|addr| addr.port()).map_err(io))
         .collect()
 }

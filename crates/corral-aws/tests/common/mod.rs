@@ -4,7 +4,7 @@
 // Each test file uses part of this module.
 #![allow(dead_code)]
 
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -33,11 +33,8 @@ impl Moto {
             "moto_server not found at {} (run `make deps`, or set MOTO_SERVER)",
             binary.display()
         );
-        // A free port: bind to port 0, read it, let it go. moto binds it a moment later.
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port on 127.0.0.1")
-            .port();
+        // A port free when asked, outside the ephemeral range; moto binds it a moment later.
+        let port = corral_etcd::testing::free_ports(1).expect("a free port on 127.0.0.1")[0];
         let child = Command::new(&binary)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
