@@ -21,32 +21,7 @@ use corral_kv::{Event, Kv, MemKv, Txn, TxnOp};
 
 const NODE: &str = "node-1";
 
-const CONFIG: &str = r#"
-[namespaces]
-blue = "blue"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.watermarks]
-pre_allocate = 300
-[pools.ipv4]
-cidrs = ["10.60.0.0/16"]
-block_prefix_len = 24
-[[pools]]
-name = "small"
-mode = "blocks"
-[pools.watermarks]
-pre_allocate = 2
-[pools.ipv4]
-cidrs = ["10.61.0.0/16"]
-block_prefix_len = 28
-[[pools]]
-name = "blue"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.62.0.0/16"]
-block_prefix_len = 28
-"#;
+const CONFIG: &str = include_str!("configs/blocks.toml");
 mod common;
 
 use common::{LinkedAgent as Agent, keys, runtime, wait_until};

@@ -26,15 +26,7 @@ use corral_kv::{Kv, MemKv, Txn, TxnOp};
 const NODE: &str = "node-1";
 const POOL: &str = "vpc";
 
-const CONFIG: &str = r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-[pools.watermarks]
-pre_allocate = 2
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-"#;
+const CONFIG: &str = include_str!("configs/cloud.toml");
 mod common;
 
 use common::{LinkedAgent as Agent, keys, runtime, wait_until};

@@ -270,27 +270,7 @@ mod tests {
     use crate::node::HeldRange;
 
     fn config() -> ClusterConfig {
-        ClusterConfig::from_toml(
-            r#"
-default_pool = "main"
-[namespaces]
-blue = "bluepool"
-[[pools]]
-name = "main"
-mode = "blocks"
-[pools.watermarks]
-pre_allocate = 8
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-node_prefix_len = 28
-[[pools]]
-name = "bluepool"
-[pools.ipv4]
-cidrs = ["10.1.0.0/16"]
-node_prefix_len = 24
-"#,
-        )
-        .unwrap()
+        ClusterConfig::from_toml(include_str!("../../tests/configs/pool_choice.toml")).unwrap()
     }
 
     #[test]

@@ -23,14 +23,7 @@ pub(super) const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
 /// deliver those apart); forgotten when no record lists it. Answers whether an address is
 /// frozen (gone from its record while in use). A failure to record ends the round.
 pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bool, LinkError> {
-    let Cx {
-        kv,
-        keys,
-        node,
-        options,
-        committer,
-        state,
-    } = *cx;
+    let (kv, keys, node, options, committer, state) = cx.parts();
     let Some(config) = held.config.as_ref() else {
         return Ok(false);
     };

@@ -282,19 +282,7 @@ mod tests {
     use super::*;
     use crate::node::CloudAddress;
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-[[pools]]
-name = "blocks"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.9.0.0/16"]
-block_prefix_len = 28
-"#;
+    const CONFIG: &str = include_str!("../../tests/configs/cloud_and_blocks.toml");
 
     fn config() -> ClusterConfig {
         ClusterConfig::from_toml(CONFIG).unwrap()

@@ -16,14 +16,7 @@ use crate::node::{ReclaimBlock, ReportBlocks, Surrender, SurrenderBlock, Surrend
 /// `marked` key, and reconciles the surrendered blocks with the keys and grants. Runs only
 /// while etcd answers (a degraded link answers nothing).
 pub(super) async fn handshake<K: Kv>(cx: &Cx<'_, K>, held: &mut Held) -> Result<(), LinkError> {
-    let Cx {
-        kv,
-        keys,
-        node,
-        committer,
-        state,
-        ..
-    } = *cx;
+    let (kv, keys, node, _, committer, state) = cx.parts();
     // A few passes: a lost compare-and-swap reads the key again and answers what it says now.
     for _ in 0..4 {
         let marked: Vec<(String, Release)> = held
@@ -187,14 +180,7 @@ pub(super) async fn reconcile_surrendered<K: Kv>(
     cx: &Cx<'_, K>,
     held: &Held,
 ) -> Result<(), LinkError> {
-    let Cx {
-        kv,
-        keys,
-        node,
-        committer,
-        state,
-        ..
-    } = *cx;
+    let (kv, keys, node, _, committer, state) = cx.parts();
     let report = committer
         .call(ReportBlocks {})
         .await

@@ -257,14 +257,7 @@ pub(super) async fn while_removed<K: Kv>(
     mut lease: Option<LeaseId>,
     identity: &crate::link::liveness::ProcessIdentity,
 ) {
-    let Cx {
-        kv,
-        keys,
-        node,
-        options,
-        committer,
-        state,
-    } = *cx;
+    let (kv, keys, node, options, committer, state) = cx.parts();
     let keep_alive_every = (options.lease_ttl / 3)
         .max(Duration::from_millis(200))
         .min(REMOVED_TICK);
@@ -364,14 +357,7 @@ pub(super) async fn link<K: Kv>(
     stop: &mut tokio::sync::watch::Receiver<bool>,
     across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
-    let Cx {
-        kv,
-        keys,
-        node,
-        options,
-        committer,
-        state,
-    } = *cx;
+    let (kv, keys, node, options, committer, state) = cx.parts();
     let registration = register(kv, keys, node, options, across.registration).await?;
     across.registration = Some(registration);
     let lease = kv.lease_grant(options.lease_ttl).await?;
@@ -609,14 +595,7 @@ pub(super) async fn follow<K: Kv>(
     lease: LeaseId,
     across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
-    let Cx {
-        kv,
-        keys,
-        node,
-        options,
-        committer,
-        state,
-    } = *cx;
+    let (kv, keys, node, options, committer, state) = cx.parts();
     let owned_prefix = keys.owned_prefix(node);
     let release_prefix = keys.release_of_node_prefix(node);
     let id_key = keys.node_id_of_node(node);

@@ -324,6 +324,30 @@ impl<K> Clone for Cx<'_, K> {
 
 impl<K> Copy for Cx<'_, K> {}
 
+impl<'a, K> Cx<'a, K> {
+    /// Its parts, for a step that uses them by name.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn parts(
+        self,
+    ) -> (
+        &'a K,
+        &'a Keys,
+        &'a NodeName,
+        &'a ClusterOptions,
+        &'a Committer,
+        &'a SharedClusterState,
+    ) {
+        (
+            self.kv,
+            self.keys,
+            self.node,
+            self.options,
+            self.committer,
+            self.state,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{Echo, Exclusion, Family, RangeRemoval, RangeSpec, Timestamp};
+use corral_core::{Echo, Exclusion, RangeRemoval, RangeSpec, Timestamp};
 use corral_store::{Store, Txn, export_checkpoint};
 
 use super::op::{
@@ -18,7 +18,7 @@ use super::op::{
 };
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
-use super::wire::{api_lease, family_name, key_of, pool_name, released};
+use super::wire::{api_lease, held_by_key, key_of, pool_name, released};
 use super::{cloud, interfaces, node_pool};
 use crate::capacity;
 use crate::error::OpError;
@@ -209,17 +209,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                         .engine
                         .lookup_key(&key)
                         .into_iter()
-                        .map(|info| api::Allocated {
-                            address: info.entry.addr,
-                            family: family_name(Family::of(info.entry.addr)),
-                            pool: info.pool.to_string(),
-                            generation: info.entry.generation,
-                            existing: true,
-                            subnet: None,
-                            gateway: None,
-                            lease: info.entry.lease.as_ref().map(api_lease),
-                            interface: None,
-                        })
+                        .map(|info| held_by_key(&info))
                         .collect(),
                     Err(_) => Vec::new(),
                 };

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use super::op::InterfaceGauge;
 use super::scope::{Scope, Write, ensure_spec, record_released};
 use super::state::{Clock, NodeState};
-use super::wire::{family_name, pool_name};
+use super::wire::{allocated, family_name, pool_name};
 use crate::error::OpError;
 
 /// Writes a pool's table into the scope's stored configuration: its interfaces, and its
@@ -91,6 +91,20 @@ pub(super) fn decorate(scope: &Scope, allocations: &mut [api::Allocated]) {
             allocated.gateway = assignment.gateway;
             allocated.interface = Some(allocated_interface(&assignment));
         }
+    }
+}
+
+/// The answer of allocations in `pool`: each address, with its interface's subnet, gateway
+/// and interface when the pool is interface-backed.
+pub(super) fn allocation_answer(
+    scope: &Scope,
+    pool: &PoolName,
+    allocations: &[corral_core::Allocation],
+) -> api::AllocateResponse {
+    let mut answer: Vec<api::Allocated> = allocations.iter().map(|a| allocated(pool, a)).collect();
+    decorate(scope, &mut answer);
+    api::AllocateResponse {
+        allocations: answer,
     }
 }
 

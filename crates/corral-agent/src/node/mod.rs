@@ -537,20 +537,7 @@ mod tests {
         let store = corral_store::MemoryStore::new();
         let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
         let eni = |pool: &str, id: &str, device: u32| {
-            Op::AddInterface(api::InterfaceRequest {
-                pool: pool.into(),
-                id: id.into(),
-                device_number: device,
-                mac: format!("0a:00:00:00:00:{device:02x}"),
-                subnets: vec!["10.60.0.0/24".into()],
-                gateways: vec![],
-                routes: vec![],
-                primary: false,
-                primary_addresses: vec![],
-                trunk: false,
-                excluded: false,
-                addresses: vec!["10.60.0.10".into(), "10.60.0.16/28".into()],
-            })
+            eni_op(pool, id, device, &["10.60.0.10", "10.60.0.16/28"])
         };
         run_one(&mut node, eni("eni", "eni-1", 1)).unwrap();
         let before = node_ranges(&node);

@@ -17,7 +17,7 @@ use corral_store::{Store, StoredAllocation};
 
 use super::scope::{Write, record_released, scope_status};
 use super::state::{Clock, NodeState};
-use super::wire::{allocated, family_name, family_of, key_of, pool_name, released};
+use super::wire::{family_of, held_by_key, key_of, pool_name, released};
 use crate::error::OpError;
 
 /// The node pool a CNI network names, if it names one; with `pools` beside it, refused.
@@ -174,13 +174,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             ));
             touched.insert(api::NODE_SCOPE.to_owned());
         }
-        let mut answer: Vec<api::Allocated> = got.iter().map(|a| allocated(&pool, a)).collect();
-        if interface_backed {
-            super::interfaces::decorate(scope, &mut answer);
-        }
-        Ok(api::AllocateResponse {
-            allocations: answer,
-        })
+        Ok(super::interfaces::allocation_answer(scope, &pool, &got))
     }
 
     pub(super) fn node_pool_del(
@@ -231,15 +225,8 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             .into_iter()
             .filter(|info| info.pool == *pool)
             .map(|info| api::Allocated {
-                address: info.entry.addr,
-                family: family_name(Family::of(info.entry.addr)),
-                pool: info.pool.to_string(),
-                generation: info.entry.generation,
-                existing: true,
-                subnet: None,
-                gateway: None,
                 lease: None,
-                interface: None,
+                ..held_by_key(&info)
             })
             .collect();
         Ok(api::AllocateResponse { allocations: held })

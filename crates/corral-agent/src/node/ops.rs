@@ -130,14 +130,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             ));
             touched.insert(scope_name.clone());
         }
-        let mut answer: Vec<api::Allocated> =
-            allocations.iter().map(|a| allocated(&pool, a)).collect();
-        if interface_backed {
-            super::interfaces::decorate(scope, &mut answer);
-        }
-        Ok(api::AllocateResponse {
-            allocations: answer,
-        })
+        Ok(super::interfaces::allocation_answer(
+            scope,
+            &pool,
+            &allocations,
+        ))
     }
 
     pub(super) fn release(

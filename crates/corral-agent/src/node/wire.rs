@@ -81,6 +81,21 @@ pub(super) fn allocated(pool: &PoolName, a: &Allocation) -> api::Allocated {
     }
 }
 
+/// An address an attachment holds, as CHECK answers it: existing, with its lease.
+pub(super) fn held_by_key(info: &corral_core::AllocationInfo) -> api::Allocated {
+    api::Allocated {
+        address: info.entry.addr,
+        family: family_name(Family::of(info.entry.addr)),
+        pool: info.pool.to_string(),
+        generation: info.entry.generation,
+        existing: true,
+        subnet: None,
+        gateway: None,
+        lease: info.entry.lease.as_ref().map(api_lease),
+        interface: None,
+    }
+}
+
 pub(super) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
     ScopeConfig {
         pools: pools
