@@ -14,8 +14,8 @@ use corral_agent::link::ClusterOptions;
 use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
 use corral_client::Client;
 use corral_cluster::{
-    ClusterConfig, DemandRecord, Family, GrantRecord, IpNet, NodeName, OwnedRecord, PoolName,
-    ReleaseRecord, ReleaseState, decode_value, encode_value,
+    ClusterConfig, DemandRecord, Family, IpNet, NodeName, PoolName, ReleaseRecord, ReleaseState,
+    decode_value, encode_value,
 };
 use corral_kv::{Event, Kv, MemKv, Txn, TxnOp};
 
@@ -91,39 +91,7 @@ fn family_of(cidr: &IpNet) -> Family {
 /// Grants block `cidr` of `pool` to the node as the leader writes it; answers the grant's
 /// create revision.
 async fn grant(kv: &MemKv, pool: &str, cidr: &str) -> i64 {
-    let keys = keys();
-    let cidr: IpNet = cidr.parse().unwrap();
-    let pool = PoolName::new(pool).unwrap();
-    let registration = kv
-        .get(keys.node(&node()).as_bytes())
-        .await
-        .unwrap()
-        .unwrap();
-    let record = GrantRecord {
-        node: node(),
-        uid: String::new(),
-        node_revision: registration.create_revision,
-    };
-    let owned = OwnedRecord {
-        node_revision: registration.create_revision,
-    };
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![
-            TxnOp::put(
-                keys.grant(&pool, family_of(&cidr), &cidr),
-                encode_value(&record).unwrap(),
-            ),
-            TxnOp::put(
-                keys.owned(&node(), &pool, family_of(&cidr), &cidr),
-                encode_value(&owned).unwrap(),
-            ),
-        ],
-        failure: vec![],
-    })
-    .await
-    .unwrap()
-    .revision
+    common::grant(kv, NODE, pool, cidr).await
 }
 
 fn release_key(pool: &str, cidr: &str) -> String {

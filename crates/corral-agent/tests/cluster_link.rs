@@ -10,7 +10,7 @@ use corral_agent::link::ClusterOptions;
 use corral_api::{
     AllocateRequest, AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, RangeSource,
 };
-use corral_cluster::{GrantRecord, NodeName, NodeRecord, OwnedRecord, encode_value};
+use corral_cluster::{NodeName, NodeRecord, encode_value};
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
 mod common;
 
@@ -76,40 +76,7 @@ fn cluster_ranges(agent: &LinkedAgent) -> Vec<(String, bool)> {
 
 /// Grants `cidr` (`10.192.1.0/24`) of pool `default` to `node`, as the operator writes it.
 async fn grant(kv: &MemKv, node: &str, cidr: &str) {
-    let keys = keys();
-    let name = NodeName::new(node).unwrap();
-    let cidr: corral_cluster::IpNet = cidr.parse().unwrap();
-    let family = if cidr.addr().is_ipv4() {
-        corral_cluster::Family::V4
-    } else {
-        corral_cluster::Family::V6
-    };
-    let pool = corral_cluster::PoolName::new("default").unwrap();
-    let registration = kv.get(keys.node(&name).as_bytes()).await.unwrap().unwrap();
-    let record = GrantRecord {
-        node: name.clone(),
-        uid: String::new(),
-        node_revision: registration.create_revision,
-    };
-    let owned = OwnedRecord {
-        node_revision: registration.create_revision,
-    };
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![
-            TxnOp::put(
-                keys.grant(&pool, family, &cidr),
-                encode_value(&record).unwrap(),
-            ),
-            TxnOp::put(
-                keys.owned(&name, &pool, family, &cidr),
-                encode_value(&owned).unwrap(),
-            ),
-        ],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    common::grant(kv, node, "default", cidr).await;
 }
 
 /// Grants `cidr` to node-1 and waits until it is `agent`'s one cluster range, active.

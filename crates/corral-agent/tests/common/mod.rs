@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
 use corral_client::Client;
-use corral_cluster::{ClusterName, Keys, NodeName};
-use corral_kv::MemKv;
+use corral_cluster::{
+    ClusterName, Family, GrantRecord, IpNet, Keys, NodeName, OwnedRecord, PoolName, encode_value,
+};
+use corral_kv::{Kv, MemKv, Txn, TxnOp};
 
 /// The cluster every test here runs in.
 pub const CLUSTER: &str = "t";
@@ -176,4 +178,40 @@ pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Grants `cidr` of `pool` to the registered `node` as the leader does (its `grants/` and
+/// `owned/` keys, naming the registration); returns the revision.
+pub async fn grant(kv: &MemKv, node: &str, pool: &str, cidr: &str) -> i64 {
+    let keys = keys();
+    let node = node_name(node);
+    let pool = PoolName::new(pool).unwrap();
+    let cidr: IpNet = cidr.parse().unwrap();
+    let family = Family::of(cidr.addr());
+    let registration = kv.get(keys.node(&node).as_bytes()).await.unwrap().unwrap();
+    let record = GrantRecord {
+        node: node.clone(),
+        uid: String::new(),
+        node_revision: registration.create_revision,
+    };
+    let owned = OwnedRecord {
+        node_revision: registration.create_revision,
+    };
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::put(
+                keys.grant(&pool, family, &cidr),
+                encode_value(&record).unwrap(),
+            ),
+            TxnOp::put(
+                keys.owned(&node, &pool, family, &cidr),
+                encode_value(&owned).unwrap(),
+            ),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap()
+    .revision
 }
