@@ -40,13 +40,21 @@ use super::scope::{Scope, ensure_spec, spec_mut};
 use super::state::{Clock, NodeState};
 use crate::error::OpError;
 
-fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
+/// The stored exclusions of `pool`, as (network, reason).
+fn exclusions<'a>(
+    scope: &'a Scope,
+    pool: &'a PoolName,
+) -> impl Iterator<Item = &'a (String, String)> {
     scope
         .config
         .pools
         .iter()
-        .filter(|p| p.name == pool.as_str())
+        .filter(move |p| p.name == pool.as_str())
         .flat_map(|p| &p.exclusions)
+}
+
+fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
+    exclusions(scope, pool)
         .filter(|(_, r)| r == reason)
         .filter_map(|(net, _)| corral_core::parse_net(net).ok())
         .collect()
@@ -56,13 +64,7 @@ fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
 /// exclusion per network, so a cloud marker there would take it over, and drop it when it
 /// ends).
 fn foreign_exclusion(scope: &Scope, pool: &PoolName, net: IpNet) -> Option<String> {
-    scope
-        .config
-        .pools
-        .iter()
-        .filter(|p| p.name == pool.as_str())
-        .flat_map(|p| &p.exclusions)
-        .find(|(n, r)| {
+    exclusions(scope, pool).find(|(n, r)| {
             r != SURRENDERED_REASON
                 && r != FROZEN_REASON
                 && corral_core::parse_net(n).is_ok_and(|n| n == net)
