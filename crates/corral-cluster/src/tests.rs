@@ -9,6 +9,23 @@ use crate::config::ClusterConfig;
 use crate::keys::encode_value;
 use crate::keys::{ClusterName, Keys, NodeName, NodeRecord, ReleaseRecord, ReleaseState};
 
+/// The `[node_ids]` table the tests plan node IDs with, in TOML: a macro, so `concat!` can put
+/// it into constants.
+macro_rules! node_ids_toml {
+    () => {
+        r#"[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#
+    };
+}
+pub(crate) use node_ids_toml;
+
 pub fn net(text: &str) -> IpNet {
     text.parse().unwrap()
 }

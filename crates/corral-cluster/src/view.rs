@@ -1785,8 +1785,10 @@ mod tests {
         assert_eq!(space.lowest_free().unwrap().to_string(), "10.0.0.0/24");
     }
     use crate::keys::ClusterName;
+    use crate::tests::node_ids_toml;
 
-    const CONFIG: &str = r#"
+    const CONFIG: &str = concat!(
+        r#"
 [[pools]]
 name = "default"
 [pools.ipv4]
@@ -1795,15 +1797,9 @@ node_prefix_len = 30
 [pools.ipv6]
 cidrs = ["fd00::/64"]
 node_prefix_len = 80
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+"#,
+        node_ids_toml!()
+    );
 
     struct Fixture {
         view: ClusterView,
