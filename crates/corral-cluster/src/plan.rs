@@ -147,15 +147,8 @@ impl NodePlan {
         })?;
         let (net_start, _) = net_range(&network);
         let net_last = last_node_address(&network);
-        let mut excluded: Vec<u128> = config
-            .node_interconnect_excluded
-            .iter()
-            .map(|a| addr_u128(*a))
-            .collect();
-        excluded.sort_unstable();
-        excluded.dedup();
         let mut node_ip = net_start + part;
-        for ex in excluded {
+        for ex in config.excluded_node_addresses() {
             if ex <= node_ip {
                 node_ip = node_ip.saturating_add(1);
             }

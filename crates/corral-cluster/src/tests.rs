@@ -1,12 +1,12 @@
 //! Fixtures the unit tests of several files share: a cluster's stored entries, written key by
-//! key as etcd would hold them, for the checks that read them.
+//! key as etcd would hold them, the records in them, and the configurations they start from.
 
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
 use crate::check::{Entry, check};
 use crate::config::ClusterConfig;
-use crate::keys::encode_value;
+use crate::keys::{CloudAttachment, CloudInterfaceRecord, encode_value};
 use crate::keys::{ClusterName, Keys, NodeName, NodeRecord, ReleaseRecord, ReleaseState};
 
 /// The `[node_ids]` table the tests plan node IDs with, in TOML: a macro, so `concat!` can put
@@ -28,6 +28,24 @@ pub(crate) use node_ids_toml;
 
 pub fn net(text: &str) -> IpNet {
     text.parse().unwrap()
+}
+
+/// An attached interface corral manages, at device index 1 in subnet-1 (10.0.0.0/16), holding
+/// `addresses`.
+pub fn interface_record(pool: &str, instance_id: &str, addresses: &[&str]) -> CloudInterfaceRecord {
+    CloudInterfaceRecord {
+        pool: PoolName::new(pool).unwrap(),
+        instance_id: instance_id.to_owned(),
+        device_index: 1,
+        subnet_id: "subnet-1".to_owned(),
+        subnets: vec![net("10.0.0.0/16")],
+        mac: "02:00:00:00:00:01".to_owned(),
+        primary_ipv4: None,
+        addresses: addresses.iter().map(|a| net(a)).collect(),
+        attachment: CloudAttachment::Attached,
+        managed: true,
+        prefixes_refused_ms: None,
+    }
 }
 
 /// The entries of cluster `t`, each at the next revision.

@@ -307,7 +307,7 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
 mod tests {
     use super::*;
     use crate::keys::{CloudIntentRecord, CloudInterfaceRecord, ReleaseState, encode_value};
-    use crate::tests::{Cluster, net};
+    use crate::tests::{Cluster, interface_record, net};
 
     const CONFIG: &str = r#"
 [[pools]]
@@ -353,17 +353,8 @@ block_prefix_len = 28
             pool: &str,
         ) -> i64 {
             let record = CloudInterfaceRecord {
-                pool: PoolName::new(pool).unwrap(),
-                instance_id: format!("i-{n}"),
                 device_index: index,
-                subnet_id: "subnet-1".to_owned(),
-                subnets: vec![net("10.0.0.0/16")],
-                mac: "02:00:00:00:00:01".to_owned(),
-                primary_ipv4: None,
-                addresses: addresses.iter().map(|a| net(a)).collect(),
-                attachment: CloudAttachment::Attached,
-                managed: true,
-                prefixes_refused_ms: None,
+                ..interface_record(pool, &format!("i-{n}"), addresses)
             };
             self.add(
                 self.keys.cloud_interface(&node(n), &id(eni)),
@@ -498,17 +489,9 @@ block_prefix_len = 28
             let mut c = cluster();
             for n in ["a", "b"] {
                 let record = CloudInterfaceRecord {
-                    pool: PoolName::new("pods").unwrap(),
-                    instance_id: format!("i-{n}"),
-                    device_index: 1,
-                    subnet_id: "subnet-1".to_owned(),
-                    subnets: vec![net("10.0.0.0/16")],
                     mac: "02:00:00:00:00:05".to_owned(),
-                    primary_ipv4: None,
-                    addresses: vec![net("10.0.0.7/32"), net("10.0.0.8/32")],
                     attachment,
-                    managed: true,
-                    prefixes_refused_ms: None,
+                    ..interface_record("pods", &format!("i-{n}"), &["10.0.0.7/32", "10.0.0.8/32"])
                 };
                 c.add(
                     c.keys.cloud_interface(&node(n), &id("eni-5")),
