@@ -66,12 +66,7 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     let mut per_node: BTreeMap<(&NodeName, &PoolName, Family), usize> = BTreeMap::new();
     for (pool, family, cidr, record) in &parsed.grants {
         *per_node.entry((&record.node, pool, *family)).or_default() += 1;
-        match parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .and_then(|p| p.family(*family))
-        {
+        match parsed.pool(pool).and_then(|p| p.family(*family)) {
             None => problems.push(format!(
                 "grant {cidr} is in pool {pool} {family}, which the configuration does not have"
             )),
@@ -130,27 +125,13 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             ));
         }
     }
-    let is_blocks = |pool: &PoolName| {
-        parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .is_some_and(|p| p.is_blocks())
-    };
-    let is_cloud = |pool: &PoolName| {
-        parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .is_some_and(|p| p.is_cloud())
-    };
+    let is_blocks = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_blocks());
+    let is_cloud = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_cloud());
     // A from-cloud pool's node holds what the cloud delegated to its instance (IPv4: several
     // /28s), each still a node CIDR under every other rule.
     let is_from_cloud = |pool: &PoolName| {
         parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
+            .pool(pool)
             .is_some_and(|p| p.cloud_sync() == Some(crate::config::NodeCidrSync::FromCloud))
     };
     for ((node, pool, family), count) in per_node {
@@ -243,13 +224,7 @@ pub fn expected_ranges(
 ) -> Vec<(PoolName, RangeSpec)> {
     let mut ignored = Vec::new();
     let parsed = parse(keys, entries, &mut ignored);
-    let is_blocks = |pool: &PoolName| {
-        parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .is_some_and(|p| p.is_blocks())
-    };
+    let is_blocks = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_blocks());
     let mut ranges: Vec<(PoolName, RangeSpec)> = parsed
         .grants
         .iter()
