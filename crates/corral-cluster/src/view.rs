@@ -667,6 +667,15 @@ impl ClusterView {
             .is_some_and(|g| g.counted && g.record.as_ref().is_some_and(|r| &r.node == node))
     }
 
+    /// [`Self::refresh_holdings`] for `node` if it asserts holdings (a key naming it changed).
+    fn refresh_asserted_holdings(&mut self, node: Option<&NodeName>) {
+        if let Some(node) = node
+            && self.holdings.contains_key(node)
+        {
+            self.refresh_holdings(node);
+        }
+    }
+
     /// Makes the blocks of `node`'s assertions match its record and its grants: a held range
     /// no grant to the node covers is blocked in every space of its family (whatever pool it
     /// names: a pool renamed around the CLI still finds its space occupied), a node ID the
@@ -893,11 +902,7 @@ impl ClusterView {
                         create_revision,
                     },
                 );
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::Owned {
                 node,
@@ -941,19 +946,13 @@ impl ClusterView {
                     },
                 );
                 // The node's ID may have changed (`node_id_of` falls back on this key).
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::NodeIdOfNode { node } => {
                 if let Some(record) = self.decode::<NodeIdOfNodeRecord>(key, mod_revision, value) {
                     self.node_id_of_node.insert(node.clone(), record.id);
                 }
-                if self.holdings.contains_key(&node) {
-                    self.refresh_holdings(&node);
-                }
+                self.refresh_asserted_holdings(Some(&node));
             }
             Key::Removal { node } => {
                 if let Some(record) = self.decode::<RemovalRecord>(key, mod_revision, value) {
@@ -1149,11 +1148,7 @@ impl ClusterView {
                     }
                 }
                 // A holder that still asserts the range keeps it occupied.
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::Owned {
                 node,
@@ -1191,17 +1186,11 @@ impl ClusterView {
                 }
                 // A holder that still serves the ID keeps it occupied (`nodeids/node/<node>`
                 // may be gone already: a removal deletes it first).
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::NodeIdOfNode { node } => {
                 self.node_id_of_node.remove(node);
-                if self.holdings.contains_key(node) {
-                    self.refresh_holdings(node);
-                }
+                self.refresh_asserted_holdings(Some(node));
             }
             Key::QuarantineId { id } => {
                 if let Some(entry) = self.quarantined_ids.remove(id)
