@@ -66,12 +66,7 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     let mut per_node: BTreeMap<(&NodeName, &PoolName, Family), usize> = BTreeMap::new();
     for (pool, family, cidr, record) in &parsed.grants {
         *per_node.entry((&record.node, pool, *family)).or_default() += 1;
-        match parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .and_then(|p| p.family(*family))
-        {
+        match parsed.pool(pool).and_then(|p| p.family(*family)) {
             None => problems.push(format!(
                 "grant {cidr} is in pool {pool} {family}, which the configuration does not have"
             )),
@@ -130,27 +125,13 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
             ));
         }
     }
-    let is_blocks = |pool: &PoolName| {
-        parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .is_some_and(|p| p.is_blocks())
-    };
-    let is_cloud = |pool: &PoolName| {
-        parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .is_some_and(|p| p.is_cloud())
-    };
+    let is_blocks = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_blocks());
+    let is_cloud = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_cloud());
     // A from-cloud pool's node holds what the cloud delegated to its instance (IPv4: several
     // /28s), each still a node CIDR under every other rule.
     let is_from_cloud = |pool: &PoolName| {
         parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
+            .pool(pool)
             .is_some_and(|p| p.cloud_sync() == Some(crate::config::NodeCidrSync::FromCloud))
     };
     for ((node, pool, family), count) in per_node {
@@ -243,13 +224,7 @@ pub fn expected_ranges(
 ) -> Vec<(PoolName, RangeSpec)> {
     let mut ignored = Vec::new();
     let parsed = parse(keys, entries, &mut ignored);
-    let is_blocks = |pool: &PoolName| {
-        parsed
-            .config
-            .as_ref()
-            .and_then(|c| c.pool(pool))
-            .is_some_and(|p| p.is_blocks())
-    };
+    let is_blocks = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_blocks());
     let mut ranges: Vec<(PoolName, RangeSpec)> = parsed
         .grants
         .iter()
@@ -485,8 +460,8 @@ pub fn election_problems(keys: &Keys, entries: &[(String, Option<i64>)]) -> Vec<
 mod tests {
     use super::*;
     use crate::config::AppliedConfigRecord;
-    use crate::keys::{ClusterName, OwnedRecord, encode_value};
-    use crate::keys::{GrantRecord, NodeRecord, ReleaseRecord};
+    use crate::keys::{ClusterName, GrantRecord, OwnedRecord, encode_value};
+    use crate::tests::{Cluster, net};
 
     const BLOCKS: &str = r#"
 [[pools]]
@@ -502,44 +477,14 @@ cidrs = ["10.1.0.0/16"]
 node_prefix_len = 24
 "#;
 
-    fn net(text: &str) -> IpNet {
-        text.parse().unwrap()
-    }
-
-    struct Cluster {
-        keys: Keys,
-        entries: Vec<Entry>,
-        revision: i64,
+    fn cluster() -> Cluster {
+        let mut cluster = Cluster::with_config(BLOCKS);
+        cluster.node("a", None);
+        cluster
     }
 
     impl Cluster {
-        fn new() -> Cluster {
-            let keys = Keys::new(ClusterName::new("t").unwrap());
-            let config = ClusterConfig::from_toml(BLOCKS).unwrap();
-            let entries = vec![(keys.config(), config.to_json().unwrap().into_bytes(), 1)];
-            let mut cluster = Cluster {
-                keys,
-                entries,
-                revision: 1,
-            };
-            let node = NodeName::new("a").unwrap();
-            let record = NodeRecord {
-                uid: "u".into(),
-                addresses: vec![],
-                registered_ms: 0,
-                instance_id: None,
-                max_pods: None,
-            };
-            cluster.add(cluster.keys.node(&node), encode_value(&record).unwrap());
-            cluster
-        }
-
-        fn add(&mut self, key: String, value: Vec<u8>) -> i64 {
-            self.revision += 1;
-            self.entries.push((key, value, self.revision));
-            self.revision
-        }
-
+        /// A grant of IPv4 `cidr` in `pool` to node `a`, and its `owned` key.
         fn grant(&mut self, pool: &str, cidr: &str) -> i64 {
             let node = NodeName::new("a").unwrap();
             let pool = PoolName::new(pool).unwrap();
@@ -558,29 +503,6 @@ node_prefix_len = 24
             );
             revision
         }
-
-        fn release(&mut self, pool: &str, cidr: &str, state: ReleaseState, grant_revision: i64) {
-            let record = ReleaseRecord {
-                state,
-                grant_revision,
-                marked_ms: 0,
-                answered_ms: 0,
-                reason: None,
-            };
-            self.add(
-                self.keys.release(
-                    &NodeName::new("a").unwrap(),
-                    &PoolName::new(pool).unwrap(),
-                    Family::V4,
-                    &net(cidr),
-                ),
-                encode_value(&record).unwrap(),
-            );
-        }
-
-        fn check(&self) -> Vec<String> {
-            check(&self.keys, &self.entries)
-        }
     }
 
     /// Issue 20: a configuration written around the CLI is judged as the leader judges it:
@@ -588,7 +510,7 @@ node_prefix_len = 24
     /// force; the refused one is one problem; no configuration at all is one too.
     #[test]
     fn a_stored_configuration_the_leader_refuses_is_a_problem_and_the_applied_one_rules() {
-        let mut c = Cluster::new();
+        let mut c = cluster();
         c.grant("nodes", "10.1.0.0/24");
         let applied = AppliedConfigRecord {
             config_revision: 1,
@@ -619,20 +541,20 @@ node_prefix_len = 24
 
     #[test]
     fn many_blocks_per_node_are_fine_and_release_keys_must_name_a_current_grant() {
-        let mut c = Cluster::new();
+        let mut c = cluster();
         let first = c.grant("pods", "10.0.0.0/28");
         c.grant("pods", "10.0.0.16/28");
         c.grant("nodes", "10.1.0.0/24");
-        c.release("pods", "10.0.0.0/28", ReleaseState::Marked, first);
+        c.release("a", "pods", "10.0.0.0/28", ReleaseState::Marked, first);
         assert_eq!(c.check(), Vec::<String>::new());
         // A second node CIDR of a node-CIDR pool is still a problem.
         c.grant("nodes", "10.1.1.0/24");
         assert_eq!(c.check().len(), 1, "{:?}", c.check());
-        let mut c = Cluster::new();
+        let mut c = cluster();
         let first = c.grant("pods", "10.0.0.0/28");
-        c.release("pods", "10.0.0.0/28", ReleaseState::Ready, first + 100);
-        c.release("pods", "10.0.0.32/28", ReleaseState::Marked, first);
-        c.release("nodes", "10.1.0.0/24", ReleaseState::Marked, first);
+        c.release("a", "pods", "10.0.0.0/28", ReleaseState::Ready, first + 100);
+        c.release("a", "pods", "10.0.0.32/28", ReleaseState::Marked, first);
+        c.release("a", "nodes", "10.1.0.0/24", ReleaseState::Marked, first);
         let problems = c.check();
         assert_eq!(problems.len(), 3, "{problems:#?}");
         assert!(problems.iter().any(|p| p.contains("names grant revision")));
@@ -642,7 +564,7 @@ node_prefix_len = 24
 
     #[test]
     fn a_from_cloud_node_may_hold_several_node_cidrs_each_still_a_node_cidr() {
-        let mut c = Cluster::new();
+        let mut c = cluster();
         let config = BLOCKS.replace(
             "name = \"nodes\"\n",
             "name = \"nodes\"\ncloud_sync = \"from-cloud\"\n",
@@ -668,7 +590,7 @@ node_prefix_len = 24
 
     #[test]
     fn an_agent_holds_its_blocks_or_has_surrendered_them() {
-        let mut c = Cluster::new();
+        let mut c = cluster();
         let first = c.grant("pods", "10.0.0.0/28");
         let second = c.grant("pods", "10.0.0.16/28");
         c.grant("pods", "10.0.0.32/28");
@@ -688,8 +610,8 @@ node_prefix_len = 24
         // Not granted; and two blocks not held, one surrendered (ready), one not.
         let mut odd = held(&["10.0.0.32/28"]);
         odd.push(("pods".to_owned(), range("10.0.0.64/28")));
-        c.release("pods", "10.0.0.0/28", ReleaseState::Ready, first);
-        c.release("pods", "10.0.0.16/28", ReleaseState::Refused, second);
+        c.release("a", "pods", "10.0.0.0/28", ReleaseState::Ready, first);
+        c.release("a", "pods", "10.0.0.16/28", ReleaseState::Refused, second);
         let problems = agent_block_problems(&c.keys, &c.entries, "a", &odd);
         assert_eq!(problems.len(), 2, "{problems:#?}");
         assert!(problems.iter().any(|p| p.contains("10.0.0.64/28")));

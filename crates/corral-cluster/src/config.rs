@@ -1183,8 +1183,10 @@ pub struct AppliedConfigRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::node_ids_toml;
 
-    pub(crate) const EXAMPLE: &str = r#"
+    pub(crate) const EXAMPLE: &str = concat!(
+        r#"
 quarantine_secs = 300
 [resync]
 resync_ms = 30000
@@ -1201,16 +1203,10 @@ reserved = ["10.244.0.0/20"]
 cidrs = ["fd00:10:244::/48"]
 node_prefix_len = 64
 
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-node_interconnect_excluded = ["192.168.16.1"]
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+"#,
+        node_ids_toml!(),
+        "node_interconnect_excluded = [\"192.168.16.1\"]\n"
+    );
 
     const BLOCKS: &str = r#"
 default_pool = "pods"

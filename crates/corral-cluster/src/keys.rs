@@ -1461,6 +1461,7 @@ fn short_type_name<T>() -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::interface_record;
 
     fn keys() -> Keys {
         Keys::new(ClusterName::new("prod-1").unwrap())
@@ -1634,20 +1635,9 @@ mod tests {
         );
         assert!(keys.parse("/corral/prod-1/v1/intents/").is_err());
         let interface = CloudInterfaceRecord {
-            pool: PoolName::new("vpc").unwrap(),
-            instance_id: "i-0123".into(),
-            device_index: 1,
-            subnet_id: "subnet-1".into(),
             subnets: vec!["10.0.1.0/24".parse().unwrap()],
-            mac: "02:00:00:00:00:01".into(),
             primary_ipv4: Some("10.0.1.10".parse().unwrap()),
-            addresses: vec![
-                "10.0.1.11/32".parse().unwrap(),
-                "10.0.1.32/28".parse().unwrap(),
-            ],
-            attachment: CloudAttachment::Attached,
-            managed: true,
-            prefixes_refused_ms: None,
+            ..interface_record("vpc", "i-0123", &["10.0.1.11/32", "10.0.1.32/28"])
         };
         let bytes = encode_value(&interface).unwrap();
         assert_eq!(

@@ -18,6 +18,8 @@ pub mod plan;
 pub mod removal;
 pub mod report;
 pub mod space;
+#[cfg(test)]
+mod tests;
 mod text;
 pub mod view;
 

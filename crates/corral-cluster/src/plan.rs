@@ -147,15 +147,8 @@ impl NodePlan {
         })?;
         let (net_start, _) = net_range(&network);
         let net_last = last_node_address(&network);
-        let mut excluded: Vec<u128> = config
-            .node_interconnect_excluded
-            .iter()
-            .map(|a| addr_u128(*a))
-            .collect();
-        excluded.sort_unstable();
-        excluded.dedup();
         let mut node_ip = net_start + part;
-        for ex in excluded {
+        for ex in config.excluded_node_addresses() {
             if ex <= node_ip {
                 node_ip = node_ip.saturating_add(1);
             }
@@ -198,26 +191,32 @@ impl NodePlan {
 
 /// The pod subnet of node `node_id`, or None outside 1..=max.
 pub fn pod_subnet_of(config: &NodeIdPlanConfig, node_id: u32) -> Option<IpNet> {
-    if node_id == 0 || node_id > config.max_node_id() {
-        return None;
-    }
-    nth_subnet(
-        &config.pod_subnet,
-        config.pod_subnet_node_prefix_len,
-        node_id,
-    )
+    let prefix_len = config.pod_subnet_node_prefix_len;
+    node_subnet_of(config, &config.pod_subnet, prefix_len, node_id)
 }
 
 /// The host interconnect subnet of node `node_id`, or None outside 1..=max.
 pub fn host_interconnect_of(config: &NodeIdPlanConfig, node_id: u32) -> Option<IpNet> {
+    let prefix_len = config.host_interconnect_node_prefix_len;
+    node_subnet_of(
+        config,
+        &config.host_interconnect_subnet,
+        prefix_len,
+        node_id,
+    )
+}
+
+/// Node `node_id`'s `/prefix_len` of `network`, or None outside 1..=max.
+fn node_subnet_of(
+    config: &NodeIdPlanConfig,
+    network: &IpNet,
+    prefix_len: u8,
+    node_id: u32,
+) -> Option<IpNet> {
     if node_id == 0 || node_id > config.max_node_id() {
         return None;
     }
-    nth_subnet(
-        &config.host_interconnect_subnet,
-        config.host_interconnect_node_prefix_len,
-        node_id,
-    )
+    nth_subnet(network, prefix_len, node_id)
 }
 
 /// The node ID whose pod subnet holds `ip`: `(ip XOR pod_subnet) >> (bits − P)`, index 0 being

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::plan::NodePlan;
+use crate::space::SpaceStats;
 use crate::view::ClusterView;
 
 /// One pool and family of the status report.
@@ -27,6 +28,23 @@ pub struct PoolReport {
     #[serde(default)]
     pub blocked: String,
     pub free: String,
+}
+
+impl PoolReport {
+    /// The row of one space, its counts as decimal strings.
+    fn of(pool: String, family: &str, node_prefix_len: u8, stats: &SpaceStats) -> PoolReport {
+        PoolReport {
+            pool,
+            family: family.to_owned(),
+            node_prefix_len,
+            capacity: stats.capacity.to_string(),
+            granted: stats.granted.to_string(),
+            quarantined: stats.quarantined.to_string(),
+            reserved: stats.reserved.to_string(),
+            blocked: stats.blocked.to_string(),
+            free: stats.free.to_string(),
+        }
+    }
 }
 
 /// The cluster as one view sees it.
@@ -129,31 +147,16 @@ impl ClusterView {
         let pools = self
             .space_stats()
             .into_iter()
-            .map(|(pool, family, stats)| PoolReport {
-                pool: pool.to_string(),
-                family: family.name().to_owned(),
-                node_prefix_len: self
+            .map(|(pool, family, stats)| {
+                let node_prefix_len = self
                     .space(&pool, family)
-                    .map_or(0, |space| space.node_prefix_len()),
-                capacity: stats.capacity.to_string(),
-                granted: stats.granted.to_string(),
-                quarantined: stats.quarantined.to_string(),
-                reserved: stats.reserved.to_string(),
-                blocked: stats.blocked.to_string(),
-                free: stats.free.to_string(),
+                    .map_or(0, |space| space.node_prefix_len());
+                PoolReport::of(pool.to_string(), family.name(), node_prefix_len, &stats)
             })
             .collect();
-        let node_ids = self.node_id_stats().map(|stats| PoolReport {
-            pool: "node-ids".to_owned(),
-            family: "-".to_owned(),
-            node_prefix_len: 0,
-            capacity: stats.capacity.to_string(),
-            granted: stats.granted.to_string(),
-            quarantined: stats.quarantined.to_string(),
-            reserved: stats.reserved.to_string(),
-            blocked: stats.blocked.to_string(),
-            free: stats.free.to_string(),
-        });
+        let node_ids = self
+            .node_id_stats()
+            .map(|stats| PoolReport::of("node-ids".to_owned(), "-", 0, &stats));
         let mut problems: Vec<String> = self
             .problems()
             .iter()

@@ -27,7 +27,7 @@ use crate::keys::{
     OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
     ValueError, decode_value, encode_value,
 };
-use crate::space::{CidrSpace, NodeIdSpace, SpaceStats};
+use crate::space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
 mod block_view;
 mod config_install;
@@ -387,6 +387,49 @@ struct NodeIdEntry {
 
 type CidrKey = (PoolName, Family, IpNet);
 
+/// A kind of key that occupies a node CIDR: how it is named, how its space takes it, and how
+/// the problem reads where its pool is not configured.
+struct CidrOccupant {
+    key: fn(&Keys, &PoolName, Family, &IpNet) -> String,
+    occupy: fn(&mut CidrSpace, &IpNet) -> Result<(), SpaceError>,
+    kind: &'static str,
+    unconfigured_tail: &'static str,
+}
+
+const GRANT: CidrOccupant = CidrOccupant {
+    key: Keys::grant,
+    occupy: CidrSpace::occupy_granted,
+    kind: "grant",
+    unconfigured_tail: ": held, never granted again",
+};
+
+const QUARANTINE: CidrOccupant = CidrOccupant {
+    key: Keys::quarantine,
+    occupy: CidrSpace::occupy_quarantined,
+    kind: "quarantine",
+    unconfigured_tail: "",
+};
+
+/// A kind of key that occupies a node ID: how it is named, how the ID space takes it, and
+/// how it holds the ID (in the problem where no plan is configured).
+struct IdOccupant {
+    key: fn(&Keys, u32) -> String,
+    occupy: fn(&mut NodeIdSpace, u32) -> Result<(), SpaceError>,
+    held_as: &'static str,
+}
+
+const NODE_ID: IdOccupant = IdOccupant {
+    key: Keys::node_id,
+    occupy: NodeIdSpace::occupy_granted,
+    held_as: "granted",
+};
+
+const QUARANTINED_ID: IdOccupant = IdOccupant {
+    key: Keys::quarantine_id,
+    occupy: NodeIdSpace::occupy_quarantined,
+    held_as: "quarantined",
+};
+
 /// The operator's cache of one cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterView {
@@ -581,28 +624,28 @@ impl ClusterView {
         self.block_in_flight.clear();
         let grants: Vec<CidrKey> = self.grants.keys().cloned().collect();
         for key in grants {
-            let counted = self.occupy_grant(&key, 0);
+            let counted = self.occupy_cidr(&GRANT, &key, 0);
             if let Some(entry) = self.grants.get_mut(&key) {
                 entry.counted = counted;
             }
         }
         let quarantines: Vec<CidrKey> = self.quarantines.keys().cloned().collect();
         for key in quarantines {
-            let counted = self.occupy_quarantine(&key, 0);
+            let counted = self.occupy_cidr(&QUARANTINE, &key, 0);
             if let Some(entry) = self.quarantines.get_mut(&key) {
                 entry.counted = counted;
             }
         }
         let ids: Vec<u32> = self.node_ids.keys().copied().collect();
         for id in ids {
-            let counted = self.occupy_node_id(id, 0);
+            let counted = self.occupy_id(&NODE_ID, id, 0);
             if let Some(entry) = self.node_ids.get_mut(&id) {
                 entry.counted = counted;
             }
         }
         let ids: Vec<u32> = self.quarantined_ids.keys().copied().collect();
         for id in ids {
-            let counted = self.occupy_quarantined_id(id, 0);
+            let counted = self.occupy_id(&QUARANTINED_ID, id, 0);
             if let Some(entry) = self.quarantined_ids.get_mut(&id) {
                 entry.counted = counted;
             }
@@ -622,6 +665,15 @@ impl ClusterView {
         self.grants
             .get(&(pool.clone(), range.family(), range.cidr))
             .is_some_and(|g| g.counted && g.record.as_ref().is_some_and(|r| &r.node == node))
+    }
+
+    /// [`Self::refresh_holdings`] for `node` if it asserts holdings (a key naming it changed).
+    fn refresh_asserted_holdings(&mut self, node: Option<&NodeName>) {
+        if let Some(node) = node
+            && self.holdings.contains_key(node)
+        {
+            self.refresh_holdings(node);
+        }
     }
 
     /// Makes the blocks of `node`'s assertions match its record and its grants: a held range
@@ -709,17 +761,22 @@ impl ClusterView {
         }
     }
 
-    fn occupy_grant(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
-        let key = self.keys.grant(pool, *family, cidr);
+    /// Occupies the CIDR of `id` in its pool's space as `occupant` says, and reports what
+    /// the key could not occupy.
+    fn occupy_cidr(&mut self, occupant: &CidrOccupant, id: &CidrKey, revision: i64) -> bool {
+        let (pool, family, cidr) = id;
+        let key = (occupant.key)(&self.keys, pool, *family, cidr);
         if !self.spaces.contains_key(&(pool.clone(), *family)) {
             self.block_everywhere(*family, cidr);
         }
         let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
             None => Err(format!(
-                "grant in pool {pool} {}, which is not configured: held, never granted again",
-                family.name()
+                "{} in pool {pool} {}, which is not configured{}",
+                occupant.kind,
+                family.name(),
+                occupant.unconfigured_tail
             )),
-            Some(space) => space.occupy_granted(cidr).map_err(|e| {
+            Some(space) => (occupant.occupy)(space, cidr).map_err(|e| {
                 // Not counted, but its addresses stay blocked while the key exists.
                 space.block_foreign(cidr);
                 e.to_string()
@@ -728,38 +785,15 @@ impl ClusterView {
         self.report(&key, revision, result)
     }
 
-    fn occupy_quarantine(&mut self, (pool, family, cidr): &CidrKey, revision: i64) -> bool {
-        let key = self.keys.quarantine(pool, *family, cidr);
-        if !self.spaces.contains_key(&(pool.clone(), *family)) {
-            self.block_everywhere(*family, cidr);
-        }
-        let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
+    /// Occupies node ID `id` as `occupant` says, and reports what the key could not occupy.
+    fn occupy_id(&mut self, occupant: &IdOccupant, id: u32, revision: i64) -> bool {
+        let key = (occupant.key)(&self.keys, id);
+        let result = match self.id_space.as_mut() {
             None => Err(format!(
-                "quarantine in pool {pool} {}, which is not configured",
-                family.name()
+                "node ID {} but no node_ids plan is configured",
+                occupant.held_as
             )),
-            Some(space) => space.occupy_quarantined(cidr).map_err(|e| {
-                space.block_foreign(cidr);
-                e.to_string()
-            }),
-        };
-        self.report(&key, revision, result)
-    }
-
-    fn occupy_node_id(&mut self, id: u32, revision: i64) -> bool {
-        let key = self.keys.node_id(id);
-        let result = match self.id_space.as_mut() {
-            None => Err("node ID granted but no node_ids plan is configured".to_owned()),
-            Some(space) => space.occupy_granted(id).map_err(|e| e.to_string()),
-        };
-        self.report(&key, revision, result)
-    }
-
-    fn occupy_quarantined_id(&mut self, id: u32, revision: i64) -> bool {
-        let key = self.keys.quarantine_id(id);
-        let result = match self.id_space.as_mut() {
-            None => Err("node ID quarantined but no node_ids plan is configured".to_owned()),
-            Some(space) => space.occupy_quarantined(id).map_err(|e| e.to_string()),
+            Some(space) => (occupant.occupy)(space, id).map_err(|e| e.to_string()),
         };
         self.report(&key, revision, result)
     }
@@ -852,7 +886,7 @@ impl ClusterView {
                 // and the CIDR occupied anyway (the txn's silence compare would fail on it).
                 let record = self.decode::<GrantRecord>(key, mod_revision, value);
                 let id = (pool, family, cidr);
-                let counted = self.occupy_grant(&id, mod_revision);
+                let counted = self.occupy_cidr(&GRANT, &id, mod_revision);
                 if let Some(record) = &record {
                     self.grants_by_node
                         .entry(record.node.clone())
@@ -868,11 +902,7 @@ impl ClusterView {
                         create_revision,
                     },
                 );
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::Owned {
                 node,
@@ -892,7 +922,7 @@ impl ClusterView {
                 // reported and the CIDR occupied anyway.
                 let record = self.decode::<QuarantineRecord>(key, mod_revision, value);
                 let id = (pool, family, cidr);
-                let counted = self.occupy_quarantine(&id, mod_revision);
+                let counted = self.occupy_cidr(&QUARANTINE, &id, mod_revision);
                 self.quarantines.insert(
                     id,
                     QuarantineEntry {
@@ -905,7 +935,7 @@ impl ClusterView {
             Key::NodeId { id } => {
                 // Occupied whatever its value, as grants.
                 let record = self.decode::<NodeIdRecord>(key, mod_revision, value);
-                let counted = self.occupy_node_id(id, mod_revision);
+                let counted = self.occupy_id(&NODE_ID, id, mod_revision);
                 let holder = record.as_ref().map(|r| r.node.clone());
                 self.node_ids.insert(
                     id,
@@ -916,19 +946,13 @@ impl ClusterView {
                     },
                 );
                 // The node's ID may have changed (`node_id_of` falls back on this key).
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::NodeIdOfNode { node } => {
                 if let Some(record) = self.decode::<NodeIdOfNodeRecord>(key, mod_revision, value) {
                     self.node_id_of_node.insert(node.clone(), record.id);
                 }
-                if self.holdings.contains_key(&node) {
-                    self.refresh_holdings(&node);
-                }
+                self.refresh_asserted_holdings(Some(&node));
             }
             Key::Removal { node } => {
                 if let Some(record) = self.decode::<RemovalRecord>(key, mod_revision, value) {
@@ -1020,7 +1044,7 @@ impl ClusterView {
             Key::QuarantineId { id } => {
                 // As for node CIDRs: occupied whatever its value.
                 let record = self.decode::<QuarantineRecord>(key, mod_revision, value);
-                let counted = self.occupy_quarantined_id(id, mod_revision);
+                let counted = self.occupy_id(&QUARANTINED_ID, id, mod_revision);
                 self.quarantined_ids.insert(
                     id,
                     QuarantineEntry {
@@ -1124,11 +1148,7 @@ impl ClusterView {
                     }
                 }
                 // A holder that still asserts the range keeps it occupied.
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::Owned {
                 node,
@@ -1166,17 +1186,11 @@ impl ClusterView {
                 }
                 // A holder that still serves the ID keeps it occupied (`nodeids/node/<node>`
                 // may be gone already: a removal deletes it first).
-                if let Some(holder) = holder
-                    && self.holdings.contains_key(&holder)
-                {
-                    self.refresh_holdings(&holder);
-                }
+                self.refresh_asserted_holdings(holder.as_ref());
             }
             Key::NodeIdOfNode { node } => {
                 self.node_id_of_node.remove(node);
-                if self.holdings.contains_key(node) {
-                    self.refresh_holdings(node);
-                }
+                self.refresh_asserted_holdings(Some(node));
             }
             Key::QuarantineId { id } => {
                 if let Some(entry) = self.quarantined_ids.remove(id)
@@ -1785,8 +1799,10 @@ mod tests {
         assert_eq!(space.lowest_free().unwrap().to_string(), "10.0.0.0/24");
     }
     use crate::keys::ClusterName;
+    use crate::tests::node_ids_toml;
 
-    const CONFIG: &str = r#"
+    const CONFIG: &str = concat!(
+        r#"
 [[pools]]
 name = "default"
 [pools.ipv4]
@@ -1795,15 +1811,9 @@ node_prefix_len = 30
 [pools.ipv6]
 cidrs = ["fd00::/64"]
 node_prefix_len = 80
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+"#,
+        node_ids_toml!()
+    );
 
     struct Fixture {
         view: ClusterView,

@@ -306,11 +306,8 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ClusterConfig;
-    use crate::keys::{
-        CloudIntentRecord, CloudInterfaceRecord, ClusterName, NodeRecord, ReleaseState,
-        encode_value,
-    };
+    use crate::keys::{CloudIntentRecord, CloudInterfaceRecord, ReleaseState, encode_value};
+    use crate::tests::{Cluster, interface_record, net};
 
     const CONFIG: &str = r#"
 [[pools]]
@@ -326,10 +323,6 @@ cidrs = ["10.9.0.0/24"]
 block_prefix_len = 28
 "#;
 
-    fn net(text: &str) -> IpNet {
-        text.parse().unwrap()
-    }
-
     fn node(name: &str) -> NodeName {
         NodeName::new(name).unwrap()
     }
@@ -338,41 +331,15 @@ block_prefix_len = 28
         CloudId::new(s).unwrap()
     }
 
-    struct Cluster {
-        keys: Keys,
-        entries: Vec<Entry>,
-        revision: i64,
+    fn cluster() -> Cluster {
+        let mut c = Cluster::with_config(CONFIG);
+        for name in ["a", "b"] {
+            c.node(name, Some(format!("i-{name}")));
+        }
+        c
     }
 
     impl Cluster {
-        fn new() -> Cluster {
-            let keys = Keys::new(ClusterName::new("t").unwrap());
-            let config = ClusterConfig::from_toml(CONFIG).unwrap();
-            let entries = vec![(keys.config(), config.to_json().unwrap().into_bytes(), 1)];
-            let mut c = Cluster {
-                keys,
-                entries,
-                revision: 1,
-            };
-            for name in ["a", "b"] {
-                let record = NodeRecord {
-                    uid: "u".into(),
-                    addresses: vec![],
-                    registered_ms: 0,
-                    instance_id: Some(format!("i-{name}")),
-                    max_pods: None,
-                };
-                c.add(c.keys.node(&node(name)), encode_value(&record).unwrap());
-            }
-            c
-        }
-
-        fn add(&mut self, key: String, value: Vec<u8>) -> i64 {
-            self.revision += 1;
-            self.entries.push((key, value, self.revision));
-            self.revision
-        }
-
         fn interface(&mut self, n: &str, eni: &str, index: u32, addresses: &[&str]) -> i64 {
             self.interface_in(n, eni, index, addresses, "pods")
         }
@@ -386,41 +353,13 @@ block_prefix_len = 28
             pool: &str,
         ) -> i64 {
             let record = CloudInterfaceRecord {
-                pool: PoolName::new(pool).unwrap(),
-                instance_id: format!("i-{n}"),
                 device_index: index,
-                subnet_id: "subnet-1".to_owned(),
-                subnets: vec![net("10.0.0.0/16")],
-                mac: "02:00:00:00:00:01".to_owned(),
-                primary_ipv4: None,
-                addresses: addresses.iter().map(|a| net(a)).collect(),
-                attachment: CloudAttachment::Attached,
-                managed: true,
-                prefixes_refused_ms: None,
+                ..interface_record(pool, &format!("i-{n}"), addresses)
             };
             self.add(
                 self.keys.cloud_interface(&node(n), &id(eni)),
                 encode_value(&record).unwrap(),
             )
-        }
-
-        fn release(&mut self, n: &str, cidr: &str, grant_revision: i64) {
-            let record = ReleaseRecord {
-                state: ReleaseState::Marked,
-                grant_revision,
-                marked_ms: 0,
-                answered_ms: 0,
-                reason: None,
-            };
-            self.add(
-                self.keys.release(
-                    &node(n),
-                    &PoolName::new("pods").unwrap(),
-                    Family::V4,
-                    &net(cidr),
-                ),
-                encode_value(&record).unwrap(),
-            );
         }
 
         fn intent(&mut self, intent_id: &str, op: CloudOp) {
@@ -436,31 +375,27 @@ block_prefix_len = 28
                 encode_value(&record).unwrap(),
             );
         }
-
-        fn check(&self) -> Vec<String> {
-            super::super::check(&self.keys, &self.entries)
-        }
     }
 
     #[test]
     fn consistent_records_pass() {
-        let mut c = Cluster::new();
+        let mut c = cluster();
         let rev = c.interface("a", "eni-1", 1, &["10.0.1.5/32", "10.0.1.16/28"]);
         c.interface("a", "eni-2", 2, &["10.0.2.5/32"]);
         c.interface("b", "eni-3", 1, &["10.0.3.5/32"]);
-        c.release("a", "10.0.1.16/28", rev);
+        c.release("a", "pods", "10.0.1.16/28", ReleaseState::Marked, rev);
         assert_eq!(c.check(), Vec::<String>::new());
     }
 
     #[test]
     fn record_problems_are_found() {
-        let mut c = Cluster::new();
+        let mut c = cluster();
         let rev = c.interface("a", "eni-1", 1, &["10.0.1.5/32", "10.1.0.5/32"]);
         c.interface("a", "eni-2", 1, &["10.0.1.0/28"]);
         c.interface("ghost", "eni-3", 1, &[]);
         c.interface_in("b", "eni-4", 1, &["10.9.0.5/32"], "blocks");
-        c.release("a", "10.0.1.5/32", rev + 1000);
-        c.release("a", "10.0.7.7/32", rev);
+        c.release("a", "pods", "10.0.1.5/32", ReleaseState::Marked, rev + 1000);
+        c.release("a", "pods", "10.0.7.7/32", ReleaseState::Marked, rev);
         c.intent(
             "intent-1",
             CloudOp::Delete {
@@ -481,7 +416,7 @@ block_prefix_len = 28
         assert!(has("names no address"), "{problems:#?}");
         assert_eq!(problems.len(), 7, "{problems:#?}");
         // Garbage values are reported, not skipped.
-        let mut c = Cluster::new();
+        let mut c = cluster();
         c.add(
             c.keys.cloud_interface(&node("a"), &id("eni-1")),
             b"{".to_vec(),
@@ -491,7 +426,7 @@ block_prefix_len = 28
 
     #[test]
     fn records_against_the_cloud() {
-        let mut c = Cluster::new();
+        let mut c = cluster();
         let rev = c.interface("a", "eni-1", 1, &["10.0.1.5/32", "10.0.1.6/32"]);
         c.interface("a", "eni-2", 2, &["10.0.2.5/32"]);
         let truth = |pairs: &[(&str, Option<&str>, &[&str])]| -> CloudTruth {
@@ -534,7 +469,7 @@ block_prefix_len = 28
         assert_eq!(problems.len(), 5, "{problems:#?}");
         // An address in a release handshake may be gone; an interface with an open intent is
         // in flux.
-        c.release("a", "10.0.1.6/32", rev);
+        c.release("a", "pods", "10.0.1.6/32", ReleaseState::Marked, rev);
         c.intent(
             "intent-2",
             CloudOp::Delete {
@@ -551,20 +486,12 @@ block_prefix_len = 28
     #[test]
     fn an_interface_recorded_for_two_nodes_is_found_with_and_without_the_cloud() {
         for attachment in [CloudAttachment::Attaching, CloudAttachment::Attached] {
-            let mut c = Cluster::new();
+            let mut c = cluster();
             for n in ["a", "b"] {
                 let record = CloudInterfaceRecord {
-                    pool: PoolName::new("pods").unwrap(),
-                    instance_id: format!("i-{n}"),
-                    device_index: 1,
-                    subnet_id: "subnet-1".to_owned(),
-                    subnets: vec![net("10.0.0.0/16")],
                     mac: "02:00:00:00:00:05".to_owned(),
-                    primary_ipv4: None,
-                    addresses: vec![net("10.0.0.7/32"), net("10.0.0.8/32")],
                     attachment,
-                    managed: true,
-                    prefixes_refused_ms: None,
+                    ..interface_record("pods", &format!("i-{n}"), &["10.0.0.7/32", "10.0.0.8/32"])
                 };
                 c.add(
                     c.keys.cloud_interface(&node(n), &id("eni-5")),

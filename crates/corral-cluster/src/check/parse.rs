@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
-use crate::config::{AppliedConfigRecord, ClusterConfig, HeldGrant};
+use crate::config::{AppliedConfigRecord, ClusterConfig, HeldGrant, PoolConfig};
 use crate::keys::{
     CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
     NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
@@ -43,6 +43,13 @@ pub(super) struct Parsed {
     pub(super) cloud_intents: Vec<(CloudId, CloudIntentRecord)>,
     /// Node CIDRs delegated in the cloud (to-cloud pools): node, pool, family, CIDR, record.
     pub(super) delegations: Vec<(NodeName, PoolName, Family, IpNet, DelegationRecord)>,
+}
+
+impl Parsed {
+    /// `pool` in the configuration in force.
+    pub(super) fn pool(&self, pool: &PoolName) -> Option<&PoolConfig> {
+        self.config.as_ref().and_then(|c| c.pool(pool))
+    }
 }
 
 /// One key as read: its name, value and create revision.

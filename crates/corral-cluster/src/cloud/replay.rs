@@ -192,14 +192,10 @@ pub fn replay_intent(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::CloudAttachment;
+    use crate::tests::{interface_record, net};
 
     fn id(s: &str) -> CloudId {
         CloudId::new(s).unwrap()
-    }
-
-    fn net(s: &str) -> IpNet {
-        s.parse().unwrap()
     }
 
     fn intent(op: CloudOp) -> CloudIntentRecord {
@@ -222,19 +218,7 @@ mod tests {
     }
 
     fn record(addresses: &[&str]) -> CloudInterfaceRecord {
-        CloudInterfaceRecord {
-            pool: "pods".parse().unwrap(),
-            instance_id: "i-1".to_owned(),
-            device_index: 1,
-            subnet_id: "subnet-1".to_owned(),
-            subnets: vec![net("10.0.0.0/16")],
-            mac: "02:00:00:00:00:01".to_owned(),
-            primary_ipv4: None,
-            addresses: addresses.iter().map(|a| net(a)).collect(),
-            attachment: CloudAttachment::Attached,
-            managed: true,
-            prefixes_refused_ms: None,
-        }
+        interface_record("pods", "i-1", addresses)
     }
 
     const LAG: u64 = DESCRIBE_LAG_BOUND_MS;

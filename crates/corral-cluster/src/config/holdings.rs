@@ -206,6 +206,7 @@ impl ClusterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::node_ids_toml;
 
     const CONFIG: &str = r#"
 [[pools]]
@@ -287,17 +288,7 @@ node_prefix_len = 24
             error.contains("node_ids: is not configured but node IDs 3"),
             "{error}"
         );
-        let plan = r#"
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-max_node_id = 10
-"#;
+        let plan = concat!("\n", node_ids_toml!(), "max_node_id = 10\n");
         let config = with(plan);
         config.check_holdings(&[], &[1, 10]).unwrap();
         let error = config

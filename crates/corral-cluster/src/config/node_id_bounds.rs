@@ -34,6 +34,18 @@ pub(crate) fn last_node_address(network: &IpNet) -> u128 {
 }
 
 impl NodeIdPlanConfig {
+    /// `node_interconnect_excluded` as numbers, sorted, each once.
+    pub(crate) fn excluded_node_addresses(&self) -> Vec<u128> {
+        let mut excluded: Vec<u128> = self
+            .node_interconnect_excluded
+            .iter()
+            .map(|a| addr_u128(*a))
+            .collect();
+        excluded.sort_unstable();
+        excluded.dedup();
+        excluded
+    }
+
     /// Every network of the plan that bounds the node IDs, with how many node IDs it holds:
     /// the pod subnet and host interconnect subnet split per node (2^(P−s) subnets; node
     /// 2^(P−s) takes subnet 0), the node interconnect network (its hosts after the network
@@ -46,13 +58,7 @@ impl NodeIdPlanConfig {
             let taken = excluded.iter().filter(|e| **e <= last).count() as u128;
             (last - start).saturating_sub(taken)
         };
-        let mut excluded: Vec<u128> = self
-            .node_interconnect_excluded
-            .iter()
-            .map(|a| addr_u128(*a))
-            .collect();
-        excluded.sort_unstable();
-        excluded.dedup();
+        let excluded = self.excluded_node_addresses();
         vec![
             NodeIdBound {
                 field: "node_ids.pod_subnet",

@@ -1,0 +1,120 @@
+//! Fixtures the unit tests of several files share: a cluster's stored entries, written key by
+//! key as etcd would hold them, the records in them, and the configurations they start from.
+
+use corral_core::{Family, PoolName};
+use ipnet::IpNet;
+
+use crate::check::{Entry, check};
+use crate::config::ClusterConfig;
+use crate::keys::{CloudAttachment, CloudInterfaceRecord, encode_value};
+use crate::keys::{ClusterName, Keys, NodeName, NodeRecord, ReleaseRecord, ReleaseState};
+
+/// The `[node_ids]` table the tests plan node IDs with, in TOML: a macro, so `concat!` can put
+/// it into constants.
+macro_rules! node_ids_toml {
+    () => {
+        r#"[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#
+    };
+}
+pub(crate) use node_ids_toml;
+
+pub fn net(text: &str) -> IpNet {
+    text.parse().unwrap()
+}
+
+/// An attached interface corral manages, at device index 1 in subnet-1 (10.0.0.0/16), holding
+/// `addresses`.
+pub fn interface_record(pool: &str, instance_id: &str, addresses: &[&str]) -> CloudInterfaceRecord {
+    CloudInterfaceRecord {
+        pool: PoolName::new(pool).unwrap(),
+        instance_id: instance_id.to_owned(),
+        device_index: 1,
+        subnet_id: "subnet-1".to_owned(),
+        subnets: vec![net("10.0.0.0/16")],
+        mac: "02:00:00:00:00:01".to_owned(),
+        primary_ipv4: None,
+        addresses: addresses.iter().map(|a| net(a)).collect(),
+        attachment: CloudAttachment::Attached,
+        managed: true,
+        prefixes_refused_ms: None,
+    }
+}
+
+/// The entries of cluster `t`, each at the next revision.
+pub struct Cluster {
+    pub keys: Keys,
+    pub entries: Vec<Entry>,
+    pub revision: i64,
+}
+
+impl Cluster {
+    /// The configuration `config` (TOML) at revision 1.
+    pub fn with_config(config: &str) -> Cluster {
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        let config = ClusterConfig::from_toml(config).unwrap();
+        let entries = vec![(keys.config(), config.to_json().unwrap().into_bytes(), 1)];
+        Cluster {
+            keys,
+            entries,
+            revision: 1,
+        }
+    }
+
+    pub fn add(&mut self, key: String, value: Vec<u8>) -> i64 {
+        self.revision += 1;
+        self.entries.push((key, value, self.revision));
+        self.revision
+    }
+
+    /// Node `name` registered, on `instance_id` if given.
+    pub fn node(&mut self, name: &str, instance_id: Option<String>) {
+        let record = NodeRecord {
+            uid: "u".into(),
+            addresses: vec![],
+            registered_ms: 0,
+            instance_id,
+            max_pods: None,
+        };
+        let key = self.keys.node(&NodeName::new(name).unwrap());
+        self.add(key, encode_value(&record).unwrap());
+    }
+
+    /// The release record of IPv4 `cidr` of `pool` on node `node`.
+    pub fn release(
+        &mut self,
+        node: &str,
+        pool: &str,
+        cidr: &str,
+        state: ReleaseState,
+        grant_revision: i64,
+    ) {
+        let record = ReleaseRecord {
+            state,
+            grant_revision,
+            marked_ms: 0,
+            answered_ms: 0,
+            reason: None,
+        };
+        self.add(
+            self.keys.release(
+                &NodeName::new(node).unwrap(),
+                &PoolName::new(pool).unwrap(),
+                Family::V4,
+                &net(cidr),
+            ),
+            encode_value(&record).unwrap(),
+        );
+    }
+
+    pub fn check(&self) -> Vec<String> {
+        check(&self.keys, &self.entries)
+    }
+}
