@@ -25,8 +25,8 @@ use corral_client::{Client, Error};
 use corral_core::{AttachmentKey, Family, IpNet, PoolName, Timestamp};
 use corral_store::{PendingDel, PendingError, claim_pending_del, record_pending_del};
 
-use crate::backend::{Backend, scope_config};
-use crate::verdict::{check_held, result_ip, status_verdict};
+use crate::backend::{Backend, scope_config, warn_gc_capped};
+use crate::verdict::{check_held, check_previous, result_ip, status_verdict};
 use crate::{Attachment, CloudInterface, CniError, IpConfig, IpamResult, NetConfig, Route};
 
 /// How long one call waits for the agent (connecting, and for the durable answer).
@@ -353,14 +353,7 @@ impl Backend for Agent {
             max_released: Some(policy.max_released as u64),
         };
         let outcome = self.client().cni_gc(&request).map_err(agent_error)?;
-        if !outcome.capped.is_empty() {
-            eprintln!(
-                "corral-ipam: GC released {} attachments, its cap (ipam.gcMaxReleased); {} more \
-                 wait for the next GC",
-                outcome.released.len(),
-                outcome.capped.len()
-            );
-        }
+        warn_gc_capped(outcome.released.len(), outcome.capped.len());
         Ok(())
     }
 
@@ -527,19 +520,5 @@ fn check_node_pool(
             attachment.key
         ));
     }
-    if let Some(prev) = &attachment.config.prev_result {
-        for addr in prev.addresses() {
-            if !held.iter().any(|(_, held)| *held == addr) {
-                problems.push(format!(
-                    "prevResult lists {addr}, which attachment {} does not hold",
-                    attachment.key
-                ));
-            }
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(CniError::check_failed(problems.join("; ")))
-    }
+    check_previous(attachment, held, problems, |_| true)
 }
