@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use corral_core::AttachmentKey;
 use serde::{Deserialize, Serialize};
 
-use crate::files::read_small_file;
+use crate::files::{create_dirs_synced, read_small_file};
 use crate::{PoolSpec, ScopeConfig};
 
 /// The directory, under a CNI network's `dataDir`, that holds pending records.
@@ -139,25 +139,7 @@ fn sync_dir(dir: &Path) -> Result<(), PendingError> {
 
 /// Creates `dir` and any missing parents, each made durable in its parent.
 fn create_dir_durably(dir: &Path) -> Result<(), PendingError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let mut missing = Vec::new();
-    let mut current = Some(dir);
-    while let Some(path) = current {
-        if path.as_os_str().is_empty() || path.exists() {
-            break;
-        }
-        missing.push(path);
-        current = path.parent();
-    }
-    std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
-    for path in missing.iter().rev() {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    Ok(())
+    create_dirs_synced(dir, io_error("create", dir), sync_dir)
 }
 
 /// The record in `path`, if it is there: `Ok(None)` when it is not.

@@ -63,6 +63,7 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::codec::{decode_cooling, decode_snapshots, encode_snapshots};
+use crate::files::create_dirs_synced;
 use crate::{
     LostState, SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation,
     StoredCooldown, Txn,
@@ -994,22 +995,7 @@ fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
         return Ok(());
     }
     not_a_directory(dir)?;
-    let mut missing = Vec::new();
-    let mut current = Some(dir);
-    while let Some(path) = current {
-        if path.as_os_str().is_empty() || path.exists() {
-            break;
-        }
-        missing.push(path);
-        current = path.parent();
-    }
-    std::fs::create_dir_all(dir).map_err(dir_error(dir))?;
-    for path in missing.iter().rev() {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    Ok(())
+    create_dirs_synced(dir, dir_error(dir), sync_dir)
 }
 
 /// Refuses a state directory path that names, or passes through, something other than a
