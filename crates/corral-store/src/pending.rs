@@ -361,12 +361,25 @@ mod tests {
         AttachmentKey::new("net", container, "eth0").unwrap()
     }
 
+    const SOCKET: &str = "/run/a.sock";
+
+    /// A directory holding the DEL record of `c1` for the agent at [`SOCKET`].
+    fn recorded_c1() -> (tempfile::TempDir, PendingDel) {
+        let dir = tempfile::tempdir().unwrap();
+        let record = PendingDel::new(Path::new(SOCKET), &key("c1"), &ScopeConfig::default());
+        record_pending_del(dir.path(), &record).unwrap();
+        (dir, record)
+    }
+
+    /// No agent finds a record to claim in `dir`.
+    fn assert_nothing_to_claim(dir: &Path) {
+        assert!(claim_all_for_agent(dir, |_| true).unwrap().is_empty());
+    }
+
     #[test]
     fn a_record_is_claimed_once_and_only_for_its_own_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = Path::new("/run/a.sock");
-        let record = PendingDel::new(socket, &key("c1"), &ScopeConfig::default());
-        record_pending_del(dir.path(), &record).unwrap();
+        let (dir, record) = recorded_c1();
+        let socket = Path::new(SOCKET);
         // Recording the same key again replaces it.
         record_pending_del(dir.path(), &record).unwrap();
         assert!(claim_pending_del(dir.path(), &key("c2")).unwrap().is_none());
@@ -374,11 +387,7 @@ mod tests {
         assert_eq!(claimed.record, record);
         // Claimed: nobody else finds it.
         assert!(claim_pending_del(dir.path(), &key("c1")).unwrap().is_none());
-        assert!(
-            claim_all_for_agent(dir.path(), |_| true)
-                .unwrap()
-                .is_empty()
-        );
+        assert_nothing_to_claim(dir.path());
         claimed.put_back().unwrap();
         let all = claim_all_for_agent(dir.path(), |agent| agent == socket).unwrap();
         let [PendingFile::Claimed(claimed)] = all.as_slice() else {
@@ -391,11 +400,7 @@ mod tests {
             panic!("{again:?}")
         };
         std::fs::remove_file(claimed.path()).unwrap();
-        assert!(
-            claim_all_for_agent(dir.path(), |_| true)
-                .unwrap()
-                .is_empty()
-        );
+        assert_nothing_to_claim(dir.path());
     }
 
     /// Regression (review): an agent killed between claiming and removing a record, then the
@@ -403,10 +408,8 @@ mod tests {
     /// removal failed and the agent would not start.
     #[test]
     fn a_slot_recorded_again_beside_a_killed_agents_claim_is_claimed_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = Path::new("/run/a.sock");
-        let record = PendingDel::new(socket, &key("c1"), &ScopeConfig::default());
-        record_pending_del(dir.path(), &record).unwrap();
+        let (dir, record) = recorded_c1();
+        let socket = Path::new(SOCKET);
         // The agent claims it and is killed before removing the claim.
         let first = claim_all_for_agent(dir.path(), |_| true).unwrap();
         assert_eq!(first.len(), 1);
@@ -421,11 +424,7 @@ mod tests {
             };
             claimed.remove().unwrap();
         }
-        assert!(
-            claim_all_for_agent(dir.path(), |_| true)
-                .unwrap()
-                .is_empty()
-        );
+        assert_nothing_to_claim(dir.path());
     }
 
     #[test]
