@@ -154,12 +154,7 @@ impl PrimaryInterface {
     fn of(ni: &NetworkInterface) -> PrimaryInterface {
         PrimaryInterface {
             id: ni.id.clone(),
-            prefixes: ni
-                .ipv4_prefixes
-                .iter()
-                .map(|p| IpNet::V4(*p))
-                .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-                .collect(),
+            prefixes: ni.prefixes(),
         }
     }
 }
