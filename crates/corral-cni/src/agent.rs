@@ -222,6 +222,16 @@ fn namespace(attachment: &Attachment) -> Option<&str> {
     attachment.env.args.get("K8S_POD_NAMESPACE")
 }
 
+/// ADD's request for the attachment: these sets, from its network.
+fn add_request(attachment: &Attachment, sets: Vec<api::CniSet>) -> api::CniAddRequest {
+    api::CniAddRequest {
+        network: network(&attachment.config, namespace(attachment)),
+        key: api_key(&attachment.key),
+        owner: attachment.owner(),
+        sets,
+    }
+}
+
 fn key_request(attachment: &Attachment) -> api::CniKeyRequest {
     api::CniKeyRequest {
         network: network(&attachment.config, namespace(attachment)),
@@ -242,21 +252,12 @@ impl Backend for Agent {
         if let Some(pool) = &config.ipam.node_pool {
             return node_pool_add(&mut client, attachment, pool, result);
         }
-        let request = api::CniAddRequest {
-            network: network(config, namespace(attachment)),
-            key: api_key(&attachment.key),
-            owner: attachment.owner(),
-            sets: config
-                .ipam
-                .range_sets
-                .iter()
-                .map(|set| api::CniSet {
-                    pool: set.pool.to_string(),
-                    family: family_name(set.family),
-                    requested: set.requested,
-                })
-                .collect(),
-        };
+        let sets = config.ipam.range_sets.iter().map(|set| api::CniSet {
+            pool: set.pool.to_string(),
+            family: family_name(set.family),
+            requested: set.requested,
+        });
+        let request = add_request(attachment, sets.collect());
         let answer = client.cni_add(&request).map_err(|e| add_error(e, config))?;
         if answer.allocations.len() != config.ipam.range_sets.len() {
             return Err(CniError::new(
@@ -400,20 +401,12 @@ fn node_pool_add(
     result: &mut IpamResult,
 ) -> Result<(), CniError> {
     let config = &attachment.config;
-    let request = api::CniAddRequest {
-        network: network(config, namespace(attachment)),
-        key: api_key(&attachment.key),
-        owner: attachment.owner(),
-        sets: config
-            .requested
-            .iter()
-            .map(|&addr| api::CniSet {
-                pool: pool.to_string(),
-                family: family_name(Family::of(addr)),
-                requested: Some(addr),
-            })
-            .collect(),
-    };
+    let sets = config.requested.iter().map(|&addr| api::CniSet {
+        pool: pool.to_string(),
+        family: family_name(Family::of(addr)),
+        requested: Some(addr),
+    });
+    let request = add_request(attachment, sets.collect());
     let answer = client.cni_add(&request).map_err(agent_error)?;
     if answer.allocations.is_empty() {
         return Err(CniError::new(
