@@ -10,22 +10,10 @@
 
 use std::collections::BTreeMap;
 
-pub use corral_api::openapi::render;
-use corral_api::openapi::{self, Schemas, name, schema_ref, unsigned_64};
+use corral_api::openapi::{self, Schemas, error_response_name, name, schema_ref, unsigned_64};
+pub use corral_api::openapi::{Success, render};
 use corral_api::{self as api, ErrorCode, paths};
 use serde_json::{Map, Value, json};
-
-/// What a successful response carries.
-#[derive(Clone, Copy, Debug)]
-pub enum Success {
-    /// JSON, of the named component schema.
-    Json(&'static str),
-    /// A JSON object whose shape this document does not describe (a checkpoint, the
-    /// document itself).
-    AnyObject(&'static str),
-    /// Text of this media type.
-    Text(&'static str, &'static str),
-}
 
 /// One operation: a method on a path, as `api::router` routes it.
 #[derive(Clone, Copy, Debug)]
@@ -491,10 +479,6 @@ fn links(operation_id: &str) -> Vec<(&'static str, &'static str, Value)> {
 }
 
 /// The error statuses, each with the component response that describes it.
-fn error_response_name(status: u16) -> String {
-    format!("Error{status}")
-}
-
 fn error_description(status: u16) -> &'static str {
     match status {
         400 => {
@@ -662,20 +646,7 @@ fn operation(operation: &Operation) -> Value {
         None => {}
     }
     let mut responses = Map::new();
-    let mut success = match operation.success {
-        Success::Json(name) => json!({
-            "description": "Success",
-            "content": {"application/json": {"schema": schema_ref(name)}}
-        }),
-        Success::AnyObject(what) => json!({
-            "description": what,
-            "content": {"application/json": {"schema": {"type": "object"}}}
-        }),
-        Success::Text(media_type, what) => json!({
-            "description": what,
-            "content": {media_type: {"schema": {"type": "string"}}}
-        }),
-    };
+    let mut success = operation.success.response();
     let links: Map<String, Value> = links(operation.operation_id)
         .into_iter()
         .map(|(name, target, body)| {
@@ -691,16 +662,7 @@ fn operation(operation: &Operation) -> Value {
         success["links"] = Value::Object(links);
     }
     responses.insert("200".into(), success);
-    let mut errors = operation.errors.to_vec();
-    errors.push(401);
-    errors.sort_unstable();
-    errors.dedup();
-    for status in errors {
-        responses.insert(
-            status.to_string(),
-            json!({"$ref": format!("#/components/responses/{}", error_response_name(status))}),
-        );
-    }
+    openapi::insert_error_refs(&mut responses, operation.errors);
     out.insert("responses".into(), Value::Object(responses));
     Value::Object(out)
 }

@@ -17,6 +17,8 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "openapi")]
+mod examples;
 pub mod interfaces;
 #[cfg(feature = "openapi")]
 pub mod openapi;
@@ -121,12 +123,7 @@ pub enum FamilyName {
 /// The CNI attachment an allocation belongs to: (network, container ID, interface).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(
-    feature = "openapi",
-    schema(examples(
-        json!({"network": "podnet", "container_id": "9b1d0c2e", "ifname": "eth0"}),
-    ))
-)]
+#[cfg_attr(feature = "openapi", schema(examples(examples::attachment_key,)))]
 #[serde(deny_unknown_fields)]
 pub struct AttachmentKey {
     pub network: String,
@@ -157,11 +154,7 @@ pub struct Lease {
         json!({
             "owner": "pod-b",
             "family": "dual",
-            "key": {
-                "network": "podnet",
-                "container_id": "9b1d0c2e",
-                "ifname": "eth0"
-            }
+            "key": examples::attachment_key()
         }),
         json!({"owner": "pod-c", "address": "10.88.0.10", "lease_ms": 60000}),
     ))
@@ -233,7 +226,7 @@ pub struct AllocateResponse {
     schema(examples(
         json!({"owner": "pod-a"}),
         json!({"address": "10.88.0.10"}),
-        json!({"key": {"network": "podnet", "container_id": "9b1d0c2e", "ifname": "eth0"}}),
+        json!({"key": examples::attachment_key()}),
     ))
 )]
 #[serde(deny_unknown_fields)]
@@ -667,26 +660,7 @@ pub struct CniPool {
 /// released, never handed out again).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(
-    feature = "openapi",
-    schema(examples(
-        json!({
-            "name": "podnet",
-            "pools": [
-                {
-                    "name": "podnet-0",
-                    "cooldown_ms": 0,
-                    "lowest_free": false,
-                    "ranges": [
-                        "10.90.0.0/24",
-                        "fd90::/64"
-                    ],
-                    "exclusions": []
-                }
-            ]
-        }),
-    ))
-)]
+#[cfg_attr(feature = "openapi", schema(examples(examples::cni_network,)))]
 #[serde(deny_unknown_fields)]
 pub struct CniNetwork {
     pub name: String,
@@ -734,26 +708,8 @@ pub struct CniSet {
     feature = "openapi",
     schema(examples(
         json!({
-            "network": {
-                "name": "podnet",
-                "pools": [
-                    {
-                        "name": "podnet-0",
-                        "cooldown_ms": 0,
-                        "lowest_free": false,
-                        "ranges": [
-                            "10.90.0.0/24",
-                            "fd90::/64"
-                        ],
-                        "exclusions": []
-                    }
-                ]
-            },
-            "key": {
-                "network": "podnet",
-                "container_id": "9b1d0c2e",
-                "ifname": "eth0"
-            },
+            "network": examples::cni_network(),
+            "key": examples::attachment_key(),
             "owner": "pod-a",
             "sets": [
                 {
@@ -783,26 +739,8 @@ pub struct CniAddRequest {
     feature = "openapi",
     schema(examples(
         json!({
-            "network": {
-                "name": "podnet",
-                "pools": [
-                    {
-                        "name": "podnet-0",
-                        "cooldown_ms": 0,
-                        "lowest_free": false,
-                        "ranges": [
-                            "10.90.0.0/24",
-                            "fd90::/64"
-                        ],
-                        "exclusions": []
-                    }
-                ]
-            },
-            "key": {
-                "network": "podnet",
-                "container_id": "9b1d0c2e",
-                "ifname": "eth0"
-            }
+            "network": examples::cni_network(),
+            "key": examples::attachment_key()
         }),
     ))
 )]
@@ -820,28 +758,8 @@ pub struct CniKeyRequest {
     feature = "openapi",
     schema(examples(
         json!({
-            "network": {
-                "name": "podnet",
-                "pools": [
-                    {
-                        "name": "podnet-0",
-                        "cooldown_ms": 0,
-                        "lowest_free": false,
-                        "ranges": [
-                            "10.90.0.0/24",
-                            "fd90::/64"
-                        ],
-                        "exclusions": []
-                    }
-                ]
-            },
-            "valid_attachments": [
-                {
-                    "network": "podnet",
-                    "container_id": "9b1d0c2e",
-                    "ifname": "eth0"
-                }
-            ]
+            "network": examples::cni_network(),
+            "valid_attachments": [examples::attachment_key()]
         }),
     ))
 )]
@@ -872,7 +790,7 @@ pub struct CniGcRequest {
     schema(examples(
         json!({
             "live": [
-                {"network": "podnet", "container_id": "9b1d0c2e", "ifname": "eth0"}
+                examples::attachment_key()
             ],
             "grace_ms": 900000
         }),
@@ -948,21 +866,7 @@ pub struct GcResponse {
     feature = "openapi",
     schema(examples(
         json!({
-            "network": {
-                "name": "podnet",
-                "pools": [
-                    {
-                        "name": "podnet-0",
-                        "cooldown_ms": 0,
-                        "lowest_free": false,
-                        "ranges": [
-                            "10.90.0.0/24",
-                            "fd90::/64"
-                        ],
-                        "exclusions": []
-                    }
-                ]
-            }
+            "network": examples::cni_network()
         }),
     ))
 )]

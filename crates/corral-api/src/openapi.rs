@@ -1,12 +1,13 @@
 //! What both daemons' OpenAPI documents are built from (feature `openapi`): schemas collected
-//! from the types, the corrections utoipa's output needs, the shape of an error response, the
-//! committed document's text, and the check that the committed file is the generated one.
+//! from the types, the corrections utoipa's output needs, the shapes of success and error
+//! responses, the committed document's text, and the check that the committed file is the
+//! generated one.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::Schema;
@@ -99,6 +100,58 @@ pub fn error_response(description: &str, codes: &[&str]) -> Value {
             }
         }
     })
+}
+
+/// What a successful response carries.
+#[derive(Clone, Copy, Debug)]
+pub enum Success {
+    /// JSON, of the named component schema.
+    Json(&'static str),
+    /// A JSON object whose shape the document does not describe (a checkpoint, the document
+    /// itself).
+    AnyObject(&'static str),
+    /// Text of this media type.
+    Text(&'static str, &'static str),
+}
+
+impl Success {
+    /// The `200` response of an operation.
+    pub fn response(self) -> Value {
+        match self {
+            Success::Json(name) => json!({
+                "description": "Success",
+                "content": {"application/json": {"schema": schema_ref(name)}}
+            }),
+            Success::AnyObject(what) => json!({
+                "description": what,
+                "content": {"application/json": {"schema": {"type": "object"}}}
+            }),
+            Success::Text(media_type, what) => json!({
+                "description": what,
+                "content": {media_type: {"schema": {"type": "string"}}}
+            }),
+        }
+    }
+}
+
+/// The component name of a status's error response.
+pub fn error_response_name(status: u16) -> String {
+    format!("Error{status}")
+}
+
+/// Adds to an operation's `responses` a reference to the error response of each of `errors`
+/// and of 401, which every operation answers on the TCP listener without the token.
+pub fn insert_error_refs(responses: &mut Map<String, Value>, errors: &[u16]) {
+    let mut errors = errors.to_vec();
+    errors.push(401);
+    errors.sort_unstable();
+    errors.dedup();
+    for status in errors {
+        responses.insert(
+            status.to_string(),
+            json!({"$ref": format!("#/components/responses/{}", error_response_name(status))}),
+        );
+    }
 }
 
 /// A document as committed: keys sorted, two-space indentation, a final newline. Sorting here

@@ -204,32 +204,27 @@ mod tests {
 
     #[test]
     fn full_and_nearly_full_families() {
-        assert_eq!(kind(&family("0", "0", "0", "0", "0")), None);
-        assert_eq!(
-            kind(&family("254", "254", "0", "0", "0")),
-            Some(ProblemKind::Exhausted)
-        );
-        assert_eq!(
-            kind(&family("254", "0", "0", "254", "0")),
-            Some(ProblemKind::Exhausted)
-        );
-        assert_eq!(
-            kind(&family("254", "250", "0", "0", "4")),
-            Some(ProblemKind::NearlyFull)
-        );
-        assert_eq!(
-            kind(&family("100", "91", "9", "0", "0")),
-            Some(ProblemKind::NearlyFull)
-        );
-        assert_eq!(kind(&family("100", "90", "10", "0", "0")), None);
-        // Exclusions are not "in use": 50 excluded, 40 of the other 50 used is 80%.
-        assert_eq!(kind(&family("100", "40", "10", "50", "0")), None);
+        use ProblemKind::{Exhausted, NearlyFull};
         let huge = u128::MAX.to_string();
-        assert_eq!(kind(&family(&huge, "1", &huge, "0", "0")), None);
-        assert_eq!(
-            kind(&family(&huge, "1", "5", "0", "0")),
-            Some(ProblemKind::NearlyFull)
-        );
+        let huge = huge.as_str();
+        // Capacity, used, free, excluded, cooling; and the verdict.
+        let cases = [
+            (["0", "0", "0", "0", "0"], None),
+            (["254", "254", "0", "0", "0"], Some(Exhausted)),
+            (["254", "0", "0", "254", "0"], Some(Exhausted)),
+            (["254", "250", "0", "0", "4"], Some(NearlyFull)),
+            (["100", "91", "9", "0", "0"], Some(NearlyFull)),
+            (["100", "90", "10", "0", "0"], None),
+            // Exclusions are not "in use": 50 excluded, 40 of the other 50 used is 80%.
+            (["100", "40", "10", "50", "0"], None),
+            ([huge, "1", huge, "0", "0"], None),
+            ([huge, "1", "5", "0", "0"], Some(NearlyFull)),
+        ];
+        for (counts, expected) in cases {
+            let [capacity, used, free, excluded, cooling] = counts;
+            let status = family(capacity, used, free, excluded, cooling);
+            assert_eq!(kind(&status), expected, "{counts:?}");
+        }
         assert!(judge_family(&family("lots", "1", "1", "0", "0")).is_err());
     }
 

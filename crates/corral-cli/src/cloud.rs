@@ -15,13 +15,11 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
 use corral_cloud::{CloudError, CloudProvider, InterfaceFilter, NetworkInterface};
-use ipnet::IpNet;
 
 use crate::exit::Failure;
 
@@ -205,18 +203,7 @@ pub fn cloud_truth(interfaces: Vec<NetworkInterface>) -> corral_cluster::CloudTr
         .into_iter()
         .map(|ni| {
             let attached = ni.attachment.as_ref().map(|a| a.instance_id.clone());
-            let nets = ni
-                .secondary_ipv4
-                .iter()
-                .map(|a| IpNet::from(IpAddr::V4(*a)))
-                .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
-                .chain(
-                    ni.ipv6_addresses
-                        .iter()
-                        .map(|a| IpNet::from(IpAddr::V6(*a))),
-                )
-                .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-                .collect();
+            let nets = ni.secondary_nets().into_iter().collect();
             (ni.id, (attached, nets))
         })
         .collect::<BTreeMap<_, _>>()

@@ -7,7 +7,7 @@
 
 use corral_cluster::{ClusterConfig, ClusterView, Keys, SchemaRecord, encode_value, is_config_key};
 use corral_etcd::EtcdKv;
-use corral_kv::{Compare, Kv, Txn, TxnOp};
+use corral_kv::{Compare, KeyValue, Kv, Txn, TxnOp};
 
 use super::kv_failure;
 use crate::exit::{Failure, Outcome};
@@ -37,17 +37,7 @@ pub(super) async fn read(kv: &EtcdKv, keys: &Keys) -> Result<Read, Failure> {
         applied.as_ref().map(|(v, _)| v.as_slice()),
     );
     if let Ok(view) = &mut view {
-        for entry in &all {
-            let key = entry.key_str();
-            if !is_config_key(keys, &key) {
-                view.apply_put(
-                    &key,
-                    &entry.value,
-                    entry.create_revision,
-                    entry.mod_revision,
-                );
-            }
-        }
+        apply_all(view, keys, &all);
         view.finish_read(stored.as_ref().map(|(v, r)| (v.as_slice(), *r)));
     }
     Ok(Read {
@@ -55,6 +45,21 @@ pub(super) async fn read(kv: &EtcdKv, keys: &Keys) -> Result<Read, Failure> {
         revision,
         stored,
     })
+}
+
+/// Applies to `view` every key read but the configuration's, which the view was made from.
+fn apply_all(view: &mut ClusterView, keys: &Keys, all: &[KeyValue]) {
+    for entry in all {
+        let key = entry.key_str();
+        if !is_config_key(keys, &key) {
+            view.apply_put(
+                &key,
+                &entry.value,
+                entry.create_revision,
+                entry.mod_revision,
+            );
+        }
+    }
 }
 
 /// The view `status` and `node` show: the configuration in force, the refusal of a stored one
@@ -136,17 +141,7 @@ pub(super) async fn write(
             let (all, _) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
                 .await
                 .map_err(kv_failure)?;
-            for entry in &all {
-                let key = entry.key_str();
-                if !is_config_key(keys, &key) {
-                    bare.apply_put(
-                        &key,
-                        &entry.value,
-                        entry.create_revision,
-                        entry.mod_revision,
-                    );
-                }
-            }
+            apply_all(&mut bare, keys, &all);
             (None, bare.held_grants(), bare.granted_node_ids())
         }
     };

@@ -1182,12 +1182,7 @@ mod tests {
             .no_latency()
             .strongly_consistent()
             .unthrottled()
-            .subnet(SubnetSpec::new(
-                "subnet-a",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.0.0/24".parse().unwrap(),
-            ))
+            .subnet(SubnetSpec::subnet_a())
             .instance(InstanceSpec::new("m5.large", "subnet-a").id("i-1"))
             .build()
             .unwrap();

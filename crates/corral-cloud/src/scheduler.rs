@@ -934,12 +934,7 @@ mod tests {
         let fake = crate::FakeEc2::builder()
             .no_latency()
             .unthrottled()
-            .subnet(SubnetSpec::new(
-                "subnet-a",
-                "vpc-1",
-                "us-east-1a",
-                "10.0.0.0/24".parse().unwrap(),
-            ))
+            .subnet(SubnetSpec::subnet_a())
             .instance(InstanceSpec::new("m5.large", "subnet-a"))
             .build()
             .unwrap();

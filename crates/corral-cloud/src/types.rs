@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 /// Resource tags, key to value (EC2 allows 50 per resource; keys are case-sensitive).
 pub type Tags = BTreeMap<String, String>;
@@ -385,6 +385,34 @@ pub struct NetworkInterface {
     pub security_groups: Vec<String>,
     /// Its tags.
     pub tags: Tags,
+}
+
+impl NetworkInterface {
+    /// Its delegated prefixes, both families (IPv4 first).
+    pub fn prefixes(&self) -> Vec<IpNet> {
+        self.ipv4_prefixes
+            .iter()
+            .map(|p| IpNet::V4(*p))
+            .chain(self.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
+            .collect()
+    }
+
+    /// Everything it holds besides its primary address: secondary addresses (as networks of
+    /// one address) and delegated prefixes, IPv4 then IPv6.
+    pub fn secondary_nets(&self) -> Vec<IpNet> {
+        let v4 = self
+            .secondary_ipv4
+            .iter()
+            .map(|a| IpNet::from(IpAddr::V4(*a)));
+        let v6 = self
+            .ipv6_addresses
+            .iter()
+            .map(|a| IpNet::from(IpAddr::V6(*a)));
+        v4.chain(self.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
+            .chain(v6)
+            .chain(self.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
+            .collect()
+    }
 }
 
 /// Which interfaces DescribeNetworkInterfaces returns: every given criterion must hold.

@@ -25,8 +25,8 @@ use corral_client::{Client, Error};
 use corral_core::{AttachmentKey, Family, IpNet, PoolName, Timestamp};
 use corral_store::{PendingDel, PendingError, claim_pending_del, record_pending_del};
 
-use crate::backend::{Backend, scope_config};
-use crate::verdict::{check_held, result_ip, status_verdict};
+use crate::backend::{Backend, scope_config, warn_gc_capped};
+use crate::verdict::{check_held, check_previous, result_ip, status_verdict};
 use crate::{Attachment, CloudInterface, CniError, IpConfig, IpamResult, NetConfig, Route};
 
 /// How long one call waits for the agent (connecting, and for the durable answer).
@@ -222,6 +222,16 @@ fn namespace(attachment: &Attachment) -> Option<&str> {
     attachment.env.args.get("K8S_POD_NAMESPACE")
 }
 
+/// ADD's request for the attachment: these sets, from its network.
+fn add_request(attachment: &Attachment, sets: Vec<api::CniSet>) -> api::CniAddRequest {
+    api::CniAddRequest {
+        network: network(&attachment.config, namespace(attachment)),
+        key: api_key(&attachment.key),
+        owner: attachment.owner(),
+        sets,
+    }
+}
+
 fn key_request(attachment: &Attachment) -> api::CniKeyRequest {
     api::CniKeyRequest {
         network: network(&attachment.config, namespace(attachment)),
@@ -242,21 +252,12 @@ impl Backend for Agent {
         if let Some(pool) = &config.ipam.node_pool {
             return node_pool_add(&mut client, attachment, pool, result);
         }
-        let request = api::CniAddRequest {
-            network: network(config, namespace(attachment)),
-            key: api_key(&attachment.key),
-            owner: attachment.owner(),
-            sets: config
-                .ipam
-                .range_sets
-                .iter()
-                .map(|set| api::CniSet {
-                    pool: set.pool.to_string(),
-                    family: family_name(set.family),
-                    requested: set.requested,
-                })
-                .collect(),
-        };
+        let sets = config.ipam.range_sets.iter().map(|set| api::CniSet {
+            pool: set.pool.to_string(),
+            family: family_name(set.family),
+            requested: set.requested,
+        });
+        let request = add_request(attachment, sets.collect());
         let answer = client.cni_add(&request).map_err(|e| add_error(e, config))?;
         if answer.allocations.len() != config.ipam.range_sets.len() {
             return Err(CniError::new(
@@ -353,14 +354,7 @@ impl Backend for Agent {
             max_released: Some(policy.max_released as u64),
         };
         let outcome = self.client().cni_gc(&request).map_err(agent_error)?;
-        if !outcome.capped.is_empty() {
-            eprintln!(
-                "corral-ipam: GC released {} attachments, its cap (ipam.gcMaxReleased); {} more \
-                 wait for the next GC",
-                outcome.released.len(),
-                outcome.capped.len()
-            );
-        }
+        warn_gc_capped(outcome.released.len(), outcome.capped.len());
         Ok(())
     }
 
@@ -407,20 +401,12 @@ fn node_pool_add(
     result: &mut IpamResult,
 ) -> Result<(), CniError> {
     let config = &attachment.config;
-    let request = api::CniAddRequest {
-        network: network(config, namespace(attachment)),
-        key: api_key(&attachment.key),
-        owner: attachment.owner(),
-        sets: config
-            .requested
-            .iter()
-            .map(|&addr| api::CniSet {
-                pool: pool.to_string(),
-                family: family_name(Family::of(addr)),
-                requested: Some(addr),
-            })
-            .collect(),
-    };
+    let sets = config.requested.iter().map(|&addr| api::CniSet {
+        pool: pool.to_string(),
+        family: family_name(Family::of(addr)),
+        requested: Some(addr),
+    });
+    let request = add_request(attachment, sets.collect());
     let answer = client.cni_add(&request).map_err(agent_error)?;
     if answer.allocations.is_empty() {
         return Err(CniError::new(
@@ -527,19 +513,5 @@ fn check_node_pool(
             attachment.key
         ));
     }
-    if let Some(prev) = &attachment.config.prev_result {
-        for addr in prev.addresses() {
-            if !held.iter().any(|(_, held)| *held == addr) {
-                problems.push(format!(
-                    "prevResult lists {addr}, which attachment {} does not hold",
-                    attachment.key
-                ));
-            }
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(CniError::check_failed(problems.join("; ")))
-    }
+    check_previous(attachment, held, problems, |_| true)
 }

@@ -32,6 +32,17 @@ pub trait Backend {
     fn status(&self, config: &NetConfig, now: Timestamp) -> Result<(), CniError>;
 }
 
+/// Tells the runtime's log that a GC stopped at its cap: `capped` attachments wait for the
+/// next GC.
+pub fn warn_gc_capped(released: usize, capped: usize) {
+    if capped > 0 {
+        eprintln!(
+            "corral-ipam: GC released {released} attachments, its cap (ipam.gcMaxReleased); \
+             {capped} more wait for the next GC"
+        );
+    }
+}
+
 /// Runs one invocation on `backend`: the text to print on success (ADD's result), if any.
 /// VERSION needs no backend; it is answered by `main`.
 pub fn run(

@@ -25,7 +25,7 @@ use corral_store::{
     host_local_file_exists, read_host_local_dir, save_engine,
 };
 
-use crate::backend::{Backend, scope_config};
+use crate::backend::{Backend, scope_config, warn_gc_capped};
 use crate::verdict::{check_held, result_ip, status_verdict};
 use crate::{Attachment, CniError, IpamResult, NetConfig};
 
@@ -450,14 +450,7 @@ impl Backend for Local {
         save_engine(&mut txn, scope, &desired, &engine).map_err(store_error)?;
         txn.commit().map_err(store_error)?;
         close(store)?;
-        if !outcome.capped.is_empty() {
-            eprintln!(
-                "corral-ipam: GC released {} attachments, its cap (ipam.gcMaxReleased); {} more \
-                 wait for the next GC",
-                outcome.released.len(),
-                outcome.capped.len()
-            );
-        }
+        warn_gc_capped(outcome.released.len(), outcome.capped.len());
         Ok(())
     }
 

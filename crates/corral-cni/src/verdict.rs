@@ -52,10 +52,22 @@ pub fn check_held(attachment: &Attachment, held: &[(PoolName, IpAddr)]) -> Resul
             ));
         }
     }
-    if let Some(prev) = &config.prev_result {
+    check_previous(attachment, held, problems, |addr| {
+        config.ipam.range_sets.iter().any(|set| set.contains(addr))
+    })
+}
+
+/// CHECK's conclusion: `problems` found so far, and every address of the previous result
+/// that is `ours` but not among those the attachment holds.
+pub fn check_previous(
+    attachment: &Attachment,
+    held: &[(PoolName, IpAddr)],
+    mut problems: Vec<String>,
+    ours: impl Fn(IpAddr) -> bool,
+) -> Result<(), CniError> {
+    if let Some(prev) = &attachment.config.prev_result {
         for addr in prev.addresses() {
-            let ours = config.ipam.range_sets.iter().any(|set| set.contains(addr));
-            if ours && !held.iter().any(|(_, held)| *held == addr) {
+            if ours(addr) && !held.iter().any(|(_, held)| *held == addr) {
                 problems.push(format!(
                     "prevResult lists {addr}, which attachment {} does not hold",
                     attachment.key

@@ -57,6 +57,16 @@ fn interface(id: &str, device: u32, mac: &str, addresses: &[&str]) -> api::Inter
     }
 }
 
+/// The `corral` entry of a result whose one address, 10.0.32.10, lies on eni-1.
+fn eni_1_result() -> serde_json::Value {
+    json!({"interfaces": [{
+        "id": "eni-1",
+        "deviceNumber": 1,
+        "mac": "0a:00:00:00:00:01",
+        "addresses": ["10.0.32.10/19"]
+    }]})
+}
+
 /// An agent with no pool of its own in a directory of its own: the directory, the agent, its
 /// socket and the plugin's data directory.
 fn agent_without_pools() -> (tempfile::TempDir, Running, PathBuf, PathBuf) {
@@ -92,12 +102,7 @@ fn an_add_on_an_interface_pool_routes_through_the_interface() {
             "ips": [{"address": "10.0.32.10/19", "gateway": "10.0.32.1"}],
             "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.0.0.0/16", "gw": "10.0.32.1"}],
             "dns": {},
-            "corral": {"interfaces": [{
-                "id": "eni-1",
-                "deviceNumber": 1,
-                "mac": "0a:00:00:00:00:01",
-                "addresses": ["10.0.32.10/19"]
-            }]}
+            "corral": eni_1_result(),
         })
     );
     assert!(result.get("interfaces").is_none());
@@ -148,12 +153,7 @@ fn a_0_3_1_add_on_an_interface_pool_gets_a_0_3_1_result() {
             "ips": [{"version": "4", "address": "10.0.32.10/19", "gateway": "10.0.32.1"}],
             "routes": [{"dst": "0.0.0.0/0"}, {"dst": "10.0.0.0/16", "gw": "10.0.32.1"}],
             "dns": {},
-            "corral": {"interfaces": [{
-                "id": "eni-1",
-                "deviceNumber": 1,
-                "mac": "0a:00:00:00:00:01",
-                "addresses": ["10.0.32.10/19"]
-            }]}
+            "corral": eni_1_result(),
         })
     );
     // CHECK came with 0.4.0: a 0.3.1 configuration's is refused (code 1, incompatible version).

@@ -43,7 +43,7 @@ use corral_core::{
     Target, Timestamp, addr_value,
 };
 mod common;
-use common::{key, mix, owner};
+use common::{key, keyed_request, mix, owner};
 use criterion::{BenchmarkGroup, Criterion, criterion_group, measurement::WallTime};
 
 /// Usable addresses of a /16 (network and broadcast are never handed out).
@@ -95,12 +95,7 @@ fn fill_next(engine: &mut Engine, pool: &PoolName, family: Family, n: usize) -> 
         .map(|i| {
             let owner = owner(i);
             let key = key(i);
-            let request = Request {
-                pool,
-                owner: &owner,
-                key: Some(&key),
-                lease: None,
-            };
+            let request = keyed_request(pool, &owner, &key);
             let a = engine
                 .allocate(&request, Target::Next(family), Timestamp::ZERO)
                 .expect("fill allocation");
@@ -403,10 +398,7 @@ fn v6_group(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(1000))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(50);
+    config = common::criterion();
     targets = v4_groups, v6_group
 }
 criterion::criterion_main!(benches);

@@ -487,10 +487,7 @@ fn groups(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .warm_up_time(Duration::from_millis(1000))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(50);
+    config = common::criterion();
     targets = groups
 }
 criterion::criterion_main!(benches);

@@ -27,10 +27,11 @@ use std::time::Duration;
 
 use cap::Cap;
 
+#[allow(dead_code)] // the criterion settings are for the timed benchmarks
 mod common;
-use common::{key, owner};
+use common::{key, keyed_request, owner};
 use corral_core::{
-    Engine, EngineConfig, Family, PoolConfig, PoolName, Request, ReusePolicy, Target, Timestamp,
+    Engine, EngineConfig, Family, PoolConfig, PoolName, ReusePolicy, Target, Timestamp,
 };
 
 #[global_allocator]
@@ -68,12 +69,7 @@ fn engine() -> Engine {
 fn allocate_one(engine: &mut Engine, pool: &PoolName, family: Family, i: u64) -> usize {
     let owner = owner(i);
     let key = key(i);
-    let request = Request {
-        pool,
-        owner: &owner,
-        key: Some(&key),
-        lease: None,
-    };
+    let request = keyed_request(pool, &owner, &key);
     engine
         .allocate(&request, Target::Next(family), Timestamp::ZERO)
         .expect("allocate");

@@ -1512,6 +1512,13 @@ mod tests {
         err
     }
 
+    /// The refusal of adding `address` to `interface` (see [`refused`]).
+    fn add_refused(interface: &str, address: &str) -> InterfaceError {
+        refused(|engine, table| {
+            table.add_address(engine, &id(interface), net(address), Timestamp::ZERO)
+        })
+    }
+
     #[test]
     fn assign_returns_the_interface_data_and_is_idempotent() {
         let (mut engine, table) = setup();
@@ -1679,16 +1686,12 @@ mod tests {
 
     #[test]
     fn address_already_present_is_refused() {
-        let err = refused(|engine, table| {
-            table.add_address(engine, &id("eni-1"), net("10.0.0.10/32"), Timestamp::ZERO)
-        });
+        let err = add_refused("eni-1", "10.0.0.10/32");
         assert_eq!(
             err.to_string(),
             "address 10.0.0.10/32 is already present as 10.0.0.10/32 on interface eni-0"
         );
-        let err = refused(|engine, table| {
-            table.add_address(engine, &id("eni-0"), net("10.0.1.20/32"), Timestamp::ZERO)
-        });
+        let err = add_refused("eni-0", "10.0.1.20/32");
         assert!(matches!(err, InterfaceError::AddressAlreadyPresent { .. }));
         // A range of another pool counts too.
         let err = refused(|engine, table| {
@@ -1713,27 +1716,19 @@ mod tests {
 
     #[test]
     fn addresses_must_fit_the_interface() {
-        let err = refused(|engine, table| {
-            table.add_address(engine, &id("eni-0"), net("10.1.0.5/32"), Timestamp::ZERO)
-        });
+        let err = add_refused("eni-0", "10.1.0.5/32");
         assert_eq!(
             err.to_string(),
             "address 10.1.0.5/32 is not in subnet 10.0.0.0/20 of interface eni-0"
         );
-        let err = refused(|engine, table| {
-            table.add_address(engine, &id("eni-0"), net("10.0.3.0/24"), Timestamp::ZERO)
-        });
+        let err = add_refused("eni-0", "10.0.3.0/24");
         assert!(matches!(err, InterfaceError::BadPrefixLength { .. }));
-        let err = refused(|engine, table| {
-            table.add_address(engine, &id("eni-0"), net("10.0.3.5/28"), Timestamp::ZERO)
-        });
+        let err = add_refused("eni-0", "10.0.3.5/28");
         assert!(matches!(
             err,
             InterfaceError::Invalid(SpecError::HostBitsSet { .. })
         ));
-        let err = refused(|engine, table| {
-            table.add_address(engine, &id("eni-9"), net("10.0.3.5/32"), Timestamp::ZERO)
-        });
+        let err = add_refused("eni-9", "10.0.3.5/32");
         assert_eq!(err.to_string(), "unknown interface eni-9");
     }
 

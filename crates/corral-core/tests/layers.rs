@@ -94,25 +94,29 @@ fn strip(text: &str) -> String {
         }
         out.push_str(&rest[..at]);
         let open = after.find('{').unwrap();
-        let mut depth = 0usize;
-        let mut end = after.len();
-        for (i, c) in after[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = open + i + 1;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let end = closing_brace(after, open).map_or(after.len(), |close| close + 1);
         rest = &after[end..];
     }
     out.push_str(rest);
     out
+}
+
+/// Where the `}` closing the `{` at `open` stands in `text`, if it does.
+fn closing_brace(text: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// `crate::{a, b::{c, d}}` → `crate::a`, `crate::b::c`, `crate::b::d`.
@@ -251,21 +255,7 @@ fn inline_modules(text: &str) -> Vec<(Vec<String>, String)> {
         let after = &rest[at + 4..];
         let name: String = after.chars().take_while(|c| is_ident(*c)).collect();
         let open = after.find('{').unwrap();
-        let mut depth = 0usize;
-        let mut end = after.len();
-        for (i, c) in after[open..].char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = open + i;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
+        let end = closing_brace(after, open).unwrap_or(after.len());
         for (mut path, body) in inline_modules(&after[open + 1..end]) {
             path.insert(0, name.clone());
             inner.push((path, body));

@@ -54,10 +54,26 @@ async fn txn<K: Kv>(
     }
 }
 
+/// A transaction without compares, so its `ops` always run.
+async fn apply<K: Kv>(kv: &K, ops: Vec<TxnOp>) -> TxnResponse {
+    txn(kv, vec![], ops, vec![]).await
+}
+
 async fn put<K: Kv>(kv: &K, key: &[u8], value: &str) -> Revision {
-    txn(kv, vec![], vec![TxnOp::put(key, value)], vec![])
-        .await
-        .revision
+    apply(kv, vec![TxnOp::put(key, value)]).await.revision
+}
+
+async fn grant<K: Kv>(kv: &K, ttl: Duration) -> LeaseId {
+    kv.lease_grant(ttl).await.expect("lease grant")
+}
+
+/// Puts "1" at each of `keys` on `lease`, in one transaction.
+async fn put_on_lease<K: Kv>(kv: &K, keys: &[&[u8]], lease: LeaseId) -> TxnResponse {
+    let ops = keys
+        .iter()
+        .map(|key| TxnOp::put_on_lease(*key, "1", lease))
+        .collect();
+    apply(kv, ops).await
 }
 
 async fn get<K: Kv>(kv: &K, key: &[u8]) -> Option<KeyValue> {
@@ -67,7 +83,7 @@ async fn get<K: Kv>(kv: &K, key: &[u8]) -> Option<KeyValue> {
 }
 
 async fn current_revision<K: Kv>(kv: &K) -> Revision {
-    txn(kv, vec![], vec![], vec![]).await.revision
+    apply(kv, vec![]).await.revision
 }
 
 fn compare(key: &[u8], op: CompareOp, target: Target) -> Compare {
@@ -142,11 +158,11 @@ pub async fn prefix_compares<K: Kv>(kv: &K, prefix: &str) {
     let under = format!("{prefix}/p/");
     let inside = key(&format!("{prefix}/p"), "x");
     let beside = key(prefix, "q");
-    txn(kv, vec![], vec![TxnOp::put(beside.clone(), "b")], vec![]).await;
+    apply(kv, vec![TxnOp::put(beside.clone(), "b")]).await;
     assert!(holds(kv, vec![Compare::prefix_empty(under.clone())]).await);
-    txn(kv, vec![], vec![TxnOp::put(inside.clone(), "x")], vec![]).await;
+    apply(kv, vec![TxnOp::put(inside.clone(), "x")]).await;
     assert!(!holds(kv, vec![Compare::prefix_empty(under.clone())]).await);
-    txn(kv, vec![], vec![TxnOp::delete(inside)], vec![]).await;
+    apply(kv, vec![TxnOp::delete(inside)]).await;
     assert!(holds(kv, vec![Compare::prefix_empty(under)]).await);
 }
 
@@ -225,98 +241,87 @@ pub async fn txn_compares<K: Kv>(kv: &K, prefix: &str) {
         holds(kv, vec![Compare::created_at(a.clone(), r1)]).await,
         "create revision moved on update"
     );
-    assert!(holds(kv, vec![Compare::value_is(a.clone(), "2")]).await);
-    assert!(!holds(kv, vec![Compare::value_is(a.clone(), "1")]).await);
-    assert!(
-        holds(
-            kv,
+    // Each target and operator on a present key (value "2", version 2, created at r1,
+    // modified at r2) and on an absent one: create and mod revision 0 and version 0, and a
+    // value compare fails whatever the operator.
+    let cases: Vec<(Vec<Compare>, bool, &str)> = vec![
+        (vec![Compare::value_is(a.clone(), "2")], true, "value equal"),
+        (
+            vec![Compare::value_is(a.clone(), "1")],
+            false,
+            "value equal to the old value held",
+        ),
+        (
             vec![compare(
                 &a,
                 CompareOp::Greater,
-                Target::Value(b"1".to_vec())
-            )]
-        )
-        .await
-    );
-    assert!(
-        holds(
-            kv,
-            vec![compare(&a, CompareOp::Less, Target::Value(b"3".to_vec()))]
-        )
-        .await
-    );
-    assert!(
-        holds(
-            kv,
-            vec![compare(&a, CompareOp::Greater, Target::Version(1))]
-        )
-        .await
-    );
-    assert!(
-        holds(
-            kv,
-            vec![compare(&a, CompareOp::NotEqual, Target::ModRevision(r1))]
-        )
-        .await
-    );
-    assert!(
-        holds(
-            kv,
-            vec![compare(&a, CompareOp::Less, Target::CreateRevision(r2))]
-        )
-        .await
-    );
-    assert!(
-        !holds(
-            kv,
+                Target::Value(b"1".to_vec()),
+            )],
+            true,
+            "value greater",
+        ),
+        (
+            vec![compare(&a, CompareOp::Less, Target::Value(b"3".to_vec()))],
+            true,
+            "value less",
+        ),
+        (
+            vec![compare(&a, CompareOp::Greater, Target::Version(1))],
+            true,
+            "version greater",
+        ),
+        (
+            vec![compare(&a, CompareOp::NotEqual, Target::ModRevision(r1))],
+            true,
+            "mod revision not equal",
+        ),
+        (
+            vec![compare(&a, CompareOp::Less, Target::CreateRevision(r2))],
+            true,
+            "create revision less",
+        ),
+        (
             vec![
                 Compare::created_at(a.clone(), r1),
-                Compare::value_is(a.clone(), "1")
-            ]
-        )
-        .await,
-        "compares are a conjunction"
-    );
-
-    // An absent key has create and mod revision 0 and version 0; a value compare on it fails
-    // whatever the operator.
-    assert!(
-        holds(
-            kv,
+                Compare::value_is(a.clone(), "1"),
+            ],
+            false,
+            "compares are a conjunction",
+        ),
+        (
             vec![
                 Compare::created_at(absent.clone(), 0),
-                Compare::modified_at(absent.clone(), 0)
-            ]
-        )
-        .await
-    );
-    assert!(
-        holds(
-            kv,
-            vec![compare(&absent, CompareOp::Less, Target::Version(1))]
-        )
-        .await
-    );
-    assert!(
-        !holds(kv, vec![Compare::value_is(absent.clone(), "")]).await,
-        "value compare on an absent key held"
-    );
-    assert!(
-        !holds(
-            kv,
+                Compare::modified_at(absent.clone(), 0),
+            ],
+            true,
+            "revisions of an absent key",
+        ),
+        (
+            vec![compare(&absent, CompareOp::Less, Target::Version(1))],
+            true,
+            "version of an absent key",
+        ),
+        (
+            vec![Compare::value_is(absent.clone(), "")],
+            false,
+            "value compare on an absent key held",
+        ),
+        (
             vec![compare(
                 &absent,
                 CompareOp::NotEqual,
-                Target::Value(b"x".to_vec())
-            )]
-        )
-        .await
-    );
+                Target::Value(b"x".to_vec()),
+            )],
+            false,
+            "value not-equal compare on an absent key held",
+        ),
+    ];
+    for (compares, expected, what) in cases {
+        assert_eq!(holds(kv, compares).await, expected, "{what}");
+    }
 
     // Deleted and created again: a new create revision, version 1.
-    let r3 = txn(kv, vec![], vec![TxnOp::delete(a.clone())], vec![])
-        .await
-        .revision;
+    let r3 = apply(kv, vec![TxnOp::delete(a.clone())]).await.revision;
     assert_eq!(r3, r2 + 1);
     assert_eq!(get(kv, &a).await, None);
     assert!(holds(kv, vec![Compare::absent(a.clone())]).await);
@@ -329,15 +334,13 @@ pub async fn txn_compares<K: Kv>(kv: &K, prefix: &str) {
 
     // A get after a put in the same txn sees the put.
     let c = key(prefix, "c");
-    let seen = txn(
+    let seen = apply(
         kv,
-        vec![],
         vec![
             TxnOp::put(c.clone(), "v"),
             TxnOp::get(c.clone()),
             TxnOp::get(absent.clone()),
         ],
-        vec![],
     )
     .await;
     let got = seen.gets[0].clone().expect("a get sees the txn's own put");
@@ -354,13 +357,7 @@ pub async fn txn_compares<K: Kv>(kv: &K, prefix: &str) {
 pub async fn revision_accounting<K: Kv>(kv: &K, prefix: &str) {
     let (a, b, c) = (key(prefix, "a"), key(prefix, "b"), key(prefix, "c"));
     let r0 = current_revision(kv).await;
-    let read = txn(
-        kv,
-        vec![],
-        vec![TxnOp::get(a.clone()), TxnOp::get(b.clone())],
-        vec![],
-    )
-    .await;
+    let read = apply(kv, vec![TxnOp::get(a.clone()), TxnOp::get(b.clone())]).await;
     assert_eq!(read.revision, r0, "a read-only txn advanced the revision");
     let failed = txn(
         kv,
@@ -375,15 +372,13 @@ pub async fn revision_accounting<K: Kv>(kv: &K, prefix: &str) {
         "a failed txn advanced the revision"
     );
 
-    let three = txn(
+    let three = apply(
         kv,
-        vec![],
         vec![
             TxnOp::put(a.clone(), "1"),
             TxnOp::put(b.clone(), "1"),
             TxnOp::put(c.clone(), "1"),
         ],
-        vec![],
     )
     .await;
     assert_eq!(
@@ -394,13 +389,7 @@ pub async fn revision_accounting<K: Kv>(kv: &K, prefix: &str) {
     for name in [&a, &b, &c] {
         assert_eq!(get(kv, name).await.expect("written").mod_revision, r0 + 1);
     }
-    let nothing = txn(
-        kv,
-        vec![],
-        vec![TxnOp::delete(key(prefix, "never"))],
-        vec![],
-    )
-    .await;
+    let nothing = apply(kv, vec![TxnOp::delete(key(prefix, "never"))]).await;
     assert_eq!(
         nothing.revision,
         r0 + 1,
@@ -423,13 +412,7 @@ pub async fn revision_accounting<K: Kv>(kv: &K, prefix: &str) {
         (false, r0 + 2),
         "a failure branch that writes is a revision"
     );
-    let deleted = txn(
-        kv,
-        vec![],
-        vec![TxnOp::delete(b.clone()), TxnOp::delete(c.clone())],
-        vec![],
-    )
-    .await;
+    let deleted = apply(kv, vec![TxnOp::delete(b.clone()), TxnOp::delete(c.clone())]).await;
     assert_eq!(deleted.revision, r0 + 3);
     assert_eq!(current_revision(kv).await, r0 + 3);
 }
@@ -510,13 +493,7 @@ pub async fn txn_limits<K: Kv>(kv: &K, prefix: &str) {
     .await;
 
     // Allowed: the same key deleted twice, read and written, or put in both branches.
-    txn(
-        kv,
-        vec![],
-        vec![TxnOp::delete(a.clone()), TxnOp::delete(a.clone())],
-        vec![],
-    )
-    .await;
+    apply(kv, vec![TxnOp::delete(a.clone()), TxnOp::delete(a.clone())]).await;
     txn(
         kv,
         vec![],
@@ -524,7 +501,7 @@ pub async fn txn_limits<K: Kv>(kv: &K, prefix: &str) {
         vec![TxnOp::put(a.clone(), "2")],
     )
     .await;
-    let full = txn(kv, vec![], many[..MAX_TXN_OPS].to_vec(), vec![]).await;
+    let full = apply(kv, many[..MAX_TXN_OPS].to_vec()).await;
     let page = kv
         .range(&key(prefix, "many/"), None, 0, None)
         .await
@@ -555,7 +532,7 @@ pub async fn range_pagination<K: Kv>(kv: &K, prefix: &str) {
         .iter()
         .map(|name| TxnOp::put(key(prefix, name), format!("v-{name}")))
         .collect();
-    txn(kv, vec![], puts, vec![]).await;
+    apply(kv, puts).await;
     // Beside the prefix, sorting right after it: not part of the range.
     put(kv, format!("{prefix}0").as_bytes(), "outside").await;
 
@@ -568,7 +545,7 @@ pub async fn range_pagination<K: Kv>(kv: &K, prefix: &str) {
     assert_eq!(first.revision, current_revision(kv).await);
 
     put(kv, &key(prefix, "k015"), "new").await;
-    txn(kv, vec![], vec![TxnOp::delete(key(prefix, "k05"))], vec![]).await;
+    apply(kv, vec![TxnOp::delete(key(prefix, "k05"))]).await;
     put(kv, &key(prefix, "k03"), "changed").await;
     put(kv, &key(prefix, "k99"), "new").await;
 
@@ -639,9 +616,7 @@ pub async fn watch_replay<K: Kv>(kv: &K, prefix: &str) {
     let (a, b, c) = (key(prefix, "a"), key(prefix, "b"), key(prefix, "c"));
     let r1 = put(kv, &a, "1").await;
     let r2 = put(kv, &b, "1").await;
-    let r3 = txn(kv, vec![], vec![TxnOp::delete(a.clone())], vec![])
-        .await
-        .revision;
+    let r3 = apply(kv, vec![TxnOp::delete(a.clone())]).await.revision;
     put(kv, format!("{prefix}-beside").as_bytes(), "not watched").await;
 
     let mut watch = kv
@@ -679,11 +654,9 @@ pub async fn watch_replay<K: Kv>(kv: &K, prefix: &str) {
         );
     }
 
-    let r5 = txn(
+    let r5 = apply(
         kv,
-        vec![],
         vec![TxnOp::put(b.clone(), "2"), TxnOp::put(c.clone(), "1")],
-        vec![],
     )
     .await
     .revision;
@@ -705,9 +678,7 @@ pub async fn watch_replay<K: Kv>(kv: &K, prefix: &str) {
             other => panic!("expected a put, got {other:?}"),
         }
     }
-    let r6 = txn(kv, vec![], vec![TxnOp::delete(c.clone())], vec![])
-        .await
-        .revision;
+    let r6 = apply(kv, vec![TxnOp::delete(c.clone())]).await.revision;
     assert_eq!(
         next_events(&mut watch, 1).await,
         vec![Event::Delete {
@@ -730,21 +701,8 @@ pub async fn watch_replay<K: Kv>(kv: &K, prefix: &str) {
 /// no longer on it.
 pub async fn lease_revoke<K: Kv>(kv: &K, prefix: &str) {
     let (a, b, c) = (key(prefix, "a"), key(prefix, "b"), key(prefix, "c"));
-    let lease = kv
-        .lease_grant(Duration::from_secs(60))
-        .await
-        .expect("lease grant");
-    let written = txn(
-        kv,
-        vec![],
-        vec![
-            TxnOp::put_on_lease(a.clone(), "1", lease),
-            TxnOp::put_on_lease(b.clone(), "1", lease),
-            TxnOp::put_on_lease(c.clone(), "1", lease),
-        ],
-        vec![],
-    )
-    .await;
+    let lease = grant(kv, Duration::from_secs(60)).await;
+    let written = put_on_lease(kv, &[&a, &b, &c], lease).await;
     assert_eq!(get(kv, &a).await.and_then(|kv| kv.lease), Some(lease));
     put(kv, &c, "detached").await;
     assert_eq!(get(kv, &c).await.and_then(|kv| kv.lease), None);
@@ -788,17 +746,8 @@ pub async fn lease_revoke<K: Kv>(kv: &K, prefix: &str) {
 /// Keep-alives keep a lease's keys past its TTL; without them the keys go.
 pub async fn lease_keep_alive<K: Kv>(kv: &K, prefix: &str) {
     let a = key(prefix, "a");
-    let lease = kv
-        .lease_grant(Duration::from_secs(2))
-        .await
-        .expect("lease grant");
-    txn(
-        kv,
-        vec![],
-        vec![TxnOp::put_on_lease(a.clone(), "1", lease)],
-        vec![],
-    )
-    .await;
+    let lease = grant(kv, Duration::from_secs(2)).await;
+    put_on_lease(kv, &[&a], lease).await;
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let ttl = kv
@@ -824,20 +773,8 @@ pub async fn lease_keep_alive<K: Kv>(kv: &K, prefix: &str) {
 /// A lease that is not kept alive expires, deleting its keys in one revision that watches see.
 pub async fn lease_expiry<K: Kv>(kv: &K, prefix: &str) {
     let (a, b) = (key(prefix, "a"), key(prefix, "b"));
-    let lease = kv
-        .lease_grant(Duration::from_secs(1))
-        .await
-        .expect("lease grant");
-    let written = txn(
-        kv,
-        vec![],
-        vec![
-            TxnOp::put_on_lease(a.clone(), "1", lease),
-            TxnOp::put_on_lease(b.clone(), "1", lease),
-        ],
-        vec![],
-    )
-    .await;
+    let lease = grant(kv, Duration::from_secs(1)).await;
+    let written = put_on_lease(kv, &[&a, &b], lease).await;
     assert!(get(kv, &a).await.is_some(), "a fresh lease's key is gone");
     let mut watch = kv
         .watch(format!("{prefix}/").as_bytes(), written.revision + 1)

@@ -503,18 +503,15 @@ fn node_name(name: Result<UrlPath<String>, PathRejection>) -> Result<NodeName, R
 async fn node(
     State(state): State<ApiState>,
     name: Result<UrlPath<String>, PathRejection>,
-) -> Response {
-    let name = match node_name(name) {
-        Ok(name) => name,
-        Err(refusal) => return refusal.into_response(),
-    };
-    on_view(&state.shared, |view| {
+) -> Result<Response, Refusal> {
+    let name = node_name(name)?;
+    Ok(on_view(&state.shared, |view| {
         view.node_reports(None)
             .into_iter()
             .find(|report| report.name == name.as_str())
             .map(|report| node_status(&state.shared, view, report))
             .ok_or_else(|| not_registered(&name))
-    })
+    }))
 }
 
 fn not_registered(name: &NodeName) -> Refusal {
@@ -527,12 +524,9 @@ fn not_registered(name: &NodeName) -> Refusal {
 async fn plan(
     State(state): State<ApiState>,
     name: Result<UrlPath<String>, PathRejection>,
-) -> Response {
-    let name = match node_name(name) {
-        Ok(name) => name,
-        Err(refusal) => return refusal.into_response(),
-    };
-    on_view(&state.shared, |view| {
+) -> Result<Response, Refusal> {
+    let name = node_name(name)?;
+    Ok(on_view(&state.shared, |view| {
         let Some(config) = view.config().node_ids.clone() else {
             return Err(Refusal(
                 ErrorCode::NotFound,
@@ -570,7 +564,7 @@ async fn plan(
             vxlan: plan.vxlan.to_string(),
             service: plan.service.to_string(),
         })
-    })
+    }))
 }
 
 async fn pools(State(state): State<ApiState>) -> Response {

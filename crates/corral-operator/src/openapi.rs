@@ -9,22 +9,11 @@
 
 use std::collections::BTreeMap;
 
-pub use corral_api::openapi::render;
-use corral_api::openapi::{self, Schemas, name, schema_ref, unsigned_64};
+use corral_api::openapi::{self, Schemas, error_response_name, name, unsigned_64};
+pub use corral_api::openapi::{Success, render};
 use corral_api::operator::{self as body, paths};
 use corral_api::{ErrorCode, ErrorResponse};
 use serde_json::{Map, Value, json};
-
-/// What a successful response carries.
-#[derive(Clone, Copy, Debug)]
-pub enum Success {
-    /// JSON, of the named component schema.
-    Json(&'static str),
-    /// A JSON object this document does not describe (the document itself).
-    AnyObject(&'static str),
-    /// Text of this media type.
-    Text(&'static str, &'static str),
-}
 
 /// One operation: `GET` on a path, as `api::router` routes it.
 #[derive(Clone, Copy, Debug)]
@@ -161,10 +150,6 @@ fn error_description(status: u16) -> &'static str {
     }
 }
 
-fn error_response_name(status: u16) -> String {
-    format!("Error{status}")
-}
-
 /// The JSON Schemas of every body type, by name, with the types they refer to.
 fn component_schemas() -> BTreeMap<String, Value> {
     Schemas::default()
@@ -224,32 +209,10 @@ fn operation(operation: &Operation) -> Value {
             }]),
         );
     }
-    let success = match operation.success {
-        Success::Json(name) => json!({
-            "description": "Success",
-            "content": {"application/json": {"schema": schema_ref(name)}}
-        }),
-        Success::AnyObject(what) => json!({
-            "description": what,
-            "content": {"application/json": {"schema": {"type": "object"}}}
-        }),
-        Success::Text(media_type, what) => json!({
-            "description": what,
-            "content": {media_type: {"schema": {"type": "string"}}}
-        }),
-    };
+    let success = operation.success.response();
     let mut responses = Map::new();
     responses.insert("200".into(), success);
-    let mut errors = operation.errors.to_vec();
-    errors.push(401);
-    errors.sort_unstable();
-    errors.dedup();
-    for status in errors {
-        responses.insert(
-            status.to_string(),
-            json!({"$ref": format!("#/components/responses/{}", error_response_name(status))}),
-        );
-    }
+    openapi::insert_error_refs(&mut responses, operation.errors);
     out.insert("responses".into(), Value::Object(responses));
     Value::Object(out)
 }

@@ -40,11 +40,7 @@ fn names(n: usize) -> Vec<(String, &'static str)> {
 /// The prefixes delegated to a node's primary interface now (the cloud's truth).
 fn delegated(rig: &Rig, name: &str) -> BTreeSet<IpNet> {
     let ni = primary(rig, name);
-    ni.ipv4_prefixes
-        .iter()
-        .map(|p| IpNet::V4(*p))
-        .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-        .collect()
+    ni.prefixes().into_iter().collect()
 }
 
 /// Delegates `v6` /80s and `v4` /28s to a node's primary interface.

@@ -71,13 +71,7 @@ fn delegated(rig: &Rig) -> BTreeMap<String, BTreeSet<IpNet>> {
                         .as_ref()
                         .is_some_and(|a| a.instance_id == *instance && a.device_index == 0)
                 })
-                .flat_map(|ni| {
-                    ni.ipv4_prefixes
-                        .iter()
-                        .map(|p| IpNet::V4(*p))
-                        .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-                        .collect::<Vec<_>>()
-                })
+                .flat_map(|ni| ni.prefixes())
                 .collect();
             (name.clone(), prefixes)
         })
@@ -115,12 +109,7 @@ async fn assert_end(rig: &Rig) {
     rig.assert_invariants().await;
     let mut seen: BTreeMap<IpNet, String> = BTreeMap::new();
     for ni in rig.ec2.interfaces() {
-        for p in ni
-            .ipv4_prefixes
-            .iter()
-            .map(|p| IpNet::V4(*p))
-            .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-        {
+        for p in ni.prefixes() {
             if let Some(other) = seen.insert(p, ni.id.clone()) {
                 panic!("{p} on {other} and {}", ni.id);
             }

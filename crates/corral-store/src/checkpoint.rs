@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use corral_core::{AttachmentKey, EngineConfig, Lease, PoolName, Timestamp, Uuid};
+use corral_core::{AttachmentKey, Engine, EngineConfig, Lease, PoolName, Timestamp, Uuid};
 use serde::{Deserialize, Serialize};
 
 use crate::load::{Need, build_engine, rewrite_cooldowns, save_engine};
@@ -250,6 +250,18 @@ pub fn export_checkpoint(txn: &mut impl Txn) -> Result<Checkpoint, StoreError> {
     })
 }
 
+/// The engine of a scope being imported, built from every row stored for it so far.
+fn full_engine(txn: &mut impl Txn, scope: &ScopeCheckpoint) -> Result<Engine, StoreError> {
+    let (engine, _) = build_engine(
+        txn,
+        &scope.scope,
+        &scope.config,
+        EngineConfig::default(),
+        Need::Full,
+    )?;
+    Ok(engine)
+}
+
 /// Loads a checkpoint into scopes that hold no allocations yet. Everything is validated
 /// (including that each scope's allocations fit its configuration without conflicts) before
 /// the first write; on error the caller drops the transaction and nothing changes.
@@ -291,13 +303,7 @@ pub fn import_checkpoint(txn: &mut impl Txn, checkpoint: &Checkpoint) -> Result<
         }
         // Building an engine checks every row against the others and the configuration,
         // and the interfaces of interface-backed pools against their ranges.
-        let (engine, _) = build_engine(
-            txn,
-            &scope.scope,
-            &scope.config,
-            EngineConfig::default(),
-            Need::Full,
-        )?;
+        let engine = full_engine(txn, scope)?;
         crate::restore_interfaces(&scope.config, &engine)?;
         let state = crate::ScopeState {
             config: scope.config.clone(),
@@ -333,13 +339,7 @@ pub fn import_checkpoint(txn: &mut impl Txn, checkpoint: &Checkpoint) -> Result<
             txn.put_cooldown(&scope.scope, cooldown)?;
         }
         txn.put_scope_state(&scope.scope, &state)?;
-        let (engine, _) = build_engine(
-            txn,
-            &scope.scope,
-            &scope.config,
-            EngineConfig::default(),
-            Need::Full,
-        )?;
+        let engine = full_engine(txn, scope)?;
         save_engine(txn, &scope.scope, &scope.config, &engine)?;
         rewrite_cooldowns(txn, &scope.scope, &engine)?;
     }

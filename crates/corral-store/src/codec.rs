@@ -116,6 +116,15 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// A reader of `bytes`, which must start with the [`FORMAT`] byte; `what` names them in
+    /// errors.
+    fn formatted(bytes: &'a [u8], what: &'static str) -> Result<Reader<'a>, StoreError> {
+        let mut r = Reader { bytes, what };
+        if r.u8()? != FORMAT {
+            return Err(r.corrupt("unknown format"));
+        }
+        Ok(r)
+    }
     fn corrupt(&self, reason: &str) -> StoreError {
         StoreError::Corrupt {
             what: self.what.to_owned(),
@@ -211,13 +220,7 @@ pub fn encode_snapshots(snapshots: &[(PoolName, PoolSnapshot)]) -> Vec<u8> {
 
 /// Decodes what [`encode_snapshots`] wrote.
 pub fn decode_snapshots(bytes: &[u8]) -> Result<Vec<(PoolName, PoolSnapshot)>, StoreError> {
-    let mut r = Reader {
-        bytes,
-        what: "pool snapshot",
-    };
-    if r.u8()? != FORMAT {
-        return Err(r.corrupt("unknown format"));
-    }
+    let mut r = Reader::formatted(bytes, "pool snapshot")?;
     let n_pools = r.count(4)?;
     let mut out = Vec::with_capacity(n_pools);
     for _ in 0..n_pools {
@@ -300,13 +303,7 @@ pub fn encode_cooling(cooling: &[(PoolName, IpAddr, Timestamp)]) -> Vec<u8> {
 
 /// Decodes schema 1's cooldown list (see [`encode_cooling`]); read only when migrating.
 pub fn decode_cooling(bytes: &[u8]) -> Result<Vec<(PoolName, IpAddr, Timestamp)>, StoreError> {
-    let mut r = Reader {
-        bytes,
-        what: "cooldowns",
-    };
-    if r.u8()? != FORMAT {
-        return Err(r.corrupt("unknown format"));
-    }
+    let mut r = Reader::formatted(bytes, "cooldowns")?;
     let n = r.count(29)?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {

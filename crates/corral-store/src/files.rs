@@ -6,6 +6,9 @@
 //! So the file is opened with `O_NONBLOCK` (which a FIFO's `open` honours and a regular file
 //! ignores), its type is checked on the open descriptor (no window to swap it), and at most
 //! one byte more than the cap is read.
+//!
+//! Also the creation of the directories the store and the pending records live in, each
+//! made durable in its parent.
 
 use std::fs::File;
 use std::io::Read;
@@ -83,6 +86,35 @@ pub fn read_small_file(path: &Path, limit: u64) -> Result<Vec<u8>, SmallFileErro
         });
     }
     Ok(contents)
+}
+
+/// Creates `dir` and any missing parents, syncing each new directory's parent (with
+/// `sync_dir`) so the directory itself survives a power loss. `create_error` names a failed
+/// creation.
+pub(crate) fn create_dirs_synced<E>(
+    dir: &Path,
+    create_error: impl FnOnce(std::io::Error) -> E,
+    sync_dir: impl Fn(&Path) -> Result<(), E>,
+) -> Result<(), E> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut current = Some(dir);
+    while let Some(path) = current {
+        if path.as_os_str().is_empty() || path.exists() {
+            break;
+        }
+        missing.push(path);
+        current = path.parent();
+    }
+    std::fs::create_dir_all(dir).map_err(create_error)?;
+    for path in missing.iter().rev() {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -25,8 +25,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_core::{
-    AttachmentKey, Exclusion, Family, GcSuspect, Lease, PoolName, PoolSnapshot, RangeSpec,
-    ReusePolicy, Timestamp,
+    AttachmentKey, Exclusion, Family, GcSuspect, PoolName, PoolSnapshot, RangeSpec,
+    RestoredAllocation, ReusePolicy, Timestamp,
 };
 
 pub use checkpoint::{
@@ -394,16 +394,8 @@ pub struct StoredCooldown {
     pub released_at: Timestamp,
 }
 
-/// One allocation as stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredAllocation {
-    pub pool: PoolName,
-    pub addr: IpAddr,
-    pub owner: String,
-    pub key: Option<AttachmentKey>,
-    pub generation: u64,
-    pub lease: Option<Lease>,
-}
+/// One allocation as stored: exactly what an engine restores.
+pub type StoredAllocation = RestoredAllocation;
 
 /// A durable store of scopes. Only binaries choose a backend.
 pub trait Store {

@@ -27,12 +27,10 @@ use std::time::Duration;
 
 use corral_core::{
     AttachmentKey, Engine, EngineConfig, Exclusion, Family, PoolConfig, PoolName, RangeSpec,
-    RestoredAllocation, ReusePolicy, Timestamp,
+    ReusePolicy, Timestamp,
 };
 
-use crate::{
-    RangeState, ScopeConfig, ScopeState, StoreError, StoredAllocation, StoredCooldown, Txn,
-};
+use crate::{RangeState, ScopeConfig, ScopeState, StoreError, StoredCooldown, Txn};
 
 /// How many cooldowns that have run out a partial build ends, per pool and family. Each one
 /// ended is a row deleted (a page of the log written, the rows lying by address), so the cost
@@ -58,17 +56,6 @@ fn corrupt(what: &str, reason: impl ToString) -> StoreError {
     StoreError::Corrupt {
         what: what.to_owned(),
         reason: reason.to_string(),
-    }
-}
-
-fn restored(allocation: StoredAllocation) -> RestoredAllocation {
-    RestoredAllocation {
-        pool: allocation.pool,
-        addr: allocation.addr,
-        owner: allocation.owner,
-        key: allocation.key,
-        generation: allocation.generation,
-        lease: allocation.lease,
     }
 }
 
@@ -139,7 +126,7 @@ fn partial(
     rows.dedup_by_key(|row| row.addr);
     for row in rows {
         if ensure_pool(&mut engine, &row.pool).is_err()
-            || engine.restore_allocation_accounted(&restored(row)).is_err()
+            || engine.restore_allocation_accounted(&row).is_err()
         {
             return Ok(None);
         }
@@ -208,7 +195,7 @@ pub fn build_engine(
         ensure_pool(&mut engine, &row.pool)?;
         // Stored rows that do not fit together are damaged state, not the caller's request.
         engine
-            .restore_allocation(&restored(row))
+            .restore_allocation(&row)
             .map_err(|e| corrupt("allocations", e))?;
     }
     if let Some(state) = &state {

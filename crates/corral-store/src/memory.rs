@@ -23,6 +23,15 @@ struct Data {
     gc_suspects: BTreeMap<(String, AttachmentKey), GcSuspect>,
 }
 
+/// The rows of one scope in a table keyed by scope first, in key order.
+fn of_scope<K, V: Clone>(table: &BTreeMap<(String, K), V>, scope: &str) -> Vec<V> {
+    table
+        .iter()
+        .filter(|((s, _), _)| s == scope)
+        .map(|(_, row)| row.clone())
+        .collect()
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     data: Data,
@@ -82,13 +91,7 @@ impl Store for MemoryStore {
 
 impl Txn for MemoryTxn {
     fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError> {
-        Ok(self
-            .data
-            .gc_suspects
-            .iter()
-            .filter(|((s, _), _)| s == scope)
-            .map(|(_, suspect)| suspect.clone())
-            .collect())
+        Ok(of_scope(&self.data.gc_suspects, scope))
     }
 
     fn put_gc_suspect(&mut self, scope: &str, suspect: &GcSuspect) -> Result<(), StoreError> {
@@ -134,13 +137,7 @@ impl Txn for MemoryTxn {
     }
 
     fn cooldowns(&mut self, scope: &str) -> Result<Vec<StoredCooldown>, StoreError> {
-        let mut out: Vec<StoredCooldown> = self
-            .data
-            .cooldowns
-            .iter()
-            .filter(|((s, _), _)| s == scope)
-            .map(|(_, c)| c.clone())
-            .collect();
+        let mut out = of_scope(&self.data.cooldowns, scope);
         out.sort_by_key(|c| (c.released_at, c.addr));
         Ok(out)
     }
@@ -244,13 +241,7 @@ impl Txn for MemoryTxn {
     }
 
     fn all_allocations(&mut self, scope: &str) -> Result<Vec<StoredAllocation>, StoreError> {
-        Ok(self
-            .data
-            .allocations
-            .iter()
-            .filter(|((s, _), _)| s == scope)
-            .map(|(_, row)| row.clone())
-            .collect())
+        Ok(of_scope(&self.data.allocations, scope))
     }
 
     fn put_allocation(

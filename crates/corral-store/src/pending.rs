@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use corral_core::AttachmentKey;
 use serde::{Deserialize, Serialize};
 
-use crate::files::read_small_file;
+use crate::files::{create_dirs_synced, read_small_file};
 use crate::{PoolSpec, ScopeConfig};
 
 /// The directory, under a CNI network's `dataDir`, that holds pending records.
@@ -139,25 +139,7 @@ fn sync_dir(dir: &Path) -> Result<(), PendingError> {
 
 /// Creates `dir` and any missing parents, each made durable in its parent.
 fn create_dir_durably(dir: &Path) -> Result<(), PendingError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    let mut missing = Vec::new();
-    let mut current = Some(dir);
-    while let Some(path) = current {
-        if path.as_os_str().is_empty() || path.exists() {
-            break;
-        }
-        missing.push(path);
-        current = path.parent();
-    }
-    std::fs::create_dir_all(dir).map_err(io_error("create", dir))?;
-    for path in missing.iter().rev() {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    Ok(())
+    create_dirs_synced(dir, io_error("create", dir), sync_dir)
 }
 
 /// The record in `path`, if it is there: `Ok(None)` when it is not.
@@ -379,12 +361,25 @@ mod tests {
         AttachmentKey::new("net", container, "eth0").unwrap()
     }
 
+    const SOCKET: &str = "/run/a.sock";
+
+    /// A directory holding the DEL record of `c1` for the agent at [`SOCKET`].
+    fn recorded_c1() -> (tempfile::TempDir, PendingDel) {
+        let dir = tempfile::tempdir().unwrap();
+        let record = PendingDel::new(Path::new(SOCKET), &key("c1"), &ScopeConfig::default());
+        record_pending_del(dir.path(), &record).unwrap();
+        (dir, record)
+    }
+
+    /// No agent finds a record to claim in `dir`.
+    fn assert_nothing_to_claim(dir: &Path) {
+        assert!(claim_all_for_agent(dir, |_| true).unwrap().is_empty());
+    }
+
     #[test]
     fn a_record_is_claimed_once_and_only_for_its_own_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = Path::new("/run/a.sock");
-        let record = PendingDel::new(socket, &key("c1"), &ScopeConfig::default());
-        record_pending_del(dir.path(), &record).unwrap();
+        let (dir, record) = recorded_c1();
+        let socket = Path::new(SOCKET);
         // Recording the same key again replaces it.
         record_pending_del(dir.path(), &record).unwrap();
         assert!(claim_pending_del(dir.path(), &key("c2")).unwrap().is_none());
@@ -392,11 +387,7 @@ mod tests {
         assert_eq!(claimed.record, record);
         // Claimed: nobody else finds it.
         assert!(claim_pending_del(dir.path(), &key("c1")).unwrap().is_none());
-        assert!(
-            claim_all_for_agent(dir.path(), |_| true)
-                .unwrap()
-                .is_empty()
-        );
+        assert_nothing_to_claim(dir.path());
         claimed.put_back().unwrap();
         let all = claim_all_for_agent(dir.path(), |agent| agent == socket).unwrap();
         let [PendingFile::Claimed(claimed)] = all.as_slice() else {
@@ -409,11 +400,7 @@ mod tests {
             panic!("{again:?}")
         };
         std::fs::remove_file(claimed.path()).unwrap();
-        assert!(
-            claim_all_for_agent(dir.path(), |_| true)
-                .unwrap()
-                .is_empty()
-        );
+        assert_nothing_to_claim(dir.path());
     }
 
     /// Regression (review): an agent killed between claiming and removing a record, then the
@@ -421,10 +408,8 @@ mod tests {
     /// removal failed and the agent would not start.
     #[test]
     fn a_slot_recorded_again_beside_a_killed_agents_claim_is_claimed_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = Path::new("/run/a.sock");
-        let record = PendingDel::new(socket, &key("c1"), &ScopeConfig::default());
-        record_pending_del(dir.path(), &record).unwrap();
+        let (dir, record) = recorded_c1();
+        let socket = Path::new(SOCKET);
         // The agent claims it and is killed before removing the claim.
         let first = claim_all_for_agent(dir.path(), |_| true).unwrap();
         assert_eq!(first.len(), 1);
@@ -439,11 +424,7 @@ mod tests {
             };
             claimed.remove().unwrap();
         }
-        assert!(
-            claim_all_for_agent(dir.path(), |_| true)
-                .unwrap()
-                .is_empty()
-        );
+        assert_nothing_to_claim(dir.path());
     }
 
     #[test]

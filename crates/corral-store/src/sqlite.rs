@@ -63,6 +63,7 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::codec::{decode_cooling, decode_snapshots, encode_snapshots};
+use crate::files::create_dirs_synced;
 use crate::{
     LostState, SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation,
     StoredCooldown, Txn,
@@ -193,6 +194,24 @@ fn millis(at: Timestamp) -> i64 {
     i64::try_from(at.as_unix_millis()).unwrap_or(i64::MAX)
 }
 
+/// An address as stored: its family's code (4 or 6) and 16 big-endian bytes; `what` names
+/// the row in errors.
+fn read_addr(what: &str, family: i64, addr: Vec<u8>) -> Result<IpAddr, StoreError> {
+    let family = match family {
+        4 => Family::V4,
+        6 => Family::V6,
+        other => return Err(corrupt(what, format!("family {other}"))),
+    };
+    let bytes: [u8; 16] = addr
+        .try_into()
+        .map_err(|_| corrupt(what, "address is not 16 bytes"))?;
+    let value = u128::from_be_bytes(bytes);
+    if value > family.max_value() {
+        return Err(corrupt(what, "address out of range"));
+    }
+    Ok(family.addr(value))
+}
+
 /// One cooldown row as read: (family, address, release time) of `pool`.
 fn read_cooldown(
     pool: PoolName,
@@ -200,21 +219,9 @@ fn read_cooldown(
     addr: Vec<u8>,
     released_at: i64,
 ) -> Result<StoredCooldown, StoreError> {
-    let family = match family {
-        4 => Family::V4,
-        6 => Family::V6,
-        other => return Err(corrupt("cooldown", format!("family {other}"))),
-    };
-    let bytes: [u8; 16] = addr
-        .try_into()
-        .map_err(|_| corrupt("cooldown", "address is not 16 bytes"))?;
-    let value = u128::from_be_bytes(bytes);
-    if value > family.max_value() {
-        return Err(corrupt("cooldown", "address out of range"));
-    }
     Ok(StoredCooldown {
         pool,
-        addr: family.addr(value),
+        addr: read_addr("cooldown", family, addr)?,
         released_at: Timestamp::from_unix_millis(u64::try_from(released_at).unwrap_or(0)),
     })
 }
@@ -994,22 +1001,7 @@ fn create_dir_durably(dir: &Path) -> Result<(), StoreError> {
         return Ok(());
     }
     not_a_directory(dir)?;
-    let mut missing = Vec::new();
-    let mut current = Some(dir);
-    while let Some(path) = current {
-        if path.as_os_str().is_empty() || path.exists() {
-            break;
-        }
-        missing.push(path);
-        current = path.parent();
-    }
-    std::fs::create_dir_all(dir).map_err(dir_error(dir))?;
-    for path in missing.iter().rev() {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
-        }
-    }
-    Ok(())
+    create_dirs_synced(dir, dir_error(dir), sync_dir)
 }
 
 /// Refuses a state directory path that names, or passes through, something other than a
@@ -1375,18 +1367,7 @@ fn read_allocation(row: &Row<'_>) -> Result<Result<StoredAllocation, StoreError>
     let lease_id: Option<String> = row.get(8)?;
     let lease_expires: Option<i64> = row.get(9)?;
     Ok((|| {
-        let family = match family {
-            4 => Family::V4,
-            6 => Family::V6,
-            other => return Err(corrupt("allocation", format!("family {other}"))),
-        };
-        let bytes: [u8; 16] = addr
-            .try_into()
-            .map_err(|_| corrupt("allocation", "address is not 16 bytes"))?;
-        let value = u128::from_be_bytes(bytes);
-        if value > family.max_value() {
-            return Err(corrupt("allocation", "address out of range"));
-        }
+        let addr = read_addr("allocation", family, addr)?;
         let key = match (network, container_id, ifname) {
             (Some(n), Some(c), Some(i)) => {
                 Some(AttachmentKey::new(&n, &c, &i).map_err(|e| corrupt("allocation", e))?)
@@ -1402,7 +1383,7 @@ fn read_allocation(row: &Row<'_>) -> Result<Result<StoredAllocation, StoreError>
         };
         Ok(StoredAllocation {
             pool: PoolName::new(&pool).map_err(|e| corrupt("allocation", e))?,
-            addr: family.addr(value),
+            addr,
             owner,
             key,
             generation: generation as u64,

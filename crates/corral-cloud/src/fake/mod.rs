@@ -198,6 +198,18 @@ pub struct SubnetSpec {
 }
 
 impl SubnetSpec {
+    /// `subnet-a` of `vpc-1` in `us-east-1a`, `10.0.0.0/24`: the subnet of this crate's unit
+    /// tests.
+    #[cfg(test)]
+    pub(crate) fn subnet_a() -> SubnetSpec {
+        SubnetSpec::new(
+            "subnet-a",
+            "vpc-1",
+            "us-east-1a",
+            "10.0.0.0/24".parse().unwrap(),
+        )
+    }
+
     /// A subnet `id` of `vpc_id` in `zone` with this IPv4 CIDR (/16 to /28, as AWS allows).
     pub fn new(id: &str, vpc_id: &str, zone: &str, ipv4: Ipv4Net) -> SubnetSpec {
         SubnetSpec {

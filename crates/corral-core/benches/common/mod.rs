@@ -1,6 +1,10 @@
-//! Owners and attachment keys shared by the benchmarks, shaped like what a runtime passes.
+//! Owners and attachment keys shared by the benchmarks, shaped like what a runtime passes, and
+//! the criterion settings of the timed ones.
 
-use corral_core::AttachmentKey;
+use std::time::Duration;
+
+use corral_core::{AttachmentKey, PoolName, Request};
+use criterion::Criterion;
 
 /// SplitMix64: a deterministic stream for container IDs and the random release order.
 pub fn mix(mut z: u64) -> u64 {
@@ -28,4 +32,26 @@ pub fn owner(i: u64) -> String {
 /// The attachment key of allocation `i`: network `net`, interface `eth0`.
 pub fn key(i: u64) -> AttachmentKey {
     AttachmentKey::new("net", &container_id(i), "eth0").expect("valid attachment key")
+}
+
+/// A request by `owner` for `key`, without a lease.
+pub fn keyed_request<'a>(
+    pool: &'a PoolName,
+    owner: &'a str,
+    key: &'a AttachmentKey,
+) -> Request<'a> {
+    Request {
+        pool,
+        owner,
+        key: Some(key),
+        lease: None,
+    }
+}
+
+/// The settings of the timed benchmarks: a second of warm-up, three of measurement, 50 samples.
+pub fn criterion() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(1000))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(50)
 }

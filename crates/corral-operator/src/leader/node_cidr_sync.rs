@@ -124,6 +124,23 @@ pub(crate) struct PrimarySeen {
     pub interface: Option<PrimaryInterface>,
 }
 
+impl PrimarySeen {
+    /// What a describe sent at `at_ms` answered for `instance_id`, given the primary
+    /// interfaces it found by instance.
+    fn described(
+        instance_id: String,
+        at_ms: u64,
+        primaries: &HashMap<String, PrimaryInterface>,
+    ) -> PrimarySeen {
+        let interface = primaries.get(&instance_id).cloned();
+        PrimarySeen {
+            instance_id,
+            at_ms,
+            interface,
+        }
+    }
+}
+
 /// The parts of a primary interface the sync reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PrimaryInterface {
@@ -137,12 +154,7 @@ impl PrimaryInterface {
     fn of(ni: &NetworkInterface) -> PrimaryInterface {
         PrimaryInterface {
             id: ni.id.clone(),
-            prefixes: ni
-                .ipv4_prefixes
-                .iter()
-                .map(|p| IpNet::V4(*p))
-                .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-                .collect(),
+            prefixes: ni.prefixes(),
         }
     }
 }
@@ -387,15 +399,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
         })?;
         self.seen.clear();
         for (node, instance_id) in instances {
-            let interface = primaries.get(&instance_id).cloned();
-            self.seen.insert(
-                node,
-                PrimarySeen {
-                    instance_id,
-                    at_ms,
-                    interface,
-                },
-            );
+            let seen = PrimarySeen::described(instance_id, at_ms, primaries);
+            self.seen.insert(node, seen);
         }
         Some(())
     }
@@ -429,16 +434,9 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
         for (node, instance_id, result) in results {
             match result {
                 Ok((primaries, at_ms)) => {
-                    let interface = primaries.get(&instance_id).cloned();
                     described.insert(node.clone());
-                    self.seen.insert(
-                        node,
-                        PrimarySeen {
-                            instance_id,
-                            at_ms,
-                            interface,
-                        },
-                    );
+                    let seen = PrimarySeen::described(instance_id, at_ms, &primaries);
+                    self.seen.insert(node, seen);
                 }
                 Err(error) => {
                     // The next full pass describes it anyway.

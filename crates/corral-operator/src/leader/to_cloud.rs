@@ -567,7 +567,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         PrimarySight {
             interface: CloudId::new(&ni.id).unwrap_or_else(|_| CloudId::min()),
             subnet_cidrs: self.subnets.get(&ni.subnet_id).cloned().unwrap_or_default(),
-            prefixes: prefixes_of(ni),
+            prefixes: ni.prefixes(),
         }
     }
 
@@ -615,15 +615,6 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             }
         });
     }
-}
-
-/// The delegated prefixes of an interface, both families.
-fn prefixes_of(ni: &NetworkInterface) -> Vec<IpNet> {
-    ni.ipv4_prefixes
-        .iter()
-        .map(|p| IpNet::V4(*p))
-        .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-        .collect()
 }
 
 fn is_not_assigned(error: &CloudError) -> bool {
@@ -891,7 +882,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
                     Some(InstanceSight::Primary(PrimarySight {
                         interface: CloudId::new(&ni.id).unwrap_or_else(|_| CloudId::min()),
                         subnet_cidrs: subnets.get(&ni.subnet_id).cloned().unwrap_or_default(),
-                        prefixes: prefixes_of(ni),
+                        prefixes: ni.prefixes(),
                     })),
                 ));
                 Outcome::Ok
@@ -920,7 +911,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
             .describe_interfaces(&InterfaceFilter::id(interface.as_str()))
             .await
         {
-            Ok(found) => found.first().map(|ni| prefixes_of(ni).contains(&prefix)),
+            Ok(found) => found.first().map(|ni| ni.prefixes().contains(&prefix)),
             Err(error) if error.is_not_found() => None,
             Err(error) => return Outcome::Failed(format!("replaying intent {id}: {error}")),
         };

@@ -446,17 +446,7 @@ impl Audited {
 
 /// An interface's secondary addresses and prefixes, both families (not the primary).
 pub fn nets_of(ni: &NetworkInterface) -> Vec<IpNet> {
-    ni.secondary_ipv4
-        .iter()
-        .map(|a| IpNet::from(IpAddr::V4(*a)))
-        .chain(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)))
-        .chain(
-            ni.ipv6_addresses
-                .iter()
-                .map(|a| IpNet::from(IpAddr::V6(*a))),
-        )
-        .chain(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)))
-        .collect()
+    ni.secondary_nets()
 }
 
 /// The describe calls of a `CloudProvider` that wraps another (`self.$inner`), passed on

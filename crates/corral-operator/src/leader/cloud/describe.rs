@@ -8,7 +8,6 @@
 //! and subnet) that both the cloud node manager and the to-cloud delegations start from.
 
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,24 +102,6 @@ pub(super) fn subnet_view(subnet: &Subnet, no_free_prefix: bool) -> SubnetView {
     }
 }
 
-/// An interface's secondary addresses and prefixes, both families, as networks.
-pub(super) fn addresses_of(ni: &NetworkInterface) -> Vec<IpNet> {
-    let mut out: Vec<IpNet> = Vec::new();
-    out.extend(
-        ni.secondary_ipv4
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V4(*a))),
-    );
-    out.extend(ni.ipv4_prefixes.iter().map(|p| IpNet::V4(*p)));
-    out.extend(
-        ni.ipv6_addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V6(*a))),
-    );
-    out.extend(ni.ipv6_prefixes.iter().map(|p| IpNet::V6(*p)));
-    out
-}
-
 pub(super) fn family_of(net: &IpNet) -> Family {
     match net {
         IpNet::V4(_) => Family::V4,
@@ -182,7 +163,7 @@ pub(super) fn interface_views(
                 || detaching
                 || attachment.device_index < cloud.first_interface_index,
             attached: attachment.status == corral_cloud::AttachmentStatus::Attached,
-            addresses: addresses_of(ni),
+            addresses: ni.secondary_nets(),
             secondaries_only: secondaries_only.contains(&ni.id),
         });
     }

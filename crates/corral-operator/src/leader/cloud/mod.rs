@@ -71,9 +71,7 @@ mod orphans;
 mod step;
 
 use ctx::{Ctx, InstanceInfo, call, instance_of};
-use describe::{
-    Described, FullResync, addresses_of, describe_node, family_of, interface_views, subnet_view,
-};
+use describe::{Described, FullResync, describe_node, family_of, interface_views, subnet_view};
 use orphans::{LeakContext, collect_leaks, replay_orphan};
 use step::{ATTACH_POLL, AttemptContext, HandshakeStep, Outcome, Step, StepRun};
 
@@ -1191,7 +1189,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     ni.id.clone(),
                     (
                         ni.attachment.as_ref().map(|a| a.instance_id.clone()),
-                        addresses_of(ni),
+                        ni.secondary_nets(),
                     ),
                 )
             })

@@ -32,7 +32,7 @@ use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 use crate::leader::cloud::ctx::{
     Ctx, TAG_CLUSTER, TAG_CREATED_AT, TAG_INTENT, TAG_NODE, call, instance_of,
 };
-use crate::leader::cloud::describe::{addresses_of, subnet_view};
+use crate::leader::cloud::describe::subnet_view;
 use crate::leader::logged::{Write, WriteError};
 
 /// How soon a node is looked at again while an interface it got is attaching.
@@ -452,7 +452,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 .as_ref()
                 .map(|r| r.addresses.clone())
                 .unwrap_or_default(),
-            (None, Some(ni)) => addresses_of(ni),
+            (None, Some(ni)) => ni.secondary_nets(),
             (None, None) => return Outcome::Ok,
         };
         let id = self.next_intent();
@@ -896,7 +896,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             subnets: self.subnet_cidrs(&created.subnet_id),
             mac: created.mac.to_string(),
             primary_ipv4: Some(created.primary_ipv4),
-            addresses: addresses_of(created),
+            addresses: created.secondary_nets(),
             attachment: CloudAttachment::Attaching,
             managed: true,
             prefixes_refused_ms: self.created_refused_ms,
@@ -1385,7 +1385,7 @@ pub(super) fn observe(ni: &NetworkInterface, cluster: &str) -> ObservedInterface
             )
             .then(|| (a.instance_id.clone(), a.device_index))
         }),
-        addresses: addresses_of(ni),
+        addresses: ni.secondary_nets(),
     }
 }
 
