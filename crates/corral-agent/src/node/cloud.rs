@@ -64,7 +64,8 @@ fn marked(scope: &Scope, pool: &PoolName, reason: &str) -> BTreeSet<IpNet> {
 /// exclusion per network, so a cloud marker there would take it over, and drop it when it
 /// ends).
 fn foreign_exclusion(scope: &Scope, pool: &PoolName, net: IpNet) -> Option<String> {
-    exclusions(scope, pool).find(|(n, r)| {
+    exclusions(scope, pool)
+        .find(|(n, r)| {
             r != SURRENDERED_REASON
                 && r != FROZEN_REASON
                 && corral_core::parse_net(n).is_ok_and(|n| n == net)
