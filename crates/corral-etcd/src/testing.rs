@@ -169,11 +169,15 @@ impl fmt::Debug for EtcdCluster {
 /// Ports on 127.0.0.1 that are free now, for servers a test starts a moment later (etcd
 /// members, an agent's or moto's listener): all different, and below the kernel's ephemeral
 /// range, so no outgoing connection (a client's source port, which the kernel picks from that
-/// range, as it picks the port of a bind to port 0) takes one before its server binds it. The
-/// search starts at a random place, so tests running at once rarely try the same ports.
+/// range, as it picks the port of a bind to port 0) takes one before its server binds it.
+/// Within a process the ports come from one cursor, so tests running at once never get the
+/// same port (a port only checked free could otherwise go to two servers starting together);
+/// the cursor starts at a random place, so processes running at once rarely meet.
 pub fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
     use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
+    static CURSOR: AtomicU64 = AtomicU64::new(u64::MAX);
     let io = |source| HarnessError::Io {
         what: "finding a free port on 127.0.0.1".into(),
         source,
@@ -187,13 +191,15 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
     let span = u64::from(high - low);
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());
-    let start = hasher.finish() % span;
+    let random_start = hasher.finish() % span;
+    let _ = CURSOR.compare_exchange(u64::MAX, random_start, Ordering::AcqRel, Ordering::Acquire);
     let mut held = Vec::with_capacity(n);
-    for offset in 0..span {
+    for _ in 0..span {
         if held.len() == n {
             break;
         }
-        let port = low + u16::try_from((start + offset) % span).unwrap_or(0);
+        let next = CURSOR.fetch_add(1, Ordering::AcqRel);
+        let port = low + u16::try_from(next % span).unwrap_or(0);
         if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
             held.push(listener);
         }
