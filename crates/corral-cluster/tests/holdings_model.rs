@@ -29,7 +29,7 @@
 //!   before it as seen (an agent that was away cannot tell a grant made meanwhile from one a
 //!   restore handed back after its space went to another node). The model's leader notices a
 //!   restore at once; in the code an agent that comes back between a restore and its
-//!   leader's first read of etcd can still take up such a grant (README, "Restoring etcd
+//!   leader's first read of etcd can still take up such a grant (`docs/operations.md`, "Restoring etcd
 //!   from a snapshot");
 //! - the leader revokes the grants and node IDs their agents refused (`leader/revoke.rs`);
 //! - a leader whose view has no readable assertion of an agent that holds something (one
