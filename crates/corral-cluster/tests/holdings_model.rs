@@ -29,8 +29,8 @@
 //!   before it as seen (an agent that was away cannot tell a grant made meanwhile from one a
 //!   restore handed back after its space went to another node). The model's leader notices a
 //!   restore at once; in the code an agent that comes back between a restore and its
-//!   leader's first read of etcd can still take up such a grant (`docs/operations.md`, "Restoring etcd
-//!   from a snapshot");
+//!   leader's first read of etcd can still take up such a grant (`docs/operations.md`,
+//!   "Restoring etcd from a snapshot");
 //! - the leader revokes the grants and node IDs their agents refused (`leader/revoke.rs`);
 //! - a leader whose view has no readable assertion of an agent that holds something (one
 //!   deleted or overwritten around the agent) grants nothing until the agent put its own
