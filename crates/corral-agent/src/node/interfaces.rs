@@ -102,7 +102,11 @@ pub(super) fn allocation_answer(
     allocations: &[corral_core::Allocation],
 ) -> api::AllocateResponse {
     let mut answer: Vec<api::Allocated> = allocations.iter().map(|a| allocated(pool, a)).collect();
-    decorate(scope, &mut answer);
+    // Only an interface-backed pool has anything to add: a plain pool's ADD (the hot path)
+    // does not pay for the per-address lookups.
+    if scope.interfaces.contains_key(pool) {
+        decorate(scope, &mut answer);
+    }
     api::AllocateResponse {
         allocations: answer,
     }
