@@ -242,9 +242,11 @@ fn cni_add_and_del_make_no_store_requests() {
     });
     // The node asserts what it now holds (one write, soon after the grants): measured after
     // it, so the window holds CNI calls only.
-    wait_until("the holdings list both grants", Duration::from_secs(10), || {
-        holdings(&runtime, &kv, "node-1").is_some_and(|h| h.ranges.len() == 2)
-    });
+    wait_until(
+        "the holdings list both grants",
+        Duration::from_secs(10),
+        || holdings(&runtime, &kv, "node-1").is_some_and(|h| h.ranges.len() == 2),
+    );
     let network = CniNetwork {
         name: "podnet".into(),
         pools: vec![],
