@@ -3,7 +3,7 @@
 //! detached and deleted once it has stayed empty for the pool's release delay (a node whose
 //! pods come and go would otherwise create and delete interfaces with them).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use super::{CloudAction, CloudPlan, InterfaceView, is_usable};
 use crate::keys::CloudId;
@@ -22,7 +22,7 @@ pub fn is_empty_managed(interface: &InterfaceView, first_interface_index: u32) -
 /// `interfaces` at `now_ms` (an interface seen empty for the first time starts now, one that
 /// holds something again or is gone is forgotten).
 pub fn track_empty(
-    since: &mut HashMap<CloudId, u64>,
+    since: &mut BTreeMap<CloudId, u64>,
     interfaces: &[InterfaceView],
     first_interface_index: u32,
     now_ms: u64,
@@ -55,7 +55,7 @@ pub fn empty_interface_to_delete(
     interfaces: &[InterfaceView],
     first_interface_index: u32,
     plans: &[&CloudPlan],
-    empty_since: &HashMap<CloudId, u64>,
+    empty_since: &BTreeMap<CloudId, u64>,
     now_ms: u64,
     delay_ms: u64,
 ) -> Option<CloudId> {
@@ -101,7 +101,7 @@ mod tests {
 
     /// [`empty_interface_to_delete`] for interfaces empty since long enough.
     fn settled(interfaces: &[InterfaceView], first: u32, plans: &[&CloudPlan]) -> Option<CloudId> {
-        let mut since = HashMap::new();
+        let mut since = BTreeMap::new();
         track_empty(&mut since, interfaces, first, 0);
         empty_interface_to_delete(interfaces, first, plans, &since, 10_000, 10_000)
     }
@@ -116,9 +116,9 @@ mod tests {
             interface(1, true, &["10.0.0.5/32"]),
             interface(2, true, &[]),
         ];
-        let mut since = HashMap::new();
+        let mut since = BTreeMap::new();
         track_empty(&mut since, &interfaces, 1, 1_000);
-        let at = |interfaces: &[InterfaceView], since: &HashMap<CloudId, u64>, now| {
+        let at = |interfaces: &[InterfaceView], since: &BTreeMap<CloudId, u64>, now| {
             empty_interface_to_delete(interfaces, 1, &[&quiet], since, now, 60_000)
         };
         assert_eq!(at(&interfaces, &since, 1_000), None);

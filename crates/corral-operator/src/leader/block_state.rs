@@ -2,7 +2,7 @@
 //! sights, excess, wake-ups), a step of a node's plans, and what a node's task did. Below
 //! both the loop's state (`work.rs`) and the planner (`blocks.rs`), which share them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use corral_cluster::{BlockProposal, Family, IpNet, NodeName, PoolName, ReleaseChange};
@@ -18,9 +18,9 @@ pub(super) type Triple = (NodeName, PoolName, Family);
 pub(super) struct BlockClock {
     pub(super) epoch: Instant,
     /// First sight of each block a node holds.
-    pub(super) seen: HashMap<Triple, BTreeMap<IpNet, u64>>,
+    pub(super) seen: BTreeMap<Triple, BTreeMap<IpNet, u64>>,
     /// Since when a node has been in excess by at least one block.
-    pub(super) excess_since: HashMap<Triple, u64>,
+    pub(super) excess_since: BTreeMap<Triple, u64>,
     /// When a node's plan may change by time alone (a release delay running out).
     pub(super) wake: BTreeMap<NodeName, u64>,
 }
@@ -29,8 +29,8 @@ impl BlockClock {
     pub(super) fn new() -> BlockClock {
         BlockClock {
             epoch: Instant::now(),
-            seen: HashMap::new(),
-            excess_since: HashMap::new(),
+            seen: BTreeMap::new(),
+            excess_since: BTreeMap::new(),
             wake: BTreeMap::new(),
         }
     }

@@ -24,9 +24,8 @@
 //! ([`PendingNodes`]) or by timers of their own, their keys are nodes, and a node whose wait
 //! ran out joins their `pending` set. [`manage`] runs one.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::hash::Hash;
 use std::time::Duration;
 
 use corral_cluster::{NodeName, Resync, RetryState};
@@ -38,7 +37,7 @@ use super::pending::PendingNodes;
 /// One loop of the leader, driven by [`run`]. Every call answers `Err(end)` to end the loop.
 pub(crate) trait Reconciler {
     /// What a task is about: one at a time per key.
-    type Key: Clone + Eq + Hash + Send + 'static;
+    type Key: Clone + Ord + Send + 'static;
     /// What a finished task hands back.
     type Done: Send + 'static;
     /// What [`Reconciler::wait`] woke for.
@@ -186,18 +185,18 @@ struct Wait {
 /// The tasks in flight, the busy keys, and each key's wait and backoff (see the module doc).
 pub(crate) struct Runner<K, D> {
     running: JoinSet<(Vec<K>, D)>,
-    busy: HashSet<K>,
-    waits: HashMap<K, Wait>,
+    busy: BTreeSet<K>,
+    waits: BTreeMap<K, Wait>,
     workers: usize,
 }
 
-impl<K: Clone + Eq + Hash + Send + 'static, D: Send + 'static> Runner<K, D> {
+impl<K: Clone + Ord + Send + 'static, D: Send + 'static> Runner<K, D> {
     /// A runner that lets `workers` tasks run at once (at least one).
     pub(crate) fn new(workers: usize) -> Self {
         Runner {
             running: JoinSet::new(),
-            busy: HashSet::new(),
-            waits: HashMap::new(),
+            busy: BTreeSet::new(),
+            waits: BTreeMap::new(),
             workers: workers.max(1),
         }
     }

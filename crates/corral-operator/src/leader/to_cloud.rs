@@ -19,7 +19,7 @@
 //! Its memory (the cloud view, backoffs, problems reported) is lost with the lead; a new leader
 //! resyncs before it mutates anything.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -137,14 +137,14 @@ struct Manager<K, P> {
     ready: bool,
     resync: FullResync,
     /// Subnets' CIDRs by ID, from the last resync.
-    subnets: HashMap<String, Vec<IpNet>>,
+    subnets: BTreeMap<String, Vec<IpNet>>,
     /// Instances as the last resync showed them (only those with a primary interface).
     resynced: BTreeMap<String, PrimarySight>,
     /// Instances described since (over the resync's view until the next one).
     described: BTreeMap<String, InstanceSight>,
     /// This manager's own changes, over both views while a describe may not show them yet.
-    own: HashMap<(CloudId, IpNet), (bool, Instant)>,
-    nodes: HashMap<NodeName, NodeSync>,
+    own: BTreeMap<(CloudId, IpNet), (bool, Instant)>,
+    nodes: BTreeMap<NodeName, NodeSync>,
     pending: BTreeSet<NodeName>,
     next_intent: u64,
     /// Pool-wide problems reported (a length the provider cannot take), once each.
@@ -181,11 +181,11 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static>(
         signal,
         ready: false,
         resync: FullResync::new(),
-        subnets: HashMap::new(),
+        subnets: BTreeMap::new(),
         resynced: BTreeMap::new(),
         described: BTreeMap::new(),
-        own: HashMap::new(),
-        nodes: HashMap::new(),
+        own: BTreeMap::new(),
+        nodes: BTreeMap::new(),
         pending: BTreeSet::new(),
         next_intent: 0,
         pool_problems: Vec::new(),
@@ -663,7 +663,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
         &mut self,
         step: DelegationStep,
         intent: &str,
-        subnets: &HashMap<String, Vec<IpNet>>,
+        subnets: &BTreeMap<String, Vec<IpNet>>,
     ) -> Outcome {
         match step {
             DelegationStep::Describe { instance_id } => self.describe(&instance_id, subnets).await,
@@ -846,7 +846,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
     async fn describe(
         &mut self,
         instance_id: &str,
-        subnets: &HashMap<String, Vec<IpNet>>,
+        subnets: &BTreeMap<String, Vec<IpNet>>,
     ) -> Outcome {
         let instance = match self.ctx.provider.describe_instance(instance_id).await {
             Ok(instance) => instance,

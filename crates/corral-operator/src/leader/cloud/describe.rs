@@ -7,7 +7,7 @@
 //! resync and while mutations wait. [`FullResync`] schedules the full describes (every interface
 //! and subnet) that both the cloud node manager and the to-cloud delegations start from.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ pub(super) async fn describe_node<K, P: CloudProvider>(
     ctx: &Ctx<K, P>,
     instance_id: &str,
     need_interfaces: bool,
-    known: &HashMap<String, InstanceLimits>,
+    known: &BTreeMap<String, InstanceLimits>,
 ) -> Result<Described, CloudError> {
     let described = call(
         &ctx.term.shared,
@@ -119,7 +119,7 @@ pub(super) fn interface_views(
     pool: &corral_cluster::PoolConfig,
     cloud: &corral_cluster::CloudPoolConfig,
     first_pool: bool,
-    secondaries_only: &HashSet<String>,
+    secondaries_only: &BTreeSet<String>,
     cluster: &str,
 ) -> Vec<InterfaceView> {
     let mut out = Vec::new();

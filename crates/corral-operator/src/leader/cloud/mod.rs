@@ -39,7 +39,7 @@
 //! the records running tasks are writing (`claims`) is every record, and `record_conflicts` refuses
 //! a conflicting record before it is written.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -120,10 +120,10 @@ struct NodeCloud {
     /// backoff, an intent waiting, an attachment being polled) it holds no plan back: a demand change meanwhile is planned at once (and may end the excess).
     wake_at: Option<Instant>,
     /// Excess clocks per pool and family.
-    excess_since: HashMap<(PoolName, Family), u64>,
+    excess_since: BTreeMap<(PoolName, Family), u64>,
     /// Per pool, since when each empty managed interface has been empty (given back once it
     /// stayed so for the release delay).
-    empty_since: HashMap<PoolName, HashMap<CloudId, u64>>,
+    empty_since: BTreeMap<PoolName, BTreeMap<CloudId, u64>>,
     /// Describe the instance itself again (it may have been terminated).
     check_instance: bool,
 }
@@ -173,21 +173,21 @@ struct Manager<K, P> {
     gc_running: bool,
     gc_at: Option<Instant>,
     gc_seen: BTreeMap<CloudId, u64>,
-    limits: HashMap<String, InstanceLimits>,
+    limits: BTreeMap<String, InstanceLimits>,
     subnets: Vec<Subnet>,
     /// The last full resync's interfaces by the instance they are attached to.
-    resync_interfaces: HashMap<String, Vec<NetworkInterface>>,
-    nodes: HashMap<NodeName, NodeCloud>,
+    resync_interfaces: BTreeMap<String, Vec<NetworkInterface>>,
+    nodes: BTreeMap<NodeName, NodeCloud>,
     pending: BTreeSet<NodeName>,
     /// Planned nodes waiting for a worker, the next at the end.
     queue: Vec<(ServeKey, NodeName)>,
     /// Interfaces whose prefix request was refused, and when (also kept in their records:
     /// learnt again by a new leader from them).
-    secondaries_only: HashMap<String, u64>,
+    secondaries_only: BTreeMap<String, u64>,
     /// Subnets that refused a new interface's prefixes, and when (kept in the records of
     /// interfaces corral created there after a refusal).
-    no_free_prefix: HashMap<String, u64>,
-    occupied: HashMap<String, BTreeSet<u32>>,
+    no_free_prefix: BTreeMap<String, u64>,
+    occupied: BTreeMap<String, BTreeSet<u32>>,
     /// Intents of no node being replayed (the collector's deletions).
     orphans_running: bool,
     next_intent: u64,
@@ -237,15 +237,15 @@ pub(crate) async fn manage<K: Kv, P: CloudProvider + 'static, O>(
         gc_running: false,
         gc_at: None,
         gc_seen: BTreeMap::new(),
-        limits: HashMap::new(),
+        limits: BTreeMap::new(),
         subnets: Vec::new(),
-        resync_interfaces: HashMap::new(),
-        nodes: HashMap::new(),
+        resync_interfaces: BTreeMap::new(),
+        nodes: BTreeMap::new(),
         pending: BTreeSet::new(),
         queue: Vec::new(),
-        secondaries_only: HashMap::new(),
-        no_free_prefix: HashMap::new(),
-        occupied: HashMap::new(),
+        secondaries_only: BTreeMap::new(),
+        no_free_prefix: BTreeMap::new(),
+        occupied: BTreeMap::new(),
         orphans_running: false,
         next_intent: 0,
         idle: false,
@@ -350,8 +350,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                         self.secondaries_only
                             .retain(|_, at| decide::prefix_refusal_holds(Some(*at), now_ms));
                         self.occupied.clear();
-                        let mut by_instance: HashMap<String, Vec<NetworkInterface>> =
-                            HashMap::new();
+                        let mut by_instance: BTreeMap<String, Vec<NetworkInterface>> =
+                            BTreeMap::new();
                         for ni in interfaces {
                             if let Some(a) = &ni.attachment {
                                 by_instance
@@ -636,7 +636,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         // changed (a mutation, an attachment polled) is described again.
         let need_interfaces =
             !self.ready || !need_instance || !self.resync_interfaces.contains_key(&instance_id);
-        let known: HashMap<String, InstanceLimits> = self.limits.clone();
+        let known: BTreeMap<String, InstanceLimits> = self.limits.clone();
         runner.spawn([node.clone()], async move {
             let result = describe_node(&ctx, &instance_id, need_interfaces, &known).await;
             Done::Described {
@@ -756,7 +756,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     limits: None,
                     subnets: Vec::new(),
                     known: Vec::new(),
-                    prefixes_refused: HashMap::new(),
+                    prefixes_refused: BTreeMap::new(),
                     created_refused_ms: None,
                 };
                 let outcome = if intents.is_empty() {
@@ -806,13 +806,13 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let intents = open_intents(view, node);
         let now_ms = self.now_ms();
         let limits_known = self.limits.clone();
-        let secondaries_only: HashSet<String> = self
+        let secondaries_only: BTreeSet<String> = self
             .secondaries_only
             .iter()
             .filter(|(_, at)| decide::prefix_refusal_holds(Some(**at), now_ms))
             .map(|(id, _)| id.clone())
             .collect();
-        let no_free_prefix: HashSet<String> = self
+        let no_free_prefix: BTreeSet<String> = self
             .no_free_prefix
             .iter()
             .filter(|(_, at)| decide::prefix_refusal_holds(Some(**at), now_ms))
@@ -1054,7 +1054,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             .map(|s| s.interfaces.clone())
             .unwrap_or_default();
         let now_ms = self.now_ms();
-        let prefixes_refused: HashMap<String, u64> = known
+        let prefixes_refused: BTreeMap<String, u64> = known
             .iter()
             .filter_map(|ni| {
                 let at = *self.secondaries_only.get(&ni.id)?;
@@ -1121,11 +1121,11 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
     ) {
         // Interfaces a record or an open intent names, or that a node's task may be creating
         // now, are never leaks.
-        let mut recorded: HashSet<String> = view
+        let mut recorded: BTreeSet<String> = view
             .cloud_interfaces()
             .map(|((_, id), _)| id.to_string())
             .collect();
-        let mut intents: HashSet<String> = HashSet::new();
+        let mut intents: BTreeSet<String> = BTreeSet::new();
         for (id, entry) in view.cloud_intents() {
             intents.insert(id.to_string());
             if let Some(record) = &entry.record {
@@ -1141,7 +1141,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 }
             }
         }
-        let busy: HashSet<String> = runner.busy().map(|n| n.to_string()).collect();
+        let busy: BTreeSet<String> = runner.busy().map(|n| n.to_string()).collect();
         let interval = gc_interval(pools);
         let cap = pools
             .iter()

@@ -5,7 +5,7 @@
 //! A leak is deleted only when two collector runs at least the interval apart both saw it, at
 //! most `gc_max_per_run` per run, each behind a `Delete` intent of no node.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use corral_cloud::{Action, CloudError, CloudProvider, InterfaceFilter, InterfaceStatus};
 use corral_cluster::cloud::{self as decide, GcPlan, LeakCandidate};
@@ -71,9 +71,9 @@ pub(super) async fn replay_orphan<K: Kv, P: CloudProvider>(
 }
 
 pub(super) struct LeakContext {
-    pub(super) recorded: HashSet<String>,
-    pub(super) intents: HashSet<String>,
-    pub(super) busy: HashSet<String>,
+    pub(super) recorded: BTreeSet<String>,
+    pub(super) intents: BTreeSet<String>,
+    pub(super) busy: BTreeSet<String>,
     pub(super) seen: BTreeMap<CloudId, u64>,
     pub(super) interval_ms: u64,
     pub(super) cap: usize,

@@ -11,7 +11,7 @@
 //! - every write a step makes is handed back (`writes`) for the manager to put into the view
 //!   at once.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -154,7 +154,7 @@ pub(super) struct StepRun<'a, K, P> {
     /// The node's interfaces as last described.
     pub(super) known: Vec<NetworkInterface>,
     /// Interfaces whose prefix request was refused, and when: written into their records.
-    pub(super) prefixes_refused: HashMap<String, u64>,
+    pub(super) prefixes_refused: BTreeMap<String, u64>,
     /// The create fell back to single addresses after its subnet refused prefixes, then: the
     /// new interface's record keeps it.
     pub(super) created_refused_ms: Option<u64>,
