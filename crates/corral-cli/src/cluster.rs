@@ -247,7 +247,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Failure::Operator(e.to_string()))
+        .map_err(Failure::Runtime)
 }
 
 async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
@@ -271,7 +271,7 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
         .enable_all()
         .thread_name("corral-operator")
         .build()
-        .map_err(|e| Failure::Operator(e.to_string()))?;
+        .map_err(Failure::Runtime)?;
     runtime.block_on(async move {
         // The cloud first: a cloud the build lacks, or bad settings, is refused before etcd.
         let cloud = args.cloud.connect(providers).await?;
@@ -301,7 +301,7 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
         };
         let api = corral_operator::api::bind(api, Arc::clone(&shared))
             .await
-            .map_err(|e| Failure::Operator(e.to_string()))?;
+            .map_err(|e| Failure::Operator(e.into()))?;
         match api.tcp_addr() {
             Some(addr) => eprintln!(
                 "corral operator: api on {} and http://{addr} (bearer token)",
@@ -327,7 +327,7 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
             }
             None => corral_operator::run(kv, config, shared, shutdown).await,
         }
-        .map_err(|e| Failure::Operator(e.to_string()))?;
+        .map_err(|e| Failure::Operator(e.into()))?;
         api.stop().await;
         Ok(Outcome::ok(String::new()))
     })

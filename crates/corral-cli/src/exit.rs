@@ -58,9 +58,11 @@ pub enum Failure {
     Usage(String),
     /// `corral agent` could not start (its configuration, state directory or socket), or
     /// stopped with an error.
-    Daemon(String),
+    Daemon(corral_agent::AgentError),
     /// `corral operator` could not start, or stopped with an error.
-    Operator(String),
+    Operator(OperatorFailure),
+    /// The async runtime could not be built (threads, file descriptors).
+    Runtime(io::Error),
     /// etcd (the cluster store) could not be reached, or refused or failed the request.
     Cluster(KvError),
     /// The cloud's API could not be asked, or refused or failed (`cluster check --cloud`).
@@ -76,6 +78,17 @@ pub enum Failure {
         path: PathBuf,
         source: io::Error,
     },
+}
+
+/// Why `corral operator` could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorFailure {
+    /// Its API's socket or TCP listener could not be bound.
+    #[error("{0}")]
+    Api(#[from] corral_operator::api::BindError),
+    /// The replica stopped with an error (the cluster store, the cloud call scheduler).
+    #[error("{0}")]
+    Run(#[from] corral_operator::OperatorError),
 }
 
 impl From<ClientError> for Failure {
@@ -101,7 +114,10 @@ impl Failure {
                 ClientError::Protocol(_) => Exit::AgentFailed,
             },
             Failure::Usage(_) | Failure::File { .. } => Exit::Usage,
-            Failure::Daemon(_) | Failure::Operator(_) | Failure::Internal(_) => Exit::AgentFailed,
+            Failure::Daemon(_)
+            | Failure::Operator(_)
+            | Failure::Runtime(_)
+            | Failure::Internal(_) => Exit::AgentFailed,
             // Only what never reached etcd is "unreachable": a refusal (a limit, a malformed
             // request), a compacted revision or an unknown lease is etcd answering.
             Failure::Cluster(error) => match error {
@@ -144,7 +160,7 @@ impl fmt::Display for Failure {
                 Ok(())
             }
             Failure::Usage(message) => write!(f, "{message}"),
-            Failure::Daemon(message) => write!(f, "agent: {message}"),
+            Failure::Daemon(error) => write!(f, "agent: {error}"),
             Failure::Cluster(error) => {
                 write!(f, "cluster store: {error}")?;
                 match error {
@@ -167,7 +183,8 @@ impl fmt::Display for Failure {
             ),
             Failure::Internal(message) => write!(f, "internal error (a bug in corral): {message}"),
             Failure::Refused(message) => write!(f, "{message}"),
-            Failure::Operator(message) => write!(f, "operator: {message}"),
+            Failure::Operator(error) => write!(f, "operator: {error}"),
+            Failure::Runtime(error) => write!(f, "cannot start the async runtime: {error}"),
             Failure::File {
                 action,
                 path,

@@ -229,7 +229,7 @@ fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
     corral_agent::run_with(config, cluster_task, move || {
         let _ = io::stderr().write_all(banner.as_bytes());
     })
-    .map_err(|e| Failure::Daemon(e.to_string()))?;
+    .map_err(Failure::Daemon)?;
     Ok(Outcome::ok(String::new()))
 }
 

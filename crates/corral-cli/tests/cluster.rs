@@ -541,3 +541,29 @@ fn the_configuration_is_written_once_and_changes_grants_rest_on_are_refused() {
     ]);
     assert_eq!(code, 3, "{err}");
 }
+
+/// `corral operator --api-socket` naming a regular file (a configuration, say): the replica
+/// reaches etcd, then refuses to bind there: exit 4 ("failed"), the API's own message after
+/// `corral: operator: `, and the file left byte for byte.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_operator_whose_api_socket_is_a_regular_file_stops_naming_it_and_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = initialized(1, dir.path(), DUAL);
+    let path = dir.path().join("operator.toml");
+    std::fs::write(&path, b"keep me\n").unwrap();
+    let output = std::process::Command::new(common::BINARY)
+        .args(["operator", "--etcd", &endpoints(&etcd), "--cluster", "t"])
+        .arg("--api-socket")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(4), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("corral: operator: ") && last.contains(&path.display().to_string()),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), b"keep me\n");
+}
