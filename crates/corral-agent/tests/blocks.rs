@@ -226,7 +226,7 @@ async fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_mak
     grant(&kv, "pods", "10.60.0.0/24").await;
     grant(&kv, "pods", "10.60.1.0/24").await;
     // The demand once the grants are recorded: 2 empty blocks, highest first.
-    wait_for("the first demand", async || {
+    wait_for("the first demand", Duration::from_secs(10), async || {
         demand(&kv, "pods")
             .await
             .is_some_and(|d| d.ipv4.is_some_and(|f| f.blocks == 2))
@@ -344,12 +344,12 @@ async fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_aga
     let api = agent.api();
     grant(&kv, "small", "10.61.0.0/28").await;
     let second = grant(&kv, "small", "10.61.0.16/28").await;
-    wait_for("both blocks", async || {
+    wait_for("both blocks", Duration::from_secs(10), async || {
         blocks(&api, "small").await.0.len() == 2
     })
     .await;
     mark(&kv, "small", "10.61.0.16/28", second).await;
-    wait_for("ready", async || {
+    wait_for("ready", Duration::from_secs(10), async || {
         release_record(&kv, "small", "10.61.0.16/28")
             .await
             .is_some_and(|r| r.state == ReleaseState::Ready)
@@ -412,9 +412,11 @@ async fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_aga
     })
     .await
     .unwrap();
-    wait_for("the surrendered block forgotten", async || {
-        blocks(&api, "small").await.1.is_empty()
-    })
+    wait_for(
+        "the surrendered block forgotten",
+        Duration::from_secs(10),
+        async || blocks(&api, "small").await.1.is_empty(),
+    )
     .await;
     assert_eq!(blocks(&api, "small").await.0, ["10.61.0.0/28"]);
     agent.stop().await;
@@ -427,13 +429,13 @@ async fn a_block_in_use_is_refused_and_nothing_changes() {
     let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(5)).await;
     let api = agent.api();
     let revision = grant(&kv, "small", "10.61.0.0/28").await;
-    wait_for("the block", async || {
+    wait_for("the block", Duration::from_secs(10), async || {
         blocks(&api, "small").await.0.len() == 1
     })
     .await;
     let held = add(&api, &network(Some("small"), None), 1).await.unwrap();
     mark(&kv, "small", "10.61.0.0/28", revision).await;
-    wait_for("refused", async || {
+    wait_for("refused", Duration::from_secs(10), async || {
         release_record(&kv, "small", "10.61.0.0/28")
             .await
             .is_some_and(|r| r.state == ReleaseState::Refused)
@@ -458,7 +460,7 @@ async fn a_block_in_use_is_refused_and_nothing_changes() {
     assert!(within("10.61.0.0/28", other));
     // A mark naming another grant of the block is refused too.
     mark(&kv, "small", "10.61.0.0/28", revision + 100).await;
-    wait_for("refused again", async || {
+    wait_for("refused again", Duration::from_secs(10), async || {
         release_record(&kv, "small", "10.61.0.0/28")
             .await
             .is_some_and(|r| {
@@ -477,12 +479,12 @@ async fn a_withdrawn_release_gives_the_block_back() {
     let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(5)).await;
     let api = agent.api();
     let revision = grant(&kv, "small", "10.61.0.0/28").await;
-    wait_for("the block", async || {
+    wait_for("the block", Duration::from_secs(10), async || {
         blocks(&api, "small").await.0.len() == 1
     })
     .await;
     mark(&kv, "small", "10.61.0.0/28", revision).await;
-    wait_for("surrendered", async || {
+    wait_for("surrendered", Duration::from_secs(10), async || {
         blocks(&api, "small").await == (vec![], vec!["10.61.0.0/28".to_owned()])
     })
     .await;
@@ -494,7 +496,7 @@ async fn a_withdrawn_release_gives_the_block_back() {
     })
     .await
     .unwrap();
-    wait_for("taken back", async || {
+    wait_for("taken back", Duration::from_secs(10), async || {
         blocks(&api, "small").await == (vec!["10.61.0.0/28".to_owned()], vec![])
     })
     .await;
@@ -575,11 +577,15 @@ async fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
         let api = api.clone();
         async move { add(&api, &network(Some("small"), None), 1).await }
     });
-    wait_for("the pending ADD in the demand", async || {
-        demand(&kv, "small")
-            .await
-            .is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 1))
-    })
+    wait_for(
+        "the pending ADD in the demand",
+        Duration::from_secs(3),
+        async || {
+            demand(&kv, "small")
+                .await
+                .is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 1))
+        },
+    )
     .await;
     // The pending ADD is urgent: out as soon as the once-a-second spacing allows (virtual
     // time, so exact; the 20 ms are how often `wait_for` looks).
@@ -599,7 +605,7 @@ async fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
         granted.elapsed()
     );
     // Pending again 0 in the demand, promptly.
-    wait_for("no pending ADD", async || {
+    wait_for("no pending ADD", Duration::from_secs(3), async || {
         demand(&kv, "small")
             .await
             .is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 0))
@@ -641,7 +647,7 @@ async fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
     let api = agent.api();
     grant(&kv, "blue", "10.62.0.0/28").await;
     grant(&kv, "small", "10.61.0.0/28").await;
-    wait_for("the blocks", async || {
+    wait_for("the blocks", Duration::from_secs(10), async || {
         !blocks(&api, "blue").await.0.is_empty() && !blocks(&api, "small").await.0.is_empty()
     })
     .await;
@@ -686,7 +692,10 @@ async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
             .await
             .and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)))
     };
-    wait_for("the first demand", async || used(&kv).await == Some((0, 1))).await;
+    wait_for("the first demand", Duration::from_secs(10), async || {
+        used(&kv).await == Some((0, 1))
+    })
+    .await;
     for i in 0..3 {
         api.allocate(&corral_api::AllocateRequest {
             scope: "node".into(),
@@ -700,9 +709,11 @@ async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
         .await
         .unwrap();
     }
-    wait_for("the allocations counted", async || {
-        used(&kv).await == Some((3, 1))
-    })
+    wait_for(
+        "the allocations counted",
+        Duration::from_secs(10),
+        async || used(&kv).await == Some((3, 1)),
+    )
     .await;
     api.release(&corral_api::ReleaseRequest {
         scope: "node".into(),
@@ -713,7 +724,7 @@ async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
     })
     .await
     .unwrap();
-    wait_for("the release counted", async || {
+    wait_for("the release counted", Duration::from_secs(10), async || {
         used(&kv).await == Some((2, 1))
     })
     .await;
