@@ -13,8 +13,8 @@ use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
 use corral_agent::testing::InMemoryAgent;
 use corral_api::{
-    AllocateRequest, AllocateResponse, CniAddRequest, CniKeyRequest, ErrorResponse, PoolsResponse,
-    ReleaseRequest, ReleaseResponse, StatusResponse, paths,
+    AllocateRequest, AllocateResponse, CniAddRequest, CniKeyRequest, DumpResponse, ErrorResponse,
+    InterfacesResponse, PoolsResponse, ReleaseRequest, ReleaseResponse, StatusResponse, paths,
 };
 use corral_client::Error;
 use corral_kv::MemKv;
@@ -192,6 +192,19 @@ impl Api {
 
     pub async fn cni_del(&self, request: &CniKeyRequest) -> Result<ReleaseResponse, Error> {
         self.post(paths::CNI_DEL, request).await
+    }
+
+    pub async fn cni_check(&self, request: &CniKeyRequest) -> Result<AllocateResponse, Error> {
+        self.post(paths::CNI_CHECK, request).await
+    }
+
+    pub async fn dump(&self, scope: Option<&str>) -> Result<DumpResponse, Error> {
+        self.get(&with_scope(paths::DUMP, scope)).await
+    }
+
+    /// Every interface-backed pool (these tests filter by no pool).
+    pub async fn interfaces(&self) -> Result<InterfacesResponse, Error> {
+        self.get(paths::INTERFACES).await
     }
 }
 
