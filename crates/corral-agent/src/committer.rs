@@ -12,6 +12,10 @@
 //! queue is empty: a runtime thread is blocked for at most one batch of quick requests, and
 //! only when the agent was idle.
 //!
+//! Tests on tokio's paused clock use `Committer::start_inline` (feature `testing`): no
+//! thread, the caller that takes the lead runs every batch, so no commit is ever in progress
+//! off the runtime while its clock jumps ahead.
+//!
 //! Invariants: at most one leader at a time, and only the leader touches the [`NodeState`];
 //! while the queue holds a job there is a leader, so every job is answered.
 
@@ -55,6 +59,9 @@ struct Shared {
     /// `None` once [`Committer::close`] has closed the store.
     node: Mutex<Option<Box<dyn RunBatch>>>,
     thread: Mutex<Option<thread::JoinHandle<()>>>,
+    /// No committer's thread (tests on a paused clock, see [`Committer::start_inline`]): the
+    /// caller that finds nobody leading runs every batch queued, quick or not.
+    inline: bool,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +112,7 @@ impl Committer {
             lead_given: Condvar::new(),
             node: Mutex::new(Some(Box::new(node))),
             thread: Mutex::new(None),
+            inline: false,
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -116,6 +124,25 @@ impl Committer {
         Ok(Committer {
             owner: Arc::new(Owner { shared }),
         })
+    }
+
+    /// Takes charge of `node` with no thread of its own: whoever submits while nobody leads
+    /// runs every batch queued on its own (runtime) thread. For tests on tokio's paused
+    /// clock, which advances whenever the runtime is idle, so a batch must never be in
+    /// progress on another thread; `node` must therefore not block (a `MemoryStore`).
+    #[cfg(feature = "testing")]
+    pub fn start_inline(node: impl RunBatch + 'static) -> Committer {
+        Committer {
+            owner: Arc::new(Owner {
+                shared: Arc::new(Shared {
+                    queue: Mutex::new(Queue::default()),
+                    lead_given: Condvar::new(),
+                    node: Mutex::new(Some(Box::new(node))),
+                    thread: Mutex::new(None),
+                    inline: true,
+                }),
+            }),
+        }
     }
 
     /// Runs one operation and waits until it is durable.
@@ -143,7 +170,7 @@ impl Committer {
             }
             queue.jobs.push_back(Job { op, reply });
             if queue.leader == Leader::Nobody {
-                if quick {
+                if quick || shared.inline {
                     queue.leader = Leader::Caller;
                     drop(queue);
                     shared.lead_once();
@@ -239,6 +266,17 @@ impl Shared {
             queue.leader = Leader::Nobody;
             for job in queue.jobs.drain(..) {
                 let _ = job.reply.send(Err(stopped()));
+            }
+        } else if self.inline {
+            // No thread to hand the lead to: this caller runs what is queued, slow jobs too.
+            drop(queue);
+            loop {
+                self.run_batch(false);
+                let mut queue = lock(&self.queue);
+                if queue.jobs.is_empty() {
+                    queue.leader = Leader::Nobody;
+                    break;
+                }
             }
         } else {
             queue.leader = Leader::Thread;
@@ -451,6 +489,38 @@ mod tests {
             assert!(lock(&shared.queue).jobs.is_empty());
             lock(&shared.queue).leader = Leader::Nobody;
             committer.close();
+        });
+    }
+
+    /// Inline (tests on a paused clock): no thread; quick and slow jobs from many tasks are
+    /// all answered, each run by a caller on the runtime.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn an_inline_committer_answers_every_job_without_a_thread() {
+        bounded(|| {
+            let store = corral_store::MemoryStore::new();
+            let node =
+                crate::node::NodeState::restore(store.clone(), &ScopeConfig::default()).unwrap();
+            let committer = Committer::start_inline(node);
+            assert!(lock(&committer.owner.shared.thread).is_none());
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let tasks: Vec<_> = (0..16)
+                .map(|i| {
+                    let committer = committer.clone();
+                    runtime.spawn(async move {
+                        committer.submit(Op::Status(None)).await.unwrap();
+                        committer.submit(add(&format!("c{i}"))).await.unwrap();
+                    })
+                })
+                .collect();
+            for task in tasks {
+                runtime.block_on(task).unwrap();
+            }
+            assert_eq!(held(&committer, &runtime), 16);
+            committer.close();
+            assert!(store.commits() > 0);
         });
     }
 

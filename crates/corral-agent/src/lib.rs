@@ -24,6 +24,8 @@ pub mod node;
 pub mod openapi;
 pub mod pending;
 mod server;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use config::{AgentConfig, ConfigError, ConnectionLimits, Overrides};
 pub use server::{

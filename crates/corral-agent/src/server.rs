@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use corral_store::SqliteStore;
+use corral_store::{SqliteStore, StoreHealth};
 use tokio::net::TcpListener;
 
 use crate::api::{self, AppState};
@@ -72,24 +72,7 @@ pub async fn serve_with(
     // The directory first: a second agent on the same state must fail before it touches
     // the socket of the first.
     let store = SqliteStore::open_owned(&config.data_dir, &config.socket)?;
-    let state = AppState {
-        committer: Arc::new(OnceLock::new()),
-        ready: Arc::new(AtomicBool::new(false)),
-        store_health: store.health(),
-        metrics: Arc::new(Metrics::default()),
-        broken_scopes: Arc::default(),
-        body_timeout: config.connections.body_timeout,
-        cluster: None,
-        pool_wait: config.pool_wait,
-    };
-    let state = AppState {
-        cluster: cluster.as_ref().map(|_| {
-            Arc::new(crate::link::ClusterShared::new(
-                state.metrics.cluster.clone(),
-            ))
-        }),
-        ..state
-    };
+    let state = app_state(&config, store.health(), cluster.is_some());
     // Only a stale socket (a killed agent's) is replaced; a socket another agent answers on,
     // and anything that is not a socket (a configuration file given to `--socket` by
     // mistake), are refused and left as they are.
@@ -169,6 +152,65 @@ pub async fn serve_with(
     // DELs corral-ipam recorded while the agent was away are applied before anything is
     // served (requests meanwhile get 503), so none can follow an ADD of its attachment.
     crate::pending::apply_pending(&committer, &config.socket, &config.cni_data_dirs).await?;
+    let fatal = run_started(
+        &state,
+        &committer,
+        cluster,
+        true,
+        (stop_tx, stop_rx),
+        shutdown,
+        on_ready,
+    )
+    .await;
+    let _ = unix_task.await;
+    if let Some(task) = tcp_task {
+        let _ = task.await;
+    }
+    // The socket goes while the directory is still ours: a successor agent binds its own
+    // socket only after it got the directory, so this cannot remove the successor's.
+    corral_http::remove_socket(&config.socket, socket_identity);
+    // The committer finishes its batch in progress and closes the store.
+    let _ = tokio::task::spawn_blocking(move || committer.close()).await;
+    drop(state);
+    match fatal {
+        Some(message) => Err(AgentError::Cluster(message)),
+        None => Ok(()),
+    }
+}
+
+/// The state the API serves from, before the node state is restored (requests get 503):
+/// with a cluster link's shared state when `linked`.
+pub(crate) fn app_state(config: &AgentConfig, store_health: StoreHealth, linked: bool) -> AppState {
+    let metrics = Arc::new(Metrics::default());
+    AppState {
+        committer: Arc::new(OnceLock::new()),
+        ready: Arc::new(AtomicBool::new(false)),
+        store_health,
+        cluster: linked.then(|| Arc::new(crate::link::ClusterShared::new(metrics.cluster.clone()))),
+        metrics,
+        broken_scopes: Arc::default(),
+        body_timeout: config.connections.body_timeout,
+        pool_wait: config.pool_wait,
+    }
+}
+
+/// The agent from a started committer on: the first tick, the local routes reserved (when
+/// `reserve_local_routes`), the cluster link started and its gate passed, ready (`on_ready`),
+/// the lease ticker, until `shutdown` or the link's fatal error (returned); then `stop` is
+/// sent and the ticker and the link are awaited. The rest of [`serve_with`], and the whole
+/// of the in-memory agent's run in `testing.rs`.
+pub(crate) async fn run_started(
+    state: &AppState,
+    committer: &Committer,
+    cluster: Option<ClusterTask>,
+    reserve_local_routes: bool,
+    (stop_tx, stop_rx): (
+        tokio::sync::watch::Sender<bool>,
+        tokio::sync::watch::Receiver<bool>,
+    ),
+    shutdown: impl Future<Output = ()>,
+    on_ready: impl FnOnce(),
+) -> Option<String> {
     let _ = state.committer.set(committer.clone());
     // The first tick releases what expired while the agent was down, now that the restore
     // has finished; then the agent is ready.
@@ -176,7 +218,9 @@ pub async fn serve_with(
         state.metrics.leases_expired.inc_by(n as u64);
     }
     // What the node's routes and addresses cover is excluded before anything is handed out.
-    reserve_local_routes_at_start(&committer).await;
+    if reserve_local_routes {
+        reserve_local_routes_at_start(committer).await;
+    }
     // In a cluster, nothing is served before the link holds the node's liveness key (or
     // could not ask: etcd unreachable): a second agent under the node's name (a cloned
     // machine, a copied state directory) must not hand out the node's addresses. Grants
@@ -233,24 +277,11 @@ pub async fn serve_with(
         };
     }
     let _ = stop_tx.send(true);
-    let _ = unix_task.await;
-    if let Some(task) = tcp_task {
-        let _ = task.await;
-    }
     let _ = ticker.await;
     if let Some(task) = cluster_task {
         let _ = task.await;
     }
-    // The socket goes while the directory is still ours: a successor agent binds its own
-    // socket only after it got the directory, so this cannot remove the successor's.
-    corral_http::remove_socket(&config.socket, socket_identity);
-    // The committer finishes its batch in progress and closes the store.
-    let _ = tokio::task::spawn_blocking(move || committer.close()).await;
-    drop(state);
-    match fatal {
-        Some(message) => Err(AgentError::Cluster(message)),
-        None => Ok(()),
-    }
+    fatal
 }
 
 /// Runs the agent on its own runtime until SIGINT or SIGTERM. The process's soft open-files

@@ -1,61 +1,79 @@
-//! Block mode on the agent's side, on `MemKv` with a real agent in-process (`tests/common`):
-//! the demand it publishes and how often, the release handshake (ready, refused, withdrawn,
-//! completed, and after a crash between the local surrender and `ready`), ADDs that wait for a
-//! grant, and the pool a CNI call resolves to.
+//! Block mode on the agent's side, on `MemKv` (`tests/common`): the demand it publishes and
+//! how often, the release handshake (ready, refused, withdrawn, completed, and after a crash
+//! between the local surrender and `ready`), ADDs that wait for a grant, and the pool a CNI
+//! call resolves to.
 //!
-//! Real time: the agent's SQLite threads rule out a paused clock (see `tests/common`).
+//! Paused clock (`tests/common/paused.rs`: the agent over a `MemoryStore`, in-process), so
+//! the once-a-second spacing and the pool wait are exact in virtual time; the crash between
+//! the surrender and `ready` needs the real store across a restart, so it runs on a real
+//! agent (SQLite, socket) in real time.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
 use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
-use corral_client::Client;
 use corral_cluster::{
     ClusterConfig, DemandRecord, Family, IpNet, NodeName, PoolName, ReleaseRecord, ReleaseState,
     decode_value, encode_value,
 };
 use corral_kv::{Event, Kv, MemKv, Txn, TxnOp};
+use corral_store::MemoryStore;
+use tokio::time::Instant;
 
 const NODE: &str = "node-1";
 
 const CONFIG: &str = include_str!("configs/blocks.toml");
 mod common;
 
+use common::paused::{Api, MemAgent, wait_for};
 use common::{LinkedAgent as Agent, keys, runtime, wait_until};
 
 fn node() -> NodeName {
     common::node_name(NODE)
 }
 
+/// A real agent (SQLite, socket) on real time.
 fn start(runtime: &tokio::runtime::Runtime, kv: &MemKv, dir: &Path, pool_wait: Duration) -> Agent {
-    start_with(runtime, kv, dir, pool_wait, Duration::from_secs(30))
-}
-
-/// `refresh`: how long a demand change that is not urgent may wait.
-fn start_with(
-    runtime: &tokio::runtime::Runtime,
-    kv: &MemKv,
-    dir: &Path,
-    pool_wait: Duration,
-    refresh: Duration,
-) -> Agent {
     let config = AgentConfig {
         pool_wait,
         ..common::config(dir)
+    };
+    let options = common::options(NODE, "uid-1", Duration::from_secs(600));
+    Agent::start(runtime, kv, config, options).wait_registered()
+}
+
+/// An in-memory agent on the paused clock, over `store`; demand changes that are not
+/// urgent wait up to 30 s.
+async fn start_paused(kv: &MemKv, store: &MemoryStore, pool_wait: Duration) -> MemAgent {
+    start_paused_with(kv, store, pool_wait, Duration::from_secs(30)).await
+}
+
+/// `refresh`: how long a demand change that is not urgent may wait.
+async fn start_paused_with(
+    kv: &MemKv,
+    store: &MemoryStore,
+    pool_wait: Duration,
+    refresh: Duration,
+) -> MemAgent {
+    let config = AgentConfig {
+        pool_wait,
+        ..common::paused::config()
     };
     let options = ClusterOptions {
         demand_refresh: refresh,
         ..common::options(NODE, "uid-1", Duration::from_secs(600))
     };
-    Agent::start(runtime, kv, config, options).wait_registered()
+    MemAgent::start(kv, store, config, options)
+        .await
+        .wait_registered()
+        .await
 }
 
 /// The active cluster ranges of `pool` (subnets), and its surrendered ones.
-fn blocks(agent: &Agent, pool: &str) -> (Vec<String>, Vec<String>) {
-    let pools = agent.client().pools(Some("node")).unwrap();
+fn ranges_of(pools: &corral_api::PoolsResponse, pool: &str) -> (Vec<String>, Vec<String>) {
     let Some(info) = pools.pools.iter().find(|p| p.name == pool) else {
         return (vec![], vec![]);
     };
@@ -67,6 +85,16 @@ fn blocks(agent: &Agent, pool: &str) -> (Vec<String>, Vec<String>) {
         .collect();
     active.sort();
     (active, info.removed.clone())
+}
+
+/// [`ranges_of`] `pool` on a real agent.
+fn blocks_of(agent: &Agent, pool: &str) -> (Vec<String>, Vec<String>) {
+    ranges_of(&agent.client().pools(Some("node")).unwrap(), pool)
+}
+
+/// [`ranges_of`] `pool` on an in-memory agent.
+async fn blocks(api: &Api, pool: &str) -> (Vec<String>, Vec<String>) {
+    ranges_of(&api.pools(Some("node")).await.unwrap(), pool)
 }
 
 async fn put_config(kv: &MemKv) {
@@ -125,29 +153,22 @@ async fn mark(kv: &MemKv, pool: &str, cidr: &str, grant_revision: i64) {
     .unwrap();
 }
 
-fn release_record(
-    runtime: &tokio::runtime::Runtime,
-    kv: &MemKv,
-    pool: &str,
-    cidr: &str,
-) -> Option<ReleaseRecord> {
-    runtime
-        .block_on(kv.get(release_key(pool, cidr).as_bytes()))
+async fn release_record(kv: &MemKv, pool: &str, cidr: &str) -> Option<ReleaseRecord> {
+    kv.get(release_key(pool, cidr).as_bytes())
+        .await
         .unwrap()
         .map(|e| decode_value(&e.value).unwrap())
 }
 
-fn demand(runtime: &tokio::runtime::Runtime, kv: &MemKv, pool: &str) -> Option<DemandRecord> {
-    runtime
-        .block_on(
-            kv.get(
-                keys()
-                    .demand(&node(), &PoolName::new(pool).unwrap())
-                    .as_bytes(),
-            ),
-        )
-        .unwrap()
-        .map(|e| decode_value(&e.value).unwrap())
+async fn demand(kv: &MemKv, pool: &str) -> Option<DemandRecord> {
+    kv.get(
+        keys()
+            .demand(&node(), &PoolName::new(pool).unwrap())
+            .as_bytes(),
+    )
+    .await
+    .unwrap()
+    .map(|e| decode_value(&e.value).unwrap())
 }
 
 fn network(pool: Option<&str>, namespace: Option<&str>) -> CniNetwork {
@@ -169,17 +190,19 @@ fn key(i: usize) -> AttachmentKey {
     }
 }
 
-fn add(
-    client: &mut Client,
+async fn add(
+    api: &Api,
     network: &CniNetwork,
     i: usize,
 ) -> Result<std::net::IpAddr, corral_client::Error> {
-    let added = client.cni_add(&CniAddRequest {
-        network: network.clone(),
-        key: key(i),
-        owner: format!("pod-{i}"),
-        sets: vec![],
-    })?;
+    let added = api
+        .cni_add(&CniAddRequest {
+            network: network.clone(),
+            key: key(i),
+            owner: format!("pod-{i}"),
+            sets: vec![],
+        })
+        .await?;
     Ok(added.allocations[0].address)
 }
 
@@ -187,27 +210,29 @@ fn within(cidr: &str, address: std::net::IpAddr) -> bool {
     cidr.parse::<IpNet>().unwrap().contains(&address)
 }
 
-#[test]
-fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_requests() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_requests() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
+    put_config(&kv).await;
     // A change that is not urgent (more free addresses) goes out within 2 s.
-    let agent = start_with(
-        &runtime,
+    let agent = start_paused_with(
         &kv,
-        dir.path(),
+        &MemoryStore::new(),
         Duration::from_secs(5),
         Duration::from_secs(2),
-    );
-    runtime.block_on(grant(&kv, "pods", "10.60.0.0/24"));
-    runtime.block_on(grant(&kv, "pods", "10.60.1.0/24"));
+    )
+    .await;
+    let api = agent.api();
+    grant(&kv, "pods", "10.60.0.0/24").await;
+    grant(&kv, "pods", "10.60.1.0/24").await;
     // The demand once the grants are recorded: 2 empty blocks, highest first.
-    wait_until("the first demand", Duration::from_secs(10), || {
-        demand(&runtime, &kv, "pods").is_some_and(|d| d.ipv4.is_some_and(|f| f.blocks == 2))
-    });
-    let first = demand(&runtime, &kv, "pods").unwrap();
+    wait_for("the first demand", Duration::from_secs(10), async || {
+        demand(&kv, "pods")
+            .await
+            .is_some_and(|d| d.ipv4.is_some_and(|f| f.blocks == 2))
+    })
+    .await;
+    let first = demand(&kv, "pods").await.unwrap();
     let v4 = first.ipv4.clone().unwrap();
     assert_eq!((v4.used, v4.free, v4.pending, v4.blocks), (0, 508, 0, 2));
     assert_eq!(
@@ -218,19 +243,19 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
         ]
     );
     assert!(first.ipv6.is_none() && first.at_ms > 0);
-    // Every write of the demand, as etcd sees it.
+    // Every write of the demand, as etcd sees it, in virtual time.
     let writes: Arc<Mutex<Vec<Instant>>> = Arc::default();
     {
         let (kv, writes) = (kv.clone(), Arc::clone(&writes));
         let prefix = keys().demand_of_node_prefix(&node());
-        runtime.spawn(async move {
-            let from = kv
-                .range(prefix.as_bytes(), None, 1, None)
-                .await
-                .unwrap()
-                .revision
-                + 1;
-            let mut watch = kv.watch(prefix.as_bytes(), from).await.unwrap();
+        let from = kv
+            .range(prefix.as_bytes(), None, 1, None)
+            .await
+            .unwrap()
+            .revision
+            + 1;
+        let mut watch = kv.watch(prefix.as_bytes(), from).await.unwrap();
+        tokio::spawn(async move {
             while let Ok(events) = watch.next().await {
                 for event in events {
                     if matches!(event, Event::Put(_)) {
@@ -240,37 +265,44 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
             }
         });
     }
-    std::thread::sleep(Duration::from_millis(200));
+    tokio::time::sleep(Duration::from_millis(200)).await;
     // The node's assertion of what it holds (`holdings/<node>`) is put when a range goes from
     // empty to in use (and its counts at most every 30 s): counted by its version.
     let holdings_key = keys().holdings(&node());
-    let holdings_version = |kv: &MemKv| {
-        runtime
-            .block_on(kv.get(holdings_key.as_bytes()))
+    let holdings_version = async |kv: &MemKv| {
+        kv.get(holdings_key.as_bytes())
+            .await
             .unwrap()
             .map_or(0, |e| e.version)
     };
-    let holdings_before = holdings_version(&kv);
+    let holdings_before = holdings_version(&kv).await;
     let before = kv.requests();
     let started = Instant::now();
-    let mut client = agent.client();
     let pods = network(Some("pods"), None);
     for i in 0..100 {
-        let address = add(&mut client, &pods, i).unwrap();
+        let address = add(&api, &pods, i).await.unwrap();
         assert!(within("10.60.0.0/23", address), "{address}");
     }
-    let elapsed = started.elapsed();
-    // Free fell below pre-allocate (300): the demand went out within the second. Nothing
-    // reads the store meanwhile, so what it counted is the agent's alone.
-    std::thread::sleep(Duration::from_millis(2500));
+    let added = Instant::now();
+    let elapsed = added - started;
+    // Free (408) stays above pre-allocate (300): not urgent, so the change goes out with the
+    // refresh, within 2 s of the last write. Nothing reads the store meanwhile, so what it
+    // counted is the agent's alone.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let requests = kv.requests() - before;
-    let holdings_writes = u64::try_from(holdings_version(&kv) - holdings_before).unwrap();
+    let holdings_writes = u64::try_from(holdings_version(&kv).await - holdings_before).unwrap();
     assert!(holdings_writes <= 2, "{holdings_writes} holdings writes");
     let seen = writes.lock().unwrap().clone();
-    let v4 = demand(&runtime, &kv, "pods").unwrap().ipv4.unwrap();
+    let v4 = demand(&kv, "pods").await.unwrap().ipv4.unwrap();
     assert_eq!((v4.used, v4.free, v4.blocks), (100, 408, 2));
     assert_eq!(v4.empty, vec!["10.60.1.0/24".parse::<IpNet>().unwrap()]);
     assert!(!seen.is_empty());
+    // Within the refresh (2 s) of the ADDs, in virtual time (exact: no machine's load in it).
+    assert!(
+        seen[0] - added <= Duration::from_secs(2),
+        "the first demand write {:?} after the ADDs",
+        seen[0] - added
+    );
     let window = elapsed + Duration::from_millis(1500);
     assert!(
         seen.len() as f64 <= window.as_secs_f64() + 1.0,
@@ -279,7 +311,7 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
     );
     for pair in seen.windows(2) {
         assert!(
-            pair[1] - pair[0] >= Duration::from_millis(900),
+            pair[1] - pair[0] >= ClusterOptions::DEMAND_MIN_INTERVAL,
             "two demand writes {:?} apart",
             pair[1] - pair[0]
         );
@@ -291,7 +323,7 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
         seen.len() as u64 + holdings_writes,
         "store requests beside the demand and holdings writes"
     );
-    let metrics = agent.client().metrics().unwrap();
+    let metrics = api.metrics().await.unwrap();
     assert!(
         metrics.contains("corral_pool_allocations_total{pool=\"pods\",outcome=\"ok\"} 100"),
         "{metrics}"
@@ -301,53 +333,61 @@ fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_r
         metrics.contains("corral_pool_available_addresses{pool=\"pods\",family=\"ipv4\"} 408"),
         "{metrics}"
     );
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
-#[test]
-fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_again() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_again() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
-    runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
-    let second = runtime.block_on(grant(&kv, "small", "10.61.0.16/28"));
-    wait_until("both blocks", Duration::from_secs(10), || {
-        blocks(&agent, "small").0.len() == 2
-    });
-    runtime.block_on(mark(&kv, "small", "10.61.0.16/28", second));
-    wait_until("ready", Duration::from_secs(10), || {
-        release_record(&runtime, &kv, "small", "10.61.0.16/28")
+    put_config(&kv).await;
+    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_millis(300)).await;
+    let api = agent.api();
+    grant(&kv, "small", "10.61.0.0/28").await;
+    let second = grant(&kv, "small", "10.61.0.16/28").await;
+    wait_for("both blocks", Duration::from_secs(10), async || {
+        blocks(&api, "small").await.0.len() == 2
+    })
+    .await;
+    mark(&kv, "small", "10.61.0.16/28", second).await;
+    wait_for("ready", Duration::from_secs(10), async || {
+        release_record(&kv, "small", "10.61.0.16/28")
+            .await
             .is_some_and(|r| r.state == ReleaseState::Ready)
-    });
-    let record = release_record(&runtime, &kv, "small", "10.61.0.16/28").unwrap();
+    })
+    .await;
+    let record = release_record(&kv, "small", "10.61.0.16/28").await.unwrap();
     assert!(
         record.answered_ms > 0 && record.reason.is_none(),
         "{record:?}"
     );
     assert_eq!(record.grant_revision, second);
-    let (active, surrendered) = blocks(&agent, "small");
+    let (active, surrendered) = blocks(&api, "small").await;
     assert_eq!(active, ["10.61.0.0/28"]);
     assert_eq!(surrendered, ["10.61.0.16/28"]);
     // Fill the other block and more: nothing ever comes from the surrendered one.
-    let mut client = agent.client();
     let small = network(Some("small"), None);
     let mut got = Vec::new();
     for i in 0..20 {
-        match add(&mut client, &small, i) {
+        let asked = Instant::now();
+        match add(&api, &small, i).await {
             Ok(address) => got.push(address),
             Err(corral_client::Error::Api { error, .. }) => {
                 assert_eq!(error.code, ErrorCode::RetryLater, "{error:?}");
                 assert_eq!(error.pool.as_deref(), Some("small"), "{error:?}");
                 assert!(error.message.contains("small"), "{error:?}");
+                // It waited the whole `pool_wait`, and no more than one look later.
+                let waited = asked.elapsed();
+                assert!(
+                    waited >= Duration::from_millis(300) && waited < Duration::from_millis(800),
+                    "{waited:?}"
+                );
             }
             Err(other) => panic!("{other:?}"),
         }
     }
     assert_eq!(got.len(), 14, "a /28's addresses: {got:?}");
     assert!(got.iter().all(|a| within("10.61.0.0/28", *a)), "{got:?}");
-    let metrics = agent.client().metrics().unwrap();
+    let metrics = api.metrics().await.unwrap();
     assert!(
         metrics.contains("corral_release_handshakes_total{outcome=\"ready\"} 1"),
         "{metrics}"
@@ -361,44 +401,47 @@ fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_again() {
     // forgets the surrendered block.
     let cidr: IpNet = "10.61.0.16/28".parse().unwrap();
     let pool = PoolName::new("small").unwrap();
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![
-                TxnOp::delete(keys().grant(&pool, Family::V4, &cidr)),
-                TxnOp::delete(keys().owned(&node(), &pool, Family::V4, &cidr)),
-                TxnOp::delete(release_key("small", "10.61.0.16/28")),
-            ],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until(
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::delete(keys().grant(&pool, Family::V4, &cidr)),
+            TxnOp::delete(keys().owned(&node(), &pool, Family::V4, &cidr)),
+            TxnOp::delete(release_key("small", "10.61.0.16/28")),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    wait_for(
         "the surrendered block forgotten",
         Duration::from_secs(10),
-        || blocks(&agent, "small").1.is_empty(),
-    );
-    assert_eq!(blocks(&agent, "small").0, ["10.61.0.0/28"]);
-    agent.stop(&runtime);
+        async || blocks(&api, "small").await.1.is_empty(),
+    )
+    .await;
+    assert_eq!(blocks(&api, "small").await.0, ["10.61.0.0/28"]);
+    agent.stop().await;
 }
 
-#[test]
-fn a_block_in_use_is_refused_and_nothing_changes() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn a_block_in_use_is_refused_and_nothing_changes() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
-    let revision = runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
-    wait_until("the block", Duration::from_secs(10), || {
-        blocks(&agent, "small").0.len() == 1
-    });
-    let held = add(&mut agent.client(), &network(Some("small"), None), 1).unwrap();
-    runtime.block_on(mark(&kv, "small", "10.61.0.0/28", revision));
-    wait_until("refused", Duration::from_secs(10), || {
-        release_record(&runtime, &kv, "small", "10.61.0.0/28")
+    put_config(&kv).await;
+    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(5)).await;
+    let api = agent.api();
+    let revision = grant(&kv, "small", "10.61.0.0/28").await;
+    wait_for("the block", Duration::from_secs(10), async || {
+        blocks(&api, "small").await.0.len() == 1
+    })
+    .await;
+    let held = add(&api, &network(Some("small"), None), 1).await.unwrap();
+    mark(&kv, "small", "10.61.0.0/28", revision).await;
+    wait_for("refused", Duration::from_secs(10), async || {
+        release_record(&kv, "small", "10.61.0.0/28")
+            .await
             .is_some_and(|r| r.state == ReleaseState::Refused)
-    });
-    let record = release_record(&runtime, &kv, "small", "10.61.0.0/28").unwrap();
+    })
+    .await;
+    let record = release_record(&kv, "small", "10.61.0.0/28").await.unwrap();
     assert!(
         record
             .reason
@@ -407,59 +450,64 @@ fn a_block_in_use_is_refused_and_nothing_changes() {
         "{record:?}"
     );
     assert_eq!(
-        blocks(&agent, "small"),
+        blocks(&api, "small").await,
         (vec!["10.61.0.0/28".to_owned()], vec![])
     );
     // The allocation stays, and the block still serves.
-    let again = add(&mut agent.client(), &network(Some("small"), None), 1).unwrap();
+    let again = add(&api, &network(Some("small"), None), 1).await.unwrap();
     assert_eq!(again, held);
-    let other = add(&mut agent.client(), &network(Some("small"), None), 2).unwrap();
+    let other = add(&api, &network(Some("small"), None), 2).await.unwrap();
     assert!(within("10.61.0.0/28", other));
     // A mark naming another grant of the block is refused too.
-    runtime.block_on(mark(&kv, "small", "10.61.0.0/28", revision + 100));
-    wait_until("refused again", Duration::from_secs(10), || {
-        release_record(&runtime, &kv, "small", "10.61.0.0/28").is_some_and(|r| {
-            r.state == ReleaseState::Refused
-                && r.reason.as_deref().is_some_and(|r| r.contains("revision"))
-        })
-    });
-    agent.stop(&runtime);
+    mark(&kv, "small", "10.61.0.0/28", revision + 100).await;
+    wait_for("refused again", Duration::from_secs(10), async || {
+        release_record(&kv, "small", "10.61.0.0/28")
+            .await
+            .is_some_and(|r| {
+                r.state == ReleaseState::Refused
+                    && r.reason.as_deref().is_some_and(|r| r.contains("revision"))
+            })
+    })
+    .await;
+    agent.stop().await;
 }
 
-#[test]
-fn a_withdrawn_release_gives_the_block_back() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn a_withdrawn_release_gives_the_block_back() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
-    let revision = runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
-    wait_until("the block", Duration::from_secs(10), || {
-        blocks(&agent, "small").0.len() == 1
-    });
-    runtime.block_on(mark(&kv, "small", "10.61.0.0/28", revision));
-    wait_until("surrendered", Duration::from_secs(10), || {
-        blocks(&agent, "small") == (vec![], vec!["10.61.0.0/28".to_owned()])
-    });
+    put_config(&kv).await;
+    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(5)).await;
+    let api = agent.api();
+    let revision = grant(&kv, "small", "10.61.0.0/28").await;
+    wait_for("the block", Duration::from_secs(10), async || {
+        blocks(&api, "small").await.0.len() == 1
+    })
+    .await;
+    mark(&kv, "small", "10.61.0.0/28", revision).await;
+    wait_for("surrendered", Duration::from_secs(10), async || {
+        blocks(&api, "small").await == (vec![], vec!["10.61.0.0/28".to_owned()])
+    })
+    .await;
     // The leader un-marks it (the block is needed again): the agent takes it back.
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::delete(release_key("small", "10.61.0.0/28"))],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until("taken back", Duration::from_secs(10), || {
-        blocks(&agent, "small") == (vec!["10.61.0.0/28".to_owned()], vec![])
-    });
-    let address = add(&mut agent.client(), &network(Some("small"), None), 1).unwrap();
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::delete(release_key("small", "10.61.0.0/28"))],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    wait_for("taken back", Duration::from_secs(10), async || {
+        blocks(&api, "small").await == (vec!["10.61.0.0/28".to_owned()], vec![])
+    })
+    .await;
+    let address = add(&api, &network(Some("small"), None), 1).await.unwrap();
     assert!(within("10.61.0.0/28", address));
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
 /// A crash between the local surrender and `ready` (the host's commit done, the txn not
 /// sent): the restarted agent finds the block surrendered and the key still marked, and
-/// sends `ready`.
+/// sends `ready`. On the real store (SQLite) and real time: it restarts the agent.
 #[test]
 fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
     let runtime = runtime();
@@ -470,7 +518,7 @@ fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
     let revision = runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
     runtime.block_on(grant(&kv, "small", "10.61.0.16/28"));
     wait_until("the blocks", Duration::from_secs(10), || {
-        blocks(&agent, "small").0.len() == 2
+        blocks_of(&agent, "small").0.len() == 2
     });
     agent.stop(&runtime);
     // The host alone, on the agent's store: the surrender commits, then the process dies.
@@ -501,12 +549,13 @@ fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
     runtime.block_on(mark(&kv, "small", "10.61.0.0/28", revision));
     let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
     wait_until("ready after the restart", Duration::from_secs(10), || {
-        release_record(&runtime, &kv, "small", "10.61.0.0/28")
+        runtime
+            .block_on(release_record(&kv, "small", "10.61.0.0/28"))
             .is_some_and(|r| r.state == ReleaseState::Ready)
     });
     // Still surrendered: the grant lasts, and the set of grants does not add it back.
     assert_eq!(
-        blocks(&agent, "small"),
+        blocks_of(&agent, "small"),
         (
             vec!["10.61.0.16/28".to_owned()],
             vec!["10.61.0.0/28".to_owned()]
@@ -515,44 +564,67 @@ fn ready_is_sent_again_after_a_crash_between_the_surrender_and_the_answer() {
     agent.stop(&runtime);
 }
 
-#[test]
-fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(5));
+    let store = MemoryStore::new();
+    put_config(&kv).await;
+    let agent = start_paused(&kv, &store, Duration::from_secs(5)).await;
+    let api = agent.api();
     // Nothing granted: the ADD waits, counted as pending in the demand.
-    let socket = agent.socket.clone();
-    let waiting = std::thread::spawn(move || {
-        add(&mut Client::unix(&socket), &network(Some("small"), None), 1)
+    let asked = Instant::now();
+    let waiting = tokio::spawn({
+        let api = api.clone();
+        async move { add(&api, &network(Some("small"), None), 1).await }
     });
-    wait_until(
+    wait_for(
         "the pending ADD in the demand",
         Duration::from_secs(3),
-        || demand(&runtime, &kv, "small").is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 1)),
-    );
+        async || {
+            demand(&kv, "small")
+                .await
+                .is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 1))
+        },
+    )
+    .await;
+    // The pending ADD is urgent: out as soon as the once-a-second spacing allows (virtual
+    // time, so exact; the 20 ms are how often `wait_for` looks).
+    let bound = ClusterOptions::DEMAND_MIN_INTERVAL + Duration::from_millis(20);
+    assert!(asked.elapsed() <= bound, "{:?}", asked.elapsed());
     // Meanwhile the agent answers others.
-    assert!(agent.client().status(None).is_ok());
-    runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
+    assert!(api.status(None).await.is_ok());
+    grant(&kv, "small", "10.61.0.0/28").await;
+    let granted = Instant::now();
     // Served from the grant (a wait that ran out would be an error, not an address).
-    let address = waiting.join().unwrap().unwrap();
+    let address = waiting.await.unwrap().unwrap();
     assert!(within("10.61.0.0/28", address));
+    // As soon as the grant is recorded, not at the next half-second look.
+    assert!(
+        granted.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        granted.elapsed()
+    );
     // Pending again 0 in the demand, promptly.
-    wait_until("no pending ADD", Duration::from_secs(3), || {
-        demand(&runtime, &kv, "small").is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 0))
-    });
-    let metrics = agent.client().metrics().unwrap();
+    wait_for("no pending ADD", Duration::from_secs(3), async || {
+        demand(&kv, "small")
+            .await
+            .is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 0))
+    })
+    .await;
+    assert!(granted.elapsed() <= bound, "{:?}", granted.elapsed());
+    let metrics = api.metrics().await.unwrap();
     assert!(
         metrics.contains("corral_pool_allocations_total{pool=\"small\",outcome=\"waited_ok\"} 1"),
         "{metrics}"
     );
-    agent.stop(&runtime);
+    agent.stop().await;
 
     // A short wait and no grant: code 11 (retry_later) naming the pool.
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(400));
+    let agent = start_paused(&kv, &store, Duration::from_millis(400)).await;
     let started = Instant::now();
-    let error = add(&mut agent.client(), &network(Some("blue"), None), 2).unwrap_err();
+    let error = add(&agent.api(), &network(Some("blue"), None), 2)
+        .await
+        .unwrap_err();
     let waited = started.elapsed();
     match error {
         corral_client::Error::Api { error, .. } => {
@@ -562,92 +634,99 @@ fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
         }
         other => panic!("{other:?}"),
     }
-    // It waited the whole `pool_wait` (how much longer is the machine's business: a wait that
-    // never ended would fail on the client's own timeout, as an error of another kind).
-    assert!(waited >= Duration::from_millis(400), "{waited:?}");
-    agent.stop(&runtime);
+    // It waited the whole `pool_wait`, and (virtual time) exactly that.
+    assert_eq!(waited, Duration::from_millis(400));
+    agent.stop().await;
 }
 
-#[test]
-fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(2));
-    runtime.block_on(grant(&kv, "blue", "10.62.0.0/28"));
-    runtime.block_on(grant(&kv, "small", "10.61.0.0/28"));
-    wait_until("the blocks", Duration::from_secs(10), || {
-        !blocks(&agent, "blue").0.is_empty() && !blocks(&agent, "small").0.is_empty()
-    });
-    let mut client = agent.client();
+    put_config(&kv).await;
+    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(2)).await;
+    let api = agent.api();
+    grant(&kv, "blue", "10.62.0.0/28").await;
+    grant(&kv, "small", "10.61.0.0/28").await;
+    wait_for("the blocks", Duration::from_secs(10), async || {
+        !blocks(&api, "blue").await.0.is_empty() && !blocks(&api, "small").await.0.is_empty()
+    })
+    .await;
     // Namespace blue maps to pool blue.
-    let mapped = add(&mut client, &network(None, Some("blue")), 1).unwrap();
+    let mapped = add(&api, &network(None, Some("blue")), 1).await.unwrap();
     assert!(within("10.62.0.0/28", mapped), "{mapped}");
     // The call's pool wins over the namespace's.
-    let explicit = add(&mut client, &network(Some("small"), Some("blue")), 2).unwrap();
+    let explicit = add(&api, &network(Some("small"), Some("blue")), 2)
+        .await
+        .unwrap();
     assert!(within("10.61.0.0/28", explicit), "{explicit}");
     // A DEL resolves the same way (and releases the attachment wherever it is).
-    let released = client
+    let released = api
         .cni_del(&CniKeyRequest {
             network: network(None, Some("blue")),
             key: key(1),
         })
+        .await
         .unwrap();
     assert_eq!(released.released.len(), 1);
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
 /// Issue 23: `corral alloc` / `corral release` (`/v1/allocate`, `/v1/release`) on a block pool
 /// move the node's demand as CNI ADD and DEL do. Before, a node filled through the API never
 /// published its use (still stale after 45 s), so it never got another block.
-#[test]
-fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start_with(
-        &runtime,
+    put_config(&kv).await;
+    let agent = start_paused_with(
         &kv,
-        dir.path(),
+        &MemoryStore::new(),
         Duration::from_secs(5),
         Duration::from_secs(1),
-    );
-    runtime.block_on(grant(&kv, "pods", "10.60.0.0/24"));
-    let used =
-        |kv: &MemKv| demand(&runtime, kv, "pods").and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)));
-    wait_until("the first demand", Duration::from_secs(10), || {
-        used(&kv) == Some((0, 1))
-    });
-    let mut client = agent.client();
+    )
+    .await;
+    let api = agent.api();
+    grant(&kv, "pods", "10.60.0.0/24").await;
+    let used = async |kv: &MemKv| {
+        demand(kv, "pods")
+            .await
+            .and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)))
+    };
+    wait_for("the first demand", Duration::from_secs(10), async || {
+        used(&kv).await == Some((0, 1))
+    })
+    .await;
     for i in 0..3 {
-        client
-            .allocate(&corral_api::AllocateRequest {
-                scope: "node".into(),
-                pool: "pods".into(),
-                family: None,
-                address: None,
-                owner: format!("api-{i}"),
-                key: None,
-                lease_ms: None,
-            })
-            .unwrap();
-    }
-    wait_until("the allocations counted", Duration::from_secs(10), || {
-        used(&kv) == Some((3, 1))
-    });
-    client
-        .release(&corral_api::ReleaseRequest {
+        api.allocate(&corral_api::AllocateRequest {
             scope: "node".into(),
-            key: None,
+            pool: "pods".into(),
+            family: None,
             address: None,
-            generation: None,
-            owner: Some("api-0".into()),
+            owner: format!("api-{i}"),
+            key: None,
+            lease_ms: None,
         })
+        .await
         .unwrap();
-    wait_until("the release counted", Duration::from_secs(10), || {
-        used(&kv) == Some((2, 1))
-    });
-    agent.stop(&runtime);
+    }
+    wait_for(
+        "the allocations counted",
+        Duration::from_secs(10),
+        async || used(&kv).await == Some((3, 1)),
+    )
+    .await;
+    api.release(&corral_api::ReleaseRequest {
+        scope: "node".into(),
+        key: None,
+        address: None,
+        generation: None,
+        owner: Some("api-0".into()),
+    })
+    .await
+    .unwrap();
+    wait_for("the release counted", Duration::from_secs(10), async || {
+        used(&kv).await == Some((2, 1))
+    })
+    .await;
+    agent.stop().await;
 }

@@ -8,10 +8,13 @@
 //! record; garbage records change nothing; the instance ID in the registration; and under pod
 //! churn, no surrendered address is ever handed out.
 //!
-//! Real time: the agent's SQLite threads rule out a paused clock (see `tests/common`).
+//! Paused clock (`tests/common/paused.rs`: the agent over a `MemoryStore`, in-process), so
+//! the pool waits, the demand's spacing and the link's rechecks run in virtual time; the two
+//! tests that restart the agent on its state directory run on a real agent (SQLite, socket) in
+//! real time.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
@@ -22,6 +25,7 @@ use corral_cluster::{
     NodeName, NodeRecord, PoolName, ReleaseRecord, ReleaseState, decode_value, encode_value,
 };
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
+use corral_store::MemoryStore;
 
 const NODE: &str = "node-1";
 const POOL: &str = "vpc";
@@ -29,18 +33,28 @@ const POOL: &str = "vpc";
 const CONFIG: &str = include_str!("configs/cloud.toml");
 mod common;
 
+use common::paused::{Api, MemAgent, wait_for};
 use common::{LinkedAgent as Agent, keys, runtime, wait_until};
 
 fn node() -> NodeName {
     common::node_name(NODE)
 }
 
-/// The agent of instance `i-1`, registered.
+/// The options of the agent of `instance_id`.
+fn options(instance_id: Option<&str>) -> ClusterOptions {
+    ClusterOptions {
+        demand_refresh: Duration::from_secs(1),
+        instance_id: instance_id.map(str::to_owned),
+        ..common::options(NODE, "uid-1", Duration::from_secs(600))
+    }
+}
+
+/// A real agent (SQLite, socket) of instance `i-1`, registered.
 fn start(runtime: &tokio::runtime::Runtime, kv: &MemKv, dir: &Path, pool_wait: Duration) -> Agent {
     start_as(runtime, kv, dir, pool_wait, Some("i-1")).wait_registered()
 }
 
-/// The agent of `instance_id`, ready (registered or not).
+/// A real agent of `instance_id`, ready (registered or not).
 fn start_as(
     runtime: &tokio::runtime::Runtime,
     kv: &MemKv,
@@ -52,34 +66,43 @@ fn start_as(
         pool_wait,
         ..common::config(dir)
     };
-    let options = ClusterOptions {
-        demand_refresh: Duration::from_secs(1),
-        instance_id: instance_id.map(str::to_owned),
-        ..common::options(NODE, "uid-1", Duration::from_secs(600))
+    Agent::start(runtime, kv, config, options(instance_id))
+}
+
+/// An in-memory agent of instance `i-1` on the paused clock, registered.
+async fn start_paused(kv: &MemKv, pool_wait: Duration) -> MemAgent {
+    let config = AgentConfig {
+        pool_wait,
+        ..common::paused::config()
     };
-    Agent::start(runtime, kv, config, options)
+    MemAgent::start(kv, &MemoryStore::new(), config, options(Some("i-1")))
+        .await
+        .wait_registered()
+        .await
 }
 
-/// What the node serves of interfaces.
-trait Interfaces {
-    /// The addresses of interface `id` on the node (empty if it is not there).
-    fn addresses(&self, id: &str) -> Vec<String>;
+/// The addresses of interface `id` on the node (empty if it is not there).
+fn addresses_of(interfaces: Option<corral_api::InterfacesResponse>, id: &str) -> Vec<String> {
+    interfaces
+        .map(|r| {
+            r.pools
+                .iter()
+                .flat_map(|p| &p.interfaces)
+                .filter(|i| i.id == id)
+                .flat_map(|i| i.addresses.clone())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
-impl Interfaces for Agent {
-    fn addresses(&self, id: &str) -> Vec<String> {
-        self.client()
-            .interfaces(None)
-            .map(|r| {
-                r.pools
-                    .iter()
-                    .flat_map(|p| &p.interfaces)
-                    .filter(|i| i.id == id)
-                    .flat_map(|i| i.addresses.clone())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
+/// [`addresses_of`] a real agent.
+fn addresses_on(agent: &Agent, id: &str) -> Vec<String> {
+    addresses_of(agent.client().interfaces(None).ok(), id)
+}
+
+/// [`addresses_of`] an in-memory agent.
+async fn addresses(api: &Api, id: &str) -> Vec<String> {
+    addresses_of(api.interfaces().await.ok(), id)
 }
 
 async fn put(kv: &MemKv, key: String, value: Vec<u8>) -> i64 {
@@ -119,20 +142,13 @@ fn if_key(id: &str) -> String {
 }
 
 /// Writes `interfaces/<node>/<id>` as the leader does; answers the key's create revision.
-fn write_record(
-    runtime: &tokio::runtime::Runtime,
-    kv: &MemKv,
-    id: &str,
-    record: &CloudInterfaceRecord,
-) -> i64 {
-    runtime.block_on(async {
-        put(kv, if_key(id), encode_value(record).unwrap()).await;
-        kv.get(if_key(id).as_bytes())
-            .await
-            .unwrap()
-            .unwrap()
-            .create_revision
-    })
+async fn write_record(kv: &MemKv, id: &str, record: &CloudInterfaceRecord) -> i64 {
+    put(kv, if_key(id), encode_value(record).unwrap()).await;
+    kv.get(if_key(id).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision
 }
 
 fn release_key(cidr: &str) -> String {
@@ -141,7 +157,7 @@ fn release_key(cidr: &str) -> String {
 }
 
 /// The leader's step 1: `marked`, naming the `interfaces/` key's create revision.
-fn mark(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str, grant_revision: i64) {
+async fn mark(kv: &MemKv, cidr: &str, grant_revision: i64) {
     let record = ReleaseRecord {
         state: ReleaseState::Marked,
         grant_revision,
@@ -149,40 +165,50 @@ fn mark(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str, grant_revisio
         answered_ms: 0,
         reason: None,
     };
-    runtime.block_on(put(kv, release_key(cidr), encode_value(&record).unwrap()));
+    put(kv, release_key(cidr), encode_value(&record).unwrap()).await;
 }
 
-fn release_record(
-    runtime: &tokio::runtime::Runtime,
-    kv: &MemKv,
-    cidr: &str,
-) -> Option<ReleaseRecord> {
-    runtime
-        .block_on(kv.get(release_key(cidr).as_bytes()))
+async fn release_record(kv: &MemKv, cidr: &str) -> Option<ReleaseRecord> {
+    kv.get(release_key(cidr).as_bytes())
+        .await
         .unwrap()
         .map(|e| decode_value(&e.value).unwrap())
 }
 
-fn answered(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str) -> ReleaseRecord {
+/// The agent's answer to the mark of `cidr`, once it is there (virtual time).
+async fn answered(kv: &MemKv, cidr: &str) -> ReleaseRecord {
+    let mut answer = None;
+    wait_for("the agent's answer", Duration::from_secs(10), async || {
+        answer = release_record(kv, cidr)
+            .await
+            .filter(|r| r.state != ReleaseState::Marked);
+        answer.is_some()
+    })
+    .await;
+    answer.unwrap()
+}
+
+/// [`answered`], on real time.
+fn answered_real(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str) -> ReleaseRecord {
     let mut answer = None;
     wait_until("the agent's answer", Duration::from_secs(10), || {
-        answer = release_record(runtime, kv, cidr).filter(|r| r.state != ReleaseState::Marked);
+        answer = runtime
+            .block_on(release_record(kv, cidr))
+            .filter(|r| r.state != ReleaseState::Marked);
         answer.is_some()
     });
     answer.unwrap()
 }
 
-fn demand(runtime: &tokio::runtime::Runtime, kv: &MemKv) -> Option<DemandRecord> {
-    runtime
-        .block_on(
-            kv.get(
-                keys()
-                    .demand(&node(), &PoolName::new(POOL).unwrap())
-                    .as_bytes(),
-            ),
-        )
-        .unwrap()
-        .map(|e| decode_value(&e.value).unwrap())
+async fn demand(kv: &MemKv) -> Option<DemandRecord> {
+    kv.get(
+        keys()
+            .demand(&node(), &PoolName::new(POOL).unwrap())
+            .as_bytes(),
+    )
+    .await
+    .unwrap()
+    .map(|e| decode_value(&e.value).unwrap())
 }
 
 fn network() -> CniNetwork {
@@ -204,23 +230,36 @@ fn key(i: usize) -> AttachmentKey {
     }
 }
 
-fn add(client: &mut Client, i: usize) -> Result<corral_api::Allocated, corral_client::Error> {
-    let added = client.cni_add(&CniAddRequest {
+fn add_request(i: usize) -> CniAddRequest {
+    CniAddRequest {
         network: network(),
         key: key(i),
         owner: format!("pod-{i}"),
         sets: vec![],
-    })?;
+    }
+}
+
+fn del_request(i: usize) -> CniKeyRequest {
+    CniKeyRequest {
+        network: network(),
+        key: key(i),
+    }
+}
+
+/// A CNI ADD to a real agent.
+fn add_by(client: &mut Client, i: usize) -> Result<corral_api::Allocated, corral_client::Error> {
+    let added = client.cni_add(&add_request(i))?;
     Ok(added.allocations[0].clone())
 }
 
-fn del(client: &mut Client, i: usize) {
-    client
-        .cni_del(&CniKeyRequest {
-            network: network(),
-            key: key(i),
-        })
-        .unwrap();
+/// A CNI ADD to an in-memory agent.
+async fn add(api: &Api, i: usize) -> Result<corral_api::Allocated, corral_client::Error> {
+    let added = api.cni_add(&add_request(i)).await?;
+    Ok(added.allocations[0].clone())
+}
+
+async fn del(api: &Api, i: usize) {
+    api.cni_del(&del_request(i)).await.unwrap();
 }
 
 fn assert_retry_later(result: Result<corral_api::Allocated, corral_client::Error>) {
@@ -233,37 +272,40 @@ fn assert_retry_later(result: Result<corral_api::Allocated, corral_client::Error
     }
 }
 
-#[test]
-fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(500));
+    put_config(&kv).await;
+    let agent = start_paused(&kv, Duration::from_millis(500)).await;
+    let api = agent.api();
     // The registration carries the instance ID.
-    let registered: NodeRecord = runtime
-        .block_on(kv.get(keys().node(&node()).as_bytes()))
+    let registered: NodeRecord = kv
+        .get(keys().node(&node()).as_bytes())
+        .await
         .unwrap()
         .map(|e| decode_value(&e.value).unwrap())
         .unwrap();
     assert_eq!(registered.instance_id.as_deref(), Some("i-1"));
-    assert_eq!(agent.cluster_status().instance_id.as_deref(), Some("i-1"));
+    assert_eq!(
+        agent.cluster_status().await.instance_id.as_deref(),
+        Some("i-1")
+    );
     write_record(
-        &runtime,
         &kv,
         "eni-a",
         &record(1, "10.0.1.0/24", &["10.0.1.10/32", "10.0.1.11/32"]),
-    );
+    )
+    .await;
     let mut attaching = record(2, "10.0.2.0/24", &["10.0.2.10/32"]);
     attaching.attachment = CloudAttachment::Attaching;
-    write_record(&runtime, &kv, "eni-b", &attaching);
-    wait_until("eni-a served", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 2
-    });
-    let mut client = agent.client();
+    write_record(&kv, "eni-b", &attaching).await;
+    wait_for("eni-a served", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.len() == 2
+    })
+    .await;
     let mut got = Vec::new();
     for i in 0..2 {
-        let allocated = add(&mut client, i).unwrap();
+        let allocated = add(&api, i).await.unwrap();
         let interface = allocated.interface.clone().unwrap();
         assert_eq!(interface.id, "eni-a");
         assert_eq!(interface.device_number, 1);
@@ -276,67 +318,66 @@ fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
     got.sort();
     assert_eq!(got, ["10.0.1.10", "10.0.1.11"]);
     // eni-b is attaching: not served; the ADD waits and gives up naming the pool.
-    assert!(agent.addresses("eni-b").is_empty());
-    assert_retry_later(add(&mut client, 2));
+    assert!(addresses(&api, "eni-b").await.is_empty());
+    assert_retry_later(add(&api, 2).await);
     // The demand: 2 used, nothing free, nothing empty.
-    wait_until("the demand", Duration::from_secs(5), || {
-        demand(&runtime, &kv).is_some_and(|d| d.ipv4.is_some_and(|f| f.used == 2 && f.pending == 0))
-    });
-    let v4 = demand(&runtime, &kv).unwrap().ipv4.unwrap();
+    wait_for("the demand", Duration::from_secs(5), async || {
+        demand(&kv)
+            .await
+            .is_some_and(|d| d.ipv4.is_some_and(|f| f.used == 2 && f.pending == 0))
+    })
+    .await;
+    let v4 = demand(&kv).await.unwrap().ipv4.unwrap();
     assert_eq!((v4.free, v4.blocks), (0, 2));
     assert!(v4.empty.is_empty());
     // Attached now: served from device 2.
-    write_record(
-        &runtime,
-        &kv,
-        "eni-b",
-        &record(2, "10.0.2.0/24", &["10.0.2.10/32"]),
-    );
-    wait_until("eni-b served", Duration::from_secs(10), || {
-        agent.addresses("eni-b").len() == 1
-    });
-    let allocated = add(&mut client, 3).unwrap();
+    write_record(&kv, "eni-b", &record(2, "10.0.2.0/24", &["10.0.2.10/32"])).await;
+    wait_for("eni-b served", Duration::from_secs(10), async || {
+        addresses(&api, "eni-b").await.len() == 1
+    })
+    .await;
+    let allocated = add(&api, 3).await.unwrap();
     assert_eq!(allocated.address.to_string(), "10.0.2.10");
     assert_eq!(allocated.interface.unwrap().device_number, 2);
     // ADD and DEL make no store request: only the demand writes that follow them.
     let before = kv.requests();
-    del(&mut client, 3);
-    let again = add(&mut client, 3).unwrap();
+    del(&api, 3).await;
+    let again = add(&api, 3).await.unwrap();
     assert_eq!(again.address.to_string(), "10.0.2.10");
     assert!(
         kv.requests() - before <= 2,
         "{} requests",
         kv.requests() - before
     );
-    assert!(
-        agent.cluster_status().problems.is_empty(),
-        "{:?}",
-        agent.cluster_status().problems
-    );
-    agent.stop(&runtime);
+    let problems = agent.cluster_status().await.problems;
+    assert!(problems.is_empty(), "{problems:?}");
+    agent.stop().await;
 }
 
-#[test]
-fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn_one_taken_back() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn_one_taken_back() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    put_config(&kv).await;
+    let agent = start_paused(&kv, Duration::from_millis(300)).await;
+    let api = agent.api();
     let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"];
-    let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &all));
-    wait_until("eni-a served", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 3
-    });
-    let mut client = agent.client();
-    let used = add(&mut client, 0).unwrap().address.to_string();
+    let revision = write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &all)).await;
+    wait_for("eni-a served", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.len() == 3
+    })
+    .await;
+    let used = add(&api, 0).await.unwrap().address.to_string();
     let used_cidr = format!("{used}/32");
     let free: Vec<&str> = all.iter().copied().filter(|a| *a != used_cidr).collect();
     // The demand lists the two free ones, highest first.
-    wait_until("the demand", Duration::from_secs(5), || {
-        demand(&runtime, &kv).is_some_and(|d| d.ipv4.is_some_and(|f| f.used == 1))
-    });
-    let empty: Vec<String> = demand(&runtime, &kv)
+    wait_for("the demand", Duration::from_secs(5), async || {
+        demand(&kv)
+            .await
+            .is_some_and(|d| d.ipv4.is_some_and(|f| f.used == 1))
+    })
+    .await;
+    let empty: Vec<String> = demand(&kv)
+        .await
         .unwrap()
         .ipv4
         .unwrap()
@@ -346,48 +387,47 @@ fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn_one_t
         .collect();
     assert_eq!(empty, [free[1], free[0]]);
     // In use: refused with the reason, nothing changed.
-    mark(&runtime, &kv, &used_cidr, revision);
-    let answer = answered(&runtime, &kv, &used_cidr);
+    mark(&kv, &used_cidr, revision).await;
+    let answer = answered(&kv, &used_cidr).await;
     assert_eq!(answer.state, ReleaseState::Refused);
     assert!(answer.reason.unwrap().contains("allocation"));
-    assert!(agent.addresses("eni-a").contains(&used_cidr));
+    assert!(addresses(&api, "eni-a").await.contains(&used_cidr));
     // Under another record revision: refused.
-    mark(&runtime, &kv, free[0], revision + 1000);
-    assert_eq!(
-        answered(&runtime, &kv, free[0]).state,
-        ReleaseState::Refused
-    );
+    mark(&kv, free[0], revision + 1000).await;
+    assert_eq!(answered(&kv, free[0]).await.state, ReleaseState::Refused);
     // Free: surrendered, answered ready, and never handed out again.
-    mark(&runtime, &kv, free[0], revision);
-    assert_eq!(answered(&runtime, &kv, free[0]).state, ReleaseState::Ready);
-    assert!(!agent.addresses("eni-a").contains(&free[0].to_owned()));
-    let other = add(&mut client, 1).unwrap().address.to_string();
+    mark(&kv, free[0], revision).await;
+    assert_eq!(answered(&kv, free[0]).await.state, ReleaseState::Ready);
+    assert!(!addresses(&api, "eni-a").await.contains(&free[0].to_owned()));
+    let other = add(&api, 1).await.unwrap().address.to_string();
     assert_eq!(format!("{other}/32"), free[1]);
-    assert_retry_later(add(&mut client, 2));
+    assert_retry_later(add(&api, 2).await);
     // Withdrawn (the leader deletes the key while the record still lists it): taken back.
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::delete(release_key(free[0]))],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until("taken back", Duration::from_secs(10), || {
-        agent.addresses("eni-a").contains(&free[0].to_owned())
-    });
-    let back = add(&mut client, 2).unwrap().address.to_string();
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::delete(release_key(free[0]))],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    wait_for("taken back", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.contains(&free[0].to_owned())
+    })
+    .await;
+    let back = add(&api, 2).await.unwrap().address.to_string();
     assert_eq!(format!("{back}/32"), free[0]);
     // Completed: surrendered again, then the leader drops it from the record and deletes the
     // key in one txn; the address is gone and its marker forgotten.
-    del(&mut client, 2);
+    del(&api, 2).await;
     // (Cooling after the DEL: refused until the cooldown ends.)
-    mark(&runtime, &kv, free[0], revision);
-    let cooling = answered(&runtime, &kv, free[0]);
+    mark(&kv, free[0], revision).await;
+    let cooling = answered(&kv, free[0]).await;
     assert_eq!(cooling.state, ReleaseState::Refused);
     assert!(cooling.reason.unwrap().contains("cool"));
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
+/// Restarts the agent on its state directory: the real store (SQLite), real time.
 #[test]
 fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
     let runtime = runtime();
@@ -396,16 +436,16 @@ fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
     runtime.block_on(put_config(&kv));
     let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
     let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.32/28"];
-    let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &all));
+    let revision = runtime.block_on(write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &all)));
     wait_until("eni-a served", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 3
+        addresses_on(&agent, "eni-a").len() == 3
     });
     let mut client = agent.client();
-    let pod = add(&mut client, 0).unwrap().address;
+    let pod = add_by(&mut client, 0).unwrap().address;
     // A prefix and a single address surrendered.
-    mark(&runtime, &kv, "10.0.1.32/28", revision);
+    runtime.block_on(mark(&kv, "10.0.1.32/28", revision));
     assert_eq!(
-        answered(&runtime, &kv, "10.0.1.32/28").state,
+        answered_real(&runtime, &kv, "10.0.1.32/28").state,
         ReleaseState::Ready
     );
     let single = if pod.to_string() == "10.0.1.10" {
@@ -413,22 +453,28 @@ fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
     } else {
         "10.0.1.10/32"
     };
-    mark(&runtime, &kv, single, revision);
-    assert_eq!(answered(&runtime, &kv, single).state, ReleaseState::Ready);
+    runtime.block_on(mark(&kv, single, revision));
+    assert_eq!(
+        answered_real(&runtime, &kv, single).state,
+        ReleaseState::Ready
+    );
     // A restart: the pod's address, the interface and the surrenders are kept; a `marked` key
     // (the `ready` lost) is answered `ready` again, and nothing surrendered comes back.
     agent.stop(&runtime);
-    mark(&runtime, &kv, single, revision);
+    runtime.block_on(mark(&kv, single, revision));
     let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
-    assert_eq!(answered(&runtime, &kv, single).state, ReleaseState::Ready);
-    assert_eq!(agent.addresses("eni-a"), [format!("{pod}/32")]);
+    assert_eq!(
+        answered_real(&runtime, &kv, single).state,
+        ReleaseState::Ready
+    );
+    assert_eq!(addresses_on(&agent, "eni-a"), [format!("{pod}/32")]);
     let mut client = agent.client();
     assert_eq!(
-        add(&mut client, 0).unwrap().address,
+        add_by(&mut client, 0).unwrap().address,
         pod,
         "the same pod keeps its address"
     );
-    assert_retry_later(add(&mut client, 1));
+    assert_retry_later(add_by(&mut client, 1));
     // Completed: the leader takes both off the record and deletes their keys in one txn.
     let mut kept = record(1, "10.0.1.0/24", &[]);
     kept.addresses = vec![format!("{pod}/32").parse().unwrap()];
@@ -456,23 +502,21 @@ fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
     });
     // The cloud gives the prefix back to the node later: served again.
     kept.addresses.push("10.0.1.32/28".parse().unwrap());
-    write_record(&runtime, &kv, "eni-a", &kept);
+    runtime.block_on(write_record(&kv, "eni-a", &kept));
     wait_until("the prefix again", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 2
+        addresses_on(&agent, "eni-a").len() == 2
     });
-    assert!(add(&mut client, 1).is_ok());
+    assert!(add_by(&mut client, 1).is_ok());
     agent.stop(&runtime);
 }
 
-#[test]
-fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    put_config(&kv).await;
+    let agent = start_paused(&kv, Duration::from_millis(300)).await;
+    let api = agent.api();
     write_record(
-        &runtime,
         &kv,
         "eni-a",
         &record(
@@ -480,23 +524,19 @@ fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported(
             "10.0.1.0/24",
             &["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"],
         ),
-    );
-    write_record(
-        &runtime,
-        &kv,
-        "eni-b",
-        &record(2, "10.0.2.0/24", &["10.0.2.10/32"]),
-    );
-    wait_until("served", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 3 && agent.addresses("eni-b").len() == 1
-    });
-    let mut client = agent.client();
+    )
+    .await;
+    write_record(&kv, "eni-b", &record(2, "10.0.2.0/24", &["10.0.2.10/32"])).await;
+    wait_for("served", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.len() == 3 && addresses(&api, "eni-b").await.len() == 1
+    })
+    .await;
     let mut pods = Vec::new();
     for i in 0..4 {
-        pods.push(add(&mut client, i).unwrap().address.to_string());
+        pods.push(add(&api, i).await.unwrap().address.to_string());
     }
-    del(&mut client, 2); // one address of eni-a cooling, not in use
-    del(&mut client, 1);
+    del(&api, 2).await; // one address of eni-a cooling, not in use
+    del(&api, 1).await;
     let in_use = pods[0].clone();
     // The operator forces two addresses off eni-a (one in use, one cooling) and deletes eni-b
     // (its address in use).
@@ -504,110 +544,106 @@ fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported(
         .into_iter()
         .filter(|a| *a != format!("{in_use}/32") && *a != format!("{}/32", pods[2]))
         .collect();
-    write_record(
-        &runtime,
-        &kv,
-        "eni-a",
-        &record(1, "10.0.1.0/24", &remaining),
-    );
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::delete(if_key("eni-b"))],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until("frozen and reported", Duration::from_secs(10), || {
-        let problems = agent.cluster_status().problems;
+    write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &remaining)).await;
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::delete(if_key("eni-b"))],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    wait_for("frozen and reported", Duration::from_secs(10), async || {
+        let problems = agent.cluster_status().await.problems;
         problems
             .iter()
             .any(|p| p.contains(&in_use) && p.contains("frozen"))
             && problems.iter().any(|p| p.contains("eni-b"))
-    });
+    })
+    .await;
     // Still on the node (the pods keep their addresses), handed out to nobody new.
-    assert!(agent.addresses("eni-a").contains(&format!("{in_use}/32")));
-    assert_eq!(agent.addresses("eni-b"), ["10.0.2.10/32"]);
-    let metrics = agent.client().metrics().unwrap();
+    assert!(
+        addresses(&api, "eni-a")
+            .await
+            .contains(&format!("{in_use}/32"))
+    );
+    assert_eq!(addresses(&api, "eni-b").await, ["10.0.2.10/32"]);
+    let metrics = api.metrics().await.unwrap();
     assert!(
         metrics.contains("corral_cloud_frozen_addresses 2"),
         "{pods:?} {:?} {:?}",
-        agent.cluster_status().problems,
-        agent.addresses("eni-a")
+        agent.cluster_status().await.problems,
+        addresses(&api, "eni-a").await
     );
     assert_eq!(
-        add(&mut client, 5).unwrap().address.to_string(),
+        add(&api, 5).await.unwrap().address.to_string(),
         remaining[0].trim_end_matches("/32")
     );
-    assert_retry_later(add(&mut client, 6));
+    assert_retry_later(add(&api, 6).await);
     // The cooling address, with nothing allocated in it, left at once.
     assert!(
-        !agent
-            .addresses("eni-a")
+        !addresses(&api, "eni-a")
+            .await
             .contains(&format!("{}/32", pods[2]))
     );
     // The pods keep their addresses; once the pod on eni-b is gone, eni-b leaves (the
     // recheck while something is frozen), and the pod on eni-a's frozen address stays.
-    del(&mut client, 3);
-    wait_until("eni-b gone", Duration::from_secs(15), || {
-        agent
-            .client()
-            .interfaces(None)
+    del(&api, 3).await;
+    wait_for("eni-b gone", Duration::from_secs(15), async || {
+        api.interfaces()
+            .await
             .unwrap()
             .pools
             .iter()
             .flat_map(|p| &p.interfaces)
             .all(|i| i.id != "eni-b")
-    });
-    assert!(agent.addresses("eni-a").contains(&format!("{in_use}/32")));
-    let check = client
-        .cni_check(&CniKeyRequest {
-            network: network(),
-            key: key(0),
-        })
-        .unwrap();
+    })
+    .await;
+    assert!(
+        addresses(&api, "eni-a")
+            .await
+            .contains(&format!("{in_use}/32"))
+    );
+    let check = api.cni_check(&del_request(0)).await.unwrap();
     assert_eq!(check.allocations[0].address.to_string(), in_use);
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
-#[test]
-fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_secs(8));
-    let socket = agent.socket.clone();
-    let waiting = std::thread::spawn(move || add(&mut Client::unix(&socket), 0));
-    wait_until(
+    put_config(&kv).await;
+    let agent = start_paused(&kv, Duration::from_secs(8)).await;
+    let api = agent.api();
+    let waiting = tokio::spawn({
+        let api = api.clone();
+        async move { add(&api, 0).await }
+    });
+    wait_for(
         "the pending ADD in the demand",
         Duration::from_secs(5),
-        || demand(&runtime, &kv).is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 1)),
-    );
-    write_record(
-        &runtime,
-        &kv,
-        "eni-a",
-        &record(1, "10.0.1.0/24", &["10.0.1.10/32"]),
-    );
-    let allocated = waiting.join().unwrap().unwrap();
+        async || {
+            demand(&kv)
+                .await
+                .is_some_and(|d| d.ipv4.is_some_and(|f| f.pending == 1))
+        },
+    )
+    .await;
+    write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &["10.0.1.10/32"])).await;
+    let allocated = waiting.await.unwrap().unwrap();
     assert_eq!(allocated.address.to_string(), "10.0.1.10");
     // Garbage: a value that does not decode, a record for another instance, one with an
     // address outside its subnet, and eni-a overwritten with garbage. Nothing changes.
-    runtime.block_on(put(&kv, if_key("eni-x"), b"{not json".to_vec()));
+    put(&kv, if_key("eni-x"), b"{not json".to_vec()).await;
     let mut other = record(3, "10.0.3.0/24", &["10.0.3.10/32"]);
     other.instance_id = "i-9".into();
-    write_record(&runtime, &kv, "eni-y", &other);
-    write_record(
-        &runtime,
-        &kv,
-        "eni-z",
-        &record(4, "10.0.4.0/24", &["10.0.5.10/32"]),
-    );
-    runtime.block_on(put(&kv, if_key("eni-a"), b"garbage".to_vec()));
-    wait_until("reported", Duration::from_secs(10), || {
-        agent.cluster_status().problems.len() == 4
-    });
-    let problems = agent.cluster_status().problems;
+    write_record(&kv, "eni-y", &other).await;
+    write_record(&kv, "eni-z", &record(4, "10.0.4.0/24", &["10.0.5.10/32"])).await;
+    put(&kv, if_key("eni-a"), b"garbage".to_vec()).await;
+    wait_for("reported", Duration::from_secs(10), async || {
+        agent.cluster_status().await.problems.len() == 4
+    })
+    .await;
+    let problems = agent.cluster_status().await.problems;
     assert!(
         problems
             .iter()
@@ -620,23 +656,18 @@ fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
             .any(|p| p.contains("eni-z") && p.contains("10.0.5.10")),
         "{problems:?}"
     );
-    assert_eq!(agent.addresses("eni-a"), ["10.0.1.10/32"]);
+    assert_eq!(addresses(&api, "eni-a").await, ["10.0.1.10/32"]);
     for id in ["eni-x", "eni-y", "eni-z"] {
-        assert!(agent.addresses(id).is_empty());
+        assert!(addresses(&api, id).await.is_empty());
     }
-    let metrics = agent.client().metrics().unwrap();
+    let metrics = api.metrics().await.unwrap();
     assert!(metrics.contains("corral_cloud_bad_records 4"), "{metrics}");
-    let check = agent
-        .client()
-        .cni_check(&CniKeyRequest {
-            network: network(),
-            key: key(0),
-        })
-        .unwrap();
+    let check = api.cni_check(&del_request(0)).await.unwrap();
     assert_eq!(check.allocations.len(), 1);
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
+/// Restarts the agent on its state directory: the real store (SQLite), real time.
 #[test]
 fn a_node_registered_with_another_instance_is_refused_naming_both() {
     let runtime = runtime();
@@ -668,32 +699,29 @@ fn a_node_registered_with_another_instance_is_refused_naming_both() {
 
 /// Marks under pod churn: every `ready` finds the address with no allocation, and no ADD gets
 /// it until the handshake is withdrawn; every `refused` leaves it on the interface.
-#[test]
-fn under_churn_a_surrendered_address_is_never_also_handed_out() {
+#[tokio::test(start_paused = true)]
+async fn under_churn_a_surrendered_address_is_never_also_handed_out() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
-    let runtime = runtime();
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(20));
+    put_config(&kv).await;
+    let agent = start_paused(&kv, Duration::from_millis(20)).await;
+    let api = agent.api();
     let all: Vec<String> = (10..18).map(|i| format!("10.0.1.{i}/32")).collect();
     let refs: Vec<&str> = all.iter().map(String::as_str).collect();
-    let revision = write_record(&runtime, &kv, "eni-a", &record(1, "10.0.1.0/24", &refs));
-    wait_until("served", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 8
-    });
-    // The churn: 6 keys, ADD or DEL at random; every ADD answer with when it came.
-    let answers: Arc<Mutex<Vec<(Instant, String)>>> = Arc::default();
+    let revision = write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &refs)).await;
+    wait_for("served", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.len() == 8
+    })
+    .await;
+    // The churn: 6 keys, ADD or DEL at random, one a millisecond (virtual); every ADD answer
+    // in the order they came (one runtime thread: an answer is recorded before anything else
+    // runs, so the order is exact).
+    let answers: Arc<Mutex<Vec<String>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let churn = {
-        let (socket, answers, stop) = (
-            agent.socket.clone(),
-            Arc::clone(&answers),
-            Arc::clone(&stop),
-        );
-        std::thread::spawn(move || {
-            let mut client = Client::unix(&socket);
+        let (api, answers, stop) = (api.clone(), Arc::clone(&answers), Arc::clone(&stop));
+        tokio::spawn(async move {
             let mut state = 0x2545_f491_4f6c_dd1du64;
             while !stop.load(Ordering::Acquire) {
                 state ^= state << 13;
@@ -701,26 +729,24 @@ fn under_churn_a_surrendered_address_is_never_also_handed_out() {
                 state ^= state << 17;
                 let i = (state % 6) as usize;
                 if state.is_multiple_of(3) {
-                    del(&mut client, i);
-                } else if let Ok(got) = add(&mut client, i) {
-                    answers
-                        .lock()
-                        .unwrap()
-                        .push((Instant::now(), format!("{}/32", got.address)));
+                    del(&api, i).await;
+                } else if let Ok(got) = add(&api, i).await {
+                    answers.lock().unwrap().push(format!("{}/32", got.address));
                 }
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         })
     };
     let (mut ready, mut refused) = (0, 0);
     for round in 0..24 {
         let address = all[round % all.len()].as_str();
-        mark(&runtime, &kv, address, revision);
-        let answer = answered(&runtime, &kv, address);
-        let seen = Instant::now();
+        mark(&kv, address, revision).await;
+        let answer = answered(&kv, address).await;
+        let seen = answers.lock().unwrap().len();
         match answer.state {
             ReleaseState::Ready => {
                 ready += 1;
-                let dump = agent.client().dump(Some("node")).unwrap();
+                let dump = api.dump(Some("node")).await.unwrap();
                 let allocated: Vec<String> = dump
                     .scopes
                     .iter()
@@ -732,79 +758,78 @@ fn under_churn_a_surrendered_address_is_never_also_handed_out() {
                     !allocated.contains(&address.to_owned()),
                     "{address} ready and allocated"
                 );
-                assert!(!agent.addresses("eni-a").contains(&address.to_owned()));
-                std::thread::sleep(Duration::from_millis(100));
-                let withdrawn = Instant::now();
-                runtime
-                    .block_on(kv.txn(Txn {
-                        compares: vec![],
-                        success: vec![TxnOp::delete(release_key(address))],
-                        failure: vec![],
-                    }))
-                    .unwrap();
-                let handed = answers
-                    .lock()
-                    .unwrap()
+                assert!(!addresses(&api, "eni-a").await.contains(&address.to_owned()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let withdrawn = answers.lock().unwrap().len();
+                kv.txn(Txn {
+                    compares: vec![],
+                    success: vec![TxnOp::delete(release_key(address))],
+                    failure: vec![],
+                })
+                .await
+                .unwrap();
+                let handed = answers.lock().unwrap()[seen..withdrawn]
                     .iter()
-                    .any(|(at, a)| a == address && *at >= seen && *at < withdrawn);
+                    .any(|a| a == address);
                 assert!(!handed, "{address} handed out while surrendered");
-                wait_until("taken back", Duration::from_secs(10), || {
-                    agent.addresses("eni-a").contains(&address.to_owned())
-                });
+                wait_for("taken back", Duration::from_secs(10), async || {
+                    addresses(&api, "eni-a").await.contains(&address.to_owned())
+                })
+                .await;
             }
             ReleaseState::Refused => {
                 refused += 1;
-                assert!(agent.addresses("eni-a").contains(&address.to_owned()));
-                runtime
-                    .block_on(kv.txn(Txn {
-                        compares: vec![],
-                        success: vec![TxnOp::delete(release_key(address))],
-                        failure: vec![],
-                    }))
-                    .unwrap();
+                assert!(addresses(&api, "eni-a").await.contains(&address.to_owned()));
+                kv.txn(Txn {
+                    compares: vec![],
+                    success: vec![TxnOp::delete(release_key(address))],
+                    failure: vec![],
+                })
+                .await
+                .unwrap();
             }
             ReleaseState::Marked => unreachable!(),
         }
     }
     stop.store(true, Ordering::Release);
-    churn.join().unwrap();
+    churn.await.unwrap();
     assert!(ready > 0 && refused > 0, "ready {ready}, refused {refused}");
     assert!(answers.lock().unwrap().len() > 20);
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
 /// A store outage: the agent says `degraded`, keeps its interfaces and serves from them; once
 /// the store is back it reads the records again and follows them.
-#[test]
-fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(200));
+    put_config(&kv).await;
+    let agent = start_paused(&kv, Duration::from_millis(200)).await;
+    let api = agent.api();
     write_record(
-        &runtime,
         &kv,
         "eni-a",
         &record(1, "10.0.1.0/24", &["10.0.1.10/32", "10.0.1.11/32"]),
-    );
-    wait_until("served", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 2
-    });
-    let mut client = agent.client();
-    add(&mut client, 0).unwrap();
+    )
+    .await;
+    wait_for("served", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.len() == 2
+    })
+    .await;
+    add(&api, 0).await.unwrap();
     kv.set_unavailable(true);
-    wait_until("degraded", Duration::from_secs(10), || {
-        agent.cluster_status().degraded
-    });
-    assert_eq!(agent.addresses("eni-a").len(), 2);
-    add(&mut client, 1).unwrap();
+    wait_for("degraded", Duration::from_secs(10), async || {
+        agent.cluster_status().await.degraded
+    })
+    .await;
+    assert_eq!(addresses(&api, "eni-a").await.len(), 2);
+    add(&api, 1).await.unwrap();
     kv.set_unavailable(false);
-    wait_until("back", Duration::from_secs(10), || {
-        !agent.cluster_status().degraded
-    });
+    wait_for("back", Duration::from_secs(10), async || {
+        !agent.cluster_status().await.degraded
+    })
+    .await;
     write_record(
-        &runtime,
         &kv,
         "eni-a",
         &record(
@@ -812,13 +837,12 @@ fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() {
             "10.0.1.0/24",
             &["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"],
         ),
-    );
-    wait_until("the new address", Duration::from_secs(10), || {
-        agent.addresses("eni-a").len() == 3
-    });
-    assert_eq!(
-        add(&mut client, 2).unwrap().address.to_string(),
-        "10.0.1.12"
-    );
-    agent.stop(&runtime);
+    )
+    .await;
+    wait_for("the new address", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.len() == 3
+    })
+    .await;
+    assert_eq!(add(&api, 2).await.unwrap().address.to_string(), "10.0.1.12");
+    agent.stop().await;
 }

@@ -1,7 +1,9 @@
-//! The agent's cluster link on `MemKv`, with a real agent in-process (`tests/common`):
-//! registration, grants becoming `cluster` ranges and draining, zero store requests per CNI
-//! ADD/DEL, degraded mode during an outage, and the liveness key on the agent's lease (real
-//! time, with 1–3 s lease TTLs).
+//! The agent's cluster link on `MemKv` (`tests/common`): registration, grants becoming
+//! `cluster` ranges and draining, zero store requests per CNI ADD/DEL, degraded mode during
+//! an outage, and the liveness key on the agent's lease. The tests bound by the link's timers
+//! (the outage, the liveness key with 1–2 s lease TTLs) run on the paused clock
+//! (`tests/common/paused.rs`: the agent over a `MemoryStore`, in-process); the others on a
+//! real agent (SQLite, socket) in real time, waiting for events.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,8 +14,10 @@ use corral_api::{
 };
 use corral_cluster::{NodeName, NodeRecord, encode_value};
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
+use corral_store::MemoryStore;
 mod common;
 
+use common::paused::{Api, MemAgent, wait_for};
 use common::{LinkedAgent, keys, runtime, wait_until};
 
 fn start(
@@ -56,8 +60,7 @@ fn start_with(
 }
 
 /// The node scope's cluster ranges, as `(range, draining)`.
-fn cluster_ranges(agent: &LinkedAgent) -> Vec<(String, bool)> {
-    let pools = agent.client().pools(Some("node")).unwrap();
+fn ranges_of(pools: &corral_api::PoolsResponse) -> Vec<(String, bool)> {
     let mut ranges: Vec<(String, bool)> = pools
         .pools
         .iter()
@@ -72,6 +75,26 @@ fn cluster_ranges(agent: &LinkedAgent) -> Vec<(String, bool)> {
         .collect();
     ranges.sort();
     ranges
+}
+
+/// [`ranges_of`] a real agent.
+fn cluster_ranges(agent: &LinkedAgent) -> Vec<(String, bool)> {
+    ranges_of(&agent.client().pools(Some("node")).unwrap())
+}
+
+/// [`ranges_of`] an in-memory agent.
+async fn ranges(api: &Api) -> Vec<(String, bool)> {
+    ranges_of(&api.pools(Some("node")).await.unwrap())
+}
+
+/// An in-memory agent on the paused clock, registered as `node-1` with its liveness on a
+/// lease of `ttl`.
+async fn start_paused(kv: &MemKv, ttl: Duration) -> MemAgent {
+    let options = common::options("node-1", "uid-1", ttl);
+    MemAgent::start(kv, &MemoryStore::new(), common::paused::config(), options)
+        .await
+        .wait_registered()
+        .await
 }
 
 /// Grants `cidr` (`10.192.1.0/24`) of pool `default` to `node`, as the operator writes it.
@@ -119,6 +142,31 @@ fn allocate(agent: &LinkedAgent, owner: &str) -> Result<std::net::IpAddr, corral
         key: None,
         lease_ms: None,
     })?;
+    Ok(response.allocations[0].address)
+}
+
+/// [`grant_first`] on an in-memory agent.
+async fn grant_first_paused(kv: &MemKv, api: &Api, cidr: &str) {
+    grant(kv, "node-1", cidr).await;
+    wait_for("the grant arrives", Duration::from_secs(10), async || {
+        ranges(api).await == [(cidr.to_owned(), false)]
+    })
+    .await;
+}
+
+/// [`allocate`] on an in-memory agent.
+async fn allocate_paused(api: &Api, owner: &str) -> Result<std::net::IpAddr, corral_client::Error> {
+    let response = api
+        .allocate(&AllocateRequest {
+            scope: "node".into(),
+            pool: "default".into(),
+            family: None,
+            address: None,
+            owner: owner.into(),
+            key: None,
+            lease_ms: None,
+        })
+        .await?;
     Ok(response.allocations[0].address)
 }
 
@@ -286,35 +334,24 @@ fn cni_add_and_del_make_no_store_requests() {
     agent.stop(&runtime);
 }
 
-#[test]
-fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(1),
-    )
-    .wait_registered();
-    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
-    allocate(&agent, "before").unwrap();
+    let agent = start_paused(&kv, Duration::from_secs(1)).await;
+    let api = agent.api();
+    grant_first_paused(&kv, &api, "10.192.1.0/24").await;
+    allocate_paused(&api, "before").await.unwrap();
     kv.set_unavailable(true);
-    wait_until("degraded", Duration::from_secs(5), || {
-        agent.cluster_status().degraded
-    });
-    let status = agent.cluster_status();
+    wait_for("degraded", Duration::from_secs(5), async || {
+        agent.cluster_status().await.degraded
+    })
+    .await;
+    let status = agent.cluster_status().await;
     assert!(status.degraded_since_ms.is_some(), "{status:?}");
     // Nothing held is dropped; pods keep getting addresses from it.
-    assert_eq!(
-        cluster_ranges(&agent),
-        [("10.192.1.0/24".to_owned(), false)]
-    );
+    assert_eq!(ranges(&api).await, [("10.192.1.0/24".to_owned(), false)]);
     for i in 0..10 {
-        let address = allocate(&agent, &format!("during-{i}")).unwrap();
+        let address = allocate_paused(&api, &format!("during-{i}")).await.unwrap();
         assert!(
             "10.192.1.0/24"
                 .parse::<corral_cluster::IpNet>()
@@ -322,144 +359,118 @@ fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
                 .contains(&address)
         );
     }
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        cluster_ranges(&agent),
-        [("10.192.1.0/24".to_owned(), false)]
-    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ranges(&api).await, [("10.192.1.0/24".to_owned(), false)]);
     kv.set_unavailable(false);
-    wait_until("no longer degraded", Duration::from_secs(15), || {
-        let status = agent.cluster_status();
+    wait_for("no longer degraded", Duration::from_secs(15), async || {
+        let status = agent.cluster_status().await;
         !status.degraded && status.degraded_since_ms.is_none() && status.registered
-    });
+    })
+    .await;
     // New grants arrive again.
-    runtime.block_on(grant(&kv, "node-1", "fd00:200::/64"));
-    wait_until("the new grant arrives", Duration::from_secs(10), || {
-        cluster_ranges(&agent).len() == 2
-    });
-    agent.stop(&runtime);
+    grant(&kv, "node-1", "fd00:200::/64").await;
+    wait_for(
+        "the new grant arrives",
+        Duration::from_secs(10),
+        async || ranges(&api).await.len() == 2,
+    )
+    .await;
+    agent.stop().await;
 }
 
-#[test]
-fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(1),
-    )
-    .wait_registered();
-    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
+    let agent = start_paused(&kv, Duration::from_secs(1)).await;
+    let api = agent.api();
+    grant_first_paused(&kv, &api, "10.192.1.0/24").await;
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
-    let live = runtime
-        .block_on(kv.get(live_key.as_bytes()))
+    let live = kv
+        .get(live_key.as_bytes())
+        .await
         .unwrap()
         .expect("live/node-1 while running");
     assert!(live.lease.is_some(), "on a lease");
     // Kept alive past several TTLs.
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        runtime
-            .block_on(kv.get(live_key.as_bytes()))
-            .unwrap()
-            .is_some()
-    );
-    // The link dies without revoking: the key goes with the lease, the grant stays.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(kv.get(live_key.as_bytes()).await.unwrap().is_some());
+    // The link dies without revoking: the key goes with the lease, within its TTL of the
+    // last keep-alive (virtual time makes that exact; the 100 ms are `wait_for`'s looks), and
+    // the grant stays.
     agent.kill_link();
-    wait_until("live/node-1 expires", Duration::from_secs(4), || {
-        runtime
-            .block_on(kv.get(live_key.as_bytes()))
-            .unwrap()
-            .is_none()
-    });
-    let grants = runtime
-        .block_on(corral_kv::read_all(
-            &kv,
-            keys().grants_prefix().as_bytes(),
-            100,
-        ))
+    wait_for(
+        "live/node-1 expires",
+        Duration::from_millis(1100),
+        async || kv.get(live_key.as_bytes()).await.unwrap().is_none(),
+    )
+    .await;
+    let grants = corral_kv::read_all(&kv, keys().grants_prefix().as_bytes(), 100)
+        .await
         .unwrap()
         .0;
     assert_eq!(grants.len(), 1, "a lease expiry frees nothing");
     assert!(
-        runtime
-            .block_on(kv.get(keys().node(&NodeName::new("node-1").unwrap()).as_bytes()))
+        kv.get(keys().node(&NodeName::new("node-1").unwrap()).as_bytes())
+            .await
             .unwrap()
             .is_some()
     );
-    assert_eq!(
-        cluster_ranges(&agent),
-        [("10.192.1.0/24".to_owned(), false)]
-    );
-    agent.stop(&runtime);
+    assert_eq!(ranges(&api).await, [("10.192.1.0/24".to_owned(), false)]);
+    agent.stop().await;
 }
 
-#[test]
-fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drains_the_ranges() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drains_the_ranges()
+ {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(2),
-    )
-    .wait_registered();
-    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
-    allocate(&agent, "pod-1").unwrap();
+    let agent = start_paused(&kv, Duration::from_secs(2)).await;
+    let api = agent.api();
+    grant_first_paused(&kv, &api, "10.192.1.0/24").await;
+    allocate_paused(&api, "pod-1").await.unwrap();
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
-    let get = || runtime.block_on(kv.get(live_key.as_bytes())).unwrap();
-    let first = get().expect("live/node-1");
+    let get = async || kv.get(live_key.as_bytes()).await.unwrap();
+    let first = get().await.expect("live/node-1");
     let record: corral_cluster::LiveRecord = corral_cluster::decode_value(&first.value).unwrap();
     assert_eq!(record.pid, std::process::id());
     assert!(!record.boot_id.is_empty() && record.process_start > 0 && record.ttl_ms == 2_000);
     // Deleted by hand: put back on the same lease, the ranges served on.
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::delete(live_key.as_str())],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until("the key is back", Duration::from_secs(10), || {
-        get().is_some_and(|e| e.create_revision > first.create_revision && e.lease == first.lease)
-    });
-    assert_eq!(
-        cluster_ranges(&agent),
-        [("10.192.1.0/24".to_owned(), false)]
-    );
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::delete(live_key.as_str())],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    wait_for("the key is back", Duration::from_secs(10), async || {
+        get()
+            .await
+            .is_some_and(|e| e.create_revision > first.create_revision && e.lease == first.lease)
+    })
+    .await;
+    assert_eq!(ranges(&api).await, [("10.192.1.0/24".to_owned(), false)]);
     // Another process's key over it (on its own lease): the agent drains and says who.
-    let lease = runtime
-        .block_on(kv.lease_grant(Duration::from_secs(30)))
-        .unwrap();
+    let lease = kv.lease_grant(Duration::from_secs(30)).await.unwrap();
     let other = corral_cluster::LiveRecord {
         pid: 4242,
         host: "elsewhere".into(),
         ..Default::default()
     };
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![TxnOp::put_on_lease(
-                live_key.as_str(),
-                encode_value(&other).unwrap(),
-                lease,
-            )],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until("the range drains", Duration::from_secs(10), || {
-        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), true)]
-    });
-    let status = agent.cluster_status();
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put_on_lease(
+            live_key.as_str(),
+            encode_value(&other).unwrap(),
+            lease,
+        )],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    wait_for("the range drains", Duration::from_secs(10), async || {
+        ranges(&api).await == [("10.192.1.0/24".to_owned(), true)]
+    })
+    .await;
+    let status = agent.cluster_status().await;
     assert!(!status.registered, "{status:?}");
     assert!(
         status
@@ -469,44 +480,35 @@ fn a_liveness_key_deleted_by_hand_is_put_back_and_one_another_process_takes_drai
         "{status:?}"
     );
     // It does not fight: the other's key stays.
-    std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(get().unwrap().lease, Some(lease));
-    agent.stop(&runtime);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(get().await.unwrap().lease, Some(lease));
+    agent.stop().await;
     // A clean stop left the other's key alone.
-    assert_eq!(get().unwrap().lease, Some(lease));
+    assert_eq!(get().await.unwrap().lease, Some(lease));
 }
 
-#[test]
-fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_it_waits() {
-    let runtime = runtime();
+#[tokio::test(start_paused = true)]
+async fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_it_waits() {
     let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(2),
-    )
-    .wait_registered();
-    grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
+    let agent = start_paused(&kv, Duration::from_secs(2)).await;
+    let api = agent.api();
+    grant_first_paused(&kv, &api, "10.192.1.0/24").await;
     let live_key = keys().live(&NodeName::new("node-1").unwrap());
-    let get = || runtime.block_on(kv.get(live_key.as_bytes())).unwrap();
-    allocate(&agent, "pod-1").unwrap();
-    let ours = get().unwrap().lease.unwrap();
+    let get = async || kv.get(live_key.as_bytes()).await.unwrap();
+    allocate_paused(&api, "pod-1").await.unwrap();
+    let ours = get().await.unwrap().lease.unwrap();
     // The agent's lease lapses (its round ends), then another machine's agent takes the key
     // (its lease of 2 s, not kept alive: that agent is gone again).
-    runtime.block_on(kv.lease_revoke(ours)).unwrap();
-    wait_until("the round ends", Duration::from_secs(10), || {
+    kv.lease_revoke(ours).await.unwrap();
+    wait_for("the round ends", Duration::from_secs(10), async || {
         agent
             .cluster_status()
+            .await
             .last_error
             .is_some_and(|e| e.contains("not found"))
-    });
-    let lease = runtime
-        .block_on(kv.lease_grant(Duration::from_secs(2)))
-        .unwrap();
+    })
+    .await;
+    let lease = kv.lease_grant(Duration::from_secs(2)).await.unwrap();
     let other = corral_cluster::LiveRecord {
         pid: 4242,
         host: "elsewhere".into(),
@@ -514,8 +516,8 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
         ttl_ms: 2_000,
         ..Default::default()
     };
-    let taken = runtime
-        .block_on(kv.txn(Txn {
+    let taken = kv
+        .txn(Txn {
             compares: vec![corral_kv::Compare::absent(live_key.as_str())],
             success: vec![TxnOp::put_on_lease(
                 live_key.as_str(),
@@ -523,34 +525,39 @@ fn a_serving_agent_that_finds_its_key_held_after_its_lease_lapsed_drains_while_i
                 lease,
             )],
             failure: vec![],
-        }))
+        })
+        .await
         .unwrap();
     assert!(taken.succeeded);
     // While it waits for that key, the node's range drains here.
-    wait_until(
+    wait_for(
         "the range drains while waiting",
         Duration::from_secs(10),
-        || cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), true)],
-    );
+        async || ranges(&api).await == [("10.192.1.0/24".to_owned(), true)],
+    )
+    .await;
+    let status = agent.cluster_status().await;
     assert!(
-        agent
-            .cluster_status()
+        status
             .last_error
+            .as_ref()
             .is_some_and(|e| e.contains("host elsewhere, pid 4242") && e.contains("waiting up to")),
-        "{:?}",
-        agent.cluster_status()
+        "{status:?}"
     );
     // The other's lease expires: the agent takes the key and serves its grant again.
-    wait_until("served again", Duration::from_secs(20), || {
-        cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), false)]
-            && get().is_some_and(|e| e.lease.is_some_and(|l| l != lease))
-    });
-    let status = agent.cluster_status();
+    wait_for("served again", Duration::from_secs(20), async || {
+        ranges(&api).await == [("10.192.1.0/24".to_owned(), false)]
+            && get()
+                .await
+                .is_some_and(|e| e.lease.is_some_and(|l| l != lease))
+    })
+    .await;
+    let status = agent.cluster_status().await;
     assert!(
         status.registered && status.last_error.is_none(),
         "{status:?}"
     );
-    agent.stop(&runtime);
+    agent.stop().await;
 }
 
 /// Issue 20 (a configuration written around the CLI): once the leader installed a

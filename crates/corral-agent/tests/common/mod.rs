@@ -3,10 +3,11 @@
 //! `ClusterTask` runs `corral_agent::link::run` on a shared `MemKv`, driven over its socket
 //! with corral-client, and the small helpers around it.
 //!
-//! The agent's runtime runs SQLite commits on threads of its own, so its clock cannot be
-//! paused: these tests run on real time. They wait for events ([`wait_until`] polls a
-//! condition, with a generous limit that only turns a hang into a failure) and never assert
-//! that something took less than some time.
+//! That agent runs SQLite commits on threads of its own, so its clock cannot be paused: tests
+//! on it run on real time. They wait for events ([`wait_until`] polls a condition, with a
+//! generous limit that only turns a hang into a failure) and never assert that something
+//! took less than some time. Tests that need no disk nor socket use [`paused`] instead: the
+//! agent over a `MemoryStore` on a paused clock, in virtual time.
 
 #![allow(dead_code)] // each test file uses its part of the harness
 
@@ -21,6 +22,8 @@ use corral_cluster::{
     ClusterName, Family, GrantRecord, IpNet, Keys, NodeName, OwnedRecord, PoolName, encode_value,
 };
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
+
+pub mod paused;
 
 /// The cluster every test here runs in.
 pub const CLUSTER: &str = "t";

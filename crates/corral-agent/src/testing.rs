@@ -1,0 +1,146 @@
+//! Test support (feature `testing`, which this crate's own tests enable): the agent over a
+//! [`MemoryStore`], on tokio's clock, with its committer inline, driven in-process through its
+//! router. This is what lets the agent's tests run on a paused clock (`start_paused`).
+//!
+//! Tokio's paused clock jumps to the next timer whenever the runtime is idle, also while
+//! work is in progress off the runtime (a SQLite commit on the committer's thread, a request
+//! on a real socket), so timeouts would fire early in virtual time. Here nothing leaves the
+//! runtime: the store is memory, every batch runs on the caller's task
+//! (`Committer::start_inline`), requests go to the router as calls, not over a socket, and
+//! the node state reads its [`Clock`] from tokio's, so cooldowns and quarantine follow the
+//! test's time. What the socket, SQLite and the restart after a crash do is the real-parts
+//! tier's (`serve_with`), not this.
+
+use corral_core::Timestamp;
+use corral_store::{MemoryStore, StoreHealth};
+use tokio::time::Instant;
+
+use crate::committer::Committer;
+use crate::config::AgentConfig;
+use crate::node::{Clock, NodeState};
+use crate::server::{AgentError, ClusterTask, app_state, run_started};
+
+/// Tokio's clock, in the engine's time: the system's time when it was made, plus the time
+/// tokio counts since (virtual on a paused runtime).
+#[derive(Clone, Copy, Debug)]
+pub struct TokioClock {
+    start: Instant,
+    at_start: Timestamp,
+}
+
+impl TokioClock {
+    /// A clock that reads the system's time now, and moves with tokio's from here.
+    pub fn new() -> TokioClock {
+        TokioClock {
+            start: Instant::now(),
+            at_start: crate::node::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    fn default() -> Self {
+        TokioClock::new()
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Timestamp {
+        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        Timestamp::from_unix_millis(self.at_start.as_unix_millis().saturating_add(elapsed))
+    }
+}
+
+/// An agent over a [`MemoryStore`] running on the current runtime (see the module's doc):
+/// what `serve_with` runs once its state is restored, with no socket, no local routes read
+/// from the host and no DELs recorded by corral-ipam.
+#[derive(Debug)]
+pub struct InMemoryAgent {
+    router: axum::Router,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    served: Option<tokio::task::JoinHandle<Result<(), AgentError>>>,
+}
+
+impl InMemoryAgent {
+    /// Restores the agent from `store` (`config` gives its pools, `pool_wait` and timeouts;
+    /// its paths are not used), starts it with its link to a cluster if any, and returns once
+    /// it is ready (or failed).
+    pub async fn start(
+        config: &AgentConfig,
+        store: MemoryStore,
+        cluster: Option<ClusterTask>,
+    ) -> Result<InMemoryAgent, AgentError> {
+        let state = app_state(config, StoreHealth::default(), cluster.is_some());
+        let router = crate::api::router(state.clone());
+        let node = NodeState::restore_with(store, &config.pools, TokioClock::new())?
+            .with_broken_gauge(std::sync::Arc::clone(&state.broken_scopes))
+            .with_interface_counters(state.metrics.interface_counters.clone());
+        let committer = Committer::start_inline(node);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready, is_ready) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(async move {
+            let fatal = run_started(
+                &state,
+                &committer,
+                cluster,
+                false,
+                tokio::sync::watch::channel(false),
+                async move {
+                    let _ = stopped.await;
+                },
+                move || {
+                    let _ = ready.send(());
+                },
+            )
+            .await;
+            committer.close();
+            match fatal {
+                Some(message) => Err(AgentError::Cluster(message)),
+                None => Ok(()),
+            }
+        });
+        let mut agent = InMemoryAgent {
+            router,
+            stop: Some(stop),
+            served: Some(served),
+        };
+        if is_ready.await.is_err() {
+            return Err(agent.join().await.err().unwrap_or_else(|| {
+                AgentError::Io(std::io::Error::other(
+                    "the agent stopped before it was ready",
+                ))
+            }));
+        }
+        Ok(agent)
+    }
+
+    /// The agent's API, to call as a service (`tower::Service`), as its socket would.
+    pub fn router(&self) -> axum::Router {
+        self.router.clone()
+    }
+
+    /// Stops the agent (as SIGTERM would) and waits until it has.
+    pub async fn stop(mut self) -> Result<(), AgentError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.join().await
+    }
+
+    async fn join(&mut self) -> Result<(), AgentError> {
+        match self.served.take() {
+            Some(served) => served.await.unwrap_or_else(|error| {
+                Err(AgentError::Io(std::io::Error::other(error.to_string())))
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for InMemoryAgent {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
