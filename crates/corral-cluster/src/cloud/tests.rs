@@ -810,7 +810,7 @@ fn growth_by_a_prefix_does_not_release_single_addresses_next() {
 /// ipamd's `TestIPAMContext_nodeIPPoolTooLow` "max pods exceeded": with WARM_IP a node whose
 /// pool holds max-pods addresses is not too low, however few are free. corral: a cloud pool's
 /// `max_pods` (and the node's own from its registration) caps the node beside warm targets
-/// (`PoolConfig::capped_watermarks_for`); the node is reported at capacity, no call is made.
+/// (`DemandConfig::capped_watermarks_for`); the node is reported at capacity, no call is made.
 /// Before, a warm-target pool had no cap but the instance's limits.
 #[test]
 fn max_pods_caps_warm_ip_targets() {
