@@ -4,7 +4,7 @@
 //! operator can fix the file without guessing. What existing grants depend on (node prefix
 //! lengths, cluster CIDRs, pools, families, the node-ID plan) can never change once set.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use corral_core::{Family, PoolName};
@@ -12,14 +12,16 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::keys::NodeName;
 use crate::net::{family_of, overlaps};
 
 mod holdings;
 pub(crate) mod node_id_bounds;
+mod pool;
+mod raw;
 
 pub use holdings::HeldGrant;
 pub use node_id_bounds::NodeIdBound;
+pub use pool::{CloudPool, DemandConfig, PoolConfig, PoolKind};
 
 /// etcd's longest lease TTL (`MaxLeaseTTL`, 9,000,000,000 s): a quarantine lease asked for
 /// longer is refused by etcd, so every removal would fail.
@@ -376,134 +378,6 @@ impl Default for CloudPoolConfig {
     }
 }
 
-/// A pool of node CIDRs or blocks, with at most one configuration per family.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolConfig {
-    /// The pool's name (corral-core's `PoolName` rules).
-    #[serde(with = "crate::text")]
-    pub name: PoolName,
-    /// How the pool's space reaches nodes; fixed once set.
-    #[serde(default, skip_serializing_if = "is_default_mode")]
-    pub mode: PoolMode,
-    /// Block mode: the watermarks of every node (defaults: pre-allocate 8, the rest 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub watermarks: Option<Watermarks>,
-    /// Block mode: per-node overrides of the watermarks, by node name.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_watermarks: BTreeMap<String, WatermarkOverride>,
-    /// Block mode: how long a block stays excess before the operator marks it for release, in
-    /// seconds (default 180).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub release_delay_secs: Option<u64>,
-    /// Cloud mode: the pool's cloud settings (defaults if left out).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud: Option<CloudPoolConfig>,
-    /// Block and cloud modes: the most addresses a node holds in the pool, whatever its
-    /// watermarks or warm targets ask (ipamd's max pods: the kubelet's `--max-pods`, or
-    /// eni-max-pods); a node's own `--max-pods` (its registration) lowers it for that node.
-    /// Growth stops once a node holds this many (a block or prefix may take it past, as
-    /// ipamd's chunks do); the node is reported at capacity when the cap binds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_pods: Option<u64>,
-    /// Node-cidr mode: node CIDRs synced with the cloud ([`NodeCidrSync`]); left out, the
-    /// cluster alone grants them.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cloud_sync: Option<NodeCidrSync>,
-    /// The IPv4 node CIDRs, if the pool has that family.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ipv4: Option<FamilyConfig>,
-    /// The IPv6 node CIDRs, if the pool has that family.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ipv6: Option<FamilyConfig>,
-}
-
-impl PoolConfig {
-    /// The pool's configured families, IPv4 first.
-    pub fn families(&self) -> impl Iterator<Item = (Family, &FamilyConfig)> {
-        [(Family::V4, &self.ipv4), (Family::V6, &self.ipv6)]
-            .into_iter()
-            .filter_map(|(family, config)| config.as_ref().map(|c| (family, c)))
-    }
-
-    /// The configuration of one family, if the pool has it.
-    pub fn family(&self, family: Family) -> Option<&FamilyConfig> {
-        match family {
-            Family::V4 => self.ipv4.as_ref(),
-            Family::V6 => self.ipv6.as_ref(),
-        }
-    }
-
-    /// Whether the pool hands out blocks on demand.
-    pub fn is_blocks(&self) -> bool {
-        self.mode == PoolMode::Blocks
-    }
-
-    /// Whether the pool hands out cloud interface addresses.
-    pub fn is_cloud(&self) -> bool {
-        self.mode == PoolMode::Cloud
-    }
-
-    /// Whether the pool grants one node CIDR per node and family.
-    pub fn is_node_cidr(&self) -> bool {
-        self.mode == PoolMode::NodeCidr
-    }
-
-    /// A node-cidr pool's sync with the cloud, if any.
-    pub fn cloud_sync(&self) -> Option<NodeCidrSync> {
-        self.cloud_sync.filter(|_| self.is_node_cidr())
-    }
-
-    /// Whether nodes' holdings follow demand between watermarks (blocks and cloud pools).
-    pub fn follows_demand(&self) -> bool {
-        self.mode != PoolMode::NodeCidr
-    }
-
-    /// A cloud pool's settings (defaults where the pool gives none); `None` for other pools.
-    pub fn cloud_config(&self) -> Option<CloudPoolConfig> {
-        self.is_cloud()
-            .then(|| self.cloud.clone().unwrap_or_default())
-    }
-
-    /// The watermarks a node's holdings follow: [`PoolConfig::watermarks_for`], with
-    /// `max_allocate` lowered to the pod cap (the pool's `max_pods`, and `node_max_pods`, the
-    /// node's own from its registration, whichever is lower).
-    pub fn capped_watermarks_for(&self, node: &str, node_max_pods: Option<u64>) -> Watermarks {
-        let mut watermarks = self.watermarks_for(node);
-        let cap = [self.max_pods, node_max_pods]
-            .into_iter()
-            .flatten()
-            .filter(|m| *m > 0)
-            .min();
-        if let Some(cap) = cap
-            && (watermarks.max_allocate == 0 || cap < watermarks.max_allocate)
-        {
-            watermarks.max_allocate = cap;
-        }
-        watermarks
-    }
-
-    /// The watermarks of `node` in this pool: the pool's, with the node's overrides.
-    pub fn watermarks_for(&self, node: &str) -> Watermarks {
-        let base = self.watermarks.unwrap_or_default();
-        match self.node_watermarks.get(node) {
-            Some(over) => base.with(over),
-            None => base,
-        }
-    }
-
-    /// How long a block stays excess before it is marked for release, in milliseconds.
-    pub fn release_delay_ms(&self) -> u64 {
-        self.release_delay_secs
-            .unwrap_or(DEFAULT_RELEASE_DELAY_SECS)
-            .saturating_mul(1000)
-    }
-}
-
-fn is_default_mode(mode: &PoolMode) -> bool {
-    *mode == PoolMode::NodeCidr
-}
-
 /// Contiv's node-ID address plan (CLUSTER-DESIGN section 4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -648,52 +522,27 @@ fn split_count(net: &IpNet, prefix_len: u8) -> u128 {
     crate::net::pow2_saturating(bits)
 }
 
-/// The whole cluster configuration (the `config` key's value).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The whole cluster configuration (the `config` key's value). It reads and writes in the
+/// file's flat form (`config/raw.rs`), and reading it checks every rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterConfig {
     /// How long a released node CIDR or node ID waits before reuse, in seconds (>= 1).
-    #[serde(default = "default_quarantine_secs")]
     pub quarantine_secs: u64,
     /// Resync timing per node.
-    #[serde(default)]
     pub resync: ResyncConfig,
     /// The pools of node CIDRs.
-    #[serde(default)]
     pub pools: Vec<PoolConfig>,
     /// Contiv's node-ID plan, if node IDs are granted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ids: Option<NodeIdPlanConfig>,
     /// The pool a CNI call uses when it names none and its namespace maps to none (default:
     /// `default`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_pool: Option<String>,
     /// Pools per workload: a Kubernetes namespace (`K8S_POD_NAMESPACE` in `CNI_ARGS`) to the
     /// pool its pods take addresses from.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub namespaces: BTreeMap<String, String>,
 }
 
 impl ClusterConfig {
-    /// Parses and validates the TOML configuration file's text.
-    pub fn from_toml(text: &str) -> Result<ClusterConfig, ConfigError> {
-        let config: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            message: e.to_string().trim().replace('\n', " "),
-        })?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Parses and validates the JSON stored under the `config` key.
-    pub fn from_json(bytes: &[u8]) -> Result<ClusterConfig, ConfigError> {
-        let config: ClusterConfig =
-            serde_json::from_slice(bytes).map_err(|e| ConfigError::Parse {
-                message: e.to_string(),
-            })?;
-        config.validate()?;
-        Ok(config)
-    }
-
     /// The JSON stored under the `config` key.
     pub fn to_json(&self) -> Result<String, ConfigError> {
         serde_json::to_string(self).map_err(|e| ConfigError::Parse {
@@ -731,96 +580,6 @@ impl ClusterConfig {
             .map_or(0, NodeIdPlanConfig::max_node_id)
     }
 
-    /// Checks every rule; the error names the first field that breaks one.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.quarantine_secs < 1 {
-            return Err(invalid("quarantine_secs", "must be at least 1"));
-        }
-        if self.quarantine_secs > MAX_LEASE_TTL_SECS {
-            return Err(invalid(
-                "quarantine_secs",
-                format!(
-                    "{} is longer than etcd's longest lease ({MAX_LEASE_TTL_SECS} s): every node removal would fail",
-                    self.quarantine_secs
-                ),
-            ));
-        }
-        let r = &self.resync;
-        for (field, value) in [
-            ("resync.resync_ms", r.resync_ms),
-            ("resync.initial_retry_ms", r.initial_retry_ms),
-            ("resync.max_backoff_ms", r.max_backoff_ms),
-        ] {
-            if value == 0 {
-                return Err(invalid(field, "must be at least 1"));
-            }
-        }
-        if r.initial_retry_ms > r.max_backoff_ms {
-            return Err(invalid(
-                "resync.initial_retry_ms",
-                format!(
-                    "{} is more than resync.max_backoff_ms {}",
-                    r.initial_retry_ms, r.max_backoff_ms
-                ),
-            ));
-        }
-        if self.pools.is_empty() && self.node_ids.is_none() {
-            return Err(invalid(
-                "pools",
-                "at least one pool or node_ids must be configured",
-            ));
-        }
-        let mut names = BTreeSet::new();
-        // Every cluster CIDR seen so far, with its field path, to refuse overlaps.
-        let mut seen: Vec<(String, IpNet)> = Vec::new();
-        for (i, pool) in self.pools.iter().enumerate() {
-            if !names.insert(pool.name.clone()) {
-                return Err(invalid(
-                    format!("pools[{i}].name"),
-                    format!("pool {} is configured twice", pool.name),
-                ));
-            }
-            if pool.ipv4.is_none() && pool.ipv6.is_none() {
-                return Err(invalid(
-                    format!("pools[{i}]"),
-                    "a pool needs ipv4 or ipv6 (or both)",
-                ));
-            }
-            validate_block_fields(i, pool)?;
-            for (family, config) in pool.families() {
-                let path = format!("pools[{i}].{}", family.name());
-                validate_family(&path, family, config, pool.is_cloud(), &mut seen)?;
-            }
-        }
-        if let Some(pool) = &self.default_pool
-            && !PoolName::new(pool).is_ok_and(|p| names.contains(&p))
-        {
-            return Err(invalid(
-                "default_pool",
-                format!("pool {pool} is not configured"),
-            ));
-        }
-        for (namespace, pool) in &self.namespaces {
-            let field = format!("namespaces.{namespace}");
-            if NodeName::new(namespace).is_err() {
-                return Err(invalid(field, "not a valid namespace name"));
-            }
-            match PoolName::new(pool) {
-                Ok(name) if names.contains(&name) => {}
-                _ => return Err(invalid(field, format!("pool {pool} is not configured"))),
-            }
-        }
-        if let Some(plan) = &self.node_ids {
-            let cidrs: Vec<(Family, Vec<IpNet>)> = self
-                .pools
-                .iter()
-                .flat_map(|p| p.families().map(|(f, c)| (f, c.cidrs.clone())))
-                .collect();
-            plan.validate(&cidrs)?;
-        }
-        Ok(())
-    }
-
     /// Refuses a change existing grants could depend on: a pool, a family or a cluster CIDR
     /// removed, a node prefix length changed, or the node-ID plan's subnets or prefix lengths
     /// changed (or the plan removed). Adding pools, CIDRs and reserved ranges, and changing
@@ -842,24 +601,24 @@ impl ClusterConfig {
                     ),
                 ));
             };
-            if new_pool.mode != old_pool.mode {
+            if new_pool.mode() != old_pool.mode() {
                 return Err(invalid(
                     format!("pools[{j}].mode"),
                     format!(
                         "cannot change once set (was {}, now {})",
-                        old_pool.mode.name(),
-                        new_pool.mode.name()
+                        old_pool.mode().name(),
+                        new_pool.mode().name()
                     ),
                 ));
             }
-            if new_pool.cloud_sync != old_pool.cloud_sync {
+            if new_pool.cloud_sync() != old_pool.cloud_sync() {
                 let name = |sync: Option<NodeCidrSync>| sync.map_or("none", NodeCidrSync::name);
                 return Err(invalid(
                     format!("pools[{j}].cloud_sync"),
                     format!(
                         "cannot change once set (was {}, now {})",
-                        name(old_pool.cloud_sync),
-                        name(new_pool.cloud_sync)
+                        name(old_pool.cloud_sync()),
+                        name(new_pool.cloud_sync())
                     ),
                 ));
             }
@@ -932,171 +691,6 @@ impl ClusterConfig {
         }
         Ok(())
     }
-}
-
-/// Watermarks, per-node overrides and the release delay belong to block-mode and cloud pools
-/// only, the `cloud` table to cloud pools.
-fn validate_block_fields(i: usize, pool: &PoolConfig) -> Result<(), ConfigError> {
-    let path = format!("pools[{i}]");
-    if pool.cloud.is_some() && !pool.is_cloud() {
-        return Err(invalid(
-            format!("{path}.cloud"),
-            "applies only to a pool with mode = \"cloud\"",
-        ));
-    }
-    if pool.cloud_sync.is_some() && !pool.is_node_cidr() {
-        return Err(invalid(
-            format!("{path}.cloud_sync"),
-            "applies only to a pool with mode = \"node-cidr\"",
-        ));
-    }
-    for (family, config) in pool.families() {
-        let field = format!("{path}.{}.node_prefix_len", family.name());
-        if pool.is_cloud() {
-            if config.node_prefix_len != 0 && config.node_prefix_len != family.bits() {
-                return Err(invalid(
-                    field,
-                    "a cloud pool's addresses are chosen by the cloud: leave it out",
-                ));
-            }
-        } else if config.node_prefix_len == 0 {
-            return Err(invalid(field, "is required"));
-        }
-    }
-    if pool.max_pods == Some(0) {
-        return Err(invalid(format!("{path}.max_pods"), "must be at least 1"));
-    }
-    if pool.is_cloud() {
-        return validate_cloud_fields(&path, pool);
-    }
-    if !pool.is_blocks() {
-        // A node-CIDR pool's node holds its whole CIDR: node_prefix_len sizes it.
-        let stray = [
-            ("watermarks", pool.watermarks.is_some()),
-            ("node_watermarks", !pool.node_watermarks.is_empty()),
-            ("release_delay_secs", pool.release_delay_secs.is_some()),
-            ("max_pods", pool.max_pods.is_some()),
-        ];
-        if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
-            return Err(invalid(
-                format!("{path}.{field}"),
-                "applies only to a pool with mode = \"blocks\" or \"cloud\"",
-            ));
-        }
-        return Ok(());
-    }
-    validate_watermark_fields(&path, pool)?;
-    for (family, config) in pool.families() {
-        // At most 2^32 addresses a block (counts stay far from overflow), and no block of
-        // fewer than 4 (it would be mostly network and broadcast).
-        if family.bits().saturating_sub(config.node_prefix_len) > 32 {
-            return Err(invalid(
-                format!("{path}.{}.block_prefix_len", family.name()),
-                format!(
-                    "/{} blocks are too large (at least /{})",
-                    config.node_prefix_len,
-                    family.bits() - 32
-                ),
-            ));
-        }
-        if family.bits().saturating_sub(config.node_prefix_len) < 2 {
-            return Err(invalid(
-                format!("{path}.{}.block_prefix_len", family.name()),
-                format!(
-                    "/{} blocks are too small (at most /{})",
-                    config.node_prefix_len,
-                    family.bits() - 2
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Watermarks, their per-node overrides and the release delay (block and cloud pools).
-fn validate_watermark_fields(path: &str, pool: &PoolConfig) -> Result<(), ConfigError> {
-    let base = pool.watermarks.unwrap_or_default();
-    base.validate(&format!("{path}.watermarks"))?;
-    for (node, over) in &pool.node_watermarks {
-        let field = format!("{path}.node_watermarks.{node}");
-        if NodeName::new(node).is_err() {
-            return Err(invalid(field, "not a valid node name"));
-        }
-        base.with(over).validate(&field)?;
-    }
-    if pool.release_delay_secs == Some(0) {
-        return Err(invalid(
-            format!("{path}.release_delay_secs"),
-            "must be at least 1",
-        ));
-    }
-    // The operator adds the delay to its clock, which cannot hold arbitrary durations.
-    if pool
-        .release_delay_secs
-        .is_some_and(|d| d > MAX_CLOUD_DELAY_SECS)
-    {
-        return Err(invalid(
-            format!("{path}.release_delay_secs"),
-            "must be at most a week (604800)",
-        ));
-    }
-    Ok(())
-}
-
-/// The longest GC interval of a cloud pool and release delay of any pool (a week): the
-/// operator adds them to its clock, which cannot hold arbitrary durations.
-const MAX_CLOUD_DELAY_SECS: u64 = 7 * 24 * 3600;
-
-/// A cloud pool's own settings.
-fn validate_cloud_fields(path: &str, pool: &PoolConfig) -> Result<(), ConfigError> {
-    validate_watermark_fields(path, pool)?;
-    let cloud = pool.cloud_config().unwrap_or_default();
-    if let Some(warm) = &cloud.warm {
-        if pool.watermarks.is_some() || !pool.node_watermarks.is_empty() {
-            return Err(invalid(
-                format!("{path}.cloud.warm"),
-                "use either watermarks or warm targets, not both",
-            ));
-        }
-        if warm.warm_prefix.is_some() && !cloud.prefix_delegation {
-            return Err(invalid(
-                format!("{path}.cloud.warm.warm_prefix"),
-                "needs prefix_delegation = true",
-            ));
-        }
-    }
-    if cloud.gc_interval_secs == 0 || cloud.gc_interval_secs > MAX_CLOUD_DELAY_SECS {
-        return Err(invalid(
-            format!("{path}.cloud.gc_interval_secs"),
-            "must be at least 1 and at most a week (604800)",
-        ));
-    }
-    // The operator adds the release delay to its clock: a value no clock can hold would
-    // make it panic.
-    if pool
-        .release_delay_secs
-        .is_some_and(|d| d > MAX_CLOUD_DELAY_SECS)
-    {
-        return Err(invalid(
-            format!("{path}.release_delay_secs"),
-            "must be at most a week (604800) in a cloud pool",
-        ));
-    }
-    if cloud.gc_max_per_run == 0 {
-        return Err(invalid(
-            format!("{path}.cloud.gc_max_per_run"),
-            "must be at least 1",
-        ));
-    }
-    for (k, id) in cloud.subnet_ids.iter().enumerate() {
-        if crate::keys::CloudId::new(id).is_err() {
-            return Err(invalid(
-                format!("{path}.cloud.subnet_ids[{k}]"),
-                "not a cloud ID",
-            ));
-        }
-    }
-    Ok(())
 }
 
 fn check_host_bits_zero(field: &str, net: &IpNet) -> Result<(), ConfigError> {
@@ -1176,7 +770,7 @@ fn validate_family(
 pub struct AppliedConfigRecord {
     /// The `config` key's mod revision when it was installed.
     pub config_revision: i64,
-    /// The configuration (validated again when read).
+    /// The configuration (checked again when decoded: one that breaks a rule does not decode).
     pub config: ClusterConfig,
 }
 
@@ -1241,14 +835,14 @@ block_prefix_len = 28
     #[test]
     fn block_pools_parse_with_watermarks_overrides_and_namespaces() {
         let config = ClusterConfig::from_toml(BLOCKS).unwrap();
-        let pods = &config.pools[0];
-        assert!(pods.is_blocks());
-        assert_eq!(pods.ipv4.as_ref().unwrap().node_prefix_len, 26);
+        assert!(config.pools[0].is_blocks());
+        assert_eq!(config.pools[0].ipv4.as_ref().unwrap().node_prefix_len, 26);
+        let pods = config.pools[0].blocks().unwrap();
         assert_eq!(pods.release_delay_ms(), 60_000);
         assert_eq!(pods.watermarks_for("small").pre_allocate, 4);
         let big = pods.watermarks_for("big-node");
         assert_eq!((big.pre_allocate, big.min_allocate), (32, 15));
-        let batch = &config.pools[1];
+        let batch = config.pools[1].blocks().unwrap();
         assert_eq!(batch.watermarks_for("x"), Watermarks::default());
         assert_eq!(batch.release_delay_ms(), 180_000);
         assert_eq!(config.pool_for(Some("batch"), Some("other"), None), "batch");
@@ -1270,7 +864,7 @@ block_prefix_len = 28
             "release_delay_secs = 60\nmax_pods = 110",
         );
         let config = ClusterConfig::from_toml(&capped).unwrap();
-        let pods = &config.pools[0];
+        let pods = config.pools[0].blocks().unwrap();
         assert_eq!(pods.max_pods, Some(110));
         assert_eq!(pods.capped_watermarks_for("small", None).max_allocate, 110);
         assert_eq!(
@@ -1288,6 +882,8 @@ block_prefix_len = 28
         let config = ClusterConfig::from_toml(&below).unwrap();
         assert_eq!(
             config.pools[0]
+                .blocks()
+                .unwrap()
                 .capped_watermarks_for("x", Some(100))
                 .max_allocate,
             64
@@ -1295,12 +891,16 @@ block_prefix_len = 28
         // The batch pool has no cap: a node's own still caps it.
         assert_eq!(
             config.pools[1]
+                .blocks()
+                .unwrap()
                 .capped_watermarks_for("x", Some(100))
                 .max_allocate,
             100
         );
         assert_eq!(
             config.pools[1]
+                .blocks()
+                .unwrap()
                 .capped_watermarks_for("x", None)
                 .max_allocate,
             0
@@ -1383,7 +983,7 @@ node_prefix_len = 24
     fn a_pool_mode_cannot_change() {
         let old = ClusterConfig::from_toml(BLOCKS).unwrap();
         let mut new = old.clone();
-        new.pools[1].mode = PoolMode::NodeCidr;
+        new.pools[1].kind = PoolKind::NodeCidr { cloud_sync: None };
         match ClusterConfig::check_change(&old, &new) {
             Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "pools[1].mode"),
             other => panic!("{other:?}"),
@@ -1603,13 +1203,19 @@ subnet_tags = { "corral.io/pods" = "yes" }
     fn a_cloud_pool_parses_with_defaults_and_its_fields_are_checked() {
         let config = ClusterConfig::from_toml(CLOUD).unwrap();
         let pool = &config.pools[0];
-        assert!(pool.is_cloud() && pool.follows_demand() && !pool.is_node_cidr());
-        let cloud = pool.cloud_config().unwrap();
+        assert!(pool.is_cloud() && pool.demand().is_some() && !pool.is_node_cidr());
+        let cloud = pool.cloud().unwrap().settings();
         assert!(cloud.prefix_delegation);
         assert_eq!(cloud.first_interface_index, 1);
         assert_eq!(cloud.gc_interval_secs, 300);
         assert_eq!(cloud.gc_max_per_run, 25);
-        assert_eq!(pool.watermarks_for("n").max_above_watermark, 4);
+        assert_eq!(
+            pool.demand()
+                .unwrap()
+                .watermarks_for("n")
+                .max_above_watermark,
+            4
+        );
         let json = config.to_json().unwrap();
         assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);
         let cases = [

@@ -846,7 +846,7 @@ pub struct NodeRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
     /// The most pods the node runs (the agent's `--max-pods`, as the kubelet's): block and
-    /// cloud pools never grow its holdings past it (`PoolConfig::capped_watermarks_for`).
+    /// cloud pools never grow its holdings past it (`DemandConfig::capped_watermarks_for`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_pods: Option<u64>,
 }

@@ -30,9 +30,10 @@ pub use check::{
     granted_cidrs, holdings_problems, is_block_pool, node_range,
 };
 pub use config::{
-    AppliedConfigRecord, CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HeldGrant,
-    MAX_LEASE_TTL_SECS, NodeCidrSync, NodeIdBound, NodeIdPlanConfig, PoolConfig, PoolMode,
-    ReleasePolicy, ResyncConfig, WarmTargets, WatermarkOverride, Watermarks,
+    AppliedConfigRecord, CloudPool, CloudPoolConfig, ClusterConfig, ConfigError, DemandConfig,
+    FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS, NodeCidrSync, NodeIdBound, NodeIdPlanConfig,
+    PoolConfig, PoolKind, PoolMode, ReleasePolicy, ResyncConfig, WarmTargets, WatermarkOverride,
+    Watermarks,
 };
 pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
 pub use keys::{

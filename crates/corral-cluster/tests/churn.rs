@@ -399,7 +399,8 @@ impl World {
     fn release_delay_ms(&self) -> u64 {
         self.config
             .pool(&self.pool)
-            .expect("pool")
+            .and_then(|p| p.blocks())
+            .expect("block pool")
             .release_delay_ms()
     }
 
@@ -740,7 +741,7 @@ impl Sim {
         assert_eq!(block_size as u128, last - first + 1, "block_range's size");
         let watermarks = names
             .iter()
-            .map(|n| config.pools[0].watermarks_for(n.as_str()))
+            .map(|n| config.pools[0].blocks().unwrap().watermarks_for(n.as_str()))
             .collect();
         let mut w = World {
             rng: Rng(seed),

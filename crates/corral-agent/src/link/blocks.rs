@@ -229,9 +229,14 @@ pub fn is_urgent(
     let Some(written) = written else {
         return true;
     };
-    let pre = config
-        .pool(pool)
-        .map_or(0, |p| p.watermarks_for(node).pre_allocate);
+    // Only blocks and cloud pools have watermarks; another keeps the default ones.
+    let pre = config.pool(pool).map_or(0, |p| {
+        p.demand()
+            .map_or(corral_cluster::Watermarks::default(), |d| {
+                d.watermarks_for(node)
+            })
+            .pre_allocate
+    });
     [Family::V4, Family::V6].into_iter().any(|family| {
         let now = record.family(family);
         let before = written.family(family);

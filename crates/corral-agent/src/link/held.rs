@@ -186,19 +186,19 @@ impl Held {
                     Err(error) => eprintln!("corral agent: cluster: {key}: {error}"),
                 },
             },
-            Ok(Key::ConfigApplied) => match value
-                .map(|v| decode_value::<corral_cluster::AppliedConfigRecord>(&v.value))
-            {
-                Some(Ok(record)) if record.config.validate().is_ok() => {
-                    self.applied = true;
-                    self.plan = record.config.node_ids.clone();
-                    self.config = Some(Arc::new(record.config));
+            Ok(Key::ConfigApplied) => {
+                match value.map(|v| decode_value::<corral_cluster::AppliedConfigRecord>(&v.value)) {
+                    Some(Ok(record)) => {
+                        self.applied = true;
+                        self.plan = record.config.node_ids.clone();
+                        self.config = Some(Arc::new(record.config));
+                    }
+                    // Unreadable (a configuration that breaks a rule does not decode) or deleted:
+                    // what was held stays.
+                    Some(Err(error)) => eprintln!("corral agent: cluster: {key}: {error}"),
+                    None => {}
                 }
-                Some(Ok(_)) => eprintln!("corral agent: cluster: {key}: not a valid configuration"),
-                // Unreadable or deleted: what was held stays.
-                Some(Err(error)) => eprintln!("corral agent: cluster: {key}: {error}"),
-                None => {}
-            },
+            }
             // Before the leader installed one (a new cluster), the stored configuration; once
             // `config-applied` exists, a configuration written around the CLI that the leader
             // refused never moves this node's plan.

@@ -810,7 +810,7 @@ fn growth_by_a_prefix_does_not_release_single_addresses_next() {
 /// ipamd's `TestIPAMContext_nodeIPPoolTooLow` "max pods exceeded": with WARM_IP a node whose
 /// pool holds max-pods addresses is not too low, however few are free. corral: a cloud pool's
 /// `max_pods` (and the node's own from its registration) caps the node beside warm targets
-/// (`PoolConfig::capped_watermarks_for`); the node is reported at capacity, no call is made.
+/// (`DemandConfig::capped_watermarks_for`); the node is reported at capacity, no call is made.
 /// Before, a warm-target pool had no cap but the instance's limits.
 #[test]
 fn max_pods_caps_warm_ip_targets() {
@@ -827,9 +827,9 @@ warm_ip = 5
 "#,
     )
     .expect("max_pods beside warm targets is accepted");
-    let pool = &config.pools[0];
-    let mut node = Node::new(m5_large(), pool.capped_watermarks_for("n", None));
-    node.cloud = pool.cloud_config().unwrap();
+    let pool = config.pools[0].cloud().unwrap();
+    let mut node = Node::new(m5_large(), pool.demand.capped_watermarks_for("n", None));
+    node.cloud = pool.settings();
     node.cloud.first_interface_index = 0;
     // 10 held, 8 used: 2 free, WARM_IP 5 wants 3 more; the cap leaves room for 2.
     node.interfaces = vec![iface(0, 10)];
@@ -845,15 +845,20 @@ warm_ip = 5
     assert!(plan.at_capacity);
     // Without the cap the same node takes 4 more (the instance has room for 27).
     let mut uncapped = node.clone();
-    uncapped.watermarks = pool.watermarks_for("n");
+    uncapped.watermarks = pool.demand.watermarks_for("n");
     assert_eq!(count_of(&uncapped.plan().action), 4);
     // A node registered with --max-pods 10 is capped lower than the pool: at capacity at 12.
     let mut small = node.clone();
-    small.watermarks = pool.capped_watermarks_for("n", Some(10));
+    small.watermarks = pool.demand.capped_watermarks_for("n", Some(10));
     assert_eq!(small.plan().stats.capacity, 10);
     assert!(small.plan().at_capacity);
     // A node's cap above the pool's does not raise it.
-    assert_eq!(pool.capped_watermarks_for("n", Some(50)).max_allocate, 12);
+    assert_eq!(
+        pool.demand
+            .capped_watermarks_for("n", Some(50))
+            .max_allocate,
+        12
+    );
 }
 
 /// The prefix twin (ipamd counts a /28 as 16 addresses against max pods): with WARM_PREFIX 1
@@ -876,9 +881,9 @@ warm_prefix = 1
 "#,
     )
     .unwrap();
-    let pool = &config.pools[0];
-    let mut node = Node::new(m5_large(), pool.capped_watermarks_for("n", None));
-    node.cloud = pool.cloud_config().unwrap();
+    let pool = config.pools[0].cloud().unwrap();
+    let mut node = Node::new(m5_large(), pool.demand.capped_watermarks_for("n", None));
+    node.cloud = pool.settings();
     let mut one = iface(1, 0);
     one.addresses = vec![net("10.0.1.16/28")];
     node.interfaces = vec![iface(0, 0), one.clone()];
@@ -945,7 +950,7 @@ release_policy = "empty-interfaces"
 "#,
     )
     .unwrap();
-    let cloud = config.pools[0].cloud_config().unwrap();
+    let cloud = config.pools[0].cloud().unwrap().settings();
     assert_eq!(cloud.release_policy(), ReleasePolicy::EmptyInterfaces);
     assert_eq!(
         CloudPoolConfig::default().release_policy(),

@@ -364,17 +364,18 @@ impl ClusterView {
         excess_since_ms: Option<u64>,
         now_ms: u64,
     ) -> Option<BlockInput<'a>> {
-        let config = self.config.pool(pool).filter(|p| p.is_blocks())?;
+        let config = self.config.pool(pool)?;
+        let demand = config.blocks()?;
         config.family(family)?;
         let node_max_pods = self.nodes.get(node).and_then(|e| e.record.max_pods);
         Some(BlockInput {
-            watermarks: config.capped_watermarks_for(node.as_str(), node_max_pods),
+            watermarks: demand.capped_watermarks_for(node.as_str(), node_max_pods),
             block_size: self.block_size(pool, family),
             blocks,
             demand: self.demand(node, pool).and_then(|d| d.family(family)),
             excess_since_ms,
             now_ms,
-            release_delay_ms: config.release_delay_ms(),
+            release_delay_ms: demand.release_delay_ms(),
         })
     }
 

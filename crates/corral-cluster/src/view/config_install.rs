@@ -35,11 +35,8 @@ impl ClusterView {
         last: Option<(ClusterConfig, i64)>,
     ) -> Result<ClusterView, String> {
         let applied_config = applied
-            .and_then(|value| {
-                decode_value::<AppliedConfigRecord>(value)
-                    .ok()
-                    .filter(|record| record.config.validate().is_ok())
-            })
+            // Decoding checks the configuration: one that breaks a rule does not decode.
+            .and_then(|value| decode_value::<AppliedConfigRecord>(value).ok())
             .or(last.map(|(config, config_revision)| AppliedConfigRecord {
                 config_revision,
                 config,

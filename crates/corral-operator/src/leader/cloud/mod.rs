@@ -896,7 +896,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let mut order = ServeKey::default();
         let mut chosen: Option<Step> = None;
         for (index, pool) in pools.iter().enumerate() {
-            let cloud = pool.cloud_config().unwrap_or_default();
+            let Some(cloud_pool) = pool.cloud() else {
+                continue;
+            };
+            let (cloud, demand_config) = (cloud_pool.settings(), &cloud_pool.demand);
             let interfaces = interface_views(
                 &records,
                 &state.interfaces,
@@ -927,7 +930,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                 let key = (pool.name.clone(), family);
                 let input = NodeCloudInput {
                     family,
-                    watermarks: pool.capped_watermarks_for(
+                    watermarks: demand_config.capped_watermarks_for(
                         node.as_str(),
                         view.registration(node).and_then(|e| e.record.max_pods),
                     ),
@@ -942,14 +945,14 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     releasing: &releasing,
                     excess_since_ms: state.excess_since.get(&key).copied(),
                     now_ms,
-                    release_delay_ms: pool.release_delay_ms(),
+                    release_delay_ms: demand_config.release_delay_ms(),
                 };
                 let plan = decide::plan_node(&input);
                 match plan.excess_since_ms {
                     Some(at) => {
                         state.excess_since.insert(key.clone(), at);
                         // The release delay runs out: planned again then.
-                        let delay = pool.release_delay_ms();
+                        let delay = demand_config.release_delay_ms();
                         let due = at.saturating_add(delay);
                         if due > now_ms && plan.action == CloudAction::Nothing {
                             let wait = Instant::now() + Duration::from_millis(due - now_ms + 10);
@@ -1002,7 +1005,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             // An emptiness delay runs out: planned again then.
             if let Some(due) = since
                 .values()
-                .map(|at| at.saturating_add(pool.release_delay_ms()))
+                .map(|at| at.saturating_add(demand_config.release_delay_ms()))
                 .filter(|due| *due > now_ms)
                 .min()
             {
@@ -1017,7 +1020,7 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
                     &plans,
                     &state.empty_since[&pool.name],
                     now_ms,
-                    pool.release_delay_ms(),
+                    demand_config.release_delay_ms(),
                 ) && let Some((id, entry)) = records
                     .iter()
                     .find(|(id, e)| *id == empty && e.record.as_ref().is_some_and(|r| r.managed))
@@ -1145,8 +1148,8 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         let interval = gc_interval(pools);
         let cap = pools
             .iter()
-            .filter_map(|p| p.cloud_config())
-            .map(|c| c.gc_max_per_run as usize)
+            .filter_map(|p| p.cloud())
+            .map(|c| c.settings().gc_max_per_run as usize)
             .min()
             .unwrap_or(25);
         let pool = pools[0].name.clone();
@@ -1371,8 +1374,8 @@ fn cloud_pools(view: &ClusterView) -> Vec<corral_cluster::PoolConfig> {
 fn gc_interval(pools: &[corral_cluster::PoolConfig]) -> Duration {
     let secs = pools
         .iter()
-        .filter_map(|p| p.cloud_config())
-        .map(|c| c.gc_interval_secs)
+        .filter_map(|p| p.cloud())
+        .map(|c| c.settings().gc_interval_secs)
         .min()
         .unwrap_or(300);
     Duration::from_secs(secs.max(1))

@@ -1137,7 +1137,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                         .with_view(|view, _| {
                             view.config()
                                 .pool(&intent.pool)
-                                .and_then(|p| p.cloud_config())
+                                .and_then(|p| p.cloud().map(|c| c.settings()))
                         })
                         .flatten()
                         .unwrap_or_default(),
