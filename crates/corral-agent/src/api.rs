@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::{self as api, ErrorCode, paths};
+use corral_core::{Family, PoolName};
 use corral_store::StoreHealth;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
@@ -224,6 +225,22 @@ impl AppState {
         result.map_err(ApiError)
     }
 
+    /// Runs a request the API checked and turned into the node state's: a refusal of the
+    /// check is answered, and counted, as the operation's.
+    async fn run_checked<R: node::Request>(
+        &self,
+        operation: &'static str,
+        request: Result<R, OpError>,
+    ) -> Result<R::Answer, ApiError> {
+        match request {
+            Ok(request) => self.run(operation, request).await,
+            Err(error) => {
+                self.count(operation, Instant::now(), Some(&error));
+                Err(ApiError(error))
+            }
+        }
+    }
+
     /// Counts a request's outcome and latency.
     fn count(&self, operation: &'static str, started: Instant, failed: Option<&OpError>) {
         let counter = match operation {
@@ -334,6 +351,14 @@ async fn cni_add_waiting(
                 outcome: name.to_owned(),
             })
             .inc();
+    };
+    let request = match node::CniAdd::try_from(request) {
+        Ok(request) => request,
+        Err(error) => {
+            outcome("error");
+            state.count("cni_add", started, Some(&error));
+            return Err(error);
+        }
     };
     loop {
         let result = state.submit(request.clone()).await;
@@ -488,7 +513,8 @@ async fn allocate(
     State(state): State<AppState>,
     Body(request): Body<api::AllocateRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
-    let answer = answer!(state, "allocate", request);
+    let request = node::Allocate::try_from(request);
+    let answer = state.run_checked("allocate", request).await.map(Json);
     // A block or cloud pool's demand follows what the API allocates too, not only CNI ADDs.
     state.touch();
     answer
@@ -498,7 +524,8 @@ async fn release(
     State(state): State<AppState>,
     Body(request): Body<api::ReleaseRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
-    let answer = answer!(state, "release", request);
+    let request = node::Release::try_from(request);
+    let answer = state.run_checked("release", request).await.map(Json);
     state.touch();
     answer
 }
@@ -640,7 +667,8 @@ async fn cni_add(
                 .map_err(ApiError)?
         }
         _ => {
-            let reply = state.run("cni_add", request).await?;
+            let request = node::CniAdd::try_from(request);
+            let reply = state.run_checked("cni_add", request).await?;
             state.touch();
             reply
         }
@@ -653,7 +681,8 @@ async fn cni_del(
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    let answer = answer!(state, "cni_del", node::CniDel(request));
+    let request = node::CniDel::try_from(request);
+    let answer = state.run_checked("cni_del", request).await.map(Json);
     state.touch();
     answer
 }
@@ -663,7 +692,8 @@ async fn cni_check(
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    answer!(state, "cni_check", node::CniCheck(request))
+    let request = node::CniCheck::try_from(request);
+    state.run_checked("cni_check", request).await.map(Json)
 }
 
 async fn cni_gc(
@@ -671,7 +701,8 @@ async fn cni_gc(
     Body(mut request): Body<api::CniGcRequest>,
 ) -> Result<Json<api::GcResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    let answer = answer!(state, "cni_gc", request);
+    let request = node::CniGc::try_from(request);
+    let answer = state.run_checked("cni_gc", request).await.map(Json);
     state.touch();
     answer
 }
@@ -680,7 +711,8 @@ async fn gc(
     State(state): State<AppState>,
     Body(request): Body<api::GcRequest>,
 ) -> Result<Json<api::GcResponse>, ApiError> {
-    let answer = answer!(state, "gc", request);
+    let request = node::Gc::try_from(request);
+    let answer = state.run_checked("gc", request).await.map(Json);
     state.touch();
     answer
 }
@@ -690,7 +722,8 @@ async fn cni_status(
     Body(mut request): Body<api::CniStatusRequest>,
 ) -> Result<Json<api::ScopeStatus>, ApiError> {
     state.resolve_network(&mut request.network);
-    answer!(state, "cni_status", request)
+    let request = node::CniStatus::try_from(request);
+    state.run_checked("cni_status", request).await.map(Json)
 }
 
 async fn interfaces(
@@ -827,4 +860,198 @@ pub fn with_token(router: Router, token: Arc<str>) -> Router {
         )
         .into_response()
     })
+}
+
+// ---- the edge: wire requests into the node state's --------------------------------------
+//
+// Each body is checked here, in the order the node state checked it before it took domain
+// requests, so a bad one gets the same error and message; the node state never parses them.
+
+impl TryFrom<api::AllocateRequest> for node::Allocate {
+    type Error = OpError;
+
+    fn try_from(request: api::AllocateRequest) -> Result<Self, OpError> {
+        let pool = node::pool_name(&request.pool)?;
+        let key = request.key.as_ref().map(node::key_of).transpose()?;
+        let wanted = match (request.family, request.address) {
+            (Some(api::FamilyChoice::Dual), Some(_)) => {
+                return Err(OpError::bad_request(
+                    "family dual allocates the next address of each family; it takes no address",
+                ));
+            }
+            (Some(choice), Some(addr)) => {
+                let wanted = match choice {
+                    api::FamilyChoice::Ipv4 => Family::V4,
+                    _ => Family::V6,
+                };
+                if Family::of(addr) != wanted {
+                    return Err(OpError::bad_request(format!(
+                        "address {addr} is not of family {choice:?}"
+                    )));
+                }
+                node::Wanted::Address(addr)
+            }
+            (None, Some(addr)) => node::Wanted::Address(addr),
+            (Some(api::FamilyChoice::Dual), None) => node::Wanted::Dual,
+            (Some(api::FamilyChoice::Ipv6), None) => node::Wanted::Next(Family::V6),
+            (Some(api::FamilyChoice::Ipv4) | None, None) => node::Wanted::Next(Family::V4),
+        };
+        Ok(node::Allocate {
+            scope: request.scope,
+            pool,
+            owner: request.owner,
+            key,
+            wanted,
+            lease: request.lease_ms.map(Duration::from_millis),
+        })
+    }
+}
+
+impl TryFrom<api::ReleaseRequest> for node::Release {
+    type Error = OpError;
+
+    fn try_from(request: api::ReleaseRequest) -> Result<Self, OpError> {
+        let given = usize::from(request.key.is_some())
+            + usize::from(request.address.is_some())
+            + usize::from(request.owner.is_some());
+        if given != 1 {
+            return Err(OpError::bad_request(
+                "give exactly one of key, address (with an optional generation) or owner",
+            ));
+        }
+        if request.generation.is_some() && request.address.is_none() {
+            return Err(OpError::bad_request("generation goes with address"));
+        }
+        let of = match (request.key, request.address, request.owner) {
+            (Some(key), _, _) => node::ReleaseOf::Key(node::key_of(&key)?),
+            (None, Some(address), _) => node::ReleaseOf::Address {
+                address,
+                generation: request.generation,
+            },
+            (None, None, owner) => node::ReleaseOf::Owner(owner.unwrap_or_default()),
+        };
+        Ok(node::Release {
+            scope: request.scope,
+            of,
+        })
+    }
+}
+
+/// A CNI network once its node pool (if any) and the verb's key are checked: a network on its
+/// own pools must not take the node scope's name, and its configuration must parse.
+fn cni_network(
+    network: &api::CniNetwork,
+    node_pool: Option<PoolName>,
+) -> Result<node::CniNetwork, OpError> {
+    let pools = match node_pool {
+        Some(pool) => node::NetworkPools::Node(pool),
+        None => node::NetworkPools::Own(node::own_network_config(network)?),
+    };
+    Ok(node::CniNetwork {
+        name: network.name.clone(),
+        pools,
+    })
+}
+
+impl TryFrom<api::CniAddRequest> for node::CniAdd {
+    type Error = OpError;
+
+    fn try_from(request: api::CniAddRequest) -> Result<Self, OpError> {
+        let node_pool = node::node_pool_of(&request.network)?;
+        let key = node::key_of(&request.key)?;
+        let sets = match node_pool {
+            Some(pool) => {
+                let requested = node::node_pool_requested(&pool, &request.sets)?;
+                node::CniAddSets::Node { pool, requested }
+            }
+            None => {
+                let sets = request
+                    .sets
+                    .iter()
+                    .map(|set| {
+                        Ok(node::CniSet {
+                            pool: node::pool_name(&set.pool)?,
+                            family: node::family_of(set.family),
+                            requested: set.requested,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, OpError>>()?;
+                let config = node::own_network_config(&request.network)?;
+                node::CniAddSets::Own { config, sets }
+            }
+        };
+        Ok(node::CniAdd {
+            network: request.network.name,
+            key,
+            owner: request.owner,
+            sets,
+        })
+    }
+}
+
+impl TryFrom<api::CniKeyRequest> for node::CniDel {
+    type Error = OpError;
+
+    fn try_from(request: api::CniKeyRequest) -> Result<Self, OpError> {
+        let node_pool = node::node_pool_of(&request.network)?;
+        let key = node::key_of(&request.key)?;
+        Ok(node::CniDel {
+            network: cni_network(&request.network, node_pool)?,
+            key,
+        })
+    }
+}
+
+/// A CHECK reads the network's scope by name: its configuration is not checked.
+impl TryFrom<api::CniKeyRequest> for node::CniCheck {
+    type Error = OpError;
+
+    fn try_from(request: api::CniKeyRequest) -> Result<Self, OpError> {
+        let node_pool = node::node_pool_of(&request.network)?;
+        let key = node::key_of(&request.key)?;
+        Ok(node::CniCheck {
+            network: request.network.name,
+            node_pool,
+            key,
+        })
+    }
+}
+
+impl TryFrom<api::CniStatusRequest> for node::CniStatus {
+    type Error = OpError;
+
+    fn try_from(request: api::CniStatusRequest) -> Result<Self, OpError> {
+        let node_pool = node::node_pool_of(&request.network)?;
+        Ok(node::CniStatus {
+            network: cni_network(&request.network, node_pool)?,
+        })
+    }
+}
+
+impl TryFrom<api::CniGcRequest> for node::CniGc {
+    type Error = OpError;
+
+    fn try_from(request: api::CniGcRequest) -> Result<Self, OpError> {
+        let live = node::live_keys(&request.valid_attachments)?;
+        let policy = node::gc_policy(request.grace_ms, request.max_released)?;
+        let node_pool = node::node_pool_of(&request.network)?;
+        Ok(node::CniGc {
+            network: cni_network(&request.network, node_pool)?,
+            live,
+            policy,
+        })
+    }
+}
+
+impl TryFrom<api::GcRequest> for node::Gc {
+    type Error = OpError;
+
+    fn try_from(request: api::GcRequest) -> Result<Self, OpError> {
+        Ok(node::Gc {
+            live: node::live_keys(&request.live)?,
+            policy: node::gc_policy(request.grace_ms, request.max_released)?,
+            scope: request.scope,
+            dry_run: request.dry_run,
+        })
+    }
 }

@@ -94,7 +94,7 @@ fn allocate(node: &mut NodeState, pool: &str, owner: &str) -> Result<std::net::I
         address: None,
         lease_ms: None,
     };
-    match run(node, Op::Allocate(request))? {
+    match run(node, Op::Allocate(request.try_into()?))? {
         Reply::Allocated(answer) => Ok(answer.allocations[0].address),
         other => panic!("allocate answered {other:?}"),
     }
@@ -108,7 +108,7 @@ fn release(node: &mut NodeState, address: std::net::IpAddr) {
         generation: None,
         owner: None,
     };
-    run(node, Op::Release(request)).expect("release");
+    run(node, Op::Release(request.try_into().expect("release"))).expect("release");
 }
 
 fn pools(node: &mut NodeState) -> api::PoolsResponse {
@@ -537,31 +537,39 @@ fn op(call: &Call, handed_out: &[std::net::IpAddr], serial: usize) -> Op {
     match *call {
         Call::AddRange(p, r) => Op::AddRange(range_request(POOLS[p], RANGES[r])),
         Call::RemoveRange(p, r) => Op::RemoveRange(range_request(POOLS[p], RANGES[r])),
-        Call::Allocate(p, v6) => Op::Allocate(api::AllocateRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: POOLS[p].into(),
-            owner: format!("owner-{serial}"),
-            key: None,
-            family: Some(if v6 {
-                api::FamilyChoice::Ipv6
-            } else {
-                api::FamilyChoice::Ipv4
-            }),
-            address: None,
-            lease_ms: None,
-        }),
-        Call::Release(n) => Op::Release(api::ReleaseRequest {
-            scope: api::NODE_SCOPE.into(),
-            key: None,
-            address: Some(
-                handed_out
-                    .get(n % handed_out.len().max(1))
-                    .copied()
-                    .unwrap_or("10.50.0.9".parse().unwrap()),
-            ),
-            generation: None,
-            owner: None,
-        }),
+        Call::Allocate(p, v6) => Op::Allocate(
+            api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: POOLS[p].into(),
+                owner: format!("owner-{serial}"),
+                key: None,
+                family: Some(if v6 {
+                    api::FamilyChoice::Ipv6
+                } else {
+                    api::FamilyChoice::Ipv4
+                }),
+                address: None,
+                lease_ms: None,
+            }
+            .try_into()
+            .unwrap(),
+        ),
+        Call::Release(n) => Op::Release(
+            api::ReleaseRequest {
+                scope: api::NODE_SCOPE.into(),
+                key: None,
+                address: Some(
+                    handed_out
+                        .get(n % handed_out.len().max(1))
+                        .copied()
+                        .unwrap_or("10.50.0.9".parse().unwrap()),
+                ),
+                generation: None,
+                owner: None,
+            }
+            .try_into()
+            .unwrap(),
+        ),
         Call::Exclude(p, e) => Op::AddExclusion(api::ExclusionRequest {
             scope: api::NODE_SCOPE.into(),
             pool: POOLS[p].into(),

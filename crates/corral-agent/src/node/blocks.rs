@@ -223,23 +223,27 @@ mod tests {
     }
 
     fn cni_add(container: &str) -> Op {
-        Op::CniAdd(api::CniAddRequest {
-            network: api::CniNetwork {
-                name: "net".into(),
-                pools: vec![],
-                node_pool: Some("small".into()),
-                requested_pool: None,
-                configured_pool: None,
-                namespace: None,
-            },
-            key: api::AttachmentKey {
-                network: "net".into(),
-                container_id: container.into(),
-                ifname: "eth0".into(),
-            },
-            owner: container.into(),
-            sets: vec![],
-        })
+        Op::CniAdd(
+            api::CniAddRequest {
+                network: api::CniNetwork {
+                    name: "net".into(),
+                    pools: vec![],
+                    node_pool: Some("small".into()),
+                    requested_pool: None,
+                    configured_pool: None,
+                    namespace: None,
+                },
+                key: api::AttachmentKey {
+                    network: "net".into(),
+                    container_id: container.into(),
+                    ifname: "eth0".into(),
+                },
+                owner: container.into(),
+                sets: vec![],
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     #[test]

@@ -651,15 +651,19 @@ mod tests {
     }
 
     fn allocate(owner: &str) -> Op {
-        Op::Allocate(api::AllocateRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "vpc".into(),
-            owner: owner.into(),
-            key: None,
-            family: None,
-            address: None,
-            lease_ms: None,
-        })
+        Op::Allocate(
+            api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "vpc".into(),
+                owner: owner.into(),
+                key: None,
+                family: None,
+                address: None,
+                lease_ms: None,
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     #[test]

@@ -11,15 +11,16 @@ use corral_core::{Echo, Exclusion, RangeRemoval, RangeSpec, Timestamp};
 use corral_store::{Store, Txn, export_checkpoint};
 
 use super::op::{
-    AddExclusion, AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, CniCheck, CniDel,
-    Dump, Export, Gauges, Interface, InterfaceGauges, Interfaces, LeaseStop, Op, Pools,
-    ReclaimBlock, RemoveExclusion, RemoveInterface, RemoveInterfaceAddress, RemoveRange, Reply,
-    ReportBlocks, ReportCloud, Request, Status, SurrenderBlock, SurrenderCloudAddress, Tick,
+    AddExclusion, AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, Dump, Export,
+    Gauges, Interface, InterfaceGauges, Interfaces, LeaseStop, Op, Pools, ReclaimBlock,
+    RemoveExclusion, RemoveInterface, RemoveInterfaceAddress, RemoveRange, Reply, ReportBlocks,
+    ReportCloud, Request, Status, SurrenderBlock, SurrenderCloudAddress, Tick,
 };
+use super::request::{Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, NetworkPools, Release};
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
-use super::wire::{api_lease, held_by_key, key_of, pool_name, released};
-use super::{cloud, interfaces, node_pool};
+use super::wire::{api_lease, held_by_key, pool_name, released};
+use super::{cloud, interfaces};
 use crate::capacity;
 use crate::error::OpError;
 use crate::local_routes::LocalRoutesRequest;
@@ -48,17 +49,15 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<Reply, OpError> {
         if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
-            return self
-                .run_gc(op, now, writes, touched)
-                .map(api::GcRequest::reply);
+            return self.run_gc(op, now, writes, touched).map(Gc::reply);
         }
         match op {
             Op::Allocate(request) => self
                 .allocate(request, now, writes, touched)
-                .map(api::AllocateRequest::reply),
+                .map(Allocate::reply),
             Op::Release(request) => self
                 .release(request, now, writes, touched)
-                .map(api::ReleaseRequest::reply),
+                .map(Release::reply),
             Op::LeaseStart(request) => {
                 let scope = self.scope_mut(&request.scope)?;
                 let lease = scope.engine.start_lease(
@@ -182,15 +181,17 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             Op::Import(_) => unreachable!("imports are run by run_batch"),
             Op::CniAdd(request) => self
                 .cni_add(request, now, writes, touched)
-                .map(api::CniAddRequest::reply),
-            Op::CniDel(request) => {
-                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self
-                        .node_pool_del(pool, &request, now, writes, touched)
-                        .map(CniDel::reply);
-                }
-                let key = key_of(&request.key)?;
-                let name = self.cni_scope(&request.network, writes, touched)?;
+                .map(CniAdd::reply),
+            Op::CniDel(CniDel { network, key }) => {
+                let config = match network.pools {
+                    NetworkPools::Node(pool) => {
+                        return self
+                            .node_pool_del(&pool, &key, now, writes, touched)
+                            .map(CniDel::reply);
+                    }
+                    NetworkPools::Own(config) => config,
+                };
+                let name = self.cni_scope(network.name, config, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 let released_now = scope.engine.release_key(&key, now);
                 record_released(&name, &released_now, writes, touched);
@@ -198,13 +199,15 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     released: released_now.iter().map(released).collect(),
                 }))
             }
-            Op::CniCheck(request) => {
-                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self.node_pool_check(&pool, &request).map(CniCheck::reply);
+            Op::CniCheck(CniCheck {
+                network,
+                node_pool,
+                key,
+            }) => {
+                if let Some(pool) = node_pool {
+                    return self.node_pool_check(&pool, &key).map(CniCheck::reply);
                 }
-                let key = key_of(&request.key)?;
-                let scope = self.scope(&request.network.name);
-                let held = match scope {
+                let held = match self.scope(&network) {
                     Ok(scope) => scope
                         .engine
                         .lookup_key(&key)
@@ -216,21 +219,22 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 Ok(CniCheck::reply(api::AllocateResponse { allocations: held }))
             }
             Op::CniGc(_) | Op::Gc(_) => unreachable!("garbage collections are run by run_gc"),
-            Op::CniStatus(request) => {
-                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self
-                        .node_pool_status(&pool, now)
-                        .map(api::CniStatusRequest::reply);
-                }
-                let name = self.cni_scope(&request.network, writes, touched)?;
+            Op::CniStatus(CniStatus { network }) => {
+                let config = match network.pools {
+                    NetworkPools::Node(pool) => {
+                        return self.node_pool_status(&pool, now).map(CniStatus::reply);
+                    }
+                    NetworkPools::Own(config) => config,
+                };
+                let name = self.cni_scope(network.name, config, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
                 let mut status = scope_status(&name, scope);
                 // Only the network's own pools (not the engine's implicit default).
                 status
                     .pools
-                    .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
-                Ok(api::CniStatusRequest::reply(status))
+                    .retain(|p| scope.config.pools.iter().any(|n| n.name == p.pool));
+                Ok(CniStatus::reply(status))
             }
             Op::SetClusterRanges(grants) => self
                 .set_cluster_ranges(grants, touched)

@@ -15,6 +15,8 @@
 //! The files, bottom up (each imports only files above it in this list, and this file only
 //! declares and re-exports):
 //!
+//! - `request.rs` — the operations' arguments in domain terms (parsed pools, keys,
+//!   addresses, a CNI network's configuration), which the API builds at its edge;
 //! - `wire.rs` — conversions between the API's types and the engine's;
 //! - `scope.rs` — a scope (configuration, engine, interface tables), the rows a change writes
 //!   and how a batch persists them;
@@ -36,6 +38,7 @@ mod interfaces;
 mod node_pool;
 mod op;
 mod ops;
+mod request;
 mod scope;
 mod scopes;
 mod state;
@@ -44,19 +47,28 @@ mod wire;
 pub use crate::error::OpError;
 pub use batch::RunBatch;
 /// The requests of the operations whose argument another shares (or that take none); the
-/// rest are their argument types (`api::AllocateRequest`, [`ClusterRanges`], ...).
+/// rest are their argument types ([`Allocate`], [`ClusterRanges`], ...).
 pub use op::{
-    AddExclusion, AddInterfaceAddress, AddRange, CniCheck, CniDel, Dump, Export, Gauges, Import,
-    Interface, InterfaceGauges, Interfaces, LeaseStop, Pools, ReclaimBlock, RemoveExclusion,
-    RemoveInterface, RemoveInterfaceAddress, RemoveRange, ReportBlocks, ReportCloud, Status,
-    SurrenderBlock, SurrenderCloudAddress, Tick,
+    AddExclusion, AddInterfaceAddress, AddRange, Dump, Export, Gauges, Import, Interface,
+    InterfaceGauges, Interfaces, LeaseStop, Pools, ReclaimBlock, RemoveExclusion, RemoveInterface,
+    RemoveInterfaceAddress, RemoveRange, ReportBlocks, ReportCloud, Status, SurrenderBlock,
+    SurrenderCloudAddress, Tick,
 };
 pub use op::{
     BlockReport, CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport,
     ClusterRanges, ClusterRangesOutcome, FROZEN_REASON, Gauge, HeldRange, InterfaceGauge, Op,
     Reply, Request, SURRENDERED_REASON, Surrender,
 };
+pub use request::{
+    Allocate, CniAdd, CniAddSets, CniCheck, CniDel, CniGc, CniNetwork, CniSet, CniStatus, Gc,
+    NetworkPools, Release, ReleaseOf, Wanted,
+};
 pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
+/// The API edge's checks of the wire requests (`api.rs`).
+pub(crate) use wire::{
+    family_of, gc_policy, key_of, live_keys, node_pool_of, node_pool_requested, own_network_config,
+    pool_name,
+};
 
 #[cfg(test)]
 mod tests {
@@ -90,20 +102,24 @@ mod tests {
     }
 
     fn add(container: &str, cooldown_ms: u64) -> Op {
-        Op::CniAdd(api::CniAddRequest {
-            network: network(cooldown_ms),
-            key: api::AttachmentKey {
-                network: "net".into(),
-                container_id: container.into(),
-                ifname: "eth0".into(),
-            },
-            owner: container.into(),
-            sets: vec![api::CniSet {
-                pool: "net".into(),
-                family: api::FamilyName::Ipv4,
-                requested: None,
-            }],
-        })
+        Op::CniAdd(
+            api::CniAddRequest {
+                network: network(cooldown_ms),
+                key: api::AttachmentKey {
+                    network: "net".into(),
+                    container_id: container.into(),
+                    ifname: "eth0".into(),
+                },
+                owner: container.into(),
+                sets: vec![api::CniSet {
+                    pool: "net".into(),
+                    family: api::FamilyName::Ipv4,
+                    requested: None,
+                }],
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn address(answer: &Result<Reply, OpError>) -> IpAddr {
@@ -133,15 +149,19 @@ mod tests {
     }
 
     fn node_allocate(owner: &str, lease_ms: Option<u64>) -> Op {
-        Op::Allocate(api::AllocateRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "default".into(),
-            owner: owner.into(),
-            key: None,
-            family: None,
-            address: None,
-            lease_ms,
-        })
+        Op::Allocate(
+            api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "default".into(),
+                owner: owner.into(),
+                key: None,
+                family: None,
+                address: None,
+                lease_ms,
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn declared() -> ScopeConfig {
@@ -309,13 +329,13 @@ mod tests {
     }
 
     fn pods_allocate(owner: &str) -> Op {
-        Op::Allocate(api::AllocateRequest {
-            pool: "pods".into(),
-            ..match node_allocate(owner, None) {
-                Op::Allocate(request) => request,
-                _ => unreachable!(),
-            }
-        })
+        match node_allocate(owner, None) {
+            Op::Allocate(request) => Op::Allocate(Allocate {
+                pool: PoolName::new("pods").unwrap(),
+                ..request
+            }),
+            _ => unreachable!(),
+        }
     }
 
     fn run_one<S: Store, C: Clock>(node: &mut NodeState<S, C>, op: Op) -> Result<Reply, OpError> {
@@ -344,8 +364,8 @@ mod tests {
             api::RangeSource::Cluster,
             false
         )));
-        let dual = Op::Allocate(api::AllocateRequest {
-            family: Some(api::FamilyChoice::Dual),
+        let dual = Op::Allocate(Allocate {
+            wanted: Wanted::Dual,
             ..match pods_allocate("pod") {
                 Op::Allocate(request) => request,
                 _ => unreachable!(),
@@ -403,13 +423,17 @@ mod tests {
                 .len(),
             2
         );
-        let release = Op::Release(api::ReleaseRequest {
-            scope: api::NODE_SCOPE.into(),
-            key: None,
-            address: Some(held),
-            generation: None,
-            owner: None,
-        });
+        let release = Op::Release(
+            api::ReleaseRequest {
+                scope: api::NODE_SCOPE.into(),
+                key: None,
+                address: Some(held),
+                generation: None,
+                owner: None,
+            }
+            .try_into()
+            .unwrap(),
+        );
         run_one(&mut node, release).unwrap();
         assert!(node_ranges(&node).iter().all(|r| r.0 != "pods"));
         // The stored configuration agrees after a restart.
@@ -670,19 +694,23 @@ mod tests {
         // typed refusal, not a panic.
         let answer = run_one(
             &mut b,
-            Op::Allocate(api::AllocateRequest {
-                scope: "net1".into(),
-                pool: "eni".into(),
-                owner: "pod".into(),
-                key: Some(api::AttachmentKey {
-                    network: "net1".into(),
-                    container_id: "c1".into(),
-                    ifname: "eth0".into(),
-                }),
-                family: None,
-                address: None,
-                lease_ms: None,
-            }),
+            Op::Allocate(
+                api::AllocateRequest {
+                    scope: "net1".into(),
+                    pool: "eni".into(),
+                    owner: "pod".into(),
+                    key: Some(api::AttachmentKey {
+                        network: "net1".into(),
+                        container_id: "c1".into(),
+                        ifname: "eth0".into(),
+                    }),
+                    family: None,
+                    address: None,
+                    lease_ms: None,
+                }
+                .try_into()
+                .unwrap(),
+            ),
         );
         assert!(answer.is_err(), "{answer:?}");
     }
@@ -708,19 +736,23 @@ mod tests {
         let allocate = |node: &mut NodeState<corral_store::MemoryStore, _>| {
             run_one(
                 node,
-                Op::Allocate(api::AllocateRequest {
-                    scope: api::NODE_SCOPE.into(),
-                    pool: "eni".into(),
-                    owner: "pod".into(),
-                    key: Some(api::AttachmentKey {
-                        network: "aws-cni".into(),
-                        container_id: "c1".into(),
-                        ifname: "eth0".into(),
-                    }),
-                    family: None,
-                    address: None,
-                    lease_ms: None,
-                }),
+                Op::Allocate(
+                    api::AllocateRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        pool: "eni".into(),
+                        owner: "pod".into(),
+                        key: Some(api::AttachmentKey {
+                            network: "aws-cni".into(),
+                            container_id: "c1".into(),
+                            ifname: "eth0".into(),
+                        }),
+                        family: None,
+                        address: None,
+                        lease_ms: None,
+                    }
+                    .try_into()
+                    .unwrap(),
+                ),
             )
         };
         let answer = allocate(&mut node);
@@ -744,32 +776,40 @@ mod tests {
         let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
         run_one(&mut node, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
         let alloc = |container: &str| {
-            Op::Allocate(api::AllocateRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "eni".into(),
-                owner: "pod".into(),
-                key: Some(api::AttachmentKey {
-                    network: "aws-cni".into(),
-                    container_id: container.into(),
-                    ifname: "eth0".into(),
-                }),
-                family: None,
-                address: None,
-                lease_ms: None,
-            })
+            Op::Allocate(
+                api::AllocateRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "eni".into(),
+                    owner: "pod".into(),
+                    key: Some(api::AttachmentKey {
+                        network: "aws-cni".into(),
+                        container_id: container.into(),
+                        ifname: "eth0".into(),
+                    }),
+                    family: None,
+                    address: None,
+                    lease_ms: None,
+                }
+                .try_into()
+                .unwrap(),
+            )
         };
         run_one(&mut node, alloc("c1")).unwrap();
         run_one(
             &mut node,
-            Op::Release(api::ReleaseRequest {
-                scope: api::NODE_SCOPE.into(),
-                key: Some(api::AttachmentKey {
-                    network: "aws-cni".into(),
-                    container_id: "c1".into(),
-                    ifname: "eth0".into(),
-                }),
-                ..Default::default()
-            }),
+            Op::Release(
+                api::ReleaseRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    key: Some(api::AttachmentKey {
+                        network: "aws-cni".into(),
+                        container_id: "c1".into(),
+                        ifname: "eth0".into(),
+                    }),
+                    ..Default::default()
+                }
+                .try_into()
+                .unwrap(),
+            ),
         )
         .unwrap();
         let removed = run_one(
@@ -860,8 +900,10 @@ mod tests {
                 ifname: "eth0".into(),
             },
         };
-        let Ok(Reply::Allocated(held)) = run_one(&mut node, Op::CniCheck(runtime_key.clone()))
-        else {
+        let Ok(Reply::Allocated(held)) = run_one(
+            &mut node,
+            Op::CniCheck(runtime_key.clone().try_into().unwrap()),
+        ) else {
             panic!("check")
         };
         let addresses: Vec<String> = held
@@ -870,7 +912,10 @@ mod tests {
             .map(|a| a.address.to_string())
             .collect();
         assert_eq!(addresses, ["10.60.0.11"]);
-        let Ok(Reply::Released(gone)) = run_one(&mut node, Op::CniDel(runtime_key.clone())) else {
+        let Ok(Reply::Released(gone)) = run_one(
+            &mut node,
+            Op::CniDel(runtime_key.clone().try_into().unwrap()),
+        ) else {
             panic!("del")
         };
         let addresses: Vec<String> = gone
@@ -880,7 +925,9 @@ mod tests {
             .collect();
         assert_eq!(addresses, ["10.60.0.11"]);
         // Gone: a second DEL releases nothing, and c1 keeps its address.
-        let Ok(Reply::Released(gone)) = run_one(&mut node, Op::CniDel(runtime_key)) else {
+        let Ok(Reply::Released(gone)) =
+            run_one(&mut node, Op::CniDel(runtime_key.try_into().unwrap()))
+        else {
             panic!("del")
         };
         assert!(gone.released.is_empty(), "{gone:?}");

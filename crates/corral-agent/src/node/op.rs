@@ -7,11 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_api as api;
 use corral_core::{Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
 
+use super::request::{Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc, Release};
+
 /// One operation of the API, as the committer receives it.
 #[derive(Debug)]
 pub enum Op {
-    Allocate(api::AllocateRequest),
-    Release(api::ReleaseRequest),
+    Allocate(Allocate),
+    Release(Release),
     LeaseStart(api::LeaseStartRequest),
     LeaseStop(api::LeaseStopRequest),
     Dump(Option<String>),
@@ -23,14 +25,14 @@ pub enum Op {
     RemoveExclusion(api::ExclusionRequest),
     Export,
     Import(serde_json::Value),
-    CniAdd(api::CniAddRequest),
-    CniDel(api::CniKeyRequest),
-    CniCheck(api::CniKeyRequest),
+    CniAdd(CniAdd),
+    CniDel(CniDel),
+    CniCheck(CniCheck),
     /// CNI GC: the leak collector over a network's attachments (`gc.rs`); commits on its own.
-    CniGc(api::CniGcRequest),
-    CniStatus(api::CniStatusRequest),
+    CniGc(CniGc),
+    CniStatus(CniStatus),
     /// The leak collector over a scope's attachments (`gc.rs`); commits on its own.
-    Gc(api::GcRequest),
+    Gc(Gc),
     /// Reconciles the `node` scope's cluster ranges with the complete set the cluster grants
     /// the node now (see [`ClusterRanges`]); answered with [`Reply::ClusterRanges`].
     SetClusterRanges(ClusterRanges),
@@ -439,13 +441,15 @@ macro_rules! wrapped {
 }
 
 requests! {
-    api::AllocateRequest => Allocate, Allocated(api::AllocateResponse);
-    api::ReleaseRequest => Release, Released(api::ReleaseResponse);
+    Allocate => Allocate, Allocated(api::AllocateResponse);
+    Release => Release, Released(api::ReleaseResponse);
     api::LeaseStartRequest => LeaseStart, Lease(api::Lease);
-    api::CniAddRequest => CniAdd, Allocated(api::AllocateResponse);
-    api::CniGcRequest => CniGc, Gc(api::GcResponse);
-    api::GcRequest => Gc, Gc(api::GcResponse);
-    api::CniStatusRequest => CniStatus, ScopeStatus(api::ScopeStatus);
+    CniAdd => CniAdd, Allocated(api::AllocateResponse);
+    CniDel => CniDel, Released(api::ReleaseResponse);
+    CniCheck => CniCheck, Allocated(api::AllocateResponse);
+    CniGc => CniGc, Gc(api::GcResponse);
+    Gc => Gc, Gc(api::GcResponse);
+    CniStatus => CniStatus, ScopeStatus(api::ScopeStatus);
     ClusterRanges => SetClusterRanges, ClusterRanges(ClusterRangesOutcome);
     crate::local_routes::LocalRoutesRequest => ReserveLocalRoutes,
         LocalRoutes(api::ReserveLocalRoutesResponse);
@@ -476,10 +480,6 @@ wrapped! {
     Export {} => |_r| Op::Export, Checkpoint(serde_json::Value);
     /// [`Op::Import`].
     Import(serde_json::Value) => |r| Op::Import(r.0), Done;
-    /// [`Op::CniDel`].
-    CniDel(api::CniKeyRequest) => |r| Op::CniDel(r.0), Released(api::ReleaseResponse);
-    /// [`Op::CniCheck`].
-    CniCheck(api::CniKeyRequest) => |r| Op::CniCheck(r.0), Allocated(api::AllocateResponse);
     /// [`Op::SurrenderBlock`].
     SurrenderBlock { pool: PoolName, range: RangeSpec }
         => |r| Op::SurrenderBlock { pool: r.pool, range: r.range }, Surrender(Surrender);

@@ -1,14 +1,19 @@
 //! Between the API's types and the engine's: conversions, and each error as the API reports
-//! it.
+//! it. The parsers (`pool_name`, `key_of`, `node_pool_of`, `validate_config`, ...) are the
+//! API edge's checks (`api.rs`), with the messages the API answers.
 
+use std::collections::HashSet;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use corral_api as api;
 use corral_core::{
-    AllocError, Allocation, AttachmentKey, Echo, Exclusion, Family, PoolName, RangeSpec, Released,
+    AllocError, Allocation, AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Echo,
+    Exclusion, Family, GcPolicy, PoolName, RangeSpec, Released,
 };
 use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig};
 
+use super::request::CniSet;
 use crate::error::OpError;
 
 pub(super) fn api_source(source: RangeSource) -> api::RangeSource {
@@ -28,18 +33,18 @@ pub(super) fn family_name(family: Family) -> api::FamilyName {
     }
 }
 
-pub(super) fn family_of(name: api::FamilyName) -> Family {
+pub(crate) fn family_of(name: api::FamilyName) -> Family {
     match name {
         api::FamilyName::Ipv4 => Family::V4,
         api::FamilyName::Ipv6 => Family::V6,
     }
 }
 
-pub(super) fn pool_name(text: &str) -> Result<PoolName, OpError> {
+pub(crate) fn pool_name(text: &str) -> Result<PoolName, OpError> {
     PoolName::new(text).map_err(|e| OpError::invalid(&format!("pool {}", Echo(text)), &e))
 }
 
-pub(super) fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
+pub(crate) fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
     AttachmentKey::new(&key.network, &key.container_id, &key.ifname)
         .map_err(|e| OpError::invalid("key", &e))
 }
@@ -96,7 +101,7 @@ pub(super) fn held_by_key(info: &corral_core::AllocationInfo) -> api::Allocated 
     }
 }
 
-pub(super) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
+pub(crate) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
     ScopeConfig {
         pools: pools
             .iter()
@@ -126,24 +131,17 @@ pub(super) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
 }
 
 /// Which set of a CNI ADD an allocation error is about, so the plugin can name it.
-pub(super) fn failed_set(
-    error: &AllocError,
-    sets: &[api::CniSet],
-    pools: &[PoolName],
-) -> Option<usize> {
+pub(super) fn failed_set(error: &AllocError, sets: &[CniSet]) -> Option<usize> {
     let by_pool = |pool: &PoolName, family: Option<Family>| {
         sets.iter()
-            .zip(pools)
-            .position(|(set, p)| p == pool && family.is_none_or(|f| family_of(set.family) == f))
+            .position(|set| set.pool == *pool && family.is_none_or(|f| set.family == f))
     };
     let by_addr = |addr: &IpAddr| sets.iter().position(|set| set.requested == Some(*addr));
     match error {
         AllocError::PoolExhausted { pool, family } | AllocError::NoCapacity { pool, family } => {
             by_pool(pool, Some(*family))
         }
-        AllocError::FamilyDisabled { family } => {
-            sets.iter().position(|set| family_of(set.family) == *family)
-        }
+        AllocError::FamilyDisabled { family } => sets.iter().position(|set| set.family == *family),
         AllocError::AddressInUse { addr, .. }
         | AllocError::OutsidePool { addr, .. }
         | AllocError::Excluded { addr, .. }
@@ -158,7 +156,7 @@ pub(super) fn failed_set(
 }
 
 /// A configuration the plugin sent must at least parse; the engine refuses the rest.
-pub(super) fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
+pub(crate) fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
     for pool in &config.pools {
         pool_name(&pool.name)?;
         for range in &pool.ranges {
@@ -173,4 +171,93 @@ pub(super) fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
         }
     }
     Ok(())
+}
+
+/// The node pool a CNI network names, if it names one; with `pools` beside it, refused.
+pub(crate) fn node_pool_of(network: &api::CniNetwork) -> Result<Option<PoolName>, OpError> {
+    let Some(pool) = &network.node_pool else {
+        return Ok(None);
+    };
+    if !network.pools.is_empty() {
+        return Err(OpError::bad_request(format!(
+            "network {:?}: node_pool and pools both given; a network allocates from a pool of \
+             the agent's node scope or from its own pools, not both",
+            network.name
+        )));
+    }
+    pool_name(pool).map(Some)
+}
+
+/// The configuration of a network on its own pools, checked as its scope is built from it:
+/// the network may not take the agent's own scope's name, and the configuration must parse.
+pub(crate) fn own_network_config(network: &api::CniNetwork) -> Result<ScopeConfig, OpError> {
+    if network.name == api::NODE_SCOPE {
+        return Err(OpError::bad_request(format!(
+            "network name {:?} is the agent's own scope",
+            network.name
+        )));
+    }
+    let config = scope_config_of(&network.pools);
+    validate_config(&config)?;
+    Ok(config)
+}
+
+/// The sets of an ADD on a node pool: only requested addresses, at most one per family (the
+/// pool's families decide the rest).
+pub(crate) fn node_pool_requested(
+    pool: &PoolName,
+    sets: &[api::CniSet],
+) -> Result<Vec<(Family, IpAddr)>, OpError> {
+    let mut requested: Vec<(Family, IpAddr)> = Vec::new();
+    for set in sets {
+        let Some(addr) = set.requested else {
+            return Err(OpError::bad_request(
+                "a network on a node pool takes sets only to request addresses; the pool's \
+                 families decide the rest",
+            ));
+        };
+        let family = Family::of(addr);
+        if family != family_of(set.family) {
+            return Err(OpError::bad_request(format!(
+                "requested address {addr} is not of family {:?}",
+                set.family
+            )));
+        }
+        if requested.iter().any(|(f, _)| *f == family) {
+            return Err(OpError::new(
+                api::ErrorCode::Unavailable,
+                format!(
+                    "two {family} addresses requested from pool {pool}, which hands out one per \
+                     family"
+                ),
+            ));
+        }
+        requested.push((family, addr));
+    }
+    Ok(requested)
+}
+
+/// The attachments a leak collection is told are live.
+pub(crate) fn live_keys(keys: &[api::AttachmentKey]) -> Result<HashSet<AttachmentKey>, OpError> {
+    keys.iter().map(key_of).collect()
+}
+
+/// A leak collection's policy, its defaults filled in.
+pub(crate) fn gc_policy(
+    grace_ms: Option<u64>,
+    max_released: Option<u64>,
+) -> Result<GcPolicy, OpError> {
+    let max_released = match max_released {
+        Some(0) => {
+            return Err(OpError::bad_request(
+                "max_released: 0 would release nothing; give at least 1",
+            ));
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => DEFAULT_GC_MAX_RELEASED,
+    };
+    Ok(GcPolicy {
+        grace: grace_ms.map_or(DEFAULT_GC_GRACE, Duration::from_millis),
+        max_released,
+    })
 }
