@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::{self as api, ErrorCode, paths};
-use corral_core::{Family, PoolName};
+use corral_core::{Echo, Exclusion, Family, PoolName, RangeSpec};
 use corral_store::StoreHealth;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
@@ -534,7 +534,8 @@ async fn lease_start(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStartRequest>,
 ) -> Result<Json<api::Lease>, ApiError> {
-    let answer = answer!(state, "lease_start", request);
+    let request = Ok(node::LeaseStart::from(request));
+    let answer = state.run_checked("lease_start", request).await.map(Json);
     state.touch();
     answer
 }
@@ -543,7 +544,8 @@ async fn lease_stop(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStopRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    let answer = done(state.run("lease_stop", node::LeaseStop(request)).await?);
+    let request = node::LeaseStop::try_from(request);
+    let answer = done(state.run_checked("lease_stop", request).await?);
     state.touch();
     answer
 }
@@ -583,36 +585,32 @@ async fn add_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(state.run("add_range", node::AddRange(request)).await?)
+    let request = node::PoolRange::try_from(request).map(node::AddRange);
+    done(state.run_checked("add_range", request).await?)
 }
 
 async fn remove_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
 ) -> Result<Json<api::RangeRemoved>, ApiError> {
-    answer!(state, "remove_range", node::RemoveRange(request))
+    let request = node::PoolRange::try_from(request).map(node::RemoveRange);
+    state.run_checked("remove_range", request).await.map(Json)
 }
 
 async fn add_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(
-        state
-            .run("add_exclusion", node::AddExclusion(request))
-            .await?,
-    )
+    let request = node::AddExclusion::try_from(request);
+    done(state.run_checked("add_exclusion", request).await?)
 }
 
 async fn remove_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(
-        state
-            .run("remove_exclusion", node::RemoveExclusion(request))
-            .await?,
-    )
+    let request = node::RemoveExclusion::try_from(request);
+    done(state.run_checked("remove_exclusion", request).await?)
 }
 
 /// Reads the node's routes and addresses first (off the async threads), then reserves them
@@ -1052,6 +1050,78 @@ impl TryFrom<api::GcRequest> for node::Gc {
             policy: node::gc_policy(request.grace_ms, request.max_released)?,
             scope: request.scope,
             dry_run: request.dry_run,
+        })
+    }
+}
+
+/// A lease's duration needs no check.
+impl From<api::LeaseStartRequest> for node::LeaseStart {
+    fn from(request: api::LeaseStartRequest) -> Self {
+        node::LeaseStart {
+            scope: request.scope,
+            address: request.address,
+            duration: Duration::from_millis(request.duration_ms),
+        }
+    }
+}
+
+impl TryFrom<api::LeaseStopRequest> for node::LeaseStop {
+    type Error = OpError;
+
+    fn try_from(request: api::LeaseStopRequest) -> Result<Self, OpError> {
+        let id = corral_core::Uuid::parse_str(&request.id)
+            .map_err(|e| OpError::bad_request(format!("lease id {}: {e}", Echo(&request.id))))?;
+        Ok(node::LeaseStop {
+            scope: request.scope,
+            address: request.address,
+            id,
+        })
+    }
+}
+
+impl TryFrom<api::RangeRequest> for node::PoolRange {
+    type Error = OpError;
+
+    fn try_from(request: api::RangeRequest) -> Result<Self, OpError> {
+        let pool = node::pool_name(&request.pool)?;
+        let range: RangeSpec = request
+            .range
+            .parse()
+            .map_err(|e| OpError::bad_request(format!("range {}: {e}", Echo(&request.range))))?;
+        Ok(node::PoolRange {
+            scope: request.scope,
+            pool,
+            range,
+        })
+    }
+}
+
+impl TryFrom<api::ExclusionRequest> for node::AddExclusion {
+    type Error = OpError;
+
+    fn try_from(request: api::ExclusionRequest) -> Result<Self, OpError> {
+        let pool = node::pool_name(&request.pool)?;
+        let exclusion = Exclusion::parse(&request.network, &request.reason)
+            .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
+        Ok(node::AddExclusion {
+            scope: request.scope,
+            pool,
+            exclusion,
+        })
+    }
+}
+
+impl TryFrom<api::ExclusionRequest> for node::RemoveExclusion {
+    type Error = OpError;
+
+    fn try_from(request: api::ExclusionRequest) -> Result<Self, OpError> {
+        let pool = node::pool_name(&request.pool)?;
+        let network = corral_core::parse_net(&request.network)
+            .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
+        Ok(node::RemoveExclusion {
+            scope: request.scope,
+            pool,
+            network,
         })
     }
 }

@@ -77,11 +77,14 @@ fn range_request(pool: &str, range: &str) -> api::RangeRequest {
 }
 
 fn add_range(node: &mut NodeState, pool: &str, range: &str) -> Result<Reply, OpError> {
-    run(node, Op::AddRange(range_request(pool, range)))
+    run(node, Op::AddRange(range_request(pool, range).try_into()?))
 }
 
 fn remove_range(node: &mut NodeState, pool: &str, range: &str) -> Result<Reply, OpError> {
-    run(node, Op::RemoveRange(range_request(pool, range)))
+    run(
+        node,
+        Op::RemoveRange(range_request(pool, range).try_into()?),
+    )
 }
 
 fn allocate(node: &mut NodeState, pool: &str, owner: &str) -> Result<std::net::IpAddr, OpError> {
@@ -479,12 +482,16 @@ fn an_exclusion_reason_kept_for_local_routes_is_refused() {
     let before = fingerprint(&mut node);
     let refused = run(
         &mut node,
-        Op::AddExclusion(api::ExclusionRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "default".into(),
-            network: "10.88.0.5".into(),
-            reason: "local address of the VIP".into(),
-        }),
+        Op::AddExclusion(
+            api::ExclusionRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "default".into(),
+                network: "10.88.0.5".into(),
+                reason: "local address of the VIP".into(),
+            }
+            .try_into()
+            .unwrap(),
+        ),
     )
     .unwrap_err();
     assert_eq!(refused.code, api::ErrorCode::BadRequest, "{refused:?}");
@@ -535,8 +542,12 @@ fn call() -> impl Strategy<Value = Call> {
 
 fn op(call: &Call, handed_out: &[std::net::IpAddr], serial: usize) -> Op {
     match *call {
-        Call::AddRange(p, r) => Op::AddRange(range_request(POOLS[p], RANGES[r])),
-        Call::RemoveRange(p, r) => Op::RemoveRange(range_request(POOLS[p], RANGES[r])),
+        Call::AddRange(p, r) => {
+            Op::AddRange(range_request(POOLS[p], RANGES[r]).try_into().unwrap())
+        }
+        Call::RemoveRange(p, r) => {
+            Op::RemoveRange(range_request(POOLS[p], RANGES[r]).try_into().unwrap())
+        }
         Call::Allocate(p, v6) => Op::Allocate(
             api::AllocateRequest {
                 scope: api::NODE_SCOPE.into(),
@@ -570,18 +581,26 @@ fn op(call: &Call, handed_out: &[std::net::IpAddr], serial: usize) -> Op {
             .try_into()
             .unwrap(),
         ),
-        Call::Exclude(p, e) => Op::AddExclusion(api::ExclusionRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: POOLS[p].into(),
-            network: EXCLUSIONS[e].into(),
-            reason: "test".into(),
-        }),
-        Call::Unexclude(p, e) => Op::RemoveExclusion(api::ExclusionRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: POOLS[p].into(),
-            network: EXCLUSIONS[e].into(),
-            reason: String::new(),
-        }),
+        Call::Exclude(p, e) => Op::AddExclusion(
+            api::ExclusionRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: POOLS[p].into(),
+                network: EXCLUSIONS[e].into(),
+                reason: "test".into(),
+            }
+            .try_into()
+            .unwrap(),
+        ),
+        Call::Unexclude(p, e) => Op::RemoveExclusion(
+            api::ExclusionRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: POOLS[p].into(),
+                network: EXCLUSIONS[e].into(),
+                reason: String::new(),
+            }
+            .try_into()
+            .unwrap(),
+        ),
         Call::Restart | Call::RestartWith(_) => unreachable!("restarts are not operations"),
     }
 }

@@ -257,11 +257,15 @@ mod tests {
         // may release the block any moment.
         for (pool, range) in [("small", B), ("other", "10.61.0.16/29")] {
             let error = node
-                .run_batch(vec![Op::AddRange(api::RangeRequest {
-                    scope: api::NODE_SCOPE.into(),
-                    pool: pool.into(),
-                    range: range.into(),
-                })])
+                .run_batch(vec![Op::AddRange(
+                    api::RangeRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        pool: pool.into(),
+                        range: range.into(),
+                    }
+                    .try_into()
+                    .unwrap(),
+                )])
                 .remove(0)
                 .unwrap_err();
             assert_eq!(error.code, api::ErrorCode::Conflict, "{error:?}");

@@ -3,23 +3,25 @@
 //! `node_pool.rs`, `blocks.rs`, `cloud.rs`, `interfaces.rs`, `gc.rs`).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{Echo, Exclusion, RangeRemoval, RangeSpec, Timestamp};
+use corral_core::{RangeRemoval, Timestamp};
 use corral_store::{Store, Txn, export_checkpoint};
 
 use super::op::{
-    AddExclusion, AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, Dump, Export,
-    Gauges, Interface, InterfaceGauges, Interfaces, LeaseStop, Op, Pools, ReclaimBlock,
-    RemoveExclusion, RemoveInterface, RemoveInterfaceAddress, RemoveRange, Reply, ReportBlocks,
-    ReportCloud, Request, Status, SurrenderBlock, SurrenderCloudAddress, Tick,
+    AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, Dump, Export, Gauges, Interface,
+    InterfaceGauges, Interfaces, Op, Pools, ReclaimBlock, RemoveInterface, RemoveInterfaceAddress,
+    RemoveRange, Reply, ReportBlocks, ReportCloud, Request, Status, SurrenderBlock,
+    SurrenderCloudAddress, Tick,
 };
-use super::request::{Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, NetworkPools, Release};
+use super::request::{
+    AddExclusion, Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, LeaseStart, LeaseStop,
+    NetworkPools, PoolRange, Release, RemoveExclusion,
+};
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
-use super::wire::{api_lease, held_by_key, pool_name, released};
+use super::wire::{api_lease, held_by_key, released};
 use super::{cloud, interfaces};
 use crate::capacity;
 use crate::error::OpError;
@@ -60,32 +62,27 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 .map(Release::reply),
             Op::LeaseStart(request) => {
                 let scope = self.scope_mut(&request.scope)?;
-                let lease = scope.engine.start_lease(
-                    request.address,
-                    Duration::from_millis(request.duration_ms),
-                    now,
-                )?;
+                let lease = scope
+                    .engine
+                    .start_lease(request.address, request.duration, now)?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
-                Ok(api::LeaseStartRequest::reply(api_lease(&lease)))
+                Ok(LeaseStart::reply(api_lease(&lease)))
             }
             Op::LeaseStop(request) => {
-                let id = corral_core::Uuid::parse_str(&request.id).map_err(|e| {
-                    OpError::bad_request(format!("lease id {}: {e}", Echo(&request.id)))
-                })?;
                 let scope = self.scope_mut(&request.scope)?;
-                scope.engine.stop_lease(request.address, id)?;
+                scope.engine.stop_lease(request.address, request.id)?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
                 Ok(LeaseStop::reply(()))
             }
             Op::Dump(scope) => Ok(Dump::reply(self.dump(scope.as_deref())?)),
             Op::Status(scope) => Ok(Status::reply(self.status(scope.as_deref(), now)?)),
             Op::Pools(scope) => Ok(Pools::reply(self.pools(scope.as_deref())?)),
-            Op::AddRange(request) => {
-                let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request.range.parse().map_err(|e| {
-                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
-                })?;
-                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+            Op::AddRange(PoolRange {
+                scope: scope_name,
+                pool,
+                range: spec,
+            }) => {
+                let scope = self.node_scope_mut(&scope_name, "ranges")?;
                 interfaces::refuse_range_in_interface_pool(scope, &pool)?;
                 if let Some((other_pool, block)) =
                     capacity::surrendered_overlapping(&scope.config, &spec)
@@ -110,15 +107,15 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     return Err(error.into());
                 }
                 capacity::note_added(ensure_spec(scope, &pool)?, &spec);
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(AddRange::reply(()))
             }
-            Op::RemoveRange(request) => {
-                let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request.range.parse().map_err(|e| {
-                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
-                })?;
-                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+            Op::RemoveRange(PoolRange {
+                scope: scope_name,
+                pool,
+                range: spec,
+            }) => {
+                let scope = self.node_scope_mut(&scope_name, "ranges")?;
                 let outcome = scope.engine.remove_range(&pool, &spec)?;
                 // A range removed at once is reported by the engine as drained and leaves
                 // the stored configuration after this operation (`forget_drained`).
@@ -127,7 +124,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 {
                     capacity::note_draining(stored, &spec);
                 }
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(RemoveRange::reply(api::RangeRemoved {
                     outcome: match outcome {
                         RangeRemoval::Removed => api::RangeRemoval::Removed,
@@ -135,13 +132,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     },
                 }))
             }
-            Op::AddExclusion(request) => {
-                let pool = pool_name(&request.pool)?;
-                let exclusion = Exclusion::parse(&request.network, &request.reason)
-                    .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
-                reject_local_reason(&request.reason)?;
-                cloud::reject_cloud_reason(&request.reason)?;
-                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+            Op::AddExclusion(AddExclusion {
+                scope: scope_name,
+                pool,
+                exclusion,
+            }) => {
+                reject_local_reason(exclusion.reason())?;
+                cloud::reject_cloud_reason(exclusion.reason())?;
+                let scope = self.node_scope_mut(&scope_name, "exclusions")?;
                 // Replacing a cloud marker's reason would end the marker.
                 cloud::refuse_marker_removal(scope, &pool, exclusion.network())?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
@@ -153,21 +151,22 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     Some(existing) => existing.1 = reason,
                     None => stored.exclusions.push((network, reason)),
                 }
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(AddExclusion::reply(()))
             }
-            Op::RemoveExclusion(request) => {
-                let pool = pool_name(&request.pool)?;
-                let network = corral_core::parse_net(&request.network)
-                    .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
-                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+            Op::RemoveExclusion(RemoveExclusion {
+                scope: scope_name,
+                pool,
+                network,
+            }) => {
+                let scope = self.node_scope_mut(&scope_name, "exclusions")?;
                 cloud::refuse_marker_removal(scope, &pool, network)?;
                 scope.engine.remove_exclusion(&pool, network)?;
                 let text = network.to_string();
                 if let Some(stored) = spec_mut(scope, &pool) {
                     stored.exclusions.retain(|e| e.0 != text);
                 }
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(RemoveExclusion::reply(()))
             }
             Op::Export => {

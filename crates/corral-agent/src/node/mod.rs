@@ -49,10 +49,9 @@ pub use batch::RunBatch;
 /// The requests of the operations whose argument another shares (or that take none); the
 /// rest are their argument types ([`Allocate`], [`ClusterRanges`], ...).
 pub use op::{
-    AddExclusion, AddInterfaceAddress, AddRange, Dump, Export, Gauges, Import, Interface,
-    InterfaceGauges, Interfaces, LeaseStop, Pools, ReclaimBlock, RemoveExclusion, RemoveInterface,
-    RemoveInterfaceAddress, RemoveRange, ReportBlocks, ReportCloud, Status, SurrenderBlock,
-    SurrenderCloudAddress, Tick,
+    AddInterfaceAddress, AddRange, Dump, Export, Gauges, Import, Interface, InterfaceGauges,
+    Interfaces, Pools, ReclaimBlock, RemoveInterface, RemoveInterfaceAddress, RemoveRange,
+    ReportBlocks, ReportCloud, Status, SurrenderBlock, SurrenderCloudAddress, Tick,
 };
 pub use op::{
     BlockReport, CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport,
@@ -60,8 +59,9 @@ pub use op::{
     Reply, Request, SURRENDERED_REASON, Surrender,
 };
 pub use request::{
-    Allocate, CniAdd, CniAddSets, CniCheck, CniDel, CniGc, CniNetwork, CniSet, CniStatus, Gc,
-    NetworkPools, Release, ReleaseOf, Wanted,
+    AddExclusion, Allocate, CniAdd, CniAddSets, CniCheck, CniDel, CniGc, CniNetwork, CniSet,
+    CniStatus, Gc, LeaseStart, LeaseStop, NetworkPools, PoolRange, Release, ReleaseOf,
+    RemoveExclusion, Wanted,
 };
 pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
 /// The API edge's checks of the wire requests (`api.rs`).
@@ -218,11 +218,15 @@ mod tests {
         let store = corral_store::MemoryStore::new();
         let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
         let add = |range: &str| {
-            Op::AddRange(api::RangeRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "default".into(),
-                range: range.into(),
-            })
+            Op::AddRange(
+                api::RangeRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "default".into(),
+                    range: range.into(),
+                }
+                .try_into()
+                .unwrap(),
+            )
         };
         store.fail_next_commits(1);
         let answers = node.run_batch(vec![add("10.10.0.0/24"), node_allocate("x", None)]);
@@ -465,11 +469,15 @@ mod tests {
     fn a_grant_over_a_file_or_api_range_is_reported_and_the_rest_applied() {
         let store = corral_store::MemoryStore::new();
         let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
-        let add_api = Op::AddRange(api::RangeRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "manual".into(),
-            range: "10.50.0.0/24".into(),
-        });
+        let add_api = Op::AddRange(
+            api::RangeRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "manual".into(),
+                range: "10.50.0.0/24".into(),
+            }
+            .try_into()
+            .unwrap(),
+        );
         run_one(&mut node, add_api).unwrap();
         let before = node_ranges(&node);
         let done = outcome(run_one(
@@ -567,11 +575,15 @@ mod tests {
         let before = node_ranges(&node);
         let error = run_one(&mut node, eni("default", "eni-2", 2)).unwrap_err();
         assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
-        let add = Op::AddRange(api::RangeRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "eni".into(),
-            range: "10.61.0.0/24".into(),
-        });
+        let add = Op::AddRange(
+            api::RangeRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "eni".into(),
+                range: "10.61.0.0/24".into(),
+            }
+            .try_into()
+            .unwrap(),
+        );
         let error = run_one(&mut node, add).unwrap_err();
         assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
         let done = outcome(run_one(&mut node, grant(&[("eni", "10.62.0.0/24")])));

@@ -7,22 +7,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_api as api;
 use corral_core::{Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
 
-use super::request::{Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc, Release};
+use super::request::{
+    AddExclusion, Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc, LeaseStart, LeaseStop,
+    PoolRange, Release, RemoveExclusion,
+};
 
 /// One operation of the API, as the committer receives it.
 #[derive(Debug)]
 pub enum Op {
     Allocate(Allocate),
     Release(Release),
-    LeaseStart(api::LeaseStartRequest),
-    LeaseStop(api::LeaseStopRequest),
+    LeaseStart(LeaseStart),
+    LeaseStop(LeaseStop),
     Dump(Option<String>),
     Status(Option<String>),
     Pools(Option<String>),
-    AddRange(api::RangeRequest),
-    RemoveRange(api::RangeRequest),
-    AddExclusion(api::ExclusionRequest),
-    RemoveExclusion(api::ExclusionRequest),
+    AddRange(PoolRange),
+    RemoveRange(PoolRange),
+    AddExclusion(AddExclusion),
+    RemoveExclusion(RemoveExclusion),
     Export,
     Import(serde_json::Value),
     CniAdd(CniAdd),
@@ -440,10 +443,40 @@ macro_rules! wrapped {
     };
 }
 
+/// The requests of the operations that answer only that they are done.
+macro_rules! done_requests {
+    ($($request:ty => $op:ident;)*) => {$(
+        impl Request for $request {
+            type Answer = ();
+
+            fn into_op(self) -> Op {
+                Op::$op(self)
+            }
+
+            fn answer(reply: Reply) -> Result<(), Box<Reply>> {
+                match reply {
+                    Reply::Done => Ok(()),
+                    other => Err(Box::new(other)),
+                }
+            }
+
+            fn reply((): ()) -> Reply {
+                Reply::Done
+            }
+        }
+    )*};
+}
+
+done_requests! {
+    LeaseStop => LeaseStop;
+    AddExclusion => AddExclusion;
+    RemoveExclusion => RemoveExclusion;
+}
+
 requests! {
     Allocate => Allocate, Allocated(api::AllocateResponse);
     Release => Release, Released(api::ReleaseResponse);
-    api::LeaseStartRequest => LeaseStart, Lease(api::Lease);
+    LeaseStart => LeaseStart, Lease(api::Lease);
     CniAdd => CniAdd, Allocated(api::AllocateResponse);
     CniDel => CniDel, Released(api::ReleaseResponse);
     CniCheck => CniCheck, Allocated(api::AllocateResponse);
@@ -459,8 +492,6 @@ requests! {
 }
 
 wrapped! {
-    /// [`Op::LeaseStop`].
-    LeaseStop(api::LeaseStopRequest) => |r| Op::LeaseStop(r.0), Done;
     /// [`Op::Dump`] of one scope, or all.
     Dump(Option<String>) => |r| Op::Dump(r.0), Dump(api::DumpResponse);
     /// [`Op::Status`] of one scope, or all.
@@ -468,14 +499,9 @@ wrapped! {
     /// [`Op::Pools`] of one scope, or all.
     Pools(Option<String>) => |r| Op::Pools(r.0), Pools(api::PoolsResponse);
     /// [`Op::AddRange`].
-    AddRange(api::RangeRequest) => |r| Op::AddRange(r.0), Done;
+    AddRange(PoolRange) => |r| Op::AddRange(r.0), Done;
     /// [`Op::RemoveRange`].
-    RemoveRange(api::RangeRequest) => |r| Op::RemoveRange(r.0),
-        RangeRemoved(api::RangeRemoved);
-    /// [`Op::AddExclusion`].
-    AddExclusion(api::ExclusionRequest) => |r| Op::AddExclusion(r.0), Done;
-    /// [`Op::RemoveExclusion`].
-    RemoveExclusion(api::ExclusionRequest) => |r| Op::RemoveExclusion(r.0), Done;
+    RemoveRange(PoolRange) => |r| Op::RemoveRange(r.0), RangeRemoved(api::RangeRemoved);
     /// [`Op::Export`].
     Export {} => |_r| Op::Export, Checkpoint(serde_json::Value);
     /// [`Op::Import`].

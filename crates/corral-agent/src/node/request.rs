@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use corral_core::{AttachmentKey, Family, GcPolicy, PoolName};
+use corral_core::{AttachmentKey, Exclusion, Family, GcPolicy, IpNet, PoolName, RangeSpec, Uuid};
 use corral_store::ScopeConfig;
 
 /// What an allocation asks for.
@@ -148,4 +148,48 @@ pub struct Gc {
     pub policy: GcPolicy,
     /// Decide and report only: nothing is recorded or released.
     pub dry_run: bool,
+}
+
+/// A lease put on an allocated address ([`Op::LeaseStart`](super::Op::LeaseStart)).
+#[derive(Clone, Debug)]
+pub struct LeaseStart {
+    pub scope: String,
+    pub address: IpAddr,
+    pub duration: Duration,
+}
+
+/// A lease taken off its address ([`Op::LeaseStop`](super::Op::LeaseStop)): the address stays
+/// allocated, without a timer.
+#[derive(Clone, Debug)]
+pub struct LeaseStop {
+    pub scope: String,
+    pub address: IpAddr,
+    pub id: Uuid,
+}
+
+/// A range of a pool, added or removed ([`Op::AddRange`](super::Op::AddRange),
+/// [`Op::RemoveRange`](super::Op::RemoveRange)).
+#[derive(Clone, Debug)]
+pub struct PoolRange {
+    pub scope: String,
+    pub pool: PoolName,
+    pub range: RangeSpec,
+}
+
+/// An exclusion added to a pool, or its reason replaced
+/// ([`Op::AddExclusion`](super::Op::AddExclusion)); a reason the agent keeps for its own
+/// exclusions is refused.
+#[derive(Clone, Debug)]
+pub struct AddExclusion {
+    pub scope: String,
+    pub pool: PoolName,
+    pub exclusion: Exclusion,
+}
+
+/// An exclusion removed from a pool ([`Op::RemoveExclusion`](super::Op::RemoveExclusion)).
+#[derive(Clone, Debug)]
+pub struct RemoveExclusion {
+    pub scope: String,
+    pub pool: PoolName,
+    pub network: IpNet,
 }
