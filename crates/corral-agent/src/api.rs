@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::{self as api, ErrorCode, paths};
-use corral_core::{Echo, Exclusion, Family, PoolName, RangeSpec};
+use corral_core::{Echo, Exclusion, Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
 use corral_store::StoreHealth;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
@@ -728,7 +728,9 @@ async fn interfaces(
     State(state): State<AppState>,
     Query(query): Query<api::PoolQuery>,
 ) -> Result<Json<api::InterfacesResponse>, ApiError> {
-    answer!(state, "interfaces", node::Interfaces(query.pool))
+    let pool = query.pool.as_deref().map(node::pool_name).transpose();
+    let request = pool.map(node::Interfaces);
+    state.run_checked("interfaces", request).await.map(Json)
 }
 
 /// The `{id}` of an interface path; what it must look like is the node state's to say (400).
@@ -742,14 +744,16 @@ async fn interface(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    answer!(state, "interface", node::Interface(id))
+    let request = node::interface_id(&id).map(node::Interface);
+    state.run_checked("interface", request).await.map(Json)
 }
 
 async fn add_interface(
     State(state): State<AppState>,
     Body(request): Body<api::InterfaceRequest>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
-    answer!(state, "add_interface", request)
+    let request = node::AddInterface::try_from(request);
+    state.run_checked("add_interface", request).await.map(Json)
 }
 
 async fn remove_interface(
@@ -758,11 +762,11 @@ async fn remove_interface(
     Query(query): Query<api::ForceQuery>,
 ) -> Result<Json<api::InterfaceRemoved>, ApiError> {
     let id = interface_id(id)?;
-    let op = node::RemoveInterface {
+    let op = node::interface_id(&id).map(|id| node::RemoveInterface {
         id,
         force: query.force,
-    };
-    answer!(state, "remove_interface", op)
+    });
+    state.run_checked("remove_interface", op).await.map(Json)
 }
 
 async fn add_interface_address(
@@ -771,11 +775,12 @@ async fn add_interface_address(
     Body(request): Body<api::InterfaceAddressRequest>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    let op = node::AddInterfaceAddress {
-        id,
-        address: request.address,
-    };
-    answer!(state, "add_interface_address", op)
+    let op = interface_address(&id, &request.address)
+        .map(|(id, address)| node::AddInterfaceAddress { id, address });
+    state
+        .run_checked("add_interface_address", op)
+        .await
+        .map(Json)
 }
 
 async fn remove_interface_address(
@@ -784,19 +789,24 @@ async fn remove_interface_address(
     Query(query): Query<api::InterfaceAddressQuery>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    let op = node::RemoveInterfaceAddress {
-        id,
-        address: query.address,
-        force: query.force,
-    };
-    answer!(state, "remove_interface_address", op)
+    let op =
+        interface_address(&id, &query.address).map(|(id, address)| node::RemoveInterfaceAddress {
+            id,
+            address,
+            force: query.force,
+        });
+    state
+        .run_checked("remove_interface_address", op)
+        .await
+        .map(Json)
 }
 
 async fn import_ipamd(
     State(state): State<AppState>,
     Body(request): Body<api::IpamdImportRequest>,
 ) -> Result<Json<api::IpamdImportResponse>, ApiError> {
-    answer!(state, "import_ipamd", request)
+    let request = node::ImportIpamd::try_from(request);
+    state.run_checked("import_ipamd", request).await.map(Json)
 }
 
 async fn not_found() -> ApiError {
@@ -1123,5 +1133,69 @@ impl TryFrom<api::ExclusionRequest> for node::RemoveExclusion {
             pool,
             network,
         })
+    }
+}
+
+/// An interface and one of its addresses, as the paths of its addresses name them.
+fn interface_address(id: &str, address: &str) -> Result<(InterfaceId, IpNet), OpError> {
+    Ok((node::interface_id(id)?, node::net_or_addr(address)?))
+}
+
+impl TryFrom<api::InterfaceRequest> for node::AddInterface {
+    type Error = OpError;
+
+    fn try_from(request: api::InterfaceRequest) -> Result<Self, OpError> {
+        let pool = node::pool_name(&request.pool)?;
+        let id = node::interface_id(&request.id)?;
+        let mac: MacAddr = request
+            .mac
+            .parse()
+            .map_err(|e| OpError::bad_request(format!("mac: {e}")))?;
+        let parse_nets = |what: &str, texts: &[String]| -> Result<Vec<IpNet>, OpError> {
+            texts
+                .iter()
+                .map(|text| {
+                    corral_core::parse_net(text)
+                        .map_err(|e| OpError::bad_request(format!("{what} {}: {e}", Echo(text))))
+                })
+                .collect()
+        };
+        let subnets = parse_nets("subnet", &request.subnets)?;
+        if subnets.is_empty() {
+            return Err(OpError::bad_request(
+                "an interface needs its subnet (one per family)",
+            ));
+        }
+        let routes = parse_nets("route", &request.routes)?;
+        let addresses = request
+            .addresses
+            .iter()
+            .map(|a| node::net_or_addr(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(node::AddInterface {
+            pool,
+            id,
+            device_number: request.device_number,
+            mac,
+            subnets,
+            gateways: request.gateways,
+            routes,
+            primary: request.primary,
+            primary_addresses: request.primary_addresses,
+            trunk: request.trunk,
+            excluded: request.excluded,
+            addresses,
+        })
+    }
+}
+
+impl TryFrom<api::IpamdImportRequest> for node::ImportIpamd {
+    type Error = OpError;
+
+    fn try_from(request: api::IpamdImportRequest) -> Result<Self, OpError> {
+        let pool = node::pool_name(&request.pool)?;
+        let allocations = crate::ipamd::parse_checkpoint(&request.checkpoint)
+            .map_err(|e| OpError::bad_request(format!("ipamd checkpoint: {e}")))?;
+        Ok(node::ImportIpamd { pool, allocations })
     }
 }

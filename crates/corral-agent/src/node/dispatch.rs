@@ -16,8 +16,8 @@ use super::op::{
     SurrenderCloudAddress, Tick,
 };
 use super::request::{
-    AddExclusion, Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, LeaseStart, LeaseStop,
-    NetworkPools, PoolRange, Release, RemoveExclusion,
+    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, ImportIpamd,
+    LeaseStart, LeaseStop, NetworkPools, PoolRange, Release, RemoveExclusion,
 };
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
@@ -270,19 +270,19 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             Op::Interface(id) => self.show_interface(&id, now).map(Interface::reply),
             Op::AddInterface(request) => self
                 .add_interface(request, now, touched)
-                .map(api::InterfaceRequest::reply),
+                .map(AddInterface::reply),
             Op::RemoveInterface { id, force } => self
-                .remove_interface(&id, force, now, writes, touched)
+                .remove_interface(id, force, now, writes, touched)
                 .map(RemoveInterface::reply),
             Op::AddInterfaceAddress { id, address } => self
-                .add_interface_address(&id, &address, now, touched)
+                .add_interface_address(id, address, now, touched)
                 .map(AddInterfaceAddress::reply),
             Op::RemoveInterfaceAddress { id, address, force } => self
-                .remove_interface_address(&id, &address, force, now, writes, touched)
+                .remove_interface_address(id, address, force, now, writes, touched)
                 .map(RemoveInterfaceAddress::reply),
             Op::ImportIpamd(request) => self
                 .import_ipamd(request, now, writes, touched)
-                .map(api::IpamdImportRequest::reply),
+                .map(ImportIpamd::reply),
             Op::InterfaceGauges => Ok(InterfaceGauges::reply(self.interface_gauges(now))),
             Op::SetCloudInterfaces(wanted) => self
                 .set_cloud_interfaces(wanted, now, touched)

@@ -59,15 +59,15 @@ pub use op::{
     Reply, Request, SURRENDERED_REASON, Surrender,
 };
 pub use request::{
-    AddExclusion, Allocate, CniAdd, CniAddSets, CniCheck, CniDel, CniGc, CniNetwork, CniSet,
-    CniStatus, Gc, LeaseStart, LeaseStop, NetworkPools, PoolRange, Release, ReleaseOf,
-    RemoveExclusion, Wanted,
+    AddExclusion, AddInterface, Allocate, CniAdd, CniAddSets, CniCheck, CniDel, CniGc, CniNetwork,
+    CniSet, CniStatus, Gc, ImportIpamd, LeaseStart, LeaseStop, NetworkPools, PoolRange, Release,
+    ReleaseOf, RemoveExclusion, Wanted,
 };
 pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
 /// The API edge's checks of the wire requests (`api.rs`).
 pub(crate) use wire::{
-    family_of, gc_policy, key_of, live_keys, node_pool_of, node_pool_requested, own_network_config,
-    pool_name,
+    family_of, gc_policy, interface_id, key_of, live_keys, net_or_addr, node_pool_of,
+    node_pool_requested, own_network_config, pool_name,
 };
 
 #[cfg(test)]
@@ -594,7 +594,10 @@ mod tests {
             Op::AddInterface(request) => request,
             _ => unreachable!(),
         };
-        bad.addresses = vec!["10.60.0.11".into(), "10.60.0.10".into()];
+        bad.addresses = vec![
+            "10.60.0.11/32".parse().unwrap(),
+            "10.60.0.10/32".parse().unwrap(),
+        ];
         let error = run_one(&mut node, Op::AddInterface(bad)).unwrap_err();
         assert_eq!(error.code, ErrorCode::AddressAlreadyPresent, "{error:?}");
         assert_eq!(node_ranges(&node), before);
@@ -602,7 +605,10 @@ mod tests {
         drop(node);
         let mut node = NodeState::restore(store, &declared()).unwrap();
         assert_eq!(node_ranges(&node), before);
-        match run_one(&mut node, Op::Interfaces(Some("eni".into()))) {
+        match run_one(
+            &mut node,
+            Op::Interfaces(Some(PoolName::new("eni").unwrap())),
+        ) {
             Ok(Reply::Interfaces(list)) => {
                 let ids: Vec<&str> = list.pools[0]
                     .interfaces
@@ -635,20 +641,24 @@ mod tests {
     // ---- interface pools: trunk/excluded, file ranges, scopes, cooling -----------------
 
     fn eni_op(pool: &str, id: &str, device: u32, addresses: &[&str]) -> Op {
-        Op::AddInterface(api::InterfaceRequest {
-            pool: pool.into(),
-            id: id.into(),
-            device_number: device,
-            mac: format!("0a:00:00:00:00:{device:02x}"),
-            subnets: vec!["10.60.0.0/24".into()],
-            gateways: vec![],
-            routes: vec![],
-            primary: false,
-            primary_addresses: vec![],
-            trunk: false,
-            excluded: false,
-            addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
-        })
+        Op::AddInterface(
+            api::InterfaceRequest {
+                pool: pool.into(),
+                id: id.into(),
+                device_number: device,
+                mac: format!("0a:00:00:00:00:{device:02x}"),
+                subnets: vec!["10.60.0.0/24".into()],
+                gateways: vec![],
+                routes: vec![],
+                primary: false,
+                primary_addresses: vec![],
+                trunk: false,
+                excluded: false,
+                addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     /// The configuration file declares a plain range in a pool that has become
@@ -742,7 +752,7 @@ mod tests {
             };
             request.trunk = trunk;
             request.excluded = excluded;
-            request.mac = format!("0a:00:00:00:00:0{device}");
+            request.mac = format!("0a:00:00:00:00:0{device}").parse().unwrap();
             run_one(&mut node, Op::AddInterface(request)).unwrap();
         }
         let allocate = |node: &mut NodeState<corral_store::MemoryStore, _>| {
@@ -827,8 +837,8 @@ mod tests {
         let removed = run_one(
             &mut node,
             Op::RemoveInterfaceAddress {
-                id: "eni-1".into(),
-                address: "10.60.0.10".into(),
+                id: corral_core::InterfaceId::new("eni-1").unwrap(),
+                address: "10.60.0.10/32".parse().unwrap(),
                 force: false,
             },
         );
@@ -836,8 +846,8 @@ mod tests {
             run_one(
                 &mut node,
                 Op::AddInterfaceAddress {
-                    id: "eni-1".into(),
-                    address: "10.60.0.10".into(),
+                    id: corral_core::InterfaceId::new("eni-1").unwrap(),
+                    address: "10.60.0.10/32".parse().unwrap(),
                 },
             )
             .unwrap();
@@ -878,10 +888,14 @@ mod tests {
         let import = |node: &mut NodeState<corral_store::MemoryStore, _>, c1: &str| {
             run_one(
                 node,
-                Op::ImportIpamd(api::IpamdImportRequest {
-                    pool: "eni".into(),
-                    checkpoint: checkpoint(c1),
-                }),
+                Op::ImportIpamd(
+                    api::IpamdImportRequest {
+                        pool: "eni".into(),
+                        checkpoint: checkpoint(c1),
+                    }
+                    .try_into()
+                    .unwrap(),
+                ),
             )
         };
         let Ok(Reply::IpamdImported(first)) = import(&mut node, "10.60.0.10") else {

@@ -8,8 +8,8 @@ use corral_api as api;
 use corral_core::{Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
 
 use super::request::{
-    AddExclusion, Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc, LeaseStart, LeaseStop,
-    PoolRange, Release, RemoveExclusion,
+    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc,
+    ImportIpamd, LeaseStart, LeaseStop, PoolRange, Release, RemoveExclusion,
 };
 
 /// One operation of the API, as the committer receives it.
@@ -60,27 +60,27 @@ pub enum Op {
     /// Counts for the metrics endpoint.
     Gauges,
     /// The node's interface-backed pools, or one (`interfaces.rs`).
-    Interfaces(Option<String>),
+    Interfaces(Option<PoolName>),
     /// One interface with its use.
-    Interface(String),
+    Interface(InterfaceId),
     /// Adds an interface (and its addresses, all or nothing); commits what came before first.
-    AddInterface(api::InterfaceRequest),
+    AddInterface(AddInterface),
     RemoveInterface {
-        id: String,
+        id: InterfaceId,
         force: bool,
     },
     AddInterfaceAddress {
-        id: String,
-        address: String,
+        id: InterfaceId,
+        address: IpNet,
     },
     RemoveInterfaceAddress {
-        id: String,
-        address: String,
+        id: InterfaceId,
+        address: IpNet,
         force: bool,
     },
     /// AWS VPC CNI's ipamd checkpoint into an interface-backed pool, all or nothing; commits
     /// what came before first.
-    ImportIpamd(api::IpamdImportRequest),
+    ImportIpamd(ImportIpamd),
     /// Interface counts for the metrics endpoint.
     InterfaceGauges,
     /// Makes the cloud pools' interfaces match the cluster's `interfaces/` records (`cloud.rs`);
@@ -486,8 +486,8 @@ requests! {
     ClusterRanges => SetClusterRanges, ClusterRanges(ClusterRangesOutcome);
     crate::local_routes::LocalRoutesRequest => ReserveLocalRoutes,
         LocalRoutes(api::ReserveLocalRoutesResponse);
-    api::InterfaceRequest => AddInterface, Interface(api::InterfaceInfo);
-    api::IpamdImportRequest => ImportIpamd, IpamdImported(api::IpamdImportResponse);
+    AddInterface => AddInterface, Interface(api::InterfaceInfo);
+    ImportIpamd => ImportIpamd, IpamdImported(api::IpamdImportResponse);
     CloudInterfaces => SetCloudInterfaces, CloudInterfaces(CloudOutcome);
 }
 
@@ -519,19 +519,19 @@ wrapped! {
     /// [`Op::Gauges`].
     Gauges {} => |_r| Op::Gauges, Gauges(Vec<Gauge>);
     /// [`Op::Interfaces`] of one pool, or all.
-    Interfaces(Option<String>) => |r| Op::Interfaces(r.0), Interfaces(api::InterfacesResponse);
+    Interfaces(Option<PoolName>) => |r| Op::Interfaces(r.0), Interfaces(api::InterfacesResponse);
     /// [`Op::Interface`].
-    Interface(String) => |r| Op::Interface(r.0), Interface(api::InterfaceInfo);
+    Interface(InterfaceId) => |r| Op::Interface(r.0), Interface(api::InterfaceInfo);
     /// [`Op::RemoveInterface`].
-    RemoveInterface { id: String, force: bool }
+    RemoveInterface { id: InterfaceId, force: bool }
         => |r| Op::RemoveInterface { id: r.id, force: r.force },
         InterfaceRemoved(api::InterfaceRemoved);
     /// [`Op::AddInterfaceAddress`].
-    AddInterfaceAddress { id: String, address: String }
+    AddInterfaceAddress { id: InterfaceId, address: IpNet }
         => |r| Op::AddInterfaceAddress { id: r.id, address: r.address },
         Interface(api::InterfaceInfo);
     /// [`Op::RemoveInterfaceAddress`].
-    RemoveInterfaceAddress { id: String, address: String, force: bool }
+    RemoveInterfaceAddress { id: InterfaceId, address: IpNet, force: bool }
         => |r| Op::RemoveInterfaceAddress { id: r.id, address: r.address, force: r.force },
         Interface(api::InterfaceInfo);
     /// [`Op::InterfaceGauges`].

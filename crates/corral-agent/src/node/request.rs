@@ -8,8 +8,13 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use corral_core::{AttachmentKey, Exclusion, Family, GcPolicy, IpNet, PoolName, RangeSpec, Uuid};
+use corral_core::{
+    AttachmentKey, Exclusion, Family, GcPolicy, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec,
+    Uuid,
+};
 use corral_store::ScopeConfig;
+
+use crate::ipamd::IpamdAllocation;
 
 /// What an allocation asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,4 +197,33 @@ pub struct RemoveExclusion {
     pub scope: String,
     pub pool: PoolName,
     pub network: IpNet,
+}
+
+/// An interface added to an interface-backed pool of the node scope, with its addresses, all
+/// or nothing ([`Op::AddInterface`](super::Op::AddInterface)).
+#[derive(Clone, Debug)]
+pub struct AddInterface {
+    pub pool: PoolName,
+    pub id: InterfaceId,
+    /// The attachment's device index (0 is the primary interface).
+    pub device_number: u32,
+    pub mac: MacAddr,
+    /// At least one.
+    pub subnets: Vec<IpNet>,
+    pub gateways: Vec<IpAddr>,
+    pub routes: Vec<IpNet>,
+    pub primary: bool,
+    pub primary_addresses: Vec<IpAddr>,
+    pub trunk: bool,
+    pub excluded: bool,
+    /// Secondary addresses (as /32 or /128) and delegated prefixes.
+    pub addresses: Vec<IpNet>,
+}
+
+/// AWS VPC CNI's ipamd checkpoint, read, into an interface-backed pool
+/// ([`Op::ImportIpamd`](super::Op::ImportIpamd)).
+#[derive(Clone, Debug)]
+pub struct ImportIpamd {
+    pub pool: PoolName,
+    pub allocations: Vec<IpamdAllocation>,
 }

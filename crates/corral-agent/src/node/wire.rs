@@ -9,7 +9,7 @@ use std::time::Duration;
 use corral_api as api;
 use corral_core::{
     AllocError, Allocation, AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Echo,
-    Exclusion, Family, GcPolicy, PoolName, RangeSpec, Released,
+    Exclusion, Family, GcPolicy, InterfaceId, IpNet, PoolName, RangeSpec, Released,
 };
 use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig};
 
@@ -260,4 +260,18 @@ pub(crate) fn gc_policy(
         grace: grace_ms.map_or(DEFAULT_GC_GRACE, Duration::from_millis),
         max_released,
     })
+}
+
+/// An interface's address: a CIDR, or a bare address (as a /32 or /128).
+pub(crate) fn net_or_addr(text: &str) -> Result<IpNet, OpError> {
+    let net = if text.contains('/') {
+        corral_core::parse_net(text)
+    } else {
+        corral_core::parse_addr(text).map(IpNet::from)
+    };
+    net.map_err(|e| OpError::bad_request(format!("address {}: {e}", Echo(text))))
+}
+
+pub(crate) fn interface_id(text: &str) -> Result<InterfaceId, OpError> {
+    InterfaceId::new(text).map_err(|e| OpError::bad_request(format!("interface id: {e}")))
 }
