@@ -642,7 +642,10 @@ async fn import(
     State(state): State<AppState>,
     Body(document): Body<serde_json::Value>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(state.run("import", node::Import(document)).await?)
+    let checkpoint = serde_json::from_value(document)
+        .map(node::Import)
+        .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")));
+    done(state.run_checked("import", checkpoint).await?)
 }
 
 async fn cni_add(

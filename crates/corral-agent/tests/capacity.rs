@@ -312,7 +312,11 @@ fn an_import_that_does_not_fit_the_node_scope_is_refused_and_changes_nothing() {
         serde_json::json!([{"pool": "x", "address": "10.88.0.200", "owner": "imported", "generation": 3}]),
     );
     let before = fingerprint(&mut node);
-    let refused = run(&mut node, Op::Import(document)).unwrap_err();
+    let refused = run(
+        &mut node,
+        Op::Import(serde_json::from_value(document).unwrap()),
+    )
+    .unwrap_err();
     assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
     assert!(
         refused.message.contains("10.88.0.0/24") && refused.message.contains("10.88.0.0/28"),
@@ -335,7 +339,11 @@ fn an_import_that_fits_the_node_scope_is_kept_across_a_restart() {
         serde_json::json!(["10.77.0.0/24"]),
         serde_json::json!([{"pool": "x", "address": "10.77.0.200", "owner": "imported", "generation": 3}]),
     );
-    run(&mut node, Op::Import(document)).unwrap();
+    run(
+        &mut node,
+        Op::Import(serde_json::from_value(document).unwrap()),
+    )
+    .unwrap();
     let before = fingerprint(&mut node);
     let x = pool(&before.pools, "x").unwrap();
     assert_eq!(x.ranges[0].source, api::RangeSource::Api);
@@ -412,7 +420,10 @@ fn an_import_with_a_range_twice_is_refused_and_foreign_file_ranges_become_api_ra
         serde_json::json!([]),
     );
     let before = fingerprint(&mut node);
-    match run(&mut node, Op::Import(twice)) {
+    match run(
+        &mut node,
+        Op::Import(serde_json::from_value(twice).unwrap()),
+    ) {
         Err(refused) => {
             assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
             assert_eq!(fingerprint(&mut node), before);
@@ -440,7 +451,11 @@ fn foreign_file_ranges_become_api_ranges(dir: &Path) {
         serde_json::json!([{"range": "10.77.0.0/24", "source": "file", "state": "active"}]),
         serde_json::json!([]),
     );
-    run(&mut node, Op::Import(foreign)).unwrap();
+    run(
+        &mut node,
+        Op::Import(serde_json::from_value(foreign).unwrap()),
+    )
+    .unwrap();
     let before = fingerprint(&mut node);
     assert_eq!(
         pool(&before.pools, "x").unwrap().ranges[0].source,
@@ -461,7 +476,11 @@ fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
         serde_json::json!([]),
     );
     let before = fingerprint(&mut node);
-    let refused = run(&mut node, Op::Import(twice)).unwrap_err();
+    let refused = run(
+        &mut node,
+        Op::Import(serde_json::from_value(twice).unwrap()),
+    )
+    .unwrap_err();
     assert!(
         matches!(
             refused.code,

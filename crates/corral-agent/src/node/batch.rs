@@ -29,11 +29,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 answers.push(Err(error.clone()));
                 continue;
             }
-            if let Op::Import(document) = op {
+            if let Op::Import(checkpoint) = op {
                 // An import replaces state underneath the engines: it commits on its own.
                 let answer = self
                     .flush(&mut writes, &mut touched)
-                    .and_then(|()| self.import(document).map(Import::reply));
+                    .and_then(|()| self.import(checkpoint).map(Import::reply));
                 if answer.is_ok() {
                     self.committed_upto = i + 1;
                 }

@@ -704,7 +704,10 @@ mod tests {
             }
         }
         let mut b = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
-        let Err(refused) = run_one(&mut b, Op::Import(doc.clone())) else {
+        let Err(refused) = run_one(
+            &mut b,
+            Op::Import(serde_json::from_value(doc.clone()).unwrap()),
+        ) else {
             panic!("imported interfaces into scope net1: {doc}")
         };
         assert_eq!(refused.code, ErrorCode::BadRequest, "{refused:?}");

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use corral_api as api;
 use corral_core::{Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
+use corral_store::Checkpoint;
 
 use super::request::{
     AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc,
@@ -27,7 +28,8 @@ pub enum Op {
     AddExclusion(AddExclusion),
     RemoveExclusion(RemoveExclusion),
     Export,
-    Import(serde_json::Value),
+    /// A state checkpoint (`corral export`), into empty scopes; commits on its own.
+    Import(Checkpoint),
     CniAdd(CniAdd),
     CniDel(CniDel),
     CniCheck(CniCheck),
@@ -505,7 +507,7 @@ wrapped! {
     /// [`Op::Export`].
     Export {} => |_r| Op::Export, Checkpoint(serde_json::Value);
     /// [`Op::Import`].
-    Import(serde_json::Value) => |r| Op::Import(r.0), Done;
+    Import(Checkpoint) => |r| Op::Import(r.0), Done;
     /// [`Op::SurrenderBlock`].
     SurrenderBlock { pool: PoolName, range: RangeSpec }
         => |r| Op::SurrenderBlock { pool: r.pool, range: r.range }, Surrender(Surrender);

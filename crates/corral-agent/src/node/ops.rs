@@ -326,9 +326,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         Ok(outcome)
     }
 
-    pub(super) fn import(&mut self, document: serde_json::Value) -> Result<(), OpError> {
-        let checkpoint: corral_store::Checkpoint = serde_json::from_value(document)
-            .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")))?;
+    pub(super) fn import(&mut self, checkpoint: corral_store::Checkpoint) -> Result<(), OpError> {
         // Interfaces are the node's: a pool backed by them belongs to the `node` scope only.
         for scope in checkpoint
             .scopes
