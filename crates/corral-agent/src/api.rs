@@ -4,8 +4,10 @@
 //! problem (quoting at most a prefix of the input); nothing a client sends can make a handler
 //! panic or answer 5xx (503 only while restoring or when the store fails).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::marker::PhantomData;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,8 +21,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::{self as api, ErrorCode, paths};
-use corral_core::{Echo, Exclusion, Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
-use corral_store::StoreHealth;
+use corral_core::{
+    AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Echo, Exclusion, Family, GcPolicy,
+    InterfaceId, IpNet, MacAddr, PoolName, RangeSpec,
+};
+use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, StoreHealth};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -731,7 +736,7 @@ async fn interfaces(
     State(state): State<AppState>,
     Query(query): Query<api::PoolQuery>,
 ) -> Result<Json<api::InterfacesResponse>, ApiError> {
-    let pool = query.pool.as_deref().map(node::pool_name).transpose();
+    let pool = query.pool.as_deref().map(pool_name).transpose();
     let request = pool.map(node::Interfaces);
     state.run_checked("interfaces", request).await.map(Json)
 }
@@ -747,7 +752,7 @@ async fn interface(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    let request = node::interface_id(&id).map(node::Interface);
+    let request = checked_interface_id(&id).map(node::Interface);
     state.run_checked("interface", request).await.map(Json)
 }
 
@@ -765,7 +770,7 @@ async fn remove_interface(
     Query(query): Query<api::ForceQuery>,
 ) -> Result<Json<api::InterfaceRemoved>, ApiError> {
     let id = interface_id(id)?;
-    let op = node::interface_id(&id).map(|id| node::RemoveInterface {
+    let op = checked_interface_id(&id).map(|id| node::RemoveInterface {
         id,
         force: query.force,
     });
@@ -876,14 +881,183 @@ pub fn with_token(router: Router, token: Arc<str>) -> Router {
 // ---- the edge: wire requests into the node state's --------------------------------------
 //
 // Each body is checked here, in the order the node state checked it before it took domain
-// requests, so a bad one gets the same error and message; the node state never parses them.
+// requests, so a bad one gets the same error and message; the node state parses no wire
+// string. The pending DELs (`pending.rs`) are checked here too, as the DELs they stand for.
+
+/// A family as the engine names it.
+fn family_of(name: api::FamilyName) -> Family {
+    match name {
+        api::FamilyName::Ipv4 => Family::V4,
+        api::FamilyName::Ipv6 => Family::V6,
+    }
+}
+
+/// A pool's name, checked.
+fn pool_name(text: &str) -> Result<PoolName, OpError> {
+    PoolName::new(text).map_err(|e| OpError::invalid(&format!("pool {}", Echo(text)), &e))
+}
+
+/// An attachment's key, checked.
+fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
+    AttachmentKey::new(&key.network, &key.container_id, &key.ifname)
+        .map_err(|e| OpError::invalid("key", &e))
+}
+
+/// The configuration of a CNI network's own pools, as its scope stores it.
+fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
+    ScopeConfig {
+        pools: pools
+            .iter()
+            .map(|p| PoolSpec {
+                name: p.name.clone(),
+                cooldown_ms: p.cooldown_ms,
+                lowest_free: p.lowest_free,
+                ranges: p
+                    .ranges
+                    .iter()
+                    .map(|range| RangeEntry {
+                        range: range.clone(),
+                        source: RangeSource::Cni,
+                        state: RangeState::Active,
+                    })
+                    .collect(),
+                interfaces: Vec::new(),
+                interface_backed: false,
+                exclusions: p
+                    .exclusions
+                    .iter()
+                    .map(|e| (e.network.clone(), e.reason.clone()))
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// A configuration the plugin sent must at least parse; the engine refuses the rest.
+fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
+    for pool in &config.pools {
+        pool_name(&pool.name)?;
+        for range in &pool.ranges {
+            range
+                .range
+                .parse::<RangeSpec>()
+                .map_err(|e| OpError::bad_request(format!("range {}: {e}", Echo(&range.range))))?;
+        }
+        for (network, reason) in &pool.exclusions {
+            Exclusion::parse(network, reason)
+                .map_err(|e| OpError::bad_request(format!("exclusion {}: {e}", Echo(network))))?;
+        }
+    }
+    Ok(())
+}
+
+/// The node pool a CNI network names, if it names one; with `pools` beside it, refused.
+fn node_pool_of(network: &api::CniNetwork) -> Result<Option<PoolName>, OpError> {
+    let Some(pool) = &network.node_pool else {
+        return Ok(None);
+    };
+    if !network.pools.is_empty() {
+        return Err(OpError::bad_request(format!(
+            "network {:?}: node_pool and pools both given; a network allocates from a pool of \
+             the agent's node scope or from its own pools, not both",
+            network.name
+        )));
+    }
+    pool_name(pool).map(Some)
+}
+
+/// The configuration of a network on its own pools, checked as its scope is built from it:
+/// the network may not take the agent's own scope's name, and the configuration must parse.
+fn own_network_config(network: &api::CniNetwork) -> Result<ScopeConfig, OpError> {
+    if network.name == api::NODE_SCOPE {
+        return Err(OpError::bad_request(format!(
+            "network name {:?} is the agent's own scope",
+            network.name
+        )));
+    }
+    let config = scope_config_of(&network.pools);
+    validate_config(&config)?;
+    Ok(config)
+}
+
+/// The sets of an ADD on a node pool: only requested addresses, at most one per family (the
+/// pool's families decide the rest).
+fn node_pool_requested(
+    pool: &PoolName,
+    sets: &[api::CniSet],
+) -> Result<Vec<(Family, IpAddr)>, OpError> {
+    let mut requested: Vec<(Family, IpAddr)> = Vec::new();
+    for set in sets {
+        let Some(addr) = set.requested else {
+            return Err(OpError::bad_request(
+                "a network on a node pool takes sets only to request addresses; the pool's \
+                 families decide the rest",
+            ));
+        };
+        let family = Family::of(addr);
+        if family != family_of(set.family) {
+            return Err(OpError::bad_request(format!(
+                "requested address {addr} is not of family {:?}",
+                set.family
+            )));
+        }
+        if requested.iter().any(|(f, _)| *f == family) {
+            return Err(OpError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "two {family} addresses requested from pool {pool}, which hands out one per \
+                     family"
+                ),
+            ));
+        }
+        requested.push((family, addr));
+    }
+    Ok(requested)
+}
+
+/// The attachments a leak collection is told are live.
+fn live_keys(keys: &[api::AttachmentKey]) -> Result<HashSet<AttachmentKey>, OpError> {
+    keys.iter().map(key_of).collect()
+}
+
+/// A leak collection's policy, its defaults filled in.
+fn gc_policy(grace_ms: Option<u64>, max_released: Option<u64>) -> Result<GcPolicy, OpError> {
+    let max_released = match max_released {
+        Some(0) => {
+            return Err(OpError::bad_request(
+                "max_released: 0 would release nothing; give at least 1",
+            ));
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => DEFAULT_GC_MAX_RELEASED,
+    };
+    Ok(GcPolicy {
+        grace: grace_ms.map_or(DEFAULT_GC_GRACE, Duration::from_millis),
+        max_released,
+    })
+}
+
+/// An interface's address: a CIDR, or a bare address (as a /32 or /128).
+fn net_or_addr(text: &str) -> Result<IpNet, OpError> {
+    let net = if text.contains('/') {
+        corral_core::parse_net(text)
+    } else {
+        corral_core::parse_addr(text).map(IpNet::from)
+    };
+    net.map_err(|e| OpError::bad_request(format!("address {}: {e}", Echo(text))))
+}
+
+/// An interface's id, checked.
+fn checked_interface_id(text: &str) -> Result<InterfaceId, OpError> {
+    InterfaceId::new(text).map_err(|e| OpError::bad_request(format!("interface id: {e}")))
+}
 
 impl TryFrom<api::AllocateRequest> for node::Allocate {
     type Error = OpError;
 
     fn try_from(request: api::AllocateRequest) -> Result<Self, OpError> {
-        let pool = node::pool_name(&request.pool)?;
-        let key = request.key.as_ref().map(node::key_of).transpose()?;
+        let pool = pool_name(&request.pool)?;
+        let key = request.key.as_ref().map(key_of).transpose()?;
         let wanted = match (request.family, request.address) {
             (Some(api::FamilyChoice::Dual), Some(_)) => {
                 return Err(OpError::bad_request(
@@ -934,7 +1108,7 @@ impl TryFrom<api::ReleaseRequest> for node::Release {
             return Err(OpError::bad_request("generation goes with address"));
         }
         let of = match (request.key, request.address, request.owner) {
-            (Some(key), _, _) => node::ReleaseOf::Key(node::key_of(&key)?),
+            (Some(key), _, _) => node::ReleaseOf::Key(key_of(&key)?),
             (None, Some(address), _) => node::ReleaseOf::Address {
                 address,
                 generation: request.generation,
@@ -956,7 +1130,7 @@ fn cni_network(
 ) -> Result<node::CniNetwork, OpError> {
     let pools = match node_pool {
         Some(pool) => node::NetworkPools::Node(pool),
-        None => node::NetworkPools::Own(node::own_network_config(network)?),
+        None => node::NetworkPools::Own(own_network_config(network)?),
     };
     Ok(node::CniNetwork {
         name: network.name.clone(),
@@ -968,11 +1142,11 @@ impl TryFrom<api::CniAddRequest> for node::CniAdd {
     type Error = OpError;
 
     fn try_from(request: api::CniAddRequest) -> Result<Self, OpError> {
-        let node_pool = node::node_pool_of(&request.network)?;
-        let key = node::key_of(&request.key)?;
+        let node_pool = node_pool_of(&request.network)?;
+        let key = key_of(&request.key)?;
         let sets = match node_pool {
             Some(pool) => {
-                let requested = node::node_pool_requested(&pool, &request.sets)?;
+                let requested = node_pool_requested(&pool, &request.sets)?;
                 node::CniAddSets::Node { pool, requested }
             }
             None => {
@@ -981,13 +1155,13 @@ impl TryFrom<api::CniAddRequest> for node::CniAdd {
                     .iter()
                     .map(|set| {
                         Ok(node::CniSet {
-                            pool: node::pool_name(&set.pool)?,
-                            family: node::family_of(set.family),
+                            pool: pool_name(&set.pool)?,
+                            family: family_of(set.family),
                             requested: set.requested,
                         })
                     })
                     .collect::<Result<Vec<_>, OpError>>()?;
-                let config = node::own_network_config(&request.network)?;
+                let config = own_network_config(&request.network)?;
                 node::CniAddSets::Own { config, sets }
             }
         };
@@ -1004,8 +1178,8 @@ impl TryFrom<api::CniKeyRequest> for node::CniDel {
     type Error = OpError;
 
     fn try_from(request: api::CniKeyRequest) -> Result<Self, OpError> {
-        let node_pool = node::node_pool_of(&request.network)?;
-        let key = node::key_of(&request.key)?;
+        let node_pool = node_pool_of(&request.network)?;
+        let key = key_of(&request.key)?;
         Ok(node::CniDel {
             network: cni_network(&request.network, node_pool)?,
             key,
@@ -1018,8 +1192,8 @@ impl TryFrom<api::CniKeyRequest> for node::CniCheck {
     type Error = OpError;
 
     fn try_from(request: api::CniKeyRequest) -> Result<Self, OpError> {
-        let node_pool = node::node_pool_of(&request.network)?;
-        let key = node::key_of(&request.key)?;
+        let node_pool = node_pool_of(&request.network)?;
+        let key = key_of(&request.key)?;
         Ok(node::CniCheck {
             network: request.network.name,
             node_pool,
@@ -1032,7 +1206,7 @@ impl TryFrom<api::CniStatusRequest> for node::CniStatus {
     type Error = OpError;
 
     fn try_from(request: api::CniStatusRequest) -> Result<Self, OpError> {
-        let node_pool = node::node_pool_of(&request.network)?;
+        let node_pool = node_pool_of(&request.network)?;
         Ok(node::CniStatus {
             network: cni_network(&request.network, node_pool)?,
         })
@@ -1043,9 +1217,9 @@ impl TryFrom<api::CniGcRequest> for node::CniGc {
     type Error = OpError;
 
     fn try_from(request: api::CniGcRequest) -> Result<Self, OpError> {
-        let live = node::live_keys(&request.valid_attachments)?;
-        let policy = node::gc_policy(request.grace_ms, request.max_released)?;
-        let node_pool = node::node_pool_of(&request.network)?;
+        let live = live_keys(&request.valid_attachments)?;
+        let policy = gc_policy(request.grace_ms, request.max_released)?;
+        let node_pool = node_pool_of(&request.network)?;
         Ok(node::CniGc {
             network: cni_network(&request.network, node_pool)?,
             live,
@@ -1059,8 +1233,8 @@ impl TryFrom<api::GcRequest> for node::Gc {
 
     fn try_from(request: api::GcRequest) -> Result<Self, OpError> {
         Ok(node::Gc {
-            live: node::live_keys(&request.live)?,
-            policy: node::gc_policy(request.grace_ms, request.max_released)?,
+            live: live_keys(&request.live)?,
+            policy: gc_policy(request.grace_ms, request.max_released)?,
             scope: request.scope,
             dry_run: request.dry_run,
         })
@@ -1096,7 +1270,7 @@ impl TryFrom<api::RangeRequest> for node::PoolRange {
     type Error = OpError;
 
     fn try_from(request: api::RangeRequest) -> Result<Self, OpError> {
-        let pool = node::pool_name(&request.pool)?;
+        let pool = pool_name(&request.pool)?;
         let range: RangeSpec = request
             .range
             .parse()
@@ -1113,7 +1287,7 @@ impl TryFrom<api::ExclusionRequest> for node::AddExclusion {
     type Error = OpError;
 
     fn try_from(request: api::ExclusionRequest) -> Result<Self, OpError> {
-        let pool = node::pool_name(&request.pool)?;
+        let pool = pool_name(&request.pool)?;
         let exclusion = Exclusion::parse(&request.network, &request.reason)
             .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
         Ok(node::AddExclusion {
@@ -1128,7 +1302,7 @@ impl TryFrom<api::ExclusionRequest> for node::RemoveExclusion {
     type Error = OpError;
 
     fn try_from(request: api::ExclusionRequest) -> Result<Self, OpError> {
-        let pool = node::pool_name(&request.pool)?;
+        let pool = pool_name(&request.pool)?;
         let network = corral_core::parse_net(&request.network)
             .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
         Ok(node::RemoveExclusion {
@@ -1141,15 +1315,15 @@ impl TryFrom<api::ExclusionRequest> for node::RemoveExclusion {
 
 /// An interface and one of its addresses, as the paths of its addresses name them.
 fn interface_address(id: &str, address: &str) -> Result<(InterfaceId, IpNet), OpError> {
-    Ok((node::interface_id(id)?, node::net_or_addr(address)?))
+    Ok((checked_interface_id(id)?, net_or_addr(address)?))
 }
 
 impl TryFrom<api::InterfaceRequest> for node::AddInterface {
     type Error = OpError;
 
     fn try_from(request: api::InterfaceRequest) -> Result<Self, OpError> {
-        let pool = node::pool_name(&request.pool)?;
-        let id = node::interface_id(&request.id)?;
+        let pool = pool_name(&request.pool)?;
+        let id = checked_interface_id(&request.id)?;
         let mac: MacAddr = request
             .mac
             .parse()
@@ -1173,7 +1347,7 @@ impl TryFrom<api::InterfaceRequest> for node::AddInterface {
         let addresses = request
             .addresses
             .iter()
-            .map(|a| node::net_or_addr(a))
+            .map(|a| net_or_addr(a))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(node::AddInterface {
             pool,
@@ -1196,7 +1370,7 @@ impl TryFrom<api::IpamdImportRequest> for node::ImportIpamd {
     type Error = OpError;
 
     fn try_from(request: api::IpamdImportRequest) -> Result<Self, OpError> {
-        let pool = node::pool_name(&request.pool)?;
+        let pool = pool_name(&request.pool)?;
         let allocations = crate::ipamd::parse_checkpoint(&request.checkpoint)
             .map_err(|e| OpError::bad_request(format!("ipamd checkpoint: {e}")))?;
         Ok(node::ImportIpamd { pool, allocations })

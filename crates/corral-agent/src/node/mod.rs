@@ -17,7 +17,7 @@
 //!
 //! - `request.rs` — the operations' arguments in domain terms (parsed pools, keys,
 //!   addresses, a CNI network's configuration), which the API builds at its edge;
-//! - `wire.rs` — conversions between the API's types and the engine's;
+//! - `wire.rs` — the engine's values as the API answers them;
 //! - `scope.rs` — a scope (configuration, engine, interface tables), the rows a change writes
 //!   and how a batch persists them;
 //! - `op.rs` — the operations ([`Op`]), their answers ([`Reply`]) and the types they carry;
@@ -64,11 +64,6 @@ pub use request::{
     ReleaseOf, RemoveExclusion, Wanted,
 };
 pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
-/// The API edge's checks of the wire requests (`api.rs`).
-pub(crate) use wire::{
-    family_of, gc_policy, interface_id, key_of, live_keys, net_or_addr, node_pool_of,
-    node_pool_requested, own_network_config, pool_name,
-};
 
 #[cfg(test)]
 mod tests {
