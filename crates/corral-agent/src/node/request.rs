@@ -1,8 +1,9 @@
 //! The arguments of the node state's operations, in domain terms: pools are [`PoolName`]s,
 //! keys [`AttachmentKey`]s, addresses and families parsed, a CNI network's pools a
-//! [`ScopeConfig`] that parses. Whoever builds one has validated what it came from (the REST
-//! API at its edge, `api.rs`; the cluster link and the pending DELs build them directly), so
-//! the state machine never parses a wire string of these operations.
+//! [`ScopeConfig`] that parses. Whoever builds one has checked what it came from: the REST
+//! API at its edge (`api.rs`, `TryFrom` each body, with the messages the API answers), which
+//! also checks the DELs recorded while the agent was away (`pending.rs`); tests build them
+//! directly. So the state machine never parses a wire string of its requests.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
