@@ -1376,3 +1376,111 @@ impl TryFrom<api::IpamdImportRequest> for node::ImportIpamd {
         Ok(node::ImportIpamd { pool, allocations })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message<T: fmt::Debug>(checked: Result<T, OpError>) -> String {
+        let error = checked.expect_err("refused");
+        assert_eq!(error.code, ErrorCode::BadRequest, "{error:?}");
+        error.message
+    }
+
+    fn allocate(family: Option<api::FamilyChoice>, address: Option<&str>) -> api::AllocateRequest {
+        api::AllocateRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "default".into(),
+            owner: "pod".into(),
+            key: None,
+            family,
+            address: address.map(|a| a.parse().unwrap()),
+            lease_ms: None,
+        }
+    }
+
+    fn network(node_pool: Option<&str>, name: &str) -> api::CniNetwork {
+        api::CniNetwork {
+            name: name.into(),
+            pools: vec![],
+            node_pool: node_pool.map(Into::into),
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
+        }
+    }
+
+    fn key() -> api::AttachmentKey {
+        api::AttachmentKey {
+            network: "net".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+        }
+    }
+
+    /// The edge refuses what the node state refused before it took domain requests, with the
+    /// same messages.
+    #[test]
+    fn bad_bodies_are_refused_at_the_edge_with_their_messages() {
+        let dual = allocate(Some(api::FamilyChoice::Dual), Some("10.0.0.1"));
+        assert_eq!(
+            message(node::Allocate::try_from(dual)),
+            "family dual allocates the next address of each family; it takes no address"
+        );
+        let v6 = allocate(Some(api::FamilyChoice::Ipv6), Some("10.0.0.1"));
+        assert_eq!(
+            message(node::Allocate::try_from(v6)),
+            "address 10.0.0.1 is not of family Ipv6"
+        );
+        let none = api::ReleaseRequest::default();
+        assert_eq!(
+            message(node::Release::try_from(none)),
+            "give exactly one of key, address (with an optional generation) or owner"
+        );
+        let generation = api::ReleaseRequest {
+            owner: Some("pod".into()),
+            generation: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(
+            message(node::Release::try_from(generation)),
+            "generation goes with address"
+        );
+        let own_scope = api::CniKeyRequest {
+            network: network(None, api::NODE_SCOPE),
+            key: key(),
+        };
+        assert_eq!(
+            message(node::CniDel::try_from(own_scope.clone())),
+            "network name \"node\" is the agent's own scope"
+        );
+        // CHECK reads the scope by name: no configuration to check.
+        assert!(node::CniCheck::try_from(own_scope).is_ok());
+        let add = api::CniAddRequest {
+            network: network(Some("pods"), "net"),
+            key: key(),
+            owner: "c1".into(),
+            sets: vec![api::CniSet {
+                pool: "pods".into(),
+                family: api::FamilyName::Ipv4,
+                requested: None,
+            }],
+        };
+        assert_eq!(
+            message(node::CniAdd::try_from(add)),
+            "a network on a node pool takes sets only to request addresses; the pool's families \
+             decide the rest"
+        );
+        let gc = api::GcRequest {
+            scope: api::NODE_SCOPE.into(),
+            live: vec![],
+            grace_ms: None,
+            max_released: Some(0),
+            dry_run: false,
+        };
+        assert_eq!(
+            message(node::Gc::try_from(gc)),
+            "max_released: 0 would release nothing; give at least 1"
+        );
+    }
+}
