@@ -4,8 +4,10 @@
 //! problem (quoting at most a prefix of the input); nothing a client sends can make a handler
 //! panic or answer 5xx (503 only while restoring or when the store fails).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::marker::PhantomData;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,7 +21,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::{self as api, ErrorCode, paths};
-use corral_store::StoreHealth;
+use corral_core::{
+    AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Echo, Exclusion, Family, GcPolicy,
+    InterfaceId, IpNet, MacAddr, PoolName, RangeSpec,
+};
+use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, StoreHealth};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -224,6 +230,22 @@ impl AppState {
         result.map_err(ApiError)
     }
 
+    /// Runs a request the API checked and turned into the node state's: a refusal of the
+    /// check is answered, and counted, as the operation's.
+    async fn run_checked<R: node::Request>(
+        &self,
+        operation: &'static str,
+        request: Result<R, OpError>,
+    ) -> Result<R::Answer, ApiError> {
+        match request {
+            Ok(request) => self.run(operation, request).await,
+            Err(error) => {
+                self.count(operation, Instant::now(), Some(&error));
+                Err(ApiError(error))
+            }
+        }
+    }
+
     /// Counts a request's outcome and latency.
     fn count(&self, operation: &'static str, started: Instant, failed: Option<&OpError>) {
         let counter = match operation {
@@ -334,6 +356,14 @@ async fn cni_add_waiting(
                 outcome: name.to_owned(),
             })
             .inc();
+    };
+    let request = match node::CniAdd::try_from(request) {
+        Ok(request) => request,
+        Err(error) => {
+            outcome("error");
+            state.count("cni_add", started, Some(&error));
+            return Err(error);
+        }
     };
     loop {
         let result = state.submit(request.clone()).await;
@@ -488,7 +518,8 @@ async fn allocate(
     State(state): State<AppState>,
     Body(request): Body<api::AllocateRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
-    let answer = answer!(state, "allocate", request);
+    let request = node::Allocate::try_from(request);
+    let answer = state.run_checked("allocate", request).await.map(Json);
     // A block or cloud pool's demand follows what the API allocates too, not only CNI ADDs.
     state.touch();
     answer
@@ -498,7 +529,8 @@ async fn release(
     State(state): State<AppState>,
     Body(request): Body<api::ReleaseRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
-    let answer = answer!(state, "release", request);
+    let request = node::Release::try_from(request);
+    let answer = state.run_checked("release", request).await.map(Json);
     state.touch();
     answer
 }
@@ -507,7 +539,8 @@ async fn lease_start(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStartRequest>,
 ) -> Result<Json<api::Lease>, ApiError> {
-    let answer = answer!(state, "lease_start", request);
+    let request = Ok(node::LeaseStart::from(request));
+    let answer = state.run_checked("lease_start", request).await.map(Json);
     state.touch();
     answer
 }
@@ -516,7 +549,8 @@ async fn lease_stop(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStopRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    let answer = done(state.run("lease_stop", node::LeaseStop(request)).await?);
+    let request = node::LeaseStop::try_from(request);
+    let answer = done(state.run_checked("lease_stop", request).await?);
     state.touch();
     answer
 }
@@ -556,36 +590,32 @@ async fn add_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(state.run("add_range", node::AddRange(request)).await?)
+    let request = node::PoolRange::try_from(request).map(node::AddRange);
+    done(state.run_checked("add_range", request).await?)
 }
 
 async fn remove_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
 ) -> Result<Json<api::RangeRemoved>, ApiError> {
-    answer!(state, "remove_range", node::RemoveRange(request))
+    let request = node::PoolRange::try_from(request).map(node::RemoveRange);
+    state.run_checked("remove_range", request).await.map(Json)
 }
 
 async fn add_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(
-        state
-            .run("add_exclusion", node::AddExclusion(request))
-            .await?,
-    )
+    let request = node::AddExclusion::try_from(request);
+    done(state.run_checked("add_exclusion", request).await?)
 }
 
 async fn remove_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(
-        state
-            .run("remove_exclusion", node::RemoveExclusion(request))
-            .await?,
-    )
+    let request = node::RemoveExclusion::try_from(request);
+    done(state.run_checked("remove_exclusion", request).await?)
 }
 
 /// Reads the node's routes and addresses first (off the async threads), then reserves them
@@ -617,7 +647,10 @@ async fn import(
     State(state): State<AppState>,
     Body(document): Body<serde_json::Value>,
 ) -> Result<Json<api::Done>, ApiError> {
-    done(state.run("import", node::Import(document)).await?)
+    let checkpoint = serde_json::from_value(document)
+        .map(node::Import)
+        .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")));
+    done(state.run_checked("import", checkpoint).await?)
 }
 
 async fn cni_add(
@@ -640,7 +673,8 @@ async fn cni_add(
                 .map_err(ApiError)?
         }
         _ => {
-            let reply = state.run("cni_add", request).await?;
+            let request = node::CniAdd::try_from(request);
+            let reply = state.run_checked("cni_add", request).await?;
             state.touch();
             reply
         }
@@ -653,7 +687,8 @@ async fn cni_del(
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    let answer = answer!(state, "cni_del", node::CniDel(request));
+    let request = node::CniDel::try_from(request);
+    let answer = state.run_checked("cni_del", request).await.map(Json);
     state.touch();
     answer
 }
@@ -663,7 +698,8 @@ async fn cni_check(
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    answer!(state, "cni_check", node::CniCheck(request))
+    let request = node::CniCheck::try_from(request);
+    state.run_checked("cni_check", request).await.map(Json)
 }
 
 async fn cni_gc(
@@ -671,7 +707,8 @@ async fn cni_gc(
     Body(mut request): Body<api::CniGcRequest>,
 ) -> Result<Json<api::GcResponse>, ApiError> {
     state.resolve_network(&mut request.network);
-    let answer = answer!(state, "cni_gc", request);
+    let request = node::CniGc::try_from(request);
+    let answer = state.run_checked("cni_gc", request).await.map(Json);
     state.touch();
     answer
 }
@@ -680,7 +717,8 @@ async fn gc(
     State(state): State<AppState>,
     Body(request): Body<api::GcRequest>,
 ) -> Result<Json<api::GcResponse>, ApiError> {
-    let answer = answer!(state, "gc", request);
+    let request = node::Gc::try_from(request);
+    let answer = state.run_checked("gc", request).await.map(Json);
     state.touch();
     answer
 }
@@ -690,14 +728,17 @@ async fn cni_status(
     Body(mut request): Body<api::CniStatusRequest>,
 ) -> Result<Json<api::ScopeStatus>, ApiError> {
     state.resolve_network(&mut request.network);
-    answer!(state, "cni_status", request)
+    let request = node::CniStatus::try_from(request);
+    state.run_checked("cni_status", request).await.map(Json)
 }
 
 async fn interfaces(
     State(state): State<AppState>,
     Query(query): Query<api::PoolQuery>,
 ) -> Result<Json<api::InterfacesResponse>, ApiError> {
-    answer!(state, "interfaces", node::Interfaces(query.pool))
+    let pool = query.pool.as_deref().map(pool_name).transpose();
+    let request = pool.map(node::Interfaces);
+    state.run_checked("interfaces", request).await.map(Json)
 }
 
 /// The `{id}` of an interface path; what it must look like is the node state's to say (400).
@@ -711,14 +752,16 @@ async fn interface(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    answer!(state, "interface", node::Interface(id))
+    let request = checked_interface_id(&id).map(node::Interface);
+    state.run_checked("interface", request).await.map(Json)
 }
 
 async fn add_interface(
     State(state): State<AppState>,
     Body(request): Body<api::InterfaceRequest>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
-    answer!(state, "add_interface", request)
+    let request = node::AddInterface::try_from(request);
+    state.run_checked("add_interface", request).await.map(Json)
 }
 
 async fn remove_interface(
@@ -727,11 +770,11 @@ async fn remove_interface(
     Query(query): Query<api::ForceQuery>,
 ) -> Result<Json<api::InterfaceRemoved>, ApiError> {
     let id = interface_id(id)?;
-    let op = node::RemoveInterface {
+    let op = checked_interface_id(&id).map(|id| node::RemoveInterface {
         id,
         force: query.force,
-    };
-    answer!(state, "remove_interface", op)
+    });
+    state.run_checked("remove_interface", op).await.map(Json)
 }
 
 async fn add_interface_address(
@@ -740,11 +783,12 @@ async fn add_interface_address(
     Body(request): Body<api::InterfaceAddressRequest>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    let op = node::AddInterfaceAddress {
-        id,
-        address: request.address,
-    };
-    answer!(state, "add_interface_address", op)
+    let op = interface_address(&id, &request.address)
+        .map(|(id, address)| node::AddInterfaceAddress { id, address });
+    state
+        .run_checked("add_interface_address", op)
+        .await
+        .map(Json)
 }
 
 async fn remove_interface_address(
@@ -753,19 +797,24 @@ async fn remove_interface_address(
     Query(query): Query<api::InterfaceAddressQuery>,
 ) -> Result<Json<api::InterfaceInfo>, ApiError> {
     let id = interface_id(id)?;
-    let op = node::RemoveInterfaceAddress {
-        id,
-        address: query.address,
-        force: query.force,
-    };
-    answer!(state, "remove_interface_address", op)
+    let op =
+        interface_address(&id, &query.address).map(|(id, address)| node::RemoveInterfaceAddress {
+            id,
+            address,
+            force: query.force,
+        });
+    state
+        .run_checked("remove_interface_address", op)
+        .await
+        .map(Json)
 }
 
 async fn import_ipamd(
     State(state): State<AppState>,
     Body(request): Body<api::IpamdImportRequest>,
 ) -> Result<Json<api::IpamdImportResponse>, ApiError> {
-    answer!(state, "import_ipamd", request)
+    let request = node::ImportIpamd::try_from(request);
+    state.run_checked("import_ipamd", request).await.map(Json)
 }
 
 async fn not_found() -> ApiError {
@@ -827,4 +876,611 @@ pub fn with_token(router: Router, token: Arc<str>) -> Router {
         )
         .into_response()
     })
+}
+
+// ---- the edge: wire requests into the node state's --------------------------------------
+//
+// Each body is checked here, in the order the node state checked it before it took domain
+// requests, so a bad one gets the same error and message; the node state parses no wire
+// string. The pending DELs (`pending.rs`) are checked here too, as the DELs they stand for.
+
+/// A family as the engine names it.
+fn family_of(name: api::FamilyName) -> Family {
+    match name {
+        api::FamilyName::Ipv4 => Family::V4,
+        api::FamilyName::Ipv6 => Family::V6,
+    }
+}
+
+/// A pool's name, checked.
+fn pool_name(text: &str) -> Result<PoolName, OpError> {
+    PoolName::new(text).map_err(|e| OpError::invalid(&format!("pool {}", Echo(text)), &e))
+}
+
+/// An attachment's key, checked.
+fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
+    AttachmentKey::new(&key.network, &key.container_id, &key.ifname)
+        .map_err(|e| OpError::invalid("key", &e))
+}
+
+/// The configuration of a CNI network's own pools, as its scope stores it.
+fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
+    ScopeConfig {
+        pools: pools
+            .iter()
+            .map(|p| PoolSpec {
+                name: p.name.clone(),
+                cooldown_ms: p.cooldown_ms,
+                lowest_free: p.lowest_free,
+                ranges: p
+                    .ranges
+                    .iter()
+                    .map(|range| RangeEntry {
+                        range: range.clone(),
+                        source: RangeSource::Cni,
+                        state: RangeState::Active,
+                    })
+                    .collect(),
+                interfaces: Vec::new(),
+                interface_backed: false,
+                exclusions: p
+                    .exclusions
+                    .iter()
+                    .map(|e| (e.network.clone(), e.reason.clone()))
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// A configuration the plugin sent must at least parse; the engine refuses the rest.
+fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
+    for pool in &config.pools {
+        pool_name(&pool.name)?;
+        for range in &pool.ranges {
+            range
+                .range
+                .parse::<RangeSpec>()
+                .map_err(|e| OpError::bad_request(format!("range {}: {e}", Echo(&range.range))))?;
+        }
+        for (network, reason) in &pool.exclusions {
+            Exclusion::parse(network, reason)
+                .map_err(|e| OpError::bad_request(format!("exclusion {}: {e}", Echo(network))))?;
+        }
+    }
+    Ok(())
+}
+
+/// The node pool a CNI network names, if it names one; with `pools` beside it, refused.
+fn node_pool_of(network: &api::CniNetwork) -> Result<Option<PoolName>, OpError> {
+    let Some(pool) = &network.node_pool else {
+        return Ok(None);
+    };
+    if !network.pools.is_empty() {
+        return Err(OpError::bad_request(format!(
+            "network {:?}: node_pool and pools both given; a network allocates from a pool of \
+             the agent's node scope or from its own pools, not both",
+            network.name
+        )));
+    }
+    pool_name(pool).map(Some)
+}
+
+/// The configuration of a network on its own pools, checked as its scope is built from it:
+/// the network may not take the agent's own scope's name, and the configuration must parse.
+fn own_network_config(network: &api::CniNetwork) -> Result<ScopeConfig, OpError> {
+    if network.name == api::NODE_SCOPE {
+        return Err(OpError::bad_request(format!(
+            "network name {:?} is the agent's own scope",
+            network.name
+        )));
+    }
+    let config = scope_config_of(&network.pools);
+    validate_config(&config)?;
+    Ok(config)
+}
+
+/// The sets of an ADD on a node pool: only requested addresses, at most one per family (the
+/// pool's families decide the rest).
+fn node_pool_requested(
+    pool: &PoolName,
+    sets: &[api::CniSet],
+) -> Result<Vec<(Family, IpAddr)>, OpError> {
+    let mut requested: Vec<(Family, IpAddr)> = Vec::new();
+    for set in sets {
+        let Some(addr) = set.requested else {
+            return Err(OpError::bad_request(
+                "a network on a node pool takes sets only to request addresses; the pool's \
+                 families decide the rest",
+            ));
+        };
+        let family = Family::of(addr);
+        if family != family_of(set.family) {
+            return Err(OpError::bad_request(format!(
+                "requested address {addr} is not of family {:?}",
+                set.family
+            )));
+        }
+        if requested.iter().any(|(f, _)| *f == family) {
+            return Err(OpError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "two {family} addresses requested from pool {pool}, which hands out one per \
+                     family"
+                ),
+            ));
+        }
+        requested.push((family, addr));
+    }
+    Ok(requested)
+}
+
+/// The attachments a leak collection is told are live.
+fn live_keys(keys: &[api::AttachmentKey]) -> Result<HashSet<AttachmentKey>, OpError> {
+    keys.iter().map(key_of).collect()
+}
+
+/// A leak collection's policy, its defaults filled in.
+fn gc_policy(grace_ms: Option<u64>, max_released: Option<u64>) -> Result<GcPolicy, OpError> {
+    let max_released = match max_released {
+        Some(0) => {
+            return Err(OpError::bad_request(
+                "max_released: 0 would release nothing; give at least 1",
+            ));
+        }
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        None => DEFAULT_GC_MAX_RELEASED,
+    };
+    Ok(GcPolicy {
+        grace: grace_ms.map_or(DEFAULT_GC_GRACE, Duration::from_millis),
+        max_released,
+    })
+}
+
+/// An interface's address: a CIDR, or a bare address (as a /32 or /128).
+fn net_or_addr(text: &str) -> Result<IpNet, OpError> {
+    let net = if text.contains('/') {
+        corral_core::parse_net(text)
+    } else {
+        corral_core::parse_addr(text).map(IpNet::from)
+    };
+    net.map_err(|e| OpError::bad_request(format!("address {}: {e}", Echo(text))))
+}
+
+/// An interface's id, checked.
+fn checked_interface_id(text: &str) -> Result<InterfaceId, OpError> {
+    InterfaceId::new(text).map_err(|e| OpError::bad_request(format!("interface id: {e}")))
+}
+
+impl TryFrom<api::AllocateRequest> for node::Allocate {
+    type Error = OpError;
+
+    fn try_from(request: api::AllocateRequest) -> Result<Self, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let key = request.key.as_ref().map(key_of).transpose()?;
+        let wanted = match (request.family, request.address) {
+            (Some(api::FamilyChoice::Dual), Some(_)) => {
+                return Err(OpError::bad_request(
+                    "family dual allocates the next address of each family; it takes no address",
+                ));
+            }
+            (Some(choice), Some(addr)) => {
+                let wanted = match choice {
+                    api::FamilyChoice::Ipv4 => Family::V4,
+                    _ => Family::V6,
+                };
+                if Family::of(addr) != wanted {
+                    return Err(OpError::bad_request(format!(
+                        "address {addr} is not of family {choice:?}"
+                    )));
+                }
+                node::Wanted::Address(addr)
+            }
+            (None, Some(addr)) => node::Wanted::Address(addr),
+            (Some(api::FamilyChoice::Dual), None) => node::Wanted::Dual,
+            (Some(api::FamilyChoice::Ipv6), None) => node::Wanted::Next(Family::V6),
+            (Some(api::FamilyChoice::Ipv4) | None, None) => node::Wanted::Next(Family::V4),
+        };
+        Ok(node::Allocate {
+            scope: request.scope,
+            pool,
+            owner: request.owner,
+            key,
+            wanted,
+            lease: request.lease_ms.map(Duration::from_millis),
+        })
+    }
+}
+
+impl TryFrom<api::ReleaseRequest> for node::Release {
+    type Error = OpError;
+
+    fn try_from(request: api::ReleaseRequest) -> Result<Self, OpError> {
+        let given = usize::from(request.key.is_some())
+            + usize::from(request.address.is_some())
+            + usize::from(request.owner.is_some());
+        if given != 1 {
+            return Err(OpError::bad_request(
+                "give exactly one of key, address (with an optional generation) or owner",
+            ));
+        }
+        if request.generation.is_some() && request.address.is_none() {
+            return Err(OpError::bad_request("generation goes with address"));
+        }
+        let of = match (request.key, request.address, request.owner) {
+            (Some(key), _, _) => node::ReleaseOf::Key(key_of(&key)?),
+            (None, Some(address), _) => node::ReleaseOf::Address {
+                address,
+                generation: request.generation,
+            },
+            (None, None, owner) => node::ReleaseOf::Owner(owner.unwrap_or_default()),
+        };
+        Ok(node::Release {
+            scope: request.scope,
+            of,
+        })
+    }
+}
+
+/// A CNI network once its node pool (if any) and the verb's key are checked: a network on its
+/// own pools must not take the node scope's name, and its configuration must parse.
+fn cni_network(
+    network: &api::CniNetwork,
+    node_pool: Option<PoolName>,
+) -> Result<node::CniNetwork, OpError> {
+    let pools = match node_pool {
+        Some(pool) => node::NetworkPools::Node(pool),
+        None => node::NetworkPools::Own(own_network_config(network)?),
+    };
+    Ok(node::CniNetwork {
+        name: network.name.clone(),
+        pools,
+    })
+}
+
+impl TryFrom<api::CniAddRequest> for node::CniAdd {
+    type Error = OpError;
+
+    fn try_from(request: api::CniAddRequest) -> Result<Self, OpError> {
+        let node_pool = node_pool_of(&request.network)?;
+        let key = key_of(&request.key)?;
+        let sets = match node_pool {
+            Some(pool) => {
+                let requested = node_pool_requested(&pool, &request.sets)?;
+                node::CniAddSets::Node { pool, requested }
+            }
+            None => {
+                let sets = request
+                    .sets
+                    .iter()
+                    .map(|set| {
+                        Ok(node::CniSet {
+                            pool: pool_name(&set.pool)?,
+                            family: family_of(set.family),
+                            requested: set.requested,
+                        })
+                    })
+                    .collect::<Result<Vec<_>, OpError>>()?;
+                let config = own_network_config(&request.network)?;
+                node::CniAddSets::Own { config, sets }
+            }
+        };
+        Ok(node::CniAdd {
+            network: request.network.name,
+            key,
+            owner: request.owner,
+            sets,
+        })
+    }
+}
+
+impl TryFrom<api::CniKeyRequest> for node::CniDel {
+    type Error = OpError;
+
+    fn try_from(request: api::CniKeyRequest) -> Result<Self, OpError> {
+        let node_pool = node_pool_of(&request.network)?;
+        let key = key_of(&request.key)?;
+        Ok(node::CniDel {
+            network: cni_network(&request.network, node_pool)?,
+            key,
+        })
+    }
+}
+
+/// A CHECK reads the network's scope by name: its configuration is not checked.
+impl TryFrom<api::CniKeyRequest> for node::CniCheck {
+    type Error = OpError;
+
+    fn try_from(request: api::CniKeyRequest) -> Result<Self, OpError> {
+        let node_pool = node_pool_of(&request.network)?;
+        let key = key_of(&request.key)?;
+        Ok(node::CniCheck {
+            network: request.network.name,
+            node_pool,
+            key,
+        })
+    }
+}
+
+impl TryFrom<api::CniStatusRequest> for node::CniStatus {
+    type Error = OpError;
+
+    fn try_from(request: api::CniStatusRequest) -> Result<Self, OpError> {
+        let node_pool = node_pool_of(&request.network)?;
+        Ok(node::CniStatus {
+            network: cni_network(&request.network, node_pool)?,
+        })
+    }
+}
+
+impl TryFrom<api::CniGcRequest> for node::CniGc {
+    type Error = OpError;
+
+    fn try_from(request: api::CniGcRequest) -> Result<Self, OpError> {
+        let live = live_keys(&request.valid_attachments)?;
+        let policy = gc_policy(request.grace_ms, request.max_released)?;
+        let node_pool = node_pool_of(&request.network)?;
+        Ok(node::CniGc {
+            network: cni_network(&request.network, node_pool)?,
+            live,
+            policy,
+        })
+    }
+}
+
+impl TryFrom<api::GcRequest> for node::Gc {
+    type Error = OpError;
+
+    fn try_from(request: api::GcRequest) -> Result<Self, OpError> {
+        Ok(node::Gc {
+            live: live_keys(&request.live)?,
+            policy: gc_policy(request.grace_ms, request.max_released)?,
+            scope: request.scope,
+            dry_run: request.dry_run,
+        })
+    }
+}
+
+/// A lease's duration needs no check.
+impl From<api::LeaseStartRequest> for node::LeaseStart {
+    fn from(request: api::LeaseStartRequest) -> Self {
+        node::LeaseStart {
+            scope: request.scope,
+            address: request.address,
+            duration: Duration::from_millis(request.duration_ms),
+        }
+    }
+}
+
+impl TryFrom<api::LeaseStopRequest> for node::LeaseStop {
+    type Error = OpError;
+
+    fn try_from(request: api::LeaseStopRequest) -> Result<Self, OpError> {
+        let id = corral_core::Uuid::parse_str(&request.id)
+            .map_err(|e| OpError::bad_request(format!("lease id {}: {e}", Echo(&request.id))))?;
+        Ok(node::LeaseStop {
+            scope: request.scope,
+            address: request.address,
+            id,
+        })
+    }
+}
+
+impl TryFrom<api::RangeRequest> for node::PoolRange {
+    type Error = OpError;
+
+    fn try_from(request: api::RangeRequest) -> Result<Self, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let range: RangeSpec = request
+            .range
+            .parse()
+            .map_err(|e| OpError::bad_request(format!("range {}: {e}", Echo(&request.range))))?;
+        Ok(node::PoolRange {
+            scope: request.scope,
+            pool,
+            range,
+        })
+    }
+}
+
+impl TryFrom<api::ExclusionRequest> for node::AddExclusion {
+    type Error = OpError;
+
+    fn try_from(request: api::ExclusionRequest) -> Result<Self, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let exclusion = Exclusion::parse(&request.network, &request.reason)
+            .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
+        Ok(node::AddExclusion {
+            scope: request.scope,
+            pool,
+            exclusion,
+        })
+    }
+}
+
+impl TryFrom<api::ExclusionRequest> for node::RemoveExclusion {
+    type Error = OpError;
+
+    fn try_from(request: api::ExclusionRequest) -> Result<Self, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let network = corral_core::parse_net(&request.network)
+            .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
+        Ok(node::RemoveExclusion {
+            scope: request.scope,
+            pool,
+            network,
+        })
+    }
+}
+
+/// An interface and one of its addresses, as the paths of its addresses name them.
+fn interface_address(id: &str, address: &str) -> Result<(InterfaceId, IpNet), OpError> {
+    Ok((checked_interface_id(id)?, net_or_addr(address)?))
+}
+
+impl TryFrom<api::InterfaceRequest> for node::AddInterface {
+    type Error = OpError;
+
+    fn try_from(request: api::InterfaceRequest) -> Result<Self, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let id = checked_interface_id(&request.id)?;
+        let mac: MacAddr = request
+            .mac
+            .parse()
+            .map_err(|e| OpError::bad_request(format!("mac: {e}")))?;
+        let parse_nets = |what: &str, texts: &[String]| -> Result<Vec<IpNet>, OpError> {
+            texts
+                .iter()
+                .map(|text| {
+                    corral_core::parse_net(text)
+                        .map_err(|e| OpError::bad_request(format!("{what} {}: {e}", Echo(text))))
+                })
+                .collect()
+        };
+        let subnets = parse_nets("subnet", &request.subnets)?;
+        if subnets.is_empty() {
+            return Err(OpError::bad_request(
+                "an interface needs its subnet (one per family)",
+            ));
+        }
+        let routes = parse_nets("route", &request.routes)?;
+        let addresses = request
+            .addresses
+            .iter()
+            .map(|a| net_or_addr(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(node::AddInterface {
+            pool,
+            id,
+            device_number: request.device_number,
+            mac,
+            subnets,
+            gateways: request.gateways,
+            routes,
+            primary: request.primary,
+            primary_addresses: request.primary_addresses,
+            trunk: request.trunk,
+            excluded: request.excluded,
+            addresses,
+        })
+    }
+}
+
+impl TryFrom<api::IpamdImportRequest> for node::ImportIpamd {
+    type Error = OpError;
+
+    fn try_from(request: api::IpamdImportRequest) -> Result<Self, OpError> {
+        let pool = pool_name(&request.pool)?;
+        let allocations = crate::ipamd::parse_checkpoint(&request.checkpoint)
+            .map_err(|e| OpError::bad_request(format!("ipamd checkpoint: {e}")))?;
+        Ok(node::ImportIpamd { pool, allocations })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message<T: fmt::Debug>(checked: Result<T, OpError>) -> String {
+        let error = checked.expect_err("refused");
+        assert_eq!(error.code, ErrorCode::BadRequest, "{error:?}");
+        error.message
+    }
+
+    fn allocate(family: Option<api::FamilyChoice>, address: Option<&str>) -> api::AllocateRequest {
+        api::AllocateRequest {
+            scope: api::NODE_SCOPE.into(),
+            pool: "default".into(),
+            owner: "pod".into(),
+            key: None,
+            family,
+            address: address.map(|a| a.parse().unwrap()),
+            lease_ms: None,
+        }
+    }
+
+    fn network(node_pool: Option<&str>, name: &str) -> api::CniNetwork {
+        api::CniNetwork {
+            name: name.into(),
+            pools: vec![],
+            node_pool: node_pool.map(Into::into),
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
+        }
+    }
+
+    fn key() -> api::AttachmentKey {
+        api::AttachmentKey {
+            network: "net".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+        }
+    }
+
+    /// The edge refuses what the node state refused before it took domain requests, with the
+    /// same messages.
+    #[test]
+    fn bad_bodies_are_refused_at_the_edge_with_their_messages() {
+        let dual = allocate(Some(api::FamilyChoice::Dual), Some("10.0.0.1"));
+        assert_eq!(
+            message(node::Allocate::try_from(dual)),
+            "family dual allocates the next address of each family; it takes no address"
+        );
+        let v6 = allocate(Some(api::FamilyChoice::Ipv6), Some("10.0.0.1"));
+        assert_eq!(
+            message(node::Allocate::try_from(v6)),
+            "address 10.0.0.1 is not of family Ipv6"
+        );
+        let none = api::ReleaseRequest::default();
+        assert_eq!(
+            message(node::Release::try_from(none)),
+            "give exactly one of key, address (with an optional generation) or owner"
+        );
+        let generation = api::ReleaseRequest {
+            owner: Some("pod".into()),
+            generation: Some(1),
+            ..Default::default()
+        };
+        assert_eq!(
+            message(node::Release::try_from(generation)),
+            "generation goes with address"
+        );
+        let own_scope = api::CniKeyRequest {
+            network: network(None, api::NODE_SCOPE),
+            key: key(),
+        };
+        assert_eq!(
+            message(node::CniDel::try_from(own_scope.clone())),
+            "network name \"node\" is the agent's own scope"
+        );
+        // CHECK reads the scope by name: no configuration to check.
+        assert!(node::CniCheck::try_from(own_scope).is_ok());
+        let add = api::CniAddRequest {
+            network: network(Some("pods"), "net"),
+            key: key(),
+            owner: "c1".into(),
+            sets: vec![api::CniSet {
+                pool: "pods".into(),
+                family: api::FamilyName::Ipv4,
+                requested: None,
+            }],
+        };
+        assert_eq!(
+            message(node::CniAdd::try_from(add)),
+            "a network on a node pool takes sets only to request addresses; the pool's families \
+             decide the rest"
+        );
+        let gc = api::GcRequest {
+            scope: api::NODE_SCOPE.into(),
+            live: vec![],
+            grace_ms: None,
+            max_released: Some(0),
+            dry_run: false,
+        };
+        assert_eq!(
+            message(node::Gc::try_from(gc)),
+            "max_released: 0 would release nothing; give at least 1"
+        );
+    }
 }

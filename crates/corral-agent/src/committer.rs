@@ -351,23 +351,31 @@ mod tests {
     }
 
     fn add(container: &str) -> Op {
-        Op::CniAdd(api::CniAddRequest {
-            network: network(),
-            key: key(container),
-            owner: container.into(),
-            sets: vec![api::CniSet {
-                pool: "net".into(),
-                family: api::FamilyName::Ipv4,
-                requested: None,
-            }],
-        })
+        Op::CniAdd(
+            api::CniAddRequest {
+                network: network(),
+                key: key(container),
+                owner: container.into(),
+                sets: vec![api::CniSet {
+                    pool: "net".into(),
+                    family: api::FamilyName::Ipv4,
+                    requested: None,
+                }],
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn del(container: &str) -> Op {
-        Op::CniDel(api::CniKeyRequest {
-            network: network(),
-            key: key(container),
-        })
+        Op::CniDel(
+            api::CniKeyRequest {
+                network: network(),
+                key: key(container),
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn held(committer: &Committer, runtime: &tokio::runtime::Runtime) -> usize {

@@ -139,7 +139,11 @@ async fn apply(
     claimed: Claimed,
     report: &mut PendingReport,
 ) -> Result<(), std::io::Error> {
-    let outcome = committer.call(CniDel(request(&claimed.record))).await;
+    // A record is what corral-ipam would have sent: checked as the API checks a DEL.
+    let outcome = match CniDel::try_from(request(&claimed.record)) {
+        Ok(del) => committer.call(del).await,
+        Err(error) => Err(error),
+    };
     let path = claimed.path().display().to_string();
     match outcome {
         Ok(_) => {

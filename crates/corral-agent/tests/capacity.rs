@@ -77,11 +77,14 @@ fn range_request(pool: &str, range: &str) -> api::RangeRequest {
 }
 
 fn add_range(node: &mut NodeState, pool: &str, range: &str) -> Result<Reply, OpError> {
-    run(node, Op::AddRange(range_request(pool, range)))
+    run(node, Op::AddRange(range_request(pool, range).try_into()?))
 }
 
 fn remove_range(node: &mut NodeState, pool: &str, range: &str) -> Result<Reply, OpError> {
-    run(node, Op::RemoveRange(range_request(pool, range)))
+    run(
+        node,
+        Op::RemoveRange(range_request(pool, range).try_into()?),
+    )
 }
 
 fn allocate(node: &mut NodeState, pool: &str, owner: &str) -> Result<std::net::IpAddr, OpError> {
@@ -94,7 +97,7 @@ fn allocate(node: &mut NodeState, pool: &str, owner: &str) -> Result<std::net::I
         address: None,
         lease_ms: None,
     };
-    match run(node, Op::Allocate(request))? {
+    match run(node, Op::Allocate(request.try_into()?))? {
         Reply::Allocated(answer) => Ok(answer.allocations[0].address),
         other => panic!("allocate answered {other:?}"),
     }
@@ -108,7 +111,7 @@ fn release(node: &mut NodeState, address: std::net::IpAddr) {
         generation: None,
         owner: None,
     };
-    run(node, Op::Release(request)).expect("release");
+    run(node, Op::Release(request.try_into().expect("release"))).expect("release");
 }
 
 fn pools(node: &mut NodeState) -> api::PoolsResponse {
@@ -309,7 +312,11 @@ fn an_import_that_does_not_fit_the_node_scope_is_refused_and_changes_nothing() {
         serde_json::json!([{"pool": "x", "address": "10.88.0.200", "owner": "imported", "generation": 3}]),
     );
     let before = fingerprint(&mut node);
-    let refused = run(&mut node, Op::Import(document)).unwrap_err();
+    let refused = run(
+        &mut node,
+        Op::Import(serde_json::from_value(document).unwrap()),
+    )
+    .unwrap_err();
     assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
     assert!(
         refused.message.contains("10.88.0.0/24") && refused.message.contains("10.88.0.0/28"),
@@ -332,7 +339,11 @@ fn an_import_that_fits_the_node_scope_is_kept_across_a_restart() {
         serde_json::json!(["10.77.0.0/24"]),
         serde_json::json!([{"pool": "x", "address": "10.77.0.200", "owner": "imported", "generation": 3}]),
     );
-    run(&mut node, Op::Import(document)).unwrap();
+    run(
+        &mut node,
+        Op::Import(serde_json::from_value(document).unwrap()),
+    )
+    .unwrap();
     let before = fingerprint(&mut node);
     let x = pool(&before.pools, "x").unwrap();
     assert_eq!(x.ranges[0].source, api::RangeSource::Api);
@@ -409,7 +420,10 @@ fn an_import_with_a_range_twice_is_refused_and_foreign_file_ranges_become_api_ra
         serde_json::json!([]),
     );
     let before = fingerprint(&mut node);
-    match run(&mut node, Op::Import(twice)) {
+    match run(
+        &mut node,
+        Op::Import(serde_json::from_value(twice).unwrap()),
+    ) {
         Err(refused) => {
             assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
             assert_eq!(fingerprint(&mut node), before);
@@ -437,7 +451,11 @@ fn foreign_file_ranges_become_api_ranges(dir: &Path) {
         serde_json::json!([{"range": "10.77.0.0/24", "source": "file", "state": "active"}]),
         serde_json::json!([]),
     );
-    run(&mut node, Op::Import(foreign)).unwrap();
+    run(
+        &mut node,
+        Op::Import(serde_json::from_value(foreign).unwrap()),
+    )
+    .unwrap();
     let before = fingerprint(&mut node);
     assert_eq!(
         pool(&before.pools, "x").unwrap().ranges[0].source,
@@ -458,7 +476,11 @@ fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
         serde_json::json!([]),
     );
     let before = fingerprint(&mut node);
-    let refused = run(&mut node, Op::Import(twice)).unwrap_err();
+    let refused = run(
+        &mut node,
+        Op::Import(serde_json::from_value(twice).unwrap()),
+    )
+    .unwrap_err();
     assert!(
         matches!(
             refused.code,
@@ -479,12 +501,16 @@ fn an_exclusion_reason_kept_for_local_routes_is_refused() {
     let before = fingerprint(&mut node);
     let refused = run(
         &mut node,
-        Op::AddExclusion(api::ExclusionRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "default".into(),
-            network: "10.88.0.5".into(),
-            reason: "local address of the VIP".into(),
-        }),
+        Op::AddExclusion(
+            api::ExclusionRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "default".into(),
+                network: "10.88.0.5".into(),
+                reason: "local address of the VIP".into(),
+            }
+            .try_into()
+            .unwrap(),
+        ),
     )
     .unwrap_err();
     assert_eq!(refused.code, api::ErrorCode::BadRequest, "{refused:?}");
@@ -535,45 +561,65 @@ fn call() -> impl Strategy<Value = Call> {
 
 fn op(call: &Call, handed_out: &[std::net::IpAddr], serial: usize) -> Op {
     match *call {
-        Call::AddRange(p, r) => Op::AddRange(range_request(POOLS[p], RANGES[r])),
-        Call::RemoveRange(p, r) => Op::RemoveRange(range_request(POOLS[p], RANGES[r])),
-        Call::Allocate(p, v6) => Op::Allocate(api::AllocateRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: POOLS[p].into(),
-            owner: format!("owner-{serial}"),
-            key: None,
-            family: Some(if v6 {
-                api::FamilyChoice::Ipv6
-            } else {
-                api::FamilyChoice::Ipv4
-            }),
-            address: None,
-            lease_ms: None,
-        }),
-        Call::Release(n) => Op::Release(api::ReleaseRequest {
-            scope: api::NODE_SCOPE.into(),
-            key: None,
-            address: Some(
-                handed_out
-                    .get(n % handed_out.len().max(1))
-                    .copied()
-                    .unwrap_or("10.50.0.9".parse().unwrap()),
-            ),
-            generation: None,
-            owner: None,
-        }),
-        Call::Exclude(p, e) => Op::AddExclusion(api::ExclusionRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: POOLS[p].into(),
-            network: EXCLUSIONS[e].into(),
-            reason: "test".into(),
-        }),
-        Call::Unexclude(p, e) => Op::RemoveExclusion(api::ExclusionRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: POOLS[p].into(),
-            network: EXCLUSIONS[e].into(),
-            reason: String::new(),
-        }),
+        Call::AddRange(p, r) => {
+            Op::AddRange(range_request(POOLS[p], RANGES[r]).try_into().unwrap())
+        }
+        Call::RemoveRange(p, r) => {
+            Op::RemoveRange(range_request(POOLS[p], RANGES[r]).try_into().unwrap())
+        }
+        Call::Allocate(p, v6) => Op::Allocate(
+            api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: POOLS[p].into(),
+                owner: format!("owner-{serial}"),
+                key: None,
+                family: Some(if v6 {
+                    api::FamilyChoice::Ipv6
+                } else {
+                    api::FamilyChoice::Ipv4
+                }),
+                address: None,
+                lease_ms: None,
+            }
+            .try_into()
+            .unwrap(),
+        ),
+        Call::Release(n) => Op::Release(
+            api::ReleaseRequest {
+                scope: api::NODE_SCOPE.into(),
+                key: None,
+                address: Some(
+                    handed_out
+                        .get(n % handed_out.len().max(1))
+                        .copied()
+                        .unwrap_or("10.50.0.9".parse().unwrap()),
+                ),
+                generation: None,
+                owner: None,
+            }
+            .try_into()
+            .unwrap(),
+        ),
+        Call::Exclude(p, e) => Op::AddExclusion(
+            api::ExclusionRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: POOLS[p].into(),
+                network: EXCLUSIONS[e].into(),
+                reason: "test".into(),
+            }
+            .try_into()
+            .unwrap(),
+        ),
+        Call::Unexclude(p, e) => Op::RemoveExclusion(
+            api::ExclusionRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: POOLS[p].into(),
+                network: EXCLUSIONS[e].into(),
+                reason: String::new(),
+            }
+            .try_into()
+            .unwrap(),
+        ),
         Call::Restart | Call::RestartWith(_) => unreachable!("restarts are not operations"),
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use corral_store::Store;
 
 use super::op::{Import, Op, Reply, Request};
+use super::request::Gc;
 use super::scope::{Write, persist};
 use super::state::{Clock, NodeState};
 use crate::capacity;
@@ -28,11 +29,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 answers.push(Err(error.clone()));
                 continue;
             }
-            if let Op::Import(document) = op {
+            if let Op::Import(checkpoint) = op {
                 // An import replaces state underneath the engines: it commits on its own.
                 let answer = self
                     .flush(&mut writes, &mut touched)
-                    .and_then(|()| self.import(document).map(Import::reply));
+                    .and_then(|()| self.import(checkpoint).map(Import::reply));
                 if answer.is_ok() {
                     self.committed_upto = i + 1;
                 }
@@ -44,7 +45,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 // own, after what the batch did so far is committed.
                 let answer = self.flush(&mut writes, &mut touched).and_then(|()| {
                     self.run_gc(op, now, &mut writes, &mut touched)
-                        .map(api::GcRequest::reply)
+                        .map(Gc::reply)
                 });
                 if answer.is_ok() {
                     self.committed_upto = i + 1;

@@ -223,23 +223,27 @@ mod tests {
     }
 
     fn cni_add(container: &str) -> Op {
-        Op::CniAdd(api::CniAddRequest {
-            network: api::CniNetwork {
-                name: "net".into(),
-                pools: vec![],
-                node_pool: Some("small".into()),
-                requested_pool: None,
-                configured_pool: None,
-                namespace: None,
-            },
-            key: api::AttachmentKey {
-                network: "net".into(),
-                container_id: container.into(),
-                ifname: "eth0".into(),
-            },
-            owner: container.into(),
-            sets: vec![],
-        })
+        Op::CniAdd(
+            api::CniAddRequest {
+                network: api::CniNetwork {
+                    name: "net".into(),
+                    pools: vec![],
+                    node_pool: Some("small".into()),
+                    requested_pool: None,
+                    configured_pool: None,
+                    namespace: None,
+                },
+                key: api::AttachmentKey {
+                    network: "net".into(),
+                    container_id: container.into(),
+                    ifname: "eth0".into(),
+                },
+                owner: container.into(),
+                sets: vec![],
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     #[test]
@@ -253,11 +257,15 @@ mod tests {
         // may release the block any moment.
         for (pool, range) in [("small", B), ("other", "10.61.0.16/29")] {
             let error = node
-                .run_batch(vec![Op::AddRange(api::RangeRequest {
-                    scope: api::NODE_SCOPE.into(),
-                    pool: pool.into(),
-                    range: range.into(),
-                })])
+                .run_batch(vec![Op::AddRange(
+                    api::RangeRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        pool: pool.into(),
+                        range: range.into(),
+                    }
+                    .try_into()
+                    .unwrap(),
+                )])
                 .remove(0)
                 .unwrap_err();
             assert_eq!(error.code, api::ErrorCode::Conflict, "{error:?}");

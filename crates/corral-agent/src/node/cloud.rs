@@ -651,15 +651,19 @@ mod tests {
     }
 
     fn allocate(owner: &str) -> Op {
-        Op::Allocate(api::AllocateRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "vpc".into(),
-            owner: owner.into(),
-            key: None,
-            family: None,
-            address: None,
-            lease_ms: None,
-        })
+        Op::Allocate(
+            api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "vpc".into(),
+                owner: owner.into(),
+                key: None,
+                family: None,
+                address: None,
+                lease_ms: None,
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     #[test]
@@ -698,15 +702,18 @@ mod tests {
             reason: reason.into(),
         };
         let refused = node
-            .run_batch(vec![Op::RemoveExclusion(exclusion("10.0.1.11/32", ""))])
+            .run_batch(vec![Op::RemoveExclusion(
+                exclusion("10.0.1.11/32", "").try_into().unwrap(),
+            )])
             .remove(0)
             .unwrap_err();
         assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");
         let refused = node
-            .run_batch(vec![Op::AddExclusion(exclusion(
-                "10.0.1.99/32",
-                SURRENDERED_REASON,
-            ))])
+            .run_batch(vec![Op::AddExclusion(
+                exclusion("10.0.1.99/32", SURRENDERED_REASON)
+                    .try_into()
+                    .unwrap(),
+            )])
             .remove(0)
             .unwrap_err();
         assert_eq!(refused.code, api::ErrorCode::BadRequest, "{refused:?}");
@@ -752,12 +759,16 @@ mod tests {
         let mut node = NodeState::restore(store, &ScopeConfig::default()).unwrap();
         outcome(&mut node, wanted(&["10.0.1.10/32", "10.0.1.11/32"], &[]));
         let exclude = |network: &str| {
-            Op::AddExclusion(api::ExclusionRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "vpc".into(),
-                network: network.into(),
-                reason: "broken NIC queue".into(),
-            })
+            Op::AddExclusion(
+                api::ExclusionRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "vpc".into(),
+                    network: network.into(),
+                    reason: "broken NIC queue".into(),
+                }
+                .try_into()
+                .unwrap(),
+            )
         };
         run(&mut node, exclude("10.0.1.11/32"));
         // Surrendering the excluded address would take the operator's exclusion over (one
@@ -812,12 +823,16 @@ mod tests {
         // from its (stale) record, the frozen one handed out once the exclusion is removed.
         for network in ["10.0.1.11/32", "10.0.1.10/32"] {
             let refused = node
-                .run_batch(vec![Op::AddExclusion(api::ExclusionRequest {
-                    scope: api::NODE_SCOPE.into(),
-                    pool: "vpc".into(),
-                    network: network.into(),
-                    reason: "maintenance".into(),
-                })])
+                .run_batch(vec![Op::AddExclusion(
+                    api::ExclusionRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        pool: "vpc".into(),
+                        network: network.into(),
+                        reason: "maintenance".into(),
+                    }
+                    .try_into()
+                    .unwrap(),
+                )])
                 .remove(0)
                 .unwrap_err();
             assert_eq!(refused.code, api::ErrorCode::Conflict, "{refused:?}");

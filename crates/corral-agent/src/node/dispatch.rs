@@ -3,23 +3,26 @@
 //! `node_pool.rs`, `blocks.rs`, `cloud.rs`, `interfaces.rs`, `gc.rs`).
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{Echo, Exclusion, RangeRemoval, RangeSpec, Timestamp};
+use corral_core::{RangeRemoval, Timestamp};
 use corral_store::{Store, Txn, export_checkpoint};
 
 use super::op::{
-    AddExclusion, AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, CniCheck, CniDel,
-    Dump, Export, Gauges, Interface, InterfaceGauges, Interfaces, LeaseStop, Op, Pools,
-    ReclaimBlock, RemoveExclusion, RemoveInterface, RemoveInterfaceAddress, RemoveRange, Reply,
-    ReportBlocks, ReportCloud, Request, Status, SurrenderBlock, SurrenderCloudAddress, Tick,
+    AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, Dump, Export, Gauges, Interface,
+    InterfaceGauges, Interfaces, Op, Pools, ReclaimBlock, RemoveInterface, RemoveInterfaceAddress,
+    RemoveRange, Reply, ReportBlocks, ReportCloud, Request, Status, SurrenderBlock,
+    SurrenderCloudAddress, Tick,
+};
+use super::request::{
+    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, ImportIpamd,
+    LeaseStart, LeaseStop, NetworkPools, PoolRange, Release, RemoveExclusion,
 };
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
-use super::wire::{api_lease, held_by_key, key_of, pool_name, released};
-use super::{cloud, interfaces, node_pool};
+use super::wire::{api_lease, held_by_key, released};
+use super::{cloud, interfaces};
 use crate::capacity;
 use crate::error::OpError;
 use crate::local_routes::LocalRoutesRequest;
@@ -48,45 +51,38 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<Reply, OpError> {
         if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
-            return self
-                .run_gc(op, now, writes, touched)
-                .map(api::GcRequest::reply);
+            return self.run_gc(op, now, writes, touched).map(Gc::reply);
         }
         match op {
             Op::Allocate(request) => self
                 .allocate(request, now, writes, touched)
-                .map(api::AllocateRequest::reply),
+                .map(Allocate::reply),
             Op::Release(request) => self
                 .release(request, now, writes, touched)
-                .map(api::ReleaseRequest::reply),
+                .map(Release::reply),
             Op::LeaseStart(request) => {
                 let scope = self.scope_mut(&request.scope)?;
-                let lease = scope.engine.start_lease(
-                    request.address,
-                    Duration::from_millis(request.duration_ms),
-                    now,
-                )?;
+                let lease = scope
+                    .engine
+                    .start_lease(request.address, request.duration, now)?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
-                Ok(api::LeaseStartRequest::reply(api_lease(&lease)))
+                Ok(LeaseStart::reply(api_lease(&lease)))
             }
             Op::LeaseStop(request) => {
-                let id = corral_core::Uuid::parse_str(&request.id).map_err(|e| {
-                    OpError::bad_request(format!("lease id {}: {e}", Echo(&request.id)))
-                })?;
                 let scope = self.scope_mut(&request.scope)?;
-                scope.engine.stop_lease(request.address, id)?;
+                scope.engine.stop_lease(request.address, request.id)?;
                 rewrite_row(&request.scope, scope, request.address, writes, touched);
                 Ok(LeaseStop::reply(()))
             }
             Op::Dump(scope) => Ok(Dump::reply(self.dump(scope.as_deref())?)),
             Op::Status(scope) => Ok(Status::reply(self.status(scope.as_deref(), now)?)),
             Op::Pools(scope) => Ok(Pools::reply(self.pools(scope.as_deref())?)),
-            Op::AddRange(request) => {
-                let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request.range.parse().map_err(|e| {
-                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
-                })?;
-                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+            Op::AddRange(PoolRange {
+                scope: scope_name,
+                pool,
+                range: spec,
+            }) => {
+                let scope = self.node_scope_mut(&scope_name, "ranges")?;
                 interfaces::refuse_range_in_interface_pool(scope, &pool)?;
                 if let Some((other_pool, block)) =
                     capacity::surrendered_overlapping(&scope.config, &spec)
@@ -111,15 +107,15 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     return Err(error.into());
                 }
                 capacity::note_added(ensure_spec(scope, &pool)?, &spec);
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(AddRange::reply(()))
             }
-            Op::RemoveRange(request) => {
-                let pool = pool_name(&request.pool)?;
-                let spec: RangeSpec = request.range.parse().map_err(|e| {
-                    OpError::bad_request(format!("range {}: {e}", Echo(&request.range)))
-                })?;
-                let scope = self.node_scope_mut(&request.scope, "ranges")?;
+            Op::RemoveRange(PoolRange {
+                scope: scope_name,
+                pool,
+                range: spec,
+            }) => {
+                let scope = self.node_scope_mut(&scope_name, "ranges")?;
                 let outcome = scope.engine.remove_range(&pool, &spec)?;
                 // A range removed at once is reported by the engine as drained and leaves
                 // the stored configuration after this operation (`forget_drained`).
@@ -128,7 +124,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 {
                     capacity::note_draining(stored, &spec);
                 }
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(RemoveRange::reply(api::RangeRemoved {
                     outcome: match outcome {
                         RangeRemoval::Removed => api::RangeRemoval::Removed,
@@ -136,13 +132,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     },
                 }))
             }
-            Op::AddExclusion(request) => {
-                let pool = pool_name(&request.pool)?;
-                let exclusion = Exclusion::parse(&request.network, &request.reason)
-                    .map_err(|e| OpError::bad_request(format!("exclusion: {e}")))?;
-                reject_local_reason(&request.reason)?;
-                cloud::reject_cloud_reason(&request.reason)?;
-                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+            Op::AddExclusion(AddExclusion {
+                scope: scope_name,
+                pool,
+                exclusion,
+            }) => {
+                reject_local_reason(exclusion.reason())?;
+                cloud::reject_cloud_reason(exclusion.reason())?;
+                let scope = self.node_scope_mut(&scope_name, "exclusions")?;
                 // Replacing a cloud marker's reason would end the marker.
                 cloud::refuse_marker_removal(scope, &pool, exclusion.network())?;
                 scope.engine.exclude(&pool, exclusion.clone())?;
@@ -154,21 +151,22 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     Some(existing) => existing.1 = reason,
                     None => stored.exclusions.push((network, reason)),
                 }
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(AddExclusion::reply(()))
             }
-            Op::RemoveExclusion(request) => {
-                let pool = pool_name(&request.pool)?;
-                let network = corral_core::parse_net(&request.network)
-                    .map_err(|e| OpError::bad_request(format!("network: {e}")))?;
-                let scope = self.node_scope_mut(&request.scope, "exclusions")?;
+            Op::RemoveExclusion(RemoveExclusion {
+                scope: scope_name,
+                pool,
+                network,
+            }) => {
+                let scope = self.node_scope_mut(&scope_name, "exclusions")?;
                 cloud::refuse_marker_removal(scope, &pool, network)?;
                 scope.engine.remove_exclusion(&pool, network)?;
                 let text = network.to_string();
                 if let Some(stored) = spec_mut(scope, &pool) {
                     stored.exclusions.retain(|e| e.0 != text);
                 }
-                touched.insert(request.scope);
+                touched.insert(scope_name);
                 Ok(RemoveExclusion::reply(()))
             }
             Op::Export => {
@@ -182,15 +180,17 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             Op::Import(_) => unreachable!("imports are run by run_batch"),
             Op::CniAdd(request) => self
                 .cni_add(request, now, writes, touched)
-                .map(api::CniAddRequest::reply),
-            Op::CniDel(request) => {
-                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self
-                        .node_pool_del(pool, &request, now, writes, touched)
-                        .map(CniDel::reply);
-                }
-                let key = key_of(&request.key)?;
-                let name = self.cni_scope(&request.network, writes, touched)?;
+                .map(CniAdd::reply),
+            Op::CniDel(CniDel { network, key }) => {
+                let config = match network.pools {
+                    NetworkPools::Node(pool) => {
+                        return self
+                            .node_pool_del(&pool, &key, now, writes, touched)
+                            .map(CniDel::reply);
+                    }
+                    NetworkPools::Own(config) => config,
+                };
+                let name = self.cni_scope(network.name, config, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 let released_now = scope.engine.release_key(&key, now);
                 record_released(&name, &released_now, writes, touched);
@@ -198,13 +198,15 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     released: released_now.iter().map(released).collect(),
                 }))
             }
-            Op::CniCheck(request) => {
-                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self.node_pool_check(&pool, &request).map(CniCheck::reply);
+            Op::CniCheck(CniCheck {
+                network,
+                node_pool,
+                key,
+            }) => {
+                if let Some(pool) = node_pool {
+                    return self.node_pool_check(&pool, &key).map(CniCheck::reply);
                 }
-                let key = key_of(&request.key)?;
-                let scope = self.scope(&request.network.name);
-                let held = match scope {
+                let held = match self.scope(&network) {
                     Ok(scope) => scope
                         .engine
                         .lookup_key(&key)
@@ -216,21 +218,22 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 Ok(CniCheck::reply(api::AllocateResponse { allocations: held }))
             }
             Op::CniGc(_) | Op::Gc(_) => unreachable!("garbage collections are run by run_gc"),
-            Op::CniStatus(request) => {
-                if let Some(pool) = node_pool::node_pool_of(&request.network)? {
-                    return self
-                        .node_pool_status(&pool, now)
-                        .map(api::CniStatusRequest::reply);
-                }
-                let name = self.cni_scope(&request.network, writes, touched)?;
+            Op::CniStatus(CniStatus { network }) => {
+                let config = match network.pools {
+                    NetworkPools::Node(pool) => {
+                        return self.node_pool_status(&pool, now).map(CniStatus::reply);
+                    }
+                    NetworkPools::Own(config) => config,
+                };
+                let name = self.cni_scope(network.name, config, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
                 let mut status = scope_status(&name, scope);
                 // Only the network's own pools (not the engine's implicit default).
                 status
                     .pools
-                    .retain(|p| request.network.pools.iter().any(|n| n.name == p.pool));
-                Ok(api::CniStatusRequest::reply(status))
+                    .retain(|p| scope.config.pools.iter().any(|n| n.name == p.pool));
+                Ok(CniStatus::reply(status))
             }
             Op::SetClusterRanges(grants) => self
                 .set_cluster_ranges(grants, touched)
@@ -267,19 +270,19 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             Op::Interface(id) => self.show_interface(&id, now).map(Interface::reply),
             Op::AddInterface(request) => self
                 .add_interface(request, now, touched)
-                .map(api::InterfaceRequest::reply),
+                .map(AddInterface::reply),
             Op::RemoveInterface { id, force } => self
-                .remove_interface(&id, force, now, writes, touched)
+                .remove_interface(id, force, now, writes, touched)
                 .map(RemoveInterface::reply),
             Op::AddInterfaceAddress { id, address } => self
-                .add_interface_address(&id, &address, now, touched)
+                .add_interface_address(id, address, now, touched)
                 .map(AddInterfaceAddress::reply),
             Op::RemoveInterfaceAddress { id, address, force } => self
-                .remove_interface_address(&id, &address, force, now, writes, touched)
+                .remove_interface_address(id, address, force, now, writes, touched)
                 .map(RemoveInterfaceAddress::reply),
             Op::ImportIpamd(request) => self
                 .import_ipamd(request, now, writes, touched)
-                .map(api::IpamdImportRequest::reply),
+                .map(ImportIpamd::reply),
             Op::InterfaceGauges => Ok(InterfaceGauges::reply(self.interface_gauges(now))),
             Op::SetCloudInterfaces(wanted) => self
                 .set_cloud_interfaces(wanted, now, touched)

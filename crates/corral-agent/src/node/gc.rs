@@ -4,19 +4,16 @@
 //! checked again and released, and the suspects and rows written, in that one commit.
 
 use std::collections::{BTreeSet, HashSet};
-use std::time::Duration;
 
 use corral_api as api;
-use corral_core::{
-    AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, GcPolicy, GcSuspect, Timestamp,
-};
+use corral_core::{AttachmentKey, GcPolicy, GcSuspect, Timestamp};
 use corral_store::{GcOutcome, Store, Txn, collect_garbage, save_engine};
 
-use super::node_pool::node_pool_of;
 use super::op::Op;
+use super::request::{CniGc, Gc, NetworkPools};
 use super::scope::Write;
 use super::state::{Clock, NodeState};
-use super::wire::{api_key, key_of};
+use super::wire::api_key;
 use crate::capacity;
 use crate::error::OpError;
 
@@ -31,37 +28,34 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<api::GcResponse, OpError> {
         match op {
-            Op::CniGc(request) => {
-                let live = live_keys(&request.valid_attachments)?;
-                let policy = policy(request.grace_ms, request.max_released)?;
-                let network = request.network.name.clone();
-                let scope = match node_pool_of(&request.network)? {
+            Op::CniGc(CniGc {
+                network,
+                live,
+                policy,
+            }) => {
+                let name = network.name;
+                let scope = match network.pools {
                     // A network on a node pool: its attachments in the node scope.
-                    Some(_) => api::NODE_SCOPE.to_owned(),
-                    None => {
-                        let scope = self.cni_scope(&request.network, writes, touched)?;
+                    NetworkPools::Node(_) => api::NODE_SCOPE.to_owned(),
+                    NetworkPools::Own(config) => {
+                        let scope = self.cni_scope(name.clone(), config, writes, touched)?;
                         // A changed configuration is committed before the run reads.
                         self.flush(writes, touched)?;
                         scope
                     }
                 };
-                let wanted = |key: &AttachmentKey| key.network() == network;
+                let wanted = |key: &AttachmentKey| key.network() == name;
                 self.collect(&scope, wanted, &live, now, &policy, false)
                     .map(|outcome| response(outcome, false))
             }
-            Op::Gc(request) => {
-                let live = live_keys(&request.live)?;
-                let policy = policy(request.grace_ms, request.max_released)?;
-                self.collect(
-                    &request.scope,
-                    |_| true,
-                    &live,
-                    now,
-                    &policy,
-                    request.dry_run,
-                )
-                .map(|outcome| response(outcome, request.dry_run))
-            }
+            Op::Gc(Gc {
+                scope,
+                live,
+                policy,
+                dry_run,
+            }) => self
+                .collect(&scope, |_| true, &live, now, &policy, dry_run)
+                .map(|outcome| response(outcome, dry_run)),
             _ => Err(OpError::new(
                 api::ErrorCode::RetryLater,
                 "not a garbage collection",
@@ -123,26 +117,6 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     }
 }
 
-fn live_keys(keys: &[api::AttachmentKey]) -> Result<HashSet<AttachmentKey>, OpError> {
-    keys.iter().map(key_of).collect()
-}
-
-fn policy(grace_ms: Option<u64>, max_released: Option<u64>) -> Result<GcPolicy, OpError> {
-    let max_released = match max_released {
-        Some(0) => {
-            return Err(OpError::bad_request(
-                "max_released: 0 would release nothing; give at least 1",
-            ));
-        }
-        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
-        None => DEFAULT_GC_MAX_RELEASED,
-    };
-    Ok(GcPolicy {
-        grace: grace_ms.map_or(DEFAULT_GC_GRACE, Duration::from_millis),
-        max_released,
-    })
-}
-
 fn suspect(suspect: &GcSuspect, due: Option<Timestamp>) -> api::GcSuspect {
     api::GcSuspect {
         key: api_key(&suspect.key),
@@ -182,6 +156,8 @@ mod tests {
 
     use corral_store::{MemoryStore, ScopeConfig};
 
+    use std::time::Duration;
+
     use super::*;
     use crate::node::Reply;
 
@@ -210,30 +186,38 @@ mod tests {
     }
 
     fn allocate(container: &str) -> Op {
-        Op::Allocate(api::AllocateRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "default".into(),
-            owner: container.into(),
-            key: Some(api::AttachmentKey {
-                network: "net".into(),
-                container_id: container.into(),
-                ifname: "eth0".into(),
-            }),
-            family: None,
-            address: None,
-            lease_ms: None,
-        })
+        Op::Allocate(
+            api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "default".into(),
+                owner: container.into(),
+                key: Some(api::AttachmentKey {
+                    network: "net".into(),
+                    container_id: container.into(),
+                    ifname: "eth0".into(),
+                }),
+                family: None,
+                address: None,
+                lease_ms: None,
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn gc() -> Op {
-        Op::Gc(api::GcRequest {
-            scope: api::NODE_SCOPE.into(),
-            live: vec![],
-            // 1 ms: a run records, the next (the test clock moved) releases.
-            grace_ms: Some(1),
-            max_released: None,
-            dry_run: false,
-        })
+        Op::Gc(
+            api::GcRequest {
+                scope: api::NODE_SCOPE.into(),
+                live: vec![],
+                // 1 ms: a run records, the next (the test clock moved) releases.
+                grace_ms: Some(1),
+                max_released: None,
+                dry_run: false,
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn report(answer: &Result<Reply, OpError>) -> &api::GcResponse {

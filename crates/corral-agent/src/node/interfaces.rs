@@ -12,16 +12,17 @@
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{
-    Assignment, AttachmentKey, Echo, Family, InterfaceError, InterfaceId, InterfaceSpec,
-    Interfaces, IpNet, MacAddr, PoolName, Released, Request, Target, Timestamp,
+    Assignment, AttachmentKey, Family, InterfaceError, InterfaceId, InterfaceSpec, Interfaces,
+    IpNet, PoolName, Released, Request, Target, Timestamp,
 };
 use corral_store::{RangeSource, Store, StoredAllocation};
 use std::collections::BTreeSet;
 
 use super::op::InterfaceGauge;
+use super::request::{AddInterface, ImportIpamd};
 use super::scope::{Scope, Write, ensure_spec, record_released};
 use super::state::{Clock, NodeState};
-use super::wire::{allocated, family_name, pool_name};
+use super::wire::{allocated, family_name};
 use crate::error::OpError;
 
 /// Writes a pool's table into the scope's stored configuration: its interfaces, and its
@@ -35,19 +36,6 @@ pub(super) fn store_table(scope: &mut Scope, pool: &PoolName) -> Result<(), OpEr
     ensure_spec(scope, pool)?
         .set_interfaces(&table)
         .map_err(OpError::store)
-}
-
-fn parse_net_or_addr(text: &str) -> Result<IpNet, OpError> {
-    let net = if text.contains('/') {
-        corral_core::parse_net(text)
-    } else {
-        corral_core::parse_addr(text).map(IpNet::from)
-    };
-    net.map_err(|e| OpError::bad_request(format!("address {}: {e}", Echo(text))))
-}
-
-fn interface_id(text: &str) -> Result<InterfaceId, OpError> {
-    InterfaceId::new(text).map_err(|e| OpError::bad_request(format!("interface id: {e}")))
 }
 
 fn allocated_interface(assignment: &Assignment) -> api::AllocatedInterface {
@@ -225,10 +213,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     /// `GET /v1/interfaces[?pool=]`.
     pub(super) fn list_interfaces(
         &mut self,
-        pool: Option<String>,
+        wanted: Option<PoolName>,
         now: Timestamp,
     ) -> Result<api::InterfacesResponse, OpError> {
-        let wanted = pool.as_deref().map(pool_name).transpose()?;
         let scope = self.node()?;
         scope.engine.advance(now);
         if let Some(wanted) = &wanted
@@ -267,61 +254,47 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     /// `GET /v1/interfaces/{id}`.
     pub(super) fn show_interface(
         &mut self,
-        id: &str,
+        id: &InterfaceId,
         now: Timestamp,
     ) -> Result<api::InterfaceInfo, OpError> {
-        let id = interface_id(id)?;
         let scope = self.node()?;
         scope.engine.advance(now);
-        let pool = pool_of(scope, &id)?;
-        info_of(scope, &pool, &id, now)
+        let pool = pool_of(scope, id)?;
+        info_of(scope, &pool, id, now)
     }
 
     /// `POST /v1/interfaces`: the interface, then its addresses, all or nothing.
     pub(super) fn add_interface(
         &mut self,
-        request: api::InterfaceRequest,
+        request: AddInterface,
         now: Timestamp,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::InterfaceInfo, OpError> {
-        let pool = pool_name(&request.pool)?;
-        let id = interface_id(&request.id)?;
-        let mac: MacAddr = request
-            .mac
-            .parse()
-            .map_err(|e| OpError::bad_request(format!("mac: {e}")))?;
-        let parse_nets = |what: &str, texts: &[String]| -> Result<Vec<IpNet>, OpError> {
-            texts
-                .iter()
-                .map(|text| {
-                    corral_core::parse_net(text)
-                        .map_err(|e| OpError::bad_request(format!("{what} {}: {e}", Echo(text))))
-                })
-                .collect()
-        };
-        let subnets = parse_nets("subnet", &request.subnets)?;
-        if subnets.is_empty() {
-            return Err(OpError::bad_request(
-                "an interface needs its subnet (one per family)",
-            ));
-        }
-        let routes = parse_nets("route", &request.routes)?;
-        let addresses = request
-            .addresses
-            .iter()
-            .map(|a| parse_net_or_addr(a))
-            .collect::<Result<Vec<_>, _>>()?;
+        let AddInterface {
+            pool,
+            id,
+            device_number,
+            mac,
+            subnets,
+            gateways,
+            routes,
+            primary,
+            primary_addresses,
+            trunk,
+            excluded,
+            addresses,
+        } = request;
         let spec = InterfaceSpec {
             id: id.clone(),
-            device_number: request.device_number,
-            primary: request.primary,
-            trunk: request.trunk,
-            excluded: request.excluded,
+            device_number,
+            primary,
+            trunk,
+            excluded,
             subnets,
             mac,
-            gateways: request.gateways.clone(),
+            gateways,
             routes,
-            primary_addresses: request.primary_addresses.clone(),
+            primary_addresses,
             created_at: now,
         };
         let scope = self.node()?;
@@ -387,13 +360,12 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     /// lose the address with the cloud's) and a primary or trunk interface goes too.
     pub(super) fn remove_interface(
         &mut self,
-        id: &str,
+        id: InterfaceId,
         force: bool,
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::InterfaceRemoved, OpError> {
-        let id = interface_id(id)?;
         let scope = self.node()?;
         let pool = pool_of(scope, &id)?;
         let Some(table) = scope.interfaces.get_mut(&pool) else {
@@ -417,13 +389,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     /// `POST /v1/interfaces/{id}/addresses`.
     pub(super) fn add_interface_address(
         &mut self,
-        id: &str,
-        address: &str,
+        id: InterfaceId,
+        address: IpNet,
         now: Timestamp,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::InterfaceInfo, OpError> {
-        let id = interface_id(id)?;
-        let address = parse_net_or_addr(address)?;
         let scope = self.node()?;
         let pool = pool_of(scope, &id)?;
         let Some(table) = scope.interfaces.get_mut(&pool) else {
@@ -438,15 +408,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     /// `DELETE /v1/interfaces/{id}/addresses`.
     pub(super) fn remove_interface_address(
         &mut self,
-        id: &str,
-        address: &str,
+        id: InterfaceId,
+        address: IpNet,
         force: bool,
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::InterfaceInfo, OpError> {
-        let id = interface_id(id)?;
-        let address = parse_net_or_addr(address)?;
         let scope = self.node()?;
         let pool = pool_of(scope, &id)?;
         let Some(table) = scope.interfaces.get_mut(&pool) else {
@@ -538,14 +506,12 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     /// (or a failed step) can put the scope back as the store holds it.
     pub(super) fn import_ipamd(
         &mut self,
-        request: api::IpamdImportRequest,
+        request: ImportIpamd,
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::IpamdImportResponse, OpError> {
-        let pool = pool_name(&request.pool)?;
-        let allocations = crate::ipamd::parse_checkpoint(&request.checkpoint)
-            .map_err(|e| OpError::bad_request(format!("ipamd checkpoint: {e}")))?;
+        let ImportIpamd { pool, allocations } = request;
         let scope = self.node()?;
         let Some(table) = scope.interfaces.get(&pool) else {
             return Err(OpError {

@@ -15,7 +15,9 @@
 //! The files, bottom up (each imports only files above it in this list, and this file only
 //! declares and re-exports):
 //!
-//! - `wire.rs` — conversions between the API's types and the engine's;
+//! - `request.rs` — the operations' arguments in domain terms (parsed pools, keys,
+//!   addresses, a CNI network's configuration), which the API builds at its edge;
+//! - `wire.rs` — the engine's values as the API answers them;
 //! - `scope.rs` — a scope (configuration, engine, interface tables), the rows a change writes
 //!   and how a batch persists them;
 //! - `op.rs` — the operations ([`Op`]), their answers ([`Reply`]) and the types they carry;
@@ -36,6 +38,7 @@ mod interfaces;
 mod node_pool;
 mod op;
 mod ops;
+mod request;
 mod scope;
 mod scopes;
 mod state;
@@ -44,17 +47,21 @@ mod wire;
 pub use crate::error::OpError;
 pub use batch::RunBatch;
 /// The requests of the operations whose argument another shares (or that take none); the
-/// rest are their argument types (`api::AllocateRequest`, [`ClusterRanges`], ...).
+/// rest are their argument types ([`Allocate`], [`ClusterRanges`], ...).
 pub use op::{
-    AddExclusion, AddInterfaceAddress, AddRange, CniCheck, CniDel, Dump, Export, Gauges, Import,
-    Interface, InterfaceGauges, Interfaces, LeaseStop, Pools, ReclaimBlock, RemoveExclusion,
-    RemoveInterface, RemoveInterfaceAddress, RemoveRange, ReportBlocks, ReportCloud, Status,
-    SurrenderBlock, SurrenderCloudAddress, Tick,
+    AddInterfaceAddress, AddRange, Dump, Export, Gauges, Import, Interface, InterfaceGauges,
+    Interfaces, Pools, ReclaimBlock, RemoveInterface, RemoveInterfaceAddress, RemoveRange,
+    ReportBlocks, ReportCloud, Status, SurrenderBlock, SurrenderCloudAddress, Tick,
 };
 pub use op::{
     BlockReport, CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport,
     ClusterRanges, ClusterRangesOutcome, FROZEN_REASON, Gauge, HeldRange, InterfaceGauge, Op,
     Reply, Request, SURRENDERED_REASON, Surrender,
+};
+pub use request::{
+    AddExclusion, AddInterface, Allocate, CniAdd, CniAddSets, CniCheck, CniDel, CniGc, CniNetwork,
+    CniSet, CniStatus, Gc, ImportIpamd, LeaseStart, LeaseStop, NetworkPools, PoolRange, Release,
+    ReleaseOf, RemoveExclusion, Wanted,
 };
 pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
 
@@ -90,20 +97,24 @@ mod tests {
     }
 
     fn add(container: &str, cooldown_ms: u64) -> Op {
-        Op::CniAdd(api::CniAddRequest {
-            network: network(cooldown_ms),
-            key: api::AttachmentKey {
-                network: "net".into(),
-                container_id: container.into(),
-                ifname: "eth0".into(),
-            },
-            owner: container.into(),
-            sets: vec![api::CniSet {
-                pool: "net".into(),
-                family: api::FamilyName::Ipv4,
-                requested: None,
-            }],
-        })
+        Op::CniAdd(
+            api::CniAddRequest {
+                network: network(cooldown_ms),
+                key: api::AttachmentKey {
+                    network: "net".into(),
+                    container_id: container.into(),
+                    ifname: "eth0".into(),
+                },
+                owner: container.into(),
+                sets: vec![api::CniSet {
+                    pool: "net".into(),
+                    family: api::FamilyName::Ipv4,
+                    requested: None,
+                }],
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn address(answer: &Result<Reply, OpError>) -> IpAddr {
@@ -133,15 +144,19 @@ mod tests {
     }
 
     fn node_allocate(owner: &str, lease_ms: Option<u64>) -> Op {
-        Op::Allocate(api::AllocateRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "default".into(),
-            owner: owner.into(),
-            key: None,
-            family: None,
-            address: None,
-            lease_ms,
-        })
+        Op::Allocate(
+            api::AllocateRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "default".into(),
+                owner: owner.into(),
+                key: None,
+                family: None,
+                address: None,
+                lease_ms,
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     fn declared() -> ScopeConfig {
@@ -198,11 +213,15 @@ mod tests {
         let store = corral_store::MemoryStore::new();
         let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
         let add = |range: &str| {
-            Op::AddRange(api::RangeRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "default".into(),
-                range: range.into(),
-            })
+            Op::AddRange(
+                api::RangeRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "default".into(),
+                    range: range.into(),
+                }
+                .try_into()
+                .unwrap(),
+            )
         };
         store.fail_next_commits(1);
         let answers = node.run_batch(vec![add("10.10.0.0/24"), node_allocate("x", None)]);
@@ -309,13 +328,13 @@ mod tests {
     }
 
     fn pods_allocate(owner: &str) -> Op {
-        Op::Allocate(api::AllocateRequest {
-            pool: "pods".into(),
-            ..match node_allocate(owner, None) {
-                Op::Allocate(request) => request,
-                _ => unreachable!(),
-            }
-        })
+        match node_allocate(owner, None) {
+            Op::Allocate(request) => Op::Allocate(Allocate {
+                pool: PoolName::new("pods").unwrap(),
+                ..request
+            }),
+            _ => unreachable!(),
+        }
     }
 
     fn run_one<S: Store, C: Clock>(node: &mut NodeState<S, C>, op: Op) -> Result<Reply, OpError> {
@@ -344,8 +363,8 @@ mod tests {
             api::RangeSource::Cluster,
             false
         )));
-        let dual = Op::Allocate(api::AllocateRequest {
-            family: Some(api::FamilyChoice::Dual),
+        let dual = Op::Allocate(Allocate {
+            wanted: Wanted::Dual,
             ..match pods_allocate("pod") {
                 Op::Allocate(request) => request,
                 _ => unreachable!(),
@@ -403,13 +422,17 @@ mod tests {
                 .len(),
             2
         );
-        let release = Op::Release(api::ReleaseRequest {
-            scope: api::NODE_SCOPE.into(),
-            key: None,
-            address: Some(held),
-            generation: None,
-            owner: None,
-        });
+        let release = Op::Release(
+            api::ReleaseRequest {
+                scope: api::NODE_SCOPE.into(),
+                key: None,
+                address: Some(held),
+                generation: None,
+                owner: None,
+            }
+            .try_into()
+            .unwrap(),
+        );
         run_one(&mut node, release).unwrap();
         assert!(node_ranges(&node).iter().all(|r| r.0 != "pods"));
         // The stored configuration agrees after a restart.
@@ -441,11 +464,15 @@ mod tests {
     fn a_grant_over_a_file_or_api_range_is_reported_and_the_rest_applied() {
         let store = corral_store::MemoryStore::new();
         let mut node = NodeState::restore(store.clone(), &declared()).unwrap();
-        let add_api = Op::AddRange(api::RangeRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "manual".into(),
-            range: "10.50.0.0/24".into(),
-        });
+        let add_api = Op::AddRange(
+            api::RangeRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "manual".into(),
+                range: "10.50.0.0/24".into(),
+            }
+            .try_into()
+            .unwrap(),
+        );
         run_one(&mut node, add_api).unwrap();
         let before = node_ranges(&node);
         let done = outcome(run_one(
@@ -543,11 +570,15 @@ mod tests {
         let before = node_ranges(&node);
         let error = run_one(&mut node, eni("default", "eni-2", 2)).unwrap_err();
         assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
-        let add = Op::AddRange(api::RangeRequest {
-            scope: api::NODE_SCOPE.into(),
-            pool: "eni".into(),
-            range: "10.61.0.0/24".into(),
-        });
+        let add = Op::AddRange(
+            api::RangeRequest {
+                scope: api::NODE_SCOPE.into(),
+                pool: "eni".into(),
+                range: "10.61.0.0/24".into(),
+            }
+            .try_into()
+            .unwrap(),
+        );
         let error = run_one(&mut node, add).unwrap_err();
         assert_eq!(error.code, ErrorCode::PoolKindMismatch, "{error:?}");
         let done = outcome(run_one(&mut node, grant(&[("eni", "10.62.0.0/24")])));
@@ -558,7 +589,10 @@ mod tests {
             Op::AddInterface(request) => request,
             _ => unreachable!(),
         };
-        bad.addresses = vec!["10.60.0.11".into(), "10.60.0.10".into()];
+        bad.addresses = vec![
+            "10.60.0.11/32".parse().unwrap(),
+            "10.60.0.10/32".parse().unwrap(),
+        ];
         let error = run_one(&mut node, Op::AddInterface(bad)).unwrap_err();
         assert_eq!(error.code, ErrorCode::AddressAlreadyPresent, "{error:?}");
         assert_eq!(node_ranges(&node), before);
@@ -566,7 +600,10 @@ mod tests {
         drop(node);
         let mut node = NodeState::restore(store, &declared()).unwrap();
         assert_eq!(node_ranges(&node), before);
-        match run_one(&mut node, Op::Interfaces(Some("eni".into()))) {
+        match run_one(
+            &mut node,
+            Op::Interfaces(Some(PoolName::new("eni").unwrap())),
+        ) {
             Ok(Reply::Interfaces(list)) => {
                 let ids: Vec<&str> = list.pools[0]
                     .interfaces
@@ -599,20 +636,24 @@ mod tests {
     // ---- interface pools: trunk/excluded, file ranges, scopes, cooling -----------------
 
     fn eni_op(pool: &str, id: &str, device: u32, addresses: &[&str]) -> Op {
-        Op::AddInterface(api::InterfaceRequest {
-            pool: pool.into(),
-            id: id.into(),
-            device_number: device,
-            mac: format!("0a:00:00:00:00:{device:02x}"),
-            subnets: vec!["10.60.0.0/24".into()],
-            gateways: vec![],
-            routes: vec![],
-            primary: false,
-            primary_addresses: vec![],
-            trunk: false,
-            excluded: false,
-            addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
-        })
+        Op::AddInterface(
+            api::InterfaceRequest {
+                pool: pool.into(),
+                id: id.into(),
+                device_number: device,
+                mac: format!("0a:00:00:00:00:{device:02x}"),
+                subnets: vec!["10.60.0.0/24".into()],
+                gateways: vec![],
+                routes: vec![],
+                primary: false,
+                primary_addresses: vec![],
+                trunk: false,
+                excluded: false,
+                addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+            }
+            .try_into()
+            .unwrap(),
+        )
     }
 
     /// The configuration file declares a plain range in a pool that has become
@@ -658,7 +699,10 @@ mod tests {
             }
         }
         let mut b = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
-        let Err(refused) = run_one(&mut b, Op::Import(doc.clone())) else {
+        let Err(refused) = run_one(
+            &mut b,
+            Op::Import(serde_json::from_value(doc.clone()).unwrap()),
+        ) else {
             panic!("imported interfaces into scope net1: {doc}")
         };
         assert_eq!(refused.code, ErrorCode::BadRequest, "{refused:?}");
@@ -670,19 +714,23 @@ mod tests {
         // typed refusal, not a panic.
         let answer = run_one(
             &mut b,
-            Op::Allocate(api::AllocateRequest {
-                scope: "net1".into(),
-                pool: "eni".into(),
-                owner: "pod".into(),
-                key: Some(api::AttachmentKey {
-                    network: "net1".into(),
-                    container_id: "c1".into(),
-                    ifname: "eth0".into(),
-                }),
-                family: None,
-                address: None,
-                lease_ms: None,
-            }),
+            Op::Allocate(
+                api::AllocateRequest {
+                    scope: "net1".into(),
+                    pool: "eni".into(),
+                    owner: "pod".into(),
+                    key: Some(api::AttachmentKey {
+                        network: "net1".into(),
+                        container_id: "c1".into(),
+                        ifname: "eth0".into(),
+                    }),
+                    family: None,
+                    address: None,
+                    lease_ms: None,
+                }
+                .try_into()
+                .unwrap(),
+            ),
         );
         assert!(answer.is_err(), "{answer:?}");
     }
@@ -702,25 +750,29 @@ mod tests {
             };
             request.trunk = trunk;
             request.excluded = excluded;
-            request.mac = format!("0a:00:00:00:00:0{device}");
+            request.mac = format!("0a:00:00:00:00:0{device}").parse().unwrap();
             run_one(&mut node, Op::AddInterface(request)).unwrap();
         }
         let allocate = |node: &mut NodeState<corral_store::MemoryStore, _>| {
             run_one(
                 node,
-                Op::Allocate(api::AllocateRequest {
-                    scope: api::NODE_SCOPE.into(),
-                    pool: "eni".into(),
-                    owner: "pod".into(),
-                    key: Some(api::AttachmentKey {
-                        network: "aws-cni".into(),
-                        container_id: "c1".into(),
-                        ifname: "eth0".into(),
-                    }),
-                    family: None,
-                    address: None,
-                    lease_ms: None,
-                }),
+                Op::Allocate(
+                    api::AllocateRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        pool: "eni".into(),
+                        owner: "pod".into(),
+                        key: Some(api::AttachmentKey {
+                            network: "aws-cni".into(),
+                            container_id: "c1".into(),
+                            ifname: "eth0".into(),
+                        }),
+                        family: None,
+                        address: None,
+                        lease_ms: None,
+                    }
+                    .try_into()
+                    .unwrap(),
+                ),
             )
         };
         let answer = allocate(&mut node);
@@ -744,39 +796,47 @@ mod tests {
         let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
         run_one(&mut node, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
         let alloc = |container: &str| {
-            Op::Allocate(api::AllocateRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "eni".into(),
-                owner: "pod".into(),
-                key: Some(api::AttachmentKey {
-                    network: "aws-cni".into(),
-                    container_id: container.into(),
-                    ifname: "eth0".into(),
-                }),
-                family: None,
-                address: None,
-                lease_ms: None,
-            })
+            Op::Allocate(
+                api::AllocateRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    pool: "eni".into(),
+                    owner: "pod".into(),
+                    key: Some(api::AttachmentKey {
+                        network: "aws-cni".into(),
+                        container_id: container.into(),
+                        ifname: "eth0".into(),
+                    }),
+                    family: None,
+                    address: None,
+                    lease_ms: None,
+                }
+                .try_into()
+                .unwrap(),
+            )
         };
         run_one(&mut node, alloc("c1")).unwrap();
         run_one(
             &mut node,
-            Op::Release(api::ReleaseRequest {
-                scope: api::NODE_SCOPE.into(),
-                key: Some(api::AttachmentKey {
-                    network: "aws-cni".into(),
-                    container_id: "c1".into(),
-                    ifname: "eth0".into(),
-                }),
-                ..Default::default()
-            }),
+            Op::Release(
+                api::ReleaseRequest {
+                    scope: api::NODE_SCOPE.into(),
+                    key: Some(api::AttachmentKey {
+                        network: "aws-cni".into(),
+                        container_id: "c1".into(),
+                        ifname: "eth0".into(),
+                    }),
+                    ..Default::default()
+                }
+                .try_into()
+                .unwrap(),
+            ),
         )
         .unwrap();
         let removed = run_one(
             &mut node,
             Op::RemoveInterfaceAddress {
-                id: "eni-1".into(),
-                address: "10.60.0.10".into(),
+                id: corral_core::InterfaceId::new("eni-1").unwrap(),
+                address: "10.60.0.10/32".parse().unwrap(),
                 force: false,
             },
         );
@@ -784,8 +844,8 @@ mod tests {
             run_one(
                 &mut node,
                 Op::AddInterfaceAddress {
-                    id: "eni-1".into(),
-                    address: "10.60.0.10".into(),
+                    id: corral_core::InterfaceId::new("eni-1").unwrap(),
+                    address: "10.60.0.10/32".parse().unwrap(),
                 },
             )
             .unwrap();
@@ -826,10 +886,14 @@ mod tests {
         let import = |node: &mut NodeState<corral_store::MemoryStore, _>, c1: &str| {
             run_one(
                 node,
-                Op::ImportIpamd(api::IpamdImportRequest {
-                    pool: "eni".into(),
-                    checkpoint: checkpoint(c1),
-                }),
+                Op::ImportIpamd(
+                    api::IpamdImportRequest {
+                        pool: "eni".into(),
+                        checkpoint: checkpoint(c1),
+                    }
+                    .try_into()
+                    .unwrap(),
+                ),
             )
         };
         let Ok(Reply::IpamdImported(first)) = import(&mut node, "10.60.0.10") else {
@@ -860,8 +924,10 @@ mod tests {
                 ifname: "eth0".into(),
             },
         };
-        let Ok(Reply::Allocated(held)) = run_one(&mut node, Op::CniCheck(runtime_key.clone()))
-        else {
+        let Ok(Reply::Allocated(held)) = run_one(
+            &mut node,
+            Op::CniCheck(runtime_key.clone().try_into().unwrap()),
+        ) else {
             panic!("check")
         };
         let addresses: Vec<String> = held
@@ -870,7 +936,10 @@ mod tests {
             .map(|a| a.address.to_string())
             .collect();
         assert_eq!(addresses, ["10.60.0.11"]);
-        let Ok(Reply::Released(gone)) = run_one(&mut node, Op::CniDel(runtime_key.clone())) else {
+        let Ok(Reply::Released(gone)) = run_one(
+            &mut node,
+            Op::CniDel(runtime_key.clone().try_into().unwrap()),
+        ) else {
             panic!("del")
         };
         let addresses: Vec<String> = gone
@@ -880,7 +949,9 @@ mod tests {
             .collect();
         assert_eq!(addresses, ["10.60.0.11"]);
         // Gone: a second DEL releases nothing, and c1 keeps its address.
-        let Ok(Reply::Released(gone)) = run_one(&mut node, Op::CniDel(runtime_key)) else {
+        let Ok(Reply::Released(gone)) =
+            run_one(&mut node, Op::CniDel(runtime_key.try_into().unwrap()))
+        else {
             panic!("del")
         };
         assert!(gone.released.is_empty(), "{gone:?}");

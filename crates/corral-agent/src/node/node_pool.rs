@@ -12,28 +12,13 @@ use std::collections::BTreeSet;
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{AllocError, Family, PoolName, Request, Target, Timestamp};
+use corral_core::{AllocError, AttachmentKey, Family, PoolName, Request, Target, Timestamp};
 use corral_store::{Store, StoredAllocation};
 
 use super::scope::{Write, record_released, scope_status};
 use super::state::{Clock, NodeState};
-use super::wire::{family_of, held_by_key, key_of, pool_name, released};
+use super::wire::{held_by_key, released};
 use crate::error::OpError;
-
-/// The node pool a CNI network names, if it names one; with `pools` beside it, refused.
-pub(super) fn node_pool_of(network: &api::CniNetwork) -> Result<Option<PoolName>, OpError> {
-    let Some(pool) = &network.node_pool else {
-        return Ok(None);
-    };
-    if !network.pools.is_empty() {
-        return Err(OpError::bad_request(format!(
-            "network {:?}: node_pool and pools both given; a network allocates from a pool of \
-             the agent's node scope or from its own pools, not both",
-            network.name
-        )));
-    }
-    pool_name(pool).map(Some)
-}
 
 /// The pool is not there yet, or has no active range: the cluster may not have granted the
 /// node its range yet, so the caller may try again later.
@@ -55,38 +40,12 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn node_pool_add(
         &mut self,
         pool: PoolName,
-        request: api::CniAddRequest,
+        requested: &[(Family, std::net::IpAddr)],
+        (key, owner): (&AttachmentKey, &str),
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::AllocateResponse, OpError> {
-        let key = key_of(&request.key)?;
-        let mut requested: Vec<(Family, std::net::IpAddr)> = Vec::new();
-        for set in &request.sets {
-            let Some(addr) = set.requested else {
-                return Err(OpError::bad_request(
-                    "a network on a node pool takes sets only to request addresses; the pool's \
-                     families decide the rest",
-                ));
-            };
-            let family = Family::of(addr);
-            if family != family_of(set.family) {
-                return Err(OpError::bad_request(format!(
-                    "requested address {addr} is not of family {:?}",
-                    set.family
-                )));
-            }
-            if requested.iter().any(|(f, _)| *f == family) {
-                return Err(OpError::new(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "two {family} addresses requested from pool {pool}, which hands out one \
-                         per family"
-                    ),
-                ));
-            }
-            requested.push((family, addr));
-        }
         let block_families = self.block_families.get(&pool).cloned();
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         let interface_backed = scope.interfaces.contains_key(&pool);
@@ -99,7 +58,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         };
         // The families with an active range, and those the attachment holds already (so a
         // repeated ADD answers what it holds even from a range that is draining now).
-        let held = scope.engine.lookup_key(&key);
+        let held = scope.engine.lookup_key(key);
         let families: Vec<Family> = [Family::V4, Family::V6]
             .into_iter()
             .filter(|&family| {
@@ -130,7 +89,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if interface_backed && requested.is_empty() && families.len() == 1 {
             let allocated = self.assign_on_interface(
                 (api::NODE_SCOPE, &pool),
-                (&key, &request.owner),
+                (key, owner),
                 families[0],
                 now,
                 writes,
@@ -151,8 +110,8 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 (
                     Request {
                         pool: &pool,
-                        owner: &request.owner,
-                        key: Some(&key),
+                        owner,
+                        key: Some(key),
                         lease: None,
                     },
                     target,
@@ -166,7 +125,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 StoredAllocation {
                     pool: pool.clone(),
                     addr: a.addr,
-                    owner: request.owner.clone(),
+                    owner: owner.to_owned(),
                     key: Some(key.clone()),
                     generation: a.generation,
                     lease: None,
@@ -179,21 +138,20 @@ impl<S: Store, C: Clock> NodeState<S, C> {
 
     pub(super) fn node_pool_del(
         &mut self,
-        pool: PoolName,
-        request: &api::CniKeyRequest,
+        pool: &PoolName,
+        key: &AttachmentKey,
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::ReleaseResponse, OpError> {
-        let key = key_of(&request.key)?;
-        let mut gone = self.unassign_on_interfaces(&key, now, writes, touched)?;
+        let mut gone = self.unassign_on_interfaces(key, now, writes, touched)?;
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         // Every pool of the node scope: the key names the network, whose attachments live
         // only here, and the pool a call resolves to may differ between ADD and DEL (the
         // namespace's pool changed, or a DEL recorded while the agent was away names the
         // plugin's own choice).
         let _ = pool;
-        for info in scope.engine.lookup_key(&key) {
+        for info in scope.engine.lookup_key(key) {
             gone.push(
                 scope
                     .engine
@@ -209,14 +167,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn node_pool_check(
         &self,
         pool: &PoolName,
-        request: &api::CniKeyRequest,
+        key: &AttachmentKey,
     ) -> Result<api::AllocateResponse, OpError> {
-        let key = key_of(&request.key)?;
         let scope = self.scope(api::NODE_SCOPE)?;
-        let mut found = scope.engine.lookup_key(&key);
+        let mut found = scope.engine.lookup_key(key);
         if found.is_empty()
             && scope.interfaces.contains_key(pool)
-            && let Some(migrated) = super::interfaces::migrated_fallback(&key)
+            && let Some(migrated) = super::interfaces::migrated_fallback(key)
         {
             // An entry ipamd backfilled from CRI (see `unassign_on_interfaces`).
             found = scope.engine.lookup_key(&migrated);

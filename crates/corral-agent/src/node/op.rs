@@ -6,31 +6,38 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use corral_api as api;
 use corral_core::{Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
+use corral_store::Checkpoint;
+
+use super::request::{
+    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc,
+    ImportIpamd, LeaseStart, LeaseStop, PoolRange, Release, RemoveExclusion,
+};
 
 /// One operation of the API, as the committer receives it.
 #[derive(Debug)]
 pub enum Op {
-    Allocate(api::AllocateRequest),
-    Release(api::ReleaseRequest),
-    LeaseStart(api::LeaseStartRequest),
-    LeaseStop(api::LeaseStopRequest),
+    Allocate(Allocate),
+    Release(Release),
+    LeaseStart(LeaseStart),
+    LeaseStop(LeaseStop),
     Dump(Option<String>),
     Status(Option<String>),
     Pools(Option<String>),
-    AddRange(api::RangeRequest),
-    RemoveRange(api::RangeRequest),
-    AddExclusion(api::ExclusionRequest),
-    RemoveExclusion(api::ExclusionRequest),
+    AddRange(PoolRange),
+    RemoveRange(PoolRange),
+    AddExclusion(AddExclusion),
+    RemoveExclusion(RemoveExclusion),
     Export,
-    Import(serde_json::Value),
-    CniAdd(api::CniAddRequest),
-    CniDel(api::CniKeyRequest),
-    CniCheck(api::CniKeyRequest),
+    /// A state checkpoint (`corral export`), into empty scopes; commits on its own.
+    Import(Checkpoint),
+    CniAdd(CniAdd),
+    CniDel(CniDel),
+    CniCheck(CniCheck),
     /// CNI GC: the leak collector over a network's attachments (`gc.rs`); commits on its own.
-    CniGc(api::CniGcRequest),
-    CniStatus(api::CniStatusRequest),
+    CniGc(CniGc),
+    CniStatus(CniStatus),
     /// The leak collector over a scope's attachments (`gc.rs`); commits on its own.
-    Gc(api::GcRequest),
+    Gc(Gc),
     /// Reconciles the `node` scope's cluster ranges with the complete set the cluster grants
     /// the node now (see [`ClusterRanges`]); answered with [`Reply::ClusterRanges`].
     SetClusterRanges(ClusterRanges),
@@ -55,27 +62,27 @@ pub enum Op {
     /// Counts for the metrics endpoint.
     Gauges,
     /// The node's interface-backed pools, or one (`interfaces.rs`).
-    Interfaces(Option<String>),
+    Interfaces(Option<PoolName>),
     /// One interface with its use.
-    Interface(String),
+    Interface(InterfaceId),
     /// Adds an interface (and its addresses, all or nothing); commits what came before first.
-    AddInterface(api::InterfaceRequest),
+    AddInterface(AddInterface),
     RemoveInterface {
-        id: String,
+        id: InterfaceId,
         force: bool,
     },
     AddInterfaceAddress {
-        id: String,
-        address: String,
+        id: InterfaceId,
+        address: IpNet,
     },
     RemoveInterfaceAddress {
-        id: String,
-        address: String,
+        id: InterfaceId,
+        address: IpNet,
         force: bool,
     },
     /// AWS VPC CNI's ipamd checkpoint into an interface-backed pool, all or nothing; commits
     /// what came before first.
-    ImportIpamd(api::IpamdImportRequest),
+    ImportIpamd(ImportIpamd),
     /// Interface counts for the metrics endpoint.
     InterfaceGauges,
     /// Makes the cloud pools' interfaces match the cluster's `interfaces/` records (`cloud.rs`);
@@ -438,25 +445,55 @@ macro_rules! wrapped {
     };
 }
 
+/// The requests of the operations that answer only that they are done.
+macro_rules! done_requests {
+    ($($request:ty => $op:ident;)*) => {$(
+        impl Request for $request {
+            type Answer = ();
+
+            fn into_op(self) -> Op {
+                Op::$op(self)
+            }
+
+            fn answer(reply: Reply) -> Result<(), Box<Reply>> {
+                match reply {
+                    Reply::Done => Ok(()),
+                    other => Err(Box::new(other)),
+                }
+            }
+
+            fn reply((): ()) -> Reply {
+                Reply::Done
+            }
+        }
+    )*};
+}
+
+done_requests! {
+    LeaseStop => LeaseStop;
+    AddExclusion => AddExclusion;
+    RemoveExclusion => RemoveExclusion;
+}
+
 requests! {
-    api::AllocateRequest => Allocate, Allocated(api::AllocateResponse);
-    api::ReleaseRequest => Release, Released(api::ReleaseResponse);
-    api::LeaseStartRequest => LeaseStart, Lease(api::Lease);
-    api::CniAddRequest => CniAdd, Allocated(api::AllocateResponse);
-    api::CniGcRequest => CniGc, Gc(api::GcResponse);
-    api::GcRequest => Gc, Gc(api::GcResponse);
-    api::CniStatusRequest => CniStatus, ScopeStatus(api::ScopeStatus);
+    Allocate => Allocate, Allocated(api::AllocateResponse);
+    Release => Release, Released(api::ReleaseResponse);
+    LeaseStart => LeaseStart, Lease(api::Lease);
+    CniAdd => CniAdd, Allocated(api::AllocateResponse);
+    CniDel => CniDel, Released(api::ReleaseResponse);
+    CniCheck => CniCheck, Allocated(api::AllocateResponse);
+    CniGc => CniGc, Gc(api::GcResponse);
+    Gc => Gc, Gc(api::GcResponse);
+    CniStatus => CniStatus, ScopeStatus(api::ScopeStatus);
     ClusterRanges => SetClusterRanges, ClusterRanges(ClusterRangesOutcome);
     crate::local_routes::LocalRoutesRequest => ReserveLocalRoutes,
         LocalRoutes(api::ReserveLocalRoutesResponse);
-    api::InterfaceRequest => AddInterface, Interface(api::InterfaceInfo);
-    api::IpamdImportRequest => ImportIpamd, IpamdImported(api::IpamdImportResponse);
+    AddInterface => AddInterface, Interface(api::InterfaceInfo);
+    ImportIpamd => ImportIpamd, IpamdImported(api::IpamdImportResponse);
     CloudInterfaces => SetCloudInterfaces, CloudInterfaces(CloudOutcome);
 }
 
 wrapped! {
-    /// [`Op::LeaseStop`].
-    LeaseStop(api::LeaseStopRequest) => |r| Op::LeaseStop(r.0), Done;
     /// [`Op::Dump`] of one scope, or all.
     Dump(Option<String>) => |r| Op::Dump(r.0), Dump(api::DumpResponse);
     /// [`Op::Status`] of one scope, or all.
@@ -464,22 +501,13 @@ wrapped! {
     /// [`Op::Pools`] of one scope, or all.
     Pools(Option<String>) => |r| Op::Pools(r.0), Pools(api::PoolsResponse);
     /// [`Op::AddRange`].
-    AddRange(api::RangeRequest) => |r| Op::AddRange(r.0), Done;
+    AddRange(PoolRange) => |r| Op::AddRange(r.0), Done;
     /// [`Op::RemoveRange`].
-    RemoveRange(api::RangeRequest) => |r| Op::RemoveRange(r.0),
-        RangeRemoved(api::RangeRemoved);
-    /// [`Op::AddExclusion`].
-    AddExclusion(api::ExclusionRequest) => |r| Op::AddExclusion(r.0), Done;
-    /// [`Op::RemoveExclusion`].
-    RemoveExclusion(api::ExclusionRequest) => |r| Op::RemoveExclusion(r.0), Done;
+    RemoveRange(PoolRange) => |r| Op::RemoveRange(r.0), RangeRemoved(api::RangeRemoved);
     /// [`Op::Export`].
     Export {} => |_r| Op::Export, Checkpoint(serde_json::Value);
     /// [`Op::Import`].
-    Import(serde_json::Value) => |r| Op::Import(r.0), Done;
-    /// [`Op::CniDel`].
-    CniDel(api::CniKeyRequest) => |r| Op::CniDel(r.0), Released(api::ReleaseResponse);
-    /// [`Op::CniCheck`].
-    CniCheck(api::CniKeyRequest) => |r| Op::CniCheck(r.0), Allocated(api::AllocateResponse);
+    Import(Checkpoint) => |r| Op::Import(r.0), Done;
     /// [`Op::SurrenderBlock`].
     SurrenderBlock { pool: PoolName, range: RangeSpec }
         => |r| Op::SurrenderBlock { pool: r.pool, range: r.range }, Surrender(Surrender);
@@ -493,19 +521,19 @@ wrapped! {
     /// [`Op::Gauges`].
     Gauges {} => |_r| Op::Gauges, Gauges(Vec<Gauge>);
     /// [`Op::Interfaces`] of one pool, or all.
-    Interfaces(Option<String>) => |r| Op::Interfaces(r.0), Interfaces(api::InterfacesResponse);
+    Interfaces(Option<PoolName>) => |r| Op::Interfaces(r.0), Interfaces(api::InterfacesResponse);
     /// [`Op::Interface`].
-    Interface(String) => |r| Op::Interface(r.0), Interface(api::InterfaceInfo);
+    Interface(InterfaceId) => |r| Op::Interface(r.0), Interface(api::InterfaceInfo);
     /// [`Op::RemoveInterface`].
-    RemoveInterface { id: String, force: bool }
+    RemoveInterface { id: InterfaceId, force: bool }
         => |r| Op::RemoveInterface { id: r.id, force: r.force },
         InterfaceRemoved(api::InterfaceRemoved);
     /// [`Op::AddInterfaceAddress`].
-    AddInterfaceAddress { id: String, address: String }
+    AddInterfaceAddress { id: InterfaceId, address: IpNet }
         => |r| Op::AddInterfaceAddress { id: r.id, address: r.address },
         Interface(api::InterfaceInfo);
     /// [`Op::RemoveInterfaceAddress`].
-    RemoveInterfaceAddress { id: String, address: String, force: bool }
+    RemoveInterfaceAddress { id: InterfaceId, address: IpNet, force: bool }
         => |r| Op::RemoveInterfaceAddress { id: r.id, address: r.address, force: r.force },
         Interface(api::InterfaceInfo);
     /// [`Op::InterfaceGauges`].

@@ -2,7 +2,6 @@
 //! checkpoint, and what the agent reports about its pools.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use corral_api as api;
 use corral_api::ErrorCode;
@@ -15,104 +14,66 @@ use corral_store::{
 };
 
 use super::op::{ClusterRanges, ClusterRangesOutcome, Gauge};
+use super::request::{Allocate, CniAdd, CniAddSets, Release, ReleaseOf, Wanted};
 use super::scope::{
     Scope, Write, combine_node, ensure_spec, record_released, scope_status, spec_mut,
 };
 use super::state::{Clock, NodeState};
-use super::wire::{
-    allocated, api_key, api_lease, api_source, failed_set, family_of, key_of, pool_name, released,
-};
+use super::wire::{allocated, api_key, api_lease, api_source, failed_set, released};
 use crate::capacity;
 use crate::error::OpError;
 
 impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn allocate(
         &mut self,
-        request: api::AllocateRequest,
+        request: Allocate,
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::AllocateResponse, OpError> {
-        let pool = pool_name(&request.pool)?;
-        let key = request.key.as_ref().map(key_of).transpose()?;
-        let family = match (request.family, request.address) {
-            (Some(api::FamilyChoice::Dual), Some(_)) => {
-                return Err(OpError::bad_request(
-                    "family dual allocates the next address of each family; it takes no address",
-                ));
-            }
-            (Some(choice), Some(addr)) => {
-                let wanted = match choice {
-                    api::FamilyChoice::Ipv4 => Family::V4,
-                    _ => Family::V6,
-                };
-                if Family::of(addr) != wanted {
-                    return Err(OpError::bad_request(format!(
-                        "address {addr} is not of family {choice:?}"
-                    )));
-                }
-                choice
-            }
-            (Some(choice), None) => choice,
-            (None, Some(addr)) => match Family::of(addr) {
-                Family::V4 => api::FamilyChoice::Ipv4,
-                Family::V6 => api::FamilyChoice::Ipv6,
-            },
-            (None, None) => api::FamilyChoice::Ipv4,
-        };
-        let lease = request.lease_ms.map(Duration::from_millis);
-        let scope_name = request.scope;
+        let Allocate {
+            scope: scope_name,
+            pool,
+            owner,
+            key,
+            wanted,
+            lease,
+        } = request;
         let interface_backed = self.scope_mut(&scope_name)?.interfaces.contains_key(&pool);
-        if interface_backed && let (Some(key), None, None) = (&key, request.address, lease) {
-            let family = match family {
-                api::FamilyChoice::Ipv4 => Some(Family::V4),
-                api::FamilyChoice::Ipv6 => Some(Family::V6),
-                api::FamilyChoice::Dual => None,
-            };
-            if let Some(family) = family {
-                let allocated = self.assign_on_interface(
-                    (&scope_name, &pool),
-                    (key, &request.owner),
-                    family,
-                    now,
-                    writes,
-                    touched,
-                )?;
-                return Ok(api::AllocateResponse {
-                    allocations: vec![allocated],
-                });
-            }
+        if interface_backed && let (Some(key), Wanted::Next(family), None) = (&key, wanted, lease) {
+            let allocated = self.assign_on_interface(
+                (&scope_name, &pool),
+                (key, &owner),
+                family,
+                now,
+                writes,
+                touched,
+            )?;
+            return Ok(api::AllocateResponse {
+                allocations: vec![allocated],
+            });
         }
         let scope = self.scope_mut(&scope_name)?;
         let core_request = Request {
             pool: &pool,
-            owner: &request.owner,
+            owner: &owner,
             key: key.as_ref(),
             lease,
         };
-        let allocations: Vec<Allocation> = match (family, request.address) {
-            (_, Some(addr)) => {
+        let allocations: Vec<Allocation> = match wanted {
+            Wanted::Address(addr) => {
                 vec![
                     scope
                         .engine
                         .allocate(&core_request, Target::Specific(addr), now)?,
                 ]
             }
-            (api::FamilyChoice::Dual, None) => {
-                scope.engine.allocate_dual(&core_request, now)?.to_vec()
-            }
-            (api::FamilyChoice::Ipv4, None) => {
+            Wanted::Dual => scope.engine.allocate_dual(&core_request, now)?.to_vec(),
+            Wanted::Next(family) => {
                 vec![
                     scope
                         .engine
-                        .allocate(&core_request, Target::Next(Family::V4), now)?,
-                ]
-            }
-            (api::FamilyChoice::Ipv6, None) => {
-                vec![
-                    scope
-                        .engine
-                        .allocate(&core_request, Target::Next(Family::V6), now)?,
+                        .allocate(&core_request, Target::Next(family), now)?,
                 ]
             }
         };
@@ -122,7 +83,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 StoredAllocation {
                     pool: pool.clone(),
                     addr: a.addr,
-                    owner: request.owner.clone(),
+                    owner: owner.clone(),
                     key: key.clone(),
                     generation: a.generation,
                     lease: a.lease,
@@ -139,50 +100,42 @@ impl<S: Store, C: Clock> NodeState<S, C> {
 
     pub(super) fn release(
         &mut self,
-        request: api::ReleaseRequest,
+        request: Release,
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::ReleaseResponse, OpError> {
-        let given = usize::from(request.key.is_some())
-            + usize::from(request.address.is_some())
-            + usize::from(request.owner.is_some());
-        if given != 1 {
-            return Err(OpError::bad_request(
-                "give exactly one of key, address (with an optional generation) or owner",
-            ));
-        }
-        if request.generation.is_some() && request.address.is_none() {
-            return Err(OpError::bad_request("generation goes with address"));
-        }
-        let key = request.key.as_ref().map(key_of).transpose()?;
-        let scope_name = request.scope;
+        let Release {
+            scope: scope_name,
+            of,
+        } = request;
         let mut unassigned = Vec::new();
-        if let Some(key) = &key
+        if let ReleaseOf::Key(key) = &of
             && scope_name == api::NODE_SCOPE
         {
             unassigned = self.unassign_on_interfaces(key, now, writes, touched)?;
         }
         let scope = self.scope_mut(&scope_name)?;
-        let gone = if let Some(key) = key {
-            let mut gone = unassigned;
-            let rest = scope.engine.release_key(&key, now);
-            record_released(&scope_name, &rest, writes, touched);
-            gone.extend(rest);
-            return Ok(api::ReleaseResponse {
-                released: gone.iter().map(released).collect(),
-            });
-        } else if let Some(addr) = request.address {
-            match scope.engine.release(addr, request.generation, now) {
+        let gone = match of {
+            ReleaseOf::Key(key) => {
+                let mut gone = unassigned;
+                let rest = scope.engine.release_key(&key, now);
+                record_released(&scope_name, &rest, writes, touched);
+                gone.extend(rest);
+                return Ok(api::ReleaseResponse {
+                    released: gone.iter().map(released).collect(),
+                });
+            }
+            ReleaseOf::Address {
+                address,
+                generation,
+            } => match scope.engine.release(address, generation, now) {
                 Ok(r) => vec![r],
                 // Releasing what is not held is success with nothing released.
                 Err(AllocError::NotAllocated { .. }) => Vec::new(),
                 Err(error) => return Err(error.into()),
-            }
-        } else {
-            scope
-                .engine
-                .release_owner(request.owner.as_deref().unwrap_or_default(), now)
+            },
+            ReleaseOf::Owner(owner) => scope.engine.release_owner(&owner, now),
         };
         record_released(&scope_name, &gone, writes, touched);
         Ok(api::ReleaseResponse {
@@ -192,43 +145,44 @@ impl<S: Store, C: Clock> NodeState<S, C> {
 
     pub(super) fn cni_add(
         &mut self,
-        request: api::CniAddRequest,
+        request: CniAdd,
         now: Timestamp,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<api::AllocateResponse, OpError> {
-        if let Some(pool) = super::node_pool::node_pool_of(&request.network)? {
-            return self.node_pool_add(pool, request, now, writes, touched);
-        }
-        let key = key_of(&request.key)?;
-        let pools = request
-            .sets
-            .iter()
-            .map(|s| pool_name(&s.pool))
-            .collect::<Result<Vec<_>, _>>()?;
-        let name = self.cni_scope(&request.network, writes, touched)?;
+        let CniAdd {
+            network,
+            key,
+            owner,
+            sets,
+        } = request;
+        let (config, sets) = match sets {
+            CniAddSets::Node { pool, requested } => {
+                return self.node_pool_add(pool, &requested, (&key, &owner), now, writes, touched);
+            }
+            CniAddSets::Own { config, sets } => (config, sets),
+        };
+        let name = self.cni_scope(network, config, writes, touched)?;
         let scope = self.scope_mut(&name)?;
-        let wanted: Vec<(Request<'_>, Target)> = request
-            .sets
+        let wanted: Vec<(Request<'_>, Target)> = sets
             .iter()
-            .zip(&pools)
-            .map(|(set, pool)| {
+            .map(|set| {
                 (
                     Request {
-                        pool,
-                        owner: &request.owner,
+                        pool: &set.pool,
+                        owner: &owner,
                         key: Some(&key),
                         lease: None,
                     },
                     match set.requested {
                         Some(addr) => Target::Specific(addr),
-                        None => Target::Next(family_of(set.family)),
+                        None => Target::Next(set.family),
                     },
                 )
             })
             .collect();
         let got = scope.engine.allocate_all(&wanted, now).map_err(|error| {
-            let set = failed_set(&error, &request.sets, &pools);
+            let set = failed_set(&error, &sets);
             // A family the engine refuses is the network configuration's problem for a CNI
             // caller (standalone corral-ipam says 7), not an unavailable address.
             let base = match &error {
@@ -237,13 +191,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             };
             OpError { set, ..base }
         })?;
-        for (a, pool) in got.iter().zip(&pools).filter(|(a, _)| !a.existing) {
+        for (a, set) in got.iter().zip(&sets).filter(|(a, _)| !a.existing) {
             writes.push(Write::Put(
                 name.clone(),
                 StoredAllocation {
-                    pool: pool.clone(),
+                    pool: set.pool.clone(),
                     addr: a.addr,
-                    owner: request.owner.clone(),
+                    owner: owner.clone(),
                     key: Some(key.clone()),
                     generation: a.generation,
                     lease: None,
@@ -254,8 +208,8 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         Ok(api::AllocateResponse {
             allocations: got
                 .iter()
-                .zip(&pools)
-                .map(|(a, pool)| allocated(pool, a))
+                .zip(&sets)
+                .map(|(a, set)| allocated(&set.pool, a))
                 .collect(),
         })
     }
@@ -372,9 +326,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         Ok(outcome)
     }
 
-    pub(super) fn import(&mut self, document: serde_json::Value) -> Result<(), OpError> {
-        let checkpoint: corral_store::Checkpoint = serde_json::from_value(document)
-            .map_err(|e| OpError::bad_request(format!("checkpoint: {e}")))?;
+    pub(super) fn import(&mut self, checkpoint: corral_store::Checkpoint) -> Result<(), OpError> {
         // Interfaces are the node's: a pool backed by them belongs to the `node` scope only.
         for scope in checkpoint
             .scopes

@@ -10,7 +10,6 @@ use corral_store::{Need, ScopeConfig, Store, StoreError, Txn, build_engine, save
 
 use super::scope::{Broken, Scope, Write};
 use super::state::{Clock, NodeState};
-use super::wire::{scope_config_of, validate_config};
 use crate::capacity;
 use crate::error::OpError;
 
@@ -132,27 +131,21 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         }
     }
 
-    /// The scope of a CNI network under the configuration the plugin sent; creates it, or
+    /// The scope `name` of a CNI network under the configuration its plugin sent (which
+    /// parses, and `name` is not the node scope's: the API checked both); creates it, or
     /// rebuilds it from the store when the configuration changed (as corral-ipam does on its
     /// own database). A build reads the store, so what the batch holds so far is committed
     /// first: the store must know everything the engines do.
     pub(super) fn cni_scope(
         &mut self,
-        network: &api::CniNetwork,
+        name: String,
+        desired: ScopeConfig,
         writes: &mut Vec<Write>,
         touched: &mut BTreeSet<String>,
     ) -> Result<String, OpError> {
-        let name = network.name.clone();
-        if name == api::NODE_SCOPE {
-            return Err(OpError::bad_request(format!(
-                "network name {name:?} is the agent's own scope"
-            )));
-        }
-        let desired = scope_config_of(&network.pools);
         if self.scopes.get(&name).is_some_and(|s| s.config == desired) {
             return Ok(name);
         }
-        validate_config(&desired)?;
         self.flush(writes, touched)?;
         let engine_config = self.engine_config();
         let built = (|| {

@@ -1,15 +1,13 @@
-//! Between the API's types and the engine's: conversions, and each error as the API reports
-//! it.
+//! From the engine's types to the API's answers, and which set of a CNI ADD an allocation
+//! error is about. (Requests come parsed: `request.rs`; the API checks them at its edge.)
 
 use std::net::IpAddr;
 
 use corral_api as api;
-use corral_core::{
-    AllocError, Allocation, AttachmentKey, Echo, Exclusion, Family, PoolName, RangeSpec, Released,
-};
-use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig};
+use corral_core::{AllocError, Allocation, AttachmentKey, Family, PoolName, Released};
+use corral_store::RangeSource;
 
-use crate::error::OpError;
+use super::request::CniSet;
 
 pub(super) fn api_source(source: RangeSource) -> api::RangeSource {
     match source {
@@ -26,22 +24,6 @@ pub(super) fn family_name(family: Family) -> api::FamilyName {
         Family::V4 => api::FamilyName::Ipv4,
         Family::V6 => api::FamilyName::Ipv6,
     }
-}
-
-pub(super) fn family_of(name: api::FamilyName) -> Family {
-    match name {
-        api::FamilyName::Ipv4 => Family::V4,
-        api::FamilyName::Ipv6 => Family::V6,
-    }
-}
-
-pub(super) fn pool_name(text: &str) -> Result<PoolName, OpError> {
-    PoolName::new(text).map_err(|e| OpError::invalid(&format!("pool {}", Echo(text)), &e))
-}
-
-pub(super) fn key_of(key: &api::AttachmentKey) -> Result<AttachmentKey, OpError> {
-    AttachmentKey::new(&key.network, &key.container_id, &key.ifname)
-        .map_err(|e| OpError::invalid("key", &e))
 }
 
 pub(super) fn api_key(key: &AttachmentKey) -> api::AttachmentKey {
@@ -96,54 +78,18 @@ pub(super) fn held_by_key(info: &corral_core::AllocationInfo) -> api::Allocated 
     }
 }
 
-pub(super) fn scope_config_of(pools: &[api::CniPool]) -> ScopeConfig {
-    ScopeConfig {
-        pools: pools
-            .iter()
-            .map(|p| PoolSpec {
-                name: p.name.clone(),
-                cooldown_ms: p.cooldown_ms,
-                lowest_free: p.lowest_free,
-                ranges: p
-                    .ranges
-                    .iter()
-                    .map(|range| RangeEntry {
-                        range: range.clone(),
-                        source: RangeSource::Cni,
-                        state: RangeState::Active,
-                    })
-                    .collect(),
-                interfaces: Vec::new(),
-                interface_backed: false,
-                exclusions: p
-                    .exclusions
-                    .iter()
-                    .map(|e| (e.network.clone(), e.reason.clone()))
-                    .collect(),
-            })
-            .collect(),
-    }
-}
-
 /// Which set of a CNI ADD an allocation error is about, so the plugin can name it.
-pub(super) fn failed_set(
-    error: &AllocError,
-    sets: &[api::CniSet],
-    pools: &[PoolName],
-) -> Option<usize> {
+pub(super) fn failed_set(error: &AllocError, sets: &[CniSet]) -> Option<usize> {
     let by_pool = |pool: &PoolName, family: Option<Family>| {
         sets.iter()
-            .zip(pools)
-            .position(|(set, p)| p == pool && family.is_none_or(|f| family_of(set.family) == f))
+            .position(|set| set.pool == *pool && family.is_none_or(|f| set.family == f))
     };
     let by_addr = |addr: &IpAddr| sets.iter().position(|set| set.requested == Some(*addr));
     match error {
         AllocError::PoolExhausted { pool, family } | AllocError::NoCapacity { pool, family } => {
             by_pool(pool, Some(*family))
         }
-        AllocError::FamilyDisabled { family } => {
-            sets.iter().position(|set| family_of(set.family) == *family)
-        }
+        AllocError::FamilyDisabled { family } => sets.iter().position(|set| set.family == *family),
         AllocError::AddressInUse { addr, .. }
         | AllocError::OutsidePool { addr, .. }
         | AllocError::Excluded { addr, .. }
@@ -155,22 +101,4 @@ pub(super) fn failed_set(
         AllocError::UnknownPool { pool } => by_pool(pool, None),
         _ => None,
     }
-}
-
-/// A configuration the plugin sent must at least parse; the engine refuses the rest.
-pub(super) fn validate_config(config: &ScopeConfig) -> Result<(), OpError> {
-    for pool in &config.pools {
-        pool_name(&pool.name)?;
-        for range in &pool.ranges {
-            range
-                .range
-                .parse::<RangeSpec>()
-                .map_err(|e| OpError::bad_request(format!("range {}: {e}", Echo(&range.range))))?;
-        }
-        for (network, reason) in &pool.exclusions {
-            Exclusion::parse(network, reason)
-                .map_err(|e| OpError::bad_request(format!("exclusion {}: {e}", Echo(network))))?;
-        }
-    }
-    Ok(())
 }
