@@ -18,6 +18,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use corral_api::openapi::AnyObject;
 use corral_api::{self as api, ErrorCode, paths};
 use corral_store::StoreHealth;
 use serde::de::value::MapAccessDeserializer;
@@ -30,6 +31,20 @@ use crate::node::{self, OpError};
 
 /// The OpenAPI document, as committed at the repository root.
 pub const OPENAPI: &str = include_str!("../../../openapi.json");
+
+corral_api::error_statuses! {
+    /// A change with a JSON body: 400, 413 and 415 for the body, 404 and 409 from the
+    /// engine, 503 while restoring or when the store fails.
+    Change = [400, 404, 409, 413, 415, 503];
+    /// A read of one scope or all (`?scope=`), or of one interface.
+    Read = [400, 404, 503];
+    /// A change with a JSON body that the engine cannot refuse (only a bad body, or not now).
+    BodyErrors = [400, 413, 415, 503];
+    /// A removal by path and query, without a body.
+    Removal = [400, 404, 409, 503];
+    /// Only while restoring, or once the store failed.
+    Unavailable = [503];
+}
 
 /// What every handler shares.
 #[derive(Clone, Debug)]
@@ -410,6 +425,16 @@ fn store_failed() -> ApiError {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = paths::HEALTHZ,
+    summary = "Liveness: answers `ok` as soon as the socket is bound; 503 once a sync of the \
+        state's log has failed (the agent refuses every change until restarted)",
+    responses(
+        (status = 200, description = "`ok`", body = String, content_type = "text/plain"),
+        Unavailable,
+    ),
+)]
 async fn healthz(State(state): State<AppState>) -> Response {
     if state.store_health.sync_failed() {
         return store_failed().into_response();
@@ -417,6 +442,16 @@ async fn healthz(State(state): State<AppState>) -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = paths::READYZ,
+    summary = "Readiness: `ready` once the state on disk is restored, else 503 (also once a \
+        sync of the state's log has failed)",
+    responses(
+        (status = 200, description = "`ready`", body = String, content_type = "text/plain"),
+        Unavailable,
+    ),
+)]
 async fn readyz(State(state): State<AppState>) -> Response {
     let broken = state.broken_scopes.load(Ordering::Acquire);
     if state.store_health.sync_failed() {
@@ -446,6 +481,17 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = paths::METRICS,
+    summary = "Prometheus metrics in the OpenMetrics text format",
+    responses((
+        status = 200,
+        description = "OpenMetrics text",
+        body = String,
+        content_type = "application/openmetrics-text",
+    )),
+)]
 async fn metrics(State(state): State<AppState>) -> Response {
     state
         .metrics
@@ -480,10 +526,38 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = paths::OPENAPI,
+    summary = "This document",
+    responses((status = 200, description = "the OpenAPI document", body = inline(AnyObject))),
+)]
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
+#[utoipa::path(
+    post,
+    path = paths::ALLOCATE,
+    summary = "Allocates the next free address (or a given one) of one family or both",
+    request_body = api::AllocateRequest,
+    responses(
+        (status = 200, description = "Success", body = api::AllocateResponse, links(
+            ("StartLease" = (operation_id = "lease_start", request_body = json!({
+                "address": "$response.body#/allocations/0/address",
+                "duration_ms": 60000,
+            }))),
+            ("ReleaseAddress" = (operation_id = "release", request_body = json!({
+                "address": "$response.body#/allocations/0/address",
+                "generation": "$response.body#/allocations/0/generation",
+            }))),
+            ("ReleaseOwner" = (operation_id = "release", request_body = json!({
+                "owner": "$request.body#/owner",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn allocate(
     State(state): State<AppState>,
     Body(request): Body<api::AllocateRequest>,
@@ -494,6 +568,13 @@ async fn allocate(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::RELEASE,
+    summary = "Releases by key, by address (optionally at a generation) or by owner",
+    request_body = api::ReleaseRequest,
+    responses((status = 200, description = "Success", body = api::ReleaseResponse), Change),
+)]
 async fn release(
     State(state): State<AppState>,
     Body(request): Body<api::ReleaseRequest>,
@@ -503,6 +584,21 @@ async fn release(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::LEASE_START,
+    summary = "Starts an expiration timer on an allocated address",
+    request_body = api::LeaseStartRequest,
+    responses(
+        (status = 200, description = "Success", body = api::Lease, links(
+            ("StopLease" = (operation_id = "lease_stop", request_body = json!({
+                "address": "$request.body#/address",
+                "id": "$response.body#/id",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn lease_start(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStartRequest>,
@@ -512,6 +608,13 @@ async fn lease_start(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::LEASE_STOP,
+    summary = "Stops an address's expiration timer; the address stays allocated",
+    request_body = api::LeaseStopRequest,
+    responses((status = 200, description = "Success", body = api::Done), Change),
+)]
 async fn lease_stop(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStopRequest>,
@@ -526,6 +629,19 @@ fn done((): ()) -> Result<Json<api::Done>, ApiError> {
     Ok(Json(api::Done { ok: true }))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::DUMP,
+    summary = "Every allocation, per scope and pool",
+    params(
+        (
+            "scope" = Option<String>, Query,
+            description = "Only this scope (the agent's own pools are in scope `node`); all \
+                scopes when absent"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = api::DumpResponse), Read),
+)]
 async fn dump(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
@@ -533,6 +649,19 @@ async fn dump(
     answer!(state, "dump", node::Dump(query.scope))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::STATUS,
+    summary = "Capacity and use per scope, pool and family",
+    params(
+        (
+            "scope" = Option<String>, Query,
+            description = "Only this scope (the agent's own pools are in scope `node`); all \
+                scopes when absent"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = api::StatusResponse), Read),
+)]
 async fn status(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
@@ -545,6 +674,19 @@ async fn status(
     Ok(Json(status))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::POOLS,
+    summary = "The pools with their ranges and exclusions",
+    params(
+        (
+            "scope" = Option<String>, Query,
+            description = "Only this scope (the agent's own pools are in scope `node`); all \
+                scopes when absent"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = api::PoolsResponse), Read),
+)]
 async fn pools(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
@@ -552,6 +694,25 @@ async fn pools(
     answer!(state, "pools", node::Pools(query.scope))
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_RANGES_ADD,
+    summary = "Adds a range to a pool, creating the pool if it does not exist",
+    request_body = api::RangeRequest,
+    responses(
+        (status = 200, description = "Success", body = api::Done, links(
+            ("RemoveRange" = (operation_id = "remove_range", request_body = json!({
+                "pool": "$request.body#/pool",
+                "range": "$request.body#/range",
+            }))),
+            ("AllocateFromPool" = (operation_id = "allocate", request_body = json!({
+                "owner": "linked",
+                "pool": "$request.body#/pool",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn add_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
@@ -559,6 +720,13 @@ async fn add_range(
     done(state.run("add_range", node::AddRange(request)).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_RANGES_REMOVE,
+    summary = "Removes a range; one that still holds allocations drains",
+    request_body = api::RangeRequest,
+    responses((status = 200, description = "Success", body = api::RangeRemoved), Change),
+)]
 async fn remove_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
@@ -566,6 +734,21 @@ async fn remove_range(
     answer!(state, "remove_range", node::RemoveRange(request))
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_EXCLUSIONS_ADD,
+    summary = "Excludes an address or a network from a pool",
+    request_body = api::ExclusionRequest,
+    responses(
+        (status = 200, description = "Success", body = api::Done, links(
+            ("RemoveExclusion" = (operation_id = "remove_exclusion", request_body = json!({
+                "pool": "$request.body#/pool",
+                "network": "$request.body#/network",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn add_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
@@ -577,6 +760,13 @@ async fn add_exclusion(
     )
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_EXCLUSIONS_REMOVE,
+    summary = "Removes an exclusion (its `reason` is ignored)",
+    request_body = api::ExclusionRequest,
+    responses((status = 200, description = "Success", body = api::Done), Change),
+)]
 async fn remove_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
@@ -590,6 +780,18 @@ async fn remove_exclusion(
 
 /// Reads the node's routes and addresses first (off the async threads), then reserves them
 /// through the committer like any change.
+#[utoipa::path(
+    post,
+    path = paths::POOL_RESERVE_LOCAL_ROUTES,
+    summary = "Excludes from the pools every address the node's routes and interface addresses \
+        cover that is not the pool's own, replacing the previous reservation's exclusions; \
+        allocated addresses are reported as conflicts, never excluded or released",
+    request_body = api::ReserveLocalRoutesRequest,
+    responses(
+        (status = 200, description = "Success", body = api::ReserveLocalRoutesResponse),
+        BodyErrors,
+    ),
+)]
 async fn reserve_local_routes(
     State(state): State<AppState>,
     Body(request): Body<api::ReserveLocalRoutesRequest>,
@@ -609,10 +811,30 @@ async fn reserve_local_routes(
     Ok(Json(response))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::CHECKPOINT,
+    operation_id = "export_checkpoint",
+    summary = "Exports every scope as a checkpoint document (`corral-checkpoint/1`)",
+    responses(
+        (status = 200, description = "the checkpoint document", body = inline(AnyObject), links(
+            ("Import" = (operation_id = "import_checkpoint", request_body = "$response.body")),
+        )),
+        Unavailable,
+    ),
+)]
 async fn export(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     answer!(state, "export", node::Export {})
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CHECKPOINT,
+    operation_id = "import_checkpoint",
+    summary = "Imports a checkpoint document into scopes that hold no allocations",
+    request_body = inline(AnyObject),
+    responses((status = 200, description = "Success", body = api::Done), Change),
+)]
 async fn import(
     State(state): State<AppState>,
     Body(document): Body<serde_json::Value>,
@@ -620,6 +842,32 @@ async fn import(
     done(state.run("import", node::Import(document)).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_ADD,
+    summary = "CNI ADD: one address per set, all or nothing; idempotent per attachment",
+    request_body = api::CniAddRequest,
+    responses(
+        (status = 200, description = "Success", body = api::AllocateResponse, links(
+            ("Check" = (operation_id = "cni_check", request_body = json!({
+                "network": "$request.body#/network",
+                "key": "$request.body#/key",
+            }))),
+            ("Del" = (operation_id = "cni_del", request_body = json!({
+                "network": "$request.body#/network",
+                "key": "$request.body#/key",
+            }))),
+            ("Gc" = (operation_id = "cni_gc", request_body = json!({
+                "network": "$request.body#/network",
+                "valid_attachments": [],
+            }))),
+            ("Status" = (operation_id = "cni_status", request_body = json!({
+                "network": "$request.body#/network",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn cni_add(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniAddRequest>,
@@ -648,6 +896,13 @@ async fn cni_add(
     Ok(Json(reply))
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_DEL,
+    summary = "CNI DEL: releases the attachment's addresses",
+    request_body = api::CniKeyRequest,
+    responses((status = 200, description = "Success", body = api::ReleaseResponse), Change),
+)]
 async fn cni_del(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniKeyRequest>,
@@ -658,6 +913,13 @@ async fn cni_del(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_CHECK,
+    summary = "CNI CHECK: the attachment's addresses (none if the network is unknown)",
+    request_body = api::CniKeyRequest,
+    responses((status = 200, description = "Success", body = api::AllocateResponse), BodyErrors),
+)]
 async fn cni_check(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniKeyRequest>,
@@ -666,6 +928,13 @@ async fn cni_check(
     answer!(state, "cni_check", node::CniCheck(request))
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_GC,
+    summary = "CNI GC: the leak collector over the network's attachments (see gc)",
+    request_body = api::CniGcRequest,
+    responses((status = 200, description = "Success", body = api::GcResponse), Change),
+)]
 async fn cni_gc(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniGcRequest>,
@@ -676,6 +945,15 @@ async fn cni_gc(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::GC,
+    summary = "The leak collector over a scope's attachments: an allocation whose attachment is \
+        not live is recorded as a suspect, and released by a later run past the grace period \
+        that finds it still missing and unchanged, whole, within the cap",
+    request_body = api::GcRequest,
+    responses((status = 200, description = "Success", body = api::GcResponse), Change),
+)]
 async fn gc(
     State(state): State<AppState>,
     Body(request): Body<api::GcRequest>,
@@ -685,6 +963,13 @@ async fn gc(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_STATUS,
+    summary = "CNI STATUS: the network's pools with their use",
+    request_body = api::CniStatusRequest,
+    responses((status = 200, description = "Success", body = api::ScopeStatus), Change),
+)]
 async fn cni_status(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniStatusRequest>,
@@ -693,6 +978,19 @@ async fn cni_status(
     answer!(state, "cni_status", request)
 }
 
+#[utoipa::path(
+    get,
+    path = paths::INTERFACES,
+    summary = "The node's interface-backed pools: each interface with its addresses and \
+        prefixes, how many are assigned and cooling, and which are freeable",
+    params(
+        (
+            "pool" = Option<String>, Query,
+            description = "Only this pool; every interface-backed pool of the node when absent"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = api::InterfacesResponse), Read),
+)]
 async fn interfaces(
     State(state): State<AppState>,
     Query(query): Query<api::PoolQuery>,
@@ -706,6 +1004,13 @@ fn interface_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiEr
         .map_err(|rejection| error(ErrorCode::BadRequest, shortened(rejection.body_text())))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::INTERFACE,
+    summary = "One interface with its addresses, their use, and the freeable ones",
+    params(("id" = String, Path, description = "The interface's ID")),
+    responses((status = 200, description = "Success", body = api::InterfaceInfo), Read),
+)]
 async fn interface(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -714,6 +1019,22 @@ async fn interface(
     answer!(state, "interface", node::Interface(id))
 }
 
+#[utoipa::path(
+    post,
+    path = paths::INTERFACES,
+    summary = "Adds an interface (and its addresses, all or nothing) to a pool of the node, \
+        which becomes interface-backed; a pool with plain ranges is refused",
+    request_body = api::InterfaceRequest,
+    responses(
+        (status = 200, description = "Success", body = api::InterfaceInfo, links(
+            ("AllocateFromInterfaces" = (operation_id = "allocate", request_body = json!({
+                "owner": "linked",
+                "pool": "$request.body#/pool",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn add_interface(
     State(state): State<AppState>,
     Body(request): Body<api::InterfaceRequest>,
@@ -721,6 +1042,21 @@ async fn add_interface(
     answer!(state, "add_interface", request)
 }
 
+#[utoipa::path(
+    delete,
+    path = paths::INTERFACE,
+    summary = "Removes an interface and its addresses from its pool; refused while it holds \
+        allocations, or is the primary or a trunk interface, unless forced",
+    params(
+        ("id" = String, Path, description = "The interface's ID"),
+        (
+            "force" = Option<bool>, Query,
+            description = "Also when it holds allocations (released) or is the primary or a \
+                trunk interface"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = api::InterfaceRemoved), Removal),
+)]
 async fn remove_interface(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -734,6 +1070,14 @@ async fn remove_interface(
     answer!(state, "remove_interface", op)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::INTERFACE_ADDRESSES,
+    summary = "Adds a secondary address (/32, /128) or delegated prefix (/28, /80) to an interface",
+    params(("id" = String, Path, description = "The interface's ID")),
+    request_body = api::InterfaceAddressRequest,
+    responses((status = 200, description = "Success", body = api::InterfaceInfo), Change),
+)]
 async fn add_interface_address(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -747,6 +1091,22 @@ async fn add_interface_address(
     answer!(state, "add_interface_address", op)
 }
 
+#[utoipa::path(
+    delete,
+    path = paths::INTERFACE_ADDRESSES,
+    summary = "Removes an address or prefix from an interface; refused while it holds \
+        allocations unless forced",
+    params(
+        ("id" = String, Path, description = "The interface's ID"),
+        ("address" = String, Query, description = "The secondary address or delegated prefix"),
+        (
+            "force" = Option<bool>, Query,
+            description = "Also when it holds allocations (released) or is the primary or a \
+                trunk interface"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = api::InterfaceInfo), Removal),
+)]
 async fn remove_interface_address(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -761,6 +1121,14 @@ async fn remove_interface_address(
     answer!(state, "remove_interface_address", op)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::IMPORT_IPAMD,
+    summary = "Imports AWS VPC CNI's ipamd checkpoint (vpc-cni-ipam/1) into an interface-backed \
+        pool: each allocation under its CNI key, all or nothing",
+    request_body = api::IpamdImportRequest,
+    responses((status = 200, description = "Success", body = api::IpamdImportResponse), Change),
+)]
 async fn import_ipamd(
     State(state): State<AppState>,
     Body(request): Body<api::IpamdImportRequest>,
@@ -817,6 +1185,44 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
         .with_state(state)
 }
+
+/// The operations of [`router`], in its order, each as its handler's `#[utoipa::path]`
+/// describes it; `openapi.rs` builds the document around them.
+#[derive(Debug, utoipa::OpenApi)]
+#[openapi(paths(
+    healthz,
+    readyz,
+    metrics,
+    openapi,
+    allocate,
+    release,
+    lease_start,
+    lease_stop,
+    dump,
+    status,
+    pools,
+    add_range,
+    remove_range,
+    add_exclusion,
+    remove_exclusion,
+    reserve_local_routes,
+    export,
+    import,
+    cni_add,
+    cni_del,
+    cni_check,
+    cni_gc,
+    cni_status,
+    gc,
+    interfaces,
+    add_interface,
+    import_ipamd,
+    interface,
+    remove_interface,
+    add_interface_address,
+    remove_interface_address,
+))]
+pub struct Operations;
 
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {

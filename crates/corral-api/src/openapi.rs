@@ -1,16 +1,22 @@
 //! What both daemons' OpenAPI documents are built from (feature `openapi`): schemas collected
-//! from the types, the corrections utoipa's output needs, the shapes of success and error
-//! responses, the committed document's text, and the check that the committed file is the
-//! generated one.
+//! from the types, the corrections utoipa's output needs, the error statuses a handler
+//! declares ([`error_statuses!`](crate::error_statuses)) and the error responses they refer
+//! to, the document around the operations utoipa collects from the handlers'
+//! `#[utoipa::path]`, and the committed document's text.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Map, Value, json};
-use utoipa::ToSchema;
-use utoipa::openapi::RefOr;
-use utoipa::openapi::schema::Schema;
+pub use utoipa;
+use utoipa::openapi::path::Paths;
+use utoipa::openapi::response::Response;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
+
+use crate::ErrorCode;
 
 /// The component name of a type's schema: naming schemas through their types makes a
 /// renamed or removed type a compile error where it is named.
@@ -102,56 +108,178 @@ pub fn error_response(description: &str, codes: &[&str]) -> Value {
     })
 }
 
-/// What a successful response carries.
-#[derive(Clone, Copy, Debug)]
-pub enum Success {
-    /// JSON, of the named component schema.
-    Json(&'static str),
-    /// A JSON object whose shape the document does not describe (a checkpoint, the document
-    /// itself).
-    AnyObject(&'static str),
-    /// Text of this media type.
-    Text(&'static str, &'static str),
-}
-
-impl Success {
-    /// The `200` response of an operation.
-    pub fn response(self) -> Value {
-        match self {
-            Success::Json(name) => json!({
-                "description": "Success",
-                "content": {"application/json": {"schema": schema_ref(name)}}
-            }),
-            Success::AnyObject(what) => json!({
-                "description": what,
-                "content": {"application/json": {"schema": {"type": "object"}}}
-            }),
-            Success::Text(media_type, what) => json!({
-                "description": what,
-                "content": {media_type: {"schema": {"type": "string"}}}
-            }),
-        }
-    }
-}
-
 /// The component name of a status's error response.
 pub fn error_response_name(status: u16) -> String {
     format!("Error{status}")
 }
 
-/// Adds to an operation's `responses` a reference to the error response of each of `errors`
-/// and of 401, which every operation answers on the TCP listener without the token.
-pub fn insert_error_refs(responses: &mut Map<String, Value>, errors: &[u16]) {
-    let mut errors = errors.to_vec();
-    errors.push(401);
-    errors.sort_unstable();
-    errors.dedup();
-    for status in errors {
-        responses.insert(
-            status.to_string(),
-            json!({"$ref": format!("#/components/responses/{}", error_response_name(status))}),
-        );
+/// Any JSON object: a body whose shape the document does not describe (a checkpoint, the
+/// document itself); `inline(AnyObject)` in a handler's `#[utoipa::path]`.
+#[derive(Clone, Copy, Debug)]
+pub struct AnyObject;
+
+impl PartialSchema for AnyObject {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .build()
+            .into()
     }
+}
+
+impl ToSchema for AnyObject {}
+
+/// References to the document's error responses of `statuses`, for [`error_statuses!`](
+/// crate::error_statuses).
+pub fn error_refs(statuses: &[u16]) -> BTreeMap<String, RefOr<Response>> {
+    statuses
+        .iter()
+        .map(|status| {
+            let reference = Ref::from_response_name(error_response_name(*status));
+            (status.to_string(), RefOr::Ref(reference))
+        })
+        .collect()
+}
+
+/// Declares types that stand for sets of error statuses in a handler's
+/// `#[utoipa::path(responses(...))]`: each answers references to the document's `ErrorNNN`
+/// responses (which [`document`] builds, with the codes each status carries).
+///
+/// ```ignore
+/// corral_api::error_statuses! {
+///     /// A read: a bad query, no such thing, or not now.
+///     Read = [400, 404, 503];
+/// }
+/// ```
+#[macro_export]
+macro_rules! error_statuses {
+    ($($(#[$meta:meta])* $name:ident = [$($status:literal),* $(,)?];)*) => {$(
+        $(#[$meta])*
+        struct $name;
+
+        impl $crate::openapi::utoipa::IntoResponses for $name {
+            fn responses() -> ::std::collections::BTreeMap<
+                ::std::string::String,
+                $crate::openapi::utoipa::openapi::RefOr<
+                    $crate::openapi::utoipa::openapi::response::Response,
+                >,
+            > {
+                $crate::openapi::error_refs(&[$($status),*])
+            }
+        }
+    )*};
+}
+
+/// Every error code, in the order `ErrorCode` declares them.
+pub fn every_error_code() -> Vec<ErrorCode> {
+    let schema = serde_json::to_value(ErrorCode::schema()).expect("a schema is JSON");
+    schema["enum"]
+        .as_array()
+        .expect("ErrorCode is an enum of strings")
+        .iter()
+        .map(|name| serde_json::from_value(name.clone()).expect("an ErrorCode schema name parses"))
+        .collect()
+}
+
+fn code_name(code: ErrorCode) -> String {
+    match serde_json::to_value(code) {
+        Ok(Value::String(name)) => name,
+        _ => unreachable!("an error code is a JSON string"),
+    }
+}
+
+/// What a daemon's document says besides its operations.
+pub struct Document {
+    pub title: &'static str,
+    pub description: String,
+    /// The operations, as utoipa collects them from the handlers' `#[utoipa::path]`.
+    pub paths: Paths,
+    pub schemas: BTreeMap<String, Value>,
+    /// The codes the daemon answers: each status of one has an `ErrorNNN` response whose
+    /// `code` is one of those of that status, in this order.
+    pub codes: Vec<ErrorCode>,
+    /// What each error status means.
+    pub error_description: fn(u16) -> &'static str,
+}
+
+impl std::fmt::Debug for Document {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Document")
+            .field("title", &self.title)
+            .field("codes", &self.codes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The OpenAPI 3.1 document: utoipa's operations, each also answering the 401 of the TCP
+/// listener without the token, with every link marked for schemathesis (a link gives the
+/// whole body of the next request; `x-schemathesis` tells its stateful phase to send it as
+/// it is rather than merged into a generated one), and a response per error status whose
+/// `code` is one of those [`ErrorCode::status`] maps to it.
+pub fn document(document: Document) -> Value {
+    let mut paths = serde_json::to_value(&document.paths).expect("the paths are JSON");
+    for item in paths.as_object_mut().into_iter().flat_map(Map::values_mut) {
+        for operation in item.as_object_mut().into_iter().flat_map(Map::values_mut) {
+            // utoipa tags every operation with its handler's module.
+            operation
+                .as_object_mut()
+                .expect("an operation is an object")
+                .remove("tags");
+            let responses = operation["responses"]
+                .as_object_mut()
+                .expect("an operation has responses");
+            for (status, response) in error_refs(&[401]) {
+                let response = serde_json::to_value(response).expect("a response is JSON");
+                responses.insert(status, response);
+            }
+            let links = responses
+                .values_mut()
+                .filter_map(|response| response.get_mut("links")?.as_object_mut())
+                .flat_map(Map::values_mut);
+            for link in links {
+                link["x-schemathesis"] = json!({"merge_body": false});
+            }
+        }
+    }
+    let mut statuses: Vec<u16> = document.codes.iter().map(|code| code.status()).collect();
+    statuses.sort_unstable();
+    statuses.dedup();
+    let responses: Map<String, Value> = statuses
+        .into_iter()
+        .map(|status| {
+            let codes: Vec<String> = document
+                .codes
+                .iter()
+                .filter(|code| code.status() == status)
+                .map(|code| code_name(*code))
+                .collect();
+            let codes: Vec<&str> = codes.iter().map(String::as_str).collect();
+            let response = error_response((document.error_description)(status), &codes);
+            (error_response_name(status), response)
+        })
+        .collect();
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": document.title,
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": document.description,
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}
+        },
+        "security": [{}, {"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": document.schemas,
+            "responses": responses,
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Needed on the TCP listener only"
+                }
+            }
+        }
+    })
 }
 
 /// A document as committed: keys sorted, two-space indentation, a final newline. Sorting here
