@@ -16,7 +16,6 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use corral_api::openapi::AnyObject;
 use corral_api::{self as api, ErrorCode, paths};
@@ -24,6 +23,8 @@ use corral_store::StoreHealth;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::committer::Committer;
 use crate::metrics::{Metrics, Operation, Outcome};
@@ -1147,82 +1148,47 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// The API's routes.
+/// The API's routes, each handler on the method and path its `#[utoipa::path]` gives: the
+/// router and the OpenAPI document's operations (see `openapi.rs`) come from this one list.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(allocate))
+        .routes(routes!(release))
+        .routes(routes!(lease_start))
+        .routes(routes!(lease_stop))
+        .routes(routes!(dump))
+        .routes(routes!(status))
+        .routes(routes!(pools))
+        .routes(routes!(add_range))
+        .routes(routes!(remove_range))
+        .routes(routes!(add_exclusion))
+        .routes(routes!(remove_exclusion))
+        .routes(routes!(reserve_local_routes))
+        .routes(routes!(export, import))
+        .routes(routes!(cni_add))
+        .routes(routes!(cni_del))
+        .routes(routes!(cni_check))
+        .routes(routes!(cni_gc))
+        .routes(routes!(cni_status))
+        .routes(routes!(gc))
+        .routes(routes!(interfaces, add_interface))
+        .routes(routes!(import_ipamd))
+        .routes(routes!(interface, remove_interface))
+        .routes(routes!(add_interface_address, remove_interface_address))
+}
+
+/// The API's routes, with the fallbacks for unknown paths (404) and methods (405).
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route(paths::HEALTHZ, get(healthz))
-        .route(paths::READYZ, get(readyz))
-        .route(paths::METRICS, get(metrics))
-        .route(paths::OPENAPI, get(openapi))
-        .route(paths::ALLOCATE, post(allocate))
-        .route(paths::RELEASE, post(release))
-        .route(paths::LEASE_START, post(lease_start))
-        .route(paths::LEASE_STOP, post(lease_stop))
-        .route(paths::DUMP, get(dump))
-        .route(paths::STATUS, get(status))
-        .route(paths::POOLS, get(pools))
-        .route(paths::POOL_RANGES_ADD, post(add_range))
-        .route(paths::POOL_RANGES_REMOVE, post(remove_range))
-        .route(paths::POOL_EXCLUSIONS_ADD, post(add_exclusion))
-        .route(paths::POOL_EXCLUSIONS_REMOVE, post(remove_exclusion))
-        .route(paths::POOL_RESERVE_LOCAL_ROUTES, post(reserve_local_routes))
-        .route(paths::CHECKPOINT, get(export).post(import))
-        .route(paths::CNI_ADD, post(cni_add))
-        .route(paths::CNI_DEL, post(cni_del))
-        .route(paths::CNI_CHECK, post(cni_check))
-        .route(paths::CNI_GC, post(cni_gc))
-        .route(paths::CNI_STATUS, post(cni_status))
-        .route(paths::GC, post(gc))
-        .route(paths::INTERFACES, get(interfaces).post(add_interface))
-        .route(paths::IMPORT_IPAMD, post(import_ipamd))
-        .route(paths::INTERFACE, get(interface).delete(remove_interface))
-        .route(
-            paths::INTERFACE_ADDRESSES,
-            post(add_interface_address).delete(remove_interface_address),
-        )
+    Router::from(routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
         .with_state(state)
 }
-
-/// The operations of [`router`], in its order, each as its handler's `#[utoipa::path]`
-/// describes it; `openapi.rs` builds the document around them.
-#[derive(Debug, utoipa::OpenApi)]
-#[openapi(paths(
-    healthz,
-    readyz,
-    metrics,
-    openapi,
-    allocate,
-    release,
-    lease_start,
-    lease_stop,
-    dump,
-    status,
-    pools,
-    add_range,
-    remove_range,
-    add_exclusion,
-    remove_exclusion,
-    reserve_local_routes,
-    export,
-    import,
-    cni_add,
-    cni_del,
-    cni_check,
-    cni_gc,
-    cni_status,
-    gc,
-    interfaces,
-    add_interface,
-    import_ipamd,
-    interface,
-    remove_interface,
-    add_interface_address,
-    remove_interface_address,
-))]
-pub struct Operations;
 
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {

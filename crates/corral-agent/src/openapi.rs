@@ -2,7 +2,7 @@
 //!
 //! Each operation is described on its handler in [`api`](crate::api) (`#[utoipa::path]`:
 //! method, path, summary, parameters, body, success with its links, and the error statuses
-//! it can answer), and collected by [`api::Operations`]. The schemas of the bodies are
+//! it can answer), and collected by [`api::routes`](crate::api::routes), which routes them too. The schemas of the bodies are
 //! derived from `corral-api`'s types (utoipa's `ToSchema`, behind corral-api's `openapi`
 //! feature), corrected here; the error responses' `code` values are derived from
 //! [`ErrorCode::status`](corral_api::ErrorCode::status) by
@@ -17,9 +17,6 @@ pub use corral_api::openapi::render;
 use corral_api::openapi::{self, Document, Schemas, every_error_code, unsigned_64};
 use corral_api::{self as api};
 use serde_json::{Value, json};
-use utoipa::OpenApi;
-
-use crate::api::Operations;
 
 /// The error statuses, each with the component response that describes it.
 fn error_description(status: u16) -> &'static str {
@@ -126,7 +123,7 @@ pub fn document() -> Value {
              the components Error404 and Error405).",
             api::MAX_BODY_BYTES
         ),
-        paths: Operations::openapi().paths,
+        paths: crate::api::routes().into_openapi().paths,
         schemas: component_schemas(),
         codes: every_error_code(),
         error_description,

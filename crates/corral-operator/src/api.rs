@@ -17,7 +17,6 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Json, Router};
 use corral_api::openapi::AnyObject;
 use corral_api::operator::{self as body, paths};
@@ -25,6 +24,8 @@ use corral_api::{ErrorBody, ErrorCode, ErrorResponse};
 use corral_cluster::{ClusterView, NodeName};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::listen;
 use crate::state::Shared;
@@ -158,7 +159,7 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
 }
 
 #[derive(Clone)]
-struct ApiState {
+pub(crate) struct ApiState {
     shared: Arc<Shared>,
     registry: Arc<Registry>,
 }
@@ -171,29 +172,27 @@ pub fn router(shared: Arc<Shared>) -> Router {
         shared,
         registry: Arc::new(registry),
     };
-    Router::new()
-        .route(paths::HEALTHZ, get(healthz))
-        .route(paths::READYZ, get(readyz))
-        .route(paths::METRICS, get(metrics))
-        .route(paths::OPENAPI, get(openapi))
-        .route(paths::STATUS, get(status))
-        .route(paths::NODES, get(nodes))
-        .route(paths::NODE, get(node))
-        .route(paths::NODE_PLAN, get(plan))
-        .route(paths::POOLS, get(pools))
-        .route(paths::GRANTS, get(grants))
+    Router::from(routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
-/// The operations of [`router`], in its order, each as its handler's `#[utoipa::path]`
-/// describes it; `openapi.rs` builds the document around them.
-#[derive(Debug, utoipa::OpenApi)]
-#[openapi(paths(
-    healthz, readyz, metrics, openapi, status, nodes, node, plan, pools, grants,
-))]
-pub struct Operations;
+/// The API's routes, each handler on the path its `#[utoipa::path]` gives: the router and the
+/// OpenAPI document's operations (see `openapi.rs`) come from this one list.
+pub(crate) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::default()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(status))
+        .routes(routes!(nodes))
+        .routes(routes!(node))
+        .routes(routes!(plan))
+        .routes(routes!(pools))
+        .routes(routes!(grants))
+}
 
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {

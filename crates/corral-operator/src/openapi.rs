@@ -2,7 +2,7 @@
 //!
 //! Each operation is described on its handler in [`api`](crate::api) (`#[utoipa::path]`:
 //! path, summary, parameter, success and the error statuses it can answer), and collected by
-//! [`api::Operations`]. The schemas are derived from `corral_api::operator`'s types (utoipa's
+//! `api::routes`, which routes them too. The schemas are derived from `corral_api::operator`'s types (utoipa's
 //! `ToSchema`, behind corral-api's `openapi` feature); [`corral_api::openapi::document`] adds
 //! a response per error status that promises exactly the codes the operator answers with it.
 //! `tests/openapi.rs` keeps the committed `openapi-operator.json` (the file served at
@@ -15,9 +15,6 @@ pub use corral_api::openapi::render;
 use corral_api::openapi::{self, Document, Schemas, unsigned_64};
 use corral_api::operator as body;
 use serde_json::Value;
-use utoipa::OpenApi;
-
-use crate::api::Operations;
 
 /// The codes the operator answers, one per error status.
 const CODES: &[ErrorCode] = &[
@@ -77,7 +74,7 @@ pub fn document() -> Value {
             method it does not take answers 405 (see the components Error404 and \
             Error405). Counts that can pass 2^53 are decimal strings."
             .to_owned(),
-        paths: Operations::openapi().paths,
+        paths: crate::api::routes().into_openapi().paths,
         schemas: component_schemas(),
         codes: CODES.to_vec(),
         error_description,
