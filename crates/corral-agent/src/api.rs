@@ -188,9 +188,11 @@ fn shortened(mut message: String) -> String {
 }
 
 /// The `?scope=` of a GET.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ScopeQuery {
+    /// Only this scope (the agent's own pools are in scope `node`); all scopes when absent
     scope: Option<String>,
 }
 
@@ -634,13 +636,7 @@ fn done((): ()) -> Result<Json<api::Done>, ApiError> {
     get,
     path = paths::DUMP,
     summary = "Every allocation, per scope and pool",
-    params(
-        (
-            "scope" = Option<String>, Query,
-            description = "Only this scope (the agent's own pools are in scope `node`); all \
-                scopes when absent"
-        ),
-    ),
+    params(ScopeQuery),
     responses((status = 200, description = "Success", body = api::DumpResponse), Read),
 )]
 async fn dump(
@@ -654,13 +650,7 @@ async fn dump(
     get,
     path = paths::STATUS,
     summary = "Capacity and use per scope, pool and family",
-    params(
-        (
-            "scope" = Option<String>, Query,
-            description = "Only this scope (the agent's own pools are in scope `node`); all \
-                scopes when absent"
-        ),
-    ),
+    params(ScopeQuery),
     responses((status = 200, description = "Success", body = api::StatusResponse), Read),
 )]
 async fn status(
@@ -679,13 +669,7 @@ async fn status(
     get,
     path = paths::POOLS,
     summary = "The pools with their ranges and exclusions",
-    params(
-        (
-            "scope" = Option<String>, Query,
-            description = "Only this scope (the agent's own pools are in scope `node`); all \
-                scopes when absent"
-        ),
-    ),
+    params(ScopeQuery),
     responses((status = 200, description = "Success", body = api::PoolsResponse), Read),
 )]
 async fn pools(
@@ -984,12 +968,7 @@ async fn cni_status(
     path = paths::INTERFACES,
     summary = "The node's interface-backed pools: each interface with its addresses and \
         prefixes, how many are assigned and cooling, and which are freeable",
-    params(
-        (
-            "pool" = Option<String>, Query,
-            description = "Only this pool; every interface-backed pool of the node when absent"
-        ),
-    ),
+    params(api::PoolQuery),
     responses((status = 200, description = "Success", body = api::InterfacesResponse), Read),
 )]
 async fn interfaces(
@@ -1048,14 +1027,7 @@ async fn add_interface(
     path = paths::INTERFACE,
     summary = "Removes an interface and its addresses from its pool; refused while it holds \
         allocations, or is the primary or a trunk interface, unless forced",
-    params(
-        ("id" = String, Path, description = "The interface's ID"),
-        (
-            "force" = Option<bool>, Query,
-            description = "Also when it holds allocations (released) or is the primary or a \
-                trunk interface"
-        ),
-    ),
+    params(("id" = String, Path, description = "The interface's ID"), api::ForceQuery),
     responses((status = 200, description = "Success", body = api::InterfaceRemoved), Removal),
 )]
 async fn remove_interface(
@@ -1099,12 +1071,7 @@ async fn add_interface_address(
         allocations unless forced",
     params(
         ("id" = String, Path, description = "The interface's ID"),
-        ("address" = String, Query, description = "The secondary address or delegated prefix"),
-        (
-            "force" = Option<bool>, Query,
-            description = "Also when it holds allocations (released) or is the primary or a \
-                trunk interface"
-        ),
+        api::InterfaceAddressQuery,
     ),
     responses((status = 200, description = "Success", body = api::InterfaceInfo), Removal),
 )]
