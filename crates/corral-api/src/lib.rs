@@ -23,6 +23,8 @@ pub mod interfaces;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod operator;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use interfaces::*;
 
