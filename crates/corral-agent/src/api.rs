@@ -1160,10 +1160,10 @@ pub fn router(state: AppState) -> Router {
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {
     corral_http::with_token(router, token, || {
-        error(
-            ErrorCode::Unauthorized,
-            "this listener needs Authorization: Bearer <token>",
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(api::ErrorResponse::unauthorized()),
         )
-        .into_response()
+            .into_response()
     })
 }

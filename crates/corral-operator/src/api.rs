@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use corral_api::openapi::AnyObject;
 use corral_api::operator::{self as body, paths};
-use corral_api::{ErrorBody, ErrorCode, ErrorResponse};
+use corral_api::{ErrorCode, ErrorResponse};
 use corral_cluster::{ClusterView, NodeName};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -196,26 +196,17 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
 
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {
-    corral_http::with_token(router, token, || {
-        error(
-            ErrorCode::Unauthorized,
-            "this listener needs Authorization: Bearer <token>",
-        )
-    })
+    corral_http::with_token(router, token, || answer(ErrorResponse::unauthorized()))
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    let body = ErrorResponse {
-        error: ErrorBody {
-            code,
-            message: message.into(),
-            pool: None,
-            set: None,
-            retryable: code == ErrorCode::RetryLater,
-            cni_code: None,
-        },
-    };
+    answer(ErrorResponse::new(code, message))
+}
+
+/// An error answer, with the status of its code.
+fn answer(body: ErrorResponse) -> Response {
+    let status =
+        StatusCode::from_u16(body.error.code.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (status, Json(body)).into_response()
 }
 
