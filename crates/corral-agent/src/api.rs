@@ -3,6 +3,10 @@
 //! a body that is not a JSON object, unknown fields and wrong types are 400s that name the
 //! problem (quoting at most a prefix of the input); nothing a client sends can make a handler
 //! panic or answer 5xx (503 only while restoring or when the store fails).
+//!
+//! Each handler carries its OpenAPI operation (`#[utoipa::path]`, the error statuses it can
+//! answer named by the sets of `error_statuses!` below); [`routes()`] routes each on the method
+//! and path given there and collects the operations for `openapi.rs`.
 
 use std::fmt;
 use std::marker::PhantomData;

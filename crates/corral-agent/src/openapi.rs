@@ -2,14 +2,16 @@
 //!
 //! Each operation is described on its handler in [`api`](crate::api) (`#[utoipa::path]`:
 //! method, path, summary, parameters, body, success with its links, and the error statuses
-//! it can answer), and collected by [`api::routes`](crate::api::routes), which routes them too. The schemas of the bodies are
+//! it can answer), and [`api::routes`](crate::api::routes) both routes the handlers and
+//! collects their operations, so no route goes undescribed. The schemas of the bodies are
 //! derived from `corral-api`'s types (utoipa's `ToSchema`, behind corral-api's `openapi`
-//! feature), corrected here; the error responses' `code` values are derived from
-//! [`ErrorCode::status`](corral_api::ErrorCode::status) by
-//! [`corral_api::openapi::document`], so a response schema promises exactly the codes a
-//! status can carry. `tests/openapi.rs` keeps the committed `openapi.json` (the file the agent
-//! serves at `/openapi.json`) equal to [`render`]`(`[`document`]`())`, and checks every path
-//! of `corral_api::paths` is described and every described operation is routed.
+//! feature), corrected here; [`corral_api::openapi::document`] builds the rest, with error
+//! responses whose `code` values are derived from
+//! [`ErrorCode::status`](corral_api::ErrorCode::status), so a response schema promises
+//! exactly the codes a status can carry. `tests/openapi.rs` keeps the committed
+//! `openapi.json` (the file the agent serves at `/openapi.json`) equal to
+//! [`render`]`(`[`document`]`())`, and checks every path of `corral_api::paths` is described
+//! and every described operation is routed.
 
 use std::collections::BTreeMap;
 

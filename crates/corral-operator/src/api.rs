@@ -8,6 +8,9 @@
 //! itself, and `/v1/status`, `/healthz` and `/metrics` with what it knows. Unknown paths are
 //! 404, other methods 405, a node name that is not a DNS-1123 subdomain 400; nothing a client
 //! sends makes a handler panic.
+//!
+//! Each handler carries its OpenAPI operation (`#[utoipa::path]`); `routes` routes each on
+//! the path given there and collects the operations for `openapi.rs`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,10 +1,11 @@
 //! The OpenAPI 3.1 document of the operator's API, built from the code so it cannot drift.
 //!
 //! Each operation is described on its handler in [`api`](crate::api) (`#[utoipa::path]`:
-//! path, summary, parameter, success and the error statuses it can answer), and collected by
-//! `api::routes`, which routes them too. The schemas are derived from `corral_api::operator`'s types (utoipa's
-//! `ToSchema`, behind corral-api's `openapi` feature); [`corral_api::openapi::document`] adds
-//! a response per error status that promises exactly the codes the operator answers with it.
+//! path, summary, parameter, success and the error statuses it can answer), and
+//! `api::routes` both routes the handlers and collects their operations. The schemas are
+//! derived from `corral_api::operator`'s types (utoipa's `ToSchema`, behind corral-api's
+//! `openapi` feature); [`corral_api::openapi::document`] builds the rest, with a response per
+//! error status that promises exactly the codes the operator answers with it.
 //! `tests/openapi.rs` keeps the committed `openapi-operator.json` (the file served at
 //! `/openapi.json`) equal to [`render`]`(`[`document`]`())`.
 
