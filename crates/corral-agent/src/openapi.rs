@@ -3,9 +3,9 @@
 //! Each operation is described on its handler in [`api`](crate::api) (`#[utoipa::path]`:
 //! method, path, summary, parameters, body, success with its links, and the error statuses
 //! it can answer), and [`api::routes`](crate::api::routes) both routes the handlers and
-//! collects their operations, so no route goes undescribed. The schemas of the bodies are
-//! derived from `corral-api`'s types (utoipa's `ToSchema`, behind corral-api's `openapi`
-//! feature), corrected here; [`corral_api::openapi::document`] builds the rest, with error
+//! collects their operations, so no route goes undescribed, with the schemas of their
+//! bodies: `corral-api`'s types (utoipa's `ToSchema`, behind corral-api's `openapi` feature),
+//! corrected here. [`corral_api::openapi::document`] builds the rest, with error
 //! responses whose `code` values are derived from
 //! [`ErrorCode::status`](corral_api::ErrorCode::status), so a response schema promises
 //! exactly the codes a status can carry. `tests/openapi.rs` keeps the committed
@@ -13,11 +13,9 @@
 //! [`render`]`(`[`document`]`())`, and checks every path of `corral_api::paths` is described
 //! and every described operation is routed.
 
-use std::collections::BTreeMap;
-
+use corral_api as api;
 pub use corral_api::openapi::render;
-use corral_api::openapi::{self, Document, Schemas, every_error_code, unsigned_64};
-use corral_api::{self as api};
+use corral_api::openapi::{self, Document, every_error_code, unsigned_64};
 use serde_json::{Value, json};
 
 /// The error statuses, each with the component response that describes it.
@@ -44,44 +42,10 @@ fn error_description(status: u16) -> &'static str {
     }
 }
 
-/// The JSON Schemas of every body type, by name, with the types they refer to.
-fn component_schemas() -> BTreeMap<String, Value> {
-    Schemas::default()
-        .add::<api::AllocateRequest>()
-        .add::<api::AllocateResponse>()
-        .add::<api::ReleaseRequest>()
-        .add::<api::ReleaseResponse>()
-        .add::<api::LeaseStartRequest>()
-        .add::<api::LeaseStopRequest>()
-        .add::<api::Lease>()
-        .add::<api::DumpResponse>()
-        .add::<api::StatusResponse>()
-        .add::<api::PoolsResponse>()
-        .add::<api::RangeRequest>()
-        .add::<api::RangeRemoved>()
-        .add::<api::ExclusionRequest>()
-        .add::<api::ReserveLocalRoutesRequest>()
-        .add::<api::ReserveLocalRoutesResponse>()
-        .add::<api::Done>()
-        .add::<api::CniAddRequest>()
-        .add::<api::CniKeyRequest>()
-        .add::<api::CniGcRequest>()
-        .add::<api::CniStatusRequest>()
-        .add::<api::GcRequest>()
-        .add::<api::GcResponse>()
-        .add::<api::ScopeStatus>()
-        .add::<api::InterfacesResponse>()
-        .add::<api::InterfaceRequest>()
-        .add::<api::InterfaceInfo>()
-        .add::<api::InterfaceAddressRequest>()
-        .add::<api::InterfaceRemoved>()
-        .add::<api::IpamdImportRequest>()
-        .add::<api::IpamdImportResponse>()
-        .add::<api::ErrorResponse>()
-        .into_json(|value| {
-            ip_addresses(value);
-            unsigned_64(value);
-        })
+/// The corrections of the schemas: addresses, and `u64`s.
+fn fix_schema(value: &mut Value) {
+    ip_addresses(value);
+    unsigned_64(value);
 }
 
 /// corral-api marks its `IpAddr` fields with the format `ip` (utoipa knows no type for
@@ -125,8 +89,8 @@ pub fn document() -> Value {
              the components Error404 and Error405).",
             api::MAX_BODY_BYTES
         ),
-        paths: crate::api::routes().into_openapi().paths,
-        schemas: component_schemas(),
+        api: crate::api::routes().into_openapi(),
+        fix_schema,
         codes: every_error_code(),
         error_description,
     })

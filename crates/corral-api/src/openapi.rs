@@ -9,10 +9,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
 pub use utoipa;
-use utoipa::openapi::path::Paths;
 use utoipa::openapi::response::Response;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
-use utoipa::openapi::{Ref, RefOr};
+use utoipa::openapi::{OpenApi, Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::ErrorCode;
@@ -33,7 +32,7 @@ pub fn schema_ref(name: &str) -> Value {
 
 /// The JSON Schemas of body types, by name, with the types they refer to.
 #[derive(Default)]
-pub struct Schemas(Vec<(String, RefOr<Schema>)>);
+struct Schemas(Vec<(String, RefOr<Schema>)>);
 
 impl std::fmt::Debug for Schemas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,14 +44,14 @@ impl std::fmt::Debug for Schemas {
 
 impl Schemas {
     /// Adds `T`'s schema and those it refers to.
-    pub fn add<T: ToSchema>(mut self) -> Schemas {
+    fn add<T: ToSchema>(mut self) -> Schemas {
         self.0.push((T::name().into_owned(), T::schema()));
         T::schemas(&mut self.0);
         self
     }
 
     /// The schemas as JSON, each corrected by `fix` (e.g. [`unsigned_64`]).
-    pub fn into_json(self, fix: impl Fn(&mut Value)) -> BTreeMap<String, Value> {
+    fn into_json(self, fix: impl Fn(&mut Value)) -> BTreeMap<String, Value> {
         self.0
             .into_iter()
             .map(|(name, schema)| {
@@ -196,9 +195,11 @@ fn code_name(code: ErrorCode) -> String {
 pub struct Document {
     pub title: &'static str,
     pub description: String,
-    /// The operations, as utoipa collects them from the handlers' `#[utoipa::path]`.
-    pub paths: Paths,
-    pub schemas: BTreeMap<String, Value>,
+    /// The operations, as utoipa collects them from the handlers' `#[utoipa::path]`, with the
+    /// schemas of their bodies.
+    pub api: OpenApi,
+    /// The correction each schema needs (e.g. [`unsigned_64`]).
+    pub fix_schema: fn(&mut Value),
     /// The codes the daemon answers: each status of one has an `ErrorNNN` response whose
     /// `code` is one of those of that status, in this order.
     pub codes: Vec<ErrorCode>,
@@ -215,13 +216,22 @@ impl std::fmt::Debug for Document {
     }
 }
 
-/// The OpenAPI 3.1 document: utoipa's operations, each also answering the 401 of the TCP
+/// The OpenAPI 3.1 document: utoipa's operations and schemas (with [`crate::ErrorResponse`]'s,
+/// which the error responses refer to), each also answering the 401 of the TCP
 /// listener without the token, with every link marked for schemathesis (a link gives the
 /// whole body of the next request; `x-schemathesis` tells its stateful phase to send it as
 /// it is rather than merged into a generated one), and a response per error status whose
 /// `code` is one of those [`ErrorCode::status`] maps to it.
 pub fn document(document: Document) -> Value {
-    let mut paths = serde_json::to_value(&document.paths).expect("the paths are JSON");
+    let collected = document
+        .api
+        .components
+        .map(|c| c.schemas)
+        .unwrap_or_default();
+    let schemas = Schemas(collected.into_iter().collect())
+        .add::<crate::ErrorResponse>()
+        .into_json(document.fix_schema);
+    let mut paths = serde_json::to_value(&document.api.paths).expect("the paths are JSON");
     for item in paths.as_object_mut().into_iter().flat_map(Map::values_mut) {
         for operation in item.as_object_mut().into_iter().flat_map(Map::values_mut) {
             // utoipa tags every operation with its handler's module.
@@ -273,7 +283,7 @@ pub fn document(document: Document) -> Value {
         "security": [{}, {"bearer": []}],
         "paths": paths,
         "components": {
-            "schemas": document.schemas,
+            "schemas": schemas,
             "responses": responses,
             "securitySchemes": {
                 "bearer": {

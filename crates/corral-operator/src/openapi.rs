@@ -2,19 +2,16 @@
 //!
 //! Each operation is described on its handler in [`api`](crate::api) (`#[utoipa::path]`:
 //! path, summary, parameter, success and the error statuses it can answer), and
-//! `api::routes` both routes the handlers and collects their operations. The schemas are
-//! derived from `corral_api::operator`'s types (utoipa's `ToSchema`, behind corral-api's
+//! `api::routes` both routes the handlers and collects their operations, with the schemas of
+//! their bodies (`corral_api::operator`'s types, utoipa's `ToSchema` behind corral-api's
 //! `openapi` feature); [`corral_api::openapi::document`] builds the rest, with a response per
 //! error status that promises exactly the codes the operator answers with it.
 //! `tests/openapi.rs` keeps the committed `openapi-operator.json` (the file served at
 //! `/openapi.json`) equal to [`render`]`(`[`document`]`())`.
 
-use std::collections::BTreeMap;
-
 use corral_api::ErrorCode;
 pub use corral_api::openapi::render;
-use corral_api::openapi::{self, Document, Schemas, unsigned_64};
-use corral_api::operator as body;
+use corral_api::openapi::{self, Document, unsigned_64};
 use serde_json::Value;
 
 /// The codes the operator answers, one per error status.
@@ -39,30 +36,6 @@ fn error_description(status: u16) -> &'static str {
     }
 }
 
-/// The JSON Schemas of every body type, by name, with the types they refer to.
-fn component_schemas() -> BTreeMap<String, Value> {
-    Schemas::default()
-        .add::<body::OperatorStatus>()
-        .add::<body::Rebuild>()
-        .add::<body::ClusterStatus>()
-        .add::<body::PoolStatus>()
-        .add::<body::NodesResponse>()
-        .add::<body::NodeStatus>()
-        .add::<body::NodeGrant>()
-        .add::<body::NodeBlocks>()
-        .add::<body::NodeCloud>()
-        .add::<body::NodeCloudInterface>()
-        .add::<body::ClusterPools>()
-        .add::<body::ClusterPool>()
-        .add::<body::ClusterPoolFamily>()
-        .add::<body::GrantsResponse>()
-        .add::<body::Grant>()
-        .add::<body::NodeIdGrant>()
-        .add::<body::NodePlan>()
-        .add::<corral_api::ErrorResponse>()
-        .into_json(unsigned_64)
-}
-
 /// The OpenAPI document of the operator's API.
 pub fn document() -> Value {
     openapi::document(Document {
@@ -75,8 +48,8 @@ pub fn document() -> Value {
             method it does not take answers 405 (see the components Error404 and \
             Error405). Counts that can pass 2^53 are decimal strings."
             .to_owned(),
-        paths: crate::api::routes().into_openapi().paths,
-        schemas: component_schemas(),
+        api: crate::api::routes().into_openapi(),
+        fix_schema: unsigned_64,
         codes: CODES.to_vec(),
         error_description,
     })
