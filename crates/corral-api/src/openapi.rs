@@ -1,8 +1,8 @@
-//! What both daemons' OpenAPI documents are built from (feature `openapi`): schemas collected
-//! from the types, the corrections utoipa's output needs, the error statuses a handler
+//! What both daemons' OpenAPI documents are built from (feature `openapi`): the document
+//! around the operations and body schemas utoipa collects from the handlers'
+//! `#[utoipa::path]`, the corrections utoipa's output needs, the error statuses a handler
 //! declares ([`error_statuses!`](crate::error_statuses)) and the error responses they refer
-//! to, the document around the operations utoipa collects from the handlers'
-//! `#[utoipa::path]`, and the committed document's text ([`render`]).
+//! to, and the committed document's text ([`render`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -14,11 +14,11 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::{OpenApi, Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
-use crate::ErrorCode;
+use crate::{ErrorCode, ErrorResponse};
 
 /// The component name of a type's schema: naming schemas through their types makes a
 /// renamed or removed type a compile error where it is named.
-pub fn name<T: ToSchema>() -> &'static str {
+fn name<T: ToSchema>() -> &'static str {
     match T::name() {
         Cow::Borrowed(name) => name,
         Cow::Owned(name) => name.leak(),
@@ -26,41 +26,8 @@ pub fn name<T: ToSchema>() -> &'static str {
 }
 
 /// A reference to a component schema.
-pub fn schema_ref(name: &str) -> Value {
+fn schema_ref(name: &str) -> Value {
     json!({"$ref": format!("#/components/schemas/{name}")})
-}
-
-/// The JSON Schemas of body types, by name, with the types they refer to.
-#[derive(Default)]
-struct Schemas(Vec<(String, RefOr<Schema>)>);
-
-impl std::fmt::Debug for Schemas {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.0.iter().map(|(n, _)| n))
-            .finish()
-    }
-}
-
-impl Schemas {
-    /// Adds `T`'s schema and those it refers to.
-    fn add<T: ToSchema>(mut self) -> Schemas {
-        self.0.push((T::name().into_owned(), T::schema()));
-        T::schemas(&mut self.0);
-        self
-    }
-
-    /// The schemas as JSON, each corrected by `fix` (e.g. [`unsigned_64`]).
-    fn into_json(self, fix: impl Fn(&mut Value)) -> BTreeMap<String, Value> {
-        self.0
-            .into_iter()
-            .map(|(name, schema)| {
-                let mut value = serde_json::to_value(schema).expect("a schema is JSON");
-                fix(&mut value);
-                (name, value)
-            })
-            .collect()
-    }
 }
 
 /// utoipa describes a `u64` as `format: int64` with `minimum: 0`, but `int64` means a signed
@@ -82,14 +49,14 @@ pub fn unsigned_64(value: &mut Value) {
 }
 
 /// The error response of a status: an `ErrorResponse` whose code is one of `codes`.
-pub fn error_response(description: &str, codes: &[&str]) -> Value {
+fn error_response(description: &str, codes: &[&str]) -> Value {
     json!({
         "description": description,
         "content": {
             "application/json": {
                 "schema": {
                     "allOf": [
-                        schema_ref(name::<crate::ErrorResponse>()),
+                        schema_ref(name::<ErrorResponse>()),
                         {
                             "type": "object",
                             "properties": {
@@ -107,7 +74,7 @@ pub fn error_response(description: &str, codes: &[&str]) -> Value {
 }
 
 /// The component name of a status's error response.
-pub fn error_response_name(status: u16) -> String {
+fn error_response_name(status: u16) -> String {
     format!("Error{status}")
 }
 
@@ -223,14 +190,19 @@ impl std::fmt::Debug for Document {
 /// it is rather than merged into a generated one), and a response per error status whose
 /// `code` is one of those [`ErrorCode::status`] maps to it.
 pub fn document(document: Document) -> Value {
-    let collected = document
-        .api
-        .components
-        .map(|c| c.schemas)
+    let mut schemas: Vec<(String, RefOr<Schema>)> = (document.api.components)
+        .map(|components| components.schemas.into_iter().collect())
         .unwrap_or_default();
-    let schemas = Schemas(collected.into_iter().collect())
-        .add::<crate::ErrorResponse>()
-        .into_json(document.fix_schema);
+    schemas.push((name::<ErrorResponse>().to_owned(), ErrorResponse::schema()));
+    ErrorResponse::schemas(&mut schemas);
+    let schemas: BTreeMap<String, Value> = schemas
+        .into_iter()
+        .map(|(name, schema)| {
+            let mut value = serde_json::to_value(schema).expect("a schema is JSON");
+            (document.fix_schema)(&mut value);
+            (name, value)
+        })
+        .collect();
     let mut paths = serde_json::to_value(&document.api.paths).expect("the paths are JSON");
     for item in paths.as_object_mut().into_iter().flat_map(Map::values_mut) {
         for operation in item.as_object_mut().into_iter().flat_map(Map::values_mut) {
