@@ -3,6 +3,10 @@
 //! a body that is not a JSON object, unknown fields and wrong types are 400s that name the
 //! problem (quoting at most a prefix of the input); nothing a client sends can make a handler
 //! panic or answer 5xx (503 only while restoring or when the store fails).
+//!
+//! Each handler carries its OpenAPI operation (`#[utoipa::path]`, the error statuses it can
+//! answer named by the sets of `error_statuses!` below); [`routes()`] routes each on the method
+//! and path given there and collects the operations for `openapi.rs`.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -18,8 +22,8 @@ use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
+use corral_api::openapi::AnyObject;
 use corral_api::{self as api, ErrorCode, paths};
 use corral_core::{
     AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Echo, Exclusion, Family, GcPolicy,
@@ -29,6 +33,8 @@ use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, S
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::committer::Committer;
 use crate::metrics::{Metrics, Operation, Outcome};
@@ -36,6 +42,20 @@ use crate::node::{self, OpError};
 
 /// The OpenAPI document, as committed at the repository root.
 pub const OPENAPI: &str = include_str!("../../../openapi.json");
+
+corral_api::error_statuses! {
+    /// A change with a JSON body: 400, 413 and 415 for the body, 404 and 409 from the
+    /// engine, 503 while restoring or when the store fails.
+    Change = [400, 404, 409, 413, 415, 503];
+    /// A read of one scope or all (`?scope=`), or of one interface.
+    Read = [400, 404, 503];
+    /// A change with a JSON body that the engine cannot refuse (only a bad body, or not now).
+    BodyErrors = [400, 413, 415, 503];
+    /// A removal by path and query, without a body.
+    Removal = [400, 404, 409, 503];
+    /// Only while restoring, or once the store failed.
+    Unavailable = [503];
+}
 
 /// What every handler shares.
 #[derive(Clone, Debug)]
@@ -178,9 +198,11 @@ fn shortened(mut message: String) -> String {
 }
 
 /// The `?scope=` of a GET.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ScopeQuery {
+    /// Only this scope (the agent's own pools are in scope `node`); all scopes when absent
     scope: Option<String>,
 }
 
@@ -440,6 +462,16 @@ fn store_failed() -> ApiError {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = paths::HEALTHZ,
+    summary = "Liveness: answers `ok` as soon as the socket is bound; 503 once a sync of the \
+        state's log has failed (the agent refuses every change until restarted)",
+    responses(
+        (status = 200, description = "`ok`", body = String, content_type = "text/plain"),
+        Unavailable,
+    ),
+)]
 async fn healthz(State(state): State<AppState>) -> Response {
     if state.store_health.sync_failed() {
         return store_failed().into_response();
@@ -447,6 +479,16 @@ async fn healthz(State(state): State<AppState>) -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = paths::READYZ,
+    summary = "Readiness: `ready` once the state on disk is restored, else 503 (also once a \
+        sync of the state's log has failed)",
+    responses(
+        (status = 200, description = "`ready`", body = String, content_type = "text/plain"),
+        Unavailable,
+    ),
+)]
 async fn readyz(State(state): State<AppState>) -> Response {
     let broken = state.broken_scopes.load(Ordering::Acquire);
     if state.store_health.sync_failed() {
@@ -476,6 +518,17 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = paths::METRICS,
+    summary = "Prometheus metrics in the OpenMetrics text format",
+    responses((
+        status = 200,
+        description = "OpenMetrics text",
+        body = String,
+        content_type = "application/openmetrics-text",
+    )),
+)]
 async fn metrics(State(state): State<AppState>) -> Response {
     state
         .metrics
@@ -510,10 +563,38 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = paths::OPENAPI,
+    summary = "This document",
+    responses((status = 200, description = "the OpenAPI document", body = inline(AnyObject))),
+)]
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
+#[utoipa::path(
+    post,
+    path = paths::ALLOCATE,
+    summary = "Allocates the next free address (or a given one) of one family or both",
+    request_body = api::AllocateRequest,
+    responses(
+        (status = 200, description = "Success", body = api::AllocateResponse, links(
+            ("StartLease" = (operation_id = "lease_start", request_body = json!({
+                "address": "$response.body#/allocations/0/address",
+                "duration_ms": 60000,
+            }))),
+            ("ReleaseAddress" = (operation_id = "release", request_body = json!({
+                "address": "$response.body#/allocations/0/address",
+                "generation": "$response.body#/allocations/0/generation",
+            }))),
+            ("ReleaseOwner" = (operation_id = "release", request_body = json!({
+                "owner": "$request.body#/owner",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn allocate(
     State(state): State<AppState>,
     Body(request): Body<api::AllocateRequest>,
@@ -525,6 +606,13 @@ async fn allocate(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::RELEASE,
+    summary = "Releases by key, by address (optionally at a generation) or by owner",
+    request_body = api::ReleaseRequest,
+    responses((status = 200, description = "Success", body = api::ReleaseResponse), Change),
+)]
 async fn release(
     State(state): State<AppState>,
     Body(request): Body<api::ReleaseRequest>,
@@ -535,6 +623,21 @@ async fn release(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::LEASE_START,
+    summary = "Starts an expiration timer on an allocated address",
+    request_body = api::LeaseStartRequest,
+    responses(
+        (status = 200, description = "Success", body = api::Lease, links(
+            ("StopLease" = (operation_id = "lease_stop", request_body = json!({
+                "address": "$request.body#/address",
+                "id": "$response.body#/id",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn lease_start(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStartRequest>,
@@ -545,6 +648,13 @@ async fn lease_start(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::LEASE_STOP,
+    summary = "Stops an address's expiration timer; the address stays allocated",
+    request_body = api::LeaseStopRequest,
+    responses((status = 200, description = "Success", body = api::Done), Change),
+)]
 async fn lease_stop(
     State(state): State<AppState>,
     Body(request): Body<api::LeaseStopRequest>,
@@ -560,6 +670,13 @@ fn done((): ()) -> Result<Json<api::Done>, ApiError> {
     Ok(Json(api::Done { ok: true }))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::DUMP,
+    summary = "Every allocation, per scope and pool",
+    params(ScopeQuery),
+    responses((status = 200, description = "Success", body = api::DumpResponse), Read),
+)]
 async fn dump(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
@@ -567,6 +684,13 @@ async fn dump(
     answer!(state, "dump", node::Dump(query.scope))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::STATUS,
+    summary = "Capacity and use per scope, pool and family",
+    params(ScopeQuery),
+    responses((status = 200, description = "Success", body = api::StatusResponse), Read),
+)]
 async fn status(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
@@ -579,6 +703,13 @@ async fn status(
     Ok(Json(status))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::POOLS,
+    summary = "The pools with their ranges and exclusions",
+    params(ScopeQuery),
+    responses((status = 200, description = "Success", body = api::PoolsResponse), Read),
+)]
 async fn pools(
     State(state): State<AppState>,
     Query(query): Query<ScopeQuery>,
@@ -586,6 +717,25 @@ async fn pools(
     answer!(state, "pools", node::Pools(query.scope))
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_RANGES_ADD,
+    summary = "Adds a range to a pool, creating the pool if it does not exist",
+    request_body = api::RangeRequest,
+    responses(
+        (status = 200, description = "Success", body = api::Done, links(
+            ("RemoveRange" = (operation_id = "remove_range", request_body = json!({
+                "pool": "$request.body#/pool",
+                "range": "$request.body#/range",
+            }))),
+            ("AllocateFromPool" = (operation_id = "allocate", request_body = json!({
+                "owner": "linked",
+                "pool": "$request.body#/pool",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn add_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
@@ -594,6 +744,13 @@ async fn add_range(
     done(state.run_checked("add_range", request).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_RANGES_REMOVE,
+    summary = "Removes a range; one that still holds allocations drains",
+    request_body = api::RangeRequest,
+    responses((status = 200, description = "Success", body = api::RangeRemoved), Change),
+)]
 async fn remove_range(
     State(state): State<AppState>,
     Body(request): Body<api::RangeRequest>,
@@ -602,6 +759,21 @@ async fn remove_range(
     state.run_checked("remove_range", request).await.map(Json)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_EXCLUSIONS_ADD,
+    summary = "Excludes an address or a network from a pool",
+    request_body = api::ExclusionRequest,
+    responses(
+        (status = 200, description = "Success", body = api::Done, links(
+            ("RemoveExclusion" = (operation_id = "remove_exclusion", request_body = json!({
+                "pool": "$request.body#/pool",
+                "network": "$request.body#/network",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn add_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
@@ -610,6 +782,13 @@ async fn add_exclusion(
     done(state.run_checked("add_exclusion", request).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::POOL_EXCLUSIONS_REMOVE,
+    summary = "Removes an exclusion (its `reason` is ignored)",
+    request_body = api::ExclusionRequest,
+    responses((status = 200, description = "Success", body = api::Done), Change),
+)]
 async fn remove_exclusion(
     State(state): State<AppState>,
     Body(request): Body<api::ExclusionRequest>,
@@ -620,6 +799,18 @@ async fn remove_exclusion(
 
 /// Reads the node's routes and addresses first (off the async threads), then reserves them
 /// through the committer like any change.
+#[utoipa::path(
+    post,
+    path = paths::POOL_RESERVE_LOCAL_ROUTES,
+    summary = "Excludes from the pools every address the node's routes and interface addresses \
+        cover that is not the pool's own, replacing the previous reservation's exclusions; \
+        allocated addresses are reported as conflicts, never excluded or released",
+    request_body = api::ReserveLocalRoutesRequest,
+    responses(
+        (status = 200, description = "Success", body = api::ReserveLocalRoutesResponse),
+        BodyErrors,
+    ),
+)]
 async fn reserve_local_routes(
     State(state): State<AppState>,
     Body(request): Body<api::ReserveLocalRoutesRequest>,
@@ -639,10 +830,30 @@ async fn reserve_local_routes(
     Ok(Json(response))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::CHECKPOINT,
+    operation_id = "export_checkpoint",
+    summary = "Exports every scope as a checkpoint document (`corral-checkpoint/1`)",
+    responses(
+        (status = 200, description = "the checkpoint document", body = inline(AnyObject), links(
+            ("Import" = (operation_id = "import_checkpoint", request_body = "$response.body")),
+        )),
+        Unavailable,
+    ),
+)]
 async fn export(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
     answer!(state, "export", node::Export {})
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CHECKPOINT,
+    operation_id = "import_checkpoint",
+    summary = "Imports a checkpoint document into scopes that hold no allocations",
+    request_body = inline(AnyObject),
+    responses((status = 200, description = "Success", body = api::Done), Change),
+)]
 async fn import(
     State(state): State<AppState>,
     Body(document): Body<serde_json::Value>,
@@ -653,6 +864,32 @@ async fn import(
     done(state.run_checked("import", checkpoint).await?)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_ADD,
+    summary = "CNI ADD: one address per set, all or nothing; idempotent per attachment",
+    request_body = api::CniAddRequest,
+    responses(
+        (status = 200, description = "Success", body = api::AllocateResponse, links(
+            ("Check" = (operation_id = "cni_check", request_body = json!({
+                "network": "$request.body#/network",
+                "key": "$request.body#/key",
+            }))),
+            ("Del" = (operation_id = "cni_del", request_body = json!({
+                "network": "$request.body#/network",
+                "key": "$request.body#/key",
+            }))),
+            ("Gc" = (operation_id = "cni_gc", request_body = json!({
+                "network": "$request.body#/network",
+                "valid_attachments": [],
+            }))),
+            ("Status" = (operation_id = "cni_status", request_body = json!({
+                "network": "$request.body#/network",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn cni_add(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniAddRequest>,
@@ -682,6 +919,13 @@ async fn cni_add(
     Ok(Json(reply))
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_DEL,
+    summary = "CNI DEL: releases the attachment's addresses",
+    request_body = api::CniKeyRequest,
+    responses((status = 200, description = "Success", body = api::ReleaseResponse), Change),
+)]
 async fn cni_del(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniKeyRequest>,
@@ -693,6 +937,13 @@ async fn cni_del(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_CHECK,
+    summary = "CNI CHECK: the attachment's addresses (none if the network is unknown)",
+    request_body = api::CniKeyRequest,
+    responses((status = 200, description = "Success", body = api::AllocateResponse), BodyErrors),
+)]
 async fn cni_check(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniKeyRequest>,
@@ -702,6 +953,13 @@ async fn cni_check(
     state.run_checked("cni_check", request).await.map(Json)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_GC,
+    summary = "CNI GC: the leak collector over the network's attachments (see gc)",
+    request_body = api::CniGcRequest,
+    responses((status = 200, description = "Success", body = api::GcResponse), Change),
+)]
 async fn cni_gc(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniGcRequest>,
@@ -713,6 +971,15 @@ async fn cni_gc(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::GC,
+    summary = "The leak collector over a scope's attachments: an allocation whose attachment is \
+        not live is recorded as a suspect, and released by a later run past the grace period \
+        that finds it still missing and unchanged, whole, within the cap",
+    request_body = api::GcRequest,
+    responses((status = 200, description = "Success", body = api::GcResponse), Change),
+)]
 async fn gc(
     State(state): State<AppState>,
     Body(request): Body<api::GcRequest>,
@@ -723,6 +990,13 @@ async fn gc(
     answer
 }
 
+#[utoipa::path(
+    post,
+    path = paths::CNI_STATUS,
+    summary = "CNI STATUS: the network's pools with their use",
+    request_body = api::CniStatusRequest,
+    responses((status = 200, description = "Success", body = api::ScopeStatus), Change),
+)]
 async fn cni_status(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniStatusRequest>,
@@ -732,6 +1006,14 @@ async fn cni_status(
     state.run_checked("cni_status", request).await.map(Json)
 }
 
+#[utoipa::path(
+    get,
+    path = paths::INTERFACES,
+    summary = "The node's interface-backed pools: each interface with its addresses and \
+        prefixes, how many are assigned and cooling, and which are freeable",
+    params(api::PoolQuery),
+    responses((status = 200, description = "Success", body = api::InterfacesResponse), Read),
+)]
 async fn interfaces(
     State(state): State<AppState>,
     Query(query): Query<api::PoolQuery>,
@@ -747,6 +1029,13 @@ fn interface_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiEr
         .map_err(|rejection| error(ErrorCode::BadRequest, shortened(rejection.body_text())))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::INTERFACE,
+    summary = "One interface with its addresses, their use, and the freeable ones",
+    params(("id" = String, Path, description = "The interface's ID")),
+    responses((status = 200, description = "Success", body = api::InterfaceInfo), Read),
+)]
 async fn interface(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -756,6 +1045,22 @@ async fn interface(
     state.run_checked("interface", request).await.map(Json)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::INTERFACES,
+    summary = "Adds an interface (and its addresses, all or nothing) to a pool of the node, \
+        which becomes interface-backed; a pool with plain ranges is refused",
+    request_body = api::InterfaceRequest,
+    responses(
+        (status = 200, description = "Success", body = api::InterfaceInfo, links(
+            ("AllocateFromInterfaces" = (operation_id = "allocate", request_body = json!({
+                "owner": "linked",
+                "pool": "$request.body#/pool",
+            }))),
+        )),
+        Change,
+    ),
+)]
 async fn add_interface(
     State(state): State<AppState>,
     Body(request): Body<api::InterfaceRequest>,
@@ -764,6 +1069,14 @@ async fn add_interface(
     state.run_checked("add_interface", request).await.map(Json)
 }
 
+#[utoipa::path(
+    delete,
+    path = paths::INTERFACE,
+    summary = "Removes an interface and its addresses from its pool; refused while it holds \
+        allocations, or is the primary or a trunk interface, unless forced",
+    params(("id" = String, Path, description = "The interface's ID"), api::ForceQuery),
+    responses((status = 200, description = "Success", body = api::InterfaceRemoved), Removal),
+)]
 async fn remove_interface(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -777,6 +1090,14 @@ async fn remove_interface(
     state.run_checked("remove_interface", op).await.map(Json)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::INTERFACE_ADDRESSES,
+    summary = "Adds a secondary address (/32, /128) or delegated prefix (/28, /80) to an interface",
+    params(("id" = String, Path, description = "The interface's ID")),
+    request_body = api::InterfaceAddressRequest,
+    responses((status = 200, description = "Success", body = api::InterfaceInfo), Change),
+)]
 async fn add_interface_address(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -791,6 +1112,17 @@ async fn add_interface_address(
         .map(Json)
 }
 
+#[utoipa::path(
+    delete,
+    path = paths::INTERFACE_ADDRESSES,
+    summary = "Removes an address or prefix from an interface; refused while it holds \
+        allocations unless forced",
+    params(
+        ("id" = String, Path, description = "The interface's ID"),
+        api::InterfaceAddressQuery,
+    ),
+    responses((status = 200, description = "Success", body = api::InterfaceInfo), Removal),
+)]
 async fn remove_interface_address(
     State(state): State<AppState>,
     id: Result<Path<String>, PathRejection>,
@@ -809,6 +1141,14 @@ async fn remove_interface_address(
         .map(Json)
 }
 
+#[utoipa::path(
+    post,
+    path = paths::IMPORT_IPAMD,
+    summary = "Imports AWS VPC CNI's ipamd checkpoint (vpc-cni-ipam/1) into an interface-backed \
+        pool: each allocation under its CNI key, all or nothing",
+    request_body = api::IpamdImportRequest,
+    responses((status = 200, description = "Success", body = api::IpamdImportResponse), Change),
+)]
 async fn import_ipamd(
     State(state): State<AppState>,
     Body(request): Body<api::IpamdImportRequest>,
@@ -828,39 +1168,42 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// The API's routes.
+/// The API's routes, each handler on the method and path its `#[utoipa::path]` gives: the
+/// router and the OpenAPI document's operations (see `openapi.rs`) come from this one list.
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::default()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(allocate))
+        .routes(routes!(release))
+        .routes(routes!(lease_start))
+        .routes(routes!(lease_stop))
+        .routes(routes!(dump))
+        .routes(routes!(status))
+        .routes(routes!(pools))
+        .routes(routes!(add_range))
+        .routes(routes!(remove_range))
+        .routes(routes!(add_exclusion))
+        .routes(routes!(remove_exclusion))
+        .routes(routes!(reserve_local_routes))
+        .routes(routes!(export, import))
+        .routes(routes!(cni_add))
+        .routes(routes!(cni_del))
+        .routes(routes!(cni_check))
+        .routes(routes!(cni_gc))
+        .routes(routes!(cni_status))
+        .routes(routes!(gc))
+        .routes(routes!(interfaces, add_interface))
+        .routes(routes!(import_ipamd))
+        .routes(routes!(interface, remove_interface))
+        .routes(routes!(add_interface_address, remove_interface_address))
+}
+
+/// The API's routes, with the fallbacks for unknown paths (404) and methods (405).
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route(paths::HEALTHZ, get(healthz))
-        .route(paths::READYZ, get(readyz))
-        .route(paths::METRICS, get(metrics))
-        .route(paths::OPENAPI, get(openapi))
-        .route(paths::ALLOCATE, post(allocate))
-        .route(paths::RELEASE, post(release))
-        .route(paths::LEASE_START, post(lease_start))
-        .route(paths::LEASE_STOP, post(lease_stop))
-        .route(paths::DUMP, get(dump))
-        .route(paths::STATUS, get(status))
-        .route(paths::POOLS, get(pools))
-        .route(paths::POOL_RANGES_ADD, post(add_range))
-        .route(paths::POOL_RANGES_REMOVE, post(remove_range))
-        .route(paths::POOL_EXCLUSIONS_ADD, post(add_exclusion))
-        .route(paths::POOL_EXCLUSIONS_REMOVE, post(remove_exclusion))
-        .route(paths::POOL_RESERVE_LOCAL_ROUTES, post(reserve_local_routes))
-        .route(paths::CHECKPOINT, get(export).post(import))
-        .route(paths::CNI_ADD, post(cni_add))
-        .route(paths::CNI_DEL, post(cni_del))
-        .route(paths::CNI_CHECK, post(cni_check))
-        .route(paths::CNI_GC, post(cni_gc))
-        .route(paths::CNI_STATUS, post(cni_status))
-        .route(paths::GC, post(gc))
-        .route(paths::INTERFACES, get(interfaces).post(add_interface))
-        .route(paths::IMPORT_IPAMD, post(import_ipamd))
-        .route(paths::INTERFACE, get(interface).delete(remove_interface))
-        .route(
-            paths::INTERFACE_ADDRESSES,
-            post(add_interface_address).delete(remove_interface_address),
-        )
+    Router::from(routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
@@ -870,11 +1213,11 @@ pub fn router(state: AppState) -> Router {
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {
     corral_http::with_token(router, token, || {
-        error(
-            ErrorCode::Unauthorized,
-            "this listener needs Authorization: Bearer <token>",
+        (
+            StatusCode::UNAUTHORIZED,
+            Json(api::ErrorResponse::unauthorized()),
         )
-        .into_response()
+            .into_response()
     })
 }
 

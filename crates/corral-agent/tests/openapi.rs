@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use corral_agent::openapi::{document, render};
+use corral_api::testing::{check_committed, dangling_references, path_constants};
 
 fn committed_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi.json")
@@ -13,30 +14,13 @@ fn committed_path() -> PathBuf {
 
 #[test]
 fn committed_openapi_json_is_the_generated_document() {
-    let committed = corral_api::openapi::check_committed(&committed_path(), &render(&document()));
+    let committed = check_committed(&committed_path(), &render(&document()));
     assert_eq!(corral_agent::api::OPENAPI, committed);
 }
 
-/// The paths of `corral_api::paths`, read from its source: a module's constants cannot be
-/// listed at run time, and a path added there must not be missed here.
+/// The paths of `corral_api::paths`, read from its source.
 fn registered_paths() -> Vec<(String, String)> {
-    let source = include_str!("../../corral-api/src/lib.rs");
-    let start = source
-        .find("pub mod paths {")
-        .expect("corral-api has a paths module");
-    let end = start + source[start..].find("\n}").expect("the module ends");
-    let paths: Vec<(String, String)> = source[start..end]
-        .lines()
-        .filter_map(|line| {
-            let rest = line.trim().strip_prefix("pub const ")?;
-            let (name, rest) = rest.split_once(": &str = \"")?;
-            let value = rest.strip_suffix("\";")?;
-            Some((name.to_owned(), value.to_owned()))
-        })
-        .collect();
-    let constants = source[start..end].matches("pub const ").count();
-    assert_eq!(paths.len(), constants, "every constant of paths is read");
-    paths
+    path_constants(include_str!("../../corral-api/src/lib.rs"))
 }
 
 #[test]
@@ -71,20 +55,7 @@ fn every_registered_path_is_documented() {
 
 #[test]
 fn every_referenced_component_exists() {
-    let document = document();
-    let text = document.to_string();
-    let mut missing = Vec::new();
-    for (kind, prefix) in [
-        ("schemas", "#/components/schemas/"),
-        ("responses", "#/components/responses/"),
-    ] {
-        for piece in text.split(prefix).skip(1) {
-            let name = &piece[..piece.find('"').unwrap()];
-            if document["components"][kind].get(name).is_none() {
-                missing.push(format!("{prefix}{name}"));
-            }
-        }
-    }
+    let missing = dangling_references(&document());
     assert!(missing.is_empty(), "dangling references: {missing:?}");
 }
 

@@ -14,64 +14,13 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use corral_agent::{AgentConfig, AgentError, Running};
+use corral_api::testing::Schemathesis;
 
-/// What `make deps` installs, and the test's advice when it is missing.
-const INSTALL: &str = "make deps  (or: python3 -m venv target/schemathesis-venv && \
-                       target/schemathesis-venv/bin/pip install 'schemathesis==4.32.5')";
 const TOKEN: &str = "schemathesis-test-token-0123456789";
-/// Examples per operation and phase; with 22 operations the run takes about 30 s on two
-/// cores.
-const EXAMPLES: u32 = 100;
-const SEED: u64 = 20261122;
-/// The whole schemathesis run is killed (and the test fails) after this long.
-const DEADLINE: Duration = Duration::from_secs(180);
-
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The `st` executable: `$SCHEMATHESIS`, the venv `make deps` creates, `st` on the PATH,
-/// or pip's `--user` location.
-fn schemathesis() -> PathBuf {
-    let works = |candidate: &Path| {
-        Command::new(candidate)
-            .arg("--version")
-            .output()
-            .is_ok_and(|out| {
-                out.status.success() && String::from_utf8_lossy(&out.stdout).contains("st, version")
-            })
-    };
-    if let Some(path) = std::env::var_os("SCHEMATHESIS") {
-        let path = PathBuf::from(path);
-        assert!(
-            works(&path),
-            "SCHEMATHESIS={} does not run `st --version`",
-            path.display()
-        );
-        return path;
-    }
-    let mut candidates = Vec::new();
-    candidates.push(workspace_root().join("target/schemathesis-venv/bin/st"));
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|dir| dir.join("st")));
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        candidates.push(PathBuf::from(home).join(".local/bin/st"));
-    }
-    if let Some(found) = candidates.iter().find(|candidate| works(candidate)) {
-        return found.clone();
-    }
-    panic!(
-        "schemathesis is not installed: no working `st` in $SCHEMATHESIS, {}, the PATH or \
-         ~/.local/bin; install it with:\n    {INSTALL}",
-        candidates[0].display()
-    );
-}
 
 /// Starts the agent with the embedded default pools on `dir`, its TCP listener on a free
 /// port.
@@ -153,95 +102,15 @@ fn now_ms() -> u64 {
     u64::try_from(since_epoch.as_millis()).unwrap()
 }
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={text:?} is not a number")),
-        Err(_) => default,
-    }
-}
-
 #[test]
 #[ignore = "needs schemathesis (PyPI, installed by `make deps`); `make test` runs it"]
 fn schemathesis_finds_nothing_and_a_restart_keeps_every_allocation() {
-    let st = schemathesis();
+    let st = Schemathesis::find();
     let dir = tempfile::tempdir().unwrap();
     let (agent, addr) = start_agent(dir.path());
-    let seed: u64 = env_or("SCHEMATHESIS_SEED", SEED);
-    let examples: u32 = env_or("SCHEMATHESIS_EXAMPLES", EXAMPLES);
-    let url = format!("http://{addr}");
-    let schema = workspace_root().join("openapi.json");
-    let started = Instant::now();
-    let mut child = Command::new(&st)
-        .arg("run")
-        .arg(&schema)
-        .args(["--url", &url])
-        .args(["--header", &format!("Authorization: Bearer {TOKEN}")])
-        .args([
-            "--checks",
-            "not_a_server_error,response_schema_conformance,status_code_conformance,\
-             content_type_conformance,negative_data_rejection,unsupported_method,\
-             allow_header_conformance",
-        ])
-        .args(["--max-examples", &examples.to_string()])
-        .args(["--seed", &seed.to_string()])
-        .args(["--workers", "2"])
-        .args(["--request-timeout", "10"])
-        .args(["--generation-database", "none"])
-        .args(["--max-failures", "20"])
-        .arg("--no-color")
-        // Reports and hypothesis' files go to the temporary directory, not the tree.
-        .current_dir(dir.path())
-        .env_remove("SCHEMATHESIS_HOOKS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {}: {e}; install it with:\n    {INSTALL}",
-                st.display()
-            )
-        });
-    // Read both pipes while waiting, so a chatty run never blocks on a full pipe.
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stdout.read_to_string(&mut text);
-        text
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let output = format!(
-        "{}\n{}",
-        out_reader.join().unwrap(),
-        err_reader.join().unwrap()
-    );
-    let elapsed = started.elapsed();
-    match status {
-        None => panic!("schemathesis did not finish within {DEADLINE:?} (seed {seed}):\n{output}"),
-        Some(status) if !status.success() => panic!(
-            "schemathesis found problems (seed {seed}, {examples} examples per operation, \
-             {elapsed:.0?}); reproduce with SCHEMATHESIS_SEED={seed}:\n{output}"
-        ),
-        Some(_) => eprintln!("schemathesis passed in {elapsed:.0?} (seed {seed}):\n{output}"),
-    }
+    let run = st.run("openapi.json", addr, TOKEN, dir.path());
+    run.assert_passed();
+    let seed = run.seed;
 
     // Everything acknowledged was durable: after thousands of generated requests, a restart
     // on the same state brings back exactly the allocations the agent held. Leases that run

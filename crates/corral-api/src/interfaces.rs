@@ -87,25 +87,44 @@ pub struct InterfaceAddressRequest {
 
 /// `DELETE /v1/interfaces/{id}/addresses?address=...[&force=true]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::IntoParams),
+    into_params(parameter_in = Query)
+)]
 #[serde(deny_unknown_fields)]
 pub struct InterfaceAddressQuery {
+    /// The secondary address or delegated prefix
     pub address: String,
+    /// Also when it holds allocations (released) or is the primary or a trunk interface
     #[serde(default)]
     pub force: bool,
 }
 
 /// `DELETE /v1/interfaces/{id}[?force=true]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::IntoParams),
+    into_params(parameter_in = Query)
+)]
 #[serde(deny_unknown_fields)]
 pub struct ForceQuery {
+    /// Also when it holds allocations (released) or is the primary or a trunk interface
     #[serde(default)]
     pub force: bool,
 }
 
 /// `GET /v1/interfaces[?pool=]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::IntoParams),
+    into_params(parameter_in = Query)
+)]
 #[serde(deny_unknown_fields)]
 pub struct PoolQuery {
+    /// Only this pool; every interface-backed pool of the node when absent
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
 }

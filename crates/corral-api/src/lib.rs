@@ -23,6 +23,8 @@ pub mod interfaces;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod operator;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use interfaces::*;
 
@@ -885,6 +887,31 @@ pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
+impl ErrorResponse {
+    /// The answer of `code` about no pool, set or CNI code in particular; retryable when the
+    /// code is [`ErrorCode::RetryLater`].
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ErrorResponse {
+        ErrorResponse {
+            error: ErrorBody {
+                code,
+                message: message.into(),
+                pool: None,
+                set: None,
+                retryable: code == ErrorCode::RetryLater,
+                cni_code: None,
+            },
+        }
+    }
+
+    /// Both daemons' answer on their TCP listener to a request without the bearer token.
+    pub fn unauthorized() -> ErrorResponse {
+        ErrorResponse::new(
+            ErrorCode::Unauthorized,
+            "this listener needs Authorization: Bearer <token>",
+        )
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -990,6 +1017,23 @@ impl ErrorCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both daemons' 401 body, as they answered it before it was shared.
+    #[test]
+    fn the_unauthorized_answer_names_the_header() {
+        assert_eq!(
+            serde_json::to_value(ErrorResponse::unauthorized()).unwrap(),
+            serde_json::json!({"error": {
+                "code": "unauthorized",
+                "message": "this listener needs Authorization: Bearer <token>"
+            }})
+        );
+        assert!(
+            ErrorResponse::new(ErrorCode::RetryLater, "later")
+                .error
+                .retryable
+        );
+    }
 
     /// Regression (schemathesis): `[]` was taken for `{}`, as serde's derived structs take
     /// arrays positionally and every field of this request has a default.

@@ -8,6 +8,9 @@
 //! itself, and `/v1/status`, `/healthz` and `/metrics` with what it knows. Unknown paths are
 //! 404, other methods 405, a node name that is not a DNS-1123 subdomain 400; nothing a client
 //! sends makes a handler panic.
+//!
+//! Each handler carries its OpenAPI operation (`#[utoipa::path]`); `routes` routes each on
+//! the path given there and collects the operations for `openapi.rs`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,19 +20,30 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Json, Router};
+use corral_api::openapi::AnyObject;
 use corral_api::operator::{self as body, paths};
-use corral_api::{ErrorBody, ErrorCode, ErrorResponse};
+use corral_api::{ErrorCode, ErrorResponse};
 use corral_cluster::{ClusterView, NodeName};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::listen;
 use crate::state::Shared;
 
 /// The OpenAPI document, as committed at the repository root.
 pub const OPENAPI: &str = include_str!("../../../openapi-operator.json");
+
+corral_api::error_statuses! {
+    /// A route of the view, on a standby (or before the view is built).
+    NotLeading = [503];
+    /// A node by name: a name that is not a DNS-1123 subdomain, an unknown node, or a standby.
+    NodeErrors = [400, 404, 503];
+    /// A node's plan: also 409 when its node ID does not fit the plan.
+    PlanErrors = [400, 404, 409, 503];
+}
 
 /// Where the API listens.
 #[derive(Clone, Debug)]
@@ -148,7 +162,7 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
 }
 
 #[derive(Clone)]
-struct ApiState {
+pub(crate) struct ApiState {
     shared: Arc<Shared>,
     registry: Arc<Registry>,
 }
@@ -161,44 +175,41 @@ pub fn router(shared: Arc<Shared>) -> Router {
         shared,
         registry: Arc::new(registry),
     };
-    Router::new()
-        .route(paths::HEALTHZ, get(healthz))
-        .route(paths::READYZ, get(readyz))
-        .route(paths::METRICS, get(metrics))
-        .route(paths::OPENAPI, get(openapi))
-        .route(paths::STATUS, get(status))
-        .route(paths::NODES, get(nodes))
-        .route(paths::NODE, get(node))
-        .route(paths::NODE_PLAN, get(plan))
-        .route(paths::POOLS, get(pools))
-        .route(paths::GRANTS, get(grants))
+    Router::from(routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
+/// The API's routes, each handler on the path its `#[utoipa::path]` gives: the router and the
+/// OpenAPI document's operations (see `openapi.rs`) come from this one list.
+pub(crate) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::default()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(status))
+        .routes(routes!(nodes))
+        .routes(routes!(node))
+        .routes(routes!(plan))
+        .routes(routes!(pools))
+        .routes(routes!(grants))
+}
+
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
 pub fn with_token(router: Router, token: Arc<str>) -> Router {
-    corral_http::with_token(router, token, || {
-        error(
-            ErrorCode::Unauthorized,
-            "this listener needs Authorization: Bearer <token>",
-        )
-    })
+    corral_http::with_token(router, token, || answer(ErrorResponse::unauthorized()))
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    let status = StatusCode::from_u16(code.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    let body = ErrorResponse {
-        error: ErrorBody {
-            code,
-            message: message.into(),
-            pool: None,
-            set: None,
-            retryable: code == ErrorCode::RetryLater,
-            cni_code: None,
-        },
-    };
+    answer(ErrorResponse::new(code, message))
+}
+
+/// An error answer, with the status of its code.
+fn answer(body: ErrorResponse) -> Response {
+    let status =
+        StatusCode::from_u16(body.error.code.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     (status, Json(body)).into_response()
 }
 
@@ -233,6 +244,12 @@ async fn method_not_allowed() -> Response {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = paths::HEALTHZ,
+    summary = "Liveness: `ok` as long as the process serves",
+    responses((status = 200, description = "`ok`", body = String, content_type = "text/plain")),
+)]
 async fn healthz() -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -241,6 +258,15 @@ async fn healthz() -> Response {
         .into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = paths::READYZ,
+    summary = "Readiness: `ready` while this replica leads and has built its view; 503 otherwise",
+    responses(
+        (status = 200, description = "`ready`", body = String, content_type = "text/plain"),
+        NotLeading,
+    ),
+)]
 async fn readyz(State(state): State<ApiState>) -> Response {
     let shared = &state.shared;
     if shared.leading() && shared.with_view(|_, _| ()).is_some() {
@@ -254,12 +280,32 @@ async fn readyz(State(state): State<ApiState>) -> Response {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = paths::OPENAPI,
+    summary = "This document",
+    responses((status = 200, description = "the OpenAPI document", body = inline(AnyObject))),
+)]
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 /// The registry's metrics, then the view's (nodes and CIDRs by state), one `# EOF` at the
 /// end.
+#[utoipa::path(
+    get,
+    path = paths::METRICS,
+    summary = "Prometheus metrics in the OpenMetrics text format",
+    responses(
+        (
+            status = 200,
+            description = "OpenMetrics text",
+            body = String,
+            content_type = "application/openmetrics-text",
+        ),
+        NotLeading,
+    ),
+)]
 async fn metrics(State(state): State<ApiState>) -> Response {
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode_registry(&mut text, &state.registry) {
@@ -287,6 +333,13 @@ async fn metrics(State(state): State<ApiState>) -> Response {
         .into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = paths::STATUS,
+    summary = "This replica (leading or not, problems) and, while it leads, the cluster: pools \
+        with capacity, granted, quarantined and free node CIDRs per family, node counts",
+    responses((status = 200, description = "Success", body = body::OperatorStatus)),
+)]
 async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
     let shared = &state.shared;
     let cluster = shared.with_view(|view, revision| {
@@ -478,6 +531,12 @@ fn node_status(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = paths::NODES,
+    summary = "Every registered node with its grants, node ID and what it still waits for",
+    responses((status = 200, description = "Success", body = body::NodesResponse), NotLeading),
+)]
 async fn nodes(State(state): State<ApiState>) -> Response {
     on_view(&state.shared, |view| {
         let nodes = view
@@ -500,6 +559,18 @@ fn node_name(name: Result<UrlPath<String>, PathRejection>) -> Result<NodeName, R
     NodeName::new(&name).map_err(|e| Refusal(ErrorCode::BadRequest, e.to_string()))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::NODE,
+    summary = "One registered node",
+    params(
+        (
+            "name" = String, Path,
+            description = "The node's name (a DNS-1123 subdomain; anything else is 400)"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = body::NodeStatus), NodeErrors),
+)]
 async fn node(
     State(state): State<ApiState>,
     name: Result<UrlPath<String>, PathRejection>,
@@ -521,6 +592,20 @@ fn not_registered(name: &NodeName) -> Refusal {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = paths::NODE_PLAN,
+    operation_id = "node_plan",
+    summary = "The node's addresses under the node-ID plan (404 without a plan, an unknown node \
+        or one without a node ID yet)",
+    params(
+        (
+            "name" = String, Path,
+            description = "The node's name (a DNS-1123 subdomain; anything else is 400)"
+        ),
+    ),
+    responses((status = 200, description = "Success", body = body::NodePlan), PlanErrors),
+)]
 async fn plan(
     State(state): State<ApiState>,
     name: Result<UrlPath<String>, PathRejection>,
@@ -567,6 +652,13 @@ async fn plan(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = paths::POOLS,
+    summary = "The configured pools: each family's CIDRs, node prefix length, reserved ranges \
+        and use",
+    responses((status = 200, description = "Success", body = body::ClusterPools), NotLeading),
+)]
 async fn pools(State(state): State<ApiState>) -> Response {
     on_view(&state.shared, |view| {
         let pools = view
@@ -602,6 +694,12 @@ async fn pools(State(state): State<ApiState>) -> Response {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = paths::GRANTS,
+    summary = "Every node CIDR and node ID granted to a registered node",
+    responses((status = 200, description = "Success", body = body::GrantsResponse), NotLeading),
+)]
 async fn grants(State(state): State<ApiState>) -> Response {
     on_view(&state.shared, |view| {
         let mut grants = Vec::new();
