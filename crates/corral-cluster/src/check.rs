@@ -461,21 +461,17 @@ mod tests {
     use super::*;
     use crate::config::AppliedConfigRecord;
     use crate::keys::{ClusterName, GrantRecord, OwnedRecord, encode_value};
-    use crate::tests::{Cluster, net};
+    use crate::tests::{Cluster, net, pool_toml};
 
-    const BLOCKS: &str = r#"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.0.0.0/24"]
-block_prefix_len = 28
-[[pools]]
-name = "nodes"
-[pools.ipv4]
-cidrs = ["10.1.0.0/16"]
-node_prefix_len = 24
-"#;
+    const BLOCKS: &str = concat!(
+        pool_toml!(
+            "pods",
+            mode = "blocks",
+            "10.0.0.0/24",
+            block_prefix_len = 28
+        ),
+        pool_toml!("nodes", "10.1.0.0/16", node_prefix_len = 24),
+    );
 
     fn cluster() -> Cluster {
         let mut cluster = Cluster::with_config(BLOCKS);

@@ -307,21 +307,17 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
 mod tests {
     use super::*;
     use crate::keys::{CloudIntentRecord, CloudInterfaceRecord, ReleaseState, encode_value};
-    use crate::tests::{Cluster, interface_record, net};
+    use crate::tests::{Cluster, interface_record, net, pool_toml};
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "pods"
-mode = "cloud"
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-[[pools]]
-name = "blocks"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.9.0.0/24"]
-block_prefix_len = 28
-"#;
+    const CONFIG: &str = concat!(
+        pool_toml!("pods", mode = "cloud", "10.0.0.0/16"),
+        pool_toml!(
+            "blocks",
+            mode = "blocks",
+            "10.9.0.0/24",
+            block_prefix_len = 28
+        ),
+    );
 
     fn node(name: &str) -> NodeName {
         NodeName::new(name).unwrap()

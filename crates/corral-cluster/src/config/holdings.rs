@@ -206,15 +206,9 @@ impl ClusterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::node_ids_toml;
+    use crate::tests::{node_ids_toml, pool_toml};
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.244.0.0/16"]
-node_prefix_len = 24
-"#;
+    const CONFIG: &str = pool_toml!("default", "10.244.0.0/16", node_prefix_len = 24);
 
     fn grant(pool: &str, cidr: &str, node: &str) -> HeldGrant {
         let cidr: IpNet = cidr.parse().unwrap();

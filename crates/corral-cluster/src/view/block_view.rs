@@ -660,16 +660,15 @@ mod tests {
     use super::*;
     use crate::config::ClusterConfig;
     use crate::keys::{ClusterName, DemandRecord, FamilyDemand, NodeRecord};
+    use crate::tests::pool_toml;
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.0.0.0/26"]
-block_prefix_len = 28
-reserved = ["10.0.0.16/28"]
-"#;
+    const CONFIG: &str = pool_toml!(
+        "pods",
+        mode = "blocks",
+        "10.0.0.0/26",
+        block_prefix_len = 28,
+        reserved = ["10.0.0.16/28"]
+    );
 
     fn net(text: &str) -> IpNet {
         text.parse().unwrap()
