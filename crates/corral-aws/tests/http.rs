@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use corral_aws::{Ec2, Timeouts};
-use corral_cloud::{Action, CloudError, CloudProvider, InterfaceFilter};
+use corral_cloud::{Action, AttachInterface, CloudError, CloudProvider, InterfaceFilter};
 
 fn provider(port: u16, operation: Duration) -> Ec2 {
     Ec2::with_endpoint(
@@ -156,7 +156,7 @@ async fn an_occupied_device_index_from_the_wire_is_device_index_in_use() {
     let (port, server) = serve_once(Some(http_answer("400 Bad Request", "text/xml", body)));
     let ec2 = provider(port, Duration::from_secs(5));
     let error = ec2
-        .attach_interface("eni-1", "i-0123", 1)
+        .attach_interface(AttachInterface::new("eni-1", "i-0123", 1))
         .await
         .unwrap_err();
     assert!(

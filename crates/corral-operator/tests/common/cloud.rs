@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use corral_cloud::fake::{InstanceSpec, SubnetSpec};
 use corral_cloud::{
-    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign, Ipv4Set, Ipv6Assign,
-    Ipv6Set, NetworkInterface, Tags,
+    Action, AttachInterface, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign,
+    Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Tags,
 };
 use corral_cluster::{
     CloudAttachment, CloudInterfaceRecord, DemandRecord, Family, FamilyDemand, IpNet, Key,
@@ -502,18 +502,14 @@ impl CloudProvider for Audited {
         }
         Ok(created)
     }
-    async fn attach_interface(
-        &self,
-        interface: &str,
-        instance: &str,
-        index: u32,
-    ) -> Result<String, CloudError> {
+    async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
         self.mutation();
-        let attached = self
-            .ec2
-            .attach_interface(interface, instance, index)
-            .await?;
-        self.log(Action::AttachNetworkInterface, interface, Vec::new());
+        let attached = self.ec2.attach_interface(request).await?;
+        self.log(
+            Action::AttachNetworkInterface,
+            request.interface_id,
+            Vec::new(),
+        );
         Ok(attached)
     }
     async fn detach_interface(&self, attachment: &str, force: bool) -> Result<(), CloudError> {

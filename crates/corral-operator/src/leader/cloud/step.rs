@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_cloud::{
-    Action, Amount, CloudError, CloudProvider, CreateInterface, InterfaceFilter, Ipv4Assign,
-    Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
+    Action, Amount, AttachInterface, CloudError, CloudProvider, CreateInterface, InterfaceFilter,
+    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
 };
 use corral_cluster::cloud::{
     self as decide, CloudAction, InstanceLimits, InterfaceView, ObservedInterface, PrefixFallback,
@@ -829,9 +829,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             match call(
                 &self.ctx.term.shared,
                 Action::AttachNetworkInterface,
-                self.ctx
-                    .provider
-                    .attach_interface(&created.id, self.instance_id, device_index),
+                self.ctx.provider.attach_interface(AttachInterface::new(
+                    &created.id,
+                    self.instance_id,
+                    device_index,
+                )),
             )
             .await
             {
