@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
-use corral_operator::election::{Candidate, Fence};
+use corral_operator::election::Fence;
 
 /// Registers `names` and waits until each holds one IPv4 and one IPv6 CIDR and a node ID.
 async fn register_and_wait<K: Kv>(kv: &K, names: &[&str]) {
@@ -66,10 +66,7 @@ async fn one_replica_grants_lowest_free_dual_stack_cidrs_and_node_ids() {
 #[tokio::test(start_paused = true)]
 async fn a_fence_whose_key_is_gone_or_recreated_lets_no_write_through() {
     let kv = MemKv::new();
-    let prefix = keys().election_prefix();
-    let candidate = Candidate::join(&kv, prefix.as_bytes(), "op-a", TTL)
-        .await
-        .unwrap();
+    let candidate = join_election(&kv).await;
     let fence = Fence {
         key: candidate.key.clone(),
         revision: candidate.revision,
