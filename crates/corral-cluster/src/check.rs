@@ -461,7 +461,7 @@ mod tests {
     use super::*;
     use crate::config::AppliedConfigRecord;
     use crate::keys::{ClusterName, GrantRecord, OwnedRecord, encode_value};
-    use crate::tests::{Cluster, net, pool_toml};
+    use crate::tests::{Cluster, assert_reported, net, pool_toml};
 
     const BLOCKS: &str = concat!(
         pool_toml!(
@@ -553,9 +553,14 @@ mod tests {
         c.release("a", "nodes", "10.1.0.0/24", ReleaseState::Marked, first);
         let problems = c.check();
         assert_eq!(problems.len(), 3, "{problems:#?}");
-        assert!(problems.iter().any(|p| p.contains("names grant revision")));
-        assert!(problems.iter().any(|p| p.contains("names no grant")));
-        assert!(problems.iter().any(|p| p.contains("neither a block pool")));
+        assert_reported(
+            &problems,
+            &[
+                "names grant revision",
+                "names no grant",
+                "neither a block pool",
+            ],
+        );
     }
 
     #[test]
@@ -578,8 +583,7 @@ mod tests {
         c.grant("nodes", "10.9.0.0/28");
         let problems = c.check();
         assert_eq!(problems.len(), 2, "{problems:#?}");
-        assert!(problems.iter().any(|p| p.contains("is not a /28")));
-        assert!(problems.iter().any(|p| p.contains("outside pool nodes")));
+        assert_reported(&problems, &["is not a /28", "outside pool nodes"]);
         let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
         assert_eq!(expected.len(), 4);
     }

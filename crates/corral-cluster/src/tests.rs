@@ -43,6 +43,17 @@ macro_rules! pool_toml {
 }
 pub(crate) use pool_toml;
 
+/// Asserts that each of `texts` is part of some problem in `problems`.
+#[track_caller]
+pub fn assert_reported(problems: &[String], texts: &[&str]) {
+    for text in texts {
+        assert!(
+            problems.iter().any(|p| p.contains(text)),
+            "{text:?} in {problems:#?}"
+        );
+    }
+}
+
 pub fn net(text: &str) -> IpNet {
     text.parse().unwrap()
 }
