@@ -739,8 +739,28 @@ fn cooling_after(
     );
 }
 
+/// The cooling table's rows of the ADDs on the empty /16 that alternate with the row above,
+/// and of the CPU per ADD of both: `words` are the /16's article and what follows "CPU per ADD".
+fn print_empty_and_cpu(
+    params: &Params,
+    words: (&str, &str),
+    empty: Option<Latency>,
+    cpu: [Option<Duration>; 2],
+) {
+    let (article, when) = words;
+    let cpu = cpu.map(|d| d.map_or("—".into(), ms));
+    println!(
+        "| ADD on {article} /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
+        pair(empty),
+        samples(empty)
+    );
+    println!(
+        "| CPU per ADD{when}, user + system (ms): cooling / empty | {} / {} | | {} each |",
+        cpu[0], cpu[1], params.cooling_adds
+    );
+}
+
 fn print_cooling(params: &Params, c: &Cooling) {
-    let cpu = |d: Option<Duration>| d.map_or("—".into(), ms);
     println!();
     println!(
         "Cooldown queue: every address of the /16 held, then {} released through corral-ipam (DEL, {:.1?} in all), each cooling for 30 s.",
@@ -769,17 +789,7 @@ fn print_cooling(params: &Params, c: &Cooling) {
         samples(c.during[0]),
         samples(c.during[2])
     );
-    println!(
-        "| ADD on an empty /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
-        pair(c.during[1]),
-        samples(c.during[1])
-    );
-    println!(
-        "| CPU per ADD, user + system (ms): cooling / empty | {} / {} | | {} each |",
-        cpu(c.during_cpu[0]),
-        cpu(c.during_cpu[1]),
-        params.cooling_adds
-    );
+    print_empty_and_cpu(params, ("an empty", ""), c.during[1], c.during_cpu);
     if c.after[0].is_some() {
         println!(
             "| ADD once every cooldown ended: p50 / p99 (ms); first → last quarter p50 | {}; {} → {} | | {} |",
@@ -788,16 +798,11 @@ fn print_cooling(params: &Params, c: &Cooling) {
             c.after_quarters.1.map_or("—".into(), |l| ms(l.p50)),
             samples(c.after[0])
         );
-        println!(
-            "| ADD on the empty /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
-            pair(c.after[1]),
-            samples(c.after[1])
-        );
-        println!(
-            "| CPU per ADD once ended, user + system (ms): cooling / empty | {} / {} | | {} each |",
-            cpu(c.after_cpu[0]),
-            cpu(c.after_cpu[1]),
-            params.cooling_adds
+        print_empty_and_cpu(
+            params,
+            ("the empty", " once ended"),
+            c.after[1],
+            c.after_cpu,
         );
     }
 }
