@@ -29,39 +29,18 @@ use crate::config::ClusterConfig;
 use crate::keys::{Key, Keys, NodeName, ReleaseState};
 use crate::net::net_range;
 use crate::plan::NodePlan;
-use parse::{overlaps, parse, span};
+use parse::{overlapping, overlaps, parse, span};
 
 /// Checks the cluster's keys (as read at one revision); answers one sentence per problem.
 pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     let mut problems = Vec::new();
     let parsed = parse(keys, entries, &mut problems);
-    // Pairwise disjoint per family, whatever the pool: sorted by start, each must begin after
-    // the furthest end seen so far (so a CIDR inside a bigger one is caught, not only
-    // neighbours).
-    for family in [Family::V4, Family::V6] {
-        let mut spans: Vec<(u128, u128, &IpNet, &NodeName)> = parsed
-            .grants
-            .iter()
-            .filter(|g| g.1 == family)
-            .map(|g| {
-                let (first, last) = span(&g.2);
-                (first, last, &g.2, &g.3.node)
-            })
-            .collect();
-        spans.sort();
-        let mut furthest: Option<(u128, &IpNet, &NodeName)> = None;
-        for (first, last, cidr, node) in spans {
-            if let Some((end, other, other_node)) = furthest
-                && first <= end
-            {
-                problems.push(format!(
-                    "{other} (node {other_node}) and {cidr} (node {node}) overlap"
-                ));
-            }
-            if furthest.is_none_or(|(end, ..)| last > end) {
-                furthest = Some((last, cidr, node));
-            }
-        }
+    // Pairwise disjoint per family, whatever the pool.
+    let grants = parsed.grants.iter().map(|g| (g.1, &g.2, &g.3.node));
+    for (other, other_node, cidr, node) in overlapping(grants) {
+        problems.push(format!(
+            "{other} (node {other_node}) and {cidr} (node {node}) overlap"
+        ));
     }
     let mut per_node: BTreeMap<(&NodeName, &PoolName, Family), usize> = BTreeMap::new();
     for (pool, family, cidr, record) in &parsed.grants {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
-use super::parse::{Entry, Parsed, parse, span};
+use super::parse::{Entry, Parsed, overlapping, parse, span};
 use crate::config::NodeCidrSync;
 use crate::keys::{CloudAttachment, CloudId, CloudOp, Keys, NodeName, ReleaseRecord};
 use crate::net::family_of;
@@ -15,35 +15,6 @@ use crate::net::family_of;
 /// The cloud's view of its interfaces, as plain data: interface ID → (the instance it is
 /// attached to, if any; its secondary addresses and prefixes, both families).
 pub type CloudTruth = BTreeMap<String, (Option<String>, Vec<IpNet>)>;
-
-/// Pairs of overlapping CIDRs among `items` (each with a label), per family: sorted by start,
-/// each must begin after the furthest end seen so far.
-fn overlapping(items: &[(IpNet, String)]) -> Vec<(&IpNet, &str, &IpNet, &str)> {
-    let mut found = Vec::new();
-    for family in [Family::V4, Family::V6] {
-        let mut spans: Vec<(u128, u128, &IpNet, &str)> = items
-            .iter()
-            .filter(|(net, _)| family_of(net) == family)
-            .map(|(net, label)| {
-                let (first, last) = span(net);
-                (first, last, net, label.as_str())
-            })
-            .collect();
-        spans.sort();
-        let mut furthest: Option<(u128, &IpNet, &str)> = None;
-        for (first, last, net, label) in spans {
-            if let Some((end, other, other_label)) = furthest
-                && first <= end
-            {
-                found.push((other, other_label, net, label));
-            }
-            if furthest.is_none_or(|(end, ..)| last > end) {
-                furthest = Some((last, net, label));
-            }
-        }
-    }
-    found
-}
 
 /// The problems of `delegations/` keys (to-cloud pools), from etcd alone: each names a
 /// to-cloud node-cidr pool and a CIDR of its family at the node prefix length inside the
@@ -143,7 +114,10 @@ pub(super) fn record_problems(parsed: &Parsed) -> Vec<String> {
                 .map(|a| (*a, format!("interface {interface} of node {node}"))),
         );
     }
-    for (a, a_label, b, b_label) in overlapping(&addresses) {
+    let labelled = addresses
+        .iter()
+        .map(|(net, label)| (family_of(net), net, label.as_str()));
+    for (a, a_label, b, b_label) in overlapping(labelled) {
         problems.push(format!(
             "cloud address {a} ({a_label}) and {b} ({b_label}) overlap"
         ));
@@ -295,7 +269,10 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
         .iter()
         .flat_map(|(id, (_, addresses))| addresses.iter().map(move |a| (*a, id.clone())))
         .collect();
-    for (a, a_id, b, b_id) in overlapping(&all) {
+    let labelled = all
+        .iter()
+        .map(|(net, id)| (family_of(net), net, id.as_str()));
+    for (a, a_id, b, b_id) in overlapping(labelled) {
         problems.push(format!(
             "the cloud has {a} on interface {a_id} and {b} on interface {b_id}"
         ));
