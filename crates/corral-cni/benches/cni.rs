@@ -257,32 +257,48 @@ fn main() {
 
     let mut figures = Figures::default();
     warm_up(&plugins, root.path());
-    if std::env::var("CORRAL_BENCH_ONLY").is_ok_and(|only| only == "cooling") {
-        let cooled_at = cooling_during(&plugins, &params, root.path(), &mut figures.cooling);
-        if std::env::args().any(|a| a == "--bench") {
-            cooling_after(
-                &plugins,
-                &params,
-                root.path(),
-                cooled_at,
-                &mut figures.cooling,
-            );
-        }
-        print_cooling(&params, &figures.cooling);
-        if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
-            let _ = root.keep();
-        }
-        return;
+    // `CORRAL_BENCH_ONLY=cooling`: the cooldown phases alone.
+    let only_cooling = std::env::var("CORRAL_BENCH_ONLY").is_ok_and(|only| only == "cooling");
+    if !only_cooling {
+        sequential_empty(&plugins, &params, root.path(), &mut figures);
+        sequential_blocks(&plugins, &params, root.path(), &mut figures);
+        sequential_full(&plugins, &params, root.path(), &mut figures);
     }
-    sequential_empty(&plugins, &params, root.path(), &mut figures);
-    sequential_blocks(&plugins, &params, root.path(), &mut figures);
-    sequential_full(&plugins, &params, root.path(), &mut figures);
     let cooled_at = cooling_during(&plugins, &params, root.path(), &mut figures.cooling);
+    if !only_cooling {
+        throughput_and_footprint(&plugins, &params, root.path(), &mut figures);
+    }
+    if std::env::args().any(|a| a == "--bench") {
+        // The smoke run does not wait the 30 s.
+        cooling_after(
+            &plugins,
+            &params,
+            root.path(),
+            cooled_at,
+            &mut figures.cooling,
+        );
+    }
+    if !only_cooling {
+        print_table(&plugins, &params, &figures);
+    }
+    print_cooling(&params, &figures.cooling);
+    if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
+        let _ = root.keep();
+    }
+}
+
+/// The throughput rows (and the spawn ceiling), peak RSS and the syncs of one ADD.
+fn throughput_and_footprint(
+    plugins: &[Plugin; 2],
+    params: &Params,
+    root: &Path,
+    figures: &mut Figures,
+) {
     for &callers in params.callers {
         let mut rates = [0.0; 2];
         let mut done = [0; 2];
         for (p, plugin) in plugins.iter().enumerate() {
-            let dir = root.path().join(format!("tp{callers}-{}", plugin.label));
+            let dir = root.join(format!("tp{callers}-{}", plugin.label));
             (rates[p], done[p]) = throughput(plugin, callers, params.throughput_for, &dir);
             progress(&format!(
                 "{}: {callers} callers, {} ADDs in {:?}: {:.0} ADDs/s",
@@ -295,38 +311,23 @@ fn main() {
             path: PathBuf::from("/bin/true"),
             ipam_type: "none",
         };
-        let dir = root.path().join(format!("tp{callers}-true"));
+        let dir = root.join(format!("tp{callers}-true"));
         let (spawns, _) = throughput(&floor, callers, params.throughput_for, &dir);
         progress(&format!(
             "/bin/true: {callers} callers: {spawns:.0} spawns/s"
         ));
         figures.throughput.push((callers, rates, done, spawns));
     }
-    peak_rss(&plugins, &params, root.path(), &mut figures);
+    peak_rss(plugins, params, root, figures);
     for (p, plugin) in plugins.iter().enumerate() {
-        let dir = root.path().join(format!("empty-{}", plugin.label));
+        let dir = root.join(format!("empty-{}", plugin.label));
         figures.syncs[p] = syncs(
             &plugin.path,
             "ADD",
             &container_id(RSS_STREAM, 1 << 20),
             &plugin.config(&dir),
-            root.path(),
+            root,
         );
-    }
-    if std::env::args().any(|a| a == "--bench") {
-        // The smoke run does not wait the 30 s.
-        cooling_after(
-            &plugins,
-            &params,
-            root.path(),
-            cooled_at,
-            &mut figures.cooling,
-        );
-    }
-    print_table(&plugins, &params, &figures);
-    print_cooling(&params, &figures.cooling);
-    if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
-        let _ = root.keep();
     }
 }
 
