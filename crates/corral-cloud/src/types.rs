@@ -558,6 +558,32 @@ pub struct Ipv6Set {
     pub prefixes: Vec<Ipv6Net>,
 }
 
+impl Ipv4Set {
+    /// The addresses (as networks of one address), then the prefixes.
+    pub fn nets(&self) -> Vec<IpNet> {
+        nets(&self.addresses, &self.prefixes)
+    }
+}
+
+impl Ipv6Set {
+    /// The addresses (as networks of one address), then the prefixes.
+    pub fn nets(&self) -> Vec<IpNet> {
+        nets(&self.addresses, &self.prefixes)
+    }
+}
+
+/// `addresses` (as networks of one address), then `prefixes`.
+fn nets<A, P>(addresses: &[A], prefixes: &[P]) -> Vec<IpNet>
+where
+    A: Copy + Into<IpAddr>,
+    P: Copy + Into<IpNet>,
+{
+    let addresses = addresses.iter().map(|a| IpNet::from((*a).into()));
+    addresses
+        .chain(prefixes.iter().map(|p| (*p).into()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

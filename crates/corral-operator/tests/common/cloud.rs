@@ -543,12 +543,7 @@ impl CloudProvider for Audited {
     ) -> Result<Ipv4Set, CloudError> {
         self.mutation();
         let assigned = self.ec2.assign_ipv4(interface, request).await?;
-        let nets = assigned
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V4(*a)))
-            .chain(assigned.prefixes.iter().map(|p| IpNet::V4(*p)))
-            .collect();
+        let nets = assigned.nets();
         self.log(Action::AssignPrivateIpAddresses, interface, nets);
         if self.hang_assigns.load(std::sync::atomic::Ordering::SeqCst) {
             self.agents.lock().unwrap().hung.push(interface.to_owned());
@@ -558,12 +553,7 @@ impl CloudProvider for Audited {
     }
     async fn unassign_ipv4(&self, interface: &str, release: &Ipv4Set) -> Result<(), CloudError> {
         self.mutation();
-        let nets: Vec<IpNet> = release
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V4(*a)))
-            .chain(release.prefixes.iter().map(|p| IpNet::V4(*p)))
-            .collect();
+        let nets: Vec<IpNet> = release.nets();
         self.audit(interface, nets.clone());
         self.ec2.unassign_ipv4(interface, release).await?;
         self.log(Action::UnassignPrivateIpAddresses, interface, nets);
@@ -586,23 +576,13 @@ impl CloudProvider for Audited {
     ) -> Result<Ipv6Set, CloudError> {
         self.mutation();
         let assigned = self.ec2.assign_ipv6(interface, request).await?;
-        let nets = assigned
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V6(*a)))
-            .chain(assigned.prefixes.iter().map(|p| IpNet::V6(*p)))
-            .collect();
+        let nets = assigned.nets();
         self.log(Action::AssignIpv6Addresses, interface, nets);
         Ok(assigned)
     }
     async fn unassign_ipv6(&self, interface: &str, release: &Ipv6Set) -> Result<(), CloudError> {
         self.mutation();
-        let nets: Vec<IpNet> = release
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V6(*a)))
-            .chain(release.prefixes.iter().map(|p| IpNet::V6(*p)))
-            .collect();
+        let nets: Vec<IpNet> = release.nets();
         self.audit(interface, nets.clone());
         self.ec2.unassign_ipv6(interface, release).await?;
         self.log(Action::UnassignIpv6Addresses, interface, nets);

@@ -12,7 +12,6 @@
 //!   at once.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_cloud::{
@@ -482,7 +481,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     provider.assign_ipv4(interface.as_str(), &request),
                 )
                 .await
-                .map(ipv4_nets)
+                .map(|set| set.nets())
             }
             Family::V6 => {
                 let request = if prefixes {
@@ -496,7 +495,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     provider.assign_ipv6(interface.as_str(), &request),
                 )
                 .await
-                .map(ipv6_nets)
+                .map(|set| set.nets())
             }
         };
         let added = match result {
@@ -1317,22 +1316,6 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         )
         .await
     }
-}
-
-pub(super) fn ipv4_nets(set: Ipv4Set) -> Vec<IpNet> {
-    set.addresses
-        .into_iter()
-        .map(|a| IpNet::from(IpAddr::V4(a)))
-        .chain(set.prefixes.into_iter().map(IpNet::V4))
-        .collect()
-}
-
-pub(super) fn ipv6_nets(set: Ipv6Set) -> Vec<IpNet> {
-    set.addresses
-        .into_iter()
-        .map(|a| IpNet::from(IpAddr::V6(a)))
-        .chain(set.prefixes.into_iter().map(IpNet::V6))
-        .collect()
 }
 
 /// An unassign whose addresses were not on the interface any more (a repeat).
