@@ -265,14 +265,12 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
             }
         }
     }
-    let all: Vec<(IpNet, String)> = truth
-        .iter()
-        .flat_map(|(id, (_, addresses))| addresses.iter().map(move |a| (*a, id.clone())))
-        .collect();
-    let labelled = all
-        .iter()
-        .map(|(net, id)| (family_of(net), net, id.as_str()));
-    for (a, a_id, b, b_id) in overlapping(labelled) {
+    let on_interfaces = truth.iter().flat_map(|(id, (_, addresses))| {
+        addresses
+            .iter()
+            .map(move |a| (family_of(a), a, id.as_str()))
+    });
+    for (a, a_id, b, b_id) in overlapping(on_interfaces) {
         problems.push(format!(
             "the cloud has {a} on interface {a_id} and {b} on interface {b_id}"
         ));
