@@ -25,10 +25,10 @@ use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region, SharedHttpClient
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types as sdk;
 use corral_cloud::{
-    Action, Amount, Attachment, AttachmentStatus, CloudError, CloudProvider, CreateInterface,
-    Hypervisor, Instance, InstanceInterface, InstanceTypeInfo, InterfaceFilter, InterfaceStatus,
-    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, MacAddress, NetworkInterface, Subnet, SubnetFilter,
-    Tags,
+    Action, Amount, AttachInterface, Attachment, AttachmentStatus, CloudError, CloudProvider,
+    CreateInterface, Hypervisor, Instance, InstanceInterface, InstanceTypeInfo, InterfaceFilter,
+    InterfaceStatus, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, MacAddress, NetworkInterface,
+    Subnet, SubnetFilter, Tags,
 };
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -655,19 +655,14 @@ impl CloudProvider for Ec2 {
         interface_from(action, interface)
     }
 
-    async fn attach_interface(
-        &self,
-        interface_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String, CloudError> {
+    async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
         let action = Action::AttachNetworkInterface;
         let answer = self
             .client
             .attach_network_interface()
-            .network_interface_id(interface_id)
-            .instance_id(instance_id)
-            .device_index(count(device_index))
+            .network_interface_id(request.interface_id)
+            .instance_id(request.instance_id)
+            .device_index(count(request.device_index))
             .send()
             .await
             .map_err(|error| map_error(action, error))?;

@@ -8,7 +8,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use corral_aws::{Ec2, Timeouts};
-use corral_cloud::{Action, CloudError, CloudProvider, InterfaceFilter};
+use corral_cloud::{
+    Action, Amount, AttachInterface, CloudError, CloudProvider, InterfaceFilter, Ipv4Assign,
+};
 
 fn provider(port: u16, operation: Duration) -> Ec2 {
     Ec2::with_endpoint(
@@ -65,11 +67,23 @@ fn serve_once(answer: Option<String>) -> (u16, JoinHandle<()>) {
     (port, handle)
 }
 
-fn http_answer(status: &str, content_type: &str, body: &str) -> String {
-    format!(
+/// A provider (5 s per operation) whose endpoint answers its one request with `status` and
+/// `body`; the server's thread.
+fn answering(status: &str, content_type: &str, body: &str) -> (Ec2, JoinHandle<()>) {
+    let answer = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
+    );
+    let (port, server) = serve_once(Some(answer));
+    (provider(port, Duration::from_secs(5)), server)
+}
+
+/// [`answering`] with EC2's XML error answer of `code` and `message`.
+fn answering_error(status: &str, code: &str, message: &str) -> (Ec2, JoinHandle<()>) {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors><RequestID>r-1</RequestID></Response>"
+    );
+    answering(status, "text/xml", &body)
 }
 
 #[tokio::test]
@@ -110,12 +124,7 @@ async fn no_listener_is_a_timeout_as_the_call_may_not_have_been_sent() {
 #[tokio::test]
 async fn an_html_error_page_is_an_internal_error() {
     let page = "<!doctype html><title>500 Internal Server Error</title>";
-    let (port, server) = serve_once(Some(http_answer(
-        "500 Internal Server Error",
-        "text/html",
-        page,
-    )));
-    let ec2 = provider(port, Duration::from_secs(5));
+    let (ec2, server) = answering("500 Internal Server Error", "text/html", page);
     let error = ec2.delete_interface("eni-1").await.unwrap_err();
     assert!(
         matches!(error, CloudError::InternalError { .. }),
@@ -127,20 +136,13 @@ async fn an_html_error_page_is_an_internal_error() {
 
 #[tokio::test]
 async fn ec2s_throttling_answer_is_request_limit_exceeded() {
-    let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>r-1</RequestID></Response>";
-    let (port, server) = serve_once(Some(http_answer(
+    let (ec2, server) = answering_error(
         "503 Service Unavailable",
-        "text/xml",
-        body,
-    )));
-    let ec2 = provider(port, Duration::from_secs(5));
-    let error = ec2
-        .assign_ipv4(
-            "eni-1",
-            &corral_cloud::Ipv4Assign::Addresses(corral_cloud::Amount::Count(1)),
-        )
-        .await
-        .unwrap_err();
+        "RequestLimitExceeded",
+        "Request limit exceeded.",
+    );
+    let one_address = Ipv4Assign::Addresses(Amount::Count(1));
+    let error = ec2.assign_ipv4("eni-1", &one_address).await.unwrap_err();
     assert_eq!(
         error,
         CloudError::RequestLimitExceeded {
@@ -152,11 +154,13 @@ async fn ec2s_throttling_answer_is_request_limit_exceeded() {
 
 #[tokio::test]
 async fn an_occupied_device_index_from_the_wire_is_device_index_in_use() {
-    let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>InvalidParameterValue</Code><Message>Instance 'i-0123' already has an interface attached at device index '1'.</Message></Error></Errors><RequestID>r-2</RequestID></Response>";
-    let (port, server) = serve_once(Some(http_answer("400 Bad Request", "text/xml", body)));
-    let ec2 = provider(port, Duration::from_secs(5));
+    let (ec2, server) = answering_error(
+        "400 Bad Request",
+        "InvalidParameterValue",
+        "Instance 'i-0123' already has an interface attached at device index '1'.",
+    );
     let error = ec2
-        .attach_interface("eni-1", "i-0123", 1)
+        .attach_interface(AttachInterface::new("eni-1", "i-0123", 1))
         .await
         .unwrap_err();
     assert!(

@@ -12,8 +12,9 @@ use common::{Moto, create_fixture};
 use corral_aws::{Ec2, Timeouts};
 use corral_cloud::contract::{self, Capabilities};
 use corral_cloud::{
-    CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo, InterfaceFilter,
-    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter, Tags,
+    AttachInterface, CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo,
+    InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
+    SubnetFilter, Tags,
 };
 
 mod common;
@@ -65,15 +66,8 @@ impl CloudProvider for MotoEc2 {
     ) -> Result<NetworkInterface, CloudError> {
         self.0.create_interface(request).await
     }
-    async fn attach_interface(
-        &self,
-        interface_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String, CloudError> {
-        self.0
-            .attach_interface(interface_id, instance_id, device_index)
-            .await
+    async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
+        self.0.attach_interface(request).await
     }
     async fn detach_interface(&self, attachment_id: &str, force: bool) -> Result<(), CloudError> {
         self.0.detach_interface(attachment_id, force).await
@@ -352,9 +346,13 @@ async fn instance_types_in_the_order_asked_and_the_status_filter() {
     };
     let attached = ec2.create_interface(&create).await.unwrap();
     let free = ec2.create_interface(&create).await.unwrap();
-    ec2.attach_interface(&attached.id, &setup.fixture.instance_id, 1)
-        .await
-        .unwrap();
+    ec2.attach_interface(AttachInterface::new(
+        &attached.id,
+        &setup.fixture.instance_id,
+        1,
+    ))
+    .await
+    .unwrap();
     let with_status = |status| InterfaceFilter {
         subnet_id: Some(setup.fixture.subnet_id.clone()),
         status: Some(status),

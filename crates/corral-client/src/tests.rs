@@ -399,13 +399,22 @@ fn idle_connection_closed_by_the_agent_is_reopened_once() {
     assert_eq!(requests[1].path, "/v1/allocate");
 }
 
+/// Asserts that `result` is a protocol error whose message says `text`.
+#[track_caller]
+fn assert_protocol_error<T: std::fmt::Debug>(result: Result<T, Error>, text: &str) {
+    let error = result.unwrap_err();
+    assert!(
+        matches!(error, Error::Protocol(ref message) if message.contains(text)),
+        "{error:?}"
+    );
+}
+
 #[test]
 fn no_retry_on_a_new_connection_closed_without_answer() {
     let agent = FakeAgent::unix(vec![vec![Reply::Close]]);
-    let error = agent.client().allocate(&allocate_request()).unwrap_err();
-    assert!(
-        matches!(error, Error::Protocol(ref message) if message.contains("without answering")),
-        "{error:?}"
+    assert_protocol_error(
+        agent.client().allocate(&allocate_request()),
+        "without answering",
     );
     assert_eq!(agent.requests().len(), 1);
 }
@@ -420,11 +429,7 @@ fn no_retry_after_part_of_an_answer() {
     ]]);
     let mut client = agent.client();
     client.status(None).unwrap();
-    let error = client.allocate(&allocate_request()).unwrap_err();
-    assert!(
-        matches!(error, Error::Protocol(ref message) if message.contains("after")),
-        "{error:?}"
-    );
+    assert_protocol_error(client.allocate(&allocate_request()), "after");
     assert_eq!(agent.requests().len(), 2);
 }
 

@@ -46,8 +46,8 @@ use std::time::Duration;
 
 use corral_cloud::fake::{Counters, InstanceSpec, SubnetSpec};
 use corral_cloud::{
-    Action, Amount, BucketLimit, CloudError, CloudProvider, CreateInterface, FakeEc2,
-    InterfaceFilter, Ipv4Assign, RetryPolicy, Scheduled, SchedulerConfig,
+    Action, Amount, AttachInterface, BucketLimit, CloudError, CloudProvider, CreateInterface,
+    FakeEc2, InterfaceFilter, Ipv4Assign, RetryPolicy, Scheduled, SchedulerConfig,
 };
 use tokio::time::Instant;
 
@@ -159,7 +159,10 @@ async fn fleet(nodes: usize, seed: u64) -> (FakeEc2, Vec<String>) {
                     })
                     .await
                     .unwrap();
-                setup.attach_interface(&eni.id, &instance, 1).await.unwrap();
+                setup
+                    .attach_interface(AttachInterface::new(&eni.id, &instance, 1))
+                    .await
+                    .unwrap();
             }
         }));
     }

@@ -23,8 +23,9 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use crate::{
-    Action, Amount, AttachmentStatus, CloudError, CloudProvider, CreateInterface, InstanceState,
-    InterfaceFilter, InterfaceStatus, Ipv4Assign, Ipv4Set, NetworkInterface, SubnetFilter, Tags,
+    Action, Amount, AttachInterface, AttachmentStatus, CloudError, CloudProvider, CreateInterface,
+    InstanceState, InterfaceFilter, InterfaceStatus, Ipv4Assign, Ipv4Set, NetworkInterface,
+    SubnetFilter, Tags,
 };
 
 /// How the checks wait for eventual consistency and for attachments to complete.
@@ -287,7 +288,11 @@ async fn attach<P: CloudProvider>(
         "AttachNetworkInterface",
         retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
             provider
-                .attach_interface(interface_id, &fixture.instance_id, device_index)
+                .attach_interface(AttachInterface::new(
+                    interface_id,
+                    &fixture.instance_id,
+                    device_index,
+                ))
                 .await
         })
         .await,
@@ -447,7 +452,11 @@ pub async fn interface_lifecycle<P: CloudProvider>(provider: &P, fixture: &Fixtu
         "AttachNetworkInterface",
         retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
             provider
-                .attach_interface(&created.id, &fixture.instance_id, device_index)
+                .attach_interface(AttachInterface::new(
+                    &created.id,
+                    &fixture.instance_id,
+                    device_index,
+                ))
                 .await
         })
         .await,
@@ -821,7 +830,7 @@ pub async fn not_found_errors<P: CloudProvider>(provider: &P, fixture: &Fixture)
         "attach a missing interface",
         retrying(poll, Action::AttachNetworkInterface, async || {
             provider
-                .attach_interface(eni, &fixture.instance_id, 7)
+                .attach_interface(AttachInterface::new(eni, &fixture.instance_id, 7))
                 .await
         })
         .await
@@ -934,7 +943,7 @@ pub async fn occupied_device_index_refused<P: CloudProvider>(provider: &P, fixtu
     wait_for(provider, &fixture.poll, &second.id, "visible", |_| true).await;
     match retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
         provider
-            .attach_interface(&second.id, &fixture.instance_id, 0)
+            .attach_interface(AttachInterface::new(&second.id, &fixture.instance_id, 0))
             .await
     })
     .await
@@ -945,7 +954,11 @@ pub async fn occupied_device_index_refused<P: CloudProvider>(provider: &P, fixtu
     let (_, index) = attach(provider, fixture, &first.id).await;
     match retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
         provider
-            .attach_interface(&second.id, &fixture.instance_id, index)
+            .attach_interface(AttachInterface::new(
+                &second.id,
+                &fixture.instance_id,
+                index,
+            ))
             .await
     })
     .await
@@ -1033,7 +1046,11 @@ pub async fn limits_attachment<P: CloudProvider>(provider: &P, fixture: &Fixture
     let index = first_free_device_index(provider, fixture).await;
     match retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
         provider
-            .attach_interface(&created[room], &fixture.instance_id, index)
+            .attach_interface(AttachInterface::new(
+                &created[room],
+                &fixture.instance_id,
+                index,
+            ))
             .await
     })
     .await

@@ -382,49 +382,67 @@ mod tests {
     #[test]
     fn a_call_that_may_have_been_applied_is_ambiguous_not_retryable() {
         let message = || "m".to_owned();
-        let ambiguous = [
-            CloudError::Timeout {
-                action: Action::AssignPrivateIpAddresses,
-            },
-            CloudError::InternalError { message: message() },
-            other("ServiceUnavailable"),
-            other("Unavailable"),
-            other("InternalFailure"),
+        // Each class: [is_ambiguous, is_retryable, can_repeat(false), can_repeat(true)].
+        let ambiguous = [true, false, false, true];
+        let retryable = [false, true, true, true];
+        let final_answer = [false, false, false, false];
+        let cases = [
+            (
+                CloudError::Timeout {
+                    action: Action::AssignPrivateIpAddresses,
+                },
+                ambiguous,
+            ),
+            (CloudError::InternalError { message: message() }, ambiguous),
+            (other("ServiceUnavailable"), ambiguous),
+            (other("Unavailable"), ambiguous),
+            (other("InternalFailure"), ambiguous),
+            (
+                CloudError::RequestLimitExceeded {
+                    action: Action::AssignPrivateIpAddresses,
+                },
+                retryable,
+            ),
+            (
+                CloudError::IncorrectInstanceState { message: message() },
+                retryable,
+            ),
+            (other("Throttling"), retryable),
+            (other("ThrottlingException"), retryable),
+            (other("RequestThrottled"), retryable),
+            (
+                CloudError::InsufficientFreeAddressesInSubnet { message: message() },
+                final_answer,
+            ),
+            (
+                CloudError::PrivateIpAddressLimitExceeded { message: message() },
+                final_answer,
+            ),
+            (
+                CloudError::InterfaceNotFound { message: message() },
+                final_answer,
+            ),
+            (
+                CloudError::InvalidParameterValue { message: message() },
+                final_answer,
+            ),
+            (
+                CloudError::UnauthorizedOperation { message: message() },
+                final_answer,
+            ),
+            (other("InvalidIPAddress.InUse"), final_answer),
         ];
-        for error in &ambiguous {
-            assert!(error.is_ambiguous(), "{error:?}");
-            assert!(!error.is_retryable(), "{error:?}");
-            assert!(!error.can_repeat(false), "{error:?} repeated blindly");
-            assert!(error.can_repeat(true), "{error:?} on an idempotent call");
-        }
-        let retryable = [
-            CloudError::RequestLimitExceeded {
-                action: Action::AssignPrivateIpAddresses,
-            },
-            CloudError::IncorrectInstanceState { message: message() },
-            other("Throttling"),
-            other("ThrottlingException"),
-            other("RequestThrottled"),
-        ];
-        for error in &retryable {
-            assert!(error.is_retryable(), "{error:?}");
-            assert!(!error.is_ambiguous(), "{error:?}");
-            assert!(
-                error.can_repeat(false) && error.can_repeat(true),
-                "{error:?}"
+        for (error, class) in &cases {
+            let seen = [
+                error.is_ambiguous(),
+                error.is_retryable(),
+                error.can_repeat(false),
+                error.can_repeat(true),
+            ];
+            assert_eq!(
+                &seen, class,
+                "{error:?}: ambiguous, retryable, repeated blindly, on an idempotent call"
             );
-        }
-        let final_answers = [
-            CloudError::InsufficientFreeAddressesInSubnet { message: message() },
-            CloudError::PrivateIpAddressLimitExceeded { message: message() },
-            CloudError::InterfaceNotFound { message: message() },
-            CloudError::InvalidParameterValue { message: message() },
-            CloudError::UnauthorizedOperation { message: message() },
-            other("InvalidIPAddress.InUse"),
-        ];
-        for error in &final_answers {
-            assert!(!error.is_retryable() && !error.is_ambiguous(), "{error:?}");
-            assert!(!error.can_repeat(true), "{error:?}");
         }
     }
 }

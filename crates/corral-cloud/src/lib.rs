@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use corral_cloud::fake::{InstanceSpec, SubnetSpec};
-//! use corral_cloud::{Amount, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign};
+//! use corral_cloud::{Amount, AttachInterface, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -34,7 +34,7 @@
 //!     })
 //!     .await
 //!     .unwrap();
-//! ec2.attach_interface(&eni.id, "i-1", 1).await.unwrap();
+//! ec2.attach_interface(AttachInterface::new(&eni.id, "i-1", 1)).await.unwrap();
 //! let added = ec2
 //!     .assign_ipv4(&eni.id, &Ipv4Assign::Addresses(Amount::Count(9)))
 //!     .await
@@ -126,9 +126,7 @@ pub trait CloudProvider: Send + Sync {
     /// `attaching` for a while after the call returns.
     fn attach_interface(
         &self,
-        interface_id: &str,
-        instance_id: &str,
-        device_index: u32,
+        request: AttachInterface<'_>,
     ) -> impl Future<Output = Result<String, CloudError>> + Send;
 
     /// DetachNetworkInterface by attachment id (`force` as EC2's `Force`). The interface is
@@ -233,11 +231,9 @@ impl<P: CloudProvider + ?Sized> CloudProvider for std::sync::Arc<P> {
     }
     fn attach_interface(
         &self,
-        interface_id: &str,
-        instance_id: &str,
-        device_index: u32,
+        request: AttachInterface<'_>,
     ) -> impl Future<Output = Result<String, CloudError>> + Send {
-        (**self).attach_interface(interface_id, instance_id, device_index)
+        (**self).attach_interface(request)
     }
     fn detach_interface(
         &self,

@@ -3,8 +3,9 @@
 //! a fake standing in for one.
 
 use crate::{
-    CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo, InterfaceFilter,
-    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet, SubnetFilter, Tags,
+    AttachInterface, CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo,
+    InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
+    SubnetFilter, Tags,
 };
 
 /// No cloud account: an uninhabited type, so an operator built with it has no cloud manager
@@ -39,7 +40,7 @@ impl CloudProvider for NoCloud {
         match *self {}
     }
 
-    async fn attach_interface(&self, _: &str, _: &str, _: u32) -> Result<String, CloudError> {
+    async fn attach_interface(&self, _: AttachInterface<'_>) -> Result<String, CloudError> {
         match *self {}
     }
 

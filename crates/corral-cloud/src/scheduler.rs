@@ -72,9 +72,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bucket::TokenBucket;
 use crate::{
-    Action, BucketLimit, CloudError, CloudProvider, CreateInterface, Instance, InstanceTypeInfo,
-    InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
-    SubnetFilter, Tags,
+    Action, AttachInterface, BucketLimit, CloudError, CloudProvider, CreateInterface, Instance,
+    InstanceTypeInfo, InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface,
+    Subnet, SubnetFilter, Tags,
 };
 
 const ACTIONS: usize = Action::ALL.len();
@@ -766,15 +766,10 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
         .await
     }
 
-    async fn attach_interface(
-        &self,
-        interface_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String, CloudError> {
+    async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
         let provider = &self.shared.provider;
         self.run(Action::AttachNetworkInterface, false, || {
-            provider.attach_interface(interface_id, instance_id, device_index)
+            provider.attach_interface(request)
         })
         .await
     }

@@ -498,6 +498,29 @@ pub struct CreateInterface {
     pub client_token: Option<String>,
 }
 
+/// AttachNetworkInterface's request: which interface goes to which instance, at which device
+/// index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttachInterface<'a> {
+    /// The interface to attach.
+    pub interface_id: &'a str,
+    /// The instance to attach it to.
+    pub instance_id: &'a str,
+    /// The device index it takes on the instance.
+    pub device_index: u32,
+}
+
+impl<'a> AttachInterface<'a> {
+    /// Interface `interface_id` to instance `instance_id` at `device_index`.
+    pub fn new(interface_id: &'a str, instance_id: &'a str, device_index: u32) -> Self {
+        AttachInterface {
+            interface_id,
+            instance_id,
+            device_index,
+        }
+    }
+}
+
 /// What AssignPrivateIpAddresses adds: secondary addresses or prefixes (EC2 takes one kind per
 /// call).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -533,6 +556,32 @@ pub struct Ipv6Set {
     pub addresses: Vec<Ipv6Addr>,
     /// /80 prefixes.
     pub prefixes: Vec<Ipv6Net>,
+}
+
+impl Ipv4Set {
+    /// The addresses (as networks of one address), then the prefixes.
+    pub fn nets(&self) -> Vec<IpNet> {
+        nets(&self.addresses, &self.prefixes)
+    }
+}
+
+impl Ipv6Set {
+    /// The addresses (as networks of one address), then the prefixes.
+    pub fn nets(&self) -> Vec<IpNet> {
+        nets(&self.addresses, &self.prefixes)
+    }
+}
+
+/// `addresses` (as networks of one address), then `prefixes`.
+fn nets<A, P>(addresses: &[A], prefixes: &[P]) -> Vec<IpNet>
+where
+    A: Copy + Into<IpAddr>,
+    P: Copy + Into<IpNet>,
+{
+    let addresses = addresses.iter().map(|a| IpNet::from((*a).into()));
+    addresses
+        .chain(prefixes.iter().map(|p| (*p).into()))
+        .collect()
 }
 
 #[cfg(test)]

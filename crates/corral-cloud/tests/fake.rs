@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use corral_cloud::fake::{BucketLimit, InstanceSpec, Latency, SubnetSpec};
 use corral_cloud::{
-    Action, Amount, AttachmentStatus, CloudError, CloudProvider, CreateInterface, FakeEc2,
-    InstanceState, InterfaceFilter, InterfaceStatus, Ipv4Assign, Ipv4Set, Ipv6Assign,
+    Action, Amount, AttachInterface, AttachmentStatus, CloudError, CloudProvider, CreateInterface,
+    FakeEc2, InstanceState, InterfaceFilter, InterfaceStatus, Ipv4Assign, Ipv4Set, Ipv6Assign,
     NetworkInterface, SubnetFilter, Tags,
 };
 use tokio::time::Instant;
@@ -160,7 +160,8 @@ async fn attach_bucket_is_50_then_5_per_second() {
         .unwrap();
     for _ in 0..50 {
         assert_code(
-            fake.attach_interface("eni-missing", "i-missing", 1).await,
+            fake.attach_interface(AttachInterface::new("eni-missing", "i-missing", 1))
+                .await,
             "InvalidNetworkInterfaceID.NotFound",
         );
     }
@@ -169,7 +170,8 @@ async fn attach_bucket_is_50_then_5_per_second() {
         "InvalidAttachmentID.NotFound",
     );
     assert_code(
-        fake.attach_interface("eni-missing", "i-missing", 1).await,
+        fake.attach_interface(AttachInterface::new("eni-missing", "i-missing", 1))
+            .await,
         "RequestLimitExceeded",
     );
     assert_eq!(
@@ -268,14 +270,15 @@ async fn m5_large_refuses_a_fourth_interface_and_an_eleventh_address() {
     for _ in 0..3 {
         interfaces.push(new_interface(&fake).await.id);
     }
-    fake.attach_interface(&interfaces[0], "i-1", 1)
+    fake.attach_interface(AttachInterface::new(&interfaces[0], "i-1", 1))
         .await
         .unwrap();
-    fake.attach_interface(&interfaces[1], "i-1", 2)
+    fake.attach_interface(AttachInterface::new(&interfaces[1], "i-1", 2))
         .await
         .unwrap();
     assert_code(
-        fake.attach_interface(&interfaces[2], "i-1", 3).await,
+        fake.attach_interface(AttachInterface::new(&interfaces[2], "i-1", 3))
+            .await,
         "AttachmentLimitExceeded",
     );
     assert_eq!(
@@ -352,7 +355,7 @@ async fn every_listed_type_enforces_its_interface_limit() {
             .unwrap();
         for index in 1..*interfaces {
             let eni = new_interface(&fake).await;
-            fake.attach_interface(&eni.id, &instance, index)
+            fake.attach_interface(AttachInterface::new(&eni.id, &instance, index))
                 .await
                 .unwrap();
             fake.assign_ipv4(
@@ -369,7 +372,7 @@ async fn every_listed_type_enforces_its_interface_limit() {
         }
         let extra = new_interface(&fake).await;
         assert_code(
-            fake.attach_interface(&extra.id, &instance, *interfaces)
+            fake.attach_interface(AttachInterface::new(&extra.id, &instance, *interfaces))
                 .await,
             "AttachmentLimitExceeded",
         );
@@ -409,7 +412,8 @@ async fn xen_types_refuse_prefixes() {
         .await
         .unwrap();
     assert_code(
-        fake.attach_interface(&eni.id, "i-m4", 1).await,
+        fake.attach_interface(AttachInterface::new(&eni.id, "i-m4", 1))
+            .await,
         "InvalidParameterValue",
     );
     // ... nor one holding more addresses than the type allows per interface.
@@ -418,7 +422,8 @@ async fn xen_types_refuse_prefixes() {
         .await
         .unwrap();
     assert_code(
-        fake.attach_interface(&crowded.id, "i-xen", 1).await,
+        fake.attach_interface(AttachInterface::new(&crowded.id, "i-xen", 1))
+            .await,
         "PrivateIpAddressLimitExceeded",
     );
 }
@@ -648,7 +653,9 @@ async fn attachments_complete_between_one_and_eight_seconds_later() {
     let mut completions = Vec::new();
     for index in 1..15 {
         let eni = fake.create_interface(&create_in("subnet-a")).await.unwrap();
-        fake.attach_interface(&eni.id, "i-1", index).await.unwrap();
+        fake.attach_interface(AttachInterface::new(&eni.id, "i-1", index))
+            .await
+            .unwrap();
         let attached_at = Instant::now();
         let seen = fake
             .describe_interfaces(&InterfaceFilter::id(&eni.id))
@@ -693,7 +700,10 @@ async fn detach_goes_through_detaching_and_delete_waits_for_it() {
         .build()
         .unwrap();
     let eni = fake.create_interface(&create_in("subnet-a")).await.unwrap();
-    let attachment = fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
+    let attachment = fake
+        .attach_interface(AttachInterface::new(&eni.id, "i-1", 1))
+        .await
+        .unwrap();
     assert_code(
         fake.delete_interface(&eni.id).await,
         "InvalidNetworkInterface.InUse",
@@ -710,7 +720,8 @@ async fn detach_goes_through_detaching_and_delete_waits_for_it() {
     // The device index stays taken until the detachment completes.
     let other = fake.create_interface(&create_in("subnet-a")).await.unwrap();
     assert_code(
-        fake.attach_interface(&other.id, "i-1", 1).await,
+        fake.attach_interface(AttachInterface::new(&other.id, "i-1", 1))
+            .await,
         "InvalidParameterValue",
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -720,7 +731,9 @@ async fn detach_goes_through_detaching_and_delete_waits_for_it() {
     );
     fake.delete_interface(&eni.id).await.unwrap();
     assert!(fake.interface(&eni.id).is_none());
-    fake.attach_interface(&other.id, "i-1", 1).await.unwrap();
+    fake.attach_interface(AttachInterface::new(&other.id, "i-1", 1))
+        .await
+        .unwrap();
 }
 
 #[tokio::test(start_paused = true)]
@@ -736,7 +749,8 @@ async fn occupied_device_index_and_instances_not_running() {
         .unwrap();
     let eni = new_interface(&fake).await;
     let error = assert_code(
-        fake.attach_interface(&eni.id, "i-1", 0).await,
+        fake.attach_interface(AttachInterface::new(&eni.id, "i-1", 0))
+            .await,
         "InvalidParameterValue",
     );
     assert!(
@@ -744,19 +758,23 @@ async fn occupied_device_index_and_instances_not_running() {
         "{error:?}"
     );
     let error = assert_code(
-        fake.attach_interface(&eni.id, "i-pending", 1).await,
+        fake.attach_interface(AttachInterface::new(&eni.id, "i-pending", 1))
+            .await,
         "IncorrectInstanceState",
     );
     assert!(error.is_retryable());
     fake.set_instance_state("i-1", InstanceState::Stopped)
         .unwrap();
     assert_code(
-        fake.attach_interface(&eni.id, "i-1", 1).await,
+        fake.attach_interface(AttachInterface::new(&eni.id, "i-1", 1))
+            .await,
         "IncorrectInstanceState",
     );
     fake.set_instance_state("i-1", InstanceState::Running)
         .unwrap();
-    fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
+    fake.attach_interface(AttachInterface::new(&eni.id, "i-1", 1))
+        .await
+        .unwrap();
     let primary = fake.describe_instance("i-1").await.unwrap().interfaces[0].clone();
     assert_code(
         fake.detach_interface(&primary.attachment.id, true).await,
@@ -773,7 +791,7 @@ async fn termination_deletes_delete_on_termination_interfaces_and_frees_the_rest
     let instance = fake.describe_instance("i-1").await.unwrap();
     let primary = instance.interfaces[0].interface_id.clone();
     let secondary = new_interface(&fake).await;
-    fake.attach_interface(&secondary.id, "i-1", 1)
+    fake.attach_interface(AttachInterface::new(&secondary.id, "i-1", 1))
         .await
         .unwrap();
     fake.assign_ipv4(&primary, &Ipv4Assign::Addresses(Amount::Count(5)))
@@ -791,7 +809,8 @@ async fn termination_deletes_delete_on_termination_interfaces_and_frees_the_rest
     assert_eq!(instance.state, InstanceState::Terminated);
     assert!(instance.interfaces.is_empty());
     assert_code(
-        fake.attach_interface(&secondary.id, "i-1", 1).await,
+        fake.attach_interface(AttachInterface::new(&secondary.id, "i-1", 1))
+            .await,
         "IncorrectInstanceState",
     );
 }
@@ -1009,7 +1028,9 @@ async fn describe_lags_changes_then_catches_up() {
     assert_eq!(seen.len(), 1);
     // The assign came later than the create, so it shows no earlier than it.
     let versions_seen = seen[0].secondary_ipv4.len();
-    fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
+    fake.attach_interface(AttachInterface::new(&eni.id, "i-1", 1))
+        .await
+        .unwrap();
     let described = fake.describe_instance("i-1").await.unwrap();
     assert_eq!(
         described.interfaces.len(),
@@ -1066,7 +1087,10 @@ async fn deleted_interfaces_are_forgotten_once_every_describe_sees_it() {
         .unwrap();
     for _ in 0..50 {
         let eni = new_interface(&fake).await;
-        let attachment = fake.attach_interface(&eni.id, "i-1", 1).await.unwrap();
+        let attachment = fake
+            .attach_interface(AttachInterface::new(&eni.id, "i-1", 1))
+            .await
+            .unwrap();
         fake.detach_interface(&attachment, false).await.unwrap();
         fake.delete_interface(&eni.id).await.unwrap();
     }
@@ -1098,7 +1122,9 @@ async fn traced_run(seed: u64) -> Vec<String> {
         let created = fake.create_interface(&create_in("subnet-a")).await;
         trace.push(format!("{:?} create {created:?}", start.elapsed()));
         let Ok(eni) = created else { continue };
-        let attached = fake.attach_interface(&eni.id, "i-1", index).await;
+        let attached = fake
+            .attach_interface(AttachInterface::new(&eni.id, "i-1", index))
+            .await;
         trace.push(format!("{:?} attach {attached:?}", start.elapsed()));
         let assigned = fake
             .assign_ipv4(&eni.id, &Ipv4Assign::Prefixes(Amount::Count(1)))
@@ -1163,7 +1189,7 @@ async fn a_thousand_nodes_scale_out_within_the_buckets() {
             let mut request = create_in("subnet-big");
             request.client_token = Some(format!("{node}-eni-1"));
             let eni = retry!(fake.create_interface(&request));
-            retry!(fake.attach_interface(&eni.id, &node, 1));
+            retry!(fake.attach_interface(AttachInterface::new(&eni.id, &node, 1)));
             let primary = retry!(fake.describe_instance(&node)).interfaces[0]
                 .interface_id
                 .clone();

@@ -52,6 +52,17 @@ fn quiet() -> FakeEc2 {
         .unwrap()
 }
 
+/// A [`quiet`] fake behind a scheduler that makes up to three attempts of a call.
+fn quiet_with_three_attempts() -> (FakeEc2, Scheduled<FakeEc2>) {
+    let fake = quiet();
+    let config = SchedulerConfig::default().retry(RetryPolicy {
+        max_attempts: 3,
+        ..RetryPolicy::default()
+    });
+    let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    (fake, scheduled)
+}
+
 fn one_secondary() -> Ipv4Assign {
     Ipv4Assign::Addresses(Amount::Count(1))
 }
@@ -376,12 +387,7 @@ async fn an_ambiguous_assign_by_count_or_create_without_a_token_is_returned_not_
 /// answers are not repeated at all.
 #[tokio::test(start_paused = true)]
 async fn describes_are_repeated_after_5xx_up_to_the_limit_and_final_answers_never() {
-    let fake = quiet();
-    let config = SchedulerConfig::default().retry(RetryPolicy {
-        max_attempts: 3,
-        ..RetryPolicy::default()
-    });
-    let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    let (fake, scheduled) = quiet_with_three_attempts();
     let internal = CloudError::InternalError {
         message: "An internal error has occurred".to_owned(),
     };
@@ -735,12 +741,7 @@ async fn the_contract_suite_passes_through_the_scheduler_in_a_storm() {
 /// the last attempt's throttle answer, nor `Cancelled` when a shutdown ends the repeats.
 #[tokio::test(start_paused = true)]
 async fn an_applied_attempt_stays_ambiguous_whatever_the_later_repeats_answer() {
-    let fake = quiet();
-    let config = SchedulerConfig::default().retry(RetryPolicy {
-        max_attempts: 3,
-        ..RetryPolicy::default()
-    });
-    let scheduled = Scheduled::new(fake.clone(), config).unwrap();
+    let (fake, scheduled) = quiet_with_three_attempts();
     let throttled = CloudError::RequestLimitExceeded {
         action: Action::CreateNetworkInterface,
     };

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use corral_cloud::fake::InstanceSpec;
 use corral_cloud::{
-    Amount, AttachmentStatus, CloudError, CloudProvider, CreateInterface, FakeEc2, InterfaceFilter,
+    Amount, AttachInterface, AttachmentStatus, CloudError, CloudProvider, CreateInterface, FakeEc2,
+    InterfaceFilter,
 };
 
 /// A fresh state file path (removed with its lock and temporary file at the end).
@@ -87,7 +88,9 @@ async fn fakes_on_one_state_file_are_one_cloud_that_outlives_each() {
         .unwrap());
     assert!(seen_by_b.contains(&first.id), "{seen_by_b:?}");
     // An attachment made through one completes for the other 1–8 s later, not at once.
-    a.attach_interface(&second.id, "i-b", 1).await.unwrap();
+    a.attach_interface(AttachInterface::new(&second.id, "i-b", 1))
+        .await
+        .unwrap();
     let status = |fake: &FakeEc2| {
         fake.interface(&second.id)
             .and_then(|ni| ni.attachment)

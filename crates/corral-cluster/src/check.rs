@@ -29,39 +29,18 @@ use crate::config::ClusterConfig;
 use crate::keys::{Key, Keys, NodeName, ReleaseState};
 use crate::net::net_range;
 use crate::plan::NodePlan;
-use parse::{overlaps, parse, span};
+use parse::{overlapping, overlaps, parse, span};
 
 /// Checks the cluster's keys (as read at one revision); answers one sentence per problem.
 pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     let mut problems = Vec::new();
     let parsed = parse(keys, entries, &mut problems);
-    // Pairwise disjoint per family, whatever the pool: sorted by start, each must begin after
-    // the furthest end seen so far (so a CIDR inside a bigger one is caught, not only
-    // neighbours).
-    for family in [Family::V4, Family::V6] {
-        let mut spans: Vec<(u128, u128, &IpNet, &NodeName)> = parsed
-            .grants
-            .iter()
-            .filter(|g| g.1 == family)
-            .map(|g| {
-                let (first, last) = span(&g.2);
-                (first, last, &g.2, &g.3.node)
-            })
-            .collect();
-        spans.sort();
-        let mut furthest: Option<(u128, &IpNet, &NodeName)> = None;
-        for (first, last, cidr, node) in spans {
-            if let Some((end, other, other_node)) = furthest
-                && first <= end
-            {
-                problems.push(format!(
-                    "{other} (node {other_node}) and {cidr} (node {node}) overlap"
-                ));
-            }
-            if furthest.is_none_or(|(end, ..)| last > end) {
-                furthest = Some((last, cidr, node));
-            }
-        }
+    // Pairwise disjoint per family, whatever the pool.
+    let grants = parsed.grants.iter().map(|g| (g.1, &g.2, &g.3.node));
+    for (other, other_node, cidr, node) in overlapping(grants) {
+        problems.push(format!(
+            "{other} (node {other_node}) and {cidr} (node {node}) overlap"
+        ));
     }
     let mut per_node: BTreeMap<(&NodeName, &PoolName, Family), usize> = BTreeMap::new();
     for (pool, family, cidr, record) in &parsed.grants {
@@ -461,21 +440,17 @@ mod tests {
     use super::*;
     use crate::config::AppliedConfigRecord;
     use crate::keys::{ClusterName, GrantRecord, OwnedRecord, encode_value};
-    use crate::tests::{Cluster, net};
+    use crate::tests::{Cluster, assert_reported, net, pool_toml};
 
-    const BLOCKS: &str = r#"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.0.0.0/24"]
-block_prefix_len = 28
-[[pools]]
-name = "nodes"
-[pools.ipv4]
-cidrs = ["10.1.0.0/16"]
-node_prefix_len = 24
-"#;
+    const BLOCKS: &str = concat!(
+        pool_toml!(
+            "pods",
+            mode = "blocks",
+            "10.0.0.0/24",
+            block_prefix_len = 28
+        ),
+        pool_toml!("nodes", "10.1.0.0/16", node_prefix_len = 24),
+    );
 
     fn cluster() -> Cluster {
         let mut cluster = Cluster::with_config(BLOCKS);
@@ -557,9 +532,14 @@ node_prefix_len = 24
         c.release("a", "nodes", "10.1.0.0/24", ReleaseState::Marked, first);
         let problems = c.check();
         assert_eq!(problems.len(), 3, "{problems:#?}");
-        assert!(problems.iter().any(|p| p.contains("names grant revision")));
-        assert!(problems.iter().any(|p| p.contains("names no grant")));
-        assert!(problems.iter().any(|p| p.contains("neither a block pool")));
+        assert_reported(
+            &problems,
+            &[
+                "names grant revision",
+                "names no grant",
+                "neither a block pool",
+            ],
+        );
     }
 
     #[test]
@@ -582,8 +562,7 @@ node_prefix_len = 24
         c.grant("nodes", "10.9.0.0/28");
         let problems = c.check();
         assert_eq!(problems.len(), 2, "{problems:#?}");
-        assert!(problems.iter().any(|p| p.contains("is not a /28")));
-        assert!(problems.iter().any(|p| p.contains("outside pool nodes")));
+        assert_reported(&problems, &["is not a /28", "outside pool nodes"]);
         let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
         assert_eq!(expected.len(), 4);
     }

@@ -337,22 +337,21 @@ pub fn subnet_room(subnet: &SubnetView, family: Family, prefixes: bool, create: 
 /// interface takes prefixes), plus the free device indexes at full size. Without
 /// `secondaries_only` interfaces this is Cilium's `(max_interfaces - first_interface_index) *
 /// (ipv4_per_interface - 1)`, x16 under prefix delegation.
-pub fn instance_capacity(
-    interfaces: &[InterfaceView],
-    occupied: &[u32],
-    limits: &InstanceLimits,
-    cloud: &CloudPoolConfig,
-    family: Family,
-) -> u64 {
-    let first = cloud.first_interface_index;
+pub fn instance_capacity(input: &NodeCloudInput<'_>) -> u64 {
+    let first = input.cloud.first_interface_index;
     let mut total = 0u64;
-    for interface in interfaces.iter().filter(|i| is_usable(i, first)) {
-        let (held, taken) = held_and_taken(interface, family);
+    for interface in input.interfaces.iter().filter(|i| is_usable(i, first)) {
+        let (held, taken) = held_and_taken(interface, input.family);
         total = total.saturating_add(interface_capacity(
-            interface, limits, cloud, family, held, taken,
+            interface,
+            &input.limits,
+            input.cloud,
+            input.family,
+            held,
+            taken,
         ));
     }
-    capacity_with_empty_indexes(total, interfaces, occupied, limits, cloud, family)
+    capacity_with_empty_indexes(total, input)
 }
 
 /// What one usable interface holds in `family` (in addresses) and how many slots its entries
@@ -388,27 +387,23 @@ fn interface_capacity(
 
 /// [`instance_capacity`]'s last term added to `total` (the usable interfaces' share): the
 /// free device indexes at full size.
-fn capacity_with_empty_indexes(
-    total: u64,
-    interfaces: &[InterfaceView],
-    occupied: &[u32],
-    limits: &InstanceLimits,
-    cloud: &CloudPoolConfig,
-    family: Family,
-) -> u64 {
-    let first = cloud.first_interface_index;
-    let prefix = prefix_units(family);
-    let empty = (first..limits.max_interfaces)
-        .filter(|i| !interfaces.iter().any(|f| f.device_index == *i) && !occupied.contains(i))
+fn capacity_with_empty_indexes(total: u64, input: &NodeCloudInput<'_>) -> u64 {
+    let limits = &input.limits;
+    let prefix = prefix_units(input.family);
+    let empty = (input.cloud.first_interface_index..limits.max_interfaces)
+        .filter(|i| {
+            !input.interfaces.iter().any(|f| f.device_index == *i)
+                && !input.occupied_indexes.contains(i)
+        })
         .count() as u64;
-    let unit = if cloud.prefix_delegation && limits.prefix_delegation {
+    let unit = if input.cloud.prefix_delegation && limits.prefix_delegation {
         prefix
     } else {
         1
     };
     total.saturating_add(
         empty
-            .saturating_mul(slots_per_interface(limits, family))
+            .saturating_mul(slots_per_interface(limits, input.family))
             .saturating_mul(unit),
     )
 }
@@ -483,14 +478,7 @@ pub fn plan_node(input: &NodeCloudInput<'_>) -> CloudPlan {
     let available = held_total.saturating_sub(ready_size);
     let (used, pending) = input.demand.map_or((0, 0), |d| (d.used, d.pending));
     let pd = input.cloud.prefix_delegation && input.limits.prefix_delegation;
-    let physical = capacity_with_empty_indexes(
-        physical,
-        input.interfaces,
-        input.occupied_indexes,
-        &input.limits,
-        input.cloud,
-        family,
-    );
+    let physical = capacity_with_empty_indexes(physical, input);
     let max = input.watermarks.max_allocate;
     let capacity = if max > 0 { physical.min(max) } else { physical };
     // A release begun (the node was in excess at its last plan) goes on to the target.

@@ -26,6 +26,34 @@ service = "10.96.0.0/12"
 }
 pub(crate) use node_ids_toml;
 
+/// One `[[pools]]` table with the IPv4 range `cidr`, in TOML: its name, its mode when given,
+/// then `[pools.ipv4]` with `cidrs` and the `key = value` pairs that follow (a macro, so
+/// `concat!` can put it into constants).
+macro_rules! pool_toml {
+    ($name:literal $(, mode = $mode:literal)?, $cidr:literal $(, $key:ident = $value:tt)*) => {
+        concat!(
+            "[[pools]]\n",
+            "name = \"", $name, "\"\n",
+            $("mode = \"", $mode, "\"\n",)?
+            "[pools.ipv4]\n",
+            "cidrs = [\"", $cidr, "\"]\n",
+            $(stringify!($key), " = ", stringify!($value), "\n",)*
+        )
+    };
+}
+pub(crate) use pool_toml;
+
+/// Asserts that each of `texts` is part of some problem in `problems`.
+#[track_caller]
+pub fn assert_reported(problems: &[String], texts: &[&str]) {
+    for text in texts {
+        assert!(
+            problems.iter().any(|p| p.contains(text)),
+            "{text:?} in {problems:#?}"
+        );
+    }
+}
+
 pub fn net(text: &str) -> IpNet {
     text.parse().unwrap()
 }

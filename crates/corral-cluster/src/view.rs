@@ -1794,16 +1794,11 @@ mod tests {
         assert_eq!(space.lowest_free().unwrap().to_string(), "10.0.0.0/24");
     }
     use crate::keys::ClusterName;
-    use crate::tests::node_ids_toml;
+    use crate::tests::{node_ids_toml, pool_toml};
 
     const CONFIG: &str = concat!(
-        r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.0.0.0/29"]
-node_prefix_len = 30
-[pools.ipv6]
+        pool_toml!("default", "10.0.0.0/29", node_prefix_len = 30),
+        r#"[pools.ipv6]
 cidrs = ["fd00::/64"]
 node_prefix_len = 80
 "#,

@@ -257,32 +257,48 @@ fn main() {
 
     let mut figures = Figures::default();
     warm_up(&plugins, root.path());
-    if std::env::var("CORRAL_BENCH_ONLY").is_ok_and(|only| only == "cooling") {
-        let cooled_at = cooling_during(&plugins, &params, root.path(), &mut figures.cooling);
-        if std::env::args().any(|a| a == "--bench") {
-            cooling_after(
-                &plugins,
-                &params,
-                root.path(),
-                cooled_at,
-                &mut figures.cooling,
-            );
-        }
-        print_cooling(&params, &figures.cooling);
-        if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
-            let _ = root.keep();
-        }
-        return;
+    // `CORRAL_BENCH_ONLY=cooling`: the cooldown phases alone.
+    let only_cooling = std::env::var("CORRAL_BENCH_ONLY").is_ok_and(|only| only == "cooling");
+    if !only_cooling {
+        sequential_empty(&plugins, &params, root.path(), &mut figures);
+        sequential_blocks(&plugins, &params, root.path(), &mut figures);
+        sequential_full(&plugins, &params, root.path(), &mut figures);
     }
-    sequential_empty(&plugins, &params, root.path(), &mut figures);
-    sequential_blocks(&plugins, &params, root.path(), &mut figures);
-    sequential_full(&plugins, &params, root.path(), &mut figures);
     let cooled_at = cooling_during(&plugins, &params, root.path(), &mut figures.cooling);
+    if !only_cooling {
+        throughput_and_footprint(&plugins, &params, root.path(), &mut figures);
+    }
+    if std::env::args().any(|a| a == "--bench") {
+        // The smoke run does not wait the 30 s.
+        cooling_after(
+            &plugins,
+            &params,
+            root.path(),
+            cooled_at,
+            &mut figures.cooling,
+        );
+    }
+    if !only_cooling {
+        print_table(&plugins, &params, &figures);
+    }
+    print_cooling(&params, &figures.cooling);
+    if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
+        let _ = root.keep();
+    }
+}
+
+/// The throughput rows (and the spawn ceiling), peak RSS and the syncs of one ADD.
+fn throughput_and_footprint(
+    plugins: &[Plugin; 2],
+    params: &Params,
+    root: &Path,
+    figures: &mut Figures,
+) {
     for &callers in params.callers {
         let mut rates = [0.0; 2];
         let mut done = [0; 2];
         for (p, plugin) in plugins.iter().enumerate() {
-            let dir = root.path().join(format!("tp{callers}-{}", plugin.label));
+            let dir = root.join(format!("tp{callers}-{}", plugin.label));
             (rates[p], done[p]) = throughput(plugin, callers, params.throughput_for, &dir);
             progress(&format!(
                 "{}: {callers} callers, {} ADDs in {:?}: {:.0} ADDs/s",
@@ -295,38 +311,23 @@ fn main() {
             path: PathBuf::from("/bin/true"),
             ipam_type: "none",
         };
-        let dir = root.path().join(format!("tp{callers}-true"));
+        let dir = root.join(format!("tp{callers}-true"));
         let (spawns, _) = throughput(&floor, callers, params.throughput_for, &dir);
         progress(&format!(
             "/bin/true: {callers} callers: {spawns:.0} spawns/s"
         ));
         figures.throughput.push((callers, rates, done, spawns));
     }
-    peak_rss(&plugins, &params, root.path(), &mut figures);
+    peak_rss(plugins, params, root, figures);
     for (p, plugin) in plugins.iter().enumerate() {
-        let dir = root.path().join(format!("empty-{}", plugin.label));
+        let dir = root.join(format!("empty-{}", plugin.label));
         figures.syncs[p] = syncs(
             &plugin.path,
             "ADD",
             &container_id(RSS_STREAM, 1 << 20),
             &plugin.config(&dir),
-            root.path(),
+            root,
         );
-    }
-    if std::env::args().any(|a| a == "--bench") {
-        // The smoke run does not wait the 30 s.
-        cooling_after(
-            &plugins,
-            &params,
-            root.path(),
-            cooled_at,
-            &mut figures.cooling,
-        );
-    }
-    print_table(&plugins, &params, &figures);
-    print_cooling(&params, &figures.cooling);
-    if std::env::var_os("CORRAL_BENCH_KEEP").is_some() {
-        let _ = root.keep();
     }
 }
 
@@ -739,8 +740,28 @@ fn cooling_after(
     );
 }
 
+/// The cooling table's rows of the ADDs on the empty /16 that alternate with the row above,
+/// and of the CPU per ADD of both: `words` are the /16's article and what follows "CPU per ADD".
+fn print_empty_and_cpu(
+    params: &Params,
+    words: (&str, &str),
+    empty: Option<Latency>,
+    cpu: [Option<Duration>; 2],
+) {
+    let (article, when) = words;
+    let cpu = cpu.map(|d| d.map_or("—".into(), ms));
+    println!(
+        "| ADD on {article} /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
+        pair(empty),
+        samples(empty)
+    );
+    println!(
+        "| CPU per ADD{when}, user + system (ms): cooling / empty | {} / {} | | {} each |",
+        cpu[0], cpu[1], params.cooling_adds
+    );
+}
+
 fn print_cooling(params: &Params, c: &Cooling) {
-    let cpu = |d: Option<Duration>| d.map_or("—".into(), ms);
     println!();
     println!(
         "Cooldown queue: every address of the /16 held, then {} released through corral-ipam (DEL, {:.1?} in all), each cooling for 30 s.",
@@ -769,17 +790,7 @@ fn print_cooling(params: &Params, c: &Cooling) {
         samples(c.during[0]),
         samples(c.during[2])
     );
-    println!(
-        "| ADD on an empty /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
-        pair(c.during[1]),
-        samples(c.during[1])
-    );
-    println!(
-        "| CPU per ADD, user + system (ms): cooling / empty | {} / {} | | {} each |",
-        cpu(c.during_cpu[0]),
-        cpu(c.during_cpu[1]),
-        params.cooling_adds
-    );
+    print_empty_and_cpu(params, ("an empty", ""), c.during[1], c.during_cpu);
     if c.after[0].is_some() {
         println!(
             "| ADD once every cooldown ended: p50 / p99 (ms); first → last quarter p50 | {}; {} → {} | | {} |",
@@ -788,16 +799,11 @@ fn print_cooling(params: &Params, c: &Cooling) {
             c.after_quarters.1.map_or("—".into(), |l| ms(l.p50)),
             samples(c.after[0])
         );
-        println!(
-            "| ADD on the empty /16, alternating with the row above: p50 / p99 (ms) | {} | | {} |",
-            pair(c.after[1]),
-            samples(c.after[1])
-        );
-        println!(
-            "| CPU per ADD once ended, user + system (ms): cooling / empty | {} / {} | | {} each |",
-            cpu(c.after_cpu[0]),
-            cpu(c.after_cpu[1]),
-            params.cooling_adds
+        print_empty_and_cpu(
+            params,
+            ("the empty", " once ended"),
+            c.after[1],
+            c.after_cpu,
         );
     }
 }

@@ -70,7 +70,10 @@ impl Drop for AgentProcess {
     }
 }
 
-fn conf(cni_dir: &Path, socket: &Path) -> Vec<u8> {
+/// The network configuration of a plugin delegating to the agent on `agent_dir` (its
+/// socket), with its data in `cni_dir`.
+fn conf(agent_dir: &Path, cni_dir: &Path) -> Vec<u8> {
+    let socket = agent_dir.join("agent.sock");
     serde_json::to_vec(&json!({
         "cniVersion": "1.0.0",
         "name": "pendnet",
@@ -129,8 +132,7 @@ fn check_holds(stdin: &[u8], container: &str, address: &str) -> Outcome {
 fn a_del_while_the_agent_is_down_is_applied_before_the_agent_serves_anything() {
     let dir = tempfile::tempdir().unwrap();
     let (agent_dir, cni_dir) = (dir.path().join("agent"), dir.path().join("cni"));
-    let socket = agent_dir.join("agent.sock");
-    let stdin = conf(&cni_dir, &socket);
+    let stdin = conf(&agent_dir, &cni_dir);
     let agent = AgentProcess::start(&agent_dir, Some(&cni_dir));
     let mut held = Vec::new();
     for c in ["c1", "c2", "c3", "c4", "c5"] {
@@ -169,8 +171,7 @@ fn a_del_while_the_agent_is_down_is_applied_before_the_agent_serves_anything() {
 fn a_late_del_never_releases_what_a_later_add_of_the_same_attachment_got() {
     let dir = tempfile::tempdir().unwrap();
     let (agent_dir, cni_dir) = (dir.path().join("agent"), dir.path().join("cni"));
-    let socket = agent_dir.join("agent.sock");
-    let stdin = conf(&cni_dir, &socket);
+    let stdin = conf(&agent_dir, &cni_dir);
 
     // The record settled by the ADD itself: this agent does not scan the CNI directory.
     let agent = AgentProcess::start(&agent_dir, None);
@@ -212,9 +213,8 @@ fn a_malformed_record_is_left_alone_and_the_agent_starts() {
     let pending = cni_dir.join("corral.pending");
     std::fs::create_dir_all(&pending).unwrap();
     std::fs::write(pending.join("0123.del"), "{not a record").unwrap();
-    let socket = agent_dir.join("agent.sock");
     let _agent = AgentProcess::start(&agent_dir, Some(&cni_dir));
-    let stdin = conf(&cni_dir, &socket);
+    let stdin = conf(&agent_dir, &cni_dir);
     assert_eq!(when_served("ADD", "c1", &stdin).code, 0);
     assert_eq!(
         std::fs::read(pending.join("0123.del")).unwrap(),

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::{Outcome, run, run_within};
+use common::{Outcome, plugin, run, run_within};
 
 fn conf(dir: &Path, extra: Value) -> Vec<u8> {
     let mut ipam = json!({
@@ -36,7 +36,7 @@ fn mkfifo(path: &Path) {
 const QUICK: Duration = Duration::from_secs(20);
 
 fn add(stdin: &[u8], container: &str) -> Outcome {
-    run_within(QUICK, "ADD", container, "eth0", &[], stdin)
+    run_within(QUICK, plugin("ADD", container, "eth0", &[]), stdin)
 }
 
 /// Regression: `"resolvConf": "/dev/zero"` grew corral-ipam to 1.4 GB, and a FIFO made it wait

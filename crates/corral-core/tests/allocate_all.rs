@@ -23,6 +23,14 @@ fn engine() -> (Engine, PoolName, PoolName) {
     (engine, a, b)
 }
 
+/// Why `engine` refuses all of `wanted` at once (it must), changing nothing.
+fn refusal(engine: &mut Engine, wanted: &[(Request<'_>, Target)]) -> AllocError {
+    let before = engine.dump();
+    let error = engine.allocate_all(wanted, Timestamp::ZERO).unwrap_err();
+    assert_eq!(engine.dump(), before, "nothing may change");
+    error
+}
+
 fn request<'a>(pool: &'a PoolName, key: &'a AttachmentKey) -> Request<'a> {
     Request {
         pool,
@@ -67,34 +75,27 @@ fn a_failure_in_any_pool_leaves_every_pool_as_it_was() {
             )
             .unwrap();
     }
-    let before = engine.dump();
     let key = AttachmentKey::new("net", "c1", "eth0").unwrap();
-    let err = engine
-        .allocate_all(
-            &[
-                (request(&a, &key), Target::Next(Family::V4)),
-                (request(&b, &key), Target::Next(Family::V4)),
-            ],
-            Timestamp::ZERO,
-        )
-        .unwrap_err();
+    let err = refusal(
+        &mut engine,
+        &[
+            (request(&a, &key), Target::Next(Family::V4)),
+            (request(&b, &key), Target::Next(Family::V4)),
+        ],
+    );
     assert!(matches!(err, AllocError::PoolExhausted { .. }), "{err}");
-    assert_eq!(engine.dump(), before, "nothing may change");
     // A specific address that is taken fails the same way, after a good first request.
-    let err = engine
-        .allocate_all(
-            &[
-                (request(&a, &key), Target::Next(Family::V4)),
-                (
-                    request(&b, &key),
-                    Target::Specific("10.1.0.1".parse().unwrap()),
-                ),
-            ],
-            Timestamp::ZERO,
-        )
-        .unwrap_err();
+    let err = refusal(
+        &mut engine,
+        &[
+            (request(&a, &key), Target::Next(Family::V4)),
+            (
+                request(&b, &key),
+                Target::Specific("10.1.0.1".parse().unwrap()),
+            ),
+        ],
+    );
     assert!(matches!(err, AllocError::AddressInUse { .. }), "{err}");
-    assert_eq!(engine.dump(), before);
     // And the first pool still hands out the address it would have before.
     let next = engine
         .allocate(
@@ -112,19 +113,15 @@ fn two_requests_for_one_pool_and_family_are_refused() {
     let (mut engine, a, _) = engine();
     let k1 = AttachmentKey::new("net", "c1", "eth0").unwrap();
     let k2 = AttachmentKey::new("net", "c2", "eth0").unwrap();
-    let before = engine.dump();
-    let err = engine
-        .allocate_all(
-            &[
-                (request(&a, &k1), Target::Next(Family::V4)),
-                (
-                    request(&a, &k2),
-                    Target::Specific("10.0.0.1".parse().unwrap()),
-                ),
-            ],
-            Timestamp::ZERO,
-        )
-        .unwrap_err();
+    let err = refusal(
+        &mut engine,
+        &[
+            (request(&a, &k1), Target::Next(Family::V4)),
+            (
+                request(&a, &k2),
+                Target::Specific("10.0.0.1".parse().unwrap()),
+            ),
+        ],
+    );
     assert!(matches!(err, AllocError::DuplicateTarget { .. }), "{err}");
-    assert_eq!(engine.dump(), before);
 }

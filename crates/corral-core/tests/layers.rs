@@ -15,15 +15,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-type Module = Vec<String>;
+mod repo;
+use repo::workspace_root;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("crate lives at crates/<name>")
-        .to_path_buf()
-}
+type Module = Vec<String>;
 
 /// The source files of a crate's library, by module path (`host::batch`), without tests,
 /// binaries and the crate root.

@@ -57,6 +57,25 @@ fn config(cooldown: u64, lowest: bool) -> EngineConfig {
 /// The cooldowns a store reads for a partial engine at `now` (see corral-store's `load.rs`):
 /// per family, those that ran out (at most `limit`, oldest first), then the next one.
 /// A full engine of the default pool over `RANGES`.
+/// Runs `ops` on a full engine: a tick moves the clock, an ADD or DEL goes to `step` with the
+/// full engine and the time, and the full engine's invariants hold after each operation.
+fn walk(
+    config: EngineConfig,
+    ops: Vec<Op>,
+    mut step: impl FnMut(&mut Engine, Op, Timestamp) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let mut full = full_engine(config);
+    let mut now = Timestamp::ZERO;
+    for op in ops {
+        match op {
+            Op::Tick { secs } => now = now.saturating_add(Duration::from_secs(secs)),
+            op => step(&mut full, op, now)?,
+        }
+        full.check_invariants().map_err(TestCaseError::fail)?;
+    }
+    Ok(())
+}
+
 fn full_engine(config: EngineConfig) -> Engine {
     let pool = PoolName::default_pool();
     let mut full = Engine::new(config);
@@ -141,14 +160,11 @@ proptest! {
     ) {
         let pool = PoolName::default_pool();
         let config = config(cooldown, lowest);
-        let mut full = full_engine(config);
-        let mut now = Timestamp::ZERO;
-        for op in ops {
+        walk(config, ops, |full, op, now| {
             match op {
-                Op::Tick { secs } => now = now.saturating_add(Duration::from_secs(secs)),
                 Op::Add { key: k, family } => {
                     let attachment = key(k);
-                    let mut part = partial(&full, config, &attachment, now, usize::MAX);
+                    let mut part = partial(full, config, &attachment, now, usize::MAX);
                     let request = Request { pool: &pool, owner: "pod", key: Some(&attachment), lease: None };
                     let target = Target::Next(if family { Family::V4 } else { Family::V6 });
                     let want = full.allocate(&request, target, now);
@@ -159,7 +175,7 @@ proptest! {
                 }
                 Op::Del { key: k } => {
                     let attachment = key(k);
-                    let mut part = partial(&full, config, &attachment, now, usize::MAX);
+                    let mut part = partial(full, config, &attachment, now, usize::MAX);
                     let want = full.release_key(&attachment, now);
                     let got = part.release_key(&attachment, now);
                     prop_assert_eq!(&got, &want);
@@ -180,9 +196,10 @@ proptest! {
                         );
                     }
                 }
+                Op::Tick { .. } => {}
             }
-            full.check_invariants().map_err(TestCaseError::fail)?;
-        }
+            Ok(())
+        })?;
     }
 }
 
@@ -201,14 +218,11 @@ proptest! {
     ) {
         let pool = PoolName::default_pool();
         let config = config(30, lowest);
-        let mut full = full_engine(config);
-        let mut now = Timestamp::ZERO;
-        for op in ops {
+        walk(config, ops, |full, op, now| {
             match op {
-                Op::Tick { secs } => now = now.saturating_add(Duration::from_secs(secs)),
                 Op::Add { key: k, family } => {
                     let attachment = key(k);
-                    let mut part = partial(&full, config, &attachment, now, limit);
+                    let mut part = partial(full, config, &attachment, now, limit);
                     let request = Request { pool: &pool, owner: "pod", key: Some(&attachment), lease: None };
                     let family = if family { Family::V4 } else { Family::V6 };
                     full.advance(now);
@@ -216,10 +230,10 @@ proptest! {
                     let oldest = full.oldest_cooling(&pool, family).unwrap();
                     let Ok(got) = part.allocate(&request, Target::Next(family), now) else {
                         prop_assert!(free == 0 && oldest.is_none(), "refused with {} free", free);
-                        continue;
+                        return Ok(());
                     };
                     if got.existing {
-                        continue;
+                        return Ok(());
                     }
                     prop_assert!(full.lookup(got.addr).is_none(), "{} is allocated", got.addr);
                     if let Some((pool_name, _)) = full.cooldown(got.addr) {
@@ -233,9 +247,10 @@ proptest! {
                 Op::Del { key: k } => {
                     full.release_key(&key(k), now);
                 }
+                Op::Tick { .. } => {}
             }
-            full.check_invariants().map_err(TestCaseError::fail)?;
-        }
+            Ok(())
+        })?;
     }
 }
 

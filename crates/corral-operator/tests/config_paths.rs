@@ -149,6 +149,13 @@ async fn a_renamed_pool_written_around_the_cli_is_not_installed_by_a_failover() 
     assert_consistent(&kv).await;
 }
 
+/// Every grant is still a /24 (the configuration in force), none held twice.
+async fn assert_grants_still_24s(kv: &MemKv) {
+    let all: Vec<String> = grants(kv).await.values().flatten().cloned().collect();
+    assert!(all.iter().all(|g| g.ends_with("-24")), "{all:?}");
+    assert_eq!(cidrs_held_twice(kv).await, Vec::<String>::new());
+}
+
 /// The periodic resync reads everything again: a changed node prefix length refused by the
 /// watch stays refused there.
 #[tokio::test(start_paused = true)]
@@ -165,9 +172,7 @@ async fn a_changed_node_prefix_length_is_not_installed_by_the_resync() {
     register(&kv, "node-c").await;
     wait_served(&kv, &["node-a", "node-b", "node-c"]).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let all: Vec<String> = grants(&kv).await.values().flatten().cloned().collect();
-    assert!(all.iter().all(|g| g.ends_with("-24")), "{all:?}");
-    assert_eq!(cidrs_held_twice(&kv).await, Vec::<String>::new());
+    assert_grants_still_24s(&kv).await;
     assert!(reported(&a, "node_prefix_len"));
     assert_eq!(
         applied(&kv).await,
@@ -178,9 +183,7 @@ async fn a_changed_node_prefix_length_is_not_installed_by_the_resync() {
     let b = Replica::start(&kv, "op-b");
     register(&kv, "node-d").await;
     wait_served(&kv, &["node-a", "node-b", "node-c", "node-d"]).await;
-    let all: Vec<String> = grants(&kv).await.values().flatten().cloned().collect();
-    assert!(all.iter().all(|g| g.ends_with("-24")), "{all:?}");
-    assert_eq!(cidrs_held_twice(&kv).await, Vec::<String>::new());
+    assert_grants_still_24s(&kv).await;
     drop(b);
 }
 

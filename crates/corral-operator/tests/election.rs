@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use corral_kv::{Kv, MemKv, TxnOp};
-use corral_operator::election::{Candidate, is_candidate};
+use corral_operator::election::is_candidate;
 
 async fn serve_node<K: Kv>(kv: &K, name: &str) {
     register_served(kv, name).await;
@@ -112,10 +112,8 @@ async fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
 #[tokio::test(start_paused = true)]
 async fn only_keys_on_the_lease_they_are_named_after_are_candidates() {
     let kv = MemKv::new();
+    let candidate = join_election(&kv).await;
     let prefix = keys().election_prefix();
-    let candidate = Candidate::join(&kv, prefix.as_bytes(), "op-a", TTL)
-        .await
-        .unwrap();
     let other = kv.lease_grant(TTL).await.unwrap();
     // On a lease, but not the one its name says.
     let misnamed = format!("{prefix}{:x}", other.0 + 1000);

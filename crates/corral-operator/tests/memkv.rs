@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
-use corral_operator::election::{Candidate, Fence};
+use corral_operator::election::Fence;
 
 /// Registers `names` and waits until each holds one IPv4 and one IPv6 CIDR and a node ID.
 async fn register_and_wait<K: Kv>(kv: &K, names: &[&str]) {
@@ -66,10 +66,7 @@ async fn one_replica_grants_lowest_free_dual_stack_cidrs_and_node_ids() {
 #[tokio::test(start_paused = true)]
 async fn a_fence_whose_key_is_gone_or_recreated_lets_no_write_through() {
     let kv = MemKv::new();
-    let prefix = keys().election_prefix();
-    let candidate = Candidate::join(&kv, prefix.as_bytes(), "op-a", TTL)
-        .await
-        .unwrap();
+    let candidate = join_election(&kv).await;
     let fence = Fence {
         key: candidate.key.clone(),
         revision: candidate.revision,
@@ -269,33 +266,18 @@ async fn garbage_is_reported_and_skipped_and_the_operator_keeps_serving() {
     assert!(grants(&kv).await.is_empty());
     // Garbage keys and values under grants/ and nodes/.
     let prefix = keys().prefix().to_owned();
-    put(
-        &kv,
-        &format!("{prefix}grants/default/ipv4/not-a-cidr"),
-        b"{}",
-    )
-    .await;
-    put(
-        &kv,
-        &format!("{prefix}grants/default/ipv4/10.192.1.0-24"),
-        b"\xff garbage",
-    )
-    .await;
-    put(
-        &kv,
-        &format!("{prefix}grants/nopool/ipv4/10.192.9.0-24"),
-        b"[]",
-    )
-    .await;
-    put(&kv, &format!("{prefix}nodes/Not_A_Name"), b"{}").await;
-    put(&kv, &format!("{prefix}nodes/node-garbage"), b"garbage").await;
-    put(
-        &kv,
-        &format!("{prefix}owned/node-x/default/ipv4/10.192.7.3-24"),
-        b"{}",
-    )
-    .await;
-    put(&kv, &format!("{prefix}whatever/else"), b"").await;
+    let garbage: [(&str, &[u8]); 7] = [
+        ("grants/default/ipv4/not-a-cidr", b"{}"),
+        ("grants/default/ipv4/10.192.1.0-24", b"\xff garbage"),
+        ("grants/nopool/ipv4/10.192.9.0-24", b"[]"),
+        ("nodes/Not_A_Name", b"{}"),
+        ("nodes/node-garbage", b"garbage"),
+        ("owned/node-x/default/ipv4/10.192.7.3-24", b"{}"),
+        ("whatever/else", b""),
+    ];
+    for (key, value) in garbage {
+        put(&kv, &format!("{prefix}{key}"), value).await;
+    }
     // A configuration that reads: served, the garbage skipped.
     init(&kv, DUAL).await;
     register_and_wait(&kv, &["node-a", "node-b"]).await;

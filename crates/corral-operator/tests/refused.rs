@@ -56,6 +56,15 @@ async fn put_holdings<K: Kv>(kv: &K, name: &str, held: &[IpNet], refused: Vec<Re
     .await;
 }
 
+/// The create revision of `key`, which must exist.
+async fn create_revision<K: Kv>(kv: &K, key: &str) -> i64 {
+    kv.get(key.as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_another_node_asserts() {
     let kv = initialized(DUAL).await;
@@ -65,41 +74,23 @@ async fn a_refused_grant_is_revoked_and_the_node_granted_anew_around_space_anoth
     let old = v4_grant(&grants(&kv).await["node-a"]);
     let pool = PoolName::new("default").unwrap();
     let grant_key = keys().grant(&pool, Family::V4, &old);
-    let revision = kv
-        .get(grant_key.as_bytes())
-        .await
-        .unwrap()
-        .unwrap()
-        .create_revision;
+    let revision = create_revision(&kv, &grant_key).await;
     // node-b holds that CIDR (etcd forgot: restored from a snapshot), and node-a's agent
     // refuses the grant etcd handed back.
     register(&kv, "node-b").await;
     put_holdings(&kv, "node-b", &[old], vec![]).await;
     // A refusal of another grant (an older create revision) revokes nothing.
-    put_holdings(
-        &kv,
-        "node-a",
-        &[],
+    let refusal = |grant_revision| {
         vec![RefusedGrant {
             pool: pool.clone(),
             cidr: old,
-            grant_revision: revision - 1,
-        }],
-    )
-    .await;
+            grant_revision,
+        }]
+    };
+    put_holdings(&kv, "node-a", &[], refusal(revision - 1)).await;
     wait_until("node-b is served", LONG, || dual_served(&kv, "node-b")).await;
     assert!(kv.get(grant_key.as_bytes()).await.unwrap().is_some());
-    put_holdings(
-        &kv,
-        "node-a",
-        &[],
-        vec![RefusedGrant {
-            pool: pool.clone(),
-            cidr: old,
-            grant_revision: revision,
-        }],
-    )
-    .await;
+    put_holdings(&kv, "node-a", &[], refusal(revision)).await;
     wait_until("node-a is granted anew", LONG, || async {
         grants(&kv)
             .await
@@ -127,12 +118,7 @@ async fn a_refused_node_id_is_revoked_and_the_node_given_one_anew() {
     .await;
     let id = node_id(&kv, "node-a").await.unwrap();
     let of_node = keys().node_id_of_node(&node("node-a"));
-    let revision = kv
-        .get(of_node.as_bytes())
-        .await
-        .unwrap()
-        .unwrap()
-        .create_revision;
+    let revision = create_revision(&kv, &of_node).await;
     let record = HoldingsRecord {
         uid: "uid-node-a".into(),
         refused_node_id: Some(corral_cluster::RefusedNodeId { id, revision }),

@@ -15,8 +15,8 @@ use std::time::Duration;
 use common::cloud::*;
 use common::*;
 use corral_cloud::{
-    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign, Ipv4Set, Ipv6Assign,
-    Ipv6Set, NetworkInterface, Tags,
+    Action, AttachInterface, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign,
+    Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Tags,
 };
 use corral_cluster::IpNet;
 use corral_operator::CloudOptions;
@@ -213,15 +213,8 @@ impl CloudProvider for Gate {
     ) -> Result<NetworkInterface, CloudError> {
         self.inner.create_interface(request).await
     }
-    async fn attach_interface(
-        &self,
-        interface: &str,
-        instance: &str,
-        index: u32,
-    ) -> Result<String, CloudError> {
-        self.inner
-            .attach_interface(interface, instance, index)
-            .await
+    async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
+        self.inner.attach_interface(request).await
     }
     async fn detach_interface(&self, attachment: &str, force: bool) -> Result<(), CloudError> {
         self.inner.detach_interface(attachment, force).await

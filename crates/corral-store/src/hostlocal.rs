@@ -249,18 +249,32 @@ pub fn write_host_local_dir(
 mod tests {
     use super::*;
 
+    /// host-local's folder of network `name` in a new temporary folder, holding `files`
+    /// (name, text).
+    fn network_dir(name: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let net = dir.path().join(name);
+        std::fs::create_dir(&net).unwrap();
+        for (file, text) in files {
+            std::fs::write(net.join(file), text).unwrap();
+        }
+        (dir, net)
+    }
+
     #[test]
     fn reads_both_file_formats_and_skips_bookkeeping() {
-        let dir = tempfile::tempdir().unwrap();
-        let net = dir.path().join("mynet");
-        std::fs::create_dir(&net).unwrap();
-        std::fs::write(net.join("10.22.0.2"), "abc123\r\neth0").unwrap();
-        std::fs::write(net.join("10.22.0.3"), "old-format-id").unwrap();
-        std::fs::write(net.join("fd22::5"), "v6ctr\r\nnet1").unwrap();
-        std::fs::write(net.join("10.22.0.9"), "../evil\r\neth0").unwrap();
-        std::fs::write(net.join("10.22.0.4"), "old-format-id").unwrap();
-        std::fs::write(net.join("last_reserved_ip.0"), "10.22.0.3").unwrap();
-        std::fs::write(net.join("lock"), "").unwrap();
+        let (dir, net) = network_dir(
+            "mynet",
+            &[
+                ("10.22.0.2", "abc123\r\neth0"),
+                ("10.22.0.3", "old-format-id"),
+                ("fd22::5", "v6ctr\r\nnet1"),
+                ("10.22.0.9", "../evil\r\neth0"),
+                ("10.22.0.4", "old-format-id"),
+                ("last_reserved_ip.0", "10.22.0.3"),
+                ("lock", ""),
+            ],
+        );
         let read = read_host_local_dir(&net).unwrap().unwrap();
         assert_eq!(read.last_reserved, [(0, "10.22.0.3".parse().unwrap())]);
         assert!(read.warnings.is_empty(), "{:?}", read.warnings);
@@ -322,11 +336,7 @@ mod tests {
 
     #[test]
     fn what_is_written_reads_back_and_other_addresses_are_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let net = dir.path().join("n");
-        std::fs::create_dir(&net).unwrap();
-        std::fs::write(net.join("10.1.0.9"), "gone\r\neth0").unwrap();
-        std::fs::write(net.join("notes"), "kept").unwrap();
+        let (_dir, net) = network_dir("n", &[("10.1.0.9", "gone\r\neth0"), ("notes", "kept")]);
         let entries = vec![
             HostLocalEntry {
                 addr: "10.1.0.2".parse().unwrap(),

@@ -68,6 +68,17 @@ fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 /// Opens a store in one mode.
 type Opener<'a> = dyn Fn() -> Result<SqliteStore, StoreError> + 'a;
 
+/// Removes the write-ahead log and asserts that the state is then refused as lost.
+fn assert_log_loss_refused(dir: &Path) {
+    std::fs::remove_file(log_path(dir)).unwrap();
+    assert_log_missing_refused(dir);
+}
+
+/// [`assert_refused`] for a missing write-ahead log.
+fn assert_log_missing_refused(dir: &Path) {
+    assert_refused(dir, LostState::LogMissing, &format!("{DB_FILE}-wal"));
+}
+
 /// Opens the directory in each mode and expects each to refuse it as `kind`, naming `file`
 /// in its message, without changing a byte of the directory.
 fn assert_refused(dir: &Path, kind: LostState, file: &str) {
@@ -183,7 +194,7 @@ fn a_log_deleted_from_under_an_agent_is_refused_at_its_restart() {
     }
     std::fs::remove_file(log_path(dir.path())).unwrap();
     agent.close().unwrap();
-    assert_refused(dir.path(), LostState::LogMissing, &format!("{DB_FILE}-wal"));
+    assert_log_missing_refused(dir.path());
 }
 
 #[test]
@@ -217,8 +228,7 @@ fn a_refused_directory_opens_once_its_record_is_removed() {
     assert!((1..100).contains(&kept), "{kept}");
     // From here on the directory is watched again.
     commit_calls(dir.path(), 100, 3);
-    std::fs::remove_file(log_path(dir.path())).unwrap();
-    assert_refused(dir.path(), LostState::LogMissing, &format!("{DB_FILE}-wal"));
+    assert_log_loss_refused(dir.path());
 }
 
 #[test]
@@ -291,8 +301,7 @@ fn a_log_the_sqlite3_shell_folded_and_removed_is_no_loss() {
     // The log corral starts after the shell's removal is marked by its first commit: losing
     // it is noticed.
     commit_calls(dir.path(), 200, 2);
-    std::fs::remove_file(log_path(dir.path())).unwrap();
-    assert_refused(dir.path(), LostState::LogMissing, &format!("{DB_FILE}-wal"));
+    assert_log_loss_refused(dir.path());
 }
 
 /// The shell may also fold the log without removing it (`PRAGMA wal_checkpoint`); commits
@@ -310,7 +319,7 @@ fn a_log_folded_by_the_sqlite3_shell_then_deleted_is_refused() {
     std::mem::forget(shell);
     std::fs::remove_file(log_path(dir.path())).unwrap();
     std::fs::remove_file(dir.path().join(format!("{DB_FILE}-shm"))).unwrap();
-    assert_refused(dir.path(), LostState::LogMissing, &format!("{DB_FILE}-wal"));
+    assert_log_missing_refused(dir.path());
 }
 
 /// A creation cut short leaves no record, so whatever it left starts afresh: nothing was
@@ -329,8 +338,7 @@ fn a_creation_cut_short_starts_afresh() {
     commit_calls(dir.path(), 0, 1);
     assert_eq!(n_allocations(dir.path()), 1);
     // ... and the record, once written, watches it from then on.
-    std::fs::remove_file(log_path(dir.path())).unwrap();
-    assert_refused(dir.path(), LostState::LogMissing, &format!("{DB_FILE}-wal"));
+    assert_log_loss_refused(dir.path());
 }
 
 /// A state directory copied or moved whole (new inodes, a log not yet folded) is the same
@@ -366,6 +374,5 @@ fn an_earlier_builds_record_is_upgraded_by_the_next_commit() {
     let record = std::fs::read_to_string(dir.path().join(SYNCED_FILE)).unwrap();
     assert!(record.contains(&format!("log {identity}\n")), "{record}");
     assert!(record.contains("folded "), "{record}");
-    std::fs::remove_file(log_path(dir.path())).unwrap();
-    assert_refused(dir.path(), LostState::LogMissing, &format!("{DB_FILE}-wal"));
+    assert_log_loss_refused(dir.path());
 }

@@ -52,9 +52,9 @@ use self::state::StateFile;
 pub use self::wall::MAX_DELAY;
 use crate::bucket::TokenBucket;
 use crate::{
-    Action, Amount, CloudError, CloudProvider, CreateInterface, Instance, InstanceState,
-    InstanceTypeInfo, InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface,
-    Subnet, SubnetFilter, Tags,
+    Action, Amount, AttachInterface, CloudError, CloudProvider, CreateInterface, Instance,
+    InstanceState, InstanceTypeInfo, InterfaceFilter, Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set,
+    NetworkInterface, Subnet, SubnetFilter, Tags,
 };
 
 const ACTIONS: usize = Action::ALL.len();
@@ -1035,14 +1035,9 @@ impl CloudProvider for FakeEc2 {
         .await
     }
 
-    async fn attach_interface(
-        &self,
-        interface_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String, CloudError> {
+    async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
         self.call(Action::AttachNetworkInterface, |model, rng, now| {
-            model.attach(interface_id, instance_id, device_index, now, rng)
+            model.attach(request, now, rng)
         })
         .await
     }

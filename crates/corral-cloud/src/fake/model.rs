@@ -16,9 +16,10 @@ use tokio::time::Instant;
 use super::pool::{Ipv4Pool, Ipv6Pool, Refusal};
 use crate::error::DEVICE_INDEX_IN_USE;
 use crate::{
-    Amount, Attachment, AttachmentStatus, CloudError, CreateInterface, Instance, InstanceInterface,
-    InstanceState, InstanceTypeInfo, InterfaceFilter, InterfaceStatus, Ipv4Assign, Ipv4Set,
-    Ipv6Assign, Ipv6Set, MacAddress, NetworkInterface, Subnet, SubnetFilter, Tags,
+    Amount, AttachInterface, Attachment, AttachmentStatus, CloudError, CreateInterface, Instance,
+    InstanceInterface, InstanceState, InstanceTypeInfo, InterfaceFilter, InterfaceStatus,
+    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, MacAddress, NetworkInterface, Subnet, SubnetFilter,
+    Tags,
 };
 
 /// The most IPv4 (and IPv6) addresses an interface may hold while attached to nothing: the
@@ -996,12 +997,15 @@ impl Model {
 
     pub(crate) fn attach(
         &mut self,
-        interface_id: &str,
-        instance_id: &str,
-        device_index: u32,
+        request: AttachInterface<'_>,
         now: Instant,
         rng: &mut ChaCha8Rng,
     ) -> Result<String, CloudError> {
+        let AttachInterface {
+            interface_id,
+            instance_id,
+            device_index,
+        } = request;
         let interface = self.truth(interface_id)?;
         let instance = self
             .instances

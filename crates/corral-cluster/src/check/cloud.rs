@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
-use super::parse::{Entry, Parsed, parse, span};
+use super::parse::{Entry, Parsed, overlapping, parse, span};
 use crate::config::NodeCidrSync;
 use crate::keys::{CloudAttachment, CloudId, CloudOp, Keys, NodeName, ReleaseRecord};
 use crate::net::family_of;
@@ -15,35 +15,6 @@ use crate::net::family_of;
 /// The cloud's view of its interfaces, as plain data: interface ID → (the instance it is
 /// attached to, if any; its secondary addresses and prefixes, both families).
 pub type CloudTruth = BTreeMap<String, (Option<String>, Vec<IpNet>)>;
-
-/// Pairs of overlapping CIDRs among `items` (each with a label), per family: sorted by start,
-/// each must begin after the furthest end seen so far.
-fn overlapping(items: &[(IpNet, String)]) -> Vec<(&IpNet, &str, &IpNet, &str)> {
-    let mut found = Vec::new();
-    for family in [Family::V4, Family::V6] {
-        let mut spans: Vec<(u128, u128, &IpNet, &str)> = items
-            .iter()
-            .filter(|(net, _)| family_of(net) == family)
-            .map(|(net, label)| {
-                let (first, last) = span(net);
-                (first, last, net, label.as_str())
-            })
-            .collect();
-        spans.sort();
-        let mut furthest: Option<(u128, &IpNet, &str)> = None;
-        for (first, last, net, label) in spans {
-            if let Some((end, other, other_label)) = furthest
-                && first <= end
-            {
-                found.push((other, other_label, net, label));
-            }
-            if furthest.is_none_or(|(end, ..)| last > end) {
-                furthest = Some((last, net, label));
-            }
-        }
-    }
-    found
-}
 
 /// The problems of `delegations/` keys (to-cloud pools), from etcd alone: each names a
 /// to-cloud node-cidr pool and a CIDR of its family at the node prefix length inside the
@@ -143,7 +114,10 @@ pub(super) fn record_problems(parsed: &Parsed) -> Vec<String> {
                 .map(|a| (*a, format!("interface {interface} of node {node}"))),
         );
     }
-    for (a, a_label, b, b_label) in overlapping(&addresses) {
+    let labelled = addresses
+        .iter()
+        .map(|(net, label)| (family_of(net), net, label.as_str()));
+    for (a, a_label, b, b_label) in overlapping(labelled) {
         problems.push(format!(
             "cloud address {a} ({a_label}) and {b} ({b_label}) overlap"
         ));
@@ -291,11 +265,12 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
             }
         }
     }
-    let all: Vec<(IpNet, String)> = truth
-        .iter()
-        .flat_map(|(id, (_, addresses))| addresses.iter().map(move |a| (*a, id.clone())))
-        .collect();
-    for (a, a_id, b, b_id) in overlapping(&all) {
+    let on_interfaces = truth.iter().flat_map(|(id, (_, addresses))| {
+        addresses
+            .iter()
+            .map(move |a| (family_of(a), a, id.as_str()))
+    });
+    for (a, a_id, b, b_id) in overlapping(on_interfaces) {
         problems.push(format!(
             "the cloud has {a} on interface {a_id} and {b} on interface {b_id}"
         ));
@@ -307,21 +282,17 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
 mod tests {
     use super::*;
     use crate::keys::{CloudIntentRecord, CloudInterfaceRecord, ReleaseState, encode_value};
-    use crate::tests::{Cluster, interface_record, net};
+    use crate::tests::{Cluster, assert_reported, interface_record, net, pool_toml};
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "pods"
-mode = "cloud"
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-[[pools]]
-name = "blocks"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.9.0.0/24"]
-block_prefix_len = 28
-"#;
+    const CONFIG: &str = concat!(
+        pool_toml!("pods", mode = "cloud", "10.0.0.0/16"),
+        pool_toml!(
+            "blocks",
+            mode = "blocks",
+            "10.9.0.0/24",
+            block_prefix_len = 28
+        ),
+    );
 
     fn node(name: &str) -> NodeName {
         NodeName::new(name).unwrap()
@@ -403,17 +374,18 @@ block_prefix_len = 28
             },
         );
         let problems = c.check();
-        let has = |text: &str| problems.iter().any(|p| p.contains(text));
-        assert!(has("10.1.0.5/32 of cloud interface eni-1"), "{problems:#?}");
-        assert!(has("both have device index 1"), "{problems:#?}");
-        assert!(has("overlap"), "{problems:#?}");
-        assert!(
-            has("names node ghost, which is not registered"),
-            "{problems:#?}"
+        assert_reported(
+            &problems,
+            &[
+                "10.1.0.5/32 of cloud interface eni-1",
+                "both have device index 1",
+                "overlap",
+                "names node ghost, which is not registered",
+                "which is not a cloud pool",
+                "names grant revision",
+                "names no address",
+            ],
         );
-        assert!(has("which is not a cloud pool"), "{problems:#?}");
-        assert!(has("names grant revision"), "{problems:#?}");
-        assert!(has("names no address"), "{problems:#?}");
         assert_eq!(problems.len(), 7, "{problems:#?}");
         // Garbage values are reported, not skipped.
         let mut c = cluster();
@@ -454,17 +426,15 @@ block_prefix_len = 28
             ("eni-other", None, &["10.0.1.7/32"]),
         ]);
         let problems = cloud_problems(&c.keys, &c.entries, &bad);
-        let has = |text: &str| problems.iter().any(|p| p.contains(text));
-        assert!(has("eni-2 of node a is not in the cloud"), "{problems:#?}");
-        assert!(has("the cloud has it unattached"), "{problems:#?}");
-        assert!(has("10.0.1.6/32 of cloud interface eni-1"), "{problems:#?}");
-        assert!(
-            has("10.0.1.7/32 is on cloud interface eni-1"),
-            "{problems:#?}"
-        );
-        assert!(
-            has("the cloud has 10.0.1.7/32 on interface eni-1"),
-            "{problems:#?}"
+        assert_reported(
+            &problems,
+            &[
+                "eni-2 of node a is not in the cloud",
+                "the cloud has it unattached",
+                "10.0.1.6/32 of cloud interface eni-1",
+                "10.0.1.7/32 is on cloud interface eni-1",
+                "the cloud has 10.0.1.7/32 on interface eni-1",
+            ],
         );
         assert_eq!(problems.len(), 5, "{problems:#?}");
         // An address in a release handshake may be gone; an interface with an open intent is

@@ -213,6 +213,39 @@ pub(super) fn settle_config(keys: &Keys, parsed: &mut Parsed, problems: &mut Vec
     };
 }
 
+/// Pairs of overlapping CIDRs among `items` (each with its family and a label), per family:
+/// sorted by start, each must begin after the furthest end seen so far (so a CIDR inside a
+/// bigger one is caught, not only neighbours).
+pub(super) fn overlapping<'a, L: Copy + Ord>(
+    items: impl IntoIterator<Item = (Family, &'a IpNet, L)>,
+) -> Vec<(&'a IpNet, L, &'a IpNet, L)> {
+    let items: Vec<(Family, &IpNet, L)> = items.into_iter().collect();
+    let mut found = Vec::new();
+    for family in [Family::V4, Family::V6] {
+        let mut spans: Vec<(u128, u128, &IpNet, L)> = items
+            .iter()
+            .filter(|item| item.0 == family)
+            .map(|&(_, net, label)| {
+                let (first, last) = span(net);
+                (first, last, net, label)
+            })
+            .collect();
+        spans.sort();
+        let mut furthest: Option<(u128, &IpNet, L)> = None;
+        for (first, last, net, label) in spans {
+            if let Some((end, other, other_label)) = furthest
+                && first <= end
+            {
+                found.push((other, other_label, net, label));
+            }
+            if furthest.is_none_or(|(end, ..)| last > end) {
+                furthest = Some((last, net, label));
+            }
+        }
+    }
+    found
+}
+
 pub(super) fn span(net: &IpNet) -> (u128, u128) {
     net_range(net)
 }

@@ -159,13 +159,19 @@ pub fn warm_needed_and_excess(
 mod tests {
     use super::*;
 
-    fn m5_large() -> InstanceLimits {
+    /// A Nitro instance (it takes prefixes) of `max_interfaces` interfaces of
+    /// `per_interface` addresses (of each family).
+    fn nitro(max_interfaces: u32, per_interface: u32) -> InstanceLimits {
         InstanceLimits {
-            max_interfaces: 3,
-            ipv4_per_interface: 10,
-            ipv6_per_interface: 10,
+            max_interfaces,
+            ipv4_per_interface: per_interface,
+            ipv6_per_interface: per_interface,
             prefix_delegation: true,
         }
+    }
+
+    fn m5_large() -> InstanceLimits {
+        nitro(3, 10)
     }
 
     fn ip(warm: Option<u64>, minimum: Option<u64>) -> WarmTargets {
@@ -278,12 +284,7 @@ mod tests {
             warm_prefix: Some(1),
             ..WarmTargets::default()
         };
-        let l = InstanceLimits {
-            max_interfaces: 3,
-            ipv4_per_interface: 4,
-            ipv6_per_interface: 4,
-            prefix_delegation: true,
-        };
+        let l = nitro(3, 4);
         assert_eq!(warm_mode(&t, true), WarmMode::Prefix(1));
         assert_eq!(
             warm_mode(&t, false),
@@ -322,12 +323,7 @@ mod tests {
             warm_eni: Some(0),
             ..WarmTargets::default()
         };
-        let big = InstanceLimits {
-            max_interfaces: 15,
-            ipv4_per_interface: 50,
-            ipv6_per_interface: 50,
-            prefix_delegation: true,
-        };
+        let big = nitro(15, 50);
         assert_eq!(warm_needed_and_excess(&t, &big, false, 0, 0, 0), (1, 0));
         assert_eq!(warm_needed_and_excess(&t, &big, false, 49, 0, 0), (0, 0));
         // One interface's worth and more free: the rest goes back, down to one free.

@@ -206,15 +206,9 @@ impl ClusterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::node_ids_toml;
+    use crate::tests::{node_ids_toml, pool_toml};
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.244.0.0/16"]
-node_prefix_len = 24
-"#;
+    const CONFIG: &str = pool_toml!("default", "10.244.0.0/16", node_prefix_len = 24);
 
     fn grant(pool: &str, cidr: &str, node: &str) -> HeldGrant {
         let cidr: IpNet = cidr.parse().unwrap();
@@ -228,6 +222,14 @@ node_prefix_len = 24
 
     fn with(extra: &str) -> ClusterConfig {
         ClusterConfig::from_toml(&format!("{CONFIG}{extra}")).unwrap()
+    }
+
+    /// Why `config` refuses `grants` and `node_ids` (it must).
+    fn refusal(config: &ClusterConfig, grants: &[HeldGrant], node_ids: &[u32]) -> String {
+        config
+            .check_holdings(grants, node_ids)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -246,10 +248,7 @@ node_prefix_len = 24
             grant("default", "10.244.2.0/24", "b"),
             grant("default", "10.244.9.0/24", "c"),
         ];
-        let error = with("reserved = [\"10.244.0.0/22\"]\n")
-            .check_holdings(&grants, &[])
-            .unwrap_err()
-            .to_string();
+        let error = refusal(&with("reserved = [\"10.244.0.0/22\"]\n"), &grants, &[]);
         assert!(error.contains("pools[0].ipv4.reserved[0]"), "{error}");
         assert!(
             error.contains("10.244.1.0/24 (node a), 10.244.2.0/24 (node b)"),
@@ -262,10 +261,7 @@ node_prefix_len = 24
     fn a_renamed_pool_or_another_prefix_length_is_refused() {
         let grants = [grant("default", "10.244.1.0/24", "a")];
         let renamed = ClusterConfig::from_toml(&CONFIG.replace("\"default\"", "\"pods\"")).unwrap();
-        let error = renamed
-            .check_holdings(&grants, &[])
-            .unwrap_err()
-            .to_string();
+        let error = refusal(&renamed, &grants, &[]);
         assert!(error.contains("field pools:"), "{error}");
         assert!(
             error.contains("pool default ipv4 is not configured"),
@@ -273,17 +269,17 @@ node_prefix_len = 24
         );
         assert!(error.contains("10.244.1.0/24 (node a)"), "{error}");
         let longer = ClusterConfig::from_toml(&CONFIG.replace("= 24", "= 25")).unwrap();
-        let error = longer.check_holdings(&grants, &[]).unwrap_err().to_string();
+        let error = refusal(&longer, &grants, &[]);
         assert!(error.contains("pools[0].ipv4.node_prefix_len"), "{error}");
         let moved =
             ClusterConfig::from_toml(&CONFIG.replace("10.244.0.0/16", "10.245.0.0/16")).unwrap();
-        let error = moved.check_holdings(&grants, &[]).unwrap_err().to_string();
+        let error = refusal(&moved, &grants, &[]);
         assert!(error.contains("pools[0].ipv4.cidrs"), "{error}");
     }
 
     #[test]
     fn node_ids_beyond_the_plan_are_refused() {
-        let error = with("").check_holdings(&[], &[3]).unwrap_err().to_string();
+        let error = refusal(&with(""), &[], &[3]);
         assert!(
             error.contains("node_ids: is not configured but node IDs 3"),
             "{error}"
@@ -291,10 +287,7 @@ node_prefix_len = 24
         let plan = concat!("\n", node_ids_toml!(), "max_node_id = 10\n");
         let config = with(plan);
         config.check_holdings(&[], &[1, 10]).unwrap();
-        let error = config
-            .check_holdings(&[], &[12, 11])
-            .unwrap_err()
-            .to_string();
+        let error = refusal(&config, &[], &[12, 11]);
         assert!(error.contains("largest node ID would be 10"), "{error}");
         assert!(error.contains("11, 12"), "{error}");
     }

@@ -661,16 +661,15 @@ mod tests {
     use super::*;
     use crate::config::ClusterConfig;
     use crate::keys::{ClusterName, DemandRecord, FamilyDemand, NodeRecord};
+    use crate::tests::pool_toml;
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.0.0.0/26"]
-block_prefix_len = 28
-reserved = ["10.0.0.16/28"]
-"#;
+    const CONFIG: &str = pool_toml!(
+        "pods",
+        mode = "blocks",
+        "10.0.0.0/26",
+        block_prefix_len = 28,
+        reserved = ["10.0.0.16/28"]
+    );
 
     fn net(text: &str) -> IpNet {
         text.parse().unwrap()
@@ -718,6 +717,41 @@ reserved = ["10.0.0.16/28"]
         fn apply(&mut self, change: &ReleaseChange) {
             self.revision += 1;
             self.view.apply_release_change(change, self.revision);
+        }
+
+        /// Node `name`, registered and granted `n` blocks of pods' IPv4 at revision 7.
+        fn node_with_blocks(&mut self, name: &str, n: usize) -> (NodeName, Vec<IpNet>) {
+            let node = self.register(name);
+            let proposal = self
+                .view
+                .propose_blocks(&node, &pods(), Family::V4, n)
+                .unwrap();
+            self.view.commit_blocks(&proposal, 7);
+            (node, proposal.blocks)
+        }
+
+        /// The step `kind` of the release of pods' IPv4 `block` of `node`, marked at 1 ms.
+        fn change(
+            &self,
+            kind: ReleaseKind,
+            node: &NodeName,
+            block: &IpNet,
+        ) -> Option<ReleaseChange> {
+            self.view
+                .release_change(kind, node, &pods(), Family::V4, block, 1)
+        }
+
+        /// The agent's `ready` answer to the mark at `release_key` (of the grant at revision
+        /// 7), written; its revision.
+        fn put_ready(&mut self, release_key: &str) -> i64 {
+            let record = ReleaseRecord {
+                state: ReleaseState::Ready,
+                grant_revision: 7,
+                marked_ms: 1,
+                answered_ms: 2,
+                reason: None,
+            };
+            self.put(release_key, &encode_value(&record).unwrap())
         }
     }
 
@@ -782,25 +816,13 @@ reserved = ["10.0.0.16/28"]
     #[test]
     fn a_late_step_outcome_does_not_undo_what_the_watch_showed_since() {
         let mut f = Fixture::new();
-        let a = f.register("a");
-        let p = f.view.propose_blocks(&a, &pods(), Family::V4, 1).unwrap();
-        f.view.commit_blocks(&p, 7);
-        let block = p.blocks[0];
+        let (a, blocks) = f.node_with_blocks("a", 1);
+        let block = blocks[0];
         let release_key = f.view.keys().release(&a, &pods(), Family::V4, &block);
-        let mark = f
-            .view
-            .release_change(ReleaseKind::Mark, &a, &pods(), Family::V4, &block, 1)
-            .unwrap();
+        let mark = f.change(ReleaseKind::Mark, &a, &block).unwrap();
         // The mark committed at revision 8; the watch shows the agent's ready at 9 first.
         f.revision = 8;
-        let record = ReleaseRecord {
-            state: ReleaseState::Ready,
-            grant_revision: 7,
-            marked_ms: 1,
-            answered_ms: 2,
-            reason: None,
-        };
-        f.put(&release_key, &encode_value(&record).unwrap());
+        f.put_ready(&release_key);
         f.view.apply_release_change(&mark, 8);
         let held = f.view.held_blocks(&a, &pods(), Family::V4, |_| 0);
         assert!(
@@ -812,25 +834,16 @@ reserved = ["10.0.0.16/28"]
     #[test]
     fn release_steps_compare_what_the_protocol_says_and_removal_takes_block_keys() {
         let mut f = Fixture::new();
-        let a = f.register("a");
-        let p = f.view.propose_blocks(&a, &pods(), Family::V4, 2).unwrap();
-        f.view.commit_blocks(&p, 7);
+        let (a, _) = f.node_with_blocks("a", 2);
         let keys = f.view.keys().clone();
         let block = net("10.0.0.32/28");
         let release_key = keys.release(&a, &pods(), Family::V4, &block);
         let grant_key = keys.grant(&pods(), Family::V4, &block);
         // Nothing to un-mark or complete before a mark.
         for kind in [ReleaseKind::Unmark, ReleaseKind::Complete] {
-            assert!(
-                f.view
-                    .release_change(kind, &a, &pods(), Family::V4, &block, 1)
-                    .is_none()
-            );
+            assert!(f.change(kind, &a, &block).is_none());
         }
-        let mark = f
-            .view
-            .release_change(ReleaseKind::Mark, &a, &pods(), Family::V4, &block, 1)
-            .unwrap();
+        let mark = f.change(ReleaseKind::Mark, &a, &block).unwrap();
         assert_eq!(
             mark.conditions,
             [
@@ -846,32 +859,15 @@ reserved = ["10.0.0.16/28"]
             "{held:?}"
         );
         // Marked twice is nothing; the agent answers ready by CAS.
-        assert!(
-            f.view
-                .release_change(ReleaseKind::Mark, &a, &pods(), Family::V4, &block, 1)
-                .is_none()
-        );
-        let record = ReleaseRecord {
-            state: ReleaseState::Ready,
-            grant_revision: 7,
-            marked_ms: 1,
-            answered_ms: 2,
-            reason: None,
-        };
-        let ready_revision = f.put(&release_key, &encode_value(&record).unwrap());
-        let unmark = f
-            .view
-            .release_change(ReleaseKind::Unmark, &a, &pods(), Family::V4, &block, 1)
-            .unwrap();
+        assert!(f.change(ReleaseKind::Mark, &a, &block).is_none());
+        let ready_revision = f.put_ready(&release_key);
+        let unmark = f.change(ReleaseKind::Unmark, &a, &block).unwrap();
         assert_eq!(
             unmark.conditions,
             [Condition::ModifiedAt(release_key.clone(), ready_revision)]
         );
         assert_eq!(unmark.deletes, std::slice::from_ref(&release_key));
-        let complete = f
-            .view
-            .release_change(ReleaseKind::Complete, &a, &pods(), Family::V4, &block, 1)
-            .unwrap();
+        let complete = f.change(ReleaseKind::Complete, &a, &block).unwrap();
         assert_eq!(
             complete.conditions,
             [

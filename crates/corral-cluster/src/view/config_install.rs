@@ -179,13 +179,9 @@ mod tests {
     use corral_core::{Family, PoolName};
     use ipnet::IpNet;
 
-    const CONFIG: &str = r#"
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.244.0.0/22"]
-node_prefix_len = 24
-"#;
+    use crate::tests::pool_toml;
+
+    const CONFIG: &str = pool_toml!("default", "10.244.0.0/22", node_prefix_len = 24);
 
     fn keys() -> Keys {
         Keys::new(ClusterName::new("t").unwrap())

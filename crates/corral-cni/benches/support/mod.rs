@@ -169,22 +169,17 @@ pub fn peak_rss_kib(
     stdin: &[u8],
     scratch: &Path,
 ) -> u64 {
+    let time = Path::new("/usr/bin/time");
     let report = scratch.join("time.out");
-    let program_text = program.to_str().expect("UTF-8 path");
-    let report_text = report.to_str().expect("UTF-8 path");
-    let (_, output) = invoke(
-        Path::new("/usr/bin/time"),
-        &["-f", "%M", "-o", report_text, program_text],
+    let text = report_under(
+        time,
+        &["-f", "%M"],
+        &report,
+        program,
         command,
         container,
         stdin,
     );
-    assert!(
-        output.status.success(),
-        "{program_text} {command} under /usr/bin/time failed: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    let text = std::fs::read_to_string(&report).expect("GNU time wrote its report");
     text.lines()
         .last()
         .and_then(|l| l.trim().parse().ok())
@@ -204,34 +199,45 @@ pub fn syncs(
     if !strace.exists() {
         return None;
     }
+    let options = [
+        "-f",
+        "-qq",
+        "-e",
+        "trace=fsync,fdatasync,sync_file_range,syncfs",
+    ];
     let report = scratch.join("strace.out");
-    let program_text = program.to_str().expect("UTF-8 path");
-    let report_text = report.to_str().expect("UTF-8 path");
-    let (_, output) = invoke(
-        strace,
-        &[
-            "-f",
-            "-qq",
-            "-o",
-            report_text,
-            "-e",
-            "trace=fsync,fdatasync,sync_file_range,syncfs",
-            program_text,
-        ],
-        command,
-        container,
-        stdin,
+    let text = report_under(
+        strace, &options, &report, program, command, container, stdin,
     );
-    assert!(
-        output.status.success(),
-        "{program_text} {command} under strace failed: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    let text = std::fs::read_to_string(&report).expect("strace wrote its report");
     let calls = ["fsync(", "fdatasync(", "sync_file_range(", "syncfs("];
     Some(
         text.lines()
             .filter(|line| calls.iter().any(|call| line.contains(call)))
             .count(),
     )
+}
+
+/// The report `tool` (run with `options`, then `-o report`) writes of one run of `program`.
+fn report_under(
+    tool: &Path,
+    options: &[&str],
+    report: &Path,
+    program: &Path,
+    command: &str,
+    container: &str,
+    stdin: &[u8],
+) -> String {
+    let program_text = program.to_str().expect("UTF-8 path");
+    let report_text = report.to_str().expect("UTF-8 path");
+    let mut args = options.to_vec();
+    args.extend(["-o", report_text, program_text]);
+    let (_, output) = invoke(tool, &args, command, container, stdin);
+    assert!(
+        output.status.success(),
+        "{program_text} {command} under {} failed: {}",
+        tool.display(),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    std::fs::read_to_string(report)
+        .unwrap_or_else(|error| panic!("{} wrote no report: {error}", tool.display()))
 }

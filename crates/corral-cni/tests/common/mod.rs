@@ -92,22 +92,28 @@ pub fn run(
     extra: &[(&str, &str)],
     stdin: &[u8],
 ) -> Outcome {
-    run_within(DEADLINE, command, container, ifname, extra, stdin)
+    run_within(DEADLINE, plugin(command, container, ifname, extra), stdin)
 }
 
-/// [`run`] with a deadline of its own.
-pub fn run_within(
-    deadline: Duration,
-    command: &str,
-    container: &str,
-    ifname: &str,
-    extra: &[(&str, &str)],
-    stdin: &[u8],
-) -> Outcome {
+/// corral-ipam set up for one call as a runtime sets it up: the CNI variables and `extra`.
+pub fn plugin(command: &str, container: &str, ifname: &str, extra: &[(&str, &str)]) -> Command {
     let mut plugin = Command::new(binary());
     cni_env(&mut plugin, command, container, container, ifname)
         .env("CNI_PATH", "/usr/lib/cni")
         .envs(extra.iter().copied());
+    plugin
+}
+
+/// [`run`] of a [`plugin`] call with a deadline of its own.
+pub fn run_within(deadline: Duration, mut plugin: Command, stdin: &[u8]) -> Outcome {
+    // The command and container, for the message of a hang.
+    let call: Vec<String> = ["CNI_COMMAND", "CNI_CONTAINERID"]
+        .iter()
+        .filter_map(|name| {
+            let (_, value) = plugin.get_envs().find(|(key, _)| key == name)?;
+            Some(value?.to_string_lossy().into_owned())
+        })
+        .collect();
     let mut child = spawn_piped(&mut plugin, "corral-ipam");
     let mut input = child.stdin.take().unwrap();
     // The plugin may refuse before reading everything; a broken pipe is then expected.
@@ -130,7 +136,10 @@ pub fn run_within(
         if started.elapsed() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("corral-ipam {command} {container} hung: killed after {deadline:?}");
+            panic!(
+                "corral-ipam {} hung: killed after {deadline:?}",
+                call.join(" ")
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     };

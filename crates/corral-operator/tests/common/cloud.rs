@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use corral_cloud::fake::{InstanceSpec, SubnetSpec};
 use corral_cloud::{
-    Action, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign, Ipv4Set, Ipv6Assign,
-    Ipv6Set, NetworkInterface, Tags,
+    Action, AttachInterface, CloudError, CloudProvider, CreateInterface, FakeEc2, Ipv4Assign,
+    Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Tags,
 };
 use corral_cluster::{
     CloudAttachment, CloudInterfaceRecord, DemandRecord, Family, FamilyDemand, IpNet, Key,
@@ -502,18 +502,14 @@ impl CloudProvider for Audited {
         }
         Ok(created)
     }
-    async fn attach_interface(
-        &self,
-        interface: &str,
-        instance: &str,
-        index: u32,
-    ) -> Result<String, CloudError> {
+    async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
         self.mutation();
-        let attached = self
-            .ec2
-            .attach_interface(interface, instance, index)
-            .await?;
-        self.log(Action::AttachNetworkInterface, interface, Vec::new());
+        let attached = self.ec2.attach_interface(request).await?;
+        self.log(
+            Action::AttachNetworkInterface,
+            request.interface_id,
+            Vec::new(),
+        );
         Ok(attached)
     }
     async fn detach_interface(&self, attachment: &str, force: bool) -> Result<(), CloudError> {
@@ -547,12 +543,7 @@ impl CloudProvider for Audited {
     ) -> Result<Ipv4Set, CloudError> {
         self.mutation();
         let assigned = self.ec2.assign_ipv4(interface, request).await?;
-        let nets = assigned
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V4(*a)))
-            .chain(assigned.prefixes.iter().map(|p| IpNet::V4(*p)))
-            .collect();
+        let nets = assigned.nets();
         self.log(Action::AssignPrivateIpAddresses, interface, nets);
         if self.hang_assigns.load(std::sync::atomic::Ordering::SeqCst) {
             self.agents.lock().unwrap().hung.push(interface.to_owned());
@@ -562,12 +553,7 @@ impl CloudProvider for Audited {
     }
     async fn unassign_ipv4(&self, interface: &str, release: &Ipv4Set) -> Result<(), CloudError> {
         self.mutation();
-        let nets: Vec<IpNet> = release
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V4(*a)))
-            .chain(release.prefixes.iter().map(|p| IpNet::V4(*p)))
-            .collect();
+        let nets: Vec<IpNet> = release.nets();
         self.audit(interface, nets.clone());
         self.ec2.unassign_ipv4(interface, release).await?;
         self.log(Action::UnassignPrivateIpAddresses, interface, nets);
@@ -590,23 +576,13 @@ impl CloudProvider for Audited {
     ) -> Result<Ipv6Set, CloudError> {
         self.mutation();
         let assigned = self.ec2.assign_ipv6(interface, request).await?;
-        let nets = assigned
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V6(*a)))
-            .chain(assigned.prefixes.iter().map(|p| IpNet::V6(*p)))
-            .collect();
+        let nets = assigned.nets();
         self.log(Action::AssignIpv6Addresses, interface, nets);
         Ok(assigned)
     }
     async fn unassign_ipv6(&self, interface: &str, release: &Ipv6Set) -> Result<(), CloudError> {
         self.mutation();
-        let nets: Vec<IpNet> = release
-            .addresses
-            .iter()
-            .map(|a| IpNet::from(IpAddr::V6(*a)))
-            .chain(release.prefixes.iter().map(|p| IpNet::V6(*p)))
-            .collect();
+        let nets: Vec<IpNet> = release.nets();
         self.audit(interface, nets.clone());
         self.ec2.unassign_ipv6(interface, release).await?;
         self.log(Action::UnassignIpv6Addresses, interface, nets);

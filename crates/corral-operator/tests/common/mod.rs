@@ -18,6 +18,7 @@ use corral_cluster::{
 use corral_kv::{
     Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, Revision, Txn, TxnOp, TxnResponse, Watch,
 };
+use corral_operator::election::Candidate;
 use corral_operator::{OperatorConfig, Shared};
 use tokio::task::JoinHandle;
 
@@ -26,6 +27,14 @@ pub const TTL: Duration = Duration::from_secs(2);
 
 pub fn keys() -> Keys {
     Keys::new(ClusterName::new("t").unwrap())
+}
+
+/// `op-a`, a candidate in the election of `kv` (on a lease of [`TTL`]).
+pub async fn join_election(kv: &MemKv) -> Candidate {
+    let prefix = keys().election_prefix();
+    Candidate::join(kv, prefix.as_bytes(), "op-a", TTL)
+        .await
+        .unwrap()
 }
 
 pub fn node(name: &str) -> NodeName {

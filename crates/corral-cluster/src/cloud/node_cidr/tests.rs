@@ -49,6 +49,9 @@ struct World {
     clocks: BTreeMap<(NodeName, IpNet), u64>,
 }
 
+/// The IPv6 /80 the from-cloud tests move between nodes.
+const P: &str = "2600:1f14:0:1:1::/80";
+
 impl World {
     fn new(family: Family, space: CidrSpace) -> World {
         World {
@@ -208,15 +211,14 @@ fn reserved_and_quarantined_prefixes_are_reported_not_granted() {
 #[test]
 fn a_prefix_shown_on_two_instances_is_proposed_for_the_newest_describe_only() {
     let mut world = World::new(Family::V6, space_v6());
-    let p = "2600:1f14:0:1:1::/80";
-    world.see("a", 1_000, &[p]);
-    world.see("b", 2_000, &[p]);
+    world.see("a", 1_000, &[P]);
+    world.see("b", 2_000, &[P]);
     let plan = world.plan();
-    assert_eq!(plan.grant, vec![(node("b"), net(p))]);
+    assert_eq!(plan.grant, vec![(node("b"), net(P))]);
     assert_eq!(
         World::problems(&plan, "a"),
         vec![FromCloudProblem::ShownTwice {
-            cidr: net(p),
+            cidr: net(P),
             other: node("b")
         }]
     );
@@ -224,7 +226,7 @@ fn a_prefix_shown_on_two_instances_is_proposed_for_the_newest_describe_only() {
     assert_eq!(
         World::problems(&plan, "a"),
         vec![FromCloudProblem::HeldByOther {
-            cidr: net(p),
+            cidr: net(P),
             holder: node("b")
         }]
     );
@@ -233,10 +235,9 @@ fn a_prefix_shown_on_two_instances_is_proposed_for_the_newest_describe_only() {
 #[test]
 fn a_moved_prefix_is_withdrawn_only_after_two_describes_the_lag_bound_apart() {
     let mut world = World::new(Family::V6, space_v6());
-    let p = "2600:1f14:0:1:1::/80";
-    world.grant("a", p);
+    world.grant("a", P);
     world.see("a", 100_000, &[]);
-    world.see("b", 100_000, &[p]);
+    world.see("b", 100_000, &[P]);
     let plan = world.plan();
     assert!(
         plan.withdraw.is_empty() && plan.grant.is_empty(),
@@ -244,7 +245,7 @@ fn a_moved_prefix_is_withdrawn_only_after_two_describes_the_lag_bound_apart() {
     );
     assert!(
         World::problems(&plan, "a").contains(&FromCloudProblem::Withdrawing {
-            cidr: net(p),
+            cidr: net(P),
             since_ms: 100_000
         })
     );
@@ -254,30 +255,29 @@ fn a_moved_prefix_is_withdrawn_only_after_two_describes_the_lag_bound_apart() {
     // The bound after the first: withdrawn, into quarantine; b waits for the quarantine.
     world.see("a", 100_000 + BOUND, &[]);
     let plan = world.plan();
-    assert_eq!(plan.withdraw, vec![(node("a"), net(p))]);
+    assert_eq!(plan.withdraw, vec![(node("a"), net(P))]);
     assert!(plan.grant.is_empty(), "{plan:?}");
     assert!(world.clocks.is_empty());
     let plan = world.plan();
     assert_eq!(
         World::problems(&plan, "b"),
-        vec![FromCloudProblem::Quarantined { cidr: net(p) }]
+        vec![FromCloudProblem::Quarantined { cidr: net(P) }]
     );
     // Quarantine over: b gets it.
-    world.space.release_quarantined(&net(p)).unwrap();
+    world.space.release_quarantined(&net(P)).unwrap();
     world.quarantined.clear();
-    assert_eq!(world.plan().grant, vec![(node("b"), net(p))]);
+    assert_eq!(world.plan().grant, vec![(node("b"), net(P))]);
 }
 
 #[test]
 fn a_prefix_seen_again_stops_the_clock_and_a_silent_node_keeps_its_grant() {
     let mut world = World::new(Family::V6, space_v6());
-    let p = "2600:1f14:0:1:1::/80";
-    world.grant("a", p);
+    world.grant("a", P);
     world.see("a", 1_000, &[]);
     world.plan();
     assert_eq!(world.clocks.len(), 1);
     // Shown again (the first describe lagged): the clock goes.
-    world.see("a", 2_000, &[p]);
+    world.see("a", 2_000, &[P]);
     world.plan();
     assert!(world.clocks.is_empty());
     // Absent again much later: the clock starts over, one describe withdraws nothing.
@@ -288,10 +288,10 @@ fn a_prefix_seen_again_stops_the_clock_and_a_silent_node_keeps_its_grant() {
     for _ in 0..3 {
         assert!(world.plan().withdraw.is_empty());
     }
-    assert_eq!(world.clocks.get(&(node("a"), net(p))), Some(&50_000));
+    assert_eq!(world.clocks.get(&(node("a"), net(P))), Some(&50_000));
     // Seen without it the bound after the first absence: withdrawn.
     world.see("a", 60_000, &[]);
-    assert_eq!(world.plan().withdraw, vec![(node("a"), net(p))]);
+    assert_eq!(world.plan().withdraw, vec![(node("a"), net(P))]);
     // An unregistered node's grant is left to its removal.
     let q = "2600:1f14:0:1:2::/80";
     world.grant("gone", q);

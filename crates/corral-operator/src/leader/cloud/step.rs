@@ -12,12 +12,11 @@
 //!   at once.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::time::Duration;
 
 use corral_cloud::{
-    Action, Amount, CloudError, CloudProvider, CreateInterface, InterfaceFilter, Ipv4Assign,
-    Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
+    Action, Amount, AttachInterface, CloudError, CloudProvider, CreateInterface, InterfaceFilter,
+    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
 };
 use corral_cluster::cloud::{
     self as decide, CloudAction, InstanceLimits, InterfaceView, ObservedInterface, PrefixFallback,
@@ -482,7 +481,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     provider.assign_ipv4(interface.as_str(), &request),
                 )
                 .await
-                .map(ipv4_nets)
+                .map(|set| set.nets())
             }
             Family::V6 => {
                 let request = if prefixes {
@@ -496,7 +495,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     provider.assign_ipv6(interface.as_str(), &request),
                 )
                 .await
-                .map(ipv6_nets)
+                .map(|set| set.nets())
             }
         };
         let added = match result {
@@ -829,9 +828,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             match call(
                 &self.ctx.term.shared,
                 Action::AttachNetworkInterface,
-                self.ctx
-                    .provider
-                    .attach_interface(&created.id, self.instance_id, device_index),
+                self.ctx.provider.attach_interface(AttachInterface::new(
+                    &created.id,
+                    self.instance_id,
+                    device_index,
+                )),
             )
             .await
             {
@@ -1315,22 +1316,6 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         )
         .await
     }
-}
-
-pub(super) fn ipv4_nets(set: Ipv4Set) -> Vec<IpNet> {
-    set.addresses
-        .into_iter()
-        .map(|a| IpNet::from(IpAddr::V4(a)))
-        .chain(set.prefixes.into_iter().map(IpNet::V4))
-        .collect()
-}
-
-pub(super) fn ipv6_nets(set: Ipv6Set) -> Vec<IpNet> {
-    set.addresses
-        .into_iter()
-        .map(|a| IpNet::from(IpAddr::V6(a)))
-        .chain(set.prefixes.into_iter().map(IpNet::V6))
-        .collect()
 }
 
 /// An unassign whose addresses were not on the interface any more (a repeat).
