@@ -37,6 +37,7 @@ mod session;
 mod state;
 
 pub use session::run;
+pub(crate) use state::now_ms;
 pub use state::{
     ClusterOptions, ClusterShared, ClusterState, Gate, SharedClusterState, api_status, backoff,
     machine_uid,
