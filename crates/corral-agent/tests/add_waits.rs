@@ -342,4 +342,48 @@ async fn an_add_that_got_no_grant_says_why_as_far_as_the_agent_knows() {
         "{error:?}"
     );
     other.stop().await;
+
+    // Removed: an ADD waiting when the removal lands is refused at once, naming it.
+    let agent = start(&kv, &MemoryStore::new(), Duration::from_secs(20)).await;
+    let waiting = tokio::spawn({
+        let api = agent.api();
+        async move { add_error(&api, "small", 1).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let node_key = keys().node(&node_name(NODE));
+    let registration = kv.get(node_key.as_bytes()).await.unwrap().unwrap();
+    let removal = corral_cluster::RemovalRecord {
+        node_revision: registration.create_revision,
+        requested_ms: 0,
+        mode: corral_cluster::RemovalMode::Drain,
+        phase: corral_cluster::RemovalPhase::Draining,
+    };
+    let removed = Instant::now();
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::put(
+                keys().removal(&node_name(NODE)),
+                encode_value(&removal).unwrap(),
+            ),
+            TxnOp::delete(node_key),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    let error = waiting.await.unwrap();
+    assert!(
+        removed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        removed.elapsed()
+    );
+    assert_eq!(error.code, ErrorCode::Unavailable, "{error:?}");
+    assert!(
+        error.message.contains(
+            "node node-1 is being removed from the cluster: it takes no new pods (pool small)"
+        ),
+        "{error:?}"
+    );
+    agent.stop().await;
 }
