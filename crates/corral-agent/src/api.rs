@@ -63,6 +63,9 @@ pub struct AppState {
     /// Set once the state on disk is restored; until then requests get 503.
     pub committer: Arc<OnceLock<Committer>>,
     pub ready: Arc<AtomicBool>,
+    /// Woken once `ready` is set ([`AppState::set_ready`]): ADDs and DELs that arrived while
+    /// the agent restored wait for it.
+    pub became_ready: Arc<tokio::sync::Notify>,
     /// Whether the store can still write: once a sync of its log failed, `/healthz` and
     /// `/readyz` answer 503 (a restart recovers from what the disk holds).
     pub store_health: StoreHealth,
@@ -229,6 +232,29 @@ fn query_rejection(rejection: QueryRejection) -> ApiError {
 }
 
 impl AppState {
+    /// The agent is ready: requests are served, and those waiting for it go on.
+    pub(crate) fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+        self.became_ready.notify_waiters();
+    }
+
+    /// Waits until the agent is ready, or `deadline` passes (then `false`): a CNI ADD or DEL
+    /// that arrives while the agent restores its state (in a cluster, until it holds the
+    /// node's liveness key) is held rather than refused at once.
+    async fn wait_ready(&self, deadline: tokio::time::Instant) -> bool {
+        loop {
+            let woken = self.became_ready.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.ready.load(Ordering::Acquire) && self.committer.get().is_some() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return self.ready.load(Ordering::Acquire);
+            }
+        }
+    }
+
     /// Runs one request through the committer, uncounted.
     async fn submit<R: node::Request>(&self, request: R) -> Result<R::Answer, OpError> {
         match self.committer.get() {
@@ -353,6 +379,46 @@ fn removed_error(cluster: &crate::link::SharedClusterState, pool: &str) -> OpErr
     }
 }
 
+/// Why the cluster has granted the node nothing in `pool`, as far as the agent can know: etcd
+/// out of reach (the link's last error), the node not registered yet, no operator campaigning
+/// (the `election/` keys the link follows), or, when none of these, only how long the pool
+/// has waited: the agent watches its own grants, not the cluster's pool, so it cannot tell a
+/// full pool from a leader's delay, and points to what can.
+fn why_no_grant(cluster: &crate::link::ClusterShared, pool: &str) -> String {
+    let waited = cluster.blocks.waited_in(pool).as_secs();
+    let link = cluster.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let node = &link.node;
+    let last_error = link.last_error.as_deref().unwrap_or("none recorded");
+    if let Some(since) = link.degraded_since_ms {
+        let for_s = crate::link::now_ms().saturating_sub(since) / 1000;
+        return format!(
+            "etcd cannot be reached (for {for_s} s; the link's last error: {last_error}), so \
+             no grant can arrive"
+        );
+    }
+    if !link.registered {
+        return format!(
+            "node {node} is not registered in the cluster yet (the link's last error: \
+             {last_error})"
+        );
+    }
+    if link.election_read && link.leader.is_none() {
+        return format!(
+            "no operator is leading the cluster (none campaigns under its election/ keys), so \
+             nothing grants node {node} space in pool {pool}; is `corral operator` running?"
+        );
+    }
+    let leader = link
+        .leader
+        .as_deref()
+        .map(|l| format!(" (operator {l} leads)"))
+        .unwrap_or_default();
+    format!(
+        "the cluster has not granted node {node} space in pool {pool} for {waited} s{leader}; \
+         `corral node show {node}` / `corral cluster status` say why"
+    )
+}
+
 /// A CNI ADD on a node pool of an agent in a cluster: when the pool has nothing free, it
 /// waits up to `pool_wait` for a grant (counted as pending in the pool's demand, which goes
 /// out at once), trying again whenever the ranges change and every half second, outside the
@@ -363,9 +429,9 @@ async fn cni_add_waiting(
     cluster: &crate::link::SharedClusterState,
     pool: String,
     request: api::CniAddRequest,
+    deadline: tokio::time::Instant,
 ) -> Result<api::AllocateResponse, OpError> {
     let started = Instant::now();
-    let deadline = tokio::time::Instant::now() + state.pool_wait;
     let mut ranges = cluster.blocks.subscribe_ranges();
     ranges.borrow_and_update();
     let mut waiting = None;
@@ -408,6 +474,8 @@ async fn cni_add_waiting(
                 }
                 if tokio::time::Instant::now() >= deadline {
                     outcome("timeout");
+                    // While this ADD still counts as waiting in the pool.
+                    let why = why_no_grant(cluster, &pool);
                     drop(waiting);
                     let error = OpError {
                         pool: Some(pool.clone()),
@@ -415,9 +483,9 @@ async fn cni_add_waiting(
                             ErrorCode::RetryLater,
                             format!(
                                 "pool {pool} has no free address, and the cluster granted it \
-                                 none within {} ms ({}); try again later",
+                                 none within {} ms: {}; try again later",
                                 state.pool_wait.as_millis(),
-                                error.message
+                                why
                             ),
                         )
                     };
@@ -894,6 +962,9 @@ async fn cni_add(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniAddRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
+    // One bound for the whole wait, from arrival: the restore, then a grant.
+    let deadline = tokio::time::Instant::now() + state.pool_wait;
+    state.wait_ready(deadline).await;
     state.resolve_network(&mut request.network);
     let reply = match (&state.cluster, &request.network.node_pool) {
         (Some(cluster), Some(pool)) if request.network.pools.is_empty() => {
@@ -905,7 +976,7 @@ async fn cni_add(
             }
             let pool = pool.clone();
             let cluster = Arc::clone(cluster);
-            cni_add_waiting(&state, &cluster, pool, request)
+            cni_add_waiting(&state, &cluster, pool, request, deadline)
                 .await
                 .map_err(ApiError)?
         }
@@ -930,6 +1001,11 @@ async fn cni_del(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
+    // A DEL refused while restoring would be recorded by corral-ipam, and applied only at
+    // the agent's next start or the attachment's next ADD: it waits for the agent instead.
+    state
+        .wait_ready(tokio::time::Instant::now() + state.pool_wait)
+        .await;
     state.resolve_network(&mut request.network);
     let request = node::CniDel::try_from(request);
     let answer = state.run_checked("cni_del", request).await.map(Json);

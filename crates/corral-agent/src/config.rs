@@ -6,6 +6,7 @@
 //! tcp = "127.0.0.1:9876"                # optional; needs a token
 //! token_file = "/etc/corral/token"      # the bearer token for TCP
 //! cni_data_dirs = ["/var/lib/cni/networks"]  # where corral-ipam records DELs for the agent
+//! pool_wait_ms = 20000                  # an ADD waits for restore and for a grant (see below)
 //!
 //! [connections]                         # optional; these are the defaults
 //! max_unix = 512                        # served at once on the socket
@@ -56,13 +57,21 @@ pub struct AgentConfig {
     pub cni_data_dirs: Vec<PathBuf>,
     /// How many connections each listener serves at once, and how long a client may take.
     pub connections: ConnectionLimits,
-    /// In a cluster: how long a CNI ADD to a node pool with nothing free waits for a grant
-    /// before it fails with code 11 (`pool_wait_ms`, `--pool-wait`).
+    /// How long a CNI ADD waits, from when it arrives: for the agent to finish restoring (a
+    /// DEL too), and in a cluster for a grant when its node pool has nothing free; then it
+    /// fails with code 11 (`pool_wait_ms`, `--pool-wait`).
     pub pool_wait: Duration,
 }
 
-/// The default of [`AgentConfig::pool_wait`].
-pub const DEFAULT_POOL_WAIT: Duration = Duration::from_secs(5);
+/// The default of [`AgentConfig::pool_wait`]: longer than an operator failover, so an ADD
+/// that needs a new block while the leader dies is served by its successor. A failover takes
+/// the dead leader's election lease TTL (the operator's `--lease-ttl`, default 10 s) for its
+/// key to expire, then the standby's rebuild of the cluster's state and its first grants (a
+/// second or two): 8 to 9 s measured with the default TTL. 20 s covers that twice over less
+/// the margin; an operator run with a longer TTL wants a longer wait (about TTL + 10 s). The
+/// runtime's own deadline for a CNI ADD is longer (the kubelet's CRI calls, minutes; podman
+/// none), and corral-ipam waits up to 60 s for the agent's answer.
+pub const DEFAULT_POOL_WAIT: Duration = Duration::from_secs(20);
 
 /// What one client may hold of the agent: the connections served at once per listener, and
 /// how long a connection may sit idle or send a request. Past the cap a listener accepts

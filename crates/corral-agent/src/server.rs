@@ -2,7 +2,7 @@
 //! the lease ticker, and shutdown on SIGINT / SIGTERM.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -185,6 +185,7 @@ pub(crate) fn app_state(config: &AgentConfig, store_health: StoreHealth, linked:
     AppState {
         committer: Arc::new(OnceLock::new()),
         ready: Arc::new(AtomicBool::new(false)),
+        became_ready: Arc::default(),
         store_health,
         cluster: linked.then(|| Arc::new(crate::link::ClusterShared::new(metrics.cluster.clone()))),
         metrics,
@@ -243,7 +244,7 @@ pub(crate) async fn run_started(
         }
     }
     if fatal.is_none() && !stopped {
-        state.ready.store(true, Ordering::Release);
+        state.set_ready();
         on_ready();
     }
     let ticker = {

@@ -59,6 +59,8 @@ pub struct InMemoryAgent {
     router: axum::Router,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     served: Option<tokio::task::JoinHandle<Result<(), AgentError>>>,
+    /// Until [`InMemoryAgent::ready`] has seen it: fires once the agent is ready.
+    is_ready: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 impl InMemoryAgent {
@@ -66,6 +68,19 @@ impl InMemoryAgent {
     /// its paths are not used), starts it with its link to a cluster if any, and returns once
     /// it is ready (or failed).
     pub async fn start(
+        config: &AgentConfig,
+        store: MemoryStore,
+        cluster: Option<ClusterTask>,
+    ) -> Result<InMemoryAgent, AgentError> {
+        let mut agent = InMemoryAgent::spawn(config, store, cluster)?;
+        agent.ready().await?;
+        Ok(agent)
+    }
+
+    /// [`InMemoryAgent::start`] without waiting until it is ready: its router answers at once,
+    /// as the socket does while the agent restores (in a cluster, until the link holds the
+    /// node's liveness key). [`InMemoryAgent::ready`] waits for the rest.
+    pub fn spawn(
         config: &AgentConfig,
         store: MemoryStore,
         cluster: Option<ClusterTask>,
@@ -99,19 +114,27 @@ impl InMemoryAgent {
                 None => Ok(()),
             }
         });
-        let mut agent = InMemoryAgent {
+        Ok(InMemoryAgent {
             router,
             stop: Some(stop),
             served: Some(served),
+            is_ready: Some(is_ready),
+        })
+    }
+
+    /// Waits until the agent is ready (at once if it was already), or failed.
+    pub async fn ready(&mut self) -> Result<(), AgentError> {
+        let Some(is_ready) = self.is_ready.take() else {
+            return Ok(());
         };
         if is_ready.await.is_err() {
-            return Err(agent.join().await.err().unwrap_or_else(|| {
+            return Err(self.join().await.err().unwrap_or_else(|| {
                 AgentError::Io(std::io::Error::other(
                     "the agent stopped before it was ready",
                 ))
             }));
         }
-        Ok(agent)
+        Ok(())
     }
 
     /// The agent's API, to call as a service (`tower::Service`), as its socket would.

@@ -142,9 +142,11 @@ struct AgentArgs {
     /// 9000000000)
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
     lease_ttl: u64,
-    /// How long a CNI ADD to a node pool with nothing free waits for the cluster to grant a
-    /// block, in milliseconds, before it fails with code 11 (with --etcd; default 5000, or the
-    /// file's pool_wait_ms)
+    /// How long a CNI ADD waits for the agent to finish restoring and, with --etcd, for the
+    /// cluster to grant a block to a node pool with nothing free, in milliseconds, before it
+    /// fails with code 11 (default 20000, or the file's pool_wait_ms: longer than an operator
+    /// failover with its default 10 s lease, which takes 8 to 9 s; about the operators'
+    /// --lease-ttl plus 10 s if theirs is longer)
     #[arg(long, value_name = "MS")]
     pool_wait: Option<u64>,
     /// The cloud instance this node runs on (with --etcd), written into its registration: the

@@ -29,8 +29,13 @@ use crate::backend::{Backend, scope_config, warn_gc_capped};
 use crate::verdict::{check_held, check_previous, result_ip, status_verdict};
 use crate::{Attachment, CloudInterface, CniError, IpConfig, IpamResult, NetConfig, Route};
 
-/// How long one call waits for the agent (connecting, and for the durable answer).
-const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one call waits to connect to the agent.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long one call waits for the agent's answer: longer than the agent's default pool wait
+/// (20 s: an ADD waits that long for a grant or for the agent to finish restoring, through an
+/// operator failover), within the runtime's own deadline for a CNI call (minutes).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The verbs sent to the agent listening on `socket`.
 #[derive(Clone, Debug)]
@@ -47,8 +52,8 @@ impl Agent {
 
     fn client(&self) -> Client {
         Client::unix(&self.socket)
-            .with_connect_timeout(Some(TIMEOUT))
-            .with_read_timeout(Some(TIMEOUT))
+            .with_connect_timeout(Some(CONNECT_TIMEOUT))
+            .with_read_timeout(Some(ANSWER_TIMEOUT))
     }
 
     /// Delivers the attachment's own pending DEL, if it has one, before anything else is

@@ -22,6 +22,8 @@ use crate::node::BlockReport;
 pub struct BlockSignals {
     /// ADDs waiting for a grant, per pool.
     pending: Mutex<BTreeMap<String, u64>>,
+    /// Since when ADDs have waited in each pool without a break (the pools in `pending`).
+    waiting_since: Mutex<BTreeMap<String, tokio::time::Instant>>,
     /// Woken after each local change the demand may follow (an ADD, a DEL, an ADD waiting).
     changed: tokio::sync::Notify,
     /// Set when an ADD starts waiting: the demand goes out as soon as allowed.
@@ -38,6 +40,7 @@ impl Default for BlockSignals {
     fn default() -> Self {
         BlockSignals {
             pending: Mutex::default(),
+            waiting_since: Mutex::default(),
             changed: tokio::sync::Notify::new(),
             urgent: AtomicBool::new(false),
             ranges: tokio::sync::watch::Sender::new(0),
@@ -64,12 +67,23 @@ impl BlockSignals {
     /// An ADD starts waiting in `pool`; the guard counts it until dropped.
     pub fn wait_in(self: &Arc<Self>, pool: &str) -> PendingGuard {
         *lock(&self.pending).entry(pool.to_owned()).or_default() += 1;
+        lock(&self.waiting_since)
+            .entry(pool.to_owned())
+            .or_insert_with(tokio::time::Instant::now);
         self.urgent.store(true, Ordering::Release);
         self.touch();
         PendingGuard {
             signals: Arc::clone(self),
             pool: pool.to_owned(),
         }
+    }
+
+    /// How long ADDs have waited in `pool` without a break (zero when none waits).
+    pub fn waited_in(&self, pool: &str) -> std::time::Duration {
+        lock(&self.waiting_since)
+            .get(pool)
+            .map(|since| since.elapsed())
+            .unwrap_or_default()
     }
 
     /// ADDs waiting per pool.
@@ -115,6 +129,7 @@ impl Drop for PendingGuard {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 pending.remove(&self.pool);
+                lock(&self.signals.waiting_since).remove(&self.pool);
             }
         }
         drop(pending);

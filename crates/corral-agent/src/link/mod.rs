@@ -17,7 +17,8 @@
 //! seen, or one of space it holds is served; any other may be space etcd handed back after a
 //! restore, and is refused and listed for the leader to revoke. A registration found gone is a
 //! removal only if `removals/<node>` names it (the node drains); otherwise etcd forgot it, and the
-//! node asserts its holdings and registers again.
+//! node asserts its holdings and registers again. It also follows the operators' `election/`
+//! keys, so that an ADD that got no grant can say whether any operator leads (`api.rs`).
 //!
 //! The files, bottom up: `state.rs` (options and shared state), `liveness.rs` (one live agent
 //! per node), `held.rs` (the grants held, and which are taken up), `blocks.rs` and
@@ -37,6 +38,7 @@ mod session;
 mod state;
 
 pub use session::run;
+pub(crate) use state::now_ms;
 pub use state::{
     ClusterOptions, ClusterShared, ClusterState, Gate, SharedClusterState, api_status, backoff,
     machine_uid,

@@ -668,6 +668,15 @@ pub(super) async fn follow<K: Kv>(
     for entry in &clouds {
         held.apply(keys, node, &entry.key_str(), Some(entry));
     }
+    // The operators campaigning (`election/`), to say when none leads (an ADD's error).
+    let election_prefix = keys.election_prefix();
+    let (campaigning, election_revision) =
+        corral_kv::read_all(kv, election_prefix.as_bytes(), 100).await?;
+    let mut election = Election::default();
+    for entry in &campaigning {
+        election.apply(keys, &entry.key_str(), Some(entry));
+    }
+    election.show(state);
     // What the node state holds before this round hands it anything.
     let local = held_locally(committer).await?;
     screen(&mut held, across, &local);
@@ -696,6 +705,9 @@ pub(super) async fn follow<K: Kv>(
         .await?;
     let mut cloud_watch = kv
         .watch(cloud_prefix.as_bytes(), cloud_revision + 1)
+        .await?;
+    let mut election_watch = kv
+        .watch(election_prefix.as_bytes(), election_revision + 1)
         .await?;
     // While an address is frozen, the records are applied again every few seconds: it leaves
     // once its pods and its cooldown are gone.
@@ -736,6 +748,17 @@ pub(super) async fn follow<K: Kv>(
                 }
                 continue;
             }
+            batch = election_watch.next() => {
+                for event in &batch? {
+                    let key = String::from_utf8_lossy(event.key()).into_owned();
+                    match event {
+                        Event::Put(entry) => election.apply(keys, &key, Some(entry)),
+                        Event::Delete { .. } => election.apply(keys, &key, None),
+                    }
+                }
+                election.show(state);
+                continue;
+            }
             _ = keep_alive.tick() => {
                 kv.lease_keep_alive(lease).await?;
                 continue;
@@ -766,6 +789,40 @@ pub(super) async fn follow<K: Kv>(
         across.plan = held.plan.clone();
         across.config = held.config.clone();
         demand.touched(Instant::now());
+    }
+}
+
+/// The operator replicas campaigning under `election/`, as the link follows them: key →
+/// (create revision, name). Only candidates count (on the lease their key names, as the
+/// operators count them); the leader is the one created first.
+#[derive(Debug, Default)]
+struct Election(BTreeMap<String, (i64, String)>);
+
+impl Election {
+    fn apply(&mut self, keys: &Keys, key: &str, entry: Option<&corral_kv::KeyValue>) {
+        match entry.filter(|e| corral_cluster::election_candidate(keys, key, e.lease.map(|l| l.0)))
+        {
+            Some(entry) => {
+                let name = String::from_utf8_lossy(&entry.value).into_owned();
+                self.0.insert(key.to_owned(), (entry.create_revision, name));
+            }
+            None => {
+                self.0.remove(key);
+            }
+        }
+    }
+
+    /// Shows who leads in the link's state.
+    fn show(&self, state: &SharedClusterState) {
+        let leader = self
+            .0
+            .values()
+            .min_by_key(|(created, _)| *created)
+            .map(|(_, name)| name.clone());
+        update(state, |s| {
+            s.election_read = true;
+            s.leader = leader;
+        });
     }
 }
 

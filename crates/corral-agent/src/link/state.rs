@@ -79,6 +79,12 @@ pub struct ClusterState {
     pub refused: Vec<corral_cluster::RefusedGrant>,
     /// A node ID it does not take up, on the same grounds.
     pub refused_node_id: Option<corral_cluster::RefusedNodeId>,
+    /// Whether the link has read the cluster's `election/` keys in its current round (then
+    /// `leader` says who leads, `None` when no operator campaigns).
+    pub election_read: bool,
+    /// The leading operator's name: the value of the candidate with the lowest create
+    /// revision under `election/` (a dead leader stays until its lease expires).
+    pub leader: Option<String>,
 }
 
 /// Whether the agent may serve yet, as far as the cluster link knows: the agent becomes ready
@@ -194,7 +200,7 @@ pub(super) fn update_shared(state: &ClusterShared, f: impl FnOnce(&mut ClusterSt
 /// Shared between the cluster task and the API.
 pub type SharedClusterState = Arc<ClusterShared>;
 
-pub(super) fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -44,6 +44,19 @@ impl MemAgent {
         config: AgentConfig,
         options: ClusterOptions,
     ) -> MemAgent {
+        let mut agent = MemAgent::spawn(kv, store, config, options);
+        agent.ready().await;
+        agent
+    }
+
+    /// [`MemAgent::start`] without waiting until it is ready: its API answers at once, as
+    /// the socket does while the agent restores.
+    pub fn spawn(
+        kv: &MemKv,
+        store: &MemoryStore,
+        config: AgentConfig,
+        options: ClusterOptions,
+    ) -> MemAgent {
         let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
         let task: corral_agent::ClusterTask = {
             let (kv, link) = (kv.clone(), Arc::clone(&link));
@@ -56,10 +69,14 @@ impl MemAgent {
                 })
             })
         };
-        let agent = InMemoryAgent::start(&config, store.clone(), Some(task))
-            .await
-            .expect("the agent gets ready");
+        let agent = InMemoryAgent::spawn(&config, store.clone(), Some(task))
+            .expect("the agent starts restoring");
         MemAgent { agent, link }
+    }
+
+    /// Waits until the agent is ready.
+    pub async fn ready(&mut self) {
+        self.agent.ready().await.expect("the agent gets ready");
     }
 
     /// Waits until the link has registered the node.
