@@ -34,6 +34,7 @@ mod interfaces;
 mod local_routes;
 mod output;
 mod parse;
+mod removed_node;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
