@@ -116,3 +116,69 @@ impl ClusterView {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::ClusterConfig;
+    use crate::keys::{
+        ClusterName, Keys, NodeName, QuarantineRecord, QuarantineState, encode_value,
+    };
+    use crate::view::ClusterView;
+
+    const CONFIG: &str = r#"
+quarantine_secs = 5
+[[pools]]
+name = "default"
+[pools.ipv4]
+cidrs = ["10.0.0.0/16"]
+node_prefix_len = 24
+"#;
+
+    fn quarantine(view: &mut ClusterView, keys: &Keys, cidr: &str, state: QuarantineState) {
+        let record = QuarantineRecord {
+            from_node: NodeName::new("gone").unwrap(),
+            reason: "node removed".into(),
+            since_ms: 1_000,
+            state,
+        };
+        let key = keys.quarantine(
+            &crate::PoolName::new("default").unwrap(),
+            crate::Family::V4,
+            &cidr.parse().unwrap(),
+        );
+        view.apply_put(&key, &encode_value(&record).unwrap(), 11, 11);
+    }
+
+    #[test]
+    fn a_removed_node_shows_what_is_not_back_and_when_its_quarantine_ends() {
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        let mut view = ClusterView::new(keys.clone(), ClusterConfig::from_toml(CONFIG).unwrap());
+        let gone = NodeName::new("gone").unwrap();
+        assert_eq!(view.removed_node_report(&gone, false), None);
+        quarantine(&mut view, &keys, "10.0.1.0/24", QuarantineState::Waiting);
+        quarantine(
+            &mut view,
+            &keys,
+            "10.0.2.0/24",
+            QuarantineState::Quarantined,
+        );
+        let report = view.removed_node_report(&gone, false).unwrap();
+        assert_eq!(report.phase, "done");
+        assert_eq!(report.quarantined.len(), 2);
+        let [waiting, quarantined] = &report.quarantined[..] else {
+            panic!("{report:?}");
+        };
+        assert_eq!(waiting.space, "default ipv4 10.0.1.0/24");
+        assert_eq!(
+            (waiting.state.as_str(), waiting.until_ms),
+            ("waiting", None)
+        );
+        assert_eq!(quarantined.state, "quarantined");
+        assert_eq!(quarantined.until_ms, Some(6_000));
+        // Another node's quarantine is not this one's.
+        assert_eq!(
+            view.removed_node_report(&NodeName::new("other").unwrap(), false),
+            None
+        );
+    }
+}
