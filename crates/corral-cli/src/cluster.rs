@@ -724,10 +724,22 @@ pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
                     .into_iter()
                     .find(|n| n.name == args.name)
                 else {
-                    return Err(Failure::Refused(format!(
-                        "node {} is not registered",
-                        args.name
-                    )));
+                    // Removed: shown until its space is back.
+                    let removed = NodeName::new(&args.name).ok().and_then(|name| {
+                        view.removed_node_report(&name, live.contains(&args.name))
+                    });
+                    let Some(removed) = removed else {
+                        return Err(Failure::Refused(format!(
+                            "node {} is not registered",
+                            args.name
+                        )));
+                    };
+                    return Ok(Outcome::ok(match output {
+                        Output::Json => {
+                            serde_json::to_string_pretty(&removed).unwrap_or_default() + "\n"
+                        }
+                        Output::Table => crate::removed_node::table(&removed),
+                    }));
                 };
                 Ok(Outcome::ok(match output {
                     Output::Json => serde_json::to_string_pretty(&node).unwrap_or_default() + "\n",

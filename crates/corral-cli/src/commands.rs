@@ -14,6 +14,7 @@ use corral_api::{
     GcSuspect, LeaseStartRequest, LeaseStopRequest, RangeRemoval, RangeRequest, ReleaseRequest,
 };
 use corral_client::Client;
+use corral_cluster::report::readable_count;
 use serde::Serialize;
 
 use crate::check::{self, KeyText};
@@ -231,11 +232,11 @@ pub fn status(session: &mut Session) -> Result<Outcome, Failure> {
                         scope.scope.clone(),
                         pool.pool.clone(),
                         output::family(family.family).to_owned(),
-                        family.capacity.clone(),
-                        family.used.clone(),
-                        family.free.clone(),
-                        family.excluded.clone(),
-                        family.cooling.clone(),
+                        readable_count(&family.capacity),
+                        readable_count(&family.used),
+                        readable_count(&family.free),
+                        readable_count(&family.excluded),
+                        readable_count(&family.cooling),
                     ]);
                 }
             }

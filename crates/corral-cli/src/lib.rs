@@ -34,6 +34,7 @@ mod interfaces;
 mod local_routes;
 mod output;
 mod parse;
+mod removed_node;
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -67,34 +68,113 @@ Exit codes:
 #[command(name = "corral", version, after_long_help = EXIT_CODES_HELP)]
 struct Cli {
     #[command(flatten)]
-    globals: Globals,
+    before: BeforeOptions,
     #[command(subcommand)]
     command: Command,
 }
 
-/// Options every subcommand takes.
+/// The options a subcommand takes may also come before it (`corral --socket S status`, as
+/// the agent's banner prints): each is the same option as the subcommand's own, given earlier.
+/// A subcommand that does not honour one refuses it (exit 2) rather than ignoring it.
+/// Separate ids from the subcommands' options, so that clap does not merge them: [`run`] does.
 #[derive(Debug, Args)]
-#[command(next_help_heading = "Global options")]
-struct Globals {
-    /// The agent's unix socket [default: /run/corral/agent.sock]
-    // An Option, not a clap default, so a subcommand can tell whether it was given.
-    #[arg(long, global = true, env = "CORRAL_SOCKET", value_name = "PATH")]
+#[command(next_help_heading = "Options also taken after the subcommand")]
+struct BeforeOptions {
+    /// The agent's unix socket (agent client subcommands, and the socket `corral agent`
+    /// serves) [default: /run/corral/agent.sock, or CORRAL_SOCKET]
+    #[arg(long = "socket", id = "before_socket", value_name = "PATH")]
+    socket: Option<PathBuf>,
+
+    /// How to print results (agent client, cluster and node subcommands) [default: table]
+    #[arg(
+        short = 'o',
+        long = "output",
+        id = "before_output",
+        value_enum,
+        value_name = "OUTPUT"
+    )]
+    output: Option<Output>,
+
+    /// The scope to act on (agent client subcommands) [default: node]
+    #[arg(long = "scope", id = "before_scope", value_name = "SCOPE")]
+    scope: Option<String>,
+
+    /// Show every scope instead of one (status, dump, pool list and check only)
+    #[arg(long = "all-scopes", id = "before_all_scopes")]
+    all_scopes: bool,
+}
+
+/// The options of the subcommands that talk to the agent (status, alloc, pool, ...), accepted
+/// after any of their own subcommands too (`corral pool list --socket S`).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Agent client options")]
+pub(crate) struct ClientOptions {
+    /// The agent's unix socket [default: /run/corral/agent.sock, or CORRAL_SOCKET]
+    // An Option, not a clap default, so `corral agent` can tell whether it was given; the
+    // environment is read by hand so that a flag before the subcommand beats it.
+    #[arg(long, global = true, value_name = "PATH")]
     socket: Option<PathBuf>,
 
     /// How to print results: aligned tables for people, or the API's JSON for scripts
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
-    output: Output,
+    /// [default: table]
+    #[arg(short = 'o', long, global = true, value_enum)]
+    output: Option<Output>,
 
     /// The scope to act on: "node" (the agent's own pools) or a CNI network's name
-    #[arg(long, global = true, value_name = "SCOPE", default_value = corral_api::NODE_SCOPE)]
-    scope: String,
+    /// [default: node]
+    #[arg(long, global = true, value_name = "SCOPE")]
+    scope: Option<String>,
 
     /// Show every scope instead of one (status, dump, pool list and check only)
     #[arg(long, global = true, conflicts_with = "scope")]
     all_scopes: bool,
 }
 
+/// `-o/--output` of the cluster and node subcommands (which talk to etcd, not to an agent).
+#[derive(Debug, Args)]
+struct OutputOption {
+    /// How to print results: aligned tables for people, or the API's JSON for scripts
+    /// [default: table]
+    #[arg(short = 'o', long, global = true, value_enum)]
+    output: Option<Output>,
+}
+
+/// The agent client's options, merged from both positions: what a subcommand works with.
+#[derive(Debug)]
+pub(crate) struct Globals {
+    socket: Option<PathBuf>,
+    output: Output,
+    scope: String,
+    all_scopes: bool,
+}
+
+/// The socket given on the command line, else `CORRAL_SOCKET` (when set and not empty).
+fn socket_or_env(given: Option<PathBuf>) -> Option<PathBuf> {
+    given.or_else(|| {
+        std::env::var_os("CORRAL_SOCKET")
+            .filter(|value| !value.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
 impl Globals {
+    /// The options given after the subcommand, else before it, else their defaults.
+    fn merge(before: BeforeOptions, after: ClientOptions) -> Result<Globals, Failure> {
+        let scope = after.scope.or(before.scope);
+        let all_scopes = after.all_scopes || before.all_scopes;
+        if all_scopes && scope.is_some() {
+            return Err(Failure::Usage(
+                "the argument '--all-scopes' cannot be used with '--scope <SCOPE>'".to_owned(),
+            ));
+        }
+        Ok(Globals {
+            socket: socket_or_env(after.socket.or(before.socket)),
+            output: after.output.or(before.output).unwrap_or(Output::Table),
+            scope: scope.unwrap_or_else(|| corral_api::NODE_SCOPE.to_owned()),
+            all_scopes,
+        })
+    }
+
     /// The agent's socket: `--socket`, else `CORRAL_SOCKET`, else the default.
     fn socket(&self) -> PathBuf {
         self.socket
@@ -103,9 +183,34 @@ impl Globals {
     }
 }
 
-/// `corral agent`'s own options (its socket is the global --socket).
+impl BeforeOptions {
+    /// Refuses the options given before a subcommand that does not honour them, by name.
+    fn refuse(&self, subcommand: &str, honoured: &[&str]) -> Result<(), Failure> {
+        let given = [
+            ("--socket", self.socket.is_some()),
+            ("--output", self.output.is_some()),
+            ("--scope", self.scope.is_some()),
+            ("--all-scopes", self.all_scopes),
+        ];
+        match given
+            .iter()
+            .find(|(flag, is_given)| *is_given && !honoured.contains(flag))
+        {
+            Some((flag, _)) => Err(Failure::Usage(format!(
+                "{flag} does not apply to `corral {subcommand}`"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `corral agent`'s own options.
 #[derive(Debug, Args)]
 struct AgentArgs {
+    /// The unix socket to serve the API on [default: the configuration file's, else
+    /// /run/corral/agent.sock; or CORRAL_SOCKET]
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
     /// The agent's TOML configuration file
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -163,11 +268,11 @@ struct AgentArgs {
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
-fn agent(globals: &Globals, args: AgentArgs) -> Result<Outcome, Failure> {
+fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,
         data_dir: args.data_dir,
-        socket: globals.socket.clone(),
+        socket: args.socket.clone(),
         tcp: args.tcp,
         token_file: args.token_file,
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
@@ -251,29 +356,72 @@ enum Command {
     /// /run/corral/agent.sock). Stops on SIGINT or SIGTERM.
     Agent(AgentArgs),
     /// Capacity and use of each pool, per address family
-    Status,
+    Status {
+        #[command(flatten)]
+        client: ClientOptions,
+    },
     /// Every allocation, with its owner, attachment and lease
-    Dump,
+    Dump {
+        #[command(flatten)]
+        client: ClientOptions,
+    },
     /// Allocate the next free address (or a given one), of one family or both
-    Alloc(commands::AllocArgs),
+    Alloc {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: commands::AllocArgs,
+    },
     /// Release addresses: of an attachment, one address, or everything an owner holds
-    Release(commands::ReleaseArgs),
+    Release {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: commands::ReleaseArgs,
+    },
     /// List pools, add and remove their address ranges, or reserve the node's local routes
-    #[command(subcommand)]
-    Pool(commands::PoolCommand),
+    Pool {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(subcommand)]
+        command: commands::PoolCommand,
+    },
     /// Exclude an address or network from a pool (or, with --remove, allow it again)
-    Exclude(commands::ExcludeArgs),
+    Exclude {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: commands::ExcludeArgs,
+    },
     /// Start or stop an expiration timer on an allocated address
-    #[command(subcommand)]
-    Lease(commands::LeaseCommand),
+    Lease {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(subcommand)]
+        command: commands::LeaseCommand,
+    },
     /// The node's cloud interfaces (interface-backed pools): list, add, remove, their
     /// addresses and prefixes, and the import of AWS VPC CNI's ipamd checkpoint
-    #[command(subcommand)]
-    Interface(interfaces::InterfaceCommand),
+    Interface {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(subcommand)]
+        command: interfaces::InterfaceCommand,
+    },
     /// Write the agent's state (every scope) as a checkpoint document
-    Export(commands::ExportArgs),
+    Export {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: commands::ExportArgs,
+    },
     /// Restore a checkpoint document into scopes that hold no allocations
-    Import(commands::ImportArgs),
+    Import {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: commands::ImportArgs,
+    },
     /// Report stale allocations, overdue leases and full pools (exit code 5 if any)
     ///
     /// Computed here from the agent's dump and status. An allocation is stale when its
@@ -281,7 +429,12 @@ enum Command {
     /// a lease is overdue when its expiry has passed; a pool family is exhausted when it has
     /// capacity but no free address (addresses in cooldown count as free), and nearly full
     /// when more than 90% of its usable (not excluded) addresses are in use.
-    Check(commands::CheckArgs),
+    Check {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: commands::CheckArgs,
+    },
     /// Release leaked addresses: those of attachments missing from --live at two runs, the
     /// grace period apart
     ///
@@ -293,18 +446,31 @@ enum Command {
     /// family) go together or not at all; at most --max attachments go per run. Allocations
     /// made without a key are never touched. Applies to --scope (default: the node's pools).
     /// With --grace 0s one run is enough: what is missing from --live goes at once.
-    Gc(commands::GcArgs),
+    Gc {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: commands::GcArgs,
+    },
     /// Go back from corral-ipam to host-local: write a network's allocations as its files
     #[command(subcommand, name = "host-local")]
     HostLocal(hostlocal::HostLocalCommand),
     /// Run a replica of the cluster operator in the foreground (leader elected through etcd)
     Operator(cluster::OperatorArgs),
     /// The cluster's configuration, status and consistency check (in etcd)
-    #[command(subcommand)]
-    Cluster(cluster::ClusterCommand),
+    Cluster {
+        #[command(flatten)]
+        output: OutputOption,
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
     /// The cluster's nodes: list, show, remove, and a node's address plan
-    #[command(subcommand)]
-    Node(cluster::NodeCommand),
+    Node {
+        #[command(flatten)]
+        output: OutputOption,
+        #[command(subcommand)]
+        command: cluster::NodeCommand,
+    },
 }
 
 /// The `corral` binary: the command line with the clouds every build knows ([`Providers::builtin`]:
@@ -338,25 +504,78 @@ pub fn main_with(providers: Providers) -> ExitCode {
 
 /// Runs one subcommand; what it prints is returned, not printed, so main alone writes.
 fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
-    let globals = &cli.globals;
+    let before = cli.before;
+    let client = |before: BeforeOptions, after: ClientOptions| Globals::merge(before, after);
     match cli.command {
-        Command::Agent(args) => agent(globals, args),
-        Command::Status => commands::status(&mut Session::new(globals)),
-        Command::Dump => commands::dump(&mut Session::new(globals)),
-        Command::Alloc(args) => commands::alloc(&mut Session::new(globals), args),
-        Command::Release(args) => commands::release(&mut Session::new(globals), args),
-        Command::Pool(command) => commands::pool(&mut Session::new(globals), command),
-        Command::Exclude(args) => commands::exclude(&mut Session::new(globals), args),
-        Command::Lease(command) => commands::lease(&mut Session::new(globals), command),
-        Command::Interface(command) => interfaces::run(&mut Session::new(globals), command),
-        Command::Export(args) => commands::export(&mut Session::new(globals), args),
-        Command::Import(args) => commands::import(&mut Session::new(globals), args),
-        Command::Check(args) => commands::check(&mut Session::new(globals), args),
-        Command::Gc(args) => commands::gc(&mut Session::new(globals), args),
-        Command::HostLocal(command) => hostlocal::run(command),
-        Command::Operator(args) => cluster::operator(args, providers),
-        Command::Cluster(command) => cluster::cluster(command, globals.output, providers),
-        Command::Node(command) => cluster::node(command, globals.output),
+        Command::Agent(mut args) => {
+            before.refuse("agent", &["--socket"])?;
+            args.socket = socket_or_env(args.socket.or(before.socket));
+            agent(args)
+        }
+        Command::Status { client: after } => {
+            commands::status(&mut Session::new(&client(before, after)?))
+        }
+        Command::Dump { client: after } => {
+            commands::dump(&mut Session::new(&client(before, after)?))
+        }
+        Command::Alloc {
+            client: after,
+            args,
+        } => commands::alloc(&mut Session::new(&client(before, after)?), args),
+        Command::Release {
+            client: after,
+            args,
+        } => commands::release(&mut Session::new(&client(before, after)?), args),
+        Command::Pool {
+            client: after,
+            command,
+        } => commands::pool(&mut Session::new(&client(before, after)?), command),
+        Command::Exclude {
+            client: after,
+            args,
+        } => commands::exclude(&mut Session::new(&client(before, after)?), args),
+        Command::Lease {
+            client: after,
+            command,
+        } => commands::lease(&mut Session::new(&client(before, after)?), command),
+        Command::Interface {
+            client: after,
+            command,
+        } => interfaces::run(&mut Session::new(&client(before, after)?), command),
+        Command::Export {
+            client: after,
+            args,
+        } => commands::export(&mut Session::new(&client(before, after)?), args),
+        Command::Import {
+            client: after,
+            args,
+        } => commands::import(&mut Session::new(&client(before, after)?), args),
+        Command::Check {
+            client: after,
+            args,
+        } => commands::check(&mut Session::new(&client(before, after)?), args),
+        Command::Gc {
+            client: after,
+            args,
+        } => commands::gc(&mut Session::new(&client(before, after)?), args),
+        Command::HostLocal(command) => {
+            before.refuse("host-local", &[])?;
+            hostlocal::run(command)
+        }
+        Command::Operator(args) => {
+            before.refuse("operator", &[])?;
+            cluster::operator(args, providers)
+        }
+        Command::Cluster { output, command } => {
+            before.refuse("cluster", &["--output"])?;
+            let output = output.output.or(before.output).unwrap_or(Output::Table);
+            cluster::cluster(command, output, providers)
+        }
+        Command::Node { output, command } => {
+            before.refuse("node", &["--output"])?;
+            let output = output.output.or(before.output).unwrap_or(Output::Table);
+            cluster::node(command, output)
+        }
     }
 }
 

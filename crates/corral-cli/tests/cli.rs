@@ -215,13 +215,15 @@ fn status_prints_a_table() {
     let agent = FakeAgent::answering(200, &status_body().to_string());
     let run = agent.run(&["status"]);
     assert_eq!((run.code, run.stderr.as_str()), (0, ""));
+    // An IPv6 /64's counts print readably (they once printed as 20 digits); `-o json` keeps
+    // them exact (status_json_is_the_api_answer).
     assert_eq!(
         run.stdout,
         "\
-SCOPE  POOL     FAMILY              CAPACITY  USED                  FREE  EXCLUDED  COOLING
-node   default  ipv4                     253    12                   241         0        0
-node   default  ipv6    18446744073709551616     3  18446744073709551613         0        0
-node   small    ipv4                       6     6                     0         0        0
+SCOPE  POOL     FAMILY  CAPACITY  USED    FREE  EXCLUDED  COOLING
+node   default  ipv4         253    12     241         0        0
+node   default  ipv6        2^64     3  2^64-3         0        0
+node   small    ipv4           6     6       0         0        0
 "
     );
     assert_eq!(agent.requests(), [get("/v1/status?scope=node")]);
@@ -835,4 +837,172 @@ fn a_cloud_this_build_lacks_is_a_usage_error_naming_the_build_that_has_it() {
             assert!(stderr.contains(expected), "{command:?} {args:?}: {stderr}");
         }
     }
+}
+
+// ---- which options each subcommand takes ------------------------------------------------
+
+/// `corral ARGS` with no socket given and none in the environment.
+fn run_bare(args: &[&str]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_corral"))
+        .args(args)
+        .env_remove("CORRAL_SOCKET")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap(),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+/// The daemons' help once listed the agent client's `--socket`, `-o`, `--scope` and
+/// `--all-scopes` (global options they ignore); each help now lists only what it honours.
+#[test]
+fn help_lists_only_the_options_a_subcommand_honours() {
+    let client_only = ["--socket", "--scope", "--all-scopes"];
+    for subcommand in [
+        &["operator"][..],
+        &["host-local", "export"],
+        &["cluster", "status"],
+        &["node", "list"],
+        &["node", "show"],
+    ] {
+        let run = run_bare(&[subcommand, &["--help"]].concat());
+        assert_eq!(run.code, 0, "{run:?}");
+        for option in client_only {
+            assert!(
+                !run.stdout.contains(&format!("{option} ")),
+                "{subcommand:?} lists {option}: {}",
+                run.stdout
+            );
+        }
+    }
+    for subcommand in [&["operator"][..], &["host-local", "export"], &["agent"]] {
+        let run = run_bare(&[subcommand, &["--help"]].concat());
+        assert!(
+            !run.stdout.contains("--output"),
+            "{subcommand:?}: {}",
+            run.stdout
+        );
+    }
+    let agent = run_bare(&["agent", "--help"]);
+    assert!(agent.stdout.contains("--socket <PATH>"), "{agent:?}");
+    for option in ["--scope", "--all-scopes"] {
+        assert!(!agent.stdout.contains(option), "{agent:?}");
+    }
+    for subcommand in [&["cluster", "status"][..], &["node", "list"]] {
+        let run = run_bare(&[subcommand, &["--help"]].concat());
+        assert!(run.stdout.contains("-o, --output <OUTPUT>"), "{run:?}");
+    }
+    for subcommand in [&["status"][..], &["pool", "list"], &["lease", "stop"]] {
+        let run = run_bare(&[subcommand, &["--help"]].concat());
+        for option in [
+            "--socket <PATH>",
+            "-o, --output",
+            "--scope <SCOPE>",
+            "--all-scopes",
+        ] {
+            assert!(
+                run.stdout.contains(option),
+                "{subcommand:?} lacks {option}: {run:?}"
+            );
+        }
+    }
+}
+
+/// Every agent client subcommand takes `--socket` both before and after itself.
+#[test]
+fn client_options_before_or_after_the_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("absent.sock");
+    let socket = socket.to_str().unwrap();
+    let unreachable = format!("corral: cannot reach the agent at {socket}: ");
+    for subcommand in [
+        &["status"][..],
+        &["dump"],
+        &["alloc", "--owner", "o"],
+        &["release", "--owner", "o"],
+        &["pool", "list"],
+        &["pool", "add", "p", "10.0.0.0/24"],
+        &["exclude", "p", "10.0.0.1"],
+        &["lease", "stop", "10.0.0.1", "id"],
+        &["interface", "list"],
+        &["export"],
+        &["check", "--live", "-"],
+        &["gc", "--live", "-"],
+    ] {
+        for args in [
+            [&["--socket", socket][..], subcommand].concat(),
+            [subcommand, &["--socket", socket]].concat(),
+            [
+                &["-o", "json", "--scope", "net1", "--socket", socket][..],
+                subcommand,
+            ]
+            .concat(),
+        ] {
+            let run = run_bare(&args);
+            assert_eq!(run.code, 3, "{args:?}: {run:?}");
+            assert!(run.stderr.starts_with(&unreachable), "{args:?}: {run:?}");
+        }
+    }
+    // A flag beats the environment, in either position.
+    for args in [
+        ["--socket", socket, "status"],
+        ["status", "--socket", socket],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_corral"))
+            .args(args)
+            .env("CORRAL_SOCKET", "/nonexistent/env.sock")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8(output.stderr).unwrap();
+        assert!(stderr.starts_with(&unreachable), "{args:?}: {stderr}");
+    }
+    // Output before or after: both print the API's JSON.
+    let agent = FakeAgent::answering(200, &status_body().to_string());
+    let before = agent.run(&["-o", "json", "status"]);
+    let after = agent.run(&["status", "-o", "json"]);
+    assert_eq!(before.code, 0, "{before:?}");
+    assert_eq!(before.stdout, after.stdout);
+    assert!(before.stdout.starts_with('{'), "{before:?}");
+    // Given both ways, --scope and --all-scopes still conflict.
+    let run = run_bare(&["--scope", "a", "status", "--all-scopes"]);
+    assert_eq!(run.code, 2, "{run:?}");
+}
+
+/// An option before a subcommand that does not honour it is refused, not ignored.
+#[test]
+fn client_options_before_a_daemon_are_refused() {
+    let run = run_bare(&[
+        "--socket",
+        "/tmp/x.sock",
+        "operator",
+        "--etcd",
+        "http://127.0.0.1:1",
+    ]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(
+        run.stderr,
+        "corral: --socket does not apply to `corral operator`\n"
+    );
+    let run = run_bare(&["-o", "json", "agent", "--data-dir", "/nonexistent"]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(
+        run.stderr,
+        "corral: --output does not apply to `corral agent`\n"
+    );
+    let run = run_bare(&[
+        "--scope",
+        "n",
+        "node",
+        "list",
+        "--etcd",
+        "http://127.0.0.1:1",
+    ]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert_eq!(
+        run.stderr,
+        "corral: --scope does not apply to `corral node`\n"
+    );
 }

@@ -77,6 +77,41 @@ fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     let (code, out, _) = on_cluster(&etcd, &["node", "list"], &[]);
     assert_eq!(code, 0);
     assert!(out.contains("node-a") && out.contains("node-b"), "{out}");
+    assert_counts_readable(&etcd, &a.socket);
+}
+
+/// A node's /64 once printed its capacity as a 20-digit number: tables print counts readably
+/// (`2^64-…`), JSON keeps them exact (decimal strings past 2^53).
+fn assert_counts_readable(etcd: &corral_etcd::testing::EtcdCluster, socket: &std::path::Path) {
+    let socket = socket.to_str().unwrap();
+    let too_long = |text: &str| {
+        text.split(|c: char| !c.is_ascii_digit())
+            .any(|digits| digits.len() > 12)
+    };
+    let (code, table, err) = corral(&["--socket", socket, "status"]);
+    assert_eq!(code, 0, "{err}");
+    let ipv6 = table
+        .lines()
+        .find(|l| l.contains("ipv6"))
+        .expect("an ipv6 row");
+    assert!(ipv6.contains(" 2^64-"), "{table}");
+    assert!(!too_long(&table), "{table}");
+    let (code, json, err) = corral(&["status", "--socket", socket, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let capacity = status["scopes"][0]["pools"][0]["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["family"] == "ipv6")
+        .map(|f| f["capacity"].as_str().unwrap().parse::<u128>().unwrap())
+        .unwrap();
+    assert!(capacity > 1 << 63, "{json}");
+    for command in [&["cluster", "status"][..], &["node", "show", "node-a"]] {
+        let (code, out, err) = on_cluster(etcd, command, &[]);
+        assert_eq!(code, 0, "{command:?}: {err}");
+        assert!(!too_long(&out), "{command:?}: {out}");
+    }
 }
 
 #[test]

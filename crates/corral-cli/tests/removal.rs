@@ -336,3 +336,113 @@ fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     assert_check(&etcd, &[&b.socket]);
     assert_invariant(&etcd, &[("node-a", &a.socket), ("node-b", &b.socket)], true);
 }
+
+/// `corral node show NODE` of a removed node: (exit code, table, JSON).
+fn show_removed(etcd: &EtcdCluster, node: &str) -> (i32, String, serde_json::Value) {
+    let (code, table, err) = on_cluster(etcd, &["node", "show", node], &[]);
+    let (_, json, _) = on_cluster(etcd, &["node", "show", node], &["-o", "json"]);
+    (
+        code,
+        format!("{table}{err}"),
+        serde_json::from_str(&json).unwrap_or_default(),
+    )
+}
+
+/// A removed node could not be shown at all (`node show` exited 1): it stays visible until
+/// its space is back, with its removal's phase, what waits for its agent, what is in
+/// quarantine and when that ends.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_removed_node_is_shown_until_its_space_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    // A quarantine long enough to look at; its end is simulated below.
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(300));
+    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
+    add(&a.socket, "c1").unwrap();
+    wait_asserted(&etcd, "node-a", &a.socket);
+    let (code, output) = remove(&etcd, "node-a", &["--drain"]);
+    assert_eq!(code, 0, "{output}");
+    wait_until("node-a's grant is gone", Duration::from_secs(20), || {
+        !granted_to(&etcd, "node-a") && get(&etcd, "nodes/node-a").is_none()
+    });
+    wait_asserted(&etcd, "node-a", &a.socket);
+
+    // Draining: the range waits for its agent, which still asserts it with its pod.
+    let (code, table, json) = show_removed(&etcd, "node-a");
+    assert_eq!(code, 0, "{table}");
+    assert!(
+        table.starts_with("node node-a: removed, removal draining (drain, asked 20"),
+        "{table}"
+    );
+    assert!(table.contains("; live: yes\n"), "{table}");
+    let waiting = table
+        .lines()
+        .find(|l| l.contains("default ipv4 10.50.0.0/24"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        waiting.contains("waiting") && waiting.contains("its agent gives it up"),
+        "{table}"
+    );
+    assert!(table.contains("its agent still asserts:"), "{table}");
+    assert_eq!(json["phase"], "draining", "{json}");
+    assert_eq!(json["mode"], "drain", "{json}");
+    assert_eq!(json["quarantined"][0]["state"], "waiting", "{json}");
+    assert!(json["quarantined"][0].get("until_ms").is_none(), "{json}");
+    assert_eq!(json["asserted"][0]["cidr"], "10.50.0.0/24", "{json}");
+    assert_eq!(json["asserted"][0]["allocations"], 1, "{json}");
+
+    // Its pod goes: the range is given up and quarantined; the removal is done, but the
+    // node is still shown, with when the quarantine ends.
+    del(&a.socket, "c1");
+    wait_no_cluster_range("node-a's range left the agent", &a.socket);
+    wait_until("the removal is done", Duration::from_secs(20), || {
+        get(&etcd, "removals/node-a").is_none()
+            && quarantine(&etcd).is_some_and(|(state, lease)| state == "quarantined" && lease)
+    });
+    let (code, table, json) = show_removed(&etcd, "node-a");
+    assert_eq!(code, 0, "{table}");
+    assert!(
+        table.starts_with("node node-a: removed, removal done; live: "),
+        "{table}"
+    );
+    assert_eq!(json["phase"], "done", "{json}");
+    let space = &json["quarantined"][0];
+    assert_eq!(space["state"], "quarantined", "{json}");
+    let (since, until) = (
+        space["since_ms"].as_u64().unwrap(),
+        space["until_ms"].as_u64().unwrap(),
+    );
+    assert_eq!(until - since, 300_000, "{json}");
+    let row = table
+        .lines()
+        .find(|l| l.contains("default ipv4 10.50.0.0/24"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("quarantined") && row.trim_end().ends_with('Z'),
+        "{table}"
+    );
+
+    // The quarantine ends (etcd deletes the key with its lease; here by hand): the space is
+    // back, and the node is no longer anything to show.
+    block_on(kv(&etcd).txn(corral_kv::Txn {
+        compares: vec![],
+        success: vec![corral_kv::TxnOp::delete(
+            "/corral/t/v1/quarantine/default/ipv4/10.50.0.0-24",
+        )],
+        failure: vec![],
+    }))
+    .unwrap();
+    wait_until(
+        "node-a's holdings record says nothing",
+        Duration::from_secs(20),
+        || {
+            get(&etcd, "holdings/node-a").is_none_or(|e| {
+                corral_cluster::decode_value::<corral_cluster::HoldingsRecord>(&e.value)
+                    .is_ok_and(|r| r.ranges.is_empty())
+            })
+        },
+    );
+    let (code, table, _) = show_removed(&etcd, "node-a");
+    assert_eq!(code, 1, "{table}");
+    assert_eq!(table, "corral: node node-a is not registered\n");
+}

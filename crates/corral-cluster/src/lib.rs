@@ -16,6 +16,7 @@ pub mod keys;
 pub mod net;
 pub mod plan;
 pub mod removal;
+pub mod removed;
 pub mod report;
 pub mod space;
 #[cfg(test)]
@@ -47,6 +48,7 @@ pub use keys::{
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use removal::{RemovalStep, removal_steps};
+pub use removed::{QuarantinedReport, RemovedNodeReport};
 pub use report::{BlockReport, NodeReport, StatusReport};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
@@ -55,6 +57,7 @@ pub use corral_core::{Family, PoolName};
 pub use ipnet::IpNet;
 pub use view::{
     BlockProposal, CloudEntry, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry,
-    NodeInfo, PoolFamily, Problem, Proposal, ProposeError, ReleaseChange, ReleaseKind, Removal,
-    RemovedGrant, RemovedNodeId, Revocation, WaitingOn, WaitingQuarantine, is_config_key,
+    NodeInfo, PoolFamily, Problem, Proposal, ProposeError, QuarantinedFrom, ReleaseChange,
+    ReleaseKind, Removal, RemovedGrant, RemovedNodeId, Revocation, WaitingOn, WaitingQuarantine,
+    is_config_key,
 };

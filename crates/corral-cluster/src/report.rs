@@ -10,6 +10,43 @@ use crate::plan::NodePlan;
 use crate::space::SpaceStats;
 use crate::view::ClusterView;
 
+/// A count as a table prints it: as it is up to 12 digits; past that (an IPv6 space: a /64
+/// holds 2^64 addresses, 20 digits) as a power of two when it is one or within a million of
+/// one (`2^64`, `2^64-2`, `2^48+5`), else three significant digits, rounded down (`1.84e19`).
+/// JSON keeps the exact decimal string. Anything that is not a decimal count is left as it is.
+pub fn readable_count(decimal: &str) -> String {
+    const MAX_EXACT_DIGITS: usize = 12;
+    const NEAR: u128 = 1_000_000;
+    if decimal.len() <= MAX_EXACT_DIGITS || !decimal.bytes().all(|b| b.is_ascii_digit()) {
+        return decimal.to_owned();
+    }
+    let digits = decimal.trim_start_matches('0');
+    if digits.len() <= MAX_EXACT_DIGITS {
+        return if digits.is_empty() { "0" } else { digits }.to_owned();
+    }
+    // 2^128 (a whole IPv6 space) is one more than u128 holds.
+    if digits == "340282366920938463463374607431768211456" {
+        return "2^128".to_owned();
+    }
+    if let Ok(count) = digits.parse::<u128>() {
+        let below = 127 - count.leading_zeros();
+        let over = count - (1u128 << below);
+        if over < NEAR {
+            return if over == 0 {
+                format!("2^{below}")
+            } else {
+                format!("2^{below}+{over}")
+            };
+        }
+        // 2^(below+1) - count, written so that 2^128 need not be held.
+        let under = (u128::MAX >> (127 - below)) - count + 1;
+        if under < NEAR {
+            return format!("2^{}-{under}", below + 1);
+        }
+    }
+    format!("{}.{}e{}", &digits[..1], &digits[1..3], digits.len() - 1)
+}
+
 /// One pool and family of the status report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolReport {
@@ -334,12 +371,12 @@ impl StatusReport {
                 } else {
                     "-".to_owned()
                 },
-                p.capacity,
-                p.granted,
-                p.quarantined,
-                p.reserved,
-                p.blocked,
-                p.free
+                readable_count(&p.capacity),
+                readable_count(&p.granted),
+                readable_count(&p.quarantined),
+                readable_count(&p.reserved),
+                readable_count(&p.blocked),
+                readable_count(&p.free)
             );
         }
         for problem in &self.problems {
@@ -444,5 +481,46 @@ impl NodePlan {
             Some(self.pod_range_end),
             Some(self.pod_gateway),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable_count;
+
+    #[test]
+    fn counts_up_to_twelve_digits_print_as_they_are() {
+        for count in ["0", "1", "65536", "4294967296", "999999999999"] {
+            assert_eq!(readable_count(count), count);
+        }
+    }
+
+    #[test]
+    fn an_ipv6_space_prints_near_its_power_of_two() {
+        assert_eq!(readable_count("18446744073709551616"), "2^64");
+        assert_eq!(readable_count("18446744073709551614"), "2^64-2");
+        assert_eq!(readable_count("18446744073709551617"), "2^64+1");
+        assert_eq!(readable_count("1208925819614629174706176"), "2^80");
+        assert_eq!(
+            readable_count("340282366920938463463374607431768211456"),
+            "2^128"
+        );
+        assert_eq!(
+            readable_count("340282366920938463463374607431768211455"),
+            "2^128-1"
+        );
+    }
+
+    #[test]
+    fn other_large_counts_print_three_digits_and_an_exponent() {
+        // 2^64 * 3 / 4, far from any power of two.
+        assert_eq!(readable_count("13835058055282163712"), "1.38e19");
+        assert_eq!(readable_count("1000000000000"), "1.00e12");
+    }
+
+    #[test]
+    fn what_is_not_a_count_is_left_alone() {
+        assert_eq!(readable_count("-"), "-");
+        assert_eq!(readable_count("12345678901234x"), "12345678901234x");
     }
 }

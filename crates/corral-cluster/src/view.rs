@@ -297,6 +297,17 @@ pub struct WaitingQuarantine {
     pub held: WaitingOn,
 }
 
+/// A quarantine key a node's space is under (see [`ClusterView::quarantines_from`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantinedFrom {
+    /// The pool of a range (`None` for a node ID).
+    pub pool: Option<PoolName>,
+    /// What it keeps.
+    pub held: WaitingOn,
+    /// Its value: its state, and since when.
+    pub record: QuarantineRecord,
+}
+
 /// What a waiting quarantine key keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitingOn {
@@ -1580,6 +1591,32 @@ impl ClusterView {
                     mod_revision: entry.mod_revision,
                     record,
                     held: WaitingOn::NodeId(*id),
+                });
+            }
+        }
+        out
+    }
+
+    /// Every quarantine key whose record names `node` as the space's holder, in either state
+    /// (`corral node show` of a removed node): what it held that is not free again yet.
+    pub fn quarantines_from(&self, node: &NodeName) -> Vec<QuarantinedFrom> {
+        let from = |e: &QuarantineEntry| e.record.clone().filter(|r| &r.from_node == node);
+        let mut out = Vec::new();
+        for ((pool, _, cidr), entry) in &self.quarantines {
+            if let Some(record) = from(entry) {
+                out.push(QuarantinedFrom {
+                    pool: Some(pool.clone()),
+                    held: WaitingOn::Range(*cidr),
+                    record,
+                });
+            }
+        }
+        for (id, entry) in &self.quarantined_ids {
+            if let Some(record) = from(entry) {
+                out.push(QuarantinedFrom {
+                    pool: None,
+                    held: WaitingOn::NodeId(*id),
+                    record,
                 });
             }
         }
