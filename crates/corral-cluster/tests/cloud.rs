@@ -89,7 +89,7 @@ struct Model {
     /// Empty interfaces detached and deleted so far.
     deleted: usize,
     /// Since when each empty managed interface is empty (`track_empty`).
-    empty_since: std::collections::BTreeMap<CloudId, u64>,
+    empty_since: BTreeMap<CloudId, u64>,
 }
 
 fn id(n: u32) -> CloudId {
