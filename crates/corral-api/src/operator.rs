@@ -39,7 +39,7 @@ pub struct OperatorStatus {
     pub last_rebuild: Option<Rebuild>,
     /// Pools and families (`pool/family`, or `node-ids (max N)/ipv4`) with nodes waiting for
     /// space that is not there, each naming every such node and why (`no free block for 2
-    /// nodes (the pool is exhausted): node-a, node-b`), as the leader's view shows them now;
+    /// nodes (node-a, node-b): the pool is exhausted`), as the leader's view shows them now;
     /// on a standby, what it noted while it last led.
     pub full: BTreeMap<String, String>,
     /// What this replica ran into (etcd failures, garbage keys), newest last.
@@ -174,7 +174,7 @@ pub struct NodeWaiting {
     /// `CIDR`, `block` or `node ID`.
     pub unit: String,
     /// Why: `no free block: the pool is exhausted`, `no free CIDR: the only space is in
-    /// quarantine (2)`, `block not granted yet`, ...
+    /// quarantine (2 CIDRs)`, `block not granted yet`, ...
     pub reason: String,
     /// It waits for space that is not there (the pool exhausted, or its only space in
     /// quarantine): it is named in the status's `full`.

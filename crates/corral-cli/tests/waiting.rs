@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
+use corral_kv::Kv as _;
 
 #[path = "common/cluster.rs"]
 mod cluster_common;
@@ -60,6 +61,17 @@ fn operator_get(socket: &Path, path: &str) -> (u16, serde_json::Value) {
         code,
         serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
     )
+}
+
+/// Whether every node's agent holds its liveness key (a node without one is `degraded`).
+fn all_live(etcd: &EtcdCluster) -> bool {
+    let kv = kv(etcd);
+    NODES.iter().all(|node| {
+        block_on(kv.get(format!("/corral/t/v1/live/{node}").as_bytes()))
+            .ok()
+            .flatten()
+            .is_some()
+    })
 }
 
 /// The nodes etcd says hold a block.
@@ -204,6 +216,7 @@ fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_until_the_po
         Duration::from_secs(30),
         || {
             served(&etcd).len() == 2
+                && all_live(&etcd)
                 && operator_get(&op_a.socket, "/v1/status").1["cluster"]["nodes_waiting"] == 2
         },
     );
@@ -243,6 +256,7 @@ fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_until_the_po
     assert_eq!(code, 0, "cluster apply: {out}{err}");
     wait_until("every node holds a block", Duration::from_secs(30), || {
         served(&etcd).len() == NODES.len()
+            && all_live(&etcd)
             && operator_get(&op_a.socket, "/v1/status").1["cluster"]["nodes_waiting"] == 0
     });
     assert_reported(&etcd, &op_a.socket, &[]);

@@ -679,7 +679,7 @@ block_prefix_len = 28
     let status: body::OperatorStatus = running.get("/v1/status").json();
     assert_eq!(
         status.full.get("pods/ipv4").map(String::as_str),
-        Some("no free block for 2 nodes (the pool is exhausted): node-c, node-d"),
+        Some("no free block for 2 nodes (node-c, node-d): the pool is exhausted"),
         "{:?}",
         status.full
     );

@@ -84,9 +84,10 @@ impl NodeWait {
                 format!("no free {unit}: all {} in use", self.max_ids)
             }
             WaitReason::Exhausted => format!("no free {unit}: the pool is exhausted"),
-            WaitReason::Quarantined(n) => {
-                format!("no free {unit}: the only space is in quarantine ({n})")
-            }
+            WaitReason::Quarantined(n) => format!(
+                "no free {unit}: the only space is in quarantine ({n} {unit}{})",
+                if n == 1 { "" } else { "s" }
+            ),
         }
     }
 
@@ -185,7 +186,7 @@ impl ClusterView {
 
     /// Every pool and family (or the node IDs) with starving nodes, keyed as the operator's
     /// `full` (`pool/family`), each naming every starving node: `no free block for 2 nodes
-    /// (the pool is exhausted): node-a, node-b`.
+    /// (node-a, node-b): the pool is exhausted`.
     pub fn full(&self) -> BTreeMap<String, String> {
         let mut starving: BTreeMap<String, (NodeWait, Vec<&NodeName>)> = BTreeMap::new();
         for node in self.nodes.keys() {
@@ -208,7 +209,7 @@ impl ClusterView {
                     n => format!("{n} nodes"),
                 };
                 let text = format!(
-                    "no free {} for {count} ({cause}): {}",
+                    "no free {} for {count} ({}): {cause}",
                     wait.unit.word(),
                     names.join(", ")
                 );
@@ -346,11 +347,11 @@ block_prefix_len = 28
         let full = f.view.full();
         assert_eq!(
             full.get("pods/ipv4").map(String::as_str),
-            Some("no free block for 2 nodes (the pool is exhausted): c, d")
+            Some("no free block for 2 nodes (c, d): the pool is exhausted")
         );
         assert_eq!(
             full.get("cidrs/ipv4").map(String::as_str),
-            Some("no free CIDR for 2 nodes (the pool is exhausted): c, d")
+            Some("no free CIDR for 2 nodes (c, d): the pool is exhausted")
         );
         let report = f.view.status_report(1, None);
         assert_eq!((report.nodes_served, report.nodes_waiting), (2, 2));
@@ -438,12 +439,12 @@ block_prefix_len = 28
             f.reasons(&c),
             [
                 "cidrs ipv4: no free CIDR: the pool is exhausted",
-                "pods ipv4: no free block: the only space is in quarantine (1)"
+                "pods ipv4: no free block: the only space is in quarantine (1 block)"
             ]
         );
         assert_eq!(
             f.view.full().get("pods/ipv4").map(String::as_str),
-            Some("no free block for 2 nodes (the only space is in quarantine (1)): b, c")
+            Some("no free block for 2 nodes (b, c): the only space is in quarantine (1 block)")
         );
     }
 
