@@ -37,8 +37,10 @@ pub struct OperatorStatus {
     pub took_lead_ms: Option<u64>,
     /// The last rebuild of the view from a full read of the prefix.
     pub last_rebuild: Option<Rebuild>,
-    /// Pools and families with no free node CIDR for a node waiting for one (`pool/family` to
-    /// what waits), until the next grant.
+    /// Pools and families (`pool/family`, or `node-ids (max N)/ipv4`) with nodes waiting for
+    /// space that is not there, each naming every such node and why (`no free block for 2
+    /// nodes (node-a, node-b): the pool is exhausted`), as the leader's view shows them now;
+    /// on a standby, what it noted while it last led.
     pub full: BTreeMap<String, String>,
     /// What this replica ran into (etcd failures, garbage keys), newest last.
     pub problems: Vec<String>,
@@ -70,6 +72,10 @@ pub struct ClusterStatus {
     pub nodes: u64,
     /// Registered nodes that hold everything the configuration grants.
     pub nodes_served: u64,
+    /// Registered nodes that wait for something (a node CIDR, blocks, a node ID):
+    /// `nodes - nodes_served`.
+    #[serde(default)]
+    pub nodes_waiting: u64,
     /// Node CIDRs per pool and family.
     pub pools: Vec<PoolStatus>,
     /// Node IDs, in a node-ID cluster (`pool` is `node-ids`, `family` is `-`).
@@ -133,6 +139,9 @@ pub struct NodeStatus {
     pub node_id: Option<u32>,
     /// What it still lacks, as `pool family` (and `node-id`).
     pub waiting_for: Vec<String>,
+    /// The same, with why.
+    #[serde(default)]
+    pub waiting: Vec<NodeWaiting>,
     /// Whether `corral node remove` asked for its removal.
     pub removal_requested: bool,
     /// Block pools: the node's statistics per pool and family.
@@ -153,6 +162,23 @@ pub struct NodeStatus {
     /// granted back), as `pool range` and `node-id N`.
     #[serde(default)]
     pub uncovered: Vec<String>,
+}
+
+/// One thing a node waits for, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeWaiting {
+    /// `pool family`, or `node-id` (as in `waiting_for`).
+    pub what: String,
+    /// `CIDR`, `block` or `node ID`.
+    pub unit: String,
+    /// Why: `no free block: the pool is exhausted`, `no free CIDR: the only space is in
+    /// quarantine (2 CIDRs)`, `block not granted yet`, ...
+    pub reason: String,
+    /// It waits for space that is not there (the pool exhausted, or its only space in
+    /// quarantine): it is named in the status's `full`.
+    pub starving: bool,
 }
 
 /// One node in one cloud pool and family: Cilium's `Statistics`, in addresses (decimal

@@ -49,7 +49,7 @@ pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use removal::{RemovalStep, removal_steps};
 pub use removed::{QuarantinedReport, RemovedNodeReport};
-pub use report::{BlockReport, NodeReport, StatusReport};
+pub use report::{BlockReport, NodeReport, StatusReport, WaitReport};
 pub use space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
 /// Re-exported so callers name the same family, pool and CIDR types.
@@ -57,7 +57,7 @@ pub use corral_core::{Family, PoolName};
 pub use ipnet::IpNet;
 pub use view::{
     BlockProposal, CloudEntry, ClusterView, Condition, Needs, NodeBlockStats, NodeCidr, NodeEntry,
-    NodeInfo, PoolFamily, Problem, Proposal, ProposeError, QuarantinedFrom, ReleaseChange,
-    ReleaseKind, Removal, RemovedGrant, RemovedNodeId, Revocation, WaitingOn, WaitingQuarantine,
-    is_config_key,
+    NodeInfo, NodeWait, PoolFamily, Problem, Proposal, ProposeError, QuarantinedFrom,
+    ReleaseChange, ReleaseKind, Removal, RemovedGrant, RemovedNodeId, Revocation, WaitReason,
+    WaitUnit, WaitingOn, WaitingQuarantine, is_config_key,
 };

@@ -94,6 +94,13 @@ pub struct StatusReport {
     pub nodes: usize,
     /// Registered nodes that hold everything the configuration grants.
     pub nodes_served: usize,
+    /// Registered nodes that wait for something (`nodes - nodes_served`).
+    #[serde(default)]
+    pub nodes_waiting: usize,
+    /// Pools and families (`pool/family`) where nodes wait for space that is not there, each
+    /// naming every such node and why.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub full: std::collections::BTreeMap<String, String>,
     pub pools: Vec<PoolReport>,
     /// Node IDs granted and quarantined, and the plan's largest, in a node-ID cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -120,10 +127,38 @@ pub struct NodeReport {
     pub node_id: Option<u32>,
     /// What it still lacks, as `pool family` (and `node-id`).
     pub waiting_for: Vec<String>,
+    /// The same, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<WaitReport>,
     pub removal_requested: bool,
     /// Block pools: the node's statistics per pool and family.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocks: Vec<BlockReport>,
+}
+
+/// One thing a node waits for, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitReport {
+    /// `pool family`, or `node-id`.
+    pub what: String,
+    /// `CIDR`, `block` or `node ID`.
+    pub unit: String,
+    /// Why: `no free block: the pool is exhausted`, `CIDR not granted yet`, ...
+    pub reason: String,
+    /// Whether it waits for space that is not there (the pool exhausted, or its only space
+    /// in quarantine).
+    pub starving: bool,
+}
+
+impl WaitReport {
+    fn of(wait: &crate::view::NodeWait) -> WaitReport {
+        WaitReport {
+            what: wait.what(),
+            unit: wait.unit.word().to_owned(),
+            reason: wait.why(),
+            starving: wait.is_starving(),
+        }
+    }
 }
 
 /// One node's blocks of one pool and family: Cilium's `Statistics` (in addresses) and the
@@ -212,11 +247,15 @@ impl ClusterView {
                 .iter()
                 .map(|p| format!("{}: {}", p.key, p.message)),
         );
+        let nodes = self.nodes().count();
+        let nodes_served = self.served_nodes();
         StatusReport {
             revision,
             leader,
-            nodes: self.nodes().count(),
-            nodes_served: self.served_nodes(),
+            nodes,
+            nodes_served,
+            nodes_waiting: nodes - nodes_served,
+            full: self.full(),
             pools,
             node_ids,
             removals_pending: self.removals_requested().len(),
@@ -234,15 +273,8 @@ impl ClusterView {
             .collect();
         self.nodes()
             .map(|(name, entry)| {
-                let needs = self.needs(name);
-                let mut waiting_for: Vec<String> = needs
-                    .cidrs
-                    .iter()
-                    .map(|(pool, family)| format!("{pool} {}", family.name()))
-                    .collect();
-                if needs.node_id {
-                    waiting_for.push("node-id".to_owned());
-                }
+                let waits = self.waits(name);
+                let waiting_for: Vec<String> = waits.iter().map(|w| w.what()).collect();
                 NodeReport {
                     name: name.to_string(),
                     uid: entry.record.uid.clone(),
@@ -255,6 +287,7 @@ impl ClusterView {
                         .collect(),
                     node_id: self.node_id_of(name),
                     waiting_for,
+                    waiting: waits.iter().map(WaitReport::of).collect(),
                     removal_requested: removals.iter().any(|n| n == name.as_str()),
                     blocks: self
                         .node_block_stats(name)
@@ -340,11 +373,12 @@ impl StatusReport {
             |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let _ = writeln!(
             text,
-            "revision {}, leader {}, {} ({} served), {} pending",
+            "revision {}, leader {}, {} ({} served, {} waiting), {} pending",
             self.revision,
             self.leader.as_deref().unwrap_or("none"),
             plural(self.nodes, "node", "nodes"),
             self.nodes_served,
+            self.nodes_waiting,
             plural(self.removals_pending, "removal", "removals")
         );
         let _ = writeln!(
@@ -378,6 +412,9 @@ impl StatusReport {
                 readable_count(&p.blocked),
                 readable_count(&p.free)
             );
+        }
+        for (pool, nodes) in &self.full {
+            let _ = writeln!(text, "full: {pool}: {nodes}");
         }
         for problem in &self.problems {
             let _ = writeln!(text, "problem: {problem}");
@@ -428,7 +465,16 @@ impl NodeReport {
             } else {
                 grants.join(", ")
             };
-            let mut waiting = node.waiting_for.join(", ");
+            // With why when known (a report of an older version has only `waiting_for`).
+            let mut waiting = if node.waiting.is_empty() {
+                node.waiting_for.join(", ")
+            } else {
+                node.waiting
+                    .iter()
+                    .map(|w| format!("{} ({})", w.what, w.reason))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             if node.removal_requested {
                 waiting = "removal requested".to_owned();
             }

@@ -32,10 +32,12 @@ use crate::space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 mod block_view;
 mod config_install;
 mod from_cloud;
+mod waiting;
 pub use block_view::{
     BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
 };
 pub use config_install::is_config_key;
+pub use waiting::{NodeWait, WaitReason, WaitUnit};
 
 /// A cloud record the view holds: its revisions, and its value if it decodes (one that does
 /// not is reported, and kept as `None`: the key still exists).
@@ -1628,12 +1630,10 @@ impl ClusterView {
         self.nodes.get(node)
     }
 
-    /// How many registered nodes hold everything the configuration grants.
+    /// How many registered nodes hold everything the configuration grants them: no node CIDR
+    /// or node ID lacking, no block the decision would grant them (see [`Self::waits`]).
     pub fn served_nodes(&self) -> usize {
-        self.nodes
-            .keys()
-            .filter(|n| self.needs(n).is_empty())
-            .count()
+        self.nodes.len() - self.waiting_nodes()
     }
 
     /// The proposals in flight.

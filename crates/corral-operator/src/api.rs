@@ -224,12 +224,24 @@ impl IntoResponse for Refusal {
 }
 
 fn not_leading(shared: &Shared) -> Response {
-    error(
-        ErrorCode::RetryLater,
-        format!(
-            "replica {} does not lead (or has not built its view yet); ask the leader",
-            shared.replica
-        ),
+    error(ErrorCode::RetryLater, not_leading_message(shared))
+}
+
+/// `replica op-b does not lead (or has not built its view yet); ask the leader, op-a (its
+/// election key's holder, as last read)`; `... no replica leads now` without one.
+fn not_leading_message(shared: &Shared) -> String {
+    let leader = match shared.leader_seen() {
+        Some(leader) if leader == shared.replica => {
+            "this replica leads but has not built its view yet; ask again".to_owned()
+        }
+        Some(leader) => {
+            format!("ask the leader, {leader} (its election key's holder, as last read)")
+        }
+        None => "ask the leader (no replica leads now, as last read)".to_owned(),
+    };
+    format!(
+        "replica {} does not lead (or has not built its view yet); {leader}",
+        shared.replica
     )
 }
 
@@ -349,6 +361,7 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
             leader: report.leader,
             nodes: report.nodes as u64,
             nodes_served: report.nodes_served as u64,
+            nodes_waiting: report.nodes_waiting as u64,
             pools: report.pools.into_iter().map(pool_status).collect(),
             node_ids: report.node_ids.map(pool_status),
             removals_pending: report.removals_pending as u64,
@@ -370,10 +383,27 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
             keys: keys as u64,
             ms: millis(took.as_millis()),
         }),
-        full: shared.full_pools(),
+        full: full(shared),
         problems: shared.problems(),
         cluster,
     })
+}
+
+/// Every starving node by pool and family, from the leader's view; on a standby, what the
+/// replica noted (as before).
+fn full(shared: &Shared) -> std::collections::BTreeMap<String, String> {
+    shared
+        .with_view(|view, _| view.full())
+        .unwrap_or_else(|| shared.full_pools())
+}
+
+fn node_waiting(wait: corral_cluster::WaitReport) -> body::NodeWaiting {
+    body::NodeWaiting {
+        what: wait.what,
+        unit: wait.unit,
+        reason: wait.reason,
+        starving: wait.starving,
+    }
 }
 
 fn millis(ms: u128) -> u64 {
@@ -508,6 +538,7 @@ fn node_status(
         grants,
         node_id: report.node_id,
         waiting_for: report.waiting_for,
+        waiting: report.waiting.into_iter().map(node_waiting).collect(),
         removal_requested: report.removal_requested,
         blocks: report
             .blocks

@@ -255,14 +255,19 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
             }
         }
     };
-    // Every replica looks at the election keys once a TTL and reports those that are not
-    // candidates (a key written by hand): the election passes them over, people should know.
+    // Every replica looks at the election keys about once a second and reports those that are
+    // not candidates (a key written by hand): the election passes them over, people should
+    // know. The lowest candidate's value names the leader (a standby's 503 names it).
     let monitor = async {
+        let every = config
+            .lease_ttl
+            .clamp(Duration::from_millis(500), Duration::from_secs(1));
         loop {
             if let Ok((entries, _)) = corral_kv::read_all(&kv, election.as_bytes(), 1000).await {
                 shared.set_election_problems(election::problems(election.as_bytes(), &entries));
+                shared.set_leader_seen(election::holder(election.as_bytes(), &entries));
             }
-            tokio::time::sleep(config.lease_ttl).await;
+            tokio::time::sleep(every).await;
         }
     };
     tokio::pin!(work);

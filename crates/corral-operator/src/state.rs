@@ -121,6 +121,9 @@ struct Inner {
     record_conflicts: std::collections::BTreeSet<String>,
     /// Cloud pools: records the cloud does not have, as the last full resync confirmed.
     records_missing: Vec<String>,
+    /// The election key's holder (the replica that leads), as last read; `None` when no
+    /// candidate was found.
+    leader_seen: Option<String>,
 }
 
 /// Grant latencies kept (the newest).
@@ -746,4 +749,17 @@ fn view_nodes(view: &ClusterView) -> Vec<corral_cluster::NodeName> {
         view.nodes().map(|(node, _)| node.clone()).collect();
     nodes.extend(view.holdings().map(|(node, _)| node.clone()));
     nodes.into_iter().collect()
+}
+
+/// Who leads, as every replica reads it from the election keys (a standby's 503 names it).
+impl Shared {
+    /// The election key's holder as last read (`None`: no candidate).
+    pub fn leader_seen(&self) -> Option<String> {
+        self.inner().leader_seen.clone()
+    }
+
+    /// Notes the election key's holder read now.
+    pub fn set_leader_seen(&self, leader: Option<String>) {
+        self.inner().leader_seen = leader;
+    }
 }

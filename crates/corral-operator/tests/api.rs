@@ -624,3 +624,98 @@ fn a_cloud_pool_nodes_interfaces_and_statistics_are_served() {
     let metrics = running.get("/metrics");
     check_openmetrics(&metrics.body);
 }
+
+/// Issue 23: with a block pool exhausted, the nodes with no block looked served everywhere
+/// and `full` named one of them, as a "CIDR".
+#[test]
+fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_and_all_named_in_full() {
+    const TWO_BLOCKS: &str = r#"
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.watermarks]
+pre_allocate = 8
+[pools.ipv4]
+cidrs = ["10.64.0.0/27"]
+block_prefix_len = 28
+"#;
+    let names = ["node-a", "node-b", "node-c", "node-d"];
+    let mut view = view(TWO_BLOCKS, &[], &names);
+    let keys = Keys::new(ClusterName::new("t").unwrap());
+    let pool = corral_cluster::PoolName::new("pods").unwrap();
+    for (i, name) in names.iter().enumerate() {
+        let node = NodeName::new(name).unwrap();
+        if let Ok(proposal) = view.propose_blocks(&node, &pool, corral_cluster::Family::V4, 1) {
+            view.commit_blocks(&proposal, 20 + i as i64);
+        }
+        view.apply_put(
+            &keys.live(&node),
+            b"{\"schema\":1,\"pid\":1,\"version\":\"t\",\"started_ms\":0}",
+            30 + i as i64,
+            30 + i as i64,
+        );
+    }
+    let running = Running::start(leader(&view));
+    let nodes: body::NodesResponse = running.get("/v1/nodes").json();
+    for node in &nodes.nodes {
+        if ["node-a", "node-b"].contains(&node.name.as_str()) {
+            assert!(
+                node.waiting_for.is_empty() && node.waiting.is_empty(),
+                "{node:?}"
+            );
+        } else {
+            assert_eq!(node.waiting_for, ["pods ipv4"], "{node:?}");
+            assert_eq!(
+                node.waiting,
+                [body::NodeWaiting {
+                    what: "pods ipv4".into(),
+                    unit: "block".into(),
+                    reason: "no free block: the pool is exhausted".into(),
+                    starving: true,
+                }]
+            );
+        }
+    }
+    let status: body::OperatorStatus = running.get("/v1/status").json();
+    assert_eq!(
+        status.full.get("pods/ipv4").map(String::as_str),
+        Some("no free block for 2 nodes (node-c, node-d): the pool is exhausted"),
+        "{:?}",
+        status.full
+    );
+    let cluster = status.cluster.unwrap();
+    assert_eq!(
+        (cluster.nodes, cluster.nodes_served, cluster.nodes_waiting),
+        (4, 2, 2)
+    );
+    let metrics = running.get("/metrics");
+    check_openmetrics(&metrics.body);
+    for line in [
+        "corral_operator_nodes{state=\"served\"} 2",
+        "corral_operator_nodes{state=\"waiting\"} 2",
+        "corral_operator_block_nodes{category=\"ok\"} 2",
+        "corral_operator_block_nodes{category=\"starving\"} 2",
+    ] {
+        assert!(metrics.body.contains(line), "{line} in\n{}", metrics.body);
+    }
+}
+
+/// Issue 23: the standby's 503 did not name the leader.
+#[test]
+fn a_standby_503_names_the_leader_it_last_read() {
+    let shared = Arc::new(Shared::new("op-b".into()));
+    let running = Running::start(Arc::clone(&shared));
+    let error = running.get("/v1/nodes").error(503);
+    assert!(
+        error.error.message.contains("no replica leads now"),
+        "{error:?}"
+    );
+    shared.set_leader_seen(Some("op-a".into()));
+    for path in ["/v1/nodes", "/v1/pools", "/readyz"] {
+        let error = running.get(path).error(503);
+        assert!(
+            error.error.message.contains("ask the leader, op-a"),
+            "{path}: {error:?}"
+        );
+    }
+}

@@ -591,7 +591,8 @@ impl ClusterView {
     /// addresses per pool and family (the sum of the nodes' last demand reports), and
     /// registered nodes by category: `degraded` (no liveness key: its agent is down or cannot
     /// reach etcd, so its demand may be stale), `at_capacity` (at max-allocate and still
-    /// needing addresses), `ok`. Empty without block pools.
+    /// needing addresses), `starving` (needing blocks the pool has none free for: exhausted,
+    /// or its only space in quarantine), `ok`. Empty without block pools.
     pub fn block_metrics_text(&self) -> String {
         let mut text = String::new();
         if !self.has_block_pools() {
@@ -627,24 +628,27 @@ impl ClusterView {
                 family.name()
             );
         }
-        let (mut ok, mut at_capacity, mut degraded) = (0u64, 0u64, 0u64);
+        let (mut ok, mut at_capacity, mut degraded, mut starving) = (0u64, 0u64, 0u64, 0u64);
         for node in self.nodes.keys() {
             if !self.is_live(node) {
                 degraded += 1;
             } else if self.node_block_stats(node).iter().any(|s| s.at_capacity) {
                 at_capacity += 1;
+            } else if self.is_starving_for_blocks(node) {
+                starving += 1;
             } else {
                 ok += 1;
             }
         }
         let _ = writeln!(
             text,
-            "# HELP corral_operator_block_nodes Registered nodes by category (degraded: no liveness key; at_capacity: at max-allocate and still needing addresses)"
+            "# HELP corral_operator_block_nodes Registered nodes by category (degraded: no liveness key; at_capacity: at max-allocate and still needing addresses; starving: needing blocks none are free for)"
         );
         let _ = writeln!(text, "# TYPE corral_operator_block_nodes gauge");
         for (category, n) in [
             ("ok", ok),
             ("at_capacity", at_capacity),
+            ("starving", starving),
             ("degraded", degraded),
         ] {
             let _ = writeln!(

@@ -1,0 +1,455 @@
+//! What a node waits for, and why, from the view alone (so the leader's API and the CLI, which
+//! reads etcd, say the same): a node CIDR it lacks in a node-CIDR pool, blocks the node
+//! manager's decision (`crate::blocks::plan`) would grant it in a block pool, a node ID. Each
+//! wait says whether space is free for it (not granted yet) or not (the pool exhausted, or its
+//! only space in quarantine): a node waiting for space that is not there is *starving*, and
+//! `full` names every starving node per pool and family.
+
+use std::collections::BTreeMap;
+
+use corral_core::{Family, PoolName};
+
+use super::ClusterView;
+use crate::blocks;
+use crate::keys::NodeName;
+use crate::space::SpaceStats;
+
+/// What a node lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitUnit {
+    /// A node CIDR of a node-CIDR pool.
+    Cidr,
+    /// Blocks of a block pool.
+    Block,
+    /// A node ID of the node-ID plan.
+    NodeId,
+}
+
+impl WaitUnit {
+    /// The word people read: `CIDR`, `block`, `node ID`.
+    pub fn word(self) -> &'static str {
+        match self {
+            WaitUnit::Cidr => "CIDR",
+            WaitUnit::Block => "block",
+            WaitUnit::NodeId => "node ID",
+        }
+    }
+}
+
+/// Why a node still lacks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitReason {
+    /// Space is free (or a proposal of the node is in flight): the leader grants it next.
+    NotGranted,
+    /// No free space, and none in quarantine: the pool is exhausted.
+    Exhausted,
+    /// No free space; this many come back when their quarantine ends.
+    Quarantined(u128),
+}
+
+/// One thing a node waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeWait {
+    /// The pool (`None` for a node ID).
+    pub pool: Option<PoolName>,
+    /// The family (IPv4 for a node ID).
+    pub family: Family,
+    pub unit: WaitUnit,
+    pub reason: WaitReason,
+    /// How many node IDs the plan has (node IDs only).
+    pub max_ids: u32,
+}
+
+impl NodeWait {
+    /// Whether the node waits for space that is not there.
+    pub fn is_starving(&self) -> bool {
+        self.reason != WaitReason::NotGranted
+    }
+
+    /// `pool family` (or `node-id`), as `waiting_for` has always named it.
+    pub fn what(&self) -> String {
+        match &self.pool {
+            Some(pool) => format!("{pool} {}", self.family.name()),
+            None => "node-id".to_owned(),
+        }
+    }
+
+    /// Why, in words fitting the pool's mode: `no free block: the pool is exhausted`, `no free
+    /// CIDR: 2 in quarantine`, `block not granted yet`.
+    pub fn why(&self) -> String {
+        let unit = self.unit.word();
+        match self.reason {
+            WaitReason::NotGranted => format!("{unit} not granted yet"),
+            WaitReason::Exhausted if self.unit == WaitUnit::NodeId => {
+                format!("no free {unit}: all {} in use", self.max_ids)
+            }
+            WaitReason::Exhausted => format!("no free {unit}: the pool is exhausted"),
+            WaitReason::Quarantined(n) => format!(
+                "no free {unit}: the only space is in quarantine ({n} {unit}{})",
+                if n == 1 { "" } else { "s" }
+            ),
+        }
+    }
+
+    /// The key of the operator's `full` map: `pool/family` (`node-ids (max N)/ipv4` for node
+    /// IDs, as the leader has always noted them).
+    pub fn full_key(&self) -> String {
+        match &self.pool {
+            Some(pool) => format!("{pool}/{}", self.family),
+            None => format!("node-ids (max {})/{}", self.max_ids, Family::V4),
+        }
+    }
+}
+
+/// Why a space with nothing free for the node has nothing: exhausted, or quarantined.
+fn no_space(stats: &SpaceStats) -> WaitReason {
+    if stats.quarantined > 0 {
+        WaitReason::Quarantined(stats.quarantined)
+    } else {
+        WaitReason::Exhausted
+    }
+}
+
+impl ClusterView {
+    /// What a registered node waits for, and why: node CIDRs it lacks, blocks the decision
+    /// would grant it, a node ID. Empty for a served node.
+    pub fn waits(&self, node: &NodeName) -> Vec<NodeWait> {
+        let mut out = Vec::new();
+        let in_flight = self.in_flight.contains_key(node);
+        let needs = self.needs(node);
+        let reason =
+            |pool: &PoolName, family: Family, in_flight: bool| match self.space(pool, family) {
+                _ if in_flight => WaitReason::NotGranted,
+                Some(space) if space.lowest_free().is_some() => WaitReason::NotGranted,
+                Some(space) => no_space(&space.stats()),
+                None => WaitReason::Exhausted,
+            };
+        for (pool, family) in &needs.cidrs {
+            out.push(NodeWait {
+                pool: Some(pool.clone()),
+                family: *family,
+                unit: WaitUnit::Cidr,
+                reason: reason(pool, *family, in_flight),
+                max_ids: 0,
+            });
+        }
+        let blocks_in_flight = self.block_in_flight.contains_key(node);
+        for (pool, family) in self.block_pool_families() {
+            let held = self.held_blocks(node, &pool, family, |_| 0);
+            let Some(input) = self.block_input(node, &pool, family, &held, None, 0) else {
+                continue;
+            };
+            if blocks::plan(&input).grant == 0 {
+                continue;
+            }
+            out.push(NodeWait {
+                reason: reason(&pool, family, blocks_in_flight),
+                pool: Some(pool),
+                family,
+                unit: WaitUnit::Block,
+                max_ids: 0,
+            });
+        }
+        if needs.node_id {
+            let space = self.id_space.as_ref();
+            let reason = match space {
+                _ if in_flight => WaitReason::NotGranted,
+                Some(space) if space.lowest_free().is_some() => WaitReason::NotGranted,
+                Some(space) => no_space(&space.stats()),
+                None => WaitReason::Exhausted,
+            };
+            out.push(NodeWait {
+                pool: None,
+                family: Family::V4,
+                unit: WaitUnit::NodeId,
+                reason,
+                max_ids: space.map_or(0, |s| s.max()),
+            });
+        }
+        out
+    }
+
+    /// Whether the node needs blocks of a block pool that has none free for it.
+    pub fn is_starving_for_blocks(&self, node: &NodeName) -> bool {
+        self.waits(node)
+            .iter()
+            .any(|w| w.unit == WaitUnit::Block && w.is_starving())
+    }
+
+    /// Registered nodes that wait for something (see [`Self::waits`]).
+    pub fn waiting_nodes(&self) -> usize {
+        self.nodes
+            .keys()
+            .filter(|node| !self.waits(node).is_empty())
+            .count()
+    }
+
+    /// Every pool and family (or the node IDs) with starving nodes, keyed as the operator's
+    /// `full` (`pool/family`), each naming every starving node: `no free block for 2 nodes
+    /// (node-a, node-b): the pool is exhausted`.
+    pub fn full(&self) -> BTreeMap<String, String> {
+        let mut starving: BTreeMap<String, (NodeWait, Vec<&NodeName>)> = BTreeMap::new();
+        for node in self.nodes.keys() {
+            for wait in self.waits(node).into_iter().filter(NodeWait::is_starving) {
+                starving
+                    .entry(wait.full_key())
+                    .or_insert_with(|| (wait, Vec::new()))
+                    .1
+                    .push(node);
+            }
+        }
+        starving
+            .into_iter()
+            .map(|(key, (wait, nodes))| {
+                let why = wait.why();
+                let cause = why.split_once(": ").map_or(why.as_str(), |(_, c)| c);
+                let names: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
+                let count = match names.len() {
+                    1 => "1 node".to_owned(),
+                    n => format!("{n} nodes"),
+                };
+                let text = format!(
+                    "no free {} for {count} ({}): {cause}",
+                    wait.unit.word(),
+                    names.join(", ")
+                );
+                (key, text)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ClusterConfig;
+    use crate::keys::{ClusterName, Keys, NodeRecord, QuarantineRecord, QuarantineState};
+    use crate::keys::{DemandRecord, FamilyDemand, encode_value};
+
+    /// A block pool of two /28 blocks beside a node-CIDR pool of two /24s.
+    const CONFIG: &str = r#"
+[[pools]]
+name = "cidrs"
+[pools.ipv4]
+cidrs = ["10.1.0.0/23"]
+node_prefix_len = 24
+
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.ipv4]
+cidrs = ["10.0.0.0/27"]
+block_prefix_len = 28
+"#;
+
+    struct Fixture {
+        view: ClusterView,
+        revision: i64,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let keys = Keys::new(ClusterName::new("t").unwrap());
+            Fixture {
+                view: ClusterView::new(keys, ClusterConfig::from_toml(CONFIG).unwrap()),
+                revision: 1,
+            }
+        }
+
+        fn put(&mut self, key: &str, value: &[u8]) {
+            self.revision += 1;
+            self.view
+                .apply_put(key, value, self.revision, self.revision);
+        }
+
+        fn register(&mut self, name: &str) -> NodeName {
+            let node = NodeName::new(name).unwrap();
+            let record = NodeRecord {
+                uid: format!("uid-{name}"),
+                addresses: vec![],
+                registered_ms: 0,
+                instance_id: None,
+                max_pods: None,
+            };
+            let key = self.view.keys().node(&node);
+            self.put(&key, &encode_value(&record).unwrap());
+            node
+        }
+
+        /// The node's agent reports `used` addresses of the block pool in use.
+        fn demand(&mut self, node: &NodeName, used: u64) {
+            let record = DemandRecord {
+                ipv4: Some(FamilyDemand {
+                    used,
+                    ..Default::default()
+                }),
+                ipv6: None,
+                at_ms: 0,
+            };
+            let key = self.view.keys().demand(node, &pods());
+            self.put(&key, &encode_value(&record).unwrap());
+        }
+
+        /// Grants the node everything it lacks that is free (as the leader would).
+        fn grant(&mut self, node: &NodeName) {
+            if let Ok(p) = self.view.propose(node) {
+                self.revision += 1;
+                self.view.commit(&p, self.revision);
+            }
+            if let Ok(p) = self.view.propose_blocks(node, &pods(), Family::V4, 1) {
+                self.revision += 1;
+                self.view.commit_blocks(&p, self.revision);
+            }
+        }
+
+        fn reasons(&self, node: &NodeName) -> Vec<String> {
+            self.view
+                .waits(node)
+                .iter()
+                .map(|w| format!("{}: {}", w.what(), w.why()))
+                .collect()
+        }
+    }
+
+    fn pods() -> PoolName {
+        PoolName::new("pods").unwrap()
+    }
+
+    #[test]
+    fn a_node_with_no_block_in_an_exhausted_block_pool_waits_starving_and_is_named_in_full() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let b = f.register("b");
+        let c = f.register("c");
+        let d = f.register("d");
+        // Before any grant: every node waits, with space free.
+        assert_eq!(
+            f.reasons(&a),
+            [
+                "cidrs ipv4: CIDR not granted yet",
+                "pods ipv4: block not granted yet"
+            ]
+        );
+        assert!(f.view.full().is_empty());
+        for node in [&a, &b, &c, &d] {
+            f.grant(node);
+        }
+        // Two /24s and two /28s: a and b are served, c and d starve in both pools.
+        assert!(f.view.waits(&a).is_empty() && f.view.waits(&b).is_empty());
+        assert_eq!(
+            f.reasons(&c),
+            [
+                "cidrs ipv4: no free CIDR: the pool is exhausted",
+                "pods ipv4: no free block: the pool is exhausted"
+            ]
+        );
+        assert_eq!((f.view.served_nodes(), f.view.waiting_nodes()), (2, 2));
+        let full = f.view.full();
+        assert_eq!(
+            full.get("pods/ipv4").map(String::as_str),
+            Some("no free block for 2 nodes (c, d): the pool is exhausted")
+        );
+        assert_eq!(
+            full.get("cidrs/ipv4").map(String::as_str),
+            Some("no free CIDR for 2 nodes (c, d): the pool is exhausted")
+        );
+        let report = f.view.status_report(1, None);
+        assert_eq!((report.nodes_served, report.nodes_waiting), (2, 2));
+        assert!(
+            report.to_table().contains("4 nodes (2 served, 2 waiting)"),
+            "{}",
+            report.to_table()
+        );
+        let nodes = f.view.node_reports(None);
+        assert_eq!(nodes[2].waiting_for, ["cidrs ipv4", "pods ipv4"]);
+        assert!(nodes[2].waiting.iter().all(|w| w.starving));
+        let table = crate::NodeReport::table(&nodes);
+        assert!(
+            table.contains("pods ipv4 (no free block: the pool is exhausted)"),
+            "{table}"
+        );
+        // A live starving node is its own block category.
+        for node in [&a, &b, &c, &d] {
+            let key = f.view.keys().live(node);
+            f.put(
+                &key,
+                b"{\"schema\":1,\"pid\":1,\"version\":\"t\",\"started_ms\":0}",
+            );
+        }
+        let metrics = f.view.block_metrics_text();
+        assert!(
+            metrics.contains("corral_operator_block_nodes{category=\"starving\"} 2"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("corral_operator_block_nodes{category=\"ok\"} 2"),
+            "{metrics}"
+        );
+        let metrics = f.view.metrics_text();
+        assert!(
+            metrics.contains("corral_operator_nodes{state=\"waiting\"} 2"),
+            "{metrics}"
+        );
+    }
+
+    #[test]
+    fn a_node_whose_demand_outgrows_its_block_waits_and_one_within_its_watermarks_does_not() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let b = f.register("b");
+        f.grant(&a);
+        f.grant(&b);
+        f.demand(&a, 2);
+        assert!(f.view.waits(&a).is_empty(), "{:?}", f.reasons(&a));
+        // Its block (14 addresses) full: the decision asks for another, and none is free.
+        f.demand(&a, 14);
+        assert_eq!(
+            f.reasons(&a),
+            ["pods ipv4: no free block: the pool is exhausted"]
+        );
+        assert!(f.view.is_starving_for_blocks(&a));
+        assert!(!f.view.is_starving_for_blocks(&b));
+    }
+
+    #[test]
+    fn a_pool_whose_only_space_is_quarantined_says_so() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        f.grant(&a);
+        let b = f.register("b");
+        f.grant(&b);
+        // b's block goes into quarantine (as a completed release would leave it).
+        let block = f.view.blocks_of(&b, &pods(), Family::V4)[0].0;
+        let keys = f.view.keys().clone();
+        delete(&mut f, &keys.grant(&pods(), Family::V4, &block));
+        delete(&mut f, &keys.owned(&b, &pods(), Family::V4, &block));
+        let record = QuarantineRecord {
+            from_node: b.clone(),
+            reason: "released".into(),
+            since_ms: 0,
+            state: QuarantineState::default(),
+        };
+        f.put(
+            &keys.quarantine(&pods(), Family::V4, &block),
+            &encode_value(&record).unwrap(),
+        );
+        let c = f.register("c");
+        f.grant(&c);
+        assert_eq!(
+            f.reasons(&c),
+            [
+                "cidrs ipv4: no free CIDR: the pool is exhausted",
+                "pods ipv4: no free block: the only space is in quarantine (1 block)"
+            ]
+        );
+        assert_eq!(
+            f.view.full().get("pods/ipv4").map(String::as_str),
+            Some("no free block for 2 nodes (b, c): the only space is in quarantine (1 block)")
+        );
+    }
+
+    fn delete(f: &mut Fixture, key: &str) {
+        f.revision += 1;
+        f.view.apply_delete(key, f.revision);
+    }
+}
