@@ -372,6 +372,30 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
         }),
         full: shared.full_pools(),
         problems: shared.problems(),
+        current: shared
+            .conditions
+            .conditions()
+            .into_iter()
+            .map(|c| body::Problem {
+                kind: c.kind.to_owned(),
+                subject: c.subject,
+                message: c.message,
+                since_ms: c.since_ms,
+                last_seen_ms: c.last_seen_ms,
+            })
+            .collect(),
+        events: shared
+            .conditions
+            .events()
+            .into_iter()
+            .map(|e| body::ProblemEvent {
+                at_ms: e.at_ms,
+                kind: e.kind.to_owned(),
+                subject: e.subject,
+                message: e.message,
+                resolved: e.resolved,
+            })
+            .collect(),
         cluster,
     })
 }

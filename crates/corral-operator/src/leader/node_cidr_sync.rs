@@ -711,10 +711,23 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
             let before = self.reported.get(node);
             for line in &set {
                 if before.is_none_or(|b| !b.contains(line)) {
-                    self.ctx.shared.note_problem(format!("node {node}: {line}"));
+                    self.ctx.shared.raise(
+                        "from-cloud",
+                        format!("{node}: {line}"),
+                        format!("node {node}: {line}"),
+                    );
                 }
             }
             now.insert(node.clone(), set);
+        }
+        for (node, lines) in &self.reported {
+            for line in lines {
+                if now.get(node).is_none_or(|n| !n.contains(line)) {
+                    self.ctx
+                        .shared
+                        .resolve("from-cloud", &format!("{node}: {line}"));
+                }
+            }
         }
         self.reported = now;
         self.ctx.shared.set_from_cloud_reports(reports);
