@@ -322,6 +322,7 @@ async fn metrics(State(state): State<ApiState>) -> Response {
     text.push_str(&state.shared.epoch_metrics_text());
     text.push_str(&state.shared.cloud_metrics_text());
     text.push_str(&state.shared.from_cloud_metrics_text());
+    text.push_str(&state.shared.conditions.metrics_text());
     text.push_str("# EOF\n");
     (
         [(

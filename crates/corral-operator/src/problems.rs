@@ -189,6 +189,24 @@ impl Problems {
         conditions
     }
 
+    /// The current problems counted by kind, in the OpenMetrics text format.
+    pub fn metrics_text(&self) -> String {
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for (kind, _) in self.inner().conditions.keys() {
+            *counts.entry(kind).or_default() += 1;
+        }
+        let mut text = String::from(
+            "# HELP corral_operator_current_problems Problems standing now (`current` of \
+             /v1/status), by kind.\n# TYPE corral_operator_current_problems gauge\n",
+        );
+        for (kind, n) in counts {
+            text.push_str(&format!(
+                "corral_operator_current_problems{{kind=\"{kind}\"}} {n}\n"
+            ));
+        }
+        text
+    }
+
     /// The events kept, oldest first.
     pub fn events(&self) -> Vec<Event> {
         self.inner().events.iter().cloned().collect()

@@ -229,6 +229,16 @@ fn status_lists_current_problems_with_their_times_and_the_past_as_events() {
             ("grant", "node-a", true)
         ]
     );
+    let metrics = running.get("/metrics");
+    check_openmetrics(&metrics.body);
+    assert!(
+        metrics
+            .body
+            .contains("\ncorral_operator_current_problems{kind=\"etcd\"} 1\n"),
+        "{}",
+        metrics.body
+    );
+    assert!(!metrics.body.contains("kind=\"grant\""), "{}", metrics.body);
 }
 
 #[test]
