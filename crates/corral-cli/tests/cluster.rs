@@ -449,6 +449,31 @@ fn a_lost_quorum_is_named_by_cluster_status_check_and_the_operator() {
                     .is_some_and(|m| m.contains("lost quorum"))),
         "{events:#}"
     );
+    // `cluster status --operator-socket` lists the operator's current problems with since
+    // when, not the past: the lost quorum is over, a garbage key stands.
+    let socket = operator.socket.to_str().unwrap().to_owned();
+    let status = || cluster_command(&etcd, "status", &["--operator-socket", &socket]);
+    let (code, out, err) = status();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("operator op-a: no problems\n"), "{out}");
+    let garbage = "/corral/t/v1/grants/default/ipv4/not-a-cidr";
+    apply(&kv(&etcd), vec![TxnOp::put(garbage, "{{{")]);
+    wait_until(
+        "cluster status lists the garbage key",
+        Duration::from_secs(20),
+        || status().1.contains("operator op-a: 1 problem\n"),
+    );
+    let out = status().1;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("  since "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("Z (") && line.contains("s ago): ") && line.contains(garbage),
+        "{line}"
+    );
+    assert!(!out.contains("lost quorum"), "{out}");
+    apply(&kv(&etcd), vec![TxnOp::delete(garbage)]);
     assert_check(&etcd, &[]);
 }
 
