@@ -696,7 +696,7 @@ impl Kv for EtcdKv {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use super::{KvError, map_error, prefix_end, quorum_lost, telling};
 
     #[test]
     fn prefix_end_is_the_first_key_after_the_prefix() {
@@ -704,5 +704,37 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff\xff"), b"\0");
         assert_eq!(prefix_end(b""), b"\0");
+    }
+
+    #[test]
+    fn a_lost_quorum_is_named_and_a_plain_failure_is_not() {
+        let named = |error: etcd_client::Error, refused, members| match map_error(
+            quorum_lost(error, refused, members),
+            None,
+        ) {
+            KvError::Unavailable(message) => message,
+            other => panic!("{other:?}"),
+        };
+        let no_leader =
+            || etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
+        let timeout = || etcd_client::Error::Internal("get timed out after 1s".into());
+        assert_eq!(
+            named(no_leader(), 0, 3),
+            "etcd has lost quorum (no leader): etcdserver: no leader"
+        );
+        // A reachable member that does not answer while the two others refuse: no quorum.
+        let lost = named(timeout(), 2, 3);
+        assert!(
+            lost.starts_with("etcd has lost quorum (no leader): 1 of 3 members reachable"),
+            "{lost}"
+        );
+        // A frozen member among reachable ones, or the only member: nothing more is known.
+        assert!(!named(timeout(), 1, 3).contains("quorum"));
+        assert!(!named(timeout(), 0, 1).contains("quorum"));
+        // A refused connection says only that the member is down; an answer says more.
+        let refused =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
+        assert!(telling(&refused) < telling(&timeout()));
+        assert!(telling(&timeout()) < telling(&no_leader()));
     }
 }
