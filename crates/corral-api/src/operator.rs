@@ -42,10 +42,51 @@ pub struct OperatorStatus {
     /// nodes (node-a, node-b): the pool is exhausted`), as the leader's view shows them now;
     /// on a standby, what it noted while it last led.
     pub full: BTreeMap<String, String>,
-    /// What this replica ran into (etcd failures, garbage keys), newest last.
+    /// What is wrong now, as this replica sees it (etcd failures, garbage keys), one
+    /// sentence per problem, oldest first: the messages of `current`.
     pub problems: Vec<String>,
+    /// The current problems with their identity and times; each goes when what it reports
+    /// is over (a successful resync, the node's next grant, joining the election again).
+    #[serde(default)]
+    pub current: Vec<Problem>,
+    /// What happened, oldest first (the newest 100): problems raised, changed and over, and
+    /// happenings that are no lasting problem (a revocation, a drift a resync corrected).
+    #[serde(default)]
+    pub events: Vec<ProblemEvent>,
     /// The cluster; `null` on a standby.
     pub cluster: Option<ClusterStatus>,
+}
+
+/// A current problem of the operator. Times are milliseconds since the Unix epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Problem {
+    /// What kind of thing is wrong: `election`, `etcd`, `key`, `config`, `grant`, ...
+    pub kind: String,
+    /// What it is wrong with (a node, a key, the replica); with `kind`, its identity.
+    pub subject: String,
+    /// The newest sentence.
+    pub message: String,
+    /// When it began.
+    pub since_ms: u64,
+    /// When it was last reported.
+    pub last_seen_ms: u64,
+}
+
+/// Something the operator ran into. Times are milliseconds since the Unix epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProblemEvent {
+    pub at_ms: u64,
+    /// The problem's kind, or `event` for a happening that is no lasting problem.
+    pub kind: String,
+    /// The problem's subject (empty for a happening).
+    pub subject: String,
+    pub message: String,
+    /// The problem is over (`message` is its last sentence).
+    pub resolved: bool,
 }
 
 /// A rebuild of the view.

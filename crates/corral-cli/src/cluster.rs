@@ -151,6 +151,17 @@ fn api_config(args: &OperatorArgs) -> Result<corral_operator::api::ApiConfig, Fa
     })
 }
 
+/// `corral cluster status`'s options.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// An operator's API socket (e.g. /run/corral/operator.sock): its current problems are
+    /// listed, each with since when
+    #[arg(long, value_name = "PATH")]
+    pub operator_socket: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
     /// Write the cluster configuration (TOML) to etcd, once: refused if one is there
@@ -158,8 +169,9 @@ pub enum ClusterCommand {
     /// Change the cluster configuration: refused where grants may rest on it (a pool's node
     /// prefix length, a removed pool or CIDR)
     Apply(ConfigArgs),
-    /// Pools (capacity, granted, quarantined, free per family), nodes, the leader
-    Status(EtcdArgs),
+    /// Pools (capacity, granted, quarantined, free per family), nodes, the leader; given
+    /// --operator-socket, that operator's current problems and since when
+    Status(StatusArgs),
     /// Verify from etcd alone (and, given agent sockets, each agent's ranges; given --cloud,
     /// the cloud pools' interface records against the cloud's own view) that no CIDR, node ID
     /// or cloud address is held twice; exit code 5 if anything is wrong
@@ -373,7 +385,12 @@ async fn read_view(
     config_paths::read_view(kv, keys, &keys.cluster().to_string()).await
 }
 
-async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
+async fn status(args: StatusArgs, output: Output) -> Result<Outcome, Failure> {
+    let operator = args.operator_socket.map(|socket| {
+        let status = corral_client::Client::unix(&socket).operator_status();
+        (socket, status)
+    });
+    let args = args.etcd;
     let (kv, keys) = connect(&args).await?;
     let (view, revision) = read_view(&kv, &keys).await?;
     let (election, _) = corral_kv::read_all(&kv, keys.election_prefix().as_bytes(), 100)
@@ -389,9 +406,63 @@ async fn status(args: EtcdArgs, output: Output) -> Result<Outcome, Failure> {
     let mut report = view.status_report(revision, leader);
     report.problems.extend(election_problems(&keys, &election));
     Ok(Outcome::ok(match output {
-        Output::Json => serde_json::to_string_pretty(&report).unwrap_or_default() + "\n",
-        Output::Table => report.to_table(),
+        Output::Json => {
+            let mut json = serde_json::to_value(&report).unwrap_or_default();
+            if let (Some((_, Ok(status))), Some(object)) = (&operator, json.as_object_mut()) {
+                object.insert(
+                    "operator_problems".into(),
+                    serde_json::to_value(&status.current).unwrap_or_default(),
+                );
+            }
+            serde_json::to_string_pretty(&json).unwrap_or_default() + "\n"
+        }
+        Output::Table => {
+            let mut text = report.to_table();
+            if let Some((socket, status)) = &operator {
+                text.push_str(&operator_problems(socket, status, now_ms()));
+            }
+            text
+        }
     }))
+}
+
+/// An operator's current problems, one a line with since when and how long ago (not the
+/// past: `events` of its `/v1/status`), or why they could not be read.
+fn operator_problems(
+    socket: &std::path::Path,
+    status: &Result<corral_api::operator::OperatorStatus, corral_client::Error>,
+    now_ms: u64,
+) -> String {
+    let status = match status {
+        Ok(status) => status,
+        Err(error) => {
+            return format!(
+                "operator at {}: cannot read its status: {error}\n",
+                socket.display()
+            );
+        }
+    };
+    let mut text = match status.current.len() {
+        0 => format!("operator {}: no problems\n", status.replica),
+        1 => format!("operator {}: 1 problem\n", status.replica),
+        n => format!("operator {}: {n} problems\n", status.replica),
+    };
+    for problem in &status.current {
+        let _ = writeln!(
+            text,
+            "  since {} ({} ago): {}",
+            crate::output::utc(problem.since_ms),
+            crate::output::duration(now_ms.saturating_sub(problem.since_ms) / 1000 * 1000),
+            problem.message
+        );
+    }
+    text
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result<Outcome, Failure> {

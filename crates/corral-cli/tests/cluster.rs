@@ -391,6 +391,127 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     assert_check(&etcd, &[&a.socket]);
 }
 
+/// The operator's `/v1/status` over its API socket, as JSON (`Null` if it does not answer).
+fn operator_status(socket: &std::path::Path) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) else {
+        return serde_json::Value::Null;
+    };
+    let request = "GET /v1/status HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n";
+    let mut response = String::new();
+    if stream.write_all(request.as_bytes()).is_err()
+        || stream.read_to_string(&mut response).is_err()
+    {
+        return serde_json::Value::Null;
+    }
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
+}
+
+/// The messages of the operator's current problems.
+fn current_problems(operator: &Operator) -> Vec<String> {
+    operator_status(&operator.socket)["current"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["message"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Issue 23: with 1 etcd member of 3 running, `cluster status` and `cluster check` asked "is
+/// etcd running?" and the operator reported "tcp connect error": each names the lost quorum
+/// now, and the operator's problem goes once quorum is back.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_lost_quorum_is_named_by_cluster_status_check_and_the_operator() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = initialized(3, dir.path(), DUAL);
+    let operator = Operator::start(&etcd, dir.path(), "op-a");
+    wait_leads(&etcd, "op-a", Duration::from_secs(20));
+    etcd.kill(1).unwrap();
+    etcd.kill(2).unwrap();
+    // The survivor knows it has no leader after an election timeout; each command ends
+    // within its request timeout.
+    let mut answers = Vec::new();
+    for subcommand in ["status", "check"] {
+        loop {
+            let (code, out, err) = cluster_command(&etcd, subcommand, &[]);
+            assert_ne!(code, 0, "cluster {subcommand} without quorum: {out}");
+            assert!(
+                !err.contains("is etcd running"),
+                "cluster {subcommand}: {err}"
+            );
+            if err.contains("etcd has lost quorum (no leader)") {
+                break;
+            }
+            answers.push(err);
+            assert!(
+                answers.len() < 20,
+                "never named the lost quorum: {answers:#?}"
+            );
+        }
+    }
+    wait_until(
+        "the operator names the lost quorum",
+        Duration::from_secs(60),
+        || {
+            current_problems(&operator)
+                .iter()
+                .any(|p| p.contains("etcd has lost quorum (no leader)"))
+        },
+    );
+    etcd.restart(1).unwrap();
+    etcd.restart(2).unwrap();
+    block_on(etcd.wait_ready_all(Duration::from_secs(30))).unwrap();
+    wait_until(
+        "the operator leads again, its problem over",
+        Duration::from_secs(60),
+        || {
+            let status = operator_status(&operator.socket);
+            status["leading"] == serde_json::Value::Bool(true)
+                && current_problems(&operator).is_empty()
+        },
+    );
+    let events = operator_status(&operator.socket)["events"].clone();
+    assert!(
+        events
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["resolved"] == serde_json::Value::Bool(true)
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("lost quorum"))),
+        "{events:#}"
+    );
+    // `cluster status --operator-socket` lists the operator's current problems with since
+    // when, not the past: the lost quorum is over, a garbage key stands.
+    let socket = operator.socket.to_str().unwrap().to_owned();
+    let status = || cluster_command(&etcd, "status", &["--operator-socket", &socket]);
+    let (code, out, err) = status();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("operator op-a: no problems\n"), "{out}");
+    let garbage = "/corral/t/v1/grants/default/ipv4/not-a-cidr";
+    apply(&kv(&etcd), vec![TxnOp::put(garbage, "{{{")]);
+    wait_until(
+        "cluster status lists the garbage key",
+        Duration::from_secs(20),
+        || status().1.contains("operator op-a: 1 problem\n"),
+    );
+    let out = status().1;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("  since "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("Z (") && line.contains("s ago): ") && line.contains(garbage),
+        "{line}"
+    );
+    assert!(!out.contains("lost quorum"), "{out}");
+    apply(&kv(&etcd), vec![TxnOp::delete(garbage)]);
+    assert_check(&etcd, &[]);
+}
+
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {

@@ -172,6 +172,11 @@ impl Client {
         self.get(&with_scope(paths::STATUS, scope))
     }
 
+    /// The operator's `GET /v1/status` (a client of `corral operator`'s API socket).
+    pub fn operator_status(&mut self) -> Result<corral_api::operator::OperatorStatus, Error> {
+        self.get(corral_api::operator::paths::STATUS)
+    }
+
     /// `GET /v1/pools`: the configuration of `scope`'s pools, or of every scope's.
     pub fn pools(&mut self, scope: Option<&str>) -> Result<PoolsResponse, Error> {
         self.get(&with_scope(paths::POOLS, scope))

@@ -17,6 +17,11 @@
 //! watches, lease calls), else answered `Unavailable` (a txn), and the next call goes to the
 //! next member.
 //!
+//! A request no member could serve is answered with the most telling failure (a member's answer
+//! before a timeout, before a refused connection), and a lost quorum is named as such: "etcd has
+//! lost quorum (no leader)" when a member answers "no leader", or when the members that take
+//! connections are a minority and do not answer in time.
+//!
 //! With the `testing` feature, `testing` runs real etcd members as child processes for tests
 //! and benchmarks.
 
@@ -145,7 +150,9 @@ impl EtcdKv {
         let deadline = tokio::time::Instant::now() + self.options.request_timeout;
         let n_members = self.members.len();
         let first = self.current.load(Ordering::Relaxed) % n_members;
-        let mut last_error = None;
+        // The most telling failure so far, and how many members refused the connection.
+        let mut best: Option<(u8, etcd_client::Error)> = None;
+        let mut refused = 0;
         for attempt in 0..n_members {
             let member = (first + attempt) % n_members;
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -180,7 +187,11 @@ impl EtcdKv {
                         Ordering::Relaxed,
                     );
                     let not_sent = is_not_sent(&error);
-                    last_error = Some(error);
+                    refused += usize::from(not_sent);
+                    let weight = telling(&error);
+                    if best.as_ref().is_none_or(|(w, _)| weight >= *w) {
+                        best = Some((weight, error));
+                    }
                     if !(not_sent || retry_if_sent) {
                         break;
                     }
@@ -188,12 +199,13 @@ impl EtcdKv {
                 Err(error) => return Err(error),
             }
         }
-        Err(last_error.unwrap_or_else(|| {
+        let error = best.map(|(_, error)| error).unwrap_or_else(|| {
             etcd_client::Error::Internal(format!(
                 "{what} timed out after {:?}",
                 self.options.request_timeout
             ))
-        }))
+        });
+        Err(quorum_lost(error, refused, n_members))
     }
 
     /// Maps an error, asking etcd for the compaction point when the error is "compacted".
@@ -258,6 +270,42 @@ fn is_not_sent(error: &etcd_client::Error) -> bool {
         etcd_client::Error::TransportError(_) => true,
         _ => false,
     }
+}
+
+/// How much a failure says about etcd: an answer from a member ("etcdserver: no leader") says
+/// the most, then a member that took the request and did not answer in time, then a broken
+/// connection; a refused connection says only that the member is down. A request sent to every
+/// member is answered with the most telling failure, not the last one (1 member of 3 running
+/// answers "no leader" and the two others refuse: the failure is the lost quorum).
+fn telling(error: &etcd_client::Error) -> u8 {
+    match error {
+        _ if is_not_sent(error) => 0,
+        etcd_client::Error::GRpcStatus(status) if status.message().starts_with("etcdserver:") => 3,
+        etcd_client::Error::Internal(message) if message.contains("timed out") => 2,
+        _ => 1,
+    }
+}
+
+/// Names the lost quorum in `error` when it shows one: a member answered "no leader", or a
+/// member took the request but did not answer while the members that answer at all (those
+/// that did not refuse the connection) are not a majority of `members`.
+fn quorum_lost(error: etcd_client::Error, refused: usize, members: usize) -> etcd_client::Error {
+    let reachable = members.saturating_sub(refused);
+    let text = match &error {
+        etcd_client::Error::GRpcStatus(status) => status.message().to_owned(),
+        other => other.to_string(),
+    };
+    let named = if text.contains("no leader") {
+        format!("etcd has lost quorum (no leader): {text}")
+    } else if telling(&error) == 2 && members > 1 && reachable <= members / 2 {
+        format!(
+            "etcd has lost quorum (no leader): {reachable} of {members} members reachable, \
+             and they cannot serve a request: {text}"
+        )
+    } else {
+        return error;
+    };
+    etcd_client::Error::GRpcStatus(tonic::Status::unavailable(named))
 }
 
 fn map_error_ref(error: &etcd_client::Error) -> KvError {
@@ -648,7 +696,7 @@ impl Kv for EtcdKv {
 
 #[cfg(test)]
 mod tests {
-    use super::prefix_end;
+    use super::{KvError, map_error, prefix_end, quorum_lost, telling};
 
     #[test]
     fn prefix_end_is_the_first_key_after_the_prefix() {
@@ -656,5 +704,37 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff"), b"b");
         assert_eq!(prefix_end(b"\xff\xff"), b"\0");
         assert_eq!(prefix_end(b""), b"\0");
+    }
+
+    #[test]
+    fn a_lost_quorum_is_named_and_a_plain_failure_is_not() {
+        let named = |error: etcd_client::Error, refused, members| match map_error(
+            quorum_lost(error, refused, members),
+            None,
+        ) {
+            KvError::Unavailable(message) => message,
+            other => panic!("{other:?}"),
+        };
+        let no_leader =
+            || etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: no leader"));
+        let timeout = || etcd_client::Error::Internal("get timed out after 1s".into());
+        assert_eq!(
+            named(no_leader(), 0, 3),
+            "etcd has lost quorum (no leader): etcdserver: no leader"
+        );
+        // A reachable member that does not answer while the two others refuse: no quorum.
+        let lost = named(timeout(), 2, 3);
+        assert!(
+            lost.starts_with("etcd has lost quorum (no leader): 1 of 3 members reachable"),
+            "{lost}"
+        );
+        // A frozen member among reachable ones, or the only member: nothing more is known.
+        assert!(!named(timeout(), 1, 3).contains("quorum"));
+        assert!(!named(timeout(), 0, 1).contains("quorum"));
+        // A refused connection says only that the member is down; an answer says more.
+        let refused =
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("tcp connect error"));
+        assert!(telling(&refused) < telling(&timeout()));
+        assert!(telling(&timeout()) < telling(&no_leader()));
     }
 }

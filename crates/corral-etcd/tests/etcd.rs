@@ -217,6 +217,54 @@ async fn quorum_lost_fails_within_the_timeout_and_comes_back() {
     );
 }
 
+/// With 1 member of 3 running, every failure names the lost quorum, whichever member the client
+/// tries first: not the refused connection of the last member tried ("tcp connect error"), which
+/// made the operator and `corral cluster status` ask whether etcd was running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn one_member_of_three_names_the_lost_quorum() {
+    let (_serial, mut cluster, kv) = serial_cluster(3, options(Duration::from_secs(1))).await;
+    create(&kv, "/quorum/before", "x", Duration::ZERO)
+        .await
+        .expect("write with quorum");
+    // Member 0 survives: a call answered "no leader" there moves on to members 1 and 2, which
+    // refuse the connection (before, the last of these was the answer).
+    cluster.kill(1).expect("kill member 1");
+    cluster.kill(2).expect("kill member 2");
+    fn named<T>(outcome: &Result<T, KvError>) -> bool {
+        matches!(outcome, Err(KvError::Unavailable(m)) if m.contains("etcd has lost quorum (no leader)"))
+    }
+    // The survivor learns it has no leader after an election timeout: until then a request
+    // may be a plain timeout. Wait for the first named failure (each attempt ends within the
+    // request timeout); etcd without a leader answers so at once ever after.
+    let mut seen = Vec::new();
+    loop {
+        let read = kv.get(b"/quorum/before").await;
+        assert!(read.is_err(), "a read without quorum answered {read:?}");
+        if named(&read) {
+            break;
+        }
+        seen.push(format!("{read:?}"));
+        assert!(
+            seen.len() < 30,
+            "no failure named the lost quorum: {seen:#?}"
+        );
+    }
+    // Whichever member each call starts at (a failure moves the client on), reads and writes
+    // name it.
+    for attempt in 0..6 {
+        let read = kv.get(b"/quorum/before").await;
+        assert!(named(&read), "read {attempt}: {read:?}");
+        let write = kv
+            .txn(Txn {
+                success: vec![TxnOp::put(format!("/quorum/lost/{attempt}"), "x")],
+                ..Txn::default()
+            })
+            .await;
+        assert!(named(&write), "write {attempt}: {write:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn a_frozen_member_is_routed_around_and_catches_up_when_resumed() {

@@ -334,6 +334,7 @@ async fn metrics(State(state): State<ApiState>) -> Response {
     text.push_str(&state.shared.epoch_metrics_text());
     text.push_str(&state.shared.cloud_metrics_text());
     text.push_str(&state.shared.from_cloud_metrics_text());
+    text.push_str(&state.shared.conditions.metrics_text());
     text.push_str("# EOF\n");
     (
         [(
@@ -385,6 +386,30 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
         }),
         full: full(shared),
         problems: shared.problems(),
+        current: shared
+            .conditions
+            .conditions()
+            .into_iter()
+            .map(|c| body::Problem {
+                kind: c.kind.to_owned(),
+                subject: c.subject,
+                message: c.message,
+                since_ms: c.since_ms,
+                last_seen_ms: c.last_seen_ms,
+            })
+            .collect(),
+        events: shared
+            .conditions
+            .events()
+            .into_iter()
+            .map(|e| body::ProblemEvent {
+                at_ms: e.at_ms,
+                kind: e.kind.to_owned(),
+                subject: e.subject,
+                message: e.message,
+                resolved: e.resolved,
+            })
+            .collect(),
         cluster,
     })
 }

@@ -132,13 +132,13 @@ impl Shared {
             });
             (observed, save, state.path.clone())
         };
-        if let (Some(memory), Some(path)) = (save, path)
-            && let Err(error) = write_atomically(&path, &memory.to_json())
-        {
-            self.note_problem(format!("writing {}: {error}", path.display()));
+        if let (Some(memory), Some(path)) = (save, path) {
+            self.note_memory_written(&path, write_atomically(&path, &memory.to_json()));
         }
         match observed {
             Observed::Regressed(regression) => {
+                // An event: the pause itself stands among the problems while it lasts
+                // (`granting_paused`).
                 self.note_problem(format!(
                     "{regression}: all granting stops until the live agents asserted what they \
                      hold (or the settle time passed, or `corral cluster recover --yes`)"
@@ -236,10 +236,22 @@ impl Shared {
             failure: vec![],
         };
         match kv.txn(fence.guard(txn)).await {
-            Ok(response) if response.succeeded => self.reasserted(response.revision),
+            Ok(response) if response.succeeded => {
+                self.resolve("etcd", &key);
+                self.reasserted(response.revision);
+            }
             // Not leading any more: the next leader asks.
             Ok(_) => {}
-            Err(error) => self.note_problem(format!("{key}: not written: {error}")),
+            Err(error) => self.raise("etcd", &key, format!("{key}: not written: {error}")),
+        }
+    }
+
+    /// Raises or ends the problem of the epoch's memory file by how writing it went.
+    fn note_memory_written(&self, path: &std::path::Path, written: std::io::Result<()>) {
+        let subject = path.display().to_string();
+        match written {
+            Ok(()) => self.resolve("epoch", &subject),
+            Err(error) => self.raise("epoch", &subject, format!("writing {subject}: {error}")),
         }
     }
 
@@ -383,10 +395,8 @@ impl Shared {
             state.dirty = false;
         }
         drop(state);
-        if let (Some(memory), Some(path)) = (save, path)
-            && let Err(error) = write_atomically(&path, &memory.to_json())
-        {
-            self.note_problem(format!("writing {}: {error}", path.display()));
+        if let (Some(memory), Some(path)) = (save, path) {
+            self.note_memory_written(&path, write_atomically(&path, &memory.to_json()));
         }
         if let Some(resumed) = resumed {
             self.note_problem(resumed);

@@ -215,11 +215,14 @@ async fn rebuild<K: Kv>(
             applied.as_ref().map(|(v, _)| v.as_slice()),
             last,
         ) {
-            Ok(view) => view,
+            Ok(view) => {
+                shared.resolve("config", "unreadable");
+                view
+            }
             Err(problem) => {
                 // A configuration this build cannot read grants nothing; a fixed one
                 // (`corral cluster apply --force`) is picked up by the watch below.
-                shared.note_problem(problem);
+                shared.raise("config", "unreadable", problem);
                 wait_for_change(kv, config_key.as_bytes(), revision).await?;
                 continue;
             }
@@ -252,15 +255,12 @@ async fn rebuild<K: Kv>(
         if !view.config_in_force() {
             // No configuration was ever installed and the stored one does not fit the
             // grants: nothing is granted until one that fits is applied.
-            for problem in view.take_problems() {
-                shared.note_problem(format!("{}: {}", problem.key, problem.message));
-            }
+            shared.set_key_problems(view.take_problems());
             wait_for_change(kv, config_key.as_bytes(), revision).await?;
             continue;
         }
-        for problem in view.take_problems() {
-            shared.note_problem(format!("{}: {}", problem.key, problem.message));
-        }
+        // A full read: the keys' problems are what it found.
+        shared.set_key_problems(view.take_problems());
         shared.note_rebuild(n_keys, started.elapsed());
         return Ok((view, revision));
     }
@@ -419,7 +419,8 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
         let applied = with_view(shared, |view, _| {
             start_work(kv, keys, fence, shared, view, runner, work);
             for problem in view.take_problems() {
-                shared.note_problem(format!("{}: {}", problem.key, problem.message));
+                let message = format!("{}: {}", problem.key, problem.message);
+                shared.raise("key", problem.key, message);
             }
             view.applied_to_write()
                 .map(|record| (record, view.applied_revision(), view.config_revision()))
@@ -519,8 +520,14 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
                 drain(runner, &mut self.work, shared).await;
                 match rebuild(kv, keys, shared).await {
                     Ok((fresh, at)) => {
-                        if let Err(error) = shared.probe_epoch(kv).await {
-                            shared.note_problem(format!("resync: reading etcd's header: {error}"));
+                        shared.resolve("etcd", "resync");
+                        match shared.probe_epoch(kv).await {
+                            Ok(_) => shared.resolve("etcd", "resync: etcd's header"),
+                            Err(error) => shared.raise(
+                                "etcd",
+                                "resync: etcd's header",
+                                format!("resync: reading etcd's header: {error}"),
+                            ),
                         }
                         let drift = with_view(shared, |view, _| drift(view, &fresh))?;
                         if !drift.is_empty() {
@@ -536,7 +543,7 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
                         self.resync_at = Instant::now() + self.sync_state.success(&timing);
                     }
                     Err(LeadError::Kv(error)) if error.is_retryable() => {
-                        shared.note_problem(format!("resync: {error}"));
+                        shared.raise("etcd", "resync", format!("resync: {error}"));
                         shared.note_resync(false);
                         self.resync_at = Instant::now() + self.sync_state.error(&timing);
                     }
@@ -603,7 +610,7 @@ async fn write_applied<K: Kv>(
     let value = match encode_value(record) {
         Ok(value) => value,
         Err(error) => {
-            shared.note_problem(format!("{key}: {error}"));
+            shared.raise("key", &key, format!("{key}: {error}"));
             return;
         }
     };
@@ -616,9 +623,8 @@ async fn write_applied<K: Kv>(
         failure: vec![],
     };
     match kv.txn(fence.guard(txn)).await {
-        Ok(response) if response.succeeded => {}
-        Ok(_) => {}
-        Err(error) => shared.note_problem(format!("{key}: not written: {error}")),
+        Ok(_) => shared.resolve("etcd", &key),
+        Err(error) => shared.raise("etcd", &key, format!("{key}: not written: {error}")),
     }
 }
 
@@ -818,7 +824,11 @@ fn start_work<K: Kv>(
             Err(error) => {
                 for proposal in &batch {
                     view.abandon(proposal);
-                    shared.note_problem(format!("grant to {}: {error}", proposal.node));
+                    shared.raise(
+                        "grant",
+                        proposal.node.to_string(),
+                        format!("grant to {}: {error}", proposal.node),
+                    );
                     backoff(view, runner, &proposal.node, false);
                 }
                 continue;
@@ -945,6 +955,7 @@ fn finish(
                     for proposal in &proposals {
                         view.commit(proposal, revision);
                         shared.note_grant(TxnOutcome::Granted);
+                        shared.resolve("grant", proposal.node.as_str());
                         work.solo.remove(&proposal.node);
                         backoff(view, runner, &proposal.node, true);
                     }
@@ -977,7 +988,11 @@ fn finish(
                     for proposal in &proposals {
                         view.abandon(proposal);
                         shared.note_grant(TxnOutcome::Failed);
-                        shared.note_problem(format!("grant to {}: {error}", proposal.node));
+                        shared.raise(
+                            "grant",
+                            proposal.node.to_string(),
+                            format!("grant to {}: {error}", proposal.node),
+                        );
                         backoff(view, runner, &proposal.node, false);
                     }
                     true
@@ -989,6 +1004,7 @@ fn finish(
                 eprintln!(
                     "corral operator: removed node {node}; what it held waits until its agent gives it up (or it shows no liveness for the quarantine time)"
                 );
+                shared.resolve("removal", node.as_str());
                 work.drain_wait.insert(node.clone(), revision);
                 runner.forget(&node);
                 work.block_pending.insert(node.clone());
@@ -1000,7 +1016,11 @@ fn finish(
                 false
             }
             Err(TxnFailure::Uncertain(error)) => {
-                shared.note_problem(format!("removal of {node}: {error}"));
+                shared.raise(
+                    "removal",
+                    node.to_string(),
+                    format!("removal of {node}: {error}"),
+                );
                 backoff(view, runner, &node, false);
                 true
             }
@@ -1030,9 +1050,7 @@ fn finish(
                 return false;
             };
             if outcome.is_ok() {
-                let text = revoke::describe(&revocations);
-                eprintln!("corral operator: {text}");
-                shared.note_problem(text);
+                shared.note_problem(revoke::describe(&revocations));
             }
             finish_step(
                 view,
@@ -1063,6 +1081,7 @@ fn finish_step(
 ) -> bool {
     match outcome {
         Ok(revision) => {
+            shared.resolve("step", &format!("{what} {node}"));
             work.drain_wait.insert(node.clone(), revision);
             backoff(view, runner, node, true);
             false
@@ -1072,7 +1091,11 @@ fn finish_step(
             false
         }
         Err(TxnFailure::Uncertain(error)) => {
-            shared.note_problem(format!("{what} {node}: {error}"));
+            shared.raise(
+                "step",
+                format!("{what} {node}"),
+                format!("{what} {node}: {error}"),
+            );
             backoff(view, runner, node, false);
             true
         }

@@ -18,6 +18,7 @@ pub mod epoch;
 mod leader;
 mod listen;
 pub mod openapi;
+pub mod problems;
 pub mod state;
 
 pub use state::{Shared, TxnOutcome};
@@ -195,10 +196,18 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
             )
             .await
             {
-                Ok(candidate) => candidate,
+                Ok(candidate) => {
+                    // A candidate again: the election's trouble is over.
+                    shared.resolve("election", &config.replica);
+                    candidate
+                }
                 Err(error) => {
                     failures += 1;
-                    shared.note_problem(format!("joining the election: {error}"));
+                    shared.raise(
+                        "election",
+                        &config.replica,
+                        format!("joining the election: {error}"),
+                    );
                     pause(failures, &mut stop).await;
                     continue;
                 }
@@ -214,7 +223,11 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 Ok(fence) => fence,
                 Err(error) => {
                     failures += 1;
-                    shared.note_problem(format!("waiting to lead: {error}"));
+                    shared.raise(
+                        "election",
+                        &config.replica,
+                        format!("waiting to lead: {error}"),
+                    );
                     candidate.resign(&kv).await;
                     pause(failures, &mut stop).await;
                     continue;
@@ -245,7 +258,11 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                     return;
                 }
                 Err(error) => {
-                    shared.note_problem(format!("stopped leading: {error}"));
+                    shared.raise(
+                        "election",
+                        &config.replica,
+                        format!("stopped leading: {error}"),
+                    );
                     // Gone for good or not, the place is given up: a replica that cannot
                     // renew its lease must not keep a standby waiting for the TTL.
                     candidate.resign(&kv).await;

@@ -86,6 +86,8 @@ pub struct Shared {
     /// etcd's time as this replica saw it, and the wait for the agents' assertions
     /// (`epoch.rs`).
     pub(crate) epoch: Mutex<EpochState>,
+    /// The current problems and the events (`problems.rs`).
+    pub conditions: crate::problems::Problems,
 }
 
 /// Where [`CloudStats`] is kept (a closure has no `Debug`).
@@ -101,9 +103,6 @@ impl std::fmt::Debug for CloudStatsCell {
 #[derive(Debug, Default)]
 struct Inner {
     leading: bool,
-    problems: Vec<String>,
-    /// What is wrong under `election/` now (keys that are not candidates), as last read.
-    election: Vec<String>,
     full: BTreeMap<String, String>,
     last_rebuild: Option<(usize, Duration)>,
     took_lead_in: Option<Duration>,
@@ -166,7 +165,7 @@ impl Default for Metrics {
     }
 }
 
-/// Problems kept for status, newest last.
+/// Cloud record conflicts remembered (each reported once).
 const MAX_PROBLEMS: usize = 64;
 
 impl Shared {
@@ -178,6 +177,7 @@ impl Shared {
             metrics: Metrics::default(),
             cloud_stats: CloudStatsCell::default(),
             epoch: Mutex::default(),
+            conditions: crate::problems::Problems::default(),
         }
     }
 
@@ -199,6 +199,11 @@ impl Shared {
                     .unwrap_or_else(|e| e.into_inner())
                     .last_term = Some((tokio::time::Instant::now(), nodes));
             }
+        }
+        if !leading {
+            // What the lead ran into is no longer this replica's to fix.
+            self.conditions
+                .resolve_where(|kind| !matches!(kind, "election" | "election-key" | "epoch"));
         }
         let mut inner = self.inner();
         inner.leading = leading;
@@ -265,32 +270,56 @@ impl Shared {
         self.inner().full.clear();
     }
 
-    pub fn note_problem(&self, problem: String) {
-        eprintln!("corral operator: {problem}");
-        let mut inner = self.inner();
-        inner.problems.push(problem);
-        let excess = inner.problems.len().saturating_sub(MAX_PROBLEMS);
-        inner.problems.drain(..excess);
+    /// Raises (or sees again) the problem `kind`/`subject` with `message` (`problems.rs`): it
+    /// stands until [`Shared::resolve`] ends it.
+    pub fn raise(&self, kind: &'static str, subject: impl Into<String>, message: String) {
+        self.conditions.raise(kind, subject.into(), message);
     }
 
-    /// The problems noted, after what is wrong under `election/` now.
+    /// Ends the problem `kind`/`subject`, if it stands.
+    pub fn resolve(&self, kind: &'static str, subject: &str) {
+        self.conditions.resolve(kind, subject);
+    }
+
+    /// A happening that is no lasting condition: logged and kept among the events only.
+    pub fn note_problem(&self, problem: String) {
+        self.conditions.event(problem);
+    }
+
+    /// Every message still known: the current problems' and the events' (what was reported,
+    /// over or not).
+    pub fn reported(&self) -> Vec<String> {
+        let mut messages = self.problems();
+        messages.extend(self.conditions.events().into_iter().map(|e| e.message));
+        messages
+    }
+
+    /// The messages of the current problems, oldest first.
     pub fn problems(&self) -> Vec<String> {
-        let inner = self.inner();
-        inner
-            .election
-            .iter()
-            .chain(&inner.problems)
-            .cloned()
+        self.conditions
+            .conditions()
+            .into_iter()
+            .map(|c| c.message)
             .collect()
     }
 
-    /// What is wrong under `election/` now (replaces what was last set); logged when new.
-    pub fn set_election_problems(&self, problems: Vec<String>) {
-        let mut inner = self.inner();
-        for problem in problems.iter().filter(|p| !inner.election.contains(p)) {
-            eprintln!("corral operator: {problem}");
+    /// The keys' problems a full read of the prefix found: those it did not find are over.
+    pub fn set_key_problems(&self, problems: Vec<corral_cluster::Problem>) {
+        self.conditions
+            .resolve_all("key", |key| problems.iter().any(|p| p.key == key));
+        for problem in problems {
+            let message = format!("{}: {}", problem.key, problem.message);
+            self.raise("key", problem.key, message);
         }
-        inner.election = problems;
+    }
+
+    /// What is wrong under `election/` now (ends what is no longer); logged when new.
+    pub fn set_election_problems(&self, problems: Vec<String>) {
+        self.conditions
+            .resolve_all("election-key", |p| problems.iter().any(|q| q == p));
+        for problem in problems {
+            self.raise("election-key", problem.clone(), problem);
+        }
     }
 
     pub fn note_txn(&self, took: Duration) {
@@ -582,7 +611,7 @@ impl Shared {
             inner.record_conflicts.insert(sentence.clone())
         };
         if new {
-            self.note_problem(sentence);
+            self.raise("cloud-record", sentence.clone(), sentence);
         }
     }
 
@@ -594,19 +623,12 @@ impl Shared {
     /// The records (and recorded addresses) the last full resync confirmed the cloud does not
     /// have; each one not reported before is reported as a problem.
     pub fn set_cloud_records_missing(&self, sentences: Vec<String>) {
-        let new: Vec<String> = {
-            let mut inner = self.inner();
-            let new = sentences
-                .iter()
-                .filter(|s| !inner.records_missing.contains(s))
-                .cloned()
-                .collect();
-            inner.records_missing = sentences;
-            new
-        };
-        for sentence in new {
-            self.note_problem(sentence);
+        self.conditions
+            .resolve_all("cloud-record-missing", |s| sentences.iter().any(|t| t == s));
+        for sentence in &sentences {
+            self.raise("cloud-record-missing", sentence.clone(), sentence.clone());
         }
+        self.inner().records_missing = sentences;
     }
 
     /// The records the cloud does not have, as the last full resync confirmed.

@@ -198,6 +198,49 @@ fn a_standby_answers_503_naming_itself_and_says_what_it_knows() {
     check_openmetrics(&metrics.body);
 }
 
+/// `/v1/status` says what is wrong now, since when, and keeps the past apart (issue 23).
+#[test]
+fn status_lists_current_problems_with_their_times_and_the_past_as_events() {
+    let shared = Arc::new(Shared::new("op-b".into()));
+    shared.raise("etcd", "resync", "resync: etcd is down".into());
+    shared.raise("grant", "node-a", "grant to node-a: etcd is down".into());
+    shared.resolve("grant", "node-a");
+    let running = Running::start(Arc::clone(&shared));
+    let status: body::OperatorStatus = running.get("/v1/status").json();
+    assert_eq!(status.problems, vec!["resync: etcd is down".to_owned()]);
+    assert_eq!(status.current.len(), 1);
+    let problem = &status.current[0];
+    assert_eq!(
+        (problem.kind.as_str(), problem.subject.as_str()),
+        ("etcd", "resync")
+    );
+    assert!(problem.since_ms > 1_600_000_000_000, "{problem:?}");
+    assert!(problem.last_seen_ms >= problem.since_ms, "{problem:?}");
+    let events: Vec<(&str, &str, bool)> = status
+        .events
+        .iter()
+        .map(|e| (e.kind.as_str(), e.subject.as_str(), e.resolved))
+        .collect();
+    assert_eq!(
+        events,
+        [
+            ("etcd", "resync", false),
+            ("grant", "node-a", false),
+            ("grant", "node-a", true)
+        ]
+    );
+    let metrics = running.get("/metrics");
+    check_openmetrics(&metrics.body);
+    assert!(
+        metrics
+            .body
+            .contains("\ncorral_operator_current_problems{kind=\"etcd\"} 1\n"),
+        "{}",
+        metrics.body
+    );
+    assert!(!metrics.body.contains("kind=\"grant\""), "{}", metrics.body);
+}
+
 #[test]
 fn a_leader_answers_nodes_pools_grants_and_status_from_its_view() {
     let view = view(DUAL, &["node-a", "node-b"], &[]);

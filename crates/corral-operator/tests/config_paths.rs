@@ -88,7 +88,7 @@ async fn cluster_with_two_nodes(kv: &MemKv) -> Replica {
 }
 
 fn reported(replica: &Replica, needle: &str) -> bool {
-    replica.shared.problems().iter().any(|p| p.contains(needle))
+    replica.shared.reported().iter().any(|p| p.contains(needle))
 }
 
 /// Issue 20: a renamed pool written with etcdctl was refused by the watch but installed by the

@@ -421,11 +421,11 @@ async fn compaction_past_the_leaders_watch_makes_it_read_again() {
     register_and_wait(&kv, &["late-0", "late-1", "late-2", "late-3", "late-4"]).await;
     assert!(
         a.shared
-            .problems()
+            .reported()
             .iter()
             .all(|p| !p.contains("stopped leading")),
         "{:?}",
-        a.shared.problems()
+        a.shared.reported()
     );
     assert_clean_end(&kv, &auditor).await;
 }

@@ -163,9 +163,9 @@ async fn fifty_dual_stack_nodes_get_their_node_cidrs_delegated_and_then_no_calls
     let resyncs = rig.ec2.counters().calls(Action::DescribeNetworkInterfaces) - describes;
     assert!(resyncs <= 11, "{resyncs} interface describes in 10 minutes");
     assert!(
-        a.shared.problems().iter().all(|p| !p.contains("to-cloud")),
+        a.shared.reported().iter().all(|p| !p.contains("to-cloud")),
         "{:#?}",
-        a.shared.problems()
+        a.shared.reported()
     );
     assert_end(&rig).await;
 }
@@ -372,7 +372,7 @@ async fn a_refused_delegation_is_reported_and_retried_with_backoff() {
     assert_eq!(assigns, 5, "four refusals, then the delegation");
     // 250 + 500 + 1000 + 2000 ms of backoff at least.
     assert!(took >= Duration::from_millis(3750), "took {took:?}");
-    let problems = a.shared.problems();
+    let problems = a.shared.reported();
     assert!(
         problems
             .iter()

@@ -353,15 +353,18 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
             };
             match describe_primaries(&*cloud.provider, &cloud.clock, None).await {
                 Ok((primaries, at_ms)) => {
+                    self.ctx.shared.resolve("cloud", "node CIDRs: describe");
                     self.absorb_pass(&primaries, at_ms)?;
                     self.ready = true;
                     self.pass_at = Instant::now() + self.pass_retry.success(&timing);
                     true
                 }
                 Err(error) => {
-                    self.ctx
-                        .shared
-                        .note_problem(format!("node CIDRs from the cloud: describe: {error}"));
+                    self.ctx.shared.raise(
+                        "cloud",
+                        "node CIDRs: describe",
+                        format!("node CIDRs from the cloud: describe: {error}"),
+                    );
                     self.pass_at = Instant::now() + self.pass_retry.error(&timing);
                     false
                 }
@@ -624,6 +627,9 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
                 .await
             {
                 Ok(lease) => {
+                    self.ctx
+                        .shared
+                        .resolve("etcd", "node CIDRs: quarantine lease");
                     for (node, pool, family, cidr, revision) in &withdrawals {
                         let record = QuarantineRecord {
                             from_node: node.clone(),
@@ -645,9 +651,11 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
                     }
                 }
                 Err(error) => {
-                    self.ctx.shared.note_problem(format!(
-                        "node CIDRs from the cloud: quarantine lease: {error}"
-                    ));
+                    self.ctx.shared.raise(
+                        "etcd",
+                        "node CIDRs: quarantine lease",
+                        format!("node CIDRs from the cloud: quarantine lease: {error}"),
+                    );
                     return Some(true);
                 }
             }
@@ -670,13 +678,18 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
         .await;
         for (txn, outcome) in done {
             match outcome {
-                Ok(revision) => self.apply(&txn, revision),
+                Ok(revision) => {
+                    self.ctx.shared.resolve("etcd", "node CIDRs: txn");
+                    self.apply(&txn, revision);
+                }
                 Err(None) => refused = true,
                 Err(Some(error)) => {
                     // Applied or not, the watch tells; the lease is kept (its keys may be on it).
-                    self.ctx
-                        .shared
-                        .note_problem(format!("node CIDRs from the cloud: {error}"));
+                    self.ctx.shared.raise(
+                        "etcd",
+                        "node CIDRs: txn",
+                        format!("node CIDRs from the cloud: {error}"),
+                    );
                     refused = true;
                 }
             }
@@ -711,10 +724,23 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
             let before = self.reported.get(node);
             for line in &set {
                 if before.is_none_or(|b| !b.contains(line)) {
-                    self.ctx.shared.note_problem(format!("node {node}: {line}"));
+                    self.ctx.shared.raise(
+                        "from-cloud",
+                        format!("{node}: {line}"),
+                        format!("node {node}: {line}"),
+                    );
                 }
             }
             now.insert(node.clone(), set);
+        }
+        for (node, lines) in &self.reported {
+            for line in lines {
+                if now.get(node).is_none_or(|n| !n.contains(line)) {
+                    self.ctx
+                        .shared
+                        .resolve("from-cloud", &format!("{node}: {line}"));
+                }
+            }
         }
         self.reported = now;
         self.ctx.shared.set_from_cloud_reports(reports);

@@ -236,12 +236,14 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                 })
                 .collect();
             for problem in &pool_problems {
-                if !self.pool_problems.contains(problem) {
-                    self.ctx
-                        .term
-                        .shared
-                        .note_problem(format!("to-cloud: {problem}"));
-                }
+                shared.raise("to-cloud", problem, format!("to-cloud: {problem}"));
+            }
+            for gone in self
+                .pool_problems
+                .iter()
+                .filter(|p| !pool_problems.contains(p))
+            {
+                shared.resolve("to-cloud", gone);
             }
             self.pool_problems = pool_problems;
             // Nothing before the first resync, nor while etcd went back in time and granting
@@ -508,13 +510,12 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
         // Pool-wide problems are reported once, not per node.
         plan.problems.retain(|p| !self.pool_problems.contains(p));
         if plan.problems != state.reported {
+            let shared = &self.ctx.term.shared;
             for problem in &plan.problems {
-                if !state.reported.contains(problem) {
-                    self.ctx
-                        .term
-                        .shared
-                        .note_problem(format!("to-cloud: {problem}"));
-                }
+                shared.raise("to-cloud", problem, format!("to-cloud: {problem}"));
+            }
+            for gone in state.reported.iter().filter(|p| !plan.problems.contains(p)) {
+                shared.resolve("to-cloud", gone);
             }
             state.reported = plan.problems.clone();
         }

@@ -312,9 +312,10 @@ pub async fn outage(kv: &FaultyKv, outage: Duration, log: &mut Vec<String>) {
     kv.inner.set_unavailable(false);
 }
 
-/// Asserts that `shared` reported a problem that says every one of `words`.
+/// Asserts that `shared` reported a problem that says every one of `words` (current, or over
+/// and kept among the events).
 pub fn assert_reported(shared: &Shared, words: &[&str]) {
-    let problems = shared.problems();
+    let problems = shared.reported();
     assert!(
         problems
             .iter()

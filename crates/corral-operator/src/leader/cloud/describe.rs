@@ -255,7 +255,8 @@ impl FullResync {
         timing: &Resync,
     ) {
         self.running = false;
-        shared.note_problem(format!("{what}: {error}"));
+        // A problem until the next one succeeds (`CloudManager` resolves it).
+        shared.raise("cloud", what, format!("{what}: {error}"));
         self.at = Instant::now() + self.backoff.error(timing);
     }
 

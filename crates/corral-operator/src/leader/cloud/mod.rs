@@ -383,6 +383,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                             self.ctx.term.shared.set_cloud_ready(true);
                         }
                         self.resync.succeeded(&timing, timing.resync);
+                        self.ctx.term.shared.resolve("cloud", "cloud resync");
                         if self.missing_unconfirmed {
                             // Suspects wait for a confirming resync past the describe lag.
                             let confirm = Instant::now()
@@ -405,6 +406,10 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                 self.pending.insert(node.clone());
                 match result {
                     Ok(described) => {
+                        self.ctx
+                            .term
+                            .shared
+                            .resolve("cloud", &format!("describing {node}"));
                         if let Some(limits) = described.limits {
                             self.limits
                                 .insert(described.instance.instance_type.clone(), limits);
@@ -435,10 +440,11 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                         state.check_instance = false;
                     }
                     Err(error) => {
-                        self.ctx
-                            .term
-                            .shared
-                            .note_problem(format!("describing {node} ({instance_id}): {error}"));
+                        self.ctx.term.shared.raise(
+                            "cloud",
+                            format!("describing {node}"),
+                            format!("describing {node} ({instance_id}): {error}"),
+                        );
                         self.backoff(runner, &node);
                     }
                 }
@@ -502,6 +508,7 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     Ok((plan, deleted)) => {
                         self.gc_seen = plan.seen;
                         self.ctx.term.shared.note_cloud_gc_deleted(deleted as u64);
+                        self.ctx.term.shared.resolve("cloud", "leak collector");
                         if plan.over_cap > 0 {
                             self.ctx.term.shared.note_problem(format!(
                                 "cloud leak collector: {} leaked interfaces left for the next run",
@@ -510,10 +517,11 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                         }
                     }
                     Err(error) => {
-                        self.ctx
-                            .term
-                            .shared
-                            .note_problem(format!("cloud leak collector: {error}"));
+                        self.ctx.term.shared.raise(
+                            "cloud",
+                            "leak collector",
+                            format!("cloud leak collector: {error}"),
+                        );
                     }
                 }
             }
