@@ -63,7 +63,7 @@ fn the_cluster_demo_script_runs_as_written() {
         "node node-a: removed, removal done",
         "quarantined",
         "$ corral cluster status",
-        "1 node (1 served)",
+        "1 node (1 served, 0 waiting)",
         "# done:",
     ] {
         let Some(at) = rest.find(expected) else {
