@@ -421,7 +421,7 @@ fn why_no_grant(cluster: &crate::link::ClusterShared, pool: &str) -> String {
 
 /// A CNI ADD on a node pool of an agent in a cluster: when the pool has nothing free, it
 /// waits up to `pool_wait` for a grant (counted as pending in the pool's demand, which goes
-/// out at once), trying again whenever the ranges change and every half second, outside the
+/// out as soon as the once-a-second spacing of demand writes allows), trying again whenever the ranges change and every half second, outside the
 /// committer, so other requests go on meanwhile; then it fails with `retry_later` naming the
 /// pool (CNI code 11).
 async fn cni_add_waiting(
