@@ -63,7 +63,7 @@ pub struct AppState {
     /// Set once the state on disk is restored; until then requests get 503.
     pub committer: Arc<OnceLock<Committer>>,
     pub ready: Arc<AtomicBool>,
-    /// Woken once `ready` is set ([`AppState::set_ready`]): ADDs and DELs that arrived while
+    /// Woken once `ready` is set (`AppState::set_ready`): ADDs and DELs that arrived while
     /// the agent restored wait for it.
     pub became_ready: Arc<tokio::sync::Notify>,
     /// Whether the store can still write: once a sync of its log failed, `/healthz` and

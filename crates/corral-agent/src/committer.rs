@@ -16,7 +16,7 @@
 //! thread, the caller that takes the lead runs every batch, so no commit is ever in progress
 //! off the runtime while its clock jumps ahead.
 //!
-//! Invariants: at most one leader at a time, and only the leader touches the [`NodeState`];
+//! Invariants: at most one leader at a time, and only the leader touches the [`NodeState`](crate::node::NodeState);
 //! while the queue holds a job there is a leader, so every job is answered.
 
 use std::collections::VecDeque;

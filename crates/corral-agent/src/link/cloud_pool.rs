@@ -251,7 +251,7 @@ pub fn record_listing<'a>(
 /// The demand of each cloud pool of `config`, from the node state's report and the ADDs waiting
 /// (`at_ms` left 0): per family `used`, `free` (frozen addresses not counted), `pending`,
 /// `blocks` = addresses and prefixes held (surrendered ones not), `empty` = up to
-/// [`FamilyDemand::MAX_EMPTY`] of them with nothing allocated and nothing cooling, highest
+/// `FamilyDemand::MAX_EMPTY` of them with nothing allocated and nothing cooling, highest
 /// first: the candidates the operator may mark for release.
 pub fn demand_records(
     config: &ClusterConfig,

@@ -4,7 +4,7 @@
 //! etcd decides who *gets* space; the agent that holds it decides when it is given up. So the
 //! agent publishes every cluster range its node scope holds (granted or draining: node CIDRs,
 //! blocks, from-cloud prefixes), the node ID whose plan it serves and its cloud interface
-//! addresses, read from the node state ([`Op::BlockReport`], [`Op::CloudReport`]), and puts the record
+//! addresses, read from the node state ([`Op::BlockReport`](crate::node::Op::BlockReport), [`Op::CloudReport`](crate::node::Op::CloudReport)), and puts the record
 //! back whenever it goes missing or says something else. The leader counts every asserted
 //! range as occupied whatever the grants say.
 //!
@@ -189,7 +189,7 @@ impl EpochGuard {
     }
 
     /// Writes what is remembered now if it changed since the last write (not waiting for
-    /// [`SAVE_EVERY`]): once what the node holds changed, the revision it had reached must
+    /// `SAVE_EVERY`): once what the node holds changed, the revision it had reached must
     /// survive a crash, or a grant it gave up and etcd hands back after a restore would look
     /// newer than anything it had seen (`cluster.rs` `screen`).
     pub fn flush(&self) {

@@ -32,7 +32,7 @@ use crate::committer::Committer;
 use crate::node::{ClusterRanges, Pools};
 
 /// Runs the cluster link until `stop` fires, reconnecting with jittered backoff (1 s doubling
-/// to 30 s) after any failure. The agent's gate ([`Gate`]) opens once the first round holds
+/// to 30 s) after any failure. The agent's gate ([`Gate`](crate::link::Gate)) opens once the first round holds
 /// the node's liveness key or ends for another reason; another live agent holding it is fatal
 /// for an agent that never held it (it exits), and ends the link of one that did.
 pub async fn run<K: Kv>(

@@ -45,7 +45,7 @@ pub struct ClusterOptions {
     /// Where the agent remembers the highest etcd revision and the cluster ID it saw
     /// (`etcd-epoch` in the state directory, beside `cluster-uid`; `None`: in memory only).
     /// A store that answers from an earlier time (restored, wiped) is then noticed across
-    /// restarts of the agent ([`holdings::EpochGuard`]).
+    /// restarts of the agent (`holdings::EpochGuard`).
     pub epoch_file: Option<std::path::PathBuf>,
 }
 

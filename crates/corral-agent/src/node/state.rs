@@ -86,7 +86,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     /// what is stored and what the configuration file `declared` lists, combined as
     /// `capacity.rs` says (what could not be applied is in [`NodeState::warnings`]). Nothing is
     /// released or expired here: the engines finish their restore phase with every stored
-    /// allocation, lease and cooldown, and [`Op::Tick`] expires what is overdue afterwards.
+    /// allocation, lease and cooldown, and [`Op::Tick`](crate::node::Op::Tick) expires what is overdue afterwards.
     pub fn restore_with(
         mut store: S,
         declared: &ScopeConfig,
