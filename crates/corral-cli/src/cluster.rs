@@ -398,11 +398,13 @@ async fn status(args: StatusArgs, output: Output) -> Result<Outcome, Failure> {
         .map_err(kv_failure)?;
     // The leader is the lowest candidate: a key not on its lease (written by hand) leads
     // nothing, and is reported.
-    let leader = election
-        .iter()
-        .filter(|e| corral_cluster::election_candidate(&keys, &e.key_str(), e.lease.map(|l| l.0)))
-        .min_by_key(|e| e.create_revision)
-        .map(|e| String::from_utf8_lossy(&e.value).into_owned());
+    let leader = corral_cluster::election_leader(
+        &keys,
+        election.iter().map(|e| {
+            let lease = e.lease.map(|l| l.0);
+            (e.key_str(), lease, e.create_revision, e.value.as_slice())
+        }),
+    );
     let mut report = view.status_report(revision, leader);
     report.problems.extend(election_problems(&keys, &election));
     Ok(Outcome::ok(match output {

@@ -416,6 +416,19 @@ pub fn election_candidate(keys: &Keys, key: &str, lease: Option<i64>) -> bool {
     }
 }
 
+/// The replica that leads: the value of the candidate ([`election_candidate`]) created first;
+/// `entries` are (key, lease, create revision, value) as read. `None` while no replica campaigns.
+pub fn election_leader<'a, K: AsRef<str>>(
+    keys: &Keys,
+    entries: impl IntoIterator<Item = (K, Option<i64>, i64, &'a [u8])>,
+) -> Option<String> {
+    entries
+        .into_iter()
+        .filter(|(key, lease, ..)| election_candidate(keys, key.as_ref(), *lease))
+        .min_by_key(|(_, _, created, _)| *created)
+        .map(|(.., value)| String::from_utf8_lossy(value).into_owned())
+}
+
 /// The `election/` keys that are not candidates ([`election_candidate`]), one sentence each:
 /// `entries` are (key, lease) as read.
 pub fn election_problems(keys: &Keys, entries: &[(String, Option<i64>)]) -> Vec<String> {
@@ -451,6 +464,23 @@ mod tests {
         ),
         pool_toml!("nodes", "10.1.0.0/16", node_prefix_len = 24),
     );
+
+    /// The leader is the candidate created first; keys not on the lease their name says, or on
+    /// no lease, lead nothing however early they were written.
+    #[test]
+    fn the_leader_is_the_first_created_candidate_never_a_key_written_by_hand() {
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        let (a, b) = (keys.election(0xa), keys.election(0xb));
+        let by_hand = format!("{}x", keys.election_prefix());
+        let entries = [
+            (by_hand.as_str(), None, 1, b"by-hand".as_slice()),
+            (a.as_str(), Some(0xb), 2, b"wrong-lease".as_slice()),
+            (b.as_str(), Some(0xb), 3, b"op-b".as_slice()),
+        ];
+        assert_eq!(election_leader(&keys, entries), Some("op-b".into()));
+        let none: [(&str, Option<i64>, i64, &[u8]); 0] = [];
+        assert_eq!(election_leader(&keys, none), None);
+    }
 
     fn cluster() -> Cluster {
         let mut cluster = Cluster::with_config(BLOCKS);

@@ -212,16 +212,6 @@ async fn keep_alive<K: Kv>(
     }
 }
 
-/// The replica that leads: the value of the candidate with the lowest create revision
-/// (`None` when there is no candidate).
-pub fn holder(prefix: &[u8], entries: &[corral_kv::KeyValue]) -> Option<String> {
-    entries
-        .iter()
-        .filter(|e| is_candidate(prefix, e))
-        .min_by_key(|e| e.create_revision)
-        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
-}
-
 /// What is wrong under the election prefix, one sentence each: keys that are not candidates
 /// ([`is_candidate`]) and so are passed over.
 pub fn problems(prefix: &[u8], entries: &[corral_kv::KeyValue]) -> Vec<String> {

@@ -282,7 +282,13 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
         loop {
             if let Ok((entries, _)) = corral_kv::read_all(&kv, election.as_bytes(), 1000).await {
                 shared.set_election_problems(election::problems(election.as_bytes(), &entries));
-                shared.set_leader_seen(election::holder(election.as_bytes(), &entries));
+                shared.set_leader_seen(corral_cluster::election_leader(
+                    &keys,
+                    entries.iter().map(|e| {
+                        let lease = e.lease.map(|l| l.0);
+                        (e.key_str(), lease, e.create_revision, e.value.as_slice())
+                    }),
+                ));
             }
             tokio::time::sleep(every).await;
         }

@@ -674,9 +674,9 @@ pub(super) async fn follow<K: Kv>(
         corral_kv::read_all(kv, election_prefix.as_bytes(), 100).await?;
     let mut election = Election::default();
     for entry in &campaigning {
-        election.apply(keys, &entry.key_str(), Some(entry));
+        election.apply(&entry.key_str(), Some(entry));
     }
-    election.show(state);
+    election.show(keys, state);
     // What the node state holds before this round hands it anything.
     let local = held_locally(committer).await?;
     screen(&mut held, across, &local);
@@ -752,11 +752,11 @@ pub(super) async fn follow<K: Kv>(
                 for event in &batch? {
                     let key = String::from_utf8_lossy(event.key()).into_owned();
                     match event {
-                        Event::Put(entry) => election.apply(keys, &key, Some(entry)),
-                        Event::Delete { .. } => election.apply(keys, &key, None),
+                        Event::Put(entry) => election.apply(&key, Some(entry)),
+                        Event::Delete { .. } => election.apply(&key, None),
                     }
                 }
-                election.show(state);
+                election.show(keys, state);
                 continue;
             }
             _ = keep_alive.tick() => {
@@ -792,19 +792,17 @@ pub(super) async fn follow<K: Kv>(
     }
 }
 
-/// The operator replicas campaigning under `election/`, as the link follows them: key →
-/// (create revision, name). Only candidates count (on the lease their key names, as the
-/// operators count them); the leader is the one created first.
+/// The keys under `election/` as the link follows them: key → (lease, create revision, value).
+/// Who leads is `corral_cluster::election_leader`'s rule, as for the operators and the CLI.
 #[derive(Debug, Default)]
-struct Election(BTreeMap<String, (i64, String)>);
+struct Election(BTreeMap<String, (Option<i64>, i64, Vec<u8>)>);
 
 impl Election {
-    fn apply(&mut self, keys: &Keys, key: &str, entry: Option<&corral_kv::KeyValue>) {
-        match entry.filter(|e| corral_cluster::election_candidate(keys, key, e.lease.map(|l| l.0)))
-        {
-            Some(entry) => {
-                let name = String::from_utf8_lossy(&entry.value).into_owned();
-                self.0.insert(key.to_owned(), (entry.create_revision, name));
+    fn apply(&mut self, key: &str, entry: Option<&corral_kv::KeyValue>) {
+        match entry {
+            Some(e) => {
+                let seen = (e.lease.map(|l| l.0), e.create_revision, e.value.clone());
+                self.0.insert(key.to_owned(), seen);
             }
             None => {
                 self.0.remove(key);
@@ -813,12 +811,13 @@ impl Election {
     }
 
     /// Shows who leads in the link's state.
-    fn show(&self, state: &SharedClusterState) {
-        let leader = self
-            .0
-            .values()
-            .min_by_key(|(created, _)| *created)
-            .map(|(_, name)| name.clone());
+    fn show(&self, keys: &Keys, state: &SharedClusterState) {
+        let leader = corral_cluster::election_leader(
+            keys,
+            self.0
+                .iter()
+                .map(|(key, (lease, created, value))| (key, *lease, *created, value.as_slice())),
+        );
         update(state, |s| {
             s.election_read = true;
             s.leader = leader;
