@@ -248,14 +248,14 @@ impl ClusterView {
                 .map(|p| format!("{}: {}", p.key, p.message)),
         );
         let nodes = self.nodes().count();
-        let nodes_served = self.served_nodes();
+        let waits = self.all_waits();
         StatusReport {
             revision,
             leader,
             nodes,
-            nodes_served,
-            nodes_waiting: nodes - nodes_served,
-            full: self.full(),
+            nodes_served: nodes - waits.len(),
+            nodes_waiting: waits.len(),
+            full: crate::view::full_of(&waits),
             pools,
             node_ids,
             removals_pending: self.removals_requested().len(),

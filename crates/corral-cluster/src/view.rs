@@ -37,6 +37,7 @@ pub use block_view::{
     BlockProposal, Condition, MAX_BLOCKS_PER_TXN, NodeBlockStats, ReleaseChange, ReleaseKind,
 };
 pub use config_install::is_config_key;
+pub(crate) use waiting::full_of;
 pub use waiting::{NodeWait, WaitReason, WaitUnit};
 
 /// A cloud record the view holds: its revisions, and its value if it decodes (one that does

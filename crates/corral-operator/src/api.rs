@@ -357,7 +357,8 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
     let shared = &state.shared;
     let cluster = shared.with_view(|view, revision| {
         let report = view.status_report(revision, Some(shared.replica.clone()));
-        body::ClusterStatus {
+        let full = report.full.clone();
+        let status = body::ClusterStatus {
             revision: report.revision,
             leader: report.leader,
             nodes: report.nodes as u64,
@@ -374,8 +375,15 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
                 .chain(crate::epoch::holdings_problems(view))
                 .chain(report.problems)
                 .collect(),
-        }
+        };
+        (status, full)
     });
+    // Every starving node by pool and family, from the leader's view; on a standby, what the
+    // replica noted (as before).
+    let (cluster, full) = match cluster {
+        Some((status, full)) => (Some(status), full),
+        None => (None, shared.full_pools()),
+    };
     Json(body::OperatorStatus {
         replica: shared.replica.clone(),
         leading: shared.leading() && cluster.is_some(),
@@ -384,7 +392,7 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
             keys: keys as u64,
             ms: millis(took.as_millis()),
         }),
-        full: full(shared),
+        full,
         problems: shared.problems(),
         current: shared
             .conditions
@@ -412,14 +420,6 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
             .collect(),
         cluster,
     })
-}
-
-/// Every starving node by pool and family, from the leader's view; on a standby, what the
-/// replica noted (as before).
-fn full(shared: &Shared) -> std::collections::BTreeMap<String, String> {
-    shared
-        .with_view(|view, _| view.full())
-        .unwrap_or_else(|| shared.full_pools())
 }
 
 fn node_waiting(wait: corral_cluster::WaitReport) -> body::NodeWaiting {

@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
-use super::{ClusterView, ProposeError};
+use super::{ClusterView, ProposeError, WaitUnit};
 use crate::blocks::{self, BlockInput, HeldBlock, Statistics};
 use crate::check::block_capacity;
 use crate::keys::{
@@ -629,12 +629,17 @@ impl ClusterView {
             );
         }
         let (mut ok, mut at_capacity, mut degraded, mut starving) = (0u64, 0u64, 0u64, 0u64);
+        let waits = self.all_waits();
         for node in self.nodes.keys() {
             if !self.is_live(node) {
                 degraded += 1;
             } else if self.node_block_stats(node).iter().any(|s| s.at_capacity) {
                 at_capacity += 1;
-            } else if self.is_starving_for_blocks(node) {
+            } else if waits.get(node).is_some_and(|waits| {
+                waits
+                    .iter()
+                    .any(|w| w.unit == WaitUnit::Block && w.is_starving())
+            }) {
                 starving += 1;
             } else {
                 ok += 1;

@@ -169,54 +169,59 @@ impl ClusterView {
         out
     }
 
-    /// Whether the node needs blocks of a block pool that has none free for it.
-    pub fn is_starving_for_blocks(&self, node: &NodeName) -> bool {
-        self.waits(node)
-            .iter()
-            .any(|w| w.unit == WaitUnit::Block && w.is_starving())
+    /// What every waiting registered node waits for, in one pass (a node that waits for
+    /// nothing is left out): the count, `full` and the metrics' categories all read it.
+    pub fn all_waits(&self) -> BTreeMap<&NodeName, Vec<NodeWait>> {
+        self.nodes
+            .keys()
+            .map(|node| (node, self.waits(node)))
+            .filter(|(_, waits)| !waits.is_empty())
+            .collect()
     }
 
     /// Registered nodes that wait for something (see [`Self::waits`]).
     pub fn waiting_nodes(&self) -> usize {
-        self.nodes
-            .keys()
-            .filter(|node| !self.waits(node).is_empty())
-            .count()
+        self.all_waits().len()
     }
 
     /// Every pool and family (or the node IDs) with starving nodes, keyed as the operator's
     /// `full` (`pool/family`), each naming every starving node: `no free block for 2 nodes
     /// (node-a, node-b): the pool is exhausted`.
     pub fn full(&self) -> BTreeMap<String, String> {
-        let mut starving: BTreeMap<String, (NodeWait, Vec<&NodeName>)> = BTreeMap::new();
-        for node in self.nodes.keys() {
-            for wait in self.waits(node).into_iter().filter(NodeWait::is_starving) {
-                starving
-                    .entry(wait.full_key())
-                    .or_insert_with(|| (wait, Vec::new()))
-                    .1
-                    .push(node);
-            }
-        }
-        starving
-            .into_iter()
-            .map(|(key, (wait, nodes))| {
-                let why = wait.why();
-                let cause = why.split_once(": ").map_or(why.as_str(), |(_, c)| c);
-                let names: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
-                let count = match names.len() {
-                    1 => "1 node".to_owned(),
-                    n => format!("{n} nodes"),
-                };
-                let text = format!(
-                    "no free {} for {count} ({}): {cause}",
-                    wait.unit.word(),
-                    names.join(", ")
-                );
-                (key, text)
-            })
-            .collect()
+        full_of(&self.all_waits())
     }
+}
+
+/// [`ClusterView::full`] of waits already worked out ([`ClusterView::all_waits`]).
+pub(crate) fn full_of(waits: &BTreeMap<&NodeName, Vec<NodeWait>>) -> BTreeMap<String, String> {
+    let mut starving: BTreeMap<String, (NodeWait, Vec<&NodeName>)> = BTreeMap::new();
+    for (node, node_waits) in waits {
+        for wait in node_waits.iter().filter(|w| w.is_starving()) {
+            starving
+                .entry(wait.full_key())
+                .or_insert_with(|| (wait.clone(), Vec::new()))
+                .1
+                .push(*node);
+        }
+    }
+    starving
+        .into_iter()
+        .map(|(key, (wait, nodes))| {
+            let why = wait.why();
+            let cause = why.split_once(": ").map_or(why.as_str(), |(_, c)| c);
+            let names: Vec<&str> = nodes.iter().map(|n| n.as_str()).collect();
+            let count = match names.len() {
+                1 => "1 node".to_owned(),
+                n => format!("{n} nodes"),
+            };
+            let text = format!(
+                "no free {} for {count} ({}): {cause}",
+                wait.unit.word(),
+                names.join(", ")
+            );
+            (key, text)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -407,8 +412,15 @@ block_prefix_len = 28
             f.reasons(&a),
             ["pods ipv4: no free block: the pool is exhausted"]
         );
-        assert!(f.view.is_starving_for_blocks(&a));
-        assert!(!f.view.is_starving_for_blocks(&b));
+        assert!(
+            f.view.all_waits()[&a]
+                .iter()
+                .any(|w| w.unit == WaitUnit::Block && w.is_starving())
+        );
+        assert!(!f.view.all_waits().get(&b).is_some_and(|w| {
+            w.iter()
+                .any(|w| w.unit == WaitUnit::Block && w.is_starving())
+        }));
     }
 
     #[test]
