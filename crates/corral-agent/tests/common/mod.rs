@@ -68,11 +68,43 @@ pub fn options(node: &str, uid: &str, ttl: Duration) -> ClusterOptions {
     }
 }
 
+/// Where a test agent's cluster link task is, once it started (for `kill_link`).
+#[derive(Clone, Default)]
+pub struct LinkSlot(Arc<Mutex<Option<tokio::task::AbortHandle>>>);
+
+impl LinkSlot {
+    /// Ends the link's task at once.
+    pub fn abort(&self) {
+        self.0
+            .lock()
+            .unwrap()
+            .as_ref()
+            .expect("the link started")
+            .abort();
+    }
+}
+
+/// The agent's cluster link on `kv` with `options`, as `corral agent --etcd` runs it, and the
+/// slot its task's handle goes into when the agent starts it.
+pub fn link_task(kv: &MemKv, options: ClusterOptions) -> (corral_agent::ClusterTask, LinkSlot) {
+    let link = LinkSlot::default();
+    let slot = link.clone();
+    let kv = kv.clone();
+    let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
+        Box::pin(async move {
+            let task = tokio::spawn(corral_agent::link::run(kv, options, committer, state, stop));
+            *slot.0.lock().unwrap() = Some(task.abort_handle());
+            let _ = task.await;
+        })
+    });
+    (task, link)
+}
+
 /// A running agent with its cluster link.
 pub struct LinkedAgent {
     pub socket: PathBuf,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    link: Arc<Mutex<Option<tokio::task::AbortHandle>>>,
+    link: LinkSlot,
     served: Option<tokio::task::JoinHandle<Result<(), corral_agent::AgentError>>>,
 }
 
@@ -86,18 +118,7 @@ impl LinkedAgent {
         options: ClusterOptions,
     ) -> LinkedAgent {
         let socket = config.socket.clone();
-        let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
-        let task: corral_agent::ClusterTask = {
-            let (kv, link) = (kv.clone(), Arc::clone(&link));
-            Box::new(move |committer, state, stop| {
-                Box::pin(async move {
-                    let task =
-                        tokio::spawn(corral_agent::link::run(kv, options, committer, state, stop));
-                    *link.lock().unwrap() = Some(task.abort_handle());
-                    let _ = task.await;
-                })
-            })
-        };
+        let (task, link) = link_task(kv, options);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let served = runtime.spawn(corral_agent::serve_with(
@@ -147,12 +168,7 @@ impl LinkedAgent {
 
     /// Ends the cluster link's task at once, as a crash of the link alone would.
     pub fn kill_link(&self) {
-        self.link
-            .lock()
-            .unwrap()
-            .as_ref()
-            .expect("the link started")
-            .abort();
+        self.link.abort();
     }
 
     /// Stops the agent cleanly and waits for it to finish.

@@ -6,7 +6,6 @@
 //! timers, the pool wait and the lease TTLs run in virtual time: a test that waits 3 s takes
 //! none, and a bound on how long something took is exact, so it cannot flake.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corral_agent::AgentConfig;
@@ -18,6 +17,8 @@ use corral_api::{
 };
 use corral_client::Error;
 use corral_kv::MemKv;
+
+use super::{LinkSlot, link_task};
 use corral_store::MemoryStore;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -32,7 +33,7 @@ pub fn config() -> AgentConfig {
 /// A running in-memory agent with its cluster link.
 pub struct MemAgent {
     agent: InMemoryAgent,
-    link: Arc<Mutex<Option<tokio::task::AbortHandle>>>,
+    link: LinkSlot,
 }
 
 impl MemAgent {
@@ -57,18 +58,7 @@ impl MemAgent {
         config: AgentConfig,
         options: ClusterOptions,
     ) -> MemAgent {
-        let link: Arc<Mutex<Option<tokio::task::AbortHandle>>> = Arc::default();
-        let task: corral_agent::ClusterTask = {
-            let (kv, link) = (kv.clone(), Arc::clone(&link));
-            Box::new(move |committer, state, stop| {
-                Box::pin(async move {
-                    let task =
-                        tokio::spawn(corral_agent::link::run(kv, options, committer, state, stop));
-                    *link.lock().unwrap() = Some(task.abort_handle());
-                    let _ = task.await;
-                })
-            })
-        };
+        let (task, link) = link_task(kv, options);
         let agent = InMemoryAgent::spawn(&config, store.clone(), Some(task))
             .expect("the agent starts restoring");
         MemAgent { agent, link }
@@ -110,12 +100,7 @@ impl MemAgent {
 
     /// Ends the cluster link's task at once, as a crash of the link alone would.
     pub fn kill_link(&self) {
-        self.link
-            .lock()
-            .unwrap()
-            .as_ref()
-            .expect("the link started")
-            .abort();
+        self.link.abort();
     }
 
     /// Stops the agent cleanly and waits for it to finish.
