@@ -20,10 +20,9 @@ use crate::node::BlockReport;
 /// What the CNI path and the cluster link share.
 #[derive(Debug)]
 pub struct BlockSignals {
-    /// ADDs waiting for a grant, per pool.
-    pending: Mutex<BTreeMap<String, u64>>,
-    /// Since when ADDs have waited in each pool without a break (the pools in `pending`).
-    waiting_since: Mutex<BTreeMap<String, tokio::time::Instant>>,
+    /// ADDs waiting for a grant per pool, and since when ADDs have waited there without a
+    /// break.
+    pending: Mutex<BTreeMap<String, (u64, tokio::time::Instant)>>,
     /// Woken after each local change the demand may follow (an ADD, a DEL, an ADD waiting).
     changed: tokio::sync::Notify,
     /// Set when an ADD starts waiting: the demand goes out as soon as allowed.
@@ -40,7 +39,6 @@ impl Default for BlockSignals {
     fn default() -> Self {
         BlockSignals {
             pending: Mutex::default(),
-            waiting_since: Mutex::default(),
             changed: tokio::sync::Notify::new(),
             urgent: AtomicBool::new(false),
             ranges: tokio::sync::watch::Sender::new(0),
@@ -66,10 +64,10 @@ impl BlockSignals {
 
     /// An ADD starts waiting in `pool`; the guard counts it until dropped.
     pub fn wait_in(self: &Arc<Self>, pool: &str) -> PendingGuard {
-        *lock(&self.pending).entry(pool.to_owned()).or_default() += 1;
-        lock(&self.waiting_since)
+        lock(&self.pending)
             .entry(pool.to_owned())
-            .or_insert_with(tokio::time::Instant::now);
+            .or_insert_with(|| (0, tokio::time::Instant::now()))
+            .0 += 1;
         self.urgent.store(true, Ordering::Release);
         self.touch();
         PendingGuard {
@@ -80,15 +78,18 @@ impl BlockSignals {
 
     /// How long ADDs have waited in `pool` without a break (zero when none waits).
     pub fn waited_in(&self, pool: &str) -> std::time::Duration {
-        lock(&self.waiting_since)
+        lock(&self.pending)
             .get(pool)
-            .map(|since| since.elapsed())
+            .map(|(_, since)| since.elapsed())
             .unwrap_or_default()
     }
 
     /// ADDs waiting per pool.
     pub fn pending(&self) -> BTreeMap<String, u64> {
-        lock(&self.pending).clone()
+        lock(&self.pending)
+            .iter()
+            .map(|(pool, (n, _))| (pool.clone(), *n))
+            .collect()
     }
 
     /// Whether an ADD started waiting since the last call.
@@ -125,11 +126,10 @@ pub struct PendingGuard {
 impl Drop for PendingGuard {
     fn drop(&mut self) {
         let mut pending = lock(&self.signals.pending);
-        if let Some(n) = pending.get_mut(&self.pool) {
+        if let Some((n, _)) = pending.get_mut(&self.pool) {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 pending.remove(&self.pool);
-                lock(&self.signals.waiting_since).remove(&self.pool);
             }
         }
         drop(pending);
