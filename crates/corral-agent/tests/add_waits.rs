@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use corral_agent::AgentConfig;
 use corral_agent::config::DEFAULT_POOL_WAIT;
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorBody, ErrorCode};
-use corral_cluster::{ClusterConfig, encode_value};
+use corral_api::{CniAddRequest, CniKeyRequest, ErrorBody, ErrorCode};
+use corral_cluster::encode_value;
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
 use corral_store::MemoryStore;
 use tokio::time::Instant;
@@ -18,46 +18,20 @@ use tokio::time::Instant;
 mod common;
 
 use common::paused::{Api, MemAgent, wait_for};
-use common::{keys, node_name};
+use common::{key, keys, network, node_name};
 
 const NODE: &str = "node-1";
 
 const CONFIG: &str = include_str!("configs/blocks.toml");
 
 async fn put_config(kv: &MemKv) {
-    let config = ClusterConfig::from_toml(CONFIG).unwrap();
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(keys().config(), config.to_json().unwrap())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
-}
-
-fn network(pool: &str) -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: vec![],
-        node_pool: Some(pool.into()),
-        requested_pool: Some(pool.into()),
-        configured_pool: None,
-        namespace: None,
-    }
-}
-
-fn key(i: usize) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: format!("c{i}"),
-        ifname: "eth0".into(),
-    }
+    common::put_config(kv, CONFIG).await;
 }
 
 async fn add(api: &Api, pool: &str, i: usize) -> Result<std::net::IpAddr, corral_client::Error> {
     let added = api
         .cni_add(&CniAddRequest {
-            network: network(pool),
+            network: network(Some(pool), None),
             key: key(i),
             owner: format!("pod-{i}"),
             sets: vec![],
@@ -110,6 +84,30 @@ async fn campaign(kv: &MemKv, name: &str) -> corral_kv::LeaseId {
     lease
 }
 
+/// Another machine's agent holding the node's liveness key on a lease of `ttl`, not kept
+/// alive: an agent starting on the node waits for it to lapse before it serves.
+async fn hold_liveness_elsewhere(kv: &MemKv, ttl: Duration) {
+    let lease = kv.lease_grant(ttl).await.unwrap();
+    let other = corral_cluster::LiveRecord {
+        pid: 4242,
+        host: "elsewhere".into(),
+        boot_id: "another-boot".into(),
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap(),
+        ..Default::default()
+    };
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put_on_lease(
+            keys().live(&node_name(NODE)),
+            encode_value(&other).unwrap(),
+            lease,
+        )],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+}
+
 #[test]
 fn the_default_pool_wait_outlasts_a_failover_with_the_default_lease() {
     // The operator's default election lease (10 s) expires, then the standby rebuilds and
@@ -142,25 +140,7 @@ async fn an_add_and_a_del_arriving_while_the_agent_restores_are_served_once_it_i
     agent.stop().await;
     // Another machine's agent holds the node's liveness key (its lease of 3 s, not kept
     // alive): the restarted agent waits for it before it serves.
-    let lease = kv.lease_grant(Duration::from_secs(3)).await.unwrap();
-    let other = corral_cluster::LiveRecord {
-        pid: 4242,
-        host: "elsewhere".into(),
-        boot_id: "another-boot".into(),
-        ttl_ms: 3_000,
-        ..Default::default()
-    };
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put_on_lease(
-            keys().live(&node_name(NODE)),
-            encode_value(&other).unwrap(),
-            lease,
-        )],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    hold_liveness_elsewhere(&kv, Duration::from_secs(3)).await;
     let started = Instant::now();
     let mut agent = MemAgent::spawn(&kv, &store, config(DEFAULT_POOL_WAIT), options());
     let api = agent.api();
@@ -178,20 +158,14 @@ async fn an_add_and_a_del_arriving_while_the_agent_restores_are_served_once_it_i
         let api = api.clone();
         async move {
             api.cni_del(&CniKeyRequest {
-                network: network("small"),
+                network: network(Some("small"), None),
                 key: key(1),
             })
             .await
         }
     });
     let address = adding.await.unwrap().expect("the ADD is served once ready");
-    assert!(
-        "10.61.0.0/28"
-            .parse::<corral_cluster::IpNet>()
-            .unwrap()
-            .contains(&address),
-        "{address}"
-    );
+    assert!(common::within("10.61.0.0/28", address), "{address}");
     let released = deleting
         .await
         .unwrap()
@@ -214,25 +188,7 @@ async fn an_add_waits_for_the_restore_no_longer_than_the_pool_wait() {
     put_config(&kv).await;
     let agent = start(&kv, &MemoryStore::new(), DEFAULT_POOL_WAIT).await;
     agent.stop().await;
-    let lease = kv.lease_grant(Duration::from_secs(30)).await.unwrap();
-    let other = corral_cluster::LiveRecord {
-        pid: 4242,
-        host: "elsewhere".into(),
-        boot_id: "another-boot".into(),
-        ttl_ms: 30_000,
-        ..Default::default()
-    };
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put_on_lease(
-            keys().live(&node_name(NODE)),
-            encode_value(&other).unwrap(),
-            lease,
-        )],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    hold_liveness_elsewhere(&kv, Duration::from_secs(30)).await;
     let agent = MemAgent::spawn(
         &kv,
         &MemoryStore::new(),
@@ -325,14 +281,9 @@ async fn an_add_that_got_no_grant_says_why_as_far_as_the_agent_knows() {
         common::options(NODE, "uid-2", Duration::from_secs(600)),
     )
     .await;
-    wait_for("refused", Duration::from_secs(10), async || {
-        other
-            .cluster_status()
-            .await
-            .last_error
-            .is_some_and(|e| e.contains("another machine uid"))
-    })
-    .await;
+    other
+        .wait_last_error("refused", "another machine uid")
+        .await;
     let error = add_error(&other.api(), "small", 1).await;
     assert!(
         error.message.contains(

@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
+use corral_api::{CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
 use corral_cluster::{
-    ClusterConfig, DemandRecord, Family, IpNet, NodeName, PoolName, ReleaseRecord, ReleaseState,
-    decode_value, encode_value,
+    DemandRecord, Family, IpNet, NodeName, PoolName, ReleaseRecord, ReleaseState,
 };
 use corral_kv::{Event, Kv, MemKv, Txn, TxnOp};
 use corral_store::MemoryStore;
@@ -29,7 +28,7 @@ const CONFIG: &str = include_str!("configs/blocks.toml");
 mod common;
 
 use common::paused::{Api, MemAgent, wait_for};
-use common::{LinkedAgent as Agent, keys, runtime, wait_until};
+use common::{LinkedAgent as Agent, key, keys, network, runtime, wait_until, within};
 
 fn node() -> NodeName {
     common::node_name(NODE)
@@ -98,22 +97,7 @@ async fn blocks(api: &Api, pool: &str) -> (Vec<String>, Vec<String>) {
 }
 
 async fn put_config(kv: &MemKv) {
-    let config = ClusterConfig::from_toml(CONFIG).unwrap();
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(keys().config(), config.to_json().unwrap())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
-}
-
-fn family_of(cidr: &IpNet) -> Family {
-    if cidr.addr().is_ipv4() {
-        Family::V4
-    } else {
-        Family::V6
-    }
+    common::put_config(kv, CONFIG).await;
 }
 
 /// Grants block `cidr` of `pool` to the node as the leader writes it; answers the grant's
@@ -123,71 +107,20 @@ async fn grant(kv: &MemKv, pool: &str, cidr: &str) -> i64 {
 }
 
 fn release_key(pool: &str, cidr: &str) -> String {
-    let cidr: IpNet = cidr.parse().unwrap();
-    keys().release(
-        &node(),
-        &PoolName::new(pool).unwrap(),
-        family_of(&cidr),
-        &cidr,
-    )
+    common::release_key(NODE, pool, cidr)
 }
 
 /// The leader's step 1: `marked`.
 async fn mark(kv: &MemKv, pool: &str, cidr: &str, grant_revision: i64) {
-    let record = ReleaseRecord {
-        state: ReleaseState::Marked,
-        grant_revision,
-        marked_ms: 1,
-        answered_ms: 0,
-        reason: None,
-    };
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(
-            release_key(pool, cidr),
-            encode_value(&record).unwrap(),
-        )],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    common::mark(kv, NODE, pool, cidr, grant_revision).await;
 }
 
 async fn release_record(kv: &MemKv, pool: &str, cidr: &str) -> Option<ReleaseRecord> {
-    kv.get(release_key(pool, cidr).as_bytes())
-        .await
-        .unwrap()
-        .map(|e| decode_value(&e.value).unwrap())
+    common::release_record(kv, NODE, pool, cidr).await
 }
 
 async fn demand(kv: &MemKv, pool: &str) -> Option<DemandRecord> {
-    kv.get(
-        keys()
-            .demand(&node(), &PoolName::new(pool).unwrap())
-            .as_bytes(),
-    )
-    .await
-    .unwrap()
-    .map(|e| decode_value(&e.value).unwrap())
-}
-
-fn network(pool: Option<&str>, namespace: Option<&str>) -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: vec![],
-        node_pool: Some(pool.unwrap_or("default").into()),
-        requested_pool: pool.map(str::to_owned),
-        configured_pool: None,
-        namespace: namespace.map(str::to_owned),
-    }
-}
-
-fn key(i: usize) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: format!("c{i}"),
-        ifname: "eth0".into(),
-    }
+    common::demand(kv, NODE, pool).await
 }
 
 async fn add(
@@ -204,10 +137,6 @@ async fn add(
         })
         .await?;
     Ok(added.allocations[0].address)
-}
-
-fn within(cidr: &str, address: std::net::IpAddr) -> bool {
-    cidr.parse::<IpNet>().unwrap().contains(&address)
 }
 
 #[tokio::test(start_paused = true)]

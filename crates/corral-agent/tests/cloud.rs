@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
-use corral_api::{AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, ErrorCode};
+use corral_api::{CniAddRequest, CniKeyRequest, ErrorCode};
 use corral_client::Client;
 use corral_cluster::{
-    CloudAttachment, CloudId, CloudInterfaceRecord, ClusterConfig, DemandRecord, Family, IpNet,
-    NodeName, NodeRecord, PoolName, ReleaseRecord, ReleaseState, decode_value, encode_value,
+    CloudAttachment, CloudId, CloudInterfaceRecord, DemandRecord, NodeName, NodeRecord, PoolName,
+    ReleaseRecord, ReleaseState, decode_value, encode_value,
 };
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
 use corral_store::MemoryStore;
@@ -34,7 +34,7 @@ const CONFIG: &str = include_str!("configs/cloud.toml");
 mod common;
 
 use common::paused::{Api, MemAgent, wait_for};
-use common::{LinkedAgent as Agent, keys, runtime, wait_until};
+use common::{LinkedAgent as Agent, key, keys, network, put, runtime, wait_until};
 
 fn node() -> NodeName {
     common::node_name(NODE)
@@ -105,20 +105,8 @@ async fn addresses(api: &Api, id: &str) -> Vec<String> {
     addresses_of(api.interfaces().await.ok(), id)
 }
 
-async fn put(kv: &MemKv, key: String, value: Vec<u8>) -> i64 {
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(key, value)],
-        failure: vec![],
-    })
-    .await
-    .unwrap()
-    .revision
-}
-
 async fn put_config(kv: &MemKv) {
-    let config = ClusterConfig::from_toml(CONFIG).unwrap();
-    put(kv, keys().config(), config.to_json().unwrap().into()).await;
+    common::put_config(kv, CONFIG).await;
 }
 
 fn record(device: u32, subnet: &str, addresses: &[&str]) -> CloudInterfaceRecord {
@@ -152,27 +140,16 @@ async fn write_record(kv: &MemKv, id: &str, record: &CloudInterfaceRecord) -> i6
 }
 
 fn release_key(cidr: &str) -> String {
-    let cidr: IpNet = cidr.parse().unwrap();
-    keys().release(&node(), &PoolName::new(POOL).unwrap(), Family::V4, &cidr)
+    common::release_key(NODE, POOL, cidr)
 }
 
 /// The leader's step 1: `marked`, naming the `interfaces/` key's create revision.
 async fn mark(kv: &MemKv, cidr: &str, grant_revision: i64) {
-    let record = ReleaseRecord {
-        state: ReleaseState::Marked,
-        grant_revision,
-        marked_ms: 1,
-        answered_ms: 0,
-        reason: None,
-    };
-    put(kv, release_key(cidr), encode_value(&record).unwrap()).await;
+    common::mark(kv, NODE, POOL, cidr, grant_revision).await;
 }
 
 async fn release_record(kv: &MemKv, cidr: &str) -> Option<ReleaseRecord> {
-    kv.get(release_key(cidr).as_bytes())
-        .await
-        .unwrap()
-        .map(|e| decode_value(&e.value).unwrap())
+    common::release_record(kv, NODE, POOL, cidr).await
 }
 
 /// The agent's answer to the mark of `cidr`, once it is there (virtual time).
@@ -201,38 +178,12 @@ fn answered_real(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str) -> R
 }
 
 async fn demand(kv: &MemKv) -> Option<DemandRecord> {
-    kv.get(
-        keys()
-            .demand(&node(), &PoolName::new(POOL).unwrap())
-            .as_bytes(),
-    )
-    .await
-    .unwrap()
-    .map(|e| decode_value(&e.value).unwrap())
-}
-
-fn network() -> CniNetwork {
-    CniNetwork {
-        name: "podnet".into(),
-        pools: vec![],
-        node_pool: Some(POOL.into()),
-        requested_pool: Some(POOL.into()),
-        configured_pool: None,
-        namespace: None,
-    }
-}
-
-fn key(i: usize) -> AttachmentKey {
-    AttachmentKey {
-        network: "podnet".into(),
-        container_id: format!("c{i}"),
-        ifname: "eth0".into(),
-    }
+    common::demand(kv, NODE, POOL).await
 }
 
 fn add_request(i: usize) -> CniAddRequest {
     CniAddRequest {
-        network: network(),
+        network: network(Some(POOL), None),
         key: key(i),
         owner: format!("pod-{i}"),
         sets: vec![],
@@ -241,7 +192,7 @@ fn add_request(i: usize) -> CniAddRequest {
 
 fn del_request(i: usize) -> CniKeyRequest {
     CniKeyRequest {
-        network: network(),
+        network: network(Some(POOL), None),
         key: key(i),
     }
 }

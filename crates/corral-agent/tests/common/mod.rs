@@ -1,7 +1,8 @@
-//! The harness the agent's cluster tests share (`blocks.rs`, `cloud.rs`, `cluster_link.rs`):
-//! a real agent started in-process (`serve_with` on a temporary directory and socket) whose
-//! `ClusterTask` runs `corral_agent::link::run` on a shared `MemKv`, driven over its socket
-//! with corral-client, and the small helpers around it.
+//! The harness the agent's cluster tests share (`add_waits.rs`, `blocks.rs`, `cloud.rs`,
+//! `cluster_link.rs`): a real agent started in-process (`serve_with` on a temporary directory
+//! and socket) whose `ClusterTask` runs `corral_agent::link::run` on a shared `MemKv`, driven
+//! over its socket with corral-client, and the small helpers around it (the cluster's keys as
+//! the leader writes them, the CNI requests).
 //!
 //! That agent runs SQLite commits on threads of its own, so its clock cannot be paused: tests
 //! on it run on real time. They wait for events ([`wait_until`] polls a condition, with a
@@ -17,9 +18,11 @@ use std::time::{Duration, Instant};
 
 use corral_agent::AgentConfig;
 use corral_agent::link::ClusterOptions;
+use corral_api::{AttachmentKey, CniNetwork};
 use corral_client::Client;
 use corral_cluster::{
-    ClusterName, Family, GrantRecord, IpNet, Keys, NodeName, OwnedRecord, PoolName, encode_value,
+    ClusterConfig, ClusterName, DemandRecord, Family, GrantRecord, IpNet, Keys, NodeName,
+    OwnedRecord, PoolName, ReleaseRecord, ReleaseState, decode_value, encode_value,
 };
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
 
@@ -233,4 +236,95 @@ pub async fn grant(kv: &MemKv, node: &str, pool: &str, cidr: &str) -> i64 {
     .await
     .unwrap()
     .revision
+}
+
+/// Puts `value` at `key`; returns the revision.
+pub async fn put(kv: &MemKv, key: String, value: Vec<u8>) -> i64 {
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::put(key, value)],
+        failure: vec![],
+    })
+    .await
+    .unwrap()
+    .revision
+}
+
+/// Puts the cluster configuration `toml` as `cluster apply` does.
+pub async fn put_config(kv: &MemKv, toml: &str) {
+    let config = ClusterConfig::from_toml(toml).unwrap();
+    put(kv, keys().config(), config.to_json().unwrap().into()).await;
+}
+
+/// The CNI network `podnet`: the node's pool `pool` (`default` if none), requested if given,
+/// in `namespace` if given.
+pub fn network(pool: Option<&str>, namespace: Option<&str>) -> CniNetwork {
+    CniNetwork {
+        name: "podnet".into(),
+        pools: vec![],
+        node_pool: Some(pool.unwrap_or("default").into()),
+        requested_pool: pool.map(str::to_owned),
+        configured_pool: None,
+        namespace: namespace.map(str::to_owned),
+    }
+}
+
+/// The attachment of container `c{i}`'s `eth0` on `podnet`.
+pub fn key(i: usize) -> AttachmentKey {
+    AttachmentKey {
+        network: "podnet".into(),
+        container_id: format!("c{i}"),
+        ifname: "eth0".into(),
+    }
+}
+
+/// The `releases/` key of block (or address range) `cidr` of `pool` on `node`.
+pub fn release_key(node: &str, pool: &str, cidr: &str) -> String {
+    let cidr: IpNet = cidr.parse().unwrap();
+    keys().release(
+        &node_name(node),
+        &PoolName::new(pool).unwrap(),
+        Family::of(cidr.addr()),
+        &cidr,
+    )
+}
+
+/// The leader's step 1 of a release: `marked`, naming the grant's (or the `interfaces/`
+/// key's) create revision.
+pub async fn mark(kv: &MemKv, node: &str, pool: &str, cidr: &str, grant_revision: i64) {
+    let record = ReleaseRecord {
+        state: ReleaseState::Marked,
+        grant_revision,
+        marked_ms: 1,
+        answered_ms: 0,
+        reason: None,
+    };
+    let key = release_key(node, pool, cidr);
+    put(kv, key, encode_value(&record).unwrap()).await;
+}
+
+pub async fn release_record(
+    kv: &MemKv,
+    node: &str,
+    pool: &str,
+    cidr: &str,
+) -> Option<ReleaseRecord> {
+    kv.get(release_key(node, pool, cidr).as_bytes())
+        .await
+        .unwrap()
+        .map(|e| decode_value(&e.value).unwrap())
+}
+
+/// The demand `node` publishes for `pool`, if any.
+pub async fn demand(kv: &MemKv, node: &str, pool: &str) -> Option<DemandRecord> {
+    let key = keys().demand(&node_name(node), &PoolName::new(pool).unwrap());
+    kv.get(key.as_bytes())
+        .await
+        .unwrap()
+        .map(|e| decode_value(&e.value).unwrap())
+}
+
+/// Whether `address` lies in `cidr`.
+pub fn within(cidr: &str, address: std::net::IpAddr) -> bool {
+    cidr.parse::<IpNet>().unwrap().contains(&address)
 }

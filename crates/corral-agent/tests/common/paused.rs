@@ -98,6 +98,17 @@ impl MemAgent {
             .expect("the agent reports its cluster link")
     }
 
+    /// Waits (virtual time, up to 10 s) until the link's last error contains `needle`.
+    pub async fn wait_last_error(&self, what: &str, needle: &str) {
+        wait_for(what, Duration::from_secs(10), async || {
+            self.cluster_status()
+                .await
+                .last_error
+                .is_some_and(|e| e.contains(needle))
+        })
+        .await;
+    }
+
     /// Ends the cluster link's task at once, as a crash of the link alone would.
     pub fn kill_link(&self) {
         self.link.abort();
