@@ -8,7 +8,6 @@
 //! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use corral_client::Client;
@@ -19,7 +18,7 @@ mod cluster_common;
 mod common;
 
 use cluster_common::*;
-use common::{BINARY, pod_add};
+use common::pod_add;
 
 /// /28 IPv4 blocks (14 addresses each) and /124 IPv6 blocks; pre-allocate 4.
 const BLOCKS: &str = include_str!("configs/blocks.toml");
@@ -30,20 +29,7 @@ const ADDS: usize = 60;
 /// Replica `name` on the operator's defaults (its election lease: 10 s), unlike the other
 /// cluster tests' 2 s: the failover is the one a default deployment sees.
 fn operator(etcd: &EtcdCluster, dir: &Path, name: &str) -> Operator {
-    let log = dir.join(format!("{name}.log"));
-    let socket = dir.join(format!("{name}.sock"));
-    let child = Command::new(BINARY)
-        .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
-        .args(["--replica", name, "--state-dir"])
-        .arg(dir.join(format!("{name}-state")))
-        .arg("--api-socket")
-        .arg(&socket)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("corral operator starts");
-    Operator { child, log, socket }
+    Operator::with_state(etcd, dir, name, &[])
 }
 
 /// How many operator replicas campaign.

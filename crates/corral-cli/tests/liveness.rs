@@ -9,7 +9,6 @@
 //!
 //! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -155,20 +154,6 @@ fn hold_elsewhere(kv: &corral_etcd::EtcdKv, ttl_secs: u64) -> corral_kv::LeaseId
 
 fn cluster_status(socket: &Path) -> corral_api::ClusterStatus {
     Client::unix(socket).status(None).unwrap().cluster.unwrap()
-}
-
-/// `GET path` on an operator's socket: the JSON body.
-fn operator_get(socket: &Path, path: &str) -> serde_json::Value {
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
 }
 
 /// A copied state directory under the node's name (a cloned VM image) while the node's agent
@@ -332,7 +317,7 @@ fn a_leader_whose_election_key_is_deleted_steps_down_and_a_leader_grants_again()
     });
     let socket = dir.path().join("op-a.sock");
     wait_until("op-a leads again", Duration::from_secs(30), || {
-        operator_get(&socket, "/v1/status")["leading"] == serde_json::Value::Bool(true)
+        operator_get(&socket, "/v1/status").1["leading"] == serde_json::Value::Bool(true)
     });
     assert!(
         operator
@@ -371,7 +356,7 @@ fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
     );
     let socket = dir.path().join("op-a.sock");
     wait_until("the operator reports it", Duration::from_secs(30), || {
-        operator_get(&socket, "/v1/status")["problems"]
+        operator_get(&socket, "/v1/status").1["problems"]
             .as_array()
             .is_some_and(|p| {
                 p.iter()

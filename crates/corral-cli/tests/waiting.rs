@@ -9,7 +9,6 @@
 //! Needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
@@ -40,28 +39,6 @@ block_prefix_len = 28
 const NODES: [&str; 4] = ["node-a", "node-b", "node-c", "node-d"];
 
 const EXHAUSTED: &str = "no free block: the pool is exhausted";
-
-/// `GET path` on an operator's socket: (status code, JSON body).
-fn operator_get(socket: &Path, path: &str) -> (u16, serde_json::Value) {
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let code = response
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    (
-        code,
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-    )
-}
 
 /// Whether every node's agent holds its liveness key (a node without one is `degraded`).
 fn all_live(etcd: &EtcdCluster) -> bool {

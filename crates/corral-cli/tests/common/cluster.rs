@@ -6,6 +6,8 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -152,19 +154,23 @@ pub struct Operator {
 }
 
 impl Operator {
+    /// Replica `name` (lease TTL 2 s) with its state in `dir/NAME-state`.
     pub fn start(etcd: &EtcdCluster, dir: &Path, name: &str) -> Operator {
+        Operator::with_state(etcd, dir, name, &["--lease-ttl".as_ref(), "2".as_ref()])
+    }
+
+    /// Replica `name` with `args` and its state in `dir/NAME-state`, on the operator's
+    /// defaults otherwise (its election lease: 10 s).
+    pub fn with_state(etcd: &EtcdCluster, dir: &Path, name: &str, args: &[&OsStr]) -> Operator {
         let state = dir.join(format!("{name}-state"));
-        Operator::start_with(
-            etcd,
-            dir,
-            name,
-            &["--state-dir".as_ref(), state.as_os_str()],
-        )
+        let mut args = args.to_vec();
+        args.extend(["--state-dir".as_ref(), state.as_os_str()]);
+        Operator::spawn(etcd, dir, name, &args)
     }
 
     /// `corral operator --cloud fake --fake-cloud SEED` replica `name`.
     pub fn start_fake_cloud(etcd: &EtcdCluster, dir: &Path, name: &str, seed: &Path) -> Operator {
-        let args: [&std::ffi::OsStr; 4] = [
+        let args: [&OsStr; 4] = [
             "--cloud".as_ref(),
             "fake".as_ref(),
             "--fake-cloud".as_ref(),
@@ -175,18 +181,21 @@ impl Operator {
 
     /// Replica `name` of cluster `t` (lease TTL 2 s) with `extra` arguments, its API on
     /// `dir/NAME.sock`, what it says in `dir/NAME.log`.
-    pub fn start_with(
-        etcd: &EtcdCluster,
-        dir: &Path,
-        name: &str,
-        extra: &[&std::ffi::OsStr],
-    ) -> Operator {
+    pub fn start_with(etcd: &EtcdCluster, dir: &Path, name: &str, extra: &[&OsStr]) -> Operator {
+        let mut args: Vec<&OsStr> = vec!["--lease-ttl".as_ref(), "2".as_ref()];
+        args.extend_from_slice(extra);
+        Operator::spawn(etcd, dir, name, &args)
+    }
+
+    /// Replica `name` of cluster `t` on the operator's defaults but for `args`, its API on
+    /// `dir/NAME.sock`, what it says in `dir/NAME.log`.
+    pub fn spawn(etcd: &EtcdCluster, dir: &Path, name: &str, args: &[&OsStr]) -> Operator {
         let log = dir.join(format!("{name}.log"));
         let socket = dir.join(format!("{name}.sock"));
         let child = Command::new(BINARY)
             .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
-            .args(["--replica", name, "--lease-ttl", "2"])
-            .args(extra)
+            .args(["--replica", name])
+            .args(args)
             .arg("--api-socket")
             .arg(&socket)
             .stdin(Stdio::null())
@@ -231,6 +240,28 @@ impl Drop for Operator {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET path` on an operator's socket: (status code, JSON body; `null` if it has none).
+pub fn operator_get(socket: &Path, path: &str) -> (u16, serde_json::Value) {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let code = response
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
+    (
+        code,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
 }
 
 /// The replica named in the lowest election key: who leads.
@@ -412,7 +443,7 @@ pub fn start_agent_with(etcd: &EtcdCluster, dir: &Path, node: &str, extra: &[&st
     std::fs::create_dir_all(dir).unwrap();
     let config = agent_config(dir);
     let endpoints = endpoints(etcd);
-    let mut args: Vec<&std::ffi::OsStr> = vec![
+    let mut args: Vec<&OsStr> = vec![
         "--config".as_ref(),
         config.as_os_str(),
         "--etcd".as_ref(),
@@ -424,7 +455,7 @@ pub fn start_agent_with(etcd: &EtcdCluster, dir: &Path, node: &str, extra: &[&st
         "--lease-ttl".as_ref(),
         "3".as_ref(),
     ];
-    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    args.extend(extra.iter().map(OsStr::new));
     Agent::start(&args, &dir.join("agent.sock"))
 }
 
