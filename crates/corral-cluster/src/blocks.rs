@@ -169,6 +169,12 @@ impl BlockPlan {
 pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
     let w = &input.watermarks;
     let surrendered = |b: &&HeldBlock| matches!(b.release, Some((ReleaseState::Ready, _)));
+    let in_handshake = |b: &&HeldBlock| {
+        matches!(
+            b.release,
+            Some((ReleaseState::Marked | ReleaseState::Ready, _))
+        )
+    };
     let available: u64 = input
         .blocks
         .iter()
@@ -204,12 +210,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
         out.unmark = input
             .blocks
             .iter()
-            .filter(|b| {
-                matches!(
-                    b.release,
-                    Some((ReleaseState::Marked | ReleaseState::Ready, _))
-                )
-            })
+            .filter(|b| in_handshake(b))
             .map(|b| b.cidr)
             .collect();
         let back: u64 = input
@@ -243,16 +244,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
         return out;
     }
     // Releasing: whole blocks, down to the keep level, among blocks free of allocations.
-    let in_handshake: Vec<&HeldBlock> = input
-        .blocks
-        .iter()
-        .filter(|b| {
-            matches!(
-                b.release,
-                Some((ReleaseState::Marked | ReleaseState::Ready, _))
-            )
-        })
-        .collect();
+    let handshakes: Vec<&HeldBlock> = input.blocks.iter().filter(|b| in_handshake(b)).collect();
     // Ready blocks are not counted in `available` (nothing is allocated from them any more),
     // but they are still held: how many blocks may go is judged with them counted, so a
     // release never leaves the node below its keep level. (Completing every ready block
@@ -260,7 +252,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
     // since the mark, and the next few pods would take a block again: a flap.) The oldest
     // marks complete first; ready blocks beyond the excess are un-marked (the agent takes
     // them back).
-    let mut ready: Vec<&HeldBlock> = in_handshake
+    let mut ready: Vec<&HeldBlock> = handshakes
         .iter()
         .filter(|b| surrendered(b))
         .copied()
@@ -274,7 +266,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
     out.complete = ready[..completing].iter().map(|b| b.cidr).collect();
     out.unmark = ready[completing..].iter().map(|b| b.cidr).collect();
     let to_release = budget.saturating_sub(completing as u64);
-    let mut marked: Vec<&HeldBlock> = in_handshake
+    let mut marked: Vec<&HeldBlock> = handshakes
         .iter()
         .filter(|b| !surrendered(b))
         .copied()
@@ -422,6 +414,19 @@ mod tests {
         }
     }
 
+    /// 10.0.0.0/28 with no release, and 10.0.0.16/28 in `release`.
+    fn two_blocks(release: Option<(ReleaseState, u64)>) -> [HeldBlock; 2] {
+        [
+            block("10.0.0.0/28", 0, None),
+            block("10.0.0.16/28", 0, release),
+        ]
+    }
+
+    /// The plan for `blocks` once their excess has lasted the release delay twice over.
+    fn after_the_delay(wm: Watermarks, blocks: &[HeldBlock], demand: &FamilyDemand) -> BlockPlan {
+        plan(&input(wm, blocks, Some(demand), Some(0), DELAY * 2))
+    }
+
     #[test]
     fn a_cold_node_gets_whole_blocks_covering_its_watermarks() {
         let p = plan(&input(w(8, 0, 0, 0), &[], None, None, 0));
@@ -434,10 +439,7 @@ mod tests {
     #[test]
     fn max_allocate_is_whole_blocks() {
         // max 20 with 16-address blocks: at most 2 blocks.
-        let blocks = [
-            block("10.0.0.0/28", 0, None),
-            block("10.0.0.16/28", 0, None),
-        ];
+        let blocks = two_blocks(None);
         let d = demand(30, 2, &[]);
         let p = plan(&input(w(8, 0, 0, 20), &blocks, Some(&d), None, 0));
         assert_eq!(p.grant, 0);
@@ -490,27 +492,18 @@ mod tests {
 
     #[test]
     fn a_block_no_longer_excess_is_unmarked_and_a_ready_one_completes() {
-        let blocks = [
-            block("10.0.0.0/28", 0, None),
-            block("10.0.0.16/28", 0, Some((ReleaseState::Marked, 10))),
-        ];
+        let blocks = two_blocks(Some((ReleaseState::Marked, 10)));
         // Demand rose: 14 used of 32; keep 22, excess 10 < one block.
-        let d = demand(14, 18, &[]);
-        let p = plan(&input(w(8, 0, 0, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 0, 0), &blocks, &demand(14, 18, &[]));
         assert_eq!(p.unmark, vec![net("10.0.0.16/28")]);
         assert!(p.complete.is_empty());
         // Still excess and surrendered: complete.
-        let blocks = [
-            block("10.0.0.0/28", 0, None),
-            block("10.0.0.16/28", 0, Some((ReleaseState::Ready, 10))),
-        ];
-        let d = demand(0, 16, &[]);
-        let p = plan(&input(w(8, 0, 0, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let blocks = two_blocks(Some((ReleaseState::Ready, 10)));
+        let p = after_the_delay(w(8, 0, 0, 0), &blocks, &demand(0, 16, &[]));
         assert_eq!(p.complete, vec![net("10.0.0.16/28")]);
         assert!(p.unmark.is_empty());
         // Surrendered but needed again: un-marked (the agent takes it back), nothing granted.
-        let d = demand(12, 4, &[]);
-        let p = plan(&input(w(8, 0, 0, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 0, 0), &blocks, &demand(12, 4, &[]));
         assert_eq!(p.unmark, vec![net("10.0.0.16/28")]);
         assert_eq!(p.grant, 0);
     }
@@ -526,14 +519,12 @@ mod tests {
         ];
         // 32 counted, 22 used: 10 free >= pre 8, nothing needed; but the keep level is
         // 22 + 8 + 4 = 34, so the surrendered block (48 held) is not excess: taken back.
-        let d = demand(22, 10, &[]);
-        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 4, 0), &blocks, &demand(22, 10, &[]));
         assert_eq!(p.grant, 0);
         assert!(p.complete.is_empty(), "{p:?}");
         assert_eq!(p.unmark, vec![net("10.0.0.32/28")]);
         // With 10 used the keep level is 22: 48 - 22 = 26 covers one block, which goes.
-        let d = demand(10, 22, &[]);
-        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 4, 0), &blocks, &demand(10, 22, &[]));
         assert_eq!(p.complete, vec![net("10.0.0.32/28")]);
         assert!(p.unmark.is_empty());
         // Two ready, room for one: the older mark completes, the other comes back.
@@ -542,21 +533,17 @@ mod tests {
             block("10.0.0.16/28", 0, Some((ReleaseState::Ready, 20))),
             block("10.0.0.32/28", 0, Some((ReleaseState::Ready, 10))),
         ];
-        let d = demand(2, 14, &[]);
-        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 4, 0), &blocks, &demand(2, 14, &[]));
         // 48 held, keep 14: excess 34, two blocks: both go.
         assert_eq!(p.complete.len(), 2);
-        let d = demand(10, 6, &[]);
-        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 4, 0), &blocks, &demand(10, 6, &[]));
         // Only 16 counted, 10 used: 6 free < pre 8: growing, both come back, nothing new.
         assert_eq!(p.grant, 0);
         assert_eq!(p.unmark.len(), 2);
-        let d = demand(4, 12, &[]);
-        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 4, 0), &blocks, &demand(4, 12, &[]));
         // 48 held, keep 16: excess 32, two blocks... exactly two.
         assert_eq!(p.complete.len(), 2);
-        let d = demand(6, 10, &[]);
-        let p = plan(&input(w(8, 0, 4, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let p = after_the_delay(w(8, 0, 4, 0), &blocks, &demand(6, 10, &[]));
         // keep 18: excess 30, one block: the older mark (10.0.0.32) goes.
         assert_eq!(p.complete, vec![net("10.0.0.32/28")]);
         assert_eq!(p.unmark, vec![net("10.0.0.16/28")]);
@@ -564,12 +551,8 @@ mod tests {
 
     #[test]
     fn a_refusal_is_forgotten_and_the_clock_restarts() {
-        let blocks = [
-            block("10.0.0.0/28", 0, None),
-            block("10.0.0.16/28", 0, Some((ReleaseState::Refused, 10))),
-        ];
-        let d = demand(0, 32, &["10.0.0.0/28"]);
-        let p = plan(&input(w(8, 0, 0, 0), &blocks, Some(&d), Some(0), DELAY * 2));
+        let blocks = two_blocks(Some((ReleaseState::Refused, 10)));
+        let p = after_the_delay(w(8, 0, 0, 0), &blocks, &demand(0, 32, &["10.0.0.0/28"]));
         assert_eq!(p.forget, vec![net("10.0.0.16/28")]);
         assert!(p.mark.is_empty());
         assert_eq!(p.excess_since_ms, Some(DELAY * 2));
@@ -595,10 +578,7 @@ mod tests {
 
     #[test]
     fn nothing_is_released_without_a_demand_report() {
-        let blocks = [
-            block("10.0.0.0/28", 0, None),
-            block("10.0.0.16/28", 0, None),
-        ];
+        let blocks = two_blocks(None);
         let p = plan(&input(w(8, 0, 0, 0), &blocks, None, Some(0), DELAY * 10));
         assert!(p.is_idle());
         assert_eq!(p.stats.excess, 0);

@@ -65,6 +65,21 @@ impl Subnet {
         let ip = Ipv4Addr::new(10, self.index, 128 + (c / 256) as u8, (c % 256) as u8);
         IpNet::new(IpAddr::V4(ip), 28).unwrap()
     }
+
+    /// `count` prefixes or single addresses, taken from the subnet's room.
+    fn take(&mut self, count: u32, prefixes: bool) -> Vec<IpNet> {
+        (0..count)
+            .map(|_| {
+                if prefixes {
+                    self.view.free_ipv4 -= 16;
+                    self.prefix()
+                } else {
+                    self.view.free_ipv4 -= 1;
+                    self.single()
+                }
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -186,7 +201,7 @@ impl Model {
     }
 
     fn plan(&self, demand: &FamilyDemand) -> CloudPlan {
-        let subnets: Vec<SubnetView> = self.subnets.iter().map(|s| s.view.clone()).collect();
+        let subnets = self.subnet_views();
         plan_node(&NodeCloudInput {
             family: Family::V4,
             watermarks: self.watermarks,
@@ -203,6 +218,16 @@ impl Model {
             now_ms: self.now,
             release_delay_ms: DELAY,
         })
+    }
+
+    fn subnet_views(&self) -> Vec<SubnetView> {
+        self.subnets.iter().map(|s| s.view.clone()).collect()
+    }
+
+    /// Where interface `id` is in `interfaces`, and its subnet.
+    fn interface_and_subnet(&self, id: &CloudId) -> (usize, String) {
+        let k = self.interface_index(id);
+        (k, self.interfaces[k].subnet_id.clone())
     }
 
     /// Where interface `id` is in `interfaces`.
@@ -351,6 +376,11 @@ impl Model {
         self.releasing
             .retain(|r| !plan.unmark.contains(&r.address) && !plan.forget.contains(&r.address));
         self.since = plan.excess_since_ms;
+        // A call to the cloud (not a mark, not nothing) may fail, changing nothing.
+        let call = !matches!(plan.action, CloudAction::Nothing | CloudAction::Mark { .. });
+        if call && !self.call_succeeds() {
+            return Ok(());
+        }
         match plan.action.clone() {
             CloudAction::Nothing => {}
             CloudAction::Assign {
@@ -358,16 +388,11 @@ impl Model {
                 count,
                 prefixes,
             } => {
-                if !self.call_succeeds() {
-                    return Ok(());
-                }
-                let k = self.interface_index(&interface);
-                let subnet_id = self.interfaces[k].subnet_id.clone();
+                let (k, subnet_id) = self.interface_and_subnet(&interface);
                 let s = self.subnet(&subnet_id);
                 if prefixes && s.fragmented {
                     // InsufficientCidrBlocks: that interface takes single addresses from now.
-                    let subnets: Vec<SubnetView> =
-                        self.subnets.iter().map(|s| s.view.clone()).collect();
+                    let subnets = self.subnet_views();
                     let fb = prefix_fallback(
                         &plan.action,
                         &self.cloud,
@@ -380,16 +405,7 @@ impl Model {
                     self.interfaces[k].secondaries_only = true;
                     return Ok(());
                 }
-                let mut new = Vec::new();
-                for _ in 0..count {
-                    if prefixes {
-                        s.view.free_ipv4 -= 16;
-                        new.push(s.prefix());
-                    } else {
-                        s.view.free_ipv4 -= 1;
-                        new.push(s.single());
-                    }
-                }
+                let new = s.take(count, prefixes);
                 self.interfaces[k].addresses.extend(new);
             }
             CloudAction::Create {
@@ -398,9 +414,6 @@ impl Model {
                 count,
                 prefixes,
             } => {
-                if !self.call_succeeds() {
-                    return Ok(());
-                }
                 let mut subnet_id = subnet_id;
                 let mut prefixes = prefixes;
                 let mut count = count;
@@ -408,8 +421,7 @@ impl Model {
                 while prefixes && self.subnet(&subnet_id).fragmented {
                     self.subnet(&subnet_id).view.no_free_prefix = true;
                     tried.push(subnet_id.clone());
-                    let subnets: Vec<SubnetView> =
-                        self.subnets.iter().map(|s| s.view.clone()).collect();
+                    let subnets = self.subnet_views();
                     let action = CloudAction::Create {
                         subnet_id: subnet_id.clone(),
                         device_index,
@@ -442,16 +454,7 @@ impl Model {
                 self.next_interface += 1;
                 let s = self.subnet(&subnet_id);
                 s.view.free_ipv4 -= 1; // the primary
-                let mut addresses = Vec::new();
-                for _ in 0..count {
-                    if prefixes {
-                        s.view.free_ipv4 -= 16;
-                        addresses.push(s.prefix());
-                    } else {
-                        s.view.free_ipv4 -= 1;
-                        addresses.push(s.single());
-                    }
-                }
+                let addresses = s.take(count, prefixes);
                 // A create that fell back to single addresses: that interface only.
                 let secondaries_only =
                     self.cloud.prefix_delegation && self.limits.prefix_delegation && !prefixes;
@@ -479,11 +482,7 @@ impl Model {
                 interface,
                 addresses,
             } => {
-                if !self.call_succeeds() {
-                    return Ok(());
-                }
-                let k = self.interface_index(&interface);
-                let subnet_id = self.interfaces[k].subnet_id.clone();
+                let (k, subnet_id) = self.interface_and_subnet(&interface);
                 let back: u64 = addresses.iter().map(units).sum();
                 self.interfaces[k]
                     .addresses

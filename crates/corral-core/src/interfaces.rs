@@ -199,6 +199,28 @@ impl InterfaceSpec {
         .ok()
     }
 
+    /// The family of `items[i]` (its address read by `addr`), refused when an earlier item
+    /// has that family: a spec has at most one `what` per family.
+    fn one_per_family<T>(
+        &self,
+        items: &[T],
+        i: usize,
+        addr: impl Fn(&T) -> IpAddr,
+        what: &str,
+    ) -> Result<Family, InterfaceError> {
+        let family = Family::of(addr(&items[i]));
+        if items[..i]
+            .iter()
+            .any(|other| Family::of(addr(other)) == family)
+        {
+            return Err(InterfaceError::InvalidSpec {
+                interface: self.id.clone(),
+                reason: format!("more than one {family} {what}"),
+            });
+        }
+        Ok(family)
+    }
+
     /// Checks the spec on its own: subnets without host bits, at most one per family;
     /// gateways at most one per family, each with a subnet of its family (an IPv4 gateway
     /// inside it); primary addresses at most one per family, each inside the subnet of its
@@ -216,22 +238,10 @@ impl InterfaceSpec {
                 }
                 .into());
             }
-            let family = Family::of(subnet.addr());
-            if self.subnets[..i]
-                .iter()
-                .any(|other| Family::of(other.addr()) == family)
-            {
-                return Err(invalid(format!("more than one {family} subnet")));
-            }
+            self.one_per_family(&self.subnets, i, |s| s.addr(), "subnet")?;
         }
         for (i, gateway) in self.gateways.iter().enumerate() {
-            let family = Family::of(*gateway);
-            if self.gateways[..i]
-                .iter()
-                .any(|other| Family::of(*other) == family)
-            {
-                return Err(invalid(format!("more than one {family} gateway")));
-            }
+            let family = self.one_per_family(&self.gateways, i, |a| *a, "gateway")?;
             match self.subnet(family) {
                 None => {
                     return Err(invalid(format!("gateway {gateway} has no {family} subnet")));
@@ -245,13 +255,8 @@ impl InterfaceSpec {
             }
         }
         for (i, primary) in self.primary_addresses.iter().enumerate() {
-            let family = Family::of(*primary);
-            if self.primary_addresses[..i]
-                .iter()
-                .any(|other| Family::of(*other) == family)
-            {
-                return Err(invalid(format!("more than one {family} primary address")));
-            }
+            let family =
+                self.one_per_family(&self.primary_addresses, i, |a| *a, "primary address")?;
             match self.subnet(family) {
                 Some(subnet) if subnet.contains(primary) => {
                     let broadcast = family == Family::V4 && subnet.broadcast() == *primary;
@@ -1456,6 +1461,16 @@ mod tests {
 
     /// An engine with the pool and a table with eni-0 (primary: 10.0.0.10, 10.0.0.11) and
     /// eni-1 (10.0.1.16/28), and one assignment.
+    /// An IPv4 address for `container`'s `eth0`, for `owner`, at time zero.
+    fn assign_v4(
+        table: &Interfaces,
+        engine: &mut Engine,
+        container: &str,
+        owner: &str,
+    ) -> Result<Assignment, InterfaceError> {
+        table.assign(engine, &key(container), owner, Family::V4, Timestamp::ZERO)
+    }
+
     fn setup() -> (Engine, Interfaces) {
         let mut engine = Engine::new(EngineConfig::default());
         engine.add_pool(&pool(), PoolConfig::default()).unwrap();
@@ -1471,15 +1486,7 @@ mod tests {
                 .add_address(&mut engine, &id(interface), net(address), Timestamp::ZERO)
                 .unwrap();
         }
-        table
-            .assign(
-                &mut engine,
-                &key("c1"),
-                "pod-1",
-                Family::V4,
-                Timestamp::ZERO,
-            )
-            .unwrap();
+        assign_v4(&table, &mut engine, "c1", "pod-1").unwrap();
         (engine, table)
     }
 
@@ -1522,15 +1529,7 @@ mod tests {
     #[test]
     fn assign_returns_the_interface_data_and_is_idempotent() {
         let (mut engine, table) = setup();
-        let first = table
-            .assign(
-                &mut engine,
-                &key("c2"),
-                "pod-2",
-                Family::V4,
-                Timestamp::ZERO,
-            )
-            .unwrap();
+        let first = assign_v4(&table, &mut engine, "c2", "pod-2").unwrap();
         assert_eq!(first.addr.to_string(), "10.0.0.11");
         assert_eq!(first.interface, id("eni-0"));
         assert_eq!(first.device_number, 0);
@@ -1539,26 +1538,10 @@ mod tests {
         assert_eq!(first.subnet, net("10.0.0.0/20"));
         assert_eq!(first.routes, vec![net("10.0.0.0/16")]);
         assert!(!first.existing);
-        let again = table
-            .assign(
-                &mut engine,
-                &key("c2"),
-                "pod-2",
-                Family::V4,
-                Timestamp::ZERO,
-            )
-            .unwrap();
+        let again = assign_v4(&table, &mut engine, "c2", "pod-2").unwrap();
         assert_eq!(again.addr, first.addr);
         assert!(again.existing);
-        let third = table
-            .assign(
-                &mut engine,
-                &key("c3"),
-                "pod-3",
-                Family::V4,
-                Timestamp::ZERO,
-            )
-            .unwrap();
+        let third = assign_v4(&table, &mut engine, "c3", "pod-3").unwrap();
         assert_eq!(third.addr.to_string(), "10.0.1.16");
         assert_eq!(third.device_number, 1);
         assert_eq!(
@@ -1586,13 +1569,7 @@ mod tests {
         let (before, err) = loop {
             n += 1;
             let before = state(&engine, &table);
-            match table.assign(
-                &mut engine,
-                &key(&format!("x{n}")),
-                "pod",
-                Family::V4,
-                Timestamp::ZERO,
-            ) {
+            match assign_v4(&table, &mut engine, &format!("x{n}"), "pod") {
                 Ok(assignment) => assert_ne!(assignment.addr.to_string(), "9.0.0.1"),
                 Err(err) => break (before, err),
             }
@@ -1793,15 +1770,7 @@ mod tests {
         );
         let (mut engine, mut table) = setup();
         for container in ["c2", "c3"] {
-            table
-                .assign(
-                    &mut engine,
-                    &key(container),
-                    "pod",
-                    Family::V4,
-                    Timestamp::ZERO,
-                )
-                .unwrap();
+            assign_v4(&table, &mut engine, container, "pod").unwrap();
         }
         let before = state(&engine, &table);
         let err = table
@@ -1970,26 +1939,10 @@ mod tests {
     fn exhausted_is_retryable_and_changes_nothing() {
         let (mut engine, table) = setup();
         for n in 0..17 {
-            table
-                .assign(
-                    &mut engine,
-                    &key(&format!("x{n}")),
-                    "pod",
-                    Family::V4,
-                    Timestamp::ZERO,
-                )
-                .unwrap();
+            assign_v4(&table, &mut engine, &format!("x{n}"), "pod").unwrap();
         }
         let before = state(&engine, &table);
-        let err = table
-            .assign(
-                &mut engine,
-                &key("late"),
-                "pod",
-                Family::V4,
-                Timestamp::ZERO,
-            )
-            .unwrap_err();
+        let err = assign_v4(&table, &mut engine, "late", "pod").unwrap_err();
         assert!(err.is_retryable());
         assert_eq!(
             err.to_string(),
