@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::{
     Action, Amount, AttachInterface, AttachmentStatus, CloudError, CloudProvider, CreateInterface,
-    InstanceState, InterfaceFilter, InterfaceStatus, Ipv4Assign, Ipv4Set, NetworkInterface,
+    InstanceState, InterfaceFilter, InterfaceStatus, Ipv4Assign, Ipv4Set, NetworkInterface, Subnet,
     SubnetFilter, Tags,
 };
 
@@ -124,6 +124,31 @@ fn ok<T>(what: &str, result: Result<T, CloudError>) -> T {
     result.unwrap_or_else(|error| panic!("{what} failed: {error} ({})", error.code()))
 }
 
+/// `action` through [`retrying`]; a failure fails the check naming the action.
+async fn must<T>(
+    poll: &Poll,
+    action: Action,
+    call: impl AsyncFnMut() -> Result<T, CloudError>,
+) -> T {
+    ok(action.as_str(), retrying(poll, action, call).await)
+}
+
+/// [`must`], naming what the call was for (unless empty) in a failure ("DescribeSubnets by
+/// VPC").
+async fn must_for<T>(
+    poll: &Poll,
+    action: Action,
+    detail: &str,
+    call: impl AsyncFnMut() -> Result<T, CloudError>,
+) -> T {
+    let what = if detail.is_empty() {
+        action.to_string()
+    } else {
+        format!("{action} {detail}")
+    };
+    ok(&what, retrying(poll, action, call).await)
+}
+
 /// Repeats a call while repeating it is safe ([`CloudError::can_repeat`]) and the poll timeout
 /// has not passed: after a throttle (or any error that says the call was not applied) always,
 /// after an ambiguous one (`Timeout`, `InternalError`: the call may have been applied) only if
@@ -146,16 +171,25 @@ async fn retrying_as<T>(
     idempotent: bool,
     mut call: impl AsyncFnMut() -> Result<T, CloudError>,
 ) -> Result<T, CloudError> {
+    poll_until(poll, async || match call().await {
+        Err(error) if error.can_repeat(idempotent) => Err(format!(
+            "{action}: still failing after {:?}: {error}",
+            poll.timeout
+        )),
+        other => Ok(other),
+    })
+    .await
+}
+
+/// Calls `step` every poll interval until it answers `Ok`; `Err` says what to fail with if
+/// the poll timeout passes first.
+async fn poll_until<T>(poll: &Poll, mut step: impl AsyncFnMut() -> Result<T, String>) -> T {
     let deadline = tokio::time::Instant::now() + poll.timeout;
     loop {
-        match call().await {
-            Err(error) if error.can_repeat(idempotent) => {
-                if tokio::time::Instant::now() >= deadline {
-                    panic!("{action}: still failing after {:?}: {error}", poll.timeout);
-                }
-                tokio::time::sleep(poll.interval).await;
-            }
-            other => return other,
+        match step().await {
+            Ok(done) => return done,
+            Err(message) if tokio::time::Instant::now() >= deadline => panic!("{message}"),
+            Err(_) => tokio::time::sleep(poll.interval).await,
         }
     }
 }
@@ -168,10 +202,9 @@ async fn wait_for<P: CloudProvider>(
     what: &str,
     done: impl Fn(&NetworkInterface) -> bool,
 ) -> NetworkInterface {
-    let deadline = tokio::time::Instant::now() + poll.timeout;
     let filter = InterfaceFilter::id(interface_id);
     let mut last = None;
-    loop {
+    poll_until(poll, async || {
         match retrying(poll, Action::DescribeNetworkInterfaces, async || {
             provider.describe_interfaces(&filter).await
         })
@@ -186,7 +219,7 @@ async fn wait_for<P: CloudProvider>(
                 if let Some(interface) = found.into_iter().next() {
                     assert_eq!(interface.id, interface_id, "describe by id");
                     if done(&interface) {
-                        return interface;
+                        return Ok(interface);
                     }
                     last = Some(interface);
                 }
@@ -194,50 +227,105 @@ async fn wait_for<P: CloudProvider>(
             Err(CloudError::InterfaceNotFound { .. }) => {}
             Err(error) => panic!("describing {interface_id} failed: {error}"),
         }
-        if tokio::time::Instant::now() >= deadline {
-            panic!(
-                "{interface_id}: {what} not seen within {:?}; last seen {last:?}",
-                poll.timeout
-            );
-        }
-        tokio::time::sleep(poll.interval).await;
-    }
+        Err(format!(
+            "{interface_id}: {what} not seen within {:?}; last seen {last:?}",
+            poll.timeout
+        ))
+    })
+    .await
 }
 
 /// Polls until describing the interface by id answers not found.
 async fn wait_gone<P: CloudProvider>(provider: &P, poll: &Poll, interface_id: &str) {
-    let deadline = tokio::time::Instant::now() + poll.timeout;
     let filter = InterfaceFilter::id(interface_id);
-    loop {
+    poll_until(poll, async || {
         match retrying(poll, Action::DescribeNetworkInterfaces, async || {
             provider.describe_interfaces(&filter).await
         })
         .await
         {
-            Err(CloudError::InterfaceNotFound { .. }) => return,
-            Ok(found) if found.is_empty() => return,
-            Ok(_) => {}
-            Err(error) => panic!("describing deleted {interface_id} failed: {error}"),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!(
+            Err(CloudError::InterfaceNotFound { .. }) => Ok(()),
+            Ok(found) if found.is_empty() => Ok(()),
+            Ok(_) => Err(format!(
                 "{interface_id} still described {:?} after its deletion",
                 poll.timeout
-            );
+            )),
+            Err(error) => panic!("describing deleted {interface_id} failed: {error}"),
         }
-        tokio::time::sleep(poll.interval).await;
-    }
+    })
+    .await;
+}
+
+/// The interfaces `filter` finds; `detail` names the filter in a failure.
+async fn interfaces_by<P: CloudProvider>(
+    provider: &P,
+    fixture: &Fixture,
+    detail: &str,
+    filter: &InterfaceFilter,
+) -> Vec<NetworkInterface> {
+    must_for(
+        &fixture.poll,
+        Action::DescribeNetworkInterfaces,
+        detail,
+        async || provider.describe_interfaces(filter).await,
+    )
+    .await
+}
+
+/// The fixture's subnet, described by id.
+async fn fixture_subnet<P: CloudProvider>(provider: &P, fixture: &Fixture) -> Subnet {
+    must(&fixture.poll, Action::DescribeSubnets, async || {
+        provider
+            .describe_subnets(&SubnetFilter {
+                ids: vec![fixture.subnet_id.clone()],
+                ..SubnetFilter::default()
+            })
+            .await
+    })
+    .await
+    .remove(0)
+}
+
+/// AssignPrivateIpAddresses of `request` to `interface_id`; `detail` names it in a failure.
+async fn assign_ipv4<P: CloudProvider>(
+    provider: &P,
+    fixture: &Fixture,
+    detail: &str,
+    interface_id: &str,
+    request: &Ipv4Assign,
+) -> Ipv4Set {
+    must_for(
+        &fixture.poll,
+        Action::AssignPrivateIpAddresses,
+        detail,
+        async || provider.assign_ipv4(interface_id, request).await,
+    )
+    .await
+}
+
+/// UnassignPrivateIpAddresses of `release` from `interface_id`; `detail` names it in a failure.
+async fn unassign_ipv4<P: CloudProvider>(
+    provider: &P,
+    fixture: &Fixture,
+    detail: &str,
+    interface_id: &str,
+    release: Ipv4Set,
+) {
+    must_for(
+        &fixture.poll,
+        Action::UnassignPrivateIpAddresses,
+        detail,
+        async || provider.unassign_ipv4(interface_id, &release).await,
+    )
+    .await;
 }
 
 /// The lowest device index not used on the instance.
 async fn first_free_device_index<P: CloudProvider>(provider: &P, fixture: &Fixture) -> u32 {
-    let instance = ok(
-        "DescribeInstances",
-        retrying(&fixture.poll, Action::DescribeInstances, async || {
-            provider.describe_instance(&fixture.instance_id).await
-        })
-        .await,
-    );
+    let instance = must(&fixture.poll, Action::DescribeInstances, async || {
+        provider.describe_instance(&fixture.instance_id).await
+    })
+    .await;
     (0..)
         .find(|index| {
             !instance
@@ -276,6 +364,44 @@ async fn create<P: CloudProvider>(
     )
 }
 
+/// [`create`] of [`create_request`] `name`.
+async fn create_named<P: CloudProvider>(
+    provider: &P,
+    fixture: &Fixture,
+    name: &str,
+) -> NetworkInterface {
+    create(provider, fixture, &create_request(fixture, name)).await
+}
+
+/// The interface once describe sees it.
+async fn visible<P: CloudProvider>(
+    provider: &P,
+    fixture: &Fixture,
+    interface_id: &str,
+) -> NetworkInterface {
+    wait_for(provider, &fixture.poll, interface_id, "visible", |_| true).await
+}
+
+/// Attaches `interface_id` to the fixture's instance at `device_index`, repeated while that is
+/// safe ([`retrying`]).
+async fn attach_at<P: CloudProvider>(
+    provider: &P,
+    fixture: &Fixture,
+    interface_id: &str,
+    device_index: u32,
+) -> Result<String, CloudError> {
+    retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
+        provider
+            .attach_interface(AttachInterface::new(
+                interface_id,
+                &fixture.instance_id,
+                device_index,
+            ))
+            .await
+    })
+    .await
+}
+
 /// Attaches at the first free device index and waits until the attachment is complete;
 /// returns the attachment id and the index.
 async fn attach<P: CloudProvider>(
@@ -286,16 +412,7 @@ async fn attach<P: CloudProvider>(
     let device_index = first_free_device_index(provider, fixture).await;
     let attachment_id = ok(
         "AttachNetworkInterface",
-        retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
-            provider
-                .attach_interface(AttachInterface::new(
-                    interface_id,
-                    &fixture.instance_id,
-                    device_index,
-                ))
-                .await
-        })
-        .await,
+        attach_at(provider, fixture, interface_id, device_index).await,
     );
     wait_for(provider, &fixture.poll, interface_id, "in-use", |i| {
         i.status == InterfaceStatus::InUse
@@ -306,42 +423,33 @@ async fn attach<P: CloudProvider>(
 
 /// Detaches (if attached), waits until available, deletes and waits until gone.
 async fn remove<P: CloudProvider>(provider: &P, fixture: &Fixture, interface_id: &str) {
-    let current = wait_for(provider, &fixture.poll, interface_id, "visible", |_| true).await;
+    let current = visible(provider, fixture, interface_id).await;
     if let Some(attachment) = current.attachment {
         if attachment.status != AttachmentStatus::Detaching {
-            ok(
-                "DetachNetworkInterface",
-                retrying(&fixture.poll, Action::DetachNetworkInterface, async || {
-                    provider.detach_interface(&attachment.id, false).await
-                })
-                .await,
-            );
+            must(&fixture.poll, Action::DetachNetworkInterface, async || {
+                provider.detach_interface(&attachment.id, false).await
+            })
+            .await;
         }
         wait_for(provider, &fixture.poll, interface_id, "available", |i| {
             i.status == InterfaceStatus::Available
         })
         .await;
     }
-    ok(
-        "DeleteNetworkInterface",
-        retrying(&fixture.poll, Action::DeleteNetworkInterface, async || {
-            provider.delete_interface(interface_id).await
-        })
-        .await,
-    );
+    must(&fixture.poll, Action::DeleteNetworkInterface, async || {
+        provider.delete_interface(interface_id).await
+    })
+    .await;
     wait_gone(provider, &fixture.poll, interface_id).await;
 }
 
 /// The instance and its type: running, its primary interface at device index 0 in its subnet,
 /// and limits that allow at least one more interface.
 pub async fn describe_instance_and_type<P: CloudProvider>(provider: &P, fixture: &Fixture) {
-    let instance = ok(
-        "DescribeInstances",
-        retrying(&fixture.poll, Action::DescribeInstances, async || {
-            provider.describe_instance(&fixture.instance_id).await
-        })
-        .await,
-    );
+    let instance = must(&fixture.poll, Action::DescribeInstances, async || {
+        provider.describe_instance(&fixture.instance_id).await
+    })
+    .await;
     assert_eq!(instance.id, fixture.instance_id);
     assert_eq!(instance.state, InstanceState::Running);
     let primary = instance
@@ -352,15 +460,12 @@ pub async fn describe_instance_and_type<P: CloudProvider>(provider: &P, fixture:
     assert_eq!(primary.subnet_id, instance.subnet_id);
     assert_eq!(primary.attachment.instance_id, instance.id);
     assert!(primary.attachment.delete_on_termination);
-    let types = ok(
-        "DescribeInstanceTypes",
-        retrying(&fixture.poll, Action::DescribeInstanceTypes, async || {
-            provider
-                .describe_instance_types(std::slice::from_ref(&instance.instance_type))
-                .await
-        })
-        .await,
-    );
+    let types = must(&fixture.poll, Action::DescribeInstanceTypes, async || {
+        provider
+            .describe_instance_types(std::slice::from_ref(&instance.instance_type))
+            .await
+    })
+    .await;
     assert_eq!(types.len(), 1, "{types:?}");
     let limits = &types[0];
     assert_eq!(limits.instance_type, instance.instance_type);
@@ -378,13 +483,10 @@ pub async fn describe_subnets<P: CloudProvider>(provider: &P, fixture: &Fixture)
         ids: vec![fixture.subnet_id.clone()],
         ..SubnetFilter::default()
     };
-    let subnets = ok(
-        "DescribeSubnets",
-        retrying(&fixture.poll, Action::DescribeSubnets, async || {
-            provider.describe_subnets(&by_id).await
-        })
-        .await,
-    );
+    let subnets = must(&fixture.poll, Action::DescribeSubnets, async || {
+        provider.describe_subnets(&by_id).await
+    })
+    .await;
     assert_eq!(subnets.len(), 1, "{subnets:?}");
     let subnet = &subnets[0];
     assert_eq!(subnet.id, fixture.subnet_id);
@@ -392,13 +494,13 @@ pub async fn describe_subnets<P: CloudProvider>(provider: &P, fixture: &Fixture)
         vpc_id: Some(subnet.vpc_id.clone()),
         ..SubnetFilter::default()
     };
-    let in_vpc = ok(
-        "DescribeSubnets by VPC",
-        retrying(&fixture.poll, Action::DescribeSubnets, async || {
-            provider.describe_subnets(&by_vpc).await
-        })
-        .await,
-    );
+    let in_vpc = must_for(
+        &fixture.poll,
+        Action::DescribeSubnets,
+        "by VPC",
+        async || provider.describe_subnets(&by_vpc).await,
+    )
+    .await;
     assert!(in_vpc.iter().any(|s| s.id == subnet.id), "{in_vpc:?}");
     assert!(
         in_vpc.iter().all(|s| s.vpc_id == subnet.vpc_id),
@@ -410,13 +512,10 @@ pub async fn describe_subnets<P: CloudProvider>(provider: &P, fixture: &Fixture)
     let interface = create(provider, fixture, &request).await;
     assert!(subnet.ipv4_cidr.contains(&interface.primary_ipv4));
     assert_eq!(interface.availability_zone, subnet.availability_zone);
-    let after = ok(
-        "DescribeSubnets",
-        retrying(&fixture.poll, Action::DescribeSubnets, async || {
-            provider.describe_subnets(&by_id).await
-        })
-        .await,
-    );
+    let after = must(&fixture.poll, Action::DescribeSubnets, async || {
+        provider.describe_subnets(&by_id).await
+    })
+    .await;
     assert_eq!(
         after[0].available_ipv4 + 4,
         subnet.available_ipv4,
@@ -440,7 +539,7 @@ pub async fn interface_lifecycle<P: CloudProvider>(provider: &P, fixture: &Fixtu
         assert_eq!(created.tags.get(key), Some(value), "tag {key} on create");
     }
 
-    let seen = wait_for(provider, &fixture.poll, &created.id, "visible", |_| true).await;
+    let seen = visible(provider, fixture, &created.id).await;
     assert_eq!(seen.primary_ipv4, created.primary_ipv4);
     assert_eq!(seen.mac, created.mac);
     assert_eq!(seen.tags, created.tags);
@@ -450,16 +549,7 @@ pub async fn interface_lifecycle<P: CloudProvider>(provider: &P, fixture: &Fixtu
     assert!(device_index > 0, "device index 0 is the primary's");
     let attachment_id = ok(
         "AttachNetworkInterface",
-        retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
-            provider
-                .attach_interface(AttachInterface::new(
-                    &created.id,
-                    &fixture.instance_id,
-                    device_index,
-                ))
-                .await
-        })
-        .await,
+        attach_at(provider, fixture, &created.id, device_index).await,
     );
     let attached = wait_for(provider, &fixture.poll, &created.id, "in-use", |i| {
         i.status == InterfaceStatus::InUse
@@ -472,19 +562,13 @@ pub async fn interface_lifecycle<P: CloudProvider>(provider: &P, fixture: &Fixtu
     assert_eq!(attachment.status, AttachmentStatus::Attached);
     assert!(!attachment.delete_on_termination);
 
-    let by_instance = ok(
-        "DescribeNetworkInterfaces by instance",
-        retrying(
-            &fixture.poll,
-            Action::DescribeNetworkInterfaces,
-            async || {
-                provider
-                    .describe_interfaces(&InterfaceFilter::instance(&fixture.instance_id))
-                    .await
-            },
-        )
-        .await,
-    );
+    let by_instance = interfaces_by(
+        provider,
+        fixture,
+        "by instance",
+        &InterfaceFilter::instance(&fixture.instance_id),
+    )
+    .await;
     assert!(by_instance.iter().any(|i| i.id == created.id));
     assert!(by_instance.iter().all(|i| {
         i.attachment
@@ -492,19 +576,8 @@ pub async fn interface_lifecycle<P: CloudProvider>(provider: &P, fixture: &Fixtu
             .is_some_and(|a| a.instance_id == fixture.instance_id)
     }));
 
-    let assigned = ok(
-        "AssignPrivateIpAddresses",
-        retrying(
-            &fixture.poll,
-            Action::AssignPrivateIpAddresses,
-            async || {
-                provider
-                    .assign_ipv4(&created.id, &Ipv4Assign::Addresses(Amount::Count(3)))
-                    .await
-            },
-        )
-        .await,
-    );
+    let request = Ipv4Assign::Addresses(Amount::Count(3));
+    let assigned = assign_ipv4(provider, fixture, "", &created.id, &request).await;
     assert_eq!(assigned.addresses.len(), 3, "{assigned:?}");
     assert!(assigned.prefixes.is_empty());
     let mut sorted = assigned.addresses.clone();
@@ -521,25 +594,17 @@ pub async fn interface_lifecycle<P: CloudProvider>(provider: &P, fixture: &Fixtu
     assert_eq!(described, sorted);
     assert_eq!(with_three.primary_ipv4, created.primary_ipv4);
 
-    ok(
-        "UnassignPrivateIpAddresses",
-        retrying(
-            &fixture.poll,
-            Action::UnassignPrivateIpAddresses,
-            async || {
-                provider
-                    .unassign_ipv4(
-                        &created.id,
-                        &Ipv4Set {
-                            addresses: assigned.addresses.clone(),
-                            prefixes: Vec::new(),
-                        },
-                    )
-                    .await
-            },
-        )
-        .await,
-    );
+    unassign_ipv4(
+        provider,
+        fixture,
+        "",
+        &created.id,
+        Ipv4Set {
+            addresses: assigned.addresses.clone(),
+            prefixes: Vec::new(),
+        },
+    )
+    .await;
     wait_for(
         provider,
         &fixture.poll,
@@ -549,26 +614,20 @@ pub async fn interface_lifecycle<P: CloudProvider>(provider: &P, fixture: &Fixtu
     )
     .await;
 
-    ok(
-        "DetachNetworkInterface",
-        retrying(&fixture.poll, Action::DetachNetworkInterface, async || {
-            provider.detach_interface(&attachment_id, false).await
-        })
-        .await,
-    );
+    must(&fixture.poll, Action::DetachNetworkInterface, async || {
+        provider.detach_interface(&attachment_id, false).await
+    })
+    .await;
     let detached = wait_for(provider, &fixture.poll, &created.id, "available", |i| {
         i.status == InterfaceStatus::Available
     })
     .await;
     assert_eq!(detached.attachment, None);
 
-    ok(
-        "DeleteNetworkInterface",
-        retrying(&fixture.poll, Action::DeleteNetworkInterface, async || {
-            provider.delete_interface(&created.id).await
-        })
-        .await,
-    );
+    must(&fixture.poll, Action::DeleteNetworkInterface, async || {
+        provider.delete_interface(&created.id).await
+    })
+    .await;
     wait_gone(provider, &fixture.poll, &created.id).await;
 }
 
@@ -580,19 +639,7 @@ pub async fn secondary_addresses<P: CloudProvider>(provider: &P, fixture: &Fixtu
     request.secondary_ipv4 = Some(Amount::Count(2));
     let created = create(provider, fixture, &request).await;
     assert_eq!(created.secondary_ipv4.len(), 2, "{created:?}");
-    let subnet = ok(
-        "DescribeSubnets",
-        retrying(&fixture.poll, Action::DescribeSubnets, async || {
-            provider
-                .describe_subnets(&SubnetFilter {
-                    ids: vec![fixture.subnet_id.clone()],
-                    ..SubnetFilter::default()
-                })
-                .await
-        })
-        .await,
-    )
-    .remove(0);
+    let subnet = fixture_subnet(provider, fixture).await;
     for addr in created.secondary_ipv4.iter().chain([&created.primary_ipv4]) {
         assert!(
             subnet.ipv4_cidr.contains(addr),
@@ -608,22 +655,16 @@ pub async fn secondary_addresses<P: CloudProvider>(provider: &P, fixture: &Fixtu
     // An explicit address: the highest host of the subnet below the broadcast-like last one,
     // then lower ones until one is free (every address any interface of the subnet holds is
     // skipped; the rest of the subnet is assumed free).
-    let in_subnet = ok(
-        "DescribeNetworkInterfaces by subnet",
-        retrying(
-            &fixture.poll,
-            Action::DescribeNetworkInterfaces,
-            async || {
-                provider
-                    .describe_interfaces(&InterfaceFilter {
-                        subnet_id: Some(fixture.subnet_id.clone()),
-                        ..InterfaceFilter::default()
-                    })
-                    .await
-            },
-        )
-        .await,
-    );
+    let in_subnet = interfaces_by(
+        provider,
+        fixture,
+        "by subnet",
+        &InterfaceFilter {
+            subnet_id: Some(fixture.subnet_id.clone()),
+            ..InterfaceFilter::default()
+        },
+    )
+    .await;
     let used: Vec<Ipv4Addr> = in_subnet
         .iter()
         .flat_map(|i| i.secondary_ipv4.iter().copied().chain([i.primary_ipv4]))
@@ -634,22 +675,8 @@ pub async fn secondary_addresses<P: CloudProvider>(provider: &P, fixture: &Fixtu
         .map(Ipv4Addr::from)
         .find(|a| !used.contains(a))
         .expect("a free address near the top of the subnet");
-    let assigned = ok(
-        "AssignPrivateIpAddresses explicit",
-        retrying(
-            &fixture.poll,
-            Action::AssignPrivateIpAddresses,
-            async || {
-                provider
-                    .assign_ipv4(
-                        &created.id,
-                        &Ipv4Assign::Addresses(Amount::Explicit(vec![explicit])),
-                    )
-                    .await
-            },
-        )
-        .await,
-    );
+    let request = Ipv4Assign::Addresses(Amount::Explicit(vec![explicit]));
+    let assigned = assign_ipv4(provider, fixture, "explicit", &created.id, &request).await;
     assert_eq!(assigned.addresses, vec![explicit]);
     let with_three = wait_for(provider, &fixture.poll, &created.id, "3 secondaries", |i| {
         i.secondary_ipv4.len() == 3
@@ -659,25 +686,17 @@ pub async fn secondary_addresses<P: CloudProvider>(provider: &P, fixture: &Fixtu
 
     let kept = created.secondary_ipv4[1];
     let dropped = created.secondary_ipv4[0];
-    ok(
-        "UnassignPrivateIpAddresses one",
-        retrying(
-            &fixture.poll,
-            Action::UnassignPrivateIpAddresses,
-            async || {
-                provider
-                    .unassign_ipv4(
-                        &created.id,
-                        &Ipv4Set {
-                            addresses: vec![dropped],
-                            prefixes: Vec::new(),
-                        },
-                    )
-                    .await
-            },
-        )
-        .await,
-    );
+    unassign_ipv4(
+        provider,
+        fixture,
+        "one",
+        &created.id,
+        Ipv4Set {
+            addresses: vec![dropped],
+            prefixes: Vec::new(),
+        },
+    )
+    .await;
     let after = wait_for(
         provider,
         &fixture.poll,
@@ -698,21 +717,18 @@ pub async fn secondary_addresses<P: CloudProvider>(provider: &P, fixture: &Fixtu
 pub async fn tags<P: CloudProvider>(provider: &P, fixture: &Fixture) {
     let request = create_request(fixture, "tags");
     let created = create(provider, fixture, &request).await;
-    wait_for(provider, &fixture.poll, &created.id, "visible", |_| true).await;
+    visible(provider, fixture, &created.id).await;
     let marker = format!("corral-contract-{}", created.id);
     let added = Tags::from([
         ("corral.marker".to_owned(), marker.clone()),
         ("corral.contract".to_owned(), "tags-overwritten".to_owned()),
     ]);
-    ok(
-        "CreateTags",
-        retrying(&fixture.poll, Action::CreateTags, async || {
-            provider
-                .create_tags(std::slice::from_ref(&created.id), &added)
-                .await
-        })
-        .await,
-    );
+    must(&fixture.poll, Action::CreateTags, async || {
+        provider
+            .create_tags(std::slice::from_ref(&created.id), &added)
+            .await
+    })
+    .await;
     let tagged = wait_for(provider, &fixture.poll, &created.id, "tags", |i| {
         i.tags.get("corral.marker") == Some(&marker)
     })
@@ -725,15 +741,7 @@ pub async fn tags<P: CloudProvider>(provider: &P, fixture: &Fixture) {
         tags: [("corral.marker".to_owned(), Some(marker.clone()))].into(),
         ..InterfaceFilter::default()
     };
-    let found = ok(
-        "DescribeNetworkInterfaces by tag",
-        retrying(
-            &fixture.poll,
-            Action::DescribeNetworkInterfaces,
-            async || provider.describe_interfaces(&by_value).await,
-        )
-        .await,
-    );
+    let found = interfaces_by(provider, fixture, "by tag", &by_value).await;
     assert_eq!(
         found.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
         vec![created.id.as_str()]
@@ -742,43 +750,24 @@ pub async fn tags<P: CloudProvider>(provider: &P, fixture: &Fixture) {
         tags: [("corral.marker".to_owned(), None)].into(),
         ..InterfaceFilter::default()
     };
-    let found = ok(
-        "DescribeNetworkInterfaces by tag key",
-        retrying(
-            &fixture.poll,
-            Action::DescribeNetworkInterfaces,
-            async || provider.describe_interfaces(&by_key).await,
-        )
-        .await,
-    );
+    let found = interfaces_by(provider, fixture, "by tag key", &by_key).await;
     assert!(found.iter().any(|i| i.id == created.id));
     let wrong_value = InterfaceFilter {
         tags: [("corral.marker".to_owned(), Some("no-such-value".to_owned()))].into(),
         ..InterfaceFilter::default()
     };
-    let found = ok(
-        "DescribeNetworkInterfaces by another value",
-        retrying(
-            &fixture.poll,
-            Action::DescribeNetworkInterfaces,
-            async || provider.describe_interfaces(&wrong_value).await,
-        )
-        .await,
-    );
+    let found = interfaces_by(provider, fixture, "by another value", &wrong_value).await;
     assert!(found.iter().all(|i| i.id != created.id));
 
-    ok(
-        "DeleteTags",
-        retrying(&fixture.poll, Action::DeleteTags, async || {
-            provider
-                .delete_tags(
-                    std::slice::from_ref(&created.id),
-                    &["corral.marker".to_owned()],
-                )
-                .await
-        })
-        .await,
-    );
+    must(&fixture.poll, Action::DeleteTags, async || {
+        provider
+            .delete_tags(
+                std::slice::from_ref(&created.id),
+                &["corral.marker".to_owned()],
+            )
+            .await
+    })
+    .await;
     let untagged = wait_for(provider, &fixture.poll, &created.id, "tag removed", |i| {
         !i.tags.contains_key("corral.marker")
     })
@@ -897,27 +886,21 @@ pub async fn client_token_idempotent_create<P: CloudProvider>(provider: &P, fixt
     let second = create(provider, fixture, &request).await;
     assert_eq!(first.id, second.id, "same client token, same interface");
     assert_eq!(first.primary_ipv4, second.primary_ipv4);
-    let tagged = ok(
-        "DescribeNetworkInterfaces by tag",
-        retrying(
-            &fixture.poll,
-            Action::DescribeNetworkInterfaces,
-            async || {
-                provider
-                    .describe_interfaces(&InterfaceFilter {
-                        tags: [(
-                            "corral.contract".to_owned(),
-                            Some("client_token".to_owned()),
-                        )]
-                        .into(),
-                        subnet_id: Some(fixture.subnet_id.clone()),
-                        ..InterfaceFilter::default()
-                    })
-                    .await
-            },
-        )
-        .await,
-    );
+    let tagged = interfaces_by(
+        provider,
+        fixture,
+        "by tag",
+        &InterfaceFilter {
+            tags: [(
+                "corral.contract".to_owned(),
+                Some("client_token".to_owned()),
+            )]
+            .into(),
+            subnet_id: Some(fixture.subnet_id.clone()),
+            ..InterfaceFilter::default()
+        },
+    )
+    .await;
     assert!(
         tagged.iter().filter(|i| i.id != first.id).count() == 0,
         "a second interface was created: {tagged:?}"
@@ -928,45 +911,19 @@ pub async fn client_token_idempotent_create<P: CloudProvider>(provider: &P, fixt
 /// Needs [`Capabilities::occupied_device_index`]: attaching at the primary's device index 0,
 /// or at an index just taken, is refused, and the interface stays available.
 pub async fn occupied_device_index_refused<P: CloudProvider>(provider: &P, fixture: &Fixture) {
-    let first = create(
-        provider,
-        fixture,
-        &create_request(fixture, "device_index_a"),
-    )
-    .await;
-    let second = create(
-        provider,
-        fixture,
-        &create_request(fixture, "device_index_b"),
-    )
-    .await;
-    wait_for(provider, &fixture.poll, &second.id, "visible", |_| true).await;
-    match retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
-        provider
-            .attach_interface(AttachInterface::new(&second.id, &fixture.instance_id, 0))
-            .await
-    })
-    .await
-    {
+    let first = create_named(provider, fixture, "device_index_a").await;
+    let second = create_named(provider, fixture, "device_index_b").await;
+    visible(provider, fixture, &second.id).await;
+    match attach_at(provider, fixture, &second.id, 0).await {
         Err(CloudError::DeviceIndexInUse { .. }) => {}
         other => panic!("attach at device index 0: expected DeviceIndexInUse, got {other:?}"),
     }
     let (_, index) = attach(provider, fixture, &first.id).await;
-    match retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
-        provider
-            .attach_interface(AttachInterface::new(
-                &second.id,
-                &fixture.instance_id,
-                index,
-            ))
-            .await
-    })
-    .await
-    {
+    match attach_at(provider, fixture, &second.id, index).await {
         Err(CloudError::DeviceIndexInUse { .. }) => {}
         other => panic!("attach at taken index {index}: expected DeviceIndexInUse, got {other:?}"),
     }
-    let second_now = wait_for(provider, &fixture.poll, &second.id, "visible", |_| true).await;
+    let second_now = visible(provider, fixture, &second.id).await;
     assert_eq!(second_now.status, InterfaceStatus::Available);
     assert_eq!(second_now.attachment, None);
     remove(provider, fixture, &first.id).await;
@@ -976,13 +933,8 @@ pub async fn occupied_device_index_refused<P: CloudProvider>(provider: &P, fixtu
 /// Needs [`Capabilities::delete_attached_refused`]: deleting an attached interface is
 /// `InvalidNetworkInterface.InUse` and the interface stays.
 pub async fn delete_attached_refused<P: CloudProvider>(provider: &P, fixture: &Fixture) {
-    let created = create(
-        provider,
-        fixture,
-        &create_request(fixture, "delete_attached"),
-    )
-    .await;
-    wait_for(provider, &fixture.poll, &created.id, "visible", |_| true).await;
+    let created = create_named(provider, fixture, "delete_attached").await;
+    visible(provider, fixture, &created.id).await;
     attach(provider, fixture, &created.id).await;
     match retrying(&fixture.poll, Action::DeleteNetworkInterface, async || {
         provider.delete_interface(&created.id).await
@@ -1004,22 +956,16 @@ async fn instance_limits<P: CloudProvider>(
     provider: &P,
     fixture: &Fixture,
 ) -> (usize, crate::InstanceTypeInfo) {
-    let instance = ok(
-        "DescribeInstances",
-        retrying(&fixture.poll, Action::DescribeInstances, async || {
-            provider.describe_instance(&fixture.instance_id).await
-        })
-        .await,
-    );
-    let types = ok(
-        "DescribeInstanceTypes",
-        retrying(&fixture.poll, Action::DescribeInstanceTypes, async || {
-            provider
-                .describe_instance_types(std::slice::from_ref(&instance.instance_type))
-                .await
-        })
-        .await,
-    );
+    let instance = must(&fixture.poll, Action::DescribeInstances, async || {
+        provider.describe_instance(&fixture.instance_id).await
+    })
+    .await;
+    let types = must(&fixture.poll, Action::DescribeInstanceTypes, async || {
+        provider
+            .describe_instance_types(std::slice::from_ref(&instance.instance_type))
+            .await
+    })
+    .await;
     (instance.interfaces.len(), types[0].clone())
 }
 
@@ -1031,30 +977,15 @@ pub async fn limits_attachment<P: CloudProvider>(provider: &P, fixture: &Fixture
     assert!(room >= 1, "the fixture's instance is full: {limits:?}");
     let mut created = Vec::new();
     for n in 0..=room {
-        let interface = create(
-            provider,
-            fixture,
-            &create_request(fixture, &format!("limit_{n}")),
-        )
-        .await;
-        wait_for(provider, &fixture.poll, &interface.id, "visible", |_| true).await;
+        let interface = create_named(provider, fixture, &format!("limit_{n}")).await;
+        visible(provider, fixture, &interface.id).await;
         created.push(interface.id);
     }
     for id in &created[..room] {
         attach(provider, fixture, id).await;
     }
     let index = first_free_device_index(provider, fixture).await;
-    match retrying(&fixture.poll, Action::AttachNetworkInterface, async || {
-        provider
-            .attach_interface(AttachInterface::new(
-                &created[room],
-                &fixture.instance_id,
-                index,
-            ))
-            .await
-    })
-    .await
-    {
+    match attach_at(provider, fixture, &created[room], index).await {
         Err(CloudError::AttachmentLimitExceeded { .. }) => {}
         other => panic!(
             "attach beyond {} interfaces of {}: expected AttachmentLimitExceeded, got {other:?}",
@@ -1071,23 +1002,12 @@ pub async fn limits_attachment<P: CloudProvider>(provider: &P, fixture: &Fixture
 /// with nothing assigned.
 pub async fn limits_addresses<P: CloudProvider>(provider: &P, fixture: &Fixture) {
     let (_, limits) = instance_limits(provider, fixture).await;
-    let created = create(provider, fixture, &create_request(fixture, "address_limit")).await;
-    wait_for(provider, &fixture.poll, &created.id, "visible", |_| true).await;
+    let created = create_named(provider, fixture, "address_limit").await;
+    visible(provider, fixture, &created.id).await;
     attach(provider, fixture, &created.id).await;
     let room = limits.ipv4_per_interface - 1;
-    let assigned = ok(
-        "AssignPrivateIpAddresses up to the limit",
-        retrying(
-            &fixture.poll,
-            Action::AssignPrivateIpAddresses,
-            async || {
-                provider
-                    .assign_ipv4(&created.id, &Ipv4Assign::Addresses(Amount::Count(room)))
-                    .await
-            },
-        )
-        .await,
-    );
+    let request = Ipv4Assign::Addresses(Amount::Count(room));
+    let assigned = assign_ipv4(provider, fixture, "up to the limit", &created.id, &request).await;
     assert_eq!(assigned.addresses.len(), room as usize);
     match retrying(
         &fixture.poll,
@@ -1118,40 +1038,17 @@ pub async fn limits_addresses<P: CloudProvider>(provider: &P, fixture: &Fixture)
 /// Needs [`Capabilities::prefix_delegation`] and a Nitro instance: an attached interface gets a
 /// /28 prefix, aligned and inside the subnet, seen by describe, and unassigned again.
 pub async fn prefix_delegation_ipv4<P: CloudProvider>(provider: &P, fixture: &Fixture) {
-    let created = create(provider, fixture, &create_request(fixture, "prefix")).await;
-    wait_for(provider, &fixture.poll, &created.id, "visible", |_| true).await;
+    let created = create_named(provider, fixture, "prefix").await;
+    visible(provider, fixture, &created.id).await;
     attach(provider, fixture, &created.id).await;
-    let assigned = ok(
-        "AssignPrivateIpAddresses prefix",
-        retrying(
-            &fixture.poll,
-            Action::AssignPrivateIpAddresses,
-            async || {
-                provider
-                    .assign_ipv4(&created.id, &Ipv4Assign::Prefixes(Amount::Count(1)))
-                    .await
-            },
-        )
-        .await,
-    );
+    let request = Ipv4Assign::Prefixes(Amount::Count(1));
+    let assigned = assign_ipv4(provider, fixture, "prefix", &created.id, &request).await;
     assert_eq!(assigned.prefixes.len(), 1, "{assigned:?}");
     assert!(assigned.addresses.is_empty());
     let prefix = assigned.prefixes[0];
     assert_eq!(prefix.prefix_len(), 28);
     assert_eq!(prefix.trunc(), prefix, "aligned");
-    let subnet = ok(
-        "DescribeSubnets",
-        retrying(&fixture.poll, Action::DescribeSubnets, async || {
-            provider
-                .describe_subnets(&SubnetFilter {
-                    ids: vec![fixture.subnet_id.clone()],
-                    ..SubnetFilter::default()
-                })
-                .await
-        })
-        .await,
-    )
-    .remove(0);
+    let subnet = fixture_subnet(provider, fixture).await;
     assert!(
         subnet.ipv4_cidr.contains(&prefix),
         "{prefix} in {}",
@@ -1162,25 +1059,17 @@ pub async fn prefix_delegation_ipv4<P: CloudProvider>(provider: &P, fixture: &Fi
         i.ipv4_prefixes == vec![prefix]
     })
     .await;
-    ok(
-        "UnassignPrivateIpAddresses prefix",
-        retrying(
-            &fixture.poll,
-            Action::UnassignPrivateIpAddresses,
-            async || {
-                provider
-                    .unassign_ipv4(
-                        &created.id,
-                        &Ipv4Set {
-                            addresses: Vec::new(),
-                            prefixes: vec![prefix],
-                        },
-                    )
-                    .await
-            },
-        )
-        .await,
-    );
+    unassign_ipv4(
+        provider,
+        fixture,
+        "prefix",
+        &created.id,
+        Ipv4Set {
+            addresses: Vec::new(),
+            prefixes: vec![prefix],
+        },
+    )
+    .await;
     wait_for(provider, &fixture.poll, &created.id, "no prefix", |i| {
         i.ipv4_prefixes.is_empty()
     })
