@@ -140,6 +140,17 @@ impl Node {
         }
     }
 
+    /// The node on `interfaces` with `used` of their addresses in use.
+    pub fn serve(&mut self, interfaces: Vec<InterfaceView>, used: u64) {
+        self.interfaces = interfaces;
+        self.using(used);
+    }
+
+    /// `used` of the node's addresses in use.
+    pub fn using(&mut self, used: u64) {
+        self.demand = Some(demand_of(&self.interfaces, used));
+    }
+
     pub fn plan(&self) -> CloudPlan {
         plan_node(&NodeCloudInput {
             family: self.family,
@@ -158,6 +169,80 @@ impl Node {
             release_delay_ms: DELAY,
         })
     }
+}
+
+/// Creating an interface in `subnet_id` at `device_index` with `count` addresses or prefixes.
+fn create(subnet_id: &str, device_index: u32, count: u32, prefixes: bool) -> CloudAction {
+    CloudAction::Create {
+        subnet_id: subnet_id.to_owned(),
+        device_index,
+        count,
+        prefixes,
+    }
+}
+
+/// Assigning `count` addresses or prefixes to `interface`.
+fn assign(interface: &str, count: u32, prefixes: bool) -> CloudAction {
+    CloudAction::Assign {
+        interface: id(interface),
+        count,
+        prefixes,
+    }
+}
+
+/// Marking `addresses` of `interface` for release.
+fn mark(interface: &str, addresses: Vec<IpNet>) -> CloudAction {
+    CloudAction::Mark {
+        interface: id(interface),
+        addresses,
+    }
+}
+
+/// Unassigning `addresses` from `interface`.
+fn unassign(interface: &str, addresses: Vec<IpNet>) -> CloudAction {
+    CloudAction::Unassign {
+        interface: id(interface),
+        addresses,
+    }
+}
+
+/// An m5.large under warm targets `warm`, using its primary interface.
+fn warm_m5_large(warm: WarmTargets) -> Node {
+    let mut node = Node::new(m5_large(), Watermarks::default());
+    node.cloud.warm = Some(warm);
+    node.cloud.first_interface_index = 0;
+    node
+}
+
+/// An m5.large node `n` of cloud pool `pool`, capped by its `max_pods`.
+fn capped_m5_large(pool: &crate::config::CloudPool) -> Node {
+    let mut node = Node::new(m5_large(), pool.demand.capped_watermarks_for("n", None));
+    node.cloud = pool.settings();
+    node
+}
+
+/// WARM_IP_TARGET `warm_ip` and MINIMUM_IP_TARGET `minimum_ip`.
+fn ip_targets(warm_ip: u64, minimum_ip: u64) -> WarmTargets {
+    WarmTargets {
+        warm_ip: Some(warm_ip),
+        minimum_ip: Some(minimum_ip),
+        ..WarmTargets::default()
+    }
+}
+
+/// A cluster of one cloud pool `vpc` on 10.0.0.0/16 with `max_pods`, and `cloud` (TOML) after.
+fn vpc_pool(max_pods: u32, cloud: &str) -> Result<crate::ClusterConfig, crate::ConfigError> {
+    crate::ClusterConfig::from_toml(&format!(
+        "[[pools]]\nname = \"vpc\"\nmode = \"cloud\"\nmax_pods = {max_pods}\n\
+         [pools.ipv4]\ncidrs = [\"10.0.0.0/16\"]\n{cloud}\n"
+    ))
+}
+
+/// The node plans no call and says it is at capacity.
+fn assert_at_capacity(node: &Node) {
+    let plan = node.plan();
+    assert_eq!(plan.action, CloudAction::Nothing);
+    assert!(plan.at_capacity);
 }
 
 fn count_of(action: &CloudAction) -> u64 {
@@ -265,7 +350,7 @@ fn cilium_worked_examples() {
         if avail > 0 {
             node.interfaces = vec![iface(1, avail)];
         }
-        node.demand = Some(demand_of(&node.interfaces, used));
+        node.using(used);
         node.since = Some(node.now - DELAY);
         let plan = node.plan();
         assert_eq!(plan.stats.needed, need, "row {row}: needed");
@@ -305,8 +390,7 @@ fn waiting_allocations_surge() {
 #[test]
 fn max_allocate_caps_and_reports_at_capacity() {
     let mut node = Node::new(m5_24xlarge(), w(8, 0, 0, 20));
-    node.interfaces = vec![iface(1, 20)];
-    node.demand = Some(demand_of(&node.interfaces, 18));
+    node.serve(vec![iface(1, 20)], 18);
     let plan = node.plan();
     assert_eq!(plan.stats.capacity, 20);
     assert_eq!(plan.action, CloudAction::Nothing);
@@ -316,95 +400,41 @@ fn max_allocate_caps_and_reports_at_capacity() {
 /// CLUSTER-DESIGN 2.1's WARM_ENI rows on an m5.large using its primary interface.
 #[test]
 fn aws_warm_eni_worked_examples() {
-    let mut node = Node::new(m5_large(), Watermarks::default());
-    node.cloud.warm = Some(WarmTargets::default());
-    node.cloud.first_interface_index = 0;
-    node.interfaces = vec![iface(0, 9)];
-    node.demand = Some(demand_of(&node.interfaces, 0));
+    let mut node = warm_m5_large(WarmTargets::default());
+    node.serve(vec![iface(0, 9)], 0);
     assert_eq!(node.plan().action, CloudAction::Nothing);
     assert_eq!(node.plan().stats.capacity, 27);
     // One pod: 8 free < 9: a whole interface with 9.
-    node.demand = Some(demand_of(&node.interfaces, 1));
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Create {
-            subnet_id: "subnet-a".to_owned(),
-            device_index: 1,
-            count: 9,
-            prefixes: false,
-        }
-    );
+    node.using(1);
+    assert_eq!(node.plan().action, create("subnet-a", 1, 9, false));
     // max-allocate 12 caps the whole interface's worth at 3.
     let mut capped = node.clone();
     capped.watermarks.max_allocate = 12;
-    assert_eq!(
-        capped.plan().action,
-        CloudAction::Create {
-            subnet_id: "subnet-a".to_owned(),
-            device_index: 1,
-            count: 3,
-            prefixes: false,
-        }
-    );
+    assert_eq!(capped.plan().action, create("subnet-a", 1, 3, false));
     // Ten pods on three full interfaces: 17 free.
-    node.interfaces = vec![iface(0, 9), iface(1, 9), iface(2, 9)];
-    node.demand = Some(demand_of(&node.interfaces, 10));
+    node.serve(vec![iface(0, 9), iface(1, 9), iface(2, 9)], 10);
     let plan = node.plan();
     assert_eq!(plan.action, CloudAction::Nothing);
     assert!(!plan.at_capacity);
     // 25 pods: 2 free < 9 but nothing left: at capacity (max pods 3 * 9 + 2 = 29).
-    node.demand = Some(demand_of(&node.interfaces, 25));
-    let plan = node.plan();
-    assert_eq!(plan.action, CloudAction::Nothing);
-    assert!(plan.at_capacity);
+    node.using(25);
+    assert_at_capacity(&node);
 }
 
 /// CLUSTER-DESIGN 2.1's WARM_IP=2 MIN=10 rows on an m5.large using its primary interface.
 #[test]
 fn aws_ip_targets_worked_examples() {
-    let mut node = Node::new(m5_large(), Watermarks::default());
-    node.cloud.warm = Some(WarmTargets {
-        warm_ip: Some(2),
-        minimum_ip: Some(10),
-        ..WarmTargets::default()
-    });
-    node.cloud.first_interface_index = 0;
-    node.interfaces = vec![iface(0, 0)];
-    node.demand = Some(demand_of(&node.interfaces, 0));
+    let mut node = warm_m5_large(ip_targets(2, 10));
+    node.serve(vec![iface(0, 0)], 0);
     // short 10: 9 on the primary, the next pass a new interface with 1.
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-0"),
-            count: 9,
-            prefixes: false
-        }
-    );
-    node.interfaces = vec![iface(0, 9)];
-    node.demand = Some(demand_of(&node.interfaces, 0));
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Create {
-            subnet_id: "subnet-a".to_owned(),
-            device_index: 1,
-            count: 1,
-            prefixes: false,
-        }
-    );
+    assert_eq!(node.plan().action, assign("eni-0", 9, false));
+    node.serve(vec![iface(0, 9)], 0);
+    assert_eq!(node.plan().action, create("subnet-a", 1, 1, false));
     // 9 pods on 10: short 1 on the second interface.
-    node.interfaces = vec![iface(0, 9), iface(1, 1)];
-    node.demand = Some(demand_of(&node.interfaces, 9));
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-1"),
-            count: 1,
-            prefixes: false
-        }
-    );
+    node.serve(vec![iface(0, 9), iface(1, 1)], 9);
+    assert_eq!(node.plan().action, assign("eni-1", 1, false));
     // 4 pods deleted: 5 used of 11: over 1, marked after the delay.
-    node.interfaces = vec![iface(0, 9), iface(1, 2)];
-    node.demand = Some(demand_of(&node.interfaces, 5));
+    node.serve(vec![iface(0, 9), iface(1, 2)], 5);
     let plan = node.plan();
     assert_eq!(plan.stats.excess, 1);
     assert_eq!(plan.action, CloudAction::Nothing);
@@ -432,15 +462,7 @@ fn tiny_instances_are_at_capacity_without_calls() {
         node.interfaces = vec![iface(0, 0)];
         let plan = node.plan();
         assert_eq!(plan.stats.capacity, 1);
-        assert_eq!(
-            plan.action,
-            CloudAction::Create {
-                subnet_id: "subnet-a".to_owned(),
-                device_index: 1,
-                count: 1,
-                prefixes: false,
-            }
-        );
+        assert_eq!(plan.action, create("subnet-a", 1, 1, false));
         assert!(!plan.at_capacity, "the one slot is taken first");
         node.interfaces = vec![iface(0, 0), iface(1, 1)];
         node.demand = Some(demand_of(&node.interfaces[1..], 1));
@@ -461,13 +483,10 @@ fn tiny_instances_are_at_capacity_without_calls() {
     let mut node = Node::new(m5_large(), w(8, 0, 0, 0));
     node.subnets = vec![subnet("subnet-a", 1)];
     node.interfaces = vec![iface(0, 0)];
-    let plan = node.plan();
-    assert_eq!(plan.action, CloudAction::Nothing);
-    assert!(plan.at_capacity);
+    assert_at_capacity(&node);
     // Interface limit reached and every interface full.
     node.subnets = vec![subnet("subnet-a", 1000)];
-    node.interfaces = vec![iface(0, 0), iface(1, 9), iface(2, 9)];
-    node.demand = Some(demand_of(&node.interfaces, 15));
+    node.serve(vec![iface(0, 0), iface(1, 9), iface(2, 9)], 15);
     let plan = node.plan();
     assert_eq!(plan.action, CloudAction::Nothing);
     assert!(plan.at_capacity);
@@ -486,17 +505,9 @@ fn existing_interfaces_first_lowest_index_whose_subnet_has_room() {
         subnet("subnet-b", 5),
         subnet("subnet-full", 0),
     ];
-    node.interfaces = vec![iface(0, 0), far, full_subnet, iface(3, 49)];
-    node.demand = Some(demand_of(&node.interfaces, 55));
+    node.serve(vec![iface(0, 0), far, full_subnet, iface(3, 49)], 55);
     // 55 held, 55 used: 8 wanted; eni-1's subnet is full, eni-2's has 5.
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-2"),
-            count: 5,
-            prefixes: false
-        }
-    );
+    assert_eq!(node.plan().action, assign("eni-2", 5, false));
     // An interface still attaching gets nothing, but while it has room in a subnet with room
     // the node waits for it (a few seconds) instead of creating another interface beside it.
     node.interfaces[1].attached = false;
@@ -530,58 +541,26 @@ fn prefix_delegation_is_per_interface() {
     node.cloud.prefix_delegation = true;
     node.interfaces = vec![iface(0, 0)];
     // A new interface with one /28 for 8 wanted.
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Create {
-            subnet_id: "subnet-a".to_owned(),
-            device_index: 1,
-            count: 1,
-            prefixes: true,
-        }
-    );
+    assert_eq!(node.plan().action, create("subnet-a", 1, 1, true));
     assert_eq!(node.plan().stats.capacity, 2 * 9 * 16);
     // eni-1 fell back to /32s: it gets /32s; eni-2 keeps prefixes.
     let mut secondaries = iface(1, 9);
     secondaries.addresses.truncate(4);
     secondaries.secondaries_only = true;
-    node.interfaces = vec![iface(0, 0), secondaries.clone()];
-    node.demand = Some(demand_of(&node.interfaces, 4));
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-1"),
-            count: 5,
-            prefixes: false
-        }
-    );
+    node.serve(vec![iface(0, 0), secondaries.clone()], 4);
+    assert_eq!(node.plan().action, assign("eni-1", 5, false));
     let mut prefixed = iface(2, 0);
     prefixed.addresses = vec![net("10.0.2.16/28")];
     secondaries.addresses = (0..9).map(|k| addr(1, k)).collect();
-    node.interfaces = vec![iface(0, 0), secondaries, prefixed];
-    node.demand = Some(demand_of(&node.interfaces, 25));
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-2"),
-            count: 1,
-            prefixes: true
-        }
-    );
+    node.serve(vec![iface(0, 0), secondaries, prefixed], 25);
+    assert_eq!(node.plan().action, assign("eni-2", 1, true));
     // Capacity: 9 /32s on eni-1, 9 slots of 16 on eni-2.
     assert_eq!(node.plan().stats.capacity, 9 + 9 * 16);
     // The instance without prefix delegation: single addresses everywhere.
     node.limits.prefix_delegation = false;
     node.interfaces = vec![iface(0, 0)];
     node.demand = None;
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Create {
-            subnet_id: "subnet-a".to_owned(),
-            device_index: 1,
-            count: 8,
-            prefixes: false,
-        }
-    );
+    assert_eq!(node.plan().action, create("subnet-a", 1, 8, false));
 }
 
 #[test]
@@ -592,28 +571,14 @@ fn a_prefix_interface_in_a_subnet_without_a_whole_prefix_takes_single_addresses(
     one.addresses = vec![net("10.0.1.16/28")];
     node.interfaces = vec![iface(0, 0), one];
     node.subnets = vec![subnet("subnet-a", 10)];
-    node.demand = Some(demand_of(&node.interfaces, 12));
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-1"),
-            count: 4,
-            prefixes: false
-        }
-    );
+    node.using(12);
+    assert_eq!(node.plan().action, assign("eni-1", 4, false));
     // A subnet that refused a prefix lately is not asked for one either.
     node.subnets = vec![SubnetView {
         no_free_prefix: true,
         ..subnet("subnet-a", 100)
     }];
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-1"),
-            count: 4,
-            prefixes: false
-        }
-    );
+    assert_eq!(node.plan().action, assign("eni-1", 4, false));
 }
 
 fn releasing(address: IpNet, state: ReleaseState, marked_ms: u64) -> Releasing {
@@ -645,10 +610,7 @@ fn marks_wait_for_the_delay_and_take_one_interface_with_most_free() {
     let plan = node.plan();
     assert_eq!(
         plan.action,
-        CloudAction::Mark {
-            interface: id("eni-1"),
-            addresses: (2..10).map(|k| addr(1, k)).collect(),
-        }
+        mark("eni-1", (2..10).map(|k| addr(1, k)).collect())
     );
     // The marked ones still count; eight more to go, from the next interface.
     node.releasing = (2..10)
@@ -657,10 +619,7 @@ fn marks_wait_for_the_delay_and_take_one_interface_with_most_free() {
     let plan = node.plan();
     assert_eq!(
         plan.action,
-        CloudAction::Mark {
-            interface: id("eni-2"),
-            addresses: (5..10).map(|k| addr(2, k)).collect(),
-        }
+        mark("eni-2", (5..10).map(|k| addr(2, k)).collect())
     );
     assert!(plan.unmark.is_empty());
     // Surrendered: unassigned in the cloud within the excess.
@@ -671,10 +630,7 @@ fn marks_wait_for_the_delay_and_take_one_interface_with_most_free() {
     assert_eq!(plan.stats.available, 22);
     assert_eq!(
         plan.action,
-        CloudAction::Unassign {
-            interface: id("eni-1"),
-            addresses: (2..10).map(|k| addr(1, k)).collect(),
-        }
+        unassign("eni-1", (2..10).map(|k| addr(1, k)).collect())
     );
     // Demand rose meanwhile: 12 used of the 22 left: nothing needed, but the keep level is
     // 24 of the 30 held: six complete, two are taken back.
@@ -708,8 +664,7 @@ fn marks_wait_for_the_delay_and_take_one_interface_with_most_free() {
 #[test]
 fn a_refusal_is_forgotten_and_the_clock_restarts() {
     let mut node = Node::new(m5_24xlarge(), w(8, 0, 0, 0));
-    node.interfaces = vec![iface(1, 20)];
-    node.demand = Some(demand_of(&node.interfaces, 0));
+    node.serve(vec![iface(1, 20)], 0);
     node.releasing = vec![releasing(addr(1, 19), ReleaseState::Refused, 0)];
     node.since = Some(0);
     let plan = node.plan();
@@ -737,10 +692,7 @@ fn prefix_pools_mark_whole_free_prefixes_within_the_excess() {
     });
     assert_eq!(
         node.plan().action,
-        CloudAction::Mark {
-            interface: id("eni-1"),
-            addresses: vec![net("10.0.1.32/28"), net("10.0.1.16/28")],
-        }
+        mark("eni-1", vec![net("10.0.1.32/28"), net("10.0.1.16/28")])
     );
     // 7 used: keep 15, excess 33: still two. 20 used: keep 28, excess 20: one.
     node.demand.as_mut().unwrap().used = 20;
@@ -759,15 +711,7 @@ fn ipv6_prefixes_count_whole() {
     v6.cidrs.push(net("2001:db8::/56"));
     node.subnets = vec![v6];
     node.interfaces = vec![iface(0, 0)];
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Create {
-            subnet_id: "subnet-a".to_owned(),
-            device_index: 1,
-            count: 1,
-            prefixes: true,
-        }
-    );
+    assert_eq!(node.plan().action, create("subnet-a", 1, 1, true));
     let mut one = iface(1, 3);
     one.addresses.push(net("2001:db8:0:0:1::/80"));
     node.interfaces = vec![iface(0, 0), one];
@@ -794,7 +738,7 @@ fn growth_by_a_prefix_does_not_release_single_addresses_next() {
     prefixed.addresses = vec![net("10.0.2.16/28")];
     node.interfaces = vec![iface(0, 0), singles, prefixed];
     // 25 held, 5 used (on the singles): keep 13, excess 12, four single addresses free.
-    node.demand = Some(demand_of(&node.interfaces, 5));
+    node.using(5);
     node.since = Some(0);
     let plan = node.plan();
     assert_eq!(plan.stats.excess, 12);
@@ -803,7 +747,7 @@ fn growth_by_a_prefix_does_not_release_single_addresses_next() {
     let mut two = iface(2, 0);
     two.addresses = vec![net("10.0.2.16/28"), net("10.0.2.32/28")];
     node.interfaces[2] = two;
-    node.demand = Some(demand_of(&node.interfaces, 5));
+    node.using(5);
     assert_eq!(count_of(&node.plan().action), 1);
 }
 
@@ -814,35 +758,19 @@ fn growth_by_a_prefix_does_not_release_single_addresses_next() {
 /// Before, a warm-target pool had no cap but the instance's limits.
 #[test]
 fn max_pods_caps_warm_ip_targets() {
-    let config = crate::ClusterConfig::from_toml(
-        r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-max_pods = 12
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-[pools.cloud.warm]
-warm_ip = 5
-"#,
-    )
-    .expect("max_pods beside warm targets is accepted");
+    let config = vpc_pool(12, "[pools.cloud.warm]\nwarm_ip = 5")
+        .expect("max_pods beside warm targets is accepted");
     let pool = config.pools[0].cloud().unwrap();
-    let mut node = Node::new(m5_large(), pool.demand.capped_watermarks_for("n", None));
-    node.cloud = pool.settings();
+    let mut node = capped_m5_large(pool);
     node.cloud.first_interface_index = 0;
     // 10 held, 8 used: 2 free, WARM_IP 5 wants 3 more; the cap leaves room for 2.
-    node.interfaces = vec![iface(0, 10)];
-    node.demand = Some(demand_of(&node.interfaces, 8));
+    node.serve(vec![iface(0, 10)], 8);
     let plan = node.plan();
     assert_eq!(plan.stats.capacity, 12);
     assert_eq!(count_of(&plan.action), 2, "{:?}", plan.action);
     // 12 held (max pods), 11 used: 1 free, nothing more and reported at capacity.
-    node.interfaces = vec![iface(0, 10), iface(1, 2)];
-    node.demand = Some(demand_of(&node.interfaces, 11));
-    let plan = node.plan();
-    assert_eq!(plan.action, CloudAction::Nothing);
-    assert!(plan.at_capacity);
+    node.serve(vec![iface(0, 10), iface(1, 2)], 11);
+    assert_at_capacity(&node);
     // Without the cap the same node takes 4 more (the instance has room for 27).
     let mut uncapped = node.clone();
     uncapped.watermarks = pool.demand.watermarks_for("n");
@@ -866,42 +794,20 @@ warm_ip = 5
 /// unit, as ipamd's chunks are), and one holding two gets nothing and is at capacity.
 #[test]
 fn max_pods_caps_warm_prefix_targets() {
-    let config = crate::ClusterConfig::from_toml(
-        r#"
-[[pools]]
-name = "vpc"
-mode = "cloud"
-max_pods = 20
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-[pools.cloud]
-prefix_delegation = true
-[pools.cloud.warm]
-warm_prefix = 1
-"#,
+    let config = vpc_pool(
+        20,
+        "[pools.cloud]\nprefix_delegation = true\n[pools.cloud.warm]\nwarm_prefix = 1",
     )
     .unwrap();
     let pool = config.pools[0].cloud().unwrap();
-    let mut node = Node::new(m5_large(), pool.demand.capped_watermarks_for("n", None));
-    node.cloud = pool.settings();
+    let mut node = capped_m5_large(pool);
     let mut one = iface(1, 0);
     one.addresses = vec![net("10.0.1.16/28")];
-    node.interfaces = vec![iface(0, 0), one.clone()];
-    node.demand = Some(demand_of(&node.interfaces, 16));
-    assert_eq!(
-        node.plan().action,
-        CloudAction::Assign {
-            interface: id("eni-1"),
-            count: 1,
-            prefixes: true
-        }
-    );
+    node.serve(vec![iface(0, 0), one.clone()], 16);
+    assert_eq!(node.plan().action, assign("eni-1", 1, true));
     one.addresses = vec![net("10.0.1.16/28"), net("10.0.1.32/28")];
-    node.interfaces = vec![iface(0, 0), one];
-    node.demand = Some(demand_of(&node.interfaces, 32));
-    let plan = node.plan();
-    assert_eq!(plan.action, CloudAction::Nothing);
-    assert!(plan.at_capacity);
+    node.serve(vec![iface(0, 0), one], 32);
+    assert_at_capacity(&node);
 }
 
 /// ipamd's `TestWarmENIInteractions` (WARM_IP 2, MINIMUM_IP 4; the primary with 2 used, ENI-2
@@ -911,26 +817,13 @@ warm_prefix = 1
 /// it from ENI-2, which has most free, and no interface empties.
 #[test]
 fn a_release_prefers_emptying_an_interface_under_warm_targets() {
-    let mut node = Node::new(m5_large(), Watermarks::default());
-    node.cloud.warm = Some(WarmTargets {
-        warm_ip: Some(2),
-        minimum_ip: Some(4),
-        ..WarmTargets::default()
-    });
-    node.cloud.first_interface_index = 0;
-    node.interfaces = vec![iface(0, 2), iface(1, 2), iface(2, 1)];
-    node.demand = Some(demand_of(&node.interfaces, 2));
+    let mut node = warm_m5_large(ip_targets(2, 4));
+    node.serve(vec![iface(0, 2), iface(1, 2), iface(2, 1)], 2);
     node.since = Some(node.now - DELAY);
     assert_eq!(node.cloud.release_policy(), ReleasePolicy::EmptyInterfaces);
     let plan = node.plan();
     assert_eq!(plan.stats.excess, 1);
-    assert_eq!(
-        plan.action,
-        CloudAction::Mark {
-            interface: id("eni-2"),
-            addresses: vec![addr(2, 0)],
-        }
-    );
+    assert_eq!(plan.action, mark("eni-2", vec![addr(2, 0)]));
     node.cloud.release_policy = Some(ReleasePolicy::Spread);
     assert!(
         matches!(&node.plan().action, CloudAction::Mark { interface, .. } if *interface == id("eni-1")),
