@@ -107,6 +107,22 @@ async fn leader_of(replicas: &[&Replica]) {
     .await;
 }
 
+/// Replica op-a, once it leads.
+async fn leading<K: Kv>(kv: &K) -> Replica {
+    let a = Replica::start(kv, "op-a");
+    leader_of(&[&a]).await;
+    a
+}
+
+/// Waits (up to 15 s) until `n` of node `name`'s blocks are marked for release.
+async fn wait_marked<K: Kv>(kv: &K, name: &str, n: usize) {
+    let what = format!("{n} blocks marked");
+    wait_until(&what, Duration::from_secs(15), || async {
+        releases_of(kv, name).await.len() == n
+    })
+    .await;
+}
+
 async fn wait_blocks<K: Kv>(kv: &K, name: &str, n: usize) {
     wait_blocks_within(kv, name, n, 10).await;
 }
@@ -139,8 +155,7 @@ async fn wait_two_blocks_each<K: Kv>(kv: &K, names: &[String]) {
 #[tokio::test(start_paused = true)]
 async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grows() {
     let (kv, auditor) = audited(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(&kv).await;
     register(&kv, "n1").await;
     // Nothing used yet: pre-allocate 8 is one block of 14.
     demand(&kv, "n1", 0, 0, 0, &[]).await;
@@ -188,8 +203,7 @@ async fn a_node_with_demand_gets_whole_lowest_aligned_blocks_and_more_as_it_grow
 #[tokio::test(start_paused = true)]
 async fn a_hundred_nodes_at_once_are_all_served_disjoint_without_a_refused_transaction() {
     let (kv, auditor) = audited(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(&kv).await;
     let names: Vec<String> = (0..100).map(|i| format!("node-{i:03}")).collect();
     for name in &names {
         register(&kv, name).await;
@@ -234,8 +248,7 @@ async fn node_with_excess<K: Kv>(kv: &K, name: &str) -> Vec<String> {
 #[tokio::test(start_paused = true)]
 async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgotten() {
     let (kv, auditor) = audited(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(&kv).await;
     let blocks = node_with_excess(&kv, "n1").await;
     assert_eq!(blocks.len(), 3);
     // Within the release delay nothing is marked.
@@ -296,13 +309,9 @@ async fn excess_blocks_are_marked_after_the_release_delay_then_released_or_forgo
 #[tokio::test(start_paused = true)]
 async fn a_mark_is_withdrawn_when_demand_rises_before_the_answer() {
     let kv = initialized(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(&kv).await;
     node_with_excess(&kv, "n1").await;
-    wait_until("two blocks marked", Duration::from_secs(15), || async {
-        releases_of(&kv, "n1").await.len() == 2
-    })
-    .await;
+    wait_marked(&kv, "n1", 2).await;
     // Pods arrive: 30 used, everything is needed again.
     demand(&kv, "n1", 30, 12, 0, &[]).await;
     wait_until("un-marked", Duration::from_secs(3), || async {
@@ -317,14 +326,10 @@ async fn a_mark_is_withdrawn_when_demand_rises_before_the_answer() {
 
 /// `op-a` leading and `op-b` standing by; node `n1` with excess, two of its blocks marked.
 async fn two_blocks_marked(kv: &MemKv) -> (Replica, Replica) {
-    let a = Replica::start(kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(kv).await;
     let b = Replica::start(kv, "op-b");
     node_with_excess(kv, "n1").await;
-    wait_until("two blocks marked", Duration::from_secs(15), || async {
-        releases_of(kv, "n1").await.len() == 2
-    })
-    .await;
+    wait_marked(kv, "n1", 2).await;
     (a, b)
 }
 
@@ -372,14 +377,10 @@ async fn a_new_leader_un_marks_when_demand_rose_during_the_failover() {
 #[tokio::test(start_paused = true)]
 async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_blocks() {
     let kv = initialized(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let _a = leading(&kv).await;
     let revision = register(&kv, "n1").await;
     node_with_excess(&kv, "n1").await;
-    wait_until("two blocks marked", Duration::from_secs(15), || async {
-        releases_of(&kv, "n1").await.len() == 2
-    })
-    .await;
+    wait_marked(&kv, "n1", 2).await;
     assert!(answer(&kv, "n1", "10.64.0.48/28", ReleaseState::Refused).await);
     // A garbage release key of the node goes too.
     put(
@@ -403,8 +404,7 @@ async fn removal_deletes_the_nodes_demand_and_release_keys_and_quarantines_its_b
 #[tokio::test(start_paused = true)]
 async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
     let kv = initialized(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(&kv).await;
     register(&kv, "big").await;
     put(
         &kv,
@@ -440,8 +440,7 @@ async fn a_node_at_max_allocate_gets_no_more_and_is_reported_at_capacity() {
 #[tokio::test(start_paused = true)]
 async fn a_node_with_more_blocks_than_one_transaction_holds_is_granted_and_removed_in_parts() {
     let (kv, auditor) = audited(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(&kv).await;
     let revision = register(&kv, "n1").await;
     // 1,000 ADDs waiting: 1,000 addresses, 72 blocks, in transactions of at most 25.
     demand(&kv, "n1", 0, 0, 1000, &[]).await;
@@ -465,8 +464,7 @@ async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
     let kv = FaultyKv::new(MemKv::new());
     init(&kv, BLOCKS).await;
     let auditor = Auditor::start(&kv).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let _a = leading(&kv).await;
     // Applied, but the leader hears the store failed: it reads everything again.
     kv.faults.lock().unwrap().lose_answers = 3;
     let names: Vec<String> = (0..10).map(|i| format!("node-{i}")).collect();
@@ -512,8 +510,7 @@ async fn lost_answers_of_block_grants_and_releases_lose_and_double_nothing() {
 #[tokio::test(start_paused = true)]
 async fn several_ready_blocks_of_one_family_all_complete() {
     let kv = initialized(BLOCKS).await;
-    let a = Replica::start(&kv, "op-a");
-    leader_of(&[&a]).await;
+    let a = leading(&kv).await;
     register(&kv, "n1").await;
     demand(&kv, "n1", 0, 0, 54, &[]).await;
     wait_blocks(&kv, "n1", 4).await;

@@ -169,12 +169,9 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
         round += 1;
         let before = rig.agents.lock().unwrap().hung.len();
         let r = Replica::start_with_cloud(&rig.kv, &format!("op-{round}"), Some(rig.options()));
-        wait_every(
-            "creates hang",
-            Duration::from_secs(120),
-            Duration::from_millis(100),
-            || rig.agents.lock().unwrap().hung.len() >= (before + 10).min(50),
-        )
+        wait_soon("creates hang", || {
+            rig.agents.lock().unwrap().hung.len() >= (before + 10).min(50)
+        })
         .await;
         r.kill();
         // The crash: half of this round's intents are lost with it.
@@ -291,12 +288,9 @@ async fn scenario_7_failover_with_30_intents_in_flight_leaks_and_doubles_nothing
     for (name, _) in &first {
         rig.set_pods(name, 1);
     }
-    wait_every(
-        "30 intents in flight",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agents.lock().unwrap().hung.len() == 30,
-    )
+    wait_soon("30 intents in flight", || {
+        rig.agents.lock().unwrap().hung.len() == 30
+    })
     .await;
     assert_eq!(intents(&rig.kv).await.len(), 30);
     let creates = rig.ec2.counters().calls(Action::CreateNetworkInterface);
@@ -538,23 +532,15 @@ async fn scenario_8_a_fragmented_subnet_falls_back_per_interface() {
         .start()
         .await;
     let node = "node-0000";
-    wait_every(
-        "8 spare addresses on the primary",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.free_of(node) >= 8,
-    )
+    wait_soon("8 spare addresses on the primary", || {
+        rig.free_of(node) >= 8
+    })
     .await;
     rig.set_pods(node, 12);
-    wait_every(
-        "12 pods and 8 spare",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            let agent = rig.agent(node);
-            agent.pods.len() == 12 && rig.free_of(node) >= 8
-        },
-    )
+    wait_soon("12 pods and 8 spare", || {
+        let agent = rig.agent(node);
+        agent.pods.len() == 12 && rig.free_of(node) >= 8
+    })
     .await;
     let recorded = records(&rig.kv).await;
     let primary = recorded
@@ -743,12 +729,9 @@ async fn the_release_delay_holds_back_neither_growth_nor_a_new_excess_clock() {
     let calls = rig.mutating_calls();
     // 14 pods: 6 more addresses needed now, not in two minutes.
     rig.set_pods(node, 14);
-    let took = wait_every(
-        "14 pods and 8 spare",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent(node).pods.len() == 14 && rig.free_of(node) == 8,
-    )
+    let took = wait_soon("14 pods and 8 spare", || {
+        rig.agent(node).pods.len() == 14 && rig.free_of(node) == 8
+    })
     .await;
     assert!(took <= Duration::from_secs(5), "the node waited {took:?}");
     assert!(rig.mutating_calls() > calls);
@@ -905,16 +888,11 @@ async fn a_removed_node_loses_its_records() {
         .named(&names(2))
         .start()
         .await;
-    wait_every(
-        "both nodes are served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            names(2)
-                .iter()
-                .all(|(n, _)| rig.agent(n).entries().len() == 8)
-        },
-    )
+    wait_soon("both nodes are served", || {
+        names(2)
+            .iter()
+            .all(|(n, _)| rig.agent(n).entries().len() == 8)
+    })
     .await;
     let name = "node-0001";
     let registration = registration(&rig.kv, name).await.unwrap();
@@ -945,12 +923,9 @@ async fn a_removed_node_with_an_open_intent_leaks_no_interface() {
         .hang_creates
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    wait_every(
-        "both creates hang",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agents.lock().unwrap().hung.len() >= 2,
-    )
+    wait_soon("both creates hang", || {
+        rig.agents.lock().unwrap().hung.len() >= 2
+    })
     .await;
     a.kill();
     let name = "node-0001";
@@ -981,12 +956,9 @@ async fn a_removed_node_with_an_open_intent_leaks_no_interface() {
         || rig.ec2.interface(&theirs[0]).is_none(),
     )
     .await;
-    wait_every(
-        "the other node is served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent("node-0000").entries().len() >= 8,
-    )
+    wait_soon("the other node is served", || {
+        rig.agent("node-0000").entries().len() >= 8
+    })
     .await;
     assert!(records(&rig.kv).await.iter().all(|(n, ..)| n != name));
 }
@@ -1001,16 +973,11 @@ async fn a_node_on_a_new_instance_drops_the_old_instances_records() {
         .named(&names(2))
         .start()
         .await;
-    wait_every(
-        "both nodes are served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            names(2)
-                .iter()
-                .all(|(n, _)| rig.agent(n).entries().len() == 8)
-        },
-    )
+    wait_soon("both nodes are served", || {
+        names(2)
+            .iter()
+            .all(|(n, _)| rig.agent(n).entries().len() == 8)
+    })
     .await;
     let name = "node-0001";
     let old = rig.instances[name].clone();
@@ -1033,12 +1000,9 @@ async fn a_node_on_a_new_instance_drops_the_old_instances_records() {
         },
     )
     .await;
-    wait_every(
-        "the node is served on its new instance",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent(name).entries().len() == 8,
-    )
+    wait_soon("the node is served on its new instance", || {
+        rig.agent(name).entries().len() == 8
+    })
     .await;
 }
 
@@ -1063,19 +1027,14 @@ async fn no_mutation_while_etcd_went_back_in_time_is_unsettled() {
     let before = mutating_calls(&rig);
     // Pods come: more addresses are wanted, and none is taken while the regression waits.
     rig.set_pods("node-0000", 5);
-    wait_every(
-        "granting resumes (the settle time)",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            if a.shared.regression_unsettled() {
-                assert_eq!(mutating_calls(&rig), before, "a mutation while unsettled");
-                false
-            } else {
-                true
-            }
-        },
-    )
+    wait_soon("granting resumes (the settle time)", || {
+        if a.shared.regression_unsettled() {
+            assert_eq!(mutating_calls(&rig), before, "a mutation while unsettled");
+            false
+        } else {
+            true
+        }
+    })
     .await;
     wait_until("node-0000 grows", Duration::from_secs(300), || async {
         rig.agent("node-0000").pods.len() == 5 && rig.free_of("node-0000") == 8

@@ -43,16 +43,11 @@ async fn two_served_nodes(seed: u64) -> (Rig, Replica) {
         .nodes(2, "m5.large")
         .start()
         .await;
-    wait_every(
-        "both nodes are served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            rig.instances
-                .keys()
-                .all(|n| rig.agent(n).entries().len() == 8)
-        },
-    )
+    wait_soon("both nodes are served", || {
+        rig.instances
+            .keys()
+            .all(|n| rig.agent(n).entries().len() == 8)
+    })
     .await;
     (rig, a)
 }
@@ -69,15 +64,10 @@ async fn node_with_six_excess(seed: u64, lag: Duration) -> (Rig, Replica) {
         .start()
         .await;
     rig.set_pods("node-0000", 6);
-    wait_every(
-        "6 pods and 8 spare",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            let agent = rig.agent("node-0000");
-            agent.pods.len() == 6 && rig.free_of("node-0000") == 8
-        },
-    )
+    wait_soon("6 pods and 8 spare", || {
+        let agent = rig.agent("node-0000");
+        agent.pods.len() == 6 && rig.free_of("node-0000") == 8
+    })
     .await;
     (rig, a)
 }
@@ -179,12 +169,9 @@ async fn a_removed_nodes_interfaces_on_a_running_instance_are_detached_and_delet
     let registration = registration(&rig.kv, name).await.unwrap();
     rig.agents.lock().unwrap().nodes.remove(&node(name));
     request_removal(&rig.kv, name, registration).await;
-    let took = wait_every(
-        "the removed node's interface is deleted",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.ec2.interface(&theirs[0]).is_none(),
-    )
+    let took = wait_soon("the removed node's interface is deleted", || {
+        rig.ec2.interface(&theirs[0]).is_none()
+    })
     .await;
     assert!(took < Duration::from_secs(60), "{took:?}");
     let deleted = rig.agents.lock().unwrap().deleted.clone();
@@ -222,12 +209,9 @@ async fn an_empty_managed_interface_is_detached_and_deleted_without_flapping() {
         .await;
     // 10 pods and 8 spare: two managed interfaces of 9 (indexes 1 and 2).
     rig.set_pods(name, 10);
-    wait_every(
-        "10 pods and 8 spare",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent(name).pods.len() == 10 && rig.free_of(name) == 8,
-    )
+    wait_soon("10 pods and 8 spare", || {
+        rig.agent(name).pods.len() == 10 && rig.free_of(name) == 8
+    })
     .await;
     let before: Vec<String> = records(&rig.kv)
         .await
@@ -302,12 +286,9 @@ async fn a_refused_prefix_is_remembered_across_a_failover() {
         .nodes(1, "m5.large")
         .start()
         .await;
-    wait_every(
-        "8 spare addresses on the primary",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.free_of(name) >= 8,
-    )
+    wait_soon("8 spare addresses on the primary", || {
+        rig.free_of(name) >= 8
+    })
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let recorded = records(&rig.kv).await;
@@ -328,12 +309,9 @@ async fn a_refused_prefix_is_remembered_across_a_failover() {
     };
     let before = assigns();
     rig.set_pods(name, 1);
-    wait_every(
-        "1 pod and 8 spare",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent(name).pods.len() == 1 && rig.free_of(name) == 8,
-    )
+    wait_soon("1 pod and 8 spare", || {
+        rig.agent(name).pods.len() == 1 && rig.free_of(name) == 8
+    })
     .await;
     assert_eq!(
         assigns() - before,
@@ -354,12 +332,9 @@ async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface()
         .nodes(1, "m5.large")
         .start()
         .await;
-    wait_every(
-        "the node is served",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent(name).entries().len() == 8,
-    )
+    wait_soon("the node is served", || {
+        rig.agent(name).entries().len() == 8
+    })
     .await;
     let old: Vec<String> = records(&rig.kv)
         .await
@@ -368,19 +343,13 @@ async fn a_node_moved_to_a_new_instance_gives_back_the_old_instances_interface()
         .collect();
     assert_eq!(old.len(), 1);
     rig.add_node(name, "m5.large").await;
-    wait_every(
-        "the old instance's interface is deleted",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.ec2.interface(&old[0]).is_none(),
-    )
+    wait_soon("the old instance's interface is deleted", || {
+        rig.ec2.interface(&old[0]).is_none()
+    })
     .await;
-    wait_every(
-        "the node is served on its new instance",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || rig.agent(name).entries().len() == 8,
-    )
+    wait_soon("the node is served on its new instance", || {
+        rig.agent(name).entries().len() == 8
+    })
     .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(open_intents(&rig.kv).await, 0);

@@ -85,15 +85,10 @@ async fn assert_records_disjoint(rig: &Rig) {
 async fn a_record_naming_another_nodes_address_is_refused_and_reported() {
     let (rig, b, reset) = failover_onto_a_reset_cloud().await;
     // The reset cloud hands node-0000's addresses out again for node-0001: refused.
-    wait_every(
-        "node-0001's interface is recorded or refused",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            b.shared.cloud_record_conflicts() > 0
-                || rig.agent("node-0001").records.values().next().is_some()
-        },
-    )
+    wait_soon("node-0001's interface is recorded or refused", || {
+        b.shared.cloud_record_conflicts() > 0
+            || rig.agent("node-0001").records.values().next().is_some()
+    })
     .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_records_disjoint(&rig).await;

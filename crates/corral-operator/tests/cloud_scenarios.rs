@@ -135,25 +135,14 @@ async fn dual_stack_nodes_reach_their_targets_and_release_in_both_families() {
             held(rig, &name, Family::V4) == v4 && held(rig, &name, Family::V6) == v6
         })
     };
-    wait_every(
-        "8 spare in both families",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || both(&rig, 8, 8),
-    )
-    .await;
+    wait_soon("8 spare in both families", || both(&rig, 8, 8)).await;
     for i in 0..4 {
         rig.set_pods(&format!("node-{i:04}"), 12);
     }
-    wait_every(
-        "12 pods and 8 spare in both families",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            both(&rig, 20, 20)
-                && rig.all_agents(|a| a.pods_of(Family::V4) == 12 && a.pods_of(Family::V6) == 12)
-        },
-    )
+    wait_soon("12 pods and 8 spare in both families", || {
+        both(&rig, 20, 20)
+            && rig.all_agents(|a| a.pods_of(Family::V4) == 12 && a.pods_of(Family::V6) == 12)
+    })
     .await;
     for i in 0..4 {
         rig.set_pods(&format!("node-{i:04}"), 2);
@@ -214,25 +203,14 @@ async fn dual_stack_prefix_delegation_takes_a_28_and_an_80() {
                 && v6[0].prefix_len() == 80
         })
     };
-    wait_every(
-        "a /28 and a /80 each",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || shape(&rig, 1),
-    )
-    .await;
+    wait_soon("a /28 and a /80 each", || shape(&rig, 1)).await;
     for i in 0..3 {
         rig.set_pods(&format!("node-{i:04}"), 12);
     }
-    wait_every(
-        "a second /28 for 12 pods, the /80 enough",
-        Duration::from_secs(120),
-        Duration::from_millis(100),
-        || {
-            shape(&rig, 2)
-                && rig.all_agents(|a| a.pods_of(Family::V4) == 12 && a.pods_of(Family::V6) == 12)
-        },
-    )
+    wait_soon("a second /28 for 12 pods, the /80 enough", || {
+        shape(&rig, 2)
+            && rig.all_agents(|a| a.pods_of(Family::V4) == 12 && a.pods_of(Family::V6) == 12)
+    })
     .await;
     for i in 0..3 {
         rig.set_pods(&format!("node-{i:04}"), 0);

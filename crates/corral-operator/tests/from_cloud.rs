@@ -43,6 +43,41 @@ fn delegated(rig: &Rig, name: &str) -> BTreeSet<IpNet> {
     ni.prefixes().into_iter().collect()
 }
 
+/// The first /80 delegated to node `name`'s primary interface.
+fn delegated_v6(rig: &Rig, name: &str) -> ipnet::Ipv6Net {
+    let v6 = delegated(rig, name)
+        .into_iter()
+        .find(|c| c.addr().is_ipv6());
+    let Some(IpNet::V6(v6)) = v6 else {
+        unreachable!()
+    };
+    v6
+}
+
+/// `n` nodes on fake cloud `seed` in a from-cloud pool of /28s (and the VPC's /56), each
+/// primary interface carrying `v6` /80s and `v4` /28s.
+async fn delegated_nodes(
+    n: usize,
+    seed: u64,
+    v6: u32,
+    v4: u32,
+) -> (Vec<(String, &'static str)>, Rig) {
+    let nodes = names(n);
+    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(seed), &nodes).await;
+    for (name, _) in &nodes {
+        delegate(&rig, name, v6, v4).await;
+    }
+    (nodes, rig)
+}
+
+/// Replica op-a on the rig's cloud, once it leads and every node is in sync within `limit`.
+async fn lead_in_sync(rig: &Rig, nodes: &[(String, &str)], limit: Duration) -> Replica {
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    all_in_sync(rig, nodes, limit).await;
+    a
+}
+
 /// Delegates `v6` /80s and `v4` /28s to a node's primary interface.
 async fn delegate(rig: &Rig, name: &str, v6: u32, v4: u32) {
     let id = primary(rig, name).id;
@@ -105,11 +140,7 @@ async fn all_in_sync(rig: &Rig, nodes: &[(String, &str)], limit: Duration) -> Du
 /// delegated later come with the next pass; a removed node's grants go to quarantine.
 #[tokio::test(start_paused = true)]
 async fn fifty_nodes_get_exactly_their_delegated_prefixes() {
-    let nodes = names(50);
-    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(1), &nodes).await;
-    for (name, _) in &nodes {
-        delegate(&rig, name, 1, 2).await;
-    }
+    let (nodes, rig) = delegated_nodes(50, 1, 1, 2).await;
     let auditor = Auditor::start(&rig.kv).await;
     rig.ec2.reset_counters();
     let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
@@ -177,11 +208,7 @@ async fn fifty_nodes_get_exactly_their_delegated_prefixes() {
 /// quarantine, and only then B is granted it; never both; the other prefixes stay put.
 #[tokio::test(start_paused = true)]
 async fn a_moved_prefix_is_withdrawn_after_the_lag_rule_and_quarantine_then_granted_to_the_other() {
-    let nodes = names(4);
-    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(2), &nodes).await;
-    for (name, _) in &nodes {
-        delegate(&rig, name, 2, 1).await;
-    }
+    let (nodes, rig) = delegated_nodes(4, 2, 2, 1).await;
     rig.ec2
         .set_consistency_lag(Duration::from_secs(5), Duration::from_secs(5));
     let auditor = Auditor::start(&rig.kv).await;
@@ -191,13 +218,8 @@ async fn a_moved_prefix_is_withdrawn_after_the_lag_rule_and_quarantine_then_gran
     leads(&a).await;
     all_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
     let before = grant_map(&rig).await;
-    let moved = *delegated(&rig, "node-00")
-        .iter()
-        .find(|c| c.addr().is_ipv6())
-        .unwrap();
-    let IpNet::V6(moved_v6) = moved else {
-        unreachable!()
-    };
+    let moved_v6 = delegated_v6(&rig, "node-00");
+    let moved = IpNet::V6(moved_v6);
     let from = primary(&rig, "node-00").id;
     let to = primary(&rig, "node-01").id;
     rig.ec2
@@ -321,11 +343,7 @@ async fn prefixes_of_the_wrong_length_or_outside_the_pool_are_reported_not_grant
 /// Without a cloud provider a from-cloud pool grants nothing and every node is reported.
 #[tokio::test(start_paused = true)]
 async fn without_a_cloud_provider_nothing_is_granted_and_every_node_is_reported() {
-    let nodes = names(3);
-    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(4), &nodes).await;
-    for (name, _) in &nodes {
-        delegate(&rig, name, 1, 1).await;
-    }
+    let (nodes, rig) = delegated_nodes(3, 4, 1, 1).await;
     let a = Replica::start(&rig.kv, "op-a");
     leads(&a).await;
     wait_until("every node reported", Duration::from_secs(10), || async {
@@ -383,11 +401,7 @@ impl Kv for SlowKv {
 /// none lost, `check` clean.
 #[tokio::test(start_paused = true)]
 async fn a_leader_killed_mid_sync_leaves_no_duplicate_and_no_loss() {
-    let nodes = names(50);
-    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(5), &nodes).await;
-    for (name, _) in &nodes {
-        delegate(&rig, name, 1, 2).await;
-    }
+    let (nodes, rig) = delegated_nodes(50, 5, 1, 2).await;
     let auditor = Auditor::start(&rig.kv).await;
     let slow = SlowKv {
         inner: rig.kv.clone(),
@@ -422,21 +436,10 @@ async fn a_leader_killed_mid_sync_leaves_no_duplicate_and_no_loss() {
 /// pass: the sync does not describe it again turn after turn without pause.
 #[tokio::test(start_paused = true)]
 async fn a_failed_recheck_waits_for_the_next_pass_rather_than_spinning() {
-    let nodes = names(2);
-    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(6), &nodes).await;
-    for (name, _) in &nodes {
-        delegate(&rig, name, 2, 1).await;
-    }
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    all_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
-    let gone = *delegated(&rig, "node-00")
-        .iter()
-        .find(|c| c.addr().is_ipv6())
-        .unwrap();
-    let IpNet::V6(gone_v6) = gone else {
-        unreachable!()
-    };
+    let (nodes, rig) = delegated_nodes(2, 6, 2, 1).await;
+    let a = lead_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
+    let gone_v6 = delegated_v6(&rig, "node-00");
+    let gone = IpNet::V6(gone_v6);
     rig.ec2
         .unassign_ipv6(
             &primary(&rig, "node-00").id,
@@ -487,14 +490,8 @@ async fn a_failed_recheck_waits_for_the_next_pass_rather_than_spinning() {
 /// then the new /80 is granted and the /28 withdrawn, as without a regression.
 #[tokio::test(start_paused = true)]
 async fn nothing_is_granted_or_withdrawn_while_etcd_went_back_in_time_is_unsettled() {
-    let nodes = names(2);
-    let rig = Rig::new(&from_cloud_config(28, VPC_V6), fake(7), &nodes).await;
-    for (name, _) in &nodes {
-        delegate(&rig, name, 1, 2).await;
-    }
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    all_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
+    let (nodes, rig) = delegated_nodes(2, 7, 1, 2).await;
+    let a = lead_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
     regression_seen(&rig, &a).await;
     let before = grant_map(&rig).await;
     delegate(&rig, "node-01", 1, 0).await;

@@ -124,16 +124,20 @@ async fn delegation_keys(rig: &Rig) -> usize {
 
 /// 50 dual-stack nodes: each primary interface ends with exactly its /28 and /80, one explicit
 /// assign per family and node, and no call but the resync's describes after that.
+/// Replica op-a on the rig's cloud, once it leads and every node is in sync (`what`, within
+/// `limit`); how long the sync took.
+async fn lead_in_sync(rig: &Rig, what: &str, limit: Duration) -> (Replica, Duration) {
+    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
+    leads(&a).await;
+    let took = wait_until(what, limit, || async { in_sync(rig).await }).await;
+    (a, took)
+}
+
 #[tokio::test(start_paused = true)]
 async fn fifty_dual_stack_nodes_get_their_node_cidrs_delegated_and_then_no_calls() {
     let rig = Rig::new(&config(28, 30), ec2(1), &names(50)).await;
     rig.ec2.reset_counters();
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    let took = wait_until("every node in sync", Duration::from_secs(120), || async {
-        in_sync(&rig).await
-    })
-    .await;
+    let (a, took) = lead_in_sync(&rig, "every node in sync", Duration::from_secs(120)).await;
     let c = rig.ec2.counters();
     eprintln!(
         "50 dual-stack nodes delegated in {:.1} s virtual: {} v4 assigns, {} v6 assigns, {} describes",
@@ -325,12 +329,7 @@ async fn a_throttling_storm_sends_no_more_than_the_refill() {
     rig.ec2.reset_counters();
     rig.ec2.throttle_storm(0.5, Duration::from_secs(60));
     let started = tokio::time::Instant::now();
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    wait_until("every node in sync", Duration::from_secs(240), || async {
-        in_sync(&rig).await
-    })
-    .await;
+    let (_a, _) = lead_in_sync(&rig, "every node in sync", Duration::from_secs(240)).await;
     let seconds = started.elapsed().as_secs();
     let c = rig.ec2.counters();
     for action in [
@@ -362,12 +361,7 @@ async fn a_refused_delegation_is_reported_and_retried_with_backoff() {
     rig.ec2
         .fail_next(Action::AssignPrivateIpAddresses, 4, refusal);
     rig.ec2.reset_counters();
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    let took = wait_until("in sync", Duration::from_secs(60), || async {
-        in_sync(&rig).await
-    })
-    .await;
+    let (a, took) = lead_in_sync(&rig, "in sync", Duration::from_secs(60)).await;
     let assigns = rig.ec2.counters().calls(Action::AssignPrivateIpAddresses);
     assert_eq!(assigns, 5, "four refusals, then the delegation");
     // 250 + 500 + 1000 + 2000 ms of backoff at least.
@@ -389,12 +383,7 @@ async fn a_refused_delegation_is_reported_and_retried_with_backoff() {
 #[tokio::test(start_paused = true)]
 async fn a_removed_node_s_prefixes_are_taken_back_before_the_quarantine_ends() {
     let rig = Rig::new(&config(28, 30), ec2(5), &names(3)).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    wait_until("in sync", Duration::from_secs(60), || async {
-        in_sync(&rig).await
-    })
-    .await;
+    let (_a, _) = lead_in_sync(&rig, "in sync", Duration::from_secs(60)).await;
     wait_until("keys written", Duration::from_secs(30), || async {
         delegation_keys(&rig).await == 6
     })
@@ -470,12 +459,7 @@ async fn a_length_the_cloud_cannot_take_is_reported_and_never_called() {
 #[tokio::test(start_paused = true)]
 async fn no_delegation_while_etcd_went_back_in_time_is_unsettled() {
     let rig = Rig::new(&config(28, 30), ec2(3), &names(2)).await;
-    let a = Replica::start_with_cloud(&rig.kv, "op-a", Some(rig.options()));
-    leads(&a).await;
-    wait_until("every node in sync", Duration::from_secs(120), || async {
-        in_sync(&rig).await
-    })
-    .await;
+    let (a, _) = lead_in_sync(&rig, "every node in sync", Duration::from_secs(120)).await;
     regression_seen(&rig, &a).await;
     // Someone takes node-000's IPv4 prefix off its interface (out of band): the sync would
     // delegate it again, but waits for granting to resume.

@@ -1152,13 +1152,7 @@ impl Rig {
     /// Waits (saying `what`, 120 s of virtual time at most) until `node`'s agent holds `n`
     /// entries.
     pub async fn wait_entries(&self, what: &str, node: &str, n: usize) {
-        wait_every(
-            what,
-            Duration::from_secs(120),
-            Duration::from_millis(100),
-            || self.agent(node).entries().len() == n,
-        )
-        .await;
+        wait_soon(what, || self.agent(node).entries().len() == n).await;
     }
 
     /// Mutating calls the cloud received (answered or not).
@@ -1506,6 +1500,18 @@ pub fn unattached_managed(rig: &Rig) -> Vec<(String, String)> {
             (ni.id, node)
         })
         .collect()
+}
+
+/// [`wait_every`] with the bounds most waits here take: polling every 100 ms, for up to 120 s
+/// of virtual time.
+pub async fn wait_soon(what: &str, done: impl FnMut() -> bool) -> Duration {
+    wait_every(
+        what,
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        done,
+    )
+    .await
 }
 
 /// Waits (in virtual time, polling every `step`) until `done` holds; panics after `limit`.
