@@ -44,6 +44,21 @@ fn start(runtime: &tokio::runtime::Runtime, kv: &MemKv, dir: &Path, pool_wait: D
     Agent::start(runtime, kv, config, options).wait_registered()
 }
 
+/// A `MemKv` holding the configuration and an agent on it on the paused clock (`pool_wait`),
+/// with its API.
+async fn configured_paused(pool_wait: Duration) -> (MemKv, MemAgent, Api) {
+    configured_paused_with(pool_wait, Duration::from_secs(30)).await
+}
+
+/// [`configured_paused`] with `refresh` (see [`start_paused_with`]).
+async fn configured_paused_with(pool_wait: Duration, refresh: Duration) -> (MemKv, MemAgent, Api) {
+    let kv = MemKv::new();
+    put_config(&kv).await;
+    let agent = start_paused_with(&kv, &MemoryStore::new(), pool_wait, refresh).await;
+    let api = agent.api();
+    (kv, agent, api)
+}
+
 /// An in-memory agent on the paused clock, over `store`; demand changes that are not
 /// urgent wait up to 30 s.
 async fn start_paused(kv: &MemKv, store: &MemoryStore, pool_wait: Duration) -> MemAgent {
@@ -123,6 +138,48 @@ async fn demand(kv: &MemKv, pool: &str) -> Option<DemandRecord> {
     common::demand(kv, NODE, pool).await
 }
 
+/// Waits (virtual time) until the agent serves `n` active blocks of `pool`.
+async fn wait_active(api: &Api, pool: &str, n: usize, what: &str) {
+    wait_for(what, Duration::from_secs(10), async || {
+        blocks(api, pool).await.0.len() == n
+    })
+    .await;
+}
+
+/// The agent's answer to the mark of `cidr` once it is `state` (virtual time).
+async fn answered(
+    kv: &MemKv,
+    pool: &str,
+    cidr: &str,
+    state: ReleaseState,
+    what: &str,
+) -> ReleaseRecord {
+    wait_for(what, Duration::from_secs(10), async || {
+        release_record(kv, pool, cidr)
+            .await
+            .is_some_and(|r| r.state == state)
+    })
+    .await;
+    release_record(kv, pool, cidr).await.unwrap()
+}
+
+/// [`configured_paused`] (pool wait 5 s) serving block 10.61.0.0/28 of `small`; the grant's
+/// revision.
+async fn with_small_block() -> (MemKv, MemAgent, Api, i64) {
+    let (kv, agent, api) = configured_paused(Duration::from_secs(5)).await;
+    let revision = grant(&kv, "small", "10.61.0.0/28").await;
+    wait_active(&api, "small", 1, "the block").await;
+    (kv, agent, api, revision)
+}
+
+/// The agent's metrics hold every one of `lines`.
+async fn assert_metrics(api: &Api, lines: &[&str]) {
+    let metrics = api.metrics().await.unwrap();
+    for line in lines {
+        assert!(metrics.contains(line), "{line} not in {metrics}");
+    }
+}
+
 async fn add(
     api: &Api,
     network: &CniNetwork,
@@ -141,17 +198,9 @@ async fn add(
 
 #[tokio::test(start_paused = true)]
 async fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_make_no_requests() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
     // A change that is not urgent (more free addresses) goes out within 2 s.
-    let agent = start_paused_with(
-        &kv,
-        &MemoryStore::new(),
-        Duration::from_secs(5),
-        Duration::from_secs(2),
-    )
-    .await;
-    let api = agent.api();
+    let (kv, agent, api) =
+        configured_paused_with(Duration::from_secs(5), Duration::from_secs(2)).await;
     grant(&kv, "pods", "10.60.0.0/24").await;
     grant(&kv, "pods", "10.60.1.0/24").await;
     // The demand once the grants are recorded: 2 empty blocks, highest first.
@@ -252,39 +301,26 @@ async fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_mak
         seen.len() as u64 + holdings_writes,
         "store requests beside the demand and holdings writes"
     );
-    let metrics = api.metrics().await.unwrap();
-    assert!(
-        metrics.contains("corral_pool_allocations_total{pool=\"pods\",outcome=\"ok\"} 100"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("corral_demand_writes_total"), "{metrics}");
-    assert!(
-        metrics.contains("corral_pool_available_addresses{pool=\"pods\",family=\"ipv4\"} 408"),
-        "{metrics}"
-    );
+    assert_metrics(
+        &api,
+        &[
+            "corral_pool_allocations_total{pool=\"pods\",outcome=\"ok\"} 100",
+            "corral_demand_writes_total",
+            "corral_pool_available_addresses{pool=\"pods\",family=\"ipv4\"} 408",
+        ],
+    )
+    .await;
     agent.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_again() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_millis(300)).await;
-    let api = agent.api();
+    let (kv, agent, api) = configured_paused(Duration::from_millis(300)).await;
     grant(&kv, "small", "10.61.0.0/28").await;
     let second = grant(&kv, "small", "10.61.0.16/28").await;
-    wait_for("both blocks", Duration::from_secs(10), async || {
-        blocks(&api, "small").await.0.len() == 2
-    })
-    .await;
+    wait_active(&api, "small", 2, "both blocks").await;
     mark(&kv, "small", "10.61.0.16/28", second).await;
-    wait_for("ready", Duration::from_secs(10), async || {
-        release_record(&kv, "small", "10.61.0.16/28")
-            .await
-            .is_some_and(|r| r.state == ReleaseState::Ready)
-    })
-    .await;
-    let record = release_record(&kv, "small", "10.61.0.16/28").await.unwrap();
+    let record = answered(&kv, "small", "10.61.0.16/28", ReleaseState::Ready, "ready").await;
     assert!(
         record.answered_ms > 0 && record.reason.is_none(),
         "{record:?}"
@@ -316,16 +352,15 @@ async fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_aga
     }
     assert_eq!(got.len(), 14, "a /28's addresses: {got:?}");
     assert!(got.iter().all(|a| within("10.61.0.0/28", *a)), "{got:?}");
-    let metrics = api.metrics().await.unwrap();
-    assert!(
-        metrics.contains("corral_release_handshakes_total{outcome=\"ready\"} 1"),
-        "{metrics}"
-    );
-    assert!(metrics.contains("corral_surrendered_blocks 1"), "{metrics}");
-    assert!(
-        metrics.contains("corral_pool_allocations_total{pool=\"small\",outcome=\"timeout\"} 6"),
-        "{metrics}"
-    );
+    assert_metrics(
+        &api,
+        &[
+            "corral_release_handshakes_total{outcome=\"ready\"} 1",
+            "corral_surrendered_blocks 1",
+            "corral_pool_allocations_total{pool=\"small\",outcome=\"timeout\"} 6",
+        ],
+    )
+    .await;
     // The leader's step 3: the grant, owned and release keys go in one txn; the agent
     // forgets the surrendered block.
     let cidr: IpNet = "10.61.0.16/28".parse().unwrap();
@@ -353,24 +388,17 @@ async fn an_empty_marked_block_is_surrendered_ready_and_never_allocated_from_aga
 
 #[tokio::test(start_paused = true)]
 async fn a_block_in_use_is_refused_and_nothing_changes() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(5)).await;
-    let api = agent.api();
-    let revision = grant(&kv, "small", "10.61.0.0/28").await;
-    wait_for("the block", Duration::from_secs(10), async || {
-        blocks(&api, "small").await.0.len() == 1
-    })
-    .await;
+    let (kv, agent, api, revision) = with_small_block().await;
     let held = add(&api, &network(Some("small"), None), 1).await.unwrap();
     mark(&kv, "small", "10.61.0.0/28", revision).await;
-    wait_for("refused", Duration::from_secs(10), async || {
-        release_record(&kv, "small", "10.61.0.0/28")
-            .await
-            .is_some_and(|r| r.state == ReleaseState::Refused)
-    })
+    let record = answered(
+        &kv,
+        "small",
+        "10.61.0.0/28",
+        ReleaseState::Refused,
+        "refused",
+    )
     .await;
-    let record = release_record(&kv, "small", "10.61.0.0/28").await.unwrap();
     assert!(
         record
             .reason
@@ -403,15 +431,7 @@ async fn a_block_in_use_is_refused_and_nothing_changes() {
 
 #[tokio::test(start_paused = true)]
 async fn a_withdrawn_release_gives_the_block_back() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(5)).await;
-    let api = agent.api();
-    let revision = grant(&kv, "small", "10.61.0.0/28").await;
-    wait_for("the block", Duration::from_secs(10), async || {
-        blocks(&api, "small").await.0.len() == 1
-    })
-    .await;
+    let (kv, agent, api, revision) = with_small_block().await;
     mark(&kv, "small", "10.61.0.0/28", revision).await;
     wait_for("surrendered", Duration::from_secs(10), async || {
         blocks(&api, "small").await == (vec![], vec!["10.61.0.0/28".to_owned()])
@@ -541,11 +561,11 @@ async fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
     })
     .await;
     assert!(granted.elapsed() <= bound, "{:?}", granted.elapsed());
-    let metrics = api.metrics().await.unwrap();
-    assert!(
-        metrics.contains("corral_pool_allocations_total{pool=\"small\",outcome=\"waited_ok\"} 1"),
-        "{metrics}"
-    );
+    assert_metrics(
+        &api,
+        &["corral_pool_allocations_total{pool=\"small\",outcome=\"waited_ok\"} 1"],
+    )
+    .await;
     agent.stop().await;
 
     // A short wait and no grant: code 11 (retry_later) naming the pool.
@@ -570,10 +590,7 @@ async fn an_add_waits_for_a_grant_and_times_out_naming_the_pool() {
 
 #[tokio::test(start_paused = true)]
 async fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, &MemoryStore::new(), Duration::from_secs(2)).await;
-    let api = agent.api();
+    let (kv, agent, api) = configured_paused(Duration::from_secs(2)).await;
     grant(&kv, "blue", "10.62.0.0/28").await;
     grant(&kv, "small", "10.61.0.0/28").await;
     wait_for("the blocks", Duration::from_secs(10), async || {
@@ -605,16 +622,8 @@ async fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
 /// published its use (still stale after 45 s), so it never got another block.
 #[tokio::test(start_paused = true)]
 async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused_with(
-        &kv,
-        &MemoryStore::new(),
-        Duration::from_secs(5),
-        Duration::from_secs(1),
-    )
-    .await;
-    let api = agent.api();
+    let (kv, agent, api) =
+        configured_paused_with(Duration::from_secs(5), Duration::from_secs(1)).await;
     grant(&kv, "pods", "10.60.0.0/24").await;
     let used = async |kv: &MemKv| {
         demand(kv, "pods")

@@ -26,11 +26,15 @@ use corral_cluster::{
 };
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
 use corral_store::MemoryStore;
+use tempfile::TempDir;
 
 const NODE: &str = "node-1";
 const POOL: &str = "vpc";
 
 const CONFIG: &str = include_str!("configs/cloud.toml");
+
+/// The three single addresses of `eni-a` most tests put in its record.
+const ENI_A: [&str; 3] = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"];
 mod common;
 
 use common::paused::{Api, MemAgent, wait_for};
@@ -67,6 +71,27 @@ fn start_as(
         ..common::config(dir)
     };
     Agent::start(runtime, kv, config, options(instance_id))
+}
+
+/// A `MemKv` holding the configuration and a real agent on it (SQLite in `dir`, real time,
+/// `pool_wait`).
+fn configured_real(pool_wait: Duration) -> (tokio::runtime::Runtime, MemKv, TempDir, Agent) {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(put_config(&kv));
+    let agent = start(&runtime, &kv, dir.path(), pool_wait);
+    (runtime, kv, dir, agent)
+}
+
+/// A `MemKv` holding the configuration and an agent on it on the paused clock (`pool_wait`),
+/// with its API.
+async fn configured_paused(pool_wait: Duration) -> (MemKv, MemAgent, Api) {
+    let kv = MemKv::new();
+    put_config(&kv).await;
+    let agent = start_paused(&kv, pool_wait).await;
+    let api = agent.api();
+    (kv, agent, api)
 }
 
 /// An in-memory agent of instance `i-1` on the paused clock, registered.
@@ -141,6 +166,18 @@ async fn write_record(kv: &MemKv, id: &str, record: &CloudInterfaceRecord) -> i6
 
 fn release_key(cidr: &str) -> String {
     common::release_key(NODE, POOL, cidr)
+}
+
+/// The leader withdraws its mark of `cidr` (deletes the release key).
+async fn withdraw(kv: &MemKv, cidr: &str) {
+    let key = release_key(cidr);
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![TxnOp::delete(key)],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
 }
 
 /// The leader's step 1: `marked`, naming the `interfaces/` key's create revision.
@@ -225,10 +262,7 @@ fn assert_retry_later(result: Result<corral_api::Allocated, corral_client::Error
 
 #[tokio::test(start_paused = true)]
 async fn records_become_interfaces_served_with_their_device_mac_gateway_and_routes() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, Duration::from_millis(500)).await;
-    let api = agent.api();
+    let (kv, agent, api) = configured_paused(Duration::from_millis(500)).await;
     // The registration carries the instance ID.
     let registered: NodeRecord = kv
         .get(keys().node(&node()).as_bytes())
@@ -307,11 +341,8 @@ async fn records_become_interfaces_served_with_their_device_mac_gateway_and_rout
 
 #[tokio::test(start_paused = true)]
 async fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn_one_taken_back() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, Duration::from_millis(300)).await;
-    let api = agent.api();
-    let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"];
+    let (kv, agent, api) = configured_paused(Duration::from_millis(300)).await;
+    let all = ENI_A;
     let revision = write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &all)).await;
     wait_for("eni-a served", Duration::from_secs(10), async || {
         addresses(&api, "eni-a").await.len() == 3
@@ -354,13 +385,7 @@ async fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn
     assert_eq!(format!("{other}/32"), free[1]);
     assert_retry_later(add(&api, 2).await);
     // Withdrawn (the leader deletes the key while the record still lists it): taken back.
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::delete(release_key(free[0]))],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    withdraw(&kv, free[0]).await;
     wait_for("taken back", Duration::from_secs(10), async || {
         addresses(&api, "eni-a").await.contains(&free[0].to_owned())
     })
@@ -381,11 +406,7 @@ async fn a_free_marked_address_is_surrendered_a_used_one_refused_and_a_withdrawn
 /// Restarts the agent on its state directory: the real store (SQLite), real time.
 #[test]
 fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
-    let runtime = runtime();
-    let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let (runtime, kv, dir, agent) = configured_real(Duration::from_millis(300));
     let all = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.32/28"];
     let revision = runtime.block_on(write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &all)));
     wait_until("eni-a served", Duration::from_secs(10), || {
@@ -463,20 +484,8 @@ fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
 
 #[tokio::test(start_paused = true)]
 async fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_reported() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, Duration::from_millis(300)).await;
-    let api = agent.api();
-    write_record(
-        &kv,
-        "eni-a",
-        &record(
-            1,
-            "10.0.1.0/24",
-            &["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"],
-        ),
-    )
-    .await;
+    let (kv, agent, api) = configured_paused(Duration::from_millis(300)).await;
+    write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &ENI_A)).await;
     write_record(&kv, "eni-b", &record(2, "10.0.2.0/24", &["10.0.2.10/32"])).await;
     wait_for("served", Duration::from_secs(10), async || {
         addresses(&api, "eni-a").await.len() == 3 && addresses(&api, "eni-b").await.len() == 1
@@ -491,7 +500,7 @@ async fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_rep
     let in_use = pods[0].clone();
     // The operator forces two addresses off eni-a (one in use, one cooling) and deletes eni-b
     // (its address in use).
-    let remaining: Vec<&str> = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"]
+    let remaining: Vec<&str> = ENI_A
         .into_iter()
         .filter(|a| *a != format!("{in_use}/32") && *a != format!("{}/32", pods[2]))
         .collect();
@@ -561,10 +570,7 @@ async fn an_address_dropped_from_its_record_while_in_use_stays_frozen_and_is_rep
 
 #[tokio::test(start_paused = true)]
 async fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, Duration::from_secs(8)).await;
-    let api = agent.api();
+    let (kv, agent, api) = configured_paused(Duration::from_secs(8)).await;
     let waiting = tokio::spawn({
         let api = api.clone();
         async move { add(&api, 0).await }
@@ -621,11 +627,7 @@ async fn an_add_waits_for_a_record_and_garbage_records_change_nothing() {
 /// Restarts the agent on its state directory: the real store (SQLite), real time.
 #[test]
 fn a_node_registered_with_another_instance_is_refused_naming_both() {
-    let runtime = runtime();
-    let kv = MemKv::new();
-    let dir = tempfile::tempdir().unwrap();
-    runtime.block_on(put_config(&kv));
-    let agent = start(&runtime, &kv, dir.path(), Duration::from_millis(300));
+    let (runtime, kv, dir, agent) = configured_real(Duration::from_millis(300));
     agent.stop(&runtime);
     let agent = start_as(
         &runtime,
@@ -654,10 +656,7 @@ fn a_node_registered_with_another_instance_is_refused_naming_both() {
 async fn under_churn_a_surrendered_address_is_never_also_handed_out() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, Duration::from_millis(20)).await;
-    let api = agent.api();
+    let (kv, agent, api) = configured_paused(Duration::from_millis(20)).await;
     let all: Vec<String> = (10..18).map(|i| format!("10.0.1.{i}/32")).collect();
     let refs: Vec<&str> = all.iter().map(String::as_str).collect();
     let revision = write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &refs)).await;
@@ -712,13 +711,7 @@ async fn under_churn_a_surrendered_address_is_never_also_handed_out() {
                 assert!(!addresses(&api, "eni-a").await.contains(&address.to_owned()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let withdrawn = answers.lock().unwrap().len();
-                kv.txn(Txn {
-                    compares: vec![],
-                    success: vec![TxnOp::delete(release_key(address))],
-                    failure: vec![],
-                })
-                .await
-                .unwrap();
+                withdraw(&kv, address).await;
                 let handed = answers.lock().unwrap()[seen..withdrawn]
                     .iter()
                     .any(|a| a == address);
@@ -731,13 +724,7 @@ async fn under_churn_a_surrendered_address_is_never_also_handed_out() {
             ReleaseState::Refused => {
                 refused += 1;
                 assert!(addresses(&api, "eni-a").await.contains(&address.to_owned()));
-                kv.txn(Txn {
-                    compares: vec![],
-                    success: vec![TxnOp::delete(release_key(address))],
-                    failure: vec![],
-                })
-                .await
-                .unwrap();
+                withdraw(&kv, address).await;
             }
             ReleaseState::Marked => unreachable!(),
         }
@@ -753,10 +740,7 @@ async fn under_churn_a_surrendered_address_is_never_also_handed_out() {
 /// the store is back it reads the records again and follows them.
 #[tokio::test(start_paused = true)]
 async fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() {
-    let kv = MemKv::new();
-    put_config(&kv).await;
-    let agent = start_paused(&kv, Duration::from_millis(200)).await;
-    let api = agent.api();
+    let (kv, agent, api) = configured_paused(Duration::from_millis(200)).await;
     write_record(
         &kv,
         "eni-a",
@@ -780,16 +764,7 @@ async fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() 
         !agent.cluster_status().await.degraded
     })
     .await;
-    write_record(
-        &kv,
-        "eni-a",
-        &record(
-            1,
-            "10.0.1.0/24",
-            &["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"],
-        ),
-    )
-    .await;
+    write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &ENI_A)).await;
     wait_for("the new address", Duration::from_secs(10), async || {
         addresses(&api, "eni-a").await.len() == 3
     })
