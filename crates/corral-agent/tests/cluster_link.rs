@@ -31,6 +31,16 @@ fn start(
     start_with(runtime, kv, dir, node, uid, ttl, |_| {})
 }
 
+/// [`start`] node-1 as machine uid-1.
+fn start_node_1(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    dir: &Path,
+    ttl: Duration,
+) -> LinkedAgent {
+    start(runtime, kv, dir, "node-1", "uid-1", ttl)
+}
+
 fn start_with_epoch(
     runtime: &tokio::runtime::Runtime,
     kv: &MemKv,
@@ -132,8 +142,9 @@ async fn revoke_grant(kv: &MemKv, node: &str, cidr: &str) {
     .unwrap();
 }
 
-fn allocate(agent: &LinkedAgent, owner: &str) -> Result<std::net::IpAddr, corral_client::Error> {
-    let response = agent.client().allocate(&AllocateRequest {
+/// One address of pool `default` of the node scope for `owner`.
+fn allocate_request(owner: &str) -> AllocateRequest {
+    AllocateRequest {
         scope: "node".into(),
         pool: "default".into(),
         family: None,
@@ -141,7 +152,11 @@ fn allocate(agent: &LinkedAgent, owner: &str) -> Result<std::net::IpAddr, corral
         owner: owner.into(),
         key: None,
         lease_ms: None,
-    })?;
+    }
+}
+
+fn allocate(agent: &LinkedAgent, owner: &str) -> Result<std::net::IpAddr, corral_client::Error> {
+    let response = agent.client().allocate(&allocate_request(owner))?;
     Ok(response.allocations[0].address)
 }
 
@@ -156,17 +171,7 @@ async fn grant_first_paused(kv: &MemKv, api: &Api, cidr: &str) {
 
 /// [`allocate`] on an in-memory agent.
 async fn allocate_paused(api: &Api, owner: &str) -> Result<std::net::IpAddr, corral_client::Error> {
-    let response = api
-        .allocate(&AllocateRequest {
-            scope: "node".into(),
-            pool: "default".into(),
-            family: None,
-            address: None,
-            owner: owner.into(),
-            key: None,
-            lease_ms: None,
-        })
-        .await?;
+    let response = api.allocate(&allocate_request(owner)).await?;
     Ok(response.allocations[0].address)
 }
 
@@ -228,15 +233,7 @@ fn a_grant_becomes_a_cluster_range_and_drains_when_it_goes() {
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(3),
-    )
-    .wait_registered();
+    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
     grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     let address = allocate(&agent, "pod-1").unwrap();
     assert!(common::within("10.192.1.0/24", address), "{address}");
@@ -268,15 +265,7 @@ fn cni_add_and_del_make_no_store_requests() {
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
     // A long lease: no keep-alive falls in the measured window.
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(600),
-    )
-    .wait_registered();
+    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(600)).wait_registered();
     runtime.block_on(grant(&kv, "node-1", "10.192.1.0/24"));
     runtime.block_on(grant(&kv, "node-1", "fd00:200::/64"));
     wait_until("both grants arrive", Duration::from_secs(10), || {
@@ -576,15 +565,7 @@ fn the_agent_follows_the_installed_configuration_not_one_written_around_the_cli(
         .unwrap();
     });
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(3),
-    )
-    .wait_registered();
+    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
     grant_first(&runtime, &kv, &agent, "10.192.1.0/24");
     assert_eq!(
         agent.cluster_status().grants,
@@ -608,15 +589,7 @@ fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_t
     let runtime = runtime();
     let kv = MemKv::new();
     let dir = tempfile::tempdir().unwrap();
-    let agent = start(
-        &runtime,
-        &kv,
-        dir.path(),
-        "node-1",
-        "uid-1",
-        Duration::from_secs(3),
-    )
-    .wait_registered();
+    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
     let first = registration(&runtime, &kv, "node-1").unwrap();
     // The registration goes with no removal recorded (etcd restored from a snapshot taken
     // before the node registered, or `etcdctl del`): the node is not taken for removed, it
@@ -795,7 +768,7 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
     });
     let ttl = Duration::from_secs(3);
     // Before any reassert, a grant made while the agent was away is taken up.
-    let first = start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
+    let first = start_node_1(&runtime, &kv, dir_1.path(), ttl);
     wait_until("node-1 serves its grant", Duration::from_secs(10), || {
         cluster_ranges(&first) == [("10.192.1.0/24".to_owned(), false)]
     });
@@ -829,7 +802,7 @@ fn a_grant_made_before_a_reassert_that_the_node_never_took_up_is_refused() {
     assert_eq!(cluster_ranges(&second), []);
     assert!(allocate(&second, "pod-2").is_err(), "nothing is served");
     // node-1's host holds its space: served again after a restart, nothing refused.
-    let first = start(&runtime, &kv, dir_1.path(), "node-1", "uid-1", ttl);
+    let first = start_node_1(&runtime, &kv, dir_1.path(), ttl);
     wait_until(
         "node-1 serves its grant again",
         Duration::from_secs(10),
@@ -889,7 +862,7 @@ fn the_nodes_max_pods_is_in_its_registration_and_follows_a_restart() {
     });
     agent.stop(&runtime);
     // Without a cap, the record's goes.
-    let agent = start(&runtime, &kv, dir.path(), "node-1", "uid-1", ttl);
+    let agent = start_node_1(&runtime, &kv, dir.path(), ttl);
     wait_until("no cap", Duration::from_secs(10), || {
         registration(&kv) == Some((None, created))
     });
