@@ -120,6 +120,22 @@ impl Capabilities {
     }
 }
 
+/// Every check, one after the other (for a provider with all of [`Capabilities::EC2`]).
+pub async fn every_check<P: CloudProvider>(provider: &P, fixture: &Fixture) {
+    describe_instance_and_type(provider, fixture).await;
+    describe_subnets(provider, fixture).await;
+    interface_lifecycle(provider, fixture).await;
+    secondary_addresses(provider, fixture).await;
+    tags(provider, fixture).await;
+    not_found_errors(provider, fixture).await;
+    client_token_idempotent_create(provider, fixture).await;
+    occupied_device_index_refused(provider, fixture).await;
+    delete_attached_refused(provider, fixture).await;
+    limits_attachment(provider, fixture).await;
+    limits_addresses(provider, fixture).await;
+    prefix_delegation_ipv4(provider, fixture).await;
+}
+
 fn ok<T>(what: &str, result: Result<T, CloudError>) -> T {
     result.unwrap_or_else(|error| panic!("{what} failed: {error} ({})", error.code()))
 }
