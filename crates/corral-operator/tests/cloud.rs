@@ -199,15 +199,10 @@ async fn scenario_4_crashes_between_create_and_attach_leak_nothing_for_long() {
         .hang_creates
         .store(false, std::sync::atomic::Ordering::SeqCst);
     let last = rig.start_leader("op-last").await;
-    wait_every(
-        "every node has 8 spare addresses",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || {
-            let state = rig.agents.lock().unwrap();
-            state.nodes.values().all(|agent| agent.entries().len() >= 8)
-        },
-    )
+    wait_long("every node has 8 spare addresses", || {
+        let state = rig.agents.lock().unwrap();
+        state.nodes.values().all(|agent| agent.entries().len() >= 8)
+    })
     .await;
     assert!(intents(&rig.kv).await.is_empty(), "intents left open");
     // The leaks wait for the collector: none is deleted before it was seen twice, 5 min apart.
@@ -373,17 +368,12 @@ async fn scenario_6_describes_lagging_5_s_double_nothing_and_collect_nothing() {
     for (name, _) in &nodes {
         rig.set_pods(name, 2);
     }
-    wait_every(
-        "every node shrinks to 10 addresses",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || {
-            nodes.iter().all(|(n, _)| {
-                let agent = rig.agent(n);
-                agent.pods.len() == 2 && agent.entries().len() == 10
-            })
-        },
-    )
+    wait_long("every node shrinks to 10 addresses", || {
+        nodes.iter().all(|(n, _)| {
+            let agent = rig.agent(n);
+            agent.pods.len() == 2 && agent.entries().len() == 10
+        })
+    })
     .await;
     tokio::time::sleep(Duration::from_secs(11 * 60)).await;
     assert_eq!(rig.ec2.counters().calls(Action::CreateNetworkInterface), 60);
@@ -800,12 +790,9 @@ async fn a_deposed_leader_stops_calling_the_cloud() {
     )
     .await;
     let at_loss = calls_a.load(std::sync::atomic::Ordering::SeqCst);
-    wait_every(
-        "every node is served by op-b",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8),
-    )
+    wait_long("every node is served by op-b", || {
+        nodes.iter().all(|(n, _)| rig.agent(n).entries().len() == 8)
+    })
     .await;
     assert!(b.leading() || a.leading());
     if b.leading() {

@@ -147,13 +147,7 @@ async fn dual_stack_nodes_reach_their_targets_and_release_in_both_families() {
     for i in 0..4 {
         rig.set_pods(&format!("node-{i:04}"), 2);
     }
-    wait_every(
-        "back to 10 in both families",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || both(&rig, 10, 10),
-    )
-    .await;
+    wait_long("back to 10 in both families", || both(&rig, 10, 10)).await;
     settle_then_quiet(&rig, "dual stack").await;
     let counters = rig.ec2.counters();
     assert!(counters.calls(Action::AssignIpv6Addresses) >= 8);
@@ -215,13 +209,7 @@ async fn dual_stack_prefix_delegation_takes_a_28_and_an_80() {
     for i in 0..3 {
         rig.set_pods(&format!("node-{i:04}"), 0);
     }
-    wait_every(
-        "the second /28 given back",
-        Duration::from_secs(300),
-        Duration::from_millis(500),
-        || shape(&rig, 1),
-    )
-    .await;
+    wait_long("the second /28 given back", || shape(&rig, 1)).await;
     settle_then_quiet(&rig, "dual stack").await;
     let counters = rig.ec2.counters();
     assert_eq!(

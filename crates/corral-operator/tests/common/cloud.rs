@@ -1514,6 +1514,18 @@ pub async fn wait_soon(what: &str, done: impl FnMut() -> bool) -> Duration {
     .await
 }
 
+/// [`wait_every`] with the bounds of the waits for a release (a delay, then the handshake):
+/// polling every 500 ms, for up to 300 s of virtual time.
+pub async fn wait_long(what: &str, done: impl FnMut() -> bool) -> Duration {
+    wait_every(
+        what,
+        Duration::from_secs(300),
+        Duration::from_millis(500),
+        done,
+    )
+    .await
+}
+
 /// Waits (in virtual time, polling every `step`) until `done` holds; panics after `limit`.
 /// Answers the virtual time it took, to within `step`.
 pub async fn wait_every(
