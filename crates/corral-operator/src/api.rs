@@ -9,6 +9,9 @@
 //! 404, other methods 405, a node name that is not a DNS-1123 subdomain 400; nothing a client
 //! sends makes a handler panic.
 //!
+//! The dashboard's page (`dashboard.rs`) is served beside the API on both listeners, on TCP
+//! without the token (it holds no data; its script sends the token with every API call).
+//!
 //! Each handler carries its OpenAPI operation (`#[utoipa::path]`); `routes` routes each on
 //! the path given there and collects the operations for `openapi.rs`.
 
@@ -131,7 +134,7 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
     let mut tasks = vec![tokio::spawn(corral_http::serve(
         unix,
         format!("corral operator: api socket {}", config.socket.display()),
-        router.clone(),
+        router.clone().merge(crate::dashboard::routes()),
         listen::MAX_UNIX_CONNECTIONS,
         listen::HEADER_TIMEOUT,
         stop_rx.clone(),
@@ -146,7 +149,8 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
                 || "corral operator: api tcp".to_owned(),
                 |addr| format!("corral operator: api tcp {addr}"),
             ),
-            with_token(router, token),
+            // The dashboard's page and assets hold no data: served without the token.
+            crate::dashboard::routes().merge(with_token(router, token)),
             listen::MAX_TCP_CONNECTIONS,
             listen::HEADER_TIMEOUT,
             stop_rx,
