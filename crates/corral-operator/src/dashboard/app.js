@@ -82,11 +82,13 @@
     return `${Math.round(seconds / 3600)} h ago`;
   }
 
-  // One stable colour per node name.
+  // One colour per node: its place among the registered nodes (by name), hues a golden angle
+  // apart, so neighbours differ.
+  let places = new Map();
+
   function colour(name) {
-    let hash = 0;
-    for (const c of name) hash = (hash * 31 + c.codePointAt(0)) >>> 0;
-    return `hsl(${hash % 360}, 55%, ${42 + (hash >>> 9) % 16}%)`;
+    const place = places.has(name) ? places.get(name) : places.size;
+    return `hsl(${Math.round((place * 137.508 + 190) % 360)}, 60%, 45%)`;
   }
 
   // ---- the token ----
@@ -245,7 +247,12 @@
                 big(h.blocks.available),
                 `${h.node.name}: ${h.blocks.used} of ${h.blocks.available} addresses used`,
               ),
-              el('span', {}, `${count(h.blocks.used)} of ${count(h.blocks.available)} addresses used`),
+              el(
+                'span',
+                {},
+                `${count(h.blocks.used)} of ${count(h.blocks.available)} addresses used`,
+                big(h.blocks.needed) > 0n ? `, needs ${count(h.blocks.needed)} more` : '',
+              ),
             ]
           : [el('span', {}), el('span', {})];
         return el(
@@ -331,7 +338,12 @@
     const body = section('problems');
     const current = (status && status.current) || [];
     const view = (status && status.cluster && status.cluster.problems) || [];
+    // Pools with starving nodes (`full`: "pool/family" → who starves and why).
+    const full = Object.entries((status && status.full) || {});
     const items = [
+      ...full.map(([pool, text]) =>
+        el('li', { class: 'wait' }, el('strong', {}, `${pool} is full: `), text),
+      ),
       ...current.map((p) =>
         el(
           'li',
@@ -466,6 +478,9 @@
       banner(`Status: ${message(status)}; showing the last answer.`);
     } else {
       const nodeList = nodes.status === 200 && nodes.body ? nodes.body.nodes : null;
+      if (nodeList) {
+        places = new Map(nodeList.map((n) => n.name).sort().map((name, i) => [name, i]));
+      }
       banner(nodes.status === 200 ? '' : `This replica does not serve the cluster's view: ${message(nodes)}`);
       drawSummary(status.body, nodes);
       drawPools(status.body, nodeList);
