@@ -30,8 +30,9 @@ mod common;
 use cluster_common::*;
 
 /// One /28 block of IPv4; a node's watermarks (pre-allocate 4) ask for one block, so of two
-/// nodes one starves. Pool `wide` has 2^64 IPv6 blocks. (The starving node gets no `wide`
-/// block either until it is served in `pods`: the page shows it waiting there too.)
+/// nodes one starves. Pool `wide` has 2^64 IPv6 blocks, pool `nodes` /24 node CIDRs. (The
+/// starving node gets nothing of the other pools either until it is served in `pods`: the
+/// page shows it waiting there too.)
 const ONE_BLOCK: &str = r#"quarantine_secs = 2
 [[pools]]
 name = "pods"
@@ -52,6 +53,12 @@ pre_allocate = 4
 [pools.ipv6]
 cidrs = ["fd00:90::/40"]
 block_prefix_len = 104
+
+[[pools]]
+name = "nodes"
+[pools.ipv4]
+cidrs = ["10.91.0.0/16"]
+node_prefix_len = 24
 "#;
 
 /// Pool `wide`'s capacity in /104 blocks: 2^64, past what a JavaScript number holds
@@ -389,7 +396,18 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         "{}",
         page.text("#pools")
     );
+    // A node CIDR's use, from what its agent asserts it holds.
+    let node_cidr = format!("#pools [data-pool=\"nodes ipv4\"] [data-node=\"{fed}\"]");
+    page.wait_until("the page shows the use of the fed node's CIDR", |page| {
+        page.text(&node_cidr).contains("0 of 256 addresses used")
+    });
     assert_eq!(page.text("#leader"), "op-a");
+    // Grants and releases: the fed node's grant, or (an operator without `/v1/history`) so.
+    let history = page.text("#history");
+    assert!(
+        history.contains("History not available") || history.contains(fed),
+        "{history}"
+    );
     assert_eq!(
         page.eval(&format!(
             "document.querySelector('#nodes tr[data-node=\"{starving}\"]').dataset.state"

@@ -520,12 +520,30 @@ fn node_status(
                 .collect()
         })
         .unwrap_or_default();
+    let record = name
+        .as_ref()
+        .and_then(|name| view.holdings_of(name))
+        .and_then(|entry| entry.record.as_ref());
+    let holdings = record
+        .map(|record| {
+            record
+                .ranges
+                .iter()
+                .map(|r| body::NodeHolding {
+                    pool: r.pool.to_string(),
+                    family: r.family().name().to_owned(),
+                    cidr: r.cidr.to_string(),
+                    allocated: r.allocations.to_string(),
+                    size: range_size(&r.cidr).to_string(),
+                    draining: r.draining,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let (held, uncovered) = name
         .as_ref()
         .map(|name| {
-            let held: Vec<String> = view
-                .holdings_of(name)
-                .and_then(|entry| entry.record.as_ref())
+            let held: Vec<String> = record
                 .map(|record| {
                     record
                         .ranges
@@ -561,6 +579,7 @@ fn node_status(
     body::NodeStatus {
         held,
         uncovered,
+        holdings,
         name: report.name,
         uid: report.uid,
         registered_revision: report.registered_revision,
@@ -589,6 +608,12 @@ fn node_status(
         cloud,
         cloud_interfaces,
     }
+}
+
+/// The addresses in `cidr` (2^128 for ::/0 does not fit: saturated).
+fn range_size(cidr: &ipnet::IpNet) -> u128 {
+    let host_bits = u32::from(cidr.max_prefix_len() - cidr.prefix_len());
+    1u128.checked_shl(host_bits).unwrap_or(u128::MAX)
 }
 
 #[utoipa::path(

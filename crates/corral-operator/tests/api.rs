@@ -318,6 +318,64 @@ fn a_leader_answers_nodes_pools_grants_and_status_from_its_view() {
     );
 }
 
+/// What a node's agent asserts it holds comes with each range's use and size, in decimal
+/// strings (an IPv6 /64 holds 2^64 addresses): the dashboard's per-node bars.
+#[test]
+fn a_nodes_holdings_carry_their_use_and_size() {
+    let mut view = view(DUAL, &["node-a"], &[]);
+    let name = NodeName::new("node-a").unwrap();
+    let ranges = view
+        .grants_of(&name)
+        .into_iter()
+        .map(|grant| corral_cluster::HeldRange {
+            pool: grant.pool.clone(),
+            cidr: grant.cidr,
+            draining: grant.cidr.addr().is_ipv6(),
+            allocations: 3,
+        })
+        .collect();
+    let record = corral_cluster::HoldingsRecord {
+        uid: "uid-node-a".into(),
+        ranges,
+        node_id: None,
+        cloud: vec![],
+        refused: vec![],
+        refused_node_id: None,
+        written_ms: 0,
+    };
+    view.apply_put(
+        "/corral/t/v1/holdings/node-a",
+        &corral_cluster::encode_value(&record).unwrap(),
+        100,
+        100,
+    );
+    let running = Running::start(leader(&view));
+    let node: body::NodeStatus = running.get("/v1/nodes/node-a").json();
+    let mut holdings: Vec<(&str, &str, &str, bool)> = node
+        .holdings
+        .iter()
+        .map(|h| {
+            assert_eq!(h.pool, "default");
+            assert!(node.grants.iter().any(|g| g.cidr == h.cidr), "{h:?}");
+            (
+                h.family.as_str(),
+                h.allocated.as_str(),
+                h.size.as_str(),
+                h.draining,
+            )
+        })
+        .collect();
+    holdings.sort();
+    assert_eq!(
+        holdings,
+        [
+            ("ipv4", "3", "256", false),
+            ("ipv6", "3", "18446744073709551616", true)
+        ]
+    );
+    assert_eq!(node.held.len(), 2, "{:?}", node.held);
+}
+
 #[test]
 fn errors_are_json_bodies_naming_what_failed() {
     let view = view(DUAL, &["node-a"], &["node-w"]);

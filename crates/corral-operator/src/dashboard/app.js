@@ -182,8 +182,8 @@
     node.append(svg('rect', { x: 0, y: 0, width: 1000, height: 20, class: 'empty' }));
     let x = 0;
     for (const segment of segments) {
+      if (segment.value <= 0n) continue;
       const width = share(segment.value, whole) * 1000;
-      if (width <= 0) continue;
       // Anything present stays visible, however small its share.
       const drawn = Math.max(width, 2);
       node.append(
@@ -196,6 +196,14 @@
       x += width;
     }
     return node;
+  }
+
+  // A node's bar of addresses used of those it holds (node CIDRs, from its agent's record).
+  function used(name, allocated, size) {
+    return [
+      bar([{ value: allocated, colour: colour(name), label: `used ${allocated}` }], size, `${name}: ${allocated} of ${size} addresses used`),
+      el('span', {}, `${count(allocated)} of ${count(size)} addresses used`),
+    ];
   }
 
   function drawPools(status, nodes) {
@@ -217,9 +225,10 @@
           node,
           grants: node.grants.filter((g) => g.pool === pool.pool && g.family === pool.family),
           blocks: (node.blocks || []).find((b) => b.pool === pool.pool && b.family === pool.family),
+          held: (node.holdings || []).filter((h) => h.pool === pool.pool && h.family === pool.family),
           waits: (node.waiting || []).filter((w) => w.what === key),
         }))
-        .filter((h) => h.grants.length || h.blocks || h.waits.length);
+        .filter((h) => h.grants.length || h.blocks || h.held.length || h.waits.length);
       const segments = holders
         .filter((h) => h.grants.length)
         .map((h) => ({
@@ -254,7 +263,13 @@
                 big(h.blocks.needed) > 0n ? `, needs ${count(h.blocks.needed)} more` : '',
               ),
             ]
-          : [el('span', {}), el('span', {})];
+          : h.held.length
+            ? used(
+                h.node.name,
+                h.held.reduce((sum, r) => sum + big(r.allocated), 0n),
+                h.held.reduce((sum, r) => sum + big(r.size), 0n),
+              )
+            : [el('span', {}), el('span', {})];
         return el(
           'div',
           { class: 'holder', 'data-node': h.node.name },
