@@ -1,14 +1,20 @@
 //! The operator's dashboard in a real headless Chromium (issue 23): etcd started here on
-//! 127.0.0.1, `corral operator` `op-a` with its TCP listener and a bearer token, and two
-//! `corral agent`s on a block pool of one block, so one node starves. Chromium (Debian's
-//! `chromium`, `make deps`) opens `http://127.0.0.1:PORT/dashboard#token=...`; the test drives
-//! it over the DevTools protocol (`--remote-debugging-port`, a websocket) and waits on what
-//! the page shows (`Runtime.evaluate` of the DOM), never on a sleep: the page renders the
-//! pool and the starving node with its reason; then `corral cluster apply` widens the pool, a
-//! block is granted, and the same page session (no reload: a marker set in the page survives)
-//! shows the node served. A screenshot of the starving node is written to the test's
-//! temporary directory, and to `$CORRAL_DASHBOARD_PNG` when set (how `docs/dashboard.png` is
-//! made).
+//! 127.0.0.1, `corral operator` `op-a` (and its standby `op-b`) with a TCP listener and a
+//! bearer token, and two `corral agent`s on a block pool of one block, so one node starves.
+//! Chromium (Debian's `chromium`, `make deps`) opens `http://127.0.0.1:PORT/dashboard#token=...`;
+//! the test drives it over the DevTools protocol (`--remote-debugging-port`, a websocket) and
+//! waits on what the page shows (`Runtime.evaluate` of the DOM), never on a sleep:
+//!
+//! - the empty cluster, and a pool of 2^64 blocks counted exactly;
+//! - the standby's page naming the leader from its 503; a tab without the token asking for it;
+//! - the starving node with its reason, a node CIDR's use; then `corral cluster apply` widens
+//!   the pool, a block is granted, and the same page session (no reload: a marker set in the
+//!   page survives) shows the node served;
+//! - the history panel drawing events of `/v1/history`'s shape (a fake `fetch` in the page
+//!   answers it, so the panel is checked whether or not this operator serves it).
+//!
+//! A screenshot of the starving node goes to the test's temporary directory, and to
+//! `$CORRAL_DASHBOARD_PNG` when set (how `docs/dashboard.png` is made).
 //!
 //! Needs etcd and chromium (`make deps`); ignored by a plain `cargo test`, and failing loudly
 //! when chromium is missing under `--include-ignored`.
@@ -70,6 +76,19 @@ const NODES: [&str; 2] = ["node-a", "node-b"];
 const EXHAUSTED: &str = "no free block: the pool is exhausted";
 
 const TOKEN: &str = "dashboard-test-token-0123456789";
+
+/// Makes the page's `fetch` answer `/v1/history` with two events of histl's shape.
+const HISTORY_FAKE: &str = r#"(() => {
+  const real = window.fetch;
+  window.fetch = (path, options) => String(path).startsWith('/v1/history')
+    ? Promise.resolve(new Response(JSON.stringify({ events: [
+        { pool: 'pods', family: 'ipv4', cidr: '10.90.0.0/28', node: 'gone-node',
+          from_ms: 1000, to_ms: 2000, why: 'node removed' },
+        { pool: 'pods', family: 'ipv4', cidr: '10.90.0.16/28', node: '__STARVING__',
+          from_ms: Date.now(), to_ms: null, why: null },
+      ] }), { status: 200, headers: { 'Content-Type': 'application/json' } }))
+    : real(path, options);
+})()"#;
 
 /// The nodes etcd says hold a block of pool `pods` (every node gets one of pool `wide`).
 fn served(etcd: &EtcdCluster) -> BTreeSet<String> {
@@ -273,7 +292,9 @@ impl DevTools {
             json!({
                 "format": "png",
                 "captureBeyondViewport": true,
-                "clip": { "x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1 },
+                "clip": {
+                    "x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1,
+                },
             }),
         );
         base64::engine::general_purpose::STANDARD
@@ -366,6 +387,16 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         "the standby's page failed: {:?}",
         standby_page.errors
     );
+
+    // Without the token (a new tab: its own session storage) the page asks for it.
+    let mut bare = DevTools::connect(&devtools);
+    bare.open(&format!("http://{address}/dashboard"));
+    bare.wait_until("a page without the token asks for it", |page| {
+        page.eval("document.getElementById('login').hidden") == false
+            && page
+                .text("#banner")
+                .contains("needs the operator's bearer token")
+    });
 
     let _agents: Vec<_> = NODES
         .iter()
@@ -472,6 +503,22 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         "{}",
         page.text("#nodes")
     );
+
+    // The history panel draws `/v1/history`'s events (served by the fake below, which this
+    // page session's fetch now answers with): a grant still held and one released.
+    page.eval(&HISTORY_FAKE.replace("__STARVING__", starving));
+    page.wait_until("the page draws the history's events", |page| {
+        let history = page.text("#history");
+        history.contains("10.90.0.16/28") && history.contains("node removed")
+    });
+    let rows = page.eval(
+        "[...document.querySelectorAll('#history tbody tr')].map(r => r.innerText.split('\\t'))",
+    );
+    assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
+    // Newest first; a grant still held says so.
+    assert_eq!(rows[0][1], "held", "{rows}");
+    assert_eq!(rows[0][2], starving, "{rows}");
+    assert_eq!(rows[1][5], "node removed", "{rows}");
     assert!(page.errors.is_empty(), "the page failed: {:?}", page.errors);
 
     page.call("Browser.close", json!({}));
