@@ -70,12 +70,13 @@
   }
 
   function when(ms) {
-    if (ms === undefined || ms === null) return '';
     const date = new Date(Number(ms));
+    if (ms === undefined || ms === null || Number.isNaN(date.getTime())) return '';
     return date.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z');
   }
 
   function ago(ms) {
+    if (!Number.isFinite(Number(ms))) return 'at an unknown time';
     const seconds = Math.max(0, Math.round((Date.now() - Number(ms)) / 1000));
     if (seconds < 120) return `${seconds} s ago`;
     if (seconds < 7200) return `${Math.round(seconds / 60)} min ago`;
@@ -478,6 +479,26 @@
   let timer = null;
   let polls = 0;
 
+  function draw(status, nodes, history) {
+    if (status.status !== 200 || !status.body) {
+      banner(`Status: ${message(status)}; showing the last answer.`);
+      return;
+    }
+    const nodeList = nodes.status === 200 && nodes.body ? nodes.body.nodes : null;
+    if (nodeList) {
+      places = new Map(nodeList.map((n) => n.name).sort().map((name, i) => [name, i]));
+    }
+    banner(nodes.status === 200 ? '' : `This replica does not serve the cluster's view: ${message(nodes)}`);
+    drawSummary(status.body, nodes);
+    drawPools(status.body, nodeList);
+    drawWaiting(nodeList);
+    drawProblems(status.body);
+    drawNodes(nodeList);
+    drawHistory(history);
+    polls += 1;
+    document.body.dataset.polls = String(polls);
+  }
+
   async function poll() {
     clearTimeout(timer);
     const [status, nodes, history] = await Promise.all([
@@ -489,22 +510,12 @@
       askToken(token ? 'The operator refused this token.' : 'This page needs the operator\'s bearer token.');
       return;
     }
-    if (status.status !== 200 || !status.body) {
-      banner(`Status: ${message(status)}; showing the last answer.`);
-    } else {
-      const nodeList = nodes.status === 200 && nodes.body ? nodes.body.nodes : null;
-      if (nodeList) {
-        places = new Map(nodeList.map((n) => n.name).sort().map((name, i) => [name, i]));
-      }
-      banner(nodes.status === 200 ? '' : `This replica does not serve the cluster's view: ${message(nodes)}`);
-      drawSummary(status.body, nodes);
-      drawPools(status.body, nodeList);
-      drawWaiting(nodeList);
-      drawProblems(status.body);
-      drawNodes(nodeList);
-      drawHistory(history);
-      polls += 1;
-      document.body.dataset.polls = String(polls);
+    try {
+      draw(status, nodes, history);
+    } catch (error) {
+      // One odd answer must not stop the polling: say so, keep the rest, ask again.
+      banner(`The page could not draw the operator's answer: ${error}`);
+      console.error(error);
     }
     timer = setTimeout(poll, POLL_MS);
   }
