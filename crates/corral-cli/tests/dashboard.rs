@@ -6,7 +6,8 @@
 //! waits on what the page shows (`Runtime.evaluate` of the DOM), never on a sleep:
 //!
 //! - the empty cluster, and a pool of 2^64 blocks counted exactly;
-//! - the standby's page naming the leader from its 503; a tab without the token asking for it;
+//! - the standby's page naming the leader from its 503, then keeping it when the standby is
+//!   gone; a tab without the token asking for it;
 //! - the starving node with its reason, a node CIDR's use; then `corral cluster apply` widens
 //!   the pool, a block is granted, and the same page session (no reload: a marker set in the
 //!   page survives) shows the node served;
@@ -387,6 +388,13 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         "the standby's page failed: {:?}",
         standby_page.errors
     );
+    // Its operator gone, the page says so and keeps the last picture.
+    drop(standby);
+    standby_page.wait_until("the page says its operator does not answer", |page| {
+        page.text("#banner")
+            .contains("the operator does not answer")
+    });
+    assert_eq!(standby_page.text("#leader"), "op-a");
 
     // Without the token (a new tab: its own session storage) the page asks for it.
     let mut bare = DevTools::connect(&devtools);
