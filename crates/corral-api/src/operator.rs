@@ -203,6 +203,28 @@ pub struct NodeStatus {
     /// granted back), as `pool range` and `node-id N`.
     #[serde(default)]
     pub uncovered: Vec<String>,
+    /// The ranges of `held`, each with its use (the dashboard's per-node bars).
+    #[serde(default)]
+    pub holdings: Vec<NodeHolding>,
+}
+
+/// A range a node's agent asserts it holds (`holdings/<node>`) and how much of it is used, in
+/// addresses (decimal strings: an IPv6 range's size passes 2^53).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeHolding {
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// A node CIDR, a block or a from-cloud prefix.
+    pub cidr: String,
+    /// Addresses allocated in it, as its agent last wrote.
+    pub allocated: String,
+    /// Addresses in it.
+    pub size: String,
+    /// Nothing new is handed out from it; its allocations stay until released.
+    pub draining: bool,
 }
 
 /// One thing a node waits for, and why.

@@ -9,6 +9,9 @@
 //! 404, other methods 405, a node name that is not a DNS-1123 subdomain 400; nothing a client
 //! sends makes a handler panic.
 //!
+//! The dashboard's page (`dashboard.rs`) is served beside the API on both listeners, on TCP
+//! without the token (it holds no data; its script sends the token with every API call).
+//!
 //! Each handler carries its OpenAPI operation (`#[utoipa::path]`); `routes` routes each on
 //! the path given there and collects the operations for `openapi.rs`.
 
@@ -131,7 +134,7 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
     let mut tasks = vec![tokio::spawn(corral_http::serve(
         unix,
         format!("corral operator: api socket {}", config.socket.display()),
-        router.clone(),
+        router.clone().merge(crate::dashboard::routes()),
         listen::MAX_UNIX_CONNECTIONS,
         listen::HEADER_TIMEOUT,
         stop_rx.clone(),
@@ -146,7 +149,8 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
                 || "corral operator: api tcp".to_owned(),
                 |addr| format!("corral operator: api tcp {addr}"),
             ),
-            with_token(router, token),
+            // The dashboard's page and assets hold no data: served without the token.
+            crate::dashboard::routes().merge(with_token(router, token)),
             listen::MAX_TCP_CONNECTIONS,
             listen::HEADER_TIMEOUT,
             stop_rx,
@@ -516,12 +520,30 @@ fn node_status(
                 .collect()
         })
         .unwrap_or_default();
+    let record = name
+        .as_ref()
+        .and_then(|name| view.holdings_of(name))
+        .and_then(|entry| entry.record.as_ref());
+    let holdings = record
+        .map(|record| {
+            record
+                .ranges
+                .iter()
+                .map(|r| body::NodeHolding {
+                    pool: r.pool.to_string(),
+                    family: r.family().name().to_owned(),
+                    cidr: r.cidr.to_string(),
+                    allocated: r.allocations.to_string(),
+                    size: range_size(&r.cidr).to_string(),
+                    draining: r.draining,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let (held, uncovered) = name
         .as_ref()
         .map(|name| {
-            let held: Vec<String> = view
-                .holdings_of(name)
-                .and_then(|entry| entry.record.as_ref())
+            let held: Vec<String> = record
                 .map(|record| {
                     record
                         .ranges
@@ -557,6 +579,7 @@ fn node_status(
     body::NodeStatus {
         held,
         uncovered,
+        holdings,
         name: report.name,
         uid: report.uid,
         registered_revision: report.registered_revision,
@@ -585,6 +608,12 @@ fn node_status(
         cloud,
         cloud_interfaces,
     }
+}
+
+/// The addresses in `cidr` (2^128 for ::/0 does not fit: saturated).
+fn range_size(cidr: &ipnet::IpNet) -> u128 {
+    let host_bits = u32::from(cidr.max_prefix_len() - cidr.prefix_len());
+    1u128.checked_shl(host_bits).unwrap_or(u128::MAX)
 }
 
 #[utoipa::path(

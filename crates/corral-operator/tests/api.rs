@@ -103,6 +103,8 @@ impl Drop for Running {
 struct Answer {
     status: u16,
     content_type: String,
+    /// The status line and headers.
+    head: String,
     body: String,
 }
 
@@ -145,6 +147,7 @@ fn exchange(mut stream: impl Read + Write, method: &str, path: &str, headers: &s
     Answer {
         status,
         content_type,
+        head: head.to_owned(),
         body: body.to_owned(),
     }
 }
@@ -315,6 +318,64 @@ fn a_leader_answers_nodes_pools_grants_and_status_from_its_view() {
     );
 }
 
+/// What a node's agent asserts it holds comes with each range's use and size, in decimal
+/// strings (an IPv6 /64 holds 2^64 addresses): the dashboard's per-node bars.
+#[test]
+fn a_nodes_holdings_carry_their_use_and_size() {
+    let mut view = view(DUAL, &["node-a"], &[]);
+    let name = NodeName::new("node-a").unwrap();
+    let ranges = view
+        .grants_of(&name)
+        .into_iter()
+        .map(|grant| corral_cluster::HeldRange {
+            pool: grant.pool.clone(),
+            cidr: grant.cidr,
+            draining: grant.cidr.addr().is_ipv6(),
+            allocations: 3,
+        })
+        .collect();
+    let record = corral_cluster::HoldingsRecord {
+        uid: "uid-node-a".into(),
+        ranges,
+        node_id: None,
+        cloud: vec![],
+        refused: vec![],
+        refused_node_id: None,
+        written_ms: 0,
+    };
+    view.apply_put(
+        "/corral/t/v1/holdings/node-a",
+        &corral_cluster::encode_value(&record).unwrap(),
+        100,
+        100,
+    );
+    let running = Running::start(leader(&view));
+    let node: body::NodeStatus = running.get("/v1/nodes/node-a").json();
+    let mut holdings: Vec<(&str, &str, &str, bool)> = node
+        .holdings
+        .iter()
+        .map(|h| {
+            assert_eq!(h.pool, "default");
+            assert!(node.grants.iter().any(|g| g.cidr == h.cidr), "{h:?}");
+            (
+                h.family.as_str(),
+                h.allocated.as_str(),
+                h.size.as_str(),
+                h.draining,
+            )
+        })
+        .collect();
+    holdings.sort();
+    assert_eq!(
+        holdings,
+        [
+            ("ipv4", "3", "256", false),
+            ("ipv6", "3", "18446744073709551616", true)
+        ]
+    );
+    assert_eq!(node.held.len(), 2, "{:?}", node.held);
+}
+
 #[test]
 fn errors_are_json_bodies_naming_what_failed() {
     let view = view(DUAL, &["node-a"], &["node-w"]);
@@ -409,6 +470,59 @@ fn tcp_needs_the_token_in_any_case_of_the_scheme() {
         let nodes: body::NodesResponse = answer.json();
         assert_eq!(nodes.nodes.len(), 1);
     }
+}
+
+/// The dashboard's page and assets are served on TCP without the token (they hold no data),
+/// under a policy that lets them load and fetch from their own origin only; every API route,
+/// and any other path, still needs the token.
+#[test]
+fn the_dashboard_is_served_without_the_token_and_holds_no_data() {
+    let view = view(DUAL, &["node-a"], &["node-b"]);
+    let running = Running::start(leader(&view));
+    let addr = running.tcp();
+    for (path, content_type) in [
+        ("/dashboard", "text/html; charset=utf-8"),
+        ("/dashboard/app.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/app.css", "text/css; charset=utf-8"),
+    ] {
+        let answer = request_tcp(addr, path, "");
+        assert_eq!(answer.status, 200, "{path}: {}", answer.body);
+        assert_eq!(answer.content_type, content_type, "{path}");
+        let head = answer.head.to_ascii_lowercase();
+        assert!(
+            head.contains("content-security-policy: default-src 'none'; script-src 'self'"),
+            "{path}: {head}"
+        );
+        assert!(head.contains("x-content-type-options: nosniff"), "{head}");
+        assert!(!answer.body.contains("node-a"), "{path} holds data");
+        // The same on the socket.
+        assert_eq!(running.get(path).body, answer.body);
+    }
+    let page = request_tcp(addr, "/dashboard", "").body;
+    assert!(
+        page.contains(r#"<script src="/dashboard/app.js""#),
+        "{page}"
+    );
+    // The script reads the API the CLI reads, with the bearer token from the fragment.
+    let script = request_tcp(addr, "/dashboard/app.js", "").body;
+    for needle in [
+        "'/v1/status'",
+        "'/v1/nodes'",
+        "/v1/history?limit=",
+        "#token=",
+        "Bearer",
+    ] {
+        assert!(script.contains(needle), "{needle} in app.js");
+    }
+    request_tcp(addr, "/v1/status", "").error(401);
+    request_tcp(addr, "/dashboard/other.js", "").error(401);
+    request_tcp(addr, "/", "").error(401);
+    let answer = request_tcp(
+        addr,
+        "/dashboard/other.js",
+        &format!("Authorization: Bearer {TOKEN}\r\n"),
+    );
+    answer.error(404);
 }
 
 #[test]
