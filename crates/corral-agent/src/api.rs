@@ -294,8 +294,16 @@ impl AppState {
         }
     }
 
-    /// Counts a request's outcome and latency.
+    /// Counts a request's outcome and latency, and logs a refusal: at debug level (a client's
+    /// business), at error level when the store failed (the agent is broken until restarted).
     fn count(&self, operation: &'static str, started: Instant, failed: Option<&OpError>) {
+        if let Some(error) = failed {
+            if error.code == ErrorCode::StoreFailed {
+                tracing::error!(operation, error = %error.message, "the store failed");
+            } else {
+                tracing::debug!(operation, code = ?error.code, error = %error.message, "refused");
+            }
+        }
         let counter = match operation {
             "allocate" | "cni_add" => Some(&self.metrics.allocations),
             "release" | "cni_del" | "cni_gc" | "gc" => Some(&self.metrics.releases),
@@ -489,6 +497,12 @@ async fn cni_add_waiting(
                             ),
                         )
                     };
+                    tracing::warn!(
+                        %pool,
+                        waited_ms = u64::try_from(state.pool_wait.as_millis()).unwrap_or(u64::MAX),
+                        why = %why,
+                        "a CNI ADD found no free address and the cluster granted none in time"
+                    );
                     state.count("cni_add", started, Some(&error));
                     return Err(error);
                 }
