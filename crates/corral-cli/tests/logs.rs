@@ -100,13 +100,24 @@ fn json_logs_are_one_object_a_line_with_grants_in_their_node_span_and_no_token()
     over_tcp
         .allocate(&node_request(corral_api::FamilyChoice::Ipv4, "logs"))
         .unwrap();
+    let no_pool = corral_api::AllocateRequest {
+        pool: "no-such-pool".into(),
+        ..node_request(corral_api::FamilyChoice::Ipv4, "logs")
+    };
+    assert!(over_tcp.allocate(&no_pool).is_err());
     let mut operator_client = Client::tcp(operator_tcp.parse().unwrap(), TOKEN).unwrap();
     operator_client.operator_status().unwrap();
     common::pod_add_at(&agent.socket, "default", "c-logs").unwrap();
     common::pod_del(&mut Client::unix(&agent.socket), "default", "c-logs").unwrap();
 
-    let operator_log = operator.log();
-    let agent_log = agent.log();
+    // Both stopped first, so that no line is read half written.
+    let (operator_log, agent_log) = (
+        operator.log.clone(),
+        agent.socket.with_file_name("agent.log"),
+    );
+    drop((operator, agent));
+    let operator_log = std::fs::read_to_string(operator_log).unwrap();
+    let agent_log = std::fs::read_to_string(agent_log).unwrap();
     for (who, log) in [("operator", &operator_log), ("agent", &agent_log)] {
         assert!(!log.contains(TOKEN), "{who} logged the token:\n{log}");
     }
@@ -156,6 +167,16 @@ fn json_logs_are_one_object_a_line_with_grants_in_their_node_span_and_no_token()
             .any(|l| l["span"]["path"] == "/v1/allocate" && l["fields"]["status"] == 200),
         "{agent_log}"
     );
+    // The refusal: its code and error as fields, in its request's span.
+    assert!(
+        events(&agent_lines, "refused").any(|l| l["span"]["path"] == "/v1/allocate"
+            && l["fields"]["operation"] == "allocate"
+            && l["fields"]["code"].is_string()
+            && l["fields"]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no-such-pool"))),
+        "{agent_log}"
+    );
     for verb in ["/v1/cni/add", "/v1/cni/del"] {
         assert!(
             answered.iter().any(|l| l["span"]["path"] == verb
@@ -186,7 +207,8 @@ fn text_lines_keep_their_shape() {
         &socket,
     );
     Client::unix(&socket).status(None).unwrap();
-    let log = agent.log();
+    drop(agent);
+    let log = std::fs::read_to_string(socket.with_file_name("agent.log")).unwrap();
     let lines: Vec<&str> = log.lines().map(without_time).collect();
     let socket = socket.display();
     let ready = format!(
@@ -295,13 +317,13 @@ fn the_agent_configuration_file_sets_the_log_and_a_flag_wins() {
     let (path, socket) = config("json", "format = \"json\"\nlevel = \"debug\"");
     let agent = Agent::start(&["--config".as_ref(), path.as_os_str()], &socket);
     Client::unix(&socket).status(None).unwrap();
-    let lines = json_lines("agent", &agent.log());
+    drop(agent);
+    let log = std::fs::read_to_string(socket.with_file_name("agent.log")).unwrap();
+    let lines = json_lines("agent", &log);
     assert!(
         events(&lines, "answered").any(|l| l["span"]["path"] == "/v1/status"),
-        "debug from the file: {}",
-        agent.log()
+        "debug from the file: {log}"
     );
-    drop(agent);
 
     let (path, socket) = config("flag", "format = \"json\"");
     let agent = Agent::start(
