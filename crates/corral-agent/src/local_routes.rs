@@ -42,7 +42,7 @@
 //! Only the agent's own scope `node` takes local-route exclusions: a CNI network's scope is
 //! rebuilt from the configuration its plugin sends, which would drop them.
 //! The agent reserves at start (before it is ready, so nothing is handed out first) and on
-//! `POST /v1/pools/reserve-local-routes`; conflicts are logged on stderr and answered.
+//! `POST /v1/pools/reserve-local-routes`; conflicts are logged (warn) and answered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

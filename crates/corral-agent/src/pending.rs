@@ -82,7 +82,7 @@ fn request(record: &PendingDel) -> api::CniKeyRequest {
     }
 }
 
-/// Applies every pending DEL for `socket` under `data_dirs`. Reports go to stderr as they
+/// Applies every pending DEL for `socket` under `data_dirs`. Reports are logged as they
 /// happen; an error means a claimed record could not be removed or put back, and the agent
 /// must not serve.
 pub async fn apply_pending(

@@ -235,16 +235,12 @@ pub async fn claim<K: Kv>(
                     })
                     .await?;
                 if deleted.succeeded {
-                    tracing::info!(
-                        key,
-                        holder = %named,
-                        "took over the key from {}",
-                        match verdict {
-                            None => "a key not on a lease (no agent writes one)",
-                            Some(Holder::ThisProcess) => "an earlier round of this process",
-                            _ => "an earlier agent of this machine that is gone",
-                        }
-                    );
+                    let from = match verdict {
+                        None => "a key not on a lease (no agent writes one)",
+                        Some(Holder::ThisProcess) => "an earlier round of this process",
+                        _ => "an earlier agent of this machine that is gone",
+                    };
+                    tracing::info!(key, holder = %named, from, "took over the liveness key");
                     if let Some(old) = current.lease
                         && old != lease
                     {
