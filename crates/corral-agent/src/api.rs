@@ -294,8 +294,16 @@ impl AppState {
         }
     }
 
-    /// Counts a request's outcome and latency.
+    /// Counts a request's outcome and latency, and logs a refusal: at debug level (a client's
+    /// business), at error level when the store failed (the agent is broken until restarted).
     fn count(&self, operation: &'static str, started: Instant, failed: Option<&OpError>) {
+        if let Some(error) = failed {
+            if error.code == ErrorCode::StoreFailed {
+                tracing::error!(operation, error = %error.message, "the store failed");
+            } else {
+                tracing::debug!(operation, code = ?error.code, error = %error.message, "refused");
+            }
+        }
         let counter = match operation {
             "allocate" | "cni_add" => Some(&self.metrics.allocations),
             "release" | "cni_del" | "cni_gc" | "gc" => Some(&self.metrics.releases),
@@ -489,6 +497,12 @@ async fn cni_add_waiting(
                             ),
                         )
                     };
+                    tracing::warn!(
+                        %pool,
+                        waited_ms = u64::try_from(state.pool_wait.as_millis()).unwrap_or(u64::MAX),
+                        why = %why,
+                        "a CNI ADD found no free address and the cluster granted none in time"
+                    );
                     state.count("cni_add", started, Some(&error));
                     return Err(error);
                 }
@@ -892,9 +906,7 @@ async fn reserve_local_routes(
         host,
     };
     let response = state.run("reserve_local_routes", reserve).await?;
-    for line in crate::local_routes::log_lines(&response) {
-        eprintln!("corral agent: {line}");
-    }
+    crate::local_routes::log(&response);
     Ok(Json(response))
 }
 
@@ -962,6 +974,7 @@ async fn cni_add(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniAddRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
+    record_attachment(&request.key);
     // One bound for the whole wait, from arrival: the restore, then a grant.
     let deadline = tokio::time::Instant::now() + state.pool_wait;
     state.wait_ready(deadline).await;
@@ -990,6 +1003,14 @@ async fn cni_add(
     Ok(Json(reply))
 }
 
+/// Names the CNI verb's attachment in its request's span (`corral_http`'s `request` span
+/// leaves `container_id` and `ifname` for this).
+fn record_attachment(key: &api::AttachmentKey) {
+    let span = tracing::Span::current();
+    span.record("container_id", key.container_id.as_str());
+    span.record("ifname", key.ifname.as_str());
+}
+
 #[utoipa::path(
     post,
     path = paths::CNI_DEL,
@@ -1001,6 +1022,7 @@ async fn cni_del(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::ReleaseResponse>, ApiError> {
+    record_attachment(&request.key);
     // A DEL refused while restoring would be recorded by corral-ipam, and applied only at
     // the agent's next start or the attachment's next ADD: it waits for the agent instead.
     state
@@ -1024,6 +1046,7 @@ async fn cni_check(
     State(state): State<AppState>,
     Body(mut request): Body<api::CniKeyRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
+    record_attachment(&request.key);
     state.resolve_network(&mut request.network);
     let request = node::CniCheck::try_from(request);
     state.run_checked("cni_check", request).await.map(Json)

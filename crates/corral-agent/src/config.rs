@@ -14,6 +14,10 @@
 //! header_timeout_ms = 10000             # idle, or sending a request's head
 //! body_timeout_ms = 10000               # sending a request's body
 //!
+//! [log]                                 # optional; --log-format and --log-level win
+//! format = "text"                       # or "json": one JSON object a line
+//! level = "info"                        # error, warn, info, debug or trace
+//!
 //! [[pools]]
 //! name = "default"
 //! ranges = ["10.88.0.0/16", "fd88::/64"]
@@ -116,6 +120,31 @@ pub struct ConfigFile {
     pub pools: Option<Vec<PoolFile>>,
     /// See [`AgentConfig::pool_wait`].
     pub pool_wait_ms: Option<u64>,
+    /// How the agent logs; the binary reads it ([`LogFile::load`]) before anything else.
+    pub log: Option<LogFile>,
+}
+
+/// The `[log]` table: how `corral agent` writes its log (`--log-format` and `--log-level`
+/// win). Checked by the binary, which chooses how logs are written; this crate only emits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogFile {
+    /// `text` or `json`.
+    pub format: Option<String>,
+    /// `error`, `warn`, `info`, `debug` or `trace`.
+    pub level: Option<String>,
+}
+
+impl LogFile {
+    /// The `[log]` table of the configuration file `config` (empty without a file or a
+    /// table). A file that cannot be read or parsed is refused as [`AgentConfig::load`]
+    /// refuses it.
+    pub fn load(config: Option<&Path>) -> Result<LogFile, ConfigError> {
+        match config {
+            Some(path) => Ok(read_file(path)?.log.unwrap_or_default()),
+            None => Ok(LogFile::default()),
+        }
+    }
 }
 
 /// The `[connections]` table; every field optional.

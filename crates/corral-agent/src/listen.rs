@@ -58,12 +58,14 @@ pub(crate) fn raise_open_files_limit() -> Option<u64> {
         };
         match setrlimit(Resource::Nofile, raised) {
             Ok(()) => {
-                eprintln!("corral agent: open files limit raised from {current} to {maximum}");
+                tracing::info!(from = current, to = maximum, "open files limit raised");
                 return Some(maximum);
             }
-            Err(error) => eprintln!(
-                "corral agent: cannot raise the open files limit from {current} to {maximum}: \
-                 {error}"
+            Err(error) => tracing::warn!(
+                from = current,
+                to = maximum,
+                %error,
+                "cannot raise the open files limit"
             ),
         }
     }

@@ -42,7 +42,7 @@
 //! Only the agent's own scope `node` takes local-route exclusions: a CNI network's scope is
 //! rebuilt from the configuration its plugin sends, which would drop them.
 //! The agent reserves at start (before it is ready, so nothing is handed out first) and on
-//! `POST /v1/pools/reserve-local-routes`; conflicts are logged on stderr and answered.
+//! `POST /v1/pools/reserve-local-routes`; conflicts are logged (warn) and answered.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -553,30 +553,35 @@ pub fn reserve(
     })
 }
 
-/// The log lines of a reservation: what changed, and every conflict (an address the node
+/// Logs a reservation: what changed (info), and every conflict (warn: an address the node
 /// uses that a pod holds needs a person).
-pub fn log_lines(response: &api::ReserveLocalRoutesResponse) -> Vec<String> {
-    let mut lines = Vec::new();
+pub fn log(response: &api::ReserveLocalRoutesResponse) {
     for e in &response.added {
-        lines.push(format!(
-            "local routes: excluded {} from pool {} ({})",
-            e.network, e.pool, e.reason
-        ));
+        tracing::info!(
+            network = %e.network,
+            pool = %e.pool,
+            reason = %e.reason,
+            "local routes: excluded"
+        );
     }
     for e in &response.removed {
-        lines.push(format!(
-            "local routes: {} is no longer excluded from pool {} (was: {})",
-            e.network, e.pool, e.reason
-        ));
+        tracing::info!(
+            network = %e.network,
+            pool = %e.pool,
+            was = %e.reason,
+            "local routes: no longer excluded"
+        );
     }
     for c in &response.conflicts {
-        lines.push(format!(
-            "local routes: conflict: {} of pool {} is allocated to {:?} but covered by {}; \
-             left allocated and not excluded",
-            c.address, c.pool, c.owner, c.reason
-        ));
+        tracing::warn!(
+            address = %c.address,
+            pool = %c.pool,
+            owner = ?c.owner,
+            covered_by = %c.reason,
+            "local routes: conflict: allocated but covered by a local route; left allocated and \
+             not excluded"
+        );
     }
-    lines
 }
 
 #[cfg(test)]

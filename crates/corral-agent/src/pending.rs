@@ -82,7 +82,7 @@ fn request(record: &PendingDel) -> api::CniKeyRequest {
     }
 }
 
-/// Applies every pending DEL for `socket` under `data_dirs`. Reports go to stderr as they
+/// Applies every pending DEL for `socket` under `data_dirs`. Reports are logged as they
 /// happen; an error means a claimed record could not be removed or put back, and the agent
 /// must not serve.
 pub async fn apply_pending(
@@ -97,7 +97,7 @@ pub async fn apply_pending(
             Ok(files) => files,
             Err(error) => {
                 let note = format!("pending DELs in {}: {error}", data_dir.display());
-                eprintln!("corral agent: {note}");
+                tracing::warn!(data_dir = %data_dir.display(), %error, "pending DELs not read");
                 report.left.push(note);
                 continue;
             }
@@ -111,7 +111,11 @@ pub async fn apply_pending(
                         path.display(),
                         agent.display()
                     );
-                    eprintln!("corral agent: {note}");
+                    tracing::warn!(
+                        path = %path.display(),
+                        agent = %agent.display(),
+                        "a pending DEL for another agent, left as it is"
+                    );
                     report.left.push(note);
                 }
                 PendingFile::Malformed { path, reason } => {
@@ -119,16 +123,20 @@ pub async fn apply_pending(
                         "{}: not a pending DEL record ({reason}), left as it is",
                         path.display()
                     );
-                    eprintln!("corral agent: {note}");
+                    tracing::warn!(
+                        path = %path.display(),
+                        reason,
+                        "not a pending DEL record, left as it is"
+                    );
                     report.left.push(note);
                 }
             }
         }
     }
     if report.applied > 0 {
-        eprintln!(
-            "corral agent: applied {} pending DEL(s) recorded while the agent was away",
-            report.applied
+        tracing::info!(
+            applied = report.applied,
+            "applied the pending DELs recorded while the agent was away"
         );
     }
     Ok(report)
@@ -152,7 +160,11 @@ async fn apply(
         }
         Err(error) => {
             let note = format!("{path}: the pending DEL was refused: {}", error.message);
-            eprintln!("corral agent: {note}; kept for a later attempt");
+            tracing::warn!(
+                path,
+                error = %error.message,
+                "the pending DEL was refused; kept for a later attempt"
+            );
             report.refused.push(note);
             claimed.put_back().map_err(std::io::Error::other)?;
         }

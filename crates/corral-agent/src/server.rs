@@ -103,25 +103,24 @@ pub async fn serve_with(
     let limits = config.connections;
     let caps = listen::fit_caps(&limits, listen::open_files_limit(), tcp.is_some());
     if caps.unix < limits.max_unix || (tcp.is_some() && caps.tcp < limits.max_tcp) {
-        eprintln!(
-            "corral agent: serving at most {} connections at once on the socket and {} on tcp, \
-             to fit the open files limit",
-            caps.unix, caps.tcp
+        tracing::warn!(
+            unix = caps.unix,
+            tcp = caps.tcp,
+            "serving fewer connections at once than asked, to fit the open files limit"
         );
     }
     let unix_task = tokio::spawn(corral_http::serve(
         unix,
-        format!("corral agent: socket {}", config.socket.display()),
+        format!("socket {}", config.socket.display()),
         router,
         caps.unix,
         limits.header_timeout,
         stop_rx.clone(),
     ));
     let tcp_task = tcp.map(|(listener, router)| {
-        let name = listener.local_addr().map_or_else(
-            |_| "corral agent: tcp".to_owned(),
-            |addr| format!("corral agent: tcp {addr}"),
-        );
+        let name = listener
+            .local_addr()
+            .map_or_else(|_| "tcp".to_owned(), |addr| format!("tcp {addr}"));
         tokio::spawn(corral_http::serve(
             listener,
             name,
@@ -146,7 +145,7 @@ pub async fn serve_with(
     // What the configuration file asked for that could not be applied: said at start, and
     // in `corral status` for as long as the agent runs.
     for warning in node.warnings() {
-        eprintln!("corral agent: warning: {warning}");
+        tracing::warn!("{warning}");
     }
     let committer = Committer::start(node)?;
     // DELs corral-ipam recorded while the agent was away are applied before anything is
@@ -411,13 +410,11 @@ async fn reserve_local_routes_at_start(committer: &Committer) {
     };
     match outcome {
         Ok(response) => {
-            for line in local_routes::log_lines(&response) {
-                eprintln!("corral agent: {line}");
-            }
+            local_routes::log(&response);
         }
-        Err(error) => eprintln!(
-            "corral agent: local routes not reserved at start: {}",
-            error.message
+        Err(error) => tracing::warn!(
+            error = %error.message,
+            "local routes not reserved at start"
         ),
     }
 }

@@ -75,6 +75,8 @@ pub struct OperatorArgs {
     /// The cloud whose interfaces the leader manages for cloud pools
     #[command(flatten)]
     pub cloud: CloudArgs,
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
 }
 
 /// `--cloud` and its settings.
@@ -278,6 +280,8 @@ fn kv_failure(error: corral_kv::KvError) -> Failure {
 
 /// Runs a replica of the operator until SIGINT or SIGTERM.
 pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure> {
+    let (format, level) = args.log.over_file(&Default::default(), None)?;
+    crate::logging::install(format, level)?;
     let api = api_config(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -298,8 +302,9 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
             .as_ref()
             .map(|dir| corral_operator::epoch::epoch_file(dir, &args.etcd.cluster));
         if epoch_file.is_none() {
-            eprintln!(
-                "corral operator: no --state-dir: the highest etcd revision seen is remembered in                  memory only (the agents remember it durably; a new term waits for their holdings)"
+            tracing::warn!(
+                "no --state-dir: the highest etcd revision seen is remembered in memory only \
+                 (the agents remember it durably; a new term waits for their holdings)"
             );
         }
         shared
@@ -314,17 +319,20 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
         let api = corral_operator::api::bind(api, Arc::clone(&shared))
             .await
             .map_err(|e| Failure::Operator(e.into()))?;
+        let api_socket = args.api_socket.display().to_string();
         match api.tcp_addr() {
-            Some(addr) => eprintln!(
-                "corral operator: api on {} and http://{addr} (bearer token)",
-                args.api_socket.display()
+            Some(tcp) => tracing::info!(
+                api_socket,
+                %tcp,
+                dashboard = %format_args!("http://{tcp}/dashboard"),
+                "serving the api (tcp: bearer token)"
             ),
-            None => eprintln!("corral operator: api on {}", args.api_socket.display()),
+            None => tracing::info!(api_socket, "serving the api"),
         }
-        eprintln!(
-            "corral operator: {} campaigning on {}",
-            config.replica,
-            args.etcd.etcd.join(",")
+        tracing::info!(
+            replica = %config.replica,
+            etcd = %args.etcd.etcd.join(","),
+            "campaigning"
         );
         let shutdown = Box::pin(corral_agent::shutdown_signal());
         match cloud {

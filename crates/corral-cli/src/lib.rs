@@ -32,6 +32,7 @@ mod exit;
 mod hostlocal;
 mod interfaces;
 mod local_routes;
+mod logging;
 mod output;
 mod parse;
 mod removed_node;
@@ -265,10 +266,18 @@ struct AgentArgs {
     /// pool's max_pods caps every node too; the lower one holds)
     #[arg(long, env = "CORRAL_MAX_PODS", value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_pods: Option<u64>,
+    #[command(flatten)]
+    log: logging::LogArgs,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
 fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
+    // The log first, so everything after it is logged as asked: the flags over the file's
+    // `[log]` table.
+    let log_file = corral_agent::LogFile::load(args.config.as_deref())
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let (format, level) = args.log.over_file(&log_file, args.config.as_deref())?;
+    logging::install(format, level)?;
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,
         data_dir: args.data_dir,
@@ -309,7 +318,7 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
                         {
                             Ok(kv) => break kv,
                             Err(error) => {
-                                eprintln!("corral agent: cluster: connecting to etcd: {error}");
+                                tracing::warn!(%error, "connecting to etcd");
                                 // The agent serves what it holds meanwhile (degraded).
                                 state.unreachable(&format!("connecting to etcd: {error}"));
                                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -322,19 +331,18 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
             Some(task)
         }
     };
-    let banner = format!(
-        "corral agent: ready, state in {data}, API on {socket}{tcp}
-           try: corral --socket {socket} status   (or: curl --unix-socket {socket} http://corral/v1/status)
-",
-        data = config.data_dir.display(),
-        socket = config.socket.display(),
-        tcp = config
-            .tcp
-            .map(|a| format!(" and http://{a} (bearer token)"))
-            .unwrap_or_default(),
+    let (data_dir, socket, tcp) = (
+        config.data_dir.display().to_string(),
+        config.socket.display().to_string(),
+        config.tcp,
     );
     corral_agent::run_with(config, cluster_task, move || {
-        let _ = io::stderr().write_all(banner.as_bytes());
+        // What to try next goes with it, for whoever reads the log on a terminal.
+        let hint = format!("try: corral --socket {socket} status");
+        match tcp {
+            Some(tcp) => tracing::info!(data_dir, socket, %tcp, hint, "ready"),
+            None => tracing::info!(data_dir, socket, hint, "ready"),
+        }
     })
     .map_err(Failure::Daemon)?;
     Ok(Outcome::ok(String::new()))
@@ -486,8 +494,13 @@ pub fn main_with(providers: Providers) -> ExitCode {
     let (stdout, exit) = match run(cli, &providers) {
         Ok(Outcome { stdout, exit }) => (stdout, exit),
         Err(failure) => {
-            // Nothing to do if stderr itself is gone; the exit code still says it.
-            let _ = writeln!(io::stderr(), "corral: {failure}");
+            if logging::installed() == Some(logging::LogFormat::Json) {
+                // A daemon logging JSON ends with a JSON line too, for its log collector.
+                tracing::error!(error = %failure, "stopped");
+            } else {
+                // Nothing to do if stderr itself is gone; the exit code still says it.
+                let _ = writeln!(io::stderr(), "corral: {failure}");
+            }
             (String::new(), failure.exit())
         }
     };

@@ -311,9 +311,10 @@ fn tcp_address(operator: &Operator) -> String {
         "op-a says where its TCP listener is",
         Duration::from_secs(20),
         || {
-            address = operator.log().split_whitespace().find_map(|word| {
-                word.strip_prefix("http://127.0.0.1:")
-                    .map(|port| format!("127.0.0.1:{port}"))
+            // The ready line's `dashboard=http://127.0.0.1:PORT/dashboard` field.
+            address = operator.log().split("http://127.0.0.1:").nth(1).map(|rest| {
+                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                format!("127.0.0.1:{port}")
             });
             address.is_some()
         },

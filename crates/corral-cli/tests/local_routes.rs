@@ -311,7 +311,9 @@ fn local_routes_and_addresses_in_a_real_namespace_are_excluded() {
     drop(agent);
     let log = fs::read_to_string(dir.path().join("agent.log")).unwrap();
     assert!(
-        log.contains("conflict: 10.77.0.16 of pool default is allocated to \"test\""),
+        log.lines()
+            .any(|line| line.contains("local routes: conflict")
+                && line.contains("address=10.77.0.16 pool=default owner=\"test\"")),
         "{log}"
     );
 }

@@ -88,9 +88,32 @@ fn the_cni_plugin_pulls_in_no_async_runtime() {
             "reqwest",
             "netlink-sys",
             "netlink-packet-route",
+            // It keeps its plain stderr: no logging library to load on every call.
+            "tracing",
+            "tracing-subscriber",
         ],
     );
     assert!(crates.iter().any(|c| c == "httparse"), "{crates:?}");
+}
+
+/// Libraries emit `tracing` events; only the binary's crate chooses how they are written
+/// (corral-cli's `logging.rs`): no library links a subscriber.
+#[test]
+fn only_corral_cli_links_a_log_subscriber() {
+    let tree = cargo_tree(&["--invert", "tracing-subscriber", "-e", "normal"]);
+    let dependents: Vec<&String> = tree
+        .iter()
+        .filter(|name| {
+            name.starts_with("corral-") && !["corral-cli", "corral-aws"].contains(&name.as_str())
+        })
+        .collect();
+    assert!(
+        dependents.is_empty(),
+        "{dependents:?} link tracing-subscriber: only corral-cli may (and corral-aws through it)"
+    );
+    for library in ["corral-agent", "corral-operator", "corral-http"] {
+        dependencies_without(library, &["tracing-subscriber"]);
+    }
 }
 
 /// The cluster decisions are pure: no runtime, no etcd client, no database, no HTTP, no libc.

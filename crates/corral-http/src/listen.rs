@@ -2,6 +2,11 @@
 //! (and idle) timeout, a write timeout, accept errors that back off instead of spinning, and
 //! graceful shutdown.
 //!
+//! Every request runs in a span of its own (`request`, at debug level: method, path, a request
+//! id unique in the process, and `container_id` and `ifname` left for a CNI verb's handler to
+//! record) and is logged when answered: at debug level, at warn level (with its method and
+//! path) for a 5xx answer other than 503 (not ready yet, a standby).
+//!
 //! Each listener has its own cap, so connections that never send a request (anyone can open
 //! them on TCP, without the token) wait only on their own listener: the unix socket keeps
 //! being served.
@@ -9,9 +14,13 @@
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -19,6 +28,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{Semaphore, watch};
+use tracing::Instrument as _;
 
 /// How long a listener waits after an accept error that is not one connection's own
 /// (EMFILE, ENFILE, ENOBUFS, ENOMEM): the pending connection stays queued and the listener
@@ -57,8 +67,8 @@ impl Acceptor for TcpListener {
 /// Serves `router` on `acceptor` until `stop` turns true, then lets the connections finish
 /// what they are answering and returns.
 ///
-/// `name` opens the listener's messages: the daemon and the listener, as in
-/// `corral agent: socket /run/corral/agent.sock`. At most `max_connections` are served at
+/// `name` is the listener's, as its messages say it (the `listener` field: `socket
+/// /run/corral/agent.sock`, `tcp 127.0.0.1:9000`). At most `max_connections` are served at
 /// once; a connection that sends no complete request head within `header_timeout` (from its
 /// opening or its previous answer) is closed, and so is one whose answer cannot be written
 /// within it.
@@ -75,7 +85,7 @@ pub async fn serve<A: Acceptor>(
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(header_timeout);
-    let service = TowerToHyperService::new(router);
+    let service = TowerToHyperService::new(router.layer(middleware::from_fn(in_request_span)));
     let mut last_logged: Option<Instant> = None;
     loop {
         // A connection slot first: past the cap, new connections wait in the kernel's queue
@@ -113,9 +123,11 @@ pub async fn serve<A: Acceptor>(
             Err(error) if is_connection_error(&error) => {}
             Err(error) => {
                 if last_logged.is_none_or(|at| at.elapsed() >= ACCEPT_ERROR_LOG_INTERVAL) {
-                    eprintln!(
-                        "{name}: cannot accept a connection: {error}; retrying every {} ms",
-                        ACCEPT_BACKOFF.as_millis()
+                    tracing::error!(
+                        listener = %name,
+                        %error,
+                        retry_ms = ACCEPT_BACKOFF.as_millis(),
+                        "cannot accept a connection"
                     );
                     last_logged = Some(Instant::now());
                 }
@@ -130,6 +142,43 @@ pub async fn serve<A: Acceptor>(
     // Connections finish the answer they are writing; one that cannot within the grace is
     // left to the runtime's end rather than holding the daemon half-stopped.
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
+}
+
+/// The id of the process's next request (its span's `request_id`).
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
+
+/// Runs a request inside its span and logs its answer: the status and how long it took.
+///
+/// The span is at debug level, as the answers are: at the default level neither costs the
+/// request anything (the allocation benchmarks run there), and a failed answer, logged at
+/// warn, names its method and path itself.
+async fn in_request_span(request: Request, next: Next) -> Response {
+    let span = tracing::debug_span!(
+        "request",
+        method = %request.method(),
+        path = request.uri().path(),
+        request_id = NEXT_REQUEST.fetch_add(1, Ordering::Relaxed),
+        container_id = tracing::field::Empty,
+        ifname = tracing::field::Empty,
+    );
+    let (method, uri) = (request.method().clone(), request.uri().clone());
+    async move {
+        let started = Instant::now();
+        let response = next.run(request).await;
+        let status = response.status().as_u16();
+        let took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // A 503 is a daemon not ready yet or a standby, as designed; other 5xx are failures.
+        let failed = response.status().is_server_error()
+            && response.status() != axum::http::StatusCode::SERVICE_UNAVAILABLE;
+        if failed {
+            tracing::warn!(%method, path = uri.path(), status, took_us, "answered");
+        } else {
+            tracing::debug!(status, took_us, "answered");
+        }
+        response
+    }
+    .instrument(span)
+    .await
 }
 
 fn is_connection_error(error: &io::Error) -> bool {
@@ -160,6 +209,73 @@ mod tests {
             self.accepts.fetch_add(1, Ordering::Relaxed);
             Err(io::Error::from_raw_os_error(24))
         }
+    }
+
+    /// A writer of log lines into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `uri` answered by `status` logs, at `level` and above.
+    async fn logged(status: u16, level: tracing::Level) -> String {
+        use tower::ServiceExt as _;
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let router = Router::new()
+            .route(
+                "/v1/thing",
+                axum::routing::get(move || async move {
+                    axum::http::StatusCode::from_u16(status).unwrap()
+                }),
+            )
+            .layer(middleware::from_fn(in_request_span));
+        let request = Request::builder()
+            .uri("/v1/thing")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = router.oneshot(request).await.unwrap();
+        assert_eq!(answer.status().as_u16(), status);
+        String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_is_answered_in_its_span_and_a_failure_names_itself_at_warn() {
+        // At debug level: the answer inside the request's span.
+        let log = logged(200, tracing::Level::DEBUG).await;
+        assert!(
+            log.starts_with("DEBUG request{method=GET path=\"/v1/thing\" request_id=")
+                && log.contains("}: corral_http::listen: answered status=200 took_us="),
+            "{log}"
+        );
+        // At the default level: nothing for a request that went well, nor for a 503 (a
+        // daemon not ready yet, a standby)...
+        assert_eq!(logged(200, tracing::Level::INFO).await, "");
+        assert_eq!(logged(503, tracing::Level::INFO).await, "");
+        // ...and a failure names its method and path itself.
+        let log = logged(500, tracing::Level::INFO).await;
+        assert!(
+            log.starts_with(
+                " WARN corral_http::listen: answered method=GET path=\"/v1/thing\" status=500 took_us="
+            ),
+            "{log}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

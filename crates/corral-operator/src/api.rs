@@ -133,7 +133,7 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = vec![tokio::spawn(corral_http::serve(
         unix,
-        format!("corral operator: api socket {}", config.socket.display()),
+        format!("api socket {}", config.socket.display()),
         router.clone().merge(crate::dashboard::routes()),
         listen::MAX_UNIX_CONNECTIONS,
         listen::HEADER_TIMEOUT,
@@ -145,10 +145,7 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
         tcp_addr = addr;
         tasks.push(tokio::spawn(corral_http::serve(
             listener,
-            addr.map_or_else(
-                || "corral operator: api tcp".to_owned(),
-                |addr| format!("corral operator: api tcp {addr}"),
-            ),
+            addr.map_or_else(|| "api tcp".to_owned(), |addr| format!("api tcp {addr}")),
             // The dashboard's page and assets hold no data: served without the token.
             crate::dashboard::routes().merge(with_token(router, token)),
             listen::MAX_TCP_CONNECTIONS,

@@ -202,9 +202,9 @@ async fn keep_alive<K: Kv>(
         if let Ok(Ok(entry)) = tokio::time::timeout(period, kv.get(&own.0)).await
             && entry.is_none_or(|e| e.create_revision != own.1 || e.lease != Some(lease))
         {
-            eprintln!(
-                "corral operator: the election key {} is gone or replaced; stepping down",
-                String::from_utf8_lossy(&own.0)
+            tracing::warn!(
+                key = %String::from_utf8_lossy(&own.0),
+                "the election key is gone or replaced; stepping down"
             );
             let _ = lost.send(true);
             return;

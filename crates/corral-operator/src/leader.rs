@@ -46,7 +46,7 @@ mod work;
 
 use runner::{Reconciler, Runner};
 use txn::{TxnFailure, run};
-use work::{Done, Work, backoff};
+use work::{Done, Work, backoff, node_span};
 pub(crate) mod to_cloud;
 
 /// Keys per page when the prefix is read.
@@ -953,6 +953,19 @@ fn finish(
                     // What the transaction wrote is in the view at once (the watch repeats
                     // it later, which changes nothing), so the next proposal builds on it.
                     for proposal in &proposals {
+                        let _span = node_span(&proposal.node).entered();
+                        for cidr in &proposal.cidrs {
+                            tracing::info!(
+                                pool = %cidr.pool,
+                                family = %cidr.family,
+                                cidr = %cidr.cidr,
+                                revision,
+                                "granted"
+                            );
+                        }
+                        if let Some(node_id) = proposal.node_id {
+                            tracing::info!(node_id, revision, "granted a node ID");
+                        }
                         view.commit(proposal, revision);
                         shared.note_grant(TxnOutcome::Granted);
                         shared.resolve("grant", proposal.node.as_str());
@@ -1001,8 +1014,11 @@ fn finish(
         }
         Done::Removal { node, outcome } => match outcome {
             Ok(revision) => {
-                eprintln!(
-                    "corral operator: removed node {node}; what it held waits until its agent gives it up (or it shows no liveness for the quarantine time)"
+                tracing::info!(
+                    parent: &node_span(&node),
+                    revision,
+                    "removed; what it held waits until its agent gives it up (or it shows no \
+                     liveness for the quarantine time)"
                 );
                 shared.resolve("removal", node.as_str());
                 work.drain_wait.insert(node.clone(), revision);
@@ -1029,7 +1045,7 @@ fn finish(
             if outcome.is_ok()
                 && let Some(text) = drain::describe(&step)
             {
-                eprintln!("corral operator: {text}");
+                tracing::info!(parent: &node_span(step.node()), "{text}");
             }
             let node = step.node().clone();
             finish_step(

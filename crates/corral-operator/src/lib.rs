@@ -235,9 +235,10 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 }
             };
             failures = 0;
-            eprintln!(
-                "corral operator: {} leads (fence revision {})",
-                config.replica, fence.revision
+            tracing::info!(
+                replica = %config.replica,
+                fence_revision = fence.revision,
+                "leading"
             );
             let mut lost = candidate.lost.clone();
             let outcome = leader::lead(

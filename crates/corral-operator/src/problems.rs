@@ -118,7 +118,7 @@ impl Problems {
             }
         };
         if changed {
-            eprintln!("corral operator: {message}");
+            tracing::warn!(kind, subject = %key.1, "{message}");
             push(&mut inner.events, now, kind, key.1, message, false);
         }
         changed
@@ -170,7 +170,7 @@ impl Problems {
 
     /// Records a happening that is no lasting condition (logged).
     pub fn event(&self, message: String) {
-        eprintln!("corral operator: {message}");
+        tracing::warn!("{message}");
         let now = self.now_ms();
         push(
             &mut self.inner().events,

@@ -87,8 +87,10 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
             .flatten()
             .is_some_and(|e| open(decode_value::<ReleaseRecord>(&e.value).ok().as_ref()));
         if listed_now && !release_open {
-            eprintln!(
-                "corral agent: cluster: {address} of pool {pool} taken back (its release was withdrawn)"
+            tracing::info!(
+                %address,
+                %pool,
+                "address taken back (its release was withdrawn)"
             );
         } else {
             keep.insert((pool.clone(), *address));
@@ -108,7 +110,7 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
         .map(|s| s.problems.clone())
         .unwrap_or_else(|e| e.into_inner().problems.clone());
     for problem in problems.iter().filter(|p| !before.contains(p)) {
-        eprintln!("corral agent: cluster: {problem}");
+        tracing::warn!("{problem}");
     }
     state
         .metrics

@@ -84,7 +84,7 @@ impl DemandWriter {
             let report = match committer.call(ReportBlocks {}).await {
                 Ok(report) => report,
                 Err(error) => {
-                    eprintln!("corral agent: cluster: reading the pools for the demand: {error:?}");
+                    tracing::warn!(?error, "reading the pools for the demand");
                     self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
                     return Ok(());
                 }
@@ -100,9 +100,7 @@ impl DemandWriter {
             let report = match committer.call(ReportCloud {}).await {
                 Ok(report) => report,
                 Err(error) => {
-                    eprintln!(
-                        "corral agent: cluster: reading the cloud pools for the demand: {error:?}"
-                    );
+                    tracing::warn!(?error, "reading the cloud pools for the demand");
                     self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
                     return Ok(());
                 }

@@ -230,8 +230,10 @@ pub(super) async fn reconcile_surrendered<K: Kv>(
         };
         match committer.call(reclaim).await {
             Ok(_) => {
-                eprintln!(
-                    "corral agent: cluster: block {range} of pool {pool} taken back (its release was withdrawn)"
+                tracing::info!(
+                    cidr = %range,
+                    %pool,
+                    "block taken back (its release was withdrawn)"
                 );
                 reclaimed = true;
             }

@@ -134,7 +134,7 @@ impl Held {
                     let record = match decode_value::<ReleaseRecord>(&entry.value) {
                         Ok(record) => Some(record),
                         Err(error) => {
-                            eprintln!("corral agent: cluster: {key}: {error}");
+                            tracing::warn!(key, %error, "unreadable release record");
                             None
                         }
                     };
@@ -161,7 +161,7 @@ impl Held {
                     let record = decode_value::<corral_cluster::CloudInterfaceRecord>(&entry.value)
                         .map_err(|e| e.to_string());
                     if let Err(error) = &record {
-                        eprintln!("corral agent: cluster: {key}: {error}");
+                        tracing::warn!(key, %error, "unreadable cloud interface record");
                     }
                     self.cloud.insert(
                         interface.as_str().to_owned(),
@@ -183,7 +183,7 @@ impl Held {
                         self.node_id_revision = v.create_revision;
                     }
                     // Unreadable: what was held stays (its pod range is not dropped for it).
-                    Err(error) => eprintln!("corral agent: cluster: {key}: {error}"),
+                    Err(error) => tracing::warn!(key, %error, "unreadable node ID record"),
                 },
             },
             Ok(Key::ConfigApplied) => {
@@ -195,7 +195,9 @@ impl Held {
                     }
                     // Unreadable (a configuration that breaks a rule does not decode) or deleted:
                     // what was held stays.
-                    Some(Err(error)) => eprintln!("corral agent: cluster: {key}: {error}"),
+                    Some(Err(error)) => {
+                        tracing::warn!(key, %error, "unreadable applied configuration")
+                    }
                     None => {}
                 }
             }
@@ -209,7 +211,7 @@ impl Held {
                     self.config = Some(Arc::new(config));
                 }
                 // A configuration this build cannot read changes nothing held.
-                Some(Err(error)) => eprintln!("corral agent: cluster: {key}: {error}"),
+                Some(Err(error)) => tracing::warn!(key, %error, "unreadable configuration"),
                 None => {}
             },
             _ => {}
@@ -249,7 +251,7 @@ impl Held {
             }
             match self.range_of(grant) {
                 Ok(range) => ranges.push((grant.pool.clone(), range)),
-                Err(error) => eprintln!("corral agent: cluster: ignoring grant {key}: {error}"),
+                Err(error) => tracing::warn!(key, %error, "ignoring a grant"),
             }
         }
         if let (Some(id), Some(plan)) = (self.node_id, &self.plan)
@@ -307,11 +309,14 @@ pub(super) fn screen(
             continue;
         }
         if !held.refused.contains_key(key) {
-            eprintln!(
-                "corral agent: cluster: not taking up grant {} of pool {} (made at revision {}, \
-                 before revision {} this agent had seen, of space it does not hold: etcd handed \
-                 back a grant this node gave up); the leader revokes it",
-                grant.cidr, grant.pool, grant.revision, across.seen_before
+            tracing::warn!(
+                cidr = %grant.cidr,
+                pool = %grant.pool,
+                revision = grant.revision,
+                seen_before = across.seen_before,
+                "not taking up a grant made before the revision this agent had seen, of space \
+                 it does not hold (etcd handed back a grant this node gave up); the leader \
+                 revokes it"
             );
         }
         refused.insert(
@@ -342,11 +347,13 @@ pub(super) fn screen(
         {
             across.accepted.insert((key.clone(), revision));
         } else {
-            eprintln!(
-                "corral agent: cluster: not taking up node ID {id} (granted at revision \
-                 {revision}, before revision {} this agent had seen, and its plan's pod range is \
-                 not held here: etcd handed back an ID this node gave up); the leader revokes it",
-                across.seen_before
+            tracing::warn!(
+                node_id = id,
+                revision,
+                seen_before = across.seen_before,
+                "not taking up a node ID granted before the revision this agent had seen, whose \
+                 pod range is not held here (etcd handed back an ID this node gave up); the \
+                 leader revokes it"
             );
             held.refused_node_id = Some(corral_cluster::RefusedNodeId { id, revision });
         }

@@ -72,12 +72,10 @@ impl EpochGuard {
         let memory = match path.as_ref().map(std::fs::read) {
             None => EpochMemory::default(),
             Some(Ok(bytes)) => EpochMemory::from_json(&bytes).unwrap_or_else(|error| {
-                eprintln!(
-                    "corral agent: cluster: {} cannot be read ({error}); the etcd revision seen is \
-                     remembered anew",
-                    path.as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default()
+                tracing::warn!(
+                    path = %path.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                    %error,
+                    "the etcd epoch file cannot be read; the etcd revision seen is remembered anew"
                 );
                 EpochMemory::default()
             }),
@@ -85,7 +83,7 @@ impl EpochGuard {
                 EpochMemory::default()
             }
             Some(Err(error)) => {
-                eprintln!("corral agent: cluster: reading the etcd epoch: {error}");
+                tracing::warn!(%error, "reading the etcd epoch");
                 EpochMemory::default()
             }
         };
@@ -153,9 +151,7 @@ impl EpochGuard {
         }
         match observed {
             Observed::Regressed(regression) => {
-                eprintln!(
-                    "corral agent: cluster: {regression}; asserting what this node holds again"
-                );
+                tracing::warn!(%regression, "asserting what this node holds again");
                 self.regressed.send_modify(|n| *n = n.wrapping_add(1));
                 Some(regression)
             }
@@ -211,7 +207,7 @@ impl EpochGuard {
         if let Some(path) = &self.path
             && let Err(error) = write_atomically(path, &memory.to_json())
         {
-            eprintln!("corral agent: cluster: writing {}: {error}", path.display());
+            tracing::warn!(path = %path.display(), %error, "writing the etcd epoch");
         }
     }
 
@@ -242,7 +238,7 @@ pub async fn round_start<K: Kv>(
         return false;
     }
     if let Err(error) = assert_now(kv, keys, node, committer, state, uid, guard).await {
-        eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
+        tracing::warn!(%error, "asserting the node's holdings");
     }
     true
 }
@@ -478,7 +474,7 @@ pub async fn publish<K: Kv>(
             Err(error) => {
                 failures = failures.saturating_add(1);
                 if failures == 1 || failures.is_multiple_of(10) {
-                    eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
+                    tracing::warn!(%error, failures, "asserting the node's holdings");
                 }
                 let wait = backoff(failures, u64::from(std::process::id()));
                 tokio::select! {
@@ -603,7 +599,7 @@ async fn look<K: Kv>(
     let record = match read_host(committer, state, uid).await {
         Ok(record) => record,
         Err(error) => {
-            eprintln!("corral agent: cluster: {error}");
+            tracing::warn!(%error, "reading what the node holds");
             return Ok(now + LOOK_EVERY);
         }
     };

@@ -235,14 +235,12 @@ pub async fn claim<K: Kv>(
                     })
                     .await?;
                 if deleted.succeeded {
-                    eprintln!(
-                        "corral agent: cluster: took over {key} from {}: {named}",
-                        match verdict {
-                            None => "a key not on a lease (no agent writes one)",
-                            Some(Holder::ThisProcess) => "an earlier round of this process",
-                            _ => "an earlier agent of this machine that is gone",
-                        }
-                    );
+                    let from = match verdict {
+                        None => "a key not on a lease (no agent writes one)",
+                        Some(Holder::ThisProcess) => "an earlier round of this process",
+                        _ => "an earlier agent of this machine that is gone",
+                    };
+                    tracing::info!(key, holder = %named, from, "took over the liveness key");
                     if let Some(old) = current.lease
                         && old != lease
                     {
@@ -278,7 +276,7 @@ pub async fn claim<K: Kv>(
                 if ask_first {
                     return Err(ClaimError::MustWait(message));
                 }
-                eprintln!("corral agent: cluster: {message}");
+                tracing::warn!("{message}");
                 waiting(&message);
                 deadline
             }
@@ -352,8 +350,10 @@ pub async fn guard<K: Kv>(
                 .await;
             match response {
                 Ok(response) if response.succeeded => {
-                    eprintln!(
-                        "corral agent: cluster: {key} was deleted (revision {at}); put back on this agent's lease"
+                    tracing::warn!(
+                        key,
+                        revision = at,
+                        "the liveness key was deleted; put back on this agent's lease"
                     );
                     claimed = Claimed {
                         revision: response.revision,

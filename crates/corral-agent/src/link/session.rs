@@ -21,6 +21,7 @@ use corral_cluster::{
 
 use corral_kv::{Compare, Event, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::cloud::{CLOUD_FROZEN_RECHECK, apply_cloud};
 use super::demand::{DemandWriter, sleep_until_due};
@@ -42,7 +43,12 @@ pub async fn run<K: Kv>(
     state: SharedClusterState,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    run_link(kv, options, committer, &state, stop).await;
+    // The session's span: every event of the link (and of the holdings publisher it starts)
+    // names the node and the cluster.
+    let span = tracing::info_span!("cluster", node = %options.node, cluster = %options.cluster);
+    run_link(kv, options, committer, &state, stop)
+        .instrument(span)
+        .await;
     // However the link ended, the agent is not kept waiting by it.
     state.open_gate();
 }
@@ -70,16 +76,19 @@ pub(super) async fn run_link<K: Kv>(
     // The node's assertion of what it holds: published beside the link for the agent's whole
     // life (a removed node keeps asserting while it drains), until `stop`.
     let guard = Arc::new(holdings::EpochGuard::load(options.epoch_file.clone()));
-    tokio::spawn(holdings::publish(
-        kv.clone(),
-        keys.clone(),
-        node.clone(),
-        options.uid.clone(),
-        committer.clone(),
-        Arc::clone(&state),
-        Arc::clone(&guard),
-        stop.clone(),
-    ));
+    tokio::spawn(
+        holdings::publish(
+            kv.clone(),
+            keys.clone(),
+            node.clone(),
+            options.uid.clone(),
+            committer.clone(),
+            Arc::clone(&state),
+            Arc::clone(&guard),
+            stop.clone(),
+        )
+        .in_current_span(),
+    );
     // What outlives a round: the registration this process made or found (a later round
     // that finds it gone or replaced means the node was removed meanwhile), and the last
     // node ID and plan that could be read (one that cannot be read later keeps them).
@@ -119,7 +128,10 @@ pub(super) async fn run_link<K: Kv>(
                 // from them, also after a restart, until it holds the liveness itself), and
                 // does not fight for the key.
                 let message = error.to_string();
-                eprintln!("corral agent: cluster: {message}");
+                tracing::error!(
+                    %error,
+                    "not serving the node's cluster ranges while another agent holds it"
+                );
                 // Said before the ranges drain, so whoever sees them drained sees why.
                 update(&state, |s| {
                     s.registered = false;
@@ -141,9 +153,9 @@ pub(super) async fn run_link<K: Kv>(
             Err(error @ LinkError::Forgotten(_)) => {
                 // What the node holds is asserted before it registers again, so nothing it
                 // serves is granted around it; then the next round at once.
-                eprintln!(
-                    "corral agent: cluster: {error}: asserting what the node holds and \
-                     registering it again"
+                tracing::warn!(
+                    %error,
+                    "asserting what the node holds and registering it again"
                 );
                 update(&state, |s| s.last_error = Some(error.to_string()));
                 across.registration = None;
@@ -158,7 +170,7 @@ pub(super) async fn run_link<K: Kv>(
                 )
                 .await
                 {
-                    eprintln!("corral agent: cluster: asserting the node's holdings: {error}");
+                    tracing::warn!(%error, "asserting the node's holdings");
                 }
             }
             Err(LinkError::Removed(_)) => {
@@ -170,10 +182,9 @@ pub(super) async fn run_link<K: Kv>(
                 state
                     .removed
                     .store(true, std::sync::atomic::Ordering::Release);
-                eprintln!(
-                    "corral agent: cluster: node {} was removed from the cluster; its ranges drain; \
-                     restart the agent to register it again",
-                    options.node
+                tracing::warn!(
+                    "removed from the cluster: its ranges drain; restart the agent to register \
+                     the node again"
                 );
                 // Said before the ranges drain, so whoever sees them drained sees why.
                 update(&state, |s| {
@@ -194,7 +205,7 @@ pub(super) async fn run_link<K: Kv>(
                 return;
             }
             Err(error) => {
-                eprintln!("corral agent: cluster: {error}");
+                tracing::warn!(%error, "cluster link round failed");
                 // The first round could not get as far as the liveness key: the agent serves
                 // what it holds meanwhile.
                 state.open_gate();
@@ -300,10 +311,7 @@ pub(super) async fn while_removed<K: Kv>(
             ));
         });
         if held.is_empty() {
-            eprintln!(
-                "corral agent: cluster: node {} drained after its removal: it holds nothing",
-                options.node
-            );
+            tracing::info!("drained after its removal: the node holds nothing");
             if let Some(lease) = lease {
                 let _ = kv.lease_revoke(lease).await;
             }
@@ -385,7 +393,7 @@ pub(super) async fn link<K: Kv>(
         report(message);
         let drained = committer.call(ClusterRanges::default()).await;
         if let Err(error) = drained {
-            eprintln!("corral agent: cluster: draining the node's ranges: {error:?}");
+            tracing::warn!(?error, "draining the node's ranges");
         }
         update(state, |s| {
             s.registered = false;
@@ -545,7 +553,7 @@ pub(super) async fn register<K: Kv>(
             })
             .await?;
         if response.succeeded {
-            eprintln!("corral agent: cluster: registered node {}", options.node);
+            tracing::info!(revision = response.revision, "registered");
             return Ok(response.revision);
         }
         // Someone registered it meanwhile (a previous attempt of ours that timed out): look
@@ -848,15 +856,38 @@ pub(super) async fn apply(
     };
     match committer.call(grants).await {
         Ok(_) => {
+            let mut before = BTreeMap::new();
             update(state, |s| {
-                s.grants = shown;
+                before = std::mem::replace(&mut s.grants, shown.clone());
                 s.node_id = held.node_id.filter(|_| held.refused_node_id.is_none());
                 s.refused = held.refused.values().cloned().collect();
                 s.refused_node_id = held.refused_node_id;
             });
             state.blocks.ranges_changed();
+            log_range_changes(&before, &shown);
             Ok(())
         }
         Err(error) => Err(LinkError::Record(format!("{error:?}"))),
+    }
+}
+
+/// Logs the cluster ranges the node's pools took up (`granted`) and gave up (`released`).
+fn log_range_changes(
+    before: &BTreeMap<String, Vec<String>>,
+    after: &BTreeMap<String, Vec<String>>,
+) {
+    let holds = |map: &BTreeMap<String, Vec<String>>, pool: &str, cidr: &str| {
+        map.get(pool)
+            .is_some_and(|ranges| ranges.iter().any(|r| r == cidr))
+    };
+    for (pool, ranges) in after {
+        for range in ranges.iter().filter(|range| !holds(before, pool, range)) {
+            tracing::info!(pool, range, "granted");
+        }
+    }
+    for (pool, ranges) in before {
+        for range in ranges.iter().filter(|range| !holds(after, pool, range)) {
+            tracing::info!(pool, range, "released");
+        }
     }
 }

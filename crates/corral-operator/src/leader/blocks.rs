@@ -21,11 +21,12 @@ use corral_cluster::{
 };
 use corral_kv::{Compare, Kv, KvError, LeaseId, Revision, Txn, TxnOp};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::block_state::{BlockClock, BlockStep, StepsDone};
 use super::runner::Runner;
 use super::txn::{TxnFailure, run};
-use super::work::{Done, Work, backoff};
+use super::work::{Done, Work, backoff, node_span};
 use crate::election::Fence;
 use crate::state::{Shared, TxnOutcome};
 
@@ -270,12 +271,41 @@ async fn run_steps<K: Kv>(
     for step in steps.by_ref() {
         let started = Instant::now();
         let outcome = match &step {
-            BlockStep::Grant(proposal) => match grant_txn(keys, proposal) {
-                Ok(txn) => run(kv, fence.guard(txn)).await,
-                Err(error) => Err(TxnFailure::Uncertain(KvError::Refused(error.to_string()))),
-            },
-            BlockStep::Release(change) => release(kv, fence, change, quarantine).await,
+            BlockStep::Grant(proposal) => {
+                let span = tracing::info_span!(
+                    "grant",
+                    pool = %proposal.pool,
+                    family = %proposal.family,
+                    blocks = proposal.blocks.len()
+                );
+                async {
+                    match grant_txn(keys, proposal) {
+                        Ok(txn) => run(kv, fence.guard(txn)).await,
+                        Err(error) => {
+                            Err(TxnFailure::Uncertain(KvError::Refused(error.to_string())))
+                        }
+                    }
+                }
+                .instrument(span)
+                .await
+            }
+            BlockStep::Release(change) => {
+                let span = tracing::info_span!(
+                    "release",
+                    step = change.kind.name(),
+                    pool = %change.pool,
+                    cidr = %change.cidr
+                );
+                release(kv, fence, change, quarantine)
+                    .instrument(span)
+                    .await
+            }
         };
+        tracing::debug!(
+            ok = outcome.is_ok(),
+            took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "step ran"
+        );
         let failed = outcome.is_err();
         done.ran.push((step, outcome, started.elapsed()));
         if failed {
@@ -352,17 +382,45 @@ pub(super) fn finish_blocks(
     node: NodeName,
     done: StepsDone,
 ) -> bool {
+    let _span = node_span(&node).entered();
     let mut uncertain = false;
     let mut failed = false;
     for (step, outcome, took) in done.ran {
         match (step, outcome) {
             (BlockStep::Grant(proposal), Ok(revision)) => {
+                for cidr in &proposal.blocks {
+                    tracing::info!(
+                        pool = %proposal.pool,
+                        family = %proposal.family,
+                        cidr = %cidr,
+                        revision,
+                        "granted"
+                    );
+                }
                 shared.note_txn(took);
                 view.commit_blocks(&proposal, revision);
                 shared.note_grant(TxnOutcome::Granted);
                 shared.note_blocks_granted(proposal.pool.as_str(), proposal.blocks.len() as u64);
             }
             (BlockStep::Release(change), Ok(revision)) => {
+                let step = change.kind.name();
+                if change.kind == ReleaseKind::Complete {
+                    tracing::info!(
+                        pool = %change.pool,
+                        family = %change.family,
+                        cidr = %change.cidr,
+                        revision,
+                        "released"
+                    );
+                } else {
+                    tracing::debug!(
+                        step,
+                        pool = %change.pool,
+                        cidr = %change.cidr,
+                        revision,
+                        "release step"
+                    );
+                }
                 view.apply_release_change(&change, revision);
                 shared.note_handshake(change.kind.name());
                 if change.kind == ReleaseKind::Complete {

@@ -7,7 +7,8 @@
 //! [`Runner`] keeps what every loop needs the same way:
 //!
 //! - the tasks in flight (a `JoinSet`), at most `workers` of them when the reconciler asks
-//!   [`Runner::is_full`] before it starts one;
+//!   [`Runner::is_full`] before it starts one; a task about one key runs in that key's span
+//!   (`node{node=NAME}`), one about several in a `nodes` span, so its events name them;
 //! - the busy set: a key (a node) has at most one task in flight; it is busy from
 //!   [`Runner::spawn`] until its task's result is handed to [`Reconciler::finish`];
 //! - per key, when it may be tried again and its backoff ([`RetryState`], nodeipam's timing:
@@ -33,6 +34,7 @@ use std::time::Duration;
 use corral_cluster::{NodeName, Resync, RetryState};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::pending::PendingNodes;
 
@@ -246,10 +248,18 @@ impl<K: Clone + Ord + Send + 'static, D: Send + 'static> Runner<K, D> {
         &mut self,
         keys: impl IntoIterator<Item = K>,
         task: impl Future<Output = D> + Send + 'static,
-    ) {
+    ) where
+        K: std::fmt::Display,
+    {
         let keys: Vec<K> = keys.into_iter().collect();
         self.busy.extend(keys.iter().cloned());
-        self.running.spawn(async move { (keys, task.await) });
+        let span = match keys.as_slice() {
+            [] => tracing::Span::current(),
+            [key] => tracing::info_span!("node", node = %key),
+            more => tracing::info_span!("nodes", nodes = more.len()),
+        };
+        self.running
+            .spawn(async move { (keys, task.await) }.instrument(span));
     }
 
     /// The next finished task (its keys no longer busy); `Some(None)` for a task that panicked.

@@ -141,6 +141,12 @@ impl Work {
     }
 }
 
+/// The span of what the leader does about one node (a grant or a release step applied; its
+/// task runs in the runner's span of the same shape): every event in it names the node.
+pub(super) fn node_span(node: &NodeName) -> tracing::Span {
+    tracing::info_span!("node", node = %node)
+}
+
 /// nodeipam's timing per node: a node that failed waits `InitialRetry`, then doubling up to
 /// `MaxBackoff`; one that succeeded is not held back (it needs nothing until something
 /// changes, and the watch says when).
