@@ -761,6 +761,7 @@ fn grant_txn(
         node: node.clone(),
         uid: uid.to_owned(),
         node_revision,
+        granted_ms: None,
     })?;
     let owned = encode_value(&OwnedRecord { node_revision })?;
     let mut txn = Txn::default();
