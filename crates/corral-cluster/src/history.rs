@@ -398,6 +398,46 @@ mod tests {
     }
 
     #[test]
+    fn the_bounds_are_settings_with_defaults_and_a_zero_age_is_refused() {
+        use crate::config::ClusterConfig;
+        let pool = "[[pools]]\nname = \"p\"\n[pools.ipv4]\ncidrs = [\"10.0.0.0/16\"]\nnode_prefix_len = 24\n";
+        let plain = ClusterConfig::from_toml(pool).unwrap();
+        assert_eq!(
+            plain.history.bounds(),
+            Bounds {
+                max_events: 100_000,
+                max_age_ms: 30 * 24 * 3600 * 1000
+            }
+        );
+        assert!(
+            !plain.to_json().unwrap().contains("history"),
+            "defaults are not stored"
+        );
+        let set = ClusterConfig::from_toml(&format!(
+            "history_max_events = 5\nhistory_max_age_secs = 60\n{pool}"
+        ))
+        .unwrap();
+        assert_eq!(
+            set.history.bounds(),
+            Bounds {
+                max_events: 5,
+                max_age_ms: 60_000
+            }
+        );
+        assert_eq!(
+            ClusterConfig::from_json(set.to_json().unwrap().as_bytes()).unwrap(),
+            set
+        );
+        let zero = ClusterConfig::from_toml(&format!("history_max_age_secs = 0\n{pool}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            zero.contains("history_max_age_secs") && zero.contains("at least 1"),
+            "{zero}"
+        );
+    }
+
+    #[test]
     fn trimming_takes_the_older_of_age_and_count() {
         let bounds = Bounds {
             max_events: 3,
