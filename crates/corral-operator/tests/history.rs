@@ -1,7 +1,7 @@
 //! The grants' history on `MemKv`, in-process, on tokio's paused clock: a grant carries its
 //! start (`granted_ms`), its end is recorded in the fenced transaction that deletes it with the
 //! right `why` (a block released by the handshake, a node removed), a deposed leader records
-//! nothing, the leader trims the history to its bounds, and the readers (`history::read`, the
+//! nothing, the leader trims the history to its bounds, a rebuild reads past it, and the readers (`history::read`, the
 //! API's `GET /v1/history`) answer who held an address or a CIDR, at a time, and what a node
 //! held. Times are the wall clock's milliseconds: the tests compare them with each other, never
 //! with a bound.
@@ -327,5 +327,44 @@ async fn the_leader_trims_the_oldest_events_past_its_bounds_off_the_grant_path()
     let kept = assert_indexes_agree(&kv).await;
     let names: Vec<&str> = kept.iter().map(|r| r.node.as_str()).collect();
     assert_eq!(names, ["old-4", "old-5"]);
+    assert_consistent(&kv).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_s_rebuild_reads_past_the_history_and_a_long_one_stays_out_of_the_view() {
+    let kv = initialized(include_str!("configs/tiny.toml")).await;
+    // 3,000 ended grants (9,000 keys): more than a page of the rebuild's read.
+    for chunk in 0..75u64 {
+        let mut ops = Vec::new();
+        for i in 0..40u64 {
+            let n = chunk * 40 + i;
+            let record = HistoryRecord {
+                pool: PoolName::new("default").unwrap(),
+                cidr: net(&format!("10.9.{}.{}/30", n / 64, n % 64 * 4)),
+                node: node(&format!("old-{n}")),
+                from_ms: Some(1),
+                to_ms: 1_000 + n,
+                why: GrantEnd::Released,
+            };
+            ops.extend(
+                corral_cluster::history::puts(&keys(), &record)
+                    .unwrap()
+                    .into_iter()
+                    .map(|(k, v)| TxnOp::put(k, v)),
+            );
+        }
+        apply(&kv, ops).await;
+    }
+    register(&kv, "node-a").await;
+    let a = start_leading(&kv, "op-a").await;
+    let (read, _) = a.shared.last_rebuild().unwrap();
+    assert!(
+        read < 3_000,
+        "the rebuild read {read} keys: the history's 9,000 too"
+    );
+    wait_until("node-a served", Duration::from_secs(10), || async {
+        grants(&kv).await.contains_key("node-a")
+    })
+    .await;
     assert_consistent(&kv).await;
 }
