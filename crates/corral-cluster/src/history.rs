@@ -156,16 +156,17 @@ impl HistoryEvent {
         self.from_ms.is_none_or(|from| from <= at_ms) && self.to_ms.is_none_or(|to| at_ms < to)
     }
 
-    /// The time it sorts by, newest first: its end, or its start while held (held ones first).
-    fn recency(&self) -> (bool, u64) {
+    /// What it sorts by, newest first: its last happening (its end, or its start while
+    /// held); a held one first on a tie.
+    fn recency(&self) -> (u64, bool) {
         match self.to_ms {
-            None => (true, self.from_ms.unwrap_or(0)),
-            Some(to) => (false, to),
+            None => (self.from_ms.unwrap_or(0), true),
+            Some(to) => (to, false),
         }
     }
 }
 
-/// Sorts events newest first (held grants first, then by end) and keeps `limit` of them.
+/// Sorts events newest first (by their end, or their start while held) and keeps `limit`.
 pub fn newest_first(events: &mut Vec<HistoryEvent>, limit: usize) {
     events.sort_by(|a, b| {
         b.recency()
@@ -353,7 +354,7 @@ mod tests {
     }
 
     #[test]
-    fn held_grants_cover_from_their_start_and_sort_first() {
+    fn held_grants_cover_from_their_start_and_sort_by_their_last_happening() {
         let held = HistoryEvent::held(&pool(), &net("10.0.0.0/28"), &grant("b", Some(100)));
         assert!(!held.covers(99) && held.covers(100) && held.covers(u64::MAX));
         let old = HistoryEvent::ended(ended(
@@ -374,9 +375,16 @@ mod tests {
         ));
         let mut events = vec![older.clone(), held.clone(), old.clone()];
         newest_first(&mut events, 10);
-        assert_eq!(events, [held.clone(), old, older]);
+        assert_eq!(events, [held.clone(), old.clone(), older]);
         newest_first(&mut events, 1);
         assert_eq!(events, [held]);
+        // A grant held for long sorts after a newer end (the newest happenings first), and a
+        // held grant before an end at the same time.
+        let long = HistoryEvent::held(&pool(), &net("10.0.1.0/28"), &grant("c", Some(15)));
+        let same = HistoryEvent::held(&pool(), &net("10.0.2.0/28"), &grant("d", Some(60)));
+        let mut events = vec![long.clone(), old.clone(), same.clone()];
+        newest_first(&mut events, 10);
+        assert_eq!(events, [same, old, long]);
     }
 
     #[test]

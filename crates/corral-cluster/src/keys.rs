@@ -2,7 +2,8 @@
 //!
 //! Every key has one canonical text: CIDRs are written with `-` for `/` in ipnet's canonical
 //! form (`10.244.3.0-24`, `fd00:10:244:1::-64`), families as `ipv4`/`ipv6`, numbers in decimal
-//! (lease IDs in lower-case hex) without leading zeros. `Keys::parse` accepts exactly what the
+//! (lease IDs in lower-case hex) without leading zeros, but the history's times in 16
+//! zero-padded digits, so its keys sort by time. `Keys::parse` accepts exactly what the
 //! builders write, so a key round-trips, and anything else is a `KeyError`, never a panic.
 //! `config` sorts before every other kind of key under the prefix (a full read finds it on its
 //! first page); a new kind must be named to sort after it.

@@ -167,12 +167,13 @@ async fn a_block_released_by_the_handshake_is_recorded_and_read_back_by_address_
     )
     .await;
     assert_eq!(by_address, [HistoryEvent::ended(event.clone())]);
-    let by_node = history(&kv, HistoryQuery::Node(node("n1")), None).await;
+    let mut by_node = history(&kv, HistoryQuery::Node(node("n1")), None).await;
     assert_eq!(
         by_node.len(),
         2,
         "the block held and the one released: {by_node:?}"
     );
+    by_node.sort_by_key(|e| e.cidr);
     assert_eq!(
         (by_node[0].cidr, by_node[0].to_ms),
         (net("10.64.0.16/28"), None)
