@@ -22,6 +22,7 @@ pub mod paths {
     pub const NODE_PLAN: &str = "/v1/nodes/{name}/plan";
     pub const POOLS: &str = "/v1/pools";
     pub const GRANTS: &str = "/v1/grants";
+    pub const HISTORY: &str = "/v1/history";
 }
 
 /// `GET /v1/status`: this replica, and the cluster as its view sees it (only while it leads).
@@ -388,6 +389,34 @@ pub struct Grant {
     pub node: String,
 }
 
+/// `GET /v1/history`: grants of node CIDRs and blocks, held and ended, newest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GrantHistory {
+    pub events: Vec<GrantEvent>,
+}
+
+/// One grant of a node CIDR or block: to whom, from when, until when and why it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GrantEvent {
+    pub pool: String,
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    pub cidr: String,
+    pub node: String,
+    /// Granted at, in milliseconds since the epoch; null when granted before the history was
+    /// kept.
+    pub from_ms: Option<u64>,
+    /// Ended at, in milliseconds since the epoch; null while held.
+    pub to_ms: Option<u64>,
+    /// Why it ended: `released` (the agent gave it back), `node_removed`, `revoked` (its
+    /// agent refused it), `withdrawn` (the cloud no longer delegates it); null while held.
+    pub why: Option<String>,
+}
+
 /// A node ID granted to a node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -429,4 +458,102 @@ pub struct NodePlan {
     pub vxlan: String,
     /// The service network.
     pub service: String,
+}
+
+/// Parses a time as `GET /v1/history?at=` and `corral cluster history --at` take it:
+/// milliseconds since the epoch, or an RFC 3339 time in UTC (`2026-11-27T14:02:00Z`; the
+/// seconds, their fraction and the `Z` may be left out: `2026-11-27T14:02` is UTC too).
+pub fn parse_at(text: &str) -> Result<u64, String> {
+    let refuse = || {
+        format!(
+            "invalid time {:?}: milliseconds since the epoch or an RFC 3339 time in UTC \
+             (2026-11-27T14:02:00Z)",
+            text.chars().take(64).collect::<String>()
+        )
+    };
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().map_err(|_| refuse());
+    }
+    let rest = text
+        .strip_suffix('Z')
+        .or_else(|| text.strip_suffix("+00:00"))
+        .unwrap_or(text);
+    let (date, time) = rest.split_once(['T', ' ']).ok_or_else(refuse)?;
+    let number = |s: &str, len: usize| -> Result<u64, String> {
+        if s.len() == len && s.bytes().all(|b| b.is_ascii_digit()) {
+            s.parse().map_err(|_| refuse())
+        } else {
+            Err(refuse())
+        }
+    };
+    let mut d = date.split('-');
+    let (year, month, day) = match (d.next(), d.next(), d.next(), d.next()) {
+        (Some(y), Some(m), Some(d), None) => (number(y, 4)?, number(m, 2)?, number(d, 2)?),
+        _ => return Err(refuse()),
+    };
+    let (clock, fraction) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = clock.split(':');
+    let (hour, minute, second) = match (t.next(), t.next(), t.next(), t.next()) {
+        (Some(h), Some(m), None, None) => (number(h, 2)?, number(m, 2)?, 0),
+        (Some(h), Some(m), Some(s), None) => (number(h, 2)?, number(m, 2)?, number(s, 2)?),
+        _ => return Err(refuse()),
+    };
+    let millis = match fraction.len() {
+        0 => 0,
+        1..=9 if fraction.bytes().all(|b| b.is_ascii_digit()) => {
+            let digits: String = fraction.chars().chain("00".chars()).take(3).collect();
+            digits.parse::<u64>().map_err(|_| refuse())?
+        }
+        _ => return Err(refuse()),
+    };
+    let days_in_month = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        _ => return Err(refuse()),
+    };
+    if year < 1970 || day == 0 || day > days_in_month || hour > 23 || minute > 59 || second > 59 {
+        return Err(refuse());
+    }
+    // Howard Hinnant's `days_from_civil`, for years from 1970 on.
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * m + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    Ok(((days * 24 + hour) * 60 + minute) * 60_000 + second * 1000 + millis)
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::parse_at;
+
+    #[test]
+    fn times_read_as_milliseconds_or_rfc3339_in_utc() {
+        assert_eq!(parse_at("1764000000123"), Ok(1_764_000_000_123));
+        assert_eq!(parse_at("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(parse_at("2026-11-27T14:02"), Ok(1_795_788_120_000));
+        assert_eq!(parse_at("2026-11-27T14:02:00Z"), Ok(1_795_788_120_000));
+        assert_eq!(
+            parse_at("2026-11-27T14:02:00.5+00:00"),
+            Ok(1_795_788_120_500)
+        );
+        assert_eq!(parse_at("2000-02-29T00:00:00Z"), Ok(951_782_400_000));
+        for bad in [
+            "",
+            "x",
+            "2026-02-30T00:00Z",
+            "2026-11-27",
+            "2026-11-27T25:00",
+            "2026-11-27T14:02+02:00",
+        ] {
+            assert!(parse_at(bad).is_err(), "{bad}");
+        }
+    }
 }

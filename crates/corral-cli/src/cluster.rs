@@ -1,5 +1,5 @@
 //! The cluster's commands: `corral operator` (the daemon), `corral cluster init|apply|status|
-//! check` and `corral node list|show|remove|plan`. They talk to etcd directly (`--etcd`), so
+//! check|recover|history` (`history_cluster.rs`) and `corral node list|show|remove|plan`. They talk to etcd directly (`--etcd`), so
 //! they work whether or not an operator runs; only the operator grants, and removal is a
 //! request the leading operator carries out.
 
@@ -182,6 +182,17 @@ pub enum ClusterCommand {
     /// tell the leader to grant again without waiting for the agents to assert what they
     /// hold; prints what that means, and does it only with --yes
     Recover(RecoverArgs),
+    /// Who held an address or CIDR (optionally at a time), or everything a node held: grants
+    /// of node CIDRs and blocks with when they began and ended and why, newest first
+    History(ClusterHistoryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterHistoryArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    #[command(flatten)]
+    pub options: crate::history_cluster::HistoryOptions,
 }
 
 #[derive(Debug, Args)]
@@ -365,6 +376,12 @@ pub fn cluster(
             ClusterCommand::Status(args) => status(args, output).await,
             ClusterCommand::Check(args) => check(args, output, providers).await,
             ClusterCommand::Recover(args) => recover(args).await,
+            ClusterCommand::History(args) => {
+                // Usage errors before connecting.
+                args.options.request()?;
+                let (kv, keys) = connect(&args.etcd).await?;
+                crate::history_cluster::show(&kv, &keys, &args.options, output).await
+            }
         }
     })
 }
@@ -478,9 +495,14 @@ fn now_ms() -> u64 {
 async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result<Outcome, Failure> {
     let cloud = args.cloud.connect(providers).await?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
-        .await
-        .map_err(kv_failure)?;
+    let (all, revision) = corral_kv::read_all_but(
+        &kv,
+        keys.prefix().as_bytes(),
+        Some(keys.history_prefix().as_bytes()),
+        2000,
+    )
+    .await
+    .map_err(kv_failure)?;
     if !all.iter().any(|e| e.key == keys.config().as_bytes()) {
         return Err(config_paths::no_configuration(&args.etcd.cluster));
     }
@@ -570,9 +592,14 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
 /// holdings etcd has no record of), and with `--yes` writes `recover` for the leader.
 async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = corral_kv::read_all(&kv, keys.prefix().as_bytes(), 2000)
-        .await
-        .map_err(kv_failure)?;
+    let (all, revision) = corral_kv::read_all_but(
+        &kv,
+        keys.prefix().as_bytes(),
+        Some(keys.history_prefix().as_bytes()),
+        2000,
+    )
+    .await
+    .map_err(kv_failure)?;
     let mut registered = std::collections::BTreeSet::new();
     let mut live = std::collections::BTreeSet::new();
     let mut asserted = std::collections::BTreeSet::new();

@@ -21,9 +21,14 @@ pub(super) struct Read {
 }
 
 pub(super) async fn read(kv: &EtcdKv, keys: &Keys) -> Result<Read, Failure> {
-    let (all, revision) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
-        .await
-        .map_err(kv_failure)?;
+    let (all, revision) = corral_kv::read_all_but(
+        kv,
+        keys.prefix().as_bytes(),
+        Some(keys.history_prefix().as_bytes()),
+        2000,
+    )
+    .await
+    .map_err(kv_failure)?;
     let value_of = |key: &str| {
         all.iter()
             .find(|e| e.key == key.as_bytes())
@@ -138,9 +143,14 @@ pub(super) async fn write(
         // alone judge, read without a configuration.
         Err(_) => {
             let mut bare = ClusterView::new(keys.clone(), config.clone());
-            let (all, _) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 2000)
-                .await
-                .map_err(kv_failure)?;
+            let (all, _) = corral_kv::read_all_but(
+                kv,
+                keys.prefix().as_bytes(),
+                Some(keys.history_prefix().as_bytes()),
+                2000,
+            )
+            .await
+            .map_err(kv_failure)?;
             apply_all(&mut bare, keys, &all);
             (None, bare.held_grants(), bare.granted_node_ids())
         }

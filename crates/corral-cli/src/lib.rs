@@ -29,6 +29,7 @@ pub mod cloud;
 mod cluster;
 mod commands;
 mod exit;
+mod history_cluster;
 mod hostlocal;
 mod interfaces;
 mod local_routes;

@@ -497,6 +497,7 @@ mod tests {
                 node: node.clone(),
                 uid: "u".into(),
                 node_revision: 2,
+                granted_ms: None,
             };
             let revision = self.add(
                 self.keys.grant(&pool, Family::V4, &net(cidr)),

@@ -540,6 +540,36 @@ pub struct ClusterConfig {
     /// Pools per workload: a Kubernetes namespace (`K8S_POD_NAMESPACE` in `CNI_ARGS`) to the
     /// pool its pods take addresses from.
     pub namespaces: BTreeMap<String, String>,
+    /// The bounds of the grants' history (`history_max_events`, `history_max_age_secs`).
+    pub history: HistoryConfig,
+}
+
+/// The bounds of the grants' history the leader keeps in etcd (`crate::history`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryConfig {
+    /// Events kept at most (the oldest go first); 0 keeps none.
+    pub max_events: u64,
+    /// How long an event is kept at most, in seconds.
+    pub max_age_secs: u64,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        HistoryConfig {
+            max_events: crate::history::DEFAULT_HISTORY_MAX_EVENTS,
+            max_age_secs: crate::history::DEFAULT_HISTORY_MAX_AGE_SECS,
+        }
+    }
+}
+
+impl HistoryConfig {
+    /// The bounds as the trimming takes them.
+    pub fn bounds(&self) -> crate::history::Bounds {
+        crate::history::Bounds {
+            max_events: self.max_events,
+            max_age_ms: self.max_age_secs.saturating_mul(1000),
+        }
+    }
 }
 
 impl ClusterConfig {

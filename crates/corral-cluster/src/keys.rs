@@ -2,7 +2,8 @@
 //!
 //! Every key has one canonical text: CIDRs are written with `-` for `/` in ipnet's canonical
 //! form (`10.244.3.0-24`, `fd00:10:244:1::-64`), families as `ipv4`/`ipv6`, numbers in decimal
-//! (lease IDs in lower-case hex) without leading zeros. `Keys::parse` accepts exactly what the
+//! (lease IDs in lower-case hex) without leading zeros, but the history's times in 16
+//! zero-padded digits, so its keys sort by time. `Keys::parse` accepts exactly what the
 //! builders write, so a key round-trips, and anything else is a `KeyError`, never a panic.
 //! `config` sorts before every other kind of key under the prefix (a full read finds it on its
 //! first page); a new kind must be named to sort after it.
@@ -381,6 +382,46 @@ pub enum Key {
         /// The node.
         node: NodeName,
     },
+    /// `history/...`: one ended grant (a node CIDR or block) in one of its three indexes,
+    /// written by the leader in the fenced transaction that deleted the grant, trimmed by it
+    /// by count and age (`crate::history`): `history/at/<to>/<pool>/<family>/<cidr>` (by end
+    /// time), `history/cidr/<pool>/<family>/<cidr>/<to>` (who held a CIDR when),
+    /// `history/node/<node>/<to>/<pool>/<family>/<cidr>` (everything of a node). `<to>` is
+    /// the end in milliseconds since the epoch, 16 zero-padded digits, so keys sort by time.
+    History {
+        /// Which index.
+        index: HistoryIndex,
+        /// The pool.
+        pool: PoolName,
+        /// The family.
+        family: Family,
+        /// The node CIDR or block.
+        cidr: IpNet,
+        /// When the grant ended, in milliseconds since the epoch.
+        to_ms: u64,
+    },
+}
+
+/// The index a `history/` key belongs to (each holds the same [`HistoryRecord`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistoryIndex {
+    /// `history/at/`: every event by end time (trimming, the newest events).
+    At,
+    /// `history/cidr/`: by CIDR, then end time.
+    Cidr,
+    /// `history/node/<node>/`: by holder, then end time.
+    Node(NodeName),
+}
+
+/// A time as written in a `history/` key: 16 zero-padded decimal digits of milliseconds.
+pub fn time_segment(ms: u64) -> String {
+    format!("{ms:016}")
+}
+
+fn parse_time_segment(segment: &str) -> Option<u64> {
+    (segment.len() == 16 && segment.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| segment.parse().ok())
+        .flatten()
 }
 
 /// A cloud resource or intent ID as it appears in a key: 1 to 128 characters of
@@ -611,7 +652,87 @@ impl Keys {
             } => self.delegation(node, pool, *family, cidr),
             Key::Holdings { node } => self.holdings(node),
             Key::Silence { node } => self.silence(node),
+            Key::History {
+                index,
+                pool,
+                family,
+                cidr,
+                to_ms,
+            } => match index {
+                HistoryIndex::At => self.history_at(*to_ms, pool, *family, cidr),
+                HistoryIndex::Cidr => self.history_cidr(pool, *family, cidr, *to_ms),
+                HistoryIndex::Node(node) => self.history_node(node, *to_ms, pool, *family, cidr),
+            },
         }
+    }
+
+    /// `history/`: every history key (which a full read of the cluster skips).
+    pub fn history_prefix(&self) -> String {
+        format!("{}history/", self.prefix)
+    }
+
+    /// `history/at/<to>/<pool>/<family>/<cidr>`.
+    pub fn history_at(&self, to_ms: u64, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
+        format!(
+            "{}history/at/{}/{pool}/{}/{}",
+            self.prefix,
+            time_segment(to_ms),
+            family_segment(family),
+            cidr_segment(cidr)
+        )
+    }
+
+    /// `history/at/`: every event, oldest end first.
+    pub fn history_at_prefix(&self) -> String {
+        format!("{}history/at/", self.prefix)
+    }
+
+    /// `history/cidr/<pool>/<family>/<cidr>/<to>`.
+    pub fn history_cidr(
+        &self,
+        pool: &PoolName,
+        family: Family,
+        cidr: &IpNet,
+        to_ms: u64,
+    ) -> String {
+        format!(
+            "{}{}",
+            self.history_of_cidr_prefix(pool, family, cidr),
+            time_segment(to_ms)
+        )
+    }
+
+    /// `history/cidr/<pool>/<family>/<cidr>/`: every holder of one CIDR, oldest first.
+    pub fn history_of_cidr_prefix(&self, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
+        format!(
+            "{}history/cidr/{pool}/{}/{}/",
+            self.prefix,
+            family_segment(family),
+            cidr_segment(cidr)
+        )
+    }
+
+    /// `history/node/<node>/<to>/<pool>/<family>/<cidr>`.
+    pub fn history_node(
+        &self,
+        node: &NodeName,
+        to_ms: u64,
+        pool: &PoolName,
+        family: Family,
+        cidr: &IpNet,
+    ) -> String {
+        format!(
+            "{}{}/{pool}/{}/{}",
+            self.history_of_node_prefix(node),
+            time_segment(to_ms),
+            family_segment(family),
+            cidr_segment(cidr)
+        )
+    }
+
+    /// `history/node/<node>/`: every grant a node ended, oldest first.
+    pub fn history_of_node_prefix(&self, node: &NodeName) -> String {
+        format!("{}history/node/{node}/", self.prefix)
     }
 
     /// `recover`.
@@ -818,6 +939,25 @@ impl Keys {
             }
             ["holdings", name] => Ok(Key::Holdings { node: node(name)? }),
             ["silence", name] => Ok(Key::Silence { node: node(name)? }),
+            ["history", rest @ ..] => {
+                let time = |text: &str| {
+                    parse_time_segment(text).ok_or_else(|| malformed("invalid history time"))
+                };
+                let (index, p, f, c, t) = match rest {
+                    ["at", t, p, f, c] => (HistoryIndex::At, p, f, c, t),
+                    ["cidr", p, f, c, t] => (HistoryIndex::Cidr, p, f, c, t),
+                    ["node", n, t, p, f, c] => (HistoryIndex::Node(node(n)?), p, f, c, t),
+                    _ => return Err(malformed("unknown kind of key")),
+                };
+                let family = family(f)?;
+                Ok(Key::History {
+                    index,
+                    pool: pool(p)?,
+                    family,
+                    cidr: cidr(c, family)?,
+                    to_ms: time(t)?,
+                })
+            }
             _ => Err(malformed("unknown kind of key")),
         }
     }
@@ -895,6 +1035,10 @@ pub struct GrantRecord {
     pub uid: String,
     /// The create revision of `nodes/<node>` when granted.
     pub node_revision: i64,
+    /// When it was granted, in milliseconds since the epoch (`None`: granted before the
+    /// history was kept, or by a caller that gave no time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub granted_ms: Option<u64>,
 }
 
 /// `owned/...`'s value.
@@ -1404,6 +1548,56 @@ pub struct NodeIdRecord {
     pub node_revision: i64,
 }
 
+/// Every `history/...` key's value: one grant of a node CIDR or block, from its grant to its
+/// end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRecord {
+    /// The pool.
+    #[serde(with = "crate::text")]
+    pub pool: PoolName,
+    /// The node CIDR or block (its family is the CIDR's).
+    #[serde(with = "crate::text")]
+    pub cidr: IpNet,
+    /// The node that held it.
+    pub node: NodeName,
+    /// When it was granted, in milliseconds since the epoch (`None`: before the history was
+    /// kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_ms: Option<u64>,
+    /// When the grant ended (was deleted), in milliseconds since the epoch.
+    pub to_ms: u64,
+    /// Why it ended.
+    pub why: GrantEnd,
+}
+
+/// Why a grant ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantEnd {
+    /// Its agent gave it back through the release handshake (block pools).
+    Released,
+    /// The node was removed (`corral node remove`); its space waits for the agent or a
+    /// quarantine before reuse.
+    NodeRemoved,
+    /// Its agent refused it (etcd handed back a grant it had given up) and the leader revoked
+    /// it.
+    Revoked,
+    /// The cloud no longer delegates it to the node's instance (from-cloud pools).
+    Withdrawn,
+}
+
+impl GrantEnd {
+    /// Its name on the wire and in output (`released`, `node_removed`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GrantEnd::Released => "released",
+            GrantEnd::NodeRemoved => "node_removed",
+            GrantEnd::Revoked => "revoked",
+            GrantEnd::Withdrawn => "withdrawn",
+        }
+    }
+}
+
 /// `nodeids/node/<node>`'s value.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeIdOfNodeRecord {
@@ -1519,6 +1713,27 @@ mod tests {
                 family: Family::V6,
                 cidr: v6,
             },
+            Key::History {
+                index: HistoryIndex::At,
+                pool: pool.clone(),
+                family: Family::V4,
+                cidr: v4,
+                to_ms: 1_764_000_000_000,
+            },
+            Key::History {
+                index: HistoryIndex::Cidr,
+                pool: pool.clone(),
+                family: Family::V6,
+                cidr: v6,
+                to_ms: 0,
+            },
+            Key::History {
+                index: HistoryIndex::Node(node.clone()),
+                pool: pool.clone(),
+                family: Family::V4,
+                cidr: v4,
+                to_ms: 7,
+            },
         ];
         for key in all {
             let text = keys.format(&key);
@@ -1593,6 +1808,7 @@ mod tests {
             node: NodeName::new("n1").unwrap(),
             uid: "u".into(),
             node_revision: 7,
+            granted_ms: None,
         };
         let bytes = encode_value(&record).unwrap();
         assert_eq!(

@@ -12,6 +12,7 @@ pub mod check;
 pub mod cloud;
 pub mod config;
 pub mod epoch;
+pub mod history;
 pub mod keys;
 pub mod net;
 pub mod plan;
@@ -32,18 +33,18 @@ pub use check::{
 };
 pub use config::{
     AppliedConfigRecord, CloudPool, CloudPoolConfig, ClusterConfig, ConfigError, DemandConfig,
-    FamilyConfig, HeldGrant, MAX_LEASE_TTL_SECS, NodeCidrSync, NodeIdBound, NodeIdPlanConfig,
-    PoolConfig, PoolKind, PoolMode, ReleasePolicy, ResyncConfig, WarmTargets, WatermarkOverride,
-    Watermarks,
+    FamilyConfig, HeldGrant, HistoryConfig, MAX_LEASE_TTL_SECS, NodeCidrSync, NodeIdBound,
+    NodeIdPlanConfig, PoolConfig, PoolKind, PoolMode, ReleasePolicy, ResyncConfig, WarmTargets,
+    WatermarkOverride, Watermarks,
 };
 pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
 pub use keys::{
     CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
-    DelegationRecord, DemandRecord, FamilyDemand, GrantRecord, HeldCloudAddress, HeldRange,
-    HoldingsRecord, Key, KeyError, Keys, LiveRecord, NodeIdOfNodeRecord, NodeIdRecord, NodeName,
-    NodeRecord, OwnedRecord, QuarantineRecord, ReassertRecord, RecoverRecord, RefusedGrant,
-    RefusedNodeId, ReleaseRecord, ReleaseState, RemovalRecord, SchemaRecord, ValueError,
-    decode_value, encode_value,
+    DelegationRecord, DemandRecord, FamilyDemand, GrantEnd, GrantRecord, HeldCloudAddress,
+    HeldRange, HistoryIndex, HistoryRecord, HoldingsRecord, Key, KeyError, Keys, LiveRecord,
+    NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, OwnedRecord, QuarantineRecord,
+    ReassertRecord, RecoverRecord, RefusedGrant, RefusedNodeId, ReleaseRecord, ReleaseState,
+    RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
 };
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};

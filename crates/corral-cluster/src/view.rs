@@ -130,6 +130,8 @@ pub struct Proposal {
     pub cidrs: Vec<NodeCidr>,
     /// A node ID, if the plan is configured and the node lacks one.
     pub node_id: Option<u32>,
+    /// When it is granted, in milliseconds since the epoch (the grants' `granted_ms`).
+    pub granted_ms: Option<u64>,
 }
 
 impl Proposal {
@@ -180,6 +182,7 @@ impl Proposal {
             node: self.node.clone(),
             uid: self.uid.clone(),
             node_revision: self.node_revision,
+            granted_ms: self.granted_ms,
         };
         let owned = OwnedRecord {
             node_revision: self.node_revision,
@@ -219,6 +222,8 @@ pub struct RemovedGrant {
     pub grant_key: String,
     /// Its `quarantine/...` key (put, on the quarantine lease).
     pub quarantine_key: String,
+    /// The grant as it ends (its history record, written with the delete).
+    pub ending: crate::history::EndingGrant,
 }
 
 /// A node ID a node removal deletes and quarantines.
@@ -380,6 +385,9 @@ pub struct Revocation {
     pub keys: Vec<String>,
     /// Their create revision.
     pub revision: i64,
+    /// A node CIDR or block revoked, as it ends (its history record, written with the
+    /// delete); `None` for a node ID.
+    pub ending: Option<crate::history::EndingGrant>,
 }
 
 #[derive(Debug, Clone)]
@@ -1066,6 +1074,8 @@ impl ClusterView {
             Key::Silence { node } => {
                 self.silences.insert(node, mod_revision);
             }
+            // The grants' history is read by its readers, never by the view.
+            Key::History { .. } => {}
         }
     }
 
@@ -1080,7 +1090,12 @@ impl ClusterView {
     /// Forgets what a key held (nothing if it held nothing).
     fn forget(&mut self, key: &Key) {
         match key {
-            Key::Schema | Key::Config | Key::Election { .. } | Key::Recover | Key::Reassert => {}
+            Key::Schema
+            | Key::Config
+            | Key::Election { .. }
+            | Key::Recover
+            | Key::Reassert
+            | Key::History { .. } => {}
             Key::ConfigApplied => self.applied = None,
             Key::Holdings { node } => {
                 if self.holdings.remove(node).is_some() {
@@ -1231,6 +1246,35 @@ impl ClusterView {
             .collect()
     }
 
+    /// The `grants/` value of a node CIDR or block, if granted and it decoded.
+    pub fn grant_record(
+        &self,
+        pool: &PoolName,
+        family: Family,
+        cidr: &IpNet,
+    ) -> Option<&GrantRecord> {
+        self.grants
+            .get(&(pool.clone(), family, *cidr))
+            .and_then(|g| g.record.as_ref())
+    }
+
+    /// The grant of a node CIDR or block as it ends (its history record's makings), if the
+    /// view knows it granted to `node`.
+    pub fn ending_grant(
+        &self,
+        node: &NodeName,
+        pool: &PoolName,
+        family: Family,
+        cidr: &IpNet,
+    ) -> crate::history::EndingGrant {
+        crate::history::EndingGrant {
+            pool: pool.clone(),
+            cidr: *cidr,
+            node: node.clone(),
+            record: self.grant_record(pool, family, cidr).cloned(),
+        }
+    }
+
     /// The node's node ID (from `nodeids/node/<node>`, else a `nodeids/id/<n>` naming it).
     pub fn node_id_of(&self, node: &NodeName) -> Option<u32> {
         self.node_id_of_node.get(node).copied().or_else(|| {
@@ -1319,6 +1363,7 @@ impl ClusterView {
                             self.keys.owned(node, &refused.pool, family, &refused.cidr),
                         ],
                         revision: refused.grant_revision,
+                        ending: Some(self.ending_grant(node, &refused.pool, family, &refused.cidr)),
                     });
                 }
             }
@@ -1336,6 +1381,7 @@ impl ClusterView {
                             self.keys.node_id_of_node(node),
                         ],
                         revision: refused.revision,
+                        ending: None,
                     });
                 }
             }
@@ -1448,6 +1494,15 @@ impl ClusterView {
     /// Proposes what `node` lacks, lowest free first, all or nothing, and marks it in flight so
     /// no other proposal picks the same.
     pub fn propose(&mut self, node: &NodeName) -> Result<Proposal, ProposeError> {
+        self.propose_at(node, None)
+    }
+
+    /// [`Self::propose`], its grants stamped `granted_ms` (the leader's; the history's start).
+    pub fn propose_at(
+        &mut self,
+        node: &NodeName,
+        granted_ms: Option<u64>,
+    ) -> Result<Proposal, ProposeError> {
         let Some(entry) = self.nodes.get(node) else {
             return Err(ProposeError::UnknownNode { node: node.clone() });
         };
@@ -1495,6 +1550,7 @@ impl ClusterView {
             node_revision: entry.create_revision,
             cidrs,
             node_id,
+            granted_ms,
         };
         for c in &proposal.cidrs {
             if let Some(space) = self.spaces.get_mut(&(c.pool.clone(), c.family)) {
@@ -1651,6 +1707,7 @@ impl ClusterView {
             .map(|c| RemovedGrant {
                 grant_key: keys.grant(&c.pool, c.family, &c.cidr),
                 quarantine_key: keys.quarantine(&c.pool, c.family, &c.cidr),
+                ending: self.ending_grant(node, &c.pool, c.family, &c.cidr),
                 cidr: c,
             })
             .collect();
@@ -1817,6 +1874,7 @@ mod tests {
             node: NodeName::new("x").unwrap(),
             uid: "u".into(),
             node_revision: 1,
+            granted_ms: None,
         })
         .unwrap();
         view.apply_put(&key, &record, 5, 5);
@@ -2049,6 +2107,7 @@ node_prefix_len = 80
             node: z.clone(),
             uid: "u".into(),
             node_revision: 1,
+            granted_ms: None,
         };
         f.view.abandon(&p);
         f.put(

@@ -69,6 +69,7 @@ impl Store {
             node: node.clone(),
             uid: format!("uid-{node}"),
             node_revision: registration,
+            granted_ms: None,
         };
         let owned = OwnedRecord {
             node_revision: registration,

@@ -1516,6 +1516,7 @@ impl Sim {
                 node: name.clone(),
                 uid: registration.record.uid.clone(),
                 node_revision: registration.create_revision,
+                granted_ms: None,
             };
             let owned = OwnedRecord {
                 node_revision: registration.create_revision,

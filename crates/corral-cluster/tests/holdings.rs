@@ -155,6 +155,7 @@ fn a_range_held_by_one_node_and_granted_to_another_stays_reported() {
         node: b.clone(),
         uid: "uid-b".into(),
         node_revision: 3,
+        granted_ms: None,
     };
     f.put(
         &f.keys

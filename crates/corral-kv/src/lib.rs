@@ -365,6 +365,26 @@ pub async fn read_all<K: Kv>(
     prefix: &[u8],
     page: usize,
 ) -> Result<(Vec<KeyValue>, Revision), KvError> {
+    read_all_but(kv, prefix, None, page).await
+}
+
+/// A range start (exclusive) past every key under `prefix` whose bytes after it are ASCII:
+/// `prefix` and `0xff`.
+pub fn past_prefix(prefix: &[u8]) -> Vec<u8> {
+    let mut after = prefix.to_vec();
+    after.push(0xff);
+    after
+}
+
+/// [`read_all`] without the keys under `skip` (ASCII keys inside `prefix`): at most one page
+/// of them is read, then the read jumps past them.
+pub async fn read_all_but<K: Kv>(
+    kv: &K,
+    prefix: &[u8],
+    skip: Option<&[u8]>,
+    page: usize,
+) -> Result<(Vec<KeyValue>, Revision), KvError> {
+    let skipped = |key: &[u8]| skip.is_some_and(|skip| key.starts_with(skip));
     let mut all = Vec::new();
     let mut revision = None;
     let mut after: Option<Vec<u8>> = None;
@@ -373,8 +393,11 @@ pub async fn read_all<K: Kv>(
             .range(prefix, after.as_deref(), page.max(1), revision)
             .await?;
         revision = Some(page.revision);
-        after = page.kvs.last().map(|kv| kv.key.clone());
-        all.extend(page.kvs);
+        after = page.kvs.last().map(|kv| match skip {
+            Some(skip) if kv.key.starts_with(skip) => past_prefix(skip),
+            _ => kv.key.clone(),
+        });
+        all.extend(page.kvs.into_iter().filter(|kv| !skipped(&kv.key)));
         if !page.more || after.is_none() {
             return Ok((all, revision.unwrap_or(0)));
         }

@@ -206,3 +206,28 @@ async fn a_cas_loop_on_one_key_loses_no_update() {
     let events = conformance::next_events(&mut watch, 400).await;
     assert!(events.iter().all(|event| matches!(event, Event::Put(_))));
 }
+
+#[tokio::test]
+async fn a_read_of_everything_but_one_prefix_jumps_past_it() {
+    let kv = MemKv::new();
+    for key in [
+        "/p/a/1", "/p/h/1", "/p/h/2", "/p/h/3", "/p/h/4", "/p/hz", "/p/z/1",
+    ] {
+        kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::put(key, "v")],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    }
+    for page in [1, 2, 100] {
+        let (all, _) = corral_kv::read_all_but(&kv, b"/p/", Some(b"/p/h/"), page)
+            .await
+            .unwrap();
+        let keys: Vec<String> = all.iter().map(|e| e.key_str().into_owned()).collect();
+        assert_eq!(keys, ["/p/a/1", "/p/hz", "/p/z/1"], "page {page}");
+    }
+    let (all, _) = corral_kv::read_all(&kv, b"/p/", 2).await.unwrap();
+    assert_eq!(all.len(), 7);
+}

@@ -196,6 +196,7 @@ pub(crate) fn routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(plan))
         .routes(routes!(pools))
         .routes(routes!(grants))
+        .routes(routes!(history))
 }
 
 /// The routes behind a bearer token (the TCP listener); see `corral_http::with_token`.
@@ -802,4 +803,114 @@ async fn grants(State(state): State<ApiState>) -> Response {
         }
         Ok(body::GrantsResponse { grants, node_ids })
     })
+}
+
+/// `GET /v1/history`'s query.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HistoryParams {
+    /// An address (who held the node CIDR or block containing it) or a CIDR
+    address: Option<String>,
+    /// Only grants held at this time: milliseconds since the epoch or RFC 3339 in UTC
+    at: Option<String>,
+    /// Everything this node held and holds
+    node: Option<String>,
+    /// At most this many events, newest first (default 100, at most 10000)
+    limit: Option<usize>,
+}
+
+/// The history's events at most per answer.
+const HISTORY_MAX_LIMIT: usize = 10_000;
+
+/// The request a query asks for, or why it is refused.
+fn history_request(params: HistoryParams) -> Result<crate::history::HistoryRequest, Refusal> {
+    use crate::history::{HistoryQuery, HistoryRequest};
+    let bad = |message: String| Refusal(ErrorCode::BadRequest, message);
+    let query = match (params.address, params.node) {
+        (Some(_), Some(_)) => return Err(bad("give address or node, not both".into())),
+        (Some(address), None) => {
+            if let Ok(ip) = address.parse::<std::net::IpAddr>() {
+                HistoryQuery::Address(ip)
+            } else if let Ok(cidr) = address.parse::<corral_cluster::IpNet>() {
+                HistoryQuery::Cidr(cidr.trunc())
+            } else {
+                return Err(bad(format!(
+                    "invalid address {:?}: an IP address or a CIDR",
+                    address.chars().take(64).collect::<String>()
+                )));
+            }
+        }
+        (None, Some(node)) => {
+            HistoryQuery::Node(NodeName::new(&node).map_err(|e| bad(e.to_string()))?)
+        }
+        (None, None) => HistoryQuery::Newest,
+    };
+    let at_ms = params
+        .at
+        .as_deref()
+        .map(body::parse_at)
+        .transpose()
+        .map_err(bad)?;
+    let limit = params.limit.unwrap_or(100);
+    if limit == 0 || limit > HISTORY_MAX_LIMIT {
+        return Err(bad(format!(
+            "invalid limit {limit}: 1 to {HISTORY_MAX_LIMIT}"
+        )));
+    }
+    Ok(HistoryRequest {
+        query,
+        at_ms,
+        limit,
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = paths::HISTORY,
+    summary = "Grants of node CIDRs and blocks, held and ended (from, to, why), newest first: of an address or CIDR (optionally at a time), of a node, or the newest",
+    params(HistoryParams),
+    responses(
+        (status = 200, description = "Success", body = body::GrantHistory),
+        (status = 400, description = "An invalid address, node, time or limit", body = ErrorResponse),
+        (status = 503, description = "Not leading, or etcd did not answer", body = ErrorResponse),
+    ),
+)]
+async fn history(
+    State(state): State<ApiState>,
+    params: Result<axum::extract::Query<HistoryParams>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let params = match params {
+        Ok(axum::extract::Query(params)) => params,
+        Err(rejection) => return error(ErrorCode::BadRequest, rejection.body_text()),
+    };
+    let request = match history_request(params) {
+        Ok(request) => request,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let shared = &state.shared;
+    let (Some(config), Some(reader)) = (
+        shared.with_view(|view, _| view.config().clone()),
+        shared.history_reader(),
+    ) else {
+        return not_leading(shared);
+    };
+    match reader(config, request).await {
+        Ok(events) => Json(body::GrantHistory {
+            events: events
+                .into_iter()
+                .map(|e| body::GrantEvent {
+                    pool: e.pool.to_string(),
+                    family: e.family().name().to_owned(),
+                    cidr: e.cidr.to_string(),
+                    node: e.node.to_string(),
+                    from_ms: e.from_ms,
+                    to_ms: e.to_ms,
+                    why: e.why.map(|why| why.as_str().to_owned()),
+                })
+                .collect(),
+        })
+        .into_response(),
+        Err(e) => error(ErrorCode::RetryLater, format!("grants' history: etcd: {e}")),
+    }
 }

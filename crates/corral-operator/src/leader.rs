@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterView, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
+    ClusterView, GrantEnd, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
     RetryState, encode_value,
 };
 use corral_kv::{Compare, Event, Kv, KvError, Revision, Txn, TxnOp, Watch};
@@ -36,6 +36,7 @@ mod block_state;
 mod blocks;
 pub(crate) mod cloud;
 mod drain;
+mod history;
 mod logged;
 pub(crate) mod node_cidr_sync;
 mod pending;
@@ -44,6 +45,7 @@ mod runner;
 mod txn;
 mod work;
 
+pub use history::{TRIM_EVERY as HISTORY_TRIM_EVERY, TrimError, trim as trim_history};
 use runner::{Reconciler, Runner};
 use txn::{TxnFailure, run};
 use work::{Done, Work, backoff, node_span};
@@ -55,8 +57,9 @@ const PAGE: usize = 2000;
 /// How often the leader asks etcd for its header (its cluster ID and revision).
 const EPOCH_PROBE: Duration = Duration::from_secs(2);
 
-/// Refused grants revoked per transaction (four operations each).
-const REVOCATIONS_PER_TXN: usize = 30;
+/// Refused grants revoked per transaction (two deletes and three history puts each, two
+/// compares).
+const REVOCATIONS_PER_TXN: usize = 25;
 
 /// Why leading ended.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +102,8 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     // Node CIDRs synced with the cloud (`cloud_sync`): beside the loop, with or without a
     // provider (without one it only reports).
     let sync_signal = Arc::new(node_cidr_sync::SyncSignal::default());
+    // The grants' history trimmed beside the loop, off the grant path.
+    let trim = history::trim_loop(kv.clone(), keys.clone(), fence.clone(), Arc::clone(shared));
     let result = match cloud {
         None => {
             let sync = node_cidr_sync::run::<K, P>(
@@ -112,6 +117,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
             tokio::select! {
                 result = serve(kv, keys, fence, lost, stop, shared, workers, None, &sync_signal) => result,
                 () = sync => Err(LeadError::Lost),
+                () = trim => Err(LeadError::Lost),
             }
         }
         Some((options, scheduler)) => {
@@ -160,6 +166,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
                 () = manager => Err(LeadError::Lost),
                 () = sync => Err(LeadError::Lost),
                 () = delegations => Err(LeadError::Lost),
+                () = trim => Err(LeadError::Lost),
             };
             session.shutdown();
             result
@@ -229,10 +236,13 @@ async fn rebuild<K: Kv>(
         };
         let mut page = first;
         let mut n_keys = 0;
+        // The grants' history is no part of the view (and may be most of the keys): the read
+        // jumps past it.
+        let history = keys.history_prefix();
         loop {
             for entry in &page.kvs {
                 let key = entry.key_str();
-                if corral_cluster::is_config_key(keys, &key) {
+                if corral_cluster::is_config_key(keys, &key) || key.starts_with(&history) {
                     continue;
                 }
                 view.apply_put(
@@ -243,11 +253,14 @@ async fn rebuild<K: Kv>(
                 );
             }
             n_keys += page.kvs.len();
-            let Some(last) = page.kvs.last().map(|e| e.key.clone()) else {
+            let Some(mut last) = page.kvs.last().map(|e| e.key.clone()) else {
                 break;
             };
             if !page.more {
                 break;
+            }
+            if last.starts_with(history.as_bytes()) {
+                last = corral_kv::past_prefix(history.as_bytes());
             }
             page = kv.range(prefix, Some(&last), PAGE, Some(revision)).await?;
         }
@@ -795,11 +808,11 @@ fn start_work<K: Kv>(
         if !runner.is_due(&node, now) || work.drain_wait.contains_key(&node) {
             continue;
         }
-        // Four operations each, well inside etcd's 128 per transaction.
+        // Five operations each, inside etcd's 128 per transaction.
         revocations.truncate(REVOCATIONS_PER_TXN);
-        let (kv, fence) = (kv.clone(), fence.clone());
+        let (kv, keys, fence) = (kv.clone(), keys.clone(), fence.clone());
         runner.spawn([node], async move {
-            let outcome = revoke::revoke(&kv, &fence, &revocations).await;
+            let outcome = revoke::revoke(&kv, &keys, &fence, &revocations).await;
             Done::Revoke {
                 revocations,
                 outcome,
@@ -881,7 +894,7 @@ fn next_batch(
             // removal is done.
             continue;
         }
-        let proposal = match view.propose(&node) {
+        let proposal = match view.propose_at(&node, Some(txn::wall_ms())) {
             Ok(proposal) => proposal,
             Err(ProposeError::Full { pool, family }) => {
                 shared.note_full(node.as_str(), pool.as_str(), family);
@@ -1186,9 +1199,12 @@ async fn remove<K: Kv>(
         request.node_revision,
     ));
     let mut removal = removal.clone();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let now_ms = txn::wall_ms();
+    // Each grant's end goes into the transaction that deletes it (three keys each).
+    let history = |grant: &corral_cluster::RemovedGrant| {
+        corral_cluster::history::puts(keys, &grant.ending.ended(now_ms, GrantEnd::NodeRemoved))
+            .map_err(|e| TxnFailure::Uncertain(KvError::Refused(e.to_string())))
+    };
     let value = encode_value(&removal.quarantine_record("node removed", now_ms))
         .map_err(|e| TxnFailure::Uncertain(KvError::Refused(e.to_string())))?;
     let record = encode_value(&RemovalRecord {
@@ -1200,7 +1216,8 @@ async fn remove<K: Kv>(
     // quarantine (etcd's 128 operations): its blocks go first, in chunks, each under the same
     // compares (the request and the registration unchanged), then the rest in the last one.
     while !removal.grants.is_empty()
-        && removal.deletes().len() + removal.quarantines().len() + 1 > corral_kv::MAX_TXN_OPS
+        && removal.deletes().len() + removal.quarantines().len() + 3 * removal.grants.len() + 1
+            > corral_kv::MAX_TXN_OPS
     {
         let n = removal.grants.len().min(REMOVAL_CHUNK);
         let chunk: Vec<_> = removal.grants.drain(..n).collect();
@@ -1224,10 +1241,18 @@ async fn remove<K: Kv>(
             }
             part.success
                 .push(TxnOp::put(grant.quarantine_key.clone(), value.clone()));
+            for (key, value) in history(grant)? {
+                part.success.push(TxnOp::put(key, value));
+            }
         }
         run(kv, fence.guard(part)).await?;
     }
     let quarantines = removal.quarantines();
+    for grant in &removal.grants {
+        for (key, value) in history(grant)? {
+            txn.success.push(TxnOp::put(key, value));
+        }
+    }
     for key in removal.deletes() {
         txn.success.push(TxnOp::delete(key));
     }
@@ -1240,5 +1265,6 @@ async fn remove<K: Kv>(
 }
 
 /// Grants a removal quarantines per transaction when one transaction cannot hold them all
-/// (block pools): 30 grants take at most 120 operations and 32 compares, inside etcd's 128.
-const REMOVAL_CHUNK: usize = 30;
+/// (block pools): 18 grants take at most 126 operations (4 keys and 3 history keys each) and
+/// 20 compares, inside etcd's 128.
+const REMOVAL_CHUNK: usize = 18;

@@ -16,12 +16,16 @@ pub mod api;
 pub mod dashboard;
 pub mod election;
 pub mod epoch;
+pub mod history;
 mod leader;
 mod listen;
 pub mod openapi;
 pub mod problems;
 pub mod state;
 
+pub use leader::{TrimError, trim_history};
+/// How often the leader trims the grants' history.
+pub const HISTORY_TRIM_EVERY: Duration = leader::HISTORY_TRIM_EVERY;
 pub use state::{Shared, TxnOutcome};
 
 /// How an operator replica runs.
@@ -145,6 +149,16 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
         ClusterName::new(&config.cluster).map_err(|e| OperatorError::Cluster(e.to_string()))?,
     );
     let election = keys.election_prefix();
+    {
+        let (kv, keys) = (kv.clone(), keys.clone());
+        shared.set_history_reader(Arc::new(move |config, request| {
+            let (kv, keys) = (kv.clone(), keys.clone());
+            Box::pin(async move {
+                let now_ms = (system_clock())();
+                history::read(&kv, &keys, &config, &request, now_ms).await
+            })
+        }));
+    }
     // One scheduler for the process (its buckets remember what the account was sent across
     // terms, its counters feed the metrics); a session of it per leadership term.
     let cloud = match cloud {

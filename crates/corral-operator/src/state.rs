@@ -2,6 +2,7 @@
 //! counts what it does; the API and the metrics read them.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -88,7 +89,38 @@ pub struct Shared {
     pub(crate) epoch: Mutex<EpochState>,
     /// The current problems and the events (`problems.rs`).
     pub conditions: crate::problems::Problems,
+    /// Reads the grants' history from etcd (`history.rs`), set by `run`.
+    history: HistoryCell,
 }
+
+/// Where the [`HistoryReader`] is kept (a closure has no `Debug`).
+#[derive(Default)]
+struct HistoryCell(std::sync::OnceLock<HistoryReader>);
+
+impl std::fmt::Debug for HistoryCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HistoryCell")
+    }
+}
+
+/// A read of the grants' history under a configuration (a closure over the replica's `Kv`,
+/// which the API is not generic over).
+pub type HistoryReader = std::sync::Arc<
+    dyn Fn(
+            corral_cluster::ClusterConfig,
+            crate::history::HistoryRequest,
+        ) -> std::pin::Pin<
+            Box<
+                dyn Future<
+                        Output = Result<
+                            Vec<corral_cluster::history::HistoryEvent>,
+                            corral_kv::KvError,
+                        >,
+                    > + Send,
+            >,
+        > + Send
+        + Sync,
+>;
 
 /// Where [`CloudStats`] is kept (a closure has no `Debug`).
 #[derive(Default)]
@@ -176,6 +208,7 @@ impl Shared {
             view: Mutex::new(None),
             metrics: Metrics::default(),
             cloud_stats: CloudStatsCell::default(),
+            history: HistoryCell::default(),
             epoch: Mutex::default(),
             conditions: crate::problems::Problems::default(),
         }
@@ -438,6 +471,16 @@ impl Shared {
     }
 
     /// Where the cloud call scheduler's counters are read (set once by `run_with_cloud`).
+    /// Sets how the grants' history is read (once; `run` does).
+    pub fn set_history_reader(&self, reader: HistoryReader) {
+        let _ = self.history.0.set(reader);
+    }
+
+    /// How the grants' history is read, once `run` set it.
+    pub fn history_reader(&self) -> Option<HistoryReader> {
+        self.history.0.get().cloned()
+    }
+
     pub fn set_cloud_stats(&self, stats: CloudStats) {
         *self.cloud_stats.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
     }

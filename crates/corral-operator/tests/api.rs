@@ -876,3 +876,94 @@ fn a_standby_503_names_the_leader_it_last_read() {
         );
     }
 }
+
+/// `GET /v1/history` reads etcd through the replica's reader: who held an address (at a
+/// time), a node's grants, the newest; bad queries are 400 naming what is wrong; a replica
+/// that does not lead is 503.
+#[test]
+fn history_answers_who_held_an_address_and_refuses_bad_queries() {
+    use corral_cluster::{GrantEnd, HistoryRecord, PoolName};
+    let view = view(DUAL, &["node-a"], &[]);
+    let kv = corral_kv::MemKv::new();
+    let keys = Keys::new(ClusterName::new("t").unwrap());
+    // node-old held 10.192.9.0/24 from 1000 to 2000; node-a holds 10.192.1.0/24 (in the view
+    // only: the store has no grant, so only the ended one is read back).
+    let record = HistoryRecord {
+        pool: PoolName::new("default").unwrap(),
+        cidr: "10.192.9.0/24".parse().unwrap(),
+        node: NodeName::new("node-old").unwrap(),
+        from_ms: Some(1000),
+        to_ms: 2000,
+        why: GrantEnd::NodeRemoved,
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(async {
+            for (key, value) in corral_cluster::history::puts(&keys, &record).unwrap() {
+                corral_kv::Kv::txn(
+                    &kv,
+                    corral_kv::Txn {
+                        compares: vec![],
+                        success: vec![corral_kv::TxnOp::put(key, value)],
+                        failure: vec![],
+                    },
+                )
+                .await
+                .unwrap();
+            }
+        });
+    let shared = leader(&view);
+    {
+        let (kv, keys) = (kv.clone(), keys.clone());
+        shared.set_history_reader(Arc::new(move |config, request| {
+            let (kv, keys) = (kv.clone(), keys.clone());
+            Box::pin(async move {
+                corral_operator::history::read(&kv, &keys, &config, &request, 10_000).await
+            })
+        }));
+    }
+    let running = Running::start(shared);
+    let expected = body::GrantEvent {
+        pool: "default".into(),
+        family: "ipv4".into(),
+        cidr: "10.192.9.0/24".into(),
+        node: "node-old".into(),
+        from_ms: Some(1000),
+        to_ms: Some(2000),
+        why: Some("node_removed".into()),
+    };
+    for path in [
+        "/v1/history?address=10.192.9.77",
+        "/v1/history?address=10.192.9.77&at=1999",
+        "/v1/history?address=10.192.9.0/24&at=1970-01-01T00:00:01Z",
+        "/v1/history?node=node-old",
+        "/v1/history?limit=5",
+    ] {
+        let answer: body::GrantHistory = running.get(path).json();
+        assert_eq!(answer.events, std::slice::from_ref(&expected), "{path}");
+    }
+    for path in [
+        "/v1/history?address=10.192.9.77&at=2000",
+        "/v1/history?address=10.192.8.1",
+        "/v1/history?node=node-a",
+    ] {
+        let answer: body::GrantHistory = running.get(path).json();
+        assert!(answer.events.is_empty(), "{path}: {answer:?}");
+    }
+    for (path, words) in [
+        ("/v1/history?address=nope", "invalid address"),
+        ("/v1/history?at=yesterday", "invalid time"),
+        ("/v1/history?node=Node_A", "node name"),
+        ("/v1/history?address=10.0.0.1&node=a", "not both"),
+        ("/v1/history?limit=0", "invalid limit"),
+        ("/v1/history?limit=x", "limit"),
+        ("/v1/history?color=red", "color"),
+    ] {
+        let error = running.get(path).error(400);
+        assert!(error.error.message.contains(words), "{path}: {error:?}");
+    }
+    drop(running);
+    let standby = Running::start(Arc::new(Shared::new("op-b".into())));
+    standby.get("/v1/history?address=10.192.9.77").error(503);
+}

@@ -215,6 +215,7 @@ pub async fn grant(kv: &MemKv, node: &str, pool: &str, cidr: &str) -> i64 {
         node: node.clone(),
         uid: String::new(),
         node_revision: registration.create_revision,
+        granted_ms: None,
     };
     let owned = OwnedRecord {
         node_revision: registration.create_revision,

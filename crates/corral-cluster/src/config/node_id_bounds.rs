@@ -148,6 +148,7 @@ mod tests {
             node_ids: Some(plan),
             default_pool: None,
             namespaces: BTreeMap::new(),
+            history: Default::default(),
         }
     }
 

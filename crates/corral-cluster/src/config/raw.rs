@@ -14,8 +14,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::pool::{CloudPool, DemandConfig, PoolConfig, PoolKind, families};
 use super::{
-    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, MAX_LEASE_TTL_SECS, NodeCidrSync,
-    NodeIdPlanConfig, PoolMode, ResyncConfig, WatermarkOverride, Watermarks,
+    CloudPoolConfig, ClusterConfig, ConfigError, FamilyConfig, HistoryConfig, MAX_LEASE_TTL_SECS,
+    NodeCidrSync, NodeIdPlanConfig, PoolMode, ResyncConfig, WatermarkOverride, Watermarks,
     default_quarantine_secs, invalid, validate_family,
 };
 use crate::keys::NodeName;
@@ -76,6 +76,29 @@ struct RawClusterConfig {
     default_pool: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     namespaces: BTreeMap<String, String>,
+    #[serde(
+        default = "default_history_max_events",
+        skip_serializing_if = "is_default_history_max_events"
+    )]
+    history_max_events: u64,
+    #[serde(
+        default = "default_history_max_age_secs",
+        skip_serializing_if = "is_default_history_max_age_secs"
+    )]
+    history_max_age_secs: u64,
+}
+
+fn default_history_max_events() -> u64 {
+    crate::history::DEFAULT_HISTORY_MAX_EVENTS
+}
+fn is_default_history_max_events(value: &u64) -> bool {
+    *value == default_history_max_events()
+}
+fn default_history_max_age_secs() -> u64 {
+    crate::history::DEFAULT_HISTORY_MAX_AGE_SECS
+}
+fn is_default_history_max_age_secs(value: &u64) -> bool {
+    *value == default_history_max_age_secs()
 }
 
 impl From<ClusterConfig> for RawClusterConfig {
@@ -87,6 +110,8 @@ impl From<ClusterConfig> for RawClusterConfig {
             node_ids: config.node_ids,
             default_pool: config.default_pool,
             namespaces: config.namespaces,
+            history_max_events: config.history.max_events,
+            history_max_age_secs: config.history.max_age_secs,
         }
     }
 }
@@ -103,7 +128,12 @@ impl TryFrom<RawClusterConfig> for ClusterConfig {
             node_ids,
             default_pool,
             namespaces,
+            history_max_events,
+            history_max_age_secs,
         } = raw;
+        if history_max_age_secs < 1 {
+            return Err(invalid("history_max_age_secs", "must be at least 1"));
+        }
         if quarantine_secs < 1 {
             return Err(invalid("quarantine_secs", "must be at least 1"));
         }
@@ -196,6 +226,10 @@ impl TryFrom<RawClusterConfig> for ClusterConfig {
             node_ids,
             default_pool,
             namespaces,
+            history: HistoryConfig {
+                max_events: history_max_events,
+                max_age_secs: history_max_age_secs,
+            },
         })
     }
 }

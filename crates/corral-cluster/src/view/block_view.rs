@@ -65,6 +65,8 @@ pub struct BlockProposal {
     pub blocks: Vec<IpNet>,
     /// The mod revision of `config` the proposal was made under.
     pub config_revision: i64,
+    /// When it is granted, in milliseconds since the epoch (the grants' `granted_ms`).
+    pub granted_ms: Option<u64>,
 }
 
 impl BlockProposal {
@@ -99,6 +101,7 @@ impl BlockProposal {
             node: self.node.clone(),
             uid: self.uid.clone(),
             node_revision: self.node_revision,
+            granted_ms: self.granted_ms,
         })?;
         let owned = encode_value(&OwnedRecord {
             node_revision: self.node_revision,
@@ -228,6 +231,18 @@ impl ClusterView {
         family: Family,
         n: usize,
     ) -> Result<BlockProposal, ProposeError> {
+        self.propose_blocks_at(node, pool, family, n, None)
+    }
+
+    /// [`Self::propose_blocks`], its grants stamped `granted_ms` (the history's start).
+    pub fn propose_blocks_at(
+        &mut self,
+        node: &NodeName,
+        pool: &PoolName,
+        family: Family,
+        n: usize,
+        granted_ms: Option<u64>,
+    ) -> Result<BlockProposal, ProposeError> {
         let Some(entry) = self.nodes.get(node) else {
             return Err(ProposeError::UnknownNode { node: node.clone() });
         };
@@ -270,6 +285,7 @@ impl ClusterView {
             family,
             blocks,
             config_revision: self.config_revision,
+            granted_ms,
         };
         self.block_in_flight.insert(node.clone(), proposal.clone());
         Ok(proposal)
@@ -477,6 +493,17 @@ impl ClusterView {
                 change.deletes.push(grant_key);
                 change.deletes.push(keys.owned(node, pool, family, cidr));
                 change.deletes.push(release_key);
+                // The grant's end, recorded in the transaction that deletes it.
+                let grant = self.grant_record(pool, family, cidr);
+                let ended = crate::history::ended(
+                    pool,
+                    cidr,
+                    node,
+                    grant,
+                    now_ms,
+                    crate::keys::GrantEnd::Released,
+                );
+                change.puts.extend(crate::history::puts(keys, &ended).ok()?);
                 let quarantine = QuarantineRecord {
                     from_node: node.clone(),
                     reason: "block released".to_owned(),

@@ -231,6 +231,7 @@ mod tests {
             node: node.clone(),
             uid: "u".into(),
             node_revision: 1,
+            granted_ms: None,
         };
         view.apply_put(
             &keys.grant(&pool, Family::V4, &cidr),

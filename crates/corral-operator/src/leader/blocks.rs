@@ -25,7 +25,7 @@ use tracing::Instrument as _;
 
 use super::block_state::{BlockClock, BlockStep, StepsDone};
 use super::runner::Runner;
-use super::txn::{TxnFailure, run};
+use super::txn::{TxnFailure, run, wall_ms};
 use super::work::{Done, Work, backoff, node_span};
 use crate::election::Fence;
 use crate::state::{Shared, TxnOutcome};
@@ -127,12 +127,6 @@ fn plan_node(view: &ClusterView, clock: &mut BlockClock, node: &NodeName) -> Nod
     }
 }
 
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// The steps of a node's plans: un-marks, forgotten refusals and stale release keys, at most
 /// one grant (the first pool and family that needs blocks; the rest next time), completes,
 /// marks. A full pool is noted and the node backs off.
@@ -164,7 +158,7 @@ fn steps(
     }
     if let Some((pool, family, plan)) = plans.plans.iter().find(|(_, _, p)| p.grant > 0) {
         let n = usize::try_from(plan.grant).unwrap_or(usize::MAX);
-        match view.propose_blocks(node, pool, *family, n) {
+        match view.propose_blocks_at(node, pool, *family, n, Some(now)) {
             Ok(proposal) => {
                 if proposal.blocks.len() < n.min(corral_cluster::view::MAX_BLOCKS_PER_TXN) {
                     shared.note_full(node.as_str(), pool.as_str(), *family);

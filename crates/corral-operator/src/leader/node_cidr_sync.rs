@@ -606,7 +606,15 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
                 continue;
             };
             for chunk in cidrs.chunks(GRANTS_PER_TXN) {
-                match grant_txn(keys, &node, uid, *node_revision, chunk, config_revision) {
+                match grant_txn(
+                    keys,
+                    &node,
+                    uid,
+                    *node_revision,
+                    chunk,
+                    config_revision,
+                    now_ms,
+                ) {
                     Ok(txn) => txns.push((self.ctx.fence.guard(txn), None)),
                     Err(error) => self
                         .ctx
@@ -639,8 +647,20 @@ impl<K: Kv, P: CloudProvider + 'static> NodeCidrSync<K, P> {
                             since_ms: now_ms,
                             state: Default::default(),
                         };
+                        // The grant's end, recorded in the transaction that deletes it.
+                        let ended = self
+                            .ctx
+                            .shared
+                            .with_view(|view, _| view.ending_grant(node, pool, *family, cidr))
+                            .unwrap_or_else(|| corral_cluster::history::EndingGrant {
+                                pool: pool.clone(),
+                                cidr: *cidr,
+                                node: node.clone(),
+                                record: None,
+                            })
+                            .ended(now_ms, corral_cluster::GrantEnd::Withdrawn);
                         match withdraw_txn(
-                            keys, node, pool, *family, cidr, *revision, &record, lease,
+                            keys, node, pool, *family, cidr, *revision, &record, lease, &ended,
                         ) {
                             Ok(txn) => txns.push((self.ctx.fence.guard(txn), Some(lease))),
                             Err(error) => self
@@ -756,11 +776,13 @@ fn grant_txn(
     node_revision: i64,
     cidrs: &[(PoolName, Family, IpNet)],
     config_revision: Revision,
+    granted_ms: u64,
 ) -> Result<Txn, corral_cluster::ValueError> {
     let grant = encode_value(&GrantRecord {
         node: node.clone(),
         uid: uid.to_owned(),
         node_revision,
+        granted_ms: Some(granted_ms),
     })?;
     let owned = encode_value(&OwnedRecord { node_revision })?;
     let mut txn = Txn::default();
@@ -795,6 +817,7 @@ fn withdraw_txn(
     grant_revision: i64,
     record: &QuarantineRecord,
     lease: LeaseId,
+    ended: &corral_cluster::HistoryRecord,
 ) -> Result<Txn, corral_cluster::ValueError> {
     let grant_key = keys.grant(pool, family, cidr);
     let quarantine_key = keys.quarantine(pool, family, cidr);
@@ -810,5 +833,8 @@ fn withdraw_txn(
         encode_value(record)?,
         lease,
     ));
+    for (key, value) in corral_cluster::history::puts(keys, ended)? {
+        txn.success.push(TxnOp::put(key, value));
+    }
     Ok(txn)
 }

@@ -11,6 +11,14 @@ pub(super) enum TxnFailure {
     Uncertain(KvError),
 }
 
+/// The wall clock in milliseconds since the epoch: what grants, releases and the grants'
+/// history are stamped with.
+pub(super) fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 pub(super) async fn run<K: Kv>(kv: &K, txn: Txn) -> Result<Revision, TxnFailure> {
     match kv.txn(txn).await {
         Ok(response) if response.succeeded => Ok(response.revision),

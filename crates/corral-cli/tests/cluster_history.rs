@@ -1,0 +1,146 @@
+//! The grants' history with real processes (issue 23, "History", cluster side): etcd, two
+//! `corral operator`s and two `corral agent`s on a block pool of one block. node-a holds the
+//! block and gives a pod address X from it; node-a dies and is removed (`--force`); after its
+//! silence and the quarantine the block goes to node-b. `corral cluster history X --at T1`
+//! names node-a, `--at T2` names node-b (T1 and T2 taken from the events themselves, as an
+//! operator reads them with `-o json`), `--node node-a` lists what node-a held and why it
+//! ended, and `corral cluster check` passes with the history beside the grants.
+//!
+//! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use corral_api::operator::{GrantEvent, GrantHistory};
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+
+/// One IPv4 /28 block in the whole pool; 2 s quarantine.
+const ONE_BLOCK: &str = r#"quarantine_secs = 2
+[[pools]]
+name = "pods"
+mode = "blocks"
+release_delay_secs = 2
+[pools.watermarks]
+pre_allocate = 4
+[pools.ipv4]
+cidrs = ["10.82.0.0/28"]
+block_prefix_len = 28
+"#;
+
+/// `corral cluster history ARGS` (exit code, stdout, stderr).
+fn history(etcd: &corral_etcd::testing::EtcdCluster, args: &[&str]) -> (i32, String, String) {
+    cluster_command(etcd, "history", args)
+}
+
+/// `corral cluster history ARGS -o json`'s events.
+fn events(etcd: &corral_etcd::testing::EtcdCluster, args: &[&str]) -> Vec<GrantEvent> {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    let (code, out, err) = history(etcd, &all);
+    assert_eq!(code, 0, "{out}{err}");
+    serde_json::from_str::<GrantHistory>(&out)
+        .unwrap_or_else(|e| panic!("{e}: {out}"))
+        .events
+}
+
+/// A time in milliseconds as RFC 3339 in UTC with milliseconds (`2026-11-27T14:02:00.123Z`).
+fn rfc3339(ms: u64) -> String {
+    let days = i64::try_from(ms / 86_400_000).unwrap();
+    let of_day = ms % 86_400_000;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3_600_000,
+        of_day / 60_000 % 60,
+        of_day / 1000 % 60,
+        of_day % 1000
+    )
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn cluster_history_names_who_held_an_address_before_and_after_the_block_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = initialized(1, dir.path(), ONE_BLOCK);
+    let _operators = leader_and_standby(&etcd, dir.path());
+    let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
+    let response = common::pod_add_at(&a.socket, "pods", "p1").expect("node-a gets the block");
+    let x: IpAddr = response.allocations[0].address;
+    assert!(x.to_string().starts_with("10.82.0."), "{x}");
+    // node-b waits: the pool's one block is node-a's.
+    let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
+    let held = events(&etcd, &[&x.to_string()]);
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        (
+            held[0].node.as_str(),
+            held[0].cidr.as_str(),
+            held[0].to_ms,
+            held[0].why.as_deref()
+        ),
+        ("node-a", "10.82.0.0/28", None, None)
+    );
+    let t1 = held[0].from_ms.expect("the grant names its start");
+    // node-a's machine dies; it is removed by force; after its silence and the quarantine
+    // the block is node-b's.
+    a.kill();
+    let (code, output) = remove(&etcd, "node-a", &["--force"]);
+    assert_eq!(code, 0, "{output}");
+    wait_until("node-b holds the block", Duration::from_secs(60), || {
+        grants(&etcd).contains_key("node-b")
+    });
+    let moved = events(&etcd, &[&x.to_string()]);
+    let names: Vec<&str> = moved.iter().map(|e| e.node.as_str()).collect();
+    assert_eq!(names, ["node-b", "node-a"], "newest first: {moved:?}");
+    let (b_now, a_then) = (&moved[0], &moved[1]);
+    assert_eq!(
+        (a_then.from_ms, a_then.why.as_deref()),
+        (Some(t1), Some("node_removed"))
+    );
+    let a_end = a_then.to_ms.expect("node-a's grant ended");
+    let t2 = b_now.from_ms.expect("node-b's grant names its start");
+    assert!(t1 < a_end && a_end <= t2, "{moved:?}");
+    // Who held X at T1 (milliseconds) and at T2 (RFC 3339): node-a, then node-b.
+    let (code, out, err) = history(&etcd, &[&x.to_string(), "--at", &t1.to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("node-a") && !out.contains("node-b"), "{out}");
+    assert!(out.contains("node_removed"), "{out}");
+    let (code, out, err) = history(&etcd, &[&x.to_string(), "--at", &rfc3339(t2)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("node-b") && !out.contains("node-a"), "{out}");
+    assert!(out.contains("held"), "{out}");
+    // The same through the block's CIDR, and node-a's own history.
+    assert_eq!(events(&etcd, &["10.82.0.0/28"]), moved);
+    assert_eq!(
+        events(&etcd, &["--node", "node-a"]),
+        std::slice::from_ref(a_then)
+    );
+    // Nobody held X before node-a; bad input is a usage error.
+    let (code, out, _) = history(&etcd, &[&x.to_string(), "--at", &(t1 - 1).to_string()]);
+    assert_eq!(
+        (code, out.as_str()),
+        (
+            0,
+            format!("no grant of {x} at {} in the cluster's history\n", t1 - 1).as_str()
+        )
+    );
+    let (code, _, err) = history(&etcd, &["10.82.0.1", "--at", "noon"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--at"), "{err}");
+    wait_ranges("node-b serves the block", &b.socket, 1, 30);
+    assert_check(&etcd, &[&b.socket]);
+}

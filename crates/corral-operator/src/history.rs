@@ -1,0 +1,213 @@
+//! Reading the grants' history from etcd (`corral_cluster::history`): who held an address or a
+//! CIDR (at a time), everything a node held, the newest events. Each answer joins the grants
+//! still held (`grants/`, their `granted_ms`) with the ended ones (`history/`), newest first.
+//! The operator's `GET /v1/history` and `corral cluster history` both read through [`read`].
+//!
+//! Cheap range reads: an address is looked up under the one CIDR of its pool's prefix length
+//! that contains it (one `grants/` key and one `history/cidr/` prefix per pool that contains
+//! it), a node under `owned/<node>/` and `history/node/<node>/`; the newest events under
+//! `history/at/` from a window that grows until it holds `limit` of them.
+
+use std::net::IpAddr;
+
+use corral_cluster::history::{HistoryEvent, newest_first};
+use corral_cluster::{
+    ClusterConfig, Family, GrantRecord, HistoryRecord, IpNet, Key, Keys, NodeName, PoolName,
+    decode_value,
+};
+use corral_kv::{KeyValue, Kv, KvError};
+
+/// What to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistoryQuery {
+    /// Who held the address (each pool whose range contains it).
+    Address(IpAddr),
+    /// Who held the CIDR (a node CIDR or block of any pool).
+    Cidr(IpNet),
+    /// Everything a node held.
+    Node(NodeName),
+    /// The newest events of the cluster.
+    Newest,
+}
+
+/// A history read: the query, the time it must cover (if any) and at most how many events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryRequest {
+    /// What to read.
+    pub query: HistoryQuery,
+    /// Only the events that held their CIDR at this time (milliseconds since the epoch).
+    pub at_ms: Option<u64>,
+    /// At most this many events, newest first.
+    pub limit: usize,
+}
+
+/// The page size of history reads.
+const PAGE: usize = 1000;
+
+/// Reads the events `request` asks for, newest first (`config`: the cluster's, for the pools'
+/// ranges and prefix lengths; `now_ms`: where the newest events' window ends).
+pub async fn read<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    config: &ClusterConfig,
+    request: &HistoryRequest,
+    now_ms: u64,
+) -> Result<Vec<HistoryEvent>, KvError> {
+    let mut events = match &request.query {
+        HistoryQuery::Address(address) => {
+            let mut events = Vec::new();
+            for (pool, cidr) in cidrs_of_address(config, *address) {
+                events.extend(of_cidr(kv, keys, &pool, &cidr).await?);
+            }
+            events
+        }
+        HistoryQuery::Cidr(cidr) => {
+            let family = corral_cluster::net::family_of(cidr);
+            let mut events = Vec::new();
+            for pool in &config.pools {
+                if pool.families().any(|(f, _)| f == family) {
+                    events.extend(of_cidr(kv, keys, &pool.name, cidr).await?);
+                }
+            }
+            events
+        }
+        HistoryQuery::Node(node) => of_node(kv, keys, node).await?,
+        HistoryQuery::Newest => newest(kv, keys, request, now_ms).await?,
+    };
+    if let Some(at) = request.at_ms {
+        events.retain(|e| e.covers(at));
+    }
+    newest_first(&mut events, request.limit);
+    Ok(events)
+}
+
+/// The CIDR of each pool's prefix length that contains `address`, in the pools whose ranges
+/// contain it.
+fn cidrs_of_address(config: &ClusterConfig, address: IpAddr) -> Vec<(PoolName, IpNet)> {
+    let family = match address {
+        IpAddr::V4(_) => Family::V4,
+        IpAddr::V6(_) => Family::V6,
+    };
+    let mut out = Vec::new();
+    for pool in &config.pools {
+        for (f, family_config) in pool.families() {
+            let inside = family_config.cidrs.iter().any(|c| c.contains(&address));
+            if f != family || !inside || family_config.node_prefix_len == 0 {
+                continue;
+            }
+            if let Ok(cidr) = IpNet::new(address, family_config.node_prefix_len) {
+                out.push((pool.name.clone(), cidr.trunc()));
+            }
+        }
+    }
+    out
+}
+
+/// Every key under `prefix` from `after` on (at the current revision, page by page).
+async fn range_from<K: Kv>(
+    kv: &K,
+    prefix: &str,
+    after: Option<Vec<u8>>,
+) -> Result<Vec<KeyValue>, KvError> {
+    let mut all = Vec::new();
+    let mut after = after;
+    loop {
+        let page = kv
+            .range(prefix.as_bytes(), after.as_deref(), PAGE, None)
+            .await?;
+        after = page.kvs.last().map(|e| e.key.clone());
+        all.extend(page.kvs);
+        if !page.more || after.is_none() {
+            return Ok(all);
+        }
+    }
+}
+
+/// The ended events among `entries` (values that do not decode are left out).
+fn ended(entries: &[KeyValue]) -> impl Iterator<Item = HistoryEvent> + '_ {
+    entries
+        .iter()
+        .filter_map(|e| decode_value::<HistoryRecord>(&e.value).ok())
+        .map(HistoryEvent::ended)
+}
+
+/// The grant of `cidr` in `pool` if held, as an event.
+async fn held<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    pool: &PoolName,
+    cidr: &IpNet,
+) -> Result<Option<HistoryEvent>, KvError> {
+    let family = corral_cluster::net::family_of(cidr);
+    let grant = kv.get(keys.grant(pool, family, cidr).as_bytes()).await?;
+    Ok(grant
+        .and_then(|e| decode_value::<GrantRecord>(&e.value).ok())
+        .map(|g| HistoryEvent::held(pool, cidr, &g)))
+}
+
+/// Every holder of one CIDR of one pool.
+async fn of_cidr<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    pool: &PoolName,
+    cidr: &IpNet,
+) -> Result<Vec<HistoryEvent>, KvError> {
+    let family = corral_cluster::net::family_of(cidr);
+    let prefix = keys.history_of_cidr_prefix(pool, family, cidr);
+    let mut events: Vec<HistoryEvent> = ended(&range_from(kv, &prefix, None).await?).collect();
+    events.extend(held(kv, keys, pool, cidr).await?);
+    Ok(events)
+}
+
+/// Everything a node held and holds.
+async fn of_node<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    node: &NodeName,
+) -> Result<Vec<HistoryEvent>, KvError> {
+    let prefix = keys.history_of_node_prefix(node);
+    let mut events: Vec<HistoryEvent> = ended(&range_from(kv, &prefix, None).await?).collect();
+    for entry in range_from(kv, &keys.owned_prefix(node), None).await? {
+        if let Ok(Key::Owned { pool, cidr, .. }) = keys.parse(&entry.key_str()) {
+            events.extend(
+                held(kv, keys, &pool, &cidr)
+                    .await?
+                    .filter(|e| &e.node == node),
+            );
+        }
+    }
+    Ok(events)
+}
+
+/// The newest events: every grant held, and the ended ones from a window before `now_ms`
+/// that doubles (from an hour) until it holds `limit` events or covers the whole history.
+async fn newest<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    request: &HistoryRequest,
+    now_ms: u64,
+) -> Result<Vec<HistoryEvent>, KvError> {
+    let mut events = Vec::new();
+    for entry in range_from(kv, &keys.grants_prefix(), None).await? {
+        if let Ok(Key::Grant { pool, cidr, .. }) = keys.parse(&entry.key_str())
+            && let Ok(grant) = decode_value::<GrantRecord>(&entry.value)
+        {
+            events.push(HistoryEvent::held(&pool, &cidr, &grant));
+        }
+    }
+    let prefix = keys.history_at_prefix();
+    let mut window: u64 = 3_600_000;
+    loop {
+        let since = now_ms.saturating_sub(window);
+        let after = (since > 0)
+            .then(|| format!("{prefix}{}", corral_cluster::keys::time_segment(since)).into_bytes());
+        let found: Vec<HistoryEvent> = ended(&range_from(kv, &prefix, after).await?)
+            .filter(|e| request.at_ms.is_none_or(|at| e.covers(at)))
+            .collect();
+        if found.len() >= request.limit || since == 0 {
+            events.extend(found);
+            return Ok(events);
+        }
+        window = window.saturating_mul(4);
+    }
+}
