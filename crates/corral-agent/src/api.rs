@@ -402,6 +402,19 @@ fn why_no_grant(cluster: &crate::link::ClusterShared, pool: &str) -> String {
              {last_error})"
         );
     }
+    // The leader's published decision (`owned/<node>/waiting`, read from the link's watch):
+    // the pool exhausted, only quarantined space, granting paused, the instance at its limit.
+    if let Some(cause) = link.waiting.as_ref().and_then(|w| {
+        w.cause_of_pool(pool, crate::link::utc)
+            .map(|cause| (cause, w.since_ms))
+    }) {
+        let (cause, since) = cause;
+        return format!(
+            "{cause} (the leader's decision about node {node} since {}); `corral explain node \
+             {node}` says more",
+            crate::link::utc(since)
+        );
+    }
     if link.election_read && link.leader.is_none() {
         return format!(
             "no operator is leading the cluster (none campaigns under its election/ keys), so \
