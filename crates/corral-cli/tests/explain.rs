@@ -60,6 +60,16 @@ fn link_line<'a>(table: &'a str, link: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {link} line in\n{table}"))
 }
 
+/// A CNI ADD of `container` to pool `pods`, with a client that waits as long as corral-ipam.
+fn add(
+    socket: &Path,
+    container: &str,
+) -> Result<corral_api::AllocateResponse, corral_client::Error> {
+    let mut client =
+        corral_client::Client::unix(socket).with_read_timeout(Some(Duration::from_secs(60)));
+    common::pod_add(&mut client, "pods", container, format!("pod/{container}"))
+}
+
 fn socket_arg(socket: &Path) -> String {
     socket.to_str().unwrap().to_owned()
 }
@@ -77,7 +87,8 @@ fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine()
                 &etcd,
                 &dir.path().join(node),
                 node,
-                &["--pool-wait", "1000"],
+                // Longer than the client's default 5 s timeout: `corral alloc` outlasts it.
+                &["--pool-wait", "6000"],
             )
         })
         .collect();
@@ -106,13 +117,30 @@ fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine()
     }
     // The ADD waits out its pool wait, then names the exhausted pool (code 11).
     let socket = &agents[i].socket;
-    let error = common::pod_add_at(socket, "pods", "web-1").unwrap_err();
+    let error = add(socket, "web-1").unwrap_err();
     let text = error.to_string();
     assert!(
         text.contains("the cluster's pool pods (IPv4) is exhausted"),
         "{text}"
     );
     assert!(!text.contains("does not exist"), "{text}");
+    // `corral alloc` in that pool waits as long (6 s, past the client's default 5 s) and
+    // names the same cause; it does not time out.
+    let (code, out, err) = corral(&[
+        "alloc",
+        "--socket",
+        &socket_arg(socket),
+        "--pool",
+        "pods",
+        "--owner",
+        "cli",
+    ]);
+    assert_ne!(code, 0, "{out}");
+    assert_ne!(code, 3, "timed out: {err}");
+    assert!(
+        err.contains("the cluster's pool pods (IPv4) is exhausted"),
+        "{err}"
+    );
 
     // `corral explain pod`: the pod holds nothing, the chain breaks at the leader's decision.
     let (code, out, err) = explain(
@@ -194,7 +222,7 @@ fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine()
         out.contains("what to do: wait for the quarantine to end"),
         "{out}"
     );
-    let error = common::pod_add_at(socket, "pods", "web-2").unwrap_err();
+    let error = add(socket, "web-2").unwrap_err();
     assert!(
         error
             .to_string()
