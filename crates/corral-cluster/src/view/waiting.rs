@@ -27,6 +27,8 @@ pub enum WaitUnit {
     Block,
     /// A node ID of the node-ID plan.
     NodeId,
+    /// Addresses of a cloud pool.
+    Address,
 }
 
 impl WaitUnit {
@@ -36,6 +38,7 @@ impl WaitUnit {
             WaitUnit::Cidr => "CIDR",
             WaitUnit::Block => "block",
             WaitUnit::NodeId => "node ID",
+            WaitUnit::Address => "address",
         }
     }
 }
@@ -49,6 +52,9 @@ pub enum WaitReason {
     Exhausted,
     /// No free space; this many come back when their quarantine ends.
     Quarantined(u128),
+    /// A cloud pool: the node's instance is at its limit of interfaces and addresses (the
+    /// leader's cloud node manager says so in its published record).
+    AtCapacity,
 }
 
 /// One thing a node waits for.
@@ -92,6 +98,9 @@ impl NodeWait {
                 "no free {unit}: the only space is in quarantine ({n} {unit}{})",
                 if n == 1 { "" } else { "s" }
             ),
+            WaitReason::AtCapacity => "no more addresses: the node's instance is at its limit \
+                                       of interfaces and addresses (or no subnet has room)"
+                .to_owned(),
         }
     }
 
@@ -116,6 +125,7 @@ impl NodeWait {
                 WaitingCause::Quarantined,
                 u64::try_from(n).unwrap_or(u64::MAX),
             ),
+            WaitReason::AtCapacity => (WaitingCause::AtCapacity, 0),
         };
         WaitingEntry {
             pool: self.pool.clone(),
@@ -140,8 +150,28 @@ fn no_space(stats: &SpaceStats) -> WaitReason {
 
 impl ClusterView {
     /// What a registered node waits for, and why: node CIDRs it lacks, blocks the decision
-    /// would grant it, a node ID. Empty for a served node.
+    /// would grant it, a node ID, and addresses of a cloud pool its instance has no room for
+    /// (only the leader knows that: read from its published record). Empty for a served node.
     pub fn waits(&self, node: &NodeName) -> Vec<NodeWait> {
+        let mut out = self.own_waits(node);
+        let published = self.stored_waiting(node).into_iter().flat_map(|r| &r.waits);
+        out.extend(
+            published
+                .filter(|w| w.cause == WaitingCause::AtCapacity)
+                .map(|w| NodeWait {
+                    pool: w.pool.clone(),
+                    family: w.family,
+                    unit: WaitUnit::Address,
+                    reason: WaitReason::AtCapacity,
+                    max_ids: 0,
+                }),
+        );
+        out
+    }
+
+    /// [`Self::waits`] from the view's own keys (not the leader's published record: the
+    /// leader's decision is made from these, so an old record never feeds itself).
+    fn own_waits(&self, node: &NodeName) -> Vec<NodeWait> {
         let mut out = Vec::new();
         let in_flight = self.in_flight.contains_key(node);
         let needs = self.needs(node);
@@ -244,7 +274,7 @@ impl ClusterView {
             return None;
         }
         let mut waits: Vec<WaitingEntry> = self
-            .waits(node)
+            .own_waits(node)
             .iter()
             .map(|w| w.entry(self.quarantine_until(w.pool.as_ref(), w.family)))
             .collect();
@@ -639,6 +669,48 @@ block_prefix_len = 28
         assert_eq!(
             f.view.waiting_changes(None, &BTreeMap::new(), 9),
             [(c.clone(), None)]
+        );
+    }
+
+    #[test]
+    fn a_published_instance_limit_shows_as_a_starving_wait_and_lapses_with_the_managers_word() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        f.grant(&a);
+        assert!(f.view.waits(&a).is_empty());
+        // The leader's cloud manager says a's instance is full in pool `pods`.
+        let more: BTreeMap<NodeName, Vec<WaitingEntry>> = [(
+            a.clone(),
+            vec![
+                NodeWait {
+                    pool: Some(pods()),
+                    family: Family::V4,
+                    unit: WaitUnit::Address,
+                    reason: WaitReason::AtCapacity,
+                    max_ids: 0,
+                }
+                .entry(None),
+            ],
+        )]
+        .into();
+        let changes = f.view.waiting_changes(None, &more, 1);
+        let record = changes[0].1.clone().unwrap();
+        assert_eq!(record.waits[0].cause, WaitingCause::AtCapacity);
+        let key = f.view.keys().waiting(&a);
+        f.put(&key, &encode_value(&record).unwrap());
+        // Published, every reader of the view sees it.
+        assert_eq!(
+            f.reasons(&a),
+            [
+                "pods ipv4: no more addresses: the node's instance is at its limit of interfaces \
+              and addresses (or no subnet has room)"
+            ]
+        );
+        assert!(f.view.full()["pods/ipv4"].starts_with("no free address for 1 node (a)"));
+        // The manager no longer says so: the record goes (it never feeds itself).
+        assert_eq!(
+            f.view.waiting_changes(None, &BTreeMap::new(), 2),
+            [(a.clone(), None)]
         );
     }
 

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use corral_cluster::{
-    Family, Keys, NodeName, PoolName, WaitingCause, WaitingEntry, WaitingRecord, encode_value,
+    Family, Keys, NodeName, NodeWait, PoolName, WaitReason, WaitUnit, WaitingEntry, WaitingRecord,
+    encode_value,
 };
 use corral_kv::{Kv, Txn, TxnOp};
 use tokio::time::Instant;
@@ -71,7 +72,7 @@ fn cloud_waits(shared: &Shared) -> BTreeMap<NodeName, Vec<WaitingEntry>> {
             .cloud_node(&node)
             .into_iter()
             .filter(|f| f.at_capacity)
-            .map(|f| at_capacity(&f.pool, f.family))
+            .filter_map(|f| at_capacity(&f.pool, f.family))
             .collect();
         if !entries.is_empty() {
             out.insert(name, entries);
@@ -81,18 +82,15 @@ fn cloud_waits(shared: &Shared) -> BTreeMap<NodeName, Vec<WaitingEntry>> {
 }
 
 /// A cloud pool's wait for addresses its node's instance cannot take.
-pub(crate) fn at_capacity(pool: &str, family: Family) -> WaitingEntry {
-    WaitingEntry {
-        pool: PoolName::new(pool).ok(),
+fn at_capacity(pool: &str, family: Family) -> Option<WaitingEntry> {
+    let wait = NodeWait {
+        pool: Some(PoolName::new(pool).ok()?),
         family,
-        unit: "address".to_owned(),
-        cause: WaitingCause::AtCapacity,
-        quarantined: 0,
-        until_ms: None,
-        why: "no more addresses: the node's instance is at its limit of interfaces and \
-              addresses (or no subnet has room)"
-            .to_owned(),
-    }
+        unit: WaitUnit::Address,
+        reason: WaitReason::AtCapacity,
+        max_ids: 0,
+    };
+    Some(wait.entry(None))
 }
 
 /// One pass, if one is owed and its time has come: works out what changed and writes it.
@@ -111,10 +109,15 @@ pub(super) async fn publish<K: Kv>(
     }
     publisher.owed = false;
     publisher.next = now + SPACING;
-    let paused = shared.granting_paused();
+    // Paused after etcd went back in time, in words that do not change while it lasts (the
+    // live reason counts down; the record is written on change only). A new term's short wait
+    // for the agents' assertions is not published.
+    let paused = (shared.regression_unsettled() && shared.granting_paused().is_some()).then_some(
+        "etcd went back in time: the leader waits for the agents to assert what they hold \
+         (`corral cluster recover --yes` ends the wait)",
+    );
     let more = cloud_waits(shared);
-    let Some(changes) =
-        shared.with_view(|view, _| view.waiting_changes(paused.as_deref(), &more, now_ms()))
+    let Some(changes) = shared.with_view(|view, _| view.waiting_changes(paused, &more, now_ms()))
     else {
         return;
     };
