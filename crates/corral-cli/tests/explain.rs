@@ -194,6 +194,26 @@ fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine()
         link_line(&out, "agent").contains("could not check"),
         "{out}"
     );
+    // An address: the block that holds it and the node it is granted to; one outside every
+    // pool is broken. (`grants` lists each node's grant keys, ending in `<cidr-with-dash>`.)
+    let key = &served[served_node][0];
+    let first = key
+        .rsplit('/')
+        .next()
+        .and_then(|cidr| cidr.split('-').next())
+        .unwrap_or_else(|| panic!("a block in {key:?}"));
+    let (code, out, err) = explain(&etcd, &["address", first], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        link_line(&out, "grant").contains(&format!("granted to node {served_node}")),
+        "{out}"
+    );
+    let (code, out, _) = explain(&etcd, &["address", "192.0.2.1"], &[]);
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        link_line(&out, "grant").contains("is in no pool of the cluster"),
+        "{out}"
+    );
 
     // A served node leaves: its block goes into quarantine (300 s), and the starving node
     // now waits on it, until a time.
