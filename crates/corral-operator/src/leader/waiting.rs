@@ -35,8 +35,8 @@ pub(super) struct Publisher {
     next: Instant,
     /// A pass is owed (the view changed since the last one).
     owed: bool,
-    /// What this term wrote and the view has not shown yet (the watch brings it): not
-    /// written again meanwhile.
+    /// What the last pass wrote (the view may not show it yet): not written again in the
+    /// next pass.
     sent: BTreeMap<NodeName, Option<WaitingRecord>>,
 }
 
@@ -121,7 +121,8 @@ pub(super) async fn publish<K: Kv>(
     else {
         return;
     };
-    // What the view does not show yet but this term wrote: not again.
+    // What the last pass wrote, which the view may not show yet (the watch brings it): not
+    // written again in this pass; still missing in the next, it is written again.
     let sent = std::mem::take(&mut publisher.sent);
     let changes: Vec<(NodeName, Option<WaitingRecord>)> = changes
         .into_iter()
@@ -130,10 +131,6 @@ pub(super) async fn publish<K: Kv>(
             (Some(None), None) => false,
             _ => true,
         })
-        .collect();
-    publisher.sent = sent
-        .into_iter()
-        .filter(|(node, _)| changes.iter().all(|(n, _)| n != node))
         .collect();
     for chunk in changes.chunks(CHUNK) {
         let mut ops = Vec::with_capacity(chunk.len());
