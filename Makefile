@@ -135,10 +135,12 @@ bench-agent: deps plugin
 ## nodes, leader failover with them (SIGKILL to the new leader's first grant), the rebuild of
 ## the operator's state from their 20,000 grants (time, peak RSS); then block mode: 100 nodes
 ## claiming blocks at once (conflicts per grant, beside one contended key), a cold node to its
-## first pod address, etcd requests per CNI ADD during churn, excess to quarantine (about 3 min)
+## first pod address, etcd requests per CNI ADD during churn, excess to quarantine; `corral
+## explain node` on 1,000 nodes (about 3 min)
 bench-cluster: deps
 	$(CARGO) bench -p corral-cli --bench cluster
 	$(CARGO) bench -p corral-cli --bench blocks
+	$(CARGO) bench -p corral-cli --bench explain
 
 ## bench-cloud: the cloud node manager (issue 14): the call scheduler on the fake EC2 in virtual
 ## time (1,000-node scale-out, 150-node burst, throttle storm; corral's per-action buckets beside

@@ -410,6 +410,19 @@ fn why_no_grant(cluster: &crate::link::ClusterShared, pool: &str) -> String {
              {last_error})"
         );
     }
+    // The leader's published decision (`owned/<node>/waiting`, read from the link's watch):
+    // the pool exhausted, only quarantined space, granting paused, the instance at its limit.
+    if let Some(cause) = link.waiting.as_ref().and_then(|w| {
+        w.cause_of_pool(pool, crate::link::utc)
+            .map(|cause| (cause, w.since_ms))
+    }) {
+        let (cause, since) = cause;
+        return format!(
+            "{cause} (the leader's decision about node {node} since {}); `corral explain node \
+             {node}` says more",
+            crate::link::utc(since)
+        );
+    }
     if link.election_read && link.leader.is_none() {
         return format!(
             "no operator is leading the cluster (none campaigns under its election/ keys), so \
@@ -440,25 +453,50 @@ async fn cni_add_waiting(
     deadline: tokio::time::Instant,
 ) -> Result<api::AllocateResponse, OpError> {
     let started = Instant::now();
-    let mut ranges = cluster.blocks.subscribe_ranges();
-    ranges.borrow_and_update();
-    let mut waiting = None;
-    let outcome = |name: &str| {
-        state
-            .metrics
-            .pool_allocations
-            .get_or_create(&crate::metrics::PoolOutcome {
-                pool: pool.clone(),
-                outcome: name.to_owned(),
-            })
-            .inc();
-    };
     let request = match node::CniAdd::try_from(request) {
         Ok(request) => request,
         Err(error) => {
-            outcome("error");
+            pool_outcome(state, &pool, "error");
             state.count("cni_add", started, Some(&error));
             return Err(error);
+        }
+    };
+    allocate_waiting(state, cluster, pool, "cni_add", request, deadline).await
+}
+
+/// Counts an allocation's outcome in a cluster pool.
+fn pool_outcome(state: &AppState, pool: &str, name: &str) {
+    state
+        .metrics
+        .pool_allocations
+        .get_or_create(&crate::metrics::PoolOutcome {
+            pool: pool.to_owned(),
+            outcome: name.to_owned(),
+        })
+        .inc();
+}
+
+/// An allocation (a CNI ADD, or `/v1/allocate`) in a pool of the cluster: waits for a grant
+/// as [`cni_add_waiting`] says, then fails naming why none came.
+async fn allocate_waiting<R>(
+    state: &AppState,
+    cluster: &crate::link::SharedClusterState,
+    pool: String,
+    operation: &'static str,
+    request: R,
+    deadline: tokio::time::Instant,
+) -> Result<api::AllocateResponse, OpError>
+where
+    R: node::Request<Answer = api::AllocateResponse> + Clone,
+{
+    let started = Instant::now();
+    let mut ranges = cluster.blocks.subscribe_ranges();
+    ranges.borrow_and_update();
+    let mut waiting = None;
+    // `corral_pool_allocations_total` counts CNI ADDs only.
+    let outcome = |name: &str| {
+        if operation == "cni_add" {
+            pool_outcome(state, &pool, name);
         }
     };
     loop {
@@ -468,16 +506,22 @@ async fn cni_add_waiting(
                 outcome(if waiting.is_some() { "waited_ok" } else { "ok" });
                 drop(waiting);
                 state.touch();
-                state.count("cni_add", started, None);
+                state.count(operation, started, None);
                 return Ok(reply);
             }
-            Err(error) if waits_for_grant(&error) => {
+            // `/v1/allocate` finds no pool where the node has no range yet; an ADD says so
+            // as `retry_later` (`waits_for_grant`).
+            Err(error)
+                if waits_for_grant(&error)
+                    || (error.code == ErrorCode::NotFound
+                        && error.pool.as_deref() == Some(pool.as_str())) =>
+            {
                 if cluster.is_removed() {
                     // Removed while it waited: no grant will come.
                     outcome("removed");
                     drop(waiting);
                     let error = removed_error(cluster, &pool);
-                    state.count("cni_add", started, Some(&error));
+                    state.count(operation, started, Some(&error));
                     return Err(error);
                 }
                 if tokio::time::Instant::now() >= deadline {
@@ -499,11 +543,12 @@ async fn cni_add_waiting(
                     };
                     tracing::warn!(
                         %pool,
+                        operation,
                         waited_ms = u64::try_from(state.pool_wait.as_millis()).unwrap_or(u64::MAX),
                         why = %why,
-                        "a CNI ADD found no free address and the cluster granted none in time"
+                        "an allocation found no free address and the cluster granted none in time"
                     );
-                    state.count("cni_add", started, Some(&error));
+                    state.count(operation, started, Some(&error));
                     return Err(error);
                 }
                 if waiting.is_none() {
@@ -521,7 +566,7 @@ async fn cni_add_waiting(
                 } else {
                     "error"
                 });
-                state.count("cni_add", started, Some(&error));
+                state.count(operation, started, Some(&error));
                 return Err(error);
             }
         }
@@ -682,6 +727,37 @@ async fn allocate(
     Body(request): Body<api::AllocateRequest>,
 ) -> Result<Json<api::AllocateResponse>, ApiError> {
     let request = node::Allocate::try_from(request);
+    // In a pool the cluster grants, the node's own scope: it waits for a grant as a CNI ADD
+    // does (up to --pool-wait), and a refusal names why none came.
+    let cluster = state.cluster.clone().filter(|cluster| {
+        request.as_ref().is_ok_and(|allocate| {
+            allocate.scope == api::NODE_SCOPE
+                && cluster.blocks.config().is_some_and(|config| {
+                    config
+                        .pools
+                        .iter()
+                        .any(|p| p.name.as_str() == allocate.pool.as_str())
+                })
+        })
+    });
+    if let (Some(cluster), Ok(allocate)) = (cluster, &request) {
+        let deadline = tokio::time::Instant::now() + state.pool_wait;
+        state.wait_ready(deadline).await;
+        let pool = allocate.pool.as_str().to_owned();
+        let answer = allocate_waiting(
+            &state,
+            &cluster,
+            pool,
+            "allocate",
+            allocate.clone(),
+            deadline,
+        )
+        .await
+        .map(Json)
+        .map_err(ApiError);
+        state.touch();
+        return answer;
+    }
     let answer = state.run_checked("allocate", request).await.map(Json);
     // A block or cloud pool's demand follows what the API allocates too, not only CNI ADDs.
     state.touch();

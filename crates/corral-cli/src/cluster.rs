@@ -403,7 +403,7 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
     config_paths::write(&kv, &keys, &args.etcd.cluster, &config, init, args.force).await
 }
 
-async fn read_view(
+pub(crate) async fn read_view(
     kv: &EtcdKv,
     keys: &Keys,
 ) -> Result<(corral_cluster::ClusterView, i64), Failure> {

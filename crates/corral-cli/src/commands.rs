@@ -316,7 +316,14 @@ pub fn dump(session: &mut Session) -> Result<Outcome, Failure> {
     })
 }
 
+/// How long `corral alloc` waits for the agent's answer: in a pool the cluster grants, the agent
+/// holds an allocation up to its pool wait (20 s by default) for a grant, as it does a CNI ADD;
+/// the same bound as corral-ipam's.
+const ALLOC_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub fn alloc(session: &mut Session, args: AllocArgs) -> Result<Outcome, Failure> {
+    session.client = std::mem::replace(&mut session.client, Client::unix(""))
+        .with_read_timeout(Some(ALLOC_ANSWER_TIMEOUT));
     let request = AllocateRequest {
         scope: session.write_scope()?,
         pool: args.pool,

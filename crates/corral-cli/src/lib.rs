@@ -29,6 +29,7 @@ pub mod cloud;
 mod cluster;
 mod commands;
 mod exit;
+mod explain;
 mod history_cluster;
 mod hostlocal;
 mod interfaces;
@@ -473,6 +474,15 @@ enum Command {
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
+    /// Why a pod has no address, who holds an address, why a node waits: each link of the
+    /// chain an ADD walks checked (ok, broken, could not check), stopping at the first broken
+    /// one with its evidence and what to do (exit code 5 if one is)
+    Explain {
+        #[command(flatten)]
+        output: OutputOption,
+        #[command(subcommand)]
+        command: explain::ExplainCommand,
+    },
     /// The cluster's nodes: list, show, remove, and a node's address plan
     Node {
         #[command(flatten)]
@@ -584,6 +594,11 @@ fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
             before.refuse("cluster", &["--output"])?;
             let output = output.output.or(before.output).unwrap_or(Output::Table);
             cluster::cluster(command, output, providers)
+        }
+        Command::Explain { output, command } => {
+            before.refuse("explain", &["--output"])?;
+            let output = output.output.or(before.output).unwrap_or(Output::Table);
+            explain::run(command, output)
         }
         Command::Node { output, command } => {
             before.refuse("node", &["--output"])?;

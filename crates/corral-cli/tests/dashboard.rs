@@ -312,10 +312,14 @@ fn tcp_address(operator: &Operator) -> String {
         Duration::from_secs(20),
         || {
             // The ready line's `dashboard=http://127.0.0.1:PORT/dashboard` field.
-            address = operator.log().split("http://127.0.0.1:").nth(1).map(|rest| {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                format!("127.0.0.1:{port}")
-            });
+            address = operator
+                .log()
+                .split("http://127.0.0.1:")
+                .nth(1)
+                .map(|rest| {
+                    let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    format!("127.0.0.1:{port}")
+                });
             address.is_some()
         },
         || operator.log(),

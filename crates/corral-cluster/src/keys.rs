@@ -287,6 +287,13 @@ pub enum Key {
         /// The node CIDR.
         cidr: IpNet,
     },
+    /// `owned/<node>/waiting`: why the leader cannot serve the node now (`WaitingRecord`),
+    /// written by the leader only when its decision changes and deleted once the node is
+    /// served. Three segments, so never a grant (`owned/<node>/<pool>/<family>/<cidr>`).
+    Waiting {
+        /// The node.
+        node: NodeName,
+    },
     /// `quarantine/<pool>/<family>/<cidr>`: a released node CIDR waiting before reuse.
     Quarantine {
         /// The pool.
@@ -562,6 +569,11 @@ impl Keys {
             cidr_segment(cidr)
         ))
     }
+    /// `owned/<node>/waiting`: the leader's record of why it cannot serve the node (beside
+    /// its grants, under the prefix the node's agent already watches).
+    pub fn waiting(&self, node: &NodeName) -> String {
+        self.key(format_args!("owned/{node}/waiting"))
+    }
     /// `owned/<node>/`: what an agent watches.
     pub fn owned_prefix(&self, node: &NodeName) -> String {
         self.key(format_args!("owned/{node}/"))
@@ -630,6 +642,7 @@ impl Keys {
                 family,
                 cidr,
             } => self.owned(node, pool, *family, cidr),
+            Key::Waiting { node } => self.waiting(node),
             Key::Quarantine { pool, family, cidr } => self.quarantine(pool, *family, cidr),
             Key::NodeId { id } => self.node_id(*id),
             Key::NodeIdOfNode { node } => self.node_id_of_node(node),
@@ -896,6 +909,7 @@ impl Keys {
                     cidr: cidr(c, family)?,
                 })
             }
+            ["owned", n, "waiting"] => Ok(Key::Waiting { node: node(n)? }),
             ["quarantine", p, f, c] => {
                 let family = family(f)?;
                 Ok(Key::Quarantine {
@@ -961,6 +975,182 @@ impl Keys {
             _ => Err(malformed("unknown kind of key")),
         }
     }
+}
+
+/// `owned/<node>/waiting`'s value: the leader's decision about a node it cannot serve now,
+/// and why (what `ClusterView::waits` works out, with what only the leader knows: granting
+/// paused after etcd went back in time, a cloud instance at its limit). Written only when the
+/// decision changes; deleted when the node is served. The node's agent reads it from the
+/// watch it keeps on its grants, so a CNI ADD can name the cause without asking etcd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingRecord {
+    /// Since when the node waits for this (milliseconds since the epoch): kept while the
+    /// node waits, whatever the reasons become.
+    pub since_ms: u64,
+    /// What the node waits for, one entry per pool and family (or the node ID).
+    pub waits: Vec<WaitingEntry>,
+    /// Granting is paused for the whole cluster, and why (etcd went back in time and the
+    /// leader waits for the agents' assertions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
+    /// A removal of the node is in progress: nothing more is granted to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub removing: bool,
+}
+
+impl WaitingRecord {
+    /// The decision without its time: two records that say the same thing.
+    pub fn same_decision(&self, other: &WaitingRecord) -> bool {
+        self.waits == other.waits && self.paused == other.paused && self.removing == other.removing
+    }
+
+    /// Why the node gets nothing in `pool`, in a sentence, if the record says (granting
+    /// paused first, then each family's cause); `until` prints a time.
+    pub fn cause_of_pool(&self, pool: &str, until: impl Fn(u64) -> String) -> Option<String> {
+        let mut parts: Vec<String> = self
+            .paused
+            .iter()
+            .map(|why| format!("granting is paused cluster-wide ({why})"))
+            .collect();
+        parts.extend(self.of_pool(pool).map(|w| w.cause_text(&until)));
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+
+    /// The entries of one pool.
+    pub fn of_pool<'a>(&'a self, pool: &'a str) -> impl Iterator<Item = &'a WaitingEntry> + 'a {
+        self.waits
+            .iter()
+            .filter(move |w| w.pool.as_ref().is_some_and(|p| p.as_str() == pool))
+    }
+}
+
+/// One thing a node waits for, in a [`WaitingRecord`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingEntry {
+    /// The pool (`None`: a node ID).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "waiting_text::pool"
+    )]
+    pub pool: Option<PoolName>,
+    /// The family (`ipv4`, `ipv6`).
+    #[serde(with = "waiting_text::family")]
+    pub family: Family,
+    /// What it lacks: `CIDR`, `block`, `node ID` or `address` (a cloud pool's).
+    pub unit: String,
+    /// Why, as a kind.
+    pub cause: WaitingCause,
+    /// How many units are in quarantine (`quarantined`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub quarantined: u64,
+    /// When the first of them leaves quarantine (milliseconds since the epoch), if known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// Why, in words: `no free block: the pool is exhausted`.
+    pub why: String,
+}
+
+impl WaitingEntry {
+    /// The cause in a sentence (an ADD's error, `corral explain`): `the cluster's pool pods
+    /// (IPv4) is exhausted: no free block for the node`. `until`: `until_ms` as the caller
+    /// prints times.
+    pub fn cause_text(&self, until: impl Fn(u64) -> String) -> String {
+        let family = match self.family {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        };
+        let Some(pool) = &self.pool else {
+            return format!("the cluster's node IDs are exhausted ({})", self.why);
+        };
+        let unit = &self.unit;
+        match self.cause {
+            WaitingCause::NotGranted => {
+                format!("the cluster's pool {pool} ({family}): {unit} not granted yet")
+            }
+            WaitingCause::Exhausted => format!(
+                "the cluster's pool {pool} ({family}) is exhausted: no free {unit} for the node"
+            ),
+            WaitingCause::Quarantined => format!(
+                "the cluster's pool {pool} ({family}) has no free {unit}: its only space is in \
+                 quarantine ({} {unit}{}){}",
+                self.quarantined,
+                if self.quarantined == 1 { "" } else { "s" },
+                match self.until_ms {
+                    Some(ms) => format!(" until {}", until(ms)),
+                    None => " held by a removed node until it gives it up".to_owned(),
+                }
+            ),
+            WaitingCause::AtCapacity => {
+                format!("in the cluster's pool {pool} ({family}), {}", self.why)
+            }
+        }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A waiting entry's pool and family as text (`pods`, `ipv4`).
+mod waiting_text {
+    pub(super) mod pool {
+        use corral_core::PoolName;
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(
+            pool: &Option<PoolName>,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            match pool {
+                Some(pool) => serializer.serialize_str(pool.as_str()),
+                None => serializer.serialize_none(),
+            }
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Option<PoolName>, D::Error> {
+            Option::<String>::deserialize(deserializer)?
+                .map(|text| PoolName::new(&text).map_err(serde::de::Error::custom))
+                .transpose()
+        }
+    }
+
+    pub(super) mod family {
+        use corral_core::Family;
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(
+            family: &Family,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            serializer.serialize_str(super::super::family_segment(*family))
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<Family, D::Error> {
+            let text = String::deserialize(deserializer)?;
+            super::super::parse_family_segment(&text)
+                .ok_or_else(|| serde::de::Error::custom(format!("{text:?}: not a family")))
+        }
+    }
+}
+
+/// Why a node waits, as a kind (see [`WaitingEntry::why`] for the words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingCause {
+    /// Space is free: the leader grants it next (recorded only while granting is paused or
+    /// the node is being removed).
+    NotGranted,
+    /// The pool (or the node-ID plan) has no free space and none in quarantine.
+    Exhausted,
+    /// The only space is in quarantine.
+    Quarantined,
+    /// A cloud pool: the node's instance is at its limit of interfaces or addresses.
+    AtCapacity,
 }
 
 /// `meta/schema`'s value.
@@ -1700,6 +1890,7 @@ mod tests {
             Key::QuarantineId { id: 4_000_000_000 },
             Key::Removal { node: node.clone() },
             Key::Silence { node: node.clone() },
+            Key::Waiting { node: node.clone() },
             Key::CloudInterface {
                 node: node.clone(),
                 interface: CloudId::new("eni-0a1b2c3d4e5f").unwrap(),
@@ -1758,6 +1949,42 @@ mod tests {
             keys.owned(&node, &pool, Family::V6, &v6)
                 .starts_with(&keys.owned_prefix(&node))
         );
+        // The waiting record is under the prefix the agent watches, and never a grant, even
+        // of a pool named `waiting`.
+        let waiting = keys.waiting(&node);
+        assert_eq!(waiting, "/corral/prod-1/v1/owned/node-1.example/waiting");
+        assert!(waiting.starts_with(&keys.owned_prefix(&node)));
+        let pool_waiting = PoolName::new("waiting").unwrap();
+        assert!(matches!(
+            keys.parse(&keys.owned(&node, &pool_waiting, Family::V4, &v4)),
+            Ok(Key::Owned { .. })
+        ));
+    }
+
+    #[test]
+    fn a_waiting_record_round_trips_with_its_pool_and_family_as_text() {
+        let record = WaitingRecord {
+            since_ms: 5,
+            waits: vec![WaitingEntry {
+                pool: Some(PoolName::new("pods").unwrap()),
+                family: Family::V6,
+                unit: "block".into(),
+                cause: WaitingCause::Quarantined,
+                quarantined: 2,
+                until_ms: Some(9),
+                why: "no free block: the only space is in quarantine (2 blocks)".into(),
+            }],
+            paused: None,
+            removing: false,
+        };
+        let bytes = encode_value(&record).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.contains(r#""pool":"pods","family":"ipv6","unit":"block","cause":"quarantined""#),
+            "{text}"
+        );
+        assert_eq!(decode_value::<WaitingRecord>(&bytes).unwrap(), record);
+        assert!(decode_value::<WaitingRecord>(br#"{"since_ms":1,"waits":[{"family":"ipv5","unit":"x","cause":"exhausted","why":""}]}"#).is_err());
     }
 
     #[test]

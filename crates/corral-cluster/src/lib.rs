@@ -47,6 +47,7 @@ pub use keys::{
     RemovalRecord, SchemaRecord, ValueError, decode_value, encode_value,
 };
 pub use keys::{QuarantineState, RemovalMode, RemovalPhase, SilenceRecord};
+pub use keys::{WaitingCause, WaitingEntry, WaitingRecord};
 pub use plan::{NodePlan, PlanError, host_interconnect_of, node_id_of_pod_ip, pod_subnet_of};
 pub use removal::{RemovalStep, removal_steps};
 pub use removed::{QuarantinedReport, RemovedNodeReport};

@@ -25,7 +25,7 @@ use crate::keys::{
     CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, DemandRecord, GrantRecord,
     HeldRange, HoldingsRecord, Key, Keys, NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord,
     OwnedRecord, QuarantineRecord, ReleaseRecord, RemovalRecord, SCHEMA_VERSION, SchemaRecord,
-    ValueError, decode_value, encode_value,
+    ValueError, WaitingRecord, decode_value, encode_value,
 };
 use crate::space::{CidrSpace, NodeIdSpace, SpaceError, SpaceStats};
 
@@ -492,6 +492,9 @@ pub struct ClusterView {
     live: BTreeSet<NodeName>,
     /// `silence/<node>` keys: node → mod revision.
     silences: BTreeMap<NodeName, i64>,
+    /// `owned/<node>/waiting` records as stored: the leader's last published decision per
+    /// node (`None`: a value that does not decode).
+    waiting_records: BTreeMap<NodeName, Option<WaitingRecord>>,
     /// `holdings/` records: what each node's agent asserts it holds (a value that does not
     /// decode is reported and the last readable one kept; `record: None` if there is none).
     holdings: BTreeMap<NodeName, CloudEntry<HoldingsRecord>>,
@@ -545,6 +548,7 @@ impl ClusterView {
             block_in_flight: BTreeMap::new(),
             live: BTreeSet::new(),
             silences: BTreeMap::new(),
+            waiting_records: BTreeMap::new(),
             holdings: BTreeMap::new(),
             held_blocked: BTreeSet::new(),
             held_ids_blocked: BTreeSet::new(),
@@ -593,6 +597,7 @@ impl ClusterView {
         self.block_in_flight.clear();
         self.live.clear();
         self.silences.clear();
+        self.waiting_records.clear();
         self.holdings.clear();
         self.rebuild_spaces();
     }
@@ -971,6 +976,10 @@ impl ClusterView {
                 }
                 self.refresh_asserted_holdings(Some(&node));
             }
+            Key::Waiting { node } => {
+                let record = self.decode::<WaitingRecord>(key, mod_revision, value);
+                self.waiting_records.insert(node, record);
+            }
             Key::Removal { node } => {
                 if let Some(record) = self.decode::<RemovalRecord>(key, mod_revision, value) {
                     self.removals.insert(node, (mod_revision, record));
@@ -1107,6 +1116,9 @@ impl ClusterView {
             }
             Key::Removal { node } => {
                 self.removals.remove(node);
+            }
+            Key::Waiting { node } => {
+                self.waiting_records.remove(node);
             }
             Key::Silence { node } => {
                 self.silences.remove(node);

@@ -380,11 +380,10 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
         };
         (status, full)
     });
-    // Every starving node by pool and family, from the leader's view; on a standby, what the
-    // replica noted (as before).
+    // Every starving node by pool and family, from the leader's view; a standby knows none.
     let (cluster, full) = match cluster {
         Some((status, full)) => (Some(status), full),
-        None => (None, shared.full_pools()),
+        None => (None, std::collections::BTreeMap::new()),
     };
     Json(body::OperatorStatus {
         replica: shared.replica.clone(),

@@ -43,6 +43,7 @@ mod pending;
 mod revoke;
 mod runner;
 mod txn;
+mod waiting;
 mod work;
 
 pub use history::{TRIM_EVERY as HISTORY_TRIM_EVERY, TrimError, trim as trim_history};
@@ -365,6 +366,7 @@ async fn serve<K: Kv>(
         applied_tried: None,
         regressions: shared.regressions(),
         epoch_tick,
+        publisher: waiting::Publisher::new(),
     };
     match runner::run(&mut leading, &mut Runner::new(workers)).await {
         Ended::Stopped => Ok(()),
@@ -395,6 +397,8 @@ struct Leading<'a, K> {
     /// etcd's regressions seen when the term began: another one ends the term.
     regressions: u64,
     epoch_tick: tokio::time::Interval,
+    /// The nodes' waiting records (`waiting.rs`).
+    publisher: waiting::Publisher,
 }
 
 /// What the leading loop woke for besides its transactions and its nodes' backoffs.
@@ -403,6 +407,8 @@ enum Wake {
     EpochTick,
     EpochSettled,
     ReleaseDelay,
+    /// A pass over the nodes' waiting records is owed and its time came.
+    Publish,
     Resync,
     Lost,
     Stop,
@@ -453,6 +459,8 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             )
             .await;
         }
+        // Why each node it cannot serve waits, published where its agent watches.
+        waiting::publish(kv, keys, fence, shared, &mut self.publisher).await;
         Ok(())
     }
 
@@ -466,11 +474,16 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             .shared
             .epoch_wake()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let publish_wake = self
+            .publisher
+            .due()
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             batch = self.watch.next() => Wake::Watch(batch),
             _ = self.epoch_tick.tick() => Wake::EpochTick,
             _ = tokio::time::sleep_until(epoch_wake) => Wake::EpochSettled,
             _ = tokio::time::sleep_until(next_wake) => Wake::ReleaseDelay,
+            _ = tokio::time::sleep_until(publish_wake) => Wake::Publish,
             _ = tokio::time::sleep_until(self.resync_at) => Wake::Resync,
             _ = self.lost.changed() => Wake::Lost,
             _ = self.stop.changed() => Wake::Stop,
@@ -520,6 +533,9 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             Wake::EpochSettled => {
                 // The settle time of a wait for the agents' assertions ran out.
                 self.dirty = true;
+            }
+            Wake::Publish => {
+                waiting::publish(kv, keys, self.fence, shared, &mut self.publisher).await;
             }
             Wake::ReleaseDelay => {
                 // A release delay ran out: those nodes may mark blocks now.
@@ -829,7 +845,7 @@ fn start_work<K: Kv>(
         work.pending = view.nodes_needing_grants().into_iter().collect();
     }
     while !runner.is_full() {
-        let Some(batch) = next_batch(shared, view, runner, work, &removing, now) else {
+        let Some(batch) = next_batch(view, runner, work, &removing, now) else {
             break;
         };
         let txn = match grant_txn(keys, view, &batch) {
@@ -859,7 +875,7 @@ fn start_work<K: Kv>(
             }
         });
     }
-    blocks::start_block_work(kv, keys, fence, shared, view, runner, work, &removing);
+    blocks::start_block_work(kv, keys, fence, view, runner, work, &removing);
 }
 
 /// Nodes granted in one transaction at most. A transaction's compares and puts are bounded
@@ -871,7 +887,6 @@ const BATCH_NODES: usize = 16;
 /// `BATCH_NODES` and the transaction limits. A node whose last batch was refused goes alone
 /// (`solo`), so one stale proposal cannot keep refusing the others.
 fn next_batch(
-    shared: &Arc<Shared>,
     view: &mut ClusterView,
     runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
@@ -896,18 +911,12 @@ fn next_batch(
         }
         let proposal = match view.propose_at(&node, Some(txn::wall_ms())) {
             Ok(proposal) => proposal,
-            Err(ProposeError::Full { pool, family }) => {
-                shared.note_full(node.as_str(), pool.as_str(), family);
+            Err(ProposeError::Full { .. }) => {
                 backoff(view, runner, &node, false);
                 work.waiting_for_space.insert(node);
                 continue;
             }
-            Err(ProposeError::NodeIdsFull { max }) => {
-                shared.note_full(
-                    node.as_str(),
-                    &format!("node-ids (max {max})"),
-                    corral_core::Family::V4,
-                );
+            Err(ProposeError::NodeIdsFull { .. }) => {
                 backoff(view, runner, &node, false);
                 work.waiting_for_space.insert(node);
                 continue;

@@ -135,7 +135,6 @@ impl std::fmt::Debug for CloudStatsCell {
 #[derive(Debug, Default)]
 struct Inner {
     leading: bool,
-    full: BTreeMap<String, String>,
     last_rebuild: Option<(usize, Duration)>,
     took_lead_in: Option<Duration>,
     /// The latency of recent grant transactions, for the benchmark's percentiles.
@@ -288,19 +287,11 @@ impl Shared {
         self.inner().last_rebuild
     }
 
-    pub fn note_full(&self, node: &str, pool: &str, family: Family) {
-        self.inner().full.insert(
-            format!("{pool}/{family}"),
-            format!("no free CIDR for node {node}"),
-        );
-    }
-
+    /// Every starving node by pool and family, as the leader's view works it out (the same
+    /// reasons as `waiting`: a block pool says block); empty when this replica does not lead
+    /// (a standby cannot know, and no memory of an old term is shown as current).
     pub fn full_pools(&self) -> BTreeMap<String, String> {
-        self.inner().full.clone()
-    }
-
-    pub fn clear_full(&self) {
-        self.inner().full.clear();
+        self.with_view(|view, _| view.full()).unwrap_or_default()
     }
 
     /// Raises (or sees again) the problem `kind`/`subject` with `message` (`problems.rs`): it
@@ -374,9 +365,6 @@ impl Shared {
             .grants
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
-        if outcome == TxnOutcome::Granted {
-            self.inner().full.clear();
-        }
     }
 
     /// Counts a resync of the view by its outcome (called by the leading loop).

@@ -332,6 +332,19 @@ async fn tiny_pool_full() -> (MemKv, Replica, i64) {
 #[tokio::test(start_paused = true)]
 async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees() {
     let (kv, a, first) = tiny_pool_full().await;
+    // The leader publishes why node-3 waits, where its agent watches (issue 23).
+    let waiting = keys().waiting(&node("node-3"));
+    wait_until(
+        "node-3's waiting record",
+        Duration::from_secs(10),
+        || async {
+            kv.get(waiting.as_bytes()).await.unwrap().is_some_and(|e| {
+                corral_cluster::decode_value::<corral_cluster::WaitingRecord>(&e.value)
+                    .is_ok_and(|r| r.waits[0].cause == corral_cluster::WaitingCause::Exhausted)
+            })
+        },
+    )
+    .await;
     // It keeps retrying with backoff, granting nothing meanwhile.
     let txns_before = kv.requests();
     tokio::time::sleep(Duration::from_secs(20)).await;
@@ -353,6 +366,13 @@ async fn a_full_pool_is_reported_and_the_waiting_node_is_served_once_space_frees
         "{:?}",
         a.shared.full_pools()
     );
+    // Served: its record goes.
+    wait_until(
+        "node-3's record deleted",
+        Duration::from_secs(10),
+        || async { kv.get(waiting.as_bytes()).await.unwrap().is_none() },
+    )
+    .await;
     assert_consistent(&kv).await;
 }
 

@@ -92,6 +92,9 @@ pub(super) struct Held {
     pub(super) node_id_revision: Revision,
     /// The node ID not taken up (`screen`): its plan is not served.
     pub(super) refused_node_id: Option<corral_cluster::RefusedNodeId>,
+    /// The leader's record of why it cannot serve the node (`owned/<node>/waiting`): what an
+    /// ADD that waited in vain names as its cause.
+    pub(super) waiting: Option<corral_cluster::WaitingRecord>,
 }
 
 impl Held {
@@ -124,6 +127,13 @@ impl Held {
                     self.grants.remove(key);
                 }
             },
+            Ok(Key::Waiting { node: owner }) if &owner == node => {
+                self.waiting = value.and_then(|entry| {
+                    decode_value::<corral_cluster::WaitingRecord>(&entry.value)
+                        .map_err(|error| tracing::warn!(%key, %error, "a waiting record that does not decode"))
+                        .ok()
+                });
+            }
             Ok(Key::Release {
                 node: owner,
                 pool,

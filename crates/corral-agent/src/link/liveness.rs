@@ -378,7 +378,7 @@ fn is_ours(entry: &KeyValue, lease: LeaseId, claimed: Claimed) -> bool {
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc(unix_ms: u64) -> String {
+pub(crate) fn utc(unix_ms: u64) -> String {
     let secs = unix_ms / 1000;
     let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);
     let rem = secs % 86_400;

@@ -18,7 +18,9 @@
 //! restore, and is refused and listed for the leader to revoke. A registration found gone is a
 //! removal only if `removals/<node>` names it (the node drains); otherwise etcd forgot it, and the
 //! node asserts its holdings and registers again. It also follows the operators' `election/`
-//! keys, so that an ADD that got no grant can say whether any operator leads (`api.rs`).
+//! keys, so that an ADD that got no grant can say whether any operator leads (`api.rs`), and
+//! reads the leader's record of why it cannot serve the node (`owned/<node>/waiting`, under
+//! the grants' own prefix: no watch more), so the ADD names that cause.
 //!
 //! The files, bottom up: `state.rs` (options and shared state), `liveness.rs` (one live agent
 //! per node), `held.rs` (the grants held, and which are taken up), `blocks.rs` and
@@ -37,6 +39,7 @@ pub mod liveness;
 mod session;
 mod state;
 
+pub(crate) use liveness::utc;
 pub use session::run;
 pub(crate) use state::now_ms;
 pub use state::{

@@ -862,6 +862,7 @@ pub(super) async fn apply(
                 s.node_id = held.node_id.filter(|_| held.refused_node_id.is_none());
                 s.refused = held.refused.values().cloned().collect();
                 s.refused_node_id = held.refused_node_id;
+                s.waiting = held.waiting.clone();
             });
             state.blocks.ranges_changed();
             log_range_changes(&before, &shown);

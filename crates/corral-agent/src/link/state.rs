@@ -85,6 +85,9 @@ pub struct ClusterState {
     /// The leading operator's name: the value of the candidate with the lowest create
     /// revision under `election/` (a dead leader stays until its lease expires).
     pub leader: Option<String>,
+    /// Why the leader cannot serve the node now, as it published it (`owned/<node>/waiting`,
+    /// read from the watch on the node's grants): `None` while it serves the node.
+    pub waiting: Option<corral_cluster::WaitingRecord>,
 }
 
 /// Whether the agent may serve yet, as far as the cluster link knows: the agent becomes ready

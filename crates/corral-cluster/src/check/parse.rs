@@ -11,7 +11,7 @@ use crate::config::{AppliedConfigRecord, ClusterConfig, HeldGrant, PoolConfig};
 use crate::keys::{
     CloudId, CloudIntentRecord, CloudInterfaceRecord, DelegationRecord, GrantRecord, Key, Keys,
     NodeIdOfNodeRecord, NodeIdRecord, NodeName, NodeRecord, QuarantineRecord, ReleaseRecord,
-    decode_value,
+    WaitingRecord, decode_value,
 };
 use crate::net::net_range;
 
@@ -117,6 +117,13 @@ pub(super) fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) 
                 cidr,
             } => {
                 parsed.owned.insert((node, pool, family, cidr));
+            }
+            // The leader's record of why a node waits: it must read (the node's agent names
+            // its cause in an ADD's error from it).
+            Key::Waiting { .. } => {
+                if let Err(error) = decode_value::<WaitingRecord>(value) {
+                    bad(error.to_string());
+                }
             }
             Key::Quarantine { pool, family, cidr } => {
                 match decode_value::<QuarantineRecord>(value) {

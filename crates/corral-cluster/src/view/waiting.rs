@@ -4,6 +4,10 @@
 //! wait says whether space is free for it (not granted yet) or not (the pool exhausted, or its
 //! only space in quarantine): a node waiting for space that is not there is *starving*, and
 //! `full` names every starving node per pool and family.
+//!
+//! The leader publishes its decision per node (`owned/<node>/waiting`, a [`WaitingRecord`])
+//! from the same waits, plus what only it knows (granting paused, a cloud instance at its
+//! limit): [`ClusterView::waiting_changes`] says which records to put or delete.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +15,7 @@ use corral_core::{Family, PoolName};
 
 use super::ClusterView;
 use crate::blocks;
-use crate::keys::NodeName;
+use crate::keys::{NodeName, QuarantineState, WaitingCause, WaitingEntry, WaitingRecord};
 use crate::space::SpaceStats;
 
 /// What a node lacks.
@@ -23,6 +27,8 @@ pub enum WaitUnit {
     Block,
     /// A node ID of the node-ID plan.
     NodeId,
+    /// Addresses of a cloud pool.
+    Address,
 }
 
 impl WaitUnit {
@@ -32,6 +38,7 @@ impl WaitUnit {
             WaitUnit::Cidr => "CIDR",
             WaitUnit::Block => "block",
             WaitUnit::NodeId => "node ID",
+            WaitUnit::Address => "address",
         }
     }
 }
@@ -45,6 +52,9 @@ pub enum WaitReason {
     Exhausted,
     /// No free space; this many come back when their quarantine ends.
     Quarantined(u128),
+    /// A cloud pool: the node's instance is at its limit of interfaces and addresses (the
+    /// leader's cloud node manager says so in its published record).
+    AtCapacity,
 }
 
 /// One thing a node waits for.
@@ -88,6 +98,9 @@ impl NodeWait {
                 "no free {unit}: the only space is in quarantine ({n} {unit}{})",
                 if n == 1 { "" } else { "s" }
             ),
+            WaitReason::AtCapacity => "no more addresses: the node's instance is at its limit \
+                                       of interfaces and addresses (or no subnet has room)"
+                .to_owned(),
         }
     }
 
@@ -97,6 +110,31 @@ impl NodeWait {
         match &self.pool {
             Some(pool) => format!("{pool}/{}", self.family),
             None => format!("node-ids (max {})/{}", self.max_ids, Family::V4),
+        }
+    }
+}
+
+impl NodeWait {
+    /// The entry of a published [`WaitingRecord`] (`until_ms`: when the first of the
+    /// quarantined space comes back, if known).
+    pub fn entry(&self, until_ms: Option<u64>) -> WaitingEntry {
+        let (cause, quarantined) = match self.reason {
+            WaitReason::NotGranted => (WaitingCause::NotGranted, 0),
+            WaitReason::Exhausted => (WaitingCause::Exhausted, 0),
+            WaitReason::Quarantined(n) => (
+                WaitingCause::Quarantined,
+                u64::try_from(n).unwrap_or(u64::MAX),
+            ),
+            WaitReason::AtCapacity => (WaitingCause::AtCapacity, 0),
+        };
+        WaitingEntry {
+            pool: self.pool.clone(),
+            family: self.family,
+            unit: self.unit.word().to_owned(),
+            cause,
+            quarantined,
+            until_ms: until_ms.filter(|_| cause == WaitingCause::Quarantined),
+            why: self.why(),
         }
     }
 }
@@ -112,8 +150,28 @@ fn no_space(stats: &SpaceStats) -> WaitReason {
 
 impl ClusterView {
     /// What a registered node waits for, and why: node CIDRs it lacks, blocks the decision
-    /// would grant it, a node ID. Empty for a served node.
+    /// would grant it, a node ID, and addresses of a cloud pool its instance has no room for
+    /// (only the leader knows that: read from its published record). Empty for a served node.
     pub fn waits(&self, node: &NodeName) -> Vec<NodeWait> {
+        let mut out = self.own_waits(node);
+        let published = self.stored_waiting(node).into_iter().flat_map(|r| &r.waits);
+        out.extend(
+            published
+                .filter(|w| w.cause == WaitingCause::AtCapacity)
+                .map(|w| NodeWait {
+                    pool: w.pool.clone(),
+                    family: w.family,
+                    unit: WaitUnit::Address,
+                    reason: WaitReason::AtCapacity,
+                    max_ids: 0,
+                }),
+        );
+        out
+    }
+
+    /// [`Self::waits`] from the view's own keys (not the leader's published record: the
+    /// leader's decision is made from these, so an old record never feeds itself).
+    fn own_waits(&self, node: &NodeName) -> Vec<NodeWait> {
         let mut out = Vec::new();
         let in_flight = self.in_flight.contains_key(node);
         let needs = self.needs(node);
@@ -177,6 +235,103 @@ impl ClusterView {
             .map(|node| (node, self.waits(node)))
             .filter(|(_, waits)| !waits.is_empty())
             .collect()
+    }
+
+    /// When the first quarantined range of a pool and family (or, with `pool` `None`, the
+    /// first quarantined node ID) leaves quarantine, in milliseconds since the epoch: its
+    /// `since_ms` plus the configured quarantine time (a range still held by a removed node,
+    /// `waiting`, has no end yet).
+    pub fn quarantine_until(&self, pool: Option<&PoolName>, family: Family) -> Option<u64> {
+        let quarantine_ms = self.config.quarantine_secs.saturating_mul(1000);
+        let ends = |e: &super::QuarantineEntry| {
+            e.record
+                .as_ref()
+                .filter(|r| r.state == QuarantineState::Quarantined)
+                .map(|r| r.since_ms.saturating_add(quarantine_ms))
+        };
+        match pool {
+            Some(pool) => self
+                .quarantines
+                .iter()
+                .filter(|((p, f, _), _)| p == pool && *f == family)
+                .filter_map(|(_, e)| ends(e))
+                .min(),
+            None => self.quarantined_ids.values().filter_map(ends).min(),
+        }
+    }
+
+    /// The leader's decision about a node, as it publishes it (without its time): `None` when
+    /// the node is served, or waits only for space the leader grants next. `paused`: granting
+    /// is paused cluster-wide, and why; `more`: waits only the caller knows (a cloud instance
+    /// at its limit).
+    pub fn waiting_decision(
+        &self,
+        node: &NodeName,
+        paused: Option<&str>,
+        more: &[WaitingEntry],
+    ) -> Option<WaitingRecord> {
+        if !self.nodes.contains_key(node) {
+            return None;
+        }
+        let mut waits: Vec<WaitingEntry> = self
+            .own_waits(node)
+            .iter()
+            .map(|w| w.entry(self.quarantine_until(w.pool.as_ref(), w.family)))
+            .collect();
+        waits.extend(more.iter().cloned());
+        let removing = self.removals.contains_key(node);
+        let starving = waits.iter().any(|w| w.cause != WaitingCause::NotGranted);
+        if waits.is_empty() || !(starving || paused.is_some() || removing) {
+            return None;
+        }
+        Some(WaitingRecord {
+            since_ms: 0,
+            waits,
+            paused: paused.map(str::to_owned),
+            removing,
+        })
+    }
+
+    /// The published decision of a node as stored (`owned/<node>/waiting`), if it decodes.
+    pub fn stored_waiting(&self, node: &NodeName) -> Option<&WaitingRecord> {
+        self.waiting_records.get(node).and_then(Option::as_ref)
+    }
+
+    /// The `owned/<node>/waiting` records to put (`Some`) or delete (`None`) so the stored ones
+    /// say the leader's decision ([`Self::waiting_decision`]) for every node: only where the
+    /// decision changed, keeping `since_ms` while the node still waits (`now_ms` for a new
+    /// one). `more`: per node, waits only the caller knows.
+    pub fn waiting_changes(
+        &self,
+        paused: Option<&str>,
+        more: &BTreeMap<NodeName, Vec<WaitingEntry>>,
+        now_ms: u64,
+    ) -> Vec<(NodeName, Option<WaitingRecord>)> {
+        let mut out = Vec::new();
+        for node in self.nodes.keys() {
+            let extra = more.get(node).map_or(&[][..], Vec::as_slice);
+            let decided = self.waiting_decision(node, paused, extra);
+            let stored = self.waiting_records.get(node);
+            match (decided, stored) {
+                (None, None) => {}
+                (None, Some(_)) => out.push((node.clone(), None)),
+                (Some(mut record), stored) => {
+                    let old = stored.and_then(Option::as_ref);
+                    if old.is_some_and(|old| old.same_decision(&record)) {
+                        continue;
+                    }
+                    record.since_ms = old.map_or(now_ms, |old| old.since_ms);
+                    out.push((node.clone(), Some(record)));
+                }
+            }
+        }
+        // A record of a node no longer registered goes too.
+        for node in self.waiting_records.keys() {
+            if !self.nodes.contains_key(node) {
+                out.push((node.clone(), None));
+            }
+        }
+        out
     }
 
     /// Registered nodes that wait for something (see [`Self::waits`]).
@@ -457,6 +612,105 @@ block_prefix_len = 28
         assert_eq!(
             f.view.full().get("pods/ipv4").map(String::as_str),
             Some("no free block for 2 nodes (b, c): the only space is in quarantine (1 block)")
+        );
+    }
+
+    #[test]
+    fn the_published_record_changes_only_with_the_decision_and_goes_when_the_node_is_served() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        let b = f.register("b");
+        let c = f.register("c");
+        // Waiting only for space the leader grants next: nothing to publish.
+        assert!(f.view.waiting_changes(None, &BTreeMap::new(), 7).is_empty());
+        // ... unless granting is paused.
+        let paused = f
+            .view
+            .waiting_changes(Some("etcd went back"), &BTreeMap::new(), 7);
+        assert_eq!(paused.len(), 3);
+        for node in [&a, &b, &c] {
+            f.grant(node);
+        }
+        // c starves in both pools: one record naming both, at now.
+        let changes = f.view.waiting_changes(None, &BTreeMap::new(), 7);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let (node, record) = &changes[0];
+        let record = record.clone().unwrap();
+        assert_eq!((node, record.since_ms), (&c, 7));
+        let whys: Vec<_> = record
+            .waits
+            .iter()
+            .map(|w| (w.cause, w.why.as_str()))
+            .collect();
+        assert_eq!(
+            whys,
+            [
+                (
+                    WaitingCause::Exhausted,
+                    "no free CIDR: the pool is exhausted"
+                ),
+                (
+                    WaitingCause::Exhausted,
+                    "no free block: the pool is exhausted"
+                )
+            ]
+        );
+        // Stored: the same decision later writes nothing.
+        let key = f.view.keys().waiting(&c);
+        f.put(&key, &encode_value(&record).unwrap());
+        assert_eq!(f.view.stored_waiting(&c), Some(&record));
+        assert!(f.view.waiting_changes(None, &BTreeMap::new(), 9).is_empty());
+        // A changed decision keeps its since.
+        let changes = f.view.waiting_changes(Some("paused"), &BTreeMap::new(), 9);
+        assert_eq!(changes[0].1.as_ref().unwrap().since_ms, 7);
+        // The node removed (its registration gone): the record goes.
+        let node_key = f.view.keys().node(&c);
+        delete(&mut f, &node_key);
+        assert_eq!(
+            f.view.waiting_changes(None, &BTreeMap::new(), 9),
+            [(c.clone(), None)]
+        );
+    }
+
+    #[test]
+    fn a_published_instance_limit_shows_as_a_starving_wait_and_lapses_with_the_managers_word() {
+        let mut f = Fixture::new();
+        let a = f.register("a");
+        f.grant(&a);
+        assert!(f.view.waits(&a).is_empty());
+        // The leader's cloud manager says a's instance is full in pool `pods`.
+        let more: BTreeMap<NodeName, Vec<WaitingEntry>> = [(
+            a.clone(),
+            vec![
+                NodeWait {
+                    pool: Some(pods()),
+                    family: Family::V4,
+                    unit: WaitUnit::Address,
+                    reason: WaitReason::AtCapacity,
+                    max_ids: 0,
+                }
+                .entry(None),
+            ],
+        )]
+        .into();
+        let changes = f.view.waiting_changes(None, &more, 1);
+        let record = changes[0].1.clone().unwrap();
+        assert_eq!(record.waits[0].cause, WaitingCause::AtCapacity);
+        let key = f.view.keys().waiting(&a);
+        f.put(&key, &encode_value(&record).unwrap());
+        // Published, every reader of the view sees it.
+        assert_eq!(
+            f.reasons(&a),
+            [
+                "pods ipv4: no more addresses: the node's instance is at its limit of interfaces \
+              and addresses (or no subnet has room)"
+            ]
+        );
+        assert!(f.view.full()["pods/ipv4"].starts_with("no free address for 1 node (a)"));
+        // The manager no longer says so: the record goes (it never feeds itself).
+        assert_eq!(
+            f.view.waiting_changes(None, &BTreeMap::new(), 2),
+            [(a.clone(), None)]
         );
     }
 

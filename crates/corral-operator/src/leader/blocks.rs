@@ -129,10 +129,9 @@ fn plan_node(view: &ClusterView, clock: &mut BlockClock, node: &NodeName) -> Nod
 
 /// The steps of a node's plans: un-marks, forgotten refusals and stale release keys, at most
 /// one grant (the first pool and family that needs blocks; the rest next time), completes,
-/// marks. A full pool is noted and the node backs off.
+/// marks. On a full pool the node backs off (why it waits is the view's to say: `waits`).
 fn steps(
     view: &mut ClusterView,
-    shared: &Shared,
     runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
     plans: &NodePlans,
@@ -161,13 +160,11 @@ fn steps(
         match view.propose_blocks_at(node, pool, *family, n, Some(now)) {
             Ok(proposal) => {
                 if proposal.blocks.len() < n.min(corral_cluster::view::MAX_BLOCKS_PER_TXN) {
-                    shared.note_full(node.as_str(), pool.as_str(), *family);
                     work.waiting_for_space.insert(node.clone());
                 }
                 out.push(BlockStep::Grant(proposal));
             }
-            Err(ProposeError::Full { pool, family }) => {
-                shared.note_full(node.as_str(), pool.as_str(), family);
+            Err(ProposeError::Full { .. }) => {
                 backoff(view, runner, node, false);
                 work.waiting_for_space.insert(node.clone());
             }
@@ -193,7 +190,6 @@ pub(super) fn start_block_work<K: Kv>(
     kv: &K,
     keys: &Keys,
     fence: &Fence,
-    shared: &Arc<Shared>,
     view: &mut ClusterView,
     runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
@@ -235,7 +231,7 @@ pub(super) fn start_block_work<K: Kv>(
             break;
         }
         let node = plans.node.clone();
-        let steps = steps(view, shared, runner, work, &plans);
+        let steps = steps(view, runner, work, &plans);
         if steps.is_empty() {
             continue;
         }

@@ -1,0 +1,318 @@
+//! Why a pod has no address, with real processes (issue 23): etcd started here on 127.0.0.1,
+//! `corral operator` and `corral agent`s as child processes. The leader publishes why it
+//! cannot serve a node (`owned/<node>/waiting`), the agent's ADD error names that cause, and
+//! `corral explain` walks the chain to the first broken link: the exhausted pool for a pod
+//! that failed, the quarantine for a node waiting on one, the failover for a node waiting
+//! through one, etcd's quorum for a degraded agent.
+//!
+//! Needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use corral_etcd::testing::EtcdCluster;
+use corral_kv::Kv as _;
+
+#[path = "common/cluster.rs"]
+mod cluster_common;
+mod common;
+
+use cluster_common::*;
+
+/// Two /28 blocks of IPv4, a long quarantine; a node's watermarks ask for one block.
+const TWO_BLOCKS: &str = r#"quarantine_secs = 300
+[[pools]]
+name = "pods"
+mode = "blocks"
+release_delay_secs = 2
+[pools.watermarks]
+pre_allocate = 4
+[pools.ipv4]
+cidrs = ["10.91.0.0/27"]
+block_prefix_len = 28
+"#;
+
+/// The leader's record of why node waits, if there is one.
+fn waiting_record(etcd: &EtcdCluster, node: &str) -> Option<String> {
+    let kv = kv(etcd);
+    block_on(kv.get(format!("/corral/t/v1/owned/{node}/waiting").as_bytes()))
+        .ok()
+        .flatten()
+        .map(|e| String::from_utf8_lossy(&e.value).into_owned())
+}
+
+/// `corral explain ARGS --etcd E --cluster t EXTRA`: (exit code, stdout, stderr).
+fn explain(etcd: &EtcdCluster, args: &[&str], extra: &[&str]) -> (i32, String, String) {
+    let endpoints = endpoints(etcd);
+    let mut all = vec!["explain"];
+    all.extend(args);
+    all.extend(["--etcd", &endpoints, "--cluster", "t"]);
+    all.extend(extra);
+    corral(&all)
+}
+
+/// The line of `link` in explain's table (after its subject line).
+fn link_line<'a>(table: &'a str, link: &str) -> &'a str {
+    table
+        .lines()
+        .skip(1)
+        .find(|l| l.trim_start().starts_with(&format!("{link} ")))
+        .unwrap_or_else(|| panic!("no {link} line in\n{table}"))
+}
+
+/// A CNI ADD of `container` to pool `pods`, with a client that waits as long as corral-ipam.
+fn add(
+    socket: &Path,
+    container: &str,
+) -> Result<corral_api::AllocateResponse, corral_client::Error> {
+    let mut client =
+        corral_client::Client::unix(socket).with_read_timeout(Some(Duration::from_secs(60)));
+    common::pod_add(&mut client, "pods", container, format!("pod/{container}"))
+}
+
+fn socket_arg(socket: &Path) -> String {
+    socket.to_str().unwrap().to_owned()
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (etcd, _operator) = cluster_with_operator(dir.path(), TWO_BLOCKS);
+    let nodes = ["node-a", "node-b", "node-c"];
+    let agents: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            start_agent_with(
+                &etcd,
+                &dir.path().join(node),
+                node,
+                // Longer than the client's default 5 s timeout: `corral alloc` outlasts it.
+                &["--pool-wait", "6000"],
+            )
+        })
+        .collect();
+    wait_until(
+        "two nodes hold the two blocks, the third has the leader's record",
+        Duration::from_secs(30),
+        || {
+            let served = grants(&etcd);
+            served.len() == 2
+                && nodes
+                    .iter()
+                    .any(|n| !served.contains_key(*n) && waiting_record(&etcd, n).is_some())
+        },
+    );
+    let served = grants(&etcd);
+    let (i, starving) = nodes
+        .iter()
+        .enumerate()
+        .find(|(_, n)| !served.contains_key(**n))
+        .unwrap();
+    let record = waiting_record(&etcd, starving).unwrap();
+    assert!(record.contains(r#""cause":"exhausted""#), "{record}");
+    // The served nodes have no record.
+    for node in served.keys() {
+        assert_eq!(waiting_record(&etcd, node), None, "{node}");
+    }
+    // The ADD waits out its pool wait, then names the exhausted pool (code 11).
+    let socket = &agents[i].socket;
+    let error = add(socket, "web-1").unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("the cluster's pool pods (IPv4) is exhausted"),
+        "{text}"
+    );
+    assert!(!text.contains("does not exist"), "{text}");
+    // `corral alloc` in that pool waits as long (6 s, past the client's default 5 s) and
+    // names the same cause; it does not time out.
+    let (code, out, err) = corral(&[
+        "alloc",
+        "--socket",
+        &socket_arg(socket),
+        "--pool",
+        "pods",
+        "--owner",
+        "cli",
+    ]);
+    assert_ne!(code, 0, "{out}");
+    assert_ne!(code, 3, "timed out: {err}");
+    assert!(
+        err.contains("the cluster's pool pods (IPv4) is exhausted"),
+        "{err}"
+    );
+
+    // `corral explain pod`: the pod holds nothing, the chain breaks at the leader's decision.
+    let (code, out, err) = explain(
+        &etcd,
+        &["pod", "web-1", "--pool", "pods"],
+        &["--socket", &socket_arg(socket)],
+    );
+    assert_eq!(code, 5, "{out}{err}");
+    assert!(link_line(&out, "pod").contains("holds no address"), "{out}");
+    assert!(link_line(&out, "pool").contains("pods"), "{out}");
+    assert!(link_line(&out, "demand").contains("ok"), "{out}");
+    assert!(
+        link_line(&out, "leader").contains("operator op-a leads"),
+        "{out}"
+    );
+    let decision = link_line(&out, "decision");
+    assert!(decision.contains("BROKEN"), "{out}");
+    assert!(
+        decision.contains("the cluster's pool pods (IPv4) is exhausted"),
+        "{out}"
+    );
+    assert!(out.contains("what to do: widen the pool"), "{out}");
+    // ... and as JSON: the links up to the broken one.
+    let (code, out, _) = explain(
+        &etcd,
+        &["node", starving, "-o", "json"],
+        &["--socket", &socket_arg(socket)],
+    );
+    assert_eq!(code, 5, "{out}");
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["broken"], true, "{json}");
+    let links = json["links"].as_array().unwrap();
+    let last = links.last().unwrap();
+    assert_eq!(
+        (&last["link"], &last["state"]),
+        (&serde_json::json!("decision"), &serde_json::json!("broken")),
+        "{json}"
+    );
+    assert!(
+        links[..links.len() - 1]
+            .iter()
+            .all(|l| l["state"] != "broken"),
+        "{json}"
+    );
+    // A served node: nothing broken, exit 0.
+    let (served_node, _) = served.iter().next().unwrap();
+    let (code, out, err) = explain(&etcd, &["node", served_node], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("nothing broken"), "{out}");
+    assert!(
+        link_line(&out, "agent").contains("could not check"),
+        "{out}"
+    );
+    // An address: the block that holds it and the node it is granted to; one outside every
+    // pool is broken. (`grants` lists each node's grant keys, ending in `<cidr-with-dash>`.)
+    let key = &served[served_node][0];
+    let first = key
+        .rsplit('/')
+        .next()
+        .and_then(|cidr| cidr.split('-').next())
+        .unwrap_or_else(|| panic!("a block in {key:?}"));
+    let (code, out, err) = explain(&etcd, &["address", first], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        link_line(&out, "grant").contains(&format!("granted to node {served_node}")),
+        "{out}"
+    );
+    let (code, out, _) = explain(&etcd, &["address", "192.0.2.1"], &[]);
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        link_line(&out, "grant").contains("is in no pool of the cluster"),
+        "{out}"
+    );
+
+    // A served node leaves: its block goes into quarantine (300 s), and the starving node
+    // now waits on it, until a time.
+    let (code, output) = remove(&etcd, served_node, &[]);
+    assert_eq!(code, 0, "{output}");
+    wait_until(
+        "the leader's record names the quarantine",
+        Duration::from_secs(30),
+        || {
+            waiting_record(&etcd, starving).is_some_and(|r| {
+                r.contains(r#""cause":"quarantined""#) && r.contains(r#""until_ms""#)
+            })
+        },
+    );
+    let (code, out, err) = explain(&etcd, &["node", starving], &[]);
+    assert_eq!(code, 5, "{out}{err}");
+    let decision = link_line(&out, "decision");
+    assert!(
+        decision.contains(
+            "the cluster's pool pods (IPv4) has no free block: its only space is in quarantine \
+             (1 block) until 20"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("what to do: wait for the quarantine to end"),
+        "{out}"
+    );
+    let error = add(socket, "web-2").unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("its only space is in quarantine"),
+        "{error}"
+    );
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn explain_names_the_failover_for_a_node_waiting_through_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (etcd, operator) = cluster_with_operator(dir.path(), TWO_BLOCKS);
+    wait_leads(&etcd, "op-a", Duration::from_secs(20));
+    // The leader dies; its election key goes with its lease (2 s), and no one takes over.
+    operator.signal(rustix::process::Signal::KILL);
+    wait_until("no operator campaigns", Duration::from_secs(20), || {
+        leader(&etcd).is_none()
+    });
+    let agent = start_agent(&etcd, &dir.path().join("node-a"), "node-a");
+    let (code, out, err) = explain(
+        &etcd,
+        &["node", "node-a"],
+        &[
+            "--socket",
+            &socket_arg(&agent.socket),
+            "--operator-socket",
+            operator.socket.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 5, "{out}{err}");
+    let line = link_line(&out, "leader");
+    assert!(line.contains("BROKEN"), "{out}");
+    assert!(line.contains("no operator leads the cluster"), "{out}");
+    assert!(
+        line.contains("the operator socket does not answer"),
+        "{out}"
+    );
+    assert!(out.contains("a failover is in progress"), "{out}");
+    // The chain stops there: no decision line.
+    assert!(!out.contains("decision"), "{out}");
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn explain_names_etcds_lost_quorum_for_a_degraded_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = initialized(3, dir.path(), TWO_BLOCKS);
+    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    wait_leads(&etcd, "op-a", Duration::from_secs(20));
+    let agent = start_agent(&etcd, &dir.path().join("node-a"), "node-a");
+    wait_until("node-a holds a block", Duration::from_secs(30), || {
+        grants(&etcd).contains_key("node-a")
+    });
+    etcd.kill(1).unwrap();
+    etcd.kill(2).unwrap();
+    wait_until("the agent is degraded", Duration::from_secs(60), || {
+        corral_client::Client::unix(&agent.socket)
+            .status(None)
+            .ok()
+            .and_then(|s| s.cluster)
+            .is_some_and(|c| c.degraded)
+    });
+    let (code, out, err) = explain(
+        &etcd,
+        &["node", "node-a"],
+        &["--socket", &socket_arg(&agent.socket)],
+    );
+    assert_eq!(code, 5, "{out}{err}");
+    let line = link_line(&out, "agent's etcd link");
+    assert!(line.contains("BROKEN"), "{out}");
+    assert!(out.contains("etcd has lost quorum"), "{out}");
+}

@@ -1,0 +1,170 @@
+//! The leader's decision about every node it cannot serve, published: `owned/<node>/waiting`
+//! (a `WaitingRecord`), under the prefix the node's agent already watches, so an ADD that
+//! waited out its pool wait names the cause (the pool exhausted, only quarantined space and
+//! until when, granting paused, the instance at its limit) without asking etcd.
+//!
+//! What the record says comes from `ClusterView::waiting_changes` (the view's waits, the same
+//! the API and the CLI show) with what only the leader knows: granting paused after etcd went
+//! back in time, and the cloud node manager's instances at their limit. A record is written
+//! only when the decision changes, and deleted once the node is served (or gone), in fenced
+//! transactions, at most once a second (every node's waits are worked out per pass).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use corral_cluster::{
+    Family, Keys, NodeName, NodeWait, PoolName, WaitReason, WaitUnit, WaitingEntry, WaitingRecord,
+    encode_value,
+};
+use corral_kv::{Kv, Txn, TxnOp};
+use tokio::time::Instant;
+
+use crate::election::Fence;
+use crate::state::Shared;
+
+/// At most one pass over every node's waits in this time.
+const SPACING: Duration = Duration::from_secs(1);
+
+/// Records put or deleted per transaction (etcd allows 128 operations; the fence is one).
+const CHUNK: usize = 100;
+
+/// The publisher's memory within a term.
+#[derive(Debug)]
+pub(super) struct Publisher {
+    /// The next pass may run from then.
+    next: Instant,
+    /// A pass is owed (the view changed since the last one).
+    owed: bool,
+    /// What the last pass wrote (the view may not show it yet): not written again in the
+    /// next pass.
+    sent: BTreeMap<NodeName, Option<WaitingRecord>>,
+}
+
+impl Publisher {
+    pub(super) fn new() -> Publisher {
+        Publisher {
+            next: Instant::now(),
+            owed: true,
+            sent: BTreeMap::new(),
+        }
+    }
+
+    /// When an owed pass may run (the loop wakes then), if one is owed.
+    pub(super) fn due(&self) -> Option<Instant> {
+        self.owed.then_some(self.next)
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The cloud node manager's instances at their limit, as waits of their nodes.
+fn cloud_waits(shared: &Shared) -> BTreeMap<NodeName, Vec<WaitingEntry>> {
+    let mut out = BTreeMap::new();
+    for node in shared.cloud_at_capacity() {
+        let Ok(name) = NodeName::new(&node) else {
+            continue;
+        };
+        let entries: Vec<WaitingEntry> = shared
+            .cloud_node(&node)
+            .into_iter()
+            .filter(|f| f.at_capacity)
+            .filter_map(|f| at_capacity(&f.pool, f.family))
+            .collect();
+        if !entries.is_empty() {
+            out.insert(name, entries);
+        }
+    }
+    out
+}
+
+/// A cloud pool's wait for addresses its node's instance cannot take.
+fn at_capacity(pool: &str, family: Family) -> Option<WaitingEntry> {
+    let wait = NodeWait {
+        pool: Some(PoolName::new(pool).ok()?),
+        family,
+        unit: WaitUnit::Address,
+        reason: WaitReason::AtCapacity,
+        max_ids: 0,
+    };
+    Some(wait.entry(None))
+}
+
+/// One pass, if one is owed and its time has come: works out what changed and writes it.
+/// A failed write is reported and tried again on the next pass.
+pub(super) async fn publish<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    fence: &Fence,
+    shared: &Shared,
+    publisher: &mut Publisher,
+) {
+    publisher.owed = true;
+    let now = Instant::now();
+    if now < publisher.next {
+        return;
+    }
+    publisher.owed = false;
+    publisher.next = now + SPACING;
+    // Paused after etcd went back in time, in words that do not change while it lasts (the
+    // live reason counts down; the record is written on change only). A new term's short wait
+    // for the agents' assertions is not published.
+    let paused = (shared.regression_unsettled() && shared.granting_paused().is_some()).then_some(
+        "etcd went back in time: the leader waits for the agents to assert what they hold \
+         (`corral cluster recover --yes` ends the wait)",
+    );
+    let more = cloud_waits(shared);
+    let Some(changes) = shared.with_view(|view, _| view.waiting_changes(paused, &more, now_ms()))
+    else {
+        return;
+    };
+    // What the last pass wrote, which the view may not show yet (the watch brings it): not
+    // written again in this pass; still missing in the next, it is written again.
+    let sent = std::mem::take(&mut publisher.sent);
+    let changes: Vec<(NodeName, Option<WaitingRecord>)> = changes
+        .into_iter()
+        .filter(|(node, record)| match (sent.get(node), record) {
+            (Some(Some(old)), Some(new)) => !old.same_decision(new),
+            (Some(None), None) => false,
+            _ => true,
+        })
+        .collect();
+    for chunk in changes.chunks(CHUNK) {
+        let mut ops = Vec::with_capacity(chunk.len());
+        for (node, record) in chunk {
+            let key = keys.waiting(node);
+            match record {
+                Some(record) => match encode_value(record) {
+                    Ok(value) => ops.push(TxnOp::put(key, value)),
+                    Err(error) => shared.raise("key", key.clone(), format!("{key}: {error}")),
+                },
+                None => ops.push(TxnOp::delete(key)),
+            }
+        }
+        let txn = Txn {
+            compares: vec![],
+            success: ops,
+            failure: vec![],
+        };
+        match kv.txn(fence.guard(txn)).await {
+            Ok(response) if response.succeeded => {
+                shared.resolve("etcd", "waiting records");
+                publisher.sent.extend(chunk.iter().cloned());
+            }
+            // The fence is gone: leading ends, and the next leader publishes.
+            Ok(_) => return,
+            Err(error) => {
+                shared.raise(
+                    "etcd",
+                    "waiting records",
+                    format!("the nodes' waiting records: not written: {error}"),
+                );
+                publisher.owed = true;
+                return;
+            }
+        }
+    }
+}
