@@ -64,9 +64,10 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::codec::{decode_cooling, decode_snapshots, encode_snapshots};
 use crate::files::create_dirs_synced;
+use crate::history::holders;
 use crate::{
-    LostState, SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation,
-    StoredCooldown, Txn,
+    HistoryEvent, HistoryKind, HistoryLimits, HistoryQuery, LostState, PRUNE_BATCH, SCHEMA_VERSION,
+    ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown, Txn,
 };
 
 /// The database file inside the state directory.
@@ -93,6 +94,7 @@ const MIGRATIONS: &[Migration] = &[
     migrate_cooldowns_to_rows,
     |tx| Ok(tx.execute_batch(SCHEMA_3_TAKEOVER)?),
     |tx| Ok(tx.execute_batch(SCHEMA_4_GC_SUSPECTS)?),
+    |tx| Ok(tx.execute_batch(SCHEMA_5_HISTORY)?),
 ];
 
 /// Version 1: the scopes' derived state (with every cooldown in one blob) and the allocations.
@@ -245,6 +247,107 @@ const SCHEMA_4_GC_SUSPECTS: &str = "CREATE TABLE gc_suspects (
         held TEXT NOT NULL,
         PRIMARY KEY (scope, network, container_id, ifname)
     ) STRICT, WITHOUT ROWID;";
+
+/// Version 5: the allocation history (`history.rs`), in the order it was recorded (`seq`),
+/// with an index per way it is asked: by time, by address, by owner, by container. Each
+/// ends in the time, so a query walks its index newest first and stops at its limit.
+const SCHEMA_5_HISTORY: &str = "CREATE TABLE history (
+        seq INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        kind INTEGER NOT NULL,
+        scope TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        family INTEGER NOT NULL,
+        addr BLOB NOT NULL,
+        network TEXT,
+        container_id TEXT,
+        ifname TEXT,
+        owner TEXT NOT NULL,
+        generation INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX history_by_time ON history (at);
+    CREATE INDEX history_by_addr ON history (family, addr, at);
+    CREATE INDEX history_by_owner ON history (owner, at);
+    CREATE INDEX history_by_container ON history (container_id, ifname, at);";
+
+const HISTORY_COLUMNS: &str =
+    "at, kind, scope, pool, family, addr, network, container_id, ifname, owner, generation";
+
+fn read_history(row: &Row<'_>) -> Result<Result<HistoryEvent, StoreError>, rusqlite::Error> {
+    let at: i64 = row.get(0)?;
+    let kind: i64 = row.get(1)?;
+    let scope: String = row.get(2)?;
+    let pool: String = row.get(3)?;
+    let family: i64 = row.get(4)?;
+    let addr: Vec<u8> = row.get(5)?;
+    let network: Option<String> = row.get(6)?;
+    let container_id: Option<String> = row.get(7)?;
+    let ifname: Option<String> = row.get(8)?;
+    let owner: String = row.get(9)?;
+    let generation: i64 = row.get(10)?;
+    Ok((|| {
+        let key = match (network, container_id, ifname) {
+            (Some(n), Some(c), Some(i)) => {
+                Some(AttachmentKey::new(&n, &c, &i).map_err(|e| corrupt("history", e))?)
+            }
+            _ => None,
+        };
+        Ok(HistoryEvent {
+            at: Timestamp::from_unix_millis(u64::try_from(at).unwrap_or(0)),
+            kind: HistoryKind::from_code(kind)
+                .ok_or_else(|| corrupt("history", format!("event kind {kind}")))?,
+            scope,
+            pool: PoolName::new(&pool).map_err(|e| corrupt("history", e))?,
+            addr: read_addr("history", family, addr)?,
+            key,
+            owner,
+            generation: u64::try_from(generation).unwrap_or(0),
+        })
+    })())
+}
+
+/// The SQL and parameters of a history query: its filters, newest first, at most its limit.
+fn history_sql(query: &HistoryQuery) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut conditions = Vec::new();
+    let mut values = Vec::new();
+    let mut add = |condition: &str, value: Value| {
+        values.push(value);
+        conditions.push(condition.replace('?', &format!("?{}", values.len())));
+    };
+    if let Some(addr) = query.addr {
+        add("family = ?", Value::Integer(family_code(Family::of(addr))));
+        add("addr = ?", Value::Blob(addr_blob(addr).to_vec()));
+    }
+    if let Some(owner) = &query.owner {
+        add("owner = ?", Value::Text(owner.clone()));
+    }
+    if let Some(id) = &query.container_id {
+        add("container_id = ?", Value::Text(id.clone()));
+    }
+    if let Some(ifname) = &query.ifname {
+        add("ifname = ?", Value::Text(ifname.clone()));
+    }
+    if let Some(since) = query.since {
+        add("at >= ?", Value::Integer(millis(since)));
+    }
+    if let Some(until) = query.until {
+        add("at <= ?", Value::Integer(millis(until)));
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    values.push(Value::Integer(
+        i64::try_from(query.limit).unwrap_or(i64::MAX),
+    ));
+    let sql = format!(
+        "SELECT {HISTORY_COLUMNS} FROM history {filter} ORDER BY at DESC, seq DESC LIMIT ?{}",
+        values.len()
+    );
+    (sql, values)
+}
 
 /// What corral-ipam took over from host-local for one network (scope): the addresses whose
 /// allocations it still watches, and the host-local directory's modification time when it
@@ -1439,6 +1542,98 @@ impl SqliteTxn<'_> {
 }
 
 impl Txn for SqliteTxn<'_> {
+    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
+        let key = event.key.as_ref();
+        self.tx()
+            .prepare_cached(&format!(
+                "INSERT INTO history ({HISTORY_COLUMNS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ))?
+            .execute(params![
+                millis(event.at),
+                event.kind.code(),
+                event.scope,
+                event.pool.as_str(),
+                family_code(Family::of(event.addr)),
+                addr_blob(event.addr),
+                key.map(AttachmentKey::network),
+                key.map(AttachmentKey::container_id),
+                key.map(AttachmentKey::ifname),
+                event.owner,
+                i64::try_from(event.generation).unwrap_or(i64::MAX),
+            ])?;
+        Ok(())
+    }
+
+    fn prune_history(&mut self, limits: &HistoryLimits, now: Timestamp) -> Result<u64, StoreError> {
+        let tx = self.tx();
+        let batch = i64::try_from(PRUNE_BATCH).unwrap_or(i64::MAX);
+        let mut dropped = 0;
+        // Events are numbered in the order recorded and dropped oldest first (by number, or
+        // by time, which follows it but for clock steps): the ends bound how many are kept.
+        let first: Option<i64> = tx
+            .prepare_cached("SELECT min(seq) FROM history")?
+            .query_row([], |r| r.get(0))?;
+        let last: Option<i64> = tx
+            .prepare_cached("SELECT max(seq) FROM history")?
+            .query_row([], |r| r.get(0))?;
+        if let (Some(first), Some(last)) = (first, last) {
+            let max = i64::try_from(limits.max_events).unwrap_or(i64::MAX);
+            let over = (last - first + 1).saturating_sub(max);
+            if over >= batch.min(max.max(1)) {
+                dropped += tx
+                    .prepare_cached("DELETE FROM history WHERE seq < ?1")?
+                    .execute([first + over.min(batch)])? as u64;
+            }
+        }
+        let cutoff = limits.cutoff(now);
+        let oldest: Option<i64> = tx
+            .prepare_cached(
+                "SELECT at FROM history INDEXED BY history_by_time ORDER BY at LIMIT 1",
+            )?
+            .query_row([], |r| r.get(0))
+            .optional()?;
+        if oldest.is_some_and(|oldest| oldest < millis(cutoff)) {
+            // A little past the bound, so the next commits find nothing to drop for a while.
+            let ahead = cutoff.saturating_add(limits.max_age / 100);
+            dropped += tx
+                .prepare_cached(
+                    "DELETE FROM history WHERE seq IN (
+                         SELECT seq FROM history INDEXED BY history_by_time
+                         WHERE at < ?1 ORDER BY at LIMIT ?2)",
+                )?
+                .execute([millis(ahead), batch])? as u64;
+        }
+        Ok(dropped)
+    }
+
+    fn history(&mut self, query: &HistoryQuery) -> Result<Vec<HistoryEvent>, StoreError> {
+        let (sql, values) = history_sql(query);
+        let mut statement = self.tx().prepare_cached(&sql)?;
+        let rows = statement.query_map(rusqlite::params_from_iter(values), read_history)?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row??);
+        }
+        Ok(out)
+    }
+
+    fn held_at(&mut self, addr: IpAddr, at: Timestamp) -> Result<Vec<HistoryEvent>, StoreError> {
+        let mut statement = self.tx().prepare_cached(&format!(
+            "SELECT {HISTORY_COLUMNS} FROM history INDEXED BY history_by_addr
+             WHERE family = ?1 AND addr = ?2 AND at <= ?3 ORDER BY at DESC, seq DESC"
+        ))?;
+        let rows = statement.query_map(
+            params![family_code(Family::of(addr)), addr_blob(addr), millis(at)],
+            read_history,
+        )?;
+        let mut events = Vec::new();
+        for row in rows {
+            events.push(row??);
+        }
+        Ok(holders(events))
+    }
+
     fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError> {
         let mut statement = self.tx().prepare_cached(
             "SELECT network, container_id, ifname, first_seen, held FROM gc_suspects \
