@@ -29,6 +29,7 @@ pub mod cloud;
 mod cluster;
 mod commands;
 mod exit;
+mod history;
 mod hostlocal;
 mod interfaces;
 mod local_routes;
@@ -375,6 +376,20 @@ enum Command {
         #[command(flatten)]
         client: ClientOptions,
     },
+    /// The agent's allocation history: who held ADDRESS --at a time, or the events of an
+    /// address, a pod (--pod), an attachment (--key) or a span (--since, --until), newest first
+    ///
+    /// The agent records every allocation and release (allocated, released, expired,
+    /// collected by `corral gc`, surrendered with an interface) in the same commit as the
+    /// change, and keeps the newest history_max_events (default 1000000) for history_max_age
+    /// (default 30d). Times are RFC 3339 (2026-11-27T14:02:00Z; UTC without a zone) or
+    /// milliseconds since the epoch.
+    History {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: history::HistoryArgs,
+    },
     /// Allocate the next free address (or a given one), of one family or both
     Alloc {
         #[command(flatten)]
@@ -528,6 +543,10 @@ fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
         Command::Dump { client: after } => {
             commands::dump(&mut Session::new(&client(before, after)?))
         }
+        Command::History {
+            client: after,
+            args,
+        } => history::run(&mut Session::new(&client(before, after)?), args),
         Command::Alloc {
             client: after,
             args,
