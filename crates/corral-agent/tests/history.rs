@@ -16,13 +16,18 @@ use corral_api::{
     ReleaseRequest,
 };
 use corral_client::Error;
-use corral_store::MemoryStore;
+use corral_store::{HistoryLimits, MemoryStore};
 
 const ADDR: &str = "10.88.0.7";
 
 async fn start() -> (InMemoryAgent, Api) {
+    start_with(HistoryLimits::default()).await
+}
+
+async fn start_with(history: HistoryLimits) -> (InMemoryAgent, Api) {
     let config = AgentConfig {
         pools: config::pools(&config::default_pools()).unwrap(),
+        history,
         ..common::paused::config()
     };
     let agent = InMemoryAgent::start(&config, MemoryStore::new(), None)
@@ -185,5 +190,39 @@ async fn who_held_an_address_at_each_instant() {
     }
     let after = api.history(&format!("address={ADDR}")).await.unwrap();
     assert_eq!(after, all);
+    agent.stop().await.unwrap();
+}
+
+/// The agent keeps the history within its configured bounds: the oldest events go, in
+/// batches, within the commits that add new ones.
+#[tokio::test(start_paused = true)]
+async fn the_history_keeps_within_its_configured_bounds() {
+    let (agent, api) = start_with(HistoryLimits {
+        max_events: 4,
+        max_age: Duration::from_secs(3600),
+    })
+    .await;
+    let release = ReleaseRequest {
+        scope: "node".into(),
+        key: None,
+        address: Some(ADDR.parse().unwrap()),
+        generation: None,
+        owner: None,
+    };
+    for i in 0..10 {
+        api.allocate(&allocate(&format!("ns/p{i}"), None))
+            .await
+            .unwrap();
+        api.release(&release).await.unwrap();
+        let kept = api.history("limit=10000").await.unwrap().events;
+        // A batch (here as large as the bound) accumulates before it goes.
+        assert!(kept.len() < 4 + 4, "{} events kept", kept.len());
+        assert_eq!(kept[0].owner, format!("ns/p{i}"), "the newest stay");
+    }
+    // An hour later, the next commit drops what is past the age.
+    tokio::time::sleep(Duration::from_secs(3601)).await;
+    api.allocate(&allocate("ns/late", None)).await.unwrap();
+    let kept = api.history("limit=10000").await.unwrap().events;
+    assert_eq!(kinds(&kept), [(HistoryKind::Allocated, "ns/late")]);
     agent.stop().await.unwrap();
 }
