@@ -85,6 +85,12 @@ const FOLD_WAIT: Duration = Duration::from_millis(100);
 /// this: 256 KiB of 4 KiB pages (see `fold_log`).
 const WAL_LIMIT_FRAMES: u32 = 64;
 
+/// The same for a long-lived owner (the agent): 16 MiB. Nobody else opens the database while
+/// it runs, so a long log costs no process a re-read; and the history's owner and container
+/// indexes take a page each per event, so a commit of a large batch writes more pages than
+/// the short log holds, and would fold (three syncs instead of one) at every commit.
+const OWNED_WAL_LIMIT_FRAMES: u32 = 4096;
+
 /// One step of the schema, run inside the migrating transaction.
 type Migration = fn(&rusqlite::Transaction<'_>) -> Result<(), StoreError>;
 
@@ -1273,7 +1279,12 @@ impl SqliteTxn<'_> {
     /// Commits sync the log themselves (`synchronous=OFF`), but a checkpoint must have SQLite
     /// sync the log before copying pages and the database before the log starts again.
     fn fold_log(&mut self) -> Result<(), StoreError> {
-        if self.log_frames.load(Ordering::Relaxed) <= WAL_LIMIT_FRAMES {
+        let limit = if self.log_file.is_some() {
+            OWNED_WAL_LIMIT_FRAMES
+        } else {
+            WAL_LIMIT_FRAMES
+        };
+        if self.log_frames.load(Ordering::Relaxed) <= limit {
             return Ok(());
         }
         let folded = (|| {
