@@ -27,7 +27,7 @@ use corral_api::openapi::AnyObject;
 use corral_api::{self as api, ErrorCode, paths};
 use corral_core::{
     AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Echo, Exclusion, Family, GcPolicy,
-    InterfaceId, IpNet, MacAddr, PoolName, RangeSpec,
+    InterfaceId, IpNet, MacAddr, PoolName, RangeSpec, Timestamp,
 };
 use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, StoreHealth};
 use serde::de::value::MapAccessDeserializer;
@@ -1198,6 +1198,121 @@ async fn interfaces(
     state.run_checked("interfaces", request).await.map(Json)
 }
 
+/// The query of `GET /v1/history`; every filter given must match.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryParams {
+    /// Only events of this address
+    address: Option<String>,
+    /// With `address`: who held it at this instant, answered in `held` (RFC 3339, e.g.
+    /// `2026-11-27T14:02:00Z`, UTC when the zone is left out, or milliseconds since the epoch)
+    at: Option<String>,
+    /// Only events of this owner: a pod as `NAMESPACE/NAME`, or the owner of an allocation
+    /// through the API
+    pod: Option<String>,
+    /// Only events of this attachment: `CONTAINER_ID` or `CONTAINER_ID/IFNAME`
+    key: Option<String>,
+    /// Only events at or after this time (as `at`)
+    since: Option<String>,
+    /// Only events at or before this time (as `at`)
+    until: Option<String>,
+    /// At most this many events, newest first (default 100, at most 10000)
+    limit: Option<u64>,
+}
+
+impl TryFrom<HistoryParams> for node::History {
+    type Error = OpError;
+
+    fn try_from(params: HistoryParams) -> Result<node::History, OpError> {
+        let time = |name: &str, text: Option<&String>| {
+            text.map(|text| {
+                api::history::parse_time(text)
+                    .map(Timestamp::from_unix_millis)
+                    .map_err(|e| OpError::bad_request(format!("{name}: {e}")))
+            })
+            .transpose()
+        };
+        let addr = params
+            .address
+            .as_deref()
+            .map(|text| {
+                text.parse::<IpAddr>().map_err(|_| {
+                    OpError::bad_request(format!("address {}: not an IP address", Echo(text)))
+                })
+            })
+            .transpose()?;
+        let at = time("at", params.at.as_ref())?;
+        let since = time("since", params.since.as_ref())?;
+        let until = time("until", params.until.as_ref())?;
+        let held_at = match (addr, at) {
+            (Some(addr), Some(at)) => Some((addr, at)),
+            (None, Some(_)) => return Err(OpError::bad_request("at goes with address")),
+            (_, None) => None,
+        };
+        if let (Some(since), Some(until)) = (since, until)
+            && since > until
+        {
+            return Err(OpError::bad_request("since is after until"));
+        }
+        let limit = params.limit.unwrap_or(api::history::DEFAULT_HISTORY_LIMIT);
+        if limit == 0 || limit > api::history::MAX_HISTORY_LIMIT {
+            return Err(OpError::bad_request(format!(
+                "limit {limit}: give 1 to {}",
+                api::history::MAX_HISTORY_LIMIT
+            )));
+        }
+        let (container_id, ifname) = match params.key.as_deref() {
+            None => (None, None),
+            Some(key) => {
+                let (id, ifname) = match key.split_once('/') {
+                    Some((id, ifname)) => (id, Some(ifname)),
+                    None => (key, None),
+                };
+                if id.is_empty() || ifname.is_some_and(str::is_empty) {
+                    return Err(OpError::bad_request(format!(
+                        "key {}: give CONTAINER_ID or CONTAINER_ID/IFNAME",
+                        Echo(key)
+                    )));
+                }
+                (Some(id.to_owned()), ifname.map(str::to_owned))
+            }
+        };
+        if params.pod.as_deref() == Some("") {
+            return Err(OpError::bad_request("pod is empty"));
+        }
+        Ok(node::History {
+            query: corral_store::HistoryQuery {
+                addr,
+                owner: params.pod,
+                container_id,
+                ifname,
+                since,
+                until,
+                limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            },
+            held_at,
+        })
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = paths::HISTORY,
+    summary = "The allocation history, newest first: allocations and releases with their time, \
+        address, pool, attachment, owner and generation; with `address` and `at`, who held the \
+        address at that instant",
+    params(HistoryParams),
+    responses((status = 200, description = "Success", body = api::HistoryResponse), Read),
+)]
+async fn history(
+    State(state): State<AppState>,
+    Query(params): Query<HistoryParams>,
+) -> Result<Json<api::HistoryResponse>, ApiError> {
+    let request = node::History::try_from(params);
+    state.run_checked("history", request).await.map(Json)
+}
+
 /// The `{id}` of an interface path; what it must look like is the node state's to say (400).
 fn interface_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     id.map(|Path(id)| id)
@@ -1374,6 +1489,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(import_ipamd))
         .routes(routes!(interface, remove_interface))
         .routes(routes!(add_interface_address, remove_interface_address))
+        .routes(routes!(history))
 }
 
 /// The API's routes, with the fallbacks for unknown paths (404) and methods (405).

@@ -7,6 +7,8 @@
 //! token_file = "/etc/corral/token"      # the bearer token for TCP
 //! cni_data_dirs = ["/var/lib/cni/networks"]  # where corral-ipam records DELs for the agent
 //! pool_wait_ms = 20000                  # an ADD waits for restore and for a grant (see below)
+//! history_max_events = 1000000          # the allocation history keeps at most this many events
+//! history_max_age = "30d"               # ... and none older (ms, s, m, h or d)
 //!
 //! [connections]                         # optional; these are the defaults
 //! max_unix = 512                        # served at once on the socket
@@ -35,7 +37,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use corral_core::{Exclusion, PoolName, RangeSpec, ReusePolicy};
-use corral_store::{PoolSpec, RangeSource, ScopeConfig};
+use corral_store::{
+    DEFAULT_HISTORY_MAX_AGE, DEFAULT_HISTORY_MAX_EVENTS, HistoryLimits, PoolSpec, RangeSource,
+    ScopeConfig,
+};
 use serde::Deserialize;
 
 /// The production state directory.
@@ -65,6 +70,9 @@ pub struct AgentConfig {
     /// DEL too), and in a cluster for a grant when its node pool has nothing free; then it
     /// fails with code 11 (`pool_wait_ms`, `--pool-wait`).
     pub pool_wait: Duration,
+    /// How much allocation history the state keeps (`history_max_events`,
+    /// `history_max_age`, `--history-max-events`, `--history-max-age`).
+    pub history: HistoryLimits,
 }
 
 /// The default of [`AgentConfig::pool_wait`]: longer than an operator failover, so an ADD
@@ -122,6 +130,10 @@ pub struct ConfigFile {
     pub pool_wait_ms: Option<u64>,
     /// How the agent logs; the binary reads it ([`LogFile::load`]) before anything else.
     pub log: Option<LogFile>,
+    /// See [`AgentConfig::history`].
+    pub history_max_events: Option<u64>,
+    /// See [`AgentConfig::history`]: a duration such as `30d` ([`parse_duration`]).
+    pub history_max_age: Option<String>,
 }
 
 /// The `[log]` table: how `corral agent` writes its log (`--log-format` and `--log-level`
@@ -203,6 +215,35 @@ pub struct Overrides {
     pub in_cluster: bool,
     /// When given, replaces the file's `pool_wait_ms`.
     pub pool_wait: Option<Duration>,
+    /// When given, replaces the file's `history_max_events`.
+    pub history_max_events: Option<u64>,
+    /// When given, replaces the file's `history_max_age`.
+    pub history_max_age: Option<Duration>,
+}
+
+/// A duration as the configuration gives it: a whole number and its unit, `ms`, `s`, `m`,
+/// `h` or `d` (`30d`, `12h`, `90s`).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let bad = || {
+        format!("{text:?} is not a duration: give a whole number and ms, s, m, h or d (e.g. 30d)")
+    };
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let millis = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    number
+        .checked_mul(millis)
+        .map(Duration::from_millis)
+        .ok_or_else(bad)
 }
 
 /// The embedded default pools.
@@ -283,6 +324,18 @@ impl AgentConfig {
                 .pool_wait
                 .or(file.pool_wait_ms.map(Duration::from_millis))
                 .unwrap_or(DEFAULT_POOL_WAIT),
+            history: HistoryLimits {
+                max_events: overrides
+                    .history_max_events
+                    .or(file.history_max_events)
+                    .unwrap_or(DEFAULT_HISTORY_MAX_EVENTS),
+                max_age: match (overrides.history_max_age, &file.history_max_age) {
+                    (Some(age), _) => age,
+                    (None, Some(text)) => parse_duration(text)
+                        .map_err(|e| ConfigError(format!("history_max_age: {e}")))?,
+                    (None, None) => DEFAULT_HISTORY_MAX_AGE,
+                },
+            },
         })
     }
 }
@@ -302,6 +355,7 @@ impl AgentConfig {
             cni_data_dirs: Vec::new(),
             connections: ConnectionLimits::default(),
             pool_wait: DEFAULT_POOL_WAIT,
+            history: HistoryLimits::default(),
         }
     }
 }
@@ -477,6 +531,54 @@ mod tests {
             flagged.cni_data_dirs,
             [PathBuf::from("/a"), PathBuf::from("/b")]
         );
+    }
+
+    #[test]
+    fn history_bounds_come_from_the_file_and_flags_win() {
+        let defaults = AgentConfig::load(&Overrides::default()).unwrap();
+        assert_eq!(defaults.history, HistoryLimits::default());
+        assert_eq!(defaults.history.max_events, 1_000_000);
+        assert_eq!(defaults.history.max_age, Duration::from_secs(30 * 86_400));
+        let file = write("history_max_events = 5000\nhistory_max_age = \"12h\"\n");
+        let config = AgentConfig::load(&Overrides {
+            config: Some(file.path().into()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(
+            config.history,
+            HistoryLimits {
+                max_events: 5000,
+                max_age: Duration::from_secs(12 * 3600),
+            }
+        );
+        let flagged = AgentConfig::load(&Overrides {
+            config: Some(file.path().into()),
+            history_max_events: Some(7),
+            history_max_age: Some(Duration::from_secs(90)),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(flagged.history.max_events, 7);
+        assert_eq!(flagged.history.max_age, Duration::from_secs(90));
+        let bad = write("history_max_age = \"a month\"\n");
+        let error = AgentConfig::load(&Overrides {
+            config: Some(bad.path().into()),
+            ..Overrides::default()
+        })
+        .unwrap_err();
+        assert!(error.0.contains("history_max_age"), "{}", error.0);
+        for (text, millis) in [
+            ("250ms", 250),
+            ("90s", 90_000),
+            ("2m", 120_000),
+            ("1d", 86_400_000),
+        ] {
+            assert_eq!(parse_duration(text), Ok(Duration::from_millis(millis)));
+        }
+        for bad in ["", "30", "d", "1.5h", "-1s", "99999999999999999999d"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -134,10 +134,12 @@ pub async fn serve_with(
     let declared = config.pools.clone();
     let broken_scopes = Arc::clone(&state.broken_scopes);
     let interface_counters = state.metrics.interface_counters.clone();
+    let history = config.history;
     let node = tokio::task::spawn_blocking(move || {
         NodeState::restore(store, &declared).map(|node| {
             node.with_broken_gauge(broken_scopes)
                 .with_interface_counters(interface_counters)
+                .with_history(history)
         })
     })
     .await

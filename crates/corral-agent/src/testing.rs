@@ -89,7 +89,8 @@ impl InMemoryAgent {
         let router = crate::api::router(state.clone());
         let node = NodeState::restore_with(store, &config.pools, TokioClock::new())?
             .with_broken_gauge(std::sync::Arc::clone(&state.broken_scopes))
-            .with_interface_counters(state.metrics.interface_counters.clone());
+            .with_interface_counters(state.metrics.interface_counters.clone())
+            .with_history(config.history);
         let committer = Committer::start_inline(node);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready, is_ready) = tokio::sync::oneshot::channel::<()>();

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 #[cfg(feature = "openapi")]
 mod examples;
+pub mod history;
 pub mod interfaces;
 #[cfg(feature = "openapi")]
 pub mod openapi;
@@ -26,6 +27,7 @@ pub mod operator;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use history::{HistoryEvent, HistoryKind, HistoryResponse};
 pub use interfaces::*;
 
 /// The scope of the agent's configured pools; the default of every `scope` field.
@@ -68,6 +70,8 @@ pub mod paths {
     pub const INTERFACE_ADDRESSES: &str = "/v1/interfaces/{id}/addresses";
     /// `POST`: AWS VPC CNI's ipamd checkpoint into an interface-backed pool.
     pub const IMPORT_IPAMD: &str = "/v1/import-ipamd";
+    /// `GET` (`?address=&at=&pod=&key=&since=&until=&limit=`): the allocation history.
+    pub const HISTORY: &str = "/v1/history";
 
     /// [`INTERFACE`] with its `{id}`, percent-encoded.
     pub fn interface(id: &str) -> String {

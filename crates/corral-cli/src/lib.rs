@@ -30,6 +30,7 @@ mod cluster;
 mod commands;
 mod exit;
 mod explain;
+mod history;
 mod history_cluster;
 mod hostlocal;
 mod interfaces;
@@ -257,6 +258,14 @@ struct AgentArgs {
     /// --lease-ttl plus 10 s if theirs is longer)
     #[arg(long, value_name = "MS")]
     pool_wait: Option<u64>,
+    /// The most events the allocation history keeps (default 1000000, or the file's
+    /// history_max_events); 0 records none
+    #[arg(long, value_name = "N")]
+    history_max_events: Option<u64>,
+    /// How long the allocation history keeps an event: a whole number and ms, s, m, h or d
+    /// (default 30d, or the file's history_max_age)
+    #[arg(long, value_name = "AGE", value_parser = corral_agent::config::parse_duration)]
+    history_max_age: Option<std::time::Duration>,
     /// The cloud instance this node runs on (with --etcd), written into its registration: the
     /// operator manages this instance's interfaces for cloud pools. On EC2, the instance
     /// metadata service's instance-id (e.g. from `ec2-metadata --instance-id` or IMDSv2);
@@ -289,6 +298,8 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
         in_cluster: !args.etcd.is_empty(),
         pool_wait: args.pool_wait.map(std::time::Duration::from_millis),
+        history_max_events: args.history_max_events,
+        history_max_age: args.history_max_age,
     })
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let cluster_task = match (args.etcd.is_empty(), args.node) {
@@ -374,6 +385,20 @@ enum Command {
     Dump {
         #[command(flatten)]
         client: ClientOptions,
+    },
+    /// The agent's allocation history: who held ADDRESS --at a time, or the events of an
+    /// address, a pod (--pod), an attachment (--key) or a span (--since, --until), newest first
+    ///
+    /// The agent records every allocation and release (allocated, released, expired,
+    /// collected by `corral gc`, surrendered with an interface) in the same commit as the
+    /// change, and keeps the newest history_max_events (default 1000000) for history_max_age
+    /// (default 30d). Times are RFC 3339 (2026-11-27T14:02:00Z; UTC without a zone) or
+    /// milliseconds since the epoch.
+    History {
+        #[command(flatten)]
+        client: ClientOptions,
+        #[command(flatten)]
+        args: history::HistoryArgs,
     },
     /// Allocate the next free address (or a given one), of one family or both
     Alloc {
@@ -542,6 +567,10 @@ fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
         Command::Dump { client: after } => {
             commands::dump(&mut Session::new(&client(before, after)?))
         }
+        Command::History {
+            client: after,
+            args,
+        } => history::run(&mut Session::new(&client(before, after)?), args),
         Command::Alloc {
             client: after,
             args,

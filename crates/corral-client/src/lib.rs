@@ -172,6 +172,14 @@ impl Client {
         self.get(&with_scope(paths::STATUS, scope))
     }
 
+    /// `GET /v1/history`: the allocation history `filter` selects, newest first.
+    pub fn history(
+        &mut self,
+        filter: &corral_api::history::HistoryFilter,
+    ) -> Result<corral_api::HistoryResponse, Error> {
+        self.get(&filter.path())
+    }
+
     /// The operator's `GET /v1/status` (a client of `corral operator`'s API socket).
     pub fn operator_status(&mut self) -> Result<corral_api::operator::OperatorStatus, Error> {
         self.get(corral_api::operator::paths::STATUS)

@@ -12,7 +12,7 @@ use corral_core::{
     held_by_attachment, plan_gc, release_suspect,
 };
 
-use crate::{StoreError, Txn};
+use crate::{StoreError, StoredAllocation, Txn};
 
 /// What one run did (or, dry, would do).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -31,6 +31,8 @@ pub struct GcOutcome {
     pub cleared: Vec<AttachmentKey>,
     /// The allocations released, for the caller's rows and answers (empty when dry).
     pub freed: Vec<Released>,
+    /// The rows of the allocations released, as they were stored (for the history).
+    pub freed_rows: Vec<StoredAllocation>,
 }
 
 /// One run of the leak collector over the attachments of `scope` that `wanted` selects,
@@ -73,6 +75,7 @@ pub fn collect_garbage(
         capped: plan.capped,
         cleared: plan.cleared,
         freed: Vec::new(),
+        freed_rows: Vec::new(),
     };
     if dry_run {
         outcome.released = plan.release;
@@ -89,6 +92,9 @@ pub fn collect_garbage(
         match release_suspect(engine, &suspect, live, now) {
             Ok(freed) => {
                 for released in &freed {
+                    outcome
+                        .freed_rows
+                        .extend(txn.allocation_by_addr(scope, released.addr)?);
                     txn.delete_allocation(scope, released.addr)?;
                 }
                 outcome.freed.extend(freed);

@@ -14,6 +14,7 @@ mod checkpoint;
 mod codec;
 mod files;
 mod gc;
+mod history;
 mod hostlocal;
 mod interfaces;
 mod load;
@@ -35,6 +36,10 @@ pub use checkpoint::{
 };
 pub use files::{SmallFileError, read_small_file};
 pub use gc::{GcOutcome, collect_garbage};
+pub use history::{
+    DEFAULT_HISTORY_MAX_AGE, DEFAULT_HISTORY_MAX_EVENTS, HistoryEvent, HistoryKind, HistoryLimits,
+    HistoryQuery, PRUNE_BATCH,
+};
 pub use hostlocal::{
     HostLocalDir, HostLocalEntry, HostLocalWritten, LAST_RESERVED_PREFIX,
     MAX_HOST_LOCAL_FILE_BYTES, UNKNOWN_HOST_LOCAL_OWNER, host_local_allocations,
@@ -54,7 +59,7 @@ pub use sqlite::{
 };
 
 /// The schema version this build writes; older databases are migrated when opened.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Something went wrong underneath; the transaction changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -473,6 +478,17 @@ pub trait Txn {
     /// Records a suspect, replacing any of the same attachment.
     fn put_gc_suspect(&mut self, scope: &str, suspect: &GcSuspect) -> Result<(), StoreError>;
     fn delete_gc_suspect(&mut self, scope: &str, key: &AttachmentKey) -> Result<(), StoreError>;
+    /// Records an event of the allocation history (see `history.rs`), durable with the
+    /// transaction's other writes.
+    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError>;
+    /// Drops the oldest events past `limits` at `now`, in batches ([`PRUNE_BATCH`]): most
+    /// calls only look. Returns how many were dropped.
+    fn prune_history(&mut self, limits: &HistoryLimits, now: Timestamp) -> Result<u64, StoreError>;
+    /// The events `query` matches, newest first.
+    fn history(&mut self, query: &HistoryQuery) -> Result<Vec<HistoryEvent>, StoreError>;
+    /// Who held `addr` at `at`: per scope, the allocation event in force then (its last event
+    /// at or before `at`, when that is an allocation).
+    fn held_at(&mut self, addr: IpAddr, at: Timestamp) -> Result<Vec<HistoryEvent>, StoreError>;
     /// Makes every write of the transaction durable, then ends it.
     fn commit(self) -> Result<(), StoreError>;
     /// Ends a transaction that wrote nothing, once everything it read is durable: an answer

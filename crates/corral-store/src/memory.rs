@@ -13,7 +13,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use corral_core::{AttachmentKey, Family, GcSuspect, PoolName, Timestamp};
 
-use crate::{ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown, Txn};
+use crate::history::holders;
+use crate::{
+    HistoryEvent, HistoryLimits, HistoryQuery, PRUNE_BATCH, ScopeConfig, ScopeState, Store,
+    StoreError, StoredAllocation, StoredCooldown, Txn,
+};
 
 #[derive(Clone, Debug, Default)]
 struct Data {
@@ -21,6 +25,8 @@ struct Data {
     allocations: BTreeMap<(String, IpAddr), StoredAllocation>,
     cooldowns: BTreeMap<(String, IpAddr), StoredCooldown>,
     gc_suspects: BTreeMap<(String, AttachmentKey), GcSuspect>,
+    /// The allocation history in the order recorded.
+    history: Vec<HistoryEvent>,
 }
 
 /// The rows of one scope in a table keyed by scope first, in key order.
@@ -89,7 +95,60 @@ impl Store for MemoryStore {
     }
 }
 
+/// The history newest first: by time, then latest recorded.
+fn newest_first(history: &[HistoryEvent]) -> Vec<&HistoryEvent> {
+    let mut events: Vec<(usize, &HistoryEvent)> = history.iter().enumerate().collect();
+    events.sort_by_key(|&(i, event)| std::cmp::Reverse((event.at, i)));
+    events.into_iter().map(|(_, event)| event).collect()
+}
+
 impl Txn for MemoryTxn {
+    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
+        self.data.history.push(event.clone());
+        Ok(())
+    }
+
+    fn prune_history(&mut self, limits: &HistoryLimits, now: Timestamp) -> Result<u64, StoreError> {
+        // As SQLite does it (`sqlite.rs`): by count once a batch over, then by age.
+        let history = &mut self.data.history;
+        let before = history.len();
+        let max = usize::try_from(limits.max_events).unwrap_or(usize::MAX);
+        let batch = usize::try_from(PRUNE_BATCH).unwrap_or(usize::MAX);
+        let over = history.len().saturating_sub(max);
+        if over >= batch.min(max.max(1)) {
+            history.drain(..over.min(batch));
+        }
+        let cutoff = limits.cutoff(now);
+        if history.iter().any(|event| event.at < cutoff) {
+            let ahead = cutoff.saturating_add(limits.max_age / 100);
+            let mut dropped = 0;
+            history.retain(|event| {
+                let drop = event.at < ahead && dropped < batch;
+                dropped += usize::from(drop);
+                !drop
+            });
+        }
+        Ok((before - history.len()) as u64)
+    }
+
+    fn history(&mut self, query: &HistoryQuery) -> Result<Vec<HistoryEvent>, StoreError> {
+        Ok(newest_first(&self.data.history)
+            .into_iter()
+            .filter(|event| query.matches(event))
+            .take(query.limit)
+            .cloned()
+            .collect())
+    }
+
+    fn held_at(&mut self, addr: IpAddr, at: Timestamp) -> Result<Vec<HistoryEvent>, StoreError> {
+        Ok(holders(
+            newest_first(&self.data.history)
+                .into_iter()
+                .filter(|event| event.addr == addr && event.at <= at)
+                .cloned(),
+        ))
+    }
+
     fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError> {
         Ok(of_scope(&self.data.gc_suspects, scope))
     }

@@ -64,9 +64,10 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::codec::{decode_cooling, decode_snapshots, encode_snapshots};
 use crate::files::create_dirs_synced;
+use crate::history::holders;
 use crate::{
-    LostState, SCHEMA_VERSION, ScopeConfig, ScopeState, Store, StoreError, StoredAllocation,
-    StoredCooldown, Txn,
+    HistoryEvent, HistoryKind, HistoryLimits, HistoryQuery, LostState, PRUNE_BATCH, SCHEMA_VERSION,
+    ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown, Txn,
 };
 
 /// The database file inside the state directory.
@@ -84,6 +85,12 @@ const FOLD_WAIT: Duration = Duration::from_millis(100);
 /// this: 256 KiB of 4 KiB pages (see `fold_log`).
 const WAL_LIMIT_FRAMES: u32 = 64;
 
+/// The same for a long-lived owner (the agent): 16 MiB. Nobody else opens the database while
+/// it runs, so a long log costs no process a re-read; and the history's owner and container
+/// indexes take a page each per event, so a commit of a large batch writes more pages than
+/// the short log holds, and would fold (three syncs instead of one) at every commit.
+const OWNED_WAL_LIMIT_FRAMES: u32 = 4096;
+
 /// One step of the schema, run inside the migrating transaction.
 type Migration = fn(&rusqlite::Transaction<'_>) -> Result<(), StoreError>;
 
@@ -93,6 +100,7 @@ const MIGRATIONS: &[Migration] = &[
     migrate_cooldowns_to_rows,
     |tx| Ok(tx.execute_batch(SCHEMA_3_TAKEOVER)?),
     |tx| Ok(tx.execute_batch(SCHEMA_4_GC_SUSPECTS)?),
+    |tx| Ok(tx.execute_batch(SCHEMA_5_HISTORY)?),
 ];
 
 /// Version 1: the scopes' derived state (with every cooldown in one blob) and the allocations.
@@ -245,6 +253,107 @@ const SCHEMA_4_GC_SUSPECTS: &str = "CREATE TABLE gc_suspects (
         held TEXT NOT NULL,
         PRIMARY KEY (scope, network, container_id, ifname)
     ) STRICT, WITHOUT ROWID;";
+
+/// Version 5: the allocation history (`history.rs`), in the order it was recorded (`seq`),
+/// with an index per way it is asked: by time, by address, by owner, by container. Each
+/// ends in the time, so a query walks its index newest first and stops at its limit.
+const SCHEMA_5_HISTORY: &str = "CREATE TABLE history (
+        seq INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        kind INTEGER NOT NULL,
+        scope TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        family INTEGER NOT NULL,
+        addr BLOB NOT NULL,
+        network TEXT,
+        container_id TEXT,
+        ifname TEXT,
+        owner TEXT NOT NULL,
+        generation INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX history_by_time ON history (at);
+    CREATE INDEX history_by_addr ON history (family, addr, at);
+    CREATE INDEX history_by_owner ON history (owner, at);
+    CREATE INDEX history_by_container ON history (container_id, ifname, at);";
+
+const HISTORY_COLUMNS: &str =
+    "at, kind, scope, pool, family, addr, network, container_id, ifname, owner, generation";
+
+fn read_history(row: &Row<'_>) -> Result<Result<HistoryEvent, StoreError>, rusqlite::Error> {
+    let at: i64 = row.get(0)?;
+    let kind: i64 = row.get(1)?;
+    let scope: String = row.get(2)?;
+    let pool: String = row.get(3)?;
+    let family: i64 = row.get(4)?;
+    let addr: Vec<u8> = row.get(5)?;
+    let network: Option<String> = row.get(6)?;
+    let container_id: Option<String> = row.get(7)?;
+    let ifname: Option<String> = row.get(8)?;
+    let owner: String = row.get(9)?;
+    let generation: i64 = row.get(10)?;
+    Ok((|| {
+        let key = match (network, container_id, ifname) {
+            (Some(n), Some(c), Some(i)) => {
+                Some(AttachmentKey::new(&n, &c, &i).map_err(|e| corrupt("history", e))?)
+            }
+            _ => None,
+        };
+        Ok(HistoryEvent {
+            at: Timestamp::from_unix_millis(u64::try_from(at).unwrap_or(0)),
+            kind: HistoryKind::from_code(kind)
+                .ok_or_else(|| corrupt("history", format!("event kind {kind}")))?,
+            scope,
+            pool: PoolName::new(&pool).map_err(|e| corrupt("history", e))?,
+            addr: read_addr("history", family, addr)?,
+            key,
+            owner,
+            generation: u64::try_from(generation).unwrap_or(0),
+        })
+    })())
+}
+
+/// The SQL and parameters of a history query: its filters, newest first, at most its limit.
+fn history_sql(query: &HistoryQuery) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut conditions = Vec::new();
+    let mut values = Vec::new();
+    let mut add = |condition: &str, value: Value| {
+        values.push(value);
+        conditions.push(condition.replace('?', &format!("?{}", values.len())));
+    };
+    if let Some(addr) = query.addr {
+        add("family = ?", Value::Integer(family_code(Family::of(addr))));
+        add("addr = ?", Value::Blob(addr_blob(addr).to_vec()));
+    }
+    if let Some(owner) = &query.owner {
+        add("owner = ?", Value::Text(owner.clone()));
+    }
+    if let Some(id) = &query.container_id {
+        add("container_id = ?", Value::Text(id.clone()));
+    }
+    if let Some(ifname) = &query.ifname {
+        add("ifname = ?", Value::Text(ifname.clone()));
+    }
+    if let Some(since) = query.since {
+        add("at >= ?", Value::Integer(millis(since)));
+    }
+    if let Some(until) = query.until {
+        add("at <= ?", Value::Integer(millis(until)));
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    values.push(Value::Integer(
+        i64::try_from(query.limit).unwrap_or(i64::MAX),
+    ));
+    let sql = format!(
+        "SELECT {HISTORY_COLUMNS} FROM history {filter} ORDER BY at DESC, seq DESC LIMIT ?{}",
+        values.len()
+    );
+    (sql, values)
+}
 
 /// What corral-ipam took over from host-local for one network (scope): the addresses whose
 /// allocations it still watches, and the host-local directory's modification time when it
@@ -1170,7 +1279,12 @@ impl SqliteTxn<'_> {
     /// Commits sync the log themselves (`synchronous=OFF`), but a checkpoint must have SQLite
     /// sync the log before copying pages and the database before the log starts again.
     fn fold_log(&mut self) -> Result<(), StoreError> {
-        if self.log_frames.load(Ordering::Relaxed) <= WAL_LIMIT_FRAMES {
+        let limit = if self.log_file.is_some() {
+            OWNED_WAL_LIMIT_FRAMES
+        } else {
+            WAL_LIMIT_FRAMES
+        };
+        if self.log_frames.load(Ordering::Relaxed) <= limit {
             return Ok(());
         }
         let folded = (|| {
@@ -1439,6 +1553,98 @@ impl SqliteTxn<'_> {
 }
 
 impl Txn for SqliteTxn<'_> {
+    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
+        let key = event.key.as_ref();
+        self.tx()
+            .prepare_cached(&format!(
+                "INSERT INTO history ({HISTORY_COLUMNS})
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+            ))?
+            .execute(params![
+                millis(event.at),
+                event.kind.code(),
+                event.scope,
+                event.pool.as_str(),
+                family_code(Family::of(event.addr)),
+                addr_blob(event.addr),
+                key.map(AttachmentKey::network),
+                key.map(AttachmentKey::container_id),
+                key.map(AttachmentKey::ifname),
+                event.owner,
+                i64::try_from(event.generation).unwrap_or(i64::MAX),
+            ])?;
+        Ok(())
+    }
+
+    fn prune_history(&mut self, limits: &HistoryLimits, now: Timestamp) -> Result<u64, StoreError> {
+        let tx = self.tx();
+        let batch = i64::try_from(PRUNE_BATCH).unwrap_or(i64::MAX);
+        let mut dropped = 0;
+        // Events are numbered in the order recorded and dropped oldest first (by number, or
+        // by time, which follows it but for clock steps): the ends bound how many are kept.
+        let first: Option<i64> = tx
+            .prepare_cached("SELECT min(seq) FROM history")?
+            .query_row([], |r| r.get(0))?;
+        let last: Option<i64> = tx
+            .prepare_cached("SELECT max(seq) FROM history")?
+            .query_row([], |r| r.get(0))?;
+        if let (Some(first), Some(last)) = (first, last) {
+            let max = i64::try_from(limits.max_events).unwrap_or(i64::MAX);
+            let over = (last - first + 1).saturating_sub(max);
+            if over >= batch.min(max.max(1)) {
+                dropped += tx
+                    .prepare_cached("DELETE FROM history WHERE seq < ?1")?
+                    .execute([first + over.min(batch)])? as u64;
+            }
+        }
+        let cutoff = limits.cutoff(now);
+        let oldest: Option<i64> = tx
+            .prepare_cached(
+                "SELECT at FROM history INDEXED BY history_by_time ORDER BY at LIMIT 1",
+            )?
+            .query_row([], |r| r.get(0))
+            .optional()?;
+        if oldest.is_some_and(|oldest| oldest < millis(cutoff)) {
+            // A little past the bound, so the next commits find nothing to drop for a while.
+            let ahead = cutoff.saturating_add(limits.max_age / 100);
+            dropped += tx
+                .prepare_cached(
+                    "DELETE FROM history WHERE seq IN (
+                         SELECT seq FROM history INDEXED BY history_by_time
+                         WHERE at < ?1 ORDER BY at LIMIT ?2)",
+                )?
+                .execute([millis(ahead), batch])? as u64;
+        }
+        Ok(dropped)
+    }
+
+    fn history(&mut self, query: &HistoryQuery) -> Result<Vec<HistoryEvent>, StoreError> {
+        let (sql, values) = history_sql(query);
+        let mut statement = self.tx().prepare_cached(&sql)?;
+        let rows = statement.query_map(rusqlite::params_from_iter(values), read_history)?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(row??);
+        }
+        Ok(out)
+    }
+
+    fn held_at(&mut self, addr: IpAddr, at: Timestamp) -> Result<Vec<HistoryEvent>, StoreError> {
+        let mut statement = self.tx().prepare_cached(&format!(
+            "SELECT {HISTORY_COLUMNS} FROM history INDEXED BY history_by_addr
+             WHERE family = ?1 AND addr = ?2 AND at <= ?3 ORDER BY at DESC, seq DESC"
+        ))?;
+        let rows = statement.query_map(
+            params![family_code(Family::of(addr)), addr_blob(addr), millis(at)],
+            read_history,
+        )?;
+        let mut events = Vec::new();
+        for row in rows {
+            events.push(row??);
+        }
+        Ok(holders(events))
+    }
+
     fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError> {
         let mut statement = self.tx().prepare_cached(
             "SELECT network, container_id, ifname, first_seen, held FROM gc_suspects \
@@ -1899,6 +2105,89 @@ mod tests {
             plan.iter()
                 .any(|step| step.contains("USING INDEX allocations_by_key")),
             "{plan:?}"
+        );
+    }
+
+    /// Every history query walks an index newest first and stops at its limit: none scans the
+    /// table, and only a container without its interface name sorts (its few events). This is
+    /// what keeps a query over a million events within milliseconds (`benches/history.rs`).
+    #[test]
+    fn history_queries_walk_an_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path()).unwrap();
+        let addr: IpAddr = "10.0.0.1".parse().unwrap();
+        let at = Timestamp::from_unix_millis(1000);
+        let query = |q: HistoryQuery| HistoryQuery { limit: 100, ..q };
+        let plan = |q: &HistoryQuery| -> String {
+            let (sql, values) = history_sql(q);
+            store
+                .conn()
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap()
+                .query_map(rusqlite::params_from_iter(values), |r| {
+                    r.get::<_, String>(3)
+                })
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap()
+                .join("; ")
+        };
+        for (q, index) in [
+            (query(HistoryQuery::default()), "history_by_time"),
+            (
+                query(HistoryQuery {
+                    since: Some(at),
+                    until: Some(at),
+                    ..HistoryQuery::default()
+                }),
+                "history_by_time",
+            ),
+            (
+                query(HistoryQuery {
+                    addr: Some(addr),
+                    ..HistoryQuery::default()
+                }),
+                "history_by_addr",
+            ),
+            (
+                query(HistoryQuery {
+                    addr: Some(addr),
+                    until: Some(at),
+                    ..HistoryQuery::default()
+                }),
+                "history_by_addr",
+            ),
+            (
+                query(HistoryQuery {
+                    owner: Some("ns/pod".into()),
+                    since: Some(at),
+                    ..HistoryQuery::default()
+                }),
+                "history_by_owner",
+            ),
+            (
+                query(HistoryQuery {
+                    container_id: Some("c".into()),
+                    ifname: Some("eth0".into()),
+                    ..HistoryQuery::default()
+                }),
+                "history_by_container",
+            ),
+        ] {
+            let plan = plan(&q);
+            assert!(
+                plan.contains(&format!("USING INDEX {index}")),
+                "{q:?}: {plan}"
+            );
+            assert!(!plan.contains("TEMP B-TREE"), "{q:?}: {plan}");
+        }
+        let container = plan(&query(HistoryQuery {
+            container_id: Some("c".into()),
+            ..HistoryQuery::default()
+        }));
+        assert!(
+            container.contains("USING INDEX history_by_container"),
+            "{container}"
         );
     }
 

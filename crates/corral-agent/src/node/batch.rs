@@ -100,7 +100,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             self.committed_upto = self.current;
             return Ok(());
         }
-        let result = persist(&mut self.store, &self.scopes, writes, touched);
+        let now = self.clock.now();
+        let result = persist(
+            &mut self.store,
+            &self.scopes,
+            writes,
+            touched,
+            (now, &self.history),
+        );
         let scopes: Vec<String> = std::mem::take(touched).into_iter().collect();
         writes.clear();
         match result {

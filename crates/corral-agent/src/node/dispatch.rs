@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{RangeRemoval, Timestamp};
-use corral_store::{Store, Txn, export_checkpoint};
+use corral_store::{HistoryKind, Store, Txn, export_checkpoint};
 
 use super::op::{
     AddInterfaceAddress, AddRange, CloudInterfaces, ClusterRanges, Dump, Export, Gauges, Interface,
@@ -16,8 +16,8 @@ use super::op::{
     SurrenderCloudAddress, Tick,
 };
 use super::request::{
-    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, ImportIpamd,
-    LeaseStart, LeaseStop, NetworkPools, PoolRange, Release, RemoveExclusion,
+    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, History,
+    ImportIpamd, LeaseStart, LeaseStop, NetworkPools, PoolRange, Release, RemoveExclusion,
 };
 use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
@@ -193,7 +193,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 let name = self.cni_scope(network.name, config, writes, touched)?;
                 let scope = self.scope_mut(&name)?;
                 let released_now = scope.engine.release_key(&key, now);
-                record_released(&name, &released_now, writes, touched);
+                record_released(&name, &released_now, HistoryKind::Released, writes, touched);
                 Ok(CniDel::reply(api::ReleaseResponse {
                     released: released_now.iter().map(released).collect(),
                 }))
@@ -261,11 +261,12 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 for (name, scope) in &mut self.scopes {
                     let gone = scope.engine.expire(now);
                     expired += gone.len();
-                    record_released(name, &gone, writes, touched);
+                    record_released(name, &gone, HistoryKind::Expired, writes, touched);
                 }
                 Ok(Tick::reply(expired))
             }
             Op::Gauges => Ok(Gauges::reply(self.gauges(now))),
+            Op::History(request) => self.history(request).map(History::reply),
             Op::Interfaces(pool) => self.list_interfaces(pool, now).map(Interfaces::reply),
             Op::Interface(id) => self.show_interface(&id, now).map(Interface::reply),
             Op::AddInterface(request) => self

@@ -7,7 +7,9 @@ use std::collections::{BTreeSet, HashSet};
 
 use corral_api as api;
 use corral_core::{AttachmentKey, GcPolicy, GcSuspect, Timestamp};
-use corral_store::{GcOutcome, Store, Txn, collect_garbage, save_engine};
+use corral_store::{
+    GcOutcome, HistoryEvent, HistoryKind, Store, Txn, collect_garbage, save_engine,
+};
 
 use super::op::Op;
 use super::request::{CniGc, Gc, NetworkPools};
@@ -106,7 +108,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     scope.adopt_file_ranges(declared);
                 }
             }
+            if self.history.max_events > 0 {
+                for row in &outcome.freed_rows {
+                    let event = HistoryEvent::of(now, HistoryKind::Collected, scope_name, row);
+                    txn.record_history(&event)?;
+                }
+            }
             save_engine(&mut txn, scope_name, &scope.config, &scope.engine)?;
+            txn.prune_history(&self.history, now)?;
             txn.commit()?;
             Ok(outcome)
         });

@@ -15,7 +15,7 @@ use corral_core::{
     Assignment, AttachmentKey, Family, InterfaceError, InterfaceId, InterfaceSpec, Interfaces,
     IpNet, PoolName, Released, Request, Target, Timestamp,
 };
-use corral_store::{RangeSource, Store, StoredAllocation};
+use corral_store::{HistoryKind, RangeSource, Store, StoredAllocation};
 use std::collections::BTreeSet;
 
 use super::op::InterfaceGauge;
@@ -376,7 +376,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             // The pool stays (empty); it may get interfaces again.
             scope.interfaces.remove(&pool);
         }
-        record_released(api::NODE_SCOPE, &removal.released, writes, touched);
+        record_released(
+            api::NODE_SCOPE,
+            &removal.released,
+            HistoryKind::Surrendered,
+            writes,
+            touched,
+        );
         store_table(scope, &pool)?;
         touched.insert(api::NODE_SCOPE.to_owned());
         Ok(api::InterfaceRemoved {
@@ -421,7 +427,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             return Err(InterfaceError::UnknownInterface { interface: id }.into());
         };
         let removal = table.remove_address(&mut scope.engine, &id, address, force, now)?;
-        record_released(api::NODE_SCOPE, &removal.released, writes, touched);
+        record_released(
+            api::NODE_SCOPE,
+            &removal.released,
+            HistoryKind::Surrendered,
+            writes,
+            touched,
+        );
         store_table(scope, &pool)?;
         touched.insert(api::NODE_SCOPE.to_owned());
         info_of(scope, &pool, &id, now)
@@ -497,7 +509,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 gone.extend(result?.into_iter().map(|u| u.released));
             }
         }
-        record_released(api::NODE_SCOPE, &gone, writes, touched);
+        record_released(
+            api::NODE_SCOPE,
+            &gone,
+            HistoryKind::Released,
+            writes,
+            touched,
+        );
         Ok(gone)
     }
 

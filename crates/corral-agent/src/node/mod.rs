@@ -26,6 +26,7 @@
 //! - `interfaces.rs`, `node_pool.rs`, `cloud.rs`, `blocks.rs`, `gc.rs`, `ops.rs` — the
 //!   operations of each feature (interface pools, CNI on the node's pools, cloud pools, the
 //!   release handshake of blocks, leak collection, allocation and the CNI verbs);
+//! - `history.rs` — the allocation history read back (every commit writes it: `scope.rs`);
 //! - `dispatch.rs` — one operation applied: the match from [`Op`] to the code that runs it;
 //! - `batch.rs` — the group commit: a batch applied, then committed in one transaction.
 
@@ -34,6 +35,7 @@ mod blocks;
 mod cloud;
 mod dispatch;
 mod gc;
+mod history;
 mod interfaces;
 mod node_pool;
 mod op;
@@ -60,8 +62,8 @@ pub use op::{
 };
 pub use request::{
     AddExclusion, AddInterface, Allocate, CniAdd, CniAddSets, CniCheck, CniDel, CniGc, CniNetwork,
-    CniSet, CniStatus, Gc, ImportIpamd, LeaseStart, LeaseStop, NetworkPools, PoolRange, Release,
-    ReleaseOf, RemoveExclusion, Wanted,
+    CniSet, CniStatus, Gc, History, ImportIpamd, LeaseStart, LeaseStop, NetworkPools, PoolRange,
+    Release, ReleaseOf, RemoveExclusion, Wanted,
 };
 pub use state::{Clock, InterfaceCounters, InterfaceOutcome, NodeState, SystemClock, now};
 

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{AllocError, AttachmentKey, Family, PoolName, Request, Target, Timestamp};
-use corral_store::{Store, StoredAllocation};
+use corral_store::{HistoryKind, Store, StoredAllocation};
 
 use super::scope::{Write, record_released, scope_status};
 use super::state::{Clock, NodeState};
@@ -158,7 +158,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     .release(info.entry.addr, Some(info.entry.generation), now)?,
             );
         }
-        record_released(api::NODE_SCOPE, &gone, writes, touched);
+        record_released(
+            api::NODE_SCOPE,
+            &gone,
+            HistoryKind::Released,
+            writes,
+            touched,
+        );
         Ok(api::ReleaseResponse {
             released: gone.iter().map(released).collect(),
         })

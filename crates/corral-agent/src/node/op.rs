@@ -9,7 +9,7 @@ use corral_core::{Family, InterfaceId, IpNet, MacAddr, PoolName, RangeSpec};
 use corral_store::Checkpoint;
 
 use super::request::{
-    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc,
+    AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniGc, CniStatus, Gc, History,
     ImportIpamd, LeaseStart, LeaseStop, PoolRange, Release, RemoveExclusion,
 };
 
@@ -61,6 +61,8 @@ pub enum Op {
     Tick,
     /// Counts for the metrics endpoint.
     Gauges,
+    /// The allocation history (`history.rs`): read from the store, written by every commit.
+    History(History),
     /// The node's interface-backed pools, or one (`interfaces.rs`).
     Interfaces(Option<PoolName>),
     /// One interface with its use.
@@ -125,6 +127,7 @@ impl Op {
                 | Op::Pools(_)
                 | Op::Export
                 | Op::Gauges
+                | Op::History(_)
                 | Op::CniCheck(_)
                 | Op::BlockReport
                 | Op::Interfaces(_)
@@ -172,6 +175,7 @@ pub enum Reply {
     InterfaceGauges(Vec<InterfaceGauge>),
     CloudInterfaces(CloudOutcome),
     Cloud(CloudReport),
+    History(api::HistoryResponse),
 }
 
 /// Every range the cluster grants this node now, of all pools: the argument of
@@ -491,6 +495,7 @@ requests! {
     AddInterface => AddInterface, Interface(api::InterfaceInfo);
     ImportIpamd => ImportIpamd, IpamdImported(api::IpamdImportResponse);
     CloudInterfaces => SetCloudInterfaces, CloudInterfaces(CloudOutcome);
+    History => History, History(api::HistoryResponse);
 }
 
 wrapped! {

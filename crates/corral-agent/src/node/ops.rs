@@ -9,8 +9,8 @@ use corral_core::{
     AllocError, Allocation, Family, PoolName, RangeRemoval, RangeSpec, Request, Target, Timestamp,
 };
 use corral_store::{
-    Need, RangeSource, RangeState, Store, StoreError, StoredAllocation, Txn, build_engine,
-    import_checkpoint, save_engine,
+    HistoryKind, Need, RangeSource, RangeState, Store, StoreError, StoredAllocation, Txn,
+    build_engine, import_checkpoint, save_engine,
 };
 
 use super::op::{ClusterRanges, ClusterRangesOutcome, Gauge};
@@ -120,7 +120,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             ReleaseOf::Key(key) => {
                 let mut gone = unassigned;
                 let rest = scope.engine.release_key(&key, now);
-                record_released(&scope_name, &rest, writes, touched);
+                record_released(&scope_name, &rest, HistoryKind::Released, writes, touched);
                 gone.extend(rest);
                 return Ok(api::ReleaseResponse {
                     released: gone.iter().map(released).collect(),
@@ -137,7 +137,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             },
             ReleaseOf::Owner(owner) => scope.engine.release_owner(&owner, now),
         };
-        record_released(&scope_name, &gone, writes, touched);
+        record_released(&scope_name, &gone, HistoryKind::Released, writes, touched);
         Ok(api::ReleaseResponse {
             released: gone.iter().map(released).collect(),
         })

@@ -17,6 +17,14 @@ use corral_store::ScopeConfig;
 
 use crate::ipamd::IpamdAllocation;
 
+/// The allocation history asked ([`Op::History`](super::Op::History)): the events `query`
+/// matches, and with `held_at`, who held that address at that instant.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    pub query: corral_store::HistoryQuery,
+    pub held_at: Option<(IpAddr, corral_core::Timestamp)>,
+}
+
 /// What an allocation asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wanted {

@@ -8,10 +8,10 @@ use std::net::IpAddr;
 
 use corral_api as api;
 use corral_api::ErrorCode;
-use corral_core::{Engine, Family, Interfaces, PoolName, Released};
+use corral_core::{Engine, Family, Interfaces, PoolName, Released, Timestamp};
 use corral_store::{
-    PoolSpec, RangeEntry, RangeSource, ScopeConfig, Store, StoreError, StoredAllocation, Txn,
-    save_engine,
+    HistoryEvent, HistoryKind, HistoryLimits, PoolSpec, RangeEntry, RangeSource, ScopeConfig,
+    Store, StoreError, StoredAllocation, Txn, save_engine,
 };
 
 use super::wire::family_name;
@@ -182,18 +182,24 @@ impl Broken {
 /// A change to a row, in the order the batch made it.
 #[derive(Debug)]
 pub(super) enum Write {
+    /// An allocation: its row, and an event of the history.
     Put(String, StoredAllocation),
-    Delete(String, IpAddr),
+    /// A release: the row goes, and an event of this kind is recorded.
+    Delete(String, IpAddr, HistoryKind),
+    /// The same allocation written again (its lease changed): no event.
+    Rewrite(String, StoredAllocation),
 }
 
+/// The rows of the allocations `gone` go, each recorded in the history as `kind`.
 pub(super) fn record_released(
     scope: &str,
     gone: &[Released],
+    kind: HistoryKind,
     writes: &mut Vec<Write>,
     touched: &mut BTreeSet<String>,
 ) {
     for r in gone {
-        writes.push(Write::Delete(scope.to_owned(), r.addr));
+        writes.push(Write::Delete(scope.to_owned(), r.addr, kind));
     }
     if !gone.is_empty() {
         touched.insert(scope.to_owned());
@@ -209,8 +215,7 @@ pub(super) fn rewrite_row(
     touched: &mut BTreeSet<String>,
 ) {
     if let Some(info) = scope.engine.lookup(addr) {
-        writes.push(Write::Delete(scope_name.to_owned(), addr));
-        writes.push(Write::Put(
+        writes.push(Write::Rewrite(
             scope_name.to_owned(),
             StoredAllocation {
                 pool: info.pool,
@@ -225,24 +230,46 @@ pub(super) fn rewrite_row(
     }
 }
 
-/// One transaction: the rows in order, then the derived state of every touched scope.
+/// One transaction: the rows in order with their events of the history (at `now`, unless
+/// `history` keeps none), the derived state of every touched scope, and the history pruned
+/// to its bounds (in batches: most commits only look).
 pub(super) fn persist<S: Store>(
     store: &mut S,
     scopes: &BTreeMap<String, Scope>,
     writes: &[Write],
     touched: &BTreeSet<String>,
+    (now, history): (Timestamp, &HistoryLimits),
 ) -> Result<(), StoreError> {
     let mut txn = store.begin()?;
+    let recording = history.max_events > 0;
     for write in writes {
         match write {
-            Write::Put(scope, row) => txn.put_allocation(scope, row)?,
-            Write::Delete(scope, addr) => txn.delete_allocation(scope, *addr)?,
+            Write::Put(scope, row) => {
+                txn.put_allocation(scope, row)?;
+                if recording {
+                    let event = HistoryEvent::of(now, HistoryKind::Allocated, scope, row);
+                    txn.record_history(&event)?;
+                }
+            }
+            Write::Delete(scope, addr, kind) => {
+                if recording && let Some(row) = txn.allocation_by_addr(scope, *addr)? {
+                    txn.record_history(&HistoryEvent::of(now, *kind, scope, &row))?;
+                }
+                txn.delete_allocation(scope, *addr)?;
+            }
+            Write::Rewrite(scope, row) => {
+                txn.delete_allocation(scope, row.addr)?;
+                txn.put_allocation(scope, row)?;
+            }
         }
     }
     for name in touched {
         if let Some(scope) = scopes.get(name) {
             save_engine(&mut txn, name, &scope.config, &scope.engine)?;
         }
+    }
+    if !writes.is_empty() {
+        txn.prune_history(history, now)?;
     }
     txn.commit()
 }

@@ -7,7 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use corral_api as api;
 use corral_core::{Assignment, EngineConfig, Family, InterfaceError, PoolName, Timestamp};
 use corral_store::{
-    Need, ScopeConfig, SqliteStore, Store, StoreError, Txn, build_engine, save_engine,
+    HistoryLimits, Need, ScopeConfig, SqliteStore, Store, StoreError, Txn, build_engine,
+    save_engine,
 };
 
 use super::scope::{Broken, Scope};
@@ -55,6 +56,8 @@ pub struct NodeState<S: Store = SqliteStore, C: Clock = SystemClock> {
     pub(super) block_families: BTreeMap<PoolName, Vec<Family>>,
     /// Assign and unassign outcomes on interface-backed pools, for `/metrics`.
     pub(super) interface_counters: InterfaceCounters,
+    /// How much allocation history the store keeps (`history.rs` of corral-store).
+    pub(super) history: HistoryLimits,
 }
 
 impl<S: Store, C: Clock> std::fmt::Debug for NodeState<S, C> {
@@ -142,7 +145,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             cluster_refused: Vec::new(),
             block_families: BTreeMap::new(),
             interface_counters: Default::default(),
+            history: HistoryLimits::default(),
         })
+    }
+
+    /// Keeps the allocation history within `limits` from now on.
+    pub fn with_history(mut self, limits: HistoryLimits) -> Self {
+        self.history = limits;
+        self
     }
 
     /// Counts assign and unassign outcomes in `counters` from now on.

@@ -128,6 +128,18 @@ pub struct Api {
 }
 
 impl Api {
+    /// The API of an agent started without a cluster link.
+    pub fn of(agent: &InMemoryAgent) -> Api {
+        Api {
+            router: agent.router(),
+        }
+    }
+
+    /// `GET /v1/history` with `query` (already encoded).
+    pub async fn history(&self, query: &str) -> Result<corral_api::HistoryResponse, Error> {
+        self.get(&format!("{}?{query}", paths::HISTORY)).await
+    }
+
     /// Sends one request and returns the body of a 2xx answer.
     async fn call(
         &self,
@@ -189,6 +201,13 @@ impl Api {
 
     pub async fn pools(&self, scope: Option<&str>) -> Result<PoolsResponse, Error> {
         self.get(&with_scope(paths::POOLS, scope)).await
+    }
+
+    pub async fn lease_start(
+        &self,
+        request: &corral_api::LeaseStartRequest,
+    ) -> Result<corral_api::Lease, Error> {
+        self.post(paths::LEASE_START, request).await
     }
 
     pub async fn allocate(&self, request: &AllocateRequest) -> Result<AllocateResponse, Error> {
