@@ -285,6 +285,17 @@ async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
     Ok((kv, keys))
 }
 
+/// The cluster's grant history `request` asks for, read from etcd (`corral history --etcd`).
+pub fn grant_history(
+    etcd: &EtcdArgs,
+    request: &corral_operator::history::HistoryRequest,
+) -> Result<corral_api::operator::GrantHistory, Failure> {
+    runtime()?.block_on(async {
+        let (kv, keys) = connect(etcd).await?;
+        crate::history_cluster::events(&kv, &keys, request).await
+    })
+}
+
 fn kv_failure(error: corral_kv::KvError) -> Failure {
     Failure::Cluster(error)
 }

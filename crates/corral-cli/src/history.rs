@@ -2,15 +2,19 @@
 //! at an instant (`corral history ADDRESS --at TIME`), or the events of an address, a pod, an
 //! attachment or a time span, newest first.
 //!
-//! [`agent_history`] answers the agent's events as data, for a cluster-wide history that
-//! merges every agent's with the leader's grants.
+//! With `--etcd` (or `CORRAL_ETCD`) it answers cluster-wide: the grants' history in etcd
+//! (`history_cluster`) names the node whose node CIDR or block held the address then, beside
+//! this node's agent's own events; `--node N` lists what a node held, from etcd alone.
 
 use std::net::IpAddr;
 
 use clap::Args;
 use corral_api::history::{HistoryFilter, format_time, parse_time};
+use corral_api::operator::GrantHistory;
 use corral_api::{HistoryEvent, HistoryKind, HistoryResponse};
 use corral_client::Client;
+use corral_operator::history::HistoryRequest;
+use serde::Serialize;
 
 use crate::commands::Session;
 use crate::exit::{Failure, Outcome};
@@ -41,9 +45,57 @@ pub struct HistoryArgs {
     #[arg(long, value_name = "N", default_value_t = corral_api::history::DEFAULT_HISTORY_LIMIT,
           value_parser = clap::value_parser!(u64).range(1..=corral_api::history::MAX_HISTORY_LIMIT))]
     limit: u64,
+    /// etcd's client URLs, comma-separated: answer cluster-wide, adding the grants' history
+    /// (which node held the node CIDR or block containing ADDRESS, at --at)
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ','
+    )]
+    etcd: Vec<String>,
+    /// The cluster's name (with --etcd)
+    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
+    cluster: String,
+    /// Everything this node held and holds, from the grants' history in etcd (needs --etcd;
+    /// the agent is not asked)
+    #[arg(long, value_name = "NODE", conflicts_with_all = ["address", "pod", "key"])]
+    node: Option<String>,
 }
 
 impl HistoryArgs {
+    /// The cluster-wide read the arguments ask for: with --etcd, an address or --node (the
+    /// cluster knows no pods); a usage error before anything is sent.
+    fn cluster_request(&self) -> Result<Option<HistoryRequest>, Failure> {
+        if self.etcd.is_empty() {
+            if self.node.is_some() {
+                return Err(Failure::Usage(
+                    "--node reads the grants' history in etcd: give --etcd (or CORRAL_ETCD)".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        if self.address.is_none() && self.node.is_none() {
+            return Ok(None);
+        }
+        let options = crate::history_cluster::HistoryOptions {
+            target: self.address.clone(),
+            node: self.node.clone(),
+            at: self.at.clone(),
+            limit: usize::try_from(self.limit).unwrap_or(usize::MAX),
+        };
+        options.request().map(Some)
+    }
+
+    fn cluster_options(&self) -> crate::history_cluster::HistoryOptions {
+        crate::history_cluster::HistoryOptions {
+            target: self.address.clone(),
+            node: self.node.clone(),
+            at: self.at.clone(),
+            limit: 0,
+        }
+    }
+
     /// The filter the arguments ask for; a bad address or time is a usage error (exit 2), found
     /// before anything is sent.
     pub fn filter(&self) -> Result<HistoryFilter, Failure> {
@@ -89,11 +141,55 @@ pub fn agent_history(
     Ok(client.history(filter)?)
 }
 
-/// `corral history`.
-pub fn run(session: &mut Session, args: HistoryArgs) -> Result<Outcome, Failure> {
+/// What `corral history` answers: the cluster's grants (with --etcd) and the agent's events
+/// (not with --node). As JSON the agent's answer keeps its own fields, and `cluster` is added.
+#[derive(Debug, Serialize)]
+struct Answer {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<GrantHistory>,
+    #[serde(flatten)]
+    agent: Option<HistoryResponse>,
+}
+
+/// `corral history`: every usage error before anything is asked, then etcd, then the agent.
+pub fn run(mut session: Session, args: HistoryArgs) -> Result<Outcome, Failure> {
     let filter = args.filter()?;
-    let response = agent_history(&mut session.client, &filter)?;
-    session.render(&response, |response| render(&filter, response))
+    let cluster_request = args.cluster_request()?;
+    let cluster = match &cluster_request {
+        Some(request) => Some(crate::cluster::grant_history(
+            &crate::cluster::EtcdArgs {
+                etcd: args.etcd.clone(),
+                cluster: args.cluster.clone(),
+            },
+            request,
+        )?),
+        None => None,
+    };
+    let agent = match args.node {
+        Some(_) => None,
+        None => Some(agent_history(&mut session.client, &filter)?),
+    };
+    let answer = Answer { cluster, agent };
+    session.render(&answer, |answer| {
+        let mut text = String::new();
+        if let Some(cluster) = &answer.cluster {
+            text.push_str("the cluster's grants (etcd):\n");
+            text.push_str(&crate::history_cluster::table(
+                &cluster.events,
+                &args.cluster_options(),
+            ));
+            if answer.agent.is_some() {
+                text.push_str(
+                    "\nthis node's agent (each node's agent keeps its pods' history: \
+                     `corral history` there):\n",
+                );
+            }
+        }
+        if let Some(agent) = &answer.agent {
+            text.push_str(&render(&filter, agent));
+        }
+        text
+    })
 }
 
 fn kind(kind: HistoryKind) -> &'static str {

@@ -129,7 +129,7 @@ pub async fn show<K: Kv>(
 
 /// One line per event: pool, family, CIDR, node, from, to, why (times in UTC; `before
 /// history` for a grant older than the history, `held` while held).
-fn table(events: &[GrantEvent], options: &HistoryOptions) -> String {
+pub(crate) fn table(events: &[GrantEvent], options: &HistoryOptions) -> String {
     if events.is_empty() {
         let what = options
             .target
@@ -143,43 +143,21 @@ fn table(events: &[GrantEvent], options: &HistoryOptions) -> String {
             .unwrap_or_default();
         return format!("no grant of {what}{when} in the cluster's history\n");
     }
-    let rows: Vec<[String; 7]> = events
-        .iter()
-        .map(|e| {
-            [
-                e.pool.clone(),
-                e.family.clone(),
-                e.cidr.clone(),
-                e.node.clone(),
-                e.from_ms
-                    .map_or_else(|| "before history".into(), crate::output::utc),
-                e.to_ms.map_or_else(|| "-".into(), crate::output::utc),
-                e.why.clone().unwrap_or_else(|| "held".into()),
-            ]
-        })
-        .collect();
-    let header = ["POOL", "FAMILY", "CIDR", "NODE", "FROM", "TO", "WHY"];
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.len());
-        }
+    let mut table =
+        crate::output::Table::new(&["POOL", "FAMILY", "CIDR", "NODE", "FROM", "TO", "WHY"]);
+    for e in events {
+        table.push(vec![
+            e.pool.clone(),
+            e.family.clone(),
+            e.cidr.clone(),
+            e.node.clone(),
+            e.from_ms
+                .map_or_else(|| "before history".into(), crate::output::utc),
+            e.to_ms.map_or_else(|| "-".into(), crate::output::utc),
+            e.why.clone().unwrap_or_else(|| "held".into()),
+        ]);
     }
-    let line = |cells: &[&str]| {
-        let mut text = cells
-            .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:width$}"))
-            .collect::<Vec<_>>()
-            .join("  ");
-        text.truncate(text.trim_end().len());
-        text + "\n"
-    };
-    let mut text = line(&header);
-    for row in &rows {
-        text.push_str(&line(&row.each_ref().map(String::as_str)));
-    }
-    text
+    table.render()
 }
 
 fn now_ms() -> u64 {

@@ -570,7 +570,7 @@ fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
         Command::History {
             client: after,
             args,
-        } => history::run(&mut Session::new(&client(before, after)?), args),
+        } => history::run(Session::new(&client(before, after)?), args),
         Command::Alloc {
             client: after,
             args,

@@ -4,7 +4,9 @@
 //! silence and the quarantine the block goes to node-b. `corral cluster history X --at T1`
 //! names node-a, `--at T2` names node-b (T1 and T2 taken from the events themselves, as an
 //! operator reads them with `-o json`), `--node node-a` lists what node-a held and why it
-//! ended, and `corral cluster check` passes with the history beside the grants.
+//! ended, and `corral cluster check` passes with the history beside the grants. Then node-b
+//! gives X to another pod, and `corral history X --at T --etcd` on node-b answers both halves
+//! cluster-wide: whose block held X (etcd) and which of node-b's pods held it (its agent).
 //!
 //! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
 
@@ -50,25 +52,7 @@ fn events(etcd: &corral_etcd::testing::EtcdCluster, args: &[&str]) -> Vec<GrantE
 
 /// A time in milliseconds as RFC 3339 in UTC with milliseconds (`2026-11-27T14:02:00.123Z`).
 fn rfc3339(ms: u64) -> String {
-    let days = i64::try_from(ms / 86_400_000).unwrap();
-    let of_day = ms % 86_400_000;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        of_day / 3_600_000,
-        of_day / 60_000 % 60,
-        of_day / 1000 % 60,
-        of_day % 1000
-    )
+    corral_api::history::format_time(ms)
 }
 
 #[test]
@@ -142,5 +126,51 @@ fn cluster_history_names_who_held_an_address_before_and_after_the_block_moved() 
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--at"), "{err}");
     wait_ranges("node-b serves the block", &b.socket, 1, 30);
+
+    // X again, on node-b: `corral history --etcd` joins the cluster's grants and the agent's.
+    let again = common::pod_add_at(&b.socket, "pods", "p2").expect("node-b gives an address");
+    assert_eq!(
+        again.allocations[0].address, x,
+        "the block's first address again"
+    );
+    let on_b = |at: &str| {
+        let socket = b.socket.display().to_string();
+        let x = x.to_string();
+        on_cluster(
+            &etcd,
+            &["--socket", &socket, "history", &x, "--at", at],
+            &[],
+        )
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let now = rfc3339(u64::try_from(now.as_millis()).unwrap());
+    let (code, out, err) = on_b(&now);
+    assert_eq!(code, 0, "{out}{err}");
+    let (cluster, agent) = out.split_once("this node's agent").expect(&out);
+    assert!(
+        cluster.contains("node-b") && !cluster.contains("node-a"),
+        "{out}"
+    );
+    assert!(agent.contains("held by pod/p2"), "{out}");
+    // At T1 the block was node-a's; node-b's agent held nothing then.
+    let (code, out, err) = on_b(&t1.to_string());
+    assert_eq!(code, 0, "{out}{err}");
+    let (cluster, agent) = out.split_once("this node's agent").expect(&out);
+    assert!(
+        cluster.contains("node-a") && !cluster.contains("node-b"),
+        "{out}"
+    );
+    assert!(agent.contains("held by nobody"), "{out}");
+    // --node needs etcd, and asks no agent.
+    let (code, _, err) = corral(&["history", "--node", "node-a"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--etcd"), "{err}");
+    let (code, out, err) = on_cluster(&etcd, &["history", "--node", "node-a", "-o", "json"], &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect(&out);
+    assert_eq!(json["cluster"]["events"][0]["why"], "node_removed", "{out}");
+    assert!(json.get("events").is_none(), "no agent was asked: {out}");
     assert_check(&etcd, &[&b.socket]);
 }
