@@ -38,8 +38,8 @@ use cluster_common::*;
 
 /// One /28 block of IPv4; a node's watermarks (pre-allocate 4) ask for one block, so of two
 /// nodes one starves. Pool `wide` has 2^64 IPv6 blocks, pool `nodes` /24 node CIDRs. (The
-/// starving node gets nothing of the other pools either until it is served in `pods`: the
-/// page shows it waiting there too.)
+/// starving node is granted its block of `wide` all the same: a full pool starves no other,
+/// and the page shows it waiting in `pods` only.)
 const ONE_BLOCK: &str = r#"quarantine_secs = 2
 [[pools]]
 name = "pods"
@@ -424,10 +424,23 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
     let starving = NODES.iter().copied().find(|n| !held.contains(*n)).unwrap();
     let fed = NODES.iter().copied().find(|n| held.contains(*n)).unwrap();
 
-    // The same page renders the pool, the starving node with its reason, and the leader.
+    // Starving in `pods`, it is granted its block of `wide` all the same.
+    wait_until(
+        "the starving node holds a block of wide",
+        Duration::from_secs(30),
+        || {
+            grants(&etcd)
+                .get(starving)
+                .is_some_and(|keys| keys.iter().any(|key| key.contains("/wide/ipv6/")))
+        },
+    );
+
+    // The same page renders the pool, the starving node with its reason (in `pods` only), and
+    // the leader.
     let waiting_row = format!("#waiting tr[data-node=\"{starving}\"]");
     page.wait_until("the page shows the starving node with its reason", |page| {
-        page.text(&waiting_row).contains(EXHAUSTED)
+        let row = page.text(&waiting_row);
+        row.contains(EXHAUSTED) && !row.contains("wide")
     });
     assert!(
         page.text("#pools").contains("pods"),

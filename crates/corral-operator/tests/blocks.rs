@@ -2,7 +2,8 @@
 //! clock: blocks granted on demand (lowest free aligned, whole blocks covering the need), many
 //! nodes at once without a refused transaction, the release handshake (marks only after the
 //! release delay, completion into quarantine, refusals forgotten, un-marks), leader failover
-//! in the middle of a handshake, removal of a node's demand and release keys, max-allocate.
+//! in the middle of a handshake, removal of a node's demand and release keys, max-allocate, a
+//! node starving in one block pool served in another.
 //! The agent's side of the protocol is played by the test (its demand, its CAS answers).
 
 mod common;
@@ -534,4 +535,89 @@ async fn several_ready_blocks_of_one_family_all_complete() {
     wait_blocks_within(&kv, "n1", 1, 2).await;
     assert_eq!(a.shared.handshakes("released"), 3);
     assert_consistent(&kv).await;
+}
+
+/// Two block pools: `pods` of one IPv4 /28 block, `wide` of IPv6 /120 blocks.
+const TWO_POOLS: &str = r#"quarantine_secs = 5
+[[pools]]
+name = "pods"
+mode = "blocks"
+release_delay_secs = 10
+[pools.watermarks]
+pre_allocate = 8
+[pools.ipv4]
+cidrs = ["10.64.0.0/28"]
+block_prefix_len = 28
+
+[[pools]]
+name = "wide"
+mode = "blocks"
+release_delay_secs = 10
+[pools.watermarks]
+pre_allocate = 8
+[pools.ipv6]
+cidrs = ["fd00:64::/112"]
+block_prefix_len = 120
+"#;
+
+/// Writes a node's demand in pool `wide` (IPv6), nothing used yet.
+async fn wide_demand<K: Kv>(kv: &K, name: &str) {
+    let record = DemandRecord {
+        ipv4: None,
+        ipv6: Some(FamilyDemand {
+            used: 0,
+            free: 0,
+            pending: 0,
+            blocks: 0,
+            empty: Vec::new(),
+        }),
+        at_ms: 0,
+    };
+    let wide = PoolName::new("wide").unwrap();
+    put(
+        kv,
+        &keys().demand(&node(name), &wide),
+        &encode_value(&record).unwrap(),
+    )
+    .await;
+}
+
+/// A node starving in one block pool is still granted blocks in another (found by the
+/// dashboard test: it waited forever in `wide` while `pods`, tried first, was full).
+#[tokio::test(start_paused = true)]
+async fn a_node_starving_in_one_block_pool_is_granted_blocks_in_the_others() {
+    let (kv, auditor) = audited(TWO_POOLS).await;
+    let a = leading(&kv).await;
+    register(&kv, "n1").await;
+    demand(&kv, "n1", 0, 0, 0, &[]).await;
+    // Without demand in `wide` it still gets a block there (pre-allocate).
+    let n1 = ["pods/ipv4/10.64.0.0-28", "wide/ipv6/fd00:64::-120"];
+    wait_until(
+        "n1 holds a block of each pool",
+        Duration::from_secs(10),
+        || async { grants(&kv).await.get("n1").cloned().unwrap_or_default() == n1 },
+    )
+    .await;
+    register(&kv, "n2").await;
+    demand(&kv, "n2", 0, 0, 0, &[]).await;
+    wide_demand(&kv, "n2").await;
+    wait_until(
+        "n2 holds a block of wide",
+        Duration::from_secs(30),
+        || async {
+            grants(&kv).await.get("n2").cloned().unwrap_or_default()
+                == ["wide/ipv6/fd00:64::100-120"]
+        },
+    )
+    .await;
+    assert_eq!(grants(&kv).await["n1"], n1);
+    let reasons: Vec<String> = a
+        .shared
+        .with_view(|view, _| view.waits(&node("n2")))
+        .unwrap()
+        .iter()
+        .map(|w| format!("{}: {}", w.what(), w.why()))
+        .collect();
+    assert_eq!(reasons, ["pods ipv4: no free block: the pool is exhausted"]);
+    assert_clean_end(&kv, &auditor).await;
 }

@@ -4,7 +4,8 @@
 //! Cilium's `GetNodesByIPWatermarkLocked`).
 //!
 //! A node's steps run in one task, one transaction after the other (un-marks and forgotten
-//! refusals, then at most one grant of up to 25 blocks, then completed releases, then marks);
+//! refusals, then at most one grant of up to 25 blocks in the first pool and family that needs
+//! blocks and has a free one, then completed releases, then marks);
 //! the first refused or failed step ends the task, and the node is planned again from the
 //! view. The leader's own memory here (first sight of each block, since when a node is in
 //! excess, wake-ups) is lost on a leader change: a new leader starts the clocks again, which
@@ -128,8 +129,9 @@ fn plan_node(view: &ClusterView, clock: &mut BlockClock, node: &NodeName) -> Nod
 }
 
 /// The steps of a node's plans: un-marks, forgotten refusals and stale release keys, at most
-/// one grant (the first pool and family that needs blocks; the rest next time), completes,
-/// marks. On a full pool the node backs off (why it waits is the view's to say: `waits`).
+/// one grant (the first pool and family that needs blocks and has space; the rest next
+/// time), completes, marks. When every pool it needs blocks of is full the node backs off
+/// (why it waits is the view's to say: `waits`).
 fn steps(
     view: &mut ClusterView,
     runner: &mut Runner<NodeName, Done>,
@@ -155,21 +157,33 @@ fn steps(
             push(view, &mut out, ReleaseKind::Forget, pool, *family, cidr);
         }
     }
-    if let Some((pool, family, plan)) = plans.plans.iter().find(|(_, _, p)| p.grant > 0) {
+    // One grant per turn (the view holds one block proposal in flight per node): the first
+    // pool and family, in the view's order, that needs blocks and has a free one. A full one
+    // is passed over, so it never starves the others; the node backs off only when nothing
+    // it needs can be granted.
+    let mut all_full = false;
+    for (pool, family, plan) in plans.plans.iter().filter(|(_, _, p)| p.grant > 0) {
         let n = usize::try_from(plan.grant).unwrap_or(usize::MAX);
         match view.propose_blocks_at(node, pool, *family, n, Some(now)) {
+            Err(ProposeError::Full { .. }) => {
+                // Planned again when space is freed.
+                work.waiting_for_space.insert(node.clone());
+                all_full = true;
+                continue;
+            }
             Ok(proposal) => {
                 if proposal.blocks.len() < n.min(corral_cluster::view::MAX_BLOCKS_PER_TXN) {
                     work.waiting_for_space.insert(node.clone());
                 }
                 out.push(BlockStep::Grant(proposal));
             }
-            Err(ProposeError::Full { .. }) => {
-                backoff(view, runner, node, false);
-                work.waiting_for_space.insert(node.clone());
-            }
             Err(_) => {}
         }
+        all_full = false;
+        break;
+    }
+    if all_full {
+        backoff(view, runner, node, false);
     }
     for (pool, family, plan) in &plans.plans {
         for cidr in &plan.complete {
