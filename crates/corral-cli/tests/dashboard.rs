@@ -459,12 +459,11 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         page.text(&node_cidr).contains("0 of 256 addresses used")
     });
     assert_eq!(page.text("#leader"), "op-a");
-    // Grants and releases: the fed node's grant, or (an operator without `/v1/history`) so.
-    let history = page.text("#history");
-    assert!(
-        history.contains("History not available") || history.contains(fed),
-        "{history}"
-    );
+    // Recent grants and releases, from the operator's `/v1/history`: the fed node's grants.
+    page.wait_until("the page lists the fed node's grants", |page| {
+        let history = page.text("#history");
+        history.contains(fed) && !history.contains("History not available")
+    });
     assert_eq!(
         page.eval(&format!(
             "document.querySelector('#nodes tr[data-node=\"{starving}\"]').dataset.state"
