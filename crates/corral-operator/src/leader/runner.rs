@@ -19,8 +19,8 @@
 //! [`run`] is the one loop: hand back the keys whose wait ran out, let the reconciler take its
 //! turn, then sleep until a task ends, a wait runs out or the reconciler's own wake-up comes.
 //! It ends when one of the reconciler's calls answers `Err(end)`. Keys are ordered (`Ord`,
-//! kept in B-tree maps), so due keys come back in one order and a seeded run on a paused
-//! clock repeats itself exactly.
+//! kept in B-tree maps), so due keys come back in one order, and its `select!` is `biased`, so a
+//! seeded run on a paused clock repeats itself exactly.
 //!
 //! The managers beside the leading loop (the cloud node manager, the to-cloud delegations) share
 //! one more shape, [`NodeManager`]: woken by the nodes the leading loop's events concern
