@@ -452,6 +452,7 @@ async fn feed_watch(
             }
         }
         tokio::select! {
+            biased;
             changed = revisions.changed() => if changed.is_err() { return },
             () = sender.closed() => return,
         }

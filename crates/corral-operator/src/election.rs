@@ -139,6 +139,7 @@ impl Candidate {
             let mut watch = kv.watch(prefix, revision + 1).await?;
             loop {
                 tokio::select! {
+                    biased;
                     batch = watch.next() => {
                         let batch = batch?;
                         if batch.iter().any(|e| matches!(e, Event::Delete { .. })) {

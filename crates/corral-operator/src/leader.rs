@@ -90,11 +90,13 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     // etcd's time first: a store that went back (restored, wiped) is noticed before anything
     // is read from it; and every term waits for the live agents' holdings (`epoch.rs`).
     tokio::select! {
+        biased;
         probed = shared.probe_epoch(kv) => { probed?; }
         _ = lost.changed() => return Err(LeadError::Lost),
     }
     shared.begin_term();
     let (view, revision) = tokio::select! {
+        biased;
         rebuilt = rebuild(kv, keys, shared) => rebuilt?,
         _ = lost.changed() => return Err(LeadError::Lost),
     };
@@ -115,7 +117,10 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
                 None,
                 Arc::clone(&sync_signal),
             );
+            // Polled in a fixed order (`biased`: each is polled on every wake-up, only the order
+            // is fixed), so a seeded run on a paused clock repeats itself.
             tokio::select! {
+                biased;
                 result = serve(kv, keys, fence, lost, stop, shared, workers, None, &sync_signal) => result,
                 () = sync => Err(LeadError::Lost),
                 () = trim => Err(LeadError::Lost),
@@ -160,7 +165,9 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
                 Arc::clone(&options.clock),
                 Arc::clone(&signal.to_cloud),
             );
+            // In a fixed order, as above.
             let result = tokio::select! {
+                biased;
                 result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal), &sync_signal) => result,
                 // The manager and the sync run until dropped here; they return only if the
                 // lead is gone (the view removed).
@@ -478,15 +485,18 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             .publisher
             .due()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        // In a fixed order (`biased`), so a seeded run on a paused clock repeats itself: the
+        // end of the term first, then the store's events, then the timers.
         tokio::select! {
+            biased;
+            _ = self.lost.changed() => Wake::Lost,
+            _ = self.stop.changed() => Wake::Stop,
             batch = self.watch.next() => Wake::Watch(batch),
             _ = self.epoch_tick.tick() => Wake::EpochTick,
             _ = tokio::time::sleep_until(epoch_wake) => Wake::EpochSettled,
             _ = tokio::time::sleep_until(next_wake) => Wake::ReleaseDelay,
             _ = tokio::time::sleep_until(publish_wake) => Wake::Publish,
             _ = tokio::time::sleep_until(self.resync_at) => Wake::Resync,
-            _ = self.lost.changed() => Wake::Lost,
-            _ = self.stop.changed() => Wake::Stop,
         }
     }
 

@@ -187,6 +187,7 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                     let _ = shared.probe_epoch(&kv).await;
                 }
                 tokio::select! {
+                    biased;
                     _ = tokio::time::sleep(every) => {}
                     _ = stop.changed() => return,
                 }
@@ -228,6 +229,7 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 }
             };
             let fence = tokio::select! {
+                biased;
                 fence = candidate.wait_to_lead(&kv, election.as_bytes()) => fence,
                 _ = stop.changed() => {
                     candidate.resign(&kv).await;
@@ -312,6 +314,7 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
     tokio::pin!(work);
     tokio::pin!(monitor);
     tokio::select! {
+        biased;
         _ = &mut work => {}
         () = &mut monitor => {}
         _ = shutdown => {
@@ -329,6 +332,7 @@ async fn pause(failures: u32, stop: &mut tokio::sync::watch::Receiver<bool>) {
     let jitter = u64::from(std::process::id().wrapping_mul(2_654_435_761) ^ failures) % 500;
     let wait = base + Duration::from_millis(jitter);
     tokio::select! {
+        biased;
         _ = tokio::time::sleep(wait) => {}
         _ = stop.changed() => {}
     }

@@ -267,6 +267,7 @@ impl<K: Kv, P: CloudProvider + 'static> Reconciler for NodeCidrSync<K, P> {
     async fn wait(&mut self) {
         let wake = self.next_wake();
         tokio::select! {
+            biased;
             () = self.signal.notify.notified() => {}
             () = tokio::time::sleep_until(wake) => {}
         }

@@ -19,8 +19,8 @@
 //! [`run`] is the one loop: hand back the keys whose wait ran out, let the reconciler take its
 //! turn, then sleep until a task ends, a wait runs out or the reconciler's own wake-up comes.
 //! It ends when one of the reconciler's calls answers `Err(end)`. Keys are ordered (`Ord`,
-//! kept in B-tree maps), so due keys come back in one order and a seeded run on a paused
-//! clock repeats itself exactly.
+//! kept in B-tree maps), so due keys come back in one order, and its `select!` is `biased`, so a
+//! seeded run on a paused clock repeats itself exactly.
 //!
 //! The managers beside the leading loop (the cloud node manager, the to-cloud delegations) share
 //! one more shape, [`NodeManager`]: woken by the nodes the leading loop's events concern
@@ -89,13 +89,17 @@ pub(crate) async fn run<R: Reconciler>(
             return end;
         }
         let next_due = runner.next_due();
+        // In a fixed order (`biased`), so a seeded run on a paused clock repeats itself: a
+        // finished task first (tasks are bounded by `workers`, so the others are not starved),
+        // then the reconciler's own wake-up, then the keys' waits.
         let flow = tokio::select! {
-            wake = reconciler.wait() => reconciler.woke(runner, wake).await,
+            biased;
             Some(done) = runner.join_next(), if runner.in_flight() > 0 => match done {
                 Some(done) => reconciler.finish(runner, done).await,
                 // A task that panicked hands back nothing (its keys stay busy).
                 None => Ok(()),
             },
+            wake = reconciler.wait() => reconciler.woke(runner, wake).await,
             () = sleep_until(next_due) => Ok(()),
         };
         if let Err(end) = flow {
@@ -147,6 +151,7 @@ impl<M: NodeManager> Reconciler for Managed<M> {
     async fn wait(&mut self) {
         let wake = self.0.next_wake();
         tokio::select! {
+            biased;
             () = self.0.signal().notified() => {}
             () = tokio::time::sleep_until(wake) => {}
         }

@@ -880,7 +880,9 @@ impl Rig {
         self.agent_task = Some(tokio::spawn(async move {
             loop {
                 let mut touched: BTreeSet<NodeName> = BTreeSet::new();
+                // In a fixed order (`biased`), so a seeded run repeats itself.
                 let events = tokio::select! {
+                    biased;
                     batch = watch.next() => match batch {
                         Ok(events) => events,
                         Err(_) => return,
