@@ -368,6 +368,7 @@ async fn serve<K: Kv>(
             recover: false,
         },
         dirty: true,
+        timers_first: false,
         sync_state: RetryState::default(),
         resync_at: Instant::now() + timing.resync,
         applied_tried: None,
@@ -406,6 +407,9 @@ struct Leading<'a, K> {
     epoch_tick: tokio::time::Interval,
     /// The nodes' waiting records (`waiting.rs`).
     publisher: waiting::Publisher,
+    /// `wait` polls the timers before the watch on every other wake-up, so a watch that
+    /// always has events cannot hold the timers off, and the order is still fixed.
+    timers_first: bool,
 }
 
 /// What the leading loop woke for besides its transactions and its nodes' backoffs.
@@ -486,17 +490,37 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             .due()
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         // In a fixed order (`biased`), so a seeded run on a paused clock repeats itself: the
-        // end of the term first, then the store's events, then the timers.
-        tokio::select! {
-            biased;
-            _ = self.lost.changed() => Wake::Lost,
-            _ = self.stop.changed() => Wake::Stop,
-            batch = self.watch.next() => Wake::Watch(batch),
-            _ = self.epoch_tick.tick() => Wake::EpochTick,
-            _ = tokio::time::sleep_until(epoch_wake) => Wake::EpochSettled,
-            _ = tokio::time::sleep_until(next_wake) => Wake::ReleaseDelay,
-            _ = tokio::time::sleep_until(publish_wake) => Wake::Publish,
-            _ = tokio::time::sleep_until(self.resync_at) => Wake::Resync,
+        // end of the term first, then the store's events and the timers, taking turns at
+        // going first (neither can hold the other off).
+        self.timers_first = !self.timers_first;
+        let timers = async {
+            tokio::select! {
+                biased;
+                _ = self.epoch_tick.tick() => Wake::EpochTick,
+                () = tokio::time::sleep_until(epoch_wake) => Wake::EpochSettled,
+                () = tokio::time::sleep_until(next_wake) => Wake::ReleaseDelay,
+                () = tokio::time::sleep_until(publish_wake) => Wake::Publish,
+                () = tokio::time::sleep_until(self.resync_at) => Wake::Resync,
+            }
+        };
+        let watch = self.watch.next();
+        tokio::pin!(timers, watch);
+        if self.timers_first {
+            tokio::select! {
+                biased;
+                _ = self.lost.changed() => Wake::Lost,
+                _ = self.stop.changed() => Wake::Stop,
+                wake = &mut timers => wake,
+                batch = &mut watch => Wake::Watch(batch),
+            }
+        } else {
+            tokio::select! {
+                biased;
+                _ = self.lost.changed() => Wake::Lost,
+                _ = self.stop.changed() => Wake::Stop,
+                batch = &mut watch => Wake::Watch(batch),
+                wake = &mut timers => wake,
+            }
         }
     }
 
