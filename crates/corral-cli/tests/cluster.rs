@@ -172,7 +172,14 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
         .cluster
         .unwrap();
     assert!(!cluster.registered, "{cluster:?}");
-    assert!(cluster.last_error.unwrap_or_default().contains("removed"));
+    assert!(
+        cluster
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("removed"),
+        "{cluster:?}"
+    );
     let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
     let still = addresses(&dump);
     assert!(pod.iter().all(|p| still.contains(p)));

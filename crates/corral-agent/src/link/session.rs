@@ -197,8 +197,13 @@ pub(super) async fn run_link<K: Kv>(
                     ));
                 });
                 if let Err(error) = committer.call(ClusterRanges::default()).await {
+                    tracing::error!(?error, "draining the node's ranges after its removal");
                     update(&state, |s| {
-                        s.last_error = Some(format!("draining after the node's removal: {error:?}"))
+                        s.last_error = Some(format!(
+                            "node {} was removed from the cluster; draining its ranges failed: \
+                             {error:?}",
+                            options.node
+                        ))
                     });
                 }
                 while_removed(cx, &mut stop, across.live_lease.take(), &across.identity).await;
