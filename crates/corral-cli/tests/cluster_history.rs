@@ -22,17 +22,9 @@ mod common;
 use cluster_common::*;
 
 /// One IPv4 /28 block in the whole pool; 2 s quarantine.
-const ONE_BLOCK: &str = r#"quarantine_secs = 2
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.82.0.0/28"]
-block_prefix_len = 28
-"#;
+fn one_block() -> String {
+    block_pool(2, "10.82.0.0/28")
+}
 
 /// `corral cluster history ARGS` (exit code, stdout, stderr).
 fn history(etcd: &corral_etcd::testing::EtcdCluster, args: &[&str]) -> (i32, String, String) {
@@ -59,7 +51,7 @@ fn rfc3339(ms: u64) -> String {
 #[ignore = "needs etcd (make deps)"]
 fn cluster_history_names_who_held_an_address_before_and_after_the_block_moved() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), ONE_BLOCK);
+    let etcd = initialized(1, dir.path(), &one_block());
     let _operators = leader_and_standby(&etcd, dir.path());
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let response = common::pod_add_at(&a.socket, "pods", "p1").expect("node-a gets the block");

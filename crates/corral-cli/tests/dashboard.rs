@@ -40,17 +40,9 @@ use cluster_common::*;
 /// nodes one starves. Pool `wide` has 2^64 IPv6 blocks, pool `nodes` /24 node CIDRs. (The
 /// starving node is granted its block of `wide` all the same: a full pool starves no other,
 /// and the page shows it waiting in `pods` only.)
-const ONE_BLOCK: &str = r#"quarantine_secs = 2
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.90.0.0/28"]
-block_prefix_len = 28
-
+fn one_block() -> String {
+    block_pool(2, "10.90.0.0/28")
+        + r#"
 [[pools]]
 name = "wide"
 mode = "blocks"
@@ -66,7 +58,8 @@ name = "nodes"
 [pools.ipv4]
 cidrs = ["10.91.0.0/16"]
 node_prefix_len = 24
-"#;
+"#
+}
 
 /// Pool `wide`'s capacity in /104 blocks: 2^64, past what a JavaScript number holds
 /// exactly (2^53), printed exactly.
@@ -336,7 +329,7 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         "chromium is missing ({found:?}): it is Debian's `chromium`, run `make deps`"
     );
     let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), ONE_BLOCK);
+    let etcd = initialized(1, dir.path(), &one_block());
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, TOKEN).unwrap();
     let state = dir.path().join("op-a-state");
@@ -493,7 +486,7 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
     let wider = dir.path().join("wider.toml");
     std::fs::write(
         &wider,
-        ONE_BLOCK.replace(
+        one_block().replace(
             r#"cidrs = ["10.90.0.0/28"]"#,
             r#"cidrs = ["10.90.0.0/28", "10.90.0.16/28"]"#,
         ),

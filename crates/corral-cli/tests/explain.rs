@@ -20,17 +20,9 @@ mod common;
 use cluster_common::*;
 
 /// Two /28 blocks of IPv4, a long quarantine; a node's watermarks ask for one block.
-const TWO_BLOCKS: &str = r#"quarantine_secs = 300
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.91.0.0/27"]
-block_prefix_len = 28
-"#;
+fn two_blocks() -> String {
+    block_pool(300, "10.91.0.0/27")
+}
 
 /// The leader's record of why node waits, if there is one.
 fn waiting_record(etcd: &EtcdCluster, node: &str) -> Option<String> {
@@ -78,7 +70,7 @@ fn socket_arg(socket: &Path) -> String {
 #[ignore = "needs etcd (make deps)"]
 fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine() {
     let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), TWO_BLOCKS);
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &two_blocks());
     let nodes = ["node-a", "node-b", "node-c"];
     let agents: Vec<_> = nodes
         .iter()
@@ -255,7 +247,7 @@ fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine()
 #[ignore = "needs etcd (make deps)"]
 fn explain_names_the_failover_for_a_node_waiting_through_one() {
     let dir = tempfile::tempdir().unwrap();
-    let (etcd, operator) = cluster_with_operator(dir.path(), TWO_BLOCKS);
+    let (etcd, operator) = cluster_with_operator(dir.path(), &two_blocks());
     wait_leads(&etcd, "op-a", Duration::from_secs(20));
     // The leader dies; its election key goes with its lease (2 s), and no one takes over.
     operator.signal(rustix::process::Signal::KILL);
@@ -290,7 +282,7 @@ fn explain_names_the_failover_for_a_node_waiting_through_one() {
 #[ignore = "needs etcd (make deps)"]
 fn explain_names_etcds_lost_quorum_for_a_degraded_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(3, dir.path(), TWO_BLOCKS);
+    let mut etcd = initialized(3, dir.path(), &two_blocks());
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     wait_leads(&etcd, "op-a", Duration::from_secs(20));
     let agent = start_agent(&etcd, &dir.path().join("node-a"), "node-a");

@@ -24,17 +24,9 @@ use cluster_common::*;
 
 /// Two /28 blocks (14 addresses each) of IPv4; a node's watermarks (pre-allocate 4) ask for
 /// one block.
-const TWO_BLOCKS: &str = r#"quarantine_secs = 2
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.90.0.0/27"]
-block_prefix_len = 28
-"#;
+fn two_blocks() -> String {
+    block_pool(2, "10.90.0.0/27")
+}
 
 const NODES: [&str; 4] = ["node-a", "node-b", "node-c", "node-d"];
 
@@ -182,7 +174,7 @@ fn assert_reported(etcd: &EtcdCluster, leader: &Path, starving: &[&str]) {
 #[ignore = "needs etcd (make deps)"]
 fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_until_the_pool_grows() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), TWO_BLOCKS);
+    let etcd = initialized(1, dir.path(), &two_blocks());
     let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
     let agents: Vec<_> = NODES
         .iter()
@@ -223,7 +215,7 @@ fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_until_the_po
     let wider = dir.path().join("wider.toml");
     std::fs::write(
         &wider,
-        TWO_BLOCKS.replace(
+        two_blocks().replace(
             r#"cidrs = ["10.90.0.0/27"]"#,
             r#"cidrs = ["10.90.0.0/27", "10.90.0.32/27"]"#,
         ),

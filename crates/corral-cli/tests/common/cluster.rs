@@ -625,3 +625,22 @@ pub fn assert_invariant(etcd: &EtcdCluster, agents: &[(&str, &Path)], strict: bo
         violations.join("\n")
     );
 }
+
+/// A cluster configuration with one block pool, `pods`: IPv4 `cidr` in /28 blocks (14
+/// addresses each), watermarks that ask for one block per node (pre-allocate 4), a 2 s
+/// release delay and `quarantine_secs`.
+pub fn block_pool(quarantine_secs: u64, cidr: &str) -> String {
+    format!(
+        r#"quarantine_secs = {quarantine_secs}
+[[pools]]
+name = "pods"
+mode = "blocks"
+release_delay_secs = 2
+[pools.watermarks]
+pre_allocate = 4
+[pools.ipv4]
+cidrs = ["{cidr}"]
+block_prefix_len = 28
+"#
+    )
+}
