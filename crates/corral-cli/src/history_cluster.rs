@@ -96,20 +96,7 @@ pub async fn events<K: Kv>(
     let events = read(kv, keys, &config, request, now_ms())
         .await
         .map_err(Failure::Cluster)?;
-    Ok(GrantHistory {
-        events: events
-            .into_iter()
-            .map(|e| GrantEvent {
-                pool: e.pool.to_string(),
-                family: e.family().name().to_owned(),
-                cidr: e.cidr.to_string(),
-                node: e.node.to_string(),
-                from_ms: e.from_ms,
-                to_ms: e.to_ms,
-                why: e.why.map(|why| why.as_str().to_owned()),
-            })
-            .collect(),
-    })
+    Ok(corral_operator::history::to_wire(events))
 }
 
 /// Runs `corral cluster history`.

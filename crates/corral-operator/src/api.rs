@@ -895,21 +895,7 @@ async fn history(
         return not_leading(shared);
     };
     match reader(config, request).await {
-        Ok(events) => Json(body::GrantHistory {
-            events: events
-                .into_iter()
-                .map(|e| body::GrantEvent {
-                    pool: e.pool.to_string(),
-                    family: e.family().name().to_owned(),
-                    cidr: e.cidr.to_string(),
-                    node: e.node.to_string(),
-                    from_ms: e.from_ms,
-                    to_ms: e.to_ms,
-                    why: e.why.map(|why| why.as_str().to_owned()),
-                })
-                .collect(),
-        })
-        .into_response(),
+        Ok(events) => Json(crate::history::to_wire(events)).into_response(),
         Err(e) => error(ErrorCode::RetryLater, format!("grants' history: etcd: {e}")),
     }
 }

@@ -41,6 +41,24 @@ pub struct HistoryRequest {
     pub limit: usize,
 }
 
+/// `events` as the operator's API and `corral cluster history -o json` answer them.
+pub fn to_wire(events: Vec<HistoryEvent>) -> corral_api::operator::GrantHistory {
+    corral_api::operator::GrantHistory {
+        events: events
+            .into_iter()
+            .map(|e| corral_api::operator::GrantEvent {
+                pool: e.pool.to_string(),
+                family: e.family().name().to_owned(),
+                cidr: e.cidr.to_string(),
+                node: e.node.to_string(),
+                from_ms: e.from_ms,
+                to_ms: e.to_ms,
+                why: e.why.map(|why| why.as_str().to_owned()),
+            })
+            .collect(),
+    }
+}
+
 /// The page size of history reads.
 const PAGE: usize = 1000;
 
