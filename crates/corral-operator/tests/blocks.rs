@@ -23,35 +23,6 @@ use corral_operator::state::TxnOutcome;
 /// addresses (2 blocks).
 const BLOCKS: &str = include_str!("configs/blocks.toml");
 
-fn pods() -> PoolName {
-    PoolName::new("pods").unwrap()
-}
-
-fn net(text: &str) -> IpNet {
-    text.parse().unwrap()
-}
-
-/// Writes a node's demand as its agent would.
-async fn demand<K: Kv>(kv: &K, name: &str, used: u64, free: u64, pending: u64, empty: &[&str]) {
-    let record = DemandRecord {
-        ipv4: Some(FamilyDemand {
-            used,
-            free,
-            pending,
-            blocks: 0,
-            empty: empty.iter().map(|e| net(e)).collect(),
-        }),
-        ipv6: None,
-        at_ms: 0,
-    };
-    put(
-        kv,
-        &keys().demand(&node(name), &pods()),
-        &encode_value(&record).unwrap(),
-    )
-    .await;
-}
-
 /// The node's blocks in the store, sorted.
 async fn blocks_of<K: Kv>(kv: &K, name: &str) -> Vec<String> {
     let mut blocks: Vec<String> = grants(kv)

@@ -13,22 +13,14 @@ use std::time::Duration;
 use common::*;
 use corral_cluster::history::HistoryEvent;
 use corral_cluster::{
-    ClusterConfig, DemandRecord, Family, FamilyDemand, GrantEnd, GrantRecord, HistoryRecord, IpNet,
-    PoolName, ReleaseRecord, ReleaseState, decode_value, encode_value,
+    ClusterConfig, Family, GrantEnd, GrantRecord, HistoryRecord, IpNet, PoolName, ReleaseRecord,
+    ReleaseState, decode_value, encode_value,
 };
 use corral_kv::{Compare, Kv, MemKv, Txn, TxnOp};
 use corral_operator::election::Fence;
 use corral_operator::history::{HistoryQuery, HistoryRequest, read};
 
 const BLOCKS: &str = include_str!("configs/blocks.toml");
-
-fn pods() -> PoolName {
-    PoolName::new("pods").unwrap()
-}
-
-fn net(text: &str) -> IpNet {
-    text.parse().unwrap()
-}
 
 /// Every history record under one index (`at`, `cidr`, `node`), decoded.
 async fn records(kv: &MemKv, index: &str) -> Vec<HistoryRecord> {
@@ -70,26 +62,6 @@ async fn history(kv: &MemKv, query: HistoryQuery, at_ms: Option<u64>) -> Vec<His
         .unwrap()
 }
 
-async fn demand(kv: &MemKv, name: &str, used: u64, free: u64, empty: &[&str]) {
-    let record = DemandRecord {
-        ipv4: Some(FamilyDemand {
-            used,
-            free,
-            pending: 0,
-            blocks: 0,
-            empty: empty.iter().map(|e| net(e)).collect(),
-        }),
-        ipv6: None,
-        at_ms: 0,
-    };
-    put(
-        kv,
-        &keys().demand(&node(name), &pods()),
-        &encode_value(&record).unwrap(),
-    )
-    .await;
-}
-
 /// The agent's answer to a mark: `ready` (CAS on the release key).
 async fn surrender(kv: &MemKv, name: &str, block: &str) {
     let key = keys().release(&node(name), &pods(), Family::V4, &net(block));
@@ -121,7 +93,7 @@ async fn a_block_released_by_the_handshake_is_recorded_and_read_back_by_address_
     let _a = start_leading(&kv, "op-a").await;
     register(&kv, "n1").await;
     // 20 addresses needed: two blocks (10.64.0.16/28, 10.64.0.32/28), each stamped.
-    demand(&kv, "n1", 20, 0, &[]).await;
+    demand(&kv, "n1", 20, 0, 0, &[]).await;
     wait_until("two blocks", Duration::from_secs(10), || async {
         grants(&kv).await.get("n1").is_some_and(|g| g.len() == 2)
     })
@@ -133,7 +105,7 @@ async fn a_block_released_by_the_handshake_is_recorded_and_read_back_by_address_
         .expect("a grant names its start");
     assert!(under(&kv, "history/").await.is_empty(), "nothing ended yet");
     // The agent needs one block: the other is marked after the release delay, surrendered.
-    demand(&kv, "n1", 2, 26, &["10.64.0.32/28"]).await;
+    demand(&kv, "n1", 2, 26, 0, &["10.64.0.32/28"]).await;
     wait_until("marked", Duration::from_secs(15), || async {
         !under(&kv, "release/n1/").await.is_empty()
     })

@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterConfig, ClusterName, Keys, NodeName, NodeRecord, RemovalRecord, encode_value,
+    ClusterConfig, ClusterName, DemandRecord, FamilyDemand, IpNet, Keys, NodeName, NodeRecord,
+    PoolName, RemovalRecord, encode_value,
 };
 use corral_kv::{
     Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, Revision, Txn, TxnOp, TxnResponse, Watch,
@@ -603,4 +604,34 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
+}
+
+/// The block pool of the block and history tests.
+pub fn pods() -> PoolName {
+    PoolName::new("pods").unwrap()
+}
+
+pub fn net(text: &str) -> IpNet {
+    text.parse().unwrap()
+}
+
+/// Writes a node's demand as its agent would.
+pub async fn demand<K: Kv>(kv: &K, name: &str, used: u64, free: u64, pending: u64, empty: &[&str]) {
+    let record = DemandRecord {
+        ipv4: Some(FamilyDemand {
+            used,
+            free,
+            pending,
+            blocks: 0,
+            empty: empty.iter().map(|e| net(e)).collect(),
+        }),
+        ipv6: None,
+        at_ms: 0,
+    };
+    put(
+        kv,
+        &keys().demand(&node(name), &pods()),
+        &encode_value(&record).unwrap(),
+    )
+    .await;
 }
