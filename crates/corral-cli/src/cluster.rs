@@ -38,6 +38,33 @@ pub struct EtcdArgs {
     pub cluster: String,
 }
 
+/// etcd for a command that can do without it (`explain`, `history`): asked only when URLs
+/// are given.
+#[derive(Debug, Args)]
+pub struct MaybeEtcd {
+    /// etcd's client URLs, comma-separated (without them etcd is not asked)
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ','
+    )]
+    pub etcd: Vec<String>,
+    /// The cluster's name: its keys live under /corral/<cluster>/v1/
+    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
+    pub cluster: String,
+}
+
+impl MaybeEtcd {
+    /// The etcd to ask, if URLs were given.
+    pub fn given(&self) -> Option<EtcdArgs> {
+        (!self.etcd.is_empty()).then(|| EtcdArgs {
+            etcd: self.etcd.clone(),
+            cluster: self.cluster.clone(),
+        })
+    }
+}
+
 /// `corral operator`'s options.
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
@@ -268,14 +295,14 @@ pub struct NodeArgs {
 #[path = "cluster_config.rs"]
 mod config_paths;
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(Failure::Runtime)
 }
 
-async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
+pub(crate) async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
     let keys = Keys::new(
         ClusterName::new(&args.cluster).map_err(|e| Failure::Usage(format!("--cluster: {e}")))?,
     );

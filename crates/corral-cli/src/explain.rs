@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use corral_cluster::{ClusterView, Keys, NodeName, PoolName, WaitingCause, WaitingRecord};
+use corral_cluster::{ClusterView, NodeName, PoolName, WaitingCause, WaitingRecord};
 use serde::Serialize;
 
 use crate::Output;
@@ -58,17 +58,8 @@ pub struct Sources {
     /// The node's agent socket [default: CORRAL_SOCKET, else none: its links are not checked]
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// etcd's client URLs, comma-separated
-    #[arg(
-        long,
-        env = "CORRAL_ETCD",
-        value_name = "URL[,URL…]",
-        value_delimiter = ','
-    )]
-    etcd: Vec<String>,
-    /// The cluster's name: its keys live under /corral/<cluster>/v1/
-    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
-    cluster: String,
+    #[command(flatten)]
+    etcd: crate::cluster::MaybeEtcd,
     /// An operator's API socket: its view of who leads and its current problems
     #[arg(long, value_name = "PATH")]
     operator_socket: Option<PathBuf>,
@@ -222,10 +213,9 @@ pub fn run(command: ExplainCommand, output: Output) -> Result<Outcome, Failure> 
             .operator_status()
             .map_err(|e| e.to_string())
     });
-    let cluster = if sources.etcd.is_empty() {
-        Err("no --etcd given".to_owned())
-    } else {
-        read_cluster(&sources.etcd, &sources.cluster)
+    let cluster = match sources.etcd.given() {
+        None => Err("no --etcd given".to_owned()),
+        Some(etcd) => read_cluster(&etcd),
     };
     let gathered = Gathered {
         agent,
@@ -255,14 +245,10 @@ pub fn run(command: ExplainCommand, output: Output) -> Result<Outcome, Failure> 
 }
 
 /// Reads the whole cluster at one revision, and its election keys.
-fn read_cluster(etcd: &[String], cluster: &str) -> Result<Cluster, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+fn read_cluster(etcd: &crate::cluster::EtcdArgs) -> Result<Cluster, String> {
+    let runtime = crate::cluster::runtime().map_err(|e| e.to_string())?;
     runtime.block_on(async {
-        let keys = Keys::new(corral_cluster::ClusterName::new(cluster).map_err(|e| e.to_string())?);
-        let kv = corral_etcd::EtcdKv::connect(etcd, Default::default())
+        let (kv, keys) = crate::cluster::connect(etcd)
             .await
             .map_err(|e| e.to_string())?;
         let (view, _) = crate::cluster::read_view(&kv, &keys)

@@ -45,18 +45,10 @@ pub struct HistoryArgs {
     #[arg(long, value_name = "N", default_value_t = corral_api::history::DEFAULT_HISTORY_LIMIT,
           value_parser = clap::value_parser!(u64).range(1..=corral_api::history::MAX_HISTORY_LIMIT))]
     limit: u64,
-    /// etcd's client URLs, comma-separated: answer cluster-wide, adding the grants' history
-    /// (which node held the node CIDR or block containing ADDRESS, at --at)
-    #[arg(
-        long,
-        env = "CORRAL_ETCD",
-        value_name = "URL[,URL…]",
-        value_delimiter = ','
-    )]
-    etcd: Vec<String>,
-    /// The cluster's name (with --etcd)
-    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
-    cluster: String,
+    /// etcd (optional): answer cluster-wide, adding the grants' history (which node held the
+    /// node CIDR or block containing ADDRESS, at --at)
+    #[command(flatten)]
+    etcd: crate::cluster::MaybeEtcd,
     /// Everything this node held and holds, from the grants' history in etcd (needs --etcd;
     /// the agent is not asked)
     #[arg(long, value_name = "NODE", conflicts_with_all = ["address", "pod", "key"])]
@@ -67,7 +59,7 @@ impl HistoryArgs {
     /// The cluster-wide read the arguments ask for: with --etcd, an address or --node (the
     /// cluster knows no pods); a usage error before anything is sent.
     fn cluster_request(&self) -> Result<Option<HistoryRequest>, Failure> {
-        if self.etcd.is_empty() {
+        if self.etcd.given().is_none() {
             if self.node.is_some() {
                 return Err(Failure::Usage(
                     "--node reads the grants' history in etcd: give --etcd (or CORRAL_ETCD)".into(),
@@ -155,15 +147,9 @@ struct Answer {
 pub fn run(mut session: Session, args: HistoryArgs) -> Result<Outcome, Failure> {
     let filter = args.filter()?;
     let cluster_request = args.cluster_request()?;
-    let cluster = match &cluster_request {
-        Some(request) => Some(crate::cluster::grant_history(
-            &crate::cluster::EtcdArgs {
-                etcd: args.etcd.clone(),
-                cluster: args.cluster.clone(),
-            },
-            request,
-        )?),
-        None => None,
+    let cluster = match (&cluster_request, args.etcd.given()) {
+        (Some(request), Some(etcd)) => Some(crate::cluster::grant_history(&etcd, request)?),
+        _ => None,
     };
     let agent = match args.node {
         Some(_) => None,
