@@ -17,6 +17,10 @@
 //! watches, lease calls), else answered `Unavailable` (a txn), and the next call goes to the
 //! next member.
 //!
+//! A repeatable request that every member answers "no leader" asks them again, at short
+//! pauses, until its timeout: an election after the leader was killed or frozen ends in well
+//! under a request timeout, and the request succeeds instead of failing the caller.
+//!
 //! A request no member could serve is answered with the most telling failure (a member's answer
 //! before a timeout, before a refused connection), and a lost quorum is named as such: "etcd has
 //! lost quorum (no leader)" when a member answers "no leader", or when the members that take
@@ -46,6 +50,10 @@ pub mod testing;
 
 /// How many batches a watch buffers before its forwarding task waits for the reader.
 const WATCH_BUFFER: usize = 64;
+
+/// How long a repeatable request waits before asking the members again after they all
+/// answered "no leader" (an election takes an election timeout or two: 1 s by default).
+const ELECTION_PAUSE: Duration = Duration::from_millis(50);
 
 /// How `EtcdKv` talks to etcd.
 #[derive(Clone, Debug)]
@@ -149,55 +157,69 @@ impl EtcdKv {
     {
         let deadline = tokio::time::Instant::now() + self.options.request_timeout;
         let n_members = self.members.len();
-        let first = self.current.load(Ordering::Relaxed) % n_members;
-        // The most telling failure so far, and how many members refused the connection.
+        // The most telling failure so far, and how many members refused the connection (in
+        // the last round).
         let mut best: Option<(u8, etcd_client::Error)> = None;
-        let mut refused = 0;
-        for attempt in 0..n_members {
-            let member = (first + attempt) % n_members;
+        let mut refused;
+        loop {
+            let first = self.current.load(Ordering::Relaxed) % n_members;
+            refused = 0;
+            for attempt in 0..n_members {
+                let member = (first + attempt) % n_members;
+                let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if remaining.is_zero() {
+                    break;
+                }
+                // Leave a retryable request time for another member if this one hangs (frozen).
+                let budget = if retry_if_sent && attempt + 1 < n_members {
+                    remaining / 2
+                } else {
+                    remaining
+                };
+                self.requests.fetch_add(1, Ordering::Relaxed);
+                let outcome =
+                    match tokio::time::timeout(budget, request(self.members[member].clone())).await
+                    {
+                        Ok(outcome) => outcome,
+                        Err(_) => Err(etcd_client::Error::Internal(format!(
+                            "{what} timed out after {budget:?}"
+                        ))),
+                    };
+                match outcome {
+                    Ok(answer) => {
+                        self.current.store(member, Ordering::Relaxed);
+                        return Ok(answer);
+                    }
+                    Err(error) if is_connection_failure(&error) => {
+                        // Later calls start at the next member.
+                        let _ = self.current.compare_exchange(
+                            member,
+                            (member + 1) % n_members,
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                        let not_sent = is_not_sent(&error);
+                        refused += usize::from(not_sent);
+                        let weight = telling(&error);
+                        if best.as_ref().is_none_or(|(w, _)| weight >= *w) {
+                            best = Some((weight, error));
+                        }
+                        if !(not_sent || retry_if_sent) {
+                            break;
+                        }
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            // Members answered "no leader": an election is under way (the leader was killed
+            // or frozen) or quorum is lost. A repeatable request waits for the election within
+            // its timeout, as etcd's own client does; a lost quorum is named at the deadline.
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if remaining.is_zero() {
+            let electing = matches!(&best, Some((_, error)) if is_no_leader(error));
+            if !(retry_if_sent && electing) || remaining.is_zero() {
                 break;
             }
-            // Leave a retryable request time for another member if this one hangs (frozen).
-            let budget = if retry_if_sent && attempt + 1 < n_members {
-                remaining / 2
-            } else {
-                remaining
-            };
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            let outcome =
-                match tokio::time::timeout(budget, request(self.members[member].clone())).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err(etcd_client::Error::Internal(format!(
-                        "{what} timed out after {budget:?}"
-                    ))),
-                };
-            match outcome {
-                Ok(answer) => {
-                    self.current.store(member, Ordering::Relaxed);
-                    return Ok(answer);
-                }
-                Err(error) if is_connection_failure(&error) => {
-                    // Later calls start at the next member.
-                    let _ = self.current.compare_exchange(
-                        member,
-                        (member + 1) % n_members,
-                        Ordering::Relaxed,
-                        Ordering::Relaxed,
-                    );
-                    let not_sent = is_not_sent(&error);
-                    refused += usize::from(not_sent);
-                    let weight = telling(&error);
-                    if best.as_ref().is_none_or(|(w, _)| weight >= *w) {
-                        best = Some((weight, error));
-                    }
-                    if !(not_sent || retry_if_sent) {
-                        break;
-                    }
-                }
-                Err(error) => return Err(error),
-            }
+            tokio::time::sleep(remaining.min(ELECTION_PAUSE)).await;
         }
         let error = best.map(|(_, error)| error).unwrap_or_else(|| {
             etcd_client::Error::Internal(format!(
@@ -257,6 +279,11 @@ impl EtcdKv {
 /// an answer from etcd).
 fn is_connection_failure(error: &etcd_client::Error) -> bool {
     matches!(map_error_ref(error), KvError::Unavailable(_))
+}
+
+/// Whether a member answered that it has no leader (an election, or a lost quorum).
+fn is_no_leader(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.message().contains("no leader"))
 }
 
 /// Whether an error says the request never left this process (the connection was refused):

@@ -368,6 +368,24 @@ impl EtcdCluster {
         })
     }
 
+    /// The running member that says it leads the cluster (its `etcd_server_is_leader` metric),
+    /// if one does.
+    pub fn leader(&self) -> Result<Option<usize>, HarnessError> {
+        for i in 0..self.members.len() {
+            if self.child(i).is_err() {
+                continue;
+            }
+            let metrics = self.metrics(i)?;
+            if metrics
+                .lines()
+                .any(|line| line.trim() == "etcd_server_is_leader 1")
+            {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+
     /// Freezes a member with SIGSTOP (it keeps its sockets but answers nothing).
     pub fn stop_signal(&self, i: usize) -> Result<(), HarnessError> {
         self.signal(i, rustix::process::Signal::STOP)
