@@ -33,8 +33,10 @@ demo:
 ## moto's EC2 server (PyPI `moto[server]`, pinned) in a venv under target/ for the AWS adapter's
 ## contract tests and the end-to-end run with etcd (crates/corral-aws/tests/moto.rs and e2e.rs
 ## look for target/moto-venv/bin/moto_server); chromium, the headless browser the operator's
-## dashboard is tested in (crates/corral-cli/tests/dashboard.rs)
-DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server etcd-client protobuf-compiler chromium
+## dashboard is tested in (crates/corral-cli/tests/dashboard.rs); podman (4.3, CNI backend), runc
+## and busybox-static (the image, imported: nothing is pulled) for containers on a bridge whose
+## IPAM is corral-ipam in agent mode (crates/corral-cli/tests/podman.rs)
+DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server etcd-client protobuf-compiler chromium podman runc busybox-static
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv
 MOTO_VERSION := 5.2.5
