@@ -63,8 +63,8 @@ deps:
 	}
 
 ## test: set-up, lints, and every test of the workspace, every tier
-## (and corral-cni's integration tests a second time, against the installed build of
-## corral-ipam from `make plugin`: another libc, allocator and optimisation level).
+## (and corral-cni's integration tests and the podman test a second time, against the installed
+## build of corral-ipam from `make plugin`: another libc, allocator and optimisation level).
 ## Tiers: a plain `cargo test` runs what a laptop can (no root, etcd, network namespaces,
 ## loop devices or installed tools); tests that need more are `#[ignore = "needs ..."]`,
 ## and run here with `--include-ignored`, failing loudly when what they need is missing.
@@ -75,6 +75,7 @@ test: deps lint
 	$(CARGO) test --workspace --doc
 	$(MAKE) --no-print-directory plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cni --tests -- --include-ignored
+	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cli --test podman -- --include-ignored
 
 ## lint: formatting and clippy, warnings are errors
 lint:
