@@ -2,8 +2,9 @@
 //! network whose IPAM is corral-ipam in agent mode, the agent joined to a cluster on real etcd
 //! with a real operator granting it the node's range. The image is imported from Debian's
 //! busybox-static (nothing is pulled from a registry). Each container sees its address inside,
-//! `podman rm` gives it back, and a `podman run` that fails after the IPAM ADD (the command is
-//! not in the image; a later plugin of the network fails) leaves nothing behind.
+//! `podman rm` gives it back (also while the agent is down: once it is back), a container that
+//! exited holds none, and a `podman run` that fails after the IPAM ADD (the command is not in
+//! the image; a later plugin of the network fails) leaves nothing behind.
 //!
 //! podman is configured for this test only: `CONTAINERS_CONF` and `CONTAINERS_STORAGE_CONF`
 //! name files in the test's temporary directory (storage, run state, CNI configuration and
@@ -51,7 +52,7 @@ const CHAIN: &str = "corral-podman-fails";
 const IMAGE: &str = "localhost/corral-busybox:test";
 
 /// How many containers run at once.
-const CONTAINERS: usize = 3;
+const CONTAINERS: usize = 4;
 
 /// Debian's CNI plugins (containernetworking-plugins).
 const CNI_PLUGINS: &str = "/usr/lib/cni";
@@ -77,8 +78,9 @@ impl Podman {
     /// Writes the configuration files: `containers.conf` (CNI backend, runc, cgroupfs, events
     /// to a file, the ulimits this machine needs), `storage.conf` (vfs, under `dir`), the
     /// plugin directory (Debian's bridge and tuning, and `plugin`) and the networks: a bridge
-    /// whose IPAM asks the agent on `socket`, and the same followed by a plugin that fails.
-    fn configure(dir: &Path, plugin: &Path, socket: &Path) -> Podman {
+    /// whose IPAM asks the agent on `socket` (recording a DEL it is not there for in
+    /// `data_dir`), and the same followed by a plugin that fails.
+    fn configure(dir: &Path, plugin: &Path, socket: &Path, data_dir: &Path) -> Podman {
         let bridge = format!("corral{}", std::process::id() % 1_000_000);
         let bin = dir.join("cni-bin");
         let networks = dir.join("cni-conf");
@@ -130,7 +132,7 @@ impl Podman {
                 "ipam": {
                     "type": "corral-ipam",
                     "agent": socket,
-                    "dataDir": dir.join("cni-data"),
+                    "dataDir": data_dir,
                 },
             }],
         });
@@ -232,11 +234,14 @@ impl Podman {
         let shown = self.ok(&[
             "exec", container, "ip", "-4", "-o", "addr", "show", "dev", "eth0",
         ]);
+        // One line per address: `2: eth0    inet 10.237.0.2/24 brd ...`.
         shown
-            .split_whitespace()
-            .skip_while(|word| *word != "inet")
-            .skip(1)
-            .take(1)
+            .lines()
+            .filter_map(|line| {
+                let mut words = line.split_whitespace();
+                words.find(|word| *word == "inet")?;
+                words.next()
+            })
             .map(|cidr| cidr.split('/').next().unwrap().parse().unwrap())
             .collect()
     }
@@ -338,11 +343,21 @@ fn podman_containers_take_and_give_back_the_agents_addresses() {
 
     let dir = tempfile::tempdir().unwrap();
     let (etcd, _operator) = cluster_with_operator(dir.path(), CLUSTER);
-    let agent = agent_holding(&etcd, dir.path(), "agent", "n1", 1);
+    // corral-ipam records a DEL the agent is not there for under the network's `dataDir`; the
+    // agent applies it when it starts.
+    let cni_data = dir.path().join("cni-data");
+    let agent_args = ["--cni-data-dir", cni_data.to_str().unwrap()];
+    let mut agent = start_agent_with(&etcd, &dir.path().join("agent"), "n1", &agent_args);
+    wait_ranges("n1 holds its range", &agent.socket, 1, 20);
     let ranges = agent_ranges(&agent.socket);
     let range = ranges[0].split(' ').nth(1).unwrap().to_owned();
 
-    let podman = Podman::configure(&dir.path().join("podman"), &plugin, &agent.socket);
+    let podman = Podman::configure(
+        &dir.path().join("podman"),
+        &plugin,
+        &agent.socket,
+        &cni_data,
+    );
     podman.import_busybox();
 
     // N containers at once: each sees its own address inside, in the node's granted range,
@@ -424,6 +439,17 @@ fn podman_containers_take_and_give_back_the_agents_addresses() {
         assert_held(&agent.socket, &expected, &format!("after {name}"));
         podman.ok(&["rm", "--force", "--time", "0", &id]);
     }
+
+    // `podman rm` while the agent is away (SIGKILL) succeeds, and the address is free once the
+    // agent is back, before it serves anything; the others keep theirs across the restart.
+    drop(agent);
+    let (away, away_address, away_netns) = containers.remove(0);
+    podman.ok(&["rm", "--force", "--time", "0", &away]);
+    assert!(!away_netns.exists(), "{away_netns:?} outlived podman rm");
+    agent = start_agent_with(&etcd, &dir.path().join("agent"), "n1", &agent_args);
+    assert_given_back(&agent.socket, &away, "removed while the agent was away");
+    expected.retain(|(address, _)| *address != away_address);
+    assert_held(&agent.socket, &expected, "after the agent's restart");
 
     // The rest go: nothing held, no container, no namespace; removing the networks takes
     // their bridge.
