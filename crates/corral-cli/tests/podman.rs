@@ -311,6 +311,19 @@ fn assert_given_back(socket: &Path, id: &str, what: &str) {
     );
 }
 
+/// [`assert_given_back`] once the DEL came: after a container's process ends, podman's cleanup
+/// (by the `podman run` that waited on it, or the exit command conmon runs) may still be under
+/// way when `podman run` returns.
+fn wait_given_back(socket: &Path, id: &str, what: &str) {
+    wait_showing(
+        &format!("{what} gives its address back"),
+        std::time::Duration::from_secs(30),
+        || history(socket, id).len() >= 2,
+        || format!("{:?}", history(socket, id)),
+    );
+    assert_given_back(socket, id, what);
+}
+
 /// The agent holds exactly `expected` (address, container), saying `when`.
 fn assert_held(socket: &Path, expected: &[(IpAddr, String)], when: &str) {
     let mut listed = held(socket);
@@ -412,16 +425,17 @@ fn podman_containers_take_and_give_back_the_agents_addresses() {
     assert!(!first_netns.exists(), "{first_netns:?} outlived podman rm");
 
     // A container that ran and exited holds no address while it is still there: podman tears
-    // its network down when it stops.
+    // its network down once it stops.
     let (out, id) = podman.run_once("corral-test-exits", NETWORK, "true");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    wait_given_back(&agent.socket, &id, "the exited container");
+    // Still there, not removed (`stopped` until podman's cleanup records it `exited`).
     let status = podman.ok(&["inspect", "--format", "{{.State.Status}}", &id]);
-    assert_eq!(status, "exited");
-    assert_given_back(&agent.socket, &id, "the exited container");
+    assert!(["stopped", "exited"].contains(&status.as_str()), "{status}");
     assert_held(&agent.socket, &expected, "after a container exited");
     podman.ok(&["rm", &id]);
 
@@ -435,7 +449,7 @@ fn podman_containers_take_and_give_back_the_agents_addresses() {
         let (out, id) = podman.run_once(name, network, command);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{name} ran");
-        assert_given_back(&agent.socket, &id, &format!("{name} ({stderr})"));
+        wait_given_back(&agent.socket, &id, &format!("{name} ({stderr})"));
         assert_held(&agent.socket, &expected, &format!("after {name}"));
         podman.ok(&["rm", "--force", "--time", "0", &id]);
     }
