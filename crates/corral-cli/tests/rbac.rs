@@ -74,7 +74,12 @@ fn kv_as(etcd: &EtcdCluster, dir: &Path, user: &str) -> EtcdKv {
 
 /// etcd with the operator's and reader's roles and auth on, and node credentials for `nodes`.
 fn secured(dir: &Path, nodes: &[&str]) -> EtcdCluster {
-    let etcd = start_etcd(1);
+    // Tokens lapse after 1 s without use: every process renews its own.
+    let etcd = block_on(EtcdCluster::start_with(
+        1,
+        &["--auth-token", "simple", "--auth-token-ttl", "1"],
+    ))
+    .expect("etcd starts (make deps installs it)");
     let passwords = dir.join("passwords");
     std::fs::create_dir_all(&passwords).unwrap();
     let passwords = passwords.display().to_string();
@@ -211,6 +216,27 @@ fn a_nodes_credentials_write_only_its_own_keys_and_the_reader_none() {
         "{out}"
     );
     assert!(!out.contains("not-the-password-42"), "{out}");
+    // An agent with a wrong password says so in its log, and keeps trying.
+    let agent_dir = dir.path().join("agent");
+    let args = [
+        "--etcd-user",
+        "corral-t-node-node-1",
+        "--etcd-password-file",
+        wrong.as_str(),
+    ];
+    let _agent = start_agent_with(&etcd, &agent_dir, "node-1", &args);
+    let log = || std::fs::read_to_string(agent_dir.join("agent.log")).unwrap_or_default();
+    wait_until(
+        "the agent says its password is wrong",
+        Duration::from_secs(20),
+        || {
+            log().lines().any(|line| {
+                line.contains("etcd refused the credentials of user")
+                    && line.contains("corral-t-node-node-1")
+            })
+        },
+    );
+    assert!(!log().contains("not-the-password-42"), "{}", log());
     // A user without its password file, and a file that is not there.
     let (code, out) = run_as(
         &etcd,
