@@ -199,6 +199,29 @@ fn a_nodes_credentials_write_only_its_own_keys_and_the_reader_none() {
         Err(KvError::Refused(message)) => assert!(message.contains("permission denied")),
         other => panic!("the reader wrote: {other:?}"),
     }
+    // The environment names them as the flags do: etcd answers (this cluster has no
+    // configuration yet), where without them it refuses ("user name is empty").
+    let output = std::process::Command::new(common::BINARY)
+        .args([
+            "node",
+            "list",
+            "--etcd",
+            &endpoints(&etcd),
+            "--cluster",
+            "t",
+        ])
+        .env("CORRAL_ETCD_USER", "corral-t-reader")
+        .env(
+            "CORRAL_ETCD_PASSWORD_FILE",
+            password_file(dir.path(), "corral-t-reader"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cluster t has no configuration"),
+        "{stderr}"
+    );
     // A wrong password: its own error, without the password.
     let wrong = dir.path().join("wrong.password");
     std::fs::write(&wrong, "not-the-password-42\n").unwrap();
