@@ -134,6 +134,32 @@ pub struct ConfigFile {
     pub history_max_events: Option<u64>,
     /// See [`AgentConfig::history`]: a duration such as `30d` ([`parse_duration`]).
     pub history_max_age: Option<String>,
+    /// How the agent reaches etcd; the binary reads it ([`ClusterFile::load`]).
+    pub cluster: Option<ClusterFile>,
+}
+
+/// The `[cluster]` table: how `corral agent` connects to etcd (the flags win). Read by the
+/// binary, which makes the connection; relative paths are relative to the working directory,
+/// as the flags' are.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// The etcd user (`--etcd-user`).
+    pub etcd_user: Option<String>,
+    /// The file holding that user's password (`--etcd-password-file`).
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl ClusterFile {
+    /// The `[cluster]` table of the configuration file `config` (empty without a file or a
+    /// table). A file that cannot be read or parsed is refused as [`AgentConfig::load`]
+    /// refuses it.
+    pub fn load(config: Option<&Path>) -> Result<ClusterFile, ConfigError> {
+        match config {
+            Some(path) => Ok(read_file(path)?.cluster.unwrap_or_default()),
+            None => Ok(ClusterFile::default()),
+        }
+    }
 }
 
 /// The `[log]` table: how `corral agent` writes its log (`--log-format` and `--log-level`
@@ -468,6 +494,23 @@ mod tests {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
         file
+    }
+
+    #[test]
+    fn the_cluster_table_names_the_etcd_user_and_password_file() {
+        let file = write(
+            "[cluster]\netcd_user = \"corral-t-node-a\"\netcd_password_file = \"/etc/corral/a.password\"\n",
+        );
+        let cluster = ClusterFile::load(Some(file.path())).unwrap();
+        assert_eq!(cluster.etcd_user.as_deref(), Some("corral-t-node-a"));
+        assert_eq!(
+            cluster.etcd_password_file.as_deref(),
+            Some(Path::new("/etc/corral/a.password"))
+        );
+        assert_eq!(ClusterFile::load(None).unwrap(), ClusterFile::default());
+        let unknown = write("[cluster]\netcd_password = \"x\"\n");
+        let error = ClusterFile::load(Some(unknown.path())).unwrap_err();
+        assert!(error.to_string().contains("unknown field"), "{error}");
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub struct EtcdArgs {
     /// The cluster's name: its keys live under /corral/<cluster>/v1/
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
     pub cluster: String,
+    #[command(flatten)]
+    pub auth: crate::etcd_args::EtcdAuthArgs,
 }
 
 /// etcd for a command that can do without it (`explain`, `history`): asked only when URLs
@@ -53,6 +55,8 @@ pub struct MaybeEtcd {
     /// The cluster's name: its keys live under /corral/<cluster>/v1/
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
     pub cluster: String,
+    #[command(flatten)]
+    pub auth: crate::etcd_args::EtcdAuthArgs,
 }
 
 impl MaybeEtcd {
@@ -61,6 +65,7 @@ impl MaybeEtcd {
         (!self.etcd.is_empty()).then(|| EtcdArgs {
             etcd: self.etcd.clone(),
             cluster: self.cluster.clone(),
+            auth: self.auth.clone(),
         })
     }
 }
@@ -212,6 +217,25 @@ pub enum ClusterCommand {
     /// Who held an address or CIDR (optionally at a time), or everything a node held: grants
     /// of node CIDRs and blocks with when they began and ended and why, newest first
     History(ClusterHistoryArgs),
+    /// Make etcd's roles and users of the cluster: `corral-<cluster>-operator` (read and write
+    /// the cluster's keys) and `corral-<cluster>-reader` (read them: status, check, node list
+    /// and show), each user's password in --password-dir; with --enable-auth also the `root`
+    /// user, then auth on. Idempotent: an existing user keeps its password
+    Rbac(RbacArgs),
+}
+
+/// `corral cluster rbac`'s options.
+#[derive(Debug, Args)]
+pub struct RbacArgs {
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// Where the passwords of the users it makes go (`<user>.password`, mode 0600); a file
+    /// already there gives a new user its password
+    #[arg(long, value_name = "DIR")]
+    pub password_dir: PathBuf,
+    /// Also make the `root` user (etcd needs it first) and enable etcd's auth
+    #[arg(long)]
+    pub enable_auth: bool,
 }
 
 #[derive(Debug, Args)]
@@ -269,6 +293,20 @@ pub enum NodeCommand {
     Remove(RemoveArgs),
     /// The node's address plan derived from its node ID (node-ID clusters)
     Plan(NodeArgs),
+    /// Make the node's etcd role and user, `corral-<cluster>-node-<name>`: it may write only
+    /// its own keys (registration, liveness, holdings, demand, release answers) and read what
+    /// its agent needs; the password goes to --password-dir. Idempotent
+    Credentials(CredentialsArgs),
+}
+
+/// `corral node credentials`'s options.
+#[derive(Debug, Args)]
+pub struct CredentialsArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Where the node user's password goes (`<user>.password`, mode 0600)
+    #[arg(long, value_name = "DIR")]
+    pub password_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -306,7 +344,7 @@ pub(crate) async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> 
     let keys = Keys::new(
         ClusterName::new(&args.cluster).map_err(|e| Failure::Usage(format!("--cluster: {e}")))?,
     );
-    let kv = EtcdKv::connect(&args.etcd, Default::default())
+    let kv = EtcdKv::connect(&args.etcd, args.auth.options()?)
         .await
         .map_err(Failure::Cluster)?;
     Ok((kv, keys))
@@ -419,6 +457,10 @@ pub fn cluster(
                 args.options.request()?;
                 let (kv, keys) = connect(&args.etcd).await?;
                 crate::history_cluster::show(&kv, &keys, &args.options, output).await
+            }
+            ClusterCommand::Rbac(args) => {
+                let (kv, keys) = connect(&args.etcd).await?;
+                crate::rbac::cluster_rbac(&kv, &keys, &args.password_dir, args.enable_auth).await
             }
         }
     })
@@ -851,6 +893,12 @@ fn election_problems(keys: &Keys, election: &[corral_kv::KeyValue]) -> Vec<Strin
 pub fn node(command: NodeCommand, output: Output) -> Result<Outcome, Failure> {
     runtime()?.block_on(async move {
         match command {
+            NodeCommand::Credentials(args) => {
+                let node =
+                    NodeName::new(&args.node.name).map_err(|e| Failure::Usage(e.to_string()))?;
+                let (kv, keys) = connect(&args.node.etcd).await?;
+                crate::rbac::node_credentials(&kv, &keys, &node, &args.password_dir).await
+            }
             NodeCommand::List(args) => {
                 let (kv, keys) = connect(&args).await?;
                 let (view, _) = read_view(&kv, &keys).await?;

@@ -28,6 +28,7 @@ mod check;
 pub mod cloud;
 mod cluster;
 mod commands;
+mod etcd_args;
 mod exit;
 mod explain;
 mod history;
@@ -38,6 +39,7 @@ mod local_routes;
 mod logging;
 mod output;
 mod parse;
+mod rbac;
 mod removed_node;
 
 use std::io::{self, Write};
@@ -277,6 +279,9 @@ struct AgentArgs {
     /// pool's max_pods caps every node too; the lower one holds)
     #[arg(long, env = "CORRAL_MAX_PODS", value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_pods: Option<u64>,
+    /// etcd's user and password file (with --etcd; the file's [cluster] table otherwise)
+    #[command(flatten)]
+    etcd_auth: etcd_args::EtcdAuthArgs,
     #[command(flatten)]
     log: logging::LogArgs,
 }
@@ -289,6 +294,15 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         .map_err(|e| Failure::Usage(e.to_string()))?;
     let (format, level) = args.log.over_file(&log_file, args.config.as_deref())?;
     logging::install(format, level)?;
+    let cluster_file = corral_agent::ClusterFile::load(args.config.as_deref())
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let etcd_options = args
+        .etcd_auth
+        .or(
+            cluster_file.etcd_user.as_deref(),
+            cluster_file.etcd_password_file.as_deref(),
+        )
+        .options()?;
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,
         data_dir: args.data_dir,
@@ -326,7 +340,7 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
             let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
                 Box::pin(async move {
                     let kv = loop {
-                        match corral_etcd::EtcdKv::connect(&options.endpoints, Default::default())
+                        match corral_etcd::EtcdKv::connect(&options.endpoints, etcd_options.clone())
                             .await
                         {
                             Ok(kv) => break kv,

@@ -26,6 +26,13 @@
 //! lost quorum (no leader)" when a member answers "no leader", or when the members that take
 //! connections are a minority and do not answer in time.
 //!
+//! With credentials (`EtcdOptions::credentials`), each member's connection authenticates before
+//! its first request, not at `connect` (which stays lazy), and again whenever etcd answers that
+//! the token is invalid (a simple token expires after etcd's `--auth-token-ttl` without use) or
+//! that a user is needed (auth was enabled since): the request is then sent once more. A wrong
+//! password is its own `Refused` error naming the user, never "unavailable"; the password is in
+//! no message and no `Debug`. `auth` creates etcd's roles and users.
+//!
 //! With the `testing` feature, `testing` runs real etcd members as child processes for tests
 //! and benchmarks.
 
@@ -45,6 +52,7 @@ use etcd_client::{
 };
 use tokio::sync::mpsc;
 
+pub mod auth;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -62,6 +70,65 @@ pub struct EtcdOptions {
     pub request_timeout: Duration,
     /// The longest a connection attempt to one member may take.
     pub connect_timeout: Duration,
+    /// The etcd user to authenticate as (`None`: no authentication).
+    pub credentials: Option<Credentials>,
+}
+
+/// An etcd user and its password. `Debug` shows the password as `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user's name.
+    pub user: String,
+    /// The user's password.
+    pub password: String,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// Why a password file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The file could not be read.
+    #[error("cannot read the etcd password file {path}: {source}")]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file holds no password.
+    #[error("the etcd password file {path} is empty")]
+    Empty {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+}
+
+impl Credentials {
+    /// `user` with the password in the file at `path`: its first line, without the line end.
+    pub fn from_file(user: &str, path: &std::path::Path) -> Result<Credentials, CredentialsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CredentialsError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let password = text.lines().next().unwrap_or("").to_owned();
+        if password.is_empty() {
+            return Err(CredentialsError::Empty {
+                path: path.to_owned(),
+            });
+        }
+        Ok(Credentials {
+            user: user.to_owned(),
+            password,
+        })
+    }
 }
 
 impl Default for EtcdOptions {
@@ -69,6 +136,7 @@ impl Default for EtcdOptions {
         EtcdOptions {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
+            credentials: None,
         }
     }
 }
@@ -84,6 +152,8 @@ pub struct EtcdKv {
     requests: Arc<AtomicU64>,
     /// The TTL etcd granted each lease this client created (keep-alive answers it).
     granted: Arc<Mutex<HashMap<i64, Duration>>>,
+    /// Per member: whether its connection authenticated (or found auth disabled).
+    authenticated: Arc<[std::sync::atomic::AtomicBool]>,
 }
 
 impl fmt::Debug for EtcdKv {
@@ -128,6 +198,10 @@ impl EtcdKv {
             options,
             requests: Arc::new(AtomicU64::new(0)),
             granted: Arc::default(),
+            authenticated: endpoints
+                .iter()
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
         })
     }
 
@@ -177,14 +251,13 @@ impl EtcdKv {
                     remaining
                 };
                 self.requests.fetch_add(1, Ordering::Relaxed);
-                let outcome =
-                    match tokio::time::timeout(budget, request(self.members[member].clone())).await
-                    {
-                        Ok(outcome) => outcome,
-                        Err(_) => Err(etcd_client::Error::Internal(format!(
-                            "{what} timed out after {budget:?}"
-                        ))),
-                    };
+                let outcome = match tokio::time::timeout(budget, self.send(member, &request)).await
+                {
+                    Ok(outcome) => outcome,
+                    Err(_) => Err(etcd_client::Error::Internal(format!(
+                        "{what} timed out after {budget:?}"
+                    ))),
+                };
                 match outcome {
                     Ok(answer) => {
                         self.current.store(member, Ordering::Relaxed);
@@ -228,6 +301,63 @@ impl EtcdKv {
             ))
         });
         Err(quorum_lost(error, refused, n_members))
+    }
+
+    /// Sends a request to one member, authenticating its connection first if it has not yet,
+    /// and again (sending the request once more) when etcd says its token is no good.
+    async fn send<T, F, Fut>(&self, member: usize, request: &F) -> Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let client = self.members[member].clone();
+        if self.options.credentials.is_none() {
+            return request(client).await;
+        }
+        if !self.authenticated[member].load(Ordering::Acquire) {
+            self.authenticate(member).await?;
+        }
+        match request(client.clone()).await {
+            Err(error) if needs_token(&error) => {
+                self.authenticate(member).await?;
+                request(client).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// Authenticates one member's connection with the credentials (auth disabled on etcd
+    /// counts as done: requests need no token then). A wrong user or password is a
+    /// `PermissionDenied` status naming the user.
+    async fn authenticate(&self, member: usize) -> Result<(), etcd_client::Error> {
+        let Some(credentials) = &self.options.credentials else {
+            return Ok(());
+        };
+        let mut client = self.members[member].clone();
+        let outcome = client
+            .update_user(Some((
+                credentials.user.clone(),
+                credentials.password.clone(),
+            )))
+            .await;
+        match outcome {
+            Ok(()) => {}
+            Err(etcd_client::Error::GRpcStatus(status))
+                if status.message().contains("authentication is not enabled") => {}
+            Err(etcd_client::Error::GRpcStatus(status))
+                if status.message().contains("authentication failed") =>
+            {
+                return Err(etcd_client::Error::GRpcStatus(
+                    tonic::Status::permission_denied(format!(
+                        "etcd refused the credentials of user {:?}: wrong user name or password",
+                        credentials.user
+                    )),
+                ));
+            }
+            Err(error) => return Err(error),
+        }
+        self.authenticated[member].store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Maps an error, asking etcd for the compaction point when the error is "compacted".
@@ -279,6 +409,28 @@ impl EtcdKv {
 /// an answer from etcd).
 fn is_connection_failure(error: &etcd_client::Error) -> bool {
     matches!(map_error_ref(error), KvError::Unavailable(_))
+}
+
+/// Whether etcd refused a request for its token: expired or unknown (a simple token lapses
+/// after `--auth-token-ttl` without use, and a restarted member forgets it), older than the
+/// auth store, or missing while auth is on (it was enabled after this connection
+/// authenticated).
+fn needs_token(error: &etcd_client::Error) -> bool {
+    // A watch's refusal comes as the text of its cancel reason.
+    let text = match error {
+        etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unauthenticated => {
+            return true;
+        }
+        etcd_client::Error::GRpcStatus(status) => status.message().to_owned(),
+        other => other.to_string(),
+    };
+    [
+        "invalid auth token",
+        "user name is empty",
+        "revision of auth store is old",
+    ]
+    .iter()
+    .any(|marker| text.contains(marker))
 }
 
 /// Whether a member answered that it has no leader (an election, or a lost quorum).
@@ -723,7 +875,32 @@ impl Kv for EtcdKv {
 
 #[cfg(test)]
 mod tests {
-    use super::{KvError, map_error, prefix_end, quorum_lost, telling};
+    use super::{
+        Credentials, CredentialsError, KvError, map_error, prefix_end, quorum_lost, telling,
+    };
+
+    #[test]
+    fn a_password_file_gives_its_first_line_and_an_empty_one_is_refused() {
+        let dir = std::env::temp_dir().join(format!("corral-etcd-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let credentials = Credentials::from_file("node-a", &file).unwrap();
+        assert_eq!(credentials.password, "s3cret");
+        assert_eq!(
+            format!("{credentials:?}"),
+            r#"Credentials { user: "node-a", password: "***" }"#
+        );
+        std::fs::write(&file, "\n").unwrap();
+        assert!(matches!(
+            Credentials::from_file("node-a", &file),
+            Err(CredentialsError::Empty { .. })
+        ));
+        let missing = dir.join("missing");
+        let error = Credentials::from_file("node-a", &missing).unwrap_err();
+        assert!(error.to_string().contains("missing"), "{error}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn prefix_end_is_the_first_key_after_the_prefix() {

@@ -151,6 +151,8 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     /// Data directories made so far (restores and wipes start members on fresh ones).
     generation: usize,
+    /// Further arguments every member is started with (`start_with`).
+    extra_args: Vec<String>,
     // Dropped after the members are killed (fields drop in order).
     _dir: tempfile::TempDir,
 }
@@ -216,6 +218,14 @@ impl EtcdCluster {
     /// Starts a cluster of `members` etcd processes (heartbeat 50 ms, election timeout 250 ms,
     /// fsync on as in production) and waits until every member serves a linearizable read.
     pub async fn start(members: usize) -> Result<EtcdCluster, HarnessError> {
+        EtcdCluster::start_with(members, &[]).await
+    }
+
+    /// As `start`, each member also given `extra_args` (e.g. `--auth-token-ttl 2`).
+    pub async fn start_with(
+        members: usize,
+        extra_args: &[&str],
+    ) -> Result<EtcdCluster, HarnessError> {
         let binary = etcd_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("corral-etcd-")
@@ -247,6 +257,7 @@ impl EtcdCluster {
             token,
             members,
             generation: 0,
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
             _dir: dir,
         };
         for i in 0..cluster.members.len() {
@@ -294,6 +305,7 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", &self.token])
             .args(["--heartbeat-interval", "50", "--election-timeout", "250"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -521,6 +533,7 @@ impl EtcdCluster {
         let options = EtcdOptions {
             request_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(500),
+            ..EtcdOptions::default()
         };
         let not_ready = |cluster: &EtcdCluster, reason: String| HarnessError::NotReady {
             member: i,
