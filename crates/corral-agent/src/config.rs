@@ -20,6 +20,11 @@
 //! format = "text"                       # or "json": one JSON object a line
 //! level = "info"                        # error, warn, info, debug or trace
 //!
+//! [cluster]                             # optional; with --etcd; the --etcd-* flags win
+//! etcd_cacert = "/etc/corral/etcd-ca.pem"   # the CA of etcd's certificate (https:// URLs)
+//! etcd_cert = "/etc/corral/etcd-client.pem" # a client certificate, for --client-cert-auth
+//! etcd_key = "/etc/corral/etcd-client-key.pem"  # its key (others may not read it)
+//!
 //! [[pools]]
 //! name = "default"
 //! ranges = ["10.88.0.0/16", "fd88::/64"]
@@ -130,6 +135,8 @@ pub struct ConfigFile {
     pub pool_wait_ms: Option<u64>,
     /// How the agent logs; the binary reads it ([`LogFile::load`]) before anything else.
     pub log: Option<LogFile>,
+    /// How the agent reaches etcd with `--etcd`; the binary reads it ([`ClusterFile::load`]).
+    pub cluster: Option<ClusterFile>,
     /// See [`AgentConfig::history`].
     pub history_max_events: Option<u64>,
     /// See [`AgentConfig::history`]: a duration such as `30d` ([`parse_duration`]).
@@ -155,6 +162,27 @@ impl LogFile {
         match config {
             Some(path) => Ok(read_file(path)?.log.unwrap_or_default()),
             None => Ok(LogFile::default()),
+        }
+    }
+}
+
+/// The `[cluster]` table: the TLS files for etcd (`--etcd-cacert`, `--etcd-cert` and
+/// `--etcd-key` win). Checked by the binary when it connects, naming the file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    pub etcd_cacert: Option<PathBuf>,
+    pub etcd_cert: Option<PathBuf>,
+    pub etcd_key: Option<PathBuf>,
+}
+
+impl ClusterFile {
+    /// The `[cluster]` table of the configuration file `config` (empty without a file or a
+    /// table), refused as [`AgentConfig::load`] refuses a file.
+    pub fn load(config: Option<&Path>) -> Result<ClusterFile, ConfigError> {
+        match config {
+            Some(path) => Ok(read_file(path)?.cluster.unwrap_or_default()),
+            None => Ok(ClusterFile::default()),
         }
     }
 }

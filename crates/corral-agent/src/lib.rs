@@ -27,7 +27,7 @@ mod server;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use config::{AgentConfig, ConfigError, ConnectionLimits, LogFile, Overrides};
+pub use config::{AgentConfig, ClusterFile, ConfigError, ConnectionLimits, LogFile, Overrides};
 pub use server::{
     AgentError, ClusterTask, Running, run, run_with, serve, serve_with, shutdown_signal,
 };

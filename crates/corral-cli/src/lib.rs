@@ -28,6 +28,7 @@ mod check;
 pub mod cloud;
 mod cluster;
 mod commands;
+mod etcd_args;
 mod exit;
 mod explain;
 mod history;
@@ -247,6 +248,9 @@ struct AgentArgs {
     /// The cluster's name (with --etcd)
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
     cluster: String,
+    /// TLS to etcd (with --etcd; the configuration file's `[cluster]` table otherwise)
+    #[command(flatten)]
+    etcd_tls: etcd_args::EtcdTlsArgs,
     /// The liveness lease's TTL in seconds (with --etcd; at most etcd's longest lease,
     /// 9000000000)
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
@@ -289,6 +293,16 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         .map_err(|e| Failure::Usage(e.to_string()))?;
     let (format, level) = args.log.over_file(&log_file, args.config.as_deref())?;
     logging::install(format, level)?;
+    let cluster_file = corral_agent::ClusterFile::load(args.config.as_deref())
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+    let etcd_options = args
+        .etcd_tls
+        .or(&etcd_args::EtcdTlsArgs {
+            etcd_cacert: cluster_file.etcd_cacert,
+            etcd_cert: cluster_file.etcd_cert,
+            etcd_key: cluster_file.etcd_key,
+        })
+        .options()?;
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,
         data_dir: args.data_dir,
@@ -306,6 +320,10 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         (true, _) => None,
         (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
         (false, Some(node)) => {
+            // The TLS files are checked before the agent starts: a file that cannot be used
+            // is a start-up error naming it, not a retry loop.
+            corral_etcd::check_tls(&args.etcd, etcd_options.tls.as_ref())
+                .map_err(Failure::EtcdTls)?;
             let uid =
                 corral_agent::link::machine_uid(&config.data_dir).map_err(|e| Failure::File {
                     action: "read or create the machine uid in",
@@ -326,10 +344,13 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
             let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
                 Box::pin(async move {
                     let kv = loop {
-                        match corral_etcd::EtcdKv::connect(&options.endpoints, Default::default())
+                        match corral_etcd::EtcdKv::connect(&options.endpoints, etcd_options.clone())
                             .await
                         {
-                            Ok(kv) => break kv,
+                            Ok(kv) => {
+                                cluster::log_tls_reloads(&kv);
+                                break kv;
+                            }
                             Err(error) => {
                                 tracing::warn!(%error, "connecting to etcd");
                                 // The agent serves what it holds meanwhile (degraded).

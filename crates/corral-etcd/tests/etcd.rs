@@ -34,6 +34,7 @@ fn options(request_timeout: Duration) -> EtcdOptions {
     EtcdOptions {
         request_timeout,
         connect_timeout: Duration::from_millis(500),
+        ..EtcdOptions::default()
     }
 }
 
