@@ -499,6 +499,29 @@ mod tests {
     }
 
     #[test]
+    fn the_cluster_table_names_etcds_tls_files_and_nothing_else() {
+        let file = write(
+            "[cluster]\netcd_cacert = \"/ca.pem\"\netcd_cert = \"/c.pem\"\netcd_key = \"/k.pem\"\n",
+        );
+        let cluster = ClusterFile::load(Some(file.path())).unwrap();
+        assert_eq!(cluster.etcd_cacert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(cluster.etcd_cert, Some(PathBuf::from("/c.pem")));
+        assert_eq!(cluster.etcd_key, Some(PathBuf::from("/k.pem")));
+        // The rest of the file is unaffected, and no table means no files.
+        AgentConfig::load(&Overrides {
+            config: Some(file.path().to_path_buf()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(ClusterFile::load(None).unwrap(), ClusterFile::default());
+        let unknown = write("[cluster]\netcd_ca = \"/ca.pem\"\n");
+        let error = ClusterFile::load(Some(unknown.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("etcd_ca"), "{error}");
+    }
+
+    #[test]
     fn an_agent_in_a_cluster_has_no_pools_but_those_its_file_declares() {
         let config = AgentConfig::load(&Overrides {
             in_cluster: true,

@@ -668,4 +668,29 @@ mod tests {
     fn clap_definition_is_consistent() {
         Cli::command().debug_assert();
     }
+
+    #[test]
+    fn etcd_tls_flags_win_over_the_file_and_a_client_certificate_needs_a_ca() {
+        use etcd_args::EtcdTlsArgs;
+        let file = EtcdTlsArgs {
+            etcd_cacert: Some("/file/ca.pem".into()),
+            etcd_cert: Some("/file/cert.pem".into()),
+            etcd_key: Some("/file/key.pem".into()),
+        };
+        let flags = EtcdTlsArgs {
+            etcd_cacert: Some("/flag/ca.pem".into()),
+            ..EtcdTlsArgs::default()
+        };
+        let tls = flags.or(&file).tls().unwrap().expect("TLS");
+        assert_eq!(tls.ca_cert, PathBuf::from("/flag/ca.pem"));
+        assert_eq!(tls.cert, Some(PathBuf::from("/file/cert.pem")));
+        assert_eq!(tls.key, Some(PathBuf::from("/file/key.pem")));
+        assert!(EtcdTlsArgs::default().tls().unwrap().is_none());
+        let no_ca = EtcdTlsArgs {
+            etcd_cacert: None,
+            ..file
+        };
+        let error = no_ca.tls().unwrap_err().to_string();
+        assert!(error.contains("need --etcd-cacert"), "{error}");
+    }
 }
