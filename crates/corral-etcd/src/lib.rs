@@ -182,9 +182,10 @@ impl EtcdKv {
         self.reloads.clone()
     }
 
-    /// When TLS is on and `member` closed the connection (as etcd does to a client
-    /// certificate it refuses, after a TLS 1.3 handshake), asks the member itself over a TLS
-    /// connection of its own: a refusal replaces `error` with what etcd said.
+    /// When TLS is on and `member` closed or broke the connection (as etcd does to a client
+    /// certificate it refuses, after a TLS 1.3 handshake: the alert may be lost with the
+    /// connection), asks the member itself over a TLS connection of its own: a refusal
+    /// replaces `error` with what etcd said.
     async fn explain_closed(
         &self,
         member: usize,
@@ -192,7 +193,8 @@ impl EtcdKv {
         error: etcd_client::Error,
     ) -> etcd_client::Error {
         let closed = matches!(&error, etcd_client::Error::GRpcStatus(status)
-            if status.code() == tonic::Code::Cancelled);
+            if matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown))
+            && tls_failure(&error).is_none();
         let Some(tls) = members.tls.as_ref().filter(|_| closed) else {
             return error;
         };
