@@ -3,7 +3,9 @@
 //! flags), a real `corral agent` (TLS files in its configuration file's `[cluster]` table) that
 //! gets a grant, and `corral cluster status` (TLS files from the environment). Then what each
 //! fault says: another CA, no client certificate, a missing key, a key others can read, an
-//! https:// URL without a CA; none of them is "is etcd running?".
+//! https:// URL without a CA; none of them is "is etcd running?". Last, a rotation: a key that
+//! does not match is refused by the running operator (logged, its connections stay), a new
+//! certificate and key are taken up.
 
 #[path = "common/cluster.rs"]
 mod cluster_common;
@@ -13,10 +15,11 @@ use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use cluster_common::*;
 use common::{Agent, BINARY};
-use corral_etcd::testing::{EtcdCluster, TestPki};
+use corral_etcd::testing::{EtcdCluster, Leaf, TestPki};
 
 /// An agent configuration whose `[cluster]` table names etcd's TLS files.
 fn agent_config_with_tls(dir: &Path, etcd: &EtcdCluster) -> std::path::PathBuf {
@@ -66,7 +69,7 @@ fn operator_agent_and_cli_work_over_tls_and_each_fault_says_what_failed() {
     let etcd = block_on(EtcdCluster::start_tls(1)).expect("TLS etcd starts (make deps)");
     assert!(endpoints(&etcd).starts_with("https://"));
     init(&etcd, dir.path(), DUAL);
-    let _operator = Operator::start(&etcd, dir.path(), "op-a");
+    let operator = Operator::start(&etcd, dir.path(), "op-a");
 
     // The agent reads the TLS files from its configuration file, and gets its grant.
     let agent_dir = dir.path().join("a");
@@ -196,4 +199,31 @@ fn operator_agent_and_cli_work_over_tls_and_each_fault_says_what_failed() {
         )),
         "{err}"
     );
+
+    // Rotation: a key that is not the certificate's is refused, the operator says so and keeps
+    // its connections; a new certificate and key are taken up (files read every 5 s).
+    let pki = etcd.pki().unwrap();
+    let (_, wrong_key) = pki.issue("wrong", Leaf::Client).unwrap();
+    std::fs::copy(&wrong_key, &key).unwrap();
+    wait_showing(
+        "the operator refuses the rotated key",
+        Duration::from_secs(60),
+        || {
+            operator
+                .log()
+                .contains("etcd's TLS files changed but cannot be used")
+        },
+        || operator.log(),
+    );
+    let (renewed_cert, renewed_key) = pki.issue("client", Leaf::Client).unwrap();
+    assert_eq!((&renewed_cert, &renewed_key), (&cert, &key));
+    wait_showing(
+        "the operator reloads the new files",
+        Duration::from_secs(60),
+        || operator.log().contains("etcd's TLS files reloaded"),
+        || operator.log(),
+    );
+    let (code, out) = status(&etcd, &[], &envs);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("leader op-a, 1 node (1 served"), "{out}");
 }
