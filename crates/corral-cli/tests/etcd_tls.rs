@@ -200,6 +200,36 @@ fn operator_agent_and_cli_work_over_tls_and_each_fault_says_what_failed() {
         "{err}"
     );
 
+    // Nor does an operator whose key file is missing.
+    let output = Command::new(BINARY)
+        .args([
+            "operator",
+            "--etcd",
+            &endpoints,
+            "--cluster",
+            "t",
+            "--api-socket",
+        ])
+        .arg(dir.path().join("op-b.sock"))
+        .arg("--etcd-cacert")
+        .arg(&tls.ca_cert)
+        .arg("--etcd-cert")
+        .arg(&cert)
+        .arg("--etcd-key")
+        .arg(&missing)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot read the etcd client key {}",
+            missing.display()
+        )),
+        "{err}"
+    );
+
     // Rotation: a key that is not the certificate's is refused, the operator says so and keeps
     // its connections; a new certificate and key are taken up (files read every 5 s).
     let pki = etcd.pki().unwrap();
