@@ -20,6 +20,11 @@
 //! format = "text"                       # or "json": one JSON object a line
 //! level = "info"                        # error, warn, info, debug or trace
 //!
+//! [cluster]                             # optional; with --etcd; the --etcd-* flags win
+//! etcd_cacert = "/etc/corral/etcd-ca.pem"   # the CA of etcd's certificate (https:// URLs)
+//! etcd_cert = "/etc/corral/etcd-client.pem" # a client certificate, for --client-cert-auth
+//! etcd_key = "/etc/corral/etcd-client-key.pem"  # its key (others may not read it)
+//!
 //! [[pools]]
 //! name = "default"
 //! ranges = ["10.88.0.0/16", "fd88::/64"]
@@ -130,12 +135,12 @@ pub struct ConfigFile {
     pub pool_wait_ms: Option<u64>,
     /// How the agent logs; the binary reads it ([`LogFile::load`]) before anything else.
     pub log: Option<LogFile>,
+    /// How the agent reaches etcd with `--etcd`; the binary reads it ([`ClusterFile::load`]).
+    pub cluster: Option<ClusterFile>,
     /// See [`AgentConfig::history`].
     pub history_max_events: Option<u64>,
     /// See [`AgentConfig::history`]: a duration such as `30d` ([`parse_duration`]).
     pub history_max_age: Option<String>,
-    /// How the agent reaches etcd; the binary reads it ([`ClusterFile::load`]).
-    pub cluster: Option<ClusterFile>,
 }
 
 /// The `[cluster]` table: how `corral agent` connects to etcd (the flags win). Read by the
@@ -144,6 +149,12 @@ pub struct ConfigFile {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterFile {
+    /// The CA bundle etcd's certificate must verify against (`--etcd-cacert`).
+    pub etcd_cacert: Option<PathBuf>,
+    /// The client certificate (`--etcd-cert`).
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's key (`--etcd-key`).
+    pub etcd_key: Option<PathBuf>,
     /// The etcd user (`--etcd-user`).
     pub etcd_user: Option<String>,
     /// The file holding that user's password (`--etcd-password-file`).
@@ -511,6 +522,29 @@ mod tests {
         let unknown = write("[cluster]\netcd_password = \"x\"\n");
         let error = ClusterFile::load(Some(unknown.path())).unwrap_err();
         assert!(error.to_string().contains("unknown field"), "{error}");
+    }
+
+    #[test]
+    fn the_cluster_table_names_etcds_tls_files_and_nothing_else() {
+        let file = write(
+            "[cluster]\netcd_cacert = \"/ca.pem\"\netcd_cert = \"/c.pem\"\netcd_key = \"/k.pem\"\n",
+        );
+        let cluster = ClusterFile::load(Some(file.path())).unwrap();
+        assert_eq!(cluster.etcd_cacert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(cluster.etcd_cert, Some(PathBuf::from("/c.pem")));
+        assert_eq!(cluster.etcd_key, Some(PathBuf::from("/k.pem")));
+        // The rest of the file is unaffected, and no table means no files.
+        AgentConfig::load(&Overrides {
+            config: Some(file.path().to_path_buf()),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(ClusterFile::load(None).unwrap(), ClusterFile::default());
+        let unknown = write("[cluster]\netcd_ca = \"/ca.pem\"\n");
+        let error = ClusterFile::load(Some(unknown.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("etcd_ca"), "{error}");
     }
 
     #[test]

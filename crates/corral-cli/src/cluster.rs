@@ -37,6 +37,8 @@ pub struct EtcdArgs {
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
     pub cluster: String,
     #[command(flatten)]
+    pub tls: crate::etcd_args::EtcdTlsArgs,
+    #[command(flatten)]
     pub auth: crate::etcd_args::EtcdAuthArgs,
 }
 
@@ -56,6 +58,8 @@ pub struct MaybeEtcd {
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
     pub cluster: String,
     #[command(flatten)]
+    pub tls: crate::etcd_args::EtcdTlsArgs,
+    #[command(flatten)]
     pub auth: crate::etcd_args::EtcdAuthArgs,
 }
 
@@ -65,6 +69,7 @@ impl MaybeEtcd {
         (!self.etcd.is_empty()).then(|| EtcdArgs {
             etcd: self.etcd.clone(),
             cluster: self.cluster.clone(),
+            tls: self.tls.clone(),
             auth: self.auth.clone(),
         })
     }
@@ -344,10 +349,30 @@ pub(crate) async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> 
     let keys = Keys::new(
         ClusterName::new(&args.cluster).map_err(|e| Failure::Usage(format!("--cluster: {e}")))?,
     );
-    let kv = EtcdKv::connect(&args.etcd, args.auth.options()?)
-        .await
-        .map_err(Failure::Cluster)?;
+    let kv = EtcdKv::connect(
+        &args.etcd,
+        crate::etcd_args::options(&args.tls, &args.auth)?,
+    )
+    .await?;
     Ok((kv, keys))
+}
+
+/// Logs each reload of etcd's TLS files by `kv` (a rotation), and each change refused, for
+/// as long as the client lives.
+pub(crate) fn log_tls_reloads(kv: &EtcdKv) {
+    let mut news = kv.tls_reloads();
+    tokio::spawn(async move {
+        while news.changed().await.is_ok() {
+            let news = news.borrow_and_update().clone();
+            match news.refused {
+                Some(refused) => tracing::warn!(
+                    %refused,
+                    "etcd's TLS files changed but cannot be used: keeping the ones in use"
+                ),
+                None => tracing::info!(reloads = news.reloads, "etcd's TLS files reloaded"),
+            }
+        }
+    });
 }
 
 /// The cluster's grant history `request` asks for, read from etcd (`corral history --etcd`).
@@ -379,6 +404,7 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
         // The cloud first: a cloud the build lacks, or bad settings, is refused before etcd.
         let cloud = args.cloud.connect(providers).await?;
         let (kv, _) = connect(&args.etcd).await?;
+        log_tls_reloads(&kv);
         let replica = args.replica.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
             format!("{}-{}", host.trim(), std::process::id())

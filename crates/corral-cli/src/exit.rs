@@ -65,6 +65,9 @@ pub enum Failure {
     Runtime(io::Error),
     /// etcd (the cluster store) could not be reached, or refused or failed the request.
     Cluster(KvError),
+    /// The TLS options or files for etcd cannot be used (a file unreadable, readable by
+    /// others, expired, a key that does not match; an https:// URL without a CA).
+    EtcdTls(corral_etcd::TlsError),
     /// The cloud's API could not be asked, or refused or failed (`cluster check --cloud`).
     Cloud(CloudError),
     /// A bug in corral: a record it made could not be encoded.
@@ -91,6 +94,15 @@ pub enum OperatorFailure {
     Run(#[from] corral_operator::OperatorError),
 }
 
+impl From<corral_etcd::ConnectError> for Failure {
+    fn from(error: corral_etcd::ConnectError) -> Failure {
+        match error {
+            corral_etcd::ConnectError::Tls(error) => Failure::EtcdTls(error),
+            corral_etcd::ConnectError::Store(error) => Failure::Cluster(error),
+        }
+    }
+}
+
 impl From<ClientError> for Failure {
     fn from(error: ClientError) -> Failure {
         Failure::Agent(error)
@@ -113,7 +125,7 @@ impl Failure {
                 }
                 ClientError::Protocol(_) => Exit::AgentFailed,
             },
-            Failure::Usage(_) | Failure::File { .. } => Exit::Usage,
+            Failure::Usage(_) | Failure::File { .. } | Failure::EtcdTls(_) => Exit::Usage,
             Failure::Daemon(_)
             | Failure::Operator(_)
             | Failure::Runtime(_)
@@ -169,6 +181,11 @@ impl fmt::Display for Failure {
                         "\netcd has no leader: are more than half of its members running and \
                          connected to each other?"
                     ),
+                    KvError::Unavailable(message) if message.contains("TLS") => write!(
+                        f,
+                        "\nare etcd's TLS files right? (`--etcd-cacert`, `--etcd-cert`, \
+                         `--etcd-key` or CORRAL_ETCD_CACERT, CORRAL_ETCD_CERT, CORRAL_ETCD_KEY)"
+                    ),
                     KvError::Unavailable(_) | KvError::Closed => {
                         write!(f, "\nis etcd running? (`--etcd` or CORRAL_ETCD names it)")
                     }
@@ -183,6 +200,7 @@ impl fmt::Display for Failure {
             ),
             Failure::Internal(message) => write!(f, "internal error (a bug in corral): {message}"),
             Failure::Refused(message) => write!(f, "{message}"),
+            Failure::EtcdTls(error) => write!(f, "etcd TLS: {error}"),
             Failure::Operator(error) => write!(f, "operator: {error}"),
             Failure::Runtime(error) => write!(f, "cannot start the async runtime: {error}"),
             Failure::File {
@@ -209,6 +227,12 @@ mod tests {
         let down = Failure::Cluster(KvError::Unavailable("tcp connect error".into()));
         assert_eq!(down.exit(), Exit::Unreachable);
         assert!(down.to_string().contains("is etcd running"), "{down}");
+        let tls = Failure::Cluster(KvError::Unavailable(
+            "etcd refused the TLS client certificate (alert BadCertificate)".into(),
+        ));
+        assert_eq!(tls.exit(), Exit::Unreachable);
+        assert!(!tls.to_string().contains("is etcd running"), "{tls}");
+        assert!(tls.to_string().contains("--etcd-cacert"), "{tls}");
         let no_quorum = Failure::Cluster(KvError::Unavailable("etcdserver: no leader".into()));
         assert_eq!(no_quorum.exit(), Exit::Unreachable);
         assert!(

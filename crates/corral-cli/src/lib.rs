@@ -249,6 +249,9 @@ struct AgentArgs {
     /// The cluster's name (with --etcd)
     #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
     cluster: String,
+    /// TLS to etcd (with --etcd; the configuration file's `[cluster]` table otherwise)
+    #[command(flatten)]
+    etcd_tls: etcd_args::EtcdTlsArgs,
     /// The liveness lease's TTL in seconds (with --etcd; at most etcd's longest lease,
     /// 9000000000)
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
@@ -296,13 +299,17 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     logging::install(format, level)?;
     let cluster_file = corral_agent::ClusterFile::load(args.config.as_deref())
         .map_err(|e| Failure::Usage(e.to_string()))?;
-    let etcd_options = args
-        .etcd_auth
-        .or(
+    let etcd_options = etcd_args::options(
+        &args.etcd_tls.or(&etcd_args::EtcdTlsArgs {
+            etcd_cacert: cluster_file.etcd_cacert,
+            etcd_cert: cluster_file.etcd_cert,
+            etcd_key: cluster_file.etcd_key,
+        }),
+        &args.etcd_auth.or(
             cluster_file.etcd_user.as_deref(),
             cluster_file.etcd_password_file.as_deref(),
-        )
-        .options()?;
+        ),
+    )?;
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,
         data_dir: args.data_dir,
@@ -320,6 +327,10 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         (true, _) => None,
         (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
         (false, Some(node)) => {
+            // The TLS files are checked before the agent starts: a file that cannot be used
+            // is a start-up error naming it, not a retry loop.
+            corral_etcd::check_tls(&args.etcd, etcd_options.tls.as_ref())
+                .map_err(Failure::EtcdTls)?;
             let uid =
                 corral_agent::link::machine_uid(&config.data_dir).map_err(|e| Failure::File {
                     action: "read or create the machine uid in",
@@ -343,7 +354,10 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
                         match corral_etcd::EtcdKv::connect(&options.endpoints, etcd_options.clone())
                             .await
                         {
-                            Ok(kv) => break kv,
+                            Ok(kv) => {
+                                cluster::log_tls_reloads(&kv);
+                                break kv;
+                            }
                             Err(error) => {
                                 tracing::warn!(%error, "connecting to etcd");
                                 // The agent serves what it holds meanwhile (degraded).
@@ -660,5 +674,30 @@ mod tests {
     #[test]
     fn clap_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn etcd_tls_flags_win_over_the_file_and_a_client_certificate_needs_a_ca() {
+        use etcd_args::EtcdTlsArgs;
+        let file = EtcdTlsArgs {
+            etcd_cacert: Some("/file/ca.pem".into()),
+            etcd_cert: Some("/file/cert.pem".into()),
+            etcd_key: Some("/file/key.pem".into()),
+        };
+        let flags = EtcdTlsArgs {
+            etcd_cacert: Some("/flag/ca.pem".into()),
+            ..EtcdTlsArgs::default()
+        };
+        let tls = flags.or(&file).tls().unwrap().expect("TLS");
+        assert_eq!(tls.ca_cert, PathBuf::from("/flag/ca.pem"));
+        assert_eq!(tls.cert, Some(PathBuf::from("/file/cert.pem")));
+        assert_eq!(tls.key, Some(PathBuf::from("/file/key.pem")));
+        assert!(EtcdTlsArgs::default().tls().unwrap().is_none());
+        let no_ca = EtcdTlsArgs {
+            etcd_cacert: None,
+            ..file
+        };
+        let error = no_ca.tls().unwrap_err().to_string();
+        assert!(error.contains("need --etcd-cacert"), "{error}");
     }
 }

@@ -116,15 +116,12 @@ pub fn client_probe_grant() -> Grant {
 impl EtcdKv {
     /// One member's client, the current one, authenticated.
     async fn admin(&self) -> Result<Client, KvError> {
-        // Any repeatable request goes to a member that answers and authenticates it.
+        // The call authenticates the member's connection before handing its client over.
         self.call("auth", true, |client: Client| async move {
-            drop(client);
-            Ok::<(), etcd_client::Error>(())
+            Ok::<Client, etcd_client::Error>(client)
         })
         .await
-        .map_err(|error| map_error(error, None))?;
-        let member = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.members.len();
-        Ok(self.members[member].clone())
+        .map_err(|error| map_error(error, None))
     }
 
     /// Makes role `name` hold exactly `grants`.

@@ -33,14 +33,20 @@
 //! password is its own `Refused` error naming the user, never "unavailable"; the password is in
 //! no message and no `Debug`. `auth` creates etcd's roles and users.
 //!
+//! TLS (`tls.rs`): `https://` endpoints with a CA bundle and optionally a client certificate,
+//! the files checked before any connection (`ConnectError::Tls` names the file). The files are
+//! read again every `EtcdTls::reload_interval`; when they changed and still check, the member
+//! clients are rebuilt from them (new connections use the new files; a call in flight finishes
+//! on the old ones), and `EtcdKv::tls_reloads` tells of each reload or refused change.
+//!
 //! With the `testing` feature, `testing` runs real etcd members as child processes for tests
-//! and benchmarks.
+//! and benchmarks (over TLS too, with a test PKI).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use corral_kv::{
@@ -50,11 +56,14 @@ use corral_kv::{
 use etcd_client::{
     Client, ConnectOptions, EventType, GetOptions, PutOptions, TxnOpResponse, WatchOptions,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 pub mod auth;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tls;
+
+pub use tls::{DEFAULT_RELOAD_INTERVAL, EtcdTls, TlsError};
 
 /// How many batches a watch buffers before its forwarding task waits for the reader.
 const WATCH_BUFFER: usize = 64;
@@ -70,6 +79,9 @@ pub struct EtcdOptions {
     pub request_timeout: Duration,
     /// The longest a connection attempt to one member may take.
     pub connect_timeout: Duration,
+    /// TLS to `https://` endpoints: the CA bundle, and a client certificate if etcd asks for
+    /// one. None: plaintext `http://` endpoints only.
+    pub tls: Option<EtcdTls>,
     /// The etcd user to authenticate as (`None`: no authentication).
     pub credentials: Option<Credentials>,
 }
@@ -136,24 +148,54 @@ impl Default for EtcdOptions {
         EtcdOptions {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),
+            tls: None,
             credentials: None,
         }
     }
+}
+
+/// Why `EtcdKv::connect` could not make a client.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The TLS options or files (named) cannot be used.
+    #[error("etcd TLS: {0}")]
+    Tls(#[from] TlsError),
+    /// The endpoints are malformed, or connecting failed.
+    #[error(transparent)]
+    Store(#[from] KvError),
+}
+
+impl From<ConnectError> for KvError {
+    fn from(error: ConnectError) -> KvError {
+        match error {
+            ConnectError::Tls(_) => KvError::Refused(error.to_string()),
+            ConnectError::Store(error) => error,
+        }
+    }
+}
+
+/// What the TLS reload task did so far: how many times it rebuilt the clients from changed
+/// files, and why it refused the last change it saw, if it did (the clients in use stay).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsReload {
+    pub reloads: u64,
+    pub refused: Option<String>,
 }
 
 /// The cluster store on etcd. Clones share the connections (one per member), the member in
 /// use and the request count.
 #[derive(Clone)]
 pub struct EtcdKv {
-    members: Arc<[Client]>,
+    /// One client per member, replaced whole when the TLS files change.
+    members: Arc<RwLock<Arc<Members>>>,
+    /// The TLS reload task's news (never changes without TLS).
+    reloads: watch::Receiver<TlsReload>,
     /// The member requests go to (the last that answered).
     current: Arc<AtomicUsize>,
     options: EtcdOptions,
     requests: Arc<AtomicU64>,
     /// The TTL etcd granted each lease this client created (keep-alive answers it).
     granted: Arc<Mutex<HashMap<i64, Duration>>>,
-    /// Per member: whether its connection authenticated (or found auth disabled).
-    authenticated: Arc<[std::sync::atomic::AtomicBool]>,
 }
 
 impl fmt::Debug for EtcdKv {
@@ -166,43 +208,84 @@ impl fmt::Debug for EtcdKv {
 }
 
 impl EtcdKv {
-    /// A client of the etcd members at `endpoints` (`http://host:port`). Connections are made
-    /// lazily, so this succeeds while etcd is down (calls then fail with `Unavailable`); only
-    /// malformed endpoints are refused.
-    pub async fn connect(endpoints: &[String], options: EtcdOptions) -> Result<EtcdKv, KvError> {
+    /// A client of the etcd members at `endpoints` (`http://host:port`, or `https://host:port`
+    /// with `options.tls`). Connections are made lazily, so this succeeds while etcd is down
+    /// (calls then fail with `Unavailable`); malformed endpoints, endpoints that do not go with
+    /// the TLS options, and TLS files that cannot be used are refused.
+    pub async fn connect(
+        endpoints: &[String],
+        options: EtcdOptions,
+    ) -> Result<EtcdKv, ConnectError> {
         if endpoints.is_empty() {
-            return Err(KvError::Refused("no etcd endpoints given".into()));
+            return Err(KvError::Refused("no etcd endpoints given".into()).into());
         }
-        let connect = ConnectOptions::new()
-            .with_timeout(options.request_timeout)
-            .with_connect_timeout(options.connect_timeout)
-            // Finds a member that stopped answering on a long-lived stream (a watch).
-            .with_keep_alive(options.request_timeout, options.request_timeout)
-            .with_keep_alive_while_idle(true)
-            // Watches on a member cut off from the leader are cancelled instead of going quiet.
-            .with_require_leader(true);
-        let mut members = Vec::with_capacity(endpoints.len());
-        for endpoint in endpoints {
-            let client = tokio::time::timeout(
-                options.request_timeout,
-                Client::connect([endpoint], Some(connect.clone())),
-            )
-            .await
-            .map_err(|_| KvError::Unavailable(format!("connecting to {endpoint} timed out")))?
-            .map_err(|error| map_error(error, None))?;
-            members.push(client);
+        check_schemes(endpoints, options.tls.is_some())?;
+        let loaded = options.tls.as_ref().map(EtcdTls::load).transpose()?;
+        let members = Members::new(endpoints, &options, loaded.clone()).await?;
+        let members = Arc::new(RwLock::new(Arc::new(members)));
+        let (sender, reloads) = watch::channel(TlsReload::default());
+        if let (Some(tls), Some(loaded)) = (&options.tls, loaded) {
+            tokio::spawn(reload_tls(
+                Arc::downgrade(&members),
+                endpoints.to_vec(),
+                options.clone(),
+                tls.clone(),
+                loaded.contents,
+                sender,
+            ));
         }
         Ok(EtcdKv {
-            members: members.into(),
+            members,
+            reloads,
             current: Arc::new(AtomicUsize::new(0)),
             options,
             requests: Arc::new(AtomicU64::new(0)),
             granted: Arc::default(),
-            authenticated: endpoints
-                .iter()
-                .map(|_| std::sync::atomic::AtomicBool::new(false))
-                .collect(),
         })
+    }
+
+    /// The TLS reload task's news: each rebuild of the clients from changed files, or the
+    /// refusal of a change (the clients in use stay).
+    pub fn tls_reloads(&self) -> watch::Receiver<TlsReload> {
+        self.reloads.clone()
+    }
+
+    /// When TLS is on and `member` closed or broke the connection (as etcd does to a client
+    /// certificate it refuses, after a TLS 1.3 handshake: the alert may be lost with the
+    /// connection), asks the member itself over a TLS connection of its own: a refusal
+    /// replaces `error` with what etcd said.
+    async fn explain_closed(
+        &self,
+        member: usize,
+        members: &Members,
+        error: etcd_client::Error,
+    ) -> etcd_client::Error {
+        let closed = matches!(&error, etcd_client::Error::GRpcStatus(status)
+            if matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown))
+            && tls_failure(&error).is_none();
+        let Some(tls) = members.tls.as_ref().filter(|_| closed) else {
+            return error;
+        };
+        match tls::probe(
+            &members.endpoints[member],
+            tls,
+            self.options.connect_timeout,
+        )
+        .await
+        {
+            Some(refusal) => etcd_client::Error::GRpcStatus(tonic::Status::unavailable(refusal)),
+            None => error,
+        }
+    }
+
+    /// The member clients in use now.
+    fn members(&self) -> Arc<Members> {
+        Arc::clone(
+            &self
+                .members
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
     }
 
     /// How many requests this client (and its clones) sent to etcd: one per unary call, one
@@ -230,7 +313,8 @@ impl EtcdKv {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let deadline = tokio::time::Instant::now() + self.options.request_timeout;
-        let n_members = self.members.len();
+        let members = self.members();
+        let n_members = members.clients.len();
         // The most telling failure so far, and how many members refused the connection (in
         // the last round).
         let mut best: Option<(u8, etcd_client::Error)> = None;
@@ -251,19 +335,21 @@ impl EtcdKv {
                     remaining
                 };
                 self.requests.fetch_add(1, Ordering::Relaxed);
-                let outcome = match tokio::time::timeout(budget, self.send(member, &request)).await
-                {
-                    Ok(outcome) => outcome,
-                    Err(_) => Err(etcd_client::Error::Internal(format!(
-                        "{what} timed out after {budget:?}"
-                    ))),
-                };
+                let outcome =
+                    match tokio::time::timeout(budget, self.send(&members, member, &request)).await
+                    {
+                        Ok(outcome) => outcome,
+                        Err(_) => Err(etcd_client::Error::Internal(format!(
+                            "{what} timed out after {budget:?}"
+                        ))),
+                    };
                 match outcome {
                     Ok(answer) => {
                         self.current.store(member, Ordering::Relaxed);
                         return Ok(answer);
                     }
                     Err(error) if is_connection_failure(&error) => {
+                        let error = self.explain_closed(member, &members, error).await;
                         // Later calls start at the next member.
                         let _ = self.current.compare_exchange(
                             member,
@@ -305,21 +391,26 @@ impl EtcdKv {
 
     /// Sends a request to one member, authenticating its connection first if it has not yet,
     /// and again (sending the request once more) when etcd says its token is no good.
-    async fn send<T, F, Fut>(&self, member: usize, request: &F) -> Result<T, etcd_client::Error>
+    async fn send<T, F, Fut>(
+        &self,
+        members: &Members,
+        member: usize,
+        request: &F,
+    ) -> Result<T, etcd_client::Error>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let client = self.members[member].clone();
+        let client = members.clients[member].clone();
         if self.options.credentials.is_none() {
             return request(client).await;
         }
-        if !self.authenticated[member].load(Ordering::Acquire) {
-            self.authenticate(member).await?;
+        if !members.authenticated[member].load(Ordering::Acquire) {
+            self.authenticate(members, member).await?;
         }
         match request(client.clone()).await {
             Err(error) if needs_token(&error) => {
-                self.authenticate(member).await?;
+                self.authenticate(members, member).await?;
                 request(client).await
             }
             outcome => outcome,
@@ -329,11 +420,15 @@ impl EtcdKv {
     /// Authenticates one member's connection with the credentials (auth disabled on etcd
     /// counts as done: requests need no token then). A wrong user or password is a
     /// `PermissionDenied` status naming the user.
-    async fn authenticate(&self, member: usize) -> Result<(), etcd_client::Error> {
+    async fn authenticate(
+        &self,
+        members: &Members,
+        member: usize,
+    ) -> Result<(), etcd_client::Error> {
         let Some(credentials) = &self.options.credentials else {
             return Ok(());
         };
-        let mut client = self.members[member].clone();
+        let mut client = members.clients[member].clone();
         let outcome = client
             .update_user(Some((
                 credentials.user.clone(),
@@ -356,7 +451,7 @@ impl EtcdKv {
             }
             Err(error) => return Err(error),
         }
-        self.authenticated[member].store(true, Ordering::Release);
+        members.authenticated[member].store(true, Ordering::Release);
         Ok(())
     }
 
@@ -402,6 +497,122 @@ impl EtcdKv {
         self.call("compaction probe", true, probe)
             .await
             .map_err(|error| map_error(error, None))
+    }
+}
+
+/// Checks, without connecting, what `EtcdKv::connect` checks before it connects: the endpoints
+/// go with the TLS options, and the TLS files can be used.
+pub fn check_tls(endpoints: &[String], tls: Option<&EtcdTls>) -> Result<(), TlsError> {
+    check_schemes(endpoints, tls.is_some())?;
+    tls.map(EtcdTls::load).transpose().map(drop)
+}
+
+/// Refuses endpoints that do not go with the TLS options: `http://` with TLS (the files would
+/// be ignored), `https://` without (no CA bundle to verify etcd with).
+fn check_schemes(endpoints: &[String], tls: bool) -> Result<(), TlsError> {
+    for endpoint in endpoints {
+        if tls && endpoint.starts_with("http://") {
+            return Err(TlsError::Options(format!(
+                "{endpoint} is plaintext but TLS files are given: use an https:// URL"
+            )));
+        }
+        if !tls && endpoint.starts_with("https://") {
+            return Err(TlsError::Options(format!(
+                "{endpoint} needs the CA certificate that signs etcd's certificate \
+                 (--etcd-cacert, or etcd_cacert in the configuration file)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One client per member (connecting lazily), the TLS files they were made with, and
+/// whether each connection authenticated (a rebuilt client logs in again).
+struct Members {
+    clients: Vec<Client>,
+    endpoints: Vec<String>,
+    tls: Option<tls::Loaded>,
+    authenticated: Vec<AtomicBool>,
+}
+
+impl Members {
+    async fn new(
+        endpoints: &[String],
+        options: &EtcdOptions,
+        tls: Option<tls::Loaded>,
+    ) -> Result<Members, KvError> {
+        let mut connect = ConnectOptions::new()
+            .with_timeout(options.request_timeout)
+            .with_connect_timeout(options.connect_timeout)
+            // Finds a member that stopped answering on a long-lived stream (a watch).
+            .with_keep_alive(options.request_timeout, options.request_timeout)
+            .with_keep_alive_while_idle(true)
+            // Watches on a member cut off from the leader are cancelled instead of going quiet.
+            .with_require_leader(true);
+        if let Some(tls) = &tls {
+            connect = connect.with_tls(tls.options.clone());
+        }
+        let mut clients = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            let client = tokio::time::timeout(
+                options.request_timeout,
+                Client::connect([endpoint], Some(connect.clone())),
+            )
+            .await
+            .map_err(|_| KvError::Unavailable(format!("connecting to {endpoint} timed out")))?
+            .map_err(|error| map_error(error, None))?;
+            clients.push(client);
+        }
+        Ok(Members {
+            authenticated: clients.iter().map(|_| AtomicBool::new(false)).collect(),
+            clients,
+            endpoints: endpoints.to_vec(),
+            tls,
+        })
+    }
+}
+
+/// Reads the TLS files every `reload_interval` while a client lives; when they changed and
+/// still check, replaces the member clients with ones made from them.
+async fn reload_tls(
+    members: Weak<RwLock<Arc<Members>>>,
+    endpoints: Vec<String>,
+    options: EtcdOptions,
+    tls: EtcdTls,
+    mut seen: Vec<Vec<u8>>,
+    news: watch::Sender<TlsReload>,
+) {
+    loop {
+        tokio::time::sleep(tls.reload_interval).await;
+        if members.strong_count() == 0 {
+            return;
+        }
+        let now = tls.contents();
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        let rebuilt = match tls.load() {
+            Ok(loaded) => Members::new(&endpoints, &options, Some(loaded))
+                .await
+                .map_err(|error| error.to_string()),
+            Err(error) => Err(format!("etcd TLS: {error}")),
+        };
+        let Some(members) = members.upgrade() else {
+            return;
+        };
+        match rebuilt {
+            Ok(rebuilt) => {
+                *members
+                    .write()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(rebuilt);
+                news.send_modify(|news| {
+                    news.reloads += 1;
+                    news.refused = None;
+                });
+            }
+            Err(error) => news.send_modify(|news| news.refused = Some(error)),
+        }
     }
 }
 
@@ -502,6 +713,9 @@ fn map_error_ref(error: &etcd_client::Error) -> KvError {
 fn map_error(error: etcd_client::Error, lease: Option<LeaseId>) -> KvError {
     use etcd_client::Error as E;
     use tonic::Code;
+    if let Some(failure) = tls_failure(&error) {
+        return KvError::Unavailable(failure);
+    }
     match error {
         E::GRpcStatus(status) => {
             let message = status.message().to_string();
@@ -529,6 +743,49 @@ fn map_error(error: etcd_client::Error, lease: Option<LeaseId>) -> KvError {
         E::InvalidUri(error) => KvError::Refused(format!("invalid etcd endpoint: {error}")),
         other => KvError::Unavailable(other.to_string()),
     }
+}
+
+/// What a failed TLS handshake says, if `error` is one: etcd's certificate did not verify, or
+/// etcd refused this client's certificate (its alert), or another TLS failure.
+fn tls_failure(error: &etcd_client::Error) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = match error {
+        etcd_client::Error::GRpcStatus(status) => std::error::Error::source(status),
+        etcd_client::Error::TransportError(error) => Some(error),
+        _ => None,
+    };
+    while let Some(error) = source {
+        let tls = error.downcast_ref::<rustls::Error>().or_else(|| {
+            error
+                .downcast_ref::<std::io::Error>()?
+                .get_ref()?
+                .downcast_ref::<rustls::Error>()
+        });
+        // hyper's read of the connection carries rustls's alert as text.
+        if let Some(alert) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|error| error.get_ref())
+            .and_then(|inner| {
+                inner
+                    .to_string()
+                    .strip_prefix("received fatal alert: ")
+                    .map(str::to_owned)
+            })
+        {
+            return Some(tls::refused_client(&alert));
+        }
+        if let Some(tls) = tls {
+            return Some(match tls {
+                rustls::Error::InvalidCertificate(why) => format!(
+                    "etcd's TLS certificate does not verify against the CA certificate given \
+                     ({why:?}): is it the CA that signed etcd's --cert-file?"
+                ),
+                rustls::Error::AlertReceived(alert) => tls::refused_client(&format!("{alert:?}")),
+                other => format!("TLS with etcd failed: {other}"),
+            });
+        }
+        source = error.source();
+    }
+    None
 }
 
 fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {

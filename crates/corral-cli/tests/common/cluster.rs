@@ -1,6 +1,7 @@
 //! Helpers of the cluster tests (`tests/cluster.rs`, `tests/blocks.rs`): etcd started here on
 //! 127.0.0.1, `corral operator` replicas and `corral agent`s as child processes, and reads of
-//! what etcd and the agents hold.
+//! what etcd and the agents hold. On etcd started with `EtcdCluster::start_tls`, every command
+//! and process they run gets the cluster's client TLS files (`tls_args`).
 
 // Each cluster test binary uses part of this module.
 #![allow(dead_code)]
@@ -71,11 +72,22 @@ pub fn start_etcd(members: usize) -> EtcdCluster {
 }
 
 pub fn kv(etcd: &EtcdCluster) -> corral_etcd::EtcdKv {
-    block_on(corral_etcd::EtcdKv::connect(
-        &etcd.endpoints(),
-        Default::default(),
-    ))
-    .unwrap()
+    block_on(etcd.client(Default::default())).unwrap()
+}
+
+/// `--etcd-cacert CA --etcd-cert CERT --etcd-key KEY` of a client etcd accepts, on etcd that
+/// serves TLS; nothing on plaintext etcd.
+pub fn tls_args(etcd: &EtcdCluster) -> Vec<String> {
+    let Some(tls) = etcd.client_tls() else {
+        return Vec::new();
+    };
+    let path = |path: &Path| path.display().to_string();
+    let mut args = vec!["--etcd-cacert".to_owned(), path(&tls.ca_cert)];
+    if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+        args.extend(["--etcd-cert".to_owned(), path(cert)]);
+        args.extend(["--etcd-key".to_owned(), path(key)]);
+    }
+    args
 }
 
 pub fn endpoints(etcd: &EtcdCluster) -> String {
@@ -96,16 +108,7 @@ pub fn corral(args: &[&str]) -> (i32, String, String) {
 pub fn init(etcd: &EtcdCluster, dir: &Path, toml: &str) {
     let path = dir.join("cluster.toml");
     std::fs::write(&path, toml).unwrap();
-    let (code, out, err) = corral(&[
-        "cluster",
-        "init",
-        "--etcd",
-        &endpoints(etcd),
-        "--cluster",
-        "t",
-        "--config",
-        path.to_str().unwrap(),
-    ]);
+    let (code, out, err) = cluster_command(etcd, "init", &["--config", path.to_str().unwrap()]);
     assert_eq!(code, 0, "cluster init: {out}{err}");
 }
 
@@ -195,6 +198,7 @@ impl Operator {
         let child = Command::new(BINARY)
             .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
             .args(["--replica", name])
+            .args(tls_args(etcd))
             .args(args)
             .arg("--api-socket")
             .arg(&socket)
@@ -418,8 +422,10 @@ pub fn agent_holding(
 /// `corral COMMAND --etcd ETCD --cluster t EXTRA`; answers (exit code, stdout, stderr).
 pub fn on_cluster(etcd: &EtcdCluster, command: &[&str], extra: &[&str]) -> (i32, String, String) {
     let endpoints = endpoints(etcd);
+    let tls = tls_args(etcd);
     let mut args = command.to_vec();
     args.extend(["--etcd", &endpoints, "--cluster", "t"]);
+    args.extend(tls.iter().map(String::as_str));
     args.extend(extra);
     corral(&args)
 }
@@ -443,6 +449,7 @@ pub fn start_agent_with(etcd: &EtcdCluster, dir: &Path, node: &str, extra: &[&st
     std::fs::create_dir_all(dir).unwrap();
     let config = agent_config(dir);
     let endpoints = endpoints(etcd);
+    let tls = tls_args(etcd);
     let mut args: Vec<&OsStr> = vec![
         "--config".as_ref(),
         config.as_os_str(),
@@ -455,6 +462,7 @@ pub fn start_agent_with(etcd: &EtcdCluster, dir: &Path, node: &str, extra: &[&st
         "--lease-ttl".as_ref(),
         "3".as_ref(),
     ];
+    args.extend(tls.iter().map(OsStr::new));
     args.extend(extra.iter().map(OsStr::new));
     Agent::start(&args, &dir.join("agent.sock"))
 }
