@@ -3,7 +3,8 @@
 //! over TLS; a server certificate from another CA and a client certificate etcd does not trust
 //! are refused by the handshake, each with its own message; the files' own faults (missing,
 //! readable by others, expired, a key that does not match) are start-up errors naming the file,
-//! before any connection; rotated files are picked up without a new client.
+//! before any connection; rotated files are picked up without a new client, and a user keeps
+//! its role over TLS across a rotation.
 //! The tests that start etcd need its binary (`make deps`).
 
 use std::os::unix::fs::PermissionsExt;
@@ -305,4 +306,79 @@ async fn rotated_files_are_picked_up_without_a_new_client() {
     kv.get(b"/tls/probe")
         .await
         .expect("a read on the clients in use");
+}
+
+/// TLS and etcd's auth together: the user's role decides (not the certificate's name), and a
+/// client rebuilt from rotated files logs in again before its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn a_user_over_tls_keeps_its_role_across_a_rotation() {
+    use corral_etcd::Credentials;
+    use corral_etcd::auth::{Access, Grant};
+    use corral_kv::{Txn, TxnOp};
+
+    let (_serial, cluster) = tls_cluster(1).await;
+    let pki = cluster.pki().expect("PKI");
+    let open = cluster
+        .client(EtcdOptions::default())
+        .await
+        .expect("client");
+    open.ensure_role("app", &[Grant::prefix(Access::ReadWrite, "/app/")])
+        .await
+        .expect("role app");
+    open.ensure_role("root", &[]).await.expect("role root");
+    open.ensure_user("app", "apppw", "app")
+        .await
+        .expect("user app");
+    open.ensure_user("root", "rootpw", "root")
+        .await
+        .expect("user root");
+    open.enable_auth().await.expect("auth on");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let good = cluster.client_tls().expect("client TLS");
+    copy(good.cert.as_deref().expect("cert"), &cert, 0o644);
+    copy(good.key.as_deref().expect("key"), &key, 0o600);
+    let mut tls = EtcdTls::new(pki.ca_cert()).with_client(&cert, &key);
+    tls.reload_interval = Duration::from_millis(50);
+    let app = EtcdKv::connect(
+        &cluster.endpoints(),
+        EtcdOptions {
+            credentials: Some(Credentials {
+                user: "app".into(),
+                password: "apppw".into(),
+            }),
+            ..with_tls(tls)
+        },
+    )
+    .await
+    .expect("client");
+    let put = |key: &str| Txn {
+        success: vec![TxnOp::put(key, "v")],
+        ..Txn::default()
+    };
+    let refused = |outcome: Result<_, KvError>| matches!(outcome, Err(KvError::Refused(message)) if message.contains("permission denied"));
+    app.txn(put("/app/before")).await.expect("its own prefix");
+    assert!(refused(app.txn(put("/other/before")).await));
+
+    // Another trusted certificate (another name) rotated in: new connections, logged in again.
+    let mut news = app.tls_reloads();
+    let (rotated, rotated_key) = pki.issue("rotated", Leaf::Client).expect("issue");
+    copy(&rotated, &cert, 0o644);
+    copy(&rotated_key, &key, 0o600);
+    news.wait_for(|news| news.reloads >= 1 && news.refused.is_none())
+        .await
+        .expect("reload task alive");
+    app.txn(put("/app/after"))
+        .await
+        .expect("its own prefix after");
+    assert!(refused(app.txn(put("/other/after")).await));
+    assert_eq!(
+        app.get(b"/app/after")
+            .await
+            .expect("read")
+            .map(|kv| kv.value),
+        Some(b"v".to_vec())
+    );
 }
