@@ -22,18 +22,32 @@ use cluster_common::{
 use common::{Agent, BINARY};
 use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
+use corral_kv::Kv as _;
 use rustix::process::Signal;
 
 /// Long enough for any clean stop on a loaded machine; only a hang takes longer.
 const HANG: Duration = Duration::from_secs(60);
 
-/// A `corral operator` replica of cluster `t`, what it says in `dir/NAME.log`.
+/// A daemon (a `corral operator` replica of cluster `t`, or an agent not waited on until it
+/// is ready), what it says in its log file.
 struct Replica {
     child: Child,
     log: PathBuf,
 }
 
 impl Replica {
+    /// `corral ARGS`, its stderr in `log`; not waited on.
+    fn command(args: &[&OsStr], log: PathBuf) -> Replica {
+        let child = Command::new(BINARY)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("corral starts");
+        Replica { child, log }
+    }
+
     /// Replica `name` on the etcd at `etcd` (comma-separated URLs) with `extra` arguments.
     fn spawn(etcd: &str, dir: &Path, name: &str, extra: &[&OsStr]) -> Replica {
         let log = dir.join(format!("{name}.log"));
@@ -68,12 +82,12 @@ impl Replica {
         let read = || std::fs::read_to_string(&log).unwrap_or_default();
         let child = &mut self.child;
         wait_showing(
-            &format!("the replica logs {line:?}"),
+            &format!("the daemon logs {line:?}"),
             HANG,
             || {
                 assert!(
                     child.try_wait().unwrap().is_none(),
-                    "the replica exited: {}",
+                    "the daemon exited: {}",
                     read()
                 );
                 read().contains(line)
@@ -96,7 +110,7 @@ impl Replica {
             }
             assert!(
                 Instant::now() < deadline,
-                "the replica did not exit (it hangs):\n{}",
+                "the daemon did not exit (it hangs):\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(20));
@@ -111,7 +125,7 @@ impl Replica {
         assert_eq!(status.code(), Some(0), "{status:?}\n{log}");
         assert!(
             log.contains("stopping") && log.contains(name),
-            "the replica does not say it stops on {name}:\n{log}"
+            "the daemon does not say it stops on {name}:\n{log}"
         );
     }
 }
@@ -227,6 +241,22 @@ fn a_leading_operator_whose_etcd_is_gone_stops_on_sigterm() {
     leader.stop_with(Signal::TERM, "SIGTERM");
 }
 
+/// A leader whose etcd lost quorum (two of three members killed: the one left answers "no
+/// leader", its calls wait for one until their timeout) stops on SIGINT all the same.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn a_leading_operator_whose_etcd_lost_quorum_stops_on_sigint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = start_etcd(3);
+    init(&etcd, dir.path(), DUAL);
+    let mut leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
+    wait_leads(&etcd, "op-a", HANG);
+    etcd.kill(0).unwrap();
+    etcd.kill(1).unwrap();
+    leader.wait_log("stopped leading");
+    leader.stop_with(Signal::INT, "SIGINT");
+}
+
 /// A replica that never reached etcd (nothing listens there) keeps retrying the election; it
 /// stops on SIGTERM and on SIGINT.
 #[test]
@@ -308,6 +338,54 @@ fn an_agent_waiting_for_an_unreachable_etcd_stops_on_sigterm() {
         || agent.log(),
     );
     stop_agent(&mut agent, Signal::TERM, "SIGTERM");
+}
+
+/// An agent whose node's liveness key is held by a process it cannot judge (a record it
+/// cannot read, on a live lease) waits for that lease before it registers as live and serves
+/// anything; it stops on SIGTERM there, and revokes its own lease (its node's key stays the
+/// other's).
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = start_etcd(1);
+    init(&etcd, dir.path(), DUAL);
+    let kv = kv(&etcd);
+    let key = "/corral/t/v1/live/node-a";
+    let lease = block_on(kv.lease_grant(Duration::from_secs(600))).unwrap();
+    block_on(kv.txn(corral_kv::Txn {
+        compares: vec![],
+        success: vec![corral_kv::TxnOp::put_on_lease(key, "not a record", lease)],
+        failure: vec![],
+    }))
+    .unwrap();
+    let config = cluster_common::agent_config(dir.path());
+    let endpoints = endpoints(&etcd);
+    let args: [&OsStr; 9] = [
+        "agent".as_ref(),
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--etcd".as_ref(),
+        endpoints.as_ref(),
+        "--cluster".as_ref(),
+        "t".as_ref(),
+        "--node".as_ref(),
+        "node-a".as_ref(),
+    ];
+    let mut agent = Replica::command(&args, dir.path().join("agent.log"));
+    agent.wait_log("waiting up to");
+    agent.stop_with(Signal::TERM, "SIGTERM");
+    let held = block_on(kv.get(key.as_bytes())).unwrap().unwrap();
+    assert_eq!(held.lease, Some(lease));
+    // Only the other's lease is left: the agent revoked the one it made for its own key.
+    let listed = Command::new(corral_etcd::testing::etcdctl_binary().unwrap())
+        .args(["--endpoints", &endpoints, "lease", "list"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(listed.starts_with("found 1 leases"), "{listed}");
+    assert!(listed.contains(&format!("{:x}", lease.0)), "{listed}");
 }
 
 /// An agent holding its node's grants, whose etcd then goes, stops on SIGTERM; its grants and
