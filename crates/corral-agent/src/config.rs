@@ -729,4 +729,27 @@ mod tests {
         );
         assert!(SocketGroup::resolve_in("", &database).is_err());
     }
+
+    #[test]
+    fn a_configuration_printed_with_debug_never_shows_its_token() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "config-dump-secret-0123456789").unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let config = AgentConfig::load(&Overrides {
+            data_dir: Some(dir.path().join("state")),
+            tcp: Some("127.0.0.1:9876".parse().unwrap()),
+            token_file: Some(token),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(
+            config.token.as_ref().map(BearerToken::as_str),
+            Some("config-dump-secret-0123456789")
+        );
+        let dump = format!("{config:?} {config:#?}");
+        assert!(!dump.contains("config-dump-secret"), "{dump}");
+        assert!(dump.contains("BearerToken(***)"), "{dump}");
+    }
 }
