@@ -3,6 +3,7 @@
 //! ```toml
 //! data_dir = "/var/lib/corral"          # the SQLite state
 //! socket = "/run/corral/agent.sock"     # the REST API (mode 0660)
+//! socket_group = "corral"               # optional; the socket's group (else the agent's)
 //! tcp = "127.0.0.1:9876"                # optional; needs a token
 //! token_file = "/etc/corral/token"      # the bearer token for TCP
 //! cni_data_dirs = ["/var/lib/cni/networks"]  # where corral-ipam records DELs for the agent
@@ -37,6 +38,8 @@
 //! fd88::/64, 30 s cooldown) with production paths; an agent that joins a cluster (`--etcd`)
 //! starts with no pools instead, and the cluster's grants make them.
 
+/// The token type of [`AgentConfig`], read with its file checks (`BearerToken::read_file`).
+pub use corral_http::BearerToken;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -63,7 +66,11 @@ pub struct AgentConfig {
     pub socket: PathBuf,
     /// A TCP address on the loopback interface, served only with a token.
     pub tcp: Option<SocketAddr>,
-    pub token: Option<String>,
+    /// The socket's group, so its members (a CNI runtime's, an operator's) may connect
+    /// (`socket_group`, `--socket-group`); without it the agent's own group.
+    pub socket_group: Option<SocketGroup>,
+    /// Its bearer token (`Debug` shows `***`).
+    pub token: Option<BearerToken>,
     /// The agent's own pools (scope `node`).
     pub pools: ScopeConfig,
     /// The CNI `dataDir`s whose pending DELs (recorded by corral-ipam while the agent was
@@ -120,12 +127,69 @@ impl Default for ConnectionLimits {
     }
 }
 
+/// The group the agent's socket is given (mode 0660: its members may connect).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SocketGroup {
+    /// As given: a group name or a numeric GID.
+    pub name: String,
+    pub gid: u32,
+}
+
+impl SocketGroup {
+    /// The group `name`: a number is a GID as it is, a name is looked up in the system's
+    /// group database (`/etc/group`, where `groupadd` and systemd-sysusers put local groups).
+    /// A group that does not exist is an error naming it.
+    pub fn resolve(name: &str) -> Result<SocketGroup, ConfigError> {
+        Self::resolve_in(name, Path::new("/etc/group"))
+    }
+
+    fn resolve_in(name: &str, database: &Path) -> Result<SocketGroup, ConfigError> {
+        if name.is_empty() {
+            return Err(ConfigError("socket_group: empty group name".into()));
+        }
+        if let Ok(gid) = name.parse::<u32>() {
+            return Ok(SocketGroup {
+                name: name.to_owned(),
+                gid,
+            });
+        }
+        let groups = std::fs::read_to_string(database).map_err(|e| {
+            ConfigError(format!(
+                "socket_group {name}: cannot read {}: {e}",
+                database.display()
+            ))
+        })?;
+        groups
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(':');
+                let group = fields.next()?;
+                let gid = fields.nth(1)?.parse::<u32>().ok()?;
+                (group == name).then_some(gid)
+            })
+            .next()
+            .map(|gid| SocketGroup {
+                name: name.to_owned(),
+                gid,
+            })
+            .ok_or_else(|| {
+                ConfigError(format!(
+                    "socket_group {name}: no such group in {} (create it, e.g. groupadd \
+                     --system {name}, or give a numeric GID)",
+                    database.display()
+                ))
+            })
+    }
+}
+
 /// The file's shape; every field optional.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     pub data_dir: Option<PathBuf>,
     pub socket: Option<PathBuf>,
+    /// See [`AgentConfig::socket_group`].
+    pub socket_group: Option<String>,
     pub tcp: Option<SocketAddr>,
     pub token_file: Option<PathBuf>,
     pub cni_data_dirs: Option<Vec<PathBuf>>,
@@ -243,6 +307,8 @@ pub struct Overrides {
     pub config: Option<PathBuf>,
     pub data_dir: Option<PathBuf>,
     pub socket: Option<PathBuf>,
+    /// When given, replaces the file's `socket_group`.
+    pub socket_group: Option<String>,
     pub tcp: Option<SocketAddr>,
     pub token_file: Option<PathBuf>,
     /// When given, replaces the file's `cni_data_dirs`.
@@ -303,20 +369,11 @@ impl AgentConfig {
         };
         let token_file = overrides.token_file.clone().or(file.token_file);
         let token = match &token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    ConfigError(format!("cannot read token file {}: {e}", path.display()))
-                })?;
-                let token = text.trim().to_owned();
-                if token.len() < 16 {
-                    return Err(ConfigError(format!(
-                        "token in {} is shorter than 16 characters",
-                        path.display()
-                    )));
-                }
-                Some(token)
-            }
-            None => std::env::var("CORRAL_TOKEN").ok().filter(|t| !t.is_empty()),
+            Some(path) => Some(BearerToken::read_file(path).map_err(ConfigError)?),
+            None => std::env::var("CORRAL_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty())
+                .map(BearerToken::new),
         };
         let tcp = overrides.tcp.or(file.tcp);
         if let Some(addr) = tcp {
@@ -342,6 +399,14 @@ impl AgentConfig {
                 .clone()
                 .or(file.socket)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            socket_group: match overrides
+                .socket_group
+                .as_ref()
+                .or(file.socket_group.as_ref())
+            {
+                Some(name) => Some(SocketGroup::resolve(name)?),
+                None => None,
+            },
             tcp,
             token,
             pools: pools(&file.pools.unwrap_or_else(|| {
@@ -385,6 +450,7 @@ impl AgentConfig {
         AgentConfig {
             data_dir: dir.join("state"),
             socket: dir.join("agent.sock"),
+            socket_group: None,
             tcp: None,
             token: None,
             // The embedded default is valid by construction (a unit test loads it).
@@ -716,5 +782,51 @@ mod tests {
             }
             assert!(error.0.contains(needle), "{text}: {}", error.0);
         }
+    }
+
+    #[test]
+    fn a_socket_group_is_a_gid_or_a_name_in_the_group_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("group");
+        std::fs::write(&database, "root:x:0:\ncorral:x:991:alice,bob\nbroken\n").unwrap();
+        let named = SocketGroup::resolve_in("corral", &database).unwrap();
+        assert_eq!((named.name.as_str(), named.gid), ("corral", 991));
+        assert_eq!(
+            SocketGroup::resolve_in("4242", &database).unwrap().gid,
+            4242
+        );
+        let error = SocketGroup::resolve_in("nobody-here", &database).unwrap_err();
+        assert_eq!(
+            error.0,
+            format!(
+                "socket_group nobody-here: no such group in {} (create it, e.g. groupadd \
+                 --system nobody-here, or give a numeric GID)",
+                database.display()
+            )
+        );
+        assert!(SocketGroup::resolve_in("", &database).is_err());
+    }
+
+    #[test]
+    fn a_configuration_printed_with_debug_never_shows_its_token() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "config-dump-secret-0123456789").unwrap();
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let config = AgentConfig::load(&Overrides {
+            data_dir: Some(dir.path().join("state")),
+            tcp: Some("127.0.0.1:9876".parse().unwrap()),
+            token_file: Some(token),
+            ..Overrides::default()
+        })
+        .unwrap();
+        assert_eq!(
+            config.token.as_ref().map(BearerToken::as_str),
+            Some("config-dump-secret-0123456789")
+        );
+        let dump = format!("{config:?} {config:#?}");
+        assert!(!dump.contains("config-dump-secret"), "{dump}");
+        assert!(dump.contains("BearerToken(***)"), "{dump}");
     }
 }

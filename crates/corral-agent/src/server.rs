@@ -1,5 +1,6 @@
-//! Listening and running: the unix socket (mode 0660), the optional TCP listener, restore,
-//! the lease ticker, and shutdown on SIGINT / SIGTERM.
+//! Listening and running: the unix socket (mode 0660, its group `socket_group`), the optional
+//! TCP listener, restore, the lease ticker, and shutdown on SIGINT / SIGTERM (one signal path,
+//! [`shutdown_signal`], heard in every state: restoring, waiting for etcd, serving).
 
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
@@ -83,6 +84,21 @@ pub async fn serve_with(
                 message,
             }
         })?;
+    // The socket's group (mode 0660: its members may connect); a failure leaves nothing
+    // half served.
+    if let Some(group) = &config.socket_group {
+        let gid = rustix::fs::Gid::from_raw(group.gid);
+        if let Err(error) = rustix::fs::chown(&config.socket, None, Some(gid)) {
+            corral_http::remove_socket(&config.socket, socket_identity);
+            return Err(AgentError::Socket {
+                path: config.socket.display().to_string(),
+                message: format!(
+                    "cannot give it group {} (gid {}): {error}",
+                    group.name, group.gid
+                ),
+            });
+        }
+    }
     let router = api::router(state.clone());
     let tcp = match config.tcp {
         Some(addr) => Some((
@@ -94,7 +110,7 @@ pub async fn serve_with(
                 })?,
             api::with_token(
                 router.clone(),
-                Arc::from(config.token.clone().unwrap_or_default().as_str()),
+                Arc::from(config.token.as_ref().map_or("", |t| t.as_str())),
             ),
         )),
         None => None,
@@ -130,39 +146,69 @@ pub async fn serve_with(
             stop_rx.clone(),
         ))
     });
+    // A signal from here on stops the start where it is (`stopped`): the restore, the DELs
+    // recorded while the agent was away; the listeners stop and the socket goes either way.
+    tokio::pin!(shutdown);
     // Restore off the async threads; requests meanwhile get 503.
     let declared = config.pools.clone();
     let broken_scopes = Arc::clone(&state.broken_scopes);
     let interface_counters = state.metrics.interface_counters.clone();
     let history = config.history;
-    let node = tokio::task::spawn_blocking(move || {
+    let restore = tokio::task::spawn_blocking(move || {
         NodeState::restore(store, &declared).map(|node| {
             node.with_broken_gauge(broken_scopes)
                 .with_interface_counters(interface_counters)
                 .with_history(history)
         })
-    })
-    .await
-    .map_err(|e| std::io::Error::other(e.to_string()))??;
-    // What the configuration file asked for that could not be applied: said at start, and
-    // in `corral status` for as long as the agent runs.
-    for warning in node.warnings() {
-        tracing::warn!("{warning}");
-    }
-    let committer = Committer::start(node)?;
+    });
+    let node = tokio::select! {
+        biased;
+        () = &mut shutdown => None,
+        node = restore => Some(node.map_err(|e| std::io::Error::other(e.to_string()))??),
+    };
+    let committer = match node {
+        Some(node) => {
+            // What the configuration file asked for that could not be applied: said at
+            // start, and in `corral status` for as long as the agent runs.
+            for warning in node.warnings() {
+                tracing::warn!("{warning}");
+            }
+            Some(Committer::start(node)?)
+        }
+        None => None,
+    };
     // DELs corral-ipam recorded while the agent was away are applied before anything is
     // served (requests meanwhile get 503), so none can follow an ADD of its attachment.
-    crate::pending::apply_pending(&committer, &config.socket, &config.cni_data_dirs).await?;
-    let fatal = run_started(
-        &state,
-        &committer,
-        cluster,
-        true,
-        (stop_tx, stop_rx),
-        shutdown,
-        on_ready,
-    )
-    .await;
+    let pending_applied = match &committer {
+        Some(committer) => tokio::select! {
+            biased;
+            () = &mut shutdown => false,
+            applied = crate::pending::apply_pending(committer, &config.socket, &config.cni_data_dirs) => {
+                applied?;
+                true
+            }
+        },
+        None => false,
+    };
+    let fatal = match &committer {
+        Some(committer) if pending_applied => {
+            run_started(
+                &state,
+                committer,
+                cluster,
+                true,
+                (stop_tx, stop_rx),
+                shutdown,
+                on_ready,
+            )
+            .await
+        }
+        _ => {
+            tracing::info!("stopped before the agent was ready");
+            let _ = stop_tx.send(true);
+            None
+        }
+    };
     let _ = unix_task.await;
     if let Some(task) = tcp_task {
         let _ = task.await;
@@ -171,7 +217,9 @@ pub async fn serve_with(
     // socket only after it got the directory, so this cannot remove the successor's.
     corral_http::remove_socket(&config.socket, socket_identity);
     // The committer finishes its batch in progress and closes the store.
-    let _ = tokio::task::spawn_blocking(move || committer.close()).await;
+    if let Some(committer) = committer {
+        let _ = tokio::task::spawn_blocking(move || committer.close()).await;
+    }
     drop(state);
     match fatal {
         Some(message) => Err(AgentError::Cluster(message)),
@@ -306,23 +354,33 @@ pub fn run_with(
         .enable_all()
         .thread_name("corral-agent")
         .build()?;
-    runtime.block_on(serve_with(config, cluster, shutdown_signal(), on_ready))
+    let shutdown = {
+        let _runtime = runtime.enter();
+        shutdown_signal()?
+    };
+    let result = runtime.block_on(serve_with(config, cluster, shutdown, on_ready));
+    // A restore or a store call still running on a blocking thread when a signal cut the
+    // start short is not waited for: SQLite's journal makes its end as safe as a kill.
+    runtime.shutdown_timeout(Duration::ZERO);
+    result
 }
 
-/// Completes on SIGINT or SIGTERM (the daemons' shutdown; `corral operator` uses it too).
-pub async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
+/// The daemons' one signal path: SIGINT and SIGTERM are caught from this call on (it must run
+/// inside a runtime), and the future it answers completes on the first of them. Installed
+/// before anything else starts, so a signal during start-up (a restore, etcd unreachable, a
+/// wait for `cluster init`) is never left to the default action or ignored; every wait loop
+/// of the daemon then selects on it (`corral agent` and `corral operator` use it).
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "stopping");
+    })
 }
 
 /// An agent running on a thread of its own (with its own runtime), for embedding and tests.

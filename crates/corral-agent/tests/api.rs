@@ -590,7 +590,7 @@ fn start_with_tcp(dir: &Path, token: &str) -> (corral_agent::Running, std::net::
             .unwrap();
         let config = AgentConfig {
             tcp: Some(addr),
-            token: Some(token.to_owned()),
+            token: Some(config::BearerToken::new(token)),
             ..AgentConfig::in_dir(dir)
         };
         match corral_agent::Running::start(config) {

@@ -34,7 +34,7 @@ fn start_agent(dir: &Path) -> (Running, SocketAddr) {
             .unwrap();
         let config = AgentConfig {
             tcp: Some(addr),
-            token: Some(TOKEN.to_owned()),
+            token: Some(corral_agent::config::BearerToken::new(TOKEN)),
             ..AgentConfig::in_dir(dir)
         };
         match Running::start(config) {

@@ -157,17 +157,7 @@ pub const DEFAULT_API_SOCKET: &str = "/run/corral/operator.sock";
 fn api_config(args: &OperatorArgs) -> Result<corral_operator::api::ApiConfig, Failure> {
     let token = match &args.token_file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Failure::Usage(format!("cannot read token file {}: {e}", path.display()))
-            })?;
-            let token = text.trim().to_owned();
-            if token.len() < 16 {
-                return Err(Failure::Usage(format!(
-                    "token in {} is shorter than 16 characters",
-                    path.display()
-                )));
-            }
-            Some(token)
+            Some(corral_operator::api::BearerToken::read_file(path).map_err(Failure::Usage)?)
         }
         None => None,
     };
@@ -400,11 +390,38 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
         .thread_name("corral-operator")
         .build()
         .map_err(Failure::Runtime)?;
+    // The signals are caught from here on, whatever the replica is doing (connecting,
+    // campaigning, waiting for `cluster init`, leading, etcd unreachable): each wait selects
+    // on `stopped`.
+    let signal = {
+        let _runtime = runtime.enter();
+        corral_agent::shutdown_signal().map_err(Failure::Runtime)?
+    };
     runtime.block_on(async move {
-        // The cloud first: a cloud the build lacks, or bad settings, is refused before etcd.
-        let cloud = args.cloud.connect(providers).await?;
-        let (kv, _) = connect(&args.etcd).await?;
-        log_tls_reloads(&kv);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            signal.await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = move || {
+            let mut stop_rx = stop_rx.clone();
+            async move {
+                let _ = stop_rx.wait_for(|stop| *stop).await;
+            }
+        };
+        let started = async {
+            // The cloud first: a cloud the build lacks, or bad settings, is refused before
+            // etcd.
+            let cloud = args.cloud.connect(providers).await?;
+            let (kv, _) = connect(&args.etcd).await?;
+            log_tls_reloads(&kv);
+            Ok::<_, Failure>((cloud, kv))
+        };
+        let (cloud, kv) = tokio::select! {
+            biased;
+            () = stopped() => return Ok(Outcome::ok(String::new())),
+            started = started => started?,
+        };
         let replica = args.replica.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
             format!("{}-{}", host.trim(), std::process::id())
@@ -447,7 +464,7 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
             etcd = %args.etcd.etcd.join(","),
             "campaigning"
         );
-        let shutdown = Box::pin(corral_agent::shutdown_signal());
+        let shutdown = Box::pin(stopped());
         match cloud {
             Some(cloud) => {
                 let run = crate::cloud::OperatorRun {

@@ -217,6 +217,10 @@ struct AgentArgs {
     /// /run/corral/agent.sock; or CORRAL_SOCKET]
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// The socket's group (a name or a GID): its members may connect (mode 0660) [default:
+    /// the configuration file's socket_group, else the agent's own group]
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
     /// The agent's TOML configuration file
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -314,6 +318,7 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         config: args.config,
         data_dir: args.data_dir,
         socket: args.socket.clone(),
+        socket_group: args.socket_group,
         tcp: args.tcp,
         token_file: args.token_file,
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
@@ -348,12 +353,14 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
                 max_pods: args.max_pods,
                 epoch_file: Some(config.data_dir.join("etcd-epoch")),
             };
-            let task: corral_agent::ClusterTask = Box::new(move |committer, state, stop| {
+            let task: corral_agent::ClusterTask = Box::new(move |committer, state, mut stop| {
                 Box::pin(async move {
                     let kv = loop {
-                        match corral_etcd::EtcdKv::connect(&options.endpoints, etcd_options.clone())
-                            .await
-                        {
+                        let connected = tokio::select! {
+                            connected = corral_etcd::EtcdKv::connect(&options.endpoints, etcd_options.clone()) => connected,
+                            _ = stop.changed() => return,
+                        };
+                        match connected {
                             Ok(kv) => {
                                 cluster::log_tls_reloads(&kv);
                                 break kv;
@@ -362,7 +369,10 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
                                 tracing::warn!(%error, "connecting to etcd");
                                 // The agent serves what it holds meanwhile (degraded).
                                 state.unreachable(&format!("connecting to etcd: {error}"));
-                                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                                tokio::select! {
+                                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                                    _ = stop.changed() => return,
+                                }
                             }
                         }
                     };

@@ -39,7 +39,7 @@ fn free_addr() -> SocketAddr {
 fn start_agent(dir: &Path) -> (Agent, SocketAddr) {
     let socket = dir.join("agent.sock");
     let token_file = dir.join("token");
-    std::fs::write(&token_file, TOKEN).unwrap();
+    common::write_token_file(&token_file, TOKEN);
     // Free when asked; the agent binds it a moment later.
     let addr = free_addr();
     let config = dir.join("agent.toml");
@@ -283,7 +283,7 @@ fn a_client_that_never_reads_its_answers_loses_its_connection() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, TOKEN).unwrap();
+    common::write_token_file(&token_file, TOKEN);
     let addr = free_addr();
     let config = dir.path().join("agent.toml");
     std::fs::write(

@@ -331,7 +331,7 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
     let dir = tempfile::tempdir().unwrap();
     let etcd = initialized(1, dir.path(), &one_block());
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, TOKEN).unwrap();
+    common::write_token_file(&token_file, TOKEN);
     let state = dir.path().join("op-a-state");
     let args: [&std::ffi::OsStr; 6] = [
         "--state-dir".as_ref(),

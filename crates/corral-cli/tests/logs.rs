@@ -64,7 +64,7 @@ fn json_logs_are_one_object_a_line_with_grants_in_their_node_span_and_no_token()
     let dir = dir.path();
     let etcd = initialized(1, dir, DUAL);
     let token_file = dir.join("token");
-    std::fs::write(&token_file, TOKEN).unwrap();
+    common::write_token_file(&token_file, TOKEN);
     let operator_tcp = free_addr().to_string();
     let state = dir.join("op-a-state");
     let json = ["--log-format", "json", "--log-level", "debug"];

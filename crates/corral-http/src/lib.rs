@@ -13,4 +13,4 @@ mod token;
 
 pub use listen::{Acceptor, serve};
 pub use socket::{FileIdentity, bind_socket, remove_socket};
-pub use token::with_token;
+pub use token::{BearerToken, MIN_TOKEN_LEN, with_token};

@@ -28,6 +28,8 @@ use corral_api::openapi::AnyObject;
 use corral_api::operator::{self as body, paths};
 use corral_api::{ErrorCode, ErrorResponse};
 use corral_cluster::{ClusterView, NodeName};
+/// The token type of [`ApiConfig`], read with its file checks (`BearerToken::read_file`).
+pub use corral_http::BearerToken;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use utoipa_axum::router::OpenApiRouter;
@@ -55,8 +57,8 @@ pub struct ApiConfig {
     pub socket: PathBuf,
     /// A loopback TCP address, served only with `token`.
     pub tcp: Option<SocketAddr>,
-    /// The bearer token the TCP listener requires.
-    pub token: Option<String>,
+    /// The bearer token the TCP listener requires (`Debug` shows `***`).
+    pub token: Option<BearerToken>,
 }
 
 /// Why the API could not start.
@@ -102,7 +104,10 @@ pub async fn bind(config: ApiConfig, shared: Arc<Shared>) -> Result<Api, BindErr
         addr: addr.to_string(),
         message,
     };
-    let token = match (&config.tcp, config.token.as_deref().map(str::trim)) {
+    let token = match (
+        &config.tcp,
+        config.token.as_ref().map(|t| t.as_str().trim()),
+    ) {
         (Some(addr), _) if !addr.ip().is_loopback() => {
             return Err(tcp_fail(
                 addr,

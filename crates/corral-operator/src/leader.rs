@@ -89,16 +89,24 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     let started = Instant::now();
     // etcd's time first: a store that went back (restored, wiped) is noticed before anything
     // is read from it; and every term waits for the live agents' holdings (`epoch.rs`).
+    // Asked to stop meanwhile (`stop`), it ends as a term does: the caller resigns. The read
+    // waits while no configuration was ever installed (before `cluster init`), so it must
+    // hear the stop too.
     tokio::select! {
         biased;
         probed = shared.probe_epoch(kv) => { probed?; }
         _ = lost.changed() => return Err(LeadError::Lost),
+        () = crate::stopped(stop) => return Ok(()),
     }
     shared.begin_term();
     let (view, revision) = tokio::select! {
         biased;
         rebuilt = rebuild(kv, keys, shared) => rebuilt?,
         _ = lost.changed() => return Err(LeadError::Lost),
+        () = crate::stopped(stop) => {
+            shared.end_term();
+            return Ok(());
+        }
     };
     shared.install(view, revision);
     shared.set_leading(true, started.elapsed());

@@ -189,7 +189,7 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 tokio::select! {
                     biased;
                     _ = tokio::time::sleep(every) => {}
-                    _ = stop.changed() => return,
+                    () = stopped(&mut stop) => return,
                 }
             }
         }
@@ -202,16 +202,25 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 return;
             }
             // etcd's time before this replica writes anything (its election key) to a store
-            // that may have come back from a snapshot.
-            let _ = shared.probe_epoch(&kv).await;
-            let mut candidate = match election::Candidate::join(
-                &kv,
-                election.as_bytes(),
-                &config.replica,
-                config.lease_ttl,
-            )
-            .await
-            {
+            // that may have come back from a snapshot. Each call to etcd here selects on the
+            // stop, so an unreachable etcd never holds a stopping replica for its timeouts (a
+            // join cut short leaves at most a key on a lease that expires by itself).
+            tokio::select! {
+                biased;
+                () = stopped(&mut stop) => return,
+                _ = shared.probe_epoch(&kv) => {}
+            }
+            let joined = tokio::select! {
+                biased;
+                () = stopped(&mut stop) => return,
+                joined = election::Candidate::join(
+                    &kv,
+                    election.as_bytes(),
+                    &config.replica,
+                    config.lease_ttl,
+                ) => joined,
+            };
+            let mut candidate = match joined {
                 Ok(candidate) => {
                     // A candidate again: the election's trouble is over.
                     shared.resolve("election", &config.replica);
@@ -231,7 +240,7 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
             let fence = tokio::select! {
                 biased;
                 fence = candidate.wait_to_lead(&kv, election.as_bytes()) => fence,
-                _ = stop.changed() => {
+                () = stopped(&mut stop) => {
                     candidate.resign(&kv).await;
                     return;
                 }
@@ -334,6 +343,13 @@ async fn pause(failures: u32, stop: &mut tokio::sync::watch::Receiver<bool>) {
     tokio::select! {
         biased;
         _ = tokio::time::sleep(wait) => {}
-        _ = stop.changed() => {}
+        () = stopped(stop) => {}
     }
+}
+
+/// Completes once `stop` is true (at once if it is already): what every wait of the replica
+/// selects on. Holds no borrow of the value past its end, so a future that awaits after it
+/// stays `Send`.
+pub(crate) async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
 }

@@ -69,7 +69,7 @@ impl Running {
         let config = ApiConfig {
             socket: socket.clone(),
             tcp: Some("127.0.0.1:0".parse().unwrap()),
-            token: Some(TOKEN.to_owned()),
+            token: Some(corral_operator::api::BearerToken::new(TOKEN)),
         };
         let api = runtime
             .block_on(corral_operator::api::bind(config, shared))
@@ -540,7 +540,7 @@ fn a_tcp_listener_must_be_loopback_with_a_token_and_a_live_socket_is_refused() {
     let config = |tcp: &str, token: Option<&str>| ApiConfig {
         socket: socket.clone(),
         tcp: Some(tcp.parse().unwrap()),
-        token: token.map(str::to_owned),
+        token: token.map(corral_operator::api::BearerToken::new),
     };
     let error = bind(config("0.0.0.0:0", Some(TOKEN))).unwrap_err();
     assert!(

@@ -78,7 +78,7 @@ fn schemathesis_finds_nothing_in_the_operator_api() {
             ApiConfig {
                 socket: dir.path().join("operator.sock"),
                 tcp: Some("127.0.0.1:0".parse().unwrap()),
-                token: Some(TOKEN.to_owned()),
+                token: Some(corral_operator::api::BearerToken::new(TOKEN)),
             },
             Arc::clone(&shared),
         ))

@@ -90,6 +90,28 @@ impl Agent {
         self.child.id()
     }
 
+    /// Sends `signal` (SIGTERM, SIGINT) to the agent.
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.pid() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    /// Waits for the agent to exit (`bound` only catches a hang) and answers how it ended.
+    pub fn wait_exit(&mut self, bound: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not exit (it hangs):\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub fn kill(self) {
         drop(self);
@@ -118,6 +140,14 @@ pub fn agent_config_file(dir: &Path, range: &str, cooldown_ms: u64) -> PathBuf {
     )
     .unwrap();
     path
+}
+
+/// Writes a bearer token file at `path` with mode 0600 (the daemons refuse one others can
+/// read).
+pub fn write_token_file(path: &Path, token: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(path, token).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// `corral --socket SOCKET <args>` with nothing on its standard input: what it wrote.
