@@ -461,6 +461,9 @@ pub fn pools(declared: &[PoolFile]) -> Result<ScopeConfig, ConfigError> {
 }
 
 #[cfg(test)]
+mod shipped;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
