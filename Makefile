@@ -35,7 +35,7 @@ demo:
 ## contract tests and the end-to-end run with etcd (crates/corral-aws/tests/moto.rs and e2e.rs
 ## look for target/moto-venv/bin/moto_server); chromium, the headless browser the operator's
 ## dashboard is tested in (crates/corral-cli/tests/dashboard.rs); systemd-analyze (systemd),
-## pgrep (procps) and cargo-deb (crates.io, pinned, built into ~/.cargo/bin when missing) for
+## pgrep (procps) and cargo-deb (`cargo install`, pinned, when missing) for
 ## the packages' test (`make install-test`; it also traces the daemons with strace)
 DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server etcd-client protobuf-compiler chromium systemd procps
 SCHEMATHESIS_VERSION := 4.32.5
