@@ -5,6 +5,7 @@ CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean
+.PHONY: build install uninstall deb install-test
 
 ## run: the agent in the foreground on the embedded default (a dual-stack pool `default`),
 ## with its state and socket in ./.corral (production paths are /var/lib/corral and
@@ -35,12 +36,15 @@ demo:
 ## look for target/moto-venv/bin/moto_server); chromium, the headless browser the operator's
 ## dashboard is tested in (crates/corral-cli/tests/dashboard.rs); podman (4.3, CNI backend), runc
 ## and busybox-static (the image, imported: nothing is pulled) for containers on a bridge whose
-## IPAM is corral-ipam in agent mode (crates/corral-cli/tests/podman.rs)
-DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server etcd-client protobuf-compiler chromium podman runc busybox-static
+## IPAM is corral-ipam in agent mode (crates/corral-cli/tests/podman.rs); systemd-analyze (systemd),
+## pgrep (procps) and cargo-deb (`cargo install`, pinned, when missing) for
+## the packages' test (`make install-test`; it also traces the daemons with strace)
+DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server etcd-client protobuf-compiler chromium podman runc busybox-static systemd procps
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv
 MOTO_VERSION := 5.2.5
 MOTO_VENV := target/moto-venv
+CARGO_DEB_VERSION := 3.8.0
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -61,10 +65,15 @@ deps:
 		$(MOTO_VENV)/bin/pip install --quiet --disable-pip-version-check \
 			"moto[server]==$(MOTO_VERSION)"; \
 	}
+	@$(CARGO) deb --version 2>/dev/null | grep -qx "cargo-deb $(CARGO_DEB_VERSION)" || { \
+		echo "installing cargo-deb $(CARGO_DEB_VERSION)"; \
+		$(CARGO) install --locked --quiet cargo-deb --version $(CARGO_DEB_VERSION); \
+	}
 
 ## test: set-up, lints, and every test of the workspace, every tier
 ## (and corral-cni's integration tests and the podman test a second time, against the installed
-## build of corral-ipam from `make plugin`: another libc, allocator and optimisation level).
+## build of corral-ipam from `make plugin`: another libc, allocator and optimisation level; then
+## the packages, installed and run: `make install-test`).
 ## Tiers: a plain `cargo test` runs what a laptop can (no root, etcd, network namespaces,
 ## loop devices or installed tools); tests that need more are `#[ignore = "needs ..."]`,
 ## and run here with `--include-ignored`, failing loudly when what they need is missing.
@@ -76,6 +85,7 @@ test: deps lint
 	$(MAKE) --no-print-directory plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cni --tests -- --include-ignored
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cli --test podman -- --include-ignored
+	$(MAKE) --no-print-directory install-test
 
 ## lint: formatting and clippy, warnings are errors
 lint:
@@ -155,3 +165,68 @@ bench-cloud:
 
 clean:
 	$(CARGO) clean
+
+## build: what `make install` installs: `corral` (release profile) and corral-ipam (`make plugin`)
+build: plugin
+	$(CARGO) build --release -p corral-cli --bin corral
+
+## install: `corral` into $(BINDIR), corral-ipam into the CNI plugin directory $(CNI_BIN_DIR)
+## (Debian's own plugins are in /usr/lib/cni: CNI_BIN_DIR=/usr/lib/cni), the systemd units
+## corral-agent.service and corral-operator.service into $(SYSTEMD_UNIT_DIR) (their paths made
+## to match), and the commented default configuration (packaging/) into $(SYSCONFDIR)/corral,
+## where a file already there is kept; all under $(DESTDIR) when given (no root needed).
+## It builds nothing: `make build` first (as yourself), or name the builds with CORRAL_BUILD=
+## and IPAM_BUILD=. Then `systemctl daemon-reload`; docs/install.md.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+CNI_BIN_DIR ?= /opt/cni/bin
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+CORRAL_BUILD ?= target/release/corral
+IPAM_BUILD ?= $(PLUGIN)
+UNITS := corral-agent.service corral-operator.service
+CONFIGS := agent.toml agent.env operator.env
+install:
+	@for built in $(CORRAL_BUILD) $(IPAM_BUILD); do test -x "$$built" || { \
+		echo "$$built is missing: run \`make build\` first (or name the builds with CORRAL_BUILD= and IPAM_BUILD=)"; \
+		exit 1; }; done
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(CNI_BIN_DIR) $(DESTDIR)$(SYSTEMD_UNIT_DIR) $(DESTDIR)$(SYSCONFDIR)/corral
+	install -m 755 $(CORRAL_BUILD) $(DESTDIR)$(BINDIR)/corral
+	install -m 755 $(IPAM_BUILD) $(DESTDIR)$(CNI_BIN_DIR)/corral-ipam
+	for unit in $(UNITS); do \
+		sed -e 's|/usr/bin/corral|$(BINDIR)/corral|g' -e 's|/etc/corral/|$(SYSCONFDIR)/corral/|g' \
+			packaging/$$unit > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$unit && \
+		chmod 644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$unit || exit 1; \
+	done
+	@for config in $(CONFIGS); do \
+		if [ -e $(DESTDIR)$(SYSCONFDIR)/corral/$$config ]; then \
+			echo "kept $(DESTDIR)$(SYSCONFDIR)/corral/$$config (packaging/$$config is the shipped one)"; \
+		else \
+			echo "install -m 644 packaging/$$config $(DESTDIR)$(SYSCONFDIR)/corral/$$config"; \
+			install -m 644 packaging/$$config $(DESTDIR)$(SYSCONFDIR)/corral/$$config || exit 1; \
+		fi; \
+	done
+
+## uninstall: removes what `make install` put in place (same variables), but the
+## configuration files that were changed
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/corral $(DESTDIR)$(CNI_BIN_DIR)/corral-ipam $(addprefix $(DESTDIR)$(SYSTEMD_UNIT_DIR)/,$(UNITS))
+	@for config in $(CONFIGS); do \
+		installed=$(DESTDIR)$(SYSCONFDIR)/corral/$$config; \
+		if cmp -s packaging/$$config $$installed; then echo "rm -f $$installed"; rm -f $$installed; \
+		elif [ -e $$installed ]; then echo "kept $$installed (changed)"; fi; \
+	done
+	@rmdir $(DESTDIR)$(SYSCONFDIR)/corral 2>/dev/null || true
+
+## deb: the Debian package target/debian/corral_<version>-1_<arch>.deb (cargo-deb, `make
+## deps`): the files of `make install PREFIX=/usr CNI_BIN_DIR=/usr/lib/cni` from the same
+## builds; the units are installed but neither enabled nor started (crates/corral-cli/Cargo.toml)
+deb: build
+	$(CARGO) deb -p corral-cli --no-build
+
+## install-test: `make install` into temporary roots and the .deb (from the debug build and
+## `make plugin`'s corral-ipam) unpacked into another: the same files; the units pass
+## `systemd-analyze verify`; the installed binaries run, the agent from the installed
+## configuration without capabilities (scripts/install-test; `make test` runs it)
+install-test:
+	scripts/install-test

@@ -564,6 +564,9 @@ pub fn pools(declared: &[PoolFile]) -> Result<ScopeConfig, ConfigError> {
 }
 
 #[cfg(test)]
+mod shipped;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
