@@ -201,6 +201,37 @@ pub struct Cluster {
     pub leader: Option<String>,
     /// Candidates under `election/` (whoever leads or not).
     pub candidates: usize,
+    /// The leader's election lease as etcd counts it down (`None`: no leader, or not read).
+    pub leader_lease: Option<LeaderLease>,
+}
+
+/// What is left of the leader's election lease, read at `read_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderLease {
+    pub read_ms: u64,
+    /// Seconds left (rounded down); `None` when the lease had already expired.
+    pub left_secs: Option<u64>,
+    pub granted_secs: u64,
+}
+
+impl LeaderLease {
+    /// Whether the leader has stopped renewing its lease: an operator renews it every third
+    /// of its TTL, so more than two renewals missed (and at least two seconds of silence
+    /// beyond one) means it no longer answers. Answers since when, and when the lease ends.
+    fn stalled(&self) -> Option<(u64, u64)> {
+        let period = self.granted_secs.saturating_mul(1000) / 3;
+        let left_ms = self.left_secs?.saturating_mul(1000);
+        let silent_ms = self
+            .granted_secs
+            .saturating_mul(1000)
+            .saturating_sub(left_ms);
+        (silent_ms > (2 * period).max(period + 2000)).then(|| {
+            (
+                self.read_ms.saturating_sub(silent_ms),
+                self.read_ms + left_ms,
+            )
+        })
+    }
 }
 
 pub fn run(command: ExplainCommand, output: Output) -> Result<Outcome, Failure> {
@@ -289,13 +320,40 @@ fn read_cluster(etcd: &crate::cluster::EtcdArgs) -> Result<Cluster, String> {
             .iter()
             .filter(|(key, lease, ..)| corral_cluster::election_candidate(&keys, key, *lease))
             .count();
+        let leader_key = entries
+            .iter()
+            .filter(|(key, lease, ..)| corral_cluster::election_candidate(&keys, key, *lease))
+            .min_by_key(|(_, _, created, _)| *created)
+            .and_then(|(_, lease, ..)| *lease);
         let leader = corral_cluster::election_leader(&keys, entries);
+        // A leader that stopped answering keeps its key until its lease runs out: how much of
+        // the lease is left tells a failover in progress before then.
+        let leader_lease = match leader_key {
+            Some(lease) => kv
+                .lease_time_left(corral_kv::LeaseId(lease))
+                .await
+                .ok()
+                .map(|left| LeaderLease {
+                    read_ms: now_ms(),
+                    left_secs: left.map(|(left, _)| left.as_secs()),
+                    granted_secs: left.map_or(0, |(_, granted)| granted.as_secs()),
+                }),
+            None => None,
+        };
         Ok(Cluster {
             view,
             leader,
             candidates,
+            leader_lease,
         })
     })
+}
+
+/// Milliseconds since the epoch now.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The agent's links: reachable, and its link to etcd. Answers the node it serves, if known.
@@ -414,9 +472,43 @@ fn leader_link(gathered: &Gathered, cluster: &Cluster, links: &mut Vec<Link>) {
         Some(Err(error)) => format!("; the operator socket does not answer: {error}"),
         None => String::new(),
     };
-    match &cluster.leader {
-        Some(leader) => links.push(ok("leader", format!("operator {leader} leads{operator}"))),
-        None if cluster.candidates == 0 => links.push(broken(
+    let stalled = cluster
+        .leader_lease
+        .and_then(|l| l.stalled().map(|s| (l, s)));
+    match (&cluster.leader, stalled) {
+        (Some(leader), Some((lease, (since_ms, until_ms)))) => {
+            let standbys = cluster.candidates.saturating_sub(1);
+            links.push(broken(
+                "leader",
+                format!(
+                    "failover in progress: the leader ({leader}) stopped answering at about {} \
+                     (it has not renewed its election lease since: {} s of {} s left); {}{operator}",
+                    crate::output::utc(since_ms),
+                    lease.left_secs.unwrap_or(0),
+                    lease.granted_secs,
+                    if standbys == 0 {
+                        format!(
+                            "no standby campaigns: no one takes over when its lease ends at {}",
+                            crate::output::utc(until_ms)
+                        )
+                    } else {
+                        format!(
+                            "a standby ({standbys} campaign) takes over when its lease ends at {}",
+                            crate::output::utc(until_ms)
+                        )
+                    }
+                ),
+                if standbys == 0 {
+                    "restart the leader's `corral operator`, or start another"
+                } else {
+                    "wait for the standby to take over (the time shown); grants resume then"
+                },
+            ));
+        }
+        (Some(leader), None) => {
+            links.push(ok("leader", format!("operator {leader} leads{operator}")));
+        }
+        (None, _) if cluster.candidates == 0 => links.push(broken(
             "leader",
             format!(
                 "no operator leads the cluster: none campaigns under election/ (a leader that \
@@ -425,7 +517,7 @@ fn leader_link(gathered: &Gathered, cluster: &Cluster, links: &mut Vec<Link>) {
             "if a standby runs, a failover is in progress: it takes over within its lease TTL; \
              else start `corral operator`",
         )),
-        None => links.push(broken(
+        (None, _) => links.push(broken(
             "leader",
             format!("no candidate under election/ can lead{operator}"),
             "`corral cluster check` names the election keys that are not candidates",
@@ -521,7 +613,13 @@ fn pool_choice(
 /// link broken (`None` when it exists, or when neither source was read).
 fn unknown_pool(gathered: &Gathered, pool: &str) -> Option<Link> {
     let cluster = gathered.cluster.as_ref().ok()?;
-    if cluster.view.config().pools.iter().any(|p| p.name.as_str() == pool) {
+    if cluster
+        .view
+        .config()
+        .pools
+        .iter()
+        .any(|p| p.name.as_str() == pool)
+    {
         return None;
     }
     if let Some(Ok(agent)) = &gathered.agent
@@ -1000,4 +1098,29 @@ fn explain_address(gathered: &Gathered, address: IpAddr) -> Explanation {
         }
     }
     Explanation::new(format!("address {address}"), links)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_counting_down_past_two_renewals_is_a_stalled_leader() {
+        let lease = |left: Option<u64>, granted: u64| LeaderLease {
+            read_ms: 100_000,
+            left_secs: left,
+            granted_secs: granted,
+        };
+        // Renewed every 10/3 s: up to 6.67 s of silence is a leader that answers.
+        assert_eq!(lease(Some(10), 10).stalled(), None);
+        assert_eq!(lease(Some(4), 10).stalled(), None);
+        // 7 s without a renewal: it stopped at 93 s, the lease ends at 103 s.
+        assert_eq!(lease(Some(3), 10).stalled(), Some((93_000, 103_000)));
+        // A short lease: at least two seconds past one renewal.
+        assert_eq!(lease(Some(1), 3).stalled(), None);
+        assert_eq!(lease(Some(0), 3).stalled(), None);
+        assert_eq!(lease(Some(0), 6).stalled(), Some((94_000, 100_000)));
+        // Already expired: the election read will show no leader.
+        assert_eq!(lease(None, 10).stalled(), None);
+    }
 }

@@ -485,3 +485,65 @@ fn explain_pod_names_the_pool_the_add_used_and_the_rule_that_chose_it() {
     assert!(line.contains("could not check"), "{out}");
     assert!(line.contains("no network named nosuch"), "{out}");
 }
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn explain_sees_a_failover_before_the_dead_leaders_key_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = initialized(1, dir.path(), &two_blocks());
+    // A long lease (15 s, renewed every 5 s), so its key outlives the leader for a while.
+    let ttl: [&std::ffi::OsStr; 2] = ["--lease-ttl".as_ref(), "15".as_ref()];
+    let op_a = Operator::with_state(&etcd, dir.path(), "op-a", &ttl);
+    wait_leads(&etcd, "op-a", Duration::from_secs(30));
+    let _standby = Operator::with_state(&etcd, dir.path(), "op-b", &ttl);
+    let agent = start_agent(&etcd, &dir.path().join("node-a"), "node-a");
+    wait_until("node-a holds a block", Duration::from_secs(30), || {
+        grants(&etcd).contains_key("node-a")
+    });
+    let socket = socket_arg(&agent.socket);
+    let explain_node = || explain(&etcd, &["node", "node-a"], &["--socket", &socket]);
+    // A leader that renews its lease leads: nothing broken.
+    let (code, out, err) = explain_node();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        link_line(&out, "leader").contains("operator op-a leads"),
+        "{out}"
+    );
+
+    // The leader dies; its election key stays until its lease runs out (15 s), and explain
+    // says a failover is in progress before then.
+    op_a.signal(rustix::process::Signal::KILL);
+    let mut last = String::new();
+    wait_until(
+        "explain names the failover while op-a's key is still there",
+        Duration::from_secs(60),
+        || {
+            assert_eq!(
+                leader(&etcd).as_deref(),
+                Some("op-a"),
+                "op-a's key expired before explain saw the failover; last:\n{last}"
+            );
+            let (code, out, _) = explain_node();
+            let seen = code == 5 && out.contains("failover in progress");
+            last = out;
+            seen
+        },
+    );
+    let line = link_line(&last, "leader");
+    assert!(line.contains("BROKEN"), "{last}");
+    assert!(
+        line.contains("failover in progress: the leader (op-a) stopped answering at about 20"),
+        "{last}"
+    );
+    assert!(
+        line.contains("a standby (1 campaign) takes over when its lease ends at 20"),
+        "{last}"
+    );
+    assert!(last.contains("what to do: wait for the standby"), "{last}");
+    // The standby takes over: the leader link is whole again.
+    wait_leads(&etcd, "op-b", Duration::from_secs(60));
+    wait_until("explain sees op-b lead", Duration::from_secs(30), || {
+        let (code, out, _) = explain_node();
+        code == 0 && link_line(&out, "leader").contains("operator op-b leads")
+    });
+}
