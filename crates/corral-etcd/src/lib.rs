@@ -593,6 +593,28 @@ impl Kv for EtcdKv {
         }
     }
 
+    async fn range_last(&self, prefix: &[u8], limit: usize) -> Result<Vec<KeyValue>, KvError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // One request: the range sorted by key, descending, cut at `limit`.
+        let options = GetOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_sort(
+                etcd_client::SortTarget::Key,
+                etcd_client::SortOrder::Descend,
+            )
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        let request = |client: Client| {
+            let options = options.clone();
+            async move { client.kv_client().get(prefix, Some(options)).await }
+        };
+        match self.call("range", true, request).await {
+            Ok(response) => Ok(response.kvs().iter().rev().map(key_value).collect()),
+            Err(error) => Err(self.error(error, None).await),
+        }
+    }
+
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
         let request = etcd_client::Txn::new()
             .when(txn.compares.iter().map(compare).collect::<Vec<_>>())

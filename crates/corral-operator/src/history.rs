@@ -5,8 +5,10 @@
 //!
 //! Cheap range reads: an address is looked up under the one CIDR of its pool's prefix length
 //! that contains it (one `grants/` key and one `history/cidr/` prefix per pool that contains
-//! it), a node under `owned/<node>/` and `history/node/<node>/`; the newest events under
-//! `history/at/` from a window that grows until it holds `limit` of them.
+//! it), a node under `owned/<node>/` and `history/node/<node>/`; the newest events: the
+//! grants held from the leader's view when given (else every `grants/` key), and the last
+//! `limit` keys of `history/at/` (with a time, from a window that grows until it holds
+//! `limit` of them).
 
 use std::net::IpAddr;
 
@@ -71,6 +73,20 @@ pub async fn read<K: Kv>(
     request: &HistoryRequest,
     now_ms: u64,
 ) -> Result<Vec<HistoryEvent>, KvError> {
+    read_with_held(kv, keys, config, request, now_ms, None).await
+}
+
+/// [`read`], with the grants held given (`held`: the leader's view,
+/// `ClusterView::held_events`) for the newest events: then no `grants/` key is read, and
+/// without `at_ms` the ended ones are the last `limit` keys of `history/at/`, one request.
+pub async fn read_with_held<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    config: &ClusterConfig,
+    request: &HistoryRequest,
+    now_ms: u64,
+    held: Option<Vec<HistoryEvent>>,
+) -> Result<Vec<HistoryEvent>, KvError> {
     let mut events = match &request.query {
         HistoryQuery::Address(address) => {
             let mut events = Vec::new();
@@ -90,7 +106,16 @@ pub async fn read<K: Kv>(
             events
         }
         HistoryQuery::Node(node) => of_node(kv, keys, node).await?,
-        HistoryQuery::Newest => newest(kv, keys, request, now_ms).await?,
+        HistoryQuery::Newest => match held {
+            Some(mut events) if request.at_ms.is_none() => {
+                let last = kv
+                    .range_last(keys.history_at_prefix().as_bytes(), request.limit)
+                    .await?;
+                events.extend(ended(&last));
+                events
+            }
+            held => newest(kv, keys, request, now_ms, held).await?,
+        },
     };
     if let Some(at) = request.at_ms {
         events.retain(|e| e.covers(at));
@@ -197,20 +222,27 @@ async fn of_node<K: Kv>(
     Ok(events)
 }
 
-/// The newest events: every grant held, and the ended ones from a window before `now_ms`
-/// that doubles (from an hour) until it holds `limit` events or covers the whole history.
+/// The newest events: every grant held (`held`, else read from `grants/`), and the ended
+/// ones from a window before `now_ms` that grows (from an hour) until it holds `limit` events
+/// or covers the whole history.
 async fn newest<K: Kv>(
     kv: &K,
     keys: &Keys,
     request: &HistoryRequest,
     now_ms: u64,
+    held: Option<Vec<HistoryEvent>>,
 ) -> Result<Vec<HistoryEvent>, KvError> {
     let mut events = Vec::new();
-    for entry in range_from(kv, &keys.grants_prefix(), None).await? {
-        if let Ok(Key::Grant { pool, cidr, .. }) = keys.parse(&entry.key_str())
-            && let Ok(grant) = decode_value::<GrantRecord>(&entry.value)
-        {
-            events.push(HistoryEvent::held(&pool, &cidr, &grant));
+    match held {
+        Some(held) => events = held,
+        None => {
+            for entry in range_from(kv, &keys.grants_prefix(), None).await? {
+                if let Ok(Key::Grant { pool, cidr, .. }) = keys.parse(&entry.key_str())
+                    && let Ok(grant) = decode_value::<GrantRecord>(&entry.value)
+                {
+                    events.push(HistoryEvent::held(&pool, &cidr, &grant));
+                }
+            }
         }
     }
     let prefix = keys.history_at_prefix();
