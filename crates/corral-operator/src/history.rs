@@ -125,7 +125,8 @@ pub async fn read_with_held<K: Kv>(
 }
 
 /// The CIDR of each pool's prefix length that contains `address`, in the pools whose ranges
-/// contain it.
+/// contain it; in a cloud pool each CIDR that could hold it as an address or
+/// a delegated prefix.
 fn cidrs_of_address(config: &ClusterConfig, address: IpAddr) -> Vec<(PoolName, IpNet)> {
     let family = match address {
         IpAddr::V4(_) => Family::V4,
@@ -133,6 +134,17 @@ fn cidrs_of_address(config: &ClusterConfig, address: IpAddr) -> Vec<(PoolName, I
     };
     let mut out = Vec::new();
     for pool in &config.pools {
+        // A cloud pool's addresses are single addresses or delegated prefixes (a /28 of IPv4,
+        // an /80 of IPv6) of the cloud's subnets: each length that could hold it.
+        if pool.is_cloud() {
+            let shortest = if family == Family::V4 { 28 } else { 80 };
+            out.extend(
+                corral_cluster::history::containing(address, shortest)
+                    .into_iter()
+                    .map(|cidr| (pool.name.clone(), cidr)),
+            );
+            continue;
+        }
         for (f, family_config) in pool.families() {
             let inside = family_config.cidrs.iter().any(|c| c.contains(&address));
             if f != family || !inside || family_config.node_prefix_len == 0 {
