@@ -14,8 +14,8 @@ use std::net::IpAddr;
 
 use corral_cluster::history::{HistoryEvent, newest_first};
 use corral_cluster::{
-    ClusterConfig, Family, GrantRecord, HistoryRecord, IpNet, Key, Keys, NodeName, PoolName,
-    decode_value,
+    CloudInterfaceRecord, ClusterConfig, Family, GrantRecord, HistoryRecord, IpNet, Key, Keys,
+    NodeName, PoolName, decode_value,
 };
 use corral_kv::{KeyValue, Kv, KvError};
 
@@ -214,7 +214,7 @@ async fn of_cidr<K: Kv>(
     Ok(events)
 }
 
-/// Everything a node held and holds.
+/// Everything a node held and holds: its grants, and its cloud interfaces' addresses.
 async fn of_node<K: Kv>(
     kv: &K,
     keys: &Keys,
@@ -229,6 +229,20 @@ async fn of_node<K: Kv>(
                     .await?
                     .filter(|e| &e.node == node),
             );
+        }
+    }
+    // Cloud addresses and prefixes its interface records hold (since a time they do not say).
+    let prefix = keys.cloud_interfaces_of_node_prefix(node);
+    for entry in range_from(kv, &prefix, None).await? {
+        if let Ok(record) = decode_value::<CloudInterfaceRecord>(&entry.value) {
+            events.extend(record.addresses.iter().map(|cidr| HistoryEvent {
+                pool: record.pool.clone(),
+                cidr: *cidr,
+                node: node.clone(),
+                from_ms: None,
+                to_ms: None,
+                why: None,
+            }));
         }
     }
     Ok(events)
