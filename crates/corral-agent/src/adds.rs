@@ -5,7 +5,7 @@
 //! restart forgets them.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use corral_api as api;
 
@@ -45,9 +45,49 @@ impl AddLog {
         }
     }
 
+    /// Records an ADD that arrived, and answers a guard that records how it ended: by
+    /// [`AddGuard::end`], else, when the guard is dropped first (the client went away and the
+    /// request was dropped), as failed for that.
+    pub fn track(self: &Arc<Self>, record: api::AddRecord) -> AddGuard {
+        let key = record.key.clone();
+        self.arrived(record);
+        AddGuard {
+            log: Arc::clone(self),
+            key: Some(key),
+        }
+    }
+
     /// The ADDs kept, oldest first.
     pub fn list(&self) -> Vec<api::AddRecord> {
         self.lock().iter().cloned().collect()
+    }
+}
+
+/// An ADD in progress in an [`AddLog`].
+#[derive(Debug)]
+pub struct AddGuard {
+    log: Arc<AddLog>,
+    /// `None` once ended.
+    key: Option<api::AttachmentKey>,
+}
+
+impl AddGuard {
+    /// Records how the ADD ended.
+    pub fn end(mut self, result: Result<(), &str>) {
+        if let Some(key) = self.key.take() {
+            self.log.ended(&key, result);
+        }
+    }
+}
+
+impl Drop for AddGuard {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.log.ended(
+                &key,
+                Err("the client went away before the answer (the request was dropped)"),
+            );
+        }
     }
 }
 
@@ -95,5 +135,23 @@ mod tests {
         log.ended(&add("c10").key, Ok(()));
         let last = log.list().pop().unwrap();
         assert_eq!((last.outcome.as_str(), last.error), ("ok", None));
+    }
+
+    #[test]
+    fn an_add_dropped_before_its_answer_is_recorded_as_failed() {
+        let log = Arc::new(AddLog::default());
+        log.track(add("a")).end(Ok(()));
+        drop(log.track(add("b")));
+        let list = log.list();
+        assert_eq!(list[0].outcome, "ok");
+        assert_eq!(list[1].outcome, "failed");
+        assert!(
+            list[1]
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("the client went away"),
+            "{list:?}"
+        );
     }
 }

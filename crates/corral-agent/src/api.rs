@@ -1058,11 +1058,10 @@ async fn cni_add(
     let deadline = tokio::time::Instant::now() + state.pool_wait;
     state.wait_ready(deadline).await;
     let rule = state.resolve_network(&mut request.network);
-    let key = request.key.clone();
-    let recorded = match (rule, &request.network.node_pool) {
+    let tracked = match (rule, &request.network.node_pool) {
         (Some(rule), Some(pool)) if request.network.pools.is_empty() => {
-            state.adds.arrived(api::AddRecord {
-                key: key.clone(),
+            Some(state.adds.track(api::AddRecord {
+                key: request.key.clone(),
                 owner: request.owner.clone(),
                 pool: pool.clone(),
                 rule: rule.as_str().to_owned(),
@@ -1070,17 +1069,13 @@ async fn cni_add(
                 at_ms: crate::link::now_ms(),
                 outcome: "waiting".to_owned(),
                 error: None,
-            });
-            true
+            }))
         }
-        _ => false,
+        _ => None,
     };
     let reply = cni_add_to(&state, request, deadline).await;
-    if recorded {
-        state.adds.ended(
-            &key,
-            reply.as_ref().map(drop).map_err(|e| e.0.message.as_str()),
-        );
+    if let Some(tracked) = tracked {
+        tracked.end(reply.as_ref().map(drop).map_err(|e| e.0.message.as_str()));
     }
     reply.map(Json)
 }
