@@ -79,6 +79,8 @@ pub struct AppState {
     pub cluster: Option<crate::link::SharedClusterState>,
     /// In a cluster, how long a CNI ADD to a node pool with nothing free waits for a grant.
     pub pool_wait: Duration,
+    /// The latest CNI ADDs on node pools: the pool each used and why (`/v1/status`'s `adds`).
+    pub adds: Arc<crate::adds::AddLog>,
 }
 
 /// An error answer.
@@ -329,10 +331,8 @@ impl AppState {
 
     /// A CNI network on a node pool: the pool the agent chooses (see
     /// [`crate::link::blocks::resolve_pool`]), with the cluster's configuration when it has one.
-    fn resolve_network(&self, network: &mut api::CniNetwork) {
-        let Some(sent) = network.node_pool.clone() else {
-            return;
-        };
+    fn resolve_network(&self, network: &mut api::CniNetwork) -> Option<corral_cluster::PoolRule> {
+        let sent = network.node_pool.clone()?;
         let config = self.cluster.as_ref().and_then(|c| c.blocks.config());
         // An older plugin sends only `node_pool` (its own choice): that is the configured
         // pool, unless it is the plugin's fallback.
@@ -340,12 +340,14 @@ impl AppState {
             .configured_pool
             .clone()
             .or_else(|| (sent != DEFAULT_NODE_POOL).then_some(sent));
-        network.node_pool = Some(crate::link::blocks::resolve_pool(
+        let (pool, rule) = crate::link::blocks::choose_pool(
             config.as_deref(),
             network.requested_pool.as_deref(),
             network.namespace.as_deref(),
             configured.as_deref(),
-        ));
+        );
+        network.node_pool = Some(pool);
+        Some(rule)
     }
 
     /// Something local changed that the demand of block pools follows.
@@ -858,6 +860,7 @@ async fn status(
         let cluster = shared.lock().unwrap_or_else(|e| e.into_inner()).clone();
         crate::link::api_status(&cluster)
     });
+    status.adds = state.adds.list();
     Ok(Json(status))
 }
 
@@ -1054,7 +1057,35 @@ async fn cni_add(
     // One bound for the whole wait, from arrival: the restore, then a grant.
     let deadline = tokio::time::Instant::now() + state.pool_wait;
     state.wait_ready(deadline).await;
-    state.resolve_network(&mut request.network);
+    let rule = state.resolve_network(&mut request.network);
+    let tracked = match (rule, &request.network.node_pool) {
+        (Some(rule), Some(pool)) if request.network.pools.is_empty() => {
+            Some(state.adds.track(api::AddRecord {
+                key: request.key.clone(),
+                owner: request.owner.clone(),
+                pool: pool.clone(),
+                rule: rule.as_str().to_owned(),
+                namespace: request.network.namespace.clone(),
+                at_ms: crate::link::now_ms(),
+                outcome: "waiting".to_owned(),
+                error: None,
+            }))
+        }
+        _ => None,
+    };
+    let reply = cni_add_to(&state, request, deadline).await;
+    if let Some(tracked) = tracked {
+        tracked.end(reply.as_ref().map(drop).map_err(|e| e.0.message.as_str()));
+    }
+    reply.map(Json)
+}
+
+/// The rest of [`cni_add`], once its pool is chosen.
+async fn cni_add_to(
+    state: &AppState,
+    request: api::CniAddRequest,
+    deadline: tokio::time::Instant,
+) -> Result<api::AllocateResponse, ApiError> {
     let reply = match (&state.cluster, &request.network.node_pool) {
         (Some(cluster), Some(pool)) if request.network.pools.is_empty() => {
             if cluster.is_removed() {
@@ -1065,7 +1096,7 @@ async fn cni_add(
             }
             let pool = pool.clone();
             let cluster = Arc::clone(cluster);
-            cni_add_waiting(&state, &cluster, pool, request, deadline)
+            cni_add_waiting(state, &cluster, pool, request, deadline)
                 .await
                 .map_err(ApiError)?
         }
@@ -1076,7 +1107,7 @@ async fn cni_add(
             reply
         }
     };
-    Ok(Json(reply))
+    Ok(reply)
 }
 
 /// Names the CNI verb's attachment in its request's span (`corral_http`'s `request` span

@@ -9,6 +9,7 @@
 //! Every change is durable before it is answered; concurrent requests share one commit
 //! (`committer.rs`).
 
+pub mod adds;
 pub mod api;
 mod capacity;
 pub mod committer;

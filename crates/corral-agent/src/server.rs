@@ -241,6 +241,7 @@ pub(crate) fn app_state(config: &AgentConfig, store_health: StoreHealth, linked:
         broken_scopes: Arc::default(),
         body_timeout: config.connections.body_timeout,
         pool_wait: config.pool_wait,
+        adds: Arc::default(),
     }
 }
 

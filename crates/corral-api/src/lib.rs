@@ -366,6 +366,42 @@ pub struct StatusResponse {
     /// The agent's link to its cluster, when it runs in one (`corral agent --etcd`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
+    /// The latest CNI ADDs on node pools (at most [`AddRecord::KEPT`], one per attachment,
+    /// oldest first): the pool each used, the rule that chose it, and how it ended. Kept in
+    /// memory only (a restart forgets them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adds: Vec<AddRecord>,
+}
+
+/// One CNI ADD on a node pool as the agent saw it: what `corral explain pod` reads to say which
+/// pool a pod's ADD used, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AddRecord {
+    pub key: AttachmentKey,
+    pub owner: String,
+    /// The pool the agent allocated from.
+    pub pool: String,
+    /// Which rule chose it: `runtime_config` (the call named it: `runtimeConfig.pool`,
+    /// `args.cni.pool`), `namespace` (the cluster configuration maps the pod's namespace to
+    /// it), `network` (the network's `ipam.pool`), `default_pool` (the cluster's), `default`.
+    pub rule: String,
+    /// The pod's namespace, when the call gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// When the ADD arrived (milliseconds since the epoch).
+    pub at_ms: u64,
+    /// `waiting` (for a grant, or the agent's restore), `ok` or `failed`.
+    pub outcome: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl AddRecord {
+    /// How many ADDs an agent keeps.
+    pub const KEPT: usize = 256;
 }
 
 /// The agent's link to its cluster. Pod allocations never wait for it: while etcd cannot be

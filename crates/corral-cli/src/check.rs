@@ -275,6 +275,7 @@ mod tests {
             summary: vec![],
             warnings: vec![],
             cluster: None,
+            adds: vec![],
             scopes: vec![ScopeStatus {
                 scope: "net1".into(),
                 pools: vec![PoolStatus {

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use corral_cluster::{ClusterView, NodeName, PoolName, WaitingCause, WaitingRecord};
+use corral_cluster::{ClusterView, NodeName, PoolName, PoolRule, WaitingCause, WaitingRecord};
 use serde::Serialize;
 
 use crate::Output;
@@ -27,9 +27,17 @@ pub enum ExplainCommand {
     Pod {
         /// NAMESPACE/NAME, CONTAINERID/IFNAME or CONTAINERID
         pod: String,
-        /// The pool the CNI network names (`ipam.pool`), if any
+        /// The pool the pod's CNI call named (`runtimeConfig.pool`, `args.cni.pool`), if any;
+        /// used when the agent has no record of the pod's ADD
         #[arg(long, value_name = "POOL")]
         pool: Option<String>,
+        /// The pod's CNI network: its configuration file (.conf, .conflist), or its name in
+        /// --cni-conf-dir; its `ipam.pool` is used when the agent has no record of the ADD
+        #[arg(long, value_name = "FILE|NETWORK")]
+        cni_config: Option<String>,
+        /// Where --cni-config looks a network name up
+        #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
+        cni_conf_dir: PathBuf,
         #[command(flatten)]
         from: Sources,
     },
@@ -193,6 +201,37 @@ pub struct Cluster {
     pub leader: Option<String>,
     /// Candidates under `election/` (whoever leads or not).
     pub candidates: usize,
+    /// The leader's election lease as etcd counts it down (`None`: no leader, or not read).
+    pub leader_lease: Option<LeaderLease>,
+}
+
+/// What is left of the leader's election lease, read at `read_ms`.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderLease {
+    pub read_ms: u64,
+    /// Seconds left (rounded down); `None` when the lease had already expired.
+    pub left_secs: Option<u64>,
+    pub granted_secs: u64,
+}
+
+impl LeaderLease {
+    /// Whether the leader has stopped renewing its lease: an operator renews it every third
+    /// of its TTL, so more than two renewals missed (and at least two seconds of silence
+    /// beyond one) means it no longer answers. Answers since when, and when the lease ends.
+    fn stalled(&self) -> Option<(u64, u64)> {
+        let period = self.granted_secs.saturating_mul(1000) / 3;
+        let left_ms = self.left_secs?.saturating_mul(1000);
+        let silent_ms = self
+            .granted_secs
+            .saturating_mul(1000)
+            .saturating_sub(left_ms);
+        (silent_ms > (2 * period).max(period + 2000)).then(|| {
+            (
+                self.read_ms.saturating_sub(silent_ms),
+                self.read_ms + left_ms,
+            )
+        })
+    }
 }
 
 pub fn run(command: ExplainCommand, output: Output) -> Result<Outcome, Failure> {
@@ -223,7 +262,20 @@ pub fn run(command: ExplainCommand, output: Output) -> Result<Outcome, Failure> 
         operator,
     };
     let explanation = match command {
-        ExplainCommand::Pod { pod, pool, .. } => explain_pod(&gathered, &pod, pool.as_deref()),
+        ExplainCommand::Pod {
+            pod,
+            pool,
+            cni_config,
+            cni_conf_dir,
+            ..
+        } => {
+            let network = cni_config.map(|spec| crate::cni_network::read(&spec, &cni_conf_dir));
+            let call = CallPools {
+                requested: pool,
+                network,
+            };
+            explain_pod(&gathered, &pod, &call)
+        }
         ExplainCommand::Address { address, .. } => explain_address(&gathered, address),
         ExplainCommand::Node { name, pool, .. } => {
             let node = NodeName::new(&name).map_err(|e| Failure::Usage(format!("{name}: {e}")))?;
@@ -268,13 +320,40 @@ fn read_cluster(etcd: &crate::cluster::EtcdArgs) -> Result<Cluster, String> {
             .iter()
             .filter(|(key, lease, ..)| corral_cluster::election_candidate(&keys, key, *lease))
             .count();
+        let leader_key = entries
+            .iter()
+            .filter(|(key, lease, ..)| corral_cluster::election_candidate(&keys, key, *lease))
+            .min_by_key(|(_, _, created, _)| *created)
+            .and_then(|(_, lease, ..)| *lease);
         let leader = corral_cluster::election_leader(&keys, entries);
+        // A leader that stopped answering keeps its key until its lease runs out: how much of
+        // the lease is left tells a failover in progress before then.
+        let leader_lease = match leader_key {
+            Some(lease) => kv
+                .lease_time_left(corral_kv::LeaseId(lease))
+                .await
+                .ok()
+                .map(|left| LeaderLease {
+                    read_ms: now_ms(),
+                    left_secs: left.map(|(left, _)| left.as_secs()),
+                    granted_secs: left.map_or(0, |(_, granted)| granted.as_secs()),
+                }),
+            None => None,
+        };
         Ok(Cluster {
             view,
             leader,
             candidates,
+            leader_lease,
         })
     })
+}
+
+/// Milliseconds since the epoch now.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The agent's links: reachable, and its link to etcd. Answers the node it serves, if known.
@@ -393,9 +472,43 @@ fn leader_link(gathered: &Gathered, cluster: &Cluster, links: &mut Vec<Link>) {
         Some(Err(error)) => format!("; the operator socket does not answer: {error}"),
         None => String::new(),
     };
-    match &cluster.leader {
-        Some(leader) => links.push(ok("leader", format!("operator {leader} leads{operator}"))),
-        None if cluster.candidates == 0 => links.push(broken(
+    let stalled = cluster
+        .leader_lease
+        .and_then(|l| l.stalled().map(|s| (l, s)));
+    match (&cluster.leader, stalled) {
+        (Some(leader), Some((lease, (since_ms, until_ms)))) => {
+            let standbys = cluster.candidates.saturating_sub(1);
+            links.push(broken(
+                "leader",
+                format!(
+                    "failover in progress: the leader ({leader}) stopped answering at about {} \
+                     (it has not renewed its election lease since: {} s of {} s left); {}{operator}",
+                    crate::output::utc(since_ms),
+                    lease.left_secs.unwrap_or(0),
+                    lease.granted_secs,
+                    if standbys == 0 {
+                        format!(
+                            "no standby campaigns: no one takes over when its lease ends at {}",
+                            crate::output::utc(until_ms)
+                        )
+                    } else {
+                        format!(
+                            "a standby ({standbys} campaign) takes over when its lease ends at {}",
+                            crate::output::utc(until_ms)
+                        )
+                    }
+                ),
+                if standbys == 0 {
+                    "restart the leader's `corral operator`, or start another"
+                } else {
+                    "wait for the standby to take over (the time shown); grants resume then"
+                },
+            ));
+        }
+        (Some(leader), None) => {
+            links.push(ok("leader", format!("operator {leader} leads{operator}")));
+        }
+        (None, _) if cluster.candidates == 0 => links.push(broken(
             "leader",
             format!(
                 "no operator leads the cluster: none campaigns under election/ (a leader that \
@@ -404,7 +517,7 @@ fn leader_link(gathered: &Gathered, cluster: &Cluster, links: &mut Vec<Link>) {
             "if a standby runs, a failover is in progress: it takes over within its lease TTL; \
              else start `corral operator`",
         )),
-        None => links.push(broken(
+        (None, _) => links.push(broken(
             "leader",
             format!("no candidate under election/ can lead{operator}"),
             "`corral cluster check` names the election keys that are not candidates",
@@ -412,24 +525,119 @@ fn leader_link(gathered: &Gathered, cluster: &Cluster, links: &mut Vec<Link>) {
     }
 }
 
-/// Why the chain's pool is the one: the call's, the namespace's, the network's, the default.
+/// What `explain pod` was told of the pod's CNI call: the pool it named (`--pool`) and its
+/// network (`--cni-config`, read or why not).
+struct CallPools {
+    requested: Option<String>,
+    network: Option<Result<crate::cni_network::CniNetwork, String>>,
+}
+
+/// Why a rule chose a pool, in words (`network`: where the network's pool was read).
+fn rule_text(rule: PoolRule, namespace: Option<&str>, network: &str) -> String {
+    match rule {
+        PoolRule::Requested => {
+            "the pod's CNI call named it (runtimeConfig.pool or args.cni.pool)".to_owned()
+        }
+        PoolRule::Namespace => format!(
+            "namespace {} maps to it (the cluster configuration's namespaces)",
+            namespace.unwrap_or("?")
+        ),
+        PoolRule::Network => format!("the network's pool ({network})"),
+        PoolRule::DefaultPool => "the cluster's default pool".to_owned(),
+        PoolRule::Default => "no pool named anywhere: `default`".to_owned(),
+    }
+}
+
+/// The pool of a pod's ADD the agent recorded, and why: the pool link, with the ADD's outcome.
+fn recorded_pool(add: &corral_api::AddRecord) -> Link {
+    let rule = PoolRule::parse(&add.rule).map_or_else(
+        || format!("rule {}", add.rule),
+        |rule| rule_text(rule, add.namespace.as_deref(), "ipam.pool"),
+    );
+    ok(
+        "pool",
+        format!(
+            "{}: {rule} (the agent's record of the pod's ADD at {}, {})",
+            add.pool,
+            crate::output::utc(add.at_ms),
+            add.outcome
+        ),
+    )
+}
+
+/// The pool the pod's ADD would use, worked out from the cluster configuration and what the
+/// call was said to carry: the pool link's detail, or why part of it could not be read.
 fn pool_choice(
     config: &corral_cluster::ClusterConfig,
     namespace: Option<&str>,
-    network: Option<&str>,
-) -> (String, String) {
-    let pool = config.pool_for(None, namespace, network);
-    let why = match namespace.and_then(|ns| config.namespaces.get(ns).map(|p| (ns, p))) {
-        Some((ns, p)) if *p == pool => {
-            format!("namespace {ns} maps to it (the cluster configuration's namespaces)")
-        }
-        _ if network.is_some_and(|n| !n.is_empty()) => "the network's pool (--pool)".to_owned(),
-        _ if config.default_pool.as_deref() == Some(pool.as_str()) => {
-            "the cluster's default pool".to_owned()
-        }
-        _ => "no pool named anywhere: `default`".to_owned(),
+    call: &CallPools,
+) -> Result<(String, String), String> {
+    let (configured, source) = match &call.network {
+        None => (None, String::new()),
+        Some(Err(error)) => return Err(format!("--cni-config: {error}")),
+        Some(Ok(network)) => match &network.ipam {
+            crate::cni_network::NetworkIpam::NodePool(pool) => (
+                pool.clone(),
+                format!("ipam.pool of network {} in {}", network.name, network.file),
+            ),
+            crate::cni_network::NetworkIpam::OwnRanges => {
+                return Err(format!(
+                    "network {} ({}) allocates from its own ranges (ipam.ranges or                      ipam.subnet), not from a pool of the node",
+                    network.name, network.file
+                ));
+            }
+            crate::cni_network::NetworkIpam::Local => {
+                return Err(format!(
+                    "network {} ({}) has no ipam.agent: corral-ipam allocates without the                      agent",
+                    network.name, network.file
+                ));
+            }
+            crate::cni_network::NetworkIpam::Other(kind) => {
+                return Err(format!(
+                    "network {} ({}) uses IPAM plugin {kind}, not corral-ipam",
+                    network.name, network.file
+                ));
+            }
+        },
     };
-    (pool, why)
+    let (pool, rule) =
+        config.choose_pool(call.requested.as_deref(), namespace, configured.as_deref());
+    let mut why = rule_text(rule, namespace, &source);
+    if rule == PoolRule::Requested {
+        why.push_str(" (--pool)");
+    }
+    Ok((pool, why))
+}
+
+/// A pool neither the cluster's configuration nor the agent's own node scope has: the pool
+/// link broken (`None` when it exists, or when neither source was read).
+fn unknown_pool(gathered: &Gathered, pool: &str) -> Option<Link> {
+    let cluster = gathered.cluster.as_ref().ok()?;
+    if cluster
+        .view
+        .config()
+        .pools
+        .iter()
+        .any(|p| p.name.as_str() == pool)
+    {
+        return None;
+    }
+    if let Some(Ok(agent)) = &gathered.agent
+        && agent
+            .status
+            .scopes
+            .iter()
+            .filter(|s| s.scope == corral_api::NODE_SCOPE)
+            .any(|s| s.pools.iter().any(|p| p.pool == pool))
+    {
+        return None;
+    }
+    Some(broken(
+        "pool",
+        format!("pool {pool} is not a pool of the cluster, nor of the node's agent"),
+        "name a pool that exists (`corral cluster status` lists the cluster's), or add it \
+         (`corral cluster apply`)",
+    ))
 }
 
 /// The node's side of one pool: what the agent holds in it, and what it published.
@@ -668,9 +876,18 @@ fn todo_of(record: &WaitingRecord) -> String {
 
 /// The pod's chain: the agent, the pod's addresses, the pool, the node's holdings and the
 /// cluster's links for that pool.
-fn explain_pod(gathered: &Gathered, pod: &str, network_pool: Option<&str>) -> Explanation {
+fn explain_pod(gathered: &Gathered, pod: &str, call: &CallPools) -> Explanation {
     let mut links = Vec::new();
     let node = agent_links(gathered, &mut links);
+    // The agent's record of the pod's latest ADD on a node pool, if it kept one.
+    let add = match &gathered.agent {
+        Some(Ok(agent)) => agent.status.adds.iter().rev().find(|a| {
+            a.owner == pod
+                || a.key.container_id == pod
+                || format!("{}/{}", a.key.container_id, a.key.ifname) == pod
+        }),
+        _ => None,
+    };
     // The pod's addresses on the node, by owner (NAMESPACE/NAME, or the container ID), CNI
     // key (CONTAINERID/IFNAME) or container ID.
     let mut held = Vec::new();
@@ -690,6 +907,7 @@ fn explain_pod(gathered: &Gathered, pod: &str, network_pool: Option<&str>) -> Ex
     }
     if !held.is_empty() {
         links.push(ok("pod", format!("holds {}", held.join(", "))));
+        links.extend(add.map(recorded_pool));
         return Explanation::new(format!("pod {pod}"), links);
     }
     let pod_link_at = links.len();
@@ -698,14 +916,23 @@ fn explain_pod(gathered: &Gathered, pod: &str, network_pool: Option<&str>) -> Ex
         .map(|(ns, _)| ns)
         .filter(|ns| !ns.chars().all(|c| c.is_ascii_hexdigit()) || ns.len() < 12);
     etcd_link(gathered, &mut links);
-    let pool = match &gathered.cluster {
-        Ok(cluster) => {
-            let (pool, why) = pool_choice(cluster.view.config(), namespace, network_pool);
-            links.push(ok("pool", format!("{pool}: {why}")));
-            Some(pool)
+    let pool = match (add, &gathered.cluster) {
+        (Some(add), _) => {
+            links.push(recorded_pool(add));
+            Some(add.pool.clone())
         }
-        Err(_) => {
-            let pool = network_pool.map(str::to_owned);
+        (None, Ok(cluster)) => match pool_choice(cluster.view.config(), namespace, call) {
+            Ok((pool, why)) => {
+                links.push(ok("pool", format!("{pool}: {why}")));
+                Some(pool)
+            }
+            Err(why) => {
+                links.push(unknown("pool", why));
+                None
+            }
+        },
+        (None, Err(_)) => {
+            let pool = call.requested.clone();
             links.push(unknown(
                 "pool",
                 match &pool {
@@ -717,6 +944,9 @@ fn explain_pod(gathered: &Gathered, pod: &str, network_pool: Option<&str>) -> Ex
         }
     };
     if let Some(pool) = &pool {
+        if let Some(link) = unknown_pool(gathered, pool) {
+            links.push(link);
+        }
         holdings_link(gathered, pool, &mut links);
     }
     match node.as_deref().map(NodeName::new) {
@@ -731,20 +961,40 @@ fn explain_pod(gathered: &Gathered, pod: &str, network_pool: Option<&str>) -> Ex
     }
     let mut explanation = Explanation::new(format!("pod {pod}"), links);
     if explanation.broken {
+        let failed = add
+            .and_then(|a| a.error.as_deref())
+            .map(|e| format!(" (its ADD failed: {e})"))
+            .unwrap_or_default();
         explanation.links.insert(
             pod_link_at,
-            ok("pod", "holds no address on this node; why is below"),
+            ok(
+                "pod",
+                format!("holds no address on this node{failed}; why is below"),
+            ),
         );
     } else {
         // Nothing down the chain explains it: the pod's own link is the broken one.
-        explanation.links.push(broken(
-            "pod",
-            format!(
-                "pod {pod} holds no address on this node, and nothing down the chain is broken"
-            ),
-            "the ADD may not have reached the agent: see the container runtime's and \
-             corral-ipam's logs",
-        ));
+        explanation
+            .links
+            .push(match add.and_then(|a| a.error.as_deref()) {
+                Some(error) => broken(
+                    "pod",
+                    format!(
+                        "pod {pod} holds no address on this node: its ADD failed: {error}; \
+                     nothing down the chain is broken now"
+                    ),
+                    "the cause may have passed: the container runtime retries the ADD",
+                ),
+                None => broken(
+                    "pod",
+                    format!(
+                        "pod {pod} holds no address on this node, and nothing down the chain is \
+                     broken"
+                    ),
+                    "the ADD may not have reached the agent: see the container runtime's and \
+                 corral-ipam's logs",
+                ),
+            });
         explanation.broken = true;
     }
     explanation
@@ -848,4 +1098,29 @@ fn explain_address(gathered: &Gathered, address: IpAddr) -> Explanation {
         }
     }
     Explanation::new(format!("address {address}"), links)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_counting_down_past_two_renewals_is_a_stalled_leader() {
+        let lease = |left: Option<u64>, granted: u64| LeaderLease {
+            read_ms: 100_000,
+            left_secs: left,
+            granted_secs: granted,
+        };
+        // Renewed every 10/3 s: up to 6.67 s of silence is a leader that answers.
+        assert_eq!(lease(Some(10), 10).stalled(), None);
+        assert_eq!(lease(Some(4), 10).stalled(), None);
+        // 7 s without a renewal: it stopped at 93 s, the lease ends at 103 s.
+        assert_eq!(lease(Some(3), 10).stalled(), Some((93_000, 103_000)));
+        // A short lease: at least two seconds past one renewal.
+        assert_eq!(lease(Some(1), 3).stalled(), None);
+        assert_eq!(lease(Some(0), 3).stalled(), None);
+        assert_eq!(lease(Some(0), 6).stalled(), Some((94_000, 100_000)));
+        // Already expired: the election read will show no leader.
+        assert_eq!(lease(None, 10).stalled(), None);
+    }
 }

@@ -27,6 +27,7 @@
 mod check;
 pub mod cloud;
 mod cluster;
+mod cni_network;
 mod commands;
 mod etcd_args;
 mod exit;

@@ -308,3 +308,242 @@ fn explain_names_etcds_lost_quorum_for_a_degraded_agent() {
     assert!(line.contains("BROKEN"), "{out}");
     assert!(out.contains("etcd has lost quorum"), "{out}");
 }
+
+/// Two block pools, `pods` (the cluster's default) and `blue` (namespace `batch`'s).
+fn two_pools() -> String {
+    r#"quarantine_secs = 300
+default_pool = "pods"
+[namespaces]
+batch = "blue"
+[[pools]]
+name = "pods"
+mode = "blocks"
+[pools.watermarks]
+pre_allocate = 4
+[pools.ipv4]
+cidrs = ["10.91.0.0/27"]
+block_prefix_len = 28
+[[pools]]
+name = "blue"
+mode = "blocks"
+[pools.watermarks]
+pre_allocate = 4
+[pools.ipv4]
+cidrs = ["10.92.0.0/27"]
+block_prefix_len = 28
+"#
+    .to_owned()
+}
+
+/// A CNI ADD as corral-ipam sends it: the call's pool (`runtimeConfig.pool`), the network's
+/// `ipam.pool` and the pod's namespace, owner NAMESPACE/NAME.
+fn add_as_plugin(
+    socket: &Path,
+    pod: &str,
+    requested: Option<&str>,
+    configured: &str,
+) -> Result<corral_api::AllocateResponse, corral_client::Error> {
+    let (namespace, _) = pod.split_once('/').unwrap();
+    let container = format!("c-{}", pod.replace('/', "-"));
+    let mut network = common::podnet(configured);
+    network.requested_pool = requested.map(str::to_owned);
+    network.namespace = Some(namespace.to_owned());
+    corral_client::Client::unix(socket)
+        .with_read_timeout(Some(Duration::from_secs(60)))
+        .cni_add(&corral_api::CniAddRequest {
+            network,
+            key: common::pod_key(&container),
+            owner: pod.to_owned(),
+            sets: Vec::new(),
+        })
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn explain_pod_names_the_pool_the_add_used_and_the_rule_that_chose_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (etcd, _operator) = cluster_with_operator(dir.path(), &two_pools());
+    let agent = start_agent_with(
+        &etcd,
+        &dir.path().join("node-a"),
+        "node-a",
+        &["--pool-wait", "2000"],
+    );
+    wait_ranges("node-a holds a block of each pool", &agent.socket, 2, 30);
+    let socket = socket_arg(&agent.socket);
+    let pool_of = |pod: &str, extra: &[&str]| {
+        let mut args = vec!["pod", pod, "--socket", &socket];
+        args.extend(extra);
+        let (_, out, err) = explain(&etcd, &args, &[]);
+        let line = link_line(&out, "pool").to_owned();
+        (line, format!("{out}{err}"))
+    };
+
+    // The namespace's pool wins over the network's `ipam.pool`: the agent says so.
+    let reply = add_as_plugin(&agent.socket, "batch/job-1", None, "pods").unwrap();
+    assert!(
+        reply
+            .allocations
+            .iter()
+            .all(|a| a.pool == "blue" && contains("10.92.0.0/27", a.address)),
+        "{reply:?}"
+    );
+    let (line, out) = pool_of("batch/job-1", &[]);
+    assert!(link_line(&out, "pod").contains("(pool blue)"), "{out}");
+    assert!(line.contains("blue: namespace batch maps to it"), "{out}");
+    assert!(
+        line.contains("the agent's record of the pod's ADD"),
+        "{out}"
+    );
+    assert!(line.contains(", ok)"), "{out}");
+    // The call's pool (runtimeConfig.pool) wins over the namespace's.
+    add_as_plugin(&agent.socket, "batch/job-2", Some("pods"), "blue").unwrap();
+    let (line, out) = pool_of("batch/job-2", &[]);
+    assert!(
+        line.contains("pods: the pod's CNI call named it (runtimeConfig.pool"),
+        "{out}"
+    );
+    // The network's pool, when nothing else names one.
+    add_as_plugin(&agent.socket, "web/front", None, "blue").unwrap();
+    let (line, out) = pool_of("web/front", &[]);
+    assert!(line.contains("blue: the network's pool"), "{out}");
+    // An ADD that failed: the pool it asked for, and why it failed, from the agent.
+    let error = add_as_plugin(&agent.socket, "web/lost", Some("nowhere"), "pods").unwrap_err();
+    let (line, out) = pool_of("web/lost", &[]);
+    assert!(
+        line.contains("nowhere: the pod's CNI call named it"),
+        "{out}"
+    );
+    assert!(line.contains(", failed)"), "{out}");
+    // ... which names a pool that does not exist: the chain breaks there.
+    assert!(
+        out.contains("pool nowhere is not a pool of the cluster, nor of the node's agent"),
+        "{out}"
+    );
+    let pod = link_line(&out, "pod");
+    assert!(
+        pod.contains("holds no address on this node (its ADD failed: "),
+        "{out}"
+    );
+    let message = match &error {
+        corral_client::Error::Api { error, .. } => error.message.clone(),
+        other => other.to_string(),
+    };
+    assert!(pod.contains(&message), "{error}\n{out}");
+
+    // A pod the agent has no record of: the pool worked out from the CNI configuration
+    // (a file, or a network's name in a directory), the pod's namespace and --pool.
+    let conf_dir = dir.path().join("net.d");
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let conflist = conf_dir.join("10-k8s.conflist");
+    std::fs::write(
+        &conflist,
+        r#"{"cniVersion":"1.0.0","name":"k8s","plugins":[{"type":"bridge",
+            "ipam":{"type":"corral-ipam","agent":"/run/corral/agent.sock","pool":"blue"}}]}"#,
+    )
+    .unwrap();
+    let conflist = conflist.to_str().unwrap();
+    let conf_dir = conf_dir.to_str().unwrap();
+    let (line, out) = pool_of("web/new", &["--cni-config", conflist]);
+    assert!(
+        line.contains("blue: the network's pool (ipam.pool of network k8s in "),
+        "{out}"
+    );
+    let (line, out) = pool_of(
+        "web/new",
+        &["--cni-config", "k8s", "--cni-conf-dir", conf_dir],
+    );
+    assert!(
+        line.contains("blue: the network's pool (ipam.pool of network k8s"),
+        "{out}"
+    );
+    let (line, out) = pool_of("web/new", &[]);
+    assert!(line.contains("pods: the cluster's default pool"), "{out}");
+    let (line, out) = pool_of("batch/new", &["--cni-config", conflist]);
+    assert!(line.contains("blue: namespace batch maps to it"), "{out}");
+    let (line, out) = pool_of(
+        "batch/new",
+        &[
+            "--pool",
+            "pods",
+            "--cni-config",
+            "k8s",
+            "--cni-conf-dir",
+            conf_dir,
+        ],
+    );
+    assert!(
+        line.contains(
+            "pods: the pod's CNI call named it (runtimeConfig.pool or args.cni.pool) (--pool)"
+        ),
+        "{out}"
+    );
+    let (line, out) = pool_of(
+        "web/new",
+        &["--cni-config", "nosuch", "--cni-conf-dir", conf_dir],
+    );
+    assert!(line.contains("could not check"), "{out}");
+    assert!(line.contains("no network named nosuch"), "{out}");
+}
+
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn explain_sees_a_failover_before_the_dead_leaders_key_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = initialized(1, dir.path(), &two_blocks());
+    // A long lease (15 s, renewed every 5 s), so its key outlives the leader for a while.
+    let ttl: [&std::ffi::OsStr; 2] = ["--lease-ttl".as_ref(), "15".as_ref()];
+    let op_a = Operator::with_state(&etcd, dir.path(), "op-a", &ttl);
+    wait_leads(&etcd, "op-a", Duration::from_secs(30));
+    let _standby = Operator::with_state(&etcd, dir.path(), "op-b", &ttl);
+    let agent = start_agent(&etcd, &dir.path().join("node-a"), "node-a");
+    wait_until("node-a holds a block", Duration::from_secs(30), || {
+        grants(&etcd).contains_key("node-a")
+    });
+    let socket = socket_arg(&agent.socket);
+    let explain_node = || explain(&etcd, &["node", "node-a"], &["--socket", &socket]);
+    // A leader that renews its lease leads: nothing broken.
+    let (code, out, err) = explain_node();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        link_line(&out, "leader").contains("operator op-a leads"),
+        "{out}"
+    );
+
+    // The leader dies; its election key stays until its lease runs out (15 s), and explain
+    // says a failover is in progress before then.
+    op_a.signal(rustix::process::Signal::KILL);
+    let mut last = String::new();
+    wait_until(
+        "explain names the failover while op-a's key is still there",
+        Duration::from_secs(60),
+        || {
+            assert_eq!(
+                leader(&etcd).as_deref(),
+                Some("op-a"),
+                "op-a's key expired before explain saw the failover; last:\n{last}"
+            );
+            let (code, out, _) = explain_node();
+            let seen = code == 5 && out.contains("failover in progress");
+            last = out;
+            seen
+        },
+    );
+    let line = link_line(&last, "leader");
+    assert!(line.contains("BROKEN"), "{last}");
+    assert!(
+        line.contains("failover in progress: the leader (op-a) stopped answering at about 20"),
+        "{last}"
+    );
+    assert!(
+        line.contains("a standby (1 campaign) takes over when its lease ends at 20"),
+        "{last}"
+    );
+    assert!(last.contains("what to do: wait for the standby"), "{last}");
+    // The standby takes over: the leader link is whole again.
+    wait_leads(&etcd, "op-b", Duration::from_secs(60));
+    wait_until("explain sees op-b lead", Duration::from_secs(30), || {
+        let (code, out, _) = explain_node();
+        code == 0 && link_line(&out, "leader").contains("operator op-b leads")
+    });
+}

@@ -572,6 +572,49 @@ impl HistoryConfig {
     }
 }
 
+/// Which rule chose the pool of a CNI call ([`ClusterConfig::choose_pool`]), in the order
+/// they are tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolRule {
+    /// The call named it (`runtimeConfig.pool`, `args.cni.pool`).
+    Requested,
+    /// The pod's namespace maps to it (`namespaces`).
+    Namespace,
+    /// The network's configuration names it (`ipam.pool`).
+    Network,
+    /// The cluster's `default_pool`.
+    DefaultPool,
+    /// Nothing named a pool: `default`.
+    Default,
+}
+
+impl PoolRule {
+    /// The rule's name on the wire (`runtime_config`, `namespace`, `network`, `default_pool`,
+    /// `default`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolRule::Requested => "runtime_config",
+            PoolRule::Namespace => "namespace",
+            PoolRule::Network => "network",
+            PoolRule::DefaultPool => "default_pool",
+            PoolRule::Default => "default",
+        }
+    }
+
+    /// The rule named `name` ([`PoolRule::as_str`]).
+    pub fn parse(name: &str) -> Option<PoolRule> {
+        [
+            PoolRule::Requested,
+            PoolRule::Namespace,
+            PoolRule::Network,
+            PoolRule::DefaultPool,
+            PoolRule::Default,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == name)
+    }
+}
+
 impl ClusterConfig {
     /// The JSON stored under the `config` key.
     pub fn to_json(&self) -> Result<String, ConfigError> {
@@ -595,12 +638,30 @@ impl ClusterConfig {
         namespace: Option<&str>,
         configured: Option<&str>,
     ) -> String {
+        self.choose_pool(named, namespace, configured).0
+    }
+
+    /// [`ClusterConfig::pool_for`], and the rule that chose the pool.
+    pub fn choose_pool(
+        &self,
+        named: Option<&str>,
+        namespace: Option<&str>,
+        configured: Option<&str>,
+    ) -> (String, PoolRule) {
         let given = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_owned);
-        given(named)
-            .or_else(|| given(namespace).and_then(|ns| self.namespaces.get(&ns).cloned()))
-            .or_else(|| given(configured))
-            .or_else(|| self.default_pool.clone())
-            .unwrap_or_else(|| "default".to_owned())
+        if let Some(pool) = given(named) {
+            return (pool, PoolRule::Requested);
+        }
+        if let Some(pool) = given(namespace).and_then(|ns| self.namespaces.get(&ns).cloned()) {
+            return (pool, PoolRule::Namespace);
+        }
+        if let Some(pool) = given(configured) {
+            return (pool, PoolRule::Network);
+        }
+        match &self.default_pool {
+            Some(pool) => (pool.clone(), PoolRule::DefaultPool),
+            None => ("default".to_owned(), PoolRule::Default),
+        }
     }
 
     /// The largest node ID of the node-ID plan (0 when there is none).
@@ -879,6 +940,25 @@ block_prefix_len = 28
         assert_eq!(config.pool_for(None, Some("batch"), Some("net")), "batch");
         assert_eq!(config.pool_for(Some(""), Some("other"), Some("net")), "net");
         assert_eq!(config.pool_for(None, Some("other"), None), "pods");
+        assert_eq!(
+            config.choose_pool(None, Some("batch"), Some("net")).1,
+            PoolRule::Namespace
+        );
+        assert_eq!(
+            config.choose_pool(Some("x"), Some("batch"), None).1,
+            PoolRule::Requested
+        );
+        assert_eq!(
+            config.choose_pool(None, None, Some("n")).1,
+            PoolRule::Network
+        );
+        assert_eq!(
+            config.choose_pool(None, None, None).1,
+            PoolRule::DefaultPool
+        );
+        for rule in [PoolRule::Requested, PoolRule::Default] {
+            assert_eq!(PoolRule::parse(rule.as_str()), Some(rule));
+        }
         // Round trip through the stored JSON.
         let json = config.to_json().unwrap();
         assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), config);

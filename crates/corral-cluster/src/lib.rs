@@ -34,8 +34,8 @@ pub use check::{
 pub use config::{
     AppliedConfigRecord, CloudPool, CloudPoolConfig, ClusterConfig, ConfigError, DemandConfig,
     FamilyConfig, HeldGrant, HistoryConfig, MAX_LEASE_TTL_SECS, NodeCidrSync, NodeIdBound,
-    NodeIdPlanConfig, PoolConfig, PoolKind, PoolMode, ReleasePolicy, ResyncConfig, WarmTargets,
-    WatermarkOverride, Watermarks,
+    NodeIdPlanConfig, PoolConfig, PoolKind, PoolMode, PoolRule, ReleasePolicy, ResyncConfig,
+    WarmTargets, WatermarkOverride, Watermarks,
 };
 pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
 pub use keys::{

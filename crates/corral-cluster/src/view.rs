@@ -1258,6 +1258,24 @@ impl ClusterView {
             .collect()
     }
 
+    /// The grants held (whose records decoded) as history events, the newest `limit` by
+    /// grant time ([`crate::history::newest_first`]): the held half of the history's newest
+    /// events, from memory instead of a read of every `grants/` key.
+    pub fn held_events(&self, limit: usize) -> Vec<crate::history::HistoryEvent> {
+        let mut events: Vec<_> = self
+            .grants
+            .iter()
+            .filter_map(|((pool, _, cidr), grant)| {
+                grant
+                    .record
+                    .as_ref()
+                    .map(|record| crate::history::HistoryEvent::held(pool, cidr, record))
+            })
+            .collect();
+        crate::history::newest_first(&mut events, limit);
+        events
+    }
+
     /// The `grants/` value of a node CIDR or block, if granted and it decoded.
     pub fn grant_record(
         &self,

@@ -294,6 +294,28 @@ impl EtcdKv {
         self.requests.load(Ordering::Relaxed)
     }
 
+    /// How long `lease` has left and the TTL it was granted, as etcd says (whole seconds, the
+    /// remaining rounded down); `None` once it expired (or never was). A lease its holder
+    /// renews has nearly its granted TTL left; one its holder stopped renewing counts down.
+    pub async fn lease_time_left(
+        &self,
+        lease: LeaseId,
+    ) -> Result<Option<(Duration, Duration)>, KvError> {
+        let time_to_live =
+            |client: Client| async move { client.lease_client().time_to_live(lease.0, None).await };
+        match self.call("lease time-to-live", true, time_to_live).await {
+            Ok(response) if response.ttl() < 0 => Ok(None),
+            Ok(response) => {
+                let secs = |s: i64| Duration::from_secs(u64::try_from(s).unwrap_or(0));
+                Ok(Some((secs(response.ttl()), secs(response.granted_ttl()))))
+            }
+            Err(error) => match self.error(error, Some(lease)).await {
+                KvError::LeaseNotFound(_) => Ok(None),
+                error => Err(error),
+            },
+        }
+    }
+
     /// The options the client was made with.
     pub fn options(&self) -> &EtcdOptions {
         &self.options
@@ -976,6 +998,28 @@ impl Kv for EtcdKv {
                     revision: revision.filter(|revision| *revision > 0).unwrap_or(current),
                 })
             }
+            Err(error) => Err(self.error(error, None).await),
+        }
+    }
+
+    async fn range_last(&self, prefix: &[u8], limit: usize) -> Result<Vec<KeyValue>, KvError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // One request: the range sorted by key, descending, cut at `limit`.
+        let options = GetOptions::new()
+            .with_range(prefix_end(prefix))
+            .with_sort(
+                etcd_client::SortTarget::Key,
+                etcd_client::SortOrder::Descend,
+            )
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        let request = |client: Client| {
+            let options = options.clone();
+            async move { client.kv_client().get(prefix, Some(options)).await }
+        };
+        match self.call("range", true, request).await {
+            Ok(response) => Ok(response.kvs().iter().rev().map(key_value).collect()),
             Err(error) => Err(self.error(error, None).await),
         }
     }

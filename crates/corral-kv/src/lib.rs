@@ -316,6 +316,37 @@ pub trait Kv: Clone + Send + Sync + 'static {
         revision: Option<Revision>,
     ) -> impl Future<Output = Result<RangePage, KvError>> + Send;
 
+    /// The last `limit` keys under `prefix` (the greatest, in key order), at the current
+    /// revision, in key order. The default pages through every key; a store that can read a
+    /// range backwards (etcd) reads only those.
+    fn range_last(
+        &self,
+        prefix: &[u8],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<KeyValue>, KvError>> + Send {
+        async move {
+            let mut last = std::collections::VecDeque::with_capacity(limit.min(4096));
+            let mut after: Option<Vec<u8>> = None;
+            let mut revision = None;
+            loop {
+                let page = self.range(prefix, after.as_deref(), 1000, revision).await?;
+                revision = Some(page.revision);
+                after = page.kvs.last().map(|kv| kv.key.clone());
+                for kv in page.kvs {
+                    if last.len() == limit {
+                        last.pop_front();
+                    }
+                    if limit > 0 {
+                        last.push_back(kv);
+                    }
+                }
+                if !page.more || after.is_none() {
+                    return Ok(last.into());
+                }
+            }
+        }
+    }
+
     /// Runs a transaction atomically.
     fn txn(&self, txn: Txn) -> impl Future<Output = Result<TxnResponse, KvError>> + Send;
 

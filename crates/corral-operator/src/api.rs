@@ -893,13 +893,24 @@ async fn history(
         Err(refusal) => return refusal.into_response(),
     };
     let shared = &state.shared;
-    let (Some(config), Some(reader)) = (
-        shared.with_view(|view, _| view.config().clone()),
+    // The newest events (the dashboard's "recent", polled): the grants held come from the
+    // leader's view, not from a read of every `grants/` key.
+    let newest = request.query == crate::history::HistoryQuery::Newest;
+    let held_limit = if request.at_ms.is_some() {
+        usize::MAX
+    } else {
+        request.limit
+    };
+    let (Some((config, held)), Some(reader)) = (
+        shared.with_view(|view, _| {
+            let held = newest.then(|| view.held_events(held_limit));
+            (view.config().clone(), held)
+        }),
         shared.history_reader(),
     ) else {
         return not_leading(shared);
     };
-    match reader(config, request).await {
+    match reader(config, request, held).await {
         Ok(events) => Json(crate::history::to_wire(events)).into_response(),
         Err(e) => error(ErrorCode::RetryLater, format!("grants' history: etcd: {e}")),
     }

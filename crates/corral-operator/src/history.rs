@@ -5,15 +5,17 @@
 //!
 //! Cheap range reads: an address is looked up under the one CIDR of its pool's prefix length
 //! that contains it (one `grants/` key and one `history/cidr/` prefix per pool that contains
-//! it), a node under `owned/<node>/` and `history/node/<node>/`; the newest events under
-//! `history/at/` from a window that grows until it holds `limit` of them.
+//! it), a node under `owned/<node>/` and `history/node/<node>/`; the newest events: the
+//! grants held from the leader's view when given (else every `grants/` key), and the last
+//! `limit` keys of `history/at/` (with a time, from a window that grows until it holds
+//! `limit` of them).
 
 use std::net::IpAddr;
 
 use corral_cluster::history::{HistoryEvent, newest_first};
 use corral_cluster::{
-    ClusterConfig, Family, GrantRecord, HistoryRecord, IpNet, Key, Keys, NodeName, PoolName,
-    decode_value,
+    CloudInterfaceRecord, ClusterConfig, Family, GrantRecord, HistoryRecord, IpNet, Key, Keys,
+    NodeName, PoolName, decode_value,
 };
 use corral_kv::{KeyValue, Kv, KvError};
 
@@ -71,6 +73,20 @@ pub async fn read<K: Kv>(
     request: &HistoryRequest,
     now_ms: u64,
 ) -> Result<Vec<HistoryEvent>, KvError> {
+    read_with_held(kv, keys, config, request, now_ms, None).await
+}
+
+/// [`read`], with the grants held given (`held`: the leader's view,
+/// `ClusterView::held_events`) for the newest events: then no `grants/` key is read, and
+/// without `at_ms` the ended ones are the last `limit` keys of `history/at/`, one request.
+pub async fn read_with_held<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    config: &ClusterConfig,
+    request: &HistoryRequest,
+    now_ms: u64,
+    held: Option<Vec<HistoryEvent>>,
+) -> Result<Vec<HistoryEvent>, KvError> {
     let mut events = match &request.query {
         HistoryQuery::Address(address) => {
             let mut events = Vec::new();
@@ -90,7 +106,16 @@ pub async fn read<K: Kv>(
             events
         }
         HistoryQuery::Node(node) => of_node(kv, keys, node).await?,
-        HistoryQuery::Newest => newest(kv, keys, request, now_ms).await?,
+        HistoryQuery::Newest => match held {
+            Some(mut events) if request.at_ms.is_none() => {
+                let last = kv
+                    .range_last(keys.history_at_prefix().as_bytes(), request.limit)
+                    .await?;
+                events.extend(ended(&last));
+                events
+            }
+            held => newest(kv, keys, request, now_ms, held).await?,
+        },
     };
     if let Some(at) = request.at_ms {
         events.retain(|e| e.covers(at));
@@ -100,7 +125,8 @@ pub async fn read<K: Kv>(
 }
 
 /// The CIDR of each pool's prefix length that contains `address`, in the pools whose ranges
-/// contain it.
+/// contain it; in a cloud pool each CIDR that could hold it as an address or
+/// a delegated prefix.
 fn cidrs_of_address(config: &ClusterConfig, address: IpAddr) -> Vec<(PoolName, IpNet)> {
     let family = match address {
         IpAddr::V4(_) => Family::V4,
@@ -108,6 +134,17 @@ fn cidrs_of_address(config: &ClusterConfig, address: IpAddr) -> Vec<(PoolName, I
     };
     let mut out = Vec::new();
     for pool in &config.pools {
+        // A cloud pool's addresses are single addresses or delegated prefixes (a /28 of IPv4,
+        // an /80 of IPv6) of the cloud's subnets: each length that could hold it.
+        if pool.is_cloud() {
+            let shortest = if family == Family::V4 { 28 } else { 80 };
+            out.extend(
+                corral_cluster::history::containing(address, shortest)
+                    .into_iter()
+                    .map(|cidr| (pool.name.clone(), cidr)),
+            );
+            continue;
+        }
         for (f, family_config) in pool.families() {
             let inside = family_config.cidrs.iter().any(|c| c.contains(&address));
             if f != family || !inside || family_config.node_prefix_len == 0 {
@@ -177,7 +214,7 @@ async fn of_cidr<K: Kv>(
     Ok(events)
 }
 
-/// Everything a node held and holds.
+/// Everything a node held and holds: its grants, and its cloud interfaces' addresses.
 async fn of_node<K: Kv>(
     kv: &K,
     keys: &Keys,
@@ -194,23 +231,44 @@ async fn of_node<K: Kv>(
             );
         }
     }
+    // Cloud addresses and prefixes its interface records hold (since a time they do not say).
+    let prefix = keys.cloud_interfaces_of_node_prefix(node);
+    for entry in range_from(kv, &prefix, None).await? {
+        if let Ok(record) = decode_value::<CloudInterfaceRecord>(&entry.value) {
+            events.extend(record.addresses.iter().map(|cidr| HistoryEvent {
+                pool: record.pool.clone(),
+                cidr: *cidr,
+                node: node.clone(),
+                from_ms: None,
+                to_ms: None,
+                why: None,
+            }));
+        }
+    }
     Ok(events)
 }
 
-/// The newest events: every grant held, and the ended ones from a window before `now_ms`
-/// that doubles (from an hour) until it holds `limit` events or covers the whole history.
+/// The newest events: every grant held (`held`, else read from `grants/`), and the ended
+/// ones from a window before `now_ms` that grows (from an hour) until it holds `limit` events
+/// or covers the whole history.
 async fn newest<K: Kv>(
     kv: &K,
     keys: &Keys,
     request: &HistoryRequest,
     now_ms: u64,
+    held: Option<Vec<HistoryEvent>>,
 ) -> Result<Vec<HistoryEvent>, KvError> {
     let mut events = Vec::new();
-    for entry in range_from(kv, &keys.grants_prefix(), None).await? {
-        if let Ok(Key::Grant { pool, cidr, .. }) = keys.parse(&entry.key_str())
-            && let Ok(grant) = decode_value::<GrantRecord>(&entry.value)
-        {
-            events.push(HistoryEvent::held(&pool, &cidr, &grant));
+    match held {
+        Some(held) => events = held,
+        None => {
+            for entry in range_from(kv, &keys.grants_prefix(), None).await? {
+                if let Ok(Key::Grant { pool, cidr, .. }) = keys.parse(&entry.key_str())
+                    && let Ok(grant) = decode_value::<GrantRecord>(&entry.value)
+                {
+                    events.push(HistoryEvent::held(&pool, &cidr, &grant));
+                }
+            }
         }
     }
     let prefix = keys.history_at_prefix();

@@ -151,11 +151,11 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
     let election = keys.election_prefix();
     {
         let (kv, keys) = (kv.clone(), keys.clone());
-        shared.set_history_reader(Arc::new(move |config, request| {
+        shared.set_history_reader(Arc::new(move |config, request, held| {
             let (kv, keys) = (kv.clone(), keys.clone());
             Box::pin(async move {
                 let now_ms = (system_clock())();
-                history::read(&kv, &keys, &config, &request, now_ms).await
+                history::read_with_held(&kv, &keys, &config, &request, now_ms, held).await
             })
         }));
     }

@@ -103,12 +103,14 @@ impl std::fmt::Debug for HistoryCell {
     }
 }
 
-/// A read of the grants' history under a configuration (a closure over the replica's `Kv`,
-/// which the API is not generic over).
+/// A read of the grants' history under a configuration, with the grants held from the
+/// leader's view for the newest events (a closure over the replica's `Kv`, which the API is
+/// not generic over; see `history::read_with_held`).
 pub type HistoryReader = std::sync::Arc<
     dyn Fn(
             corral_cluster::ClusterConfig,
             crate::history::HistoryRequest,
+            Option<Vec<corral_cluster::history::HistoryEvent>>,
         ) -> std::pin::Pin<
             Box<
                 dyn Future<

@@ -887,7 +887,7 @@ fn history_answers_who_held_an_address_and_refuses_bad_queries() {
     let kv = corral_kv::MemKv::new();
     let keys = Keys::new(ClusterName::new("t").unwrap());
     // node-old held 10.192.9.0/24 from 1000 to 2000; node-a holds 10.192.1.0/24 (in the view
-    // only: the store has no grant, so only the ended one is read back).
+    // only: the store has no grant, so only the newest events name it, from the view).
     let record = HistoryRecord {
         pool: PoolName::new("default").unwrap(),
         cidr: "10.192.9.0/24".parse().unwrap(),
@@ -916,10 +916,13 @@ fn history_answers_who_held_an_address_and_refuses_bad_queries() {
     let shared = leader(&view);
     {
         let (kv, keys) = (kv.clone(), keys.clone());
-        shared.set_history_reader(Arc::new(move |config, request| {
+        shared.set_history_reader(Arc::new(move |config, request, held| {
             let (kv, keys) = (kv.clone(), keys.clone());
             Box::pin(async move {
-                corral_operator::history::read(&kv, &keys, &config, &request, 10_000).await
+                corral_operator::history::read_with_held(
+                    &kv, &keys, &config, &request, 10_000, held,
+                )
+                .await
             })
         }));
     }
@@ -938,11 +941,28 @@ fn history_answers_who_held_an_address_and_refuses_bad_queries() {
         "/v1/history?address=10.192.9.77&at=1999",
         "/v1/history?address=10.192.9.0/24&at=1970-01-01T00:00:01Z",
         "/v1/history?node=node-old",
-        "/v1/history?limit=5",
     ] {
         let answer: body::GrantHistory = running.get(path).json();
         assert_eq!(answer.events, std::slice::from_ref(&expected), "{path}");
     }
+    // The newest events: the ended one read back, and the grants held from the leader's view
+    // (node-a's, which the store does not have: the view is read, not `grants/`).
+    let answer: body::GrantHistory = running.get("/v1/history?limit=5").json();
+    let held: Vec<_> = answer.events[1..]
+        .iter()
+        .map(|e| (e.node.as_str(), e.cidr.as_str(), e.to_ms))
+        .collect();
+    assert_eq!(answer.events[0], expected, "{answer:?}");
+    assert_eq!(
+        held,
+        [
+            ("node-a", "10.192.1.0/24", None),
+            ("node-a", "fd00:200::/64", None)
+        ],
+        "{answer:?}"
+    );
+    let answer: body::GrantHistory = running.get("/v1/history?limit=1").json();
+    assert_eq!(answer.events, std::slice::from_ref(&expected), "{answer:?}");
     for path in [
         "/v1/history?address=10.192.9.77&at=2000",
         "/v1/history?address=10.192.8.1",

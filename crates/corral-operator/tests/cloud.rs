@@ -11,7 +11,10 @@ use std::time::Duration;
 use common::cloud::*;
 use common::*;
 use corral_cloud::Action;
+use corral_cluster::GrantEnd;
+use corral_cluster::history::HistoryEvent;
 use corral_kv::Kv;
+use corral_operator::history::{HistoryQuery, HistoryRequest, read};
 
 /// A small start: three nodes get pre-allocate 8 on their primary interface, pods come and
 /// the agents' demand moves the watermarks, excess goes back through the handshake.
@@ -59,7 +62,40 @@ async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
     assert!(a.shared.cloud_intents_written() >= 4);
     let figures = a.shared.cloud_node("node-0000");
     assert_eq!((figures[0].stats.used, figures[0].stats.available), (0, 8));
+    // The 5 addresses given back end in the grants' history as released, found by node and
+    // by address.
+    let events = cloud_history(&rig.kv, HistoryQuery::Node(node("node-0000"))).await;
+    let released: Vec<_> = events
+        .iter()
+        .filter(|e| e.why == Some(GrantEnd::Released))
+        .collect();
+    assert_eq!(released.len(), 5, "{released:?}");
+    // ... beside the 8 it still holds (since a time its records do not say).
+    let held = events.iter().filter(|e| e.to_ms.is_none()).count();
+    assert_eq!(held, 8, "{events:?}");
+    for event in &released {
+        assert_eq!(
+            (event.pool.as_str(), event.node.as_str()),
+            ("pods", "node-0000")
+        );
+        let of_address = cloud_history(&rig.kv, HistoryQuery::Address(event.cidr.addr())).await;
+        assert!(of_address.contains(event), "{of_address:?}");
+    }
     rig.assert_settled().await;
+}
+
+/// The grants' history as `GET /v1/history` reads it (the newest 100).
+async fn cloud_history(kv: &corral_kv::MemKv, query: HistoryQuery) -> Vec<HistoryEvent> {
+    let entry = kv.get(keys().config().as_bytes()).await.unwrap().unwrap();
+    let config: corral_cluster::ClusterConfig = serde_json::from_slice(&entry.value).unwrap();
+    let request = HistoryRequest {
+        query,
+        at_ms: None,
+        limit: 100,
+    };
+    read(kv, &keys(), &config, &request, u64::MAX / 2)
+        .await
+        .unwrap()
 }
 
 /// Scenario 1: 1,000 m5.large nodes scale out to 8 spare addresses each from one interface
@@ -969,6 +1005,13 @@ async fn a_removed_node_loses_its_records() {
     )
     .await;
     assert_eq!(records(&rig.kv).await.len(), 1);
+    // Its 8 addresses ended with its records, as a removed node's.
+    let ended = cloud_history(&rig.kv, HistoryQuery::Node(node(name))).await;
+    assert_eq!(ended.len(), 8, "{ended:?}");
+    assert!(
+        ended.iter().all(|e| e.why == Some(GrantEnd::NodeRemoved)),
+        "{ended:?}"
+    );
     assert_consistent(&rig.kv).await;
 }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use corral_cluster::{
-    ClusterConfig, DemandRecord, Family, FamilyDemand, IpNet, PoolConfig, PoolName,
+    ClusterConfig, DemandRecord, Family, FamilyDemand, IpNet, PoolConfig, PoolName, PoolRule,
 };
 
 use crate::node::BlockReport;
@@ -147,14 +147,25 @@ pub fn resolve_pool(
     namespace: Option<&str>,
     configured: Option<&str>,
 ) -> String {
+    choose_pool(config, requested, namespace, configured).0
+}
+
+/// [`resolve_pool`], and the rule that chose the pool.
+pub fn choose_pool(
+    config: Option<&ClusterConfig>,
+    requested: Option<&str>,
+    namespace: Option<&str>,
+    configured: Option<&str>,
+) -> (String, PoolRule) {
     match config {
-        Some(config) => config.pool_for(requested, namespace, configured),
-        None => [requested, configured]
-            .into_iter()
-            .flatten()
-            .find(|p| !p.is_empty())
-            .unwrap_or("default")
-            .to_owned(),
+        Some(config) => config.choose_pool(requested, namespace, configured),
+        None => [
+            (requested, PoolRule::Requested),
+            (configured, PoolRule::Network),
+        ]
+        .into_iter()
+        .find_map(|(p, rule)| p.filter(|p| !p.is_empty()).map(|p| (p.to_owned(), rule)))
+        .unwrap_or_else(|| ("default".to_owned(), PoolRule::Default)),
     }
 }
 

@@ -463,6 +463,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 .collect(),
             warnings: self.warnings(),
             cluster: None,
+            adds: vec![],
         })
     }
 

@@ -24,7 +24,7 @@ use corral_cluster::cloud::{
 };
 use corral_cluster::{
     CloudAttachment, CloudEntry, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, Family,
-    IpNet, Key, NodeName, PoolName, encode_value,
+    GrantEnd, IpNet, Key, NodeName, PoolName, encode_value,
 };
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 
@@ -33,6 +33,10 @@ use crate::leader::cloud::ctx::{
 };
 use crate::leader::cloud::describe::subnet_view;
 use crate::leader::logged::{Write, WriteError};
+
+/// At most this many operations (compares and writes) per transaction: etcd refuses more than
+/// 128 by default (`--max-txn-ops`), and the fence adds its own compare.
+const TXN_OPS: usize = 100;
 
 /// How soon a node is looked at again while an interface it got is attaching.
 pub(super) const ATTACH_POLL: Duration = Duration::from_secs(2);
@@ -348,6 +352,73 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         Outcome::Ok
     }
 
+    /// The node's record of `interface` in the leader's view, if any.
+    fn recorded(&self, interface: &CloudId) -> Option<CloudInterfaceRecord> {
+        self.ctx
+            .term
+            .shared
+            .with_view(|view, _| {
+                view.cloud_interfaces_of(self.node)
+                    .find(|(i, _)| *i == interface)
+                    .and_then(|(_, e)| e.record.clone())
+            })
+            .flatten()
+    }
+
+    /// The history's keys for cloud addresses of `pool` that end now, each for `why` (the
+    /// node's, from an unknown time: a record does not say when an address was assigned).
+    fn history_puts(
+        &self,
+        pool: &PoolName,
+        ended: &[IpNet],
+        why: impl Fn(&IpNet) -> GrantEnd,
+    ) -> Result<Vec<(String, Vec<u8>)>, Outcome> {
+        let now = (self.ctx.clock)();
+        let mut puts = Vec::new();
+        for net in ended {
+            let record = corral_cluster::history::ended(pool, net, self.node, None, now, why(net));
+            puts.extend(
+                corral_cluster::history::puts(&self.ctx.term.keys, &record)
+                    .map_err(|e| Outcome::Failed(format!("encoding a history record: {e}")))?,
+            );
+        }
+        Ok(puts)
+    }
+
+    /// Adds history puts to `txn` up to [`TXN_OPS`] operations; answers the rest, written
+    /// after it by [`StepRun::write_history`].
+    fn with_history(
+        &self,
+        txn: &mut Txn,
+        mut history: Vec<(String, Vec<u8>)>,
+    ) -> Vec<(String, Vec<u8>)> {
+        let room = TXN_OPS.saturating_sub(txn.success.len() + txn.compares.len());
+        let rest = history.split_off(room.min(history.len()));
+        txn.success
+            .extend(history.into_iter().map(|(k, v)| TxnOp::put(k, v)));
+        rest
+    }
+
+    /// History puts that did not fit their transaction, in fenced transactions of their own.
+    async fn write_history(&mut self, rest: Vec<(String, Vec<u8>)>) -> Outcome {
+        for chunk in rest.chunks(TXN_OPS) {
+            let txn = Txn {
+                compares: vec![],
+                success: chunk
+                    .iter()
+                    .map(|(k, v)| TxnOp::put(k.clone(), v.clone()))
+                    .collect(),
+                failure: vec![],
+            };
+            match self.txn(txn).await {
+                Ok(_) => {}
+                Err(WriteError::Refused) => return Outcome::Wait(STALE_WAIT),
+                Err(error) => return Outcome::Failed(format!("recording history: {error}")),
+            }
+        }
+        Outcome::Ok
+    }
+
     /// Records to delete (a removed node's, an empty interface's): a managed interface still
     /// on an instance (not the primary) gets a `Delete` intent in the transaction that deletes
     /// its record (its replay detaches and deletes it); the others' records are deleted. Each
@@ -362,6 +433,26 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
                 success: vec![TxnOp::delete(key)],
                 failure: vec![],
+            };
+            // The addresses it still held end with it: the node removed, else withdrawn.
+            let removed = self
+                .ctx
+                .term
+                .shared
+                .with_view(|view, _| view.removals().contains_key(self.node))
+                .unwrap_or(false);
+            let history = match &entry.record {
+                Some(record) => match self.history_puts(&record.pool, &record.addresses, |_| {
+                    if removed {
+                        GrantEnd::NodeRemoved
+                    } else {
+                        GrantEnd::Withdrawn
+                    }
+                }) {
+                    Ok(puts) => puts,
+                    Err(outcome) => return outcome,
+                },
+                None => Vec::new(),
             };
             let detach = entry
                 .record
@@ -384,10 +475,14 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 txn.compares.push(Compare::absent(intent_key.clone()));
                 txn.success.push(TxnOp::put(intent_key, value));
             }
+            let rest = self.with_history(&mut txn, history);
             match self.txn(txn).await {
                 Ok(_) => {
                     if detach.is_some() {
                         self.ctx.term.shared.note_cloud_intent();
+                    }
+                    if let Outcome::Failed(error) = self.write_history(rest).await {
+                        return Outcome::Failed(error);
                     }
                 }
                 Err(WriteError::Refused) => return Outcome::Wait(STALE_WAIT),
@@ -650,9 +745,40 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let Ok(value) = encode_value(&record) else {
             return Outcome::Failed("encoding a cloud interface record".to_owned());
         };
+        // The addresses the record gives up end in the history, in this transaction.
+        let mut history = Vec::new();
         // Disjoint records: never one interface or address for two nodes (the intent stays
         // open; its replay meets the same refusal until the other record goes).
         if let Ok(Key::CloudInterface { interface, .. }) = self.ctx.term.keys.parse(&key) {
+            if let Some(old) = self.recorded(&interface) {
+                let gone: Vec<IpNet> = old
+                    .addresses
+                    .iter()
+                    .filter(|a| old.pool != record.pool || !record.addresses.contains(a))
+                    .copied()
+                    .collect();
+                // Given back through the release handshake (its key completed here), else
+                // gone from the interface as the cloud shows it.
+                let released = |net: &IpNet| {
+                    let family = corral_cluster::net::family_of(net);
+                    let key = self
+                        .ctx
+                        .term
+                        .keys
+                        .release(self.node, &old.pool, family, net);
+                    release_deletes.iter().any(|(k, _)| *k == key)
+                };
+                match self.history_puts(&old.pool, &gone, |net| {
+                    if released(net) {
+                        GrantEnd::Released
+                    } else {
+                        GrantEnd::Withdrawn
+                    }
+                }) {
+                    Ok(puts) => history = puts,
+                    Err(outcome) => return outcome,
+                }
+            }
             let conflicts = self.claim(&interface, &record);
             if let Some(first) = conflicts.first() {
                 for conflict in &conflicts {
@@ -677,8 +803,9 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 .push(Compare::modified_at(release_key.clone(), *revision));
             txn.success.push(TxnOp::delete(release_key.clone()));
         }
+        let rest = self.with_history(&mut txn, history);
         match self.txn(txn).await {
-            Ok(_) => Outcome::Ok,
+            Ok(_) => self.write_history(rest).await,
             // The intent stays open: the next leader (or this one, once the view shows it)
             // replays it from what the cloud shows.
             Err(WriteError::Refused) => Outcome::Wait(REPLAY_WAIT),
