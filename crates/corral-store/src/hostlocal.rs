@@ -67,24 +67,45 @@ pub fn read_host_local_dir(dir: &Path) -> Result<Option<HostLocalDir>, StoreErro
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(directory_error(dir)(source)),
     };
-    let mut out = HostLocalDir::default();
+    let mut names = Vec::new();
     for entry in listing {
         let entry = entry.map_err(directory_error(dir))?;
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(Some(parse_host_local_files(
+        names.iter().map(String::as_str),
+        |name| {
+            let path = dir.join(name);
+            let bytes =
+                read_small_file(&path, MAX_HOST_LOCAL_FILE_BYTES).map_err(|e| e.to_string());
+            (path.display().to_string(), bytes)
+        },
+    )))
+}
+
+/// The contents of a host-local network directory from its file names, reading a file only
+/// when its name is an address or a `last_reserved_ip.N`: `read` answers the file's path (for
+/// messages) and its bytes, or why they could not be read. Pure, so the fuzz target
+/// (`fuzz/fuzz_targets/host_local.rs`) drives it with files in memory.
+pub fn parse_host_local_files<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    read: impl Fn(&str) -> (String, Result<Vec<u8>, String>),
+) -> HostLocalDir {
+    let mut out = HostLocalDir::default();
+    for name in names {
         if let Some(index) = name.strip_prefix(LAST_RESERVED_PREFIX) {
             let Ok(index) = index.parse::<usize>() else {
                 continue;
             };
-            let position = read_small_file(&entry.path(), MAX_HOST_LOCAL_FILE_BYTES)
-                .map_err(|error| error.to_string())
-                .and_then(|bytes| {
-                    String::from_utf8_lossy(&bytes)
-                        .trim()
-                        .parse::<IpAddr>()
-                        .map_err(|_| format!("{} holds no address", entry.path().display()))
-                });
+            let (path, bytes) = read(name);
+            let position = bytes.and_then(|bytes| {
+                String::from_utf8_lossy(&bytes)
+                    .trim()
+                    .parse::<IpAddr>()
+                    .map_err(|_| format!("{path} holds no address"))
+            });
             match position {
                 Ok(addr) => out.last_reserved.push((index, addr)),
                 Err(why) => out
@@ -98,7 +119,7 @@ pub fn read_host_local_dir(dir: &Path) -> Result<Option<HostLocalDir>, StoreErro
         };
         // A file that cannot be read as host-local writes it keeps its address, held by an
         // unknown owner: host-local may hold it, so it must never be handed out twice.
-        let text = match read_small_file(&entry.path(), MAX_HOST_LOCAL_FILE_BYTES) {
+        let text = match read(name).1 {
             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             Err(error) => {
                 out.warnings.push(format!(
@@ -118,7 +139,7 @@ pub fn read_host_local_dir(dir: &Path) -> Result<Option<HostLocalDir>, StoreErro
     }
     out.entries.sort_by_key(|e| (Family::of(e.addr), e.addr));
     out.last_reserved.sort();
-    Ok(Some(out))
+    out
 }
 
 /// Whether host-local's file for `addr` is still in `dir`, whatever it holds: only its
