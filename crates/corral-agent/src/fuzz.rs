@@ -69,7 +69,11 @@ pub fn api_body(data: &[u8]) {
             if let Some(request) = read::<api::ReserveLocalRoutesRequest>(body) {
                 let _ = crate::local_routes::check_scope(&request.scope);
             }
-            if let Some(request) = read::<serde_json::Value>(body) {
+            // The checkpoint's body is any JSON object, read into the checkpoint after: its
+            // numbers may be floats, which serde_json does not promise to print back exactly.
+            if let Ok(Json(JsonObject(request))) =
+                Json::<JsonObject<serde_json::Value>>::from_bytes(body)
+            {
                 let _ = serde_json::from_value::<corral_store::Checkpoint>(request);
             }
         }

@@ -47,8 +47,10 @@ pub fn response(data: &[u8]) {
             "a body of {} bytes from {consumed} bytes read",
             response.body.len()
         );
+        // Three digits, but not always a valid status: RFC 9110 section 15 has a client treat
+        // one outside 100..=599 (`099` passes httparse) as a server error, as a non-2xx is.
         assert!(
-            (100..1000).contains(&response.status),
+            response.status < 1000,
             "status {} is not three digits",
             response.status
         );
