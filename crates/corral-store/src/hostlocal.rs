@@ -94,6 +94,8 @@ pub fn parse_host_local_files<'a>(
     read: impl Fn(&str) -> (String, Result<Vec<u8>, String>),
 ) -> HostLocalDir {
     let mut out = HostLocalDir::default();
+    // (whether the name is the address's canonical text, the name, what the file holds)
+    let mut entries: Vec<(bool, &str, HostLocalEntry)> = Vec::new();
     for name in names {
         if let Some(index) = name.strip_prefix(LAST_RESERVED_PREFIX) {
             let Ok(index) = index.parse::<usize>() else {
@@ -131,13 +133,31 @@ pub fn parse_host_local_files<'a>(
         let mut lines = text.lines().map(str::trim);
         let container_id = lines.next().unwrap_or_default().to_owned();
         let ifname = lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
-        out.entries.push(HostLocalEntry {
+        let entry = HostLocalEntry {
             addr,
             container_id,
             ifname,
-        });
+        };
+        entries.push((name == addr.to_string(), name, entry));
     }
-    out.entries.sort_by_key(|e| (Family::of(e.addr), e.addr));
+    // An IPv6 address has many texts (`fd01::2`, `fd01:0::2`, `fd01::0002`): host-local names
+    // its file by the canonical one, and a second file naming the same address is read once
+    // (the canonical name first), never imported as two allocations of one address (found by
+    // the fuzz target `host_local`: the takeover's store refused the second row, and every call
+    // on the network failed).
+    entries.sort_by_key(|(canonical, name, e)| (Family::of(e.addr), e.addr, !canonical, *name));
+    for (_, name, entry) in entries {
+        if let Some(kept) = out.entries.last()
+            && kept.addr == entry.addr
+        {
+            out.warnings.push(format!(
+                "{name} names {} again, which another file holds; it is read once",
+                entry.addr
+            ));
+            continue;
+        }
+        out.entries.push(entry);
+    }
     out.last_reserved.sort();
     out
 }
@@ -327,6 +347,35 @@ mod tests {
 
     /// Regression: a FIFO among host-local's files made the takeover wait forever for a
     /// writer, holding the state directory's lock.
+    #[test]
+    fn an_address_two_files_name_is_read_once_from_its_canonical_name() {
+        let (_dir, net) = network_dir(
+            "n",
+            &[
+                ("fd01:0::0002", "other\r\neth1"),
+                ("fd01::2", "c1\r\neth0"),
+                ("fd01:0:0::2", "third\r\neth2"),
+                ("10.1.0.2", "c2\r\neth0"),
+            ],
+        );
+        let read = read_host_local_dir(&net).unwrap().unwrap();
+        let ids: Vec<_> = read
+            .entries
+            .iter()
+            .map(|e| (e.addr.to_string(), e.container_id.as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            [("10.1.0.2".to_owned(), "c2"), ("fd01::2".to_owned(), "c1")]
+        );
+        assert_eq!(read.warnings.len(), 2, "{:?}", read.warnings);
+        assert!(
+            read.warnings[0].starts_with("fd01:0:0::2 names fd01::2 again"),
+            "{:?}",
+            read.warnings
+        );
+    }
+
     #[test]
     fn a_fifo_a_directory_or_an_oversized_file_keeps_its_address_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
