@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean
+.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean fuzz
 .PHONY: build install uninstall deb install-test
 
 ## run: the agent in the foreground on the embedded default (a dual-stack pool `default`),
@@ -162,6 +162,28 @@ bench-cluster: deps
 bench-cloud:
 	$(CARGO) bench -p corral-cloud --bench scheduler
 	$(CARGO) bench -p corral-cluster --bench cloud
+
+## fuzz: every cargo-fuzz target (fuzz/fuzz_targets/) for FUZZ_SECONDS each (default 60),
+## one at a time, each one libFuzzer process on one core, on nightly (`rustup toolchain install nightly`;
+## cargo-fuzz is installed if missing); built in target/fuzz, so the main build is untouched.
+## New inputs go to target/fuzz/corpus/<target>/ (the committed fuzz/corpus/<target>/ is read,
+## never written); a crash stops the run and leaves its input in fuzz/artifacts/<target>/:
+## fix it, then add the input to fuzz/regressions/<target>/ (replayed by `make test`, see
+## docs/fuzzing.md). FUZZ_TARGETS narrows the list.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= $(basename $(notdir $(wildcard fuzz/fuzz_targets/*.rs)))
+FUZZ_TARGET_DIR := $(CURDIR)/target/fuzz
+fuzz: export CARGO_TARGET_DIR = $(FUZZ_TARGET_DIR)
+fuzz: export CARGO_INCREMENTAL = 0
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	$(CARGO) +nightly fuzz build -a
+	@for target in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_TARGET_DIR)/corpus/$$target; \
+		echo "fuzzing $$target for $(FUZZ_SECONDS) s"; \
+		$(CARGO) +nightly fuzz run -a $$target $(FUZZ_TARGET_DIR)/corpus/$$target fuzz/corpus/$$target \
+			-- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean

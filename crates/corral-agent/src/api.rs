@@ -137,7 +137,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for Body<T> {
 /// A value that must be sent as a JSON object. serde fills a struct from a JSON array too,
 /// field by field in order, so `["pod-a"]` would pass for `{"owner": "pod-a"}`; every body
 /// of the API is an object, and anything else is refused.
-struct JsonObject<T>(T);
+pub(crate) struct JsonObject<T>(pub(crate) T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -174,7 +174,7 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
     }
 }
 
-fn json_rejection(rejection: JsonRejection) -> ApiError {
+pub(crate) fn json_rejection(rejection: JsonRejection) -> ApiError {
     let code = match rejection.status() {
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
         StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::TooLarge,

@@ -466,11 +466,19 @@ impl AgentConfig {
 fn read_file(path: &Path) -> Result<ConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
-    toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+    ConfigFile::parse(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
+}
+
+impl ConfigFile {
+    /// The file's text, parsed (not yet validated: [`pools`] and the rest of
+    /// [`AgentConfig::load`] do that).
+    pub fn parse(text: &str) -> Result<ConfigFile, toml::de::Error> {
+        toml::from_str(text)
+    }
 }
 
 /// The `[connections]` table over the defaults; zero is refused (it would serve nothing).
-fn connection_limits(file: &ConnectionsFile) -> Result<ConnectionLimits, ConfigError> {
+pub(crate) fn connection_limits(file: &ConnectionsFile) -> Result<ConnectionLimits, ConfigError> {
     let defaults = ConnectionLimits::default();
     let positive = |name: &str, value: Option<u64>| match value {
         Some(0) => Err(ConfigError(format!(

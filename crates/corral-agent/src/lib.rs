@@ -15,6 +15,7 @@ mod capacity;
 pub mod committer;
 pub mod config;
 pub mod error;
+pub mod fuzz;
 pub mod ipamd;
 pub mod link;
 mod listen;

@@ -22,6 +22,7 @@
 //! refusal with the API's error body ([`Error::Api`]).
 
 mod error;
+pub mod fuzz;
 mod http;
 mod transport;
 

@@ -12,6 +12,7 @@ pub mod check;
 pub mod cloud;
 pub mod config;
 pub mod epoch;
+pub mod fuzz;
 pub mod history;
 pub mod keys;
 pub mod net;

@@ -40,6 +40,7 @@ pub mod backend;
 pub mod config;
 pub mod env;
 pub mod error;
+pub mod fuzz;
 mod invocation;
 mod json;
 mod local;

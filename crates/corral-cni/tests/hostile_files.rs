@@ -98,6 +98,28 @@ fn odd_files_among_host_locals_keep_their_addresses_without_blocking() {
     assert_eq!(held.addresses(), ["10.44.0.5/24"]);
 }
 
+/// Regression (found by the fuzz target `host_local`): two files naming one IPv6 address in two
+/// texts were taken over as two allocations of it, which the store refused, so every call on
+/// the network failed; the address is taken over once, from its canonical name.
+#[test]
+fn one_address_named_by_two_host_local_files_is_taken_over_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let network = dir.path().join("files");
+    std::fs::create_dir(&network).unwrap();
+    std::fs::write(network.join("fd44::2"), "held\r\neth0").unwrap();
+    std::fs::write(network.join("fd44:0::0002"), "other\r\neth0").unwrap();
+    let v6 = json!({"ranges": [[{"subnet": "fd44::/64"}]]});
+    let out = add(&conf(dir.path(), v6.clone()), "new");
+    assert_eq!(out.addresses(), ["fd44::3/64"], "{}", out.stderr);
+    assert!(
+        out.stderr.contains("fd44:0::0002 names fd44::2 again"),
+        "{}",
+        out.stderr
+    );
+    let held = run("ADD", "held", "eth0", &[], &conf(dir.path(), v6));
+    assert_eq!(held.addresses(), ["fd44::2/64"]);
+}
+
 /// Regression: a `dataDir` that is a regular file gave "File exists (os error 17)".
 #[test]
 fn a_data_dir_that_is_a_file_is_named_as_such() {

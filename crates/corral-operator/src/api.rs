@@ -222,7 +222,7 @@ fn answer(body: ErrorResponse) -> Response {
 
 /// A refused request: its code and what was wrong (a `Response` is too large to pass around
 /// in a `Result`).
-struct Refusal(ErrorCode, String);
+pub(crate) struct Refusal(ErrorCode, String);
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
@@ -828,7 +828,9 @@ pub(crate) struct HistoryParams {
 const HISTORY_MAX_LIMIT: usize = 10_000;
 
 /// The request a query asks for, or why it is refused.
-fn history_request(params: HistoryParams) -> Result<crate::history::HistoryRequest, Refusal> {
+pub(crate) fn history_request(
+    params: HistoryParams,
+) -> Result<crate::history::HistoryRequest, Refusal> {
     use crate::history::{HistoryQuery, HistoryRequest};
     let bad = |message: String| Refusal(ErrorCode::BadRequest, message);
     let query = match (params.address, params.node) {

@@ -16,6 +16,7 @@ pub mod api;
 pub mod dashboard;
 pub mod election;
 pub mod epoch;
+pub mod fuzz;
 pub mod history;
 mod leader;
 mod listen;

@@ -67,24 +67,47 @@ pub fn read_host_local_dir(dir: &Path) -> Result<Option<HostLocalDir>, StoreErro
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(directory_error(dir)(source)),
     };
-    let mut out = HostLocalDir::default();
+    let mut names = Vec::new();
     for entry in listing {
         let entry = entry.map_err(directory_error(dir))?;
-        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
+        if let Some(name) = entry.file_name().to_str() {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(Some(parse_host_local_files(
+        names.iter().map(String::as_str),
+        |name| {
+            let path = dir.join(name);
+            let bytes =
+                read_small_file(&path, MAX_HOST_LOCAL_FILE_BYTES).map_err(|e| e.to_string());
+            (path.display().to_string(), bytes)
+        },
+    )))
+}
+
+/// The contents of a host-local network directory from its file names, reading a file only
+/// when its name is an address or a `last_reserved_ip.N`: `read` answers the file's path (for
+/// messages) and its bytes, or why they could not be read. Pure, so the fuzz target
+/// (`fuzz/fuzz_targets/host_local.rs`) drives it with files in memory.
+pub fn parse_host_local_files<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    read: impl Fn(&str) -> (String, Result<Vec<u8>, String>),
+) -> HostLocalDir {
+    let mut out = HostLocalDir::default();
+    // (whether the name is the address's canonical text, the name, what the file holds)
+    let mut entries: Vec<(bool, &str, HostLocalEntry)> = Vec::new();
+    for name in names {
         if let Some(index) = name.strip_prefix(LAST_RESERVED_PREFIX) {
             let Ok(index) = index.parse::<usize>() else {
                 continue;
             };
-            let position = read_small_file(&entry.path(), MAX_HOST_LOCAL_FILE_BYTES)
-                .map_err(|error| error.to_string())
-                .and_then(|bytes| {
-                    String::from_utf8_lossy(&bytes)
-                        .trim()
-                        .parse::<IpAddr>()
-                        .map_err(|_| format!("{} holds no address", entry.path().display()))
-                });
+            let (path, bytes) = read(name);
+            let position = bytes.and_then(|bytes| {
+                String::from_utf8_lossy(&bytes)
+                    .trim()
+                    .parse::<IpAddr>()
+                    .map_err(|_| format!("{path} holds no address"))
+            });
             match position {
                 Ok(addr) => out.last_reserved.push((index, addr)),
                 Err(why) => out
@@ -98,7 +121,7 @@ pub fn read_host_local_dir(dir: &Path) -> Result<Option<HostLocalDir>, StoreErro
         };
         // A file that cannot be read as host-local writes it keeps its address, held by an
         // unknown owner: host-local may hold it, so it must never be handed out twice.
-        let text = match read_small_file(&entry.path(), MAX_HOST_LOCAL_FILE_BYTES) {
+        let text = match read(name).1 {
             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             Err(error) => {
                 out.warnings.push(format!(
@@ -110,15 +133,33 @@ pub fn read_host_local_dir(dir: &Path) -> Result<Option<HostLocalDir>, StoreErro
         let mut lines = text.lines().map(str::trim);
         let container_id = lines.next().unwrap_or_default().to_owned();
         let ifname = lines.next().filter(|s| !s.is_empty()).map(str::to_owned);
-        out.entries.push(HostLocalEntry {
+        let entry = HostLocalEntry {
             addr,
             container_id,
             ifname,
-        });
+        };
+        entries.push((name == addr.to_string(), name, entry));
     }
-    out.entries.sort_by_key(|e| (Family::of(e.addr), e.addr));
+    // An IPv6 address has many texts (`fd01::2`, `fd01:0::2`, `fd01::0002`): host-local names
+    // its file by the canonical one, and a second file naming the same address is read once
+    // (the canonical name first), never imported as two allocations of one address (found by
+    // the fuzz target `host_local`: the takeover's store refused the second row, and every call
+    // on the network failed).
+    entries.sort_by_key(|(canonical, name, e)| (Family::of(e.addr), e.addr, !canonical, *name));
+    for (_, name, entry) in entries {
+        if let Some(kept) = out.entries.last()
+            && kept.addr == entry.addr
+        {
+            out.warnings.push(format!(
+                "{name} names {} again, which another file holds; it is read once",
+                entry.addr
+            ));
+            continue;
+        }
+        out.entries.push(entry);
+    }
     out.last_reserved.sort();
-    Ok(Some(out))
+    out
 }
 
 /// Whether host-local's file for `addr` is still in `dir`, whatever it holds: only its
@@ -306,6 +347,35 @@ mod tests {
 
     /// Regression: a FIFO among host-local's files made the takeover wait forever for a
     /// writer, holding the state directory's lock.
+    #[test]
+    fn an_address_two_files_name_is_read_once_from_its_canonical_name() {
+        let (_dir, net) = network_dir(
+            "n",
+            &[
+                ("fd01:0::0002", "other\r\neth1"),
+                ("fd01::2", "c1\r\neth0"),
+                ("fd01:0:0::2", "third\r\neth2"),
+                ("10.1.0.2", "c2\r\neth0"),
+            ],
+        );
+        let read = read_host_local_dir(&net).unwrap().unwrap();
+        let ids: Vec<_> = read
+            .entries
+            .iter()
+            .map(|e| (e.addr.to_string(), e.container_id.as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            [("10.1.0.2".to_owned(), "c2"), ("fd01::2".to_owned(), "c1")]
+        );
+        assert_eq!(read.warnings.len(), 2, "{:?}", read.warnings);
+        assert!(
+            read.warnings[0].starts_with("fd01:0:0::2 names fd01::2 again"),
+            "{:?}",
+            read.warnings
+        );
+    }
+
     #[test]
     fn a_fifo_a_directory_or_an_oversized_file_keeps_its_address_without_blocking() {
         let dir = tempfile::tempdir().unwrap();

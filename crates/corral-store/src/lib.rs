@@ -13,6 +13,7 @@
 mod checkpoint;
 mod codec;
 mod files;
+pub mod fuzz;
 mod gc;
 mod history;
 mod hostlocal;
@@ -43,7 +44,7 @@ pub use history::{
 pub use hostlocal::{
     HostLocalDir, HostLocalEntry, HostLocalWritten, LAST_RESERVED_PREFIX,
     MAX_HOST_LOCAL_FILE_BYTES, UNKNOWN_HOST_LOCAL_OWNER, host_local_allocations,
-    host_local_file_exists, read_host_local_dir, write_host_local_dir,
+    host_local_file_exists, parse_host_local_files, read_host_local_dir, write_host_local_dir,
 };
 pub use interfaces::{InterfaceEntry, restore_interfaces};
 pub use load::{EXPIRED_PER_BUILD, Need, build_engine, save_engine};

@@ -32,6 +32,7 @@ pub mod blocks;
 mod cloud;
 pub mod cloud_pool;
 mod demand;
+mod fuzz;
 mod handshake;
 mod held;
 pub mod holdings;
@@ -39,6 +40,7 @@ pub mod liveness;
 mod session;
 mod state;
 
+pub(crate) use fuzz::fuzz_records;
 pub(crate) use liveness::utc;
 pub use session::run;
 pub(crate) use state::now_ms;

@@ -1,0 +1,20 @@
+//! Replays the committed inputs of corral-operator's fuzz targets (`fuzz/corpus/<target>/`, and the
+//! crashes found and fixed, `fuzz/regressions/<target>/`) through the same functions the
+//! targets call, on stable Rust: a parser change that panics on a known input fails here,
+//! without nightly or cargo-fuzz.
+
+#[path = "../../../fuzz/replay.rs"]
+mod replay;
+
+#[test]
+fn operator_history_query() {
+    replay::replay(
+        "operator_history_query",
+        corral_operator::fuzz::history_query,
+    );
+}
+
+#[test]
+fn every_fuzz_target_is_replayed() {
+    replay::every_target_is_replayed();
+}
