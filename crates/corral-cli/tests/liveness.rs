@@ -108,14 +108,28 @@ impl Drop for Proc {
     }
 }
 
+/// Copies a running agent's state directory, as a machine's disk is cloned: a file that
+/// vanishes between listing and copying (the agent's `etcd-epoch.tmp`, renamed into place) is
+/// not part of the copy, as rsync has it ("file has vanished"); `cp -a` failed the test there.
 fn copy_dir(from: &Path, to: &Path) {
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        let copied = match entry.file_type() {
+            Ok(kind) if kind.is_dir() => {
+                copy_dir(&entry.path(), &target);
+                Ok(())
+            }
+            Ok(_) => std::fs::copy(entry.path(), &target).map(drop),
+            Err(error) => Err(error),
+        };
+        match copied {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => panic!("copying {}: {error}", entry.path().display()),
+        }
+    }
 }
 
 fn live_record(etcd: &EtcdCluster, node: &str) -> Option<(corral_cluster::LiveRecord, i64)> {
