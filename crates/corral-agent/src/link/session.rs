@@ -157,7 +157,10 @@ pub(super) async fn run_link<K: Kv>(
                     %error,
                     "asserting what the node holds and registering it again"
                 );
-                update(&state, |s| s.last_error = Some(error.to_string()));
+                update(&state, |s| {
+                    s.registered = false;
+                    s.last_error = Some(error.to_string());
+                });
                 across.registration = None;
                 if let Err(error) = holdings::assert_now(
                     &kv,
@@ -755,7 +758,9 @@ pub(super) async fn follow<K: Kv>(
                             .then_some(entry.mod_revision),
                     };
                     if let Some(at) = gone {
-                        update(state, |s| s.registered = false);
+                        // Not registered any more is said with why (the round's error
+                        // handler), never before: a status read between the two showed an
+                        // unregistered node without a reason.
                         return Err(gone_why(kv, keys, node, registration, Some(at)).await?);
                     }
                 }
