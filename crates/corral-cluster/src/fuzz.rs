@@ -85,29 +85,18 @@ pub fn cluster_records(data: &[u8]) {
     let keys = Keys::new(ClusterName::new("t").expect("a valid cluster name"));
     let mut view = ClusterView::new(keys.clone(), config);
     let mut stored: BTreeMap<String, (Vec<u8>, i64)> = BTreeMap::new();
-    for (revision, record) in (2..).zip(data.split(|&b| b == 0)) {
-        let absolute = |key: &[u8]| {
-            let key = String::from_utf8_lossy(key);
-            if key.starts_with('/') {
-                key.into_owned()
-            } else {
-                format!("{}{key}", keys.prefix())
+    for (revision, key, value) in records(&keys, data) {
+        match value {
+            None => {
+                view.apply_delete(&key, revision);
+                stored.remove(&key);
             }
-        };
-        if let Some(key) = record.strip_prefix(b"-") {
-            let key = absolute(key);
-            view.apply_delete(&key, revision);
-            stored.remove(&key);
-            continue;
+            Some(value) => {
+                let create = stored.get(&key).map_or(revision, |(_, created)| *created);
+                view.apply_put(&key, value, create, revision);
+                stored.insert(key, (value.to_vec(), create));
+            }
         }
-        let (key, value) = match record.iter().position(|&b| b == b'\n') {
-            Some(at) => (&record[..at], &record[at + 1..]),
-            None => (record, &[][..]),
-        };
-        let key = absolute(key);
-        let create = stored.get(&key).map_or(revision, |(_, created)| *created);
-        view.apply_put(&key, value, create, revision);
-        stored.insert(key, (value.to_vec(), create));
     }
     let _ = view.take_problems();
     let _ = view.node_reports(None);
@@ -132,6 +121,35 @@ pub fn cluster_records(data: &[u8]) {
         .map(|(key, (value, revision))| (key, value, revision))
         .collect();
     let _ = check(&keys, &entries);
+}
+
+/// The records of a records target's input, at revisions 2, 3, …: NUL-separated, each
+/// `KEY LF VALUE` (a put, `Some(value)`) or `-KEY` (a delete, `None`), keys under `keys`'
+/// prefix unless they start with `/`. Shared by this crate's and the agent's records targets.
+pub fn records<'a>(
+    keys: &'a Keys,
+    data: &'a [u8],
+) -> impl Iterator<Item = (i64, String, Option<&'a [u8]>)> + 'a {
+    let absolute = move |key: &[u8]| {
+        let key = String::from_utf8_lossy(key);
+        if key.starts_with('/') {
+            key.into_owned()
+        } else {
+            format!("{}{key}", keys.prefix())
+        }
+    };
+    (2..)
+        .zip(data.split(|&b| b == 0))
+        .map(move |(revision, record)| {
+            if let Some(key) = record.strip_prefix(b"-") {
+                return (revision, absolute(key), None);
+            }
+            let (key, value) = match record.iter().position(|&b| b == b'\n') {
+                Some(at) => (&record[..at], &record[at + 1..]),
+                None => (record, &[][..]),
+            };
+            (revision, absolute(key), Some(value))
+        })
 }
 
 /// The operator's `etcd-epoch-<cluster>.json`: a memory that reads writes back the same.

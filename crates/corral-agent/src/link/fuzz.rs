@@ -25,26 +25,12 @@ pub(crate) fn fuzz_records(data: &[u8]) {
         ..Held::default()
     };
     let mut created: BTreeMap<String, i64> = BTreeMap::new();
-    for (revision, record) in (2..).zip(data.split(|&b| b == 0)) {
-        let absolute = |key: &[u8]| {
-            let key = String::from_utf8_lossy(key);
-            if key.starts_with('/') {
-                key.into_owned()
-            } else {
-                format!("{}{key}", keys.prefix())
-            }
-        };
-        if let Some(key) = record.strip_prefix(b"-") {
-            let key = absolute(key);
+    for (revision, key, value) in corral_cluster::fuzz::records(&keys, data) {
+        let Some(value) = value else {
             held.apply(&keys, &node, &key, None);
             created.remove(&key);
             continue;
-        }
-        let (key, value) = match record.iter().position(|&b| b == b'\n') {
-            Some(at) => (&record[..at], &record[at + 1..]),
-            None => (record, &[][..]),
         };
-        let key = absolute(key);
         let create_revision = *created.entry(key.clone()).or_insert(revision);
         let entry = KeyValue {
             key: key.clone().into_bytes(),
