@@ -149,9 +149,10 @@ bench-agent: deps plugin
 ## the operator's state from their 20,000 grants (time, peak RSS); then block mode: 100 nodes
 ## claiming blocks at once (conflicts per grant, beside one contended key), a cold node to its
 ## first pod address, etcd requests per CNI ADD during churn, excess to quarantine; `corral
-## explain node` on 1,000 nodes (about 3 min)
+## explain node` on 1,000 nodes (about 3 min). NODES=30000 (or 100000) sizes the first part.
+NODES ?= 10000
 bench-cluster: deps
-	$(CARGO) bench -p corral-cli --bench cluster
+	BENCH_NODES=$(NODES) $(CARGO) bench -p corral-cli --bench cluster
 	$(CARGO) bench -p corral-cli --bench blocks
 	$(CARGO) bench -p corral-cli --bench explain
 

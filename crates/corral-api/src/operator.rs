@@ -97,6 +97,11 @@ pub struct ProblemEvent {
 pub struct Rebuild {
     /// Keys read.
     pub keys: u64,
+    /// Range requests made.
+    pub requests: u64,
+    /// Keys etcd walked to answer them (each range's count): about `keys` when every range
+    /// is bounded to about a page.
+    pub walked: u64,
     /// How long it took, in milliseconds.
     pub ms: u64,
 }

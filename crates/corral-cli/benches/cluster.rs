@@ -1,18 +1,21 @@
 //! `make bench-cluster`: the operator on a local three-member etcd (real processes, real
 //! fsync), beside the raw etcd transaction rate measured in the same run:
-//! - dual-stack CIDR grants for 10,000 registered nodes: wall time, grants/s, p50/p99 per
-//!   grant transaction, etcd requests per grant (the operator runs in this process, on the
-//!   counting etcd client);
-//! - leader failover with those 10,000 nodes: two `corral operator` processes, the leader
+//! - dual-stack CIDR grants for 10,000 registered nodes (`BENCH_NODES`): wall time, grants/s,
+//!   p50/p99 per grant transaction, etcd requests per grant (the operator runs in this
+//!   process, on the counting etcd client);
+//! - leader failover with those nodes: two `corral operator` processes, the leader
 //!   SIGKILLed, then a node registered: time until the new leader granted it;
-//! - rebuilding the operator's state from their 20,000 grants: time (the standby's own
-//!   report) and its peak RSS.
+//! - rebuilding the operator's state from their grants: time, range requests and keys etcd
+//!   walked (the standby's own report), its peak RSS, and etcd's database size.
 //!
-//! The agents' assertions are on (issue 20): as each grant lands, a task playing the 10,000
+//! The agents' assertions are on (issue 20): as each grant lands, a task playing the
 //! agents puts the node's `holdings/<node>` record naming it (batched, as agents' own writes
 //! would reach etcd), so the leader grants while it reads and counts the holdings.
 //! `BENCH_ASSERTIONS=0` leaves the stand-in out, to tell the operator's share of their cost
 //! from etcd's.
+//!
+//! The size is `BENCH_NODES` (default 10,000; `make bench-cluster NODES=100000`); the pool's
+//! IPv4 side gives /26s of 10.0.0.0/8 (262,144 of them), enough for any size asked.
 //!
 //! Figures go to BENCHMARKS.md by hand, with the command.
 
@@ -28,7 +31,13 @@ mod operator;
 
 use operator::{InProcess, node_record, percentile, runtime_and_etcd};
 
-const NODES: usize = 10_000;
+/// Nodes registered (`BENCH_NODES`; default 10,000).
+fn nodes() -> usize {
+    std::env::var("BENCH_NODES")
+        .ok()
+        .and_then(|n| n.replace('_', "").parse().ok())
+        .unwrap_or(10_000)
+}
 const CONFIG: &str = include_str!("../tests/configs/bench_cluster.toml");
 
 fn main() {
@@ -37,6 +46,7 @@ fn main() {
 }
 
 async fn bench(etcd: &EtcdCluster) {
+    let nodes = nodes();
     let endpoints = etcd.endpoints();
     let kv = EtcdKv::connect(&endpoints, Default::default())
         .await
@@ -83,7 +93,7 @@ async fn bench(etcd: &EtcdCluster) {
         );
     }
 
-    // The cluster and 10,000 registrations (100 per transaction, 16 at once).
+    // The cluster and its registrations (100 per transaction, 16 at once).
     let keys = Keys::new(corral_cluster::ClusterName::new("bench").unwrap());
     let config = corral_cluster::ClusterConfig::from_toml(CONFIG).unwrap();
     kv.txn(Txn {
@@ -93,13 +103,13 @@ async fn bench(etcd: &EtcdCluster) {
     })
     .await
     .unwrap();
-    register(&kv, &keys, 0..NODES).await;
+    register(&kv, &keys, 0..nodes).await;
 
     // The operator, in this process, on a client whose requests are counted.
     let operator = InProcess::start(&endpoints, "bench", 32).await;
     let (counted, shared) = (&operator.counted, &operator.shared);
     let assert = std::env::var("BENCH_ASSERTIONS").as_deref() != Ok("0");
-    let assertions = assert.then(|| tokio::spawn(assert_holdings(kv.clone(), keys.clone())));
+    let assertions = assert.then(|| tokio::spawn(assert_holdings(kv.clone(), keys.clone(), nodes)));
     let started = Instant::now();
     let requests_before = counted.requests();
     let mut led_at = None;
@@ -108,11 +118,11 @@ async fn bench(etcd: &EtcdCluster) {
         if led_at.is_none() && shared.leading() {
             led_at = Some(started.elapsed());
         }
-        if granted >= NODES {
+        if granted >= nodes {
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(300),
+            started.elapsed() < Duration::from_secs(300 + nodes as u64 / 100),
             "grants stalled at {granted}"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -123,17 +133,17 @@ async fn bench(etcd: &EtcdCluster) {
     samples.sort();
     let from_lead = wall - led_at.unwrap_or_default();
     println!(
-        "grants: {NODES} dual-stack nodes in {:.2} s ({:.2} s after taking the lead: rebuild + grants), {:.0} nodes/s",
+        "grants: {nodes} dual-stack nodes in {:.2} s ({:.2} s after taking the lead: rebuild + grants), {:.0} nodes/s",
         wall.as_secs_f64(),
         from_lead.as_secs_f64(),
-        NODES as f64 / from_lead.as_secs_f64()
+        nodes as f64 / from_lead.as_secs_f64()
     );
     println!(
         "grant txn latency: p50 {:.2} ms, p99 {:.2} ms ({} samples); etcd requests per grant: {:.2}",
         percentile(&samples, 0.5).as_secs_f64() * 1e3,
         percentile(&samples, 0.99).as_secs_f64() * 1e3,
         samples.len(),
-        requests as f64 / NODES as f64
+        requests as f64 / nodes as f64
     );
     operator.stop().await;
     match assertions {
@@ -177,8 +187,8 @@ async fn bench(etcd: &EtcdCluster) {
     first.kill().unwrap();
     let killed = Instant::now();
     first.wait().unwrap();
-    register(&kv, &keys, NODES..NODES + 1).await;
-    let probe = keys.owned_prefix(&corral_cluster::NodeName::new(&node_name(NODES)).unwrap());
+    register(&kv, &keys, nodes..nodes + 1).await;
+    let probe = keys.owned_prefix(&corral_cluster::NodeName::new(&node_name(nodes)).unwrap());
     loop {
         let page = kv.range(probe.as_bytes(), None, 10, None).await.unwrap();
         if page.kvs.len() == 2 {
@@ -209,13 +219,26 @@ async fn bench(etcd: &EtcdCluster) {
                 .unwrap_or(0)
         })
         .unwrap_or(0);
+    let rebuild = &status["last_rebuild"];
     println!(
-        "rebuild: {} keys ({} grants) in {} ms; the operator's peak RSS {:.1} MiB",
-        status["last_rebuild"]["keys"],
-        2 * (NODES + 1),
-        status["last_rebuild"]["ms"],
+        "rebuild: {} keys ({} grants) in {} ms, {} range requests, {} keys walked by etcd; the operator's peak RSS {:.1} MiB",
+        rebuild["keys"],
+        2 * (nodes + 1),
+        rebuild["ms"],
+        rebuild["requests"],
+        rebuild["walked"],
         rss as f64 / 1024.0
     );
+    let db_size = etcd
+        .metrics(0)
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("etcd_mvcc_db_total_size_in_bytes "))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    println!("etcd db size: {:.1} MB", db_size / 1e6);
     let _ = second.kill();
     let _ = second.wait();
 }
@@ -223,13 +246,13 @@ async fn bench(etcd: &EtcdCluster) {
 /// Plays the agents' holdings publishers: watches `owned/` and, for every node granted, puts
 /// `holdings/<node>` naming its grants (up to 100 nodes per txn, as soon as they arrive) until
 /// every node asserted; answers how many did.
-async fn assert_holdings(kv: EtcdKv, keys: Keys) -> usize {
+async fn assert_holdings(kv: EtcdKv, keys: Keys, nodes: usize) -> usize {
     use std::collections::BTreeMap;
     let owned_prefix = format!("{}owned/", keys.prefix());
     let mut watch = kv.watch(owned_prefix.as_bytes(), 1).await.unwrap();
     let mut ranges: BTreeMap<String, Vec<corral_cluster::HeldRange>> = BTreeMap::new();
     let mut asserted = 0;
-    while asserted < NODES {
+    while asserted < nodes {
         let Ok(batch) = watch.next().await else {
             break;
         };
@@ -259,7 +282,7 @@ async fn assert_holdings(kv: EtcdKv, keys: Keys) -> usize {
             let mut txn = Txn::default();
             for node in chunk {
                 let record = corral_cluster::HoldingsRecord {
-                    // The registration's uid (`register`: node-NNNNN has uid-N).
+                    // The registration's uid (`register`: node-NNNNNN has uid-N).
                     uid: format!(
                         "uid-{}",
                         node.as_str()
@@ -283,7 +306,7 @@ async fn assert_holdings(kv: EtcdKv, keys: Keys) -> usize {
 }
 
 fn node_name(i: usize) -> String {
-    format!("node-{i:05}")
+    format!("node-{i:06}")
 }
 
 async fn register(kv: &EtcdKv, keys: &Keys, nodes: std::ops::Range<usize>) {

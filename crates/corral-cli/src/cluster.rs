@@ -618,14 +618,9 @@ fn now_ms() -> u64 {
 async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result<Outcome, Failure> {
     let cloud = args.cloud.connect(providers).await?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = corral_kv::read_all_but(
-        &kv,
-        keys.prefix().as_bytes(),
-        Some(keys.history_prefix().as_bytes()),
-        2000,
-    )
-    .await
-    .map_err(kv_failure)?;
+    let (all, revision) = config_paths::read_cluster(&kv, &keys)
+        .await
+        .map_err(kv_failure)?;
     if !all.iter().any(|e| e.key == keys.config().as_bytes()) {
         return Err(config_paths::no_configuration(&args.etcd.cluster));
     }
@@ -715,14 +710,9 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
 /// holdings etcd has no record of), and with `--yes` writes `recover` for the leader.
 async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = corral_kv::read_all_but(
-        &kv,
-        keys.prefix().as_bytes(),
-        Some(keys.history_prefix().as_bytes()),
-        2000,
-    )
-    .await
-    .map_err(kv_failure)?;
+    let (all, revision) = config_paths::read_cluster(&kv, &keys)
+        .await
+        .map_err(kv_failure)?;
     let mut registered = std::collections::BTreeSet::new();
     let mut live = std::collections::BTreeSet::new();
     let mut asserted = std::collections::BTreeSet::new();

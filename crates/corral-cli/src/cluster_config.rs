@@ -20,15 +20,21 @@ pub(super) struct Read {
     pub stored: Option<(Vec<u8>, i64)>,
 }
 
+/// Every key of the cluster but the grants' history, at one revision: kind by kind, in
+/// ranges of about a page (`corral_kv::Scan`), as the leader's rebuild reads.
+pub(super) async fn read_cluster(
+    kv: &EtcdKv,
+    keys: &Keys,
+) -> Result<(Vec<KeyValue>, corral_kv::Revision), corral_kv::KvError> {
+    corral_kv::Scan::new(keys.prefix().as_bytes(), 2000)
+        .skipping(keys.history_prefix().as_bytes())
+        .by_segments(&keys.kinds())
+        .read_all(kv)
+        .await
+}
+
 pub(super) async fn read(kv: &EtcdKv, keys: &Keys) -> Result<Read, Failure> {
-    let (all, revision) = corral_kv::read_all_but(
-        kv,
-        keys.prefix().as_bytes(),
-        Some(keys.history_prefix().as_bytes()),
-        2000,
-    )
-    .await
-    .map_err(kv_failure)?;
+    let (all, revision) = read_cluster(kv, keys).await.map_err(kv_failure)?;
     let value_of = |key: &str| {
         all.iter()
             .find(|e| e.key == key.as_bytes())
@@ -143,14 +149,7 @@ pub(super) async fn write(
         // alone judge, read without a configuration.
         Err(_) => {
             let mut bare = ClusterView::new(keys.clone(), config.clone());
-            let (all, _) = corral_kv::read_all_but(
-                kv,
-                keys.prefix().as_bytes(),
-                Some(keys.history_prefix().as_bytes()),
-                2000,
-            )
-            .await
-            .map_err(kv_failure)?;
+            let (all, _) = read_cluster(kv, keys).await.map_err(kv_failure)?;
             apply_all(&mut bare, keys, &all);
             (None, bare.held_grants(), bare.granted_node_ids())
         }

@@ -855,6 +855,31 @@ impl Keys {
         format!("{}release/", self.prefix)
     }
 
+    /// The prefix of every kind of key there can be many of (per node, grant, CIDR, lease or
+    /// event). A full read asks for each with ranges of its own (`corral_kv::Scan`), so what
+    /// etcd walks to answer stays in proportion to what is read.
+    pub fn kinds(&self) -> Vec<String> {
+        let mut kinds = vec![
+            self.election_prefix(),
+            self.nodes_prefix(),
+            self.live_prefix(),
+            self.grants_prefix(),
+            self.all_owned_prefix(),
+            self.quarantine_prefix(),
+            self.node_ids_prefix(),
+            self.quarantine_ids_prefix(),
+            self.removals_prefix(),
+            self.history_prefix(),
+            self.holdings_prefix(),
+            self.cloud_interfaces_prefix(),
+            self.cloud_intents_prefix(),
+            self.demands_prefix(),
+            self.releases_prefix(),
+        ];
+        kinds.extend(["silence/", "delegations/"].map(|kind| format!("{}{kind}", self.prefix)));
+        kinds
+    }
+
     /// Parses a key of this cluster into its kind.
     pub fn parse(&self, key: &str) -> Result<Key, KeyError> {
         let Some(rest) = key.strip_prefix(self.prefix.as_str()) else {
@@ -1926,8 +1951,21 @@ mod tests {
                 to_ms: 7,
             },
         ];
+        let kinds = keys.kinds();
+        let singletons = [
+            Key::Schema,
+            Key::Config,
+            Key::ConfigApplied,
+            Key::Recover,
+            Key::Reassert,
+        ];
         for key in all {
             let text = keys.format(&key);
+            // Every key there can be many of is read by the kind's own ranges.
+            assert!(
+                singletons.contains(&key) || kinds.iter().any(|kind| text.starts_with(kind)),
+                "{text} is under no kind"
+            );
             assert!(text.starts_with("/corral/prod-1/v1/"), "{text}");
             assert_eq!(keys.parse(&text).unwrap(), key, "{text}");
             // The leader finds `config` on the first page of a full read: every other kind of
@@ -1945,6 +1983,13 @@ mod tests {
             "/corral/prod-1/v1/owned/node-1.example/default/ipv6/fd00:10:244:1::-64"
         );
         assert_eq!(keys.election(0xab), "/corral/prod-1/v1/election/ab");
+        for text in [
+            keys.holdings(&node),
+            keys.demand(&node, &pool),
+            keys.release(&node, &pool, Family::V4, &v4),
+        ] {
+            assert!(kinds.iter().any(|kind| text.starts_with(kind)), "{text}");
+        }
         assert!(
             keys.owned(&node, &pool, Family::V6, &v6)
                 .starts_with(&keys.owned_prefix(&node))

@@ -979,14 +979,31 @@ impl Kv for EtcdKv {
             }
             _ => prefix.to_vec(),
         };
+        self.range_span(&start, &prefix_end(prefix), limit, revision)
+            .await
+    }
+
+    async fn range_span(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        revision: Option<Revision>,
+    ) -> Result<RangePage, KvError> {
+        // etcd's range end "\0" is every key from the start on.
+        let end = if end.is_empty() {
+            vec![0]
+        } else {
+            end.to_vec()
+        };
         let mut options = GetOptions::new()
-            .with_range(prefix_end(prefix))
+            .with_range(end)
             .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
         if let Some(revision) = revision.filter(|revision| *revision > 0) {
             options = options.with_revision(revision);
         }
         let request = |client: Client| {
-            let (start, options) = (start.clone(), options.clone());
+            let (start, options) = (start.to_vec(), options.clone());
             async move { client.kv_client().get(start, Some(options)).await }
         };
         match self.call("range", true, request).await {
@@ -995,6 +1012,7 @@ impl Kv for EtcdKv {
                 Ok(RangePage {
                     kvs: response.kvs().iter().map(key_value).collect(),
                     more: response.more(),
+                    count: u64::try_from(response.count()).unwrap_or(0),
                     revision: revision.filter(|revision| *revision > 0).unwrap_or(current),
                 })
             }

@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use crate::{
-    Compare, CompareOp, Event, KeyValue, Kv, KvError, LeaseId, MAX_TXN_OPS, Revision, Target, Txn,
-    TxnOp, TxnResponse, Watch,
+    Compare, CompareOp, Event, KeyValue, Kv, KvError, LeaseId, MAX_TXN_OPS, RangePage, Revision,
+    Target, Txn, TxnOp, TxnResponse, Watch,
 };
 
 /// How long any single wait of the suite lasts at most (an event, a lease expiry).
@@ -26,6 +26,7 @@ pub async fn run_all<K: Kv>(kv: &K, prefix: &str) {
     header(kv, &format!("{prefix}/header")).await;
     txn_limits(kv, &format!("{prefix}/limits")).await;
     range_pagination(kv, &format!("{prefix}/range")).await;
+    range_spans(kv, &format!("{prefix}/span")).await;
     watch_replay(kv, &format!("{prefix}/watch")).await;
     lease_revoke(kv, &format!("{prefix}/revoke")).await;
     lease_keep_alive(kv, &format!("{prefix}/keepalive")).await;
@@ -609,6 +610,61 @@ pub async fn range_pagination<K: Kv>(kv: &K, prefix: &str) {
         Err(KvError::Refused(_)) => {}
         other => panic!("a read at a future revision answered {other:?}"),
     }
+}
+
+/// A bounded range answers its keys in order, at most the limit, and counts every key it holds
+/// (what the store walked); an empty end reads to the last key; a read at an earlier
+/// revision sees the keys of then.
+pub async fn range_spans<K: Kv>(kv: &K, prefix: &str) {
+    let names: Vec<String> = (0..10).map(|i| format!("k{i:02}")).collect();
+    let puts = names
+        .iter()
+        .map(|name| TxnOp::put(key(prefix, name), format!("v-{name}")))
+        .collect();
+    let at = apply(kv, puts).await.revision;
+    let span = |from: &str, to: &str| (key(prefix, from), key(prefix, to));
+    let names_of = |page: &RangePage| -> Vec<String> {
+        page.kvs
+            .iter()
+            .map(|kv| {
+                kv.key_str()
+                    .trim_start_matches(&format!("{prefix}/"))
+                    .to_string()
+            })
+            .collect()
+    };
+
+    let (start, end) = span("k02", "k07");
+    let page = kv.range_span(&start, &end, 3, None).await.expect("span");
+    assert_eq!(names_of(&page), ["k02", "k03", "k04"]);
+    assert!(page.more);
+    assert_eq!(page.count, 5, "the span holds k02..k06");
+    let page = kv.range_span(&start, &end, 0, None).await.expect("span");
+    assert_eq!(names_of(&page), ["k02", "k03", "k04", "k05", "k06"]);
+    assert!(!page.more);
+    assert_eq!(page.count, 5);
+
+    // An empty span, and one whose end is not after its start.
+    let (start, end) = span("k035", "k04");
+    let page = kv.range_span(&start, &end, 3, None).await.expect("span");
+    assert!(page.kvs.is_empty() && !page.more && page.count == 0);
+    let page = kv.range_span(&end, &start, 3, None).await.expect("span");
+    assert!(page.kvs.is_empty() && !page.more && page.count == 0);
+
+    // Writes after `at` are not seen by a read at `at`; an empty end reads to the last key.
+    apply(kv, vec![TxnOp::delete(key(prefix, "k08"))]).await;
+    put(kv, &key(prefix, "k085"), "new").await;
+    let start = key(prefix, "k07");
+    let then = kv.range_span(&start, b"", 0, Some(at)).await.expect("span");
+    assert_eq!(then.revision, at);
+    let then: Vec<String> = names_of(&then).into_iter().take(3).collect();
+    assert_eq!(then, ["k07", "k08", "k09"]);
+    let now = kv
+        .range_span(&start, &key(prefix, "k1"), 0, None)
+        .await
+        .expect("span");
+    assert_eq!(names_of(&now), ["k07", "k085", "k09"]);
+    assert_eq!(now.count, 3);
 }
 
 /// A watch from a past revision replays history, then streams new writes, each once.

@@ -12,8 +12,10 @@ use std::time::Duration;
 
 pub mod conformance;
 mod mem;
+mod scan;
 
 pub use mem::MemKv;
+pub use scan::{Scan, ScanStats, prefix_end};
 
 /// The most compares, or operations in one branch, a transaction may have (etcd's default
 /// `--max-txn-ops`); more is `KvError::Refused`.
@@ -211,8 +213,11 @@ pub struct Header {
 pub struct RangePage {
     /// Keys in byte order.
     pub kvs: Vec<KeyValue>,
-    /// Whether keys past this page remain under the prefix.
+    /// Whether keys past this page remain under the prefix (or in the span).
     pub more: bool,
+    /// How many keys the range held at the revision, this page's and the rest (etcd walks
+    /// them all to count them: what the read cost).
+    pub count: u64,
     /// The revision the page was read at (pass it back to read the next page at the same
     /// revision).
     pub revision: Revision,
@@ -316,6 +321,17 @@ pub trait Kv: Clone + Send + Sync + 'static {
         revision: Option<Revision>,
     ) -> impl Future<Output = Result<RangePage, KvError>> + Send;
 
+    /// Reads keys in `[start, end)` (an empty `end`: to the last key), at most `limit` (0:
+    /// all), at `revision` (or the current one, for `None`). The page's `count` is how many
+    /// keys the span holds: a store walks them all (what [`Scan`] keeps small).
+    fn range_span(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        revision: Option<Revision>,
+    ) -> impl Future<Output = Result<RangePage, KvError>> + Send;
+
     /// The last `limit` keys under `prefix` (the greatest, in key order), at the current
     /// revision, in key order. The default pages through every key; a store that can read a
     /// range backwards (etcd) reads only those.
@@ -399,38 +415,17 @@ pub async fn read_all<K: Kv>(
     read_all_but(kv, prefix, None, page).await
 }
 
-/// A range start (exclusive) past every key under `prefix` whose bytes after it are ASCII:
-/// `prefix` and `0xff`.
-pub fn past_prefix(prefix: &[u8]) -> Vec<u8> {
-    let mut after = prefix.to_vec();
-    after.push(0xff);
-    after
-}
-
-/// [`read_all`] without the keys under `skip` (ASCII keys inside `prefix`): at most one page
-/// of them is read, then the read jumps past them.
+/// [`read_all`] without the keys under `skip` (keys inside `prefix`): no request reads them.
+/// The pages are bounded ranges ([`Scan`]): what etcd walks stays in proportion to the keys.
 pub async fn read_all_but<K: Kv>(
     kv: &K,
     prefix: &[u8],
     skip: Option<&[u8]>,
     page: usize,
 ) -> Result<(Vec<KeyValue>, Revision), KvError> {
-    let skipped = |key: &[u8]| skip.is_some_and(|skip| key.starts_with(skip));
-    let mut all = Vec::new();
-    let mut revision = None;
-    let mut after: Option<Vec<u8>> = None;
-    loop {
-        let page = kv
-            .range(prefix, after.as_deref(), page.max(1), revision)
-            .await?;
-        revision = Some(page.revision);
-        after = page.kvs.last().map(|kv| match skip {
-            Some(skip) if kv.key.starts_with(skip) => past_prefix(skip),
-            _ => kv.key.clone(),
-        });
-        all.extend(page.kvs.into_iter().filter(|kv| !skipped(&kv.key)));
-        if !page.more || after.is_none() {
-            return Ok((all, revision.unwrap_or(0)));
-        }
+    let mut scan = Scan::new(prefix, page);
+    if let Some(skip) = skip {
+        scan = scan.skipping(skip);
     }
+    scan.read_all(kv).await
 }

@@ -490,26 +490,40 @@ impl Kv for MemKv {
             Some(after) if after >= prefix => Bound::Excluded(after),
             _ => Bound::Included(prefix),
         };
-        let limit = if limit == 0 { usize::MAX } else { limit };
-        let mut kvs = Vec::new();
-        let mut more = false;
         let visible = state
             .keys
             .range::<[u8], _>((start, Bound::Unbounded))
             .take_while(|(key, _)| key.starts_with(prefix))
             .filter_map(|(key, _)| state.at(key, revision));
-        for kv in visible {
-            if kvs.len() == limit {
-                more = true;
-                break;
-            }
-            kvs.push(kv.clone());
+        Ok(page(visible, limit, revision))
+    }
+
+    async fn range_span(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        revision: Option<Revision>,
+    ) -> Result<RangePage, KvError> {
+        let state = self.begin()?;
+        let revision = match revision {
+            Some(revision) if revision > 0 => revision,
+            _ => state.revision,
+        };
+        state.check_revision(revision)?;
+        let end = if end.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(end)
+        };
+        if matches!(end, Bound::Excluded(end) if end <= start) {
+            return Ok(page(std::iter::empty(), limit, revision));
         }
-        Ok(RangePage {
-            kvs,
-            more,
-            revision,
-        })
+        let visible = state
+            .keys
+            .range::<[u8], _>((Bound::Included(start), end))
+            .filter_map(|(key, _)| state.at(key, revision));
+        Ok(page(visible, limit, revision))
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
@@ -619,5 +633,29 @@ impl Kv for MemKv {
     async fn compact(&self, revision: Revision) -> Result<(), KvError> {
         let mut state = self.begin()?;
         state.compact(revision)
+    }
+}
+
+/// The first `limit` (0: all) of `visible`, and how many there are (as etcd counts them: every
+/// key of the range).
+fn page<'a>(
+    visible: impl Iterator<Item = &'a KeyValue>,
+    limit: usize,
+    revision: Revision,
+) -> RangePage {
+    let limit = if limit == 0 { usize::MAX } else { limit };
+    let mut kvs = Vec::new();
+    let mut count = 0u64;
+    for kv in visible {
+        if kvs.len() < limit {
+            kvs.push(kv.clone());
+        }
+        count += 1;
+    }
+    RangePage {
+        more: count > kvs.len() as u64,
+        kvs,
+        count,
+        revision,
     }
 }

@@ -394,8 +394,10 @@ async fn status(State(state): State<ApiState>) -> Json<body::OperatorStatus> {
         replica: shared.replica.clone(),
         leading: shared.leading() && cluster.is_some(),
         took_lead_ms: shared.took_lead_in().map(|d| millis(d.as_millis())),
-        last_rebuild: shared.last_rebuild().map(|(keys, took)| body::Rebuild {
-            keys: keys as u64,
+        last_rebuild: shared.last_rebuild().map(|(cost, took)| body::Rebuild {
+            keys: cost.keys,
+            requests: cost.requests,
+            walked: cost.walked,
             ms: millis(took.as_millis()),
         }),
         full,

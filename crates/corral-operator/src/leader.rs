@@ -26,7 +26,7 @@ use corral_cluster::{
     ClusterView, GrantEnd, Keys, NodeName, Proposal, ProposeError, Removal, RemovalRecord, Resync,
     RetryState, encode_value,
 };
-use corral_kv::{Compare, Event, Kv, KvError, Revision, Txn, TxnOp, Watch};
+use corral_kv::{Compare, Event, Kv, KvError, Revision, Scan, Txn, TxnOp, Watch};
 use tokio::time::Instant;
 
 use crate::election::Fence;
@@ -203,25 +203,28 @@ async fn rebuild<K: Kv>(
     loop {
         let started = Instant::now();
         let config_key = keys.config();
-        let prefix = keys.prefix().as_bytes();
-        // Page by page at one revision, each page applied as it comes: the keys are never all
-        // in memory beside the view. `config` sorts first under the prefix (every other kind
-        // of key is named to sort after it: `keys.rs`).
+        let applied_key = keys.config_applied();
         let floor = shared.epoch_floor();
-        let first = kv.range(prefix, None, PAGE, None).await?;
+        // `config` and `config-applied` first (they sort side by side), then every other key
+        // at that revision, kind by kind in bounded ranges, each page applied as it comes:
+        // the keys are never all in memory beside the view, and etcd walks about as many
+        // keys as are read (`corral_kv::Scan`).
+        let mut span_end = applied_key.clone().into_bytes();
+        span_end.push(0);
+        let first = kv
+            .range_span(config_key.as_bytes(), &span_end, 2, None)
+            .await?;
         let revision = first.revision;
         shared.observe_revision(floor, revision);
-        // `config-applied` (the last configuration installed) sorts right after `config`.
         let value_of = |key: &str| {
             first
                 .kvs
                 .iter()
-                .take(2)
                 .find(|e| e.key == key.as_bytes())
                 .map(|e| (e.value.clone(), e.mod_revision))
         };
         let stored = value_of(&config_key);
-        let applied = value_of(&keys.config_applied());
+        let applied = value_of(&applied_key);
         // The view starts under the last configuration installed; the stored one is judged
         // after every other key is read (the grants must be known): one path with the watch.
         // A resync or restart keeps the configuration in force if `config-applied` does not
@@ -250,15 +253,16 @@ async fn rebuild<K: Kv>(
                 continue;
             }
         };
-        let mut page = first;
-        let mut n_keys = 0;
         // The grants' history is no part of the view (and may be most of the keys): the read
-        // jumps past it.
-        let history = keys.history_prefix();
-        loop {
+        // leaves it out.
+        let mut scan = Scan::new(keys.prefix().as_bytes(), PAGE)
+            .at(revision)
+            .skipping(keys.history_prefix().as_bytes())
+            .by_segments(&keys.kinds());
+        while let Some(page) = scan.next(kv).await? {
             for entry in &page.kvs {
                 let key = entry.key_str();
-                if corral_cluster::is_config_key(keys, &key) || key.starts_with(&history) {
+                if corral_cluster::is_config_key(keys, &key) {
                     continue;
                 }
                 view.apply_put(
@@ -268,17 +272,6 @@ async fn rebuild<K: Kv>(
                     entry.mod_revision,
                 );
             }
-            n_keys += page.kvs.len();
-            let Some(mut last) = page.kvs.last().map(|e| e.key.clone()) else {
-                break;
-            };
-            if !page.more {
-                break;
-            }
-            if last.starts_with(history.as_bytes()) {
-                last = corral_kv::past_prefix(history.as_bytes());
-            }
-            page = kv.range(prefix, Some(&last), PAGE, Some(revision)).await?;
         }
         view.finish_read(stored.as_ref().map(|(v, r)| (v.as_slice(), *r)));
         if !view.config_in_force() {
@@ -290,7 +283,7 @@ async fn rebuild<K: Kv>(
         }
         // A full read: the keys' problems are what it found.
         shared.set_key_problems(view.take_problems());
-        shared.note_rebuild(n_keys, started.elapsed());
+        shared.note_rebuild(scan.stats(), started.elapsed());
         return Ok((view, revision));
     }
 }

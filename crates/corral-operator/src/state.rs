@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use corral_cluster::ClusterView;
 use corral_core::Family;
-use corral_kv::Revision;
+use corral_kv::{Revision, ScanStats};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family as MetricFamily;
@@ -137,7 +137,7 @@ impl std::fmt::Debug for CloudStatsCell {
 #[derive(Debug, Default)]
 struct Inner {
     leading: bool,
-    last_rebuild: Option<(usize, Duration)>,
+    last_rebuild: Option<(ScanStats, Duration)>,
     took_lead_in: Option<Duration>,
     /// The latency of recent grant transactions, for the benchmark's percentiles.
     samples: Vec<Duration>,
@@ -280,12 +280,13 @@ impl Shared {
             .map(|(view, revision)| f(view, revision))
     }
 
-    pub fn note_rebuild(&self, keys: usize, took: Duration) {
-        self.inner().last_rebuild = Some((keys, took));
+    /// The last rebuild's cost (requests, keys read, keys etcd walked) and time.
+    pub fn note_rebuild(&self, cost: ScanStats, took: Duration) {
+        self.inner().last_rebuild = Some((cost, took));
         self.metrics.rebuilds.inc();
     }
 
-    pub fn last_rebuild(&self) -> Option<(usize, Duration)> {
+    pub fn last_rebuild(&self) -> Option<(ScanStats, Duration)> {
         self.inner().last_rebuild
     }
 

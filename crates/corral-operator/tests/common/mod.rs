@@ -522,6 +522,15 @@ macro_rules! forward_kv {
         ) -> Result<corral_kv::RangePage, corral_kv::KvError> {
             self.$inner.range(prefix, after, limit, revision).await
         }
+        async fn range_span(
+            &self,
+            start: &[u8],
+            end: &[u8],
+            limit: usize,
+            revision: Option<corral_kv::Revision>,
+        ) -> Result<corral_kv::RangePage, corral_kv::KvError> {
+            self.$inner.range_span(start, end, limit, revision).await
+        }
         async fn lease_grant(
             &self,
             ttl: std::time::Duration,
