@@ -5,6 +5,7 @@
 //!   process, on the counting etcd client);
 //! - leader failover with those nodes: two `corral operator` processes, the leader
 //!   SIGKILLed, then a node registered: time until the new leader granted it;
+//! - `corral cluster check` of them all (exit code, time);
 //! - rebuilding the operator's state from their grants: time, range requests and keys etcd
 //!   walked (the standby's own report), its peak RSS, and etcd's database size.
 //!
@@ -154,8 +155,30 @@ async fn bench(etcd: &EtcdCluster) {
         None => println!("holdings: none asserted (BENCH_ASSERTIONS=0)"),
     }
 
-    // Failover: two operator processes; the leader killed; one node registered at once.
+    // `corral cluster check` on every grant: the independent check of the promise, at this
+    // size (the real CLI, reading the whole cluster).
     let binary = env!("CARGO_BIN_EXE_corral");
+    let checked = Instant::now();
+    let check = Command::new(binary)
+        .args([
+            "cluster",
+            "check",
+            "--etcd",
+            &endpoints.join(","),
+            "--cluster",
+            "bench",
+        ])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&check.stdout);
+    println!(
+        "cluster check: exit {} in {:.2} s: {}",
+        check.status.code().unwrap_or(-1),
+        checked.elapsed().as_secs_f64(),
+        report.lines().last().unwrap_or("").trim()
+    );
+
+    // Failover: two operator processes; the leader killed; one node registered at once.
     let ttl = 10;
     let dir = tempfile::tempdir().unwrap();
     let spawn = |name: &str| {

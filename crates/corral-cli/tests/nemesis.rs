@@ -8,6 +8,10 @@
 //! regression case). The history (faults and allocations with their times) is written to
 //! `target/nemesis/seed-<n>.log`, which a failing run leaves behind.
 //!
+//! `NEMESIS_NODES=n` registers `n` more nodes (no agent: their registrations, granted by the
+//! operators) before the run, in a pool wide enough, so the faults, failovers, restores and
+//! every step's `cluster check` happen at that size (`NEMESIS_NODES=30000`: issue 25).
+//!
 //! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
 
 use std::collections::BTreeMap;
@@ -31,6 +35,43 @@ mod common;
 use cluster_common::*;
 
 const CONFIG: &str = include_str!("configs/nemesis.toml");
+
+/// The pool when `NEMESIS_NODES` adds nodes: /26s of 10.0.0.0/8, enough for 262,144.
+const SCALE_CONFIG: &str = include_str!("configs/nemesis_scale.toml");
+
+/// Nodes registered beside the agents' (`NEMESIS_NODES`; none by default).
+fn extra_nodes() -> usize {
+    std::env::var("NEMESIS_NODES")
+        .ok()
+        .map_or(0, |n| n.parse().expect("NEMESIS_NODES is a number"))
+}
+
+/// Registers `n` nodes as their agents would (`bg-<i>`), 100 per transaction.
+fn register_background(etcd: &corral_etcd::testing::EtcdCluster, n: usize) {
+    use corral_kv::{Kv, Txn, TxnOp};
+    let kv = kv(etcd);
+    let keys = corral_cluster::Keys::new(corral_cluster::ClusterName::new("t").unwrap());
+    block_on(async {
+        for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+            let mut txn = Txn::default();
+            for i in chunk {
+                let node = corral_cluster::NodeName::new(&format!("bg-{i}")).unwrap();
+                let record = corral_cluster::NodeRecord {
+                    uid: format!("uid-bg-{i}"),
+                    addresses: Vec::new(),
+                    registered_ms: 0,
+                    instance_id: None,
+                    max_pods: None,
+                };
+                txn.success.push(TxnOp::put(
+                    keys.node(&node),
+                    corral_cluster::encode_value(&record).unwrap(),
+                ));
+            }
+            kv.txn(txn).await.unwrap();
+        }
+    });
+}
 
 const AGENTS: usize = 4;
 const OPERATORS: usize = 2;
@@ -587,7 +628,15 @@ fn run(seed: u64, length: Duration) {
     let _ = std::fs::remove_file(&history.path);
     history.note(format!("seed {seed}"));
     let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(3, dir.path(), CONFIG);
+    let extra = extra_nodes();
+    // Granting and checking the extra nodes takes its time (a debug build grants about 1,000
+    // a second).
+    let patience = Duration::from_secs(60 + extra as u64 / 500);
+    let etcd = initialized(3, dir.path(), if extra > 0 { SCALE_CONFIG } else { CONFIG });
+    if extra > 0 {
+        register_background(&etcd, extra);
+        history.note(format!("{extra} more nodes registered"));
+    }
     let nodes = (0..AGENTS)
         .map(|i| Node {
             name: format!("n{i}"),
@@ -616,11 +665,9 @@ fn run(seed: u64, length: Duration) {
         .iter()
         .map(|n| (n.name.clone(), n.socket()))
         .collect();
-    wait_until(
-        "every agent holds its dual-stack CIDRs",
-        Duration::from_secs(60),
-        || sockets.iter().all(|(_, s)| agent_ranges(s).len() == 2),
-    );
+    wait_until("every agent holds its dual-stack CIDRs", patience, || {
+        sockets.iter().all(|(_, s)| agent_ranges(s).len() == 2)
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
         let (sockets, stop, history) = (sockets.clone(), Arc::clone(&stop), history.clone());
@@ -647,7 +694,7 @@ fn run(seed: u64, length: Duration) {
     // Settled: every agent serves again, the store and the agents agree.
     wait_until(
         "every agent holds its dual-stack CIDRs after the faults",
-        Duration::from_secs(60),
+        patience,
         || sockets.iter().all(|(_, s)| agent_ranges(s).len() == 2),
     );
     run.check(step + 1);
@@ -657,7 +704,7 @@ fn run(seed: u64, length: Duration) {
     for (_, socket) in &sockets {
         release_draining(socket);
     }
-    wait_until("cluster check is clean", Duration::from_secs(60), || {
+    wait_until("cluster check is clean", patience, || {
         check(&run.etcd, &agent_sockets).0 == 0
     });
     assert_check(&run.etcd, &agent_sockets);
@@ -666,7 +713,8 @@ fn run(seed: u64, length: Duration) {
         let _ = write!(summary, "{fault} {n}, ");
     }
     println!(
-        "nemesis seed {seed}: {step} faults ({summary}), {allocated} allocations, {released} releases, {failed} refused or failed, in {:.0} s",
+        "nemesis seed {seed} ({} nodes): {step} faults ({summary}), {allocated} allocations, {released} releases, {failed} refused or failed, in {:.0} s",
+        AGENTS + extra,
         started.elapsed().as_secs_f64()
     );
     history.note("passed");
