@@ -7,7 +7,7 @@
 //!
 //! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -245,13 +245,7 @@ fn churn(members: usize, agent_count: usize) {
         let dump = Client::unix(path.join("agent.sock"))
             .dump(Some("node"))
             .unwrap();
-        let held: BTreeSet<IpAddr> = dump
-            .scopes
-            .iter()
-            .flat_map(|s| &s.pools)
-            .flat_map(|p| &p.allocations)
-            .map(|a| a.address)
-            .collect();
+        let held = addresses(&dump);
         for (container, addresses) in &live[i] {
             for address in addresses {
                 assert!(

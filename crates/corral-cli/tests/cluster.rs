@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use corral_api::{AllocateRequest, FamilyChoice};
 use corral_client::Client;
 use corral_kv::{Kv, TxnOp};
 
@@ -616,18 +615,7 @@ fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
     assert_eq!(code, 0, "{out}{err}");
     let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(plan["node_id"], 1, "{plan}");
-    let pod = Client::unix(&a.socket)
-        .allocate(&AllocateRequest {
-            scope: "node".into(),
-            pool: "default".into(),
-            family: Some(FamilyChoice::Ipv4),
-            address: None,
-            owner: "pod".into(),
-            key: None,
-            lease_ms: None,
-        })
-        .unwrap();
-    let address = pod.allocations[0].address.to_string();
+    let address = alloc_v4(&a.socket, "pod").to_string();
     assert!(
         address.starts_with("10.1.1.") && address != "10.1.1.1",
         "{address}"

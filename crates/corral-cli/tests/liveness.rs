@@ -10,7 +10,7 @@
 //! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use corral_client::Client;
@@ -46,17 +46,15 @@ impl Proc {
         std::fs::create_dir_all(dir).unwrap();
         let config = agent_config(dir);
         let log = dir.join("agent.log");
-        let child = Command::new(BINARY)
-            .arg("agent")
-            .arg("--config")
-            .arg(&config)
-            .args(["--etcd", &endpoints(etcd)])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("corral agent starts");
+        let child = common::spawn_logged(
+            Command::new(BINARY)
+                .arg("agent")
+                .arg("--config")
+                .arg(&config)
+                .args(["--etcd", &endpoints(etcd)])
+                .args(args),
+            &log,
+        );
         Proc {
             child,
             socket: dir.join("agent.sock"),
