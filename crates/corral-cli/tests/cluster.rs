@@ -555,9 +555,8 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
 #[ignore = "needs etcd (make deps)"]
 fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(
-        &etcd,
+    let etcd = initialized(
+        1,
         dir.path(),
         "quarantine_secs = 2\n[[pools]]\nname = \"default\"\n[pools.ipv4]\ncidrs = [\"10.9.0.0/29\"]\nnode_prefix_len = 30\n",
     );
@@ -601,12 +600,7 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
 #[ignore = "needs etcd (make deps)"]
 fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(
-        &etcd,
-        dir.path(),
-        include_str!("configs/cluster_node_ids.toml"),
-    );
+    let etcd = initialized(1, dir.path(), include_str!("configs/cluster_node_ids.toml"));
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let ranges = agent_ranges(&a.socket);

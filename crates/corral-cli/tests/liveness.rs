@@ -64,10 +64,26 @@ impl Proc {
 
     /// [`Proc::spawn`] (lease TTL 3 s), ready and holding the node's two ranges.
     fn serving(etcd: &EtcdCluster, dir: &Path, node: &str) -> Proc {
-        let mut proc = Proc::spawn(etcd, dir, node, "3");
+        Proc::serving_with_ttl(etcd, dir, node, "3")
+    }
+
+    /// [`Proc::serving`] with a lease of `ttl` seconds.
+    fn serving_with_ttl(etcd: &EtcdCluster, dir: &Path, node: &str, ttl: &str) -> Proc {
+        let mut proc = Proc::spawn(etcd, dir, node, ttl);
         proc.wait_ready();
         wait_ranges(&format!("{node} holds its ranges"), &proc.socket, 2, 30);
         proc
+    }
+
+    /// Waits until the agent exits (`what`, if it does not), noting whether it was ever ready
+    /// meanwhile: (served, its exit code).
+    fn wait_exit_noting_service(&mut self, what: &str) -> (bool, Option<i32>) {
+        let mut served = false;
+        wait_until(what, Duration::from_secs(60), || {
+            served |= self.ready();
+            self.child.try_wait().unwrap().is_some()
+        });
+        (served, self.child.wait().unwrap().code())
     }
 
     fn ready(&self) -> bool {
@@ -187,12 +203,7 @@ fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_
         &dir.path().join("b").join("state"),
     );
     let mut b = Proc::spawn(&etcd, &dir.path().join("b"), "node-a", "3");
-    let mut served = false;
-    wait_until("the second agent exits", Duration::from_secs(60), || {
-        served |= b.ready();
-        b.child.try_wait().unwrap().is_some()
-    });
-    let code = b.child.wait().unwrap().code();
+    let (served, code) = b.wait_exit_noting_service("the second agent exits");
     let log = b.log();
     assert!(!served, "the second agent served the node: {log}");
     assert_ne!(code, Some(0), "{log}");
@@ -214,10 +225,7 @@ fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_
     );
     // Started again, the clone exits again, and the first one's key stays.
     let mut again = Proc::spawn(&etcd, &dir.path().join("b"), "node-a", "3");
-    wait_until("the clone exits again", Duration::from_secs(60), || {
-        served |= again.ready();
-        again.child.try_wait().unwrap().is_some()
-    });
+    let (served, _) = again.wait_exit_noting_service("the clone exits again");
     assert!(!served);
     assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
     assert_sound(&etcd, &[("node-a", &a.socket)]);
@@ -232,9 +240,7 @@ fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for
     let dir = tempfile::tempdir().unwrap();
     let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let path = dir.path().join("a");
-    let mut a = Proc::spawn(&etcd, &path, "node-a", "60");
-    a.wait_ready();
-    wait_ranges("node-a holds its ranges", &a.socket, 2, 30);
+    let a = Proc::serving_with_ttl(&etcd, &path, "node-a", "60");
     let pod = alloc_dual(&a.socket, "pod-1");
     let old_pid = a.pid();
     drop(a); // SIGKILL

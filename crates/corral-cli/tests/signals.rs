@@ -16,7 +16,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
 use cluster_common::{
-    DUAL, alloc_dual, block_on, endpoints, init, kv, start_agent, start_etcd, wait_leads,
+    DUAL, alloc_dual, block_on, endpoints, initialized, kv, start_agent, start_etcd, wait_leads,
     wait_ranges, wait_showing,
 };
 use common::{Agent, BINARY};
@@ -146,8 +146,7 @@ fn wait_candidates(etcd: &EtcdCluster, n: usize) {
 /// One etcd member and cluster `t` on it (`DUAL`), with replicas op-a, the leader, and op-b,
 /// its standby in the election (leases of 60 s).
 fn leader_and_standby(dir: &Path) -> (EtcdCluster, Replica, Replica) {
-    let etcd = start_etcd(1);
-    init(&etcd, dir, DUAL);
+    let etcd = initialized(1, dir, DUAL);
     let ttl: [&OsStr; 2] = ["--lease-ttl".as_ref(), "60".as_ref()];
     let leader = Replica::spawn(&endpoints(&etcd), dir, "op-a", &ttl);
     wait_leads(&etcd, "op-a", HANG);
@@ -160,8 +159,7 @@ fn leader_and_standby(dir: &Path) -> (EtcdCluster, Replica, Replica) {
 /// leading, and stops on `signal` (`name`) all the same.
 fn leader_losing_etcd_stops(members: usize, killed: usize, signal: Signal, name: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(members);
-    init(&etcd, dir.path(), DUAL);
+    let mut etcd = initialized(members, dir.path(), DUAL);
     let mut leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
     wait_leads(&etcd, "op-a", HANG);
     for member in 0..killed {
@@ -324,8 +322,7 @@ fn an_agent_waiting_for_an_unreachable_etcd_stops_on_sigterm() {
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
+    let etcd = initialized(1, dir.path(), DUAL);
     let kv = kv(&etcd);
     let key = "/corral/t/v1/live/node-a";
     let lease = block_on(kv.lease_grant(Duration::from_secs(600))).unwrap();
@@ -361,8 +358,7 @@ fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_whose_etcd_is_gone_stops_on_sigterm_and_keeps_its_state() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
+    let mut etcd = initialized(1, dir.path(), DUAL);
     let operator = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
     let path = dir.path().join("a");
     let mut agent = start_agent(&etcd, &path, "node-a");
