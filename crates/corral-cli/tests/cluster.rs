@@ -157,19 +157,9 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     wait_until(
         "node-a's agent says it was removed",
         Duration::from_secs(20),
-        || {
-            Client::unix(&a.socket)
-                .status(None)
-                .ok()
-                .and_then(|s| s.cluster)
-                .is_some_and(|c| !c.registered)
-        },
+        || link_status(&a.socket).is_some_and(|c| !c.registered),
     );
-    let cluster = Client::unix(&a.socket)
-        .status(None)
-        .unwrap()
-        .cluster
-        .unwrap();
+    let cluster = link_status(&a.socket).unwrap();
     assert!(!cluster.registered, "{cluster:?}");
     assert!(
         cluster
@@ -364,11 +354,7 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     }
     assert_eq!(pods.len(), 40);
     wait_until("the agent says degraded", Duration::from_secs(30), || {
-        Client::unix(&a.socket)
-            .status(None)
-            .unwrap()
-            .cluster
-            .is_some_and(|c| c.degraded)
+        link_status(&a.socket).is_some_and(|c| c.degraded)
     });
     assert_eq!(
         agent_ranges(&a.socket).len(),
@@ -381,13 +367,7 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     wait_until(
         "the agent is connected again",
         Duration::from_secs(60),
-        || {
-            Client::unix(&a.socket)
-                .status(None)
-                .unwrap()
-                .cluster
-                .is_some_and(|c| !c.degraded && c.registered)
-        },
+        || link_status(&a.socket).is_some_and(|c| !c.degraded && c.registered),
     );
     assert_eq!(grants(&etcd), before, "nothing was granted or reclaimed");
     register(&etcd, ["node-b".to_owned()]);
@@ -540,11 +520,7 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
     let held = addresses(&dump);
     assert!(pods.is_subset(&held));
     wait_until("registered again", Duration::from_secs(20), || {
-        Client::unix(&a.socket)
-            .status(None)
-            .unwrap()
-            .cluster
-            .is_some_and(|c| c.registered)
+        link_status(&a.socket).is_some_and(|c| c.registered)
     });
     assert_eq!(agent_ranges(&a.socket), ranges);
     assert_eq!(grants(&etcd).len(), 1);

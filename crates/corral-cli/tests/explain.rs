@@ -292,11 +292,7 @@ fn explain_names_etcds_lost_quorum_for_a_degraded_agent() {
     etcd.kill(1).unwrap();
     etcd.kill(2).unwrap();
     wait_until("the agent is degraded", Duration::from_secs(60), || {
-        corral_client::Client::unix(&agent.socket)
-            .status(None)
-            .ok()
-            .and_then(|s| s.cluster)
-            .is_some_and(|c| c.degraded)
+        link_status(&agent.socket).is_some_and(|c| c.degraded)
     });
     let (code, out, err) = explain(
         &etcd,

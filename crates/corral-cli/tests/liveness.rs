@@ -122,6 +122,12 @@ impl Drop for Proc {
     }
 }
 
+/// The agent's state in `dir/a` copied to `dir/b` (a cloned VM image, cluster-uid and
+/// ranges with it).
+fn clone_state(dir: &Path) {
+    copy_dir(&dir.join("a").join("state"), &dir.join("b").join("state"));
+}
+
 /// Copies a running agent's state directory, as a machine's disk is cloned: a file that
 /// vanishes between listing and copying (the agent's `etcd-epoch.tmp`, renamed into place) is
 /// not part of the copy, as rsync has it ("file has vanished"); `cp -a` failed the test there.
@@ -181,7 +187,7 @@ fn hold_elsewhere(kv: &corral_etcd::EtcdKv, ttl_secs: u64) -> corral_kv::LeaseId
 }
 
 fn cluster_status(socket: &Path) -> corral_api::ClusterStatus {
-    Client::unix(socket).status(None).unwrap().cluster.unwrap()
+    link_status(socket).expect("the agent reports its cluster link")
 }
 
 /// A copied state directory under the node's name (a cloned VM image) while the node's agent
@@ -197,11 +203,7 @@ fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_
     let (record, lease) = live_record(&etcd, "node-a").expect("live/node-a");
     assert_eq!(record.pid, a.pid());
     // The clone: the running agent's state directory copied, cluster-uid and ranges with it.
-    std::fs::create_dir_all(dir.path().join("b")).unwrap();
-    copy_dir(
-        &dir.path().join("a").join("state"),
-        &dir.path().join("b").join("state"),
-    );
+    clone_state(dir.path());
     let mut b = Proc::spawn(&etcd, &dir.path().join("b"), "node-a", "3");
     let (served, code) = b.wait_exit_noting_service("the second agent exits");
     let log = b.log();
@@ -453,11 +455,7 @@ fn cluster_check_reports_two_agents_serving_one_node_and_one_address() {
     let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let a = Proc::serving(&etcd, &dir.path().join("a"), "node-a");
     let pod = alloc_dual(&a.socket, "pod-1");
-    std::fs::create_dir_all(dir.path().join("b")).unwrap();
-    copy_dir(
-        &dir.path().join("a").join("state"),
-        &dir.path().join("b").join("state"),
-    );
+    clone_state(dir.path());
     // The copy joins cluster `other` under the same node name: its copied ranges drain there
     // (the pod's addresses stay allocated).
     let mut b = Proc::spawn_with(

@@ -197,11 +197,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
         "node-a knows it was removed",
         Duration::from_secs(20),
         || {
-            let cluster = Client::unix(&a.socket)
-                .status(None)
-                .unwrap()
-                .cluster
-                .unwrap();
+            let cluster = link_status(&a.socket).unwrap();
             !cluster.registered && cluster.last_error.is_some_and(|e| e.contains("removed"))
         },
     );

@@ -474,6 +474,15 @@ pub fn agent_args<'a>(config: &'a Path, endpoints: &'a str, node: &'a str) -> Ve
     .into()
 }
 
+/// The agent's cluster link as its status reports it (`None` when the agent does not answer
+/// or has no cluster link).
+pub fn link_status(socket: &Path) -> Option<corral_api::ClusterStatus> {
+    Client::unix(socket)
+        .status(None)
+        .ok()
+        .and_then(|s| s.cluster)
+}
+
 /// The cluster ranges an agent holds (active ones), as `pool range`.
 pub fn agent_ranges(socket: &Path) -> Vec<String> {
     let pools = Client::unix(socket).pools(Some("node")).unwrap();
