@@ -380,6 +380,20 @@ fn kv_failure(error: corral_kv::KvError) -> Failure {
     Failure::Cluster(error)
 }
 
+/// Every key under the cluster's prefix but its history, at one revision, and that revision:
+/// kind by kind, in ranges of about a page (`corral_kv::Scan`), as the leader's rebuild reads.
+async fn read_cluster(
+    kv: &EtcdKv,
+    keys: &Keys,
+) -> Result<(Vec<corral_kv::KeyValue>, corral_kv::Revision), Failure> {
+    corral_kv::Scan::new(keys.prefix().as_bytes(), 2000)
+        .skipping(keys.history_prefix().as_bytes())
+        .by_segments(&keys.kinds())
+        .read_all(kv)
+        .await
+        .map_err(kv_failure)
+}
+
 /// Runs a replica of the operator until SIGINT or SIGTERM.
 pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure> {
     let (format, level) = args.log.over_file(&Default::default(), None)?;
@@ -618,9 +632,7 @@ fn now_ms() -> u64 {
 async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result<Outcome, Failure> {
     let cloud = args.cloud.connect(providers).await?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = config_paths::read_cluster(&kv, &keys)
-        .await
-        .map_err(kv_failure)?;
+    let (all, revision) = read_cluster(&kv, &keys).await?;
     if !all.iter().any(|e| e.key == keys.config().as_bytes()) {
         return Err(config_paths::no_configuration(&args.etcd.cluster));
     }
@@ -710,9 +722,7 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
 /// holdings etcd has no record of), and with `--yes` writes `recover` for the leader.
 async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = config_paths::read_cluster(&kv, &keys)
-        .await
-        .map_err(kv_failure)?;
+    let (all, revision) = read_cluster(&kv, &keys).await?;
     let mut registered = std::collections::BTreeSet::new();
     let mut live = std::collections::BTreeSet::new();
     let mut asserted = std::collections::BTreeSet::new();
