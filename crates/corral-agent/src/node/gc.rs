@@ -169,6 +169,7 @@ mod tests {
 
     use super::*;
     use crate::node::Reply;
+    use crate::node::testing;
 
     #[derive(Clone, Debug, Default)]
     struct TestClock(Arc<AtomicU64>);
@@ -195,22 +196,12 @@ mod tests {
     }
 
     fn allocate(container: &str) -> Op {
-        Op::Allocate(
-            api::AllocateRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "default".into(),
-                owner: container.into(),
-                key: Some(api::AttachmentKey {
-                    network: "net".into(),
-                    container_id: container.into(),
-                    ifname: "eth0".into(),
-                }),
-                family: None,
-                address: None,
-                lease_ms: None,
-            }
-            .try_into()
-            .unwrap(),
+        testing::allocate(
+            api::NODE_SCOPE,
+            "default",
+            container,
+            Some(testing::attachment("net", container)),
+            None,
         )
     }
 
