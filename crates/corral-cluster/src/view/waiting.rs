@@ -384,23 +384,18 @@ mod tests {
     use super::*;
     use crate::keys::{DemandRecord, FamilyDemand, encode_value};
     use crate::keys::{QuarantineRecord, QuarantineState};
-    use crate::tests::{ViewFixture, pods};
+    use crate::tests::{ViewFixture, pods, pool_toml};
 
     /// A block pool of two /28 blocks beside a node-CIDR pool of two /24s.
-    const CONFIG: &str = r#"
-[[pools]]
-name = "cidrs"
-[pools.ipv4]
-cidrs = ["10.1.0.0/23"]
-node_prefix_len = 24
-
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.0.0.0/27"]
-block_prefix_len = 28
-"#;
+    const CONFIG: &str = concat!(
+        pool_toml!("cidrs", "10.1.0.0/23", node_prefix_len = 24),
+        pool_toml!(
+            "pods",
+            mode = "blocks",
+            "10.0.0.0/27",
+            block_prefix_len = 28
+        ),
+    );
 
     impl ViewFixture {
         /// The node's agent reports `used` addresses of the block pool in use.
