@@ -6,7 +6,7 @@ use ipnet::IpNet;
 
 use crate::check::{Entry, check};
 use crate::config::ClusterConfig;
-use crate::keys::{CloudAttachment, CloudInterfaceRecord, encode_value};
+use crate::keys::{CloudAttachment, CloudId, CloudInterfaceRecord, encode_value};
 use crate::keys::{ClusterName, Keys, NodeName, NodeRecord, ReleaseRecord, ReleaseState};
 use crate::view::ClusterView;
 
@@ -51,7 +51,12 @@ pub struct ViewFixture {
 impl ViewFixture {
     /// The view of configuration `config` (TOML) at revision 1.
     pub fn new(config: &str) -> ViewFixture {
-        let keys = Keys::new(ClusterName::new("t").unwrap());
+        ViewFixture::of("t", config)
+    }
+
+    /// [`ViewFixture::new`] in cluster `cluster`.
+    pub fn of(cluster: &str, config: &str) -> ViewFixture {
+        let keys = Keys::new(ClusterName::new(cluster).unwrap());
         ViewFixture {
             view: ClusterView::new(keys, ClusterConfig::from_toml(config).unwrap()),
             revision: 1,
@@ -85,6 +90,14 @@ impl ViewFixture {
 /// The block pool of the view's tests.
 pub fn pods() -> PoolName {
     PoolName::new("pods").unwrap()
+}
+
+pub fn node(name: &str) -> NodeName {
+    NodeName::new(name).unwrap()
+}
+
+pub fn id(text: &str) -> CloudId {
+    CloudId::new(text).unwrap()
 }
 
 pub fn net(text: &str) -> IpNet {
