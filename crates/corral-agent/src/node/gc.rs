@@ -182,16 +182,11 @@ mod tests {
 
     fn declared() -> ScopeConfig {
         ScopeConfig {
-            pools: vec![
-                corral_store::PoolSpec::new(
-                    &corral_core::PoolName::default_pool(),
-                    Duration::ZERO,
-                    corral_core::ReusePolicy::NextFit,
-                    &["10.9.0.0/29".parse().unwrap()],
-                    &[],
-                )
-                .with_source(corral_store::RangeSource::File),
-            ],
+            pools: vec![testing::file_pool(
+                &corral_core::PoolName::default_pool(),
+                Duration::ZERO,
+                "10.9.0.0/29",
+            )],
         }
     }
 

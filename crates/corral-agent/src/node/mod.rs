@@ -81,7 +81,7 @@ mod tests {
     use corral_core::{PoolName, RangeSpec, Timestamp};
     use corral_store::{ScopeConfig, SqliteStore, Store};
 
-    use super::testing::{allocate, attachment, cni_add, cni_network};
+    use super::testing::{allocate, attachment, cni_add, cni_network, file_pool};
     use super::*;
 
     fn add(container: &str, cooldown_ms: u64) -> Op {
@@ -120,16 +120,11 @@ mod tests {
 
     fn declared() -> ScopeConfig {
         ScopeConfig {
-            pools: vec![
-                corral_store::PoolSpec::new(
-                    &PoolName::default_pool(),
-                    Duration::from_secs(30),
-                    corral_core::ReusePolicy::NextFit,
-                    &["10.9.0.0/29".parse().unwrap()],
-                    &[],
-                )
-                .with_source(corral_store::RangeSource::File),
-            ],
+            pools: vec![file_pool(
+                &PoolName::default_pool(),
+                Duration::from_secs(30),
+                "10.9.0.0/29",
+            )],
         }
     }
 
@@ -490,16 +485,11 @@ mod tests {
         drop(node);
         // A file that declares a pool `pods` with one of the cluster's ranges and another.
         let file = ScopeConfig {
-            pools: vec![
-                corral_store::PoolSpec::new(
-                    &PoolName::new("pods").unwrap(),
-                    Duration::from_secs(30),
-                    corral_core::ReusePolicy::NextFit,
-                    &["fd77::/120".parse().unwrap()],
-                    &[],
-                )
-                .with_source(corral_store::RangeSource::File),
-            ],
+            pools: vec![file_pool(
+                &PoolName::new("pods").unwrap(),
+                Duration::from_secs(30),
+                "fd77::/120",
+            )],
         };
         let node = NodeState::restore(open(), &file).unwrap();
         assert_eq!(pods(&node), before);
@@ -625,16 +615,11 @@ mod tests {
         run_one(&mut node, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
         drop(node);
         let mut file = declared();
-        file.pools.push(
-            corral_store::PoolSpec::new(
-                &PoolName::new("eni").unwrap(),
-                Duration::from_secs(30),
-                corral_core::ReusePolicy::NextFit,
-                &["10.61.0.0/24".parse().unwrap()],
-                &[],
-            )
-            .with_source(corral_store::RangeSource::File),
-        );
+        file.pools.push(file_pool(
+            &PoolName::new("eni").unwrap(),
+            Duration::from_secs(30),
+            "10.61.0.0/24",
+        ));
         let mut restored = NodeState::restore(store, &file).expect("the agent starts");
         let Ok(Reply::Checkpoint(doc)) = run_one(&mut restored, Op::Export) else {
             panic!("export")

@@ -1,7 +1,12 @@
 //! Requests the unit tests of the node state and the committer build (test builds only): a
-//! CNI network of one pool, its ADD, an attachment key and a node-scope allocation.
+//! CNI network of one pool, its ADD, an attachment key, a node-scope allocation and a pool the
+//! configuration file declares.
+
+use std::time::Duration;
 
 use corral_api as api;
+use corral_core::{PoolName, ReusePolicy};
+use corral_store::{PoolSpec, RangeSource};
 
 use super::Op;
 
@@ -71,4 +76,16 @@ pub(crate) fn allocate(
         .try_into()
         .unwrap(),
     )
+}
+
+/// Pool `pool` as the configuration file declares it: `range`, next-fit, `cooldown`.
+pub(crate) fn file_pool(pool: &PoolName, cooldown: Duration, range: &str) -> PoolSpec {
+    PoolSpec::new(
+        pool,
+        cooldown,
+        ReusePolicy::NextFit,
+        &[range.parse().unwrap()],
+        &[],
+    )
+    .with_source(RangeSource::File)
 }
