@@ -13,7 +13,7 @@ use corral_cluster::{
     ClusterConfig, ClusterName, Family, GrantEnd, GrantRecord, HistoryRecord, IpNet, Keys,
     NodeName, PoolName, encode_value,
 };
-use corral_kv::{Kv, Txn, TxnOp};
+use corral_kv::{Kv, TxnOp};
 use corral_operator::history::{HistoryQuery, HistoryRequest, read, read_with_held};
 
 const BLOCKS: &str = include_str!("configs/blocks.toml");
@@ -23,17 +23,11 @@ const GRANTS: u32 = 2500;
 /// Ended grants in the history.
 const ENDED: u32 = 30;
 
+/// Writes `puts` in transactions of 100 (etcd's default limit of operations is 128).
 async fn put_all(kv: &impl Kv, puts: Vec<(String, Vec<u8>)>) {
     for chunk in puts.chunks(100) {
-        let txn = Txn {
-            compares: vec![],
-            success: chunk
-                .iter()
-                .map(|(k, v)| TxnOp::put(k.clone(), v.clone()))
-                .collect(),
-            failure: vec![],
-        };
-        kv.txn(txn).await.unwrap();
+        let ops = chunk.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone()));
+        common::apply(kv, ops.collect()).await;
     }
 }
 
