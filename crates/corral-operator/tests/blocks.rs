@@ -15,7 +15,7 @@ use corral_cluster::{
     DemandRecord, Family, FamilyDemand, IpNet, PoolName, ReleaseRecord, ReleaseState, decode_value,
     encode_value,
 };
-use corral_kv::{Compare, Kv, MemKv, Txn, TxnOp};
+use corral_kv::{Kv, MemKv};
 use corral_operator::state::TxnOutcome;
 
 /// One block pool: IPv4 /28 blocks (14 addresses each) from 10.64.0.0/16, the first block
@@ -51,25 +51,16 @@ async fn releases_of<K: Kv>(kv: &K, name: &str) -> Vec<(String, ReleaseRecord)> 
 /// The agent's answer to a handshake: CAS on the release key's mod revision, as the protocol
 /// says. Answers whether the CAS went through.
 async fn answer<K: Kv>(kv: &K, name: &str, block: &str, state: ReleaseState) -> bool {
-    let key = keys().release(&node(name), &pods(), Family::V4, &net(block));
-    let Some(entry) = kv.get(key.as_bytes()).await.unwrap() else {
-        return false;
-    };
-    let mut record: ReleaseRecord = decode_value(&entry.value).unwrap();
-    assert_eq!(record.state, ReleaseState::Marked, "{block}");
-    record.state = state;
-    record.answered_ms = 1;
-    if state == ReleaseState::Refused {
-        record.reason = Some("in use".into());
-    }
-    kv.txn(Txn {
-        compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
-        success: vec![TxnOp::put(key, encode_value(&record).unwrap())],
-        failure: vec![],
+    answer_release(kv, name, block, |record| {
+        assert_eq!(record.state, ReleaseState::Marked, "{block}");
+        record.state = state;
+        record.answered_ms = 1;
+        if state == ReleaseState::Refused {
+            record.reason = Some("in use".into());
+        }
     })
     .await
-    .unwrap()
-    .succeeded
+    .unwrap_or(false)
 }
 
 async fn leader_of(replicas: &[&Replica]) {

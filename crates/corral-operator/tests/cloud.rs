@@ -731,11 +731,7 @@ async fn scenario_2_pod_churn_with_the_primary_interface_trims_only_lasting_exce
 /// the cloud answered (when, what, on which interface, which addresses) and every demand the
 /// agents wrote, as text.
 fn seeded_churn_trace() -> String {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = paused_runtime();
     runtime.block_on(async {
         let nodes = names(20);
         let (rig, _a) = Scenario::new(2)

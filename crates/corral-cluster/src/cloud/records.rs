@@ -313,15 +313,8 @@ pub fn confirm_missing(
 mod tests {
     use super::*;
     use crate::keys::CloudAttachment;
+    use crate::tests::{id, node};
     use corral_core::PoolName;
-
-    fn node(name: &str) -> NodeName {
-        NodeName::new(name).unwrap()
-    }
-
-    fn id(name: &str) -> CloudId {
-        CloudId::new(name).unwrap()
-    }
 
     fn record(instance: &str, primary: &str, addresses: &[&str]) -> CloudInterfaceRecord {
         CloudInterfaceRecord {
