@@ -156,6 +156,14 @@ bench-cluster: deps
 	$(CARGO) bench -p corral-cli --bench blocks
 	$(CARGO) bench -p corral-cli --bench explain
 
+## bench-demand: the cluster-wide demand write budget (issue 25) at 10,000 nodes on a local
+## three-member etcd: the agent's demand writer for every node under pod churn, with the
+## budget (default 1,000/s) and without (writes etcd completed a second, how long urgent
+## changes waited; 3 to 6 min; BENCH_DEMAND_NODES, BENCH_DEMAND_BUDGET, BENCH_DEMAND_SECS)
+.PHONY: bench-demand
+bench-demand: deps
+	$(CARGO) bench -p corral-cli --bench demand
+
 ## bench-cloud: the cloud node manager (issue 14): the call scheduler on the fake EC2 in virtual
 ## time (1,000-node scale-out, 150-node burst, throttle storm; corral's per-action buckets beside
 ## Cilium's single 4/s limiter and no client-side limiting; about 15 s), then the pure

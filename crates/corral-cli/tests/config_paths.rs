@@ -219,6 +219,15 @@ fn apply_refuses_what_would_free_held_space_and_what_etcd_cannot_hold() {
     let (code, out) = cluster_config(&etcd, dir.path(), "apply", &too_long, &[]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("quarantine_secs"), "{out}");
+    // A demand write budget of none (issue 25) is refused, naming the field.
+    let no_budget = format!("demand_writes_per_sec = 0\n{CONFIG}");
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &no_budget, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("demand_writes_per_sec: must be at least 1"),
+        "{out}"
+    );
+    assert_eq!(stored(&etcd), before);
     // A reserved range over both grants: refused, naming them.
     let reserved = format!("{CONFIG}reserved = [\"10.244.0.0/23\"]\n");
     let (code, out) = cluster_config(&etcd, dir.path(), "apply", &reserved, &[]);

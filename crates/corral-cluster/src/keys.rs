@@ -248,6 +248,9 @@ pub enum Key {
     /// `recover`: `corral cluster recover --yes` asked the leader to grant again without
     /// waiting for the agents' assertions after etcd went back in time.
     Recover,
+    /// `meta/census`: the node count the agents pace their demand writes by (`CensusRecord`),
+    /// written by the leader, fenced, only when the count outgrows it or falls below half.
+    Census,
     /// `reassert`: a leader that saw etcd go back in time asks every agent to put its
     /// `holdings/` record again (`ReassertRecord`); records older than this key's mod revision
     /// do not count as asserted after the regression.
@@ -525,6 +528,10 @@ impl Keys {
     pub fn config_applied(&self) -> String {
         self.key(format_args!("config-applied"))
     }
+    /// `meta/census`.
+    pub fn census(&self) -> String {
+        self.key(format_args!("meta/census"))
+    }
     /// `election/<lease-hex>`.
     pub fn election(&self, lease: u64) -> String {
         self.key(format_args!("election/{lease:x}"))
@@ -632,6 +639,7 @@ impl Keys {
             Key::ConfigApplied => self.config_applied(),
             Key::Recover => self.recover(),
             Key::Reassert => self.reassert(),
+            Key::Census => self.census(),
             Key::Election { lease } => self.election(*lease),
             Key::Node { node } => self.node(node),
             Key::Live { node } => self.live(node),
@@ -912,6 +920,7 @@ impl Keys {
             ["config-applied"] => Ok(Key::ConfigApplied),
             ["recover"] => Ok(Key::Recover),
             ["reassert"] => Ok(Key::Reassert),
+            ["meta", "census"] => Ok(Key::Census),
             ["election", lease] => parse_lease_hex(lease)
                 .map(|lease| Key::Election { lease })
                 .ok_or_else(|| malformed("invalid lease ID")),
@@ -1889,6 +1898,7 @@ mod tests {
             Key::ConfigApplied,
             Key::Recover,
             Key::Reassert,
+            Key::Census,
             Key::Election {
                 lease: 0x694d_77aa_9e38_260f,
             },

@@ -887,7 +887,8 @@ impl ClusterView {
                     .map(|record| record.config);
                 self.applied = Some((mod_revision, applied));
             }
-            Key::Election { .. } | Key::Recover | Key::Reassert => {}
+            // The census is the agents' to read: the leader counts registrations itself.
+            Key::Election { .. } | Key::Recover | Key::Reassert | Key::Census => {}
             Key::Live { node } => {
                 self.live.insert(node);
             }
@@ -1104,6 +1105,7 @@ impl ClusterView {
             | Key::Election { .. }
             | Key::Recover
             | Key::Reassert
+            | Key::Census
             | Key::History { .. } => {}
             Key::ConfigApplied => self.applied = None,
             Key::Holdings { node } => {

@@ -583,3 +583,49 @@ async fn a_node_starving_in_one_block_pool_is_granted_blocks_in_the_others() {
     assert_eq!(reasons, ["pods ipv4: no free block: the pool is exhausted"]);
     assert_clean_end(&kv, &auditor).await;
 }
+
+/// The node count in `meta/census`: its value and how many times it was written.
+async fn census<K: Kv>(kv: &K) -> Option<(u64, i64)> {
+    let entry = kv.get(keys().census().as_bytes()).await.unwrap()?;
+    let record: corral_cluster::CensusRecord = decode_value(&entry.value).unwrap();
+    Some((record.nodes, entry.version))
+}
+
+/// Issue 25: the leader publishes the node count the agents share the demand write budget by
+/// (`meta/census`, an eighth above the registered nodes) at the start of its term, then only
+/// when the nodes outgrow it or fall below half of it, never per registration; a new leader
+/// writes it once more.
+#[tokio::test(start_paused = true)]
+async fn the_leader_publishes_the_node_count_for_the_demand_budget_only_when_it_must() {
+    let kv = initialized(BLOCKS).await;
+    for i in 0..16 {
+        register(&kv, &format!("node-{i:02}")).await;
+    }
+    let a = leading(&kv).await;
+    wait_until("the census", Duration::from_secs(10), || async {
+        census(&kv).await == Some((18, 1))
+    })
+    .await;
+    // Two more fit under it: nothing written.
+    register(&kv, "node-16").await;
+    register(&kv, "node-17").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(census(&kv).await, Some((18, 1)));
+    // One more outgrows it.
+    register(&kv, "node-18").await;
+    wait_until("the census grown", Duration::from_secs(10), || async {
+        census(&kv).await == Some((21, 2))
+    })
+    .await;
+    a.stop().await;
+    let b = leading(&kv).await;
+    wait_until(
+        "the next term's census",
+        Duration::from_secs(20),
+        || async { census(&kv).await == Some((21, 3)) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(census(&kv).await, Some((21, 3)));
+    b.stop().await;
+}
