@@ -1964,6 +1964,7 @@ mod tests {
         let kinds = keys.kinds();
         let singletons = [
             Key::Schema,
+            Key::Census,
             Key::Config,
             Key::ConfigApplied,
             Key::Recover,
