@@ -96,7 +96,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: every benchmark (figures go to BENCHMARKS.md by hand, with the command)
-bench: bench-core bench-cni bench-agent bench-cluster bench-cloud
+bench: bench-core bench-cni bench-agent bench-cluster bench-demand bench-cloud
 
 bench-core:
 	$(CARGO) bench -p corral-core --bench engine
