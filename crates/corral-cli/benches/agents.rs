@@ -6,9 +6,9 @@
 //! directly and through `etcd grpc-proxy`. In each run, from etcd's own metrics (and the TCP
 //! connections to its client ports), per agent: connections, watches, streams, lease
 //! keep-alives per second, writes (raft proposals) and requests per second, idle after
-//! settling (`IDLE_SECS`, default 30) and under pod churn (`CHURN_SECS`, default 30;
-//! `CHURN_PER_MIN` CNI ADDs per agent per minute, default 3, each agent keeping 4 pods, so as
-//! many DELs). The operator's own rate, measured alone before the agents start, is taken off.
+//! settling (`IDLE_SECS`, default 30) and under pod churn (`CHURN_SECS`, default 60;
+//! `CHURN_PER_MIN` CNI ADDs per agent per minute, default 3, each with the DEL of the agent's
+//! previous pod: every agent runs one pod throughout, started before the idle window). The operator's own rate, measured alone before the agents start, is taken off.
 //! `RUNS` picks runs (e.g. `cidr-direct,blocks-proxy`).
 //!
 //! Figures go to BENCHMARKS.md by hand, with the command.
@@ -30,7 +30,7 @@ fn env(name: &str, default: u64) -> u64 {
 fn main() {
     let agents = env("AGENTS", 5_000) as usize;
     let idle = Duration::from_secs(env("IDLE_SECS", 30));
-    let churn = Duration::from_secs(env("CHURN_SECS", 30));
+    let churn = Duration::from_secs(env("CHURN_SECS", 60));
     let per_min = env("CHURN_PER_MIN", 3);
     let runs = std::env::var("RUNS")
         .unwrap_or_else(|_| "cidr-direct,cidr-proxy,blocks-direct,blocks-proxy".into());
@@ -96,7 +96,14 @@ fn main() {
             ready.as_secs_f64(),
             granted.as_secs_f64()
         );
-        // Settled: no write for two seconds (or a minute at most, said).
+        // One pod on every agent first (a node's first pod changes what it asserts at once;
+        // later ones only its counts), then settled: no write for two seconds (or a minute at
+        // most).
+        let mut fleet = fleet;
+        let mut cursor = 0usize;
+        for _ in 0..agents.div_ceil(500) {
+            runtime.block_on(fleet.churn_round(500.min(agents), 1, &mut cursor));
+        }
         let settle_started = Instant::now();
         let mut last = Sample::take(&etcd);
         loop {
@@ -113,17 +120,16 @@ fn main() {
         std::thread::sleep(idle);
         let idle_end = Sample::take(&etcd);
         let proxy_idle_end = proxy.as_ref().map(Sample::of_proxy);
-        let mut fleet = fleet;
         let churn_end = runtime.block_on(async {
             // Rounds every 100 ms: agents * per_min / 600 ADDs each.
             let per_round = (agents as u64 * per_min).div_ceil(600) as usize;
             let began = tokio::time::Instant::now();
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let (mut cursor, mut calls, mut rounds) = (0usize, 0usize, 0u64);
+            let (mut calls, mut rounds) = (0usize, 0u64);
             while began.elapsed() < churn {
                 tick.tick().await;
-                calls += fleet.churn_round(per_round, 4, &mut cursor).await;
+                calls += fleet.churn_round(per_round, 1, &mut cursor).await;
                 rounds += 1;
             }
             (calls, rounds, began.elapsed())
