@@ -229,9 +229,14 @@ fn report(
         all.writes,
         all.requests,
     );
+    println!(
+        "{run} {window}: the members' CPU {:.1} % of a core, resident memory {:.0} MiB (summed over the three)",
+        (to.cpu_seconds - from.cpu_seconds) / to.secs_since(from) * 100.0,
+        to.rss_bytes / (1 << 20) as f64,
+    );
     if let Some((_, to)) = proxy {
         println!(
-            "{run} {window}: the agents' connections to the proxy: {:.3} per agent; the members see {:.0} connections in all",
+            "{run} {window}: the agents' connections to the proxy: {:.3} per agent ({:.0} in all)",
             to.ours / n,
             to.connections,
         );

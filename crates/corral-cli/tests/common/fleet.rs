@@ -413,6 +413,10 @@ pub struct Sample {
     pub keep_alives: f64,
     /// `etcd_server_proposals_committed_total` (the highest member's): writes through raft.
     pub proposals: f64,
+    /// The members' CPU seconds (`process_cpu_seconds_total`) and resident memory
+    /// (`process_resident_memory_bytes`), summed.
+    pub cpu_seconds: f64,
+    pub rss_bytes: f64,
     /// `grpc_server_handled_total` of unary calls, by method.
     pub unary: BTreeMap<String, f64>,
     /// Streams open now (`grpc_server_started_total - grpc_server_handled_total` of stream
@@ -446,6 +450,8 @@ impl Sample {
 
     /// What `text` (one member's metrics, or the proxy's) adds.
     fn add(&mut self, text: &str) {
+        self.cpu_seconds += sum(text, "process_cpu_seconds_total", &[]);
+        self.rss_bytes += sum(text, "process_resident_memory_bytes", &[]);
         self.watchers += sum(text, "etcd_debugging_mvcc_watcher_total", &[]);
         self.watch_streams += sum(text, "etcd_debugging_mvcc_watch_stream_total", &[]);
         self.keep_alives += sum(
