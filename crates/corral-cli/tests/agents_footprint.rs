@@ -16,7 +16,7 @@ use fleet::{Fleet, Operator, Proxy, Sample};
 const AGENTS: usize = 50;
 /// The watches each agent's link holds: its grants (`owned/`), node ID, the cluster's
 /// configuration, its registration, its release handshakes, its cloud records, the operators'
-/// election, its liveness key, and its holdings and their reassertion.
+/// election, its liveness key, its holdings and the leader's `reassert` key.
 const WATCHES_PER_AGENT: f64 = 10.0;
 
 fn runtime() -> tokio::runtime::Runtime {
