@@ -195,8 +195,8 @@ pub fn node(i: usize) -> String {
 
 impl Fleet {
     /// Starts `n` agents of `cluster` on `endpoints` (the members, or a proxy), `batch` at a
-    /// time, each batch waited on until its agents are ready (their links hold their nodes'
-    /// liveness keys).
+    /// time, each batch waited on (up to 10 minutes) until its agents are ready (their links
+    /// hold their nodes' liveness keys).
     pub async fn start(cluster: &str, endpoints: &[String], n: usize, batch: usize) -> Fleet {
         let config = AgentConfig {
             pools: corral_agent::config::pools(&[]).unwrap(),
@@ -224,9 +224,15 @@ impl Fleet {
                         .expect("the agent starts"),
                 );
             }
-            for agent in &mut started {
-                agent.ready().await.expect("the agent gets ready");
-            }
+            // Bounded, so that a run that cannot get its agents going ends (a hang otherwise).
+            let ready = async {
+                for agent in &mut started {
+                    agent.ready().await.expect("the agent gets ready");
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(600), ready)
+                .await
+                .unwrap_or_else(|_| panic!("agents {first}.. not ready within 600 s"));
             agents.extend(started);
         }
         Fleet {
