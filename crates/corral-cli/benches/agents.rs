@@ -97,8 +97,8 @@ fn main() {
             granted.as_secs_f64()
         );
         // One pod on every agent first (a node's first pod changes what it asserts at once;
-        // later ones only its counts), then settled: no write for two seconds (or a minute at
-        // most).
+        // later ones only its counts), then settled: no write for six seconds, past the
+        // holdings' look every 5 s (or a minute at most).
         let mut fleet = fleet;
         let mut cursor = 0usize;
         for _ in 0..agents.div_ceil(500) {
@@ -107,7 +107,7 @@ fn main() {
         let settle_started = Instant::now();
         let mut last = Sample::take(&etcd);
         loop {
-            std::thread::sleep(Duration::from_secs(2));
+            std::thread::sleep(Duration::from_secs(6));
             let now = Sample::take(&etcd);
             if now.proposals == last.proposals || settle_started.elapsed() > Duration::from_secs(60)
             {
