@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean fuzz
+.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean fuzz bench-agents
 .PHONY: build install uninstall deb install-test
 
 ## run: the agent in the foreground on the embedded default (a dual-stack pool `default`),
@@ -96,7 +96,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: every benchmark (figures go to BENCHMARKS.md by hand, with the command)
-bench: bench-core bench-cni bench-agent bench-cluster bench-demand bench-cloud
+bench: bench-core bench-cni bench-agent bench-cluster bench-demand bench-agents bench-cloud
 
 bench-core:
 	$(CARGO) bench -p corral-core --bench engine
@@ -163,6 +163,14 @@ bench-cluster: deps
 .PHONY: bench-demand
 bench-demand: deps
 	$(CARGO) bench -p corral-cli --bench demand
+
+## bench-agents: the agents' footprint on etcd (issue 25): AGENTS (default 5000) real agent
+## links in one process on a local three-member etcd, `corral operator` leading; per agent:
+## connections, watches, keep-alives, writes and requests per second, idle and under pod churn
+## (IDLE_SECS, CHURN_SECS, CHURN_PER_MIN), in a node-CIDR and a block pool, on the members and
+## through `etcd grpc-proxy` (RUNS picks some; about 10 min at 5,000 agents)
+bench-agents: deps
+	$(CARGO) bench -p corral-cli --bench agents
 
 ## bench-cloud: the cloud node manager (issue 14): the call scheduler on the fake EC2 in virtual
 ## time (1,000-node scale-out, 150-node burst, throttle storm; corral's per-action buckets beside
