@@ -1312,6 +1312,7 @@ mod tests {
             mac: "02:00:00:00:00:01".into(),
             primary_ipv4: None,
             addresses: vec!["10.0.1.10/32".parse().unwrap()],
+            assigned_ms: Default::default(),
             attachment: corral_cluster::CloudAttachment::Attached,
             managed: true,
             prefixes_refused_ms: None,

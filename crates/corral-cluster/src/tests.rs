@@ -116,6 +116,7 @@ pub fn interface_record(pool: &str, instance_id: &str, addresses: &[&str]) -> Cl
         mac: "02:00:00:00:00:01".to_owned(),
         primary_ipv4: None,
         addresses: addresses.iter().map(|a| net(a)).collect(),
+        assigned_ms: Default::default(),
         attachment: CloudAttachment::Attached,
         managed: true,
         prefixes_refused_ms: None,

@@ -326,6 +326,7 @@ mod tests {
             mac: "0a:00:00:00:00:03".into(),
             primary_ipv4: Some(primary.parse().unwrap()),
             addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+            assigned_ms: Default::default(),
             attachment: CloudAttachment::Attached,
             managed: true,
             prefixes_refused_ms: None,
