@@ -75,24 +75,31 @@ impl MaybeEtcd {
     }
 }
 
-/// `corral operator`'s options.
+/// `corral operator`'s options. Those with a default are options, not clap defaults, so that
+/// the configuration file fills in what the flags and their environment variables leave out
+/// (`operator_config.rs`).
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
+    /// The operator's TOML configuration file: every setting below but the flags given and
+    /// their environment variables (packaging/operator.toml shows each with its default)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[command(flatten)]
-    pub etcd: EtcdArgs,
+    pub etcd: OperatorEtcdArgs,
     /// This replica's name, shown as the leader [default: the host name and process id]
     #[arg(long)]
     pub replica: Option<String>,
     /// The election lease's TTL in seconds: a standby takes over about this long after the
-    /// leader dies (at most etcd's longest lease, 9000000000)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
-    pub lease_ttl: u64,
-    /// Grant transactions in flight at once
-    #[arg(long, default_value_t = 16)]
-    pub workers: usize,
+    /// leader dies (at most etcd's longest lease, 9000000000) [default: 10]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
+    pub lease_ttl: Option<u64>,
+    /// Grant transactions in flight at once [default: 16]
+    #[arg(long)]
+    pub workers: Option<usize>,
     /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_API_SOCKET)]
-    pub api_socket: PathBuf,
+    /// [default: /run/corral/operator.sock]
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
     /// Also serve the API on this loopback TCP address (needs --token-file)
     #[arg(long, value_name = "ADDR", requires = "token_file")]
     pub api_tcp: Option<std::net::SocketAddr>,
@@ -106,14 +113,37 @@ pub struct OperatorArgs {
     pub state_dir: Option<PathBuf>,
     /// After etcd went back in time (and at each new term), the longest wait in seconds for
     /// the live agents to assert what they hold before granting resumes (twice the agents'
-    /// default liveness lease)
-    #[arg(long, value_name = "SECONDS", default_value_t = 40)]
-    pub settle_secs: u64,
+    /// default liveness lease) [default: 40]
+    #[arg(long, value_name = "SECONDS")]
+    pub settle_secs: Option<u64>,
     /// The cloud whose interfaces the leader manages for cloud pools
     #[command(flatten)]
     pub cloud: CloudArgs,
     #[command(flatten)]
     pub log: crate::logging::LogArgs,
+}
+
+/// `corral operator`'s etcd options: those of [`EtcdArgs`], but that the configuration file's
+/// `[cluster]` table may give the URLs and the cluster's name.
+#[derive(Debug, Args)]
+pub struct OperatorEtcdArgs {
+    /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379) [default: the
+    /// configuration file's [cluster] endpoints]
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ',',
+        required_unless_present = "config"
+    )]
+    pub etcd: Vec<String>,
+    /// The cluster's name: its keys live under /corral/<cluster>/v1/ [default: default]
+    #[arg(long, env = "CORRAL_CLUSTER")]
+    pub cluster: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::etcd_args::EtcdTlsArgs,
+    #[command(flatten)]
+    pub auth: crate::etcd_args::EtcdAuthArgs,
 }
 
 /// `--cloud` and its settings.
@@ -147,37 +177,6 @@ impl CloudArgs {
         };
         providers.connect(name, settings).await.map(Some)
     }
-}
-
-/// Where `corral operator` serves its API by default.
-pub const DEFAULT_API_SOCKET: &str = "/run/corral/operator.sock";
-
-/// The operator API's listeners from the options: a loopback TCP address only, with a token
-/// of at least 16 characters read from its file.
-fn api_config(args: &OperatorArgs) -> Result<corral_operator::api::ApiConfig, Failure> {
-    let token = match &args.token_file {
-        Some(path) => {
-            Some(corral_operator::api::BearerToken::read_file(path).map_err(Failure::Usage)?)
-        }
-        None => None,
-    };
-    if let Some(addr) = args.api_tcp {
-        if !addr.ip().is_loopback() {
-            return Err(Failure::Usage(format!(
-                "--api-tcp {addr}: the operator listens on the loopback interface only"
-            )));
-        }
-        if token.is_none() {
-            return Err(Failure::Usage(format!(
-                "--api-tcp {addr} needs a bearer token (--token-file)"
-            )));
-        }
-    }
-    Ok(corral_operator::api::ApiConfig {
-        socket: args.api_socket.clone(),
-        tcp: args.api_tcp,
-        token,
-    })
 }
 
 /// `corral cluster status`'s options.
@@ -382,9 +381,16 @@ fn kv_failure(error: corral_kv::KvError) -> Failure {
 
 /// Runs a replica of the operator until SIGINT or SIGTERM.
 pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure> {
-    let (format, level) = args.log.over_file(&Default::default(), None)?;
-    crate::logging::install(format, level)?;
-    let api = api_config(&args)?;
+    // Everything the flags, the environment and the file give is checked before the log
+    // starts and before anything else.
+    let operator = crate::operator_config::resolve(&args)?;
+    crate::logging::install(operator.log_format, operator.log_level)?;
+    let (api, etcd, cloud_args, settings) = (
+        operator.api,
+        operator.etcd,
+        operator.cloud,
+        operator.settings,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("corral-operator")
@@ -412,8 +418,8 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
         let started = async {
             // The cloud first: a cloud the build lacks, or bad settings, is refused before
             // etcd.
-            let cloud = args.cloud.connect(providers).await?;
-            let (kv, _) = connect(&args.etcd).await?;
+            let cloud = cloud_args.connect(providers).await?;
+            let (kv, _) = connect(&etcd).await?;
             log_tls_reloads(&kv);
             Ok::<_, Failure>((cloud, kv))
         };
@@ -422,15 +428,15 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
             () = stopped() => return Ok(Outcome::ok(String::new())),
             started = started => started?,
         };
-        let replica = args.replica.clone().unwrap_or_else(|| {
+        let replica = settings.replica.clone().unwrap_or_else(|| {
             let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
             format!("{}-{}", host.trim(), std::process::id())
         });
         let shared = Arc::new(corral_operator::Shared::new(replica.clone()));
-        let epoch_file = args
+        let epoch_file = settings
             .state_dir
             .as_ref()
-            .map(|dir| corral_operator::epoch::epoch_file(dir, &args.etcd.cluster));
+            .map(|dir| corral_operator::epoch::epoch_file(dir, &etcd.cluster));
         if epoch_file.is_none() {
             tracing::warn!(
                 "no --state-dir: the highest etcd revision seen is remembered in memory only \
@@ -438,18 +444,18 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
             );
         }
         shared
-            .configure_epoch(epoch_file, Duration::from_secs(args.settle_secs))
+            .configure_epoch(epoch_file, settings.settle)
             .map_err(Failure::Usage)?;
         let config = corral_operator::OperatorConfig {
-            cluster: args.etcd.cluster.clone(),
+            cluster: etcd.cluster.clone(),
             replica,
-            lease_ttl: Duration::from_secs(args.lease_ttl.max(1)),
-            workers: args.workers,
+            lease_ttl: settings.lease_ttl.max(Duration::from_secs(1)),
+            workers: settings.workers,
         };
         let api = corral_operator::api::bind(api, Arc::clone(&shared))
             .await
             .map_err(|e| Failure::Operator(e.into()))?;
-        let api_socket = args.api_socket.display().to_string();
+        let api_socket = settings.api_socket.display().to_string();
         match api.tcp_addr() {
             Some(tcp) => tracing::info!(
                 api_socket,
@@ -461,7 +467,7 @@ pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Fa
         }
         tracing::info!(
             replica = %config.replica,
-            etcd = %args.etcd.etcd.join(","),
+            etcd = %etcd.etcd.join(","),
             "campaigning"
         );
         let shutdown = Box::pin(stopped());

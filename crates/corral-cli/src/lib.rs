@@ -38,6 +38,7 @@ mod hostlocal;
 mod interfaces;
 mod local_routes;
 mod logging;
+mod operator_config;
 mod output;
 mod parse;
 mod rbac;
