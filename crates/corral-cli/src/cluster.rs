@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use corral_cluster::{
@@ -75,77 +74,6 @@ impl MaybeEtcd {
     }
 }
 
-/// `corral operator`'s options. Those with a default are options, not clap defaults, so that
-/// the configuration file fills in what the flags and their environment variables leave out
-/// (`operator_config.rs`).
-#[derive(Debug, Args)]
-pub struct OperatorArgs {
-    /// The operator's TOML configuration file: every setting below but the flags given and
-    /// their environment variables (packaging/operator.toml shows each with its default)
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    #[command(flatten)]
-    pub etcd: OperatorEtcdArgs,
-    /// This replica's name, shown as the leader [default: the host name and process id]
-    #[arg(long)]
-    pub replica: Option<String>,
-    /// The election lease's TTL in seconds: a standby takes over about this long after the
-    /// leader dies (at most etcd's longest lease, 9000000000) [default: 10]
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
-    pub lease_ttl: Option<u64>,
-    /// Grant transactions in flight at once [default: 16]
-    #[arg(long)]
-    pub workers: Option<usize>,
-    /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660
-    /// [default: /run/corral/operator.sock]
-    #[arg(long, value_name = "PATH")]
-    pub api_socket: Option<PathBuf>,
-    /// Also serve the API on this loopback TCP address (needs --token-file)
-    #[arg(long, value_name = "ADDR", requires = "token_file")]
-    pub api_tcp: Option<std::net::SocketAddr>,
-    /// A file holding the bearer token (at least 16 characters) for --api-tcp
-    #[arg(long, value_name = "FILE", requires = "api_tcp")]
-    pub token_file: Option<PathBuf>,
-    /// Where the replica remembers the highest etcd revision and the etcd cluster ID it saw
-    /// (`etcd-epoch-<cluster>.json`), so etcd restored from a snapshot or wiped is noticed
-    /// across restarts [default: none, remembered in memory for the process's life]
-    #[arg(long, value_name = "DIR", env = "CORRAL_OPERATOR_STATE_DIR")]
-    pub state_dir: Option<PathBuf>,
-    /// After etcd went back in time (and at each new term), the longest wait in seconds for
-    /// the live agents to assert what they hold before granting resumes (twice the agents'
-    /// default liveness lease) [default: 40]
-    #[arg(long, value_name = "SECONDS")]
-    pub settle_secs: Option<u64>,
-    /// The cloud whose interfaces the leader manages for cloud pools
-    #[command(flatten)]
-    pub cloud: CloudArgs,
-    #[command(flatten)]
-    pub log: crate::logging::LogArgs,
-}
-
-/// `corral operator`'s etcd options: those of [`EtcdArgs`], but that the configuration file's
-/// `[cluster]` table may give the URLs and the cluster's name.
-#[derive(Debug, Args)]
-pub struct OperatorEtcdArgs {
-    /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379) [default: the
-    /// configuration file's [cluster] endpoints]
-    #[arg(
-        long,
-        env = "CORRAL_ETCD",
-        value_name = "URL[,URL…]",
-        value_delimiter = ',',
-        required_unless_present = "config"
-    )]
-    pub etcd: Vec<String>,
-    /// The cluster's name: its keys live under /corral/<cluster>/v1/ [default: default]
-    #[arg(long, env = "CORRAL_CLUSTER")]
-    pub cluster: Option<String>,
-    #[command(flatten)]
-    pub tls: crate::etcd_args::EtcdTlsArgs,
-    #[command(flatten)]
-    pub auth: crate::etcd_args::EtcdAuthArgs,
-}
-
 /// `--cloud` and its settings.
 #[derive(Debug, Args)]
 pub struct CloudArgs {
@@ -167,7 +95,10 @@ pub struct CloudArgs {
 
 impl CloudArgs {
     /// Connects the named cloud, if any.
-    async fn connect(&self, providers: &Providers) -> Result<Option<Arc<dyn Cloud>>, Failure> {
+    pub(crate) async fn connect(
+        &self,
+        providers: &Providers,
+    ) -> Result<Option<Arc<dyn Cloud>>, Failure> {
         let Some(name) = &self.cloud else {
             return Ok(None);
         };
@@ -377,116 +308,6 @@ pub fn grant_history(
 
 fn kv_failure(error: corral_kv::KvError) -> Failure {
     Failure::Cluster(error)
-}
-
-/// Runs a replica of the operator until SIGINT or SIGTERM.
-pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure> {
-    // Everything the flags, the environment and the file give is checked before the log
-    // starts and before anything else.
-    let operator = crate::operator_config::resolve(&args)?;
-    crate::logging::install(operator.log_format, operator.log_level)?;
-    let (api, etcd, cloud_args, settings) = (
-        operator.api,
-        operator.etcd,
-        operator.cloud,
-        operator.settings,
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("corral-operator")
-        .build()
-        .map_err(Failure::Runtime)?;
-    // The signals are caught from here on, whatever the replica is doing (connecting,
-    // campaigning, waiting for `cluster init`, leading, etcd unreachable): each wait selects
-    // on `stopped`.
-    let signal = {
-        let _runtime = runtime.enter();
-        corral_agent::shutdown_signal().map_err(Failure::Runtime)?
-    };
-    runtime.block_on(async move {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            signal.await;
-            let _ = stop_tx.send(true);
-        });
-        let stopped = move || {
-            let mut stop_rx = stop_rx.clone();
-            async move {
-                let _ = stop_rx.wait_for(|stop| *stop).await;
-            }
-        };
-        let started = async {
-            // The cloud first: a cloud the build lacks, or bad settings, is refused before
-            // etcd.
-            let cloud = cloud_args.connect(providers).await?;
-            let (kv, _) = connect(&etcd).await?;
-            log_tls_reloads(&kv);
-            Ok::<_, Failure>((cloud, kv))
-        };
-        let (cloud, kv) = tokio::select! {
-            biased;
-            () = stopped() => return Ok(Outcome::ok(String::new())),
-            started = started => started?,
-        };
-        let replica = settings.replica.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            format!("{}-{}", host.trim(), std::process::id())
-        });
-        let shared = Arc::new(corral_operator::Shared::new(replica.clone()));
-        let epoch_file = settings
-            .state_dir
-            .as_ref()
-            .map(|dir| corral_operator::epoch::epoch_file(dir, &etcd.cluster));
-        if epoch_file.is_none() {
-            tracing::warn!(
-                "no --state-dir: the highest etcd revision seen is remembered in memory only \
-                 (the agents remember it durably; a new term waits for their holdings)"
-            );
-        }
-        shared
-            .configure_epoch(epoch_file, settings.settle)
-            .map_err(Failure::Usage)?;
-        let config = corral_operator::OperatorConfig {
-            cluster: etcd.cluster.clone(),
-            replica,
-            lease_ttl: settings.lease_ttl.max(Duration::from_secs(1)),
-            workers: settings.workers,
-        };
-        let api = corral_operator::api::bind(api, Arc::clone(&shared))
-            .await
-            .map_err(|e| Failure::Operator(e.into()))?;
-        let api_socket = settings.api_socket.display().to_string();
-        match api.tcp_addr() {
-            Some(tcp) => tracing::info!(
-                api_socket,
-                %tcp,
-                dashboard = %format_args!("http://{tcp}/dashboard"),
-                "serving the api (tcp: bearer token)"
-            ),
-            None => tracing::info!(api_socket, "serving the api"),
-        }
-        tracing::info!(
-            replica = %config.replica,
-            etcd = %etcd.etcd.join(","),
-            "campaigning"
-        );
-        let shutdown = Box::pin(stopped());
-        match cloud {
-            Some(cloud) => {
-                let run = crate::cloud::OperatorRun {
-                    kv,
-                    config,
-                    shared,
-                    shutdown,
-                };
-                cloud.run_operator(run).await
-            }
-            None => corral_operator::run(kv, config, shared, shutdown).await,
-        }
-        .map_err(|e| Failure::Operator(e.into()))?;
-        api.stop().await;
-        Ok(Outcome::ok(String::new()))
-    })
 }
 
 pub fn cluster(

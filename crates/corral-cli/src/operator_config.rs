@@ -1,18 +1,90 @@
-//! `corral operator`'s settings, as the agent's: its flags (and their environment variables:
+//! `corral operator`'s options and settings, as the agent's: its flags (and their environment variables:
 //! clap reads both as one) over its configuration file (`--config`, read and checked by
 //! `corral_operator::config`) over the built-in defaults. Every problem is a usage error
 //! (exit code 2) found before the operator starts: the file's naming the file and its key,
 //! the flags' naming the flag.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use clap::Args;
 use corral_operator::config::{CloudTable, ClusterTable, OperatorFile, Settings};
 use tracing_subscriber::filter::LevelFilter;
 
-use crate::cluster::{CloudArgs, EtcdArgs, OperatorArgs};
+use crate::cluster::{CloudArgs, EtcdArgs};
 use crate::etcd_args::{EtcdAuthArgs, EtcdTlsArgs};
 use crate::exit::Failure;
 use crate::logging::LogFormat;
+
+/// `corral operator`'s options. Those with a default are options, not clap defaults, so that
+/// the configuration file fills in what the flags and their environment variables leave out
+/// (below).
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    /// The operator's TOML configuration file: every setting below but the flags given and
+    /// their environment variables (packaging/operator.toml shows each with its default)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub etcd: OperatorEtcdArgs,
+    /// This replica's name, shown as the leader [default: the host name and process id]
+    #[arg(long)]
+    pub replica: Option<String>,
+    /// The election lease's TTL in seconds: a standby takes over about this long after the
+    /// leader dies (at most etcd's longest lease, 9000000000) [default: 10]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
+    pub lease_ttl: Option<u64>,
+    /// Grant transactions in flight at once [default: 16]
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660
+    /// [default: /run/corral/operator.sock]
+    #[arg(long, value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+    /// Also serve the API on this loopback TCP address (needs --token-file)
+    #[arg(long, value_name = "ADDR", requires = "token_file")]
+    pub api_tcp: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token (at least 16 characters) for --api-tcp
+    #[arg(long, value_name = "FILE", requires = "api_tcp")]
+    pub token_file: Option<PathBuf>,
+    /// Where the replica remembers the highest etcd revision and the etcd cluster ID it saw
+    /// (`etcd-epoch-<cluster>.json`), so etcd restored from a snapshot or wiped is noticed
+    /// across restarts [default: none, remembered in memory for the process's life]
+    #[arg(long, value_name = "DIR", env = "CORRAL_OPERATOR_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// After etcd went back in time (and at each new term), the longest wait in seconds for
+    /// the live agents to assert what they hold before granting resumes (twice the agents'
+    /// default liveness lease) [default: 40]
+    #[arg(long, value_name = "SECONDS")]
+    pub settle_secs: Option<u64>,
+    /// The cloud whose interfaces the leader manages for cloud pools
+    #[command(flatten)]
+    pub cloud: CloudArgs,
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
+}
+
+/// `corral operator`'s etcd options: those of [`EtcdArgs`], but that the configuration file's
+/// `[cluster]` table may give the URLs and the cluster's name.
+#[derive(Debug, Args)]
+pub struct OperatorEtcdArgs {
+    /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379); else the
+    /// configuration file's [cluster] endpoints
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ',',
+        required_unless_present = "config"
+    )]
+    pub etcd: Vec<String>,
+    /// The cluster's name: its keys live under /corral/<cluster>/v1/ [default: default]
+    #[arg(long, env = "CORRAL_CLUSTER")]
+    pub cluster: Option<String>,
+    #[command(flatten)]
+    pub tls: EtcdTlsArgs,
+    #[command(flatten)]
+    pub auth: EtcdAuthArgs,
+}
 
 /// What `corral operator` runs with.
 #[derive(Debug)]
