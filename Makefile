@@ -224,7 +224,7 @@ SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 CORRAL_BUILD ?= target/release/corral
 IPAM_BUILD ?= $(PLUGIN)
 UNITS := corral-agent.service corral-operator.service
-CONFIGS := agent.toml agent.env operator.env
+CONFIGS := agent.toml agent.env operator.env operator.toml
 install:
 	@for built in $(CORRAL_BUILD) $(IPAM_BUILD); do test -x "$$built" || { \
 		echo "$$built is missing: run \`make build\` first (or name the builds with CORRAL_BUILD= and IPAM_BUILD=)"; \

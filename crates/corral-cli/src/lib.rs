@@ -38,6 +38,8 @@ mod hostlocal;
 mod interfaces;
 mod local_routes;
 mod logging;
+mod operator;
+mod operator_config;
 mod output;
 mod parse;
 mod rbac;
@@ -540,7 +542,7 @@ enum Command {
     #[command(subcommand, name = "host-local")]
     HostLocal(hostlocal::HostLocalCommand),
     /// Run a replica of the cluster operator in the foreground (leader elected through etcd)
-    Operator(cluster::OperatorArgs),
+    Operator(operator_config::OperatorArgs),
     /// The cluster's configuration, status and consistency check (in etcd)
     Cluster {
         #[command(flatten)]
@@ -666,7 +668,7 @@ fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
         }
         Command::Operator(args) => {
             before.refuse("operator", &[])?;
-            cluster::operator(args, providers)
+            operator::run(args, providers)
         }
         Command::Cluster { output, command } => {
             before.refuse("cluster", &["--output"])?;
