@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean fuzz
+.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean fuzz bench-agents
 .PHONY: build install uninstall deb install-test
 
 ## run: the agent in the foreground on the embedded default (a dual-stack pool `default`),
@@ -96,7 +96,7 @@ fmt:
 	$(CARGO) fmt --all
 
 ## bench: every benchmark (figures go to BENCHMARKS.md by hand, with the command)
-bench: bench-core bench-cni bench-agent bench-cluster bench-cloud
+bench: bench-core bench-cni bench-agent bench-cluster bench-demand bench-agents bench-cloud
 
 bench-core:
 	$(CARGO) bench -p corral-core --bench engine
@@ -156,6 +156,22 @@ bench-cluster: deps
 	$(CARGO) bench -p corral-cli --bench blocks
 	$(CARGO) bench -p corral-cli --bench explain
 
+## bench-demand: the cluster-wide demand write budget (issue 25) at 10,000 nodes on a local
+## three-member etcd: the agent's demand writer for every node under pod churn, with the
+## budget (default 1,000/s) and without (writes etcd completed a second, how long urgent
+## changes waited; 3 to 6 min; BENCH_DEMAND_NODES, BENCH_DEMAND_BUDGET, BENCH_DEMAND_SECS)
+.PHONY: bench-demand
+bench-demand: deps
+	$(CARGO) bench -p corral-cli --bench demand
+
+## bench-agents: the agents' footprint on etcd (issue 25): AGENTS (default 5000) real agent
+## links in one process on a local three-member etcd, `corral operator` leading; per agent:
+## connections, watches, keep-alives, writes and requests per second, idle and under pod churn
+## (IDLE_SECS, CHURN_SECS, CHURN_PER_MIN), in a node-CIDR and a block pool, on the members and
+## through `etcd grpc-proxy` (RUNS picks some; about 10 min at 5,000 agents)
+bench-agents: deps
+	$(CARGO) bench -p corral-cli --bench agents
+
 ## bench-cloud: the cloud node manager (issue 14): the call scheduler on the fake EC2 in virtual
 ## time (1,000-node scale-out, 150-node burst, throttle storm; corral's per-action buckets beside
 ## Cilium's single 4/s limiter and no client-side limiting; about 15 s), then the pure
@@ -208,7 +224,7 @@ SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
 CORRAL_BUILD ?= target/release/corral
 IPAM_BUILD ?= $(PLUGIN)
 UNITS := corral-agent.service corral-operator.service
-CONFIGS := agent.toml agent.env operator.env
+CONFIGS := agent.toml agent.env operator.env operator.toml
 install:
 	@for built in $(CORRAL_BUILD) $(IPAM_BUILD); do test -x "$$built" || { \
 		echo "$$built is missing: run \`make build\` first (or name the builds with CORRAL_BUILD= and IPAM_BUILD=)"; \

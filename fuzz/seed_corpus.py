@@ -121,6 +121,24 @@ for q in ["address=10.244.1.0/24", "address=10.244.1.7&at=2026-11-27T14:02:00.5-
           "node=node-a&limit=10000", "at=2026-11-27t14:02", "address=a&node=b", "limit=abc"]:
     put("operator_history_query", q)
 
+# ---- operator configuration: the shipped file (as shipped, every setting uncommented, and
+# those with a default only), the module doc's example and the tests' files.
+shipped = read("packaging/operator.toml")
+put("operator_config", shipped)
+put("operator_config", re.sub(r"^#([a-z\[])", r"\1", shipped, flags=re.M))
+put("operator_config", re.sub(r"^#(?!(replica|api_tcp|token_file|state_dir|endpoints|etcd_[a-z_]*|fake_cloud|endpoint|name = \"aws\") )([a-z\[])",
+                              r"\2", shipped, flags=re.M))
+for block in re.findall(r"^//! ```toml\n(.*?)^//! ```", read("crates/corral-operator/src/config.rs"), re.S | re.M):
+    put("operator_config", re.sub(r"^//! ?", "", block, flags=re.M))
+for text in [
+    "workers = 4\nlease_ttl_secs = 3\n[cluster]\nendpoints = [\"http://a:1\"]\nname = \"blue\"\netcd_user = \"u\"\n[log]\nlevel = \"debug\"\n",
+    "[cluster]\nendpoints = [\"http://127.0.0.1:2379\", \"https://10.0.0.2:2379\"]\nname = \"t\"\n",
+    "api_tcp = \"127.0.0.1:9877\"\ntoken_file = \"/etc/corral/operator-token\"\nsettle_secs = 0\n",
+    "lease_ttl_secs = 9000000000\nworkers = 1\n[cloud]\nname = \"fake\"\nfake_cloud = \"seed.json\"\n",
+    "api_tcp = \"[::1]:9877\"\nreplica = \"op-b\"\n[log]\nformat = \"json\"\nlevel = \"TRACE\"\n",
+]:
+    put("operator_config", text)
+
 # ---- ipamd checkpoints (the tests' shapes).
 entry = {"networkName": "aws-cni", "containerID": "c1", "ifName": "eth0", "ipv4": "10.0.0.5",
          "allocationTimestamp": 1700000000000000000,

@@ -324,47 +324,18 @@ mod tests {
     use corral_store::{ScopeConfig, SqliteStore};
 
     use super::*;
+    use crate::node::testing::{attachment, cni_add, cni_network};
 
     fn network() -> api::CniNetwork {
-        api::CniNetwork {
-            name: "net".into(),
-            pools: vec![api::CniPool {
-                name: "net".into(),
-                cooldown_ms: 0,
-                lowest_free: false,
-                ranges: vec!["10.5.0.0/24".into()],
-                exclusions: vec![],
-            }],
-            node_pool: None,
-            requested_pool: None,
-            configured_pool: None,
-            namespace: None,
-        }
+        cni_network("10.5.0.0/24", 0)
     }
 
     fn key(container: &str) -> api::AttachmentKey {
-        api::AttachmentKey {
-            network: "net".into(),
-            container_id: container.into(),
-            ifname: "eth0".into(),
-        }
+        attachment("net", container)
     }
 
     fn add(container: &str) -> Op {
-        Op::CniAdd(
-            api::CniAddRequest {
-                network: network(),
-                key: key(container),
-                owner: container.into(),
-                sets: vec![api::CniSet {
-                    pool: "net".into(),
-                    family: api::FamilyName::Ipv4,
-                    requested: None,
-                }],
-            }
-            .try_into()
-            .unwrap(),
-        )
+        cni_add(network(), container)
     }
 
     fn del(container: &str) -> Op {

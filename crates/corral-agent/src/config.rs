@@ -230,10 +230,7 @@ impl ClusterFile {
     /// table). A file that cannot be read or parsed is refused as [`AgentConfig::load`]
     /// refuses it.
     pub fn load(config: Option<&Path>) -> Result<ClusterFile, ConfigError> {
-        match config {
-            Some(path) => Ok(read_file(path)?.cluster.unwrap_or_default()),
-            None => Ok(ClusterFile::default()),
-        }
+        read_table(config, |file| file.cluster)
     }
 }
 
@@ -253,10 +250,7 @@ impl LogFile {
     /// table). A file that cannot be read or parsed is refused as [`AgentConfig::load`]
     /// refuses it.
     pub fn load(config: Option<&Path>) -> Result<LogFile, ConfigError> {
-        match config {
-            Some(path) => Ok(read_file(path)?.log.unwrap_or_default()),
-            None => Ok(LogFile::default()),
-        }
+        read_table(config, |file| file.log)
     }
 }
 
@@ -460,6 +454,18 @@ impl AgentConfig {
             pool_wait: DEFAULT_POOL_WAIT,
             history: HistoryLimits::default(),
         }
+    }
+}
+
+/// The table `table` takes from the configuration file `config` (empty without a file or a
+/// table).
+fn read_table<T: Default>(
+    config: Option<&Path>,
+    table: impl FnOnce(ConfigFile) -> Option<T>,
+) -> Result<T, ConfigError> {
+    match config {
+        Some(path) => Ok(table(read_file(path)?).unwrap_or_default()),
+        None => Ok(T::default()),
     }
 }
 

@@ -66,6 +66,14 @@ async fn add_error(api: &Api, pool: &str, i: usize) -> ErrorBody {
     }
 }
 
+/// Waits (up to 5 s) until an ADD in pool `small` is refused with a message holding `text`.
+async fn wait_add_error(api: &Api, what: &str, text: &str) {
+    wait_for(what, Duration::from_secs(5), async || {
+        add_error(api, "small", 1).await.message.contains(text)
+    })
+    .await;
+}
+
 /// An operator replica campaigning under `election/` as the operators do: its key names its
 /// lease, its value is its name.
 async fn campaign(kv: &MemKv, name: &str) -> corral_kv::LeaseId {
@@ -226,13 +234,7 @@ async fn an_add_that_got_no_grant_says_why_as_far_as_the_agent_knows() {
     // agent says how long and where to look, and claims no more.
     let leader = campaign(&kv, "op-a").await;
     campaign(&kv, "op-b").await;
-    wait_for("the leader seen", Duration::from_secs(5), async || {
-        add_error(&agent.api(), "small", 1)
-            .await
-            .message
-            .contains("(operator op-a leads)")
-    })
-    .await;
+    wait_add_error(&agent.api(), "the leader seen", "(operator op-a leads)").await;
     let error = add_error(&agent.api(), "small", 1).await;
     assert!(
         error.message.contains(
@@ -245,13 +247,7 @@ async fn an_add_that_got_no_grant_says_why_as_far_as_the_agent_knows() {
     assert!(!error.message.contains("exhausted") && !error.message.contains("full"));
     // The leader's lease ends: the standby leads.
     kv.lease_revoke(leader).await.unwrap();
-    wait_for("the standby seen", Duration::from_secs(5), async || {
-        add_error(&agent.api(), "small", 1)
-            .await
-            .message
-            .contains("(operator op-b leads)")
-    })
-    .await;
+    wait_add_error(&agent.api(), "the standby seen", "(operator op-b leads)").await;
 
     // etcd out of reach: that, with the link's last error.
     kv.set_unavailable(true);

@@ -2,6 +2,9 @@
 //! with plain HTTP/1.1: every operation, its errors, durability across a restart, and group
 //! commit under concurrency.
 
+#[path = "common/http.rs"]
+mod http;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -60,7 +63,7 @@ impl Agent {
 
 /// One request on a new connection, `Connection: close`, the whole response read.
 fn request(socket: &Path, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
-    let mut stream = UnixStream::connect(socket).unwrap();
+    let stream = UnixStream::connect(socket).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
@@ -72,23 +75,7 @@ fn request(socket: &Path, method: &str, path: &str, body: Option<&[u8]>) -> (u16
         ));
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).unwrap();
-    if let Some(body) = body {
-        stream.write_all(body).unwrap();
-    }
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status: u16 = text[9..12].parse().unwrap();
-    let body = text.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("");
-    // Axum answers with Content-Length; a chunked body would need decoding here.
-    assert!(
-        !text
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "{text}"
-    );
-    (status, body.to_owned())
+    http::exchange(stream, &head, body)
 }
 
 fn addresses(body: &Value) -> Vec<String> {
@@ -604,18 +591,13 @@ fn start_with_tcp(dir: &Path, token: &str) -> (corral_agent::Running, std::net::
 
 /// `GET /v1/status` on TCP with these extra header lines; the status.
 fn tcp_status(addr: std::net::SocketAddr, headers: &str) -> u16 {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let stream = std::net::TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    write!(
-        stream,
-        "GET /v1/status HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response[9..12].parse().unwrap()
+    let head =
+        format!("GET /v1/status HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
+    http::exchange(stream, &head, None).0
 }
 
 /// Regression: `Authorization: bearer <token>` was refused, although an authentication

@@ -668,3 +668,113 @@ async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
     .await;
     agent.stop().await;
 }
+
+/// Every put of the node's demand from now on, at its virtual time.
+async fn demand_writes(kv: &MemKv) -> Arc<Mutex<Vec<Instant>>> {
+    let writes: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let (kv, seen) = (kv.clone(), Arc::clone(&writes));
+    let prefix = keys().demand_of_node_prefix(&node());
+    let mut watch = kv.watch(prefix.as_bytes(), 0).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok(events) = watch.next().await {
+            for event in events {
+                if matches!(event, Event::Put(_)) {
+                    seen.lock().unwrap().push(Instant::now());
+                }
+            }
+        }
+    });
+    writes
+}
+
+/// Issue 25: the cluster-wide demand write budget. With `demand_writes_per_sec = 100` and a
+/// census of 1,000 nodes the node's share is one write per 10 s: two minutes of churn (a pod
+/// added or deleted every 200 ms, each a change to publish, none urgent) write at most the
+/// bucket's 2 plus 12 — a second apart without the budget (the refresh here is 1 s), so about
+/// 120. A change that becomes urgent (free below the watermark) still goes out with the next
+/// look, from the token kept for it.
+#[tokio::test(start_paused = true)]
+async fn the_demand_write_budget_paces_the_node_by_its_share_and_urgency_goes_first() {
+    let kv = MemKv::new();
+    common::put_config(&kv, &format!("demand_writes_per_sec = 100\n{CONFIG}")).await;
+    let census = corral_cluster::CensusRecord { nodes: 1_000 };
+    common::put(
+        &kv,
+        keys().census(),
+        corral_cluster::encode_value(&census).unwrap(),
+    )
+    .await;
+    let store = MemoryStore::new();
+    let agent =
+        start_paused_with(&kv, &store, Duration::from_secs(5), Duration::from_secs(1)).await;
+    let api = agent.api();
+    grant(&kv, "pods", "10.60.0.0/24").await;
+    grant(&kv, "pods", "10.60.1.0/24").await;
+    wait_for("the first demand", Duration::from_secs(30), async || {
+        demand(&kv, "pods")
+            .await
+            .is_some_and(|d| d.ipv4.is_some_and(|f| f.blocks == 2))
+    })
+    .await;
+    let writes = demand_writes(&kv).await;
+    let interval = Duration::from_secs(10);
+    let window = Duration::from_secs(120);
+    let pods = network(Some("pods"), None);
+    let started = Instant::now();
+    let mut next = 0;
+    while Instant::now() - started < window {
+        // 20 pods at most: free stays above pre-allocate (300), nothing is urgent.
+        if next < 20 {
+            add(&api, &pods, next).await.unwrap();
+            next += 1;
+        } else {
+            next = 0;
+            for i in 0..20 {
+                api.cni_del(&CniKeyRequest {
+                    network: pods.clone(),
+                    key: key(i),
+                })
+                .await
+                .unwrap();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let churned = writes.lock().unwrap().clone();
+    let allowed = 2 + (window.as_secs() / interval.as_secs()) as usize;
+    assert!(
+        churned.len() <= allowed,
+        "{} demand writes in {window:?} of churn, at most {allowed} allowed",
+        churned.len()
+    );
+    // Paced, not stopped: the changes still go out, one per share.
+    assert!(churned.len() >= 8, "{} demand writes", churned.len());
+    for pair in churned.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= interval,
+            "two writes that are not urgent {:?} apart",
+            pair[1] - pair[0]
+        );
+    }
+    // Urgent: 300 pods more leave free (508 - 320) below pre-allocate (300).
+    let before = writes.lock().unwrap().len();
+    for i in 100..400 {
+        add(&api, &pods, i).await.unwrap();
+    }
+    let urgent_at = Instant::now();
+    wait_for("the urgent demand", interval, async || {
+        demand(&kv, "pods")
+            .await
+            .is_some_and(|d| d.ipv4.is_some_and(|f| f.free < 300))
+    })
+    .await;
+    let seen = writes.lock().unwrap()[before..].to_vec();
+    let first = *seen.first().unwrap();
+    // Served at the next look (at most a second on), from the token kept for urgency.
+    assert!(
+        first - urgent_at <= ClusterOptions::DEMAND_MIN_INTERVAL,
+        "the urgent demand written {:?} after it arose",
+        first - urgent_at
+    );
+    agent.stop().await;
+}

@@ -144,6 +144,7 @@ fn record(device: u32, subnet: &str, addresses: &[&str]) -> CloudInterfaceRecord
         mac: format!("02:00:00:00:00:{device:02x}"),
         primary_ipv4: None,
         addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+        assigned_ms: Default::default(),
         attachment: CloudAttachment::Attached,
         managed: true,
         prefixes_refused_ms: None,

@@ -11,8 +11,10 @@
 //! executable; `SCHEMATHESIS_SEED` another seed (the default is fixed, so a failure is
 //! reproducible); `SCHEMATHESIS_EXAMPLES` another number of examples per operation.
 
+#[path = "common/http.rs"]
+mod http;
+
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::Duration;
@@ -48,27 +50,15 @@ fn start_agent(dir: &Path) -> (Running, SocketAddr) {
 
 /// `GET path` on the TCP listener, with the token; the status and the body.
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
+    let stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    write!(
-        stream,
+    let head = format!(
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\n\
          Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response[9..12].parse().unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "{head}"
     );
-    (status, body.to_owned())
+    http::exchange(stream, &head, None)
 }
 
 /// Every allocation the agent holds, one line each, leaving out those whose lease runs out

@@ -21,7 +21,8 @@
 //! `cargo test --benches`) every phase is short, as a smoke run. `CORRAL_AB=<corral>,<corral>`
 //! compares two builds of the agent instead, alternating them round by round (machine noise
 //! here is larger than most single changes); `CORRAL_BENCH_ONLY=evented-64` runs only the
-//! 64-connection load, for 8 s, to profile it.
+//! 64-connection load, for 8 s, to profile it. `CORRAL_HISTORY_AB=<rounds>` measures what the
+//! allocation history costs (`history.rs`: history on against `--history-max-events 0`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,8 @@ use corral_client::Client;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "agent/history.rs"]
+mod history;
 
 use common::{Agent, BINARY as CORRAL, ms, pct};
 
@@ -351,6 +354,9 @@ fn ab(builds: &str) {
 fn main() {
     if let Ok(builds) = std::env::var("CORRAL_AB") {
         return ab(&builds);
+    }
+    if let Ok(rounds) = std::env::var("CORRAL_HISTORY_AB") {
+        return history::run(rounds.parse().expect("CORRAL_HISTORY_AB=<rounds>"));
     }
     let params = if std::env::args().any(|a| a == "--bench") {
         BENCH

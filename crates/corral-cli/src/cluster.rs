@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use corral_cluster::{
@@ -75,47 +74,6 @@ impl MaybeEtcd {
     }
 }
 
-/// `corral operator`'s options.
-#[derive(Debug, Args)]
-pub struct OperatorArgs {
-    #[command(flatten)]
-    pub etcd: EtcdArgs,
-    /// This replica's name, shown as the leader [default: the host name and process id]
-    #[arg(long)]
-    pub replica: Option<String>,
-    /// The election lease's TTL in seconds: a standby takes over about this long after the
-    /// leader dies (at most etcd's longest lease, 9000000000)
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
-    pub lease_ttl: u64,
-    /// Grant transactions in flight at once
-    #[arg(long, default_value_t = 16)]
-    pub workers: usize,
-    /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_API_SOCKET)]
-    pub api_socket: PathBuf,
-    /// Also serve the API on this loopback TCP address (needs --token-file)
-    #[arg(long, value_name = "ADDR", requires = "token_file")]
-    pub api_tcp: Option<std::net::SocketAddr>,
-    /// A file holding the bearer token (at least 16 characters) for --api-tcp
-    #[arg(long, value_name = "FILE", requires = "api_tcp")]
-    pub token_file: Option<PathBuf>,
-    /// Where the replica remembers the highest etcd revision and the etcd cluster ID it saw
-    /// (`etcd-epoch-<cluster>.json`), so etcd restored from a snapshot or wiped is noticed
-    /// across restarts [default: none, remembered in memory for the process's life]
-    #[arg(long, value_name = "DIR", env = "CORRAL_OPERATOR_STATE_DIR")]
-    pub state_dir: Option<PathBuf>,
-    /// After etcd went back in time (and at each new term), the longest wait in seconds for
-    /// the live agents to assert what they hold before granting resumes (twice the agents'
-    /// default liveness lease)
-    #[arg(long, value_name = "SECONDS", default_value_t = 40)]
-    pub settle_secs: u64,
-    /// The cloud whose interfaces the leader manages for cloud pools
-    #[command(flatten)]
-    pub cloud: CloudArgs,
-    #[command(flatten)]
-    pub log: crate::logging::LogArgs,
-}
-
 /// `--cloud` and its settings.
 #[derive(Debug, Args)]
 pub struct CloudArgs {
@@ -137,7 +95,10 @@ pub struct CloudArgs {
 
 impl CloudArgs {
     /// Connects the named cloud, if any.
-    async fn connect(&self, providers: &Providers) -> Result<Option<Arc<dyn Cloud>>, Failure> {
+    pub(crate) async fn connect(
+        &self,
+        providers: &Providers,
+    ) -> Result<Option<Arc<dyn Cloud>>, Failure> {
         let Some(name) = &self.cloud else {
             return Ok(None);
         };
@@ -147,37 +108,6 @@ impl CloudArgs {
         };
         providers.connect(name, settings).await.map(Some)
     }
-}
-
-/// Where `corral operator` serves its API by default.
-pub const DEFAULT_API_SOCKET: &str = "/run/corral/operator.sock";
-
-/// The operator API's listeners from the options: a loopback TCP address only, with a token
-/// of at least 16 characters read from its file.
-fn api_config(args: &OperatorArgs) -> Result<corral_operator::api::ApiConfig, Failure> {
-    let token = match &args.token_file {
-        Some(path) => {
-            Some(corral_operator::api::BearerToken::read_file(path).map_err(Failure::Usage)?)
-        }
-        None => None,
-    };
-    if let Some(addr) = args.api_tcp {
-        if !addr.ip().is_loopback() {
-            return Err(Failure::Usage(format!(
-                "--api-tcp {addr}: the operator listens on the loopback interface only"
-            )));
-        }
-        if token.is_none() {
-            return Err(Failure::Usage(format!(
-                "--api-tcp {addr} needs a bearer token (--token-file)"
-            )));
-        }
-    }
-    Ok(corral_operator::api::ApiConfig {
-        socket: args.api_socket.clone(),
-        tcp: args.api_tcp,
-        token,
-    })
 }
 
 /// `corral cluster status`'s options.
@@ -380,107 +310,18 @@ fn kv_failure(error: corral_kv::KvError) -> Failure {
     Failure::Cluster(error)
 }
 
-/// Runs a replica of the operator until SIGINT or SIGTERM.
-pub fn operator(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure> {
-    let (format, level) = args.log.over_file(&Default::default(), None)?;
-    crate::logging::install(format, level)?;
-    let api = api_config(&args)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("corral-operator")
-        .build()
-        .map_err(Failure::Runtime)?;
-    // The signals are caught from here on, whatever the replica is doing (connecting,
-    // campaigning, waiting for `cluster init`, leading, etcd unreachable): each wait selects
-    // on `stopped`.
-    let signal = {
-        let _runtime = runtime.enter();
-        corral_agent::shutdown_signal().map_err(Failure::Runtime)?
-    };
-    runtime.block_on(async move {
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            signal.await;
-            let _ = stop_tx.send(true);
-        });
-        let stopped = move || {
-            let mut stop_rx = stop_rx.clone();
-            async move {
-                let _ = stop_rx.wait_for(|stop| *stop).await;
-            }
-        };
-        let started = async {
-            // The cloud first: a cloud the build lacks, or bad settings, is refused before
-            // etcd.
-            let cloud = args.cloud.connect(providers).await?;
-            let (kv, _) = connect(&args.etcd).await?;
-            log_tls_reloads(&kv);
-            Ok::<_, Failure>((cloud, kv))
-        };
-        let (cloud, kv) = tokio::select! {
-            biased;
-            () = stopped() => return Ok(Outcome::ok(String::new())),
-            started = started => started?,
-        };
-        let replica = args.replica.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            format!("{}-{}", host.trim(), std::process::id())
-        });
-        let shared = Arc::new(corral_operator::Shared::new(replica.clone()));
-        let epoch_file = args
-            .state_dir
-            .as_ref()
-            .map(|dir| corral_operator::epoch::epoch_file(dir, &args.etcd.cluster));
-        if epoch_file.is_none() {
-            tracing::warn!(
-                "no --state-dir: the highest etcd revision seen is remembered in memory only \
-                 (the agents remember it durably; a new term waits for their holdings)"
-            );
-        }
-        shared
-            .configure_epoch(epoch_file, Duration::from_secs(args.settle_secs))
-            .map_err(Failure::Usage)?;
-        let config = corral_operator::OperatorConfig {
-            cluster: args.etcd.cluster.clone(),
-            replica,
-            lease_ttl: Duration::from_secs(args.lease_ttl.max(1)),
-            workers: args.workers,
-        };
-        let api = corral_operator::api::bind(api, Arc::clone(&shared))
-            .await
-            .map_err(|e| Failure::Operator(e.into()))?;
-        let api_socket = args.api_socket.display().to_string();
-        match api.tcp_addr() {
-            Some(tcp) => tracing::info!(
-                api_socket,
-                %tcp,
-                dashboard = %format_args!("http://{tcp}/dashboard"),
-                "serving the api (tcp: bearer token)"
-            ),
-            None => tracing::info!(api_socket, "serving the api"),
-        }
-        tracing::info!(
-            replica = %config.replica,
-            etcd = %args.etcd.etcd.join(","),
-            "campaigning"
-        );
-        let shutdown = Box::pin(stopped());
-        match cloud {
-            Some(cloud) => {
-                let run = crate::cloud::OperatorRun {
-                    kv,
-                    config,
-                    shared,
-                    shutdown,
-                };
-                cloud.run_operator(run).await
-            }
-            None => corral_operator::run(kv, config, shared, shutdown).await,
-        }
-        .map_err(|e| Failure::Operator(e.into()))?;
-        api.stop().await;
-        Ok(Outcome::ok(String::new()))
-    })
+/// Every key under the cluster's prefix but its history, at one revision, and that revision:
+/// kind by kind, in ranges of about a page (`corral_kv::Scan`), as the leader's rebuild reads.
+async fn read_cluster(
+    kv: &EtcdKv,
+    keys: &Keys,
+) -> Result<(Vec<corral_kv::KeyValue>, corral_kv::Revision), Failure> {
+    corral_kv::Scan::new(keys.prefix().as_bytes(), 2000)
+        .skipping(keys.history_prefix().as_bytes())
+        .by_segments(&keys.kinds())
+        .read_all(kv)
+        .await
+        .map_err(kv_failure)
 }
 
 pub fn cluster(
@@ -618,9 +459,7 @@ fn now_ms() -> u64 {
 async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result<Outcome, Failure> {
     let cloud = args.cloud.connect(providers).await?;
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = config_paths::read_cluster(&kv, &keys)
-        .await
-        .map_err(kv_failure)?;
+    let (all, revision) = read_cluster(&kv, &keys).await?;
     if !all.iter().any(|e| e.key == keys.config().as_bytes()) {
         return Err(config_paths::no_configuration(&args.etcd.cluster));
     }
@@ -710,9 +549,7 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
 /// holdings etcd has no record of), and with `--yes` writes `recover` for the leader.
 async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
     let (kv, keys) = connect(&args.etcd).await?;
-    let (all, revision) = config_paths::read_cluster(&kv, &keys)
-        .await
-        .map_err(kv_failure)?;
+    let (all, revision) = read_cluster(&kv, &keys).await?;
     let mut registered = std::collections::BTreeSet::new();
     let mut live = std::collections::BTreeSet::new();
     let mut asserted = std::collections::BTreeSet::new();
@@ -1302,6 +1139,7 @@ mod tests {
             mac: "02:00:00:00:00:01".into(),
             primary_ipv4: None,
             addresses: vec!["10.0.1.10/32".parse().unwrap()],
+            assigned_ms: Default::default(),
             attachment: corral_cluster::CloudAttachment::Attached,
             managed: true,
             prefixes_refused_ms: None,

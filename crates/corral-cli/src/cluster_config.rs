@@ -9,7 +9,7 @@ use corral_cluster::{ClusterConfig, ClusterView, Keys, SchemaRecord, encode_valu
 use corral_etcd::EtcdKv;
 use corral_kv::{Compare, KeyValue, Kv, Txn, TxnOp};
 
-use super::kv_failure;
+use super::{kv_failure, read_cluster};
 use crate::exit::{Failure, Outcome};
 
 /// Everything under the cluster's prefix at one revision, as the leader's full read sees it.
@@ -20,21 +20,8 @@ pub(super) struct Read {
     pub stored: Option<(Vec<u8>, i64)>,
 }
 
-/// Every key of the cluster but the grants' history, at one revision: kind by kind, in
-/// ranges of about a page (`corral_kv::Scan`), as the leader's rebuild reads.
-pub(super) async fn read_cluster(
-    kv: &EtcdKv,
-    keys: &Keys,
-) -> Result<(Vec<KeyValue>, corral_kv::Revision), corral_kv::KvError> {
-    corral_kv::Scan::new(keys.prefix().as_bytes(), 2000)
-        .skipping(keys.history_prefix().as_bytes())
-        .by_segments(&keys.kinds())
-        .read_all(kv)
-        .await
-}
-
 pub(super) async fn read(kv: &EtcdKv, keys: &Keys) -> Result<Read, Failure> {
-    let (all, revision) = read_cluster(kv, keys).await.map_err(kv_failure)?;
+    let (all, revision) = read_cluster(kv, keys).await?;
     let value_of = |key: &str| {
         all.iter()
             .find(|e| e.key == key.as_bytes())
@@ -149,7 +136,7 @@ pub(super) async fn write(
         // alone judge, read without a configuration.
         Err(_) => {
             let mut bare = ClusterView::new(keys.clone(), config.clone());
-            let (all, _) = read_cluster(kv, keys).await.map_err(kv_failure)?;
+            let (all, _) = read_cluster(kv, keys).await?;
             apply_all(&mut bare, keys, &all);
             (None, bare.held_grants(), bare.granted_node_ids())
         }

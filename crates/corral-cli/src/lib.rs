@@ -38,6 +38,8 @@ mod hostlocal;
 mod interfaces;
 mod local_routes;
 mod logging;
+mod operator;
+mod operator_config;
 mod output;
 mod parse;
 mod rbac;
@@ -354,33 +356,7 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
                 max_pods: args.max_pods,
                 epoch_file: Some(config.data_dir.join("etcd-epoch")),
             };
-            let task: corral_agent::ClusterTask = Box::new(move |committer, state, mut stop| {
-                Box::pin(async move {
-                    let kv = loop {
-                        let connected = tokio::select! {
-                            connected = corral_etcd::EtcdKv::connect(&options.endpoints, etcd_options.clone()) => connected,
-                            _ = stop.changed() => return,
-                        };
-                        match connected {
-                            Ok(kv) => {
-                                cluster::log_tls_reloads(&kv);
-                                break kv;
-                            }
-                            Err(error) => {
-                                tracing::warn!(%error, "connecting to etcd");
-                                // The agent serves what it holds meanwhile (degraded).
-                                state.unreachable(&format!("connecting to etcd: {error}"));
-                                tokio::select! {
-                                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-                                    _ = stop.changed() => return,
-                                }
-                            }
-                        }
-                    };
-                    corral_agent::link::run(kv, options, committer, state, stop).await;
-                })
-            });
-            Some(task)
+            Some(agent_cluster_task(options, etcd_options))
         }
     };
     let (data_dir, socket, tcp) = (
@@ -398,6 +374,42 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     })
     .map_err(Failure::Daemon)?;
     Ok(Outcome::ok(String::new()))
+}
+
+/// The cluster link `corral agent --etcd` runs: connect to etcd (serving what the node holds,
+/// degraded, while it cannot), then `corral_agent::link::run`. Public so that the agents'
+/// footprint bench and test (`benches/agents.rs`, `tests/agents_footprint.rs`) run many of
+/// exactly these links in one process.
+pub fn agent_cluster_task(
+    options: corral_agent::link::ClusterOptions,
+    etcd_options: corral_etcd::EtcdOptions,
+) -> corral_agent::ClusterTask {
+    Box::new(move |committer, state, mut stop| {
+        Box::pin(async move {
+            let kv = loop {
+                let connected = tokio::select! {
+                    connected = corral_etcd::EtcdKv::connect(&options.endpoints, etcd_options.clone()) => connected,
+                    _ = stop.changed() => return,
+                };
+                match connected {
+                    Ok(kv) => {
+                        cluster::log_tls_reloads(&kv);
+                        break kv;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "connecting to etcd");
+                        // The agent serves what it holds meanwhile (degraded).
+                        state.unreachable(&format!("connecting to etcd: {error}"));
+                        tokio::select! {
+                            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                            _ = stop.changed() => return,
+                        }
+                    }
+                }
+            };
+            corral_agent::link::run(kv, options, committer, state, stop).await;
+        })
+    })
 }
 
 /// How results are printed.
@@ -530,7 +542,7 @@ enum Command {
     #[command(subcommand, name = "host-local")]
     HostLocal(hostlocal::HostLocalCommand),
     /// Run a replica of the cluster operator in the foreground (leader elected through etcd)
-    Operator(cluster::OperatorArgs),
+    Operator(operator_config::OperatorArgs),
     /// The cluster's configuration, status and consistency check (in etcd)
     Cluster {
         #[command(flatten)]
@@ -656,7 +668,7 @@ fn run(cli: Cli, providers: &Providers) -> Result<Outcome, Failure> {
         }
         Command::Operator(args) => {
             before.refuse("operator", &[])?;
-            cluster::operator(args, providers)
+            operator::run(args, providers)
         }
         Command::Cluster { output, command } => {
             before.refuse("cluster", &["--output"])?;

@@ -7,7 +7,7 @@
 //!
 //! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -130,8 +130,7 @@ fn agents_under_churn_on_three_etcd_members_one_killed() {
 
 fn churn(members: usize, agent_count: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(members);
-    init(&etcd, dir.path(), BLOCKS);
+    let mut etcd = initialized(members, dir.path(), BLOCKS);
     let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
     let mut operators = vec![op_a, op_b];
     let nodes: Vec<(String, PathBuf)> = (0..agent_count)
@@ -245,13 +244,7 @@ fn churn(members: usize, agent_count: usize) {
         let dump = Client::unix(path.join("agent.sock"))
             .dump(Some("node"))
             .unwrap();
-        let held: BTreeSet<IpAddr> = dump
-            .scopes
-            .iter()
-            .flat_map(|s| &s.pools)
-            .flat_map(|p| &p.allocations)
-            .map(|a| a.address)
-            .collect();
+        let held = addresses(&dump);
         for (container, addresses) in &live[i] {
             for address in addresses {
                 assert!(

@@ -28,17 +28,7 @@ fn start(dir: &Path) -> Agent {
     let state = dir.join("state");
     let config = dir.join("agent.toml");
     std::fs::write(&config, CONFIG).unwrap();
-    Agent::start(
-        &[
-            "--config".as_ref(),
-            config.as_os_str(),
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-        ],
-        &socket,
-    )
+    Agent::serve_with(&state, &socket, &["--config".as_ref(), config.as_os_str()])
 }
 
 fn corral(agent: &Agent, args: &[&str]) -> Output {

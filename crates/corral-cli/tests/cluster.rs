@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use corral_api::{AllocateRequest, FamilyChoice};
 use corral_client::Client;
 use corral_kv::{Kv, TxnOp};
 
@@ -158,19 +157,9 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
     wait_until(
         "node-a's agent says it was removed",
         Duration::from_secs(20),
-        || {
-            Client::unix(&a.socket)
-                .status(None)
-                .ok()
-                .and_then(|s| s.cluster)
-                .is_some_and(|c| !c.registered)
-        },
+        || link_status(&a.socket).is_some_and(|c| !c.registered),
     );
-    let cluster = Client::unix(&a.socket)
-        .status(None)
-        .unwrap()
-        .cluster
-        .unwrap();
+    let cluster = link_status(&a.socket).unwrap();
     assert!(!cluster.registered, "{cluster:?}");
     assert!(
         cluster
@@ -365,11 +354,7 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     }
     assert_eq!(pods.len(), 40);
     wait_until("the agent says degraded", Duration::from_secs(30), || {
-        Client::unix(&a.socket)
-            .status(None)
-            .unwrap()
-            .cluster
-            .is_some_and(|c| c.degraded)
+        link_status(&a.socket).is_some_and(|c| c.degraded)
     });
     assert_eq!(
         agent_ranges(&a.socket).len(),
@@ -382,13 +367,7 @@ fn quorum_lost_agents_keep_serving_and_everything_resumes() {
     wait_until(
         "the agent is connected again",
         Duration::from_secs(60),
-        || {
-            Client::unix(&a.socket)
-                .status(None)
-                .unwrap()
-                .cluster
-                .is_some_and(|c| !c.degraded && c.registered)
-        },
+        || link_status(&a.socket).is_some_and(|c| !c.degraded && c.registered),
     );
     assert_eq!(grants(&etcd), before, "nothing was granted or reclaimed");
     register(&etcd, ["node-b".to_owned()]);
@@ -541,11 +520,7 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
     let held = addresses(&dump);
     assert!(pods.is_subset(&held));
     wait_until("registered again", Duration::from_secs(20), || {
-        Client::unix(&a.socket)
-            .status(None)
-            .unwrap()
-            .cluster
-            .is_some_and(|c| c.registered)
+        link_status(&a.socket).is_some_and(|c| c.registered)
     });
     assert_eq!(agent_ranges(&a.socket), ranges);
     assert_eq!(grants(&etcd).len(), 1);
@@ -556,9 +531,8 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
 #[ignore = "needs etcd (make deps)"]
 fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(
-        &etcd,
+    let etcd = initialized(
+        1,
         dir.path(),
         "quarantine_secs = 2\n[[pools]]\nname = \"default\"\n[pools.ipv4]\ncidrs = [\"10.9.0.0/29\"]\nnode_prefix_len = 30\n",
     );
@@ -602,12 +576,7 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
 #[ignore = "needs etcd (make deps)"]
 fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(
-        &etcd,
-        dir.path(),
-        include_str!("configs/cluster_node_ids.toml"),
-    );
+    let etcd = initialized(1, dir.path(), include_str!("configs/cluster_node_ids.toml"));
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let ranges = agent_ranges(&a.socket);
@@ -616,18 +585,7 @@ fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
     assert_eq!(code, 0, "{out}{err}");
     let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(plan["node_id"], 1, "{plan}");
-    let pod = Client::unix(&a.socket)
-        .allocate(&AllocateRequest {
-            scope: "node".into(),
-            pool: "default".into(),
-            family: Some(FamilyChoice::Ipv4),
-            address: None,
-            owner: "pod".into(),
-            key: None,
-            lease_ms: None,
-        })
-        .unwrap();
-    let address = pod.allocations[0].address.to_string();
+    let address = alloc_v4(&a.socket, "pod").to_string();
     assert!(
         address.starts_with("10.1.1.") && address != "10.1.1.1",
         "{address}"

@@ -125,36 +125,28 @@ fn cluster_history_names_who_held_an_address_before_and_after_the_block_moved() 
         again.allocations[0].address, x,
         "the block's first address again"
     );
-    let on_b = |at: &str| {
+    // `corral history X --at AT` through node-b's agent: the cluster's part names `node` (and
+    // not `other`), the agent's says the address is `held`.
+    let on_b = |at: &str, node: &str, other: &str, held: &str| {
         let socket = b.socket.display().to_string();
         let x = x.to_string();
-        on_cluster(
+        let (code, out, err) = on_cluster(
             &etcd,
             &["--socket", &socket, "history", &x, "--at", at],
             &[],
-        )
+        );
+        assert_eq!(code, 0, "{out}{err}");
+        let (cluster, agent) = out.split_once("this node's agent").expect(&out);
+        assert!(cluster.contains(node) && !cluster.contains(other), "{out}");
+        assert!(agent.contains(held), "{out}");
     };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     let now = rfc3339(u64::try_from(now.as_millis()).unwrap());
-    let (code, out, err) = on_b(&now);
-    assert_eq!(code, 0, "{out}{err}");
-    let (cluster, agent) = out.split_once("this node's agent").expect(&out);
-    assert!(
-        cluster.contains("node-b") && !cluster.contains("node-a"),
-        "{out}"
-    );
-    assert!(agent.contains("held by pod/p2"), "{out}");
+    on_b(&now, "node-b", "node-a", "held by pod/p2");
     // At T1 the block was node-a's; node-b's agent held nothing then.
-    let (code, out, err) = on_b(&t1.to_string());
-    assert_eq!(code, 0, "{out}{err}");
-    let (cluster, agent) = out.split_once("this node's agent").expect(&out);
-    assert!(
-        cluster.contains("node-a") && !cluster.contains("node-b"),
-        "{out}"
-    );
-    assert!(agent.contains("held by nobody"), "{out}");
+    on_b(&t1.to_string(), "node-a", "node-b", "held by nobody");
     // --node needs etcd, and asks no agent.
     let (code, _, err) = corral(&["history", "--node", "node-a"]);
     assert_eq!(code, 2, "{err}");

@@ -66,14 +66,7 @@ fn cluster_config(
 }
 
 fn status(etcd: &EtcdCluster) -> String {
-    let (code, out, err) = corral(&[
-        "cluster",
-        "status",
-        "--etcd",
-        &endpoints(etcd),
-        "--cluster",
-        "t",
-    ]);
+    let (code, out, err) = cluster_command(etcd, "status", &[]);
     assert_eq!(code, 0, "{out}{err}");
     out
 }
@@ -84,6 +77,45 @@ fn ranges_of(agents: &[&common::Agent]) -> Vec<String> {
         .iter()
         .flat_map(|a| agent_ranges(&a.socket))
         .collect()
+}
+
+/// Agents `[a, b]` (nodes node-a and node-0) after three resyncs' worth of time for anything to
+/// be granted: no address twice, a range each and each as `expected` says, and node-0 hands
+/// out an address that is not node-a's `pod_a`.
+fn settled(
+    etcd: &EtcdCluster,
+    [a, b]: [&common::Agent; 2],
+    pod_a: std::net::IpAddr,
+    expected: impl Fn(&String) -> bool,
+) {
+    std::thread::sleep(Duration::from_secs(3));
+    let agents = [
+        ("node-a", a.socket.as_path()),
+        ("node-0", b.socket.as_path()),
+    ];
+    assert_invariant(etcd, &agents, true);
+    let ranges = ranges_of(&[a, b]);
+    assert_eq!(ranges.len(), 2, "{ranges:?}");
+    assert!(ranges.iter().all(expected), "{ranges:?}");
+    let pod_b = alloc_v4(&b.socket, "pod-b");
+    assert_ne!(pod_a, pod_b);
+    assert_invariant(etcd, &agents, true);
+}
+
+/// `cluster apply` of `CONFIG` again: the problem goes from the status, `cluster check` of
+/// agents `[a, b]` (node-a, node-0) finds nothing and no address is held twice.
+fn put_back(etcd: &EtcdCluster, dir: &Path, [a, b]: [&common::Agent; 2]) {
+    let (code, out) = cluster_config(etcd, dir, "apply", CONFIG, &[]);
+    assert_eq!(code, 0, "{out}");
+    wait_until("the problem is gone", Duration::from_secs(30), || {
+        !status(etcd).contains("not applied")
+    });
+    assert_check(etcd, &[&a.socket, &b.socket]);
+    let agents = [
+        ("node-a", a.socket.as_path()),
+        ("node-0", b.socket.as_path()),
+    ];
+    assert_invariant(etcd, &agents, true);
 }
 
 /// Issue 20: a renamed pool written with etcdctl was refused by the watch ("not applied"), but
@@ -108,22 +140,7 @@ fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_rest
     drop(operator);
     let _operator = Operator::start(&etcd, dir.path(), "op-b");
     wait_leads(&etcd, "op-b", Duration::from_secs(30));
-    // Three resyncs' worth of time for anything to be granted.
-    std::thread::sleep(Duration::from_secs(3));
-    let agents = [
-        ("node-a", a.socket.as_path()),
-        ("node-0", b.socket.as_path()),
-    ];
-    assert_invariant(&etcd, &agents, true);
-    let ranges = ranges_of(&[&a, &b]);
-    assert_eq!(ranges.len(), 2, "{ranges:?}");
-    assert!(
-        ranges.iter().all(|r| r.starts_with("default ")),
-        "{ranges:?}"
-    );
-    let pod_b = alloc_v4(&b.socket, "pod-b");
-    assert_ne!(pod_a, pod_b);
-    assert_invariant(&etcd, &agents, true);
+    settled(&etcd, [&a, &b], pod_a, |r| r.starts_with("default "));
     assert!(status(&etcd).contains("not applied"));
     // `cluster check` names the refused configuration (exit 5); `status` shows it.
     let (code, output) = check(&etcd, &[&a.socket, &b.socket]);
@@ -134,13 +151,7 @@ fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_rest
         "{output}"
     );
     // Putting the configuration back with `cluster apply` clears it.
-    let (code, out) = cluster_config(&etcd, dir.path(), "apply", CONFIG, &[]);
-    assert_eq!(code, 0, "{out}");
-    wait_until("the problem is gone", Duration::from_secs(30), || {
-        !status(&etcd).contains("not applied")
-    });
-    assert_check(&etcd, &[&a.socket, &b.socket]);
-    assert_invariant(&etcd, &agents, true);
+    put_back(&etcd, dir.path(), [&a, &b]);
 }
 
 /// The same with a changed node prefix length, three etcd members and two operators: the
@@ -162,28 +173,11 @@ fn a_changed_node_prefix_length_is_not_installed_by_a_failover() {
     wait_leads(&etcd, "op-b", Duration::from_secs(30));
     let b = start_agent(&etcd, &dir.path().join("b"), "node-0");
     wait_ranges("node-0 holds its CIDR", &b.socket, 1, 30);
-    std::thread::sleep(Duration::from_secs(3));
-    let agents = [
-        ("node-a", a.socket.as_path()),
-        ("node-0", b.socket.as_path()),
-    ];
-    assert_invariant(&etcd, &agents, true);
-    let ranges = ranges_of(&[&a, &b]);
-    assert_eq!(ranges.len(), 2, "{ranges:?}");
-    assert!(ranges.iter().all(|r| r.contains("/24")), "{ranges:?}");
-    let pod_b = alloc_v4(&b.socket, "pod-b");
-    assert_ne!(pod_a, pod_b);
-    assert_invariant(&etcd, &agents, true);
+    settled(&etcd, [&a, &b], pod_a, |r| r.contains("/24"));
     wait_until("op-b reports the refusal", Duration::from_secs(30), || {
         op_b.log().contains("node_prefix_len")
     });
-    let (code, out) = cluster_config(&etcd, dir.path(), "apply", CONFIG, &[]);
-    assert_eq!(code, 0, "{out}");
-    wait_until("the problem is gone", Duration::from_secs(30), || {
-        !status(&etcd).contains("not applied")
-    });
-    assert_check(&etcd, &[&a.socket, &b.socket]);
-    assert_invariant(&etcd, &agents, true);
+    put_back(&etcd, dir.path(), [&a, &b]);
     drop(op_a);
 }
 
@@ -225,6 +219,15 @@ fn apply_refuses_what_would_free_held_space_and_what_etcd_cannot_hold() {
     let (code, out) = cluster_config(&etcd, dir.path(), "apply", &too_long, &[]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("quarantine_secs"), "{out}");
+    // A demand write budget of none (issue 25) is refused, naming the field.
+    let no_budget = format!("demand_writes_per_sec = 0\n{CONFIG}");
+    let (code, out) = cluster_config(&etcd, dir.path(), "apply", &no_budget, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("demand_writes_per_sec: must be at least 1"),
+        "{out}"
+    );
+    assert_eq!(stored(&etcd), before);
     // A reserved range over both grants: refused, naming them.
     let reserved = format!("{CONFIG}reserved = [\"10.244.0.0/23\"]\n");
     let (code, out) = cluster_config(&etcd, dir.path(), "apply", &reserved, &[]);

@@ -42,18 +42,13 @@ fn start_agent(dir: &Path) -> (Agent, SocketAddr) {
     common::write_token_file(&token_file, TOKEN);
     // Free when asked; the agent binds it a moment later.
     let addr = free_addr();
-    let config = dir.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\ntcp = \"{addr}\"\ntoken_file = {:?}\n\n\
+    let config = common::agent_toml(
+        dir,
+        &format!(
+            "tcp = \"{addr}\"\ntoken_file = {token_file:?}\n\n\
              [connections]\nheader_timeout_ms = {TIMEOUT_MS}\nbody_timeout_ms = {TIMEOUT_MS}\n",
-            dir.join("state"),
-            socket,
-            token_file,
         ),
-    )
-    .unwrap();
+    );
     let mut command = Command::new("sh");
     command
         .arg("-c")
@@ -285,18 +280,13 @@ fn a_client_that_never_reads_its_answers_loses_its_connection() {
     let token_file = dir.path().join("token");
     common::write_token_file(&token_file, TOKEN);
     let addr = free_addr();
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\ntcp = \"{addr}\"\ntoken_file = {:?}\n\n\
+    let config = common::agent_toml(
+        dir.path(),
+        &format!(
+            "tcp = \"{addr}\"\ntoken_file = {token_file:?}\n\n\
              [connections]\nmax_tcp = 1\nheader_timeout_ms = 1000\n",
-            dir.path().join("state"),
-            socket,
-            token_file,
         ),
-    )
-    .unwrap();
+    );
     let mut command = Command::new(BINARY);
     command.arg("agent").arg("--config").arg(&config);
     let _agent = Agent::start_command(command, &socket);

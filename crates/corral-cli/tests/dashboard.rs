@@ -42,17 +42,9 @@ use cluster_common::*;
 /// and the page shows it waiting in `pods` only.)
 fn one_block() -> String {
     block_pool(2, "10.90.0.0/28")
+        + "\n"
+        + &blocks_table("wide", "fd00:90::/40", 104, Some(2))
         + r#"
-[[pools]]
-name = "wide"
-mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv6]
-cidrs = ["fd00:90::/40"]
-block_prefix_len = 104
-
 [[pools]]
 name = "nodes"
 [pools.ipv4]
@@ -298,6 +290,21 @@ impl DevTools {
 }
 
 /// The operator's TCP address, from what it says once it listens.
+/// Replica `name` with its state in `dir/NAME-state` and its API also on a free loopback TCP
+/// port, behind the token in `token_file`.
+fn tcp_replica(etcd: &EtcdCluster, dir: &Path, name: &str, token_file: &Path) -> Operator {
+    let state = dir.join(format!("{name}-state"));
+    let args: [&std::ffi::OsStr; 6] = [
+        "--state-dir".as_ref(),
+        state.as_os_str(),
+        "--api-tcp".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--token-file".as_ref(),
+        token_file.as_os_str(),
+    ];
+    Operator::start_with(etcd, dir, name, &args)
+}
+
 fn tcp_address(operator: &Operator) -> String {
     let mut address = None;
     wait_showing(
@@ -332,16 +339,7 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
     let etcd = initialized(1, dir.path(), &one_block());
     let token_file = dir.path().join("token");
     common::write_token_file(&token_file, TOKEN);
-    let state = dir.path().join("op-a-state");
-    let args: [&std::ffi::OsStr; 6] = [
-        "--state-dir".as_ref(),
-        state.as_os_str(),
-        "--api-tcp".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--token-file".as_ref(),
-        token_file.as_os_str(),
-    ];
-    let operator = Operator::start_with(&etcd, dir.path(), "op-a", &args);
+    let operator = tcp_replica(&etcd, dir.path(), "op-a", &token_file);
     let address = tcp_address(&operator);
     wait_leads(&etcd, "op-a", Duration::from_secs(20));
 
@@ -361,16 +359,7 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
     );
 
     // A standby's page names the leader, from its 503.
-    let state_b = dir.path().join("op-b-state");
-    let args_b: [&std::ffi::OsStr; 6] = [
-        "--state-dir".as_ref(),
-        state_b.as_os_str(),
-        "--api-tcp".as_ref(),
-        "127.0.0.1:0".as_ref(),
-        "--token-file".as_ref(),
-        token_file.as_os_str(),
-    ];
-    let standby = Operator::start_with(&etcd, dir.path(), "op-b", &args_b);
+    let standby = tcp_replica(&etcd, dir.path(), "op-b", &token_file);
     let mut standby_page = DevTools::connect(&devtools);
     standby_page.open(&format!(
         "http://{}/dashboard#token={TOKEN}",
@@ -404,10 +393,7 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
                 .contains("needs the operator's bearer token")
     });
 
-    let _agents: Vec<_> = NODES
-        .iter()
-        .map(|node| start_agent(&etcd, &dir.path().join(node), node))
-        .collect();
+    let _agents = start_agents(&etcd, dir.path(), &NODES);
     wait_until(
         "one node holds the pods block, the other waits",
         Duration::from_secs(30),
@@ -483,17 +469,13 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         .unwrap();
 
     // Space comes back: the pool grows by a block through `corral cluster apply`.
-    let wider = dir.path().join("wider.toml");
-    std::fs::write(
-        &wider,
-        one_block().replace(
-            r#"cidrs = ["10.90.0.0/28"]"#,
-            r#"cidrs = ["10.90.0.0/28", "10.90.0.16/28"]"#,
-        ),
-    )
-    .unwrap();
-    let (code, out, err) = cluster_command(&etcd, "apply", &["--config", wider.to_str().unwrap()]);
-    assert_eq!(code, 0, "cluster apply: {out}{err}");
+    widen(
+        &etcd,
+        dir.path(),
+        &one_block(),
+        "10.90.0.0/28",
+        "10.90.0.16/28",
+    );
 
     let nodes_row = format!("#nodes tr[data-node=\"{starving}\"]");
     let state = format!("document.querySelector('{nodes_row}').dataset.state");

@@ -36,6 +36,24 @@ fn agent_config_with_tls(dir: &Path, etcd: &EtcdCluster) -> std::path::PathBuf {
     path
 }
 
+/// Runs `command` with the etcd client files `[ca, cert, key]`: it must refuse to start (exit
+/// 2); answers what it said.
+fn refused_at_start(command: &mut Command, [ca, cert, key]: [&Path; 3]) -> String {
+    let output = command
+        .arg("--etcd-cacert")
+        .arg(ca)
+        .arg("--etcd-cert")
+        .arg(cert)
+        .arg("--etcd-key")
+        .arg(key)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    err
+}
+
 /// `corral cluster status` of cluster `t` with `args` and `envs`; answers (exit code, output).
 fn status(etcd: &EtcdCluster, args: &[&str], envs: &[(&str, &OsStr)]) -> (i32, String) {
     let output = Command::new(BINARY)
@@ -76,18 +94,8 @@ fn operator_agent_and_cli_work_over_tls_and_each_fault_says_what_failed() {
     std::fs::create_dir_all(&agent_dir).unwrap();
     let config = agent_config_with_tls(&agent_dir, &etcd);
     let endpoints = endpoints(&etcd);
-    let args: Vec<&OsStr> = vec![
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--etcd".as_ref(),
-        endpoints.as_ref(),
-        "--cluster".as_ref(),
-        "t".as_ref(),
-        "--node".as_ref(),
-        "node-a".as_ref(),
-        "--lease-ttl".as_ref(),
-        "3".as_ref(),
-    ];
+    let mut args = agent_args(&config, &endpoints, "node-a");
+    args.extend(SHORT_LEASE.map(OsStr::new));
     let agent = Agent::start(&args, &agent_dir.join("agent.sock"));
     wait_ranges("node-a holds its ranges", &agent.socket, 2, 20);
     assert_eq!(grants(&etcd)["node-a"].len(), 2, "{:?}", grants(&etcd));
@@ -176,22 +184,15 @@ fn operator_agent_and_cli_work_over_tls_and_each_fault_says_what_failed() {
     let exposed = dir.path().join("exposed-key.pem");
     std::fs::copy(&key, &exposed).unwrap();
     std::fs::set_permissions(&exposed, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let output = Command::new(BINARY)
-        .args(["agent", "--data-dir"])
-        .arg(dir.path().join("b-state"))
-        .arg("--socket")
-        .arg(dir.path().join("b.sock"))
-        .args(["--etcd", &endpoints, "--node", "node-b", "--etcd-cacert"])
-        .arg(&tls.ca_cert)
-        .arg("--etcd-cert")
-        .arg(&cert)
-        .arg("--etcd-key")
-        .arg(&exposed)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{err}");
+    let err = refused_at_start(
+        Command::new(BINARY)
+            .args(["agent", "--data-dir"])
+            .arg(dir.path().join("b-state"))
+            .arg("--socket")
+            .arg(dir.path().join("b.sock"))
+            .args(["--etcd", &endpoints, "--node", "node-b"]),
+        [&tls.ca_cert, &cert, &exposed],
+    );
     assert!(
         err.contains(&format!(
             "the etcd client key {} can be read by others (mode 0644)",
@@ -201,27 +202,19 @@ fn operator_agent_and_cli_work_over_tls_and_each_fault_says_what_failed() {
     );
 
     // Nor does an operator whose key file is missing.
-    let output = Command::new(BINARY)
-        .args([
-            "operator",
-            "--etcd",
-            &endpoints,
-            "--cluster",
-            "t",
-            "--api-socket",
-        ])
-        .arg(dir.path().join("op-b.sock"))
-        .arg("--etcd-cacert")
-        .arg(&tls.ca_cert)
-        .arg("--etcd-cert")
-        .arg(&cert)
-        .arg("--etcd-key")
-        .arg(&missing)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{err}");
+    let err = refused_at_start(
+        Command::new(BINARY)
+            .args([
+                "operator",
+                "--etcd",
+                &endpoints,
+                "--cluster",
+                "t",
+                "--api-socket",
+            ])
+            .arg(dir.path().join("op-b.sock")),
+        [&tls.ca_cert, &cert, &missing],
+    );
     assert!(
         err.contains(&format!(
             "cannot read the etcd client key {}",

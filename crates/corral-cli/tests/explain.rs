@@ -292,11 +292,7 @@ fn explain_names_etcds_lost_quorum_for_a_degraded_agent() {
     etcd.kill(1).unwrap();
     etcd.kill(2).unwrap();
     wait_until("the agent is degraded", Duration::from_secs(60), || {
-        corral_client::Client::unix(&agent.socket)
-            .status(None)
-            .ok()
-            .and_then(|s| s.cluster)
-            .is_some_and(|c| c.degraded)
+        link_status(&agent.socket).is_some_and(|c| c.degraded)
     });
     let (code, out, err) = explain(
         &etcd,
@@ -311,28 +307,11 @@ fn explain_names_etcds_lost_quorum_for_a_degraded_agent() {
 
 /// Two block pools, `pods` (the cluster's default) and `blue` (namespace `batch`'s).
 fn two_pools() -> String {
-    r#"quarantine_secs = 300
-default_pool = "pods"
-[namespaces]
-batch = "blue"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.91.0.0/27"]
-block_prefix_len = 28
-[[pools]]
-name = "blue"
-mode = "blocks"
-[pools.watermarks]
-pre_allocate = 4
-[pools.ipv4]
-cidrs = ["10.92.0.0/27"]
-block_prefix_len = 28
-"#
-    .to_owned()
+    format!(
+        "quarantine_secs = 300\ndefault_pool = \"pods\"\n[namespaces]\nbatch = \"blue\"\n{}{}",
+        blocks_table("pods", "10.91.0.0/27", 28, None),
+        blocks_table("blue", "10.92.0.0/27", 28, None)
+    )
 }
 
 /// A CNI ADD as corral-ipam sends it: the call's pool (`runtimeConfig.pool`), the network's

@@ -67,13 +67,8 @@ fn the_agent_serves_the_prefixes_delegated_to_its_instance() {
     // A pod's IPv6 address comes from the /80 the cloud delegated.
     let response = Client::unix(&socket)
         .allocate(&AllocateRequest {
-            scope: "node".into(),
             pool: "pods".into(),
-            family: Some(FamilyChoice::Ipv6),
-            address: None,
-            owner: "pod-1".into(),
-            key: None,
-            lease_ms: None,
+            ..node_request(FamilyChoice::Ipv6, "pod-1")
         })
         .unwrap();
     let address = response.allocations[0].address;

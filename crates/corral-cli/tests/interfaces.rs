@@ -55,6 +55,27 @@ fn add_eni(socket: &Path, id: &str, device: &str, extra: &[&str]) -> Output {
     corral(socket, &args)
 }
 
+/// `corral interface add eni-0` on device 0, the node's primary interface, with `extra`: the
+/// interface it added.
+fn add_primary(socket: &Path, extra: &[&str]) -> Value {
+    ok_json(&add_eni(
+        socket,
+        "eni-0",
+        "0",
+        &[&["--primary"], extra].concat(),
+    ))
+}
+
+/// `corral -o json alloc --pool eni --owner pod --key KEY`, which must succeed.
+fn alloc_key(socket: &Path, key: &str) -> Value {
+    ok_json(&corral(
+        socket,
+        &[
+            "-o", "json", "alloc", "--pool", "eni", "--owner", "pod", "--key", key,
+        ],
+    ))
+}
+
 /// `corral interface address ARGS`, which must be refused naming `what`.
 fn refused_address(socket: &Path, args: &[&str], what: &str) {
     refused(
@@ -78,18 +99,10 @@ fn the_interface_lifecycle_through_the_command_line() {
     let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
 
-    let eni0 = ok_json(&add_eni(
+    let eni0 = add_primary(
         &socket,
-        "eni-0",
-        "0",
-        &[
-            "--primary",
-            "--address",
-            "10.0.32.10",
-            "--address",
-            "10.0.40.16/28",
-        ],
-    ));
+        &["--address", "10.0.32.10", "--address", "10.0.40.16/28"],
+    );
     assert_eq!(eni0["addresses"], json!(["10.0.32.10/32", "10.0.40.16/28"]));
     assert_eq!(eni0["gateways"], json!(["10.0.32.1"]));
     assert_eq!(
@@ -111,49 +124,40 @@ fn the_interface_lifecycle_through_the_command_line() {
         &add_eni(&socket, "eni-5", "1", &[]),
         "device number 1 is already interface eni-1",
     );
-    refused_address(&socket, &["add", "eni-1", "10.0.32.10"], "already present");
-    refused_address(
-        &socket,
-        &["add", "eni-1", "10.0.40.20/32"],
-        "already present",
-    );
-    refused_address(
-        &socket,
-        &["add", "eni-1", "10.1.0.1"],
-        "not in subnet 10.0.32.0/19",
-    );
-    refused_address(&socket, &["add", "eni-1", "10.0.32.32/27"], "");
-    refused_address(
-        &socket,
-        &["add", "eni-9", "10.0.32.11"],
-        "unknown interface eni-9",
-    );
-    refused_address(
-        &socket,
-        &["remove", "eni-1", "10.0.32.10"],
-        "has no address",
-    );
-    refused(
-        &corral(&socket, &["pool", "add", "eni", "10.0.99.0/24"]),
-        "interface-backed",
-    );
-    let out = corral(
-        &socket,
-        &[
-            "interface",
-            "add",
-            "eni-7",
-            "--pool",
-            "default",
-            "--device",
-            "7",
-            "--mac",
-            "0a:00:00:00:00:07",
-            "--subnet",
-            "10.0.32.0/19",
-        ],
-    );
-    refused(&out, "has plain ranges");
+    for (args, what) in [
+        (["add", "eni-1", "10.0.32.10"], "already present"),
+        (["add", "eni-1", "10.0.40.20/32"], "already present"),
+        (["add", "eni-1", "10.1.0.1"], "not in subnet 10.0.32.0/19"),
+        (["add", "eni-1", "10.0.32.32/27"], ""),
+        (["add", "eni-9", "10.0.32.11"], "unknown interface eni-9"),
+        (["remove", "eni-1", "10.0.32.10"], "has no address"),
+    ] {
+        refused_address(&socket, &args, what);
+    }
+    let plain = [
+        "interface",
+        "add",
+        "eni-7",
+        "--pool",
+        "default",
+        "--device",
+        "7",
+        "--mac",
+        "0a:00:00:00:00:07",
+        "--subnet",
+        "10.0.32.0/19",
+    ];
+    for (args, what) in [
+        (
+            &["pool", "add", "eni", "10.0.99.0/24"][..],
+            "interface-backed",
+        ),
+        (&plain, "has plain ranges"),
+        (&["interface", "remove", "eni-0"], "primary"),
+        (&["interface", "remove", "eni-9"], "unknown interface"),
+    ] {
+        refused(&corral(&socket, args), what);
+    }
     let out = add_eni(
         &socket,
         "eni-8",
@@ -161,33 +165,12 @@ fn the_interface_lifecycle_through_the_command_line() {
         &["--address", "10.0.32.50", "--address", "10.0.32.10"],
     );
     refused(&out, "already present");
-    refused(
-        &corral(&socket, &["interface", "remove", "eni-0"]),
-        "primary",
-    );
-    refused(
-        &corral(&socket, &["interface", "remove", "eni-9"]),
-        "unknown interface",
-    );
     let out = add_eni(&socket, "eni-8", "8", &["--mac-typo"]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(interfaces(&socket), before);
 
     // An allocation by key answers with its interface; the address goes back cooling.
-    let alloc = ok_json(&corral(
-        &socket,
-        &[
-            "-o",
-            "json",
-            "alloc",
-            "--pool",
-            "eni",
-            "--owner",
-            "pod",
-            "--key",
-            "net/c1/eth0",
-        ],
-    ));
+    let alloc = alloc_key(&socket, "net/c1/eth0");
     let allocated = &alloc["allocations"][0];
     assert_eq!(allocated["address"], json!("10.0.32.10"));
     assert_eq!(
@@ -226,20 +209,7 @@ fn the_interface_lifecycle_through_the_command_line() {
         assert!(metrics.contains(line), "{line} not in {metrics}");
     }
     // The next allocation avoids the cooling address.
-    let alloc = ok_json(&corral(
-        &socket,
-        &[
-            "-o",
-            "json",
-            "alloc",
-            "--pool",
-            "eni",
-            "--owner",
-            "pod",
-            "--key",
-            "net/c2/eth0",
-        ],
-    ));
+    let alloc = alloc_key(&socket, "net/c2/eth0");
     assert_eq!(alloc["allocations"][0]["address"], json!("10.0.40.16"));
     let metrics = Client::unix(&socket).metrics().unwrap();
     assert!(
@@ -287,18 +257,10 @@ fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     let dir = tempfile::tempdir().unwrap();
     let agent = Agent::start_in(dir.path());
     let socket = agent.socket.clone();
-    let eni0 = ok_json(&add_eni(
+    let eni0 = add_primary(
         &socket,
-        "eni-0",
-        "0",
-        &[
-            "--primary",
-            "--primary-address",
-            "10.0.32.20",
-            "--address",
-            "10.0.32.11",
-        ],
-    ));
+        &["--primary-address", "10.0.32.20", "--address", "10.0.32.11"],
+    );
     assert_eq!(eni0["primary_addresses"], json!(["10.0.32.20"]));
     assert_eq!(eni0["addresses"], json!(["10.0.32.11/32"]));
     assert_eq!(eni0["total"].as_u64(), Some(1), "{eni0}");

@@ -10,7 +10,7 @@
 //! Every test needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use corral_client::Client;
@@ -46,17 +46,15 @@ impl Proc {
         std::fs::create_dir_all(dir).unwrap();
         let config = agent_config(dir);
         let log = dir.join("agent.log");
-        let child = Command::new(BINARY)
-            .arg("agent")
-            .arg("--config")
-            .arg(&config)
-            .args(["--etcd", &endpoints(etcd)])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("corral agent starts");
+        let child = common::spawn_logged(
+            Command::new(BINARY)
+                .arg("agent")
+                .arg("--config")
+                .arg(&config)
+                .args(["--etcd", &endpoints(etcd)])
+                .args(args),
+            &log,
+        );
         Proc {
             child,
             socket: dir.join("agent.sock"),
@@ -66,10 +64,26 @@ impl Proc {
 
     /// [`Proc::spawn`] (lease TTL 3 s), ready and holding the node's two ranges.
     fn serving(etcd: &EtcdCluster, dir: &Path, node: &str) -> Proc {
-        let mut proc = Proc::spawn(etcd, dir, node, "3");
+        Proc::serving_with_ttl(etcd, dir, node, "3")
+    }
+
+    /// [`Proc::serving`] with a lease of `ttl` seconds.
+    fn serving_with_ttl(etcd: &EtcdCluster, dir: &Path, node: &str, ttl: &str) -> Proc {
+        let mut proc = Proc::spawn(etcd, dir, node, ttl);
         proc.wait_ready();
         wait_ranges(&format!("{node} holds its ranges"), &proc.socket, 2, 30);
         proc
+    }
+
+    /// Waits until the agent exits (`what`, if it does not), noting whether it was ever ready
+    /// meanwhile: (served, its exit code).
+    fn wait_exit_noting_service(&mut self, what: &str) -> (bool, Option<i32>) {
+        let mut served = false;
+        wait_until(what, Duration::from_secs(60), || {
+            served |= self.ready();
+            self.child.try_wait().unwrap().is_some()
+        });
+        (served, self.child.wait().unwrap().code())
     }
 
     fn ready(&self) -> bool {
@@ -106,6 +120,12 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The agent's state in `dir/a` copied to `dir/b` (a cloned VM image, cluster-uid and
+/// ranges with it).
+fn clone_state(dir: &Path) {
+    copy_dir(&dir.join("a").join("state"), &dir.join("b").join("state"));
 }
 
 /// Copies a running agent's state directory, as a machine's disk is cloned: a file that
@@ -167,7 +187,7 @@ fn hold_elsewhere(kv: &corral_etcd::EtcdKv, ttl_secs: u64) -> corral_kv::LeaseId
 }
 
 fn cluster_status(socket: &Path) -> corral_api::ClusterStatus {
-    Client::unix(socket).status(None).unwrap().cluster.unwrap()
+    link_status(socket).expect("the agent reports its cluster link")
 }
 
 /// A copied state directory under the node's name (a cloned VM image) while the node's agent
@@ -183,18 +203,9 @@ fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_
     let (record, lease) = live_record(&etcd, "node-a").expect("live/node-a");
     assert_eq!(record.pid, a.pid());
     // The clone: the running agent's state directory copied, cluster-uid and ranges with it.
-    std::fs::create_dir_all(dir.path().join("b")).unwrap();
-    copy_dir(
-        &dir.path().join("a").join("state"),
-        &dir.path().join("b").join("state"),
-    );
+    clone_state(dir.path());
     let mut b = Proc::spawn(&etcd, &dir.path().join("b"), "node-a", "3");
-    let mut served = false;
-    wait_until("the second agent exits", Duration::from_secs(60), || {
-        served |= b.ready();
-        b.child.try_wait().unwrap().is_some()
-    });
-    let code = b.child.wait().unwrap().code();
+    let (served, code) = b.wait_exit_noting_service("the second agent exits");
     let log = b.log();
     assert!(!served, "the second agent served the node: {log}");
     assert_ne!(code, Some(0), "{log}");
@@ -216,10 +227,7 @@ fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_
     );
     // Started again, the clone exits again, and the first one's key stays.
     let mut again = Proc::spawn(&etcd, &dir.path().join("b"), "node-a", "3");
-    wait_until("the clone exits again", Duration::from_secs(60), || {
-        served |= again.ready();
-        again.child.try_wait().unwrap().is_some()
-    });
+    let (served, _) = again.wait_exit_noting_service("the clone exits again");
     assert!(!served);
     assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
     assert_sound(&etcd, &[("node-a", &a.socket)]);
@@ -234,9 +242,7 @@ fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for
     let dir = tempfile::tempdir().unwrap();
     let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let path = dir.path().join("a");
-    let mut a = Proc::spawn(&etcd, &path, "node-a", "60");
-    a.wait_ready();
-    wait_ranges("node-a holds its ranges", &a.socket, 2, 30);
+    let a = Proc::serving_with_ttl(&etcd, &path, "node-a", "60");
     let pod = alloc_dual(&a.socket, "pod-1");
     let old_pid = a.pid();
     drop(a); // SIGKILL
@@ -449,11 +455,7 @@ fn cluster_check_reports_two_agents_serving_one_node_and_one_address() {
     let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
     let a = Proc::serving(&etcd, &dir.path().join("a"), "node-a");
     let pod = alloc_dual(&a.socket, "pod-1");
-    std::fs::create_dir_all(dir.path().join("b")).unwrap();
-    copy_dir(
-        &dir.path().join("a").join("state"),
-        &dir.path().join("b").join("state"),
-    );
+    clone_state(dir.path());
     // The copy joins cluster `other` under the same node name: its copied ranges drain there
     // (the pod's addresses stay allocated).
     let mut b = Proc::spawn_with(

@@ -195,17 +195,7 @@ fn text_lines_keep_their_shape() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
     let state = dir.path().join("state");
-    let agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            state.as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-            "--log-level".as_ref(),
-            "debug".as_ref(),
-        ],
-        &socket,
-    );
+    let agent = Agent::serve_with(&state, &socket, &["--log-level".as_ref(), "debug".as_ref()]);
     Client::unix(&socket).status(None).unwrap();
     drop(agent);
     let log = std::fs::read_to_string(socket.with_file_name("agent.log")).unwrap();
@@ -301,16 +291,7 @@ fn the_agent_configuration_file_sets_the_log_and_a_flag_wins() {
     let config = |name: &str, log: &str| {
         let sub = dir.path().join(name);
         std::fs::create_dir_all(&sub).unwrap();
-        let path = sub.join("agent.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "data_dir = {:?}\nsocket = {:?}\n\n[log]\n{log}\n",
-                sub.join("state"),
-                sub.join("agent.sock"),
-            ),
-        )
-        .unwrap();
+        let path = common::agent_toml(&sub, &format!("\n[log]\n{log}\n"));
         (path, sub.join("agent.sock"))
     };
 

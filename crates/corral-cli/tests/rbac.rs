@@ -222,23 +222,39 @@ fn a_nodes_credentials_write_only_its_own_keys_and_the_reader_none() {
         stderr.contains("cluster t has no configuration"),
         "{stderr}"
     );
-    // A wrong password: its own error, without the password.
     let wrong = dir.path().join("wrong.password");
     std::fs::write(&wrong, "not-the-password-42\n").unwrap();
     let wrong = wrong.display().to_string();
-    let args = [
-        "--etcd-user",
-        "corral-t-reader",
-        "--etcd-password-file",
-        wrong.as_str(),
-    ];
-    let (code, out) = run_as(&etcd, dir.path(), None, &["node", "list"], &args);
-    assert_ne!(code, 0);
-    assert!(
-        out.contains("etcd refused the credentials of user \"corral-t-reader\""),
-        "{out}"
-    );
-    assert!(!out.contains("not-the-password-42"), "{out}");
+    // A wrong password: its own error, without the password; a user without its password
+    // file, and a file that is not there.
+    let missing = dir.path().join("missing.password").display().to_string();
+    fn reader_args(file: Option<&str>) -> Vec<&str> {
+        let mut args = vec!["--etcd-user", "corral-t-reader"];
+        args.extend(
+            file.into_iter()
+                .flat_map(|file| ["--etcd-password-file", file]),
+        );
+        args
+    }
+    for (args, expected) in [
+        (
+            reader_args(Some(&wrong)),
+            "etcd refused the credentials of user \"corral-t-reader\"".to_owned(),
+        ),
+        (
+            reader_args(None),
+            "--etcd-user needs --etcd-password-file".to_owned(),
+        ),
+        (
+            reader_args(Some(&missing)),
+            format!("cannot read the etcd password file {missing}"),
+        ),
+    ] {
+        let (code, out) = run_as(&etcd, dir.path(), None, &["node", "list"], &args);
+        assert_ne!(code, 0);
+        assert!(out.contains(&expected), "{out}");
+        assert!(!out.contains("not-the-password-42"), "{out}");
+    }
     // An agent with a wrong password says so in its log, and keeps trying.
     let agent_dir = dir.path().join("agent");
     let args = [
@@ -260,32 +276,6 @@ fn a_nodes_credentials_write_only_its_own_keys_and_the_reader_none() {
         },
     );
     assert!(!log().contains("not-the-password-42"), "{}", log());
-    // A user without its password file, and a file that is not there.
-    let (code, out) = run_as(
-        &etcd,
-        dir.path(),
-        None,
-        &["node", "list"],
-        &["--etcd-user", "corral-t-reader"],
-    );
-    assert_ne!(code, 0);
-    assert!(
-        out.contains("--etcd-user needs --etcd-password-file"),
-        "{out}"
-    );
-    let missing = dir.path().join("missing.password").display().to_string();
-    let args = [
-        "--etcd-user",
-        "corral-t-reader",
-        "--etcd-password-file",
-        missing.as_str(),
-    ];
-    let (code, out) = run_as(&etcd, dir.path(), None, &["node", "list"], &args);
-    assert_ne!(code, 0);
-    assert!(
-        out.contains(&format!("cannot read the etcd password file {missing}")),
-        "{out}"
-    );
 }
 
 /// The blocks etcd says `node` holds, read as the reader.
@@ -410,31 +400,22 @@ fn a_cluster_runs_on_per_node_credentials() {
         },
     );
     // The reader serves check, status and node list.
+    let as_reader = |command: &[&str], extra: &[&str]| {
+        run_as(&etcd, dir.path(), Some("corral-t-reader"), command, extra)
+    };
     let agent_1 = socket(0).display().to_string();
-    let (code, out) = run_as(
-        &etcd,
-        dir.path(),
-        Some("corral-t-reader"),
-        &["cluster", "check"],
-        &["--agent", agent_1.as_str()],
-    );
+    let (code, out) = as_reader(&["cluster", "check"], &["--agent", agent_1.as_str()]);
     assert_eq!(code, 0, "{out}");
     for command in [
         &["cluster", "status"][..],
         &["node", "list"],
         &["node", "show", "node-1"],
     ] {
-        let (code, out) = run_as(&etcd, dir.path(), Some("corral-t-reader"), command, &[]);
+        let (code, out) = as_reader(command, &[]);
         assert_eq!(code, 0, "{command:?}: {out}");
     }
     // And refuses to write: etcd says no.
-    let (code, out) = run_as(
-        &etcd,
-        dir.path(),
-        Some("corral-t-reader"),
-        &["cluster", "apply"],
-        &["--config", config.as_str()],
-    );
+    let (code, out) = as_reader(&["cluster", "apply"], &["--config", config.as_str()]);
     assert_ne!(code, 0);
     assert!(out.contains("permission denied"), "{out}");
     // No agent logged a refusal: every key it touched was its own.

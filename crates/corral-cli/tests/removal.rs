@@ -73,6 +73,15 @@ fn get(etcd: &EtcdCluster, rest: &str) -> Option<corral_kv::KeyValue> {
     block_on(kv(etcd).get(format!("/corral/t/v1/{rest}").as_bytes())).unwrap()
 }
 
+/// node-a's agent in `dir/a` holding its cluster range, pod `c1` added on it (its addresses
+/// returned), and its holdings record saying so.
+fn node_a_with_a_pod(etcd: &EtcdCluster, dir: &Path) -> (common::Agent, Vec<IpAddr>) {
+    let a = agent_holding(etcd, dir, "a", "node-a", 1);
+    let pod = add(&a.socket, "c1").unwrap();
+    wait_asserted(etcd, "node-a", &a.socket);
+    (a, pod)
+}
+
 /// Waits until the agent's own `holdings/<node>` record says what its API says it holds:
 /// the same cluster ranges (pool, range, draining, in use or not); none held is an empty
 /// record or none.
@@ -188,11 +197,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
         "node-a knows it was removed",
         Duration::from_secs(20),
         || {
-            let cluster = Client::unix(&a.socket)
-                .status(None)
-                .unwrap()
-                .cluster
-                .unwrap();
+            let cluster = link_status(&a.socket).unwrap();
             !cluster.registered && cluster.last_error.is_some_and(|e| e.contains("removed"))
         },
     );
@@ -258,9 +263,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
 fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quarantine() {
     let dir = tempfile::tempdir().unwrap();
     let (etcd, _operator) = cluster_with_operator(dir.path(), &config(3));
-    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
-    add(&a.socket, "c1").unwrap();
-    wait_asserted(&etcd, "node-a", &a.socket);
+    let (a, _) = node_a_with_a_pod(&etcd, dir.path());
     // The machine dies: SIGKILL, its liveness key left to its lease.
     a.kill();
     let (code, output) = remove(&etcd, "node-a", &["--force"]);
@@ -297,9 +300,7 @@ fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quaranti
 fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
     let dir = tempfile::tempdir().unwrap();
     let (etcd, _operator) = cluster_with_operator(dir.path(), &config(8));
-    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
-    let pod = add(&a.socket, "c1").unwrap();
-    wait_asserted(&etcd, "node-a", &a.socket);
+    let (a, pod) = node_a_with_a_pod(&etcd, dir.path());
     // Taken for dead: paused (SIGSTOP), removed by force, its liveness runs out.
     signal(a.pid(), rustix::process::Signal::STOP);
     let (code, output) = remove(&etcd, "node-a", &["--force"]);
@@ -357,9 +358,7 @@ fn a_removed_node_is_shown_until_its_space_is_back() {
     let dir = tempfile::tempdir().unwrap();
     // A quarantine long enough to look at; its end is simulated below.
     let (etcd, _operator) = cluster_with_operator(dir.path(), &config(300));
-    let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
-    add(&a.socket, "c1").unwrap();
-    wait_asserted(&etcd, "node-a", &a.socket);
+    let (a, _) = node_a_with_a_pod(&etcd, dir.path());
     let (code, output) = remove(&etcd, "node-a", &["--drain"]);
     assert_eq!(code, 0, "{output}");
     wait_until("node-a's grant is gone", Duration::from_secs(20), || {

@@ -12,11 +12,11 @@ mod common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, ExitStatus};
+use std::time::Duration;
 
 use cluster_common::{
-    DUAL, alloc_dual, block_on, endpoints, init, kv, start_agent, start_etcd, wait_leads,
+    DUAL, alloc_dual, block_on, endpoints, initialized, kv, start_agent, start_etcd, wait_leads,
     wait_ranges, wait_showing,
 };
 use common::{Agent, BINARY};
@@ -38,37 +38,29 @@ struct Replica {
 impl Replica {
     /// `corral ARGS`, its stderr in `log`; not waited on.
     fn command(args: &[&OsStr], log: PathBuf) -> Replica {
-        let child = Command::new(BINARY)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("corral starts");
+        let child = common::spawn_logged(Command::new(BINARY).args(args), &log);
         Replica { child, log }
     }
 
     /// Replica `name` on the etcd at `etcd` (comma-separated URLs) with `extra` arguments.
     fn spawn(etcd: &str, dir: &Path, name: &str, extra: &[&OsStr]) -> Replica {
         let log = dir.join(format!("{name}.log"));
-        let child = Command::new(BINARY)
-            .args([
-                "operator",
-                "--etcd",
-                etcd,
-                "--cluster",
-                "t",
-                "--replica",
-                name,
-            ])
-            .arg("--api-socket")
-            .arg(dir.join(format!("{name}.sock")))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("corral operator starts");
+        let child = common::spawn_logged(
+            Command::new(BINARY)
+                .args([
+                    "operator",
+                    "--etcd",
+                    etcd,
+                    "--cluster",
+                    "t",
+                    "--replica",
+                    name,
+                ])
+                .arg("--api-socket")
+                .arg(dir.join(format!("{name}.sock")))
+                .args(extra),
+            &log,
+        );
         Replica { child, log }
     }
 
@@ -103,18 +95,7 @@ impl Replica {
 
     /// Waits for the replica to exit; `HANG` only catches a hang.
     fn wait_exit(&mut self) -> ExitStatus {
-        let deadline = Instant::now() + HANG;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not exit (it hangs):\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait_exit(&mut self.child, HANG, "the daemon", &self.log)
     }
 
     /// Sends `signal` and checks the replica exits with status 0 and says why it stopped.
@@ -162,6 +143,32 @@ fn wait_candidates(etcd: &EtcdCluster, n: usize) {
     );
 }
 
+/// One etcd member and cluster `t` on it (`DUAL`), with replicas op-a, the leader, and op-b,
+/// its standby in the election (leases of 60 s).
+fn leader_and_standby(dir: &Path) -> (EtcdCluster, Replica, Replica) {
+    let etcd = initialized(1, dir, DUAL);
+    let ttl: [&OsStr; 2] = ["--lease-ttl".as_ref(), "60".as_ref()];
+    let leader = Replica::spawn(&endpoints(&etcd), dir, "op-a", &ttl);
+    wait_leads(&etcd, "op-a", HANG);
+    let standby = Replica::spawn(&endpoints(&etcd), dir, "op-b", &ttl);
+    wait_candidates(&etcd, 2);
+    (etcd, leader, standby)
+}
+
+/// A leader on `members` etcd members, then `killed` of them killed: it says it stopped
+/// leading, and stops on `signal` (`name`) all the same.
+fn leader_losing_etcd_stops(members: usize, killed: usize, signal: Signal, name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = initialized(members, dir.path(), DUAL);
+    let mut leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
+    wait_leads(&etcd, "op-a", HANG);
+    for member in 0..killed {
+        etcd.kill(member).unwrap();
+    }
+    leader.wait_log("stopped leading");
+    leader.stop_with(signal, name);
+}
+
 /// The regression: a replica started before `cluster init` leads and waits for the
 /// configuration; SIGTERM used to be ignored there. It stops, and its election key goes with it.
 #[test]
@@ -181,13 +188,7 @@ fn an_operator_waiting_for_cluster_init_stops_on_sigterm() {
 #[ignore = "needs etcd (make deps)"]
 fn a_standby_operator_stops_on_sigint() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let ttl: [&OsStr; 2] = ["--lease-ttl".as_ref(), "60".as_ref()];
-    let _leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &ttl);
-    wait_leads(&etcd, "op-a", HANG);
-    let mut standby = Replica::spawn(&endpoints(&etcd), dir.path(), "op-b", &ttl);
-    wait_candidates(&etcd, 2);
+    let (etcd, _leader, mut standby) = leader_and_standby(dir.path());
     standby.stop_with(Signal::INT, "SIGINT");
     assert_eq!(election_keys(&etcd), vec!["op-a".to_owned()]);
 }
@@ -199,13 +200,7 @@ fn a_standby_operator_stops_on_sigint() {
 #[ignore = "needs etcd (make deps)"]
 fn a_leading_operator_stops_on_sigterm_and_its_standby_leads_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let ttl: [&OsStr; 2] = ["--lease-ttl".as_ref(), "60".as_ref()];
-    let mut leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &ttl);
-    wait_leads(&etcd, "op-a", HANG);
-    let _standby = Replica::spawn(&endpoints(&etcd), dir.path(), "op-b", &ttl);
-    wait_candidates(&etcd, 2);
+    let (etcd, mut leader, _standby) = leader_and_standby(dir.path());
     let nodes: Vec<String> = (0..40).map(|i| format!("node-{i:02}")).collect();
     cluster_common::register(&etcd, nodes.clone());
     // Mid-grant: the first grants are in, not all of them.
@@ -231,14 +226,7 @@ fn a_leading_operator_stops_on_sigterm_and_its_standby_leads_at_once() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_leading_operator_whose_etcd_is_gone_stops_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
-    let mut leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
-    wait_leads(&etcd, "op-a", HANG);
-    etcd.kill(0).unwrap();
-    leader.wait_log("stopped leading");
-    leader.stop_with(Signal::TERM, "SIGTERM");
+    leader_losing_etcd_stops(1, 1, Signal::TERM, "SIGTERM");
 }
 
 /// A leader whose etcd lost quorum (two of three members killed: the one left answers "no
@@ -246,15 +234,7 @@ fn a_leading_operator_whose_etcd_is_gone_stops_on_sigterm() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_leading_operator_whose_etcd_lost_quorum_stops_on_sigint() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(3);
-    init(&etcd, dir.path(), DUAL);
-    let mut leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
-    wait_leads(&etcd, "op-a", HANG);
-    etcd.kill(0).unwrap();
-    etcd.kill(1).unwrap();
-    leader.wait_log("stopped leading");
-    leader.stop_with(Signal::INT, "SIGINT");
+    leader_losing_etcd_stops(3, 2, Signal::INT, "SIGINT");
 }
 
 /// A replica that never reached etcd (nothing listens there) keeps retrying the election; it
@@ -331,13 +311,7 @@ fn an_agent_waiting_for_an_unreachable_etcd_stops_on_sigterm() {
         "node-a".as_ref(),
     ];
     let mut agent = Agent::start(&args, &socket);
-    wait_showing(
-        "the agent says etcd is unreachable",
-        HANG,
-        || agent.log().contains("cluster link round failed"),
-        || agent.log(),
-    );
-    stop_agent(&mut agent, Signal::TERM, "SIGTERM");
+    stop_after_a_failed_round(&mut agent, "the agent says etcd is unreachable");
 }
 
 /// An agent whose node's liveness key is held by a process it cannot judge (a record it
@@ -348,8 +322,7 @@ fn an_agent_waiting_for_an_unreachable_etcd_stops_on_sigterm() {
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
+    let etcd = initialized(1, dir.path(), DUAL);
     let kv = kv(&etcd);
     let key = "/corral/t/v1/live/node-a";
     let lease = block_on(kv.lease_grant(Duration::from_secs(600))).unwrap();
@@ -361,17 +334,8 @@ fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
     .unwrap();
     let config = cluster_common::agent_config(dir.path());
     let endpoints = endpoints(&etcd);
-    let args: [&OsStr; 9] = [
-        "agent".as_ref(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--etcd".as_ref(),
-        endpoints.as_ref(),
-        "--cluster".as_ref(),
-        "t".as_ref(),
-        "--node".as_ref(),
-        "node-a".as_ref(),
-    ];
+    let mut args: Vec<&OsStr> = vec!["agent".as_ref()];
+    args.extend(cluster_common::agent_args(&config, &endpoints, "node-a"));
     let mut agent = Replica::command(&args, dir.path().join("agent.log"));
     agent.wait_log("waiting up to");
     agent.stop_with(Signal::TERM, "SIGTERM");
@@ -394,8 +358,7 @@ fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_whose_etcd_is_gone_stops_on_sigterm_and_keeps_its_state() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = start_etcd(1);
-    init(&etcd, dir.path(), DUAL);
+    let mut etcd = initialized(1, dir.path(), DUAL);
     let operator = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
     let path = dir.path().join("a");
     let mut agent = start_agent(&etcd, &path, "node-a");
@@ -403,18 +366,24 @@ fn an_agent_whose_etcd_is_gone_stops_on_sigterm_and_keeps_its_state() {
     let pod = alloc_dual(&agent.socket, "pod-1");
     drop(operator);
     etcd.kill(0).unwrap();
-    wait_showing(
-        "the agent sees etcd gone",
-        HANG,
-        || agent.log().contains("cluster link round failed"),
-        || agent.log(),
-    );
-    stop_agent(&mut agent, Signal::TERM, "SIGTERM");
+    stop_after_a_failed_round(&mut agent, "the agent sees etcd gone");
     etcd.restart(0).unwrap();
     let agent = start_agent(&etcd, &path, "node-a");
     let dump = Client::unix(&agent.socket).dump(Some("node")).unwrap();
     let held = cluster_common::addresses(&dump);
     assert!(pod.iter().all(|a| held.contains(a)), "{held:?}");
+}
+
+/// Waits until `agent` logs a failed round of its cluster link (`what`, if it never does),
+/// then stops it with SIGTERM as `stop_agent` does.
+fn stop_after_a_failed_round(agent: &mut Agent, what: &str) {
+    wait_showing(
+        what,
+        HANG,
+        || agent.log().contains("cluster link round failed"),
+        || agent.log(),
+    );
+    stop_agent(agent, Signal::TERM, "SIGTERM");
 }
 
 /// Sends `signal` to the agent and checks it exits with status 0, saying it stops.

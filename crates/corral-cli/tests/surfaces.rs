@@ -35,17 +35,25 @@ fn unreachable_etcd() -> String {
     format!("http://{}", free_addr())
 }
 
-/// `corral <args>` run to its end: (exit code, stderr).
-fn run(args: &[&OsStr]) -> (i32, String) {
+/// `corral <args>` run to its end, which must refuse to start (exit 2): its stderr.
+fn refused(args: &[&OsStr]) -> String {
     let output = Command::new(BINARY)
         .args(args)
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    (
-        output.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code().unwrap_or(-1), 2, "{stderr}");
+    stderr
+}
+
+/// `corral agent` in `dir` (`dir/state`, `dir/agent.sock`) with `extra`, which must refuse to
+/// start: its stderr.
+fn agent_refused(dir: &Path, extra: &[&OsStr]) -> String {
+    let (state, socket) = (dir.join("state"), dir.join("agent.sock"));
+    let mut args: Vec<&OsStr> = vec!["agent".as_ref()];
+    args.extend(common::serve_args(&state, &socket, extra));
+    refused(&args)
 }
 
 /// A token file of `mode` in `dir`.
@@ -70,36 +78,22 @@ fn the_agent_refuses_a_token_file_others_can_read_by_flag_and_by_file() {
     let tcp = free_addr().to_string();
     for mode in [0o644, 0o640] {
         let path = token_file(dir, mode);
-        let (code, stderr) = run(&[
-            "agent".as_ref(),
-            "--data-dir".as_ref(),
-            dir.join("state").as_os_str(),
-            "--socket".as_ref(),
-            dir.join("agent.sock").as_os_str(),
-            "--tcp".as_ref(),
-            tcp.as_ref(),
-            "--token-file".as_ref(),
-            path.as_os_str(),
-        ]);
-        assert_eq!(code, 2, "{stderr}");
+        let stderr = agent_refused(
+            dir,
+            &[
+                "--tcp".as_ref(),
+                tcp.as_ref(),
+                "--token-file".as_ref(),
+                path.as_os_str(),
+            ],
+        );
         assert!(stderr.contains(&refusal(&path, mode)), "{stderr}");
         assert!(!stderr.contains(TOKEN), "{stderr}");
     }
     // The configuration file's `token_file` the same.
     let path = token_file(dir, 0o604);
-    let config = dir.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\ntcp = \"{tcp}\"\ntoken_file = {:?}\n",
-            dir.join("state"),
-            dir.join("agent.sock"),
-            path,
-        ),
-    )
-    .unwrap();
-    let (code, stderr) = run(&["agent".as_ref(), "--config".as_ref(), config.as_os_str()]);
-    assert_eq!(code, 2, "{stderr}");
+    let config = common::agent_toml(dir, &format!("tcp = \"{tcp}\"\ntoken_file = {path:?}\n"));
+    let stderr = refused(&["agent".as_ref(), "--config".as_ref(), config.as_os_str()]);
     assert!(stderr.contains(&refusal(&path, 0o604)), "{stderr}");
     assert!(!dir.join("agent.sock").exists());
 }
@@ -111,7 +105,7 @@ fn the_operator_refuses_a_token_file_others_can_read() {
     let path = token_file(dir, 0o644);
     let etcd = unreachable_etcd();
     let tcp = free_addr().to_string();
-    let (code, stderr) = run(&[
+    let stderr = refused(&[
         "operator".as_ref(),
         "--etcd".as_ref(),
         etcd.as_ref(),
@@ -122,7 +116,6 @@ fn the_operator_refuses_a_token_file_others_can_read() {
         "--token-file".as_ref(),
         path.as_os_str(),
     ]);
-    assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains(&refusal(&path, 0o644)), "{stderr}");
     assert!(!stderr.contains(TOKEN), "{stderr}");
 }
@@ -131,16 +124,10 @@ fn the_operator_refuses_a_token_file_others_can_read() {
 fn a_socket_group_that_does_not_exist_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let (code, stderr) = run(&[
-        "agent".as_ref(),
-        "--data-dir".as_ref(),
-        dir.join("state").as_os_str(),
-        "--socket".as_ref(),
-        dir.join("agent.sock").as_os_str(),
-        "--socket-group".as_ref(),
-        "corral-no-such-group".as_ref(),
-    ]);
-    assert_eq!(code, 2, "{stderr}");
+    let stderr = agent_refused(
+        dir,
+        &["--socket-group".as_ref(), "corral-no-such-group".as_ref()],
+    );
     assert!(
         stderr.contains("socket_group corral-no-such-group: no such group in /etc/group"),
         "{stderr}"
@@ -183,34 +170,15 @@ fn the_agent_socket_gets_the_group_asked_for_by_flag_and_by_file() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let socket = dir.join("agent.sock");
+    let (state, socket) = (dir.join("state"), dir.join("agent.sock"));
     // By flag.
-    let agent = Agent::start(
-        &[
-            "--data-dir".as_ref(),
-            dir.join("state").as_os_str(),
-            "--socket".as_ref(),
-            socket.as_os_str(),
-            "--socket-group".as_ref(),
-            name.as_ref(),
-        ],
-        &socket,
-    );
+    let agent = Agent::serve_with(&state, &socket, &["--socket-group".as_ref(), name.as_ref()]);
     let metadata = std::fs::metadata(&socket).unwrap();
     assert_eq!(metadata.gid(), gid);
     assert_eq!(metadata.mode() & 0o777, 0o660);
     drop(agent);
     // By the configuration file.
-    let config = dir.join("agent.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\nsocket_group = {name:?}\n",
-            dir.join("state"),
-            socket,
-        ),
-    )
-    .unwrap();
+    let config = common::agent_toml(dir, &format!("socket_group = {name:?}\n"));
     let _agent = Agent::start(&["--config".as_ref(), config.as_os_str()], &socket);
     let metadata = std::fs::metadata(&socket).unwrap();
     assert_eq!(metadata.gid(), gid);
@@ -247,18 +215,18 @@ fn at_trace_level_no_token_is_logged_or_echoed() {
     let agent_tcp_text = agent_tcp.to_string();
     let socket = dir.join("agent.sock");
     let state = dir.join("state");
-    let mut args: Vec<&OsStr> = vec![
-        "--data-dir".as_ref(),
-        state.as_os_str(),
-        "--socket".as_ref(),
-        socket.as_os_str(),
-        "--tcp".as_ref(),
-        agent_tcp_text.as_ref(),
-        "--token-file".as_ref(),
-        path.as_os_str(),
-    ];
-    args.extend(trace);
-    let agent = Agent::start(&args, &socket);
+    let agent = Agent::serve_with(
+        &state,
+        &socket,
+        &[
+            "--tcp".as_ref(),
+            agent_tcp_text.as_ref(),
+            "--token-file".as_ref(),
+            path.as_os_str(),
+            trace[0],
+            trace[1],
+        ],
+    );
     let mut answers = Vec::new();
     answers.push(request(agent_tcp, "GET", "/v1/status", TOKEN, ""));
     answers.push(request(
@@ -276,18 +244,16 @@ fn at_trace_level_no_token_is_logged_or_echoed() {
     let operator_tcp_text = operator_tcp.to_string();
     let etcd = unreachable_etcd();
     let operator_log = dir.join("operator.log");
-    let mut operator = Command::new(BINARY)
-        .args(["operator", "--etcd", &etcd, "--replica", "op-a"])
-        .arg("--api-socket")
-        .arg(dir.join("op.sock"))
-        .args(["--api-tcp", &operator_tcp_text, "--token-file"])
-        .arg(&path)
-        .args(trace)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&operator_log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut operator = common::spawn_logged(
+        Command::new(BINARY)
+            .args(["operator", "--etcd", &etcd, "--replica", "op-a"])
+            .arg("--api-socket")
+            .arg(dir.join("op.sock"))
+            .args(["--api-tcp", &operator_tcp_text, "--token-file"])
+            .arg(&path)
+            .args(trace),
+        &operator_log,
+    );
     wait_showing(
         "the operator serves its api",
         Duration::from_secs(60),

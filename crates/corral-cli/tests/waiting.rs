@@ -176,10 +176,7 @@ fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_until_the_po
     let dir = tempfile::tempdir().unwrap();
     let etcd = initialized(1, dir.path(), &two_blocks());
     let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
-    let agents: Vec<_> = NODES
-        .iter()
-        .map(|node| start_agent(&etcd, &dir.path().join(node), node))
-        .collect();
+    let agents = start_agents(&etcd, dir.path(), &NODES);
     wait_until(
         "two nodes hold the two blocks, the other two are waiting",
         Duration::from_secs(30),
@@ -212,17 +209,13 @@ fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_until_the_po
     );
 
     // Space comes back: the pool grows by a cluster CIDR through `corral cluster apply`.
-    let wider = dir.path().join("wider.toml");
-    std::fs::write(
-        &wider,
-        two_blocks().replace(
-            r#"cidrs = ["10.90.0.0/27"]"#,
-            r#"cidrs = ["10.90.0.0/27", "10.90.0.32/27"]"#,
-        ),
-    )
-    .unwrap();
-    let (code, out, err) = cluster_command(&etcd, "apply", &["--config", wider.to_str().unwrap()]);
-    assert_eq!(code, 0, "cluster apply: {out}{err}");
+    widen(
+        &etcd,
+        dir.path(),
+        &two_blocks(),
+        "10.90.0.0/27",
+        "10.90.0.32/27",
+    );
     wait_until("every node holds a block", Duration::from_secs(30), || {
         served(&etcd).len() == NODES.len()
             && all_live(&etcd)

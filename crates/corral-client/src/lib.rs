@@ -500,16 +500,8 @@ fn decode<T: DeserializeOwned>(path: &str, body: &[u8]) -> Result<T, Error> {
 
 /// `path?scope=<scope>`, the scope percent-encoded (RFC 3986: all but unreserved characters).
 fn with_scope(path: &str, scope: Option<&str>) -> String {
-    let Some(scope) = scope else {
-        return path.to_owned();
-    };
-    let mut query = format!("{path}?scope=");
-    for byte in scope.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            query.push(char::from(byte));
-        } else {
-            query.push_str(&format!("%{byte:02X}"));
-        }
+    match scope {
+        Some(scope) => format!("{path}?scope={}", corral_api::percent_encode(scope)),
+        None => path.to_owned(),
     }
-    query
 }

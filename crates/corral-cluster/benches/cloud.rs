@@ -102,6 +102,7 @@ fn record(node: usize, device: u32, held: u32) -> (CloudId, CloudInterfaceRecord
         ),
         primary_ipv4: None,
         addresses: (0..held).map(|k| address(node, device, k)).collect(),
+        assigned_ms: Default::default(),
         attachment: CloudAttachment::Attached,
         managed: true,
         prefixes_refused_ms: None,

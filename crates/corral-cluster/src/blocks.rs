@@ -309,6 +309,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tests::net;
 
     fn w(pre: u64, min: u64, maw: u64, max: u64) -> Watermarks {
         Watermarks {
@@ -369,10 +370,6 @@ mod tests {
         assert_eq!(to_allocate(&w(8, 0, 0, 0), 10, 9, 3), 7);
         // Nothing needed, but allocations wait beyond what is free: a surge alone.
         assert_eq!(to_allocate(&w(0, 0, 0, 0), 4, 4, 2), 2);
-    }
-
-    fn net(text: &str) -> IpNet {
-        text.parse().unwrap()
     }
 
     fn block(cidr: &str, seen_ms: u64, release: Option<(ReleaseState, u64)>) -> HeldBlock {

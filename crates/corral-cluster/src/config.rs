@@ -27,6 +27,11 @@ pub use pool::{CloudPool, DemandConfig, PoolConfig, PoolKind};
 /// longer is refused by etcd, so every removal would fail.
 pub const MAX_LEASE_TTL_SECS: u64 = 9_000_000_000;
 
+/// Default budget of demand writes a second, the whole cluster's (`demand_writes_per_sec`):
+/// up to 1,000 nodes every node writes its demand up to once a second, as without a budget;
+/// at 10,000 nodes once every 10 s, at 100,000 once every 100 s.
+pub const DEFAULT_DEMAND_WRITES_PER_SEC: u64 = 1_000;
+
 /// Default quarantine of a released node CIDR or node ID, in seconds.
 pub const DEFAULT_QUARANTINE_SECS: u64 = 300;
 
@@ -542,6 +547,10 @@ pub struct ClusterConfig {
     pub namespaces: BTreeMap<String, String>,
     /// The bounds of the grants' history (`history_max_events`, `history_max_age_secs`).
     pub history: HistoryConfig,
+    /// The most `demand/` writes a second of every agent together (>= 1): each node writes
+    /// its demand at most once per `nodes / demand_writes_per_sec` seconds
+    /// (`crate::census::demand_interval`), urgent changes first.
+    pub demand_writes_per_sec: u64,
 }
 
 /// The bounds of the grants' history the leader keeps in etcd (`crate::history`).
@@ -1200,6 +1209,31 @@ node_prefix_len = 24
                 "{field}: {message}"
             );
         }
+    }
+
+    #[test]
+    fn the_demand_write_budget_defaults_is_checked_and_stored_only_when_set() {
+        let config = ClusterConfig::from_toml(EXAMPLE).unwrap();
+        assert_eq!(config.demand_writes_per_sec, DEFAULT_DEMAND_WRITES_PER_SEC);
+        // The default is not written out: a stored configuration reads as it did before.
+        assert!(!config.to_json().unwrap().contains("demand_writes_per_sec"));
+        let set =
+            ClusterConfig::from_toml(&format!("demand_writes_per_sec = 250\n{EXAMPLE}")).unwrap();
+        assert_eq!(set.demand_writes_per_sec, 250);
+        let json = set.to_json().unwrap();
+        assert!(json.contains("\"demand_writes_per_sec\":250"), "{json}");
+        assert_eq!(ClusterConfig::from_json(json.as_bytes()).unwrap(), set);
+        assert_eq!(
+            field_of(ClusterConfig::from_toml(&format!(
+                "demand_writes_per_sec = 0\n{EXAMPLE}"
+            ))),
+            "demand_writes_per_sec: must be at least 1 (the demand writes a second of every \
+             node together)"
+        );
+        assert!(matches!(
+            ClusterConfig::from_toml(&format!("demand_writes_per_sec = -1\n{EXAMPLE}")),
+            Err(ConfigError::Parse { .. })
+        ));
     }
 
     #[test]

@@ -13,9 +13,28 @@ use crate::keys::{ClusterName, Keys};
 use crate::view::ClusterView;
 use crate::{Family, PoolName};
 
+/// The `[node_ids]` table of [`RECORDS_CONFIG`], in TOML: a macro, so `concat!` can put it
+/// into constants (the unit tests plan node IDs with it too).
+macro_rules! node_ids_toml {
+    () => {
+        r#"[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#
+    };
+}
+#[cfg_attr(not(test), allow(unused_imports))]
+pub(crate) use node_ids_toml;
+
 /// The configuration the view of [`records`] starts from: a node-CIDR pool, a block pool of
 /// both families and a node-ID plan, so every kind of record has something to land in.
-pub const RECORDS_CONFIG: &str = r#"
+pub const RECORDS_CONFIG: &str = concat!(
+    r#"
 default_pool = "pods"
 [[pools]]
 name = "default"
@@ -31,15 +50,9 @@ block_prefix_len = 26
 [pools.ipv6]
 cidrs = ["fd00:64::/64"]
 block_prefix_len = 122
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+"#,
+    node_ids_toml!()
+);
 
 /// The cluster configuration as the file's TOML and as the stored JSON: what reads prints
 /// (`to_json`) and reads back the same.

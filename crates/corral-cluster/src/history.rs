@@ -214,21 +214,10 @@ pub fn trim_plan(oldest_first: &[u64], bounds: Bounds, now_ms: u64) -> usize {
 mod tests {
     use super::*;
     use crate::keys::{ClusterName, HistoryIndex, Key, decode_value};
+    use crate::tests::{net, node, pods as pool};
 
     fn keys() -> Keys {
         Keys::new(ClusterName::new("c").unwrap())
-    }
-
-    fn pool() -> PoolName {
-        PoolName::new("pods").unwrap()
-    }
-
-    fn net(text: &str) -> IpNet {
-        text.parse().unwrap()
-    }
-
-    fn node(name: &str) -> NodeName {
-        NodeName::new(name).unwrap()
     }
 
     fn grant(name: &str, granted_ms: Option<u64>) -> GrantRecord {

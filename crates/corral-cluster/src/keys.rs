@@ -248,6 +248,9 @@ pub enum Key {
     /// `recover`: `corral cluster recover --yes` asked the leader to grant again without
     /// waiting for the agents' assertions after etcd went back in time.
     Recover,
+    /// `meta/census`: the node count the agents pace their demand writes by (`CensusRecord`),
+    /// written by the leader, fenced, only when the count outgrows it or falls below half.
+    Census,
     /// `reassert`: a leader that saw etcd go back in time asks every agent to put its
     /// `holdings/` record again (`ReassertRecord`); records older than this key's mod revision
     /// do not count as asserted after the regression.
@@ -525,6 +528,10 @@ impl Keys {
     pub fn config_applied(&self) -> String {
         self.key(format_args!("config-applied"))
     }
+    /// `meta/census`.
+    pub fn census(&self) -> String {
+        self.key(format_args!("meta/census"))
+    }
     /// `election/<lease-hex>`.
     pub fn election(&self, lease: u64) -> String {
         self.key(format_args!("election/{lease:x}"))
@@ -632,6 +639,7 @@ impl Keys {
             Key::ConfigApplied => self.config_applied(),
             Key::Recover => self.recover(),
             Key::Reassert => self.reassert(),
+            Key::Census => self.census(),
             Key::Election { lease } => self.election(*lease),
             Key::Node { node } => self.node(node),
             Key::Live { node } => self.live(node),
@@ -912,6 +920,7 @@ impl Keys {
             ["config-applied"] => Ok(Key::ConfigApplied),
             ["recover"] => Ok(Key::Recover),
             ["reassert"] => Ok(Key::Reassert),
+            ["meta", "census"] => Ok(Key::Census),
             ["election", lease] => parse_lease_hex(lease)
                 .map(|lease| Key::Election { lease })
                 .ok_or_else(|| malformed("invalid lease ID")),
@@ -1639,6 +1648,15 @@ pub struct CloudInterfaceRecord {
     /// prefixes: each one range of the agent's pool.
     #[serde(default, with = "crate::text::list")]
     pub addresses: Vec<IpNet>,
+    /// When each of `addresses` was assigned (first recorded on this interface, on the
+    /// leader's wall clock, milliseconds since the epoch): where its history starts, as a
+    /// grant's `granted_ms`. An address without one was recorded before these times were kept.
+    #[serde(
+        default,
+        skip_serializing_if = "std::collections::BTreeMap::is_empty",
+        with = "crate::text::map"
+    )]
+    pub assigned_ms: std::collections::BTreeMap<IpNet, u64>,
     /// Attaching or attached.
     pub attachment: CloudAttachment,
     /// Whether corral created it (a corral-tagged interface; the primary and interfaces made
@@ -1652,6 +1670,25 @@ pub struct CloudInterfaceRecord {
     /// repeat the futile call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefixes_refused_ms: Option<u64>,
+}
+
+impl CloudInterfaceRecord {
+    /// Stamps `assigned_ms` for this record replacing `old` (the interface's record before, if
+    /// any) at `now_ms`: an address `old` held in the same pool keeps its time (or its lack
+    /// of one), any other is assigned now; addresses no longer held lose theirs.
+    pub fn stamp_assigned(&mut self, old: Option<&CloudInterfaceRecord>, now_ms: u64) {
+        let old = old.filter(|old| old.pool == self.pool);
+        self.assigned_ms = self
+            .addresses
+            .iter()
+            .filter_map(|net| match old {
+                Some(old) if old.addresses.contains(net) => {
+                    old.assigned_ms.get(net).map(|ms| (*net, *ms))
+                }
+                _ => Some((*net, now_ms)),
+            })
+            .collect();
+    }
 }
 
 /// What a cloud intent is about to do.
@@ -1889,6 +1926,7 @@ mod tests {
             Key::ConfigApplied,
             Key::Recover,
             Key::Reassert,
+            Key::Census,
             Key::Election {
                 lease: 0x694d_77aa_9e38_260f,
             },
@@ -1954,6 +1992,7 @@ mod tests {
         let kinds = keys.kinds();
         let singletons = [
             Key::Schema,
+            Key::Census,
             Key::Config,
             Key::ConfigApplied,
             Key::Recover,
@@ -2110,6 +2149,44 @@ mod tests {
         assert_eq!(decode_value::<SchemaRecord>(&schema).unwrap().version, 1);
     }
 
+    /// A cloud address's history starts when it is first recorded: kept across records that
+    /// keep it, now for a new one, unknown for one recorded before the times were kept.
+    #[test]
+    fn cloud_addresses_keep_the_time_they_were_first_recorded() {
+        let net = |a: &str| a.parse::<IpNet>().unwrap();
+        let mut first = interface_record("vpc", "i-1", &["10.0.1.11/32", "10.0.1.32/28"]);
+        first.stamp_assigned(None, 1000);
+        assert_eq!(
+            first.assigned_ms,
+            [(net("10.0.1.11/32"), 1000), (net("10.0.1.32/28"), 1000)].into()
+        );
+        let mut second = interface_record("vpc", "i-1", &["10.0.1.11/32", "10.0.1.12/32"]);
+        second.stamp_assigned(Some(&first), 2000);
+        assert_eq!(
+            second.assigned_ms,
+            [(net("10.0.1.11/32"), 1000), (net("10.0.1.12/32"), 2000)].into()
+        );
+        // Another pool's record: everything is new there.
+        let mut moved = interface_record("other", "i-1", &["10.0.1.11/32"]);
+        moved.stamp_assigned(Some(&second), 3000);
+        assert_eq!(moved.assigned_ms, [(net("10.0.1.11/32"), 3000)].into());
+        // Written before the times were kept: its addresses stay without one.
+        let old = interface_record("vpc", "i-1", &["10.0.1.11/32"]);
+        let mut after = interface_record("vpc", "i-1", &["10.0.1.11/32", "10.0.1.12/32"]);
+        after.stamp_assigned(Some(&old), 4000);
+        assert_eq!(after.assigned_ms, [(net("10.0.1.12/32"), 4000)].into());
+        // Kept in the value; an old value without them reads as none.
+        let bytes = encode_value(&after).unwrap();
+        assert!(
+            String::from_utf8_lossy(&bytes).contains(r#""assigned_ms":{"10.0.1.12/32":4000}"#),
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+        assert_eq!(decode_value::<CloudInterfaceRecord>(&bytes).unwrap(), after);
+        let bytes = encode_value(&old).unwrap();
+        assert!(!String::from_utf8_lossy(&bytes).contains("assigned_ms"));
+    }
+
     #[test]
     fn cloud_ids_are_one_segment_and_cloud_records_round_trip() {
         for bad in ["", "a/b", "eni 1", &"x".repeat(129), "é"] {
@@ -2125,6 +2202,7 @@ mod tests {
         let interface = CloudInterfaceRecord {
             subnets: vec!["10.0.1.0/24".parse().unwrap()],
             primary_ipv4: Some("10.0.1.10".parse().unwrap()),
+            assigned_ms: [("10.0.1.11/32".parse().unwrap(), 1_795_788_120_000)].into(),
             ..interface_record("vpc", "i-0123", &["10.0.1.11/32", "10.0.1.32/28"])
         };
         let bytes = encode_value(&interface).unwrap();

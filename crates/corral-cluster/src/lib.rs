@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod blocks;
+pub mod census;
 pub mod check;
 pub mod cloud;
 pub mod config;
@@ -27,6 +28,7 @@ mod text;
 pub mod view;
 
 pub use backoff::{Resync, RetryState};
+pub use census::{CensusRecord, census_to_publish, demand_interval};
 pub use check::{
     AgentHoldings, CloudTruth, Entry, agent_block_problems, agents_problems, block_capacity,
     block_range, check, cloud_problems, election_candidate, election_leader, election_problems,

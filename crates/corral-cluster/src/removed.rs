@@ -123,16 +123,13 @@ mod tests {
     use crate::keys::{
         ClusterName, Keys, NodeName, QuarantineRecord, QuarantineState, encode_value,
     };
+    use crate::tests::pool_toml;
     use crate::view::ClusterView;
 
-    const CONFIG: &str = r#"
-quarantine_secs = 5
-[[pools]]
-name = "default"
-[pools.ipv4]
-cidrs = ["10.0.0.0/16"]
-node_prefix_len = 24
-"#;
+    const CONFIG: &str = concat!(
+        "quarantine_secs = 5\n",
+        pool_toml!("default", "10.0.0.0/16", node_prefix_len = 24)
+    );
 
     fn quarantine(view: &mut ClusterView, keys: &Keys, cidr: &str, state: QuarantineState) {
         let record = QuarantineRecord {

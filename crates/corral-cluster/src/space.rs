@@ -680,10 +680,7 @@ impl NodeIdSpace {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn net(text: &str) -> IpNet {
-        text.parse().unwrap()
-    }
+    use crate::tests::net;
 
     fn space(cidrs: &[&str], node_prefix_len: u8, reserved: &[&str]) -> CidrSpace {
         let cidrs: Vec<IpNet> = cidrs.iter().map(|c| net(c)).collect();

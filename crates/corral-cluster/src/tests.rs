@@ -6,25 +6,12 @@ use ipnet::IpNet;
 
 use crate::check::{Entry, check};
 use crate::config::ClusterConfig;
-use crate::keys::{CloudAttachment, CloudInterfaceRecord, encode_value};
+use crate::keys::{CloudAttachment, CloudId, CloudInterfaceRecord, encode_value};
 use crate::keys::{ClusterName, Keys, NodeName, NodeRecord, ReleaseRecord, ReleaseState};
+use crate::view::ClusterView;
 
-/// The `[node_ids]` table the tests plan node IDs with, in TOML: a macro, so `concat!` can put
-/// it into constants.
-macro_rules! node_ids_toml {
-    () => {
-        r#"[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#
-    };
-}
-pub(crate) use node_ids_toml;
+/// The `[node_ids]` table the tests plan node IDs with (the fuzz records' one), in TOML.
+pub(crate) use crate::fuzz::node_ids_toml;
 
 /// One `[[pools]]` table with the IPv4 range `cidr`, in TOML: its name, its mode when given,
 /// then `[pools.ipv4]` with `cidrs` and the `key = value` pairs that follow (a macro, so
@@ -54,6 +41,65 @@ pub fn assert_reported(problems: &[String], texts: &[&str]) {
     }
 }
 
+/// A [`ClusterView`] of cluster `t` fed key by key, each put at the next revision. The view's
+/// tests add the steps they need in `impl ViewFixture` blocks of their own.
+pub struct ViewFixture {
+    pub view: ClusterView,
+    pub revision: i64,
+}
+
+impl ViewFixture {
+    /// The view of configuration `config` (TOML) at revision 1.
+    pub fn new(config: &str) -> ViewFixture {
+        ViewFixture::of("t", config)
+    }
+
+    /// [`ViewFixture::new`] in cluster `cluster`.
+    pub fn of(cluster: &str, config: &str) -> ViewFixture {
+        let keys = Keys::new(ClusterName::new(cluster).unwrap());
+        ViewFixture {
+            view: ClusterView::new(keys, ClusterConfig::from_toml(config).unwrap()),
+            revision: 1,
+        }
+    }
+
+    /// Puts `value` at `key` at the next revision, which it answers.
+    pub fn put(&mut self, key: &str, value: &[u8]) -> i64 {
+        self.revision += 1;
+        self.view
+            .apply_put(key, value, self.revision, self.revision);
+        self.revision
+    }
+
+    /// Registers node `name` (uid `uid-<name>`).
+    pub fn register(&mut self, name: &str) -> NodeName {
+        let node = NodeName::new(name).unwrap();
+        let record = NodeRecord {
+            uid: format!("uid-{name}"),
+            addresses: vec![],
+            registered_ms: 0,
+            instance_id: None,
+            max_pods: None,
+        };
+        let key = self.view.keys().node(&node);
+        self.put(&key, &encode_value(&record).unwrap());
+        node
+    }
+}
+
+/// The block pool of the view's tests.
+pub fn pods() -> PoolName {
+    PoolName::new("pods").unwrap()
+}
+
+pub fn node(name: &str) -> NodeName {
+    NodeName::new(name).unwrap()
+}
+
+pub fn id(text: &str) -> CloudId {
+    CloudId::new(text).unwrap()
+}
+
 pub fn net(text: &str) -> IpNet {
     text.parse().unwrap()
 }
@@ -70,6 +116,7 @@ pub fn interface_record(pool: &str, instance_id: &str, addresses: &[&str]) -> Cl
         mac: "02:00:00:00:00:01".to_owned(),
         primary_ipv4: None,
         addresses: addresses.iter().map(|a| net(a)).collect(),
+        assigned_ms: Default::default(),
         attachment: CloudAttachment::Attached,
         managed: true,
         prefixes_refused_ms: None,

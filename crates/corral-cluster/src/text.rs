@@ -58,3 +58,42 @@ pub(crate) mod list {
             .collect()
     }
 }
+
+/// The same for a map whose keys are such values (JSON object keys are strings).
+pub(crate) mod map {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use serde::Serialize;
+    use serde::ser::SerializeMap;
+
+    pub(crate) fn serialize<K: Display, V: Serialize, S: Serializer>(
+        values: &BTreeMap<K, V>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(values.len()))?;
+        for (key, value) in values {
+            map.serialize_entry(&key.to_string(), value)?;
+        }
+        map.end()
+    }
+
+    pub(crate) fn deserialize<'de, K, V, D>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: FromStr + Ord,
+        K::Err: Display,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        let texts = BTreeMap::<String, V>::deserialize(deserializer)?;
+        texts
+            .into_iter()
+            .map(|(text, value)| {
+                let key = text
+                    .parse::<K>()
+                    .map_err(|e| D::Error::custom(format!("{text:?}: {e}")))?;
+                Ok((key, value))
+            })
+            .collect()
+    }
+}

@@ -30,6 +30,20 @@ async fn serial_cluster(
     (serial, cluster, kv)
 }
 
+/// Three members and a client whose requests time out after 1 s: `key` written with quorum,
+/// then members 1 and 2 killed (member 0 is left without a leader).
+async fn two_of_three_killed(
+    key: &str,
+) -> (tokio::sync::MutexGuard<'static, ()>, EtcdCluster, EtcdKv) {
+    let (serial, mut cluster, kv) = serial_cluster(3, options(Duration::from_secs(1))).await;
+    create(&kv, key, "x", Duration::ZERO)
+        .await
+        .expect("write with quorum");
+    cluster.kill(1).expect("kill member 1");
+    cluster.kill(2).expect("kill member 2");
+    (serial, cluster, kv)
+}
+
 fn options(request_timeout: Duration) -> EtcdOptions {
     EtcdOptions {
         request_timeout,
@@ -224,14 +238,9 @@ async fn quorum_lost_fails_within_the_timeout_and_comes_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn one_member_of_three_names_the_lost_quorum() {
-    let (_serial, mut cluster, kv) = serial_cluster(3, options(Duration::from_secs(1))).await;
-    create(&kv, "/quorum/before", "x", Duration::ZERO)
-        .await
-        .expect("write with quorum");
     // Member 0 survives: a call answered "no leader" there moves on to members 1 and 2, which
     // refuse the connection (before, the last of these was the answer).
-    cluster.kill(1).expect("kill member 1");
-    cluster.kill(2).expect("kill member 2");
+    let (_serial, _cluster, kv) = two_of_three_killed("/quorum/before").await;
     fn named<T>(outcome: &Result<T, KvError>) -> bool {
         matches!(outcome, Err(KvError::Unavailable(m)) if m.contains("etcd has lost quorum (no leader)"))
     }
@@ -272,12 +281,7 @@ async fn one_member_of_three_names_the_lost_quorum() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]
 async fn a_read_waits_for_a_leader_within_its_timeout() {
-    let (_serial, mut cluster, quick) = serial_cluster(3, options(Duration::from_secs(1))).await;
-    create(&quick, "/election/before", "x", Duration::ZERO)
-        .await
-        .expect("write with quorum");
-    cluster.kill(1).expect("kill member 1");
-    cluster.kill(2).expect("kill member 2");
+    let (_serial, mut cluster, quick) = two_of_three_killed("/election/before").await;
     // The survivor says "no leader" once its election timeout passed.
     let mut attempts = 0;
     loop {

@@ -43,6 +43,15 @@ async fn unavailable(kv: &EtcdKv) -> String {
     }
 }
 
+/// What a read through a client of `tls` answers (connecting is lazy), which must be
+/// `Unavailable`.
+async fn unavailable_over(endpoints: &[String], tls: EtcdTls) -> String {
+    let kv = EtcdKv::connect(endpoints, with_tls(tls))
+        .await
+        .expect("connecting is lazy");
+    unavailable(&kv).await
+}
+
 /// The TLS error `connect` answers to `tls`, which must refuse before connecting.
 async fn refused(endpoints: &[String], tls: EtcdTls) -> TlsError {
     match EtcdKv::connect(endpoints, with_tls(tls)).await {
@@ -79,10 +88,7 @@ async fn a_wrong_ca_and_an_untrusted_client_each_fail_with_their_own_message() {
         ca_cert: other.ca_cert(),
         ..good.clone()
     };
-    let kv = EtcdKv::connect(&endpoints, with_tls(wrong_ca))
-        .await
-        .expect("connecting is lazy");
-    let message = unavailable(&kv).await;
+    let message = unavailable_over(&endpoints, wrong_ca).await;
     assert!(
         message.contains("etcd's TLS certificate does not verify against the CA certificate given (UnknownIssuer)"),
         "{message}"
@@ -91,24 +97,14 @@ async fn a_wrong_ca_and_an_untrusted_client_each_fail_with_their_own_message() {
     // A client certificate etcd does not trust (another CA signed it): etcd refuses it.
     let (cert, key) = other.issue("stranger", Leaf::Client).expect("issue");
     let untrusted = EtcdTls::new(pki.ca_cert()).with_client(cert, key);
-    let kv = EtcdKv::connect(&endpoints, with_tls(untrusted))
-        .await
-        .expect("connecting is lazy");
-    let message = unavailable(&kv).await;
-    assert!(
-        message.contains("etcd refused the TLS client certificate"),
-        "{message}"
-    );
-
     // No client certificate at all: refused too.
-    let kv = EtcdKv::connect(&endpoints, with_tls(EtcdTls::new(pki.ca_cert())))
-        .await
-        .expect("connecting is lazy");
-    let message = unavailable(&kv).await;
-    assert!(
-        message.contains("etcd refused the TLS client certificate"),
-        "{message}"
-    );
+    for tls in [untrusted, EtcdTls::new(pki.ca_cert())] {
+        let message = unavailable_over(&endpoints, tls).await;
+        assert!(
+            message.contains("etcd refused the TLS client certificate"),
+            "{message}"
+        );
+    }
 
     // The right files work.
     let kv = EtcdKv::connect(&endpoints, with_tls(good))
@@ -142,76 +138,62 @@ async fn bad_files_are_start_up_errors_naming_the_file() {
         missing.display()
     )));
 
-    // A key others can read.
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let error = refused(
-        &endpoints,
-        EtcdTls::new(pki.ca_cert()).with_client(&cert, &key),
-    )
-    .await;
-    assert_eq!(
-        text(error),
-        format!(
-            "the etcd client key {} can be read by others (mode 0644): `chmod o-rwx` it (0600 or 0640)",
-            key.display()
-        )
-    );
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
-
-    // A key that is not the certificate's.
+    // A key others can read, a key that is not the certificate's, an expired certificate, not
+    // PEM, a certificate without its key.
+    let exposed = dir.path().join("exposed-key.pem");
+    copy(&key, &exposed, 0o644);
     let (_, other_key) = pki.issue("another", Leaf::Client).expect("issue");
-    let error = refused(
-        &endpoints,
-        EtcdTls::new(pki.ca_cert()).with_client(&cert, &other_key),
-    )
-    .await;
-    assert_eq!(
-        text(error),
-        format!(
-            "the etcd client key {} does not match the certificate {}",
-            other_key.display(),
-            cert.display()
-        )
-    );
-
-    // An expired certificate.
     let (expired, expired_key) = pki.issue("expired", Leaf::ExpiredClient).expect("issue");
-    let error = refused(
-        &endpoints,
-        EtcdTls::new(pki.ca_cert()).with_client(&expired, &expired_key),
-    )
-    .await;
-    assert_eq!(
-        text(error),
-        format!(
-            "the etcd client certificate {} expired at 2001-01-01 00:00:00 UTC",
-            expired.display()
-        )
-    );
-
-    // Not PEM; a certificate without its key.
     let garbage = dir.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate\n").expect("write");
-    let error = refused(&endpoints, EtcdTls::new(&garbage)).await;
-    assert_eq!(
-        text(error),
-        format!(
-            "the etcd CA certificate {} holds no PEM certificate",
-            garbage.display()
-        )
-    );
     let mut half = EtcdTls::new(pki.ca_cert());
     half.cert = Some(cert.clone());
-    let error = refused(&endpoints, half).await;
-    assert_eq!(
-        text(error),
-        format!(
-            "the etcd client certificate {} is given without its key",
-            cert.display()
-        )
-    );
+    let with_client = |cert: &Path, key: &Path| EtcdTls::new(pki.ca_cert()).with_client(cert, key);
+    let cases = [
+        (
+            with_client(&cert, &exposed),
+            format!(
+                "the etcd client key {} can be read by others (mode 0644): `chmod o-rwx` it (0600 or 0640)",
+                exposed.display()
+            ),
+        ),
+        (
+            with_client(&cert, &other_key),
+            format!(
+                "the etcd client key {} does not match the certificate {}",
+                other_key.display(),
+                cert.display()
+            ),
+        ),
+        (
+            with_client(&expired, &expired_key),
+            format!(
+                "the etcd client certificate {} expired at 2001-01-01 00:00:00 UTC",
+                expired.display()
+            ),
+        ),
+        (
+            EtcdTls::new(&garbage),
+            format!(
+                "the etcd CA certificate {} holds no PEM certificate",
+                garbage.display()
+            ),
+        ),
+        (
+            half,
+            format!(
+                "the etcd client certificate {} is given without its key",
+                cert.display()
+            ),
+        ),
+    ];
+    for (tls, expected) in cases {
+        assert_eq!(text(refused(&endpoints, tls).await), expected);
+    }
 
-    // The right files pass (connecting is lazy: nothing listens there).
+    // The right files pass, a key its group can read among them (connecting is lazy: nothing
+    // listens there).
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
     EtcdKv::connect(
         &endpoints,
         with_tls(EtcdTls::new(pki.ca_cert()).with_client(&cert, &key)),

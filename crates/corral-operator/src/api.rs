@@ -652,12 +652,7 @@ fn node_name(name: Result<UrlPath<String>, PathRejection>) -> Result<NodeName, R
     get,
     path = paths::NODE,
     summary = "One registered node",
-    params(
-        (
-            "name" = String, Path,
-            description = "The node's name (a DNS-1123 subdomain; anything else is 400)"
-        ),
-    ),
+    params(NodePath),
     responses((status = 200, description = "Success", body = body::NodeStatus), NodeErrors),
 )]
 async fn node(
@@ -674,6 +669,16 @@ async fn node(
     }))
 }
 
+/// The path parameter of the routes of one node, for the API's document (the handlers take
+/// the name as a string and check it with `node_name`).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+struct NodePath {
+    /// The node's name (a DNS-1123 subdomain; anything else is 400)
+    name: String,
+}
+
 fn not_registered(name: &NodeName) -> Refusal {
     Refusal(
         ErrorCode::NotFound,
@@ -687,12 +692,7 @@ fn not_registered(name: &NodeName) -> Refusal {
     operation_id = "node_plan",
     summary = "The node's addresses under the node-ID plan (404 without a plan, an unknown node \
         or one without a node ID yet)",
-    params(
-        (
-            "name" = String, Path,
-            description = "The node's name (a DNS-1123 subdomain; anything else is 400)"
-        ),
-    ),
+    params(NodePath),
     responses((status = 200, description = "Success", body = body::NodePlan), PlanErrors),
 )]
 async fn plan(

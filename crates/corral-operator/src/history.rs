@@ -231,7 +231,8 @@ async fn of_node<K: Kv>(
             );
         }
     }
-    // Cloud addresses and prefixes its interface records hold (since a time they do not say).
+    // Cloud addresses and prefixes its interface records hold, since they were assigned (a
+    // record written before the records kept that time does not say).
     let prefix = keys.cloud_interfaces_of_node_prefix(node);
     for entry in range_from(kv, &prefix, None).await? {
         if let Ok(record) = decode_value::<CloudInterfaceRecord>(&entry.value) {
@@ -239,7 +240,7 @@ async fn of_node<K: Kv>(
                 pool: record.pool.clone(),
                 cidr: *cidr,
                 node: node.clone(),
-                from_ms: None,
+                from_ms: record.assigned_ms.get(cidr).copied(),
                 to_ms: None,
                 why: None,
             }));

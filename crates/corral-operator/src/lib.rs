@@ -13,6 +13,7 @@ use corral_cluster::{ClusterName, Keys};
 use corral_kv::{Kv, KvError};
 
 pub mod api;
+pub mod config;
 pub mod dashboard;
 pub mod election;
 pub mod epoch;

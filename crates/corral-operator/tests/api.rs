@@ -725,6 +725,7 @@ fn a_cloud_pool_nodes_interfaces_and_statistics_are_served() {
             "10.0.0.10/32".parse().unwrap(),
             "10.0.0.16/28".parse().unwrap(),
         ],
+        assigned_ms: Default::default(),
         attachment: corral_cluster::CloudAttachment::Attached,
         managed: true,
         prefixes_refused_ms: None,

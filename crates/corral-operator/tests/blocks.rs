@@ -15,7 +15,7 @@ use corral_cluster::{
     DemandRecord, Family, FamilyDemand, IpNet, PoolName, ReleaseRecord, ReleaseState, decode_value,
     encode_value,
 };
-use corral_kv::{Compare, Kv, MemKv, Txn, TxnOp};
+use corral_kv::{Kv, MemKv};
 use corral_operator::state::TxnOutcome;
 
 /// One block pool: IPv4 /28 blocks (14 addresses each) from 10.64.0.0/16, the first block
@@ -51,25 +51,16 @@ async fn releases_of<K: Kv>(kv: &K, name: &str) -> Vec<(String, ReleaseRecord)> 
 /// The agent's answer to a handshake: CAS on the release key's mod revision, as the protocol
 /// says. Answers whether the CAS went through.
 async fn answer<K: Kv>(kv: &K, name: &str, block: &str, state: ReleaseState) -> bool {
-    let key = keys().release(&node(name), &pods(), Family::V4, &net(block));
-    let Some(entry) = kv.get(key.as_bytes()).await.unwrap() else {
-        return false;
-    };
-    let mut record: ReleaseRecord = decode_value(&entry.value).unwrap();
-    assert_eq!(record.state, ReleaseState::Marked, "{block}");
-    record.state = state;
-    record.answered_ms = 1;
-    if state == ReleaseState::Refused {
-        record.reason = Some("in use".into());
-    }
-    kv.txn(Txn {
-        compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
-        success: vec![TxnOp::put(key, encode_value(&record).unwrap())],
-        failure: vec![],
+    answer_release(kv, name, block, |record| {
+        assert_eq!(record.state, ReleaseState::Marked, "{block}");
+        record.state = state;
+        record.answered_ms = 1;
+        if state == ReleaseState::Refused {
+            record.reason = Some("in use".into());
+        }
     })
     .await
-    .unwrap()
-    .succeeded
+    .unwrap_or(false)
 }
 
 async fn leader_of(replicas: &[&Replica]) {
@@ -591,4 +582,50 @@ async fn a_node_starving_in_one_block_pool_is_granted_blocks_in_the_others() {
         .collect();
     assert_eq!(reasons, ["pods ipv4: no free block: the pool is exhausted"]);
     assert_clean_end(&kv, &auditor).await;
+}
+
+/// The node count in `meta/census`: its value and how many times it was written.
+async fn census<K: Kv>(kv: &K) -> Option<(u64, i64)> {
+    let entry = kv.get(keys().census().as_bytes()).await.unwrap()?;
+    let record: corral_cluster::CensusRecord = decode_value(&entry.value).unwrap();
+    Some((record.nodes, entry.version))
+}
+
+/// Issue 25: the leader publishes the node count the agents share the demand write budget by
+/// (`meta/census`, an eighth above the registered nodes) at the start of its term, then only
+/// when the nodes outgrow it or fall below half of it, never per registration; a new leader
+/// writes it once more.
+#[tokio::test(start_paused = true)]
+async fn the_leader_publishes_the_node_count_for_the_demand_budget_only_when_it_must() {
+    let kv = initialized(BLOCKS).await;
+    for i in 0..16 {
+        register(&kv, &format!("node-{i:02}")).await;
+    }
+    let a = leading(&kv).await;
+    wait_until("the census", Duration::from_secs(10), || async {
+        census(&kv).await == Some((18, 1))
+    })
+    .await;
+    // Two more fit under it: nothing written.
+    register(&kv, "node-16").await;
+    register(&kv, "node-17").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(census(&kv).await, Some((18, 1)));
+    // One more outgrows it.
+    register(&kv, "node-18").await;
+    wait_until("the census grown", Duration::from_secs(10), || async {
+        census(&kv).await == Some((21, 2))
+    })
+    .await;
+    a.stop().await;
+    let b = leading(&kv).await;
+    wait_until(
+        "the next term's census",
+        Duration::from_secs(20),
+        || async { census(&kv).await == Some((21, 3)) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(census(&kv).await, Some((21, 3)));
+    b.stop().await;
 }

@@ -70,9 +70,20 @@ async fn three_nodes_get_their_spare_addresses_and_give_back_the_excess() {
         .filter(|e| e.why == Some(GrantEnd::Released))
         .collect();
     assert_eq!(released.len(), 5, "{released:?}");
-    // ... beside the 8 it still holds (since a time its records do not say).
+    // ... beside the 8 it still holds.
     let held = events.iter().filter(|e| e.to_ms.is_none()).count();
     assert_eq!(held, 8, "{events:?}");
+    // Each from when it was assigned, held or ended, as a grant is (before, every cloud
+    // address said "before history"): the 3 assigned for the pods later than the first 8.
+    assert!(
+        events
+            .iter()
+            .all(|e| e.from_ms.is_some() && e.from_ms <= e.to_ms.or(Some(u64::MAX))),
+        "{events:?}"
+    );
+    let first = events.iter().filter_map(|e| e.from_ms).min().unwrap();
+    let later = events.iter().filter(|e| e.from_ms > Some(first)).count();
+    assert!(later >= 3, "{events:?}");
     for event in &released {
         assert_eq!(
             (event.pool.as_str(), event.node.as_str()),
@@ -731,11 +742,7 @@ async fn scenario_2_pod_churn_with_the_primary_interface_trims_only_lasting_exce
 /// the cloud answered (when, what, on which interface, which addresses) and every demand the
 /// agents wrote, as text.
 fn seeded_churn_trace() -> String {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = paused_runtime();
     runtime.block_on(async {
         let nodes = names(20);
         let (rig, _a) = Scenario::new(2)
@@ -1010,6 +1017,13 @@ async fn a_removed_node_loses_its_records() {
     assert_eq!(ended.len(), 8, "{ended:?}");
     assert!(
         ended.iter().all(|e| e.why == Some(GrantEnd::NodeRemoved)),
+        "{ended:?}"
+    );
+    // From when they were assigned to when the node went.
+    assert!(
+        ended
+            .iter()
+            .all(|e| e.from_ms.is_some() && e.from_ms < e.to_ms),
         "{ended:?}"
     );
     assert_consistent(&rig.kv).await;

@@ -15,6 +15,11 @@ fn operator_history_query() {
 }
 
 #[test]
+fn operator_config() {
+    replay::replay("operator_config", corral_operator::fuzz::config);
+}
+
+#[test]
 fn every_fuzz_target_is_replayed() {
     replay::every_target_is_replayed();
 }

@@ -13,10 +13,10 @@ use std::time::Duration;
 use common::*;
 use corral_cluster::history::HistoryEvent;
 use corral_cluster::{
-    ClusterConfig, Family, GrantEnd, GrantRecord, HistoryRecord, IpNet, PoolName, ReleaseRecord,
-    ReleaseState, decode_value, encode_value,
+    ClusterConfig, Family, GrantEnd, GrantRecord, HistoryRecord, IpNet, PoolName, ReleaseState,
+    decode_value,
 };
-use corral_kv::{Compare, Kv, MemKv, Txn, TxnOp};
+use corral_kv::{Kv, MemKv, TxnOp};
 use corral_operator::election::Fence;
 use corral_operator::history::{HistoryQuery, HistoryRequest, read};
 
@@ -64,21 +64,12 @@ async fn history(kv: &MemKv, query: HistoryQuery, at_ms: Option<u64>) -> Vec<His
 
 /// The agent's answer to a mark: `ready` (CAS on the release key).
 async fn surrender(kv: &MemKv, name: &str, block: &str) {
-    let key = keys().release(&node(name), &pods(), Family::V4, &net(block));
-    let entry = kv.get(key.as_bytes()).await.unwrap().unwrap();
-    let mut record: ReleaseRecord = decode_value(&entry.value).unwrap();
-    record.state = ReleaseState::Ready;
-    record.answered_ms = 1;
-    assert!(
-        kv.txn(Txn {
-            compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
-            success: vec![TxnOp::put(key, encode_value(&record).unwrap())],
-            failure: vec![],
-        })
-        .await
-        .unwrap()
-        .succeeded
-    );
+    let answered = answer_release(kv, name, block, |record| {
+        record.state = ReleaseState::Ready;
+        record.answered_ms = 1;
+    })
+    .await;
+    assert_eq!(answered, Some(true), "{block}");
 }
 
 async fn grant_of(kv: &MemKv, pool: &str, family: Family, cidr: &str) -> Option<GrantRecord> {

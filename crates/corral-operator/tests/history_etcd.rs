@@ -6,13 +6,14 @@
 //!
 //! Needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
+mod common;
+
 use corral_cluster::history::{HistoryEvent, newest_first};
 use corral_cluster::{
     ClusterConfig, ClusterName, Family, GrantEnd, GrantRecord, HistoryRecord, IpNet, Keys,
     NodeName, PoolName, encode_value,
 };
-use corral_etcd::testing::EtcdCluster;
-use corral_kv::{Kv, Txn, TxnOp};
+use corral_kv::{Kv, TxnOp};
 use corral_operator::history::{HistoryQuery, HistoryRequest, read, read_with_held};
 
 const BLOCKS: &str = include_str!("configs/blocks.toml");
@@ -22,17 +23,11 @@ const GRANTS: u32 = 2500;
 /// Ended grants in the history.
 const ENDED: u32 = 30;
 
+/// Writes `puts` in transactions of 100 (etcd's default limit of operations is 128).
 async fn put_all(kv: &impl Kv, puts: Vec<(String, Vec<u8>)>) {
     for chunk in puts.chunks(100) {
-        let txn = Txn {
-            compares: vec![],
-            success: chunk
-                .iter()
-                .map(|(k, v)| TxnOp::put(k.clone(), v.clone()))
-                .collect(),
-            failure: vec![],
-        };
-        kv.txn(txn).await.unwrap();
+        let ops = chunk.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone()));
+        common::apply(kv, ops.collect()).await;
     }
 }
 
@@ -44,20 +39,7 @@ fn block(i: u32) -> IpNet {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn the_newest_events_read_the_held_grants_from_the_view_in_one_request() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let etcd = runtime
-        .block_on(EtcdCluster::start(1))
-        .expect("etcd starts (make deps installs it)");
-    let kv = runtime
-        .block_on(corral_etcd::EtcdKv::connect(
-            &etcd.endpoints(),
-            Default::default(),
-        ))
-        .unwrap();
+    let (runtime, _etcd, kv) = common::etcd_runtime();
     let keys = Keys::new(ClusterName::new("t").unwrap());
     let config = ClusterConfig::from_toml(BLOCKS).unwrap();
     let pool = PoolName::new("pods").unwrap();

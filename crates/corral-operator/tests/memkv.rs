@@ -509,11 +509,7 @@ async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
 fn a_retry_for_a_node_that_needs_nothing_does_not_spin_the_leader() {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let runtime = paused_runtime();
         runtime.block_on(async {
             let (kv, _a, first) = tiny_pool_full().await;
             // node-3's registration goes (an administrator deleted it): it needs nothing now.

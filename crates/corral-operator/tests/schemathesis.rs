@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use corral_api::testing::Schemathesis;
 use corral_cluster::{ClusterConfig, ClusterName, Keys};
-use corral_etcd::testing::EtcdCluster;
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 use corral_operator::api::ApiConfig;
 use corral_operator::{OperatorConfig, Shared};
@@ -56,20 +55,7 @@ async fn seed_cluster(kv: &impl Kv, keys: &Keys) {
 fn schemathesis_finds_nothing_in_the_operator_api() {
     let st = Schemathesis::find();
     let dir = tempfile::tempdir().unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let etcd = runtime
-        .block_on(EtcdCluster::start(1))
-        .expect("etcd starts (make deps installs it)");
-    let kv = runtime
-        .block_on(corral_etcd::EtcdKv::connect(
-            &etcd.endpoints(),
-            Default::default(),
-        ))
-        .unwrap();
+    let (runtime, etcd, kv) = common::etcd_runtime();
     let keys = Keys::new(ClusterName::new("t").unwrap());
     runtime.block_on(seed_cluster(&kv, &keys));
     let shared = Arc::new(Shared::new("op-st".into()));

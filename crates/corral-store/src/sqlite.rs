@@ -276,8 +276,19 @@ const SCHEMA_5_HISTORY: &str = "CREATE TABLE history (
     CREATE INDEX history_by_owner ON history (owner, at);
     CREATE INDEX history_by_container ON history (container_id, ifname, at);";
 
-const HISTORY_COLUMNS: &str =
-    "at, kind, scope, pool, family, addr, network, container_id, ifname, owner, generation";
+/// The history's columns, in the order `read_history` reads them.
+macro_rules! history_columns {
+    () => {
+        "at, kind, scope, pool, family, addr, network, container_id, ifname, owner, generation"
+    };
+}
+const HISTORY_COLUMNS: &str = history_columns!();
+/// One event: a constant, so the statement cache finds it without formatting it per event.
+const INSERT_HISTORY: &str = concat!(
+    "INSERT INTO history (",
+    history_columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+);
 
 fn read_history(row: &Row<'_>) -> Result<Result<HistoryEvent, StoreError>, rusqlite::Error> {
     let at: i64 = row.get(0)?;
@@ -1555,24 +1566,19 @@ impl SqliteTxn<'_> {
 impl Txn for SqliteTxn<'_> {
     fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
         let key = event.key.as_ref();
-        self.tx()
-            .prepare_cached(&format!(
-                "INSERT INTO history ({HISTORY_COLUMNS})
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
-            ))?
-            .execute(params![
-                millis(event.at),
-                event.kind.code(),
-                event.scope,
-                event.pool.as_str(),
-                family_code(Family::of(event.addr)),
-                addr_blob(event.addr),
-                key.map(AttachmentKey::network),
-                key.map(AttachmentKey::container_id),
-                key.map(AttachmentKey::ifname),
-                event.owner,
-                i64::try_from(event.generation).unwrap_or(i64::MAX),
-            ])?;
+        self.tx().prepare_cached(INSERT_HISTORY)?.execute(params![
+            millis(event.at),
+            event.kind.code(),
+            event.scope,
+            event.pool.as_str(),
+            family_code(Family::of(event.addr)),
+            addr_blob(event.addr),
+            key.map(AttachmentKey::network),
+            key.map(AttachmentKey::container_id),
+            key.map(AttachmentKey::ifname),
+            event.owner,
+            i64::try_from(event.generation).unwrap_or(i64::MAX),
+        ])?;
         Ok(())
     }
 

@@ -65,6 +65,11 @@ struct Node {
     table: Interfaces,
 }
 
+/// The scope's engine built in full under `config`, and whether the stored state fitted it.
+fn build_full(txn: &mut impl Txn, config: &ScopeConfig) -> (Engine, bool) {
+    build_engine(txn, SCOPE, config, EngineConfig::default(), Need::Full).unwrap()
+}
+
 impl Node {
     /// Opens the state directory and restores everything, as an agent does at start.
     fn open(dir: &Path) -> Node {
@@ -74,14 +79,7 @@ impl Node {
             .stored_config(SCOPE)
             .unwrap()
             .unwrap_or_else(|| one_pool(&pool(), &[], Duration::from_secs(30)));
-        let (engine, full) = build_engine(
-            &mut txn,
-            SCOPE,
-            &config,
-            EngineConfig::default(),
-            Need::Full,
-        )
-        .unwrap();
+        let (engine, full) = build_full(&mut txn, &config);
         assert!(full);
         let mut tables = restore_interfaces(&config, &engine).unwrap();
         let table = tables.pop().unwrap_or_else(|| Interfaces::new(pool()));
@@ -109,6 +107,13 @@ impl Node {
         }
         save_engine(&mut txn, SCOPE, &self.config, &self.engine).unwrap();
         txn.commit().unwrap();
+    }
+
+    /// [`Node::open`], then interface `eni-0a` (device 0) added at t0 holding `addresses`.
+    fn open_with_eni(dir: &Path, addresses: &[&str]) -> Node {
+        let mut node = Node::open(dir);
+        node.add_interface(spec("eni-0a", 0, at(0)), addresses, at(0));
+        node
     }
 
     fn add_interface(&mut self, spec: InterfaceSpec, addresses: &[&str], now: Timestamp) {
@@ -165,15 +170,13 @@ impl Node {
 #[test]
 fn interfaces_assignments_and_cooling_survive_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = Node::open(dir.path());
-    node.add_interface(
-        spec("eni-0a", 0, at(0)),
+    let mut node = Node::open_with_eni(
+        dir.path(),
         &[
             "10.0.0.11/32",
             "10.0.0.12/32",
             "2600:1f14:abc:de00:1234::/80",
         ],
-        at(0),
     );
     node.add_interface(spec("eni-1b", 1, at(1)), &["10.0.1.16/28"], at(1));
     let a = node.assign("a", Family::V4, at(2));
@@ -262,14 +265,7 @@ fn an_interface_pool_without_interfaces_stays_one_after_a_reopen() {
     let mut store = SqliteStore::open(dir.path()).unwrap();
     let mut txn = store.begin().unwrap();
     let config = txn.stored_config(SCOPE).unwrap().unwrap();
-    let (engine, _) = build_engine(
-        &mut txn,
-        SCOPE,
-        &config,
-        EngineConfig::default(),
-        Need::Full,
-    )
-    .unwrap();
+    let (engine, _) = build_full(&mut txn, &config);
     txn.finish().unwrap();
     let tables = restore_interfaces(&config, &engine).unwrap();
     assert_eq!(tables.len(), 1, "the pool is still interface-backed");
@@ -283,12 +279,7 @@ fn an_interface_pool_without_interfaces_stays_one_after_a_reopen() {
 #[test]
 fn cooldown_is_enforced_after_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = Node::open(dir.path());
-    node.add_interface(
-        spec("eni-0a", 0, at(0)),
-        &["10.0.0.11/32", "10.0.0.12/32"],
-        at(0),
-    );
+    let mut node = Node::open_with_eni(dir.path(), &["10.0.0.11/32", "10.0.0.12/32"]);
     let first = node.assign("a", Family::V4, at(1));
     let second = node.assign("b", Family::V4, at(1));
     assert_eq!(first.to_string(), "10.0.0.11");
@@ -321,8 +312,7 @@ fn cooldown_is_enforced_after_a_reopen() {
 #[test]
 fn a_partial_build_accepts_interface_ranges() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = Node::open(dir.path());
-    node.add_interface(spec("eni-0a", 0, at(0)), &["10.0.0.32/28"], at(0));
+    let mut node = Node::open_with_eni(dir.path(), &["10.0.0.32/28"]);
     let a = node.assign("a", Family::V4, at(1));
     node.unassign("a", at(2));
     let config = node.config.clone();
@@ -357,12 +347,7 @@ fn a_partial_build_accepts_interface_ranges() {
 #[test]
 fn checkpoints_carry_interfaces() {
     let dir = tempfile::tempdir().unwrap();
-    let mut node = Node::open(dir.path());
-    node.add_interface(
-        spec("eni-0a", 0, at(0)),
-        &["10.0.0.11/32", "10.0.0.32/28"],
-        at(0),
-    );
+    let mut node = Node::open_with_eni(dir.path(), &["10.0.0.11/32", "10.0.0.32/28"]);
     let a = node.assign("a", Family::V4, at(1));
     let b = node.assign("b", Family::V4, at(1));
     node.unassign("b", at(2));

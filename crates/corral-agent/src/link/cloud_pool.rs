@@ -298,6 +298,7 @@ mod tests {
             mac: "02:00:00:00:00:01".into(),
             primary_ipv4: Some("10.0.1.5".parse().unwrap()),
             addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+            assigned_ms: Default::default(),
             attachment: CloudAttachment::Attached,
             managed: true,
             prefixes_refused_ms: None,

@@ -1,16 +1,23 @@
 //! Publishing the node's demand (`demand/<node>`): what its block and cloud pools use and
-//! want, written when it changes enough, at most once a second unless urgent.
+//! want, written when it changes enough, at most once a second, and at most the node's share
+//! of the cluster's demand write budget (`demand_writes_per_sec` over the node count the
+//! leader publishes in `meta/census`, read back by each write in its own transaction):
+//! [`DemandPace`], urgent changes first.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use corral_cluster::{DemandRecord, Keys, NodeName, encode_value};
+use corral_cluster::{
+    CensusRecord, ClusterConfig, DemandRecord, Keys, NodeName, decode_value, demand_interval,
+    encode_value,
+};
 use corral_core::PoolName;
 
-use corral_kv::{Kv, Txn, TxnOp};
+use corral_kv::{Kv, KvError, Txn, TxnOp};
 use tokio::time::Instant;
 
 use super::held::Held;
+use super::pace::DemandPace;
 use super::state::{ClusterOptions, LinkError, SharedClusterState, now_ms};
 use crate::committer::Committer;
 use crate::link::blocks::{demand_records, is_urgent, same_demand};
@@ -25,32 +32,59 @@ pub(super) async fn sleep_until_due(due: Option<Instant>) {
 }
 
 /// When and what the demand of the node's block pools is written (`demand/<node>/<pool>`):
-/// at most once per [`ClusterOptions::DEMAND_MIN_INTERVAL`], only what changed (`at_ms`
-/// aside), as soon as allowed when urgent ([`is_urgent`]), else within `demand_refresh`.
-pub(super) struct DemandWriter {
-    pub(super) refresh: Duration,
+/// at most once per [`ClusterOptions::DEMAND_MIN_INTERVAL`] and within the node's share of
+/// the budget ([`DemandPace`]), only what changed (`at_ms` aside), as soon as allowed when
+/// urgent ([`is_urgent`]), else within `demand_refresh` once the pace allows.
+#[derive(Debug)]
+pub struct DemandWriter {
+    refresh: Duration,
     /// What this round wrote (each round writes its first demand once reconciled).
-    pub(super) written: BTreeMap<PoolName, DemandRecord>,
-    pub(super) last_write: Option<Instant>,
-    pub(super) last_look: Option<Instant>,
+    written: BTreeMap<PoolName, DemandRecord>,
+    last_write: Option<Instant>,
+    last_look: Option<Instant>,
     /// When to look next; `None`: when something changes.
-    pub(super) due: Option<Instant>,
+    due: Option<Instant>,
+    /// The node's share of the budget.
+    pace: DemandPace,
+    /// The node count in `meta/census` as the last write read it (`None`: not read yet, or
+    /// no leader published it: the pace is the 1 s floor, as without a budget).
+    census: Option<u64>,
+    /// An urgent change waits for the pace: it stays urgent until written.
+    urgent_owed: bool,
 }
 
 impl DemandWriter {
     pub(super) fn new(options: &ClusterOptions) -> DemandWriter {
+        DemandWriter::with_refresh(options.demand_refresh, Instant::now())
+    }
+
+    /// A writer whose changes that are not urgent wait up to `refresh`, looking first at
+    /// `now` (the local store is reconciled), with a full bucket.
+    pub fn with_refresh(refresh: Duration, now: Instant) -> DemandWriter {
         DemandWriter {
-            refresh: options.demand_refresh,
+            refresh,
             written: BTreeMap::new(),
             last_write: None,
             last_look: None,
-            // The first look at once: the local store is reconciled.
-            due: Some(Instant::now()),
+            due: Some(now),
+            pace: DemandPace::new(now, ClusterOptions::DEMAND_MIN_INTERVAL),
+            census: None,
+            urgent_owed: false,
         }
     }
 
+    /// When to look next ([`DemandWriter::offer`]); `None`: when something changes.
+    pub fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// The node's share of the budget: one write per this time.
+    pub fn interval(&self) -> Duration {
+        self.pace.interval()
+    }
+
     /// Something changed: look again as soon as allowed.
-    pub(super) fn touched(&mut self, now: Instant) {
+    pub fn touched(&mut self, now: Instant) {
         let allowed = self
             .last_look
             .map_or(now, |t| t + ClusterOptions::DEMAND_MIN_INTERVAL)
@@ -116,9 +150,35 @@ impl DemandWriter {
         if let Some(report) = cloud_report {
             records.extend(cloud_pool::demand_records(config, &report, &pending));
         }
+        if self
+            .offer(kv, keys, node, config, &records, urgent_add, now)
+            .await?
+        {
+            state.metrics.demand_writes.inc();
+        }
+        Ok(())
+    }
+
+    /// A look at the node's demand `records` at `now` (`urgent_add`: an ADD started waiting
+    /// since the last look): writes what changed if its time has come, else says when to look
+    /// again ([`DemandWriter::due`]). True if it wrote. What the link does once it has read the
+    /// node's pools; the demand bench drives it alone.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn offer<K: Kv>(
+        &mut self,
+        kv: &K,
+        keys: &Keys,
+        node: &NodeName,
+        config: &ClusterConfig,
+        records: &BTreeMap<PoolName, DemandRecord>,
+        urgent_add: bool,
+        now: Instant,
+    ) -> Result<bool, KvError> {
+        self.due = None;
+        self.last_look = Some(now);
         let mut changed = Vec::new();
-        let mut urgent = urgent_add;
-        for (pool, record) in &records {
+        let mut urgent = urgent_add || self.urgent_owed;
+        for (pool, record) in records {
             let written = self.written.get(pool);
             if written.is_some_and(|w| same_demand(w, record)) {
                 continue;
@@ -127,14 +187,24 @@ impl DemandWriter {
             changed.push(pool.clone());
         }
         if changed.is_empty() {
-            return Ok(());
+            self.urgent_owed = false;
+            return Ok(false);
         }
-        let refresh_at = self.last_write.map_or(now, |t| t + self.refresh);
-        if !urgent && now < refresh_at {
-            // Not urgent: it goes with the periodic refresh (or sooner, if something urgent
-            // comes up meanwhile).
-            self.due = Some(refresh_at);
-            return Ok(());
+        // The share of the budget: the node count the last write read, else the floor.
+        let interval = demand_interval(self.census.unwrap_or(1), config.demand_writes_per_sec);
+        self.pace.set_interval(now, interval);
+        let at = if urgent {
+            self.pace.allowed_at(now, true)
+        } else {
+            // Not urgent: it goes with the periodic refresh, once the bucket is full (or
+            // sooner, if something urgent comes up meanwhile).
+            let refresh_at = self.last_write.map_or(now, |t| t + self.refresh);
+            self.pace.allowed_at(now, false).max(refresh_at)
+        };
+        if now < at {
+            self.urgent_owed = urgent;
+            self.due = Some(at);
+            return Ok(false);
         }
         let at_ms = now_ms();
         let mut puts = Vec::new();
@@ -148,20 +218,41 @@ impl DemandWriter {
                 encode_value(&record).unwrap_or_default(),
             ));
         }
-        for chunk in puts.chunks(corral_kv::MAX_TXN_OPS) {
-            kv.txn(Txn {
-                compares: vec![],
-                success: chunk.to_vec(),
-                failure: vec![],
-            })
-            .await?;
+        let census_key = keys.census();
+        let mut census = None;
+        // The node count for the next write's pace, read in the first transaction.
+        for (i, chunk) in puts.chunks(corral_kv::MAX_TXN_OPS - 1).enumerate() {
+            let mut success = chunk.to_vec();
+            if i == 0 {
+                success.push(TxnOp::Get {
+                    key: census_key.clone().into_bytes(),
+                });
+            }
+            let response = kv
+                .txn(Txn {
+                    compares: vec![],
+                    success,
+                    failure: vec![],
+                })
+                .await?;
+            if i == 0 {
+                census = response.gets.into_iter().next().flatten();
+            }
         }
-        state.metrics.demand_writes.inc();
+        self.pace.wrote(now);
+        self.urgent_owed = false;
+        self.census = census.and_then(|entry| match decode_value::<CensusRecord>(&entry.value) {
+            Ok(record) => Some(record.nodes),
+            Err(error) => {
+                tracing::warn!(%error, key = %census_key, "the node count does not read");
+                None
+            }
+        });
         self.last_write = Some(now);
         for pool in changed {
             let record = records[&pool].clone();
             self.written.insert(pool, record);
         }
-        Ok(())
+        Ok(true)
     }
 }

@@ -24,7 +24,8 @@
 //!
 //! The files, bottom up: `state.rs` (options and shared state), `liveness.rs` (one live agent
 //! per node), `held.rs` (the grants held, and which are taken up), `blocks.rs` and
-//! `cloud_pool.rs` (the demand of block and cloud pools), `demand.rs` (publishing it),
+//! `cloud_pool.rs` (the demand of block and cloud pools), `demand.rs` (publishing it, paced
+//! by `pace.rs` within the node's share of the cluster's demand write budget),
 //! `holdings.rs` (asserting what the node holds), `handshake.rs` (the release handshake),
 //! `cloud.rs` (interface records), `session.rs` (the rounds that run all of it).
 
@@ -37,11 +38,14 @@ mod handshake;
 mod held;
 pub mod holdings;
 pub mod liveness;
+mod pace;
 mod session;
 mod state;
 
+pub use demand::DemandWriter;
 pub(crate) use fuzz::fuzz_records;
 pub(crate) use liveness::utc;
+pub use pace::DemandPace;
 pub use session::run;
 pub(crate) use state::now_ms;
 pub use state::{

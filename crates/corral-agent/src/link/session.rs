@@ -734,7 +734,7 @@ pub(super) async fn follow<K: Kv>(
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let signals = Arc::clone(&state.blocks);
     loop {
-        let due = demand.due;
+        let due = demand.due();
         let events = tokio::select! {
             batch = grants.next() => batch?,
             batch = ids.next() => batch?,

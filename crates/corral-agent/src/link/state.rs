@@ -52,8 +52,9 @@ pub struct ClusterOptions {
 impl ClusterOptions {
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(20);
     pub const DEFAULT_DEMAND_REFRESH: Duration = Duration::from_secs(1);
-    /// At most one demand write per node in this time.
-    pub const DEMAND_MIN_INTERVAL: Duration = Duration::from_secs(1);
+    /// At most one demand write per node in this time (more apart in a cluster whose demand
+    /// write budget it would exceed: `corral_cluster::demand_interval`).
+    pub const DEMAND_MIN_INTERVAL: Duration = corral_cluster::census::DEMAND_MIN_INTERVAL;
     /// The local pool a node-ID plan's pod subnet goes to.
     pub const PLAN_POOL: &'static str = "default";
 }

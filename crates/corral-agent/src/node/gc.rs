@@ -169,6 +169,7 @@ mod tests {
 
     use super::*;
     use crate::node::Reply;
+    use crate::node::testing;
 
     #[derive(Clone, Debug, Default)]
     struct TestClock(Arc<AtomicU64>);
@@ -181,36 +182,21 @@ mod tests {
 
     fn declared() -> ScopeConfig {
         ScopeConfig {
-            pools: vec![
-                corral_store::PoolSpec::new(
-                    &corral_core::PoolName::default_pool(),
-                    Duration::ZERO,
-                    corral_core::ReusePolicy::NextFit,
-                    &["10.9.0.0/29".parse().unwrap()],
-                    &[],
-                )
-                .with_source(corral_store::RangeSource::File),
-            ],
+            pools: vec![testing::file_pool(
+                &corral_core::PoolName::default_pool(),
+                Duration::ZERO,
+                "10.9.0.0/29",
+            )],
         }
     }
 
     fn allocate(container: &str) -> Op {
-        Op::Allocate(
-            api::AllocateRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "default".into(),
-                owner: container.into(),
-                key: Some(api::AttachmentKey {
-                    network: "net".into(),
-                    container_id: container.into(),
-                    ifname: "eth0".into(),
-                }),
-                family: None,
-                address: None,
-                lease_ms: None,
-            }
-            .try_into()
-            .unwrap(),
+        testing::allocate(
+            api::NODE_SCOPE,
+            "default",
+            container,
+            Some(testing::attachment("net", container)),
+            None,
         )
     }
 

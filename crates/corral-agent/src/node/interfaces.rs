@@ -12,8 +12,8 @@
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{
-    Assignment, AttachmentKey, Family, InterfaceError, InterfaceId, InterfaceSpec, Interfaces,
-    IpNet, PoolName, Released, Request, Target, Timestamp,
+    Assignment, AttachmentKey, Engine, Family, InterfaceError, InterfaceId, InterfaceSpec,
+    Interfaces, IpNet, PoolName, Released, Request, Target, Timestamp,
 };
 use corral_store::{HistoryKind, RangeSource, Store, StoredAllocation};
 use std::collections::BTreeSet;
@@ -149,6 +149,35 @@ fn pool_of(scope: &Scope, id: &InterfaceId) -> Result<PoolName, OpError> {
             }
             .into()
         })
+}
+
+/// The pool of interface `id`, its table and the scope's engine (the table's changes go to it).
+fn table_of<'a>(
+    scope: &'a mut Scope,
+    id: &InterfaceId,
+) -> Result<(PoolName, &'a mut Interfaces, &'a mut Engine), OpError> {
+    let pool = pool_of(scope, id)?;
+    let Some(table) = scope.interfaces.get_mut(&pool) else {
+        return Err(InterfaceError::UnknownInterface {
+            interface: id.clone(),
+        }
+        .into());
+    };
+    Ok((pool, table, &mut scope.engine))
+}
+
+/// After a change to interface `id`: its pool's table stored, the node scope touched, and
+/// the interface as the API answers it.
+fn stored_info(
+    scope: &mut Scope,
+    pool: &PoolName,
+    id: &InterfaceId,
+    now: Timestamp,
+    touched: &mut BTreeSet<String>,
+) -> Result<api::InterfaceInfo, OpError> {
+    store_table(scope, pool)?;
+    touched.insert(api::NODE_SCOPE.to_owned());
+    info_of(scope, pool, id, now)
 }
 
 fn info_of(
@@ -351,9 +380,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             table.add_address(&mut scope.engine, &id, *address, now)?;
         }
         scope.interfaces.insert(pool.clone(), table);
-        store_table(scope, &pool)?;
-        touched.insert(api::NODE_SCOPE.to_owned());
-        info_of(scope, &pool, &id, now)
+        stored_info(scope, &pool, &id, now, touched)
     }
 
     /// `DELETE /v1/interfaces/{id}`: with `force`, its allocations are released (the pods
@@ -367,11 +394,8 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<api::InterfaceRemoved, OpError> {
         let scope = self.node()?;
-        let pool = pool_of(scope, &id)?;
-        let Some(table) = scope.interfaces.get_mut(&pool) else {
-            return Err(InterfaceError::UnknownInterface { interface: id }.into());
-        };
-        let removal = table.remove_interface(&mut scope.engine, &id, force, now)?;
+        let (pool, table, engine) = table_of(scope, &id)?;
+        let removal = table.remove_interface(engine, &id, force, now)?;
         if table.is_empty() {
             // The pool stays (empty); it may get interfaces again.
             scope.interfaces.remove(&pool);
@@ -401,14 +425,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<api::InterfaceInfo, OpError> {
         let scope = self.node()?;
-        let pool = pool_of(scope, &id)?;
-        let Some(table) = scope.interfaces.get_mut(&pool) else {
-            return Err(InterfaceError::UnknownInterface { interface: id }.into());
-        };
-        table.add_address(&mut scope.engine, &id, address, now)?;
-        store_table(scope, &pool)?;
-        touched.insert(api::NODE_SCOPE.to_owned());
-        info_of(scope, &pool, &id, now)
+        let (pool, table, engine) = table_of(scope, &id)?;
+        table.add_address(engine, &id, address, now)?;
+        stored_info(scope, &pool, &id, now, touched)
     }
 
     /// `DELETE /v1/interfaces/{id}/addresses`.
@@ -422,11 +441,8 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         touched: &mut BTreeSet<String>,
     ) -> Result<api::InterfaceInfo, OpError> {
         let scope = self.node()?;
-        let pool = pool_of(scope, &id)?;
-        let Some(table) = scope.interfaces.get_mut(&pool) else {
-            return Err(InterfaceError::UnknownInterface { interface: id }.into());
-        };
-        let removal = table.remove_address(&mut scope.engine, &id, address, force, now)?;
+        let (pool, table, engine) = table_of(scope, &id)?;
+        let removal = table.remove_address(engine, &id, address, force, now)?;
         record_released(
             api::NODE_SCOPE,
             &removal.released,
@@ -434,9 +450,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             writes,
             touched,
         );
-        store_table(scope, &pool)?;
-        touched.insert(api::NODE_SCOPE.to_owned());
-        info_of(scope, &pool, &id, now)
+        stored_info(scope, &pool, &id, now, touched)
     }
 
     /// A CNI ADD (or a keyed API allocation) of one family on an interface-backed pool:

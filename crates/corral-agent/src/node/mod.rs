@@ -44,6 +44,8 @@ mod request;
 mod scope;
 mod scopes;
 mod state;
+#[cfg(test)]
+pub(crate) mod testing;
 mod wire;
 
 pub use crate::error::OpError;
@@ -79,44 +81,11 @@ mod tests {
     use corral_core::{PoolName, RangeSpec, Timestamp};
     use corral_store::{ScopeConfig, SqliteStore, Store};
 
+    use super::testing::{allocate, attachment, cni_add, cni_network, file_pool};
     use super::*;
 
-    fn network(cooldown_ms: u64) -> api::CniNetwork {
-        api::CniNetwork {
-            name: "net".into(),
-            pools: vec![api::CniPool {
-                name: "net".into(),
-                cooldown_ms,
-                lowest_free: false,
-                ranges: vec!["10.5.0.0/29".into()],
-                exclusions: vec![],
-            }],
-            node_pool: None,
-            requested_pool: None,
-            configured_pool: None,
-            namespace: None,
-        }
-    }
-
     fn add(container: &str, cooldown_ms: u64) -> Op {
-        Op::CniAdd(
-            api::CniAddRequest {
-                network: network(cooldown_ms),
-                key: api::AttachmentKey {
-                    network: "net".into(),
-                    container_id: container.into(),
-                    ifname: "eth0".into(),
-                },
-                owner: container.into(),
-                sets: vec![api::CniSet {
-                    pool: "net".into(),
-                    family: api::FamilyName::Ipv4,
-                    requested: None,
-                }],
-            }
-            .try_into()
-            .unwrap(),
-        )
+        cni_add(cni_network("10.5.0.0/29", cooldown_ms), container)
     }
 
     fn address(answer: &Result<Reply, OpError>) -> IpAddr {
@@ -146,33 +115,16 @@ mod tests {
     }
 
     fn node_allocate(owner: &str, lease_ms: Option<u64>) -> Op {
-        Op::Allocate(
-            api::AllocateRequest {
-                scope: api::NODE_SCOPE.into(),
-                pool: "default".into(),
-                owner: owner.into(),
-                key: None,
-                family: None,
-                address: None,
-                lease_ms,
-            }
-            .try_into()
-            .unwrap(),
-        )
+        allocate(api::NODE_SCOPE, "default", owner, None, lease_ms)
     }
 
     fn declared() -> ScopeConfig {
         ScopeConfig {
-            pools: vec![
-                corral_store::PoolSpec::new(
-                    &PoolName::default_pool(),
-                    Duration::from_secs(30),
-                    corral_core::ReusePolicy::NextFit,
-                    &["10.9.0.0/29".parse().unwrap()],
-                    &[],
-                )
-                .with_source(corral_store::RangeSource::File),
-            ],
+            pools: vec![file_pool(
+                &PoolName::default_pool(),
+                Duration::from_secs(30),
+                "10.9.0.0/29",
+            )],
         }
     }
 
@@ -533,16 +485,11 @@ mod tests {
         drop(node);
         // A file that declares a pool `pods` with one of the cluster's ranges and another.
         let file = ScopeConfig {
-            pools: vec![
-                corral_store::PoolSpec::new(
-                    &PoolName::new("pods").unwrap(),
-                    Duration::from_secs(30),
-                    corral_core::ReusePolicy::NextFit,
-                    &["fd77::/120".parse().unwrap()],
-                    &[],
-                )
-                .with_source(corral_store::RangeSource::File),
-            ],
+            pools: vec![file_pool(
+                &PoolName::new("pods").unwrap(),
+                Duration::from_secs(30),
+                "fd77::/120",
+            )],
         };
         let node = NodeState::restore(open(), &file).unwrap();
         assert_eq!(pods(&node), before);
@@ -668,16 +615,11 @@ mod tests {
         run_one(&mut node, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
         drop(node);
         let mut file = declared();
-        file.pools.push(
-            corral_store::PoolSpec::new(
-                &PoolName::new("eni").unwrap(),
-                Duration::from_secs(30),
-                corral_core::ReusePolicy::NextFit,
-                &["10.61.0.0/24".parse().unwrap()],
-                &[],
-            )
-            .with_source(corral_store::RangeSource::File),
-        );
+        file.pools.push(file_pool(
+            &PoolName::new("eni").unwrap(),
+            Duration::from_secs(30),
+            "10.61.0.0/24",
+        ));
         let mut restored = NodeState::restore(store, &file).expect("the agent starts");
         let Ok(Reply::Checkpoint(doc)) = run_one(&mut restored, Op::Export) else {
             panic!("export")
@@ -716,23 +658,7 @@ mod tests {
         // typed refusal, not a panic.
         let answer = run_one(
             &mut b,
-            Op::Allocate(
-                api::AllocateRequest {
-                    scope: "net1".into(),
-                    pool: "eni".into(),
-                    owner: "pod".into(),
-                    key: Some(api::AttachmentKey {
-                        network: "net1".into(),
-                        container_id: "c1".into(),
-                        ifname: "eth0".into(),
-                    }),
-                    family: None,
-                    address: None,
-                    lease_ms: None,
-                }
-                .try_into()
-                .unwrap(),
-            ),
+            allocate("net1", "eni", "pod", Some(attachment("net1", "c1")), None),
         );
         assert!(answer.is_err(), "{answer:?}");
     }
@@ -758,22 +684,12 @@ mod tests {
         let allocate = |node: &mut NodeState<corral_store::MemoryStore, _>| {
             run_one(
                 node,
-                Op::Allocate(
-                    api::AllocateRequest {
-                        scope: api::NODE_SCOPE.into(),
-                        pool: "eni".into(),
-                        owner: "pod".into(),
-                        key: Some(api::AttachmentKey {
-                            network: "aws-cni".into(),
-                            container_id: "c1".into(),
-                            ifname: "eth0".into(),
-                        }),
-                        family: None,
-                        address: None,
-                        lease_ms: None,
-                    }
-                    .try_into()
-                    .unwrap(),
+                allocate(
+                    api::NODE_SCOPE,
+                    "eni",
+                    "pod",
+                    Some(attachment("aws-cni", "c1")),
+                    None,
                 ),
             )
         };
@@ -798,22 +714,12 @@ mod tests {
         let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
         run_one(&mut node, eni_op("eni", "eni-1", 1, &["10.60.0.10"])).unwrap();
         let alloc = |container: &str| {
-            Op::Allocate(
-                api::AllocateRequest {
-                    scope: api::NODE_SCOPE.into(),
-                    pool: "eni".into(),
-                    owner: "pod".into(),
-                    key: Some(api::AttachmentKey {
-                        network: "aws-cni".into(),
-                        container_id: container.into(),
-                        ifname: "eth0".into(),
-                    }),
-                    family: None,
-                    address: None,
-                    lease_ms: None,
-                }
-                .try_into()
-                .unwrap(),
+            allocate(
+                api::NODE_SCOPE,
+                "eni",
+                "pod",
+                Some(attachment("aws-cni", container)),
+                None,
             )
         };
         run_one(&mut node, alloc("c1")).unwrap();
@@ -822,11 +728,7 @@ mod tests {
             Op::Release(
                 api::ReleaseRequest {
                     scope: api::NODE_SCOPE.into(),
-                    key: Some(api::AttachmentKey {
-                        network: "aws-cni".into(),
-                        container_id: "c1".into(),
-                        ifname: "eth0".into(),
-                    }),
+                    key: Some(attachment("aws-cni", "c1")),
                     ..Default::default()
                 }
                 .try_into()
@@ -920,11 +822,7 @@ mod tests {
                 configured_pool: None,
                 namespace: None,
             },
-            key: api::AttachmentKey {
-                network: "aws-cni".into(),
-                container_id: "c0ffee".into(),
-                ifname: "eth0".into(),
-            },
+            key: attachment("aws-cni", "c0ffee"),
         };
         let Ok(Reply::Allocated(held)) = run_one(
             &mut node,

@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use corral_api::{AllocateRequest, FamilyChoice};
@@ -195,18 +195,16 @@ impl Operator {
     pub fn spawn(etcd: &EtcdCluster, dir: &Path, name: &str, args: &[&OsStr]) -> Operator {
         let log = dir.join(format!("{name}.log"));
         let socket = dir.join(format!("{name}.sock"));
-        let child = Command::new(BINARY)
-            .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
-            .args(["--replica", name])
-            .args(tls_args(etcd))
-            .args(args)
-            .arg("--api-socket")
-            .arg(&socket)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("corral operator starts");
+        let child = crate::common::spawn_logged(
+            Command::new(BINARY)
+                .args(["operator", "--etcd", &endpoints(etcd), "--cluster", "t"])
+                .args(["--replica", name])
+                .args(tls_args(etcd))
+                .args(args)
+                .arg("--api-socket")
+                .arg(&socket),
+            &log,
+        );
         Operator { child, log, socket }
     }
 
@@ -386,18 +384,10 @@ pub fn register(etcd: &EtcdCluster, names: impl IntoIterator<Item = String>) {
 }
 
 pub fn agent_config(dir: &Path) -> PathBuf {
-    let path = dir.join("agent.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\ncni_data_dirs = []\n\n[[pools]]\nname = \"local\"\n\
-             ranges = [\"192.168.250.0/24\"]\n",
-            dir.join("state"),
-            dir.join("agent.sock"),
-        ),
+    crate::common::agent_toml(
+        dir,
+        "cni_data_dirs = []\n\n[[pools]]\nname = \"local\"\nranges = [\"192.168.250.0/24\"]\n",
     )
-    .unwrap();
-    path
 }
 
 /// [`start_agent`] in `dir/sub`, waited on (20 s at most) until it holds `ranges` active
@@ -444,13 +434,34 @@ pub fn start_agent(etcd: &EtcdCluster, dir: &Path, node: &str) -> Agent {
     start_agent_with(etcd, dir, node, &[])
 }
 
+/// An agent for each of `nodes`, node NODE's in `dir/NODE`.
+pub fn start_agents(etcd: &EtcdCluster, dir: &Path, nodes: &[&str]) -> Vec<Agent> {
+    nodes
+        .iter()
+        .map(|node| start_agent(etcd, &dir.join(node), node))
+        .collect()
+}
+
 /// `start_agent` with more arguments (e.g. `--instance-id`).
 pub fn start_agent_with(etcd: &EtcdCluster, dir: &Path, node: &str, extra: &[&str]) -> Agent {
     std::fs::create_dir_all(dir).unwrap();
     let config = agent_config(dir);
     let endpoints = endpoints(etcd);
     let tls = tls_args(etcd);
-    let mut args: Vec<&OsStr> = vec![
+    let mut args = agent_args(&config, &endpoints, node);
+    args.extend(SHORT_LEASE.map(OsStr::new));
+    args.extend(tls.iter().map(OsStr::new));
+    args.extend(extra.iter().map(OsStr::new));
+    Agent::start(&args, &dir.join("agent.sock"))
+}
+
+/// A 3 s liveness lease for `corral agent`: a killed agent's node is seen gone soon.
+pub const SHORT_LEASE: [&str; 2] = ["--lease-ttl", "3"];
+
+/// `corral agent`'s arguments: configuration file `config`, node `node` of cluster `t` on the
+/// etcd at `endpoints`.
+pub fn agent_args<'a>(config: &'a Path, endpoints: &'a str, node: &'a str) -> Vec<&'a OsStr> {
+    [
         "--config".as_ref(),
         config.as_os_str(),
         "--etcd".as_ref(),
@@ -459,12 +470,17 @@ pub fn start_agent_with(etcd: &EtcdCluster, dir: &Path, node: &str, extra: &[&st
         "t".as_ref(),
         "--node".as_ref(),
         node.as_ref(),
-        "--lease-ttl".as_ref(),
-        "3".as_ref(),
-    ];
-    args.extend(tls.iter().map(OsStr::new));
-    args.extend(extra.iter().map(OsStr::new));
-    Agent::start(&args, &dir.join("agent.sock"))
+    ]
+    .into()
+}
+
+/// The agent's cluster link as its status reports it (`None` when the agent does not answer
+/// or has no cluster link).
+pub fn link_status(socket: &Path) -> Option<corral_api::ClusterStatus> {
+    Client::unix(socket)
+        .status(None)
+        .ok()
+        .and_then(|s| s.cluster)
 }
 
 /// The cluster ranges an agent holds (active ones), as `pool range`.
@@ -638,17 +654,51 @@ pub fn assert_invariant(etcd: &EtcdCluster, agents: &[(&str, &Path)], strict: bo
 /// addresses each), watermarks that ask for one block per node (pre-allocate 4), a 2 s
 /// release delay and `quarantine_secs`.
 pub fn block_pool(quarantine_secs: u64, cidr: &str) -> String {
+    format!("quarantine_secs = {quarantine_secs}\n") + &blocks_table("pods", cidr, 28, Some(2))
+}
+
+/// One `[[pools]]` table of a block pool: `name` over `cidr` (IPv6 if it has a `:`) in blocks
+/// of `/block_prefix_len`, watermarks that ask for one block per node (pre-allocate 4), and
+/// `release_delay_secs` when given (the default otherwise).
+pub fn blocks_table(
+    name: &str,
+    cidr: &str,
+    block_prefix_len: u8,
+    release_delay_secs: Option<u64>,
+) -> String {
+    let family = if cidr.contains(':') { "ipv6" } else { "ipv4" };
+    let delay = release_delay_secs
+        .map(|secs| format!("release_delay_secs = {secs}\n"))
+        .unwrap_or_default();
     format!(
-        r#"quarantine_secs = {quarantine_secs}
-[[pools]]
-name = "pods"
+        r#"[[pools]]
+name = "{name}"
 mode = "blocks"
-release_delay_secs = 2
-[pools.watermarks]
+{delay}[pools.watermarks]
 pre_allocate = 4
-[pools.ipv4]
+[pools.{family}]
 cidrs = ["{cidr}"]
-block_prefix_len = 28
+block_prefix_len = {block_prefix_len}
 "#
     )
+}
+
+/// Grows the pool of configuration `toml` whose CIDRs are `[cidr]` to `[cidr, more]` with
+/// `corral cluster apply` (the file `dir/wider.toml`), which must succeed.
+pub fn widen(etcd: &EtcdCluster, dir: &Path, toml: &str, cidr: &str, more: &str) {
+    let wider = toml.replace(
+        &format!("cidrs = [\"{cidr}\"]"),
+        &format!("cidrs = [\"{cidr}\", \"{more}\"]"),
+    );
+    assert_ne!(wider, toml, "no pool of {cidr} alone");
+    apply_config(etcd, dir, "wider.toml", &wider);
+}
+
+/// Writes `toml` to `dir/name` and applies it with `corral cluster apply --config`, which
+/// must succeed.
+pub fn apply_config(etcd: &EtcdCluster, dir: &Path, name: &str, toml: &str) {
+    let path = dir.join(name);
+    std::fs::write(&path, toml).unwrap();
+    let (code, out, err) = cluster_command(etcd, "apply", &["--config", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "cluster apply: {out}{err}");
 }

@@ -25,15 +25,12 @@ impl Agent {
 
     /// `corral agent --data-dir STATE --socket SOCKET`: no configuration file.
     pub fn serve(state: &Path, socket: &Path) -> Agent {
-        Agent::start(
-            &[
-                "--data-dir".as_ref(),
-                state.as_os_str(),
-                "--socket".as_ref(),
-                socket.as_os_str(),
-            ],
-            socket,
-        )
+        Agent::serve_with(state, socket, &[])
+    }
+
+    /// [`Agent::serve`] with more arguments.
+    pub fn serve_with(state: &Path, socket: &Path, extra: &[&std::ffi::OsStr]) -> Agent {
+        Agent::start(&serve_args(state, socket, extra), socket)
     }
 
     /// [`Agent::serve`] on `dir/state` and `dir/agent.sock`.
@@ -98,18 +95,8 @@ impl Agent {
 
     /// Waits for the agent to exit (`bound` only catches a hang) and answers how it ended.
     pub fn wait_exit(&mut self, bound: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not exit (it hangs):\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let log = self.socket.with_file_name("agent.log");
+        wait_exit(&mut self.child, bound, "the agent", &log)
     }
 
     /// SIGKILL: no shutdown path runs.
@@ -125,20 +112,77 @@ impl Drop for Agent {
     }
 }
 
+/// `corral agent`'s arguments (after the subcommand) with its state in `state`, its socket at
+/// `socket`, then `extra`.
+pub fn serve_args<'a>(
+    state: &'a Path,
+    socket: &'a Path,
+    extra: &[&'a std::ffi::OsStr],
+) -> Vec<&'a std::ffi::OsStr> {
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "--data-dir".as_ref(),
+        state.as_os_str(),
+        "--socket".as_ref(),
+        socket.as_os_str(),
+    ];
+    args.extend(extra);
+    args
+}
+
+/// Starts `command`, its stdin and stdout closed and its stderr written to `log`; not waited
+/// on.
+pub fn spawn_logged(command: &mut Command, log: &Path) -> Child {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{command:?} does not start: {error}"))
+}
+
+/// Waits for `child` to exit (`bound` only catches a hang) and answers how it ended; on a hang
+/// the failure names `what` and shows its `log` file.
+pub fn wait_exit(
+    child: &mut Child,
+    bound: Duration,
+    what: &str,
+    log: &Path,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not exit (it hangs):\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Writes `dir/agent.toml`: state in `dir/state`, the socket `dir/agent.sock`, and pool
 /// `default` of `range` whose released addresses cool for `cooldown_ms`; answers its path.
 pub fn agent_config_file(dir: &Path, range: &str, cooldown_ms: u64) -> PathBuf {
-    let path = dir.join("agent.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "data_dir = {:?}\nsocket = {:?}\n\n[[pools]]\nname = \"default\"\n\
-             ranges = [\"{range}\"]\ncooldown_ms = {cooldown_ms}\n",
-            dir.join("state"),
-            dir.join("agent.sock"),
+    agent_toml(
+        dir,
+        &format!(
+            "\n[[pools]]\nname = \"default\"\nranges = [\"{range}\"]\ncooldown_ms = {cooldown_ms}\n"
         ),
     )
-    .unwrap();
+}
+
+/// Writes `dir/agent.toml`: state in `dir/state`, the socket `dir/agent.sock`, then `rest`
+/// (more of the file); answers its path.
+pub fn agent_toml(dir: &Path, rest: &str) -> PathBuf {
+    let path = dir.join("agent.toml");
+    let head = format!(
+        "data_dir = {:?}\nsocket = {:?}\n",
+        dir.join("state"),
+        dir.join("agent.sock"),
+    );
+    std::fs::write(&path, head + rest).unwrap();
     path
 }
 

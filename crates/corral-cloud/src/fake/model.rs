@@ -298,6 +298,44 @@ fn no_cidr_blocks(subnet_id: &str) -> CloudError {
     }
 }
 
+/// Refuses an assign of `asked` addresses (or prefixes) to an interface that holds `slots` of
+/// its `limit` already, as EC2 does: nothing asked, prefixes without prefix delegation, or
+/// over the limit.
+fn check_assign(
+    interface_id: &str,
+    (asked, prefixes): (usize, bool),
+    prefix_delegation: bool,
+    (slots, limit): (u32, u32),
+) -> Result<(), CloudError> {
+    if asked == 0 {
+        return Err(invalid("Nothing to assign"));
+    }
+    if prefixes && !prefix_delegation {
+        return Err(invalid(format!(
+            "Prefix delegation is not supported for the instance type of interface '{interface_id}'"
+        )));
+    }
+    if slots as usize + asked > limit as usize {
+        return Err(address_limit(interface_id, limit));
+    }
+    Ok(())
+}
+
+/// Refuses an unassign naming `what` (addresses or prefixes) the interface does not hold.
+fn not_assigned<T: PartialEq + std::fmt::Display>(
+    interface_id: &str,
+    what: &str,
+    released: &[T],
+    held: &[T],
+) -> Result<(), CloudError> {
+    match released.iter().find(|r| !held.contains(r)) {
+        Some(r) => Err(invalid(format!(
+            "Some of the specified {what} are not assigned to interface {interface_id}: {r}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn address_limit(interface_id: &str, limit: u32) -> CloudError {
     CloudError::PrivateIpAddressLimitExceeded {
         message: format!(
@@ -1149,21 +1187,16 @@ impl Model {
     ) -> Result<Ipv4Set, CloudError> {
         let interface = self.truth(interface_id)?;
         let (limit, _, prefix_delegation) = self.limits_of(interface, now);
-        let asked = match request {
-            Ipv4Assign::Addresses(amount) => amount.len(),
-            Ipv4Assign::Prefixes(amount) => amount.len(),
+        let (asked, prefixes) = match request {
+            Ipv4Assign::Addresses(amount) => (amount.len(), false),
+            Ipv4Assign::Prefixes(amount) => (amount.len(), true),
         };
-        if asked == 0 {
-            return Err(invalid("Nothing to assign"));
-        }
-        if matches!(request, Ipv4Assign::Prefixes(_)) && !prefix_delegation {
-            return Err(invalid(format!(
-                "Prefix delegation is not supported for the instance type of interface '{interface_id}'"
-            )));
-        }
-        if interface.ipv4_slots() as usize + asked > limit as usize {
-            return Err(address_limit(interface_id, limit));
-        }
+        check_assign(
+            interface_id,
+            (asked, prefixes),
+            prefix_delegation,
+            (interface.ipv4_slots(), limit),
+        )?;
         let subnet_id = interface.subnet_id.clone();
         let subnet = self
             .subnets
@@ -1205,24 +1238,18 @@ impl Model {
                 interface.primary_ipv4
             )));
         }
-        if let Some(addr) = release
-            .addresses
-            .iter()
-            .find(|a| !interface.secondary_ipv4.contains(a))
-        {
-            return Err(invalid(format!(
-                "Some of the specified addresses are not assigned to interface {interface_id}: {addr}"
-            )));
-        }
-        if let Some(prefix) = release
-            .prefixes
-            .iter()
-            .find(|p| !interface.ipv4_prefixes.contains(p))
-        {
-            return Err(invalid(format!(
-                "Some of the specified prefixes are not assigned to interface {interface_id}: {prefix}"
-            )));
-        }
+        not_assigned(
+            interface_id,
+            "addresses",
+            &release.addresses,
+            &interface.secondary_ipv4,
+        )?;
+        not_assigned(
+            interface_id,
+            "prefixes",
+            &release.prefixes,
+            &interface.ipv4_prefixes,
+        )?;
         let subnet_id = interface.subnet_id.clone();
         if let Some(subnet) = self.subnets.get_mut(&subnet_id) {
             for &addr in &release.addresses {
@@ -1252,21 +1279,16 @@ impl Model {
     ) -> Result<Ipv6Set, CloudError> {
         let interface = self.truth(interface_id)?;
         let (_, limit, prefix_delegation) = self.limits_of(interface, now);
-        let asked = match request {
-            Ipv6Assign::Addresses(amount) => amount.len(),
-            Ipv6Assign::Prefixes(amount) => amount.len(),
+        let (asked, prefixes) = match request {
+            Ipv6Assign::Addresses(amount) => (amount.len(), false),
+            Ipv6Assign::Prefixes(amount) => (amount.len(), true),
         };
-        if asked == 0 {
-            return Err(invalid("Nothing to assign"));
-        }
-        if matches!(request, Ipv6Assign::Prefixes(_)) && !prefix_delegation {
-            return Err(invalid(format!(
-                "Prefix delegation is not supported for the instance type of interface '{interface_id}'"
-            )));
-        }
-        if interface.ipv6_slots() as usize + asked > limit as usize {
-            return Err(address_limit(interface_id, limit));
-        }
+        check_assign(
+            interface_id,
+            (asked, prefixes),
+            prefix_delegation,
+            (interface.ipv6_slots(), limit),
+        )?;
         let subnet_id = interface.subnet_id.clone();
         let subnet = self
             .subnets
@@ -1302,24 +1324,18 @@ impl Model {
         if release.addresses.is_empty() && release.prefixes.is_empty() {
             return Err(invalid("Nothing to unassign"));
         }
-        if let Some(addr) = release
-            .addresses
-            .iter()
-            .find(|a| !interface.ipv6_addresses.contains(a))
-        {
-            return Err(invalid(format!(
-                "Some of the specified addresses are not assigned to interface {interface_id}: {addr}"
-            )));
-        }
-        if let Some(prefix) = release
-            .prefixes
-            .iter()
-            .find(|p| !interface.ipv6_prefixes.contains(p))
-        {
-            return Err(invalid(format!(
-                "Some of the specified prefixes are not assigned to interface {interface_id}: {prefix}"
-            )));
-        }
+        not_assigned(
+            interface_id,
+            "addresses",
+            &release.addresses,
+            &interface.ipv6_addresses,
+        )?;
+        not_assigned(
+            interface_id,
+            "prefixes",
+            &release.prefixes,
+            &interface.ipv6_prefixes,
+        )?;
         let subnet_id = interface.subnet_id.clone();
         if let Some(pool) = self
             .subnets

@@ -282,7 +282,7 @@ pub fn cloud_problems(keys: &Keys, entries: &[Entry], truth: &CloudTruth) -> Vec
 mod tests {
     use super::*;
     use crate::keys::{CloudIntentRecord, CloudInterfaceRecord, ReleaseState, encode_value};
-    use crate::tests::{Cluster, assert_reported, interface_record, net, pool_toml};
+    use crate::tests::{Cluster, assert_reported, id, interface_record, net, node, pool_toml};
 
     const CONFIG: &str = concat!(
         pool_toml!("pods", mode = "cloud", "10.0.0.0/16"),
@@ -293,14 +293,6 @@ mod tests {
             block_prefix_len = 28
         ),
     );
-
-    fn node(name: &str) -> NodeName {
-        NodeName::new(name).unwrap()
-    }
-
-    fn id(s: &str) -> CloudId {
-        CloudId::new(s).unwrap()
-    }
 
     fn cluster() -> Cluster {
         let mut c = Cluster::with_config(CONFIG);

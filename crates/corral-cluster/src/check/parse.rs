@@ -125,6 +125,12 @@ pub(super) fn parse(keys: &Keys, entries: &[Entry], problems: &mut Vec<String>) 
                     bad(error.to_string());
                 }
             }
+            // The node count the agents pace their demand by: it must read.
+            Key::Census => {
+                if let Err(error) = decode_value::<crate::census::CensusRecord>(value) {
+                    bad(error.to_string());
+                }
+            }
             Key::Quarantine { pool, family, cidr } => {
                 match decode_value::<QuarantineRecord>(value) {
                     Ok(_) => parsed.quarantined.push((pool, family, cidr)),

@@ -313,15 +313,8 @@ pub fn confirm_missing(
 mod tests {
     use super::*;
     use crate::keys::CloudAttachment;
+    use crate::tests::{id, node};
     use corral_core::PoolName;
-
-    fn node(name: &str) -> NodeName {
-        NodeName::new(name).unwrap()
-    }
-
-    fn id(name: &str) -> CloudId {
-        CloudId::new(name).unwrap()
-    }
 
     fn record(instance: &str, primary: &str, addresses: &[&str]) -> CloudInterfaceRecord {
         CloudInterfaceRecord {
@@ -333,6 +326,7 @@ mod tests {
             mac: "0a:00:00:00:00:03".into(),
             primary_ipv4: Some(primary.parse().unwrap()),
             addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+            assigned_ms: Default::default(),
             attachment: CloudAttachment::Attached,
             managed: true,
             prefixes_refused_ms: None,

@@ -149,6 +149,7 @@ mod tests {
             default_pool: None,
             namespaces: BTreeMap::new(),
             history: Default::default(),
+            demand_writes_per_sec: crate::config::DEFAULT_DEMAND_WRITES_PER_SEC,
         }
     }
 

@@ -86,6 +86,18 @@ struct RawClusterConfig {
         skip_serializing_if = "is_default_history_max_age_secs"
     )]
     history_max_age_secs: u64,
+    #[serde(
+        default = "default_demand_writes_per_sec",
+        skip_serializing_if = "is_default_demand_writes_per_sec"
+    )]
+    demand_writes_per_sec: u64,
+}
+
+fn default_demand_writes_per_sec() -> u64 {
+    super::DEFAULT_DEMAND_WRITES_PER_SEC
+}
+fn is_default_demand_writes_per_sec(value: &u64) -> bool {
+    *value == default_demand_writes_per_sec()
 }
 
 fn default_history_max_events() -> u64 {
@@ -112,6 +124,7 @@ impl From<ClusterConfig> for RawClusterConfig {
             namespaces: config.namespaces,
             history_max_events: config.history.max_events,
             history_max_age_secs: config.history.max_age_secs,
+            demand_writes_per_sec: config.demand_writes_per_sec,
         }
     }
 }
@@ -130,9 +143,16 @@ impl TryFrom<RawClusterConfig> for ClusterConfig {
             namespaces,
             history_max_events,
             history_max_age_secs,
+            demand_writes_per_sec,
         } = raw;
         if history_max_age_secs < 1 {
             return Err(invalid("history_max_age_secs", "must be at least 1"));
+        }
+        if demand_writes_per_sec < 1 {
+            return Err(invalid(
+                "demand_writes_per_sec",
+                "must be at least 1 (the demand writes a second of every node together)",
+            ));
         }
         if quarantine_secs < 1 {
             return Err(invalid("quarantine_secs", "must be at least 1"));
@@ -230,6 +250,7 @@ impl TryFrom<RawClusterConfig> for ClusterConfig {
                 max_events: history_max_events,
                 max_age_secs: history_max_age_secs,
             },
+            demand_writes_per_sec,
         })
     }
 }

@@ -695,9 +695,8 @@ impl ClusterView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ClusterConfig;
-    use crate::keys::{ClusterName, DemandRecord, FamilyDemand, NodeRecord};
-    use crate::tests::pool_toml;
+    use crate::keys::{DemandRecord, FamilyDemand};
+    use crate::tests::{ViewFixture, net, pods, pool_toml};
 
     const CONFIG: &str = pool_toml!(
         "pods",
@@ -707,49 +706,7 @@ mod tests {
         reserved = ["10.0.0.16/28"]
     );
 
-    fn net(text: &str) -> IpNet {
-        text.parse().unwrap()
-    }
-
-    fn pods() -> PoolName {
-        PoolName::new("pods").unwrap()
-    }
-
-    struct Fixture {
-        view: ClusterView,
-        revision: i64,
-    }
-
-    impl Fixture {
-        fn new() -> Fixture {
-            let keys = Keys::new(ClusterName::new("t").unwrap());
-            Fixture {
-                view: ClusterView::new(keys, ClusterConfig::from_toml(CONFIG).unwrap()),
-                revision: 1,
-            }
-        }
-
-        fn put(&mut self, key: &str, value: &[u8]) -> i64 {
-            self.revision += 1;
-            self.view
-                .apply_put(key, value, self.revision, self.revision);
-            self.revision
-        }
-
-        fn register(&mut self, name: &str) -> NodeName {
-            let node = NodeName::new(name).unwrap();
-            let record = NodeRecord {
-                uid: format!("uid-{name}"),
-                addresses: vec![],
-                registered_ms: 0,
-                instance_id: None,
-                max_pods: None,
-            };
-            let key = self.view.keys().node(&node);
-            self.put(&key, &encode_value(&record).unwrap());
-            node
-        }
-
+    impl ViewFixture {
         fn apply(&mut self, change: &ReleaseChange) {
             self.revision += 1;
             self.view.apply_release_change(change, self.revision);
@@ -793,7 +750,7 @@ mod tests {
 
     #[test]
     fn block_proposals_take_the_lowest_free_aligned_blocks_and_never_share() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let a = f.register("a");
         let b = f.register("b");
         // Four /28s, the second reserved: three free.
@@ -851,7 +808,7 @@ mod tests {
     /// waited for the next resync.
     #[test]
     fn a_late_step_outcome_does_not_undo_what_the_watch_showed_since() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let (a, blocks) = f.node_with_blocks("a", 1);
         let block = blocks[0];
         let release_key = f.view.keys().release(&a, &pods(), Family::V4, &block);
@@ -869,7 +826,7 @@ mod tests {
 
     #[test]
     fn release_steps_compare_what_the_protocol_says_and_removal_takes_block_keys() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let (a, _) = f.node_with_blocks("a", 2);
         let keys = f.view.keys().clone();
         let block = net("10.0.0.32/28");

@@ -382,60 +382,22 @@ pub(crate) fn full_of(waits: &BTreeMap<&NodeName, Vec<NodeWait>>) -> BTreeMap<St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ClusterConfig;
-    use crate::keys::{ClusterName, Keys, NodeRecord, QuarantineRecord, QuarantineState};
     use crate::keys::{DemandRecord, FamilyDemand, encode_value};
+    use crate::keys::{QuarantineRecord, QuarantineState};
+    use crate::tests::{ViewFixture, pods, pool_toml};
 
     /// A block pool of two /28 blocks beside a node-CIDR pool of two /24s.
-    const CONFIG: &str = r#"
-[[pools]]
-name = "cidrs"
-[pools.ipv4]
-cidrs = ["10.1.0.0/23"]
-node_prefix_len = 24
+    const CONFIG: &str = concat!(
+        pool_toml!("cidrs", "10.1.0.0/23", node_prefix_len = 24),
+        pool_toml!(
+            "pods",
+            mode = "blocks",
+            "10.0.0.0/27",
+            block_prefix_len = 28
+        ),
+    );
 
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.ipv4]
-cidrs = ["10.0.0.0/27"]
-block_prefix_len = 28
-"#;
-
-    struct Fixture {
-        view: ClusterView,
-        revision: i64,
-    }
-
-    impl Fixture {
-        fn new() -> Fixture {
-            let keys = Keys::new(ClusterName::new("t").unwrap());
-            Fixture {
-                view: ClusterView::new(keys, ClusterConfig::from_toml(CONFIG).unwrap()),
-                revision: 1,
-            }
-        }
-
-        fn put(&mut self, key: &str, value: &[u8]) {
-            self.revision += 1;
-            self.view
-                .apply_put(key, value, self.revision, self.revision);
-        }
-
-        fn register(&mut self, name: &str) -> NodeName {
-            let node = NodeName::new(name).unwrap();
-            let record = NodeRecord {
-                uid: format!("uid-{name}"),
-                addresses: vec![],
-                registered_ms: 0,
-                instance_id: None,
-                max_pods: None,
-            };
-            let key = self.view.keys().node(&node);
-            self.put(&key, &encode_value(&record).unwrap());
-            node
-        }
-
+    impl ViewFixture {
         /// The node's agent reports `used` addresses of the block pool in use.
         fn demand(&mut self, node: &NodeName, used: u64) {
             let record = DemandRecord {
@@ -471,13 +433,9 @@ block_prefix_len = 28
         }
     }
 
-    fn pods() -> PoolName {
-        PoolName::new("pods").unwrap()
-    }
-
     #[test]
     fn a_node_with_no_block_in_an_exhausted_block_pool_waits_starving_and_is_named_in_full() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let a = f.register("a");
         let b = f.register("b");
         let c = f.register("c");
@@ -554,7 +512,7 @@ block_prefix_len = 28
 
     #[test]
     fn a_node_whose_demand_outgrows_its_block_waits_and_one_within_its_watermarks_does_not() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let a = f.register("a");
         let b = f.register("b");
         f.grant(&a);
@@ -580,7 +538,7 @@ block_prefix_len = 28
 
     #[test]
     fn a_pool_whose_only_space_is_quarantined_says_so() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let a = f.register("a");
         f.grant(&a);
         let b = f.register("b");
@@ -617,7 +575,7 @@ block_prefix_len = 28
 
     #[test]
     fn the_published_record_changes_only_with_the_decision_and_goes_when_the_node_is_served() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let a = f.register("a");
         let b = f.register("b");
         let c = f.register("c");
@@ -674,7 +632,7 @@ block_prefix_len = 28
 
     #[test]
     fn a_published_instance_limit_shows_as_a_starving_wait_and_lapses_with_the_managers_word() {
-        let mut f = Fixture::new();
+        let mut f = ViewFixture::new(CONFIG);
         let a = f.register("a");
         f.grant(&a);
         assert!(f.view.waits(&a).is_empty());
@@ -714,7 +672,7 @@ block_prefix_len = 28
         );
     }
 
-    fn delete(f: &mut Fixture, key: &str) {
+    fn delete(f: &mut ViewFixture, key: &str) {
         f.revision += 1;
         f.view.apply_delete(key, f.revision);
     }

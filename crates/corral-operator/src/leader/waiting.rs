@@ -8,13 +8,17 @@
 //! back in time, and the cloud node manager's instances at their limit. A record is written
 //! only when the decision changes, and deleted once the node is served (or gone), in fenced
 //! transactions, at most once a second (every node's waits are worked out per pass).
+//!
+//! The same pass publishes the node count the agents pace their demand writes by
+//! (`meta/census`, `corral_cluster::census`), when block or cloud pools are configured: only
+//! when the registered nodes outgrow it or fall below half of it, and once per term.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use corral_cluster::{
-    Family, Keys, NodeName, NodeWait, PoolName, WaitReason, WaitUnit, WaitingEntry, WaitingRecord,
-    encode_value,
+    CensusRecord, Family, Keys, NodeName, NodeWait, PoolName, WaitReason, WaitUnit, WaitingEntry,
+    WaitingRecord, census_to_publish, encode_value,
 };
 use corral_kv::{Kv, Txn, TxnOp};
 use tokio::time::Instant;
@@ -38,6 +42,9 @@ pub(super) struct Publisher {
     /// What the last pass wrote (the view may not show it yet): not written again in the
     /// next pass.
     sent: BTreeMap<NodeName, Option<WaitingRecord>>,
+    /// The node count this term wrote to `meta/census` (`None`: none yet, so the first pass
+    /// of a term writes it).
+    census: Option<u64>,
 }
 
 impl Publisher {
@@ -46,6 +53,7 @@ impl Publisher {
             next: Instant::now(),
             owed: true,
             sent: BTreeMap::new(),
+            census: None,
         }
     }
 
@@ -117,10 +125,23 @@ pub(super) async fn publish<K: Kv>(
          (`corral cluster recover --yes` ends the wait)",
     );
     let more = cloud_waits(shared);
-    let Some(changes) = shared.with_view(|view, _| view.waiting_changes(paused, &more, now_ms()))
-    else {
+    let Some((changes, census)) = shared.with_view(|view, _| {
+        // Only agents with block or cloud pools write demand.
+        let demand = view.config().pools.iter().any(|p| p.demand().is_some());
+        let census = demand
+            .then(|| census_to_publish(publisher.census, view.nodes().count() as u64))
+            .flatten();
+        (view.waiting_changes(paused, &more, now_ms()), census)
+    }) else {
         return;
     };
+    if let Some(nodes) = census
+        && !publish_census(kv, keys, fence, shared, nodes).await
+    {
+        publisher.owed = true;
+        return;
+    }
+    publisher.census = census.or(publisher.census);
     // What the last pass wrote, which the view may not show yet (the watch brings it): not
     // written again in this pass; still missing in the next, it is written again.
     let sent = std::mem::take(&mut publisher.sent);
@@ -165,6 +186,45 @@ pub(super) async fn publish<K: Kv>(
                 publisher.owed = true;
                 return;
             }
+        }
+    }
+}
+
+/// Writes the node count the agents pace their demand by; false if it was not written (the
+/// fence is gone, or etcd failed: reported, and tried again on the next pass).
+async fn publish_census<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    fence: &Fence,
+    shared: &Shared,
+    nodes: u64,
+) -> bool {
+    let key = keys.census();
+    let value = match encode_value(&CensusRecord { nodes }) {
+        Ok(value) => value,
+        Err(error) => {
+            shared.raise("key", key.clone(), format!("{key}: {error}"));
+            return false;
+        }
+    };
+    let txn = Txn {
+        compares: vec![],
+        success: vec![TxnOp::put(key, value)],
+        failure: vec![],
+    };
+    match kv.txn(fence.guard(txn)).await {
+        Ok(response) if response.succeeded => {
+            shared.resolve("etcd", "census");
+            true
+        }
+        Ok(_) => false,
+        Err(error) => {
+            shared.raise(
+                "etcd",
+                "census",
+                format!("the node count for the demand budget: not written: {error}"),
+            );
+            false
         }
     }
 }

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corral_cluster::{
-    ClusterConfig, ClusterName, DemandRecord, FamilyDemand, IpNet, Keys, NodeName, NodeRecord,
-    PoolName, RemovalRecord, encode_value,
+    ClusterConfig, ClusterName, DemandRecord, Family, FamilyDemand, IpNet, Keys, NodeName,
+    NodeRecord, PoolName, ReleaseRecord, RemovalRecord, decode_value, encode_value,
 };
 use corral_kv::{
     Compare, Event, KeyValue, Kv, KvError, LeaseId, MemKv, Revision, Txn, TxnOp, TxnResponse, Watch,
@@ -195,8 +195,7 @@ pub async fn grants<K: Kv>(kv: &K) -> BTreeMap<String, Vec<String>> {
     let prefix = format!("{}grants/", keys().prefix());
     let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for entry in under(kv, "grants/").await {
-        let Ok(record) = corral_cluster::decode_value::<corral_cluster::GrantRecord>(&entry.value)
-        else {
+        let Ok(record) = decode_value::<corral_cluster::GrantRecord>(&entry.value) else {
             continue;
         };
         let key = entry.key_str().strip_prefix(&prefix).unwrap().to_owned();
@@ -215,7 +214,7 @@ pub async fn node_id<K: Kv>(kv: &K, name: &str) -> Option<u32> {
         .await
         .unwrap()?;
     Some(
-        corral_cluster::decode_value::<corral_cluster::NodeIdOfNodeRecord>(&entry.value)
+        decode_value::<corral_cluster::NodeIdOfNodeRecord>(&entry.value)
             .ok()?
             .id,
     )
@@ -622,6 +621,61 @@ pub fn pods() -> PoolName {
 
 pub fn net(text: &str) -> IpNet {
     text.parse().unwrap()
+}
+
+/// A runtime on one thread with tokio's clock paused, for a test that runs a scenario to its end
+/// outside `#[tokio::test]`.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// A runtime of two workers, a one-member etcd on 127.0.0.1 started on it and a client of that
+/// etcd (drop them in the reverse order: client, etcd, runtime).
+pub fn etcd_runtime() -> (
+    tokio::runtime::Runtime,
+    corral_etcd::testing::EtcdCluster,
+    corral_etcd::EtcdKv,
+) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let etcd = runtime
+        .block_on(corral_etcd::testing::EtcdCluster::start(1))
+        .expect("etcd starts (make deps installs it)");
+    let kv = runtime
+        .block_on(corral_etcd::EtcdKv::connect(
+            &etcd.endpoints(),
+            Default::default(),
+        ))
+        .unwrap();
+    (runtime, etcd, kv)
+}
+
+/// An agent's answer to the operator's mark of `block` (pool `pods`, IPv4) on node `name`: the
+/// release record as `answer` changes it, written by CAS on the key's mod revision as the
+/// protocol says. `None` when there is no release record; else whether the CAS went through.
+pub async fn answer_release<K: Kv>(
+    kv: &K,
+    name: &str,
+    block: &str,
+    answer: impl FnOnce(&mut ReleaseRecord),
+) -> Option<bool> {
+    let key = keys().release(&node(name), &pods(), Family::V4, &net(block));
+    let entry = kv.get(key.as_bytes()).await.unwrap()?;
+    let mut record: ReleaseRecord = decode_value(&entry.value).unwrap();
+    answer(&mut record);
+    let txn = Txn {
+        compares: vec![Compare::modified_at(key.clone(), entry.mod_revision)],
+        success: vec![TxnOp::put(key, encode_value(&record).unwrap())],
+        failure: vec![],
+    };
+    Some(kv.txn(txn).await.unwrap().succeeded)
 }
 
 /// Writes a node's demand as its agent would.

@@ -3,28 +3,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use corral_core::{Family, PoolName};
+use corral_core::Family;
 use ipnet::IpNet;
 use proptest::prelude::*;
 
 use super::*;
 use crate::keys::NodeName;
 use crate::space::CidrSpace;
+use crate::tests::{net, node, pods as pool};
 
 const BOUND: u64 = 10_000;
 const QUARANTINE: u64 = 5_000;
-
-fn net(text: &str) -> IpNet {
-    text.parse().unwrap()
-}
-
-fn node(name: &str) -> NodeName {
-    NodeName::new(name).unwrap()
-}
-
-fn pool() -> PoolName {
-    PoolName::new("pods").unwrap()
-}
 
 fn space_v6() -> CidrSpace {
     CidrSpace::new(

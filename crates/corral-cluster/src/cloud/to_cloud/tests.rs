@@ -7,22 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::*;
-
-fn net(text: &str) -> IpNet {
-    text.parse().unwrap()
-}
-
-fn id(text: &str) -> CloudId {
-    CloudId::new(text).unwrap()
-}
-
-fn pods() -> PoolName {
-    PoolName::new("pods").unwrap()
-}
-
-fn node(name: &str) -> NodeName {
-    name.parse().unwrap()
-}
+use crate::tests::{id, net, node, pods};
 
 fn pools() -> Vec<ToCloudPool> {
     vec![

@@ -24,7 +24,7 @@ use corral_cluster::cloud::{
 };
 use corral_cluster::{
     CloudAttachment, CloudEntry, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, Family,
-    GrantEnd, IpNet, Key, NodeName, PoolName, encode_value,
+    GrantEnd, HistoryRecord, IpNet, Key, NodeName, PoolName, encode_value,
 };
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 
@@ -365,18 +365,26 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             .flatten()
     }
 
-    /// The history's keys for cloud addresses of `pool` that end now, each for `why` (the
-    /// node's, from an unknown time: a record does not say when an address was assigned).
+    /// The history's keys for cloud addresses of `record` that end now (`ended`), each for
+    /// `why`: the node's, from when the record says it was assigned (unknown for an address
+    /// recorded before the records kept it).
     fn history_puts(
         &self,
-        pool: &PoolName,
+        record: &CloudInterfaceRecord,
         ended: &[IpNet],
         why: impl Fn(&IpNet) -> GrantEnd,
     ) -> Result<Vec<(String, Vec<u8>)>, Outcome> {
         let now = (self.ctx.clock)();
         let mut puts = Vec::new();
         for net in ended {
-            let record = corral_cluster::history::ended(pool, net, self.node, None, now, why(net));
+            let record = HistoryRecord {
+                pool: record.pool.clone(),
+                cidr: *net,
+                node: self.node.clone(),
+                from_ms: record.assigned_ms.get(net).copied(),
+                to_ms: now,
+                why: why(net),
+            };
             puts.extend(
                 corral_cluster::history::puts(&self.ctx.term.keys, &record)
                     .map_err(|e| Outcome::Failed(format!("encoding a history record: {e}")))?,
@@ -442,7 +450,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 .with_view(|view, _| view.removals().contains_key(self.node))
                 .unwrap_or(false);
             let history = match &entry.record {
-                Some(record) => match self.history_puts(&record.pool, &record.addresses, |_| {
+                Some(record) => match self.history_puts(record, &record.addresses, |_| {
                     if removed {
                         GrantEnd::NodeRemoved
                     } else {
@@ -676,6 +684,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     mac: ni.mac.to_string(),
                     primary_ipv4: Some(ni.primary_ipv4),
                     addresses,
+                    assigned_ms: Default::default(),
                     attachment: if ni
                         .attachment
                         .as_ref()
@@ -736,12 +745,19 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
     async fn record(
         &mut self,
         key: String,
-        record: CloudInterfaceRecord,
+        mut record: CloudInterfaceRecord,
         compare: Compare,
         intent_key: &str,
         intent_revision: Revision,
         release_deletes: &[(String, i64)],
     ) -> Outcome {
+        let interface = match self.ctx.term.keys.parse(&key) {
+            Ok(Key::CloudInterface { interface, .. }) => Some(interface),
+            _ => None,
+        };
+        let old = interface.as_ref().and_then(|i| self.recorded(i));
+        // An address's history starts when it is first recorded on the interface.
+        record.stamp_assigned(old.as_ref(), (self.ctx.clock)());
         let Ok(value) = encode_value(&record) else {
             return Outcome::Failed("encoding a cloud interface record".to_owned());
         };
@@ -749,8 +765,8 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let mut history = Vec::new();
         // Disjoint records: never one interface or address for two nodes (the intent stays
         // open; its replay meets the same refusal until the other record goes).
-        if let Ok(Key::CloudInterface { interface, .. }) = self.ctx.term.keys.parse(&key) {
-            if let Some(old) = self.recorded(&interface) {
+        if let Some(interface) = interface {
+            if let Some(old) = old {
                 let gone: Vec<IpNet> = old
                     .addresses
                     .iter()
@@ -768,7 +784,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                         .release(self.node, &old.pool, family, net);
                     release_deletes.iter().any(|(k, _)| *k == key)
                 };
-                match self.history_puts(&old.pool, &gone, |net| {
+                match self.history_puts(&old, &gone, |net| {
                     if released(net) {
                         GrantEnd::Released
                     } else {
@@ -1025,6 +1041,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
             mac: created.mac.to_string(),
             primary_ipv4: Some(created.primary_ipv4),
             addresses: created.secondary_nets(),
+            assigned_ms: Default::default(),
             attachment: CloudAttachment::Attaching,
             managed: true,
             prefixes_refused_ms: self.created_refused_ms,
@@ -1394,6 +1411,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                             mac: ni.mac.to_string(),
                             primary_ipv4: Some(ni.primary_ipv4),
                             addresses: observed.addresses.clone(),
+                            assigned_ms: Default::default(),
                             attachment: if ni.attachment.as_ref().is_some_and(|a| {
                                 a.status == corral_cloud::AttachmentStatus::Attached
                             }) {

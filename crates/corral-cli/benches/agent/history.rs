@@ -1,0 +1,299 @@
+//! What the allocation history costs the agent, history on against `--history-max-events 0`
+//! (which records nothing), in one run of the same build (`CORRAL_HISTORY_AB=<rounds>`):
+//!
+//! * Throughput, side by side: both agents run at once, each on its own state directory, and
+//!   the 64-connection evented load alternates between them round by round (A, B, A, B, ...),
+//!   3 s each, so the machine's drift hits both sides; the history side's log and history grow
+//!   from round to round as a long-running agent's do. Reported per round and as medians:
+//!   allocations/s, allocate p50 and p99, and the ratio.
+//! * Fixed work, which a busy machine does not move: a fresh agent per side, 1,000 warm-up
+//!   pairs, then a fixed number of allocate + release pairs with 1 client (one commit each)
+//!   and with 64 blocking clients (group commits); from `/proc/<pid>/io` and `/proc/<pid>/stat`
+//!   of the agent: bytes written and write calls per allocation, and CPU time per allocation.
+//! * With `CORRAL_HISTORY_CALLGRIND=1` also: instructions per allocation, each side's agent
+//!   under `valgrind --tool=callgrind` (user-space instructions of every thread), from two runs
+//!   per side that differ only in the number of pairs (the difference over the difference, so
+//!   start-up and shutdown cancel out).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use super::allocate_release_evented;
+use super::common::{self, Agent, BINARY as CORRAL, ms, pct};
+
+/// The two sides: extra arguments of `corral agent`.
+const SIDES: [(&str, &[&str]); 2] = [
+    ("history on", &[]),
+    ("history off", &["--history-max-events", "0"]),
+];
+
+fn start(dir: &Path, extra: &[&str]) -> Agent {
+    let socket = dir.join("agent.sock");
+    let config = common::agent_config_file(dir, "10.64.0.0/16", 0);
+    let mut command = Command::new(CORRAL);
+    command
+        .arg("agent")
+        .arg("--config")
+        .arg(&config)
+        .args(extra);
+    Agent::start_command(command, &socket)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// `CORRAL_HISTORY_AB=<rounds>`: the whole comparison (see the module's documentation); 0
+/// rounds: only the fixed work (and the instructions).
+pub fn run(rounds: usize) {
+    if rounds > 0 {
+        side_by_side(rounds);
+    }
+    fixed_work();
+    if std::env::var_os("CORRAL_HISTORY_CALLGRIND").is_some() {
+        instructions();
+    }
+}
+
+/// The 64-connection load on both agents, alternately.
+fn side_by_side(rounds: usize) {
+    println!(
+        "## history on vs --history-max-events 0, {rounds} alternating rounds of 3 s, 64 evented connections"
+    );
+    println!();
+    let dirs: Vec<_> = SIDES
+        .iter()
+        .map(|_| {
+            tempfile::Builder::new()
+                .prefix("corral-history-ab")
+                .tempdir_in("/tmp")
+                .unwrap()
+        })
+        .collect();
+    let agents: Vec<Agent> = SIDES
+        .iter()
+        .zip(&dirs)
+        .map(|((_, extra), dir)| start(dir.path(), extra))
+        .collect();
+    println!("| round | side | allocations/s | allocate p50 (ms) | allocate p99 (ms) |");
+    println!("| ---: | --- | ---: | ---: | ---: |");
+    let mut figures: Vec<Vec<(f64, Duration, Duration)>> = vec![Vec::new(); SIDES.len()];
+    for round in 0..rounds {
+        // Who goes first alternates too: A B, B A, A B, ...
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..SIDES.len()).collect()
+        } else {
+            (0..SIDES.len()).rev().collect()
+        };
+        for side in order {
+            let (rate, allocs, _) =
+                allocate_release_evented(&agents[side].socket, 64, Duration::from_secs(3));
+            let (p50, p99) = (pct(&allocs, 50.0), pct(&allocs, 99.0));
+            println!(
+                "| {round} | {} | {rate:.0} | {} | {} |",
+                SIDES[side].0,
+                ms(p50),
+                ms(p99)
+            );
+            figures[side].push((rate, p50, p99));
+        }
+    }
+    drop(agents);
+    println!();
+    println!(
+        "| median of {rounds} rounds | allocations/s | allocate p50 (ms) | allocate p99 (ms) |"
+    );
+    println!("| --- | ---: | ---: | ---: |");
+    let mut medians = Vec::new();
+    for (side, rows) in figures.iter().enumerate() {
+        let rate = median(rows.iter().map(|r| r.0).collect());
+        let p50 = median(rows.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
+        let p99 = median(rows.iter().map(|r| r.2.as_secs_f64() * 1e3).collect());
+        println!("| {} | {rate:.0} | {p50:.3} | {p99:.3} |", SIDES[side].0);
+        medians.push((rate, p50, p99));
+    }
+    // Per round, on / off: the ratio the drift cancels out of.
+    let ratios: Vec<f64> = figures[0]
+        .iter()
+        .zip(&figures[1])
+        .map(|(on, off)| on.0 / off.0)
+        .collect();
+    println!(
+        "| on / off | {:.3} (median of the rounds' ratios {:.3}) | {:.3} | {:.3} |",
+        medians[0].0 / medians[1].0,
+        median(ratios),
+        medians[0].1 / medians[1].1,
+        medians[0].2 / medians[1].2,
+    );
+    println!();
+}
+
+/// (bytes written, write calls, CPU ticks of user + system time, bytes read) of process `pid`
+/// so far.
+fn counters(pid: u32) -> (u64, u64, u64, u64) {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    let field = |name: &str| -> u64 {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which may hold spaces) in parentheses.
+    let rest: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks = rest[11].parse::<u64>().unwrap() + rest[12].parse::<u64>().unwrap();
+    (field("wchar:"), field("syscw:"), ticks, field("rchar:"))
+}
+
+/// `pairs` allocate + release pairs over `clients` blocking connections (rounded to a whole
+/// number per client); answers how many were made.
+fn pairs(socket: &Path, clients: usize, pairs: usize) -> usize {
+    let each = pairs.div_ceil(clients);
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let socket = socket.to_path_buf();
+            std::thread::spawn(move || {
+                let mut client = corral_client::Client::unix(&socket);
+                for i in 0..each as u64 {
+                    let answer = client
+                        .allocate(&super::allocate_request(c, i))
+                        .expect("allocate");
+                    client
+                        .release(&super::release_request(&answer))
+                        .expect("release");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("client thread");
+    }
+    each * clients
+}
+
+const FIXED_PAIRS: usize = 6_400;
+
+fn fixed_work() {
+    // `/proc/<pid>/stat` counts in USER_HZ, 100 per second on Linux.
+    let tick = 1e6 / 100.0;
+    println!(
+        "## fixed work: {FIXED_PAIRS} allocate + release pairs after 1,000 warm-up pairs, a fresh agent per side"
+    );
+    println!();
+    println!(
+        "| side | clients | bytes written / allocation | write calls / allocation | bytes read / allocation | agent CPU µs / allocation |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for clients in [1, 64] {
+        for (name, extra) in SIDES {
+            let dir = tempfile::Builder::new()
+                .prefix("corral-history-fixed")
+                .tempdir_in("/tmp")
+                .unwrap();
+            let agent = start(dir.path(), extra);
+            pairs(&agent.socket, clients, 1_000);
+            let before = counters(agent.pid());
+            let n = pairs(&agent.socket, clients, FIXED_PAIRS) as f64;
+            let after = counters(agent.pid());
+            println!(
+                "| {name} | {clients} | {:.0} | {:.2} | {:.0} | {:.1} |",
+                (after.0 - before.0) as f64 / n,
+                (after.1 - before.1) as f64 / n,
+                (after.3 - before.3) as f64 / n,
+                (after.2 - before.2) as f64 * tick / n,
+            );
+        }
+    }
+    println!();
+}
+
+/// The total of instructions (`summary:`) of a callgrind output file.
+fn callgrind_total(path: &Path) -> u64 {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("summary:"))
+        .and_then(|v| v.trim().split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no summary in {}", path.display()))
+}
+
+/// Instructions of an agent under callgrind that served `n` pairs over `clients` blocking
+/// connections (after its start) and then stopped on SIGTERM. Started here, not through
+/// [`Agent`]: under valgrind, on a busy machine, the agent takes longer than a test's bound
+/// to become ready.
+fn instructions_of(extra: &[&str], clients: usize, n: usize) -> (u64, usize) {
+    let dir = tempfile::Builder::new()
+        .prefix("corral-history-callgrind")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let out: PathBuf = dir.path().join("callgrind.out");
+    let socket = dir.path().join("agent.sock");
+    let config = common::agent_config_file(dir.path(), "10.64.0.0/16", 0);
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let mut child = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(CORRAL)
+        .arg("agent")
+        .arg("--config")
+        .arg(&config)
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("valgrind starts");
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    while corral_client::Client::unix(&socket).readyz().is_err() {
+        assert!(
+            child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline,
+            "the agent under valgrind did not become ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let made = if n > 0 { pairs(&socket, clients, n) } else { 0 };
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "{status}: {}",
+        std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default()
+    );
+    (callgrind_total(&out), made)
+}
+
+fn instructions() {
+    const SMALL: usize = 256;
+    const LARGE: usize = 1_280;
+    println!(
+        "## instructions per allocation (callgrind, all threads of the agent; runs of {LARGE} and {SMALL} pairs, the difference)"
+    );
+    println!();
+    println!("| side | clients | instructions / allocation (allocate + release) |");
+    println!("| --- | ---: | ---: |");
+    let mut per = Vec::new();
+    for clients in [1, 64] {
+        for (name, extra) in SIDES {
+            let (small, a) = instructions_of(extra, clients, SMALL);
+            let (large, b) = instructions_of(extra, clients, LARGE);
+            let each = (large as f64 - small as f64) / (b - a) as f64;
+            println!("| {name} | {clients} | {each:.0} |");
+            per.push(each);
+        }
+    }
+    println!();
+    println!(
+        "on / off: {:.3} with 1 client, {:.3} with 64",
+        per[0] / per[1],
+        per[2] / per[3]
+    );
+}

@@ -1,0 +1,178 @@
+//! The configuration file the packages install (`packaging/operator.toml`, installed as
+//! /etc/corral/operator.toml by `make install` and the .deb), read with the real parser: it
+//! must load as shipped, name every setting the file format has, and each setting it shows
+//! must be the default it claims to be (as the agent's `config/shipped.rs`).
+//!
+//! Settings are shown commented out as `#key = value` (a `#` right before the key), prose as
+//! `# text`; uncommenting every setting must give the defaults, but for the settings without
+//! one ([`NO_DEFAULT`]), which are examples.
+
+use serde::Deserialize;
+use serde::de::{self, Visitor};
+
+use super::*;
+
+const SHIPPED: &str = include_str!("../../../../packaging/operator.toml");
+
+/// The settings shown as examples because they have no default (uncommented, they turn
+/// something on or name a file).
+const NO_DEFAULT: &[&str] = &[
+    "replica",
+    "api_tcp",
+    "token_file",
+    "state_dir",
+    "endpoints",
+    "etcd_cacert",
+    "etcd_cert",
+    "etcd_key",
+    "etcd_user",
+    "etcd_password_file",
+    "name = \"aws\"",
+    "fake_cloud",
+    "endpoint",
+];
+
+/// A line that is a commented-out setting or table header: `#key = value`, `#[table]`.
+fn commented_setting(line: &str) -> Option<&str> {
+    let rest = line.strip_prefix('#')?;
+    rest.starts_with(|c: char| c.is_ascii_lowercase() || c == '[')
+        .then_some(rest)
+}
+
+/// The key of a `key = value` line.
+fn key(line: &str) -> Option<&str> {
+    line.split_once('=').map(|(key, _)| key.trim())
+}
+
+/// Whether the setting `line` is one of [`NO_DEFAULT`] (by key, or the whole line).
+fn without_default(line: &str) -> bool {
+    NO_DEFAULT
+        .iter()
+        .any(|entry| key(line) == Some(entry) || line == *entry)
+}
+
+/// The shipped file with its settings uncommented, but those `keep` says stay commented.
+fn uncommented(keep: impl Fn(&str) -> bool) -> String {
+    SHIPPED
+        .lines()
+        .map(|line| match commented_setting(line) {
+            Some(setting) if !keep(setting) => setting,
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn load(text: &str) -> OperatorFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
+    OperatorFile::load(file.path()).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// A deserializer that answers every request with an error, the field names of a struct
+/// when asked for one: the names serde reads, so a field added to the format is seen here.
+struct FieldNames;
+
+impl<'de> de::Deserializer<'de> for FieldNames {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom("not a struct"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom(fields.join(" ")))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// The field names of the file-format struct `T`.
+fn fields<'de, T: Deserialize<'de>>() -> Vec<String> {
+    match T::deserialize(FieldNames) {
+        Ok(_) => panic!("a struct deserialized from nothing"),
+        Err(error) => error.to_string().split(' ').map(str::to_owned).collect(),
+    }
+}
+
+#[test]
+fn the_shipped_file_loads_as_the_defaults() {
+    assert_eq!(load(SHIPPED).settings(), OperatorFile::default().settings());
+}
+
+#[test]
+fn every_setting_shown_is_its_default() {
+    let text = uncommented(without_default);
+    assert_ne!(text, SHIPPED, "nothing was uncommented");
+    assert!(
+        text.contains("\n[cluster]\n") && text.contains("\n[log]\n"),
+        "{text}"
+    );
+    assert_eq!(load(&text).settings(), OperatorFile::default().settings());
+}
+
+#[test]
+fn the_settings_without_a_default_are_well_formed() {
+    let text = uncommented(|_| false);
+    let settings = load(&text).settings();
+    assert!(
+        settings.api_tcp.is_some()
+            && settings.token_file.is_some()
+            && !settings.endpoints.is_empty()
+            && settings.etcd_password_file.is_some()
+            && settings.cloud.is_some(),
+        "{settings:?}"
+    );
+}
+
+#[test]
+fn every_setting_of_the_format_is_shown() {
+    let shown: Vec<&str> = SHIPPED.lines().filter_map(commented_setting).collect();
+    // Each table's settings follow its header.
+    let shown_in = |table: &str, field: &str| {
+        let mut current = "";
+        shown.iter().any(|line| {
+            if line.starts_with('[') {
+                current = line.trim_matches(|c| c == '[' || c == ']');
+                return current == field && table.is_empty();
+            }
+            current == table && key(line) == Some(field)
+        })
+    };
+    let mut missing = Vec::new();
+    for (table, names) in [
+        ("", fields::<OperatorFile>()),
+        ("cluster", fields::<ClusterTable>()),
+        ("cloud", fields::<CloudTable>()),
+        ("log", fields::<LogTable>()),
+    ] {
+        assert!(names.len() > 1, "{table}: {names:?}");
+        missing.extend(
+            names
+                .iter()
+                .filter(|name| !shown_in(table, name))
+                .map(|name| format!("{table}.{name}")),
+        );
+    }
+    assert!(
+        missing.is_empty(),
+        "packaging/operator.toml does not show {missing:?}"
+    );
+    for entry in NO_DEFAULT {
+        assert!(
+            shown
+                .iter()
+                .any(|line| key(line) == Some(entry) || line == entry),
+            "{entry}"
+        );
+    }
+}
