@@ -114,7 +114,7 @@ async fn bench(etcd: &EtcdCluster) {
     let started = Instant::now();
     let requests_before = counted.requests();
     let mut led_at = None;
-    let mut polls = 0u64;
+    let mut last = (0, Instant::now());
     loop {
         let granted = shared.granted() as usize;
         if led_at.is_none() && shared.leading() {
@@ -124,15 +124,18 @@ async fn bench(etcd: &EtcdCluster) {
             break;
         }
         // A grant whose answer was lost (a timeout under load) is found by the rebuild that
-        // follows, not counted as granted: the view's count settles it, looked at every
-        // 200 ms (it walks every node).
-        polls += 1;
-        if polls.is_multiple_of(100)
+        // follows, not counted as granted: once the count stands still for a second, the
+        // view's count settles it (it walks every node under the view's lock, so not sooner).
+        if granted != last.0 {
+            last = (granted, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(1)
             && shared
                 .with_view(|view, revision| view.status_report(revision, None).nodes_served)
                 .is_some_and(|served| served >= nodes)
         {
             break;
+        } else if last.1.elapsed() > Duration::from_secs(1) {
+            last.1 = Instant::now();
         }
         assert!(
             started.elapsed() < Duration::from_secs(300 + nodes as u64 / 100),
