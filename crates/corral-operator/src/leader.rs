@@ -259,19 +259,26 @@ async fn rebuild<K: Kv>(
             .at(revision)
             .skipping(keys.history_prefix().as_bytes())
             .by_segments(&keys.kinds());
-        while let Some(page) = scan.next(kv).await? {
-            for entry in &page.kvs {
-                let key = entry.key_str();
-                if corral_cluster::is_config_key(keys, &key) {
-                    continue;
+        // The next page is asked for before this one is applied: etcd reads while the view
+        // takes the page in.
+        let mut page = scan.next(kv).await?;
+        while let Some(current) = page {
+            let apply = async {
+                for entry in &current.kvs {
+                    let key = entry.key_str();
+                    if corral_cluster::is_config_key(keys, &key) {
+                        continue;
+                    }
+                    view.apply_put(
+                        &key,
+                        &entry.value,
+                        entry.create_revision,
+                        entry.mod_revision,
+                    );
                 }
-                view.apply_put(
-                    &key,
-                    &entry.value,
-                    entry.create_revision,
-                    entry.mod_revision,
-                );
-            }
+            };
+            let (next, ()) = tokio::join!(scan.next(kv), apply);
+            page = next?;
         }
         view.finish_read(stored.as_ref().map(|(v, r)| (v.as_slice(), *r)));
         if !view.config_in_force() {
