@@ -480,22 +480,13 @@ impl Kv for MemKv {
         limit: usize,
         revision: Option<Revision>,
     ) -> Result<RangePage, KvError> {
-        let state = self.begin()?;
-        let revision = match revision {
-            Some(revision) if revision > 0 => revision,
-            _ => state.revision,
-        };
-        state.check_revision(revision)?;
+        // Strictly after `after` is from `after` and a zero byte on.
         let start = match after {
-            Some(after) if after >= prefix => Bound::Excluded(after),
-            _ => Bound::Included(prefix),
+            Some(after) if after >= prefix => [after, &[0]].concat(),
+            _ => prefix.to_vec(),
         };
-        let visible = state
-            .keys
-            .range::<[u8], _>((start, Bound::Unbounded))
-            .take_while(|(key, _)| key.starts_with(prefix))
-            .filter_map(|(key, _)| state.at(key, revision));
-        Ok(page(visible, limit, revision))
+        self.range_span(&start, &crate::prefix_end(prefix), limit, revision)
+            .await
     }
 
     async fn range_span(
