@@ -65,6 +65,8 @@ pub fn node_grants(keys: &Keys, node: &NodeName) -> Vec<Grant> {
         keys.config(),
         keys.reassert(),
         keys.election_prefix(),
+        // Read in each demand write's transaction: the node count its pace follows.
+        keys.census(),
     ] {
         grants.push(Grant::prefix(Access::Read, read));
     }
