@@ -823,15 +823,11 @@ fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {
 
 /// The first key after every key that starts with `prefix` (etcd's range end for a prefix).
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
+    match corral_kv::prefix_end(prefix) {
+        // Every key: etcd reads "\0" as "to the end".
+        end if end.is_empty() => vec![0],
+        end => end,
     }
-    // Every key: etcd reads "\0" as "to the end".
-    vec![0]
 }
 
 fn compare(compare: &corral_kv::Compare) -> etcd_client::Compare {
@@ -962,25 +958,6 @@ impl Kv for EtcdKv {
             Ok(response) => Ok(response.kvs().first().map(key_value)),
             Err(error) => Err(self.error(error, None).await),
         }
-    }
-
-    async fn range(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-        revision: Option<Revision>,
-    ) -> Result<RangePage, KvError> {
-        let start = match after {
-            Some(after) if after >= prefix => {
-                let mut start = after.to_vec();
-                start.push(0);
-                start
-            }
-            _ => prefix.to_vec(),
-        };
-        self.range_span(&start, &prefix_end(prefix), limit, revision)
-            .await
     }
 
     async fn range_span(

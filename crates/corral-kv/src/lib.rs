@@ -312,14 +312,23 @@ pub trait Kv: Clone + Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<KeyValue>, KvError>> + Send;
 
     /// Reads keys under `prefix` strictly after `after` (or from the first, for `None`), at
-    /// most `limit`, at `revision` (or the current one, for `None`; the page says which).
+    /// most `limit`, at `revision` (or the current one, for `None`; the page says which). The
+    /// range ends at the prefix's end: etcd walks to it to count (a whole read is [`Scan`]).
     fn range(
         &self,
         prefix: &[u8],
         after: Option<&[u8]>,
         limit: usize,
         revision: Option<Revision>,
-    ) -> impl Future<Output = Result<RangePage, KvError>> + Send;
+    ) -> impl Future<Output = Result<RangePage, KvError>> + Send {
+        // Strictly after `after` is from `after` and a zero byte on.
+        let start = match after {
+            Some(after) if after >= prefix => [after, &[0]].concat(),
+            _ => prefix.to_vec(),
+        };
+        let end = prefix_end(prefix);
+        async move { self.range_span(&start, &end, limit, revision).await }
+    }
 
     /// Reads keys in `[start, end)` (an empty `end`: to the last key), at most `limit` (0:
     /// all), at `revision` (or the current one, for `None`). The page's `count` is how many

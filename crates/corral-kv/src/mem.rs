@@ -473,22 +473,6 @@ impl Kv for MemKv {
         Ok(state.latest(key).cloned())
     }
 
-    async fn range(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        limit: usize,
-        revision: Option<Revision>,
-    ) -> Result<RangePage, KvError> {
-        // Strictly after `after` is from `after` and a zero byte on.
-        let start = match after {
-            Some(after) if after >= prefix => [after, &[0]].concat(),
-            _ => prefix.to_vec(),
-        };
-        self.range_span(&start, &crate::prefix_end(prefix), limit, revision)
-            .await
-    }
-
     async fn range_span(
         &self,
         start: &[u8],
