@@ -155,6 +155,7 @@ pub async fn serve_with(
     let interface_counters = state.metrics.interface_counters.clone();
     let history = config.history;
     let restore = tokio::task::spawn_blocking(move || {
+        hold_restore_for_tests();
         NodeState::restore(store, &declared).map(|node| {
             node.with_broken_gauge(broken_scopes)
                 .with_interface_counters(interface_counters)
@@ -224,6 +225,19 @@ pub async fn serve_with(
     match fatal {
         Some(message) => Err(AgentError::Cluster(message)),
         None => Ok(()),
+    }
+}
+
+/// Debug builds only: with `CORRAL_AGENT_TEST_HOLD_RESTORE` set, the restore never ends, so
+/// a test can signal an agent that is certainly restoring (answering 503) and see it stop
+/// all the same (`tests/signals.rs`). A release build has no such switch.
+fn hold_restore_for_tests() {
+    #[cfg(debug_assertions)]
+    if std::env::var_os("CORRAL_AGENT_TEST_HOLD_RESTORE").is_some() {
+        tracing::warn!("the restore is held (CORRAL_AGENT_TEST_HOLD_RESTORE)");
+        loop {
+            std::thread::park();
+        }
     }
 }
 

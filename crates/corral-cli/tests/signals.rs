@@ -270,6 +270,46 @@ fn a_serving_agent_stops_on_sigterm_and_sigint_and_keeps_its_allocations() {
     assert!(expected.iter().all(|a| held.contains(a)), "{held:?}");
 }
 
+/// An agent still restoring its state (held there for good by a debug build's test switch;
+/// it answers 503 meanwhile) stops on SIGTERM without waiting for the restore, and the
+/// state directory is whole: the next agent restores the allocations it held.
+#[test]
+fn an_agent_restoring_its_state_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (state, socket) = (dir.path().join("state"), dir.path().join("agent.sock"));
+    let mut agent = Agent::serve(&state, &socket);
+    let held = alloc_dual(&socket, "pod-a");
+    stop_agent(&mut agent, Signal::TERM, "SIGTERM");
+    let log = dir.path().join("restoring.log");
+    let child = common::spawn_logged(
+        Command::new(BINARY)
+            .args(["agent", "--data-dir"])
+            .arg(&state)
+            .arg("--socket")
+            .arg(&socket)
+            .env("CORRAL_AGENT_TEST_HOLD_RESTORE", "1"),
+        &log,
+    );
+    let mut restoring = Replica { child, log };
+    restoring.wait_log("the restore is held");
+    // Its socket answers, and says it is restoring.
+    let refused = Client::unix(&socket).readyz().unwrap_err().to_string();
+    assert!(refused.contains("restoring"), "{refused}");
+    restoring.stop_with(Signal::TERM, "SIGTERM");
+    assert!(
+        restoring
+            .log()
+            .contains("stopped before the agent was ready"),
+        "{}",
+        restoring.log()
+    );
+    assert!(!socket.exists(), "the socket is removed on a clean stop");
+    let _agent = Agent::serve(&state, &socket);
+    let dump = Client::unix(&socket).dump(Some("node")).unwrap();
+    let now = cluster_common::addresses(&dump);
+    assert!(held.iter().all(|a| now.contains(a)), "{now:?}");
+}
+
 /// An agent with a request in flight (its head sent, its body not yet) stops on SIGTERM: the
 /// request is answered or its connection closed, and the agent exits.
 #[test]
