@@ -455,6 +455,9 @@ const QUARANTINED_ID: IdOccupant = IdOccupant {
 /// The operator's cache of one cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterView {
+    /// A full read in progress (`for_read_after` to `finish_read`): every key comes once,
+    /// so a put has no old value to forget.
+    reading: bool,
     keys: Keys,
     config: ClusterConfig,
     nodes: BTreeMap<NodeName, NodeEntry>,
@@ -523,6 +526,7 @@ impl ClusterView {
     /// An empty view of the cluster of `keys` under `config`.
     pub fn new(keys: Keys, config: ClusterConfig) -> ClusterView {
         let mut view = ClusterView {
+            reading: false,
             keys,
             config,
             nodes: BTreeMap::new(),
@@ -861,7 +865,7 @@ impl ClusterView {
         };
         // A put replaces what the key held: forget the old value first (an assertion of
         // holdings is replaced in its own arm: one that does not decode keeps the last).
-        if !matches!(parsed, Key::Holdings { .. }) {
+        if !self.reading && !matches!(parsed, Key::Holdings { .. }) {
             self.forget(&parsed);
         }
         match parsed {

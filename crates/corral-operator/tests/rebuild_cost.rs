@@ -58,9 +58,11 @@ async fn a_rebuild_walks_in_proportion_to_the_keys_it_reads() {
             "{nodes} nodes: {cost:?}"
         );
         // The unbounded paging walked about n²/(2·page): 110,000 keys for 10,000 nodes'
-        // registrations and their history, 1,640,000 for 40,000.
+        // registrations and their history, 1,640,000 for 40,000. Ranges sized by byte
+        // arithmetic walked about 5 per key read at 40,000; sibling subtrees walk each kind
+        // once (its first range), then 0.9 more per key read at 10,000 and 1.9 at 40,000.
         assert!(
-            cost.walked <= 4 * cost.keys + 4 * PAGE,
+            cost.walked <= 3 * cost.keys + 4 * PAGE,
             "{nodes} nodes: {cost:?}"
         );
         assert!(
@@ -70,9 +72,10 @@ async fn a_rebuild_walks_in_proportion_to_the_keys_it_reads() {
         eprintln!("{nodes} nodes: {cost:?}");
         walked_per_key.push(cost.walked as f64 / cost.keys as f64);
     }
-    // Linear: four times the keys, about four times the walk (not sixteen).
+    // Linear: four times the keys, at most about twice the walk per key (quadratic paging:
+    // four times; these names of uneven decimals part a level deeper at 40,000).
     assert!(
-        walked_per_key[1] <= walked_per_key[0] * 1.5,
+        walked_per_key[1] <= walked_per_key[0] * 2.0,
         "walked per key read: {walked_per_key:?}"
     );
 }

@@ -44,6 +44,7 @@ impl ClusterView {
         if let Some(record) = applied_config {
             let mut view = ClusterView::new(keys, record.config);
             view.installed_revision = record.config_revision;
+            view.reading = true;
             return Ok(view);
         }
         let config_key = keys.config();
@@ -51,6 +52,7 @@ impl ClusterView {
             Some(Ok(config)) => {
                 let mut view = ClusterView::new(keys, config);
                 view.provisional = true;
+                view.reading = true;
                 Ok(view)
             }
             Some(Err(error)) => Err(format!(
@@ -64,9 +66,10 @@ impl ClusterView {
         }
     }
 
-    /// Ends a full read: judges the stored configuration (the `config` key's value and mod
+    /// Ends a full read (every key was applied once, `config` aside): judges the stored configuration (the `config` key's value and mod
     /// revision; a read skips it until every other key is applied) as the watch does.
     pub fn finish_read(&mut self, stored: Option<(&[u8], i64)>) {
+        self.reading = false;
         if let Some((value, revision)) = stored {
             let key = self.keys.config();
             self.offer_config(&key, value, revision);

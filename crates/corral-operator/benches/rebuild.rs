@@ -1,0 +1,203 @@
+//! A new leader's rebuild and its grants, on `MemKv`: the operator's own share of issue 25's
+//! failover at 100,000 nodes, with no etcd beside it on the two cores (so a profile shows only
+//! the operator: `perf record` on this binary).
+//!
+//! `BENCH_NODES` nodes (default 100,000; names `node-NNNNNN`) register on the cluster bench's
+//! dual-stack pool (`bench_cluster.toml`: IPv4 /26s, IPv6 /64s); replica `op-a` grants them
+//! (timed: its grants per second, with no etcd round trip), then every node's holdings are
+//! asserted as agents do, and op-a stops cleanly. Then `BENCH_ROUNDS` (default 3) replicas in
+//! turn take the lead, each rebuilding from the whole store: the rebuild's time (the leader's
+//! own `last_rebuild`) and what it read.
+//!
+//! ```sh
+//! cargo bench -p corral-operator --bench rebuild
+//! BENCH_NODES=30000 cargo bench -p corral-operator --bench rebuild
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corral_cluster::{
+    ClusterConfig, ClusterName, HeldRange, HoldingsRecord, Key, Keys, NodeRecord,
+};
+use corral_cluster::{NodeName, encode_value};
+use corral_kv::{Kv, MemKv, Txn, TxnOp};
+use corral_operator::{OperatorConfig, Shared};
+
+const CONFIG: &str = include_str!("../../corral-cli/tests/configs/bench_cluster.toml");
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().map_or(default, |v| {
+        v.parse().unwrap_or_else(|_| panic!("{name} is a number"))
+    })
+}
+
+struct Replica {
+    shared: Arc<Shared>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(kv: &MemKv, name: &str) -> Replica {
+    let shared = Arc::new(Shared::new(name.to_owned()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = OperatorConfig {
+        cluster: "t".into(),
+        replica: name.into(),
+        lease_ttl: Duration::from_secs(10),
+        workers: 16,
+    };
+    let task = tokio::spawn({
+        let (kv, shared) = (kv.clone(), Arc::clone(&shared));
+        async move {
+            corral_operator::run_with_cloud::<_, corral_cloud::FakeEc2>(
+                kv,
+                config,
+                shared,
+                None,
+                async move {
+                    let _ = stopped.await;
+                },
+            )
+            .await
+            .expect("the operator runs until stopped");
+        }
+    });
+    Replica { shared, stop, task }
+}
+
+async fn count(kv: &MemKv, prefix: &str) -> u64 {
+    let end = corral_kv::prefix_end(prefix.as_bytes());
+    kv.range_span(prefix.as_bytes(), &end, 1, None)
+        .await
+        .unwrap()
+        .count
+}
+
+async fn wait_leading(replica: &Replica) {
+    while !replica.shared.leading() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let nodes = env_usize("BENCH_NODES", 100_000);
+    let rounds = env_usize("BENCH_ROUNDS", 3);
+    let keys = Keys::new(ClusterName::new("t").unwrap());
+    let kv = MemKv::new();
+    let config = ClusterConfig::from_toml(CONFIG).unwrap();
+    kv.txn(Txn {
+        success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
+        ..Txn::default()
+    })
+    .await
+    .unwrap();
+    let names: Vec<NodeName> = (0..nodes)
+        .map(|i| NodeName::new(&format!("node-{i:06}")).unwrap())
+        .collect();
+    for (c, chunk) in names.chunks(100).enumerate() {
+        let success = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let record = NodeRecord {
+                    uid: format!("uid-{}", c * 100 + i),
+                    addresses: vec![],
+                    registered_ms: 0,
+                    instance_id: None,
+                    max_pods: None,
+                };
+                TxnOp::put(keys.node(node), encode_value(&record).unwrap())
+            })
+            .collect();
+        kv.txn(Txn {
+            success,
+            ..Txn::default()
+        })
+        .await
+        .unwrap();
+    }
+    let started = Instant::now();
+    let first = start(&kv, "op-a");
+    let grants = keys.grants_prefix();
+    while count(&kv, &grants).await < 2 * nodes as u64 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let granted = started.elapsed();
+    println!(
+        "{nodes} nodes: op-a granted {} in {:.2} s ({:.0} grants/s, rebuild included)",
+        2 * nodes,
+        granted.as_secs_f64(),
+        (2 * nodes) as f64 / granted.as_secs_f64()
+    );
+    // Holdings, as agents assert them: what `owned/` gives each node.
+    let (owned, _) = corral_kv::read_all(&kv, keys.all_owned_prefix().as_bytes(), 5000)
+        .await
+        .unwrap();
+    let mut held: std::collections::BTreeMap<NodeName, Vec<HeldRange>> = Default::default();
+    for entry in owned {
+        if let Ok(Key::Owned {
+            node, pool, cidr, ..
+        }) = keys.parse(&entry.key_str())
+        {
+            held.entry(node).or_default().push(HeldRange {
+                pool,
+                cidr,
+                draining: false,
+                allocations: 0,
+            });
+        }
+    }
+    let held: Vec<_> = held.into_iter().collect();
+    for chunk in held.chunks(100) {
+        let success = chunk
+            .iter()
+            .map(|(node, ranges)| {
+                let uid = node
+                    .as_str()
+                    .trim_start_matches("node-")
+                    .parse::<usize>()
+                    .unwrap();
+                let record = HoldingsRecord {
+                    uid: format!("uid-{uid}"),
+                    ranges: ranges.clone(),
+                    ..Default::default()
+                };
+                TxnOp::put(keys.holdings(node), encode_value(&record).unwrap())
+            })
+            .collect();
+        kv.txn(Txn {
+            success,
+            ..Txn::default()
+        })
+        .await
+        .unwrap();
+    }
+    let _ = first.stop.send(());
+    first.task.await.unwrap();
+    let total = count(&kv, keys.prefix()).await;
+    println!("store: {total} keys");
+    let mut times = Vec::new();
+    for round in 0..rounds {
+        let replica = start(&kv, &format!("op-{round}"));
+        wait_leading(&replica).await;
+        let (stats, took) = replica.shared.last_rebuild().expect("a rebuild");
+        println!(
+            "rebuild {round}: {:.0} ms, {} keys, {} requests, {} walked ({:.2} µs a key)",
+            took.as_secs_f64() * 1e3,
+            stats.keys,
+            stats.requests,
+            stats.walked,
+            took.as_secs_f64() * 1e6 / stats.keys as f64
+        );
+        times.push(took);
+        let _ = replica.stop.send(());
+        replica.task.await.unwrap();
+    }
+    times.sort();
+    println!(
+        "rebuild median: {:.0} ms",
+        times[times.len() / 2].as_secs_f64() * 1e3
+    );
+}
