@@ -165,9 +165,9 @@ const FAULTS: [Fault; 9] = [
     Fault::ConfigAroundCli,
 ];
 
-/// The configuration with its pool renamed: what a hand-written change would do.
-fn renamed() -> String {
-    CONFIG.replace("name = \"default\"", "name = \"renamed\"")
+/// `config` with its pool renamed: what a hand-written change would do.
+fn renamed(config: &str) -> String {
+    config.replace("name = \"default\"", "name = \"renamed\"")
 }
 
 /// Whether `/corral/t/v1/<rest>` exists.
@@ -236,6 +236,8 @@ struct Run {
     removed: std::collections::BTreeSet<String>,
     /// The snapshot taken for `RestoreSnapshot`, if one was.
     snapshot: Option<PathBuf>,
+    /// The cluster's configuration: [`CONFIG`], or [`SCALE_CONFIG`] with `NEMESIS_NODES`.
+    config: &'static str,
 }
 
 impl Run {
@@ -476,13 +478,13 @@ impl Run {
                         },
                     ))
                 };
-                let written = put(&renamed());
+                let written = put(&renamed(self.config));
                 self.history.note(format!(
                     "config written around the CLI (pool renamed): {:?}",
                     written.map(|r| r.revision)
                 ));
                 std::thread::sleep(self.pause(1000, 8000));
-                let restored = put(CONFIG);
+                let restored = put(self.config);
                 self.history.note(format!(
                     "original config put back: {:?}",
                     restored.map(|r| r.revision)
@@ -637,7 +639,8 @@ fn run(seed: u64, length: Duration) {
     // Granting and checking the extra nodes takes its time (a debug build grants about 1,000
     // a second).
     let patience = Duration::from_secs(60 + extra as u64 / 500);
-    let etcd = initialized(3, dir.path(), if extra > 0 { SCALE_CONFIG } else { CONFIG });
+    let config = if extra > 0 { SCALE_CONFIG } else { CONFIG };
+    let etcd = initialized(3, dir.path(), config);
     if extra > 0 {
         register_background(&etcd, extra);
         history.note(format!("{extra} more nodes registered"));
@@ -658,6 +661,7 @@ fn run(seed: u64, length: Duration) {
         rng: ChaCha8Rng::seed_from_u64(seed),
         removed: Default::default(),
         snapshot: None,
+        config,
     };
     for i in 0..OPERATORS {
         run.start_operator(i);
@@ -710,9 +714,17 @@ fn run(seed: u64, length: Duration) {
     for (_, socket) in &sockets {
         release_draining(socket);
     }
-    wait_until("cluster check is clean", patience, || {
-        check(&run.etcd, &agent_sockets).0 == 0
-    });
+    let last = std::cell::RefCell::new(String::new());
+    wait_showing(
+        "cluster check is clean",
+        patience,
+        || {
+            let (code, output) = check(&run.etcd, &agent_sockets);
+            *last.borrow_mut() = output;
+            code == 0
+        },
+        || last.take(),
+    );
     let checked = Instant::now();
     assert_check(&run.etcd, &agent_sockets);
     let cluster_check = checked.elapsed();
