@@ -487,6 +487,8 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
     problems.extend(election_problems(&keys, &election));
     let mut holdings = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
+    // The keys parsed once for every agent.
+    let judge = corral_cluster::AgentCheck::new(&keys, &entries);
     for socket in &args.agents {
         // The same socket twice is one agent.
         if !seen.insert(std::fs::canonicalize(socket).unwrap_or_else(|_| socket.clone())) {
@@ -494,7 +496,7 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
         }
         // An agent that cannot be asked is not a finding about the cluster: exit code 3,
         // as for any unreachable agent.
-        let (found, held) = check_agent(&keys, &entries, socket)?;
+        let (found, held) = check_agent(&keys, &entries, &judge, socket)?;
         problems.extend(found);
         holdings.extend(held);
     }
@@ -633,6 +635,7 @@ async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
 fn check_agent(
     keys: &Keys,
     entries: &[corral_cluster::Entry],
+    judge: &corral_cluster::AgentCheck,
     socket: &std::path::Path,
 ) -> Result<(Vec<String>, Option<corral_cluster::AgentHoldings>), Failure> {
     let mut client = corral_client::Client::unix(socket);
@@ -655,9 +658,9 @@ fn check_agent(
         })
         .collect();
     let mut problems = Vec::new();
-    let others: Vec<(corral_cluster::IpNet, String)> = corral_cluster::granted_cidrs(keys, entries)
-        .into_iter()
-        .filter(|(_, node)| *node != cluster.node)
+    let others: Vec<(&corral_cluster::IpNet, &NodeName)> = judge
+        .granted_cidrs()
+        .filter(|(_, node)| node.as_str() != cluster.node)
         .collect();
     for (pool, range) in &cluster_ranges {
         let Ok(spec) = range.range.parse::<corral_core::RangeSpec>() else {
@@ -688,7 +691,8 @@ fn check_agent(
         .collect();
     // Block pools: each range one of the node's blocks, each block held or surrendered.
     problems.extend(
-        corral_cluster::agent_block_problems(keys, entries, &cluster.node, &active)
+        judge
+            .block_problems(&cluster.node, &active)
             .into_iter()
             .map(|p| format!("agent {}: {p}", socket.display())),
     );
@@ -701,7 +705,7 @@ fn check_agent(
     let block_pools: std::collections::BTreeSet<String> = active
         .iter()
         .map(|(pool, _)| pool.clone())
-        .filter(|pool| corral_cluster::is_block_pool(keys, entries, pool))
+        .filter(|pool| judge.is_block_pool(pool))
         .collect();
     let mut held: Vec<(String, String)> = active
         .into_iter()
@@ -710,11 +714,11 @@ fn check_agent(
     held.sort();
     let plan_pool = corral_core::PoolName::new(corral_agent::link::ClusterOptions::PLAN_POOL)
         .expect("a valid pool name");
-    let mut granted: Vec<(String, String)> =
-        corral_cluster::expected_ranges(keys, entries, &cluster.node, &plan_pool)
-            .into_iter()
-            .map(|(pool, range)| (pool.to_string(), range.to_string()))
-            .collect();
+    let mut granted: Vec<(String, String)> = judge
+        .expected_ranges(&cluster.node, &plan_pool)
+        .into_iter()
+        .map(|(pool, range)| (pool.to_string(), range.to_string()))
+        .collect();
     granted.sort();
     if held != granted {
         problems.push(format!(

@@ -9,8 +9,9 @@
 //! `target/nemesis/seed-<n>.log`, which a failing run leaves behind.
 //!
 //! `NEMESIS_NODES=n` registers `n` more nodes (no agent: their registrations, granted by the
-//! operators) before the run, in a pool wide enough, so the faults, failovers, restores and
-//! every step's `cluster check` happen at that size (`NEMESIS_NODES=30000`: issue 25).
+//! operators) before the run, in a pool wide enough, so the faults, failovers, restores, every
+//! step's independent check and the closing `cluster check` happen at that size
+//! (`NEMESIS_NODES=30000`: issue 25); the summary line gives the checks' times.
 //!
 //! Needs Debian's etcd (`make deps`); ignored by a plain `cargo test`.
 
@@ -164,9 +165,9 @@ const FAULTS: [Fault; 9] = [
     Fault::ConfigAroundCli,
 ];
 
-/// The configuration with its pool renamed: what a hand-written change would do.
-fn renamed() -> String {
-    CONFIG.replace("name = \"default\"", "name = \"renamed\"")
+/// `config` with its pool renamed: what a hand-written change would do.
+fn renamed(config: &str) -> String {
+    config.replace("name = \"default\"", "name = \"renamed\"")
 }
 
 /// Whether `/corral/t/v1/<rest>` exists.
@@ -235,6 +236,8 @@ struct Run {
     removed: std::collections::BTreeSet<String>,
     /// The snapshot taken for `RestoreSnapshot`, if one was.
     snapshot: Option<PathBuf>,
+    /// The cluster's configuration: [`CONFIG`], or [`SCALE_CONFIG`] with `NEMESIS_NODES`.
+    config: &'static str,
 }
 
 impl Run {
@@ -475,13 +478,13 @@ impl Run {
                         },
                     ))
                 };
-                let written = put(&renamed());
+                let written = put(&renamed(self.config));
                 self.history.note(format!(
                     "config written around the CLI (pool renamed): {:?}",
                     written.map(|r| r.revision)
                 ));
                 std::thread::sleep(self.pause(1000, 8000));
-                let restored = put(CONFIG);
+                let restored = put(self.config);
                 self.history.note(format!(
                     "original config put back: {:?}",
                     restored.map(|r| r.revision)
@@ -491,8 +494,9 @@ impl Run {
         block_on(self.etcd.wait_ready_all(Duration::from_secs(60))).expect("etcd heals");
     }
 
-    /// The independent check over the agents that run.
-    fn check(&self, step: usize) {
+    /// The independent check over the agents that run; answers its time.
+    fn check(&self, step: usize) -> Duration {
+        let started = Instant::now();
         let running: Vec<(&str, PathBuf)> = self
             .nodes
             .iter()
@@ -507,8 +511,10 @@ impl Run {
             .copied()
             .filter(|(n, _)| !self.removed.contains(*n))
             .collect();
-        let mut violations = invariant_violations(&self.etcd, &agents, false);
-        violations.extend(invariant_violations(&self.etcd, &strict, true));
+        // etcd's grants read once for both (30,000 nodes' are 60,000 keys).
+        let grants = grant_entries(&self.etcd);
+        let mut violations = violations_of(&grants, &agents, false);
+        violations.extend(violations_of(&grants, &strict, true));
         violations.sort();
         violations.dedup();
         if !violations.is_empty() {
@@ -523,6 +529,7 @@ impl Run {
             );
         }
         self.history.note(format!("check after step {step}: ok"));
+        started.elapsed()
     }
 }
 
@@ -632,7 +639,8 @@ fn run(seed: u64, length: Duration) {
     // Granting and checking the extra nodes takes its time (a debug build grants about 1,000
     // a second).
     let patience = Duration::from_secs(60 + extra as u64 / 500);
-    let etcd = initialized(3, dir.path(), if extra > 0 { SCALE_CONFIG } else { CONFIG });
+    let config = if extra > 0 { SCALE_CONFIG } else { CONFIG };
+    let etcd = initialized(3, dir.path(), config);
     if extra > 0 {
         register_background(&etcd, extra);
         history.note(format!("{extra} more nodes registered"));
@@ -653,6 +661,7 @@ fn run(seed: u64, length: Duration) {
         rng: ChaCha8Rng::seed_from_u64(seed),
         removed: Default::default(),
         snapshot: None,
+        config,
     };
     for i in 0..OPERATORS {
         run.start_operator(i);
@@ -676,6 +685,7 @@ fn run(seed: u64, length: Duration) {
     let started = Instant::now();
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut step = 0;
+    let mut slowest_check = Duration::ZERO;
     while started.elapsed() < length {
         step += 1;
         let fault = if restores && run.rng.random_range(0..FAULTS.len() + 1) == FAULTS.len() {
@@ -685,7 +695,7 @@ fn run(seed: u64, length: Duration) {
         };
         *faults.entry(format!("{fault:?}")).or_default() += 1;
         run.apply(fault);
-        run.check(step);
+        slowest_check = slowest_check.max(run.check(step));
         let quiet = run.pause(500, 3000);
         std::thread::sleep(quiet);
     }
@@ -704,20 +714,127 @@ fn run(seed: u64, length: Duration) {
     for (_, socket) in &sockets {
         release_draining(socket);
     }
-    wait_until("cluster check is clean", patience, || {
-        check(&run.etcd, &agent_sockets).0 == 0
-    });
+    let last = std::cell::RefCell::new(String::new());
+    wait_showing(
+        "cluster check is clean",
+        patience,
+        || {
+            let (code, output) = check(&run.etcd, &agent_sockets);
+            *last.borrow_mut() = output;
+            code == 0
+        },
+        || last.take(),
+    );
+    let checked = Instant::now();
     assert_check(&run.etcd, &agent_sockets);
+    let cluster_check = checked.elapsed();
     let mut summary = String::new();
     for (fault, n) in &faults {
         let _ = write!(summary, "{fault} {n}, ");
     }
     println!(
-        "nemesis seed {seed} ({} nodes): {step} faults ({summary}), {allocated} allocations, {released} releases, {failed} refused or failed, in {:.0} s",
+        "nemesis seed {seed} ({} nodes): {step} faults ({summary}), {allocated} allocations, {released} releases, {failed} refused or failed, in {:.0} s; a step's check {:.2} s at most, cluster check {:.2} s",
         AGENTS + extra,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        slowest_check.as_secs_f64(),
+        cluster_check.as_secs_f64()
     );
     history.note("passed");
     // A passing run leaves nothing behind.
     let _ = std::fs::remove_file(&history.path);
+}
+
+/// The check's sweep finds exactly the grants that share an address: overlapping and nested
+/// ones, never adjacent ones, never across families (`::/96` spans the numbers IPv4 does).
+#[test]
+fn the_grant_sweep_finds_overlaps_not_neighbours() {
+    let cidrs: Vec<ipnet::IpNet> = [
+        "10.0.0.64/26",
+        "10.0.0.0/26",
+        "10.0.0.0/24",
+        "10.0.1.0/26",
+        "10.0.0.64/26",
+        "::/96",
+        "fd00::/64",
+        "fd00:0:0:1::/64",
+        "fd00::/48",
+    ]
+    .iter()
+    .map(|c| c.parse().unwrap())
+    .collect();
+    assert_eq!(
+        overlapping(&cidrs),
+        [(0, 2), (0, 4), (1, 2), (2, 4), (6, 8), (7, 8)]
+    );
+    let grants: Vec<GrantEntry> = cidrs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (*c, format!("n{i}"), format!("k{i}")))
+        .collect();
+    let index = GrantIndex::new(&grants);
+    let keys = |address: &str| -> Vec<&str> {
+        let found = index.containing(address.parse().unwrap());
+        found.iter().map(|(_, _, key)| key.as_str()).collect()
+    };
+    assert_eq!(keys("10.0.0.70"), ["k0", "k2", "k4"]);
+    assert_eq!(keys("10.0.1.0"), ["k3"]);
+    assert_eq!(keys("10.0.2.0"), Vec::<&str>::new());
+    assert_eq!(keys("::a00:1"), ["k5"]);
+    assert_eq!(keys("fd00:0:0:1::1"), ["k7", "k8"]);
+}
+
+/// The sweep and the index agree with comparing every pair, on random CIDRs of one /16 and
+/// one /112 (many overlaps) of both families.
+#[test]
+fn the_grant_sweep_agrees_with_every_pair() {
+    let mut rng = ChaCha8Rng::seed_from_u64(25);
+    for _ in 0..50 {
+        let cidrs: Vec<ipnet::IpNet> = (0..rng.random_range(0..60))
+            .map(|_| {
+                let low: u16 = rng.random();
+                let net: ipnet::IpNet = if rng.random_bool(0.5) {
+                    let address = std::net::Ipv4Addr::from(0x0a00_0000 | u32::from(low));
+                    ipnet::Ipv4Net::new(address, rng.random_range(18..=32))
+                        .unwrap()
+                        .into()
+                } else {
+                    let address = std::net::Ipv6Addr::from(0xfd00_u128 << 112 | u128::from(low));
+                    ipnet::Ipv6Net::new(address, rng.random_range(114..=128))
+                        .unwrap()
+                        .into()
+                };
+                net.trunc()
+            })
+            .collect();
+        let mut every_pair = Vec::new();
+        for (i, a) in cidrs.iter().enumerate() {
+            for (j, b) in cidrs.iter().enumerate().skip(i + 1) {
+                if a.contains(&b.network()) || b.contains(&a.network()) {
+                    every_pair.push((i, j));
+                }
+            }
+        }
+        assert_eq!(overlapping(&cidrs), every_pair, "{cidrs:?}");
+        let grants: Vec<GrantEntry> = cidrs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (*c, String::new(), i.to_string()))
+            .collect();
+        let index = GrantIndex::new(&grants);
+        for cidr in &cidrs {
+            for address in [cidr.network(), cidr.broadcast()] {
+                let found: Vec<&String> = index
+                    .containing(address)
+                    .into_iter()
+                    .map(|(_, _, key)| key)
+                    .collect();
+                let expected: Vec<&String> = grants
+                    .iter()
+                    .filter(|(c, _, _)| c.contains(&address))
+                    .map(|(_, _, key)| key)
+                    .collect();
+                assert_eq!(found, expected, "{address} in {cidrs:?}");
+            }
+        }
+    }
 }

@@ -29,7 +29,7 @@ use crate::config::ClusterConfig;
 use crate::keys::{Key, Keys, NodeName, ReleaseState};
 use crate::net::net_range;
 use crate::plan::NodePlan;
-use parse::{overlapping, overlaps, parse, span};
+use parse::{Parsed, overlapping, overlaps, parse, span};
 
 /// Checks the cluster's keys (as read at one revision); answers one sentence per problem.
 pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
@@ -192,47 +192,149 @@ pub fn check(keys: &Keys, entries: &[Entry]) -> Vec<String> {
     problems
 }
 
-/// The ranges an agent of `node` must hold as its cluster ranges: its grants in node-CIDR
-/// pools, and its plan's pod range (in pool `plan_pool`) in a node-ID cluster (block pools:
-/// [`agent_block_problems`]).
-pub fn expected_ranges(
-    keys: &Keys,
-    entries: &[Entry],
-    node: &str,
-    plan_pool: &PoolName,
-) -> Vec<(PoolName, RangeSpec)> {
-    let mut ignored = Vec::new();
-    let parsed = parse(keys, entries, &mut ignored);
-    let is_blocks = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_blocks());
-    let mut ranges: Vec<(PoolName, RangeSpec)> = parsed
-        .grants
-        .iter()
-        .filter(|g| g.3.node.as_str() == node && !is_blocks(&g.0))
-        .filter_map(|(pool, _, cidr, _)| Some((pool.clone(), node_range(*cidr).ok()?)))
-        .collect();
-    let plan = parsed.config.as_ref().and_then(|c| c.node_ids.as_ref());
-    let id = parsed
-        .id_of_node
-        .iter()
-        .find(|(n, _)| n.as_str() == node)
-        .map(|(_, id)| *id);
-    if let (Some(plan), Some(id)) = (plan, id)
-        && let Ok(derived) = NodePlan::derive(plan, id)
-        && let Ok(range) = derived.pod_range()
-    {
-        ranges.push((plan_pool.clone(), range));
-    }
-    ranges
+/// The cluster's keys parsed once for judging agents against them (`corral cluster check
+/// --agent`): one parse however many agents are checked.
+pub struct AgentCheck {
+    parsed: Parsed,
 }
 
-/// Every granted CIDR with the node holding it (for checking what agents hold against it).
-pub fn granted_cidrs(keys: &Keys, entries: &[Entry]) -> Vec<(IpNet, String)> {
-    let mut ignored = Vec::new();
-    parse(keys, entries, &mut ignored)
-        .grants
-        .into_iter()
-        .map(|(_, _, cidr, record)| (cidr, record.node.to_string()))
-        .collect()
+impl std::fmt::Debug for AgentCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentCheck")
+            .field("grants", &self.parsed.grants.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentCheck {
+    /// `entries` parsed (what does not parse is [`check`]'s to report).
+    pub fn new(keys: &Keys, entries: &[Entry]) -> AgentCheck {
+        let mut ignored = Vec::new();
+        AgentCheck {
+            parsed: parse(keys, entries, &mut ignored),
+        }
+    }
+
+    /// The ranges an agent of `node` must hold as its cluster ranges: its grants in node-CIDR
+    /// pools, and its plan's pod range (in pool `plan_pool`) in a node-ID cluster (block pools:
+    /// [`AgentCheck::block_problems`]).
+    pub fn expected_ranges(&self, node: &str, plan_pool: &PoolName) -> Vec<(PoolName, RangeSpec)> {
+        let parsed = &self.parsed;
+        let is_blocks = |pool: &PoolName| parsed.pool(pool).is_some_and(|p| p.is_blocks());
+        let mut ranges: Vec<(PoolName, RangeSpec)> = parsed
+            .grants
+            .iter()
+            .filter(|g| g.3.node.as_str() == node && !is_blocks(&g.0))
+            .filter_map(|(pool, _, cidr, _)| Some((pool.clone(), node_range(*cidr).ok()?)))
+            .collect();
+        let plan = parsed.config.as_ref().and_then(|c| c.node_ids.as_ref());
+        let id = parsed
+            .id_of_node
+            .iter()
+            .find(|(n, _)| n.as_str() == node)
+            .map(|(_, id)| *id);
+        if let (Some(plan), Some(id)) = (plan, id)
+            && let Ok(derived) = NodePlan::derive(plan, id)
+            && let Ok(range) = derived.pod_range()
+        {
+            ranges.push((plan_pool.clone(), range));
+        }
+        ranges
+    }
+
+    /// Every granted CIDR with the node holding it (for checking what agents hold against it).
+    pub fn granted_cidrs(&self) -> impl Iterator<Item = (&IpNet, &NodeName)> {
+        self.parsed
+            .grants
+            .iter()
+            .map(|(_, _, cidr, record)| (cidr, &record.node))
+    }
+
+    /// Whether `pool` is a block pool in the configuration the keys hold.
+    pub fn is_block_pool(&self, pool: &str) -> bool {
+        self.parsed
+            .config
+            .as_ref()
+            .and_then(|c| c.pools.iter().find(|p| p.name.as_str() == pool))
+            .is_some_and(|p| p.is_blocks())
+    }
+
+    /// An agent's active cluster ranges in block pools (`held`: pool and range text) against the
+    /// node's blocks: each must be the [`block_range`] of a block granted to the node in that
+    /// pool, and each block granted to it that it does not hold must be surrendered (its release
+    /// key `marked` or `ready`: the agent gives a block up before it answers). Anything else is a
+    /// problem, one sentence each.
+    pub fn block_problems(&self, node: &str, held: &[(String, String)]) -> Vec<String> {
+        let parsed = &self.parsed;
+        let Some(config) = parsed.config.as_ref() else {
+            return Vec::new();
+        };
+        let blocks: Vec<(&PoolName, Family, &IpNet, String)> = parsed
+            .grants
+            .iter()
+            .filter(|(pool, _, _, record)| {
+                record.node.as_str() == node && config.pool(pool).is_some_and(|p| p.is_blocks())
+            })
+            .filter_map(|(pool, family, cidr, _)| {
+                Some((pool, *family, cidr, block_range(*cidr).ok()?.to_string()))
+            })
+            .collect();
+        let mut problems = Vec::new();
+        for (pool, range) in held {
+            if !config
+                .pools
+                .iter()
+                .any(|p| p.name.as_str() == pool && p.is_blocks())
+            {
+                continue;
+            }
+            let Some((_, family, cidr, _)) = blocks
+                .iter()
+                .find(|(p, _, _, r)| p.as_str() == pool && r == range)
+            else {
+                problems.push(format!(
+                    "node {node} holds {range} in block pool {pool}, which is not granted to it"
+                ));
+                continue;
+            };
+            // `ready` says the agent surrendered the block: it must not serve it any more (the
+            // leader may release it at any moment).
+            let ready = parsed.releases.iter().any(|((n, p, f, c), record)| {
+                n.as_str() == node
+                    && p.as_str() == pool
+                    && f == family
+                    && c == *cidr
+                    && record.state == ReleaseState::Ready
+            });
+            if ready {
+                problems.push(format!(
+                    "node {node} serves block {cidr} of pool {pool}, which it answered ready to release"
+                ));
+            }
+        }
+        for (pool, family, cidr, range) in &blocks {
+            let held_it = held
+                .iter()
+                .any(|(p, r)| p.as_str() == pool.as_str() && r == range);
+            if held_it {
+                continue;
+            }
+            let release = parsed
+                .releases
+                .iter()
+                .find(|((n, p, f, c), _)| {
+                    n.as_str() == node && p == *pool && f == family && c == *cidr
+                })
+                .map(|(_, record)| record.state);
+            if !matches!(release, Some(ReleaseState::Marked | ReleaseState::Ready)) {
+                problems.push(format!(
+                    "node {node} does not hold block {cidr} of pool {pool}, granted to it and not surrendered ({})",
+                    release.map_or("no release key", ReleaseState::name)
+                ));
+            }
+        }
+        problems
+    }
 }
 
 /// The range an agent serves from a granted node CIDR: the whole CIDR with its first host as
@@ -262,98 +364,6 @@ pub fn block_range(cidr: IpNet) -> Result<RangeSpec, corral_core::SpecError> {
 /// How many addresses an agent hands out from a block ([`block_range`]'s size).
 pub fn block_capacity(cidr: IpNet) -> u64 {
     block_range(cidr).map_or(0, |spec| u64::try_from(spec.size()).unwrap_or(u64::MAX))
-}
-
-/// Whether `pool` is a block pool in the configuration the keys hold.
-pub fn is_block_pool(keys: &Keys, entries: &[Entry], pool: &str) -> bool {
-    let mut ignored = Vec::new();
-    let parsed = parse(keys, entries, &mut ignored);
-    parsed
-        .config
-        .as_ref()
-        .and_then(|c| c.pools.iter().find(|p| p.name.as_str() == pool))
-        .is_some_and(|p| p.is_blocks())
-}
-
-/// An agent's active cluster ranges in block pools (`held`: pool and range text) against the
-/// node's blocks: each must be the [`block_range`] of a block granted to the node in that
-/// pool, and each block granted to it that it does not hold must be surrendered (its release
-/// key `marked` or `ready`: the agent gives a block up before it answers). Anything else is a
-/// problem, one sentence each.
-pub fn agent_block_problems(
-    keys: &Keys,
-    entries: &[Entry],
-    node: &str,
-    held: &[(String, String)],
-) -> Vec<String> {
-    let mut ignored = Vec::new();
-    let parsed = parse(keys, entries, &mut ignored);
-    let Some(config) = parsed.config.as_ref() else {
-        return Vec::new();
-    };
-    let blocks: Vec<(&PoolName, Family, &IpNet, String)> = parsed
-        .grants
-        .iter()
-        .filter(|(pool, _, _, record)| {
-            record.node.as_str() == node && config.pool(pool).is_some_and(|p| p.is_blocks())
-        })
-        .filter_map(|(pool, family, cidr, _)| {
-            Some((pool, *family, cidr, block_range(*cidr).ok()?.to_string()))
-        })
-        .collect();
-    let mut problems = Vec::new();
-    for (pool, range) in held {
-        if !config
-            .pools
-            .iter()
-            .any(|p| p.name.as_str() == pool && p.is_blocks())
-        {
-            continue;
-        }
-        let Some((_, family, cidr, _)) = blocks
-            .iter()
-            .find(|(p, _, _, r)| p.as_str() == pool && r == range)
-        else {
-            problems.push(format!(
-                "node {node} holds {range} in block pool {pool}, which is not granted to it"
-            ));
-            continue;
-        };
-        // `ready` says the agent surrendered the block: it must not serve it any more (the
-        // leader may release it at any moment).
-        let ready = parsed.releases.iter().any(|((n, p, f, c), record)| {
-            n.as_str() == node
-                && p.as_str() == pool
-                && f == family
-                && c == *cidr
-                && record.state == ReleaseState::Ready
-        });
-        if ready {
-            problems.push(format!(
-                "node {node} serves block {cidr} of pool {pool}, which it answered ready to release"
-            ));
-        }
-    }
-    for (pool, family, cidr, range) in &blocks {
-        let held_it = held
-            .iter()
-            .any(|(p, r)| p.as_str() == pool.as_str() && r == range);
-        if held_it {
-            continue;
-        }
-        let release = parsed
-            .releases
-            .iter()
-            .find(|((n, p, f, c), _)| n.as_str() == node && p == *pool && f == family && c == *cidr)
-            .map(|(_, record)| record.state);
-        if !matches!(release, Some(ReleaseState::Marked | ReleaseState::Ready)) {
-            problems.push(format!(
-                "node {node} does not hold block {cidr} of pool {pool}, granted to it and not surrendered ({})",
-                release.map_or("no release key", ReleaseState::name)
-            ));
-        }
-    }
-    problems
 }
 
 /// What one agent serves, as `corral cluster check --agent` reads it: where it answers, the
@@ -594,7 +604,8 @@ mod tests {
         let problems = c.check();
         assert_eq!(problems.len(), 2, "{problems:#?}");
         assert_reported(&problems, &["is not a /28", "outside pool nodes"]);
-        let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
+        let expected = AgentCheck::new(&c.keys, &c.entries)
+            .expected_ranges("a", &PoolName::new("plan").unwrap());
         assert_eq!(expected.len(), 4);
     }
 
@@ -614,15 +625,19 @@ mod tests {
                 .collect()
         };
         let all = held(&["10.0.0.0/28", "10.0.0.16/28", "10.0.0.32/28"]);
-        assert!(agent_block_problems(&c.keys, &c.entries, "a", &all).is_empty());
-        assert!(is_block_pool(&c.keys, &c.entries, "pods"));
-        assert!(!is_block_pool(&c.keys, &c.entries, "nodes"));
+        assert!(
+            AgentCheck::new(&c.keys, &c.entries)
+                .block_problems("a", &all)
+                .is_empty()
+        );
+        assert!(AgentCheck::new(&c.keys, &c.entries).is_block_pool("pods"));
+        assert!(!AgentCheck::new(&c.keys, &c.entries).is_block_pool("nodes"));
         // Not granted; and two blocks not held, one surrendered (ready), one not.
         let mut odd = held(&["10.0.0.32/28"]);
         odd.push(("pods".to_owned(), range("10.0.0.64/28")));
         c.release("a", "pods", "10.0.0.0/28", ReleaseState::Ready, first);
         c.release("a", "pods", "10.0.0.16/28", ReleaseState::Refused, second);
-        let problems = agent_block_problems(&c.keys, &c.entries, "a", &odd);
+        let problems = AgentCheck::new(&c.keys, &c.entries).block_problems("a", &odd);
         assert_eq!(problems.len(), 2, "{problems:#?}");
         assert!(problems.iter().any(|p| p.contains("10.0.0.64/28")));
         assert!(
@@ -633,11 +648,12 @@ mod tests {
         // Serving a block it answered ready for is a problem (the leader may release it).
         let mut serving = held(&["10.0.0.0/28", "10.0.0.32/28"]);
         serving.push(("pods".to_owned(), range("10.0.0.16/28")));
-        let problems = agent_block_problems(&c.keys, &c.entries, "a", &serving);
+        let problems = AgentCheck::new(&c.keys, &c.entries).block_problems("a", &serving);
         assert_eq!(problems.len(), 1, "{problems:#?}");
         assert!(problems[0].contains("10.0.0.0/28") && problems[0].contains("ready"));
-        // Node-CIDR pools are left to `expected_ranges`, which leaves block pools out.
-        let expected = expected_ranges(&c.keys, &c.entries, "a", &PoolName::new("plan").unwrap());
+        // Node-CIDR pools are left to `AgentCheck::expected_ranges`, which leaves block pools out.
+        let expected = AgentCheck::new(&c.keys, &c.entries)
+            .expected_ranges("a", &PoolName::new("plan").unwrap());
         assert_eq!(expected.len(), 1);
         assert_eq!(expected[0].0.as_str(), "nodes");
     }

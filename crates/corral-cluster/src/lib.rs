@@ -30,9 +30,9 @@ pub mod view;
 pub use backoff::{Resync, RetryState};
 pub use census::{CensusRecord, census_to_publish, demand_interval};
 pub use check::{
-    AgentHoldings, CloudTruth, Entry, agent_block_problems, agents_problems, block_capacity,
-    block_range, check, cloud_problems, election_candidate, election_leader, election_problems,
-    expected_ranges, granted_cidrs, holdings_problems, is_block_pool, node_range,
+    AgentCheck, AgentHoldings, CloudTruth, Entry, agents_problems, block_capacity, block_range,
+    check, cloud_problems, election_candidate, election_leader, election_problems,
+    holdings_problems, node_range,
 };
 pub use config::{
     AppliedConfigRecord, CloudPool, CloudPoolConfig, ClusterConfig, ConfigError, DemandConfig,

@@ -544,6 +544,104 @@ pub fn contains(range: &str, address: IpAddr) -> bool {
     cidr.parse::<ipnet::IpNet>().unwrap().contains(&address)
 }
 
+/// A grant of etcd as the independent check reads it: its CIDR, its node (empty if its value
+/// names none) and its key.
+pub type GrantEntry = (ipnet::IpNet, String, String);
+
+/// Every `grants/` key whose last part is a CIDR, in key order (see [`GrantEntry`]).
+pub fn grant_entries(etcd: &EtcdCluster) -> Vec<GrantEntry> {
+    let kv = kv(etcd);
+    let (keys, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/grants/", 5000)).unwrap();
+    let mut grants = Vec::new();
+    for entry in keys {
+        let key = entry.key_str().into_owned();
+        let Some(cidr) = key
+            .rsplit('/')
+            .next()
+            .and_then(|c| c.replacen('-', "/", 1).parse::<ipnet::IpNet>().ok())
+        else {
+            continue;
+        };
+        let node = serde_json::from_slice::<serde_json::Value>(&entry.value)
+            .ok()
+            .and_then(|v| v["node"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        grants.push((cidr, node, key));
+    }
+    grants
+}
+
+/// A CIDR as (family, first address, last address): IPv4 before IPv6, addresses as numbers.
+fn span(cidr: &ipnet::IpNet) -> (bool, u128, u128) {
+    match cidr {
+        ipnet::IpNet::V4(net) => (
+            false,
+            u32::from(net.network()).into(),
+            u32::from(net.broadcast()).into(),
+        ),
+        ipnet::IpNet::V6(net) => (true, net.network().into(), net.broadcast().into()),
+    }
+}
+
+/// Every pair `(i, j)`, `i < j`, of `cidrs` that share an address (one contains the other),
+/// in order: a sweep over the CIDRs sorted by first address, each compared with those before
+/// it whose last address it has not passed (none, unless CIDRs overlap), so n log n.
+pub fn overlapping(cidrs: &[ipnet::IpNet]) -> Vec<(usize, usize)> {
+    let spans: Vec<(bool, u128, u128)> = cidrs.iter().map(span).collect();
+    let mut order: Vec<usize> = (0..cidrs.len()).collect();
+    order.sort_by_key(|&i| (spans[i].0, spans[i].1));
+    let mut pairs = Vec::new();
+    let mut open: Vec<usize> = Vec::new();
+    for i in order {
+        let (family, first, _) = spans[i];
+        open.retain(|&o| spans[o].0 == family && spans[o].2 >= first);
+        pairs.extend(open.iter().map(|&o| (o.min(i), o.max(i))));
+        open.push(i);
+    }
+    pairs.sort_unstable();
+    pairs
+}
+
+/// The grants containing an address, found by its network at each prefix length granted (a
+/// few lookups whatever the cluster's size).
+pub struct GrantIndex<'a> {
+    grants: &'a [GrantEntry],
+    by_network: std::collections::HashMap<ipnet::IpNet, Vec<usize>>,
+    prefix_lens: BTreeSet<(bool, u8)>,
+}
+
+impl<'a> GrantIndex<'a> {
+    pub fn new(grants: &'a [GrantEntry]) -> GrantIndex<'a> {
+        let mut by_network: std::collections::HashMap<ipnet::IpNet, Vec<usize>> =
+            Default::default();
+        let mut prefix_lens = BTreeSet::new();
+        for (i, (cidr, _, _)) in grants.iter().enumerate() {
+            by_network.entry(cidr.trunc()).or_default().push(i);
+            prefix_lens.insert((cidr.addr().is_ipv6(), cidr.prefix_len()));
+        }
+        GrantIndex {
+            grants,
+            by_network,
+            prefix_lens,
+        }
+    }
+
+    /// The grants whose CIDR contains `address`, in key order.
+    pub fn containing(&self, address: IpAddr) -> Vec<&'a GrantEntry> {
+        let mut found: Vec<usize> = self
+            .prefix_lens
+            .iter()
+            .filter(|(v6, _)| *v6 == address.is_ipv6())
+            .filter_map(|&(_, len)| ipnet::IpNet::new(address, len).ok())
+            .filter_map(|net| self.by_network.get(&net.trunc()))
+            .flatten()
+            .copied()
+            .collect();
+        found.sort_unstable();
+        found.iter().map(|&i| &self.grants[i]).collect()
+    }
+}
+
 /// The independent check of corral's one promise, from etcd and the agents alone (no corral
 /// code decides anything here): given each agent as (node name, socket),
 /// - no two `grants/` keys of one family overlap (whatever their pools),
@@ -560,35 +658,21 @@ pub fn invariant_violations(
     agents: &[(&str, &Path)],
     strict: bool,
 ) -> Vec<String> {
-    let kv = kv(etcd);
-    let (keys, _) = block_on(corral_kv::read_all(&kv, b"/corral/t/v1/grants/", 5000)).unwrap();
-    // (cidr, node, key) of every grant whose value names a node.
-    let mut grants: Vec<(ipnet::IpNet, String, String)> = Vec::new();
-    for entry in keys {
-        let key = entry.key_str().into_owned();
-        let Some(cidr) = key
-            .rsplit('/')
-            .next()
-            .and_then(|c| c.replacen('-', "/", 1).parse::<ipnet::IpNet>().ok())
-        else {
-            continue;
-        };
-        let node = serde_json::from_slice::<serde_json::Value>(&entry.value)
-            .ok()
-            .and_then(|v| v["node"].as_str().map(str::to_owned))
-            .unwrap_or_default();
-        grants.push((cidr, node, key));
-    }
-    let mut violations = Vec::new();
-    for (i, (a, node_a, key_a)) in grants.iter().enumerate() {
-        for (b, node_b, key_b) in &grants[i + 1..] {
-            if a.contains(&b.network()) || b.contains(&a.network()) {
-                violations.push(format!(
-                    "grants overlap: {key_a} ({node_a}) and {key_b} ({node_b})"
-                ));
-            }
-        }
-    }
+    violations_of(&grant_entries(etcd), agents, strict)
+}
+
+/// [`invariant_violations`] over grants already read (n log n in the grants: the nemesis
+/// checks 30,000 nodes' after every step).
+pub fn violations_of(grants: &[GrantEntry], agents: &[(&str, &Path)], strict: bool) -> Vec<String> {
+    let cidrs: Vec<ipnet::IpNet> = grants.iter().map(|(cidr, _, _)| *cidr).collect();
+    let mut violations: Vec<String> = overlapping(&cidrs)
+        .into_iter()
+        .map(|(i, j)| {
+            let ((_, node_a, key_a), (_, node_b, key_b)) = (&grants[i], &grants[j]);
+            format!("grants overlap: {key_a} ({node_a}) and {key_b} ({node_b})")
+        })
+        .collect();
+    let index = GrantIndex::new(grants);
     let mut holder: BTreeMap<IpAddr, &str> = BTreeMap::new();
     for &(node, socket) in agents {
         let cluster_ranges: Vec<ipnet::IpNet> = Client::unix(socket)
@@ -619,18 +703,15 @@ pub fn invariant_violations(
             {
                 violations.push(format!("{address} is allocated on {other} and on {node}"));
             }
-            for (cidr, owner, key) in &grants {
-                if owner != node && cidr.contains(&address) {
+            let containing = index.containing(address);
+            for (_, owner, key) in &containing {
+                if owner != node {
                     violations.push(format!(
                         "{address} allocated on {node} lies in {owner}'s grant {key}"
                     ));
                 }
             }
-            if strict
-                && !grants
-                    .iter()
-                    .any(|(cidr, owner, _)| owner == node && cidr.contains(&address))
-            {
+            if strict && !containing.iter().any(|(_, owner, _)| owner == node) {
                 violations.push(format!(
                     "{address} allocated on {node} lies in none of its grants"
                 ));
