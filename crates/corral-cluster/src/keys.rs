@@ -188,11 +188,56 @@ pub fn cidr_segment(cidr: &IpNet) -> String {
     format!("{}-{}", cidr.network(), cidr.prefix_len())
 }
 
-/// Parses a key's CIDR segment, accepting only the canonical form with host bits zero.
+/// Parses a key's CIDR segment, accepting only the canonical form with host bits zero. No
+/// allocation (a full read parses one a key): an IPv4 address that parses is in its one form
+/// (std refuses leading zeros); an IPv6 one is written again, on the stack, and compared.
 pub fn parse_cidr_segment(segment: &str) -> Option<IpNet> {
-    let (addr, len) = segment.rsplit_once('-')?;
-    let cidr: IpNet = format!("{addr}/{len}").parse().ok()?;
-    (cidr_segment(&cidr) == segment && cidr.trunc() == cidr).then_some(cidr)
+    let (text, len) = segment.rsplit_once('-')?;
+    let addr: std::net::IpAddr = text.parse().ok()?;
+    let len = u8::try_from(parse_decimal(len)?).ok()?;
+    let cidr = IpNet::new(addr, len).ok()?;
+    let canonical = match addr {
+        std::net::IpAddr::V4(_) => true,
+        std::net::IpAddr::V6(v6) => {
+            let mut written = StackText::default();
+            fmt::Write::write_fmt(&mut written, format_args!("{v6}")).is_ok()
+                && written.as_bytes() == text.as_bytes()
+        }
+    };
+    (canonical && cidr.trunc() == cidr).then_some(cidr)
+}
+
+/// Text written on the stack: an IPv6 address's (at most 45 bytes) fits.
+struct StackText {
+    bytes: [u8; 64],
+    len: usize,
+}
+
+impl Default for StackText {
+    fn default() -> StackText {
+        StackText {
+            bytes: [0; 64],
+            len: 0,
+        }
+    }
+}
+
+impl StackText {
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl fmt::Write for StackText {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        let end = self.len + text.len();
+        self.bytes
+            .get_mut(self.len..end)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(text.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 /// A family as written in a key.
@@ -1908,6 +1953,75 @@ fn short_type_name<T>() -> &'static str {
 mod tests {
     use super::*;
     use crate::tests::interface_record;
+
+    /// The allocation-free parse answers as the old one did (format `addr/len`, parse, write
+    /// it back and compare), on canonical and non-canonical segments of both families.
+    #[test]
+    fn cidr_segments_parse_as_written_and_canonical_only() {
+        let old = |segment: &str| -> Option<IpNet> {
+            let (addr, len) = segment.rsplit_once('-')?;
+            let cidr: IpNet = format!("{addr}/{len}").parse().ok()?;
+            (cidr_segment(&cidr) == segment && cidr.trunc() == cidr).then_some(cidr)
+        };
+        let cases = [
+            "10.0.0.0-24",
+            "10.0.0.0-026",
+            "010.0.0.0-24",
+            "10.0.0.1-24",
+            "10.0.0.0-33",
+            "10.0.0.0-+24",
+            "10.0.0.0--24",
+            "10.0.0.0-",
+            "-24",
+            "10.0.0.0",
+            "10.0.0.0-24-1",
+            "0.0.0.0-0",
+            "255.255.255.255-32",
+            "fd00::-64",
+            "fd00:0::-64",
+            "FD00::-64",
+            "fd00::1-64",
+            "fd00::-129",
+            "fd00:0:0:1::-64",
+            "fd00::1:0:0:0-64",
+            "::-0",
+            "::ffff:10.0.0.0-120",
+            "::ffff:a00:0-120",
+            "fd00:10:244:1::-64",
+            "fd00::-064",
+            "1:2:3:4:5:6:7:8-128",
+            "1:2:3:4:5:6:7::-112",
+            "1:0:0:4:5:0:0:0-128",
+            "1::4:5:0:0:0-128",
+            "1:0:0:4:5::-128",
+            "10.0.0.0-24 ",
+            " 10.0.0.0-24",
+        ];
+        for case in cases {
+            assert_eq!(parse_cidr_segment(case), old(case), "{case:?}");
+        }
+        for i in 0..2000u32 {
+            let v4 = IpNet::new(
+                std::net::Ipv4Addr::from(i.wrapping_mul(2_654_435_761)).into(),
+                (i % 33) as u8,
+            )
+            .unwrap()
+            .trunc();
+            let v6 = IpNet::new(
+                std::net::Ipv6Addr::from(
+                    u128::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
+                )
+                .into(),
+                (i % 129) as u8,
+            )
+            .unwrap()
+            .trunc();
+            for cidr in [v4, v6] {
+                let segment = cidr_segment(&cidr);
+                assert_eq!(parse_cidr_segment(&segment), Some(cidr), "{segment}");
+            }
+        }
+    }
 
     fn keys() -> Keys {
         Keys::new(ClusterName::new("prod-1").unwrap())
