@@ -76,6 +76,15 @@ impl Scan {
         self
     }
 
+    /// Starts at `start` (inclusive; a start before the prefix is the prefix): the keys before
+    /// it are not read.
+    pub fn starting_at(mut self, start: &[u8]) -> Scan {
+        if start > self.planner.cursor.as_slice() {
+            self.planner.cursor = start.to_vec();
+        }
+        self
+    }
+
     /// Reads at `revision` rather than at the first answer's.
     pub fn at(mut self, revision: Revision) -> Scan {
         self.revision = Some(revision).filter(|revision| *revision > 0);
@@ -589,13 +598,14 @@ mod tests {
             skip in prop::collection::vec(prop_oneof![Just(b'a'), Just(b'b'), Just(0xffu8)], 0..3),
             page in 1usize..40,
             segments in prop::collection::vec(prop::collection::vec(prop_oneof![Just(b'a'), Just(b'b'), Just(0xffu8)], 0..4), 0..4),
+            start in prop::collection::vec(prop_oneof![Just(0u8), Just(b'a'), Just(b'b'), Just(0xffu8)], 0..4),
         ) {
             let keys: Vec<Vec<u8>> = keys.into_iter().filter(|k| !k.is_empty()).collect();
             let kv = store(&keys);
             let mut skip_prefix = prefix.clone();
             skip_prefix.extend(&skip);
             let skipping = !skip.is_empty();
-            let mut scan = Scan::new(&prefix, page).by_segments(&segments);
+            let mut scan = Scan::new(&prefix, page).by_segments(&segments).starting_at(&start);
             if skipping {
                 scan = scan.skipping(&skip_prefix);
             }
@@ -603,6 +613,7 @@ mod tests {
             let expected: Vec<Vec<u8>> = keys
                 .iter()
                 .filter(|k| k.starts_with(&prefix) && !(skipping && k.starts_with(&skip_prefix)))
+                .filter(|k| k.as_slice() >= start.as_slice())
                 .cloned()
                 .collect();
             prop_assert_eq!(read, expected);
