@@ -240,8 +240,9 @@ struct AgentArgs {
     /// applied at start (repeatable) [default: /var/lib/cni/networks]
     #[arg(long, value_name = "DIR")]
     cni_data_dir: Vec<PathBuf>,
-    /// Join a cluster: etcd's client URLs, comma-separated. The agent registers --node,
-    /// keeps its liveness key, and adds the node's grants to its pools
+    /// Join a cluster: etcd's client URLs, comma-separated (else the configuration file's
+    /// [cluster] endpoints). The agent registers --node, keeps its liveness key, and adds the
+    /// node's grants to its pools
     #[arg(
         long,
         env = "CORRAL_ETCD",
@@ -253,9 +254,10 @@ struct AgentArgs {
     /// This node's name in the cluster (with --etcd)
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
-    /// The cluster's name (with --etcd)
-    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
-    cluster: String,
+    /// The cluster's name (with --etcd) [default: the configuration file's [cluster] name,
+    /// else default]
+    #[arg(long, env = "CORRAL_CLUSTER")]
+    cluster: Option<String>,
     /// TLS to etcd (with --etcd; the configuration file's `[cluster]` table otherwise)
     #[command(flatten)]
     etcd_tls: etcd_args::EtcdTlsArgs,
@@ -300,12 +302,22 @@ struct AgentArgs {
 fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     // The log first, so everything after it is logged as asked: the flags over the file's
     // `[log]` table.
-    let log_file = corral_agent::LogFile::load(args.config.as_deref())
+    let log_file = corral_agent::log_table(args.config.as_deref())
         .map_err(|e| Failure::Usage(e.to_string()))?;
     let (format, level) = args.log.over_file(&log_file, args.config.as_deref())?;
     logging::install(format, level)?;
-    let cluster_file = corral_agent::ClusterFile::load(args.config.as_deref())
+    let cluster_file = corral_agent::cluster_table(args.config.as_deref())
         .map_err(|e| Failure::Usage(e.to_string()))?;
+    // The cluster joined: the flags and their environment variables over the file's table.
+    let endpoints = match (args.etcd.is_empty(), &cluster_file.endpoints) {
+        (true, Some(endpoints)) => endpoints.clone(),
+        _ => args.etcd.clone(),
+    };
+    let cluster_name = args
+        .cluster
+        .clone()
+        .or(cluster_file.name.clone())
+        .unwrap_or_else(|| corral_cluster::daemon::DEFAULT_CLUSTER.to_owned());
     let etcd_options = etcd_args::options(
         &args.etcd_tls.or(&etcd_args::EtcdTlsArgs {
             etcd_cacert: cluster_file.etcd_cacert,
@@ -325,19 +337,24 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         tcp: args.tcp,
         token_file: args.token_file,
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
-        in_cluster: !args.etcd.is_empty(),
+        in_cluster: !endpoints.is_empty(),
         pool_wait: args.pool_wait.map(std::time::Duration::from_millis),
         history_max_events: args.history_max_events,
         history_max_age: args.history_max_age,
     })
     .map_err(|e| Failure::Usage(e.to_string()))?;
-    let cluster_task = match (args.etcd.is_empty(), args.node) {
+    let cluster_task = match (endpoints.is_empty(), args.node) {
         (true, _) => None,
+        (false, None) if args.etcd.is_empty() => {
+            return Err(Failure::Usage(
+                "the configuration file's [cluster] endpoints need --node NAME".into(),
+            ));
+        }
         (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
         (false, Some(node)) => {
             // The TLS files are checked before the agent starts: a file that cannot be used
             // is a start-up error naming it, not a retry loop.
-            corral_etcd::check_tls(&args.etcd, etcd_options.tls.as_ref())
+            corral_etcd::check_tls(&endpoints, etcd_options.tls.as_ref())
                 .map_err(Failure::EtcdTls)?;
             let uid =
                 corral_agent::link::machine_uid(&config.data_dir).map_err(|e| Failure::File {
@@ -346,8 +363,8 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
                     source: e,
                 })?;
             let options = corral_agent::link::ClusterOptions {
-                endpoints: args.etcd.clone(),
-                cluster: args.cluster.clone(),
+                endpoints,
+                cluster: cluster_name,
                 node,
                 uid,
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),

@@ -138,14 +138,9 @@ pub fn resolve(args: &OperatorArgs) -> Result<Operator, Failure> {
         Some(path) => OperatorFile::load(path).map_err(|e| Failure::Usage(e.to_string()))?,
         None => OperatorFile::default(),
     };
-    let log = file.log.clone().unwrap_or_default();
-    let (log_format, log_level) = args.log.over_file(
-        &corral_agent::LogFile {
-            format: log.format,
-            level: log.level,
-        },
-        path,
-    )?;
+    let (log_format, log_level) = args
+        .log
+        .over_file(&file.log.clone().unwrap_or_default(), path)?;
     let file_cloud = file.cloud.clone().unwrap_or_default();
     let settings = flags(args).over(file).settings();
     let in_file = |key: &str| match path {
