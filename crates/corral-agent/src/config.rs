@@ -567,6 +567,19 @@ mod tests {
         file
     }
 
+    /// The overrides of `--config FILE` alone.
+    fn from_file(file: &tempfile::NamedTempFile) -> Overrides {
+        Overrides {
+            config: Some(file.path().into()),
+            ..Overrides::default()
+        }
+    }
+
+    /// The configuration of `file` alone.
+    fn load(file: &tempfile::NamedTempFile) -> Result<AgentConfig, ConfigError> {
+        AgentConfig::load(&from_file(file))
+    }
+
     #[test]
     fn the_cluster_table_names_the_etcd_user_and_password_file() {
         let file = write(
@@ -624,11 +637,7 @@ mod tests {
         assert_eq!(cluster.etcd_cert, Some(PathBuf::from("/c.pem")));
         assert_eq!(cluster.etcd_key, Some(PathBuf::from("/k.pem")));
         // The rest of the file is unaffected, and no table means no files.
-        AgentConfig::load(&Overrides {
-            config: Some(file.path().to_path_buf()),
-            ..Overrides::default()
-        })
-        .unwrap();
+        load(&file).unwrap();
         assert_eq!(cluster_table(None).unwrap(), ClusterTable::default());
         let unknown = write("[cluster]\netcd_ca = \"/ca.pem\"\n");
         let error = cluster_table(Some(unknown.path())).unwrap_err().to_string();
@@ -675,9 +684,8 @@ mod tests {
              exclusions = [{ network = \"10.1.0.0/28\", reason = \"infra\" }]\n",
         );
         let config = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
             socket: Some("/tmp/flag.sock".into()),
-            ..Overrides::default()
+            ..from_file(&file)
         })
         .unwrap();
         assert_eq!(config.data_dir, PathBuf::from("/tmp/x"));
@@ -687,9 +695,8 @@ mod tests {
         assert_eq!(config.cni_data_dirs, [PathBuf::from("/tmp/cni")]);
         assert_eq!(config.connections, ConnectionLimits::default());
         let flagged = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
             cni_data_dirs: Some(vec!["/a".into(), "/b".into()]),
-            ..Overrides::default()
+            ..from_file(&file)
         })
         .unwrap();
         assert_eq!(
@@ -705,11 +712,7 @@ mod tests {
         assert_eq!(defaults.history.max_events, 1_000_000);
         assert_eq!(defaults.history.max_age, Duration::from_secs(30 * 86_400));
         let file = write("history_max_events = 5000\nhistory_max_age = \"12h\"\n");
-        let config = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
-            ..Overrides::default()
-        })
-        .unwrap();
+        let config = load(&file).unwrap();
         assert_eq!(
             config.history,
             HistoryLimits {
@@ -718,20 +721,15 @@ mod tests {
             }
         );
         let flagged = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
             history_max_events: Some(7),
             history_max_age: Some(Duration::from_secs(90)),
-            ..Overrides::default()
+            ..from_file(&file)
         })
         .unwrap();
         assert_eq!(flagged.history.max_events, 7);
         assert_eq!(flagged.history.max_age, Duration::from_secs(90));
         let bad = write("history_max_age = \"a month\"\n");
-        let error = AgentConfig::load(&Overrides {
-            config: Some(bad.path().into()),
-            ..Overrides::default()
-        })
-        .unwrap_err();
+        let error = load(&bad).unwrap_err();
         assert!(error.0.contains("history_max_age"), "{}", error.0);
         for (text, millis) in [
             ("250ms", 250),
@@ -749,11 +747,7 @@ mod tests {
     #[test]
     fn connection_limits_come_from_the_connections_table() {
         let file = write("[connections]\nmax_tcp = 16\nheader_timeout_ms = 1500\n");
-        let config = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
-            ..Overrides::default()
-        })
-        .unwrap();
+        let config = load(&file).unwrap();
         assert_eq!(
             config.connections,
             ConnectionLimits {
@@ -793,9 +787,8 @@ mod tests {
             let file = write(text);
             // The TCP checks must not see a token from the environment.
             let error = AgentConfig::load(&Overrides {
-                config: Some(file.path().into()),
                 token_file: None,
-                ..Overrides::default()
+                ..from_file(&file)
             })
             .map(|_| ())
             .unwrap_err();
