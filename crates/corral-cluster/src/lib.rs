@@ -24,6 +24,8 @@ pub mod removal;
 pub mod removed;
 pub mod report;
 pub mod space;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 mod text;
