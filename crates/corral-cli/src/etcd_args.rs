@@ -4,9 +4,10 @@
 //! `--cacert`, `--cert`, `--key`), also from the environment and the agent's `[cluster]` table.
 //! `EtcdAuthArgs`: `--etcd-user` and `--etcd-password-file` (etcd's auth), likewise.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
+use corral_cluster::daemon::ClusterTable;
 use corral_etcd::{Credentials, EtcdOptions, EtcdTls};
 
 use crate::exit::Failure;
@@ -18,6 +19,27 @@ pub fn options(tls: &EtcdTlsArgs, auth: &EtcdAuthArgs) -> Result<EtcdOptions, Fa
         credentials: auth.credentials()?,
         ..EtcdOptions::default()
     })
+}
+
+/// The TLS files of a configuration file's `[cluster]` table.
+impl From<&ClusterTable> for EtcdTlsArgs {
+    fn from(table: &ClusterTable) -> EtcdTlsArgs {
+        EtcdTlsArgs {
+            etcd_cacert: table.etcd_cacert.clone(),
+            etcd_cert: table.etcd_cert.clone(),
+            etcd_key: table.etcd_key.clone(),
+        }
+    }
+}
+
+/// The etcd user and password file of a configuration file's `[cluster]` table.
+impl From<&ClusterTable> for EtcdAuthArgs {
+    fn from(table: &ClusterTable) -> EtcdAuthArgs {
+        EtcdAuthArgs {
+            etcd_user: table.etcd_user.clone(),
+            etcd_password_file: table.etcd_password_file.clone(),
+        }
+    }
 }
 
 /// TLS to etcd: the CA bundle that etcd's certificate must verify against, and the client
@@ -84,14 +106,15 @@ pub struct EtcdAuthArgs {
 }
 
 impl EtcdAuthArgs {
-    /// These options, each one given here or else taken from the configuration file's.
-    pub fn or(&self, user: Option<&str>, password_file: Option<&Path>) -> EtcdAuthArgs {
+    /// These options, each one given here or else taken from `file` (flags and the
+    /// environment win over a configuration file).
+    pub fn or(&self, file: &EtcdAuthArgs) -> EtcdAuthArgs {
         EtcdAuthArgs {
-            etcd_user: self.etcd_user.clone().or(user.map(str::to_owned)),
+            etcd_user: self.etcd_user.clone().or_else(|| file.etcd_user.clone()),
             etcd_password_file: self
                 .etcd_password_file
                 .clone()
-                .or(password_file.map(Path::to_path_buf)),
+                .or_else(|| file.etcd_password_file.clone()),
         }
     }
 

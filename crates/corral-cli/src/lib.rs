@@ -319,15 +319,8 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         .or(cluster_file.name.clone())
         .unwrap_or_else(|| corral_cluster::daemon::DEFAULT_CLUSTER.to_owned());
     let etcd_options = etcd_args::options(
-        &args.etcd_tls.or(&etcd_args::EtcdTlsArgs {
-            etcd_cacert: cluster_file.etcd_cacert,
-            etcd_cert: cluster_file.etcd_cert,
-            etcd_key: cluster_file.etcd_key,
-        }),
-        &args.etcd_auth.or(
-            cluster_file.etcd_user.as_deref(),
-            cluster_file.etcd_password_file.as_deref(),
-        ),
+        &args.etcd_tls.or(&(&cluster_file).into()),
+        &args.etcd_auth.or(&(&cluster_file).into()),
     )?;
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,

@@ -147,7 +147,7 @@ pub fn resolve(args: &OperatorArgs) -> Result<Operator, Failure> {
         Some(path) => format!("{}: {key}", path.display()),
         None => key.to_owned(),
     };
-    if settings.endpoints.is_empty() {
+    if settings.endpoints().is_empty() {
         return Err(Failure::Usage(format!(
             "no etcd endpoints: give --etcd, CORRAL_ETCD or endpoints in the [cluster] table \
              of {}",
@@ -170,17 +170,10 @@ pub fn resolve(args: &OperatorArgs) -> Result<Operator, Failure> {
     let api = api_config(args, &settings, path)?;
     Ok(Operator {
         etcd: EtcdArgs {
-            etcd: settings.endpoints.clone(),
-            cluster: settings.cluster.clone(),
-            tls: EtcdTlsArgs {
-                etcd_cacert: settings.etcd_cacert.clone(),
-                etcd_cert: settings.etcd_cert.clone(),
-                etcd_key: settings.etcd_key.clone(),
-            },
-            auth: EtcdAuthArgs {
-                etcd_user: settings.etcd_user.clone(),
-                etcd_password_file: settings.etcd_password_file.clone(),
-            },
+            etcd: settings.endpoints().to_vec(),
+            cluster: settings.cluster_name().to_owned(),
+            tls: (&settings.cluster).into(),
+            auth: (&settings.cluster).into(),
         },
         api,
         cloud: CloudArgs {

@@ -123,14 +123,9 @@ pub enum ConfigError {
 /// Everything the file and the flags decide, over the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// etcd's client URLs; empty when neither the file nor the flags give any.
-    pub endpoints: Vec<String>,
-    pub cluster: String,
-    pub etcd_cacert: Option<PathBuf>,
-    pub etcd_cert: Option<PathBuf>,
-    pub etcd_key: Option<PathBuf>,
-    pub etcd_user: Option<String>,
-    pub etcd_password_file: Option<PathBuf>,
+    /// etcd and the cluster, the name defaulted ([`Settings::endpoints`],
+    /// [`Settings::cluster_name`]).
+    pub cluster: ClusterTable,
     pub replica: Option<String>,
     pub lease_ttl: Duration,
     pub workers: usize,
@@ -251,13 +246,10 @@ impl OperatorFile {
         let cloud = self.cloud.unwrap_or_default();
         let log = self.log.unwrap_or_default();
         Settings {
-            endpoints: cluster.endpoints.unwrap_or_default(),
-            cluster: cluster.name.unwrap_or_else(|| DEFAULT_CLUSTER.to_owned()),
-            etcd_cacert: cluster.etcd_cacert,
-            etcd_cert: cluster.etcd_cert,
-            etcd_key: cluster.etcd_key,
-            etcd_user: cluster.etcd_user,
-            etcd_password_file: cluster.etcd_password_file,
+            cluster: ClusterTable {
+                name: Some(cluster.name.unwrap_or_else(|| DEFAULT_CLUSTER.to_owned())),
+                ..cluster
+            },
             replica: self.replica,
             lease_ttl: self
                 .lease_ttl_secs
@@ -276,6 +268,18 @@ impl OperatorFile {
             log_format: log.format.unwrap_or_else(|| DEFAULT_LOG_FORMAT.to_owned()),
             log_level: log.level.unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned()),
         }
+    }
+}
+
+impl Settings {
+    /// etcd's client URLs; empty when neither the file nor the flags give any.
+    pub fn endpoints(&self) -> &[String] {
+        self.cluster.endpoints.as_deref().unwrap_or_default()
+    }
+
+    /// The cluster's name.
+    pub fn cluster_name(&self) -> &str {
+        self.cluster.name.as_deref().unwrap_or(DEFAULT_CLUSTER)
     }
 }
 
@@ -336,11 +340,11 @@ mod tests {
         let file = write(&text);
         let settings = OperatorFile::load(file.path()).unwrap().settings();
         assert_eq!(settings.replica.as_deref(), Some("op-a"));
-        assert_eq!(settings.endpoints, ["https://10.0.0.1:2379"]);
+        assert_eq!(settings.endpoints(), ["https://10.0.0.1:2379"]);
         assert_eq!(settings.api_tcp, Some("127.0.0.1:9877".parse().unwrap()));
         assert_eq!(settings.cloud.as_deref(), Some("fake"));
         assert_eq!(
-            settings.etcd_password_file,
+            settings.cluster.etcd_password_file,
             Some(PathBuf::from(
                 "/etc/corral/etcd/corral-default-operator.password"
             ))
@@ -350,7 +354,7 @@ mod tests {
     #[test]
     fn no_file_is_the_defaults() {
         let settings = OperatorFile::default().settings();
-        assert_eq!(settings.cluster, "default");
+        assert_eq!(settings.cluster_name(), "default");
         assert_eq!(settings.lease_ttl, Duration::from_secs(10));
         assert_eq!(settings.workers, 16);
         assert_eq!(settings.settle, Duration::from_secs(40));
@@ -358,7 +362,7 @@ mod tests {
             settings.api_socket,
             PathBuf::from("/run/corral/operator.sock")
         );
-        assert!(settings.endpoints.is_empty() && settings.state_dir.is_none());
+        assert!(settings.endpoints().is_empty() && settings.state_dir.is_none());
     }
 
     #[test]
@@ -383,9 +387,9 @@ mod tests {
         let settings = flags.over(file).settings();
         assert_eq!(settings.workers, 8);
         assert_eq!(settings.lease_ttl, Duration::from_secs(3));
-        assert_eq!(settings.endpoints, ["http://a:1"]);
-        assert_eq!(settings.cluster, "red");
-        assert_eq!(settings.etcd_user.as_deref(), Some("u"));
+        assert_eq!(settings.endpoints(), ["http://a:1"]);
+        assert_eq!(settings.cluster_name(), "red");
+        assert_eq!(settings.cluster.etcd_user.as_deref(), Some("u"));
         assert_eq!(
             (settings.log_format.as_str(), settings.log_level.as_str()),
             ("json", "debug")

@@ -72,8 +72,8 @@ fn the_settings_without_a_default_are_well_formed() {
     assert!(
         settings.api_tcp.is_some()
             && settings.token_file.is_some()
-            && !settings.endpoints.is_empty()
-            && settings.etcd_password_file.is_some()
+            && !settings.endpoints().is_empty()
+            && settings.cluster.etcd_password_file.is_some()
             && settings.cloud.is_some(),
         "{settings:?}"
     );
