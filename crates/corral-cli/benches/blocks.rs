@@ -27,7 +27,7 @@ use corral_kv::{Kv, Txn, TxnOp};
 
 mod operator;
 
-use operator::{InProcess, node_record, percentile, runtime_and_etcd};
+use operator::{InProcess, install_config, node_record, percentile, runtime_and_etcd};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -78,14 +78,7 @@ async fn claims(etcd: &EtcdCluster) {
     println!("one contended key, {NODES} claimers (compare-and-swap): {raw}");
 
     let keys = Keys::new(corral_cluster::ClusterName::new("blocks").unwrap());
-    let config = corral_cluster::ClusterConfig::from_toml(&config()).unwrap();
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    install_config(&kv, &keys, &config()).await;
     // The nodes, registered; their agents' demand comes all at once below.
     let mut register = Txn::default();
     for i in 0..NODES {
