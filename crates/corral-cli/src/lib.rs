@@ -309,19 +309,18 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     let cluster_file = corral_agent::cluster_table(args.config.as_deref())
         .map_err(|e| Failure::Usage(e.to_string()))?;
     // The cluster joined: the flags and their environment variables over the file's table.
-    let endpoints = match (args.etcd.is_empty(), &cluster_file.endpoints) {
-        (true, Some(endpoints)) => endpoints.clone(),
-        _ => args.etcd.clone(),
-    };
-    let cluster_name = args
-        .cluster
-        .clone()
-        .or(cluster_file.name.clone())
+    let cluster = etcd_args::table(
+        &args.etcd,
+        args.cluster.as_ref(),
+        &args.etcd_tls,
+        &args.etcd_auth,
+    )
+    .or(cluster_file);
+    let etcd_options = etcd_args::options(&(&cluster).into(), &(&cluster).into())?;
+    let endpoints = cluster.endpoints.unwrap_or_default();
+    let cluster_name = cluster
+        .name
         .unwrap_or_else(|| corral_cluster::daemon::DEFAULT_CLUSTER.to_owned());
-    let etcd_options = etcd_args::options(
-        &args.etcd_tls.or(&(&cluster_file).into()),
-        &args.etcd_auth.or(&(&cluster_file).into()),
-    )?;
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,
         data_dir: args.data_dir,
@@ -721,7 +720,11 @@ mod tests {
             etcd_cacert: Some("/flag/ca.pem".into()),
             ..EtcdTlsArgs::default()
         };
-        let tls = flags.or(&file).tls().unwrap().expect("TLS");
+        let table = |tls: &EtcdTlsArgs| {
+            etcd_args::table(&[], None, tls, &etcd_args::EtcdAuthArgs::default())
+        };
+        let layered = table(&flags).or(table(&file));
+        let tls = EtcdTlsArgs::from(&layered).tls().unwrap().expect("TLS");
         assert_eq!(tls.ca_cert, PathBuf::from("/flag/ca.pem"));
         assert_eq!(tls.cert, Some(PathBuf::from("/file/cert.pem")));
         assert_eq!(tls.key, Some(PathBuf::from("/file/key.pem")));

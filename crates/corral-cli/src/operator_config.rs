@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use corral_operator::config::{CloudTable, ClusterTable, OperatorFile, Settings};
+use corral_operator::config::{CloudTable, OperatorFile, Settings};
 use tracing_subscriber::filter::LevelFilter;
 
 use crate::cluster::{CloudArgs, EtcdArgs};
@@ -112,15 +112,12 @@ fn flags(args: &OperatorArgs) -> OperatorFile {
         token_file: args.token_file.clone(),
         state_dir: args.state_dir.clone(),
         settle_secs: args.settle_secs,
-        cluster: Some(ClusterTable {
-            endpoints: (!args.etcd.etcd.is_empty()).then(|| args.etcd.etcd.clone()),
-            name: args.etcd.cluster.clone(),
-            etcd_cacert: args.etcd.tls.etcd_cacert.clone(),
-            etcd_cert: args.etcd.tls.etcd_cert.clone(),
-            etcd_key: args.etcd.tls.etcd_key.clone(),
-            etcd_user: args.etcd.auth.etcd_user.clone(),
-            etcd_password_file: args.etcd.auth.etcd_password_file.clone(),
-        }),
+        cluster: Some(crate::etcd_args::table(
+            &args.etcd.etcd,
+            args.etcd.cluster.as_ref(),
+            &args.etcd.tls,
+            &args.etcd.auth,
+        )),
         cloud: Some(CloudTable {
             name: args.cloud.cloud.clone(),
             fake_cloud: args.cloud.fake_cloud.clone(),
