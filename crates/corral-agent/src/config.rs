@@ -21,7 +21,9 @@
 //! format = "text"                       # or "json": one JSON object a line
 //! level = "info"                        # error, warn, info, debug or trace
 //!
-//! [cluster]                             # optional; with --etcd; the --etcd-* flags win
+//! [cluster]                             # optional; --etcd, --cluster, --etcd-* flags win
+//! endpoints = ["https://10.0.0.1:2379"] # etcd's client URLs: the agent joins the cluster
+//! name = "default"                      # the cluster's name
 //! etcd_cacert = "/etc/corral/etcd-ca.pem"   # the CA of etcd's certificate (https:// URLs)
 //! etcd_cert = "/etc/corral/etcd-client.pem" # a client certificate, for --client-cert-auth
 //! etcd_key = "/etc/corral/etcd-client-key.pem"  # its key (others may not read it)
@@ -44,6 +46,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The tables the operator's file has too (`corral_cluster::daemon`).
+pub use corral_cluster::daemon::{ClusterTable, LogTable};
 use corral_core::{Exclusion, PoolName, RangeSpec, ReusePolicy};
 use corral_store::{
     DEFAULT_HISTORY_MAX_AGE, DEFAULT_HISTORY_MAX_EVENTS, HistoryLimits, PoolSpec, RangeSource,
@@ -197,61 +201,34 @@ pub struct ConfigFile {
     pub pools: Option<Vec<PoolFile>>,
     /// See [`AgentConfig::pool_wait`].
     pub pool_wait_ms: Option<u64>,
-    /// How the agent logs; the binary reads it ([`LogFile::load`]) before anything else.
-    pub log: Option<LogFile>,
-    /// How the agent reaches etcd with `--etcd`; the binary reads it ([`ClusterFile::load`]).
-    pub cluster: Option<ClusterFile>,
+    /// How the agent logs; the binary reads it ([`log_table`]) before anything else.
+    pub log: Option<LogTable>,
+    /// Which cluster the agent joins, and how it reaches etcd; the binary reads it
+    /// ([`cluster_table`]).
+    pub cluster: Option<ClusterTable>,
     /// See [`AgentConfig::history`].
     pub history_max_events: Option<u64>,
     /// See [`AgentConfig::history`]: a duration such as `30d` ([`parse_duration`]).
     pub history_max_age: Option<String>,
 }
 
-/// The `[cluster]` table: how `corral agent` connects to etcd (the flags win). Read by the
-/// binary, which makes the connection; relative paths are relative to the working directory,
-/// as the flags' are.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterFile {
-    /// The CA bundle etcd's certificate must verify against (`--etcd-cacert`).
-    pub etcd_cacert: Option<PathBuf>,
-    /// The client certificate (`--etcd-cert`).
-    pub etcd_cert: Option<PathBuf>,
-    /// The client certificate's key (`--etcd-key`).
-    pub etcd_key: Option<PathBuf>,
-    /// The etcd user (`--etcd-user`).
-    pub etcd_user: Option<String>,
-    /// The file holding that user's password (`--etcd-password-file`).
-    pub etcd_password_file: Option<PathBuf>,
+/// The `[cluster]` table of the configuration file `config` (empty without a file or a
+/// table), checked: how `corral agent` joins its cluster (the flags win). A file that cannot
+/// be read or parsed is refused as [`AgentConfig::load`] refuses it.
+pub fn cluster_table(config: Option<&Path>) -> Result<ClusterTable, ConfigError> {
+    let table = read_table(config, |file| file.cluster)?;
+    table.check().map_err(|problem| {
+        let path = config.map(|p| p.display().to_string()).unwrap_or_default();
+        ConfigError(format!("{path}: {problem}"))
+    })?;
+    Ok(table)
 }
 
-impl ClusterFile {
-    /// The `[cluster]` table of the configuration file `config` (empty without a file or a
-    /// table). A file that cannot be read or parsed is refused as [`AgentConfig::load`]
-    /// refuses it.
-    pub fn load(config: Option<&Path>) -> Result<ClusterFile, ConfigError> {
-        read_table(config, |file| file.cluster)
-    }
-}
-
-/// The `[log]` table: how `corral agent` writes its log (`--log-format` and `--log-level`
-/// win). Checked by the binary, which chooses how logs are written; this crate only emits.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogFile {
-    /// `text` or `json`.
-    pub format: Option<String>,
-    /// `error`, `warn`, `info`, `debug` or `trace`.
-    pub level: Option<String>,
-}
-
-impl LogFile {
-    /// The `[log]` table of the configuration file `config` (empty without a file or a
-    /// table). A file that cannot be read or parsed is refused as [`AgentConfig::load`]
-    /// refuses it.
-    pub fn load(config: Option<&Path>) -> Result<LogFile, ConfigError> {
-        read_table(config, |file| file.log)
-    }
+/// The `[log]` table of the configuration file `config` (empty without a file or a table),
+/// which the binary checks as it layers its flags over it. A file that cannot be read or
+/// parsed is refused as [`AgentConfig::load`] refuses it.
+pub fn log_table(config: Option<&Path>) -> Result<LogTable, ConfigError> {
+    read_table(config, |file| file.log)
 }
 
 /// The `[connections]` table; every field optional.
@@ -590,21 +567,64 @@ mod tests {
         file
     }
 
+    /// The overrides of `--config FILE` alone.
+    fn from_file(file: &tempfile::NamedTempFile) -> Overrides {
+        Overrides {
+            config: Some(file.path().into()),
+            ..Overrides::default()
+        }
+    }
+
+    /// The configuration of `file` alone.
+    fn load(file: &tempfile::NamedTempFile) -> Result<AgentConfig, ConfigError> {
+        AgentConfig::load(&from_file(file))
+    }
+
     #[test]
     fn the_cluster_table_names_the_etcd_user_and_password_file() {
         let file = write(
             "[cluster]\netcd_user = \"corral-t-node-a\"\netcd_password_file = \"/etc/corral/a.password\"\n",
         );
-        let cluster = ClusterFile::load(Some(file.path())).unwrap();
+        let cluster = cluster_table(Some(file.path())).unwrap();
         assert_eq!(cluster.etcd_user.as_deref(), Some("corral-t-node-a"));
         assert_eq!(
             cluster.etcd_password_file.as_deref(),
             Some(Path::new("/etc/corral/a.password"))
         );
-        assert_eq!(ClusterFile::load(None).unwrap(), ClusterFile::default());
+        assert_eq!(cluster_table(None).unwrap(), ClusterTable::default());
         let unknown = write("[cluster]\netcd_password = \"x\"\n");
-        let error = ClusterFile::load(Some(unknown.path())).unwrap_err();
+        let error = cluster_table(Some(unknown.path())).unwrap_err();
         assert!(error.to_string().contains("unknown field"), "{error}");
+    }
+
+    #[test]
+    fn the_cluster_table_names_the_cluster_as_the_operators_does() {
+        let file = write("[cluster]\nendpoints = [\"http://10.0.0.1:2379\"]\nname = \"blue\"\n");
+        let cluster = cluster_table(Some(file.path())).unwrap();
+        assert_eq!(
+            cluster.endpoints,
+            Some(vec!["http://10.0.0.1:2379".to_owned()])
+        );
+        assert_eq!(cluster.name.as_deref(), Some("blue"));
+        // The operator's checks and messages, naming the file.
+        for (text, expected) in [
+            (
+                "[cluster]\nendpoints = [\"10.0.0.1:2379\"]",
+                "cluster.endpoints \"10.0.0.1:2379\" is not an http:// or https:// URL",
+            ),
+            (
+                "[cluster]\nendpoints = []",
+                "cluster.endpoints [] is not one URL or more",
+            ),
+            (
+                "[cluster]\netcd_user = \"\"",
+                "cluster.etcd_user \"\" is not a user name",
+            ),
+        ] {
+            let bad = write(text);
+            let error = cluster_table(Some(bad.path())).unwrap_err();
+            assert_eq!(error.0, format!("{}: {expected}", bad.path().display()));
+        }
     }
 
     #[test]
@@ -612,21 +632,15 @@ mod tests {
         let file = write(
             "[cluster]\netcd_cacert = \"/ca.pem\"\netcd_cert = \"/c.pem\"\netcd_key = \"/k.pem\"\n",
         );
-        let cluster = ClusterFile::load(Some(file.path())).unwrap();
+        let cluster = cluster_table(Some(file.path())).unwrap();
         assert_eq!(cluster.etcd_cacert, Some(PathBuf::from("/ca.pem")));
         assert_eq!(cluster.etcd_cert, Some(PathBuf::from("/c.pem")));
         assert_eq!(cluster.etcd_key, Some(PathBuf::from("/k.pem")));
         // The rest of the file is unaffected, and no table means no files.
-        AgentConfig::load(&Overrides {
-            config: Some(file.path().to_path_buf()),
-            ..Overrides::default()
-        })
-        .unwrap();
-        assert_eq!(ClusterFile::load(None).unwrap(), ClusterFile::default());
+        load(&file).unwrap();
+        assert_eq!(cluster_table(None).unwrap(), ClusterTable::default());
         let unknown = write("[cluster]\netcd_ca = \"/ca.pem\"\n");
-        let error = ClusterFile::load(Some(unknown.path()))
-            .unwrap_err()
-            .to_string();
+        let error = cluster_table(Some(unknown.path())).unwrap_err().to_string();
         assert!(error.contains("etcd_ca"), "{error}");
     }
 
@@ -670,9 +684,8 @@ mod tests {
              exclusions = [{ network = \"10.1.0.0/28\", reason = \"infra\" }]\n",
         );
         let config = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
             socket: Some("/tmp/flag.sock".into()),
-            ..Overrides::default()
+            ..from_file(&file)
         })
         .unwrap();
         assert_eq!(config.data_dir, PathBuf::from("/tmp/x"));
@@ -682,9 +695,8 @@ mod tests {
         assert_eq!(config.cni_data_dirs, [PathBuf::from("/tmp/cni")]);
         assert_eq!(config.connections, ConnectionLimits::default());
         let flagged = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
             cni_data_dirs: Some(vec!["/a".into(), "/b".into()]),
-            ..Overrides::default()
+            ..from_file(&file)
         })
         .unwrap();
         assert_eq!(
@@ -700,11 +712,7 @@ mod tests {
         assert_eq!(defaults.history.max_events, 1_000_000);
         assert_eq!(defaults.history.max_age, Duration::from_secs(30 * 86_400));
         let file = write("history_max_events = 5000\nhistory_max_age = \"12h\"\n");
-        let config = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
-            ..Overrides::default()
-        })
-        .unwrap();
+        let config = load(&file).unwrap();
         assert_eq!(
             config.history,
             HistoryLimits {
@@ -713,20 +721,15 @@ mod tests {
             }
         );
         let flagged = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
             history_max_events: Some(7),
             history_max_age: Some(Duration::from_secs(90)),
-            ..Overrides::default()
+            ..from_file(&file)
         })
         .unwrap();
         assert_eq!(flagged.history.max_events, 7);
         assert_eq!(flagged.history.max_age, Duration::from_secs(90));
         let bad = write("history_max_age = \"a month\"\n");
-        let error = AgentConfig::load(&Overrides {
-            config: Some(bad.path().into()),
-            ..Overrides::default()
-        })
-        .unwrap_err();
+        let error = load(&bad).unwrap_err();
         assert!(error.0.contains("history_max_age"), "{}", error.0);
         for (text, millis) in [
             ("250ms", 250),
@@ -744,11 +747,7 @@ mod tests {
     #[test]
     fn connection_limits_come_from_the_connections_table() {
         let file = write("[connections]\nmax_tcp = 16\nheader_timeout_ms = 1500\n");
-        let config = AgentConfig::load(&Overrides {
-            config: Some(file.path().into()),
-            ..Overrides::default()
-        })
-        .unwrap();
+        let config = load(&file).unwrap();
         assert_eq!(
             config.connections,
             ConnectionLimits {
@@ -788,9 +787,8 @@ mod tests {
             let file = write(text);
             // The TCP checks must not see a token from the environment.
             let error = AgentConfig::load(&Overrides {
-                config: Some(file.path().into()),
                 token_file: None,
-                ..Overrides::default()
+                ..from_file(&file)
             })
             .map(|_| ())
             .unwrap_err();

@@ -29,7 +29,10 @@ mod server;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use config::{AgentConfig, ClusterFile, ConfigError, ConnectionLimits, LogFile, Overrides};
+pub use config::{
+    AgentConfig, ClusterTable, ConfigError, ConnectionLimits, LogTable, Overrides, cluster_table,
+    log_table,
+};
 pub use server::{
     AgentError, ClusterTask, Running, run, run_with, serve, serve_with, shutdown_signal,
 };

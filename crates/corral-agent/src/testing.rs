@@ -143,6 +143,12 @@ impl InMemoryAgent {
         self.router.clone()
     }
 
+    /// One request to the agent's API, as its socket would take it: the answer's status and
+    /// body ([`call`]).
+    pub async fn call(&self, method: &str, path: &str, json: Option<Vec<u8>>) -> (u16, Vec<u8>) {
+        call(self.router(), method, path, json).await
+    }
+
     /// Stops the agent (as SIGTERM would) and waits until it has.
     pub async fn stop(mut self) -> Result<(), AgentError> {
         if let Some(stop) = self.stop.take() {
@@ -167,4 +173,31 @@ impl Drop for InMemoryAgent {
             let _ = stop.send(());
         }
     }
+}
+
+/// One request to an agent's API `router` (an [`InMemoryAgent::router`]), as its socket would
+/// take it: `method` on `path` with a JSON body if any; the answer's status and body.
+pub async fn call(
+    mut router: axum::Router,
+    method: &str,
+    path: &str,
+    json: Option<Vec<u8>>,
+) -> (u16, Vec<u8>) {
+    use tower_service::Service as _;
+    let mut request = axum::http::Request::builder().method(method).uri(path);
+    if json.is_some() {
+        request = request.header("content-type", "application/json");
+    }
+    let request = request
+        .body(axum::body::Body::from(json.unwrap_or_default()))
+        .expect("a method and a path make a request");
+    let response = router
+        .call(request)
+        .await
+        .unwrap_or_else(|never| match never {});
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("an answer's body is in memory");
+    (status, body.to_vec())
 }

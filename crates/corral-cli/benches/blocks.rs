@@ -19,6 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use corral_client::Client;
+use corral_cluster::testing::PoolTable;
 use corral_cluster::{DemandRecord, FamilyDemand, Keys, NodeName, encode_value};
 use corral_etcd::EtcdKv;
 use corral_etcd::testing::{EtcdCluster, Workload, raw_txn_rate};
@@ -26,7 +27,7 @@ use corral_kv::{Kv, Txn, TxnOp};
 
 mod operator;
 
-use operator::{InProcess, node_record, percentile, runtime_and_etcd};
+use operator::{InProcess, install_config, node_record, percentile, runtime_and_etcd};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -40,21 +41,11 @@ const PENDING: u64 = 150;
 const RELEASE_DELAY_SECS: u64 = 10;
 
 fn config() -> String {
-    format!(
-        r#"
-quarantine_secs = 60
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = {RELEASE_DELAY_SECS}
-[pools.ipv4]
-cidrs = ["10.0.0.0/8"]
-block_prefix_len = 26
-[pools.ipv6]
-cidrs = ["fd00::/64"]
-block_prefix_len = 122
-"#
-    )
+    let pods = PoolTable::blocks("pods")
+        .set("release_delay_secs", RELEASE_DELAY_SECS)
+        .ipv4("10.0.0.0/8", 26)
+        .ipv6("fd00::/64", 122);
+    format!("quarantine_secs = 60\n{pods}")
 }
 
 fn main() {
@@ -87,14 +78,7 @@ async fn claims(etcd: &EtcdCluster) {
     println!("one contended key, {NODES} claimers (compare-and-swap): {raw}");
 
     let keys = Keys::new(corral_cluster::ClusterName::new("blocks").unwrap());
-    let config = corral_cluster::ClusterConfig::from_toml(&config()).unwrap();
-    kv.txn(Txn {
-        compares: vec![],
-        success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    install_config(&kv, &keys, &config()).await;
     // The nodes, registered; their agents' demand comes all at once below.
     let mut register = Txn::default();
     for i in 0..NODES {

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 use corral_cluster::{Keys, encode_value};
 use corral_etcd::EtcdKv;
 use corral_etcd::testing::{EtcdCluster, Workload, etcd_binary, raw_txn_rate};
-use corral_kv::{Compare, Kv, Txn, TxnOp};
+use corral_kv::{Kv, Txn, TxnOp};
 
 mod operator;
 
-use operator::{InProcess, node_record, percentile, runtime_and_etcd};
+use operator::{InProcess, install_config, node_record, percentile, runtime_and_etcd};
 
 /// Nodes registered (`BENCH_NODES`; default 10,000).
 fn nodes() -> usize {
@@ -96,14 +96,7 @@ async fn bench(etcd: &EtcdCluster) {
 
     // The cluster and its registrations (100 per transaction, 16 at once).
     let keys = Keys::new(corral_cluster::ClusterName::new("bench").unwrap());
-    let config = corral_cluster::ClusterConfig::from_toml(CONFIG).unwrap();
-    kv.txn(Txn {
-        compares: vec![Compare::absent(keys.config())],
-        success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
-        failure: vec![],
-    })
-    .await
-    .unwrap();
+    install_config(&kv, &keys, CONFIG).await;
     register(&kv, &keys, 0..nodes).await;
 
     // The operator, in this process, on a client whose requests are counted.

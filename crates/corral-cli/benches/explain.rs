@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use corral_cluster::Keys;
 use corral_etcd::EtcdKv;
-use corral_kv::{Compare, Kv, Txn, TxnOp};
+use corral_kv::{Kv, Txn, TxnOp};
 
 mod operator;
 
-use operator::{InProcess, node_record, percentile, runtime_and_etcd};
+use operator::{InProcess, install_config, node_record, percentile, runtime_and_etcd};
 
 const NODES: usize = 1_000;
 const RUNS: usize = 20;
@@ -29,14 +29,7 @@ fn main() {
             .await
             .unwrap();
         let keys = Keys::new(corral_cluster::ClusterName::new("bench").unwrap());
-        let config = corral_cluster::ClusterConfig::from_toml(CONFIG).unwrap();
-        kv.txn(Txn {
-            compares: vec![Compare::absent(keys.config())],
-            success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
-            failure: vec![],
-        })
-        .await
-        .unwrap();
+        install_config(&kv, &keys, CONFIG).await;
         for chunk in (0..NODES).collect::<Vec<_>>().chunks(100) {
             let mut txn = Txn::default();
             for i in chunk {

@@ -1,12 +1,14 @@
 //! How the commands that talk to etcd secure the connection: each concern is one option set
 //! flattened into `cluster::EtcdArgs`, `cluster::MaybeEtcd` and the agent's and operator's
 //! options. `EtcdTlsArgs`: `--etcd-cacert`, `--etcd-cert`, `--etcd-key` (as etcdctl's
-//! `--cacert`, `--cert`, `--key`), also from the environment and the agent's `[cluster]` table.
-//! `EtcdAuthArgs`: `--etcd-user` and `--etcd-password-file` (etcd's auth), likewise.
+//! `--cacert`, `--cert`, `--key`), also from the environment. `EtcdAuthArgs`: `--etcd-user`
+//! and `--etcd-password-file` (etcd's auth), likewise. A daemon's options are a `[cluster]`
+//! table ([`table`]) layered over its file's (`ClusterTable::or`), then turned back into these.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
+use corral_cluster::daemon::ClusterTable;
 use corral_etcd::{Credentials, EtcdOptions, EtcdTls};
 
 use crate::exit::Failure;
@@ -18,6 +20,46 @@ pub fn options(tls: &EtcdTlsArgs, auth: &EtcdAuthArgs) -> Result<EtcdOptions, Fa
         credentials: auth.credentials()?,
         ..EtcdOptions::default()
     })
+}
+
+/// A daemon's etcd options from its command line (and environment) as a `[cluster]` table,
+/// each given or not, to layer over its configuration file's (`ClusterTable::or`).
+pub fn table(
+    endpoints: &[String],
+    cluster: Option<&String>,
+    tls: &EtcdTlsArgs,
+    auth: &EtcdAuthArgs,
+) -> ClusterTable {
+    ClusterTable {
+        endpoints: (!endpoints.is_empty()).then(|| endpoints.to_vec()),
+        name: cluster.cloned(),
+        etcd_cacert: tls.etcd_cacert.clone(),
+        etcd_cert: tls.etcd_cert.clone(),
+        etcd_key: tls.etcd_key.clone(),
+        etcd_user: auth.etcd_user.clone(),
+        etcd_password_file: auth.etcd_password_file.clone(),
+    }
+}
+
+/// The TLS files of a configuration file's `[cluster]` table.
+impl From<&ClusterTable> for EtcdTlsArgs {
+    fn from(table: &ClusterTable) -> EtcdTlsArgs {
+        EtcdTlsArgs {
+            etcd_cacert: table.etcd_cacert.clone(),
+            etcd_cert: table.etcd_cert.clone(),
+            etcd_key: table.etcd_key.clone(),
+        }
+    }
+}
+
+/// The etcd user and password file of a configuration file's `[cluster]` table.
+impl From<&ClusterTable> for EtcdAuthArgs {
+    fn from(table: &ClusterTable) -> EtcdAuthArgs {
+        EtcdAuthArgs {
+            etcd_user: table.etcd_user.clone(),
+            etcd_password_file: table.etcd_password_file.clone(),
+        }
+    }
 }
 
 /// TLS to etcd: the CA bundle that etcd's certificate must verify against, and the client
@@ -37,19 +79,6 @@ pub struct EtcdTlsArgs {
 }
 
 impl EtcdTlsArgs {
-    /// These options, each taken from `file` where not given here (flags and the environment
-    /// win over a configuration file).
-    pub fn or(&self, file: &EtcdTlsArgs) -> EtcdTlsArgs {
-        EtcdTlsArgs {
-            etcd_cacert: self
-                .etcd_cacert
-                .clone()
-                .or_else(|| file.etcd_cacert.clone()),
-            etcd_cert: self.etcd_cert.clone().or_else(|| file.etcd_cert.clone()),
-            etcd_key: self.etcd_key.clone().or_else(|| file.etcd_key.clone()),
-        }
-    }
-
     /// The TLS files given, if any: a client certificate or key without the CA bundle is
     /// refused (the files are checked when connecting).
     pub fn tls(&self) -> Result<Option<EtcdTls>, Failure> {
@@ -84,17 +113,6 @@ pub struct EtcdAuthArgs {
 }
 
 impl EtcdAuthArgs {
-    /// These options, each one given here or else taken from the configuration file's.
-    pub fn or(&self, user: Option<&str>, password_file: Option<&Path>) -> EtcdAuthArgs {
-        EtcdAuthArgs {
-            etcd_user: self.etcd_user.clone().or(user.map(str::to_owned)),
-            etcd_password_file: self
-                .etcd_password_file
-                .clone()
-                .or(password_file.map(Path::to_path_buf)),
-        }
-    }
-
     /// The credentials to connect with: none without a user; a user needs its password file,
     /// which must be readable and not empty.
     pub fn credentials(&self) -> Result<Option<Credentials>, Failure> {

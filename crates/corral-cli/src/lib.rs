@@ -240,8 +240,9 @@ struct AgentArgs {
     /// applied at start (repeatable) [default: /var/lib/cni/networks]
     #[arg(long, value_name = "DIR")]
     cni_data_dir: Vec<PathBuf>,
-    /// Join a cluster: etcd's client URLs, comma-separated. The agent registers --node,
-    /// keeps its liveness key, and adds the node's grants to its pools
+    /// Join a cluster: etcd's client URLs, comma-separated (else the configuration file's
+    /// [cluster] endpoints). The agent registers --node, keeps its liveness key, and adds the
+    /// node's grants to its pools
     #[arg(
         long,
         env = "CORRAL_ETCD",
@@ -253,9 +254,10 @@ struct AgentArgs {
     /// This node's name in the cluster (with --etcd)
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
-    /// The cluster's name (with --etcd)
-    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
-    cluster: String,
+    /// The cluster's name (with --etcd) [default: the configuration file's [cluster] name,
+    /// else default]
+    #[arg(long, env = "CORRAL_CLUSTER")]
+    cluster: Option<String>,
     /// TLS to etcd (with --etcd; the configuration file's `[cluster]` table otherwise)
     #[command(flatten)]
     etcd_tls: etcd_args::EtcdTlsArgs,
@@ -300,23 +302,25 @@ struct AgentArgs {
 fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     // The log first, so everything after it is logged as asked: the flags over the file's
     // `[log]` table.
-    let log_file = corral_agent::LogFile::load(args.config.as_deref())
+    let log_file = corral_agent::log_table(args.config.as_deref())
         .map_err(|e| Failure::Usage(e.to_string()))?;
     let (format, level) = args.log.over_file(&log_file, args.config.as_deref())?;
     logging::install(format, level)?;
-    let cluster_file = corral_agent::ClusterFile::load(args.config.as_deref())
+    let cluster_file = corral_agent::cluster_table(args.config.as_deref())
         .map_err(|e| Failure::Usage(e.to_string()))?;
-    let etcd_options = etcd_args::options(
-        &args.etcd_tls.or(&etcd_args::EtcdTlsArgs {
-            etcd_cacert: cluster_file.etcd_cacert,
-            etcd_cert: cluster_file.etcd_cert,
-            etcd_key: cluster_file.etcd_key,
-        }),
-        &args.etcd_auth.or(
-            cluster_file.etcd_user.as_deref(),
-            cluster_file.etcd_password_file.as_deref(),
-        ),
-    )?;
+    // The cluster joined: the flags and their environment variables over the file's table.
+    let cluster = etcd_args::table(
+        &args.etcd,
+        args.cluster.as_ref(),
+        &args.etcd_tls,
+        &args.etcd_auth,
+    )
+    .or(cluster_file);
+    let etcd_options = etcd_args::options(&(&cluster).into(), &(&cluster).into())?;
+    let endpoints = cluster.endpoints.unwrap_or_default();
+    let cluster_name = cluster
+        .name
+        .unwrap_or_else(|| corral_cluster::daemon::DEFAULT_CLUSTER.to_owned());
     let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
         config: args.config,
         data_dir: args.data_dir,
@@ -325,19 +329,24 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
         tcp: args.tcp,
         token_file: args.token_file,
         cni_data_dirs: (!args.cni_data_dir.is_empty()).then_some(args.cni_data_dir),
-        in_cluster: !args.etcd.is_empty(),
+        in_cluster: !endpoints.is_empty(),
         pool_wait: args.pool_wait.map(std::time::Duration::from_millis),
         history_max_events: args.history_max_events,
         history_max_age: args.history_max_age,
     })
     .map_err(|e| Failure::Usage(e.to_string()))?;
-    let cluster_task = match (args.etcd.is_empty(), args.node) {
+    let cluster_task = match (endpoints.is_empty(), args.node) {
         (true, _) => None,
+        (false, None) if args.etcd.is_empty() => {
+            return Err(Failure::Usage(
+                "the configuration file's [cluster] endpoints need --node NAME".into(),
+            ));
+        }
         (false, None) => return Err(Failure::Usage("--etcd needs --node NAME".into())),
         (false, Some(node)) => {
             // The TLS files are checked before the agent starts: a file that cannot be used
             // is a start-up error naming it, not a retry loop.
-            corral_etcd::check_tls(&args.etcd, etcd_options.tls.as_ref())
+            corral_etcd::check_tls(&endpoints, etcd_options.tls.as_ref())
                 .map_err(Failure::EtcdTls)?;
             let uid =
                 corral_agent::link::machine_uid(&config.data_dir).map_err(|e| Failure::File {
@@ -346,8 +355,8 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
                     source: e,
                 })?;
             let options = corral_agent::link::ClusterOptions {
-                endpoints: args.etcd.clone(),
-                cluster: args.cluster.clone(),
+                endpoints,
+                cluster: cluster_name,
                 node,
                 uid,
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl.max(1)),
@@ -711,7 +720,11 @@ mod tests {
             etcd_cacert: Some("/flag/ca.pem".into()),
             ..EtcdTlsArgs::default()
         };
-        let tls = flags.or(&file).tls().unwrap().expect("TLS");
+        let table = |tls: &EtcdTlsArgs| {
+            etcd_args::table(&[], None, tls, &etcd_args::EtcdAuthArgs::default())
+        };
+        let layered = table(&flags).or(table(&file));
+        let tls = EtcdTlsArgs::from(&layered).tls().unwrap().expect("TLS");
         assert_eq!(tls.ca_cert, PathBuf::from("/flag/ca.pem"));
         assert_eq!(tls.cert, Some(PathBuf::from("/file/cert.pem")));
         assert_eq!(tls.key, Some(PathBuf::from("/file/key.pem")));

@@ -18,6 +18,7 @@ use std::io::IsTerminal as _;
 use std::sync::OnceLock;
 
 use clap::{Args, ValueEnum};
+use corral_cluster::daemon::LogTable;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::{Directive, LevelFilter};
 
@@ -56,7 +57,7 @@ impl LogArgs {
     /// a usage error naming the file.
     pub fn over_file(
         &self,
-        file: &corral_agent::LogFile,
+        file: &LogTable,
         path: Option<&std::path::Path>,
     ) -> Result<(LogFormat, LevelFilter), Failure> {
         let bad = |key: &str, value: &str, expected: &str| {
@@ -66,14 +67,14 @@ impl LogArgs {
         let format = match (self.log_format, &file.format) {
             (Some(format), _) => format,
             (None, Some(value)) => LogFormat::from_str(value, false)
-                .map_err(|_| bad("format", value, "text or json"))?,
+                .map_err(|_| bad("format", value, LogTable::FORMATS))?,
             (None, None) => LogFormat::Text,
         };
         let level = match (self.log_level, &file.level) {
             (Some(level), _) => level,
             (None, Some(value)) => value
                 .parse()
-                .map_err(|_| bad("level", value, "error, warn, info, debug or trace"))?,
+                .map_err(|_| bad("level", value, LogTable::LEVELS))?,
             (None, None) => LevelFilter::INFO,
         };
         Ok((format, level))

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use corral_operator::config::{CloudTable, ClusterTable, OperatorFile, Settings};
+use corral_operator::config::{CloudTable, OperatorFile, Settings};
 use tracing_subscriber::filter::LevelFilter;
 
 use crate::cluster::{CloudArgs, EtcdArgs};
@@ -112,15 +112,12 @@ fn flags(args: &OperatorArgs) -> OperatorFile {
         token_file: args.token_file.clone(),
         state_dir: args.state_dir.clone(),
         settle_secs: args.settle_secs,
-        cluster: Some(ClusterTable {
-            endpoints: (!args.etcd.etcd.is_empty()).then(|| args.etcd.etcd.clone()),
-            name: args.etcd.cluster.clone(),
-            etcd_cacert: args.etcd.tls.etcd_cacert.clone(),
-            etcd_cert: args.etcd.tls.etcd_cert.clone(),
-            etcd_key: args.etcd.tls.etcd_key.clone(),
-            etcd_user: args.etcd.auth.etcd_user.clone(),
-            etcd_password_file: args.etcd.auth.etcd_password_file.clone(),
-        }),
+        cluster: Some(crate::etcd_args::table(
+            &args.etcd.etcd,
+            args.etcd.cluster.as_ref(),
+            &args.etcd.tls,
+            &args.etcd.auth,
+        )),
         cloud: Some(CloudTable {
             name: args.cloud.cloud.clone(),
             fake_cloud: args.cloud.fake_cloud.clone(),
@@ -138,21 +135,16 @@ pub fn resolve(args: &OperatorArgs) -> Result<Operator, Failure> {
         Some(path) => OperatorFile::load(path).map_err(|e| Failure::Usage(e.to_string()))?,
         None => OperatorFile::default(),
     };
-    let log = file.log.clone().unwrap_or_default();
-    let (log_format, log_level) = args.log.over_file(
-        &corral_agent::LogFile {
-            format: log.format,
-            level: log.level,
-        },
-        path,
-    )?;
+    let (log_format, log_level) = args
+        .log
+        .over_file(&file.log.clone().unwrap_or_default(), path)?;
     let file_cloud = file.cloud.clone().unwrap_or_default();
     let settings = flags(args).over(file).settings();
     let in_file = |key: &str| match path {
         Some(path) => format!("{}: {key}", path.display()),
         None => key.to_owned(),
     };
-    if settings.endpoints.is_empty() {
+    if settings.endpoints().is_empty() {
         return Err(Failure::Usage(format!(
             "no etcd endpoints: give --etcd, CORRAL_ETCD or endpoints in the [cluster] table \
              of {}",
@@ -175,17 +167,10 @@ pub fn resolve(args: &OperatorArgs) -> Result<Operator, Failure> {
     let api = api_config(args, &settings, path)?;
     Ok(Operator {
         etcd: EtcdArgs {
-            etcd: settings.endpoints.clone(),
-            cluster: settings.cluster.clone(),
-            tls: EtcdTlsArgs {
-                etcd_cacert: settings.etcd_cacert.clone(),
-                etcd_cert: settings.etcd_cert.clone(),
-                etcd_key: settings.etcd_key.clone(),
-            },
-            auth: EtcdAuthArgs {
-                etcd_user: settings.etcd_user.clone(),
-                etcd_password_file: settings.etcd_password_file.clone(),
-            },
+            etcd: settings.endpoints().to_vec(),
+            cluster: settings.cluster_name().to_owned(),
+            tls: (&settings.cluster).into(),
+            auth: (&settings.cluster).into(),
         },
         api,
         cloud: CloudArgs {

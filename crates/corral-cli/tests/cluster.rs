@@ -688,3 +688,38 @@ fn an_operator_whose_api_socket_is_a_regular_file_stops_naming_it_and_keeps_it()
     );
     assert_eq!(std::fs::read(&path).unwrap(), b"keep me\n");
 }
+
+/// The agent's configuration file may name the cluster it joins (`[cluster]` `endpoints` and
+/// `name`, the operator's table): without `--etcd` and `--cluster` it registers and is
+/// granted its ranges; without `--node` it refuses to start, naming the file's table.
+#[test]
+#[ignore = "needs etcd (make deps)"]
+fn an_agent_joins_the_cluster_its_configuration_file_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let agent_dir = dir.path().join("a");
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    let config = agent_config(&agent_dir);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let table = format!(
+        "\n[cluster]\nendpoints = {:?}\nname = \"t\"\n",
+        etcd.endpoints()
+    );
+    std::fs::write(&config, text + &table).unwrap();
+    let (code, _, err) = corral(&["agent", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("the configuration file's [cluster] endpoints need --node NAME"),
+        "{err}"
+    );
+    let args = [
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--node".as_ref(),
+        "node-a".as_ref(),
+    ];
+    let a = common::Agent::start(&args, &agent_dir.join("agent.sock"));
+    wait_ranges("node-a holds its ranges", &a.socket, 2, 20);
+    assert_eq!(grants(&etcd)["node-a"].len(), 2, "{:?}", grants(&etcd));
+    assert_check(&etcd, &[&a.socket]);
+}

@@ -4,7 +4,8 @@
 //! in as values. It holds the cluster configuration (`config`), the etcd key layout and value
 //! records (`keys`), the node CIDR and node-ID spaces (`space`), Contiv's node-ID address plan
 //! (`plan`), nodeipam's resync backoff (`backoff`) and the operator's cache of the cluster
-//! (`view`), which proposes grants the operator commits in one fenced etcd transaction.
+//! (`view`), which proposes grants the operator commits in one fenced etcd transaction, and the
+//! `[cluster]` and `[log]` tables both daemons' configuration files share (`daemon`).
 
 pub mod backoff;
 pub mod blocks;
@@ -12,6 +13,7 @@ pub mod census;
 pub mod check;
 pub mod cloud;
 pub mod config;
+pub mod daemon;
 pub mod epoch;
 pub mod fuzz;
 pub mod history;
@@ -22,6 +24,8 @@ pub mod removal;
 pub mod removed;
 pub mod report;
 pub mod space;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 mod text;

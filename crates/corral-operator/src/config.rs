@@ -40,22 +40,20 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use corral_cluster::{ClusterName, MAX_LEASE_TTL_SECS};
+use corral_cluster::MAX_LEASE_TTL_SECS;
+/// The tables the agent's file has too, and the refusal of a value.
+pub use corral_cluster::daemon::{
+    ClusterTable, DEFAULT_CLUSTER, DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, Invalid, LogTable,
+};
 use serde::Deserialize;
 
 use crate::OperatorConfig;
 
-/// The cluster's name without `--cluster` or `[cluster] name`.
-pub const DEFAULT_CLUSTER: &str = "default";
 /// Where the operator serves its API without `--api-socket` or `api_socket`.
 pub const DEFAULT_API_SOCKET: &str = "/run/corral/operator.sock";
 /// The longest wait for the live agents after etcd went back in time (`settle_secs`): twice
 /// the agents' default liveness lease.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(40);
-/// The log's format without `--log-format` or `[log] format`.
-pub const DEFAULT_LOG_FORMAT: &str = "text";
-/// The lowest level logged without `--log-level` or `[log] level`.
-pub const DEFAULT_LOG_LEVEL: &str = "info";
 
 /// The file's shape; every setting optional. Also what the command line gives, so that
 /// [`OperatorFile::over`] layers the two.
@@ -86,27 +84,6 @@ pub struct OperatorFile {
     pub log: Option<LogTable>,
 }
 
-/// The `[cluster]` table: etcd and the cluster, as the agent's `[cluster]` table and the
-/// `--etcd*` flags name them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterTable {
-    /// etcd's client URLs (`--etcd`, `CORRAL_ETCD`).
-    pub endpoints: Option<Vec<String>>,
-    /// The cluster's name: its keys live under `/corral/<name>/v1/` (`--cluster`).
-    pub name: Option<String>,
-    /// The CA bundle etcd's certificate must verify against (`--etcd-cacert`).
-    pub etcd_cacert: Option<PathBuf>,
-    /// The client certificate (`--etcd-cert`).
-    pub etcd_cert: Option<PathBuf>,
-    /// The client certificate's key (`--etcd-key`).
-    pub etcd_key: Option<PathBuf>,
-    /// The etcd user (`--etcd-user`).
-    pub etcd_user: Option<String>,
-    /// The file holding that user's password (`--etcd-password-file`).
-    pub etcd_password_file: Option<PathBuf>,
-}
-
 /// The `[cloud]` table (`--cloud`, `--fake-cloud`, `--cloud-endpoint`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -117,16 +94,6 @@ pub struct CloudTable {
     pub fake_cloud: Option<PathBuf>,
     /// The cloud API's endpoint URL instead of the provider's own.
     pub endpoint: Option<String>,
-}
-
-/// The `[log]` table (`--log-format`, `--log-level`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogTable {
-    /// `text` or `json`.
-    pub format: Option<String>,
-    /// `error`, `warn`, `info`, `debug` or `trace`.
-    pub level: Option<String>,
 }
 
 /// Why a configuration file is refused: each names the file.
@@ -153,29 +120,12 @@ pub enum ConfigError {
     Invalid { path: PathBuf, problem: Invalid },
 }
 
-/// A setting's value the operator cannot use: `key value is not expected`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{key} {value} is not {expected}")]
-pub struct Invalid {
-    /// The key, with its table (`cluster.endpoints`).
-    pub key: &'static str,
-    /// The value as the file gives it.
-    pub value: String,
-    /// What it must be.
-    pub expected: String,
-}
-
 /// Everything the file and the flags decide, over the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
-    /// etcd's client URLs; empty when neither the file nor the flags give any.
-    pub endpoints: Vec<String>,
-    pub cluster: String,
-    pub etcd_cacert: Option<PathBuf>,
-    pub etcd_cert: Option<PathBuf>,
-    pub etcd_key: Option<PathBuf>,
-    pub etcd_user: Option<String>,
-    pub etcd_password_file: Option<PathBuf>,
+    /// etcd and the cluster, the name defaulted ([`Settings::endpoints`],
+    /// [`Settings::cluster_name`]).
+    pub cluster: ClusterTable,
     pub replica: Option<String>,
     pub lease_ttl: Duration,
     pub workers: usize,
@@ -219,101 +169,50 @@ impl OperatorFile {
     /// well (`api_tcp` and its token, a user and its password file) is checked once both are
     /// known, where the operator starts.
     pub fn check(&self) -> Result<(), Invalid> {
-        let invalid = |key, value: String, expected: &str| Invalid {
-            key,
-            value,
-            expected: expected.to_owned(),
-        };
         if let Some(replica) = &self.replica
             && replica.trim().is_empty()
         {
-            return Err(invalid("replica", format!("{replica:?}"), "a name"));
+            return Err(Invalid::new("replica", format!("{replica:?}"), "a name"));
         }
         if let Some(ttl) = self.lease_ttl_secs
             && !(1..=MAX_LEASE_TTL_SECS).contains(&ttl)
         {
-            return Err(invalid(
+            return Err(Invalid::new(
                 "lease_ttl_secs",
                 ttl.to_string(),
                 &format!("in 1..={MAX_LEASE_TTL_SECS} (seconds; etcd's longest lease)"),
             ));
         }
         if self.workers == Some(0) {
-            return Err(invalid("workers", "0".into(), "1 or more"));
+            return Err(Invalid::new("workers", "0".into(), "1 or more"));
         }
         if let Some(addr) = self.api_tcp
             && !addr.ip().is_loopback()
         {
-            return Err(invalid(
+            return Err(Invalid::new(
                 "api_tcp",
                 addr.to_string(),
                 "a loopback address (the operator listens on the loopback interface only)",
             ));
         }
-        let cluster = self.cluster.clone().unwrap_or_default();
-        if let Some(endpoints) = &cluster.endpoints {
-            if endpoints.is_empty() {
-                return Err(invalid("cluster.endpoints", "[]".into(), "one URL or more"));
-            }
-            if let Some(bad) = endpoints
-                .iter()
-                .find(|url| !(url.starts_with("http://") || url.starts_with("https://")))
-            {
-                return Err(invalid(
-                    "cluster.endpoints",
-                    format!("{bad:?}"),
-                    "an http:// or https:// URL",
-                ));
-            }
-        }
-        if let Some(name) = &cluster.name
-            && let Err(e) = ClusterName::new(name)
-        {
-            return Err(invalid(
-                "cluster.name",
-                format!("{name:?}"),
-                &format!("a cluster name ({e})"),
-            ));
-        }
-        if let Some(user) = &cluster.etcd_user
-            && user.is_empty()
-        {
-            return Err(invalid("cluster.etcd_user", "\"\"".into(), "a user name"));
-        }
+        self.cluster.clone().unwrap_or_default().check()?;
         if let Some(name) = self.cloud.as_ref().and_then(|c| c.name.as_ref())
             && name.trim().is_empty()
         {
-            return Err(invalid("cloud.name", format!("{name:?}"), "a cloud's name"));
-        }
-        let log = self.log.clone().unwrap_or_default();
-        if let Some(format) = &log.format
-            && !matches!(format.as_str(), "text" | "json")
-        {
-            return Err(invalid("log.format", format!("{format:?}"), "text or json"));
-        }
-        if let Some(level) = &log.level
-            && level
-                .parse::<tracing::level_filters::LevelFilter>()
-                .is_err()
-        {
-            return Err(invalid(
-                "log.level",
-                format!("{level:?}"),
-                "error, warn, info, debug or trace",
+            return Err(Invalid::new(
+                "cloud.name",
+                format!("{name:?}"),
+                "a cloud's name",
             ));
         }
-        Ok(())
+        self.log.clone().unwrap_or_default().check()
     }
 
     /// These settings, each taken from `lower` where not given here (the command line over
     /// the file).
     pub fn over(self, lower: OperatorFile) -> OperatorFile {
-        let cluster = self.cluster.unwrap_or_default();
-        let lower_cluster = lower.cluster.unwrap_or_default();
         let cloud = self.cloud.unwrap_or_default();
         let lower_cloud = lower.cloud.unwrap_or_default();
-        let log = self.log.unwrap_or_default();
-        let lower_log = lower.log.unwrap_or_default();
         OperatorFile {
             replica: self.replica.or(lower.replica),
             lease_ttl_secs: self.lease_ttl_secs.or(lower.lease_ttl_secs),
@@ -323,26 +222,21 @@ impl OperatorFile {
             token_file: self.token_file.or(lower.token_file),
             state_dir: self.state_dir.or(lower.state_dir),
             settle_secs: self.settle_secs.or(lower.settle_secs),
-            cluster: Some(ClusterTable {
-                endpoints: cluster.endpoints.or(lower_cluster.endpoints),
-                name: cluster.name.or(lower_cluster.name),
-                etcd_cacert: cluster.etcd_cacert.or(lower_cluster.etcd_cacert),
-                etcd_cert: cluster.etcd_cert.or(lower_cluster.etcd_cert),
-                etcd_key: cluster.etcd_key.or(lower_cluster.etcd_key),
-                etcd_user: cluster.etcd_user.or(lower_cluster.etcd_user),
-                etcd_password_file: cluster
-                    .etcd_password_file
-                    .or(lower_cluster.etcd_password_file),
-            }),
+            cluster: Some(
+                self.cluster
+                    .unwrap_or_default()
+                    .or(lower.cluster.unwrap_or_default()),
+            ),
             cloud: Some(CloudTable {
                 name: cloud.name.or(lower_cloud.name),
                 fake_cloud: cloud.fake_cloud.or(lower_cloud.fake_cloud),
                 endpoint: cloud.endpoint.or(lower_cloud.endpoint),
             }),
-            log: Some(LogTable {
-                format: log.format.or(lower_log.format),
-                level: log.level.or(lower_log.level),
-            }),
+            log: Some(
+                self.log
+                    .unwrap_or_default()
+                    .or(lower.log.unwrap_or_default()),
+            ),
         }
     }
 
@@ -352,13 +246,10 @@ impl OperatorFile {
         let cloud = self.cloud.unwrap_or_default();
         let log = self.log.unwrap_or_default();
         Settings {
-            endpoints: cluster.endpoints.unwrap_or_default(),
-            cluster: cluster.name.unwrap_or_else(|| DEFAULT_CLUSTER.to_owned()),
-            etcd_cacert: cluster.etcd_cacert,
-            etcd_cert: cluster.etcd_cert,
-            etcd_key: cluster.etcd_key,
-            etcd_user: cluster.etcd_user,
-            etcd_password_file: cluster.etcd_password_file,
+            cluster: ClusterTable {
+                name: Some(cluster.name.unwrap_or_else(|| DEFAULT_CLUSTER.to_owned())),
+                ..cluster
+            },
             replica: self.replica,
             lease_ttl: self
                 .lease_ttl_secs
@@ -377,6 +268,18 @@ impl OperatorFile {
             log_format: log.format.unwrap_or_else(|| DEFAULT_LOG_FORMAT.to_owned()),
             log_level: log.level.unwrap_or_else(|| DEFAULT_LOG_LEVEL.to_owned()),
         }
+    }
+}
+
+impl Settings {
+    /// etcd's client URLs; empty when neither the file nor the flags give any.
+    pub fn endpoints(&self) -> &[String] {
+        self.cluster.endpoints.as_deref().unwrap_or_default()
+    }
+
+    /// The cluster's name.
+    pub fn cluster_name(&self) -> &str {
+        self.cluster.name.as_deref().unwrap_or(DEFAULT_CLUSTER)
     }
 }
 
@@ -437,11 +340,11 @@ mod tests {
         let file = write(&text);
         let settings = OperatorFile::load(file.path()).unwrap().settings();
         assert_eq!(settings.replica.as_deref(), Some("op-a"));
-        assert_eq!(settings.endpoints, ["https://10.0.0.1:2379"]);
+        assert_eq!(settings.endpoints(), ["https://10.0.0.1:2379"]);
         assert_eq!(settings.api_tcp, Some("127.0.0.1:9877".parse().unwrap()));
         assert_eq!(settings.cloud.as_deref(), Some("fake"));
         assert_eq!(
-            settings.etcd_password_file,
+            settings.cluster.etcd_password_file,
             Some(PathBuf::from(
                 "/etc/corral/etcd/corral-default-operator.password"
             ))
@@ -451,7 +354,7 @@ mod tests {
     #[test]
     fn no_file_is_the_defaults() {
         let settings = OperatorFile::default().settings();
-        assert_eq!(settings.cluster, "default");
+        assert_eq!(settings.cluster_name(), "default");
         assert_eq!(settings.lease_ttl, Duration::from_secs(10));
         assert_eq!(settings.workers, 16);
         assert_eq!(settings.settle, Duration::from_secs(40));
@@ -459,7 +362,7 @@ mod tests {
             settings.api_socket,
             PathBuf::from("/run/corral/operator.sock")
         );
-        assert!(settings.endpoints.is_empty() && settings.state_dir.is_none());
+        assert!(settings.endpoints().is_empty() && settings.state_dir.is_none());
     }
 
     #[test]
@@ -484,9 +387,9 @@ mod tests {
         let settings = flags.over(file).settings();
         assert_eq!(settings.workers, 8);
         assert_eq!(settings.lease_ttl, Duration::from_secs(3));
-        assert_eq!(settings.endpoints, ["http://a:1"]);
-        assert_eq!(settings.cluster, "red");
-        assert_eq!(settings.etcd_user.as_deref(), Some("u"));
+        assert_eq!(settings.endpoints(), ["http://a:1"]);
+        assert_eq!(settings.cluster_name(), "red");
+        assert_eq!(settings.cluster.etcd_user.as_deref(), Some("u"));
         assert_eq!(
             (settings.log_format.as_str(), settings.log_level.as_str()),
             ("json", "debug")

@@ -65,7 +65,7 @@ pub fn config(data: &[u8]) {
         "{settings:?}"
     );
     assert!(
-        corral_cluster::ClusterName::new(&settings.cluster).is_ok(),
+        corral_cluster::ClusterName::new(settings.cluster_name()).is_ok(),
         "{settings:?}"
     );
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use corral_api::ErrorResponse;
 use corral_api::operator as body;
+use corral_cluster::testing::PoolTable;
 use corral_cluster::{ClusterConfig, ClusterName, ClusterView, Keys, NodeName};
 use corral_operator::Shared;
 use corral_operator::api::{Api, ApiConfig, BindError};
@@ -787,18 +788,12 @@ fn a_cloud_pool_nodes_interfaces_and_statistics_are_served() {
 /// and `full` named one of them, as a "CIDR".
 #[test]
 fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_and_all_named_in_full() {
-    const TWO_BLOCKS: &str = r#"
-[[pools]]
-name = "pods"
-mode = "blocks"
-[pools.watermarks]
-pre_allocate = 8
-[pools.ipv4]
-cidrs = ["10.64.0.0/27"]
-block_prefix_len = 28
-"#;
+    let two_blocks = PoolTable::blocks("pods")
+        .pre_allocate(8)
+        .ipv4("10.64.0.0/27", 28)
+        .to_string();
     let names = ["node-a", "node-b", "node-c", "node-d"];
-    let mut view = view(TWO_BLOCKS, &[], &names);
+    let mut view = view(&two_blocks, &[], &names);
     let keys = Keys::new(ClusterName::new("t").unwrap());
     let pool = corral_cluster::PoolName::new("pods").unwrap();
     for (i, name) in names.iter().enumerate() {

@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use corral_cluster::testing::PoolTable;
 use corral_cluster::{
     DemandRecord, Family, FamilyDemand, IpNet, PoolName, ReleaseRecord, ReleaseState, decode_value,
     encode_value,
@@ -500,27 +501,18 @@ async fn several_ready_blocks_of_one_family_all_complete() {
 }
 
 /// Two block pools: `pods` of one IPv4 /28 block, `wide` of IPv6 /120 blocks.
-const TWO_POOLS: &str = r#"quarantine_secs = 5
-[[pools]]
-name = "pods"
-mode = "blocks"
-release_delay_secs = 10
-[pools.watermarks]
-pre_allocate = 8
-[pools.ipv4]
-cidrs = ["10.64.0.0/28"]
-block_prefix_len = 28
-
-[[pools]]
-name = "wide"
-mode = "blocks"
-release_delay_secs = 10
-[pools.watermarks]
-pre_allocate = 8
-[pools.ipv6]
-cidrs = ["fd00:64::/112"]
-block_prefix_len = 120
-"#;
+fn two_pools() -> String {
+    let pool = |name| {
+        PoolTable::blocks(name)
+            .set("release_delay_secs", 10)
+            .pre_allocate(8)
+    };
+    format!(
+        "quarantine_secs = 5\n{}\n{}",
+        pool("pods").ipv4("10.64.0.0/28", 28),
+        pool("wide").ipv6("fd00:64::/112", 120)
+    )
+}
 
 /// Writes a node's demand in pool `wide` (IPv6), nothing used yet.
 async fn wide_demand<K: Kv>(kv: &K, name: &str) {
@@ -548,7 +540,7 @@ async fn wide_demand<K: Kv>(kv: &K, name: &str) {
 /// dashboard test: it waited forever in `wide` while `pods`, tried first, was full).
 #[tokio::test(start_paused = true)]
 async fn a_node_starving_in_one_block_pool_is_granted_blocks_in_the_others() {
-    let (kv, auditor) = audited(TWO_POOLS).await;
+    let (kv, auditor) = audited(&two_pools()).await;
     let a = leading(&kv).await;
     register(&kv, "n1").await;
     demand(&kv, "n1", 0, 0, 0, &[]).await;

@@ -7,8 +7,7 @@
 //! `# text`; uncommenting every setting must give the defaults, but for the settings without
 //! one ([`NO_DEFAULT`]), which are examples.
 
-use serde::Deserialize;
-use serde::de::{self, Visitor};
+use corral_cluster::daemon::shipped::{self, commented_setting, fields, key};
 
 use super::*;
 
@@ -18,6 +17,7 @@ const SHIPPED: &str = include_str!("../../../../packaging/agent.toml");
 /// something on).
 const NO_DEFAULT: &[&str] = &[
     "tcp",
+    "endpoints",
     "token_file",
     "socket_group",
     "etcd_cacert",
@@ -27,28 +27,9 @@ const NO_DEFAULT: &[&str] = &[
     "etcd_password_file",
 ];
 
-/// A line that is a commented-out setting or table header: `#key = value`, `#[table]`.
-fn commented_setting(line: &str) -> Option<&str> {
-    let rest = line.strip_prefix('#')?;
-    rest.starts_with(|c: char| c.is_ascii_lowercase() || c == '[')
-        .then_some(rest)
-}
-
-/// The key of a `key = value` line.
-fn key(line: &str) -> Option<&str> {
-    line.split_once('=').map(|(key, _)| key.trim())
-}
-
 /// The shipped file with its settings uncommented, but those `keep` says stay commented.
 fn uncommented(keep: impl Fn(&str) -> bool) -> String {
-    SHIPPED
-        .lines()
-        .map(|line| match commented_setting(line) {
-            Some(setting) if !key(setting).is_some_and(&keep) => setting,
-            _ => line,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    shipped::uncommented(SHIPPED, |setting| key(setting).is_some_and(&keep))
 }
 
 fn load(text: &str) -> AgentConfig {
@@ -59,41 +40,6 @@ fn load(text: &str) -> AgentConfig {
         ..Overrides::default()
     })
     .unwrap_or_else(|e| panic!("{e}\n{text}"))
-}
-
-/// A deserializer that answers every request with an error, the field names of a struct
-/// when asked for one: the names serde reads, so a field added to the format is seen here.
-struct FieldNames;
-
-impl<'de> de::Deserializer<'de> for FieldNames {
-    type Error = de::value::Error;
-
-    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-        Err(de::Error::custom("not a struct"))
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        fields: &'static [&'static str],
-        _: V,
-    ) -> Result<V::Value, Self::Error> {
-        Err(de::Error::custom(fields.join(" ")))
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-        ignored_any
-    }
-}
-
-/// The field names of the file-format struct `T`.
-fn fields<'de, T: Deserialize<'de>>() -> Vec<String> {
-    match T::deserialize(FieldNames) {
-        Ok(_) => panic!("a struct deserialized from nothing"),
-        Err(error) => error.to_string().split(' ').map(str::to_owned).collect(),
-    }
 }
 
 #[test]
@@ -135,8 +81,8 @@ fn every_setting_of_the_format_is_shown() {
     for (table, names) in [
         ("", fields::<ConfigFile>()),
         ("connections.", fields::<ConnectionsFile>()),
-        ("log.", fields::<LogFile>()),
-        ("cluster.", fields::<ClusterFile>()),
+        ("log.", fields::<LogTable>()),
+        ("cluster.", fields::<ClusterTable>()),
         ("pools.", fields::<PoolFile>()),
     ] {
         assert!(names.len() > 1, "{table}: {names:?}");

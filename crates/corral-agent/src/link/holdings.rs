@@ -216,31 +216,71 @@ impl EpochGuard {
     }
 }
 
-/// At the start of each round of the cluster link: asks etcd for its header; on a regression
-/// asserts the node's holdings at once (before the link registers again) and answers true
-/// (etcd forgot the registration: the link registers the node again rather than taking it
-/// for a removal). A failure answers false (the round fails on its own).
-#[allow(clippy::too_many_arguments)]
-pub async fn round_start<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    committer: &Committer,
-    state: &SharedClusterState,
-    uid: &str,
-    guard: &EpochGuard,
-) -> bool {
-    if let Ok(Some(regression)) = guard.probe(kv).await {
-        update(state, |s| s.last_error = Some(regression.to_string()));
+/// What asserting the node's holdings works with: etcd, its key layout, the node (its name
+/// and uid), the node state (through the committer), the link's shared state and the guard
+/// of etcd's time.
+#[derive(Debug)]
+pub struct Asserter<'a, K> {
+    pub kv: &'a K,
+    pub keys: &'a Keys,
+    pub node: &'a NodeName,
+    pub uid: &'a str,
+    pub committer: &'a Committer,
+    pub state: &'a SharedClusterState,
+    pub guard: &'a EpochGuard,
+}
+
+impl<K: Kv> Asserter<'_, K> {
+    /// At the start of each round of the cluster link: asks etcd for its header; on a regression
+    /// asserts the node's holdings at once (before the link registers again) and answers true
+    /// (etcd forgot the registration: the link registers the node again rather than taking it
+    /// for a removal). A failure answers false (the round fails on its own).
+    pub async fn round_start(&self) -> bool {
+        let Asserter {
+            kv, state, guard, ..
+        } = *self;
+        if let Ok(Some(regression)) = guard.probe(kv).await {
+            update(state, |s| s.last_error = Some(regression.to_string()));
+        }
+        // Seen here or by the publisher (or the last round) since the last round started.
+        if !guard.regressed_since_link_asked() {
+            return false;
+        }
+        if let Err(error) = self.assert_now().await {
+            tracing::warn!(%error, "asserting the node's holdings");
+        }
+        true
     }
-    // Seen here or by the publisher (or the last round) since the last round started.
-    if !guard.regressed_since_link_asked() {
-        return false;
+
+    /// Asserts what the node state holds now unless the key already says it (a cheap read when it
+    /// does). The link calls it before registering after a regression: the node's space is
+    /// asserted before anything can be granted to it or around it.
+    pub async fn assert_now(&self) -> Result<(), KvError> {
+        let Asserter {
+            kv,
+            keys,
+            node,
+            uid,
+            committer,
+            state,
+            guard,
+        } = *self;
+        let key = keys.holdings(node);
+        let Ok(record) = read_host(committer, state, uid).await else {
+            return Ok(());
+        };
+        let current = kv.get(key.as_bytes()).await?;
+        let same = current
+            .as_ref()
+            .and_then(|e| decode_value::<HoldingsRecord>(&e.value).ok())
+            .is_some_and(|found| difference(&found, &record) == Difference::Same);
+        if !same {
+            let floor = guard.floor();
+            let revision = put(kv, &key, &record).await?;
+            guard.observe_revision(floor, revision);
+        }
+        Ok(())
     }
-    if let Err(error) = assert_now(kv, keys, node, committer, state, uid, guard).await {
-        tracing::warn!(%error, "asserting the node's holdings");
-    }
-    true
 }
 
 /// Writes `bytes` to `path` through a temporary file, synced, renamed, the directory synced.
@@ -421,35 +461,6 @@ async fn put<K: Kv>(kv: &K, key: &str, record: &HoldingsRecord) -> Result<Revisi
     Ok(response.revision)
 }
 
-/// Asserts what the node state holds now unless the key already says it (a cheap read when it
-/// does). The link calls it before registering after a regression: the node's space is
-/// asserted before anything can be granted to it or around it.
-pub async fn assert_now<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    committer: &Committer,
-    state: &SharedClusterState,
-    uid: &str,
-    guard: &EpochGuard,
-) -> Result<(), KvError> {
-    let key = keys.holdings(node);
-    let Ok(record) = read_host(committer, state, uid).await else {
-        return Ok(());
-    };
-    let current = kv.get(key.as_bytes()).await?;
-    let same = current
-        .as_ref()
-        .and_then(|e| decode_value::<HoldingsRecord>(&e.value).ok())
-        .is_some_and(|found| difference(&found, &record) == Difference::Same);
-    if !same {
-        let floor = guard.floor();
-        let revision = put(kv, &key, &record).await?;
-        guard.observe_revision(floor, revision);
-    }
-    Ok(())
-}
-
 /// Publishes the node's holdings until `stop` fires, whatever the cluster link does:
 /// reconnects with backoff (1 s doubling to 30 s) after a failure.
 #[allow(clippy::too_many_arguments)]
@@ -463,12 +474,18 @@ pub async fn publish<K: Kv>(
     guard: Arc<EpochGuard>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
+    let asserter = Asserter {
+        kv: &kv,
+        keys: &keys,
+        node: &node,
+        uid: &uid,
+        committer: &committer,
+        state: &state,
+        guard: &guard,
+    };
     let mut failures: u32 = 0;
     loop {
-        let outcome = publish_round(
-            &kv, &keys, &node, &uid, &committer, &state, &guard, &mut stop,
-        )
-        .await;
+        let outcome = asserter.publish_round(&mut stop).await;
         match outcome {
             Ok(()) => return,
             Err(error) => {
@@ -488,156 +505,162 @@ pub async fn publish<K: Kv>(
 
 /// One connected round of the publisher: reads the key, watches it, and writes the node state's
 /// holdings whenever they or the key differ. Answers `Ok` on stop.
-#[allow(clippy::too_many_arguments)]
-async fn publish_round<K: Kv>(
-    kv: &K,
-    keys: &Keys,
-    node: &NodeName,
-    uid: &str,
-    committer: &Committer,
-    state: &SharedClusterState,
-    guard: &EpochGuard,
-    stop: &mut tokio::sync::watch::Receiver<bool>,
-) -> Result<(), KvError> {
-    let key = keys.holdings(node);
-    guard.probe(kv).await?;
-    let floor = guard.floor();
-    let page = kv.range(key.as_bytes(), None, 1, None).await?;
-    guard.observe_revision(floor, page.revision);
-    let mut written = Written::default();
-    let entry = page.kvs.into_iter().find(|e| e.key == key.as_bytes());
-    written.absent = entry.is_none();
-    if let Some(entry) = entry
-        && let Ok(found) = decode_value::<HoldingsRecord>(&entry.value)
-        && found.uid == uid
-    {
-        written.record = Some(found);
-        written.mod_revision = entry.mod_revision;
-    }
-    // A leader that saw etcd go back in time puts `reassert`: a record older than it is put
-    // again (the leader counts only assertions made since).
-    let reassert_key = keys.reassert();
-    let mut requested = kv
-        .range(reassert_key.as_bytes(), None, 1, Some(page.revision))
-        .await?
-        .kvs
-        .into_iter()
-        .find(|e| e.key == reassert_key.as_bytes())
-        .map_or(0, |e| e.mod_revision);
-    let mut watch = kv.watch(key.as_bytes(), page.revision + 1).await?;
-    let mut reasserts = kv.watch(reassert_key.as_bytes(), page.revision + 1).await?;
-    let mut ranges = state.blocks.subscribe_ranges();
-    let mut regressed = guard.subscribe();
-    let mut look_at = Instant::now();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep_until(look_at) => {
-                look_at = look(kv, &key, committer, state, uid, guard, &mut written, requested)
-                    .await?;
-            }
-            batch = watch.next() => {
-                for event in batch? {
-                    match event {
-                        Event::Delete { mod_revision, .. } => {
-                            guard.observe_revision(0, mod_revision);
-                            written.record = None;
-                            written.absent = true;
-                            look_at = Instant::now();
+impl<K: Kv> Asserter<'_, K> {
+    async fn publish_round(
+        &self,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), KvError> {
+        let Asserter {
+            kv,
+            keys,
+            node,
+            uid,
+            state,
+            guard,
+            ..
+        } = *self;
+        let key = keys.holdings(node);
+        guard.probe(kv).await?;
+        let floor = guard.floor();
+        let page = kv.range(key.as_bytes(), None, 1, None).await?;
+        guard.observe_revision(floor, page.revision);
+        let mut written = Written::default();
+        let entry = page.kvs.into_iter().find(|e| e.key == key.as_bytes());
+        written.absent = entry.is_none();
+        if let Some(entry) = entry
+            && let Ok(found) = decode_value::<HoldingsRecord>(&entry.value)
+            && found.uid == uid
+        {
+            written.record = Some(found);
+            written.mod_revision = entry.mod_revision;
+        }
+        // A leader that saw etcd go back in time puts `reassert`: a record older than it is put
+        // again (the leader counts only assertions made since).
+        let reassert_key = keys.reassert();
+        let mut requested = kv
+            .range(reassert_key.as_bytes(), None, 1, Some(page.revision))
+            .await?
+            .kvs
+            .into_iter()
+            .find(|e| e.key == reassert_key.as_bytes())
+            .map_or(0, |e| e.mod_revision);
+        let mut watch = kv.watch(key.as_bytes(), page.revision + 1).await?;
+        let mut reasserts = kv.watch(reassert_key.as_bytes(), page.revision + 1).await?;
+        let mut ranges = state.blocks.subscribe_ranges();
+        let mut regressed = guard.subscribe();
+        let mut look_at = Instant::now();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(look_at) => {
+                    look_at = self.look(&key, &mut written, requested).await?;
+                }
+                batch = watch.next() => {
+                    for event in batch? {
+                        match event {
+                            Event::Delete { mod_revision, .. } => {
+                                guard.observe_revision(0, mod_revision);
+                                written.record = None;
+                                written.absent = true;
+                                look_at = Instant::now();
+                            }
+                            Event::Put(entry) if entry.mod_revision != written.mod_revision => {
+                                // Written by someone else (etcdctl, a restored snapshot, a second
+                                // process under this name): put back what this node holds.
+                                guard.observe_revision(0, entry.mod_revision);
+                                written.record = None;
+                                written.absent = false;
+                                look_at = Instant::now();
+                            }
+                            Event::Put(_) => {}
                         }
-                        Event::Put(entry) if entry.mod_revision != written.mod_revision => {
-                            // Written by someone else (etcdctl, a restored snapshot, a second
-                            // process under this name): put back what this node holds.
-                            guard.observe_revision(0, entry.mod_revision);
-                            written.record = None;
-                            written.absent = false;
-                            look_at = Instant::now();
-                        }
-                        Event::Put(_) => {}
                     }
                 }
-            }
-            batch = reasserts.next() => {
-                for event in batch? {
-                    if let Event::Put(entry) = event
-                        && entry.key == reassert_key.as_bytes()
-                    {
-                        guard.observe_revision(0, entry.mod_revision);
-                        requested = entry.mod_revision;
+                batch = reasserts.next() => {
+                    for event in batch? {
+                        if let Event::Put(entry) = event
+                            && entry.key == reassert_key.as_bytes()
+                        {
+                            guard.observe_revision(0, entry.mod_revision);
+                            requested = entry.mod_revision;
+                            look_at = Instant::now();
+                        }
+                    }
+                }
+                changed = ranges.changed() => {
+                    if changed.is_ok() {
                         look_at = Instant::now();
                     }
                 }
-            }
-            changed = ranges.changed() => {
-                if changed.is_ok() {
+                _ = regressed.changed() => {
+                    written.record = None;
                     look_at = Instant::now();
                 }
+                _ = stop.changed() => return Ok(()),
             }
-            _ = regressed.changed() => {
-                written.record = None;
-                look_at = Instant::now();
-            }
-            _ = stop.changed() => return Ok(()),
         }
     }
-}
 
-/// Looks at the node state's holdings and writes them if they differ from the key (what is held:
-/// at once; counts alone: at most every [`COUNTS_REFRESH`]) or the key was written before
-/// `requested` (the `reassert` key's mod revision, 0 if none). Answers when to look next.
-#[allow(clippy::too_many_arguments)]
-async fn look<K: Kv>(
-    kv: &K,
-    key: &str,
-    committer: &Committer,
-    state: &SharedClusterState,
-    uid: &str,
-    guard: &EpochGuard,
-    written: &mut Written,
-    requested: Revision,
-) -> Result<Instant, KvError> {
-    let now = Instant::now();
-    let record = match read_host(committer, state, uid).await {
-        Ok(record) => record,
-        Err(error) => {
-            tracing::warn!(%error, "reading what the node holds");
-            return Ok(now + LOOK_EVERY);
-        }
-    };
-    let difference = written
-        .record
-        .as_ref()
-        .map_or(Difference::Held, |old| difference(old, &record));
-    let write = match difference {
-        // A removed node that drained holds nothing and its key is gone (the leader deleted
-        // the empty record when the removal was done): absence already says so. (A node in
-        // the cluster writes even an empty record: a new term waits for live nodes' records.)
-        Difference::Held if written.absent && record.is_empty() && state.is_removed() => false,
-        // Written before a leader asked for every record again (etcd went back in time).
-        _ if written.mod_revision <= requested => true,
-        Difference::Same => false,
-        Difference::Held => true,
-        Difference::Counts => written.at.is_none_or(|at| now >= at + COUNTS_REFRESH),
-    };
-    if !write {
-        let next = match (difference, written.at) {
-            (Difference::Counts, Some(at)) => (at + COUNTS_REFRESH).min(now + LOOK_EVERY),
-            _ => now + LOOK_EVERY,
+    /// Looks at the node state's holdings and writes them if they differ from the key (what is held:
+    /// at once; counts alone: at most every [`COUNTS_REFRESH`]) or the key was written before
+    /// `requested` (the `reassert` key's mod revision, 0 if none). Answers when to look next.
+    async fn look(
+        &self,
+        key: &str,
+        written: &mut Written,
+        requested: Revision,
+    ) -> Result<Instant, KvError> {
+        let Asserter {
+            kv,
+            uid,
+            committer,
+            state,
+            guard,
+            ..
+        } = *self;
+        let now = Instant::now();
+        let record = match read_host(committer, state, uid).await {
+            Ok(record) => record,
+            Err(error) => {
+                tracing::warn!(%error, "reading what the node holds");
+                return Ok(now + LOOK_EVERY);
+            }
         };
-        return Ok(next);
+        let difference = written
+            .record
+            .as_ref()
+            .map_or(Difference::Held, |old| difference(old, &record));
+        let write = match difference {
+            // A removed node that drained holds nothing and its key is gone (the leader deleted
+            // the empty record when the removal was done): absence already says so. (A node in
+            // the cluster writes even an empty record: a new term waits for live nodes' records.)
+            Difference::Held if written.absent && record.is_empty() && state.is_removed() => false,
+            // Written before a leader asked for every record again (etcd went back in time).
+            _ if written.mod_revision <= requested => true,
+            Difference::Same => false,
+            Difference::Held => true,
+            Difference::Counts => written.at.is_none_or(|at| now >= at + COUNTS_REFRESH),
+        };
+        if !write {
+            let next = match (difference, written.at) {
+                (Difference::Counts, Some(at)) => (at + COUNTS_REFRESH).min(now + LOOK_EVERY),
+                _ => now + LOOK_EVERY,
+            };
+            return Ok(next);
+        }
+        let floor = guard.floor();
+        let revision = put(kv, key, &record).await?;
+        guard.observe_revision(floor, revision);
+        if difference == Difference::Held {
+            guard.flush();
+        }
+        *written = Written {
+            record: Some(record),
+            mod_revision: revision,
+            at: Some(now),
+            absent: false,
+        };
+        Ok(now + LOOK_EVERY)
     }
-    let floor = guard.floor();
-    let revision = put(kv, key, &record).await?;
-    guard.observe_revision(floor, revision);
-    if difference == Difference::Held {
-        guard.flush();
-    }
-    *written = Written {
-        record: Some(record),
-        mod_revision: revision,
-        at: Some(now),
-        absent: false,
-    };
-    Ok(now + LOOK_EVERY)
 }
 
 #[cfg(test)]

@@ -97,6 +97,15 @@ pub(super) async fn run_link<K: Kv>(
         identity: crate::link::liveness::ProcessIdentity::current(),
         ..AcrossRounds::default()
     };
+    let asserter = holdings::Asserter {
+        kv: &kv,
+        keys: &keys,
+        node: &node,
+        uid: &options.uid,
+        committer: &committer,
+        state: &state,
+        guard: &guard,
+    };
     let cx = &Cx {
         kv: &kv,
         keys: &keys,
@@ -109,8 +118,7 @@ pub(super) async fn run_link<K: Kv>(
         // etcd went back in time (restored, wiped): the holdings are asserted again first,
         // and the registration etcd forgot is made again (not taken for a removal).
         let before = guard.floor();
-        if holdings::round_start(&kv, &keys, &node, &committer, &state, &options.uid, &guard).await
-        {
+        if asserter.round_start().await {
             across.registration = None;
         }
         across.seen_before = before.min(guard.floor());
@@ -162,17 +170,7 @@ pub(super) async fn run_link<K: Kv>(
                     s.last_error = Some(error.to_string());
                 });
                 across.registration = None;
-                if let Err(error) = holdings::assert_now(
-                    &kv,
-                    &keys,
-                    &node,
-                    &committer,
-                    &state,
-                    &options.uid,
-                    &guard,
-                )
-                .await
-                {
+                if let Err(error) = asserter.assert_now().await {
                     tracing::warn!(%error, "asserting the node's holdings");
                 }
             }

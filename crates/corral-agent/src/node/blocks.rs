@@ -11,14 +11,12 @@
 //! - [`Op::BlockReport`](super::Op::BlockReport): the node scope's counts and ranges, read
 //!   only, for the demand the cluster link publishes.
 
-use std::collections::BTreeSet;
-
 use corral_api as api;
 use corral_core::{Family, PoolName, RangeRemoval, RangeSpec};
 use corral_store::Store;
 
 use super::op::{BlockReport, HeldRange, Surrender};
-use super::scope::{ensure_spec, spec_mut};
+use super::scope::{Changes, ensure_spec, spec_mut};
 use super::state::{Clock, NodeState};
 use crate::capacity;
 use crate::error::OpError;
@@ -32,7 +30,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         pool: &PoolName,
         spec: &RangeSpec,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<Surrender, OpError> {
         let declared = self.declared.clone();
         let scope = self.scope_mut(api::NODE_SCOPE)?;
@@ -95,7 +93,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if let Some(stored) = spec_mut(scope, pool) {
             capacity::note_surrendered(stored, spec);
         }
-        touched.insert(api::NODE_SCOPE.to_owned());
+        changes.touched.insert(api::NODE_SCOPE.to_owned());
         Ok(Surrender::Surrendered)
     }
 
@@ -103,7 +101,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         pool: &PoolName,
         spec: &RangeSpec,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<(), OpError> {
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         let surrendered = spec_mut(scope, pool)
@@ -118,7 +116,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         }
         scope.engine.add_range(pool, *spec)?;
         capacity::note_granted(ensure_spec(scope, pool)?, spec);
-        touched.insert(api::NODE_SCOPE.to_owned());
+        changes.touched.insert(api::NODE_SCOPE.to_owned());
         Ok(())
     }
 

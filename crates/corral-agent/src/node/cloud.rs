@@ -36,7 +36,7 @@ use super::op::{
     CloudAddress, CloudInterface, CloudInterfaces, CloudOutcome, CloudReport, CloudSurrender,
     FROZEN_REASON, SURRENDERED_REASON,
 };
-use super::scope::{Scope, ensure_spec, spec_mut};
+use super::scope::{Changes, Scope, ensure_spec, spec_mut};
 use super::state::{Clock, NodeState};
 use crate::error::OpError;
 
@@ -161,7 +161,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         wanted: CloudInterfaces,
         now: Timestamp,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<CloudOutcome, OpError> {
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         scope.engine.advance(now);
@@ -323,7 +323,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             }
         }
         if !changed_pools.is_empty() {
-            touched.insert(api::NODE_SCOPE.to_owned());
+            changes.touched.insert(api::NODE_SCOPE.to_owned());
         }
         Ok(outcome)
     }
@@ -333,7 +333,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         pool: &PoolName,
         address: IpNet,
         now: Timestamp,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<CloudSurrender, OpError> {
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         scope.engine.advance(now);
@@ -389,7 +389,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         // Not held (any more): marked so the records do not bring it back while the
         // handshake lasts.
         mark(scope, pool, address, SURRENDERED_REASON)?;
-        touched.insert(api::NODE_SCOPE.to_owned());
+        changes.touched.insert(api::NODE_SCOPE.to_owned());
         Ok(CloudSurrender::Surrendered)
     }
 

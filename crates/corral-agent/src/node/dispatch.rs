@@ -2,8 +2,6 @@
 //! The operations of a line or two are here; the rest call the feature files (`ops.rs`,
 //! `node_pool.rs`, `blocks.rs`, `cloud.rs`, `interfaces.rs`, `gc.rs`).
 
-use std::collections::BTreeSet;
-
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{RangeRemoval, Timestamp};
@@ -19,7 +17,7 @@ use super::request::{
     AddExclusion, AddInterface, Allocate, CniAdd, CniCheck, CniDel, CniStatus, Gc, History,
     ImportIpamd, LeaseStart, LeaseStop, NetworkPools, PoolRange, Release, RemoveExclusion,
 };
-use super::scope::{Write, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
+use super::scope::{Changes, ensure_spec, record_released, rewrite_row, scope_status, spec_mut};
 use super::state::{Clock, NodeState};
 use super::wire::{api_lease, held_by_key, released};
 use super::{cloud, interfaces};
@@ -47,31 +45,26 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         op: Op,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<Reply, OpError> {
         if matches!(op, Op::CniGc(_) | Op::Gc(_)) {
-            return self.run_gc(op, now, writes, touched).map(Gc::reply);
+            return self.run_gc(op, now, changes).map(Gc::reply);
         }
         match op {
-            Op::Allocate(request) => self
-                .allocate(request, now, writes, touched)
-                .map(Allocate::reply),
-            Op::Release(request) => self
-                .release(request, now, writes, touched)
-                .map(Release::reply),
+            Op::Allocate(request) => self.allocate(request, now, changes).map(Allocate::reply),
+            Op::Release(request) => self.release(request, now, changes).map(Release::reply),
             Op::LeaseStart(request) => {
                 let scope = self.scope_mut(&request.scope)?;
                 let lease = scope
                     .engine
                     .start_lease(request.address, request.duration, now)?;
-                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                rewrite_row(&request.scope, scope, request.address, changes);
                 Ok(LeaseStart::reply(api_lease(&lease)))
             }
             Op::LeaseStop(request) => {
                 let scope = self.scope_mut(&request.scope)?;
                 scope.engine.stop_lease(request.address, request.id)?;
-                rewrite_row(&request.scope, scope, request.address, writes, touched);
+                rewrite_row(&request.scope, scope, request.address, changes);
                 Ok(LeaseStop::reply(()))
             }
             Op::Dump(scope) => Ok(Dump::reply(self.dump(scope.as_deref())?)),
@@ -107,7 +100,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     return Err(error.into());
                 }
                 capacity::note_added(ensure_spec(scope, &pool)?, &spec);
-                touched.insert(scope_name);
+                changes.touched.insert(scope_name);
                 Ok(AddRange::reply(()))
             }
             Op::RemoveRange(PoolRange {
@@ -124,7 +117,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 {
                     capacity::note_draining(stored, &spec);
                 }
-                touched.insert(scope_name);
+                changes.touched.insert(scope_name);
                 Ok(RemoveRange::reply(api::RangeRemoved {
                     outcome: match outcome {
                         RangeRemoval::Removed => api::RangeRemoval::Removed,
@@ -151,7 +144,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     Some(existing) => existing.1 = reason,
                     None => stored.exclusions.push((network, reason)),
                 }
-                touched.insert(scope_name);
+                changes.touched.insert(scope_name);
                 Ok(AddExclusion::reply(()))
             }
             Op::RemoveExclusion(RemoveExclusion {
@@ -166,7 +159,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 if let Some(stored) = spec_mut(scope, &pool) {
                     stored.exclusions.retain(|e| e.0 != text);
                 }
-                touched.insert(scope_name);
+                changes.touched.insert(scope_name);
                 Ok(RemoveExclusion::reply(()))
             }
             Op::Export => {
@@ -178,22 +171,20 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     .map_err(|e| OpError::new(ErrorCode::RetryLater, e.to_string()))
             }
             Op::Import(_) => unreachable!("imports are run by run_batch"),
-            Op::CniAdd(request) => self
-                .cni_add(request, now, writes, touched)
-                .map(CniAdd::reply),
+            Op::CniAdd(request) => self.cni_add(request, now, changes).map(CniAdd::reply),
             Op::CniDel(CniDel { network, key }) => {
                 let config = match network.pools {
                     NetworkPools::Node(pool) => {
                         return self
-                            .node_pool_del(&pool, &key, now, writes, touched)
+                            .node_pool_del(&pool, &key, now, changes)
                             .map(CniDel::reply);
                     }
                     NetworkPools::Own(config) => config,
                 };
-                let name = self.cni_scope(network.name, config, writes, touched)?;
+                let name = self.cni_scope(network.name, config, changes)?;
                 let scope = self.scope_mut(&name)?;
                 let released_now = scope.engine.release_key(&key, now);
-                record_released(&name, &released_now, HistoryKind::Released, writes, touched);
+                record_released(&name, &released_now, HistoryKind::Released, changes);
                 Ok(CniDel::reply(api::ReleaseResponse {
                     released: released_now.iter().map(released).collect(),
                 }))
@@ -225,7 +216,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     }
                     NetworkPools::Own(config) => config,
                 };
-                let name = self.cni_scope(network.name, config, writes, touched)?;
+                let name = self.cni_scope(network.name, config, changes)?;
                 let scope = self.scope_mut(&name)?;
                 scope.engine.advance(now);
                 let mut status = scope_status(&name, scope);
@@ -236,13 +227,13 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 Ok(CniStatus::reply(status))
             }
             Op::SetClusterRanges(grants) => self
-                .set_cluster_ranges(grants, touched)
+                .set_cluster_ranges(grants, changes)
                 .map(ClusterRanges::reply),
             Op::SurrenderBlock { pool, range } => self
-                .surrender_block(&pool, &range, touched)
+                .surrender_block(&pool, &range, changes)
                 .map(SurrenderBlock::reply),
             Op::ReclaimBlock { pool, range } => self
-                .reclaim_block(&pool, &range, touched)
+                .reclaim_block(&pool, &range, changes)
                 .map(ReclaimBlock::reply),
             Op::BlockReport => self.block_report().map(ReportBlocks::reply),
             Op::ReserveLocalRoutes(request) => {
@@ -253,7 +244,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     &mut scope.config,
                     &request.host,
                 )?;
-                touched.insert(request.scope);
+                changes.touched.insert(request.scope);
                 Ok(LocalRoutesRequest::reply(response))
             }
             Op::Tick => {
@@ -261,7 +252,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 for (name, scope) in &mut self.scopes {
                     let gone = scope.engine.expire(now);
                     expired += gone.len();
-                    record_released(name, &gone, HistoryKind::Expired, writes, touched);
+                    record_released(name, &gone, HistoryKind::Expired, changes);
                 }
                 Ok(Tick::reply(expired))
             }
@@ -270,26 +261,26 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             Op::Interfaces(pool) => self.list_interfaces(pool, now).map(Interfaces::reply),
             Op::Interface(id) => self.show_interface(&id, now).map(Interface::reply),
             Op::AddInterface(request) => self
-                .add_interface(request, now, touched)
+                .add_interface(request, now, changes)
                 .map(AddInterface::reply),
             Op::RemoveInterface { id, force } => self
-                .remove_interface(id, force, now, writes, touched)
+                .remove_interface(id, force, now, changes)
                 .map(RemoveInterface::reply),
             Op::AddInterfaceAddress { id, address } => self
-                .add_interface_address(id, address, now, touched)
+                .add_interface_address(id, address, now, changes)
                 .map(AddInterfaceAddress::reply),
             Op::RemoveInterfaceAddress { id, address, force } => self
-                .remove_interface_address(id, address, force, now, writes, touched)
+                .remove_interface_address(id, address, force, now, changes)
                 .map(RemoveInterfaceAddress::reply),
             Op::ImportIpamd(request) => self
-                .import_ipamd(request, now, writes, touched)
+                .import_ipamd(request, now, changes)
                 .map(ImportIpamd::reply),
             Op::InterfaceGauges => Ok(InterfaceGauges::reply(self.interface_gauges(now))),
             Op::SetCloudInterfaces(wanted) => self
-                .set_cloud_interfaces(wanted, now, touched)
+                .set_cloud_interfaces(wanted, now, changes)
                 .map(CloudInterfaces::reply),
             Op::SurrenderCloudAddress { pool, address } => self
-                .surrender_cloud_address(&pool, address, now, touched)
+                .surrender_cloud_address(&pool, address, now, changes)
                 .map(SurrenderCloudAddress::reply),
             Op::CloudReport => self.cloud_report(now).map(ReportCloud::reply),
         }

@@ -3,7 +3,7 @@
 //! transaction of their own: the suspects are read, the decision made, the allocations
 //! checked again and released, and the suspects and rows written, in that one commit.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 
 use corral_api as api;
 use corral_core::{AttachmentKey, GcPolicy, GcSuspect, Timestamp};
@@ -13,7 +13,7 @@ use corral_store::{
 
 use super::op::Op;
 use super::request::{CniGc, Gc, NetworkPools};
-use super::scope::Write;
+use super::scope::Changes;
 use super::state::{Clock, NodeState};
 use super::wire::api_key;
 use crate::capacity;
@@ -26,8 +26,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         op: Op,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::GcResponse, OpError> {
         match op {
             Op::CniGc(CniGc {
@@ -40,9 +39,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     // A network on a node pool: its attachments in the node scope.
                     NetworkPools::Node(_) => api::NODE_SCOPE.to_owned(),
                     NetworkPools::Own(config) => {
-                        let scope = self.cni_scope(name.clone(), config, writes, touched)?;
+                        let scope = self.cni_scope(name.clone(), config, changes)?;
                         // A changed configuration is committed before the run reads.
-                        self.flush(writes, touched)?;
+                        self.flush(changes)?;
                         scope
                     }
                 };

@@ -16,11 +16,10 @@ use corral_core::{
     Interfaces, IpNet, PoolName, Released, Request, Target, Timestamp,
 };
 use corral_store::{HistoryKind, RangeSource, Store, StoredAllocation};
-use std::collections::BTreeSet;
 
 use super::op::InterfaceGauge;
 use super::request::{AddInterface, ImportIpamd};
-use super::scope::{Scope, Write, ensure_spec, record_released};
+use super::scope::{Changes, Scope, Write, ensure_spec, record_released};
 use super::state::{Clock, NodeState};
 use super::wire::{allocated, family_name};
 use crate::error::OpError;
@@ -166,17 +165,17 @@ fn table_of<'a>(
     Ok((pool, table, &mut scope.engine))
 }
 
-/// After a change to interface `id`: its pool's table stored, the node scope touched, and
+/// After a change to interface `id`: its pool's table stored, the node scope changes, and
 /// the interface as the API answers it.
 fn stored_info(
     scope: &mut Scope,
     pool: &PoolName,
     id: &InterfaceId,
     now: Timestamp,
-    touched: &mut BTreeSet<String>,
+    changes: &mut Changes,
 ) -> Result<api::InterfaceInfo, OpError> {
     store_table(scope, pool)?;
-    touched.insert(api::NODE_SCOPE.to_owned());
+    changes.touched.insert(api::NODE_SCOPE.to_owned());
     info_of(scope, pool, id, now)
 }
 
@@ -297,7 +296,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         request: AddInterface,
         now: Timestamp,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::InterfaceInfo, OpError> {
         let AddInterface {
             pool,
@@ -380,7 +379,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             table.add_address(&mut scope.engine, &id, *address, now)?;
         }
         scope.interfaces.insert(pool.clone(), table);
-        stored_info(scope, &pool, &id, now, touched)
+        stored_info(scope, &pool, &id, now, changes)
     }
 
     /// `DELETE /v1/interfaces/{id}`: with `force`, its allocations are released (the pods
@@ -390,8 +389,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         id: InterfaceId,
         force: bool,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::InterfaceRemoved, OpError> {
         let scope = self.node()?;
         let (pool, table, engine) = table_of(scope, &id)?;
@@ -404,11 +402,10 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             api::NODE_SCOPE,
             &removal.released,
             HistoryKind::Surrendered,
-            writes,
-            touched,
+            changes,
         );
         store_table(scope, &pool)?;
-        touched.insert(api::NODE_SCOPE.to_owned());
+        changes.touched.insert(api::NODE_SCOPE.to_owned());
         Ok(api::InterfaceRemoved {
             id: id.to_string(),
             pool: pool.to_string(),
@@ -422,12 +419,12 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         id: InterfaceId,
         address: IpNet,
         now: Timestamp,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::InterfaceInfo, OpError> {
         let scope = self.node()?;
         let (pool, table, engine) = table_of(scope, &id)?;
         table.add_address(engine, &id, address, now)?;
-        stored_info(scope, &pool, &id, now, touched)
+        stored_info(scope, &pool, &id, now, changes)
     }
 
     /// `DELETE /v1/interfaces/{id}/addresses`.
@@ -437,8 +434,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         address: IpNet,
         force: bool,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::InterfaceInfo, OpError> {
         let scope = self.node()?;
         let (pool, table, engine) = table_of(scope, &id)?;
@@ -447,10 +443,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             api::NODE_SCOPE,
             &removal.released,
             HistoryKind::Surrendered,
-            writes,
-            touched,
+            changes,
         );
-        stored_info(scope, &pool, &id, now, touched)
+        stored_info(scope, &pool, &id, now, changes)
     }
 
     /// A CNI ADD (or a keyed API allocation) of one family on an interface-backed pool:
@@ -461,8 +456,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         (key, owner): (&AttachmentKey, &str),
         family: Family,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::Allocated, OpError> {
         let counters = self.interface_counters.clone();
         let scope = self.scope_mut(scope_name)?;
@@ -479,7 +473,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         counters.count_assign(pool, &result);
         let assignment = result?;
         if !assignment.existing {
-            writes.push(Write::Put(
+            changes.writes.push(Write::Put(
                 scope_name.to_owned(),
                 StoredAllocation {
                     pool: pool.clone(),
@@ -490,7 +484,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     lease: None,
                 },
             ));
-            touched.insert(scope_name.to_owned());
+            changes.touched.insert(scope_name.to_owned());
         }
         Ok(allocated_of(pool, &assignment))
     }
@@ -500,8 +494,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         key: &AttachmentKey,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<Vec<Released>, OpError> {
         let counters = self.interface_counters.clone();
         let scope = self.node()?;
@@ -523,13 +516,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 gone.extend(result?.into_iter().map(|u| u.released));
             }
         }
-        record_released(
-            api::NODE_SCOPE,
-            &gone,
-            HistoryKind::Released,
-            writes,
-            touched,
-        );
+        record_released(api::NODE_SCOPE, &gone, HistoryKind::Released, changes);
         Ok(gone)
     }
 
@@ -540,8 +527,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         request: ImportIpamd,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::IpamdImportResponse, OpError> {
         let ImportIpamd { pool, allocations } = request;
         let scope = self.node()?;
@@ -667,9 +653,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             }
         }
         for row in puts {
-            writes.push(Write::Put(api::NODE_SCOPE.to_owned(), row));
+            changes
+                .writes
+                .push(Write::Put(api::NODE_SCOPE.to_owned(), row));
         }
-        touched.insert(api::NODE_SCOPE.to_owned());
+        changes.touched.insert(api::NODE_SCOPE.to_owned());
         Ok(api::IpamdImportResponse {
             pool: pool.to_string(),
             imported,

@@ -8,14 +8,12 @@
 //! the attachment's addresses in any pool of the node scope (the pool a call resolves to may
 //! differ between ADD and DEL).
 
-use std::collections::BTreeSet;
-
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{AllocError, AttachmentKey, Family, PoolName, Request, Target, Timestamp};
 use corral_store::{HistoryKind, Store, StoredAllocation};
 
-use super::scope::{Write, record_released, scope_status};
+use super::scope::{Changes, Write, record_released, scope_status};
 use super::state::{Clock, NodeState};
 use super::wire::{held_by_key, released};
 use crate::error::OpError;
@@ -43,8 +41,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         requested: &[(Family, std::net::IpAddr)],
         (key, owner): (&AttachmentKey, &str),
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::AllocateResponse, OpError> {
         let block_families = self.block_families.get(&pool).cloned();
         let scope = self.scope_mut(api::NODE_SCOPE)?;
@@ -92,8 +89,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 (key, owner),
                 families[0],
                 now,
-                writes,
-                touched,
+                changes,
             )?;
             return Ok(api::AllocateResponse {
                 allocations: vec![allocated],
@@ -120,7 +116,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             .collect();
         let got = scope.engine.allocate_all(&wanted, now)?;
         for a in got.iter().filter(|a| !a.existing) {
-            writes.push(Write::Put(
+            changes.writes.push(Write::Put(
                 api::NODE_SCOPE.to_owned(),
                 StoredAllocation {
                     pool: pool.clone(),
@@ -131,7 +127,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     lease: None,
                 },
             ));
-            touched.insert(api::NODE_SCOPE.to_owned());
+            changes.touched.insert(api::NODE_SCOPE.to_owned());
         }
         Ok(super::interfaces::allocation_answer(scope, &pool, &got))
     }
@@ -141,10 +137,9 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         pool: &PoolName,
         key: &AttachmentKey,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::ReleaseResponse, OpError> {
-        let mut gone = self.unassign_on_interfaces(key, now, writes, touched)?;
+        let mut gone = self.unassign_on_interfaces(key, now, changes)?;
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         // Every pool of the node scope: the key names the network, whose attachments live
         // only here, and the pool a call resolves to may differ between ADD and DEL (the
@@ -158,13 +153,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     .release(info.entry.addr, Some(info.entry.generation), now)?,
             );
         }
-        record_released(
-            api::NODE_SCOPE,
-            &gone,
-            HistoryKind::Released,
-            writes,
-            touched,
-        );
+        record_released(api::NODE_SCOPE, &gone, HistoryKind::Released, changes);
         Ok(api::ReleaseResponse {
             released: gone.iter().map(released).collect(),
         })

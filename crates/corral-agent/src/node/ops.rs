@@ -1,8 +1,6 @@
 //! The operations that need more than a line: allocation and release, a CNI ADD, importing a
 //! checkpoint, and what the agent reports about its pools.
 
-use std::collections::BTreeSet;
-
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{
@@ -16,7 +14,7 @@ use corral_store::{
 use super::op::{ClusterRanges, ClusterRangesOutcome, Gauge};
 use super::request::{Allocate, CniAdd, CniAddSets, Release, ReleaseOf, Wanted};
 use super::scope::{
-    Scope, Write, combine_node, ensure_spec, record_released, scope_status, spec_mut,
+    Changes, Scope, Write, combine_node, ensure_spec, record_released, scope_status, spec_mut,
 };
 use super::state::{Clock, NodeState};
 use super::wire::{allocated, api_key, api_lease, api_source, failed_set, released};
@@ -28,8 +26,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         request: Allocate,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::AllocateResponse, OpError> {
         let Allocate {
             scope: scope_name,
@@ -46,8 +43,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 (key, &owner),
                 family,
                 now,
-                writes,
-                touched,
+                changes,
             )?;
             return Ok(api::AllocateResponse {
                 allocations: vec![allocated],
@@ -78,7 +74,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             }
         };
         for a in allocations.iter().filter(|a| !a.existing) {
-            writes.push(Write::Put(
+            changes.writes.push(Write::Put(
                 scope_name.clone(),
                 StoredAllocation {
                     pool: pool.clone(),
@@ -89,7 +85,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     lease: a.lease,
                 },
             ));
-            touched.insert(scope_name.clone());
+            changes.touched.insert(scope_name.clone());
         }
         Ok(super::interfaces::allocation_answer(
             scope,
@@ -102,8 +98,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         request: Release,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::ReleaseResponse, OpError> {
         let Release {
             scope: scope_name,
@@ -113,14 +108,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if let ReleaseOf::Key(key) = &of
             && scope_name == api::NODE_SCOPE
         {
-            unassigned = self.unassign_on_interfaces(key, now, writes, touched)?;
+            unassigned = self.unassign_on_interfaces(key, now, changes)?;
         }
         let scope = self.scope_mut(&scope_name)?;
         let gone = match of {
             ReleaseOf::Key(key) => {
                 let mut gone = unassigned;
                 let rest = scope.engine.release_key(&key, now);
-                record_released(&scope_name, &rest, HistoryKind::Released, writes, touched);
+                record_released(&scope_name, &rest, HistoryKind::Released, changes);
                 gone.extend(rest);
                 return Ok(api::ReleaseResponse {
                     released: gone.iter().map(released).collect(),
@@ -137,7 +132,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             },
             ReleaseOf::Owner(owner) => scope.engine.release_owner(&owner, now),
         };
-        record_released(&scope_name, &gone, HistoryKind::Released, writes, touched);
+        record_released(&scope_name, &gone, HistoryKind::Released, changes);
         Ok(api::ReleaseResponse {
             released: gone.iter().map(released).collect(),
         })
@@ -147,8 +142,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         request: CniAdd,
         now: Timestamp,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<api::AllocateResponse, OpError> {
         let CniAdd {
             network,
@@ -158,11 +152,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         } = request;
         let (config, sets) = match sets {
             CniAddSets::Node { pool, requested } => {
-                return self.node_pool_add(pool, &requested, (&key, &owner), now, writes, touched);
+                return self.node_pool_add(pool, &requested, (&key, &owner), now, changes);
             }
             CniAddSets::Own { config, sets } => (config, sets),
         };
-        let name = self.cni_scope(network, config, writes, touched)?;
+        let name = self.cni_scope(network, config, changes)?;
         let scope = self.scope_mut(&name)?;
         let wanted: Vec<(Request<'_>, Target)> = sets
             .iter()
@@ -192,7 +186,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             OpError { set, ..base }
         })?;
         for (a, set) in got.iter().zip(&sets).filter(|(a, _)| !a.existing) {
-            writes.push(Write::Put(
+            changes.writes.push(Write::Put(
                 name.clone(),
                 StoredAllocation {
                     pool: set.pool.clone(),
@@ -203,7 +197,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     lease: None,
                 },
             ));
-            touched.insert(name.clone());
+            changes.touched.insert(name.clone());
         }
         Ok(api::AllocateResponse {
             allocations: got
@@ -220,7 +214,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     pub(super) fn set_cluster_ranges(
         &mut self,
         grants: ClusterRanges,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<ClusterRangesOutcome, OpError> {
         let declared = self.declared.clone();
         let granted: Vec<(String, RangeSpec)> = grants
@@ -320,7 +314,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if changed {
             // A cluster range that left may make room for a file range kept out by it.
             scope.adopt_file_ranges(&declared);
-            touched.insert(api::NODE_SCOPE.to_owned());
+            changes.touched.insert(api::NODE_SCOPE.to_owned());
         }
         self.cluster_refused.clone_from(&outcome.refused);
         Ok(outcome)

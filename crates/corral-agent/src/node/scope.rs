@@ -1,5 +1,6 @@
 //! A scope as the node state keeps it: its stored configuration, its engine and its
-//! interface tables, the rows a change writes ([`Write`]) and how a batch persists them, and
+//! interface tables, the rows a change writes ([`Write`]), what a batch changed so far
+//! ([`Changes`], the one argument every operation records into) and how it persists them, and
 //! the small edits every operation makes to a scope's stored configuration. Plain data and
 //! functions over it, below everything that runs operations.
 
@@ -190,32 +191,49 @@ pub(super) enum Write {
     Rewrite(String, StoredAllocation),
 }
 
+/// What a batch changed since its last commit, made durable together by the next one
+/// (`NodeState::flush`): the rows to write, in order, and the scopes whose stored
+/// configuration and engine state are saved again.
+#[derive(Debug, Default)]
+pub(super) struct Changes {
+    pub writes: Vec<Write>,
+    pub touched: BTreeSet<String>,
+}
+
+impl Changes {
+    /// Nothing to commit.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty() && self.touched.is_empty()
+    }
+
+    /// Forgets everything (the batch is reloaded from the store).
+    pub fn clear(&mut self) {
+        self.writes.clear();
+        self.touched.clear();
+    }
+}
+
 /// The rows of the allocations `gone` go, each recorded in the history as `kind`.
 pub(super) fn record_released(
     scope: &str,
     gone: &[Released],
     kind: HistoryKind,
-    writes: &mut Vec<Write>,
-    touched: &mut BTreeSet<String>,
+    changes: &mut Changes,
 ) {
     for r in gone {
-        writes.push(Write::Delete(scope.to_owned(), r.addr, kind));
+        changes
+            .writes
+            .push(Write::Delete(scope.to_owned(), r.addr, kind));
     }
     if !gone.is_empty() {
-        touched.insert(scope.to_owned());
+        changes.touched.insert(scope.to_owned());
     }
 }
 
 /// A lease changed on an allocation: its row is written again.
-pub(super) fn rewrite_row(
-    scope_name: &str,
-    scope: &Scope,
-    addr: IpAddr,
-    writes: &mut Vec<Write>,
-    touched: &mut BTreeSet<String>,
-) {
+pub(super) fn rewrite_row(scope_name: &str, scope: &Scope, addr: IpAddr, changes: &mut Changes) {
     if let Some(info) = scope.engine.lookup(addr) {
-        writes.push(Write::Rewrite(
+        changes.writes.push(Write::Rewrite(
             scope_name.to_owned(),
             StoredAllocation {
                 pool: info.pool,
@@ -226,7 +244,7 @@ pub(super) fn rewrite_row(
                 lease: info.entry.lease,
             },
         ));
-        touched.insert(scope_name.to_owned());
+        changes.touched.insert(scope_name.to_owned());
     }
 }
 
@@ -236,13 +254,12 @@ pub(super) fn rewrite_row(
 pub(super) fn persist<S: Store>(
     store: &mut S,
     scopes: &BTreeMap<String, Scope>,
-    writes: &[Write],
-    touched: &BTreeSet<String>,
+    changes: &Changes,
     (now, history): (Timestamp, &HistoryLimits),
 ) -> Result<(), StoreError> {
     let mut txn = store.begin()?;
     let recording = history.max_events > 0;
-    for write in writes {
+    for write in &changes.writes {
         match write {
             Write::Put(scope, row) => {
                 txn.put_allocation(scope, row)?;
@@ -263,12 +280,12 @@ pub(super) fn persist<S: Store>(
             }
         }
     }
-    for name in touched {
+    for name in &changes.touched {
         if let Some(scope) = scopes.get(name) {
             save_engine(&mut txn, name, &scope.config, &scope.engine)?;
         }
     }
-    if !writes.is_empty() {
+    if !changes.writes.is_empty() {
         txn.prune_history(history, now)?;
     }
     txn.commit()

@@ -1,14 +1,12 @@
 //! Scopes: looking them up, a CNI network's scope under the configuration its plugin sent,
 //! and rebuilding one from the store.
 
-use std::collections::BTreeSet;
-
 use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::Echo;
 use corral_store::{Need, ScopeConfig, Store, StoreError, Txn, build_engine, save_engine};
 
-use super::scope::{Broken, Scope, Write};
+use super::scope::{Broken, Changes, Scope};
 use super::state::{Clock, NodeState};
 use crate::capacity;
 use crate::error::OpError;
@@ -140,13 +138,12 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         &mut self,
         name: String,
         desired: ScopeConfig,
-        writes: &mut Vec<Write>,
-        touched: &mut BTreeSet<String>,
+        changes: &mut Changes,
     ) -> Result<String, OpError> {
         if self.scopes.get(&name).is_some_and(|s| s.config == desired) {
             return Ok(name);
         }
-        self.flush(writes, touched)?;
+        self.flush(changes)?;
         let engine_config = self.engine_config();
         let built = (|| {
             let mut txn = self.store.begin()?;

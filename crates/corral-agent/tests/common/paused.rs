@@ -22,7 +22,6 @@ use super::{LinkSlot, link_task};
 use corral_store::MemoryStore;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tower_service::Service;
 
 /// An agent configuration with no pools of its own (the cluster grants them); its paths are
 /// not used.
@@ -147,19 +146,8 @@ impl Api {
         path: &str,
         json: Option<Vec<u8>>,
     ) -> Result<Vec<u8>, Error> {
-        let mut request = axum::http::Request::builder().method(method).uri(path);
-        if json.is_some() {
-            request = request.header("content-type", "application/json");
-        }
-        let request = request
-            .body(axum::body::Body::from(json.unwrap_or_default()))
-            .unwrap();
-        let response = self.router.clone().call(request).await.unwrap();
-        let status = response.status().as_u16();
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap()
-            .to_vec();
+        let (status, body) =
+            corral_agent::testing::call(self.router.clone(), method, path, json).await;
         if (200..300).contains(&status) {
             return Ok(body);
         }

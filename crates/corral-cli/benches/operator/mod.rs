@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use corral_etcd::EtcdKv;
 use corral_etcd::testing::EtcdCluster;
+use corral_kv::{Compare, Kv as _, Txn, TxnOp};
 use corral_operator::{OperatorConfig, Shared};
 
 /// Replica `bench` of `cluster` (`workers` workers) running in this process on a client of
@@ -61,6 +62,18 @@ pub fn node_record(uid: String) -> Vec<u8> {
         max_pods: None,
     })
     .unwrap()
+}
+
+/// Puts the configuration `toml` as the cluster's (`keys`), as `corral cluster init` would.
+pub async fn install_config(kv: &EtcdKv, keys: &corral_cluster::Keys, toml: &str) {
+    let config = corral_cluster::ClusterConfig::from_toml(toml).unwrap();
+    kv.txn(Txn {
+        compares: vec![Compare::absent(keys.config())],
+        success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
 }
 
 /// A runtime, and `members` etcd members started on it.

@@ -20,7 +20,6 @@ use corral_agent::link::ClusterOptions;
 use corral_agent::testing::InMemoryAgent;
 use corral_etcd::testing::{EtcdCluster, etcd_binary, free_ports};
 use corral_store::MemoryStore;
-use tower_service::Service as _;
 
 /// A pool of node CIDRs (/24 and /64 per node: 65,536 nodes) and a pool of blocks (/26 and
 /// /122, pre-allocate 8), as the runs configure them.
@@ -249,7 +248,8 @@ impl Fleet {
     /// Agent `i`'s link as its status shows it.
     pub async fn cluster_status(&self, i: usize) -> corral_api::ClusterStatus {
         let status: corral_api::StatusResponse = serde_json::from_slice(
-            &call(&self.agents[i], "GET", corral_api::paths::STATUS, None)
+            &self.agents[i]
+                .call("GET", corral_api::paths::STATUS, None)
                 .await
                 .1,
         )
@@ -331,7 +331,7 @@ impl Fleet {
                         }),
                     )
                 };
-                let (status, body) = call(agent, "POST", path, Some(body.unwrap())).await;
+                let (status, body) = agent.call("POST", path, Some(body.unwrap())).await;
                 assert!(
                     (200..300).contains(&status),
                     "{what} {pod} on {}: {status} {}",
@@ -376,29 +376,6 @@ fn podnet() -> corral_api::CniNetwork {
         configured_pool: Some(POOL.into()),
         namespace: None,
     }
-}
-
-/// One request to the agent's router, as its socket would take it: (status, body).
-async fn call(
-    agent: &InMemoryAgent,
-    method: &str,
-    path: &str,
-    json: Option<Vec<u8>>,
-) -> (u16, Vec<u8>) {
-    let mut request = axum::http::Request::builder().method(method).uri(path);
-    if json.is_some() {
-        request = request.header("content-type", "application/json");
-    }
-    let request = request
-        .body(axum::body::Body::from(json.unwrap_or_default()))
-        .unwrap();
-    let response = agent.router().call(request).await.unwrap();
-    let status = response.status().as_u16();
-    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap()
-        .to_vec();
-    (status, body)
 }
 
 /// What etcd's members show at one moment: their metrics summed (writes: the highest

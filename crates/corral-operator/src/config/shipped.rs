@@ -7,8 +7,7 @@
 //! `# text`; uncommenting every setting must give the defaults, but for the settings without
 //! one ([`NO_DEFAULT`]), which are examples.
 
-use serde::Deserialize;
-use serde::de::{self, Visitor};
+use corral_cluster::daemon::shipped::{self, commented_setting, fields, key};
 
 use super::*;
 
@@ -32,18 +31,6 @@ const NO_DEFAULT: &[&str] = &[
     "endpoint",
 ];
 
-/// A line that is a commented-out setting or table header: `#key = value`, `#[table]`.
-fn commented_setting(line: &str) -> Option<&str> {
-    let rest = line.strip_prefix('#')?;
-    rest.starts_with(|c: char| c.is_ascii_lowercase() || c == '[')
-        .then_some(rest)
-}
-
-/// The key of a `key = value` line.
-fn key(line: &str) -> Option<&str> {
-    line.split_once('=').map(|(key, _)| key.trim())
-}
-
 /// Whether the setting `line` is one of [`NO_DEFAULT`] (by key, or the whole line).
 fn without_default(line: &str) -> bool {
     NO_DEFAULT
@@ -53,55 +40,13 @@ fn without_default(line: &str) -> bool {
 
 /// The shipped file with its settings uncommented, but those `keep` says stay commented.
 fn uncommented(keep: impl Fn(&str) -> bool) -> String {
-    SHIPPED
-        .lines()
-        .map(|line| match commented_setting(line) {
-            Some(setting) if !keep(setting) => setting,
-            _ => line,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    shipped::uncommented(SHIPPED, keep)
 }
 
 fn load(text: &str) -> OperatorFile {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
     OperatorFile::load(file.path()).unwrap_or_else(|e| panic!("{e}\n{text}"))
-}
-
-/// A deserializer that answers every request with an error, the field names of a struct
-/// when asked for one: the names serde reads, so a field added to the format is seen here.
-struct FieldNames;
-
-impl<'de> de::Deserializer<'de> for FieldNames {
-    type Error = de::value::Error;
-
-    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-        Err(de::Error::custom("not a struct"))
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _: &'static str,
-        fields: &'static [&'static str],
-        _: V,
-    ) -> Result<V::Value, Self::Error> {
-        Err(de::Error::custom(fields.join(" ")))
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-        ignored_any
-    }
-}
-
-/// The field names of the file-format struct `T`.
-fn fields<'de, T: Deserialize<'de>>() -> Vec<String> {
-    match T::deserialize(FieldNames) {
-        Ok(_) => panic!("a struct deserialized from nothing"),
-        Err(error) => error.to_string().split(' ').map(str::to_owned).collect(),
-    }
 }
 
 #[test]
@@ -127,8 +72,8 @@ fn the_settings_without_a_default_are_well_formed() {
     assert!(
         settings.api_tcp.is_some()
             && settings.token_file.is_some()
-            && !settings.endpoints.is_empty()
-            && settings.etcd_password_file.is_some()
+            && !settings.endpoints().is_empty()
+            && settings.cluster.etcd_password_file.is_some()
             && settings.cloud.is_some(),
         "{settings:?}"
     );
