@@ -10,10 +10,12 @@
 //! subtrees of the key tree (keys that share their first `depth` bytes, and the next values
 //! of the byte at `depth`), as many as should hold about one page. Key names built of digits,
 //! hex or words fill the tree unevenly byte by byte, but each subtree is a real run of keys,
-//! so a range never reaches far past the keys it was sized for. From each answer the scan
+//! so a range rarely reaches far past the keys it was sized for (the range after a gap
+//! in the values a byte takes, such as `9` to `a`, can hold much of what is left). From each answer the scan
 //! learns: a range that held more than a page (per `count`) is followed by fewer siblings or
 //! deeper subtrees; a short one by more siblings or shallower ones. What etcd walks over a
-//! whole read is a small multiple of the keys read, near one for names of digits. Every key is
+//! whole read is a small multiple of the keys read: each kind once (its first range), then
+//! about one more per key for names of digits, two or three for hex, UUIDs and EC2 names. Every key is
 //! read exactly once whatever the ranges: each starts where the last ended (or just after the
 //! last key of a full page), and ranges cover the prefix to its end.
 //!
@@ -136,8 +138,9 @@ const MAX_SPAN: u64 = 256;
 struct Seen {
     low: u8,
     high: u8,
-    /// The byte fell back from one key to the next (a byte before it moved on): every value
-    /// it takes under a parent has likely been seen.
+    /// Every value the byte takes under a parent has likely been seen: it fell back from one
+    /// key to the next (a byte before it moved on), or a range past its highest was empty.
+    /// A value past the highest clears it.
     round: bool,
 }
 
@@ -168,8 +171,9 @@ struct Planner {
     cuts: Vec<Vec<u8>>,
     /// The end of the segment the last range was in.
     segment_end: Option<Vec<u8>>,
-    /// The depth of the subtrees a range covers: keys sharing their first `depth` bytes
-    /// (at least one).
+    /// The depth of the subtrees a range covers: keys sharing their first `depth` bytes,
+    /// the prefix's included (at least one; at the prefix's length, a range is the rest of
+    /// the prefix).
     depth: usize,
     /// How many sibling subtrees at `depth` the next range covers, from the cursor's.
     span: u64,
@@ -252,7 +256,8 @@ impl Planner {
 
     /// The end of `span` sibling subtrees at `depth` from the cursor's, never past their
     /// parent's end (nor past the highest value seen: then the parent's end). A cursor past
-    /// the highest value seen at some byte stands at the next parent's start; one shorter than
+    /// the highest value seen at some byte stands at the next parent's start (the range then
+    /// covers the rest of the cursor's parent too; at the prefix's depth, the rest of it); one shorter than
     /// `depth` at its subtree's start, its missing bytes the lowest values seen. `None`: no
     /// end.
     fn siblings_end(&self) -> Option<Vec<u8>> {
@@ -302,7 +307,12 @@ impl Planner {
                     (seen.low, seen.high) = (byte, byte);
                 } else {
                     seen.low = seen.low.min(byte);
-                    seen.high = seen.high.max(byte);
+                    if byte > seen.high {
+                        // A value past the highest: the byte had not gone round after all
+                        // (`a` after `9`, when only an empty answer said it had).
+                        seen.high = byte;
+                        seen.round = false;
+                    }
                 }
                 if at > parted && self.last.get(at).is_some_and(|&before| byte < before) {
                     seen.round = true;
@@ -586,6 +596,22 @@ mod tests {
                 "{nodes} nodes: {stats:?} for {n} keys"
             );
         }
+    }
+
+    #[test]
+    fn digits_then_letters_are_walked_in_proportion() {
+        // An empty range past `9` marked the byte as gone round; `a`, `b`, … then each ran to
+        // the prefix's end (12.3 keys walked per key read) until a value past the highest
+        // cleared the mark.
+        let keys: Vec<Vec<u8>> = b"0123456789abcdefghijklmnopqrstuvwxyz"
+            .iter()
+            .flat_map(|&c| (0..1000).map(move |i| format!("k/{}{i:04}", c as char).into_bytes()))
+            .collect();
+        let kv = store(&keys);
+        let mut scan = Scan::new(b"k/", 500);
+        assert_eq!(scan_all(&kv, &mut scan), keys);
+        let stats = scan.stats();
+        assert!(stats.walked <= 4 * keys.len() as u64, "{stats:?}");
     }
 
     proptest! {
