@@ -244,7 +244,12 @@ impl Planner {
         let fresh = self.segment_end.as_ref() != Some(&segment_end);
         self.segment_end = Some(segment_end.clone());
         if fresh {
-            // A new segment: its first range is all of it.
+            // A new segment: its first range is all of it, and what the last one taught
+            // (another kind of key, other bytes where) is forgotten.
+            self.seen.clear();
+            self.last.clear();
+            self.empties = 0;
+            self.span = 1;
             return Some((self.cursor.clone(), segment_end));
         }
         let end = match self.siblings_end() {
@@ -596,6 +601,42 @@ mod tests {
                 "{nodes} nodes: {stats:?} for {n} keys"
             );
         }
+    }
+
+    #[test]
+    fn segments_read_together_cost_what_each_costs_alone() {
+        // What one kind of key taught (which bytes go round where) misled the next: at
+        // 100,000 nodes the rebuild walked 3.15 million keys, its kinds alone 1.43 million.
+        // The cluster bench's layout: dual-stack /26 and /64 grants of `node-NNNNNN`.
+        let mut keys = Vec::new();
+        for i in 0..8_000u32 {
+            let v4 = std::net::Ipv4Addr::from(0x0a00_0000 + i * 64);
+            let v6 = format!("fd00:0:{:x}:{:x}::", i >> 16, i & 0xffff);
+            for cidr in [format!("ipv4/{v4}-26"), format!("ipv6/{v6}-64")] {
+                keys.push(format!("/corral/t/v1/grants/default/{cidr}").into_bytes());
+                keys.push(format!("/corral/t/v1/owned/node-{i:06}/default/{cidr}").into_bytes());
+            }
+            keys.push(format!("/corral/t/v1/nodes/node-{i:06}").into_bytes());
+            keys.push(format!("/corral/t/v1/holdings/node-{i:06}").into_bytes());
+        }
+        let kv = store(&keys);
+        let kinds =
+            ["grants/", "holdings/", "nodes/", "owned/"].map(|kind| format!("/corral/t/v1/{kind}"));
+        let mut together = Scan::new(b"/corral/t/v1/", 500).by_segments(&kinds);
+        scan_all(&kv, &mut together);
+        let alone: u64 = kinds
+            .iter()
+            .map(|kind| {
+                let mut scan = Scan::new(kind.as_bytes(), 500);
+                scan_all(&kv, &mut scan);
+                scan.stats().walked
+            })
+            .sum();
+        let walked = together.stats().walked;
+        assert!(
+            walked <= alone + 2 * 500,
+            "together {walked}, alone {alone}"
+        );
     }
 
     #[test]

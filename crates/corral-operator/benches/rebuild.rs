@@ -178,6 +178,22 @@ async fn main() {
     first.task.await.unwrap();
     let total = count(&kv, keys.prefix()).await;
     println!("store: {total} keys");
+    // What each kind costs read alone (as the rebuild reads it: its first range the whole
+    // kind, then ranges of about a page).
+    for kind in keys.kinds() {
+        let mut scan = corral_kv::Scan::new(kind.as_bytes(), 2000);
+        while scan.next(&kv).await.unwrap().is_some() {}
+        let stats = scan.stats();
+        if stats.keys > 0 {
+            println!(
+                "  {kind}: {} keys, {} requests, {} walked ({:.2} a key)",
+                stats.keys,
+                stats.requests,
+                stats.walked,
+                stats.walked as f64 / stats.keys as f64
+            );
+        }
+    }
     let mut times = Vec::new();
     for round in 0..rounds {
         let replica = start(&kv, &format!("op-{round}"));
