@@ -1805,6 +1805,25 @@ impl Txn for SqliteTxn<'_> {
         self.delete_cooldown(scope, allocation.addr)
     }
 
+    fn take_allocation(
+        &mut self,
+        scope: &str,
+        addr: IpAddr,
+    ) -> Result<Option<StoredAllocation>, StoreError> {
+        // ALLOCATION_COLUMNS, spelled out so the statement is a constant (no formatting per
+        // release before the statement cache finds it).
+        let row = self.query_allocations(
+            "DELETE FROM allocations WHERE scope = ?1 AND family = ?2 AND addr = ?3
+             RETURNING family, addr, pool, owner, network, container_id, ifname, generation,
+             lease_id, lease_expires",
+            params![scope, family_code(Family::of(addr)), addr_blob(addr)],
+        )?;
+        if !row.is_empty() {
+            self.released.push((scope.to_owned(), addr));
+        }
+        Ok(row.into_iter().next())
+    }
+
     fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
         self.tx()
             .prepare_cached(
