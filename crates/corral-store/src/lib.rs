@@ -474,19 +474,6 @@ pub trait Txn {
         allocation: &StoredAllocation,
     ) -> Result<(), StoreError>;
     fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError>;
-    /// Deletes the allocation of `addr`, answering the row it deleted: what
-    /// [`Txn::allocation_by_addr`] then [`Txn::delete_allocation`] do, in one step where the
-    /// backend has one (SQLite's `DELETE … RETURNING`: one lookup instead of two, on every
-    /// release the history records).
-    fn take_allocation(
-        &mut self,
-        scope: &str,
-        addr: IpAddr,
-    ) -> Result<Option<StoredAllocation>, StoreError> {
-        let row = self.allocation_by_addr(scope, addr)?;
-        self.delete_allocation(scope, addr)?;
-        Ok(row)
-    }
     /// The leak collector's suspects in `scope` (see [`collect_garbage`]), by attachment.
     fn gc_suspects(&mut self, scope: &str) -> Result<Vec<GcSuspect>, StoreError>;
     /// Records a suspect, replacing any of the same attachment.

@@ -1134,8 +1134,8 @@ struct HistoryTxn<'a> {
     /// commits).
     written: bool,
     committed: bool,
-    /// Scratch space for an event's encoding.
-    buf: Vec<u8>,
+    /// Events recorded and not yet written.
+    pending: history::Pending,
 }
 
 impl Drop for HistoryTxn<'_> {
@@ -1297,7 +1297,7 @@ impl Store for SqliteStore {
                 },
                 written: false,
                 committed: false,
-                buf: Vec::new(),
+                pending: history::Pending::default(),
             },
         })
     }
@@ -1457,11 +1457,20 @@ impl SqliteTxn<'_> {
     }
 }
 
+impl SqliteTxn<'_> {
+    /// Writes the events recorded so far (before the log is read, and at commit).
+    fn write_history(&mut self) -> Result<(), StoreError> {
+        let history = &mut self.history;
+        history.pending.write(self.conn, history.ends.as_mut())
+    }
+}
+
 impl Txn for SqliteTxn<'_> {
     fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
         let history = &mut self.history;
         history.written = true;
-        history::append(self.conn, history.ends.as_mut(), event, &mut history.buf)
+        history.pending.push(event);
+        Ok(())
     }
 
     fn prune_history(&mut self, limits: &HistoryLimits, now: Timestamp) -> Result<u64, StoreError> {
@@ -1470,8 +1479,14 @@ impl Txn for SqliteTxn<'_> {
         let history = &mut self.history;
         history.written = true;
         let mut ends = match history.ends.take() {
-            Some(ends) => ends,
-            None => history::Ends::load(conn)?,
+            Some(mut ends) => {
+                history.pending.write(conn, Some(&mut ends))?;
+                ends
+            }
+            None => {
+                history.pending.write(conn, None)?;
+                history::Ends::load(conn)?
+            }
         };
         let dropped = history::prune(conn, &mut ends, limits, now)?;
         history.ends = Some(ends);
@@ -1479,10 +1494,12 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn history(&mut self, query: &HistoryQuery) -> Result<Vec<HistoryEvent>, StoreError> {
+        self.write_history()?;
         Ok(history::history(self.tx(), query)?.0)
     }
 
     fn held_at(&mut self, addr: IpAddr, at: Timestamp) -> Result<Vec<HistoryEvent>, StoreError> {
+        self.write_history()?;
         Ok(history::held_at(self.tx(), addr, at)?.0)
     }
 
@@ -1749,12 +1766,13 @@ impl Txn for SqliteTxn<'_> {
         scope: &str,
         addr: IpAddr,
     ) -> Result<Option<StoredAllocation>, StoreError> {
+        // ALLOCATION_COLUMNS spelled out: a constant statement, not formatted on each
+        // release the history records before the statement cache finds it.
         Ok(self
             .query_allocations(
-                &format!(
-                    "SELECT {ALLOCATION_COLUMNS} FROM allocations
-                     WHERE scope = ?1 AND family = ?2 AND addr = ?3"
-                ),
+                "SELECT family, addr, pool, owner, network, container_id, ifname, generation,
+                 lease_id, lease_expires FROM allocations
+                 WHERE scope = ?1 AND family = ?2 AND addr = ?3",
                 params![scope, family_code(Family::of(addr)), addr_blob(addr)],
             )?
             .pop())
@@ -1805,25 +1823,6 @@ impl Txn for SqliteTxn<'_> {
         self.delete_cooldown(scope, allocation.addr)
     }
 
-    fn take_allocation(
-        &mut self,
-        scope: &str,
-        addr: IpAddr,
-    ) -> Result<Option<StoredAllocation>, StoreError> {
-        // ALLOCATION_COLUMNS, spelled out so the statement is a constant (no formatting per
-        // release before the statement cache finds it).
-        let row = self.query_allocations(
-            "DELETE FROM allocations WHERE scope = ?1 AND family = ?2 AND addr = ?3
-             RETURNING family, addr, pool, owner, network, container_id, ifname, generation,
-             lease_id, lease_expires",
-            params![scope, family_code(Family::of(addr)), addr_blob(addr)],
-        )?;
-        if !row.is_empty() {
-            self.released.push((scope.to_owned(), addr));
-        }
-        Ok(row.into_iter().next())
-    }
-
     fn delete_allocation(&mut self, scope: &str, addr: IpAddr) -> Result<(), StoreError> {
         self.tx()
             .prepare_cached(
@@ -1839,7 +1838,8 @@ impl Txn for SqliteTxn<'_> {
     }
 
     fn commit(mut self) -> Result<(), StoreError> {
-        // A failed COMMIT is rolled back by the drop.
+        // A failed COMMIT (or write of the history) is rolled back by the drop.
+        self.write_history()?;
         if self.mark_due {
             self.commit_marked()?;
         } else if self.open {

@@ -252,11 +252,10 @@ pub(super) fn persist<S: Store>(
                 }
             }
             Write::Delete(scope, addr, kind) => {
-                if !recording {
-                    txn.delete_allocation(scope, *addr)?;
-                } else if let Some(row) = txn.take_allocation(scope, *addr)? {
+                if recording && let Some(row) = txn.allocation_by_addr(scope, *addr)? {
                     txn.record_history(&HistoryEvent::of(now, *kind, scope, &row))?;
                 }
+                txn.delete_allocation(scope, *addr)?;
             }
             Write::Rewrite(scope, row) => {
                 txn.delete_allocation(scope, row.addr)?;
