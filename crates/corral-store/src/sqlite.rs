@@ -1766,8 +1766,8 @@ impl Txn for SqliteTxn<'_> {
         scope: &str,
         addr: IpAddr,
     ) -> Result<Option<StoredAllocation>, StoreError> {
-        // ALLOCATION_COLUMNS spelled out: a constant statement, not formatted on each
-        // release the history records before the statement cache finds it.
+        // ALLOCATION_COLUMNS spelled out: a constant statement, not formatted on each call
+        // before the statement cache finds it.
         Ok(self
             .query_allocations(
                 "SELECT family, addr, pool, owner, network, container_id, ifname, generation,
