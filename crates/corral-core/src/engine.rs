@@ -87,13 +87,16 @@ pub struct Allocation {
     pub existing: bool,
 }
 
-/// An allocation that was released.
+/// An allocation that was released, as it was (its owner and key too: the agent records the
+/// release in its history from this, without reading the row back).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Released {
     pub addr: IpAddr,
     pub pool: PoolName,
     pub generation: u64,
     pub lease: Option<Lease>,
+    pub owner: String,
+    pub key: Option<AttachmentKey>,
 }
 
 /// What removing a range did.
@@ -1226,6 +1229,10 @@ impl Engine {
         key_hash: Option<u64>,
         now: Timestamp,
     ) -> Released {
+        let (owner, key) = {
+            let record = self.table.get(index);
+            (record.owner().to_owned(), record.key())
+        };
         let (addr, id, generation) = self.table.remove(index, key_hash);
         let lease = if self.leases.is_empty() {
             None
@@ -1260,6 +1267,8 @@ impl Engine {
             pool: pool_name,
             generation,
             lease,
+            owner,
+            key,
         }
     }
 

@@ -710,6 +710,8 @@ impl Model {
             pool: self.name(p),
             generation: a.generation,
             lease: a.lease,
+            owner: a.owner,
+            key: a.key,
         }
     }
 

@@ -6,14 +6,16 @@
 //!
 //! The history: allocations and releases in turn over 60,000 addresses of 10.64.0.0/16, each
 //! allocation a new pod (`ns-N/pod-I`, 50 namespaces) with its own container, one event every
-//! 2.6 s over 30 days, written in transactions of 10,000 events.
+//! 2.6 s over 30 days, written in transactions of 10,000 events, each pruning as the agent's
+//! commits do (which summarises the log's chunks).
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use corral_core::{AttachmentKey, PoolName, Timestamp};
 use corral_store::{
-    HistoryEvent, HistoryKind, HistoryQuery, SqliteStore, Store, StoredAllocation, Txn,
+    HistoryEvent, HistoryKind, HistoryLimits, HistoryQuery, SqliteStore, Store, StoredAllocation,
+    Txn,
 };
 
 const BASE_MS: u64 = 1_790_000_000_000;
@@ -80,6 +82,9 @@ fn main() {
             txn.record_history(&event(i)).unwrap();
             i += 1;
         }
+        // As every commit of the agent: the bounds, and the chunks of the log summarised.
+        txn.prune_history(&HistoryLimits::default(), event(i - 1).at)
+            .unwrap();
         txn.commit().unwrap();
     }
     println!(

@@ -9,9 +9,10 @@
 //! [`PRUNE_BATCH`] events are over the count (or the oldest is past the age), so the cost is
 //! amortised over the commits that added them.
 //!
-//! Queries walk an index newest first (`sqlite.rs`): by address, by owner, by container or by
-//! time, each ending in the event's time, so a query over a million events reads only the
-//! events it returns.
+//! SQLite keeps the events as an append-only log with no index written per event, summarised
+//! in chunks of 1,024 (`sqlite/history.rs`): a query reads the newest events not yet
+//! summarised and the chunks whose filters may hold a match, so a query over a million events
+//! reads a few thousand.
 
 use std::net::IpAddr;
 use std::time::Duration;

@@ -286,12 +286,14 @@ fn a_schema_4_database_gets_the_history() {
     }
     // What schema 4 was: this one without the history.
     let conn = rusqlite::Connection::open(dir.path().join(corral_store::DB_FILE)).unwrap();
-    conn.execute_batch("DROP TABLE history; PRAGMA user_version = 4;")
-        .unwrap();
+    conn.execute_batch(
+        "DROP TABLE history_events; DROP TABLE history_chunks; PRAGMA user_version = 4;",
+    )
+    .unwrap();
     drop(conn);
     let mut store = SqliteStore::open(dir.path()).unwrap();
-    assert_eq!(SCHEMA_VERSION, 5);
-    assert_eq!(store.schema_version().unwrap(), 5);
+    assert_eq!(SCHEMA_VERSION, 6);
+    assert_eq!(store.schema_version().unwrap(), 6);
     let mut txn = store.begin().unwrap();
     assert_eq!(
         txn.all_allocations("net").unwrap(),
@@ -302,4 +304,309 @@ fn a_schema_4_database_gets_the_history() {
         .unwrap();
     txn.commit().unwrap();
     assert_eq!(query(&mut store, &all(10)).len(), 1);
+}
+
+/// A varied history over several chunks: two scopes, 300 addresses, allocations and
+/// releases in turn, and the clock stepped back 20 s half-way (times overlap across chunks).
+fn varied(n: u64) -> Vec<HistoryEvent> {
+    (0..n)
+        .map(|i| {
+            let allocation = i / 2;
+            let addr = IpAddr::from([
+                10,
+                2,
+                (allocation % 300 / 250) as u8,
+                (allocation % 250) as u8,
+            ]);
+            let scope = if (allocation / 7).is_multiple_of(2) {
+                "net"
+            } else {
+                "other"
+            };
+            let row = StoredAllocation {
+                addr,
+                ..row(
+                    "10.0.0.1",
+                    &format!("ns/p{}", allocation % 1_500),
+                    &format!("c{allocation}"),
+                    allocation,
+                )
+            };
+            let millis = if i < n / 2 {
+                1_000_000 + i * 10
+            } else {
+                980_000 + i * 10
+            };
+            let kind = if i.is_multiple_of(2) {
+                HistoryKind::Allocated
+            } else {
+                HistoryKind::Released
+            };
+            HistoryEvent::of(at(millis), kind, scope, &row)
+        })
+        .collect()
+}
+
+/// Records `events` in commits of varied sizes, each pruning as the agent's do.
+fn record_as_the_agent(store: &mut impl Store, events: &[HistoryEvent]) {
+    let mut sizes = [1usize, 64, 3, 200, 17].into_iter().cycle();
+    let mut rest = events;
+    while !rest.is_empty() {
+        let (now, later) = rest.split_at(sizes.next().unwrap().min(rest.len()));
+        let mut txn = store.begin().unwrap();
+        for event in now {
+            txn.record_history(event).unwrap();
+        }
+        txn.prune_history(&HistoryLimits::default(), now.last().unwrap().at)
+            .unwrap();
+        txn.commit().unwrap();
+        rest = later;
+    }
+}
+
+/// Every query shape, over the log's chunks and its tail, answers exactly what the memory
+/// store (the reference) answers, in the same order.
+fn answers_like_memory(sqlite: &mut SqliteStore, memory: &mut MemoryStore, n: u64) {
+    let mut queries = vec![all(1), all(10), all(100), all(usize::MAX)];
+    for k in [0u64, 7, 123, 299] {
+        let addr = IpAddr::from([10, 2, (k / 250) as u8, (k % 250) as u8]);
+        queries.push(HistoryQuery {
+            addr: Some(addr),
+            ..all(5)
+        });
+        queries.push(HistoryQuery {
+            addr: Some(addr),
+            until: Some(at(1_000_000 + n * 4)),
+            ..all(100)
+        });
+    }
+    for p in [0u64, 10, 1_499] {
+        queries.push(HistoryQuery {
+            owner: Some(format!("ns/p{p}")),
+            ..all(100)
+        });
+    }
+    for c in [0u64, 1, n / 2 - 3, n / 2 - 1] {
+        queries.push(HistoryQuery {
+            container_id: Some(format!("c{c}")),
+            ifname: Some("eth0".into()),
+            ..all(100)
+        });
+        queries.push(HistoryQuery {
+            container_id: Some(format!("c{c}")),
+            ..all(100)
+        });
+    }
+    queries.push(HistoryQuery {
+        since: Some(at(1_000_000 + n * 3)),
+        until: Some(at(1_000_000 + n * 4)),
+        ..all(1_000)
+    });
+    queries.push(HistoryQuery {
+        since: Some(at(990_000)),
+        ..all(50)
+    });
+    for q in &queries {
+        assert_eq!(query(sqlite, q), query(memory, q), "{q:?}");
+    }
+    for k in [0u64, 7, 123, 299, 300] {
+        let addr = format!("10.2.{}.{}", k / 250, k % 250);
+        for millis in [
+            999_999,
+            1_000_000 + n * 2,
+            1_000_000 + n * 5,
+            1_000_000 + n * 20,
+        ] {
+            assert_eq!(
+                held_at(sqlite, &addr, millis),
+                held_at(memory, &addr, millis),
+                "{addr} at {millis}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sqlite_answers_like_memory_over_many_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sqlite = SqliteStore::open_owned(dir.path(), std::path::Path::new("/x.sock")).unwrap();
+    let mut memory = MemoryStore::new();
+    let events = varied(6_000);
+    record_as_the_agent(&mut sqlite, &events);
+    record_as_the_agent(&mut memory, &events);
+    answers_like_memory(&mut sqlite, &mut memory, 6_000);
+    // Again from a store opened afresh (the log's ends read from the database).
+    drop(sqlite);
+    let mut sqlite = SqliteStore::open(dir.path()).unwrap();
+    answers_like_memory(&mut sqlite, &mut memory, 6_000);
+}
+
+/// The test's child process: appends one event per commit to the history in `dir`, as the
+/// agent does (pruning, so chunks are written), says "acked N" after each commit and waits
+/// for a line on its input before the next, until it is killed.
+#[test]
+#[ignore = "run only as a child of events_outlive_a_kill_before_their_chunk"]
+fn history_writer_child() {
+    use std::io::{BufRead, Write};
+    let Some(dir) = std::env::var_os("CORRAL_HISTORY_WRITER_DIR") else {
+        return;
+    };
+    let mut store =
+        SqliteStore::open_owned(std::path::Path::new(&dir), std::path::Path::new("/x.sock"))
+            .unwrap();
+    let events = varied(100_000);
+    let mut out = std::io::stdout().lock();
+    let mut input = std::io::stdin().lock();
+    for (n, event) in events.iter().enumerate() {
+        let mut txn = store.begin().unwrap();
+        txn.record_history(event).unwrap();
+        txn.prune_history(&HistoryLimits::default(), event.at)
+            .unwrap();
+        txn.commit().unwrap();
+        writeln!(out, "acked {}", n + 1).unwrap();
+        out.flush().unwrap();
+        let mut line = String::new();
+        input.read_line(&mut line).unwrap();
+    }
+}
+
+/// A kill (SIGKILL) while 500 events are appended but not yet summarised in a chunk (the
+/// tail), after two chunks were written, loses no acknowledged event: after a reopen every
+/// query answers as the memory store given the acknowledged events, and later commits go on
+/// summarising.
+#[test]
+fn events_outlive_a_kill_before_their_chunk() {
+    use std::io::{BufRead, Write};
+    let dir = tempfile::tempdir().unwrap();
+    // Two whole chunks and part of the third: the tail holds events, and more are coming.
+    let kill_after = 2 * 1024 + 500;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "history_writer_child",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env("CORRAL_HISTORY_WRITER_DIR", dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut acked = 0;
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let Some(n) = line.unwrap().strip_prefix("acked ").map(str::to_owned) else {
+            continue;
+        };
+        acked = n.parse::<u64>().unwrap();
+        if acked == kill_after {
+            // The child waits for its next line: its last commit is acknowledged, its
+            // events since the second chunk are in the tail.
+            child.kill().unwrap();
+            break;
+        }
+        writeln!(input, "next").unwrap();
+    }
+    child.wait().unwrap();
+    assert_eq!(acked, kill_after, "the child acknowledged events");
+    let mut sqlite = SqliteStore::open_owned(dir.path(), std::path::Path::new("/x.sock")).unwrap();
+    let kept = query(&mut sqlite, &all(usize::MAX)).len() as u64;
+    assert_eq!(kept, acked, "every acknowledged event, and no other");
+    let events = varied(100_000);
+    let mut memory = MemoryStore::new();
+    record(&mut memory, &events[..kept as usize]);
+    answers_like_memory(&mut sqlite, &mut memory, kept);
+    // Commits after the restart go on: the tail is summarised, answers unchanged.
+    let more = &events[kept as usize..kept as usize + 2_000];
+    record_as_the_agent(&mut sqlite, more);
+    record(&mut memory, more);
+    answers_like_memory(&mut sqlite, &mut memory, kept + 2_000);
+}
+
+/// Schema 5's history as it was written (a table and four indexes, one row per event).
+const SCHEMA_5_HISTORY: &str = "CREATE TABLE history (
+        seq INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        kind INTEGER NOT NULL,
+        scope TEXT NOT NULL,
+        pool TEXT NOT NULL,
+        family INTEGER NOT NULL,
+        addr BLOB NOT NULL,
+        network TEXT,
+        container_id TEXT,
+        ifname TEXT,
+        owner TEXT NOT NULL,
+        generation INTEGER NOT NULL
+    ) STRICT;
+    CREATE INDEX history_by_time ON history (at);
+    CREATE INDEX history_by_addr ON history (family, addr, at);
+    CREATE INDEX history_by_owner ON history (owner, at);
+    CREATE INDEX history_by_container ON history (container_id, ifname, at);";
+
+/// An agent's history of schema 5 (before the log) is read after the upgrade as it was
+/// written, whole chunks of it summarised, and new events follow it.
+#[test]
+fn a_schema_5_history_is_readable_after_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let allocation = row("10.0.0.5", "ns/a", "ca", 1);
+    {
+        let mut store = SqliteStore::open(dir.path()).unwrap();
+        let mut txn = store.begin().unwrap();
+        txn.put_allocation("net", &allocation).unwrap();
+        txn.commit().unwrap();
+    }
+    let events = varied(3_000);
+    let mut conn = rusqlite::Connection::open(dir.path().join(corral_store::DB_FILE)).unwrap();
+    conn.execute_batch("DROP TABLE history_events; DROP TABLE history_chunks;")
+        .unwrap();
+    conn.execute_batch(SCHEMA_5_HISTORY).unwrap();
+    let tx = conn.transaction().unwrap();
+    for event in &events {
+        let (v, bytes) = match event.addr {
+            IpAddr::V4(a) => (4, u128::from(a.to_bits()).to_be_bytes()),
+            IpAddr::V6(a) => (6, a.to_bits().to_be_bytes()),
+        };
+        let key = event.key.as_ref();
+        tx.execute(
+            "INSERT INTO history (at, kind, scope, pool, family, addr, network, container_id,
+             ifname, owner, generation) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            rusqlite::params![
+                event.at.as_unix_millis() as i64,
+                HistoryKind::ALL
+                    .iter()
+                    .position(|k| *k == event.kind)
+                    .unwrap() as i64
+                    + 1,
+                event.scope,
+                event.pool.as_str(),
+                v,
+                &bytes[..],
+                key.map(AttachmentKey::network),
+                key.map(AttachmentKey::container_id),
+                key.map(AttachmentKey::ifname),
+                event.owner,
+                event.generation as i64,
+            ],
+        )
+        .unwrap();
+    }
+    tx.execute_batch("PRAGMA user_version = 5;").unwrap();
+    tx.commit().unwrap();
+    drop(conn);
+    let mut sqlite = SqliteStore::open_owned(dir.path(), std::path::Path::new("/x.sock")).unwrap();
+    assert_eq!(sqlite.schema_version().unwrap(), SCHEMA_VERSION);
+    let mut memory = MemoryStore::new();
+    record(&mut memory, &events);
+    answers_like_memory(&mut sqlite, &mut memory, 3_000);
+    {
+        let mut txn = sqlite.begin().unwrap();
+        assert_eq!(
+            txn.all_allocations("net").unwrap(),
+            std::slice::from_ref(&allocation)
+        );
+    }
+    let more = varied(5_000);
+    record_as_the_agent(&mut sqlite, &more[3_000..]);
+    record(&mut memory, &more[3_000..]);
+    answers_like_memory(&mut sqlite, &mut memory, 5_000);
 }

@@ -185,8 +185,9 @@ impl Broken {
 pub(super) enum Write {
     /// An allocation: its row, and an event of the history.
     Put(String, StoredAllocation),
-    /// A release: the row goes, and an event of this kind is recorded.
-    Delete(String, IpAddr, HistoryKind),
+    /// A release: the row goes, and an event of this kind is recorded (from what the engine
+    /// released, which is what the row held: no read of the row).
+    Delete(String, Released, HistoryKind),
     /// The same allocation written again (its lease changed): no event.
     Rewrite(String, StoredAllocation),
 }
@@ -223,7 +224,7 @@ pub(super) fn record_released(
     for r in gone {
         changes
             .writes
-            .push(Write::Delete(scope.to_owned(), r.addr, kind));
+            .push(Write::Delete(scope.to_owned(), r.clone(), kind));
     }
     if !gone.is_empty() {
         changes.touched.insert(scope.to_owned());
@@ -268,11 +269,20 @@ pub(super) fn persist<S: Store>(
                     txn.record_history(&event)?;
                 }
             }
-            Write::Delete(scope, addr, kind) => {
-                if recording && let Some(row) = txn.allocation_by_addr(scope, *addr)? {
-                    txn.record_history(&HistoryEvent::of(now, *kind, scope, &row))?;
+            Write::Delete(scope, released, kind) => {
+                if recording {
+                    txn.record_history(&HistoryEvent {
+                        at: now,
+                        kind: *kind,
+                        scope: scope.clone(),
+                        pool: released.pool.clone(),
+                        addr: released.addr,
+                        key: released.key.clone(),
+                        owner: released.owner.clone(),
+                        generation: released.generation,
+                    })?;
                 }
-                txn.delete_allocation(scope, *addr)?;
+                txn.delete_allocation(scope, released.addr)?;
             }
             Write::Rewrite(scope, row) => {
                 txn.delete_allocation(scope, row.addr)?;

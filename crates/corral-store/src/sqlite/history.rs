@@ -1,0 +1,893 @@
+//! The allocation history in SQLite (schema 6): an append-only log of events keyed only by
+//! their sequence number, summarised in chunks, with no index written per event.
+//!
+//! * `history_events (seq, at, event)`: one row per event, `event` a compact encoding
+//!   (`encode`). A commit appends its events at the end of the table's B-tree (a page or two
+//!   per commit), where schema 5 also inserted each event into four indexes (time, address,
+//!   owner, container), each on a page of its own: at 64 clients that halved the agent's
+//!   allocations per second (BENCHMARKS.md).
+//! * `history_chunks`: a summary of each [`CHUNK`] consecutive sequence numbers, written once
+//!   the log holds that many events past the last chunk (by
+//!   [`Txn::prune_history`](crate::Txn::prune_history), in the commit that records the
+//!   chunk's last events): the range, the oldest and newest time, the scopes, and a Bloom
+//!   filter each of the addresses, owners and containers. Events past the last chunk are the
+//!   *tail*.
+//! * A query reads the tail (fewer than [`CHUNK`] events while the agent prunes) and then the
+//!   chunks whose filters and times may hold a match, newest first, and stops once no chunk
+//!   left can hold an event newer than the last it keeps; who held an address at an instant
+//!   stops once every scope of the chunks left has a newer event.
+//!
+//! A chunk is only ever a summary of rows already written, in the same transaction as its
+//! rows or a later one: a crash before a chunk is written leaves its events in the tail,
+//! which every query reads, so nothing acknowledged is lost or unanswered. Pruning deletes
+//! rows and keeps every chunk a superset of its rows (a stale key only costs a chunk read);
+//! chunks whose rows all went are dropped, and rows only ever get numbers above every chunk.
+//!
+//! The agent's store (owned mode) keeps the log's ends in memory across its commits
+//! ([`Ends`]), so a commit that neither prunes nor completes a chunk runs no query at all
+//! for the history's bounds.
+
+use std::cmp::Reverse;
+use std::net::IpAddr;
+
+use corral_core::{AttachmentKey, Family, PoolName, Timestamp};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use super::columns::{addr_blob, corrupt, family_code, millis, read_addr};
+use crate::history::holders;
+use crate::{HistoryEvent, HistoryKind, HistoryLimits, HistoryQuery, PRUNE_BATCH, StoreError};
+
+/// Sequence numbers per chunk.
+pub(crate) const CHUNK: i64 = 1024;
+
+/// Version 6: the log and its chunks (the module's documentation); the migration moves
+/// schema 5's rows into it.
+const SCHEMA_6_HISTORY: &str = "CREATE TABLE history_events (
+        seq INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        event BLOB NOT NULL
+    ) STRICT;
+    CREATE TABLE history_chunks (
+        lo INTEGER PRIMARY KEY,
+        hi INTEGER NOT NULL,
+        min_at INTEGER NOT NULL,
+        max_at INTEGER NOT NULL,
+        scopes BLOB NOT NULL,
+        addrs BLOB NOT NULL,
+        owners BLOB NOT NULL,
+        containers BLOB NOT NULL
+    ) STRICT;
+    CREATE INDEX history_chunks_by_age ON history_chunks (min_at);";
+
+const INSERT_EVENT: &str = "INSERT INTO history_events (at, event) VALUES (?1, ?2)";
+
+/// 5 → 6: the log; schema 5's events, if it has some, become the log's, in their order and
+/// with their numbers, every whole chunk of them summarised, and the old table and its four
+/// indexes go. (A database of schema 4 or less goes through 5 without the old table.)
+pub(super) fn migrate_to_log(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch(SCHEMA_6_HISTORY)?;
+    let old: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'history'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !old {
+        return Ok(());
+    }
+    {
+        let mut select = tx.prepare(&format!(
+            "SELECT {}, seq FROM history ORDER BY seq",
+            HISTORY_COLUMNS
+        ))?;
+        let mut insert =
+            tx.prepare("INSERT INTO history_events (seq, at, event) VALUES (?1, ?2, ?3)")?;
+        let mut rows = select.query([])?;
+        let mut buf = Vec::new();
+        while let Some(row) = rows.next()? {
+            let event = read_history(row)??;
+            let seq: i64 = row.get(11)?;
+            buf.clear();
+            encode(&event, &mut buf);
+            insert.execute(params![seq, millis(event.at), buf])?;
+        }
+    }
+    tx.execute_batch("DROP TABLE history")?;
+    let mut ends = Ends::load(tx)?;
+    build_chunks(tx, &mut ends)?;
+    Ok(())
+}
+
+/// Schema 5's history columns, in the order `read_history` reads them (the migration from it).
+macro_rules! history_columns {
+    () => {
+        "at, kind, scope, pool, family, addr, network, container_id, ifname, owner, generation"
+    };
+}
+const HISTORY_COLUMNS: &str = history_columns!();
+
+fn read_history(row: &Row<'_>) -> Result<Result<HistoryEvent, StoreError>, rusqlite::Error> {
+    let at: i64 = row.get(0)?;
+    let kind: i64 = row.get(1)?;
+    let scope: String = row.get(2)?;
+    let pool: String = row.get(3)?;
+    let family: i64 = row.get(4)?;
+    let addr: Vec<u8> = row.get(5)?;
+    let network: Option<String> = row.get(6)?;
+    let container_id: Option<String> = row.get(7)?;
+    let ifname: Option<String> = row.get(8)?;
+    let owner: String = row.get(9)?;
+    let generation: i64 = row.get(10)?;
+    Ok((|| {
+        let key = match (network, container_id, ifname) {
+            (Some(n), Some(c), Some(i)) => {
+                Some(AttachmentKey::new(&n, &c, &i).map_err(|e| corrupt("history", e))?)
+            }
+            _ => None,
+        };
+        Ok(HistoryEvent {
+            at: Timestamp::from_unix_millis(u64::try_from(at).unwrap_or(0)),
+            kind: HistoryKind::from_code(kind)
+                .ok_or_else(|| corrupt("history", format!("event kind {kind}")))?,
+            scope,
+            pool: PoolName::new(&pool).map_err(|e| corrupt("history", e))?,
+            addr: read_addr("history", family, addr)?,
+            key,
+            owner,
+            generation: u64::try_from(generation).unwrap_or(0),
+        })
+    })())
+}
+
+// ---------------------------------------------------------------------------------------
+// The event's encoding.
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&u32::try_from(s.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// An event as stored: kind, family, address (16 bytes), generation, scope, pool, owner, and
+/// the attachment's network, container and interface if it has one.
+pub(super) fn encode(event: &HistoryEvent, out: &mut Vec<u8>) {
+    out.push(event.kind.code() as u8);
+    out.push(family_code(Family::of(event.addr)) as u8);
+    out.extend_from_slice(&addr_blob(event.addr));
+    out.extend_from_slice(&event.generation.to_le_bytes());
+    put_str(out, &event.scope);
+    put_str(out, event.pool.as_str());
+    put_str(out, &event.owner);
+    match &event.key {
+        None => out.push(0),
+        Some(key) => {
+            out.push(1);
+            put_str(out, key.network());
+            put_str(out, key.container_id());
+            put_str(out, key.ifname());
+        }
+    }
+}
+
+/// An event as read, borrowing the row.
+struct EventRef<'a> {
+    kind: u8,
+    /// Family code and address: the address filter's key.
+    addr_key: &'a [u8],
+    generation: u64,
+    scope: &'a str,
+    pool: &'a str,
+    owner: &'a str,
+    key: Option<(&'a str, &'a str, &'a str)>,
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if self.0.len() < n {
+            return Err(corrupt("history", "event is cut short"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn str(&mut self) -> Result<&'a str, StoreError> {
+        let len = u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize;
+        std::str::from_utf8(self.take(len)?).map_err(|e| corrupt("history", e))
+    }
+}
+
+fn decode(bytes: &[u8]) -> Result<EventRef<'_>, StoreError> {
+    let mut r = Reader(bytes);
+    let kind = r.take(1)?[0];
+    let addr_key = r.take(17)?;
+    let generation = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
+    let scope = r.str()?;
+    let pool = r.str()?;
+    let owner = r.str()?;
+    let key = match r.take(1)?[0] {
+        0 => None,
+        1 => Some((r.str()?, r.str()?, r.str()?)),
+        other => return Err(corrupt("history", format!("attachment flag {other}"))),
+    };
+    if !r.0.is_empty() {
+        return Err(corrupt("history", "bytes after the event"));
+    }
+    Ok(EventRef {
+        kind,
+        addr_key,
+        generation,
+        scope,
+        pool,
+        owner,
+        key,
+    })
+}
+
+/// Column `index` of `row`, a blob.
+fn blob<'a>(row: &'a Row<'_>, index: usize) -> Result<&'a [u8], StoreError> {
+    row.get_ref(index)?
+        .as_blob()
+        .map_err(|e| corrupt("history", e))
+}
+
+/// The address filter's key: family code and 16 bytes, as stored.
+fn addr_key(addr: IpAddr) -> [u8; 17] {
+    let mut key = [0; 17];
+    key[0] = family_code(Family::of(addr)) as u8;
+    key[1..].copy_from_slice(&addr_blob(addr));
+    key
+}
+
+impl EventRef<'_> {
+    fn matches(&self, at: i64, query: &HistoryQuery, addr: Option<&[u8; 17]>) -> bool {
+        addr.is_none_or(|addr| self.addr_key == addr)
+            && query.owner.as_deref().is_none_or(|o| self.owner == o)
+            && query
+                .container_id
+                .as_deref()
+                .is_none_or(|id| self.key.is_some_and(|(_, c, _)| c == id))
+            && query
+                .ifname
+                .as_deref()
+                .is_none_or(|name| self.key.is_some_and(|(_, _, i)| i == name))
+            && query.since.is_none_or(|since| at >= millis(since))
+            && query.until.is_none_or(|until| at <= millis(until))
+    }
+
+    fn to_event(&self, at: i64) -> Result<HistoryEvent, StoreError> {
+        let kind = HistoryKind::from_code(i64::from(self.kind))
+            .ok_or_else(|| corrupt("history", format!("event kind {}", self.kind)))?;
+        let key = match self.key {
+            Some((n, c, i)) => {
+                Some(AttachmentKey::new(n, c, i).map_err(|e| corrupt("history", e))?)
+            }
+            None => None,
+        };
+        Ok(HistoryEvent {
+            at: Timestamp::from_unix_millis(u64::try_from(at).unwrap_or(0)),
+            kind,
+            scope: self.scope.to_owned(),
+            pool: PoolName::new(self.pool).map_err(|e| corrupt("history", e))?,
+            addr: read_addr(
+                "history",
+                i64::from(self.addr_key[0]),
+                self.addr_key[1..].to_vec(),
+            )?,
+            key,
+            owner: self.owner.to_owned(),
+            generation: self.generation,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bloom filters: ~8 bits per event and 6 probes (about 2% false positives).
+
+const BITS_PER_KEY: usize = 8;
+const PROBES: u64 = 6;
+
+/// FNV-1a, then a second hash from it (SplitMix64's finaliser): stable across builds, as the
+/// filters are stored.
+fn hashes(key: &[u8]) -> (u64, u64) {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let mut z = h.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (h, (z ^ (z >> 31)) | 1)
+}
+
+fn bloom_new(keys: usize) -> Vec<u8> {
+    vec![0; (keys * BITS_PER_KEY).div_ceil(8).max(8)]
+}
+
+fn bloom_add(bits: &mut [u8], key: &[u8]) {
+    let m = bits.len() as u64 * 8;
+    let (h1, h2) = hashes(key);
+    for i in 0..PROBES {
+        let bit = h1.wrapping_add(i.wrapping_mul(h2)) % m;
+        bits[(bit / 8) as usize] |= 1 << (bit % 8);
+    }
+}
+
+fn bloom_has(bits: &[u8], key: &[u8]) -> bool {
+    if bits.is_empty() {
+        return true;
+    }
+    let m = bits.len() as u64 * 8;
+    let (h1, h2) = hashes(key);
+    (0..PROBES).all(|i| {
+        let bit = h1.wrapping_add(i.wrapping_mul(h2)) % m;
+        bits[(bit / 8) as usize] & (1 << (bit % 8)) != 0
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The log's ends, and keeping it bounded.
+
+/// What a commit needs to know to keep the history bounded, without a query: the numbers of
+/// the first and last events, where the tail starts, the oldest time of any chunk and the
+/// time of the tail's first event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ends {
+    /// The first and last events' numbers, if there are events.
+    span: Option<(i64, i64)>,
+    /// The first number past the last chunk.
+    tail_start: i64,
+    oldest_chunk_at: Option<i64>,
+    tail_first_at: Option<i64>,
+}
+
+impl Ends {
+    pub(crate) fn load(conn: &Connection) -> Result<Ends, StoreError> {
+        let first: Option<i64> = conn
+            .prepare_cached("SELECT min(seq) FROM history_events")?
+            .query_row([], |r| r.get(0))?;
+        let last: Option<i64> = conn
+            .prepare_cached("SELECT max(seq) FROM history_events")?
+            .query_row([], |r| r.get(0))?;
+        let tail_start = tail_start(conn)?.unwrap_or(first.unwrap_or(0));
+        let oldest_chunk_at: Option<i64> = conn
+            .prepare_cached("SELECT min(min_at) FROM history_chunks")?
+            .query_row([], |r| r.get(0))?;
+        let tail_first_at = first_at_from(conn, tail_start)?;
+        Ok(Ends {
+            span: first.zip(last),
+            tail_start,
+            oldest_chunk_at,
+            tail_first_at,
+        })
+    }
+
+    /// Event `seq` at `at` was appended.
+    fn appended(&mut self, seq: i64, at: i64) {
+        self.span = Some(match self.span {
+            Some((first, _)) => (first, seq),
+            None => (seq, seq),
+        });
+        if seq >= self.tail_start && self.tail_first_at.is_none() {
+            self.tail_first_at = Some(at);
+        }
+    }
+}
+
+/// The first number past the last chunk, if there is a chunk.
+fn tail_start(conn: &Connection) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT hi FROM history_chunks ORDER BY lo DESC LIMIT 1")?
+        .query_row([], |r| r.get::<_, i64>(0))
+        .optional()?
+        .map(|hi| hi + 1))
+}
+
+fn first_at_from(conn: &Connection, seq: i64) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT at FROM history_events WHERE seq >= ?1 ORDER BY seq LIMIT 1")?
+        .query_row([seq], |r| r.get(0))
+        .optional()?)
+}
+
+/// Events recorded in a transaction and not yet written: encoded one after the other, and
+/// each one's time and end in the encoding. Written (`Pending::write`) in groups of
+/// [`GROUP`] rows per statement before anything reads the log or the transaction commits:
+/// one statement per event cost ~5,000 instructions, most of them the statement's own
+/// (binding, stepping, resetting), not the row's.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    bytes: Vec<u8>,
+    events: Vec<(i64, usize)>,
+}
+
+/// Rows per statement of a group.
+const GROUP: usize = 16;
+
+impl Pending {
+    pub(crate) fn push(&mut self, event: &HistoryEvent) {
+        encode(event, &mut self.bytes);
+        self.events.push((millis(event.at), self.bytes.len()));
+    }
+
+    /// Appends the events, in the order recorded, to the log; tells `ends`.
+    pub(crate) fn write(
+        &mut self,
+        conn: &Connection,
+        ends: Option<&mut Ends>,
+    ) -> Result<(), StoreError> {
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        let mut start = 0;
+        for group in self.events.chunks(GROUP) {
+            // A whole group in one statement, the rest one by one.
+            let (sql, rows) = if group.len() == GROUP {
+                (insert_group(), GROUP)
+            } else {
+                (INSERT_EVENT, 1)
+            };
+            let mut statement = conn.prepare_cached(sql)?;
+            for rows in group.chunks(rows) {
+                for (i, &(at, end)) in rows.iter().enumerate() {
+                    statement.raw_bind_parameter(2 * i + 1, at)?;
+                    statement.raw_bind_parameter(2 * i + 2, &self.bytes[start..end])?;
+                    start = end;
+                }
+                statement.raw_execute()?;
+            }
+        }
+        if let Some(ends) = ends {
+            // One writer, and rows numbered in the order inserted: the numbers run up to
+            // the last one given.
+            let last = conn.last_insert_rowid();
+            let first = last - self.events.len() as i64 + 1;
+            for (i, &(at, _)) in self.events.iter().enumerate() {
+                ends.appended(first + i as i64, at);
+            }
+        }
+        self.events.clear();
+        self.bytes.clear();
+        Ok(())
+    }
+}
+
+/// An insert of [`GROUP`] events, made once.
+fn insert_group() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let values: Vec<String> = (0..GROUP)
+            .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
+            .collect();
+        format!(
+            "INSERT INTO history_events (at, event) VALUES {}",
+            values.join(", ")
+        )
+    })
+}
+
+/// Drops events over the bounds, a batch at a time (one of each kind at most per call; see
+/// `history.rs`), then summarises every whole chunk of the tail. Returns how many went.
+pub(crate) fn prune(
+    conn: &Connection,
+    ends: &mut Ends,
+    limits: &HistoryLimits,
+    now: Timestamp,
+) -> Result<u64, StoreError> {
+    let batch = i64::try_from(PRUNE_BATCH).unwrap_or(i64::MAX);
+    let mut dropped = 0;
+    // Events are numbered in the order recorded and dropped oldest first: the ends bound
+    // how many are kept.
+    if let Some((first, last)) = ends.span {
+        let max = i64::try_from(limits.max_events).unwrap_or(i64::MAX);
+        let over = (last - first + 1).saturating_sub(max);
+        if over >= batch.min(max.max(1)) {
+            dropped += conn
+                .prepare_cached("DELETE FROM history_events WHERE seq < ?1")?
+                .execute([first + over.min(batch)])? as u64;
+            after_delete(conn, ends)?;
+        }
+    }
+    let cutoff = millis(limits.cutoff(now));
+    let old_chunk = ends.oldest_chunk_at.is_some_and(|at| at < cutoff);
+    let old_tail = ends.tail_first_at.is_some_and(|at| at < cutoff);
+    if old_chunk || old_tail {
+        // A little past the bound, so the next commits find nothing to drop for a while.
+        let ahead = millis(limits.cutoff(now).saturating_add(limits.max_age / 100));
+        if old_chunk {
+            let (lo, hi): (i64, i64) = conn
+                .prepare_cached("SELECT lo, hi FROM history_chunks ORDER BY min_at LIMIT 1")?
+                .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            dropped += delete_older(conn, (lo, hi), ahead, batch)?;
+            // The chunk's oldest now, or the chunk gone with its last event.
+            let min_at: Option<i64> = conn
+                .prepare_cached("SELECT min(at) FROM history_events WHERE seq BETWEEN ?1 AND ?2")?
+                .query_row([lo, hi], |r| r.get(0))?;
+            match min_at {
+                Some(min_at) => conn
+                    .prepare_cached("UPDATE history_chunks SET min_at = ?1 WHERE lo = ?2")?
+                    .execute([min_at, lo])?,
+                None => conn
+                    .prepare_cached("DELETE FROM history_chunks WHERE lo = ?1")?
+                    .execute([lo])?,
+            };
+        } else {
+            dropped += delete_older(conn, (ends.tail_start, i64::MAX), ahead, batch)?;
+        }
+        after_delete(conn, ends)?;
+    }
+    build_chunks(conn, ends)?;
+    Ok(dropped)
+}
+
+/// Deletes up to `batch` events numbered within `range` older than `ahead`, first first.
+fn delete_older(
+    conn: &Connection,
+    (lo, hi): (i64, i64),
+    ahead: i64,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "DELETE FROM history_events WHERE seq IN (
+                 SELECT seq FROM history_events WHERE seq BETWEEN ?1 AND ?2 AND at < ?3
+                 ORDER BY seq LIMIT ?4)",
+        )?
+        .execute([lo, hi, ahead, batch])? as u64)
+}
+
+/// After events were deleted: drops the chunks left without events at either end, and reads
+/// the ends again.
+fn after_delete(conn: &Connection, ends: &mut Ends) -> Result<(), StoreError> {
+    let first: Option<i64> = conn
+        .prepare_cached("SELECT min(seq) FROM history_events")?
+        .query_row([], |r| r.get(0))?;
+    let last: Option<i64> = conn
+        .prepare_cached("SELECT max(seq) FROM history_events")?
+        .query_row([], |r| r.get(0))?;
+    match first.zip(last) {
+        // Numbers start again from 1 in an empty table: no chunk may cover them.
+        None => conn.execute("DELETE FROM history_chunks", [])?,
+        Some((first, last)) => conn
+            .prepare_cached("DELETE FROM history_chunks WHERE hi < ?1 OR hi > ?2")?
+            .execute([first, last])?,
+    };
+    *ends = Ends::load(conn)?;
+    Ok(())
+}
+
+/// Summarises every whole chunk of the tail.
+pub(crate) fn build_chunks(conn: &Connection, ends: &mut Ends) -> Result<(), StoreError> {
+    while let Some((_, last)) = ends.span
+        && last - ends.tail_start + 1 >= CHUNK
+    {
+        let (lo, hi) = (ends.tail_start, ends.tail_start + CHUNK - 1);
+        let mut statement = conn
+            .prepare_cached("SELECT at, event FROM history_events WHERE seq BETWEEN ?1 AND ?2")?;
+        let mut rows = statement.query([lo, hi])?;
+        let size = usize::try_from(CHUNK).unwrap_or(1024);
+        let (mut addrs, mut owners, mut containers) =
+            (bloom_new(size), bloom_new(size), bloom_new(size));
+        let mut scopes: Vec<String> = Vec::new();
+        let (mut min_at, mut max_at) = (i64::MAX, i64::MIN);
+        while let Some(row) = rows.next()? {
+            let at: i64 = row.get(0)?;
+            let event = decode(blob(row, 1)?)?;
+            min_at = min_at.min(at);
+            max_at = max_at.max(at);
+            bloom_add(&mut addrs, event.addr_key);
+            bloom_add(&mut owners, event.owner.as_bytes());
+            if let Some((_, container, _)) = event.key {
+                bloom_add(&mut containers, container.as_bytes());
+            }
+            if !scopes.iter().any(|s| s == event.scope) {
+                scopes.push(event.scope.to_owned());
+            }
+        }
+        drop(rows);
+        let mut scope_bytes = Vec::new();
+        for scope in &scopes {
+            put_str(&mut scope_bytes, scope);
+        }
+        conn.prepare_cached(
+            "INSERT INTO history_chunks (lo, hi, min_at, max_at, scopes, addrs, owners, containers)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?
+        .execute(params![
+            lo,
+            hi,
+            min_at,
+            max_at,
+            scope_bytes,
+            addrs,
+            owners,
+            containers
+        ])?;
+        ends.tail_start = hi + 1;
+        ends.oldest_chunk_at = Some(ends.oldest_chunk_at.map_or(min_at, |at| at.min(min_at)));
+        ends.tail_first_at = first_at_from(conn, ends.tail_start)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Queries.
+
+/// A chunk that may hold a match.
+struct Candidate {
+    lo: i64,
+    hi: i64,
+    max_at: i64,
+    scopes: Vec<String>,
+}
+
+/// The chunks whose filters may hold `addr`, `owner` and `container` and whose times meet
+/// `[since, until]`.
+fn candidates(
+    conn: &Connection,
+    (addr, owner, container): (Option<&[u8; 17]>, Option<&str>, Option<&str>),
+    (since, until): (Option<i64>, Option<i64>),
+    with_scopes: bool,
+) -> Result<Vec<Candidate>, StoreError> {
+    let column = |wanted: bool, name: &'static str| if wanted { name } else { "NULL" };
+    let sql = format!(
+        "SELECT lo, hi, min_at, max_at, {}, {}, {}, {} FROM history_chunks",
+        column(with_scopes, "scopes"),
+        column(addr.is_some(), "addrs"),
+        column(owner.is_some(), "owners"),
+        column(container.is_some(), "containers"),
+    );
+    let mut statement = conn.prepare_cached(&sql)?;
+    let mut rows = statement.query([])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let (min_at, max_at): (i64, i64) = (row.get(2)?, row.get(3)?);
+        if since.is_some_and(|since| max_at < since) || until.is_some_and(|until| min_at > until) {
+            continue;
+        }
+        let may = |index: usize, key: Option<&[u8]>| -> Result<bool, StoreError> {
+            Ok(match key {
+                Some(key) => bloom_has(blob(row, index)?, key),
+                None => true,
+            })
+        };
+        if !(may(5, addr.map(|a| &a[..]))?
+            && may(6, owner.map(str::as_bytes))?
+            && may(7, container.map(str::as_bytes))?)
+        {
+            continue;
+        }
+        let scopes = if with_scopes {
+            let mut r = Reader(blob(row, 4)?);
+            let mut scopes = Vec::new();
+            while !r.0.is_empty() {
+                scopes.push(r.str()?.to_owned());
+            }
+            scopes
+        } else {
+            Vec::new()
+        };
+        out.push(Candidate {
+            lo: row.get(0)?,
+            hi: row.get(1)?,
+            max_at,
+            scopes,
+        });
+    }
+    Ok(out)
+}
+
+/// An event found, with its time and number (the answer's order: newest first).
+type Found = (Reverse<(i64, i64)>, HistoryEvent);
+
+/// The events numbered within `[lo, hi]` that match; returns how many rows it read.
+fn read_range(
+    conn: &Connection,
+    (lo, hi): (i64, i64),
+    query: &HistoryQuery,
+    addr: Option<&[u8; 17]>,
+    out: &mut Vec<Found>,
+) -> Result<usize, StoreError> {
+    let mut statement = conn
+        .prepare_cached("SELECT seq, at, event FROM history_events WHERE seq BETWEEN ?1 AND ?2")?;
+    let mut rows = statement.query([lo, hi])?;
+    let mut read = 0;
+    while let Some(row) = rows.next()? {
+        read += 1;
+        let (seq, at): (i64, i64) = (row.get(0)?, row.get(1)?);
+        let event = decode(blob(row, 2)?)?;
+        if event.matches(at, query, addr) {
+            out.push((Reverse((at, seq)), event.to_event(at)?));
+        }
+    }
+    Ok(read)
+}
+
+/// The answer to `query`, newest first, and how many rows were read for it.
+pub(crate) fn history(
+    conn: &Connection,
+    query: &HistoryQuery,
+) -> Result<(Vec<HistoryEvent>, usize), StoreError> {
+    if query.limit == 0 {
+        return Ok((Vec::new(), 0));
+    }
+    let addr = query.addr.map(addr_key);
+    let tail = tail_start(conn)?.unwrap_or(i64::MIN);
+    let mut found = Vec::new();
+    let mut read = read_range(conn, (tail, i64::MAX), query, addr.as_ref(), &mut found)?;
+    let mut chunks = candidates(
+        conn,
+        (
+            addr.as_ref(),
+            query.owner.as_deref(),
+            query.container_id.as_deref(),
+        ),
+        (query.since.map(millis), query.until.map(millis)),
+        false,
+    )?;
+    chunks.sort_by_key(|c| Reverse((c.max_at, c.hi)));
+    for chunk in chunks {
+        if found.len() >= query.limit {
+            found.sort_by_key(|f| f.0);
+            found.truncate(query.limit);
+            // Every event left is older than the last kept.
+            if found.last().is_some_and(|f| chunk.max_at < f.0.0.0) {
+                break;
+            }
+        }
+        read += read_range(conn, (chunk.lo, chunk.hi), query, addr.as_ref(), &mut found)?;
+    }
+    found.sort_by_key(|f| f.0);
+    found.truncate(query.limit);
+    Ok((found.into_iter().map(|f| f.1).collect(), read))
+}
+
+/// Who held `addr` at `at`, and how many rows were read for it.
+pub(crate) fn held_at(
+    conn: &Connection,
+    addr: IpAddr,
+    at: Timestamp,
+) -> Result<(Vec<HistoryEvent>, usize), StoreError> {
+    let query = HistoryQuery {
+        until: Some(at),
+        ..HistoryQuery::default()
+    };
+    let at = millis(at);
+    let key = addr_key(addr);
+    let tail = tail_start(conn)?.unwrap_or(i64::MIN);
+    let mut found = Vec::new();
+    let mut read = read_range(conn, (tail, i64::MAX), &query, Some(&key), &mut found)?;
+    let mut chunks = candidates(conn, (Some(&key), None, None), (None, Some(at)), true)?;
+    chunks.sort_by_key(|c| Reverse((c.max_at.min(at), c.hi)));
+    // Per scope, the newest event found so far (time, number).
+    let mut newest: Vec<(String, (i64, i64))> = Vec::new();
+    let note = |found: &[Found], newest: &mut Vec<(String, (i64, i64))>| {
+        for (Reverse(order), event) in found {
+            match newest.iter_mut().find(|(scope, _)| *scope == event.scope) {
+                Some((_, best)) => *best = (*best).max(*order),
+                None => newest.push((event.scope.clone(), *order)),
+            }
+        }
+    };
+    note(&found, &mut newest);
+    for chunk in chunks {
+        let bound = chunk.max_at.min(at);
+        // A chunk whose every scope already has a newer event cannot change the answer.
+        let settled = chunk.scopes.iter().all(|scope| {
+            newest
+                .iter()
+                .any(|(s, (t, seq))| s == scope && (*t > bound || (*t == bound && *seq > chunk.hi)))
+        });
+        if settled {
+            continue;
+        }
+        let from = found.len();
+        read += read_range(conn, (chunk.lo, chunk.hi), &query, Some(&key), &mut found)?;
+        note(&found[from..], &mut newest);
+    }
+    found.sort_by_key(|f| f.0);
+    Ok((holders(found.into_iter().map(|f| f.1)), read))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{SqliteStore, Store, StoredAllocation, Txn};
+
+    /// Event `i` of a long history: allocation `i / 2` of its own address (of 60,000), pod
+    /// and container, allocated then released, 1 s apart.
+    fn event(i: u64) -> HistoryEvent {
+        let allocation = i / 2;
+        let host = allocation % 60_000;
+        let row = StoredAllocation {
+            pool: PoolName::default_pool(),
+            addr: IpAddr::from([10, 64, (host / 256) as u8, (host % 256) as u8]),
+            owner: format!("ns/pod-{allocation}"),
+            key: Some(AttachmentKey::new("net", &format!("c{allocation}"), "eth0").unwrap()),
+            generation: allocation,
+            lease: None,
+        };
+        let kind = if i.is_multiple_of(2) {
+            HistoryKind::Allocated
+        } else {
+            HistoryKind::Released
+        };
+        HistoryEvent::of(Timestamp::from_unix_millis(i * 1000), kind, "node", &row)
+    }
+
+    /// A query reads the tail and the chunks that may hold its answer, not the log: over 40
+    /// chunks, an owner's, a container's or an address's events cost a chunk or two (and a
+    /// false positive of a filter now and then), the newest events the last chunk, and who
+    /// held an address the chunk of its newest event.
+    #[test]
+    fn queries_read_only_the_chunks_that_may_hold_the_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store =
+            SqliteStore::open_owned(dir.path(), std::path::Path::new("/x.sock")).unwrap();
+        let n = 40 * CHUNK as u64 + 100;
+        let mut txn = store.begin().unwrap();
+        for i in 0..n {
+            txn.record_history(&event(i)).unwrap();
+            if i % 64 == 63 {
+                txn.prune_history(
+                    &HistoryLimits::default(),
+                    Timestamp::from_unix_millis(n * 1000),
+                )
+                .unwrap();
+            }
+        }
+        txn.prune_history(
+            &HistoryLimits::default(),
+            Timestamp::from_unix_millis(n * 1000),
+        )
+        .unwrap();
+        txn.commit().unwrap();
+        let conn = store.conn();
+        let chunks: i64 = conn
+            .query_row("SELECT count(*) FROM history_chunks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(chunks, 40);
+        let tail = 100;
+        let bound = |chunks: usize| tail + chunks * CHUNK as usize;
+        let ask = |query: HistoryQuery| {
+            history(
+                conn,
+                &HistoryQuery {
+                    limit: 100,
+                    ..query
+                },
+            )
+            .unwrap()
+        };
+        let (events, read) = ask(HistoryQuery::default());
+        assert_eq!(events.len(), 100);
+        assert!(read <= bound(1), "newest 100: {read} rows");
+        for pod in [5u64, 9_000, 20_000] {
+            let (events, read) = ask(HistoryQuery {
+                owner: Some(format!("ns/pod-{pod}")),
+                ..HistoryQuery::default()
+            });
+            assert_eq!(events.len(), 2);
+            assert!(read <= bound(3), "owner: {read} rows");
+            let (events, read) = ask(HistoryQuery {
+                container_id: Some(format!("c{pod}")),
+                ..HistoryQuery::default()
+            });
+            assert_eq!(events.len(), 2);
+            assert!(read <= bound(3), "container: {read} rows");
+            let addr = event(pod * 2).addr;
+            let (events, read) = ask(HistoryQuery {
+                addr: Some(addr),
+                ..HistoryQuery::default()
+            });
+            assert_eq!(events.len(), 2);
+            assert!(read <= bound(3), "address: {read} rows");
+            let (held, read) =
+                held_at(conn, addr, Timestamp::from_unix_millis(pod * 2000 + 500)).unwrap();
+            assert_eq!(held.len(), 1);
+            assert_eq!(held[0].owner, format!("ns/pod-{pod}"));
+            assert!(read <= bound(3), "held at: {read} rows");
+        }
+    }
+}
