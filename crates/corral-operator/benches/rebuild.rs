@@ -74,6 +74,20 @@ async fn count(kv: &MemKv, prefix: &str) -> u64 {
         .count
 }
 
+/// Writes `ops`, 100 to a transaction (as agents' writes reach etcd).
+async fn put_in_batches(kv: &MemKv, mut ops: Vec<TxnOp>) {
+    while !ops.is_empty() {
+        let rest = ops.split_off(ops.len().min(100));
+        kv.txn(Txn {
+            success: ops,
+            ..Txn::default()
+        })
+        .await
+        .unwrap();
+        ops = rest;
+    }
+}
+
 async fn wait_leading(replica: &Replica) {
     while !replica.shared.leading() {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -96,28 +110,21 @@ async fn main() {
     let names: Vec<NodeName> = (0..nodes)
         .map(|i| NodeName::new(&format!("node-{i:06}")).unwrap())
         .collect();
-    for (c, chunk) in names.chunks(100).enumerate() {
-        let success = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let record = NodeRecord {
-                    uid: format!("uid-{}", c * 100 + i),
-                    addresses: vec![],
-                    registered_ms: 0,
-                    instance_id: None,
-                    max_pods: None,
-                };
-                TxnOp::put(keys.node(node), encode_value(&record).unwrap())
-            })
-            .collect();
-        kv.txn(Txn {
-            success,
-            ..Txn::default()
+    let registrations = names
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let record = NodeRecord {
+                uid: format!("uid-{i}"),
+                addresses: vec![],
+                registered_ms: 0,
+                instance_id: None,
+                max_pods: None,
+            };
+            TxnOp::put(keys.node(node), encode_value(&record).unwrap())
         })
-        .await
-        .unwrap();
-    }
+        .collect();
+    put_in_batches(&kv, registrations).await;
     let started = Instant::now();
     let first = start(&kv, "op-a");
     let grants = keys.grants_prefix();
@@ -149,31 +156,23 @@ async fn main() {
             });
         }
     }
-    let held: Vec<_> = held.into_iter().collect();
-    for chunk in held.chunks(100) {
-        let success = chunk
-            .iter()
-            .map(|(node, ranges)| {
-                let uid = node
-                    .as_str()
-                    .trim_start_matches("node-")
-                    .parse::<usize>()
-                    .unwrap();
-                let record = HoldingsRecord {
-                    uid: format!("uid-{uid}"),
-                    ranges: ranges.clone(),
-                    ..Default::default()
-                };
-                TxnOp::put(keys.holdings(node), encode_value(&record).unwrap())
-            })
-            .collect();
-        kv.txn(Txn {
-            success,
-            ..Txn::default()
+    let holdings = held
+        .into_iter()
+        .map(|(node, ranges)| {
+            let uid = node
+                .as_str()
+                .trim_start_matches("node-")
+                .parse::<usize>()
+                .unwrap();
+            let record = HoldingsRecord {
+                uid: format!("uid-{uid}"),
+                ranges,
+                ..Default::default()
+            };
+            TxnOp::put(keys.holdings(&node), encode_value(&record).unwrap())
         })
-        .await
-        .unwrap();
-    }
+        .collect();
+    put_in_batches(&kv, holdings).await;
     let _ = first.stop.send(());
     first.task.await.unwrap();
     let total = count(&kv, keys.prefix()).await;
