@@ -254,8 +254,8 @@ struct AgentArgs {
     /// This node's name in the cluster (with --etcd)
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
-    /// The cluster's name (with --etcd) [default: the configuration file's [cluster] name,
-    /// else default]
+    /// The cluster's name (with --etcd); unset, the configuration file's [cluster] name, else
+    /// `default`
     #[arg(long, env = "CORRAL_CLUSTER")]
     cluster: Option<String>,
     /// TLS to etcd (with --etcd; the configuration file's `[cluster]` table otherwise)
