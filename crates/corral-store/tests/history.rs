@@ -272,18 +272,22 @@ fn memory_prunes_by_age() {
     prunes_by_age(&mut MemoryStore::new());
 }
 
+/// A state directory whose store holds one allocation (in network `net`), closed.
+fn holding_one_allocation() -> (tempfile::TempDir, StoredAllocation) {
+    let dir = tempfile::tempdir().unwrap();
+    let allocation = row("10.0.0.5", "ns/a", "ca", 1);
+    let mut store = SqliteStore::open(dir.path()).unwrap();
+    let mut txn = store.begin().unwrap();
+    txn.put_allocation("net", &allocation).unwrap();
+    txn.commit().unwrap();
+    (dir, allocation)
+}
+
 /// A database of schema 4 (the one before the history) is migrated: what it held stays, and
 /// the history starts empty.
 #[test]
 fn a_schema_4_database_gets_the_history() {
-    let dir = tempfile::tempdir().unwrap();
-    let allocation = row("10.0.0.5", "ns/a", "ca", 1);
-    {
-        let mut store = SqliteStore::open(dir.path()).unwrap();
-        let mut txn = store.begin().unwrap();
-        txn.put_allocation("net", &allocation).unwrap();
-        txn.commit().unwrap();
-    }
+    let (dir, allocation) = holding_one_allocation();
     // What schema 4 was: this one without the history.
     let conn = rusqlite::Connection::open(dir.path().join(corral_store::DB_FILE)).unwrap();
     conn.execute_batch(
@@ -547,14 +551,7 @@ const SCHEMA_5_HISTORY: &str = "CREATE TABLE history (
 /// written, whole chunks of it summarised, and new events follow it.
 #[test]
 fn a_schema_5_history_is_readable_after_the_upgrade() {
-    let dir = tempfile::tempdir().unwrap();
-    let allocation = row("10.0.0.5", "ns/a", "ca", 1);
-    {
-        let mut store = SqliteStore::open(dir.path()).unwrap();
-        let mut txn = store.begin().unwrap();
-        txn.put_allocation("net", &allocation).unwrap();
-        txn.commit().unwrap();
-    }
+    let (dir, allocation) = holding_one_allocation();
     let events = varied(3_000);
     let mut conn = rusqlite::Connection::open(dir.path().join(corral_store::DB_FILE)).unwrap();
     conn.execute_batch("DROP TABLE history_events; DROP TABLE history_chunks;")

@@ -344,19 +344,19 @@ pub(crate) struct Ends {
 
 impl Ends {
     pub(crate) fn load(conn: &Connection) -> Result<Ends, StoreError> {
-        let first: Option<i64> = conn
-            .prepare_cached("SELECT min(seq) FROM history_events")?
-            .query_row([], |r| r.get(0))?;
-        let last: Option<i64> = conn
-            .prepare_cached("SELECT max(seq) FROM history_events")?
-            .query_row([], |r| r.get(0))?;
-        let tail_start = tail_start(conn)?.unwrap_or(first.unwrap_or(0));
+        Ends::load_with_span(conn, seq_span(conn)?)
+    }
+
+    /// [`Ends::load`] with the events' first and last numbers already read (`seq_span`).
+    fn load_with_span(conn: &Connection, span: Option<(i64, i64)>) -> Result<Ends, StoreError> {
+        let first = span.map_or(0, |(first, _)| first);
+        let tail_start = tail_start(conn)?.unwrap_or(first);
         let oldest_chunk_at: Option<i64> = conn
             .prepare_cached("SELECT min(min_at) FROM history_chunks")?
             .query_row([], |r| r.get(0))?;
         let tail_first_at = first_at_from(conn, tail_start)?;
         Ok(Ends {
-            span: first.zip(last),
+            span,
             tail_start,
             oldest_chunk_at,
             tail_first_at,
@@ -540,21 +540,24 @@ fn delete_older(
 /// After events were deleted: drops the chunks left without events at either end, and reads
 /// the ends again.
 fn after_delete(conn: &Connection, ends: &mut Ends) -> Result<(), StoreError> {
-    let first: Option<i64> = conn
-        .prepare_cached("SELECT min(seq) FROM history_events")?
-        .query_row([], |r| r.get(0))?;
-    let last: Option<i64> = conn
-        .prepare_cached("SELECT max(seq) FROM history_events")?
-        .query_row([], |r| r.get(0))?;
-    match first.zip(last) {
+    let span = seq_span(conn)?;
+    match span {
         // Numbers start again from 1 in an empty table: no chunk may cover them.
         None => conn.execute("DELETE FROM history_chunks", [])?,
         Some((first, last)) => conn
             .prepare_cached("DELETE FROM history_chunks WHERE hi < ?1 OR hi > ?2")?
             .execute([first, last])?,
     };
-    *ends = Ends::load(conn)?;
+    *ends = Ends::load_with_span(conn, span)?;
     Ok(())
+}
+
+/// The first and last events' numbers, if there are events (one read of the log's ends).
+fn seq_span(conn: &Connection) -> Result<Option<(i64, i64)>, StoreError> {
+    let (first, last): (Option<i64>, Option<i64>) = conn
+        .prepare_cached("SELECT min(seq), max(seq) FROM history_events")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(first.zip(last))
 }
 
 /// Summarises every whole chunk of the tail.
