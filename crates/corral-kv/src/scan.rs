@@ -155,6 +155,68 @@ impl Default for Seen {
     }
 }
 
+/// What the keys read so far showed of their bytes, by position: the lowest and highest value
+/// of each, and whether it has gone round. A range that would reach past the highest of a byte
+/// that went round ends at its parent's end instead, and a cursor past it stands at the next
+/// parent's start (no request for the values no key uses, such as those after `9`); a cursor
+/// short of the depth counts from the lowest.
+#[derive(Clone, Debug, Default)]
+struct Shape {
+    seen: Vec<Seen>,
+    /// The last key read.
+    last: Vec<u8>,
+}
+
+impl Shape {
+    fn at(&self, at: usize) -> Seen {
+        self.seen.get(at).copied().unwrap_or_default()
+    }
+
+    /// Whether `byte` at `at` is past every value that byte takes (as far as the keys tell).
+    fn past(&self, at: usize, byte: u8) -> bool {
+        let seen = self.at(at);
+        seen.round && byte > seen.high
+    }
+
+    /// Learns which values each byte of `keys` (read in order, after the last) takes.
+    fn see(&mut self, keys: &[KeyValue]) {
+        for key in keys {
+            let key = &key.key;
+            if self.seen.len() < key.len() {
+                self.seen.resize(key.len(), Seen::default());
+            }
+            let parted = common_prefix(&self.last, key);
+            for (at, (seen, &byte)) in self.seen.iter_mut().zip(key).enumerate() {
+                if seen.high < seen.low {
+                    (seen.low, seen.high) = (byte, byte);
+                } else {
+                    seen.low = seen.low.min(byte);
+                    if byte > seen.high {
+                        // A value past the highest: the byte had not gone round after all
+                        // (`a` after `9`, when only an empty answer said it had).
+                        seen.high = byte;
+                        seen.round = false;
+                    }
+                }
+                if at > parted && self.last.get(at).is_some_and(|&before| byte < before) {
+                    seen.round = true;
+                }
+            }
+            self.last.clone_from(key);
+        }
+    }
+
+    /// An empty range ended at `end`: each of its first `depth` bytes past the highest value
+    /// seen is taken to have gone round.
+    fn trust_highs(&mut self, end: &[u8], depth: usize) {
+        for (seen, &byte) in self.seen.iter_mut().zip(end).take(depth) {
+            if seen.low <= seen.high && byte > seen.high {
+                seen.round = true;
+            }
+        }
+    }
+}
+
 /// The choice of ranges, apart from any store: where the next range starts, and how much of
 /// the key tree it covers.
 #[derive(Clone, Debug)]
@@ -177,17 +239,10 @@ struct Planner {
     depth: usize,
     /// How many sibling subtrees at `depth` the next range covers, from the cursor's.
     span: u64,
-    /// The lowest and highest values seen of each byte of the keys read (by position), and
-    /// whether that byte has gone round (fallen back as a byte before it moved on): a range
-    /// that would reach past the highest of a byte that went round ends at its parent's end
-    /// instead, and a cursor past it stands at the next parent's start (no request for the
-    /// values no key uses, such as those after `9`); a cursor short of `depth` counts from
-    /// the lowest.
-    seen: Vec<Seen>,
+    /// What the keys of this segment showed of their bytes.
+    shape: Shape,
     /// Empty ranges in a row.
     empties: u32,
-    /// The last key read.
-    last: Vec<u8>,
     done: bool,
 }
 
@@ -201,9 +256,8 @@ impl Planner {
             segment_end: None,
             depth: prefix.len().max(1),
             span: 1,
-            seen: Vec::new(),
+            shape: Shape::default(),
             empties: 0,
-            last: Vec::new(),
             done: false,
         }
     }
@@ -246,8 +300,7 @@ impl Planner {
         if fresh {
             // A new segment: its first range is all of it, and what the last one taught
             // (another kind of key, other bytes where) is forgotten.
-            self.seen.clear();
-            self.last.clear();
+            self.shape = Shape::default();
             self.empties = 0;
             self.span = 1;
             return Some((self.cursor.clone(), segment_end));
@@ -266,26 +319,22 @@ impl Planner {
     /// `depth` at its subtree's start, its missing bytes the lowest values seen. `None`: no
     /// end.
     fn siblings_end(&self) -> Option<Vec<u8>> {
-        let seen = |at: usize| self.seen.get(at).copied().unwrap_or_default();
-        let past = |at: usize, byte: u8| {
-            let seen = seen(at);
-            seen.round && byte > seen.high
-        };
+        let shape = &self.shape;
         let mut base = self.cursor.clone();
         base.truncate(self.depth);
         // Past every value seen at a byte: the next parent's start.
-        while let Some(at) = (0..base.len()).find(|&at| past(at, base[at])) {
+        while let Some(at) = (0..base.len()).find(|&at| shape.past(at, base[at])) {
             base = prefix_end(&base[..at]);
             if base.is_empty() {
                 return None;
             }
         }
         while base.len() < self.depth {
-            base.push(seen(base.len()).low);
+            base.push(shape.at(base.len()).low);
         }
         let (last, parent) = base.split_last()?;
         let next = u64::from(*last) + self.span;
-        let end = if next > 0xff || past(parent.len(), (next - 1) as u8) {
+        let end = if next > 0xff || shape.past(parent.len(), (next - 1) as u8) {
             prefix_end(parent)
         } else {
             let mut end = parent.to_vec();
@@ -297,34 +346,6 @@ impl Planner {
 
     fn set_depth(&mut self, depth: usize) {
         self.depth = depth.max(1);
-    }
-
-    /// Learns which values each byte of `keys` (read in order, after the last) takes.
-    fn see(&mut self, keys: &[KeyValue]) {
-        for key in keys {
-            let key = &key.key;
-            if self.seen.len() < key.len() {
-                self.seen.resize(key.len(), Seen::default());
-            }
-            let parted = common_prefix(&self.last, key);
-            for (at, (seen, &byte)) in self.seen.iter_mut().zip(key).enumerate() {
-                if seen.high < seen.low {
-                    (seen.low, seen.high) = (byte, byte);
-                } else {
-                    seen.low = seen.low.min(byte);
-                    if byte > seen.high {
-                        // A value past the highest: the byte had not gone round after all
-                        // (`a` after `9`, when only an empty answer said it had).
-                        seen.high = byte;
-                        seen.round = false;
-                    }
-                }
-                if at > parted && self.last.get(at).is_some_and(|&before| byte < before) {
-                    seen.round = true;
-                }
-            }
-            self.last.clone_from(key);
-        }
     }
 
     /// Learns from the answer to `[start, end)`.
@@ -344,7 +365,7 @@ impl Planner {
                     self.set_depth(self.depth + 1);
                     self.span = 1;
                 }
-                self.see(&page.kvs);
+                self.shape.see(&page.kvs);
                 let mut cursor = last.key.clone();
                 cursor.push(0);
                 self.cursor = cursor;
@@ -363,7 +384,7 @@ impl Planner {
                 };
                 // As many siblings as would hold a page at the density seen.
                 let span = values.saturating_mul(limit) / held;
-                self.see(&page.kvs);
+                self.shape.see(&page.kvs);
                 if span > MAX_SPAN && self.depth > 1 {
                     // Sparse even over every value: whole parents.
                     self.set_depth(self.depth - 1);
@@ -378,11 +399,7 @@ impl Planner {
                     // Nothing here: most likely past the values a byte takes (`9` of digits).
                     // Trusting the highest value seen of the bytes the range passed, the next
                     // range starts at the next parent that holds keys.
-                    for (seen, &byte) in self.seen.iter_mut().zip(end).take(self.depth) {
-                        if seen.low <= seen.high && byte > seen.high {
-                            seen.round = true;
-                        }
-                    }
+                    self.shape.trust_highs(end, self.depth);
                 } else {
                     // Nothing again: a gap or a segment's tail; the rest of the parent next
                     // (then of its parent, …), a request a level.
@@ -495,7 +512,9 @@ mod tests {
             lease: None,
         };
         // `k/10` after `k/04`: the last byte went round, its highest is 4.
-        planner.see(&[key(b"k/00"), key(b"k/04"), key(b"k/10")]);
+        planner
+            .shape
+            .see(&[key(b"k/00"), key(b"k/04"), key(b"k/10")]);
         planner.cursor = b"k/12".to_vec();
         assert_eq!(planner.siblings_end(), Some(b"k/2".to_vec()));
         // A cursor past the highest value seen stands at the next parent's start, counted
@@ -507,7 +526,7 @@ mod tests {
         assert_eq!(planner.siblings_end(), Some(b"k/22".to_vec()));
         planner.cursor = b"\xff\xff\xff".to_vec();
         planner.depth = 3;
-        planner.seen.clear();
+        planner.shape = Shape::default();
         assert_eq!(planner.siblings_end(), None);
     }
 
