@@ -188,9 +188,9 @@ pub fn cidr_segment(cidr: &IpNet) -> String {
     format!("{}-{}", cidr.network(), cidr.prefix_len())
 }
 
-/// Parses a key's CIDR segment, accepting only the canonical form with host bits zero. No
-/// allocation (a full read parses one a key): an IPv4 address that parses is in its one form
-/// (std refuses leading zeros); an IPv6 one is written again, on the stack, and compared.
+/// Parses a key's CIDR segment, accepting only the canonical form with host bits zero. An
+/// IPv4 address that parses is in its one form (std refuses leading zeros), so only IPv6 is
+/// written back to compare (a full read parses one a key; it formatted both twice before).
 pub fn parse_cidr_segment(segment: &str) -> Option<IpNet> {
     let (text, len) = segment.rsplit_once('-')?;
     let addr: std::net::IpAddr = text.parse().ok()?;
@@ -198,46 +198,9 @@ pub fn parse_cidr_segment(segment: &str) -> Option<IpNet> {
     let cidr = IpNet::new(addr, len).ok()?;
     let canonical = match addr {
         std::net::IpAddr::V4(_) => true,
-        std::net::IpAddr::V6(v6) => {
-            let mut written = StackText::default();
-            fmt::Write::write_fmt(&mut written, format_args!("{v6}")).is_ok()
-                && written.as_bytes() == text.as_bytes()
-        }
+        std::net::IpAddr::V6(v6) => v6.to_string() == text,
     };
     (canonical && cidr.trunc() == cidr).then_some(cidr)
-}
-
-/// Text written on the stack: an IPv6 address's (at most 45 bytes) fits.
-struct StackText {
-    bytes: [u8; 64],
-    len: usize,
-}
-
-impl Default for StackText {
-    fn default() -> StackText {
-        StackText {
-            bytes: [0; 64],
-            len: 0,
-        }
-    }
-}
-
-impl StackText {
-    fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len]
-    }
-}
-
-impl fmt::Write for StackText {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
-        let end = self.len + text.len();
-        self.bytes
-            .get_mut(self.len..end)
-            .ok_or(fmt::Error)?
-            .copy_from_slice(text.as_bytes());
-        self.len = end;
-        Ok(())
-    }
 }
 
 /// A family as written in a key.
