@@ -149,10 +149,12 @@ bench-agent: deps plugin
 ## the operator's state from their 20,000 grants (time, peak RSS); then block mode: 100 nodes
 ## claiming blocks at once (conflicts per grant, beside one contended key), a cold node to its
 ## first pod address, etcd requests per CNI ADD during churn, excess to quarantine; `corral
-## explain node` on 1,000 nodes (about 3 min). NODES=30000 (or 100000) sizes the first part.
+## explain node` on 1,000 nodes (about 3 min). NODES=30000 (or 100000) sizes the first part
+## and the operator's own rebuild on MemKv at that size (each kind of key's cost).
 NODES ?= 10000
 bench-cluster: deps
 	BENCH_NODES=$(NODES) $(CARGO) bench -p corral-cli --bench cluster
+	BENCH_NODES=$(NODES) $(CARGO) bench -p corral-operator --bench rebuild
 	$(CARGO) bench -p corral-cli --bench blocks
 	$(CARGO) bench -p corral-cli --bench explain
 
