@@ -669,6 +669,51 @@ async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
     agent.stop().await;
 }
 
+/// A demand write that fails while etcd does not answer is written again once it does, in
+/// the same round of the link: its lease and liveness key unchanged (a failed write used to
+/// end the round, and every agent of a starved etcd registered and watched again).
+#[tokio::test(start_paused = true)]
+async fn a_failed_demand_write_is_written_again_and_the_round_goes_on() {
+    let (kv, agent, api) =
+        configured_paused_with(Duration::from_secs(5), Duration::from_secs(1)).await;
+    grant(&kv, "pods", "10.60.0.0/24").await;
+    let used = async |kv: &MemKv| {
+        demand(kv, "pods")
+            .await
+            .and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)))
+    };
+    wait_for("the first demand", Duration::from_secs(10), async || {
+        used(&kv).await == Some((0, 1))
+    })
+    .await;
+    let live_key = keys().live(&node());
+    let before = kv.get(live_key.as_bytes()).await.unwrap().expect("live");
+    kv.set_unavailable(true);
+    let refused = kv.requests();
+    for i in 0..3 {
+        add(&api, &network(Some("pods"), None), i).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        kv.requests() > refused,
+        "the demand was tried while etcd did not answer"
+    );
+    kv.set_unavailable(false);
+    wait_for(
+        "the demand written again",
+        Duration::from_secs(10),
+        async || used(&kv).await == Some((3, 1)),
+    )
+    .await;
+    let after = kv.get(live_key.as_bytes()).await.unwrap().expect("live");
+    assert_eq!(
+        (after.lease, after.create_revision),
+        (before.lease, before.create_revision),
+        "the same round: its lease and key"
+    );
+    agent.stop().await;
+}
+
 /// Every put of the node's demand from now on, at its virtual time.
 async fn demand_writes(kv: &MemKv) -> Arc<Mutex<Vec<Instant>>> {
     let writes: Arc<Mutex<Vec<Instant>>> = Arc::default();

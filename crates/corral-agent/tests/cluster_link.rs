@@ -356,6 +356,100 @@ async fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     agent.stop().await;
 }
 
+/// A keep-alive that fails while the lease still runs (etcd slow or briefly without a
+/// leader) does not end the link's round: the agent says it is degraded, tries again, and
+/// keeps its lease and liveness key; ending the round at once made every agent of a starved
+/// etcd register, claim and watch again, and load it more (issue 25's 5,000 agents).
+#[tokio::test(start_paused = true)]
+async fn a_keep_alive_failing_within_the_ttl_keeps_the_round_and_its_lease() {
+    let kv = MemKv::new();
+    let agent = start_paused(&kv, Duration::from_secs(3)).await;
+    let api = agent.api();
+    grant_first_paused(&kv, &api, "10.192.1.0/24").await;
+    let live_key = keys().live(&NodeName::new("node-1").unwrap());
+    let before = kv
+        .get(live_key.as_bytes())
+        .await
+        .unwrap()
+        .expect("live/node-1");
+    // Keep-alives every second; unavailable for 1.5 s (under the 3 s TTL): one or two fail.
+    kv.set_unavailable(true);
+    wait_for(
+        "degraded by a failed keep-alive",
+        Duration::from_secs(2),
+        async || agent.cluster_status().await.degraded,
+    )
+    .await;
+    let status = agent.cluster_status().await;
+    let error = status.last_error.clone().unwrap_or_default();
+    assert!(
+        error.contains("keeping the liveness lease alive failed"),
+        "{status:?}"
+    );
+    assert!(status.registered, "the round goes on: {status:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kv.set_unavailable(false);
+    wait_for(
+        "a keep-alive succeeds again",
+        Duration::from_secs(2),
+        async || {
+            let status = agent.cluster_status().await;
+            !status.degraded && status.last_error.is_none()
+        },
+    )
+    .await;
+    let after = kv
+        .get(live_key.as_bytes())
+        .await
+        .unwrap()
+        .expect("live/node-1");
+    assert_eq!(
+        (after.lease, after.create_revision),
+        (before.lease, before.create_revision),
+        "the same lease and key: no new round"
+    );
+    assert_eq!(ranges(&api).await, [("10.192.1.0/24".to_owned(), false)]);
+    agent.stop().await;
+}
+
+/// Past the TTL without a renewal, the round ends (the lease may be gone): the agent links
+/// again on a new lease once etcd answers.
+#[tokio::test(start_paused = true)]
+async fn a_keep_alive_failing_past_the_ttl_ends_the_round() {
+    let kv = MemKv::new();
+    let agent = start_paused(&kv, Duration::from_secs(3)).await;
+    let api = agent.api();
+    grant_first_paused(&kv, &api, "10.192.1.0/24").await;
+    let live_key = keys().live(&NodeName::new("node-1").unwrap());
+    let before = kv
+        .get(live_key.as_bytes())
+        .await
+        .unwrap()
+        .expect("live/node-1");
+    kv.set_unavailable(true);
+    // Keep-alives fail for a TTL (3 s), then the round ends with the store's error.
+    wait_for("the round ends", Duration::from_secs(5), async || {
+        let status = agent.cluster_status().await;
+        status.last_error.as_deref()
+            == Some("cluster store unavailable: in-memory store set unavailable")
+    })
+    .await;
+    kv.set_unavailable(false);
+    wait_for("linked again", Duration::from_secs(40), async || {
+        let status = agent.cluster_status().await;
+        status.registered && !status.degraded && status.last_error.is_none()
+    })
+    .await;
+    let after = kv
+        .get(live_key.as_bytes())
+        .await
+        .unwrap()
+        .expect("live/node-1");
+    assert_ne!(after.lease, before.lease, "a new round, on a new lease");
+    assert_eq!(ranges(&api).await, [("10.192.1.0/24".to_owned(), false)]);
+    agent.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_liveness_key_lives_on_the_agents_lease_and_its_expiry_removes_no_grant() {
     let kv = MemKv::new();

@@ -40,7 +40,14 @@ fn main() {
         .build()
         .unwrap();
     let etcd = runtime
-        .block_on(corral_etcd::testing::EtcdCluster::start(3))
+        // etcd's own timings (heartbeat 100 ms, election timeout 1 s), as a production
+        // cluster runs, not the test harness's quick failover ones (50 ms and 250 ms): on this
+        // 2-core machine thousands of agents starve the members, and under the harness's
+        // timings their leader lost its term dozens of times while the agents started.
+        .block_on(corral_etcd::testing::EtcdCluster::start_with(
+            3,
+            &["--heartbeat-interval", "100", "--election-timeout", "1000"],
+        ))
         .expect("etcd starts (make deps)");
     let version = std::process::Command::new(corral_etcd::testing::etcd_binary().unwrap())
         .arg("--version")
@@ -54,7 +61,7 @@ fn main() {
         })
         .unwrap_or_default();
     println!(
-        "rig: {version} (3 members on 127.0.0.1, fsync on), {} cores; {agents} agents in one process (open files {nofile}); idle {} s, churn {} s at {per_min} ADDs per agent per minute",
+        "rig: {version} (3 members on 127.0.0.1, fsync on, heartbeat 100 ms, election timeout 1 s), {} cores; {agents} agents in one process (open files {nofile}); idle {} s, churn {} s at {per_min} ADDs per agent per minute",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         idle.as_secs(),
         churn.as_secs()

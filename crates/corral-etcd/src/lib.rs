@@ -821,6 +821,25 @@ fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {
     }
 }
 
+/// [`key_value`] taking the key's and the value's bytes instead of copying them.
+fn owned_key_value(kv: etcd_client::KeyValue) -> KeyValue {
+    let (create_revision, mod_revision, version, lease) = (
+        kv.create_revision(),
+        kv.mod_revision(),
+        kv.version(),
+        kv.lease(),
+    );
+    let (key, value) = kv.into_key_value();
+    KeyValue {
+        key,
+        value,
+        create_revision,
+        mod_revision,
+        version,
+        lease: (lease != 0).then_some(LeaseId(lease)),
+    }
+}
+
 /// The first key after every key that starts with `prefix` (etcd's range end for a prefix).
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     match corral_kv::prefix_end(prefix) {
@@ -984,10 +1003,15 @@ impl Kv for EtcdKv {
             async move { client.kv_client().get(start, Some(options)).await }
         };
         match self.call("range", true, request).await {
-            Ok(response) => {
+            Ok(mut response) => {
                 let current = response.header().map_or(0, |header| header.revision());
                 Ok(RangePage {
-                    kvs: response.kvs().iter().map(key_value).collect(),
+                    // Moved, not copied: a rebuild reads every key of the cluster this way.
+                    kvs: response
+                        .take_kvs()
+                        .into_iter()
+                        .map(owned_key_value)
+                        .collect(),
                     more: response.more(),
                     count: u64::try_from(response.count()).unwrap_or(0),
                     revision: revision.filter(|revision| *revision > 0).unwrap_or(current),

@@ -228,13 +228,27 @@ impl DemandWriter {
                     key: census_key.clone().into_bytes(),
                 });
             }
-            let response = kv
+            let response = match kv
                 .txn(Txn {
                     compares: vec![],
                     success,
                     failure: vec![],
                 })
-                .await?;
+                .await
+            {
+                Ok(response) => response,
+                Err(error) if error.is_retryable() => {
+                    // etcd slow or briefly without a leader: the demand is written again
+                    // at the next interval (what was written is not recorded, so it counts
+                    // as changed), and the link's round goes on. Ending the round here made
+                    // every agent of a starved etcd register and watch again.
+                    tracing::warn!(%error, "writing the node's demand failed; trying again");
+                    self.urgent_owed = urgent;
+                    self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
+                    return Ok(false);
+                }
+                Err(error) => return Err(error),
+            };
             if i == 0 {
                 census = response.gets.into_iter().next().flatten();
             }

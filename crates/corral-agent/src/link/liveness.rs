@@ -298,6 +298,65 @@ pub async fn claim<K: Kv>(
     }
 }
 
+/// A lease kept alive through slow answers. A keep-alive that fails for a passing reason (a
+/// timeout, an unreachable or leaderless etcd) leaves the lease as it is, and is tried again
+/// soon; the lease is given up only when etcd says it is gone, or when its TTL has run out
+/// since the last renewal etcd acknowledged (counted from when that keep-alive was sent, so
+/// never later than etcd's own expiry). Ending the link's round at every slow keep-alive made
+/// an overloaded etcd worse: each such round registered again, claimed its liveness again and
+/// opened its watches again (thousands of agents on a starved etcd flapped that way).
+#[derive(Debug)]
+pub struct Renewal {
+    lease: LeaseId,
+    ttl: Duration,
+    renewed: tokio::time::Instant,
+}
+
+/// How a renewal went.
+#[derive(Debug)]
+pub enum Renewed {
+    /// etcd renewed the lease.
+    Yes,
+    /// The keep-alive failed, but the lease may still run: try again soon.
+    Late(KvError),
+}
+
+impl Renewal {
+    /// A lease of `ttl` whose grant (or last renewal) was asked for at `asked`.
+    pub fn new(lease: LeaseId, ttl: Duration, asked: tokio::time::Instant) -> Renewal {
+        Renewal {
+            lease,
+            ttl,
+            renewed: asked,
+        }
+    }
+
+    pub fn lease(&self) -> LeaseId {
+        self.lease
+    }
+
+    /// One keep-alive: an error only when the lease is gone or cannot be told alive any more.
+    pub async fn renew<K: Kv>(&mut self, kv: &K) -> Result<Renewed, KvError> {
+        let sent = tokio::time::Instant::now();
+        match kv.lease_keep_alive(self.lease).await {
+            Ok(ttl) => {
+                self.renewed = sent;
+                self.ttl = ttl;
+                Ok(Renewed::Yes)
+            }
+            Err(error) if error.is_retryable() && self.renewed.elapsed() < self.ttl => {
+                Ok(Renewed::Late(error))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// When to try again after a late keep-alive: a second, or sooner for a short TTL.
+    pub fn retry_in(&self) -> Duration {
+        (self.ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+}
+
 /// What the guard found.
 #[derive(Debug)]
 pub enum Lost {

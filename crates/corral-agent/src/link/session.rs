@@ -28,6 +28,7 @@ use super::demand::{DemandWriter, sleep_until_due};
 use super::handshake::{handshake, held_locally};
 use super::held::{AcrossRounds, Held, screen};
 use super::holdings;
+use super::liveness::{Renewal, Renewed};
 use super::state::{ClusterOptions, Cx, LinkError, SharedClusterState, backoff, now_ms, update};
 use crate::committer::Committer;
 use crate::node::{ClusterRanges, Pools};
@@ -271,10 +272,12 @@ pub(super) const REMOVED_TICK: Duration = Duration::from_secs(1);
 pub(super) async fn while_removed<K: Kv>(
     cx: &Cx<'_, K>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
-    mut lease: Option<LeaseId>,
+    lease: Option<LeaseId>,
     identity: &crate::link::liveness::ProcessIdentity,
 ) {
     let (kv, keys, node, options, committer, state) = cx.parts();
+    // The round's lease, kept alive from now on (etcd says at once if it is gone already).
+    let mut renewal = lease.map(|lease| Renewal::new(lease, options.lease_ttl, Instant::now()));
     let keep_alive_every = (options.lease_ttl / 3)
         .max(Duration::from_millis(200))
         .min(REMOVED_TICK);
@@ -284,22 +287,25 @@ pub(super) async fn while_removed<K: Kv>(
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => {
-                if let Some(lease) = lease {
-                    let _ = kv.lease_revoke(lease).await;
+                if let Some(renewal) = &renewal {
+                    let _ = kv.lease_revoke(renewal.lease()).await;
                 }
                 return;
             }
         }
-        // The liveness key: kept alive, or put again on a new lease (etcd was unreachable
-        // for longer than the TTL, or the round that found the removal had none).
-        let alive = match lease {
-            Some(id) => kv.lease_keep_alive(id).await.is_ok(),
+        // The liveness key: kept alive (through slow answers, `Renewal`), or put again on a
+        // new lease (etcd was unreachable for longer than the TTL, or the round that found
+        // the removal had none).
+        let alive = match &mut renewal {
+            Some(renewal) => renewal.renew(kv).await.is_ok(),
             None => false,
         };
         if !alive {
-            lease = live_again(kv, keys, node, options.lease_ttl, identity)
+            let asked = Instant::now();
+            renewal = live_again(kv, keys, node, options.lease_ttl, identity)
                 .await
-                .ok();
+                .ok()
+                .map(|lease| Renewal::new(lease, options.lease_ttl, asked));
         }
         let Some(held) = cluster_ranges_held(committer).await else {
             continue;
@@ -318,8 +324,8 @@ pub(super) async fn while_removed<K: Kv>(
         });
         if held.is_empty() {
             tracing::info!("drained after its removal: the node holds nothing");
-            if let Some(lease) = lease {
-                let _ = kv.lease_revoke(lease).await;
+            if let Some(renewal) = &renewal {
+                let _ = kv.lease_revoke(renewal.lease()).await;
             }
             return;
         }
@@ -374,6 +380,7 @@ pub(super) async fn link<K: Kv>(
     let (kv, keys, node, options, committer, state) = cx.parts();
     let registration = register(kv, keys, node, options, across.registration).await?;
     across.registration = Some(registration);
+    let asked = Instant::now();
     let lease = kv.lease_grant(options.lease_ttl).await?;
     // The liveness key is created only if no other process holds it (liveness.rs): a second
     // agent under the node's name is refused, naming the holder.
@@ -440,7 +447,7 @@ pub(super) async fn link<K: Kv>(
     let result = tokio::select! {
         result = follow(cx, stop,
             registration,
-            lease,
+            Renewal::new(lease, options.lease_ttl, asked),
             across,
         ) => result,
         // Another process took the key (after this one's lease lapsed, or overwriting it):
@@ -606,7 +613,7 @@ pub(super) async fn follow<K: Kv>(
     cx: &Cx<'_, K>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     registration: Revision,
-    lease: LeaseId,
+    mut renewal: Renewal,
     across: &mut AcrossRounds,
 ) -> Result<(), LinkError> {
     let (kv, keys, node, options, committer, state) = cx.parts();
@@ -730,6 +737,8 @@ pub(super) async fn follow<K: Kv>(
     let keep_alive_every = (options.lease_ttl / 3).max(Duration::from_millis(200));
     let mut keep_alive = tokio::time::interval(keep_alive_every);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Since when keep-alives have failed (the status says so until one succeeds).
+    let mut late_since: Option<u64> = None;
     let signals = Arc::clone(&state.blocks);
     loop {
         let due = demand.due();
@@ -776,7 +785,28 @@ pub(super) async fn follow<K: Kv>(
                 continue;
             }
             _ = keep_alive.tick() => {
-                kv.lease_keep_alive(lease).await?;
+                match renewal.renew(kv).await? {
+                    Renewed::Yes => {
+                        if late_since.take().is_some() {
+                            update(state, |s| {
+                                s.degraded_since_ms = None;
+                                s.last_error = None;
+                            });
+                        }
+                    }
+                    Renewed::Late(error) => {
+                        // The round goes on: the lease still runs, and etcd may be only slow.
+                        tracing::warn!(%error, "keeping the liveness lease alive failed; trying again");
+                        let since = *late_since.get_or_insert_with(now_ms);
+                        update(state, |s| {
+                            s.degraded_since_ms.get_or_insert(since);
+                            s.last_error = Some(format!(
+                                "keeping the liveness lease alive failed ({error}); trying again until its TTL runs out"
+                            ));
+                        });
+                        keep_alive.reset_after(renewal.retry_in());
+                    }
+                }
                 continue;
             }
             () = signals.touched() => {

@@ -192,6 +192,38 @@ pub fn node(i: usize) -> String {
     format!("node-{i:05}")
 }
 
+/// How many of a batch's agents are registered, and their links' last errors (the three
+/// commonest, with counts), from their status.
+async fn batch_progress(routers: &[axum::Router]) -> (usize, Vec<(usize, String)>) {
+    let mut registered = 0;
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    for router in routers {
+        let (_, body) =
+            corral_agent::testing::call(router.clone(), "GET", corral_api::paths::STATUS, None)
+                .await;
+        let Ok(status) = serde_json::from_slice::<corral_api::StatusResponse>(&body) else {
+            continue;
+        };
+        let Some(cluster) = status.cluster else {
+            continue;
+        };
+        registered += usize::from(cluster.registered);
+        if let Some(error) = cluster.last_error {
+            // Node names and numbers vary; the shape of the message is what counts.
+            let shape: String = error
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .take(160)
+                .collect();
+            *errors.entry(shape).or_default() += 1;
+        }
+    }
+    let mut commonest: Vec<(usize, String)> = errors.into_iter().map(|(e, n)| (n, e)).collect();
+    commonest.sort_by(|a, b| b.0.cmp(&a.0));
+    commonest.truncate(3);
+    (registered, commonest)
+}
+
 impl Fleet {
     /// Starts `n` agents of `cluster` on `endpoints` (the members, or a proxy), `batch` at a
     /// time, each batch waited on (up to 10 minutes) until its agents are ready (their links
@@ -223,15 +255,33 @@ impl Fleet {
                         .expect("the agent starts"),
                 );
             }
-            // Bounded, so that a run that cannot get its agents going ends (a hang otherwise).
-            let ready = async {
+            // Bounded, so that a run that cannot get its agents going ends (a hang otherwise);
+            // every 10 s, what the batch's links say (a stuck start shows why).
+            let routers: Vec<axum::Router> = started.iter().map(InMemoryAgent::router).collect();
+            let ready = async move {
                 for agent in &mut started {
                     agent.ready().await.expect("the agent gets ready");
                 }
+                started
             };
-            tokio::time::timeout(Duration::from_secs(600), ready)
-                .await
-                .unwrap_or_else(|_| panic!("agents {first}.. not ready within 600 s"));
+            let began = Instant::now();
+            let progress = async {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    let (registered, errors) = batch_progress(&routers).await;
+                    eprintln!(
+                        "agents {first}..{}: {registered} of {} registered after {:.0} s; links' last errors: {errors:?}",
+                        first + routers.len(),
+                        routers.len(),
+                        began.elapsed().as_secs_f64()
+                    );
+                }
+            };
+            let started = tokio::select! {
+                started = tokio::time::timeout(Duration::from_secs(600), ready) => started
+                    .unwrap_or_else(|_| panic!("agents {first}.. not ready within 600 s")),
+                () = progress => unreachable!("the progress report loops"),
+            };
             agents.extend(started);
         }
         Fleet {
