@@ -91,16 +91,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.0.code.status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        let body = api::ErrorResponse {
-            error: api::ErrorBody {
-                code: self.0.code,
-                message: self.0.message,
-                pool: self.0.pool,
-                set: self.0.set,
-                retryable: self.0.retryable,
-                cni_code: self.0.cni_code,
-            },
-        };
+        let body = api::ErrorResponse { error: self.0.0 };
         (status, Json(body)).into_response()
     }
 }
@@ -377,16 +368,14 @@ fn removed_error(cluster: &crate::link::SharedClusterState, pool: &str) -> OpErr
         .lock()
         .map(|s| s.node.clone())
         .unwrap_or_else(|e| e.into_inner().node.clone());
-    OpError {
-        pool: Some(pool.to_owned()),
-        ..OpError::new(
-            ErrorCode::Unavailable,
-            format!(
-                "node {node} is being removed from the cluster: it takes no new pods (pool \
+    OpError::new(
+        ErrorCode::Unavailable,
+        format!(
+            "node {node} is being removed from the cluster: it takes no new pods (pool \
                  {pool}); schedule the pod on another node"
-            ),
-        )
-    }
+        ),
+    )
+    .with_pool(Some(pool.to_owned()))
 }
 
 /// Why the cluster has granted the node nothing in `pool`, as far as the agent can know: etcd
@@ -531,18 +520,16 @@ where
                     // While this ADD still counts as waiting in the pool.
                     let why = why_no_grant(cluster, &pool);
                     drop(waiting);
-                    let error = OpError {
-                        pool: Some(pool.clone()),
-                        ..OpError::new(
-                            ErrorCode::RetryLater,
-                            format!(
-                                "pool {pool} has no free address, and the cluster granted it \
+                    let error = OpError::new(
+                        ErrorCode::RetryLater,
+                        format!(
+                            "pool {pool} has no free address, and the cluster granted it \
                                  none within {} ms: {}; try again later",
-                                state.pool_wait.as_millis(),
-                                why
-                            ),
-                        )
-                    };
+                            state.pool_wait.as_millis(),
+                            why
+                        ),
+                    )
+                    .with_pool(Some(pool.clone()));
                     tracing::warn!(
                         %pool,
                         operation,
@@ -2049,7 +2036,7 @@ mod tests {
     fn message<T: fmt::Debug>(checked: Result<T, OpError>) -> String {
         let error = checked.expect_err("refused");
         assert_eq!(error.code, ErrorCode::BadRequest, "{error:?}");
-        error.message
+        error.0.message
     }
 
     fn allocate(family: Option<api::FamilyChoice>, address: Option<&str>) -> api::AllocateRequest {

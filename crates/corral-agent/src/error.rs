@@ -1,36 +1,50 @@
-//! The agent's one error type, [`OpError`]: what a failed operation answers (the API's error
-//! code, a message for people, the pool concerned), and how every engine and store error maps
-//! onto it. A leaf: it imports nothing of the agent, so the state machine, the local-routes
+//! The agent's one error type, [`OpError`]: what a failed operation answers, the API's
+//! [`ErrorBody`] (its code, a message for people, the pool concerned), and how every engine
+//! and store error maps onto it. A leaf: it imports nothing of the agent, so the state machine, the local-routes
 //! planner and the API all share it without importing each other.
 
-use corral_api::ErrorCode;
+use std::ops::{Deref, DerefMut};
+
+use corral_api::{ErrorBody, ErrorCode, ErrorResponse};
 use corral_core::{AllocError, InterfaceError, SpecError, cni_code};
 use corral_store::StoreError;
 
-/// A failed operation: the API's error code, a message for people, and the pool concerned.
+/// A failed operation: the body of the API's error answer (its code, a message for people,
+/// the pool concerned, the CNI ADD's set, whether to retry, the plugin's CNI code), owned
+/// here so the agent's mappings of engine and store errors can be its `From`s.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpError {
-    pub code: ErrorCode,
-    pub message: String,
-    pub pool: Option<String>,
-    /// A CNI ADD: the set that could not be served.
-    pub set: Option<usize>,
-    pub retryable: bool,
-    /// The CNI code the plugin on its own gives the same refusal (`corral_core::cni_code`),
-    /// for an engine or input refusal; sent along so agent mode answers the same code.
-    pub cni_code: Option<u32>,
+pub struct OpError(pub ErrorBody);
+
+impl Deref for OpError {
+    type Target = ErrorBody;
+    fn deref(&self) -> &ErrorBody {
+        &self.0
+    }
+}
+
+impl DerefMut for OpError {
+    fn deref_mut(&mut self) -> &mut ErrorBody {
+        &mut self.0
+    }
 }
 
 impl OpError {
+    /// The answer of `code` about no pool, set or CNI code in particular; retryable when the
+    /// code is [`ErrorCode::RetryLater`].
     pub fn new(code: ErrorCode, message: impl Into<String>) -> OpError {
-        OpError {
-            code,
-            message: message.into(),
-            pool: None,
-            set: None,
-            retryable: code == ErrorCode::RetryLater,
-            cni_code: None,
-        }
+        OpError(ErrorResponse::new(code, message).error)
+    }
+
+    /// This error about `pool`.
+    pub fn with_pool(mut self, pool: Option<String>) -> OpError {
+        self.pool = pool;
+        self
+    }
+
+    /// This error about a CNI ADD's `set`.
+    pub fn with_set(mut self, set: Option<usize>) -> OpError {
+        self.set = set;
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> OpError {
@@ -39,10 +53,9 @@ impl OpError {
 
     /// Input refused before it reached the engine, with the CNI code the plugin gives it.
     pub fn invalid(context: &str, error: &SpecError) -> OpError {
-        OpError {
-            cni_code: Some(cni_code::of_spec(error)),
-            ..OpError::bad_request(format!("{context}: {error}"))
-        }
+        let mut op = OpError::bad_request(format!("{context}: {error}"));
+        op.cni_code = Some(cni_code::of_spec(error));
+        op
     }
 
     /// Every store error by its kind, with no catch-all: a failed read or write of the disk
@@ -104,14 +117,14 @@ impl From<AllocError> for OpError {
             E::SnapshotMismatch { pool, .. } => (ErrorCode::Conflict, Some(pool)),
             E::RestoreFinished { .. } => (ErrorCode::Conflict, None),
         };
-        OpError {
+        OpError(ErrorBody {
             code,
             message: error.to_string(),
             pool: pool.map(ToString::to_string),
             set: None,
             retryable: error.is_retryable(),
             cni_code: Some(cni_code::of_alloc(&error)),
-        }
+        })
     }
 }
 
@@ -140,14 +153,14 @@ impl From<InterfaceError> for OpError {
             E::Exhausted { pool, .. } | E::NotOnInterface { pool, .. } => Some(pool.to_string()),
             _ => None,
         };
-        OpError {
+        OpError(ErrorBody {
             code,
             message: error.to_string(),
             pool,
             set: None,
             retryable: error.is_retryable(),
             cni_code: None,
-        }
+        })
     }
 }
 

@@ -96,7 +96,7 @@ fn read<T: DeserializeOwned + Serialize + PartialEq + Debug>(body: &[u8]) -> Opt
             Some(value)
         }
         Err(rejection) => {
-            let message = json_rejection(rejection).0.message;
+            let message = json_rejection(rejection).0.0.message;
             assert!(
                 message.chars().count() <= 515,
                 "a rejection of {} characters",

@@ -211,20 +211,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn entry(container: &str, ipv4: &str) -> Value {
-        json!({
-            "networkName": "aws-cni",
-            "containerID": container,
-            "ifName": "eth0",
-            "ipv4": ipv4,
-            "allocationTimestamp": 1_700_000_000_000_000_000u64,
-            "metadata": {"k8sPodNamespace": "default", "k8sPodName": format!("pod-{container}")}
-        })
-    }
-
-    fn document(entries: Vec<Value>) -> Value {
-        json!({"version": "vpc-cni-ipam/1", "allocations": entries})
-    }
+    use crate::testing::{ipamd_checkpoint as document, ipamd_entry as entry};
 
     #[test]
     fn reads_what_ipamd_writes_flat_or_nested() {

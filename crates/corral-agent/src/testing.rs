@@ -10,6 +10,9 @@
 //! the node state reads its [`Clock`] from tokio's, so cooldowns and quarantine follow the
 //! test's time. What the socket, SQLite and the restart after a crash do is the real-parts
 //! tier's (`serve_with`), not this.
+//!
+//! Also ipamd's checkpoint as the AWS VPC CNI writes it ([`ipamd_entry`],
+//! [`ipamd_checkpoint`]), for the import's tests here and in the command line's.
 
 use corral_core::Timestamp;
 use corral_store::{MemoryStore, StoreHealth};
@@ -200,4 +203,22 @@ pub async fn call(
         .await
         .expect("an answer's body is in memory");
     (status, body.to_vec())
+}
+
+/// One allocation of ipamd's checkpoint, flat as the AWS VPC CNI writes it: container
+/// `container` on `eth0` of network `aws-cni` holds `ipv4`, for pod `default/pod-<container>`.
+pub fn ipamd_entry(container: &str, ipv4: &str) -> serde_json::Value {
+    serde_json::json!({
+        "networkName": "aws-cni",
+        "containerID": container,
+        "ifName": "eth0",
+        "ipv4": ipv4,
+        "allocationTimestamp": 1_700_000_000_000_000_000u64,
+        "metadata": {"k8sPodNamespace": "default", "k8sPodName": format!("pod-{container}")}
+    })
+}
+
+/// ipamd's checkpoint file (version `vpc-cni-ipam/1`) holding `entries`.
+pub fn ipamd_checkpoint(entries: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({"version": "vpc-cni-ipam/1", "allocations": entries})
 }

@@ -34,7 +34,8 @@ use corral_cloud::{CloudProvider, InterfaceFilter, Ipv4Set};
 use corral_cluster::{
     CloudAttachment, CloudInterfaceRecord, ClusterName, Key, Keys, NodeName, decode_value,
 };
-use corral_etcd::testing::EtcdCluster;
+use corral_cni::testing::cni_call;
+use corral_etcd::testing::{EtcdCluster, block_on};
 use corral_kv::Kv;
 use serde_json::{Value, json};
 
@@ -46,20 +47,6 @@ const CORRAL_AWS: &str = env!("CARGO_BIN_EXE_corral-aws");
 
 /// How long any one wait may take before the test fails (each takes about a second).
 const DEADLINE: Duration = Duration::from_secs(90);
-
-/// One runtime for the test's own calls (etcd's and the SDK's connections live on it).
-fn block_on<F: Future>(future: F) -> F::Output {
-    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap()
-        })
-        .block_on(future)
-}
 
 /// Polls `done` every 100 ms until it holds; fails the test after [`DEADLINE`].
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -174,15 +161,7 @@ fn cloud_calls(api_socket: &Path, action: &str, outcome: &str) -> Option<u64> {
 /// Runs corral-ipam as a container runtime does: the CNI variables, the network's
 /// configuration on stdin; answers (exit code, the result or error as JSON).
 fn cni(command: &str, container: &str, config: &Value) -> (i32, Value) {
-    let mut child = Command::new(corral_ipam())
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", format!("/var/run/netns/{container}"))
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+    let mut child = cni_call(&mut Command::new(corral_ipam()), command, container)
         .stderr(Stdio::null())
         .spawn()
         .expect("corral-ipam starts");

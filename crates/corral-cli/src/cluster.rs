@@ -20,57 +20,23 @@ use crate::Output;
 use crate::cloud::{Cloud, Providers};
 use crate::exit::{Exit, Failure, Outcome};
 
-/// Options of every command that talks to etcd.
-#[derive(Debug, Args)]
-pub struct EtcdArgs {
-    /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379)
-    #[arg(
-        long,
-        env = "CORRAL_ETCD",
-        value_name = "URL[,URL…]",
-        value_delimiter = ',',
-        required = true
-    )]
-    pub etcd: Vec<String>,
-    /// The cluster's name: its keys live under /corral/<cluster>/v1/
-    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
-    pub cluster: String,
-    #[command(flatten)]
-    pub tls: crate::etcd_args::EtcdTlsArgs,
-    #[command(flatten)]
-    pub auth: crate::etcd_args::EtcdAuthArgs,
-}
+pub use crate::etcd_args::EtcdArgs;
 
-/// etcd for a command that can do without it (`explain`, `history`): asked only when URLs
-/// are given.
+/// etcd for a command that can do without it (`explain`, `history`): [`EtcdArgs`] whose
+/// `--etcd` is not required, asked only when URLs are given.
 #[derive(Debug, Args)]
+#[command(mut_arg("etcd", |etcd| etcd
+    .required(false)
+    .help("etcd's client URLs, comma-separated (without them etcd is not asked)")))]
 pub struct MaybeEtcd {
-    /// etcd's client URLs, comma-separated (without them etcd is not asked)
-    #[arg(
-        long,
-        env = "CORRAL_ETCD",
-        value_name = "URL[,URL…]",
-        value_delimiter = ','
-    )]
-    pub etcd: Vec<String>,
-    /// The cluster's name: its keys live under /corral/<cluster>/v1/
-    #[arg(long, env = "CORRAL_CLUSTER", default_value = "default")]
-    pub cluster: String,
     #[command(flatten)]
-    pub tls: crate::etcd_args::EtcdTlsArgs,
-    #[command(flatten)]
-    pub auth: crate::etcd_args::EtcdAuthArgs,
+    pub flags: EtcdArgs,
 }
 
 impl MaybeEtcd {
     /// The etcd to ask, if URLs were given.
     pub fn given(&self) -> Option<EtcdArgs> {
-        (!self.etcd.is_empty()).then(|| EtcdArgs {
-            etcd: self.etcd.clone(),
-            cluster: self.cluster.clone(),
-            tls: self.tls.clone(),
-            auth: self.auth.clone(),
-        })
+        (!self.flags.etcd.is_empty()).then(|| self.flags.clone())
     }
 }
 
@@ -267,7 +233,8 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 
 pub(crate) async fn connect(args: &EtcdArgs) -> Result<(EtcdKv, Keys), Failure> {
     let keys = Keys::new(
-        ClusterName::new(&args.cluster).map_err(|e| Failure::Usage(format!("--cluster: {e}")))?,
+        ClusterName::new(args.cluster_name())
+            .map_err(|e| Failure::Usage(format!("--cluster: {e}")))?,
     );
     let kv = EtcdKv::connect(
         &args.etcd,
@@ -364,7 +331,15 @@ async fn write_config(args: ConfigArgs, init: bool) -> Result<Outcome, Failure> 
     let config = ClusterConfig::from_toml(&text)
         .map_err(|e| Failure::Usage(format!("{}: {e}", args.config.display())))?;
     let (kv, keys) = connect(&args.etcd).await?;
-    config_paths::write(&kv, &keys, &args.etcd.cluster, &config, init, args.force).await
+    config_paths::write(
+        &kv,
+        &keys,
+        args.etcd.cluster_name(),
+        &config,
+        init,
+        args.force,
+    )
+    .await
 }
 
 pub(crate) async fn read_view(
@@ -461,7 +436,7 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
     let (kv, keys) = connect(&args.etcd).await?;
     let (all, revision) = read_cluster(&kv, &keys).await?;
     if !all.iter().any(|e| e.key == keys.config().as_bytes()) {
-        return Err(config_paths::no_configuration(&args.etcd.cluster));
+        return Err(config_paths::no_configuration(args.etcd.cluster_name()));
     }
     let entries: Vec<corral_cluster::Entry> = all
         .iter()
@@ -527,7 +502,7 @@ async fn check(args: CheckArgs, output: Output, providers: &Providers) -> Result
             let _ = writeln!(
                 text,
                 "cluster {} at revision {revision}: {}",
-                args.etcd.cluster,
+                args.etcd.cluster_name(),
                 if problems.is_empty() {
                     "ok".to_owned()
                 } else {
@@ -577,7 +552,7 @@ async fn recover(args: RecoverArgs) -> Result<Outcome, Failure> {
     let mut text = format!(
         "corral cluster recover: the leader of cluster {} will grant again at once, without \
          waiting for the live agents to assert what they hold after etcd went back in time.\n",
-        args.etcd.cluster
+        args.etcd.cluster_name()
     );
     let _ = writeln!(
         text,

@@ -1,6 +1,8 @@
-//! How the commands that talk to etcd secure the connection: each concern is one option set
-//! flattened into `cluster::EtcdArgs`, `cluster::MaybeEtcd` and the agent's and operator's
-//! options. `EtcdTlsArgs`: `--etcd-cacert`, `--etcd-cert`, `--etcd-key` (as etcdctl's
+//! How the commands that talk to etcd reach it. [`EtcdArgs`] declares each flag once
+//! (`--etcd`, `--cluster`, TLS, auth, with their help and environment variables); a command
+//! that needs etcd less strictly wraps it and changes only what `--etcd` requires and says
+//! (`cluster::MaybeEtcd`, `operator_config::OperatorEtcdArgs`). TLS and auth are each one
+//! option set, flattened there and into the agent's options. `EtcdTlsArgs`: `--etcd-cacert`, `--etcd-cert`, `--etcd-key` (as etcdctl's
 //! `--cacert`, `--cert`, `--key`), also from the environment. `EtcdAuthArgs`: `--etcd-user`
 //! and `--etcd-password-file` (etcd's auth), likewise. A daemon's options are a `[cluster]`
 //! table ([`table`]) layered over its file's (`ClusterTable::or`), then turned back into these.
@@ -8,7 +10,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use corral_cluster::daemon::ClusterTable;
+use corral_cluster::daemon::{ClusterTable, DEFAULT_CLUSTER};
 use corral_etcd::{Credentials, EtcdOptions, EtcdTls};
 
 use crate::exit::Failure;
@@ -59,6 +61,40 @@ impl From<&ClusterTable> for EtcdAuthArgs {
             etcd_user: table.etcd_user.clone(),
             etcd_password_file: table.etcd_password_file.clone(),
         }
+    }
+}
+
+/// Options of every command that talks to etcd.
+#[derive(Debug, Clone, Args)]
+pub struct EtcdArgs {
+    /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379)
+    #[arg(
+        long,
+        env = "CORRAL_ETCD",
+        value_name = "URL[,URL…]",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub etcd: Vec<String>,
+    /// The cluster's name: its keys live under /corral/<cluster>/v1/ [default: default]
+    #[arg(long, env = "CORRAL_CLUSTER")]
+    pub cluster: Option<String>,
+    #[command(flatten)]
+    pub tls: EtcdTlsArgs,
+    #[command(flatten)]
+    pub auth: EtcdAuthArgs,
+}
+
+impl EtcdArgs {
+    /// The cluster's name: `--cluster`, else `default`.
+    pub fn cluster_name(&self) -> &str {
+        self.cluster.as_deref().unwrap_or(DEFAULT_CLUSTER)
+    }
+
+    /// These options as a `[cluster]` table, each given or not, to layer over a daemon's
+    /// configuration file's (`ClusterTable::or`).
+    pub fn table(&self) -> ClusterTable {
+        table(&self.etcd, self.cluster.as_ref(), &self.tls, &self.auth)
     }
 }
 

@@ -240,27 +240,13 @@ struct AgentArgs {
     /// applied at start (repeatable) [default: /var/lib/cni/networks]
     #[arg(long, value_name = "DIR")]
     cni_data_dir: Vec<PathBuf>,
-    /// Join a cluster: etcd's client URLs, comma-separated (else the configuration file's
-    /// [cluster] endpoints). The agent registers --node, keeps its liveness key, and adds the
-    /// node's grants to its pools
-    #[arg(
-        long,
-        env = "CORRAL_ETCD",
-        value_name = "URL[,URL…]",
-        value_delimiter = ',',
-        requires = "node"
-    )]
-    etcd: Vec<String>,
+    /// Join a cluster: etcd, the cluster's name, TLS and credentials (the configuration file's
+    /// `[cluster]` table otherwise)
+    #[command(flatten)]
+    etcd: AgentEtcdArgs,
     /// This node's name in the cluster (with --etcd)
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
-    /// The cluster's name (with --etcd); unset, the configuration file's [cluster] name, else
-    /// `default`
-    #[arg(long, env = "CORRAL_CLUSTER")]
-    cluster: Option<String>,
-    /// TLS to etcd (with --etcd; the configuration file's `[cluster]` table otherwise)
-    #[command(flatten)]
-    etcd_tls: etcd_args::EtcdTlsArgs,
     /// The liveness lease's TTL in seconds (with --etcd; at most etcd's longest lease,
     /// 9000000000)
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
@@ -291,11 +277,25 @@ struct AgentArgs {
     /// pool's max_pods caps every node too; the lower one holds)
     #[arg(long, env = "CORRAL_MAX_PODS", value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_pods: Option<u64>,
-    /// etcd's user and password file (with --etcd; the file's [cluster] table otherwise)
-    #[command(flatten)]
-    etcd_auth: etcd_args::EtcdAuthArgs,
     #[command(flatten)]
     log: logging::LogArgs,
+}
+
+/// The agent's etcd options: those of [`etcd_args::EtcdArgs`], each optional (the
+/// configuration file's `[cluster]` table may give them), `--etcd` with `--node`.
+#[derive(Debug, Args)]
+#[command(
+    mut_arg("etcd", |etcd| etcd.required(false).requires("node").help(
+        "Join a cluster: etcd's client URLs, comma-separated (else the configuration file's \
+         [cluster] endpoints). The agent registers --node, keeps its liveness key, and adds the \
+         node's grants to its pools")),
+    mut_arg("cluster", |cluster| cluster.help(
+        "The cluster's name (with --etcd); unset, the configuration file's [cluster] name, \
+         else `default`")),
+)]
+struct AgentEtcdArgs {
+    #[command(flatten)]
+    flags: etcd_args::EtcdArgs,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -309,13 +309,7 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     let cluster_file = corral_agent::cluster_table(args.config.as_deref())
         .map_err(|e| Failure::Usage(e.to_string()))?;
     // The cluster joined: the flags and their environment variables over the file's table.
-    let cluster = etcd_args::table(
-        &args.etcd,
-        args.cluster.as_ref(),
-        &args.etcd_tls,
-        &args.etcd_auth,
-    )
-    .or(cluster_file);
+    let cluster = args.etcd.flags.table().or(cluster_file);
     let etcd_options = etcd_args::options(&(&cluster).into(), &(&cluster).into())?;
     let endpoints = cluster.endpoints.unwrap_or_default();
     let cluster_name = cluster
@@ -337,7 +331,7 @@ fn agent(args: AgentArgs) -> Result<Outcome, Failure> {
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let cluster_task = match (endpoints.is_empty(), args.node) {
         (true, _) => None,
-        (false, None) if args.etcd.is_empty() => {
+        (false, None) if args.etcd.flags.etcd.is_empty() => {
             return Err(Failure::Usage(
                 "the configuration file's [cluster] endpoints need --node NAME".into(),
             ));

@@ -67,7 +67,7 @@ pub fn run(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure
         let epoch_file = settings
             .state_dir
             .as_ref()
-            .map(|dir| corral_operator::epoch::epoch_file(dir, &etcd.cluster));
+            .map(|dir| corral_operator::epoch::epoch_file(dir, etcd.cluster_name()));
         if epoch_file.is_none() {
             tracing::warn!(
                 "no --state-dir: the highest etcd revision seen is remembered in memory only \
@@ -78,7 +78,7 @@ pub fn run(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure
             .configure_epoch(epoch_file, settings.settle)
             .map_err(Failure::Usage)?;
         let config = corral_operator::OperatorConfig {
-            cluster: etcd.cluster.clone(),
+            cluster: etcd.cluster_name().to_owned(),
             replica,
             lease_ttl: settings.lease_ttl.max(Duration::from_secs(1)),
             workers: settings.workers,

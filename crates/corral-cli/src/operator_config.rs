@@ -11,7 +11,6 @@ use corral_operator::config::{CloudTable, OperatorFile, Settings};
 use tracing_subscriber::filter::LevelFilter;
 
 use crate::cluster::{CloudArgs, EtcdArgs};
-use crate::etcd_args::{EtcdAuthArgs, EtcdTlsArgs};
 use crate::exit::Failure;
 use crate::logging::LogFormat;
 
@@ -64,26 +63,16 @@ pub struct OperatorArgs {
 }
 
 /// `corral operator`'s etcd options: those of [`EtcdArgs`], but that the configuration file's
-/// `[cluster]` table may give the URLs and the cluster's name.
+/// `[cluster]` table may give the URLs (and the cluster's name).
 #[derive(Debug, Args)]
+#[command(mut_arg("etcd", |etcd| etcd
+    .required(false)
+    .required_unless_present("config")
+    .help("etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379); else the \
+           configuration file's [cluster] endpoints")))]
 pub struct OperatorEtcdArgs {
-    /// etcd's client URLs, comma-separated (e.g. http://127.0.0.1:2379); else the
-    /// configuration file's [cluster] endpoints
-    #[arg(
-        long,
-        env = "CORRAL_ETCD",
-        value_name = "URL[,URL…]",
-        value_delimiter = ',',
-        required_unless_present = "config"
-    )]
-    pub etcd: Vec<String>,
-    /// The cluster's name: its keys live under /corral/<cluster>/v1/ [default: default]
-    #[arg(long, env = "CORRAL_CLUSTER")]
-    pub cluster: Option<String>,
     #[command(flatten)]
-    pub tls: EtcdTlsArgs,
-    #[command(flatten)]
-    pub auth: EtcdAuthArgs,
+    pub flags: EtcdArgs,
 }
 
 /// What `corral operator` runs with.
@@ -112,12 +101,7 @@ fn flags(args: &OperatorArgs) -> OperatorFile {
         token_file: args.token_file.clone(),
         state_dir: args.state_dir.clone(),
         settle_secs: args.settle_secs,
-        cluster: Some(crate::etcd_args::table(
-            &args.etcd.etcd,
-            args.etcd.cluster.as_ref(),
-            &args.etcd.tls,
-            &args.etcd.auth,
-        )),
+        cluster: Some(args.etcd.flags.table()),
         cloud: Some(CloudTable {
             name: args.cloud.cloud.clone(),
             fake_cloud: args.cloud.fake_cloud.clone(),
@@ -168,7 +152,7 @@ pub fn resolve(args: &OperatorArgs) -> Result<Operator, Failure> {
     Ok(Operator {
         etcd: EtcdArgs {
             etcd: settings.endpoints().to_vec(),
-            cluster: settings.cluster_name().to_owned(),
+            cluster: Some(settings.cluster_name().to_owned()),
             tls: (&settings.cluster).into(),
             auth: (&settings.cluster).into(),
         },

@@ -2,9 +2,8 @@
 //! The state is made through the agent's CNI API (the scope corral-ipam's agent mode uses; a
 //! standalone corral-ipam keeps the same scope in its own `dataDir`), then read offline.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use corral_api as api;
 use serde_json::{Value, json};
@@ -190,11 +189,6 @@ fn export_writes_host_locals_files_and_refuses_while_the_agent_owns_the_state() 
 }
 
 fn host_local(command: &str, container: &str, data_dir: &Path) -> Value {
-    let host_local = Path::new("/usr/lib/cni/host-local");
-    assert!(
-        host_local.exists(),
-        "this test needs Debian's containernetworking-plugins (/usr/lib/cni/host-local); run `make test`"
-    );
     let config = json!({
         "cniVersion": "1.0.0",
         "name": "back",
@@ -204,30 +198,7 @@ fn host_local(command: &str, container: &str, data_dir: &Path) -> Value {
             "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/120"}]]
         }
     });
-    let mut child = Command::new(host_local)
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", "/var/run/netns/x")
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&serde_json::to_vec(&config).unwrap())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "host-local {command} {container}: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
+    corral_cni::testing::host_local(command, container, &serde_json::to_vec(&config).unwrap())
 }
 
 /// The way back: after the export, Debian's host-local neither hands out what corral holds

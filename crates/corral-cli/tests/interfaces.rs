@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 mod common;
 
 use common::{Agent, corral_at as corral, ok_json};
+use corral_agent::testing::{ipamd_checkpoint, ipamd_entry as entry};
 
 /// A refusal: exit code 1, the message naming `what`.
 fn refused(output: &Output, what: &str) {
@@ -329,17 +330,6 @@ fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
     drop(agent);
 }
 
-fn entry(container: &str, ipv4: &str) -> Value {
-    json!({
-        "networkName": "aws-cni",
-        "containerID": container,
-        "ifName": "eth0",
-        "ipv4": ipv4,
-        "allocationTimestamp": 1_700_000_000_000_000_000u64,
-        "metadata": {"k8sPodNamespace": "default", "k8sPodName": format!("pod-{container}")}
-    })
-}
-
 fn node_network() -> api::CniNetwork {
     api::CniNetwork {
         name: "aws-cni".into(),
@@ -381,9 +371,7 @@ fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
             ],
         )
     };
-    let document = |entries: Vec<Value>| {
-        json!({"version": "vpc-cni-ipam/1", "allocations": entries}).to_string()
-    };
+    let document = |entries: Vec<Value>| ipamd_checkpoint(entries).to_string();
     let good = document(vec![entry("c1", "10.0.32.10"), entry("c2", "10.0.40.17")]);
 
     // No interfaces yet.

@@ -45,6 +45,8 @@ mod invocation;
 mod json;
 mod local;
 pub mod result;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod verdict;
 pub mod version;
 

@@ -2,15 +2,14 @@
 //! variables, the network configuration on stdin, the result or error object on stdout.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
 mod common;
 
 use common::{Outcome, run};
+use corral_cni::testing::host_local;
 
 fn conf(dir: &Path, version: &str, ranges: Value) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -386,11 +385,6 @@ fn over_long_container_ids_and_network_names_are_called_too_long_not_echoed_whol
 #[test]
 #[ignore = "needs Debian's containernetworking-plugins (host-local); `make test` runs it"]
 fn switching_from_host_local_keeps_its_allocations() {
-    let host_local = Path::new("/usr/lib/cni/host-local");
-    assert!(
-        host_local.exists(),
-        "this test needs Debian's containernetworking-plugins (/usr/lib/cni/host-local); run `make test`"
-    );
     let dir = tempfile::tempdir().unwrap();
     let config = |plugin: &str| {
         serde_json::to_vec(&json!({
@@ -402,26 +396,7 @@ fn switching_from_host_local_keeps_its_allocations() {
     };
     let mut by_host_local = Vec::new();
     for c in ["old1", "old2", "old3"] {
-        let output = common::cni_env(&mut Command::new(host_local), "ADD", c, "x", "eth0")
-            .env("CNI_PATH", "/usr/lib/cni")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .and_then(|mut child| {
-                child
-                    .stdin
-                    .take()
-                    .unwrap()
-                    .write_all(&config("host-local"))?;
-                child.wait_with_output()
-            })
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "host-local ADD: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        let value: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let value = host_local("ADD", c, &config("host-local"));
         by_host_local.push(value["ips"][0]["address"].as_str().unwrap().to_owned());
     }
     let corral = config("corral-ipam");
@@ -448,37 +423,6 @@ fn switching_from_host_local_keeps_its_allocations() {
         .code,
         0
     );
-}
-
-/// Debian's host-local, run as a runtime does; its result (or null for DEL).
-fn host_local(command: &str, container: &str, stdin: &[u8]) -> Value {
-    let host_local = Path::new("/usr/lib/cni/host-local");
-    assert!(
-        host_local.exists(),
-        "this test needs Debian's containernetworking-plugins (/usr/lib/cni/host-local); run `make test`"
-    );
-    let output = common::cni_env(
-        &mut Command::new(host_local),
-        command,
-        container,
-        "x",
-        "eth0",
-    )
-    .env("CNI_PATH", "/usr/lib/cni")
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .and_then(|mut child| {
-        child.stdin.take().unwrap().write_all(stdin)?;
-        child.wait_with_output()
-    })
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "host-local {command} {container}: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    serde_json::from_slice(&output.stdout).unwrap_or(Value::Null)
 }
 
 /// Regression (podman): a container started before the switch is deleted with the

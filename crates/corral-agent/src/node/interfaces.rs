@@ -115,16 +115,14 @@ pub(super) fn refuse_range_in_interface_pool(
     pool: &PoolName,
 ) -> Result<(), OpError> {
     if scope.interfaces.contains_key(pool) {
-        return Err(OpError {
-            pool: Some(pool.to_string()),
-            ..OpError::new(
-                ErrorCode::PoolKindMismatch,
-                format!(
-                    "pool {pool} is interface-backed: its addresses come from its interfaces \
+        return Err(OpError::new(
+            ErrorCode::PoolKindMismatch,
+            format!(
+                "pool {pool} is interface-backed: its addresses come from its interfaces \
                      (corral interface address add), not from ranges"
-                ),
-            )
-        });
+            ),
+        )
+        .with_pool(Some(pool.to_string())));
     }
     Ok(())
 }
@@ -249,13 +247,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if let Some(wanted) = &wanted
             && !scope.interfaces.contains_key(wanted)
         {
-            return Err(OpError {
-                pool: Some(wanted.to_string()),
-                ..OpError::new(
-                    ErrorCode::NotFound,
-                    format!("pool {wanted} has no interfaces"),
-                )
-            });
+            return Err(OpError::new(
+                ErrorCode::NotFound,
+                format!("pool {wanted} has no interfaces"),
+            )
+            .with_pool(Some(wanted.to_string())));
         }
         let scope = &*scope;
         let mut pools = Vec::new();
@@ -352,16 +348,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             ));
         }
         if has_plain_ranges(scope, &pool) {
-            return Err(OpError {
-                pool: Some(pool.to_string()),
-                ..OpError::new(
-                    ErrorCode::PoolKindMismatch,
-                    format!(
-                        "pool {pool} has plain ranges: interfaces go into a pool of their own \
+            return Err(OpError::new(
+                ErrorCode::PoolKindMismatch,
+                format!(
+                    "pool {pool} has plain ranges: interfaces go into a pool of their own \
                          (an address from a plain range would have no interface)"
-                    ),
-                )
-            });
+                ),
+            )
+            .with_pool(Some(pool.to_string())));
         }
         // The table is planned on a copy; the engine changes address by address, and a
         // refusal part way is undone by the caller, which rebuilds the scope from the store
@@ -461,13 +455,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         let counters = self.interface_counters.clone();
         let scope = self.scope_mut(scope_name)?;
         let Some(table) = scope.interfaces.get(pool) else {
-            return Err(OpError {
-                pool: Some(pool.to_string()),
-                ..OpError::new(
-                    ErrorCode::NotFound,
-                    format!("pool {pool} of scope {scope_name:?} has no interfaces"),
-                )
-            });
+            return Err(OpError::new(
+                ErrorCode::NotFound,
+                format!("pool {pool} of scope {scope_name:?} has no interfaces"),
+            )
+            .with_pool(Some(pool.to_string())));
         };
         let result = table.assign(&mut scope.engine, key, owner, family, now);
         counters.count_assign(pool, &result);
@@ -532,16 +524,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         let ImportIpamd { pool, allocations } = request;
         let scope = self.node()?;
         let Some(table) = scope.interfaces.get(&pool) else {
-            return Err(OpError {
-                pool: Some(pool.to_string()),
-                ..OpError::new(
-                    ErrorCode::NotFound,
-                    format!(
-                        "pool {pool} has no interfaces: add the node's interfaces and their \
+            return Err(OpError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "pool {pool} has no interfaces: add the node's interfaces and their \
                          addresses first (corral interface add)"
-                    ),
-                )
-            });
+                ),
+            )
+            .with_pool(Some(pool.to_string())));
         };
         // A refusal part way is undone by the caller, which rebuilds the scope from the
         // store (`run_batch` commits what came before this operation first).
@@ -598,17 +588,15 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                         .interfaces()
                         .any(|(_, nets)| nets.iter().any(|n| n.contains(&address)))
                 {
-                    return Err(OpError {
-                        pool: Some(pool.to_string()),
-                        ..OpError::new(
-                            ErrorCode::Unavailable,
-                            format!(
-                                "ipamd checkpoint: {address} of {} is on no interface of pool \
+                    return Err(OpError::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "ipamd checkpoint: {address} of {} is on no interface of pool \
                                  {pool}; add the interface and its addresses first",
-                                allocation.key
-                            ),
-                        )
-                    });
+                            allocation.key
+                        ),
+                    )
+                    .with_pool(Some(pool.to_string())));
                 }
                 let request = Request {
                     pool: &pool,
@@ -619,14 +607,10 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 let got = engine
                     .allocate(&request, Target::Specific(address), now)
                     .map_err(|e| {
-                        let base = OpError::from(e.clone());
-                        OpError {
-                            message: format!(
-                                "ipamd checkpoint: {address} of {}: {e}",
-                                allocation.key
-                            ),
-                            ..base
-                        }
+                        let mut error = OpError::from(e.clone());
+                        error.message =
+                            format!("ipamd checkpoint: {address} of {}: {e}", allocation.key);
+                        error
                     })?;
                 let assignment = table.assignment_of(engine, got.addr).ok_or_else(|| {
                     OpError::from(InterfaceError::NotOnInterface {

@@ -21,17 +21,15 @@ use crate::error::OpError;
 /// The pool is not there yet, or has no active range: the cluster may not have granted the
 /// node its range yet, so the caller may try again later.
 fn not_granted(pool: &PoolName, what: &str) -> OpError {
-    OpError {
-        pool: Some(pool.to_string()),
-        ..OpError::new(
-            ErrorCode::RetryLater,
-            format!(
-                "pool {pool} of the agent's {} scope {what}; the cluster may not have granted \
+    OpError::new(
+        ErrorCode::RetryLater,
+        format!(
+            "pool {pool} of the agent's {} scope {what}; the cluster may not have granted \
                  this node its range yet",
-                api::NODE_SCOPE
-            ),
-        )
-    }
+            api::NODE_SCOPE
+        ),
+    )
+    .with_pool(Some(pool.to_string()))
 }
 
 impl<S: Store, C: Clock> NodeState<S, C> {

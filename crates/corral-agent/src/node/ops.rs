@@ -183,7 +183,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 AllocError::FamilyDisabled { .. } => OpError::bad_request(error.to_string()),
                 _ => OpError::from(error),
             };
-            OpError { set, ..base }
+            base.with_set(set)
         })?;
         for (a, set) in got.iter().zip(&sets).filter(|(a, _)| !a.existing) {
             changes.writes.push(Write::Put(
@@ -328,16 +328,14 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             .filter(|s| s.scope != api::NODE_SCOPE)
         {
             if let Some(pool) = scope.config.pools.iter().find(|p| p.is_interface_pool()) {
-                return Err(OpError {
-                    pool: Some(pool.name.clone()),
-                    ..OpError::bad_request(format!(
-                        "checkpoint: pool {} of scope {:?} is backed by interfaces, which only \
+                return Err(OpError::bad_request(format!(
+                    "checkpoint: pool {} of scope {:?} is backed by interfaces, which only \
                          the {:?} scope may hold; nothing was imported",
-                        pool.name,
-                        scope.scope,
-                        api::NODE_SCOPE
-                    ))
-                });
+                    pool.name,
+                    scope.scope,
+                    api::NODE_SCOPE
+                ))
+                .with_pool(Some(pool.name.clone())));
             }
         }
         let names: Vec<String> = checkpoint.scopes.iter().map(|s| s.scope.clone()).collect();

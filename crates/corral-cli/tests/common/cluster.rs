@@ -21,20 +21,7 @@ use corral_kv::{Compare, Kv, Txn, TxnOp};
 
 use crate::common::{Agent, BINARY};
 
-/// One runtime for the test's own etcd calls: an etcd client's connections live on the
-/// runtime it was made on, so every call goes through the same one.
-pub fn block_on<F: Future>(future: F) -> F::Output {
-    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap()
-        })
-        .block_on(future)
-}
+pub use corral_etcd::testing::block_on;
 
 /// A dual-stack pool of node CIDRs: /24s of 10.192.0.0/12 (the first reserved) and /64s.
 pub const DUAL: &str = include_str!("../configs/dual.toml");

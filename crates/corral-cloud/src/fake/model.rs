@@ -13,7 +13,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use tokio::time::Instant;
 
-use super::pool::{Ipv4Pool, Ipv6Pool, Refusal};
+use super::pool::{FamilyPool, Ipv4Pool, Ipv6Pool, Refusal};
 use crate::error::DEVICE_INDEX_IN_USE;
 use crate::{
     Amount, AttachInterface, Attachment, AttachmentStatus, CloudError, CreateInterface, Instance,
@@ -365,12 +365,12 @@ fn no_duplicates<T: Ord + std::fmt::Display>(items: &[T]) -> Result<(), CloudErr
     }
 }
 
-/// Takes IPv4 addresses from a subnet's pool as a request says.
-fn take_ipv4(
-    pool: &mut Ipv4Pool,
+/// Takes addresses of one family from a subnet's pool as a request says.
+fn take_addresses<P: FamilyPool>(
+    pool: &mut P,
     subnet_id: &str,
-    amount: &Amount<Ipv4Addr>,
-) -> Result<Vec<Ipv4Addr>, CloudError> {
+    amount: &Amount<P::Addr>,
+) -> Result<Vec<P::Addr>, CloudError> {
     match amount {
         Amount::Count(n) => pool
             .take_any(*n as usize)
@@ -385,63 +385,12 @@ fn take_ipv4(
     }
 }
 
-fn take_ipv4_prefixes(
-    pool: &mut Ipv4Pool,
+/// Takes prefixes of one family from a subnet's pool as a request says.
+fn take_prefixes<P: FamilyPool>(
+    pool: &mut P,
     subnet_id: &str,
-    amount: &Amount<Ipv4Net>,
-) -> Result<Vec<Ipv4Net>, CloudError> {
-    match amount {
-        Amount::Count(n) => {
-            let n = *n as usize;
-            if (pool.free() as usize) < n * 16 {
-                return Err(no_free_addresses(subnet_id));
-            }
-            pool.take_prefixes(n)
-                .ok_or_else(|| no_cidr_blocks(subnet_id))
-        }
-        Amount::Explicit(prefixes) => {
-            no_duplicates(prefixes)?;
-            for &prefix in prefixes {
-                pool.take_prefix(prefix)
-                    .map_err(|r| refused(r, prefix, subnet_id))?;
-            }
-            Ok(prefixes.clone())
-        }
-    }
-}
-
-fn ipv6_pool(subnet: &mut FakeSubnet) -> Result<&mut Ipv6Pool, CloudError> {
-    let id = subnet.id.clone();
-    subnet
-        .ipv6
-        .as_mut()
-        .ok_or_else(|| invalid(format!("Subnet '{id}' has no IPv6 CIDR block")))
-}
-
-fn take_ipv6(
-    pool: &mut Ipv6Pool,
-    subnet_id: &str,
-    amount: &Amount<Ipv6Addr>,
-) -> Result<Vec<Ipv6Addr>, CloudError> {
-    match amount {
-        Amount::Count(n) => pool
-            .take_any(*n as usize)
-            .ok_or_else(|| no_free_addresses(subnet_id)),
-        Amount::Explicit(addresses) => {
-            no_duplicates(addresses)?;
-            for &addr in addresses {
-                pool.take(addr).map_err(|r| refused(r, addr, subnet_id))?;
-            }
-            Ok(addresses.clone())
-        }
-    }
-}
-
-fn take_ipv6_prefixes(
-    pool: &mut Ipv6Pool,
-    subnet_id: &str,
-    amount: &Amount<Ipv6Net>,
-) -> Result<Vec<Ipv6Net>, CloudError> {
+    amount: &Amount<P::Net>,
+) -> Result<Vec<P::Net>, CloudError> {
     match amount {
         Amount::Count(n) => pool
             .take_prefixes(*n as usize)
@@ -455,6 +404,29 @@ fn take_ipv6_prefixes(
             Ok(prefixes.clone())
         }
     }
+}
+
+/// [`take_prefixes`] of IPv4, where a count of /28s the subnet has too few free addresses for
+/// is refused as EC2 refuses it (no free addresses) before any free /28 is looked for.
+fn take_ipv4_prefixes(
+    pool: &mut Ipv4Pool,
+    subnet_id: &str,
+    amount: &Amount<Ipv4Net>,
+) -> Result<Vec<Ipv4Net>, CloudError> {
+    if let Amount::Count(n) = amount
+        && (pool.free() as usize) < *n as usize * 16
+    {
+        return Err(no_free_addresses(subnet_id));
+    }
+    take_prefixes(pool, subnet_id, amount)
+}
+
+fn ipv6_pool(subnet: &mut FakeSubnet) -> Result<&mut Ipv6Pool, CloudError> {
+    let id = subnet.id.clone();
+    subnet
+        .ipv6
+        .as_mut()
+        .ok_or_else(|| invalid(format!("Subnet '{id}' has no IPv6 CIDR block")))
 }
 
 /// What a state file keeps of the model, written: the resources and the id counter (the
@@ -949,7 +921,7 @@ impl Model {
                 .ok_or_else(|| no_free_addresses(subnet_id))?[0],
         };
         let secondary_ipv4 = match &request.secondary_ipv4 {
-            Some(amount) => take_ipv4(&mut scratch.ipv4, subnet_id, amount)?,
+            Some(amount) => take_addresses(&mut scratch.ipv4, subnet_id, amount)?,
             None => Vec::new(),
         };
         let ipv4_prefixes = match &request.ipv4_prefixes {
@@ -960,10 +932,10 @@ impl Model {
         if request.ipv6_addresses.is_some() || request.ipv6_prefixes.is_some() {
             let pool = ipv6_pool(&mut scratch)?;
             if let Some(amount) = &request.ipv6_addresses {
-                ipv6_addresses = take_ipv6(pool, subnet_id, amount)?;
+                ipv6_addresses = take_addresses(pool, subnet_id, amount)?;
             }
             if let Some(amount) = &request.ipv6_prefixes {
-                ipv6_prefixes = take_ipv6_prefixes(pool, subnet_id, amount)?;
+                ipv6_prefixes = take_prefixes(pool, subnet_id, amount)?;
             }
         }
         let number = self.next();
@@ -1205,7 +1177,7 @@ impl Model {
         let mut pool = subnet.ipv4.clone();
         let assigned = match request {
             Ipv4Assign::Addresses(amount) => Ipv4Set {
-                addresses: take_ipv4(&mut pool, &subnet_id, amount)?,
+                addresses: take_addresses(&mut pool, &subnet_id, amount)?,
                 prefixes: Vec::new(),
             },
             Ipv4Assign::Prefixes(amount) => Ipv4Set {
@@ -1297,12 +1269,12 @@ impl Model {
         let mut pool = ipv6_pool(subnet)?.clone();
         let assigned = match request {
             Ipv6Assign::Addresses(amount) => Ipv6Set {
-                addresses: take_ipv6(&mut pool, &subnet_id, amount)?,
+                addresses: take_addresses(&mut pool, &subnet_id, amount)?,
                 prefixes: Vec::new(),
             },
             Ipv6Assign::Prefixes(amount) => Ipv6Set {
                 addresses: Vec::new(),
-                prefixes: take_ipv6_prefixes(&mut pool, &subnet_id, amount)?,
+                prefixes: take_prefixes(&mut pool, &subnet_id, amount)?,
             },
         };
         subnet.ipv6 = Some(pool);

@@ -20,6 +20,42 @@ pub(crate) enum Refusal {
     InUse,
 }
 
+/// What the model takes from a subnet's space of one family, whichever the family: any free
+/// addresses or prefixes (IPv4 /28s, IPv6 /80s), or given ones.
+pub(crate) trait FamilyPool {
+    type Addr: Copy + Ord + std::fmt::Display;
+    type Net: Copy + Ord + std::fmt::Display;
+    fn take_any(&mut self, n: usize) -> Option<Vec<Self::Addr>>;
+    fn take(&mut self, addr: Self::Addr) -> Result<(), Refusal>;
+    fn take_prefixes(&mut self, n: usize) -> Option<Vec<Self::Net>>;
+    fn take_prefix(&mut self, prefix: Self::Net) -> Result<(), Refusal>;
+}
+
+/// Each family's pool by its own methods.
+macro_rules! family_pool {
+    ($pool:ty, $addr:ty, $net:ty) => {
+        impl FamilyPool for $pool {
+            type Addr = $addr;
+            type Net = $net;
+            fn take_any(&mut self, n: usize) -> Option<Vec<$addr>> {
+                <$pool>::take_any(self, n)
+            }
+            fn take(&mut self, addr: $addr) -> Result<(), Refusal> {
+                <$pool>::take(self, addr)
+            }
+            fn take_prefixes(&mut self, n: usize) -> Option<Vec<$net>> {
+                <$pool>::take_prefixes(self, n)
+            }
+            fn take_prefix(&mut self, prefix: $net) -> Result<(), Refusal> {
+                <$pool>::take_prefix(self, prefix)
+            }
+        }
+    };
+}
+
+family_pool!(Ipv4Pool, Ipv4Addr, Ipv4Net);
+family_pool!(Ipv6Pool, Ipv6Addr, Ipv6Net);
+
 /// The IPv4 space of a subnet.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Ipv4Pool {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use corral_cni::testing::cni_call;
 use serde_json::json;
 
 /// The network name both plugins see: host-local's directory and corral's scope.
@@ -77,16 +78,7 @@ pub fn invoke(
     stdin: &[u8],
 ) -> (Duration, Output) {
     let start = Instant::now();
-    let mut child = Command::new(program)
-        .args(args)
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", format!("/var/run/netns/{container}"))
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+    let mut child = cni_call(Command::new(program).args(args), command, container)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));

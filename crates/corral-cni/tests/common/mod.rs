@@ -55,22 +55,7 @@ impl Outcome {
 /// margin is for a loaded machine).
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
-/// `command`'s environment as a runtime sets it for a CNI call, and nothing else: the verb,
-/// the container, its namespace `/var/run/netns/NETNS`, the interface.
-pub fn cni_env<'a>(
-    command: &'a mut Command,
-    verb: &str,
-    container: &str,
-    netns: &str,
-    ifname: &str,
-) -> &'a mut Command {
-    command
-        .env_clear()
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_NETNS", format!("/var/run/netns/{netns}"))
-        .env("CNI_IFNAME", ifname)
-}
+pub use corral_cni::testing::cni_env;
 
 /// Starts `command` with all three of its standard streams piped (`what` it is, if it does
 /// not start).
