@@ -219,7 +219,7 @@ async fn batch_progress(routers: &[axum::Router]) -> (usize, Vec<(usize, String)
         }
     }
     let mut commonest: Vec<(usize, String)> = errors.into_iter().map(|(e, n)| (n, e)).collect();
-    commonest.sort_by(|a, b| b.0.cmp(&a.0));
+    commonest.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
     commonest.truncate(3);
     (registered, commonest)
 }
