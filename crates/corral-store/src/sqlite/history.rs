@@ -528,18 +528,18 @@ fn first_at_from(conn: &Connection, seq: i64) -> Result<Option<i64>, StoreError>
 }
 
 /// Events recorded in a transaction and not yet written: encoded one after the other, and
-/// each one's time and end in the encoding. Written (`Pending::write`) in groups of
-/// [`GROUP`] rows per statement before anything reads the log or the transaction commits:
-/// one statement per event cost ~5,000 instructions, most of them the statement's own
-/// (binding, stepping, resetting), not the row's.
+/// each one's time and end in the encoding. Written (`Pending::write`) before anything reads
+/// the log or the transaction commits, in as few statements as the sizes of [`GROUPS`] make
+/// (the largest that fits first): one statement per event cost ~5,000 instructions, most of
+/// them the statement's own (binding, stepping, resetting), not the row's.
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     bytes: Vec<u8>,
     events: Vec<(i64, usize)>,
 }
 
-/// Rows per statement of a group.
-const GROUP: usize = 16;
+/// Rows per statement, largest first (and one, `INSERT_EVENT`).
+const GROUPS: [usize; 5] = [32, 16, 8, 4, 2];
 
 impl Pending {
     pub(crate) fn push(&mut self, event: HistoryRecord<'_>) {
@@ -556,23 +556,21 @@ impl Pending {
         if self.events.is_empty() {
             return Ok(());
         }
-        let mut start = 0;
-        for group in self.events.chunks(GROUP) {
-            // A whole group in one statement, the rest one by one.
-            let (sql, rows) = if group.len() == GROUP {
-                (insert_group(), GROUP)
-            } else {
-                (INSERT_EVENT, 1)
+        let (mut start, mut rest) = (0, &self.events[..]);
+        while !rest.is_empty() {
+            let (sql, rows) = match GROUPS.iter().position(|&rows| rows <= rest.len()) {
+                Some(group) => (insert_group(group), GROUPS[group]),
+                None => (INSERT_EVENT, 1),
             };
+            let (now, later) = rest.split_at(rows);
             let mut statement = conn.prepare_cached(sql)?;
-            for rows in group.chunks(rows) {
-                for (i, &(at, end)) in rows.iter().enumerate() {
-                    statement.raw_bind_parameter(2 * i + 1, at)?;
-                    statement.raw_bind_parameter(2 * i + 2, &self.bytes[start..end])?;
-                    start = end;
-                }
-                statement.raw_execute()?;
+            for (i, &(at, end)) in now.iter().enumerate() {
+                statement.raw_bind_parameter(2 * i + 1, at)?;
+                statement.raw_bind_parameter(2 * i + 2, &self.bytes[start..end])?;
+                start = end;
             }
+            statement.raw_execute()?;
+            rest = later;
         }
         if let Some(ends) = ends {
             // One writer, and rows numbered in the order inserted: the numbers run up to
@@ -591,11 +589,12 @@ impl Pending {
     }
 }
 
-/// An insert of [`GROUP`] events, made once.
-fn insert_group() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        let values: Vec<String> = (0..GROUP)
+/// An insert of `GROUPS[group]` events, made once.
+fn insert_group(group: usize) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; GROUPS.len()] =
+        [const { std::sync::OnceLock::new() }; GROUPS.len()];
+    SQL[group].get_or_init(|| {
+        let values: Vec<String> = (0..GROUPS[group])
             .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
             .collect();
         format!(
