@@ -197,10 +197,50 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn str(&mut self) -> Result<&'a str, StoreError> {
+    /// A string's bytes, not checked to be UTF-8.
+    fn raw_str(&mut self) -> Result<&'a [u8], StoreError> {
         let len = u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize;
-        std::str::from_utf8(self.take(len)?).map_err(|e| corrupt("history", e))
+        self.take(len)
     }
+
+    fn str(&mut self) -> Result<&'a str, StoreError> {
+        std::str::from_utf8(self.raw_str()?).map_err(|e| corrupt("history", e))
+    }
+}
+
+/// What a chunk's summary keeps of an event: its keys as stored, not checked to be UTF-8
+/// (a chunk's filters hash bytes; a scope is checked when a summary first keeps it).
+struct Keys<'a> {
+    addr_key: &'a [u8],
+    scope: &'a [u8],
+    owner: &'a [u8],
+    container: Option<&'a [u8]>,
+}
+
+fn keys(bytes: &[u8]) -> Result<Keys<'_>, StoreError> {
+    let mut r = Reader(bytes);
+    r.take(1)?;
+    let addr_key = r.take(17)?;
+    r.take(8)?;
+    let scope = r.raw_str()?;
+    r.raw_str()?;
+    let owner = r.raw_str()?;
+    let container = match r.take(1)?[0] {
+        0 => None,
+        1 => {
+            r.raw_str()?;
+            let container = r.raw_str()?;
+            r.raw_str()?;
+            Some(container)
+        }
+        other => return Err(corrupt("history", format!("attachment flag {other}"))),
+    };
+    Ok(Keys {
+        addr_key,
+        scope,
+        owner,
+        container,
+    })
 }
 
 fn decode(bytes: &[u8]) -> Result<EventRef<'_>, StoreError> {
@@ -361,17 +401,21 @@ impl Summary {
         }
     }
 
-    fn add(&mut self, at: i64, event: &EventRef<'_>) {
+    /// Adds the event encoded as `event`.
+    fn add(&mut self, at: i64, event: &[u8]) -> Result<(), StoreError> {
+        let keys = keys(event)?;
         self.min_at = self.min_at.min(at);
         self.max_at = self.max_at.max(at);
-        bloom_add(&mut self.addrs, event.addr_key);
-        bloom_add(&mut self.owners, event.owner.as_bytes());
-        if let Some((_, container, _)) = event.key {
-            bloom_add(&mut self.containers, container.as_bytes());
+        bloom_add(&mut self.addrs, keys.addr_key);
+        bloom_add(&mut self.owners, keys.owner);
+        if let Some(container) = keys.container {
+            bloom_add(&mut self.containers, container);
         }
-        if !self.scopes.iter().any(|s| s == event.scope) {
-            self.scopes.push(event.scope.to_owned());
+        if !self.scopes.iter().any(|s| s.as_bytes() == keys.scope) {
+            let scope = std::str::from_utf8(keys.scope).map_err(|e| corrupt("history", e))?;
+            self.scopes.push(scope.to_owned());
         }
+        Ok(())
     }
 
     /// The summary of the events numbered within `[lo, hi]`, read back from their rows.
@@ -381,7 +425,7 @@ impl Summary {
         let mut rows = statement.query([lo, hi])?;
         let mut summary = Summary::new();
         while let Some(row) = rows.next()? {
-            summary.add(row.get(0)?, &decode(blob(row, 1)?)?);
+            summary.add(row.get(0)?, blob(row, 1)?)?;
         }
         Ok(summary)
     }
@@ -421,18 +465,18 @@ struct Open {
 }
 
 impl Open {
-    /// Adds event `seq`; false if it falls before the open chunks (then they no longer
-    /// match the rows).
-    fn add(&mut self, seq: i64, at: i64, event: &EventRef<'_>) -> bool {
+    /// Adds event `seq`, encoded as `event`; false if it falls before the open chunks (then
+    /// they no longer match the rows).
+    fn add(&mut self, seq: i64, at: i64, event: &[u8]) -> Result<bool, StoreError> {
         if seq < self.lo {
-            return false;
+            return Ok(false);
         }
         let index = usize::try_from((seq - self.lo) / CHUNK).unwrap_or(usize::MAX);
         while self.chunks.len() <= index {
             self.chunks.push_back(Summary::new());
         }
-        self.chunks[index].add(at, event);
-        true
+        self.chunks[index].add(at, event)?;
+        Ok(true)
     }
 }
 
@@ -487,7 +531,7 @@ impl Ends {
             conn.prepare_cached("SELECT seq, at, event FROM history_events WHERE seq >= ?1")?;
         let mut rows = statement.query([self.tail_start])?;
         while let Some(row) = rows.next()? {
-            open.add(row.get(0)?, row.get(1)?, &decode(blob(row, 2)?)?);
+            open.add(row.get(0)?, row.get(1)?, blob(row, 2)?)?;
         }
         self.open = Some(open);
         Ok(())
@@ -503,7 +547,7 @@ impl Ends {
             self.tail_first_at = Some(at);
         }
         if let Some(open) = &mut self.open
-            && !open.add(seq, at, &decode(event)?)
+            && !open.add(seq, at, event)?
         {
             self.open = None;
         }
@@ -589,17 +633,15 @@ impl Pending {
     }
 }
 
-/// An insert of `GROUPS[group]` events, made once.
+/// An insert of `GROUPS[group]` events, made once; short, as the statement cache hashes it at
+/// each use.
 fn insert_group(group: usize) -> &'static str {
     static SQL: [std::sync::OnceLock<String>; GROUPS.len()] =
         [const { std::sync::OnceLock::new() }; GROUPS.len()];
     SQL[group].get_or_init(|| {
-        let values: Vec<String> = (0..GROUPS[group])
-            .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
-            .collect();
         format!(
-            "INSERT INTO history_events (at, event) VALUES {}",
-            values.join(", ")
+            "INSERT INTO history_events(at,event)VALUES{}",
+            vec!["(?,?)"; GROUPS[group]].join(",")
         )
     })
 }
