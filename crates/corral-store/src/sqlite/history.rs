@@ -572,18 +572,20 @@ fn first_at_from(conn: &Connection, seq: i64) -> Result<Option<i64>, StoreError>
 }
 
 /// Events recorded in a transaction and not yet written: encoded one after the other, and
-/// each one's time and end in the encoding. Written (`Pending::write`) before anything reads
-/// the log or the transaction commits, in as few statements as the sizes of [`GROUPS`] make
-/// (the largest that fits first): one statement per event cost ~5,000 instructions, most of
-/// them the statement's own (binding, stepping, resetting), not the row's.
+/// each one's time and end in the encoding. Written (`Pending::write`) in groups of
+/// [`GROUP`] rows per statement before anything reads the log or the transaction commits:
+/// one statement per event cost ~5,000 instructions, most of them the statement's own
+/// (binding, stepping, resetting), not the row's. (Statements of 32, 16, 8, 4, 2 and 1 rows,
+/// as few as make the transaction's events, cost as much at 64 clients: the statements
+/// saved went into the statement cache's lookups, one per size used; BENCHMARKS.md.)
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     bytes: Vec<u8>,
     events: Vec<(i64, usize)>,
 }
 
-/// Rows per statement, largest first (and one, `INSERT_EVENT`).
-const GROUPS: [usize; 5] = [32, 16, 8, 4, 2];
+/// Rows per statement of a group.
+const GROUP: usize = 16;
 
 impl Pending {
     pub(crate) fn push(&mut self, event: HistoryRecord<'_>) {
@@ -600,21 +602,23 @@ impl Pending {
         if self.events.is_empty() {
             return Ok(());
         }
-        let (mut start, mut rest) = (0, &self.events[..]);
-        while !rest.is_empty() {
-            let (sql, rows) = match GROUPS.iter().position(|&rows| rows <= rest.len()) {
-                Some(group) => (insert_group(group), GROUPS[group]),
-                None => (INSERT_EVENT, 1),
+        let mut start = 0;
+        for group in self.events.chunks(GROUP) {
+            // A whole group in one statement, the rest one by one.
+            let (sql, rows) = if group.len() == GROUP {
+                (insert_group(), GROUP)
+            } else {
+                (INSERT_EVENT, 1)
             };
-            let (now, later) = rest.split_at(rows);
             let mut statement = conn.prepare_cached(sql)?;
-            for (i, &(at, end)) in now.iter().enumerate() {
-                statement.raw_bind_parameter(2 * i + 1, at)?;
-                statement.raw_bind_parameter(2 * i + 2, &self.bytes[start..end])?;
-                start = end;
+            for rows in group.chunks(rows) {
+                for (i, &(at, end)) in rows.iter().enumerate() {
+                    statement.raw_bind_parameter(2 * i + 1, at)?;
+                    statement.raw_bind_parameter(2 * i + 2, &self.bytes[start..end])?;
+                    start = end;
+                }
+                statement.raw_execute()?;
             }
-            statement.raw_execute()?;
-            rest = later;
         }
         if let Some(ends) = ends {
             // One writer, and rows numbered in the order inserted: the numbers run up to
@@ -633,15 +637,14 @@ impl Pending {
     }
 }
 
-/// An insert of `GROUPS[group]` events, made once; short, as the statement cache hashes it at
-/// each use.
-fn insert_group(group: usize) -> &'static str {
-    static SQL: [std::sync::OnceLock<String>; GROUPS.len()] =
-        [const { std::sync::OnceLock::new() }; GROUPS.len()];
-    SQL[group].get_or_init(|| {
+/// An insert of [`GROUP`] events, made once; short, as the statement cache hashes it at each
+/// use.
+fn insert_group() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
         format!(
             "INSERT INTO history_events(at,event)VALUES{}",
-            vec!["(?,?)"; GROUPS[group]].join(",")
+            vec!["(?,?)"; GROUP].join(",")
         )
     })
 }
