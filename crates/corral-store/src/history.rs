@@ -2,10 +2,10 @@
 //! address, pool, attachment, owner and generation, kept for a bounded number of events and a
 //! bounded age.
 //!
-//! An event is written by [`Txn::record_history`](crate::Txn::record_history) in the
-//! transaction of the change it records, so it is durable with that change and costs no
-//! commit (no fsync) of its own. [`Txn::prune_history`](crate::Txn::prune_history) drops the
-//! oldest events in batches: a commit checks two ends of an index, and deletes only once
+//! An event is written by [`Txn::record`](crate::Txn::record) (borrowing it, as a
+//! [`HistoryRecord`]) in the transaction of the change it records, so it is durable with that
+//! change and costs no commit (no fsync) of its own.
+//! [`Txn::prune_history`](crate::Txn::prune_history) drops the oldest events in batches: a commit checks two ends of an index, and deletes only once
 //! [`PRUNE_BATCH`] events are over the count (or the oldest is past the age), so the cost is
 //! amortised over the commits that added them.
 //!
@@ -107,6 +107,66 @@ impl HistoryEvent {
             key: row.key.clone(),
             owner: row.owner.clone(),
             generation: row.generation,
+        }
+    }
+}
+
+/// An event of the history as a store records it, borrowing what it names
+/// ([`Txn::record`](crate::Txn::record)): recording an allocation or a release copies nothing
+/// but the bytes the store writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryRecord<'a> {
+    pub at: Timestamp,
+    pub kind: HistoryKind,
+    pub scope: &'a str,
+    pub pool: &'a PoolName,
+    pub addr: IpAddr,
+    pub key: Option<&'a AttachmentKey>,
+    pub owner: &'a str,
+    pub generation: u64,
+}
+
+impl<'a> HistoryRecord<'a> {
+    /// The event `kind` of the allocation `row` of `scope`, at `at` (as [`HistoryEvent::of`]).
+    pub fn of(at: Timestamp, kind: HistoryKind, scope: &'a str, row: &'a StoredAllocation) -> Self {
+        HistoryRecord {
+            at,
+            kind,
+            scope,
+            pool: &row.pool,
+            addr: row.addr,
+            key: row.key.as_ref(),
+            owner: &row.owner,
+            generation: row.generation,
+        }
+    }
+
+    /// The event, owning its fields.
+    pub fn to_event(&self) -> HistoryEvent {
+        HistoryEvent {
+            at: self.at,
+            kind: self.kind,
+            scope: self.scope.to_owned(),
+            pool: self.pool.clone(),
+            addr: self.addr,
+            key: self.key.cloned(),
+            owner: self.owner.to_owned(),
+            generation: self.generation,
+        }
+    }
+}
+
+impl<'a> From<&'a HistoryEvent> for HistoryRecord<'a> {
+    fn from(event: &'a HistoryEvent) -> Self {
+        HistoryRecord {
+            at: event.at,
+            kind: event.kind,
+            scope: &event.scope,
+            pool: &event.pool,
+            addr: event.addr,
+            key: event.key.as_ref(),
+            owner: &event.owner,
+            generation: event.generation,
         }
     }
 }

@@ -39,7 +39,7 @@ pub use files::{SmallFileError, read_small_file};
 pub use gc::{GcOutcome, collect_garbage};
 pub use history::{
     DEFAULT_HISTORY_MAX_AGE, DEFAULT_HISTORY_MAX_EVENTS, HistoryEvent, HistoryKind, HistoryLimits,
-    HistoryQuery, PRUNE_BATCH,
+    HistoryQuery, HistoryRecord, PRUNE_BATCH,
 };
 pub use hostlocal::{
     HostLocalDir, HostLocalEntry, HostLocalWritten, LAST_RESERVED_PREFIX,
@@ -481,7 +481,11 @@ pub trait Txn {
     fn delete_gc_suspect(&mut self, scope: &str, key: &AttachmentKey) -> Result<(), StoreError>;
     /// Records an event of the allocation history (see `history.rs`), durable with the
     /// transaction's other writes.
-    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError>;
+    fn record(&mut self, event: HistoryRecord<'_>) -> Result<(), StoreError>;
+    /// [`Txn::record`] of an owned event.
+    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
+        self.record(event.into())
+    }
     /// Drops the oldest events past `limits` at `now`, in batches ([`PRUNE_BATCH`]): most
     /// calls only look. Returns how many were dropped.
     fn prune_history(&mut self, limits: &HistoryLimits, now: Timestamp) -> Result<u64, StoreError>;

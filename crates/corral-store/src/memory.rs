@@ -15,8 +15,8 @@ use corral_core::{AttachmentKey, Family, GcSuspect, PoolName, Timestamp};
 
 use crate::history::holders;
 use crate::{
-    HistoryEvent, HistoryLimits, HistoryQuery, PRUNE_BATCH, ScopeConfig, ScopeState, Store,
-    StoreError, StoredAllocation, StoredCooldown, Txn,
+    HistoryEvent, HistoryLimits, HistoryQuery, HistoryRecord, PRUNE_BATCH, ScopeConfig, ScopeState,
+    Store, StoreError, StoredAllocation, StoredCooldown, Txn,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -103,8 +103,8 @@ fn newest_first(history: &[HistoryEvent]) -> Vec<&HistoryEvent> {
 }
 
 impl Txn for MemoryTxn {
-    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
-        self.data.history.push(event.clone());
+    fn record(&mut self, event: HistoryRecord<'_>) -> Result<(), StoreError> {
+        self.data.history.push(event.to_event());
         Ok(())
     }
 

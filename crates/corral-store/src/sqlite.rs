@@ -65,8 +65,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use crate::codec::{decode_cooling, decode_snapshots, encode_snapshots};
 use crate::files::create_dirs_synced;
 use crate::{
-    HistoryEvent, HistoryLimits, HistoryQuery, LostState, SCHEMA_VERSION, ScopeConfig, ScopeState,
-    Store, StoreError, StoredAllocation, StoredCooldown, Txn,
+    HistoryEvent, HistoryLimits, HistoryQuery, HistoryRecord, LostState, SCHEMA_VERSION,
+    ScopeConfig, ScopeState, Store, StoreError, StoredAllocation, StoredCooldown, Txn,
 };
 
 /// The database file inside the state directory.
@@ -301,7 +301,7 @@ pub struct SqliteStore {
     kept: Kept,
     /// Owned mode: the history log's ends as of the last commit (`sqlite/history.rs`), so a
     /// commit need not read them; `None` while a transaction holds them or they are unknown.
-    history_ends: Cell<Option<history::Ends>>,
+    history_ends: RefCell<Option<history::Ends>>,
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -478,7 +478,7 @@ impl SqliteStore {
             log_file: RefCell::new(None),
             health: StoreHealth::default(),
             kept: Kept::default(),
-            history_ends: Cell::new(None),
+            history_ends: RefCell::new(None),
         };
         // A shared store takes the directory lock for opening too: what the checks read and a
         // new database's creation must not interleave with another process's.
@@ -1128,7 +1128,7 @@ pub struct SqliteTxn<'a> {
 #[derive(Debug)]
 struct HistoryTxn<'a> {
     /// Owned mode: where the ends are kept between transactions.
-    kept: Option<&'a Cell<Option<history::Ends>>>,
+    kept: Option<&'a RefCell<Option<history::Ends>>>,
     ends: Option<history::Ends>,
     /// Whether this transaction changed the history (its ends are then kept only if it
     /// commits).
@@ -1143,7 +1143,7 @@ impl Drop for HistoryTxn<'_> {
         if let Some(kept) = self.kept
             && (self.committed || !self.written)
         {
-            kept.set(self.ends.take());
+            kept.replace(self.ends.take());
         }
     }
 }
@@ -1466,7 +1466,7 @@ impl SqliteTxn<'_> {
 }
 
 impl Txn for SqliteTxn<'_> {
-    fn record_history(&mut self, event: &HistoryEvent) -> Result<(), StoreError> {
+    fn record(&mut self, event: HistoryRecord<'_>) -> Result<(), StoreError> {
         let history = &mut self.history;
         history.written = true;
         history.pending.push(event);
@@ -1485,7 +1485,13 @@ impl Txn for SqliteTxn<'_> {
             }
             None => {
                 history.pending.write(conn, None)?;
-                history::Ends::load(conn)?
+                let mut ends = history::Ends::load(conn)?;
+                // Owned mode: the ends live on across commits, and with them the tail's
+                // summaries, made from its rows this once.
+                if history.kept.is_some() {
+                    ends.track(conn)?;
+                }
+                ends
             }
         };
         let dropped = history::prune(conn, &mut ends, limits, now)?;

@@ -607,3 +607,109 @@ fn a_schema_5_history_is_readable_after_the_upgrade() {
     record(&mut memory, &more[3_000..]);
     answers_like_memory(&mut sqlite, &mut memory, 5_000);
 }
+
+/// The chunks' summaries as `history_chunks` holds them, in order.
+type ChunkRow = (i64, i64, i64, i64, Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+fn chunks_of(dir: &std::path::Path) -> Vec<ChunkRow> {
+    let conn = rusqlite::Connection::open(dir.join(corral_store::DB_FILE)).unwrap();
+    let mut statement = conn
+        .prepare(
+            "SELECT lo, hi, min_at, max_at, scopes, addrs, owners, containers
+             FROM history_chunks ORDER BY lo",
+        )
+        .unwrap();
+    statement
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// The agent's store (owned) summarises a chunk from the events as it wrote them, not from
+/// its rows read back: its chunks are exactly those of a store that reads them back (one
+/// opened shared), given the same commits, through a restart mid-chunk (the open chunk made
+/// again from the tail's rows), a commit of more than a chunk, and pruning by count or by
+/// age that reaches the tail or stays behind it; and it answers as the memory store.
+#[test]
+fn chunks_summarised_as_written_are_those_of_their_rows() {
+    let events = varied(7_000);
+    let year = Duration::from_secs(3600 * 24 * 365);
+    for limits in [
+        HistoryLimits::default(),
+        // Pruned by count within the tail (before any chunk) and behind it.
+        HistoryLimits {
+            max_events: 600,
+            max_age: year,
+        },
+        HistoryLimits {
+            max_events: 2_500,
+            max_age: year,
+        },
+        // By age: 5 s holds 500 events, and the clock steps back half-way.
+        HistoryLimits {
+            max_events: 1_000_000,
+            max_age: Duration::from_secs(5),
+        },
+    ] {
+        let (owned_dir, shared_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let socket = std::path::Path::new("/x.sock");
+        let mut owned = Some(SqliteStore::open_owned(owned_dir.path(), socket).unwrap());
+        let mut shared = SqliteStore::open(shared_dir.path()).unwrap();
+        let mut memory = MemoryStore::new();
+        let mut sizes = [1usize, 64, 1_100, 3, 200, 17].into_iter().cycle();
+        let (mut rest, mut written, mut restarted) = (&events[..], 0, false);
+        while !rest.is_empty() {
+            let (now, later) = rest.split_at(sizes.next().unwrap().min(rest.len()));
+            commit(owned.as_mut().unwrap(), now, &limits);
+            commit(&mut shared, now, &limits);
+            commit(&mut memory, now, &limits);
+            written += now.len();
+            rest = later;
+            // A restart with half a chunk in the tail.
+            if !restarted && written > 1_024 + 512 {
+                drop(owned.take());
+                owned = Some(SqliteStore::open_owned(owned_dir.path(), socket).unwrap());
+                restarted = true;
+            }
+        }
+        let mut owned = owned.unwrap();
+        let n = events.len() as u64;
+        for q in [all(usize::MAX), all(10)] {
+            assert_eq!(query(&mut owned, &q), query(&mut memory, &q), "{limits:?}");
+        }
+        if limits == HistoryLimits::default() {
+            answers_like_memory(&mut owned, &mut memory, n);
+        }
+        drop((owned, shared));
+        let chunks = chunks_of(owned_dir.path());
+        assert!(
+            limits.max_events < 1_024 || !chunks.is_empty(),
+            "{limits:?}: {} chunks",
+            chunks.len()
+        );
+        assert!(chunks == chunks_of(shared_dir.path()), "{limits:?}");
+    }
+}
+
+/// Records `events` in one transaction, pruned to `limits` as the agent's are.
+fn commit(store: &mut impl Store, events: &[HistoryEvent], limits: &HistoryLimits) {
+    let mut txn = store.begin().unwrap();
+    for event in events {
+        txn.record_history(event).unwrap();
+    }
+    txn.prune_history(limits, events.last().unwrap().at)
+        .unwrap();
+    txn.commit().unwrap();
+}

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use corral_api as api;
 use corral_core::{AttachmentKey, GcPolicy, GcSuspect, Timestamp};
 use corral_store::{
-    GcOutcome, HistoryEvent, HistoryKind, Store, Txn, collect_garbage, save_engine,
+    GcOutcome, HistoryKind, HistoryRecord, Store, Txn, collect_garbage, save_engine,
 };
 
 use super::op::Op;
@@ -109,8 +109,12 @@ impl<S: Store, C: Clock> NodeState<S, C> {
             }
             if self.history.max_events > 0 {
                 for row in &outcome.freed_rows {
-                    let event = HistoryEvent::of(now, HistoryKind::Collected, scope_name, row);
-                    txn.record_history(&event)?;
+                    txn.record(HistoryRecord::of(
+                        now,
+                        HistoryKind::Collected,
+                        scope_name,
+                        row,
+                    ))?;
                 }
             }
             save_engine(&mut txn, scope_name, &scope.config, &scope.engine)?;

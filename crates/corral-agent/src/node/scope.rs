@@ -11,7 +11,7 @@ use corral_api as api;
 use corral_api::ErrorCode;
 use corral_core::{Engine, Family, Interfaces, PoolName, Released, Timestamp};
 use corral_store::{
-    HistoryEvent, HistoryKind, HistoryLimits, PoolSpec, RangeEntry, RangeSource, ScopeConfig,
+    HistoryKind, HistoryLimits, HistoryRecord, PoolSpec, RangeEntry, RangeSource, ScopeConfig,
     Store, StoreError, StoredAllocation, Txn, save_engine,
 };
 
@@ -265,20 +265,19 @@ pub(super) fn persist<S: Store>(
             Write::Put(scope, row) => {
                 txn.put_allocation(scope, row)?;
                 if recording {
-                    let event = HistoryEvent::of(now, HistoryKind::Allocated, scope, row);
-                    txn.record_history(&event)?;
+                    txn.record(HistoryRecord::of(now, HistoryKind::Allocated, scope, row))?;
                 }
             }
             Write::Delete(scope, released, kind) => {
                 if recording {
-                    txn.record_history(&HistoryEvent {
+                    txn.record(HistoryRecord {
                         at: now,
                         kind: *kind,
-                        scope: scope.clone(),
-                        pool: released.pool.clone(),
+                        scope,
+                        pool: &released.pool,
                         addr: released.addr,
-                        key: released.key.clone(),
-                        owner: released.owner.clone(),
+                        key: released.key.as_ref(),
+                        owner: &released.owner,
                         generation: released.generation,
                     })?;
                 }

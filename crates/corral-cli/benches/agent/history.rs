@@ -13,7 +13,9 @@
 //! * With `CORRAL_HISTORY_CALLGRIND=1` also: instructions per allocation, each side's agent
 //!   under `valgrind --tool=callgrind` (user-space instructions of every thread), from two runs
 //!   per side that differ only in the number of pairs (the difference over the difference, so
-//!   start-up and shutdown cancel out).
+//!   start-up and shutdown cancel out); `CORRAL_HISTORY_CALLGRIND_KEEP=<dir>` keeps their
+//!   callgrind files there (`callgrind.<on|off>.<clients>.<pairs>.out`, for
+//!   `callgrind_annotate --inclusive=yes`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -268,6 +270,11 @@ fn instructions_of(extra: &[&str], clients: usize, n: usize) -> (u64, usize) {
         "{status}: {}",
         std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default()
     );
+    if let Some(keep) = std::env::var_os("CORRAL_HISTORY_CALLGRIND_KEEP") {
+        let side = if extra.is_empty() { "on" } else { "off" };
+        let name = format!("callgrind.{side}.{clients}.{n}.out");
+        std::fs::copy(&out, Path::new(&keep).join(name)).unwrap();
+    }
     (callgrind_total(&out), made)
 }
 

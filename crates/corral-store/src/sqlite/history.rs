@@ -25,9 +25,13 @@
 //!
 //! The agent's store (owned mode) keeps the log's ends in memory across its commits
 //! ([`Ends`]), so a commit that neither prunes nor completes a chunk runs no query at all
-//! for the history's bounds.
+//! for the history's bounds; and with them the summaries of the tail's chunks, each event
+//! added as it is written ([`Open`]), so completing a chunk reads none of its rows back. They
+//! are made from the tail's rows once after an open (a restart or a crash), a rollback, or a
+//! prune that reached the tail. Other stores read a chunk's rows back to summarise it.
 
 use std::cmp::Reverse;
+use std::collections::VecDeque;
 use std::net::IpAddr;
 
 use corral_core::{AttachmentKey, Family, PoolName, Timestamp};
@@ -35,7 +39,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::columns::{addr_blob, corrupt, family_code, millis, read_addr};
 use crate::history::holders;
-use crate::{HistoryEvent, HistoryKind, HistoryLimits, HistoryQuery, PRUNE_BATCH, StoreError};
+use crate::{
+    HistoryEvent, HistoryKind, HistoryLimits, HistoryQuery, HistoryRecord, PRUNE_BATCH, StoreError,
+};
 
 /// Sequence numbers per chunk.
 pub(crate) const CHUNK: i64 = 1024;
@@ -87,7 +93,7 @@ pub(super) fn migrate_to_log(tx: &rusqlite::Transaction<'_>) -> Result<(), Store
             let event = read_history(row)??;
             let seq: i64 = row.get(11)?;
             buf.clear();
-            encode(&event, &mut buf);
+            encode((&event).into(), &mut buf);
             insert.execute(params![seq, millis(event.at), buf])?;
         }
     }
@@ -148,15 +154,15 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// An event as stored: kind, family, address (16 bytes), generation, scope, pool, owner, and
 /// the attachment's network, container and interface if it has one.
-pub(super) fn encode(event: &HistoryEvent, out: &mut Vec<u8>) {
+pub(super) fn encode(event: HistoryRecord<'_>, out: &mut Vec<u8>) {
     out.push(event.kind.code() as u8);
     out.push(family_code(Family::of(event.addr)) as u8);
     out.extend_from_slice(&addr_blob(event.addr));
     out.extend_from_slice(&event.generation.to_le_bytes());
-    put_str(out, &event.scope);
+    put_str(out, event.scope);
     put_str(out, event.pool.as_str());
-    put_str(out, &event.owner);
-    match &event.key {
+    put_str(out, event.owner);
+    match event.key {
         None => out.push(0),
         Some(key) => {
             out.push(1);
@@ -191,10 +197,50 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn str(&mut self) -> Result<&'a str, StoreError> {
+    /// A string's bytes, not checked to be UTF-8.
+    fn raw_str(&mut self) -> Result<&'a [u8], StoreError> {
         let len = u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize;
-        std::str::from_utf8(self.take(len)?).map_err(|e| corrupt("history", e))
+        self.take(len)
     }
+
+    fn str(&mut self) -> Result<&'a str, StoreError> {
+        std::str::from_utf8(self.raw_str()?).map_err(|e| corrupt("history", e))
+    }
+}
+
+/// What a chunk's summary keeps of an event: its keys as stored, not checked to be UTF-8
+/// (a chunk's filters hash bytes; a scope is checked when a summary first keeps it).
+struct Keys<'a> {
+    addr_key: &'a [u8],
+    scope: &'a [u8],
+    owner: &'a [u8],
+    container: Option<&'a [u8]>,
+}
+
+fn keys(bytes: &[u8]) -> Result<Keys<'_>, StoreError> {
+    let mut r = Reader(bytes);
+    r.take(1)?;
+    let addr_key = r.take(17)?;
+    r.take(8)?;
+    let scope = r.raw_str()?;
+    r.raw_str()?;
+    let owner = r.raw_str()?;
+    let container = match r.take(1)?[0] {
+        0 => None,
+        1 => {
+            r.raw_str()?;
+            let container = r.raw_str()?;
+            r.raw_str()?;
+            Some(container)
+        }
+        other => return Err(corrupt("history", format!("attachment flag {other}"))),
+    };
+    Ok(Keys {
+        addr_key,
+        scope,
+        owner,
+        container,
+    })
 }
 
 fn decode(bytes: &[u8]) -> Result<EventRef<'_>, StoreError> {
@@ -327,12 +373,120 @@ fn bloom_has(bits: &[u8], key: &[u8]) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------
+// Chunks' summaries.
+
+/// A chunk's summary as `history_chunks` keeps it, made by adding its events one by one: by
+/// `build_chunks` from the rows read back, or as each event is written ([`Open`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Summary {
+    min_at: i64,
+    max_at: i64,
+    /// In the order first seen.
+    scopes: Vec<String>,
+    addrs: Vec<u8>,
+    owners: Vec<u8>,
+    containers: Vec<u8>,
+}
+
+impl Summary {
+    fn new() -> Summary {
+        let size = usize::try_from(CHUNK).unwrap_or(1024);
+        Summary {
+            min_at: i64::MAX,
+            max_at: i64::MIN,
+            scopes: Vec::new(),
+            addrs: bloom_new(size),
+            owners: bloom_new(size),
+            containers: bloom_new(size),
+        }
+    }
+
+    /// Adds the event encoded as `event`.
+    fn add(&mut self, at: i64, event: &[u8]) -> Result<(), StoreError> {
+        let keys = keys(event)?;
+        self.min_at = self.min_at.min(at);
+        self.max_at = self.max_at.max(at);
+        bloom_add(&mut self.addrs, keys.addr_key);
+        bloom_add(&mut self.owners, keys.owner);
+        if let Some(container) = keys.container {
+            bloom_add(&mut self.containers, container);
+        }
+        if !self.scopes.iter().any(|s| s.as_bytes() == keys.scope) {
+            let scope = std::str::from_utf8(keys.scope).map_err(|e| corrupt("history", e))?;
+            self.scopes.push(scope.to_owned());
+        }
+        Ok(())
+    }
+
+    /// The summary of the events numbered within `[lo, hi]`, read back from their rows.
+    fn read(conn: &Connection, (lo, hi): (i64, i64)) -> Result<Summary, StoreError> {
+        let mut statement = conn
+            .prepare_cached("SELECT at, event FROM history_events WHERE seq BETWEEN ?1 AND ?2")?;
+        let mut rows = statement.query([lo, hi])?;
+        let mut summary = Summary::new();
+        while let Some(row) = rows.next()? {
+            summary.add(row.get(0)?, blob(row, 1)?)?;
+        }
+        Ok(summary)
+    }
+
+    fn insert(&self, conn: &Connection, (lo, hi): (i64, i64)) -> Result<(), StoreError> {
+        let mut scope_bytes = Vec::new();
+        for scope in &self.scopes {
+            put_str(&mut scope_bytes, scope);
+        }
+        conn.prepare_cached(
+            "INSERT INTO history_chunks (lo, hi, min_at, max_at, scopes, addrs, owners, containers)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?
+        .execute(params![
+            lo,
+            hi,
+            self.min_at,
+            self.max_at,
+            scope_bytes,
+            self.addrs,
+            self.owners,
+            self.containers
+        ])?;
+        Ok(())
+    }
+}
+
+/// The agent's store (owned mode): the summaries of the tail's chunks, each event added as it
+/// is written, so completing a chunk reads no row back. `chunks[i]` summarises the events
+/// numbered within `lo + i·CHUNK ..= lo + (i + 1)·CHUNK - 1`, and `lo` is where the tail
+/// starts. Made from the tail's rows once ([`Ends::track`]: at the store's first commit
+/// after its open, after a rollback, or after events of the tail were pruned).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Open {
+    lo: i64,
+    chunks: VecDeque<Summary>,
+}
+
+impl Open {
+    /// Adds event `seq`, encoded as `event`; false if it falls before the open chunks (then
+    /// they no longer match the rows).
+    fn add(&mut self, seq: i64, at: i64, event: &[u8]) -> Result<bool, StoreError> {
+        if seq < self.lo {
+            return Ok(false);
+        }
+        let index = usize::try_from((seq - self.lo) / CHUNK).unwrap_or(usize::MAX);
+        while self.chunks.len() <= index {
+            self.chunks.push_back(Summary::new());
+        }
+        self.chunks[index].add(at, event)?;
+        Ok(true)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // The log's ends, and keeping it bounded.
 
 /// What a commit needs to know to keep the history bounded, without a query: the numbers of
 /// the first and last events, where the tail starts, the oldest time of any chunk and the
-/// time of the tail's first event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// time of the tail's first event; in owned mode also the tail's summaries ([`Open`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Ends {
     /// The first and last events' numbers, if there are events.
     span: Option<(i64, i64)>,
@@ -340,6 +494,8 @@ pub(crate) struct Ends {
     tail_start: i64,
     oldest_chunk_at: Option<i64>,
     tail_first_at: Option<i64>,
+    /// The tail's summaries, if tracked (owned mode).
+    open: Option<Open>,
 }
 
 impl Ends {
@@ -360,11 +516,29 @@ impl Ends {
             tail_start,
             oldest_chunk_at,
             tail_first_at,
+            open: None,
         })
     }
 
-    /// Event `seq` at `at` was appended.
-    fn appended(&mut self, seq: i64, at: i64) {
+    /// From now on, summarises the tail's chunks as their events are written ([`Open`]):
+    /// reads the tail's rows once.
+    pub(crate) fn track(&mut self, conn: &Connection) -> Result<(), StoreError> {
+        let mut open = Open {
+            lo: self.tail_start,
+            chunks: VecDeque::new(),
+        };
+        let mut statement =
+            conn.prepare_cached("SELECT seq, at, event FROM history_events WHERE seq >= ?1")?;
+        let mut rows = statement.query([self.tail_start])?;
+        while let Some(row) = rows.next()? {
+            open.add(row.get(0)?, row.get(1)?, blob(row, 2)?)?;
+        }
+        self.open = Some(open);
+        Ok(())
+    }
+
+    /// Event `seq` at `at`, encoded as `event`, was appended.
+    fn appended(&mut self, seq: i64, at: i64, event: &[u8]) -> Result<(), StoreError> {
         self.span = Some(match self.span {
             Some((first, _)) => (first, seq),
             None => (seq, seq),
@@ -372,6 +546,12 @@ impl Ends {
         if seq >= self.tail_start && self.tail_first_at.is_none() {
             self.tail_first_at = Some(at);
         }
+        if let Some(open) = &mut self.open
+            && !open.add(seq, at, event)?
+        {
+            self.open = None;
+        }
+        Ok(())
     }
 }
 
@@ -393,9 +573,11 @@ fn first_at_from(conn: &Connection, seq: i64) -> Result<Option<i64>, StoreError>
 
 /// Events recorded in a transaction and not yet written: encoded one after the other, and
 /// each one's time and end in the encoding. Written (`Pending::write`) in groups of
-/// [`GROUP`] rows per statement before anything reads the log or the transaction commits:
-/// one statement per event cost ~5,000 instructions, most of them the statement's own
-/// (binding, stepping, resetting), not the row's.
+/// [`GROUP`] rows per statement before anything reads the log or the transaction commits.
+/// A row costs SQLite ~1,900 instructions, a statement ~1,000 more and a lookup in the
+/// statement cache; statements of 32, 16, 8, 4, 2 and 1 rows, as few as make the
+/// transaction's events, cost as much at 64 clients (the statements saved went into one
+/// lookup per size used; BENCHMARKS.md, 2026-11-30).
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     bytes: Vec<u8>,
@@ -406,7 +588,13 @@ pub(crate) struct Pending {
 const GROUP: usize = 16;
 
 impl Pending {
-    pub(crate) fn push(&mut self, event: &HistoryEvent) {
+    pub(crate) fn push(&mut self, event: HistoryRecord<'_>) {
+        // Room for a few events at once: grown from nothing, the first event's encoding
+        // took five reallocations (~2,000 instructions an event with one client).
+        if self.bytes.capacity() == 0 {
+            self.bytes.reserve(512);
+            self.events.reserve(8);
+        }
         encode(event, &mut self.bytes);
         self.events.push((millis(event.at), self.bytes.len()));
     }
@@ -443,8 +631,10 @@ impl Pending {
             // the last one given.
             let last = conn.last_insert_rowid();
             let first = last - self.events.len() as i64 + 1;
-            for (i, &(at, _)) in self.events.iter().enumerate() {
-                ends.appended(first + i as i64, at);
+            let mut start = 0;
+            for (i, &(at, end)) in self.events.iter().enumerate() {
+                ends.appended(first + i as i64, at, &self.bytes[start..end])?;
+                start = end;
             }
         }
         self.events.clear();
@@ -453,16 +643,14 @@ impl Pending {
     }
 }
 
-/// An insert of [`GROUP`] events, made once.
+/// An insert of [`GROUP`] events, made once; short, as the statement cache hashes it at each
+/// use.
 fn insert_group() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
-        let values: Vec<String> = (0..GROUP)
-            .map(|i| format!("(?{}, ?{})", 2 * i + 1, 2 * i + 2))
-            .collect();
         format!(
-            "INSERT INTO history_events (at, event) VALUES {}",
-            values.join(", ")
+            "INSERT INTO history_events(at,event)VALUES{}",
+            vec!["(?,?)"; GROUP].join(",")
         )
     })
 }
@@ -476,6 +664,7 @@ pub(crate) fn prune(
     now: Timestamp,
 ) -> Result<u64, StoreError> {
     let batch = i64::try_from(PRUNE_BATCH).unwrap_or(i64::MAX);
+    let tracking = ends.open.is_some();
     let mut dropped = 0;
     // Events are numbered in the order recorded and dropped oldest first: the ends bound
     // how many are kept.
@@ -483,10 +672,11 @@ pub(crate) fn prune(
         let max = i64::try_from(limits.max_events).unwrap_or(i64::MAX);
         let over = (last - first + 1).saturating_sub(max);
         if over >= batch.min(max.max(1)) {
+            let kept_from = first + over.min(batch);
             dropped += conn
                 .prepare_cached("DELETE FROM history_events WHERE seq < ?1")?
-                .execute([first + over.min(batch)])? as u64;
-            after_delete(conn, ends)?;
+                .execute([kept_from])? as u64;
+            after_delete(conn, ends, kept_from > ends.tail_start)?;
         }
     }
     let cutoff = millis(limits.cutoff(now));
@@ -515,9 +705,12 @@ pub(crate) fn prune(
         } else {
             dropped += delete_older(conn, (ends.tail_start, i64::MAX), ahead, batch)?;
         }
-        after_delete(conn, ends)?;
+        after_delete(conn, ends, !old_chunk)?;
     }
     build_chunks(conn, ends)?;
+    if tracking && ends.open.is_none() {
+        ends.track(conn)?;
+    }
     Ok(dropped)
 }
 
@@ -538,8 +731,9 @@ fn delete_older(
 }
 
 /// After events were deleted: drops the chunks left without events at either end, and reads
-/// the ends again.
-fn after_delete(conn: &Connection, ends: &mut Ends) -> Result<(), StoreError> {
+/// the ends again; the tail's summaries are kept unless events of the tail went
+/// (`tail_touched`: they would no longer be those of its rows).
+fn after_delete(conn: &Connection, ends: &mut Ends, tail_touched: bool) -> Result<(), StoreError> {
     let span = seq_span(conn)?;
     match span {
         // Numbers start again from 1 in an empty table: no chunk may cover them.
@@ -548,7 +742,9 @@ fn after_delete(conn: &Connection, ends: &mut Ends) -> Result<(), StoreError> {
             .prepare_cached("DELETE FROM history_chunks WHERE hi < ?1 OR hi > ?2")?
             .execute([first, last])?,
     };
+    let open = if tail_touched { None } else { ends.open.take() };
     *ends = Ends::load_with_span(conn, span)?;
+    ends.open = open.filter(|open| open.lo == ends.tail_start);
     Ok(())
 }
 
@@ -560,55 +756,31 @@ fn seq_span(conn: &Connection) -> Result<Option<(i64, i64)>, StoreError> {
     Ok(first.zip(last))
 }
 
-/// Summarises every whole chunk of the tail.
+/// Summarises every whole chunk of the tail: from the tail's summaries if they are tracked
+/// ([`Open`]), else from its rows read back.
 pub(crate) fn build_chunks(conn: &Connection, ends: &mut Ends) -> Result<(), StoreError> {
     while let Some((_, last)) = ends.span
         && last - ends.tail_start + 1 >= CHUNK
     {
         let (lo, hi) = (ends.tail_start, ends.tail_start + CHUNK - 1);
-        let mut statement = conn
-            .prepare_cached("SELECT at, event FROM history_events WHERE seq BETWEEN ?1 AND ?2")?;
-        let mut rows = statement.query([lo, hi])?;
-        let size = usize::try_from(CHUNK).unwrap_or(1024);
-        let (mut addrs, mut owners, mut containers) =
-            (bloom_new(size), bloom_new(size), bloom_new(size));
-        let mut scopes: Vec<String> = Vec::new();
-        let (mut min_at, mut max_at) = (i64::MAX, i64::MIN);
-        while let Some(row) = rows.next()? {
-            let at: i64 = row.get(0)?;
-            let event = decode(blob(row, 1)?)?;
-            min_at = min_at.min(at);
-            max_at = max_at.max(at);
-            bloom_add(&mut addrs, event.addr_key);
-            bloom_add(&mut owners, event.owner.as_bytes());
-            if let Some((_, container, _)) = event.key {
-                bloom_add(&mut containers, container.as_bytes());
+        // Every event numbered up to `last` was added to the open chunks: the first is whole.
+        let kept = match &mut ends.open {
+            Some(open) if open.lo == lo => open.chunks.pop_front().inspect(|_| open.lo = hi + 1),
+            _ => None,
+        };
+        let summary = match kept {
+            Some(summary) => summary,
+            None => {
+                ends.open = None;
+                Summary::read(conn, (lo, hi))?
             }
-            if !scopes.iter().any(|s| s == event.scope) {
-                scopes.push(event.scope.to_owned());
-            }
-        }
-        drop(rows);
-        let mut scope_bytes = Vec::new();
-        for scope in &scopes {
-            put_str(&mut scope_bytes, scope);
-        }
-        conn.prepare_cached(
-            "INSERT INTO history_chunks (lo, hi, min_at, max_at, scopes, addrs, owners, containers)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?
-        .execute(params![
-            lo,
-            hi,
-            min_at,
-            max_at,
-            scope_bytes,
-            addrs,
-            owners,
-            containers
-        ])?;
+        };
+        summary.insert(conn, (lo, hi))?;
         ends.tail_start = hi + 1;
-        ends.oldest_chunk_at = Some(ends.oldest_chunk_at.map_or(min_at, |at| at.min(min_at)));
+        ends.oldest_chunk_at = Some(
+            ends.oldest_chunk_at
+                .map_or(summary.min_at, |at| at.min(summary.min_at)),
+        );
         ends.tail_first_at = first_at_from(conn, ends.tail_start)?;
     }
     Ok(())
@@ -817,6 +989,36 @@ mod tests {
             HistoryKind::Released
         };
         HistoryEvent::of(Timestamp::from_unix_millis(i * 1000), kind, "node", &row)
+    }
+
+    /// The agent's store keeps the tail's summaries across its commits and completes chunks
+    /// from them; after a reopen its first commit makes them again from the tail's rows, the
+    /// same as they were.
+    #[test]
+    fn the_owned_store_keeps_the_open_chunks_across_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = std::path::Path::new("/x.sock");
+        let mut store = SqliteStore::open_owned(dir.path(), socket).unwrap();
+        let commit = |store: &mut SqliteStore, events: std::ops::Range<u64>| {
+            let mut txn = store.begin().unwrap();
+            for i in events.clone() {
+                txn.record_history(&event(i)).unwrap();
+            }
+            let now = Timestamp::from_unix_millis(events.end * 1000);
+            txn.prune_history(&HistoryLimits::default(), now).unwrap();
+            txn.commit().unwrap();
+        };
+        for from in (0..1_500).step_by(100) {
+            commit(&mut store, from..from + 100);
+        }
+        let open = |store: &SqliteStore| store.history_ends.borrow().as_ref().unwrap().open.clone();
+        let before = open(&store).expect("tracked");
+        assert_eq!(before.lo, CHUNK + 1);
+        assert_eq!(before.chunks.len(), 1);
+        drop(store);
+        let mut store = SqliteStore::open_owned(dir.path(), socket).unwrap();
+        commit(&mut store, 1_500..1_500);
+        assert_eq!(open(&store), Some(before));
     }
 
     /// A query reads the tail and the chunks that may hold its answer, not the log: over 40
