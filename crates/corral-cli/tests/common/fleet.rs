@@ -117,8 +117,26 @@ impl Proxy {
             .iter()
             .map(|e| e.trim_start_matches("http://").to_owned())
             .collect();
-        let child = Command::new(etcd_binary().expect("etcd (make deps)"))
+        // etcd 3.4's proxy takes a client's HTTP/2 ping at most every 5 minutes and closes a
+        // connection pinged more often (`too_many_pings`); corral pings every 5 s (a member
+        // that stops answering on a watch is found so). 3.5's takes `--grpc-keepalive-min-time`
+        // (`make bench-agents` installs one and names it in `CORRAL_ETCD_PROXY_BIN`).
+        let binary = std::env::var_os("CORRAL_ETCD_PROXY_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| etcd_binary().expect("etcd (make deps)"));
+        let version = Command::new(&binary)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let keepalive: &[&str] = if version.contains("Version: 3.4.") {
+            &[]
+        } else {
+            &["--grpc-keepalive-min-time=1s"]
+        };
+        let child = Command::new(&binary)
             .args(["grpc-proxy", "start"])
+            .args(keepalive)
             .arg(format!("--endpoints={}", members.join(",")))
             .arg(format!("--listen-addr=127.0.0.1:{}", ports[0]))
             .arg(format!("--metrics-addr=http://127.0.0.1:{}", ports[1]))
@@ -128,6 +146,12 @@ impl Proxy {
             .stderr(std::fs::File::create(dir.join("proxy.log")).unwrap())
             .spawn()
             .expect("etcd grpc-proxy starts");
+        eprintln!(
+            "proxy: {} ({}){}",
+            binary.display(),
+            version.lines().next().unwrap_or("version unknown"),
+            if keepalive.is_empty() { "" } else { ", --grpc-keepalive-min-time=1s" }
+        );
         let proxy = Proxy {
             child,
             port: ports[0],
