@@ -20,7 +20,7 @@ use axum::extract::Path;
 use axum::extract::rejection::PathRejection;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use corral_api::openapi::AnyObject;
@@ -29,6 +29,7 @@ use corral_core::{
     AttachmentKey, DEFAULT_GC_GRACE, DEFAULT_GC_MAX_RELEASED, Echo, Exclusion, Family, GcPolicy,
     InterfaceId, IpNet, MacAddr, PoolName, RangeSpec, Timestamp,
 };
+use corral_http::respond;
 use corral_store::{PoolSpec, RangeEntry, RangeSource, RangeState, ScopeConfig, StoreHealth};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
@@ -669,14 +670,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .run("metrics", node::InterfaceGauges {})
         .await
         .unwrap_or_default();
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.render_with(&gauges, &interfaces),
-    )
-        .into_response()
+    respond::openmetrics(state.metrics.render_with(&gauges, &interfaces))
 }
 
 #[utoipa::path(
@@ -686,7 +680,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     responses((status = 200, description = "the OpenAPI document", body = inline(AnyObject))),
 )]
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+    respond::json_document(OPENAPI)
 }
 
 #[utoipa::path(
@@ -1466,14 +1460,11 @@ async fn import_ipamd(
 }
 
 async fn not_found() -> ApiError {
-    error(ErrorCode::NotFound, "no such path; see /openapi.json")
+    error(ErrorCode::NotFound, respond::NO_SUCH_PATH)
 }
 
 async fn method_not_allowed() -> ApiError {
-    error(
-        ErrorCode::MethodNotAllowed,
-        "this path exists with another method; see /openapi.json",
-    )
+    error(ErrorCode::MethodNotAllowed, respond::OTHER_METHOD)
 }
 
 /// The API's routes, each handler on the method and path its `#[utoipa::path]` gives: the

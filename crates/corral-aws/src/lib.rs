@@ -228,6 +228,21 @@ fn count(value: u32) -> i32 {
     i32::try_from(value).unwrap_or(i32::MAX)
 }
 
+/// A request builder asked for `amount` (none: left as it is): a count through `by_count`,
+/// each explicit item through `each`.
+fn with_amount<B, T>(
+    call: B,
+    amount: Option<&Amount<T>>,
+    by_count: impl FnOnce(B, i32) -> B,
+    each: impl Fn(B, &T) -> B,
+) -> B {
+    match amount {
+        Some(Amount::Count(n)) => by_count(call, count(*n)),
+        Some(Amount::Explicit(items)) => items.iter().fold(call, each),
+        None => call,
+    }
+}
+
 fn index(action: Action, value: Option<i32>) -> Result<u32, CloudError> {
     value
         .and_then(|value| u32::try_from(value).ok())
@@ -592,59 +607,55 @@ impl CloudProvider for Ec2 {
                     .build(),
             );
         }
-        match &request.secondary_ipv4 {
-            Some(Amount::Count(n)) => call = call.secondary_private_ip_address_count(count(*n)),
-            Some(Amount::Explicit(addresses)) => {
-                for address in addresses {
-                    call = call.private_ip_addresses(
-                        sdk::PrivateIpAddressSpecification::builder()
-                            .private_ip_address(address.to_string())
-                            .primary(false)
-                            .build(),
-                    );
-                }
-            }
-            None => {}
-        }
-        match &request.ipv4_prefixes {
-            Some(Amount::Count(n)) => call = call.ipv4_prefix_count(count(*n)),
-            Some(Amount::Explicit(prefixes)) => {
-                for prefix in prefixes {
-                    call = call.ipv4_prefixes(
-                        sdk::Ipv4PrefixSpecificationRequest::builder()
-                            .ipv4_prefix(prefix.to_string())
-                            .build(),
-                    );
-                }
-            }
-            None => {}
-        }
-        match &request.ipv6_addresses {
-            Some(Amount::Count(n)) => call = call.ipv6_address_count(count(*n)),
-            Some(Amount::Explicit(addresses)) => {
-                for address in addresses {
-                    call = call.ipv6_addresses(
-                        sdk::InstanceIpv6Address::builder()
-                            .ipv6_address(address.to_string())
-                            .build(),
-                    );
-                }
-            }
-            None => {}
-        }
-        match &request.ipv6_prefixes {
-            Some(Amount::Count(n)) => call = call.ipv6_prefix_count(count(*n)),
-            Some(Amount::Explicit(prefixes)) => {
-                for prefix in prefixes {
-                    call = call.ipv6_prefixes(
-                        sdk::Ipv6PrefixSpecificationRequest::builder()
-                            .ipv6_prefix(prefix.to_string())
-                            .build(),
-                    );
-                }
-            }
-            None => {}
-        }
+        call = with_amount(
+            call,
+            request.secondary_ipv4.as_ref(),
+            |call, n| call.secondary_private_ip_address_count(n),
+            |call, address| {
+                call.private_ip_addresses(
+                    sdk::PrivateIpAddressSpecification::builder()
+                        .private_ip_address(address.to_string())
+                        .primary(false)
+                        .build(),
+                )
+            },
+        );
+        call = with_amount(
+            call,
+            request.ipv4_prefixes.as_ref(),
+            |call, n| call.ipv4_prefix_count(n),
+            |call, prefix| {
+                call.ipv4_prefixes(
+                    sdk::Ipv4PrefixSpecificationRequest::builder()
+                        .ipv4_prefix(prefix.to_string())
+                        .build(),
+                )
+            },
+        );
+        call = with_amount(
+            call,
+            request.ipv6_addresses.as_ref(),
+            |call, n| call.ipv6_address_count(n),
+            |call, address| {
+                call.ipv6_addresses(
+                    sdk::InstanceIpv6Address::builder()
+                        .ipv6_address(address.to_string())
+                        .build(),
+                )
+            },
+        );
+        call = with_amount(
+            call,
+            request.ipv6_prefixes.as_ref(),
+            |call, n| call.ipv6_prefix_count(n),
+            |call, prefix| {
+                call.ipv6_prefixes(
+                    sdk::Ipv6PrefixSpecificationRequest::builder()
+                        .ipv6_prefix(prefix.to_string())
+                        .build(),
+                )
+            },
+        );
         let answer = call
             .send()
             .await

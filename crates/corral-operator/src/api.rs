@@ -30,6 +30,7 @@ use corral_api::{ErrorCode, ErrorResponse};
 use corral_cluster::{ClusterView, NodeName};
 /// The token type of [`ApiConfig`], read with its file checks (`BearerToken::read_file`).
 pub use corral_http::BearerToken;
+use corral_http::respond;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use utoipa_axum::router::OpenApiRouter;
@@ -253,14 +254,11 @@ fn not_leading_message(shared: &Shared) -> String {
 }
 
 async fn not_found() -> Response {
-    error(ErrorCode::NotFound, "no such path; see /openapi.json")
+    error(ErrorCode::NotFound, respond::NO_SUCH_PATH)
 }
 
 async fn method_not_allowed() -> Response {
-    error(
-        ErrorCode::MethodNotAllowed,
-        "this path exists with another method; see /openapi.json",
-    )
+    error(ErrorCode::MethodNotAllowed, respond::OTHER_METHOD)
 }
 
 #[utoipa::path(
@@ -306,7 +304,7 @@ async fn readyz(State(state): State<ApiState>) -> Response {
     responses((status = 200, description = "the OpenAPI document", body = inline(AnyObject))),
 )]
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+    respond::json_document(OPENAPI)
 }
 
 /// The registry's metrics, then the view's (nodes and CIDRs by state), one `# EOF` at the
@@ -343,14 +341,7 @@ async fn metrics(State(state): State<ApiState>) -> Response {
     text.push_str(&state.shared.from_cloud_metrics_text());
     text.push_str(&state.shared.conditions.metrics_text());
     text.push_str("# EOF\n");
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    respond::openmetrics(text)
 }
 
 #[utoipa::path(

@@ -30,10 +30,9 @@ fn fake(seed: u64) -> FakeEc2 {
     dual_stack_fake(seed, SUBNET_V6)
 }
 
+/// `n` m5.large nodes named `node-00`...
 fn names(n: usize) -> Vec<(String, &'static str)> {
-    (0..n)
-        .map(|i| (format!("node-{i:02}"), "m5.large"))
-        .collect()
+    names_padded(n, 2)
 }
 
 /// The primary interface (device index 0) of an instance, as the cloud holds it now.

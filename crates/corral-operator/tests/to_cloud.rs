@@ -37,10 +37,9 @@ fn ec2(seed: u64) -> FakeEc2 {
     dual_stack_fake(seed, "2600:1f14:1:100::/64")
 }
 
+/// `n` m5.large nodes named `node-000`...
 fn names(n: usize) -> Vec<(String, &'static str)> {
-    (0..n)
-        .map(|i| (format!("node-{i:03}"), "m5.large"))
-        .collect()
+    names_padded(n, 3)
 }
 
 async fn leads(replica: &Replica) {

@@ -622,6 +622,16 @@ fn is_not_assigned(error: &CloudError) -> bool {
     matches!(error, CloudError::InvalidParameterValue { message } if message.contains("not assigned"))
 }
 
+/// A prefix to delegate or take back: the fields a `Delegate` and an `Undelegate` step share.
+struct Change {
+    pool: PoolName,
+    cidr: IpNet,
+    instance_id: String,
+    interface: CloudId,
+    /// The record's revision (0: none yet).
+    revision: Revision,
+}
+
 /// One node's task.
 struct Run<'a, K, P> {
     ctx: &'a Ctx<K, P>,
@@ -666,6 +676,7 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
         intent: &str,
         subnets: &BTreeMap<String, Vec<IpNet>>,
     ) -> Outcome {
+        let delegate = matches!(step, DelegationStep::Delegate { .. });
         match step {
             DelegationStep::Describe { instance_id } => self.describe(&instance_id, subnets).await,
             DelegationStep::Forget {
@@ -703,45 +714,8 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
                 interface,
                 revision,
                 ..
-            } => {
-                let op = CloudOp::DelegatePrefix {
-                    interface: interface.clone(),
-                    prefix: cidr,
-                };
-                let (intent_key, intent_revision) =
-                    match self.open_intent(intent, &pool, &instance_id, op).await {
-                        Ok(opened) => opened,
-                        Err(outcome) => return outcome,
-                    };
-                match assign(&*self.ctx.provider, interface.as_str(), cidr).await {
-                    Ok(()) => {
-                        self.changed = Some((interface.clone(), cidr, true));
-                        let key = self.key_of(&pool, &cidr);
-                        let value = self.record_value(&instance_id, &interface);
-                        let compare = if revision == 0 {
-                            Compare::absent(key.clone())
-                        } else {
-                            Compare::modified_at(key.clone(), revision)
-                        };
-                        self.write(
-                            vec![
-                                compare,
-                                Compare::modified_at(intent_key.clone(), intent_revision),
-                            ],
-                            vec![TxnOp::put(key, value), TxnOp::delete(intent_key)],
-                        )
-                        .await
-                    }
-                    Err(error) if error.is_ambiguous() => Outcome::Failed(format!(
-                        "delegating {cidr} to {interface}: {error} (replayed)"
-                    )),
-                    Err(error) => {
-                        self.drop_intent(&intent_key, intent_revision).await;
-                        Outcome::Failed(format!("delegating {cidr} to {interface}: {error}"))
-                    }
-                }
             }
-            DelegationStep::Undelegate {
+            | DelegationStep::Undelegate {
                 pool,
                 cidr,
                 instance_id,
@@ -749,36 +723,89 @@ impl<K: Kv, P: CloudProvider> Run<'_, K, P> {
                 revision,
                 ..
             } => {
-                let op = CloudOp::UndelegatePrefix {
-                    interface: interface.clone(),
-                    prefix: cidr,
+                let change = Change {
+                    pool,
+                    cidr,
+                    instance_id,
+                    interface,
+                    revision,
                 };
-                let (intent_key, intent_revision) =
-                    match self.open_intent(intent, &pool, &instance_id, op).await {
-                        Ok(opened) => opened,
-                        Err(outcome) => return outcome,
+                self.change(intent, change, delegate).await
+            }
+        }
+    }
+
+    /// Delegates `change.cidr` to its interface (`delegate`) or takes it back, under an intent
+    /// opened first: done, the record is written (or deleted) and the intent dropped in one
+    /// transaction; refused, the intent is dropped; ambiguous, the intent stays to be replayed.
+    async fn change(&mut self, intent: &str, change: Change, delegate: bool) -> Outcome {
+        let Change {
+            pool,
+            cidr,
+            instance_id,
+            interface,
+            revision,
+        } = change;
+        let op = if delegate {
+            CloudOp::DelegatePrefix {
+                interface: interface.clone(),
+                prefix: cidr,
+            }
+        } else {
+            CloudOp::UndelegatePrefix {
+                interface: interface.clone(),
+                prefix: cidr,
+            }
+        };
+        let (intent_key, intent_revision) =
+            match self.open_intent(intent, &pool, &instance_id, op).await {
+                Ok(opened) => opened,
+                Err(outcome) => return outcome,
+            };
+        let provider = &*self.ctx.provider;
+        let done = if delegate {
+            assign(provider, interface.as_str(), cidr).await
+        } else {
+            unassign(provider, interface.as_str(), cidr).await
+        };
+        let what = if delegate {
+            format!("delegating {cidr} to {interface}")
+        } else {
+            format!("taking {cidr} back from {interface}")
+        };
+        match done {
+            Ok(()) => {
+                self.changed = Some((interface.clone(), cidr, delegate));
+                let key = self.key_of(&pool, &cidr);
+                let (compare, op) = if !delegate {
+                    (
+                        Compare::modified_at(key.clone(), revision),
+                        TxnOp::delete(key),
+                    )
+                } else {
+                    let value = self.record_value(&instance_id, &interface);
+                    let compare = if revision == 0 {
+                        Compare::absent(key.clone())
+                    } else {
+                        Compare::modified_at(key.clone(), revision)
                     };
-                match unassign(&*self.ctx.provider, interface.as_str(), cidr).await {
-                    Ok(()) => {
-                        self.changed = Some((interface.clone(), cidr, false));
-                        let key = self.key_of(&pool, &cidr);
-                        self.write(
-                            vec![
-                                Compare::modified_at(key.clone(), revision),
-                                Compare::modified_at(intent_key.clone(), intent_revision),
-                            ],
-                            vec![TxnOp::delete(key), TxnOp::delete(intent_key)],
-                        )
-                        .await
-                    }
-                    Err(error) if error.is_ambiguous() => Outcome::Failed(format!(
-                        "taking {cidr} back from {interface}: {error} (replayed)"
-                    )),
-                    Err(error) => {
-                        self.drop_intent(&intent_key, intent_revision).await;
-                        Outcome::Failed(format!("taking {cidr} back from {interface}: {error}"))
-                    }
-                }
+                    (compare, TxnOp::put(key, value))
+                };
+                self.write(
+                    vec![
+                        compare,
+                        Compare::modified_at(intent_key.clone(), intent_revision),
+                    ],
+                    vec![op, TxnOp::delete(intent_key)],
+                )
+                .await
+            }
+            Err(error) if error.is_ambiguous() => {
+                Outcome::Failed(format!("{what}: {error} (replayed)"))
+            }
+            Err(error) => {
+                self.drop_intent(&intent_key, intent_revision).await;
+                Outcome::Failed(format!("{what}: {error}"))
             }
         }
     }
@@ -1006,26 +1033,18 @@ async fn unassign<P: CloudProvider>(
 ) -> Result<(), CloudError> {
     let result = match prefix {
         IpNet::V4(p) => {
-            provider
-                .unassign_ipv4(
-                    interface,
-                    &Ipv4Set {
-                        addresses: Vec::new(),
-                        prefixes: vec![p],
-                    },
-                )
-                .await
+            let set = Ipv4Set {
+                prefixes: vec![p],
+                ..Ipv4Set::default()
+            };
+            provider.unassign_ipv4(interface, &set).await
         }
         IpNet::V6(p) => {
-            provider
-                .unassign_ipv6(
-                    interface,
-                    &Ipv6Set {
-                        addresses: Vec::new(),
-                        prefixes: vec![p],
-                    },
-                )
-                .await
+            let set = Ipv6Set {
+                prefixes: vec![p],
+                ..Ipv6Set::default()
+            };
+            provider.unassign_ipv6(interface, &set).await
         }
     };
     match result {

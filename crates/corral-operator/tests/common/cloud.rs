@@ -1375,8 +1375,13 @@ impl Rig {
 
 /// `n` m5.large nodes named `node-0000`...
 pub fn names(n: usize) -> Vec<(String, &'static str)> {
+    names_padded(n, 4)
+}
+
+/// `n` m5.large nodes named `node-` and their index padded with zeros to `width` digits.
+pub fn names_padded(n: usize, width: usize) -> Vec<(String, &'static str)> {
     (0..n)
-        .map(|i| (format!("node-{i:04}"), "m5.large"))
+        .map(|i| (format!("node-{i:0width$}"), "m5.large"))
         .collect()
 }
 
