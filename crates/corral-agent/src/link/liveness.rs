@@ -1,6 +1,6 @@
 //! One live agent per node: the identity an agent writes into `live/<node>`, the claim of that
-//! key (created only if absent, on the agent's lease), and the judgement of a key some other
-//! process holds.
+//! key (created only if absent, on the agent's lease), the judgement of a key some other
+//! process holds, and the lease's renewal through slow answers ([`Renewal`]).
 //!
 //! A node's `live/` key names one process: its host, boot ID, PID namespace, PID and start
 //! time. An agent that finds the key held judges the holder ([`judge`]):
