@@ -150,7 +150,11 @@ impl Proxy {
             "proxy: {} ({}){}",
             binary.display(),
             version.lines().next().unwrap_or("version unknown"),
-            if keepalive.is_empty() { "" } else { ", --grpc-keepalive-min-time=1s" }
+            if keepalive.is_empty() {
+                ""
+            } else {
+                ", --grpc-keepalive-min-time=1s"
+            }
         );
         let proxy = Proxy {
             child,
