@@ -620,20 +620,29 @@ async fn the_namespace_picks_its_pool_and_an_explicit_pool_wins() {
 /// Issue 23: `corral alloc` / `corral release` (`/v1/allocate`, `/v1/release`) on a block pool
 /// move the node's demand as CNI ADD and DEL do. Before, a node filled through the API never
 /// published its use (still stale after 45 s), so it never got another block.
-#[tokio::test(start_paused = true)]
-async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
+/// The IPv4 addresses used and blocks held of `pods` as the node's demand record says.
+async fn used(kv: &MemKv) -> Option<(u64, u64)> {
+    demand(kv, "pods")
+        .await
+        .and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)))
+}
+
+/// [`configured_paused_with`] (demand refresh 1 s) granted block 10.60.0.0/24 of `pods`, its
+/// first demand published.
+async fn with_first_demand() -> (MemKv, MemAgent, Api) {
     let (kv, agent, api) =
         configured_paused_with(Duration::from_secs(5), Duration::from_secs(1)).await;
     grant(&kv, "pods", "10.60.0.0/24").await;
-    let used = async |kv: &MemKv| {
-        demand(kv, "pods")
-            .await
-            .and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)))
-    };
     wait_for("the first demand", Duration::from_secs(10), async || {
         used(&kv).await == Some((0, 1))
     })
     .await;
+    (kv, agent, api)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
+    let (kv, agent, api) = with_first_demand().await;
     for i in 0..3 {
         api.allocate(&corral_api::AllocateRequest {
             scope: "node".into(),
@@ -674,18 +683,7 @@ async fn the_api_moves_a_block_pools_demand_as_cni_calls_do() {
 /// end the round, and every agent of a starved etcd registered and watched again).
 #[tokio::test(start_paused = true)]
 async fn a_failed_demand_write_is_written_again_and_the_round_goes_on() {
-    let (kv, agent, api) =
-        configured_paused_with(Duration::from_secs(5), Duration::from_secs(1)).await;
-    grant(&kv, "pods", "10.60.0.0/24").await;
-    let used = async |kv: &MemKv| {
-        demand(kv, "pods")
-            .await
-            .and_then(|d| d.ipv4.map(|f| (f.used, f.blocks)))
-    };
-    wait_for("the first demand", Duration::from_secs(10), async || {
-        used(&kv).await == Some((0, 1))
-    })
-    .await;
+    let (kv, agent, api) = with_first_demand().await;
     let live_key = keys().live(&node());
     let before = kv.get(live_key.as_bytes()).await.unwrap().expect("live");
     kv.set_unavailable(true);

@@ -356,6 +356,12 @@ async fn an_outage_degrades_the_agent_which_keeps_serving_what_it_holds() {
     agent.stop().await;
 }
 
+/// `live/node-1` as it is now.
+async fn live_entry(kv: &MemKv) -> corral_kv::KeyValue {
+    let key = keys().live(&NodeName::new("node-1").unwrap());
+    kv.get(key.as_bytes()).await.unwrap().expect("live/node-1")
+}
+
 /// A keep-alive that fails while the lease still runs (etcd slow or briefly without a
 /// leader) does not end the link's round: the agent says it is degraded, tries again, and
 /// keeps its lease and liveness key; ending the round at once made every agent of a starved
@@ -366,12 +372,7 @@ async fn a_keep_alive_failing_within_the_ttl_keeps_the_round_and_its_lease() {
     let agent = start_paused(&kv, Duration::from_secs(3)).await;
     let api = agent.api();
     grant_first_paused(&kv, &api, "10.192.1.0/24").await;
-    let live_key = keys().live(&NodeName::new("node-1").unwrap());
-    let before = kv
-        .get(live_key.as_bytes())
-        .await
-        .unwrap()
-        .expect("live/node-1");
+    let before = live_entry(&kv).await;
     // Keep-alives every second; unavailable for 1.5 s (under the 3 s TTL): one or two fail.
     kv.set_unavailable(true);
     wait_for(
@@ -398,11 +399,7 @@ async fn a_keep_alive_failing_within_the_ttl_keeps_the_round_and_its_lease() {
         },
     )
     .await;
-    let after = kv
-        .get(live_key.as_bytes())
-        .await
-        .unwrap()
-        .expect("live/node-1");
+    let after = live_entry(&kv).await;
     assert_eq!(
         (after.lease, after.create_revision),
         (before.lease, before.create_revision),
@@ -420,12 +417,7 @@ async fn a_keep_alive_failing_past_the_ttl_ends_the_round() {
     let agent = start_paused(&kv, Duration::from_secs(3)).await;
     let api = agent.api();
     grant_first_paused(&kv, &api, "10.192.1.0/24").await;
-    let live_key = keys().live(&NodeName::new("node-1").unwrap());
-    let before = kv
-        .get(live_key.as_bytes())
-        .await
-        .unwrap()
-        .expect("live/node-1");
+    let before = live_entry(&kv).await;
     kv.set_unavailable(true);
     // Keep-alives fail for a TTL (3 s), then the round ends with the store's error.
     wait_for("the round ends", Duration::from_secs(5), async || {
@@ -440,11 +432,7 @@ async fn a_keep_alive_failing_past_the_ttl_ends_the_round() {
         status.registered && !status.degraded && status.last_error.is_none()
     })
     .await;
-    let after = kv
-        .get(live_key.as_bytes())
-        .await
-        .unwrap()
-        .expect("live/node-1");
+    let after = live_entry(&kv).await;
     assert_ne!(after.lease, before.lease, "a new round, on a new lease");
     assert_eq!(ranges(&api).await, [("10.192.1.0/24".to_owned(), false)]);
     agent.stop().await;
