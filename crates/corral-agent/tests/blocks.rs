@@ -696,6 +696,16 @@ async fn a_failed_demand_write_is_written_again_and_the_round_goes_on() {
         kv.requests() > refused,
         "the demand was tried while etcd did not answer"
     );
+    let status = agent.cluster_status().await;
+    assert!(
+        status.degraded
+            && status.registered
+            && status
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("writing the node's demand failed (")),
+        "degraded, the round going on: {status:?}"
+    );
     kv.set_unavailable(false);
     wait_for(
         "the demand written again",
@@ -703,6 +713,11 @@ async fn a_failed_demand_write_is_written_again_and_the_round_goes_on() {
         async || used(&kv).await == Some((3, 1)),
     )
     .await;
+    let status = agent.cluster_status().await;
+    assert!(
+        !status.degraded && status.last_error.is_none(),
+        "{status:?}"
+    );
     let after = kv.get(live_key.as_bytes()).await.unwrap().expect("live");
     assert_eq!(
         (after.lease, after.create_revision),
