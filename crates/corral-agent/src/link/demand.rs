@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::held::Held;
 use super::pace::DemandPace;
-use super::state::{ClusterOptions, LinkError, SharedClusterState, now_ms, update};
+use super::state::{ClusterOptions, LinkError, Retrying, SharedClusterState, now_ms};
 use crate::committer::Committer;
 use crate::link::blocks::{demand_records, is_urgent, same_demand};
 use crate::link::cloud_pool::{self};
@@ -51,9 +51,10 @@ pub struct DemandWriter {
     census: Option<u64>,
     /// An urgent change waits for the pace: it stays urgent until written.
     urgent_owed: bool,
-    /// Why the last write failed while etcd did not answer (it is tried again), and since
-    /// when (ms since the epoch): the status says so until a write succeeds.
-    late: Option<(String, u64)>,
+    /// Why the last look's write failed while etcd did not answer (it is tried again).
+    failed: Option<KvError>,
+    /// What the status says of those failures.
+    retrying: Retrying,
 }
 
 impl DemandWriter {
@@ -73,7 +74,8 @@ impl DemandWriter {
             pace: DemandPace::new(now, ClusterOptions::DEMAND_MIN_INTERVAL),
             census: None,
             urgent_owed: false,
-            late: None,
+            failed: None,
+            retrying: Retrying::default(),
         }
     }
 
@@ -154,27 +156,17 @@ impl DemandWriter {
         if let Some(report) = cloud_report {
             records.extend(cloud_pool::demand_records(config, &report, &pending));
         }
-        let was_late = self.late.is_some();
         if self
             .offer(kv, keys, node, config, &records, urgent_add, now)
             .await?
         {
             state.metrics.demand_writes.inc();
-        }
-        // A write etcd did not answer makes the agent degraded until one succeeds, as a late
-        // keep-alive does (the round goes on meanwhile).
-        match &self.late {
-            Some((error, since)) => update(state, |s| {
-                s.degraded_since_ms.get_or_insert(*since);
-                s.last_error = Some(format!(
-                    "writing the node's demand failed ({error}); trying again"
-                ));
-            }),
-            None if was_late => update(state, |s| {
-                s.degraded_since_ms = None;
-                s.last_error = None;
-            }),
-            None => {}
+            self.retrying.succeeded(state);
+        } else if let Some(error) = self.failed.take() {
+            self.retrying.failed(
+                state,
+                format!("writing the node's demand failed ({error}); trying again"),
+            );
         }
         Ok(())
     }
@@ -263,8 +255,7 @@ impl DemandWriter {
                     // as changed), and the link's round goes on. Ending the round here made
                     // every agent of a starved etcd register and watch again.
                     tracing::warn!(%error, "writing the node's demand failed; trying again");
-                    let since = self.late.as_ref().map_or_else(now_ms, |(_, since)| *since);
-                    self.late = Some((error.to_string(), since));
+                    self.failed = Some(error);
                     self.urgent_owed = urgent;
                     self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
                     return Ok(false);
@@ -277,7 +268,6 @@ impl DemandWriter {
         }
         self.pace.wrote(now);
         self.urgent_owed = false;
-        self.late = None;
         self.census = census.and_then(|entry| match decode_value::<CensusRecord>(&entry.value) {
             Ok(record) => Some(record.nodes),
             Err(error) => {

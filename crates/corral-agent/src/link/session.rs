@@ -29,7 +29,9 @@ use super::handshake::{handshake, held_locally};
 use super::held::{AcrossRounds, Held, screen};
 use super::holdings;
 use super::liveness::{Renewal, Renewed};
-use super::state::{ClusterOptions, Cx, LinkError, SharedClusterState, backoff, now_ms, update};
+use super::state::{
+    ClusterOptions, Cx, LinkError, Retrying, SharedClusterState, backoff, now_ms, update,
+};
 use crate::committer::Committer;
 use crate::node::{ClusterRanges, Pools};
 
@@ -737,8 +739,7 @@ pub(super) async fn follow<K: Kv>(
     let keep_alive_every = (options.lease_ttl / 3).max(Duration::from_millis(200));
     let mut keep_alive = tokio::time::interval(keep_alive_every);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Since when keep-alives have failed (the status says so until one succeeds).
-    let mut late_since: Option<u64> = None;
+    let mut keep_alive_retry = Retrying::default();
     let signals = Arc::clone(&state.blocks);
     loop {
         let due = demand.due();
@@ -786,24 +787,13 @@ pub(super) async fn follow<K: Kv>(
             }
             _ = keep_alive.tick() => {
                 match renewal.renew(kv).await? {
-                    Renewed::Yes => {
-                        if late_since.take().is_some() {
-                            update(state, |s| {
-                                s.degraded_since_ms = None;
-                                s.last_error = None;
-                            });
-                        }
-                    }
+                    Renewed::Yes => keep_alive_retry.succeeded(state),
                     Renewed::Late(error) => {
                         // The round goes on: the lease still runs, and etcd may be only slow.
                         tracing::warn!(%error, "keeping the liveness lease alive failed; trying again");
-                        let since = *late_since.get_or_insert_with(now_ms);
-                        update(state, |s| {
-                            s.degraded_since_ms.get_or_insert(since);
-                            s.last_error = Some(format!(
-                                "keeping the liveness lease alive failed ({error}); trying again until its TTL runs out"
-                            ));
-                        });
+                        keep_alive_retry.failed(state, format!(
+                            "keeping the liveness lease alive failed ({error}); trying again until its TTL runs out"
+                        ));
                         keep_alive.reset_after(renewal.retry_in());
                     }
                 }

@@ -215,6 +215,43 @@ pub(super) fn update(state: &SharedClusterState, f: impl FnOnce(&mut ClusterStat
     f(&mut guard);
 }
 
+/// A call the link tries again when etcd does not answer it, instead of ending its round (a
+/// lease keep-alive, a demand write): while it fails the link is degraded, saying why and
+/// since when; its next success takes that back, unless something else has said more since.
+#[derive(Debug, Default)]
+pub(super) struct Retrying {
+    /// What it said, while it fails.
+    said: Option<String>,
+    since_ms: u64,
+}
+
+impl Retrying {
+    /// It failed again: `why`, in a sentence.
+    pub(super) fn failed(&mut self, state: &SharedClusterState, why: String) {
+        if self.said.is_none() {
+            self.since_ms = now_ms();
+        }
+        let since = self.since_ms;
+        update(state, |s| {
+            s.degraded_since_ms.get_or_insert(since);
+            s.last_error = Some(why.clone());
+        });
+        self.said = Some(why);
+    }
+
+    /// It succeeded.
+    pub(super) fn succeeded(&mut self, state: &SharedClusterState) {
+        if let Some(said) = self.said.take() {
+            update(state, |s| {
+                if s.last_error.as_ref() == Some(&said) {
+                    s.degraded_since_ms = None;
+                    s.last_error = None;
+                }
+            });
+        }
+    }
+}
+
 /// Why one round of the cluster link ended.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum LinkError {
@@ -362,7 +399,7 @@ impl<'a, K> Cx<'a, K> {
 mod tests {
     use std::time::Duration;
 
-    use super::backoff;
+    use super::{ClusterShared, Retrying, SharedClusterState, backoff};
 
     #[test]
     fn the_backoff_doubles_from_one_second_to_thirty_with_jitter() {
@@ -381,5 +418,33 @@ mod tests {
         assert_ne!(backoff(3, 1), backoff(3, 2));
         assert_ne!(backoff(9, 1), backoff(9, 2));
         assert_eq!(backoff(u32::MAX, 0), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_retried_call_says_it_fails_until_it_succeeds_and_takes_back_only_its_own_words() {
+        let state: SharedClusterState = std::sync::Arc::new(ClusterShared::default());
+        let seen = || {
+            let s = state.lock().unwrap();
+            (s.degraded_since_ms.is_some(), s.last_error.clone())
+        };
+        let (mut keep_alive, mut demand) = (Retrying::default(), Retrying::default());
+        keep_alive.failed(&state, "keep-alive late".into());
+        assert_eq!(seen(), (true, Some("keep-alive late".into())));
+        let since = state.lock().unwrap().degraded_since_ms;
+        demand.failed(&state, "demand late".into());
+        assert_eq!(
+            state.lock().unwrap().degraded_since_ms,
+            since,
+            "since the first"
+        );
+        // The keep-alive's success does not hide the demand's failure.
+        keep_alive.succeeded(&state);
+        assert_eq!(seen(), (true, Some("demand late".into())));
+        demand.succeeded(&state);
+        assert_eq!(seen(), (false, None));
+        // A success with nothing said changes nothing.
+        state.lock().unwrap().last_error = Some("another".into());
+        demand.succeeded(&state);
+        assert_eq!(seen(), (false, Some("another".into())));
     }
 }
