@@ -810,19 +810,9 @@ fn tls_failure(error: &etcd_client::Error) -> Option<String> {
     None
 }
 
-fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {
-    KeyValue {
-        key: kv.key().to_vec(),
-        value: kv.value().to_vec(),
-        create_revision: kv.create_revision(),
-        mod_revision: kv.mod_revision(),
-        version: kv.version(),
-        lease: (kv.lease() != 0).then_some(LeaseId(kv.lease())),
-    }
-}
-
-/// [`key_value`] taking the key's and the value's bytes instead of copying them.
-fn owned_key_value(kv: etcd_client::KeyValue) -> KeyValue {
+/// etcd-client's key-value as corral's, its key and value bytes moved, not copied (a rebuild
+/// reads every key of the cluster this way).
+fn key_value(kv: etcd_client::KeyValue) -> KeyValue {
     let (create_revision, mod_revision, version, lease) = (
         kv.create_revision(),
         kv.mod_revision(),
@@ -919,7 +909,7 @@ async fn forward_watch(
                 .filter_map(|event| {
                     let kv = event.kv()?;
                     Some(match event.event_type() {
-                        EventType::Put => Event::Put(key_value(kv)),
+                        EventType::Put => Event::Put(key_value(kv.clone())),
                         EventType::Delete => Event::Delete {
                             key: kv.key().to_vec(),
                             mod_revision: kv.mod_revision(),
@@ -974,7 +964,7 @@ impl Kv for EtcdKv {
             })
             .await
         {
-            Ok(response) => Ok(response.kvs().first().map(key_value)),
+            Ok(mut response) => Ok(response.take_kvs().into_iter().next().map(key_value)),
             Err(error) => Err(self.error(error, None).await),
         }
     }
@@ -1006,12 +996,7 @@ impl Kv for EtcdKv {
             Ok(mut response) => {
                 let current = response.header().map_or(0, |header| header.revision());
                 Ok(RangePage {
-                    // Moved, not copied: a rebuild reads every key of the cluster this way.
-                    kvs: response
-                        .take_kvs()
-                        .into_iter()
-                        .map(owned_key_value)
-                        .collect(),
+                    kvs: response.take_kvs().into_iter().map(key_value).collect(),
                     more: response.more(),
                     count: u64::try_from(response.count()).unwrap_or(0),
                     revision: revision.filter(|revision| *revision > 0).unwrap_or(current),
@@ -1038,7 +1023,12 @@ impl Kv for EtcdKv {
             async move { client.kv_client().get(prefix, Some(options)).await }
         };
         match self.call("range", true, request).await {
-            Ok(response) => Ok(response.kvs().iter().rev().map(key_value).collect()),
+            Ok(mut response) => Ok(response
+                .take_kvs()
+                .into_iter()
+                .rev()
+                .map(key_value)
+                .collect()),
             Err(error) => Err(self.error(error, None).await),
         }
     }
@@ -1060,7 +1050,9 @@ impl Kv for EtcdKv {
                     .op_responses()
                     .into_iter()
                     .filter_map(|op| match op {
-                        TxnOpResponse::Get(get) => Some(get.kvs().first().map(key_value)),
+                        TxnOpResponse::Get(mut get) => {
+                            Some(get.take_kvs().into_iter().next().map(key_value))
+                        }
                         _ => None,
                     })
                     .collect(),
