@@ -173,16 +173,17 @@ pub(super) fn encode(event: HistoryRecord<'_>, out: &mut Vec<u8>) {
     }
 }
 
-/// An event as read, borrowing the row.
-struct EventRef<'a> {
+/// An event as read, borrowing the row: its strings checked to be UTF-8 (`S` = `&str`,
+/// [`decode`]), or as stored (`&[u8]`, [`raw`]: a chunk's filters hash bytes).
+struct EventRef<'a, S = &'a str> {
     kind: u8,
     /// Family code and address: the address filter's key.
     addr_key: &'a [u8],
     generation: u64,
-    scope: &'a str,
-    pool: &'a str,
-    owner: &'a str,
-    key: Option<(&'a str, &'a str, &'a str)>,
+    scope: S,
+    pool: S,
+    owner: S,
+    key: Option<(S, S, S)>,
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -208,52 +209,22 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// What a chunk's summary keeps of an event: its keys as stored, not checked to be UTF-8
-/// (a chunk's filters hash bytes; a scope is checked when a summary first keeps it).
-struct Keys<'a> {
-    addr_key: &'a [u8],
-    scope: &'a [u8],
-    owner: &'a [u8],
-    container: Option<&'a [u8]>,
-}
-
-fn keys(bytes: &[u8]) -> Result<Keys<'_>, StoreError> {
-    let mut r = Reader(bytes);
-    r.take(1)?;
-    let addr_key = r.take(17)?;
-    r.take(8)?;
-    let scope = r.raw_str()?;
-    r.raw_str()?;
-    let owner = r.raw_str()?;
-    let container = match r.take(1)?[0] {
-        0 => None,
-        1 => {
-            r.raw_str()?;
-            let container = r.raw_str()?;
-            r.raw_str()?;
-            Some(container)
-        }
-        other => return Err(corrupt("history", format!("attachment flag {other}"))),
-    };
-    Ok(Keys {
-        addr_key,
-        scope,
-        owner,
-        container,
-    })
-}
-
-fn decode(bytes: &[u8]) -> Result<EventRef<'_>, StoreError> {
+/// Event `bytes` read with `string` for each of its strings: the one reading of the layout
+/// [`encode`] writes.
+fn decode_with<'a, S>(
+    bytes: &'a [u8],
+    string: fn(&mut Reader<'a>) -> Result<S, StoreError>,
+) -> Result<EventRef<'a, S>, StoreError> {
     let mut r = Reader(bytes);
     let kind = r.take(1)?[0];
     let addr_key = r.take(17)?;
     let generation = u64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes"));
-    let scope = r.str()?;
-    let pool = r.str()?;
-    let owner = r.str()?;
+    let scope = string(&mut r)?;
+    let pool = string(&mut r)?;
+    let owner = string(&mut r)?;
     let key = match r.take(1)?[0] {
         0 => None,
-        1 => Some((r.str()?, r.str()?, r.str()?)),
+        1 => Some((string(&mut r)?, string(&mut r)?, string(&mut r)?)),
         other => return Err(corrupt("history", format!("attachment flag {other}"))),
     };
     if !r.0.is_empty() {
@@ -268,6 +239,16 @@ fn decode(bytes: &[u8]) -> Result<EventRef<'_>, StoreError> {
         owner,
         key,
     })
+}
+
+fn decode(bytes: &[u8]) -> Result<EventRef<'_>, StoreError> {
+    decode_with(bytes, Reader::str)
+}
+
+/// Event `bytes`, its strings not checked to be UTF-8 (a chunk's summary hashes their bytes,
+/// and checks a scope when it first keeps it).
+fn raw(bytes: &[u8]) -> Result<EventRef<'_, &[u8]>, StoreError> {
+    decode_with(bytes, Reader::raw_str)
 }
 
 /// Column `index` of `row`, a blob.
@@ -285,7 +266,7 @@ fn addr_key(addr: IpAddr) -> [u8; 17] {
     key
 }
 
-impl EventRef<'_> {
+impl EventRef<'_, &str> {
     fn matches(&self, at: i64, query: &HistoryQuery, addr: Option<&[u8; 17]>) -> bool {
         addr.is_none_or(|addr| self.addr_key == addr)
             && query.owner.as_deref().is_none_or(|o| self.owner == o)
@@ -403,16 +384,16 @@ impl Summary {
 
     /// Adds the event encoded as `event`.
     fn add(&mut self, at: i64, event: &[u8]) -> Result<(), StoreError> {
-        let keys = keys(event)?;
+        let event = raw(event)?;
         self.min_at = self.min_at.min(at);
         self.max_at = self.max_at.max(at);
-        bloom_add(&mut self.addrs, keys.addr_key);
-        bloom_add(&mut self.owners, keys.owner);
-        if let Some(container) = keys.container {
+        bloom_add(&mut self.addrs, event.addr_key);
+        bloom_add(&mut self.owners, event.owner);
+        if let Some((_, container, _)) = event.key {
             bloom_add(&mut self.containers, container);
         }
-        if !self.scopes.iter().any(|s| s.as_bytes() == keys.scope) {
-            let scope = std::str::from_utf8(keys.scope).map_err(|e| corrupt("history", e))?;
+        if !self.scopes.iter().any(|s| s.as_bytes() == event.scope) {
+            let scope = std::str::from_utf8(event.scope).map_err(|e| corrupt("history", e))?;
             self.scopes.push(scope.to_owned());
         }
         Ok(())
