@@ -39,31 +39,22 @@ pub fn cni_call<'a>(command: &'a mut Command, verb: &str, container: &str) -> &'
         .stdout(Stdio::piped())
 }
 
-/// Debian's host-local, run as a runtime does (container `container`, interface `eth0`) on
+/// Debian's host-local, run as a runtime does ([`cni_call`]: container `container`) on
 /// the network configuration `stdin`; its result (or null for DEL). The test fails if
 /// host-local is not installed or refuses.
 pub fn host_local(command: &str, container: &str, stdin: &[u8]) -> Value {
-    let host_local = Path::new("/usr/lib/cni/host-local");
+    let host_local = Path::new(CNI_PATH).join("host-local");
     assert!(
         host_local.exists(),
         "this test needs Debian's containernetworking-plugins (/usr/lib/cni/host-local); run `make test`"
     );
-    let output = cni_env(
-        &mut Command::new(host_local),
-        command,
-        container,
-        "x",
-        "eth0",
-    )
-    .env("CNI_PATH", CNI_PATH)
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .and_then(|mut child| {
-        child.stdin.take().unwrap().write_all(stdin)?;
-        child.wait_with_output()
-    })
-    .unwrap();
+    let output = cni_call(&mut Command::new(host_local), command, container)
+        .spawn()
+        .and_then(|mut child| {
+            child.stdin.take().unwrap().write_all(stdin)?;
+            child.wait_with_output()
+        })
+        .unwrap();
     assert!(
         output.status.success(),
         "host-local {command} {container}: {}",
