@@ -49,17 +49,7 @@ fn main() {
             &["--heartbeat-interval", "100", "--election-timeout", "1000"],
         ))
         .expect("etcd starts (make deps)");
-    let version = std::process::Command::new(corral_etcd::testing::etcd_binary().unwrap())
-        .arg("--version")
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_owned()
-        })
-        .unwrap_or_default();
+    let version = corral_etcd::testing::version_of(&corral_etcd::testing::etcd_binary().unwrap());
     println!(
         "rig: {version} (3 members on 127.0.0.1, fsync on, heartbeat 100 ms, election timeout 1 s), {} cores; {agents} agents in one process (open files {nofile}); idle {} s, churn {} s at {per_min} ADDs per agent per minute",
         std::thread::available_parallelism().map_or(0, |n| n.get()),

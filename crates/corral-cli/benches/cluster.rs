@@ -53,15 +53,7 @@ async fn bench(etcd: &EtcdCluster) {
         .await
         .unwrap();
     let version = etcd_binary()
-        .ok()
-        .and_then(|binary| Command::new(binary).arg("--version").output().ok())
-        .map(|out| {
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_owned()
-        })
+        .map(|binary| corral_etcd::testing::version_of(&binary))
         .unwrap_or_default();
     println!(
         "rig: {version} (3 members on 127.0.0.1, fsync on), {} cores",

@@ -69,6 +69,22 @@ pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
         .ok_or(HarnessError::EtcdMissing)
 }
 
+/// The first line of `binary --version` (`etcd Version: 3.4.23`), empty if it does not run:
+/// what a bench prints of its rig.
+pub fn version_of(binary: &Path) -> String {
+    Command::new(binary)
+        .arg("--version")
+        .output()
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
 /// The etcdctl binary (for snapshots): `CORRAL_ETCDCTL_BIN`, else `etcdctl` beside the etcd
 /// binary, else on `PATH` (Debian's etcd-client; `make deps` installs it).
 pub fn etcdctl_binary() -> Result<PathBuf, HarnessError> {

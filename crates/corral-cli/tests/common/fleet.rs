@@ -124,11 +124,7 @@ impl Proxy {
         let binary = std::env::var_os("CORRAL_ETCD_PROXY_BIN")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| etcd_binary().expect("etcd (make deps)"));
-        let version = Command::new(&binary)
-            .arg("--version")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
+        let version = corral_etcd::testing::version_of(&binary);
         let keepalive: &[&str] = if version.contains("Version: 3.4.") {
             &[]
         } else {
@@ -149,7 +145,11 @@ impl Proxy {
         eprintln!(
             "proxy: {} ({}){}",
             binary.display(),
-            version.lines().next().unwrap_or("version unknown"),
+            if version.is_empty() {
+                "version unknown"
+            } else {
+                &version
+            },
             if keepalive.is_empty() {
                 ""
             } else {
