@@ -376,7 +376,7 @@ fn removed_error(cluster: &crate::link::SharedClusterState, pool: &str) -> OpErr
                  {pool}); schedule the pod on another node"
         ),
     )
-    .with_pool(Some(pool.to_owned()))
+    .with_pool(pool)
 }
 
 /// Why the cluster has granted the node nothing in `pool`, as far as the agent can know: etcd
@@ -530,7 +530,7 @@ where
                             why
                         ),
                     )
-                    .with_pool(Some(pool.clone()));
+                    .with_pool(&pool);
                     tracing::warn!(
                         %pool,
                         operation,

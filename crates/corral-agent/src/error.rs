@@ -36,8 +36,8 @@ impl OpError {
     }
 
     /// This error about `pool`.
-    pub fn with_pool(mut self, pool: Option<String>) -> OpError {
-        self.pool = pool;
+    pub fn with_pool(mut self, pool: impl std::fmt::Display) -> OpError {
+        self.pool = Some(pool.to_string());
         self
     }
 

@@ -122,7 +122,7 @@ pub(super) fn refuse_range_in_interface_pool(
                      (corral interface address add), not from ranges"
             ),
         )
-        .with_pool(Some(pool.to_string())));
+        .with_pool(pool));
     }
     Ok(())
 }
@@ -251,7 +251,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 ErrorCode::NotFound,
                 format!("pool {wanted} has no interfaces"),
             )
-            .with_pool(Some(wanted.to_string())));
+            .with_pool(wanted));
         }
         let scope = &*scope;
         let mut pools = Vec::new();
@@ -355,7 +355,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                          (an address from a plain range would have no interface)"
                 ),
             )
-            .with_pool(Some(pool.to_string())));
+            .with_pool(pool));
         }
         // The table is planned on a copy; the engine changes address by address, and a
         // refusal part way is undone by the caller, which rebuilds the scope from the store
@@ -459,7 +459,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                 ErrorCode::NotFound,
                 format!("pool {pool} of scope {scope_name:?} has no interfaces"),
             )
-            .with_pool(Some(pool.to_string())));
+            .with_pool(pool));
         };
         let result = table.assign(&mut scope.engine, key, owner, family, now);
         counters.count_assign(pool, &result);
@@ -531,7 +531,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                          addresses first (corral interface add)"
                 ),
             )
-            .with_pool(Some(pool.to_string())));
+            .with_pool(pool));
         };
         // A refusal part way is undone by the caller, which rebuilds the scope from the
         // store (`run_batch` commits what came before this operation first).
@@ -596,7 +596,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                             allocation.key
                         ),
                     )
-                    .with_pool(Some(pool.to_string())));
+                    .with_pool(pool));
                 }
                 let request = Request {
                     pool: &pool,

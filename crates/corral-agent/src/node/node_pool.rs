@@ -29,7 +29,7 @@ fn not_granted(pool: &PoolName, what: &str) -> OpError {
             api::NODE_SCOPE
         ),
     )
-    .with_pool(Some(pool.to_string()))
+    .with_pool(pool)
 }
 
 impl<S: Store, C: Clock> NodeState<S, C> {

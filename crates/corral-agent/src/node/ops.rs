@@ -335,7 +335,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
                     scope.scope,
                     api::NODE_SCOPE
                 ))
-                .with_pool(Some(pool.name.clone())));
+                .with_pool(&pool.name));
             }
         }
         let names: Vec<String> = checkpoint.scopes.iter().map(|s| s.scope.clone()).collect();

@@ -155,8 +155,11 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         .map_err(|error| match error {
             // The network's configuration does not fit together (overlapping ranges): the
             // plugin's configuration error, as standalone corral-ipam reports it.
-            StoreError::Engine(e) => OpError::bad_request(format!("network configuration: {e}"))
-                .with_pool(OpError::from(e.clone()).0.pool),
+            StoreError::Engine(e) => {
+                let mut error = OpError::bad_request(format!("network configuration: {e}"));
+                error.pool = OpError::from(e.clone()).0.pool;
+                error
+            }
             StoreError::Corrupt { what, reason } => {
                 OpError::bad_request(format!("network configuration: {what}: {reason}"))
             }
