@@ -158,7 +158,7 @@ impl ClusterShared {
     /// etcd could not be reached before the link got going (the binary's connection): the
     /// agent serves what it holds meanwhile, degraded.
     pub fn unreachable(&self, error: &str) {
-        update_shared(self, |s| {
+        update(self, |s| {
             s.last_error = Some(error.to_owned());
             if s.degraded_since_ms.is_none() {
                 s.degraded_since_ms = Some(now_ms());
@@ -196,11 +196,6 @@ impl ClusterShared {
     }
 }
 
-pub(super) fn update_shared(state: &ClusterShared, f: impl FnOnce(&mut ClusterState)) {
-    let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
-    f(&mut guard);
-}
-
 /// Shared between the cluster task and the API.
 pub type SharedClusterState = Arc<ClusterShared>;
 
@@ -210,7 +205,8 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-pub(super) fn update(state: &SharedClusterState, f: impl FnOnce(&mut ClusterState)) {
+/// Changes the state the API shows (`state` may be a [`SharedClusterState`]).
+pub(super) fn update(state: &ClusterShared, f: impl FnOnce(&mut ClusterState)) {
     let mut guard = state.lock().unwrap_or_else(|e| e.into_inner());
     f(&mut guard);
 }
