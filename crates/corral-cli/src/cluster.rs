@@ -283,7 +283,7 @@ async fn read_cluster(
     kv: &EtcdKv,
     keys: &Keys,
 ) -> Result<(Vec<corral_kv::KeyValue>, corral_kv::Revision), Failure> {
-    corral_kv::Scan::new(keys.prefix().as_bytes(), 2000)
+    corral_kv::Scan::new(keys.prefix().as_bytes(), 10_000)
         .skipping(keys.history_prefix().as_bytes())
         .by_segments(&keys.kinds())
         .read_all(kv)

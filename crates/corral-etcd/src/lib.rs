@@ -731,6 +731,17 @@ fn map_error_ref(error: &etcd_client::Error) -> KvError {
     }
 }
 
+/// The largest range answer taken (gRPC's default refuses more than 4 MiB): a scan's page is
+/// cut to about `corral_kv::PAGE_BYTES` once its keys' sizes are known, and its first page,
+/// of up to a page of keys, may hold more.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// True if etcd refused a read at a revision the member has not applied yet.
+fn is_future_revision(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status)
+        if status.code() == tonic::Code::OutOfRange && status.message().contains("future revision"))
+}
+
 /// etcd's errors as `KvError`s (a compacted revision with an unknown compaction point, 0).
 fn map_error(error: etcd_client::Error, lease: Option<LeaseId>) -> KvError {
     use etcd_client::Error as E;
@@ -985,14 +996,41 @@ impl Kv for EtcdKv {
         let mut options = GetOptions::new()
             .with_range(end)
             .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
-        if let Some(revision) = revision.filter(|revision| *revision > 0) {
+        let at = revision.filter(|revision| *revision > 0);
+        if let Some(revision) = at {
             options = options.with_revision(revision);
         }
-        let request = |client: Client| {
-            let (start, options) = (start.to_vec(), options.clone());
-            async move { client.kv_client().get(start, Some(options)).await }
+        let request = |options: GetOptions| {
+            move |client: Client| {
+                let (start, options) = (start.to_vec(), options.clone());
+                async move {
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(MAX_ANSWER_BYTES)
+                        .get(start, Some(options))
+                        .await
+                }
+            }
         };
-        match self.call("range", true, request).await {
+        // A read at a given revision answers the same on every member that has applied it
+        // (MVCC): it is served by the member itself, without a round of the leader's read
+        // index per page. A member that has not applied the revision yet says so (a future
+        // revision), and the read goes the linearizable way, which waits until it has.
+        let answer = match at {
+            Some(_) => {
+                match self
+                    .call("range", true, request(options.clone().with_serializable()))
+                    .await
+                {
+                    Err(error) if is_future_revision(&error) => {
+                        self.call("range", true, request(options)).await
+                    }
+                    answer => answer,
+                }
+            }
+            _ => self.call("range", true, request(options)).await,
+        };
+        match answer {
             Ok(mut response) => {
                 let current = response.header().map_or(0, |header| header.revision());
                 Ok(RangePage {

@@ -309,6 +309,46 @@ async fn a_read_waits_for_a_leader_within_its_timeout() {
     );
 }
 
+/// A page of a read at a known revision is served by the member itself (serializable: every
+/// member that applied the revision answers it alike), so a scan's pages need no read index
+/// from the leader, and a member cut off from its quorum still answers a revision it has.
+/// One it has not applied goes the linearizable way, which waits for a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn a_read_at_a_revision_the_member_has_needs_no_quorum() {
+    let (_serial, mut cluster, kv) = serial_cluster(3, options(Duration::from_secs(1))).await;
+    create(&kv, "/snap/a", "x", Duration::ZERO)
+        .await
+        .expect("write with quorum");
+    let member = EtcdKv::connect(&[cluster.endpoint(0)], options(Duration::from_secs(1)))
+        .await
+        .expect("client of member 0");
+    // Linearizable (no revision): member 0 has applied everything up to `revision`.
+    let revision = member
+        .range_span(b"/snap/", b"/snap0", 10, None)
+        .await
+        .expect("a read with quorum")
+        .revision;
+    cluster.kill(1).expect("kill member 1");
+    cluster.kill(2).expect("kill member 2");
+    let page = member
+        .range_span(b"/snap/", b"/snap0", 10, Some(revision))
+        .await
+        .expect("a read at a revision member 0 has");
+    assert_eq!(page.revision, revision);
+    assert_eq!(
+        page.kvs.iter().map(|e| e.key.clone()).collect::<Vec<_>>(),
+        vec![b"/snap/a".to_vec()]
+    );
+    let ahead = member
+        .range_span(b"/snap/", b"/snap0", 10, Some(revision + 100))
+        .await;
+    assert!(
+        matches!(ahead, Err(KvError::Unavailable(_))),
+        "a revision member 0 has not applied, without quorum: {ahead:?}"
+    );
+}
+
 /// A frozen follower: the client's member (or the next one) answers, at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd (make deps)"]

@@ -15,7 +15,7 @@ mod mem;
 mod scan;
 
 pub use mem::MemKv;
-pub use scan::{Scan, ScanStats, prefix_end};
+pub use scan::{PAGE_BYTES, Scan, ScanStats, prefix_end};
 
 /// The most compares, or operations in one branch, a transaction may have (etcd's default
 /// `--max-txn-ops`); more is `KvError::Refused`.

@@ -43,7 +43,15 @@ pub struct Scan {
     limit: usize,
     revision: Option<Revision>,
     stats: ScanStats,
+    /// Bytes of the keys and values read so far: a page is cut to about [`PAGE_BYTES`] at
+    /// the mean size seen.
+    bytes: u64,
 }
+
+/// About how many bytes of keys and values a page may hold: a store's answer is one message
+/// (etcd's client refuses one of more than its decoding limit), and a page is in memory
+/// beside the next one. Pages of small values are cut by the count alone.
+pub const PAGE_BYTES: u64 = 4 << 20;
 
 impl Scan {
     /// A scan of every key under `prefix`, at most `page` keys per request, at the revision of
@@ -54,6 +62,7 @@ impl Scan {
             limit: page.max(1),
             revision: None,
             stats: ScanStats::default(),
+            bytes: 0,
         }
     }
 
@@ -99,15 +108,30 @@ impl Scan {
         let Some((start, end)) = self.planner.next_range() else {
             return Ok(None);
         };
-        let page = kv
-            .range_span(&start, &end, self.limit, self.revision)
-            .await?;
+        let limit = self.page_limit();
+        let page = kv.range_span(&start, &end, limit, self.revision).await?;
         self.revision = Some(page.revision);
         self.stats.requests += 1;
         self.stats.walked += page.count;
         self.stats.keys += page.kvs.len() as u64;
-        self.planner.observe(&end, self.limit, &page);
+        self.bytes += page
+            .kvs
+            .iter()
+            .map(|kv| (kv.key.len() + kv.value.len()) as u64)
+            .sum::<u64>();
+        self.planner.observe(&end, limit, &page);
         Ok(Some(page))
+    }
+
+    /// The keys the next request may return: the scan's page, fewer if the keys read so far
+    /// are so large that a page of them would pass [`PAGE_BYTES`].
+    fn page_limit(&self) -> usize {
+        match self.bytes.checked_div(self.stats.keys) {
+            Some(mean) if mean > 0 => {
+                usize::try_from(PAGE_BYTES / mean).map_or(self.limit, |n| n.clamp(1, self.limit))
+            }
+            _ => self.limit,
+        }
     }
 
     /// Every key the scan reads, and the revision it read them at.
@@ -620,6 +644,48 @@ mod tests {
                 "{nodes} nodes: {stats:?} for {n} keys"
             );
         }
+    }
+
+    /// Large values cut the pages by their bytes: after the first, no page passes
+    /// `PAGE_BYTES` (one answer of a store is one message), and every key is read once.
+    #[test]
+    fn pages_of_large_values_are_cut_to_the_byte_budget() {
+        let kv = MemKv::new();
+        let value = vec![b'x'; 256 << 10];
+        let keys: Vec<Vec<u8>> = (0..120).map(|i| format!("/p/{i:04}").into_bytes()).collect();
+        block_on(async {
+            for chunk in keys.chunks(10) {
+                let success = chunk
+                    .iter()
+                    .map(|key| TxnOp::put(key.clone(), value.clone()))
+                    .collect();
+                kv.txn(Txn {
+                    success,
+                    ..Txn::default()
+                })
+                .await
+                .unwrap();
+            }
+        });
+        let mut scan = Scan::new(b"/p/", 100);
+        let mut read = Vec::new();
+        let mut first = true;
+        block_on(async {
+            while let Some(page) = scan.next(&kv).await.unwrap() {
+                let bytes: u64 = page
+                    .kvs
+                    .iter()
+                    .map(|e| (e.key.len() + e.value.len()) as u64)
+                    .sum();
+                if !first {
+                    assert!(bytes <= PAGE_BYTES, "a page of {bytes} bytes");
+                }
+                first = false;
+                read.extend(page.kvs.into_iter().map(|e| e.key));
+            }
+        });
+        // Without the budget the second page holds the 20 keys left: 5 MiB.
+        assert_eq!(read, keys);
     }
 
     #[test]

@@ -46,6 +46,7 @@ fn start(kv: &MemKv, name: &str) -> Replica {
         replica: name.into(),
         lease_ttl: Duration::from_secs(10),
         workers: 16,
+        page: OperatorConfig::DEFAULT_PAGE,
     };
     let task = tokio::spawn({
         let (kv, shared) = (kv.clone(), Arc::clone(&shared));

@@ -52,8 +52,15 @@ use txn::{TxnFailure, run};
 use work::{Done, Work, backoff, node_span};
 pub(crate) mod to_cloud;
 
-/// Keys per page when the prefix is read.
-const PAGE: usize = 2000;
+/// How much a leader does at once: transactions in flight, and keys per range request of a
+/// rebuild.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    /// Transactions in flight at once.
+    pub workers: usize,
+    /// Keys per range request of a rebuild.
+    pub page: usize,
+}
 
 /// How often the leader asks etcd for its header (its cluster ID and revision).
 const EPOCH_PROBE: Duration = Duration::from_secs(2);
@@ -83,7 +90,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     lost: &mut tokio::sync::watch::Receiver<bool>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     shared: &Arc<Shared>,
-    workers: usize,
+    sizes: Sizes,
     cloud: Option<(&crate::CloudOptions<P>, &corral_cloud::Scheduled<Arc<P>>)>,
 ) -> Result<(), LeadError> {
     let started = Instant::now();
@@ -101,7 +108,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
     shared.begin_term();
     let (view, revision) = tokio::select! {
         biased;
-        rebuilt = rebuild(kv, keys, shared) => rebuilt?,
+        rebuilt = rebuild(kv, keys, shared, sizes.page) => rebuilt?,
         _ = lost.changed() => return Err(LeadError::Lost),
         () = crate::stopped(stop) => {
             shared.end_term();
@@ -129,7 +136,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
             // is fixed), so a seeded run on a paused clock repeats itself.
             tokio::select! {
                 biased;
-                result = serve(kv, keys, fence, lost, stop, shared, workers, None, &sync_signal) => result,
+                result = serve(kv, keys, fence, lost, stop, shared, sizes, None, &sync_signal) => result,
                 () = sync => Err(LeadError::Lost),
                 () = trim => Err(LeadError::Lost),
             }
@@ -176,7 +183,7 @@ pub async fn lead<K: Kv, P: corral_cloud::CloudProvider + 'static>(
             // In a fixed order, as above.
             let result = tokio::select! {
                 biased;
-                result = serve(kv, keys, fence, lost, stop, shared, workers, Some(signal), &sync_signal) => result,
+                result = serve(kv, keys, fence, lost, stop, shared, sizes, Some(signal), &sync_signal) => result,
                 // The manager and the sync run until dropped here; they return only if the
                 // lead is gone (the view removed).
                 () = manager => Err(LeadError::Lost),
@@ -199,6 +206,7 @@ async fn rebuild<K: Kv>(
     kv: &K,
     keys: &Keys,
     shared: &Arc<Shared>,
+    page: usize,
 ) -> Result<(ClusterView, Revision), LeadError> {
     loop {
         let started = Instant::now();
@@ -255,7 +263,7 @@ async fn rebuild<K: Kv>(
         };
         // The grants' history is no part of the view (and may be most of the keys): the read
         // leaves it out.
-        let mut scan = Scan::new(keys.prefix().as_bytes(), PAGE)
+        let mut scan = Scan::new(keys.prefix().as_bytes(), page)
             .at(revision)
             .skipping(keys.history_prefix().as_bytes())
             .by_segments(&keys.kinds());
@@ -341,7 +349,7 @@ async fn serve<K: Kv>(
     lost: &mut tokio::sync::watch::Receiver<bool>,
     stop: &mut tokio::sync::watch::Receiver<bool>,
     shared: &Arc<Shared>,
-    workers: usize,
+    sizes: Sizes,
     cloud: Option<Arc<cloud::CloudSignal>>,
     sync: &Arc<node_cidr_sync::SyncSignal>,
 ) -> Result<(), LeadError> {
@@ -361,6 +369,7 @@ async fn serve<K: Kv>(
         lost,
         stop,
         shared,
+        page: sizes.page,
         watch,
         work: Work {
             pending: Default::default(),
@@ -384,7 +393,7 @@ async fn serve<K: Kv>(
         epoch_tick,
         publisher: waiting::Publisher::new(),
     };
-    match runner::run(&mut leading, &mut Runner::new(workers)).await {
+    match runner::run(&mut leading, &mut Runner::new(sizes.workers)).await {
         Ended::Stopped => Ok(()),
         Ended::Failed(error) => Err(error),
     }
@@ -398,6 +407,8 @@ struct Leading<'a, K> {
     lost: &'a mut tokio::sync::watch::Receiver<bool>,
     stop: &'a mut tokio::sync::watch::Receiver<bool>,
     shared: &'a Arc<Shared>,
+    /// Keys per range request of a rebuild.
+    page: usize,
     watch: Watch,
     work: Work,
     /// The view changed since the last turn: look for work.
@@ -560,7 +571,7 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             }
             Wake::Watch(Err(KvError::Compacted { .. })) => {
                 // The watch fell behind the store's history: read everything again.
-                let at = restart(kv, keys, shared, runner, &mut self.work).await?;
+                let at = restart(kv, keys, shared, self.page, runner, &mut self.work).await?;
                 self.watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
                 self.dirty = true;
             }
@@ -589,7 +600,7 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             Wake::Resync => {
                 let timing = with_view(shared, |view, _| Resync::from(&view.config().resync))?;
                 drain(runner, &mut self.work, shared).await;
-                match rebuild(kv, keys, shared).await {
+                match rebuild(kv, keys, shared, self.page).await {
                     Ok((fresh, at)) => {
                         shared.resolve("etcd", "resync");
                         match shared.probe_epoch(kv).await {
@@ -647,7 +658,7 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
         if uncertain {
             // The store may or may not have applied it: the view is rebuilt from what
             // the store holds before anything else is proposed.
-            let at = restart(kv, keys, shared, runner, &mut self.work).await?;
+            let at = restart(kv, keys, shared, self.page, runner, &mut self.work).await?;
             self.watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
         }
         self.dirty = true;
@@ -733,11 +744,12 @@ async fn restart<K: Kv>(
     kv: &K,
     keys: &Keys,
     shared: &Arc<Shared>,
+    page: usize,
     runner: &mut Runner<NodeName, Done>,
     work: &mut Work,
 ) -> Result<Revision, LeadError> {
     drain(runner, work, shared).await;
-    let (view, revision) = rebuild(kv, keys, shared).await?;
+    let (view, revision) = rebuild(kv, keys, shared, page).await?;
     shared.install(view, revision);
     Ok(revision)
 }

@@ -42,11 +42,16 @@ pub struct OperatorConfig {
     pub lease_ttl: Duration,
     /// Transactions in flight at once.
     pub workers: usize,
+    /// Keys per range request when a new leader (or a resync) reads the whole prefix: fewer,
+    /// larger pages cost etcd fewer requests (a page is cut to about `corral_kv::PAGE_BYTES`
+    /// whatever this says).
+    pub page: usize,
 }
 
 impl OperatorConfig {
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
     pub const DEFAULT_WORKERS: usize = 16;
+    pub const DEFAULT_PAGE: usize = 10_000;
 }
 
 /// The wall clock of the cloud node manager, in milliseconds since the epoch: intents,
@@ -275,7 +280,10 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 &mut lost,
                 &mut stop,
                 &shared,
-                config.workers.max(1),
+                leader::Sizes {
+                    workers: config.workers.max(1),
+                    page: config.page.max(1),
+                },
                 cloud
                     .as_ref()
                     .map(|(options, scheduler)| (options, scheduler)),

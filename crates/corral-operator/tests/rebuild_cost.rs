@@ -12,7 +12,8 @@ mod common;
 use common::*;
 use corral_kv::{MemKv, ScanStats, TxnOp};
 
-/// The rebuild's page (`leader.rs`).
+/// The rebuild's page: smaller than the operator's default (10,000), so that these sizes
+/// are many pages (quadratic paging shows at 20 pages, not at 4).
 const PAGE: u64 = 2000;
 
 /// A store holding `nodes` registrations named as EC2 names its instances (names of uneven
@@ -41,7 +42,8 @@ async fn first_rebuild(nodes: usize) -> (ScanStats, u64) {
         }
         apply(&kv, ops).await;
     }
-    let replica = start_leading(&kv, "op-a").await;
+    let replica = Replica::start_paged::<_, corral_cloud::FakeEc2>(&kv, "op-a", PAGE as usize, None);
+    wait_leading(&replica, std::time::Duration::from_secs(5)).await;
     let (cost, _) = replica.shared.last_rebuild().expect("a rebuild");
     drop(replica);
     (cost, nodes as u64)

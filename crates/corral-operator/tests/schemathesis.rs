@@ -78,6 +78,7 @@ fn schemathesis_finds_nothing_in_the_operator_api() {
             replica: "op-st".into(),
             lease_ttl: Duration::from_secs(5),
             workers: 4,
+            page: OperatorConfig::DEFAULT_PAGE,
         },
         Arc::clone(&shared),
         async move {

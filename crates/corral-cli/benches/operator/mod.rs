@@ -32,6 +32,7 @@ impl InProcess {
                 replica: "bench".into(),
                 lease_ttl: Duration::from_secs(10),
                 workers,
+                page: OperatorConfig::DEFAULT_PAGE,
             },
             Arc::clone(&shared),
             async move {

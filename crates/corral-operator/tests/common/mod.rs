@@ -343,6 +343,16 @@ impl Replica {
         name: &str,
         cloud: Option<corral_operator::CloudOptions<P>>,
     ) -> Replica {
+        Replica::start_paged(kv, name, OperatorConfig::DEFAULT_PAGE, cloud)
+    }
+
+    /// A replica whose rebuilds read `page` keys per range request.
+    pub fn start_paged<K: Kv, P: corral_cloud::CloudProvider + 'static>(
+        kv: &K,
+        name: &str,
+        page: usize,
+        cloud: Option<corral_operator::CloudOptions<P>>,
+    ) -> Replica {
         let shared = Arc::new(Shared::new(name.to_owned()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = OperatorConfig {
@@ -350,6 +360,7 @@ impl Replica {
             replica: name.into(),
             lease_ttl: TTL,
             workers: 4,
+            page,
         };
         let task = tokio::spawn({
             let (kv, shared) = (kv.clone(), Arc::clone(&shared));
