@@ -355,6 +355,10 @@ fn main() {
     if let Ok(builds) = std::env::var("CORRAL_AB") {
         return ab(&builds);
     }
+    // Before the comparison's own variable, which its children inherit.
+    if let Ok(spec) = std::env::var("CORRAL_HISTORY_BATCH_CHILD") {
+        return history::batch_child(&spec);
+    }
     if let Ok(rounds) = std::env::var("CORRAL_HISTORY_AB") {
         return history::run(rounds.parse().expect("CORRAL_HISTORY_AB=<rounds>"));
     }

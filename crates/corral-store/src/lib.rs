@@ -60,7 +60,7 @@ pub use sqlite::{
 };
 
 /// The schema version this build writes; older databases are migrated when opened.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Something went wrong underneath; the transaction changed nothing.
 #[derive(Debug, thiserror::Error)]

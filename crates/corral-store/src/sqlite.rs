@@ -108,6 +108,8 @@ const MIGRATIONS: &[Migration] = &[
     // more: 5 → 6 turns one that exists into the log, or creates the log.
     |_| Ok(()),
     history::migrate_to_log,
+    // Schema 6's log held one row per event; 7's rows hold a write's events.
+    history::migrate_to_rows,
 ];
 
 /// Version 1: the scopes' derived state (with every cooldown in one blob) and the allocations.

@@ -283,6 +283,57 @@ fn holding_one_allocation() -> (tempfile::TempDir, StoredAllocation) {
     (dir, allocation)
 }
 
+/// Drops what `limits` drop at `now`, in one commit; returns how many went.
+fn prune_once(store: &mut impl Store, limits: &HistoryLimits, now: Timestamp) -> u64 {
+    let mut txn = store.begin().unwrap();
+    let dropped = txn.prune_history(limits, now).unwrap();
+    txn.commit().unwrap();
+    dropped
+}
+
+/// SQLite keeps a commit's events in one row (up to 256): pruning by count or by age that
+/// ends within a row drops exactly the events it names, as the memory store does; the rest
+/// keep their order, and events recorded later follow them, also after a reopen.
+#[test]
+fn pruning_within_a_row_drops_exactly_its_events() {
+    let year = Duration::from_secs(3600 * 24 * 365);
+    let by_count = HistoryLimits {
+        max_events: 100,
+        max_age: year,
+    };
+    let by_age = HistoryLimits {
+        max_events: 1_000_000,
+        max_age: Duration::from_secs(10),
+    };
+    // 300 events at 0..300 ms: by count, 200 over the 100 kept; by age at 10.05 s, those
+    // before 50 ms are past it and those before 150 ms (1% of the age ahead) go.
+    for (limits, now, gone) in [(by_count, at(300), 200), (by_age, at(10_050), 150)] {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = std::path::Path::new("/x.sock");
+        let mut sqlite = SqliteStore::open_owned(dir.path(), socket).unwrap();
+        let mut memory = MemoryStore::new();
+        record(&mut sqlite, &many(0, 300));
+        record(&mut memory, &many(0, 300));
+        assert_eq!(prune_once(&mut sqlite, &limits, now), gone, "{limits:?}");
+        assert_eq!(prune_once(&mut memory, &limits, now), gone, "{limits:?}");
+        let kept = query(&mut sqlite, &all(usize::MAX));
+        assert_eq!(kept, query(&mut memory, &all(usize::MAX)), "{limits:?}");
+        assert_eq!(kept.len(), 300 - gone as usize);
+        record(&mut sqlite, &many(300, 10));
+        record(&mut memory, &many(300, 10));
+        drop(sqlite);
+        let mut sqlite = SqliteStore::open_owned(dir.path(), socket).unwrap();
+        for q in [all(usize::MAX), all(5)] {
+            assert_eq!(query(&mut sqlite, &q), query(&mut memory, &q), "{limits:?}");
+        }
+        assert_eq!(
+            held_at(&mut sqlite, "10.1.1.0", 10_000),
+            held_at(&mut memory, "10.1.1.0", 10_000)
+        );
+        assert_eq!(held_at(&mut sqlite, "10.1.1.0", 10_000), ["ns/p250"]);
+    }
+}
+
 /// A database of schema 4 (the one before the history) is migrated: what it held stays, and
 /// the history starts empty.
 #[test]
@@ -296,8 +347,8 @@ fn a_schema_4_database_gets_the_history() {
     .unwrap();
     drop(conn);
     let mut store = SqliteStore::open(dir.path()).unwrap();
-    assert_eq!(SCHEMA_VERSION, 6);
-    assert_eq!(store.schema_version().unwrap(), 6);
+    assert_eq!(SCHEMA_VERSION, 7);
+    assert_eq!(store.schema_version().unwrap(), 7);
     let mut txn = store.begin().unwrap();
     assert_eq!(
         txn.all_allocations("net").unwrap(),
@@ -602,6 +653,97 @@ fn a_schema_5_history_is_readable_after_the_upgrade() {
             std::slice::from_ref(&allocation)
         );
     }
+    let more = varied(5_000);
+    record_as_the_agent(&mut sqlite, &more[3_000..]);
+    record(&mut memory, &more[3_000..]);
+    answers_like_memory(&mut sqlite, &mut memory, 5_000);
+}
+
+/// Schema 6's log as it was written: one row per event, keyed by its number.
+const SCHEMA_6_EVENTS: &str = "CREATE TABLE history_events (
+        seq INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        event BLOB NOT NULL
+    ) STRICT;";
+
+/// Schema 7's rows of `conn` as (number, time, encoding) of each event, in order: each row
+/// holds, from its `first` event on, entries of a gap from the number before (u32), the time
+/// (i64), the encoding's length (u32) and the encoding.
+fn events_of_rows(conn: &rusqlite::Connection) -> Vec<(i64, i64, Vec<u8>)> {
+    let rows: Vec<(i64, Vec<u8>)> = conn
+        .prepare("SELECT first, events FROM history_events ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut out = Vec::new();
+    for (first, bytes) in rows {
+        let (mut next, mut rest) = (first, &bytes[..]);
+        while !rest.is_empty() {
+            let gap = u32::from_le_bytes(rest[0..4].try_into().unwrap());
+            let at = i64::from_le_bytes(rest[4..12].try_into().unwrap());
+            let len = u32::from_le_bytes(rest[12..16].try_into().unwrap()) as usize;
+            let seq = next + i64::from(gap);
+            out.push((seq, at, rest[16..16 + len].to_vec()));
+            (next, rest) = (seq + 1, &rest[16 + len..]);
+        }
+    }
+    out
+}
+
+/// An agent's history of schema 6 (one row per event) is read after the upgrade as it was
+/// written, with the same numbers and chunks, its rows grouped, and new events follow it.
+#[test]
+fn a_schema_6_history_is_readable_after_the_upgrade() {
+    let (dir, allocation) = holding_one_allocation();
+    let events = varied(3_000);
+    let socket = std::path::Path::new("/x.sock");
+    let mut sqlite = SqliteStore::open_owned(dir.path(), socket).unwrap();
+    record_as_the_agent(&mut sqlite, &events);
+    drop(sqlite);
+    let chunks = chunks_of(dir.path());
+    assert_eq!(chunks.len(), 2);
+    // The same events and chunks as schema 6 wrote them: a row per event.
+    let mut conn = rusqlite::Connection::open(dir.path().join(corral_store::DB_FILE)).unwrap();
+    let written = events_of_rows(&conn);
+    assert_eq!(written.len(), 3_000);
+    let tx = conn.transaction().unwrap();
+    tx.execute_batch("DROP TABLE history_events;").unwrap();
+    tx.execute_batch(SCHEMA_6_EVENTS).unwrap();
+    for (seq, at, event) in &written {
+        tx.execute(
+            "INSERT INTO history_events (seq, at, event) VALUES (?1, ?2, ?3)",
+            rusqlite::params![seq, at, event],
+        )
+        .unwrap();
+    }
+    tx.execute_batch("PRAGMA user_version = 6;").unwrap();
+    tx.commit().unwrap();
+    drop(conn);
+    let mut sqlite = SqliteStore::open_owned(dir.path(), socket).unwrap();
+    assert_eq!(sqlite.schema_version().unwrap(), SCHEMA_VERSION);
+    let mut memory = MemoryStore::new();
+    record(&mut memory, &events);
+    answers_like_memory(&mut sqlite, &mut memory, 3_000);
+    {
+        let mut txn = sqlite.begin().unwrap();
+        assert_eq!(
+            txn.all_allocations("net").unwrap(),
+            std::slice::from_ref(&allocation)
+        );
+    }
+    // The same numbers, times and encodings, in rows of many events; the same chunks.
+    drop(sqlite);
+    let conn = rusqlite::Connection::open(dir.path().join(corral_store::DB_FILE)).unwrap();
+    assert_eq!(events_of_rows(&conn), written);
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM history_events", [], |r| r.get(0))
+        .unwrap();
+    assert!(rows < 100, "{rows} rows for 3,000 events");
+    drop(conn);
+    assert!(chunks_of(dir.path()) == chunks);
+    let mut sqlite = SqliteStore::open_owned(dir.path(), socket).unwrap();
     let more = varied(5_000);
     record_as_the_agent(&mut sqlite, &more[3_000..]);
     record(&mut memory, &more[3_000..]);

@@ -16,6 +16,19 @@
 //!   start-up and shutdown cancel out); `CORRAL_HISTORY_CALLGRIND_KEEP=<dir>` keeps their
 //!   callgrind files there (`callgrind.<on|off>.<clients>.<pairs>.out`, for
 //!   `callgrind_annotate --inclusive=yes`).
+//! * With `CORRAL_HISTORY_CALLGRIND=1` also: instructions per allocation in **fixed batches**,
+//!   the like-for-like measure. Under valgrind the agent's threads take turns, so each side
+//!   forms its own batches, and a commit costs ~600k instructions whatever it holds: a side
+//!   that happens to make 17% more commits pays ~5% more per allocation (BENCHMARKS.md,
+//!   2026-11-30). Here the agent's state (`NodeState` over the owned SQLite store, as `corral
+//!   agent` opens it from the same configuration file and flags) runs in a child process
+//!   under callgrind, driven with batches of exactly `size` allocations (one commit) then
+//!   their `size` releases (one commit): both sides make the same commits of the same
+//!   operations, and what differs is the history alone. It leaves out the agent's HTTP and
+//!   JSON work (the same on both sides), so the history's share of it is overstated, not
+//!   understated. Runs of 512 and 2,560 pairs per side and size, the difference (files
+//!   `callgrind.batch.<on|off>.<size>.<pairs>.out` with `_KEEP`);
+//!   `CORRAL_HISTORY_CALLGRIND=batches` runs only this.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -57,12 +70,18 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// `CORRAL_HISTORY_AB=<rounds>`: the whole comparison (see the module's documentation); 0
 /// rounds: only the fixed work (and the instructions).
 pub fn run(rounds: usize) {
+    // Only the fixed batches (they need no `corral` binary of the same build).
+    if std::env::var("CORRAL_HISTORY_CALLGRIND").as_deref() == Ok("batches") {
+        fixed_batches();
+        return;
+    }
     if rounds > 0 {
         side_by_side(rounds);
     }
     fixed_work();
     if std::env::var_os("CORRAL_HISTORY_CALLGRIND").is_some() {
         instructions();
+        fixed_batches();
     }
 }
 
@@ -303,4 +322,113 @@ fn instructions() {
         per[0] / per[1],
         per[2] / per[3]
     );
+}
+
+/// Operations per commit in [`fixed_batches`]: one (a client alone), and batches as 64
+/// clients make them (~20 operations a commit under valgrind, ~60 natively).
+const BATCH_SIZES: [usize; 3] = [1, 16, 64];
+
+/// The child of [`fixed_batches`] (`CORRAL_HISTORY_BATCH_CHILD=<on|off>:<size>:<pairs>`):
+/// the agent's state over a fresh state directory, `pairs` allocate + release pairs in
+/// batches of `size` allocations then their `size` releases, one commit each.
+pub fn batch_child(spec: &str) {
+    use corral_agent::node::{NodeState, Op, Reply};
+    let fields: Vec<&str> = spec.split(':').collect();
+    let [side, size, pairs] = fields[..] else {
+        panic!("CORRAL_HISTORY_BATCH_CHILD=<on|off>:<size>:<pairs>, not {spec:?}");
+    };
+    let (size, pairs): (usize, usize) = (size.parse().unwrap(), pairs.parse().unwrap());
+    let dir = tempfile::Builder::new()
+        .prefix("corral-history-batch")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let config = corral_agent::AgentConfig::load(&corral_agent::Overrides {
+        config: Some(common::agent_config_file(dir.path(), "10.64.0.0/16", 0)),
+        history_max_events: (side == "off").then_some(0),
+        ..corral_agent::Overrides::default()
+    })
+    .unwrap();
+    let store = corral_store::SqliteStore::open_owned(&config.data_dir, &config.socket).unwrap();
+    let mut node = NodeState::restore(store, &config.pools)
+        .unwrap()
+        .with_history(config.history);
+    for batch in 0..pairs.div_ceil(size) as u64 {
+        let allocations = (0..size)
+            .map(|c| Op::Allocate(super::allocate_request(c, batch).try_into().unwrap()))
+            .collect();
+        let releases = node
+            .run_batch(allocations)
+            .into_iter()
+            .map(|answer| match answer {
+                Ok(Reply::Allocated(answer)) => {
+                    Op::Release(super::release_request(&answer).try_into().unwrap())
+                }
+                other => panic!("allocate answered {other:?}"),
+            })
+            .collect();
+        for answer in node.run_batch(releases) {
+            answer.expect("release");
+        }
+    }
+}
+
+/// Instructions of a [`batch_child`] under callgrind.
+fn batch_instructions(side: &str, size: usize, pairs: usize) -> u64 {
+    let dir = tempfile::Builder::new()
+        .prefix("corral-history-callgrind")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let out = dir.path().join("callgrind.out");
+    let status = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(std::env::current_exe().unwrap())
+        .env(
+            "CORRAL_HISTORY_BATCH_CHILD",
+            format!("{side}:{size}:{pairs}"),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("valgrind starts");
+    assert!(status.success(), "{side}:{size}:{pairs}: {status}");
+    if let Some(keep) = std::env::var_os("CORRAL_HISTORY_CALLGRIND_KEEP") {
+        let name = format!("callgrind.batch.{side}.{size}.{pairs}.out");
+        std::fs::copy(&out, Path::new(&keep).join(name)).unwrap();
+    }
+    callgrind_total(&out)
+}
+
+/// Instructions per allocation with the same commits on both sides (see the module's
+/// documentation).
+fn fixed_batches() {
+    const SMALL: usize = 512;
+    const LARGE: usize = 2_560;
+    println!(
+        "## instructions per allocation in fixed batches (callgrind, the agent's state in-process; runs of {LARGE} and {SMALL} pairs, the difference)"
+    );
+    println!();
+    println!(
+        "| operations a commit | history on | history off | on / off | history's own (per allocation) |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    for size in BATCH_SIZES {
+        let per: Vec<f64> = ["on", "off"]
+            .iter()
+            .map(|side| {
+                let small = batch_instructions(side, size, SMALL);
+                let large = batch_instructions(side, size, LARGE);
+                (large as f64 - small as f64) / (LARGE - SMALL) as f64
+            })
+            .collect();
+        println!(
+            "| {size} | {:.0} | {:.0} | {:.3} | {:.0} |",
+            per[0],
+            per[1],
+            per[0] / per[1],
+            per[0] - per[1]
+        );
+    }
+    println!();
 }

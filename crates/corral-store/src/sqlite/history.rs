@@ -1,11 +1,19 @@
-//! The allocation history in SQLite (schema 6): an append-only log of events keyed only by
-//! their sequence number, summarised in chunks, with no index written per event.
+//! The allocation history in SQLite (schema 7): an append-only log of events numbered in the
+//! order recorded, summarised in chunks, with no index written per event.
 //!
-//! * `history_events (seq, at, event)`: one row per event, `event` a compact encoding
-//!   (`encode`). A commit appends its events at the end of the table's B-tree (a page or two
-//!   per commit), where schema 5 also inserted each event into four indexes (time, address,
-//!   owner, container), each on a page of its own: at 64 clients that halved the agent's
-//!   allocations per second (BENCHMARKS.md).
+//! * `history_events (seq, first, n, min_at, events)`: one row per write of a transaction's
+//!   events (a commit's, at most [`ROW_MAX`] of them), keyed by its last event's number:
+//!   `first` is its first event's, `n` how many it holds, `min_at` the oldest time among them,
+//!   and `events` each event's number (as a gap from the one before), time and compact
+//!   encoding (`encode`), in order. A commit appends one row at the end of the table's
+//!   B-tree, whatever the number of its events: SQLite's insert of a row (~1,900
+//!   instructions) is paid once per commit, not once per event as in schema 6 (one row per
+//!   event), and schema 5 also inserted each event into four indexes (time, address, owner,
+//!   container), each on a page of its own (BENCHMARKS.md).
+//! * Pruning drops events, not rows: a row that holds events on both sides of what goes is
+//!   rewritten with the events it keeps (keyed by the last of them), so the count and the age
+//!   bounds drop exactly the events they dropped when each event was a row, and an event
+//!   keeps its number (rows never overlap).
 //! * `history_chunks`: a summary of each [`CHUNK`] consecutive sequence numbers, written once
 //!   the log holds that many events past the last chunk (by
 //!   [`Txn::prune_history`](crate::Txn::prune_history), in the commit that records the
@@ -46,8 +54,8 @@ use crate::{
 /// Sequence numbers per chunk.
 pub(crate) const CHUNK: i64 = 1024;
 
-/// Version 6: the log and its chunks (the module's documentation); the migration moves
-/// schema 5's rows into it.
+/// Version 6: the log, one row per event, and its chunks; the migration moves schema 5's
+/// rows into it, and 6 → 7 groups them ([`SCHEMA_7_EVENTS`]).
 const SCHEMA_6_HISTORY: &str = "CREATE TABLE history_events (
         seq INTEGER PRIMARY KEY,
         at INTEGER NOT NULL,
@@ -65,11 +73,25 @@ const SCHEMA_6_HISTORY: &str = "CREATE TABLE history_events (
     ) STRICT;
     CREATE INDEX history_chunks_by_age ON history_chunks (min_at);";
 
-const INSERT_EVENT: &str = "INSERT INTO history_events (at, event) VALUES (?1, ?2)";
+/// Version 7: the log's rows hold a write's events (the module's documentation); the chunks
+/// are schema 6's.
+const SCHEMA_7_EVENTS: &str = "CREATE TABLE history_events (
+        seq INTEGER PRIMARY KEY,
+        first INTEGER NOT NULL,
+        n INTEGER NOT NULL,
+        min_at INTEGER NOT NULL,
+        events BLOB NOT NULL
+    ) STRICT;";
+
+/// The most events in one row: a query that reads a chunk reads the rows that hold its
+/// events, each whole, so a transaction of many events (a migration, an import) is written
+/// as several rows.
+pub(crate) const ROW_MAX: usize = 256;
 
 /// 5 → 6: the log; schema 5's events, if it has some, become the log's, in their order and
-/// with their numbers, every whole chunk of them summarised, and the old table and its four
-/// indexes go. (A database of schema 4 or less goes through 5 without the old table.)
+/// with their numbers, and the old table and its four indexes go; 6 → 7 then groups them and
+/// summarises every whole chunk. (A database of schema 4 or less goes through 5 without the
+/// old table.)
 pub(super) fn migrate_to_log(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(SCHEMA_6_HISTORY)?;
     let old: bool = tx.query_row(
@@ -98,6 +120,30 @@ pub(super) fn migrate_to_log(tx: &rusqlite::Transaction<'_>) -> Result<(), Store
         }
     }
     tx.execute_batch("DROP TABLE history")?;
+    Ok(())
+}
+
+/// 6 → 7: schema 6's rows, one per event, grouped into rows of up to [`ROW_MAX`] events, with
+/// their numbers and times; the chunks stay as they are (their summaries are of the events,
+/// not of the rows), and every whole chunk of the tail not yet summarised is.
+pub(super) fn migrate_to_rows(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch("ALTER TABLE history_events RENAME TO history_events_6")?;
+    tx.execute_batch(SCHEMA_7_EVENTS)?;
+    {
+        let mut select = tx.prepare("SELECT seq, at, event FROM history_events_6 ORDER BY seq")?;
+        let mut rows = select.query([])?;
+        let mut group = RowBuilder::new();
+        while let Some(row) = rows.next()? {
+            let (seq, at): (i64, i64) = (row.get(0)?, row.get(1)?);
+            if group.n == ROW_MAX || !group.fits(seq) {
+                group.insert(tx)?;
+                group = RowBuilder::new();
+            }
+            group.push(seq, at, blob(row, 2)?);
+        }
+        group.insert(tx)?;
+    }
+    tx.execute_batch("DROP TABLE history_events_6")?;
     let mut ends = Ends::load(tx)?;
     build_chunks(tx, &mut ends)?;
     Ok(())
@@ -401,13 +447,8 @@ impl Summary {
 
     /// The summary of the events numbered within `[lo, hi]`, read back from their rows.
     fn read(conn: &Connection, (lo, hi): (i64, i64)) -> Result<Summary, StoreError> {
-        let mut statement = conn
-            .prepare_cached("SELECT at, event FROM history_events WHERE seq BETWEEN ?1 AND ?2")?;
-        let mut rows = statement.query([lo, hi])?;
         let mut summary = Summary::new();
-        while let Some(row) = rows.next()? {
-            summary.add(row.get(0)?, blob(row, 1)?)?;
-        }
+        each_event(conn, (lo, hi), |_, at, event| summary.add(at, event))?;
         Ok(summary)
     }
 
@@ -508,12 +549,9 @@ impl Ends {
             lo: self.tail_start,
             chunks: VecDeque::new(),
         };
-        let mut statement =
-            conn.prepare_cached("SELECT seq, at, event FROM history_events WHERE seq >= ?1")?;
-        let mut rows = statement.query([self.tail_start])?;
-        while let Some(row) = rows.next()? {
-            open.add(row.get(0)?, row.get(1)?, blob(row, 2)?)?;
-        }
+        each_event(conn, (self.tail_start, i64::MAX), |seq, at, event| {
+            open.add(seq, at, event).map(drop)
+        })?;
         self.open = Some(open);
         Ok(())
     }
@@ -545,28 +583,265 @@ fn tail_start(conn: &Connection) -> Result<Option<i64>, StoreError> {
         .map(|hi| hi + 1))
 }
 
-fn first_at_from(conn: &Connection, seq: i64) -> Result<Option<i64>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT at FROM history_events WHERE seq >= ?1 ORDER BY seq LIMIT 1")?
-        .query_row([seq], |r| r.get(0))
-        .optional()?)
+/// The time of the first event numbered `from` or more, if there is one: in the first row
+/// whose last event is numbered so.
+fn first_at_from(conn: &Connection, from: i64) -> Result<Option<i64>, StoreError> {
+    let mut statement = conn.prepare_cached(
+        "SELECT first, events FROM history_events WHERE seq >= ?1 ORDER BY seq LIMIT 1",
+    )?;
+    let mut rows = statement.query([from])?;
+    let Some(row) = rows.next()? else {
+        return Ok(None);
+    };
+    for entry in entries(row.get(0)?, blob(row, 1)?) {
+        let (seq, at, _) = entry?;
+        if seq >= from {
+            return Ok(Some(at));
+        }
+    }
+    Err(corrupt("history", "a row ends before its number"))
 }
 
-/// Events recorded in a transaction and not yet written: encoded one after the other, and
-/// each one's time and end in the encoding. Written (`Pending::write`) in groups of
-/// [`GROUP`] rows per statement before anything reads the log or the transaction commits.
-/// A row costs SQLite ~1,900 instructions, a statement ~1,000 more and a lookup in the
-/// statement cache; statements of 32, 16, 8, 4, 2 and 1 rows, as few as make the
-/// transaction's events, cost as much at 64 clients (the statements saved went into one
-/// lookup per size used; BENCHMARKS.md, 2026-11-30).
+// ---------------------------------------------------------------------------------------
+// Rows of events.
+
+/// Bytes before each event's encoding in a row: the gap from the number before (u32: 0 when
+/// numbered one past it; the first event's is `first`'s, its gap 0), the time (i64) and the
+/// encoding's length (u32).
+const ENTRY_HEAD: usize = 16;
+
+fn put_entry_head(out: &mut Vec<u8>, gap: u32, at: i64, len: usize) {
+    out.extend_from_slice(&gap.to_le_bytes());
+    out.extend_from_slice(&at.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+}
+
+/// The events of a row whose first is numbered `first`, in order: (number, time, encoding).
+struct Entries<'a> {
+    next: i64,
+    rest: &'a [u8],
+}
+
+fn entries(first: i64, events: &[u8]) -> Entries<'_> {
+    Entries {
+        next: first,
+        rest: events,
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Result<(i64, i64, &'a [u8]), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let mut r = Reader(self.rest);
+        let entry = (|| {
+            let head = r.take(ENTRY_HEAD)?;
+            let gap = u32::from_le_bytes(head[0..4].try_into().expect("4 bytes"));
+            let at = i64::from_le_bytes(head[4..12].try_into().expect("8 bytes"));
+            let len = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
+            let event = r.take(len as usize)?;
+            Ok((self.next + i64::from(gap), at, event))
+        })();
+        match entry {
+            Ok((seq, at, event)) => {
+                self.rest = r.0;
+                self.next = seq + 1;
+                Some(Ok((seq, at, event)))
+            }
+            Err(e) => {
+                self.rest = &[];
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Calls `f` with each event numbered within `[lo, hi]` (number, time, encoding), in order;
+/// returns how many there were.
+fn each_event(
+    conn: &Connection,
+    (lo, hi): (i64, i64),
+    mut f: impl FnMut(i64, i64, &[u8]) -> Result<(), StoreError>,
+) -> Result<usize, StoreError> {
+    let mut statement = conn
+        .prepare_cached("SELECT first, events FROM history_events WHERE seq >= ?1 ORDER BY seq")?;
+    let mut rows = statement.query([lo])?;
+    let mut count = 0;
+    while let Some(row) = rows.next()? {
+        let first: i64 = row.get(0)?;
+        if first > hi {
+            break;
+        }
+        for entry in entries(first, blob(row, 1)?) {
+            let (seq, at, event) = entry?;
+            if seq > hi {
+                break;
+            }
+            if seq >= lo {
+                count += 1;
+                f(seq, at, event)?;
+            }
+        }
+    }
+    Ok(count)
+}
+
+/// A row being made of events given one by one, in the order of their numbers.
+struct RowBuilder {
+    first: i64,
+    last: i64,
+    n: usize,
+    min_at: i64,
+    events: Vec<u8>,
+}
+
+impl RowBuilder {
+    fn new() -> RowBuilder {
+        RowBuilder {
+            first: 0,
+            last: 0,
+            n: 0,
+            min_at: i64::MAX,
+            events: Vec::new(),
+        }
+    }
+
+    /// Whether event `seq` may follow the last (its gap fits the entry's head).
+    fn fits(&self, seq: i64) -> bool {
+        self.n == 0 || u32::try_from(seq - self.last - 1).is_ok()
+    }
+
+    fn push(&mut self, seq: i64, at: i64, event: &[u8]) {
+        let gap = if self.n == 0 {
+            self.first = seq;
+            0
+        } else {
+            u32::try_from(seq - self.last - 1).expect("the gap fits (RowBuilder::fits)")
+        };
+        put_entry_head(&mut self.events, gap, at, event.len());
+        self.events.extend_from_slice(event);
+        self.last = seq;
+        self.n += 1;
+        self.min_at = self.min_at.min(at);
+    }
+
+    /// Inserts the row, if it holds an event.
+    fn insert(&self, conn: &Connection) -> Result<(), StoreError> {
+        if self.n > 0 {
+            insert_row(
+                conn,
+                (self.first, self.last),
+                self.n,
+                self.min_at,
+                &self.events,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn insert_row(
+    conn: &Connection,
+    (first, last): (i64, i64),
+    n: usize,
+    min_at: i64,
+    events: &[u8],
+) -> Result<(), StoreError> {
+    let mut statement = conn.prepare_cached(
+        "INSERT INTO history_events(seq,first,n,min_at,events)VALUES(?1,?2,?3,?4,?5)",
+    )?;
+    statement.raw_bind_parameter(1, last)?;
+    statement.raw_bind_parameter(2, first)?;
+    statement.raw_bind_parameter(3, n as i64)?;
+    statement.raw_bind_parameter(4, min_at)?;
+    statement.raw_bind_parameter(5, events)?;
+    statement.raw_execute()?;
+    Ok(())
+}
+
+/// Row `key` (first event `first`, `events`) without the events `drop` picks (given each
+/// one's number and time, in order): deleted, and written again with those it keeps, keyed
+/// by the last of them. Returns how many went.
+fn rewrite_row(
+    conn: &Connection,
+    key: i64,
+    (first, events): (i64, &[u8]),
+    mut drop: impl FnMut(i64, i64) -> bool,
+) -> Result<u64, StoreError> {
+    let mut kept = Vec::new();
+    let mut dropped = 0;
+    for entry in entries(first, events) {
+        let (seq, at, event) = entry?;
+        if drop(seq, at) {
+            dropped += 1;
+        } else {
+            kept.push((seq, at, event));
+        }
+    }
+    if dropped == 0 {
+        return Ok(0);
+    }
+    conn.prepare_cached("DELETE FROM history_events WHERE seq = ?1")?
+        .execute([key])?;
+    let mut row = RowBuilder::new();
+    for (seq, at, event) in kept {
+        if !row.fits(seq) {
+            row.insert(conn)?;
+            row = RowBuilder::new();
+        }
+        row.push(seq, at, event);
+    }
+    row.insert(conn)?;
+    Ok(dropped)
+}
+
+/// Deletes every event numbered below `kept_from`: the rows that end below it, and the
+/// events of the row across it. Returns how many went.
+fn delete_before(conn: &Connection, kept_from: i64) -> Result<u64, StoreError> {
+    let whole: i64 = conn
+        .prepare_cached("SELECT coalesce(sum(n), 0) FROM history_events WHERE seq < ?1")?
+        .query_row([kept_from], |r| r.get(0))?;
+    conn.prepare_cached("DELETE FROM history_events WHERE seq < ?1")?
+        .execute([kept_from])?;
+    let across: Option<(i64, i64, Vec<u8>)> = conn
+        .prepare_cached(
+            "SELECT seq, first, events FROM history_events WHERE seq >= ?1 ORDER BY seq LIMIT 1",
+        )?
+        .query_row([kept_from], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let mut dropped = u64::try_from(whole).unwrap_or(0);
+    if let Some((key, first, events)) = across
+        && first < kept_from
+    {
+        dropped += rewrite_row(conn, key, (first, &events), |seq, _| seq < kept_from)?;
+    }
+    Ok(dropped)
+}
+
+/// The oldest time of the events numbered within `range`, if there are some.
+fn min_at_within(conn: &Connection, range: (i64, i64)) -> Result<Option<i64>, StoreError> {
+    let mut min_at: Option<i64> = None;
+    each_event(conn, range, |_, at, _| {
+        min_at = Some(min_at.map_or(at, |m| m.min(at)));
+        Ok(())
+    })?;
+    Ok(min_at)
+}
+
+/// Events recorded in a transaction and not yet written: their entries in a row (gap 0,
+/// time, length, encoding) one after the other, and each one's time and where its entry
+/// starts and its encoding ends. Written (`Pending::write`) as one row (or one per
+/// [`ROW_MAX`] events) before anything reads the log or the transaction commits: SQLite's
+/// insert of a row costs ~1,900 instructions whatever it holds (BENCHMARKS.md, 2026-11-30),
+/// so a commit of many events pays it once.
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     bytes: Vec<u8>,
-    events: Vec<(i64, usize)>,
+    events: Vec<(i64, usize, usize)>,
 }
-
-/// Rows per statement of a group.
-const GROUP: usize = 16;
 
 impl Pending {
     pub(crate) fn push(&mut self, event: HistoryRecord<'_>) {
@@ -576,8 +851,14 @@ impl Pending {
             self.bytes.reserve(512);
             self.events.reserve(8);
         }
+        let start = self.bytes.len();
+        let at = millis(event.at);
+        put_entry_head(&mut self.bytes, 0, at, 0);
         encode(event, &mut self.bytes);
-        self.events.push((millis(event.at), self.bytes.len()));
+        let end = self.bytes.len();
+        let len = u32::try_from(end - start - ENTRY_HEAD).unwrap_or(u32::MAX);
+        self.bytes[start + 12..start + ENTRY_HEAD].copy_from_slice(&len.to_le_bytes());
+        self.events.push((at, start, end));
     }
 
     /// Appends the events, in the order recorded, to the log; tells `ends`.
@@ -589,51 +870,41 @@ impl Pending {
         if self.events.is_empty() {
             return Ok(());
         }
-        let mut start = 0;
-        for group in self.events.chunks(GROUP) {
-            // A whole group in one statement, the rest one by one.
-            let (sql, rows) = if group.len() == GROUP {
-                (insert_group(), GROUP)
-            } else {
-                (INSERT_EVENT, 1)
-            };
-            let mut statement = conn.prepare_cached(sql)?;
-            for rows in group.chunks(rows) {
-                for (i, &(at, end)) in rows.iter().enumerate() {
-                    statement.raw_bind_parameter(2 * i + 1, at)?;
-                    statement.raw_bind_parameter(2 * i + 2, &self.bytes[start..end])?;
-                    start = end;
-                }
-                statement.raw_execute()?;
-            }
+        // Numbered on from the last event, as SQLite numbers a row past the table's largest
+        // key (from 1 in an empty table).
+        let before = match &ends {
+            Some(ends) => ends.span.map_or(0, |(_, last)| last),
+            None => conn
+                .prepare_cached("SELECT coalesce(max(seq), 0) FROM history_events")?
+                .query_row([], |r| r.get(0))?,
+        };
+        let mut first = before + 1;
+        for row in self.events.chunks(ROW_MAX) {
+            let (start, end) = (row[0].1, row[row.len() - 1].2);
+            let min_at = row.iter().map(|&(at, _, _)| at).min().unwrap_or(0);
+            let last = first + row.len() as i64 - 1;
+            insert_row(
+                conn,
+                (first, last),
+                row.len(),
+                min_at,
+                &self.bytes[start..end],
+            )?;
+            first = last + 1;
         }
         if let Some(ends) = ends {
-            // One writer, and rows numbered in the order inserted: the numbers run up to
-            // the last one given.
-            let last = conn.last_insert_rowid();
-            let first = last - self.events.len() as i64 + 1;
-            let mut start = 0;
-            for (i, &(at, end)) in self.events.iter().enumerate() {
-                ends.appended(first + i as i64, at, &self.bytes[start..end])?;
-                start = end;
+            for (i, &(at, start, end)) in self.events.iter().enumerate() {
+                ends.appended(
+                    before + 1 + i as i64,
+                    at,
+                    &self.bytes[start + ENTRY_HEAD..end],
+                )?;
             }
         }
         self.events.clear();
         self.bytes.clear();
         Ok(())
     }
-}
-
-/// An insert of [`GROUP`] events, made once; short, as the statement cache hashes it at each
-/// use.
-fn insert_group() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "INSERT INTO history_events(at,event)VALUES{}",
-            vec!["(?,?)"; GROUP].join(",")
-        )
-    })
 }
 
 /// Drops events over the bounds, a batch at a time (one of each kind at most per call; see
@@ -654,9 +925,7 @@ pub(crate) fn prune(
         let over = (last - first + 1).saturating_sub(max);
         if over >= batch.min(max.max(1)) {
             let kept_from = first + over.min(batch);
-            dropped += conn
-                .prepare_cached("DELETE FROM history_events WHERE seq < ?1")?
-                .execute([kept_from])? as u64;
+            dropped += delete_before(conn, kept_from)?;
             after_delete(conn, ends, kept_from > ends.tail_start)?;
         }
     }
@@ -672,9 +941,7 @@ pub(crate) fn prune(
                 .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             dropped += delete_older(conn, (lo, hi), ahead, batch)?;
             // The chunk's oldest now, or the chunk gone with its last event.
-            let min_at: Option<i64> = conn
-                .prepare_cached("SELECT min(at) FROM history_events WHERE seq BETWEEN ?1 AND ?2")?
-                .query_row([lo, hi], |r| r.get(0))?;
+            let min_at = min_at_within(conn, (lo, hi))?;
             match min_at {
                 Some(min_at) => conn
                     .prepare_cached("UPDATE history_chunks SET min_at = ?1 WHERE lo = ?2")?
@@ -702,13 +969,45 @@ fn delete_older(
     ahead: i64,
     batch: i64,
 ) -> Result<u64, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "DELETE FROM history_events WHERE seq IN (
-                 SELECT seq FROM history_events WHERE seq BETWEEN ?1 AND ?2 AND at < ?3
-                 ORDER BY seq LIMIT ?4)",
-        )?
-        .execute([lo, hi, ahead, batch])? as u64)
+    let goes = |seq: i64, at: i64| seq >= lo && seq <= hi && at < ahead;
+    // The rows holding the first `batch` such events, read before any is rewritten.
+    let mut rows: Vec<(i64, i64, Vec<u8>)> = Vec::new();
+    {
+        let mut statement = conn.prepare_cached(
+            "SELECT seq, first, events FROM history_events WHERE seq >= ?1 AND min_at < ?2
+             ORDER BY seq",
+        )?;
+        let mut found = statement.query([lo, ahead])?;
+        let mut wanted = batch;
+        while wanted > 0
+            && let Some(row) = found.next()?
+        {
+            let (key, first): (i64, i64) = (row.get(0)?, row.get(1)?);
+            if first > hi {
+                break;
+            }
+            let events = blob(row, 2)?;
+            let mut holds = 0;
+            for entry in entries(first, events) {
+                let (seq, at, _) = entry?;
+                holds += i64::from(goes(seq, at));
+            }
+            if holds > 0 {
+                rows.push((key, first, events.to_vec()));
+                wanted -= holds.min(wanted);
+            }
+        }
+    }
+    let mut left = batch;
+    let mut dropped = 0;
+    for (key, first, events) in rows {
+        dropped += rewrite_row(conn, key, (first, &events), |seq, at| {
+            let drop = left > 0 && goes(seq, at);
+            left -= i64::from(drop);
+            drop
+        })?;
+    }
+    Ok(dropped)
 }
 
 /// After events were deleted: drops the chunks left without events at either end, and reads
@@ -732,7 +1031,10 @@ fn after_delete(conn: &Connection, ends: &mut Ends, tail_touched: bool) -> Resul
 /// The first and last events' numbers, if there are events (one read of the log's ends).
 fn seq_span(conn: &Connection) -> Result<Option<(i64, i64)>, StoreError> {
     let (first, last): (Option<i64>, Option<i64>) = conn
-        .prepare_cached("SELECT min(seq), max(seq) FROM history_events")?
+        .prepare_cached(
+            "SELECT (SELECT first FROM history_events ORDER BY seq LIMIT 1), max(seq)
+             FROM history_events",
+        )?
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(first.zip(last))
 }
@@ -845,19 +1147,13 @@ fn read_range(
     addr: Option<&[u8; 17]>,
     out: &mut Vec<Found>,
 ) -> Result<usize, StoreError> {
-    let mut statement = conn
-        .prepare_cached("SELECT seq, at, event FROM history_events WHERE seq BETWEEN ?1 AND ?2")?;
-    let mut rows = statement.query([lo, hi])?;
-    let mut read = 0;
-    while let Some(row) = rows.next()? {
-        read += 1;
-        let (seq, at): (i64, i64) = (row.get(0)?, row.get(1)?);
-        let event = decode(blob(row, 2)?)?;
+    each_event(conn, (lo, hi), |seq, at, event| {
+        let event = decode(event)?;
         if event.matches(at, query, addr) {
             out.push((Reverse((at, seq)), event.to_event(at)?));
         }
-    }
-    Ok(read)
+        Ok(())
+    })
 }
 
 /// The answer to `query`, newest first, and how many rows were read for it.
