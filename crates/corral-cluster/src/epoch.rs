@@ -187,22 +187,30 @@ impl KeptEpoch {
         }
     }
 
-    /// [`EpochMemory::observe_after`] at `now`, with the memory to write if that is due.
+    /// [`EpochMemory::observe_after`] at `now`: the regression it shows, if any, and the
+    /// memory to write if that is due.
     pub fn observe_after(
         &mut self,
         floor: i64,
         found: Epoch,
         now: Instant,
-    ) -> (Observed, Option<EpochMemory>) {
-        let observed = self.memory.observe_after(floor, found);
-        if observed != Observed::Same {
-            self.changed = true;
-        }
-        let due = matches!(observed, Observed::Regressed(_))
+    ) -> (Option<Regression>, Option<EpochMemory>) {
+        let regression = match self.memory.observe_after(floor, found) {
+            Observed::Same => None,
+            Observed::Advanced => {
+                self.changed = true;
+                None
+            }
+            Observed::Regressed(regression) => {
+                self.changed = true;
+                Some(regression)
+            }
+        };
+        let due = regression.is_some()
             || self
                 .written
                 .is_none_or(|t| now.saturating_duration_since(t) >= EPOCH_SAVE_EVERY);
-        (observed, self.hand_out(due, now))
+        (regression, self.hand_out(due, now))
     }
 
     /// The regression is settled ([`EpochMemory::settle`]): the memory is due at once.
@@ -304,8 +312,8 @@ mod tests {
         let mut kept = KeptEpoch::new(EpochMemory::default());
         assert_eq!(kept.due(start), None, "nothing changed");
         // The first advance is written, the next ones only once `EPOCH_SAVE_EVERY` passed.
-        let (observed, written) = kept.observe_after(0, at(7, 10), start);
-        assert_eq!(observed, Observed::Advanced);
+        let (regression, written) = kept.observe_after(0, at(7, 10), start);
+        assert_eq!(regression, None);
         assert_eq!(written.map(|m| m.floor()), Some(10));
         assert_eq!(kept.observe_after(0, at(7, 20), later(1)).1, None);
         assert_eq!(kept.due(later(2)), None, "written before");
@@ -317,9 +325,9 @@ mod tests {
             "no change"
         );
         // A regression is written at once.
-        let (observed, written) = kept.observe_after(30, at(7, 12), later(6));
-        assert!(matches!(observed, Observed::Regressed(_)));
-        assert!(written.is_some_and(|m| m.unsettled.is_some()));
+        let (regression, written) = kept.observe_after(30, at(7, 12), later(6));
+        assert_eq!(regression.map(|r| r.remembered), Some(at(7, 30)));
+        assert_eq!(written.and_then(|m| m.unsettled), regression);
         // So is its settlement, at the next look.
         kept.settle();
         assert!(kept.due(later(7)).is_some_and(|m| m.unsettled.is_none()));

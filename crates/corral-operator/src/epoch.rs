@@ -19,9 +19,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use corral_cluster::{
-    ClusterView, Epoch, EpochMemory, KeptEpoch, Observed, Regression, assertions_owed,
-};
+use corral_cluster::{ClusterView, Epoch, EpochMemory, KeptEpoch, Regression, assertions_owed};
 use corral_kv::{Kv, KvError, Revision};
 use tokio::time::Instant;
 
@@ -101,13 +99,13 @@ impl Shared {
     /// only advances; answers of concurrent requests arrive in any order, so one is never
     /// judged against another's).
     pub fn observe_epoch_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
-        let (observed, save, path) = {
+        let (regression, save, path) = {
             let mut state = self.epoch();
-            let (observed, save) =
+            let (regression, save) =
                 state
                     .kept
                     .observe_after(floor, found, std::time::Instant::now());
-            if let Observed::Regressed(_) = observed {
+            if regression.is_some() {
                 state.since = Some(Instant::now());
                 state.recover = false;
                 state.reasserted = None;
@@ -122,23 +120,20 @@ impl Shared {
                 });
                 state.regressions += 1;
             }
-            (observed, save, state.path.clone())
+            (regression, save, state.path.clone())
         };
         if let (Some(memory), Some(path)) = (save, path) {
             self.note_memory_written(&path, write_atomically(&path, &memory.to_json()));
         }
-        match observed {
-            Observed::Regressed(regression) => {
-                // An event: the pause itself stands among the problems while it lasts
-                // (`granting_paused`).
-                self.note_problem(format!(
-                    "{regression}: all granting stops until the live agents asserted what they \
-                     hold (or the settle time passed, or `corral cluster recover --yes`)"
-                ));
-                Some(regression)
-            }
-            _ => None,
+        if let Some(regression) = regression {
+            // An event: the pause itself stands among the problems while it lasts
+            // (`granting_paused`).
+            self.note_problem(format!(
+                "{regression}: all granting stops until the live agents asserted what they \
+                 hold (or the settle time passed, or `corral cluster recover --yes`)"
+            ));
         }
+        regression
     }
 
     /// Feeds a revision from an answer that carries no cluster ID, to a request sent when the

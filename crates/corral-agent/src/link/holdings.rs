@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use corral_cluster::{
     CloudId, Epoch, EpochMemory, HeldCloudAddress, HeldRange, HoldingsRecord, KeptEpoch, Keys,
-    NodeIdPlanConfig, NodeName, Observed, Regression, decode_value, encode_value,
+    NodeIdPlanConfig, NodeName, Regression, decode_value, encode_value,
 };
 use corral_core::PoolName;
 use corral_kv::{Event, Kv, KvError, Revision, Txn, TxnOp};
@@ -117,20 +117,17 @@ impl EpochGuard {
     /// Feeds the answer of a request sent when the highest revision seen was `floor` (0: it
     /// only advances; answers of concurrent requests arrive in any order).
     pub fn observe_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
-        let (observed, save) = self
+        let (regression, save) = self
             .lock()
             .observe_after(floor, found, std::time::Instant::now());
         if let Some(memory) = save {
             self.write(&memory);
         }
-        match observed {
-            Observed::Regressed(regression) => {
-                tracing::warn!(%regression, "asserting what this node holds again");
-                self.regressed.send_modify(|n| *n = n.wrapping_add(1));
-                Some(regression)
-            }
-            _ => None,
+        if let Some(regression) = regression {
+            tracing::warn!(%regression, "asserting what this node holds again");
+            self.regressed.send_modify(|n| *n = n.wrapping_add(1));
         }
+        regression
     }
 
     /// Feeds a revision of an answer sent when the highest revision seen was `floor` (no
