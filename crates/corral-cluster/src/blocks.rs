@@ -309,16 +309,7 @@ pub fn plan(input: &BlockInput<'_>) -> BlockPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::net;
-
-    fn w(pre: u64, min: u64, maw: u64, max: u64) -> Watermarks {
-        Watermarks {
-            pre_allocate: pre,
-            min_allocate: min,
-            max_above_watermark: maw,
-            max_allocate: max,
-        }
-    }
+    use crate::tests::{net, watermarks as w};
 
     /// The worked examples: (watermarks, available, used, needed, excess, after).
     /// "after" is what the node holds once the action ran: `needed + maw` more, or `excess`

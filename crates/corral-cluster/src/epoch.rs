@@ -10,6 +10,8 @@
 //! is free until the agents' own assertions (`holdings/`) were read back
 //! ([`assertions_owed`]).
 
+use std::time::{Duration, Instant};
+
 use serde::{Deserialize, Serialize};
 
 use crate::keys::NodeName;
@@ -22,6 +24,16 @@ pub struct Epoch {
     pub cluster_id: u64,
     /// A revision the store answered at.
     pub revision: i64,
+}
+
+impl Epoch {
+    /// A revision of an answer that did not say its cluster ID (0).
+    pub fn at_revision(revision: i64) -> Epoch {
+        Epoch {
+            cluster_id: 0,
+            revision,
+        }
+    }
 }
 
 /// The store answered from an earlier time, or is another cluster.
@@ -150,6 +162,85 @@ impl EpochMemory {
     }
 }
 
+/// The epoch file is written at most this often while the revision only advances.
+pub const EPOCH_SAVE_EVERY: Duration = Duration::from_secs(5);
+
+/// An [`EpochMemory`] as a daemon keeps it in its file: whether it changed since it was last
+/// handed out to be written, and when that was. A regression is written at once, an advance
+/// at most every [`EPOCH_SAVE_EVERY`]; the caller writes what the methods hand out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeptEpoch {
+    /// What is remembered now.
+    pub memory: EpochMemory,
+    /// When it was last handed out to be written (`None`: not yet, or due at once).
+    written: Option<Instant>,
+    /// It changed since.
+    changed: bool,
+}
+
+impl KeptEpoch {
+    /// `memory`, as read from the file.
+    pub fn new(memory: EpochMemory) -> KeptEpoch {
+        KeptEpoch {
+            memory,
+            ..KeptEpoch::default()
+        }
+    }
+
+    /// [`EpochMemory::observe_after`] at `now`: the regression it shows, if any, and the
+    /// memory to write if that is due.
+    pub fn observe_after(
+        &mut self,
+        floor: i64,
+        found: Epoch,
+        now: Instant,
+    ) -> (Option<Regression>, Option<EpochMemory>) {
+        let regression = match self.memory.observe_after(floor, found) {
+            Observed::Same => None,
+            Observed::Advanced => {
+                self.changed = true;
+                None
+            }
+            Observed::Regressed(regression) => {
+                self.changed = true;
+                Some(regression)
+            }
+        };
+        let due = regression.is_some()
+            || self
+                .written
+                .is_none_or(|t| now.saturating_duration_since(t) >= EPOCH_SAVE_EVERY);
+        (regression, self.hand_out(due, now))
+    }
+
+    /// The regression is settled ([`EpochMemory::settle`]): the memory is due at once.
+    pub fn settle(&mut self) {
+        self.memory.settle();
+        self.changed = true;
+        self.written = None;
+    }
+
+    /// The memory to write at `now` if it changed and is due at once (never handed out, or
+    /// settled since).
+    pub fn due(&mut self, now: Instant) -> Option<EpochMemory> {
+        self.hand_out(self.written.is_none(), now)
+    }
+
+    /// The memory to write at `now` if it changed since it was last handed out, whenever
+    /// that was.
+    pub fn flush(&mut self, now: Instant) -> Option<EpochMemory> {
+        self.hand_out(true, now)
+    }
+
+    fn hand_out(&mut self, due: bool, now: Instant) -> Option<EpochMemory> {
+        (self.changed && due).then(|| {
+            self.written = Some(now);
+            self.changed = false;
+            self.memory
+        })
+    }
+}
+
 /// The live registered nodes whose assertion of what they hold (`holdings/<node>`) was not
 /// written after revision `since` (0: that have none at all): the leader grants nothing while
 /// one is owed, until a settle time passed. A node without a liveness key cannot assert and
@@ -212,5 +303,39 @@ mod tests {
         let back = EpochMemory::from_json(&memory.to_json()).unwrap();
         assert_eq!(back, memory);
         assert!(EpochMemory::from_json(b"{").is_err());
+    }
+
+    #[test]
+    fn a_regression_or_a_settlement_is_written_at_once_an_advance_at_most_every_few_seconds() {
+        let start = Instant::now();
+        let later = |secs| start + Duration::from_secs(secs);
+        let mut kept = KeptEpoch::new(EpochMemory::default());
+        assert_eq!(kept.due(start), None, "nothing changed");
+        // The first advance is written, the next ones only once `EPOCH_SAVE_EVERY` passed.
+        let (regression, written) = kept.observe_after(0, at(7, 10), start);
+        assert_eq!(regression, None);
+        assert_eq!(written.map(|m| m.floor()), Some(10));
+        assert_eq!(kept.observe_after(0, at(7, 20), later(1)).1, None);
+        assert_eq!(kept.due(later(2)), None, "written before");
+        let written = kept.observe_after(0, at(7, 30), later(5)).1;
+        assert_eq!(written.map(|m| m.floor()), Some(30));
+        assert_eq!(
+            kept.observe_after(0, at(7, 30), later(20)).1,
+            None,
+            "no change"
+        );
+        // A regression is written at once.
+        let (regression, written) = kept.observe_after(30, at(7, 12), later(6));
+        assert_eq!(regression.map(|r| r.remembered), Some(at(7, 30)));
+        assert_eq!(written.and_then(|m| m.unsettled), regression);
+        // So is its settlement, at the next look.
+        kept.settle();
+        assert!(kept.due(later(7)).is_some_and(|m| m.unsettled.is_none()));
+        assert_eq!(kept.due(later(8)), None);
+        // A flush writes any change, however recent the last write.
+        assert_eq!(kept.flush(later(8)), None);
+        kept.observe_after(0, at(7, 40), later(8));
+        assert_eq!(kept.flush(later(8)).map(|m| m.floor()), Some(40));
+        assert_eq!(kept.flush(later(8)), None);
     }
 }

@@ -14,7 +14,8 @@ use crate::view::ClusterView;
 use crate::{Family, PoolName};
 
 /// The `[node_ids]` table of [`RECORDS_CONFIG`], in TOML: a macro, so `concat!` can put it
-/// into constants (the unit tests plan node IDs with it too).
+/// into constants (the unit tests plan node IDs with it too, and `testing::node_id_plan`
+/// parses it for other crates' tests).
 macro_rules! node_ids_toml {
     () => {
         r#"[node_ids]

@@ -208,6 +208,22 @@ pub fn family_segment(family: Family) -> &'static str {
     family.name()
 }
 
+/// `<pool>/<family>/<cidr>`: the segments that name one CIDR of a pool, in every key of a
+/// grant, a quarantine, an owned CIDR, a delegation, a release or a history event.
+struct CidrPath<'a>(&'a PoolName, Family, &'a IpNet);
+
+impl fmt::Display for CidrPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let CidrPath(pool, family, cidr) = self;
+        write!(
+            f,
+            "{pool}/{}/{}",
+            family_segment(*family),
+            cidr_segment(cidr)
+        )
+    }
+}
+
 fn parse_family_segment(segment: &str) -> Option<Family> {
     match segment {
         "ipv4" => Some(Family::V4),
@@ -566,11 +582,7 @@ impl Keys {
     }
     /// `grants/<pool>/<family>/<cidr>`.
     pub fn grant(&self, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
-        self.key(format_args!(
-            "grants/{pool}/{}/{}",
-            family_segment(family),
-            cidr_segment(cidr)
-        ))
+        self.key(format_args!("grants/{}", CidrPath(pool, family, cidr)))
     }
     /// `grants/`.
     pub fn grants_prefix(&self) -> String {
@@ -579,9 +591,8 @@ impl Keys {
     /// `owned/<node>/<pool>/<family>/<cidr>`.
     pub fn owned(&self, node: &NodeName, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
         self.key(format_args!(
-            "owned/{node}/{pool}/{}/{}",
-            family_segment(family),
-            cidr_segment(cidr)
+            "owned/{node}/{}",
+            CidrPath(pool, family, cidr)
         ))
     }
     /// `owned/<node>/waiting`: the leader's record of why it cannot serve the node (beside
@@ -599,11 +610,7 @@ impl Keys {
     }
     /// `quarantine/<pool>/<family>/<cidr>`.
     pub fn quarantine(&self, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
-        self.key(format_args!(
-            "quarantine/{pool}/{}/{}",
-            family_segment(family),
-            cidr_segment(cidr)
-        ))
+        self.key(format_args!("quarantine/{}", CidrPath(pool, family, cidr)))
     }
     /// `quarantine/`.
     pub fn quarantine_prefix(&self) -> String {
@@ -703,11 +710,10 @@ impl Keys {
     /// `history/at/<to>/<pool>/<family>/<cidr>`.
     pub fn history_at(&self, to_ms: u64, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
         format!(
-            "{}history/at/{}/{pool}/{}/{}",
+            "{}history/at/{}/{}",
             self.prefix,
             time_segment(to_ms),
-            family_segment(family),
-            cidr_segment(cidr)
+            CidrPath(pool, family, cidr)
         )
     }
 
@@ -734,10 +740,9 @@ impl Keys {
     /// `history/cidr/<pool>/<family>/<cidr>/`: every holder of one CIDR, oldest first.
     pub fn history_of_cidr_prefix(&self, pool: &PoolName, family: Family, cidr: &IpNet) -> String {
         format!(
-            "{}history/cidr/{pool}/{}/{}/",
+            "{}history/cidr/{}/",
             self.prefix,
-            family_segment(family),
-            cidr_segment(cidr)
+            CidrPath(pool, family, cidr)
         )
     }
 
@@ -751,11 +756,10 @@ impl Keys {
         cidr: &IpNet,
     ) -> String {
         format!(
-            "{}{}/{pool}/{}/{}",
+            "{}{}/{}",
             self.history_of_node_prefix(node),
             time_segment(to_ms),
-            family_segment(family),
-            cidr_segment(cidr)
+            CidrPath(pool, family, cidr)
         )
     }
 
@@ -823,10 +827,9 @@ impl Keys {
         cidr: &IpNet,
     ) -> String {
         format!(
-            "{}delegations/{node}/{pool}/{}/{}",
+            "{}delegations/{node}/{}",
             self.prefix,
-            family_segment(family),
-            cidr_segment(cidr)
+            CidrPath(pool, family, cidr)
         )
     }
 
@@ -854,10 +857,9 @@ impl Keys {
         cidr: &IpNet,
     ) -> String {
         format!(
-            "{}release/{node}/{pool}/{}/{}",
+            "{}release/{node}/{}",
             self.prefix,
-            family_segment(family),
-            cidr_segment(cidr)
+            CidrPath(pool, family, cidr)
         )
     }
 

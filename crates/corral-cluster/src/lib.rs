@@ -44,7 +44,7 @@ pub use config::{
     NodeIdPlanConfig, PoolConfig, PoolKind, PoolMode, PoolRule, ReleasePolicy, ResyncConfig,
     WarmTargets, WatermarkOverride, Watermarks,
 };
-pub use epoch::{Epoch, EpochMemory, Observed, Regression, assertions_owed};
+pub use epoch::{Epoch, EpochMemory, KeptEpoch, Observed, Regression, assertions_owed};
 pub use keys::{
     CloudAttachment, CloudId, CloudIntentRecord, CloudInterfaceRecord, CloudOp, ClusterName,
     DelegationRecord, DemandRecord, FamilyDemand, GrantEnd, GrantRecord, HeldCloudAddress,

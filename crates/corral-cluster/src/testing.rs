@@ -1,8 +1,24 @@
 //! What other crates' tests and benches write cluster configurations with (feature
 //! `testing`): [`PoolTable`], one `[[pools]]` table in the TOML `corral cluster init` reads,
-//! so a test names the pool, its mode and its ranges instead of writing the file's lines.
+//! so a test names the pool, its mode and its ranges instead of writing the file's lines; and
+//! [`node_id_plan`], the node-ID plan the tests derive nodes' addresses from.
 
 use std::fmt;
+
+use crate::config::NodeIdPlanConfig;
+
+/// The node-ID plan of [`crate::fuzz::RECORDS_CONFIG`]: pod subnet 10.1.0.0/16 and host
+/// interconnect 172.30.0.0/16 in /24s, node interconnect 192.168.16.0/24, VXLAN
+/// 192.168.30.0/24, services 10.96.0.0/12.
+pub fn node_id_plan() -> NodeIdPlanConfig {
+    #[derive(serde::Deserialize)]
+    struct File {
+        node_ids: NodeIdPlanConfig,
+    }
+    toml::from_str::<File>(crate::fuzz::node_ids_toml!())
+        .expect("the plan parses")
+        .node_ids
+}
 
 /// One `[[pools]]` table, in TOML: a node-CIDR pool ([`PoolTable::node_cidrs`]) or a block
 /// pool ([`PoolTable::blocks`]), its settings ([`PoolTable::set`]), its watermarks and one

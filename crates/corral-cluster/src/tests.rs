@@ -5,7 +5,7 @@ use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
 use crate::check::{Entry, check};
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, Watermarks};
 use crate::keys::{CloudAttachment, CloudId, CloudInterfaceRecord, encode_value};
 use crate::keys::{ClusterName, Keys, NodeName, NodeRecord, ReleaseRecord, ReleaseState};
 use crate::view::ClusterView;
@@ -102,6 +102,17 @@ pub fn id(text: &str) -> CloudId {
 
 pub fn net(text: &str) -> IpNet {
     text.parse().unwrap()
+}
+
+/// Watermarks in the order of the file's table: `pre_allocate`, `min_allocate`,
+/// `max_above_watermark`, `max_allocate`.
+pub fn watermarks(pre: u64, min: u64, maw: u64, max: u64) -> Watermarks {
+    Watermarks {
+        pre_allocate: pre,
+        min_allocate: min,
+        max_above_watermark: maw,
+        max_allocate: max,
+    }
 }
 
 /// An attached interface corral manages, at device index 1 in subnet-1 (10.0.0.0/16), holding

@@ -704,17 +704,21 @@ fn parse_agent_socket(text: &str) -> Result<PathBuf, CniError> {
     Ok(path)
 }
 
+/// The `args.cni` object of the configuration, when it has one (each level checked to be an
+/// object).
+fn args_cni<'a>(root: &Obj<'a>) -> Result<Option<Obj<'a>>, CniError> {
+    let args = root.get("args").map(|v| Obj::of("args", v)).transpose()?;
+    args.and_then(|args| args.get("cni"))
+        .map(|v| Obj::of("args.cni", v))
+        .transpose()
+}
+
 /// The pool a call names for itself: `runtimeConfig.pool`, else `args.cni.pool`.
 fn per_call_pool(
     root: &Obj<'_>,
     runtime_config: Option<&Obj<'_>>,
 ) -> Result<Option<PoolName>, CniError> {
-    let args = root.get("args").map(|v| Obj::of("args", v)).transpose()?;
-    let args_cni = args
-        .as_ref()
-        .and_then(|args| args.get("cni"))
-        .map(|v| Obj::of("args.cni", v))
-        .transpose()?;
+    let args_cni = args_cni(root)?;
     for source in [runtime_config, args_cni.as_ref()].into_iter().flatten() {
         if let Some(text) = source.non_empty_str("pool")? {
             let pool = PoolName::new(text)
@@ -755,12 +759,7 @@ fn parse_requested(
     cni_args: &CniArgs,
 ) -> Result<Vec<IpAddr>, CniError> {
     let mut requested = cni_args.ips.clone();
-    let args = root.get("args").map(|v| Obj::of("args", v)).transpose()?;
-    let args_cni = args
-        .as_ref()
-        .and_then(|args| args.get("cni"))
-        .map(|v| Obj::of("args.cni", v))
-        .transpose()?;
+    let args_cni = args_cni(root)?;
     for source in [args_cni.as_ref(), runtime_config].into_iter().flatten() {
         let path = source.path_of("ips");
         for (i, item) in source.array("ips")?.into_iter().flatten().enumerate() {

@@ -57,13 +57,7 @@ pub struct InterfaceId(Arc<str>);
 
 impl InterfaceId {
     pub fn new(id: &str) -> Result<InterfaceId, SpecError> {
-        let valid = !id.is_empty()
-            && id.len() <= MAX_INTERFACE_ID_LEN
-            && id.as_bytes()[0].is_ascii_alphanumeric()
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-        if valid {
+        if crate::spec::is_token(id, MAX_INTERFACE_ID_LEN, b"._:-") {
             Ok(InterfaceId(Arc::from(id)))
         } else {
             Err(SpecError::InvalidInterfaceId { id: id.to_owned() })
@@ -231,13 +225,7 @@ impl InterfaceSpec {
             reason,
         };
         for (i, subnet) in self.subnets.iter().enumerate() {
-            if subnet.network() != subnet.addr() {
-                return Err(SpecError::HostBitsSet {
-                    subnet: subnet.to_string(),
-                    network: subnet.trunc().to_string(),
-                }
-                .into());
-            }
+            crate::spec::no_host_bits(*subnet)?;
             self.one_per_family(&self.subnets, i, |s| s.addr(), "subnet")?;
         }
         for (i, gateway) in self.gateways.iter().enumerate() {
@@ -301,13 +289,7 @@ impl InterfaceSpec {
         if ![single, delegated_prefix_len(family)].contains(&address.prefix_len()) {
             return Err(InterfaceError::BadPrefixLength { address });
         }
-        if address.network() != address.addr() {
-            return Err(SpecError::HostBitsSet {
-                subnet: address.to_string(),
-                network: address.trunc().to_string(),
-            }
-            .into());
-        }
+        crate::spec::no_host_bits(address)?;
         let subnet = match self.subnet(family) {
             Some(subnet) if subnet.contains(&address) => subnet,
             subnet => {

@@ -27,13 +27,7 @@ impl PoolName {
     pub const DEFAULT: &'static str = "default";
 
     pub fn new(name: &str) -> Result<PoolName, SpecError> {
-        let valid = !name.is_empty()
-            && name.len() <= MAX_POOL_NAME_LEN
-            && name.as_bytes()[0].is_ascii_alphanumeric()
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        if valid {
+        if is_token(name, MAX_POOL_NAME_LEN, b"._-") {
             Ok(PoolName(Arc::from(name)))
         } else {
             Err(SpecError::InvalidPoolName {
@@ -73,8 +67,27 @@ pub struct AttachmentKey {
     ifname: String,
 }
 
-fn is_cni_name_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')
+/// Refuses a CIDR with host bits set (`10.0.0.1/24`), naming the network it would be.
+pub(crate) fn no_host_bits(cidr: IpNet) -> Result<(), SpecError> {
+    if cidr.network() == cidr.addr() {
+        return Ok(());
+    }
+    Err(SpecError::HostBitsSet {
+        subnet: cidr.to_string(),
+        network: cidr.trunc().to_string(),
+    })
+}
+
+/// Whether `text` is 1 to `max_len` bytes of ASCII letters, digits and the bytes of
+/// `punctuation`, starting with a letter or digit: a pool name, a CNI network name or container
+/// ID, an interface ID. None of these can name a path.
+pub(crate) fn is_token(text: &str, max_len: usize, punctuation: &[u8]) -> bool {
+    !text.is_empty()
+        && text.len() <= max_len
+        && text.as_bytes()[0].is_ascii_alphanumeric()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || punctuation.contains(&b))
 }
 
 impl AttachmentKey {
@@ -87,12 +100,7 @@ impl AttachmentKey {
         container_id: &str,
         ifname: &str,
     ) -> Result<AttachmentKey, SpecError> {
-        let name_ok = |s: &str, max: usize| {
-            !s.is_empty()
-                && s.len() <= max
-                && s.as_bytes()[0].is_ascii_alphanumeric()
-                && s.bytes().all(is_cni_name_byte)
-        };
+        let name_ok = |s: &str, max: usize| is_token(s, max, b"_.-");
         if !name_ok(network, MAX_NETWORK_LEN) {
             return Err(SpecError::InvalidNetworkName {
                 name: network.to_owned(),
@@ -196,14 +204,7 @@ impl RangeSpec {
         end: Option<IpAddr>,
         gateway: Option<IpAddr>,
     ) -> Result<RangeSpec, SpecError> {
-        if subnet.network() != subnet.addr() {
-            return Err(SpecError::HostBitsSet {
-                subnet: subnet.to_string(),
-                network: IpNet::new(subnet.network(), subnet.prefix_len())
-                    .map(|n| n.to_string())
-                    .unwrap_or_default(),
-            });
-        }
+        no_host_bits(subnet)?;
         let family = Family::of(subnet.addr());
         let (first, last) = usable_bounds(subnet);
         if first > last {
@@ -451,14 +452,7 @@ impl Exclusion {
     /// An exclusion of `network`; host bits are cleared only for a bare address, a CIDR with
     /// host bits set is refused so a typo does not exclude a different network than meant.
     pub fn new(network: IpNet, reason: &str) -> Result<Exclusion, SpecError> {
-        if network.network() != network.addr() {
-            return Err(SpecError::HostBitsSet {
-                subnet: network.to_string(),
-                network: IpNet::new(network.network(), network.prefix_len())
-                    .map(|n| n.to_string())
-                    .unwrap_or_default(),
-            });
-        }
+        no_host_bits(network)?;
         if !is_free_text(reason) {
             return Err(SpecError::InvalidExclusionReason {
                 reason: reason.to_owned(),
@@ -552,53 +546,56 @@ mod tests {
 
     #[test]
     fn bad_ranges_get_typed_errors() {
-        assert!(matches!(
-            range("10.0.0.1/24"),
-            Err(SpecError::HostBitsSet { .. })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/33"),
-            Err(SpecError::InvalidCidr { .. })
-        ));
-        assert!(matches!(
-            range("banana"),
-            Err(SpecError::InvalidAddress { .. })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/24,range=10.0.1.1-10.0.1.5"),
-            Err(SpecError::OutsideSubnet { .. })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/24,range=10.0.0.9-10.0.0.5"),
-            Err(SpecError::StartAfterEnd { .. })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/24,start=10.0.0.0"),
-            Err(SpecError::ReservedBound {
-                reserved: Reserved::Network,
-                ..
-            })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/24,end=10.0.0.255"),
-            Err(SpecError::ReservedBound {
-                reserved: Reserved::Broadcast,
-                ..
-            })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/24,gateway=fd00::1"),
-            Err(SpecError::FamilyMismatch { .. })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/24,foo=1"),
-            Err(SpecError::Syntax { .. })
-        ));
-        assert!(matches!(
-            range("10.0.0.0/24,range=10.0.0.1"),
-            Err(SpecError::Syntax { .. })
-        ));
-        assert!(matches!(range(""), Err(SpecError::InvalidAddress { .. })));
+        type Expected = fn(&SpecError) -> bool;
+        let cases: [(&str, Expected); 11] = [
+            ("10.0.0.1/24", |e| {
+                matches!(e, SpecError::HostBitsSet { .. })
+            }),
+            ("10.0.0.0/33", |e| {
+                matches!(e, SpecError::InvalidCidr { .. })
+            }),
+            ("banana", |e| matches!(e, SpecError::InvalidAddress { .. })),
+            ("10.0.0.0/24,range=10.0.1.1-10.0.1.5", |e| {
+                matches!(e, SpecError::OutsideSubnet { .. })
+            }),
+            ("10.0.0.0/24,range=10.0.0.9-10.0.0.5", |e| {
+                matches!(e, SpecError::StartAfterEnd { .. })
+            }),
+            ("10.0.0.0/24,start=10.0.0.0", |e| {
+                matches!(
+                    e,
+                    SpecError::ReservedBound {
+                        reserved: Reserved::Network,
+                        ..
+                    }
+                )
+            }),
+            ("10.0.0.0/24,end=10.0.0.255", |e| {
+                matches!(
+                    e,
+                    SpecError::ReservedBound {
+                        reserved: Reserved::Broadcast,
+                        ..
+                    }
+                )
+            }),
+            ("10.0.0.0/24,gateway=fd00::1", |e| {
+                matches!(e, SpecError::FamilyMismatch { .. })
+            }),
+            ("10.0.0.0/24,foo=1", |e| {
+                matches!(e, SpecError::Syntax { .. })
+            }),
+            ("10.0.0.0/24,range=10.0.0.1", |e| {
+                matches!(e, SpecError::Syntax { .. })
+            }),
+            ("", |e| matches!(e, SpecError::InvalidAddress { .. })),
+        ];
+        for (text, expected) in cases {
+            match range(text) {
+                Err(error) => assert!(expected(&error), "{text:?}: {error:?}"),
+                Ok(spec) => panic!("{text:?} parsed as {spec}"),
+            }
+        }
     }
 
     #[test]

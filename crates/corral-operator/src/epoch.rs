@@ -19,14 +19,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use corral_cluster::{ClusterView, Epoch, EpochMemory, Observed, Regression, assertions_owed};
+use corral_cluster::{ClusterView, Epoch, EpochMemory, KeptEpoch, Regression, assertions_owed};
 use corral_kv::{Kv, KvError, Revision};
 use tokio::time::Instant;
 
 use crate::state::Shared;
-
-/// The epoch file is written at most this often while the revision only advances.
-const SAVE_EVERY: Duration = Duration::from_secs(5);
 
 /// A regression seen this soon after the replica's term ended is taken to have ended it: the
 /// nodes of that term's view are who may hold space etcd forgot.
@@ -76,14 +73,14 @@ impl Shared {
         };
         let mut state = self.epoch();
         state.path = path;
-        state.memory = memory;
+        state.kept = KeptEpoch::new(memory);
         state.settle = settle;
         Ok(())
     }
 
     /// What the replica remembers of etcd's time.
     pub fn epoch_memory(&self) -> EpochMemory {
-        self.epoch().memory
+        self.epoch().kept.memory
     }
 
     /// Feeds an epoch etcd answered at now; answers the regression it shows (reported here).
@@ -95,20 +92,20 @@ impl Shared {
     /// The highest revision seen: taken before a request, passed with its answer to
     /// [`Shared::observe_epoch_after`].
     pub fn epoch_floor(&self) -> Revision {
-        self.epoch().memory.floor()
+        self.epoch().kept.memory.floor()
     }
 
     /// Feeds the answer of a request sent when the highest revision seen was `floor` (0: it
     /// only advances; answers of concurrent requests arrive in any order, so one is never
     /// judged against another's).
     pub fn observe_epoch_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
-        let (observed, save, path) = {
+        let (regression, save, path) = {
             let mut state = self.epoch();
-            let observed = state.memory.observe_after(floor, found);
-            if observed != Observed::Same {
-                state.dirty = true;
-            }
-            if let Observed::Regressed(_) = observed {
+            let (regression, save) =
+                state
+                    .kept
+                    .observe_after(floor, found, std::time::Instant::now());
+            if regression.is_some() {
                 state.since = Some(Instant::now());
                 state.recover = false;
                 state.reasserted = None;
@@ -123,42 +120,26 @@ impl Shared {
                 });
                 state.regressions += 1;
             }
-            let due = matches!(observed, Observed::Regressed(_))
-                || (state.dirty && state.saved.is_none_or(|t| t.elapsed() >= SAVE_EVERY));
-            let save = due.then(|| {
-                state.saved = Some(std::time::Instant::now());
-                state.dirty = false;
-                state.memory
-            });
-            (observed, save, state.path.clone())
+            (regression, save, state.path.clone())
         };
         if let (Some(memory), Some(path)) = (save, path) {
             self.note_memory_written(&path, write_atomically(&path, &memory.to_json()));
         }
-        match observed {
-            Observed::Regressed(regression) => {
-                // An event: the pause itself stands among the problems while it lasts
-                // (`granting_paused`).
-                self.note_problem(format!(
-                    "{regression}: all granting stops until the live agents asserted what they \
-                     hold (or the settle time passed, or `corral cluster recover --yes`)"
-                ));
-                Some(regression)
-            }
-            _ => None,
+        if let Some(regression) = regression {
+            // An event: the pause itself stands among the problems while it lasts
+            // (`granting_paused`).
+            self.note_problem(format!(
+                "{regression}: all granting stops until the live agents asserted what they \
+                 hold (or the settle time passed, or `corral cluster recover --yes`)"
+            ));
         }
+        regression
     }
 
     /// Feeds a revision from an answer that carries no cluster ID, to a request sent when the
     /// highest revision seen was `floor` (0 for a watch event: it only advances).
     pub fn observe_revision(&self, floor: Revision, revision: Revision) -> Option<Regression> {
-        self.observe_epoch_after(
-            floor,
-            Epoch {
-                cluster_id: 0,
-                revision,
-            },
-        )
+        self.observe_epoch_after(floor, Epoch::at_revision(revision))
     }
 
     /// Asks etcd for its header and feeds it.
@@ -193,6 +174,7 @@ impl Shared {
     pub fn reassert_due(&self) -> Option<Regression> {
         let state = self.epoch();
         state
+            .kept
             .memory
             .unsettled
             .filter(|_| state.reasserted.is_none() && !state.recover)
@@ -201,7 +183,7 @@ impl Shared {
     /// `reassert` was put at `revision`: holdings written before it do not count as asserted.
     pub fn reasserted(&self, revision: Revision) {
         let mut state = self.epoch();
-        if state.memory.unsettled.is_some() {
+        if state.kept.memory.unsettled.is_some() {
             state.reasserted = Some(revision);
         }
     }
@@ -259,13 +241,13 @@ impl Shared {
     pub fn request_recover(&self) -> Option<Regression> {
         let mut state = self.epoch();
         state.recover = true;
-        state.memory.unsettled
+        state.kept.memory.unsettled
     }
 
     /// Whether etcd went back in time and granting has not resumed since: nothing that gives
     /// space back or takes more (the cloud node manager's mutations) runs meanwhile.
     pub fn regression_unsettled(&self) -> bool {
-        self.epoch().memory.unsettled.is_some()
+        self.epoch().kept.memory.unsettled.is_some()
     }
 
     /// Why granting is paused now, if it is.
@@ -283,6 +265,7 @@ impl Shared {
         let state = self.epoch();
         state.paused.as_ref()?;
         let regression = state
+            .kept
             .memory
             .unsettled
             .map(|_| state.since.unwrap_or_else(Instant::now) + state.settle);
@@ -295,7 +278,7 @@ impl Shared {
         let now = Instant::now();
         let mut state = self.epoch();
         let mut resumed = None;
-        if let Some(regression) = state.memory.unsettled {
+        if let Some(regression) = state.kept.memory.unsettled {
             let since = *state.since.get_or_insert(now);
             // Assertions count from the `reassert` this term put (before it is written, from
             // the revision the regression was seen at).
@@ -333,13 +316,11 @@ impl Shared {
             };
             match why {
                 Some(why) => {
-                    state.memory.settle();
+                    state.kept.settle();
                     state.since = None;
                     state.known_before = None;
                     state.recover = false;
                     state.term_deadline = None;
-                    state.dirty = true;
-                    state.saved = None;
                     resumed = Some(format!(
                         "granting resumes after {}: {why}",
                         regression_short(&regression)
@@ -388,12 +369,8 @@ impl Shared {
             }
         }
         state.paused = None;
-        let save = (state.dirty && state.saved.is_none()).then_some(state.memory);
+        let save = state.kept.due(std::time::Instant::now());
         let path = state.path.clone();
-        if save.is_some() {
-            state.saved = Some(std::time::Instant::now());
-            state.dirty = false;
-        }
         drop(state);
         if let (Some(memory), Some(path)) = (save, path) {
             self.note_memory_written(&path, write_atomically(&path, &memory.to_json()));
@@ -419,7 +396,7 @@ impl Shared {
              corral_operator_etcd_revision_seen {}\n",
             state.regressions,
             u8::from(state.paused.is_some()),
-            state.memory.floor(),
+            state.kept.memory.floor(),
         )
     }
 }

@@ -750,9 +750,8 @@ impl Shared {
 #[derive(Debug)]
 pub struct EpochState {
     pub(crate) path: Option<std::path::PathBuf>,
-    pub(crate) memory: corral_cluster::EpochMemory,
-    pub(crate) saved: Option<std::time::Instant>,
-    pub(crate) dirty: bool,
+    /// What it remembers, and when that was last written.
+    pub(crate) kept: corral_cluster::KeptEpoch,
     /// How long to wait for the agents' assertions at most.
     pub(crate) settle: Duration,
     /// When this process first saw the unsettled regression (the settle time runs from it).
@@ -778,9 +777,7 @@ impl Default for EpochState {
     fn default() -> Self {
         EpochState {
             path: None,
-            memory: corral_cluster::EpochMemory::default(),
-            saved: None,
-            dirty: false,
+            kept: corral_cluster::KeptEpoch::default(),
             settle: DEFAULT_SETTLE,
             since: None,
             term_deadline: None,

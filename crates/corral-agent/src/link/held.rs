@@ -401,16 +401,7 @@ mod tests {
 
     #[test]
     fn a_node_id_is_taken_up_on_the_same_grounds_as_a_grant() {
-        let plan: NodeIdPlanConfig = serde_json::from_value(serde_json::json!({
-            "pod_subnet": "10.1.0.0/16",
-            "pod_subnet_node_prefix_len": 24,
-            "host_interconnect_subnet": "172.30.0.0/16",
-            "host_interconnect_node_prefix_len": 24,
-            "node_interconnect": "192.168.16.0/24",
-            "vxlan": "192.168.30.0/24",
-            "service": "10.96.0.0/12",
-        }))
-        .unwrap();
+        let plan = corral_cluster::testing::node_id_plan();
         let mut across = AcrossRounds {
             seen_before: 100,
             ..AcrossRounds::default()

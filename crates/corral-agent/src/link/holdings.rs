@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corral_cluster::{
-    CloudId, Epoch, EpochMemory, HeldCloudAddress, HeldRange, HoldingsRecord, Keys,
-    NodeIdPlanConfig, NodeName, Observed, Regression, decode_value, encode_value,
+    CloudId, Epoch, EpochMemory, HeldCloudAddress, HeldRange, HoldingsRecord, KeptEpoch, Keys,
+    NodeIdPlanConfig, NodeName, Regression, decode_value, encode_value,
 };
 use corral_core::PoolName;
 use corral_kv::{Event, Kv, KvError, Revision, Txn, TxnOp};
@@ -42,27 +42,16 @@ pub const LOOK_EVERY: Duration = Duration::from_secs(5);
 /// A change of allocation counts alone (no range, state or emptiness changed) is written at
 /// most this often: the counts inform, the ranges protect.
 pub const COUNTS_REFRESH: Duration = Duration::from_secs(30);
-/// The epoch file is written at most this often while the revision only advances (a
-/// regression is written at once).
-const SAVE_EVERY: Duration = Duration::from_secs(5);
-
 /// The highest etcd revision and the cluster ID the agent saw, kept durably.
 #[derive(Debug)]
 pub struct EpochGuard {
     path: Option<PathBuf>,
-    inner: Mutex<GuardState>,
+    inner: Mutex<KeptEpoch>,
     /// Bumped at each regression: the publisher asserts again at once.
     regressed: tokio::sync::watch::Sender<u64>,
     /// The regressions the link has taken into account (whoever saw them: the publisher
     /// often sees one first).
     link_seen: std::sync::atomic::AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct GuardState {
-    memory: EpochMemory,
-    saved: Option<std::time::Instant>,
-    dirty: bool,
 }
 
 impl EpochGuard {
@@ -89,10 +78,7 @@ impl EpochGuard {
         };
         EpochGuard {
             path,
-            inner: Mutex::new(GuardState {
-                memory,
-                ..GuardState::default()
-            }),
+            inner: Mutex::new(KeptEpoch::new(memory)),
             regressed: tokio::sync::watch::Sender::new(0),
             link_seen: std::sync::atomic::AtomicU64::new(0),
         }
@@ -111,7 +97,7 @@ impl EpochGuard {
         self.lock().memory
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, GuardState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptEpoch> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -131,44 +117,23 @@ impl EpochGuard {
     /// Feeds the answer of a request sent when the highest revision seen was `floor` (0: it
     /// only advances; answers of concurrent requests arrive in any order).
     pub fn observe_after(&self, floor: Revision, found: Epoch) -> Option<Regression> {
-        let (observed, save) = {
-            let mut state = self.lock();
-            let observed = state.memory.observe_after(floor, found);
-            if observed != Observed::Same {
-                state.dirty = true;
-            }
-            let due = matches!(observed, Observed::Regressed(_))
-                || (state.dirty && state.saved.is_none_or(|t| t.elapsed() >= SAVE_EVERY));
-            let save = due.then(|| {
-                state.saved = Some(std::time::Instant::now());
-                state.dirty = false;
-                state.memory
-            });
-            (observed, save)
-        };
+        let (regression, save) = self
+            .lock()
+            .observe_after(floor, found, std::time::Instant::now());
         if let Some(memory) = save {
             self.write(&memory);
         }
-        match observed {
-            Observed::Regressed(regression) => {
-                tracing::warn!(%regression, "asserting what this node holds again");
-                self.regressed.send_modify(|n| *n = n.wrapping_add(1));
-                Some(regression)
-            }
-            _ => None,
+        if let Some(regression) = regression {
+            tracing::warn!(%regression, "asserting what this node holds again");
+            self.regressed.send_modify(|n| *n = n.wrapping_add(1));
         }
+        regression
     }
 
     /// Feeds a revision of an answer sent when the highest revision seen was `floor` (no
     /// cluster ID; 0 only advances).
     pub fn observe_revision(&self, floor: Revision, revision: Revision) -> Option<Regression> {
-        self.observe_after(
-            floor,
-            Epoch {
-                cluster_id: 0,
-                revision,
-            },
-        )
+        self.observe_after(floor, Epoch::at_revision(revision))
     }
 
     /// Asks etcd for its header and feeds it; `Ok(Some)` on a regression.
@@ -185,18 +150,11 @@ impl EpochGuard {
     }
 
     /// Writes what is remembered now if it changed since the last write (not waiting for
-    /// `SAVE_EVERY`): once what the node holds changed, the revision it had reached must
+    /// `EPOCH_SAVE_EVERY`): once what the node holds changed, the revision it had reached must
     /// survive a crash, or a grant it gave up and etcd hands back after a restore would look
     /// newer than anything it had seen (`cluster.rs` `screen`).
     pub fn flush(&self) {
-        let save = {
-            let mut state = self.lock();
-            state.dirty.then(|| {
-                state.saved = Some(std::time::Instant::now());
-                state.dirty = false;
-                state.memory
-            })
-        };
+        let save = self.lock().flush(std::time::Instant::now());
         if let Some(memory) = save {
             self.write(&memory);
         }
@@ -702,16 +660,7 @@ mod tests {
 
     #[test]
     fn the_assertion_lists_cluster_ranges_and_the_plans_pod_range_as_its_node_id() {
-        let plan: NodeIdPlanConfig = serde_json::from_value(serde_json::json!({
-            "pod_subnet": "10.1.0.0/16",
-            "pod_subnet_node_prefix_len": 24,
-            "host_interconnect_subnet": "172.30.0.0/16",
-            "host_interconnect_node_prefix_len": 24,
-            "node_interconnect": "192.168.16.0/24",
-            "vxlan": "192.168.30.0/24",
-            "service": "10.96.0.0/12",
-        }))
-        .unwrap();
+        let plan = corral_cluster::testing::node_id_plan();
         let id = 3;
         let pod = corral_cluster::pod_subnet_of(&plan, id).unwrap();
         let report = BlockReport {

@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 
 use super::*;
 use crate::config::WarmTargets;
+use crate::tests::{net, watermarks as w};
 
 pub(super) const DELAY: u64 = 180_000;
 
@@ -34,19 +35,6 @@ fn t2_micro() -> InstanceLimits {
         ipv6_per_interface: 2,
         prefix_delegation: false,
     }
-}
-
-fn w(pre: u64, min: u64, maw: u64, max: u64) -> Watermarks {
-    Watermarks {
-        pre_allocate: pre,
-        min_allocate: min,
-        max_above_watermark: maw,
-        max_allocate: max,
-    }
-}
-
-fn net(s: &str) -> IpNet {
-    s.parse().unwrap()
 }
 
 fn id(s: &str) -> CloudId {
