@@ -198,9 +198,47 @@ pub fn parse_cidr_segment(segment: &str) -> Option<IpNet> {
     let cidr = IpNet::new(addr, len).ok()?;
     let canonical = match addr {
         std::net::IpAddr::V4(_) => true,
-        std::net::IpAddr::V6(v6) => v6.to_string() == text,
+        std::net::IpAddr::V6(v6) => {
+            // Written back on the stack (a rebuild parses hundreds of thousands of these).
+            let mut written = StackText::default();
+            fmt::Write::write_fmt(&mut written, format_args!("{v6}")).is_ok()
+                && written.as_bytes() == text.as_bytes()
+        }
     };
     (canonical && cidr.trunc() == cidr).then_some(cidr)
+}
+
+/// Text of at most 45 bytes (an IPv6 address's longest form) written without allocating.
+struct StackText {
+    bytes: [u8; 45],
+    len: usize,
+}
+
+impl Default for StackText {
+    fn default() -> Self {
+        StackText {
+            bytes: [0; 45],
+            len: 0,
+        }
+    }
+}
+
+impl StackText {
+    fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl fmt::Write for StackText {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let end = self.len + s.len();
+        self.bytes
+            .get_mut(self.len..end)
+            .ok_or(fmt::Error)?
+            .copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 /// A family as written in a key.

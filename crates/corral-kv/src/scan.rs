@@ -210,7 +210,9 @@ impl Shape {
                 self.seen.resize(key.len(), Seen::default());
             }
             let parted = common_prefix(&self.last, key);
-            for (at, (seen, &byte)) in self.seen.iter_mut().zip(key).enumerate() {
+            // The bytes shared with the last key were seen with it: nothing to learn there.
+            let from = parted.min(self.last.len());
+            for (at, (seen, &byte)) in self.seen.iter_mut().zip(key).enumerate().skip(from) {
                 if seen.high < seen.low {
                     (seen.low, seen.high) = (byte, byte);
                 } else {
@@ -652,7 +654,9 @@ mod tests {
     fn pages_of_large_values_are_cut_to_the_byte_budget() {
         let kv = MemKv::new();
         let value = vec![b'x'; 256 << 10];
-        let keys: Vec<Vec<u8>> = (0..120).map(|i| format!("/p/{i:04}").into_bytes()).collect();
+        let keys: Vec<Vec<u8>> = (0..120)
+            .map(|i| format!("/p/{i:04}").into_bytes())
+            .collect();
         block_on(async {
             for chunk in keys.chunks(10) {
                 let success = chunk

@@ -42,7 +42,8 @@ async fn first_rebuild(nodes: usize) -> (ScanStats, u64) {
         }
         apply(&kv, ops).await;
     }
-    let replica = Replica::start_paged::<_, corral_cloud::FakeEc2>(&kv, "op-a", PAGE as usize, None);
+    let replica =
+        Replica::start_paged::<_, corral_cloud::FakeEc2>(&kv, "op-a", PAGE as usize, None);
     wait_leading(&replica, std::time::Duration::from_secs(5)).await;
     let (cost, _) = replica.shared.last_rebuild().expect("a rebuild");
     drop(replica);
