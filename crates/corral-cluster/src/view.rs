@@ -796,11 +796,11 @@ impl ClusterView {
     /// the key could not occupy.
     fn occupy_cidr(&mut self, occupant: &CidrOccupant, id: &CidrKey, revision: i64) -> bool {
         let (pool, family, cidr) = id;
-        let key = (occupant.key)(&self.keys, pool, *family, cidr);
-        if !self.spaces.contains_key(&(pool.clone(), *family)) {
+        let space_key = (pool.clone(), *family);
+        if !self.spaces.contains_key(&space_key) {
             self.block_everywhere(*family, cidr);
         }
-        let result = match self.spaces.get_mut(&(pool.clone(), *family)) {
+        let result = match self.spaces.get_mut(&space_key) {
             None => Err(format!(
                 "{} in pool {pool} {}, which is not configured{}",
                 occupant.kind,
@@ -813,12 +813,16 @@ impl ClusterView {
                 e.to_string()
             }),
         };
-        self.report(&key, revision, result)
+        // The key is written only for a problem (a rebuild occupies every grant).
+        self.report(
+            |keys| (occupant.key)(keys, pool, *family, cidr),
+            revision,
+            result,
+        )
     }
 
     /// Occupies node ID `id` as `occupant` says, and reports what the key could not occupy.
     fn occupy_id(&mut self, occupant: &IdOccupant, id: u32, revision: i64) -> bool {
-        let key = (occupant.key)(&self.keys, id);
         let result = match self.id_space.as_mut() {
             None => Err(format!(
                 "node ID {} but no node_ids plan is configured",
@@ -826,14 +830,20 @@ impl ClusterView {
             )),
             Some(space) => (occupant.occupy)(space, id).map_err(|e| e.to_string()),
         };
-        self.report(&key, revision, result)
+        self.report(|keys| (occupant.key)(keys, id), revision, result)
     }
 
-    fn report(&mut self, key: &str, revision: i64, result: Result<(), String>) -> bool {
+    fn report(
+        &mut self,
+        key: impl FnOnce(&Keys) -> String,
+        revision: i64,
+        result: Result<(), String>,
+    ) -> bool {
         match result {
             Ok(()) => true,
             Err(message) => {
-                self.problem(key, revision, message);
+                let key = key(&self.keys);
+                self.problem(&key, revision, message);
                 false
             }
         }
@@ -920,7 +930,12 @@ impl ClusterView {
                         .or_default()
                         .insert(id.clone());
                 }
-                let holder = record.as_ref().map(|r| r.node.clone());
+                // Only a holder with an assertion is refreshed (in a rebuild, none yet: the
+                // holdings are read after the grants).
+                let holder = record
+                    .as_ref()
+                    .filter(|r| self.holdings.contains_key(&r.node))
+                    .map(|r| r.node.clone());
                 self.grants.insert(
                     id,
                     GrantEntry {
