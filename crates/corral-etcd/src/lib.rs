@@ -1016,19 +1016,18 @@ impl Kv for EtcdKv {
         // (MVCC): it is served by the member itself, without a round of the leader's read
         // index per page. A member that has not applied the revision yet says so (a future
         // revision), and the read goes the linearizable way, which waits until it has.
-        let answer = match at {
-            Some(_) => {
-                match self
-                    .call("range", true, request(options.clone().with_serializable()))
-                    .await
-                {
-                    Err(error) if is_future_revision(&error) => {
-                        self.call("range", true, request(options)).await
-                    }
-                    answer => answer,
+        let answer = if at.is_some() {
+            match self
+                .call("range", true, request(options.clone().with_serializable()))
+                .await
+            {
+                Err(error) if is_future_revision(&error) => {
+                    self.call("range", true, request(options)).await
                 }
+                answer => answer,
             }
-            _ => self.call("range", true, request(options)).await,
+        } else {
+            self.call("range", true, request(options)).await
         };
         match answer {
             Ok(mut response) => {
@@ -1037,7 +1036,7 @@ impl Kv for EtcdKv {
                     kvs: response.take_kvs().into_iter().map(key_value).collect(),
                     more: response.more(),
                     count: u64::try_from(response.count()).unwrap_or(0),
-                    revision: revision.filter(|revision| *revision > 0).unwrap_or(current),
+                    revision: at.unwrap_or(current),
                 })
             }
             Err(error) => Err(self.error(error, None).await),

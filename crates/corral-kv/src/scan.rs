@@ -478,6 +478,11 @@ mod tests {
     }
 
     fn store(keys: &[Vec<u8>]) -> MemKv {
+        store_valued(keys, b"v")
+    }
+
+    /// `keys` written 100 to a transaction, each holding `value`.
+    fn store_valued(keys: &[Vec<u8>], value: &[u8]) -> MemKv {
         let kv = MemKv::new();
         block_on(async {
             for chunk in keys.chunks(100) {
@@ -486,7 +491,7 @@ mod tests {
                         .iter()
                         .map(|key| TxnOp::Put {
                             key: key.clone(),
-                            value: b"v".to_vec(),
+                            value: value.to_vec(),
                             lease: None,
                         })
                         .collect(),
@@ -652,25 +657,10 @@ mod tests {
     /// `PAGE_BYTES` (one answer of a store is one message), and every key is read once.
     #[test]
     fn pages_of_large_values_are_cut_to_the_byte_budget() {
-        let kv = MemKv::new();
-        let value = vec![b'x'; 256 << 10];
         let keys: Vec<Vec<u8>> = (0..120)
             .map(|i| format!("/p/{i:04}").into_bytes())
             .collect();
-        block_on(async {
-            for chunk in keys.chunks(10) {
-                let success = chunk
-                    .iter()
-                    .map(|key| TxnOp::put(key.clone(), value.clone()))
-                    .collect();
-                kv.txn(Txn {
-                    success,
-                    ..Txn::default()
-                })
-                .await
-                .unwrap();
-            }
-        });
+        let kv = store_valued(&keys, &vec![b'x'; 256 << 10]);
         let mut scan = Scan::new(b"/p/", 100);
         let mut read = Vec::new();
         let mut first = true;
