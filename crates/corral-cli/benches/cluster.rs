@@ -17,6 +17,8 @@
 //!
 //! The size is `BENCH_NODES` (default 10,000; `make bench-cluster NODES=100000`); the pool's
 //! IPv4 side gives /26s of 10.0.0.0/8 (262,144 of them), enough for any size asked.
+//! `BENCH_WORKERS` sets the in-process leader's grant transactions in flight (the
+//! operator's default, 64, otherwise).
 //!
 //! Figures go to BENCHMARKS.md by hand, with the command.
 
@@ -38,6 +40,14 @@ fn nodes() -> usize {
         .ok()
         .and_then(|n| n.replace('_', "").parse().ok())
         .unwrap_or(10_000)
+}
+/// Grant transactions in flight in the in-process leader (`BENCH_WORKERS`; the operator's
+/// default otherwise).
+fn workers() -> usize {
+    std::env::var("BENCH_WORKERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(corral_operator::OperatorConfig::DEFAULT_WORKERS)
 }
 const CONFIG: &str = include_str!("../tests/configs/bench_cluster.toml");
 
@@ -92,7 +102,7 @@ async fn bench(etcd: &EtcdCluster) {
     register(&kv, &keys, 0..nodes).await;
 
     // The operator, in this process, on a client whose requests are counted.
-    let operator = InProcess::start(&endpoints, "bench", 32).await;
+    let operator = InProcess::start(&endpoints, "bench", workers()).await;
     let (counted, shared) = (&operator.counted, &operator.shared);
     let assert = std::env::var("BENCH_ASSERTIONS").as_deref() != Ok("0");
     let assertions = assert.then(|| tokio::spawn(assert_holdings(kv.clone(), keys.clone(), nodes)));

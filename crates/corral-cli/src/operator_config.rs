@@ -32,7 +32,7 @@ pub struct OperatorArgs {
     /// leader dies (at most etcd's longest lease, 9000000000) [default: 10]
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
     pub lease_ttl: Option<u64>,
-    /// Grant transactions in flight at once [default: 16]
+    /// Grant transactions in flight at once [default: 64]
     #[arg(long)]
     pub workers: Option<usize>,
     /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660

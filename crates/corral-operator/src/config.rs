@@ -5,7 +5,7 @@
 //! ```toml
 //! replica = "op-a"                      # optional; the host name and process id otherwise
 //! lease_ttl_secs = 10                   # the election lease (--lease-ttl)
-//! workers = 16                          # grant transactions in flight at once
+//! workers = 64                          # grant transactions in flight at once
 //! api_socket = "/run/corral/operator.sock"  # the API (mode 0660)
 //! api_tcp = "127.0.0.1:9877"            # optional; loopback only, needs token_file
 //! token_file = "/etc/corral/operator-token" # its bearer token (others may not read it)
@@ -356,7 +356,7 @@ mod tests {
         let settings = OperatorFile::default().settings();
         assert_eq!(settings.cluster_name(), "default");
         assert_eq!(settings.lease_ttl, Duration::from_secs(10));
-        assert_eq!(settings.workers, 16);
+        assert_eq!(settings.workers, 64);
         assert_eq!(settings.settle, Duration::from_secs(40));
         assert_eq!(
             settings.api_socket,

@@ -387,7 +387,13 @@ async fn serve<K: Kv>(
         dirty: true,
         timers_first: false,
         sync_state: RetryState::default(),
-        resync_at: Instant::now() + timing.resync,
+        resync_at: Instant::now()
+            + RetryState::default().read_all(
+                &timing,
+                shared
+                    .last_rebuild()
+                    .map_or(Duration::ZERO, |(_, took)| took),
+            ),
         applied_tried: None,
         regressions: shared.regressions(),
         epoch_tick,
@@ -600,8 +606,10 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             Wake::Resync => {
                 let timing = with_view(shared, |view, _| Resync::from(&view.config().resync))?;
                 drain(runner, &mut self.work, shared).await;
+                let started = Instant::now();
                 match rebuild(kv, keys, shared, self.page).await {
                     Ok((fresh, at)) => {
+                        let took = started.elapsed();
                         shared.resolve("etcd", "resync");
                         match shared.probe_epoch(kv).await {
                             Ok(_) => shared.resolve("etcd", "resync: etcd's header"),
@@ -622,7 +630,7 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
                         self.applied_tried = None;
                         self.watch = kv.watch(keys.prefix().as_bytes(), at + 1).await?;
                         shared.note_resync(true);
-                        self.resync_at = Instant::now() + self.sync_state.success(&timing);
+                        self.resync_at = Instant::now() + self.sync_state.read_all(&timing, took);
                     }
                     Err(LeadError::Kv(error)) if error.is_retryable() => {
                         shared.raise("etcd", "resync", format!("resync: {error}"));
@@ -933,9 +941,10 @@ fn start_work<K: Kv>(
 }
 
 /// Nodes granted in one transaction at most. A transaction's compares and puts are bounded
-/// by etcd (128 each by default); batching cuts the transactions a burst of registrations
-/// costs (each a raft entry and a WAL fsync shared with whatever else is in flight).
-const BATCH_NODES: usize = 16;
+/// by etcd (128 each by default), which cuts a batch first (21 dual-stack nodes, 31
+/// single-stack); batching cuts the transactions a burst of registrations costs (each a raft
+/// entry and a WAL fsync shared with whatever else is in flight).
+const BATCH_NODES: usize = 32;
 
 /// The next proposals to commit together: nodes of `pending` that may be tried now, up to
 /// `BATCH_NODES` and the transaction limits. A node whose last batch was refused goes alone
@@ -982,7 +991,7 @@ fn next_batch(
                 continue;
             }
         };
-        let (node_compares, node_puts) = node_txn_size(&proposal);
+        let (node_compares, node_puts) = proposal.txn_size();
         if !batch.is_empty()
             && (compares + node_compares > corral_kv::MAX_TXN_OPS
                 || puts + node_puts > corral_kv::MAX_TXN_OPS)
@@ -1000,13 +1009,6 @@ fn next_batch(
         }
     }
     (!batch.is_empty()).then_some(batch)
-}
-
-/// The compares and puts one node's part of a grant transaction takes.
-fn node_txn_size(proposal: &Proposal) -> (usize, usize) {
-    let cidrs = proposal.cidrs.len();
-    let ids = usize::from(proposal.node_id.is_some());
-    (1 + 3 * cidrs + 3 * ids, 2 * cidrs + 2 * ids)
 }
 
 /// Applies a finished transaction to the view; true if its outcome is unknown.
@@ -1196,7 +1198,8 @@ fn finish_step(
 
 /// The grants of a batch as one transaction: for each node every key it creates compared
 /// absent (its `grants/` and `quarantine/` keys, and its `owned/<node>/<pool>/<family>/`
-/// prefix empty, which covers the `owned/` key and any second CIDR of a pool and family),
+/// prefix empty, which covers the `owned/` key and any second CIDR of a pool and family; one
+/// `owned/<node>/<pool>/` for a pool the node held nothing of),
 /// its registration unchanged (a node removed and registered again gets nothing meant for
 /// the old one); for the batch, the configuration unchanged. So a stale view never grants
 /// twice, and a batch is all or nothing.
