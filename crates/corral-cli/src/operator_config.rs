@@ -33,7 +33,7 @@ pub struct OperatorArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=corral_cluster::MAX_LEASE_TTL_SECS))]
     pub lease_ttl: Option<u64>,
     /// Grant transactions in flight at once [default: 64]
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub workers: Option<usize>,
     /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660
     /// [default: /run/corral/operator.sock]

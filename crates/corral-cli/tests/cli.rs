@@ -746,6 +746,17 @@ fn a_lease_ttl_etcd_cannot_grant_is_a_usage_error() {
 }
 
 #[test]
+fn no_workers_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("unused.sock");
+    let args = ["operator", "--etcd", "http://127.0.0.1:1", "--workers", "0"];
+    let run = run_corral(&socket, &args, None);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("--workers"), "{run:?}");
+    assert!(run.stderr.contains("1.."), "{run:?}");
+}
+
+#[test]
 fn help_documents_the_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let run = run_corral(&dir.path().join("unused.sock"), &["--help"], None);
