@@ -71,6 +71,9 @@ pub(super) struct Work {
     pub(super) drain_wait: HashMap<NodeName, Revision>,
     /// `corral cluster recover --yes` was written: stop waiting for the agents' assertions.
     pub(super) recover: bool,
+    /// Grant batches whose answer was lost (the store failed mid-call), abandoned in the
+    /// view: one read each tells whether etcd applied them (`leader::resolve_lost`).
+    pub(super) lost: Vec<Vec<Proposal>>,
 }
 
 impl Work {

@@ -491,6 +491,9 @@ pub struct Faults {
     /// Grant and removal transactions that succeed are applied, but the caller hears `Unavailable` (the answer
     /// lost on the way back), for this many of them.
     pub lose_answers: usize,
+    /// Grant and removal transactions are not applied, and the caller hears `Unavailable`
+    /// (the request lost on the way), for this many of them.
+    pub lose_requests: usize,
     /// Before the next watch of the whole cluster prefix: run these writes (registrations, as
     /// an agent would make them meanwhile), then compact the store past the watch's start.
     pub compact_before_prefix_watch: Option<Vec<String>>,
@@ -576,6 +579,13 @@ impl Kv for FaultyKv {
             }
             TxnOp::Get { .. } => false,
         });
+        if operator {
+            let mut faults = self.faults.lock().unwrap();
+            if faults.lose_requests > 0 {
+                faults.lose_requests -= 1;
+                return Err(KvError::Unavailable("the request was lost (test)".into()));
+            }
+        }
         let response = self.inner.txn(txn).await?;
         let mut faults = self.faults.lock().unwrap();
         if response.succeeded && operator && faults.lose_answers > 0 {
