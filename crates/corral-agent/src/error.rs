@@ -47,6 +47,14 @@ impl OpError {
         self
     }
 
+    /// No scope of that name (echoed safely).
+    pub fn unknown_scope(scope: &str) -> OpError {
+        OpError::new(
+            ErrorCode::NotFound,
+            format!("unknown scope {}", corral_core::Echo(scope)),
+        )
+    }
+
     pub fn bad_request(message: impl Into<String>) -> OpError {
         OpError::new(ErrorCode::BadRequest, message)
     }

@@ -121,6 +121,19 @@ async fn grant(kv: &MemKv, pool: &str, cidr: &str) -> i64 {
     common::grant(kv, NODE, pool, cidr).await
 }
 
+/// Grants the node two blocks of `pods` and waits (at most `limit`) for the first demand that
+/// counts both.
+async fn two_blocks_granted(kv: &MemKv, limit: Duration) {
+    grant(kv, "pods", "10.60.0.0/24").await;
+    grant(kv, "pods", "10.60.1.0/24").await;
+    wait_for("the first demand", limit, async || {
+        demand(kv, "pods")
+            .await
+            .is_some_and(|d| d.ipv4.is_some_and(|f| f.blocks == 2))
+    })
+    .await;
+}
+
 fn release_key(pool: &str, cidr: &str) -> String {
     common::release_key(NODE, pool, cidr)
 }
@@ -201,15 +214,8 @@ async fn demand_is_published_with_its_numbers_at_most_once_a_second_and_adds_mak
     // A change that is not urgent (more free addresses) goes out within 2 s.
     let (kv, agent, api) =
         configured_paused_with(Duration::from_secs(5), Duration::from_secs(2)).await;
-    grant(&kv, "pods", "10.60.0.0/24").await;
-    grant(&kv, "pods", "10.60.1.0/24").await;
+    two_blocks_granted(&kv, Duration::from_secs(10)).await;
     // The demand once the grants are recorded: 2 empty blocks, highest first.
-    wait_for("the first demand", Duration::from_secs(10), async || {
-        demand(&kv, "pods")
-            .await
-            .is_some_and(|d| d.ipv4.is_some_and(|f| f.blocks == 2))
-    })
-    .await;
     let first = demand(&kv, "pods").await.unwrap();
     let v4 = first.ipv4.clone().unwrap();
     assert_eq!((v4.used, v4.free, v4.pending, v4.blocks), (0, 508, 0, 2));
@@ -766,14 +772,7 @@ async fn the_demand_write_budget_paces_the_node_by_its_share_and_urgency_goes_fi
     let agent =
         start_paused_with(&kv, &store, Duration::from_secs(5), Duration::from_secs(1)).await;
     let api = agent.api();
-    grant(&kv, "pods", "10.60.0.0/24").await;
-    grant(&kv, "pods", "10.60.1.0/24").await;
-    wait_for("the first demand", Duration::from_secs(30), async || {
-        demand(&kv, "pods")
-            .await
-            .is_some_and(|d| d.ipv4.is_some_and(|f| f.blocks == 2))
-    })
-    .await;
+    two_blocks_granted(&kv, Duration::from_secs(30)).await;
     let writes = demand_writes(&kv).await;
     let interval = Duration::from_secs(10);
     let window = Duration::from_secs(120);

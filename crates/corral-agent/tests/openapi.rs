@@ -3,18 +3,12 @@
 //! takes, and its references, links and examples hold. After a deliberate change to the
 //! API, `UPDATE_EXPECT=1 cargo test -p corral-agent --test openapi` rewrites the file.
 
-use std::path::PathBuf;
-
 use corral_agent::openapi::{document, render};
-use corral_api::testing::{check_committed, dangling_references, path_constants};
-
-fn committed_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi.json")
-}
+use corral_api::testing::{check_committed, dangling_references, path_constants, workspace_root};
 
 #[test]
 fn committed_openapi_json_is_the_generated_document() {
-    let committed = check_committed(&committed_path(), &render(&document()));
+    let committed = check_committed(&workspace_root().join("openapi.json"), &render(&document()));
     assert_eq!(corral_agent::api::OPENAPI, committed);
 }
 

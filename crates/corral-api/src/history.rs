@@ -26,6 +26,7 @@ pub enum HistoryKind {
 }
 
 /// One event of an agent's allocation history.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -41,7 +42,6 @@ pub struct HistoryEvent {
     pub scope: String,
     pub pool: String,
     /// The CNI attachment, if the allocation had one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<AttachmentKey>,
     /// Who held it: `NAMESPACE/NAME` for a pod whose CNI call named it, else the container ID,
     /// or the `owner` of an allocation through the API.
@@ -50,6 +50,7 @@ pub struct HistoryEvent {
 }
 
 /// The answer of `GET /v1/history`.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -58,7 +59,6 @@ pub struct HistoryResponse {
     pub events: Vec<HistoryEvent>,
     /// With `address` and `at`: the allocations of that address in force at that instant
     /// (one per scope holding it; empty when nobody held it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<Vec<HistoryEvent>>,
 }
 

@@ -116,6 +116,7 @@ pub struct ForceQuery {
 }
 
 /// `GET /v1/interfaces[?pool=]`.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(
     feature = "openapi",
@@ -125,7 +126,6 @@ pub struct ForceQuery {
 #[serde(deny_unknown_fields)]
 pub struct PoolQuery {
     /// Only this pool; every interface-backed pool of the node when absent
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
 }
 
@@ -200,6 +200,7 @@ pub struct InterfaceRemoved {
 
 /// The interface an allocated address lies on (in an [`crate::Allocated`] of an
 /// interface-backed pool): what a CNI result needs to route the pod through it.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -209,7 +210,6 @@ pub struct AllocatedInterface {
     pub mac: String,
     /// The interface's subnet of the address's family.
     pub subnet: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub gateway: Option<IpAddr>,
     /// The CIDRs reachable through the gateway.

@@ -151,6 +151,7 @@ pub struct Lease {
 // ---- allocate / release -----------------------------------------------------------------
 
 /// `POST /v1/allocate`: the next free address (or `address`), of one family or both.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(
@@ -174,23 +175,20 @@ pub struct AllocateRequest {
     #[cfg_attr(feature = "openapi", schema(default = default_pool))]
     pub pool: String,
     /// Which family; defaults to the family of `address`, else `ipv4`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub family: Option<FamilyChoice>,
     /// A specific address instead of the next free one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub address: Option<IpAddr>,
     /// Who holds the address (free text, used by release-by-owner).
     pub owner: String,
     /// Allocating again with the same key returns the same addresses.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<AttachmentKey>,
     /// Start an expiration timer of this length with the allocation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
 }
 
 /// One address handed out.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -204,15 +202,11 @@ pub struct Allocated {
     /// True when the key already held this address (nothing changed).
     pub existing: bool,
     /// The subnet of the range the address came from, when it still has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub gateway: Option<IpAddr>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Lease>,
     /// In an interface-backed pool: the interface the address lies on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface: Option<AllocatedInterface>,
 }
 
@@ -225,6 +219,7 @@ pub struct AllocateResponse {
 
 /// `POST /v1/release`: exactly one of `key`, `address` (optionally with `generation`), or
 /// `owner`. Releasing what is not held is not an error: `released` is then empty.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(
@@ -240,15 +235,11 @@ pub struct ReleaseRequest {
     #[serde(default = "node_scope")]
     #[cfg_attr(feature = "openapi", schema(default = node_scope))]
     pub scope: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<AttachmentKey>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub address: Option<IpAddr>,
     /// With `address`: release only if this is still the address's generation.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
 }
 
@@ -335,6 +326,7 @@ pub struct PoolDump {
     pub allocations: Vec<DumpEntry>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -342,14 +334,13 @@ pub struct DumpEntry {
     #[cfg_attr(feature = "openapi", schema(value_type = String, format = "ip"))]
     pub address: IpAddr,
     pub owner: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<AttachmentKey>,
     pub generation: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease: Option<Lease>,
 }
 
 /// `GET /v1/status[?scope=]`: capacity and use per scope, pool and family.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -364,7 +355,6 @@ pub struct StatusResponse {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     /// The agent's link to its cluster, when it runs in one (`corral agent --etcd`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
     /// The latest CNI ADDs on node pools (at most [`AddRecord::KEPT`], one per attachment,
     /// oldest first): the pool each used, the rule that chose it, and how it ended. Kept in
@@ -375,6 +365,7 @@ pub struct StatusResponse {
 
 /// One CNI ADD on a node pool as the agent saw it: what `corral explain pod` reads to say which
 /// pool a pod's ADD used, and why.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -388,14 +379,12 @@ pub struct AddRecord {
     /// it), `network` (the network's `ipam.pool`), `default_pool` (the cluster's), `default`.
     pub rule: String,
     /// The pod's namespace, when the call gave one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// When the ADD arrived (milliseconds since the epoch).
     pub at_ms: u64,
     /// `waiting` (for a grant, or the agent's restore), `ok` or `failed`.
     pub outcome: String,
     /// Why it failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
@@ -406,6 +395,7 @@ impl AddRecord {
 
 /// The agent's link to its cluster. Pod allocations never wait for it: while etcd cannot be
 /// reached the agent serves from the grants it holds and says `degraded`.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -416,18 +406,14 @@ pub struct ClusterStatus {
     /// Whether etcd cannot be reached now.
     pub degraded: bool,
     /// Since when (milliseconds since the epoch), while degraded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded_since_ms: Option<u64>,
     /// The last problem of the link, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// The ranges granted to the node, as `pool range`.
     pub grants: Vec<String>,
     /// The node's ID, in a node-ID cluster.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u32>,
     /// The cloud instance the node registered with (cloud pools).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
     /// What the link could not apply: cloud interface records it skipped, and cloud
     /// addresses gone from their record while still in use (frozen), one sentence each.
@@ -700,6 +686,7 @@ pub struct CniPool {
 /// The network a CNI request is about: its name is the scope, its pools replace the scope's
 /// configuration when they differ (allocations outside the new ranges are kept until
 /// released, never handed out again).
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(examples(examples::cni_network,)))]
@@ -713,32 +700,28 @@ pub struct CniNetwork {
     /// active ranges in (its `sets` may only carry requested addresses, one per family); DEL,
     /// CHECK, GC and STATUS act on the network's attachments in that pool only. A pool that
     /// does not exist or has no active range yet is refused with `retry_later`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_pool: Option<String>,
     /// With `node_pool`: the pool the CNI call itself named (`runtimeConfig.pool`,
     /// `args.cni.pool`), which wins over every other choice.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_pool: Option<String>,
     /// With `node_pool`: the network configuration's `ipam.pool`, used when the call names
     /// no pool and its namespace maps to none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub configured_pool: Option<String>,
     /// With `node_pool`: the Kubernetes namespace of the pod (`K8S_POD_NAMESPACE` in
     /// `CNI_ARGS`), which the cluster configuration's `namespaces` may map to a pool. An
     /// agent in a cluster chooses the pool: the requested pool, else the namespace's, else
     /// the configured one, else the cluster's `default_pool`, else `node_pool`'s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
 
 /// One address wanted by an ADD: from `pool`, of `family`, `requested` if given.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CniSet {
     pub pool: String,
     pub family: FamilyName,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, format = "ip"))]
     pub requested: Option<IpAddr>,
 }
@@ -794,6 +777,7 @@ pub struct CniKeyRequest {
 
 /// `POST /v1/cni/gc`: the leak collector over the network's attachments, `valid_attachments`
 /// being the live ones (see [`GcRequest`] for the rule); answered with a [`GcResponse`].
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(
@@ -810,10 +794,8 @@ pub struct CniGcRequest {
     pub network: CniNetwork,
     pub valid_attachments: Vec<AttachmentKey>,
     /// The grace period in milliseconds; 15 minutes when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_ms: Option<u64>,
     /// Attachments released at most by this run (at least 1); 64 when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_released: Option<u64>,
 }
 
@@ -825,6 +807,7 @@ pub struct CniGcRequest {
 /// whose allocations changed or went, is cleared. An attachment's allocations go together
 /// (every pool and family) or not at all; at most `max_released` attachments go per run.
 /// Allocations without an attachment key are never touched.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(
@@ -846,10 +829,8 @@ pub struct GcRequest {
     /// The attachments in use.
     pub live: Vec<AttachmentKey>,
     /// The grace period in milliseconds; 15 minutes when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_ms: Option<u64>,
     /// Attachments released at most by this run (at least 1); 64 when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_released: Option<u64>,
     /// Decide and report, change nothing (no suspect recorded, nothing released).
     #[serde(default)]
@@ -867,6 +848,7 @@ pub struct GcAddress {
 }
 
 /// An attachment seen missing from the live set, and what it holds.
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -875,7 +857,6 @@ pub struct GcSuspect {
     /// When it was first seen missing, in milliseconds since the Unix epoch.
     pub first_seen_ms: u64,
     /// Waiting suspects only: when the grace period ends.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub due_ms: Option<u64>,
     pub addresses: Vec<GcAddress>,
 }
@@ -952,6 +933,7 @@ impl ErrorResponse {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -961,10 +943,8 @@ pub struct ErrorBody {
     /// What was wrong, for people.
     pub message: String,
     /// The pool concerned, when there is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
     /// `/v1/cni/add`: the index of the set that could not be served.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub set: Option<usize>,
     /// True when the same request may succeed later as it is (the pool may gain capacity or
     /// release addresses; the agent may finish restoring).
@@ -973,7 +953,6 @@ pub struct ErrorBody {
     /// The CNI error code of the same refusal in the plugin run on its own (an engine or
     /// input refusal), so corral-ipam answers the same code in agent mode; absent for errors
     /// of the agent itself.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cni_code: Option<u32>,
 }
 

@@ -38,17 +38,9 @@ impl HistoryOptions {
     /// The read the options ask for (usage errors name the argument).
     pub fn request(&self) -> Result<HistoryRequest, Failure> {
         let query = match (&self.target, &self.node) {
-            (Some(target), None) => {
-                if let Ok(ip) = target.parse::<std::net::IpAddr>() {
-                    HistoryQuery::Address(ip)
-                } else if let Ok(cidr) = target.parse::<corral_cluster::IpNet>() {
-                    HistoryQuery::Cidr(cidr.trunc())
-                } else {
-                    return Err(Failure::Usage(format!(
-                        "{target:?} is neither an address nor a CIDR"
-                    )));
-                }
-            }
+            (Some(target), None) => HistoryQuery::address_or_cidr(target).ok_or_else(|| {
+                Failure::Usage(format!("{target:?} is neither an address nor a CIDR"))
+            })?,
             (None, Some(node)) => HistoryQuery::Node(
                 NodeName::new(node).map_err(|e| Failure::Usage(format!("--node: {e}")))?,
             ),

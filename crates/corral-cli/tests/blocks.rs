@@ -286,8 +286,7 @@ fn churn(members: usize, agent_count: usize) {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), BLOCKS);
+    let (dir, etcd) = initialized_in_tempdir(1, BLOCKS);
     let _operators = leader_and_standby(&etcd, dir.path());
     let path = dir.path().join("agent");
     let started = Instant::now();
@@ -309,8 +308,7 @@ fn a_cold_node_gets_its_first_pod_address_while_the_add_waits() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_block_holding_a_pod_is_never_released_and_the_rest_go_to_quarantine() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), BLOCKS);
+    let (dir, etcd) = initialized_in_tempdir(1, BLOCKS);
     let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
     let mut operators = vec![op_a, op_b];
     let path = dir.path().join("agent");

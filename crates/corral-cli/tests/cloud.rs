@@ -44,8 +44,7 @@ fn start(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_interface_record_serves_pods_through_a_sigkill() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), CLOUD);
+    let (dir, etcd) = initialized_in_tempdir(1, CLOUD);
     let agent_dir = dir.path().join("node-a");
     let agent = start(&etcd, &agent_dir);
     let kv = kv(&etcd);
@@ -161,8 +160,7 @@ fn an_interface_record_serves_pods_through_a_sigkill() {
 #[ignore = "needs etcd (make deps)"]
 fn cluster_check_compares_the_records_with_the_clouds_view() {
     use corral_cloud::CloudProvider;
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), CLOUD);
+    let (dir, etcd) = initialized_in_tempdir(1, CLOUD);
     let _agent = start(&etcd, &dir.path().join("node-a"));
     let seed = dir.path().join("cloud.json");
     std::fs::write(

@@ -158,8 +158,7 @@ fn assert_invariant(etcd: &EtcdCluster, agents: &[(&str, PathBuf)]) {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_failover_between_fake_cloud_replicas_never_records_an_address_for_two_nodes() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), CLOUD);
+    let (dir, etcd) = initialized_in_tempdir(1, CLOUD);
     let seed = dir.path().join("cloud.json");
     std::fs::write(&seed, FAKE_CLOUD).unwrap();
     let op_a = operator(&etcd, dir.path(), &seed, "op-a");

@@ -24,8 +24,7 @@ const NEEDS: &str = "needs etcd (make deps)";
 #[ignore = "needs etcd (make deps)"]
 fn agents_get_disjoint_dual_stack_cidrs_and_allocate_pods_from_them() {
     let _ = NEEDS;
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let b = start_agent(&etcd, &dir.path().join("b"), "node-b");
     wait_until(
@@ -116,8 +115,7 @@ fn assert_counts_readable(etcd: &corral_etcd::testing::EtcdCluster, socket: &std
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 2);
     let held = grants(&etcd).remove("node-a").unwrap();
     let pod = alloc_dual(&a.socket, "pod-1");
@@ -241,8 +239,7 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn sigkill_of_the_leader_during_500_registrations() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     let (first, second) = leader_and_standby(&etcd, dir.path());
     let names: Vec<String> = (0..500).map(|i| format!("n{i:03}")).collect();
     let registering = {
@@ -283,8 +280,7 @@ fn sigkill_of_the_leader_during_500_registrations() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     let (first, _second) = leader_and_standby(&etcd, dir.path());
     register(&etcd, (0..20).map(|i| format!("early{i}")));
     wait_until("early nodes granted", Duration::from_secs(20), || {
@@ -501,8 +497,7 @@ fn a_lost_quorum_is_named_by_cluster_status_check_and_the_operator() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let agent_dir = dir.path().join("a");
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 2);
     let ranges = agent_ranges(&a.socket);
@@ -575,8 +570,7 @@ fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), include_str!("configs/cluster_node_ids.toml"));
+    let (dir, etcd) = initialized_in_tempdir(1, include_str!("configs/cluster_node_ids.toml"));
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let ranges = agent_ranges(&a.socket);
@@ -621,8 +615,7 @@ fn node_ids_are_the_smallest_free_and_the_agent_uses_its_plan() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn the_configuration_is_written_once_and_changes_grants_rest_on_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     let path = dir.path().join("changed.toml");
     let write = |text: &str| std::fs::write(&path, text).unwrap();
     let run = |verb: &str| cluster_command(&etcd, verb, &["--config", path.to_str().unwrap()]);
@@ -669,8 +662,7 @@ fn the_configuration_is_written_once_and_changes_grants_rest_on_are_refused() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_operator_whose_api_socket_is_a_regular_file_stops_naming_it_and_keeps_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     let path = dir.path().join("operator.toml");
     std::fs::write(&path, b"keep me\n").unwrap();
     let output = std::process::Command::new(common::BINARY)
@@ -695,8 +687,7 @@ fn an_operator_whose_api_socket_is_a_regular_file_stops_naming_it_and_keeps_it()
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_joins_the_cluster_its_configuration_file_names() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let agent_dir = dir.path().join("a");
     std::fs::create_dir_all(&agent_dir).unwrap();
     let config = agent_config(&agent_dir);

@@ -50,8 +50,7 @@ fn rfc3339(ms: u64) -> String {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn cluster_history_names_who_held_an_address_before_and_after_the_block_moved() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), &one_block());
+    let (dir, etcd) = initialized_in_tempdir(1, &one_block());
     let _operators = leader_and_standby(&etcd, dir.path());
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let response = common::pod_add_at(&a.socket, "pods", "p1").expect("node-a gets the block");

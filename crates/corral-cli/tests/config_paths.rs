@@ -124,8 +124,7 @@ fn put_back(etcd: &EtcdCluster, dir: &Path, [a, b]: [&common::Agent; 2]) {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, operator) = cluster_with_operator(dir.path(), CONFIG);
+    let (dir, etcd, operator) = cluster_with_operator_in_tempdir(CONFIG);
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     assert!(agent_ranges(&a.socket)[0].contains("10.244.0.0/24"));
     let pod_a = alloc_v4(&a.socket, "pod-a");
@@ -160,8 +159,7 @@ fn a_renamed_pool_written_around_the_cli_is_not_installed_when_the_operator_rest
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_changed_node_prefix_length_is_not_installed_by_a_failover() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(3, dir.path(), CONFIG);
+    let (dir, etcd) = initialized_in_tempdir(3, CONFIG);
     let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let pod_a = alloc_v4(&a.socket, "pod-a");

@@ -335,8 +335,7 @@ fn the_dashboard_shows_a_starving_node_then_the_grant_that_serves_it_in_the_same
         found.as_ref().is_ok_and(|o| o.status.success()),
         "chromium is missing ({found:?}): it is Debian's `chromium`, run `make deps`"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), &one_block());
+    let (dir, etcd) = initialized_in_tempdir(1, &one_block());
     let token_file = dir.path().join("token");
     common::write_token_file(&token_file, TOKEN);
     let operator = tcp_replica(&etcd, dir.path(), "op-a", &token_file);

@@ -69,8 +69,7 @@ fn socket_arg(socket: &Path) -> String {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), &two_blocks());
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(&two_blocks());
     let nodes = ["node-a", "node-b", "node-c"];
     let agents: Vec<_> = nodes
         .iter()
@@ -246,8 +245,7 @@ fn an_exhausted_pool_is_named_by_the_add_error_and_explain_then_the_quarantine()
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn explain_names_the_failover_for_a_node_waiting_through_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, operator) = cluster_with_operator(dir.path(), &two_blocks());
+    let (dir, etcd, operator) = cluster_with_operator_in_tempdir(&two_blocks());
     wait_leads(&etcd, "op-a", Duration::from_secs(20));
     // The leader dies; its election key goes with its lease (2 s), and no one takes over.
     operator.signal(rustix::process::Signal::KILL);
@@ -340,8 +338,7 @@ fn add_as_plugin(
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn explain_pod_names_the_pool_the_add_used_and_the_rule_that_chose_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), &two_pools());
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(&two_pools());
     let agent = start_agent_with(
         &etcd,
         &dir.path().join("node-a"),
@@ -468,8 +465,7 @@ fn explain_pod_names_the_pool_the_add_used_and_the_rule_that_chose_it() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn explain_sees_a_failover_before_the_dead_leaders_key_expires() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), &two_blocks());
+    let (dir, etcd) = initialized_in_tempdir(1, &two_blocks());
     // A long lease (15 s, renewed every 5 s), so its key outlives the leader for a while.
     let ttl: [&std::ffi::OsStr; 2] = ["--lease-ttl".as_ref(), "15".as_ref()];
     let op_a = Operator::with_state(&etcd, dir.path(), "op-a", &ttl);

@@ -43,8 +43,7 @@ fn campaigning(etcd: &EtcdCluster) -> usize {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn adds_that_need_a_block_while_the_leader_is_sigkilled_all_succeed_on_the_default_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), BLOCKS);
+    let (dir, etcd) = initialized_in_tempdir(1, BLOCKS);
     let first = operator(&etcd, dir.path(), "op-a");
     wait_leads(&etcd, "op-a", Duration::from_secs(30));
     let standby = operator(&etcd, dir.path(), "op-b");

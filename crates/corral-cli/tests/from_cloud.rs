@@ -43,8 +43,7 @@ fn agent(etcd: &corral_etcd::testing::EtcdCluster, dir: &Path) -> Agent {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn the_agent_serves_the_prefixes_delegated_to_its_instance() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), FROM_CLOUD);
+    let (dir, etcd) = initialized_in_tempdir(1, FROM_CLOUD);
     let _operator = operator(&etcd, dir.path());
     let agent_dir = dir.path().join("node-a");
     let _agent = agent(&etcd, &agent_dir);

@@ -196,8 +196,7 @@ fn cluster_status(socket: &Path) -> corral_api::ClusterStatus {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_serves_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let a = Proc::serving(&etcd, &dir.path().join("a"), "node-a");
     let first = alloc_dual(&a.socket, "pod-1");
     let (record, lease) = live_record(&etcd, "node-a").expect("live/node-a");
@@ -239,8 +238,7 @@ fn a_copied_state_directory_under_a_live_nodes_name_exits_naming_the_holder_and_
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for_the_lease() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let path = dir.path().join("a");
     let a = Proc::serving_with_ttl(&etcd, &path, "node-a", "60");
     let pod = alloc_dual(&a.socket, "pod-1");
@@ -272,8 +270,7 @@ fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_whose_liveness_key_another_process_takes_stops_serving_the_nodes_ranges() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let path = dir.path().join("a");
     let mut a = Proc::serving(&etcd, &path, "node-a");
     let pod = alloc_dual(&a.socket, "pod-1");
@@ -321,8 +318,7 @@ fn an_agent_whose_liveness_key_another_process_takes_stops_serving_the_nodes_ran
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_leader_whose_election_key_is_deleted_steps_down_and_a_leader_grants_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, operator) = cluster_with_operator_in_tempdir(DUAL);
     wait_leads(&etcd, "op-a", Duration::from_secs(30));
     let a = Proc::serving(&etcd, &dir.path().join("a"), "node-a");
     let kv = kv(&etcd);
@@ -354,8 +350,7 @@ fn a_leader_whose_election_key_is_deleted_steps_down_and_a_leader_grants_again()
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     let kv = kv(&etcd);
     let rogue = "/corral/t/v1/election/1";
     apply(&kv, vec![TxnOp::put(rogue, "rogue")]);
@@ -394,8 +389,7 @@ fn an_election_key_not_on_a_lease_blocks_no_replica_and_is_reported() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_liveness_key_of_another_machine_is_waited_for_and_refused_while_kept_alive() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let kv = kv(&etcd);
     let hold = |kv: &corral_etcd::EtcdKv| hold_elsewhere(kv, 2);
     // Kept alive by "the other machine" (this test) every half second.
@@ -451,8 +445,7 @@ fn a_liveness_key_of_another_machine_is_waited_for_and_refused_while_kept_alive(
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn cluster_check_reports_two_agents_serving_one_node_and_one_address() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), DUAL);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(DUAL);
     let a = Proc::serving(&etcd, &dir.path().join("a"), "node-a");
     let pod = alloc_dual(&a.socket, "pod-1");
     clone_state(dir.path());

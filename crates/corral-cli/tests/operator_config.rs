@@ -100,8 +100,7 @@ fn wait_leading(operator: &Operator) {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_operator_from_its_file_alone_leads_and_grants() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     let config = file_for(
         dir.path(),
         "op-file",
@@ -128,8 +127,7 @@ fn an_operator_from_its_file_alone_leads_and_grants() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_flag_and_an_environment_variable_win_over_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     // The file names etcd nobody serves, another cluster and another replica.
     let config = file_for(
         dir.path(),

@@ -354,8 +354,7 @@ fn podman_containers_take_and_give_back_the_agents_addresses() {
         &format!("{} (cargo build -p corral-cni)", plugin.display()),
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), CLUSTER);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(CLUSTER);
     // corral-ipam records a DEL the agent is not there for under the network's `dataDir`; the
     // agent applies it when it starts.
     let cni_data = dir.path().join("cni-data");

@@ -164,8 +164,7 @@ fn signal(pid: u32, signal: rustix::process::Signal) {
 #[ignore = "needs etcd (make deps)"]
 fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_only_once_given_up()
 {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(2));
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(&config(2));
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     let pods: Vec<IpAddr> = ["c1", "c2"]
         .iter()
@@ -261,8 +260,7 @@ fn a_live_node_with_pods_is_refused_and_drains_with_drain_its_space_coming_back_
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quarantine() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(3));
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(&config(3));
     let (a, _) = node_a_with_a_pod(&etcd, dir.path());
     // The machine dies: SIGKILL, its liveness key left to its lease.
     a.kill();
@@ -298,8 +296,7 @@ fn a_forced_dead_nodes_space_comes_back_after_no_liveness_for_the_whole_quaranti
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_forced_node_that_comes_back_keeps_its_space_until_it_gives_it_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let (etcd, _operator) = cluster_with_operator(dir.path(), &config(8));
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(&config(8));
     let (a, pod) = node_a_with_a_pod(&etcd, dir.path());
     // Taken for dead: paused (SIGSTOP), removed by force, its liveness runs out.
     signal(a.pid(), rustix::process::Signal::STOP);

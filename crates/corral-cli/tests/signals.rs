@@ -16,8 +16,8 @@ use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
 
 use cluster_common::{
-    DUAL, alloc_dual, block_on, endpoints, initialized, kv, start_agent, start_etcd, wait_leads,
-    wait_ranges, wait_showing,
+    DUAL, alloc_dual, block_on, endpoints, initialized, initialized_in_tempdir, kv, start_agent,
+    start_etcd, wait_leads, wait_ranges, wait_showing,
 };
 use common::{Agent, BINARY};
 use corral_client::Client;
@@ -361,8 +361,7 @@ fn an_agent_waiting_for_an_unreachable_etcd_stops_on_sigterm() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), DUAL);
+    let (dir, etcd) = initialized_in_tempdir(1, DUAL);
     let kv = kv(&etcd);
     let key = "/corral/t/v1/live/node-a";
     let lease = block_on(kv.lease_grant(Duration::from_secs(600))).unwrap();

@@ -173,8 +173,7 @@ fn assert_reported(etcd: &EtcdCluster, leader: &Path, starving: &[&str]) {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn nodes_starving_in_an_exhausted_block_pool_are_waiting_everywhere_until_the_pool_grows() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(1, dir.path(), &two_blocks());
+    let (dir, etcd) = initialized_in_tempdir(1, &two_blocks());
     let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
     let agents = start_agents(&etcd, dir.path(), &NODES);
     wait_until(

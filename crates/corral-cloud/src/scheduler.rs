@@ -627,16 +627,17 @@ impl<P> Scheduled<P> {
         ambiguous.unwrap_or(CloudError::Cancelled { action })
     }
 
-    /// One call through the scheduler: token, send, and repeats as the rules allow. The call is
-    /// idempotent if its action is ([`Action::is_idempotent`]) or it carries a client token.
-    async fn run<T, F, Fut>(
-        &self,
+    /// One call through the scheduler: token, send (`call` on the provider), and repeats as the
+    /// rules allow. The call is idempotent if its action is ([`Action::is_idempotent`]) or it
+    /// carries a client token.
+    async fn run<'a, T, F, Fut>(
+        &'a self,
         action: Action,
         client_token: bool,
         mut call: F,
     ) -> Result<T, CloudError>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(&'a P) -> Fut,
         Fut: Future<Output = Result<T, CloudError>>,
     {
         let idempotent = client_token || action.is_idempotent();
@@ -660,7 +661,7 @@ impl<P> Scheduled<P> {
                     stats.retries += 1;
                 }
             }
-            let result = call().await;
+            let result = call(&self.shared.provider).await;
             // (A describe changes nothing: its last answer stands.)
             if let Err(error) = &result
                 && error.is_ambiguous()
@@ -716,8 +717,7 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
     }
 
     async fn describe_instance(&self, instance_id: &str) -> Result<Instance, CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::DescribeInstances, false, || {
+        self.run(Action::DescribeInstances, false, |provider| {
             provider.describe_instance(instance_id)
         })
         .await
@@ -727,16 +727,14 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
         &self,
         instance_types: &[String],
     ) -> Result<Vec<InstanceTypeInfo>, CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::DescribeInstanceTypes, false, || {
+        self.run(Action::DescribeInstanceTypes, false, |provider| {
             provider.describe_instance_types(instance_types)
         })
         .await
     }
 
     async fn describe_subnets(&self, filter: &SubnetFilter) -> Result<Vec<Subnet>, CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::DescribeSubnets, false, || {
+        self.run(Action::DescribeSubnets, false, |provider| {
             provider.describe_subnets(filter)
         })
         .await
@@ -746,8 +744,7 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
         &self,
         filter: &InterfaceFilter,
     ) -> Result<Vec<NetworkInterface>, CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::DescribeNetworkInterfaces, false, || {
+        self.run(Action::DescribeNetworkInterfaces, false, |provider| {
             provider.describe_interfaces(filter)
         })
         .await
@@ -757,34 +754,30 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
         &self,
         request: &CreateInterface,
     ) -> Result<NetworkInterface, CloudError> {
-        let provider = &self.shared.provider;
         // With a client token a repeat returns the first call's interface: idempotent.
         let client_token = request.client_token.is_some();
-        self.run(Action::CreateNetworkInterface, client_token, || {
+        self.run(Action::CreateNetworkInterface, client_token, |provider| {
             provider.create_interface(request)
         })
         .await
     }
 
     async fn attach_interface(&self, request: AttachInterface<'_>) -> Result<String, CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::AttachNetworkInterface, false, || {
+        self.run(Action::AttachNetworkInterface, false, |provider| {
             provider.attach_interface(request)
         })
         .await
     }
 
     async fn detach_interface(&self, attachment_id: &str, force: bool) -> Result<(), CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::DetachNetworkInterface, false, || {
+        self.run(Action::DetachNetworkInterface, false, |provider| {
             provider.detach_interface(attachment_id, force)
         })
         .await
     }
 
     async fn delete_interface(&self, interface_id: &str) -> Result<(), CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::DeleteNetworkInterface, false, || {
+        self.run(Action::DeleteNetworkInterface, false, |provider| {
             provider.delete_interface(interface_id)
         })
         .await
@@ -795,16 +788,14 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
         interface_id: &str,
         request: &Ipv4Assign,
     ) -> Result<Ipv4Set, CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::AssignPrivateIpAddresses, false, || {
+        self.run(Action::AssignPrivateIpAddresses, false, |provider| {
             provider.assign_ipv4(interface_id, request)
         })
         .await
     }
 
     async fn unassign_ipv4(&self, interface_id: &str, release: &Ipv4Set) -> Result<(), CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::UnassignPrivateIpAddresses, false, || {
+        self.run(Action::UnassignPrivateIpAddresses, false, |provider| {
             provider.unassign_ipv4(interface_id, release)
         })
         .await
@@ -815,24 +806,21 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
         interface_id: &str,
         request: &Ipv6Assign,
     ) -> Result<Ipv6Set, CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::AssignIpv6Addresses, false, || {
+        self.run(Action::AssignIpv6Addresses, false, |provider| {
             provider.assign_ipv6(interface_id, request)
         })
         .await
     }
 
     async fn unassign_ipv6(&self, interface_id: &str, release: &Ipv6Set) -> Result<(), CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::UnassignIpv6Addresses, false, || {
+        self.run(Action::UnassignIpv6Addresses, false, |provider| {
             provider.unassign_ipv6(interface_id, release)
         })
         .await
     }
 
     async fn create_tags(&self, resource_ids: &[String], tags: &Tags) -> Result<(), CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::CreateTags, false, || {
+        self.run(Action::CreateTags, false, |provider| {
             provider.create_tags(resource_ids, tags)
         })
         .await
@@ -843,8 +831,7 @@ impl<P: CloudProvider> CloudProvider for Scheduled<P> {
         resource_ids: &[String],
         keys: &[String],
     ) -> Result<(), CloudError> {
-        let provider = &self.shared.provider;
-        self.run(Action::DeleteTags, false, || {
+        self.run(Action::DeleteTags, false, |provider| {
             provider.delete_tags(resource_ids, keys)
         })
         .await

@@ -214,20 +214,17 @@ impl Default for Watermarks {
 }
 
 /// One node's overrides of a pool's watermarks; a field left out keeps the pool's.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatermarkOverride {
     /// Overrides `pre_allocate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_allocate: Option<u64>,
     /// Overrides `min_allocate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_allocate: Option<u64>,
     /// Overrides `max_above_watermark`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_above_watermark: Option<u64>,
     /// Overrides `max_allocate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_allocate: Option<u64>,
 }
 
@@ -263,20 +260,17 @@ impl Watermarks {
 /// AWS VPC CNI's targets (`WARM_IP_TARGET`, `MINIMUM_IP_TARGET`, `WARM_ENI_TARGET`,
 /// `WARM_PREFIX_TARGET`), for a cloud pool that uses them instead of watermarks. Counted per
 /// node: addresses (IP targets), whole interfaces (ENI target) or /28 prefixes.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WarmTargets {
     /// Free addresses kept ahead of use.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_ip: Option<u64>,
     /// Addresses held at least.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub minimum_ip: Option<u64>,
     /// Whole free interfaces kept ahead of use (AWS's default 1 when no IP target is set).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_eni: Option<u64>,
     /// Free prefixes kept ahead of use (prefix delegation, without IP targets).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_prefix: Option<u64>,
 }
 
@@ -289,11 +283,11 @@ pub const DEFAULT_CLOUD_GC_MAX_PER_RUN: u32 = 25;
 pub const DEFAULT_FIRST_INTERFACE_INDEX: u32 = 1;
 
 /// A cloud pool's settings (the `cloud` table of a pool with `mode = "cloud"`).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloudPoolConfig {
     /// AWS VPC CNI's targets instead of the pool's watermarks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<WarmTargets>,
     /// Delegated prefixes (/28 IPv4, /80 IPv6) instead of single addresses, on instances that
     /// support them; decided per interface (an interface whose subnet has no free aligned /28
@@ -326,7 +320,6 @@ pub struct CloudPoolConfig {
     /// Which interface gives free addresses back when a node holds too many (default:
     /// `empty-interfaces` with warm targets, AWS VPC CNI's way; `spread` with watermarks,
     /// Cilium's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release_policy: Option<ReleasePolicy>,
 }
 
@@ -385,6 +378,7 @@ impl Default for CloudPoolConfig {
 }
 
 /// Contiv's node-ID address plan (CLUSTER-DESIGN section 4).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeIdPlanConfig {
@@ -412,7 +406,6 @@ pub struct NodeIdPlanConfig {
     pub service: IpNet,
     /// The largest node ID, if given: it must fit every network of the plan. Without it the
     /// largest is the most every network holds (`NodeIdPlanConfig::bounds`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_node_id: Option<u32>,
 }
 

@@ -8,23 +8,21 @@ use crate::keys::{HeldRange, NodeName, QuarantineState, RemovalMode, RemovalPhas
 use crate::view::{ClusterView, WaitingOn};
 
 /// A node no longer registered whose space is not all back.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemovedNodeReport {
     pub name: String,
     /// Always true: the registration is gone (a registered node has a [`crate::NodeReport`]).
     pub removed: bool,
     /// Whether its agent's liveness key exists.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<bool>,
     /// The removal's record while the leader keeps it: `requested`, `draining` (waiting for
     /// its agent to give its space up) or `silent` (it showed no liveness); `done` once the
     /// leader deleted it (what is left is on the quarantine lease, or asserted by its agent).
     pub phase: String,
     /// How it was asked (`plain`, `drain`, `force`), while the record exists.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
     /// When it was asked, in milliseconds since the epoch, while the record exists.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_ms: Option<u64>,
     /// Space quarantined from it.
     pub quarantined: Vec<QuarantinedReport>,
@@ -33,6 +31,7 @@ pub struct RemovedNodeReport {
 }
 
 /// One node CIDR, block or node ID in quarantine from a removed node.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuarantinedReport {
     /// `pool family cidr`, or `node-id N`.
@@ -44,7 +43,6 @@ pub struct QuarantinedReport {
     /// milliseconds since the epoch.
     pub since_ms: u64,
     /// When the quarantine ends (etcd deletes the key with its lease), for `quarantined`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until_ms: Option<u64>,
 }
 

@@ -112,6 +112,7 @@ pub struct StatusReport {
 }
 
 /// One node.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeReport {
     pub name: String,
@@ -119,11 +120,9 @@ pub struct NodeReport {
     /// The create revision of its registration.
     pub registered_revision: i64,
     /// Whether its agent's liveness key exists (absence means unreachable, never free).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<bool>,
     /// `pool family cidr`, one per grant.
     pub grants: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u32>,
     /// What it still lacks, as `pool family` (and `node-id`).
     pub waiting_for: Vec<String>,

@@ -166,6 +166,7 @@ impl IpamResult {
     }
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Serialize)]
 struct ResultOut<'a> {
     #[serde(rename = "cniVersion")]
@@ -175,7 +176,6 @@ struct ResultOut<'a> {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     routes: Vec<RouteOut>,
     dns: DnsOut<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     corral: Option<CorralOut<'a>>,
 }
 
@@ -193,39 +193,32 @@ struct CloudInterfaceOut<'a> {
     addresses: Vec<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Serialize)]
 struct IpOut {
-    #[serde(skip_serializing_if = "Option::is_none")]
     version: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     interface: Option<u32>,
     address: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     gateway: Option<String>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Serialize)]
 struct RouteOut {
     dst: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     gw: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     mtu: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     advmss: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     priority: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     table: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     scope: Option<u8>,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Serialize)]
 struct DnsOut<'a> {
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     nameservers: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
     domain: Option<&'a str>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     search: &'a [String],

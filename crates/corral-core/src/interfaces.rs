@@ -63,24 +63,9 @@ impl InterfaceId {
             Err(SpecError::InvalidInterfaceId { id: id.to_owned() })
         }
     }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for InterfaceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl FromStr for InterfaceId {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        InterfaceId::new(s)
-    }
-}
+crate::spec::name_text!(InterfaceId, SpecError);
 
 /// A MAC address, shown as `0a:1b:2c:3d:4e:5f`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

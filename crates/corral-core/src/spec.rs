@@ -40,24 +40,36 @@ impl PoolName {
     pub fn default_pool() -> PoolName {
         PoolName(Arc::from(PoolName::DEFAULT))
     }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
-impl fmt::Display for PoolName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+/// What a validated name held as its text (`$name(text)`, checked by
+/// `$name::new(&str) -> Result<$name, $error>`) answers: `as_str`, `Display` (the text) and
+/// `FromStr` (through `new`).
+macro_rules! name_text {
+    ($name:ident, $error:ty) => {
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
 
-impl FromStr for PoolName {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        PoolName::new(s)
-    }
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = $error;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $name::new(s)
+            }
+        }
+    };
 }
+pub(crate) use name_text;
+
+name_text!(PoolName, SpecError);
 
 /// The CNI primary key of an attachment: (network name, container ID, interface name).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -185,6 +185,16 @@ pub struct Txn {
     pub failure: Vec<TxnOp>,
 }
 
+impl Txn {
+    /// Reads `keys` together, at one revision (their values come back in `gets`, in order).
+    pub fn reads<K: Into<Vec<u8>>>(keys: impl IntoIterator<Item = K>) -> Txn {
+        Txn {
+            success: keys.into_iter().map(TxnOp::get).collect(),
+            ..Txn::default()
+        }
+    }
+}
+
 /// What a transaction did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TxnResponse {
@@ -437,4 +447,21 @@ pub async fn read_all_but<K: Kv>(
         scan = scan.skipping(skip);
     }
     scan.read_all(kv).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_is_a_txn_of_gets_alone_in_order() {
+        assert_eq!(
+            Txn::reads(["a", "b"]),
+            Txn {
+                compares: vec![],
+                success: vec![TxnOp::get("a"), TxnOp::get("b")],
+                failure: vec![],
+            }
+        );
+    }
 }

@@ -828,18 +828,12 @@ pub(crate) fn history_request(
     let bad = |message: String| Refusal(ErrorCode::BadRequest, message);
     let query = match (params.address, params.node) {
         (Some(_), Some(_)) => return Err(bad("give address or node, not both".into())),
-        (Some(address), None) => {
-            if let Ok(ip) = address.parse::<std::net::IpAddr>() {
-                HistoryQuery::Address(ip)
-            } else if let Ok(cidr) = address.parse::<corral_cluster::IpNet>() {
-                HistoryQuery::Cidr(cidr.trunc())
-            } else {
-                return Err(bad(format!(
-                    "invalid address {:?}: an IP address or a CIDR",
-                    address.chars().take(64).collect::<String>()
-                )));
-            }
-        }
+        (Some(address), None) => HistoryQuery::address_or_cidr(&address).ok_or_else(|| {
+            bad(format!(
+                "invalid address {:?}: an IP address or a CIDR",
+                address.chars().take(64).collect::<String>()
+            ))
+        })?,
         (None, Some(node)) => {
             HistoryQuery::Node(NodeName::new(&node).map_err(|e| bad(e.to_string()))?)
         }

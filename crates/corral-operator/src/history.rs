@@ -32,6 +32,19 @@ pub enum HistoryQuery {
     Newest,
 }
 
+impl HistoryQuery {
+    /// Who held `target`: an IP address, else a CIDR (its host bits cleared); `None` when it is
+    /// neither.
+    pub fn address_or_cidr(target: &str) -> Option<HistoryQuery> {
+        if let Ok(ip) = target.parse::<IpAddr>() {
+            Some(HistoryQuery::Address(ip))
+        } else {
+            let cidr = target.parse::<IpNet>().ok()?;
+            Some(HistoryQuery::Cidr(cidr.trunc()))
+        }
+    }
+}
+
 /// A history read: the query, the time it must cover (if any) and at most how many events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryRequest {

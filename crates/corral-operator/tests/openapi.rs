@@ -3,18 +3,15 @@
 //! references hold. After a deliberate change to the API,
 //! `UPDATE_EXPECT=1 cargo test -p corral-operator --test openapi` rewrites the file.
 
-use std::path::PathBuf;
-
-use corral_api::testing::{check_committed, dangling_references, path_constants};
+use corral_api::testing::{check_committed, dangling_references, path_constants, workspace_root};
 use corral_operator::openapi::{document, render};
-
-fn committed_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi-operator.json")
-}
 
 #[test]
 fn committed_openapi_operator_json_is_the_generated_document() {
-    let committed = check_committed(&committed_path(), &render(&document()));
+    let committed = check_committed(
+        &workspace_root().join("openapi-operator.json"),
+        &render(&document()),
+    );
     assert_eq!(corral_operator::api::OPENAPI, committed);
 }
 

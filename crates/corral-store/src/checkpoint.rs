@@ -49,22 +49,18 @@ pub struct CheckpointPosition {
     pub current: bool,
 }
 
+#[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CheckpointAllocation {
     pub pool: String,
     pub address: String,
     pub owner: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ifname: Option<String>,
     pub generation: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires_ms: Option<u64>,
 }
 

@@ -40,6 +40,22 @@ fn all(limit: usize) -> HistoryQuery {
 }
 
 /// Records `events` in one committed transaction.
+/// Two tests of one check: on SQLite (in a temporary directory) and on the memory store.
+macro_rules! on_both_stores {
+    ($check:ident: $sqlite:ident, $memory:ident) => {
+        #[test]
+        fn $sqlite() {
+            let dir = tempfile::tempdir().unwrap();
+            $check(&mut SqliteStore::open(dir.path()).unwrap());
+        }
+
+        #[test]
+        fn $memory() {
+            $check(&mut MemoryStore::new());
+        }
+    };
+}
+
 fn record(store: &mut impl Store, events: &[HistoryEvent]) {
     let mut txn = store.begin().unwrap();
     for event in events {
@@ -142,16 +158,7 @@ fn answers_every_filter(store: &mut impl Store) {
     assert!(held_at(store, "10.0.0.7", 2500).is_empty());
 }
 
-#[test]
-fn sqlite_answers_every_filter() {
-    let dir = tempfile::tempdir().unwrap();
-    answers_every_filter(&mut SqliteStore::open(dir.path()).unwrap());
-}
-
-#[test]
-fn memory_answers_every_filter() {
-    answers_every_filter(&mut MemoryStore::new());
-}
+on_both_stores!(answers_every_filter: sqlite_answers_every_filter, memory_answers_every_filter);
 
 /// Events are written by the transaction of the change: a dropped transaction leaves none,
 /// a committed one survives a reopen (and the events are in no separate commit).
@@ -220,16 +227,7 @@ fn prunes_by_count_in_batches(store: &mut impl Store) {
     assert_eq!(kept.last().unwrap().at, at(PRUNE_BATCH));
 }
 
-#[test]
-fn sqlite_prunes_by_count_in_batches() {
-    let dir = tempfile::tempdir().unwrap();
-    prunes_by_count_in_batches(&mut SqliteStore::open(dir.path()).unwrap());
-}
-
-#[test]
-fn memory_prunes_by_count_in_batches() {
-    prunes_by_count_in_batches(&mut MemoryStore::new());
-}
+on_both_stores!(prunes_by_count_in_batches: sqlite_prunes_by_count_in_batches, memory_prunes_by_count_in_batches);
 
 fn prunes_by_age(store: &mut impl Store) {
     let limits = HistoryLimits {
@@ -261,16 +259,7 @@ fn prunes_by_age(store: &mut impl Store) {
     assert!(kept.len() >= 1000 - 1000 / 100 - PRUNE_BATCH as usize);
 }
 
-#[test]
-fn sqlite_prunes_by_age() {
-    let dir = tempfile::tempdir().unwrap();
-    prunes_by_age(&mut SqliteStore::open(dir.path()).unwrap());
-}
-
-#[test]
-fn memory_prunes_by_age() {
-    prunes_by_age(&mut MemoryStore::new());
-}
+on_both_stores!(prunes_by_age: sqlite_prunes_by_age, memory_prunes_by_age);
 
 /// A state directory whose store holds one allocation (in network `net`), closed.
 fn holding_one_allocation() -> (tempfile::TempDir, StoredAllocation) {
@@ -598,6 +587,37 @@ const SCHEMA_5_HISTORY: &str = "CREATE TABLE history (
     CREATE INDEX history_by_owner ON history (owner, at);
     CREATE INDEX history_by_container ON history (container_id, ifname, at);";
 
+/// Opens the upgraded store in `dir` (a schema-5 or -6 one holding `events` and `allocation`):
+/// it is at the current schema, answers `events` as the memory store does, and still holds
+/// `allocation`. Answers both stores.
+fn upgraded(
+    dir: &std::path::Path,
+    events: &[HistoryEvent],
+    allocation: &StoredAllocation,
+) -> (SqliteStore, MemoryStore) {
+    let mut sqlite = SqliteStore::open_owned(dir, std::path::Path::new("/x.sock")).unwrap();
+    assert_eq!(sqlite.schema_version().unwrap(), SCHEMA_VERSION);
+    let mut memory = MemoryStore::new();
+    record(&mut memory, events);
+    answers_like_memory(&mut sqlite, &mut memory, events.len() as u64);
+    {
+        let mut txn = sqlite.begin().unwrap();
+        assert_eq!(
+            txn.all_allocations("net").unwrap(),
+            std::slice::from_ref(allocation)
+        );
+    }
+    (sqlite, memory)
+}
+
+/// New events follow the 3,000 of an upgraded store, which answers them all as `memory` does.
+fn more_follow(mut sqlite: SqliteStore, memory: &mut MemoryStore) {
+    let more = varied(5_000);
+    record_as_the_agent(&mut sqlite, &more[3_000..]);
+    record(memory, &more[3_000..]);
+    answers_like_memory(&mut sqlite, memory, 5_000);
+}
+
 /// An agent's history of schema 5 (before the log) is read after the upgrade as it was
 /// written, whole chunks of it summarised, and new events follow it.
 #[test]
@@ -641,22 +661,8 @@ fn a_schema_5_history_is_readable_after_the_upgrade() {
     tx.execute_batch("PRAGMA user_version = 5;").unwrap();
     tx.commit().unwrap();
     drop(conn);
-    let mut sqlite = SqliteStore::open_owned(dir.path(), std::path::Path::new("/x.sock")).unwrap();
-    assert_eq!(sqlite.schema_version().unwrap(), SCHEMA_VERSION);
-    let mut memory = MemoryStore::new();
-    record(&mut memory, &events);
-    answers_like_memory(&mut sqlite, &mut memory, 3_000);
-    {
-        let mut txn = sqlite.begin().unwrap();
-        assert_eq!(
-            txn.all_allocations("net").unwrap(),
-            std::slice::from_ref(&allocation)
-        );
-    }
-    let more = varied(5_000);
-    record_as_the_agent(&mut sqlite, &more[3_000..]);
-    record(&mut memory, &more[3_000..]);
-    answers_like_memory(&mut sqlite, &mut memory, 5_000);
+    let (sqlite, mut memory) = upgraded(dir.path(), &events, &allocation);
+    more_follow(sqlite, &mut memory);
 }
 
 /// Schema 6's log as it was written: one row per event, keyed by its number.
@@ -721,18 +727,7 @@ fn a_schema_6_history_is_readable_after_the_upgrade() {
     tx.execute_batch("PRAGMA user_version = 6;").unwrap();
     tx.commit().unwrap();
     drop(conn);
-    let mut sqlite = SqliteStore::open_owned(dir.path(), socket).unwrap();
-    assert_eq!(sqlite.schema_version().unwrap(), SCHEMA_VERSION);
-    let mut memory = MemoryStore::new();
-    record(&mut memory, &events);
-    answers_like_memory(&mut sqlite, &mut memory, 3_000);
-    {
-        let mut txn = sqlite.begin().unwrap();
-        assert_eq!(
-            txn.all_allocations("net").unwrap(),
-            std::slice::from_ref(&allocation)
-        );
-    }
+    let (sqlite, mut memory) = upgraded(dir.path(), &events, &allocation);
     // The same numbers, times and encodings, in rows of many events; the same chunks.
     drop(sqlite);
     let conn = rusqlite::Connection::open(dir.path().join(corral_store::DB_FILE)).unwrap();
@@ -743,11 +738,10 @@ fn a_schema_6_history_is_readable_after_the_upgrade() {
     assert!(rows < 100, "{rows} rows for 3,000 events");
     drop(conn);
     assert!(chunks_of(dir.path()) == chunks);
-    let mut sqlite = SqliteStore::open_owned(dir.path(), socket).unwrap();
-    let more = varied(5_000);
-    record_as_the_agent(&mut sqlite, &more[3_000..]);
-    record(&mut memory, &more[3_000..]);
-    answers_like_memory(&mut sqlite, &mut memory, 5_000);
+    more_follow(
+        SqliteStore::open_owned(dir.path(), socket).unwrap(),
+        &mut memory,
+    );
 }
 
 /// The chunks' summaries as `history_chunks` holds them, in order.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use corral_cluster::{Family, ReleaseRecord, ReleaseState, decode_value};
 
-use corral_kv::{Kv, Txn, TxnOp};
+use corral_kv::{Kv, Txn};
 
 use super::held::Held;
 use super::state::{Cx, LinkError, update};
@@ -60,14 +60,7 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
         };
         let record_key = keys.cloud_interface(node, &id);
         let response = kv
-            .txn(Txn {
-                compares: vec![],
-                success: vec![
-                    TxnOp::get(record_key.as_str()),
-                    TxnOp::get(release_key.as_str()),
-                ],
-                failure: vec![],
-            })
+            .txn(Txn::reads([record_key.as_str(), release_key.as_str()]))
             .await?;
         let listed_now = response
             .gets

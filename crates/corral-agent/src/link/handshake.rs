@@ -207,14 +207,7 @@ pub(super) async fn reconcile_surrendered<K: Kv>(
             continue;
         }
         let response = kv
-            .txn(Txn {
-                compares: vec![],
-                success: vec![
-                    TxnOp::get(owned_key.as_str()),
-                    TxnOp::get(release_key.as_str()),
-                ],
-                failure: vec![],
-            })
+            .txn(Txn::reads([owned_key.as_str(), release_key.as_str()]))
             .await?;
         let owned_now = response.gets.first().cloned().flatten();
         let release_now = response.gets.get(1).cloned().flatten();

@@ -389,18 +389,21 @@ pub(super) async fn link<K: Kv>(
     let live_key = keys.live(node);
     let live: LiveRecord = across.identity.record(now_ms(), options.lease_ttl);
     let report = |message: &str| update(state, |s| s.last_error = Some(message.to_owned()));
-    let mut claimed = crate::link::liveness::claim(
-        kv,
-        &live_key,
-        &live,
-        lease,
-        &across.identity,
-        options.lease_ttl,
-        stop,
-        state.serving(),
-        report,
-    )
-    .await;
+    let mut claim = async |ask_first| {
+        crate::link::liveness::claim(
+            kv,
+            &live_key,
+            &live,
+            lease,
+            &across.identity,
+            options.lease_ttl,
+            stop,
+            ask_first,
+            report,
+        )
+        .await
+    };
+    let mut claimed = claim(state.serving()).await;
     if let Err(crate::link::liveness::ClaimError::MustWait(message)) = &claimed {
         // Serving already (a later round, or started while etcd was unreachable): the node's
         // ranges drain while the holder is waited for, so two never serve them; the grants
@@ -414,18 +417,7 @@ pub(super) async fn link<K: Kv>(
             s.registered = false;
             s.grants.clear();
         });
-        claimed = crate::link::liveness::claim(
-            kv,
-            &live_key,
-            &live,
-            lease,
-            &across.identity,
-            options.lease_ttl,
-            stop,
-            false,
-            report,
-        )
-        .await;
+        claimed = claim(false).await;
     }
     let claimed = match claimed {
         Ok(claimed) => claimed,

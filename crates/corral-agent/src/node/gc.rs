@@ -79,10 +79,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         self.scope_mut(scope_name)?;
         let declared = (scope_name == api::NODE_SCOPE).then_some(&self.declared);
         let Some(scope) = self.scopes.get_mut(scope_name) else {
-            return Err(OpError::new(
-                api::ErrorCode::NotFound,
-                format!("unknown scope {}", corral_core::Echo(scope_name)),
-            ));
+            return Err(OpError::unknown_scope(scope_name));
         };
         let result = self.store.begin().and_then(|mut txn| {
             let outcome = collect_garbage(

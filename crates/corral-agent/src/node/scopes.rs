@@ -2,8 +2,6 @@
 //! and rebuilding one from the store.
 
 use corral_api as api;
-use corral_api::ErrorCode;
-use corral_core::Echo;
 use corral_store::{Need, ScopeConfig, Store, StoreError, Txn, build_engine, save_engine};
 
 use super::scope::{Broken, Changes, Scope};
@@ -77,15 +75,10 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         if self.broken.contains_key(scope) {
             self.reload(scope);
         }
-        if let Some(broken) = self.broken.get(scope) {
-            return Err(broken.error(scope));
-        }
-        self.scopes.get_mut(scope).ok_or_else(|| {
-            OpError::new(
-                ErrorCode::NotFound,
-                format!("unknown scope {}", Echo(scope)),
-            )
-        })
+        self.not_broken(scope)?;
+        self.scopes
+            .get_mut(scope)
+            .ok_or_else(|| OpError::unknown_scope(scope))
     }
 
     /// A scope whose capacity the API may change: the agent's own. A CNI network's pools
@@ -108,15 +101,18 @@ impl<S: Store, C: Clock> NodeState<S, C> {
     }
 
     pub(super) fn scope(&self, scope: &str) -> Result<&Scope, OpError> {
-        if let Some(broken) = self.broken.get(scope) {
-            return Err(broken.error(scope));
+        self.not_broken(scope)?;
+        self.scopes
+            .get(scope)
+            .ok_or_else(|| OpError::unknown_scope(scope))
+    }
+
+    /// Refuses a scope whose state could not be read, with why.
+    fn not_broken(&self, scope: &str) -> Result<(), OpError> {
+        match self.broken.get(scope) {
+            Some(broken) => Err(broken.error(scope)),
+            None => Ok(()),
         }
-        self.scopes.get(scope).ok_or_else(|| {
-            OpError::new(
-                ErrorCode::NotFound,
-                format!("unknown scope {}", Echo(scope)),
-            )
-        })
     }
 
     pub(super) fn selected(&self, scope: Option<&str>) -> Result<Vec<(&String, &Scope)>, OpError> {

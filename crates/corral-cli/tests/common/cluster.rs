@@ -33,11 +33,27 @@ pub fn initialized(members: usize, dir: &Path, toml: &str) -> EtcdCluster {
     etcd
 }
 
+/// [`initialized`] in a new temporary directory; bound as `let (dir, etcd) = ...`, the cluster
+/// is dropped before the directory, as when each is bound in turn.
+pub fn initialized_in_tempdir(members: usize, toml: &str) -> (tempfile::TempDir, EtcdCluster) {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = initialized(members, dir.path(), toml);
+    (dir, etcd)
+}
+
 /// One etcd member, the cluster `t` initialised with `toml`, and operator replica `op-a`.
 pub fn cluster_with_operator(dir: &Path, toml: &str) -> (EtcdCluster, Operator) {
     let etcd = initialized(1, dir, toml);
     let operator = Operator::start(&etcd, dir, "op-a");
     (etcd, operator)
+}
+
+/// [`cluster_with_operator`] in a new temporary directory (answered first, as
+/// [`initialized_in_tempdir`] answers it).
+pub fn cluster_with_operator_in_tempdir(toml: &str) -> (tempfile::TempDir, EtcdCluster, Operator) {
+    let dir = tempfile::tempdir().unwrap();
+    let (etcd, operator) = cluster_with_operator(dir.path(), toml);
+    (dir, etcd, operator)
 }
 
 /// Replicas `op-a` and `op-b`, started one after the other (not waited on).

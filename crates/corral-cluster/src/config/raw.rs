@@ -61,6 +61,7 @@ impl<'de> Deserialize<'de> for ClusterConfig {
 
 /// The cluster configuration as written in the file and stored: [`ClusterConfig`] with each
 /// pool flat ([`RawPoolConfig`]), not yet checked. Named `ClusterConfig` in parse errors.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "struct ClusterConfig")]
 struct RawClusterConfig {
@@ -70,9 +71,7 @@ struct RawClusterConfig {
     resync: ResyncConfig,
     #[serde(default)]
     pools: Vec<RawPoolConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     node_ids: Option<NodeIdPlanConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     default_pool: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     namespaces: BTreeMap<String, String>,
@@ -258,6 +257,7 @@ impl TryFrom<RawClusterConfig> for ClusterConfig {
 /// A pool as written in the file and stored: every mode's fields side by side, checked
 /// against its mode by [`RawPoolConfig::into_pool`]. Named `PoolConfig` in parse errors, as
 /// the file knows it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "struct PoolConfig")]
 struct RawPoolConfig {
@@ -265,21 +265,14 @@ struct RawPoolConfig {
     name: PoolName,
     #[serde(default, skip_serializing_if = "is_default_mode")]
     mode: PoolMode,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     watermarks: Option<Watermarks>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     node_watermarks: BTreeMap<String, WatermarkOverride>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     release_delay_secs: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     cloud: Option<CloudPoolConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     max_pods: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     cloud_sync: Option<NodeCidrSync>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     ipv4: Option<FamilyConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     ipv6: Option<FamilyConfig>,
 }
 
