@@ -66,7 +66,8 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> ConfigError 
 #[serde(deny_unknown_fields)]
 pub struct ResyncConfig {
     /// Time to the next resync of a node after a success. The leader's full resync waits at
-    /// least twenty times as long as its last full read took (a large cluster's read is slow).
+    /// least twenty times as long as its last full read took (a large cluster's read is slow),
+    /// and while nodes wait for grants, up to four times this since the last full read.
     #[serde(default = "default_resync_ms")]
     pub resync_ms: u64,
     /// Time to the next try after the first error.

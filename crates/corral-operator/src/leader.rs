@@ -388,6 +388,7 @@ async fn serve<K: Kv>(
         dirty: true,
         timers_first: false,
         sync_state: RetryState::default(),
+        read_at: Instant::now(),
         resync_at: Instant::now()
             + RetryState::default().read_all(
                 &timing,
@@ -425,6 +426,8 @@ struct Leading<'a, K> {
     /// re-reads everything at one revision and reports any drift, as a backstop.
     sync_state: RetryState,
     resync_at: Instant,
+    /// When the view was last read whole (the lead's rebuild, the last resync).
+    read_at: Instant,
     /// The `config-applied` write last tried, as (its compare, the configuration's revision):
     /// tried again only once the view has changed (or after a resync).
     applied_tried: Option<(Revision, Revision)>,
@@ -606,11 +609,19 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             }
             Wake::Resync => {
                 let timing = with_view(shared, |view, _| Resync::from(&view.config().resync))?;
+                let backlog = !self.work.pending.is_empty();
+                if let Some(wait) =
+                    RetryState::defer_resync(&timing, self.read_at.elapsed(), backlog)
+                {
+                    self.resync_at = Instant::now() + wait;
+                    return Ok(());
+                }
                 drain(runner, &mut self.work, shared).await;
                 let started = Instant::now();
                 match rebuild(kv, keys, shared, self.page).await {
                     Ok((fresh, at)) => {
                         let took = started.elapsed();
+                        self.read_at = Instant::now();
                         shared.resolve("etcd", "resync");
                         match shared.probe_epoch(kv).await {
                             Ok(_) => shared.resolve("etcd", "resync: etcd's header"),

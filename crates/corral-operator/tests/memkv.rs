@@ -476,26 +476,26 @@ async fn an_outage_during_grants_loses_and_doubles_nothing() {
     assert_clean_end(&kv, &auditor).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
+/// Ten dual-stack nodes granted while the next three grant transactions fail as `lost`
+/// says (`Faults::lose_answers` or `lose_requests`): the leader must not guess; it reads back
+/// a key each wrote, without reading the whole store again, and every node ends granted once.
+async fn ten_nodes_granted_with_three_lost(lost: fn(&mut Faults) -> &mut usize) {
     let kv = FaultyKv::new(MemKv::new());
     init(&kv, DUAL).await;
     let auditor = Auditor::start(&kv.inner).await;
     let a = start_leading(&kv, "op-a").await;
-    // The next three grant transactions are applied, but the leader hears `Unavailable`: it
-    // must not guess; it reads a key each wrote back from the store and finds them granted,
-    // without reading the whole store again.
-    kv.faults.lock().unwrap().lose_answers = 3;
+    *lost(&mut kv.faults.lock().unwrap()) = 3;
     let names: Vec<String> = (0..10).map(|i| format!("node-{i}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     register_and_wait(&kv, &refs).await;
-    assert_eq!(kv.faults.lock().unwrap().lose_answers, 0);
+    assert_eq!(*lost(&mut kv.faults.lock().unwrap()), 0);
     assert_eq!(
         a.shared.metrics.rebuilds.get(),
         1,
         "a lost answer is read back, not the whole store"
     );
     let grants = grants(&kv).await;
+    assert_eq!(grants.len(), 10, "{grants:#?}");
     assert!(grants.values().all(|g| g.len() == 2), "{grants:#?}");
     // Every grant written once: 10 nodes, 2 CIDRs and 1 ID each.
     assert_eq!(*auditor.grants_written.lock().unwrap(), 30);
@@ -503,24 +503,16 @@ async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_grant_applied_whose_answer_is_lost_is_not_granted_again() {
+    // Applied, and the leader hears `Unavailable`: the read back finds them granted.
+    ten_nodes_granted_with_three_lost(|faults| &mut faults.lose_answers).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_grant_lost_on_its_way_is_granted_again_once() {
-    let kv = FaultyKv::new(MemKv::new());
-    init(&kv, DUAL).await;
-    let auditor = Auditor::start(&kv.inner).await;
-    let a = start_leading(&kv, "op-a").await;
-    // The next three grant transactions never reach the store, and the leader hears
-    // `Unavailable`: the read back finds nothing written, and the nodes are tried again.
-    kv.faults.lock().unwrap().lose_requests = 3;
-    let names: Vec<String> = (0..10).map(|i| format!("node-{i}")).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    register_and_wait(&kv, &refs).await;
-    assert_eq!(kv.faults.lock().unwrap().lose_requests, 0);
-    assert_eq!(a.shared.metrics.rebuilds.get(), 1);
-    let grants = grants(&kv).await;
-    assert_eq!(grants.len(), 10, "{grants:#?}");
-    assert!(grants.values().all(|g| g.len() == 2), "{grants:#?}");
-    assert_eq!(*auditor.grants_written.lock().unwrap(), 30);
-    assert_clean_end(&kv, &auditor).await;
+    // Never applied, and the leader hears `Unavailable`: the read back finds nothing
+    // written, and the nodes are tried again.
+    ten_nodes_granted_with_three_lost(|faults| &mut faults.lose_requests).await;
 }
 
 /// Regression: a node that waited for space (a retry entry) and then stopped needing anything
