@@ -157,6 +157,21 @@ async fn bench(etcd: &EtcdCluster) {
         samples.len(),
         requests as f64 / nodes as f64
     );
+    // What made the leader read everything again, if it did (a lost answer whose read-back
+    // failed, a term ended): its problems, deduplicated.
+    let mut reported = shared.reported();
+    reported.sort();
+    reported.dedup();
+    println!(
+        "full reads during the grants: {}; problems raised: {}{}",
+        shared.metrics.rebuilds.get(),
+        reported.len(),
+        reported
+            .iter()
+            .take(5)
+            .map(|p| format!("\n  {p}"))
+            .collect::<String>()
+    );
     operator.stop().await;
     match assertions {
         Some(task) => println!(
