@@ -731,9 +731,9 @@ fn map_error_ref(error: &etcd_client::Error) -> KvError {
     }
 }
 
-/// The largest range answer taken (gRPC's default refuses more than 4 MiB): a scan's page is
-/// cut to about `corral_kv::PAGE_BYTES` once its keys' sizes are known, and its first page,
-/// of up to a page of keys, may hold more.
+/// The largest range or watch answer taken (gRPC's default refuses more than 4 MiB): a scan's
+/// page is cut to about `corral_kv::PAGE_BYTES` once its keys' sizes are known, and its first
+/// page, of up to a page of keys, may hold more; a watch's backlog comes in one answer.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// True if etcd refused a read at a revision the member has not applied yet.
@@ -1187,7 +1187,14 @@ impl Kv for EtcdKv {
         let created = |client: Client| {
             let options = options.clone();
             async move {
-                let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
+                // A watch that fell behind gets its backlog in one answer (a leader granting
+                // 64 transactions at once was sent 10 MiB): past gRPC's default 4 MiB the
+                // stream failed and the leader's term ended.
+                let mut stream = client
+                    .watch_client()
+                    .max_decoding_message_size(MAX_ANSWER_BYTES)
+                    .watch(prefix, Some(options))
+                    .await?;
                 match stream.message().await? {
                     Some(response) if response.created() && !response.canceled() => Ok(stream),
                     Some(response) => Err(etcd_client::Error::WatchError(format!(

@@ -466,3 +466,35 @@ async fn requests_are_counted() {
     kv.clone().lease_revoke(lease).await.expect("revoke");
     assert_eq!(kv.requests(), 5);
 }
+
+/// A watch that fell behind gets its backlog in one answer: six 1 MiB values (etcd takes at
+/// most 1.5 MiB a request) come in one watch answer past gRPC's default 4 MiB limit, and the
+/// watch delivers them all instead of failing (a leader granting 64 transactions at once was
+/// sent 10 MiB, and its term ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (make deps)"]
+async fn a_watch_backlog_past_four_mib_is_delivered() {
+    let (_serial, _cluster, kv) = serial_cluster(1, options(Duration::from_secs(5))).await;
+    let value = vec![b'v'; 1 << 20];
+    let mut first = None;
+    for i in 0..6 {
+        let response = kv
+            .txn(Txn {
+                success: vec![TxnOp::put(format!("/backlog/{i}"), value.clone())],
+                ..Txn::default()
+            })
+            .await
+            .expect("a 1 MiB put");
+        first.get_or_insert(response.revision);
+    }
+    let mut watch = kv
+        .watch(b"/backlog/", first.expect("written"))
+        .await
+        .expect("watch");
+    let mut seen = 0;
+    while seen < 6 {
+        let batch = watch.next().await.expect("the backlog, not an error");
+        seen += batch.len();
+    }
+    assert_eq!(seen, 6);
+}
