@@ -163,7 +163,7 @@ async fn bench(etcd: &EtcdCluster) {
     reported.sort();
     reported.dedup();
     println!(
-        "full reads during the grants: {}; problems raised: {}{}",
+        "full reads of the store (the lead's included): {}; problems raised: {}{}",
         shared.metrics.rebuilds.get(),
         reported.len(),
         reported

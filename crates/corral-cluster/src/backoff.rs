@@ -25,6 +25,17 @@ impl From<&ResyncConfig> for Resync {
     }
 }
 
+impl Resync {
+    /// When a resync falls due: `None` to read now; the wait before it is due again while
+    /// nodes wait for grants (`backlog`): a full read stalls granting for its time and costs
+    /// etcd every key, so a burst of registrations is served first, for at most
+    /// `RESYNC_DEFERRAL` intervals since the last full read.
+    pub fn deferral(&self, since_read: Duration, backlog: bool) -> Option<Duration> {
+        let latest = self.resync.saturating_mul(RESYNC_DEFERRAL);
+        (backlog && since_read < latest).then(|| self.resync.min(latest - since_read))
+    }
+}
+
 impl Default for Resync {
     fn default() -> Self {
         Resync::from(&ResyncConfig::default())
@@ -83,15 +94,6 @@ impl RetryState {
             .max(took.saturating_mul(RESYNC_SPACING))
     }
 
-    /// When a resync falls due: `None` to read now; the wait before it is due again while
-    /// nodes wait for grants (`backlog`): a full read stalls granting for its time and costs
-    /// etcd every key, so a burst of registrations is served first, for at most
-    /// `RESYNC_DEFERRAL` intervals since the last full read.
-    pub fn defer_resync(timing: &Resync, since_read: Duration, backlog: bool) -> Option<Duration> {
-        let latest = timing.resync.saturating_mul(RESYNC_DEFERRAL);
-        (backlog && since_read < latest).then(|| timing.resync.min(latest - since_read))
-    }
-
     /// The wait after the outcome `ok` (success or error), as `success` and `error`.
     pub fn next(&mut self, ok: bool, timing: &Resync) -> Duration {
         if ok {
@@ -142,11 +144,11 @@ mod tests {
     fn a_resync_waits_for_a_backlog_of_grants_up_to_four_intervals() {
         let timing = Resync::default();
         let s = Duration::from_secs;
-        assert_eq!(RetryState::defer_resync(&timing, s(30), false), None);
-        assert_eq!(RetryState::defer_resync(&timing, s(30), true), Some(s(30)));
-        assert_eq!(RetryState::defer_resync(&timing, s(100), true), Some(s(20)));
-        assert_eq!(RetryState::defer_resync(&timing, s(120), true), None);
-        assert_eq!(RetryState::defer_resync(&timing, Duration::MAX, true), None);
+        assert_eq!(timing.deferral(s(30), false), None);
+        assert_eq!(timing.deferral(s(30), true), Some(s(30)));
+        assert_eq!(timing.deferral(s(100), true), Some(s(20)));
+        assert_eq!(timing.deferral(s(120), true), None);
+        assert_eq!(timing.deferral(Duration::MAX, true), None);
     }
 
     #[test]

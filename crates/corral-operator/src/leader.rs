@@ -362,6 +362,12 @@ async fn serve<K: Kv>(
     // reads the store as it is now.
     let mut epoch_tick = tokio::time::interval(EPOCH_PROBE);
     epoch_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The lead's own full read spaces out the first resync as a resync's would.
+    let mut sync_state = RetryState::default();
+    let lead_read = shared
+        .last_rebuild()
+        .map_or(Duration::ZERO, |(_, took)| took);
+    let resync_at = Instant::now() + sync_state.read_all(&timing, lead_read);
     let mut leading = Leading {
         kv,
         keys,
@@ -387,15 +393,9 @@ async fn serve<K: Kv>(
         },
         dirty: true,
         timers_first: false,
-        sync_state: RetryState::default(),
+        sync_state,
         read_at: Instant::now(),
-        resync_at: Instant::now()
-            + RetryState::default().read_all(
-                &timing,
-                shared
-                    .last_rebuild()
-                    .map_or(Duration::ZERO, |(_, took)| took),
-            ),
+        resync_at,
         applied_tried: None,
         regressions: shared.regressions(),
         epoch_tick,
@@ -610,9 +610,7 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             Wake::Resync => {
                 let timing = with_view(shared, |view, _| Resync::from(&view.config().resync))?;
                 let backlog = !self.work.pending.is_empty();
-                if let Some(wait) =
-                    RetryState::defer_resync(&timing, self.read_at.elapsed(), backlog)
-                {
+                if let Some(wait) = timing.deferral(self.read_at.elapsed(), backlog) {
                     self.resync_at = Instant::now() + wait;
                     return Ok(());
                 }
@@ -676,9 +674,13 @@ impl<K: Kv> Reconciler for Leading<'_, K> {
             uncertain
         })?;
         // A grant batch whose answer was lost: one read before anything else is proposed.
+        // The first read that fails settles it: the store is read whole, which answers the rest.
         let mut resolved = true;
         for batch in std::mem::take(&mut self.work.lost) {
-            resolved &= resolve_lost(kv, keys, shared, runner, &mut self.work, batch).await?;
+            if !resolve_lost(kv, keys, shared, runner, &mut self.work, batch).await? {
+                resolved = false;
+                break;
+            }
         }
         if uncertain || !resolved {
             // The store may or may not have applied it: the view is rebuilt from what
@@ -1298,6 +1300,15 @@ fn grant_txn(
             txn.success.push(TxnOp::put(key, value));
         }
     }
+    // `next_batch` sized the batch by `Proposal::txn_size`: the two must agree, or etcd
+    // refuses a full batch.
+    debug_assert_eq!(
+        (txn.compares.len(), txn.success.len()),
+        batch
+            .iter()
+            .map(Proposal::txn_size)
+            .fold((1, 0), |(c, p), (nc, np)| (c + nc, p + np)),
+    );
     Ok(txn)
 }
 
