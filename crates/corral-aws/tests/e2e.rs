@@ -16,7 +16,9 @@
 //! of the interface, the primary included, where EC2 answers the new ones (see `tests/moto.rs`);
 //! the pool's `max_allocate` is set to the interface's first two addresses so the operator never
 //! assigns on an existing interface here (that path is proven on the fake). Moto attaches at
-//! once (no `attaching` phase) and ignores client tokens.
+//! once (no `attaching` phase) and ignores client tokens. Moto picks private addresses from
+//! the whole subnet, the gateway included, which corral refuses to serve: the tests run it
+//! with EC2's rule (`common/moto_server.py`).
 //!
 //! Needs moto (`target/moto-venv/bin/moto_server`, or `MOTO_SERVER`) and etcd (`make deps`);
 //! `corral-ipam` is found beside this build's `corral-aws` (a workspace build makes both) or
@@ -118,6 +120,11 @@ impl Daemon {
         let mut command = Command::new(CORRAL_AWS);
         aws_env(&mut command)
             .args(args)
+            // The link's and the cloud manager's steps, for a failure to say why.
+            .env(
+                "CORRAL_LOG",
+                "corral_agent::link=debug,corral_operator::leader::cloud=debug",
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -139,6 +146,9 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("E2E_LOGS").is_some() {
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log());
+        }
         // `Child::kill` is SIGKILL to this child's PID.
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -345,8 +355,7 @@ cidrs = ["10.0.0.0/16"]
     assert_eq!(record.primary_ipv4, Some(in_moto[0].primary_ipv4));
 
     // The agent serves the interface.
-    wait_until("the agent serving the interface", || {
-        agent.assert_running();
+    let serving = || {
         corral_client::Client::unix(&agent_socket)
             .interfaces(Some("vpc"))
             .is_ok_and(|listed| {
@@ -360,7 +369,23 @@ cidrs = ["10.0.0.0/16"]
                             == recorded
                 })
             })
-    });
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while !serving() {
+        agent.assert_running();
+        if Instant::now() > deadline {
+            // What the agent and etcd show, to say why (the daemons' logs follow on drop).
+            let mut client = corral_client::Client::unix(&agent_socket);
+            panic!(
+                "timed out waiting for the agent serving {eni} with {recorded:?}\n\
+                 interfaces: {:?}\nstatus: {:?}\nrecords: {:?}",
+                client.interfaces(Some("vpc")),
+                client.status(None),
+                records(&kv, &keys, &node),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // A pod's address through corral-ipam in agent mode: one moto shows on the interface.
     let podnet = json!({

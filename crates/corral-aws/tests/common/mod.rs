@@ -1,11 +1,12 @@
-//! What the tests against moto share: the `moto_server` child process and the VPC, subnet and
-//! instance they run in.
+//! What the tests against moto share: the `moto_server` child process (with EC2's rules for
+//! the private addresses it picks: `moto_server.py`) and the VPC, subnet and instance they run
+//! in.
 
 // Each test file uses part of this module.
 #![allow(dead_code)]
 
 use std::net::{Ipv4Addr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,27 @@ impl Moto {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/moto-venv/bin/moto_server")
     }
 
+    /// The Python that runs moto: the interpreter of `moto_server`'s script (its `#!` line).
+    fn python(binary: &Path) -> PathBuf {
+        let script = std::fs::read_to_string(binary).unwrap_or_default();
+        let interpreter = script
+            .lines()
+            .next()
+            .and_then(|line| line.strip_prefix("#!"))
+            .map(str::trim)
+            .filter(|path| path.contains("python"));
+        PathBuf::from(interpreter.unwrap_or_else(|| {
+            panic!(
+                "{} is not moto's Python script (its first line names no python)",
+                binary.display()
+            )
+        }))
+    }
+
+    /// Starts moto_server through `moto_server.py` beside this file, which makes moto pick
+    /// private addresses as EC2 does (never a subnet's five reserved addresses, never one
+    /// handed out already): moto's own picks put the subnet's gateway on an interface in
+    /// about one run in twenty-five, and corral rightly refuses to serve it.
     pub fn start() -> Moto {
         let binary = Moto::binary();
         assert!(
@@ -33,9 +55,11 @@ impl Moto {
             "moto_server not found at {} (run `make deps`, or set MOTO_SERVER)",
             binary.display()
         );
+        let wrapper = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/moto_server.py");
         // A port free when asked, outside the ephemeral range; moto binds it a moment later.
         let port = corral_etcd::testing::free_ports(1).expect("a free port on 127.0.0.1")[0];
-        let child = Command::new(&binary)
+        let child = Command::new(Moto::python(&binary))
+            .arg(&wrapper)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
