@@ -733,7 +733,8 @@ fn map_error_ref(error: &etcd_client::Error) -> KvError {
 
 /// The largest range or watch answer taken (gRPC's default refuses more than 4 MiB): a scan's
 /// page is cut to about `corral_kv::PAGE_BYTES` once its keys' sizes are known, and its first
-/// page, of up to a page of keys, may hold more; a watch's backlog comes in one answer.
+/// page, of up to a page of keys, may hold more; a server that does not fragment watch answers
+/// (etcd's gRPC proxy) sends a watch's backlog in one.
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// True if etcd refused a read at a revision the member has not applied yet.
@@ -896,11 +897,14 @@ fn the_lease_of(txn: &Txn) -> Option<LeaseId> {
         })
 }
 
-/// Forwards one etcd watch stream into a `Watch` until either end goes away.
+/// Forwards one etcd watch stream into a `Watch` until either end goes away. The parts of a
+/// fragmented answer (`fragment` set on all but its last) are joined into one batch, so a
+/// batch never ends inside a revision (a grant transaction's keys come together).
 async fn forward_watch(
     mut stream: etcd_client::WatchStream,
     sender: mpsc::Sender<Result<Vec<Event>, KvError>>,
 ) {
+    let mut parts: Vec<Event> = Vec::new();
     loop {
         let message = tokio::select! {
             message = stream.message() => message,
@@ -914,10 +918,8 @@ async fn forward_watch(
                 "etcd cancelled the watch: {}",
                 response.cancel_reason()
             ))),
-            Ok(Some(response)) => Ok(response
-                .events()
-                .iter()
-                .filter_map(|event| {
+            Ok(Some(response)) => {
+                parts.extend(response.events().iter().filter_map(|event| {
                     let kv = event.kv()?;
                     Some(match event.event_type() {
                         EventType::Put => Event::Put(key_value(kv.clone())),
@@ -926,8 +928,12 @@ async fn forward_watch(
                             mod_revision: kv.mod_revision(),
                         },
                     })
-                })
-                .collect::<Vec<_>>()),
+                }));
+                if response.0.fragment {
+                    continue;
+                }
+                Ok(std::mem::take(&mut parts))
+            }
             Ok(None) => Err(KvError::Unavailable("etcd ended the watch stream".into())),
             Err(error) => Err(map_error(error, None)),
         };
@@ -1179,9 +1185,12 @@ impl Kv for EtcdKv {
     }
 
     async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
+        // Fragmented: etcd splits an answer past its request limit (1.5 MiB) into parts,
+        // which `forward_watch` joins again, so a backlog of any size is taken.
         let options = WatchOptions::new()
             .with_range(prefix_end(prefix))
-            .with_start_revision(from.max(0));
+            .with_start_revision(from.max(0))
+            .with_fragment();
         // Wait for etcd to confirm the watch, so that a write made after `watch` returns is
         // seen by a watch from revision 0.
         let created = |client: Client| {
@@ -1189,7 +1198,8 @@ impl Kv for EtcdKv {
             async move {
                 // A watch that fell behind gets its backlog in one answer (a leader granting
                 // 64 transactions at once was sent 10 MiB): past gRPC's default 4 MiB the
-                // stream failed and the leader's term ended.
+                // stream failed and the leader's term ended. Fragmented, its parts are
+                // smaller; the limit stays for a server that does not fragment (a proxy).
                 let mut stream = client
                     .watch_client()
                     .max_decoding_message_size(MAX_ANSWER_BYTES)
