@@ -195,6 +195,43 @@ pub fn family_of(net: &IpNet) -> Family {
     }
 }
 
+/// Takes `net` off `interface` behind corral's back, as someone at the console would: a /32 or
+/// /128 as a secondary address, anything shorter as a delegated prefix.
+pub async fn unassign_out_of_band(ec2: &FakeEc2, interface: &str, net: IpNet) {
+    let address = net.prefix_len() == net.max_prefix_len();
+    match net {
+        IpNet::V4(net) => {
+            let release = if address {
+                Ipv4Set {
+                    addresses: vec![net.addr()],
+                    prefixes: vec![],
+                }
+            } else {
+                Ipv4Set {
+                    addresses: vec![],
+                    prefixes: vec![net],
+                }
+            };
+            ec2.unassign_ipv4(interface, &release).await
+        }
+        IpNet::V6(net) => {
+            let release = if address {
+                Ipv6Set {
+                    addresses: vec![net.addr()],
+                    prefixes: vec![],
+                }
+            } else {
+                Ipv6Set {
+                    addresses: vec![],
+                    prefixes: vec![net],
+                }
+            };
+            ec2.unassign_ipv6(interface, &release).await
+        }
+    }
+    .unwrap();
+}
+
 /// Addresses an entry holds (a /80: 2^48).
 fn units(net: &IpNet) -> u64 {
     corral_cluster::cloud::units(net)
