@@ -198,36 +198,11 @@ pub fn family_of(net: &IpNet) -> Family {
 /// Takes `net` off `interface` behind corral's back, as someone at the console would: a /32 or
 /// /128 as a secondary address, anything shorter as a delegated prefix.
 pub async fn unassign_out_of_band(ec2: &FakeEc2, interface: &str, net: IpNet) {
-    let address = net.prefix_len() == net.max_prefix_len();
-    match net {
-        IpNet::V4(net) => {
-            let release = if address {
-                Ipv4Set {
-                    addresses: vec![net.addr()],
-                    prefixes: vec![],
-                }
-            } else {
-                Ipv4Set {
-                    addresses: vec![],
-                    prefixes: vec![net],
-                }
-            };
-            ec2.unassign_ipv4(interface, &release).await
-        }
-        IpNet::V6(net) => {
-            let release = if address {
-                Ipv6Set {
-                    addresses: vec![net.addr()],
-                    prefixes: vec![],
-                }
-            } else {
-                Ipv6Set {
-                    addresses: vec![],
-                    prefixes: vec![net],
-                }
-            };
-            ec2.unassign_ipv6(interface, &release).await
-        }
+    let (v4, v6) = corral_cloud::sets_of(&[net]);
+    if v4.is_empty() {
+        ec2.unassign_ipv6(interface, &v6).await
+    } else {
+        ec2.unassign_ipv4(interface, &v4).await
     }
     .unwrap();
 }
