@@ -48,7 +48,27 @@ pub fn replay(target: &str, run: fn(&[u8])) {
     }
 }
 
-/// Every target in `fuzz/fuzz_targets/` is replayed by some crate's `tests/fuzz_corpus.rs`.
+/// The tests of a crate's `tests/fuzz_corpus.rs`, from its entries `target => function`: one
+/// test per target, named after it, replaying its inputs through the function the target
+/// calls; and `every_fuzz_target_is_replayed`.
+macro_rules! replay_tests {
+    ($($target:ident => $run:path),* $(,)?) => {
+        $(
+            #[test]
+            fn $target() {
+                $crate::replay::replay(stringify!($target), $run);
+            }
+        )*
+
+        #[test]
+        fn every_fuzz_target_is_replayed() {
+            $crate::replay::every_target_is_replayed();
+        }
+    };
+}
+
+/// Every target in `fuzz/fuzz_targets/` is replayed by some crate's `tests/fuzz_corpus.rs` (an
+/// entry of its `replay_tests!`).
 pub fn every_target_is_replayed() {
     let fuzz = fuzz_dir();
     let crates = fuzz.join("../crates");
@@ -62,9 +82,9 @@ pub fn every_target_is_replayed() {
             .file_stem()
             .and_then(|s| s.to_str())
             .expect("a target's name");
-        let quoted = format!("{name:?}");
+        let entry = format!("{name} =>");
         assert!(
-            replays.iter().any(|text| text.contains(&quoted)),
+            replays.iter().any(|text| text.contains(&entry)),
             "fuzz target {name} is replayed by no crate's tests/fuzz_corpus.rs"
         );
     }

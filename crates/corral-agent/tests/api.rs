@@ -23,6 +23,14 @@ impl Agent {
         Agent::start_with(dir, config::default_pools())
     }
 
+    /// [`Agent::start`] in a new temporary directory; bound as `let (dir, agent) = ...`, the
+    /// agent stops before the directory goes.
+    fn start_in_tempdir() -> (tempfile::TempDir, Agent) {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = Agent::start(dir.path());
+        (dir, agent)
+    }
+
     fn start_with(dir: &Path, pools: Vec<config::PoolFile>) -> Agent {
         let config = AgentConfig {
             pools: config::pools(&pools).unwrap(),
@@ -89,8 +97,7 @@ fn addresses(body: &Value) -> Vec<String> {
 
 #[test]
 fn allocate_release_and_errors_over_the_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (_dir, agent) = Agent::start_in_tempdir();
     assert_eq!(agent.request("GET", "/healthz", None).0, 200);
     assert_eq!(agent.request("GET", "/readyz", None).0, 200);
 
@@ -235,8 +242,7 @@ fn exhaustion_names_the_pool_and_pools_can_grow() {
 
 #[test]
 fn a_restart_brings_back_allocations_leases_and_cooldowns_and_expires_overdue_leases() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let (_, held) = agent.post("/v1/allocate", json!({"owner": "keeper"}));
     let (_, short) = agent.post("/v1/allocate", json!({"owner": "short", "lease_ms": 300}));
     let (_, long) = agent.post("/v1/allocate", json!({"owner": "long", "lease_ms": 600000}));
@@ -281,8 +287,7 @@ fn a_restart_brings_back_allocations_leases_and_cooldowns_and_expires_overdue_le
 
 #[test]
 fn concurrent_requests_share_commits_and_every_answer_is_distinct() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let socket = agent.socket.clone();
     let threads: Vec<_> = (0..16)
         .map(|t| {
@@ -326,8 +331,7 @@ fn concurrent_requests_share_commits_and_every_answer_is_distinct() {
 /// twice is the caller's 400, not the store's 503.
 #[test]
 fn refused_changes_leave_nothing_and_api_pools_survive_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let (status, body) = agent.post(
         "/v1/pools/ranges/add",
         json!({"pool": "zz", "range": "10.88.0.0/24"}),
@@ -390,8 +394,7 @@ fn refused_changes_leave_nothing_and_api_pools_survive_restarts() {
 /// and expired leases.
 #[test]
 fn metrics_count_attempts_by_outcome_and_show_the_pools() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (_dir, agent) = Agent::start_in_tempdir();
     agent.post("/v1/allocate", json!({"owner": "a"}));
     agent.post(
         "/v1/allocate",
@@ -460,8 +463,7 @@ fn ranges_added_to_the_implicit_default_pool_survive_a_restart() {
 /// "pod-array". Every body must be a JSON object; anything else is a 400 that says so.
 #[test]
 fn a_body_that_is_not_a_json_object_is_refused_on_every_endpoint() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (_dir, agent) = Agent::start_in_tempdir();
     let positional = json!(["node", "default", null, null, "pod-array", null, null]).to_string();
     let bodies = [
         (
@@ -516,8 +518,7 @@ fn a_body_that_is_not_a_json_object_is_refused_on_every_endpoint() {
 /// variant of a megabyte came back whole in serde's message.
 #[test]
 fn over_long_inputs_are_called_too_long_and_never_echoed_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (_dir, agent) = Agent::start_in_tempdir();
     let id = "c".repeat(1100);
     let (status, body) = agent.post(
         "/v1/allocate",
@@ -699,8 +700,7 @@ fn slow_bodies_and_idle_connections_are_timed_out_on_the_socket() {
 /// and changes nothing. With no grace period a first observation is enough.
 #[test]
 fn gc_releases_a_leak_only_at_a_later_run_past_the_grace_period() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let key = |c: &str| json!({"network": "podnet", "container_id": c, "ifname": "eth0"});
     let (status, leaked) = agent.post(
         "/v1/allocate",

@@ -64,6 +64,14 @@ fn open(dir: &Path, declared: &ScopeConfig) -> NodeState {
     NodeState::restore(store, declared).expect("the agent restores its state")
 }
 
+/// [`open`] in a new temporary directory; bound as `let (dir, node) = ...`, the node state
+/// closes before the directory goes.
+fn open_new(declared: &ScopeConfig) -> (tempfile::TempDir, NodeState) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = open(dir.path(), declared);
+    (dir, node)
+}
+
 fn run(node: &mut NodeState, op: Op) -> Result<Reply, OpError> {
     node.run_batch(vec![op]).pop().expect("one answer")
 }
@@ -185,8 +193,7 @@ fn node_checkpoint(ranges: serde_json::Value, allocations: serde_json::Value) ->
 /// longer started ("range 10.50.0.0/24 overlaps range 10.50.0.0/24 of pool a", exit 4).
 #[test]
 fn a_range_removed_by_its_addresses_stays_removed_and_may_move_to_another_pool() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &ScopeConfig::default());
+    let (dir, mut node) = open_new(&ScopeConfig::default());
     add_range(&mut node, "a", "10.50.0.0/24").unwrap();
     match remove_range(&mut node, "a", "10.50.0.0/24,gateway=10.50.0.1").unwrap() {
         Reply::RangeRemoved(removed) => assert_eq!(removed.outcome, api::RangeRemoval::Removed),
@@ -206,8 +213,7 @@ fn a_range_removed_by_its_addresses_stays_removed_and_may_move_to_another_pool()
 /// another pool added over it the agent no longer started.
 #[test]
 fn a_file_range_removed_at_run_time_is_not_resurrected_by_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (dir, mut node) = open_new(&declared());
     remove_range(&mut node, "a", "10.50.0.0/24").unwrap();
     add_range(&mut node, "b", "10.50.0.0/25").unwrap();
     let before = fingerprint(&mut node);
@@ -234,8 +240,7 @@ fn a_file_range_removed_at_run_time_is_not_resurrected_by_a_restart() {
 /// says so instead of refusing to start.
 #[test]
 fn a_file_range_over_a_run_time_range_is_reported_not_fatal() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &ScopeConfig::default());
+    let (dir, mut node) = open_new(&ScopeConfig::default());
     add_range(&mut node, "b", "10.50.0.128/25").unwrap();
     drop(node);
     let mut node = open(dir.path(), &declared());
@@ -254,8 +259,7 @@ fn a_file_range_over_a_run_time_range_is_reported_not_fatal() {
 /// another pool), and re-adding it to its own pool, to cancel the drain, was refused.
 #[test]
 fn draining_survives_a_restart_can_be_cancelled_and_ends_with_the_last_release() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &ScopeConfig::default());
+    let (dir, mut node) = open_new(&ScopeConfig::default());
     add_range(&mut node, "a", "10.60.0.0/29,gateway=10.60.0.1").unwrap();
     let first = allocate(&mut node, "a", "one").unwrap();
     let second = allocate(&mut node, "a", "two").unwrap();
@@ -305,8 +309,7 @@ fn host_address(node: &mut NodeState, owner: &str) -> std::net::IpAddr {
 /// 200, then every node request 503 while /readyz said ready, and the restart failed.
 #[test]
 fn an_import_that_does_not_fit_the_node_scope_is_refused_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (dir, mut node) = open_new(&declared());
     let document = node_checkpoint(
         serde_json::json!(["10.88.0.0/24"]),
         serde_json::json!([{"pool": "x", "address": "10.88.0.200", "owner": "imported", "generation": 3}]),
@@ -333,8 +336,7 @@ fn an_import_that_does_not_fit_the_node_scope_is_refused_and_changes_nothing() {
 /// An import that fits is taken, and the restart keeps it.
 #[test]
 fn an_import_that_fits_the_node_scope_is_kept_across_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (dir, mut node) = open_new(&declared());
     let document = node_checkpoint(
         serde_json::json!(["10.77.0.0/24"]),
         serde_json::json!([{"pool": "x", "address": "10.77.0.200", "owner": "imported", "generation": 3}]),
@@ -356,8 +358,7 @@ fn an_import_that_fits_the_node_scope_is_kept_across_a_restart() {
 /// A range the file stops declaring drains and leaves like one removed through the API.
 #[test]
 fn a_range_dropped_from_the_file_drains_and_leaves() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (dir, mut node) = open_new(&declared());
     let held = allocate(&mut node, "a", "held").unwrap();
     drop(node);
     let mut without_a = declared();
@@ -377,8 +378,7 @@ fn a_range_dropped_from_the_file_drains_and_leaves() {
 /// draining, became a tombstone with its last release and was gone after the next restart.
 #[test]
 fn a_range_the_file_dropped_and_declares_again_is_active_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (dir, mut node) = open_new(&declared());
     let held = allocate(&mut node, "a", "held").unwrap();
     drop(node);
     let mut node = open(dir.path(), &file_variant(1));
@@ -413,8 +413,7 @@ fn a_range_the_file_moves_to_another_pool_is_there_after_one_restart() {
 /// from another agent's file, must not leave state a restart reads differently.
 #[test]
 fn an_import_with_a_range_twice_is_refused_and_foreign_file_ranges_become_api_ranges() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (dir, mut node) = open_new(&declared());
     let twice = node_checkpoint(
         serde_json::json!([{"range": "10.77.0.0/24", "source": "api", "state": "removed"}, {"range": "10.77.0.0/24", "source": "api", "state": "active"}]),
         serde_json::json!([]),
@@ -469,8 +468,7 @@ fn foreign_file_ranges_become_api_ranges(dir: &Path) {
 /// The same addresses twice in one pool of a checkpoint, both live, are refused.
 #[test]
 fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (_dir, mut node) = open_new(&declared());
     let twice = node_checkpoint(
         serde_json::json!([{"range": "10.77.0.0/24", "source": "api", "state": "draining"}, {"range": "10.77.0.0/24,gateway=10.77.0.1", "source": "api", "state": "active"}]),
         serde_json::json!([]),
@@ -496,8 +494,7 @@ fn an_import_naming_a_range_twice_in_a_pool_is_refused() {
 /// by the next reservation (and, from the file, came back at every start to be removed again).
 #[test]
 fn an_exclusion_reason_kept_for_local_routes_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut node = open(dir.path(), &declared());
+    let (_dir, mut node) = open_new(&declared());
     let before = fingerprint(&mut node);
     let refused = run(
         &mut node,

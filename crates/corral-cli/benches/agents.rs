@@ -17,21 +17,16 @@ use std::time::{Duration, Instant};
 
 #[path = "../tests/common/fleet.rs"]
 mod fleet;
+mod knobs;
 
 use fleet::{Fleet, Operator, Proxy, Sample};
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use knobs::env;
 
 fn main() {
-    let agents = env("AGENTS", 5_000) as usize;
+    let agents = env::<u64>("AGENTS", 5_000) as usize;
     let idle = Duration::from_secs(env("IDLE_SECS", 30));
     let churn = Duration::from_secs(env("CHURN_SECS", 60));
-    let per_min = env("CHURN_PER_MIN", 3);
+    let per_min: u64 = env("CHURN_PER_MIN", 3);
     let runs = std::env::var("RUNS")
         .unwrap_or_else(|_| "cidr-direct,cidr-proxy,blocks-direct,blocks-proxy".into());
     let nofile = fleet::raise_nofile();

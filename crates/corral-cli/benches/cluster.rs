@@ -30,6 +30,7 @@ use corral_etcd::EtcdKv;
 use corral_etcd::testing::{EtcdCluster, Workload, etcd_binary, raw_txn_rate};
 use corral_kv::{Kv, Txn, TxnOp};
 
+mod knobs;
 mod operator;
 
 use operator::{InProcess, install_config, node_record, percentile, runtime_and_etcd};
@@ -44,10 +45,10 @@ fn nodes() -> usize {
 /// Grant transactions in flight in the in-process leader (`BENCH_WORKERS`; the operator's
 /// default otherwise).
 fn workers() -> usize {
-    std::env::var("BENCH_WORKERS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(corral_operator::OperatorConfig::DEFAULT_WORKERS)
+    knobs::env(
+        "BENCH_WORKERS",
+        corral_operator::OperatorConfig::DEFAULT_WORKERS,
+    )
 }
 const CONFIG: &str = include_str!("../tests/configs/bench_cluster.toml");
 

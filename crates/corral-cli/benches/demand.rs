@@ -39,9 +39,11 @@ use corral_kv::{Kv, Txn, TxnOp};
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
+mod knobs;
 #[allow(dead_code)]
 mod operator;
 
+use knobs::env;
 use operator::{percentile, runtime_and_etcd};
 
 const CLUSTER: &str = "bench-demand";
@@ -70,22 +72,15 @@ block_prefix_len = 26
     .unwrap()
 }
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
     let (runtime, etcd) = runtime_and_etcd(3);
     runtime.block_on(bench(&etcd));
 }
 
 async fn bench(etcd: &EtcdCluster) {
-    let nodes = env("BENCH_DEMAND_NODES", 10_000);
-    let budget = env("BENCH_DEMAND_BUDGET", 1_000);
-    let secs = env("BENCH_DEMAND_SECS", 30);
+    let nodes: u64 = env("BENCH_DEMAND_NODES", 10_000);
+    let budget: u64 = env("BENCH_DEMAND_BUDGET", 1_000);
+    let secs: u64 = env("BENCH_DEMAND_SECS", 30);
     let endpoints = etcd.endpoints();
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {

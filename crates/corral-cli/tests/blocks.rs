@@ -129,8 +129,7 @@ fn agents_under_churn_on_three_etcd_members_one_killed() {
 }
 
 fn churn(members: usize, agent_count: usize) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(members, dir.path(), BLOCKS);
+    let (dir, mut etcd) = initialized_in_tempdir(members, BLOCKS);
     let (op_a, op_b) = leader_and_standby(&etcd, dir.path());
     let mut operators = vec![op_a, op_b];
     let nodes: Vec<(String, PathBuf)> = (0..agent_count)

@@ -167,8 +167,7 @@ fn a_removed_node_drains_its_cidrs_into_quarantine_and_they_come_back_later() {
             .contains("removed"),
         "{cluster:?}"
     );
-    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
-    let still = addresses(&dump);
+    let still = node_addresses(&a.socket);
     assert!(pod.iter().all(|p| still.contains(p)));
     register(&etcd, ["node-c".to_owned()]);
     wait_until("node-c is granted", Duration::from_secs(20), || {
@@ -321,8 +320,7 @@ fn a_paused_leader_resumed_after_a_standby_took_over_cannot_write() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn one_etcd_member_of_three_killed_mid_burst() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(3, dir.path(), DUAL);
+    let (dir, mut etcd) = initialized_in_tempdir(3, DUAL);
     let (_a, _b) = two_operators(&etcd, dir.path());
     register(&etcd, (0..100).map(|i| format!("n{i}")));
     etcd.kill(0).unwrap();
@@ -336,8 +334,7 @@ fn one_etcd_member_of_three_killed_mid_burst() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn quorum_lost_agents_keep_serving_and_everything_resumes() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(3, dir.path(), DUAL);
+    let (dir, mut etcd) = initialized_in_tempdir(3, DUAL);
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 2);
     let before = grants(&etcd);
@@ -406,8 +403,7 @@ fn current_problems(operator: &Operator) -> Vec<String> {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_lost_quorum_is_named_by_cluster_status_check_and_the_operator() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(3, dir.path(), DUAL);
+    let (dir, mut etcd) = initialized_in_tempdir(3, DUAL);
     let operator = Operator::start(&etcd, dir.path(), "op-a");
     wait_leads(&etcd, "op-a", Duration::from_secs(20));
     etcd.kill(1).unwrap();
@@ -511,8 +507,7 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
         ranges,
         "the ranges are back before etcd is asked"
     );
-    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
-    let held = addresses(&dump);
+    let held = node_addresses(&a.socket);
     assert!(pods.is_subset(&held));
     wait_until("registered again", Duration::from_secs(20), || {
         link_status(&a.socket).is_some_and(|c| c.registered)
@@ -525,10 +520,8 @@ fn an_agent_killed_and_restarted_keeps_its_cidrs_and_pods() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_full_pool_is_reported_and_a_garbage_key_is_skipped() {
-    let dir = tempfile::tempdir().unwrap();
-    let etcd = initialized(
+    let (dir, etcd) = initialized_in_tempdir(
         1,
-        dir.path(),
         "quarantine_secs = 2\n[[pools]]\nname = \"default\"\n[pools.ipv4]\ncidrs = [\"10.9.0.0/29\"]\nnode_prefix_len = 30\n",
     );
     // Garbage where grants live: reported, skipped, never a crash loop.

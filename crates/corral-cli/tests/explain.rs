@@ -279,8 +279,7 @@ fn explain_names_the_failover_for_a_node_waiting_through_one() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn explain_names_etcds_lost_quorum_for_a_degraded_agent() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(3, dir.path(), &two_blocks());
+    let (dir, mut etcd) = initialized_in_tempdir(3, &two_blocks());
     let _operator = Operator::start(&etcd, dir.path(), "op-a");
     wait_leads(&etcd, "op-a", Duration::from_secs(20));
     let agent = start_agent(&etcd, &dir.path().join("node-a"), "node-a");

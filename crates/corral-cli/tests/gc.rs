@@ -29,8 +29,7 @@ fn key(container: &str) -> Value {
 
 #[test]
 fn gc_releases_a_leak_at_a_later_run_past_the_grace_period() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start_in(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let socket = agent.socket.clone();
     for (owner, args) in [
         ("leak", vec!["--key", "net/leak/eth0", "--family", "dual"]),

@@ -96,8 +96,7 @@ fn interfaces(socket: &Path) -> Value {
 
 #[test]
 fn the_interface_lifecycle_through_the_command_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start_in(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let socket = agent.socket.clone();
 
     let eni0 = add_primary(
@@ -255,8 +254,7 @@ fn the_interface_lifecycle_through_the_command_line() {
 /// allocated, and an address or prefix that holds it is refused.
 #[test]
 fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start_in(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let socket = agent.socket.clone();
     let eni0 = add_primary(
         &socket,
@@ -354,8 +352,7 @@ fn cni_key(container: &str) -> api::CniKeyRequest {
 
 #[test]
 fn an_ipamd_checkpoint_is_imported_whole_or_not_at_all() {
-    let dir = tempfile::tempdir().unwrap();
-    let agent = Agent::start_in(dir.path());
+    let (dir, agent) = Agent::start_in_tempdir();
     let socket = agent.socket.clone();
     let file = dir.path().join("ipam.json");
     let import = |document: &str| {
@@ -799,8 +796,7 @@ fn verify(socket: &Path, model: &mut Model, round: usize) {
 
 #[test]
 fn sigkill_during_assign_and_unassign_loses_and_doubles_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start_in(dir.path());
+    let (dir, mut agent) = Agent::start_in_tempdir();
     let socket = agent.socket.clone();
     let mut client = Client::unix(&socket);
     for i in 0..INTERFACES {

@@ -255,8 +255,8 @@ fn an_agent_killed_and_restarted_takes_its_liveness_key_back_without_waiting_for
     assert!(!log.contains("waiting up to"), "{log}");
     assert_eq!(live_record(&etcd, "node-a").unwrap().0.pid, a.pid());
     wait_ranges("node-a holds its ranges again", &a.socket, 2, 30);
-    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
-    assert!(pod.iter().all(|p| addresses(&dump).contains(p)));
+    let kept = node_addresses(&a.socket);
+    assert!(pod.iter().all(|p| kept.contains(p)));
     assert_sound(&etcd, &[("node-a", &a.socket)]);
     // A clean stop deletes its own key.
     a.signal(rustix::process::Signal::TERM);
@@ -298,8 +298,8 @@ fn an_agent_whose_liveness_key_another_process_takes_stops_serving_the_nodes_ran
     assert_eq!((held.pid, held_lease), (4242, lease.0));
     assert!(a.child.try_wait().unwrap().is_none());
     // The pod keeps its address in the draining range.
-    let dump = Client::unix(&a.socket).dump(Some("node")).unwrap();
-    assert!(pod.iter().all(|p| addresses(&dump).contains(p)));
+    let kept = node_addresses(&a.socket);
+    assert!(pod.iter().all(|p| kept.contains(p)));
     // While the other holds the node, the agent serves nothing of it: check says so.
     let (code, output) = check(&etcd, &[&a.socket]);
     assert_eq!(code, 5, "{output}");

@@ -98,8 +98,7 @@ fn operator_logs(operators: &[&Operator]) -> String {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(3, dir.path(), V4);
+    let (dir, mut etcd) = initialized_in_tempdir(3, V4);
     let (op_a, op_b) = two_operators(&etcd, dir.path());
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let cidr_a = wait_for_a_cidr(&a.socket, "node-a holds a CIDR");
@@ -207,8 +206,7 @@ fn a_restored_snapshot_never_gives_a_held_cidr_to_another_node() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_wiped_and_reinitialised_etcd_never_gives_a_held_cidr_to_another_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(1, dir.path(), V4);
+    let (dir, mut etcd) = initialized_in_tempdir(1, V4);
     let op_a = Operator::start(&etcd, dir.path(), "op-a");
     let a = start_agent(&etcd, &dir.path().join("a"), "node-a");
     let cidr_a = wait_for_a_cidr(&a.socket, "node-a holds a CIDR");

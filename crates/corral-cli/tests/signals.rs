@@ -158,8 +158,7 @@ fn leader_and_standby(dir: &Path) -> (EtcdCluster, Replica, Replica) {
 /// A leader on `members` etcd members, then `killed` of them killed: it says it stopped
 /// leading, and stops on `signal` (`name`) all the same.
 fn leader_losing_etcd_stops(members: usize, killed: usize, signal: Signal, name: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(members, dir.path(), DUAL);
+    let (dir, mut etcd) = initialized_in_tempdir(members, DUAL);
     let mut leader = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
     wait_leads(&etcd, "op-a", HANG);
     for member in 0..killed {
@@ -258,15 +257,16 @@ fn a_serving_agent_stops_on_sigterm_and_sigint_and_keeps_its_allocations() {
     let mut expected = Vec::new();
     for (name, signal) in [("SIGTERM", Signal::TERM), ("SIGINT", Signal::INT)] {
         let mut agent = Agent::serve(&state, &socket);
-        let dump = Client::unix(&socket).dump(Some("node")).unwrap();
-        assert_eq!(cluster_common::addresses(&dump).len(), expected.len());
+        assert_eq!(
+            cluster_common::node_addresses(&socket).len(),
+            expected.len()
+        );
         expected.extend(alloc_dual(&socket, &format!("pod-{name}")));
         stop_agent(&mut agent, signal, name);
         assert!(!socket.exists(), "the socket is removed on a clean stop");
     }
     let _agent = Agent::serve(&state, &socket);
-    let dump = Client::unix(&socket).dump(Some("node")).unwrap();
-    let held = cluster_common::addresses(&dump);
+    let held = cluster_common::node_addresses(&socket);
     assert!(expected.iter().all(|a| held.contains(a)), "{held:?}");
 }
 
@@ -305,8 +305,7 @@ fn an_agent_restoring_its_state_stops_on_sigterm() {
     );
     assert!(!socket.exists(), "the socket is removed on a clean stop");
     let _agent = Agent::serve(&state, &socket);
-    let dump = Client::unix(&socket).dump(Some("node")).unwrap();
-    let now = cluster_common::addresses(&dump);
+    let now = cluster_common::node_addresses(&socket);
     assert!(held.iter().all(|a| now.contains(a)), "{now:?}");
 }
 
@@ -315,8 +314,7 @@ fn an_agent_restoring_its_state_stops_on_sigterm() {
 #[test]
 fn an_agent_with_a_request_in_flight_stops_on_sigterm() {
     use std::io::{Read, Write};
-    let dir = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start_in(dir.path());
+    let (_dir, mut agent) = Agent::start_in_tempdir();
     let mut stream = std::os::unix::net::UnixStream::connect(&agent.socket).unwrap();
     write!(
         stream,
@@ -396,8 +394,7 @@ fn an_agent_waiting_for_its_nodes_liveness_key_stops_on_sigterm() {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn an_agent_whose_etcd_is_gone_stops_on_sigterm_and_keeps_its_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut etcd = initialized(1, dir.path(), DUAL);
+    let (dir, mut etcd) = initialized_in_tempdir(1, DUAL);
     let operator = Replica::spawn(&endpoints(&etcd), dir.path(), "op-a", &[]);
     let path = dir.path().join("a");
     let mut agent = start_agent(&etcd, &path, "node-a");
@@ -408,8 +405,7 @@ fn an_agent_whose_etcd_is_gone_stops_on_sigterm_and_keeps_its_state() {
     stop_after_a_failed_round(&mut agent, "the agent sees etcd gone");
     etcd.restart(0).unwrap();
     let agent = start_agent(&etcd, &path, "node-a");
-    let dump = Client::unix(&agent.socket).dump(Some("node")).unwrap();
-    let held = cluster_common::addresses(&dump);
+    let held = cluster_common::node_addresses(&agent.socket);
     assert!(pod.iter().all(|a| held.contains(a)), "{held:?}");
 }
 

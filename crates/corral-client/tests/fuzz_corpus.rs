@@ -4,14 +4,9 @@
 //! without nightly or cargo-fuzz.
 
 #[path = "../../../fuzz/replay.rs"]
+#[macro_use]
 mod replay;
 
-#[test]
-fn client_response() {
-    replay::replay("client_response", corral_client::fuzz::response);
-}
-
-#[test]
-fn every_fuzz_target_is_replayed() {
-    replay::every_target_is_replayed();
+replay_tests! {
+    client_response => corral_client::fuzz::response,
 }

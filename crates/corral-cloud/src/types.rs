@@ -563,6 +563,11 @@ impl Ipv4Set {
     pub fn nets(&self) -> Vec<IpNet> {
         nets(&self.addresses, &self.prefixes)
     }
+
+    /// Neither an address nor a prefix.
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty() && self.prefixes.is_empty()
+    }
 }
 
 impl Ipv6Set {
@@ -570,6 +575,28 @@ impl Ipv6Set {
     pub fn nets(&self) -> Vec<IpNet> {
         nets(&self.addresses, &self.prefixes)
     }
+
+    /// Neither an address nor a prefix.
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty() && self.prefixes.is_empty()
+    }
+}
+
+/// `nets` as the sets of each family that name them (what [`Ipv4Set::nets`] and
+/// [`Ipv6Set::nets`] undo): a network of one address (/32, /128) as an address, any other as
+/// a prefix.
+pub fn sets_of(nets: &[IpNet]) -> (Ipv4Set, Ipv6Set) {
+    let mut v4 = Ipv4Set::default();
+    let mut v6 = Ipv6Set::default();
+    for net in nets {
+        match net {
+            IpNet::V4(n) if n.prefix_len() == 32 => v4.addresses.push(n.addr()),
+            IpNet::V4(n) => v4.prefixes.push(*n),
+            IpNet::V6(n) if n.prefix_len() == 128 => v6.addresses.push(n.addr()),
+            IpNet::V6(n) => v6.prefixes.push(*n),
+        }
+    }
+    (v4, v6)
 }
 
 /// `addresses` (as networks of one address), then `prefixes`.
@@ -624,5 +651,26 @@ mod tests {
             assert_eq!(status.as_str().parse::<InterfaceStatus>(), Ok(status));
         }
         assert!("bogus".parse::<AttachmentStatus>().is_err());
+    }
+
+    #[test]
+    fn sets_of_nets_round_trips() {
+        let nets: Vec<IpNet> = [
+            "10.0.0.5/32",
+            "10.0.1.16/28",
+            "fd00::7/128",
+            "fd00:0:0:1::/80",
+        ]
+        .iter()
+        .map(|n| n.parse().unwrap())
+        .collect();
+        let (v4, v6) = sets_of(&nets);
+        assert_eq!(v4.addresses, ["10.0.0.5".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(v4.prefixes, ["10.0.1.16/28".parse::<Ipv4Net>().unwrap()]);
+        assert_eq!(v6.addresses, ["fd00::7".parse::<Ipv6Addr>().unwrap()]);
+        assert_eq!(v6.prefixes, ["fd00:0:0:1::/80".parse::<Ipv6Net>().unwrap()]);
+        assert_eq!([v4.nets(), v6.nets()].concat(), nets);
+        let (v4, v6) = sets_of(&[]);
+        assert!(v4.is_empty() && v6.is_empty());
     }
 }

@@ -4,19 +4,10 @@
 //! without nightly or cargo-fuzz.
 
 #[path = "../../../fuzz/replay.rs"]
+#[macro_use]
 mod replay;
 
-#[test]
-fn cni_config() {
-    replay::replay("cni_config", corral_cni::fuzz::config);
-}
-
-#[test]
-fn cni_invocation() {
-    replay::replay("cni_invocation", corral_cni::fuzz::invocation);
-}
-
-#[test]
-fn every_fuzz_target_is_replayed() {
-    replay::every_target_is_replayed();
+replay_tests! {
+    cni_config => corral_cni::fuzz::config,
+    cni_invocation => corral_cni::fuzz::invocation,
 }

@@ -8,6 +8,8 @@
 
 use std::time::Instant;
 
+mod common;
+
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
 const REGISTER: usize = 100;
@@ -104,16 +106,8 @@ fn txn(
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n: usize = std::env::var("N")
-        .ok()
-        .map_or(30_000, |v| v.parse().expect("N is a number"));
-    let etcd = corral_etcd::testing::EtcdCluster::start(3)
-        .await
-        .expect("etcd starts (make deps)");
-    let kv = etcd
-        .client(corral_etcd::EtcdOptions::default())
-        .await
-        .unwrap();
+    let n = common::env_count("N", 30_000);
+    let (_etcd, kv) = common::three_members().await;
     let mut registered = Vec::new();
     let registration = vec![b'r'; 200];
     for chunk in 0..n.div_ceil(REGISTER) {

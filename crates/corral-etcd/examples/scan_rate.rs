@@ -9,22 +9,16 @@
 
 use std::time::Instant;
 
+mod common;
+
 use corral_kv::{Kv, Scan, Txn, TxnOp};
 
 const PAGE: usize = 2000;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n: usize = std::env::var("N")
-        .ok()
-        .map_or(300_000, |v| v.parse().expect("N is a number"));
-    let etcd = corral_etcd::testing::EtcdCluster::start(3)
-        .await
-        .expect("etcd starts (make deps)");
-    let kv = etcd
-        .client(corral_etcd::EtcdOptions::default())
-        .await
-        .unwrap();
+    let n = common::env_count("N", 300_000);
+    let (_etcd, kv) = common::three_members().await;
     let value = vec![b'x'; 150];
     let mut tasks = tokio::task::JoinSet::new();
     for chunk in 0..n.div_ceil(100) {

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use common::cloud::*;
 use common::*;
-use corral_cloud::{CloudProvider, Ipv4Set};
 use corral_cluster::{CloudInterfaceRecord, IpNet};
 
 async fn open_intents(kv: &corral_kv::MemKv) -> usize {
@@ -116,19 +115,8 @@ async fn an_unassign_refused_as_not_assigned_drops_nothing_the_cloud_still_has()
     let (_, interface, record) = all.into_iter().find(|(.., r)| r.device_index == 0).unwrap();
     assert_eq!(record.addresses.len(), 9);
     let highest = *record.addresses.iter().max().unwrap();
-    let IpNet::V4(net) = highest else {
-        panic!("IPv4")
-    };
-    rig.ec2
-        .unassign_ipv4(
-            &interface,
-            &Ipv4Set {
-                addresses: vec![net.addr()],
-                prefixes: vec![],
-            },
-        )
-        .await
-        .unwrap();
+    assert!(matches!(highest, IpNet::V4(_)), "IPv4");
+    unassign_out_of_band(&rig.ec2, &interface, highest).await;
     rig.set_pods("node-0000", 0);
     rig.wait_entries("the excess leaves the record", "node-0000", 8)
         .await;

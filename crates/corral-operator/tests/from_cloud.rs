@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::cloud::*;
 use common::*;
-use corral_cloud::{Action, Amount, CloudProvider, FakeEc2, Ipv4Assign, Ipv6Assign, Ipv6Set};
+use corral_cloud::{Action, Amount, CloudProvider, FakeEc2, Ipv4Assign, Ipv6Assign};
 use corral_cluster::cloud::DESCRIBE_LAG_BOUND_MS;
 use corral_cluster::{IpNet, Key, QuarantineRecord, decode_value};
 use corral_kv::Kv;
@@ -221,16 +221,7 @@ async fn a_moved_prefix_is_withdrawn_after_the_lag_rule_and_quarantine_then_gran
     let moved = IpNet::V6(moved_v6);
     let from = primary(&rig, "node-00").id;
     let to = primary(&rig, "node-01").id;
-    rig.ec2
-        .unassign_ipv6(
-            &from,
-            &Ipv6Set {
-                addresses: vec![],
-                prefixes: vec![moved_v6],
-            },
-        )
-        .await
-        .unwrap();
+    unassign_out_of_band(&rig.ec2, &from, moved).await;
     rig.ec2
         .assign_ipv6(&to, &Ipv6Assign::Prefixes(Amount::Explicit(vec![moved_v6])))
         .await
@@ -439,16 +430,7 @@ async fn a_failed_recheck_waits_for_the_next_pass_rather_than_spinning() {
     let a = lead_in_sync(&rig, &nodes, Duration::from_secs(60)).await;
     let gone_v6 = delegated_v6(&rig, "node-00");
     let gone = IpNet::V6(gone_v6);
-    rig.ec2
-        .unassign_ipv6(
-            &primary(&rig, "node-00").id,
-            &Ipv6Set {
-                addresses: vec![],
-                prefixes: vec![gone_v6],
-            },
-        )
-        .await
-        .unwrap();
+    unassign_out_of_band(&rig.ec2, &primary(&rig, "node-00").id, gone).await;
     // The next full pass (`resync`, 60 s) sees it gone: the clock runs.
     wait_until(
         "the withdrawal clock runs",
@@ -501,16 +483,7 @@ async fn nothing_is_granted_or_withdrawn_while_etcd_went_back_in_time_is_unsettl
             IpNet::V6(_) => None,
         })
         .unwrap();
-    rig.ec2
-        .unassign_ipv4(
-            &primary(&rig, "node-00").id,
-            &corral_cloud::Ipv4Set {
-                addresses: vec![],
-                prefixes: vec![taken],
-            },
-        )
-        .await
-        .unwrap();
+    unassign_out_of_band(&rig.ec2, &primary(&rig, "node-00").id, IpNet::V4(taken)).await;
     let mut waited = Duration::ZERO;
     while a.shared.regression_unsettled() {
         assert_eq!(

@@ -4,22 +4,10 @@
 //! without nightly or cargo-fuzz.
 
 #[path = "../../../fuzz/replay.rs"]
+#[macro_use]
 mod replay;
 
-#[test]
-fn operator_history_query() {
-    replay::replay(
-        "operator_history_query",
-        corral_operator::fuzz::history_query,
-    );
-}
-
-#[test]
-fn operator_config() {
-    replay::replay("operator_config", corral_operator::fuzz::config);
-}
-
-#[test]
-fn every_fuzz_target_is_replayed() {
-    replay::every_target_is_replayed();
+replay_tests! {
+    operator_history_query => corral_operator::fuzz::history_query,
+    operator_config => corral_operator::fuzz::config,
 }

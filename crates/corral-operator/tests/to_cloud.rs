@@ -464,16 +464,7 @@ async fn no_delegation_while_etcd_went_back_in_time_is_unsettled() {
     // delegate it again, but waits for granting to resume.
     let primary = primary(&rig, "node-000");
     let (interface, prefix) = (primary.id.clone(), primary.ipv4_prefixes[0]);
-    rig.ec2
-        .unassign_ipv4(
-            &interface,
-            &Ipv4Set {
-                addresses: vec![],
-                prefixes: vec![prefix],
-            },
-        )
-        .await
-        .unwrap();
+    unassign_out_of_band(&rig.ec2, &interface, IpNet::V4(prefix)).await;
     let before = mutations(&rig);
     while a.shared.regression_unsettled() {
         assert_eq!(mutations(&rig), before, "a mutation while unsettled");

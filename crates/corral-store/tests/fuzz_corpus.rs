@@ -4,24 +4,11 @@
 //! without nightly or cargo-fuzz.
 
 #[path = "../../../fuzz/replay.rs"]
+#[macro_use]
 mod replay;
 
-#[test]
-fn checkpoint_import() {
-    replay::replay("checkpoint_import", corral_store::fuzz::checkpoint_import);
-}
-
-#[test]
-fn host_local() {
-    replay::replay("host_local", corral_store::fuzz::host_local);
-}
-
-#[test]
-fn pending_del() {
-    replay::replay("pending_del", corral_store::fuzz::pending_del);
-}
-
-#[test]
-fn every_fuzz_target_is_replayed() {
-    replay::every_target_is_replayed();
+replay_tests! {
+    checkpoint_import => corral_store::fuzz::checkpoint_import,
+    host_local => corral_store::fuzz::host_local,
+    pending_del => corral_store::fuzz::pending_del,
 }

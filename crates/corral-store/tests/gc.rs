@@ -48,6 +48,14 @@ fn open(dir: &tempfile::TempDir) -> SqliteStore {
     SqliteStore::open(dir.path()).unwrap()
 }
 
+/// A new store in a new temporary directory; bound as `let (dir, store) = ...`, the store
+/// closes before the directory goes.
+fn open_new() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    (dir, store)
+}
+
 fn full(txn: &mut impl Txn) -> Engine {
     build_engine(txn, SCOPE, &desired(), EngineConfig::default(), Need::Full)
         .unwrap()
@@ -150,8 +158,7 @@ fn keys(suspects: &[GcSuspect]) -> Vec<String> {
 
 #[test]
 fn a_suspect_is_recorded_durably_and_survives_a_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (dir, mut store) = open_new();
     let addrs = add(&mut store, "gone", &[Family::V4, Family::V6]);
     add(&mut store, "kept", &[Family::V4]);
     let outcome = gc(&mut store, &["kept"], at(0), &policy(60, 64));
@@ -180,8 +187,7 @@ fn a_suspect_is_recorded_durably_and_survives_a_reopen() {
 
 #[test]
 fn before_the_grace_period_ends_nothing_is_released() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     add(&mut store, "gone", &[Family::V4]);
     gc(&mut store, &[], at(0), &policy(60, 64));
     let outcome = gc(&mut store, &[], at(59), &policy(60, 64));
@@ -196,8 +202,7 @@ fn before_the_grace_period_ends_nothing_is_released() {
 
 #[test]
 fn one_run_alone_never_releases_with_a_grace_period() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     add(&mut store, "gone", &[Family::V4]);
     let outcome = gc(&mut store, &[], at(0), &policy(1, 64));
     assert!(outcome.released.is_empty());
@@ -210,8 +215,7 @@ fn one_run_alone_never_releases_with_a_grace_period() {
 /// first run releases, durably, and records nothing.
 #[test]
 fn with_no_grace_period_one_run_releases() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (dir, mut store) = open_new();
     add(&mut store, "gone", &[Family::V4, Family::V6]);
     add(&mut store, "kept", &[Family::V4]);
     let outcome = gc(&mut store, &["kept"], at(0), &policy(0, 64));
@@ -228,8 +232,7 @@ fn with_no_grace_period_one_run_releases() {
 
 #[test]
 fn an_attachment_live_again_is_cleared_and_starts_over() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     add(&mut store, "back", &[Family::V4]);
     gc(&mut store, &[], at(0), &policy(60, 64));
     let outcome = gc(&mut store, &["back"], at(60), &policy(60, 64));
@@ -245,8 +248,7 @@ fn an_attachment_live_again_is_cleared_and_starts_over() {
 
 #[test]
 fn an_allocation_replaced_between_observations_is_not_released() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     let addrs = add(&mut store, "reused", &[Family::V4]);
     gc(&mut store, &[], at(0), &policy(60, 64));
     replace(&mut store, "reused", addrs[0]);
@@ -261,8 +263,7 @@ fn an_allocation_replaced_between_observations_is_not_released() {
 
 #[test]
 fn a_dual_stack_attachment_goes_whole_or_not_at_all() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     let addrs = add(&mut store, "dual", &[Family::V4, Family::V6]);
     gc(&mut store, &[], at(0), &policy(60, 64));
     // Only the IPv6 allocation changes: the IPv4 one, unchanged, stays too.
@@ -277,8 +278,7 @@ fn a_dual_stack_attachment_goes_whole_or_not_at_all() {
 
 #[test]
 fn a_run_releases_at_most_its_cap_and_the_rest_wait_for_the_next() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     for i in 0..5 {
         add(&mut store, &format!("c{i}"), &[Family::V4]);
     }
@@ -299,8 +299,7 @@ fn a_run_releases_at_most_its_cap_and_the_rest_wait_for_the_next() {
 
 #[test]
 fn a_dry_run_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     add(&mut store, "gone", &[Family::V4]);
     let outcome = run(&mut store, &[], at(0), &policy(60, 64), true);
     assert_eq!(outcome.recorded.len(), 1);
@@ -323,8 +322,7 @@ fn a_dry_run_changes_nothing() {
 /// attachment holds now, or whose attachment is live, releases nothing.
 #[test]
 fn releasing_a_suspect_checks_the_engine_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = open(&dir);
+    let (_dir, mut store) = open_new();
     let addrs = add(&mut store, "c", &[Family::V4, Family::V6]);
     let mut txn = store.begin().unwrap();
     let mut engine = full(&mut txn);

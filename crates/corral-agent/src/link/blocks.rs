@@ -385,35 +385,23 @@ mod tests {
             ipv6: None,
             at_ms: 0,
         };
-        assert!(is_urgent(&c, "n", &main, &record(20, 0), None));
-        assert!(!is_urgent(
-            &c,
-            "n",
-            &main,
-            &record(20, 0),
-            Some(&record(30, 0))
-        ));
-        assert!(is_urgent(
-            &c,
-            "n",
-            &main,
-            &record(7, 0),
-            Some(&record(30, 0))
-        ));
-        assert!(is_urgent(
-            &c,
-            "n",
-            &main,
-            &record(0, 1),
-            Some(&record(0, 0))
-        ));
-        assert!(!is_urgent(
-            &c,
-            "n",
-            &main,
-            &record(7, 0),
-            Some(&record(7, 0))
-        ));
+        // (the new record, the one last written, urgent): with nothing written yet it is;
+        // free below pre-allocate, when it was not or has changed, is; so is a change of the
+        // waiting ADDs.
+        let cases = [
+            (record(20, 0), None, true),
+            (record(20, 0), Some(record(30, 0)), false),
+            (record(7, 0), Some(record(30, 0)), true),
+            (record(0, 1), Some(record(0, 0)), true),
+            (record(7, 0), Some(record(7, 0)), false),
+        ];
+        for (new, last, urgent) in &cases {
+            assert_eq!(
+                is_urgent(&c, "n", &main, new, last.as_ref()),
+                *urgent,
+                "{new:?} after {last:?}"
+            );
+        }
         assert!(same_demand(
             &record(7, 0),
             &DemandRecord {

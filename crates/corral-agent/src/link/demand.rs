@@ -22,7 +22,7 @@ use super::state::{ClusterOptions, LinkError, Retrying, SharedClusterState, now_
 use crate::committer::Committer;
 use crate::link::blocks::{demand_records, is_urgent, same_demand};
 use crate::link::cloud_pool::{self};
-use crate::node::{ReportBlocks, ReportCloud};
+use crate::node::{ReportBlocks, ReportCloud, Request};
 
 pub(super) async fn sleep_until_due(due: Option<Instant>) {
     match due {
@@ -98,6 +98,29 @@ impl DemandWriter {
         self.due = Some(self.due.map_or(allowed, |due| due.min(allowed)));
     }
 
+    /// Reads `pools` (what `request` reports) for the demand when `wanted` (else `None`); a
+    /// failure is logged and puts the next look off by the minimum interval.
+    async fn read<R: Request>(
+        &mut self,
+        wanted: bool,
+        committer: &Committer,
+        request: R,
+        pools: &str,
+        now: Instant,
+    ) -> Result<Option<R::Answer>, ()> {
+        if !wanted {
+            return Ok(None);
+        }
+        match committer.call(request).await {
+            Ok(answer) => Ok(Some(answer)),
+            Err(error) => {
+                tracing::warn!(?error, "reading {pools} for the demand");
+                self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
+                Err(())
+            }
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn publish<K: Kv>(
         &mut self,
@@ -119,34 +142,24 @@ impl DemandWriter {
         if !blocks && !clouds {
             return Ok(());
         }
-        let mut block_report = None;
-        if blocks {
-            let report = match committer.call(ReportBlocks {}).await {
-                Ok(report) => report,
-                Err(error) => {
-                    tracing::warn!(?error, "reading the pools for the demand");
-                    self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
-                    return Ok(());
-                }
-            };
+        let Ok(block_report) = self
+            .read(blocks, committer, ReportBlocks {}, "the pools", now)
+            .await
+        else {
+            return Ok(());
+        };
+        if let Some(report) = &block_report {
             state
                 .metrics
                 .surrendered
                 .set(i64::try_from(report.surrendered.len()).unwrap_or(i64::MAX));
-            block_report = Some(report);
         }
-        let mut cloud_report = None;
-        if clouds {
-            let report = match committer.call(ReportCloud {}).await {
-                Ok(report) => report,
-                Err(error) => {
-                    tracing::warn!(?error, "reading the cloud pools for the demand");
-                    self.due = Some(now + ClusterOptions::DEMAND_MIN_INTERVAL);
-                    return Ok(());
-                }
-            };
-            cloud_report = Some(report);
-        }
+        let Ok(cloud_report) = self
+            .read(clouds, committer, ReportCloud {}, "the cloud pools", now)
+            .await
+        else {
+            return Ok(());
+        };
         // As ever: the urgency taken, then the waiting ADDs read, after the pools were.
         let urgent_add = state.blocks.take_urgent();
         let pending = state.blocks.pending();

@@ -532,6 +532,11 @@ pub fn alloc_v4(socket: &Path, owner: &str) -> IpAddr {
     response.allocations[0].address
 }
 
+/// The addresses the agent on `socket` holds in its node scope.
+pub fn node_addresses(socket: &Path) -> BTreeSet<IpAddr> {
+    addresses(&Client::unix(socket).dump(Some("node")).unwrap())
+}
+
 pub fn addresses(dump: &corral_api::DumpResponse) -> BTreeSet<IpAddr> {
     dump.scopes
         .iter()

@@ -38,6 +38,14 @@ impl Agent {
         Agent::serve(&dir.join("state"), &dir.join("agent.sock"))
     }
 
+    /// [`Agent::start_in`] a new temporary directory; bound as `let (dir, agent) = ...`, the
+    /// agent stops before the directory goes.
+    pub fn start_in_tempdir() -> (tempfile::TempDir, Agent) {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = Agent::start_in(dir.path());
+        (dir, agent)
+    }
+
     /// As [`Agent::start`], with another build of `corral`.
     pub fn start_binary(binary: &Path, args: &[&std::ffi::OsStr], socket: &Path) -> Agent {
         let mut command = Command::new(binary);

@@ -195,6 +195,18 @@ pub fn family_of(net: &IpNet) -> Family {
     }
 }
 
+/// Takes `net` off `interface` behind corral's back, as someone at the console would: a /32 or
+/// /128 as a secondary address, anything shorter as a delegated prefix.
+pub async fn unassign_out_of_band(ec2: &FakeEc2, interface: &str, net: IpNet) {
+    let (v4, v6) = corral_cloud::sets_of(&[net]);
+    if v4.is_empty() {
+        ec2.unassign_ipv6(interface, &v6).await
+    } else {
+        ec2.unassign_ipv4(interface, &v4).await
+    }
+    .unwrap();
+}
+
 /// Addresses an entry holds (a /80: 2^48).
 fn units(net: &IpNet) -> u64 {
     corral_cluster::cloud::units(net)

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use corral_cloud::{
     Action, Amount, AttachInterface, CloudError, CloudProvider, CreateInterface, InterfaceFilter,
-    Ipv4Assign, Ipv4Set, Ipv6Assign, Ipv6Set, NetworkInterface, Subnet,
+    Ipv4Assign, Ipv6Assign, NetworkInterface, Subnet,
 };
 use corral_cluster::cloud::{
     self as decide, CloudAction, InstanceLimits, InterfaceView, ObservedInterface, PrefixFallback,
@@ -1474,17 +1474,8 @@ pub(super) async fn unassign_call<K, P: CloudProvider>(
     interface: &str,
     nets: &[IpNet],
 ) -> Result<(), CloudError> {
-    let mut v4 = Ipv4Set::default();
-    let mut v6 = Ipv6Set::default();
-    for net in nets {
-        match net {
-            IpNet::V4(n) if n.prefix_len() == 32 => v4.addresses.push(n.addr()),
-            IpNet::V4(n) => v4.prefixes.push(*n),
-            IpNet::V6(n) if n.prefix_len() == 128 => v6.addresses.push(n.addr()),
-            IpNet::V6(n) => v6.prefixes.push(*n),
-        }
-    }
-    if !v4.addresses.is_empty() || !v4.prefixes.is_empty() {
+    let (v4, v6) = corral_cloud::sets_of(nets);
+    if !v4.is_empty() {
         call(
             &ctx.term.shared,
             Action::UnassignPrivateIpAddresses,
@@ -1492,7 +1483,7 @@ pub(super) async fn unassign_call<K, P: CloudProvider>(
         )
         .await?;
     }
-    if !v6.addresses.is_empty() || !v6.prefixes.is_empty() {
+    if !v6.is_empty() {
         call(
             &ctx.term.shared,
             Action::UnassignIpv6Addresses,
