@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-use common::{Moto, create_fixture};
+use common::{Moto, create_fixture, create_subnet};
 use corral_aws::{Ec2, Timeouts};
 use corral_cloud::contract::{self, Capabilities};
 use corral_cloud::{
@@ -383,29 +383,10 @@ async fn instance_types_in_the_order_asked_and_the_status_filter() {
 #[ignore = "needs moto_server (make deps)"]
 async fn moto_picks_private_addresses_as_ec2_does() {
     let moto = Moto::start();
-    let client = moto.provider().client().clone();
-    let vpc_id = client
-        .create_vpc()
-        .cidr_block("10.1.0.0/16")
-        .send()
-        .await
-        .expect("CreateVpc")
-        .vpc()
-        .and_then(|vpc| vpc.vpc_id())
-        .expect("a vpc id")
-        .to_owned();
-    let subnet_id = client
-        .create_subnet()
-        .vpc_id(&vpc_id)
-        .cidr_block("10.1.0.0/28")
-        .send()
-        .await
-        .expect("CreateSubnet")
-        .subnet()
-        .and_then(|subnet| subnet.subnet_id())
-        .expect("a subnet id")
-        .to_owned();
-    let created = client
+    let ec2 = moto.provider();
+    let subnet_id = create_subnet(&ec2, "10.1.0.0/16", "10.1.0.0/28").await;
+    let created = ec2
+        .client()
         .create_network_interface()
         .subnet_id(&subnet_id)
         .secondary_private_ip_address_count(10)

@@ -488,6 +488,20 @@ async fn write_values(kv: &EtcdKv, prefix: &str, values: usize, puts: usize, byt
     first.expect("written")
 }
 
+/// Watches `prefix` from `from` until `events` events came; answers the revisions of each
+/// batch. A watch error fails the test.
+async fn watch_batches(kv: &EtcdKv, prefix: &str, from: i64, events: usize) -> Vec<BTreeSet<i64>> {
+    let mut watch = kv.watch(prefix.as_bytes(), from).await.expect("watch");
+    let (mut batches, mut seen) = (Vec::new(), 0);
+    while seen < events {
+        let batch = watch.next().await.expect("the backlog, not an error");
+        seen += batch.len();
+        batches.push(batch.iter().map(corral_kv::Event::revision).collect());
+    }
+    assert_eq!(seen, events, "more events than written");
+    batches
+}
+
 /// A watch that fell behind gets its backlog in one answer, which etcd sends in parts (the
 /// watch asks for fragments): 66 MiB of 1 MiB values is delivered whole, past gRPC's default
 /// 4 MiB and past the 64 MiB the client takes in one answer (a leader granting 64
@@ -497,13 +511,8 @@ async fn write_values(kv: &EtcdKv, prefix: &str, values: usize, puts: usize, byt
 async fn a_watch_backlog_past_sixty_four_mib_is_delivered() {
     let (_serial, _cluster, kv) = serial_cluster(1, options(Duration::from_secs(5))).await;
     let first = write_values(&kv, "/backlog/", 66, 1, 1 << 20).await;
-    let mut watch = kv.watch(b"/backlog/", first).await.expect("watch");
-    let mut seen = 0;
-    while seen < 66 {
-        let batch = watch.next().await.expect("the backlog, not an error");
-        seen += batch.len();
-    }
-    assert_eq!(seen, 66);
+    let batches = watch_batches(&kv, "/backlog/", first, 66).await;
+    assert_eq!(batches.iter().map(BTreeSet::len).sum::<usize>(), 66);
 }
 
 /// The parts of a fragmented watch answer come as one batch: three transactions of eight
@@ -515,15 +524,7 @@ async fn a_watch_backlog_past_sixty_four_mib_is_delivered() {
 async fn a_fragmented_watch_answer_never_splits_a_revision() {
     let (_serial, _cluster, kv) = serial_cluster(1, options(Duration::from_secs(5))).await;
     let first = write_values(&kv, "/parts/", 3, 8, 120 << 10).await;
-    let mut watch = kv.watch(b"/parts/", first).await.expect("watch");
-    let mut batches: Vec<BTreeSet<i64>> = Vec::new();
-    let mut seen = 0;
-    while seen < 24 {
-        let batch = watch.next().await.expect("the backlog, not an error");
-        seen += batch.len();
-        batches.push(batch.iter().map(corral_kv::Event::revision).collect());
-    }
-    assert_eq!(seen, 24);
+    let batches = watch_batches(&kv, "/parts/", first, 24).await;
     for (i, revisions) in batches.iter().enumerate() {
         for later in &batches[i + 1..] {
             assert!(

@@ -110,12 +110,12 @@ impl Drop for Moto {
     }
 }
 
-/// Creates the VPC, subnet and instance; returns the subnet and instance ids.
-pub async fn create_fixture(ec2: &Ec2, instance_type: &str) -> (String, String) {
+/// Creates a VPC on `vpc_cidr` with one subnet on `subnet_cidr`; returns the subnet's id.
+pub async fn create_subnet(ec2: &Ec2, vpc_cidr: &str, subnet_cidr: &str) -> String {
     let client = ec2.client();
     let vpc_id = client
         .create_vpc()
-        .cidr_block("10.0.0.0/16")
+        .cidr_block(vpc_cidr)
         .send()
         .await
         .expect("CreateVpc")
@@ -123,17 +123,23 @@ pub async fn create_fixture(ec2: &Ec2, instance_type: &str) -> (String, String) 
         .and_then(|vpc| vpc.vpc_id())
         .expect("a vpc id")
         .to_owned();
-    let subnet_id = client
+    client
         .create_subnet()
         .vpc_id(&vpc_id)
-        .cidr_block("10.0.0.0/24")
+        .cidr_block(subnet_cidr)
         .send()
         .await
         .expect("CreateSubnet")
         .subnet()
         .and_then(|subnet| subnet.subnet_id())
         .expect("a subnet id")
-        .to_owned();
+        .to_owned()
+}
+
+/// Creates the VPC, subnet and instance; returns the subnet and instance ids.
+pub async fn create_fixture(ec2: &Ec2, instance_type: &str) -> (String, String) {
+    let client = ec2.client();
+    let subnet_id = create_subnet(ec2, "10.0.0.0/16", "10.0.0.0/24").await;
     let image_id = client
         .describe_images()
         .send()
