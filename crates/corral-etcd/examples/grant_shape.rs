@@ -1,9 +1,12 @@
 //! What a grant transaction's shape costs a real 3-member etcd: `N` nodes (default 30,000)
-//! granted two CIDRs each, 16 nodes a transaction and 16 transactions in flight (the
-//! operator's defaults), once per shape, alternating; nodes/s per shape.
+//! granted two CIDRs each, `BATCHES` nodes a transaction (a list; default 16) and `IN_FLIGHT`
+//! transactions in flight (default 16), each of the `SHAPES` (a list; default all) twice,
+//! alternating; nodes/s per shape. `ETCD_ARGS` passes flags to etcd (e.g. `--max-txn-ops 512`
+//! for batches past etcd's 128 operations).
 //!
 //! ```sh
-//! cargo run --release -p corral-etcd --features testing --example grant_shape
+//! SHAPES=PoolPrefix BATCHES=21,42 IN_FLIGHT=64 ETCD_ARGS="--max-txn-ops 512" \
+//!     cargo run --release -p corral-etcd --features testing --example grant_shape
 //! ```
 
 use std::time::Instant;

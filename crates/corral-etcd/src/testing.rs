@@ -480,9 +480,26 @@ impl EtcdCluster {
         Ok(None)
     }
 
-    /// Freezes a member with SIGSTOP (it keeps its sockets but answers nothing).
+    /// Freezes a member with SIGSTOP (it keeps its sockets but answers nothing), and returns
+    /// once every thread of it is stopped: the kernel stops them a moment after `kill`
+    /// returns, and a request sent in that moment could still be answered.
     pub fn stop_signal(&self, i: usize) -> Result<(), HarnessError> {
-        self.signal(i, rustix::process::Signal::STOP)
+        self.signal(i, rustix::process::Signal::STOP)?;
+        let tasks = format!("/proc/{}/task", self.child(i)?.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !every_thread_stopped(&tasks) {
+            if Instant::now() > deadline {
+                return Err(HarnessError::Io {
+                    what: format!("waiting for etcd member {i} to stop"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "its threads are not all stopped after 10 s",
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Resumes a member frozen by `stop_signal` (SIGCONT).
@@ -698,19 +715,37 @@ impl EtcdCluster {
         }
     }
 
+    /// One unlabelled value of a member's metrics.
+    fn metric(&self, i: usize, name: &str) -> Result<f64, HarnessError> {
+        self.metrics(i)?
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .ok_or_else(|| HarnessError::Metrics(format!("no {name} in the metrics")))
+    }
+
     /// The WAL fsyncs a member made so far: how many, and their total time.
     pub fn wal_fsyncs(&self, i: usize) -> Result<FsyncStats, HarnessError> {
-        let metrics = self.metrics(i)?;
-        let value = |name: &str| {
-            metrics
-                .lines()
-                .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
-                .ok_or_else(|| HarnessError::Metrics(format!("no {name} in the metrics")))
-        };
         Ok(FsyncStats {
-            count: value("etcd_disk_wal_fsync_duration_seconds_count")?,
-            total_seconds: value("etcd_disk_wal_fsync_duration_seconds_sum")?,
+            count: self.metric(i, "etcd_disk_wal_fsync_duration_seconds_count")?,
+            total_seconds: self.metric(i, "etcd_disk_wal_fsync_duration_seconds_sum")?,
         })
+    }
+
+    /// Whether a member says it leads the cluster (its `etcd_server_is_leader` metric).
+    pub fn is_leader(&self, i: usize) -> Result<bool, HarnessError> {
+        Ok(self.metric(i, "etcd_server_is_leader")? == 1.0)
+    }
+
+    /// How many times a member saw the leader change (its first leader included).
+    pub fn leader_changes_seen(&self, i: usize) -> Result<u64, HarnessError> {
+        // A counter: a whole number, written as a float.
+        Ok(self.metric(i, "etcd_server_leader_changes_seen_total")? as u64)
     }
 }
 
@@ -1039,4 +1074,19 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
                 .unwrap()
         })
         .block_on(future)
+}
+
+/// Whether every thread under `/proc/<pid>/task` is stopped (state `T` or `t` in its `stat`,
+/// after the command name's closing parenthesis).
+fn every_thread_stopped(tasks: &str) -> bool {
+    let Ok(threads) = std::fs::read_dir(tasks) else {
+        return false;
+    };
+    threads.flatten().all(|thread| {
+        std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|state| state == 'T' || state == 't')
+        })
+    })
 }

@@ -385,6 +385,13 @@ async fn frozen_member_is_routed_around(which: Frozen) {
         Frozen::Leader => leader,
         Frozen::Follower => (leader + 1) % 3,
     };
+    let live: Vec<usize> = (0..3).filter(|m| *m != frozen).collect();
+    let seen = |cluster: &EtcdCluster| -> Vec<u64> {
+        live.iter()
+            .map(|m| cluster.leader_changes_seen(*m).expect("members' metrics"))
+            .collect()
+    };
+    let before = seen(&cluster);
     cluster.stop_signal(frozen).expect("SIGSTOP a member");
     // A read may be repeated, so it moves on to another member within the call.
     let read = kv.get(b"/frozen/0000").await;
@@ -392,6 +399,24 @@ async fn frozen_member_is_routed_around(which: Frozen) {
         matches!(read, Ok(Some(_))),
         "a read with member {frozen} frozen answered {read:?}"
     );
+    if let Frozen::Leader = which {
+        // The writes start once every live member follows the new leader: a write a member
+        // forwarded to the frozen leader before its election timeout is dropped when that
+        // member starts the election, and the client waits out its request timeout (etcd's
+        // way, not the client's). The read may have been answered before the election.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seen(&cluster)
+            .iter()
+            .zip(&before)
+            .any(|(now, was)| now == was)
+            || !live
+                .iter()
+                .any(|m| cluster.is_leader(*m).expect("members' metrics"))
+        {
+            assert!(Instant::now() < deadline, "no new leader within 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     let started = Instant::now();
     let mut retried = 0;
     for i in 1..50 {

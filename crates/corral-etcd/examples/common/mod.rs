@@ -14,9 +14,12 @@ pub fn env_count(name: &str, default: usize) -> usize {
     })
 }
 
-/// A local 3-member etcd and a client of it (the cluster stops when it is dropped).
+/// A local 3-member etcd and a client of it (the cluster stops when it is dropped); each member
+/// also takes the flags in `ETCD_ARGS` (split at spaces, e.g. `--max-txn-ops 512`).
 pub async fn three_members() -> (EtcdCluster, EtcdKv) {
-    let etcd = EtcdCluster::start(3)
+    let extra = std::env::var("ETCD_ARGS").unwrap_or_default();
+    let extra: Vec<&str> = extra.split_whitespace().collect();
+    let etcd = EtcdCluster::start_with(3, &extra)
         .await
         .expect("etcd starts (make deps)");
     let kv = etcd.client(EtcdOptions::default()).await.unwrap();
