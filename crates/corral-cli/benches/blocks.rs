@@ -49,7 +49,7 @@ fn config() -> String {
 }
 
 fn main() {
-    let (runtime, etcd) = runtime_and_etcd(3);
+    let (runtime, etcd) = runtime_and_etcd(3, &[]);
     runtime.block_on(claims(&etcd));
     processes(&runtime, &etcd);
 }
@@ -89,7 +89,7 @@ async fn claims(etcd: &EtcdCluster) {
     }
     kv.txn(register).await.unwrap();
 
-    let operator = InProcess::start(&endpoints, "blocks", 16).await;
+    let operator = InProcess::start(&endpoints, "blocks", 16, corral_kv::MAX_TXN_OPS).await;
     let (counted, shared) = (&operator.counted, &operator.shared);
     // Cold nodes get their watermarks' blocks first (one per family each): wait for them.
     let cold = 2 * NODES as u64;

@@ -18,7 +18,8 @@
 //! The size is `BENCH_NODES` (default 10,000; `make bench-cluster NODES=100000`); the pool's
 //! IPv4 side gives /26s of 10.0.0.0/8 (262,144 of them), enough for any size asked.
 //! `BENCH_WORKERS` sets the in-process leader's grant transactions in flight (the
-//! operator's default, 64, otherwise).
+//! operator's default, 64, otherwise); `BENCH_MAX_TXN_OPS` the operations a transaction may
+//! hold, etcd's `--max-txn-ops` and the operators' alike (etcd's default, 128, otherwise).
 //!
 //! Figures go to BENCHMARKS.md by hand, with the command.
 
@@ -50,10 +51,16 @@ fn workers() -> usize {
         corral_operator::OperatorConfig::DEFAULT_WORKERS,
     )
 }
+/// Operations a transaction may hold, in etcd and the operators (`BENCH_MAX_TXN_OPS`; etcd's
+/// default otherwise).
+fn max_txn_ops() -> usize {
+    knobs::env("BENCH_MAX_TXN_OPS", corral_kv::MAX_TXN_OPS)
+}
 const CONFIG: &str = include_str!("../tests/configs/bench_cluster.toml");
 
 fn main() {
-    let (runtime, etcd) = runtime_and_etcd(3);
+    let ops = max_txn_ops().to_string();
+    let (runtime, etcd) = runtime_and_etcd(3, &["--max-txn-ops", &ops]);
     runtime.block_on(bench(&etcd));
 }
 
@@ -103,7 +110,7 @@ async fn bench(etcd: &EtcdCluster) {
     register(&kv, &keys, 0..nodes).await;
 
     // The operator, in this process, on a client whose requests are counted.
-    let operator = InProcess::start(&endpoints, "bench", workers()).await;
+    let operator = InProcess::start(&endpoints, "bench", workers(), max_txn_ops()).await;
     let (counted, shared) = (&operator.counted, &operator.shared);
     let assert = std::env::var("BENCH_ASSERTIONS").as_deref() != Ok("0");
     let assertions = assert.then(|| tokio::spawn(assert_holdings(kv.clone(), keys.clone(), nodes)));
@@ -220,6 +227,7 @@ async fn bench(etcd: &EtcdCluster) {
                 name,
             ])
             .args(["--lease-ttl", &ttl.to_string()])
+            .args(["--max-txn-ops", &max_txn_ops().to_string()])
             .args([
                 "--api-socket",
                 dir.path().join(format!("{name}.sock")).to_str().unwrap(),

@@ -73,7 +73,7 @@ block_prefix_len = 26
 }
 
 fn main() {
-    let (runtime, etcd) = runtime_and_etcd(3);
+    let (runtime, etcd) = runtime_and_etcd(3, &[]);
     runtime.block_on(bench(&etcd));
 }
 

@@ -22,7 +22,7 @@ const RUNS: usize = 20;
 const CONFIG: &str = include_str!("../tests/configs/bench_cluster.toml");
 
 fn main() {
-    let (runtime, etcd) = runtime_and_etcd(1);
+    let (runtime, etcd) = runtime_and_etcd(1, &[]);
     let endpoints = etcd.endpoints();
     let operator = runtime.block_on(async {
         let kv = EtcdKv::connect(&endpoints, Default::default())
@@ -41,7 +41,7 @@ fn main() {
             }
             kv.txn(txn).await.unwrap();
         }
-        let operator = InProcess::start(&endpoints, "bench", 16).await;
+        let operator = InProcess::start(&endpoints, "bench", 16, corral_kv::MAX_TXN_OPS).await;
         while (operator.shared.granted() as usize) < NODES {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -83,6 +83,7 @@ pub fn run(args: OperatorArgs, providers: &Providers) -> Result<Outcome, Failure
             lease_ttl: settings.lease_ttl.max(Duration::from_secs(1)),
             workers: settings.workers,
             page: corral_operator::OperatorConfig::DEFAULT_PAGE,
+            max_txn_ops: settings.max_txn_ops,
         };
         let api = corral_operator::api::bind(api, Arc::clone(&shared))
             .await

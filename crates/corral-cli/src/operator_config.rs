@@ -35,6 +35,10 @@ pub struct OperatorArgs {
     /// Grant transactions in flight at once [default: 64]
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub workers: Option<usize>,
+    /// Operations a transaction may hold: etcd's own --max-txn-ops, raised there first; grant
+    /// batches fill it (at 512, 84 dual-stack nodes a transaction instead of 21) [default: 128]
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(128..))]
+    pub max_txn_ops: Option<usize>,
     /// The operator's API socket (status, nodes, pools, grants, plans, metrics), mode 0660
     /// [default: /run/corral/operator.sock]
     #[arg(long, value_name = "PATH")]
@@ -96,6 +100,7 @@ fn flags(args: &OperatorArgs) -> OperatorFile {
         replica: args.replica.clone(),
         lease_ttl_secs: args.lease_ttl,
         workers: args.workers,
+        max_txn_ops: args.max_txn_ops,
         api_socket: args.api_socket.clone(),
         api_tcp: args.api_tcp,
         token_file: args.token_file.clone(),

@@ -747,13 +747,24 @@ fn a_lease_ttl_etcd_cannot_grant_is_a_usage_error() {
 
 #[test]
 fn no_workers_is_a_usage_error() {
+    operator_flag_is_a_usage_error("--workers", "0", "1..");
+}
+
+/// etcd takes 128 operations a transaction unless told more: fewer is no setting.
+#[test]
+fn max_txn_ops_below_etcds_default_is_a_usage_error() {
+    operator_flag_is_a_usage_error("--max-txn-ops", "64", "128..");
+}
+
+/// `corral operator FLAG VALUE` exits 2, naming the flag and the range it takes.
+fn operator_flag_is_a_usage_error(flag: &str, value: &str, range: &str) {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("unused.sock");
-    let args = ["operator", "--etcd", "http://127.0.0.1:1", "--workers", "0"];
+    let args = ["operator", "--etcd", "http://127.0.0.1:1", flag, value];
     let run = run_corral(&socket, &args, None);
     assert_eq!(run.code, 2, "{run:?}");
-    assert!(run.stderr.contains("--workers"), "{run:?}");
-    assert!(run.stderr.contains("1.."), "{run:?}");
+    assert!(run.stderr.contains(flag), "{run:?}");
+    assert!(run.stderr.contains(range), "{run:?}");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -37,6 +37,8 @@ struct Inner {
     unavailable: AtomicBool,
     /// The cluster ID `header` answers.
     cluster_id: AtomicU64,
+    /// Operations a transaction may hold (etcd's `--max-txn-ops`).
+    max_txn_ops: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -87,8 +89,15 @@ impl MemKv {
                 requests: AtomicU64::new(0),
                 unavailable: AtomicBool::new(false),
                 cluster_id: AtomicU64::new(MemKv::CLUSTER_ID),
+                max_txn_ops: AtomicUsize::new(MAX_TXN_OPS),
             }),
         }
+    }
+
+    /// Takes transactions of up to `ops` compares and operations a branch, as etcd started
+    /// with `--max-txn-ops ops` (128, etcd's default, until set).
+    pub fn set_max_txn_ops(&self, ops: usize) {
+        self.inner.max_txn_ops.store(ops, Ordering::SeqCst);
     }
 
     /// Makes every call fail with `Unavailable` (as etcd without quorum) or serve again. While
@@ -335,15 +344,15 @@ impl State {
     }
 }
 
-/// etcd's checks of a transaction before it runs: at most `MAX_TXN_OPS` compares and
-/// operations per branch, and no branch putting a key twice or putting a key it deletes.
-fn check_txn(txn: &Txn) -> Result<(), KvError> {
+/// etcd's checks of a transaction before it runs: at most `max_ops` compares and operations
+/// per branch, and no branch putting a key twice or putting a key it deletes.
+fn check_txn(txn: &Txn, max_ops: usize) -> Result<(), KvError> {
     if txn
         .compares
         .len()
         .max(txn.success.len())
         .max(txn.failure.len())
-        > MAX_TXN_OPS
+        > max_ops
     {
         return Err(KvError::Refused(
             "etcdserver: too many operations in txn request".into(),
@@ -503,7 +512,7 @@ impl Kv for MemKv {
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, KvError> {
         let mut state = self.begin()?;
-        check_txn(&txn)?;
+        check_txn(&txn, self.inner.max_txn_ops.load(Ordering::SeqCst))?;
         let succeeded = txn.compares.iter().all(|compare| state.compare(compare));
         let branch = if succeeded {
             &txn.success

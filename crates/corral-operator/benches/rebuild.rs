@@ -47,6 +47,7 @@ fn start(kv: &MemKv, name: &str) -> Replica {
         lease_ttl: Duration::from_secs(10),
         workers: 16,
         page: OperatorConfig::DEFAULT_PAGE,
+        max_txn_ops: corral_kv::MAX_TXN_OPS,
     };
     let task = tokio::spawn({
         let (kv, shared) = (kv.clone(), Arc::clone(&shared));

@@ -6,6 +6,7 @@
 //! replica = "op-a"                      # optional; the host name and process id otherwise
 //! lease_ttl_secs = 10                   # the election lease (--lease-ttl)
 //! workers = 64                          # grant transactions in flight at once
+//! max_txn_ops = 128                     # etcd's --max-txn-ops: grant batches fill it
 //! api_socket = "/run/corral/operator.sock"  # the API (mode 0660)
 //! api_tcp = "127.0.0.1:9877"            # optional; loopback only, needs token_file
 //! token_file = "/etc/corral/operator-token" # its bearer token (others may not read it)
@@ -66,6 +67,9 @@ pub struct OperatorFile {
     pub lease_ttl_secs: Option<u64>,
     /// Grant transactions in flight at once (`--workers`).
     pub workers: Option<usize>,
+    /// Operations a transaction may hold, as etcd's own `--max-txn-ops` allows
+    /// (`--max-txn-ops`; 128, etcd's default, when absent).
+    pub max_txn_ops: Option<usize>,
     /// The API's unix socket (`--api-socket`).
     pub api_socket: Option<PathBuf>,
     /// The API also on this loopback TCP address, with a token (`--api-tcp`).
@@ -129,6 +133,7 @@ pub struct Settings {
     pub replica: Option<String>,
     pub lease_ttl: Duration,
     pub workers: usize,
+    pub max_txn_ops: usize,
     pub api_socket: PathBuf,
     pub api_tcp: Option<SocketAddr>,
     pub token_file: Option<PathBuf>,
@@ -186,6 +191,15 @@ impl OperatorFile {
         if self.workers == Some(0) {
             return Err(Invalid::new("workers", "0".into(), "1 or more"));
         }
+        if let Some(ops) = self.max_txn_ops
+            && ops < corral_kv::MAX_TXN_OPS
+        {
+            return Err(Invalid::new(
+                "max_txn_ops",
+                ops.to_string(),
+                "128 or more (etcd's default --max-txn-ops)",
+            ));
+        }
         if let Some(addr) = self.api_tcp
             && !addr.ip().is_loopback()
         {
@@ -217,6 +231,7 @@ impl OperatorFile {
             replica: self.replica.or(lower.replica),
             lease_ttl_secs: self.lease_ttl_secs.or(lower.lease_ttl_secs),
             workers: self.workers.or(lower.workers),
+            max_txn_ops: self.max_txn_ops.or(lower.max_txn_ops),
             api_socket: self.api_socket.or(lower.api_socket),
             api_tcp: self.api_tcp.or(lower.api_tcp),
             token_file: self.token_file.or(lower.token_file),
@@ -255,6 +270,7 @@ impl OperatorFile {
                 .lease_ttl_secs
                 .map_or(OperatorConfig::DEFAULT_LEASE_TTL, Duration::from_secs),
             workers: self.workers.unwrap_or(OperatorConfig::DEFAULT_WORKERS),
+            max_txn_ops: self.max_txn_ops.unwrap_or(corral_kv::MAX_TXN_OPS),
             api_socket: self
                 .api_socket
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_API_SOCKET)),
@@ -400,6 +416,10 @@ mod tests {
     fn bad_files_name_the_file_the_key_and_what_is_wrong() {
         for (text, expected) in [
             ("workers = 0", "workers 0 is not 1 or more"),
+            (
+                "max_txn_ops = 64",
+                "max_txn_ops 64 is not 128 or more (etcd's default --max-txn-ops)",
+            ),
             (
                 "lease_ttl_secs = 0",
                 "lease_ttl_secs 0 is not in 1..=9000000000 (seconds; etcd's longest lease)",

@@ -60,6 +60,8 @@ pub struct Sizes {
     pub workers: usize,
     /// Keys per range request of a rebuild.
     pub page: usize,
+    /// Operations a grant transaction may hold (etcd's `--max-txn-ops`).
+    pub txn_ops: usize,
 }
 
 /// How often the leader asks etcd for its header (its cluster ID and revision).
@@ -390,6 +392,7 @@ async fn serve<K: Kv>(
             drain_wait: HashMap::new(),
             recover: false,
             lost: Vec::new(),
+            txn_ops: sizes.txn_ops,
         },
         dirty: true,
         timers_first: false,
@@ -1006,15 +1009,13 @@ fn start_work<K: Kv>(
     blocks::start_block_work(kv, keys, fence, view, runner, work, &removing);
 }
 
-/// Nodes granted in one transaction at most. A transaction's compares and puts are bounded
-/// by etcd (128 each by default), which cuts a batch first (21 dual-stack nodes, 31
-/// single-stack); batching cuts the transactions a burst of registrations costs (each a raft
-/// entry and a WAL fsync shared with whatever else is in flight).
-const BATCH_NODES: usize = 32;
-
 /// The next proposals to commit together: nodes of `pending` that may be tried now, up to
-/// `BATCH_NODES` and the transaction limits. A node whose last batch was refused goes alone
-/// (`solo`), so one stale proposal cannot keep refusing the others.
+/// the transaction limits. A transaction's compares and puts are bounded by etcd's
+/// `--max-txn-ops` (`Work::txn_ops`; 128 each by default), which cuts a batch (21 dual-stack
+/// nodes at 128, 84 at 512, each node also at most a quarter of the limit); batching cuts the
+/// transactions a burst of registrations costs (each a raft entry and a WAL fsync shared with
+/// whatever else is in flight). A node whose last batch was refused goes alone (`solo`), so one
+/// stale proposal cannot keep refusing the others.
 fn next_batch(
     view: &mut ClusterView,
     runner: &mut Runner<NodeName, Done>,
@@ -1024,7 +1025,7 @@ fn next_batch(
 ) -> Option<Vec<Proposal>> {
     let mut batch: Vec<Proposal> = Vec::new();
     let (mut compares, mut puts) = (2, 0);
-    while batch.len() < BATCH_NODES {
+    while batch.len() < work.txn_ops / 4 {
         let Some(node) = work.pending.first().cloned() else {
             break;
         };
@@ -1059,8 +1060,7 @@ fn next_batch(
         };
         let (node_compares, node_puts) = proposal.txn_size();
         if !batch.is_empty()
-            && (compares + node_compares > corral_kv::MAX_TXN_OPS
-                || puts + node_puts > corral_kv::MAX_TXN_OPS)
+            && (compares + node_compares > work.txn_ops || puts + node_puts > work.txn_ops)
         {
             // Next time, first in its own batch.
             view.abandon(&proposal);
@@ -1139,6 +1139,32 @@ fn finish(
                         shared.note_grant(TxnOutcome::Conflict);
                         backoff(view, runner, &proposal.node, false);
                     }
+                    false
+                }
+                Err(TxnFailure::Uncertain(KvError::Refused(message)))
+                    if work.txn_ops > corral_kv::MAX_TXN_OPS
+                        && message.contains("too many operations") =>
+                {
+                    // etcd takes fewer operations than `--max-txn-ops` said: not applied (a
+                    // refused request), so the nodes go again at once, in batches of etcd's
+                    // default limit, and the mismatch is shown until the next term.
+                    let said = work.txn_ops;
+                    work.txn_ops = corral_kv::MAX_TXN_OPS;
+                    shared.raise(
+                        "grant",
+                        "max-txn-ops".to_owned(),
+                        format!(
+                            "etcd refused a grant transaction of up to {said} operations \
+                             ({message}): --max-txn-ops is above etcd's own; granting in \
+                             transactions of {} until the next term",
+                            corral_kv::MAX_TXN_OPS
+                        ),
+                    );
+                    for proposal in &proposals {
+                        view.abandon(proposal);
+                        work.pending.insert(proposal.node.clone());
+                    }
+                    shared.note_grant(TxnOutcome::Failed);
                     false
                 }
                 Err(TxnFailure::Uncertain(error)) => {

@@ -46,6 +46,9 @@ pub struct OperatorConfig {
     /// larger pages cost etcd fewer requests (a page is cut to about `corral_kv::PAGE_BYTES`
     /// whatever this says).
     pub page: usize,
+    /// Operations a transaction may hold: etcd's `--max-txn-ops` (128 by default). Grant
+    /// batches fill it; one etcd refuses makes the leader fall back to 128.
+    pub max_txn_ops: usize,
 }
 
 impl OperatorConfig {
@@ -285,6 +288,7 @@ pub async fn run_with_cloud<K: Kv, P: CloudProvider + 'static>(
                 leader::Sizes {
                     workers: config.workers.max(1),
                     page: config.page.max(1),
+                    txn_ops: config.max_txn_ops.max(corral_kv::MAX_TXN_OPS),
                 },
                 cloud
                     .as_ref()

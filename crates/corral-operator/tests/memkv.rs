@@ -544,3 +544,55 @@ fn a_retry_for_a_node_that_needs_nothing_does_not_spin_the_leader() {
         .recv_timeout(Duration::from_secs(20))
         .expect("virtual time moves on: the leader does not spin on a past-due retry");
 }
+
+/// 100 dual-stack nodes with node IDs, registered before the leader starts, granted by a
+/// leader whose transactions may hold `leader_ops` operations on a store that takes
+/// `store_ops`; answers how many transactions the grants took (their distinct revisions) and
+/// the problems the leader raised.
+async fn hundred_nodes_granted(leader_ops: usize, store_ops: usize) -> (usize, Vec<String>) {
+    let (kv, auditor) = audited(DUAL).await;
+    kv.set_max_txn_ops(store_ops);
+    let names: Vec<String> = (0..100).map(|i| format!("node-{i:03}")).collect();
+    for name in &names {
+        register(&kv, name).await;
+    }
+    let replica = Replica::start_sized::<_, corral_cloud::FakeEc2>(
+        &kv,
+        "op-a",
+        corral_operator::OperatorConfig::DEFAULT_PAGE,
+        leader_ops,
+        None,
+    );
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    register_and_wait(&kv, &names).await;
+    let revisions: std::collections::BTreeSet<i64> = under(&kv, "grants/")
+        .await
+        .iter()
+        .map(|entry| entry.mod_revision)
+        .collect();
+    let problems = replica.shared.problems();
+    assert_clean_end(&kv, &auditor).await;
+    (revisions.len(), problems)
+}
+
+/// `--max-txn-ops 512` on an etcd that takes 512: the burst is granted in transactions of
+/// 56 nodes (nine compares each with their node IDs), two instead of eight.
+#[tokio::test(start_paused = true)]
+async fn a_burst_fills_transactions_up_to_max_txn_ops() {
+    assert_eq!(hundred_nodes_granted(128, 128).await, (8, vec![]));
+    assert_eq!(hundred_nodes_granted(512, 512).await, (2, vec![]));
+}
+
+/// `--max-txn-ops 512` on an etcd that takes 128: etcd refuses the first batch, the leader
+/// grants every node in transactions of 128 operations and says why.
+#[tokio::test(start_paused = true)]
+async fn max_txn_ops_above_etcds_falls_back_to_128_and_says_so() {
+    let (transactions, problems) = hundred_nodes_granted(512, 128).await;
+    assert_eq!(transactions, 8);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("--max-txn-ops is above etcd's own")),
+        "{problems:?}"
+    );
+}

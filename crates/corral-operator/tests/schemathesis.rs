@@ -79,6 +79,7 @@ fn schemathesis_finds_nothing_in_the_operator_api() {
             lease_ttl: Duration::from_secs(5),
             workers: 4,
             page: OperatorConfig::DEFAULT_PAGE,
+            max_txn_ops: corral_kv::MAX_TXN_OPS,
         },
         Arc::clone(&shared),
         async move {

@@ -19,7 +19,14 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    pub async fn start(endpoints: &[String], cluster: &str, workers: usize) -> InProcess {
+    /// The replica, `workers` transactions in flight, each of up to `max_txn_ops` operations
+    /// (etcd's own limit as high: `runtime_and_etcd`'s `extra_args`).
+    pub async fn start(
+        endpoints: &[String],
+        cluster: &str,
+        workers: usize,
+        max_txn_ops: usize,
+    ) -> InProcess {
         let counted = EtcdKv::connect(endpoints, Default::default())
             .await
             .unwrap();
@@ -33,6 +40,7 @@ impl InProcess {
                 lease_ttl: Duration::from_secs(10),
                 workers,
                 page: OperatorConfig::DEFAULT_PAGE,
+                max_txn_ops,
             },
             Arc::clone(&shared),
             async move {
@@ -77,14 +85,17 @@ pub async fn install_config(kv: &EtcdKv, keys: &corral_cluster::Keys, toml: &str
     .unwrap();
 }
 
-/// A runtime, and `members` etcd members started on it.
-pub fn runtime_and_etcd(members: usize) -> (tokio::runtime::Runtime, EtcdCluster) {
+/// A runtime, and `members` etcd members started on it, each also given `extra_args`.
+pub fn runtime_and_etcd(
+    members: usize,
+    extra_args: &[&str],
+) -> (tokio::runtime::Runtime, EtcdCluster) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     let etcd = runtime
-        .block_on(EtcdCluster::start(members))
+        .block_on(EtcdCluster::start_with(members, extra_args))
         .expect("etcd starts (make deps)");
     (runtime, etcd)
 }

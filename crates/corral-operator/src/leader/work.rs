@@ -74,6 +74,9 @@ pub(super) struct Work {
     /// Grant batches whose answer was lost (the store failed mid-call), abandoned in the
     /// view: one read each tells whether etcd applied them (`leader::resolve_lost`).
     pub(super) lost: Vec<Vec<Proposal>>,
+    /// Operations a grant transaction may hold (etcd's `--max-txn-ops`; 128 again once etcd
+    /// refused more).
+    pub(super) txn_ops: usize,
 }
 
 impl Work {

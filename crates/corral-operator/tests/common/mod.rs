@@ -353,6 +353,17 @@ impl Replica {
         page: usize,
         cloud: Option<corral_operator::CloudOptions<P>>,
     ) -> Replica {
+        Replica::start_sized(kv, name, page, corral_kv::MAX_TXN_OPS, cloud)
+    }
+
+    /// As `start_paged`, its transactions up to `max_txn_ops` operations.
+    pub fn start_sized<K: Kv, P: corral_cloud::CloudProvider + 'static>(
+        kv: &K,
+        name: &str,
+        page: usize,
+        max_txn_ops: usize,
+        cloud: Option<corral_operator::CloudOptions<P>>,
+    ) -> Replica {
         let shared = Arc::new(Shared::new(name.to_owned()));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let config = OperatorConfig {
@@ -361,6 +372,7 @@ impl Replica {
             lease_ttl: TTL,
             workers: 4,
             page,
+            max_txn_ops,
         };
         let task = tokio::spawn({
             let (kv, shared) = (kv.clone(), Arc::clone(&shared));
