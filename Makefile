@@ -150,10 +150,12 @@ bench-agent: deps plugin
 ## claiming blocks at once (conflicts per grant, beside one contended key), a cold node to its
 ## first pod address, etcd requests per CNI ADD during churn, excess to quarantine; `corral
 ## explain node` on 1,000 nodes (about 3 min). NODES=30000 (or 100000) sizes the first part
-## and the operator's own rebuild on MemKv at that size (each kind of key's cost).
+## and the operator's own rebuild on MemKv at that size (each kind of key's cost);
+## MAX_TXN_OPS=512 raises etcd's --max-txn-ops and the operators' alike (etcd's 128 otherwise).
 NODES ?= 10000
+MAX_TXN_OPS ?= 128
 bench-cluster: deps
-	BENCH_NODES=$(NODES) $(CARGO) bench -p corral-cli --bench cluster
+	BENCH_NODES=$(NODES) BENCH_MAX_TXN_OPS=$(MAX_TXN_OPS) $(CARGO) bench -p corral-cli --bench cluster
 	BENCH_NODES=$(NODES) $(CARGO) bench -p corral-operator --bench rebuild
 	$(CARGO) bench -p corral-cli --bench blocks
 	$(CARGO) bench -p corral-cli --bench explain
