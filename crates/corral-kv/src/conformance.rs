@@ -445,15 +445,16 @@ pub async fn txn_limits<K: Kv>(kv: &K, prefix: &str) {
     let a = key(prefix, "a");
     let refused = |request: Txn| async move {
         let r0 = current_revision(kv).await;
-        match kv.txn(request.clone()).await {
-            Err(KvError::Refused(_)) => {}
+        let message = match kv.txn(request.clone()).await {
+            Err(KvError::Refused(message)) => message,
             other => panic!("txn {request:?} answered {other:?}, not Refused"),
-        }
+        };
         assert_eq!(
             current_revision(kv).await,
             r0,
             "a refused txn changed the store"
         );
+        message
     };
     refused(Txn {
         success: vec![TxnOp::put(a.clone(), "1"), TxnOp::put(a.clone(), "2")],
@@ -479,19 +480,23 @@ pub async fn txn_limits<K: Kv>(kv: &K, prefix: &str) {
     let many: Vec<TxnOp> = (0..=MAX_TXN_OPS)
         .map(|i| TxnOp::put(key(prefix, &format!("many/{i:03}")), "x"))
         .collect();
-    refused(Txn {
+    // etcd's words, which the operator's leader recognises (`--max-txn-ops` above etcd's).
+    let too_many = "too many operations";
+    let message = refused(Txn {
         success: many.clone(),
         ..Txn::default()
     })
     .await;
+    assert!(message.contains(too_many), "{message}");
     let compares: Vec<Compare> = (0..=MAX_TXN_OPS)
         .map(|i| Compare::absent(key(prefix, &format!("c/{i}"))))
         .collect();
-    refused(Txn {
+    let message = refused(Txn {
         compares,
         ..Txn::default()
     })
     .await;
+    assert!(message.contains(too_many), "{message}");
 
     // Allowed: the same key deleted twice, read and written, or put in both branches.
     apply(kv, vec![TxnOp::delete(a.clone()), TxnOp::delete(a.clone())]).await;
