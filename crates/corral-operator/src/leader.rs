@@ -1077,6 +1077,16 @@ fn next_batch(
     (!batch.is_empty()).then_some(batch)
 }
 
+/// The most compares or puts a grant transaction of `proposals` holds (`grant_txn`'s, with
+/// the configuration and fence compares).
+fn batch_ops(proposals: &[Proposal]) -> usize {
+    let (compares, puts) = proposals
+        .iter()
+        .map(Proposal::txn_size)
+        .fold((2, 0), |(c, p), (nc, np)| (c + nc, p + np));
+    compares.max(puts)
+}
+
 /// Applies a finished transaction to the view; true if its outcome is unknown.
 fn finish(
     view: &mut ClusterView,
@@ -1142,24 +1152,27 @@ fn finish(
                     false
                 }
                 Err(TxnFailure::Uncertain(KvError::Refused(message)))
-                    if work.txn_ops > corral_kv::MAX_TXN_OPS
-                        && message.contains("too many operations") =>
+                    if message.contains("too many operations")
+                        && batch_ops(&proposals) > corral_kv::MAX_TXN_OPS =>
                 {
                     // etcd takes fewer operations than `--max-txn-ops` said: not applied (a
                     // refused request), so the nodes go again at once, in batches of etcd's
-                    // default limit, and the mismatch is shown until the next term.
-                    let said = work.txn_ops;
-                    work.txn_ops = corral_kv::MAX_TXN_OPS;
-                    shared.raise(
-                        "grant",
-                        "max-txn-ops".to_owned(),
-                        format!(
-                            "etcd refused a grant transaction of up to {said} operations \
-                             ({message}): --max-txn-ops is above etcd's own; granting in \
-                             transactions of {} until the next term",
-                            corral_kv::MAX_TXN_OPS
-                        ),
-                    );
+                    // default limit (as do those of the other batches in flight when their
+                    // refusals come), and the mismatch is shown until the next term.
+                    if work.txn_ops > corral_kv::MAX_TXN_OPS {
+                        let said = work.txn_ops;
+                        work.txn_ops = corral_kv::MAX_TXN_OPS;
+                        shared.raise(
+                            "grant",
+                            "max-txn-ops".to_owned(),
+                            format!(
+                                "etcd refused a grant transaction of up to {said} operations \
+                                 ({message}): --max-txn-ops is above etcd's own; granting in \
+                                 transactions of {} until the next term",
+                                corral_kv::MAX_TXN_OPS
+                            ),
+                        );
+                    }
                     for proposal in &proposals {
                         view.abandon(proposal);
                         work.pending.insert(proposal.node.clone());
