@@ -134,9 +134,10 @@ impl Failure {
             // request), a compacted revision or an unknown lease is etcd answering.
             Failure::Cluster(error) => match error {
                 KvError::Unavailable(_) | KvError::Closed => Exit::Unreachable,
-                KvError::Compacted { .. } | KvError::LeaseNotFound(_) | KvError::Refused(_) => {
-                    Exit::AgentFailed
-                }
+                KvError::Compacted { .. }
+                | KvError::LeaseNotFound(_)
+                | KvError::Refused(_)
+                | KvError::TooManyOps(_) => Exit::AgentFailed,
             },
             // Likewise the cloud: no answer, a throttle or a server-side failure is
             // "unreachable" (try again); a refusal of the call is a refusal.
@@ -189,9 +190,10 @@ impl fmt::Display for Failure {
                     KvError::Unavailable(_) | KvError::Closed => {
                         write!(f, "\nis etcd running? (`--etcd` or CORRAL_ETCD names it)")
                     }
-                    KvError::Compacted { .. } | KvError::LeaseNotFound(_) | KvError::Refused(_) => {
-                        Ok(())
-                    }
+                    KvError::Compacted { .. }
+                    | KvError::LeaseNotFound(_)
+                    | KvError::Refused(_)
+                    | KvError::TooManyOps(_) => Ok(()),
                 }
             }
             Failure::Cloud(error) => write!(

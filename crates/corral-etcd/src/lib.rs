@@ -760,6 +760,9 @@ fn map_error(error: etcd_client::Error, lease: Option<LeaseId>) -> KvError {
                 Code::NotFound if message.contains("lease not found") => {
                     KvError::LeaseNotFound(lease.unwrap_or(LeaseId(0)))
                 }
+                Code::InvalidArgument if message.contains("too many operations") => {
+                    KvError::TooManyOps(message)
+                }
                 Code::Unavailable
                 | Code::DeadlineExceeded
                 | Code::Cancelled

@@ -300,10 +300,13 @@ pub enum KvError {
     /// The lease is unknown (expired or revoked).
     #[error("lease {:x} not found", .0.0)]
     LeaseNotFound(LeaseId),
-    /// The store refused the request as malformed or too large (a bug, or a limit: etcd allows
-    /// 128 operations per transaction by default).
+    /// The store refused the request as malformed (a bug) or not allowed.
     #[error("cluster store refused the request: {0}")]
     Refused(String),
+    /// A transaction held more compares or operations in a branch than the store takes
+    /// (etcd's `--max-txn-ops`, 128 by default: [`MAX_TXN_OPS`]). Not applied.
+    #[error("cluster store refused a transaction this large: {0}")]
+    TooManyOps(String),
     /// The watch or client was closed.
     #[error("cluster store connection closed")]
     Closed,

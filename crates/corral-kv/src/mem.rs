@@ -354,7 +354,7 @@ fn check_txn(txn: &Txn, max_ops: usize) -> Result<(), KvError> {
         .max(txn.failure.len())
         > max_ops
     {
-        return Err(KvError::Refused(
+        return Err(KvError::TooManyOps(
             "etcdserver: too many operations in txn request".into(),
         ));
     }

@@ -1009,13 +1009,32 @@ fn start_work<K: Kv>(
     blocks::start_block_work(kv, keys, fence, view, runner, work, &removing);
 }
 
+/// The compares every grant transaction holds besides its nodes': the configuration's
+/// revision (`grant_txn`) and the leader's fence (`Fence::guard`).
+const GRANT_TXN_COMPARES: usize = 2;
+
+/// The compares and puts of the grant transaction of `batch`, guarded by the fence.
+fn grant_txn_size(batch: &[Proposal]) -> (usize, usize) {
+    batch
+        .iter()
+        .map(Proposal::txn_size)
+        .fold((GRANT_TXN_COMPARES, 0), |(c, p), (nc, np)| (c + nc, p + np))
+}
+
+/// Whether the grant transaction of `batch` holds more than etcd's default 128 compares or
+/// puts.
+fn past_etcds_default(batch: &[Proposal]) -> bool {
+    let (compares, puts) = grant_txn_size(batch);
+    compares.max(puts) > corral_kv::MAX_TXN_OPS
+}
+
 /// The next proposals to commit together: nodes of `pending` that may be tried now, up to
 /// the transaction limits. A transaction's compares and puts are bounded by etcd's
 /// `--max-txn-ops` (`Work::txn_ops`; 128 each by default), which cuts a batch (21 dual-stack
-/// nodes at 128, 84 at 512, each node also at most a quarter of the limit); batching cuts the
-/// transactions a burst of registrations costs (each a raft entry and a WAL fsync shared with
-/// whatever else is in flight). A node whose last batch was refused goes alone (`solo`), so one
-/// stale proposal cannot keep refusing the others.
+/// nodes at 128, 84 at 512); batching cuts the transactions a burst of registrations costs
+/// (each a raft entry and a WAL fsync shared with whatever else is in flight). A node whose
+/// last batch was refused goes alone (`solo`), so one stale proposal cannot keep refusing the
+/// others.
 fn next_batch(
     view: &mut ClusterView,
     runner: &mut Runner<NodeName, Done>,
@@ -1024,11 +1043,8 @@ fn next_batch(
     now: Instant,
 ) -> Option<Vec<Proposal>> {
     let mut batch: Vec<Proposal> = Vec::new();
-    let (mut compares, mut puts) = (2, 0);
-    while batch.len() < work.txn_ops / 4 {
-        let Some(node) = work.pending.first().cloned() else {
-            break;
-        };
+    let (mut compares, mut puts) = (GRANT_TXN_COMPARES, 0);
+    while let Some(node) = work.pending.first().cloned() {
         let solo = work.solo.contains(&node);
         if solo && !batch.is_empty() {
             break;
@@ -1075,16 +1091,6 @@ fn next_batch(
         }
     }
     (!batch.is_empty()).then_some(batch)
-}
-
-/// The most compares or puts a grant transaction of `proposals` holds (`grant_txn`'s, with
-/// the configuration and fence compares).
-fn batch_ops(proposals: &[Proposal]) -> usize {
-    let (compares, puts) = proposals
-        .iter()
-        .map(Proposal::txn_size)
-        .fold((2, 0), |(c, p), (nc, np)| (c + nc, p + np));
-    compares.max(puts)
 }
 
 /// Applies a finished transaction to the view; true if its outcome is unknown.
@@ -1151,9 +1157,8 @@ fn finish(
                     }
                     false
                 }
-                Err(TxnFailure::Uncertain(KvError::Refused(message)))
-                    if message.contains("too many operations")
-                        && batch_ops(&proposals) > corral_kv::MAX_TXN_OPS =>
+                Err(TxnFailure::Uncertain(KvError::TooManyOps(message)))
+                    if past_etcds_default(&proposals) =>
                 {
                     // etcd takes fewer operations than `--max-txn-ops` said: not applied (a
                     // refused request), so the nodes go again at once, in batches of etcd's
@@ -1340,13 +1345,10 @@ fn grant_txn(
         }
     }
     // `next_batch` sized the batch by `Proposal::txn_size`: the two must agree, or etcd
-    // refuses a full batch.
+    // refuses a full batch (the fence's compare comes with `Fence::guard`).
     debug_assert_eq!(
-        (txn.compares.len(), txn.success.len()),
-        batch
-            .iter()
-            .map(Proposal::txn_size)
-            .fold((1, 0), |(c, p), (nc, np)| (c + nc, p + np)),
+        (txn.compares.len() + 1, txn.success.len()),
+        grant_txn_size(batch),
     );
     Ok(txn)
 }
