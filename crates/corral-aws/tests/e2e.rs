@@ -51,10 +51,17 @@ const CORRAL_AWS: &str = env!("CARGO_BIN_EXE_corral-aws");
 const DEADLINE: Duration = Duration::from_secs(90);
 
 /// Polls `done` every 100 ms until it holds; fails the test after [`DEADLINE`].
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    wait_showing(what, done, String::new);
+}
+
+/// As [`wait_until`], the failure also saying what `show` finds then.
+fn wait_showing(what: &str, mut done: impl FnMut() -> bool, show: impl FnOnce() -> String) {
     let deadline = Instant::now() + DEADLINE;
     while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            panic!("timed out waiting for {what}\n{}", show());
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -146,7 +153,7 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if std::thread::panicking() || std::env::var_os("E2E_LOGS").is_some() {
+        if std::thread::panicking() {
             eprintln!("--- {} ---\n{}", self.log.display(), self.log());
         }
         // `Child::kill` is SIGKILL to this child's PID.
@@ -355,37 +362,35 @@ cidrs = ["10.0.0.0/16"]
     assert_eq!(record.primary_ipv4, Some(in_moto[0].primary_ipv4));
 
     // The agent serves the interface.
-    let serving = || {
-        corral_client::Client::unix(&agent_socket)
-            .interfaces(Some("vpc"))
-            .is_ok_and(|listed| {
-                listed.pools.iter().flat_map(|p| &p.interfaces).any(|i| {
-                    i.id == eni
-                        && i.total == 2
-                        && i.addresses
-                            .iter()
-                            .map(|a| a.parse().unwrap())
-                            .collect::<BTreeSet<_>>()
-                            == recorded
+    wait_showing(
+        "the agent serving the interface",
+        || {
+            agent.assert_running();
+            corral_client::Client::unix(&agent_socket)
+                .interfaces(Some("vpc"))
+                .is_ok_and(|listed| {
+                    listed.pools.iter().flat_map(|p| &p.interfaces).any(|i| {
+                        i.id == eni
+                            && i.total == 2
+                            && i.addresses
+                                .iter()
+                                .map(|a| a.parse().unwrap())
+                                .collect::<BTreeSet<_>>()
+                                == recorded
+                    })
                 })
-            })
-    };
-    let deadline = Instant::now() + DEADLINE;
-    while !serving() {
-        agent.assert_running();
-        if Instant::now() > deadline {
-            // What the agent and etcd show, to say why (the daemons' logs follow on drop).
+        },
+        // What the agent and etcd show, to say why (the daemons' logs follow on drop).
+        || {
             let mut client = corral_client::Client::unix(&agent_socket);
-            panic!(
-                "timed out waiting for the agent serving {eni} with {recorded:?}\n\
-                 interfaces: {:?}\nstatus: {:?}\nrecords: {:?}",
+            format!(
+                "{eni} with {recorded:?}\ninterfaces: {:?}\nstatus: {:?}\nrecords: {:?}",
                 client.interfaces(Some("vpc")),
                 client.status(None),
                 records(&kv, &keys, &node),
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            )
+        },
+    );
 
     // A pod's address through corral-ipam in agent mode: one moto shows on the interface.
     let podnet = json!({

@@ -59,12 +59,13 @@ fn max_txn_ops() -> usize {
 const CONFIG: &str = include_str!("../tests/configs/bench_cluster.toml");
 
 fn main() {
-    let ops = max_txn_ops().to_string();
-    let (runtime, etcd) = runtime_and_etcd(3, &["--max-txn-ops", &ops]);
-    runtime.block_on(bench(&etcd));
+    let ops = max_txn_ops();
+    let (runtime, etcd) = runtime_and_etcd(3, &["--max-txn-ops", &ops.to_string()]);
+    runtime.block_on(bench(&etcd, ops));
 }
 
-async fn bench(etcd: &EtcdCluster) {
+/// The bench on `etcd`, whose members take transactions of `max_txn_ops` operations.
+async fn bench(etcd: &EtcdCluster, max_txn_ops: usize) {
     let nodes = nodes();
     let endpoints = etcd.endpoints();
     let kv = EtcdKv::connect(&endpoints, Default::default())
@@ -110,7 +111,7 @@ async fn bench(etcd: &EtcdCluster) {
     register(&kv, &keys, 0..nodes).await;
 
     // The operator, in this process, on a client whose requests are counted.
-    let operator = InProcess::start(&endpoints, "bench", workers(), max_txn_ops()).await;
+    let operator = InProcess::start(&endpoints, "bench", workers(), max_txn_ops).await;
     let (counted, shared) = (&operator.counted, &operator.shared);
     let assert = std::env::var("BENCH_ASSERTIONS").as_deref() != Ok("0");
     let assertions = assert.then(|| tokio::spawn(assert_holdings(kv.clone(), keys.clone(), nodes)));
@@ -227,7 +228,7 @@ async fn bench(etcd: &EtcdCluster) {
                 name,
             ])
             .args(["--lease-ttl", &ttl.to_string()])
-            .args(["--max-txn-ops", &max_txn_ops().to_string()])
+            .args(["--max-txn-ops", &max_txn_ops.to_string()])
             .args([
                 "--api-socket",
                 dir.path().join(format!("{name}.sock")).to_str().unwrap(),

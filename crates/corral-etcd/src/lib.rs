@@ -1188,8 +1188,9 @@ impl Kv for EtcdKv {
     }
 
     async fn watch(&self, prefix: &[u8], from: Revision) -> Result<Watch, KvError> {
-        // Fragmented: etcd splits an answer past its request limit (1.5 MiB) into parts,
-        // which `forward_watch` joins again, so a backlog of any size is taken.
+        // Fragmented: etcd splits an answer past its request limit and gRPC's overhead (2 MiB
+        // by default) into parts, which `forward_watch` joins again, so a backlog of any size
+        // is taken.
         let options = WatchOptions::new()
             .with_range(prefix_end(prefix))
             .with_start_revision(from.max(0))

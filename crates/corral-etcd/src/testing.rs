@@ -469,11 +469,7 @@ impl EtcdCluster {
             if self.child(i).is_err() {
                 continue;
             }
-            let metrics = self.metrics(i)?;
-            if metrics
-                .lines()
-                .any(|line| line.trim() == "etcd_server_is_leader 1")
-            {
+            if self.is_leader(i)? {
                 return Ok(Some(i));
             }
         }
