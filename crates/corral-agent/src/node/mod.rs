@@ -856,4 +856,93 @@ mod tests {
         };
         assert!(gone.released.is_empty(), "{gone:?}");
     }
+
+    /// Every release is one event of the history and one row deleted, whichever way it came:
+    /// a CNI DEL through an interface pool recorded its address's release twice (once by the
+    /// unassign, once more with the engine's own releases).
+    #[test]
+    fn each_release_is_one_event_of_the_history_on_every_path() {
+        let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
+        run_one(
+            &mut node,
+            eni_op("eni", "eni-1", 1, &["10.60.0.10", "10.60.0.11"]),
+        )
+        .unwrap();
+        let network = api::CniNetwork {
+            name: "aws-cni".into(),
+            pools: vec![],
+            node_pool: Some("eni".into()),
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
+        };
+        let add = Op::CniAdd(
+            api::CniAddRequest {
+                network: network.clone(),
+                key: attachment("aws-cni", "via-cni"),
+                owner: "via-cni".into(),
+                sets: vec![],
+            }
+            .try_into()
+            .unwrap(),
+        );
+        let del = api::CniKeyRequest {
+            network,
+            key: attachment("aws-cni", "via-cni"),
+        };
+        let keyed = Some(attachment("aws-cni", "via-api"));
+        let by_key = api::ReleaseRequest {
+            scope: api::NODE_SCOPE.into(),
+            key: keyed.clone(),
+            ..Default::default()
+        };
+        let cases = [
+            ("CNI DEL", add, Op::CniDel(del.try_into().unwrap())),
+            (
+                "release by key",
+                allocate(api::NODE_SCOPE, "eni", "via-api", keyed, None),
+                Op::Release(by_key.try_into().unwrap()),
+            ),
+            (
+                "release by owner",
+                allocate(api::NODE_SCOPE, "default", "by-owner", None, None),
+                Op::Release(
+                    api::ReleaseRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        owner: Some("by-owner".into()),
+                        ..Default::default()
+                    }
+                    .try_into()
+                    .unwrap(),
+                ),
+            ),
+        ];
+        for (path, add, release) in cases {
+            let addr = address(&node.run_batch(vec![add])[0]);
+            let Ok(Reply::Released(gone)) = run_one(&mut node, release) else {
+                panic!("{path}: not released")
+            };
+            assert_eq!(gone.released.len(), 1, "{path}: {gone:?}");
+            let query = corral_store::HistoryQuery {
+                addr: Some(addr),
+                limit: 100,
+                ..Default::default()
+            };
+            let Ok(Reply::History(history)) = run_one(
+                &mut node,
+                Op::History(History {
+                    query,
+                    held_at: None,
+                }),
+            ) else {
+                panic!("{path}: no history")
+            };
+            let kinds: Vec<_> = history.events.iter().map(|e| e.event).collect();
+            assert_eq!(
+                kinds,
+                [api::HistoryKind::Released, api::HistoryKind::Allocated],
+                "{path}: {addr}"
+            );
+        }
+    }
 }

@@ -137,6 +137,7 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         now: Timestamp,
         changes: &mut Changes,
     ) -> Result<api::ReleaseResponse, OpError> {
+        // Those unassigned from interfaces are recorded released by the unassign.
         let mut gone = self.unassign_on_interfaces(key, now, changes)?;
         let scope = self.scope_mut(api::NODE_SCOPE)?;
         // Every pool of the node scope: the key names the network, whose attachments live
@@ -144,14 +145,16 @@ impl<S: Store, C: Clock> NodeState<S, C> {
         // namespace's pool changed, or a DEL recorded while the agent was away names the
         // plugin's own choice).
         let _ = pool;
+        let mut rest = Vec::new();
         for info in scope.engine.lookup_key(key) {
-            gone.push(
+            rest.push(
                 scope
                     .engine
                     .release(info.entry.addr, Some(info.entry.generation), now)?,
             );
         }
-        record_released(api::NODE_SCOPE, &gone, HistoryKind::Released, changes);
+        record_released(api::NODE_SCOPE, &rest, HistoryKind::Released, changes);
+        gone.extend(rest);
         Ok(api::ReleaseResponse {
             released: gone.iter().map(released).collect(),
         })
