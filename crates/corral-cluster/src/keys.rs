@@ -21,6 +21,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod envelope;
+
 /// The schema version of the layout (`meta/schema`'s value and every record's `schema`).
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -1905,22 +1907,9 @@ pub struct NodeIdOfNodeRecord {
     pub id: u32,
 }
 
-/// The envelope every value is written in: `{"schema":1, ...fields}`.
-#[derive(Serialize, Deserialize)]
-struct Envelope<T> {
-    #[serde(default = "schema_v1")]
-    schema: u32,
-    #[serde(flatten)]
-    record: T,
-}
-
-fn schema_v1() -> u32 {
-    SCHEMA_VERSION
-}
-
 /// Encodes a record as its stored JSON, with the `schema` field.
 pub fn encode_value<T: Serialize>(record: &T) -> Result<Vec<u8>, ValueError> {
-    serde_json::to_vec(&Envelope {
+    serde_json::to_vec(&envelope::Envelope {
         schema: SCHEMA_VERSION,
         record,
     })
@@ -1931,20 +1920,24 @@ pub fn encode_value<T: Serialize>(record: &T) -> Result<Vec<u8>, ValueError> {
 }
 
 /// Decodes a stored value; unknown fields are ignored (a newer writer may add some), a missing
-/// `schema` reads as 1, and anything that is not the record's JSON is an error.
+/// `schema` reads as 1, and anything that is not the record's JSON is an error (a value of
+/// another schema is told as such, whether or not it reads as the record).
 pub fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ValueError> {
     let record = short_type_name::<T>();
-    let envelope: Envelope<T> = serde_json::from_slice(bytes).map_err(|e| ValueError::Decode {
-        record,
-        message: e.to_string(),
-    })?;
-    if envelope.schema != SCHEMA_VERSION {
-        return Err(ValueError::Schema {
-            record,
-            schema: envelope.schema,
-        });
+    let schema_error = |schema| ValueError::Schema { record, schema };
+    match serde_json::from_slice::<envelope::Enveloped<T>>(bytes) {
+        Ok(envelope) => match envelope.schema {
+            Some(schema) if schema != SCHEMA_VERSION => Err(schema_error(schema)),
+            _ => Ok(envelope.record),
+        },
+        Err(e) => match serde_json::from_slice::<envelope::SchemaOnly>(bytes) {
+            Ok(only) if only.schema != SCHEMA_VERSION => Err(schema_error(only.schema)),
+            _ => Err(ValueError::Decode {
+                record,
+                message: e.to_string(),
+            }),
+        },
     }
-    Ok(envelope.record)
 }
 
 fn short_type_name<T>() -> &'static str {

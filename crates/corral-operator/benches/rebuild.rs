@@ -7,7 +7,8 @@
 //! (timed: its grants per second, with no etcd round trip), then every node's holdings are
 //! asserted as agents do, and op-a stops cleanly. Then `BENCH_ROUNDS` (default 3) replicas in
 //! turn take the lead, each rebuilding from the whole store: the rebuild's time (the leader's
-//! own `last_rebuild`) and what it read.
+//! own `last_rebuild`) and what it read. Before those, the view alone (`BENCH_VIEW_ROUNDS`,
+//! default 3): the keys read into memory once, then applied to a new view as a rebuild does.
 //!
 //! ```sh
 //! cargo bench -p corral-operator --bench rebuild
@@ -93,6 +94,63 @@ async fn put_in_batches(kv: &MemKv, mut ops: Vec<TxnOp>) {
 async fn wait_leading(replica: &Replica) {
     while !replica.shared.leading() {
         tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The view's share of a rebuild: every key a rebuild reads (the history left out), already
+/// in memory, applied to a new view as the leader applies its pages, `rounds` times. What a
+/// rebuild on etcd adds is etcd's serving and the client's decoding of its answers.
+async fn view_alone(kv: &MemKv, keys: &Keys, rounds: usize) {
+    let (entries, _) = corral_kv::read_all(kv, keys.prefix().as_bytes(), 10_000)
+        .await
+        .unwrap();
+    let history = keys.history_prefix();
+    let entries: Vec<_> = entries
+        .into_iter()
+        .filter(|e| !e.key.starts_with(history.as_bytes()))
+        .collect();
+    let value_of = |key: String| {
+        entries
+            .iter()
+            .find(|e| e.key == key.as_bytes())
+            .map(|e| (e.value.clone(), e.mod_revision))
+    };
+    let (stored, applied) = (value_of(keys.config()), value_of(keys.config_applied()));
+    let mut times = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let mut view = corral_cluster::ClusterView::for_read_after(
+            keys.clone(),
+            stored.as_ref().map(|(v, _)| v.as_slice()),
+            applied.as_ref().map(|(v, _)| v.as_slice()),
+            None,
+        )
+        .unwrap();
+        for entry in &entries {
+            let key = entry.key_str();
+            if corral_cluster::is_config_key(keys, &key) {
+                continue;
+            }
+            view.apply_put(
+                &key,
+                &entry.value,
+                entry.create_revision,
+                entry.mod_revision,
+            );
+        }
+        view.finish_read(stored.as_ref().map(|(v, r)| (v.as_slice(), *r)));
+        times.push(started.elapsed());
+        assert!(view.config_in_force());
+        drop(view);
+    }
+    times.sort();
+    if let Some(median) = times.get(times.len() / 2) {
+        println!(
+            "the view alone: {:.0} ms median of {rounds} for {} keys ({:.2} µs a key)",
+            median.as_secs_f64() * 1e3,
+            entries.len(),
+            median.as_secs_f64() * 1e6 / entries.len() as f64
+        );
     }
 }
 
@@ -195,6 +253,7 @@ async fn main() {
             );
         }
     }
+    view_alone(&kv, &keys, env_usize("BENCH_VIEW_ROUNDS", 3)).await;
     let mut times = Vec::new();
     for round in 0..rounds {
         let replica = start(&kv, &format!("op-{round}"));
