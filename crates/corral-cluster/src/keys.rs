@@ -950,7 +950,17 @@ impl Keys {
             key: echo(key),
             problem: problem.to_owned(),
         };
-        let parts: Vec<&str> = rest.split('/').collect();
+        // The longest kind has 7 segments (`history/node/...`); a key with more is of no kind.
+        let mut segments = [""; 8];
+        let mut count = 0;
+        for segment in rest.split('/') {
+            if count == segments.len() {
+                break;
+            }
+            segments[count] = segment;
+            count += 1;
+        }
+        let parts = &segments[..count];
         let node = |text: &str| NodeName::new(text).map_err(|_| malformed("invalid node name"));
         let pool = |text: &str| PoolName::new(text).map_err(|_| malformed("invalid pool name"));
         let family =
@@ -964,7 +974,7 @@ impl Keys {
             Some(id) if id > 0 => Ok(id),
             _ => Err(malformed("invalid node ID")),
         };
-        match parts.as_slice() {
+        match parts {
             ["meta", "schema"] => Ok(Key::Schema),
             ["config"] => Ok(Key::Config),
             ["config-applied"] => Ok(Key::ConfigApplied),
