@@ -1933,20 +1933,29 @@ pub fn encode_value<T: Serialize>(record: &T) -> Result<Vec<u8>, ValueError> {
 /// `schema` reads as 1, and anything that is not the record's JSON is an error (a value of
 /// another schema is told as such, whether or not it reads as the record).
 pub fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ValueError> {
+    use envelope::Enveloped;
     let record = short_type_name::<T>();
-    let schema_error = |schema| ValueError::Schema { record, schema };
-    match serde_json::from_slice::<envelope::Enveloped<T>>(bytes) {
-        Ok(envelope) => match envelope.schema {
-            Some(schema) if schema != SCHEMA_VERSION => Err(schema_error(schema)),
-            _ => Ok(envelope.record),
+    let other_schema = |schema: Option<u32>| {
+        schema
+            .filter(|&schema| schema != SCHEMA_VERSION)
+            .map(|schema| ValueError::Schema { record, schema })
+    };
+    match serde_json::from_slice::<Enveloped<T>>(bytes) {
+        Ok(envelope) => match other_schema(envelope.schema) {
+            Some(error) => Err(error),
+            None => Ok(envelope.record),
         },
-        Err(e) => match serde_json::from_slice::<envelope::SchemaOnly>(bytes) {
-            Ok(only) if only.schema != SCHEMA_VERSION => Err(schema_error(only.schema)),
-            _ => Err(ValueError::Decode {
-                record,
-                message: e.to_string(),
-            }),
-        },
+        // Not the record: another schema's, or no record at all.
+        Err(e) => {
+            let envelope = serde_json::from_slice::<Enveloped<serde::de::IgnoredAny>>(bytes);
+            Err(envelope
+                .ok()
+                .and_then(|envelope| other_schema(envelope.schema))
+                .unwrap_or_else(|| ValueError::Decode {
+                    record,
+                    message: e.to_string(),
+                }))
+        }
     }
 }
 

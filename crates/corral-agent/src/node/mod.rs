@@ -857,17 +857,14 @@ mod tests {
         assert!(gone.released.is_empty(), "{gone:?}");
     }
 
-    /// Every release is one event of the history and one row deleted, whichever way it came:
-    /// a CNI DEL through an interface pool recorded its address's release twice (once by the
-    /// unassign, once more with the engine's own releases).
+    /// Every release is one event of the history, whichever way it came: a CNI DEL through an
+    /// interface pool recorded its address's release twice (once by the unassign, once more
+    /// with the engine's own releases).
     #[test]
     fn each_release_is_one_event_of_the_history_on_every_path() {
         let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
-        run_one(
-            &mut node,
-            eni_op("eni", "eni-1", 1, &["10.60.0.10", "10.60.0.11"]),
-        )
-        .unwrap();
+        let addresses = ["10.60.0.10", "10.60.0.11", "10.60.0.12"];
+        run_one(&mut node, eni_op("eni", "eni-1", 1, &addresses)).unwrap();
         let network = api::CniNetwork {
             name: "aws-cni".into(),
             pools: vec![],
@@ -896,30 +893,45 @@ mod tests {
             key: keyed.clone(),
             ..Default::default()
         };
-        let cases = [
-            ("CNI DEL", add, Op::CniDel(del.try_into().unwrap())),
+        let release = |request: api::ReleaseRequest| Op::Release(request.try_into().unwrap());
+        type Release = Box<dyn Fn(IpAddr) -> Op>;
+        let cases: [(&str, Op, Release); 4] = [
+            (
+                "CNI DEL",
+                add,
+                Box::new(move |_| Op::CniDel(del.clone().try_into().unwrap())),
+            ),
             (
                 "release by key",
                 allocate(api::NODE_SCOPE, "eni", "via-api", keyed, None),
-                Op::Release(by_key.try_into().unwrap()),
+                Box::new(move |_| release(by_key.clone())),
+            ),
+            (
+                "release by address",
+                allocate(api::NODE_SCOPE, "eni", "by-address", None, None),
+                Box::new(move |addr| {
+                    release(api::ReleaseRequest {
+                        scope: api::NODE_SCOPE.into(),
+                        address: Some(addr),
+                        ..Default::default()
+                    })
+                }),
             ),
             (
                 "release by owner",
                 allocate(api::NODE_SCOPE, "default", "by-owner", None, None),
-                Op::Release(
-                    api::ReleaseRequest {
+                Box::new(move |_| {
+                    release(api::ReleaseRequest {
                         scope: api::NODE_SCOPE.into(),
                         owner: Some("by-owner".into()),
                         ..Default::default()
-                    }
-                    .try_into()
-                    .unwrap(),
-                ),
+                    })
+                }),
             ),
         ];
         for (path, add, release) in cases {
             let addr = address(&node.run_batch(vec![add])[0]);
-            let Ok(Reply::Released(gone)) = run_one(&mut node, release) else {
+            let Ok(Reply::Released(gone)) = run_one(&mut node, release(addr)) else {
                 panic!("{path}: not released")
             };
             assert_eq!(gone.released.len(), 1, "{path}: {gone:?}");

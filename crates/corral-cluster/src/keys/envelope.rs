@@ -3,7 +3,9 @@
 //! Written with `#[serde(flatten)]`; read by hand: a flattened field makes serde buffer every
 //! other field of the object (each string copied into its own allocation) before the record
 //! reads them, which was a fifth of what a leader's rebuild spent on a key. [`Enveloped`]
-//! hands the record the object's own entries instead, less `schema`.
+//! hands the record the object's own entries instead, less `schema`, and as flatten does, a
+//! struct sees only its own fields (so `deny_unknown_fields` refuses nothing a newer writer
+//! adds). A record is an object: a struct, a map, or an internally tagged or untagged enum.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -11,8 +13,6 @@ use std::marker::PhantomData;
 use serde::de::value::{BorrowedStrDeserializer, StringDeserializer};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
-
-use super::SCHEMA_VERSION;
 
 /// What [`super::encode_value`] writes.
 #[derive(Serialize)]
@@ -27,17 +27,6 @@ pub(super) struct Envelope<'a, T> {
 pub(super) struct Enveloped<T> {
     pub schema: Option<u32>,
     pub record: T,
-}
-
-/// Only the `schema` field (1 when absent): what a value that is not the record says it is.
-#[derive(Deserialize)]
-pub(super) struct SchemaOnly {
-    #[serde(default = "schema_v1")]
-    pub schema: u32,
-}
-
-fn schema_v1() -> u32 {
-    SCHEMA_VERSION
 }
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Enveloped<T> {
@@ -60,6 +49,7 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for EnvelopeVisitor<T> {
         let record = T::deserialize(WithoutSchema {
             map,
             schema: &mut schema,
+            fields: None,
         })?;
         Ok(Enveloped { schema, record })
     }
@@ -70,6 +60,9 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for EnvelopeVisitor<T> {
 struct WithoutSchema<'s, A> {
     map: A,
     schema: &'s mut Option<u32>,
+    /// A struct's fields: the entries it is handed (the others are skipped, as flatten
+    /// skips them).
+    fields: Option<&'static [&'static str]>,
 }
 
 impl<'de, A: MapAccess<'de>> Deserializer<'de> for WithoutSchema<'_, A> {
@@ -79,10 +72,31 @@ impl<'de, A: MapAccess<'de>> Deserializer<'de> for WithoutSchema<'_, A> {
         visitor.visit_map(self)
     }
 
+    fn deserialize_struct<V: Visitor<'de>>(
+        mut self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        self.fields = Some(fields);
+        visitor.visit_map(self)
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        visitor.visit_some(self)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        visitor.visit_newtype_struct(self)
+    }
+
     serde::forward_to_deserialize_any! {
         bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum
-        identifier ignored_any
+        unit unit_struct seq tuple tuple_struct map enum identifier ignored_any
     }
 }
 
@@ -99,7 +113,17 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for WithoutSchema<'_, A> {
                 Some(key) => key,
             };
             if key.as_str() == "schema" {
+                if self.schema.is_some() {
+                    return Err(de::Error::duplicate_field("schema"));
+                }
                 *self.schema = Some(self.map.next_value()?);
+                continue;
+            }
+            if self
+                .fields
+                .is_some_and(|fields| !fields.contains(&key.as_str()))
+            {
+                self.map.next_value::<de::IgnoredAny>()?;
                 continue;
             }
             return match key {
@@ -195,9 +219,12 @@ mod tests {
                 "{text}"
             );
         }
+        // A record that refuses unknown fields sees only its own, as under flatten: a field a
+        // newer writer adds is no error.
         let census = encode_value(&CensusRecord { nodes: 3 }).unwrap();
         assert_eq!(decode_value::<CensusRecord>(&census).unwrap().nodes, 3);
-        assert!(decode_value::<CensusRecord>(br#"{"nodes":3,"other":1}"#).is_err());
+        let newer = br#"{"schema":1,"nodes":3,"other":{"x":1}}"#;
+        assert_eq!(decode_value::<CensusRecord>(newer).unwrap().nodes, 3);
     }
 
     /// Another schema is named as such, whether the record reads or not; what is not a record
@@ -218,7 +245,9 @@ mod tests {
         for text in [
             "",
             "[]",
+            "[2]",
             "null",
+            r#"{"schema":2,"node":"node-1","uid":"u1","node_revision":7,"schema":1}"#,
             r#"{"node":"node-1"}"#,
             r#"{"schema":"one","node":"node-1","uid":"u1","node_revision":7}"#,
             r#"{"node":"node-1","uid":"u1","node_revision":7"#,
