@@ -126,20 +126,7 @@ async fn view_alone(kv: &MemKv, keys: &Keys, rounds: usize) {
             None,
         )
         .unwrap();
-        let mut applied = 0;
-        for entry in &entries {
-            let key = entry.key_str();
-            if corral_cluster::is_config_key(keys, &key) {
-                continue;
-            }
-            view.apply_put(
-                &key,
-                &entry.value,
-                entry.create_revision,
-                entry.mod_revision,
-            );
-            applied += 1;
-        }
+        let applied = corral_operator::apply_read_page(&mut view, keys, &entries);
         view.finish_read(stored.as_ref().map(|(v, r)| (v.as_slice(), *r)));
         times.push((started.elapsed(), applied));
         assert!(view.config_in_force());

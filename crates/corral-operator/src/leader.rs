@@ -274,18 +274,7 @@ async fn rebuild<K: Kv>(
         let mut page = scan.next(kv).await?;
         while let Some(current) = page {
             let apply = async {
-                for entry in &current.kvs {
-                    let key = entry.key_str();
-                    if corral_cluster::is_config_key(keys, &key) {
-                        continue;
-                    }
-                    view.apply_put(
-                        &key,
-                        &entry.value,
-                        entry.create_revision,
-                        entry.mod_revision,
-                    );
-                }
+                apply_read_page(&mut view, keys, &current.kvs);
             };
             let (next, ()) = tokio::join!(scan.next(kv), apply);
             page = next?;
@@ -303,6 +292,26 @@ async fn rebuild<K: Kv>(
         shared.note_rebuild(scan.stats(), started.elapsed());
         return Ok((view, revision));
     }
+}
+
+/// Applies one page of a rebuild's read to the view: every key but the configuration's (read
+/// first, and judged once the read is done). The rebuild bench times it alone.
+pub fn apply_read_page(view: &mut ClusterView, keys: &Keys, page: &[corral_kv::KeyValue]) -> usize {
+    let mut applied = 0;
+    for entry in page {
+        let key = entry.key_str();
+        if corral_cluster::is_config_key(keys, &key) {
+            continue;
+        }
+        view.apply_put(
+            &key,
+            &entry.value,
+            entry.create_revision,
+            entry.mod_revision,
+        );
+        applied += 1;
+    }
+    applied
 }
 
 /// Waits until `key` changes after `revision`.

@@ -25,7 +25,7 @@ pub mod openapi;
 pub mod problems;
 pub mod state;
 
-pub use leader::{TrimError, trim_history};
+pub use leader::{TrimError, apply_read_page, trim_history};
 /// How often the leader trims the grants' history.
 pub const HISTORY_TRIM_EVERY: Duration = leader::HISTORY_TRIM_EVERY;
 pub use state::{Shared, TxnOutcome};

@@ -584,6 +584,18 @@ mod tests {
 
     // ---- interface pools: trunk/excluded, file ranges, scopes, cooling -----------------
 
+    /// The network of AWS VPC CNI's pods, served by the node's interface pool `eni`.
+    fn eni_network() -> api::CniNetwork {
+        api::CniNetwork {
+            name: "aws-cni".into(),
+            pools: vec![],
+            node_pool: Some("eni".into()),
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
+        }
+    }
+
     fn eni_op(pool: &str, id: &str, device: u32, addresses: &[&str]) -> Op {
         Op::AddInterface(
             api::InterfaceRequest {
@@ -814,14 +826,7 @@ mod tests {
         };
         assert_eq!(error.code, ErrorCode::InUse, "{error:?}");
         let runtime_key = api::CniKeyRequest {
-            network: api::CniNetwork {
-                name: "aws-cni".into(),
-                pools: vec![],
-                node_pool: Some("eni".into()),
-                requested_pool: None,
-                configured_pool: None,
-                namespace: None,
-            },
+            network: eni_network(),
             key: attachment("aws-cni", "c0ffee"),
         };
         let Ok(Reply::Allocated(held)) = run_one(
@@ -865,14 +870,7 @@ mod tests {
         let mut node = NodeState::restore(corral_store::MemoryStore::new(), &declared()).unwrap();
         let addresses = ["10.60.0.10", "10.60.0.11", "10.60.0.12"];
         run_one(&mut node, eni_op("eni", "eni-1", 1, &addresses)).unwrap();
-        let network = api::CniNetwork {
-            name: "aws-cni".into(),
-            pools: vec![],
-            node_pool: Some("eni".into()),
-            requested_pool: None,
-            configured_pool: None,
-            namespace: None,
-        };
+        let network = eni_network();
         let add = Op::CniAdd(
             api::CniAddRequest {
                 network: network.clone(),
