@@ -497,17 +497,18 @@ const ROUNDS: usize = 8;
 /// handed out again only when every other address is held or cooling.
 const COOLDOWN: Duration = corral_core::PoolConfig::DEFAULT_COOLDOWN;
 
+/// Lets the clients start `release_budget` more releases from now on.
+fn set_release_limit(model: &mut Model) {
+    model.release_limit = model.release_attempts + release_budget(model);
+}
+
 /// How many more releases the clients may start before the pool could run out of addresses
 /// that are neither held nor cooling. Then the agent rightly hands out the oldest cooling
 /// address, and the cooldown check would fail on a correct agent (a long run at 750 addresses
 /// did: the 751st allocation reused one released 8 s before). Every release counts as an
 /// address cooling for the cooldown and 5 s more (a cut one is dated when it was sent, up to
-/// the clients' 5 s read timeout early; one answered after that timeout, later still, is rare
-/// enough for the margin of a client a key), every key as one held.
-fn set_release_limit(model: &mut Model) {
-    model.release_limit = model.release_attempts + release_budget(model);
-}
-
+/// the clients' 5 s read timeout early), every key as one held, and one address a client is
+/// kept spare for a release answered later still.
 fn release_budget(model: &Model) -> usize {
     let window = COOLDOWN + Duration::from_secs(5);
     let cooling = model
