@@ -38,13 +38,15 @@ demo:
 ## and busybox-static (the image, imported: nothing is pulled) for containers on a bridge whose
 ## IPAM is corral-ipam in agent mode (crates/corral-cli/tests/podman.rs); systemd-analyze (systemd),
 ## pgrep (procps) and cargo-deb (`cargo install`, pinned, when missing) for
-## the packages' test (`make install-test`; it also traces the daemons with strace)
+## the packages' test (`make install-test`; it also traces the daemons with strace);
+## cargo-nextest (`cargo install`, pinned, when missing or older), which runs the workspace's tests
 DEBIAN_PACKAGES := build-essential musl-tools containernetworking-plugins iproute2 e2fsprogs mount time strace python3 python3-venv etcd-server etcd-client protobuf-compiler chromium podman runc busybox-static systemd procps
 SCHEMATHESIS_VERSION := 4.32.5
 SCHEMATHESIS_VENV := target/schemathesis-venv
 MOTO_VERSION := 5.2.5
 MOTO_VENV := target/moto-venv
 CARGO_DEB_VERSION := 3.8.0
+NEXTEST_VERSION := 0.9.143
 deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -69,6 +71,11 @@ deps:
 		echo "installing cargo-deb $(CARGO_DEB_VERSION)"; \
 		$(CARGO) install --locked --quiet cargo-deb --version $(CARGO_DEB_VERSION); \
 	}
+	@have=$$($(CARGO) nextest --version 2>/dev/null | sed -n 's/^cargo-nextest \([0-9.]*\).*/\1/p'); \
+	[ -n "$$have" ] && [ "$$(printf '%s\n%s\n' $(NEXTEST_VERSION) "$$have" | sort -V | head -n1)" = $(NEXTEST_VERSION) ] || { \
+		echo "installing cargo-nextest $(NEXTEST_VERSION)"; \
+		$(CARGO) install --locked --quiet cargo-nextest --version $(NEXTEST_VERSION); \
+	}
 
 ## test: set-up, lints, and every test of the workspace, every tier
 ## (and corral-cni's integration tests and the podman test a second time, against the installed
@@ -76,11 +83,14 @@ deps:
 ## the packages, installed and run: `make install-test`).
 ## Tiers: a plain `cargo test` runs what a laptop can (no root, etcd, network namespaces,
 ## loop devices or installed tools); tests that need more are `#[ignore = "needs ..."]`,
-## and run here with `--include-ignored`, failing loudly when what they need is missing.
+## and run here too (`--run-ignored all`), failing loudly when what they need is missing.
+## The workspace's tests run under cargo-nextest (.config/nextest.toml): every test in a
+## process of its own, all binaries' tests in one queue two at a time, so one long test
+## (the nemesis run, three minutes) no longer leaves a core idle while its binary finishes.
 ## CI builds once from nothing, so no incremental state (gigabytes on disk, never reused).
 test: export CARGO_INCREMENTAL = 0
 test: deps lint
-	env -u CORRAL_IPAM_BIN $(CARGO) test --workspace --lib --bins --tests --examples -- --include-ignored
+	env -u CORRAL_IPAM_BIN $(CARGO) nextest run --workspace --lib --bins --tests --examples --run-ignored all
 	$(CARGO) test --workspace --doc
 	$(MAKE) --no-print-directory plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cni --tests -- --include-ignored

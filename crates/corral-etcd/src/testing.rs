@@ -189,13 +189,23 @@ impl fmt::Debug for EtcdCluster {
     }
 }
 
+/// Where a nextest slot's ports start in a range of `span` ports: one share of 16 a slot (1,024
+/// ports of the usual 16,384; slot 16 shares again with slot 0).
+fn slot_share(slot: u64, span: u64) -> u64 {
+    const SLOT_SHARES: u64 = 16;
+    (slot % SLOT_SHARES) * (span / SLOT_SHARES)
+}
+
 /// Ports on 127.0.0.1 that are free now, for servers a test starts a moment later (etcd
 /// members, an agent's or moto's listener): all different, and below the kernel's ephemeral
 /// range, so no outgoing connection (a client's source port, which the kernel picks from that
 /// range, as it picks the port of a bind to port 0) takes one before its server binds it.
 /// Within a process the ports come from one cursor, so tests running at once never get the
-/// same port (a port only checked free could otherwise go to two servers starting together);
-/// the cursor starts at a random place, so processes running at once rarely meet.
+/// same port (a port only checked free could otherwise go to two servers starting together).
+/// Under nextest, which runs each test in a process of its own, the cursor starts in the
+/// share of the range that belongs to the test's slot (`NEXTEST_TEST_GLOBAL_SLOT`: no two
+/// tests running at once have the same), so processes running at once never meet; elsewhere
+/// it starts at a random place, so they rarely do.
 pub fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -212,10 +222,18 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
     let high = ephemeral_low.max(2048);
     let low = high.saturating_sub(16384).max(1024);
     let span = u64::from(high - low);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    let random_start = hasher.finish() % span;
-    let _ = CURSOR.compare_exchange(u64::MAX, random_start, Ordering::AcqRel, Ordering::Acquire);
+    let slot = std::env::var("NEXTEST_TEST_GLOBAL_SLOT")
+        .ok()
+        .and_then(|slot| slot.parse::<u64>().ok());
+    let start = match slot {
+        Some(slot) => slot_share(slot, span),
+        None => {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u32(std::process::id());
+            hasher.finish() % span
+        }
+    };
+    let _ = CURSOR.compare_exchange(u64::MAX, start, Ordering::AcqRel, Ordering::Acquire);
     let mut held = Vec::with_capacity(n);
     for _ in 0..span {
         if held.len() == n {
@@ -1085,4 +1103,27 @@ fn every_thread_stopped(tasks: &str) -> bool {
                 .is_some_and(|state| state == 'T' || state == 't')
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_share;
+
+    #[test]
+    fn slots_running_at_once_start_their_ports_in_shares_apart() {
+        let span = 16_384;
+        let starts: Vec<u64> = (0..16).map(|slot| slot_share(slot, span)).collect();
+        for pair in starts.windows(2) {
+            assert_eq!(pair[1] - pair[0], 1_024, "{starts:?}");
+        }
+        assert_eq!(
+            slot_share(16, span),
+            slot_share(0, span),
+            "slots past 16 share again"
+        );
+        assert!(
+            starts.iter().all(|&start| start + 1_024 <= span),
+            "{starts:?}"
+        );
+    }
 }
