@@ -87,14 +87,17 @@ deps:
 ## The workspace's tests run under cargo-nextest (.config/nextest.toml): every test in a
 ## process of its own, all binaries' tests in one queue two at a time, so one long test
 ## (the nemesis run, three minutes) no longer leaves a core idle while its binary finishes.
+## The second run against the installed plugin picks its tests out of the same build with a
+## filter: `cargo test -p ...` would resolve the package's features alone and build it again.
 ## CI builds once from nothing, so no incremental state (gigabytes on disk, never reused).
+NEXTEST_WORKSPACE := nextest run --workspace --lib --bins --tests --examples --run-ignored all
 test: export CARGO_INCREMENTAL = 0
 test: deps lint
-	env -u CORRAL_IPAM_BIN $(CARGO) nextest run --workspace --lib --bins --tests --examples --run-ignored all
+	env -u CORRAL_IPAM_BIN $(CARGO) $(NEXTEST_WORKSPACE)
 	$(CARGO) test --workspace --doc
 	$(MAKE) --no-print-directory plugin
-	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cni --tests -- --include-ignored
-	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) test -p corral-cli --test podman -- --include-ignored
+	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) $(NEXTEST_WORKSPACE) \
+		-E 'package(corral-cni) & kind(test) | binary_id(corral-cli::podman)'
 	$(MAKE) --no-print-directory install-test
 
 ## lint: formatting and clippy, warnings are errors
