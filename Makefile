@@ -97,7 +97,7 @@ test: deps lint
 	$(CARGO) test --workspace --doc
 	$(MAKE) --no-print-directory plugin
 	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) $(NEXTEST_WORKSPACE) \
-		-E 'package(corral-cni) & kind(test) | binary_id(corral-cli::podman)'
+		-E '(package(corral-cni) & kind(test)) | (package(corral-cli) & test(/^podman::/))'
 	$(MAKE) --no-print-directory install-test
 
 ## lint: formatting and clippy, warnings are errors

@@ -1,7 +1,8 @@
 //! The corpus replay of the fuzz targets on stable Rust, included (`#[path]`) by the
-//! `tests/fuzz_corpus.rs` of each crate that has targets, so `cargo test` (and `make test`)
-//! runs every committed input through its target's function: `fuzz/corpus/<target>/` (seeds
-//! and kept finds) and `fuzz/regressions/<target>/` (inputs that once crashed).
+//! `tests/main.rs` of each crate that has targets for its `tests/fuzz_corpus.rs`, so `cargo
+//! test` (and `make test`) runs every committed input through its target's function:
+//! `fuzz/corpus/<target>/` (seeds and kept finds) and `fuzz/regressions/<target>/` (inputs that
+//! once crashed).
 
 use std::path::{Path, PathBuf};
 

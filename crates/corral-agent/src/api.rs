@@ -2043,13 +2043,9 @@ mod tests {
     }
 
     fn network(node_pool: Option<&str>, name: &str) -> api::CniNetwork {
-        api::CniNetwork {
-            name: name.into(),
-            pools: vec![],
-            node_pool: node_pool.map(Into::into),
-            requested_pool: None,
-            configured_pool: None,
-            namespace: None,
+        match node_pool {
+            Some(pool) => api::CniNetwork::on_node_pool(name, pool),
+            None => api::CniNetwork::with_pools(name, vec![]),
         }
     }
 

@@ -47,14 +47,11 @@ fn request(record: &PendingDel) -> api::CniKeyRequest {
         [pool] if pool.ranges.is_empty() => Some(pool.name.clone()),
         _ => None,
     };
-    api::CniKeyRequest {
-        network: api::CniNetwork {
-            name: record.network.clone(),
-            node_pool: node_pool.clone(),
-            requested_pool: None,
-            configured_pool: None,
-            namespace: None,
-            pools: record
+    let network = match node_pool {
+        Some(pool) => api::CniNetwork::on_node_pool(&record.network, pool),
+        None => api::CniNetwork::with_pools(
+            &record.network,
+            record
                 .pools
                 .iter()
                 .map(|pool| api::CniPool {
@@ -71,9 +68,11 @@ fn request(record: &PendingDel) -> api::CniKeyRequest {
                         })
                         .collect(),
                 })
-                .filter(|_| node_pool.is_none())
                 .collect(),
-        },
+        ),
+    };
+    api::CniKeyRequest {
+        network,
         key: api::AttachmentKey {
             network: record.network.clone(),
             container_id: record.container_id.clone(),

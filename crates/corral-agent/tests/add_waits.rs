@@ -15,7 +15,7 @@ use corral_kv::{Kv, MemKv, Txn, TxnOp};
 use corral_store::MemoryStore;
 use tokio::time::Instant;
 
-mod common;
+use crate::common;
 
 use common::paused::{Api, MemAgent, wait_for};
 use common::{key, keys, network, node_name};

@@ -2,8 +2,7 @@
 //! with plain HTTP/1.1: every operation, its errors, durability across a restart, and group
 //! commit under concurrency.
 
-#[path = "common/http.rs"]
-mod http;
+use crate::http;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

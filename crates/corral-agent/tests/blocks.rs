@@ -25,7 +25,7 @@ use tokio::time::Instant;
 const NODE: &str = "node-1";
 
 const CONFIG: &str = include_str!("configs/blocks.toml");
-mod common;
+use crate::common;
 
 use common::paused::{Api, MemAgent, wait_for};
 use common::{LinkedAgent as Agent, key, keys, network, runtime, wait_until, within};

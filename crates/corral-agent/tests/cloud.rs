@@ -35,7 +35,7 @@ const CONFIG: &str = include_str!("configs/cloud.toml");
 
 /// The three single addresses of `eni-a` most tests put in its record.
 const ENI_A: [&str; 3] = ["10.0.1.10/32", "10.0.1.11/32", "10.0.1.12/32"];
-mod common;
+use crate::common;
 
 use common::paused::{Api, MemAgent, wait_for};
 use common::{LinkedAgent as Agent, key, keys, network, put, runtime, wait_until};

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::common;
 use corral_agent::link::ClusterOptions;
 use corral_api::{
     AllocateRequest, AttachmentKey, CniAddRequest, CniKeyRequest, CniNetwork, RangeSource,
@@ -15,7 +16,6 @@ use corral_api::{
 use corral_cluster::{NodeName, NodeRecord, encode_value};
 use corral_kv::{Kv, MemKv, Txn, TxnOp};
 use corral_store::MemoryStore;
-mod common;
 
 use common::paused::{Api, MemAgent, wait_for};
 use common::{LinkedAgent, keys, runtime, wait_until};
@@ -278,14 +278,7 @@ fn cni_add_and_del_make_no_store_requests() {
         Duration::from_secs(10),
         || holdings(&runtime, &kv, "node-1").is_some_and(|h| h.ranges.len() == 2),
     );
-    let network = CniNetwork {
-        name: "podnet".into(),
-        pools: vec![],
-        node_pool: Some("default".into()),
-        requested_pool: None,
-        configured_pool: None,
-        namespace: None,
-    };
+    let network = CniNetwork::on_node_pool("podnet", "default");
     let before = kv.requests();
     let mut client = agent.client();
     for i in 0..100 {

@@ -3,10 +3,6 @@
 //! targets call, on stable Rust: a parser change that panics on a known input fails here,
 //! without nightly or cargo-fuzz.
 
-#[path = "../../../fuzz/replay.rs"]
-#[macro_use]
-mod replay;
-
 replay_tests! {
     agent_config => corral_agent::fuzz::config,
     agent_api => corral_agent::fuzz::api_body,

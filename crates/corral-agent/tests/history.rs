@@ -4,7 +4,7 @@
 //! answers who held an address at each instant; a lease rewritten is no event; bad filters
 //! are a typed 400 that changes nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The committed `openapi.json` (served verbatim at `/openapi.json`) is the document the code
 //! builds; it describes every path of `corral_api::paths`, exactly the methods the router
 //! takes, and its references, links and examples hold. After a deliberate change to the
-//! API, `UPDATE_EXPECT=1 cargo test -p corral-agent --test openapi` rewrites the file.
+//! API, `UPDATE_EXPECT=1 cargo test -p corral-agent --test integration openapi::` rewrites the file.
 
 use corral_agent::openapi::{document, render};
 use corral_api::testing::{check_committed, dangling_references, path_constants, workspace_root};

@@ -11,8 +11,7 @@
 //! executable; `SCHEMATHESIS_SEED` another seed (the default is fixed, so a failure is
 //! reproducible); `SCHEMATHESIS_EXAMPLES` another number of examples per operation.
 
-#[path = "common/http.rs"]
-mod http;
+use crate::http;
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -714,6 +714,31 @@ pub struct CniNetwork {
     pub namespace: Option<String>,
 }
 
+impl CniNetwork {
+    /// The network `name` with its own `pools`, as a standalone network configuration names
+    /// them: no node pool, so no pool choice.
+    pub fn with_pools(name: impl Into<String>, pools: Vec<CniPool>) -> Self {
+        Self {
+            name: name.into(),
+            pools,
+            node_pool: None,
+            requested_pool: None,
+            configured_pool: None,
+            namespace: None,
+        }
+    }
+
+    /// The network `name` allocating from the agent's node pool `pool`; the call names no
+    /// pool of its own, its configuration none and its pod no namespace (set those fields to
+    /// add them).
+    pub fn on_node_pool(name: impl Into<String>, pool: impl Into<String>) -> Self {
+        Self {
+            node_pool: Some(pool.into()),
+            ..Self::with_pools(name, Vec::new())
+        }
+    }
+}
+
 /// One address wanted by an ADD: from `pool`, of `family`, `requested` if given.
 #[serde_with::skip_serializing_none]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -41,7 +41,7 @@ use corral_etcd::testing::{EtcdCluster, block_on};
 use corral_kv::Kv;
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::{Moto, create_fixture};
 

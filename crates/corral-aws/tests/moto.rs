@@ -17,7 +17,7 @@ use corral_cloud::{
     SubnetFilter, Tags,
 };
 
-mod common;
+use crate::common;
 
 /// What moto 5.2 does of EC2 (found by poking its server): it enforces no interface or address
 /// limits, delegates no prefixes (it ignores `Ipv4PrefixCount`), ignores `ClientToken`,
@@ -277,7 +277,7 @@ async fn from_env_finds_endpoint_region_and_credentials() {
     let (_, instance_id) = create_fixture(&moto.provider(), "t3.small").await;
     let output = Command::new(std::env::current_exe().unwrap())
         .args([
-            "from_env_finds_endpoint_region_and_credentials",
+            "moto::from_env_finds_endpoint_region_and_credentials",
             "--exact",
             "--include-ignored",
             "--test-threads",

@@ -44,12 +44,8 @@ fn add_interfaces(socket: &Path) {
 fn key(pool: &str, name: &str) -> api::CniKeyRequest {
     api::CniKeyRequest {
         network: api::CniNetwork {
-            name: "aws-cni".into(),
-            pools: vec![],
-            node_pool: Some(pool.into()),
-            requested_pool: None,
             configured_pool: Some(pool.into()),
-            namespace: None,
+            ..api::CniNetwork::on_node_pool("aws-cni", pool)
         },
         key: api::AttachmentKey {
             network: "aws-cni".into(),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use corral_api::{AllocateRequest, ReleaseRequest};
 use corral_client::Client;
 
-mod common;
+use crate::common;
 
 use common::Agent;
 const ROUNDS: usize = 50;

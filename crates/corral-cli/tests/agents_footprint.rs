@@ -8,8 +8,7 @@
 
 use std::time::Duration;
 
-#[path = "common/fleet.rs"]
-mod fleet;
+use crate::fleet;
 
 use fleet::{Fleet, Operator, Proxy, Sample};
 

@@ -18,9 +18,8 @@ use corral_cluster::{
 };
 use corral_kv::{Kv, TxnOp};
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 use common::{Agent, pod_add_at, pod_key, podnet};

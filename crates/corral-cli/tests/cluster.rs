@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use corral_client::Client;
 use corral_kv::{Kv, TxnOp};
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 

@@ -15,9 +15,8 @@ use std::time::Duration;
 
 use corral_api::operator::{GrantEvent, GrantHistory};
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 

@@ -14,9 +14,8 @@ use corral_cluster::ClusterConfig;
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::{Kv, TxnOp};
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use corral_api::AllocateRequest;
 use corral_client::Client;
 
-mod common;
+use crate::common;
 
 use common::{Agent, BINARY};
 

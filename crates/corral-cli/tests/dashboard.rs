@@ -30,9 +30,8 @@ use base64::Engine as _;
 use corral_etcd::testing::EtcdCluster;
 use serde_json::{Value, json};
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 

@@ -7,9 +7,8 @@
 //! does not match is refused by the running operator (logged, its connections stay), a new
 //! certificate and key are taken up.
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;

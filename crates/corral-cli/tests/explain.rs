@@ -13,9 +13,8 @@ use std::time::Duration;
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::Kv as _;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 

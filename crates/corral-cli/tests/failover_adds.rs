@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 use common::pod_add;

@@ -13,9 +13,8 @@ use std::time::Duration;
 use corral_api::{AllocateRequest, FamilyChoice};
 use corral_client::Client;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 use common::Agent;

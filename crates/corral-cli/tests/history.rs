@@ -4,7 +4,7 @@
 //! names the right holder at each instant, from the history the agent wrote in the commits
 //! of those changes. Bad input is a usage error (exit 2) that sends nothing.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

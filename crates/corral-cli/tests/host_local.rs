@@ -8,14 +8,14 @@ use std::process::{Command, Output};
 use corral_api as api;
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::Agent;
 
 fn network() -> api::CniNetwork {
-    api::CniNetwork {
-        name: "back".into(),
-        pools: vec![api::CniPool {
+    api::CniNetwork::with_pools(
+        "back",
+        vec![api::CniPool {
             name: "back".into(),
             cooldown_ms: 30_000,
             lowest_free: false,
@@ -25,11 +25,7 @@ fn network() -> api::CniNetwork {
             ],
             exclusions: Vec::new(),
         }],
-        node_pool: None,
-        requested_pool: None,
-        configured_pool: None,
-        namespace: None,
-    }
+    )
 }
 
 fn key(container: &str) -> api::AttachmentKey {

@@ -21,7 +21,7 @@ use corral_api as api;
 use corral_client::Client;
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::{Agent, corral_at as corral, ok_json};
 use corral_agent::testing::{ipamd_checkpoint, ipamd_entry as entry};
@@ -330,12 +330,8 @@ fn an_interfaces_primary_address_is_recorded_shown_and_never_a_pods() {
 
 fn node_network() -> api::CniNetwork {
     api::CniNetwork {
-        name: "aws-cni".into(),
-        pools: vec![],
-        node_pool: Some("eni".into()),
-        requested_pool: None,
         configured_pool: Some("eni".into()),
-        namespace: None,
+        ..api::CniNetwork::on_node_pool("aws-cni", "eni")
     }
 }
 

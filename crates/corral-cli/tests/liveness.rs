@@ -17,9 +17,8 @@ use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::{Kv, TxnOp};
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 use common::BINARY;

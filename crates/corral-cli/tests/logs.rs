@@ -14,9 +14,8 @@ use std::process::Command;
 use corral_client::Client;
 use serde_json::Value;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 use common::{Agent, BINARY};

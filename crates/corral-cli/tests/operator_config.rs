@@ -7,9 +7,8 @@
 //!
 //! The etcd tests need Debian's etcd (`make deps`) and are ignored by a plain `cargo test`.
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -26,9 +26,8 @@ use std::process::{Command, Output};
 use corral_api::history::{HistoryFilter, HistoryKind};
 use corral_client::Client;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 

@@ -20,9 +20,8 @@ use corral_etcd::testing::EtcdCluster;
 use corral_etcd::{Credentials, EtcdKv, EtcdOptions};
 use corral_kv::{Kv, KvError, Txn, TxnOp};
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 use common::{pod_add_at, pod_del};

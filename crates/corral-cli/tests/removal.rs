@@ -16,9 +16,8 @@ use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::Kv;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use cluster_common::*;
 use common::{pod_add_at, pod_del};

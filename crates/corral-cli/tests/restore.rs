@@ -15,9 +15,7 @@ use std::time::Duration;
 use corral_api::{FamilyChoice, ReleaseRequest};
 use corral_client::Client;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
 
 use cluster_common::*;
 

@@ -6,9 +6,8 @@
 //! only catches a hang; a hang is the failure (before, a replica waiting for `cluster init`
 //! ignored both signals and ran for 10 minutes until killed).
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

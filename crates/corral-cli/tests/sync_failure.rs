@@ -7,7 +7,7 @@
 //!
 //! Needs root, `losetup`, `mkfs.ext4` and `mount` (`make deps`); fails loudly without them.
 
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};

@@ -16,9 +16,7 @@ use corral_client::Client;
 use corral_etcd::testing::EtcdCluster;
 use corral_kv::Kv as _;
 
-#[path = "common/cluster.rs"]
-mod cluster_common;
-mod common;
+use crate::cluster_common;
 
 use cluster_common::*;
 

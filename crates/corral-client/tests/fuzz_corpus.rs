@@ -3,10 +3,6 @@
 //! targets call, on stable Rust: a parser change that panics on a known input fails here,
 //! without nightly or cargo-fuzz.
 
-#[path = "../../../fuzz/replay.rs"]
-#[macro_use]
-mod replay;
-
 replay_tests! {
     client_response => corral_client::fuzz::response,
 }

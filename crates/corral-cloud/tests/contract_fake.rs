@@ -1,7 +1,7 @@
 //! The contract suite against `FakeEc2` with EC2's defaults (latencies, attachment delays,
 //! eventual consistency, token buckets), on tokio's paused clock: every check, one test each.
 
-mod common;
+use crate::common;
 
 use common::contract_fake;
 

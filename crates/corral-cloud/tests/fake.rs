@@ -3,7 +3,7 @@
 //! delays, eventual consistency, termination, client tokens, faults and reproducibility. All on
 //! tokio's paused clock: virtual time, no wall-clock assertions.
 
-mod common;
+use crate::common;
 
 use common::subnet;
 

@@ -4,7 +4,7 @@
 //! repeated only for idempotent calls; waiters are served in arrival order; a shutdown releases
 //! them at once.
 
-mod common;
+use crate::common;
 
 use common::{contract_fake, subnet};
 

@@ -4,7 +4,7 @@
 //! finds everything, and a state file of another seed or one that does not decode is refused
 //! naming it. On tokio's paused clock, as the other fake tests.
 
-mod common;
+use crate::common;
 
 use common::subnet;
 

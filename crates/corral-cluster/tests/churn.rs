@@ -44,7 +44,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
-mod common;
+use crate::common;
 
 use common::node_record;
 

@@ -3,10 +3,6 @@
 //! targets call, on stable Rust: a parser change that panics on a known input fails here,
 //! without nightly or cargo-fuzz.
 
-#[path = "../../../fuzz/replay.rs"]
-#[macro_use]
-mod replay;
-
 replay_tests! {
     cluster_config => corral_cluster::fuzz::cluster_config,
     cluster_keys => corral_cluster::fuzz::cluster_keys,

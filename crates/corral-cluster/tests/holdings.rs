@@ -1,6 +1,6 @@
 //! Agents' assertions of what they hold (`holdings/<node>`) in the operator's view: held space is occupied whatever the grants say.
 
-mod common;
+use crate::common;
 
 use common::{ViewFixture, held};
 use corral_cluster::{

@@ -44,7 +44,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-mod common;
+use crate::common;
 
 use common::{
     Event, Stored, ViewFixture, delete_logged, held, node_record, put_logged, quarantine_to_expire,
@@ -1195,17 +1195,17 @@ fn fixture() -> ViewFixture {
 }
 
 impl ViewFixture {
-    fn register(&mut self, n: usize) -> NodeName {
+    fn register_nth(&mut self, n: usize) -> NodeName {
         self.register_node(node_name(n), format!("uid-{n}"))
     }
 
     /// Proposes for `node` and commits it (its puts seen back); returns the proposal.
-    fn grant(&mut self, node: &NodeName) -> corral_cluster::Proposal {
+    fn grant_proposal(&mut self, node: &NodeName) -> corral_cluster::Proposal {
         self.commit_proposal(node)
     }
 
     /// The node's agent asserts what the proposal granted it.
-    fn assert_holds(&mut self, n: usize, proposal: &corral_cluster::Proposal) {
+    fn assert_holds_proposal(&mut self, n: usize, proposal: &corral_cluster::Proposal) {
         let ranges = proposal
             .cidrs
             .iter()
@@ -1229,13 +1229,13 @@ impl ViewFixture {
 #[test]
 fn a_node_id_still_served_after_its_node_is_removed_is_never_proposed() {
     let mut f = fixture();
-    let a = f.register(0);
-    let granted = f.grant(&a);
+    let a = f.register_nth(0);
+    let granted = f.grant_proposal(&a);
     assert_eq!(granted.node_id, Some(1));
-    f.assert_holds(0, &granted);
+    f.assert_holds_proposal(0, &granted);
     f.remove(&a);
     assert_eq!(f.view.uncovered_node_ids(), vec![(a.clone(), 1)]);
-    let b = f.register(1);
+    let b = f.register_nth(1);
     let proposal = f.view.propose(&b).unwrap();
     assert_eq!(proposal.node_id, Some(2));
     for c in &proposal.cidrs {

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-mod common;
+use crate::common;
 
 use common::{
     Event, Stored, delete_logged, keys_of, node_record, put_logged, quarantine_to_expire,

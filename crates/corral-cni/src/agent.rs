@@ -182,21 +182,15 @@ fn family_name(family: Family) -> api::FamilyName {
 fn network(config: &NetConfig, namespace: Option<&str>) -> api::CniNetwork {
     if let Some(pool) = &config.ipam.node_pool {
         return api::CniNetwork {
-            name: config.name.clone(),
-            pools: Vec::new(),
-            node_pool: Some(pool.to_string()),
             requested_pool: config.ipam.requested_pool.as_ref().map(ToString::to_string),
             configured_pool: config.ipam.pool.as_ref().map(ToString::to_string),
             namespace: namespace.filter(|n| !n.is_empty()).map(str::to_owned),
+            ..api::CniNetwork::on_node_pool(&config.name, pool.to_string())
         };
     }
-    api::CniNetwork {
-        name: config.name.clone(),
-        node_pool: None,
-        requested_pool: None,
-        configured_pool: None,
-        namespace: None,
-        pools: scope_config(config)
+    api::CniNetwork::with_pools(
+        &config.name,
+        scope_config(config)
             .pools
             .into_iter()
             .map(|pool| api::CniPool {
@@ -211,7 +205,7 @@ fn network(config: &NetConfig, namespace: Option<&str>) -> api::CniNetwork {
                     .collect(),
             })
             .collect(),
-    }
+    )
 }
 
 fn api_key(key: &AttachmentKey) -> api::AttachmentKey {

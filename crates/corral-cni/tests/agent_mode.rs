@@ -9,7 +9,7 @@ use std::path::Path;
 use corral_agent::{AgentConfig, Running};
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::Outcome;
 

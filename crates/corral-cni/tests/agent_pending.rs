@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::Outcome;
 
@@ -44,7 +44,11 @@ impl AgentProcess {
     fn start(dir: &Path, cni_dir: Option<&Path>) -> AgentProcess {
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
-            .args(["--exact", "helper_agent_process", "--nocapture"])
+            .args([
+                "--exact",
+                "agent_pending::helper_agent_process",
+                "--nocapture",
+            ])
             .env(AGENT_DIR, dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null());

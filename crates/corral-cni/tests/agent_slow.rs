@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-mod common;
+use crate::common;
 
 /// How long the stand-in agent takes to answer: past the plugin's old 10 s timeout.
 const ANSWER_AFTER: Duration = Duration::from_secs(12);

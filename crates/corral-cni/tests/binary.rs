@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::{Outcome, run};
 use corral_cni::testing::host_local;

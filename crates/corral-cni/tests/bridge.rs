@@ -4,7 +4,7 @@
 //! Needs root, iproute2 and containernetworking-plugins (`make test` installs them); without
 //! them the test fails and says what is missing, it never passes quietly.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //!
 //! Needs `/usr/bin/strace` (`make deps` installs it) and fails loudly without it.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

@@ -12,7 +12,7 @@ use corral_api as api;
 use corral_store::ScopeConfig;
 use serde_json::json;
 
-mod common;
+use crate::common;
 
 use common::Outcome;
 

@@ -3,7 +3,7 @@
 //! recorded (unless a DEL of it was attempted since), and the stored snapshot still agrees
 //! with the rows.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

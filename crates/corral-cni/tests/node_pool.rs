@@ -11,7 +11,7 @@ use corral_api as api;
 use corral_store::{PoolSpec, ScopeConfig};
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 use common::Outcome;
 

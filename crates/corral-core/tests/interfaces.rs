@@ -23,7 +23,7 @@
 //!
 //! Run with `UPDATE_EXPECT=1` to rewrite the transcripts after a deliberate change.
 
-mod common;
+use crate::common;
 
 use common::proptest_config;
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-mod repo;
+use crate::repo;
 use repo::workspace_root;
 
 type Module = Vec<String>;

@@ -15,7 +15,7 @@
 //! The deterministic tests at the end are minimal reproductions of engine bugs the properties
 //! found: those marked "Bug" fail until the engine is fixed, "Regression" ones guard a fix.
 
-mod common;
+use crate::common;
 
 use common::proptest_config;
 

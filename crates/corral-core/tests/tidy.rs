@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod repo;
+use crate::repo;
 use repo::workspace_root;
 
 /// `cargo tree ARGS --prefix none --offline` of the workspace: one crate a line, its name first.

@@ -10,8 +10,7 @@ use corral_etcd::testing::EtcdCluster;
 use corral_etcd::{Credentials, EtcdKv, EtcdOptions};
 use corral_kv::{Kv, KvError, Txn, TxnOp};
 
-/// One at a time: each starts its own member (2 cores).
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::SERIAL;
 
 fn as_user(user: &str, password: &str) -> EtcdOptions {
     EtcdOptions {

@@ -9,9 +9,7 @@ use corral_etcd::testing::EtcdCluster;
 use corral_etcd::{EtcdKv, EtcdOptions};
 use corral_kv::{Compare, Kv, KvError, Txn, TxnOp, conformance};
 
-/// The tests run one at a time: each starts its own members, and 2 cores running several
-/// clusters at once make elections with a 250 ms timeout flap.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::SERIAL;
 
 async fn cluster(members: usize) -> EtcdCluster {
     EtcdCluster::start(members)

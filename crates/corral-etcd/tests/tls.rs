@@ -15,8 +15,7 @@ use corral_etcd::testing::{EtcdCluster, Leaf, TestPki, write_file};
 use corral_etcd::{ConnectError, EtcdKv, EtcdOptions, EtcdTls, TlsError};
 use corral_kv::{Kv, KvError, conformance};
 
-/// One etcd at a time (2 cores).
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::SERIAL;
 
 async fn tls_cluster(members: usize) -> (tokio::sync::MutexGuard<'static, ()>, EtcdCluster) {
     let serial = SERIAL.lock().await;

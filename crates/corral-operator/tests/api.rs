@@ -3,7 +3,7 @@
 //! nodes, pools, grants and plans, errors as JSON bodies, the token on TCP, and `/metrics`
 //! as valid OpenMetrics text.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -6,7 +6,7 @@
 //! node starving in one block pool served in another.
 //! The agent's side of the protocol is played by the test (its demand, its CAS answers).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

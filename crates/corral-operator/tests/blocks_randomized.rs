@@ -6,7 +6,7 @@
 //! consistent (`corral cluster check`'s rules), no block was granted while held, and no block a
 //! pod holds an address in was released.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! scenario ends with `corral_cluster::check` and the invariants of `Rig::assert_invariants`
 //! (`Rig::assert_settled` once quiet).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! prefixes across a failover, an unassign answered "not assigned", and a replayed unassign
 //! while describes lag.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;

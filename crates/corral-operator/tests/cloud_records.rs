@@ -9,7 +9,7 @@
 //! record them for node-0001 (reported in status and a metric, never written), and its first
 //! full resyncs must report node-0000's record as missing from the cloud.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

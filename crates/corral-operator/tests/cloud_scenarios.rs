@@ -4,7 +4,7 @@
 //! (WARM_ENI, WARM_IP + MINIMUM_IP, WARM_PREFIX) at the operator level, each with the exact
 //! steady state the pure rules give (CLUSTER-DESIGN 2.1) and no flapping.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! The last configuration installed is kept in `config-applied`, so it survives the leader; a
 //! stored one that fails is not installed, is reported, and no CIDR is granted twice.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

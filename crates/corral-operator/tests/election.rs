@@ -4,7 +4,7 @@
 //! write safe. Every scenario ends with `corral_cluster::check` finding nothing and the auditor
 //! clean.
 
-mod common;
+use crate::common;
 
 use common::*;
 use corral_kv::{Kv, MemKv, TxnOp};

@@ -3,7 +3,7 @@
 //! live nodes asserted their holdings, the settle time passed, or `corral cluster recover
 //! --yes` wrote `recover`; a new term waits for the live nodes' holdings the same way.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

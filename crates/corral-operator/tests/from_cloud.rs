@@ -4,7 +4,7 @@
 //! Each scenario ends with `corral_cluster::check` (every node-cidr rule) and an auditor that saw
 //! no CIDR granted while held.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

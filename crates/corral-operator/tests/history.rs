@@ -6,7 +6,7 @@
 //! held. Times are the wall clock's milliseconds: the tests compare them with each other, never
 //! with a bound.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //!
 //! Needs Debian's etcd (`make deps`) and is ignored by a plain `cargo test`.
 
-mod common;
+use crate::common;
 
 use corral_cluster::history::{HistoryEvent, newest_first};
 use corral_cluster::{

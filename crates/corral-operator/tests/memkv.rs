@@ -3,7 +3,7 @@
 //! backoff are moved by virtual time, never by sleeping; every scenario ends with
 //! `corral_cluster::check` (the checker `corral cluster check` runs) finding nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The committed `openapi-operator.json` (served verbatim at `/openapi.json`) is the document
 //! the code builds, it describes exactly the paths of `corral_api::operator::paths`, and its
 //! references hold. After a deliberate change to the API,
-//! `UPDATE_EXPECT=1 cargo test -p corral-operator --test openapi` rewrites the file.
+//! `UPDATE_EXPECT=1 cargo test -p corral-operator --test integration openapi::` rewrites the file.
 
 use corral_api::testing::{check_committed, dangling_references, path_constants, workspace_root};
 use corral_operator::openapi::{document, render};

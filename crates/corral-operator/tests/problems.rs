@@ -3,7 +3,7 @@
 //! etcd outage raises a problem with its identity and `since`, seeing it again moves
 //! `last_seen` only, and leading again ends it, while the bounded event list keeps it.
 
-mod common;
+use crate::common;
 
 use common::*;
 

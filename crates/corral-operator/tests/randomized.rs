@@ -3,7 +3,7 @@
 //! fixed seeds so a failure replays). After every step the store is checked (zero consistency
 //! problems, no CIDR or node ID written while held); after the last, every node is served.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! On `MemKv`, whose `count` is what etcd's is (every key of the range at the revision); on
 //! tokio's paused clock.
 
-mod common;
+use crate::common;
 
 use common::*;
 use corral_kv::{MemKv, ScanStats, TxnOp};

@@ -6,7 +6,7 @@
 //!
 //! The agents are simulated: the test writes `holdings/<node>` as an agent does.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

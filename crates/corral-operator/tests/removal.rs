@@ -7,7 +7,7 @@
 //! The agents are simulated: the test writes `live/<node>` and `holdings/<node>` as an agent
 //! does.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

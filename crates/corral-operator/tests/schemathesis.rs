@@ -10,7 +10,7 @@
 //! when either is missing. `SCHEMATHESIS` names another `st` executable, `SCHEMATHESIS_SEED`
 //! another seed, `SCHEMATHESIS_EXAMPLES` another number of examples per operation.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

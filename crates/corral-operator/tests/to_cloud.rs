@@ -5,7 +5,7 @@
 //! scenario ends with `check`, the cloud's truth against the records, and no prefix on two
 //! interfaces.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! acts on, kept in step with the snapshots; and a schema-1 database (every cooldown in the
 //! state row) keeps its cooldowns when it is migrated.
 
-mod common;
+use crate::common;
 
 use common::{attached, one_pool};
 

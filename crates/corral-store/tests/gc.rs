@@ -2,7 +2,7 @@
 //! when a run past the grace period sees its attachment missing again, holding exactly what
 //! was recorded, whole, within the run's cap.
 
-mod common;
+use crate::common;
 
 use common::{attached, one_pool};
 

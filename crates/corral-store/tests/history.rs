@@ -2,7 +2,7 @@
 //! records, kept across a reopen, bounded by count and age, answered by each filter, and
 //! added to a database of the previous schema by its migration.
 
-mod common;
+use crate::common;
 
 use common::attached;
 
@@ -527,7 +527,7 @@ fn events_outlive_a_kill_before_their_chunk() {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "history_writer_child",
+            "history::history_writer_child",
             "--include-ignored",
             "--nocapture",
         ])

@@ -2,7 +2,7 @@
 //! addresses survive a reopen, the cooldown is still enforced after one, a partial build
 //! accepts interface ranges like any range, and checkpoints carry interfaces.
 
-mod common;
+use crate::common;
 
 use common::{attached, one_pool};
 

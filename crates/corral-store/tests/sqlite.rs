@@ -1,7 +1,7 @@
 //! The SQLite store on real files in temporary directories: schema, durability, exclusivity,
 //! and engines built from what it holds.
 
-mod common;
+use crate::common;
 
 use common::{attached, one_pool};
 

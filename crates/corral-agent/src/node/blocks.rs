@@ -223,14 +223,7 @@ mod tests {
     fn cni_add(container: &str) -> Op {
         Op::CniAdd(
             api::CniAddRequest {
-                network: api::CniNetwork {
-                    name: "net".into(),
-                    pools: vec![],
-                    node_pool: Some("small".into()),
-                    requested_pool: None,
-                    configured_pool: None,
-                    namespace: None,
-                },
+                network: api::CniNetwork::on_node_pool("net", "small"),
                 key: api::AttachmentKey {
                     network: "net".into(),
                     container_id: container.into(),

@@ -586,14 +586,7 @@ mod tests {
 
     /// The network of AWS VPC CNI's pods, served by the node's interface pool `eni`.
     fn eni_network() -> api::CniNetwork {
-        api::CniNetwork {
-            name: "aws-cni".into(),
-            pools: vec![],
-            node_pool: Some("eni".into()),
-            requested_pool: None,
-            configured_pool: None,
-            namespace: None,
-        }
+        api::CniNetwork::on_node_pool("aws-cni", "eni")
     }
 
     fn eni_op(pool: &str, id: &str, device: u32, addresses: &[&str]) -> Op {

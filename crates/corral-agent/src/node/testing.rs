@@ -12,20 +12,16 @@ use super::Op;
 
 /// Network `net` whose one pool `net` serves `range`, reusing an address after `cooldown_ms`.
 pub(crate) fn cni_network(range: &str, cooldown_ms: u64) -> api::CniNetwork {
-    api::CniNetwork {
-        name: "net".into(),
-        pools: vec![api::CniPool {
+    api::CniNetwork::with_pools(
+        "net",
+        vec![api::CniPool {
             name: "net".into(),
             cooldown_ms,
             lowest_free: false,
             ranges: vec![range.into()],
             exclusions: vec![],
         }],
-        node_pool: None,
-        requested_pool: None,
-        configured_pool: None,
-        namespace: None,
-    }
+    )
 }
 
 /// Container `container`'s `eth0` in network `network`.

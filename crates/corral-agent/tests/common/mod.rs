@@ -261,12 +261,9 @@ pub async fn put_config(kv: &MemKv, toml: &str) {
 /// in `namespace` if given.
 pub fn network(pool: Option<&str>, namespace: Option<&str>) -> CniNetwork {
     CniNetwork {
-        name: "podnet".into(),
-        pools: vec![],
-        node_pool: Some(pool.unwrap_or("default").into()),
         requested_pool: pool.map(str::to_owned),
-        configured_pool: None,
         namespace: namespace.map(str::to_owned),
+        ..CniNetwork::on_node_pool("podnet", pool.unwrap_or("default"))
     }
 }
 

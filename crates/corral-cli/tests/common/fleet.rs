@@ -447,12 +447,8 @@ async fn futures_join_all<F: Future<Output = ()>>(futures: impl Iterator<Item = 
 /// CNI network `podnet` on the node's pool `POOL`.
 fn podnet() -> corral_api::CniNetwork {
     corral_api::CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some(POOL.into()),
-        requested_pool: None,
         configured_pool: Some(POOL.into()),
-        namespace: None,
+        ..corral_api::CniNetwork::on_node_pool("podnet", POOL)
     }
 }
 

@@ -242,12 +242,8 @@ pub fn ms(d: Duration) -> String {
 /// CNI network `podnet`, its pods taking addresses of the node's pool `pool`.
 pub fn podnet(pool: &str) -> corral_api::CniNetwork {
     corral_api::CniNetwork {
-        name: "podnet".into(),
-        pools: Vec::new(),
-        node_pool: Some(pool.into()),
-        requested_pool: None,
         configured_pool: Some(pool.into()),
-        namespace: None,
+        ..corral_api::CniNetwork::on_node_pool("podnet", pool)
     }
 }
 

@@ -1,0 +1,10 @@
+//! corral-cloud's integration tests, one binary: a module per file of `tests/`, the shared
+//! harness declared here once. (A binary per file linked the workspace once per file.)
+//! One file's tests: `cargo test -p corral-cloud --test integration <file>::`.
+
+mod common;
+
+mod contract_fake;
+mod fake;
+mod scheduler;
+mod shared_state;

@@ -1,0 +1,5 @@
+//! corral-kv's integration tests, one binary: a module per file of `tests/`, the shared
+//! harness declared here once. (A binary per file linked the workspace once per file.)
+//! One file's tests: `cargo test -p corral-kv --test integration <file>::`.
+
+mod mem;

@@ -1,0 +1,16 @@
+//! corral-store's integration tests, one binary: a module per file of `tests/`, the shared
+//! harness declared here once. (A binary per file linked the workspace once per file.)
+//! One file's tests: `cargo test -p corral-store --test integration <file>::`.
+
+#[path = "../../../fuzz/replay.rs"]
+#[macro_use]
+mod replay;
+mod common;
+
+mod cooldowns;
+mod fuzz_corpus;
+mod gc;
+mod history;
+mod interfaces;
+mod sqlite;
+mod vanished_state;
