@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run demo test deps lint fmt bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean fuzz bench-agents
+.PHONY: run demo test deps lint fmt fmt-check bench bench-core bench-cni bench-agent bench-cluster bench-cloud plugin clean fuzz bench-agents
 .PHONY: build install uninstall deb install-test
 
 ## run: the agent in the foreground on the embedded default (a dual-stack pool `default`),
@@ -90,20 +90,31 @@ deps:
 ## The second run against the installed plugin picks its tests out of the same build with a
 ## filter: `cargo test -p ...` would resolve the package's features alone and build it again.
 ## CI builds once from nothing, so no incremental state (gigabytes on disk, never reused).
+## Clippy's lints are part of that one build: the workspace's crates are compiled by
+## clippy-driver (cargo's RUSTC_WORKSPACE_WRAPPER, as `cargo clippy` runs it; dependencies by
+## plain rustc) with warnings as errors, every target (benches too, built as tests), so the
+## lints `make lint` checks cost no second pass over the workspace and its dependencies. The
+## later steps build with the same settings and so reuse that build.
 NEXTEST_WORKSPACE := nextest run --workspace --lib --bins --tests --examples --run-ignored all
+CLIPPY_DRIVER := $(shell command -v clippy-driver 2>/dev/null)
+LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) RUSTFLAGS="-D warnings"
 test: export CARGO_INCREMENTAL = 0
-test: deps lint
-	env -u CORRAL_IPAM_BIN $(CARGO) $(NEXTEST_WORKSPACE)
-	$(CARGO) test --workspace --doc
+test: deps fmt-check
+	@test -n "$(CLIPPY_DRIVER)" || { echo "clippy-driver is missing: rustup component add clippy"; exit 1; }
+	$(LINTED) $(CARGO) test --workspace --all-targets --no-run
+	env -u CORRAL_IPAM_BIN $(LINTED) $(CARGO) $(NEXTEST_WORKSPACE)
+	$(LINTED) $(CARGO) test --workspace --doc
 	$(MAKE) --no-print-directory plugin
-	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(CARGO) $(NEXTEST_WORKSPACE) \
+	CORRAL_IPAM_BIN=$(CURDIR)/$(PLUGIN) $(LINTED) $(CARGO) $(NEXTEST_WORKSPACE) \
 		-E '(package(corral-cni) & kind(test)) | (package(corral-cli) & test(/^podman::/))'
 	$(MAKE) --no-print-directory install-test
 
 ## lint: formatting and clippy, warnings are errors
-lint:
-	$(CARGO) fmt --all -- --check
+lint: fmt-check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
 
 fmt:
 	$(CARGO) fmt --all
