@@ -94,10 +94,13 @@ deps:
 ## clippy-driver (cargo's RUSTC_WORKSPACE_WRAPPER, as `cargo clippy` runs it; dependencies by
 ## plain rustc) with warnings as errors, every target (benches too, built as tests), so the
 ## lints `make lint` checks cost no second pass over the workspace and its dependencies. The
-## later steps build with the same settings and so reuse that build.
+## later steps build with the same settings and so reuse that build. The tests so run on
+## clippy-driver's build of the workspace: rustc's, with `cfg(clippy)` set (nothing here reads
+## it) and MIR optimisations off (a debug build's code is the same in meaning). A caller's
+## RUSTFLAGS are kept; CARGO_ENCODED_RUSTFLAGS, which cargo would read instead, is unset.
 NEXTEST_WORKSPACE := nextest run --workspace --lib --bins --tests --examples --run-ignored all
 CLIPPY_DRIVER := $(shell command -v clippy-driver 2>/dev/null)
-LINTED := RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) RUSTFLAGS="-D warnings"
+LINTED := env -u CARGO_ENCODED_RUSTFLAGS RUSTC_WORKSPACE_WRAPPER=$(CLIPPY_DRIVER) RUSTFLAGS="$(strip $(RUSTFLAGS) -D warnings)"
 test: export CARGO_INCREMENTAL = 0
 test: deps fmt-check
 	@test -n "$(CLIPPY_DRIVER)" || { echo "clippy-driver is missing: rustup component add clippy"; exit 1; }

@@ -314,12 +314,13 @@ impl PoolFamily {
     }
 
     /// Makes the range holding `position` the one next-fit continues in. A position in no
-    /// range (its range was removed since) changes nothing, so a restored position means the
-    /// same as the one the running engine had: always the first address of a range.
+    /// range (its range was removed since) is kept as it is: next-fit goes on at the first
+    /// range above it, as the running engine does after the removal, so a restored position
+    /// means the same as the one the running engine had.
     pub fn set_current(&mut self, position: u128) {
-        if let Some(range) = self.range_of(position) {
-            self.current = range.start;
-        }
+        self.current = self
+            .range_of(position)
+            .map_or(position, |range| range.start);
     }
 
     /// The range holding `value`, draining or not.

@@ -278,3 +278,55 @@ fn a_snapshot_that_does_not_fit_is_refused_and_changes_nothing() {
         .unwrap();
     assert!(ready.restore_pool_snapshot(&pool, &snapshot).is_err());
 }
+
+/// Next-fit's position when the range it was in has been removed since: the running engine
+/// goes on at the first range above the removed one, and an engine restored from its
+/// snapshot (a short-lived process) does the same instead of starting over at the lowest range.
+#[test]
+fn a_next_fit_position_whose_range_was_removed_means_the_same_after_a_restore() {
+    let pool = PoolName::default_pool();
+    let (low, middle, high) = ("10.0.0.0/30", "10.0.1.0/30", "10.0.2.0/30");
+    let request = Request {
+        pool: &pool,
+        owner: "pod",
+        key: None,
+        lease: None,
+    };
+    let now = Timestamp::ZERO;
+    let mut running = Engine::new(EngineConfig::default());
+    for range in [middle, high] {
+        running.add_range(&pool, range.parse().unwrap()).unwrap();
+    }
+    // Next-fit continues in `middle`; then `middle` goes (its one address released first) and
+    // `low` comes, below it.
+    let got = running
+        .allocate(&request, Target::Next(Family::V4), now)
+        .unwrap();
+    assert_eq!(got.addr, "10.0.1.1".parse::<IpAddr>().unwrap());
+    running.release(got.addr, None, now).unwrap();
+    running
+        .remove_range(&pool, &middle.parse().unwrap())
+        .unwrap();
+    running.add_range(&pool, low.parse().unwrap()).unwrap();
+
+    let mut restored = Engine::restoring(EngineConfig::default());
+    for range in [low, high] {
+        restored.add_range(&pool, range.parse().unwrap()).unwrap();
+    }
+    restored
+        .restore_pool_snapshot(&pool, &running.pool_snapshot(&pool).unwrap())
+        .unwrap();
+    restored.finish_restore();
+    assert_eq!(
+        restored.pool_snapshot(&pool).unwrap(),
+        running.pool_snapshot(&pool).unwrap()
+    );
+
+    let above: IpAddr = "10.0.2.1".parse().unwrap();
+    for engine in [&mut running, &mut restored] {
+        let got = engine
+            .allocate(&request, Target::Next(Family::V4), now)
+            .unwrap();
+        assert_eq!(got.addr, above);
+    }
+}

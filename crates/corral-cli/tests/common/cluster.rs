@@ -3,7 +3,7 @@
 //! what etcd and the agents hold. On etcd started with `EtcdCluster::start_tls`, every command
 //! and process they run gets the cluster's client TLS files (`tls_args`).
 
-// Each cluster test binary uses part of this module.
+// Each cluster test file uses part of this module.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};

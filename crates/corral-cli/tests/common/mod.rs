@@ -1,7 +1,7 @@
 //! The real `corral agent` process for tests and benches: started with arguments, waited on
 //! until `/readyz` answers, and killed with SIGKILL when dropped (also when a test fails).
 
-// Each test binary and the bench use part of this module.
+// Each test file and bench uses part of this module.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
