@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use corral_api::{AllocateRequest, AllocateResponse, NODE_SCOPE, ReleaseRequest};
 use corral_client::Client;
 
+#[allow(dead_code)] // the bench uses part of the tests\' harness
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "agent/history.rs"]

@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+#[allow(dead_code)] // the bench uses part of the tests\' harness
 #[path = "../tests/common/fleet.rs"]
 mod fleet;
 mod knobs;

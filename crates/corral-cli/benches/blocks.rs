@@ -29,6 +29,7 @@ mod operator;
 
 use operator::{InProcess, install_config, node_record, percentile, runtime_and_etcd};
 
+#[allow(dead_code)] // the bench uses part of the tests\' harness
 #[path = "../tests/common/mod.rs"]
 mod common;
 

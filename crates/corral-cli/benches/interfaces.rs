@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use corral_api as api;
 use corral_client::Client;
 
+#[allow(dead_code)] // the bench uses part of the tests\' harness
 #[path = "../tests/common/mod.rs"]
 mod common;
 

@@ -5,6 +5,7 @@
 #[path = "common/cluster.rs"]
 mod cluster_common;
 mod common;
+#[allow(dead_code)] // agents_footprint uses part; the agents bench the rest
 #[path = "common/fleet.rs"]
 mod fleet;
 

@@ -10,8 +10,6 @@
 //! took less than some time. Tests that need no disk nor socket use [`paused`] instead: the
 //! agent over a `MemoryStore` on a paused clock, in virtual time.
 
-#![allow(dead_code)] // each test file uses its part of the harness
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -107,7 +105,6 @@ pub fn link_task(kv: &MemKv, options: ClusterOptions) -> (corral_agent::ClusterT
 pub struct LinkedAgent {
     pub socket: PathBuf,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    link: LinkSlot,
     served: Option<tokio::task::JoinHandle<Result<(), corral_agent::AgentError>>>,
 }
 
@@ -121,7 +118,7 @@ impl LinkedAgent {
         options: ClusterOptions,
     ) -> LinkedAgent {
         let socket = config.socket.clone();
-        let (task, link) = link_task(kv, options);
+        let (task, _) = link_task(kv, options);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let served = runtime.spawn(corral_agent::serve_with(
@@ -140,7 +137,6 @@ impl LinkedAgent {
         LinkedAgent {
             socket,
             stop: Some(stop),
-            link,
             served: Some(served),
         }
     }
@@ -167,11 +163,6 @@ impl LinkedAgent {
             .unwrap()
             .cluster
             .expect("the agent reports its cluster link")
-    }
-
-    /// Ends the cluster link's task at once, as a crash of the link alone would.
-    pub fn kill_link(&self) {
-        self.link.abort();
     }
 
     /// Stops the agent cleanly and waits for it to finish.

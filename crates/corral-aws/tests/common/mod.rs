@@ -2,9 +2,6 @@
 //! the private addresses it picks: `moto_server.py`) and the VPC, subnet and instance they run
 //! in.
 
-// Each test file uses part of this module.
-#![allow(dead_code)]
-
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -3,9 +3,6 @@
 //! what etcd and the agents hold. On etcd started with `EtcdCluster::start_tls`, every command
 //! and process they run gets the cluster's client TLS files (`tls_args`).
 
-// Each cluster test file uses part of this module.
-#![allow(dead_code)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::io::{Read, Write};

@@ -8,8 +8,6 @@
 //! established TCP connections to its client ports (`/proc/net/tcp`), and optionally through
 //! `etcd grpc-proxy` ([`Proxy`]).
 
-#![allow(dead_code)] // the bench and the test use their part
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -1,9 +1,6 @@
 //! The real `corral agent` process for tests and benches: started with arguments, waited on
 //! until `/readyz` answers, and killed with SIGKILL when dropped (also when a test fails).
 
-// Each test file and bench uses part of this module.
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -226,6 +223,7 @@ pub fn ok_json(output: &Output) -> serde_json::Value {
 }
 
 /// The `p`th percentile of sorted latencies (the benches' reports).
+#[allow(dead_code)] // no test reports percentiles
 pub fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -234,7 +232,8 @@ pub fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// A duration in milliseconds, three decimals.
+/// A duration in milliseconds, three decimals (the benches' reports).
+#[allow(dead_code)] // no test reports durations
 pub fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }

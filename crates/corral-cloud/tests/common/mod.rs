@@ -1,9 +1,6 @@
 //! What corral-cloud's tests share: subnets in one line, and the fake the contract suite runs
 //! against (directly, and through the scheduler).
 
-// Each test binary uses part of this module.
-#![allow(dead_code)]
-
 use corral_cloud::FakeEc2;
 use corral_cloud::contract::Fixture;
 use corral_cloud::fake::{InstanceSpec, SubnetSpec};

@@ -2,9 +2,6 @@
 //! write them, the event log a simulated etcd keeps for its watchers, and a bare
 //! `ClusterView` fed by hand.
 
-// Each test binary uses part of this module.
-#![allow(dead_code)]
-
 use corral_cluster::{
     ClusterConfig, ClusterName, ClusterView, HeldRange, HoldingsRecord, Keys, NodeName, NodeRecord,
     Proposal, encode_value,

@@ -1,9 +1,6 @@
 //! The real corral-ipam binary, executed as a container runtime does, and what it answered:
 //! shared by the test files that run it.
 
-// Each test file uses part of this module.
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

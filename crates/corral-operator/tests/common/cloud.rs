@@ -288,13 +288,6 @@ impl AgentNode {
         self.pods_in(&space(family))
     }
 
-    /// Free addresses to hand out now in `family` (a /80 counts 2^48).
-    pub fn free_of(&self, family: Family) -> u64 {
-        self.usable_entries(family)
-            .iter()
-            .fold(0u64, |s, e| s.saturating_add(units(e) - self.pods_in(e)))
-    }
-
     fn demand(&self) -> FamilyDemand {
         self.demand_of(Family::V4)
     }
@@ -357,19 +350,6 @@ fn space(family: Family) -> IpNet {
     match family {
         Family::V4 => IpNet::V4(ipnet::Ipv4Net::new(std::net::Ipv4Addr::UNSPECIFIED, 0).unwrap()),
         Family::V6 => IpNet::V6(ipnet::Ipv6Net::new(std::net::Ipv6Addr::UNSPECIFIED, 0).unwrap()),
-    }
-}
-
-trait HostsAll {
-    fn hosts_all(&self) -> Box<dyn Iterator<Item = std::net::Ipv4Addr>>;
-}
-
-impl HostsAll for ipnet::Ipv4Net {
-    /// Every address of the network (a /32 is itself, a /28 its 16).
-    fn hosts_all(&self) -> Box<dyn Iterator<Item = std::net::Ipv4Addr>> {
-        let start = u32::from(self.network());
-        let n = 1u64 << (32 - self.prefix_len());
-        Box::new((0..n).map(move |i| std::net::Ipv4Addr::from(start + i as u32)))
     }
 }
 

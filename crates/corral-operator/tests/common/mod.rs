@@ -3,8 +3,6 @@
 //! a consistency `check` by `corral_cluster::check`, and an auditor that watches every grant
 //! ever written, so "no CIDR held by two nodes" is checked at every revision, not only at the end.
 
-#![allow(dead_code)]
-
 pub mod cloud;
 
 use std::collections::BTreeMap;

@@ -1,9 +1,6 @@
 //! What corral-store's tests share: a scope of one pool, and the row an attachment's
 //! allocation is stored as.
 
-// Each test binary uses part of this module.
-#![allow(dead_code)]
-
 use std::net::IpAddr;
 use std::time::Duration;
 
