@@ -4,7 +4,10 @@
 //! (proposed, not yet committed). Memory follows the number of occupied runs, never the size of
 //! the space, so a /32 IPv6 cluster CIDR with /64 nodes (2^32 node CIDRs) costs nothing until
 //! used. `lowest_free` jumps from each blocking run to the next aligned start, so its cost is
-//! the number of runs it meets times a map lookup, whatever the fill level.
+//! the number of runs it meets times a map lookup, whatever the fill level. What keys block
+//! without occupying a counted slot (ranges an agent holds without a grant, foreign keys) is
+//! kept the same way (`blocked.rs`): a stretch of them is one run, so a space after a restore
+//! that lost thousands of grants is searched as fast as a full one.
 
 use corral_core::{Family, RunSet};
 use ipnet::IpNet;
@@ -12,6 +15,10 @@ use thiserror::Error;
 
 use crate::config::FamilyConfig;
 use crate::net::{family_of, host_mask, net_of, net_range, pow2_saturating};
+
+mod blocked;
+
+use blocked::Blocked;
 
 /// Why an occupancy change was refused; it changed nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -147,8 +154,9 @@ pub struct CidrSpace {
     n_in_flight: u128,
     /// Addresses of keys that are not node CIDRs of the space (a grant or quarantine key of
     /// another prefix length, or outside the cluster CIDRs: garbage an operator never
-    /// writes): blocked, uncounted, one entry per key (they may overlap).
-    foreign: Vec<(u128, u128)>,
+    /// writes) and ranges held without their grant: blocked, uncounted, one block per key or
+    /// holding (they may overlap).
+    foreign: Blocked,
 }
 
 impl CidrSpace {
@@ -184,7 +192,7 @@ impl CidrSpace {
             n_reserved: 0,
             in_flight: RunSet::new(),
             n_in_flight: 0,
-            foreign: Vec::new(),
+            foreign: Blocked::default(),
         };
         for net in reserved.iter().filter(|r| family_of(r) == family) {
             let (s, e) = net_range(net);
@@ -275,7 +283,7 @@ impl CidrSpace {
         .flat_map(|set| set.iter())
         .collect();
         if with_blocked {
-            runs.extend(self.foreign.iter().copied());
+            runs.extend(self.foreign.runs());
         }
         runs
     }
@@ -304,7 +312,8 @@ impl CidrSpace {
         }
     }
 
-    /// The end of the furthest-reaching occupied run that shares an address with `start..=end`.
+    /// An end up to which everything is occupied from inside `start..=end` (the largest end of
+    /// each kind's first run that shares an address with it), if anything there is occupied.
     fn blocking_end(&self, start: u128, end: u128) -> Option<u128> {
         [
             &self.granted,
@@ -314,12 +323,7 @@ impl CidrSpace {
         ]
         .iter()
         .filter_map(|set| set.first_overlap(start, end).map(|(_, e)| e))
-        .chain(
-            self.foreign
-                .iter()
-                .filter(|&&(s, e)| s <= end && start <= e)
-                .map(|&(_, e)| e),
-        )
+        .chain(self.foreign.run_end(start, end))
         .max()
     }
 
@@ -328,16 +332,15 @@ impl CidrSpace {
     /// the grant transaction's absence compare covers only keys of the exact node CIDR.
     pub fn block_foreign(&mut self, cidr: &IpNet) {
         if family_of(cidr) == self.family {
-            self.foreign.push(net_range(cidr));
+            let (start, end) = net_range(cidr);
+            self.foreign.block(start, end);
         }
     }
 
     /// Unblocks one `block_foreign` of `cidr` (its key deleted); nothing if there is none.
     pub fn unblock_foreign(&mut self, cidr: &IpNet) {
-        let range = net_range(cidr);
-        if let Some(i) = self.foreign.iter().position(|r| *r == range) {
-            self.foreign.swap_remove(i);
-        }
+        let (start, end) = net_range(cidr);
+        self.foreign.unblock(start, end);
     }
 
     /// Whether `cidr` is a node CIDR of the space that nothing occupies.
@@ -488,12 +491,14 @@ impl CidrSpace {
         self.stats().free
     }
 
-    /// The interval-set runs held (the space's memory, in map entries).
+    /// The runs of what occupies or blocks space: what `lowest_free` meets at most (and, but
+    /// for one entry per distinct blocked range, the space's memory in map entries).
     pub fn n_runs(&self) -> usize {
         self.granted.n_runs()
             + self.quarantined.n_runs()
             + self.reserved.n_runs()
             + self.in_flight.n_runs()
+            + self.foreign.n_runs()
     }
 }
 
@@ -506,7 +511,7 @@ pub struct NodeIdSpace {
     in_flight: RunSet,
     /// IDs an agent asserts it serves without a grant of them (`holdings/`): blocked,
     /// uncounted, with how many assertions block each.
-    held: std::collections::BTreeMap<u32, usize>,
+    held: Blocked,
 }
 
 impl NodeIdSpace {
@@ -517,7 +522,7 @@ impl NodeIdSpace {
             granted: RunSet::new(),
             quarantined: RunSet::new(),
             in_flight: RunSet::new(),
-            held: std::collections::BTreeMap::new(),
+            held: Blocked::default(),
         }
     }
 
@@ -525,18 +530,13 @@ impl NodeIdSpace {
     /// node): never proposed while blocked. IDs outside the space are ignored.
     pub fn block_held(&mut self, id: u32) {
         if self.contains(id) {
-            *self.held.entry(id).or_default() += 1;
+            self.held.block(u128::from(id), u128::from(id));
         }
     }
 
     /// Unblocks one `block_held` of `id`; nothing if there is none.
     pub fn unblock_held(&mut self, id: u32) {
-        if let Some(count) = self.held.get_mut(&id) {
-            *count -= 1;
-            if *count == 0 {
-                self.held.remove(&id);
-            }
-        }
+        self.held.unblock(u128::from(id), u128::from(id));
     }
 
     /// The largest node ID.
@@ -558,14 +558,10 @@ impl NodeIdSpace {
     }
 
     fn blocking_end(&self, id: u128) -> Option<u128> {
-        let held = u32::try_from(id)
-            .ok()
-            .filter(|id| self.held.contains_key(id))
-            .map(u128::from);
         [&self.granted, &self.quarantined, &self.in_flight]
             .iter()
             .filter_map(|set| set.first_overlap(id, id).map(|(_, e)| e))
-            .chain(held)
+            .chain(self.held.run_end(id, id))
             .max()
     }
 
@@ -660,8 +656,8 @@ impl NodeIdSpace {
             }
         }
         let occupied_by_records = union.count_in(all.0, all.1);
-        for &id in self.held.keys() {
-            union.insert_range(u128::from(id), u128::from(id));
+        for (s, e) in self.held.runs() {
+            union.insert_range(s, e);
         }
         let occupied = union.count_in(all.0, all.1);
         let capacity = u128::from(self.max);
@@ -726,6 +722,42 @@ mod tests {
         s.release_granted(&net("10.1.0.0/24")).unwrap();
         assert_eq!(s.lowest_free(), Some(net("10.1.0.0/24")));
         assert_eq!(s.granted(), 999);
+    }
+
+    /// Ranges held without their grants (a restore lost them) are searched as grants are, as
+    /// one run however many: a new node's CIDR is found in one jump past them (each was a
+    /// step of its own, and each step looked at every one of them).
+    #[test]
+    fn a_stretch_of_ranges_held_without_grants_is_one_run() {
+        let mut s = space(&["10.0.0.0/8"], 24, &[]);
+        for i in 0..1000u32 {
+            let cidr = net_of(Family::V4, u128::from(0x0a00_0000u32 + (i << 8)), 24).unwrap();
+            s.block_foreign(&cidr);
+        }
+        s.block_foreign(&net("10.0.0.0/24"));
+        assert_eq!(s.n_runs(), 1);
+        assert_eq!(s.lowest_free(), Some(net("10.3.232.0/24")));
+        s.unblock_foreign(&net("10.1.0.0/24"));
+        assert_eq!(s.lowest_free(), Some(net("10.1.0.0/24")));
+        // Blocked twice, free after two unblocks.
+        s.unblock_foreign(&net("10.0.0.0/24"));
+        assert_eq!(s.lowest_free(), Some(net("10.1.0.0/24")));
+        s.unblock_foreign(&net("10.0.0.0/24"));
+        assert_eq!(s.lowest_free(), Some(net("10.0.0.0/24")));
+        assert_eq!((s.stats().blocked, s.n_runs()), (998, 2));
+    }
+
+    #[test]
+    fn node_ids_held_without_grants_are_one_run() {
+        let mut ids = NodeIdSpace::new(100_000);
+        for id in 1..=50_000 {
+            ids.block_held(id);
+        }
+        assert_eq!(ids.held.n_runs(), 1);
+        assert_eq!(ids.lowest_free(), Some(50_001));
+        ids.unblock_held(7);
+        assert_eq!(ids.lowest_free(), Some(7));
+        assert_eq!(ids.stats().blocked, 49_999);
     }
 
     #[test]

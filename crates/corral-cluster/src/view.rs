@@ -528,9 +528,12 @@ pub struct ClusterView {
     /// `holdings/` records: what each node's agent asserts it holds (a value that does not
     /// decode is reported and the last readable one kept; `record: None` if there is none).
     holdings: BTreeMap<NodeName, CloudEntry<HoldingsRecord>>,
+    /// The nodes whose assertion refuses a grant or a node ID: what `refused_grants` looks
+    /// at on every turn of the leader, instead of every assertion.
+    refusing: BTreeSet<NodeName>,
     /// Held ranges no grant to their holder covers, each blocked (`block_foreign`) in every
-    /// space of its family: (node, pool, family, range).
-    held_blocked: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
+    /// space of its family: by node, (pool, family, range).
+    held_blocked: BTreeMap<NodeName, BTreeSet<(PoolName, Family, IpNet)>>,
     /// Node IDs an agent serves without holding their grant, each blocked in the ID space.
     held_ids_blocked: BTreeSet<(NodeName, u32)>,
     /// The mod revision of the `config` key (0 before it was seen), whether its value was
@@ -581,7 +584,8 @@ impl ClusterView {
             silences: BTreeMap::new(),
             waiting_records: BTreeMap::new(),
             holdings: BTreeMap::new(),
-            held_blocked: BTreeSet::new(),
+            refusing: BTreeSet::new(),
+            held_blocked: BTreeMap::new(),
             held_ids_blocked: BTreeSet::new(),
             config_revision: 0,
             installed_revision: 0,
@@ -630,6 +634,7 @@ impl ClusterView {
         self.silences.clear();
         self.waiting_records.clear();
         self.holdings.clear();
+        self.refusing.clear();
         self.rebuild_spaces();
     }
 
@@ -739,19 +744,12 @@ impl ClusterView {
     /// names: a pool renamed around the CLI still finds its space occupied), a node ID the
     /// node serves without its grant is blocked in the ID space.
     fn refresh_holdings(&mut self, node: &NodeName) {
-        let stale: Vec<(NodeName, PoolName, Family, IpNet)> = self
-            .held_blocked
-            .iter()
-            .filter(|(n, ..)| n == node)
-            .cloned()
-            .collect();
-        for entry in stale {
+        for (_, held_family, cidr) in self.held_blocked.remove(node).unwrap_or_default() {
             for ((_, family), space) in &mut self.spaces {
-                if *family == entry.2 {
-                    space.unblock_foreign(&entry.3);
+                if *family == held_family {
+                    space.unblock_foreign(&cidr);
                 }
             }
-            self.held_blocked.remove(&entry);
         }
         let stale_ids: Vec<(NodeName, u32)> = self
             .held_ids_blocked
@@ -773,8 +771,13 @@ impl ClusterView {
                 continue;
             }
             let family = range.family();
-            let entry = (node.clone(), range.pool.clone(), family, range.cidr);
-            if !self.held_blocked.insert(entry) {
+            let entry = (range.pool.clone(), family, range.cidr);
+            if !self
+                .held_blocked
+                .entry(node.clone())
+                .or_default()
+                .insert(entry)
+            {
                 continue;
             }
             for ((_, space_family), space) in &mut self.spaces {
@@ -1104,6 +1107,14 @@ impl ClusterView {
                 let record = self
                     .decode::<HoldingsRecord>(key, mod_revision, value)
                     .or_else(|| self.holdings.get(&node).and_then(|e| e.record.clone()));
+                if record
+                    .as_ref()
+                    .is_some_and(|r| !r.refused.is_empty() || r.refused_node_id.is_some())
+                {
+                    self.refusing.insert(node.clone());
+                } else {
+                    self.refusing.remove(&node);
+                }
                 self.holdings.insert(
                     node.clone(),
                     CloudEntry {
@@ -1155,6 +1166,7 @@ impl ClusterView {
             | Key::History { .. } => {}
             Key::ConfigApplied => self.applied = None,
             Key::Holdings { node } => {
+                self.refusing.remove(node);
                 if self.holdings.remove(node).is_some() {
                     self.refresh_holdings(node);
                 }
@@ -1403,7 +1415,10 @@ impl ClusterView {
     pub fn uncovered_holdings(&self) -> Vec<(NodeName, PoolName, IpNet)> {
         self.held_blocked
             .iter()
-            .map(|(node, pool, _, cidr)| (node.clone(), pool.clone(), *cidr))
+            .flat_map(|(node, held)| {
+                held.iter()
+                    .map(move |(pool, _, cidr)| (node.clone(), pool.clone(), *cidr))
+            })
             .collect()
     }
 
@@ -1418,8 +1433,8 @@ impl ClusterView {
     /// them. By node.
     pub fn refused_grants(&self) -> Vec<Revocation> {
         let mut revocations = Vec::new();
-        for (node, entry) in &self.holdings {
-            let Some(record) = &entry.record else {
+        for node in &self.refusing {
+            let Some(record) = self.holdings.get(node).and_then(|e| e.record.as_ref()) else {
                 continue;
             };
             for refused in &record.refused {

@@ -9,6 +9,11 @@
 //! turn take the lead, each rebuilding from the whole store: the rebuild's time (the leader's
 //! own `last_rebuild`) and what it read. Before those, the view alone (`BENCH_VIEW_ROUNDS`,
 //! default 3): the keys read into memory once, then applied to a new view as a rebuild does.
+//! Last (`BENCH_RESTORE`, default 1; 0 leaves it out), a restore that lost every grant: the
+//! grants, `owned/` keys, node IDs and history deleted, the holdings kept (every node's agent
+//! asserts what it holds), so every held range is blocked without a grant; a new leader
+//! rebuilds and grants every node again around them (up to 131,072 nodes: held and granted
+//! again, they fill the pool's 262,144 IPv4 node CIDRs).
 //!
 //! ```sh
 //! cargo bench -p corral-operator --bench rebuild
@@ -78,7 +83,7 @@ async fn count(kv: &MemKv, prefix: &str) -> u64 {
 }
 
 /// Writes `ops`, 100 to a transaction (as agents' writes reach etcd).
-async fn put_in_batches(kv: &MemKv, mut ops: Vec<TxnOp>) {
+async fn write_in_batches(kv: &MemKv, mut ops: Vec<TxnOp>) {
     while !ops.is_empty() {
         let rest = ops.split_off(ops.len().min(100));
         kv.txn(Txn {
@@ -172,7 +177,7 @@ async fn main() {
             TxnOp::put(keys.node(node), encode_value(&record).unwrap())
         })
         .collect();
-    put_in_batches(&kv, registrations).await;
+    write_in_batches(&kv, registrations).await;
     let started = Instant::now();
     let first = start(&kv, "op-a");
     let grants = keys.grants_prefix();
@@ -220,7 +225,7 @@ async fn main() {
             TxnOp::put(keys.holdings(&node), encode_value(&record).unwrap())
         })
         .collect();
-    put_in_batches(&kv, holdings).await;
+    write_in_batches(&kv, holdings).await;
     let _ = first.stop.send(());
     first.task.await.unwrap();
     let total = count(&kv, keys.prefix()).await;
@@ -260,8 +265,56 @@ async fn main() {
         replica.task.await.unwrap();
     }
     times.sort();
+    if let Some(median) = times.get(times.len() / 2) {
+        println!("rebuild median: {:.0} ms", median.as_secs_f64() * 1e3);
+    }
+    if env_usize("BENCH_RESTORE", 1) != 0 {
+        if nodes <= RESTORE_MAX_NODES {
+            grants_lost(&kv, &keys, nodes).await;
+        } else {
+            println!(
+                "every grant lost: left out above {RESTORE_MAX_NODES} nodes (the pool cannot hold every node twice)"
+            );
+        }
+    }
+}
+
+/// The most nodes whose held ranges and new grants fit the bench pool's IPv4 side together
+/// (262,144 node CIDRs of /26 in 10.0.0.0/8).
+const RESTORE_MAX_NODES: usize = 131_072;
+
+/// A restore from a snapshot taken before any grant: the grants, `owned/` keys, node IDs and
+/// history are gone, the registrations and holdings stay (the agents assert theirs again), so
+/// each node's held ranges are blocked, granted to nobody. A new leader rebuilds and grants
+/// every node again, around the blocked ranges.
+async fn grants_lost(kv: &MemKv, keys: &Keys, nodes: usize) {
+    let mut deletes = Vec::new();
+    for prefix in [
+        keys.grants_prefix(),
+        keys.all_owned_prefix(),
+        keys.node_ids_prefix(),
+        keys.history_prefix(),
+    ] {
+        let (entries, _) = corral_kv::read_all(kv, prefix.as_bytes(), 5000)
+            .await
+            .unwrap();
+        deletes.extend(entries.into_iter().map(|e| TxnOp::delete(e.key)));
+    }
+    write_in_batches(kv, deletes).await;
+    let started = Instant::now();
+    let replica = start(kv, "op-restored");
+    wait_leading(&replica).await;
+    let (stats, took) = replica.shared.last_rebuild().expect("a rebuild");
+    let grants = keys.grants_prefix();
+    while count(kv, &grants).await < 2 * nodes as u64 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     println!(
-        "rebuild median: {:.0} ms",
-        times[times.len() / 2].as_secs_f64() * 1e3
+        "every grant lost, every range held: rebuild {:.0} ms ({} keys), every node granted again {:.2} s after the replica started",
+        took.as_secs_f64() * 1e3,
+        stats.keys,
+        started.elapsed().as_secs_f64()
     );
+    let _ = replica.stop.send(());
+    replica.task.await.unwrap();
 }
