@@ -493,6 +493,9 @@ pub struct ClusterView {
     owned: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
     quarantines: BTreeMap<CidrKey, QuarantineEntry>,
     node_ids: BTreeMap<u32, NodeIdEntry>,
+    /// The IDs whose `nodeids/id/` record names each node: `node_id_of`'s fallback, found
+    /// by node rather than by reading every ID's record.
+    node_ids_by_holder: BTreeMap<NodeName, BTreeSet<u32>>,
     node_id_of_node: BTreeMap<NodeName, u32>,
     quarantined_ids: BTreeMap<u32, QuarantineEntry>,
     spaces: BTreeMap<PoolFamily, CidrSpace>,
@@ -565,6 +568,7 @@ impl ClusterView {
             owned: BTreeSet::new(),
             quarantines: BTreeMap::new(),
             node_ids: BTreeMap::new(),
+            node_ids_by_holder: BTreeMap::new(),
             node_id_of_node: BTreeMap::new(),
             quarantined_ids: BTreeMap::new(),
             spaces: BTreeMap::new(),
@@ -618,6 +622,7 @@ impl ClusterView {
         self.owned.clear();
         self.quarantines.clear();
         self.node_ids.clear();
+        self.node_ids_by_holder.clear();
         self.node_id_of_node.clear();
         self.quarantined_ids.clear();
         self.in_flight.clear();
@@ -1009,7 +1014,13 @@ impl ClusterView {
                 let record = self.decode::<NodeIdRecord>(key, mod_revision, value);
                 let counted = self.occupy_id(&NODE_ID, id, mod_revision);
                 let holder = record.as_ref().map(|r| r.node.clone());
-                self.node_ids.insert(
+                if let Some(holder) = &holder {
+                    self.node_ids_by_holder
+                        .entry(holder.clone())
+                        .or_default()
+                        .insert(id);
+                }
+                let replaced = self.node_ids.insert(
                     id,
                     NodeIdEntry {
                         record,
@@ -1017,6 +1028,11 @@ impl ClusterView {
                         create_revision,
                     },
                 );
+                if let Some(old) = replaced.and_then(|e| e.record).map(|r| r.node)
+                    && Some(&old) != holder.as_ref()
+                {
+                    self.forget_id_holder(&old, id);
+                }
                 // The node's ID may have changed (`node_id_of` falls back on this key).
                 self.refresh_asserted_holdings(holder.as_ref());
             }
@@ -1274,6 +1290,9 @@ impl ClusterView {
                     .get(id)
                     .and_then(|e| e.record.as_ref())
                     .map(|r| r.node.clone());
+                if let Some(holder) = &holder {
+                    self.forget_id_holder(holder, *id);
+                }
                 if let Some(entry) = self.node_ids.remove(id)
                     && entry.counted
                     && let Some(space) = self.id_space.as_mut()
@@ -1368,11 +1387,20 @@ impl ClusterView {
     /// The node's node ID (from `nodeids/node/<node>`, else a `nodeids/id/<n>` naming it).
     pub fn node_id_of(&self, node: &NodeName) -> Option<u32> {
         self.node_id_of_node.get(node).copied().or_else(|| {
-            self.node_ids
-                .iter()
-                .find(|(_, e)| e.record.as_ref().is_some_and(|r| &r.node == node))
-                .map(|(id, _)| *id)
+            self.node_ids_by_holder
+                .get(node)
+                .and_then(|ids| ids.first().copied())
         })
+    }
+
+    /// Drops `id` from the IDs whose record names `node`.
+    fn forget_id_holder(&mut self, node: &NodeName, id: u32) {
+        if let Some(ids) = self.node_ids_by_holder.get_mut(node) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.node_ids_by_holder.remove(node);
+            }
+        }
     }
 
     /// Whether `pool` is a block-mode pool (its grants follow demand, not [`Self::needs`]).
@@ -2177,6 +2205,43 @@ node_prefix_len = 80
         let p = f.view.propose(&b).unwrap();
         assert_eq!(p.cidrs[0].cidr, net("10.0.0.0/30"));
         assert_eq!(p.node_id, Some(1));
+    }
+
+    /// Without its `nodeids/node/` index key, a node's ID is the lowest `nodeids/id/` record
+    /// naming it, found by node (the lookup read every ID's record, on every proposal and
+    /// report of a node without an ID: a square at scale).
+    #[test]
+    fn a_node_id_without_its_index_key_is_the_lowest_record_naming_the_node() {
+        let mut f = ViewFixture::of("test", CONFIG);
+        let a = f.register("a");
+        let keys = f.view.keys().clone();
+        let naming = |node: &NodeName| {
+            encode_value(&NodeIdRecord {
+                node: node.clone(),
+                uid: "uid".into(),
+                node_revision: 1,
+            })
+            .unwrap()
+        };
+        assert_eq!(f.view.node_id_of(&a), None);
+        f.put(&keys.node_id(2), &naming(&a));
+        f.put(&keys.node_id(1), &naming(&NodeName::new("b").unwrap()));
+        assert_eq!(f.view.node_id_of(&a), Some(2));
+        // A second record naming it, higher: the lowest still.
+        f.put(&keys.node_id(3), &naming(&a));
+        assert_eq!(f.view.node_id_of(&a), Some(2));
+        // ID 1 now names a (replaced in place): the lowest again.
+        f.put(&keys.node_id(1), &naming(&a));
+        assert_eq!(f.view.node_id_of(&a), Some(1));
+        f.view.apply_delete(&keys.node_id(1), 90);
+        f.view.apply_delete(&keys.node_id(2), 91);
+        assert_eq!(f.view.node_id_of(&a), Some(3));
+        // The index key, when there is one, says.
+        f.put(&keys.node_id_of_node(&a), b"{\"id\":7}");
+        assert_eq!(f.view.node_id_of(&a), Some(7));
+        f.view.apply_delete(&keys.node_id_of_node(&a), 92);
+        f.view.apply_delete(&keys.node_id(3), 93);
+        assert_eq!(f.view.node_id_of(&a), None);
     }
 
     #[test]

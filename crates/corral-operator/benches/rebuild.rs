@@ -32,6 +32,18 @@ use corral_operator::{OperatorConfig, Shared};
 
 const CONFIG: &str = include_str!("../../corral-cli/tests/configs/bench_cluster.toml");
 
+/// A node-ID plan of 65,536 IDs beside the pool (`BENCH_NODE_IDS`).
+const NODE_IDS: &str = r#"
+[node_ids]
+pod_subnet = "100.0.0.0/8"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "101.0.0.0/8"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "102.0.0.0/16"
+vxlan = "102.1.0.0/16"
+service = "102.16.0.0/12"
+"#;
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().map_or(default, |v| {
         v.parse().unwrap_or_else(|_| panic!("{name} is a number"))
@@ -153,7 +165,13 @@ async fn main() {
     let rounds = env_usize("BENCH_ROUNDS", 3);
     let keys = Keys::new(ClusterName::new("t").unwrap());
     let kv = MemKv::new();
-    let config = ClusterConfig::from_toml(CONFIG).unwrap();
+    // `BENCH_NODE_IDS=1`: with a node-ID plan of 65,536 IDs (Contiv's), every node granted one.
+    let config = if env_usize("BENCH_NODE_IDS", 0) != 0 {
+        assert!(nodes <= 65_536, "the node-ID plan holds 65,536 nodes");
+        ClusterConfig::from_toml(&format!("{CONFIG}{NODE_IDS}")).unwrap()
+    } else {
+        ClusterConfig::from_toml(CONFIG).unwrap()
+    };
     kv.txn(Txn {
         success: vec![TxnOp::put(keys.config(), config.to_json().unwrap())],
         ..Txn::default()
