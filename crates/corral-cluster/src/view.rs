@@ -1020,7 +1020,7 @@ impl ClusterView {
                         .or_default()
                         .insert(id);
                 }
-                let replaced = self.node_ids.insert(
+                self.node_ids.insert(
                     id,
                     NodeIdEntry {
                         record,
@@ -1028,11 +1028,6 @@ impl ClusterView {
                         create_revision,
                     },
                 );
-                if let Some(old) = replaced.and_then(|e| e.record).map(|r| r.node)
-                    && Some(&old) != holder.as_ref()
-                {
-                    self.forget_id_holder(&old, id);
-                }
                 // The node's ID may have changed (`node_id_of` falls back on this key).
                 self.refresh_asserted_holdings(holder.as_ref());
             }
