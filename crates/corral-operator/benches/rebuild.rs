@@ -13,7 +13,8 @@
 //! grants, `owned/` keys, node IDs and history deleted, the holdings kept (every node's agent
 //! asserts what it holds), so every held range is blocked without a grant; a new leader
 //! rebuilds and grants every node again around them (up to 131,072 nodes: held and granted
-//! again, they fill the pool's 262,144 IPv4 node CIDRs).
+//! again, they fill the pool's 262,144 IPv4 node CIDRs). `BENCH_NODE_IDS=1` adds a node-ID
+//! plan of 65,536 IDs (Contiv's), so every grant carries one.
 //!
 //! ```sh
 //! cargo bench -p corral-operator --bench rebuild
