@@ -219,8 +219,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                 self.pending.extend(concerned);
             }
             self.pending.extend(nodes);
-            let cloud = (&self.ctx.term.shared, &self.ctx.provider);
-            self.resync.start_if_due(now, runner, cloud, Done::Resync);
+            self.resync
+                .start_if_due(now, runner, &self.ctx.provider, Done::Resync);
             let delegable = [
                 self.ctx.provider.delegable_prefix_len(false),
                 self.ctx.provider.delegable_prefix_len(true),

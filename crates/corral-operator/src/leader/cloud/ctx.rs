@@ -5,15 +5,13 @@
 //!
 //! Nothing here decides anything: it is the bottom layer the manager's other files stand on.
 
-use std::future::Future;
 use std::sync::Arc;
 
-use corral_cloud::{Action, CloudError, InstanceState};
+use corral_cloud::InstanceState;
 use corral_cluster::{CloudId, CloudInterfaceRecord, ClusterView, NodeName};
 
 use crate::WallClock;
 use crate::leader::logged::Term;
-use crate::state::Shared;
 
 /// Tags corral puts on every interface it creates.
 pub const TAG_CLUSTER: &str = "corral.io/cluster";
@@ -53,16 +51,6 @@ pub(super) struct InstanceInfo {
     pub(super) zone: String,
     pub(super) vpc_id: String,
     pub(super) subnet_id: String,
-}
-
-/// Every cloud call of the manager, named by its action where it is made (the scheduler under
-/// the provider counts calls by action and outcome for the metrics).
-pub(super) async fn call<T>(
-    _shared: &Shared,
-    _action: Action,
-    future: impl Future<Output = Result<T, CloudError>>,
-) -> Result<T, CloudError> {
-    future.await
 }
 
 /// The instance a node registered with, if it named one.

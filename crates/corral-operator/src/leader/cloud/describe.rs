@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cloud::{
-    Action, CloudError, CloudProvider, InterfaceFilter, NetworkInterface, Subnet, SubnetFilter,
+    CloudError, CloudProvider, InterfaceFilter, NetworkInterface, Subnet, SubnetFilter,
 };
 use corral_cluster::cloud::{InstanceLimits, InterfaceView, SubnetView};
 use corral_cluster::{
@@ -21,7 +21,7 @@ use corral_cluster::{
 };
 use tokio::time::Instant;
 
-use crate::leader::cloud::ctx::{Ctx, InstanceInfo, TAG_CLUSTER, call};
+use crate::leader::cloud::ctx::{Ctx, InstanceInfo, TAG_CLUSTER};
 use crate::leader::runner::Runner;
 use crate::state::Shared;
 
@@ -38,22 +38,14 @@ pub(super) async fn describe_node<K, P: CloudProvider>(
     need_interfaces: bool,
     known: &BTreeMap<String, InstanceLimits>,
 ) -> Result<Described, CloudError> {
-    let described = call(
-        &ctx.term.shared,
-        Action::DescribeInstances,
-        ctx.provider.describe_instance(instance_id),
-    )
-    .await?;
+    let described = ctx.provider.describe_instance(instance_id).await?;
     let limits = if known.contains_key(&described.instance_type) {
         None
     } else {
-        let types = call(
-            &ctx.term.shared,
-            Action::DescribeInstanceTypes,
-            ctx.provider
-                .describe_instance_types(std::slice::from_ref(&described.instance_type)),
-        )
-        .await?;
+        let types = ctx
+            .provider
+            .describe_instance_types(std::slice::from_ref(&described.instance_type))
+            .await?;
         types.first().map(|t| InstanceLimits {
             max_interfaces: t.max_interfaces,
             ipv4_per_interface: t.ipv4_per_interface,
@@ -63,13 +55,9 @@ pub(super) async fn describe_node<K, P: CloudProvider>(
     };
     let interfaces = if need_interfaces {
         Some(
-            call(
-                &ctx.term.shared,
-                Action::DescribeNetworkInterfaces,
-                ctx.provider
-                    .describe_interfaces(&InterfaceFilter::instance(instance_id)),
-            )
-            .await?,
+            ctx.provider
+                .describe_interfaces(&InterfaceFilter::instance(instance_id))
+                .await?,
         )
     } else {
         None
@@ -210,7 +198,7 @@ impl FullResync {
         &mut self,
         now: Instant,
         runner: &mut Runner<NodeName, D>,
-        (shared, provider): (&Arc<Shared>, &Arc<P>),
+        provider: &Arc<P>,
         done: fn(Result<CloudSnapshot, CloudError>) -> D,
     ) {
         if self.running || self.at > now {
@@ -218,22 +206,16 @@ impl FullResync {
         }
         self.running = true;
         self.started = Instant::now();
-        let (shared, provider) = (Arc::clone(shared), Arc::clone(provider));
+        let provider = Arc::clone(provider);
         runner.spawn([], async move {
-            let interfaces = call(
-                &shared,
-                Action::DescribeNetworkInterfaces,
-                provider.describe_interfaces(&InterfaceFilter::default()),
-            )
-            .await;
+            let interfaces = provider
+                .describe_interfaces(&InterfaceFilter::default())
+                .await;
             let result = match interfaces {
-                Ok(interfaces) => call(
-                    &shared,
-                    Action::DescribeSubnets,
-                    provider.describe_subnets(&SubnetFilter::default()),
-                )
-                .await
-                .map(|subnets| (interfaces, subnets)),
+                Ok(interfaces) => provider
+                    .describe_subnets(&SubnetFilter::default())
+                    .await
+                    .map(|subnets| (interfaces, subnets)),
                 Err(error) => Err(error),
             };
             done(result)

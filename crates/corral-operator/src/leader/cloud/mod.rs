@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_cloud::{
-    Action, CloudError, CloudProvider, InstanceState, InterfaceFilter, NetworkInterface, Subnet,
+    CloudError, CloudProvider, InstanceState, InterfaceFilter, NetworkInterface, Subnet,
 };
 use corral_cluster::cloud::{
     self as decide, CloudAction, CloudPlan, GcPlan, InstanceLimits, InterfaceView, NodeCloudInput,
@@ -70,7 +70,7 @@ pub(super) mod describe;
 mod orphans;
 mod step;
 
-use ctx::{Ctx, InstanceInfo, call, instance_of};
+use ctx::{Ctx, InstanceInfo, instance_of};
 use describe::{Described, FullResync, describe_node, family_of, interface_views, subnet_view};
 use orphans::{LeakContext, collect_leaks, replay_orphan};
 use step::{ATTACH_POLL, AttemptContext, HandshakeStep, Outcome, Step, StepRun};
@@ -301,8 +301,8 @@ impl<K: Kv, P: CloudProvider + 'static> NodeManager for Manager<K, P> {
                     self.pending.insert(node.clone());
                 }
             }
-            let cloud = (&self.ctx.term.shared, &self.ctx.provider);
-            self.resync.start_if_due(now, runner, cloud, Done::Resync);
+            self.resync
+                .start_if_due(now, runner, &self.ctx.provider, Done::Resync);
             if !self.ready || shared.regression_unsettled() {
                 // Describes may run (they change nothing); mutations wait (also while etcd,
                 // gone back in time, may have forgotten records the cloud still has: the
@@ -1101,14 +1101,10 @@ impl<K: Kv, P: CloudProvider + 'static> Manager<K, P> {
             } = run;
             let interfaces = if mutated && !matches!(outcome, Outcome::Fenced) {
                 // Per-node resync after a mutation.
-                call(
-                    &ctx.term.shared,
-                    Action::DescribeNetworkInterfaces,
-                    ctx.provider
-                        .describe_interfaces(&InterfaceFilter::instance(&instance_id)),
-                )
-                .await
-                .ok()
+                ctx.provider
+                    .describe_interfaces(&InterfaceFilter::instance(&instance_id))
+                    .await
+                    .ok()
             } else {
                 None
             };

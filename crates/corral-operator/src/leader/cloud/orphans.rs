@@ -7,12 +7,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use corral_cloud::{Action, CloudError, CloudProvider, InterfaceFilter, InterfaceStatus};
+use corral_cloud::{CloudError, CloudProvider, InterfaceFilter, InterfaceStatus};
 use corral_cluster::cloud::{self as decide, GcPlan, LeakCandidate};
 use corral_cluster::{CloudEntry, CloudId, CloudIntentRecord, CloudOp, PoolName, encode_value};
 use corral_kv::{Compare, Kv, Txn, TxnOp};
 
-use crate::leader::cloud::ctx::{Ctx, TAG_CLUSTER, TAG_CREATED_AT, TAG_INTENT, TAG_NODE, call};
+use crate::leader::cloud::ctx::{Ctx, TAG_CLUSTER, TAG_CREATED_AT, TAG_INTENT, TAG_NODE};
 use crate::leader::logged::{Write, WriteError};
 
 /// Replays an intent of no node (a collector's deletion): delete the interface if it is
@@ -46,13 +46,7 @@ pub(super) async fn replay_orphan<K: Kv, P: CloudProvider>(
             }
             Err(WriteError::Uncertain(error)) => return Err(error.to_string()),
         };
-        match call(
-            &ctx.term.shared,
-            Action::DeleteNetworkInterface,
-            ctx.provider.delete_interface(interface.as_str()),
-        )
-        .await
-        {
+        match ctx.provider.delete_interface(interface.as_str()).await {
             Ok(()) => {}
             Err(error) if error.is_not_found() => {}
             // Attached again (in use): not a leak after all; the intent goes.
@@ -93,12 +87,7 @@ pub(super) async fn collect_leaks<K: Kv, P: CloudProvider>(
         .tags
         .insert(TAG_CLUSTER.to_owned(), Some(ctx.cluster.clone()));
     filter.status = Some(InterfaceStatus::Available);
-    let found = call(
-        &ctx.term.shared,
-        Action::DescribeNetworkInterfaces,
-        ctx.provider.describe_interfaces(&filter),
-    )
-    .await?;
+    let found = ctx.provider.describe_interfaces(&filter).await?;
     let candidates: Vec<LeakCandidate> = found
         .iter()
         .filter_map(|ni| {
@@ -153,12 +142,7 @@ pub(super) async fn collect_leaks<K: Kv, P: CloudProvider>(
             break;
         };
         ctx.term.shared.note_cloud_intent();
-        let result = call(
-            &ctx.term.shared,
-            Action::DeleteNetworkInterface,
-            ctx.provider.delete_interface(interface.as_str()),
-        )
-        .await;
+        let result = ctx.provider.delete_interface(interface.as_str()).await;
         match result {
             Ok(()) => deleted += 1,
             Err(error) if error.is_not_found() => {}

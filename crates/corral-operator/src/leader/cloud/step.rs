@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use corral_cloud::{
-    Action, Amount, AttachInterface, CloudError, CloudProvider, CreateInterface, InterfaceFilter,
+    Amount, AttachInterface, CloudError, CloudProvider, CreateInterface, InterfaceFilter,
     Ipv4Assign, Ipv6Assign, NetworkInterface, Subnet,
 };
 use corral_cluster::cloud::{
@@ -29,7 +29,7 @@ use corral_cluster::{
 use corral_kv::{Compare, Kv, Revision, Txn, TxnOp};
 
 use crate::leader::cloud::ctx::{
-    Ctx, TAG_CLUSTER, TAG_CREATED_AT, TAG_INTENT, TAG_NODE, call, instance_of,
+    Ctx, TAG_CLUSTER, TAG_CREATED_AT, TAG_INTENT, TAG_NODE, instance_of,
 };
 use crate::leader::cloud::describe::subnet_view;
 use crate::leader::logged::{Write, WriteError};
@@ -578,13 +578,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 } else {
                     Ipv4Assign::Addresses(Amount::Count(count))
                 };
-                call(
-                    &self.ctx.term.shared,
-                    Action::AssignPrivateIpAddresses,
-                    provider.assign_ipv4(interface.as_str(), &request),
-                )
-                .await
-                .map(|set| set.nets())
+                provider
+                    .assign_ipv4(interface.as_str(), &request)
+                    .await
+                    .map(|set| set.nets())
             }
             Family::V6 => {
                 let request = if prefixes {
@@ -592,13 +589,10 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 } else {
                     Ipv6Assign::Addresses(Amount::Count(count))
                 };
-                call(
-                    &self.ctx.term.shared,
-                    Action::AssignIpv6Addresses,
-                    provider.assign_ipv6(interface.as_str(), &request),
-                )
-                .await
-                .map(|set| set.nets())
+                provider
+                    .assign_ipv6(interface.as_str(), &request)
+                    .await
+                    .map(|set| set.nets())
             }
         };
         let added = match result {
@@ -872,12 +866,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 (Family::V6, false) => request.ipv6_addresses = Some(Amount::Count(count)),
                 (Family::V6, true) => request.ipv6_prefixes = Some(Amount::Count(count)),
             }
-            let created = call(
-                &self.ctx.term.shared,
-                Action::CreateNetworkInterface,
-                self.ctx.provider.create_interface(&request),
-            )
-            .await;
+            let created = self.ctx.provider.create_interface(&request).await;
             let created = match created {
                 Ok(created) => created,
                 Err(error) if error.is_ambiguous() => {
@@ -968,16 +957,15 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let mut attached = None;
         let mut last_error = None;
         for _ in 0..ATTACH_TRIES {
-            match call(
-                &self.ctx.term.shared,
-                Action::AttachNetworkInterface,
-                self.ctx.provider.attach_interface(AttachInterface::new(
+            match self
+                .ctx
+                .provider
+                .attach_interface(AttachInterface::new(
                     &created.id,
                     self.instance_id,
                     device_index,
-                )),
-            )
-            .await
+                ))
+                .await
             {
                 Ok(_) => {
                     attached = Some(device_index);
@@ -1013,12 +1001,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
         let Some(device_index) = attached else {
             // Not attached: the interface is deleted (best effort; the intent stays open if
             // that fails, and its replay deletes it).
-            let deleted = call(
-                &self.ctx.term.shared,
-                Action::DeleteNetworkInterface,
-                self.ctx.provider.delete_interface(&created.id),
-            )
-            .await;
+            let deleted = self.ctx.provider.delete_interface(&created.id).await;
             if deleted.is_ok() || deleted.as_ref().is_err_and(CloudError::is_not_found) {
                 self.drop_intent(intent_key, intent_revision).await;
             }
@@ -1308,13 +1291,7 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                     Err(outcome) => return outcome,
                 };
                 self.mutated = true;
-                match call(
-                    &self.ctx.term.shared,
-                    Action::DeleteNetworkInterface,
-                    self.ctx.provider.delete_interface(interface.as_str()),
-                )
-                .await
-                {
+                match self.ctx.provider.delete_interface(interface.as_str()).await {
                     Ok(()) => {
                         self.drop_intent(intent_key, revision).await;
                         Outcome::Ok
@@ -1338,12 +1315,11 @@ impl<K: Kv, P: CloudProvider> StepRun<'_, K, P> {
                 self.mutated = true;
                 // Not forced: the instance is running and the interface leaves cleanly (its
                 // addresses left the agent with its record before this call).
-                match call(
-                    &self.ctx.term.shared,
-                    Action::DetachNetworkInterface,
-                    self.ctx.provider.detach_interface(&attachment.id, false),
-                )
-                .await
+                match self
+                    .ctx
+                    .provider
+                    .detach_interface(&attachment.id, false)
+                    .await
                 {
                     // Deleted once a replay shows it unattached.
                     Ok(()) => Outcome::Wait(ATTACH_POLL),
@@ -1476,20 +1452,10 @@ pub(super) async fn unassign_call<K, P: CloudProvider>(
 ) -> Result<(), CloudError> {
     let (v4, v6) = corral_cloud::sets_of(nets);
     if !v4.is_empty() {
-        call(
-            &ctx.term.shared,
-            Action::UnassignPrivateIpAddresses,
-            ctx.provider.unassign_ipv4(interface, &v4),
-        )
-        .await?;
+        ctx.provider.unassign_ipv4(interface, &v4).await?;
     }
     if !v6.is_empty() {
-        call(
-            &ctx.term.shared,
-            Action::UnassignIpv6Addresses,
-            ctx.provider.unassign_ipv6(interface, &v6),
-        )
-        .await?;
+        ctx.provider.unassign_ipv6(interface, &v6).await?;
     }
     Ok(())
 }
@@ -1523,12 +1489,7 @@ pub(super) async fn find_intent_interface<K, P: CloudProvider>(
             filter
                 .tags
                 .insert(TAG_INTENT.to_owned(), Some(id.to_string()));
-            let found = call(
-                &ctx.term.shared,
-                Action::DescribeNetworkInterfaces,
-                ctx.provider.describe_interfaces(&filter),
-            )
-            .await?;
+            let found = ctx.provider.describe_interfaces(&filter).await?;
             return Ok(found.into_iter().next());
         }
         CloudOp::Assign { interface, .. }
@@ -1537,13 +1498,10 @@ pub(super) async fn find_intent_interface<K, P: CloudProvider>(
         | CloudOp::DelegatePrefix { interface, .. }
         | CloudOp::UndelegatePrefix { interface, .. } => interface,
     };
-    match call(
-        &ctx.term.shared,
-        Action::DescribeNetworkInterfaces,
-        ctx.provider
-            .describe_interfaces(&InterfaceFilter::id(interface.as_str())),
-    )
-    .await
+    match ctx
+        .provider
+        .describe_interfaces(&InterfaceFilter::id(interface.as_str()))
+        .await
     {
         Ok(found) => Ok(found.into_iter().next()),
         Err(error) if error.is_not_found() => Ok(None),
