@@ -1479,9 +1479,15 @@ pub struct HoldingsRecord {
     /// The cluster ranges it holds (node CIDRs, blocks, from-cloud prefixes).
     #[serde(default)]
     pub ranges: Vec<HeldRange>,
-    /// The node ID whose plan it serves, if any.
+    /// The node ID whose plan it serves, if any (the one it allocates from, when it holds
+    /// several).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u32>,
+    /// Node IDs besides `node_id` whose plan's pod range it still serves pods from: draining,
+    /// after its node ID changed (a restored snapshot lost its grant, or the node was removed
+    /// and registered again). Each is as occupied as `node_id`; [`Self::node_ids`] reads both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_node_ids: Vec<u32>,
     /// Addresses and prefixes of cloud interfaces it holds (cloud pools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cloud: Vec<HeldCloudAddress>,
@@ -1521,9 +1527,16 @@ pub struct RefusedGrant {
 }
 
 impl HoldingsRecord {
-    /// Whether it holds nothing at all (ranges, node ID, cloud addresses).
+    /// Whether it holds nothing at all (ranges, node IDs, cloud addresses).
     pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty() && self.node_id.is_none() && self.cloud.is_empty()
+        self.ranges.is_empty() && self.node_ids().next().is_none() && self.cloud.is_empty()
+    }
+
+    /// Every node ID it holds: `node_id`, then `other_node_ids`.
+    pub fn node_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.node_id
+            .into_iter()
+            .chain(self.other_node_ids.iter().copied())
     }
 }
 

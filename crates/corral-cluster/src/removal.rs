@@ -99,7 +99,7 @@ pub fn still_held(holdings: Option<&HoldingsRecord>, unreadable: bool, key: &Wai
     };
     match key {
         WaitingOn::Range(cidr) => record.ranges.iter().any(|r| overlaps(&r.cidr, cidr)),
-        WaitingOn::NodeId(id) => record.node_id == Some(*id),
+        WaitingOn::NodeId(id) => record.node_ids().any(|held| held == *id),
     }
 }
 
@@ -278,6 +278,7 @@ mod tests {
                     })
                     .collect(),
                 node_id: None,
+                other_node_ids: vec![],
                 cloud: vec![],
                 refused: vec![],
                 refused_node_id: None,
@@ -291,6 +292,27 @@ mod tests {
         }
     }
 
+    /// Review (2026-12-01): a node serving two IDs' pod ranges (its ID changed while pods
+    /// still use the old one) holds both; only the highest used to count.
+    #[test]
+    fn every_node_id_the_record_names_is_still_held() {
+        let record = HoldingsRecord {
+            uid: "uid".into(),
+            node_id: Some(2),
+            other_node_ids: vec![1],
+            ..HoldingsRecord::default()
+        };
+        assert!(still_held(Some(&record), false, &WaitingOn::NodeId(1)));
+        assert!(still_held(Some(&record), false, &WaitingOn::NodeId(2)));
+        assert!(!still_held(Some(&record), false, &WaitingOn::NodeId(3)));
+        assert!(!record.is_empty());
+        let only_other = HoldingsRecord {
+            node_id: None,
+            ..record
+        };
+        assert!(!only_other.is_empty());
+        assert!(still_held(Some(&only_other), false, &WaitingOn::NodeId(1)));
+    }
     fn n() -> NodeName {
         NodeName::new("node-a").unwrap()
     }

@@ -791,13 +791,24 @@ impl ClusterView {
                 }
             }
         }
-        if let Some(id) = record.node_id
-            && self.node_id_of(node) != Some(id)
-            && self.held_ids_blocked.insert((node.clone(), id))
-            && let Some(space) = self.id_space.as_mut()
-        {
-            space.block_held(id);
+        for id in record.node_ids() {
+            if !self.id_grant_covers(node, id)
+                && self.held_ids_blocked.insert((node.clone(), id))
+                && let Some(space) = self.id_space.as_mut()
+            {
+                space.block_held(id);
+            }
         }
+    }
+
+    /// Whether `nodeids/id/<id>`, naming `node`, is counted in the ID space (then the grant
+    /// blocks the ID, and the assertion needs no block of its own). Only that key occupies
+    /// the ID: a `nodeids/node/<node>` index naming it (its `nodeids/id/` key deleted by hand)
+    /// does not, so the ID stays blocked for the node serving it.
+    fn id_grant_covers(&self, node: &NodeName, id: u32) -> bool {
+        self.node_ids
+            .get(&id)
+            .is_some_and(|e| e.counted && e.record.as_ref().is_some_and(|r| &r.node == node))
     }
 
     /// The holder named by a grant key's entry, if its value decodes.
@@ -808,8 +819,9 @@ impl ClusterView {
             .map(|r| r.node.clone())
     }
 
-    /// Blocks `cidr` in every space of its family (a grant or quarantine of a pool and
-    /// family not configured: held all the same, never granted to anyone else).
+    /// Blocks `cidr` in every space of its family (a grant or quarantine its pool's space
+    /// cannot count, or of a pool and family not configured: held all the same, never granted
+    /// to anyone else).
     fn block_everywhere(&mut self, family: Family, cidr: &IpNet) {
         for ((_, f), space) in self.spaces.iter_mut() {
             if *f == family {
@@ -842,12 +854,14 @@ impl ClusterView {
                 family.name(),
                 occupant.unconfigured_tail
             )),
-            Some(space) => (occupant.occupy)(space, cidr).map_err(|e| {
-                // Not counted, but its addresses stay blocked while the key exists.
-                space.block_foreign(cidr);
-                e.to_string()
-            }),
+            Some(space) => (occupant.occupy)(space, cidr).map_err(|e| e.to_string()),
         };
+        if result.is_err() && self.spaces.contains_key(&space_key) {
+            // Not counted, but its addresses stay blocked while the key exists, in every space
+            // of its family: a key outside its pool's CIDRs (written by hand) may lie in
+            // another pool's.
+            self.block_everywhere(*family, cidr);
+        }
         // The key is written only for a problem (a rebuild occupies every grant).
         self.report(
             |keys| (occupant.key)(keys, pool, *family, cidr),
@@ -1236,14 +1250,11 @@ impl ClusterView {
                 let id = (pool.clone(), *family, *cidr);
                 let holder = self.grant_holder(&id);
                 if let Some(entry) = self.grants.remove(&id) {
-                    if let Some(space) = self.spaces.get_mut(&(pool.clone(), *family)) {
-                        if entry.counted {
+                    match self.spaces.get_mut(&(pool.clone(), *family)) {
+                        Some(space) if entry.counted => {
                             let _ = space.release_granted(cidr);
-                        } else {
-                            space.unblock_foreign(cidr);
                         }
-                    } else {
-                        self.unblock_everywhere(*family, cidr);
+                        _ => self.unblock_everywhere(*family, cidr),
                     }
                     if let Some(record) = &entry.record
                         && let Some(set) = self.grants_by_node.get_mut(&record.node)
@@ -1268,14 +1279,11 @@ impl ClusterView {
             }
             Key::Quarantine { pool, family, cidr } => {
                 if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr)) {
-                    if let Some(space) = self.spaces.get_mut(&(pool.clone(), *family)) {
-                        if entry.counted {
+                    match self.spaces.get_mut(&(pool.clone(), *family)) {
+                        Some(space) if entry.counted => {
                             let _ = space.release_quarantined(cidr);
-                        } else {
-                            space.unblock_foreign(cidr);
                         }
-                    } else {
-                        self.unblock_everywhere(*family, cidr);
+                        _ => self.unblock_everywhere(*family, cidr),
                     }
                 }
             }
@@ -1987,6 +1995,15 @@ impl ClusterView {
                 );
             }
         }
+        for (node, id) in &self.node_id_of_node {
+            let named = self.node_ids.get(id).and_then(|e| e.record.as_ref());
+            if named.is_none_or(|r| &r.node != node) {
+                push(
+                    self.keys.node_id_of_node(node),
+                    format!("node ID index names {id}, whose nodeids/id/ key does not name {node}"),
+                );
+            }
+        }
         problems
     }
 }
@@ -2027,6 +2044,46 @@ mod tests {
             .unwrap();
         assert_eq!(space.lowest_free().unwrap().to_string(), "10.0.0.0/24");
     }
+
+    /// Review (2026-12-01): a grant written by hand in pool `a` of a CIDR that lies in pool
+    /// `b` is not counted in `a`'s space; it was blocked only there, so `b` proposed the
+    /// same CIDR to another node (the transaction compares only `b`'s exact grant key).
+    #[test]
+    fn a_grant_outside_its_pools_cidrs_blocks_every_pool_of_its_family_until_deleted() {
+        let config = ClusterConfig::from_toml(concat!(
+            pool_toml!("a", "10.0.0.0/24", node_prefix_len = 26),
+            pool_toml!("b", "10.1.0.0/24", node_prefix_len = 26),
+        ))
+        .unwrap();
+        let keys = Keys::new(ClusterName::new("t").unwrap());
+        let mut view = ClusterView::new(keys.clone(), config);
+        let b = PoolName::new("b").unwrap();
+        let key = keys.grant(
+            &PoolName::new("a").unwrap(),
+            Family::V4,
+            &"10.1.0.0/26".parse().unwrap(),
+        );
+        let record = encode_value(&GrantRecord {
+            node: NodeName::new("x").unwrap(),
+            uid: "u".into(),
+            node_revision: 1,
+            granted_ms: None,
+        })
+        .unwrap();
+        view.apply_put(&key, &record, 5, 5);
+        assert!(!view.problems().is_empty(), "reported");
+        let lowest = |view: &ClusterView| {
+            view.space(&b, Family::V4)
+                .unwrap()
+                .lowest_free()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(lowest(&view), "10.1.0.64/26");
+        view.apply_delete(&key, 6);
+        assert_eq!(lowest(&view), "10.1.0.0/26");
+    }
+
     use crate::keys::ClusterName;
     use crate::tests::{ViewFixture, node_ids_toml, pool_toml};
 

@@ -178,3 +178,76 @@ fn a_range_held_by_one_node_and_granted_to_another_stays_reported() {
     );
     assert_eq!(f.lowest_free(), Some(net("10.0.0.4/30")));
 }
+
+/// Review (2026-12-01): the agent serves the ID named by `nodeids/node/<node>`, but only
+/// `nodeids/id/<id>` occupies it. With the latter deleted by hand, the node index still named
+/// the ID, so the holding was taken as covered and the next node was proposed the same ID.
+#[test]
+fn a_node_id_whose_id_key_was_deleted_by_hand_stays_held() {
+    let mut f = fixture(CONFIG);
+    let a = f.register("a");
+    f.grant(&a);
+    f.assert_holds(&a, &[("default", "10.0.0.0/30")], Some(1));
+    f.delete(&f.keys.node_id(1));
+    assert_eq!(f.view.node_id_of(&a), Some(1), "the index still names it");
+    assert_eq!(f.view.uncovered_node_ids(), vec![(a.clone(), 1)]);
+    let index = f.keys.node_id_of_node(&a);
+    assert!(
+        f.view
+            .consistency_problems()
+            .iter()
+            .any(|p| p.key == index && p.message.contains("does not name a")),
+        "{:?}",
+        f.view.consistency_problems()
+    );
+    let b = f.register("b");
+    let proposal = f.view.propose(&b).unwrap();
+    assert_eq!(proposal.node_id, Some(2));
+    f.view.abandon(&proposal);
+    // Its ID key back (a leader's repair, or the hand undoing it): covered again.
+    f.put(
+        &f.keys.node_id(1),
+        &encode_value(&corral_cluster::NodeIdRecord {
+            node: a.clone(),
+            uid: format!("uid-{a}"),
+            node_revision: 0,
+        })
+        .unwrap(),
+    );
+    assert!(f.view.uncovered_node_ids().is_empty());
+}
+
+/// Review (2026-12-01): a node whose ID changed (a restore lost its grant, or it was removed
+/// and registered again) still serves pods from the old ID's pod range while it drains. Its
+/// record named only the highest ID, so an older one was taken as given up and proposed to the
+/// next node while pods still used its addresses.
+#[test]
+fn every_node_id_a_node_serves_is_held_not_only_the_highest() {
+    let mut f = fixture(CONFIG);
+    let a = f.register("a");
+    f.grant(&a);
+    f.assert_holds(&a, &[("default", "10.0.0.0/30")], Some(1));
+    // A restore forgets the ID; the leader grants `a` another around the one it holds.
+    f.delete(&f.keys.node_id(1));
+    f.delete(&f.keys.node_id_of_node(&a));
+    let proposal = f.commit_proposal(&a);
+    assert_eq!(proposal.node_id, Some(2));
+    // The agent serves ID 2 and drains ID 1's pod range.
+    let record = corral_cluster::HoldingsRecord {
+        uid: format!("uid-{a}"),
+        ranges: vec![held(pool("default"), net("10.0.0.0/30"))],
+        node_id: Some(2),
+        other_node_ids: vec![1],
+        ..Default::default()
+    };
+    f.put(&f.keys.holdings(&a), &encode_value(&record).unwrap());
+    assert_eq!(f.view.uncovered_node_ids(), vec![(a.clone(), 1)]);
+    let b = f.register("b");
+    let proposal = f.view.propose(&b).unwrap();
+    assert_eq!(proposal.node_id, Some(3));
+    f.view.abandon(&proposal);
+    // Drained: ID 1 is free again.
+    f.assert_holds(&a, &[("default", "10.0.0.0/30")], Some(2));
+    assert!(f.view.uncovered_node_ids().is_empty());
+    assert_eq!(f.view.propose(&b).unwrap().node_id, Some(1));
+}

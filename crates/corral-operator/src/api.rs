@@ -552,7 +552,7 @@ fn node_status(
                                 r.allocations
                             )
                         })
-                        .chain(record.node_id.map(|id| format!("node-id {id}")))
+                        .chain(record.node_ids().map(|id| format!("node-id {id}")))
                         .collect()
                 })
                 .unwrap_or_default();

@@ -339,6 +339,7 @@ fn a_nodes_holdings_carry_their_use_and_size() {
         uid: "uid-node-a".into(),
         ranges,
         node_id: None,
+        other_node_ids: vec![],
         cloud: vec![],
         refused: vec![],
         refused_node_id: None,

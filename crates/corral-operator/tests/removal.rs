@@ -54,6 +54,7 @@ fn holdings(name: &str, ranges: &[String], allocations: u64, node_id: Option<u32
             })
             .collect(),
         node_id,
+        other_node_ids: vec![],
         cloud: vec![],
         refused: vec![],
         refused_node_id: None,

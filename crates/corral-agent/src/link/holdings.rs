@@ -258,7 +258,7 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
 }
 
 /// What the node asserts, from the node state's reports: the node scope's cluster ranges (the
-/// node-ID plan's pod range as the node ID it derives from, not as a range), and its cloud
+/// node-ID plan's pod ranges as the node IDs they derive from, not as ranges), and its cloud
 /// addresses. Sorted, so two assertions compare equal when they say the same.
 pub fn assertion(
     uid: &str,
@@ -271,6 +271,8 @@ pub fn assertion(
         uid: uid.to_owned(),
         ..HoldingsRecord::default()
     };
+    // (serving new pods, ID) of each plan pod range.
+    let mut plan_ids: Vec<(bool, u32)> = Vec::new();
     for range in &blocks.ranges {
         let cidr = range.spec.subnet_net();
         let plan_id = plan
@@ -280,7 +282,7 @@ pub fn assertion(
                 (corral_cluster::pod_subnet_of(plan, id) == Some(cidr)).then_some(id)
             });
         if let Some(id) = plan_id {
-            record.node_id = Some(record.node_id.map_or(id, |held| held.max(id)));
+            plan_ids.push((!range.draining, id));
             continue;
         }
         record.ranges.push(HeldRange {
@@ -289,6 +291,16 @@ pub fn assertion(
             draining: range.draining,
             allocations: range.n_allocated,
         });
+    }
+    // Every ID whose pod range it serves is asserted: the one it allocates from (not
+    // draining; the highest, as ever) first, the draining rest after it.
+    plan_ids.sort_unstable();
+    if let Some((_, id)) = plan_ids.pop() {
+        record.node_id = Some(id);
+        record.other_node_ids = plan_ids.into_iter().map(|(_, id)| id).collect();
+        record.other_node_ids.sort_unstable();
+        record.other_node_ids.dedup();
+        record.other_node_ids.retain(|other| *other != id);
     }
     for address in cloud.iter().flat_map(|c| &c.addresses) {
         let Ok(interface) = CloudId::new(address.interface.as_str()) else {
@@ -338,6 +350,7 @@ pub fn difference(old: &HoldingsRecord, new: &HoldingsRecord) -> Difference {
     };
     if old.uid != new.uid
         || old.node_id != new.node_id
+        || old.other_node_ids != new.other_node_ids
         || held_ranges(old) != held_ranges(new)
         || held_cloud(old) != held_cloud(new)
         || old.refused != new.refused
@@ -656,6 +669,55 @@ mod tests {
         guard.flush();
         assert_eq!(remembered(), 20);
         assert_eq!(EpochGuard::load(Some(path)).floor(), 20);
+    }
+
+    /// Review (2026-12-01): a node whose node ID changed (a restore lost its grant, or it was
+    /// removed and registered again) serves the new ID and drains the old one's pod range while
+    /// pods still use it. Only the highest ID was asserted, so a lower one (here the new) was
+    /// given up in the record while the node still served it.
+    #[test]
+    fn the_assertion_names_every_node_id_whose_pod_range_the_node_serves() {
+        let plan = corral_cluster::testing::node_id_plan();
+        let plan_range = |id: u32, draining: bool| HostRange {
+            pool: pool("default"),
+            spec: RangeSpec::subnet(corral_cluster::pod_subnet_of(&plan, id).unwrap()).unwrap(),
+            n_allocated: 1,
+            draining,
+        };
+        let report = |ranges: Vec<HostRange>| BlockReport {
+            stats: vec![],
+            ranges,
+            surrendered: vec![],
+        };
+        // The old ID (5) drains, the new one (2) serves new pods.
+        let record = assertion(
+            "uid-1",
+            &report(vec![plan_range(5, true), plan_range(2, false)]),
+            None,
+            Some(&plan),
+        );
+        assert_eq!(record.node_id, Some(2));
+        assert_eq!(record.other_node_ids, vec![5]);
+        assert_eq!(record.node_ids().collect::<Vec<_>>(), vec![2, 5]);
+        assert!(record.ranges.is_empty());
+        // The old one drained away: only the new one is left.
+        let drained = assertion(
+            "uid-1",
+            &report(vec![plan_range(2, false)]),
+            None,
+            Some(&plan),
+        );
+        assert_eq!(drained.node_id, Some(2));
+        assert!(drained.other_node_ids.is_empty());
+        assert_eq!(difference(&record, &drained), Difference::Held);
+        // Both draining (the node lost its ID): both still held, the highest first.
+        let both = assertion(
+            "uid-1",
+            &report(vec![plan_range(2, true), plan_range(5, true)]),
+            None,
+            Some(&plan),
+        );
+        assert_eq!(both.node_ids().collect::<Vec<_>>(), vec![5, 2]);
     }
 
     #[test]

@@ -65,12 +65,12 @@ pub fn holdings_problems(
                 ));
             }
         }
-        if let Some(id) = record.node_id
-            && parsed.id_of_node.get(node) != Some(&id)
-        {
-            problems.push(format!(
-                "{key}: node {node} serves node ID {id} without its grant"
-            ));
+        for id in record.node_ids() {
+            if parsed.id_of_node.get(node) != Some(&id) {
+                problems.push(format!(
+                    "{key}: node {node} serves node ID {id} without its grant"
+                ));
+            }
         }
     }
     // A range or node ID asserted by two nodes: a sweep per family over the ranges sorted by
@@ -105,12 +105,14 @@ pub fn holdings_problems(
     }
     let mut ids: BTreeMap<u32, &NodeName> = BTreeMap::new();
     for (node, (_, _, record)) in &records {
-        if let Some(id) = record.node_id
-            && let Some(other) = ids.insert(id, node)
-        {
-            problems.push(format!(
-                "node ID {id} is asserted by node {other} and by node {node}"
-            ));
+        for id in record.node_ids() {
+            if let Some(other) = ids.insert(id, node)
+                && other != node
+            {
+                problems.push(format!(
+                    "node ID {id} is asserted by node {other} and by node {node}"
+                ));
+            }
         }
     }
     // Grants a live node does not assert, although it wrote its record after the grant.
@@ -147,7 +149,7 @@ pub fn holdings_problems(
             continue;
         };
         let created = id_revision.get(node).copied().unwrap_or(i64::MAX);
-        if live.contains(node) && *written > created && record.node_id != Some(*id) {
+        if live.contains(node) && *written > created && !record.node_ids().any(|held| held == *id) {
             problems.push(format!(
                 "node {node} is live and does not assert its node ID {id} ({key} was written \
                  after the grant)"
