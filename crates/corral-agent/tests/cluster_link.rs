@@ -935,3 +935,195 @@ fn the_nodes_max_pods_is_in_its_registration_and_follows_a_restart() {
     });
     agent.stop(&runtime);
 }
+
+/// Grants `node` node ID `id` as the leader does (`nodeids/id/<id>` and `nodeids/node/<node>`,
+/// one transaction), replacing any ID it had.
+async fn grant_node_id(kv: &MemKv, node: &str, id: u32) {
+    let keys = keys();
+    let name = NodeName::new(node).unwrap();
+    let record = corral_cluster::NodeIdRecord {
+        node: name.clone(),
+        uid: "uid-1".into(),
+        node_revision: 0,
+    };
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::put(keys.node_id(id), encode_value(&record).unwrap()),
+            TxnOp::put(
+                keys.node_id_of_node(&name),
+                encode_value(&corral_cluster::NodeIdOfNodeRecord { id }).unwrap(),
+            ),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+}
+
+/// The node IDs node-1's `holdings/` record asserts.
+fn asserted_ids(runtime: &tokio::runtime::Runtime, kv: &MemKv) -> Vec<u32> {
+    holdings(runtime, kv, "node-1").map_or_else(Vec::new, |r| r.node_ids().collect())
+}
+
+/// Every version of node-1's `holdings/` record written after `after`, oldest first.
+fn holdings_since(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    after: i64,
+) -> Vec<corral_cluster::HoldingsRecord> {
+    let key = keys().holdings(&NodeName::new("node-1").unwrap());
+    runtime.block_on(async {
+        let head = kv
+            .range(key.as_bytes(), None, 1, None)
+            .await
+            .unwrap()
+            .revision;
+        let mut seen = Vec::new();
+        let mut last = 0;
+        for revision in after + 1..=head {
+            let page = kv
+                .range(key.as_bytes(), None, 1, Some(revision))
+                .await
+                .unwrap();
+            if let Some(entry) = page.kvs.into_iter().find(|e| e.key == key.as_bytes())
+                && entry.mod_revision > after
+                && entry.mod_revision != last
+            {
+                last = entry.mod_revision;
+                seen.push(corral_cluster::decode_value(&entry.value).unwrap());
+            }
+        }
+        seen
+    })
+}
+
+/// The node-ID plan (pod subnet 10.1.0.0/16, a /24 a node) and nothing else.
+const PLAN: &str = r#"[node_ids]
+pod_subnet = "10.1.0.0/16"
+pod_subnet_node_prefix_len = 24
+host_interconnect_subnet = "172.30.0.0/16"
+host_interconnect_node_prefix_len = 24
+node_interconnect = "192.168.16.0/24"
+vxlan = "192.168.30.0/24"
+service = "10.96.0.0/12"
+"#;
+
+/// Review (2026-12-01): a node whose node ID changed (here a restore lost its grant and the
+/// leader granted another) serves the new ID's pod range and drains the old one's while pods
+/// still use it. The agent asserted only the highest ID, so the leader took a lower one as
+/// given up and could grant it to another node under the pods still using it.
+#[test]
+fn an_agent_asserts_the_old_node_id_while_pods_still_use_its_pod_range() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    runtime.block_on(common::put_config(&kv, PLAN));
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
+    runtime.block_on(grant_node_id(&kv, "node-1", 2));
+    wait_until("node ID 2 serves", Duration::from_secs(10), || {
+        cluster_ranges(&agent) == [("10.1.2.0/24".to_owned(), false)]
+    });
+    let pod = allocate(&agent, "pod-1").unwrap();
+    assert!(common::within("10.1.2.0/24", pod));
+    wait_until("ID 2 asserted", Duration::from_secs(10), || {
+        asserted_ids(&runtime, &kv) == [2]
+    });
+    // etcd forgets ID 2 (restored); the leader grants the node ID 5 around the held 2.
+    runtime.block_on(async {
+        kv.txn(Txn {
+            compares: vec![],
+            success: vec![TxnOp::delete(keys().node_id(2))],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+        grant_node_id(&kv, "node-1", 5).await;
+    });
+    wait_until("ID 5 serves, ID 2 drains", Duration::from_secs(10), || {
+        let mut ranges = cluster_ranges(&agent);
+        ranges.sort();
+        ranges
+            == [
+                ("10.1.2.0/24".to_owned(), true),
+                ("10.1.5.0/24".to_owned(), false),
+            ]
+    });
+    wait_until("both IDs asserted", Duration::from_secs(10), || {
+        asserted_ids(&runtime, &kv) == [5, 2]
+    });
+    // The last pod of ID 2 goes: its pod range drains away, and with it the assertion.
+    agent
+        .client()
+        .release(&corral_api::ReleaseRequest {
+            scope: "node".into(),
+            owner: Some("pod-1".into()),
+            ..corral_api::ReleaseRequest::default()
+        })
+        .unwrap();
+    wait_until("ID 2 given up", Duration::from_secs(15), || {
+        asserted_ids(&runtime, &kv) == [5]
+    });
+    agent.stop(&runtime);
+}
+
+/// Review (2026-12-01): a restarted agent's holdings publisher wrote before the link had read
+/// the cluster configuration, so its first record read the plan's pod range as a plain range
+/// and named no node ID; after a restore that record counted as the node's reassertion, and
+/// the ID could be granted around it. The publisher now reads the configuration from etcd
+/// when the link has not yet: every record names the ID.
+#[test]
+fn a_restarted_agents_first_assertion_names_its_node_id() {
+    let runtime = runtime();
+    let kv = MemKv::new();
+    runtime.block_on(common::put_config(&kv, PLAN));
+    let dir = tempfile::tempdir().unwrap();
+    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
+    runtime.block_on(grant_node_id(&kv, "node-1", 3));
+    wait_until("node ID 3 serves", Duration::from_secs(10), || {
+        cluster_ranges(&agent) == [("10.1.3.0/24".to_owned(), false)]
+    });
+    allocate(&agent, "pod-1").unwrap();
+    wait_until("ID 3 asserted", Duration::from_secs(10), || {
+        asserted_ids(&runtime, &kv) == [3]
+    });
+    agent.stop(&runtime);
+    // etcd restored from before the node registered: its registration, ID and record gone;
+    // and the agent was killed, so its liveness key stays until its lease runs out (the
+    // restarted link waits for it, the publisher does not).
+    let node = NodeName::new("node-1").unwrap();
+    let before = runtime.block_on(async {
+        let lease = kv.lease_grant(Duration::from_secs(2)).await.unwrap();
+        let killed = corral_cluster::LiveRecord {
+            pid: 4242,
+            ..Default::default()
+        };
+        kv.txn(Txn {
+            compares: vec![],
+            success: vec![
+                TxnOp::delete(keys().node(&node)),
+                TxnOp::delete(keys().node_id(3)),
+                TxnOp::delete(keys().node_id_of_node(&node)),
+                TxnOp::delete(keys().holdings(&node)),
+                TxnOp::put_on_lease(keys().live(&node), encode_value(&killed).unwrap(), lease),
+            ],
+            failure: vec![],
+        })
+        .await
+        .unwrap()
+        .revision
+    });
+    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
+    wait_until("asserted again", Duration::from_secs(10), || {
+        !holdings_since(&runtime, &kv, before).is_empty()
+    });
+    for record in holdings_since(&runtime, &kv, before) {
+        assert_eq!(
+            record.node_ids().collect::<Vec<_>>(),
+            [3],
+            "every record names the node ID it serves: {record:?}"
+        );
+        assert!(record.ranges.is_empty(), "{record:?}");
+    }
+    agent.stop(&runtime);
+}

@@ -25,8 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corral_cluster::{
-    CloudId, Epoch, EpochMemory, HeldCloudAddress, HeldRange, HoldingsRecord, KeptEpoch, Keys,
-    NodeIdPlanConfig, NodeName, Regression, decode_value, encode_value,
+    AppliedConfigRecord, CloudId, ClusterConfig, Epoch, EpochMemory, HeldCloudAddress, HeldRange,
+    HoldingsRecord, KeptEpoch, Keys, NodeIdPlanConfig, NodeName, Regression, decode_value,
+    encode_value,
 };
 use corral_core::PoolName;
 use corral_kv::{Event, Kv, KvError, Revision, Txn, TxnOp};
@@ -224,7 +225,8 @@ impl<K: Kv> Asserter<'_, K> {
             guard,
         } = *self;
         let key = keys.holdings(node);
-        let Ok(record) = read_host(committer, state, uid).await else {
+        let config = config_in_force(kv, keys, state).await?;
+        let Ok(record) = read_host(committer, state, uid, config).await else {
             return Ok(());
         };
         let current = kv.get(key.as_bytes()).await?;
@@ -369,13 +371,38 @@ pub fn difference(old: &HoldingsRecord, new: &HoldingsRecord) -> Difference {
     }
 }
 
-/// Reads the node state's holdings through the committer (after every earlier batch committed).
+/// The cluster's configuration to read the node state's ranges by (the node-ID plan, the cloud
+/// pools): the link's once it applied one; before that (the agent just started, its link
+/// registering or waiting for the liveness key a killed process left) the one etcd holds, read
+/// as the link reads it (`config-applied`, else `config`), so no record reads the plan's pod
+/// range as a plain range and leaves out the node ID.
+async fn config_in_force<K: Kv>(
+    kv: &K,
+    keys: &Keys,
+    state: &SharedClusterState,
+) -> Result<Option<Arc<ClusterConfig>>, KvError> {
+    if let Some(config) = state.blocks.config() {
+        return Ok(Some(config));
+    }
+    if let Some(entry) = kv.get(keys.config_applied().as_bytes()).await?
+        && let Ok(record) = decode_value::<AppliedConfigRecord>(&entry.value)
+    {
+        return Ok(Some(Arc::new(record.config)));
+    }
+    let stored = kv.get(keys.config().as_bytes()).await?;
+    Ok(stored
+        .and_then(|e| ClusterConfig::from_json(&e.value).ok())
+        .map(Arc::new))
+}
+
+/// Reads the node state's holdings through the committer (after every earlier batch
+/// committed), read by `config` ([`config_in_force`]).
 async fn read_host(
     committer: &Committer,
     state: &SharedClusterState,
     uid: &str,
+    config: Option<Arc<ClusterConfig>>,
 ) -> Result<HoldingsRecord, String> {
-    let config = state.blocks.config();
     let blocks = committer
         .call(ReportBlocks {})
         .await
@@ -582,6 +609,7 @@ impl<K: Kv> Asserter<'_, K> {
     ) -> Result<Instant, KvError> {
         let Asserter {
             kv,
+            keys,
             uid,
             committer,
             state,
@@ -589,7 +617,8 @@ impl<K: Kv> Asserter<'_, K> {
             ..
         } = *self;
         let now = Instant::now();
-        let record = match read_host(committer, state, uid).await {
+        let config = config_in_force(kv, keys, state).await?;
+        let record = match read_host(committer, state, uid, config).await {
             Ok(record) => record,
             Err(error) => {
                 tracing::warn!(%error, "reading what the node holds");
