@@ -197,6 +197,13 @@ fn registration_records_the_uid_and_a_second_machine_is_refused() {
         .expect("nodes/node-1 exists");
     let record: NodeRecord = corral_cluster::decode_value(&entry.value).unwrap();
     assert_eq!(record.uid, "uid-a");
+    wait_until("node-1 asserted by a", Duration::from_secs(10), || {
+        holdings(&runtime, &kv, "node-1").is_some_and(|r| r.uid == "uid-a")
+    });
+    let before_b = runtime
+        .block_on(kv.range(b"-", None, 1, None))
+        .unwrap()
+        .revision;
     // Another machine under the same name: refused, and it says why.
     let b = start(
         &runtime,
@@ -225,6 +232,11 @@ fn registration_records_the_uid_and_a_second_machine_is_refused() {
     assert_eq!(after.create_revision, entry.create_revision);
     assert!(a.cluster_status().registered);
     b.stop(&runtime);
+    // b never asserted the node's holdings in a's place (review, 2026-12-01: a refused
+    // machine's record replaced the node's own, and the two rewrote each other without end).
+    for record in holdings_since(&runtime, &kv, before_b) {
+        assert_eq!(record.uid, "uid-a", "{record:?}");
+    }
     a.stop(&runtime);
 }
 
@@ -1126,4 +1138,65 @@ fn a_restarted_agents_first_assertion_names_its_node_id() {
         assert!(record.ranges.is_empty(), "{record:?}");
     }
     agent.stop(&runtime);
+}
+
+/// Review (2026-12-01): a record someone else keeps overwriting (a second process under the
+/// node's name, a script) is put back at most once a second, not at etcd's speed; once the
+/// other writer stops, the node's own record is back.
+#[tokio::test(start_paused = true)]
+async fn a_record_someone_keeps_overwriting_is_put_back_at_most_once_a_second() {
+    let kv = MemKv::new();
+    let agent = start_paused(&kv, Duration::from_secs(3)).await;
+    let key = keys().holdings(&NodeName::new("node-1").unwrap());
+    let ours = async || {
+        kv.get(key.as_bytes())
+            .await
+            .unwrap()
+            .and_then(|e| {
+                corral_cluster::decode_value::<corral_cluster::HoldingsRecord>(&e.value).ok()
+            })
+            .is_some_and(|r| r.uid == "uid-1")
+    };
+    wait_for("asserted", Duration::from_secs(10), ours).await;
+    let start = kv.range(b"-", None, 1, None).await.unwrap().revision;
+    let foreign = encode_value(&corral_cluster::HoldingsRecord {
+        uid: "someone-else".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    // Overwritten every 10 ms for 3 s.
+    for _ in 0..300 {
+        common::put(&kv, key.clone(), foreign.clone()).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let head = kv.range(b"-", None, 1, None).await.unwrap().revision;
+    let mut put_back = 0;
+    let mut last = 0;
+    for revision in start + 1..=head {
+        let page = kv
+            .range(key.as_bytes(), None, 1, Some(revision))
+            .await
+            .unwrap();
+        if let Some(entry) = page.kvs.into_iter().find(|e| e.key == key.as_bytes())
+            && entry.mod_revision != last
+        {
+            last = entry.mod_revision;
+            let record: corral_cluster::HoldingsRecord =
+                corral_cluster::decode_value(&entry.value).unwrap();
+            if record.uid == "uid-1" {
+                put_back += 1;
+            }
+        }
+    }
+    assert!(
+        (1..=4).contains(&put_back),
+        "put back {put_back} times in 3 s"
+    );
+    wait_for(
+        "put back once the other stops",
+        Duration::from_secs(5),
+        ours,
+    )
+    .await;
+    agent.stop().await;
 }

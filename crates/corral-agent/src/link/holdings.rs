@@ -5,8 +5,11 @@
 //! agent publishes every cluster range its node scope holds (granted or draining: node CIDRs,
 //! blocks, from-cloud prefixes), the node ID whose plan it serves and its cloud interface
 //! addresses, read from the node state ([`Op::BlockReport`](crate::node::Op::BlockReport), [`Op::CloudReport`](crate::node::Op::CloudReport)), and puts the record
-//! back whenever it goes missing or says something else. The leader counts every asserted
-//! range as occupied whatever the grants say.
+//! back whenever it goes missing or says something else (at most once a second after another
+//! writer). The leader counts every asserted range as occupied whatever the grants say. A
+//! record is read by the cluster's configuration (the plan's pod ranges are node IDs), read
+//! from etcd until the link applied one; and none is written while the node is registered
+//! under another machine uid (this machine is refused: a clone, a reinstall).
 //!
 //! [`publish`] runs beside the cluster link for the agent's whole life (spawned by
 //! `cluster::run`, ended only by the agent's stop): a removed node, a link that fails or
@@ -26,8 +29,8 @@ use std::time::Duration;
 
 use corral_cluster::{
     AppliedConfigRecord, CloudId, ClusterConfig, Epoch, EpochMemory, HeldCloudAddress, HeldRange,
-    HoldingsRecord, KeptEpoch, Keys, NodeIdPlanConfig, NodeName, Regression, decode_value,
-    encode_value,
+    HoldingsRecord, KeptEpoch, Keys, NodeIdPlanConfig, NodeName, NodeRecord, Regression,
+    decode_value, encode_value,
 };
 use corral_core::PoolName;
 use corral_kv::{Event, Kv, KvError, Revision, Txn, TxnOp};
@@ -43,6 +46,8 @@ pub const LOOK_EVERY: Duration = Duration::from_secs(5);
 /// A change of allocation counts alone (no range, state or emptiness changed) is written at
 /// most this often: the counts inform, the ranges protect.
 pub const COUNTS_REFRESH: Duration = Duration::from_secs(30);
+/// A record someone else overwrote is put back at most this often after the agent's last write.
+pub const REWRITE_EVERY: Duration = Duration::from_secs(1);
 /// The highest etcd revision and the cluster ID the agent saw, kept durably.
 #[derive(Debug)]
 pub struct EpochGuard {
@@ -211,6 +216,25 @@ impl<K: Kv> Asserter<'_, K> {
         true
     }
 
+    /// Whether this machine may assert the node's holdings: not while `nodes/<node>` names
+    /// another machine uid (this one is a clone or a reinstall under a taken name, refused by
+    /// the link: its record would replace the node's own, and the two would overwrite each
+    /// other). With no registration (removed, forgotten by etcd) the node's agent asserts.
+    async fn registered_here(&self) -> Result<bool, KvError> {
+        let registration = self.kv.get(self.keys.node(self.node).as_bytes()).await?;
+        let other = registration
+            .and_then(|e| decode_value::<NodeRecord>(&e.value).ok())
+            .filter(|r| r.uid != self.uid);
+        if let Some(other) = &other {
+            tracing::debug!(
+                registered = %other.uid,
+                ours = %self.uid,
+                "the node is registered under another machine uid: not asserting its holdings"
+            );
+        }
+        Ok(other.is_none())
+    }
+
     /// Asserts what the node state holds now unless the key already says it (a cheap read when it
     /// does). The link calls it before registering after a regression: the node's space is
     /// asserted before anything can be granted to it or around it.
@@ -234,7 +258,7 @@ impl<K: Kv> Asserter<'_, K> {
             .as_ref()
             .and_then(|e| decode_value::<HoldingsRecord>(&e.value).ok())
             .is_some_and(|found| difference(&found, &record) == Difference::Same);
-        if !same {
+        if !same && self.registered_here().await? {
             let floor = guard.floor();
             let revision = put(kv, &key, &record).await?;
             guard.observe_revision(floor, revision);
@@ -563,11 +587,14 @@ impl<K: Kv> Asserter<'_, K> {
                             }
                             Event::Put(entry) if entry.mod_revision != written.mod_revision => {
                                 // Written by someone else (etcdctl, a restored snapshot, a second
-                                // process under this name): put back what this node holds.
+                                // process under this name): put back what this node holds, at
+                                // most once per `REWRITE_EVERY` (two writers never fight at
+                                // etcd's speed).
                                 guard.observe_revision(0, entry.mod_revision);
                                 written.record = None;
                                 written.absent = false;
-                                look_at = Instant::now();
+                                let now = Instant::now();
+                                look_at = written.at.map_or(now, |at| (at + REWRITE_EVERY).max(now));
                             }
                             Event::Put(_) => {}
                         }
@@ -646,6 +673,9 @@ impl<K: Kv> Asserter<'_, K> {
                 _ => now + LOOK_EVERY,
             };
             return Ok(next);
+        }
+        if !self.registered_here().await? {
+            return Ok(now + LOOK_EVERY);
         }
         let floor = guard.floor();
         let revision = put(kv, key, &record).await?;
