@@ -141,3 +141,74 @@ fn asserted_grants_are_clean_and_each_kind_of_disagreement_is_named() {
         "{problems:?}"
     );
 }
+
+/// Review (2026-12-01): a cloud address one node still holds (a record a restore brought back
+/// listed an address it had given up, and it served it) while the cloud gave it to another
+/// node is reported as held by two nodes, whether the other asserts it or only its interface
+/// record lists it.
+#[test]
+fn a_cloud_address_held_by_one_node_and_on_anothers_record_is_named() {
+    let mut store = Store::new();
+    let a = store.node("node-a");
+    let b = store.node("node-b");
+    let pool = PoolName::new("pods").unwrap();
+    let address: corral_cluster::IpNet = "10.1.0.10/32".parse().unwrap();
+    let asserting = |node: &NodeName, interface: &str| HoldingsRecord {
+        uid: format!("uid-{node}"),
+        cloud: vec![corral_cluster::HeldCloudAddress {
+            pool: pool.clone(),
+            interface: corral_cluster::CloudId::new(interface).unwrap(),
+            address,
+            allocations: 1,
+        }],
+        ..HoldingsRecord::default()
+    };
+    store.put(
+        store.keys.holdings(&a),
+        encode_value(&asserting(&a, "eni-a")).unwrap(),
+    );
+    assert_eq!(store.problems(), Vec::<String>::new());
+    let record = corral_cluster::CloudInterfaceRecord {
+        pool: pool.clone(),
+        instance_id: "i-b".into(),
+        device_index: 1,
+        subnet_id: "subnet-1".into(),
+        subnets: vec!["10.1.0.0/16".parse().unwrap()],
+        mac: "02:00:00:00:00:0b".into(),
+        primary_ipv4: None,
+        addresses: vec![address],
+        assigned_ms: BTreeMap::new(),
+        attachment: corral_cluster::CloudAttachment::Attached,
+        managed: true,
+        prefixes_refused_ms: None,
+    };
+    store.put(
+        store
+            .keys
+            .cloud_interface(&b, &corral_cluster::CloudId::new("eni-b").unwrap()),
+        encode_value(&record).unwrap(),
+    );
+    let problems = store.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("asserted by node node-a")
+            && problems[0].contains("interface record of node node-b")
+            && problems[0].contains("held by two nodes"),
+        "{problems:?}"
+    );
+    // node-b asserts it too: still named.
+    store.put(
+        store.keys.holdings(&b),
+        encode_value(&asserting(&b, "eni-b")).unwrap(),
+    );
+    let problems = store.problems();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("node node-a") && p.contains("node node-b")),
+        "{problems:?}"
+    );
+    // node-a gives it up: clean (b's record and assertion agree).
+    store.holds(&a, &[]);
+    assert_eq!(store.problems(), Vec::<String>::new());
+}

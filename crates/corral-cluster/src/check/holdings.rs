@@ -1,15 +1,18 @@
 //! The agents' assertions (`holdings/<node>`) against the grants, from etcd alone: a holding
 //! no grant to its holder covers (a node removed while alive, a grant etcd forgot in a
-//! restore, a pool renamed), a range or node ID asserted by two nodes, and a grant a live node
-//! does not assert although it wrote its record after the grant.
+//! restore, a pool renamed), a range or node ID asserted by two nodes, a cloud address one node
+//! asserts that another asserts or has on an interface record, and a grant a live node does not
+//! assert although it wrote its record after the grant.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use corral_core::{Family, PoolName};
 use ipnet::IpNet;
 
+use super::parse::overlapping;
 use super::{Entry, parse, span};
 use crate::keys::{HoldingsRecord, Key, Keys, NodeName, ReleaseState, decode_value};
+use crate::net::family_of;
 
 /// The problems of the `holdings/` records in `entries`; `mod_revisions` gives each key's mod
 /// revision (the holdings keys' at least: a grant is judged unasserted only when its node's
@@ -102,6 +105,42 @@ pub fn holdings_problems(
                 reach = Some((end, node, cidr));
             }
         }
+    }
+    // A cloud address asserted by one node and asserted by, or on an interface record of,
+    // another (a record a restore brought back listed an address its node had given up, which
+    // the cloud has given to another node since). Two records sharing an address are the
+    // records' own check (`check/cloud.rs`).
+    let asserted = records.iter().flat_map(|(node, (_, _, record))| {
+        record
+            .cloud
+            .iter()
+            .map(move |held| (family_of(&held.address), &held.address, (node, true)))
+    });
+    let recorded = parsed
+        .cloud_interfaces
+        .iter()
+        .flat_map(|(node, _, _, record)| {
+            record
+                .addresses
+                .iter()
+                .map(move |address| (family_of(address), address, (node, false)))
+        });
+    for (a, (a_node, a_held), b, (b_node, b_held)) in overlapping(asserted.chain(recorded)) {
+        if a_node == b_node || !(a_held || b_held) {
+            continue;
+        }
+        let said = |node: &NodeName, held: bool, net: &IpNet| {
+            if held {
+                format!("cloud address {net} asserted by node {node}")
+            } else {
+                format!("cloud address {net} on an interface record of node {node}")
+            }
+        };
+        problems.push(format!(
+            "{} overlaps {}: held by two nodes",
+            said(b_node, b_held, b),
+            said(a_node, a_held, a)
+        ));
     }
     let mut ids: BTreeMap<u32, &NodeName> = BTreeMap::new();
     for (node, (_, _, record)) in &records {
