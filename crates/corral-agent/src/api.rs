@@ -724,6 +724,13 @@ async fn allocate(
         })
     });
     if let (Some(cluster), Ok(allocate)) = (cluster, &request) {
+        if cluster.is_removed() {
+            // As a CNI ADD: a removed node drains and takes no new pods (its cloud interfaces
+            // are still there while the leader takes them away).
+            let error = removed_error(&cluster, allocate.pool.as_str());
+            state.count("allocate", Instant::now(), Some(&error));
+            return Err(ApiError(error));
+        }
         let deadline = tokio::time::Instant::now() + state.pool_wait;
         state.wait_ready(deadline).await;
         let pool = allocate.pool.as_str().to_owned();

@@ -773,3 +773,77 @@ async fn an_outage_keeps_the_interfaces_and_the_records_are_followed_after_it() 
     assert_eq!(add(&api, 2).await.unwrap().address.to_string(), "10.0.1.12");
     agent.stop().await;
 }
+
+/// Review (2026-12-01): a removed node takes no new pods, through `/v1/allocate` as through a
+/// CNI ADD. Its cloud interfaces stay until the leader takes them away, and the API handed
+/// their addresses out still.
+#[tokio::test(start_paused = true)]
+async fn a_removed_node_allocates_no_cloud_address_through_the_api() {
+    let (kv, agent, api) = configured_paused(Duration::from_millis(500)).await;
+    write_record(&kv, "eni-a", &record(1, "10.0.1.0/24", &ENI_A)).await;
+    wait_for("eni-a served", Duration::from_secs(10), async || {
+        addresses(&api, "eni-a").await.len() == 3
+    })
+    .await;
+    let request = corral_api::AllocateRequest {
+        scope: "node".into(),
+        pool: POOL.into(),
+        family: None,
+        address: None,
+        owner: "pod-before".into(),
+        key: None,
+        lease_ms: None,
+    };
+    api.allocate(&request)
+        .await
+        .expect("served before the removal");
+    // Removed (as the leader carries out `corral node remove`).
+    let registration = kv
+        .get(keys().node(&node()).as_bytes())
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    let removal = corral_cluster::RemovalRecord {
+        node_revision: registration,
+        requested_ms: 0,
+        mode: corral_cluster::RemovalMode::Drain,
+        phase: corral_cluster::RemovalPhase::Draining,
+    };
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::put(keys().removal(&node()), encode_value(&removal).unwrap()),
+            TxnOp::delete(keys().node(&node())),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    wait_for("taken for removed", Duration::from_secs(10), async || {
+        agent
+            .cluster_status()
+            .await
+            .last_error
+            .is_some_and(|e| e.contains("was removed from the cluster"))
+    })
+    .await;
+    assert_eq!(
+        addresses(&api, "eni-a").await.len(),
+        3,
+        "the interface stays"
+    );
+    let refused = api
+        .allocate(&corral_api::AllocateRequest {
+            owner: "pod-after".into(),
+            ..request
+        })
+        .await
+        .expect_err("a removed node takes no new pods");
+    assert!(
+        refused
+            .to_string()
+            .contains("is being removed from the cluster"),
+        "{refused}"
+    );
+}
