@@ -539,6 +539,10 @@ pub struct ClusterView {
     held_blocked: BTreeMap<NodeName, BTreeSet<(PoolName, Family, IpNet)>>,
     /// Node IDs an agent serves without holding their grant, each blocked in the ID space.
     held_ids_blocked: BTreeSet<(NodeName, u32)>,
+    /// `owned/` keys no grant to their node covers (written around the leader, or their grant
+    /// deleted by hand), each blocked in every space of its family: the node's agent takes
+    /// such a key up, so its range is not granted to another node meanwhile.
+    owned_blocked: BTreeSet<(NodeName, PoolName, Family, IpNet)>,
     /// The mod revision of the `config` key (0 before it was seen), whether its value was
     /// installed or refused: a grant txn compares it, so the view has judged what is stored.
     config_revision: i64,
@@ -591,6 +595,7 @@ impl ClusterView {
             refusing: BTreeSet::new(),
             held_blocked: BTreeMap::new(),
             held_ids_blocked: BTreeSet::new(),
+            owned_blocked: BTreeSet::new(),
             config_revision: 0,
             installed_revision: 0,
             provisional: false,
@@ -620,6 +625,7 @@ impl ClusterView {
         self.grants.clear();
         self.grants_by_node.clear();
         self.owned.clear();
+        self.owned_blocked.clear();
         self.quarantines.clear();
         self.node_ids.clear();
         self.node_ids_by_holder.clear();
@@ -724,6 +730,27 @@ impl ClusterView {
         let holders: Vec<NodeName> = self.holdings.keys().cloned().collect();
         for node in holders {
             self.refresh_holdings(&node);
+        }
+        for key in std::mem::take(&mut self.owned_blocked) {
+            self.refresh_owned(&key);
+        }
+    }
+
+    /// Blocks the range of the `owned/` key `key` in every space of its family while it exists
+    /// and no grant to its node covers it, and unblocks it once one does or the key is gone.
+    fn refresh_owned(&mut self, key: &(NodeName, PoolName, Family, IpNet)) {
+        let (node, pool, family, cidr) = key;
+        let uncovered = self.owned.contains(key)
+            && self.grant_holder(&(pool.clone(), *family, *cidr)).as_ref() != Some(node);
+        if uncovered == self.owned_blocked.contains(key) {
+            return;
+        }
+        if uncovered {
+            self.owned_blocked.insert(key.clone());
+            self.block_everywhere(*family, cidr);
+        } else {
+            self.owned_blocked.remove(key);
+            self.unblock_everywhere(*family, cidr);
         }
     }
 
@@ -985,8 +1012,9 @@ impl ClusterView {
                     .as_ref()
                     .filter(|r| self.holdings.contains_key(&r.node))
                     .map(|r| r.node.clone());
+                let owner = record.as_ref().map(|r| r.node.clone());
                 self.grants.insert(
-                    id,
+                    id.clone(),
                     GrantEntry {
                         record,
                         counted,
@@ -994,6 +1022,10 @@ impl ClusterView {
                     },
                 );
                 self.refresh_asserted_holdings(holder.as_ref());
+                if let Some(owner) = owner {
+                    let (pool, family, cidr) = id;
+                    self.refresh_owned(&(owner, pool, family, cidr));
+                }
             }
             Key::Owned {
                 node,
@@ -1005,7 +1037,9 @@ impl ClusterView {
                     .decode::<OwnedRecord>(key, mod_revision, value)
                     .is_some()
                 {
-                    self.owned.insert((node, pool, family, cidr));
+                    let owned = (node, pool, family, cidr);
+                    self.owned.insert(owned.clone());
+                    self.refresh_owned(&owned);
                 }
             }
             Key::Quarantine { pool, family, cidr } => {
@@ -1265,8 +1299,12 @@ impl ClusterView {
                         }
                     }
                 }
-                // A holder that still asserts the range keeps it occupied.
+                // A holder that still asserts the range keeps it occupied, as does its `owned/`
+                // key while it stays.
                 self.refresh_asserted_holdings(holder.as_ref());
+                if let Some(holder) = holder {
+                    self.refresh_owned(&(holder, pool.clone(), *family, *cidr));
+                }
             }
             Key::Owned {
                 node,
@@ -1274,8 +1312,9 @@ impl ClusterView {
                 family,
                 cidr,
             } => {
-                self.owned
-                    .remove(&(node.clone(), pool.clone(), *family, *cidr));
+                let owned = (node.clone(), pool.clone(), *family, *cidr);
+                self.owned.remove(&owned);
+                self.refresh_owned(&owned);
             }
             Key::Quarantine { pool, family, cidr } => {
                 if let Some(entry) = self.quarantines.remove(&(pool.clone(), *family, *cidr)) {
@@ -2192,15 +2231,16 @@ node_prefix_len = 80
         assert_eq!(second.txn_size(), (1 + 2 + 1, 2));
         f.view.abandon(&second);
 
-        // `b` has only an `owned/` key of the pool (its grant key deleted around the
-        // operator): it lacks both CIDRs, and each family is proven empty on its own, so the
-        // stray key refuses only its own family's grant.
+        // `b` has only an `owned/` key of the pool (written around the operator, over `a`'s
+        // CIDR: a stray key's range is blocked, so the one free CIDR must lie elsewhere): it
+        // lacks both CIDRs, and each family is proven empty on its own, so the stray key
+        // refuses only its own family's grant.
         let b = f.register("b");
         let owned = f.view.keys().owned(
             &b,
             &PoolName::new("default").unwrap(),
             Family::V4,
-            &net("10.0.0.4/30"),
+            &net("10.0.0.0/30"),
         );
         f.put(&owned, b"{\"node_revision\":1}");
         let proposal = f.view.propose(&b).unwrap();

@@ -251,3 +251,52 @@ fn every_node_id_a_node_serves_is_held_not_only_the_highest() {
     assert!(f.view.uncovered_node_ids().is_empty());
     assert_eq!(f.view.propose(&b).unwrap().node_id, Some(1));
 }
+
+/// Review (2026-12-01): the agent takes up an `owned/` key newer than anything it saw, grant or
+/// not. One written by hand without its grant (or whose grant was deleted by hand) occupied
+/// nothing, so the leader could grant the same range to another node before the agent's
+/// holdings record said it served it.
+#[test]
+fn an_owned_key_without_its_grant_blocks_its_range_until_it_goes() {
+    let mut f = fixture(CONFIG);
+    let a = f.register("a");
+    let owned = f
+        .keys
+        .owned(&a, &pool("default"), Family::V4, &net("10.0.0.0/30"));
+    f.put(
+        &owned,
+        &encode_value(&OwnedRecord { node_revision: 1 }).unwrap(),
+    );
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.4/30")));
+    // Its grant is deleted by hand while the key stays: still blocked.
+    let b = f.register("b");
+    let granted = f.grant(&b);
+    assert_eq!(granted, vec![net("10.0.0.4/30")]);
+    f.put(
+        &f.keys
+            .grant(&pool("default"), Family::V4, &net("10.0.0.8/30")),
+        &encode_value(&GrantRecord {
+            node: a.clone(),
+            uid: format!("uid-{a}"),
+            node_revision: 1,
+            granted_ms: None,
+        })
+        .unwrap(),
+    );
+    let second = f
+        .keys
+        .owned(&a, &pool("default"), Family::V4, &net("10.0.0.8/30"));
+    f.put(
+        &second,
+        &encode_value(&OwnedRecord { node_revision: 1 }).unwrap(),
+    );
+    f.delete(
+        &f.keys
+            .grant(&pool("default"), Family::V4, &net("10.0.0.8/30")),
+    );
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.12/30")));
+    // The keys go: the ranges are free again.
+    f.delete(&owned);
+    f.delete(&second);
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.0/30")));
+}

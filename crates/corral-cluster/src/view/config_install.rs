@@ -372,9 +372,12 @@ mod tests {
                 .iter()
                 .any(|p| p.message.contains("never granted again"))
         );
+        // Released (its grant and `owned/` key go together): free again.
         let pool = PoolName::new("default").unwrap();
         let cidr: IpNet = "10.244.0.0/24".parse().unwrap();
+        let node = NodeName::new("a").unwrap();
         view.apply_delete(&view.keys().grant(&pool, Family::V4, &cidr), 4);
+        view.apply_delete(&view.keys().owned(&node, &pool, Family::V4, &cidr), 4);
         let space = view.space(&pods, Family::V4).unwrap();
         assert_eq!(space.lowest_free().unwrap().to_string(), "10.244.0.0/24");
     }
