@@ -13,8 +13,12 @@
 //! passed, or `corral cluster recover --yes` asked for it.
 //!
 //! A new term waits the same way (cheaply: when every live node already has a `holdings/`
-//! record, not at all), so a leader that never saw the regression still does not grant into
-//! space an agent holds before it asserted it.
+//! record, not at all), so a leader that never saw the regression does not grant into space
+//! an agent holds before it asserted it. It cannot tell a record the restore brought back from
+//! a fresh one, though: if every replica restarted across a restore without `--state-dir`, a
+//! live node whose old record came back counts as asserted, and space its agent took after the
+//! snapshot may be granted in the seconds before that agent (which remembers etcd's time
+//! durably) puts its record again. Hence `--state-dir` (docs/operations.md).
 
 use std::path::PathBuf;
 use std::time::Duration;
