@@ -847,3 +847,100 @@ async fn a_removed_node_allocates_no_cloud_address_through_the_api() {
         "{refused}"
     );
 }
+
+/// Review (2026-12-01): etcd restored from a snapshot brings back an interface record listing
+/// an address the node gave up since (surrendered, taken off its record, the marker
+/// forgotten), which the cloud may have given to another node meanwhile. The agent, which
+/// sees etcd go back in time, serves from such a record only what it holds; the address waits
+/// for a record written after the restore.
+#[test]
+fn a_restored_record_serves_only_what_the_node_holds() {
+    let (runtime, kv, dir, agent) = configured_real(Duration::from_millis(300));
+    let epoch = dir.path().join("etcd-epoch");
+    let revision = runtime.block_on(write_record(
+        &kv,
+        "eni-a",
+        &record(1, "10.0.1.0/24", &ENI_A),
+    ));
+    wait_until("eni-a served", Duration::from_secs(10), || {
+        addresses_on(&agent, "eni-a").len() == 3
+    });
+    // 10.0.1.12 is given back: surrendered, taken off the record, its key deleted.
+    let given_up = "10.0.1.12/32";
+    runtime.block_on(mark(&kv, given_up, revision));
+    assert_eq!(
+        answered_real(&runtime, &kv, given_up).state,
+        ReleaseState::Ready
+    );
+    let kept = record(1, "10.0.1.0/24", &ENI_A[..2]);
+    runtime
+        .block_on(kv.txn(Txn {
+            compares: vec![],
+            success: vec![
+                TxnOp::put(if_key("eni-a"), encode_value(&kept).unwrap()),
+                TxnOp::delete(release_key(given_up)),
+            ],
+            failure: vec![],
+        }))
+        .unwrap();
+    wait_until("the marker forgotten", Duration::from_secs(10), || {
+        agent
+            .client()
+            .pools(Some("node"))
+            .unwrap()
+            .pools
+            .iter()
+            .flat_map(|p| &p.exclusions)
+            .next()
+            .is_none()
+    });
+    agent.stop(&runtime);
+    // etcd restored: the record lists the address again, and etcd's revision is below what
+    // the agent remembers (its epoch file).
+    runtime.block_on(write_record(
+        &kv,
+        "eni-a",
+        &record(1, "10.0.1.0/24", &ENI_A),
+    ));
+    let mut memory = corral_cluster::EpochMemory::default();
+    memory.observe(corral_cluster::Epoch {
+        cluster_id: MemKv::CLUSTER_ID,
+        revision: 1_000_000,
+    });
+    std::fs::write(&epoch, memory.to_json()).unwrap();
+    let config = AgentConfig {
+        pool_wait: Duration::from_millis(300),
+        ..common::config(dir.path())
+    };
+    let agent = Agent::start(
+        &runtime,
+        &kv,
+        config,
+        ClusterOptions {
+            epoch_file: Some(epoch),
+            ..options(Some("i-1"))
+        },
+    )
+    .wait_registered();
+    wait_until("the held addresses served", Duration::from_secs(10), || {
+        addresses_on(&agent, "eni-a").len() == 2
+    });
+    assert!(!addresses_on(&agent, "eni-a").contains(&given_up.to_owned()));
+    let problems = agent.cluster_status().problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(given_up) && p.contains("not served until a newer record")),
+        "{problems:?}"
+    );
+    // The leader's record written after the restore lists it: served again.
+    runtime.block_on(write_record(
+        &kv,
+        "eni-a",
+        &record(1, "10.0.1.0/24", &ENI_A),
+    ));
+    wait_until("served again", Duration::from_secs(10), || {
+        addresses_on(&agent, "eni-a").len() == 3
+    });
+    agent.stop(&runtime);
+}

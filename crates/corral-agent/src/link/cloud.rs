@@ -22,7 +22,16 @@ pub(super) const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
 /// address off its record no later than it deletes the release key, and the two watches may
 /// deliver those apart); forgotten when no record lists it. Answers whether an address is
 /// frozen (gone from its record while in use). A failure to record ends the round.
-pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bool, LinkError> {
+///
+/// Once etcd went back in time (`restored_up_to`: see [`cloud_pool::screen_restored`]), a
+/// record written before the restore serves only what the node state holds: an address the
+/// node gave up after the snapshot may be another node's by now, so neither served nor taken
+/// back until a newer record lists it.
+pub(super) async fn apply_cloud<K: Kv>(
+    cx: &Cx<'_, K>,
+    held: &Held,
+    restored_up_to: corral_kv::Revision,
+) -> Result<bool, LinkError> {
     let (kv, keys, node, options, committer, state) = cx.parts();
     let Some(config) = held.config.as_ref() else {
         return Ok(false);
@@ -35,6 +44,12 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
         .call(ReportCloud {})
         .await
         .map_err(|error| LinkError::Record(format!("reading the cloud pools: {error:?}")))?;
+    let holding: std::collections::BTreeSet<_> = report
+        .addresses
+        .iter()
+        .map(|a| (a.pool.clone(), a.address))
+        .collect();
+    let (records, unconfirmed) = cloud_pool::screen_restored(&held.cloud, restored_up_to, &holding);
     let open = |r: Option<&ReleaseRecord>| {
         r.is_some_and(|r| matches!(r.state, ReleaseState::Marked | ReleaseState::Ready))
     };
@@ -50,7 +65,7 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
             keep.insert((pool.clone(), *address));
             continue;
         }
-        let Some((interface, _)) = cloud_pool::record_listing(&held.cloud, pool, address) else {
+        let Some((interface, _)) = cloud_pool::record_listing(&records, pool, address) else {
             // On no record: nothing to take back (the marker goes).
             continue;
         };
@@ -90,12 +105,13 @@ pub(super) async fn apply_cloud<K: Kv>(cx: &Cx<'_, K>, held: &Held) -> Result<bo
         }
     }
     let (wanted, errors) =
-        cloud_pool::wanted(config, &held.cloud, options.instance_id.as_deref(), keep);
+        cloud_pool::wanted(config, &records, options.instance_id.as_deref(), keep);
     let outcome = committer
         .call(wanted)
         .await
         .map_err(|error| LinkError::Record(format!("{error:?}")))?;
     let mut problems: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    problems.extend(unconfirmed.iter().map(ToString::to_string));
     problems.extend(outcome.problems.iter().cloned());
     // Logged when they first show (they are applied again on every change).
     let before = state

@@ -29,6 +29,70 @@ pub struct CloudEntry {
     pub record: Result<CloudInterfaceRecord, String>,
     /// The key's create revision (a release handshake's `grant_revision` names it).
     pub create_revision: i64,
+    /// The key's mod revision: when what it lists was written.
+    pub mod_revision: i64,
+}
+
+/// An address of a record written no later than a restore may reach back to, which the node
+/// state does not hold ([`screen_restored`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unconfirmed {
+    pub interface: String,
+    pub pool: PoolName,
+    pub address: IpNet,
+    pub mod_revision: i64,
+}
+
+impl std::fmt::Display for Unconfirmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "interfaces/{}: {} of pool {} is listed by a record written at revision {}, which \
+             a restore of etcd may have brought back, and this node does not hold it (it may \
+             have given it up, and the cloud may have given it to another node since): not \
+             served until a newer record lists it",
+            self.interface, self.address, self.pool, self.mod_revision
+        )
+    }
+}
+
+/// The records as the node may serve them once etcd went back in time: a record written at or
+/// before `restored_up_to` (the highest revision a restore may have brought back: the etcd
+/// revision at which the agent saw the regression, or the leader's `reassert`) lists only what
+/// the node state holds (`held`, the pool's addresses and prefixes, surrendered ones not). An
+/// address it lists that the node does not hold was given up since (and the cloud may have
+/// given it to another node), or never taken up; either way it waits for a record written
+/// after the restore. Answers the screened records and what was left out. With
+/// `restored_up_to` 0 (no restore seen) the records are kept as they are.
+pub fn screen_restored(
+    records: &BTreeMap<String, CloudEntry>,
+    restored_up_to: i64,
+    held: &BTreeSet<(PoolName, IpNet)>,
+) -> (BTreeMap<String, CloudEntry>, Vec<Unconfirmed>) {
+    let mut left_out = Vec::new();
+    let mut screened = records.clone();
+    for (interface, entry) in &mut screened {
+        if entry.mod_revision > restored_up_to {
+            continue;
+        }
+        let mod_revision = entry.mod_revision;
+        if let Ok(record) = &mut entry.record {
+            let pool = record.pool.clone();
+            record.addresses.retain(|address| {
+                let keep = held.contains(&(pool.clone(), *address));
+                if !keep {
+                    left_out.push(Unconfirmed {
+                        interface: interface.clone(),
+                        pool: pool.clone(),
+                        address: *address,
+                        mod_revision,
+                    });
+                }
+                keep
+            });
+        }
+    }
+    (screened, left_out)
 }
 
 /// Why a record is not applied (its interface is left as it is).
@@ -315,10 +379,50 @@ mod tests {
                     CloudEntry {
                         record,
                         create_revision: 7,
+                        mod_revision: 7,
                     },
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn a_record_from_before_a_restore_keeps_only_what_the_node_holds() {
+        let listed = record(&["10.0.1.10/32", "10.0.1.11/32"]);
+        let mut records = entries(vec![
+            ("eni-old", Ok(listed.clone())),
+            ("eni-new", Ok(listed)),
+        ]);
+        records.get_mut("eni-new").unwrap().mod_revision = 9;
+        let pool = records["eni-old"].record.as_ref().unwrap().pool.clone();
+        let held = BTreeSet::from([(pool.clone(), "10.0.1.10/32".parse().unwrap())]);
+        // No restore seen: as they are.
+        let (same, none) = screen_restored(&records, 0, &held);
+        assert_eq!(same, records);
+        assert!(none.is_empty());
+        // A restore up to revision 8: the record written at 7 keeps what is held, the one
+        // written at 9 is newer than the restore.
+        let (screened, left_out) = screen_restored(&records, 8, &held);
+        let addresses = |id: &str| screened[id].record.as_ref().unwrap().addresses.clone();
+        assert_eq!(
+            addresses("eni-old"),
+            ["10.0.1.10/32".parse::<IpNet>().unwrap()]
+        );
+        assert_eq!(addresses("eni-new").len(), 2);
+        assert_eq!(
+            left_out,
+            [Unconfirmed {
+                interface: "eni-old".into(),
+                pool,
+                address: "10.0.1.11/32".parse().unwrap(),
+                mod_revision: 7,
+            }]
+        );
+        assert!(
+            left_out[0]
+                .to_string()
+                .contains("not served until a newer record")
+        );
     }
 
     #[test]

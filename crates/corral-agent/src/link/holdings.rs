@@ -58,6 +58,9 @@ pub struct EpochGuard {
     /// The regressions the link has taken into account (whoever saw them: the publisher
     /// often sees one first).
     link_seen: std::sync::atomic::AtomicU64,
+    /// The highest etcd revision at which this process saw a regression (0: none): what a
+    /// restore brought back was written at or before it.
+    restored_up_to: std::sync::atomic::AtomicI64,
 }
 
 impl EpochGuard {
@@ -87,6 +90,7 @@ impl EpochGuard {
             inner: Mutex::new(KeptEpoch::new(memory)),
             regressed: tokio::sync::watch::Sender::new(0),
             link_seen: std::sync::atomic::AtomicU64::new(0),
+            restored_up_to: std::sync::atomic::AtomicI64::new(0),
         }
     }
 
@@ -114,6 +118,13 @@ impl EpochGuard {
         self.observe_after(floor, found)
     }
 
+    /// The highest etcd revision at which this process saw etcd go back in time (0: never):
+    /// a record written at or before it may be one the restore brought back.
+    pub fn restored_up_to(&self) -> Revision {
+        self.restored_up_to
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The highest revision seen: taken before a request, passed with its answer to
     /// [`EpochGuard::observe_after`].
     pub fn floor(&self) -> Revision {
@@ -130,6 +141,10 @@ impl EpochGuard {
             self.write(&memory);
         }
         if let Some(regression) = regression {
+            self.restored_up_to.fetch_max(
+                regression.found.revision,
+                std::sync::atomic::Ordering::AcqRel,
+            );
             tracing::warn!(%regression, "asserting what this node holds again");
             self.regressed.send_modify(|n| *n = n.wrapping_add(1));
         }

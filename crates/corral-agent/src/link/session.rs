@@ -645,6 +645,7 @@ pub(super) async fn follow<K: Kv>(
             let page = kv.range(key.as_bytes(), None, 1, Some(revision)).await?;
             if let Some(entry) = page.kvs.iter().find(|e| e.key == key.as_bytes()) {
                 across.seen_before = across.seen_before.max(entry.mod_revision);
+                across.reassert = across.reassert.max(entry.mod_revision);
             }
             continue;
         }
@@ -696,7 +697,7 @@ pub(super) async fn follow<K: Kv>(
     let local = held_locally(committer).await?;
     screen(&mut held, across, &local);
     apply(committer, state, &held).await?;
-    let mut frozen = apply_cloud(cx, &held).await?;
+    let mut frozen = apply_cloud(cx, &held, restored_up_to(across)).await?;
     across.node_id = held.node_id;
     across.node_id_revision = held.node_id_revision;
     across.plan = held.plan.clone();
@@ -742,7 +743,7 @@ pub(super) async fn follow<K: Kv>(
             batch = release_watch.next() => batch?,
             batch = cloud_watch.next() => batch?,
             _ = cloud_tick.tick(), if frozen => {
-                frozen = apply_cloud(cx, &held).await?;
+                frozen = apply_cloud(cx, &held, restored_up_to(across)).await?;
                 demand.touched(Instant::now());
                 continue;
             }
@@ -810,7 +811,7 @@ pub(super) async fn follow<K: Kv>(
         }
         screen(&mut held, across, &local);
         apply(committer, state, &held).await?;
-        frozen = apply_cloud(cx, &held).await?;
+        frozen = apply_cloud(cx, &held, restored_up_to(across)).await?;
         handshake(cx, &mut held).await?;
         across.node_id = held.node_id;
         across.node_id_revision = held.node_id_revision;
@@ -851,6 +852,16 @@ impl Election {
             s.leader = leader;
         });
     }
+}
+
+/// The highest revision a restore of etcd may have brought back, as far as this agent knows:
+/// where it saw etcd go back in time, or a leader's `reassert` (0: neither).
+fn restored_up_to(across: &AcrossRounds) -> Revision {
+    let seen = across
+        .epoch
+        .as_ref()
+        .map_or(0, |guard| guard.restored_up_to());
+    seen.max(across.reassert)
 }
 
 /// Hands the held grants to the node state (durable before it answers) and publishes them. A
