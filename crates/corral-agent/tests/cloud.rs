@@ -215,6 +215,35 @@ fn answered_real(runtime: &tokio::runtime::Runtime, kv: &MemKv, cidr: &str) -> R
     answer.unwrap()
 }
 
+/// The leader completes the releases of `released` on `eni-a`: its record becomes `kept` and
+/// their keys go, in one txn.
+async fn complete(kv: &MemKv, kept: &CloudInterfaceRecord, released: &[&str]) {
+    let mut success = vec![TxnOp::put(if_key("eni-a"), encode_value(kept).unwrap())];
+    success.extend(released.iter().map(|cidr| TxnOp::delete(release_key(cidr))));
+    kv.txn(Txn {
+        compares: vec![],
+        success,
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits until the node scope's pools exclude nothing (the surrender markers forgotten).
+fn wait_markers_forgotten(agent: &Agent) {
+    wait_until("the markers forgotten", Duration::from_secs(10), || {
+        agent
+            .client()
+            .pools(Some("node"))
+            .unwrap()
+            .pools
+            .iter()
+            .flat_map(|p| &p.exclusions)
+            .next()
+            .is_none()
+    });
+}
+
 async fn demand(kv: &MemKv) -> Option<DemandRecord> {
     common::demand(kv, NODE, POOL).await
 }
@@ -451,28 +480,8 @@ fn a_completed_release_forgets_the_address_and_a_restart_answers_ready_again() {
     // Completed: the leader takes both off the record and deletes their keys in one txn.
     let mut kept = record(1, "10.0.1.0/24", &[]);
     kept.addresses = vec![format!("{pod}/32").parse().unwrap()];
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![
-                TxnOp::put(if_key("eni-a"), encode_value(&kept).unwrap()),
-                TxnOp::delete(release_key(single)),
-                TxnOp::delete(release_key("10.0.1.32/28")),
-            ],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until("the markers forgotten", Duration::from_secs(10), || {
-        agent
-            .client()
-            .pools(Some("node"))
-            .unwrap()
-            .pools
-            .iter()
-            .flat_map(|p| &p.exclusions)
-            .next()
-            .is_none()
-    });
+    runtime.block_on(complete(&kv, &kept, &[single, "10.0.1.32/28"]));
+    wait_markers_forgotten(&agent);
     // The cloud gives the prefix back to the node later: served again.
     kept.addresses.push("10.0.1.32/28".parse().unwrap());
     runtime.block_on(write_record(&kv, "eni-a", &kept));
@@ -873,27 +882,8 @@ fn a_restored_record_serves_only_what_the_node_holds() {
         ReleaseState::Ready
     );
     let kept = record(1, "10.0.1.0/24", &ENI_A[..2]);
-    runtime
-        .block_on(kv.txn(Txn {
-            compares: vec![],
-            success: vec![
-                TxnOp::put(if_key("eni-a"), encode_value(&kept).unwrap()),
-                TxnOp::delete(release_key(given_up)),
-            ],
-            failure: vec![],
-        }))
-        .unwrap();
-    wait_until("the marker forgotten", Duration::from_secs(10), || {
-        agent
-            .client()
-            .pools(Some("node"))
-            .unwrap()
-            .pools
-            .iter()
-            .flat_map(|p| &p.exclusions)
-            .next()
-            .is_none()
-    });
+    runtime.block_on(complete(&kv, &kept, &[given_up]));
+    wait_markers_forgotten(&agent);
     agent.stop(&runtime);
     // etcd restored: the record lists the address again, and etcd's revision is below what
     // the agent remembers (its epoch file).

@@ -973,6 +973,25 @@ async fn grant_node_id(kv: &MemKv, node: &str, id: u32) {
     .unwrap();
 }
 
+/// Puts the node-ID plan, starts node-1's agent in `dir`, grants it node ID `id` and waits
+/// until its pod range (`10.1.<id>.0/24`) serves.
+fn serving_node_id(
+    runtime: &tokio::runtime::Runtime,
+    kv: &MemKv,
+    dir: &Path,
+    id: u32,
+) -> LinkedAgent {
+    runtime.block_on(common::put_config(kv, PLAN));
+    let agent = start_node_1(runtime, kv, dir, Duration::from_secs(3)).wait_registered();
+    runtime.block_on(grant_node_id(kv, "node-1", id));
+    wait_until(
+        "the node ID's pod range serves",
+        Duration::from_secs(10),
+        || cluster_ranges(&agent) == [(format!("10.1.{id}.0/24"), false)],
+    );
+    agent
+}
+
 /// The node IDs node-1's `holdings/` record asserts.
 fn asserted_ids(runtime: &tokio::runtime::Runtime, kv: &MemKv) -> Vec<u32> {
     holdings(runtime, kv, "node-1").map_or_else(Vec::new, |r| r.node_ids().collect())
@@ -1011,15 +1030,7 @@ fn holdings_since(
 }
 
 /// The node-ID plan (pod subnet 10.1.0.0/16, a /24 a node) and nothing else.
-const PLAN: &str = r#"[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+const PLAN: &str = corral_cluster::testing::NODE_IDS_TOML;
 
 /// Review (2026-12-01): a node whose node ID changed (here a restore lost its grant and the
 /// leader granted another) serves the new ID's pod range and drains the old one's while pods
@@ -1029,13 +1040,8 @@ service = "10.96.0.0/12"
 fn an_agent_asserts_the_old_node_id_while_pods_still_use_its_pod_range() {
     let runtime = runtime();
     let kv = MemKv::new();
-    runtime.block_on(common::put_config(&kv, PLAN));
     let dir = tempfile::tempdir().unwrap();
-    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
-    runtime.block_on(grant_node_id(&kv, "node-1", 2));
-    wait_until("node ID 2 serves", Duration::from_secs(10), || {
-        cluster_ranges(&agent) == [("10.1.2.0/24".to_owned(), false)]
-    });
+    let agent = serving_node_id(&runtime, &kv, dir.path(), 2);
     let pod = allocate(&agent, "pod-1").unwrap();
     assert!(common::within("10.1.2.0/24", pod));
     wait_until("ID 2 asserted", Duration::from_secs(10), || {
@@ -1088,13 +1094,8 @@ fn an_agent_asserts_the_old_node_id_while_pods_still_use_its_pod_range() {
 fn a_restarted_agents_first_assertion_names_its_node_id() {
     let runtime = runtime();
     let kv = MemKv::new();
-    runtime.block_on(common::put_config(&kv, PLAN));
     let dir = tempfile::tempdir().unwrap();
-    let agent = start_node_1(&runtime, &kv, dir.path(), Duration::from_secs(3)).wait_registered();
-    runtime.block_on(grant_node_id(&kv, "node-1", 3));
-    wait_until("node ID 3 serves", Duration::from_secs(10), || {
-        cluster_ranges(&agent) == [("10.1.3.0/24".to_owned(), false)]
-    });
+    let agent = serving_node_id(&runtime, &kv, dir.path(), 3);
     allocate(&agent, "pod-1").unwrap();
     wait_until("ID 3 asserted", Duration::from_secs(10), || {
         asserted_ids(&runtime, &kv) == [3]

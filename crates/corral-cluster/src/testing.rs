@@ -7,6 +7,9 @@ use std::fmt;
 
 use crate::config::NodeIdPlanConfig;
 
+/// [`node_id_plan`] as a `[node_ids]` table in TOML.
+pub const NODE_IDS_TOML: &str = crate::fuzz::node_ids_toml!();
+
 /// The node-ID plan of [`crate::fuzz::RECORDS_CONFIG`]: pod subnet 10.1.0.0/16 and host
 /// interconnect 172.30.0.0/16 in /24s, node interconnect 192.168.16.0/24, VXLAN
 /// 192.168.30.0/24, services 10.96.0.0/12.
@@ -15,7 +18,7 @@ pub fn node_id_plan() -> NodeIdPlanConfig {
     struct File {
         node_ids: NodeIdPlanConfig,
     }
-    toml::from_str::<File>(crate::fuzz::node_ids_toml!())
+    toml::from_str::<File>(NODE_IDS_TOML)
         .expect("the plan parses")
         .node_ids
 }

@@ -2052,6 +2052,17 @@ mod tests {
     use super::*;
     use crate::tests::net;
 
+    /// A grant record naming node `x`, encoded.
+    fn grant_to_x() -> Vec<u8> {
+        encode_value(&GrantRecord {
+            node: NodeName::new("x").unwrap(),
+            uid: "u".into(),
+            node_revision: 1,
+            granted_ms: None,
+        })
+        .unwrap()
+    }
+
     /// Regression (review): a grant key of another prefix length was reported and left its
     /// addresses free, and the grant transaction's silence compare covers only the exact key,
     /// so the leader could grant a node CIDR inside it.
@@ -2064,13 +2075,7 @@ mod tests {
         let keys = Keys::new(ClusterName::new("t").unwrap());
         let mut view = ClusterView::new(keys.clone(), config);
         let key = format!("{}grants/default/ipv4/10.0.0.0-23", keys.prefix());
-        let record = encode_value(&GrantRecord {
-            node: NodeName::new("x").unwrap(),
-            uid: "u".into(),
-            node_revision: 1,
-            granted_ms: None,
-        })
-        .unwrap();
+        let record = grant_to_x();
         view.apply_put(&key, &record, 5, 5);
         assert!(!view.problems().is_empty(), "reported");
         let space = view
@@ -2102,13 +2107,7 @@ mod tests {
             Family::V4,
             &"10.1.0.0/26".parse().unwrap(),
         );
-        let record = encode_value(&GrantRecord {
-            node: NodeName::new("x").unwrap(),
-            uid: "u".into(),
-            node_revision: 1,
-            granted_ms: None,
-        })
-        .unwrap();
+        let record = grant_to_x();
         view.apply_put(&key, &record, 5, 5);
         assert!(!view.problems().is_empty(), "reported");
         let lowest = |view: &ClusterView| {
