@@ -707,11 +707,13 @@ fn a_registration_etcd_forgot_is_made_again_and_only_a_recorded_removal_drains_t
             failure: vec![],
         }))
         .unwrap();
+    // Said before the range drains (the status first, then the node state): both waited for.
     wait_until("the node drains", Duration::from_secs(10), || {
         agent
             .cluster_status()
             .last_error
             .is_some_and(|e| e.contains("was removed from the cluster"))
+            && cluster_ranges(&agent) == [("10.192.1.0/24".to_owned(), true)]
     });
     assert_eq!(registration(&runtime, &kv, "node-1"), None);
     assert!(
