@@ -1467,7 +1467,7 @@ impl RemovalPhase {
 
 /// `holdings/<node>`'s value, written by the node's agent (never on a lease): every range of
 /// the cluster's space the agent holds and may serve pods from, granted or draining, and the
-/// node ID whose plan it serves. etcd decides who *gets* space; this record is the holder's
+/// node IDs whose plan it serves. etcd decides who *gets* space; this record is the holder's
 /// word on what it has not given up, so space etcd forgot (a node removed while alive, a
 /// configuration written around the CLI, a restored snapshot) is never handed to another
 /// node while its holder still holds it. The agent puts it whenever what it holds changes

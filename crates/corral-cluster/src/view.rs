@@ -740,8 +740,12 @@ impl ClusterView {
     /// and no grant to its node covers it, and unblocks it once one does or the key is gone.
     fn refresh_owned(&mut self, key: &(NodeName, PoolName, Family, IpNet)) {
         let (node, pool, family, cidr) = key;
-        let uncovered = self.owned.contains(key)
-            && self.grant_holder(&(pool.clone(), *family, *cidr)).as_ref() != Some(node);
+        let covered = self
+            .grants
+            .get(&(pool.clone(), *family, *cidr))
+            .and_then(|g| g.record.as_ref())
+            .is_some_and(|r| &r.node == node);
+        let uncovered = self.owned.contains(key) && !covered;
         if uncovered == self.owned_blocked.contains(key) {
             return;
         }
@@ -1012,7 +1016,12 @@ impl ClusterView {
                     .as_ref()
                     .filter(|r| self.holdings.contains_key(&r.node))
                     .map(|r| r.node.clone());
-                let owner = record.as_ref().map(|r| r.node.clone());
+                // A grant covers its node's `owned/` key: unblocked if it was blocked (none is in
+                // a running cluster, nor in a rebuild, which reads the grants first).
+                let owner = record
+                    .as_ref()
+                    .filter(|_| !self.owned_blocked.is_empty())
+                    .map(|r| r.node.clone());
                 self.grants.insert(
                     id.clone(),
                     GrantEntry {

@@ -23,10 +23,10 @@ pub(super) const CLOUD_FROZEN_RECHECK: Duration = Duration::from_secs(5);
 /// deliver those apart); forgotten when no record lists it. Answers whether an address is
 /// frozen (gone from its record while in use). A failure to record ends the round.
 ///
-/// Once etcd went back in time (`restored_up_to`: see [`cloud_pool::screen_restored`]), a
-/// record written before the restore serves only what the node state holds: an address the
-/// node gave up after the snapshot may be another node's by now, so neither served nor taken
-/// back until a newer record lists it.
+/// Once this agent saw etcd go back in time (`restored_up_to`: see
+/// [`cloud_pool::screen_restored`]), a record written before the restore serves only what the
+/// node state holds (or surrendered and may take back): an address the node gave up and forgot
+/// after the snapshot may be another node's by now, so it waits for a newer record.
 pub(super) async fn apply_cloud<K: Kv>(
     cx: &Cx<'_, K>,
     held: &Held,
@@ -44,10 +44,13 @@ pub(super) async fn apply_cloud<K: Kv>(
         .call(ReportCloud {})
         .await
         .map_err(|error| LinkError::Record(format!("reading the cloud pools: {error:?}")))?;
+    // What the node state holds, surrendered addresses included: a surrender whose handshake
+    // was withdrawn is taken back as ever (below).
     let holding: std::collections::BTreeSet<_> = report
         .addresses
         .iter()
         .map(|a| (a.pool.clone(), a.address))
+        .chain(report.surrendered.iter().cloned())
         .collect();
     let (records, unconfirmed) = cloud_pool::screen_restored(&held.cloud, restored_up_to, &holding);
     let open = |r: Option<&ReleaseRecord>| {

@@ -58,11 +58,11 @@ impl std::fmt::Display for Unconfirmed {
 
 /// The records as the node may serve them once etcd went back in time: a record written at or
 /// before `restored_up_to` (the highest revision a restore may have brought back: the etcd
-/// revision at which the agent saw the regression, or the leader's `reassert`) lists only what
-/// the node state holds (`held`, the pool's addresses and prefixes, surrendered ones not). An
-/// address it lists that the node does not hold was given up since (and the cloud may have
-/// given it to another node), or never taken up; either way it waits for a record written
-/// after the restore. Answers the screened records and what was left out. With
+/// revision at which the agent saw the regression) lists only what the node state holds
+/// (`held`: the pools' addresses and prefixes, surrendered ones included). An address it lists
+/// that the node does not hold was given up and forgotten since (and the cloud may have given
+/// it to another node), or never taken up; either way it waits for a record written after the
+/// restore. Answers the screened records and what was left out. With
 /// `restored_up_to` 0 (no restore seen) the records are kept as they are.
 pub fn screen_restored(
     records: &BTreeMap<String, CloudEntry>,

@@ -33,6 +33,7 @@ pub(super) async fn handshake<K: Kv>(cx: &Cx<'_, K>, held: &mut Held) -> Result<
             break;
         }
         let mut lost = false;
+        let mut surrendered = false;
         for (key, release) in marked {
             let answer = answer_for(committer, held, &release).await?;
             let Some(record) = release.record.clone() else {
@@ -60,6 +61,7 @@ pub(super) async fn handshake<K: Kv>(cx: &Cx<'_, K>, held: &mut Held) -> Result<
                 })
                 .await?;
             if response.succeeded {
+                surrendered |= state_now == ReleaseState::Ready;
                 state
                     .metrics
                     .handshakes
@@ -76,6 +78,11 @@ pub(super) async fn handshake<K: Kv>(cx: &Cx<'_, K>, held: &mut Held) -> Result<
                 let current = response.gets.into_iter().next().flatten();
                 held.apply(keys, node, &key, current.as_ref());
             }
+        }
+        if surrendered {
+            // What the node holds changed: its holdings record says so now, not at the next
+            // look (a check would find the space asserted here and granted elsewhere).
+            state.blocks.ranges_changed();
         }
         if !lost {
             break;

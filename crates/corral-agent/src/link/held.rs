@@ -45,10 +45,6 @@ pub(super) struct AcrossRounds {
     /// round reads one: a grant made at or before it that the node does not hold is one it
     /// gave up, or one etcd may have handed back after another node got its space (`screen`).
     pub(super) seen_before: Revision,
-    /// The `reassert` key's mod revision (0: none read): a leader saw etcd go back in time
-    /// then, so a cloud record written before it may be one a restore brought back
-    /// (`cloud_pool::screen_restored`).
-    pub(super) reassert: Revision,
     /// Grants this process took up (`owned/` key, create revision): taken up again whatever
     /// the node state holds now.
     pub(super) accepted: std::collections::BTreeSet<(String, Revision)>,

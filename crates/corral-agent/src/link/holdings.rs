@@ -207,6 +207,8 @@ pub struct Asserter<'a, K> {
     pub committer: &'a Committer,
     pub state: &'a SharedClusterState,
     pub guard: &'a EpochGuard,
+    /// This process, as a liveness key names it.
+    pub identity: &'a super::liveness::ProcessIdentity,
 }
 
 impl<K: Kv> Asserter<'_, K> {
@@ -231,11 +233,33 @@ impl<K: Kv> Asserter<'_, K> {
         true
     }
 
-    /// Whether this machine may assert the node's holdings: not while `nodes/<node>` names
-    /// another machine uid (this one is a clone or a reinstall under a taken name, refused by
-    /// the link: its record would replace the node's own, and the two would overwrite each
-    /// other). With no registration (removed, forgotten by etcd) the node's agent asserts.
-    async fn registered_here(&self) -> Result<bool, KvError> {
+    /// Whether this process may assert the node's holdings: while the node's liveness key is
+    /// on the lease its link holds; with no key on a lease (none, or one written by hand) or
+    /// one naming this process (an earlier round's, brought back by a restore), unless the
+    /// node is registered under another machine uid. So a second process under the
+    /// node's name (a clone, a reinstall, a machine that took the name of a node removed while
+    /// it runs) never replaces the record of the one that holds the node, which may still
+    /// serve pods from what it asserts, and the two never overwrite each other.
+    async fn may_assert(&self) -> Result<bool, KvError> {
+        let live = self.kv.get(self.keys.live(self.node).as_bytes()).await?;
+        if let Some(entry) = live
+            && let Some(lease) = entry.lease
+        {
+            if self.state.live_lease() == Some(lease) {
+                return Ok(true);
+            }
+            // Another lease: this process's earlier round's (a restore brought the key back),
+            // if the key names it; then the registration decides, as with no key.
+            let this_process =
+                decode_value::<corral_cluster::LiveRecord>(&entry.value).is_ok_and(|record| {
+                    super::liveness::judge(&record, self.identity, super::liveness::process_start)
+                        == super::liveness::Holder::ThisProcess
+                });
+            if !this_process {
+                tracing::debug!("the node's liveness key is another process's: not asserting");
+                return Ok(false);
+            }
+        }
         let registration = self.kv.get(self.keys.node(self.node).as_bytes()).await?;
         let other = registration
             .and_then(|e| decode_value::<NodeRecord>(&e.value).ok())
@@ -262,6 +286,7 @@ impl<K: Kv> Asserter<'_, K> {
             committer,
             state,
             guard,
+            ..
         } = *self;
         let key = keys.holdings(node);
         let config = config_in_force(kv, keys, state).await?;
@@ -273,7 +298,7 @@ impl<K: Kv> Asserter<'_, K> {
             .as_ref()
             .and_then(|e| decode_value::<HoldingsRecord>(&e.value).ok())
             .is_some_and(|found| difference(&found, &record) == Difference::Same);
-        if !same && self.registered_here().await? {
+        if !same && self.may_assert().await? {
             let floor = guard.floor();
             let revision = put(kv, &key, &record).await?;
             guard.observe_revision(floor, revision);
@@ -312,8 +337,8 @@ pub fn assertion(
         uid: uid.to_owned(),
         ..HoldingsRecord::default()
     };
-    // (serving new pods, ID) of each plan pod range.
-    let mut plan_ids: Vec<(bool, u32)> = Vec::new();
+    // The ID of each plan pod range.
+    let mut plan_ids: Vec<u32> = Vec::new();
     for range in &blocks.ranges {
         let cidr = range.spec.subnet_net();
         let plan_id = plan
@@ -323,7 +348,7 @@ pub fn assertion(
                 (corral_cluster::pod_subnet_of(plan, id) == Some(cidr)).then_some(id)
             });
         if let Some(id) = plan_id {
-            plan_ids.push((!range.draining, id));
+            plan_ids.push(id);
             continue;
         }
         record.ranges.push(HeldRange {
@@ -333,15 +358,13 @@ pub fn assertion(
             allocations: range.n_allocated,
         });
     }
-    // Every ID whose pod range it serves is asserted: the one it allocates from (not
-    // draining; the highest, as ever) first, the draining rest after it.
+    // Every ID whose pod range it serves is asserted: the highest in `node_id` (as ever, so a
+    // leader that reads only `node_id` keeps it), the rest in `other_node_ids`.
     plan_ids.sort_unstable();
-    if let Some((_, id)) = plan_ids.pop() {
+    plan_ids.dedup();
+    if let Some(id) = plan_ids.pop() {
         record.node_id = Some(id);
-        record.other_node_ids = plan_ids.into_iter().map(|(_, id)| id).collect();
-        record.other_node_ids.sort_unstable();
-        record.other_node_ids.dedup();
-        record.other_node_ids.retain(|other| *other != id);
+        record.other_node_ids = plan_ids;
     }
     for address in cloud.iter().flat_map(|c| &c.addresses) {
         let Ok(interface) = CloudId::new(address.interface.as_str()) else {
@@ -509,9 +532,11 @@ pub async fn publish<K: Kv>(
     committer: Committer,
     state: SharedClusterState,
     guard: Arc<EpochGuard>,
+    identity: super::liveness::ProcessIdentity,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let asserter = Asserter {
+        identity: &identity,
         kv: &kv,
         keys: &keys,
         node: &node,
@@ -689,7 +714,7 @@ impl<K: Kv> Asserter<'_, K> {
             };
             return Ok(next);
         }
-        if !self.registered_here().await? {
+        if !self.may_assert().await? {
             return Ok(now + LOOK_EVERY);
         }
         let floor = guard.floor();
@@ -763,16 +788,17 @@ mod tests {
             ranges,
             surrendered: vec![],
         };
-        // The old ID (5) drains, the new one (2) serves new pods.
+        // The old ID (5) drains, the new one (2) serves new pods: the highest in `node_id`
+        // (what a leader that reads only `node_id` keeps), the other beside it.
         let record = assertion(
             "uid-1",
             &report(vec![plan_range(5, true), plan_range(2, false)]),
             None,
             Some(&plan),
         );
-        assert_eq!(record.node_id, Some(2));
-        assert_eq!(record.other_node_ids, vec![5]);
-        assert_eq!(record.node_ids().collect::<Vec<_>>(), vec![2, 5]);
+        assert_eq!(record.node_id, Some(5));
+        assert_eq!(record.other_node_ids, vec![2]);
+        assert_eq!(record.node_ids().collect::<Vec<_>>(), vec![5, 2]);
         assert!(record.ranges.is_empty());
         // The old one drained away: only the new one is left.
         let drained = assertion(

@@ -79,6 +79,7 @@ pub(super) async fn run_link<K: Kv>(
     // The node's assertion of what it holds: published beside the link for the agent's whole
     // life (a removed node keeps asserting while it drains), until `stop`.
     let guard = Arc::new(holdings::EpochGuard::load(options.epoch_file.clone()));
+    let identity = crate::link::liveness::ProcessIdentity::current();
     tokio::spawn(
         holdings::publish(
             kv.clone(),
@@ -88,6 +89,7 @@ pub(super) async fn run_link<K: Kv>(
             committer.clone(),
             Arc::clone(&state),
             Arc::clone(&guard),
+            identity.clone(),
             stop.clone(),
         )
         .in_current_span(),
@@ -97,7 +99,7 @@ pub(super) async fn run_link<K: Kv>(
     // node ID and plan that could be read (one that cannot be read later keeps them).
     let mut across = AcrossRounds {
         epoch: Some(Arc::clone(&guard)),
-        identity: crate::link::liveness::ProcessIdentity::current(),
+        identity: identity.clone(),
         ..AcrossRounds::default()
     };
     let asserter = holdings::Asserter {
@@ -108,6 +110,7 @@ pub(super) async fn run_link<K: Kv>(
         committer: &committer,
         state: &state,
         guard: &guard,
+        identity: &identity,
     };
     let cx = &Cx {
         kv: &kv,
@@ -307,7 +310,10 @@ pub(super) async fn while_removed<K: Kv>(
             renewal = live_again(kv, keys, node, options.lease_ttl, identity)
                 .await
                 .ok()
-                .map(|lease| Renewal::new(lease, options.lease_ttl, asked));
+                .map(|lease| {
+                    state.set_live_lease(lease);
+                    Renewal::new(lease, options.lease_ttl, asked)
+                });
         }
         let Some(held) = cluster_ranges_held(committer).await else {
             continue;
@@ -437,6 +443,7 @@ pub(super) async fn link<K: Kv>(
         }
     };
     across.live = true;
+    state.set_live_lease(lease);
     state.open_gate();
     let result = tokio::select! {
         result = follow(cx, stop,
@@ -645,7 +652,6 @@ pub(super) async fn follow<K: Kv>(
             let page = kv.range(key.as_bytes(), None, 1, Some(revision)).await?;
             if let Some(entry) = page.kvs.iter().find(|e| e.key == key.as_bytes()) {
                 across.seen_before = across.seen_before.max(entry.mod_revision);
-                across.reassert = across.reassert.max(entry.mod_revision);
             }
             continue;
         }
@@ -854,14 +860,14 @@ impl Election {
     }
 }
 
-/// The highest revision a restore of etcd may have brought back, as far as this agent knows:
-/// where it saw etcd go back in time, or a leader's `reassert` (0: neither).
+/// The highest revision a restore of etcd may have brought back, as far as this process knows:
+/// where it saw etcd go back in time (0: never). Not the leader's `reassert` key, which stays
+/// for good: an agent whose state directory was wiped since would serve nothing of its records.
 fn restored_up_to(across: &AcrossRounds) -> Revision {
-    let seen = across
+    across
         .epoch
         .as_ref()
-        .map_or(0, |guard| guard.restored_up_to());
-    seen.max(across.reassert)
+        .map_or(0, |guard| guard.restored_up_to())
 }
 
 /// Hands the held grants to the node state (durable before it answers) and publishes them. A

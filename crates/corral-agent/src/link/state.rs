@@ -111,6 +111,9 @@ pub struct ClusterShared {
     /// Set once the node was removed from the cluster: ADDs on its cluster pools are refused
     /// (it takes no new pods while it drains); only a restart of the agent clears it.
     pub(super) removed: std::sync::atomic::AtomicBool,
+    /// The lease of the node's liveness key this process's link holds (0: none yet): the
+    /// holdings publisher asserts the node's holdings only while the key is on it.
+    pub(super) live_lease: std::sync::atomic::AtomicI64,
     pub blocks: Arc<BlockSignals>,
     pub metrics: ClusterMetrics,
     pub(super) gate: tokio::sync::watch::Sender<Gate>,
@@ -127,6 +130,18 @@ impl ClusterShared {
     /// Whether the node was removed from the cluster (it drains and takes no new pods).
     pub fn is_removed(&self) -> bool {
         self.removed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The lease of the liveness key this process's link holds or last held, if any.
+    pub(super) fn live_lease(&self) -> Option<corral_kv::LeaseId> {
+        let lease = self.live_lease.load(std::sync::atomic::Ordering::Acquire);
+        (lease != 0).then_some(corral_kv::LeaseId(lease))
+    }
+
+    /// Records the lease the link's liveness key is on.
+    pub(super) fn set_live_lease(&self, lease: corral_kv::LeaseId) {
+        self.live_lease
+            .store(lease.0, std::sync::atomic::Ordering::Release);
     }
 
     /// The state the API shows.

@@ -1,7 +1,8 @@
 //! What every task of the cloud node manager shares: the store, the fence, the provider and
 //! the claims of records being written (`Ctx`); a node's instance as described
-//! (`InstanceInfo`); the tags corral puts on the interfaces it creates; and `call`, the one
-//! door every cloud call goes through.
+//! (`InstanceInfo`); and the tags corral puts on the interfaces it creates. Cloud calls go to
+//! the provider directly: the scheduler under it (`corral_cloud::Scheduled`) counts them by
+//! action and outcome.
 //!
 //! Nothing here decides anything: it is the bottom layer the manager's other files stand on.
 
