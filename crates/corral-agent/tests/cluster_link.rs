@@ -1203,3 +1203,77 @@ async fn a_record_someone_keeps_overwriting_is_put_back_at_most_once_a_second() 
     .await;
     agent.stop().await;
 }
+
+/// Review (2026-12-01): a machine that registers a node's free name (the node was removed while
+/// its agent, on another machine, runs and drains: that agent keeps the liveness key) waits
+/// for the key, and writes no holdings record meanwhile. Its record (empty, its own uid) once
+/// replaced the live agent's, which then stopped asserting; the leader took the ranges that
+/// agent still serves pods from for given up.
+#[tokio::test(start_paused = true)]
+async fn an_agent_waiting_for_another_machines_liveness_key_writes_no_holdings() {
+    let kv = MemKv::new();
+    let name = NodeName::new("node-1").unwrap();
+    // The node's agent elsewhere: its liveness key on a lease, and its record.
+    let lease = kv.lease_grant(Duration::from_secs(600)).await.unwrap();
+    let elsewhere = corral_cluster::LiveRecord {
+        pid: 4242,
+        host: "elsewhere".into(),
+        boot_id: "another-boot".into(),
+        pid_namespace: "another-namespace".into(),
+        process_start: 7,
+        ttl_ms: 600_000,
+        ..Default::default()
+    };
+    let record = corral_cluster::HoldingsRecord {
+        uid: "uid-elsewhere".into(),
+        ranges: vec![corral_cluster::HeldRange {
+            pool: corral_cluster::PoolName::new("default").unwrap(),
+            cidr: "10.192.1.0/24".parse().unwrap(),
+            draining: true,
+            allocations: 1,
+        }],
+        ..Default::default()
+    };
+    kv.txn(Txn {
+        compares: vec![],
+        success: vec![
+            TxnOp::put_on_lease(keys().live(&name), encode_value(&elsewhere).unwrap(), lease),
+            TxnOp::put(keys().holdings(&name), encode_value(&record).unwrap()),
+        ],
+        failure: vec![],
+    })
+    .await
+    .unwrap();
+    // This machine starts under the name: it registers (the name is free), then waits for
+    // the key (another machine's holder is waited for up to 1.5 times its TTL).
+    let agent = MemAgent::spawn(
+        &kv,
+        &MemoryStore::new(),
+        common::paused::config(),
+        common::options("node-1", "uid-1", Duration::from_secs(3)),
+    );
+    wait_for(
+        "registered under uid-1",
+        Duration::from_secs(10),
+        async || {
+            kv.get(keys().node(&name).as_bytes())
+                .await
+                .unwrap()
+                .and_then(|e| corral_cluster::decode_value::<NodeRecord>(&e.value).ok())
+                .is_some_and(|r| r.uid == "uid-1")
+        },
+    )
+    .await;
+    // Several of the publisher's looks later, the record is still the live agent's.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let now: corral_cluster::HoldingsRecord = corral_cluster::decode_value(
+        &kv.get(keys().holdings(&name).as_bytes())
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+    )
+    .unwrap();
+    assert_eq!(now.uid, "uid-elsewhere", "{now:?}");
+    agent.stop().await;
+}
