@@ -1042,14 +1042,12 @@ impl ClusterView {
                 family,
                 cidr,
             } => {
-                if self
-                    .decode::<OwnedRecord>(key, mod_revision, value)
-                    .is_some()
-                {
-                    let owned = (node, pool, family, cidr);
-                    self.owned.insert(owned.clone());
-                    self.refresh_owned(&owned);
-                }
+                // Held whatever its value, as a grant: the node's agent takes an `owned/` key
+                // up without reading it (a garbage value is reported).
+                let _ = self.decode::<OwnedRecord>(key, mod_revision, value);
+                let owned = (node, pool, family, cidr);
+                self.owned.insert(owned.clone());
+                self.refresh_owned(&owned);
             }
             Key::Quarantine { pool, family, cidr } => {
                 // A quarantine key blocks reuse whatever its value: a garbage value is

@@ -299,4 +299,9 @@ fn an_owned_key_without_its_grant_blocks_its_range_until_it_goes() {
     f.delete(&owned);
     f.delete(&second);
     assert_eq!(f.lowest_free(), Some(net("10.0.0.0/30")));
+    // A value that does not decode blocks all the same (the agent does not read it).
+    f.put(&owned, b"not json");
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.8/30")));
+    f.delete(&owned);
+    assert_eq!(f.lowest_free(), Some(net("10.0.0.0/30")));
 }
