@@ -722,9 +722,14 @@ impl Sim {
         let mut reassert = 0;
         for (key, (value, create, modified)) in &self.etcd.state.kv {
             match self.keys.parse(key) {
-                Ok(Key::Grant { pool, cidr, .. })
-                    if decode_value::<GrantRecord>(value).is_ok_and(|g| g.node == node) =>
-                {
+                // The agent follows its `owned/` keys (created with their grants), whatever
+                // their value.
+                Ok(Key::Owned {
+                    node: owner,
+                    pool,
+                    cidr,
+                    ..
+                }) if owner == node => {
                     grants.insert((pool, cidr), (key.clone(), *create));
                 }
                 Ok(Key::NodeId { id })
