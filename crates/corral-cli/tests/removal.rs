@@ -441,18 +441,13 @@ fn a_removed_node_is_shown_until_its_space_is_back() {
     assert_eq!(table, "corral: node node-a is not registered\n");
 }
 
-/// node-a serves node ID 1's pod range (the plan's pool `default`) with pod `c1` on it.
-const NODE_IDS: &str = r#"
-quarantine_secs = 2
-[node_ids]
-pod_subnet = "10.1.0.0/16"
-pod_subnet_node_prefix_len = 24
-host_interconnect_subnet = "172.30.0.0/16"
-host_interconnect_node_prefix_len = 24
-node_interconnect = "192.168.16.0/24"
-vxlan = "192.168.30.0/24"
-service = "10.96.0.0/12"
-"#;
+/// A node-ID plan (pod subnet 10.1.0.0/16, a /24 a node) and a quarantine of 2 s.
+fn node_ids_config() -> String {
+    format!(
+        "quarantine_secs = 2\n{}",
+        corral_cluster::testing::NODE_IDS_TOML
+    )
+}
 
 /// The node ID `node` was granted, if any.
 fn node_id(etcd: &EtcdCluster, node: &str) -> Option<u64> {
@@ -468,7 +463,7 @@ fn node_id(etcd: &EtcdCluster, node: &str) -> Option<u64> {
 #[test]
 #[ignore = "needs etcd (make deps)"]
 fn a_node_id_whose_pod_range_still_has_pods_stays_held_after_the_node_registers_again() {
-    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(NODE_IDS);
+    let (dir, etcd, _operator) = cluster_with_operator_in_tempdir(&node_ids_config());
     let a = agent_holding(&etcd, dir.path(), "a", "node-a", 1);
     assert_eq!(node_id(&etcd, "node-a"), Some(1));
     let pod = add(&a.socket, "c1").unwrap();
