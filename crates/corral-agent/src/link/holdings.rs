@@ -3,13 +3,14 @@
 //!
 //! etcd decides who *gets* space; the agent that holds it decides when it is given up. So the
 //! agent publishes every cluster range its node scope holds (granted or draining: node CIDRs,
-//! blocks, from-cloud prefixes), the node ID whose plan it serves and its cloud interface
+//! blocks, from-cloud prefixes), the node IDs whose plan it serves and its cloud interface
 //! addresses, read from the node state ([`Op::BlockReport`](crate::node::Op::BlockReport), [`Op::CloudReport`](crate::node::Op::CloudReport)), and puts the record
 //! back whenever it goes missing or says something else (at most once a second after another
 //! writer). The leader counts every asserted range as occupied whatever the grants say. A
 //! record is read by the cluster's configuration (the plan's pod ranges are node IDs), read
-//! from etcd until the link applied one; and none is written while the node is registered
-//! under another machine uid (this machine is refused: a clone, a reinstall).
+//! from etcd until the link applied one. Only the process that holds the node's liveness key
+//! writes it (or, while no process holds the key, one the node is registered to): a clone, a
+//! reinstall or a machine that took a removed node's name never replaces it.
 //!
 //! [`publish`] runs beside the cluster link for the agent's whole life (spawned by
 //! `cluster::run`, ended only by the agent's stop): a removed node, a link that fails or
