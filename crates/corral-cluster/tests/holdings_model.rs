@@ -8,8 +8,9 @@
 //! `leader.rs` does (`ClusterView::for_read_after`, every key but `config`, then
 //! `finish_read` judging the stored configuration; the leader records `config-applied`).
 //! Agents keep durable local state: what they hold (granted → held; a range whose grant is gone is draining and stays held until
-//! emptied) and they put their `holdings/<node>` record back whenever it is missing or says
-//! something else, when they get to it.
+//! emptied; a node ID likewise, the ID granted since served beside it) and they put their
+//! `holdings/<node>` record back whenever it is missing or says something else, when they get
+//! to it.
 //!
 //! The rules of the leader and the agents that this model holds (`RULES`; the parts of issue
 //! 20 built elsewhere), each shown needed by a test of `mod rules`:
@@ -339,6 +340,9 @@ struct Agent {
     held: BTreeMap<(PoolName, IpNet), Held>,
     /// The node ID it serves, and the create revision of its grant.
     node_id: Option<(u32, i64)>,
+    /// Node IDs it served before, whose pod ranges still have pods (as the agent drains the
+    /// old pod range when its node's ID changes): served until emptied ([`Op::Empty`]).
+    draining_ids: BTreeSet<u32>,
     /// The highest revision it has seen (the one a regression showed, if lower), and what of
     /// it was last written to disk (a restart goes back to that).
     floor: i64,
@@ -356,7 +360,16 @@ struct Agent {
 
 impl Agent {
     fn holds_anything(&self) -> bool {
-        !self.held.is_empty() || self.node_id.is_some()
+        !self.held.is_empty() || self.node_id.is_some() || !self.draining_ids.is_empty()
+    }
+
+    /// Every node ID it serves.
+    fn ids(&self) -> BTreeSet<u32> {
+        self.node_id
+            .map(|(id, _)| id)
+            .into_iter()
+            .chain(self.draining_ids.iter().copied())
+            .collect()
     }
 
     fn record(&self, n: usize) -> HoldingsRecord {
@@ -372,8 +385,9 @@ impl Agent {
                     allocations: 1,
                 })
                 .collect(),
-            node_id: self.node_id.map(|(id, _)| id),
-            other_node_ids: vec![],
+            // As the agent asserts them: the highest in `node_id`, the rest beside it.
+            node_id: self.ids().last().copied(),
+            other_node_ids: self.ids().into_iter().rev().skip(1).collect(),
             cloud: vec![],
             refused: self.refused.clone(),
             refused_node_id: self.refused_node_id,
@@ -695,7 +709,7 @@ impl Sim {
             }
         }
         for id in &removal.node_ids {
-            if held.node_id != Some(id.id) {
+            if !held.node_ids().any(|held| held == id.id) {
                 puts.push((id.quarantine_key.clone(), record.clone()));
             }
         }
@@ -790,7 +804,7 @@ impl Sim {
         // The node ID, judged the same way (held: it serves it already).
         let mut refused_node_id = None;
         let id_taken = granted_id.clone().and_then(|(id, grant_revision, key)| {
-            let holds = agent.node_id.is_some_and(|(x, _)| x == id);
+            let holds = agent.ids().contains(&id);
             if accepts(agent, &key, grant_revision, holds) {
                 agent.accepted.insert((key, grant_revision));
                 Some((id, grant_revision))
@@ -802,17 +816,17 @@ impl Sim {
                 None
             }
         });
-        let before_id = agent.node_id;
-        // A node ID no longer granted is served until the node holds no range at all.
+        let before_ids = agent.ids();
+        // A node ID no longer granted drains: its pod range is served until its pods are gone.
         if let Some((id, _)) = agent.node_id
             && id_taken.map(|(x, _)| x) != Some(id)
-            && agent.held.is_empty()
         {
             agent.node_id = None;
+            agent.draining_ids.insert(id);
         }
-        if let Some((id, grant_revision)) = id_taken
-            && agent.node_id.is_none_or(|(x, _)| x == id)
-        {
+        // The ID granted now is taken up (one it drained comes back).
+        if let Some((id, grant_revision)) = id_taken {
+            agent.draining_ids.remove(&id);
             agent.node_id = Some((id, grant_revision));
         }
         // Only grants that still stand are remembered.
@@ -827,7 +841,7 @@ impl Sim {
         self.stats.refused += agent.refused.len() + usize::from(agent.refused_node_id.is_some());
         // What it holds changed: its memory of etcd's time is written at once.
         if agent.held.keys().cloned().collect::<Vec<_>>() != before_held
-            || agent.node_id.map(|x| x.0) != before_id.map(|x| x.0)
+            || agent.ids() != before_ids
         {
             agent.floor_saved = agent.floor;
         }
@@ -928,6 +942,18 @@ impl Sim {
             }
             Op::Empty(n, i) => {
                 let agent = &mut self.agents[n];
+                // Every other time, the pods of a node ID's draining pod range.
+                if i % 2 == 1
+                    && let Some(&id) = agent
+                        .draining_ids
+                        .iter()
+                        .nth(i / 2 % agent.draining_ids.len().max(1))
+                {
+                    agent.draining_ids.remove(&id);
+                    self.stats.dropped += 1;
+                    agent.floor_saved = agent.floor;
+                    return;
+                }
                 let draining: Vec<(PoolName, IpNet)> = agent
                     .held
                     .iter()
@@ -1008,16 +1034,16 @@ impl Sim {
         }
         let mut id_holders = BTreeMap::new();
         for (n, a) in self.agents.iter().enumerate() {
-            if let Some((id, _)) = a.node_id
-                && let Some(other) = id_holders.insert(id, n)
-            {
-                prop_assert!(
-                    false,
-                    "node-{} and node-{} both serve node ID {}",
-                    other,
-                    n,
-                    id
-                );
+            for id in a.ids() {
+                if let Some(other) = id_holders.insert(id, n) {
+                    prop_assert!(
+                        false,
+                        "node-{} and node-{} both serve node ID {}",
+                        other,
+                        n,
+                        id
+                    );
+                }
             }
         }
         // Grants: pairwise disjoint; none to one node over what another holds.
@@ -1479,6 +1505,45 @@ mod rules {
             leader_revokes_refused: false,
             ..RULES
         }));
+    }
+
+    /// Review (2026-12-01): a node removed while it runs and registered again gets a new node ID
+    /// while pods still use its old one's pod range. Its agent serves both; the view must count
+    /// both occupied, so the old ID never goes to the next node. The agent used to assert only
+    /// the highest, and the lower was granted around it.
+    #[test]
+    fn a_node_that_serves_two_node_ids_keeps_both_occupied() {
+        let ops = [
+            LeaderChange(0),
+            Register(0),
+            CatchUp(LEADER, usize::MAX),
+            Propose(LEADER, 0),
+            AgentSync(0),
+            CatchUp(LEADER, usize::MAX),
+            Remove(0, LEADER),
+            AgentSync(0),
+            CatchUp(LEADER, usize::MAX),
+            Register(0),
+            CatchUp(LEADER, usize::MAX),
+            Propose(LEADER, 0),
+            AgentSync(0),
+            CatchUp(LEADER, usize::MAX),
+            Register(1),
+            CatchUp(LEADER, usize::MAX),
+            Propose(LEADER, 1),
+            AgentSync(1),
+        ];
+        let mut sim = Sim::new(RULES);
+        for op in &ops {
+            sim.step(op);
+            sim.check().unwrap();
+        }
+        assert_eq!(
+            sim.agents[0].ids().into_iter().collect::<Vec<_>>(),
+            [1, 2],
+            "node-0 serves its new ID and drains its old one"
+        );
+        assert_eq!(sim.agents[1].node_id.map(|(id, _)| id), Some(3));
     }
 
     /// The transaction of a grant compares no `holdings/` key: a range held by a removed node
