@@ -1479,8 +1479,7 @@ pub struct HoldingsRecord {
     /// The cluster ranges it holds (node CIDRs, blocks, from-cloud prefixes).
     #[serde(default)]
     pub ranges: Vec<HeldRange>,
-    /// The node ID whose plan it serves, if any (the one it allocates from, when it holds
-    /// several).
+    /// The node ID whose plan it serves, if any (the highest, when it serves several).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u32>,
     /// Node IDs besides `node_id` whose plan's pod range it still serves pods from: draining,

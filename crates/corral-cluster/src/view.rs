@@ -740,12 +740,8 @@ impl ClusterView {
     /// and no grant to its node covers it, and unblocks it once one does or the key is gone.
     fn refresh_owned(&mut self, key: &(NodeName, PoolName, Family, IpNet)) {
         let (node, pool, family, cidr) = key;
-        let covered = self
-            .grants
-            .get(&(pool.clone(), *family, *cidr))
-            .and_then(|g| g.record.as_ref())
-            .is_some_and(|r| &r.node == node);
-        let uncovered = self.owned.contains(key) && !covered;
+        let uncovered = self.owned.contains(key)
+            && self.grant_holder(&(pool.clone(), *family, *cidr)) != Some(node);
         if uncovered == self.owned_blocked.contains(key) {
             return;
         }
@@ -780,12 +776,8 @@ impl ClusterView {
     /// names: a pool renamed around the CLI still finds its space occupied), a node ID the
     /// node serves without its grant is blocked in the ID space.
     fn refresh_holdings(&mut self, node: &NodeName) {
-        for (_, held_family, cidr) in self.held_blocked.remove(node).unwrap_or_default() {
-            for ((_, family), space) in &mut self.spaces {
-                if *family == held_family {
-                    space.unblock_foreign(&cidr);
-                }
-            }
+        for (_, family, cidr) in self.held_blocked.remove(node).unwrap_or_default() {
+            self.unblock_everywhere(family, &cidr);
         }
         let stale_ids: Vec<(NodeName, u32)> = self
             .held_ids_blocked
@@ -816,11 +808,7 @@ impl ClusterView {
             {
                 continue;
             }
-            for ((_, space_family), space) in &mut self.spaces {
-                if *space_family == family {
-                    space.block_foreign(&range.cidr);
-                }
-            }
+            self.block_everywhere(family, &range.cidr);
         }
         for id in record.node_ids() {
             if !self.id_grant_covers(node, id)
@@ -843,11 +831,11 @@ impl ClusterView {
     }
 
     /// The holder named by a grant key's entry, if its value decodes.
-    fn grant_holder(&self, key: &CidrKey) -> Option<NodeName> {
+    fn grant_holder(&self, key: &CidrKey) -> Option<&NodeName> {
         self.grants
             .get(key)
             .and_then(|g| g.record.as_ref())
-            .map(|r| r.node.clone())
+            .map(|r| &r.node)
     }
 
     /// Blocks `cidr` in every space of its family (a grant or quarantine its pool's space
@@ -1289,7 +1277,7 @@ impl ClusterView {
             }
             Key::Grant { pool, family, cidr } => {
                 let id = (pool.clone(), *family, *cidr);
-                let holder = self.grant_holder(&id);
+                let holder = self.grant_holder(&id).cloned();
                 if let Some(entry) = self.grants.remove(&id) {
                     match self.spaces.get_mut(&(pool.clone(), *family)) {
                         Some(space) if entry.counted => {
