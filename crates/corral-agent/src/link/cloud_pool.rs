@@ -7,6 +7,7 @@
 //! The cluster link does the I/O (`cluster.rs`); the node state applies the result in one commit
 //! (`node/cloud.rs`).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use corral_cluster::{
@@ -64,35 +65,40 @@ impl std::fmt::Display for Unconfirmed {
 /// it to another node), or never taken up; either way it waits for a record written after the
 /// restore. Answers the screened records and what was left out. With
 /// `restored_up_to` 0 (no restore seen) the records are kept as they are.
-pub fn screen_restored(
-    records: &BTreeMap<String, CloudEntry>,
+pub fn screen_restored<'a>(
+    records: &'a BTreeMap<String, CloudEntry>,
     restored_up_to: i64,
     held: &BTreeSet<(PoolName, IpNet)>,
-) -> (BTreeMap<String, CloudEntry>, Vec<Unconfirmed>) {
-    let mut left_out = Vec::new();
+) -> (Cow<'a, BTreeMap<String, CloudEntry>>, Vec<Unconfirmed>) {
+    let left_out: Vec<Unconfirmed> = records
+        .iter()
+        .filter(|(_, entry)| entry.mod_revision <= restored_up_to)
+        .filter_map(|(interface, entry)| {
+            Some((interface, entry.mod_revision, entry.record.as_ref().ok()?))
+        })
+        .flat_map(|(interface, mod_revision, record)| {
+            record
+                .addresses
+                .iter()
+                .filter(|address| !held.contains(&(record.pool.clone(), **address)))
+                .map(move |address| Unconfirmed {
+                    interface: interface.clone(),
+                    pool: record.pool.clone(),
+                    address: *address,
+                    mod_revision,
+                })
+        })
+        .collect();
+    if left_out.is_empty() {
+        return (Cow::Borrowed(records), left_out);
+    }
     let mut screened = records.clone();
-    for (interface, entry) in &mut screened {
-        if entry.mod_revision > restored_up_to {
-            continue;
-        }
-        let mod_revision = entry.mod_revision;
-        if let Ok(record) = &mut entry.record {
-            let pool = record.pool.clone();
-            record.addresses.retain(|address| {
-                let keep = held.contains(&(pool.clone(), *address));
-                if !keep {
-                    left_out.push(Unconfirmed {
-                        interface: interface.clone(),
-                        pool: pool.clone(),
-                        address: *address,
-                        mod_revision,
-                    });
-                }
-                keep
-            });
+    for out in &left_out {
+        if let Some(Ok(record)) = screened.get_mut(&out.interface).map(|e| e.record.as_mut()) {
+            record.addresses.retain(|address| *address != out.address);
         }
     }
-    (screened, left_out)
+    (Cow::Owned(screened), left_out)
 }
 
 /// Why a record is not applied (its interface is left as it is).
@@ -398,7 +404,8 @@ mod tests {
         let held = BTreeSet::from([(pool.clone(), "10.0.1.10/32".parse().unwrap())]);
         // No restore seen: as they are.
         let (same, none) = screen_restored(&records, 0, &held);
-        assert_eq!(same, records);
+        assert!(matches!(same, Cow::Borrowed(_)));
+        assert_eq!(*same, records);
         assert!(none.is_empty());
         // A restore up to revision 8: the record written at 7 keeps what is held, the one
         // written at 9 is newer than the restore.
